@@ -1,0 +1,1 @@
+//! The executor (see the Executor issue): device trait, CPU backend, timing harness.

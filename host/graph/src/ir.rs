@@ -1,0 +1,252 @@
+//! The graph IR: tensors, operations, attributes. Mirrors the WIT `graph` record, with
+//! tensor references resolved from names to indices.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+/// Index of a tensor in [`Graph::tensors`].
+pub type TensorId = usize;
+
+/// Number formats (mirrors WIT `dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum DType {
+    F32,
+    BF16,
+    F16,
+    Fp8E4M3,
+    Fp8E5M2,
+    MxFp8,
+    NvFp4,
+    I32,
+}
+
+impl DType {
+    /// Storage bytes per element (MXFP8 and NVFP4 include their block scales).
+    pub fn bytes(self) -> f64 {
+        match self {
+            DType::F32 | DType::I32 => 4.0,
+            DType::BF16 | DType::F16 => 2.0,
+            DType::Fp8E4M3 | DType::Fp8E5M2 => 1.0,
+            DType::MxFp8 => 1.0 + 1.0 / 32.0,
+            DType::NvFp4 => 0.5 + 1.0 / 16.0,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "fp32",
+            DType::BF16 => "bf16",
+            DType::F16 => "fp16",
+            DType::Fp8E4M3 => "fp8-e4m3",
+            DType::Fp8E5M2 => "fp8-e5m2",
+            DType::MxFp8 => "mxfp8",
+            DType::NvFp4 => "nvfp4",
+            DType::I32 => "int32",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum TensorKind {
+    Weight,
+    Activation,
+    Input,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Tensor {
+    pub name: String,
+    pub shape: Vec<u64>,
+    pub dtype: DType,
+    pub kind: TensorKind,
+}
+
+impl Tensor {
+    pub fn numel(&self) -> u64 {
+        self.shape.iter().product()
+    }
+}
+
+/// The host's primitive set (mirrors WIT `op-kind`), plus the collectives the sharding
+/// pass inserts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum OpKind {
+    Linear,
+    Embedding,
+    RmsNorm,
+    LayerNorm,
+    Rotary,
+    Attention,
+    SwiGlu,
+    GeGlu,
+    Gelu,
+    SquaredRelu,
+    Add,
+    Concat,
+    CrossEntropy,
+    Router,
+    MoeDispatch,
+    GroupedLinear,
+    MoeCombine,
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Send,
+    Recv,
+}
+
+/// How an operation's work splits across a parallel layout (mirrors WIT `parallel-role`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Role {
+    Replicated,
+    ColumnParallel,
+    RowParallel,
+    HeadParallel,
+    Sequence,
+    Expert,
+    VocabParallel,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Attr {
+    Int(i64),
+    Float(f64),
+    Flag(bool),
+    Text(String),
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Op {
+    pub name: String,
+    pub kind: OpKind,
+    pub inputs: Vec<TensorId>,
+    pub outputs: Vec<TensorId>,
+    pub attrs: BTreeMap<String, Attr>,
+    /// Transformer layer, or -1 for embedding, head and loss.
+    pub layer: i32,
+    pub role: Role,
+}
+
+impl Op {
+    pub fn int(&self, key: &str) -> Option<i64> {
+        match self.attrs.get(key) {
+            Some(Attr::Int(v)) => Some(*v),
+            _ => None,
+        }
+    }
+    pub fn float(&self, key: &str) -> Option<f64> {
+        match self.attrs.get(key) {
+            Some(Attr::Float(v)) => Some(*v),
+            Some(Attr::Int(v)) => Some(*v as f64),
+            _ => None,
+        }
+    }
+    pub fn flag(&self, key: &str) -> Option<bool> {
+        match self.attrs.get(key) {
+            Some(Attr::Flag(v)) => Some(*v),
+            _ => None,
+        }
+    }
+    pub fn text(&self, key: &str) -> Option<&str> {
+        match self.attrs.get(key) {
+            Some(Attr::Text(v)) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// A forward graph: tensors, operations in execution order, and the scalar loss.
+#[derive(Clone, Debug, Serialize)]
+pub struct Graph {
+    pub tensors: Vec<Tensor>,
+    pub ops: Vec<Op>,
+    pub loss: TensorId,
+    #[serde(skip)]
+    index: HashMap<String, TensorId>,
+}
+
+/// What is wrong with a graph, named precisely enough to fix the plugin.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum GraphError {
+    #[error("tensor name '{0}' is used twice")]
+    DuplicateTensor(String),
+    #[error("operation '{op}' refers to tensor '{tensor}', which the graph does not declare")]
+    UnknownTensor { op: String, tensor: String },
+    #[error("operation '{op}': {problem}")]
+    Invalid { op: String, problem: String },
+    #[error("tensor '{0}': {1}")]
+    BadTensor(String, String),
+}
+
+impl Graph {
+    /// Build a graph, resolving tensor names. Operations reference tensors by name.
+    pub fn new(tensors: Vec<Tensor>, ops: Vec<NamedOp>, loss: &str) -> Result<Graph, GraphError> {
+        let mut index = HashMap::with_capacity(tensors.len());
+        for (i, t) in tensors.iter().enumerate() {
+            if index.insert(t.name.clone(), i).is_some() {
+                return Err(GraphError::DuplicateTensor(t.name.clone()));
+            }
+        }
+        let resolve = |op: &str, names: &[String]| -> Result<Vec<TensorId>, GraphError> {
+            names
+                .iter()
+                .map(|n| {
+                    index.get(n).copied().ok_or_else(|| GraphError::UnknownTensor {
+                        op: op.to_string(),
+                        tensor: n.clone(),
+                    })
+                })
+                .collect()
+        };
+        let mut resolved = Vec::with_capacity(ops.len());
+        for op in ops {
+            resolved.push(Op {
+                inputs: resolve(&op.name, &op.inputs)?,
+                outputs: resolve(&op.name, &op.outputs)?,
+                name: op.name,
+                kind: op.kind,
+                attrs: op.attrs,
+                layer: op.layer,
+                role: op.role,
+            });
+        }
+        let loss = *index.get(loss).ok_or_else(|| GraphError::UnknownTensor {
+            op: "(loss)".into(),
+            tensor: loss.to_string(),
+        })?;
+        Ok(Graph { tensors, ops: resolved, loss, index })
+    }
+
+    pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
+        self.index.get(name).copied()
+    }
+
+    pub fn tensor(&self, id: TensorId) -> &Tensor {
+        &self.tensors[id]
+    }
+
+    /// Add a tensor (used by graph transforms); returns its id.
+    pub fn add_tensor(&mut self, t: Tensor) -> Result<TensorId, GraphError> {
+        if self.index.contains_key(&t.name) {
+            return Err(GraphError::DuplicateTensor(t.name));
+        }
+        let id = self.tensors.len();
+        self.index.insert(t.name.clone(), id);
+        self.tensors.push(t);
+        Ok(id)
+    }
+}
+
+/// An operation as a plugin writes it: tensors by name.
+#[derive(Clone, Debug)]
+pub struct NamedOp {
+    pub name: String,
+    pub kind: OpKind,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    pub attrs: BTreeMap<String, Attr>,
+    pub layer: i32,
+    pub role: Role,
+}

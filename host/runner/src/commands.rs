@@ -1,0 +1,466 @@
+//! The commands behind the CLI. Each builds a [`Table`] for people and a serialisable value
+//! for machines, and hands both to [`emit`].
+
+use std::io::IsTerminal;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use runner::plugin::{self, Kind, Limits, PluginInfo};
+use runner::report::{self, OutputFormat, Table, si};
+use runner::runfile::{self, Format, RunFile};
+use runner::session;
+
+use crate::{BenchCommand, Global, PluginsCommand, QuickRun};
+
+/// Print in the chosen format; also write to --output when given.
+fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
+    let format = global.format.unwrap_or(OutputFormat::Table);
+    print!("{}", report::render(format, table, value));
+    if let Some(path) = &global.output {
+        let file_format = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => OutputFormat::Json,
+            Some("csv") => OutputFormat::Csv,
+            _ => OutputFormat::Table,
+        });
+        std::fs::write(path, report::render(file_format, table, value))
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        if !global.quiet {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// A spinner on stderr while a session works (only on a terminal, never with -q).
+fn spinner(global: &Global) -> Option<indicatif::ProgressBar> {
+    if global.quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(100));
+    Some(bar)
+}
+
+fn apply_overrides(run: &mut RunFile, quick: &QuickRun) -> Result<()> {
+    if let Some(p) = &quick.plugin {
+        run.model.plugin = p.clone();
+    }
+    if let Some(v) = &quick.variant {
+        run.model.variant = Some(v.clone());
+    }
+    if let Some(g) = &quick.gpu {
+        run.cluster.gpu = g.clone();
+    }
+    if let Some(g) = &quick.gpus {
+        run.cluster.gpus = g.clone();
+    }
+    if let Some(p) = &quick.precision {
+        run.precision.format = match p.as_str() {
+            "bf16" => Format::Bf16,
+            "fp8" => Format::Fp8,
+            other => anyhow::bail!("--precision '{other}' is not bf16 or fp8"),
+        };
+    }
+    if !quick.clouds.is_empty() {
+        run.cost.plugins = quick.clouds.clone();
+    }
+    if quick.tokens.is_some() {
+        run.model.tokens = quick.tokens;
+    }
+    if quick.seq_len.is_some() {
+        run.model.seq_len = quick.seq_len;
+    }
+    // Re-check the merged run exactly as a run file would be checked.
+    let text = toml::to_string(run).context("serialising the run")?;
+    *run = runfile::parse(&text, "command line")
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+fn execute(run: &RunFile, global: &Global) -> Result<()> {
+    let bar = spinner(global);
+    let progress = |msg: &str| {
+        if let Some(b) = &bar {
+            b.set_message(msg.to_string());
+        } else {
+            tracing::info!("{msg}");
+        }
+    };
+    let outcome = session::run(run, &progress);
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let outcome = outcome?;
+    emit(global, &report::outcome_table(&outcome), &outcome)
+}
+
+pub fn quick_run(quick: &QuickRun, global: &Global) -> Result<()> {
+    let mut run = RunFile::default();
+    run.model.plugin = "llama3.wasm".into();
+    apply_overrides(&mut run, quick)?;
+    execute(&run, global)
+}
+
+pub fn run_file(path: &Path, quick: &QuickRun, global: &Global) -> Result<()> {
+    let mut run = runfile::load(path).map_err(anyhow::Error::msg)?;
+    apply_overrides(&mut run, quick)?;
+    execute(&run, global)
+}
+
+#[derive(Serialize)]
+struct ListEntry {
+    #[serde(flatten)]
+    info: Option<PluginInfo>,
+    shadowed: bool,
+    error: Option<String>,
+}
+
+pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
+    match cmd {
+        PluginsCommand::List => {
+            let mut table = Table::new("", &["name", "kind", "contract", "source", "sha256"]);
+            let mut entries = Vec::new();
+            for (info, shadowed) in plugin::list() {
+                match info {
+                    Ok(info) => {
+                        table.rows.push(vec![
+                            info.name.clone(),
+                            info.kind.name().into(),
+                            info.contract.clone(),
+                            format!("{}{}", info.source, if shadowed { " (shadowed)" } else { "" }),
+                            info.sha256[..12].to_string(),
+                        ]);
+                        entries.push(ListEntry { info: Some(info), shadowed, error: None });
+                    }
+                    Err(e) => {
+                        table.rows.push(vec![e.plugin.clone(), "?".into(), "?".into(), "error".into(), String::new()]);
+                        table.notes.push(e.to_string());
+                        entries.push(ListEntry { info: None, shadowed, error: Some(e.to_string()) });
+                    }
+                }
+            }
+            let dirs: Vec<String> = plugin::plugin_dirs().iter().map(|d| d.display().to_string()).collect();
+            table.notes.push(format!("plugin directories, searched in order before the embedded set: {}", dirs.join(", ")));
+            emit(global, &table, &entries)
+        }
+        PluginsCommand::Inspect { name } => inspect(&name, global),
+        PluginsCommand::Validate { path } => validate(&path, global),
+    }
+}
+
+fn inspect(name: &str, global: &Global) -> Result<()> {
+    let p = plugin::load(name)?;
+    let limits = Limits::default();
+    let title = format!("{} ({} plugin, contract {}, {}, sha256 {})", p.info.name, p.info.kind.name(), p.info.contract, p.info.source, p.info.sha256);
+    match p.info.kind {
+        Kind::Workload => {
+            let info = p.workload(limits)?.describe()?;
+            let mut t = Table::new(title, &["variant", "layers", "hidden", "heads", "kv", "vocab", "moe", "seq", "layouts"]);
+            for v in &info.variants {
+                let h = &v.hyper;
+                t.rows.push(vec![
+                    v.name.clone(),
+                    h.layers.to_string(),
+                    h.hidden.to_string(),
+                    h.heads.to_string(),
+                    h.kv_heads.to_string(),
+                    h.vocab.to_string(),
+                    h.moe.as_ref().map(|m| format!("{}e top-{}", m.experts, m.top_k)).unwrap_or_else(|| "-".into()),
+                    v.defaults.seq_len.to_string(),
+                    v.layouts.len().to_string(),
+                ]);
+            }
+            emit(global, &t, &info)
+        }
+        Kind::Cost => {
+            let mut c = p.cost(limits)?;
+            let provider = c.provider()?;
+            let offerings = c.offerings()?;
+            let mut t = Table::new(format!("{title}\n{}", provider.display_name), &["instance", "gpu", "gpus/node", "Gbps", "prices", "billing", "effective"]);
+            for o in &offerings {
+                t.rows.push(vec![
+                    o.instance.clone(),
+                    o.gpu.clone(),
+                    o.gpus_per_node.to_string(),
+                    format!("{}", o.interconnect_gbps),
+                    o.prices.len().to_string(),
+                    format!("{} s, min {} s", o.billing_increment_s, o.minimum_charge_s),
+                    o.effective_date.clone(),
+                ]);
+            }
+            emit(global, &t, &offerings)
+        }
+        Kind::Precision => {
+            let name = p.precision(limits)?.name()?;
+            let t = Table { title, notes: vec![name.clone()], ..Table::default() };
+            emit(global, &t, &serde_json::json!({ "plugin": p.info, "policy": name }))
+        }
+    }
+}
+
+/// Call every export on sample input; report each call's outcome.
+fn validate(path: &str, global: &Global) -> Result<()> {
+    let p = plugin::load(path)?;
+    let limits = Limits::default();
+    let mut t = Table::new(
+        format!("{}: {} plugin, contract {} (compatible), imports allowed", p.info.name, p.info.kind.name(), p.info.contract),
+        &["call", "result"],
+    );
+    let mut failures = 0;
+    let mut check = |call: &str, r: Result<String, plugin::PluginError>| {
+        match r {
+            Ok(s) => t.rows.push(vec![call.into(), format!("ok: {s}")]),
+            Err(e) => {
+                failures += 1;
+                t.rows.push(vec![call.into(), "FAILED".into()]);
+                t.notes.push(e.to_string());
+            }
+        }
+    };
+    match p.info.kind {
+        Kind::Workload => {
+            let mut w = p.workload(limits)?;
+            let info = w.describe();
+            check("describe", info.as_ref().map(|i| format!("{} variants of {}", i.variants.len(), i.family)).map_err(Clone::clone));
+            if let Ok(info) = info {
+                for v in &info.variants {
+                    let req = plugin::workload::GraphRequest { variant: v.name.clone(), seq_len: 128, micro_batch: 1, layers: 1 };
+                    check(
+                        &format!("graph {} (seq 128, 1 layer)", v.name),
+                        w.graph(&req).map(|g| format!("{} tensors, {} operations", g.tensors.len(), g.ops.len())),
+                    );
+                }
+            }
+        }
+        Kind::Cost => {
+            let mut c = p.cost(limits)?;
+            check("provider", c.provider().map(|p| p.display_name));
+            let offerings = c.offerings();
+            check("offerings", offerings.as_ref().map(|o| format!("{} instances", o.len())).map_err(Clone::clone));
+            if let Some(o) = offerings.ok().and_then(|o| o.into_iter().next()) {
+                if let Some(price) = o.prices.first() {
+                    let req = plugin::cost::QuoteRequest {
+                        instance: o.instance.clone(),
+                        nodes: 1,
+                        hours: 1.0,
+                        region: price.region.clone(),
+                        option: price.option,
+                        storage_gb_months: 0.0,
+                        egress_gb: 0.0,
+                    };
+                    check("quote (1 node, 1 hour)", c.quote(&req).map(|q| report::usd(q.total_usd)));
+                }
+            }
+        }
+        Kind::Precision => {
+            use plugin::precision::*;
+            let mut pp = p.precision(limits)?;
+            check("name", pp.name());
+            let sites: Vec<GemmSite> = [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient]
+                .into_iter()
+                .map(|role| GemmSite { layer: 0, name: "layers.0.mlp.up".into(), role, m: 4096, n: 14336, k: 4096 })
+                .collect();
+            let plan = pp.plan(&PlanRequest { model: "sample".into(), sites, state: Vec::new() });
+            check("plan (3 sites)", plan.as_ref().map(|r| format!("{:?}", r.sites.first().map(|s| s.format))).map_err(Clone::clone));
+            let metrics = StepMetrics {
+                step: 1,
+                loss: 2.5,
+                grad_norm: 1.0,
+                learning_rate: 1e-4,
+                loss_finite: true,
+                grads_finite: true,
+                sites: Vec::new(),
+                state: plan.map(|p| p.state).unwrap_or_default(),
+            };
+            check("on-step", pp.on_step(&metrics).map(|r| format!("{} actions", r.actions.len())));
+        }
+    }
+    emit(global, &t, &serde_json::json!({ "plugin": p.info, "failures": failures }))?;
+    if failures > 0 {
+        anyhow::bail!("{failures} call(s) failed validation");
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct ModelRow {
+    name: String,
+    family: String,
+    plugin: String,
+    params_total: u64,
+    params_active: u64,
+    default_seq_len: u32,
+    flops_per_token: f64,
+}
+
+pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
+    use runner_graph::count::{self, AttentionFlops, Convention, Recompute};
+    let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
+    let limits = Limits::default();
+    let mut rows = Vec::new();
+    let mut found = Vec::new();
+    for (info, shadowed) in plugin::list() {
+        let Ok(info) = info else { continue };
+        if shadowed || info.kind != Kind::Workload {
+            continue;
+        }
+        let spec = match &info.source {
+            plugin::Source::Path(p) => p.display().to_string(),
+            plugin::Source::Embedded => info.name.clone(),
+        };
+        let mut w = plugin::load(&spec)?.workload(limits)?;
+        let described = w.describe()?;
+        for v in described.variants {
+            if name.is_some_and(|n| n != v.name) {
+                continue;
+            }
+            let seq = v.defaults.seq_len;
+            let graph = w.graph(&plugin::workload::GraphRequest { variant: v.name.clone(), seq_len: seq, micro_batch: 1, layers: 0 })?;
+            let params = count::params(&graph);
+            rows.push(ModelRow {
+                name: v.name.clone(),
+                family: v.family.clone(),
+                plugin: info.name.clone(),
+                params_total: params.total,
+                params_active: params.active,
+                default_seq_len: seq,
+                flops_per_token: count::model_flops_per_step(&graph, &convention) / f64::from(seq),
+            });
+            found.push(v);
+        }
+    }
+    if let Some(n) = name {
+        let Some(v) = found.first() else {
+            let all: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
+            anyhow::bail!("no installed variant is called '{n}'{}; run `runner models` to list them", if all.is_empty() { String::new() } else { format!(" ({})", all.join(", ")) });
+        };
+        let r = &rows[0];
+        let mut t = Table::new(format!("{} ({}, {}): {}", v.name, v.family, r.plugin, v.citation), &["layout: gpu", "gpus", "precision", "tp", "pp", "cp", "vp", "ep", "etp", "fsdp", "mbs", "gbs"]);
+        for l in &v.layouts {
+            t.rows.push(vec![
+                l.gpu.clone(),
+                format!("{}-{}", l.gpus_min, l.gpus_max),
+                l.precision.clone(),
+                l.tp.to_string(),
+                l.pp.to_string(),
+                l.cp.to_string(),
+                l.vp.to_string(),
+                l.ep.to_string(),
+                l.etp.to_string(),
+                l.fsdp.to_string(),
+                l.mbs.to_string(),
+                match (l.gbs_per_gpu, l.gbs_fixed) {
+                    (x, 0) => format!("{x} x GPUs"),
+                    (0.0, f) => f.to_string(),
+                    (x, f) => format!("{x} x GPUs + {f}"),
+                },
+            ]);
+        }
+        t.notes.push(format!("hyperparameters: {}", serde_json::to_string(&v.hyper)?));
+        t.notes.push(format!(
+            "params {} total, {} active; {:.4e} model FLOPs per token at seq {} ({convention})",
+            si(r.params_total as f64), si(r.params_active as f64), r.flops_per_token, r.default_seq_len
+        ));
+        return emit(global, &t, &serde_json::json!({ "variant": v, "params_total": r.params_total, "params_active": r.params_active, "flops_per_token": r.flops_per_token }));
+    }
+    let mut t = Table::new("", &["name", "family", "plugin", "params_total", "params_active", "default_seq_len", "flops_per_token"]);
+    for r in &rows {
+        t.rows.push(vec![
+            r.name.clone(),
+            r.family.clone(),
+            r.plugin.clone(),
+            si(r.params_total as f64),
+            si(r.params_active as f64),
+            r.default_seq_len.to_string(),
+            format!("{:.3e}", r.flops_per_token),
+        ]);
+    }
+    t.notes.push(format!("flops_per_token: model FLOPs of forward and backward per token at the default sequence length; {convention}"));
+    emit(global, &t, &rows)
+}
+
+#[derive(Serialize)]
+struct BenchRow {
+    what: String,
+    median_us: f64,
+    p10_us: f64,
+    p90_us: f64,
+    samples: usize,
+}
+
+fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+    (at(0.5), at(0.1), at(0.9))
+}
+
+pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
+    match cmd {
+        BenchCommand::Plugins { calls } => {
+            let mut rows = Vec::new();
+            let mut push = |what: &str, samples: Vec<f64>| {
+                let n = samples.len();
+                let (median_us, p10_us, p90_us) = percentiles(samples);
+                rows.push(BenchRow { what: what.into(), median_us, p10_us, p90_us, samples: n });
+            };
+            // Warm the cache once, then time warm loads.
+            let spec = plugin::embedded().iter().find(|(_, k, _)| *k == "cost").map(|(n, _, _)| *n).context("no embedded cost plugin to benchmark")?;
+            plugin::load(spec)?;
+            let loads: Vec<f64> = (0..20).map(|_| {
+                let t = Instant::now();
+                let _ = plugin::load(spec);
+                t.elapsed().as_secs_f64() * 1e6
+            }).collect();
+            push(&format!("load {spec} (warm cache: read, hash, deserialize, contract check)"), loads);
+            let lists: Vec<f64> = (0..5).map(|_| {
+                let t = Instant::now();
+                let _ = plugin::list();
+                t.elapsed().as_secs_f64() * 1e6
+            }).collect();
+            push(&format!("plugins list, in process ({} plugins)", plugin::list().len()), lists);
+            let p = plugin::load(spec)?;
+            let inst: Vec<f64> = (0..50).map(|_| {
+                let t = Instant::now();
+                let mut c = p.cost(Limits::default()).expect("instantiates");
+                let _ = c.provider();
+                t.elapsed().as_secs_f64() * 1e6
+            }).collect();
+            push("instantiate + first call (fresh store, WASI context, instance)", inst);
+            let mut c = p.cost(Limits::default())?;
+            c.provider()?;
+            let batch = 100u32;
+            let mut per_call = Vec::new();
+            for _ in 0..(calls / batch).max(1) {
+                let t = Instant::now();
+                for _ in 0..batch {
+                    let _ = c.provider()?;
+                }
+                per_call.push(t.elapsed().as_secs_f64() * 1e6 / f64::from(batch));
+            }
+            push("call provider() -> small record (2 strings), warm instance", per_call);
+            let req = {
+                let offerings = c.offerings()?;
+                let o = &offerings[0];
+                plugin::cost::QuoteRequest { instance: o.instance.clone(), nodes: 4, hours: 10.0, region: o.prices[0].region.clone(), option: o.prices[0].option, storage_gb_months: 0.0, egress_gb: 0.0 }
+            };
+            let mut quotes = Vec::new();
+            for _ in 0..(calls / batch / 10).max(1) {
+                let t = Instant::now();
+                for _ in 0..batch {
+                    let _ = c.quote(&req)?;
+                }
+                quotes.push(t.elapsed().as_secs_f64() * 1e6 / f64::from(batch));
+            }
+            push("call quote(request) -> itemised quote, validated", quotes);
+            let mut t = Table::new("plugin host overhead (microseconds)", &["what", "median", "p10", "p90", "samples"]);
+            for r in &rows {
+                t.rows.push(vec![r.what.clone(), format!("{:.2}", r.median_us), format!("{:.2}", r.p10_us), format!("{:.2}", r.p90_us), r.samples.to_string()]);
+            }
+            t.notes.push(format!("cache dir: {}", plugin::cache_dir().map(|d| d.display().to_string()).unwrap_or_else(|| "disabled".into())));
+            emit(global, &t, &rows)
+        }
+    }
+}

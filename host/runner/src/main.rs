@@ -1,0 +1,162 @@
+//! The `runner` command line: parse arguments, build a run (from a run file or flags),
+//! dispatch to a command. No benchmark logic lives here.
+
+mod commands;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use runner::report::OutputFormat;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "runner",
+    version,
+    about = "Workload runner for AI training benchmarks and total cost of ownership",
+    long_about = "Measures a model's training step on the local device, projects it onto a GPU \
+cluster, and prices the run on every installed cloud. Models, precision policies and \
+price lists are sandboxed WASM plugins.",
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner --plugin llama3.wasm --variant llama3.1-70b --gpu H100 --gpus 64,512,2048\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner plugins list\n  runner models"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    quick: QuickRun,
+    #[command(flatten)]
+    global: Global,
+}
+
+/// Options every command shares.
+#[derive(Args, Debug, Clone)]
+pub struct Global {
+    /// Output format
+    #[arg(long, value_enum, global = true)]
+    pub format: Option<OutputFormat>,
+    /// Also write the result to FILE (format from --format, else from the extension)
+    #[arg(long, short = 'o', global = true, value_name = "FILE")]
+    pub output: Option<PathBuf>,
+    /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides
+    #[arg(long, short = 'v', action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+    /// Only errors, no progress
+    #[arg(long, short = 'q', global = true)]
+    pub quiet: bool,
+}
+
+/// A run given by flags instead of a run file.
+#[derive(Args, Debug, Clone, Default)]
+pub struct QuickRun {
+    /// Workload plugin: a path, or a name in the plugin directories or embedded (e.g. llama3.wasm)
+    #[arg(long)]
+    pub plugin: Option<String>,
+    /// Model variant (default: the plugin's first)
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// GPU type to project onto
+    #[arg(long)]
+    pub gpu: Option<String>,
+    /// GPU counts, comma-separated
+    #[arg(long, value_delimiter = ',')]
+    pub gpus: Option<Vec<u32>>,
+    /// Number format of the GEMMs: bf16 or fp8
+    #[arg(long)]
+    pub precision: Option<String>,
+    /// Cost plugins to price with (repeatable; default: every installed one)
+    #[arg(long = "cloud")]
+    pub clouds: Vec<String>,
+    /// Tokens to train (default: the variant's)
+    #[arg(long)]
+    pub tokens: Option<f64>,
+    /// Sequence length (default: the variant's)
+    #[arg(long)]
+    pub seq_len: Option<u32>,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run a run file (workloads/*.toml)
+    #[command(after_help = "Examples:\n  runner run workloads/llama3.1-8b-h100-bf16.toml\n  runner run my.toml --format csv -o out.csv")]
+    Run {
+        /// The run file
+        file: PathBuf,
+    },
+    /// List, inspect and validate plugins
+    #[command(subcommand)]
+    Plugins(PluginsCommand),
+    /// List model variants of every installed workload plugin, or show one
+    #[command(after_help = "Examples:\n  runner models\n  runner models llama3.1-70b\n  runner models --format json")]
+    Models {
+        /// A variant name
+        name: Option<String>,
+    },
+    /// Micro-benchmarks of the runner itself and the local device
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PluginsCommand {
+    /// Every installed plugin: name, kind, contract version, source, sha256
+    #[command(after_help = "Examples:\n  runner plugins list\n  runner plugins list --format json")]
+    List,
+    /// What one plugin provides
+    #[command(after_help = "Examples:\n  runner plugins inspect llama3\n  runner plugins inspect ./my-cloud.wasm")]
+    Inspect {
+        /// Plugin name or path
+        name: String,
+    },
+    /// Load a plugin, check its contract and imports, call each export on sample input
+    #[command(after_help = "Examples:\n  runner plugins validate target/wasm32-wasip2/release/my_cloud.wasm")]
+    Validate {
+        /// Path to a .wasm component (or a plugin name)
+        path: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCommand {
+    /// Plugin host overhead: warm load, instantiation, per-call cost
+    #[command(after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000")]
+    Plugins {
+        /// Calls to time
+        #[arg(long, default_value_t = 20_000)]
+        calls: u32,
+    },
+}
+
+fn init_logging(global: &Global) {
+    use tracing_subscriber::EnvFilter;
+    let level = if global.quiet {
+        "error"
+    } else {
+        match global.verbose {
+            0 => "warn",
+            1 => "info",
+            2 => "debug",
+            _ => "trace",
+        }
+    };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().try_init();
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.global);
+    let result = match cli.command {
+        None => commands::quick_run(&cli.quick, &cli.global),
+        Some(Command::Run { file }) => commands::run_file(&file, &cli.quick, &cli.global),
+        Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
+        Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
+        Some(Command::Bench(cmd)) => commands::bench(cmd, &cli.global),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! Output: aligned terminal tables, CSV, and JSON. Every command builds a [`Table`] for
+//! people and hands its serialisable value for machines, so the three formats never drift.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use crate::session::Outcome;
+
+/// Output format, as `--format` spells it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum OutputFormat {
+    Table,
+    Json,
+    Csv,
+}
+
+/// A titled table with notes underneath.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    pub title: String,
+    pub headers: Vec<String>,
+    pub rows: Vec<Vec<String>>,
+    pub notes: Vec<String>,
+}
+
+impl Table {
+    pub fn new(title: impl Into<String>, headers: &[&str]) -> Table {
+        Table { title: title.into(), headers: headers.iter().map(|h| h.to_string()).collect(), ..Table::default() }
+    }
+
+    /// Aligned text: numbers (cells starting with a digit, '$' or '-') right-aligned.
+    pub fn render(&self) -> String {
+        let cols = self.headers.len();
+        let mut width: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
+        for row in &self.rows {
+            for (i, cell) in row.iter().enumerate().take(cols) {
+                width[i] = width[i].max(cell.chars().count());
+            }
+        }
+        let mut out = String::new();
+        if !self.title.is_empty() {
+            let _ = writeln!(out, "{}", self.title);
+        }
+        let line = |cells: &[String], out: &mut String| {
+            let mut parts = Vec::with_capacity(cols);
+            for (i, cell) in cells.iter().enumerate().take(cols) {
+                let numeric = cell.starts_with(|c: char| c.is_ascii_digit() || c == '$' || c == '-' || c == '~');
+                let pad = width[i] - cell.chars().count();
+                parts.push(if numeric && i > 0 { format!("{}{cell}", " ".repeat(pad)) } else { format!("{cell}{}", " ".repeat(pad)) });
+            }
+            let _ = writeln!(out, "{}", parts.join("  ").trim_end());
+        };
+        line(&self.headers, &mut out);
+        let _ = writeln!(out, "{}", width.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+        for row in &self.rows {
+            line(row, &mut out);
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "note: {note}");
+        }
+        out
+    }
+
+    /// RFC 4180 CSV of the headers and rows (notes are left out).
+    pub fn csv(&self) -> String {
+        let mut out = String::new();
+        let esc = |s: &str| {
+            if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+        };
+        let _ = writeln!(out, "{}", self.headers.iter().map(|h| esc(h)).collect::<Vec<_>>().join(","));
+        for row in &self.rows {
+            let _ = writeln!(out, "{}", row.iter().map(|c| esc(c)).collect::<Vec<_>>().join(","));
+        }
+        out
+    }
+}
+
+/// Render `table`/`value` in `format`.
+pub fn render<T: Serialize>(format: OutputFormat, table: &Table, value: &T) -> String {
+    match format {
+        OutputFormat::Table => table.render(),
+        OutputFormat::Csv => table.csv(),
+        OutputFormat::Json => serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
+    }
+}
+
+/// Human number with SI suffix: 8.03B, 4.74e14 stays scientific for FLOPs.
+pub fn si(v: f64) -> String {
+    let a = v.abs();
+    if a >= 1e12 {
+        format!("{:.2}T", v / 1e12)
+    } else if a >= 1e9 {
+        format!("{:.2}B", v / 1e9)
+    } else if a >= 1e6 {
+        format!("{:.1}M", v / 1e6)
+    } else if a >= 1e3 {
+        format!("{:.1}K", v / 1e3)
+    } else {
+        format!("{v:.0}")
+    }
+}
+
+/// US dollars, rounded to what matters at the scale.
+pub fn usd(v: f64) -> String {
+    if v >= 1e6 {
+        format!("${:.2}M", v / 1e6)
+    } else if v >= 1e3 {
+        format!("${:.1}K", v / 1e3)
+    } else {
+        format!("${v:.2}")
+    }
+}
+
+/// The time-and-cost table of a session.
+pub fn outcome_table(o: &Outcome) -> Table {
+    let m = &o.model;
+    let title = format!(
+        "{} ({} params, {} active) on {}, {} tokens at seq {}, {}",
+        m.variant,
+        si(m.params_total as f64),
+        si(m.params_active as f64),
+        o.gpu.name,
+        si(m.tokens),
+        m.seq_len,
+        o.precision
+    );
+    let mut headers: Vec<String> = ["GPUs", "days", "speedup", "rel. cost"].iter().map(|s| s.to_string()).collect();
+    headers.extend(o.clouds.iter().map(|c| format!("{c} (USD)")));
+    let mut table = Table { title, headers, ..Table::default() };
+    for r in &o.rows {
+        let mut row = vec![
+            r.gpus.to_string(),
+            format!("{:.2}", r.days),
+            format!("{:.2}x", r.speedup),
+            format!("{:.3}", r.relative_cost),
+        ];
+        row.extend(r.costs.iter().map(|c| match c {
+            Some(c) => usd(c.usd),
+            None => "n/a".into(),
+        }));
+        table.rows.push(row);
+    }
+    table.notes = o.notes.clone();
+    table.notes.push(format!(
+        "model FLOPs per token {:.3e}; cloud cost is the cheapest offering and region with that GPU (n/a: the cloud does not sell it)",
+        m.flops_per_token
+    ));
+    table
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_aligns_and_csv_escapes() {
+        let mut t = Table::new("T", &["name", "value"]);
+        t.rows.push(vec!["a,b".into(), "1".into()]);
+        t.rows.push(vec!["long name".into(), "123".into()]);
+        let text = t.render();
+        assert!(text.contains("long name    123"), "{text}");
+        assert!(text.contains("a,b          1"), "{text}");
+        assert_eq!(t.csv(), "name,value\n\"a,b\",1\nlong name,123\n");
+    }
+
+    #[test]
+    fn money_and_si() {
+        assert_eq!(usd(1_234_567.0), "$1.23M");
+        assert_eq!(usd(12.5), "$12.50");
+        assert_eq!(si(8.03e9), "8.03B");
+    }
+}

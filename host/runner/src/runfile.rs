@@ -1,0 +1,203 @@
+//! The run file: what to run, on which cluster, priced by which clouds. Parsed strictly:
+//! a TOML syntax error points at its line and column, and an unknown key is an error
+//! (a typo must never be silently ignored).
+//!
+//! ```toml
+//! [model]
+//! plugin = "llama3.wasm"
+//! variant = "llama3.1-70b"
+//!
+//! [cluster]
+//! gpu = "H100"
+//! gpus = [64, 128, 256, 512, 1024, 2048]
+//!
+//! [precision]
+//! plugin = "bf16.wasm"
+//! format = "bf16"
+//!
+//! [cost]
+//! plugins = ["aws.wasm", "gcp.wasm"]   # default: every installed cost plugin
+//! option = "on-demand"
+//!
+//! [limits]
+//! memory_mib = 256
+//! call_timeout_ms = 10000
+//! ```
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::plugin::Limits;
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RunFile {
+    pub model: ModelSection,
+    #[serde(default)]
+    pub cluster: ClusterSection,
+    #[serde(default)]
+    pub precision: PrecisionSection,
+    #[serde(default)]
+    pub cost: CostSection,
+    #[serde(default)]
+    pub limits: Limits,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Workload plugin: a path, or a name found in the plugin directories or embedded.
+    pub plugin: String,
+    /// Variant name; default: the plugin's first variant.
+    pub variant: Option<String>,
+    /// Sequence length; default: the variant's training default.
+    pub seq_len: Option<u32>,
+    /// Tokens to train; default: the variant's training default.
+    pub tokens: Option<f64>,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterSection {
+    pub gpu: String,
+    pub gpus: Vec<u32>,
+}
+
+impl Default for ClusterSection {
+    fn default() -> Self {
+        ClusterSection { gpu: "H100".into(), gpus: vec![8, 16, 32, 64, 128, 256, 512, 1024, 2048] }
+    }
+}
+
+/// Which numeric format the GEMMs run in, for peak FLOP/s.
+#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Bf16,
+    Fp8,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrecisionSection {
+    pub plugin: String,
+    pub format: Format,
+}
+
+impl Default for PrecisionSection {
+    fn default() -> Self {
+        PrecisionSection { plugin: "bf16.wasm".into(), format: Format::Bf16 }
+    }
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct CostSection {
+    /// Cost plugins to price with; empty: every installed cost plugin.
+    pub plugins: Vec<String>,
+    /// Region; empty: the cheapest region each cloud prices.
+    pub region: String,
+    /// on-demand, spot, reserved-1y, reserved-3y.
+    pub option: String,
+}
+
+impl Default for CostSection {
+    fn default() -> Self {
+        CostSection { plugins: Vec::new(), region: String::new(), option: "on-demand".into() }
+    }
+}
+
+/// Parse a run file's text. `origin` names it in errors.
+///
+/// # Errors
+/// The TOML error (with line and column) or the rule the file breaks, and how to fix it.
+pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
+    let run: RunFile = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+    check(&run).map_err(|m| format!("{origin}: {m}"))?;
+    Ok(run)
+}
+
+/// Read and parse a run file.
+pub fn load(path: &Path) -> Result<RunFile, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read run file {}: {e}", path.display()))?;
+    parse(&text, &path.display().to_string())
+}
+
+fn check(run: &RunFile) -> Result<(), String> {
+    if run.model.plugin.trim().is_empty() {
+        return Err("[model] plugin is empty; name a workload plugin, e.g. plugin = \"llama3.wasm\"".into());
+    }
+    if run.cluster.gpus.is_empty() {
+        return Err("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]".into());
+    }
+    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| g == 0) {
+        return Err(format!("[cluster] gpus contains {bad}; every GPU count must be at least 1"));
+    }
+    crate::gpus::profile(&run.cluster.gpu).map_err(|m| format!("[cluster] gpu: {m}"))?;
+    if let Some(t) = run.model.tokens {
+        if !(t.is_finite() && t > 0.0) {
+            return Err(format!("[model] tokens must be a positive number, got {t}"));
+        }
+    }
+    if run.model.seq_len == Some(0) {
+        return Err("[model] seq_len must be at least 1".into());
+    }
+    parse_option(&run.cost.option)?;
+    if run.limits.memory_mib < 1 || run.limits.call_timeout_ms < 1 {
+        return Err("[limits] memory_mib and call_timeout_ms must be at least 1".into());
+    }
+    Ok(())
+}
+
+/// Parse a purchase option as run files write it.
+pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, String> {
+    use crate::plugin::cost::PurchaseOption as P;
+    Ok(match s {
+        "on-demand" => P::OnDemand,
+        "spot" => P::Spot,
+        "reserved-1y" => P::ReservedOneYear,
+        "reserved-3y" => P::ReservedThreeYear,
+        "capacity-block" => P::CapacityBlock,
+        other => {
+            return Err(format!(
+                "[cost] option '{other}' is not one of on-demand, spot, reserved-1y, reserved-3y, capacity-block"
+            ));
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn minimal_file_gets_defaults() {
+        let run = parse("[model]\nplugin = \"llama3.wasm\"\n", "t.toml").unwrap();
+        assert_eq!(run.cluster.gpu, "H100");
+        assert_eq!(run.precision.format, Format::Bf16);
+        assert_eq!(run.limits, Limits::default());
+    }
+
+    #[test]
+    fn unknown_key_is_an_error_naming_it() {
+        let err = parse("[model]\nplugin = \"x\"\nvarient = \"y\"\n", "t.toml").unwrap_err();
+        assert!(err.contains("varient"), "{err}");
+        assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn syntax_error_points_at_line_and_column() {
+        let err = parse("[model]\nplugin = \"x\n", "t.toml").unwrap_err();
+        assert!(err.contains("line 2"), "{err}");
+        assert!(err.contains("column"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_fix() {
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpus = [8, 0]\n", "t.toml").unwrap_err();
+        assert!(err.contains("at least 1"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = \"H999\"\n", "t.toml").unwrap_err();
+        assert!(err.contains("known GPUs"), "{err}");
+    }
+}

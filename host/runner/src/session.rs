@@ -1,0 +1,252 @@
+//! One run, end to end: load the workload, measure locally, project onto each GPU count,
+//! price every cloud, and return an [`Outcome`] the report prints.
+//!
+//! The projection here is the simple, honest placeholder the Foundation issue allows:
+//! training FLOPs (from the host's FLOP counter over the plugin's graph) over an assumed
+//! fraction of the GPU's dense peak. It is labelled as such in every output. A plugin that
+//! fails is named with its error; a cost plugin's failure drops that cloud, a workload
+//! plugin's failure stops the run.
+
+use serde::Serialize;
+
+use runner_graph::count::{self, AttentionFlops, Convention, Recompute};
+
+use crate::gpus::{self, GpuProfile};
+use crate::measure::{self, LocalMeasurement};
+use crate::plugin::workload::{GraphRequest, Variant};
+use crate::plugin::{self, Kind};
+use crate::runfile::{Format, RunFile, parse_option};
+
+/// Assumed model-FLOPs utilisation of dense peak, per precision. Placeholder constants
+/// near the published H100 reference runs (BF16 MFU 0.5-0.59, FP8 0.37-0.43 against the
+/// FP8 peak; data/calibration.toml), used until the projection model lands.
+const ASSUMED_MFU_BF16: f64 = 0.50;
+const ASSUMED_MFU_FP8: f64 = 0.38;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelSummary {
+    pub plugin: String,
+    pub variant: String,
+    pub family: String,
+    pub params_total: u64,
+    pub params_active: u64,
+    pub seq_len: u32,
+    pub tokens: f64,
+    pub flops_per_token: f64,
+    pub flop_convention: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CloudCost {
+    pub cloud: String,
+    pub instance: String,
+    pub region: String,
+    pub nodes: u32,
+    pub usd: f64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub gpus: u32,
+    pub days: f64,
+    pub speedup: f64,
+    /// GPU-hours relative to the first row (equal to cost relative at a fixed price).
+    pub relative_cost: f64,
+    /// One entry per cloud in [`Outcome::clouds`]; None where the cloud has no such GPU.
+    pub costs: Vec<Option<CloudCost>>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub model: ModelSummary,
+    pub gpu: GpuProfile,
+    pub precision: String,
+    pub assumed_mfu: f64,
+    pub measurement: LocalMeasurement,
+    pub clouds: Vec<String>,
+    pub rows: Vec<Row>,
+    pub notes: Vec<String>,
+}
+
+/// Progress callback: a short line saying what the session is doing.
+pub type Progress<'a> = &'a dyn Fn(&str);
+
+/// Run a session.
+///
+/// # Errors
+/// A workload that cannot be loaded or described, an unknown variant, a graph that fails
+/// validation: the message names the plugin and what to fix.
+pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
+    let limits = run.limits;
+    let gpu = gpus::profile(&run.cluster.gpu).map_err(anyhow::Error::msg)?;
+    let mut notes = Vec::new();
+
+    progress(&format!("loading {}", run.model.plugin));
+    let plugin = plugin::load(&run.model.plugin)?;
+    let mut workload = plugin.workload(limits)?;
+    let info = workload.describe()?;
+    let variant: &Variant = match &run.model.variant {
+        Some(name) => info.variants.iter().find(|v| &v.name == name).ok_or_else(|| {
+            let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
+            anyhow::anyhow!(
+                "{} has no variant '{name}'; it provides: {}",
+                plugin.info.name,
+                names.join(", ")
+            )
+        })?,
+        None => &info.variants[0],
+    };
+    let seq_len = run.model.seq_len.unwrap_or(variant.defaults.seq_len);
+    let tokens = run.model.tokens.unwrap_or(variant.defaults.tokens);
+
+    progress(&format!("building the {} graph (seq {seq_len})", variant.name));
+    let graph = workload.graph(&GraphRequest { variant: variant.name.clone(), seq_len, micro_batch: 1, layers: 0 })?;
+    let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
+    let flops_per_token = count::model_flops_per_step(&graph, &convention) / f64::from(seq_len);
+    let params = count::params(&graph);
+
+    progress("measuring the local device");
+    let measurement = measure::cpu_gemm_gflops(512, 5);
+    notes.push(format!(
+        "measured: local {} {} = {:.1} GFLOP/s on {} threads (context only; the executor's real training step replaces this)",
+        measurement.device, measurement.what, measurement.gflops, measurement.threads
+    ));
+
+    let (peak_tflops, assumed_mfu, precision) = match run.precision.format {
+        Format::Bf16 => (gpu.bf16_tflops, ASSUMED_MFU_BF16, "BF16"),
+        Format::Fp8 if gpu.fp8_tflops > 0.0 => (gpu.fp8_tflops, ASSUMED_MFU_FP8, "FP8"),
+        Format::Fp8 => anyhow::bail!("{} has no FP8 peak; use format = \"bf16\" under [precision]", gpu.name),
+    };
+    notes.push(format!(
+        "modelled: time = training FLOPs / (GPUs x {peak_tflops} TFLOP/s {precision} dense peak x assumed MFU {assumed_mfu:.2}); \
+         a placeholder with perfect scaling until the projection model lands"
+    ));
+    notes.push(format!("FLOPs: {convention}"));
+
+    let option = parse_option(&run.cost.option).map_err(anyhow::Error::msg)?;
+    let mut clouds: Vec<(String, plugin::cost::CostModel, Vec<plugin::cost::Offering>)> = Vec::new();
+    let cost_specs: Vec<String> = if run.cost.plugins.is_empty() {
+        installed_cost_plugins()
+    } else {
+        run.cost.plugins.clone()
+    };
+    for spec in &cost_specs {
+        progress(&format!("loading prices from {spec}"));
+        let loaded = plugin::load(spec).and_then(|p| p.cost(limits)).and_then(|mut c| {
+            let provider = c.provider()?;
+            let offerings = c.offerings()?;
+            Ok((provider.name, c, offerings))
+        });
+        match loaded {
+            Ok(cloud) => clouds.push(cloud),
+            Err(e) => notes.push(format!("skipped a cloud: {e}")),
+        }
+    }
+
+    let total_flops = flops_per_token * tokens;
+    let mut rows = Vec::new();
+    let mut first: Option<(f64, u32)> = None;
+    for &n in &run.cluster.gpus {
+        let seconds = total_flops / (f64::from(n) * peak_tflops * 1e12 * assumed_mfu);
+        let days = seconds / 86_400.0;
+        let (d0, n0) = *first.get_or_insert((days, n));
+        let mut costs = Vec::new();
+        for (name, model, offerings) in clouds.iter_mut() {
+            progress(&format!("pricing {n} GPUs on {name}"));
+            costs.push(cheapest(name, model, offerings, &gpu, n, days * 24.0, &run.cost.region, option, &mut notes));
+        }
+        rows.push(Row {
+            gpus: n,
+            days,
+            speedup: d0 / days,
+            relative_cost: (days * f64::from(n)) / (d0 * f64::from(n0)),
+            costs,
+        });
+    }
+
+    Ok(Outcome {
+        model: ModelSummary {
+            plugin: plugin.info.name.clone(),
+            variant: variant.name.clone(),
+            family: variant.family.clone(),
+            params_total: params.total,
+            params_active: params.active,
+            seq_len,
+            tokens,
+            flops_per_token,
+            flop_convention: convention.to_string(),
+        },
+        gpu,
+        precision: precision.into(),
+        assumed_mfu,
+        measurement,
+        clouds: clouds.into_iter().map(|(n, _, _)| n).collect(),
+        rows,
+        notes,
+    })
+}
+
+/// Every cost plugin installed (plugin directories first, then embedded), one per name.
+fn installed_cost_plugins() -> Vec<String> {
+    let mut names = Vec::new();
+    for (info, shadowed) in plugin::list() {
+        if let (Ok(info), false) = (info, shadowed) {
+            if info.kind == Kind::Cost {
+                names.push(match &info.source {
+                    plugin::Source::Path(p) => p.display().to_string(),
+                    plugin::Source::Embedded => info.name.clone(),
+                });
+            }
+        }
+    }
+    names
+}
+
+#[allow(clippy::too_many_arguments, reason = "one call site; a struct would only rename the arguments")]
+fn cheapest(
+    cloud: &str,
+    model: &mut plugin::cost::CostModel,
+    offerings: &[plugin::cost::Offering],
+    gpu: &GpuProfile,
+    gpus: u32,
+    hours: f64,
+    region: &str,
+    option: plugin::cost::PurchaseOption,
+    notes: &mut Vec<String>,
+) -> Option<CloudCost> {
+    let mut best: Option<CloudCost> = None;
+    for o in offerings.iter().filter(|o| o.gpu.eq_ignore_ascii_case(gpu.name)) {
+        let nodes = gpus.div_ceil(o.gpus_per_node);
+        for p in o.prices.iter().filter(|p| p.option == option && (region.is_empty() || p.region == region)) {
+            let request = plugin::cost::QuoteRequest {
+                instance: o.instance.clone(),
+                nodes,
+                hours,
+                region: p.region.clone(),
+                option,
+                storage_gb_months: 0.0,
+                egress_gb: 0.0,
+            };
+            match model.quote(&request) {
+                Ok(q) => {
+                    if best.as_ref().is_none_or(|b| q.total_usd < b.usd) {
+                        best = Some(CloudCost {
+                            cloud: cloud.to_string(),
+                            instance: o.instance.clone(),
+                            region: p.region.clone(),
+                            nodes,
+                            usd: q.total_usd,
+                        });
+                    }
+                }
+                Err(e) => {
+                    let line = format!("skipped a quote: {e}");
+                    if !notes.contains(&line) {
+                        notes.push(line);
+                    }
+                }
+            }
+        }
+    }
+    best
+}

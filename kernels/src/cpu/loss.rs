@@ -1,0 +1,186 @@
+//! Softmax cross-entropy over the vocabulary, fused (no probabilities stored).
+//!
+//! Shapes: logits, dlogits (N,V); targets, losses, lse (N), N = B*T.
+//!
+//! loss_n = lse_n − logits[n, target_n], with lse_n = log Σ_v exp(logits[n,v]) computed
+//! stably (max subtracted first). The mean is over rows whose target is not
+//! [`IGNORE_INDEX`] (`u32::MAX`, PyTorch's `ignore_index` for padding and prompt
+//! tokens); ignored rows get loss 0 and a zero gradient. The forward saves lse so the
+//! backward can form softmax = exp(logits − lse) in one pass. Rows split over rayon.
+//! Reference: PyTorch `F.cross_entropy(reduction="mean", ignore_index=...)`, except
+//! that a batch with no valid target gives loss 0 (PyTorch: NaN), so a fully-masked
+//! micro-batch does not poison a gradient-accumulation step.
+
+use super::{exp_f32, max, rows_per_task, sum_exp};
+use crate::{KernelError, Result, check_len, rows_of};
+use rayon::prelude::*;
+
+/// Targets equal to this are skipped and excluded from the mean.
+pub const IGNORE_INDEX: u32 = u32::MAX;
+
+fn check_targets(targets: &[u32], v: usize) -> Result<usize> {
+    let mut valid = 0;
+    for &t in targets {
+        if t == IGNORE_INDEX {
+            continue;
+        }
+        if t as usize >= v {
+            return Err(KernelError::TokenOutOfRange { token: t, vocab: v });
+        }
+        valid += 1;
+    }
+    Ok(valid)
+}
+
+/// Per-row losses (N) and lse (N, saved for backward) from logits (N,V); returns the
+/// mean loss over non-ignored rows (0 if there are none).
+///
+/// # Errors
+/// `TokenOutOfRange` for a target >= V other than `IGNORE_INDEX`; `ShapeMismatch` for
+/// inconsistent lengths or `v == 0`.
+pub fn cross_entropy_forward(
+    losses: &mut [f32],
+    lse: &mut [f32],
+    logits: &[f32],
+    targets: &[u32],
+    v: usize,
+) -> Result<f32> {
+    let n = rows_of("cross_entropy logits", logits.len(), v)?;
+    check_len("cross_entropy targets", targets.len(), n)?;
+    check_len("cross_entropy losses", losses.len(), n)?;
+    check_len("cross_entropy lse", lse.len(), n)?;
+    let valid = check_targets(targets, v)?;
+    let blk = rows_per_task(v);
+    let total: f64 = losses
+        .par_chunks_mut(blk)
+        .zip(lse.par_chunks_mut(blk))
+        .enumerate()
+        .map(|(c, (ls, lz))| {
+            let mut part = 0f64;
+            for (r, (l, z)) in ls.iter_mut().zip(lz.iter_mut()).enumerate() {
+                let row = c * blk + r;
+                let x = &logits[row * v..(row + 1) * v];
+                let m = max(x);
+                *z = m + sum_exp(x, m).ln();
+                let t = targets[row];
+                *l = if t == IGNORE_INDEX { 0.0 } else { *z - x[t as usize] };
+                part += *l as f64;
+            }
+            part
+        })
+        .collect::<Vec<f64>>()
+        .iter()
+        .sum();
+    Ok(if valid == 0 { 0.0 } else { (total / valid as f64) as f32 })
+}
+
+/// dlogits (N,V) = dloss · (softmax(logits) − onehot(target)) / n_valid, overwritten;
+/// zero rows for ignored targets. `lse` is the forward's.
+///
+/// # Errors
+/// As [`cross_entropy_forward`].
+pub fn cross_entropy_backward(
+    dlogits: &mut [f32],
+    logits: &[f32],
+    lse: &[f32],
+    targets: &[u32],
+    v: usize,
+    dloss: f32,
+) -> Result<()> {
+    let n = rows_of("cross_entropy logits", logits.len(), v)?;
+    check_len("cross_entropy dlogits", dlogits.len(), logits.len())?;
+    check_len("cross_entropy targets", targets.len(), n)?;
+    check_len("cross_entropy lse", lse.len(), n)?;
+    let valid = check_targets(targets, v)?;
+    let scale = if valid == 0 { 0.0 } else { dloss / valid as f32 };
+    dlogits.par_chunks_mut(v).enumerate().for_each(|(row, d)| {
+        let t = targets[row];
+        if t == IGNORE_INDEX {
+            d.fill(0.0);
+            return;
+        }
+        let z = lse[row];
+        for (d, &x) in d.iter_mut().zip(&logits[row * v..(row + 1) * v]) {
+            *d = scale * exp_f32(x - z);
+        }
+        d[t as usize] -= scale;
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::{self as r, check::*};
+    use rand::Rng as _;
+
+    fn case(rng: &mut Rng, n: usize, v: usize, ignore_every: usize) -> (Vec<f32>, Vec<u32>) {
+        // logits spread over ±8 so softmax is far from uniform
+        let logits: Vec<f32> = randn(rng, n * v).iter().map(|x| 8.0 * x).collect();
+        let targets = (0..n)
+            .map(|i| if ignore_every > 0 && i % ignore_every == 1 { IGNORE_INDEX } else { rng.random_range(0..v as u32) })
+            .collect();
+        (logits, targets)
+    }
+
+    #[test]
+    fn cross_entropy_forward_matches_reference() {
+        let mut rng = rng(60);
+        for &(n, v, ig) in &[(1, 1, 0), (7, 13, 3), (33, 1000, 2), (5, 50_000, 0)] {
+            let (logits, targets) = case(&mut rng, n, v, ig);
+            let (mut l, mut z) = (vec![f32::NAN; n], vec![f32::NAN; n]);
+            let mean = cross_entropy_forward(&mut l, &mut z, &logits, &targets, v).unwrap();
+            let (wl, wz, wm) = r::cross_entropy(&f64s(&logits), &targets, v);
+            // lse ~ up to 8 + ln V ≈ 19: f32 ulp there is ~2e-6; sums of V exp terms
+            assert_close("ce losses", &l, &wl, 1e-5, 1e-5);
+            assert_close("ce lse", &z, &wz, 1e-5, 1e-5);
+            assert_close("ce mean", &[mean], &[wm], 1e-5, 1e-5);
+        }
+    }
+
+    #[test]
+    fn cross_entropy_backward_matches_finite_differences() {
+        let mut rng = rng(61);
+        for &(n, v, ig) in &[(1, 1, 0), (7, 13, 3), (20, 300, 2)] {
+            let (logits, targets) = case(&mut rng, n, v, ig);
+            let (mut l, mut z) = (vec![0.0; n], vec![0.0; n]);
+            cross_entropy_forward(&mut l, &mut z, &logits, &targets, v).unwrap();
+            let dloss = 1.7f32;
+            let mut d = vec![f32::NAN; n * v];
+            cross_entropy_backward(&mut d, &logits, &z, &targets, v, dloss).unwrap();
+            let lf = f64s(&logits);
+            let idx = some(&mut rng, n * v, 150);
+            // the scalar is the mean loss itself, times dloss
+            let fd = fd_grad(&lf, &idx, |p| dloss as f64 * r::cross_entropy(p, &targets, v).2);
+            // softmax entries <= 1 divided by n_valid: absolute 1e-6 is ~20 ulp
+            assert_close("ce dlogits", &pick(&d, &idx), &fd, 1e-6, 1e-5);
+            for (row, &t) in targets.iter().enumerate() {
+                if t == IGNORE_INDEX {
+                    assert!(d[row * v..(row + 1) * v].iter().all(|&x| x == 0.0));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn cross_entropy_ignore_index_and_errors() {
+        let logits = vec![0.0f32, 1.0, 2.0, 0.5, 0.5, 0.5];
+        let (mut l, mut z) = (vec![0.0; 2], vec![0.0; 2]);
+        // only row 0 counts: loss = lse - logit[2]
+        let mean = cross_entropy_forward(&mut l, &mut z, &logits, &[2, IGNORE_INDEX], 3).unwrap();
+        let want = (1.0f64 + 1f64.exp() + 2f64.exp()).ln() - 2.0;
+        assert!((mean as f64 - want).abs() < 1e-6);
+        assert_eq!(l[1], 0.0);
+        // all ignored: mean 0, gradient 0
+        let mean = cross_entropy_forward(&mut l, &mut z, &logits, &[IGNORE_INDEX; 2], 3).unwrap();
+        assert_eq!(mean, 0.0);
+        let mut d = vec![f32::NAN; 6];
+        cross_entropy_backward(&mut d, &logits, &z, &[IGNORE_INDEX; 2], 3, 1.0).unwrap();
+        assert!(d.iter().all(|&x| x == 0.0));
+        let err = cross_entropy_forward(&mut l, &mut z, &logits, &[3, 0], 3).unwrap_err();
+        assert_eq!(err, KernelError::TokenOutOfRange { token: 3, vocab: 3 });
+        assert!(cross_entropy_forward(&mut l, &mut z, &logits, &[0], 3).is_err());
+        assert!(cross_entropy_forward(&mut l, &mut z, &logits, &[0, 0], 0).is_err());
+        assert!(cross_entropy_backward(&mut d, &logits, &z, &[0, 5], 3, 1.0).is_err());
+    }
+}

@@ -1,0 +1,425 @@
+//! Exact storage emulation for low-precision training: bf16 rounding and FP8
+//! (OCP E4M3FN / E5M2) encode, decode and scaled (de)quantisation.
+//!
+//! Precision-policy plugins decide which tensors are stored in bf16 or FP8; the CPU
+//! executor emulates that by rounding f32 values exactly as the hardware cast would,
+//! so a CPU run shows the same quantisation effects (loss deltas, under/overflow) as
+//! a GPU run. Bit-level rules follow `shared/notes/fp8.md` §6:
+//!
+//! - round to nearest, ties to even, subnormals included; round first, then check
+//!   overflow;
+//! - E4M3FN: max 448 (0x7E), NaN 0x7F/0xFF, no Inf: overflow (|x| > 464 after rounding,
+//!   and ±Inf) gives NaN, or ±448 when saturating;
+//! - E5M2: max 57344 (0x7B), Inf 0x7C/0xFC, NaN 0x7D–0x7F: overflow (|x| >= 61440)
+//!   gives ±Inf, or ±57344 when saturating;
+//! - the sign of zero is kept (−0 → 0x80); NaN in gives NaN out.
+//!
+//! Scaled quantisation follows Transformer Engine: q = cast(x·scale),
+//! x̂ = decode(q) / scale. Decoding uses a 256-entry table per format, built once.
+
+use super::ELEM_GRAIN;
+use crate::{Result, check_len};
+use rayon::prelude::*;
+use std::sync::OnceLock;
+
+// ---------------------------------------------------------------------------
+// bf16
+// ---------------------------------------------------------------------------
+
+/// f32 bits rounded to the nearest bf16 (ties to even), low 16 bits cleared.
+/// NaN stays NaN (quieted, sign kept); overflow rounds to ±Inf as the IEEE cast does.
+#[inline(always)]
+fn bf16_round_bits(b: u32) -> u32 {
+    let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
+    // cannot overflow u32: the largest non-NaN pattern is 0xFF80_0000 (−Inf)
+    let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
+    if nan { (b | 0x0040_0000) & 0xFFFF_0000 } else { rounded }
+}
+
+/// Rounds every element to the nearest bf16 value in place (RNE; NaN stays NaN).
+pub fn round_to_bf16(x: &mut [f32]) {
+    x.par_chunks_mut(ELEM_GRAIN).for_each(|c| {
+        for v in c {
+            *v = f32::from_bits(bf16_round_bits(v.to_bits()));
+        }
+    });
+}
+
+/// The bf16 bit pattern nearest to `x` (RNE).
+pub fn bf16_bits(x: f32) -> u16 {
+    (bf16_round_bits(x.to_bits()) >> 16) as u16
+}
+
+/// The f32 value of a bf16 bit pattern (exact).
+pub fn bf16_from_bits(b: u16) -> f32 {
+    f32::from_bits((b as u32) << 16)
+}
+
+// ---------------------------------------------------------------------------
+// FP8
+// ---------------------------------------------------------------------------
+
+/// An 8-bit float format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Fp8Format {
+    /// 4 exponent bits (bias 7), 3 mantissa bits, no Inf (`float8_e4m3fn`).
+    E4M3,
+    /// 5 exponent bits (bias 15), 2 mantissa bits, IEEE-like Inf/NaN (`float8_e5m2`).
+    E5M2,
+}
+
+impl Fp8Format {
+    /// Largest finite value: 448 or 57344.
+    pub fn max_finite(self) -> f32 {
+        match self {
+            Fp8Format::E4M3 => 448.0,
+            Fp8Format::E5M2 => 57344.0,
+        }
+    }
+
+    /// (mantissa bits, exponent bias, code of +max, code of the non-saturated overflow).
+    fn params(self) -> (i32, i32, u8, u8) {
+        match self {
+            Fp8Format::E4M3 => (3, 7, 0x7E, 0x7F),
+            Fp8Format::E5M2 => (2, 15, 0x7B, 0x7C),
+        }
+    }
+}
+
+/// 2^e for e in the f32 normal range.
+#[inline]
+fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// Encodes x; the flag says whether it overflowed (finite or infinite input beyond
+/// the format's range after rounding).
+#[inline]
+fn encode(x: f32, f: Fp8Format, saturate: bool) -> (u8, bool) {
+    let (mbits, bias, max_code, ovf_code) = f.params();
+    let sign = ((x.to_bits() >> 24) & 0x80) as u8;
+    let a = x.abs();
+    if a.is_nan() {
+        return (sign | 0x7F, false);
+    }
+    let overflow = (sign | if saturate { max_code } else { ovf_code }, true);
+    if a.is_infinite() {
+        return overflow;
+    }
+    if a == 0.0 {
+        return (sign, false);
+    }
+    let emin = 1 - bias;
+    // unbiased exponent of a; f32 subnormals read as −127 and clamp to emin below
+    let e = ((a.to_bits() >> 23) as i32 - 127).max(emin);
+    // a / 2^(e − mbits): exact (power-of-two scaling of a value that only grows or
+    // stays normal), lands in [0, 2^(mbits+1)); round to an integer, ties to even
+    let scaled = a * pow2(mbits - e);
+    let mut n = scaled.round_ties_even() as i32;
+    if n == 0 {
+        return (sign, false);
+    }
+    let mut e = e;
+    if n == 1 << (mbits + 1) {
+        n >>= 1;
+        e += 1;
+    }
+    let (field, mant) = if n < 1 << mbits { (0, n) } else { (e + bias, n - (1 << mbits)) };
+    let code = (field << mbits) | mant;
+    let too_big = match f {
+        Fp8Format::E4M3 => code > 0x7E,
+        Fp8Format::E5M2 => code > 0x7B,
+    };
+    if too_big { overflow } else { (sign | code as u8, false) }
+}
+
+/// Encodes one value: RNE (subnormals too), rounding before the overflow check.
+/// Overflow gives ±max if `saturate`, else NaN (E4M3) or ±Inf (E5M2). NaN → NaN,
+/// −0 → 0x80.
+pub fn fp8_encode(x: f32, f: Fp8Format, saturate: bool) -> u8 {
+    encode(x, f, saturate).0
+}
+
+fn decode_exact(b: u8, f: Fp8Format) -> f32 {
+    let (mbits, bias, _, _) = f.params();
+    let neg = b & 0x80 != 0;
+    let field = ((b & 0x7F) >> mbits) as i32;
+    let mant = (b & ((1 << mbits) - 1)) as i32;
+    let mag = match f {
+        Fp8Format::E4M3 if b & 0x7F == 0x7F => f64::NAN,
+        Fp8Format::E5M2 if field == 31 => {
+            if mant == 0 {
+                f64::INFINITY
+            } else {
+                f64::NAN
+            }
+        }
+        _ if field == 0 => mant as f64 * 2f64.powi(1 - bias - mbits),
+        _ => (1.0 + mant as f64 / (1 << mbits) as f64) * 2f64.powi(field - bias),
+    };
+    (if neg { -mag } else { mag }) as f32
+}
+
+fn table(f: Fp8Format) -> &'static [f32; 256] {
+    static TABLES: OnceLock<[[f32; 256]; 2]> = OnceLock::new();
+    let t = TABLES.get_or_init(|| {
+        let mut t = [[0f32; 256]; 2];
+        for b in 0..256 {
+            t[0][b] = decode_exact(b as u8, Fp8Format::E4M3);
+            t[1][b] = decode_exact(b as u8, Fp8Format::E5M2);
+        }
+        t
+    });
+    match f {
+        Fp8Format::E4M3 => &t[0],
+        Fp8Format::E5M2 => &t[1],
+    }
+}
+
+/// The exact f32 value of an FP8 code (table lookup).
+pub fn fp8_decode(b: u8, f: Fp8Format) -> f32 {
+    table(f)[b as usize]
+}
+
+/// What a quantisation did to the data (for precision-policy decisions).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QuantStats {
+    /// max |x| over the input before scaling (NaNs ignored).
+    pub amax: f32,
+    /// Elements whose scaled value was beyond the format's range after rounding
+    /// (including ±Inf): clamped to ±max if saturating, else NaN/Inf.
+    pub saturated: usize,
+    /// Nonzero finite inputs that became ±0.
+    pub underflowed: usize,
+}
+
+/// q[i] = encode(x[i]·scale); returns amax of x and saturation/underflow counts.
+///
+/// # Errors
+/// `ShapeMismatch` if `out` and `x` differ in length.
+pub fn fp8_quantize(out: &mut [u8], x: &[f32], scale: f32, f: Fp8Format, saturate: bool) -> Result<QuantStats> {
+    check_len("fp8_quantize out", out.len(), x.len())?;
+    let parts: Vec<QuantStats> = out
+        .par_chunks_mut(ELEM_GRAIN)
+        .zip(x.par_chunks(ELEM_GRAIN))
+        .map(|(q, x)| {
+            let mut s = QuantStats::default();
+            for (q, &v) in q.iter_mut().zip(x) {
+                let (code, ovf) = encode(v * scale, f, saturate);
+                *q = code;
+                s.amax = s.amax.max(v.abs());
+                s.saturated += ovf as usize;
+                s.underflowed += (v != 0.0 && v.is_finite() && code & 0x7F == 0) as usize;
+            }
+            s
+        })
+        .collect();
+    Ok(parts.iter().fold(QuantStats::default(), |a, p| QuantStats {
+        amax: a.amax.max(p.amax),
+        saturated: a.saturated + p.saturated,
+        underflowed: a.underflowed + p.underflowed,
+    }))
+}
+
+/// x[i] = decode(q[i]) / scale.
+///
+/// # Errors
+/// `ShapeMismatch` if `out` and `q` differ in length.
+pub fn fp8_dequantize(out: &mut [f32], q: &[u8], scale: f32, f: Fp8Format) -> Result<()> {
+    check_len("fp8_dequantize out", out.len(), q.len())?;
+    let t = table(f);
+    out.par_chunks_mut(ELEM_GRAIN).zip(q.par_chunks(ELEM_GRAIN)).for_each(|(o, q)| {
+        for (o, &b) in o.iter_mut().zip(q) {
+            *o = t[b as usize] / scale;
+        }
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fp8Format::{E4M3, E5M2};
+    use super::*;
+    use crate::reference::{self as r, check::*};
+    use rand::Rng as _;
+
+    fn p2(e: i32) -> f32 {
+        2f32.powi(e)
+    }
+
+    #[test]
+    fn bf16_matches_half_crate_and_rounds_ties_to_even() {
+        let mut rng = rng(80);
+        let mut xs: Vec<f32> = (0..200_000).map(|_| f32::from_bits(rng.random())).collect();
+        xs.extend([0.0, -0.0, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-45, f32::INFINITY, f32::NEG_INFINITY]);
+        for &x in &xs {
+            let want = half::bf16::from_f32(x);
+            if x.is_nan() {
+                assert!(bf16_from_bits(bf16_bits(x)).is_nan());
+            } else {
+                assert_eq!(bf16_bits(x), want.to_bits(), "x = {x:e} ({:#x})", x.to_bits());
+            }
+        }
+        let mut y = xs.clone();
+        round_to_bf16(&mut y);
+        for (a, b) in xs.iter().zip(&y) {
+            if a.is_nan() {
+                assert!(b.is_nan());
+            } else {
+                assert_eq!(*b, bf16_from_bits(bf16_bits(*a)));
+            }
+        }
+        // bf16 has 7 stored mantissa bits: ulp(1) = 2^-7
+        assert_eq!(bf16_from_bits(bf16_bits(1.0 + p2(-8))), 1.0); // tie → even (down)
+        assert_eq!(bf16_from_bits(bf16_bits(1.0 + 3.0 * p2(-8))), 1.0 + p2(-6)); // tie → even (up)
+        assert_eq!(bf16_from_bits(bf16_bits(1.0 + p2(-8) + p2(-20))), 1.0 + p2(-7)); // above tie
+        assert_eq!(bf16_bits(f32::MAX), 0x7F80); // overflow → Inf
+        assert_eq!(bf16_bits(-0.0), 0x8000);
+    }
+
+    #[test]
+    fn fp8_facts_from_the_notes() {
+        // E4M3FN
+        assert_eq!(fp8_encode(448.0, E4M3, false), 0x7E);
+        assert_eq!(fp8_decode(0x7E, E4M3), 448.0);
+        assert_eq!(fp8_encode(464.0, E4M3, false), 0x7E); // tie at 464 → even (448)
+        assert_eq!(fp8_encode(464.01, E4M3, false), 0x7F); // rounds past max → NaN
+        assert_eq!(fp8_encode(464.01, E4M3, true), 0x7E);
+        assert_eq!(fp8_encode(-500.0, E4M3, true), 0xFE);
+        assert_eq!(fp8_encode(480.0, E4M3, false), 0x7F);
+        assert_eq!(fp8_encode(1e30, E4M3, false), 0x7F);
+        assert_eq!(fp8_encode(f32::INFINITY, E4M3, false), 0x7F);
+        assert_eq!(fp8_encode(f32::NEG_INFINITY, E4M3, true), 0xFE);
+        assert!(fp8_decode(0x7F, E4M3).is_nan() && fp8_decode(0xFF, E4M3).is_nan());
+        assert_eq!(fp8_encode(f32::NAN, E4M3, true) & 0x7F, 0x7F);
+        assert_eq!(fp8_encode(p2(-6), E4M3, false), 0x08); // min normal
+        assert_eq!(fp8_encode(p2(-9), E4M3, false), 0x01); // min subnormal
+        assert_eq!(fp8_encode(p2(-10), E4M3, false), 0x00); // half of it: tie → 0
+        assert_eq!(fp8_encode(1.5 * p2(-10), E4M3, false), 0x01);
+        assert_eq!(fp8_encode(-p2(-10), E4M3, false), 0x80); // sign kept on underflow
+        assert_eq!(fp8_encode(-0.0, E4M3, false), 0x80);
+        assert_eq!(fp8_encode(0.0, E4M3, false), 0x00);
+        assert_eq!(fp8_encode(0.125, E4M3, false), 0x20); // machine epsilon
+        assert_eq!(fp8_encode(1.0, E4M3, false), 0x38);
+        assert_eq!(fp8_encode(1.0625, E4M3, false), 0x38); // tie between 1 and 1.125 → even
+        assert_eq!(fp8_encode(1.1875, E4M3, false), 0x3A); // tie 1.125/1.25 → even (1.25)
+        assert_eq!(fp8_encode(7.5 * p2(-9), E4M3, false), 0x08); // top subnormal rounds into normal
+        assert_eq!(fp8_decode(0x01, E4M3), p2(-9));
+        assert_eq!(fp8_decode(0x80, E4M3).to_bits(), (-0.0f32).to_bits());
+        // E5M2
+        assert_eq!(fp8_encode(57344.0, E5M2, false), 0x7B);
+        assert_eq!(fp8_encode(61439.0, E5M2, false), 0x7B);
+        assert_eq!(fp8_encode(61440.0, E5M2, false), 0x7C); // tie → even = 2^16 → Inf
+        assert_eq!(fp8_encode(61440.0, E5M2, true), 0x7B);
+        assert_eq!(fp8_encode(-1e9, E5M2, false), 0xFC);
+        assert_eq!(fp8_encode(f32::INFINITY, E5M2, false), 0x7C);
+        assert_eq!(fp8_decode(0x7C, E5M2), f32::INFINITY);
+        assert_eq!(fp8_decode(0xFC, E5M2), f32::NEG_INFINITY);
+        for b in [0x7D, 0x7E, 0x7F, 0xFD, 0xFE, 0xFF] {
+            assert!(fp8_decode(b, E5M2).is_nan());
+        }
+        assert_eq!(fp8_encode(p2(-14), E5M2, false), 0x04); // min normal
+        assert_eq!(fp8_encode(p2(-16), E5M2, false), 0x01); // min subnormal
+        assert_eq!(fp8_encode(p2(-17), E5M2, false), 0x00);
+        assert_eq!(fp8_encode(1.5 * p2(-17), E5M2, false), 0x01);
+        assert_eq!(fp8_encode(0.25, E5M2, false), 0x34); // machine epsilon
+        assert_eq!(fp8_encode(f32::NAN, E5M2, false) & 0x7F, 0x7F);
+        assert_eq!(fp8_encode(-0.0, E5M2, false), 0x80);
+        // f32 subnormal input
+        assert_eq!(fp8_encode(1e-45, E4M3, false), 0x00);
+        assert_eq!(fp8_encode(-1e-45, E5M2, false), 0x80);
+    }
+
+    #[test]
+    fn fp8_every_code_round_trips() {
+        for f in [E4M3, E5M2] {
+            let mut finite = 0;
+            for b in 0..=255u8 {
+                let x = fp8_decode(b, f);
+                assert_eq!(x.to_bits(), decode_exact(b, f).to_bits());
+                if x.is_nan() {
+                    continue;
+                }
+                assert_eq!(fp8_decode(fp8_encode(x, f, false), f).to_bits(), x.to_bits(), "{f:?} {b:#04x}");
+                assert_eq!(fp8_encode(x, f, false), b, "{f:?} {b:#04x}");
+                if x.is_finite() {
+                    finite += 1;
+                    assert_eq!(fp8_encode(x, f, true), b);
+                }
+            }
+            assert_eq!(finite, if f == E4M3 { 254 } else { 248 }); // less 2 NaN, or 6 NaN + 2 Inf
+        }
+    }
+
+    /// Against an exact nearest-value search (reference.rs) at every midpoint between
+    /// adjacent codes, one f32 ulp either side of it, and random values over the
+    /// whole exponent range.
+    #[test]
+    fn fp8_encode_matches_exact_nearest_search() {
+        let mut rng = rng(81);
+        for f in [E4M3, E5M2] {
+            let rf = f;
+            let vals = r::fp8_values(rf);
+            let mut xs = Vec::new();
+            for w in vals.windows(2) {
+                let mid = ((w[0].1 + w[1].1) / 2.0) as f32; // exact: midpoints fit f32
+                xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits().saturating_sub(1))]);
+            }
+            let top = vals.last().unwrap().1 as f32;
+            let next = (vals.last().unwrap().1 * 2.0 - vals[vals.len() - 2].1) as f32;
+            let mid = (top + next) / 2.0;
+            xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits() - 1), next, 1e38]);
+            for _ in 0..100_000 {
+                let e = rng.random_range(-30..20);
+                xs.push(rng.random_range(1.0f32..2.0) * p2(e));
+            }
+            for &x in &xs {
+                for sign in [1.0f32, -1.0] {
+                    for sat in [false, true] {
+                        let v = sign * x;
+                        assert_eq!(fp8_encode(v, f, sat), r::fp8_encode(v as f64, rf, sat), "{f:?} x={v:e} sat={sat}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_quantize_dequantize_with_scale_and_stats() {
+        let x = [1.0f32, -3.0, 0.001, 0.0, 1e-9, 200.0, f32::NAN, -0.0];
+        let scale = 448.0 / 3.0; // amax 3 maps to the E4M3 max
+        let mut q = [0u8; 8];
+        let st = fp8_quantize(&mut q, &x, scale, E4M3, true).unwrap();
+        assert_eq!(st.amax, 200.0);
+        assert_eq!(st.saturated, 1); // 200·149.3 ≫ 448
+        assert_eq!(st.underflowed, 1); // 1e-9·149.3 < 2^-10
+        assert_eq!(q[1], 0xFE); // −3·scale = −448
+        assert_eq!(q[5], 0x7E);
+        assert_eq!(q[7], 0x80);
+        for (i, &xi) in x.iter().enumerate() {
+            assert_eq!(q[i], fp8_encode(xi * scale, E4M3, true));
+        }
+        let mut back = [0f32; 8];
+        fp8_dequantize(&mut back, &q, scale, E4M3).unwrap();
+        assert_eq!(back[1], -3.0);
+        assert!((back[0] - 1.0).abs() <= 0.0625 * 1.0); // 3-bit mantissa: half-ulp 1/16 rel.
+        assert!(back[6].is_nan());
+        for i in 0..8 {
+            let want = fp8_decode(q[i], E4M3) / scale;
+            assert!(back[i].to_bits() == want.to_bits() || (back[i].is_nan() && want.is_nan()));
+        }
+        // non-saturating E5M2 overflow counts too, and gives Inf
+        let mut q2 = [0u8; 2];
+        let st = fp8_quantize(&mut q2, &[1e6, 1.0], 1.0, E5M2, false).unwrap();
+        assert_eq!((st.saturated, q2[0]), (1, 0x7C));
+        // large input across rayon chunks
+        let mut rng = rng(82);
+        let big = randn(&mut rng, 100_001);
+        let mut qb = vec![0u8; big.len()];
+        let st = fp8_quantize(&mut qb, &big, 100.0, E4M3, false).unwrap();
+        assert_eq!(st.amax, big.iter().fold(0f32, |a, b| a.max(b.abs())));
+        assert_eq!(st.saturated, big.iter().filter(|v| (**v * 100.0).abs() > 464.0).count());
+        assert!(fp8_quantize(&mut qb[..3], &big, 1.0, E4M3, false).is_err());
+        assert!(fp8_dequantize(&mut back[..3], &q, 1.0, E4M3).is_err());
+    }
+}

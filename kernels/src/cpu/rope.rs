@@ -1,0 +1,173 @@
+//! Rotary position embedding, rotate-half convention (HF Llama / GPT-NeoX).
+//!
+//! Shapes: x, out, dx, dout (B,T,H,D). Within each head, dims i and i + rot_dim/2
+//! (i < rot_dim/2) form a pair rotated by angle pos·θ^(−2i/rot_dim), pos = pos_offset + t;
+//! dims from rot_dim to D pass through unchanged (partial rotary, e.g. GPT-NeoX,
+//! Phi). This is HF's `x·cos + rotate_half(x)·sin`, not the interleaved (GPT-J,
+//! Meta-original) pairing of (2i, 2i+1).
+//!
+//! The forward saves nothing; the backward is the inverse rotation (the transpose
+//! of an orthogonal map). The cos/sin table (T, rot_dim/2) is computed once per call
+//! in f64, so large positions (angles of 10⁵ rad) lose no accuracy to f32 angle
+//! rounding; rows (b,t) then split over rayon tasks.
+
+use super::rows_per_task;
+use crate::{Result, check_len, numel, shape_err};
+use rayon::prelude::*;
+
+/// RoPE configuration: shape (B,T,H,D), how many leading dims rotate, frequency base
+/// (e.g. 10000 for Llama 2, 500000 for Llama 3) and the position of token t = 0.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rope {
+    /// Batch.
+    pub b: usize,
+    /// Sequence length.
+    pub t: usize,
+    /// Heads.
+    pub h: usize,
+    /// Head dim.
+    pub d: usize,
+    /// Rotated dims per head (even, <= d).
+    pub rot_dim: usize,
+    /// Frequency base θ.
+    pub theta: f32,
+    /// Position of the first token (e.g. for a continued sequence).
+    pub pos_offset: usize,
+}
+
+fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
+    if r.rot_dim % 2 != 0 || r.rot_dim > r.d {
+        return shape_err(format!("rope rot_dim {} must be even and <= d {}", r.rot_dim, r.d));
+    }
+    if !(r.theta.is_finite() && r.theta > 0.0) {
+        return shape_err(format!("rope theta {} must be positive", r.theta));
+    }
+    let n = numel(&[r.b, r.t, r.h, r.d])?;
+    check_len("rope input", a, n)?;
+    check_len("rope output", b, n)
+}
+
+/// (cos, sin) tables, (T, rot_dim/2).
+fn tables(r: &Rope) -> (Vec<f32>, Vec<f32>) {
+    let half = r.rot_dim / 2;
+    let inv: Vec<f64> =
+        (0..half).map(|i| (r.theta as f64).powf(-(2.0 * i as f64) / r.rot_dim as f64)).collect();
+    let mut cos = Vec::with_capacity(r.t * half);
+    let mut sin = Vec::with_capacity(r.t * half);
+    for t in 0..r.t {
+        let pos = (r.pos_offset + t) as f64;
+        for f in &inv {
+            let (s, c) = (pos * f).sin_cos();
+            cos.push(c as f32);
+            sin.push(s as f32);
+        }
+    }
+    (cos, sin)
+}
+
+/// Rotates every head of every (b,t) row by `sign`·angle (sign −1 = inverse).
+fn rotate(out: &mut [f32], x: &[f32], r: Rope, sign: f32) {
+    let (half, d, row) = (r.rot_dim / 2, r.d, r.h * r.d);
+    if row == 0 || out.is_empty() {
+        return;
+    }
+    let (cos, sin) = tables(&r);
+    let rows_blk = rows_per_task(row);
+    out.par_chunks_mut(row * rows_blk).enumerate().for_each(|(blk, ob)| {
+        for (ri, orow) in ob.chunks_mut(row).enumerate() {
+            let bt = blk * rows_blk + ri;
+            let t = bt % r.t;
+            let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
+            let xrow = &x[bt * row..(bt + 1) * row];
+            for (oh, xh) in orow.chunks_mut(d).zip(xrow.chunks(d)) {
+                let (x1, rest) = xh.split_at(half);
+                let (x2, xpass) = rest.split_at(half);
+                let (o1, orest) = oh.split_at_mut(half);
+                let (o2, opass) = orest.split_at_mut(half);
+                for i in 0..half {
+                    let si = sign * s[i];
+                    o1[i] = x1[i] * c[i] - x2[i] * si;
+                    o2[i] = x2[i] * c[i] + x1[i] * si;
+                }
+                opass.copy_from_slice(xpass);
+            }
+        }
+    });
+}
+
+/// out = RoPE(x); x, out (B,T,H,D). Saves nothing.
+///
+/// # Errors
+/// `ShapeMismatch` for wrong lengths, odd or too large `rot_dim`, or θ <= 0.
+pub fn rope_forward(out: &mut [f32], x: &[f32], r: Rope) -> Result<()> {
+    check(&r, x.len(), out.len())?;
+    rotate(out, x, r, 1.0);
+    Ok(())
+}
+
+/// dx = RoPE⁻¹(dout): the same pairs rotated by the negative angle.
+///
+/// # Errors
+/// As [`rope_forward`].
+pub fn rope_backward(dx: &mut [f32], dout: &[f32], r: Rope) -> Result<()> {
+    check(&r, dout.len(), dx.len())?;
+    rotate(dx, dout, r, -1.0);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::{self as r, check::*};
+
+    fn cases() -> Vec<Rope> {
+        let mk = |b, t, h, d, rot_dim, theta, pos_offset| Rope { b, t, h, d, rot_dim, theta, pos_offset };
+        vec![
+            mk(1, 1, 1, 2, 2, 10000.0, 0),
+            mk(2, 7, 3, 8, 8, 500000.0, 0),
+            mk(1, 13, 2, 10, 6, 10000.0, 5), // partial rotary, pass-through dims
+            mk(2, 5, 6, 64, 64, 500000.0, 100_000), // large positions
+            mk(1, 3, 2, 5, 0, 10000.0, 0),   // rot_dim 0: identity
+        ]
+    }
+
+    #[test]
+    fn rope_forward_matches_reference() {
+        let mut rng = rng(30);
+        for c in cases() {
+            let x = randn(&mut rng, c.b * c.t * c.h * c.d);
+            let mut out = vec![f32::NAN; x.len()];
+            rope_forward(&mut out, &x, c).unwrap();
+            // cos/sin rounded to f32 then one multiply-add: ~2 ulp of |x| <= 1
+            assert_close(&format!("rope {c:?}"), &out, &r::rope(&f64s(&x), &c), 5e-7, 1e-6);
+        }
+    }
+
+    #[test]
+    fn rope_backward_matches_finite_differences() {
+        let mut rng = rng(31);
+        for c in cases() {
+            let n = c.b * c.t * c.h * c.d;
+            let x = randn(&mut rng, n);
+            let rr = randn(&mut rng, n);
+            let mut dx = vec![f32::NAN; n];
+            rope_backward(&mut dx, &rr, c).unwrap();
+            let xf = f64s(&x);
+            let idx = some(&mut rng, n, 100);
+            let fd = fd_grad(&xf, &idx, |p| loss(&r::rope(p, &c), &rr));
+            assert_close(&format!("rope backward {c:?}"), &pick(&dx, &idx), &fd, 1e-6, 1e-5);
+        }
+    }
+
+    #[test]
+    fn rope_rejects_bad_config() {
+        let ok = Rope { b: 1, t: 2, h: 1, d: 4, rot_dim: 4, theta: 1e4, pos_offset: 0 };
+        let mut out = vec![0.0; 8];
+        assert!(rope_forward(&mut out, &[0.0; 8], ok).is_ok());
+        assert!(rope_forward(&mut out, &[0.0; 8], Rope { rot_dim: 3, ..ok }).is_err());
+        assert!(rope_forward(&mut out, &[0.0; 8], Rope { rot_dim: 6, ..ok }).is_err());
+        assert!(rope_forward(&mut out, &[0.0; 8], Rope { theta: 0.0, ..ok }).is_err());
+        assert!(rope_forward(&mut out, &[0.0; 7], ok).is_err());
+        assert!(rope_backward(&mut out[..7], &[0.0; 8], ok).is_err());
+    }
+}

@@ -1,0 +1,371 @@
+//! f64 reference implementations of every forward kernel, plus test helpers.
+//!
+//! These are the "obviously correct" versions the tests trust: naive loops, f64
+//! throughout, whole score matrices materialised, no tiling, no threads. The tests
+//! compare each f32 kernel's forward against them, and each backward against central
+//! finite differences of them. Built for tests, or for other crates with the
+//! `reference` feature (e.g. to check a CUDA kernel against the same definition).
+//!
+//! Shape notation as in the crate root (B, T, C, H, Hkv, D, Dv, V, E, k, N = B*T);
+//! all buffers row-major.
+
+use crate::cpu::attention::Attn;
+use crate::cpu::moe::{Router, ScoreFn};
+use crate::cpu::precision::Fp8Format;
+use crate::cpu::rope::Rope;
+
+/// c (M,N) = op(a) · op(b), a stored (M,K) or (K,M) if `ta`, b stored (K,N) or (N,K) if `tb`.
+pub fn matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = 0.0;
+            for p in 0..k {
+                let av = if ta { a[p * m + i] } else { a[i * k + p] };
+                let bv = if tb { b[j * k + p] } else { b[p * n + j] };
+                s += av * bv;
+            }
+            c[i * n + j] = s;
+        }
+    }
+    c
+}
+
+/// out (N,C) = weight[tokens[n]] for weight (V,C).
+pub fn embedding(tokens: &[u32], weight: &[f64], c: usize) -> Vec<f64> {
+    tokens.iter().flat_map(|&t| weight[t as usize * c..(t as usize + 1) * c].to_vec()).collect()
+}
+
+/// RMSNorm over rows of width C: out = x / sqrt(mean(x²) + eps) * w.
+pub fn rmsnorm(x: &[f64], w: &[f64], c: usize, eps: f64) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    for (o, xr) in out.chunks_mut(c).zip(x.chunks(c)) {
+        let ms = xr.iter().map(|v| v * v).sum::<f64>() / c as f64;
+        let r = 1.0 / (ms + eps).sqrt();
+        for i in 0..c {
+            o[i] = xr[i] * r * w[i];
+        }
+    }
+    out
+}
+
+/// LayerNorm over rows of width C (biased variance, as PyTorch).
+pub fn layernorm(x: &[f64], w: &[f64], b: &[f64], c: usize, eps: f64) -> Vec<f64> {
+    let mut out = vec![0.0; x.len()];
+    for (o, xr) in out.chunks_mut(c).zip(x.chunks(c)) {
+        let mean = xr.iter().sum::<f64>() / c as f64;
+        let var = xr.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / c as f64;
+        let r = 1.0 / (var + eps).sqrt();
+        for i in 0..c {
+            o[i] = (xr[i] - mean) * r * w[i] + b[i];
+        }
+    }
+    out
+}
+
+/// Rotate-half RoPE, written from the HF Llama formula
+/// `x*cos + rotate_half(x)*sin` with `rotate_half(x) = cat(-x2, x1)`.
+pub fn rope(x: &[f64], r: &Rope) -> Vec<f64> {
+    let half = r.rot_dim / 2;
+    let mut out = x.to_vec();
+    for b in 0..r.b {
+        for t in 0..r.t {
+            let pos = (r.pos_offset + t) as f64;
+            for h in 0..r.h {
+                let base = ((b * r.t + t) * r.h + h) * r.d;
+                for i in 0..r.rot_dim {
+                    let fi = i % half;
+                    let inv_freq = (r.theta as f64).powf(-(2.0 * fi as f64) / r.rot_dim as f64);
+                    let (s, c) = (pos * inv_freq).sin_cos();
+                    let rot = if i < half { -x[base + i + half] } else { x[base + i - half] };
+                    out[base + i] = x[base + i] * c + rot * s;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether key j is visible to query i (the mask `attention_forward` documents).
+pub fn visible(a: &Attn, i: usize, j: usize) -> bool {
+    let upper = if a.causal { j <= i } else { a.window.is_none_or(|w| j < i + w) };
+    let lower = a.window.is_none_or(|w| j + w > i);
+    upper && lower
+}
+
+/// Scaled dot-product attention with the full (T,T) score matrix, grouped-query.
+/// Returns out (B,T,H,Dv) and lse (B,H,T).
+pub fn attention(q: &[f64], k: &[f64], v: &[f64], a: &Attn) -> (Vec<f64>, Vec<f64>) {
+    let group = a.h / a.hkv;
+    let mut out = vec![0.0; a.b * a.t * a.h * a.dv];
+    let mut lse = vec![0.0; a.b * a.h * a.t];
+    for b in 0..a.b {
+        for h in 0..a.h {
+            let g = h / group;
+            for i in 0..a.t {
+                let qi = &q[((b * a.t + i) * a.h + h) * a.d..][..a.d];
+                let s: Vec<Option<f64>> = (0..a.t)
+                    .map(|j| {
+                        visible(a, i, j).then(|| {
+                            let kj = &k[((b * a.t + j) * a.hkv + g) * a.d..][..a.d];
+                            qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * a.scale as f64
+                        })
+                    })
+                    .collect();
+                let m = s.iter().flatten().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().flatten().map(|x| (x - m).exp()).sum();
+                lse[(b * a.h + h) * a.t + i] = m + z.ln();
+                let o = &mut out[((b * a.t + i) * a.h + h) * a.dv..][..a.dv];
+                for (j, sj) in s.iter().enumerate() {
+                    if let Some(sj) = sj {
+                        let p = (sj - m).exp() / z;
+                        let vj = &v[((b * a.t + j) * a.hkv + g) * a.dv..][..a.dv];
+                        for (oo, vv) in o.iter_mut().zip(vj) {
+                            *oo += p * vv;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
+/// silu(gate) * up.
+pub fn swiglu(gate: &[f64], up: &[f64]) -> Vec<f64> {
+    gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+}
+
+/// GELU, tanh approximation.
+pub fn gelu(x: &[f64]) -> Vec<f64> {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    x.iter().map(|x| 0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())).collect()
+}
+
+/// relu(x)².
+pub fn squared_relu(x: &[f64]) -> Vec<f64> {
+    x.iter().map(|x| x.max(0.0) * x.max(0.0)).collect()
+}
+
+/// Softmax cross-entropy per row; returns (losses (N), lse (N), mean over non-ignored rows).
+pub fn cross_entropy(logits: &[f64], targets: &[u32], v: usize) -> (Vec<f64>, Vec<f64>, f64) {
+    let mut losses = Vec::new();
+    let mut lses = Vec::new();
+    let (mut total, mut count) = (0.0, 0usize);
+    for (row, &t) in logits.chunks(v).zip(targets) {
+        let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let lse = m + row.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+        lses.push(lse);
+        if t == u32::MAX {
+            losses.push(0.0);
+        } else {
+            let l = lse - row[t as usize];
+            losses.push(l);
+            total += l;
+            count += 1;
+        }
+    }
+    let mean = if count == 0 { 0.0 } else { total / count as f64 };
+    (losses, lses, mean)
+}
+
+/// Router: probs (N,E), top-k indices (N,k) by repeated arg-max (ties -> lower index),
+/// weights (N,k).
+pub fn router(logits: &[f64], r: &Router) -> (Vec<f64>, Vec<u32>, Vec<f64>) {
+    let mut probs = Vec::new();
+    let mut idx = Vec::new();
+    let mut wts = Vec::new();
+    for row in logits.chunks(r.e) {
+        let p: Vec<f64> = match r.score {
+            ScoreFn::Softmax => {
+                let m = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = row.iter().map(|x| (x - m).exp()).sum();
+                row.iter().map(|x| (x - m).exp() / z).collect()
+            }
+            ScoreFn::Sigmoid => row.iter().map(|x| 1.0 / (1.0 + (-x).exp())).collect(),
+        };
+        let mut taken = vec![false; r.e];
+        let mut sel = Vec::new();
+        for _ in 0..r.k {
+            let mut best = None;
+            for e in 0..r.e {
+                if !taken[e] && best.is_none_or(|b: usize| p[e] > p[b]) {
+                    best = Some(e);
+                }
+            }
+            let b = best.unwrap();
+            taken[b] = true;
+            sel.push(b);
+        }
+        let s: f64 = sel.iter().map(|&e| p[e]).sum();
+        for &e in &sel {
+            idx.push(e as u32);
+            wts.push(if r.normalize_topk { p[e] / s } else { p[e] });
+        }
+        probs.extend(p);
+    }
+    (probs, idx, wts)
+}
+
+/// The MoE layer the dispatch → grouped GEMM → combine pipeline computes, as a naive
+/// per-token loop: out[n] = Σ_j weights[n,j] · (x[n] · W_{e}^T), e = indices[n,j],
+/// w (E, n_out, k_in).
+pub fn moe_naive(
+    x: &[f64],
+    indices: &[u32],
+    weights: &[f64],
+    w: &[f64],
+    k: usize,
+    k_in: usize,
+    n_out: usize,
+) -> Vec<f64> {
+    let n = x.len() / k_in;
+    let mut out = vec![0.0; n * n_out];
+    for t in 0..n {
+        for j in 0..k {
+            let e = indices[t * k + j] as usize;
+            for o in 0..n_out {
+                let we = &w[(e * n_out + o) * k_in..][..k_in];
+                let y: f64 = x[t * k_in..][..k_in].iter().zip(we).map(|(a, b)| a * b).sum();
+                out[t * n_out + o] += weights[t * k + j] * y;
+            }
+        }
+    }
+    out
+}
+
+/// The non-negative finite values of an FP8 format, ascending, with their codes,
+/// from the format definition (OCP FP8: E4M3FN bias 7, E5M2 bias 15).
+pub fn fp8_values(f: Fp8Format) -> Vec<(u8, f64)> {
+    let (mbits, bias, max_code) = match f {
+        Fp8Format::E4M3 => (3, 7, 0x7Eu8),
+        Fp8Format::E5M2 => (2, 15, 0x7B),
+    };
+    (0..=max_code)
+        .map(|code| {
+            let field = (code >> mbits) as i32;
+            let mant = (code & ((1 << mbits) - 1)) as f64;
+            let v = if field == 0 {
+                mant * 2f64.powi(1 - bias - mbits)
+            } else {
+                (1.0 + mant / (1 << mbits) as f64) * 2f64.powi(field - bias)
+            };
+            (code, v)
+        })
+        .collect()
+}
+
+/// FP8 encode by exhaustive nearest-value search: the nearest of the finite values
+/// and of the first value past the maximum (480 for E4M3, 2^16 for E5M2, standing for
+/// overflow); ties go to the even code. Overflow gives ±max if `saturate`, else NaN
+/// (E4M3, 0x7F) or Inf (E5M2, 0x7C).
+pub fn fp8_encode(x: f64, f: Fp8Format, saturate: bool) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+    if x.is_nan() {
+        return sign | 0x7F;
+    }
+    let vals = fp8_values(f);
+    let (max_code, max) = *vals.last().unwrap();
+    let virt = (max_code + 1, 2.0 * max - vals[vals.len() - 2].1);
+    let overflow = sign | if saturate { max_code } else { max_code + 1 };
+    let a = x.abs();
+    if a >= virt.1 {
+        return overflow; // (also keeps huge |x| from tying in f64 distances)
+    }
+    let mut best = vals[0];
+    for &(code, v) in vals.iter().chain(std::iter::once(&virt)) {
+        let (d, bd) = ((a - v).abs(), (a - best.1).abs());
+        if d < bd || (d == bd && code % 2 == 0) {
+            best = (code, v);
+        }
+    }
+    if best.0 == virt.0 { overflow } else { sign | best.0 }
+}
+
+/// Test helpers: seeded random data, tolerant comparison, finite differences.
+#[cfg(test)]
+pub mod check {
+    use rand::{Rng as _, SeedableRng, seq::index::sample};
+
+    /// The test RNG.
+    pub type Rng = rand::rngs::StdRng;
+
+    /// A seeded RNG (tests are reproducible).
+    pub fn rng(seed: u64) -> Rng {
+        Rng::seed_from_u64(seed)
+    }
+
+    /// `n` values uniform in [-1, 1).
+    pub fn randn(rng: &mut Rng, n: usize) -> Vec<f32> {
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
+    }
+
+    /// Widen to f64 (exact).
+    pub fn f64s(x: &[f32]) -> Vec<f64> {
+        x.iter().map(|&v| v as f64).collect()
+    }
+
+    /// Σ a·b in f64.
+    pub fn dot64(a: &[f64], b: &[f64]) -> f64 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// All indices 0..n.
+    pub fn all(n: usize) -> Vec<usize> {
+        (0..n).collect()
+    }
+
+    /// Up to `count` distinct random indices below `n` (all of them if n <= count).
+    pub fn some(rng: &mut Rng, n: usize, count: usize) -> Vec<usize> {
+        if n <= count { all(n) } else { sample(rng, n, count).into_vec() }
+    }
+
+    /// `g[idx]`.
+    pub fn pick(g: &[f32], idx: &[usize]) -> Vec<f32> {
+        idx.iter().map(|&i| g[i]).collect()
+    }
+
+    /// Central finite differences of the scalar `f` at `x`, for the elements `idx`.
+    /// Step 1e-5·max(1,|x_i|): in f64 the truncation error (~h²·f''') and the
+    /// cancellation error (~1e-16·|f|/h) are both far below the f32 kernels' errors.
+    pub fn fd_grad(x: &[f64], idx: &[usize], f: impl Fn(&[f64]) -> f64) -> Vec<f64> {
+        let mut xp = x.to_vec();
+        idx.iter()
+            .map(|&i| {
+                let h = 1e-5 * x[i].abs().max(1.0);
+                xp[i] = x[i] + h;
+                let fp = f(&xp);
+                xp[i] = x[i] - h;
+                let fm = f(&xp);
+                xp[i] = x[i];
+                (fp - fm) / (2.0 * h)
+            })
+            .collect()
+    }
+
+    /// Asserts |got - want| <= atol + rtol·|want| elementwise (NaN fails), reporting the
+    /// worst element.
+    pub fn assert_close(name: &str, got: &[f32], want: &[f64], atol: f64, rtol: f64) {
+        assert_eq!(got.len(), want.len(), "{name}: length");
+        let mut worst: Option<(usize, f64)> = None;
+        for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+            let err = (g as f64 - w).abs();
+            let excess = if err.is_nan() { f64::INFINITY } else { err / (atol + rtol * w.abs()) };
+            if excess > 1.0 && worst.is_none_or(|(_, e)| excess > e) {
+                worst = Some((i, excess));
+            }
+        }
+        if let Some((i, e)) = worst {
+            panic!(
+                "{name}: element {i}: got {} want {} (error {:.3}x tolerance atol={atol} rtol={rtol})",
+                got[i], want[i], e
+            );
+        }
+    }
+
+    /// `L = Σ out·r` for the gradient checks.
+    pub fn loss(out: &[f64], r: &[f32]) -> f64 {
+        dot64(out, &f64s(r))
+    }
+}

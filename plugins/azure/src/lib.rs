@@ -1,0 +1,42 @@
+//! Azure cost model: ND-series GPU VMs (H100 and A100), their on-demand and spot prices
+//! per region, and quotes.
+//!
+//! The prices come from the newest Azure catalog found, SkyPilot's v6 file (Azure has no
+//! catalog updater since), which is stale for some SKUs; one row is confirmed by a 2026 read.
+
+use runner_plugin_sdk::cost::*;
+
+const PRICES: &str = include_str!("prices.csv");
+
+// Secondary sources disagree on per-second versus per-minute billing. Per minute is the
+// costlier reading, so a quote errs high by under a minute per node rather than low.
+const BILLING: Billing = Billing {
+    increment_s: 60,
+    minimum_s: 0,
+    note: "billing: unknown (secondary sources conflict: per second vs per minute); \
+           quoted per minute, no minimum",
+};
+
+// First internet egress tier ($0.087/GB up to 10 TB; secondary sources). No Azure Blob or
+// Managed Lustre price was found, so storage is not costed.
+const EXTRAS: ExtraRates =
+    ExtraRates { storage_usd_per_gb_month: None, egress_usd_per_gb: Some(0.087) };
+
+/// The Azure cost model.
+pub struct Azure;
+
+impl Guest for Azure {
+    fn provider() -> Provider {
+        Provider { name: "azure".into(), display_name: "Microsoft Azure".into() }
+    }
+
+    fn offerings() -> Vec<Offering> {
+        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+    }
+
+    fn quote(request: QuoteRequest) -> Result<Quote, String> {
+        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, EXTRAS)
+    }
+}
+
+runner_plugin_sdk::export_cost!(Azure);

@@ -1,0 +1,93 @@
+//! Native tests of the CoreWeave price list (every row sane) and of quote arithmetic: node-hours,
+//! per-minute rounding with no minimum, free egress, and error messages.
+
+use coreweave::CoreWeave;
+use runner_plugin_sdk::cost::*;
+
+fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
+    QuoteRequest {
+        instance: instance.into(),
+        nodes: 2,
+        hours,
+        region: region.into(),
+        option,
+        storage_gb_months: 0.0,
+        egress_gb: 0.0,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn price_list_is_sane() {
+    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+    let offerings = CoreWeave::offerings();
+    validate_offerings(&offerings).unwrap();
+    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (60, 0)));
+    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert_eq!(CoreWeave::provider().name, "coreweave");
+}
+
+#[test]
+fn two_nodes_for_ten_hours() {
+    let q = CoreWeave::quote(request(
+        "HGX H100 (8 GPU)",
+        "north-america",
+        PurchaseOption::OnDemand,
+        10.0,
+    ))
+    .unwrap();
+    assert!(close(q.lines[0].quantity, 20.0));
+    assert!(close(q.total_usd, 2.0 * 10.0 * 49.24), "{}", q.total_usd);
+    let spot =
+        CoreWeave::quote(request("HGX H100 (8 GPU)", "north-america", PurchaseOption::Spot, 10.0))
+            .unwrap();
+    assert!(close(spot.total_usd, 2.0 * 10.0 * 19.71));
+}
+
+#[test]
+fn rounds_up_to_the_billing_increment() {
+    let per_second = 2.0 * 49.24 / 3600.0; // USD per second for two nodes
+    let secs = |s: f64| {
+        CoreWeave::quote(request(
+            "HGX H100 (8 GPU)",
+            "north-america",
+            PurchaseOption::OnDemand,
+            s / 3600.0,
+        ))
+    };
+    assert!(close(secs(1.0).unwrap().total_usd, 60.0 * per_second), "1 s bills a minute");
+    assert!(close(secs(61.0).unwrap().total_usd, 120.0 * per_second), "61 s bills two minutes");
+}
+
+#[test]
+fn storage_is_an_estimate_and_egress_is_free() {
+    let mut r = request("HGX H100 (8 GPU)", "north-america", PurchaseOption::OnDemand, 1.0);
+    r.storage_gb_months = 1000.0;
+    r.egress_gb = 500.0;
+    let q = CoreWeave::quote(r).unwrap();
+    assert_eq!(q.lines.len(), 3);
+    assert!(q.lines[1].estimate && q.lines[2].estimate && q.lines[2].usd == 0.0);
+    assert!(close(q.total_usd, 2.0 * 49.24 + 1000.0 * 0.07));
+}
+
+#[test]
+fn errors_name_what_exists() {
+    let err =
+        CoreWeave::quote(request("no-such-node", "north-america", PurchaseOption::OnDemand, 1.0))
+            .unwrap_err();
+    assert!(err.contains("no-such-node") && err.contains("HGX H100 (8 GPU)"), "{err}");
+    let err =
+        CoreWeave::quote(request("HGX H100 (8 GPU)", "europe", PurchaseOption::OnDemand, 1.0))
+            .unwrap_err();
+    assert!(err.contains("europe") && err.contains("north-america spot"), "{err}");
+}
+
+#[test]
+fn gb200_is_a_four_gpu_node_in_an_nvl72_domain() {
+    let o = CoreWeave::offerings().into_iter().find(|o| o.gpu == "GB200").unwrap();
+    assert_eq!((o.gpus_per_node, o.scale_up_domain), (4, 72));
+    assert_eq!(o.effective_date, "2026-09-20");
+}

@@ -1,0 +1,82 @@
+//! Native tests of the Gcp price list (every row sane) and of quote arithmetic: node-hours,
+//! per-second rounding after the 60 s minimum, SUSPECT flags, and error messages.
+
+use gcp::Gcp;
+use runner_plugin_sdk::cost::*;
+
+fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
+    QuoteRequest {
+        instance: instance.into(),
+        nodes: 2,
+        hours,
+        region: region.into(),
+        option,
+        storage_gb_months: 0.0,
+        egress_gb: 0.0,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn price_list_is_sane() {
+    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+    let offerings = Gcp::offerings();
+    validate_offerings(&offerings).unwrap();
+    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (1, 60)));
+    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert_eq!(Gcp::provider().name, "gcp");
+}
+
+#[test]
+fn two_nodes_for_ten_hours() {
+    let q =
+        Gcp::quote(request("a3-highgpu-8g", "us-east4", PurchaseOption::OnDemand, 10.0)).unwrap();
+    assert!(close(q.lines[0].quantity, 20.0));
+    assert!(close(q.total_usd, 2.0 * 10.0 * 87.83247), "{}", q.total_usd);
+    let spot =
+        Gcp::quote(request("a3-highgpu-8g", "us-east4", PurchaseOption::Spot, 10.0)).unwrap();
+    assert!(close(spot.total_usd, 2.0 * 10.0 * 20.04446));
+}
+
+#[test]
+fn rounds_up_to_the_billing_increment() {
+    let per_second = 2.0 * 87.83247 / 3600.0; // USD per second for two nodes
+    let secs = |s: f64| {
+        Gcp::quote(request("a3-highgpu-8g", "us-east4", PurchaseOption::OnDemand, s / 3600.0))
+    };
+    assert!(close(secs(10.0).unwrap().total_usd, 60.0 * per_second), "10 s bills the 60 s minimum");
+    assert!(close(secs(90.5).unwrap().total_usd, 91.0 * per_second), "90.5 s bills 91 s");
+}
+
+#[test]
+fn egress_is_an_estimate() {
+    let mut r = request("a3-highgpu-8g", "us-east4", PurchaseOption::OnDemand, 1.0);
+    r.egress_gb = 100.0;
+    let q = Gcp::quote(r).unwrap();
+    assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
+    assert!(close(q.total_usd, 2.0 * 87.83247 + 100.0 * 0.12 / GB_PER_GIB));
+}
+
+#[test]
+fn errors_name_what_exists() {
+    let err =
+        Gcp::quote(request("no-such-node", "us-east4", PurchaseOption::OnDemand, 1.0)).unwrap_err();
+    assert!(err.contains("no-such-node") && err.contains("a3-highgpu-8g"), "{err}");
+    let err =
+        Gcp::quote(request("a3-highgpu-8g", "mars-1", PurchaseOption::OnDemand, 1.0)).unwrap_err();
+    assert!(err.contains("mars-1") && err.contains("us-central1 on-demand"), "{err}");
+}
+
+#[test]
+fn suspect_rows_are_flagged() {
+    let offerings = Gcp::offerings();
+    for name in ["a3-highgpu-8g", "a4-highgpu-8g", "a2-ultragpu-8g"] {
+        let o = offerings.iter().find(|o| o.instance == name).unwrap();
+        assert!(o.source.contains("SUSPECT"), "{name}: {}", o.source);
+    }
+    let clean = offerings.iter().find(|o| o.instance == "a3-ultragpu-8g").unwrap();
+    assert!(!clean.source.contains("SUSPECT") && clean.source.contains("Local SSD"));
+}

@@ -1,0 +1,32 @@
+//! Hyperstack cost model: the 8x H100 SXM5 node in its two catalog regions, and quotes.
+
+use runner_plugin_sdk::cost::*;
+
+const PRICES: &str = include_str!("prices.csv");
+
+const BILLING: Billing = Billing {
+    increment_s: 1,
+    minimum_s: 0,
+    note: "billing: increment and minimum unknown (not found); \
+           quoted pro rata per second, no minimum",
+};
+
+/// The Hyperstack cost model.
+pub struct Hyperstack;
+
+impl Guest for Hyperstack {
+    fn provider() -> Provider {
+        Provider { name: "hyperstack".into(), display_name: "Hyperstack".into() }
+    }
+
+    fn offerings() -> Vec<Offering> {
+        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+    }
+
+    fn quote(request: QuoteRequest) -> Result<Quote, String> {
+        // No Hyperstack storage or egress prices were found.
+        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, UNKNOWN_EXTRAS)
+    }
+}
+
+runner_plugin_sdk::export_cost!(Hyperstack);

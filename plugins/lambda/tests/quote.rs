@@ -1,0 +1,75 @@
+//! Native tests of the Lambda price list (every row sane) and of quote arithmetic: node-hours,
+//! per-minute rounding, free egress, one price everywhere, and error messages.
+
+use lambda::Lambda;
+use runner_plugin_sdk::cost::*;
+
+fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
+    QuoteRequest {
+        instance: instance.into(),
+        nodes: 2,
+        hours,
+        region: region.into(),
+        option,
+        storage_gb_months: 0.0,
+        egress_gb: 0.0,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn price_list_is_sane() {
+    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+    let offerings = Lambda::offerings();
+    validate_offerings(&offerings).unwrap();
+    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (60, 0)));
+    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert_eq!(Lambda::provider().name, "lambda");
+}
+
+#[test]
+fn two_nodes_for_ten_hours() {
+    let q = Lambda::quote(request("gpu_8x_h100_sxm5", "us-east-1", PurchaseOption::OnDemand, 10.0))
+        .unwrap();
+    assert!(close(q.lines[0].quantity, 20.0));
+    assert!(close(q.total_usd, 2.0 * 10.0 * 31.92), "{}", q.total_usd);
+}
+
+#[test]
+fn rounds_up_to_the_billing_increment() {
+    let per_second = 2.0 * 31.92 / 3600.0; // USD per second for two nodes
+    let secs = |s: f64| {
+        Lambda::quote(request(
+            "gpu_8x_h100_sxm5",
+            "us-east-1",
+            PurchaseOption::OnDemand,
+            s / 3600.0,
+        ))
+    };
+    assert!(close(secs(1.0).unwrap().total_usd, 60.0 * per_second), "1 s bills a minute");
+    assert!(close(secs(61.0).unwrap().total_usd, 120.0 * per_second), "61 s bills two minutes");
+}
+
+#[test]
+fn egress_is_an_estimate() {
+    let mut r = request("gpu_8x_h100_sxm5", "us-east-1", PurchaseOption::OnDemand, 1.0);
+    r.egress_gb = 100.0;
+    let q = Lambda::quote(r).unwrap();
+    assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
+    assert!(close(q.total_usd, 2.0 * 31.92 + 0.0));
+}
+
+#[test]
+fn errors_name_what_exists() {
+    let err = Lambda::quote(request("no-such-node", "us-east-1", PurchaseOption::OnDemand, 1.0))
+        .unwrap_err();
+    assert!(err.contains("no-such-node") && err.contains("gpu_8x_h100_sxm5"), "{err}");
+    // One price for every region: any region quotes, and the line names it.
+    let q =
+        Lambda::quote(request("gpu_8x_h100_sxm5", "somewhere-9", PurchaseOption::OnDemand, 1.0))
+            .unwrap();
+    assert!(q.lines[0].item.contains("somewhere-9"), "{}", q.lines[0].item);
+}

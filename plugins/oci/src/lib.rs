@@ -1,0 +1,38 @@
+//! Oracle Cloud cost model: bare-metal GPU shapes (H100, H200, B200, GB200, A100), one
+//! on-demand price that holds in every region, and quotes.
+//!
+//! OCI publishes a flat global price list, so each shape has a single `*` (any region)
+//! price; there is no spot for bare-metal GPU shapes.
+
+use runner_plugin_sdk::cost::*;
+
+const PRICES: &str = include_str!("prices.csv");
+
+// No source for OCI's billing granularity was found; pro rata per second adds nothing the
+// price list does not say, and the note keeps the gap visible in every report.
+const BILLING: Billing = Billing {
+    increment_s: 1,
+    minimum_s: 0,
+    note: "billing: increment and minimum unknown (not found); \
+           quoted pro rata per second, no minimum",
+};
+
+/// The Oracle Cloud cost model.
+pub struct Oci;
+
+impl Guest for Oci {
+    fn provider() -> Provider {
+        Provider { name: "oci".into(), display_name: "Oracle Cloud Infrastructure".into() }
+    }
+
+    fn offerings() -> Vec<Offering> {
+        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+    }
+
+    fn quote(request: QuoteRequest) -> Result<Quote, String> {
+        // No OCI storage or egress prices were found.
+        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, UNKNOWN_EXTRAS)
+    }
+}
+
+runner_plugin_sdk::export_cost!(Oci);

@@ -1,0 +1,76 @@
+//! Native tests of the Oci price list (every row sane) and of quote arithmetic: node-hours,
+//! pro-rata billing, the one global price, and error messages.
+
+use oci::Oci;
+use runner_plugin_sdk::cost::*;
+
+fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
+    QuoteRequest {
+        instance: instance.into(),
+        nodes: 2,
+        hours,
+        region: region.into(),
+        option,
+        storage_gb_months: 0.0,
+        egress_gb: 0.0,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn price_list_is_sane() {
+    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+    let offerings = Oci::offerings();
+    validate_offerings(&offerings).unwrap();
+    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (1, 0)));
+    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert_eq!(Oci::provider().name, "oci");
+}
+
+#[test]
+fn two_nodes_for_ten_hours() {
+    let q = Oci::quote(request("BM.GPU.H100.8", "us-ashburn-1", PurchaseOption::OnDemand, 10.0))
+        .unwrap();
+    assert!(close(q.lines[0].quantity, 20.0));
+    assert!(close(q.total_usd, 2.0 * 10.0 * 80.0), "{}", q.total_usd);
+}
+
+#[test]
+fn rounds_up_to_the_billing_increment() {
+    let per_second = 2.0 * 80.0 / 3600.0; // USD per second for two nodes
+    let secs = |s: f64| {
+        Oci::quote(request("BM.GPU.H100.8", "us-ashburn-1", PurchaseOption::OnDemand, s / 3600.0))
+    };
+    assert!(close(secs(0.5).unwrap().total_usd, 1.0 * per_second), "0.5 s bills 1 s, no minimum");
+    assert!(close(secs(90.5).unwrap().total_usd, 91.0 * per_second), "90.5 s bills 91 s");
+}
+
+#[test]
+fn egress_has_no_known_price() {
+    let mut r = request("BM.GPU.H100.8", "us-ashburn-1", PurchaseOption::OnDemand, 1.0);
+    r.egress_gb = 100.0;
+    let q = Oci::quote(r).unwrap();
+    assert!(q.lines[1].estimate && q.lines[1].item.contains("not costed"), "{}", q.lines[1].item);
+    assert!(close(q.total_usd, 2.0 * 80.0));
+}
+
+#[test]
+fn errors_name_what_exists() {
+    let err = Oci::quote(request("no-such-node", "us-ashburn-1", PurchaseOption::OnDemand, 1.0))
+        .unwrap_err();
+    assert!(err.contains("no-such-node") && err.contains("BM.GPU.H100.8"), "{err}");
+    // One price for every region: any region quotes, and the line names it.
+    let q =
+        Oci::quote(request("BM.GPU.H100.8", "somewhere-9", PurchaseOption::OnDemand, 1.0)).unwrap();
+    assert!(q.lines[0].item.contains("somewhere-9"), "{}", q.lines[0].item);
+}
+
+#[test]
+fn gb200_is_a_four_gpu_node_in_an_nvl72_domain() {
+    let o = Oci::offerings().into_iter().find(|o| o.instance == "BM.GPU.GB200.4").unwrap();
+    assert_eq!((o.gpus_per_node, o.scale_up_domain), (4, 72));
+    assert!(o.source.contains("unknown"), "the missing billing facts are said: {}", o.source);
+}

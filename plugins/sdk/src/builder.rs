@@ -1,0 +1,898 @@
+//! Shared transformer building blocks: a family plugin is a table of published
+//! configurations, and this module turns any row of that table into the logical forward
+//! graph the host executes, differentiates, shards and counts.
+//!
+//! Key items:
+//! - [`GraphBuilder`]: declares tensors and operations with the graph conventions of the
+//!   host (unique hierarchical names, row-major shapes, `.weight`/`.bias` suffixes) and
+//!   reports the first naming mistake when finished instead of panicking.
+//! - [`transformer_graph`]: the full forward graph of a decoder from [`Hyperparameters`]
+//!   alone (dense/GQA/MHA/MLA attention, MoE with shared experts, dense leading layers and
+//!   layer frequency, sliding windows, learned or rotary positions, biases, LayerNorm or
+//!   RMSNorm, SwiGLU/GeGLU/GeLU/squared-ReLU, tied embeddings, multi-token prediction).
+//! - [`variant`], [`Layout`], [`defaults`], [`decoder`]: shorthands for a plugin's table.
+//! - [`find_variant`], [`graph_for`]: resolve and validate a [`GraphRequest`].
+//!
+//! Shape notation: B = micro-batch, T = sequence, C = hidden, H = query heads, Hkv = key/
+//! value heads, D = head dim, F = MLP width, E = routed experts, k = top-k, N = B*T tokens,
+//! V = vocabulary. Views are implicit: (B,T,H,D) is the same memory as (B,T,H*D) and (N,C)
+//! the same as (B,T,C), so every tensor is declared with the shape its consumer wants.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{
+    ActivationKind, AttentionKind, AttrValue, Attribute, Dtype, Graph, GraphRequest,
+    Hyperparameters, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
+    ParallelRole, PositionScheme, ReferenceLayout, RouterScore, Tensor, TensorKind,
+    TrainingDefaults, Variant,
+};
+
+/// Layer index of operations outside the transformer stack (embedding, head, loss).
+pub const OUTSIDE: i32 = -1;
+
+/// An integer attribute.
+pub fn int(key: &str, value: i64) -> Attribute {
+    Attribute { key: key.into(), value: AttrValue::Int(value) }
+}
+/// A float attribute.
+pub fn float(key: &str, value: f64) -> Attribute {
+    Attribute { key: key.into(), value: AttrValue::Float(value) }
+}
+/// A boolean attribute.
+pub fn flag(key: &str, value: bool) -> Attribute {
+    Attribute { key: key.into(), value: AttrValue::Flag(value) }
+}
+/// A text attribute.
+pub fn text(key: &str, value: &str) -> Attribute {
+    Attribute { key: key.into(), value: AttrValue::Text(value.into()) }
+}
+
+/// Declares tensors and operations in execution order.
+///
+/// Methods return the declared tensor's name so calls chain naturally. A duplicate tensor
+/// or operation name does not panic: the first one is remembered and [`GraphBuilder::finish`]
+/// returns it as the error.
+#[derive(Default)]
+pub struct GraphBuilder {
+    tensors: Vec<Tensor>,
+    ops: Vec<Operation>,
+    /// Tensor name -> index in `tensors`.
+    tensor_names: BTreeMap<String, usize>,
+    op_names: BTreeSet<String>,
+    error: Option<String>,
+}
+
+impl GraphBuilder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Declare a tensor of any kind; returns its name.
+    pub fn tensor(&mut self, name: &str, shape: &[u64], dtype: Dtype, kind: TensorKind) -> String {
+        if self.tensor_names.insert(name.to_string(), self.tensors.len()).is_some() && self.error.is_none() {
+            self.error = Some(format!("tensor '{name}' declared twice"));
+        }
+        self.tensors.push(Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind });
+        name.to_string()
+    }
+
+    /// An input the host feeds each step (tokens, targets, positions).
+    pub fn input(&mut self, name: &str, shape: &[u64], dtype: Dtype) -> String {
+        self.tensor(name, shape, dtype, TensorKind::Input)
+    }
+
+    /// A trainable bf16 parameter (logical dtype; the precision policy picks real formats).
+    pub fn weight(&mut self, name: &str, shape: &[u64]) -> String {
+        self.tensor(name, shape, Dtype::Bf16, TensorKind::Weight)
+    }
+
+    /// An intermediate value of the given dtype.
+    pub fn activation(&mut self, name: &str, shape: &[u64], dtype: Dtype) -> String {
+        self.tensor(name, shape, dtype, TensorKind::Activation)
+    }
+
+    /// The shape of a declared tensor.
+    pub fn shape(&self, name: &str) -> Option<&[u64]> {
+        self.tensor_names.get(name).map(|&i| self.tensors[i].shape.as_slice())
+    }
+
+    /// Append an operation. Inputs and outputs must already be declared.
+    #[allow(clippy::too_many_arguments, reason = "mirrors the WIT operation record field by field")]
+    pub fn op(
+        &mut self,
+        name: &str,
+        kind: OpKind,
+        inputs: &[&str],
+        outputs: &[&str],
+        attrs: Vec<Attribute>,
+        layer: i32,
+        role: ParallelRole,
+    ) {
+        if !self.op_names.insert(name.to_string()) && self.error.is_none() {
+            self.error = Some(format!("operation '{name}' declared twice"));
+        }
+        for t in inputs.iter().chain(outputs) {
+            if !self.tensor_names.contains_key(*t) && self.error.is_none() {
+                self.error = Some(format!("operation '{name}' uses undeclared tensor '{t}'"));
+            }
+        }
+        self.ops.push(Operation {
+            name: name.into(),
+            kind,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attrs,
+            layer,
+            role,
+        });
+    }
+
+    /// An op with one bf16 activation output named like the op; returns the output name.
+    #[allow(clippy::too_many_arguments, reason = "one call declares output and op together")]
+    pub fn unary(
+        &mut self,
+        name: &str,
+        kind: OpKind,
+        inputs: &[&str],
+        out_shape: &[u64],
+        attrs: Vec<Attribute>,
+        layer: i32,
+        role: ParallelRole,
+    ) -> String {
+        let out = self.activation(name, out_shape, Dtype::Bf16);
+        self.op(name, kind, inputs, &[&out], attrs, layer, role);
+        out
+    }
+
+    /// `linear` op `name` over `x` (last axis K) with weight `name.weight` (N,K) and, if
+    /// `bias`, `name.bias` (N). The output is declared as `out_shape`, whose element count
+    /// must be rows(x) * N.
+    #[allow(clippy::too_many_arguments, reason = "a linear has exactly these choices")]
+    pub fn linear(
+        &mut self,
+        name: &str,
+        x: &str,
+        n: u64,
+        out_shape: &[u64],
+        bias: bool,
+        layer: i32,
+        role: ParallelRole,
+    ) -> String {
+        let k = self.shape(x).and_then(|s| s.last().copied()).unwrap_or(0);
+        self.linear_kn(name, x, k, n, out_shape, bias, layer, role)
+    }
+
+    /// [`GraphBuilder::linear`] with an explicit input width K, for inputs declared as a
+    /// multi-axis view (the attention output (B,T,H,Dv) feeds a K = H*Dv projection).
+    #[allow(clippy::too_many_arguments, reason = "a linear has exactly these choices")]
+    pub fn linear_kn(
+        &mut self,
+        name: &str,
+        x: &str,
+        k: u64,
+        n: u64,
+        out_shape: &[u64],
+        bias: bool,
+        layer: i32,
+        role: ParallelRole,
+    ) -> String {
+        let w = self.weight(&format!("{name}.weight"), &[n, k]);
+        self.linear_with(name, x, &w, out_shape, bias, layer, role)
+    }
+
+    /// `linear` op with an existing weight (tied embeddings, shared MTP head).
+    #[allow(clippy::too_many_arguments, reason = "a linear has exactly these choices")]
+    pub fn linear_with(
+        &mut self,
+        name: &str,
+        x: &str,
+        w: &str,
+        out_shape: &[u64],
+        bias: bool,
+        layer: i32,
+        role: ParallelRole,
+    ) -> String {
+        let n = self.shape(w).and_then(|s| s.first().copied()).unwrap_or(0);
+        let mut inputs = vec![x.to_string(), w.to_string()];
+        if bias {
+            inputs.push(self.weight(&format!("{name}.bias"), &[n]));
+        }
+        let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        self.unary(name, OpKind::Linear, &refs, out_shape, vec![], layer, role)
+    }
+
+    /// Normalisation `name` over the last axis of `x` (weight `name.weight`, plus
+    /// `name.bias` for LayerNorm).
+    pub fn norm(&mut self, name: &str, x: &str, kind: NormKind, eps: f64, layer: i32) -> String {
+        let shape = self.shape(x).unwrap_or(&[]).to_vec();
+        let c = shape.last().copied().unwrap_or(0);
+        let w = self.weight(&format!("{name}.weight"), &[c]);
+        let (op, inputs) = match kind {
+            NormKind::RmsNorm => (OpKind::RmsNorm, vec![x.to_string(), w]),
+            NormKind::LayerNorm => {
+                let b = self.weight(&format!("{name}.bias"), &[c]);
+                (OpKind::LayerNorm, vec![x.to_string(), w, b])
+            }
+        };
+        let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
+        self.unary(name, op, &refs, &shape, vec![float("eps", eps)], layer, ParallelRole::Sequence)
+    }
+
+    /// Residual (or any elementwise) sum of two same-shaped tensors.
+    pub fn add(&mut self, name: &str, a: &str, b: &str, layer: i32, role: ParallelRole) -> String {
+        let shape = self.shape(a).unwrap_or(&[]).to_vec();
+        self.unary(name, OpKind::Add, &[a, b], &shape, vec![], layer, role)
+    }
+
+    /// Finish the graph with `loss` as its scalar objective.
+    ///
+    /// # Errors
+    /// The first duplicate or undeclared name met while building.
+    pub fn finish(self, loss: &str) -> Result<Graph, String> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        if !self.tensor_names.contains_key(loss) {
+            return Err(format!("loss tensor '{loss}' is not declared"));
+        }
+        Ok(Graph { tensors: self.tensors, operations: self.ops, loss: loss.into() })
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// Tables: hyperparameters, defaults, layouts, variants
+// ------------------------------------------------------------------------------------
+
+/// A dense decoder with the Llama conventions (RoPE, RMSNorm, SwiGLU, no biases, untied
+/// embeddings, head dim = hidden / heads, MHA when kv-heads == heads else GQA). Families
+/// override fields with struct-update syntax: `Hyperparameters { bias: true, ..decoder(..) }`.
+pub fn decoder(layers: u32, hidden: u32, ffn: u32, heads: u32, kv_heads: u32, vocab: u32) -> Hyperparameters {
+    Hyperparameters {
+        layers,
+        hidden,
+        ffn,
+        heads,
+        kv_heads,
+        head_dim: hidden.checked_div(heads).unwrap_or(0),
+        vocab,
+        tied_embeddings: false,
+        position: PositionScheme::Rope,
+        rope_theta: 10_000.0,
+        max_position: 8192,
+        norm: NormKind::RmsNorm,
+        norm_eps: 1e-5,
+        activation: ActivationKind::Swiglu,
+        attention: if kv_heads == heads { AttentionKind::Mha } else { AttentionKind::Gqa },
+        mla: None,
+        moe: None,
+        attention_window: 0,
+        window_every: 0,
+        bias: false,
+        mtp_depth: 0,
+    }
+}
+
+/// A routed-experts block: `experts` of width `expert_ffn`, `top_k` per token, softmax
+/// scores renormalised over the top-k, no shared experts, MoE in every layer.
+pub fn moe(experts: u32, top_k: u32, expert_ffn: u32) -> MoeConfig {
+    MoeConfig {
+        experts,
+        top_k,
+        shared_experts: 0,
+        expert_ffn,
+        shared_ffn: 0,
+        dense_layers: 0,
+        layer_frequency: 1,
+        score: RouterScore::Softmax,
+        normalize_top_k: true,
+    }
+}
+
+/// Pretraining defaults: AdamW with weight decay 0.1.
+pub fn defaults(seq_len: u32, tokens: f64, learning_rate: f64) -> TrainingDefaults {
+    TrainingDefaults { seq_len, tokens, optimizer: "adamw".into(), learning_rate, weight_decay: 0.1 }
+}
+
+/// Shorthand for a [`ReferenceLayout`]: every parallel degree defaults to 1 (FSDP and EP
+/// to off), MBS to 1, and GBS to one sequence per GPU until `gbs_per_gpu`/`gbs_fixed` say.
+///
+/// ```ignore
+/// Layout::new("H100", 64, 2048, "FP8").tp(4).pp(8).vp(5).gbs_per_gpu(2.0).source("...")
+/// ```
+#[derive(Clone)]
+pub struct Layout(pub ReferenceLayout);
+
+impl Layout {
+    pub fn new(gpu: &str, gpus_min: u32, gpus_max: u32, precision: &str) -> Layout {
+        Layout(ReferenceLayout {
+            gpu: gpu.into(),
+            gpus_min,
+            gpus_max,
+            precision: precision.into(),
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            vp: 1,
+            ep: 1,
+            etp: 1,
+            fsdp: 0,
+            mbs: 1,
+            gbs_per_gpu: 1.0,
+            gbs_fixed: 0,
+            source: String::new(),
+        })
+    }
+    pub fn tp(mut self, v: u32) -> Self {
+        self.0.tp = v;
+        self
+    }
+    pub fn pp(mut self, v: u32) -> Self {
+        self.0.pp = v;
+        self
+    }
+    pub fn cp(mut self, v: u32) -> Self {
+        self.0.cp = v;
+        self
+    }
+    pub fn vp(mut self, v: u32) -> Self {
+        self.0.vp = v;
+        self
+    }
+    pub fn ep(mut self, v: u32) -> Self {
+        self.0.ep = v;
+        self
+    }
+    pub fn etp(mut self, v: u32) -> Self {
+        self.0.etp = v;
+        self
+    }
+    /// FSDP sharding group size (0: off).
+    pub fn fsdp(mut self, v: u32) -> Self {
+        self.0.fsdp = v;
+        self
+    }
+    pub fn mbs(mut self, v: u32) -> Self {
+        self.0.mbs = v;
+        self
+    }
+    /// GBS grows with the GPU count: GBS = per_gpu * GPUs.
+    pub fn gbs_per_gpu(mut self, per_gpu: f64) -> Self {
+        self.0.gbs_per_gpu = per_gpu;
+        self.0.gbs_fixed = 0;
+        self
+    }
+    /// GBS is fixed whatever the GPU count.
+    pub fn gbs_fixed(mut self, gbs: u32) -> Self {
+        self.0.gbs_per_gpu = 0.0;
+        self.0.gbs_fixed = gbs;
+        self
+    }
+    /// Where the layout was published (repo@commit file, table).
+    pub fn source(mut self, s: &str) -> Self {
+        self.0.source = s.into();
+        self
+    }
+}
+
+/// One row of a family's table.
+pub fn variant(
+    name: &str,
+    family: &str,
+    citation: &str,
+    hyper: Hyperparameters,
+    defaults: TrainingDefaults,
+    layouts: impl IntoIterator<Item = Layout>,
+) -> Variant {
+    Variant {
+        name: name.into(),
+        family: family.into(),
+        citation: citation.into(),
+        hyper,
+        defaults,
+        layouts: layouts.into_iter().map(|l| l.0).collect(),
+    }
+}
+
+/// The variant called `name`.
+///
+/// # Errors
+/// Names the unknown variant and lists the ones this family has.
+pub fn find_variant<'a>(info: &'a ModelInfo, name: &str) -> Result<&'a Variant, String> {
+    info.variants.iter().find(|v| v.name == name).ok_or_else(|| {
+        let known: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
+        format!("unknown {} variant '{name}'; known variants: {}", info.family, known.join(", "))
+    })
+}
+
+/// The forward graph for `request` against a family's table: what a plugin's `graph`
+/// export returns.
+///
+/// # Errors
+/// Unknown variant, or a request the variant cannot satisfy (see [`transformer_graph`]).
+pub fn graph_for(info: &ModelInfo, request: &GraphRequest) -> Result<Graph, String> {
+    let v = find_variant(info, &request.variant)?;
+    transformer_graph(&v.hyper, request).map_err(|e| format!("{}: {e}", v.name))
+}
+
+// ------------------------------------------------------------------------------------
+// The decoder graph
+// ------------------------------------------------------------------------------------
+
+/// Whether transformer layer `i` uses the routed-experts MLP. Dense leading layers first;
+/// then every `layer-frequency`-th layer, counting so that the last of each group is MoE
+/// (frequency 2 gives layers 1, 3, 5, ... as in Llama 4's `interleave_moe_layer_step`).
+pub fn is_moe_layer(hyper: &Hyperparameters, i: u32) -> bool {
+    match &hyper.moe {
+        None => false,
+        Some(m) => {
+            let f = m.layer_frequency.max(1);
+            i >= m.dense_layers && (i - m.dense_layers + 1).is_multiple_of(f)
+        }
+    }
+}
+
+/// Whether transformer layer `i` uses the sliding window (every `window-every`-th layer,
+/// starting at layer 0).
+pub fn is_window_layer(hyper: &Hyperparameters, i: u32) -> bool {
+    hyper.attention_window > 0 && hyper.window_every > 0 && i.is_multiple_of(hyper.window_every)
+}
+
+/// Check the hyperparameters are self-consistent before building anything.
+fn check_hyper(h: &Hyperparameters) -> Result<(), String> {
+    let positive = [
+        ("layers", h.layers),
+        ("hidden", h.hidden),
+        ("heads", h.heads),
+        ("kv-heads", h.kv_heads),
+        ("head-dim", h.head_dim),
+        ("vocab", h.vocab),
+    ];
+    for (name, v) in positive {
+        if v == 0 {
+            return Err(format!("hyperparameter {name} must be positive"));
+        }
+    }
+    if !h.heads.is_multiple_of(h.kv_heads) {
+        return Err(format!("heads {} not divisible by kv-heads {}", h.heads, h.kv_heads));
+    }
+    if !(h.norm_eps > 0.0 && h.norm_eps.is_finite()) {
+        return Err(format!("norm-eps must be positive and finite, got {}", h.norm_eps));
+    }
+    if h.position == PositionScheme::Rope && !(h.rope_theta > 0.0 && h.rope_theta.is_finite()) {
+        return Err(format!("rope-theta must be positive and finite, got {}", h.rope_theta));
+    }
+    if h.attention == AttentionKind::Mla && h.mla.is_none() {
+        return Err("attention kind mla needs the mla ranks".into());
+    }
+    let needs_dense = h.moe.as_ref().is_none_or(|m| m.dense_layers > 0 || m.layer_frequency > 1);
+    if needs_dense && h.ffn == 0 {
+        return Err("dense layers need a positive ffn".into());
+    }
+    if let Some(m) = &h.moe
+        && (m.experts == 0 || m.top_k == 0 || m.top_k > m.experts || m.expert_ffn == 0) {
+            return Err(format!(
+                "moe needs 0 < top-k <= experts and expert-ffn > 0 (experts {}, top-k {}, expert-ffn {})",
+                m.experts, m.top_k, m.expert_ffn
+            ));
+        }
+    Ok(())
+}
+
+/// The full logical forward graph of a decoder-only transformer.
+///
+/// Layout: `embed` (+ `pos_embed`, `embed.add` for learned positions), then per layer
+/// `layers.{i}.attn_norm`, attention (`.attn.*`), `.residual1`, `.mlp_norm`, the MLP
+/// (`.mlp.*`) or routed experts (`.moe.*`), `.residual2`; then `final_norm`, `lm_head`,
+/// `loss`. Multi-token-prediction modules (`mtp.{j}.*`, layer = layers + j) follow when the
+/// request builds every layer, and their losses are added to the main loss.
+///
+/// # Errors
+/// Zero sequence length or micro-batch, more layers requested than the model has, a
+/// sequence longer than a learned position table, or inconsistent hyperparameters.
+pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Result<Graph, String> {
+    check_hyper(hyper)?;
+    if request.seq_len == 0 {
+        return Err("seq-len must be positive".into());
+    }
+    if request.micro_batch == 0 {
+        return Err("micro-batch must be positive".into());
+    }
+    if request.layers > hyper.layers {
+        return Err(format!("requested {} layers but the model has {}", request.layers, hyper.layers));
+    }
+    if hyper.position == PositionScheme::Learned && request.seq_len > hyper.max_position {
+        return Err(format!(
+            "seq-len {} exceeds the learned position table ({} positions)",
+            request.seq_len, hyper.max_position
+        ));
+    }
+    let layers = if request.layers == 0 { hyper.layers } else { request.layers };
+    let d = Dims { b: u64::from(request.micro_batch), t: u64::from(request.seq_len), c: u64::from(hyper.hidden) };
+    let mut g = GraphBuilder::new();
+    let tokens = g.input("tokens", &[d.b, d.t], Dtype::Int32);
+    let targets = g.input("targets", &[d.b, d.t], Dtype::Int32);
+
+    let table = g.weight("embed.weight", &[u64::from(hyper.vocab), d.c]);
+    let mut x = g.unary(
+        "embed",
+        OpKind::Embedding,
+        &[&tokens, &table],
+        &[d.b, d.t, d.c],
+        vec![],
+        OUTSIDE,
+        ParallelRole::VocabParallel,
+    );
+    if hyper.position == PositionScheme::Learned {
+        let positions = g.input("positions", &[d.b, d.t], Dtype::Int32);
+        let pos_table = g.weight("pos_embed.weight", &[u64::from(hyper.max_position), d.c]);
+        let p = g.unary(
+            "pos_embed",
+            OpKind::Embedding,
+            &[&positions, &pos_table],
+            &[d.b, d.t, d.c],
+            vec![],
+            OUTSIDE,
+            ParallelRole::Replicated,
+        );
+        x = g.add("embed.add", &x, &p, OUTSIDE, ParallelRole::Sequence);
+    }
+    for i in 0..layers {
+        x = block(&mut g, hyper, &d, &format!("layers.{i}"), i, &x);
+    }
+    let main_hidden = x.clone();
+    let normed = g.norm("final_norm", &x, hyper.norm, hyper.norm_eps, OUTSIDE);
+    let head = head_weight(&mut g, hyper, d.c);
+    let logits =
+        g.linear_with("lm_head", &normed, &head, &[d.b, d.t, u64::from(hyper.vocab)], false, OUTSIDE, ParallelRole::VocabParallel);
+    let mtp = if request.layers == 0 { hyper.mtp_depth } else { 0 };
+    let main_loss = if mtp == 0 { "loss" } else { "loss.lm" };
+    let mut loss = g.activation(main_loss, &[], Dtype::Fp32);
+    g.op("loss", OpKind::CrossEntropy, &[&logits, &targets], &[&loss], vec![], OUTSIDE, ParallelRole::VocabParallel);
+
+    // DeepSeek-V3 §2.2: module j combines the previous depth's hidden state with the
+    // embedding of the token j+1 ahead (RMSNorm both, concatenate, project 2C -> C), runs
+    // one transformer block and predicts with the shared head. Embedding and head weights
+    // are shared with the main model, so the module adds only norms, projection and block.
+    let mut h = main_hidden;
+    for j in 0..mtp {
+        let p = format!("mtp.{j}");
+        let layer = (layers + j) as i32;
+        let tok = g.input(&format!("{p}.tokens"), &[d.b, d.t], Dtype::Int32);
+        let tgt = g.input(&format!("{p}.targets"), &[d.b, d.t], Dtype::Int32);
+        let emb = g.unary(
+            &format!("{p}.embed"),
+            OpKind::Embedding,
+            &[&tok, &table],
+            &[d.b, d.t, d.c],
+            vec![],
+            layer,
+            ParallelRole::VocabParallel,
+        );
+        let en = g.norm(&format!("{p}.enorm"), &emb, hyper.norm, hyper.norm_eps, layer);
+        let hn = g.norm(&format!("{p}.hnorm"), &h, hyper.norm, hyper.norm_eps, layer);
+        let cat = g.unary(
+            &format!("{p}.concat"),
+            OpKind::Concat,
+            &[&hn, &en],
+            &[d.b, d.t, 2 * d.c],
+            vec![],
+            layer,
+            ParallelRole::Sequence,
+        );
+        let proj =
+            g.linear(&format!("{p}.eh_proj"), &cat, d.c, &[d.b, d.t, d.c], false, layer, ParallelRole::ColumnParallel);
+        h = block(&mut g, hyper, &d, &p, layers + j, &proj);
+        let n = g.norm(&format!("{p}.final_norm"), &h, hyper.norm, hyper.norm_eps, layer);
+        let lg = g.linear_with(
+            &format!("{p}.lm_head"),
+            &n,
+            &head,
+            &[d.b, d.t, u64::from(hyper.vocab)],
+            false,
+            layer,
+            ParallelRole::VocabParallel,
+        );
+        let l = g.activation(&format!("{p}.loss"), &[], Dtype::Fp32);
+        g.op(&format!("{p}.loss"), OpKind::CrossEntropy, &[&lg, &tgt], &[&l], vec![], layer, ParallelRole::VocabParallel);
+        // The published recipe weights the MTP loss (lambda 0.3, later 0.1); the primitive
+        // set has no scale op, and a constant factor changes no FLOP or byte count.
+        let total = if j + 1 == mtp { "loss".to_string() } else { format!("{p}.loss_sum") };
+        let sum = g.activation(&total, &[], Dtype::Fp32);
+        g.op(&format!("{p}.loss_add"), OpKind::Add, &[&loss, &l], &[&sum], vec![], layer, ParallelRole::Replicated);
+        loss = sum;
+    }
+    g.finish(&loss)
+}
+
+/// Batch dimensions shared by every op of one graph.
+struct Dims {
+    b: u64,
+    t: u64,
+    c: u64,
+}
+
+/// The lm-head weight: the embedding table when tied, else its own (V,C) matrix.
+fn head_weight(g: &mut GraphBuilder, hyper: &Hyperparameters, c: u64) -> String {
+    if hyper.tied_embeddings {
+        "embed.weight".into()
+    } else {
+        g.weight("lm_head.weight", &[u64::from(hyper.vocab), c])
+    }
+}
+
+/// One pre-norm transformer block named `p` (e.g. `layers.3`); returns the block output.
+fn block(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u32, x: &str) -> String {
+    let layer = i as i32;
+    let n1 = g.norm(&format!("{p}.attn_norm"), x, h.norm, h.norm_eps, layer);
+    let a = match &h.mla {
+        Some(mla) if h.attention == AttentionKind::Mla => mla_attention(g, h, mla, d, p, i, &n1),
+        _ => attention(g, h, d, p, i, &n1),
+    };
+    let r1 = g.add(&format!("{p}.residual1"), x, &a, layer, ParallelRole::Sequence);
+    let n2 = g.norm(&format!("{p}.mlp_norm"), &r1, h.norm, h.norm_eps, layer);
+    let m = match &h.moe {
+        Some(cfg) if is_moe_layer(h, i) => moe_mlp(g, h, cfg, d, p, layer, &n2),
+        _ => mlp(g, h, d, &format!("{p}.mlp"), u64::from(h.ffn), layer, &n2),
+    };
+    g.add(&format!("{p}.residual2"), &r1, &m, layer, ParallelRole::Sequence)
+}
+
+/// The attention-core attributes: causal, the window of this layer, and 1/sqrt(qk dim).
+fn core_attrs(h: &Hyperparameters, i: u32, qk_dim: u32) -> Vec<Attribute> {
+    let window = if is_window_layer(h, i) { h.attention_window } else { 0 };
+    vec![
+        flag("causal", true),
+        int("window", i64::from(window)),
+        float("scale", 1.0 / f64::from(qk_dim).sqrt()),
+    ]
+}
+
+/// MHA/GQA attention: q/k/v projections declared per head, RoPE, core, output projection.
+fn attention(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u32, x: &str) -> String {
+    let layer = i as i32;
+    let (hq, hkv, hd) = (u64::from(h.heads), u64::from(h.kv_heads), u64::from(h.head_dim));
+    let col = ParallelRole::ColumnParallel;
+    let mut q = g.linear(&format!("{p}.attn.q"), x, hq * hd, &[d.b, d.t, hq, hd], h.bias, layer, col);
+    let mut k = g.linear(&format!("{p}.attn.k"), x, hkv * hd, &[d.b, d.t, hkv, hd], h.bias, layer, col);
+    let v = g.linear(&format!("{p}.attn.v"), x, hkv * hd, &[d.b, d.t, hkv, hd], h.bias, layer, col);
+    if h.position == PositionScheme::Rope {
+        q = rotary(g, h, &format!("{p}.attn.q_rope"), &q, h.head_dim, layer);
+        k = rotary(g, h, &format!("{p}.attn.k_rope"), &k, h.head_dim, layer);
+    }
+    let core = g.unary(
+        &format!("{p}.attn.core"),
+        OpKind::Attention,
+        &[&q, &k, &v],
+        &[d.b, d.t, hq, hd],
+        core_attrs(h, i, h.head_dim),
+        layer,
+        ParallelRole::HeadParallel,
+    );
+    g.linear_kn(&format!("{p}.attn.out"), &core, hq * hd, d.c, &[d.b, d.t, d.c], h.bias, layer, ParallelRole::RowParallel)
+}
+
+fn rotary(g: &mut GraphBuilder, h: &Hyperparameters, name: &str, x: &str, rot_dim: u32, layer: i32) -> String {
+    let shape = g.shape(x).unwrap_or(&[]).to_vec();
+    g.unary(
+        name,
+        OpKind::Rotary,
+        &[x],
+        &shape,
+        vec![float("theta", h.rope_theta), int("rot-dim", i64::from(rot_dim))],
+        layer,
+        ParallelRole::HeadParallel,
+    )
+}
+
+/// Multi-head latent attention (DeepSeek-V2/V3). The fused projections of the reference
+/// implementation (q_b -> [q_nope | q_pe], kv_a -> [latent | k_pe], kv_b -> [k_nope | v])
+/// are split into one linear per output so no slicing primitive is needed; the parameter
+/// and FLOP counts are identical.
+fn mla_attention(
+    g: &mut GraphBuilder,
+    h: &Hyperparameters,
+    m: &MlaConfig,
+    d: &Dims,
+    p: &str,
+    i: u32,
+    x: &str,
+) -> String {
+    let layer = i as i32;
+    let col = ParallelRole::ColumnParallel;
+    let (b, t, hq) = (d.b, d.t, u64::from(h.heads));
+    let (nope, rope, vd) = (u64::from(m.qk_nope_head_dim), u64::from(m.qk_rope_head_dim), u64::from(m.v_head_dim));
+    // Query: optionally through a low-rank latent (q_a, normalised), then per-head parts.
+    let q_src = if m.q_lora_rank > 0 {
+        // The down-projections see the whole hidden state and are not split across TP ranks.
+        let qa = g.linear(&format!("{p}.attn.q_a"), x, u64::from(m.q_lora_rank), &[b, t, u64::from(m.q_lora_rank)], false, layer, ParallelRole::Replicated);
+        g.norm(&format!("{p}.attn.q_a_norm"), &qa, NormKind::RmsNorm, h.norm_eps, layer)
+    } else {
+        x.to_string()
+    };
+    let q_nope = g.linear(&format!("{p}.attn.q"), &q_src, hq * nope, &[b, t, hq, nope], false, layer, col);
+    let q_pe = g.linear(&format!("{p}.attn.q_pe"), &q_src, hq * rope, &[b, t, hq, rope], false, layer, col);
+    let q_rot = rotary(g, h, &format!("{p}.attn.q_rope"), &q_pe, m.qk_rope_head_dim, layer);
+    let q = g.unary(&format!("{p}.attn.q_cat"), OpKind::Concat, &[&q_nope, &q_rot], &[b, t, hq, nope + rope], vec![], layer, ParallelRole::HeadParallel);
+    // Key/value: a compressed latent shared by all heads plus one decoupled RoPE key.
+    let kv_rank = u64::from(m.kv_lora_rank);
+    let kv_a = g.linear(&format!("{p}.attn.kv_a"), x, kv_rank, &[b, t, kv_rank], false, layer, ParallelRole::Replicated);
+    let k_pe = g.linear(&format!("{p}.attn.k_rope_proj"), x, rope, &[b, t, 1, rope], false, layer, ParallelRole::Replicated);
+    let k_rot = rotary(g, h, &format!("{p}.attn.k_rope"), &k_pe, m.qk_rope_head_dim, layer);
+    let kv = g.norm(&format!("{p}.attn.kv_norm"), &kv_a, NormKind::RmsNorm, h.norm_eps, layer);
+    let k_nope = g.linear(&format!("{p}.attn.k_nope"), &kv, hq * nope, &[b, t, hq, nope], false, layer, col);
+    let v = g.linear(&format!("{p}.attn.v"), &kv, hq * vd, &[b, t, hq, vd], false, layer, col);
+    let k = g.unary(&format!("{p}.attn.k_cat"), OpKind::Concat, &[&k_nope, &k_rot], &[b, t, hq, nope + rope], vec![], layer, ParallelRole::HeadParallel);
+    let core = g.unary(
+        &format!("{p}.attn.core"),
+        OpKind::Attention,
+        &[&q, &k, &v],
+        &[b, t, hq, vd],
+        core_attrs(h, i, m.qk_nope_head_dim + m.qk_rope_head_dim),
+        layer,
+        ParallelRole::HeadParallel,
+    );
+    g.linear_kn(&format!("{p}.attn.out"), &core, hq * vd, d.c, &[b, t, d.c], false, layer, ParallelRole::RowParallel)
+}
+
+/// A dense MLP named `p` (`{p}.gate/up/act/down`) of width `f`. Gated activations use a
+/// gate and an up projection; GeLU and squared-ReLU use the up projection alone.
+fn mlp(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, f: u64, layer: i32, x: &str) -> String {
+    let col = ParallelRole::ColumnParallel;
+    let rows = [d.b, d.t, f];
+    let act = match h.activation {
+        ActivationKind::Swiglu | ActivationKind::Geglu => {
+            let gate = g.linear(&format!("{p}.gate"), x, f, &rows, h.bias, layer, col);
+            let up = g.linear(&format!("{p}.up"), x, f, &rows, h.bias, layer, col);
+            g.unary(&format!("{p}.act"), act_kind(h.activation), &[&gate, &up], &rows, vec![], layer, col)
+        }
+        ActivationKind::Gelu | ActivationKind::SquaredRelu => {
+            let up = g.linear(&format!("{p}.up"), x, f, &rows, h.bias, layer, col);
+            g.unary(&format!("{p}.act"), act_kind(h.activation), &[&up], &rows, vec![], layer, col)
+        }
+    };
+    g.linear(&format!("{p}.down"), &act, d.c, &[d.b, d.t, d.c], h.bias, layer, ParallelRole::RowParallel)
+}
+
+fn act_kind(a: ActivationKind) -> OpKind {
+    match a {
+        ActivationKind::Swiglu => OpKind::Swiglu,
+        ActivationKind::Geglu => OpKind::Geglu,
+        ActivationKind::Gelu => OpKind::Gelu,
+        ActivationKind::SquaredRelu => OpKind::SquaredRelu,
+    }
+}
+
+/// Routed experts (+ shared experts) for one layer named `p`.
+///
+/// router_logits (N,E) -> router -> weights/indices (N,k); dispatch sorts the k copies of
+/// every token by expert into (N*k, C); the experts run as grouped linears over (E, out, in)
+/// weights; combine scatters back and sums with the router weights into (B,T,C).
+fn moe_mlp(
+    g: &mut GraphBuilder,
+    h: &Hyperparameters,
+    m: &MoeConfig,
+    d: &Dims,
+    p: &str,
+    layer: i32,
+    x: &str,
+) -> String {
+    let (e, k, f) = (u64::from(m.experts), u64::from(m.top_k), u64::from(m.expert_ffn));
+    let n = d.b * d.t;
+    let ex = ParallelRole::Expert;
+    let logits = g.linear(&format!("{p}.moe.router_logits"), x, e, &[d.b, d.t, e], h.bias, layer, ParallelRole::Replicated);
+    let weights = g.activation(&format!("{p}.moe.router.weights"), &[n, k], Dtype::Fp32);
+    let indices = g.activation(&format!("{p}.moe.router.indices"), &[n, k], Dtype::Int32);
+    let score = match m.score {
+        RouterScore::Softmax => "softmax",
+        RouterScore::Sigmoid => "sigmoid",
+    };
+    g.op(
+        &format!("{p}.moe.router"),
+        OpKind::Router,
+        &[&logits],
+        &[&weights, &indices],
+        vec![int("top-k", i64::from(m.top_k)), text("score", score), flag("normalize", m.normalize_top_k)],
+        layer,
+        ParallelRole::Replicated,
+    );
+    let sorted = g.unary(
+        &format!("{p}.moe.dispatch"),
+        OpKind::MoeDispatch,
+        &[x, &indices],
+        &[n * k, d.c],
+        vec![int("experts", i64::from(m.experts))],
+        layer,
+        ex,
+    );
+    let grouped = |g: &mut GraphBuilder, name: &str, input: &str, out: u64, inp: u64| -> String {
+        let w = g.weight(&format!("{p}.moe.experts.{name}.weight"), &[e, out, inp]);
+        g.unary(&format!("{p}.moe.experts.{name}"), OpKind::GroupedLinear, &[input, &w, &indices], &[n * k, out], vec![], layer, ex)
+    };
+    let act = match h.activation {
+        ActivationKind::Swiglu | ActivationKind::Geglu => {
+            let gate = grouped(g, "gate", &sorted, f, d.c);
+            let up = grouped(g, "up", &sorted, f, d.c);
+            g.unary(&format!("{p}.moe.experts.act"), act_kind(h.activation), &[&gate, &up], &[n * k, f], vec![], layer, ex)
+        }
+        ActivationKind::Gelu | ActivationKind::SquaredRelu => {
+            let up = grouped(g, "up", &sorted, f, d.c);
+            g.unary(&format!("{p}.moe.experts.act"), act_kind(h.activation), &[&up], &[n * k, f], vec![], layer, ex)
+        }
+    };
+    let down = grouped(g, "down", &act, d.c, f);
+    let combined = g.unary(
+        &format!("{p}.moe.combine"),
+        OpKind::MoeCombine,
+        &[&down, &weights, &indices],
+        &[d.b, d.t, d.c],
+        vec![],
+        layer,
+        ex,
+    );
+    let shared_ffn = if m.shared_ffn > 0 { m.shared_ffn } else { m.shared_experts * m.expert_ffn };
+    if shared_ffn == 0 {
+        return combined;
+    }
+    let s = mlp(g, h, d, &format!("{p}.moe.shared"), u64::from(shared_ffn), layer, x);
+    g.add(&format!("{p}.moe.out"), &combined, &s, layer, ParallelRole::Sequence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(seq: u32, mb: u32, layers: u32) -> GraphRequest {
+        GraphRequest { variant: "t".into(), seq_len: seq, micro_batch: mb, layers }
+    }
+
+    fn weights(g: &Graph) -> u64 {
+        g.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.shape.iter().product::<u64>()).sum()
+    }
+
+    #[test]
+    fn dense_llama_like_counts_and_names() {
+        let h = decoder(2, 64, 160, 4, 2, 100);
+        let g = transformer_graph(&h, &req(8, 2, 0)).unwrap();
+        // embed 6400 + head 6400 + final norm 64; per layer: q 4096 + k,v 2*2048 + o 4096
+        // + mlp 3*10240 + 2 norms 128 = 43,136.
+        assert_eq!(weights(&g), 6400 * 2 + 64 + 2 * 43_136);
+        assert!(g.operations.iter().any(|o| o.name == "layers.1.attn.q_rope"));
+        assert_eq!(g.loss, "loss");
+        let names: BTreeSet<_> = g.operations.iter().map(|o| &o.name).collect();
+        assert_eq!(names.len(), g.operations.len());
+    }
+
+    #[test]
+    fn request_errors_are_named() {
+        let h = decoder(2, 64, 160, 4, 2, 100);
+        assert!(transformer_graph(&h, &req(0, 1, 0)).unwrap_err().contains("seq-len"));
+        assert!(transformer_graph(&h, &req(8, 0, 0)).unwrap_err().contains("micro-batch"));
+        assert!(transformer_graph(&h, &req(8, 1, 3)).unwrap_err().contains("3 layers"));
+        let bad = Hyperparameters { kv_heads: 3, ..h };
+        assert!(transformer_graph(&bad, &req(8, 1, 0)).unwrap_err().contains("divisible"));
+    }
+
+    #[test]
+    fn moe_frequency_and_dense_layers() {
+        let mut h = decoder(6, 64, 160, 4, 4, 100);
+        h.moe = Some(MoeConfig { dense_layers: 1, layer_frequency: 2, ..moe(4, 2, 32) });
+        let moe_layers: Vec<u32> = (0..6).filter(|&i| is_moe_layer(&h, i)).collect();
+        assert_eq!(moe_layers, vec![2, 4]);
+        let g = transformer_graph(&h, &req(4, 1, 0)).unwrap();
+        assert!(g.operations.iter().any(|o| o.name == "layers.2.moe.experts.down"));
+        assert!(g.operations.iter().any(|o| o.name == "layers.1.mlp.down"));
+    }
+
+    #[test]
+    fn mtp_only_for_full_depth_and_tied_head_shared() {
+        let mut h = decoder(2, 64, 160, 4, 4, 100);
+        h.mtp_depth = 1;
+        h.tied_embeddings = true;
+        let full = transformer_graph(&h, &req(4, 1, 0)).unwrap();
+        assert!(full.operations.iter().any(|o| o.name == "mtp.0.attn.core" && o.layer == 2));
+        assert!(!full.tensors.iter().any(|t| t.name == "lm_head.weight"));
+        let proxy = transformer_graph(&h, &req(4, 1, 2)).unwrap();
+        assert!(!proxy.operations.iter().any(|o| o.name.starts_with("mtp.")));
+        assert_eq!(proxy.loss, "loss");
+    }
+}

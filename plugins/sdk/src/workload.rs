@@ -1,0 +1,18 @@
+//! Workload plugins: model families, exact hyperparameters, reference layouts, and the
+//! logical forward graph of a variant. [`builder`] holds the shared transformer building
+//! blocks, so a family plugin is mostly a table of published configurations.
+
+pub use crate::bindings::workload::exports::runner::plugin::workload::{
+    ActivationKind, AttrValue, Attribute, AttentionKind, GraphRequest, Guest,
+    Hyperparameters, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
+    ParallelRole, PositionScheme, ReferenceLayout, RouterScore, Tensor, TensorKind,
+    TrainingDefaults, Variant,
+};
+/// The forward graph a plugin returns (WIT `model-graph`; WIT cannot name a record and the
+/// `graph` function alike).
+pub use crate::bindings::workload::exports::runner::plugin::workload::ModelGraph as Graph;
+pub use crate::bindings::workload::runner::plugin::types::Dtype;
+
+// The builder lives at src/builder.rs (beside the other SDK modules), not src/workload/.
+#[path = "builder.rs"]
+pub mod builder;

@@ -1,0 +1,36 @@
+//! Verda (formerly DataCrunch) cost model: 8-GPU H100, H200 and B200 instances, and quotes.
+//!
+//! The H100 and H200 prices are Verda capacity as listed on the Prime Intellect marketplace,
+//! which resells other clouds at its own prices, so Verda's direct price may differ; each
+//! offering's `source` says so. The B200 row is Verda's own catalog, spot only.
+
+use runner_plugin_sdk::cost::*;
+
+const PRICES: &str = include_str!("prices.csv");
+
+const BILLING: Billing = Billing {
+    increment_s: 1,
+    minimum_s: 0,
+    note: "billing: increment and minimum unknown (not found); \
+           quoted pro rata per second, no minimum",
+};
+
+/// The Verda cost model.
+pub struct Verda;
+
+impl Guest for Verda {
+    fn provider() -> Provider {
+        Provider { name: "verda".into(), display_name: "Verda (formerly DataCrunch)".into() }
+    }
+
+    fn offerings() -> Vec<Offering> {
+        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+    }
+
+    fn quote(request: QuoteRequest) -> Result<Quote, String> {
+        // No Verda storage or egress prices were found.
+        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, UNKNOWN_EXTRAS)
+    }
+}
+
+runner_plugin_sdk::export_cost!(Verda);

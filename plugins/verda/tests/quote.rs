@@ -1,0 +1,77 @@
+//! Native tests of the Verda price list (every row sane) and of quote arithmetic: node-hours,
+//! pro-rata billing, spot-only rows, and error messages.
+
+use runner_plugin_sdk::cost::*;
+use verda::Verda;
+
+fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
+    QuoteRequest {
+        instance: instance.into(),
+        nodes: 2,
+        hours,
+        region: region.into(),
+        option,
+        storage_gb_months: 0.0,
+        egress_gb: 0.0,
+    }
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-6 * b.abs().max(1.0)
+}
+
+#[test]
+fn price_list_is_sane() {
+    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+    let offerings = Verda::offerings();
+    validate_offerings(&offerings).unwrap();
+    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (1, 0)));
+    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert_eq!(Verda::provider().name, "verda");
+}
+
+#[test]
+fn two_nodes_for_ten_hours() {
+    let q =
+        Verda::quote(request("8H100.80S.176V", "FIN-02", PurchaseOption::OnDemand, 10.0)).unwrap();
+    assert!(close(q.lines[0].quantity, 20.0));
+    assert!(close(q.total_usd, 2.0 * 10.0 * 15.77), "{}", q.total_usd);
+    let spot =
+        Verda::quote(request("8H100.80S.176V", "ICE-01", PurchaseOption::Spot, 10.0)).unwrap();
+    assert!(close(spot.total_usd, 2.0 * 10.0 * 6.84));
+}
+
+#[test]
+fn rounds_up_to_the_billing_increment() {
+    let per_second = 2.0 * 15.77 / 3600.0; // USD per second for two nodes
+    let secs = |s: f64| {
+        Verda::quote(request("8H100.80S.176V", "FIN-02", PurchaseOption::OnDemand, s / 3600.0))
+    };
+    assert!(close(secs(0.5).unwrap().total_usd, 1.0 * per_second), "0.5 s bills 1 s, no minimum");
+    assert!(close(secs(90.5).unwrap().total_usd, 91.0 * per_second), "90.5 s bills 91 s");
+}
+
+#[test]
+fn egress_has_no_known_price() {
+    let mut r = request("8H100.80S.176V", "FIN-02", PurchaseOption::OnDemand, 1.0);
+    r.egress_gb = 100.0;
+    let q = Verda::quote(r).unwrap();
+    assert!(q.lines[1].estimate && q.lines[1].item.contains("not costed"), "{}", q.lines[1].item);
+    assert!(close(q.total_usd, 2.0 * 15.77));
+}
+
+#[test]
+fn errors_name_what_exists() {
+    let err =
+        Verda::quote(request("no-such-node", "FIN-02", PurchaseOption::OnDemand, 1.0)).unwrap_err();
+    assert!(err.contains("no-such-node") && err.contains("8H100.80S.176V"), "{err}");
+    let err =
+        Verda::quote(request("8B200.240V", "FIN-03", PurchaseOption::OnDemand, 1.0)).unwrap_err();
+    assert!(err.contains("FIN-03") && err.contains("FIN-03 spot"), "{err}");
+}
+
+#[test]
+fn resale_prices_say_so() {
+    let o = Verda::offerings().into_iter().find(|o| o.instance == "8H200.141S.176V").unwrap();
+    assert!(o.source.contains("Prime Intellect") && o.source.contains("resale"), "{}", o.source);
+}

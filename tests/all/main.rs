@@ -1,0 +1,1 @@
+//! End-to-end tests: one binary, one module per theme.
