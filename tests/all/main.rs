@@ -1,1 +1,6 @@
-//! End-to-end tests: one binary, one module per theme.
+//! End-to-end tests of the runner library: one binary, one module per theme. CLI surface
+//! tests live beside the binary in `host/runner/tests/cli.rs` (they need its path).
+
+mod contract;
+mod sandbox;
+mod util;

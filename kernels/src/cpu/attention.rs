@@ -143,6 +143,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
             let mut l = vec![0f32; rows];
             let mut acc = vec![0f32; rows * dv];
             let mut sc = vec![0f32; BC];
+            let mut kt = vec![0f32; d * BC];
             for h in 0..a.h {
                 let g = h / a.group();
                 m.fill(f32::NEG_INFINITY);
@@ -153,6 +154,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
                 let mut j0 = klo;
                 while j0 < khi {
                     let j1 = (j0 + BC).min(khi);
+                    gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, j1 - j0);
                     for r in 0..rows {
                         let i = t0 + r;
                         let (lo, hi) = a.keys(i);
@@ -162,10 +164,7 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
                         }
                         let qi = &q[(b * t + i) * s.q + h * d..][..d];
                         let sr = &mut sc[..hi - lo];
-                        for (jj, x) in sr.iter_mut().enumerate() {
-                            let kj = &k[(b * t + lo + jj) * s.k + g * d..][..d];
-                            *x = dot(qi, kj) * a.scale;
-                        }
+                        row_times_tile(sr, qi, &kt, lo - j0, a.scale);
                         let m_new = m[r].max(max(sr));
                         let accr = &mut acc[r * dv..(r + 1) * dv];
                         if m[r] != m_new {
@@ -256,9 +255,13 @@ pub fn attention_backward(
         let j1 = j0 + cols;
         let mut p = vec![0f32; BC];
         let mut ds = vec![0f32; BC];
+        let mut kt = vec![0f32; d * BC];
+        let mut vt = vec![0f32; dvd * BC];
         let (qlo, _) = a.queries(j0);
         let (_, qhi) = a.queries(j1 - 1);
         for g in 0..a.hkv {
+            gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, cols);
+            gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, cols);
             for h in g * group..(g + 1) * group {
                 for i in qlo..qhi {
                     let (lo, hi) = a.keys(i);
@@ -270,7 +273,7 @@ pub fn attention_backward(
                     let qi = &q[(b * t + i) * s.q + h * d..][..d];
                     let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
                     let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
-                    scores_and_ds(&mut p[..n], &mut ds[..n], qi, doi, k, v, &s, &a, b, g, lo, li, di);
+                    scores_and_ds(&mut p[..n], &mut ds[..n], qi, doi, &kt, &vt, lo - j0, a.scale, li, di);
                     for jj in 0..n {
                         let jl = lo + jj - j0;
                         axpy(&mut dvt[jl * s.v + g * dvd..][..dvd], p[jj], doi);
@@ -288,6 +291,8 @@ pub fn attention_backward(
         let rows = dqt.len() / s.q;
         let mut p = vec![0f32; BC];
         let mut ds = vec![0f32; BC];
+        let mut kt = vec![0f32; d * BC];
+        let mut vt = vec![0f32; dvd * BC];
         let (klo, _) = a.keys(t0);
         let (_, khi) = a.keys(t0 + rows - 1);
         for h in 0..a.h {
@@ -295,6 +300,8 @@ pub fn attention_backward(
             let mut j0 = klo;
             while j0 < khi {
                 let j1 = (j0 + BC).min(khi);
+                gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, j1 - j0);
+                gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, j1 - j0);
                 for r in 0..rows {
                     let i = t0 + r;
                     let (lo, hi) = a.keys(i);
@@ -306,7 +313,7 @@ pub fn attention_backward(
                     let qi = &q[(b * t + i) * s.q + h * d..][..d];
                     let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
                     let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
-                    scores_and_ds(&mut p[..n], &mut ds[..n], qi, doi, k, v, &s, &a, b, g, lo, li, di);
+                    scores_and_ds(&mut p[..n], &mut ds[..n], qi, doi, &kt, &vt, lo - j0, a.scale, li, di);
                     let dqi = &mut dqt[r * s.q + h * d..][..d];
                     for jj in 0..n {
                         axpy(dqi, ds[jj] * a.scale, &k[(b * t + lo + jj) * s.k + g * d..][..d]);
@@ -319,8 +326,31 @@ pub fn attention_backward(
     Ok(())
 }
 
-/// For query row i (q_i, dout_i, lse_i, D_i) against keys lo..lo+n of kv head g:
-/// p_j = exp(scale·q_i·k_j − lse_i), ds_j = p_j (dout_i·v_j − D_i).
+/// Copies `n` rows of width `w` (row stride `stride`, first at `start`) of `src` into
+/// `dst` transposed: dst[c·BC + jj] = row jj, column c. Keys of a tile then sit
+/// contiguously per channel, so scores for a whole tile come out of plain axpys
+/// (see [`row_times_tile`]) instead of one horizontal dot-product reduction per key.
+fn gather_t(dst: &mut [f32], src: &[f32], stride: usize, start: usize, w: usize, n: usize) {
+    for jj in 0..n {
+        let row = &src[start + jj * stride..][..w];
+        for (c, &x) in row.iter().enumerate() {
+            dst[c * BC + jj] = x;
+        }
+    }
+}
+
+/// out[jj] = alpha · Σ_c x[c] · tile[c·BC + off + jj], for the tile columns off..off+out.len().
+#[inline]
+fn row_times_tile(out: &mut [f32], x: &[f32], tile: &[f32], off: usize, alpha: f32) {
+    out.fill(0.0);
+    let n = out.len();
+    for (c, &xc) in x.iter().enumerate() {
+        axpy(out, alpha * xc, &tile[c * BC + off..][..n]);
+    }
+}
+
+/// For query row i (q_i, dout_i, lse_i, D_i) against the keys at columns off.. of the
+/// transposed k and v tiles: p_j = exp(scale·q_i·k_j − lse_i), ds_j = p_j (dout_i·v_j − D_i).
 #[allow(clippy::too_many_arguments, reason = "internal helper of the two backward passes")]
 #[inline]
 fn scores_and_ds(
@@ -328,22 +358,15 @@ fn scores_and_ds(
     ds: &mut [f32],
     qi: &[f32],
     doi: &[f32],
-    k: &[f32],
-    v: &[f32],
-    s: &Strides,
-    a: &Attn,
-    b: usize,
-    g: usize,
-    lo: usize,
+    kt: &[f32],
+    vt: &[f32],
+    off: usize,
+    scale: f32,
     lse_i: f32,
     delta_i: f32,
 ) {
-    let (d, dvd, t) = (a.d, a.dv, a.t);
-    for (jj, (x, y)) in p.iter_mut().zip(ds.iter_mut()).enumerate() {
-        let j = b * t + lo + jj;
-        *x = dot(qi, &k[j * s.k + g * d..][..d]) * a.scale;
-        *y = dot(doi, &v[j * s.v + g * dvd..][..dvd]);
-    }
+    row_times_tile(p, qi, kt, off, scale);
+    row_times_tile(ds, doi, vt, off, 1.0);
     for (x, y) in p.iter_mut().zip(ds.iter_mut()) {
         *x = exp_f32(*x - lse_i);
         *y = *x * (*y - delta_i);

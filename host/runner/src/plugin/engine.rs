@@ -88,7 +88,10 @@ pub fn compile(bytes: &[u8], sha: &str) -> Result<(Component, CacheOutcome), Str
     }
     let compiled = engine.precompile_component(bytes).map_err(|e| format!("{e:#}"))?;
     if std::fs::create_dir_all(&dir).is_ok() {
-        let tmp = dir.join(format!(".{sha}.{}.tmp", std::process::id()));
+        // Unique per process and call: tests compile the same plugin on several threads.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{sha}.{}.{seq}.tmp", std::process::id()));
         if std::fs::write(&tmp, &compiled).is_ok() {
             let _ = std::fs::rename(&tmp, &path);
         }

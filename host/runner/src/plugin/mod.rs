@@ -143,13 +143,17 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
              rebuild the plugin with runner-plugin-sdk {CONTRACT_VERSION}, or use a runner that speaks {version}"
         )));
     }
-    for (import, _) in ty.imports(engine) {
-        if !ALLOWED_IMPORTS.iter().any(|a| import.starts_with(a)) {
-            return Err(err(format!(
-                "it imports `{import}`, which the sandbox does not grant (plugins get no files, sockets, \
-                 clocks or environment); remove the code that needs it"
-            )));
-        }
+    let refused: Vec<String> = ty
+        .imports(engine)
+        .map(|(import, _)| import.to_string())
+        .filter(|import| !ALLOWED_IMPORTS.iter().any(|a| import.starts_with(a)))
+        .collect();
+    if !refused.is_empty() {
+        return Err(err(format!(
+            "it imports {}, which the sandbox does not grant (plugins get no files, sockets, clocks or \
+             environment); remove the code that needs them",
+            refused.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+        )));
     }
     Ok((kind, version))
 }

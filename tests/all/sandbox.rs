@@ -1,0 +1,128 @@
+//! A plugin that traps, loops, exhausts memory or returns nonsense is stopped and named;
+//! the host never panics or hangs, and the plugin's next call gets a fresh instance.
+
+use std::time::{Duration, Instant};
+
+use runner::plugin::cost::{PurchaseOption, QuoteRequest};
+use runner::plugin::workload::GraphRequest;
+use runner::plugin::{self, Failure, Limits};
+
+use crate::util::program;
+
+fn request(instance: &str) -> QuoteRequest {
+    QuoteRequest {
+        instance: instance.into(),
+        nodes: 2,
+        hours: 3.0,
+        region: "test-1".into(),
+        option: PurchaseOption::OnDemand,
+        storage_gb_months: 0.0,
+        egress_gb: 0.0,
+    }
+}
+
+fn misbehaving(limits: Limits) -> runner::plugin::cost::CostModel {
+    plugin::load(&program("misbehave_cost.wasm")).unwrap().cost(limits).unwrap()
+}
+
+#[test]
+fn trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
+    let mut cost = misbehaving(Limits::default());
+    let err = cost.quote(&request("trap")).unwrap_err();
+    assert_eq!(err.call, "quote");
+    assert_eq!(err.plugin, "misbehave_cost.wasm");
+    let Failure::Trap { stderr, .. } = &err.failure else { panic!("expected a trap, got {err}") };
+    assert!(stderr.contains("guest panicked on purpose"), "{err}");
+    assert!(err.to_string().contains("trapped in `quote`"), "{err}");
+    // A fresh instance serves the next call.
+    let q = cost.quote(&request("good")).unwrap();
+    assert_eq!(q.total_usd, 2.0 * 3.0 * 10.0);
+}
+
+#[test]
+fn infinite_loop_is_stopped_at_the_deadline() {
+    let mut cost = misbehaving(Limits { call_timeout_ms: 200, ..Limits::default() });
+    let start = Instant::now();
+    let err = cost.quote(&request("spin")).unwrap_err();
+    assert_eq!(err.failure, Failure::Timeout { limit_ms: 200 }, "{err}");
+    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+    assert!(err.to_string().contains("call_timeout_ms"), "the message names the knob: {err}");
+    assert!(cost.quote(&request("good")).is_ok());
+}
+
+#[test]
+fn runaway_allocation_hits_the_memory_cap() {
+    let mut cost = misbehaving(Limits { memory_mib: 64, ..Limits::default() });
+    let err = cost.quote(&request("hog")).unwrap_err();
+    assert_eq!(err.failure, Failure::OutOfMemory { limit_mib: 64 }, "{err}");
+    assert!(err.to_string().contains("memory_mib"), "{err}");
+    assert!(cost.quote(&request("good")).is_ok());
+}
+
+#[test]
+fn nonsense_values_are_rejected_by_name() {
+    let mut cost = misbehaving(Limits::default());
+    let err = cost.quote(&request("nan")).unwrap_err();
+    assert!(matches!(err.failure, Failure::Invalid(_)), "{err}");
+    assert!(err.to_string().contains("total"), "{err}");
+    let err = cost.quote(&request("wrong-total")).unwrap_err();
+    assert!(err.to_string().contains("not the sum of the lines"), "{err}");
+}
+
+#[test]
+fn plugin_errors_are_passed_on_as_refusals() {
+    let mut cost = misbehaving(Limits::default());
+    let err = cost.quote(&request("no-such-instance")).unwrap_err();
+    assert!(matches!(err.failure, Failure::Refused(_)), "{err}");
+    assert!(err.to_string().contains("no-such-instance"), "{err}");
+}
+
+#[test]
+fn inconsistent_graphs_are_rejected_with_the_rule() {
+    let mut w = plugin::load(&program("misbehave_workload.wasm")).unwrap().workload(Limits::default()).unwrap();
+    let info = w.describe().unwrap();
+    assert_eq!(info.variants.len(), 4);
+    for (variant, expect) in [
+        ("bad-shape", "lm_head"),
+        ("unknown-tensor", "nowhere"),
+        ("duplicate", "twice"),
+        ("nan-attr", "not finite"),
+    ] {
+        let req = GraphRequest { variant: variant.into(), seq_len: 4, micro_batch: 1, layers: 0 };
+        let err = w.graph(&req).unwrap_err();
+        assert!(matches!(err.failure, Failure::Invalid(_)), "{variant}: {err}");
+        assert!(err.to_string().contains(expect), "{variant}: {err}");
+    }
+}
+
+#[test]
+fn offering_rules_catch_bad_price_lists() {
+    use runner::plugin::cost::{Offering, Price, validate_offerings};
+    let good = Offering {
+        instance: "a".into(),
+        gpu: "H100".into(),
+        gpus_per_node: 8,
+        scale_up_domain: 8,
+        interconnect_gbps: 0.0,
+        prices: vec![
+            Price { region: "r".into(), option: PurchaseOption::OnDemand, usd_per_node_hour: 10.0 },
+            Price { region: "r".into(), option: PurchaseOption::Spot, usd_per_node_hour: 4.0 },
+        ],
+        billing_increment_s: 1,
+        minimum_charge_s: 60,
+        effective_date: String::new(),
+        source: String::new(),
+    };
+    assert!(validate_offerings(std::slice::from_ref(&good)).is_ok());
+    let err = validate_offerings(&[good.clone(), good.clone()]).unwrap_err();
+    assert!(err.contains("listed twice"), "{err}");
+    let mut pricey_spot = good.clone();
+    pricey_spot.prices[1].usd_per_node_hour = 11.0;
+    assert!(validate_offerings(&[pricey_spot]).unwrap_err().contains("spot"));
+    let mut nan = good.clone();
+    nan.prices[0].usd_per_node_hour = f64::NAN;
+    assert!(validate_offerings(&[nan]).unwrap_err().contains("finite"));
+    let mut zero_gpus = good;
+    zero_gpus.gpus_per_node = 0;
+    assert!(validate_offerings(&[zero_gpus]).unwrap_err().contains("gpus-per-node"));
+}

@@ -1,0 +1,23 @@
+//! Test program: a cost plugin built from a copy of the contracts whose package version
+//! is 0.2.0 (see `wit/` beside this crate). A 0.1.0 host must refuse it at load and name
+//! both versions.
+
+wit_bindgen::generate!({ world: "cost-plugin", path: "wit" });
+
+use exports::runner::plugin::cost_model::*;
+
+struct Future;
+
+impl Guest for Future {
+    fn provider() -> ProviderInfo {
+        ProviderInfo { name: "future".into(), display_name: "From the future".into() }
+    }
+    fn offerings() -> Vec<Offering> {
+        Vec::new()
+    }
+    fn quote(_request: QuoteRequest) -> Result<ItemisedQuote, String> {
+        Err("nothing to quote".into())
+    }
+}
+
+export!(Future);
