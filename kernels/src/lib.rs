@@ -96,9 +96,9 @@ pub(crate) fn check_len(name: &str, got: usize, want: usize) -> Result<()> {
 
 /// Product of shape dimensions, as an error instead of an overflow panic.
 pub(crate) fn numel(dims: &[usize]) -> Result<usize> {
-    dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).ok_or_else(|| {
-        KernelError::ShapeMismatch(format!("shape {dims:?} overflows usize"))
-    })
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| KernelError::ShapeMismatch(format!("shape {dims:?} overflows usize")))
 }
 
 /// Number of rows of a (rows, c) buffer: checks `c > 0` and that `len` is a multiple of `c`.
@@ -106,8 +106,10 @@ pub(crate) fn rows_of(name: &str, len: usize, c: usize) -> Result<usize> {
     if c == 0 {
         return shape_err(format!("{name}: row width must be > 0"));
     }
-    if len % c != 0 {
-        return shape_err(format!("{name} has {len} elements, not a multiple of row width {c}"));
+    if !len.is_multiple_of(c) {
+        return shape_err(format!(
+            "{name} has {len} elements, not a multiple of row width {c}"
+        ));
     }
     Ok(len / c)
 }

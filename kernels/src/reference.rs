@@ -33,7 +33,10 @@ pub fn matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize, ta: bool, tb: 
 
 /// out (N,C) = weight[tokens[n]] for weight (V,C).
 pub fn embedding(tokens: &[u32], weight: &[f64], c: usize) -> Vec<f64> {
-    tokens.iter().flat_map(|&t| weight[t as usize * c..(t as usize + 1) * c].to_vec()).collect()
+    tokens
+        .iter()
+        .flat_map(|&t| weight[t as usize * c..(t as usize + 1) * c].to_vec())
+        .collect()
 }
 
 /// RMSNorm over rows of width C: out = x / sqrt(mean(x²) + eps) * w.
@@ -77,7 +80,11 @@ pub fn rope(x: &[f64], r: &Rope) -> Vec<f64> {
                     let fi = i % half;
                     let inv_freq = (r.theta as f64).powf(-(2.0 * fi as f64) / r.rot_dim as f64);
                     let (s, c) = (pos * inv_freq).sin_cos();
-                    let rot = if i < half { -x[base + i + half] } else { x[base + i - half] };
+                    let rot = if i < half {
+                        -x[base + i + half]
+                    } else {
+                        x[base + i - half]
+                    };
                     out[base + i] = x[base + i] * c + rot * s;
                 }
             }
@@ -88,7 +95,11 @@ pub fn rope(x: &[f64], r: &Rope) -> Vec<f64> {
 
 /// Whether key j is visible to query i (the mask `attention_forward` documents).
 pub fn visible(a: &Attn, i: usize, j: usize) -> bool {
-    let upper = if a.causal { j <= i } else { a.window.is_none_or(|w| j < i + w) };
+    let upper = if a.causal {
+        j <= i
+    } else {
+        a.window.is_none_or(|w| j < i + w)
+    };
     let lower = a.window.is_none_or(|w| j + w > i);
     upper && lower
 }
@@ -112,7 +123,11 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], a: &Attn) -> (Vec<f64>, Vec<f6
                         })
                     })
                     .collect();
-                let m = s.iter().flatten().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let m = s
+                    .iter()
+                    .flatten()
+                    .cloned()
+                    .fold(f64::NEG_INFINITY, f64::max);
                 let z: f64 = s.iter().flatten().map(|x| (x - m).exp()).sum();
                 lse[(b * a.h + h) * a.t + i] = m + z.ln();
                 let o = &mut out[((b * a.t + i) * a.h + h) * a.dv..][..a.dv];
@@ -133,13 +148,18 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], a: &Attn) -> (Vec<f64>, Vec<f6
 
 /// silu(gate) * up.
 pub fn swiglu(gate: &[f64], up: &[f64]) -> Vec<f64> {
-    gate.iter().zip(up).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()
+    gate.iter()
+        .zip(up)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
 }
 
 /// GELU, tanh approximation.
 pub fn gelu(x: &[f64]) -> Vec<f64> {
     let k = (2.0 / std::f64::consts::PI).sqrt();
-    x.iter().map(|x| 0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh())).collect()
+    x.iter()
+        .map(|x| 0.5 * x * (1.0 + (k * (x + 0.044715 * x * x * x)).tanh()))
+        .collect()
 }
 
 /// relu(x)².
@@ -165,7 +185,11 @@ pub fn cross_entropy(logits: &[f64], targets: &[u32], v: usize) -> (Vec<f64>, Ve
             count += 1;
         }
     }
-    let mean = if count == 0 { 0.0 } else { total / count as f64 };
+    let mean = if count == 0 {
+        0.0
+    } else {
+        total / count as f64
+    };
     (losses, lses, mean)
 }
 
@@ -226,7 +250,11 @@ pub fn moe_naive(
             let e = indices[t * k + j] as usize;
             for o in 0..n_out {
                 let we = &w[(e * n_out + o) * k_in..][..k_in];
-                let y: f64 = x[t * k_in..][..k_in].iter().zip(we).map(|(a, b)| a * b).sum();
+                let y: f64 = x[t * k_in..][..k_in]
+                    .iter()
+                    .zip(we)
+                    .map(|(a, b)| a * b)
+                    .sum();
                 out[t * n_out + o] += weights[t * k + j] * y;
             }
         }
@@ -279,7 +307,11 @@ pub fn fp8_encode(x: f64, f: Fp8Format, saturate: bool) -> u8 {
             best = (code, v);
         }
     }
-    if best.0 == virt.0 { overflow } else { sign | best.0 }
+    if best.0 == virt.0 {
+        overflow
+    } else {
+        sign | best.0
+    }
 }
 
 /// Test helpers: seeded random data, tolerant comparison, finite differences.
@@ -318,7 +350,11 @@ pub mod check {
 
     /// Up to `count` distinct random indices below `n` (all of them if n <= count).
     pub fn some(rng: &mut Rng, n: usize, count: usize) -> Vec<usize> {
-        if n <= count { all(n) } else { sample(rng, n, count).into_vec() }
+        if n <= count {
+            all(n)
+        } else {
+            sample(rng, n, count).into_vec()
+        }
     }
 
     /// `g[idx]`.
@@ -351,7 +387,11 @@ pub mod check {
         let mut worst: Option<(usize, f64)> = None;
         for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
             let err = (g as f64 - w).abs();
-            let excess = if err.is_nan() { f64::INFINITY } else { err / (atol + rtol * w.abs()) };
+            let excess = if err.is_nan() {
+                f64::INFINITY
+            } else {
+                err / (atol + rtol * w.abs())
+            };
             if excess > 1.0 && worst.is_none_or(|(_, e)| excess > e) {
                 worst = Some((i, excess));
             }

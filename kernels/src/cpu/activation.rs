@@ -41,12 +41,14 @@ fn tanh_f32(u: f32) -> f32 {
 /// `ShapeMismatch` unless all slices have one length.
 pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
     same("swiglu", &[out.len(), gate.len(), up.len()])?;
-    out.par_chunks_mut(ELEM_GRAIN).enumerate().for_each(|(c, o)| {
-        let s = c * ELEM_GRAIN;
-        for ((o, &g), &u) in o.iter_mut().zip(&gate[s..]).zip(&up[s..]) {
-            *o = g * sigmoid(g) * u;
-        }
-    });
+    out.par_chunks_mut(ELEM_GRAIN)
+        .enumerate()
+        .for_each(|(c, o)| {
+            let s = c * ELEM_GRAIN;
+            for ((o, &g), &u) in o.iter_mut().zip(&gate[s..]).zip(&up[s..]) {
+                *o = g * sigmoid(g) * u;
+            }
+        });
     Ok(())
 }
 
@@ -54,16 +56,35 @@ pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
 ///
 /// # Errors
 /// `ShapeMismatch` unless all slices have one length.
-pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &[f32], up: &[f32]) -> Result<()> {
-    same("swiglu backward", &[dgate.len(), dup.len(), dout.len(), gate.len(), up.len()])?;
-    dgate.par_chunks_mut(ELEM_GRAIN).zip(dup.par_chunks_mut(ELEM_GRAIN)).enumerate().for_each(|(c, (dg, du))| {
-        let s = c * ELEM_GRAIN;
-        for ((((dg, du), &d), &g), &u) in dg.iter_mut().zip(du.iter_mut()).zip(&dout[s..]).zip(&gate[s..]).zip(&up[s..]) {
-            let sg = sigmoid(g);
-            *dg = d * u * sg * (1.0 + g * (1.0 - sg));
-            *du = d * g * sg;
-        }
-    });
+pub fn swiglu_backward(
+    dgate: &mut [f32],
+    dup: &mut [f32],
+    dout: &[f32],
+    gate: &[f32],
+    up: &[f32],
+) -> Result<()> {
+    same(
+        "swiglu backward",
+        &[dgate.len(), dup.len(), dout.len(), gate.len(), up.len()],
+    )?;
+    dgate
+        .par_chunks_mut(ELEM_GRAIN)
+        .zip(dup.par_chunks_mut(ELEM_GRAIN))
+        .enumerate()
+        .for_each(|(c, (dg, du))| {
+            let s = c * ELEM_GRAIN;
+            for ((((dg, du), &d), &g), &u) in dg
+                .iter_mut()
+                .zip(du.iter_mut())
+                .zip(&dout[s..])
+                .zip(&gate[s..])
+                .zip(&up[s..])
+            {
+                let sg = sigmoid(g);
+                *dg = d * u * sg * (1.0 + g * (1.0 - sg));
+                *du = d * g * sg;
+            }
+        });
     Ok(())
 }
 
@@ -73,11 +94,13 @@ pub fn swiglu_backward(dgate: &mut [f32], dup: &mut [f32], dout: &[f32], gate: &
 /// `ShapeMismatch` unless the slices have one length.
 pub fn gelu_forward(out: &mut [f32], x: &[f32]) -> Result<()> {
     same("gelu", &[out.len(), x.len()])?;
-    out.par_chunks_mut(ELEM_GRAIN).zip(x.par_chunks(ELEM_GRAIN)).for_each(|(o, x)| {
-        for (o, &x) in o.iter_mut().zip(x) {
-            *o = 0.5 * x * (1.0 + tanh_f32(GELU_K * (x + GELU_C * x * x * x)));
-        }
-    });
+    out.par_chunks_mut(ELEM_GRAIN)
+        .zip(x.par_chunks(ELEM_GRAIN))
+        .for_each(|(o, x)| {
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = 0.5 * x * (1.0 + tanh_f32(GELU_K * (x + GELU_C * x * x * x)));
+            }
+        });
     Ok(())
 }
 
@@ -87,15 +110,18 @@ pub fn gelu_forward(out: &mut [f32], x: &[f32]) -> Result<()> {
 /// `ShapeMismatch` unless the slices have one length.
 pub fn gelu_backward(dx: &mut [f32], dout: &[f32], x: &[f32]) -> Result<()> {
     same("gelu backward", &[dx.len(), dout.len(), x.len()])?;
-    dx.par_chunks_mut(ELEM_GRAIN).enumerate().for_each(|(c, dxc)| {
-        let s = c * ELEM_GRAIN;
-        for ((dx, &d), &x) in dxc.iter_mut().zip(&dout[s..]).zip(&x[s..]) {
-            let th = tanh_f32(GELU_K * (x + GELU_C * x * x * x));
-            let sech2 = 1.0 - th * th;
-            let local = 0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x);
-            *dx = d * local;
-        }
-    });
+    dx.par_chunks_mut(ELEM_GRAIN)
+        .enumerate()
+        .for_each(|(c, dxc)| {
+            let s = c * ELEM_GRAIN;
+            for ((dx, &d), &x) in dxc.iter_mut().zip(&dout[s..]).zip(&x[s..]) {
+                let th = tanh_f32(GELU_K * (x + GELU_C * x * x * x));
+                let sech2 = 1.0 - th * th;
+                let local =
+                    0.5 * (1.0 + th) + 0.5 * x * sech2 * GELU_K * (1.0 + 3.0 * GELU_C * x * x);
+                *dx = d * local;
+            }
+        });
     Ok(())
 }
 
@@ -105,12 +131,14 @@ pub fn gelu_backward(dx: &mut [f32], dout: &[f32], x: &[f32]) -> Result<()> {
 /// `ShapeMismatch` unless the slices have one length.
 pub fn squared_relu_forward(out: &mut [f32], x: &[f32]) -> Result<()> {
     same("squared_relu", &[out.len(), x.len()])?;
-    out.par_chunks_mut(ELEM_GRAIN).zip(x.par_chunks(ELEM_GRAIN)).for_each(|(o, x)| {
-        for (o, &x) in o.iter_mut().zip(x) {
-            let r = if x > 0.0 { x } else { 0.0 };
-            *o = r * r;
-        }
-    });
+    out.par_chunks_mut(ELEM_GRAIN)
+        .zip(x.par_chunks(ELEM_GRAIN))
+        .for_each(|(o, x)| {
+            for (o, &x) in o.iter_mut().zip(x) {
+                let r = if x > 0.0 { x } else { 0.0 };
+                *o = r * r;
+            }
+        });
     Ok(())
 }
 
@@ -120,13 +148,15 @@ pub fn squared_relu_forward(out: &mut [f32], x: &[f32]) -> Result<()> {
 /// `ShapeMismatch` unless the slices have one length.
 pub fn squared_relu_backward(dx: &mut [f32], dout: &[f32], x: &[f32]) -> Result<()> {
     same("squared_relu backward", &[dx.len(), dout.len(), x.len()])?;
-    dx.par_chunks_mut(ELEM_GRAIN).enumerate().for_each(|(c, dxc)| {
-        let s = c * ELEM_GRAIN;
-        for ((dx, &d), &x) in dxc.iter_mut().zip(&dout[s..]).zip(&x[s..]) {
-            let r = if x > 0.0 { x } else { 0.0 };
-            *dx = 2.0 * r * d;
-        }
-    });
+    dx.par_chunks_mut(ELEM_GRAIN)
+        .enumerate()
+        .for_each(|(c, dxc)| {
+            let s = c * ELEM_GRAIN;
+            for ((dx, &d), &x) in dxc.iter_mut().zip(&dout[s..]).zip(&x[s..]) {
+                let r = if x > 0.0 { x } else { 0.0 };
+                *dx = 2.0 * r * d;
+            }
+        });
     Ok(())
 }
 
@@ -136,12 +166,14 @@ pub fn squared_relu_backward(dx: &mut [f32], dout: &[f32], x: &[f32]) -> Result<
 /// `ShapeMismatch` unless the slices have one length.
 pub fn add_forward(out: &mut [f32], a: &[f32], b: &[f32]) -> Result<()> {
     same("add", &[out.len(), a.len(), b.len()])?;
-    out.par_chunks_mut(ELEM_GRAIN).enumerate().for_each(|(c, o)| {
-        let s = c * ELEM_GRAIN;
-        for ((o, &x), &y) in o.iter_mut().zip(&a[s..]).zip(&b[s..]) {
-            *o = x + y;
-        }
-    });
+    out.par_chunks_mut(ELEM_GRAIN)
+        .enumerate()
+        .for_each(|(c, o)| {
+            let s = c * ELEM_GRAIN;
+            for ((o, &x), &y) in o.iter_mut().zip(&a[s..]).zip(&b[s..]) {
+                *o = x + y;
+            }
+        });
     Ok(())
 }
 

@@ -37,7 +37,14 @@ pub struct AdamW {
 ///
 /// # Errors
 /// `ShapeMismatch` if the four slices differ in length or `step == 0`.
-pub fn adamw_step(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], h: &AdamW, step: u32) -> Result<()> {
+pub fn adamw_step(
+    param: &mut [f32],
+    grad: &[f32],
+    m: &mut [f32],
+    v: &mut [f32],
+    h: &AdamW,
+    step: u32,
+) -> Result<()> {
     check_len("adamw grad", grad.len(), param.len())?;
     check_len("adamw m", m.len(), param.len())?;
     check_len("adamw v", v.len(), param.len())?;
@@ -77,7 +84,13 @@ mod tests {
     /// Two steps on three elements, worked by hand in f64 from the formulas above.
     #[test]
     fn adamw_matches_hand_computed_two_step_trace() {
-        let h = AdamW { lr: 0.1, beta1: 0.9, beta2: 0.99, eps: 1e-8, weight_decay: 0.01 };
+        let h = AdamW {
+            lr: 0.1,
+            beta1: 0.9,
+            beta2: 0.99,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        };
         let mut p = vec![1.0f32, -2.0, 0.5];
         let (mut m, mut v) = (vec![0.0f32; 3], vec![0.0f32; 3]);
         let g1 = [0.5f32, -1.0, 0.0];
@@ -87,7 +100,12 @@ mod tests {
         let p1 = [1.0 * 0.999 - 0.1, -2.0 * 0.999 + 0.1, 0.5 * 0.999];
         adamw_step(&mut p, &g1, &mut m, &mut v, &h, 1).unwrap();
         for i in 0..3 {
-            assert!((p[i] as f64 - p1[i]).abs() < 1e-6, "step 1 elem {i}: {} vs {}", p[i], p1[i]);
+            assert!(
+                (p[i] as f64 - p1[i]).abs() < 1e-6,
+                "step 1 elem {i}: {} vs {}",
+                p[i],
+                p1[i]
+            );
         }
         for (mi, want) in m.iter().zip([0.05, -0.1, 0.0]) {
             assert!((mi - want).abs() < 1e-7); // 1 − β1 rounds to f32
@@ -108,14 +126,25 @@ mod tests {
         //         p = 0.899·0.999 − 0.526316·0.07/0.394689 = 0.898101 − 0.093345 = 0.804756
         assert!((want[0] - 0.804756).abs() < 1e-5, "hand value {}", want[0]);
         for i in 0..3 {
-            assert!((p[i] as f64 - want[i]).abs() < 2e-6, "step 2 elem {i}: {} vs {}", p[i], want[i]);
+            assert!(
+                (p[i] as f64 - want[i]).abs() < 2e-6,
+                "step 2 elem {i}: {} vs {}",
+                p[i],
+                want[i]
+            );
         }
     }
 
     #[test]
     fn adamw_large_tensor_and_errors() {
         // more than one rayon chunk; zero gradient with wd only decays
-        let h = AdamW { lr: 1e-3, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+        let h = AdamW {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
         let n = 100_003;
         let mut p = vec![2.0f32; n];
         let (mut m, mut v) = (vec![0.0; n], vec![0.0; n]);

@@ -59,14 +59,22 @@ impl Attn {
     #[inline]
     fn keys(&self, i: usize) -> (usize, usize) {
         let lo = self.window.map_or(0, |w| (i + 1).saturating_sub(w));
-        let hi = if self.causal { i + 1 } else { self.window.map_or(self.t, |w| (i + w).min(self.t)) };
+        let hi = if self.causal {
+            i + 1
+        } else {
+            self.window.map_or(self.t, |w| (i + w).min(self.t))
+        };
         (lo, hi)
     }
 
     /// Queries that see key j: [lo, hi).
     #[inline]
     fn queries(&self, j: usize) -> (usize, usize) {
-        let lo = if self.causal { j } else { self.window.map_or(0, |w| (j + 1).saturating_sub(w)) };
+        let lo = if self.causal {
+            j
+        } else {
+            self.window.map_or(0, |w| (j + 1).saturating_sub(w))
+        };
         let hi = self.window.map_or(self.t, |w| (j + w).min(self.t));
         (lo, hi)
     }
@@ -77,7 +85,7 @@ impl Attn {
 }
 
 fn check_shape(a: &Attn) -> Result<()> {
-    if a.hkv == 0 || a.h % a.hkv != 0 {
+    if a.hkv == 0 || !a.h.is_multiple_of(a.hkv) {
         return shape_err(format!("attention: hkv {} must divide h {}", a.hkv, a.h));
     }
     if a.d == 0 || a.dv == 0 {
@@ -107,14 +115,23 @@ fn check_io(a: &Attn, q: usize, k: usize, v: usize, o: usize, lse: usize) -> Res
     check_len("attention v", v, numel(&[a.b, a.t, a.hkv, a.dv])?)?;
     check_len("attention out", o, numel(&[a.b, a.t, a.h, a.dv])?)?;
     check_len("attention lse", lse, numel(&[a.b, a.h, a.t])?)?;
-    Ok(Strides { q: a.h * a.d, k: a.hkv * a.d, v: a.hkv * a.dv, o: a.h * a.dv })
+    Ok(Strides {
+        q: a.h * a.d,
+        k: a.hkv * a.d,
+        v: a.hkv * a.dv,
+        o: a.h * a.dv,
+    })
 }
 
 /// Splits a (B,T,row) buffer into (b, tile index, chunk of up to `tile` rows) tasks.
-fn tiles<'a>(buf: &'a mut [f32], t: usize, row: usize, tile: usize) -> Vec<(usize, usize, &'a mut [f32])> {
+fn tiles(buf: &mut [f32], t: usize, row: usize, tile: usize) -> Vec<(usize, usize, &mut [f32])> {
     buf.chunks_mut(t * row)
         .enumerate()
-        .flat_map(|(b, bb)| bb.chunks_mut(tile * row).enumerate().map(move |(ti, c)| (b, ti, c)))
+        .flat_map(|(b, bb)| {
+            bb.chunks_mut(tile * row)
+                .enumerate()
+                .map(move |(ti, c)| (b, ti, c))
+        })
         .collect()
 }
 
@@ -124,7 +141,14 @@ fn tiles<'a>(buf: &'a mut [f32], t: usize, row: usize, tile: usize) -> Vec<(usiz
 ///
 /// # Errors
 /// `ShapeMismatch` for wrong lengths, `hkv` not dividing `h`, `d`/`dv` of 0 or a window of 0.
-pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32], v: &[f32], a: Attn) -> Result<()> {
+pub fn attention_forward(
+    out: &mut [f32],
+    lse: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    a: Attn,
+) -> Result<()> {
     let s = check_io(&a, q.len(), k.len(), v.len(), out.len(), lse.len())?;
     if out.is_empty() {
         return Ok(());
@@ -168,7 +192,11 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
                         let m_new = m[r].max(max(sr));
                         let accr = &mut acc[r * dv..(r + 1) * dv];
                         if m[r] != m_new {
-                            let corr = if m[r] == f32::NEG_INFINITY { 0.0 } else { (m[r] - m_new).exp() };
+                            let corr = if m[r] == f32::NEG_INFINITY {
+                                0.0
+                            } else {
+                                (m[r] - m_new).exp()
+                            };
                             l[r] *= corr;
                             accr.iter_mut().for_each(|x| *x *= corr);
                             m[r] = m_new;
@@ -212,7 +240,10 @@ pub fn attention_forward(out: &mut [f32], lse: &mut [f32], q: &[f32], k: &[f32],
 ///
 /// # Errors
 /// As [`attention_forward`], plus lengths of the gradient buffers.
-#[allow(clippy::too_many_arguments, reason = "signature fixed by the executor's API")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "signature fixed by the executor's API"
+)]
 pub fn attention_backward(
     dq: &mut [f32],
     dk: &mut [f32],
@@ -247,82 +278,113 @@ pub fn attention_backward(
     // Pass 1: dk, dv, one task per (batch, key tile), all kv heads.
     let dk_tiles = tiles(dk, t, s.k, BC);
     let dv_tiles = tiles(dv, t, s.v, BC);
-    dk_tiles.into_par_iter().zip(dv_tiles).for_each(|((b, ti, dkt), (_, _, dvt))| {
-        dkt.fill(0.0);
-        dvt.fill(0.0);
-        let j0 = ti * BC;
-        let cols = dkt.len() / s.k;
-        let j1 = j0 + cols;
-        let mut p = vec![0f32; BC];
-        let mut ds = vec![0f32; BC];
-        let mut kt = vec![0f32; d * BC];
-        let mut vt = vec![0f32; dvd * BC];
-        let (qlo, _) = a.queries(j0);
-        let (_, qhi) = a.queries(j1 - 1);
-        for g in 0..a.hkv {
-            gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, cols);
-            gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, cols);
-            for h in g * group..(g + 1) * group {
-                for i in qlo..qhi {
-                    let (lo, hi) = a.keys(i);
-                    let (lo, hi) = (lo.max(j0), hi.min(j1));
-                    if lo >= hi {
-                        continue;
-                    }
-                    let n = hi - lo;
-                    let qi = &q[(b * t + i) * s.q + h * d..][..d];
-                    let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
-                    let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
-                    scores_and_ds(&mut p[..n], &mut ds[..n], qi, doi, &kt, &vt, lo - j0, a.scale, li, di);
-                    for jj in 0..n {
-                        let jl = lo + jj - j0;
-                        axpy(&mut dvt[jl * s.v + g * dvd..][..dvd], p[jj], doi);
-                        axpy(&mut dkt[jl * s.k + g * d..][..d], ds[jj] * a.scale, qi);
+    dk_tiles
+        .into_par_iter()
+        .zip(dv_tiles)
+        .for_each(|((b, ti, dkt), (_, _, dvt))| {
+            dkt.fill(0.0);
+            dvt.fill(0.0);
+            let j0 = ti * BC;
+            let cols = dkt.len() / s.k;
+            let j1 = j0 + cols;
+            let mut p = vec![0f32; BC];
+            let mut ds = vec![0f32; BC];
+            let mut kt = vec![0f32; d * BC];
+            let mut vt = vec![0f32; dvd * BC];
+            let (qlo, _) = a.queries(j0);
+            let (_, qhi) = a.queries(j1 - 1);
+            for g in 0..a.hkv {
+                gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, cols);
+                gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, cols);
+                for h in g * group..(g + 1) * group {
+                    for i in qlo..qhi {
+                        let (lo, hi) = a.keys(i);
+                        let (lo, hi) = (lo.max(j0), hi.min(j1));
+                        if lo >= hi {
+                            continue;
+                        }
+                        let n = hi - lo;
+                        let qi = &q[(b * t + i) * s.q + h * d..][..d];
+                        let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
+                        let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
+                        scores_and_ds(
+                            &mut p[..n],
+                            &mut ds[..n],
+                            qi,
+                            doi,
+                            &kt,
+                            &vt,
+                            lo - j0,
+                            a.scale,
+                            li,
+                            di,
+                        );
+                        for jj in 0..n {
+                            let jl = lo + jj - j0;
+                            axpy(&mut dvt[jl * s.v + g * dvd..][..dvd], p[jj], doi);
+                            axpy(&mut dkt[jl * s.k + g * d..][..d], ds[jj] * a.scale, qi);
+                        }
                     }
                 }
             }
-        }
-    });
+        });
 
     // Pass 2: dq, one task per (batch, query tile), all heads.
-    tiles(dq, t, s.q, BR).into_par_iter().for_each(|(b, ti, dqt)| {
-        dqt.fill(0.0);
-        let t0 = ti * BR;
-        let rows = dqt.len() / s.q;
-        let mut p = vec![0f32; BC];
-        let mut ds = vec![0f32; BC];
-        let mut kt = vec![0f32; d * BC];
-        let mut vt = vec![0f32; dvd * BC];
-        let (klo, _) = a.keys(t0);
-        let (_, khi) = a.keys(t0 + rows - 1);
-        for h in 0..a.h {
-            let g = h / group;
-            let mut j0 = klo;
-            while j0 < khi {
-                let j1 = (j0 + BC).min(khi);
-                gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, j1 - j0);
-                gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, j1 - j0);
-                for r in 0..rows {
-                    let i = t0 + r;
-                    let (lo, hi) = a.keys(i);
-                    let (lo, hi) = (lo.max(j0), hi.min(j1));
-                    if lo >= hi {
-                        continue;
+    tiles(dq, t, s.q, BR)
+        .into_par_iter()
+        .for_each(|(b, ti, dqt)| {
+            dqt.fill(0.0);
+            let t0 = ti * BR;
+            let rows = dqt.len() / s.q;
+            let mut p = vec![0f32; BC];
+            let mut ds = vec![0f32; BC];
+            let mut kt = vec![0f32; d * BC];
+            let mut vt = vec![0f32; dvd * BC];
+            let (klo, _) = a.keys(t0);
+            let (_, khi) = a.keys(t0 + rows - 1);
+            for h in 0..a.h {
+                let g = h / group;
+                let mut j0 = klo;
+                while j0 < khi {
+                    let j1 = (j0 + BC).min(khi);
+                    gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, j1 - j0);
+                    gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, j1 - j0);
+                    for r in 0..rows {
+                        let i = t0 + r;
+                        let (lo, hi) = a.keys(i);
+                        let (lo, hi) = (lo.max(j0), hi.min(j1));
+                        if lo >= hi {
+                            continue;
+                        }
+                        let n = hi - lo;
+                        let qi = &q[(b * t + i) * s.q + h * d..][..d];
+                        let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
+                        let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
+                        scores_and_ds(
+                            &mut p[..n],
+                            &mut ds[..n],
+                            qi,
+                            doi,
+                            &kt,
+                            &vt,
+                            lo - j0,
+                            a.scale,
+                            li,
+                            di,
+                        );
+                        let dqi = &mut dqt[r * s.q + h * d..][..d];
+                        for jj in 0..n {
+                            axpy(
+                                dqi,
+                                ds[jj] * a.scale,
+                                &k[(b * t + lo + jj) * s.k + g * d..][..d],
+                            );
+                        }
                     }
-                    let n = hi - lo;
-                    let qi = &q[(b * t + i) * s.q + h * d..][..d];
-                    let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
-                    let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
-                    scores_and_ds(&mut p[..n], &mut ds[..n], qi, doi, &kt, &vt, lo - j0, a.scale, li, di);
-                    let dqi = &mut dqt[r * s.q + h * d..][..d];
-                    for jj in 0..n {
-                        axpy(dqi, ds[jj] * a.scale, &k[(b * t + lo + jj) * s.k + g * d..][..d]);
-                    }
+                    j0 = j1;
                 }
-                j0 = j1;
             }
-        }
-    });
+        });
     Ok(())
 }
 
@@ -351,7 +413,10 @@ fn row_times_tile(out: &mut [f32], x: &[f32], tile: &[f32], off: usize, alpha: f
 
 /// For query row i (q_i, dout_i, lse_i, D_i) against the keys at columns off.. of the
 /// transposed k and v tiles: p_j = exp(scale·q_i·k_j − lse_i), ds_j = p_j (dout_i·v_j − D_i).
-#[allow(clippy::too_many_arguments, reason = "internal helper of the two backward passes")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "internal helper of the two backward passes"
+)]
 #[inline]
 fn scores_and_ds(
     p: &mut [f32],
@@ -379,15 +444,41 @@ mod tests {
     use crate::reference::{self as r, check::*};
 
     #[allow(clippy::too_many_arguments)]
-    fn mk(b: usize, t: usize, h: usize, hkv: usize, d: usize, dv: usize, causal: bool, window: Option<usize>) -> Attn {
-        Attn { b, t, h, hkv, d, dv, causal, window, scale: 1.0 / (d as f32).sqrt() }
+    fn mk(
+        b: usize,
+        t: usize,
+        h: usize,
+        hkv: usize,
+        d: usize,
+        dv: usize,
+        causal: bool,
+        window: Option<usize>,
+    ) -> Attn {
+        Attn {
+            b,
+            t,
+            h,
+            hkv,
+            d,
+            dv,
+            causal,
+            window,
+            scale: 1.0 / (d as f32).sqrt(),
+        }
     }
 
     fn inputs(rng: &mut Rng, a: &Attn) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         // scale q up so softmax rows are peaked, not near-uniform (exercises the
         // running-max rescaling)
-        let q: Vec<f32> = randn(rng, a.b * a.t * a.h * a.d).iter().map(|x| 3.0 * x).collect();
-        (q, randn(rng, a.b * a.t * a.hkv * a.d), randn(rng, a.b * a.t * a.hkv * a.dv))
+        let q: Vec<f32> = randn(rng, a.b * a.t * a.h * a.d)
+            .iter()
+            .map(|x| 3.0 * x)
+            .collect();
+        (
+            q,
+            randn(rng, a.b * a.t * a.hkv * a.d),
+            randn(rng, a.b * a.t * a.hkv * a.dv),
+        )
     }
 
     fn forward_cases() -> Vec<Attn> {
@@ -435,7 +526,11 @@ mod tests {
             let mut lse = vec![0.0; a.b * a.h * a.t];
             attention_forward(&mut out, &mut lse, &q, &k, &v, a).unwrap();
             let rr = randn(&mut rng, out.len());
-            let (mut dq, mut dk, mut dv) = (vec![f32::NAN; q.len()], vec![f32::NAN; k.len()], vec![f32::NAN; v.len()]);
+            let (mut dq, mut dk, mut dv) = (
+                vec![f32::NAN; q.len()],
+                vec![f32::NAN; k.len()],
+                vec![f32::NAN; v.len()],
+            );
             attention_backward(&mut dq, &mut dk, &mut dv, &rr, &q, &k, &v, &out, &lse, a).unwrap();
             let (qf, kf, vf) = (f64s(&q), f64s(&k), f64s(&v));
             let iq = some(&mut rng, q.len(), 40);
@@ -446,10 +541,31 @@ mod tests {
             let fv = fd_grad(&vf, &iv, |p| loss(&r::attention(&qf, &kf, p, &a).0, &rr));
             // gradients sum O(T·H/Hkv) f32 terms of size ~1; D_i cancels against
             // dout·v: 1e-4 absolute + relative
-            assert_close(&format!("attention dq {a:?}"), &pick(&dq, &iq), &fq, 1e-4, 1e-4);
-            assert_close(&format!("attention dk {a:?}"), &pick(&dk, &ik), &fk, 1e-4, 1e-4);
-            assert_close(&format!("attention dv {a:?}"), &pick(&dv, &iv), &fv, 1e-4, 1e-4);
-            assert!(dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()), "unwritten gradient");
+            assert_close(
+                &format!("attention dq {a:?}"),
+                &pick(&dq, &iq),
+                &fq,
+                1e-4,
+                1e-4,
+            );
+            assert_close(
+                &format!("attention dk {a:?}"),
+                &pick(&dk, &ik),
+                &fk,
+                1e-4,
+                1e-4,
+            );
+            assert_close(
+                &format!("attention dv {a:?}"),
+                &pick(&dv, &iv),
+                &fv,
+                1e-4,
+                1e-4,
+            );
+            assert!(
+                dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()),
+                "unwritten gradient"
+            );
         }
     }
 
@@ -478,12 +594,28 @@ mod tests {
                     *oc += (sj - m).exp() / z * v[j * 16 + c] as f64;
                 }
             }
-            assert_close(&format!("long row {i}"), &out[i * 16..(i + 1) * 16], &o, 1e-5, 1e-5);
-            assert_close(&format!("long lse {i}"), &lse[i..i + 1], &[m + z.ln()], 1e-5, 1e-5);
+            assert_close(
+                &format!("long row {i}"),
+                &out[i * 16..(i + 1) * 16],
+                &o,
+                1e-5,
+                1e-5,
+            );
+            assert_close(
+                &format!("long lse {i}"),
+                &lse[i..i + 1],
+                &[m + z.ln()],
+                1e-5,
+                1e-5,
+            );
         }
         // the backward at the same size runs and writes every element
         let rr = randn(&mut rng, out.len());
-        let (mut dq, mut dk, mut dv) = (vec![f32::NAN; q.len()], vec![f32::NAN; k.len()], vec![f32::NAN; v.len()]);
+        let (mut dq, mut dk, mut dv) = (
+            vec![f32::NAN; q.len()],
+            vec![f32::NAN; k.len()],
+            vec![f32::NAN; v.len()],
+        );
         attention_backward(&mut dq, &mut dk, &mut dv, &rr, &q, &k, &v, &out, &lse, a).unwrap();
         assert!(dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()));
     }
@@ -496,8 +628,34 @@ mod tests {
         assert!(attention_forward(&mut o, &mut l, &q, &k, &v, a).is_ok());
         assert!(attention_forward(&mut o, &mut l, &q, &k, &v, Attn { hkv: 3, ..a }).is_err());
         assert!(attention_forward(&mut o, &mut l, &q, &k, &v, Attn { hkv: 0, ..a }).is_err());
-        assert!(attention_forward(&mut o, &mut l, &q, &k, &v, Attn { window: Some(0), ..a }).is_err());
-        assert!(attention_forward(&mut o, &mut l, &q, &k, &v, Attn { window: Some(usize::MAX), ..a }).is_err());
+        assert!(
+            attention_forward(
+                &mut o,
+                &mut l,
+                &q,
+                &k,
+                &v,
+                Attn {
+                    window: Some(0),
+                    ..a
+                }
+            )
+            .is_err()
+        );
+        assert!(
+            attention_forward(
+                &mut o,
+                &mut l,
+                &q,
+                &k,
+                &v,
+                Attn {
+                    window: Some(usize::MAX),
+                    ..a
+                }
+            )
+            .is_err()
+        );
         assert!(attention_forward(&mut o, &mut l[..15], &q, &k, &v, a).is_err());
         assert!(attention_forward(&mut o, &mut l, &q, &k[..15], &v, a).is_err());
         let (mut dq, mut dk, mut dv) = (vec![0.0; 32], vec![0.0; 16], vec![0.0; 15]);

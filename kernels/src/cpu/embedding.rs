@@ -29,12 +29,14 @@ pub fn embedding_forward(out: &mut [f32], tokens: &[u32], weight: &[f32], c: usi
     let vocab = rows_of("embedding weight", weight.len(), c)?;
     check_len("embedding out", out.len(), tokens.len().saturating_mul(c))?;
     check_tokens(tokens, vocab)?;
-    out.par_chunks_mut(c * rows_per_task(c)).enumerate().for_each(|(blk, o)| {
-        let t0 = blk * rows_per_task(c);
-        for (row, &t) in o.chunks_mut(c).zip(&tokens[t0..]) {
-            row.copy_from_slice(&weight[t as usize * c..(t as usize + 1) * c]);
-        }
-    });
+    out.par_chunks_mut(c * rows_per_task(c))
+        .enumerate()
+        .for_each(|(blk, o)| {
+            let t0 = blk * rows_per_task(c);
+            for (row, &t) in o.chunks_mut(c).zip(&tokens[t0..]) {
+                row.copy_from_slice(&weight[t as usize * c..(t as usize + 1) * c]);
+            }
+        });
     Ok(())
 }
 
@@ -42,7 +44,12 @@ pub fn embedding_forward(out: &mut [f32], tokens: &[u32], weight: &[f32], c: usi
 ///
 /// # Errors
 /// As [`embedding_forward`].
-pub fn embedding_backward(dweight: &mut [f32], dout: &[f32], tokens: &[u32], c: usize) -> Result<()> {
+pub fn embedding_backward(
+    dweight: &mut [f32],
+    dout: &[f32],
+    tokens: &[u32],
+    c: usize,
+) -> Result<()> {
     let vocab = rows_of("embedding dweight", dweight.len(), c)?;
     check_len("embedding dout", dout.len(), tokens.len().saturating_mul(c))?;
     check_tokens(tokens, vocab)?;
@@ -86,7 +93,13 @@ mod tests {
             let mut out = vec![f32::NAN; n * c];
             embedding_forward(&mut out, &tokens, &w, c).unwrap();
             // a copy: exact
-            assert_close("embedding", &out, &r::embedding(&tokens, &f64s(&w), c), 0.0, 0.0);
+            assert_close(
+                "embedding",
+                &out,
+                &r::embedding(&tokens, &f64s(&w), c),
+                0.0,
+                0.0,
+            );
         }
     }
 

@@ -63,7 +63,11 @@ pub fn cross_entropy_forward(
                 let m = max(x);
                 *z = m + sum_exp(x, m).ln();
                 let t = targets[row];
-                *l = if t == IGNORE_INDEX { 0.0 } else { *z - x[t as usize] };
+                *l = if t == IGNORE_INDEX {
+                    0.0
+                } else {
+                    *z - x[t as usize]
+                };
                 part += *l as f64;
             }
             part
@@ -71,7 +75,11 @@ pub fn cross_entropy_forward(
         .collect::<Vec<f64>>()
         .iter()
         .sum();
-    Ok(if valid == 0 { 0.0 } else { (total / valid as f64) as f32 })
+    Ok(if valid == 0 {
+        0.0
+    } else {
+        (total / valid as f64) as f32
+    })
 }
 
 /// dlogits (N,V) = dloss · (softmax(logits) − onehot(target)) / n_valid, overwritten;
@@ -92,7 +100,11 @@ pub fn cross_entropy_backward(
     check_len("cross_entropy targets", targets.len(), n)?;
     check_len("cross_entropy lse", lse.len(), n)?;
     let valid = check_targets(targets, v)?;
-    let scale = if valid == 0 { 0.0 } else { dloss / valid as f32 };
+    let scale = if valid == 0 {
+        0.0
+    } else {
+        dloss / valid as f32
+    };
     dlogits.par_chunks_mut(v).enumerate().for_each(|(row, d)| {
         let t = targets[row];
         if t == IGNORE_INDEX {
@@ -118,7 +130,13 @@ mod tests {
         // logits spread over ±8 so softmax is far from uniform
         let logits: Vec<f32> = randn(rng, n * v).iter().map(|x| 8.0 * x).collect();
         let targets = (0..n)
-            .map(|i| if ignore_every > 0 && i % ignore_every == 1 { IGNORE_INDEX } else { rng.random_range(0..v as u32) })
+            .map(|i| {
+                if ignore_every > 0 && i % ignore_every == 1 {
+                    IGNORE_INDEX
+                } else {
+                    rng.random_range(0..v as u32)
+                }
+            })
             .collect();
         (logits, targets)
     }
@@ -151,7 +169,9 @@ mod tests {
             let lf = f64s(&logits);
             let idx = some(&mut rng, n * v, 150);
             // the scalar is the mean loss itself, times dloss
-            let fd = fd_grad(&lf, &idx, |p| dloss as f64 * r::cross_entropy(p, &targets, v).2);
+            let fd = fd_grad(&lf, &idx, |p| {
+                dloss as f64 * r::cross_entropy(p, &targets, v).2
+            });
             // softmax entries <= 1 divided by n_valid: absolute 1e-6 is ~20 ulp
             assert_close("ce dlogits", &pick(&d, &idx), &fd, 1e-6, 1e-5);
             for (row, &t) in targets.iter().enumerate() {

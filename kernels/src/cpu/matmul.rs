@@ -55,7 +55,14 @@ fn check(c: usize, a: usize, b: usize, g: &Gemm, batch: usize) -> Result<()> {
 }
 
 /// The GEMM proper, lengths already checked.
-pub(crate) fn gemm_unchecked(c: &mut [f32], a: &[f32], b: &[f32], g: Gemm, accumulate: bool, par: Par) {
+pub(crate) fn gemm_unchecked(
+    c: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    g: Gemm,
+    accumulate: bool,
+    par: Par,
+) {
     if g.m == 0 || g.n == 0 {
         return;
     }
@@ -76,7 +83,11 @@ pub(crate) fn gemm_unchecked(c: &mut [f32], a: &[f32], b: &[f32], g: Gemm, accum
         MatRef::from_row_major_slice(b, g.k, g.n)
     };
     let c = MatMut::from_row_major_slice_mut(c, g.m, g.n);
-    let accum = if accumulate { Accum::Add } else { Accum::Replace };
+    let accum = if accumulate {
+        Accum::Add
+    } else {
+        Accum::Replace
+    };
     faer_matmul(c, accum, a, b, 1.0f32, par);
 }
 
@@ -114,14 +125,29 @@ pub fn matmul_batched(
     match par {
         Par::Seq if batch > 1 => {
             c.par_chunks_mut(sc).enumerate().for_each(|(i, ci)| {
-                let ai = if sa == 0 { &a[..0] } else { &a[i * sa..(i + 1) * sa] };
-                let bi = if sb == 0 { &b[..0] } else { &b[i * sb..(i + 1) * sb] };
+                let ai = if sa == 0 {
+                    &a[..0]
+                } else {
+                    &a[i * sa..(i + 1) * sa]
+                };
+                let bi = if sb == 0 {
+                    &b[..0]
+                } else {
+                    &b[i * sb..(i + 1) * sb]
+                };
                 gemm_unchecked(ci, ai, bi, g, accumulate, Par::Seq);
             });
         }
         _ => {
             for (i, ci) in c.chunks_mut(sc).enumerate() {
-                gemm_unchecked(ci, &a[i * sa..(i + 1) * sa], &b[i * sb..(i + 1) * sb], g, accumulate, par);
+                gemm_unchecked(
+                    ci,
+                    &a[i * sa..(i + 1) * sa],
+                    &b[i * sb..(i + 1) * sb],
+                    g,
+                    accumulate,
+                    par,
+                );
             }
         }
     }
@@ -134,11 +160,21 @@ mod tests {
     use crate::reference::{self as r, check::*};
 
     fn run_case(m: usize, n: usize, k: usize, ta: bool, tb: bool, acc: bool, rng: &mut Rng) {
-        let g = Gemm { m, n, k, trans_a: ta, trans_b: tb };
+        let g = Gemm {
+            m,
+            n,
+            k,
+            trans_a: ta,
+            trans_b: tb,
+        };
         let a = randn(rng, m * k);
         let b = randn(rng, k * n);
         let c0 = randn(rng, m * n);
-        let mut c = if acc { c0.clone() } else { vec![f32::NAN; m * n] };
+        let mut c = if acc {
+            c0.clone()
+        } else {
+            vec![f32::NAN; m * n]
+        };
         matmul(&mut c, &a, &b, g, acc).unwrap();
         let mut want = r::matmul(&f64s(&a), &f64s(&b), m, n, k, ta, tb);
         if acc {
@@ -147,13 +183,27 @@ mod tests {
             }
         }
         // f32 accumulation over K terms of size ~1: error ~ sqrt(K)·eps·|a||b|; K <= 300.
-        assert_close(&format!("matmul {m}x{n}x{k} ta={ta} tb={tb} acc={acc}"), &c, &want, 1e-4, 1e-4);
+        assert_close(
+            &format!("matmul {m}x{n}x{k} ta={ta} tb={tb} acc={acc}"),
+            &c,
+            &want,
+            1e-4,
+            1e-4,
+        );
     }
 
     #[test]
     fn matmul_matches_reference_all_transposes() {
         let mut rng = rng(1);
-        for &(m, n, k) in &[(1, 1, 1), (7, 13, 5), (33, 17, 65), (64, 64, 64), (130, 70, 300), (5, 0, 3), (4, 6, 0)] {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (7, 13, 5),
+            (33, 17, 65),
+            (64, 64, 64),
+            (130, 70, 300),
+            (5, 0, 3),
+            (4, 6, 0),
+        ] {
             for ta in [false, true] {
                 for tb in [false, true] {
                     for acc in [false, true] {
@@ -175,8 +225,18 @@ mod tests {
     #[test]
     fn matmul_batched_matches_per_batch() {
         let mut rng = rng(3);
-        for &(m, n, k, batch, tb) in &[(7, 5, 3, 4, false), (2, 3, 4, 1, true), (70, 65, 80, 3, true)] {
-            let g = Gemm { m, n, k, trans_a: false, trans_b: tb };
+        for &(m, n, k, batch, tb) in &[
+            (7, 5, 3, 4, false),
+            (2, 3, 4, 1, true),
+            (70, 65, 80, 3, true),
+        ] {
+            let g = Gemm {
+                m,
+                n,
+                k,
+                trans_a: false,
+                trans_b: tb,
+            };
             let a = randn(&mut rng, batch * m * k);
             let b = randn(&mut rng, batch * k * n);
             let mut c = vec![f32::NAN; batch * m * n];
@@ -191,7 +251,13 @@ mod tests {
                     false,
                     tb,
                 );
-                assert_close("matmul_batched", &c[i * m * n..(i + 1) * m * n], &want, 1e-4, 1e-4);
+                assert_close(
+                    "matmul_batched",
+                    &c[i * m * n..(i + 1) * m * n],
+                    &want,
+                    1e-4,
+                    1e-4,
+                );
             }
             // accumulate: c += same product again -> 2x
             let c1 = c.clone();
@@ -204,12 +270,24 @@ mod tests {
 
     #[test]
     fn matmul_rejects_bad_lengths() {
-        let g = Gemm { m: 2, n: 3, k: 4, trans_a: false, trans_b: false };
+        let g = Gemm {
+            m: 2,
+            n: 3,
+            k: 4,
+            trans_a: false,
+            trans_b: false,
+        };
         let mut c = vec![0.0; 6];
         assert!(matmul(&mut c, &[0.0; 7], &[0.0; 12], g, false).is_err());
         assert!(matmul(&mut c, &[0.0; 8], &[0.0; 11], g, false).is_err());
         assert!(matmul(&mut c[..5], &[0.0; 8], &[0.0; 12], g, false).is_err());
-        let huge = Gemm { m: usize::MAX, n: 2, k: 2, trans_a: false, trans_b: false };
+        let huge = Gemm {
+            m: usize::MAX,
+            n: 2,
+            k: 2,
+            trans_a: false,
+            trans_b: false,
+        };
         assert!(matmul(&mut c, &[0.0; 8], &[0.0; 12], huge, false).is_err());
         assert!(matmul_batched(&mut c, &[0.0; 8], &[0.0; 12], g, 2, false).is_err());
     }
@@ -225,10 +303,36 @@ mod tests {
         let rr = randn(&mut rng, n * dout);
         let fwd = |x: &[f64], w: &[f64]| r::matmul(x, w, n, dout, din, false, true);
         let mut dx = vec![f32::NAN; n * din];
-        matmul(&mut dx, &rr, &w, Gemm { m: n, n: din, k: dout, trans_a: false, trans_b: false }, false).unwrap();
+        matmul(
+            &mut dx,
+            &rr,
+            &w,
+            Gemm {
+                m: n,
+                n: din,
+                k: dout,
+                trans_a: false,
+                trans_b: false,
+            },
+            false,
+        )
+        .unwrap();
         let dw0 = randn(&mut rng, dout * din);
         let mut dw = dw0.clone();
-        matmul(&mut dw, &rr, &x, Gemm { m: dout, n: din, k: n, trans_a: true, trans_b: false }, true).unwrap();
+        matmul(
+            &mut dw,
+            &rr,
+            &x,
+            Gemm {
+                m: dout,
+                n: din,
+                k: n,
+                trans_a: true,
+                trans_b: false,
+            },
+            true,
+        )
+        .unwrap();
         let (xf, wf, rf) = (f64s(&x), f64s(&w), f64s(&rr));
         let fd_x = fd_grad(&xf, &all(xf.len()), |xp| dot64(&fwd(xp, &wf), &rf));
         let fd_w = fd_grad(&wf, &all(wf.len()), |wp| dot64(&fwd(&xf, wp), &rf));

@@ -154,7 +154,7 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     let p = ((((1.987_569_1e-4 * r + 1.398_199_9e-3) * r + 8.333_452e-3) * r + 4.166_579_6e-2) * r
         + 1.666_666_5e-1)
         * r
-        + 5.000_000_1e-1;
+        + 0.5; // Cephes: 5.0000001201e-1, which rounds to 0.5 in f32
     let er = p * z + r + 1.0;
     // NaN propagates through `er`, so the garbage `ni` a NaN produces is harmless.
     let pow2 = f32::from_bits((ni.wrapping_add(127) as u32) << 23);

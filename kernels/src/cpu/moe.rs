@@ -76,7 +76,15 @@ pub fn router_forward(
     logits: &[f32],
     r: &Router,
 ) -> Result<()> {
-    check_router(r, logits.len(), probs.len(), &[("router weights", weights.len()), ("router indices", indices.len())])?;
+    check_router(
+        r,
+        logits.len(),
+        probs.len(),
+        &[
+            ("router weights", weights.len()),
+            ("router indices", indices.len()),
+        ],
+    )?;
     if r.n == 0 {
         return Ok(());
     }
@@ -144,7 +152,15 @@ pub fn router_backward(
     indices: &[u32],
     r: &Router,
 ) -> Result<()> {
-    check_router(r, dlogits.len(), probs.len(), &[("router dweights", dweights.len()), ("router indices", indices.len())])?;
+    check_router(
+        r,
+        dlogits.len(),
+        probs.len(),
+        &[
+            ("router dweights", dweights.len()),
+            ("router indices", indices.len()),
+        ],
+    )?;
     if let Some(&bad) = indices.iter().find(|&&i| i as usize >= r.e) {
         return shape_err(format!("router: expert index {bad} >= e {}", r.e));
     }
@@ -162,7 +178,11 @@ pub fn router_backward(
             dl.fill(0.0);
             let s: f32 = idx.iter().map(|&i| p[i as usize]).sum();
             if r.normalize_topk && s > 0.0 {
-                let dot_ww: f32 = dw.iter().zip(idx).map(|(d, &i)| d * p[i as usize] / s).sum();
+                let dot_ww: f32 = dw
+                    .iter()
+                    .zip(idx)
+                    .map(|(d, &i)| d * p[i as usize] / s)
+                    .sum();
                 for (d, &i) in dw.iter().zip(idx) {
                     dl[i as usize] += (d - dot_ww) / s;
                 }
@@ -238,7 +258,12 @@ pub fn dispatch_plan(indices: &[u32], n: usize, k: usize, e: usize) -> Result<Di
         order[fill[i as usize]] = slot as u32;
         fill[i as usize] += 1;
     }
-    Ok(DispatchPlan { e, k, offsets, order })
+    Ok(DispatchPlan {
+        e,
+        k,
+        offsets,
+        order,
+    })
 }
 
 /// Checks a plan's invariants (its fields are public) and returns the inverse
@@ -248,17 +273,28 @@ fn plan_inverse(p: &DispatchPlan) -> Result<Vec<u32>> {
         return shape_err("dispatch plan: k and e must be > 0");
     }
     let nk = p.order.len();
-    if nk % p.k != 0 {
-        return shape_err(format!("dispatch plan: order length {nk} not a multiple of k {}", p.k));
+    if !nk.is_multiple_of(p.k) {
+        return shape_err(format!(
+            "dispatch plan: order length {nk} not a multiple of k {}",
+            p.k
+        ));
     }
-    if p.offsets.len() != p.e + 1 || p.offsets[0] != 0 || p.offsets[p.e] != nk || p.offsets.windows(2).any(|w| w[0] > w[1]) {
+    if p.offsets.len() != p.e + 1
+        || p.offsets[0] != 0
+        || p.offsets[p.e] != nk
+        || p.offsets.windows(2).any(|w| w[0] > w[1])
+    {
         return shape_err("dispatch plan: offsets must be E+1 non-decreasing values from 0 to N*k");
     }
     let mut inv = vec![u32::MAX; nk];
     for (row, &slot) in p.order.iter().enumerate() {
         match inv.get_mut(slot as usize) {
             Some(x) if *x == u32::MAX => *x = row as u32,
-            _ => return shape_err(format!("dispatch plan: order is not a permutation (slot {slot})")),
+            _ => {
+                return shape_err(format!(
+                    "dispatch plan: order is not a permutation (slot {slot})"
+                ));
+            }
         }
     }
     Ok(inv)
@@ -271,17 +307,24 @@ fn plan_inverse(p: &DispatchPlan) -> Result<Vec<u32>> {
 pub fn dispatch_forward(x_sorted: &mut [f32], x: &[f32], p: &DispatchPlan, c: usize) -> Result<()> {
     plan_inverse(p)?;
     check_len("dispatch x", x.len(), numel(&[p.tokens(), c])?)?;
-    check_len("dispatch x_sorted", x_sorted.len(), numel(&[p.order.len(), c])?)?;
+    check_len(
+        "dispatch x_sorted",
+        x_sorted.len(),
+        numel(&[p.order.len(), c])?,
+    )?;
     if c == 0 {
         return Ok(());
     }
     let blk = rows_per_task(c);
-    x_sorted.par_chunks_mut(blk * c).enumerate().for_each(|(b, xs)| {
-        for (row, &slot) in xs.chunks_mut(c).zip(&p.order[b * blk..]) {
-            let t = slot as usize / p.k;
-            row.copy_from_slice(&x[t * c..(t + 1) * c]);
-        }
-    });
+    x_sorted
+        .par_chunks_mut(blk * c)
+        .enumerate()
+        .for_each(|(b, xs)| {
+            for (row, &slot) in xs.chunks_mut(c).zip(&p.order[b * blk..]) {
+                let t = slot as usize / p.k;
+                row.copy_from_slice(&x[t * c..(t + 1) * c]);
+            }
+        });
     Ok(())
 }
 
@@ -290,10 +333,19 @@ pub fn dispatch_forward(x_sorted: &mut [f32], x: &[f32], p: &DispatchPlan, c: us
 ///
 /// # Errors
 /// `ShapeMismatch` for an inconsistent plan or lengths.
-pub fn dispatch_backward(dx: &mut [f32], dx_sorted: &[f32], p: &DispatchPlan, c: usize) -> Result<()> {
+pub fn dispatch_backward(
+    dx: &mut [f32],
+    dx_sorted: &[f32],
+    p: &DispatchPlan,
+    c: usize,
+) -> Result<()> {
     let inv = plan_inverse(p)?;
     check_len("dispatch dx", dx.len(), numel(&[p.tokens(), c])?)?;
-    check_len("dispatch dx_sorted", dx_sorted.len(), numel(&[p.order.len(), c])?)?;
+    check_len(
+        "dispatch dx_sorted",
+        dx_sorted.len(),
+        numel(&[p.order.len(), c])?,
+    )?;
     if c == 0 {
         return Ok(());
     }
@@ -312,7 +364,8 @@ pub fn dispatch_backward(dx: &mut [f32], dx_sorted: &[f32], p: &DispatchPlan, c:
 fn segments<'a>(mut buf: &'a mut [f32], p: &DispatchPlan, w: usize) -> Vec<&'a mut [f32]> {
     let mut segs = Vec::with_capacity(p.e);
     for e in 0..p.e {
-        let (head, tail) = std::mem::take(&mut buf).split_at_mut((p.offsets[e + 1] - p.offsets[e]) * w);
+        let (head, tail) =
+            std::mem::take(&mut buf).split_at_mut((p.offsets[e + 1] - p.offsets[e]) * w);
         segs.push(head);
         buf = tail;
     }
@@ -321,11 +374,20 @@ fn segments<'a>(mut buf: &'a mut [f32], p: &DispatchPlan, w: usize) -> Vec<&'a m
 
 /// Expert-parallel (Par::Seq GEMMs on rayon tasks) or GEMM-parallel (faer threads).
 fn experts_in_parallel(p: &DispatchPlan, k_in: usize, n_out: usize) -> bool {
-    let avg = (p.order.len() / p.e).saturating_mul(k_in).saturating_mul(n_out);
+    let avg = (p.order.len() / p.e)
+        .saturating_mul(k_in)
+        .saturating_mul(n_out);
     p.e > 1 && avg < PAR_MIN_FLOPS * 16
 }
 
-fn check_grouped(p: &DispatchPlan, x_sorted: usize, w: usize, out: usize, k_in: usize, n_out: usize) -> Result<()> {
+fn check_grouped(
+    p: &DispatchPlan,
+    x_sorted: usize,
+    w: usize,
+    out: usize,
+    k_in: usize,
+    n_out: usize,
+) -> Result<()> {
     plan_inverse(p)?;
     let rows = rows_of("grouped_matmul x_sorted", x_sorted, k_in)?;
     check_len("grouped_matmul x_sorted rows", rows, p.order.len())?;
@@ -352,15 +414,32 @@ pub fn grouped_matmul_forward(
     check_grouped(p, x_sorted.len(), w.len(), out.len(), k_in, n_out)?;
     let job = |e: usize, o: &mut [f32], par: Par| {
         let (r0, r1) = (p.offsets[e], p.offsets[e + 1]);
-        let g = Gemm { m: r1 - r0, n: n_out, k: k_in, trans_a: false, trans_b: true };
+        let g = Gemm {
+            m: r1 - r0,
+            n: n_out,
+            k: k_in,
+            trans_a: false,
+            trans_b: true,
+        };
         let par = if par == Par::Seq { par } else { par_for(&g) };
-        gemm_unchecked(o, &x_sorted[r0 * k_in..r1 * k_in], &w[e * n_out * k_in..(e + 1) * n_out * k_in], g, false, par);
+        gemm_unchecked(
+            o,
+            &x_sorted[r0 * k_in..r1 * k_in],
+            &w[e * n_out * k_in..(e + 1) * n_out * k_in],
+            g,
+            false,
+            par,
+        );
     };
     let segs = segments(out, p, n_out);
     if experts_in_parallel(p, k_in, n_out) {
-        segs.into_par_iter().enumerate().for_each(|(e, o)| job(e, o, Par::Seq));
+        segs.into_par_iter()
+            .enumerate()
+            .for_each(|(e, o)| job(e, o, Par::Seq));
     } else {
-        segs.into_iter().enumerate().for_each(|(e, o)| job(e, o, Par::rayon(0)));
+        segs.into_iter()
+            .enumerate()
+            .for_each(|(e, o)| job(e, o, Par::rayon(0)));
     }
     Ok(())
 }
@@ -371,7 +450,10 @@ pub fn grouped_matmul_forward(
 ///
 /// # Errors
 /// As [`grouped_matmul_forward`].
-#[allow(clippy::too_many_arguments, reason = "signature fixed by the executor's API")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "signature fixed by the executor's API"
+)]
 pub fn grouped_matmul_backward(
     dx_sorted: &mut [f32],
     dw: &mut [f32],
@@ -390,23 +472,51 @@ pub fn grouped_matmul_backward(
         let m = r1 - r0;
         let d = &dout[r0 * n_out..r1 * n_out];
         let we = &w[e * n_out * k_in..(e + 1) * n_out * k_in];
-        let gx = Gemm { m, n: k_in, k: n_out, trans_a: false, trans_b: false };
-        let gw = Gemm { m: n_out, n: k_in, k: m, trans_a: true, trans_b: false };
-        let (px, pw) = if par == Par::Seq { (par, par) } else { (par_for(&gx), par_for(&gw)) };
+        let gx = Gemm {
+            m,
+            n: k_in,
+            k: n_out,
+            trans_a: false,
+            trans_b: false,
+        };
+        let gw = Gemm {
+            m: n_out,
+            n: k_in,
+            k: m,
+            trans_a: true,
+            trans_b: false,
+        };
+        let (px, pw) = if par == Par::Seq {
+            (par, par)
+        } else {
+            (par_for(&gx), par_for(&gw))
+        };
         gemm_unchecked(dx, d, we, gx, false, px);
         gemm_unchecked(dwe, d, &x_sorted[r0 * k_in..r1 * k_in], gw, true, pw);
     };
     let segs = segments(dx_sorted, p, k_in);
     let dws = dw.chunks_mut(n_out * k_in);
     if experts_in_parallel(p, k_in, n_out) {
-        segs.into_par_iter().zip(dws.collect::<Vec<_>>()).enumerate().for_each(|(e, (dx, dwe))| job(e, dx, dwe, Par::Seq));
+        segs.into_par_iter()
+            .zip(dws.collect::<Vec<_>>())
+            .enumerate()
+            .for_each(|(e, (dx, dwe))| job(e, dx, dwe, Par::Seq));
     } else {
-        segs.into_iter().zip(dws).enumerate().for_each(|(e, (dx, dwe))| job(e, dx, dwe, Par::rayon(0)));
+        segs.into_iter()
+            .zip(dws)
+            .enumerate()
+            .for_each(|(e, (dx, dwe))| job(e, dx, dwe, Par::rayon(0)));
     }
     Ok(())
 }
 
-fn check_combine(p: &DispatchPlan, tok: usize, sorted: usize, weights: usize, c: usize) -> Result<Vec<u32>> {
+fn check_combine(
+    p: &DispatchPlan,
+    tok: usize,
+    sorted: usize,
+    weights: usize,
+    c: usize,
+) -> Result<Vec<u32>> {
     let inv = plan_inverse(p)?;
     check_len("combine out", tok, numel(&[p.tokens(), c])?)?;
     check_len("combine y_sorted", sorted, numel(&[p.order.len(), c])?)?;
@@ -419,7 +529,13 @@ fn check_combine(p: &DispatchPlan, tok: usize, sorted: usize, weights: usize, c:
 ///
 /// # Errors
 /// `ShapeMismatch` for an inconsistent plan or lengths.
-pub fn combine_forward(out: &mut [f32], y_sorted: &[f32], weights: &[f32], p: &DispatchPlan, c: usize) -> Result<()> {
+pub fn combine_forward(
+    out: &mut [f32],
+    y_sorted: &[f32],
+    weights: &[f32],
+    p: &DispatchPlan,
+    c: usize,
+) -> Result<()> {
     let inv = check_combine(p, out.len(), y_sorted.len(), weights.len(), c)?;
     if c == 0 {
         return Ok(());
@@ -439,7 +555,10 @@ pub fn combine_forward(out: &mut [f32], y_sorted: &[f32], weights: &[f32], p: &D
 ///
 /// # Errors
 /// `ShapeMismatch` for an inconsistent plan or lengths.
-#[allow(clippy::too_many_arguments, reason = "signature fixed by the executor's API")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "signature fixed by the executor's API"
+)]
 pub fn combine_backward(
     dy_sorted: &mut [f32],
     dweights: &mut [f32],
@@ -457,14 +576,17 @@ pub fn combine_backward(
         return Ok(());
     }
     let blk = rows_per_task(c);
-    dy_sorted.par_chunks_mut(blk * c).enumerate().for_each(|(b, dys)| {
-        for (row, &slot) in dys.chunks_mut(c).zip(&p.order[b * blk..]) {
-            let (t, wgt) = (slot as usize / p.k, weights[slot as usize]);
-            for (d, &g) in row.iter_mut().zip(&dout[t * c..(t + 1) * c]) {
-                *d = wgt * g;
+    dy_sorted
+        .par_chunks_mut(blk * c)
+        .enumerate()
+        .for_each(|(b, dys)| {
+            for (row, &slot) in dys.chunks_mut(c).zip(&p.order[b * blk..]) {
+                let (t, wgt) = (slot as usize / p.k, weights[slot as usize]);
+                for (d, &g) in row.iter_mut().zip(&dout[t * c..(t + 1) * c]) {
+                    *d = wgt * g;
+                }
             }
-        }
-    });
+        });
     dweights.par_iter_mut().enumerate().for_each(|(slot, dw)| {
         let (t, row) = (slot / p.k, inv[slot] as usize);
         *dw = dot(&dout[t * c..(t + 1) * c], &y_sorted[row * c..(row + 1) * c]);
@@ -482,7 +604,13 @@ mod tests {
         for &(n, e, k) in &[(1, 1, 1), (7, 8, 2), (33, 13, 3), (5, 6, 6)] {
             for score in [ScoreFn::Softmax, ScoreFn::Sigmoid] {
                 for normalize_topk in [false, true] {
-                    v.push(Router { n, e, k, score, normalize_topk });
+                    v.push(Router {
+                        n,
+                        e,
+                        k,
+                        score,
+                        normalize_topk,
+                    });
                 }
             }
         }
@@ -493,8 +621,15 @@ mod tests {
     fn router_forward_matches_reference() {
         let mut rng = rng(70);
         for rt in routers() {
-            let logits: Vec<f32> = randn(&mut rng, rt.n * rt.e).iter().map(|x| 3.0 * x).collect();
-            let (mut w, mut idx, mut p) = (vec![f32::NAN; rt.n * rt.k], vec![u32::MAX; rt.n * rt.k], vec![f32::NAN; rt.n * rt.e]);
+            let logits: Vec<f32> = randn(&mut rng, rt.n * rt.e)
+                .iter()
+                .map(|x| 3.0 * x)
+                .collect();
+            let (mut w, mut idx, mut p) = (
+                vec![f32::NAN; rt.n * rt.k],
+                vec![u32::MAX; rt.n * rt.k],
+                vec![f32::NAN; rt.n * rt.e],
+            );
             router_forward(&mut w, &mut idx, &mut p, &logits, &rt).unwrap();
             let (wp, wi, ww) = r::router(&f64s(&logits), &rt);
             assert_eq!(idx, wi, "{rt:?}");
@@ -506,9 +641,17 @@ mod tests {
 
     #[test]
     fn router_ties_pick_lower_index() {
-        let logits = [1.0f32, 3.0, 3.0, 0.0, 3.0, /* row 2: all equal */ 0.5, 0.5, 0.5, 0.5, 0.5];
+        let logits = [
+            1.0f32, 3.0, 3.0, 0.0, 3.0, /* row 2: all equal */ 0.5, 0.5, 0.5, 0.5, 0.5,
+        ];
         for score in [ScoreFn::Softmax, ScoreFn::Sigmoid] {
-            let rt = Router { n: 2, e: 5, k: 2, score, normalize_topk: true };
+            let rt = Router {
+                n: 2,
+                e: 5,
+                k: 2,
+                score,
+                normalize_topk: true,
+            };
             let (mut w, mut idx, mut p) = (vec![0.0; 4], vec![0; 4], vec![0.0; 10]);
             router_forward(&mut w, &mut idx, &mut p, &logits, &rt).unwrap();
             assert_eq!(idx, [1, 2, 0, 1]);
@@ -520,8 +663,15 @@ mod tests {
     fn router_backward_matches_finite_differences() {
         let mut rng = rng(71);
         for rt in routers() {
-            let logits: Vec<f32> = randn(&mut rng, rt.n * rt.e).iter().map(|x| 3.0 * x).collect();
-            let (mut w, mut idx, mut p) = (vec![0.0; rt.n * rt.k], vec![0; rt.n * rt.k], vec![0.0; rt.n * rt.e]);
+            let logits: Vec<f32> = randn(&mut rng, rt.n * rt.e)
+                .iter()
+                .map(|x| 3.0 * x)
+                .collect();
+            let (mut w, mut idx, mut p) = (
+                vec![0.0; rt.n * rt.k],
+                vec![0; rt.n * rt.k],
+                vec![0.0; rt.n * rt.e],
+            );
             router_forward(&mut w, &mut idx, &mut p, &logits, &rt).unwrap();
             let rr = randn(&mut rng, rt.n * rt.k);
             let mut dl = vec![f32::NAN; rt.n * rt.e];
@@ -553,8 +703,20 @@ mod tests {
     }
 
     /// Builds a routed batch: x (N,C), router weights/indices, and the plan.
-    fn routed(rng: &mut Rng, n: usize, c: usize, e: usize, k: usize) -> (Vec<f32>, Vec<f32>, Vec<u32>, DispatchPlan) {
-        let rt = Router { n, e, k, score: ScoreFn::Softmax, normalize_topk: true };
+    fn routed(
+        rng: &mut Rng,
+        n: usize,
+        c: usize,
+        e: usize,
+        k: usize,
+    ) -> (Vec<f32>, Vec<f32>, Vec<u32>, DispatchPlan) {
+        let rt = Router {
+            n,
+            e,
+            k,
+            score: ScoreFn::Softmax,
+            normalize_topk: true,
+        };
         let logits: Vec<f32> = randn(rng, n * e).iter().map(|x| 4.0 * x).collect();
         let (mut w, mut idx, mut p) = (vec![0.0; n * k], vec![0; n * k], vec![0.0; n * e]);
         router_forward(&mut w, &mut idx, &mut p, &logits, &rt).unwrap();
@@ -569,7 +731,12 @@ mod tests {
         let mut rng = rng(72);
         // (N, C=k_in, n_out, E, k): includes experts with no tokens (E > N·k) and a
         // size that takes the GEMM-parallel path
-        for &(n, c, n_out, e, k) in &[(7, 5, 3, 4, 2), (3, 4, 6, 16, 2), (1, 3, 2, 1, 1), (300, 64, 48, 4, 2)] {
+        for &(n, c, n_out, e, k) in &[
+            (7, 5, 3, 4, 2),
+            (3, 4, 6, 16, 2),
+            (1, 3, 2, 1, 1),
+            (300, 64, 48, 4, 2),
+        ] {
             let (x, wts, idx, plan) = routed(&mut rng, n, c, e, k);
             let w = randn(&mut rng, e * n_out * c);
             let mut xs = vec![f32::NAN; n * k * c];
@@ -593,7 +760,9 @@ mod tests {
             let mut dx = vec![f32::NAN; x.len()];
             dispatch_backward(&mut dx, &dxs, &plan, c).unwrap();
 
-            let f = |x: &[f64], wt: &[f64], w: &[f64]| loss(&r::moe_naive(x, &idx, wt, w, k, c, n_out), &rr);
+            let f = |x: &[f64], wt: &[f64], w: &[f64]| {
+                loss(&r::moe_naive(x, &idx, wt, w, k, c, n_out), &rr)
+            };
             let ix = some(&mut rng, x.len(), 60);
             let iw = some(&mut rng, w.len(), 60);
             let fx = fd_grad(&xf, &ix, |p| f(p, &wtf, &wf));
@@ -603,7 +772,10 @@ mod tests {
             // sums over n_out (dx) or over routed tokens (dw, up to ~N·k/E·... terms)
             assert_close("moe dx", &pick(&dx, &ix), &fx, 1e-5, 1e-4);
             assert_close("moe dweights", &pick(&dwts, &iwt), &fwt, 1e-5, 1e-4);
-            assert!(dwts.iter().chain(&dx).all(|v| v.is_finite()), "unwritten gradient");
+            assert!(
+                dwts.iter().chain(&dx).all(|v| v.is_finite()),
+                "unwritten gradient"
+            );
             let ddw: Vec<f32> = iw.iter().map(|&i| dw[i] - dw0[i]).collect();
             assert_close("moe dw (+=)", &ddw, &fw, 1e-4, 1e-4);
             // experts without tokens: dw untouched exactly
@@ -628,7 +800,13 @@ mod tests {
         assert!(grouped_matmul_forward(&mut ys, &xs, &[0.0; 12], &p, 3, 2).is_ok());
         let mut out = vec![0.0; 4];
         assert!(combine_forward(&mut out, &ys, &[0.0; 3], &p, 2).is_err());
-        let rt = Router { n: 2, e: 2, k: 3, score: ScoreFn::Softmax, normalize_topk: false };
+        let rt = Router {
+            n: 2,
+            e: 2,
+            k: 3,
+            score: ScoreFn::Softmax,
+            normalize_topk: false,
+        };
         assert!(router_forward(&mut [0.0; 6], &mut [0; 6], &mut [0.0; 4], &[0.0; 4], &rt).is_err());
         let rt = Router { k: 1, ..rt };
         assert!(router_backward(&mut [0.0; 4], &[0.0; 2], &[0.0; 4], &[0, 2], &rt).is_err());

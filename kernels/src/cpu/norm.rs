@@ -22,18 +22,28 @@ const BLOCK_ROWS: usize = 32;
 ///
 /// # Errors
 /// `ShapeMismatch` for inconsistent lengths or `c == 0`.
-pub fn rmsnorm_forward(out: &mut [f32], rstd: &mut [f32], x: &[f32], w: &[f32], c: usize, eps: f32) -> Result<()> {
+pub fn rmsnorm_forward(
+    out: &mut [f32],
+    rstd: &mut [f32],
+    x: &[f32],
+    w: &[f32],
+    c: usize,
+    eps: f32,
+) -> Result<()> {
     let n = rows_of("rmsnorm x", x.len(), c)?;
     check_len("rmsnorm out", out.len(), x.len())?;
     check_len("rmsnorm w", w.len(), c)?;
     check_len("rmsnorm rstd", rstd.len(), n)?;
-    out.par_chunks_mut(c).zip(rstd.par_iter_mut()).zip(x.par_chunks(c)).for_each(|((o, rs), xr)| {
-        let r = 1.0 / (dot(xr, xr) / c as f32 + eps).sqrt();
-        *rs = r;
-        for i in 0..c {
-            o[i] = xr[i] * r * w[i];
-        }
-    });
+    out.par_chunks_mut(c)
+        .zip(rstd.par_iter_mut())
+        .zip(x.par_chunks(c))
+        .for_each(|((o, rs), xr)| {
+            let r = 1.0 / (dot(xr, xr) / c as f32 + eps).sqrt();
+            *rs = r;
+            for i in 0..c {
+                o[i] = xr[i] * r * w[i];
+            }
+        });
     Ok(())
 }
 
@@ -94,7 +104,10 @@ pub fn rmsnorm_backward(
 ///
 /// # Errors
 /// `ShapeMismatch` for inconsistent lengths or `c == 0`.
-#[allow(clippy::too_many_arguments, reason = "signature fixed by the executor's API")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "signature fixed by the executor's API"
+)]
 pub fn layernorm_forward(
     out: &mut [f32],
     mean: &mut [f32],
@@ -136,7 +149,10 @@ pub fn layernorm_forward(
 ///
 /// # Errors
 /// `ShapeMismatch` for inconsistent lengths or `c == 0`.
-#[allow(clippy::too_many_arguments, reason = "signature fixed by the executor's API")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "signature fixed by the executor's API"
+)]
 pub fn layernorm_backward(
     dx: &mut [f32],
     dw: &mut [f32],
@@ -210,9 +226,20 @@ mod tests {
             let (mut out, mut rs) = (vec![f32::NAN; n * c], vec![f32::NAN; n]);
             rmsnorm_forward(&mut out, &mut rs, &x, &w, c, 1e-5).unwrap();
             // a few f32 roundings per element on O(1) values
-            assert_close("rmsnorm", &out, &r::rmsnorm(&f64s(&x), &f64s(&w), c, 1e-5), 1e-5, 1e-5);
-            let want_rs: Vec<f64> =
-                x.chunks(c).map(|r| 1.0 / (r.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / c as f64 + 1e-5).sqrt()).collect();
+            assert_close(
+                "rmsnorm",
+                &out,
+                &r::rmsnorm(&f64s(&x), &f64s(&w), c, 1e-5),
+                1e-5,
+                1e-5,
+            );
+            let want_rs: Vec<f64> = x
+                .chunks(c)
+                .map(|r| {
+                    1.0 / (r.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / c as f64 + 1e-5)
+                        .sqrt()
+                })
+                .collect();
             assert_close("rmsnorm rstd", &rs, &want_rs, 1e-5, 1e-5);
         }
     }
@@ -233,8 +260,12 @@ mod tests {
             rmsnorm_backward(&mut dx, &mut dw, &rr, &x, &w, &rs, c).unwrap();
             let (xf, wf) = (f64s(&x), f64s(&w));
             let ix = some(&mut rng, n * c, 80);
-            let fdx = fd_grad(&xf, &ix, |xp| loss(&r::rmsnorm(xp, &wf, c, eps as f64), &rr));
-            let fdw = fd_grad(&wf, &all(c), |wp| loss(&r::rmsnorm(&xf, wp, c, eps as f64), &rr));
+            let fdx = fd_grad(&xf, &ix, |xp| {
+                loss(&r::rmsnorm(xp, &wf, c, eps as f64), &rr)
+            });
+            let fdw = fd_grad(&wf, &all(c), |wp| {
+                loss(&r::rmsnorm(&xf, wp, c, eps as f64), &rr)
+            });
             // rows of |x|~0.6, rstd ~1.7: f32 rounding of a C-term dot ~1e-6 relative
             assert_close("rmsnorm dx", &pick(&dx, &ix), &fdx, 2e-5, 1e-4);
             let ddw: Vec<f32> = dw.iter().zip(&dw0).map(|(a, b)| a - b).collect();
@@ -251,7 +282,8 @@ mod tests {
             let x: Vec<f32> = randn(&mut rng, n * c).iter().map(|v| v + 3.0).collect();
             let w = randn(&mut rng, c);
             let b = randn(&mut rng, c);
-            let (mut out, mut m, mut rs) = (vec![f32::NAN; n * c], vec![f32::NAN; n], vec![f32::NAN; n]);
+            let (mut out, mut m, mut rs) =
+                (vec![f32::NAN; n * c], vec![f32::NAN; n], vec![f32::NAN; n]);
             layernorm_forward(&mut out, &mut m, &mut rs, &x, &w, &b, c, 1e-5).unwrap();
             let want = r::layernorm(&f64s(&x), &f64s(&w), &f64s(&b), c, 1e-5);
             // x ~ 3 ± 1: subtracting the f32 mean loses ~eps·3 relative to std ~0.6
@@ -282,8 +314,12 @@ mod tests {
             let e = eps as f64;
             let ix = some(&mut rng, n * c, 80);
             let fdx = fd_grad(&xf, &ix, |p| loss(&r::layernorm(p, &wf, &bf, c, e), &rr));
-            let fdw = fd_grad(&wf, &all(c), |p| loss(&r::layernorm(&xf, p, &bf, c, e), &rr));
-            let fdb = fd_grad(&bf, &all(c), |p| loss(&r::layernorm(&xf, &wf, p, c, e), &rr));
+            let fdw = fd_grad(&wf, &all(c), |p| {
+                loss(&r::layernorm(&xf, p, &bf, c, e), &rr)
+            });
+            let fdb = fd_grad(&bf, &all(c), |p| {
+                loss(&r::layernorm(&xf, &wf, p, c, e), &rr)
+            });
             // small C (7 rows of 13) has rstd up to ~3: allow 1e-4 relative
             assert_close("layernorm dx", &pick(&dx, &ix), &fdx, 5e-5, 1e-4);
             let ddw: Vec<f32> = dw.iter().zip(&dw0).map(|(a, b)| a - b).collect();
@@ -301,8 +337,18 @@ mod tests {
         assert!(rmsnorm_forward(&mut out, &mut rs, &[0.0; 6], &[1.0; 2], 3, 1e-5).is_err());
         assert!(rmsnorm_forward(&mut out, &mut rs[..1], &[0.0; 6], &[1.0; 3], 3, 1e-5).is_err());
         let mut m = vec![0.0; 2];
-        assert!(layernorm_forward(&mut out, &mut m, &mut rs, &[0.0; 6], &[1.0; 3], &[0.0; 2], 3, 1e-5).is_err());
+        assert!(
+            layernorm_forward(
+                &mut out, &mut m, &mut rs, &[0.0; 6], &[1.0; 3], &[0.0; 2], 3, 1e-5
+            )
+            .is_err()
+        );
         let (mut dx, mut dw) = (vec![0.0; 6], vec![0.0; 3]);
-        assert!(rmsnorm_backward(&mut dx, &mut dw, &[0.0; 5], &[0.0; 6], &[1.0; 3], &[1.0; 2], 3).is_err());
+        assert!(
+            rmsnorm_backward(
+                &mut dx, &mut dw, &[0.0; 5], &[0.0; 6], &[1.0; 3], &[1.0; 2], 3
+            )
+            .is_err()
+        );
     }
 }

@@ -33,7 +33,11 @@ fn bf16_round_bits(b: u32) -> u32 {
     let nan = (b & 0x7FFF_FFFF) > 0x7F80_0000;
     // cannot overflow u32: the largest non-NaN pattern is 0xFF80_0000 (−Inf)
     let rounded = b.wrapping_add(0x7FFF + ((b >> 16) & 1)) & 0xFFFF_0000;
-    if nan { (b | 0x0040_0000) & 0xFFFF_0000 } else { rounded }
+    if nan {
+        (b | 0x0040_0000) & 0xFFFF_0000
+    } else {
+        rounded
+    }
 }
 
 /// Rounds every element to the nearest bf16 value in place (RNE; NaN stays NaN).
@@ -124,13 +128,21 @@ fn encode(x: f32, f: Fp8Format, saturate: bool) -> (u8, bool) {
         n >>= 1;
         e += 1;
     }
-    let (field, mant) = if n < 1 << mbits { (0, n) } else { (e + bias, n - (1 << mbits)) };
+    let (field, mant) = if n < 1 << mbits {
+        (0, n)
+    } else {
+        (e + bias, n - (1 << mbits))
+    };
     let code = (field << mbits) | mant;
     let too_big = match f {
         Fp8Format::E4M3 => code > 0x7E,
         Fp8Format::E5M2 => code > 0x7B,
     };
-    if too_big { overflow } else { (sign | code as u8, false) }
+    if too_big {
+        overflow
+    } else {
+        (sign | code as u8, false)
+    }
 }
 
 /// Encodes one value: RNE (subnormals too), rounding before the overflow check.
@@ -163,12 +175,8 @@ fn decode_exact(b: u8, f: Fp8Format) -> f32 {
 fn table(f: Fp8Format) -> &'static [f32; 256] {
     static TABLES: OnceLock<[[f32; 256]; 2]> = OnceLock::new();
     let t = TABLES.get_or_init(|| {
-        let mut t = [[0f32; 256]; 2];
-        for b in 0..256 {
-            t[0][b] = decode_exact(b as u8, Fp8Format::E4M3);
-            t[1][b] = decode_exact(b as u8, Fp8Format::E5M2);
-        }
-        t
+        [Fp8Format::E4M3, Fp8Format::E5M2]
+            .map(|f| std::array::from_fn(|b| decode_exact(b as u8, f)))
     });
     match f {
         Fp8Format::E4M3 => &t[0],
@@ -197,7 +205,13 @@ pub struct QuantStats {
 ///
 /// # Errors
 /// `ShapeMismatch` if `out` and `x` differ in length.
-pub fn fp8_quantize(out: &mut [u8], x: &[f32], scale: f32, f: Fp8Format, saturate: bool) -> Result<QuantStats> {
+pub fn fp8_quantize(
+    out: &mut [u8],
+    x: &[f32],
+    scale: f32,
+    f: Fp8Format,
+    saturate: bool,
+) -> Result<QuantStats> {
     check_len("fp8_quantize out", out.len(), x.len())?;
     let parts: Vec<QuantStats> = out
         .par_chunks_mut(ELEM_GRAIN)
@@ -228,11 +242,13 @@ pub fn fp8_quantize(out: &mut [u8], x: &[f32], scale: f32, f: Fp8Format, saturat
 pub fn fp8_dequantize(out: &mut [f32], q: &[u8], scale: f32, f: Fp8Format) -> Result<()> {
     check_len("fp8_dequantize out", out.len(), q.len())?;
     let t = table(f);
-    out.par_chunks_mut(ELEM_GRAIN).zip(q.par_chunks(ELEM_GRAIN)).for_each(|(o, q)| {
-        for (o, &b) in o.iter_mut().zip(q) {
-            *o = t[b as usize] / scale;
-        }
-    });
+    out.par_chunks_mut(ELEM_GRAIN)
+        .zip(q.par_chunks(ELEM_GRAIN))
+        .for_each(|(o, q)| {
+            for (o, &b) in o.iter_mut().zip(q) {
+                *o = t[b as usize] / scale;
+            }
+        });
     Ok(())
 }
 
@@ -251,13 +267,27 @@ mod tests {
     fn bf16_matches_half_crate_and_rounds_ties_to_even() {
         let mut rng = rng(80);
         let mut xs: Vec<f32> = (0..200_000).map(|_| f32::from_bits(rng.random())).collect();
-        xs.extend([0.0, -0.0, f32::MAX, f32::MIN, f32::MIN_POSITIVE, 1e-45, f32::INFINITY, f32::NEG_INFINITY]);
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::MAX,
+            f32::MIN,
+            f32::MIN_POSITIVE,
+            1e-45,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+        ]);
         for &x in &xs {
             let want = half::bf16::from_f32(x);
             if x.is_nan() {
                 assert!(bf16_from_bits(bf16_bits(x)).is_nan());
             } else {
-                assert_eq!(bf16_bits(x), want.to_bits(), "x = {x:e} ({:#x})", x.to_bits());
+                assert_eq!(
+                    bf16_bits(x),
+                    want.to_bits(),
+                    "x = {x:e} ({:#x})",
+                    x.to_bits()
+                );
             }
         }
         let mut y = xs.clone();
@@ -272,7 +302,10 @@ mod tests {
         // bf16 has 7 stored mantissa bits: ulp(1) = 2^-7
         assert_eq!(bf16_from_bits(bf16_bits(1.0 + p2(-8))), 1.0); // tie → even (down)
         assert_eq!(bf16_from_bits(bf16_bits(1.0 + 3.0 * p2(-8))), 1.0 + p2(-6)); // tie → even (up)
-        assert_eq!(bf16_from_bits(bf16_bits(1.0 + p2(-8) + p2(-20))), 1.0 + p2(-7)); // above tie
+        assert_eq!(
+            bf16_from_bits(bf16_bits(1.0 + p2(-8) + p2(-20))),
+            1.0 + p2(-7)
+        ); // above tie
         assert_eq!(bf16_bits(f32::MAX), 0x7F80); // overflow → Inf
         assert_eq!(bf16_bits(-0.0), 0x8000);
     }
@@ -340,7 +373,11 @@ mod tests {
                 if x.is_nan() {
                     continue;
                 }
-                assert_eq!(fp8_decode(fp8_encode(x, f, false), f).to_bits(), x.to_bits(), "{f:?} {b:#04x}");
+                assert_eq!(
+                    fp8_decode(fp8_encode(x, f, false), f).to_bits(),
+                    x.to_bits(),
+                    "{f:?} {b:#04x}"
+                );
                 assert_eq!(fp8_encode(x, f, false), b, "{f:?} {b:#04x}");
                 if x.is_finite() {
                     finite += 1;
@@ -363,12 +400,22 @@ mod tests {
             let mut xs = Vec::new();
             for w in vals.windows(2) {
                 let mid = ((w[0].1 + w[1].1) / 2.0) as f32; // exact: midpoints fit f32
-                xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits().saturating_sub(1))]);
+                xs.extend([
+                    mid,
+                    f32::from_bits(mid.to_bits() + 1),
+                    f32::from_bits(mid.to_bits().saturating_sub(1)),
+                ]);
             }
             let top = vals.last().unwrap().1 as f32;
             let next = (vals.last().unwrap().1 * 2.0 - vals[vals.len() - 2].1) as f32;
             let mid = (top + next) / 2.0;
-            xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits() - 1), next, 1e38]);
+            xs.extend([
+                mid,
+                f32::from_bits(mid.to_bits() + 1),
+                f32::from_bits(mid.to_bits() - 1),
+                next,
+                1e38,
+            ]);
             for _ in 0..100_000 {
                 let e = rng.random_range(-30..20);
                 xs.push(rng.random_range(1.0f32..2.0) * p2(e));
@@ -377,7 +424,11 @@ mod tests {
                 for sign in [1.0f32, -1.0] {
                     for sat in [false, true] {
                         let v = sign * x;
-                        assert_eq!(fp8_encode(v, f, sat), r::fp8_encode(v as f64, rf, sat), "{f:?} x={v:e} sat={sat}");
+                        assert_eq!(
+                            fp8_encode(v, f, sat),
+                            r::fp8_encode(v as f64, rf, sat),
+                            "{f:?} x={v:e} sat={sat}"
+                        );
                     }
                 }
             }
@@ -418,7 +469,10 @@ mod tests {
         let mut qb = vec![0u8; big.len()];
         let st = fp8_quantize(&mut qb, &big, 100.0, E4M3, false).unwrap();
         assert_eq!(st.amax, big.iter().fold(0f32, |a, b| a.max(b.abs())));
-        assert_eq!(st.saturated, big.iter().filter(|v| (**v * 100.0).abs() > 464.0).count());
+        assert_eq!(
+            st.saturated,
+            big.iter().filter(|v| (**v * 100.0).abs() > 464.0).count()
+        );
         assert!(fp8_quantize(&mut qb[..3], &big, 1.0, E4M3, false).is_err());
         assert!(fp8_dequantize(&mut back[..3], &q, 1.0, E4M3).is_err());
     }

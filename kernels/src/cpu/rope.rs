@@ -36,8 +36,11 @@ pub struct Rope {
 }
 
 fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
-    if r.rot_dim % 2 != 0 || r.rot_dim > r.d {
-        return shape_err(format!("rope rot_dim {} must be even and <= d {}", r.rot_dim, r.d));
+    if !r.rot_dim.is_multiple_of(2) || r.rot_dim > r.d {
+        return shape_err(format!(
+            "rope rot_dim {} must be even and <= d {}",
+            r.rot_dim, r.d
+        ));
     }
     if !(r.theta.is_finite() && r.theta > 0.0) {
         return shape_err(format!("rope theta {} must be positive", r.theta));
@@ -50,8 +53,9 @@ fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
 /// (cos, sin) tables, (T, rot_dim/2).
 fn tables(r: &Rope) -> (Vec<f32>, Vec<f32>) {
     let half = r.rot_dim / 2;
-    let inv: Vec<f64> =
-        (0..half).map(|i| (r.theta as f64).powf(-(2.0 * i as f64) / r.rot_dim as f64)).collect();
+    let inv: Vec<f64> = (0..half)
+        .map(|i| (r.theta as f64).powf(-(2.0 * i as f64) / r.rot_dim as f64))
+        .collect();
     let mut cos = Vec::with_capacity(r.t * half);
     let mut sin = Vec::with_capacity(r.t * half);
     for t in 0..r.t {
@@ -73,26 +77,31 @@ fn rotate(out: &mut [f32], x: &[f32], r: Rope, sign: f32) {
     }
     let (cos, sin) = tables(&r);
     let rows_blk = rows_per_task(row);
-    out.par_chunks_mut(row * rows_blk).enumerate().for_each(|(blk, ob)| {
-        for (ri, orow) in ob.chunks_mut(row).enumerate() {
-            let bt = blk * rows_blk + ri;
-            let t = bt % r.t;
-            let (c, s) = (&cos[t * half..(t + 1) * half], &sin[t * half..(t + 1) * half]);
-            let xrow = &x[bt * row..(bt + 1) * row];
-            for (oh, xh) in orow.chunks_mut(d).zip(xrow.chunks(d)) {
-                let (x1, rest) = xh.split_at(half);
-                let (x2, xpass) = rest.split_at(half);
-                let (o1, orest) = oh.split_at_mut(half);
-                let (o2, opass) = orest.split_at_mut(half);
-                for i in 0..half {
-                    let si = sign * s[i];
-                    o1[i] = x1[i] * c[i] - x2[i] * si;
-                    o2[i] = x2[i] * c[i] + x1[i] * si;
+    out.par_chunks_mut(row * rows_blk)
+        .enumerate()
+        .for_each(|(blk, ob)| {
+            for (ri, orow) in ob.chunks_mut(row).enumerate() {
+                let bt = blk * rows_blk + ri;
+                let t = bt % r.t;
+                let (c, s) = (
+                    &cos[t * half..(t + 1) * half],
+                    &sin[t * half..(t + 1) * half],
+                );
+                let xrow = &x[bt * row..(bt + 1) * row];
+                for (oh, xh) in orow.chunks_mut(d).zip(xrow.chunks(d)) {
+                    let (x1, rest) = xh.split_at(half);
+                    let (x2, xpass) = rest.split_at(half);
+                    let (o1, orest) = oh.split_at_mut(half);
+                    let (o2, opass) = orest.split_at_mut(half);
+                    for i in 0..half {
+                        let si = sign * s[i];
+                        o1[i] = x1[i] * c[i] - x2[i] * si;
+                        o2[i] = x2[i] * c[i] + x1[i] * si;
+                    }
+                    opass.copy_from_slice(xpass);
                 }
-                opass.copy_from_slice(xpass);
             }
-        }
-    });
+        });
 }
 
 /// out = RoPE(x); x, out (B,T,H,D). Saves nothing.
@@ -121,7 +130,15 @@ mod tests {
     use crate::reference::{self as r, check::*};
 
     fn cases() -> Vec<Rope> {
-        let mk = |b, t, h, d, rot_dim, theta, pos_offset| Rope { b, t, h, d, rot_dim, theta, pos_offset };
+        let mk = |b, t, h, d, rot_dim, theta, pos_offset| Rope {
+            b,
+            t,
+            h,
+            d,
+            rot_dim,
+            theta,
+            pos_offset,
+        };
         vec![
             mk(1, 1, 1, 2, 2, 10000.0, 0),
             mk(2, 7, 3, 8, 8, 500000.0, 0),
@@ -139,7 +156,13 @@ mod tests {
             let mut out = vec![f32::NAN; x.len()];
             rope_forward(&mut out, &x, c).unwrap();
             // cos/sin rounded to f32 then one multiply-add: ~2 ulp of |x| <= 1
-            assert_close(&format!("rope {c:?}"), &out, &r::rope(&f64s(&x), &c), 5e-7, 1e-6);
+            assert_close(
+                &format!("rope {c:?}"),
+                &out,
+                &r::rope(&f64s(&x), &c),
+                5e-7,
+                1e-6,
+            );
         }
     }
 
@@ -155,13 +178,27 @@ mod tests {
             let xf = f64s(&x);
             let idx = some(&mut rng, n, 100);
             let fd = fd_grad(&xf, &idx, |p| loss(&r::rope(p, &c), &rr));
-            assert_close(&format!("rope backward {c:?}"), &pick(&dx, &idx), &fd, 1e-6, 1e-5);
+            assert_close(
+                &format!("rope backward {c:?}"),
+                &pick(&dx, &idx),
+                &fd,
+                1e-6,
+                1e-5,
+            );
         }
     }
 
     #[test]
     fn rope_rejects_bad_config() {
-        let ok = Rope { b: 1, t: 2, h: 1, d: 4, rot_dim: 4, theta: 1e4, pos_offset: 0 };
+        let ok = Rope {
+            b: 1,
+            t: 2,
+            h: 1,
+            d: 4,
+            rot_dim: 4,
+            theta: 1e4,
+            pos_offset: 0,
+        };
         let mut out = vec![0.0; 8];
         assert!(rope_forward(&mut out, &[0.0; 8], ok).is_ok());
         assert!(rope_forward(&mut out, &[0.0; 8], Rope { rot_dim: 3, ..ok }).is_err());

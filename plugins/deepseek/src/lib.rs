@@ -64,8 +64,6 @@ impl Guest for DeepSeek {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(DeepSeek);
 
 #[cfg(test)]

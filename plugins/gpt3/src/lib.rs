@@ -54,8 +54,6 @@ impl Guest for Gpt3 {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Gpt3);
 
 #[cfg(test)]

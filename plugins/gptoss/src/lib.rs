@@ -62,8 +62,6 @@ impl Guest for GptOss {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(GptOss);
 
 #[cfg(test)]

@@ -44,8 +44,6 @@ impl Guest for Grok1 {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Grok1);
 
 #[cfg(test)]

@@ -91,9 +91,6 @@ impl Guest for Llama3 {
     }
 }
 
-// Exported only for wasm: natively the component export names (`runner:plugin/...#describe`)
-// break the cdylib linker script, and native tests call `Guest` directly.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Llama3);
 
 #[cfg(test)]

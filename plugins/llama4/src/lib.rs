@@ -52,8 +52,6 @@ impl Guest for Llama4 {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Llama4);
 
 #[cfg(test)]

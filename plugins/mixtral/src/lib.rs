@@ -43,8 +43,6 @@ impl Guest for Mixtral {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Mixtral);
 
 #[cfg(test)]

@@ -53,8 +53,6 @@ impl Guest for Nemotron4 {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Nemotron4);
 
 #[cfg(test)]

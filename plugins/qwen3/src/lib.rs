@@ -53,8 +53,6 @@ impl Guest for Qwen3 {
     }
 }
 
-// Exported only for wasm: natively the component export names break the cdylib link.
-#[cfg(target_arch = "wasm32")]
 runner_plugin_sdk::export_workload!(Qwen3);
 
 #[cfg(test)]

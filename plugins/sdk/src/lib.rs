@@ -39,12 +39,9 @@ pub mod precision;
 #[cfg(feature = "cost")]
 pub mod cost;
 
-// The export macros wit-bindgen generates live in `bindings`; plugins call them from the
-// crate root, as `runner_plugin_sdk::export_cost!(MyCloud)`.
-#[cfg(feature = "workload")]
-pub use bindings::workload::export_workload;
-// export_precision! and export_cost! are defined in precision.rs and cost.rs (exported at
-// the crate root): they export only in wasm builds, so plugins' native unit tests link.
+// export_workload!, export_precision! and export_cost! are defined in workload.rs,
+// precision.rs and cost.rs (exported at the crate root): they export only in wasm builds,
+// so plugins' native unit tests link.
 
 #[cfg(any(feature = "workload", feature = "precision", feature = "cost"))]
 pub mod log;

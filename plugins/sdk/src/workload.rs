@@ -16,3 +16,17 @@ pub use crate::bindings::workload::runner::plugin::types::Dtype;
 // The builder lives at src/builder.rs (beside the other SDK modules), not src/workload/.
 #[path = "builder.rs"]
 pub mod builder;
+
+/// Export `$ty` (an implementation of [`Guest`]) as the plugin's workload:
+/// `runner_plugin_sdk::export_workload!(MyModel);`.
+///
+/// Only a wasm build exports anything: the export names (`runner:plugin/workload@...#graph`)
+/// are not valid native linker symbols, and native builds exist only for unit tests, which
+/// call the `Guest` functions directly.
+#[macro_export]
+macro_rules! export_workload {
+    ($ty:ident) => {
+        #[cfg(target_arch = "wasm32")]
+        $crate::bindings::workload::export_workload!($ty);
+    };
+}

@@ -20,4 +20,5 @@ impl Guest for Future {
     }
 }
 
+#[cfg(target_arch = "wasm32")]
 export!(Future);

@@ -1,0 +1,171 @@
+//! The command-line surface: the default run, run files, plugin resolution through the
+//! plugin directories, output formats and the error messages a user sees.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn runner(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .current_dir(dir)
+        .args(args)
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env_remove("RUNNER_PLUGIN_PATH")
+        .output()
+        .expect("runner starts")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("runner-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn embedded_wasm(name: &str) -> Vec<u8> {
+    runner::plugin::embedded().iter().find(|(n, _, _)| *n == name).map(|(_, _, b)| b.to_vec()).unwrap()
+}
+
+#[test]
+fn default_run_prints_the_time_and_cost_table() {
+    let dir = scratch("default");
+    let o = runner(&dir, &["--plugin", "llama3.wasm", "--gpus", "8,64", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("GPUs") && out.contains("days") && out.contains("speedup") && out.contains("rel. cost"), "{out}");
+    assert!(out.contains("aws (USD)"), "every installed cloud is priced: {out}");
+    assert!(out.contains("measured:") && out.contains("modelled:"), "says what was measured and what modelled: {out}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("8 ") || l.starts_with("64 ")).collect();
+    assert_eq!(rows.len(), 2, "{out}");
+}
+
+#[test]
+fn json_and_csv_outputs_carry_the_same_rows() {
+    let dir = scratch("formats");
+    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "--format", "json", "-o", "run.csv", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["rows"].as_array().unwrap().len(), 2);
+    assert_eq!(v["clouds"][0], "aws");
+    let days16 = v["rows"][0]["days"].as_f64().unwrap();
+    let days32 = v["rows"][1]["days"].as_f64().unwrap();
+    assert!(days16 > days32);
+    // --format json also governs the file; without --format the extension decides.
+    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.csv", "-q"]);
+    assert!(o.status.success());
+    let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
+    assert!(csv.starts_with("GPUs,days,speedup,rel. cost,aws (USD)\n"), "{csv}");
+    assert_eq!(csv.lines().count(), 3, "{csv}");
+}
+
+#[test]
+fn run_files_are_parsed_strictly() {
+    let dir = scratch("runfile");
+    std::fs::write(dir.join("ok.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [\"aws\"]\n").unwrap();
+    let o = runner(&dir, &["run", "ok.toml", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(text(&o).0.contains("llama3-tiny"));
+
+    std::fs::write(dir.join("typo.toml"), "[model]\nplugin = \"llama3.wasm\"\n[clustr]\ngpus = [8]\n").unwrap();
+    let o = runner(&dir, &["run", "typo.toml"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("clustr") && err.contains("line 3"), "{err}");
+
+    std::fs::write(dir.join("variant.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama9\"\n").unwrap();
+    let o = runner(&dir, &["run", "variant.toml"]);
+    let (_, err) = text(&o);
+    assert!(err.contains("no variant 'llama9'") && err.contains("llama3.1-70b"), "{err}");
+}
+
+#[test]
+fn a_plugin_dropped_into_a_plugin_directory_is_found_and_shadows_the_embedded_one() {
+    let dir = scratch("dropin");
+    std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
+    // The AWS price list, dropped in under a new name: available with no rebuild.
+    std::fs::write(dir.join("plugins/dist/mycloud.wasm"), embedded_wasm("aws.wasm")).unwrap();
+    std::fs::write(dir.join("plugins/dist/gcp.wasm"), embedded_wasm("aws.wasm")).unwrap();
+    let o = runner(&dir, &["plugins", "list", "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let list: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entries = list.as_array().unwrap();
+    let find = |name: &str, shadowed: bool| {
+        entries.iter().find(|e| e["name"] == name && e["shadowed"] == shadowed).cloned()
+    };
+    let mine = find("mycloud.wasm", false).expect("dropped-in plugin is listed");
+    assert_eq!(mine["kind"], "cost");
+    assert!(mine["source"]["path"].as_str().unwrap().ends_with("plugins/dist/mycloud.wasm"), "{mine}");
+    assert_eq!(mine["sha256"].as_str().unwrap().len(), 64);
+    assert!(find("gcp.wasm", true).is_some(), "the embedded gcp is shadowed by the dropped-in one");
+
+    // $RUNNER_PLUGIN_PATH is searched too, after ./plugins/dist.
+    let other = scratch("dropin-path");
+    std::fs::write(other.join("extra.wasm"), embedded_wasm("lambda.wasm")).unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .current_dir(&dir)
+        .args(["plugins", "inspect", "extra"])
+        .env("RUNNER_PLUGIN_PATH", &other)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(text(&o).0.contains("extra.wasm"));
+}
+
+#[test]
+fn plugins_validate_reports_each_call() {
+    let dir = scratch("validate");
+    std::fs::write(dir.join("cloud.wasm"), embedded_wasm("aws.wasm")).unwrap();
+    let o = runner(&dir, &["plugins", "validate", "cloud.wasm"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for call in ["provider", "offerings", "quote"] {
+        assert!(out.contains(call), "{out}");
+    }
+    assert!(!out.contains("FAILED"), "{out}");
+    let o = runner(&dir, &["plugins", "validate", "llama3"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(text(&o).0.contains("graph llama3.1-405b"));
+}
+
+#[test]
+fn unknown_plugin_says_where_it_looked() {
+    let dir = scratch("unknown");
+    let o = runner(&dir, &["--plugin", "nosuch.wasm"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("no plugin 'nosuch.wasm'") && err.contains("plugins/dist") && err.contains("llama3.wasm"), "{err}");
+}
+
+#[test]
+fn models_lists_every_variant_with_counts() {
+    let dir = scratch("models");
+    let o = runner(&dir, &["models", "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = rows.as_array().unwrap();
+    for name in ["llama3.1-405b", "gpt3-175b", "mixtral-8x7b", "deepseek-v3-671b", "qwen3-30b-a3b", "gpt-oss-120b", "grok1-314b", "llama4-maverick-400b", "nemotron4-340b", "llama3-tiny"] {
+        let r = rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} missing"));
+        assert!(r["params_total"].as_u64().unwrap() >= r["params_active"].as_u64().unwrap());
+        assert!(r["flops_per_token"].as_f64().unwrap() > 0.0);
+    }
+    let o = runner(&dir, &["models", "llama3.1-70b"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("H100") && out.contains("tp"), "{out}");
+}
+
+#[test]
+fn every_subcommand_has_help_with_examples() {
+    let dir = scratch("help");
+    for args in [vec!["--help"], vec!["run", "--help"], vec!["plugins", "list", "--help"], vec!["plugins", "inspect", "--help"], vec!["plugins", "validate", "--help"], vec!["models", "--help"], vec!["bench", "plugins", "--help"]] {
+        let o = runner(&dir, &args);
+        assert!(o.status.success(), "{args:?}");
+        assert!(text(&o).0.contains("Examples:"), "{args:?} has no examples");
+    }
+}
