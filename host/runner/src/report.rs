@@ -159,8 +159,8 @@ mod tests {
         t.rows.push(vec!["a,b".into(), "1".into()]);
         t.rows.push(vec!["long name".into(), "123".into()]);
         let text = t.render();
-        assert!(text.contains("long name    123"), "{text}");
-        assert!(text.contains("a,b          1"), "{text}");
+        assert!(text.contains("long name    123\n"), "{text}");
+        assert!(text.contains("a,b            1\n"), "numbers right-aligned: {text}");
         assert_eq!(t.csv(), "name,value\n\"a,b\",1\nlong name,123\n");
     }
 
