@@ -2,5 +2,8 @@
 //! tests live beside the binary in `host/runner/tests/cli.rs` (they need its path).
 
 mod contract;
+mod models;
 mod sandbox;
 mod util;
+mod walkthrough;
+mod workloads;

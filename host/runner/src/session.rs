@@ -105,6 +105,16 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let flops_per_token = count::model_flops_per_step(&graph, &convention) / f64::from(seq_len);
     let params = count::params(&graph);
 
+    progress(&format!("planning precision with {}", run.precision.plugin));
+    let (plan_summary, planned_fp8) = plan_precision(&run.precision.plugin, limits, &variant.name, &graph)?;
+    notes.push(plan_summary);
+    if run.precision.format == Format::Fp8 && !planned_fp8 {
+        notes.push(format!(
+            "[precision] format = \"fp8\" projects with the FP8 peak, but {} planned no FP8 GEMM",
+            run.precision.plugin
+        ));
+    }
+
     progress("measuring the local device");
     let measurement = measure::cpu_gemm_gflops(512, 5);
     notes.push(format!(
@@ -184,6 +194,41 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         rows,
         notes,
     })
+}
+
+/// Ask the precision policy for a plan over every GEMM site of the graph (forward,
+/// input-gradient and weight-gradient per linear) and summarise the formats it chose.
+fn plan_precision(
+    spec: &str,
+    limits: plugin::Limits,
+    model: &str,
+    graph: &runner_graph::Graph,
+) -> anyhow::Result<(String, bool)> {
+    use plugin::precision::{GemmRole, GemmSite, PlanRequest};
+    use runner_graph::OpKind;
+    let mut policy = plugin::load(spec)?.precision(limits)?;
+    let mut sites = Vec::new();
+    for op in graph.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
+        let w = graph.tensor(op.inputs[1]);
+        let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
+        let m = graph.tensor(op.inputs[0]).numel() / k.max(1);
+        for role in [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient] {
+            sites.push(GemmSite { layer: op.layer, name: op.name.clone(), role, m, n, k });
+        }
+    }
+    let count = sites.len();
+    let plan = policy.plan(&PlanRequest { model: model.to_string(), sites, state: Vec::new() })?;
+    let mut formats: Vec<(String, usize)> = Vec::new();
+    for site in &plan.sites {
+        let name = format!("{:?}", site.format).to_lowercase();
+        match formats.iter_mut().find(|(f, _)| *f == name) {
+            Some((_, c)) => *c += 1,
+            None => formats.push((name, 1)),
+        }
+    }
+    let parts: Vec<String> = formats.iter().map(|(f, c)| format!("{f} {:.0}%", 100.0 * *c as f64 / count.max(1) as f64)).collect();
+    let fp8 = formats.iter().any(|(f, _)| f.starts_with("fp8") || f == "mxfp8");
+    Ok((format!("precision plan from {}: {count} GEMM sites, {}", policy.info.name, parts.join(", ")), fp8))
 }
 
 /// Every cost plugin installed (plugin directories first, then embedded), one per name.
