@@ -142,7 +142,9 @@ fn attention_flops(g: &Graph, op: &Op, conv: AttentionFlops) -> f64 {
     let dv = v[3] as f64;
     let window = op.int("window").unwrap_or(0).max(0) as f64;
     let causal = op.flag("causal").unwrap_or(true);
-    let te = t_eff(t, window, conv, causal);
+    // Keys come from v's T: under context parallelism q holds T/cp tokens and k/v the
+    // gathered T (load-balanced, so a causal rank still sees T/2 keys per query on average).
+    let te = t_eff(v[1] as f64, window, conv, causal);
     2.0 * b * h * t * te * (d + dv)
 }
 

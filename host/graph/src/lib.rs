@@ -11,8 +11,11 @@
 //! - [`validate::validate`]: shape, dtype, attribute and dataflow checks of a plugin's graph.
 //! - [`count`]: the canonical FLOP/byte/parameter counter and its printed [`count::Convention`].
 
+pub mod autodiff;
 pub mod count;
 pub mod ir;
+pub mod recompute;
+pub mod shard;
 pub mod validate;
 
 pub use ir::{Attr, DType, Graph, GraphError, NamedOp, Op, OpKind, Role, Tensor, TensorId, TensorKind};

@@ -18,7 +18,8 @@ use crate::ir::{Attr, DType, Graph, GraphError, Op, OpKind, Tensor, TensorId, Te
 /// The first problem found: an op with the wrong number of inputs or outputs, disagreeing
 /// shapes or dtypes, a missing or out-of-range attribute, an activation produced twice or
 /// used before it is produced, an input or weight that an op writes, or a loss that is not
-/// a scalar produced by `cross-entropy` (or a sum of such scalars).
+/// a scalar produced by `cross-entropy` or, on a pipeline stage without the head, by
+/// `send` (or a sum of such scalars).
 pub fn validate(g: &Graph) -> Result<(), GraphError> {
     for t in &g.tensors {
         if t.shape.contains(&0) {
@@ -75,7 +76,8 @@ fn check_loss(g: &Graph, producer: &HashMap<TensorId, usize>) -> Result<(), Grap
         };
         let op = &g.ops[p];
         match op.kind {
-            OpKind::CrossEntropy => {}
+            // A pipeline stage without the head ends at the send of its output.
+            OpKind::CrossEntropy | OpKind::Send => {}
             OpKind::Add => stack.extend(op.inputs.iter().copied()),
             k => return bad(format!("loss '{name}' comes from '{}' ({k:?}), not cross-entropy", op.name)),
         }
@@ -352,20 +354,48 @@ impl<'a> Check<'a> {
                 }
                 Ok(())
             }
-            // Collectives and point-to-point ops come from the sharding pass, which sizes
-            // them itself; only the references are checked.
+            // Collectives and point-to-point ops come from the sharding pass (shard.rs).
             OpKind::AllReduce
             | OpKind::AllGather
             | OpKind::ReduceScatter
             | OpKind::AllToAll
             | OpKind::Send
-            | OpKind::Recv => {
-                for &id in self.op.inputs.iter().chain(&self.op.outputs) {
-                    self.tensor(id)?;
-                }
-                Ok(())
-            }
+            | OpKind::Recv => self.collective(),
         }
+    }
+
+    /// Collectives: `group` names the parallel group, `group-size` n its ranks. All-reduce
+    /// and all-to-all keep the element count (an all-reduce flagged `row-stats` reduces
+    /// one value per row of its input: the vocab-parallel softmax max and sum-exp);
+    /// all-gather multiplies it by n, reduce-scatter divides it by n; send writes a scalar
+    /// token (a pipeline stage's objective) and recv reads nothing.
+    fn collective(&self) -> Result<(), GraphError> {
+        match self.attr("group")? {
+            Attr::Text(s) if !s.is_empty() => {}
+            other => return self.fail(format!("attribute 'group' must be a group name, is {other:?}")),
+        }
+        let n = self.int("group-size", 1)? as u64;
+        let (i, o) = match self.op.kind {
+            OpKind::Recv => self.arity(&[0], 1)?,
+            _ => self.arity(&[1], 1)?,
+        };
+        let (ni, no) = (i.first().map_or(0, |t| numel(t)), numel(o[0]));
+        let ok = match self.op.kind {
+            OpKind::AllReduce if self.op.flag("row-stats") == Some(true) => no == ni / last(i[0]).max(1),
+            OpKind::AllReduce | OpKind::AllToAll => no == ni,
+            OpKind::AllGather => no == ni.saturating_mul(n),
+            OpKind::ReduceScatter => ni == no.saturating_mul(n),
+            OpKind::Send => o[0].shape.is_empty(),
+            _ => true,
+        };
+        if !ok {
+            let input = i.first().map_or(String::new(), |t| format!("'{}' {:?} -> ", t.name, t.shape));
+            return self.fail(format!(
+                "{:?} over {n} ranks: {input}'{}' {:?} has the wrong element count",
+                self.op.kind, o[0].name, o[0].shape
+            ));
+        }
+        Ok(())
     }
 
     fn linear(&self) -> Result<(), GraphError> {
@@ -401,7 +431,9 @@ impl<'a> Check<'a> {
             self.rank(t, 4, what)?;
         }
         let (b, t, h, d) = (q.shape[0], q.shape[1], q.shape[2], q.shape[3]);
-        if k.shape[0] != b || k.shape[1] != t || k.shape[3] != d {
+        // Context parallelism: q holds this rank's T/cp tokens, k and v the gathered T.
+        let cp = self.op.int("cp").unwrap_or(1).max(1) as u64;
+        if k.shape[0] != b || k.shape[1] != t.saturating_mul(cp) || k.shape[3] != d {
             return self.fail(format!("k '{}' {:?} does not match q '{}' {:?} in (B,T,_,D)", k.name, k.shape, q.name, q.shape));
         }
         let hkv = k.shape[2];

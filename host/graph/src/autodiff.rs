@@ -1,0 +1,373 @@
+//! Reverse-mode differentiation of a forward [`Graph`] into a [`BackwardPlan`]: plain
+//! data, not closures, so the executor runs it, and memory accounting, the FLOP counter
+//! and the projection can walk the same plan without running anything.
+//!
+//! The plan holds one [`BackwardStep`] per forward op that passes a gradient on, in
+//! reverse execution order. Each step names the gradients of the op's outputs it
+//! consumes, the gradients of the op's inputs it produces (with whether it overwrites or
+//! adds: a tensor read by several ops, like the residual stream, a tied embedding table
+//! or the hidden state shared with the MTP modules, collects one contribution per
+//! reader), the forward tensors it reads, and the op-internal statistics the forward must
+//! keep for it ([`Aux`]). Liveness follows: when each activation can be freed in the
+//! forward, when each saved tensor and each gradient can be freed in the backward.
+//!
+//! Which tensors carry a gradient: float tensors that depend on a weight and reach the
+//! loss. Integer tensors (tokens, targets, router indices) never do; a float output
+//! that does not reach the loss (none in the builder's graphs) has a zero gradient,
+//! which a step sees as `None`.
+
+use std::collections::HashSet;
+
+use serde::Serialize;
+
+use crate::ir::{DType, Graph, GraphError, Op, OpKind, TensorId, TensorKind};
+
+/// One gradient a step writes: the gradient of forward input `slot` (tensor `tensor`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GradOut {
+    /// Input position of the forward op.
+    pub slot: usize,
+    /// The forward tensor whose gradient this is.
+    pub tensor: TensorId,
+    /// Add into the gradient already there (an earlier step, in backward order, wrote
+    /// it) instead of overwriting it.
+    pub accumulate: bool,
+}
+
+/// Op-internal state the forward keeps for the backward (beyond graph tensors).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Aux {
+    /// What it is: `rstd`, `mean`, `lse`, `probs`, `plan`.
+    pub name: &'static str,
+    /// Elements (4 bytes each on every backend: f32 statistics or u32 plan entries).
+    pub elems: u64,
+}
+
+/// The backward of one forward op.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackwardStep {
+    /// Index of the forward op in [`Graph::ops`].
+    pub op: usize,
+    pub kind: OpKind,
+    /// Per output slot: the gradient tensor consumed (the gradient of that output), or
+    /// `None` where the output carries no gradient (integer, or not reaching the loss).
+    pub grads_in: Vec<Option<TensorId>>,
+    /// Gradients of the op's inputs this step produces, in slot order.
+    pub grads_out: Vec<GradOut>,
+    /// Forward tensors (inputs, outputs or weights) this step reads.
+    pub saved: Vec<TensorId>,
+    /// Op-internal statistics saved by the forward for this step.
+    pub aux: Vec<Aux>,
+}
+
+/// The backward pass of a graph, plus the liveness both passes follow.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BackwardPlan {
+    /// Steps in execution order (the reverse of the forward).
+    pub steps: Vec<BackwardStep>,
+    /// Per tensor: whether it carries a gradient.
+    pub needs_grad: Vec<bool>,
+    /// Per forward op: activations that can be freed right after it runs (no later
+    /// forward op reads them and no backward step needs them).
+    pub free_after_forward: Vec<Vec<TensorId>>,
+    /// Per step: saved forward activations no later step reads.
+    pub free_saved_after_step: Vec<Vec<TensorId>>,
+    /// Per step: activation gradients complete and consumed after this step (the
+    /// gradients of the step's op outputs). Weight gradients live until the optimizer.
+    pub free_grads_after_step: Vec<Vec<TensorId>>,
+    /// The loss, whose gradient (1) seeds the pass.
+    pub loss: TensorId,
+}
+
+impl BackwardPlan {
+    /// Forward tensors that some step reads (the activations to keep past the forward).
+    pub fn saved_tensors(&self) -> HashSet<TensorId> {
+        self.steps.iter().flat_map(|s| s.saved.iter().copied()).collect()
+    }
+
+    /// Total op-internal statistics kept from the forward to the backward, in elements.
+    pub fn aux_elems(&self) -> u64 {
+        self.steps.iter().flat_map(|s| &s.aux).map(|a| a.elems).sum()
+    }
+}
+
+fn numel(g: &Graph, id: TensorId) -> u64 {
+    g.tensors[id].numel()
+}
+
+fn rows(g: &Graph, id: TensorId) -> u64 {
+    let t = &g.tensors[id];
+    t.numel() / t.shape.last().copied().unwrap_or(1).max(1)
+}
+
+/// What op `op`'s backward reads from the forward, given which inputs need gradients.
+fn saved_and_aux(g: &Graph, op: &Op, need: &[bool]) -> (Vec<TensorId>, Vec<Aux>) {
+    let i = |s: usize| op.inputs[s];
+    let o = |s: usize| op.outputs[s];
+    let need_in = |s: usize| need.get(s).copied().unwrap_or(false);
+    let mut saved = Vec::new();
+    let mut aux = Vec::new();
+    match op.kind {
+        OpKind::Linear => {
+            // dx = dy·W needs W; dW = dyᵀ·x needs x; db needs only dy.
+            if need_in(0) {
+                saved.push(i(1));
+            }
+            if need_in(1) {
+                saved.push(i(0));
+            }
+        }
+        OpKind::Embedding => saved.push(i(0)),
+        OpKind::RmsNorm => {
+            saved.extend([i(0), i(1)]);
+            aux.push(Aux { name: "rstd", elems: rows(g, i(0)) });
+        }
+        OpKind::LayerNorm => {
+            saved.extend([i(0), i(1)]);
+            aux.push(Aux { name: "mean", elems: rows(g, i(0)) });
+            aux.push(Aux { name: "rstd", elems: rows(g, i(0)) });
+        }
+        OpKind::Attention => {
+            saved.extend([i(0), i(1), i(2), o(0)]);
+            let q = &g.tensors[i(0)].shape;
+            // lse (B,H,T): one log-sum-exp per query row and head.
+            aux.push(Aux { name: "lse", elems: q[0] * q[1] * q[2] });
+        }
+        OpKind::SwiGlu | OpKind::GeGlu => saved.extend([i(0), i(1)]),
+        OpKind::Gelu | OpKind::SquaredRelu => saved.push(i(0)),
+        OpKind::CrossEntropy => {
+            saved.extend([i(0), i(1)]);
+            aux.push(Aux { name: "lse", elems: rows(g, i(0)) });
+        }
+        OpKind::Router => {
+            saved.push(o(1));
+            aux.push(Aux { name: "probs", elems: numel(g, i(0)) });
+        }
+        // The routing plan is built from the indices once (at dispatch) and shared by the
+        // grouped linears and the combine of the same indices; it is counted here, at
+        // the dispatch that creates it (N·k order entries).
+        OpKind::MoeDispatch => {
+            saved.push(i(1));
+            aux.push(Aux { name: "plan", elems: numel(g, i(1)) });
+        }
+        OpKind::GroupedLinear => {
+            saved.push(i(2));
+            if need_in(0) {
+                saved.push(i(1));
+            }
+            if need_in(1) {
+                saved.push(i(0));
+            }
+        }
+        OpKind::MoeCombine => saved.extend([i(0), i(1), i(2)]),
+        OpKind::Rotary
+        | OpKind::Add
+        | OpKind::Concat
+        | OpKind::AllReduce
+        | OpKind::AllGather
+        | OpKind::ReduceScatter
+        | OpKind::AllToAll
+        | OpKind::Send
+        | OpKind::Recv => {}
+    }
+    saved.dedup();
+    (saved, aux)
+}
+
+/// Derive the backward pass of `g`, which should have passed [`crate::validate::validate`].
+///
+/// # Errors
+/// A tensor id out of range, or a loss that does not depend on any weight.
+pub fn backward_plan(g: &Graph) -> Result<BackwardPlan, GraphError> {
+    let nt = g.tensors.len();
+    let bad = |problem: String| GraphError::Invalid { op: "(autodiff)".into(), problem };
+    for op in &g.ops {
+        if let Some(&id) = op.inputs.iter().chain(&op.outputs).find(|&&id| id >= nt) {
+            return Err(bad(format!("operation '{}' refers to tensor id {id}, beyond the graph", op.name)));
+        }
+    }
+    if g.loss >= nt {
+        return Err(bad(format!("loss id {} is not a tensor of the graph", g.loss)));
+    }
+    let float = |id: TensorId| g.tensors[id].dtype != DType::I32;
+
+    // Forward: which float tensors depend on a weight.
+    let mut depends = vec![false; nt];
+    for (id, t) in g.tensors.iter().enumerate() {
+        depends[id] = t.kind == TensorKind::Weight && float(id);
+    }
+    for op in &g.ops {
+        if op.inputs.iter().any(|&i| depends[i]) {
+            for &o in &op.outputs {
+                depends[o] = float(o);
+            }
+        }
+    }
+    // Backward: which tensors the loss depends on.
+    let mut reaches = vec![false; nt];
+    reaches[g.loss] = true;
+    for op in g.ops.iter().rev() {
+        if op.outputs.iter().any(|&o| reaches[o]) {
+            for &i in &op.inputs {
+                reaches[i] = true;
+            }
+        }
+    }
+    let needs_grad: Vec<bool> = (0..nt).map(|i| depends[i] && reaches[i]).collect();
+    if !needs_grad[g.loss] {
+        return Err(bad(format!("loss '{}' does not depend on any weight", g.tensors[g.loss].name)));
+    }
+
+    let mut steps = Vec::new();
+    let mut written: HashSet<TensorId> = HashSet::new();
+    for (oi, op) in g.ops.iter().enumerate().rev() {
+        let grads_in: Vec<Option<TensorId>> = op.outputs.iter().map(|&o| needs_grad[o].then_some(o)).collect();
+        if grads_in.iter().all(Option::is_none) {
+            continue;
+        }
+        let need: Vec<bool> = op.inputs.iter().map(|&i| needs_grad[i]).collect();
+        if !need.iter().any(|&n| n) {
+            continue;
+        }
+        let grads_out = op
+            .inputs
+            .iter()
+            .enumerate()
+            .filter(|&(_, &t)| needs_grad[t])
+            .map(|(slot, &tensor)| GradOut { slot, tensor, accumulate: !written.insert(tensor) })
+            .collect();
+        let (saved, aux) = saved_and_aux(g, op, &need);
+        steps.push(BackwardStep { op: oi, kind: op.kind, grads_in, grads_out, saved, aux });
+    }
+
+    // Liveness. A saved activation is freed after the last step (in backward order)
+    // that reads it; everything else after its last forward reader.
+    let mut last_bwd: Vec<Option<usize>> = vec![None; nt];
+    for (si, s) in steps.iter().enumerate() {
+        for &t in &s.saved {
+            last_bwd[t] = Some(si);
+        }
+    }
+    let mut last_fwd: Vec<Option<usize>> = vec![None; nt];
+    for (oi, op) in g.ops.iter().enumerate() {
+        for &t in op.inputs.iter().chain(&op.outputs) {
+            last_fwd[t] = Some(oi);
+        }
+    }
+    let mut free_after_forward = vec![Vec::new(); g.ops.len()];
+    let mut free_saved_after_step = vec![Vec::new(); steps.len()];
+    for (t, tensor) in g.tensors.iter().enumerate() {
+        // The loss is kept for the caller; weights and inputs belong to the caller too.
+        if tensor.kind != TensorKind::Activation || t == g.loss {
+            continue;
+        }
+        match (last_bwd[t], last_fwd[t]) {
+            (Some(s), _) => free_saved_after_step[s].push(t),
+            (None, Some(o)) => free_after_forward[o].push(t),
+            (None, None) => {}
+        }
+    }
+    let free_grads_after_step = steps
+        .iter()
+        .map(|s| s.grads_in.iter().flatten().copied().filter(|&t| g.tensors[t].kind != TensorKind::Weight).collect())
+        .collect();
+    Ok(BackwardPlan {
+        steps,
+        needs_grad,
+        free_after_forward,
+        free_saved_after_step,
+        free_grads_after_step,
+        loss: g.loss,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::ir::{Attr, NamedOp, Role, Tensor};
+
+    fn t(name: &str, shape: &[u64], dtype: DType, kind: TensorKind) -> Tensor {
+        Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind }
+    }
+    fn op(name: &str, kind: OpKind, i: &[&str], o: &[&str], attrs: &[(&str, Attr)]) -> NamedOp {
+        NamedOp {
+            name: name.into(),
+            kind,
+            inputs: i.iter().map(|s| s.to_string()).collect(),
+            outputs: o.iter().map(|s| s.to_string()).collect(),
+            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
+            layer: 0,
+            role: Role::Replicated,
+        }
+    }
+    use DType::*;
+    use TensorKind::*;
+
+    /// embed -> norm -> linear, residual add with the embedding, tied head, loss.
+    fn tied_residual() -> Graph {
+        Graph::new(
+            vec![
+                t("tokens", &[2, 3], I32, Input),
+                t("targets", &[2, 3], I32, Input),
+                t("embed.weight", &[10, 4], BF16, Weight),
+                t("embed", &[2, 3, 4], BF16, Activation),
+                t("n.weight", &[4], BF16, Weight),
+                t("n", &[2, 3, 4], BF16, Activation),
+                t("lin.weight", &[4, 4], BF16, Weight),
+                t("lin", &[2, 3, 4], BF16, Activation),
+                t("res", &[2, 3, 4], BF16, Activation),
+                t("logits", &[2, 3, 10], BF16, Activation),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("embed", OpKind::Embedding, &["tokens", "embed.weight"], &["embed"], &[]),
+                op("n", OpKind::RmsNorm, &["embed", "n.weight"], &["n"], &[("eps", Attr::Float(1e-5))]),
+                op("lin", OpKind::Linear, &["n", "lin.weight"], &["lin"], &[]),
+                op("res", OpKind::Add, &["embed", "lin"], &["res"], &[]),
+                op("head", OpKind::Linear, &["res", "embed.weight"], &["logits"], &[]),
+                op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], &[]),
+            ],
+            "loss",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn reverse_order_and_accumulation() {
+        let g = tied_residual();
+        crate::validate::validate(&g).unwrap();
+        let p = backward_plan(&g).unwrap();
+        let names: Vec<&str> = p.steps.iter().map(|s| g.ops[s.op].name.as_str()).collect();
+        assert_eq!(names, ["loss", "head", "res", "lin", "n", "embed"]);
+        let id = |n: &str| g.tensor_id(n).unwrap();
+        // The tied table: the head writes its gradient first, the embedding adds.
+        let head = &p.steps[1];
+        assert!(head.grads_out.iter().any(|o| o.tensor == id("embed.weight") && !o.accumulate));
+        let embed = &p.steps[5];
+        assert_eq!(embed.grads_out, vec![GradOut { slot: 1, tensor: id("embed.weight"), accumulate: true }]);
+        // The residual stream: `res` writes d(embed) first, the norm adds to it.
+        assert!(p.steps[2].grads_out.iter().any(|o| o.tensor == id("embed") && !o.accumulate));
+        assert!(p.steps[4].grads_out.iter().any(|o| o.tensor == id("embed") && o.accumulate));
+        // Integer tensors never carry gradients; the embedding step produces no d(tokens).
+        assert!(!p.needs_grad[id("tokens")] && !p.needs_grad[id("targets")]);
+        // Norm saves rstd; loss saves lse; the residual add saves nothing.
+        assert_eq!(p.steps[4].aux, vec![Aux { name: "rstd", elems: 6 }]);
+        assert!(p.steps[2].saved.is_empty());
+        // `lin` is read by no backward step: freed right after the add that reads it.
+        assert!(p.free_after_forward[3].contains(&id("lin")));
+        assert!(p.saved_tensors().contains(&id("logits")));
+    }
+
+    #[test]
+    fn loss_without_weights_is_an_error() {
+        let g = Graph::new(
+            vec![t("x", &[2, 5], F32, Input), t("y", &[2], I32, Input), t("loss", &[], F32, Activation)],
+            vec![op("loss", OpKind::CrossEntropy, &["x", "y"], &["loss"], &[])],
+            "loss",
+        )
+        .unwrap();
+        assert!(backward_plan(&g).unwrap_err().to_string().contains("does not depend on any weight"));
+    }
+}

@@ -1,0 +1,1342 @@
+//! Sharding: one rank's forward graph for a parallel layout, with every collective the
+//! layout implies inserted as an operation, so the executor runs and the projection model
+//! costs the very same per-rank graph.
+//!
+//! The pass reads the parallel role each plugin op carries and applies Megatron-LM's
+//! decomposition (modeling.md §2):
+//! - TP: column-parallel linears split N, row-parallel linears split K and their partial
+//!   sums are all-reduced (or, with sequence parallelism, reduce-scattered onto a sequence
+//!   shard and all-gathered again before the next column-parallel block); attention keeps
+//!   heads/tp (KV heads are replicated when tp is a multiple of them); embedding, lm-head
+//!   and cross-entropy are vocab-parallel (the loss all-reduces its per-row max and
+//!   sum-exp, (B,T) each).
+//! - PP: the rank keeps its stage's layers (vp chunks of them when interleaved); stage 0
+//!   owns the embedding, the last stage the final norm, head, loss and MTP modules;
+//!   stage boundaries are `send`/`recv` of the (B,T,C) residual stream.
+//! - CP: tokens split by cp; attention all-gathers K and V over the cp group.
+//! - EP: routed experts split by ep with an all-to-all before and after the grouped
+//!   linears (ETP splits each expert's width and all-reduces its output).
+//! - DP/FSDP: gradient reduction happens once per step, outside the forward graph, so it
+//!   is returned as [`StepCollective`]s next to the graph.
+//!
+//! Key items: [`Layout`] (with [`Layout::validate`]), [`RankCoord`], [`shard`] →
+//! [`Sharded`], [`comm_volume`] → [`CommOp`].
+//!
+//! Shape notation: B micro-batch, T sequence, C hidden, H/Hkv heads, D head dim, V
+//! vocabulary, E experts, k top-k, N = B·T tokens.
+//!
+//! Collective ops carry attrs `group` (text: tp, cp, ep, etp, pp), `group-size` (int) and
+//! `tensor` (text: the logical tensor moved); all-gather and reduce-scatter add `axis`.
+//! Vocabularies tp does not divide are padded up to the next multiple of tp (the padded
+//! rows are extra parameters on the last ranks, as Megatron's padding is).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use serde::Serialize;
+
+use crate::ir::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorId, TensorKind};
+
+/// A parallel layout: degrees, schedule and batch. GPUs = tp·pp·cp·dp; ep and etp carve
+/// the expert layers out of the tp·cp·dp ranks of one stage (Megatron's MoE folding).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Layout {
+    pub tp: u32,
+    pub pp: u32,
+    pub cp: u32,
+    pub ep: u32,
+    pub etp: u32,
+    pub dp: u32,
+    /// Virtual pipeline chunks per stage (interleaved 1F1B); 1 = not interleaved.
+    pub vp: u32,
+    pub sequence_parallel: bool,
+    /// Shard parameters, gradients and optimizer state over the data-parallel ranks.
+    pub fsdp: bool,
+    /// Sequences per micro-batch (the graph's B).
+    pub micro_batch: u32,
+    /// Sequences per optimizer step over all data-parallel ranks.
+    pub global_batch: u32,
+}
+
+/// Which rank of each parallel group: the graph depends on the pipeline stage (which
+/// layers) and, for padded vocabularies and causal CP, on the tp and cp ranks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct RankCoord {
+    pub tp: u32,
+    pub pp: u32,
+    pub cp: u32,
+    pub dp: u32,
+}
+
+/// A collective that runs once per step (or per micro-batch, see `count`) outside the
+/// forward graph: gradient reduction, FSDP parameter gathers, tied-embedding sync.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepCollective {
+    pub kind: OpKind,
+    /// `dp` (the dp·cp ranks that hold the same dense weights), `edp` (expert data
+    /// parallel), `pp-embed` (first and last stage, tied embeddings).
+    pub group: String,
+    pub group_size: u32,
+    /// The nccl-tests size S of one call (see [`CommOp::bytes`]).
+    pub bytes: f64,
+    /// Calls per step.
+    pub count: u32,
+    pub what: String,
+}
+
+/// One rank's graph and its step-level collectives.
+#[derive(Clone, Debug)]
+pub struct Sharded {
+    pub graph: Graph,
+    pub step: Vec<StepCollective>,
+}
+
+/// One collective of a sharded graph, sized for the nccl-tests bus-bandwidth model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CommOp {
+    /// The op's name in the sharded graph.
+    pub op: String,
+    pub kind: OpKind,
+    pub group: String,
+    pub group_size: u32,
+    /// nccl-tests S per rank (modeling.md §3.2): the buffer for all-reduce, the gathered
+    /// output for all-gather, the full input for reduce-scatter, the per-rank send total
+    /// for all-to-all, the message for send/recv.
+    pub bytes: f64,
+    /// busbw/algbw: AR 2(n−1)/n, AG/RS/A2A (n−1)/n, send/recv 1.
+    pub bus_factor: f64,
+    /// The collective of equal size the backward pass runs for this one (AR ↔ the AR of
+    /// a column-parallel input gradient, AG ↔ RS, A2A ↔ A2A, send ↔ recv); `None` for
+    /// the loss statistics, whose backward is local.
+    pub backward: Option<OpKind>,
+    pub layer: i32,
+}
+
+impl CommOp {
+    /// Bytes each rank puts on the wire: S·bus_factor.
+    pub fn bus_bytes(&self) -> f64 {
+        self.bytes * self.bus_factor
+    }
+}
+
+/// nccl-tests bus-bandwidth factor of `kind` over `n` ranks.
+pub fn bus_factor(kind: OpKind, n: u32) -> f64 {
+    let n = f64::from(n.max(1));
+    match kind {
+        OpKind::AllReduce => 2.0 * (n - 1.0) / n,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// What the layout rules need to know about a graph
+// ------------------------------------------------------------------------------------
+
+/// Model facts read off a logical graph.
+#[derive(Default)]
+struct Facts {
+    b: u64,
+    t: u64,
+    /// (query heads, kv heads) of each distinct attention shape.
+    heads: BTreeSet<(u64, u64)>,
+    /// Column-parallel output widths that are not per-head (MLP widths) → an op name.
+    widths: BTreeMap<u64, String>,
+    vocab: Option<u64>,
+    /// Transformer layers in execution order (MTP layers run with the head).
+    layers: Vec<i32>,
+    experts: Option<u64>,
+    /// Expert widths (the N of column-like grouped linears).
+    expert_widths: BTreeSet<u64>,
+}
+
+fn facts(g: &Graph) -> Facts {
+    let mut f = Facts::default();
+    let shape = |id: TensorId| g.tensors.get(id).map_or(&[][..], |t| t.shape.as_slice());
+    for op in &g.ops {
+        match op.kind {
+            OpKind::Embedding if f.b == 0 => {
+                if let [b, t] = *shape(op.inputs.first().copied().unwrap_or(usize::MAX)) {
+                    (f.b, f.t) = (b, t);
+                }
+                if op.role == Role::VocabParallel {
+                    f.vocab = op.inputs.get(1).and_then(|&w| shape(w).first().copied());
+                }
+            }
+            OpKind::Attention => {
+                let (q, k) = (shape(op.inputs[0]), shape(op.inputs.get(1).copied().unwrap_or(usize::MAX)));
+                if q.len() == 4 && k.len() == 4 {
+                    f.heads.insert((q[2], k[2]));
+                }
+            }
+            OpKind::Linear if op.role == Role::ColumnParallel => {
+                let out = shape(op.outputs.first().copied().unwrap_or(usize::MAX));
+                let n = op.inputs.get(1).and_then(|&w| shape(w).first().copied()).unwrap_or(0);
+                if out.len() != 4 && n > 0 {
+                    f.widths.entry(n).or_insert_with(|| op.name.clone());
+                }
+            }
+            OpKind::Linear if op.role == Role::VocabParallel => {
+                f.vocab = f.vocab.or_else(|| op.inputs.get(1).and_then(|&w| shape(w).first().copied()));
+            }
+            OpKind::GroupedLinear => {
+                if let [e, n, _] = *shape(op.inputs.get(1).copied().unwrap_or(usize::MAX)) {
+                    f.experts = Some(e);
+                    f.expert_widths.insert(n);
+                }
+            }
+            _ => {}
+        }
+    }
+    f.layers = partition(g).1;
+    f
+}
+
+/// Where each op runs: `Pre` (embedding: first chunk), a transformer layer, or `Post`
+/// (final norm, head, loss and any MTP layers after them: last chunk).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Place {
+    Pre,
+    Layer(i32),
+    Post,
+}
+
+fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
+    let mut places = Vec::with_capacity(g.ops.len());
+    let mut layers = Vec::new();
+    let mut seen_layer = false;
+    let mut post = false;
+    for op in &g.ops {
+        let p = if post {
+            Place::Post
+        } else if op.layer < 0 {
+            if seen_layer {
+                post = true;
+                Place::Post
+            } else {
+                Place::Pre
+            }
+        } else {
+            seen_layer = true;
+            if layers.last() != Some(&op.layer) && !layers.contains(&op.layer) {
+                layers.push(op.layer);
+            }
+            Place::Layer(op.layer)
+        };
+        places.push(p);
+    }
+    (places, layers)
+}
+
+/// Divisors of `n` up to `max`, as a "try" list.
+fn try_list(n: u64, max: u64) -> String {
+    let d: Vec<String> = (1..=max.min(n)).filter(|d| n.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+    d.join(", ")
+}
+
+impl Layout {
+    /// Every degree 1, no SP/FSDP: one GPU.
+    pub fn single(micro_batch: u32, global_batch: u32) -> Layout {
+        Layout {
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 1,
+            vp: 1,
+            sequence_parallel: false,
+            fsdp: false,
+            micro_batch,
+            global_batch,
+        }
+    }
+
+    /// tp·pp·cp·dp.
+    pub fn gpus(&self) -> u32 {
+        self.tp.saturating_mul(self.pp).saturating_mul(self.cp).saturating_mul(self.dp)
+    }
+
+    /// Micro-batches per data-parallel rank per step: m = global / (micro·dp).
+    pub fn micro_batches(&self) -> u32 {
+        self.global_batch / self.micro_batch.saturating_mul(self.dp).max(1)
+    }
+
+    /// Vocabulary rows per tp rank (padded up when tp does not divide V).
+    pub fn vocab_per_rank(&self, vocab: u64) -> u64 {
+        vocab.div_ceil(u64::from(self.tp.max(1)))
+    }
+
+    /// Sequence parallelism in effect (it changes nothing at tp = 1).
+    fn sp(&self) -> bool {
+        self.sequence_parallel && self.tp > 1
+    }
+
+    /// Check the layout against graph `g` and a run of `gpus` GPUs.
+    ///
+    /// # Errors
+    /// Every broken rule, joined with "; ", each naming the rule and a fix: degrees of
+    /// zero, tp·pp·cp·dp ≠ GPUs, tp not dividing heads, KV heads (unless tp is a multiple
+    /// of them: KV heads are then replicated), MLP or expert widths; more pipeline chunks
+    /// than layers, vp without pp, an interleaved schedule whose micro-batch count is not a
+    /// multiple of pp; a sequence cp·2 (or, with SP, cp·tp) does not divide; ep not
+    /// dividing the experts or ep·etp not dividing tp·cp·dp; expert parallelism without
+    /// experts; a micro-batch different from the graph's; a global batch that is not a
+    /// multiple of micro-batch·dp. A vocabulary tp does not divide is padded, not refused.
+    pub fn validate(&self, g: &Graph, gpus: u32) -> Result<(), String> {
+        let mut err: Vec<String> = Vec::new();
+        let degrees = [
+            ("tp", self.tp),
+            ("pp", self.pp),
+            ("cp", self.cp),
+            ("ep", self.ep),
+            ("etp", self.etp),
+            ("dp", self.dp),
+            ("vp", self.vp),
+            ("micro_batch", self.micro_batch),
+            ("global_batch", self.global_batch),
+        ];
+        let zero: Vec<&str> = degrees.iter().filter(|(_, v)| *v == 0).map(|(n, _)| *n).collect();
+        if !zero.is_empty() {
+            return Err(format!("{} must be at least 1", zero.join(", ")));
+        }
+        let f = facts(g);
+        let (tp, pp, cp, dp) = (u64::from(self.tp), u64::from(self.pp), u64::from(self.cp), u64::from(self.dp));
+        let prod = tp * pp * cp * dp;
+        if prod != u64::from(gpus) {
+            let fix = if gpus > 0 && u64::from(gpus) % (tp * pp * cp) == 0 {
+                format!("set dp = {}", u64::from(gpus) / (tp * pp * cp))
+            } else {
+                format!("choose tp·pp·cp dividing {gpus}")
+            };
+            err.push(format!(
+                "tp·pp·cp·dp = {}·{}·{}·{} = {prod} but the run has {gpus} GPUs; {fix}",
+                self.tp, self.pp, self.cp, self.dp
+            ));
+        }
+        let near = tp.max(8);
+        for &(h, hkv) in &f.heads {
+            if h % tp != 0 {
+                err.push(format!("tp={tp} does not divide {h} heads; try {}", try_list(h, near)));
+            } else if hkv % tp != 0 && tp % hkv != 0 {
+                err.push(format!(
+                    "tp={tp} neither divides the {hkv} kv heads nor is a multiple of them (kv heads are replicated only \
+                     when tp is); try {}",
+                    try_list(h, near).split(", ").filter(|d| {
+                        let d: u64 = d.parse().unwrap_or(1);
+                        hkv.is_multiple_of(d) || d.is_multiple_of(hkv)
+                    }).collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+        for (n, op) in &f.widths {
+            if n % tp != 0 {
+                err.push(format!(
+                    "tp={tp} does not divide the {n}-wide '{op}' (MLP width); try {}",
+                    try_list(*n, near)
+                ));
+            }
+        }
+        let chunks = pp * u64::from(self.vp);
+        let layers = f.layers.len() as u64;
+        if self.vp > 1 && self.pp == 1 {
+            err.push(format!("vp={} needs pp > 1 (virtual stages interleave pipeline stages); set vp = 1", self.vp));
+        }
+        if chunks > layers.max(1) {
+            err.push(format!(
+                "pp·vp = {chunks} pipeline chunks but the graph has {layers} layers; use pp·vp ≤ {layers}"
+            ));
+        }
+        let m = self.micro_batches();
+        if self.vp > 1 && self.pp > 1 && !m.is_multiple_of(self.pp) {
+            err.push(format!(
+                "the interleaved schedule (vp={}) needs the micro-batches per step (m = {m}) to be a multiple of pp={}; \
+                 make the global batch a multiple of micro_batch·dp·pp = {}",
+                self.vp,
+                self.pp,
+                u64::from(self.micro_batch) * dp * pp
+            ));
+        }
+        if f.t > 0 {
+            if self.cp > 1 && !f.t.is_multiple_of(2 * cp) {
+                err.push(format!(
+                    "cp={cp}: sequence {} must split into 2·cp = {} equal chunks (load-balanced causal CP); try cp = {}",
+                    f.t,
+                    2 * cp,
+                    (1..=8u64).filter(|c| f.t.is_multiple_of(2 * c) || *c == 1).map(|c| c.to_string()).collect::<Vec<_>>().join(", ")
+                ));
+            } else if self.sp() && !(f.t / cp).is_multiple_of(tp) {
+                err.push(format!(
+                    "sequence parallelism splits the {} tokens of each cp rank over tp={tp}, which does not divide them; \
+                     choose tp dividing {} or turn sequence parallelism off",
+                    f.t / cp,
+                    f.t / cp
+                ));
+            }
+        }
+        if f.b > 0 && f.b != u64::from(self.micro_batch) {
+            err.push(format!(
+                "the graph was built for micro-batch {} but the layout's micro_batch is {}; rebuild the graph with \
+                 micro-batch {}",
+                f.b, self.micro_batch, self.micro_batch
+            ));
+        }
+        let per = u64::from(self.micro_batch) * dp;
+        if u64::from(self.global_batch) % per != 0 {
+            let gb = u64::from(self.global_batch);
+            let lo = gb / per * per;
+            err.push(format!(
+                "global batch {gb} is not a multiple of micro_batch·dp = {per}; try {}{}",
+                if lo > 0 { format!("{lo} or ") } else { String::new() },
+                lo + per
+            ));
+        }
+        let (ep, etp) = (u64::from(self.ep), u64::from(self.etp));
+        match f.experts {
+            None if ep > 1 || etp > 1 => {
+                err.push(format!("ep={ep}, etp={etp} but the graph has no routed experts; set ep = etp = 1"));
+            }
+            None => {}
+            Some(e) => {
+                if e % ep != 0 {
+                    err.push(format!("ep={ep} does not divide {e} experts; try {}", try_list(e, e)));
+                }
+                let stage = tp * cp * dp;
+                if stage % (ep * etp) != 0 {
+                    err.push(format!(
+                        "ep·etp = {} does not divide tp·cp·dp = {stage} (experts spread over the ranks of one pipeline \
+                         stage); choose ep·etp among {}",
+                        ep * etp,
+                        try_list(stage, stage)
+                    ));
+                }
+                for w in &f.expert_widths {
+                    if w % etp != 0 {
+                        err.push(format!("etp={etp} does not divide the expert width {w}; try {}", try_list(*w, near)));
+                    }
+                }
+            }
+        }
+        if err.is_empty() { Ok(()) } else { Err(err.join("; ")) }
+    }
+}
+
+// ------------------------------------------------------------------------------------
+// The pass
+// ------------------------------------------------------------------------------------
+
+/// Token split of an activation: `Full` holds the cp rank's T/cp tokens, `Seq` the
+/// sequence-parallel shard T/(cp·tp).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+enum Tok {
+    Full,
+    Seq,
+}
+
+/// The local version of a logical tensor: its name in the sharded graph, token split and
+/// feature divisor (1: whole feature axis; else split over tp, or etp for expert tensors).
+#[derive(Clone, Debug)]
+struct Local {
+    name: String,
+    tok: Tok,
+    split: u64,
+}
+
+/// Sharding state for one rank.
+struct Pass<'a> {
+    g: &'a Graph,
+    l: &'a Layout,
+    rank: RankCoord,
+    b: u64,
+    t: u64,
+    tensors: Vec<Tensor>,
+    names: HashSet<String>,
+    ops: Vec<NamedOp>,
+    /// Logical activation or input → its current local version.
+    local: HashMap<TensorId, Local>,
+    /// Logical weight → local shape (a weight read twice must shard the same way).
+    weights: HashMap<TensorId, Vec<u64>>,
+    /// Gathered versions already made: (logical id, "tokens" | "features" | "cp").
+    gathered: HashMap<(TensorId, &'static str), Local>,
+}
+
+fn attr_text(s: &str) -> Attr {
+    Attr::Text(s.to_string())
+}
+
+/// Errors of the pass name the op or tensor at fault.
+type R<T> = Result<T, String>;
+
+impl<'a> Pass<'a> {
+    fn tp(&self) -> u64 {
+        u64::from(self.l.tp)
+    }
+
+    fn tok_div(&self, tok: Tok) -> u64 {
+        u64::from(self.l.cp) * if tok == Tok::Seq { self.tp() } else { 1 }
+    }
+
+    /// The token axis of a logical shape: 1 for (B,T,..), else 0 for (N,..) and (N·k,..).
+    fn tok_axis(&self, shape: &[u64]) -> usize {
+        if shape.len() >= 2 && shape[0] == self.b && shape[1] == self.t { 1 } else { 0 }
+    }
+
+    /// Local shape of logical `shape` under a token split and feature divisor. The feature
+    /// axis is the head axis of rank-4 (B,T,H,D) tensors and the last axis otherwise; a
+    /// head axis smaller than the divisor (kv heads under a larger tp) keeps one head.
+    fn shape_of(&self, what: &str, shape: &[u64], tok: Tok, split: u64) -> R<Vec<u64>> {
+        let mut s = shape.to_vec();
+        if s.is_empty() {
+            return Ok(s);
+        }
+        let div = self.tok_div(tok);
+        let ax = self.tok_axis(shape);
+        if !s[ax].is_multiple_of(div) {
+            return Err(format!("'{what}' {shape:?}: token axis {ax} does not split by {div}"));
+        }
+        s[ax] /= div;
+        if split > 1 {
+            let fa = if s.len() == 4 { 2 } else { s.len() - 1 };
+            if fa == ax {
+                return Err(format!("'{what}' {shape:?}: no feature axis to split by {split}"));
+            }
+            s[fa] = if s[fa].is_multiple_of(split) {
+                s[fa] / split
+            } else if s.len() == 4 && split.is_multiple_of(s[fa]) {
+                1
+            } else {
+                return Err(format!("'{what}' {shape:?}: axis {fa} does not split by {split}"));
+            };
+        }
+        Ok(s)
+    }
+
+    fn fresh(&mut self, base: &str) -> String {
+        let mut name = base.to_string();
+        let mut i = 1;
+        while self.names.contains(&name) {
+            name = format!("{base}.{i}");
+            i += 1;
+        }
+        name
+    }
+
+    fn add_tensor(&mut self, name: &str, shape: Vec<u64>, dtype: DType, kind: TensorKind) -> String {
+        let name = self.fresh(name);
+        self.names.insert(name.clone());
+        self.tensors.push(Tensor { name: name.clone(), shape, dtype, kind });
+        name
+    }
+
+    #[allow(clippy::too_many_arguments, reason = "an op record field by field")]
+    fn emit(
+        &mut self,
+        name: &str,
+        kind: OpKind,
+        inputs: Vec<String>,
+        outputs: Vec<String>,
+        attrs: BTreeMap<String, Attr>,
+        layer: i32,
+        role: Role,
+    ) {
+        self.ops.push(NamedOp { name: name.to_string(), kind, inputs, outputs, attrs, layer, role });
+    }
+
+    /// Insert collective `kind` over `group` of `n` ranks, reading `src` and writing a new
+    /// tensor of `shape`; returns the output name. Group size 1 is never emitted.
+    #[allow(clippy::too_many_arguments, reason = "a collective has exactly these choices")]
+    fn collective(
+        &mut self,
+        kind: OpKind,
+        group: &str,
+        n: u64,
+        src: &str,
+        tag: &str,
+        shape: Vec<u64>,
+        dtype: DType,
+        logical: &str,
+        extra: &[(&str, Attr)],
+        layer: i32,
+    ) -> String {
+        let out = self.add_tensor(&format!("{src}.{tag}"), shape, dtype, TensorKind::Activation);
+        let mut attrs: BTreeMap<String, Attr> = BTreeMap::new();
+        attrs.insert("group".into(), attr_text(group));
+        attrs.insert("group-size".into(), Attr::Int(n as i64));
+        attrs.insert("tensor".into(), attr_text(logical));
+        for (k, v) in extra {
+            attrs.insert((*k).to_string(), v.clone());
+        }
+        self.emit(&out.clone(), kind, vec![src.to_string()], vec![out.clone()], attrs, layer, Role::Replicated);
+        out
+    }
+
+    fn logical(&self, id: TensorId) -> &'a Tensor {
+        &self.g.tensors[id]
+    }
+
+    /// The local version of activation or input `id` (inputs are created on first use with
+    /// token split `tok`).
+    fn get(&mut self, id: TensorId, tok: Tok) -> R<Local> {
+        if let Some(l) = self.local.get(&id) {
+            return Ok(l.clone());
+        }
+        let t = self.logical(id);
+        match t.kind {
+            TensorKind::Input => {
+                let shape = self.shape_of(&t.name, &t.shape, tok, 1)?;
+                let name = self.add_tensor(&t.name, shape, t.dtype, TensorKind::Input);
+                let l = Local { name, tok, split: 1 };
+                self.local.insert(id, l.clone());
+                Ok(l)
+            }
+            _ => Err(format!("activation '{}' is read on this rank before it is produced", t.name)),
+        }
+    }
+
+    /// The weight `id` at local shape `shape` (created on first use).
+    fn weight(&mut self, id: TensorId, shape: Vec<u64>) -> R<String> {
+        let t = self.logical(id);
+        if let Some(s) = self.weights.get(&id) {
+            if *s != shape {
+                return Err(format!("weight '{}' is read sharded both as {s:?} and {shape:?}", t.name));
+            }
+            return Ok(t.name.clone());
+        }
+        self.weights.insert(id, shape.clone());
+        self.names.insert(t.name.clone());
+        self.tensors.push(Tensor { name: t.name.clone(), shape, dtype: t.dtype, kind: TensorKind::Weight });
+        Ok(t.name.clone())
+    }
+
+    /// `id` with all of this cp rank's tokens (all-gather over tp of the SP shard).
+    fn full_tokens(&mut self, id: TensorId, l: Local, layer: i32) -> R<Local> {
+        if l.tok == Tok::Full {
+            return Ok(l);
+        }
+        if let Some(g) = self.gathered.get(&(id, "tokens")) {
+            return Ok(g.clone());
+        }
+        let t = self.logical(id);
+        let shape = self.shape_of(&t.name, &t.shape, Tok::Full, l.split)?;
+        let ax = self.tok_axis(&t.shape) as i64;
+        let name = self.collective(
+            OpKind::AllGather,
+            "tp",
+            self.tp(),
+            &l.name,
+            "ag_tp",
+            shape,
+            t.dtype,
+            &t.name,
+            &[("axis", Attr::Int(ax))],
+            layer,
+        );
+        let g = Local { name, tok: Tok::Full, split: l.split };
+        self.gathered.insert((id, "tokens"), g.clone());
+        Ok(g)
+    }
+
+    /// `id` with its whole feature axis: an all-gather over tp, or with sequence
+    /// parallelism an all-to-all that trades the feature split for a sequence split (the
+    /// consumer is then in the sequence-parallel region; Megatron gathers and drops).
+    fn full_features(&mut self, id: TensorId, l: Local, layer: i32) -> R<Local> {
+        if l.split == 1 {
+            return Ok(l);
+        }
+        if let Some(g) = self.gathered.get(&(id, "features")) {
+            return Ok(g.clone());
+        }
+        let t = self.logical(id);
+        let (kind, tok, tag) = if self.l.sp() && l.tok == Tok::Full {
+            (OpKind::AllToAll, Tok::Seq, "a2a_tp")
+        } else {
+            (OpKind::AllGather, l.tok, "agf_tp")
+        };
+        let shape = self.shape_of(&t.name, &t.shape, tok, 1)?;
+        let ax = if t.shape.len() == 4 { 2 } else { t.shape.len().saturating_sub(1) } as i64;
+        let name = self.collective(
+            kind,
+            "tp",
+            l.split,
+            &l.name,
+            tag,
+            shape,
+            t.dtype,
+            &t.name,
+            &[("axis", Attr::Int(ax))],
+            layer,
+        );
+        let g = Local { name, tok, split: 1 };
+        self.gathered.insert((id, "features"), g.clone());
+        Ok(g)
+    }
+
+    /// Reduce the partial sums of a tp-split contraction: reduce-scatter onto the
+    /// sequence shard with SP, else all-reduce.
+    fn reduce_tp(&mut self, id: TensorId, partial: &str, layer: i32) -> R<Local> {
+        let t = self.logical(id);
+        if self.tp() == 1 {
+            return Ok(Local { name: partial.to_string(), tok: Tok::Full, split: 1 });
+        }
+        if self.l.sp() {
+            let shape = self.shape_of(&t.name, &t.shape, Tok::Seq, 1)?;
+            let ax = self.tok_axis(&t.shape) as i64;
+            let name = self.collective(
+                OpKind::ReduceScatter,
+                "tp",
+                self.tp(),
+                partial,
+                "rs_tp",
+                shape,
+                t.dtype,
+                &t.name,
+                &[("axis", Attr::Int(ax))],
+                layer,
+            );
+            Ok(Local { name, tok: Tok::Seq, split: 1 })
+        } else {
+            let shape = self.shape_of(&t.name, &t.shape, Tok::Full, 1)?;
+            let name = self.collective(
+                OpKind::AllReduce,
+                "tp",
+                self.tp(),
+                partial,
+                "ar_tp",
+                shape,
+                t.dtype,
+                &t.name,
+                &[],
+                layer,
+            );
+            Ok(Local { name, tok: Tok::Full, split: 1 })
+        }
+    }
+
+    /// Declare the local output of logical `id` and record it.
+    fn output(&mut self, id: TensorId, tok: Tok, split: u64) -> R<String> {
+        let t = self.logical(id);
+        let shape = self.shape_of(&t.name, &t.shape, tok, split)?;
+        let name = self.add_tensor(&t.name, shape, t.dtype, TensorKind::Activation);
+        self.local.insert(id, Local { name: name.clone(), tok, split });
+        Ok(name)
+    }
+
+    fn local_numel(&self, name: &str) -> u64 {
+        self.tensors.iter().rev().find(|t| t.name == name).map_or(0, |t| t.numel())
+    }
+
+    fn cp_attrs(&self, attrs: &mut BTreeMap<String, Attr>) {
+        if self.l.cp > 1 {
+            attrs.insert("cp".into(), Attr::Int(i64::from(self.l.cp)));
+            attrs.insert("cp-rank".into(), Attr::Int(i64::from(self.rank.cp)));
+        }
+    }
+
+    /// Shard one logical op onto this rank.
+    fn op(&mut self, i: usize) -> R<()> {
+        let g = self.g;
+        let op = &g.ops[i];
+        let (layer, role) = (op.layer, op.role);
+        let name = op.name.clone();
+        let mut attrs = op.attrs.clone();
+        let bad = |m: String| Err(format!("operation '{name}': {m}"));
+        let tp = self.tp();
+        let resid = if self.l.sp() { Tok::Seq } else { Tok::Full };
+        match op.kind {
+            OpKind::Embedding => {
+                let (idx, table, out) = (op.inputs[0], op.inputs[1], op.outputs[0]);
+                let w = self.logical(table);
+                let c = w.shape.get(1).copied().unwrap_or(0);
+                if role == Role::VocabParallel && tp > 1 {
+                    let x = self.get(idx, Tok::Full)?;
+                    let rows = self.l.vocab_per_rank(w.shape[0]);
+                    let wn = self.weight(table, vec![rows, c])?;
+                    attrs.insert("vocab-start".into(), Attr::Int((rows * u64::from(self.rank.tp)) as i64));
+                    let partial = self.output(out, Tok::Full, 1)?;
+                    self.emit(&name, op.kind, vec![x.name, wn], vec![partial.clone()], attrs, layer, role);
+                    let r = self.reduce_tp(out, &partial, layer)?;
+                    self.local.insert(out, r);
+                } else {
+                    let tok = if role == Role::VocabParallel { Tok::Full } else { resid };
+                    let x = self.get(idx, tok)?;
+                    let wn = self.weight(table, w.shape.clone())?;
+                    let o = self.output(out, x.tok, 1)?;
+                    self.emit(&name, op.kind, vec![x.name, wn], vec![o], attrs, layer, role);
+                }
+            }
+            OpKind::Linear => {
+                let (xi, wi, out) = (op.inputs[0], op.inputs[1], op.outputs[0]);
+                let w = self.logical(wi).shape.clone();
+                let (n, k) = (w[0], w[1]);
+                let bias = op.inputs.get(2).copied();
+                let x = self.get(xi, resid)?;
+                match role {
+                    Role::ColumnParallel | Role::VocabParallel => {
+                        let x = self.full_features(xi, x, layer)?;
+                        let x = self.full_tokens(xi, x, layer)?;
+                        let (o, n_local) = if role == Role::VocabParallel {
+                            let v = self.l.vocab_per_rank(n);
+                            let t = self.logical(out);
+                            let mut s = self.shape_of(&t.name, &t.shape, Tok::Full, 1)?;
+                            if let Some(last) = s.last_mut() {
+                                *last = v;
+                            }
+                            let o = self.add_tensor(&t.name, s, t.dtype, TensorKind::Activation);
+                            self.local.insert(out, Local { name: o.clone(), tok: Tok::Full, split: tp });
+                            attrs.insert("vocab-start".into(), Attr::Int((v * u64::from(self.rank.tp)) as i64));
+                            (o, v)
+                        } else {
+                            let o = self.output(out, Tok::Full, tp)?;
+                            let rows = self.local_numel(&x.name) / k.max(1);
+                            (o.clone(), self.local_numel(&o) / rows.max(1))
+                        };
+                        let mut ins = vec![x.name, self.weight(wi, vec![n_local, k])?];
+                        if let Some(b) = bias {
+                            ins.push(self.weight(b, vec![n_local])?);
+                        }
+                        self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+                    }
+                    Role::RowParallel => {
+                        if x.split != tp {
+                            return bad(format!(
+                                "row-parallel input '{}' is not split by tp={tp}",
+                                self.logical(xi).name
+                            ));
+                        }
+                        let rows = self.b * self.t / self.tok_div(x.tok);
+                        let k_local = self.local_numel(&x.name) / rows.max(1);
+                        let mut ins = vec![x.name, self.weight(wi, vec![n, k_local])?];
+                        if let Some(b) = bias {
+                            // Megatron adds the row-parallel bias once, after the reduction.
+                            ins.push(self.weight(b, vec![n])?);
+                        }
+                        let partial = self.output(out, Tok::Full, 1)?;
+                        self.emit(&name, op.kind, ins, vec![partial.clone()], attrs, layer, role);
+                        let r = self.reduce_tp(out, &partial, layer)?;
+                        self.local.insert(out, r);
+                    }
+                    _ => {
+                        let x = self.full_features(xi, x, layer)?;
+                        let mut ins = vec![x.name, self.weight(wi, w.clone())?];
+                        if let Some(b) = bias {
+                            ins.push(self.weight(b, vec![n])?);
+                        }
+                        let o = self.output(out, x.tok, 1)?;
+                        self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+                    }
+                }
+            }
+            OpKind::RmsNorm
+            | OpKind::LayerNorm
+            | OpKind::Add
+            | OpKind::Gelu
+            | OpKind::SquaredRelu
+            | OpKind::SwiGlu
+            | OpKind::GeGlu
+            | OpKind::Rotary
+            | OpKind::Concat => {
+                let head_side = matches!(role, Role::HeadParallel | Role::ColumnParallel);
+                let mut ins: Vec<(TensorId, Local)> = Vec::new();
+                for &id in &op.inputs {
+                    if self.logical(id).kind == TensorKind::Weight {
+                        continue;
+                    }
+                    let mut l = self.get(id, resid)?;
+                    if head_side {
+                        l = self.full_tokens(id, l, layer)?;
+                    } else if role != Role::Expert && op.kind != OpKind::Concat {
+                        l = self.full_features(id, l, layer)?;
+                    }
+                    ins.push((id, l));
+                }
+                // Inputs must agree on the token split; gather the sequence shards if not.
+                if ins.iter().any(|(_, l)| l.tok != ins[0].1.tok) {
+                    for (id, l) in ins.iter_mut() {
+                        *l = self.full_tokens(*id, l.clone(), layer)?;
+                    }
+                }
+                let tok = ins.first().map_or(resid, |(_, l)| l.tok);
+                let split = ins.iter().map(|(_, l)| l.split).max().unwrap_or(1);
+                let out = op.outputs[0];
+                let o = if op.kind == OpKind::Concat {
+                    let a = self.tensors.iter().rev().find(|t| t.name == ins[0].1.name).map(|t| t.shape.clone());
+                    let b = self.tensors.iter().rev().find(|t| t.name == ins[1].1.name).map(|t| t.shape.clone());
+                    let (Some(a), Some(b)) = (a, b) else { return bad("concat inputs missing".into()) };
+                    if a.len() != b.len() || a.is_empty() {
+                        return bad(format!("concat of {a:?} and {b:?}"));
+                    }
+                    let mut s: Vec<u64> = a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect();
+                    let r = s.len() - 1;
+                    s[r] = a[r] + b[r];
+                    let t = self.logical(out);
+                    let o = self.add_tensor(&t.name, s, t.dtype, TensorKind::Activation);
+                    self.local.insert(out, Local { name: o.clone(), tok, split });
+                    o
+                } else {
+                    self.output(out, tok, split)?
+                };
+                if op.kind == OpKind::Rotary {
+                    self.cp_attrs(&mut attrs);
+                }
+                let mut names: Vec<String> = Vec::new();
+                for &id in &op.inputs {
+                    if self.logical(id).kind == TensorKind::Weight {
+                        names.push(self.weight(id, self.logical(id).shape.clone())?);
+                    } else {
+                        let pos = ins.iter().position(|(j, _)| *j == id).unwrap_or(0);
+                        names.push(ins[pos].1.name.clone());
+                    }
+                }
+                self.emit(&name, op.kind, names, vec![o], attrs, layer, role);
+            }
+            OpKind::Attention => {
+                let mut ins = Vec::new();
+                for (slot, &id) in op.inputs.iter().enumerate() {
+                    let l = self.get(id, resid)?;
+                    let mut l = self.full_tokens(id, l, layer)?;
+                    if slot > 0 && self.l.cp > 1 {
+                        l = match self.gathered.get(&(id, "cp")) {
+                            Some(g) => g.clone(),
+                            None => {
+                                let t = self.logical(id);
+                                let mut s = self.shape_of(&t.name, &t.shape, Tok::Full, l.split)?;
+                                s[1] *= u64::from(self.l.cp);
+                                let n = self.collective(
+                                    OpKind::AllGather,
+                                    "cp",
+                                    u64::from(self.l.cp),
+                                    &l.name,
+                                    "ag_cp",
+                                    s,
+                                    t.dtype,
+                                    &t.name,
+                                    &[("axis", Attr::Int(1))],
+                                    layer,
+                                );
+                                let g = Local { name: n, ..l };
+                                self.gathered.insert((id, "cp"), g.clone());
+                                g
+                            }
+                        };
+                    }
+                    ins.push(l.name);
+                }
+                let o = self.output(op.outputs[0], Tok::Full, tp)?;
+                self.cp_attrs(&mut attrs);
+                self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+            }
+            OpKind::CrossEntropy => {
+                let logits = self.get(op.inputs[0], Tok::Full)?;
+                let logits = self.full_tokens(op.inputs[0], logits, layer)?;
+                let targets = self.get(op.inputs[1], Tok::Full)?;
+                if role == Role::VocabParallel && tp > 1 {
+                    // Vocab-parallel softmax: each rank reduces its shard per row, then the
+                    // row max and the row sum of exponentials are all-reduced, (B,T) each.
+                    let rows = self.b * self.t / self.tok_div(Tok::Full);
+                    let lt = self.logical(op.inputs[0]).name.clone();
+                    for stat in ["max", "sumexp"] {
+                        let shape = vec![self.b, rows / self.b.max(1)];
+                        self.collective(
+                            OpKind::AllReduce,
+                            "tp",
+                            tp,
+                            &logits.name,
+                            &format!("{stat}_tp"),
+                            shape,
+                            DType::F32,
+                            &lt,
+                            &[("row-stats", Attr::Flag(true)), ("reduce", attr_text(stat))],
+                            layer,
+                        );
+                    }
+                } else if logits.split > 1 {
+                    return bad("cross-entropy over tp-split logits needs the vocab-parallel role".into());
+                }
+                let o = self.output(op.outputs[0], Tok::Full, 1)?;
+                self.emit(&name, op.kind, vec![logits.name, targets.name], vec![o], attrs, layer, role);
+            }
+            OpKind::Router => {
+                let x = self.get(op.inputs[0], resid)?;
+                let x = self.full_features(op.inputs[0], x, layer)?;
+                let w = self.output(op.outputs[0], x.tok, 1)?;
+                let idx = self.output(op.outputs[1], x.tok, 1)?;
+                self.emit(&name, op.kind, vec![x.name], vec![w, idx], attrs, layer, role);
+            }
+            OpKind::MoeDispatch => {
+                let x = self.get(op.inputs[0], resid)?;
+                let x = self.full_features(op.inputs[0], x, layer)?;
+                let idx = self.get(op.inputs[1], x.tok)?;
+                if idx.tok != x.tok {
+                    return bad("tokens and router indices are split differently".into());
+                }
+                let ep = u64::from(self.l.ep);
+                attrs.insert("ep".into(), Attr::Int(ep as i64));
+                let out = op.outputs[0];
+                let o = self.output(out, x.tok, 1)?;
+                self.emit(&name, op.kind, vec![x.name, idx.name], vec![o.clone()], attrs, layer, role);
+                if ep > 1 {
+                    // Balanced routing: each rank receives as many rows as it sends.
+                    let t = self.logical(out);
+                    let s = self.shape_of(&t.name, &t.shape, x.tok, 1)?;
+                    let a = self.collective(OpKind::AllToAll, "ep", ep, &o, "a2a_ep", s, t.dtype, &t.name, &[], layer);
+                    self.local.insert(out, Local { name: a, tok: x.tok, split: 1 });
+                }
+            }
+            OpKind::GroupedLinear => {
+                let (xi, wi, ii, out) = (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]);
+                let x = self.get(xi, resid)?;
+                let idx = self.get(ii, x.tok)?;
+                let w = self.logical(wi).shape.clone();
+                let (ep, etp) = (u64::from(self.l.ep), u64::from(self.l.etp));
+                if w.len() != 3 || !w[0].is_multiple_of(ep) {
+                    return bad(format!("expert weight {w:?} does not split by ep={ep}"));
+                }
+                if x.split == 1 {
+                    let wn = self.weight(wi, vec![w[0] / ep, w[1] / etp, w[2]])?;
+                    let o = self.output(out, x.tok, etp)?;
+                    self.emit(&name, op.kind, vec![x.name, wn, idx.name], vec![o], attrs, layer, role);
+                } else {
+                    let wn = self.weight(wi, vec![w[0] / ep, w[1], w[2] / etp])?;
+                    let partial = self.output(out, x.tok, 1)?;
+                    self.emit(&name, op.kind, vec![x.name, wn, idx.name], vec![partial.clone()], attrs, layer, role);
+                    if etp > 1 {
+                        // Megatron gathers the tokens over etp and reduce-scatters the
+                        // output; an all-reduce of the replicated rows moves the same bytes.
+                        let t = self.logical(out);
+                        let s = self.shape_of(&t.name, &t.shape, x.tok, 1)?;
+                        let r = self.collective(
+                            OpKind::AllReduce,
+                            "etp",
+                            etp,
+                            &partial,
+                            "ar_etp",
+                            s,
+                            t.dtype,
+                            &t.name,
+                            &[],
+                            layer,
+                        );
+                        self.local.insert(out, Local { name: r, tok: x.tok, split: 1 });
+                    }
+                }
+            }
+            OpKind::MoeCombine => {
+                let (yi, wi, ii) = (op.inputs[0], op.inputs[1], op.inputs[2]);
+                let mut y = self.get(yi, resid)?;
+                let ep = u64::from(self.l.ep);
+                if ep > 1 {
+                    let t = self.logical(yi);
+                    let s = self.shape_of(&t.name, &t.shape, y.tok, 1)?;
+                    let a =
+                        self.collective(OpKind::AllToAll, "ep", ep, &y.name, "a2a_ep", s, t.dtype, &t.name, &[], layer);
+                    y = Local { name: a, ..y };
+                }
+                let w = self.get(wi, y.tok)?;
+                let idx = self.get(ii, y.tok)?;
+                let o = self.output(op.outputs[0], idx.tok, 1)?;
+                self.emit(&name, op.kind, vec![y.name, w.name, idx.name], vec![o], attrs, layer, role);
+            }
+            OpKind::AllReduce
+            | OpKind::AllGather
+            | OpKind::ReduceScatter
+            | OpKind::AllToAll
+            | OpKind::Send
+            | OpKind::Recv => return bad("the graph is already sharded (it contains collectives)".into()),
+        }
+        Ok(())
+    }
+}
+
+/// Shard logical graph `g` for `layout` and return rank `rank`'s graph (which passes
+/// [`crate::validate::validate`]) with its step-level collectives.
+///
+/// A pipeline stage that does not own the head ends at the `send` of its output: its
+/// loss is the scalar token that `send` writes (summed over its chunks with `add`), and
+/// the backward pass starts from the gradient received for the sent tensor.
+///
+/// # Errors
+/// The layout breaks a rule of [`Layout::validate`] for this graph, the rank is outside
+/// the layout, or the graph is already sharded or uses a role its op cannot have.
+pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, String> {
+    layout.validate(g, layout.gpus())?;
+    for (what, r, n) in
+        [("tp", rank.tp, layout.tp), ("pp", rank.pp, layout.pp), ("cp", rank.cp, layout.cp), ("dp", rank.dp, layout.dp)]
+    {
+        if r >= n {
+            return Err(format!("rank {what}={r} is outside the layout's {what}={n}"));
+        }
+    }
+    let f = facts(g);
+    let (places, layers) = partition(g);
+    let chunks = (layout.pp * layout.vp) as usize;
+    let per = layers.len() / chunks;
+    let extra = layers.len() % chunks;
+    // Layer position → chunk; the first `extra` chunks hold one layer more.
+    let mut chunk_of_layer: HashMap<i32, usize> = HashMap::new();
+    let mut pos = 0;
+    for c in 0..chunks {
+        let n = per + usize::from(c < extra);
+        for &l in &layers[pos..pos + n] {
+            chunk_of_layer.insert(l, c);
+        }
+        pos += n;
+    }
+    let chunk: Vec<usize> = places
+        .iter()
+        .map(|p| match p {
+            Place::Pre => 0,
+            Place::Post => chunks - 1,
+            Place::Layer(l) => chunk_of_layer.get(l).copied().unwrap_or(0),
+        })
+        .collect();
+    let owned = |c: usize| c % layout.pp as usize == rank.pp as usize;
+    // Producer chunk of each activation, and the chunks that read it.
+    let mut producer: HashMap<TensorId, usize> = HashMap::new();
+    let mut readers: HashMap<TensorId, BTreeSet<usize>> = HashMap::new();
+    for (i, op) in g.ops.iter().enumerate() {
+        for &o in &op.outputs {
+            producer.insert(o, chunk[i]);
+        }
+        for &x in &op.inputs {
+            readers.entry(x).or_default().insert(chunk[i]);
+        }
+    }
+    let mut p = Pass {
+        g,
+        l: layout,
+        rank,
+        b: f.b,
+        t: f.t,
+        tensors: Vec::new(),
+        names: HashSet::new(),
+        ops: Vec::new(),
+        local: HashMap::new(),
+        weights: HashMap::new(),
+        gathered: HashMap::new(),
+    };
+    let pp = i64::from(layout.pp);
+    let mut sent: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < g.ops.len() {
+        let c = chunk[i];
+        let end = (i..g.ops.len()).find(|&j| chunk[j] != c).unwrap_or(g.ops.len());
+        if !owned(c) {
+            i = end;
+            continue;
+        }
+        // Receive the activations this chunk reads from earlier chunks: the residual
+        // stream, in its between-layer split.
+        let mut received: BTreeSet<TensorId> = BTreeSet::new();
+        for op in &g.ops[i..end] {
+            for &x in &op.inputs {
+                if let Some(&pc) = producer.get(&x)
+                    && pc != c
+                    && !p.local.contains_key(&x)
+                    && received.insert(x)
+                {
+                    let t = &g.tensors[x];
+                    let tok = if layout.sp() { Tok::Seq } else { Tok::Full };
+                    let name = p.output(x, tok, 1)?;
+                    let mut a = BTreeMap::new();
+                    a.insert("group".into(), attr_text("pp"));
+                    a.insert("group-size".into(), Attr::Int(pp));
+                    a.insert("tensor".into(), attr_text(&t.name));
+                    a.insert("peer".into(), Attr::Int((pc % layout.pp as usize) as i64));
+                    p.emit(
+                        &format!("{name}.recv"),
+                        OpKind::Recv,
+                        vec![],
+                        vec![name.clone()],
+                        a,
+                        op.layer,
+                        Role::Replicated,
+                    );
+                }
+            }
+        }
+        for j in i..end {
+            p.op(j)?;
+        }
+        // Send what later chunks read.
+        let mut outs: BTreeSet<TensorId> = BTreeSet::new();
+        for op in &g.ops[i..end] {
+            for &o in &op.outputs {
+                if readers.get(&o).is_some_and(|r| r.iter().any(|&rc| rc != c)) {
+                    outs.insert(o);
+                }
+            }
+        }
+        for o in outs {
+            let l = p.local.get(&o).cloned().ok_or_else(|| format!("'{}' was not produced", g.tensors[o].name))?;
+            let token = p.add_tensor(&format!("{}.sent", l.name), vec![], DType::F32, TensorKind::Activation);
+            let mut a = BTreeMap::new();
+            a.insert("group".into(), attr_text("pp"));
+            a.insert("group-size".into(), Attr::Int(pp));
+            a.insert("tensor".into(), attr_text(&g.tensors[o].name));
+            a.insert("peer".into(), Attr::Int(((c + 1) % layout.pp as usize) as i64));
+            let layer = g.ops[end - 1].layer;
+            p.emit(
+                &format!("{}.send", l.name),
+                OpKind::Send,
+                vec![l.name.clone()],
+                vec![token.clone()],
+                a,
+                layer,
+                Role::Replicated,
+            );
+            sent.push(token);
+        }
+        i = end;
+    }
+    // The objective: the loss on the last stage, plus every send token.
+    let mut parts: Vec<String> = Vec::new();
+    if owned(chunks - 1) {
+        parts.push(p.local.get(&g.loss).map(|l| l.name.clone()).ok_or("the loss was not produced on the last stage")?);
+    }
+    parts.extend(sent);
+    let mut loss = parts.first().cloned().ok_or("this rank runs no operation")?;
+    for (k, part) in parts.iter().enumerate().skip(1) {
+        let sum = p.add_tensor(&format!("pipeline.objective.{k}"), vec![], DType::F32, TensorKind::Activation);
+        p.emit(
+            &sum.clone(),
+            OpKind::Add,
+            vec![loss, part.clone()],
+            vec![sum.clone()],
+            BTreeMap::new(),
+            -1,
+            Role::Replicated,
+        );
+        loss = sum;
+    }
+    let step = step_collectives(g, layout, &p, owned(0), owned(chunks - 1));
+    let graph = Graph::new(p.tensors, p.ops, &loss).map_err(|e| e.to_string())?;
+    Ok(Sharded { graph, step })
+}
+
+/// Gradient reduction (and FSDP parameter gathers) for the weights this rank holds.
+/// Gradients are reduced in fp32 (Megatron's default for bf16 training,
+/// accumulate-allreduce-grads-in-fp32); FSDP gathers parameters at their own dtype in
+/// the forward and again in the backward of every micro-batch.
+fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) -> Vec<StepCollective> {
+    let mut expert: HashSet<TensorId> = HashSet::new();
+    let mut embed: HashSet<TensorId> = HashSet::new();
+    let mut head: HashSet<TensorId> = HashSet::new();
+    for op in &g.ops {
+        match op.kind {
+            OpKind::GroupedLinear => {
+                expert.insert(op.inputs[1]);
+            }
+            OpKind::Embedding if op.role == Role::VocabParallel => {
+                embed.insert(op.inputs[1]);
+            }
+            OpKind::Linear if op.role == Role::VocabParallel => {
+                head.insert(op.inputs[1]);
+            }
+            _ => {}
+        }
+    }
+    let (mut dense, mut dense_param, mut exp, mut exp_param) = (0.0, 0.0, 0.0, 0.0);
+    for (id, shape) in &p.weights {
+        let n = shape.iter().product::<u64>() as f64;
+        let bytes = g.tensors[*id].dtype.bytes();
+        if expert.contains(id) {
+            exp += 4.0 * n;
+            exp_param += bytes * n;
+        } else {
+            dense += 4.0 * n;
+            dense_param += bytes * n;
+        }
+    }
+    let dp = l.dp * l.cp;
+    let edp = (l.tp * l.cp * l.dp) / (l.ep * l.etp).max(1);
+    let m = l.micro_batches();
+    let mut out = Vec::new();
+    for (group, n, grads, params, what) in
+        [("dp", dp, dense, dense_param, "dense weights"), ("edp", edp, exp, exp_param, "expert weights")]
+    {
+        if n <= 1 || grads == 0.0 {
+            continue;
+        }
+        if l.fsdp {
+            out.push(StepCollective {
+                kind: OpKind::ReduceScatter,
+                group: group.into(),
+                group_size: n,
+                bytes: grads,
+                count: 1,
+                what: format!("fp32 gradients of the {what}"),
+            });
+            out.push(StepCollective {
+                kind: OpKind::AllGather,
+                group: group.into(),
+                group_size: n,
+                bytes: params,
+                count: 2 * m,
+                what: format!("FSDP parameter gathers of the {what} (forward and backward, every micro-batch)"),
+            });
+        } else {
+            out.push(StepCollective {
+                kind: OpKind::AllReduce,
+                group: group.into(),
+                group_size: n,
+                bytes: grads,
+                count: 1,
+                what: format!("fp32 gradients of the {what}"),
+            });
+        }
+    }
+    // A tied table lives on the first and the last stage; their gradients are summed.
+    if l.pp > 1 && (first || last) {
+        let tied_bytes: f64 = p
+            .weights
+            .iter()
+            .filter(|(id, _)| embed.contains(id) && head.contains(id))
+            .map(|(_, s)| 4.0 * s.iter().product::<u64>() as f64)
+            .sum();
+        // On a single stage both readers are local and nothing crosses stages.
+        let both_local = first && last;
+        if !both_local && tied_bytes > 0.0 {
+            out.push(StepCollective {
+                kind: OpKind::AllReduce,
+                group: "pp-embed".into(),
+                group_size: 2,
+                bytes: tied_bytes,
+                count: 1,
+                what: "fp32 gradients of the tied embedding (first and last stage)".into(),
+            });
+        }
+    }
+    out
+}
+
+/// Every collective of a sharded graph, in execution order, sized per rank.
+pub fn comm_volume(g: &Graph) -> Vec<CommOp> {
+    let bytes =
+        |id: Option<&TensorId>| id.and_then(|&i| g.tensors.get(i)).map_or(0.0, |t| t.numel() as f64 * t.dtype.bytes());
+    g.ops
+        .iter()
+        .filter_map(|op| {
+            let n = op.int("group-size").unwrap_or(1).max(1) as u32;
+            let stats = op.flag("row-stats").unwrap_or(false);
+            let (s, back) = match op.kind {
+                OpKind::AllReduce if stats => (bytes(op.outputs.first()), None),
+                OpKind::AllReduce => (bytes(op.inputs.first()), Some(OpKind::AllReduce)),
+                OpKind::AllGather => (bytes(op.outputs.first()), Some(OpKind::ReduceScatter)),
+                OpKind::ReduceScatter => (bytes(op.inputs.first()), Some(OpKind::AllGather)),
+                OpKind::AllToAll => (bytes(op.inputs.first()), Some(OpKind::AllToAll)),
+                OpKind::Send => (bytes(op.inputs.first()), Some(OpKind::Recv)),
+                OpKind::Recv => (bytes(op.outputs.first()), Some(OpKind::Send)),
+                _ => return None,
+            };
+            Some(CommOp {
+                op: op.name.clone(),
+                kind: op.kind,
+                group: op.text("group").unwrap_or("?").to_string(),
+                group_size: n,
+                bytes: s,
+                bus_factor: bus_factor(op.kind, n),
+                backward: back,
+                layer: op.layer,
+            })
+        })
+        .collect()
+}
