@@ -1,1 +1,49 @@
-//! The executor (see the Executor issue): device trait, CPU backend, timing harness.
+//! `runner-exec`: runs a training step of a [`runner_graph::Graph`] with real kernels and
+//! times it.
+//!
+//! A workload plugin hands the host a logical forward graph; [`runner_graph::autodiff`]
+//! derives its backward pass as data, and this crate executes forward, backward and an
+//! AdamW step on a [`Device`], timing every op.
+//!
+//! # Brief overview
+//!
+//! - [`Device`] ([`device`]): one backend trait (buffers, one forward op, one backward
+//!   step, optimizer, synchronize), in candle's split: [`cpu::Cpu`] implements it with
+//!   `runner-kernels`; [`cuda`] is a stub that says the binary was built without CUDA.
+//! - [`Executor`] ([`executor`]): owns weights, activations, saved tensors, gradients and
+//!   optimizer state for one graph; `forward`, `backward`, `optimizer_step`, `step`; frees
+//!   activations as early as the plan allows and accounts every byte.
+//! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
+//! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
+//! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory
+//!   bandwidth.
+//! - [`toy`]: small hand-built llama-style and MoE graphs for tests and benches.
+//!
+//! # Example
+//!
+//! ```
+//! use runner_exec::{cpu::Cpu, toy, ExecOptions, Executor, Input};
+//! let g = toy::llama(&toy::ToyConfig::tiny());
+//! let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default())?;
+//! let (tokens, targets) = toy::repeating_batch(&g, 7);
+//! let loss = ex.step(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))], &runner_exec::executor::ADAMW_DEFAULT)?;
+//! assert!(loss.is_finite());
+//! # Ok::<(), runner_exec::ExecError>(())
+//! ```
+
+pub mod bench;
+pub mod cpu;
+pub mod cuda;
+pub mod device;
+pub mod executor;
+pub mod proxy;
+#[cfg(test)]
+mod reference;
+pub mod timing;
+pub mod toy;
+
+pub use device::{Device, ExecError, MemStats};
+pub use executor::{ExecOptions, Executor, Input, MemoryReport};
+pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step};
+pub use runner_kernels::cpu::adamw::AdamW;
+pub use timing::{Stat, StepTiming, TimingOptions};

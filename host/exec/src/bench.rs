@@ -1,0 +1,338 @@
+//! Machine micro-benchmarks: GEMM throughput of the kernels' matmul, the CPU's f32 peak
+//! (computed from its features and measured with a register-only FMA loop), and STREAM
+//! style memory bandwidth. Plain functions returning serialisable rows; the CLI's
+//! `runner bench gemm|memory` prints them.
+//!
+//! Everything runs on rayon's current pool, so `RAYON_NUM_THREADS` sets the threads, as
+//! for the executor.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use rayon::prelude::*;
+use runner_kernels::cpu::matmul::{Gemm, matmul};
+use serde::Serialize;
+
+use crate::timing::Stat;
+
+/// One GEMM size.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GemmRow {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    pub threads: usize,
+    /// Seconds per GEMM.
+    pub time: Stat,
+    /// 2·M·N·K / median time.
+    pub gflops: f64,
+    /// 2·M·N·K / best time.
+    pub best_gflops: f64,
+}
+
+/// Seconds per call of `f`: each sample repeats it until ~`min_s` elapsed, so tiny sizes
+/// are not timer noise. Returns the per-call samples.
+fn sample(samples: usize, min_s: f64, mut f: impl FnMut()) -> Vec<f64> {
+    f(); // warm-up: page faults, faer's packing buffers, thread spin-up
+    let mut out = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let (t0, mut calls) = (Instant::now(), 0u32);
+        loop {
+            f();
+            calls += 1;
+            let e = t0.elapsed().as_secs_f64();
+            if e >= min_s {
+                out.push(e / f64::from(calls));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// Square f32 GEMMs C = A·B of each size through `runner_kernels`' matmul (faer);
+/// median of 7 samples of at least 20 ms each.
+pub fn gemm_bench(sizes: &[usize]) -> Vec<GemmRow> {
+    sizes
+        .iter()
+        .map(|&s| {
+            let a: Vec<f32> = (0..s * s).map(|i| ((i % 13) as f32 - 6.0) * 0.01).collect();
+            let b: Vec<f32> = (0..s * s).map(|i| ((i % 7) as f32 - 3.0) * 0.01).collect();
+            let mut c = vec![0f32; s * s];
+            let g = Gemm {
+                m: s,
+                n: s,
+                k: s,
+                trans_a: false,
+                trans_b: false,
+            };
+            let t = sample(7, 0.02, || {
+                // Sizes come from our own vectors, so the length check cannot fail.
+                let _ = matmul(&mut c, &a, &b, g, false);
+                black_box(&mut c);
+            });
+            let time = Stat::of(&t);
+            let flops = 2.0 * (s as f64).powi(3);
+            GemmRow {
+                m: s,
+                n: s,
+                k: s,
+                threads: rayon::current_num_threads(),
+                time,
+                gflops: flops / time.median / 1e9,
+                best_gflops: flops / time.min / 1e9,
+            }
+        })
+        .collect()
+}
+
+/// The CPU's f32 peak, computed and measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PeakEstimate {
+    pub model: String,
+    /// Widest FMA vector: "avx512", "avx2+fma", or "scalar".
+    pub isa: String,
+    /// f32 lanes per vector.
+    pub lanes: u32,
+    /// FMA pipes per core assumed.
+    pub fma_units: u32,
+    /// Logical CPUs counted.
+    pub cpus: u32,
+    pub ghz: f64,
+    /// Where the clock came from.
+    pub clock_source: String,
+    /// lanes × 2 (an FMA is 2 flops) × fma_units × cpus × GHz.
+    pub theoretical_gflops: f64,
+    /// Register-only FMA loop on every rayon thread (x86-64 AVX-512 or AVX2 intrinsics);
+    /// `None` where neither is available.
+    pub measured_fma_gflops: Option<f64>,
+    /// How `measured_fma_gflops` was obtained.
+    pub measured_method: String,
+}
+
+/// Parse `/proc/cpuinfo` (first processor's fields, processor count) and the cpufreq
+/// maximum into a theoretical peak, then measure the FMA loop.
+pub fn peak_gflops() -> PeakEstimate {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let field = |key: &str| {
+        info.lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim().to_string())
+    };
+    let flags: Vec<String> = field("flags")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    let has = |f: &str| flags.iter().any(|x| x == f);
+    let (isa, lanes) = if has("avx512f") {
+        ("avx512", 16)
+    } else if has("avx2") && has("fma") {
+        ("avx2+fma", 8)
+    } else {
+        ("scalar", 1)
+    };
+    // Two FMA pipes: every AVX2 core since Haswell has two 256-bit FMA ports, and the
+    // AVX-512 server cores (Xeon Scalable Gold/Platinum, Sapphire Rapids) have two
+    // 512-bit ones (port 0+1 fused and port 5). Some Silver/Bronze parts have one, which
+    // would halve the figure; the measured loop below tells the two apart.
+    let fma_units = if isa == "scalar" { 1 } else { 2 };
+    let cpus = info
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count()
+        .max(1) as u32;
+    let max_khz = std::fs::read_to_string("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq")
+        .ok()
+        .and_then(|s| s.trim().parse::<f64>().ok());
+    let (ghz, clock_source) = match (
+        max_khz,
+        field("cpu MHz").and_then(|s| s.parse::<f64>().ok()),
+    ) {
+        (Some(k), _) => (k / 1e6, "cpufreq cpuinfo_max_freq".to_string()),
+        (None, Some(mhz)) => (
+            mhz / 1e3,
+            "/proc/cpuinfo cpu MHz (current clock; no cpufreq)".to_string(),
+        ),
+        (None, None) => (0.0, "unknown".to_string()),
+    };
+    let theoretical = f64::from(lanes) * 2.0 * f64::from(fma_units) * f64::from(cpus) * ghz;
+    let measured = measured_fma_gflops();
+    PeakEstimate {
+        model: field("model name").unwrap_or_else(|| "unknown".into()),
+        isa: isa.into(),
+        lanes,
+        fma_units,
+        cpus,
+        ghz,
+        clock_source,
+        theoretical_gflops: theoretical,
+        measured_method: match measured {
+            Some(_) => format!(
+                "register-only FMA loop, {} rayon threads",
+                rayon::current_num_threads()
+            ),
+            None => "no AVX2/AVX-512 on this CPU; use the best GEMM row".into(),
+        },
+        measured_fma_gflops: measured,
+    }
+}
+
+/// Independent FMA chains per loop: FMA latency (4 cycles) × 2 pipes = 8 in flight keep
+/// both pipes busy; 12 leave slack and still fit the 16 (AVX2) / 32 (AVX-512) registers.
+const CHAINS: usize = 12;
+const FMA_ITERS: u64 = 20_000_000;
+
+#[cfg(target_arch = "x86_64")]
+mod fma {
+    use std::arch::x86_64::*;
+
+    use super::{CHAINS, FMA_ITERS};
+
+    /// FMA_ITERS × CHAINS fused multiply-adds of 16 lanes, all in registers.
+    #[target_feature(enable = "avx512f")]
+    pub fn avx512() -> f32 {
+        let a = _mm512_set1_ps(0.999_999);
+        let b = _mm512_set1_ps(1e-7);
+        let mut acc = [_mm512_set1_ps(1.0); CHAINS];
+        for _ in 0..FMA_ITERS {
+            for x in acc.iter_mut() {
+                *x = _mm512_fmadd_ps(*x, a, b);
+            }
+        }
+        acc.iter().map(|&x| _mm512_reduce_add_ps(x)).sum()
+    }
+
+    /// As [`avx512`] with 8 lanes.
+    #[target_feature(enable = "avx2,fma")]
+    pub fn avx2() -> f32 {
+        let a = _mm256_set1_ps(0.999_999);
+        let b = _mm256_set1_ps(1e-7);
+        let mut acc = [_mm256_set1_ps(1.0); CHAINS];
+        for _ in 0..FMA_ITERS {
+            for x in acc.iter_mut() {
+                *x = _mm256_fmadd_ps(*x, a, b);
+            }
+        }
+        let mut s = 0.0;
+        for x in acc {
+            let mut lanes = [0f32; 8];
+            // SAFETY: `lanes` is 8 f32 = 32 bytes, the store's width; unaligned store.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), x) };
+            s += lanes.iter().sum::<f32>();
+        }
+        s
+    }
+}
+
+/// GFLOP/s of the register-only FMA loop on every rayon thread at once.
+fn measured_fma_gflops() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let (run, lanes): (fn() -> f32, f64) = if is_x86_feature_detected!("avx512f") {
+            // SAFETY: avx512f was detected at run time just above.
+            (|| unsafe { fma::avx512() }, 16.0)
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            // SAFETY: avx2 and fma were detected at run time just above.
+            (|| unsafe { fma::avx2() }, 8.0)
+        } else {
+            return None;
+        };
+        let threads = rayon::current_num_threads();
+        let t0 = Instant::now();
+        let s: f32 = (0..threads).into_par_iter().map(|_| run()).sum();
+        black_box(s);
+        let secs = t0.elapsed().as_secs_f64();
+        let flops = FMA_ITERS as f64 * CHAINS as f64 * lanes * 2.0 * threads as f64;
+        Some(flops / secs / 1e9)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        None
+    }
+}
+
+/// One bandwidth kernel.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemRow {
+    /// "copy" (b = a) or "triad" (a = b + s·c).
+    pub kernel: String,
+    /// Bytes moved per pass, STREAM convention (reads + writes, no write-allocate).
+    pub bytes: u64,
+    pub threads: usize,
+    pub time: Stat,
+    pub gbps: f64,
+    pub best_gbps: f64,
+}
+
+/// Copy and triad bandwidth over three f32 arrays of 2^26 elements (256 MiB each, well
+/// beyond any last-level cache), on all rayon threads.
+pub fn memory_bench() -> Vec<MemRow> {
+    memory_bench_with(1 << 26, 7)
+}
+
+/// [`memory_bench`] with `elems` per array and `samples` timed passes per kernel.
+pub fn memory_bench_with(elems: usize, samples: usize) -> Vec<MemRow> {
+    let threads = rayon::current_num_threads();
+    let chunk = elems.div_ceil(threads).max(1);
+    // First touch on the threads that will stream the data, so pages sit near them.
+    let par_vec = |v: f32| {
+        let mut x: Vec<f32> = Vec::with_capacity(elems);
+        x.resize(elems, 0.0);
+        x.par_chunks_mut(chunk).for_each(|c| c.fill(v));
+        x
+    };
+    let (mut a, mut b, c) = (par_vec(1.0), par_vec(2.0), par_vec(0.5));
+    let row = |kernel: &str, bytes: u64, t: Vec<f64>| {
+        let time = Stat::of(&t);
+        MemRow {
+            kernel: kernel.into(),
+            bytes,
+            threads,
+            time,
+            gbps: bytes as f64 / time.median / 1e9,
+            best_gbps: bytes as f64 / time.min / 1e9,
+        }
+    };
+    let bytes = (elems * 4) as u64;
+    let copy = sample(samples, 0.0, || {
+        b.par_chunks_mut(chunk)
+            .zip(a.par_chunks(chunk))
+            .for_each(|(d, s)| d.copy_from_slice(s));
+        black_box(&mut b);
+    });
+    let triad = sample(samples, 0.0, || {
+        a.par_chunks_mut(chunk)
+            .zip(b.par_chunks(chunk))
+            .zip(c.par_chunks(chunk))
+            .for_each(|((x, y), z)| {
+                for i in 0..x.len() {
+                    x[i] = y[i] + 0.5 * z[i];
+                }
+            });
+        black_box(&mut a);
+    });
+    vec![row("copy", 2 * bytes, copy), row("triad", 3 * bytes, triad)]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_and_memory_rows_are_sane() {
+        let rows = gemm_bench(&[64]);
+        assert_eq!(rows.len(), 1);
+        assert!(
+            rows[0].gflops > 0.1 && rows[0].gflops.is_finite(),
+            "{rows:?}"
+        );
+        let mem = memory_bench_with(1 << 16, 3);
+        assert_eq!(mem.len(), 2);
+        assert!(
+            mem.iter().all(|r| r.gbps > 0.1 && r.gbps.is_finite()),
+            "{mem:?}"
+        );
+    }
+}

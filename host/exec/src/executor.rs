@@ -1,0 +1,761 @@
+//! [`Executor`]: one graph's training state on one [`Device`], and the schedule that
+//! runs forward, backward and AdamW over it.
+//!
+//! The executor owns every buffer: weights (initialised from a seed), their gradients
+//! and AdamW moments, the graph inputs, activations, the statistics ops save for their
+//! backward, and activation gradients. It follows the liveness of the
+//! [`BackwardPlan`]: an activation is freed right after its last forward reader unless a
+//! backward step needs it, a saved one right after the last step that reads it, an
+//! activation gradient right after the step of the op that produced the activation. So
+//! the real peak stays close to the sum of the tensors the graph needs live at once,
+//! which [`Executor::memory`] reports next to the measured peak.
+//!
+//! Weight initialisation is deterministic and independent of graph order: each weight's
+//! stream is seeded from the run seed and a hash of its name, so a 2-layer proxy and the
+//! full model start `layers.0.*` identically. Matrices draw from N(0, 0.02²); norm gains
+//! are 1 and biases 0 (recognised by the op slot that reads them).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Instant;
+
+use runner_graph::autodiff::{BackwardPlan, backward_plan};
+use runner_graph::validate::validate;
+use runner_graph::{DType, Graph, OpKind, TensorId, TensorKind};
+use runner_kernels::cpu::adamw::AdamW;
+use serde::Serialize;
+
+use crate::device::{BackwardIo, Device, DeviceBuffer, Elem, ExecError, GradTarget, Plans};
+
+/// AdamW as most pretraining recipes set it (Llama 3: β2 0.95, weight decay 0.1).
+pub const ADAMW_DEFAULT: AdamW = AdamW {
+    lr: 1e-3,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+};
+
+/// Executor settings.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExecOptions {
+    /// Seed of the weight initialisation.
+    pub seed: u64,
+    /// Standard deviation of matrix weights.
+    pub init_std: f32,
+    /// Time every op (adds a synchronize per op; free on the CPU).
+    pub profile: bool,
+}
+
+impl Default for ExecOptions {
+    fn default() -> Self {
+        ExecOptions {
+            seed: 0,
+            init_std: 0.02,
+            profile: false,
+        }
+    }
+}
+
+/// Host data for one graph input.
+#[derive(Clone, Copy, Debug)]
+pub enum Input<'a> {
+    /// Token ids, targets, positions (graph dtype int32).
+    U32(&'a [u32]),
+    /// A floating-point input.
+    F32(&'a [f32]),
+}
+
+/// Memory accounting of the last step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct MemoryReport {
+    /// Bytes the device held at most during the last forward + backward + optimizer.
+    pub peak_bytes: u64,
+    /// Peak of the sum of the tensors the graph needs live at once, under the plan's
+    /// liveness: parameters, gradients, AdamW moments, inputs, live activations, saved
+    /// activations and statistics, live activation gradients (4 bytes per element).
+    pub required_bytes: u64,
+    /// Parameters alone (f32).
+    pub param_bytes: u64,
+    /// What keeping every activation and gradient to the end would need, for contrast.
+    pub keep_everything_bytes: u64,
+}
+
+/// Wall time of each op and phase of the last step (filled when profiling).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepProfile {
+    /// Seconds per forward op, indexed like `Graph::ops`.
+    pub forward_op_s: Vec<f64>,
+    /// Seconds per backward step, indexed like `Graph::ops` (0 for ops without one).
+    pub backward_op_s: Vec<f64>,
+    /// Seconds of each weight's AdamW update, indexed like `Graph::tensors`.
+    pub optimizer_tensor_s: Vec<f64>,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub optimizer_s: f64,
+}
+
+/// One graph's training state on device `D`.
+pub struct Executor<D: Device> {
+    graph: Graph,
+    plan: BackwardPlan,
+    device: D,
+    options: ExecOptions,
+    /// Values by tensor id: weights and inputs always, activations while live.
+    vals: Vec<Option<D::Buffer>>,
+    /// Gradients by tensor id: weights persistently, activations while live.
+    grads: Vec<Option<D::Buffer>>,
+    /// AdamW moments of each weight.
+    moments: Vec<Option<(D::Buffer, D::Buffer)>>,
+    /// Saved statistics by op index.
+    aux: Vec<Vec<D::Buffer>>,
+    plans: Plans<D::Plan>,
+    /// Weights whose gradient the last backward wrote.
+    grad_written: Vec<bool>,
+    forward_done: bool,
+    backward_done: bool,
+    adam_step: u32,
+    loss: f32,
+    profile: StepProfile,
+    /// Upper bound on each int32 input's values (table rows / vocabulary) and who says so.
+    int_bounds: HashMap<TensorId, (u64, String)>,
+}
+
+/// SplitMix64: a tiny, fully specified generator, so initial weights are identical
+/// across platforms and `rand` versions (rand's StdRng makes no such promise).
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in (0, 1].
+    fn unit(&mut self) -> f64 {
+        ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
+    }
+    /// Standard normals by Box-Muller, two at a time.
+    fn normals(&mut self, out: &mut [f32], std: f32) {
+        for pair in out.chunks_mut(2) {
+            let (u1, u2) = (self.unit(), self.unit());
+            let r = (-2.0 * u1.ln()).sqrt();
+            let th = 2.0 * std::f64::consts::PI * u2;
+            pair[0] = (r * th.cos()) as f32 * std;
+            if let Some(p) = pair.get_mut(1) {
+                *p = (r * th.sin()) as f32 * std;
+            }
+        }
+    }
+}
+
+/// FNV-1a of a name, to give every weight its own random stream.
+fn name_hash(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+fn elem_of(dtype: DType) -> Elem {
+    if dtype == DType::I32 {
+        Elem::U32
+    } else {
+        Elem::F32
+    }
+}
+
+/// How a weight starts: 1 for norm gains, 0 for biases, N(0, std²) otherwise.
+fn init_kind(g: &Graph, id: TensorId) -> f32 {
+    for op in &g.ops {
+        for (slot, &i) in op.inputs.iter().enumerate() {
+            if i != id {
+                continue;
+            }
+            match (op.kind, slot) {
+                (OpKind::RmsNorm | OpKind::LayerNorm, 1) => return 1.0,
+                (OpKind::LayerNorm | OpKind::Linear, 2) => return 0.0,
+                _ => {}
+            }
+        }
+    }
+    f32::NAN
+}
+
+impl<D: Device> Executor<D> {
+    /// Validate `graph`, derive its backward pass, and allocate and initialise weights,
+    /// gradients and optimizer state on `device`.
+    ///
+    /// # Errors
+    /// An invalid graph, or allocation failure.
+    pub fn new(graph: &Graph, device: D, options: ExecOptions) -> Result<Executor<D>, ExecError> {
+        validate(graph)?;
+        let plan = backward_plan(graph)?;
+        let g = graph.clone();
+        let nt = g.tensors.len();
+        let mut vals: Vec<Option<D::Buffer>> = (0..nt).map(|_| None).collect();
+        let mut grads: Vec<Option<D::Buffer>> = (0..nt).map(|_| None).collect();
+        let mut moments: Vec<Option<(D::Buffer, D::Buffer)>> = (0..nt).map(|_| None).collect();
+        for (id, t) in g.tensors.iter().enumerate() {
+            if t.kind != TensorKind::Weight {
+                continue;
+            }
+            let n = t.numel() as usize;
+            let mut host = vec![0f32; n];
+            match init_kind(&g, id) {
+                v if v.is_nan() => {
+                    SplitMix(options.seed ^ name_hash(&t.name))
+                        .normals(&mut host, options.init_std);
+                }
+                v => host.fill(v),
+            }
+            let mut buf = device.alloc(elem_of(t.dtype), n)?;
+            device.write_f32(&mut buf, &host)?;
+            vals[id] = Some(buf);
+            if plan.needs_grad[id] {
+                grads[id] = Some(device.alloc(Elem::F32, n)?);
+                let (mut m, mut v) = (device.alloc(Elem::F32, n)?, device.alloc(Elem::F32, n)?);
+                device.zero(&mut m)?;
+                device.zero(&mut v)?;
+                moments[id] = Some((m, v));
+            }
+        }
+        let int_bounds = int_bounds_of(&g);
+        let nops = g.ops.len();
+        Ok(Executor {
+            plan,
+            device,
+            options,
+            vals,
+            grads,
+            moments,
+            aux: (0..nops).map(|_| Vec::new()).collect(),
+            plans: Plans::new(),
+            grad_written: vec![false; nt],
+            forward_done: false,
+            backward_done: false,
+            adam_step: 0,
+            loss: f32::NAN,
+            profile: StepProfile {
+                forward_op_s: vec![0.0; nops],
+                backward_op_s: vec![0.0; nops],
+                optimizer_tensor_s: vec![0.0; nt],
+                ..StepProfile::default()
+            },
+            int_bounds,
+            graph: g,
+        })
+    }
+
+    pub fn graph(&self) -> &Graph {
+        &self.graph
+    }
+    pub fn plan(&self) -> &BackwardPlan {
+        &self.plan
+    }
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+    /// Turn per-op timing on or off.
+    pub fn set_profile(&mut self, on: bool) {
+        self.options.profile = on;
+    }
+    /// Timings of the last forward, backward and optimizer step.
+    pub fn profile(&self) -> &StepProfile {
+        &self.profile
+    }
+    /// AdamW steps taken.
+    pub fn steps_taken(&self) -> u32 {
+        self.adam_step
+    }
+
+    fn id(&self, name: &str) -> Result<TensorId, ExecError> {
+        self.graph
+            .tensor_id(name)
+            .ok_or_else(|| ExecError::Input(format!("the graph has no tensor '{name}'")))
+    }
+
+    /// Current values of weight `name`.
+    ///
+    /// # Errors
+    /// Unknown name or a tensor that is not a weight.
+    pub fn weight(&self, name: &str) -> Result<Vec<f32>, ExecError> {
+        let id = self.id(name)?;
+        match (&self.vals[id], self.graph.tensors[id].kind) {
+            (Some(b), TensorKind::Weight) => self.device.read_f32(b),
+            _ => Err(ExecError::Input(format!("'{name}' is not a weight"))),
+        }
+    }
+
+    /// Overwrite weight `name`.
+    ///
+    /// # Errors
+    /// Unknown name, not a weight, or the wrong length.
+    pub fn set_weight(&mut self, name: &str, data: &[f32]) -> Result<(), ExecError> {
+        let id = self.id(name)?;
+        if self.graph.tensors[id].kind != TensorKind::Weight {
+            return Err(ExecError::Input(format!("'{name}' is not a weight")));
+        }
+        let buf = self.vals[id]
+            .as_mut()
+            .ok_or_else(|| ExecError::State(format!("weight '{name}' has no buffer")))?;
+        if buf.len() != data.len() {
+            return Err(ExecError::Input(format!(
+                "'{name}' holds {} elements, got {}",
+                buf.len(),
+                data.len()
+            )));
+        }
+        self.device.write_f32(buf, data)
+    }
+
+    /// Gradient of weight `name` from the last backward (`None` if it has none).
+    ///
+    /// # Errors
+    /// Unknown name.
+    pub fn grad(&self, name: &str) -> Result<Option<Vec<f32>>, ExecError> {
+        let id = self.id(name)?;
+        if !self.grad_written[id] {
+            return Ok(None);
+        }
+        self.grads[id]
+            .as_ref()
+            .map(|b| self.device.read_f32(b))
+            .transpose()
+    }
+
+    /// Names of the weights that receive a gradient.
+    pub fn trainable(&self) -> Vec<String> {
+        self.graph
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|(id, t)| t.kind == TensorKind::Weight && self.plan.needs_grad[*id])
+            .map(|(_, t)| t.name.clone())
+            .collect()
+    }
+
+    /// Drop every activation, saved statistic, plan and activation gradient.
+    fn release_activations(&mut self) {
+        for (id, t) in self.graph.tensors.iter().enumerate() {
+            if t.kind == TensorKind::Activation {
+                self.vals[id] = None;
+                self.grads[id] = None;
+            }
+        }
+        for a in &mut self.aux {
+            a.clear();
+        }
+        self.plans.clear();
+    }
+
+    /// Upload inputs, checking names, lengths and id ranges before anything runs.
+    fn load_inputs(&mut self, inputs: &[(&str, Input<'_>)]) -> Result<(), ExecError> {
+        let mut given = HashSet::new();
+        for (name, data) in inputs {
+            let id = self.id(name)?;
+            let t = &self.graph.tensors[id];
+            if t.kind != TensorKind::Input {
+                return Err(ExecError::Input(format!(
+                    "'{name}' is a graph {:?}, not an input",
+                    t.kind
+                )));
+            }
+            let n = t.numel() as usize;
+            let len = match data {
+                Input::U32(d) => d.len(),
+                Input::F32(d) => d.len(),
+            };
+            if len != n {
+                return Err(ExecError::Input(format!(
+                    "'{name}' {:?} needs {n} values, got {len}",
+                    t.shape
+                )));
+            }
+            match (data, t.dtype) {
+                (Input::U32(d), DType::I32) => {
+                    if let Some((bound, who)) = self.int_bounds.get(&id)
+                        && let Some((pos, &v)) =
+                            d.iter().enumerate().find(|&(_, &v)| u64::from(v) >= *bound)
+                    {
+                        return Err(ExecError::Input(format!(
+                            "'{name}' holds id {v} at position {pos}, but {who} has only {bound}"
+                        )));
+                    }
+                }
+                (Input::F32(_), dt) if dt != DType::I32 => {}
+                (_, dt) => {
+                    return Err(ExecError::Input(format!(
+                        "'{name}' has dtype {}, given the other kind of data",
+                        dt.name()
+                    )));
+                }
+            }
+            if self.vals[id].is_none() {
+                self.vals[id] = Some(self.device.alloc(elem_of(t.dtype), n)?);
+            }
+            let buf = self.vals[id]
+                .as_mut()
+                .ok_or_else(|| ExecError::State("input buffer".into()))?;
+            match data {
+                Input::U32(d) => self.device.write_u32(buf, d)?,
+                Input::F32(d) => self.device.write_f32(buf, d)?,
+            }
+            given.insert(id);
+        }
+        let missing: Vec<&str> = self
+            .graph
+            .tensors
+            .iter()
+            .enumerate()
+            .filter(|(id, t)| t.kind == TensorKind::Input && !given.contains(id) && self.used(*id))
+            .map(|(_, t)| t.name.as_str())
+            .collect();
+        if !missing.is_empty() {
+            return Err(ExecError::Input(format!(
+                "missing input(s): {}",
+                missing.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    fn used(&self, id: TensorId) -> bool {
+        self.graph.ops.iter().any(|op| op.inputs.contains(&id))
+    }
+
+    /// Run the forward pass and return the loss. Keeps what the backward needs.
+    ///
+    /// # Errors
+    /// Missing, misshapen or out-of-range inputs (nothing runs then), or a kernel error.
+    pub fn forward(&mut self, inputs: &[(&str, Input<'_>)]) -> Result<f32, ExecError> {
+        self.release_activations();
+        self.forward_done = false;
+        self.backward_done = false;
+        self.device.reset_peak();
+        self.load_inputs(inputs)?;
+        let t0 = Instant::now();
+        for oi in 0..self.graph.ops.len() {
+            let start = self.options.profile.then(Instant::now);
+            self.forward_op(oi)?;
+            if let Some(s) = start {
+                self.device.synchronize()?;
+                self.profile.forward_op_s[oi] = s.elapsed().as_secs_f64();
+            }
+        }
+        let loss_buf = self.vals[self.graph.loss]
+            .as_ref()
+            .ok_or_else(|| ExecError::State("loss not produced".into()))?;
+        self.loss = self
+            .device
+            .read_f32(loss_buf)?
+            .first()
+            .copied()
+            .unwrap_or(f32::NAN);
+        self.profile.forward_s = t0.elapsed().as_secs_f64();
+        self.forward_done = true;
+        Ok(self.loss)
+    }
+
+    fn forward_op(&mut self, oi: usize) -> Result<(), ExecError> {
+        let op = &self.graph.ops[oi];
+        let mut outs = Vec::with_capacity(op.outputs.len());
+        for &o in &op.outputs {
+            let t = &self.graph.tensors[o];
+            outs.push(self.device.alloc(elem_of(t.dtype), t.numel() as usize)?);
+        }
+        let mut aux = Vec::new();
+        {
+            let ins: Vec<&D::Buffer> = op
+                .inputs
+                .iter()
+                .map(|&i| {
+                    self.vals[i].as_ref().ok_or_else(|| {
+                        ExecError::State(format!(
+                            "operation '{}' reads '{}', which is not live",
+                            op.name, self.graph.tensors[i].name
+                        ))
+                    })
+                })
+                .collect::<Result<_, _>>()?;
+            self.device
+                .forward(&self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
+        }
+        for (&o, b) in op.outputs.iter().zip(outs) {
+            self.vals[o] = Some(b);
+        }
+        self.aux[oi] = aux;
+        for &t in &self.plan.free_after_forward[oi] {
+            self.vals[t] = None;
+        }
+        Ok(())
+    }
+
+    /// Run the backward pass of the last forward, leaving weight gradients.
+    ///
+    /// # Errors
+    /// No forward before it, or a kernel error.
+    pub fn backward(&mut self) -> Result<(), ExecError> {
+        if !self.forward_done || self.backward_done {
+            return Err(ExecError::State(
+                "backward needs a forward first (once per forward)".into(),
+            ));
+        }
+        let t0 = Instant::now();
+        self.grad_written.iter_mut().for_each(|w| *w = false);
+        let loss = self.graph.loss;
+        let mut seed = self.device.alloc(Elem::F32, 1)?;
+        self.device.write_f32(&mut seed, &[1.0])?;
+        self.grads[loss] = Some(seed);
+        for si in 0..self.plan.steps.len() {
+            let start = self.options.profile.then(Instant::now);
+            self.backward_step(si)?;
+            if let Some(s) = start {
+                self.device.synchronize()?;
+                self.profile.backward_op_s[self.plan.steps[si].op] = s.elapsed().as_secs_f64();
+            }
+        }
+        self.grads[loss] = None;
+        self.plans.clear();
+        self.backward_done = true;
+        self.forward_done = false;
+        self.profile.backward_s = t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn backward_step(&mut self, si: usize) -> Result<(), ExecError> {
+        let step = &self.plan.steps[si];
+        let op = &self.graph.ops[step.op];
+        // Take the gradient buffers this step writes out of the store. A tensor in two
+        // input slots (x + x) gets scratch for its second slot, added afterwards.
+        let mut taken: Vec<(usize, TensorId, D::Buffer, bool)> = Vec::new();
+        let mut dups: Vec<(usize, TensorId, D::Buffer)> = Vec::new();
+        for go in &step.grads_out {
+            let t = &self.graph.tensors[go.tensor];
+            let n = t.numel() as usize;
+            if taken.iter().any(|(_, id, _, _)| *id == go.tensor) {
+                dups.push((go.slot, go.tensor, self.device.alloc(Elem::F32, n)?));
+                continue;
+            }
+            let buf = match (go.accumulate, self.grads[go.tensor].take()) {
+                (_, Some(b)) => b,
+                (false, None) => self.device.alloc(Elem::F32, n)?,
+                (true, None) => {
+                    return Err(ExecError::State(format!(
+                        "gradient of '{}' to accumulate into is missing",
+                        t.name
+                    )));
+                }
+            };
+            taken.push((go.slot, go.tensor, buf, go.accumulate));
+        }
+        {
+            let mut grads_out: Vec<Option<GradTarget<'_, D::Buffer>>> =
+                (0..op.inputs.len()).map(|_| None).collect();
+            for (slot, _, buf, acc) in taken.iter_mut() {
+                grads_out[*slot] = Some(GradTarget {
+                    buf,
+                    accumulate: *acc,
+                });
+            }
+            for (slot, _, buf) in dups.iter_mut() {
+                grads_out[*slot] = Some(GradTarget {
+                    buf,
+                    accumulate: false,
+                });
+            }
+            let io = BackwardIo {
+                inputs: op.inputs.iter().map(|&i| self.vals[i].as_ref()).collect(),
+                outputs: op.outputs.iter().map(|&o| self.vals[o].as_ref()).collect(),
+                aux: &self.aux[step.op],
+                grads_in: step
+                    .grads_in
+                    .iter()
+                    .map(|g| g.and_then(|t| self.grads[t].as_ref()))
+                    .collect(),
+                grads_out,
+                plans: &self.plans,
+            };
+            self.device.backward(&self.graph, step, io)?;
+        }
+        for (_, id, buf, _) in taken {
+            self.grads[id] = Some(buf);
+            self.grad_written[id] = true;
+        }
+        for (_, id, buf) in dups {
+            let dst = self.grads[id]
+                .as_mut()
+                .ok_or_else(|| ExecError::State("duplicate gradient target".into()))?;
+            self.device.add_assign(dst, &buf)?;
+        }
+        for &t in &self.plan.free_grads_after_step[si] {
+            self.grads[t] = None;
+        }
+        for &t in &self.plan.free_saved_after_step[si] {
+            self.vals[t] = None;
+        }
+        self.aux[step.op].clear();
+        Ok(())
+    }
+
+    /// One AdamW step on every weight that has a gradient from the last backward.
+    ///
+    /// # Errors
+    /// No backward before it, or a kernel error.
+    pub fn optimizer_step(&mut self, h: &AdamW) -> Result<(), ExecError> {
+        if !self.backward_done {
+            return Err(ExecError::State(
+                "optimizer_step needs a backward first".into(),
+            ));
+        }
+        let t0 = Instant::now();
+        self.adam_step += 1;
+        for id in 0..self.graph.tensors.len() {
+            if !self.grad_written[id] {
+                continue;
+            }
+            let start = self.options.profile.then(Instant::now);
+            let (Some(p), Some(gr), Some((m, v))) = (
+                self.vals[id].as_mut(),
+                self.grads[id].as_ref(),
+                self.moments[id].as_mut(),
+            ) else {
+                continue;
+            };
+            self.device.adamw(p, gr, m, v, h, self.adam_step)?;
+            if let Some(s) = start {
+                self.device.synchronize()?;
+                self.profile.optimizer_tensor_s[id] = s.elapsed().as_secs_f64();
+            }
+        }
+        self.device.synchronize()?;
+        self.backward_done = false;
+        self.profile.optimizer_s = t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// forward + backward + AdamW; returns the loss before the update.
+    ///
+    /// # Errors
+    /// As [`Executor::forward`], [`Executor::backward`], [`Executor::optimizer_step`].
+    pub fn step(&mut self, inputs: &[(&str, Input<'_>)], h: &AdamW) -> Result<f32, ExecError> {
+        let loss = self.forward(inputs)?;
+        self.backward()?;
+        self.optimizer_step(h)?;
+        Ok(loss)
+    }
+
+    /// Measured peak of the last step against what the graph needs live.
+    pub fn memory(&self) -> MemoryReport {
+        let (required_bytes, keep_everything_bytes, param_bytes) =
+            live_bytes(&self.graph, &self.plan);
+        MemoryReport {
+            peak_bytes: self.device.memory().peak_bytes,
+            required_bytes,
+            param_bytes,
+            keep_everything_bytes,
+        }
+    }
+}
+
+/// For each int32 input read by an embedding or as cross-entropy targets: the bound its
+/// values must stay under, and the tensor that sets it.
+pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
+    let mut b: HashMap<TensorId, (u64, String)> = HashMap::new();
+    let mut tighten = |id: TensorId, bound: u64, who: String| {
+        if g.tensors[id].kind != TensorKind::Input {
+            return;
+        }
+        let e = b.entry(id).or_insert((bound, who.clone()));
+        if bound < e.0 {
+            *e = (bound, who);
+        }
+    };
+    for op in &g.ops {
+        match op.kind {
+            OpKind::Embedding => {
+                let table = &g.tensors[op.inputs[1]];
+                tighten(
+                    op.inputs[0],
+                    table.shape[0],
+                    format!("table '{}' ({} rows)", table.name, table.shape[0]),
+                );
+            }
+            OpKind::CrossEntropy => {
+                let logits = &g.tensors[op.inputs[0]];
+                let v = logits.shape.last().copied().unwrap_or(0);
+                tighten(
+                    op.inputs[1],
+                    v,
+                    format!("logits '{}' ({v} classes)", logits.name),
+                );
+            }
+            _ => {}
+        }
+    }
+    b
+}
+
+/// (peak live bytes under the plan's schedule, bytes if nothing were freed, parameter
+/// bytes). Every element counts 4 bytes, as the executors store f32/u32.
+pub fn live_bytes(g: &Graph, plan: &BackwardPlan) -> (u64, u64, u64) {
+    let bytes = |id: TensorId| g.tensors[id].numel() * 4;
+    let mut params = 0;
+    let mut base = 0;
+    for (id, t) in g.tensors.iter().enumerate() {
+        match t.kind {
+            TensorKind::Weight => {
+                params += bytes(id);
+                // value, gradient and two AdamW moments
+                base += bytes(id) * if plan.needs_grad[id] { 4 } else { 1 };
+            }
+            TensorKind::Input => base += bytes(id),
+            TensorKind::Activation => {}
+        }
+    }
+    let aux_of = |oi: usize| -> u64 {
+        plan.steps
+            .iter()
+            .filter(|s| s.op == oi)
+            .flat_map(|s| &s.aux)
+            .map(|a| a.elems * 4)
+            .sum()
+    };
+    let mut live = base;
+    let mut peak = live;
+    let mut all = base;
+    for (oi, op) in g.ops.iter().enumerate() {
+        let produced: u64 = op.outputs.iter().map(|&o| bytes(o)).sum::<u64>() + aux_of(oi);
+        live += produced;
+        all += produced;
+        peak = peak.max(live);
+        live -= plan.free_after_forward[oi]
+            .iter()
+            .map(|&t| bytes(t))
+            .sum::<u64>();
+    }
+    let mut has_grad: HashSet<TensorId> = HashSet::new();
+    live += 4; // the loss seed
+    for (si, s) in plan.steps.iter().enumerate() {
+        for go in &s.grads_out {
+            if g.tensors[go.tensor].kind == TensorKind::Activation && has_grad.insert(go.tensor) {
+                live += bytes(go.tensor);
+                all += bytes(go.tensor);
+            }
+        }
+        peak = peak.max(live);
+        live -= plan.free_grads_after_step[si]
+            .iter()
+            .map(|&t| bytes(t))
+            .sum::<u64>();
+        live -= plan.free_saved_after_step[si]
+            .iter()
+            .map(|&t| bytes(t))
+            .sum::<u64>();
+        live -= s.aux.iter().map(|a| a.elems * 4).sum::<u64>();
+    }
+    (peak, all, params)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,428 @@
+//! Whole-model tests of the executor on the CPU: gradients against f64 finite
+//! differences, training, timing, memory accounting and input errors.
+
+use std::collections::HashMap;
+
+use runner_graph::{Graph, TensorKind};
+
+use super::*;
+use crate::cpu::Cpu;
+use crate::proxy::synthetic_inputs;
+use crate::timing::{TimingOptions, time_steps};
+use crate::toy::{self, ToyConfig};
+
+fn inputs_of(data: &[(String, Vec<u32>, Vec<f32>)]) -> Vec<(&str, Input<'_>)> {
+    data.iter()
+        .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+        .collect()
+}
+
+/// Run forward + backward, then compare sampled weight gradients with central
+/// differences of the f64 reference loss.
+///
+/// The executor runs in f32 and the reference in f64 on the same (f32-representable)
+/// weights. FD in f64 with h = 1e-4 is accurate to ~1e-8 (truncation h² · f''' and
+/// rounding 1e-16/h), so the difference is the executor's f32 rounding, ~1e-6 of the
+/// gradient's scale. The tolerance, 1e-3 relative plus 1e-4 of the largest gradient
+/// anywhere, is 100x that yet far below what a wrong or missing contribution gives
+/// (O(1) relative).
+fn grad_check(g: &Graph, seed: u64) {
+    let mut ex = Executor::new(
+        g,
+        Cpu::new(),
+        ExecOptions {
+            seed,
+            ..ExecOptions::default()
+        },
+    )
+    .unwrap();
+    let data = synthetic_inputs(g, seed + 1);
+    let loss = ex.forward(&inputs_of(&data)).unwrap();
+    ex.backward().unwrap();
+    let ints: HashMap<String, Vec<u32>> = data
+        .iter()
+        .map(|(n, u, _)| (n.clone(), u.clone()))
+        .collect();
+    let mut weights: HashMap<String, Vec<f64>> = HashMap::new();
+    for t in g.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
+        weights.insert(
+            t.name.clone(),
+            ex.weight(&t.name)
+                .unwrap()
+                .iter()
+                .map(|&x| f64::from(x))
+                .collect(),
+        );
+    }
+    let ref_loss = crate::reference::loss(g, &weights, &ints);
+    assert!(
+        (f64::from(loss) - ref_loss).abs() < 1e-4 * ref_loss.abs().max(1.0),
+        "loss {loss} vs reference {ref_loss}"
+    );
+
+    let names = ex.trainable();
+    let grads: HashMap<String, Vec<f32>> = names
+        .iter()
+        .map(|n| {
+            (
+                n.clone(),
+                ex.grad(n)
+                    .unwrap()
+                    .unwrap_or_else(|| panic!("no gradient for {n}")),
+            )
+        })
+        .collect();
+    let gmax = grads.values().flatten().fold(0f32, |m, &x| m.max(x.abs())) as f64;
+    assert!(gmax > 0.0);
+    let h = 1e-4;
+    let mut checked = 0;
+    for name in &names {
+        let gr = &grads[name];
+        assert!(
+            gr.iter().all(|x| x.is_finite()),
+            "{name}: non-finite gradient (an unwritten, NaN-poisoned element?)"
+        );
+        // The three largest entries (certainly exercised) and two spread-out ones.
+        let mut order: Vec<usize> = (0..gr.len()).collect();
+        order.sort_by(|&a, &b| gr[b].abs().total_cmp(&gr[a].abs()));
+        let mut picks: Vec<usize> = order.iter().take(3).copied().collect();
+        picks.extend([gr.len() / 3, (2 * gr.len()) / 3 + 1].map(|i| i.min(gr.len() - 1)));
+        for &i in &picks {
+            let orig = weights[name][i];
+            let mut eval = |x: f64| {
+                weights.get_mut(name).unwrap()[i] = x;
+                crate::reference::loss(g, &weights, &ints)
+            };
+            let fd = (eval(orig + h) - eval(orig - h)) / (2.0 * h);
+            eval(orig);
+            let got = f64::from(gr[i]);
+            let tol = 1e-3 * fd.abs() + 1e-4 * gmax;
+            assert!(
+                (got - fd).abs() <= tol,
+                "{name}[{i}]: executor {got:e}, finite difference {fd:e} (tol {tol:e})"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 5 * names.len());
+}
+
+fn small() -> ToyConfig {
+    ToyConfig {
+        hidden: 16,
+        ffn: 32,
+        ..ToyConfig::tiny()
+    }
+}
+
+#[test]
+fn gradients_match_finite_differences_llama() {
+    grad_check(&toy::llama(&small()), 1);
+}
+
+#[test]
+fn gradients_accumulate_through_tied_embeddings_and_mtp() {
+    // Tied head + one MTP module: embed.weight collects gradients from two embeddings
+    // and two heads, the last hidden state feeds the final norm and the MTP module, and
+    // the MTP module concatenates.
+    let cfg = ToyConfig {
+        layers: 1,
+        tied: true,
+        mtp: 1,
+        ..small()
+    };
+    grad_check(&toy::llama(&cfg), 2);
+}
+
+#[test]
+fn gradients_match_finite_differences_moe() {
+    let cfg = ToyConfig {
+        layers: 1,
+        moe: Some((4, 2, 16)),
+        ..small()
+    };
+    grad_check(&toy::llama(&cfg), 3);
+}
+
+#[test]
+fn training_on_a_repeating_sequence_lowers_the_loss() {
+    let g = toy::llama(&ToyConfig::tiny());
+    let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+    let data = toy::batch_inputs(&g, 0);
+    let inputs: Vec<(&str, Input<'_>)> = data
+        .iter()
+        .map(|(n, v)| (n.as_str(), Input::U32(v)))
+        .collect();
+    let h = AdamW {
+        lr: 1e-2,
+        weight_decay: 0.0,
+        ..ADAMW_DEFAULT
+    };
+    let first = ex.step(&inputs, &h).unwrap();
+    let mut last = first;
+    for _ in 0..29 {
+        last = ex.step(&inputs, &h).unwrap();
+    }
+    assert!(
+        last < 0.5 * first,
+        "loss {first} -> {last} after 30 AdamW steps"
+    );
+    assert_eq!(ex.steps_taken(), 30);
+}
+
+#[test]
+fn moe_model_trains() {
+    let g = toy::llama(&ToyConfig {
+        layers: 1,
+        moe: Some((4, 2, 32)),
+        ..ToyConfig::tiny()
+    });
+    let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+    let data = toy::batch_inputs(&g, 0);
+    let inputs: Vec<(&str, Input<'_>)> = data
+        .iter()
+        .map(|(n, v)| (n.as_str(), Input::U32(v)))
+        .collect();
+    let h = AdamW {
+        lr: 1e-2,
+        weight_decay: 0.0,
+        ..ADAMW_DEFAULT
+    };
+    let first = ex.step(&inputs, &h).unwrap();
+    let last = (0..19)
+        .map(|_| ex.step(&inputs, &h).unwrap())
+        .last()
+        .unwrap();
+    assert!(last < 0.7 * first, "loss {first} -> {last}");
+}
+
+#[test]
+fn timing_harness_reports_sane_medians() {
+    let g = toy::llama(&small());
+    let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+    let data = synthetic_inputs(&g, 0);
+    let t = time_steps(
+        &mut ex,
+        &inputs_of(&data),
+        &ADAMW_DEFAULT,
+        TimingOptions {
+            warmup: 1,
+            repeats: 3,
+        },
+    )
+    .unwrap();
+    for s in [t.step, t.forward, t.backward, t.optimizer] {
+        assert!(
+            s.median > 0.0 && s.p10 <= s.median && s.median <= s.p90 && s.n == 3,
+            "{s:?}"
+        );
+    }
+    assert_eq!(t.communication.median, 0.0);
+    assert!(t.forward.median + t.backward.median + t.optimizer.median <= t.step.median * 1.01);
+    assert_eq!(t.ops.len(), g.ops.len());
+    let core = t
+        .ops
+        .iter()
+        .find(|o| o.name == "layers.0.attn.core")
+        .unwrap();
+    assert!(core.forward.median > 0.0 && core.backward.median > 0.0);
+    assert_eq!(t.losses.len(), 3);
+}
+
+#[test]
+fn peak_memory_within_one_and_a_half_of_live_tensors() {
+    for cfg in [
+        ToyConfig::tiny(),
+        ToyConfig {
+            layers: 1,
+            moe: Some((4, 2, 32)),
+            ..ToyConfig::tiny()
+        },
+    ] {
+        let g = toy::llama(&cfg);
+        let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+        let data = synthetic_inputs(&g, 0);
+        ex.step(&inputs_of(&data), &ADAMW_DEFAULT).unwrap();
+        let m = ex.memory();
+        assert!(
+            m.peak_bytes as f64 <= 1.5 * m.required_bytes as f64,
+            "{m:?}"
+        );
+        assert!(m.required_bytes < m.keep_everything_bytes, "{m:?}");
+        // After the step only weights, their gradients, moments and inputs remain.
+        let held = ex.device().memory().current_bytes;
+        let inputs: u64 = g
+            .tensors
+            .iter()
+            .filter(|t| t.kind == TensorKind::Input)
+            .map(|t| t.numel() * 4)
+            .sum();
+        // The loss scalar stays for the caller until the next forward.
+        assert_eq!(held, 4 * m.param_bytes + inputs + 4, "activations leaked");
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_not_panics() {
+    let g = toy::llama(&small());
+    let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+    let (mut tokens, targets) = toy::repeating_batch(&g, 0);
+    let good = tokens.clone();
+    tokens[3] = 64; // vocab is 64
+    let e = ex
+        .forward(&[
+            ("tokens", Input::U32(&tokens)),
+            ("targets", Input::U32(&targets)),
+        ])
+        .unwrap_err();
+    assert!(
+        matches!(e, ExecError::Input(_)) && e.to_string().contains("'tokens' holds id 64"),
+        "{e}"
+    );
+    let mut bad_t = targets.clone();
+    bad_t[0] = 1000;
+    let e = ex
+        .forward(&[
+            ("tokens", Input::U32(&good)),
+            ("targets", Input::U32(&bad_t)),
+        ])
+        .unwrap_err();
+    assert!(e.to_string().contains("targets"), "{e}");
+    let e = ex.forward(&[("tokens", Input::U32(&good))]).unwrap_err();
+    assert!(e.to_string().contains("missing input(s): targets"), "{e}");
+    let e = ex
+        .forward(&[
+            ("tokens", Input::U32(&good[1..])),
+            ("targets", Input::U32(&targets)),
+        ])
+        .unwrap_err();
+    assert!(e.to_string().contains("needs 16 values"), "{e}");
+    assert!(
+        ex.backward().is_err(),
+        "backward without a successful forward"
+    );
+    // Still usable afterwards.
+    let loss = ex
+        .step(
+            &[
+                ("tokens", Input::U32(&good)),
+                ("targets", Input::U32(&targets)),
+            ],
+            &ADAMW_DEFAULT,
+        )
+        .unwrap();
+    assert!(loss.is_finite());
+}
+
+#[test]
+fn init_is_deterministic_and_by_name() {
+    let a = Executor::new(&toy::llama(&small()), Cpu::new(), ExecOptions::default()).unwrap();
+    let b = Executor::new(
+        &toy::llama(&ToyConfig {
+            layers: 1,
+            ..small()
+        }),
+        Cpu::new(),
+        ExecOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(
+        a.weight("layers.0.attn.q.weight").unwrap(),
+        b.weight("layers.0.attn.q.weight").unwrap()
+    );
+    assert!(
+        a.weight("final_norm.weight")
+            .unwrap()
+            .iter()
+            .all(|&x| x == 1.0)
+    );
+    let q = a.weight("layers.0.attn.q.weight").unwrap();
+    let std = (q.iter().map(|x| x * x).sum::<f32>() / q.len() as f32).sqrt();
+    assert!((std - 0.02).abs() < 0.004, "std {std}");
+}
+
+/// The ops the llama and MoE toys do not use: LayerNorm, biased linears, GELU,
+/// squared ReLU, GeGLU, and a `concat` whose first operand broadcasts over the batch.
+fn gpt_style() -> Graph {
+    use runner_graph::{Attr, DType::*, NamedOp, OpKind, Role, Tensor, TensorKind::*};
+    let t = |n: &str, s: &[u64], d, k| Tensor {
+        name: n.into(),
+        shape: s.to_vec(),
+        dtype: d,
+        kind: k,
+    };
+    let op = |n: &str, kind, i: &[&str], attrs: Vec<(&str, Attr)>| NamedOp {
+        name: n.into(),
+        kind,
+        inputs: i.iter().map(|s| s.to_string()).collect(),
+        outputs: vec![n.to_string()],
+        attrs: attrs.into_iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        layer: 0,
+        role: Role::Replicated,
+    };
+    let (b, s, c, f, v) = (2, 4, 8, 12, 16);
+    Graph::new(
+        vec![
+            t("tokens", &[b, s], I32, Input),
+            t("targets", &[b, s], I32, Input),
+            t("embed.weight", &[v, c], BF16, Weight),
+            t("embed", &[b, s, c], BF16, Activation),
+            t("ln.weight", &[c], BF16, Weight),
+            t("ln.bias", &[c], BF16, Weight),
+            t("ln", &[b, s, c], BF16, Activation),
+            t("up.weight", &[f, c], BF16, Weight),
+            t("up.bias", &[f], BF16, Weight),
+            t("up", &[b, s, f], BF16, Activation),
+            t("gelu", &[b, s, f], BF16, Activation),
+            t("sq", &[b, s, f], BF16, Activation),
+            t("geglu", &[b, s, f], BF16, Activation),
+            t("prefix", &[1, s, 4], BF16, Weight),
+            t("cat", &[b, s, f + 4], BF16, Activation),
+            t("head.weight", &[v, f + 4], BF16, Weight),
+            t("head.bias", &[v], BF16, Weight),
+            t("head", &[b, s, v], BF16, Activation),
+            t("loss", &[], F32, Activation),
+        ],
+        vec![
+            op(
+                "embed",
+                OpKind::Embedding,
+                &["tokens", "embed.weight"],
+                vec![],
+            ),
+            op(
+                "ln",
+                OpKind::LayerNorm,
+                &["embed", "ln.weight", "ln.bias"],
+                vec![("eps", Attr::Float(1e-5))],
+            ),
+            op(
+                "up",
+                OpKind::Linear,
+                &["ln", "up.weight", "up.bias"],
+                vec![],
+            ),
+            op("gelu", OpKind::Gelu, &["up"], vec![]),
+            op("sq", OpKind::SquaredRelu, &["up"], vec![]),
+            op("geglu", OpKind::GeGlu, &["gelu", "sq"], vec![]),
+            op("cat", OpKind::Concat, &["geglu", "prefix"], vec![]),
+            op(
+                "head",
+                OpKind::Linear,
+                &["cat", "head.weight", "head.bias"],
+                vec![],
+            ),
+            NamedOp {
+                outputs: vec!["loss".into()],
+                ..op("loss", OpKind::CrossEntropy, &["head", "targets"], vec![])
+            },
+        ],
+        "loss",
+    )
+    .unwrap()
+}
+
+#[test]
+fn gradients_match_finite_differences_gpt_style_ops() {
+    grad_check(&gpt_style(), 4);
+}

@@ -1,0 +1,258 @@
+//! Measure a real training step of a few layers and compose it to the full depth.
+//!
+//! A full model rarely fits a CPU, but its layers are identical, so the runner builds the
+//! graph with only a few transformer layers (the plugin's `layers` request), times real
+//! forward/backward/AdamW steps of it, and splits the median step into the part inside
+//! the transformer layers (ops with `layer >= 0`, plus the AdamW updates of their
+//! weights) and the rest (embedding, final norm, head, loss, their optimizer work):
+//!
+//! ```text
+//! full_step ≈ non_layer_time + per_layer_time × full_layers
+//! ```
+//!
+//! Model FLOPs come from [`runner_graph::count`] under a stated convention, so the
+//! achieved TFLOP/s here and the projection's counts never disagree.
+
+use std::collections::{BTreeSet, HashSet};
+
+use runner_graph::count::{Convention, model_flops_per_step};
+use runner_graph::{DType, Graph, TensorKind};
+use runner_kernels::cpu::adamw::AdamW;
+use serde::Serialize;
+
+use crate::cpu::Cpu;
+use crate::device::ExecError;
+use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, MemoryReport, int_bounds_of};
+use crate::timing::{StepTiming, TimingOptions, time_steps};
+
+/// What to measure.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MeasureOptions {
+    pub timing: TimingOptions,
+    /// Seed of weights and synthetic inputs.
+    pub seed: u64,
+    /// Depth to compose to (`None`: the layers present).
+    pub full_layers: Option<u32>,
+    /// FLOP convention of the achieved-TFLOP/s figure.
+    pub convention: Convention,
+    pub adamw: AdamW,
+}
+
+impl Default for MeasureOptions {
+    /// One warm-up and three timed steps: enough for a stable median of a step that
+    /// takes about a second, and the whole default run stays well under a minute.
+    fn default() -> Self {
+        MeasureOptions {
+            timing: TimingOptions {
+                warmup: 1,
+                repeats: 3,
+            },
+            seed: 0,
+            full_layers: None,
+            convention: Convention::CAUSAL,
+            adamw: ADAMW_DEFAULT,
+        }
+    }
+}
+
+/// A measured step and its composition to the full depth.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MeasuredStep {
+    pub timing: StepTiming,
+    /// Median seconds of one measured step.
+    pub step_s: f64,
+    /// Tokens per step (elements of the `tokens` input, or of the first int input).
+    pub tokens_per_step: u64,
+    pub tokens_per_s: f64,
+    /// Model FLOPs of one step of the measured graph under `convention`.
+    pub model_flops_per_step: f64,
+    pub achieved_tflops: f64,
+    /// The FLOP convention, in words.
+    pub convention: String,
+    /// Distinct transformer layers in the graph.
+    pub layers_present: u32,
+    /// Median seconds of one layer (forward + backward + its weights' AdamW).
+    pub per_layer_s: f64,
+    /// Median step minus the layers: embedding, head, loss, their optimizer work.
+    pub non_layer_s: f64,
+    pub full_layers: u32,
+    /// non_layer_s + per_layer_s × full_layers.
+    pub projected_full_step_s: f64,
+    pub projected_tokens_per_s: f64,
+    pub memory: MemoryReport,
+}
+
+/// Synthetic inputs for every graph input: ids spread over each int input's range
+/// (positions run 0..T), small normals for float inputs.
+pub fn synthetic_inputs(g: &Graph, seed: u64) -> Vec<(String, Vec<u32>, Vec<f32>)> {
+    let bounds = int_bounds_of(g);
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut next = move || {
+        // xorshift64*: any deterministic spread of ids will do here.
+        s ^= s >> 12;
+        s ^= s << 25;
+        s ^= s >> 27;
+        s.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    let mut out = Vec::new();
+    for (id, t) in g.tensors.iter().enumerate() {
+        if t.kind != TensorKind::Input {
+            continue;
+        }
+        let n = t.numel() as usize;
+        if t.dtype == DType::I32 {
+            let bound = bounds.get(&id).map_or(1, |b| b.0).max(1);
+            let v: Vec<u32> = if t.name.ends_with("positions") {
+                let cols = t.shape.last().copied().unwrap_or(1).max(1);
+                (0..n as u64).map(|i| ((i % cols) % bound) as u32).collect()
+            } else {
+                (0..n).map(|_| (next() % bound) as u32).collect()
+            };
+            out.push((t.name.clone(), v, Vec::new()));
+        } else {
+            let v: Vec<f32> = (0..n)
+                .map(|_| ((next() >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.1)
+                .collect();
+            out.push((t.name.clone(), Vec::new(), v));
+        }
+    }
+    out
+}
+
+/// Run warm-up + repeats of forward/backward/AdamW of `graph` on the CPU and compose the
+/// per-layer time to `opts.full_layers`.
+///
+/// # Errors
+/// An invalid graph, or a kernel error.
+pub fn measure_training_step(
+    graph: &Graph,
+    opts: MeasureOptions,
+) -> Result<MeasuredStep, ExecError> {
+    let mut ex = Executor::new(
+        graph,
+        Cpu::new(),
+        ExecOptions {
+            seed: opts.seed,
+            ..ExecOptions::default()
+        },
+    )?;
+    let data = synthetic_inputs(graph, opts.seed);
+    let inputs: Vec<(&str, Input<'_>)> = data
+        .iter()
+        .map(|(n, u, f)| {
+            (
+                n.as_str(),
+                if f.is_empty() {
+                    Input::U32(u)
+                } else {
+                    Input::F32(f)
+                },
+            )
+        })
+        .collect();
+    let timing = time_steps(&mut ex, &inputs, &opts.adamw, opts.timing)?;
+    let memory = ex.memory();
+
+    let layers: BTreeSet<i32> = graph
+        .ops
+        .iter()
+        .map(|o| o.layer)
+        .filter(|&l| l >= 0)
+        .collect();
+    let layers_present = layers.len() as u32;
+    // Weights read only by layer ops: their AdamW time belongs to the layers.
+    let outside: HashSet<usize> = graph
+        .ops
+        .iter()
+        .filter(|o| o.layer < 0)
+        .flat_map(|o| o.inputs.iter().copied())
+        .collect();
+    let layer_weights: HashSet<&str> = graph
+        .ops
+        .iter()
+        .filter(|o| o.layer >= 0)
+        .flat_map(|o| o.inputs.iter().copied())
+        .filter(|&i| graph.tensors[i].kind == TensorKind::Weight && !outside.contains(&i))
+        .map(|i| graph.tensors[i].name.as_str())
+        .collect();
+    let layer_ops: f64 = timing
+        .ops
+        .iter()
+        .filter(|o| o.layer >= 0)
+        .map(|o| o.forward.median + o.backward.median)
+        .sum();
+    let layer_opt: f64 = timing
+        .optimizer_by_weight
+        .iter()
+        .filter(|(n, _)| layer_weights.contains(n.as_str()))
+        .map(|(_, s)| s)
+        .sum();
+    let step_s = timing.step.median;
+    let layer_total = (layer_ops + layer_opt).min(step_s);
+    let per_layer_s = if layers_present > 0 {
+        layer_total / f64::from(layers_present)
+    } else {
+        0.0
+    };
+    let non_layer_s = step_s - layer_total;
+    let full_layers = opts.full_layers.unwrap_or(layers_present);
+    let projected_full_step_s = non_layer_s + per_layer_s * f64::from(full_layers);
+
+    let tokens_per_step = graph
+        .tensor_id("tokens")
+        .or_else(|| {
+            graph
+                .tensors
+                .iter()
+                .position(|t| t.kind == TensorKind::Input && t.dtype == DType::I32)
+        })
+        .map_or(0, |id| graph.tensors[id].numel());
+    let flops = model_flops_per_step(graph, &opts.convention);
+    Ok(MeasuredStep {
+        step_s,
+        tokens_per_step,
+        tokens_per_s: tokens_per_step as f64 / step_s,
+        model_flops_per_step: flops,
+        achieved_tflops: flops / step_s / 1e12,
+        convention: opts.convention.to_string(),
+        layers_present,
+        per_layer_s,
+        non_layer_s,
+        full_layers,
+        projected_full_step_s,
+        projected_tokens_per_s: tokens_per_step as f64 / projected_full_step_s,
+        memory,
+        timing,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::toy::{ToyConfig, llama};
+
+    #[test]
+    fn composes_per_layer_time_to_full_depth() {
+        let g = llama(&ToyConfig {
+            hidden: 16,
+            ffn: 32,
+            ..ToyConfig::tiny()
+        });
+        let m = measure_training_step(
+            &g,
+            MeasureOptions {
+                full_layers: Some(32),
+                ..MeasureOptions::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (m.layers_present, m.full_layers, m.tokens_per_step),
+            (2, 32, 16)
+        );
+        assert!(m.per_layer_s > 0.0 && m.non_layer_s >= 0.0);
+        assert!((m.non_layer_s + 2.0 * m.per_layer_s - m.step_s).abs() < 1e-9 * m.step_s.max(1.0));
+        assert!((m.projected_full_step_s - (m.non_layer_s + 32.0 * m.per_layer_s)).abs() < 1e-12);
+        assert!(m.achieved_tflops > 0.0 && m.convention.contains("causal"));
+    }
+}

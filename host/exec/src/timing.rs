@@ -1,0 +1,188 @@
+//! The timing harness: warm-up steps, then N timed steps of forward, backward and AdamW,
+//! reported as median and spread (p10/p90) per phase, per step and per op.
+//!
+//! Medians, not means: a step on a shared machine sometimes loses a scheduler slice, and
+//! one slow repeat should not move the figure a projection is built on. p10/p90 show how
+//! noisy the run was. Communication is its own phase so multi-device backends slot in;
+//! on one CPU it is 0.
+
+use serde::Serialize;
+
+use crate::device::{Device, ExecError};
+use crate::executor::{Executor, Input};
+use runner_kernels::cpu::adamw::AdamW;
+
+/// Summary of repeated measurements, in seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Stat {
+    pub median: f64,
+    pub p10: f64,
+    pub p90: f64,
+    pub min: f64,
+    pub max: f64,
+    pub n: usize,
+}
+
+impl Stat {
+    /// Summary of `xs` (all zero for an empty slice). Percentiles interpolate linearly
+    /// between order statistics.
+    pub fn of(xs: &[f64]) -> Stat {
+        if xs.is_empty() {
+            return Stat::default();
+        }
+        let mut v = xs.to_vec();
+        v.sort_by(f64::total_cmp);
+        let q = |p: f64| {
+            let pos = p * (v.len() - 1) as f64;
+            let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+            v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
+        };
+        Stat {
+            median: q(0.5),
+            p10: q(0.1),
+            p90: q(0.9),
+            min: v[0],
+            max: v[v.len() - 1],
+            n: v.len(),
+        }
+    }
+}
+
+/// Times of one op over the repeats.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct OpTiming {
+    pub name: String,
+    pub kind: String,
+    /// Transformer layer, or -1 outside the stack.
+    pub layer: i32,
+    pub forward: Stat,
+    /// Zero for ops with no backward step.
+    pub backward: Stat,
+}
+
+/// What [`time_steps`] measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepTiming {
+    pub device: String,
+    pub warmup: usize,
+    pub repeats: usize,
+    /// Whole step (forward + backward + optimizer + communication).
+    pub step: Stat,
+    pub forward: Stat,
+    pub backward: Stat,
+    pub optimizer: Stat,
+    /// Collectives; 0 on a single device.
+    pub communication: Stat,
+    /// Loss of each timed step.
+    pub losses: Vec<f32>,
+    pub ops: Vec<OpTiming>,
+    /// Median AdamW seconds of each weight, by tensor name (for per-layer attribution).
+    pub optimizer_by_weight: Vec<(String, f64)>,
+}
+
+/// Harness settings.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct TimingOptions {
+    pub warmup: usize,
+    pub repeats: usize,
+}
+
+impl Default for TimingOptions {
+    fn default() -> Self {
+        TimingOptions {
+            warmup: 1,
+            repeats: 5,
+        }
+    }
+}
+
+/// Run `opts.warmup` untimed and `opts.repeats` timed training steps of `ex` on the
+/// same `inputs`, with per-op profiling on.
+///
+/// # Errors
+/// Whatever a step returns; `repeats == 0`.
+pub fn time_steps<D: Device>(
+    ex: &mut Executor<D>,
+    inputs: &[(&str, Input<'_>)],
+    adamw: &AdamW,
+    opts: TimingOptions,
+) -> Result<StepTiming, ExecError> {
+    if opts.repeats == 0 {
+        return Err(ExecError::State("timing needs at least one repeat".into()));
+    }
+    ex.set_profile(true);
+    for _ in 0..opts.warmup {
+        ex.step(inputs, adamw)?;
+    }
+    let nops = ex.graph().ops.len();
+    let nt = ex.graph().tensors.len();
+    let (mut fwd, mut bwd, mut opt, mut step) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut per_op_f = vec![Vec::new(); nops];
+    let mut per_op_b = vec![Vec::new(); nops];
+    let mut per_w = vec![Vec::new(); nt];
+    let mut losses = Vec::new();
+    for _ in 0..opts.repeats {
+        let t0 = std::time::Instant::now();
+        losses.push(ex.step(inputs, adamw)?);
+        ex.device().synchronize()?;
+        step.push(t0.elapsed().as_secs_f64());
+        let p = ex.profile();
+        fwd.push(p.forward_s);
+        bwd.push(p.backward_s);
+        opt.push(p.optimizer_s);
+        for i in 0..nops {
+            per_op_f[i].push(p.forward_op_s[i]);
+            per_op_b[i].push(p.backward_op_s[i]);
+        }
+        for (w, &s) in per_w.iter_mut().zip(&p.optimizer_tensor_s) {
+            w.push(s);
+        }
+    }
+    ex.set_profile(false);
+    let g = ex.graph();
+    let ops = g
+        .ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| OpTiming {
+            name: op.name.clone(),
+            kind: format!("{:?}", op.kind),
+            layer: op.layer,
+            forward: Stat::of(&per_op_f[i]),
+            backward: Stat::of(&per_op_b[i]),
+        })
+        .collect();
+    let optimizer_by_weight = g
+        .tensors
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| per_w[*i].iter().any(|&s| s > 0.0))
+        .map(|(i, t)| (t.name.clone(), Stat::of(&per_w[i]).median))
+        .collect();
+    Ok(StepTiming {
+        device: ex.device().name(),
+        warmup: opts.warmup,
+        repeats: opts.repeats,
+        step: Stat::of(&step),
+        forward: Stat::of(&fwd),
+        backward: Stat::of(&bwd),
+        optimizer: Stat::of(&opt),
+        communication: Stat::of(&vec![0.0; opts.repeats]),
+        losses,
+        ops,
+        optimizer_by_weight,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles() {
+        let s = Stat::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!((s.median, s.min, s.max, s.n), (3.0, 1.0, 5.0, 5));
+        assert!((s.p10 - 1.4).abs() < 1e-12 && (s.p90 - 4.6).abs() < 1e-12);
+        assert_eq!(Stat::of(&[]).n, 0);
+    }
+}
