@@ -73,6 +73,9 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun) -> Result<()> {
     if quick.seq_len.is_some() {
         run.model.seq_len = quick.seq_len;
     }
+    if let Some(r) = quick.repeats {
+        run.measure.repeats = r;
+    }
     // Re-check the merged run exactly as a run file would be checked.
     let text = toml::to_string(run).context("serialising the run")?;
     *run = runfile::parse(&text, "command line")
@@ -399,6 +402,43 @@ fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
     match cmd {
+        BenchCommand::Gemm { sizes } => {
+            if let Some(&bad) = sizes.iter().find(|&&n| n == 0 || n > 16_384) {
+                anyhow::bail!("--sizes: {bad} is outside 1..=16384");
+            }
+            let peak = runner_exec::bench::peak_gflops();
+            let rows = runner_exec::bench::gemm_bench(&sizes);
+            let mut t = Table::new(
+                format!("f32 GEMM on {} ({} threads)", peak.model, rayon::current_num_threads()),
+                &["M=N=K", "median GFLOP/s", "best GFLOP/s", "% of theoretical", "% of measured FMA peak"],
+            );
+            for r in &rows {
+                t.rows.push(vec![
+                    r.m.to_string(),
+                    format!("{:.1}", r.gflops),
+                    format!("{:.1}", r.best_gflops),
+                    format!("{:.0}%", 100.0 * r.gflops / peak.theoretical_gflops),
+                    peak.measured_fma_gflops.map(|p| format!("{:.0}%", 100.0 * r.gflops / p)).unwrap_or_else(|| "n/a".into()),
+                ]);
+            }
+            t.notes.push(format!(
+                "theoretical peak {:.1} GFLOP/s = {} lanes x 2 (FMA) x {} FMA units x {} CPUs x {:.2} GHz ({}; clock from {})",
+                peak.theoretical_gflops, peak.lanes, peak.fma_units, peak.cpus, peak.ghz, peak.isa, peak.clock_source
+            ));
+            if let Some(m) = peak.measured_fma_gflops {
+                t.notes.push(format!("measured peak {m:.1} GFLOP/s: {}", peak.measured_method));
+            }
+            emit(global, &t, &serde_json::json!({ "peak": peak, "gemm": rows }))
+        }
+        BenchCommand::Memory => {
+            let rows = runner_exec::bench::memory_bench();
+            let mut t = Table::new(format!("memory bandwidth ({} threads)", rayon::current_num_threads()), &["kernel", "median GB/s", "best GB/s", "bytes per pass"]);
+            for r in &rows {
+                t.rows.push(vec![r.kernel.clone(), format!("{:.1}", r.gbps), format!("{:.1}", r.best_gbps), si(r.bytes as f64)]);
+            }
+            t.notes.push("STREAM convention: bytes = reads + writes per pass, no write-allocate traffic counted".into());
+            emit(global, &t, &rows)
+        }
         BenchCommand::Plugins { calls } => {
             let mut rows = Vec::new();
             let mut push = |what: &str, samples: Vec<f64>| {

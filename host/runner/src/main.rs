@@ -72,6 +72,9 @@ pub struct QuickRun {
     /// Sequence length (default: the variant's)
     #[arg(long)]
     pub seq_len: Option<u32>,
+    /// Timed CPU training steps after one warm-up (more: tighter figures, longer run)
+    #[arg(long)]
+    pub repeats: Option<usize>,
 }
 
 #[derive(Subcommand, Debug)]
@@ -83,7 +86,7 @@ enum Command {
         file: PathBuf,
     },
     /// List, inspect and validate plugins
-    #[command(subcommand)]
+    #[command(subcommand, after_help = "Examples:\n  runner plugins list\n  runner plugins inspect aws\n  runner plugins validate my.wasm")]
     Plugins(PluginsCommand),
     /// List model variants of every installed workload plugin, or show one
     #[command(after_help = "Examples:\n  runner models\n  runner models llama3.1-70b\n  runner models --format json")]
@@ -91,8 +94,8 @@ enum Command {
         /// A variant name
         name: Option<String>,
     },
-    /// Micro-benchmarks of the runner itself and the local device
-    #[command(subcommand)]
+    /// Micro-benchmarks of the local device and of the runner itself
+    #[command(subcommand, after_help = "Examples:\n  runner bench gemm\n  runner bench memory\n  runner bench plugins")]
     Bench(BenchCommand),
 }
 
@@ -117,6 +120,16 @@ pub enum PluginsCommand {
 
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
+    /// Achieved f32 GEMM GFLOP/s across sizes against the machine's theoretical peak
+    #[command(after_help = "Examples:\n  runner bench gemm\n  runner bench gemm --sizes 512,1024,2048 --format json")]
+    Gemm {
+        /// Square sizes (M = N = K)
+        #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 1024, 2048])]
+        sizes: Vec<usize>,
+    },
+    /// Memory bandwidth: STREAM copy and triad over arrays far beyond the caches
+    #[command(after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json")]
+    Memory,
     /// Plugin host overhead: warm load, instantiation, per-call cost
     #[command(after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000")]
     Plugins {

@@ -1,44 +1,158 @@
-//! What the runner measures on the local device before it projects.
+//! What the runner measures on the local device before it projects: a real training step
+//! (forward, backward, AdamW) of the model's graph on the CPU backend, timed with warm-up
+//! and repeats, a few layers run and composed to the full depth.
 //!
-//! Until the executor runs a real training step here, the measurement is the local CPU's
-//! f32 GEMM throughput (faer, all threads), reported for context and labelled as such:
-//! it does not feed the projection.
+//! The measurement runs "at a size the machine can run": the chosen variant itself when
+//! its weights and optimizer state fit the memory budget, otherwise the smallest variant
+//! of the same plugin (the family's proxy), at a short sequence. The outcome says which.
 
-use std::time::Instant;
-
-use faer::linalg::matmul::matmul;
-use faer::{Accum, Mat, Par};
 use serde::Serialize;
+
+use runner_exec::proxy::{MeasureOptions, measure_training_step};
+use runner_exec::timing::TimingOptions;
+use runner_graph::count::{self, Convention};
+
+use crate::plugin::PluginError;
+use crate::plugin::workload::{GraphRequest, ModelInfo, Variant, Workload};
+
+/// f32 weights, gradients and two AdamW moments: 16 bytes per parameter. The budget keeps
+/// the default run well inside a 24 GiB, 2-core CI machine and under a minute.
+const PARAM_BUDGET_BYTES: f64 = 1.0 * (1u64 << 30) as f64;
+/// Tokens per measured step: sequence x micro-batch.
+const MAX_SEQ: u32 = 256;
+const TOKENS: u32 = 2048;
+/// Layers actually run; the rest is composed from the per-layer time.
+const LAYERS_RUN: u32 = 2;
 
 #[derive(Clone, Debug, Serialize)]
 pub struct LocalMeasurement {
     pub device: String,
-    pub what: String,
-    pub gflops: f64,
-    pub threads: usize,
+    /// The variant whose graph was run (the requested one, or the family's proxy).
+    pub variant: String,
+    pub layers_run: u32,
+    pub full_layers: u32,
+    pub seq_len: u32,
+    pub micro_batch: u32,
+    pub step_s: f64,
+    pub step_p10_s: f64,
+    pub step_p90_s: f64,
+    pub forward_s: f64,
+    pub backward_s: f64,
+    pub optimizer_s: f64,
+    pub per_layer_s: f64,
+    pub projected_full_step_s: f64,
+    pub tokens_per_s: f64,
+    pub achieved_gflops: f64,
+    pub peak_memory_bytes: u64,
+    pub convention: String,
+    pub why_this_size: String,
 }
 
-/// Median f32 GEMM GFLOP/s at n x n x n over `reps` runs after one warm-up.
-pub fn cpu_gemm_gflops(n: usize, reps: usize) -> LocalMeasurement {
-    let a = Mat::<f32>::from_fn(n, n, |i, j| ((i * 7 + j * 3) % 11) as f32 * 0.1);
-    let b = Mat::<f32>::from_fn(n, n, |i, j| ((i * 5 + j) % 13) as f32 * 0.1);
-    let mut c = Mat::<f32>::zeros(n, n);
-    let threads = rayon::current_num_threads();
-    let par = if threads > 1 { Par::rayon(threads) } else { Par::Seq };
-    let mut times = Vec::with_capacity(reps);
-    for i in 0..=reps {
-        let t = Instant::now();
-        matmul(c.as_mut(), Accum::Replace, a.as_ref(), b.as_ref(), 1.0f32, par);
-        if i > 0 {
-            times.push(t.elapsed().as_secs_f64());
+/// Measure a training step on the CPU. `repeats` timed steps follow one warm-up.
+///
+/// # Errors
+/// A plugin failure while building the graph, or an executor error.
+pub fn measure(
+    workload: &mut Workload,
+    info: &ModelInfo,
+    variant: &Variant,
+    repeats: usize,
+) -> anyhow::Result<LocalMeasurement> {
+    let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
+        let g = w.graph(&GraphRequest { variant: v.name.clone(), seq_len: 16, micro_batch: 1, layers: LAYERS_RUN.min(v.hyper.layers) })?;
+        let bytes = count::params(&g).total as f64 * 16.0;
+        Ok((bytes <= PARAM_BUDGET_BYTES, bytes))
+    };
+    let (own_fits, own_bytes) = fits(variant, workload)?;
+    let (chosen, why) = if own_fits {
+        (variant.clone(), format!("{} itself ({LAYERS_RUN} layers fit the {:.0} GiB budget)", variant.name, PARAM_BUDGET_BYTES / (1u64 << 30) as f64))
+    } else {
+        let mut smallest: Option<(f64, &Variant)> = None;
+        for v in &info.variants {
+            let (ok, bytes) = fits(v, workload)?;
+            if ok && smallest.is_none_or(|(b, _)| bytes < b) {
+                smallest = Some((bytes, v));
+            }
         }
-    }
-    times.sort_by(f64::total_cmp);
-    let median = times[times.len() / 2];
-    LocalMeasurement {
-        device: "cpu".into(),
-        what: format!("f32 GEMM {n}x{n}x{n}, median of {reps}"),
-        gflops: 2.0 * (n as f64).powi(3) / median / 1e9,
-        threads,
+        let Some((_, proxy)) = smallest else {
+            anyhow::bail!(
+                "no variant of {} fits the CPU measurement budget ({:.1} GiB for {LAYERS_RUN} layers of {}); \
+                 add a small proxy variant to the plugin",
+                info.family,
+                own_bytes / (1u64 << 30) as f64,
+                variant.name
+            );
+        };
+        (
+            proxy.clone(),
+            format!(
+                "{}'s {LAYERS_RUN} layers need {:.1} GiB of f32 weights and optimizer state, beyond the CPU budget, \
+                 so the family's proxy {} was run",
+                variant.name,
+                own_bytes / (1u64 << 30) as f64,
+                proxy.name
+            ),
+        )
+    };
+    let seq_len = chosen.defaults.seq_len.min(MAX_SEQ);
+    let micro_batch = (TOKENS / seq_len).max(1);
+    let layers_run = LAYERS_RUN.min(chosen.hyper.layers);
+    let graph = workload.graph(&GraphRequest { variant: chosen.name.clone(), seq_len, micro_batch, layers: layers_run })?;
+    let opts = MeasureOptions {
+        timing: TimingOptions { warmup: 1, repeats: repeats.max(1) },
+        full_layers: Some(chosen.hyper.layers),
+        convention: Convention::CAUSAL,
+        ..MeasureOptions::default()
+    };
+    let m = measure_training_step(&graph, opts)?;
+    Ok(LocalMeasurement {
+        device: format!("cpu ({} threads)", rayon::current_num_threads()),
+        variant: chosen.name.clone(),
+        layers_run,
+        full_layers: chosen.hyper.layers,
+        seq_len,
+        micro_batch,
+        step_s: m.step_s,
+        step_p10_s: m.timing.step.p10,
+        step_p90_s: m.timing.step.p90,
+        forward_s: m.timing.forward.median,
+        backward_s: m.timing.backward.median,
+        optimizer_s: m.timing.optimizer.median,
+        per_layer_s: m.per_layer_s,
+        projected_full_step_s: m.projected_full_step_s,
+        tokens_per_s: m.tokens_per_s,
+        achieved_gflops: m.achieved_tflops * 1e3,
+        peak_memory_bytes: m.memory.peak_bytes,
+        convention: m.convention,
+        why_this_size: why,
+    })
+}
+
+impl LocalMeasurement {
+    /// One line for the report's notes.
+    pub fn summary(&self) -> String {
+        format!(
+            "measured: a real training step (forward, backward, AdamW) of {} on {}: {} of {} layers, seq {} x batch {}, \
+             median {:.3} s (p10 {:.3}, p90 {:.3}; fwd {:.3}, bwd {:.3}, opt {:.3}), {:.0} tokens/s, {:.1} model GFLOP/s; \
+             composed to {} layers: {:.2} s/step; peak memory {:.0} MiB. Chosen because: {}",
+            self.variant,
+            self.device,
+            self.layers_run,
+            self.full_layers,
+            self.seq_len,
+            self.micro_batch,
+            self.step_s,
+            self.step_p10_s,
+            self.step_p90_s,
+            self.forward_s,
+            self.backward_s,
+            self.optimizer_s,
+            self.tokens_per_s,
+            self.achieved_gflops,
+            self.full_layers,
+            self.projected_full_step_s,
+            self.peak_memory_bytes as f64 / (1u64 << 20) as f64,
+            self.why_this_size
+        )
     }
 }

@@ -19,6 +19,9 @@
 //! plugins = ["aws.wasm", "gcp.wasm"]   # default: every installed cost plugin
 //! option = "on-demand"
 //!
+//! [measure]
+//! repeats = 3          # timed CPU training steps after one warm-up
+//!
 //! [limits]
 //! memory_mib = 256
 //! call_timeout_ms = 10000
@@ -42,6 +45,22 @@ pub struct RunFile {
     pub cost: CostSection,
     #[serde(default)]
     pub limits: Limits,
+    #[serde(default)]
+    pub measure: MeasureSection,
+}
+
+/// How long to spend measuring on the local device.
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MeasureSection {
+    /// Timed training steps after one warm-up; more gives tighter figures.
+    pub repeats: usize,
+}
+
+impl Default for MeasureSection {
+    fn default() -> Self {
+        MeasureSection { repeats: 3 }
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -144,6 +163,9 @@ fn check(run: &RunFile) -> Result<(), String> {
         return Err("[model] seq_len must be at least 1".into());
     }
     parse_option(&run.cost.option)?;
+    if run.measure.repeats < 1 || run.measure.repeats > 1000 {
+        return Err(format!("[measure] repeats must be in 1..=1000, got {}", run.measure.repeats));
+    }
     if run.limits.memory_mib < 1 || run.limits.call_timeout_ms < 1 {
         return Err("[limits] memory_mib and call_timeout_ms must be at least 1".into());
     }

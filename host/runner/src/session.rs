@@ -115,12 +115,9 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         ));
     }
 
-    progress("measuring the local device");
-    let measurement = measure::cpu_gemm_gflops(512, 5);
-    notes.push(format!(
-        "measured: local {} {} = {:.1} GFLOP/s on {} threads (context only; the executor's real training step replaces this)",
-        measurement.device, measurement.what, measurement.gflops, measurement.threads
-    ));
+    progress("measuring a training step on the local device");
+    let measurement = measure::measure(&mut workload, &info, variant, run.measure.repeats)?;
+    notes.push(measurement.summary());
 
     let (peak_tflops, assumed_mfu, precision) = match run.precision.format {
         Format::Bf16 => (gpu.bf16_tflops, ASSUMED_MFU_BF16, "BF16"),
@@ -129,7 +126,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     };
     notes.push(format!(
         "modelled: time = training FLOPs / (GPUs x {peak_tflops} TFLOP/s {precision} dense peak x assumed MFU {assumed_mfu:.2}); \
-         a placeholder with perfect scaling until the projection model lands"
+         a placeholder with perfect scaling until the projection model lands (the local measurement does not feed it yet)"
     ));
     notes.push(format!("FLOPs: {convention}"));
 
@@ -220,7 +217,7 @@ fn plan_precision(
     let plan = policy.plan(&PlanRequest { model: model.to_string(), sites, state: Vec::new() })?;
     let mut formats: Vec<(String, usize)> = Vec::new();
     for site in &plan.sites {
-        let name = format!("{:?}", site.format).to_lowercase();
+        let name = dtype_name(site.format).to_string();
         match formats.iter_mut().find(|(f, _)| *f == name) {
             Some((_, c)) => *c += 1,
             None => formats.push((name, 1)),
@@ -229,6 +226,20 @@ fn plan_precision(
     let parts: Vec<String> = formats.iter().map(|(f, c)| format!("{f} {:.0}%", 100.0 * *c as f64 / count.max(1) as f64)).collect();
     let fp8 = formats.iter().any(|(f, _)| f.starts_with("fp8") || f == "mxfp8");
     Ok((format!("precision plan from {}: {count} GEMM sites, {}", policy.info.name, parts.join(", ")), fp8))
+}
+
+fn dtype_name(d: plugin::precision::Dtype) -> &'static str {
+    use plugin::precision::Dtype as D;
+    match d {
+        D::Fp32 => "fp32",
+        D::Bf16 => "bf16",
+        D::Fp16 => "fp16",
+        D::Fp8E4m3 => "fp8-e4m3",
+        D::Fp8E5m2 => "fp8-e5m2",
+        D::Mxfp8 => "mxfp8",
+        D::Nvfp4 => "nvfp4",
+        D::Int32 => "int32",
+    }
 }
 
 /// Every cost plugin installed (plugin directories first, then embedded), one per name.

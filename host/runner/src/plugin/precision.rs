@@ -6,6 +6,7 @@ use super::bindings::precision::exports::runner::plugin::precision_policy as wit
 use super::sandbox::{Limits, Sandboxed, linker};
 use super::{Failure, Kind, Plugin, PluginError, PluginInfo};
 
+pub use super::bindings::Dtype;
 pub use wit::{
     Action, AmaxReduction, FallbackScope, GemmRole, GemmSite, PlanRequest, PlanResponse, ScalingRecipe,
     SiteMetrics, SitePlan, SiteSelector, StepMetrics, StepResponse,
