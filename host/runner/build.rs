@@ -31,6 +31,8 @@ fn main() {
 
     let mut crates = Vec::new();
     for (dir, test_program) in [(root.join("plugins"), false), (root.join("tests/programs"), true)] {
+        // The directory itself too, so a newly added plugin crate is discovered.
+        println!("cargo:rerun-if-changed={}", dir.display());
         crates.extend(discover(&dir, test_program));
     }
 

@@ -62,7 +62,8 @@ pub struct Outcome {
     pub gpu: GpuProfile,
     pub precision: String,
     pub assumed_mfu: f64,
-    pub measurement: LocalMeasurement,
+    /// None where nothing could be measured here (the reason is in the notes).
+    pub measurement: Option<LocalMeasurement>,
     pub clouds: Vec<String>,
     pub rows: Vec<Row>,
     pub notes: Vec<String>,
@@ -116,8 +117,16 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     }
 
     progress("measuring a training step on the local device");
-    let measurement = measure::measure(&mut workload, &info, variant, run.measure.repeats)?;
-    notes.push(measurement.summary());
+    let measurement = match measure::measure(&mut workload, &info, variant, run.measure.repeats) {
+        Ok(m) => {
+            notes.push(m.summary());
+            Some(m)
+        }
+        Err(e) => {
+            notes.push(format!("not measured on this device: {e:#}"));
+            None
+        }
+    };
 
     let (peak_tflops, assumed_mfu, precision) = match run.precision.format {
         Format::Bf16 => (gpu.bf16_tflops, ASSUMED_MFU_BF16, "BF16"),

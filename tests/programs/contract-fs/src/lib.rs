@@ -2,6 +2,8 @@
 //! the component import `wasi:filesystem`, which the sandbox does not grant: the host
 //! must refuse the plugin at load time, naming the import.
 
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
+
 use runner_plugin_sdk::cost::*;
 
 struct ReadsFiles;

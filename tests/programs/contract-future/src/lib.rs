@@ -2,6 +2,8 @@
 //! is 0.2.0 (see `wit/` beside this crate). A 0.1.0 host must refuse it at load and name
 //! both versions.
 
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
+
 wit_bindgen::generate!({ world: "cost-plugin", path: "wit" });
 
 use exports::runner::plugin::cost_model::*;

@@ -3,6 +3,8 @@
 //! without end, `nan` returns a non-finite total, `wrong-total` returns lines that do
 //! not add up. Any other instance is quoted normally. The host must survive every one.
 
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
+
 use runner_plugin_sdk::cost::*;
 
 struct Misbehave;

@@ -4,6 +4,8 @@
 //! `duplicate` (two tensors with one name), `nan-attr` (a non-finite attribute).
 //! The host must reject each with a message naming the rule.
 
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
+
 use runner_plugin_sdk::workload::*;
 
 struct Misbehave;

@@ -2,7 +2,7 @@
 
 use runner_plugin_sdk::cost::*;
 
-struct MyCloud;
+pub struct MyCloud;
 
 fn h100_node(region: &str, on_demand: f64, spot: f64) -> Vec<Price> {
     vec![

@@ -4,7 +4,7 @@
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
 use runner_plugin_sdk::workload::*;
 
-struct MyModel;
+pub struct MyModel;
 
 impl Guest for MyModel {
     fn describe() -> ModelInfo {
