@@ -4,6 +4,7 @@
 mod contract;
 mod models;
 mod sandbox;
+mod training;
 mod util;
 mod walkthrough;
 mod workloads;
