@@ -322,7 +322,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             }
             let seq = v.defaults.seq_len;
             let graph = w.graph(&plugin::workload::GraphRequest { variant: v.name.clone(), seq_len: seq, micro_batch: 1, layers: 0 })?;
-            let params = count::params(&graph);
+            let params = session::main_model_params(&mut w, &v)?;
             rows.push(ModelRow {
                 name: v.name.clone(),
                 family: v.family.clone(),
@@ -381,7 +381,8 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             format!("{:.3e}", r.flops_per_token),
         ]);
     }
-    t.notes.push(format!("flops_per_token: model FLOPs of forward and backward per token at the default sequence length; {convention}"));
+    t.notes.push(format!("flops_per_token: model FLOPs of forward and backward per token at the default sequence length, multi-token-prediction modules included; {convention}"));
+    t.notes.push("params: the main model, as published counts give it (multi-token-prediction modules left out); active: routed experts counted at top-k of E".into());
     emit(global, &t, &rows)
 }
 

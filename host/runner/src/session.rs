@@ -104,7 +104,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let graph = workload.graph(&GraphRequest { variant: variant.name.clone(), seq_len, micro_batch: 1, layers: 0 })?;
     let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
     let flops_per_token = count::model_flops_per_step(&graph, &convention) / f64::from(seq_len);
-    let params = count::params(&graph);
+    let params = main_model_params(&mut workload, variant)?;
 
     progress(&format!("planning precision with {}", run.precision.plugin));
     let (plan_summary, planned_fp8) = plan_precision(&run.precision.plugin, limits, &variant.name, &graph)?;
@@ -200,6 +200,14 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         rows,
         notes,
     })
+}
+
+/// Parameters of the main model: a graph asked for with all its layers carries no
+/// multi-token-prediction modules, which published parameter counts leave out (DeepSeek-V3's
+/// 671B). FLOPs still come from the full training graph, MTP included.
+pub fn main_model_params(workload: &mut plugin::workload::Workload, variant: &Variant) -> anyhow::Result<count::ParamCount> {
+    let g = workload.graph(&GraphRequest { variant: variant.name.clone(), seq_len: 1, micro_batch: 1, layers: variant.hyper.layers })?;
+    Ok(count::params(&g))
 }
 
 /// Ask the precision policy for a plan over every GEMM site of the graph (forward,
