@@ -1,5 +1,6 @@
 //! DeepSeek-V3: multi-head latent attention, 1 shared + 256 routed SwiGLU experts with
-//! sigmoid top-8 routing, 3 dense leading layers, and one multi-token-prediction module.
+//! sigmoid top-8 routing, 3 dense leading layers, and one multi-token-prediction module;
+//! plus `deepseek-tiny`, a runner CPU proxy with the same architecture.
 //!
 //! Sources: Hugging Face `config.json` of deepseek-ai/DeepSeek-V3 (61 layers, hidden 7168,
 //! intermediate 18432, moe_intermediate 2048, 128 heads, q_lora_rank 1536, kv_lora_rank 512,
@@ -20,16 +21,33 @@ const DGXC: &str = "github:NVIDIA/dgxc-benchmarking/deepseek_v3/pretraining/READ
 const MB: &str = "github:NVIDIA-NeMo/Megatron-Bridge/docs/performance-summary-archive.md@067f987";
 
 fn v3() -> Hyperparameters {
+    let mla = MlaConfig { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 };
+    deepseek(decoder(61, 7168, 18_432, 128, 128, 129_280), mla, 3, moe(256, 8, 2048))
+}
+
+/// DeepSeek-V3's conventions on a base decoder shape: MLA (head dim = nope + rope), one
+/// shared expert beside sigmoid-scored routed experts after `dense_layers` dense layers,
+/// one MTP module, RMSNorm eps 1e-6.
+fn deepseek(base: Hyperparameters, mla: MlaConfig, dense_layers: u32, routed: MoeConfig) -> Hyperparameters {
     Hyperparameters {
-        head_dim: 192,
+        head_dim: mla.qk_nope_head_dim + mla.qk_rope_head_dim,
         max_position: 163_840,
         norm_eps: 1e-6,
         attention: AttentionKind::Mla,
-        mla: Some(MlaConfig { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 }),
-        moe: Some(MoeConfig { shared_experts: 1, dense_layers: 3, score: RouterScore::Sigmoid, ..moe(256, 8, 2048) }),
+        mla: Some(mla),
+        moe: Some(MoeConfig { shared_experts: 1, dense_layers, score: RouterScore::Sigmoid, ..routed }),
         mtp_depth: 1,
-        ..decoder(61, 7168, 18_432, 128, 128, 129_280)
+        ..base
     }
+}
+
+/// The CPU proxy: 4 layers x 256 with 8 heads, MLA ranks scaled down (q latent 128, kv
+/// latent 64, per-head nope 32 + rope 16, values 32), 1 dense leading layer of FFN 688,
+/// then 1 shared + 8 routed experts of width 256 with sigmoid top-2 routing, and the MTP
+/// module.
+fn tiny() -> Hyperparameters {
+    let mla = MlaConfig { q_lora_rank: 128, kv_lora_rank: 64, qk_nope_head_dim: 32, qk_rope_head_dim: 16, v_head_dim: 32 };
+    deepseek(decoder(4, 256, 688, 8, 8, 8192), mla, 1, moe(8, 2, 256))
 }
 
 /// The plugin; tests call its `Guest` functions natively.
@@ -48,14 +66,25 @@ impl Guest for DeepSeek {
         ];
         ModelInfo {
             family: FAMILY.into(),
-            variants: vec![variant(
-                "deepseek-v3-671b",
-                FAMILY,
-                "DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv 2412.19437; HF config.json",
-                v3(),
-                defaults(4096, 14.8e12, 2.2e-4),
-                layouts,
-            )],
+            variants: vec![
+                variant(
+                    "deepseek-v3-671b",
+                    FAMILY,
+                    "DeepSeek-AI, DeepSeek-V3 Technical Report, arXiv 2412.19437; HF config.json",
+                    v3(),
+                    defaults(4096, 14.8e12, 2.2e-4),
+                    layouts,
+                ),
+                // CPU proxy with the DeepSeek-V3 architecture (see `tiny`).
+                variant(
+                    "deepseek-tiny",
+                    FAMILY,
+                    "runner proxy with the DeepSeek-V3 architecture (4 layers, hidden 256, MLA, 1 shared + 8 routed experts top-2, MTP)",
+                    tiny(),
+                    defaults(256, 1e8, 1e-3),
+                    [Layout::new("CPU", 1, 1, "BF16").mbs(8).gbs_fixed(8).source("runner CPU proxy")],
+                ),
+            ],
         }
     }
 
@@ -69,6 +98,7 @@ runner_plugin_sdk::export_workload!(DeepSeek);
 #[cfg(test)]
 mod tests {
     use runner_graph::count::Convention;
+    use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
     use super::*;
@@ -102,5 +132,45 @@ mod tests {
             let f = kit::flops_per_sample(DeepSeek::graph, "deepseek-v3-671b", 4096, 0, &conv);
             println!("deepseek-v3 FLOPs/sample at 4096 with MTP [{conv}]: {f:.4e}");
         }
+    }
+
+    /// The CPU proxy is the last variant, fits the host's measurement budget (2 layers of
+    /// f32 weights, grads and AdamW moments in 1 GiB) and builds at the measured size
+    /// (seq 256 x batch 8) with DeepSeek-V3's pieces: MLA (latent norms, rope/nope concat),
+    /// a dense first layer, then sigmoid top-2 routing beside a shared expert; the whole
+    /// model adds the MTP module.
+    #[test]
+    fn tiny_proxy_has_the_deepseek_architecture() {
+        let info = DeepSeek::describe();
+        let v = info.variants.last().unwrap();
+        assert_eq!(v.name, "deepseek-tiny");
+        assert_eq!((v.hyper.attention, v.hyper.head_dim), (AttentionKind::Mla, 48));
+        let p2 = kit::params(DeepSeek::graph, "deepseek-tiny", 2);
+        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
+        let g = kit::host_graph(DeepSeek::graph, "deepseek-tiny", 256, 8, 2);
+        let count = |k: HostOp| g.ops.iter().filter(|o| o.kind == k).count();
+        assert_eq!(count(HostOp::Concat), 4, "q and k rope/nope concat per layer");
+        assert!(g.ops.iter().any(|o| o.name == "layers.0.attn.q_a_norm") && g.ops.iter().any(|o| o.name == "layers.1.attn.kv_norm"));
+        assert!(g.ops.iter().any(|o| o.name == "layers.0.mlp.down"), "first layer dense");
+        assert_eq!((count(HostOp::Router), count(HostOp::GroupedLinear)), (1, 3), "layer 1 routed");
+        assert!(g.ops.iter().any(|o| o.name == "layers.1.moe.shared.down"), "shared expert");
+        let router = g.ops.iter().find(|o| o.kind == HostOp::Router).unwrap();
+        assert_eq!((router.int("top-k"), router.text("score"), router.flag("normalize")), (Some(2), Some("sigmoid"), Some(true)));
+        assert!(!g.ops.iter().any(|o| o.name.starts_with("mtp.")), "proxy builds omit MTP");
+        let full = kit::host_graph(DeepSeek::graph, "deepseek-tiny", 256, 1, 0);
+        assert!(full.ops.iter().any(|o| o.name == "mtp.0.concat") && full.ops.iter().any(|o| o.name == "mtp.0.moe.router"));
+        // embed + head 2*8192*256, final norm 256; per layer: MLA q_a 256*128 + 128,
+        // q 128*8*32, q_pe 128*8*16, kv_a 256*64 + 64, k_rope 256*16, k_nope and v 2*64*8*32,
+        // out 8*32*256; two norms 512; dense MLP 3*256*688 or router 256*8 + routed
+        // 8*3*256*256 + shared 3*256*256.
+        let mla = 256 * 128 + 128 + 128 * 256 + 128 * 128 + 256 * 64 + 64 + 256 * 16 + 2 * 64 * 256 + 256 * 256;
+        let (dense, routed, shared) = (3 * 256 * 688, 8 * 3 * 256 * 256, 3 * 256 * 256 + 256 * 8);
+        let no_mtp = kit::params(DeepSeek::graph, "deepseek-tiny", 4);
+        let base = 2 * 8192 * 256 + 256 + 4 * (mla + 512) + 3 * shared;
+        assert_eq!((no_mtp.total, no_mtp.active), (base + dense + 3 * routed, base + dense + 3 * routed / 4));
+        // MTP: two input norms, 2C -> C projection, one MoE block, its final norm.
+        let p = kit::params(DeepSeek::graph, "deepseek-tiny", 0);
+        assert_eq!(p.total - no_mtp.total, 2 * 256 + 512 * 256 + mla + 512 + shared + routed + 256);
+        println!("deepseek-tiny params: {} total, {} active; without MTP {} (2 layers: {})", p.total, p.active, no_mtp.total, p2.total);
     }
 }

@@ -1,5 +1,6 @@
 //! GPT-3: dense MHA decoders with learned positions, LayerNorm, GeLU and biases, at the
-//! sizes NeMo's GPT-3 recipes and MLPerf train (5B, 20B, 175B).
+//! sizes NeMo's GPT-3 recipes and MLPerf train (5B, 20B, 175B), plus `gpt3-tiny`, a
+//! runner CPU proxy with the same architecture.
 //!
 //! Sources: Brown et al., "Language Models are Few-Shot Learners" (arXiv 2005.14165)
 //! Table 2.1 (175B: 96 layers, d_model 12288, 96 heads of 128, context 2048, lr 0.6e-4,
@@ -16,7 +17,7 @@ const FAMILY: &str = "gpt3";
 const DGXC_V2502: &str = "github:NVIDIA/dgxc-benchmarking/nemo_megatron/README_175b.md@8f5cbb3 (v25.02, NeMo 24.12)";
 const NEMO_2407: &str = "github:NVIDIA/NeMo/docs/source/performance/performance_summary.md@9c4726d (NeMo 24.07)";
 
-fn gpt3(layers: u32, hidden: u32, heads: u32) -> Hyperparameters {
+fn gpt3(layers: u32, hidden: u32, heads: u32, vocab: u32) -> Hyperparameters {
     Hyperparameters {
         tied_embeddings: true,
         position: PositionScheme::Learned,
@@ -24,7 +25,7 @@ fn gpt3(layers: u32, hidden: u32, heads: u32) -> Hyperparameters {
         norm: NormKind::LayerNorm,
         activation: ActivationKind::Gelu,
         bias: true,
-        ..decoder(layers, hidden, 4 * hidden, heads, heads, 51_200)
+        ..decoder(layers, hidden, 4 * hidden, heads, heads, vocab)
     }
 }
 
@@ -38,13 +39,23 @@ impl Guest for Gpt3 {
         ModelInfo {
             family: FAMILY.into(),
             variants: vec![
-                v("gpt3-5b", gpt3(24, 4096, 32), 1.2e-4, vec![Layout::new("H100", 64, 64, "FP8").mbs(4).gbs_fixed(2048).source(NEMO_2407)]),
-                v("gpt3-20b", gpt3(44, 6144, 48), 1.0e-4, vec![Layout::new("H100", 64, 64, "FP8").tp(2).mbs(2).gbs_fixed(256).source(NEMO_2407)]),
-                v("gpt3-175b", gpt3(96, 12_288, 96), 0.6e-4, vec![
+                v("gpt3-5b", gpt3(24, 4096, 32, 51_200), 1.2e-4, vec![Layout::new("H100", 64, 64, "FP8").mbs(4).gbs_fixed(2048).source(NEMO_2407)]),
+                v("gpt3-20b", gpt3(44, 6144, 48, 51_200), 1.0e-4, vec![Layout::new("H100", 64, 64, "FP8").tp(2).mbs(2).gbs_fixed(256).source(NEMO_2407)]),
+                v("gpt3-175b", gpt3(96, 12_288, 96, 51_200), 0.6e-4, vec![
                     Layout::new("H100", 128, 2048, "BF16").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 2048, "FP8").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 128, "FP8").tp(4).pp(8).vp(6).gbs_fixed(256).source(NEMO_2407),
                 ]),
+                // CPU proxy: the GPT-3 architecture (MHA, learned 2048 positions, LayerNorm,
+                // GeLU MLP of 4h, biases, tied embedding) at 4 layers x 256, 8 heads of 32.
+                variant(
+                    "gpt3-tiny",
+                    FAMILY,
+                    "runner proxy with the GPT-3 architecture (4 layers, hidden 256)",
+                    gpt3(4, 256, 8, 8192),
+                    defaults(256, 1e8, 1e-3),
+                    [Layout::new("CPU", 1, 1, "BF16").mbs(8).gbs_fixed(8).source("runner CPU proxy")],
+                ),
             ],
         }
     }
@@ -59,6 +70,7 @@ runner_plugin_sdk::export_workload!(Gpt3);
 #[cfg(test)]
 mod tests {
     use runner_graph::count::Convention;
+    use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
     use super::*;
@@ -83,5 +95,28 @@ mod tests {
             kit::assert_close(&format!("{name} FLOPs/sample (full attention)"), f, want, 0.01);
             kit::rel_err(&format!("{name} FLOPs/sample (causal)"), kit::flops_per_sample(Gpt3::graph, name, 2048, 0, &Convention::CAUSAL), want);
         }
+    }
+
+    /// The CPU proxy is the last variant, fits the host's measurement budget (2 layers of
+    /// f32 weights, grads and AdamW moments in 1 GiB) and builds at the measured size
+    /// (seq 256 x batch 8) with GPT-3's distinctive pieces: learned positions, LayerNorm,
+    /// GeLU, biased linears, tied head, no rotary.
+    #[test]
+    fn tiny_proxy_has_the_gpt3_architecture() {
+        assert_eq!(Gpt3::describe().variants.last().unwrap().name, "gpt3-tiny");
+        let p2 = kit::params(Gpt3::graph, "gpt3-tiny", 2);
+        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
+        let g = kit::host_graph(Gpt3::graph, "gpt3-tiny", 256, 8, 2);
+        let has = |k: HostOp| g.ops.iter().any(|o| o.kind == k);
+        assert!(has(HostOp::LayerNorm) && has(HostOp::Gelu) && !has(HostOp::Rotary) && !has(HostOp::RmsNorm));
+        assert!(g.ops.iter().any(|o| o.name == "pos_embed" && o.kind == HostOp::Embedding));
+        assert!(g.tensor_id("layers.0.attn.q.bias").is_some() && g.tensor_id("layers.1.mlp.down.bias").is_some());
+        assert!(g.tensor_id("lm_head.weight").is_none(), "head is tied to the embedding");
+        // embed 8192*256 + positions 2048*256 + final LN 512; per layer: qkvo 4*(256*256+256),
+        // MLP 256*1024+1024 + 1024*256+256, two LayerNorms 4*256.
+        let per_layer = 4 * (256 * 256 + 256) + (256 * 1024 + 1024) + (1024 * 256 + 256) + 4 * 256;
+        let p = kit::params(Gpt3::graph, "gpt3-tiny", 0);
+        assert_eq!(p.total, 8192 * 256 + 2048 * 256 + 512 + 4 * per_layer);
+        println!("gpt3-tiny params: {} (2 layers: {})", p.total, p2.total);
     }
 }

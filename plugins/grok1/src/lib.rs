@@ -1,5 +1,6 @@
 //! Grok-1: 314B mixture-of-experts decoder, 8 GeGLU experts with top-2 softmax routing,
-//! GQA with 8 KV heads, tied input/output embedding.
+//! GQA with 8 KV heads, tied input/output embedding; plus `grok1-tiny`, a runner CPU proxy
+//! with the same architecture.
 //!
 //! Sources: github:xai-org/grok-1 `run.py` / `model.py` (64 layers, emb_size 6144
 //! = 48 x 128, 48 query heads, 8 KV heads, key size 128, widening_factor 8 giving an FFN of
@@ -10,32 +11,50 @@
 //! notes/dgxc.md §4 records DGXC's H100 layout (TP4 PP8 CP2 EP8 VP8) without GPU counts or
 //! GBS, so no reference layout is listed.
 
-use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant};
+use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant, Layout};
 use runner_plugin_sdk::workload::*;
 
 const FAMILY: &str = "grok1";
+
+/// Grok-1's conventions: 8 GeGLU experts of `expert_ffn`, top-2 softmax routing in every
+/// layer, tied embedding.
+fn grok(layers: u32, hidden: u32, expert_ffn: u32, heads: u32, kv_heads: u32, vocab: u32) -> Hyperparameters {
+    Hyperparameters {
+        tied_embeddings: true,
+        activation: ActivationKind::Geglu,
+        moe: Some(moe(8, 2, expert_ffn)),
+        ..decoder(layers, hidden, 0, heads, kv_heads, vocab)
+    }
+}
 
 /// The plugin; tests call its `Guest` functions natively.
 pub struct Grok1;
 
 impl Guest for Grok1 {
     fn describe() -> ModelInfo {
-        let hyper = Hyperparameters {
-            tied_embeddings: true,
-            activation: ActivationKind::Geglu,
-            moe: Some(moe(8, 2, 32_768)),
-            ..decoder(64, 6144, 0, 48, 8, 131_072)
-        };
         ModelInfo {
             family: FAMILY.into(),
-            variants: vec![variant(
-                "grok1-314b",
-                FAMILY,
-                "xAI, Open Release of Grok-1 (2024); github:xai-org/grok-1 model.py",
-                hyper,
-                defaults(8192, 1e12, 1e-4),
-                [],
-            )],
+            variants: vec![
+                variant(
+                    "grok1-314b",
+                    FAMILY,
+                    "xAI, Open Release of Grok-1 (2024); github:xai-org/grok-1 model.py",
+                    grok(64, 6144, 32_768, 48, 8, 131_072),
+                    defaults(8192, 1e12, 1e-4),
+                    [],
+                ),
+                // CPU proxy with the Grok-1 architecture (8 GeGLU experts, top-2 softmax
+                // routing in every layer, GQA, RoPE, RMSNorm, tied embedding) at 4 layers x
+                // 256, 8 heads of 32 sharing 2 KV heads, experts of width 256.
+                variant(
+                    "grok1-tiny",
+                    FAMILY,
+                    "runner proxy with the Grok-1 architecture (4 layers, hidden 256, 8 experts top-2)",
+                    grok(4, 256, 256, 8, 2, 8192),
+                    defaults(256, 1e8, 1e-3),
+                    [Layout::new("CPU", 1, 1, "BF16").mbs(8).gbs_fixed(8).source("runner CPU proxy")],
+                ),
+            ],
         }
     }
 
@@ -49,6 +68,7 @@ runner_plugin_sdk::export_workload!(Grok1);
 #[cfg(test)]
 mod tests {
     use runner_graph::count::Convention;
+    use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
     use super::*;
@@ -72,5 +92,32 @@ mod tests {
         let f = kit::flops_per_sample(Grok1::graph, "grok1-314b", 8192, 0, &Convention::CAUSAL);
         kit::assert_close("grok1 FLOPs/sample (causal)", f, 4.27e15, 0.01);
         kit::rel_err("grok1 FLOPs/sample (full)", kit::flops_per_sample(Grok1::graph, "grok1-314b", 8192, 0, &Convention::FULL), 4.27e15);
+    }
+
+    /// The CPU proxy is the last variant, fits the host's measurement budget (2 layers of
+    /// f32 weights, grads and AdamW moments in 1 GiB) and builds at the measured size
+    /// (seq 256 x batch 8) with Grok-1's GeGLU experts under top-2 softmax routing in every
+    /// layer and the head tied to the embedding.
+    #[test]
+    fn tiny_proxy_has_the_grok1_architecture() {
+        let info = Grok1::describe();
+        let v = info.variants.last().unwrap();
+        assert_eq!(v.name, "grok1-tiny");
+        assert_eq!(v.hyper.attention, AttentionKind::Gqa);
+        let p2 = kit::params(Grok1::graph, "grok1-tiny", 2);
+        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
+        let g = kit::host_graph(Grok1::graph, "grok1-tiny", 256, 8, 2);
+        let count = |k: HostOp| g.ops.iter().filter(|o| o.kind == k).count();
+        assert_eq!((count(HostOp::Router), count(HostOp::GroupedLinear), count(HostOp::MoeCombine)), (2, 6, 2));
+        assert_eq!((count(HostOp::GeGlu), count(HostOp::SwiGlu)), (2, 0));
+        let router = g.ops.iter().find(|o| o.kind == HostOp::Router).unwrap();
+        assert_eq!((router.int("top-k"), router.text("score")), (Some(2), Some("softmax")));
+        assert!(g.tensor_id("lm_head.weight").is_none(), "head is tied to the embedding");
+        // embed 8192*256 (tied), final norm 256; per layer: attention 256*(256+64+64+256),
+        // router 256*8, experts 8*3*256*256, two norms 512. Active: 2 of 8 experts.
+        let (dense, experts) = (8192 * 256 + 256 + 4 * (256 * 640 + 256 * 8 + 512), 4 * 8 * 3 * 256 * 256);
+        let p = kit::params(Grok1::graph, "grok1-tiny", 0);
+        assert_eq!((p.total, p.active), (dense + experts, dense + experts / 4));
+        println!("grok1-tiny params: {} total, {} active (2 layers: {})", p.total, p.active, p2.total);
     }
 }

@@ -1,5 +1,6 @@
 //! Mixtral: sparse mixture-of-experts decoders, 8 SwiGLU experts per layer, top-2 softmax
-//! routing, GQA with 8 KV heads.
+//! routing, GQA with 8 KV heads; plus `mixtral-tiny`, a runner CPU proxy with the same
+//! architecture.
 //!
 //! Sources: Hugging Face `config.json` of mistralai/Mixtral-8x7B-v0.1 (32 layers, hidden
 //! 4096, intermediate 14336, 32 heads, 8 KV heads, vocab 32000, rope_theta 1e6,
@@ -9,17 +10,17 @@
 //! announcement: 141B / 39B. Training tokens and learning rate are not published (1e12
 //! tokens is the runner's default). No reference layout is transcribed in our notes.
 
-use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant};
+use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant, Layout};
 use runner_plugin_sdk::workload::*;
 
 const FAMILY: &str = "mixtral";
 
-fn mixtral(layers: u32, hidden: u32, ffn: u32, heads: u32, vocab: u32) -> Hyperparameters {
+fn mixtral(layers: u32, hidden: u32, ffn: u32, heads: u32, kv_heads: u32, vocab: u32) -> Hyperparameters {
     Hyperparameters {
         rope_theta: 1e6,
         max_position: 65_536,
         moe: Some(moe(8, 2, ffn)),
-        ..decoder(layers, hidden, ffn, heads, 8, vocab)
+        ..decoder(layers, hidden, ffn, heads, kv_heads, vocab)
     }
 }
 
@@ -32,8 +33,19 @@ impl Guest for Mixtral {
         ModelInfo {
             family: FAMILY.into(),
             variants: vec![
-                variant("mixtral-8x7b", FAMILY, cite, Hyperparameters { max_position: 32_768, ..mixtral(32, 4096, 14_336, 32, 32_000) }, defaults(4096, 1e12, 3e-4), []),
-                variant("mixtral-8x22b", FAMILY, cite, mixtral(56, 6144, 16_384, 48, 32_768), defaults(4096, 1e12, 3e-4), []),
+                variant("mixtral-8x7b", FAMILY, cite, Hyperparameters { max_position: 32_768, ..mixtral(32, 4096, 14_336, 32, 8, 32_000) }, defaults(4096, 1e12, 3e-4), []),
+                variant("mixtral-8x22b", FAMILY, cite, mixtral(56, 6144, 16_384, 48, 8, 32_768), defaults(4096, 1e12, 3e-4), []),
+                // CPU proxy: the Mixtral architecture (8 SwiGLU experts, top-2 softmax routing in
+                // every layer, GQA, RoPE, RMSNorm, untied) at 4 layers x 256, 8 heads of 32
+                // sharing 2 KV heads, experts of width 256.
+                variant(
+                    "mixtral-tiny",
+                    FAMILY,
+                    "runner proxy with the Mixtral architecture (4 layers, hidden 256, 8 experts top-2)",
+                    Hyperparameters { max_position: 32_768, ..mixtral(4, 256, 256, 8, 2, 8192) },
+                    defaults(256, 1e8, 1e-3),
+                    [Layout::new("CPU", 1, 1, "BF16").mbs(8).gbs_fixed(8).source("runner CPU proxy")],
+                ),
             ],
         }
     }
@@ -48,6 +60,7 @@ runner_plugin_sdk::export_workload!(Mixtral);
 #[cfg(test)]
 mod tests {
     use runner_graph::count::Convention;
+    use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
     use super::*;
@@ -76,5 +89,34 @@ mod tests {
         kit::assert_close("mixtral-8x7b FLOPs/sample (full attention, 4096)", f, 3.4e14, 0.01);
         let c = kit::flops_per_sample(Mixtral::graph, "mixtral-8x7b", 4096, 0, &Convention::CAUSAL);
         kit::rel_err("mixtral-8x7b FLOPs/sample (causal, 4096)", c, 3.4e14);
+    }
+
+    /// The CPU proxy is the last variant, fits the host's measurement budget (2 layers of
+    /// f32 weights, grads and AdamW moments in 1 GiB) and builds at the measured size
+    /// (seq 256 x batch 8) with Mixtral's routed experts in every layer: softmax top-2
+    /// router, dispatch, grouped SwiGLU expert linears, combine; no shared expert.
+    #[test]
+    fn tiny_proxy_has_the_mixtral_architecture() {
+        let info = Mixtral::describe();
+        let v = info.variants.last().unwrap();
+        assert_eq!(v.name, "mixtral-tiny");
+        assert_eq!(v.hyper.attention, AttentionKind::Gqa);
+        let p2 = kit::params(Mixtral::graph, "mixtral-tiny", 2);
+        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
+        let g = kit::host_graph(Mixtral::graph, "mixtral-tiny", 256, 8, 2);
+        let count = |k: HostOp| g.ops.iter().filter(|o| o.kind == k).count();
+        assert_eq!(count(HostOp::Router), 2, "MoE in every layer");
+        assert_eq!(count(HostOp::GroupedLinear), 6, "gate, up, down per layer");
+        assert_eq!((count(HostOp::MoeDispatch), count(HostOp::MoeCombine)), (2, 2));
+        assert_eq!(count(HostOp::SwiGlu), 2);
+        let router = g.ops.iter().find(|o| o.kind == HostOp::Router).unwrap();
+        assert_eq!((router.int("top-k"), router.text("score")), (Some(2), Some("softmax")));
+        assert!(!g.ops.iter().any(|o| o.name.contains("shared")));
+        // embed + head 2*8192*256, final norm 256; per layer: attention 256*(256+64+64+256),
+        // router 256*8, experts 8*3*256*256, two norms 512. Active: 2 of 8 experts.
+        let p = kit::params(Mixtral::graph, "mixtral-tiny", 0);
+        let (shared, experts) = (2 * 8192 * 256 + 256 + 4 * (256 * 640 + 256 * 8 + 512), 4 * 8 * 3 * 256 * 256);
+        assert_eq!((p.total, p.active), (shared + experts, shared + experts / 4));
+        println!("mixtral-tiny params: {} total, {} active (2 layers: {})", p.total, p.active, p2.total);
     }
 }

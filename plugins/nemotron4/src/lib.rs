@@ -1,5 +1,6 @@
 //! Nemotron-4: dense GQA decoders with squared-ReLU MLPs, LayerNorm, RoPE, no biases and
-//! untied embeddings over a 256k vocabulary (15B, 340B).
+//! untied embeddings over a 256k vocabulary (15B, 340B), plus `nemotron4-tiny`, a runner
+//! CPU proxy with the same architecture.
 //!
 //! Sources: "Nemotron-4 15B Technical Report" (arXiv 2402.16819) Table 1 (32 layers,
 //! hidden 6144, 48 heads, 8 KV heads, seq 4096, 256,000 vocab, 8T tokens); "Nemotron-4 340B
@@ -17,12 +18,12 @@ const DGXC_15B: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README_15b.md@8
 const DGXC_V25041: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README.md@85380ff (v25.04.01, NeMo 25.02.01)";
 const DGXC_340B: &str = "notes/dgxc.md §4: DGXC Benchmarking H100 history (S2), Nemotron-4 340B TP8 PP8 VP12 GBS=GPUs/4 (PP per launch.sh, PR #44)";
 
-fn nemotron(layers: u32, hidden: u32, heads: u32) -> Hyperparameters {
+fn nemotron(layers: u32, hidden: u32, heads: u32, kv_heads: u32, vocab: u32) -> Hyperparameters {
     Hyperparameters {
         max_position: 4096,
         norm: NormKind::LayerNorm,
         activation: ActivationKind::SquaredRelu,
-        ..decoder(layers, hidden, 4 * hidden, heads, 8, 256_000)
+        ..decoder(layers, hidden, 4 * hidden, heads, kv_heads, vocab)
     }
 }
 
@@ -34,16 +35,26 @@ impl Guest for Nemotron4 {
         ModelInfo {
             family: FAMILY.into(),
             variants: vec![
-                variant("nemotron4-15b", FAMILY, "Parmar et al., Nemotron-4 15B Technical Report, arXiv 2402.16819", nemotron(32, 6144, 48), defaults(4096, 8e12, 4.5e-4), [
+                variant("nemotron4-15b", FAMILY, "Parmar et al., Nemotron-4 15B Technical Report, arXiv 2402.16819", nemotron(32, 6144, 48, 8, 256_000), defaults(4096, 8e12, 4.5e-4), [
                     Layout::new("H100", 16, 1024, "BF16").tp(4).mbs(4).gbs_per_gpu(4.0).source(DGXC_15B),
                     Layout::new("H100", 16, 1024, "FP8").tp(4).mbs(4).gbs_per_gpu(4.0).source(DGXC_15B),
                     Layout::new("H100", 16, 16, "BF16").tp(2).mbs(2).gbs_per_gpu(4.0).source(DGXC_V25041),
                     Layout::new("H100", 16, 16, "FP8").tp(2).mbs(2).gbs_per_gpu(4.0).source(DGXC_V25041),
                 ]),
-                variant("nemotron4-340b", FAMILY, "NVIDIA, Nemotron-4 340B Technical Report, arXiv 2406.11704", nemotron(96, 18_432, 96), defaults(4096, 9e12, 9e-5), [
+                variant("nemotron4-340b", FAMILY, "NVIDIA, Nemotron-4 340B Technical Report, arXiv 2406.11704", nemotron(96, 18_432, 96, 8, 256_000), defaults(4096, 9e12, 9e-5), [
                     Layout::new("H100", 128, 2048, "BF16").tp(8).pp(8).vp(12).gbs_per_gpu(0.25).source(DGXC_340B),
                     Layout::new("H100", 128, 2048, "FP8").tp(8).pp(8).vp(12).gbs_per_gpu(0.25).source(DGXC_340B),
                 ]),
+                // CPU proxy: the Nemotron-4 architecture (GQA, RoPE, LayerNorm, squared-ReLU MLP
+                // of 4h, no biases, untied) at 4 layers x 256, 8 heads of 32 sharing 2 KV heads.
+                variant(
+                    "nemotron4-tiny",
+                    FAMILY,
+                    "runner proxy with the Nemotron-4 architecture (4 layers, hidden 256)",
+                    nemotron(4, 256, 8, 2, 8192),
+                    defaults(256, 1e8, 1e-3),
+                    [Layout::new("CPU", 1, 1, "BF16").mbs(8).gbs_fixed(8).source("runner CPU proxy")],
+                ),
             ],
         }
     }
@@ -58,6 +69,7 @@ runner_plugin_sdk::export_workload!(Nemotron4);
 #[cfg(test)]
 mod tests {
     use runner_graph::count::Convention;
+    use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
     use super::*;
@@ -84,5 +96,29 @@ mod tests {
             let causal = kit::flops_per_sample(Nemotron4::graph, name, 4096, 0, &Convention::CAUSAL);
             kit::rel_err(&format!("{name} FLOPs/sample (causal)"), causal, want);
         }
+    }
+
+    /// The CPU proxy is the last variant, fits the host's measurement budget (2 layers of
+    /// f32 weights, grads and AdamW moments in 1 GiB) and builds at the measured size
+    /// (seq 256 x batch 8) with Nemotron-4's distinctive pieces: squared-ReLU, LayerNorm,
+    /// GQA with rotary, no biases, untied head.
+    #[test]
+    fn tiny_proxy_has_the_nemotron4_architecture() {
+        let info = Nemotron4::describe();
+        let v = info.variants.last().unwrap();
+        assert_eq!(v.name, "nemotron4-tiny");
+        assert_eq!(v.hyper.attention, AttentionKind::Gqa);
+        let p2 = kit::params(Nemotron4::graph, "nemotron4-tiny", 2);
+        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
+        let g = kit::host_graph(Nemotron4::graph, "nemotron4-tiny", 256, 8, 2);
+        let has = |k: HostOp| g.ops.iter().any(|o| o.kind == k);
+        assert!(has(HostOp::SquaredRelu) && has(HostOp::LayerNorm) && has(HostOp::Rotary));
+        assert!(!has(HostOp::SwiGlu) && !has(HostOp::RmsNorm));
+        assert!(g.tensor_id("layers.0.attn.q.bias").is_none() && g.tensor_id("lm_head.weight").is_some());
+        // embed + head 2*8192*256, final LN 512; per layer: q,o 2*256*256, k,v 2*256*64,
+        // MLP 2*256*1024, two LayerNorms 4*256.
+        let p = kit::params(Nemotron4::graph, "nemotron4-tiny", 0);
+        assert_eq!(p.total, 2 * 8192 * 256 + 512 + 4 * (2 * 256 * 256 + 2 * 256 * 64 + 2 * 256 * 1024 + 4 * 256));
+        println!("nemotron4-tiny params: {} (2 layers: {})", p.total, p2.total);
     }
 }

@@ -1,5 +1,6 @@
 //! Qwen3 mixture-of-experts decoders: 128 SwiGLU experts, top-8 softmax routing with the
-//! top-k renormalised, GQA with 4 KV heads of 128, no shared expert.
+//! top-k renormalised, GQA with 4 KV heads of 128, no shared expert; plus `qwen3-tiny`, a
+//! runner CPU proxy with the same architecture.
 //!
 //! Sources: Hugging Face `config.json` of Qwen/Qwen3-30B-A3B (48 layers, hidden 2048,
 //! 32 heads, 4 KV heads, head_dim 128, moe_intermediate_size 768, 128 experts, 8 per token,
@@ -16,13 +17,19 @@ const FAMILY: &str = "qwen3";
 const MB: &str = "github:NVIDIA-NeMo/Megatron-Bridge/docs/performance-summary-archive.md@067f987";
 
 fn qwen3(layers: u32, hidden: u32, heads: u32, expert_ffn: u32) -> Hyperparameters {
+    qwen3_shape(layers, hidden, heads, 4, 128, moe(128, 8, expert_ffn), 151_936)
+}
+
+/// Qwen3's conventions (head dim set apart from hidden / heads, RoPE theta 1e6, RMSNorm
+/// eps 1e-6, MoE in every layer) at any size.
+fn qwen3_shape(layers: u32, hidden: u32, heads: u32, kv_heads: u32, head_dim: u32, experts: MoeConfig, vocab: u32) -> Hyperparameters {
     Hyperparameters {
-        head_dim: 128,
+        head_dim,
         rope_theta: 1e6,
         max_position: 40_960,
         norm_eps: 1e-6,
-        moe: Some(moe(128, 8, expert_ffn)),
-        ..decoder(layers, hidden, 0, heads, 4, 151_936)
+        moe: Some(experts),
+        ..decoder(layers, hidden, 0, heads, kv_heads, vocab)
     }
 }
 
@@ -44,6 +51,18 @@ impl Guest for Qwen3 {
                     Layout::new("GB300", 8, 8, "MXFP8").ep(8).mbs(8).gbs_fixed(512).source(&format!("{MB} (26.02.01, 26.06.01)")),
                 ]),
                 variant("qwen3-235b-a22b", FAMILY, cite, qwen3(94, 4096, 64, 1536), defaults(4096, 36e12, 3e-4), []),
+                // CPU proxy: the Qwen3-MoE architecture (softmax top-k routing renormalised over
+                // the top-k in every layer, no shared expert, SwiGLU experts, GQA whose heads
+                // are twice as wide as hidden / heads, as in 30B-A3B) at 4 layers x 256,
+                // 8 heads of 64 sharing 2 KV heads, 8 experts of width 256, top-2.
+                variant(
+                    "qwen3-tiny",
+                    FAMILY,
+                    "runner proxy with the Qwen3-MoE architecture (4 layers, hidden 256, 8 experts top-2)",
+                    qwen3_shape(4, 256, 8, 2, 64, moe(8, 2, 256), 8192),
+                    defaults(256, 1e8, 1e-3),
+                    [Layout::new("CPU", 1, 1, "BF16").mbs(8).gbs_fixed(8).source("runner CPU proxy")],
+                ),
             ],
         }
     }
@@ -57,6 +76,7 @@ runner_plugin_sdk::export_workload!(Qwen3);
 
 #[cfg(test)]
 mod tests {
+    use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
     use super::*;
@@ -75,5 +95,37 @@ mod tests {
             kit::assert_close(&format!("{name} params"), p.total as f64, total, 0.005);
             kit::assert_close(&format!("{name} active"), p.active as f64, active, tol);
         }
+    }
+
+    /// The CPU proxy is the last variant, fits the host's measurement budget (2 layers of
+    /// f32 weights, grads and AdamW moments in 1 GiB) and builds at the measured size
+    /// (seq 256 x batch 8) with Qwen3's routed experts in every layer (softmax top-2,
+    /// renormalised, no shared expert) and query heads wider than hidden / heads.
+    #[test]
+    fn tiny_proxy_has_the_qwen3_architecture() {
+        let info = Qwen3::describe();
+        let v = info.variants.last().unwrap();
+        assert_eq!(v.name, "qwen3-tiny");
+        assert_eq!(v.hyper.attention, AttentionKind::Gqa);
+        let p2 = kit::params(Qwen3::graph, "qwen3-tiny", 2);
+        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
+        let g = kit::host_graph(Qwen3::graph, "qwen3-tiny", 256, 8, 2);
+        let count = |k: HostOp| g.ops.iter().filter(|o| o.kind == k).count();
+        assert_eq!(count(HostOp::Router), 2, "MoE in every layer");
+        assert_eq!(count(HostOp::GroupedLinear), 6, "gate, up, down per layer");
+        assert_eq!((count(HostOp::MoeDispatch), count(HostOp::MoeCombine)), (2, 2));
+        let router = g.ops.iter().find(|o| o.kind == HostOp::Router).unwrap();
+        assert_eq!((router.int("top-k"), router.text("score"), router.flag("normalize")), (Some(2), Some("softmax"), Some(true)));
+        assert!(!g.ops.iter().any(|o| o.name.contains("shared")));
+        let shape = |n: &str| g.tensor(g.tensor_id(n).unwrap()).shape.clone();
+        assert_eq!(shape("layers.0.attn.q.weight"), vec![512, 256]);
+        assert_eq!(shape("layers.0.attn.k.weight"), vec![128, 256]);
+        assert_eq!(shape("layers.0.attn.out.weight"), vec![256, 512]);
+        // embed + head 2*8192*256, final norm 256; per layer: attention 256*(512+128+128+512),
+        // router 256*8, experts 8*3*256*256, two norms 512. Active: 2 of 8 experts.
+        let p = kit::params(Qwen3::graph, "qwen3-tiny", 0);
+        let (dense, experts) = (2 * 8192 * 256 + 256 + 4 * (256 * 1280 + 256 * 8 + 512), 4 * 8 * 3 * 256 * 256);
+        assert_eq!((p.total, p.active), (dense + experts, dense + experts / 4));
+        println!("qwen3-tiny params: {} total, {} active (2 layers: {})", p.total, p.active, p2.total);
     }
 }
