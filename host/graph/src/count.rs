@@ -307,25 +307,10 @@ pub fn params(g: &Graph) -> ParamCount {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::ir::{Attr, DType, NamedOp, Role, Tensor};
+    use crate::testing::{op_in as op, t};
+    use crate::ir::{Attr, DType};
 
-    fn t(name: &str, shape: &[u64], dtype: DType, kind: TensorKind) -> Tensor {
-        Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind }
-    }
-    fn op(name: &str, kind: OpKind, i: &[&str], o: &[&str], attrs: &[(&str, Attr)], layer: i32) -> NamedOp {
-        NamedOp {
-            name: name.into(),
-            kind,
-            inputs: i.iter().map(|s| s.to_string()).collect(),
-            outputs: o.iter().map(|s| s.to_string()).collect(),
-            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
-            layer,
-            role: Role::Replicated,
-        }
-    }
     use DType::*;
     use TensorKind::*;
 

@@ -520,25 +520,9 @@ impl<'a> Check<'a> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::ir::{NamedOp, Role};
+    use crate::testing::{op, t};
 
-    fn t(name: &str, shape: &[u64], dtype: DType, kind: TensorKind) -> Tensor {
-        Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind }
-    }
-    fn op(name: &str, kind: OpKind, i: &[&str], o: &[&str], attrs: &[(&str, Attr)]) -> NamedOp {
-        NamedOp {
-            name: name.into(),
-            kind,
-            inputs: i.iter().map(|s| s.to_string()).collect(),
-            outputs: o.iter().map(|s| s.to_string()).collect(),
-            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
-            layer: 0,
-            role: Role::Replicated,
-        }
-    }
     use DType::*;
     use TensorKind::*;
 
