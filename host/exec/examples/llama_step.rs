@@ -3,6 +3,10 @@
 //! compose it to 32 layers.
 //!
 //! `RAYON_NUM_THREADS=2 cargo run --release -p runner-exec --example llama_step [repeats]`
+//!
+//! `host/exec/benches/pytorch_llama_step.py` runs the same step in PyTorch eager; the
+//! `params` lines of the two must agree. `JSON=1` adds the full measurement; the last
+//! line is always a one-line JSON summary in the Python script's format.
 
 use runner_exec::proxy::{MeasureOptions, measure_training_step};
 use runner_exec::timing::TimingOptions;
@@ -12,13 +16,19 @@ fn main() -> Result<(), runner_exec::ExecError> {
     let repeats = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(5);
+        .unwrap_or(10);
     let g = llama(&ToyConfig::bench());
     let opts = MeasureOptions {
-        timing: TimingOptions { warmup: 1, repeats },
+        timing: TimingOptions { warmup: 2, repeats },
         full_layers: Some(32),
         ..MeasureOptions::default()
     };
+    let params: u64 = g
+        .tensors
+        .iter()
+        .filter(|t| t.kind == runner_graph::TensorKind::Weight)
+        .map(|t| t.numel())
+        .sum();
     let m = measure_training_step(&g, opts)?;
     let s = |x: runner_exec::Stat| {
         format!(
@@ -27,6 +37,7 @@ fn main() -> Result<(), runner_exec::ExecError> {
         )
     };
     println!("device      {}", m.timing.device);
+    println!("params      {params}");
     println!("step        {}", s(m.timing.step));
     println!("  forward   {}", s(m.timing.forward));
     println!("  backward  {}", s(m.timing.backward));
@@ -58,8 +69,38 @@ fn main() -> Result<(), runner_exec::ExecError> {
             o.name, o.forward.median, o.backward.median
         );
     }
+    let mut kinds: Vec<(String, f64, f64)> = Vec::new();
+    for o in &m.timing.ops {
+        match kinds.iter_mut().find(|k| k.0 == o.kind) {
+            Some(k) => {
+                k.1 += o.forward.median;
+                k.2 += o.backward.median;
+            }
+            None => kinds.push((o.kind.clone(), o.forward.median, o.backward.median)),
+        }
+    }
+    kinds.sort_by(|a, b| (b.1 + b.2).total_cmp(&(a.1 + a.2)));
+    println!("by op kind (sum of medians, fwd / bwd s):");
+    for (k, f, b) in &kinds {
+        println!("  {k:32} {f:>10.5} {b:>10.5}");
+    }
     if std::env::var_os("JSON").is_some() {
         println!("{}", serde_json::to_string_pretty(&m).unwrap_or_default());
     }
+    let stat = |x: runner_exec::Stat| serde_json::json!({"median": x.median, "p10": x.p10, "p90": x.p90, "min": x.min, "max": x.max, "n": x.n});
+    println!(
+        "{}",
+        serde_json::json!({
+            "impl": "runner-exec",
+            "threads": rayon::current_num_threads(),
+            "params": params,
+            "warmup": m.timing.warmup,
+            "repeats": m.timing.repeats,
+            "step": stat(m.timing.step),
+            "forward": stat(m.timing.forward),
+            "backward": stat(m.timing.backward),
+            "optimizer": stat(m.timing.optimizer),
+        })
+    );
     Ok(())
 }

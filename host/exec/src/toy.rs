@@ -30,6 +30,8 @@ pub struct ToyConfig {
     pub tied: bool,
     /// Multi-token-prediction depth (inputs `mtp.{j}.tokens` / `mtp.{j}.targets`).
     pub mtp: u32,
+    /// RoPE frequency base θ (10000 Llama 2, 500000 Llama 3).
+    pub rope_theta: f64,
 }
 
 impl ToyConfig {
@@ -47,11 +49,13 @@ impl ToyConfig {
             moe: None,
             tied: false,
             mtp: 0,
+            rope_theta: 10_000.0,
         }
     }
 
     /// The executor-issue benchmark shape: 4 layers, hidden 256, 8 heads, 2 KV heads,
-    /// FFN 688, seq 256, batch 8, vocab 8192.
+    /// FFN 688, seq 256, batch 8, vocab 8192, RoPE θ 500000 (Llama 3); the same model as
+    /// `host/exec/benches/pytorch_llama_step.py`.
     pub fn bench() -> ToyConfig {
         ToyConfig {
             layers: 4,
@@ -65,6 +69,7 @@ impl ToyConfig {
             moe: None,
             tied: false,
             mtp: 0,
+            rope_theta: 500_000.0,
         }
     }
 }
@@ -172,7 +177,7 @@ fn block(g: &mut Builder, c: &ToyConfig, p: &str, layer: i32, x: &str) -> String
     );
     let rope = |d: u64| {
         vec![
-            ("theta", Attr::Float(10_000.0)),
+            ("theta", Attr::Float(c.rope_theta)),
             ("rot-dim", Attr::Int(d as i64)),
         ]
     };

@@ -13,7 +13,7 @@
 //! nonlinearity). Work splits into chunks of [`super::ELEM_GRAIN`] elements; the loops
 //! use the polynomial `exp` from `cpu/mod.rs` so they vectorise.
 
-use super::{ELEM_GRAIN, exp_f32, sigmoid};
+use super::{ELEM_GRAIN, exp_f32, sigmoid, simd};
 use crate::{Result, check_len};
 use rayon::prelude::*;
 
@@ -45,9 +45,14 @@ pub fn swiglu_forward(out: &mut [f32], gate: &[f32], up: &[f32]) -> Result<()> {
         .enumerate()
         .for_each(|(c, o)| {
             let s = c * ELEM_GRAIN;
-            for ((o, &g), &u) in o.iter_mut().zip(&gate[s..]).zip(&up[s..]) {
-                *o = g * sigmoid(g) * u;
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for ((o, &g), &u) in o.iter_mut().zip(&gate[s..]).zip(&up[s..]) {
+                        *o = g * sigmoid(g) * u;
+                    }
+                },
+            )
         });
     Ok(())
 }
@@ -72,18 +77,23 @@ pub fn swiglu_backward(
         .zip(dup.par_chunks_mut(ELEM_GRAIN))
         .enumerate()
         .for_each(|(c, (dg, du))| {
-            let s = c * ELEM_GRAIN;
-            for ((((dg, du), &d), &g), &u) in dg
-                .iter_mut()
-                .zip(du.iter_mut())
-                .zip(&dout[s..])
-                .zip(&gate[s..])
-                .zip(&up[s..])
-            {
-                let sg = sigmoid(g);
-                *dg = d * u * sg * (1.0 + g * (1.0 - sg));
-                *du = d * g * sg;
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    let s = c * ELEM_GRAIN;
+                    for ((((dg, du), &d), &g), &u) in dg
+                        .iter_mut()
+                        .zip(du.iter_mut())
+                        .zip(&dout[s..])
+                        .zip(&gate[s..])
+                        .zip(&up[s..])
+                    {
+                        let sg = sigmoid(g);
+                        *dg = d * u * sg * (1.0 + g * (1.0 - sg));
+                        *du = d * g * sg;
+                    }
+                },
+            )
         });
     Ok(())
 }

@@ -14,7 +14,7 @@
 //! The bias corrections are computed in f64, as Python floats are. `step` counts from
 //! 1. m and v are the optimiser state (updated in place); nothing else is saved.
 
-use super::ELEM_GRAIN;
+use super::{ELEM_GRAIN, simd};
 use crate::{Result, check_len, shape_err};
 use rayon::prelude::*;
 
@@ -66,13 +66,19 @@ pub fn adamw_step(
         .zip(v.par_chunks_mut(ELEM_GRAIN))
         .zip(grad.par_chunks(ELEM_GRAIN))
         .for_each(|(((p, m), v), g)| {
-            for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g) {
-                *p *= decay;
-                *m += w1 * (g - *m);
-                *v = *v * b2 + w2 * g * g;
-                let denom = v.sqrt() / bc2_sqrt + eps;
-                *p -= step_size * (*m / denom);
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for (((p, m), v), &g) in p.iter_mut().zip(m.iter_mut()).zip(v.iter_mut()).zip(g)
+                    {
+                        *p *= decay;
+                        *m += w1 * (g - *m);
+                        *v = *v * b2 + w2 * g * g;
+                        let denom = v.sqrt() / bc2_sqrt + eps;
+                        *p -= step_size * (*m / denom);
+                    }
+                },
+            )
         });
     Ok(())
 }

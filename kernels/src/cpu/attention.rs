@@ -11,19 +11,22 @@
 //!
 //! Every query sees at least key i itself, so no softmax row is empty.
 //!
-//! The (T,T) score matrix is never materialised. The forward walks key tiles of
-//! [`BC`] for each tile of [`BR`] queries and keeps a running max, running sum and
-//! output accumulator per query row (online softmax): memory per rayon task is
-//! O(BR·Dv + BC). It saves lse = log Σ_j exp(s_ij), so the backward can rebuild
-//! P_ij = exp(s_ij − lse_i) tile by tile (FlashAttention-2). The backward runs as two
-//! passes that each own their output, so it needs neither atomics nor per-thread
-//! copies: a key-tile pass accumulates dk and dv, and a query-tile pass accumulates
-//! dq. Each pass recomputes the scores, about 1.5× the flops of a single pass with
-//! atomics, but it stays deterministic. Parallel tasks are (batch, tile) blocks, which
-//! are contiguous in the (B,T,·,·) layouts; heads loop inside a task.
+//! The (T,T) score matrix is never materialised. Both directions run one rayon task
+//! per (batch, query head) and walk tiles of [`BR`] queries × [`BC`] keys: the score
+//! tile S = scale·Q Kᵀ and every other tile product are small GEMMs (faer, AVX-512 or
+//! AVX2 micro-kernels picked at run time), and the element-wise softmax work between
+//! them runs in [`super::simd`] code. The forward keeps a running max, running sum and
+//! output accumulator per query row (online softmax): memory per task is O(T·Dv +
+//! BR·BC). It saves lse = log Σ_j exp(s_ij), so the backward can rebuild
+//! P_ij = exp(s_ij − lse_i) tile by tile (FlashAttention-2) in a single pass: each task
+//! owns its head's dq and private dk/dv blocks, summed over the query heads of a kv head
+//! in head order afterwards, so there are no atomics and results do not depend on the
+//! thread count.
 
-use super::{axpy, dot, exp_f32, max, sum};
+use super::{clear_upper, dot, exp_f32, max, simd, sum};
 use crate::{Result, check_len, numel, shape_err};
+use faer::linalg::matmul::matmul as faer_matmul;
+use faer::{Accum, MatMut, MatRef, Par};
 use rayon::prelude::*;
 
 /// Queries per tile (rows of one online-softmax block, and one rayon task).
@@ -64,18 +67,6 @@ impl Attn {
         } else {
             self.window.map_or(self.t, |w| (i + w).min(self.t))
         };
-        (lo, hi)
-    }
-
-    /// Queries that see key j: [lo, hi).
-    #[inline]
-    fn queries(&self, j: usize) -> (usize, usize) {
-        let lo = if self.causal {
-            j
-        } else {
-            self.window.map_or(0, |w| (j + 1).saturating_sub(w))
-        };
-        let hi = self.window.map_or(self.t, |w| (j + w).min(self.t));
         (lo, hi)
     }
 
@@ -123,21 +114,53 @@ fn check_io(a: &Attn, q: usize, k: usize, v: usize, o: usize, lse: usize) -> Res
     })
 }
 
-/// Splits a (B,T,row) buffer into (b, tile index, chunk of up to `tile` rows) tasks.
-fn tiles(buf: &mut [f32], t: usize, row: usize, tile: usize) -> Vec<(usize, usize, &mut [f32])> {
-    buf.chunks_mut(t * row)
-        .enumerate()
-        .flat_map(|(b, bb)| {
-            bb.chunks_mut(tile * row)
-                .enumerate()
-                .map(move |(ti, c)| (b, ti, c))
-        })
-        .collect()
+/// One (rows × width) block of a (B,T,heads,width)-style buffer: `rows` rows from flat
+/// row `row0` (= b·T + i), `width` columns from column `col0`, row stride `stride`.
+#[inline]
+fn view(
+    x: &[f32],
+    row0: usize,
+    rows: usize,
+    stride: usize,
+    col0: usize,
+    width: usize,
+) -> MatRef<'_, f32> {
+    MatRef::from_row_major_slice_with_stride(&x[row0 * stride + col0..], rows, width, stride)
+}
+
+/// c = alpha · a · b (+ c if `acc`) on the calling thread: the tile products. faer picks
+/// its own AVX-512/AVX2 micro-kernels at run time.
+#[inline]
+fn mm(c: MatMut<'_, f32>, acc: bool, a: MatRef<'_, f32>, b: MatRef<'_, f32>, alpha: f32) {
+    let accum = if acc { Accum::Add } else { Accum::Replace };
+    faer_matmul(c, accum, a, b, alpha, Par::Seq);
+    clear_upper();
+}
+
+/// Row r of a query tile starting at i0 against the key tile [j0, j0 + cols): the
+/// visible columns [a0, a1) of the tile row (empty if none).
+#[inline]
+fn visible(a: &Attn, i: usize, j0: usize, cols: usize) -> (usize, usize) {
+    let (lo, hi) = a.keys(i);
+    let (lo, hi) = (lo.max(j0), hi.min(j0 + cols));
+    if lo >= hi { (0, 0) } else { (lo - j0, hi - j0) }
+}
+
+/// Key tiles [klo, khi) some query of the tile [i0, i0 + rows) sees.
+#[inline]
+fn key_span(a: &Attn, i0: usize, rows: usize) -> (usize, usize) {
+    (a.keys(i0).0, a.keys(i0 + rows - 1).1)
 }
 
 /// out = softmax(scale · q kᵀ + mask) v per (batch, head), flash style.
 /// q (B,T,H,D), k (B,T,Hkv,D), v (B,T,Hkv,Dv) → out (B,T,H,Dv); lse (B,H,T) saved
 /// (log-sum-exp of the scaled, masked scores of each query row).
+///
+/// One rayon task per (batch, head). Per query tile of [`BR`] rows and key tile of
+/// [`BC`] keys: S = scale·Q Kᵀ and O += P V are small GEMMs (faer); the online softmax
+/// between them runs over the tile rows in [`super::simd`] code. A head's lse is
+/// contiguous in (B,H,T) and written in place; its output rows are strided in
+/// (B,T,H,Dv), so each task fills a (T,Dv) block that is copied into place after.
 ///
 /// # Errors
 /// `ShapeMismatch` for wrong lengths, `hkv` not dividing `h`, `d`/`dv` of 0 or a window of 0.
@@ -153,83 +176,115 @@ pub fn attention_forward(
     if out.is_empty() {
         return Ok(());
     }
-    let (d, dv, t) = (a.d, a.dv, a.t);
-    let tasks = tiles(out, t, s.o, BR);
-    // Each task returns its lse values (H, rows), scattered afterwards: lse is
-    // (B,H,T), so a task's rows are not contiguous there.
-    let lse_parts: Vec<(usize, usize, Vec<f32>)> = tasks
-        .into_par_iter()
-        .map(|(b, ti, o)| {
-            let t0 = ti * BR;
-            let rows = o.len() / s.o;
-            let mut lse_t = vec![0f32; a.h * rows];
-            let mut m = vec![0f32; rows];
-            let mut l = vec![0f32; rows];
-            let mut acc = vec![0f32; rows * dv];
-            let mut sc = vec![0f32; BC];
-            let mut kt = vec![0f32; d * BC];
-            for h in 0..a.h {
-                let g = h / a.group();
-                m.fill(f32::NEG_INFINITY);
-                l.fill(0.0);
-                acc.fill(0.0);
-                let (klo, _) = a.keys(t0);
-                let (_, khi) = a.keys(t0 + rows - 1);
-                let mut j0 = klo;
-                while j0 < khi {
-                    let j1 = (j0 + BC).min(khi);
-                    gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, j1 - j0);
-                    for r in 0..rows {
-                        let i = t0 + r;
-                        let (lo, hi) = a.keys(i);
-                        let (lo, hi) = (lo.max(j0), hi.min(j1));
-                        if lo >= hi {
-                            continue;
-                        }
-                        let qi = &q[(b * t + i) * s.q + h * d..][..d];
-                        let sr = &mut sc[..hi - lo];
-                        row_times_tile(sr, qi, &kt, lo - j0, a.scale);
-                        let m_new = m[r].max(max(sr));
-                        let accr = &mut acc[r * dv..(r + 1) * dv];
-                        if m[r] != m_new {
-                            let corr = if m[r] == f32::NEG_INFINITY {
-                                0.0
-                            } else {
-                                (m[r] - m_new).exp()
-                            };
-                            l[r] *= corr;
-                            accr.iter_mut().for_each(|x| *x *= corr);
-                            m[r] = m_new;
-                        }
-                        for x in sr.iter_mut() {
-                            *x = exp_f32(*x - m_new);
-                        }
-                        l[r] += sum(sr);
-                        for (jj, &p) in sr.iter().enumerate() {
-                            axpy(accr, p, &v[(b * t + lo + jj) * s.v + g * dv..][..dv]);
-                        }
-                    }
-                    j0 = j1;
-                }
-                for r in 0..rows {
-                    let inv = 1.0 / l[r];
-                    let orow = &mut o[r * s.o + h * dv..][..dv];
-                    for (x, y) in orow.iter_mut().zip(&acc[r * dv..(r + 1) * dv]) {
-                        *x = y * inv;
-                    }
-                    lse_t[h * rows + r] = m[r] + l[r].ln();
-                }
-            }
-            (b, t0, lse_t)
+    let (dv, t) = (a.dv, a.t);
+    let blocks: Vec<Vec<f32>> = lse
+        .par_chunks_mut(t)
+        .enumerate()
+        .map(|(bh, lse_h)| {
+            let mut o_h = vec![0f32; t * dv];
+            simd(
+                #[inline(always)]
+                || forward_head(&mut o_h, lse_h, q, k, v, &a, &s, bh / a.h, bh % a.h),
+            );
+            o_h
         })
         .collect();
-    for (b, t0, part) in lse_parts {
-        let rows = part.len() / a.h;
+    out.par_chunks_mut(t * s.o).enumerate().for_each(|(b, ob)| {
         for h in 0..a.h {
-            lse[(b * a.h + h) * t + t0..][..rows].copy_from_slice(&part[h * rows..(h + 1) * rows]);
+            let src = &blocks[b * a.h + h];
+            for (i, row) in src.chunks_exact(dv).enumerate() {
+                ob[i * s.o + h * dv..][..dv].copy_from_slice(row);
+            }
         }
-    }
+    });
     Ok(())
+}
+
+/// Forward of head h of batch b: o_h (T,Dv), lse_h (T).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "internal helper of attention_forward"
+)]
+#[inline(always)]
+fn forward_head(
+    o_h: &mut [f32],
+    lse_h: &mut [f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    a: &Attn,
+    s: &Strides,
+    b: usize,
+    h: usize,
+) {
+    let (d, dv, t) = (a.d, a.dv, a.t);
+    let g = h / a.group();
+    let mut sc = vec![0f32; BR * BC];
+    let (mut m, mut l) = ([0f32; BR], [0f32; BR]);
+    let mut i0 = 0;
+    while i0 < t {
+        let rows = BR.min(t - i0);
+        let qm = view(q, b * t + i0, rows, s.q, h * d, d);
+        let acc = &mut o_h[i0 * dv..(i0 + rows) * dv];
+        acc.fill(0.0);
+        m.fill(f32::NEG_INFINITY);
+        l.fill(0.0);
+        let (klo, khi) = key_span(a, i0, rows);
+        let mut j0 = klo;
+        while j0 < khi {
+            let cols = BC.min(khi - j0);
+            let km = view(k, b * t + j0, cols, s.k, g * d, d);
+            let vm = view(v, b * t + j0, cols, s.v, g * dv, dv);
+            let st = &mut sc[..rows * cols];
+            mm(
+                MatMut::from_row_major_slice_mut(st, rows, cols),
+                false,
+                qm,
+                km.transpose(),
+                a.scale,
+            );
+            for (r, row) in st.chunks_exact_mut(cols).enumerate() {
+                let (a0, a1) = visible(a, i0 + r, j0, cols);
+                row[..a0].fill(0.0);
+                row[a1..].fill(0.0);
+                if a0 == a1 {
+                    continue;
+                }
+                let x = &mut row[a0..a1];
+                let m_new = m[r].max(max(x));
+                if m[r] != m_new {
+                    let corr = if m[r] == f32::NEG_INFINITY {
+                        0.0
+                    } else {
+                        (m[r] - m_new).exp()
+                    };
+                    l[r] *= corr;
+                    acc[r * dv..(r + 1) * dv]
+                        .iter_mut()
+                        .for_each(|y| *y *= corr);
+                    m[r] = m_new;
+                }
+                for y in x.iter_mut() {
+                    *y = exp_f32(*y - m_new);
+                }
+                l[r] += sum(x);
+            }
+            mm(
+                MatMut::from_row_major_slice_mut(acc, rows, dv),
+                true,
+                MatRef::from_row_major_slice(st, rows, cols),
+                vm,
+                1.0,
+            );
+            j0 += cols;
+        }
+        for (r, orow) in acc.chunks_exact_mut(dv).enumerate() {
+            let inv = 1.0 / l[r];
+            orow.iter_mut().for_each(|y| *y *= inv);
+            lse_h[i0 + r] = m[r] + l[r].ln();
+        }
+        i0 += rows;
+    }
 }
 
 /// Flash backward. Given dout (B,T,H,Dv) and the forward's q, k, v, out, lse:
@@ -237,6 +292,14 @@ pub fn attention_forward(
 /// dS_ij = P_ij (dout_i·v_j − D_i):
 /// dv_j = Σ_i P_ij dout_i,  dk_j = scale Σ_i dS_ij q_i,  dq_i = scale Σ_j dS_ij k_j,
 /// summed over the query heads of each kv head. dq, dk, dv are overwritten.
+///
+/// One rayon task per (batch, query head), FlashAttention-2 order: per query tile, per
+/// key tile, rebuild P from lse and run the four products (dV += Pᵀ dO, dP = dO Vᵀ,
+/// dQ += dS K, dK += dSᵀ Q) as small GEMMs. A task owns its head's dq and a private
+/// (T,D) dk and (T,Dv) dv, so scores are computed once, with no atomics; the private
+/// dk/dv of the query heads sharing a kv head are then summed in head order, so the
+/// result does not depend on the thread count. Extra memory: one dq-sized buffer per
+/// gradient, B·H·T·(2D + Dv) floats, freed on return.
 ///
 /// # Errors
 /// As [`attention_forward`], plus lengths of the gradient buffers.
@@ -265,176 +328,170 @@ pub fn attention_backward(
         return Ok(());
     }
     let (d, dvd, t, group) = (a.d, a.dv, a.t, a.group());
-    // D_i = rowsum(dout ∘ out), laid out (B,T,H) like the rows it comes from.
-    let mut delta = vec![0f32; a.b * t * a.h];
-    delta.par_chunks_mut(a.h).enumerate().for_each(|(bt, dr)| {
-        for (h, x) in dr.iter_mut().enumerate() {
-            let off = bt * s.o + h * dvd;
-            *x = dot(&dout[off..off + dvd], &out[off..off + dvd]);
+    let parts: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..a.b * a.h)
+        .into_par_iter()
+        .map(|bh| {
+            let mut dq_h = vec![0f32; t * d];
+            let mut dk_h = vec![0f32; t * d];
+            let mut dv_h = vec![0f32; t * dvd];
+            simd(
+                #[inline(always)]
+                || {
+                    backward_head(
+                        &mut dq_h,
+                        &mut dk_h,
+                        &mut dv_h,
+                        dout,
+                        q,
+                        k,
+                        v,
+                        out,
+                        lse,
+                        &a,
+                        &s,
+                        bh / a.h,
+                        bh % a.h,
+                    )
+                },
+            );
+            (dq_h, dk_h, dv_h)
+        })
+        .collect();
+    dq.par_chunks_mut(t * s.q).enumerate().for_each(|(b, qb)| {
+        for h in 0..a.h {
+            for (i, row) in parts[b * a.h + h].0.chunks_exact(d).enumerate() {
+                qb[i * s.q + h * d..][..d].copy_from_slice(row);
+            }
         }
     });
-    let lse_at = |b: usize, h: usize, i: usize| lse[(b * a.h + h) * t + i];
-
-    // Pass 1: dk, dv, one task per (batch, key tile), all kv heads.
-    let dk_tiles = tiles(dk, t, s.k, BC);
-    let dv_tiles = tiles(dv, t, s.v, BC);
-    dk_tiles
-        .into_par_iter()
-        .zip(dv_tiles)
-        .for_each(|((b, ti, dkt), (_, _, dvt))| {
-            dkt.fill(0.0);
-            dvt.fill(0.0);
-            let j0 = ti * BC;
-            let cols = dkt.len() / s.k;
-            let j1 = j0 + cols;
-            let mut p = vec![0f32; BC];
-            let mut ds = vec![0f32; BC];
-            let mut kt = vec![0f32; d * BC];
-            let mut vt = vec![0f32; dvd * BC];
-            let (qlo, _) = a.queries(j0);
-            let (_, qhi) = a.queries(j1 - 1);
+    dk.par_chunks_mut(t * s.k)
+        .zip(dv.par_chunks_mut(t * s.v))
+        .enumerate()
+        .for_each(|(b, (kb, vb))| {
             for g in 0..a.hkv {
-                gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, cols);
-                gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, cols);
-                for h in g * group..(g + 1) * group {
-                    for i in qlo..qhi {
-                        let (lo, hi) = a.keys(i);
-                        let (lo, hi) = (lo.max(j0), hi.min(j1));
-                        if lo >= hi {
-                            continue;
-                        }
-                        let n = hi - lo;
-                        let qi = &q[(b * t + i) * s.q + h * d..][..d];
-                        let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
-                        let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
-                        scores_and_ds(
-                            &mut p[..n],
-                            &mut ds[..n],
-                            qi,
-                            doi,
-                            &kt,
-                            &vt,
-                            lo - j0,
-                            a.scale,
-                            li,
-                            di,
-                        );
-                        for jj in 0..n {
-                            let jl = lo + jj - j0;
-                            axpy(&mut dvt[jl * s.v + g * dvd..][..dvd], p[jj], doi);
-                            axpy(&mut dkt[jl * s.k + g * d..][..d], ds[jj] * a.scale, qi);
-                        }
+                let heads = &parts[b * a.h + g * group..b * a.h + (g + 1) * group];
+                for i in 0..t {
+                    let kr = &mut kb[i * s.k + g * d..][..d];
+                    kr.copy_from_slice(&heads[0].1[i * d..][..d]);
+                    for p in &heads[1..] {
+                        kr.iter_mut()
+                            .zip(&p.1[i * d..][..d])
+                            .for_each(|(x, y)| *x += y);
                     }
-                }
-            }
-        });
-
-    // Pass 2: dq, one task per (batch, query tile), all heads.
-    tiles(dq, t, s.q, BR)
-        .into_par_iter()
-        .for_each(|(b, ti, dqt)| {
-            dqt.fill(0.0);
-            let t0 = ti * BR;
-            let rows = dqt.len() / s.q;
-            let mut p = vec![0f32; BC];
-            let mut ds = vec![0f32; BC];
-            let mut kt = vec![0f32; d * BC];
-            let mut vt = vec![0f32; dvd * BC];
-            let (klo, _) = a.keys(t0);
-            let (_, khi) = a.keys(t0 + rows - 1);
-            for h in 0..a.h {
-                let g = h / group;
-                let mut j0 = klo;
-                while j0 < khi {
-                    let j1 = (j0 + BC).min(khi);
-                    gather_t(&mut kt, k, s.k, (b * t + j0) * s.k + g * d, d, j1 - j0);
-                    gather_t(&mut vt, v, s.v, (b * t + j0) * s.v + g * dvd, dvd, j1 - j0);
-                    for r in 0..rows {
-                        let i = t0 + r;
-                        let (lo, hi) = a.keys(i);
-                        let (lo, hi) = (lo.max(j0), hi.min(j1));
-                        if lo >= hi {
-                            continue;
-                        }
-                        let n = hi - lo;
-                        let qi = &q[(b * t + i) * s.q + h * d..][..d];
-                        let doi = &dout[(b * t + i) * s.o + h * dvd..][..dvd];
-                        let (li, di) = (lse_at(b, h, i), delta[(b * t + i) * a.h + h]);
-                        scores_and_ds(
-                            &mut p[..n],
-                            &mut ds[..n],
-                            qi,
-                            doi,
-                            &kt,
-                            &vt,
-                            lo - j0,
-                            a.scale,
-                            li,
-                            di,
-                        );
-                        let dqi = &mut dqt[r * s.q + h * d..][..d];
-                        for jj in 0..n {
-                            axpy(
-                                dqi,
-                                ds[jj] * a.scale,
-                                &k[(b * t + lo + jj) * s.k + g * d..][..d],
-                            );
-                        }
+                    let vr = &mut vb[i * s.v + g * dvd..][..dvd];
+                    vr.copy_from_slice(&heads[0].2[i * dvd..][..dvd]);
+                    for p in &heads[1..] {
+                        vr.iter_mut()
+                            .zip(&p.2[i * dvd..][..dvd])
+                            .for_each(|(x, y)| *x += y);
                     }
-                    j0 = j1;
                 }
             }
         });
     Ok(())
 }
 
-/// Copies `n` rows of width `w` (row stride `stride`, first at `start`) of `src` into
-/// `dst` transposed: dst[c·BC + jj] = row jj, column c. Keys of a tile then sit
-/// contiguously per channel, so scores for a whole tile come out of plain axpys
-/// (see [`row_times_tile`]) instead of one horizontal dot-product reduction per key.
-fn gather_t(dst: &mut [f32], src: &[f32], stride: usize, start: usize, w: usize, n: usize) {
-    for jj in 0..n {
-        let row = &src[start + jj * stride..][..w];
-        for (c, &x) in row.iter().enumerate() {
-            dst[c * BC + jj] = x;
-        }
-    }
-}
-
-/// out[jj] = alpha · Σ_c x[c] · tile[c·BC + off + jj], for the tile columns off..off+out.len().
-#[inline]
-fn row_times_tile(out: &mut [f32], x: &[f32], tile: &[f32], off: usize, alpha: f32) {
-    out.fill(0.0);
-    let n = out.len();
-    for (c, &xc) in x.iter().enumerate() {
-        axpy(out, alpha * xc, &tile[c * BC + off..][..n]);
-    }
-}
-
-/// For query row i (q_i, dout_i, lse_i, D_i) against the keys at columns off.. of the
-/// transposed k and v tiles: p_j = exp(scale·q_i·k_j − lse_i), ds_j = p_j (dout_i·v_j − D_i).
+/// Backward of head h of batch b into its own dq_h, dk_h (T,D) and dv_h (T,Dv).
 #[allow(
     clippy::too_many_arguments,
-    reason = "internal helper of the two backward passes"
+    reason = "internal helper of attention_backward"
 )]
-#[inline]
-fn scores_and_ds(
-    p: &mut [f32],
-    ds: &mut [f32],
-    qi: &[f32],
-    doi: &[f32],
-    kt: &[f32],
-    vt: &[f32],
-    off: usize,
-    scale: f32,
-    lse_i: f32,
-    delta_i: f32,
+#[inline(always)]
+fn backward_head(
+    dq_h: &mut [f32],
+    dk_h: &mut [f32],
+    dv_h: &mut [f32],
+    dout: &[f32],
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &[f32],
+    lse: &[f32],
+    a: &Attn,
+    s: &Strides,
+    b: usize,
+    h: usize,
 ) {
-    row_times_tile(p, qi, kt, off, scale);
-    row_times_tile(ds, doi, vt, off, 1.0);
-    for (x, y) in p.iter_mut().zip(ds.iter_mut()) {
-        *x = exp_f32(*x - lse_i);
-        *y = *x * (*y - delta_i);
+    let (d, dvd, t) = (a.d, a.dv, a.t);
+    let g = h / a.group();
+    let lse_h = &lse[(b * a.h + h) * t..][..t];
+    let mut p = vec![0f32; BR * BC];
+    let mut ds = vec![0f32; BR * BC];
+    let mut delta = [0f32; BR];
+    let mut i0 = 0;
+    while i0 < t {
+        let rows = BR.min(t - i0);
+        let qm = view(q, b * t + i0, rows, s.q, h * d, d);
+        let dom = view(dout, b * t + i0, rows, s.o, h * dvd, dvd);
+        for (r, x) in delta[..rows].iter_mut().enumerate() {
+            let off = (b * t + i0 + r) * s.o + h * dvd;
+            *x = dot(&dout[off..off + dvd], &out[off..off + dvd]);
+        }
+        let (klo, khi) = key_span(a, i0, rows);
+        let mut j0 = klo;
+        while j0 < khi {
+            let cols = BC.min(khi - j0);
+            let km = view(k, b * t + j0, cols, s.k, g * d, d);
+            let vm = view(v, b * t + j0, cols, s.v, g * dvd, dvd);
+            let (pt, dst) = (&mut p[..rows * cols], &mut ds[..rows * cols]);
+            mm(
+                MatMut::from_row_major_slice_mut(pt, rows, cols),
+                false,
+                qm,
+                km.transpose(),
+                a.scale,
+            );
+            for (r, row) in pt.chunks_exact_mut(cols).enumerate() {
+                let (a0, a1) = visible(a, i0 + r, j0, cols);
+                row[..a0].fill(0.0);
+                row[a1..].fill(0.0);
+                let li = lse_h[i0 + r];
+                for y in row[a0..a1].iter_mut() {
+                    *y = exp_f32(*y - li);
+                }
+            }
+            let pm = MatRef::from_row_major_slice(pt, rows, cols);
+            mm(
+                MatMut::from_row_major_slice_mut(&mut dv_h[j0 * dvd..(j0 + cols) * dvd], cols, dvd),
+                true,
+                pm.transpose(),
+                dom,
+                1.0,
+            );
+            mm(
+                MatMut::from_row_major_slice_mut(dst, rows, cols),
+                false,
+                dom,
+                vm.transpose(),
+                1.0,
+            );
+            for ((prow, drow), &di) in pt
+                .chunks_exact(cols)
+                .zip(dst.chunks_exact_mut(cols))
+                .zip(&delta[..rows])
+            {
+                for (y, &x) in drow.iter_mut().zip(prow) {
+                    *y = x * (*y - di);
+                }
+            }
+            let dsm = MatRef::from_row_major_slice(dst, rows, cols);
+            mm(
+                MatMut::from_row_major_slice_mut(&mut dq_h[i0 * d..(i0 + rows) * d], rows, d),
+                true,
+                dsm,
+                km,
+                a.scale,
+            );
+            mm(
+                MatMut::from_row_major_slice_mut(&mut dk_h[j0 * d..(j0 + cols) * d], cols, d),
+                true,
+                dsm.transpose(),
+                qm,
+                a.scale,
+            );
+            j0 += cols;
+        }
+        i0 += rows;
     }
 }
 

@@ -11,7 +11,7 @@
 //! that a batch with no valid target gives loss 0 (PyTorch: NaN), so a fully-masked
 //! micro-batch does not poison a gradient-accumulation step.
 
-use super::{exp_f32, max, rows_per_task, sum_exp};
+use super::{exp_f32, max, rows_per_task, simd, sum_exp};
 use crate::{KernelError, Result, check_len, rows_of};
 use rayon::prelude::*;
 
@@ -56,21 +56,26 @@ pub fn cross_entropy_forward(
         .zip(lse.par_chunks_mut(blk))
         .enumerate()
         .map(|(c, (ls, lz))| {
-            let mut part = 0f64;
-            for (r, (l, z)) in ls.iter_mut().zip(lz.iter_mut()).enumerate() {
-                let row = c * blk + r;
-                let x = &logits[row * v..(row + 1) * v];
-                let m = max(x);
-                *z = m + sum_exp(x, m).ln();
-                let t = targets[row];
-                *l = if t == IGNORE_INDEX {
-                    0.0
-                } else {
-                    *z - x[t as usize]
-                };
-                part += *l as f64;
-            }
-            part
+            simd(
+                #[inline(always)]
+                || {
+                    let mut part = 0f64;
+                    for (r, (l, z)) in ls.iter_mut().zip(lz.iter_mut()).enumerate() {
+                        let row = c * blk + r;
+                        let x = &logits[row * v..(row + 1) * v];
+                        let m = max(x);
+                        *z = m + sum_exp(x, m).ln();
+                        let t = targets[row];
+                        *l = if t == IGNORE_INDEX {
+                            0.0
+                        } else {
+                            *z - x[t as usize]
+                        };
+                        part += *l as f64;
+                    }
+                    part
+                },
+            )
         })
         .collect::<Vec<f64>>()
         .iter()
@@ -112,9 +117,14 @@ pub fn cross_entropy_backward(
             return;
         }
         let z = lse[row];
-        for (d, &x) in d.iter_mut().zip(&logits[row * v..(row + 1) * v]) {
-            *d = scale * exp_f32(x - z);
-        }
+        simd(
+            #[inline(always)]
+            || {
+                for (d, &x) in d.iter_mut().zip(&logits[row * v..(row + 1) * v]) {
+                    *d = scale * exp_f32(x - z);
+                }
+            },
+        );
         d[t as usize] -= scale;
     });
     Ok(())

@@ -9,6 +9,11 @@
 //! This file also holds the small vectorisable building blocks the kernels share
 //! (`dot`, `axpy`, a polynomial `exp`): written with independent accumulator lanes so
 //! LLVM turns them into SIMD code without fast-math.
+//!
+//! The crate is compiled for baseline x86-64 (SSE2, 4 lanes, no FMA). Hot loops run
+//! through [`simd`], which re-compiles a closure for AVX-512 or AVX2+FMA and picks the
+//! best one the CPU has at run time, so one binary is fast on new machines and still
+//! runs on old ones, without a global `-C target-cpu`.
 
 pub mod activation;
 pub mod adamw;
@@ -33,10 +38,76 @@ pub(crate) fn rows_per_task(c: usize) -> usize {
 
 const LANES: usize = 16;
 
+/// Runs `f` compiled for the widest instruction set this CPU offers: AVX-512
+/// (F/VL/DQ/BW), else AVX2+FMA, else the baseline build.
+///
+/// `f` and everything it inlines (the `#[inline]` helpers below) are code-generated
+/// once per variant; calls it does not inline (rayon, faer) keep their own dispatch.
+/// So call it inside a rayon task, around the loop, not around a parallel iterator.
+/// The variants compute the same values: LLVM never fuses `a*b+c` into an FMA on its
+/// own (Rust has no fast-math), and the summation order is the code's, not the
+/// vector width's (the helpers keep [`LANES`] explicit accumulators).
+#[inline(always)]
+pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features `run_avx512` is compiled for were detected above.
+            return unsafe { run_avx512(f) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above, for AVX2 and FMA.
+            return unsafe { run_avx2(f) };
+        }
+    }
+    f()
+}
+
+/// Marks the upper halves of the vector registers clean (`vzeroupper`) on CPUs with AVX.
+///
+/// faer's AVX-512 GEMM micro-kernels (private-gemm-x86, generated assembly) return
+/// without `vzeroupper`. Until something clears them, every legacy-SSE instruction of
+/// the baseline-compiled code that runs next on that thread (all of this crate
+/// outside [`simd`], the executor, std's f64 math) carries a false dependency on the
+/// dirty registers: the RoPE table after the attention backward took 1.7 ms instead
+/// of 0.1 ms. Called after every faer product.
+#[inline]
+pub(crate) fn clear_upper() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx") {
+        // SAFETY: AVX was detected.
+        unsafe { vzeroupper() }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+fn vzeroupper() {
+    std::arch::x86_64::_mm256_zeroupper();
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
+fn run_avx512<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
+fn run_avx2<R>(f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// Dot product of two equal-length slices (lengths are the caller's responsibility;
 /// extra elements of the longer one are ignored). 16 independent accumulators so the
 /// loop vectorises and the summation error grows like that of a 16-way pairwise sum.
-#[inline]
+#[inline(always)]
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
@@ -56,7 +127,7 @@ pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Sum of a slice, 16 lanes (see [`dot`]).
-#[inline]
+#[inline(always)]
 pub(crate) fn sum(a: &[f32]) -> f32 {
     let mut acc = [0f32; LANES];
     let ca = a.chunks_exact(LANES);
@@ -73,7 +144,7 @@ pub(crate) fn sum(a: &[f32]) -> f32 {
 }
 
 /// Maximum of a slice (NaN elements are ignored; `-inf` for an empty slice).
-#[inline]
+#[inline(always)]
 pub(crate) fn max(a: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];
     let ca = a.chunks_exact(LANES);
@@ -90,7 +161,7 @@ pub(crate) fn max(a: &[f32]) -> f32 {
 }
 
 /// Σ exp(x_i − m), 16 lanes, with the vectorisable [`exp_f32`].
-#[inline]
+#[inline(always)]
 pub(crate) fn sum_exp(x: &[f32], m: f32) -> f32 {
     let mut acc = [0f32; LANES];
     let cx = x.chunks_exact(LANES);
@@ -106,7 +177,7 @@ pub(crate) fn sum_exp(x: &[f32], m: f32) -> f32 {
     hsum(acc)
 }
 
-#[inline]
+#[inline(always)]
 fn hsum(acc: [f32; LANES]) -> f32 {
     // pairwise tree over the lanes
     let mut w = acc;
@@ -121,7 +192,7 @@ fn hsum(acc: [f32; LANES]) -> f32 {
 }
 
 /// y += a * x
-#[inline]
+#[inline(always)]
 pub(crate) fn axpy(y: &mut [f32], a: f32, x: &[f32]) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi += a * xi;

@@ -10,7 +10,7 @@
 //! References: PyTorch `nn.RMSNorm`, `nn.LayerNorm` (biased variance); llm.c
 //! `layernorm_forward/backward`.
 
-use super::{dot, sum};
+use super::{dot, simd, sum};
 use crate::{Result, check_len, rows_of};
 use rayon::prelude::*;
 
@@ -38,11 +38,16 @@ pub fn rmsnorm_forward(
         .zip(rstd.par_iter_mut())
         .zip(x.par_chunks(c))
         .for_each(|((o, rs), xr)| {
-            let r = 1.0 / (dot(xr, xr) / c as f32 + eps).sqrt();
-            *rs = r;
-            for i in 0..c {
-                o[i] = xr[i] * r * w[i];
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    let r = 1.0 / (dot(xr, xr) / c as f32 + eps).sqrt();
+                    *rs = r;
+                    for ((o, &x), &w) in o.iter_mut().zip(xr).zip(w) {
+                        *o = x * r * w;
+                    }
+                },
+            )
         });
     Ok(())
 }
@@ -71,24 +76,29 @@ pub fn rmsnorm_backward(
         .par_chunks_mut(c * BLOCK_ROWS)
         .enumerate()
         .map(|(blk, dxb)| {
-            let mut dwp = vec![0f32; c];
-            let mut gw = vec![0f32; c];
-            let r0 = blk * BLOCK_ROWS;
-            for (ri, dxr) in dxb.chunks_mut(c).enumerate() {
-                let row = r0 + ri;
-                let xr = &x[row * c..(row + 1) * c];
-                let g = &dout[row * c..(row + 1) * c];
-                let r = rstd[row];
-                for i in 0..c {
-                    gw[i] = g[i] * w[i];
-                    dwp[i] += g[i] * xr[i] * r;
-                }
-                let k = r * r * r * dot(&gw, xr) / c as f32;
-                for i in 0..c {
-                    dxr[i] = r * gw[i] - k * xr[i];
-                }
-            }
-            dwp
+            simd(
+                #[inline(always)]
+                || {
+                    let mut dwp = vec![0f32; c];
+                    let mut gw = vec![0f32; c];
+                    let r0 = blk * BLOCK_ROWS;
+                    for (ri, dxr) in dxb.chunks_mut(c).enumerate() {
+                        let row = r0 + ri;
+                        let xr = &x[row * c..(row + 1) * c];
+                        let g = &dout[row * c..(row + 1) * c];
+                        let r = rstd[row];
+                        for i in 0..c {
+                            gw[i] = g[i] * w[i];
+                            dwp[i] += g[i] * xr[i] * r;
+                        }
+                        let k = r * r * r * dot(&gw, xr) / c as f32;
+                        for i in 0..c {
+                            dxr[i] = r * gw[i] - k * xr[i];
+                        }
+                    }
+                    dwp
+                },
+            )
         })
         .collect();
     for p in &partials {

@@ -11,7 +11,7 @@
 //! in f64, so large positions (angles of 10⁵ rad) lose no accuracy to f32 angle
 //! rounding; rows (b,t) then split over rayon tasks.
 
-use super::rows_per_task;
+use super::{rows_per_task, simd};
 use crate::{Result, check_len, numel, shape_err};
 use rayon::prelude::*;
 
@@ -80,27 +80,32 @@ fn rotate(out: &mut [f32], x: &[f32], r: Rope, sign: f32) {
     out.par_chunks_mut(row * rows_blk)
         .enumerate()
         .for_each(|(blk, ob)| {
-            for (ri, orow) in ob.chunks_mut(row).enumerate() {
-                let bt = blk * rows_blk + ri;
-                let t = bt % r.t;
-                let (c, s) = (
-                    &cos[t * half..(t + 1) * half],
-                    &sin[t * half..(t + 1) * half],
-                );
-                let xrow = &x[bt * row..(bt + 1) * row];
-                for (oh, xh) in orow.chunks_mut(d).zip(xrow.chunks(d)) {
-                    let (x1, rest) = xh.split_at(half);
-                    let (x2, xpass) = rest.split_at(half);
-                    let (o1, orest) = oh.split_at_mut(half);
-                    let (o2, opass) = orest.split_at_mut(half);
-                    for i in 0..half {
-                        let si = sign * s[i];
-                        o1[i] = x1[i] * c[i] - x2[i] * si;
-                        o2[i] = x2[i] * c[i] + x1[i] * si;
+            simd(
+                #[inline(always)]
+                || {
+                    for (ri, orow) in ob.chunks_mut(row).enumerate() {
+                        let bt = blk * rows_blk + ri;
+                        let t = bt % r.t;
+                        let (c, s) = (
+                            &cos[t * half..(t + 1) * half],
+                            &sin[t * half..(t + 1) * half],
+                        );
+                        let xrow = &x[bt * row..(bt + 1) * row];
+                        for (oh, xh) in orow.chunks_mut(d).zip(xrow.chunks(d)) {
+                            let (x1, rest) = xh.split_at(half);
+                            let (x2, xpass) = rest.split_at(half);
+                            let (o1, orest) = oh.split_at_mut(half);
+                            let (o2, opass) = orest.split_at_mut(half);
+                            for i in 0..half {
+                                let si = sign * s[i];
+                                o1[i] = x1[i] * c[i] - x2[i] * si;
+                                o2[i] = x2[i] * c[i] + x1[i] * si;
+                            }
+                            opass.copy_from_slice(xpass);
+                        }
                     }
-                    opass.copy_from_slice(xpass);
-                }
-            }
+                },
+            )
         });
 }
 
