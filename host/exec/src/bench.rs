@@ -170,7 +170,7 @@ pub fn peak_gflops() -> PeakEstimate {
         theoretical_gflops: theoretical,
         measured_method: match measured {
             Some(_) => format!(
-                "register-only FMA loop, {} rayon threads",
+                "register-only FMA loop, {} rayon threads, fastest of 5 runs",
                 rayon::current_num_threads()
             ),
             None => "no AVX2/AVX-512 on this CPU; use the best GEMM row".into(),
@@ -226,7 +226,11 @@ mod fma {
     }
 }
 
-/// GFLOP/s of the register-only FMA loop on every rayon thread at once.
+/// Runs of the FMA loop; the fastest counts.
+const PEAK_RUNS: usize = 5;
+
+/// GFLOP/s of the register-only FMA loop on every rayon thread at once (best of
+/// [`PEAK_RUNS`]).
 fn measured_fma_gflops() -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
@@ -240,12 +244,18 @@ fn measured_fma_gflops() -> Option<f64> {
             return None;
         };
         let threads = rayon::current_num_threads();
-        let t0 = Instant::now();
-        let s: f32 = (0..threads).into_par_iter().map(|_| run()).sum();
-        black_box(s);
-        let secs = t0.elapsed().as_secs_f64();
         let flops = FMA_ITERS as f64 * CHAINS as f64 * lanes * 2.0 * threads as f64;
-        Some(flops / secs / 1e9)
+        // A peak is the best the machine shows: on a shared VM single runs vary by +-20%
+        // with CPU steal, so take the fastest of several.
+        let best = (0..PEAK_RUNS)
+            .map(|_| {
+                let t0 = Instant::now();
+                let s: f32 = (0..threads).into_par_iter().map(|_| run()).sum();
+                black_box(s);
+                t0.elapsed().as_secs_f64()
+            })
+            .fold(f64::INFINITY, f64::min);
+        Some(flops / best / 1e9)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

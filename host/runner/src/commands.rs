@@ -411,7 +411,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let rows = runner_exec::bench::gemm_bench(&sizes);
             let mut t = Table::new(
                 format!("f32 GEMM on {} ({} threads)", peak.model, rayon::current_num_threads()),
-                &["M=N=K", "median GFLOP/s", "best GFLOP/s", "% of theoretical", "% of measured FMA peak"],
+                &["M=N=K", "median GFLOP/s", "best GFLOP/s", "median % of theoretical", "median % of measured peak", "best % of measured peak"],
             );
             for r in &rows {
                 t.rows.push(vec![
@@ -420,6 +420,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     format!("{:.1}", r.best_gflops),
                     format!("{:.0}%", 100.0 * r.gflops / peak.theoretical_gflops),
                     peak.measured_fma_gflops.map(|p| format!("{:.0}%", 100.0 * r.gflops / p)).unwrap_or_else(|| "n/a".into()),
+                    peak.measured_fma_gflops.map(|p| format!("{:.0}%", 100.0 * r.best_gflops / p)).unwrap_or_else(|| "n/a".into()),
                 ]);
             }
             t.notes.push(format!(
