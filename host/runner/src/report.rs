@@ -143,7 +143,7 @@ pub fn outcome_table(o: &Outcome) -> Table {
     }
     table.notes = o.notes.clone();
     table.notes.push(format!(
-        "model FLOPs per token {:.3e}; cloud cost is the cheapest offering and region with that GPU (n/a: the cloud does not sell it)",
+        "model FLOPs per token {:.3e}; per cloud: the cheapest offering and region with that GPU, clouds ordered cheapest first (n/a: the cloud does not sell it)",
         m.flops_per_token
     ));
     table

@@ -180,6 +180,16 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         });
     }
 
+    // Cheapest cloud first (by the first row's quote; clouds without the GPU last), so the
+    // table reads left to right from the best offer.
+    let mut order: Vec<usize> = (0..clouds.len()).collect();
+    let first_cost = |i: usize| rows.first().and_then(|r| r.costs[i].as_ref()).map_or(f64::INFINITY, |c| c.usd);
+    order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
+    for row in &mut rows {
+        row.costs = order.iter().map(|&i| row.costs[i].take()).collect();
+    }
+    let cloud_names: Vec<String> = order.iter().map(|&i| clouds[i].0.clone()).collect();
+
     Ok(Outcome {
         model: ModelSummary {
             plugin: plugin.info.name.clone(),
@@ -196,7 +206,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         precision: precision.into(),
         assumed_mfu,
         measurement,
-        clouds: clouds.into_iter().map(|(n, _, _)| n).collect(),
+        clouds: cloud_names,
         rows,
         notes,
     })
