@@ -408,6 +408,14 @@ impl Device for Cpu {
         }
     }
 
+    fn round_to_storage(&self, buf: &mut CpuBuffer, dtype: runner_graph::DType) -> Result<(), ExecError> {
+        use rayon::prelude::*;
+        if dtype == runner_graph::DType::BF16 {
+            buf.f32_mut().par_chunks_mut(1 << 15).for_each(runner_kernels::cpu::precision::round_to_bf16);
+        }
+        Ok(())
+    }
+
     fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<(), ExecError> {
         use rayon::prelude::*;
         let (d, s) = (dst.f32_mut(), src.f32());

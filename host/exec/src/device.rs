@@ -134,6 +134,11 @@ pub trait Device {
     fn read_f32(&self, buf: &Self::Buffer) -> Result<Vec<f32>, ExecError>;
     /// dst += src, elementwise (gradient accumulation).
     fn add_assign(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
+    /// Round an f32 buffer in place to the values `dtype` can store (round-to-nearest-even),
+    /// emulating that storage exactly while computing in f32. Formats without an exact
+    /// unscaled storage emulation here (FP8 needs a scale: the precision policy's job) and
+    /// f32 are left as they are.
+    fn round_to_storage(&self, buf: &mut Self::Buffer, dtype: runner_graph::DType) -> Result<(), ExecError>;
 
     /// Run forward op `op` of `g`: read `inputs` (one per op input), overwrite `outputs`
     /// (one per op output, allocated by the executor), push the statistics the backward

@@ -44,6 +44,10 @@ pub struct ExecOptions {
     pub init_std: f32,
     /// Time every op (adds a synchronize per op; free on the CPU).
     pub profile: bool,
+    /// Store every activation an op writes in its declared format (BF16 activations
+    /// rounded to nearest-even after each op), computing in f32 as mixed-precision
+    /// training does. Off: everything stays f32 (the PyTorch f32 comparison).
+    pub emulate_storage: bool,
 }
 
 impl Default for ExecOptions {
@@ -52,6 +56,7 @@ impl Default for ExecOptions {
             seed: 0,
             init_std: 0.02,
             profile: false,
+            emulate_storage: false,
         }
     }
 }
@@ -287,6 +292,20 @@ impl<D: Device> Executor<D> {
         }
     }
 
+    /// Activation `name` as it is stored now, if it is still live (after a forward, the
+    /// tensors the backward needs are).
+    ///
+    /// # Errors
+    /// Unknown name, not an activation, or no longer live.
+    pub fn activation(&self, name: &str) -> Result<Vec<f32>, ExecError> {
+        let id = self.id(name)?;
+        match (&self.vals[id], self.graph.tensors[id].kind) {
+            (Some(b), TensorKind::Activation) => self.device.read_f32(b),
+            (None, TensorKind::Activation) => Err(ExecError::State(format!("'{name}' is not live now"))),
+            _ => Err(ExecError::Input(format!("'{name}' is not an activation"))),
+        }
+    }
+
     /// Overwrite weight `name`.
     ///
     /// # Errors
@@ -481,7 +500,11 @@ impl<D: Device> Executor<D> {
             self.device
                 .forward(&self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
         }
-        for (&o, b) in op.outputs.iter().zip(outs) {
+        for (&o, mut b) in op.outputs.iter().zip(outs) {
+            let t = &self.graph.tensors[o];
+            if self.options.emulate_storage && t.kind == runner_graph::TensorKind::Activation {
+                self.device.round_to_storage(&mut b, t.dtype)?;
+            }
             self.vals[o] = Some(b);
         }
         self.aux[oi] = aux;

@@ -426,3 +426,30 @@ fn gpt_style() -> Graph {
 fn gradients_match_finite_differences_gpt_style_ops() {
     grad_check(&gpt_style(), 4);
 }
+
+#[test]
+fn bf16_storage_is_emulated_exactly_when_asked() {
+    let g = toy::llama(&small());
+    let data = synthetic_inputs(&g, 3);
+    let run = |emulate: bool| {
+        let opts = ExecOptions { emulate_storage: emulate, ..ExecOptions::default() };
+        let mut ex = Executor::new(&g, Cpu::new(), opts).unwrap();
+        let loss = ex.forward(&inputs_of(&data)).unwrap();
+        (ex, loss)
+    };
+    let (exact, loss_exact) = run(true);
+    let (_, loss_f32) = run(false);
+    let mut checked = 0;
+    for t in g.tensors.iter().filter(|t| t.kind == TensorKind::Activation && t.dtype == runner_graph::DType::BF16) {
+        let Ok(values) = exact.activation(&t.name) else { continue };
+        for v in values {
+            // A bf16 value is an f32 whose low 16 bits are zero.
+            assert_eq!(v.to_bits() & 0xFFFF, 0, "{} holds {v}, not a bf16 value", t.name);
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} bf16 activations were live to check");
+    // Rounding every activation to 8 mantissa bits moves the loss, but only a little.
+    assert!(loss_exact != loss_f32, "emulation changed nothing");
+    assert!((loss_exact - loss_f32).abs() < 0.01 * loss_f32.abs(), "{loss_exact} vs {loss_f32}");
+}
