@@ -23,6 +23,7 @@ fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
         let file_format = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
             Some("json") => OutputFormat::Json,
             Some("csv") => OutputFormat::Csv,
+            Some("html" | "htm") => OutputFormat::Html,
             _ => OutputFormat::Table,
         });
         std::fs::write(path, report::render(file_format, table, value))

@@ -17,7 +17,7 @@ use runner::report::OutputFormat;
     long_about = "Measures a model's training step on the local device, projects it onto a GPU \
 cluster, and prices the run on every installed cloud. Models, precision policies and \
 price lists are sandboxed WASM plugins.",
-    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner --plugin llama3.wasm --variant llama3.1-70b --gpu H100 --gpus 64,512,2048\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner plugins list\n  runner models"
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner --plugin llama3.wasm --variant llama3.1-70b --gpu H100 --gpus 64,512,2048\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -34,7 +34,7 @@ pub struct Global {
     /// Output format
     #[arg(long, value_enum, global = true)]
     pub format: Option<OutputFormat>,
-    /// Also write the result to FILE (format from --format, else from the extension)
+    /// Also write the result to FILE (format from --format, else from the extension: .json, .csv, .html)
     #[arg(long, short = 'o', global = true, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides

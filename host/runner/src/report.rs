@@ -13,6 +13,8 @@ pub enum OutputFormat {
     Table,
     Json,
     Csv,
+    /// A self-contained HTML page (no external assets).
+    Html,
 }
 
 /// A titled table with notes underneath.
@@ -62,6 +64,46 @@ impl Table {
         out
     }
 
+    /// A self-contained HTML page: the title, the table (numbers right-aligned) and the
+    /// notes, with inline CSS only, so it can be mailed or archived as one file.
+    pub fn html(&self) -> String {
+        let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
+        let numeric = |c: &str| c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '$' || ch == '-' || ch == '~');
+        let mut out = String::new();
+        let title = esc(self.title.lines().next().unwrap_or("runner report"));
+        let _ = write!(
+            out,
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>\
+             body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}}\
+             table{{border-collapse:collapse;font-variant-numeric:tabular-nums}}\
+             th,td{{padding:.3rem .7rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
+             td.n{{text-align:right}}tr:hover td{{background:#fafafa}}\
+             ul{{color:#555;font-size:.9rem;max-width:60rem}}</style></head><body>\n"
+        );
+        for line in self.title.lines() {
+            let _ = writeln!(out, "<h2>{}</h2>", esc(line));
+        }
+        out.push_str("<table>\n<tr>");
+        for h in &self.headers {
+            let _ = write!(out, "<th>{}</th>", esc(h));
+        }
+        out.push_str("</tr>\n");
+        for row in &self.rows {
+            out.push_str("<tr>");
+            for cell in row {
+                let class = if numeric(cell) { " class=\"n\"" } else { "" };
+                let _ = write!(out, "<td{class}>{}</td>", esc(cell));
+            }
+            out.push_str("</tr>\n");
+        }
+        out.push_str("</table>\n<ul>\n");
+        for note in &self.notes {
+            let _ = writeln!(out, "<li>{}</li>", esc(note));
+        }
+        out.push_str("</ul>\n</body></html>\n");
+        out
+    }
+
     /// RFC 4180 CSV of the headers and rows (notes are left out).
     pub fn csv(&self) -> String {
         let mut out = String::new();
@@ -81,6 +123,7 @@ pub fn render<T: Serialize>(format: OutputFormat, table: &Table, value: &T) -> S
     match format {
         OutputFormat::Table => table.render(),
         OutputFormat::Csv => table.csv(),
+        OutputFormat::Html => table.html(),
         OutputFormat::Json => serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
     }
 }
@@ -162,6 +205,10 @@ mod tests {
         assert!(text.contains("long name    123\n"), "{text}");
         assert!(text.contains("a,b            1\n"), "numbers right-aligned: {text}");
         assert_eq!(t.csv(), "name,value\n\"a,b\",1\nlong name,123\n");
+        let html = t.html();
+        assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<td class=\"n\">123</td>"), "{html}");
+        t.notes.push("<script>".into());
+        assert!(t.html().contains("&lt;script&gt;"), "notes are escaped");
     }
 
     #[test]

@@ -60,6 +60,12 @@ fn json_and_csv_outputs_carry_the_same_rows() {
     let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
     assert!(csv.starts_with("GPUs,days,speedup,rel. cost,aws (USD)\n"), "{csv}");
     assert_eq!(csv.lines().count(), 3, "{csv}");
+    // .html: one self-contained page (no external assets) with the same table.
+    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.html", "-q"]);
+    assert!(o.status.success());
+    let html = std::fs::read_to_string(dir.join("run.html")).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<th>GPUs</th>") && html.contains("<td class=\"n\">16</td>"), "{html}");
+    assert!(!html.contains("src=") && !html.contains("href="), "self-contained");
 }
 
 #[test]
