@@ -24,37 +24,61 @@ struct PluginCrate {
 
 fn main() {
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest_dir.parent().unwrap().parent().unwrap().to_path_buf();
+    let root = manifest_dir
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
 
     println!("cargo:rerun-if-changed={}", root.join("wit").display());
 
     let mut crates = Vec::new();
-    for (dir, test_program) in [(root.join("plugins"), false), (root.join("tests/programs"), true)] {
+    for (dir, test_program) in [
+        (root.join("plugins"), false),
+        (root.join("tests/programs"), true),
+    ] {
         // The directory itself too, so a newly added plugin crate is discovered.
         println!("cargo:rerun-if-changed={}", dir.display());
         crates.extend(discover(&dir, test_program));
     }
 
     let target_dir = out_dir.join("wasm-target");
-    let mut kinds: Vec<(String, bool)> = crates.iter().map(|c| (c.kind.clone(), c.test_program)).collect();
+    let mut kinds: Vec<(String, bool)> = crates
+        .iter()
+        .map(|c| (c.kind.clone(), c.test_program))
+        .collect();
     kinds.sort();
     kinds.dedup();
     for (kind, test_program) in &kinds {
         let mut cmd = Command::new(env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
         cmd.current_dir(&root)
-            .args(["build", "--quiet", "--target", "wasm32-wasip2", "--profile", "plugin"])
+            .args([
+                "build",
+                "--quiet",
+                "--target",
+                "wasm32-wasip2",
+                "--profile",
+                "plugin",
+            ])
             .env("CARGO_TARGET_DIR", &target_dir)
             .env_remove("CARGO_ENCODED_RUSTFLAGS")
             .env_remove("RUSTFLAGS")
             .env_remove("CARGO_BUILD_TARGET")
             .env_remove("CARGO_BUILD_RUSTFLAGS")
             .env_remove("RUSTC_WORKSPACE_WRAPPER");
-        for c in crates.iter().filter(|c| &c.kind == kind && c.test_program == *test_program) {
+        for c in crates
+            .iter()
+            .filter(|c| &c.kind == kind && c.test_program == *test_program)
+        {
             cmd.args(["-p", &c.package]);
         }
         // stdout must stay clean: cargo reads this script's stdout for directives.
-        let status = cmd.stdout(Stdio::null()).status().expect("failed to run cargo for the wasm plugins");
+        let status = cmd
+            .stdout(Stdio::null())
+            .status()
+            .expect("failed to run cargo for the wasm plugins");
         if !status.success() {
             panic!(
                 "building the {kind} plugins for wasm32-wasip2 failed (see above). If the error says \
@@ -69,13 +93,24 @@ fn main() {
     code.push_str("pub static EMBEDDED: &[(&str, &str, &[u8])] = &[\n");
     for c in crates.iter().filter(|c| !c.test_program) {
         let path = wasm_dir.join(format!("{}.wasm", c.lib));
-        writeln!(code, "    (\"{}.wasm\", \"{}\", include_bytes!({:?})),", c.lib, c.kind, path).unwrap();
+        writeln!(
+            code,
+            "    (\"{}.wasm\", \"{}\", include_bytes!({:?})),",
+            c.lib, c.kind, path
+        )
+        .unwrap();
     }
     code.push_str("];\n\n/// Test programs (misbehaving plugins): (file name, path).\n");
     code.push_str("pub static TEST_PROGRAMS: &[(&str, &str)] = &[\n");
     for c in crates.iter().filter(|c| c.test_program) {
         let path = wasm_dir.join(format!("{}.wasm", c.lib));
-        writeln!(code, "    (\"{}.wasm\", {:?}),", c.lib, path.display().to_string()).unwrap();
+        writeln!(
+            code,
+            "    (\"{}.wasm\", {:?}),",
+            c.lib,
+            path.display().to_string()
+        )
+        .unwrap();
     }
     code.push_str("];\n");
     fs::write(out_dir.join("plugins.rs"), code).unwrap();
@@ -83,31 +118,47 @@ fn main() {
 
 fn discover(dir: &Path, test_program: bool) -> Vec<PluginCrate> {
     let mut found = Vec::new();
-    let Ok(entries) = fs::read_dir(dir) else { return found };
+    let Ok(entries) = fs::read_dir(dir) else {
+        return found;
+    };
     let mut entries: Vec<_> = entries.flatten().map(|e| e.path()).collect();
     entries.sort();
     for path in entries {
         let manifest = path.join("Cargo.toml");
-        let Ok(text) = fs::read_to_string(&manifest) else { continue };
+        let Ok(text) = fs::read_to_string(&manifest) else {
+            continue;
+        };
         // Watch each crate (not all of plugins/, which also holds plugins/dist).
         println!("cargo:rerun-if-changed={}", path.join("src").display());
         println!("cargo:rerun-if-changed={}", manifest.display());
-        let value: toml::Table = toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
+        let value: toml::Table =
+            toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", manifest.display()));
         let package = value.get("package").and_then(|p| p.as_table());
         let kind = package
             .and_then(|p| p.get("metadata"))
             .and_then(|m| m.get("runner"))
             .and_then(|r| r.get("kind"))
             .and_then(|k| k.as_str());
-        let (Some(package), Some(kind)) = (package, kind) else { continue };
-        let name = package.get("name").and_then(|n| n.as_str()).unwrap().to_string();
+        let (Some(package), Some(kind)) = (package, kind) else {
+            continue;
+        };
+        let name = package
+            .get("name")
+            .and_then(|n| n.as_str())
+            .unwrap()
+            .to_string();
         let lib = value
             .get("lib")
             .and_then(|l| l.get("name"))
             .and_then(|n| n.as_str())
             .map(str::to_string)
             .unwrap_or_else(|| name.replace('-', "_"));
-        found.push(PluginCrate { package: name, lib, kind: kind.to_string(), test_program });
+        found.push(PluginCrate {
+            package: name,
+            lib,
+            kind: kind.to_string(),
+            test_program,
+        });
     }
     found
 }

@@ -6,16 +6,23 @@ use crate::util::program;
 
 #[test]
 fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
-    let err = plugin::load(&program("contract_future.wasm")).err().expect("must be refused");
+    let err = plugin::load(&program("contract_future.wasm"))
+        .err()
+        .expect("must be refused");
     assert!(matches!(err.failure, Failure::Contract(_)), "{err}");
     let msg = err.to_string();
     assert!(msg.contains("runner:plugin@0.2.0"), "{msg}");
-    assert!(msg.contains(&format!("runner:plugin@{}", plugin::CONTRACT_VERSION)), "{msg}");
+    assert!(
+        msg.contains(&format!("runner:plugin@{}", plugin::CONTRACT_VERSION)),
+        "{msg}"
+    );
 }
 
 #[test]
 fn a_plugin_that_imports_the_filesystem_is_refused() {
-    let err = plugin::load(&program("contract_fs.wasm")).err().expect("must be refused");
+    let err = plugin::load(&program("contract_fs.wasm"))
+        .err()
+        .expect("must be refused");
     let msg = err.to_string();
     assert!(msg.contains("wasi:filesystem"), "{msg}");
     assert!(msg.contains("does not grant"), "{msg}");
@@ -24,8 +31,15 @@ fn a_plugin_that_imports_the_filesystem_is_refused() {
 #[test]
 fn a_plugin_of_the_wrong_kind_is_refused_where_another_kind_is_needed() {
     let p = plugin::load("aws.wasm").unwrap();
-    let err = p.workload(Limits::default()).err().expect("aws is a cost plugin");
-    assert!(err.to_string().contains("is a cost plugin, but a workload plugin is needed"), "{err}");
+    let err = p
+        .workload(Limits::default())
+        .err()
+        .expect("aws is a cost plugin");
+    assert!(
+        err.to_string()
+            .contains("is a cost plugin, but a workload plugin is needed"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -34,9 +48,15 @@ fn not_a_component_is_a_load_error() {
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("junk.wasm");
     std::fs::write(&path, b"this is not wasm").unwrap();
-    let err = plugin::load(path.to_str().unwrap()).err().expect("junk must not load");
+    let err = plugin::load(path.to_str().unwrap())
+        .err()
+        .expect("junk must not load");
     assert!(matches!(err.failure, Failure::Load(_)), "{err}");
-    assert!(err.to_string().contains("not a valid WebAssembly component"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("not a valid WebAssembly component"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -50,7 +70,10 @@ fn embedded_plugins_resolve_with_or_without_the_extension() {
     }
     let err = plugin::load("no-such-plugin").err().unwrap();
     assert!(err.to_string().contains("plugin directories"), "{err}");
-    assert!(err.to_string().contains("llama3.wasm"), "the error lists what exists: {err}");
+    assert!(
+        err.to_string().contains("llama3.wasm"),
+        "the error lists what exists: {err}"
+    );
 }
 
 #[test]
@@ -67,16 +90,26 @@ fn every_first_party_plugin_loads_and_answers() {
         assert_eq!(p.info.kind.name(), *kind, "{name}");
         match p.info.kind {
             Kind::Workload => {
-                let info = p.workload(Limits::default()).unwrap().describe().unwrap_or_else(|e| panic!("{e}"));
+                let info = p
+                    .workload(Limits::default())
+                    .unwrap()
+                    .describe()
+                    .unwrap_or_else(|e| panic!("{e}"));
                 assert!(!info.variants.is_empty(), "{name}");
             }
             Kind::Cost => {
                 let mut c = p.cost(Limits::default()).unwrap();
                 c.provider().unwrap_or_else(|e| panic!("{e}"));
-                assert!(!c.offerings().unwrap_or_else(|e| panic!("{e}")).is_empty(), "{name}");
+                assert!(
+                    !c.offerings().unwrap_or_else(|e| panic!("{e}")).is_empty(),
+                    "{name}"
+                );
             }
             Kind::Precision => {
-                p.precision(Limits::default()).unwrap().name().unwrap_or_else(|e| panic!("{e}"));
+                p.precision(Limits::default())
+                    .unwrap()
+                    .name()
+                    .unwrap_or_else(|e| panic!("{e}"));
             }
         }
     }

@@ -7,14 +7,27 @@ use runner::plugin::{self, Limits};
 use runner_graph::count::{self, Convention};
 
 fn graph(plugin_name: &str, variant: &str, seq_len: u32, layers: u32) -> runner_graph::Graph {
-    let mut w = plugin::load(plugin_name).unwrap().workload(Limits::default()).unwrap();
-    w.graph(&GraphRequest { variant: variant.into(), seq_len, micro_batch: 1, layers })
-        .unwrap_or_else(|e| panic!("{e}"))
+    let mut w = plugin::load(plugin_name)
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
+    w.graph(&GraphRequest {
+        variant: variant.into(),
+        seq_len,
+        micro_batch: 1,
+        layers,
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn close(what: &str, got: f64, want: f64, tol: f64) {
     let err = (got - want) / want;
-    assert!(err.abs() <= tol, "{what}: got {got:.4e}, published {want:.4e}, error {:+.2}% > {:.1}%", err * 100.0, tol * 100.0);
+    assert!(
+        err.abs() <= tol,
+        "{what}: got {got:.4e}, published {want:.4e}, error {:+.2}% > {:.1}%",
+        err * 100.0,
+        tol * 100.0
+    );
 }
 
 #[test]
@@ -63,9 +76,19 @@ fn model_flops_per_sample_match_the_published_figures() {
         ("nemotron4", "nemotron4-340b", 4096, 8.62e15),
     ] {
         let g = graph(p, v, seq, 0);
-        close(&format!("{v} model FLOPs/sample"), count::model_flops_per_step(&g, &Convention::FULL), want, 0.01);
+        close(
+            &format!("{v} model FLOPs/sample"),
+            count::model_flops_per_step(&g, &Convention::FULL),
+            want,
+            0.01,
+        );
     }
     // Megatron-Bridge tables imply per-token figures under causal halving.
     let g = graph("llama3", "llama3.1-70b", 8192, 0);
-    close("llama3.1-70b FLOPs/token (causal)", count::model_flops_per_step(&g, &Convention::CAUSAL) / 8192.0, 4.492e11, 0.01);
+    close(
+        "llama3.1-70b FLOPs/token (causal)",
+        count::model_flops_per_step(&g, &Convention::CAUSAL) / 8192.0,
+        4.492e11,
+        0.01,
+    );
 }

@@ -22,7 +22,10 @@ fn request(instance: &str) -> QuoteRequest {
 }
 
 fn misbehaving(limits: Limits) -> runner::plugin::cost::CostModel {
-    plugin::load(&program("misbehave_cost.wasm")).unwrap().cost(limits).unwrap()
+    plugin::load(&program("misbehave_cost.wasm"))
+        .unwrap()
+        .cost(limits)
+        .unwrap()
 }
 
 #[test]
@@ -31,7 +34,9 @@ fn trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
     let err = cost.quote(&request("trap")).unwrap_err();
     assert_eq!(err.call, "quote");
     assert_eq!(err.plugin, "misbehave_cost.wasm");
-    let Failure::Trap { stderr, .. } = &err.failure else { panic!("expected a trap, got {err}") };
+    let Failure::Trap { stderr, .. } = &err.failure else {
+        panic!("expected a trap, got {err}")
+    };
     assert!(stderr.contains("guest panicked on purpose"), "{err}");
     assert!(err.to_string().contains("trapped in `quote`"), "{err}");
     // A fresh instance serves the next call.
@@ -41,18 +46,31 @@ fn trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
 
 #[test]
 fn infinite_loop_is_stopped_at_the_deadline() {
-    let mut cost = misbehaving(Limits { call_timeout_ms: 200, ..Limits::default() });
+    let mut cost = misbehaving(Limits {
+        call_timeout_ms: 200,
+        ..Limits::default()
+    });
     let start = Instant::now();
     let err = cost.quote(&request("spin")).unwrap_err();
     assert_eq!(err.failure, Failure::Timeout { limit_ms: 200 }, "{err}");
-    assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
-    assert!(err.to_string().contains("call_timeout_ms"), "the message names the knob: {err}");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(
+        err.to_string().contains("call_timeout_ms"),
+        "the message names the knob: {err}"
+    );
     assert!(cost.quote(&request("good")).is_ok());
 }
 
 #[test]
 fn runaway_allocation_hits_the_memory_cap() {
-    let mut cost = misbehaving(Limits { memory_mib: 64, ..Limits::default() });
+    let mut cost = misbehaving(Limits {
+        memory_mib: 64,
+        ..Limits::default()
+    });
     let err = cost.quote(&request("hog")).unwrap_err();
     assert_eq!(err.failure, Failure::OutOfMemory { limit_mib: 64 }, "{err}");
     assert!(err.to_string().contains("memory_mib"), "{err}");
@@ -66,7 +84,10 @@ fn nonsense_values_are_rejected_by_name() {
     assert!(matches!(err.failure, Failure::Invalid(_)), "{err}");
     assert!(err.to_string().contains("total"), "{err}");
     let err = cost.quote(&request("wrong-total")).unwrap_err();
-    assert!(err.to_string().contains("not the sum of the lines"), "{err}");
+    assert!(
+        err.to_string().contains("not the sum of the lines"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -79,7 +100,10 @@ fn plugin_errors_are_passed_on_as_refusals() {
 
 #[test]
 fn inconsistent_graphs_are_rejected_with_the_rule() {
-    let mut w = plugin::load(&program("misbehave_workload.wasm")).unwrap().workload(Limits::default()).unwrap();
+    let mut w = plugin::load(&program("misbehave_workload.wasm"))
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
     let info = w.describe().unwrap();
     assert_eq!(info.variants.len(), 4);
     for (variant, expect) in [
@@ -88,9 +112,17 @@ fn inconsistent_graphs_are_rejected_with_the_rule() {
         ("duplicate", "twice"),
         ("nan-attr", "not finite"),
     ] {
-        let req = GraphRequest { variant: variant.into(), seq_len: 4, micro_batch: 1, layers: 0 };
+        let req = GraphRequest {
+            variant: variant.into(),
+            seq_len: 4,
+            micro_batch: 1,
+            layers: 0,
+        };
         let err = w.graph(&req).unwrap_err();
-        assert!(matches!(err.failure, Failure::Invalid(_)), "{variant}: {err}");
+        assert!(
+            matches!(err.failure, Failure::Invalid(_)),
+            "{variant}: {err}"
+        );
         assert!(err.to_string().contains(expect), "{variant}: {err}");
     }
 }
@@ -105,8 +137,16 @@ fn offering_rules_catch_bad_price_lists() {
         scale_up_domain: 8,
         interconnect_gbps: 0.0,
         prices: vec![
-            Price { region: "r".into(), option: PurchaseOption::OnDemand, usd_per_node_hour: 10.0 },
-            Price { region: "r".into(), option: PurchaseOption::Spot, usd_per_node_hour: 4.0 },
+            Price {
+                region: "r".into(),
+                option: PurchaseOption::OnDemand,
+                usd_per_node_hour: 10.0,
+            },
+            Price {
+                region: "r".into(),
+                option: PurchaseOption::Spot,
+                usd_per_node_hour: 4.0,
+            },
         ],
         billing_increment_s: 1,
         minimum_charge_s: 60,
@@ -118,11 +158,19 @@ fn offering_rules_catch_bad_price_lists() {
     assert!(err.contains("listed twice"), "{err}");
     let mut pricey_spot = good.clone();
     pricey_spot.prices[1].usd_per_node_hour = 11.0;
-    assert!(validate_offerings(&[pricey_spot]).unwrap_err().contains("spot"));
+    assert!(
+        validate_offerings(&[pricey_spot])
+            .unwrap_err()
+            .contains("spot")
+    );
     let mut nan = good.clone();
     nan.prices[0].usd_per_node_hour = f64::NAN;
     assert!(validate_offerings(&[nan]).unwrap_err().contains("finite"));
     let mut zero_gpus = good;
     zero_gpus.gpus_per_node = 0;
-    assert!(validate_offerings(&[zero_gpus]).unwrap_err().contains("gpus-per-node"));
+    assert!(
+        validate_offerings(&[zero_gpus])
+            .unwrap_err()
+            .contains("gpus-per-node")
+    );
 }

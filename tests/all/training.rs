@@ -10,9 +10,19 @@ use runner_exec::{ExecOptions, Executor, Input};
 #[test]
 fn llama3_tiny_trains_and_its_loss_falls() {
     let (seq, batch) = (32u32, 2u32);
-    let mut w = plugin::load("llama3.wasm").unwrap().workload(Limits::default()).unwrap();
+    let mut w = plugin::load("llama3.wasm")
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
     // Two of the proxy's four layers keep the debug-mode test light.
-    let graph = w.graph(&GraphRequest { variant: "llama3-tiny".into(), seq_len: seq, micro_batch: batch, layers: 2 }).unwrap();
+    let graph = w
+        .graph(&GraphRequest {
+            variant: "llama3-tiny".into(),
+            seq_len: seq,
+            micro_batch: batch,
+            layers: 2,
+        })
+        .unwrap();
     let mut ex = Executor::new(&graph, Cpu::new(), ExecOptions::default()).unwrap();
     // A learnable stream: each token determines the next (t -> 7t + 3 mod 61).
     let n = (seq * batch) as usize;
@@ -23,9 +33,15 @@ fn llama3_tiny_trains_and_its_loss_falls() {
         t = (7 * t + 3) % 61;
     }
     let targets: Vec<u32> = tokens.iter().map(|&t| (7 * t + 3) % 61).collect();
-    let inputs = [("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))];
+    let inputs = [
+        ("tokens", Input::U32(&tokens)),
+        ("targets", Input::U32(&targets)),
+    ];
     let first = ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
-    assert!((first - (8192f32).ln()).abs() < 0.5, "initial loss {first} should be near ln(vocab)");
+    assert!(
+        (first - (8192f32).ln()).abs() < 0.5,
+        "initial loss {first} should be near ln(vocab)"
+    );
     let mut last = first;
     for _ in 0..25 {
         last = ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
@@ -48,20 +64,46 @@ fn every_family_proxy_runs_forward_backward_and_adamw() {
         ("grok1.wasm", "grok1-tiny"),
         ("llama4.wasm", "llama4-tiny"),
     ] {
-        let mut w = plugin::load(plugin_name).unwrap().workload(Limits::default()).unwrap();
+        let mut w = plugin::load(plugin_name)
+            .unwrap()
+            .workload(Limits::default())
+            .unwrap();
         // All four layers, so every layer kind (dense and MoE, windowed and full) runs.
-        let graph = w.graph(&GraphRequest { variant: variant.into(), seq_len: 16, micro_batch: 2, layers: 4 }).unwrap();
+        let graph = w
+            .graph(&GraphRequest {
+                variant: variant.into(),
+                seq_len: 16,
+                micro_batch: 2,
+                layers: 4,
+            })
+            .unwrap();
         let mut ex = Executor::new(&graph, Cpu::new(), ExecOptions::default()).unwrap();
         let inputs = runner_exec::proxy::synthetic_inputs(&graph, 7);
         let named: Vec<(&str, Input<'_>)> = inputs
             .iter()
-            .map(|(name, ints, floats)| (name.as_str(), if floats.is_empty() { Input::U32(ints) } else { Input::F32(floats) }))
+            .map(|(name, ints, floats)| {
+                (
+                    name.as_str(),
+                    if floats.is_empty() {
+                        Input::U32(ints)
+                    } else {
+                        Input::F32(floats)
+                    },
+                )
+            })
             .collect();
-        let first = ex.step(&named, &ADAMW_DEFAULT).unwrap_or_else(|e| panic!("{variant}: {e}"));
+        let first = ex
+            .step(&named, &ADAMW_DEFAULT)
+            .unwrap_or_else(|e| panic!("{variant}: {e}"));
         let mut last = first;
         for _ in 0..8 {
-            last = ex.step(&named, &ADAMW_DEFAULT).unwrap_or_else(|e| panic!("{variant}: {e}"));
+            last = ex
+                .step(&named, &ADAMW_DEFAULT)
+                .unwrap_or_else(|e| panic!("{variant}: {e}"));
         }
-        assert!(first.is_finite() && last < first, "{variant}: loss went from {first} to {last}");
+        assert!(
+            first.is_finite() && last < first,
+            "{variant}: loss went from {first} to {last}"
+        );
     }
 }

@@ -14,8 +14,15 @@ fn read(rel: &str) -> String {
 #[test]
 fn the_page_shows_the_walkthrough_files_exactly() {
     let page = read("../docs/PLUGINS.md");
-    for file in ["programs/walkthrough-model/src/lib.rs", "programs/walkthrough-model/Cargo.toml", "programs/walkthrough-cloud/src/lib.rs"] {
-        assert!(page.contains(&read(file)), "docs/PLUGINS.md no longer shows tests/{file}; update the page");
+    for file in [
+        "programs/walkthrough-model/src/lib.rs",
+        "programs/walkthrough-model/Cargo.toml",
+        "programs/walkthrough-cloud/src/lib.rs",
+    ] {
+        assert!(
+            page.contains(&read(file)),
+            "docs/PLUGINS.md no longer shows tests/{file}; update the page"
+        );
     }
 }
 
@@ -23,7 +30,10 @@ fn the_page_shows_the_walkthrough_files_exactly() {
 fn the_walkthrough_model_validates_and_runs_priced_by_the_walkthrough_cloud() {
     let model = program("mymodel.wasm");
     let cloud = program("mycloud.wasm");
-    let mut w = plugin::load(&model).unwrap().workload(Limits::default()).unwrap();
+    let mut w = plugin::load(&model)
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
     let info = w.describe().unwrap();
     assert_eq!(info.variants.len(), 2);
     let text = format!(
@@ -32,9 +42,13 @@ fn the_walkthrough_model_validates_and_runs_priced_by_the_walkthrough_cloud() {
     let run = runfile::parse(&text, "walkthrough").unwrap();
     let outcome = session::run(&run, &|_| {}).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(outcome.model.variant, "mymodel-7b");
-    assert!(outcome.model.params_total > 6_000_000_000 && outcome.model.params_total < 8_000_000_000);
+    assert!(
+        outcome.model.params_total > 6_000_000_000 && outcome.model.params_total < 8_000_000_000
+    );
     assert_eq!(outcome.clouds, vec!["mycloud".to_string()]);
-    let cost = outcome.rows[0].costs[0].as_ref().expect("mycloud sells H100");
+    let cost = outcome.rows[0].costs[0]
+        .as_ref()
+        .expect("mycloud sells H100");
     assert_eq!(cost.nodes, 2);
     assert_eq!(cost.region, "us-east", "the cheaper region wins");
 }

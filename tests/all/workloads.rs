@@ -15,11 +15,21 @@ fn every_workload_file_runs() {
         let mut run = runfile::load(&path).unwrap_or_else(|e| panic!("{e}"));
         run.cost.plugins = vec!["aws.wasm".into()];
         run.measure.repeats = 1;
-        let outcome = session::run(&run, &|_| {}).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-        assert_eq!(outcome.rows.len(), run.cluster.gpus.len(), "{}", path.display());
+        let outcome =
+            session::run(&run, &|_| {}).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        assert_eq!(
+            outcome.rows.len(),
+            run.cluster.gpus.len(),
+            "{}",
+            path.display()
+        );
         assert!(outcome.model.flops_per_token > 0.0);
         for pair in outcome.rows.windows(2) {
-            assert!(pair[1].days < pair[0].days, "{}: more GPUs must not take longer", path.display());
+            assert!(
+                pair[1].days < pair[0].days,
+                "{}: more GPUs must not take longer",
+                path.display()
+            );
         }
         ran += 1;
     }

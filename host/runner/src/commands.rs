@@ -20,12 +20,15 @@ fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
     let format = global.format.unwrap_or(OutputFormat::Table);
     print!("{}", report::render(format, table, value));
     if let Some(path) = &global.output {
-        let file_format = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
-            Some("json") => OutputFormat::Json,
-            Some("csv") => OutputFormat::Csv,
-            Some("html" | "htm") => OutputFormat::Html,
-            _ => OutputFormat::Table,
-        });
+        let file_format =
+            global
+                .format
+                .unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
+                    Some("json") => OutputFormat::Json,
+                    Some("csv") => OutputFormat::Csv,
+                    Some("html" | "htm") => OutputFormat::Html,
+                    _ => OutputFormat::Table,
+                });
         std::fs::write(path, report::render(file_format, table, value))
             .with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
@@ -79,8 +82,7 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun) -> Result<()> {
     }
     // Re-check the merged run exactly as a run file would be checked.
     let text = toml::to_string(run).context("serialising the run")?;
-    *run = runfile::parse(&text, "command line")
-        .map_err(anyhow::Error::msg)?;
+    *run = runfile::parse(&text, "command line").map_err(anyhow::Error::msg)?;
     Ok(())
 }
 
@@ -134,20 +136,44 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                             info.name.clone(),
                             info.kind.name().into(),
                             info.contract.clone(),
-                            format!("{}{}", info.source, if shadowed { " (shadowed)" } else { "" }),
+                            format!(
+                                "{}{}",
+                                info.source,
+                                if shadowed { " (shadowed)" } else { "" }
+                            ),
                             info.sha256[..12].to_string(),
                         ]);
-                        entries.push(ListEntry { info: Some(info), shadowed, error: None });
+                        entries.push(ListEntry {
+                            info: Some(info),
+                            shadowed,
+                            error: None,
+                        });
                     }
                     Err(e) => {
-                        table.rows.push(vec![e.plugin.clone(), "?".into(), "?".into(), "error".into(), String::new()]);
+                        table.rows.push(vec![
+                            e.plugin.clone(),
+                            "?".into(),
+                            "?".into(),
+                            "error".into(),
+                            String::new(),
+                        ]);
                         table.notes.push(e.to_string());
-                        entries.push(ListEntry { info: None, shadowed, error: Some(e.to_string()) });
+                        entries.push(ListEntry {
+                            info: None,
+                            shadowed,
+                            error: Some(e.to_string()),
+                        });
                     }
                 }
             }
-            let dirs: Vec<String> = plugin::plugin_dirs().iter().map(|d| d.display().to_string()).collect();
-            table.notes.push(format!("plugin directories, searched in order before the embedded set: {}", dirs.join(", ")));
+            let dirs: Vec<String> = plugin::plugin_dirs()
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect();
+            table.notes.push(format!(
+                "plugin directories, searched in order before the embedded set: {}",
+                dirs.join(", ")
+            ));
             emit(global, &table, &entries)
         }
         PluginsCommand::Inspect { name } => inspect(&name, global),
@@ -158,11 +184,23 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
 fn inspect(name: &str, global: &Global) -> Result<()> {
     let p = plugin::load(name)?;
     let limits = Limits::default();
-    let title = format!("{} ({} plugin, contract {}, {}, sha256 {})", p.info.name, p.info.kind.name(), p.info.contract, p.info.source, p.info.sha256);
+    let title = format!(
+        "{} ({} plugin, contract {}, {}, sha256 {})",
+        p.info.name,
+        p.info.kind.name(),
+        p.info.contract,
+        p.info.source,
+        p.info.sha256
+    );
     match p.info.kind {
         Kind::Workload => {
             let info = p.workload(limits)?.describe()?;
-            let mut t = Table::new(title, &["variant", "layers", "hidden", "heads", "kv", "vocab", "moe", "seq", "layouts"]);
+            let mut t = Table::new(
+                title,
+                &[
+                    "variant", "layers", "hidden", "heads", "kv", "vocab", "moe", "seq", "layouts",
+                ],
+            );
             for v in &info.variants {
                 let h = &v.hyper;
                 t.rows.push(vec![
@@ -172,7 +210,10 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     h.heads.to_string(),
                     h.kv_heads.to_string(),
                     h.vocab.to_string(),
-                    h.moe.as_ref().map(|m| format!("{}e top-{}", m.experts, m.top_k)).unwrap_or_else(|| "-".into()),
+                    h.moe
+                        .as_ref()
+                        .map(|m| format!("{}e top-{}", m.experts, m.top_k))
+                        .unwrap_or_else(|| "-".into()),
                     v.defaults.seq_len.to_string(),
                     v.layouts.len().to_string(),
                 ]);
@@ -183,7 +224,18 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
             let mut c = p.cost(limits)?;
             let provider = c.provider()?;
             let offerings = c.offerings()?;
-            let mut t = Table::new(format!("{title}\n{}", provider.display_name), &["instance", "gpu", "gpus/node", "Gbps", "prices", "billing", "effective"]);
+            let mut t = Table::new(
+                format!("{title}\n{}", provider.display_name),
+                &[
+                    "instance",
+                    "gpu",
+                    "gpus/node",
+                    "Gbps",
+                    "prices",
+                    "billing",
+                    "effective",
+                ],
+            );
             for o in &offerings {
                 t.rows.push(vec![
                     o.instance.clone(),
@@ -199,8 +251,16 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
         }
         Kind::Precision => {
             let name = p.precision(limits)?.name()?;
-            let t = Table { title, notes: vec![name.clone()], ..Table::default() };
-            emit(global, &t, &serde_json::json!({ "plugin": p.info, "policy": name }))
+            let t = Table {
+                title,
+                notes: vec![name.clone()],
+                ..Table::default()
+            };
+            emit(
+                global,
+                &t,
+                &serde_json::json!({ "plugin": p.info, "policy": name }),
+            )
         }
     }
 }
@@ -210,31 +270,46 @@ fn validate(path: &str, global: &Global) -> Result<()> {
     let p = plugin::load(path)?;
     let limits = Limits::default();
     let mut t = Table::new(
-        format!("{}: {} plugin, contract {} (compatible), imports allowed", p.info.name, p.info.kind.name(), p.info.contract),
+        format!(
+            "{}: {} plugin, contract {} (compatible), imports allowed",
+            p.info.name,
+            p.info.kind.name(),
+            p.info.contract
+        ),
         &["call", "result"],
     );
     let mut failures = 0;
-    let mut check = |call: &str, r: Result<String, plugin::PluginError>| {
-        match r {
-            Ok(s) => t.rows.push(vec![call.into(), format!("ok: {s}")]),
-            Err(e) => {
-                failures += 1;
-                t.rows.push(vec![call.into(), "FAILED".into()]);
-                t.notes.push(e.to_string());
-            }
+    let mut check = |call: &str, r: Result<String, plugin::PluginError>| match r {
+        Ok(s) => t.rows.push(vec![call.into(), format!("ok: {s}")]),
+        Err(e) => {
+            failures += 1;
+            t.rows.push(vec![call.into(), "FAILED".into()]);
+            t.notes.push(e.to_string());
         }
     };
     match p.info.kind {
         Kind::Workload => {
             let mut w = p.workload(limits)?;
             let info = w.describe();
-            check("describe", info.as_ref().map(|i| format!("{} variants of {}", i.variants.len(), i.family)).map_err(Clone::clone));
+            check(
+                "describe",
+                info.as_ref()
+                    .map(|i| format!("{} variants of {}", i.variants.len(), i.family))
+                    .map_err(Clone::clone),
+            );
             if let Ok(info) = info {
                 for v in &info.variants {
-                    let req = plugin::workload::GraphRequest { variant: v.name.clone(), seq_len: 128, micro_batch: 1, layers: 1 };
+                    let req = plugin::workload::GraphRequest {
+                        variant: v.name.clone(),
+                        seq_len: 128,
+                        micro_batch: 1,
+                        layers: 1,
+                    };
                     check(
                         &format!("graph {} (seq 128, 1 layer)", v.name),
-                        w.graph(&req).map(|g| format!("{} tensors, {} operations", g.tensors.len(), g.ops.len())),
+                        w.graph(&req).map(|g| {
+                            format!("{} tensors, {} operations", g.tensors.len(), g.ops.len())
+                        }),
                     );
                 }
             }
@@ -243,32 +318,61 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             let mut c = p.cost(limits)?;
             check("provider", c.provider().map(|p| p.display_name));
             let offerings = c.offerings();
-            check("offerings", offerings.as_ref().map(|o| format!("{} instances", o.len())).map_err(Clone::clone));
-            if let Some(o) = offerings.ok().and_then(|o| o.into_iter().next()) {
-                if let Some(price) = o.prices.first() {
-                    let req = plugin::cost::QuoteRequest {
-                        instance: o.instance.clone(),
-                        nodes: 1,
-                        hours: 1.0,
-                        region: price.region.clone(),
-                        option: price.option,
-                        storage_gb_months: 0.0,
-                        egress_gb: 0.0,
-                    };
-                    check("quote (1 node, 1 hour)", c.quote(&req).map(|q| report::usd(q.total_usd)));
-                }
+            check(
+                "offerings",
+                offerings
+                    .as_ref()
+                    .map(|o| format!("{} instances", o.len()))
+                    .map_err(Clone::clone),
+            );
+            if let Some(o) = offerings.ok().and_then(|o| o.into_iter().next())
+                && let Some(price) = o.prices.first()
+            {
+                let req = plugin::cost::QuoteRequest {
+                    instance: o.instance.clone(),
+                    nodes: 1,
+                    hours: 1.0,
+                    region: price.region.clone(),
+                    option: price.option,
+                    storage_gb_months: 0.0,
+                    egress_gb: 0.0,
+                };
+                check(
+                    "quote (1 node, 1 hour)",
+                    c.quote(&req).map(|q| report::usd(q.total_usd)),
+                );
             }
         }
         Kind::Precision => {
             use plugin::precision::*;
             let mut pp = p.precision(limits)?;
             check("name", pp.name());
-            let sites: Vec<GemmSite> = [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient]
-                .into_iter()
-                .map(|role| GemmSite { layer: 0, name: "layers.0.mlp.up".into(), role, m: 4096, n: 14336, k: 4096 })
-                .collect();
-            let plan = pp.plan(&PlanRequest { model: "sample".into(), sites, state: Vec::new() });
-            check("plan (3 sites)", plan.as_ref().map(|r| format!("{:?}", r.sites.first().map(|s| s.format))).map_err(Clone::clone));
+            let sites: Vec<GemmSite> = [
+                GemmRole::Forward,
+                GemmRole::InputGradient,
+                GemmRole::WeightGradient,
+            ]
+            .into_iter()
+            .map(|role| GemmSite {
+                layer: 0,
+                name: "layers.0.mlp.up".into(),
+                role,
+                m: 4096,
+                n: 14336,
+                k: 4096,
+            })
+            .collect();
+            let plan = pp.plan(&PlanRequest {
+                model: "sample".into(),
+                sites,
+                state: Vec::new(),
+            });
+            check(
+                "plan (3 sites)",
+                plan.as_ref()
+                    .map(|r| format!("{:?}", r.sites.first().map(|s| s.format)))
+                    .map_err(Clone::clone),
+            );
             let metrics = StepMetrics {
                 step: 1,
                 loss: 2.5,
@@ -279,10 +383,18 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                 sites: Vec::new(),
                 state: plan.map(|p| p.state).unwrap_or_default(),
             };
-            check("on-step", pp.on_step(&metrics).map(|r| format!("{} actions", r.actions.len())));
+            check(
+                "on-step",
+                pp.on_step(&metrics)
+                    .map(|r| format!("{} actions", r.actions.len())),
+            );
         }
     }
-    emit(global, &t, &serde_json::json!({ "plugin": p.info, "failures": failures }))?;
+    emit(
+        global,
+        &t,
+        &serde_json::json!({ "plugin": p.info, "failures": failures }),
+    )?;
     if failures > 0 {
         anyhow::bail!("{failures} call(s) failed validation");
     }
@@ -302,7 +414,10 @@ struct ModelRow {
 
 pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     use runner_graph::count::{self, AttentionFlops, Convention, Recompute};
-    let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
+    let convention = Convention {
+        attention: AttentionFlops::CausalHalved,
+        recompute: Recompute::None,
+    };
     let limits = Limits::default();
     let mut rows = Vec::new();
     let mut found = Vec::new();
@@ -322,7 +437,12 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 continue;
             }
             let seq = v.defaults.seq_len;
-            let graph = w.graph(&plugin::workload::GraphRequest { variant: v.name.clone(), seq_len: seq, micro_batch: 1, layers: 0 })?;
+            let graph = w.graph(&plugin::workload::GraphRequest {
+                variant: v.name.clone(),
+                seq_len: seq,
+                micro_batch: 1,
+                layers: 0,
+            })?;
             let params = session::main_model_params(&mut w, &v)?;
             rows.push(ModelRow {
                 name: v.name.clone(),
@@ -339,10 +459,33 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     if let Some(n) = name {
         let Some(v) = found.first() else {
             let all: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
-            anyhow::bail!("no installed variant is called '{n}'{}; run `runner models` to list them", if all.is_empty() { String::new() } else { format!(" ({})", all.join(", ")) });
+            anyhow::bail!(
+                "no installed variant is called '{n}'{}; run `runner models` to list them",
+                if all.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", all.join(", "))
+                }
+            );
         };
         let r = &rows[0];
-        let mut t = Table::new(format!("{} ({}, {}): {}", v.name, v.family, r.plugin, v.citation), &["layout: gpu", "gpus", "precision", "tp", "pp", "cp", "vp", "ep", "etp", "fsdp", "mbs", "gbs"]);
+        let mut t = Table::new(
+            format!("{} ({}, {}): {}", v.name, v.family, r.plugin, v.citation),
+            &[
+                "layout: gpu",
+                "gpus",
+                "precision",
+                "tp",
+                "pp",
+                "cp",
+                "vp",
+                "ep",
+                "etp",
+                "fsdp",
+                "mbs",
+                "gbs",
+            ],
+        );
         for l in &v.layouts {
             t.rows.push(vec![
                 l.gpu.clone(),
@@ -363,14 +506,35 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 },
             ]);
         }
-        t.notes.push(format!("hyperparameters: {}", serde_json::to_string(&v.hyper)?));
+        t.notes.push(format!(
+            "hyperparameters: {}",
+            serde_json::to_string(&v.hyper)?
+        ));
         t.notes.push(format!(
             "params {} total, {} active; {:.4e} model FLOPs per token at seq {} ({convention})",
-            si(r.params_total as f64), si(r.params_active as f64), r.flops_per_token, r.default_seq_len
+            si(r.params_total as f64),
+            si(r.params_active as f64),
+            r.flops_per_token,
+            r.default_seq_len
         ));
-        return emit(global, &t, &serde_json::json!({ "variant": v, "params_total": r.params_total, "params_active": r.params_active, "flops_per_token": r.flops_per_token }));
+        return emit(
+            global,
+            &t,
+            &serde_json::json!({ "variant": v, "params_total": r.params_total, "params_active": r.params_active, "flops_per_token": r.flops_per_token }),
+        );
     }
-    let mut t = Table::new("", &["name", "family", "plugin", "params_total", "params_active", "default_seq_len", "flops_per_token"]);
+    let mut t = Table::new(
+        "",
+        &[
+            "name",
+            "family",
+            "plugin",
+            "params_total",
+            "params_active",
+            "default_seq_len",
+            "flops_per_token",
+        ],
+    );
     for r in &rows {
         t.rows.push(vec![
             r.name.clone(),
@@ -411,8 +575,19 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let peak = runner_exec::bench::peak_gflops();
             let rows = runner_exec::bench::gemm_bench(&sizes);
             let mut t = Table::new(
-                format!("f32 GEMM on {} ({} threads)", peak.model, rayon::current_num_threads()),
-                &["M=N=K", "median GFLOP/s", "best GFLOP/s", "median % of theoretical", "median % of measured peak", "best % of measured peak"],
+                format!(
+                    "f32 GEMM on {} ({} threads)",
+                    peak.model,
+                    rayon::current_num_threads()
+                ),
+                &[
+                    "M=N=K",
+                    "median GFLOP/s",
+                    "best GFLOP/s",
+                    "median % of theoretical",
+                    "median % of measured peak",
+                    "best % of measured peak",
+                ],
             );
             for r in &rows {
                 t.rows.push(vec![
@@ -420,8 +595,12 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     format!("{:.1}", r.gflops),
                     format!("{:.1}", r.best_gflops),
                     format!("{:.0}%", 100.0 * r.gflops / peak.theoretical_gflops),
-                    peak.measured_fma_gflops.map(|p| format!("{:.0}%", 100.0 * r.gflops / p)).unwrap_or_else(|| "n/a".into()),
-                    peak.measured_fma_gflops.map(|p| format!("{:.0}%", 100.0 * r.best_gflops / p)).unwrap_or_else(|| "n/a".into()),
+                    peak.measured_fma_gflops
+                        .map(|p| format!("{:.0}%", 100.0 * r.gflops / p))
+                        .unwrap_or_else(|| "n/a".into()),
+                    peak.measured_fma_gflops
+                        .map(|p| format!("{:.0}%", 100.0 * r.best_gflops / p))
+                        .unwrap_or_else(|| "n/a".into()),
                 ]);
             }
             t.notes.push(format!(
@@ -429,15 +608,33 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 peak.theoretical_gflops, peak.lanes, peak.fma_units, peak.cpus, peak.ghz, peak.isa, peak.clock_source
             ));
             if let Some(m) = peak.measured_fma_gflops {
-                t.notes.push(format!("measured peak {m:.1} GFLOP/s: {}", peak.measured_method));
+                t.notes.push(format!(
+                    "measured peak {m:.1} GFLOP/s: {}",
+                    peak.measured_method
+                ));
             }
-            emit(global, &t, &serde_json::json!({ "peak": peak, "gemm": rows }))
+            emit(
+                global,
+                &t,
+                &serde_json::json!({ "peak": peak, "gemm": rows }),
+            )
         }
         BenchCommand::Memory => {
             let rows = runner_exec::bench::memory_bench();
-            let mut t = Table::new(format!("memory bandwidth ({} threads)", rayon::current_num_threads()), &["kernel", "median GB/s", "best GB/s", "bytes per pass"]);
+            let mut t = Table::new(
+                format!(
+                    "memory bandwidth ({} threads)",
+                    rayon::current_num_threads()
+                ),
+                &["kernel", "median GB/s", "best GB/s", "bytes per pass"],
+            );
             for r in &rows {
-                t.rows.push(vec![r.kernel.clone(), format!("{:.1}", r.gbps), format!("{:.1}", r.best_gbps), si(r.bytes as f64)]);
+                t.rows.push(vec![
+                    r.kernel.clone(),
+                    format!("{:.1}", r.gbps),
+                    format!("{:.1}", r.best_gbps),
+                    si(r.bytes as f64),
+                ]);
             }
             t.notes.push("STREAM convention: bytes = reads + writes per pass, no write-allocate traffic counted".into());
             emit(global, &t, &rows)
@@ -447,31 +644,59 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let mut push = |what: &str, samples: Vec<f64>| {
                 let n = samples.len();
                 let (median_us, p10_us, p90_us) = percentiles(samples);
-                rows.push(BenchRow { what: what.into(), median_us, p10_us, p90_us, samples: n });
+                rows.push(BenchRow {
+                    what: what.into(),
+                    median_us,
+                    p10_us,
+                    p90_us,
+                    samples: n,
+                });
             };
             // Warm the cache once, then time warm loads.
-            let spec = plugin::embedded().iter().find(|(_, k, _)| *k == "cost").map(|(n, _, _)| *n).context("no embedded cost plugin to benchmark")?;
+            let spec = plugin::embedded()
+                .iter()
+                .find(|(_, k, _)| *k == "cost")
+                .map(|(n, _, _)| *n)
+                .context("no embedded cost plugin to benchmark")?;
             plugin::load(spec)?;
-            let loads: Vec<f64> = (0..20).map(|_| {
-                let t = Instant::now();
-                let _ = plugin::load(spec);
-                t.elapsed().as_secs_f64() * 1e6
-            }).collect();
-            push(&format!("load {spec} (warm cache: read, hash, deserialize, contract check)"), loads);
-            let lists: Vec<f64> = (0..5).map(|_| {
-                let t = Instant::now();
-                let _ = plugin::list();
-                t.elapsed().as_secs_f64() * 1e6
-            }).collect();
-            push(&format!("plugins list, in process ({} plugins)", plugin::list().len()), lists);
+            let loads: Vec<f64> = (0..20)
+                .map(|_| {
+                    let t = Instant::now();
+                    let _ = plugin::load(spec);
+                    t.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            push(
+                &format!("load {spec} (warm cache: read, hash, deserialize, contract check)"),
+                loads,
+            );
+            let lists: Vec<f64> = (0..5)
+                .map(|_| {
+                    let t = Instant::now();
+                    let _ = plugin::list();
+                    t.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            push(
+                &format!(
+                    "plugins list, in process ({} plugins)",
+                    plugin::list().len()
+                ),
+                lists,
+            );
             let p = plugin::load(spec)?;
-            let inst: Vec<f64> = (0..50).map(|_| {
-                let t = Instant::now();
-                let mut c = p.cost(Limits::default()).expect("instantiates");
-                let _ = c.provider();
-                t.elapsed().as_secs_f64() * 1e6
-            }).collect();
-            push("instantiate + first call (fresh store, WASI context, instance)", inst);
+            let inst: Vec<f64> = (0..50)
+                .map(|_| {
+                    let t = Instant::now();
+                    let mut c = p.cost(Limits::default()).expect("instantiates");
+                    let _ = c.provider();
+                    t.elapsed().as_secs_f64() * 1e6
+                })
+                .collect();
+            push(
+                "instantiate + first call (fresh store, WASI context, instance)",
+                inst,
+            );
             let mut c = p.cost(Limits::default())?;
             c.provider()?;
             let batch = 100u32;
@@ -483,11 +708,22 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 }
                 per_call.push(t.elapsed().as_secs_f64() * 1e6 / f64::from(batch));
             }
-            push("call provider() -> small record (2 strings), warm instance", per_call);
+            push(
+                "call provider() -> small record (2 strings), warm instance",
+                per_call,
+            );
             let req = {
                 let offerings = c.offerings()?;
                 let o = &offerings[0];
-                plugin::cost::QuoteRequest { instance: o.instance.clone(), nodes: 4, hours: 10.0, region: o.prices[0].region.clone(), option: o.prices[0].option, storage_gb_months: 0.0, egress_gb: 0.0 }
+                plugin::cost::QuoteRequest {
+                    instance: o.instance.clone(),
+                    nodes: 4,
+                    hours: 10.0,
+                    region: o.prices[0].region.clone(),
+                    option: o.prices[0].option,
+                    storage_gb_months: 0.0,
+                    egress_gb: 0.0,
+                }
             };
             let mut quotes = Vec::new();
             for _ in 0..(calls / batch / 10).max(1) {
@@ -498,11 +734,25 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 quotes.push(t.elapsed().as_secs_f64() * 1e6 / f64::from(batch));
             }
             push("call quote(request) -> itemised quote, validated", quotes);
-            let mut t = Table::new("plugin host overhead (microseconds)", &["what", "median", "p10", "p90", "samples"]);
+            let mut t = Table::new(
+                "plugin host overhead (microseconds)",
+                &["what", "median", "p10", "p90", "samples"],
+            );
             for r in &rows {
-                t.rows.push(vec![r.what.clone(), format!("{:.2}", r.median_us), format!("{:.2}", r.p10_us), format!("{:.2}", r.p90_us), r.samples.to_string()]);
+                t.rows.push(vec![
+                    r.what.clone(),
+                    format!("{:.2}", r.median_us),
+                    format!("{:.2}", r.p10_us),
+                    format!("{:.2}", r.p90_us),
+                    r.samples.to_string(),
+                ]);
             }
-            t.notes.push(format!("cache dir: {}", plugin::cache_dir().map(|d| d.display().to_string()).unwrap_or_else(|| "disabled".into())));
+            t.notes.push(format!(
+                "cache dir: {}",
+                plugin::cache_dir()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_else(|| "disabled".into())
+            ));
             emit(global, &t, &rows)
         }
     }

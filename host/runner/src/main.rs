@@ -80,22 +80,32 @@ pub struct QuickRun {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Run a run file (workloads/*.toml)
-    #[command(after_help = "Examples:\n  runner run workloads/llama3.1-8b-h100-bf16.toml\n  runner run my.toml --format csv -o out.csv")]
+    #[command(
+        after_help = "Examples:\n  runner run workloads/llama3.1-8b-h100-bf16.toml\n  runner run my.toml --format csv -o out.csv"
+    )]
     Run {
         /// The run file
         file: PathBuf,
     },
     /// List, inspect and validate plugins
-    #[command(subcommand, after_help = "Examples:\n  runner plugins list\n  runner plugins inspect aws\n  runner plugins validate my.wasm")]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  runner plugins list\n  runner plugins inspect aws\n  runner plugins validate my.wasm"
+    )]
     Plugins(PluginsCommand),
     /// List model variants of every installed workload plugin, or show one
-    #[command(after_help = "Examples:\n  runner models\n  runner models llama3.1-70b\n  runner models --format json")]
+    #[command(
+        after_help = "Examples:\n  runner models\n  runner models llama3.1-70b\n  runner models --format json"
+    )]
     Models {
         /// A variant name
         name: Option<String>,
     },
     /// Micro-benchmarks of the local device and of the runner itself
-    #[command(subcommand, after_help = "Examples:\n  runner bench gemm\n  runner bench memory\n  runner bench plugins")]
+    #[command(
+        subcommand,
+        after_help = "Examples:\n  runner bench gemm\n  runner bench memory\n  runner bench plugins"
+    )]
     Bench(BenchCommand),
 }
 
@@ -105,13 +115,17 @@ pub enum PluginsCommand {
     #[command(after_help = "Examples:\n  runner plugins list\n  runner plugins list --format json")]
     List,
     /// What one plugin provides
-    #[command(after_help = "Examples:\n  runner plugins inspect llama3\n  runner plugins inspect ./my-cloud.wasm")]
+    #[command(
+        after_help = "Examples:\n  runner plugins inspect llama3\n  runner plugins inspect ./my-cloud.wasm"
+    )]
     Inspect {
         /// Plugin name or path
         name: String,
     },
     /// Load a plugin, check its contract and imports, call each export on sample input
-    #[command(after_help = "Examples:\n  runner plugins validate target/wasm32-wasip2/release/my_cloud.wasm")]
+    #[command(
+        after_help = "Examples:\n  runner plugins validate target/wasm32-wasip2/release/my_cloud.wasm"
+    )]
     Validate {
         /// Path to a .wasm component (or a plugin name)
         path: String,
@@ -121,17 +135,23 @@ pub enum PluginsCommand {
 #[derive(Subcommand, Debug)]
 pub enum BenchCommand {
     /// Achieved f32 GEMM GFLOP/s across sizes against the machine's theoretical peak
-    #[command(after_help = "Examples:\n  runner bench gemm\n  runner bench gemm --sizes 512,1024,2048 --format json")]
+    #[command(
+        after_help = "Examples:\n  runner bench gemm\n  runner bench gemm --sizes 512,1024,2048 --format json"
+    )]
     Gemm {
         /// Square sizes (M = N = K)
         #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 1024, 2048])]
         sizes: Vec<usize>,
     },
     /// Memory bandwidth: STREAM copy and triad over arrays far beyond the caches
-    #[command(after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json")]
+    #[command(
+        after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json"
+    )]
     Memory,
     /// Plugin host overhead: warm load, instantiation, per-call cost
-    #[command(after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000")]
+    #[command(
+        after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000"
+    )]
     Plugins {
         /// Calls to time
         #[arg(long, default_value_t = 20_000)]
@@ -152,7 +172,11 @@ fn init_logging(global: &Global) {
         }
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(level));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).without_time().try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .without_time()
+        .try_init();
 }
 
 fn main() -> ExitCode {

@@ -59,13 +59,25 @@ pub fn measure(
     repeats: usize,
 ) -> anyhow::Result<LocalMeasurement> {
     let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
-        let g = w.graph(&GraphRequest { variant: v.name.clone(), seq_len: 16, micro_batch: 1, layers: LAYERS_RUN.min(v.hyper.layers) })?;
+        let g = w.graph(&GraphRequest {
+            variant: v.name.clone(),
+            seq_len: 16,
+            micro_batch: 1,
+            layers: LAYERS_RUN.min(v.hyper.layers),
+        })?;
         let bytes = count::params(&g).total as f64 * 16.0;
         Ok((bytes <= PARAM_BUDGET_BYTES, bytes))
     };
     let (own_fits, own_bytes) = fits(variant, workload)?;
     let (chosen, why) = if own_fits {
-        (variant.clone(), format!("{} itself ({LAYERS_RUN} layers fit the {:.0} GiB budget)", variant.name, PARAM_BUDGET_BYTES / (1u64 << 30) as f64))
+        (
+            variant.clone(),
+            format!(
+                "{} itself ({LAYERS_RUN} layers fit the {:.0} GiB budget)",
+                variant.name,
+                PARAM_BUDGET_BYTES / (1u64 << 30) as f64
+            ),
+        )
     } else {
         let mut smallest: Option<(f64, &Variant)> = None;
         for v in &info.variants {
@@ -97,9 +109,17 @@ pub fn measure(
     let seq_len = chosen.defaults.seq_len.min(MAX_SEQ);
     let micro_batch = (TOKENS / seq_len).max(1);
     let layers_run = LAYERS_RUN.min(chosen.hyper.layers);
-    let graph = workload.graph(&GraphRequest { variant: chosen.name.clone(), seq_len, micro_batch, layers: layers_run })?;
+    let graph = workload.graph(&GraphRequest {
+        variant: chosen.name.clone(),
+        seq_len,
+        micro_batch,
+        layers: layers_run,
+    })?;
     let opts = MeasureOptions {
-        timing: TimingOptions { warmup: 1, repeats: repeats.max(1) },
+        timing: TimingOptions {
+            warmup: 1,
+            repeats: repeats.max(1),
+        },
         full_layers: Some(chosen.hyper.layers),
         convention: Convention::CAUSAL,
         ..MeasureOptions::default()

@@ -28,7 +28,11 @@ pub struct Table {
 
 impl Table {
     pub fn new(title: impl Into<String>, headers: &[&str]) -> Table {
-        Table { title: title.into(), headers: headers.iter().map(|h| h.to_string()).collect(), ..Table::default() }
+        Table {
+            title: title.into(),
+            headers: headers.iter().map(|h| h.to_string()).collect(),
+            ..Table::default()
+        }
     }
 
     /// Aligned text: numbers (cells starting with a digit, '$' or '-') right-aligned.
@@ -47,14 +51,27 @@ impl Table {
         let line = |cells: &[String], out: &mut String| {
             let mut parts = Vec::with_capacity(cols);
             for (i, cell) in cells.iter().enumerate().take(cols) {
-                let numeric = cell.starts_with(|c: char| c.is_ascii_digit() || c == '$' || c == '-' || c == '~');
+                let numeric = cell
+                    .starts_with(|c: char| c.is_ascii_digit() || c == '$' || c == '-' || c == '~');
                 let pad = width[i] - cell.chars().count();
-                parts.push(if numeric && i > 0 { format!("{}{cell}", " ".repeat(pad)) } else { format!("{cell}{}", " ".repeat(pad)) });
+                parts.push(if numeric && i > 0 {
+                    format!("{}{cell}", " ".repeat(pad))
+                } else {
+                    format!("{cell}{}", " ".repeat(pad))
+                });
             }
             let _ = writeln!(out, "{}", parts.join("  ").trim_end());
         };
         line(&self.headers, &mut out);
-        let _ = writeln!(out, "{}", width.iter().map(|w| "-".repeat(*w)).collect::<Vec<_>>().join("  "));
+        let _ = writeln!(
+            out,
+            "{}",
+            width
+                .iter()
+                .map(|w| "-".repeat(*w))
+                .collect::<Vec<_>>()
+                .join("  ")
+        );
         for row in &self.rows {
             line(row, &mut out);
         }
@@ -67,8 +84,15 @@ impl Table {
     /// A self-contained HTML page: the title, the table (numbers right-aligned) and the
     /// notes, with inline CSS only, so it can be mailed or archived as one file.
     pub fn html(&self) -> String {
-        let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;");
-        let numeric = |c: &str| c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '$' || ch == '-' || ch == '~');
+        let esc = |s: &str| {
+            s.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+                .replace('"', "&quot;")
+        };
+        let numeric = |c: &str| {
+            c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '$' || ch == '-' || ch == '~')
+        };
         let mut out = String::new();
         let title = esc(self.title.lines().next().unwrap_or("runner report"));
         let _ = write!(
@@ -108,11 +132,27 @@ impl Table {
     pub fn csv(&self) -> String {
         let mut out = String::new();
         let esc = |s: &str| {
-            if s.contains([',', '"', '\n']) { format!("\"{}\"", s.replace('"', "\"\"")) } else { s.to_string() }
+            if s.contains([',', '"', '\n']) {
+                format!("\"{}\"", s.replace('"', "\"\""))
+            } else {
+                s.to_string()
+            }
         };
-        let _ = writeln!(out, "{}", self.headers.iter().map(|h| esc(h)).collect::<Vec<_>>().join(","));
+        let _ = writeln!(
+            out,
+            "{}",
+            self.headers
+                .iter()
+                .map(|h| esc(h))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         for row in &self.rows {
-            let _ = writeln!(out, "{}", row.iter().map(|c| esc(c)).collect::<Vec<_>>().join(","));
+            let _ = writeln!(
+                out,
+                "{}",
+                row.iter().map(|c| esc(c)).collect::<Vec<_>>().join(",")
+            );
         }
         out
     }
@@ -124,7 +164,11 @@ pub fn render<T: Serialize>(format: OutputFormat, table: &Table, value: &T) -> S
         OutputFormat::Table => table.render(),
         OutputFormat::Csv => table.csv(),
         OutputFormat::Html => table.html(),
-        OutputFormat::Json => serde_json::to_string_pretty(value).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
+        OutputFormat::Json => {
+            serde_json::to_string_pretty(value)
+                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+                + "\n"
+        }
     }
 }
 
@@ -168,9 +212,16 @@ pub fn outcome_table(o: &Outcome) -> Table {
         m.seq_len,
         o.precision
     );
-    let mut headers: Vec<String> = ["GPUs", "days", "speedup", "rel. cost"].iter().map(|s| s.to_string()).collect();
+    let mut headers: Vec<String> = ["GPUs", "days", "speedup", "rel. cost"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
     headers.extend(o.clouds.iter().map(|c| format!("{c} (USD)")));
-    let mut table = Table { title, headers, ..Table::default() };
+    let mut table = Table {
+        title,
+        headers,
+        ..Table::default()
+    };
     for r in &o.rows {
         let mut row = vec![
             r.gpus.to_string(),
@@ -203,10 +254,16 @@ mod tests {
         t.rows.push(vec!["long name".into(), "123".into()]);
         let text = t.render();
         assert!(text.contains("long name    123\n"), "{text}");
-        assert!(text.contains("a,b            1\n"), "numbers right-aligned: {text}");
+        assert!(
+            text.contains("a,b            1\n"),
+            "numbers right-aligned: {text}"
+        );
         assert_eq!(t.csv(), "name,value\n\"a,b\",1\nlong name,123\n");
         let html = t.html();
-        assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<td class=\"n\">123</td>"), "{html}");
+        assert!(
+            html.starts_with("<!DOCTYPE html>") && html.contains("<td class=\"n\">123</td>"),
+            "{html}"
+        );
         t.notes.push("<script>".into());
         assert!(t.html().contains("&lt;script&gt;"), "notes are escaped");
     }

@@ -85,7 +85,10 @@ pub struct ClusterSection {
 
 impl Default for ClusterSection {
     fn default() -> Self {
-        ClusterSection { gpu: "H100".into(), gpus: vec![8, 16, 32, 64, 128, 256, 512, 1024, 2048] }
+        ClusterSection {
+            gpu: "H100".into(),
+            gpus: vec![8, 16, 32, 64, 128, 256, 512, 1024, 2048],
+        }
     }
 }
 
@@ -106,7 +109,10 @@ pub struct PrecisionSection {
 
 impl Default for PrecisionSection {
     fn default() -> Self {
-        PrecisionSection { plugin: "bf16.wasm".into(), format: Format::Bf16 }
+        PrecisionSection {
+            plugin: "bf16.wasm".into(),
+            format: Format::Bf16,
+        }
     }
 }
 
@@ -123,7 +129,11 @@ pub struct CostSection {
 
 impl Default for CostSection {
     fn default() -> Self {
-        CostSection { plugins: Vec::new(), region: String::new(), option: "on-demand".into() }
+        CostSection {
+            plugins: Vec::new(),
+            region: String::new(),
+            option: "on-demand".into(),
+        }
     }
 }
 
@@ -139,32 +149,40 @@ pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
 
 /// Read and parse a run file.
 pub fn load(path: &Path) -> Result<RunFile, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read run file {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read run file {}: {e}", path.display()))?;
     parse(&text, &path.display().to_string())
 }
 
 fn check(run: &RunFile) -> Result<(), String> {
     if run.model.plugin.trim().is_empty() {
-        return Err("[model] plugin is empty; name a workload plugin, e.g. plugin = \"llama3.wasm\"".into());
+        return Err(
+            "[model] plugin is empty; name a workload plugin, e.g. plugin = \"llama3.wasm\"".into(),
+        );
     }
     if run.cluster.gpus.is_empty() {
         return Err("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]".into());
     }
     if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| g == 0) {
-        return Err(format!("[cluster] gpus contains {bad}; every GPU count must be at least 1"));
+        return Err(format!(
+            "[cluster] gpus contains {bad}; every GPU count must be at least 1"
+        ));
     }
     crate::gpus::profile(&run.cluster.gpu).map_err(|m| format!("[cluster] gpu: {m}"))?;
-    if let Some(t) = run.model.tokens {
-        if !(t.is_finite() && t > 0.0) {
-            return Err(format!("[model] tokens must be a positive number, got {t}"));
-        }
+    if let Some(t) = run.model.tokens
+        && !(t.is_finite() && t > 0.0)
+    {
+        return Err(format!("[model] tokens must be a positive number, got {t}"));
     }
     if run.model.seq_len == Some(0) {
         return Err("[model] seq_len must be at least 1".into());
     }
     parse_option(&run.cost.option)?;
     if run.measure.repeats < 1 || run.measure.repeats > 1000 {
-        return Err(format!("[measure] repeats must be in 1..=1000, got {}", run.measure.repeats));
+        return Err(format!(
+            "[measure] repeats must be in 1..=1000, got {}",
+            run.measure.repeats
+        ));
     }
     if run.limits.memory_mib < 1 || run.limits.call_timeout_ms < 1 {
         return Err("[limits] memory_mib and call_timeout_ms must be at least 1".into());
@@ -217,9 +235,17 @@ mod tests {
 
     #[test]
     fn bad_values_name_the_fix() {
-        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpus = [8, 0]\n", "t.toml").unwrap_err();
+        let err = parse(
+            "[model]\nplugin = \"x\"\n[cluster]\ngpus = [8, 0]\n",
+            "t.toml",
+        )
+        .unwrap_err();
         assert!(err.contains("at least 1"), "{err}");
-        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = \"H999\"\n", "t.toml").unwrap_err();
+        let err = parse(
+            "[model]\nplugin = \"x\"\n[cluster]\ngpu = \"H999\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
         assert!(err.contains("known GPUs"), "{err}");
     }
 }

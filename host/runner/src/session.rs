@@ -87,27 +87,43 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let mut workload = plugin.workload(limits)?;
     let info = workload.describe()?;
     let variant: &Variant = match &run.model.variant {
-        Some(name) => info.variants.iter().find(|v| &v.name == name).ok_or_else(|| {
-            let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
-            anyhow::anyhow!(
-                "{} has no variant '{name}'; it provides: {}",
-                plugin.info.name,
-                names.join(", ")
-            )
-        })?,
+        Some(name) => info
+            .variants
+            .iter()
+            .find(|v| &v.name == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
+                anyhow::anyhow!(
+                    "{} has no variant '{name}'; it provides: {}",
+                    plugin.info.name,
+                    names.join(", ")
+                )
+            })?,
         None => &info.variants[0],
     };
     let seq_len = run.model.seq_len.unwrap_or(variant.defaults.seq_len);
     let tokens = run.model.tokens.unwrap_or(variant.defaults.tokens);
 
-    progress(&format!("building the {} graph (seq {seq_len})", variant.name));
-    let graph = workload.graph(&GraphRequest { variant: variant.name.clone(), seq_len, micro_batch: 1, layers: 0 })?;
-    let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
+    progress(&format!(
+        "building the {} graph (seq {seq_len})",
+        variant.name
+    ));
+    let graph = workload.graph(&GraphRequest {
+        variant: variant.name.clone(),
+        seq_len,
+        micro_batch: 1,
+        layers: 0,
+    })?;
+    let convention = Convention {
+        attention: AttentionFlops::CausalHalved,
+        recompute: Recompute::None,
+    };
     let flops_per_token = count::model_flops_per_step(&graph, &convention) / f64::from(seq_len);
     let params = main_model_params(&mut workload, variant)?;
 
     progress(&format!("planning precision with {}", run.precision.plugin));
-    let (plan_summary, planned_fp8) = plan_precision(&run.precision.plugin, limits, &variant.name, &graph)?;
+    let (plan_summary, planned_fp8) =
+        plan_precision(&run.precision.plugin, limits, &variant.name, &graph)?;
     notes.push(plan_summary);
     if run.precision.format == Format::Fp8 && !planned_fp8 {
         notes.push(format!(
@@ -131,7 +147,10 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let (peak_tflops, assumed_mfu, precision) = match run.precision.format {
         Format::Bf16 => (gpu.bf16_tflops, ASSUMED_MFU_BF16, "BF16"),
         Format::Fp8 if gpu.fp8_tflops > 0.0 => (gpu.fp8_tflops, ASSUMED_MFU_FP8, "FP8"),
-        Format::Fp8 => anyhow::bail!("{} has no FP8 peak; use format = \"bf16\" under [precision]", gpu.name),
+        Format::Fp8 => anyhow::bail!(
+            "{} has no FP8 peak; use format = \"bf16\" under [precision]",
+            gpu.name
+        ),
     };
     notes.push(format!(
         "modelled: time = training FLOPs / (GPUs x {peak_tflops} TFLOP/s {precision} dense peak x assumed MFU {assumed_mfu:.2}); \
@@ -140,7 +159,8 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     notes.push(format!("FLOPs: {convention}"));
 
     let option = parse_option(&run.cost.option).map_err(anyhow::Error::msg)?;
-    let mut clouds: Vec<(String, plugin::cost::CostModel, Vec<plugin::cost::Offering>)> = Vec::new();
+    let mut clouds: Vec<(String, plugin::cost::CostModel, Vec<plugin::cost::Offering>)> =
+        Vec::new();
     let cost_specs: Vec<String> = if run.cost.plugins.is_empty() {
         installed_cost_plugins()
     } else {
@@ -148,11 +168,13 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     };
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"));
-        let loaded = plugin::load(spec).and_then(|p| p.cost(limits)).and_then(|mut c| {
-            let provider = c.provider()?;
-            let offerings = c.offerings()?;
-            Ok((provider.name, c, offerings))
-        });
+        let loaded = plugin::load(spec)
+            .and_then(|p| p.cost(limits))
+            .and_then(|mut c| {
+                let provider = c.provider()?;
+                let offerings = c.offerings()?;
+                Ok((provider.name, c, offerings))
+            });
         match loaded {
             Ok(cloud) => clouds.push(cloud),
             Err(e) => notes.push(format!("skipped a cloud: {e}")),
@@ -169,7 +191,17 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         let mut costs = Vec::new();
         for (name, model, offerings) in clouds.iter_mut() {
             progress(&format!("pricing {n} GPUs on {name}"));
-            costs.push(cheapest(name, model, offerings, &gpu, n, days * 24.0, &run.cost.region, option, &mut notes));
+            costs.push(cheapest(
+                name,
+                model,
+                offerings,
+                &gpu,
+                n,
+                days * 24.0,
+                &run.cost.region,
+                option,
+                &mut notes,
+            ));
         }
         rows.push(Row {
             gpus: n,
@@ -183,7 +215,11 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     // Cheapest cloud first (by the first row's quote; clouds without the GPU last), so the
     // table reads left to right from the best offer.
     let mut order: Vec<usize> = (0..clouds.len()).collect();
-    let first_cost = |i: usize| rows.first().and_then(|r| r.costs[i].as_ref()).map_or(f64::INFINITY, |c| c.usd);
+    let first_cost = |i: usize| {
+        rows.first()
+            .and_then(|r| r.costs[i].as_ref())
+            .map_or(f64::INFINITY, |c| c.usd)
+    };
     order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
     for row in &mut rows {
         row.costs = order.iter().map(|&i| row.costs[i].take()).collect();
@@ -215,8 +251,16 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
 /// Parameters of the main model: a graph asked for with all its layers carries no
 /// multi-token-prediction modules, which published parameter counts leave out (DeepSeek-V3's
 /// 671B). FLOPs still come from the full training graph, MTP included.
-pub fn main_model_params(workload: &mut plugin::workload::Workload, variant: &Variant) -> anyhow::Result<count::ParamCount> {
-    let g = workload.graph(&GraphRequest { variant: variant.name.clone(), seq_len: 1, micro_batch: 1, layers: variant.hyper.layers })?;
+pub fn main_model_params(
+    workload: &mut plugin::workload::Workload,
+    variant: &Variant,
+) -> anyhow::Result<count::ParamCount> {
+    let g = workload.graph(&GraphRequest {
+        variant: variant.name.clone(),
+        seq_len: 1,
+        micro_batch: 1,
+        layers: variant.hyper.layers,
+    })?;
     Ok(count::params(&g))
 }
 
@@ -232,16 +276,35 @@ fn plan_precision(
     use runner_graph::OpKind;
     let mut policy = plugin::load(spec)?.precision(limits)?;
     let mut sites = Vec::new();
-    for op in graph.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
+    for op in graph
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear))
+    {
         let w = graph.tensor(op.inputs[1]);
         let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
         let m = graph.tensor(op.inputs[0]).numel() / k.max(1);
-        for role in [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient] {
-            sites.push(GemmSite { layer: op.layer, name: op.name.clone(), role, m, n, k });
+        for role in [
+            GemmRole::Forward,
+            GemmRole::InputGradient,
+            GemmRole::WeightGradient,
+        ] {
+            sites.push(GemmSite {
+                layer: op.layer,
+                name: op.name.clone(),
+                role,
+                m,
+                n,
+                k,
+            });
         }
     }
     let count = sites.len();
-    let plan = policy.plan(&PlanRequest { model: model.to_string(), sites, state: Vec::new() })?;
+    let plan = policy.plan(&PlanRequest {
+        model: model.to_string(),
+        sites,
+        state: Vec::new(),
+    })?;
     let mut formats: Vec<(String, usize)> = Vec::new();
     for site in &plan.sites {
         let name = dtype_name(site.format).to_string();
@@ -250,9 +313,21 @@ fn plan_precision(
             None => formats.push((name, 1)),
         }
     }
-    let parts: Vec<String> = formats.iter().map(|(f, c)| format!("{f} {:.0}%", 100.0 * *c as f64 / count.max(1) as f64)).collect();
-    let fp8 = formats.iter().any(|(f, _)| f.starts_with("fp8") || f == "mxfp8");
-    Ok((format!("precision plan from {}: {count} GEMM sites, {}", policy.info.name, parts.join(", ")), fp8))
+    let parts: Vec<String> = formats
+        .iter()
+        .map(|(f, c)| format!("{f} {:.0}%", 100.0 * *c as f64 / count.max(1) as f64))
+        .collect();
+    let fp8 = formats
+        .iter()
+        .any(|(f, _)| f.starts_with("fp8") || f == "mxfp8");
+    Ok((
+        format!(
+            "precision plan from {}: {count} GEMM sites, {}",
+            policy.info.name,
+            parts.join(", ")
+        ),
+        fp8,
+    ))
 }
 
 fn dtype_name(d: plugin::precision::Dtype) -> &'static str {
@@ -273,19 +348,22 @@ fn dtype_name(d: plugin::precision::Dtype) -> &'static str {
 fn installed_cost_plugins() -> Vec<String> {
     let mut names = Vec::new();
     for (info, shadowed) in plugin::list() {
-        if let (Ok(info), false) = (info, shadowed) {
-            if info.kind == Kind::Cost {
-                names.push(match &info.source {
-                    plugin::Source::Path(p) => p.display().to_string(),
-                    plugin::Source::Embedded => info.name.clone(),
-                });
-            }
+        if let (Ok(info), false) = (info, shadowed)
+            && info.kind == Kind::Cost
+        {
+            names.push(match &info.source {
+                plugin::Source::Path(p) => p.display().to_string(),
+                plugin::Source::Embedded => info.name.clone(),
+            });
         }
     }
     names
 }
 
-#[allow(clippy::too_many_arguments, reason = "one call site; a struct would only rename the arguments")]
+#[allow(
+    clippy::too_many_arguments,
+    reason = "one call site; a struct would only rename the arguments"
+)]
 fn cheapest(
     cloud: &str,
     model: &mut plugin::cost::CostModel,
@@ -298,9 +376,16 @@ fn cheapest(
     notes: &mut Vec<String>,
 ) -> Option<CloudCost> {
     let mut best: Option<CloudCost> = None;
-    for o in offerings.iter().filter(|o| o.gpu.eq_ignore_ascii_case(gpu.name)) {
+    for o in offerings
+        .iter()
+        .filter(|o| o.gpu.eq_ignore_ascii_case(gpu.name))
+    {
         let nodes = gpus.div_ceil(o.gpus_per_node);
-        for p in o.prices.iter().filter(|p| p.option == option && (region.is_empty() || p.region == region)) {
+        for p in o
+            .prices
+            .iter()
+            .filter(|p| p.option == option && (region.is_empty() || p.region == region))
+        {
             let request = plugin::cost::QuoteRequest {
                 instance: o.instance.clone(),
                 nodes,

@@ -22,11 +22,18 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn embedded_wasm(name: &str) -> Vec<u8> {
-    runner::plugin::embedded().iter().find(|(n, _, _)| *n == name).map(|(_, _, b)| b.to_vec()).unwrap()
+    runner::plugin::embedded()
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, _, b)| b.to_vec())
+        .unwrap()
 }
 
 #[test]
@@ -35,17 +42,38 @@ fn default_run_prints_the_time_and_cost_table() {
     let o = runner(&dir, &["--plugin", "llama3.wasm", "--gpus", "8,64", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("GPUs") && out.contains("days") && out.contains("speedup") && out.contains("rel. cost"), "{out}");
-    assert!(out.contains("aws (USD)"), "every installed cloud is priced: {out}");
-    assert!(out.contains("measured:") && out.contains("modelled:"), "says what was measured and what modelled: {out}");
-    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("8 ") || l.starts_with("64 ")).collect();
+    assert!(
+        out.contains("GPUs")
+            && out.contains("days")
+            && out.contains("speedup")
+            && out.contains("rel. cost"),
+        "{out}"
+    );
+    assert!(
+        out.contains("aws (USD)"),
+        "every installed cloud is priced: {out}"
+    );
+    assert!(
+        out.contains("measured:") && out.contains("modelled:"),
+        "says what was measured and what modelled: {out}"
+    );
+    let rows: Vec<&str> = out
+        .lines()
+        .filter(|l| l.starts_with("8 ") || l.starts_with("64 "))
+        .collect();
     assert_eq!(rows.len(), 2, "{out}");
 }
 
 #[test]
 fn json_and_csv_outputs_carry_the_same_rows() {
     let dir = scratch("formats");
-    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "--format", "json", "-o", "run.csv", "-q"]);
+    let o = runner(
+        &dir,
+        &[
+            "--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "--format", "json",
+            "-o", "run.csv", "-q",
+        ],
+    );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -55,17 +83,38 @@ fn json_and_csv_outputs_carry_the_same_rows() {
     let days32 = v["rows"][1]["days"].as_f64().unwrap();
     assert!(days16 > days32);
     // --format json also governs the file; without --format the extension decides.
-    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.csv", "-q"]);
+    let o = runner(
+        &dir,
+        &[
+            "--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.csv", "-q",
+        ],
+    );
     assert!(o.status.success());
     let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
-    assert!(csv.starts_with("GPUs,days,speedup,rel. cost,aws (USD)\n"), "{csv}");
+    assert!(
+        csv.starts_with("GPUs,days,speedup,rel. cost,aws (USD)\n"),
+        "{csv}"
+    );
     assert_eq!(csv.lines().count(), 3, "{csv}");
     // .html: one self-contained page (no external assets) with the same table.
-    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.html", "-q"]);
+    let o = runner(
+        &dir,
+        &[
+            "--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.html", "-q",
+        ],
+    );
     assert!(o.status.success());
     let html = std::fs::read_to_string(dir.join("run.html")).unwrap();
-    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<th>GPUs</th>") && html.contains("<td class=\"n\">16</td>"), "{html}");
-    assert!(!html.contains("src=") && !html.contains("href="), "self-contained");
+    assert!(
+        html.starts_with("<!DOCTYPE html>")
+            && html.contains("<th>GPUs</th>")
+            && html.contains("<td class=\"n\">16</td>"),
+        "{html}"
+    );
+    assert!(
+        !html.contains("src=") && !html.contains("href="),
+        "self-contained"
+    );
 }
 
 #[test]
@@ -76,16 +125,27 @@ fn run_files_are_parsed_strictly() {
     assert!(o.status.success(), "{}", text(&o).1);
     assert!(text(&o).0.contains("llama3-tiny"));
 
-    std::fs::write(dir.join("typo.toml"), "[model]\nplugin = \"llama3.wasm\"\n[clustr]\ngpus = [8]\n").unwrap();
+    std::fs::write(
+        dir.join("typo.toml"),
+        "[model]\nplugin = \"llama3.wasm\"\n[clustr]\ngpus = [8]\n",
+    )
+    .unwrap();
     let o = runner(&dir, &["run", "typo.toml"]);
     let (_, err) = text(&o);
     assert!(!o.status.success());
     assert!(err.contains("clustr") && err.contains("line 3"), "{err}");
 
-    std::fs::write(dir.join("variant.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama9\"\n").unwrap();
+    std::fs::write(
+        dir.join("variant.toml"),
+        "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama9\"\n",
+    )
+    .unwrap();
     let o = runner(&dir, &["run", "variant.toml"]);
     let (_, err) = text(&o);
-    assert!(err.contains("no variant 'llama9'") && err.contains("llama3.1-70b"), "{err}");
+    assert!(
+        err.contains("no variant 'llama9'") && err.contains("llama3.1-70b"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -93,7 +153,11 @@ fn a_plugin_dropped_into_a_plugin_directory_is_found_and_shadows_the_embedded_on
     let dir = scratch("dropin");
     std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
     // The AWS price list, dropped in under a new name: available with no rebuild.
-    std::fs::write(dir.join("plugins/dist/mycloud.wasm"), embedded_wasm("aws.wasm")).unwrap();
+    std::fs::write(
+        dir.join("plugins/dist/mycloud.wasm"),
+        embedded_wasm("aws.wasm"),
+    )
+    .unwrap();
     std::fs::write(dir.join("plugins/dist/gcp.wasm"), embedded_wasm("aws.wasm")).unwrap();
     let o = runner(&dir, &["plugins", "list", "--format", "json"]);
     let (out, err) = text(&o);
@@ -101,13 +165,25 @@ fn a_plugin_dropped_into_a_plugin_directory_is_found_and_shadows_the_embedded_on
     let list: serde_json::Value = serde_json::from_str(&out).unwrap();
     let entries = list.as_array().unwrap();
     let find = |name: &str, shadowed: bool| {
-        entries.iter().find(|e| e["name"] == name && e["shadowed"] == shadowed).cloned()
+        entries
+            .iter()
+            .find(|e| e["name"] == name && e["shadowed"] == shadowed)
+            .cloned()
     };
     let mine = find("mycloud.wasm", false).expect("dropped-in plugin is listed");
     assert_eq!(mine["kind"], "cost");
-    assert!(mine["source"]["path"].as_str().unwrap().ends_with("plugins/dist/mycloud.wasm"), "{mine}");
+    assert!(
+        mine["source"]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("plugins/dist/mycloud.wasm"),
+        "{mine}"
+    );
     assert_eq!(mine["sha256"].as_str().unwrap().len(), 64);
-    assert!(find("gcp.wasm", true).is_some(), "the embedded gcp is shadowed by the dropped-in one");
+    assert!(
+        find("gcp.wasm", true).is_some(),
+        "the embedded gcp is shadowed by the dropped-in one"
+    );
 
     // $RUNNER_PLUGIN_PATH is searched too, after ./plugins/dist.
     let other = scratch("dropin-path");
@@ -144,7 +220,12 @@ fn unknown_plugin_says_where_it_looked() {
     let o = runner(&dir, &["--plugin", "nosuch.wasm"]);
     let (_, err) = text(&o);
     assert!(!o.status.success());
-    assert!(err.contains("no plugin 'nosuch.wasm'") && err.contains("plugins/dist") && err.contains("llama3.wasm"), "{err}");
+    assert!(
+        err.contains("no plugin 'nosuch.wasm'")
+            && err.contains("plugins/dist")
+            && err.contains("llama3.wasm"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -155,8 +236,22 @@ fn models_lists_every_variant_with_counts() {
     assert!(o.status.success(), "{err}");
     let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = rows.as_array().unwrap();
-    for name in ["llama3.1-405b", "gpt3-175b", "mixtral-8x7b", "deepseek-v3-671b", "qwen3-30b-a3b", "gpt-oss-120b", "grok1-314b", "llama4-maverick-400b", "nemotron4-340b", "llama3-tiny"] {
-        let r = rows.iter().find(|r| r["name"] == name).unwrap_or_else(|| panic!("{name} missing"));
+    for name in [
+        "llama3.1-405b",
+        "gpt3-175b",
+        "mixtral-8x7b",
+        "deepseek-v3-671b",
+        "qwen3-30b-a3b",
+        "gpt-oss-120b",
+        "grok1-314b",
+        "llama4-maverick-400b",
+        "nemotron4-340b",
+        "llama3-tiny",
+    ] {
+        let r = rows
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("{name} missing"));
         assert!(r["params_total"].as_u64().unwrap() >= r["params_active"].as_u64().unwrap());
         assert!(r["flops_per_token"].as_f64().unwrap() > 0.0);
     }
@@ -169,7 +264,15 @@ fn models_lists_every_variant_with_counts() {
 #[test]
 fn every_subcommand_has_help_with_examples() {
     let dir = scratch("help");
-    for args in [vec!["--help"], vec!["run", "--help"], vec!["plugins", "list", "--help"], vec!["plugins", "inspect", "--help"], vec!["plugins", "validate", "--help"], vec!["models", "--help"], vec!["bench", "plugins", "--help"]] {
+    for args in [
+        vec!["--help"],
+        vec!["run", "--help"],
+        vec!["plugins", "list", "--help"],
+        vec!["plugins", "inspect", "--help"],
+        vec!["plugins", "validate", "--help"],
+        vec!["models", "--help"],
+        vec!["bench", "plugins", "--help"],
+    ] {
         let o = runner(&dir, &args);
         assert!(o.status.success(), "{args:?}");
         assert!(text(&o).0.contains("Examples:"), "{args:?} has no examples");

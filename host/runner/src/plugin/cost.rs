@@ -7,7 +7,10 @@ use super::bindings::cost::exports::runner::plugin::cost_model as wit;
 use super::sandbox::{Limits, Sandboxed, linker};
 use super::{Failure, Kind, Plugin, PluginError, PluginInfo};
 
-pub use wit::{Offering, Price, ProviderInfo as Provider, PurchaseOption, ItemisedQuote as Quote, QuoteLine, QuoteRequest};
+pub use wit::{
+    ItemisedQuote as Quote, Offering, Price, ProviderInfo as Provider, PurchaseOption, QuoteLine,
+    QuoteRequest,
+};
 
 /// A live, sandboxed cost-model plugin.
 pub struct CostModel {
@@ -22,14 +25,21 @@ impl Plugin {
         let pre = linker()
             .and_then(|l| l.instantiate_pre(&self.component))
             .and_then(super::bindings::cost::CostPluginPre::new)
-            .map_err(|e| PluginError::new(&self.info.name, "load", Failure::Load(format!("{e:#}"))))?;
-        Ok(CostModel { info: self.info.clone(), sandbox: Sandboxed::new(&self.info.name, pre, limits) })
+            .map_err(|e| {
+                PluginError::new(&self.info.name, "load", Failure::Load(format!("{e:#}")))
+            })?;
+        Ok(CostModel {
+            info: self.info.clone(),
+            sandbox: Sandboxed::new(&self.info.name, pre, limits),
+        })
     }
 }
 
 impl CostModel {
     pub fn provider(&mut self) -> Result<Provider, PluginError> {
-        let p = self.sandbox.call("provider", |s, p| p.runner_plugin_cost_model().call_provider(s))?;
+        let p = self.sandbox.call("provider", |s, p| {
+            p.runner_plugin_cost_model().call_provider(s)
+        })?;
         if p.name.trim().is_empty() {
             return Err(self.invalid("provider", "the provider name is empty".into()));
         }
@@ -37,14 +47,19 @@ impl CostModel {
     }
 
     pub fn offerings(&mut self) -> Result<Vec<Offering>, PluginError> {
-        let offerings = self.sandbox.call("offerings", |s, p| p.runner_plugin_cost_model().call_offerings(s))?;
+        let offerings = self.sandbox.call("offerings", |s, p| {
+            p.runner_plugin_cost_model().call_offerings(s)
+        })?;
         validate_offerings(&offerings).map_err(|m| self.invalid("offerings", m))?;
         Ok(offerings)
     }
 
     pub fn quote(&mut self, request: &QuoteRequest) -> Result<Quote, PluginError> {
-        let result = self.sandbox.call("quote", |s, p| p.runner_plugin_cost_model().call_quote(s, request))?;
-        let quote = result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)))?;
+        let result = self.sandbox.call("quote", |s, p| {
+            p.runner_plugin_cost_model().call_quote(s, request)
+        })?;
+        let quote =
+            result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)))?;
         validate_quote(&quote).map_err(|m| self.invalid("quote", m))?;
         Ok(quote)
     }
@@ -62,10 +77,16 @@ pub fn validate_offerings(offerings: &[Offering]) -> Result<(), String> {
             return Err(format!("instance '{}' is listed twice", o.instance));
         }
         if o.gpus_per_node == 0 {
-            return Err(format!("instance '{}': gpus-per-node must be at least 1", o.instance));
+            return Err(format!(
+                "instance '{}': gpus-per-node must be at least 1",
+                o.instance
+            ));
         }
         if !(o.interconnect_gbps.is_finite() && o.interconnect_gbps >= 0.0) {
-            return Err(format!("instance '{}': interconnect-gbps must be finite and >= 0", o.instance));
+            return Err(format!(
+                "instance '{}': interconnect-gbps must be finite and >= 0",
+                o.instance
+            ));
         }
         if o.prices.is_empty() {
             return Err(format!("instance '{}' has no prices", o.instance));
@@ -79,13 +100,16 @@ pub fn validate_offerings(offerings: &[Offering]) -> Result<(), String> {
             }
         }
         for spot in o.prices.iter().filter(|p| p.option == PurchaseOption::Spot) {
-            if let Some(od) = o.prices.iter().find(|p| p.option == PurchaseOption::OnDemand && p.region == spot.region) {
-                if spot.usd_per_node_hour > od.usd_per_node_hour {
-                    return Err(format!(
-                        "instance '{}' in '{}': spot ({}) costs more than on-demand ({})",
-                        o.instance, spot.region, spot.usd_per_node_hour, od.usd_per_node_hour
-                    ));
-                }
+            if let Some(od) = o
+                .prices
+                .iter()
+                .find(|p| p.option == PurchaseOption::OnDemand && p.region == spot.region)
+                && spot.usd_per_node_hour > od.usd_per_node_hour
+            {
+                return Err(format!(
+                    "instance '{}' in '{}': spot ({}) costs more than on-demand ({})",
+                    o.instance, spot.region, spot.usd_per_node_hour, od.usd_per_node_hour
+                ));
             }
         }
     }
@@ -96,12 +120,18 @@ pub fn validate_offerings(offerings: &[Offering]) -> Result<(), String> {
 pub fn validate_quote(q: &Quote) -> Result<(), String> {
     for l in &q.lines {
         if !(l.usd.is_finite() && l.usd >= 0.0 && l.quantity.is_finite() && l.quantity >= 0.0) {
-            return Err(format!("line '{}' has a non-finite or negative amount ({} {}, {} USD)", l.item, l.quantity, l.unit, l.usd));
+            return Err(format!(
+                "line '{}' has a non-finite or negative amount ({} {}, {} USD)",
+                l.item, l.quantity, l.unit, l.usd
+            ));
         }
     }
     let sum: f64 = q.lines.iter().map(|l| l.usd).sum();
     if !q.total_usd.is_finite() || (sum - q.total_usd).abs() > 1e-6 * sum.abs().max(1.0) {
-        return Err(format!("the total ({}) is not the sum of the lines ({sum})", q.total_usd));
+        return Err(format!(
+            "the total ({}) is not the sum of the lines ({sum})",
+            q.total_usd
+        ));
     }
     Ok(())
 }

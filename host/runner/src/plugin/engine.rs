@@ -74,7 +74,9 @@ pub enum CacheOutcome {
 pub fn compile(bytes: &[u8], sha: &str) -> Result<(Component, CacheOutcome), String> {
     let engine = engine();
     let Some(dir) = cache_dir() else {
-        return Component::new(engine, bytes).map(|c| (c, CacheOutcome::Disabled)).map_err(|e| format!("{e:#}"));
+        return Component::new(engine, bytes)
+            .map(|c| (c, CacheOutcome::Disabled))
+            .map_err(|e| format!("{e:#}"));
     };
     let path = dir.join(format!("{sha}-{}.cwasm", engine_key(engine)));
     if path.exists() {
@@ -86,7 +88,9 @@ pub fn compile(bytes: &[u8], sha: &str) -> Result<(Component, CacheOutcome), Str
             Err(e) => tracing::debug!("ignoring unusable cache entry {}: {e:#}", path.display()),
         }
     }
-    let compiled = engine.precompile_component(bytes).map_err(|e| format!("{e:#}"))?;
+    let compiled = engine
+        .precompile_component(bytes)
+        .map_err(|e| format!("{e:#}"))?;
     if std::fs::create_dir_all(&dir).is_ok() {
         // Unique per process and call: tests compile the same plugin on several threads.
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -97,6 +101,7 @@ pub fn compile(bytes: &[u8], sha: &str) -> Result<(Component, CacheOutcome), Str
         }
     }
     // SAFETY: `compiled` was produced just now by this engine's `precompile_component`.
-    let component = unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("{e:#}"))?;
+    let component =
+        unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("{e:#}"))?;
     Ok((component, CacheOutcome::Miss))
 }

@@ -32,7 +32,11 @@ pub struct PluginError {
 
 impl PluginError {
     pub fn new(plugin: &str, call: &str, failure: Failure) -> PluginError {
-        PluginError { plugin: plugin.to_string(), call: call.to_string(), failure }
+        PluginError {
+            plugin: plugin.to_string(),
+            call: call.to_string(),
+            failure,
+        }
     }
 }
 
@@ -48,7 +52,10 @@ impl fmt::Display for PluginError {
                 if !stderr.is_empty() {
                     write!(f, "\n  plugin stderr: {}", stderr.replace('\n', "\n    "))?;
                 }
-                write!(f, "\n  the instance was discarded; fix the plugin or leave it out of the run")
+                write!(
+                    f,
+                    "\n  the instance was discarded; fix the plugin or leave it out of the run"
+                )
             }
             Failure::Timeout { limit_ms } => write!(
                 f,
@@ -61,7 +68,10 @@ impl fmt::Display for PluginError {
                  (raise `memory_mib` under [limits] in the run file if the plugin really needs more)"
             ),
             Failure::Invalid(rule) => {
-                write!(f, "plugin '{plugin}' returned an invalid value from `{call}`: {rule}")
+                write!(
+                    f,
+                    "plugin '{plugin}' returned an invalid value from `{call}`: {rule}"
+                )
             }
             Failure::Refused(m) => write!(f, "plugin '{plugin}' refused `{call}`: {m}"),
         }

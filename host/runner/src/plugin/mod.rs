@@ -97,11 +97,22 @@ pub fn load(spec: &str) -> Result<Plugin, PluginError> {
 pub fn load_bytes(name: &str, source: Source, bytes: &[u8]) -> Result<Plugin, PluginError> {
     let sha256 = sha256_hex(bytes);
     let (component, _) = engine::compile(bytes, &sha256).map_err(|m| {
-        PluginError::new(name, "load", Failure::Load(format!("not a valid WebAssembly component: {m}")))
+        PluginError::new(
+            name,
+            "load",
+            Failure::Load(format!("not a valid WebAssembly component: {m}")),
+        )
     })?;
     let (kind, contract) = check_contract(name, &component)?;
     Ok(Plugin {
-        info: PluginInfo { name: name.to_string(), kind, contract, source, sha256, bytes: bytes.len() },
+        info: PluginInfo {
+            name: name.to_string(),
+            kind,
+            contract,
+            source,
+            sha256,
+            bytes: bytes.len(),
+        },
         component,
     })
 }
@@ -117,7 +128,12 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
         if !matches!(item.ty, ComponentItem::ComponentInstance(_)) {
             continue;
         }
-        let Some(rest) = export.strip_prefix(PACKAGE).and_then(|r| r.strip_prefix('/')) else { continue };
+        let Some(rest) = export
+            .strip_prefix(PACKAGE)
+            .and_then(|r| r.strip_prefix('/'))
+        else {
+            continue;
+        };
         let (iface, version) = rest.split_once('@').unwrap_or((rest, "unversioned"));
         for kind in [Kind::Workload, Kind::Precision, Kind::Cost] {
             if kind.interface() == iface {
@@ -132,10 +148,18 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
             return Err(err(format!(
                 "it exports none of {PACKAGE}/workload, /precision-policy or /cost-model (it exports: {}); \
                  build it with runner-plugin-sdk and one of its features",
-                if exports.is_empty() { "nothing".into() } else { exports.join(", ") }
+                if exports.is_empty() {
+                    "nothing".into()
+                } else {
+                    exports.join(", ")
+                }
             )));
         }
-        _ => return Err(err("it exports more than one plugin world; a plugin must be exactly one kind".into())),
+        _ => {
+            return Err(err(
+                "it exports more than one plugin world; a plugin must be exactly one kind".into(),
+            ));
+        }
     };
     if !compatible(&version, CONTRACT_VERSION) {
         return Err(err(format!(
@@ -152,7 +176,11 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
         return Err(err(format!(
             "it imports {}, which the sandbox does not grant (plugins get no files, sockets, clocks or \
              environment); remove the code that needs them",
-            refused.iter().map(|i| format!("`{i}`")).collect::<Vec<_>>().join(", ")
+            refused
+                .iter()
+                .map(|i| format!("`{i}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )));
     }
     Ok((kind, version))
@@ -195,17 +223,29 @@ pub fn list() -> Vec<(Result<PluginInfo, PluginError>, bool)> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for path in installed_files() {
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let shadowed = !seen.insert(name.clone());
         let info = std::fs::read(&path)
-            .map_err(|e| PluginError::new(&name, "load", Failure::Load(format!("cannot read {}: {e}", path.display()))))
+            .map_err(|e| {
+                PluginError::new(
+                    &name,
+                    "load",
+                    Failure::Load(format!("cannot read {}: {e}", path.display())),
+                )
+            })
             .and_then(|bytes| load_bytes(&name, Source::Path(path.clone()), &bytes))
             .map(|p| p.info);
         out.push((info, shadowed));
     }
     for (name, _, bytes) in embedded() {
         let shadowed = !seen.insert(name.to_string());
-        out.push((load_bytes(name, Source::Embedded, bytes).map(|p| p.info), shadowed));
+        out.push((
+            load_bytes(name, Source::Embedded, bytes).map(|p| p.info),
+            shadowed,
+        ));
     }
     out
 }

@@ -61,7 +61,11 @@ pub fn user_data_dir() -> Option<PathBuf> {
 }
 
 fn file_name(spec: &str) -> String {
-    if spec.ends_with(".wasm") { spec.to_string() } else { format!("{spec}.wasm") }
+    if spec.ends_with(".wasm") {
+        spec.to_string()
+    } else {
+        format!("{spec}.wasm")
+    }
 }
 
 /// Resolve `spec` to (file name, source, bytes).
@@ -71,8 +75,12 @@ fn file_name(spec: &str) -> String {
 pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
     let path = Path::new(spec);
     if path.is_file() {
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| spec.into());
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| spec.into());
         return Ok((name, Source::Path(path.to_path_buf()), bytes));
     }
     let name = file_name(spec);
@@ -90,7 +98,10 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
             return Ok((n.to_string(), Source::Embedded, bytes.to_vec()));
         }
     }
-    let searched: Vec<String> = plugin_dirs().iter().map(|d| d.display().to_string()).collect();
+    let searched: Vec<String> = plugin_dirs()
+        .iter()
+        .map(|d| d.display().to_string())
+        .collect();
     let known: Vec<&str> = embedded().iter().map(|(n, _, _)| *n).collect();
     Err(format!(
         "no plugin '{spec}': not a file, not in the plugin directories ({}), and not embedded. \
@@ -104,7 +115,9 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
 pub fn installed_files() -> Vec<PathBuf> {
     let mut files = Vec::new();
     for dir in plugin_dirs() {
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         let mut found: Vec<PathBuf> = entries
             .flatten()
             .map(|e| e.path())

@@ -26,7 +26,10 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Limits {
-        Limits { memory_mib: 256, call_timeout_ms: 10_000 }
+        Limits {
+            memory_mib: 256,
+            call_timeout_ms: 10_000,
+        }
     }
 }
 
@@ -48,7 +51,10 @@ pub struct HostState {
 
 impl WasiView for HostState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
     }
 }
 
@@ -156,7 +162,12 @@ pub struct Sandboxed<W: World> {
 
 impl<W: World> Sandboxed<W> {
     pub fn new(name: &str, pre: W::Pre, limits: Limits) -> Sandboxed<W> {
-        Sandboxed { name: name.to_string(), limits, pre, live: None }
+        Sandboxed {
+            name: name.to_string(),
+            limits,
+            pre,
+            live: None,
+        }
     }
 
     /// Run `f` against a live instance under the call deadline. Any trap discards the
@@ -174,7 +185,12 @@ impl<W: World> Sandboxed<W> {
             self.live = Some((store, instance));
         }
         let (store, instance) = self.live.as_mut().expect("instance is live");
-        let ticks = self.limits.call_timeout_ms.div_ceil(TICK.as_millis() as u64).max(1) + 1;
+        let ticks = self
+            .limits
+            .call_timeout_ms
+            .div_ceil(TICK.as_millis() as u64)
+            .max(1)
+            + 1;
         store.set_epoch_deadline(ticks);
         store.data_mut().logged = 0;
         match f(store, instance) {
@@ -190,15 +206,27 @@ impl<W: World> Sandboxed<W> {
         let output = String::from_utf8_lossy(&store.data().output.contents()).into_owned();
         let root = format!("{:#}", e.root_cause());
         let failure = match e.downcast_ref::<Trap>() {
-            Some(Trap::Interrupt) => Failure::Timeout { limit_ms: self.limits.call_timeout_ms },
-            Some(Trap::OutOfFuel) => Failure::Timeout { limit_ms: self.limits.call_timeout_ms },
+            Some(Trap::Interrupt) => Failure::Timeout {
+                limit_ms: self.limits.call_timeout_ms,
+            },
+            Some(Trap::OutOfFuel) => Failure::Timeout {
+                limit_ms: self.limits.call_timeout_ms,
+            },
             _ if root.contains("forcing trap when growing memory")
                 || output.contains("memory allocation of") =>
             {
-                Failure::OutOfMemory { limit_mib: self.limits.memory_mib }
+                Failure::OutOfMemory {
+                    limit_mib: self.limits.memory_mib,
+                }
             }
-            Some(trap) => Failure::Trap { message: trap.to_string(), stderr: output },
-            None => Failure::Trap { message: format!("{e:#}"), stderr: output },
+            Some(trap) => Failure::Trap {
+                message: trap.to_string(),
+                stderr: output,
+            },
+            None => Failure::Trap {
+                message: format!("{e:#}"),
+                stderr: output,
+            },
         };
         PluginError::new(&self.name, call, failure)
     }

@@ -29,25 +29,36 @@ impl Plugin {
         let pre = linker()
             .and_then(|l| l.instantiate_pre(&self.component))
             .and_then(super::bindings::workload::WorkloadPluginPre::new)
-            .map_err(|e| PluginError::new(&self.info.name, "load", Failure::Load(format!("{e:#}"))))?;
-        Ok(Workload { info: self.info.clone(), sandbox: Sandboxed::new(&self.info.name, pre, limits) })
+            .map_err(|e| {
+                PluginError::new(&self.info.name, "load", Failure::Load(format!("{e:#}")))
+            })?;
+        Ok(Workload {
+            info: self.info.clone(),
+            sandbox: Sandboxed::new(&self.info.name, pre, limits),
+        })
     }
 }
 
 impl Workload {
     /// Every family and variant, validated.
     pub fn describe(&mut self) -> Result<ModelInfo, PluginError> {
-        let info = self.sandbox.call("describe", |s, p| p.runner_plugin_workload().call_describe(s))?;
+        let info = self.sandbox.call("describe", |s, p| {
+            p.runner_plugin_workload().call_describe(s)
+        })?;
         validate_model_info(&info).map_err(|m| self.invalid("describe", m))?;
         Ok(info)
     }
 
     /// The logical forward graph of one variant, as host IR, validated.
     pub fn graph(&mut self, request: &GraphRequest) -> Result<Graph, PluginError> {
-        let result = self.sandbox.call("graph", |s, p| p.runner_plugin_workload().call_graph(s, request))?;
-        let graph = result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)))?;
+        let result = self.sandbox.call("graph", |s, p| {
+            p.runner_plugin_workload().call_graph(s, request)
+        })?;
+        let graph =
+            result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)))?;
         let graph = convert_graph(graph).map_err(|m| self.invalid("graph", m))?;
-        runner_graph::validate::validate(&graph).map_err(|e| self.invalid("graph", e.to_string()))?;
+        runner_graph::validate::validate(&graph)
+            .map_err(|e| self.invalid("graph", e.to_string()))?;
         Ok(graph)
     }
 
@@ -57,11 +68,19 @@ impl Workload {
 }
 
 fn finite_positive(what: &str, v: f64) -> Result<(), String> {
-    if v.is_finite() && v > 0.0 { Ok(()) } else { Err(format!("{what} must be finite and > 0, got {v}")) }
+    if v.is_finite() && v > 0.0 {
+        Ok(())
+    } else {
+        Err(format!("{what} must be finite and > 0, got {v}"))
+    }
 }
 
 fn at_least_one(what: &str, v: u32) -> Result<(), String> {
-    if v >= 1 { Ok(()) } else { Err(format!("{what} must be at least 1, got {v}")) }
+    if v >= 1 {
+        Ok(())
+    } else {
+        Err(format!("{what} must be at least 1, got {v}"))
+    }
 }
 
 /// The rules `describe` output must follow.
@@ -97,8 +116,11 @@ fn validate_variant(v: &Variant) -> Result<(), String> {
     ] {
         at_least_one(what, value)?;
     }
-    if h.heads % h.kv_heads != 0 {
-        return Err(format!("heads ({}) must be a multiple of kv-heads ({})", h.heads, h.kv_heads));
+    if !h.heads.is_multiple_of(h.kv_heads) {
+        return Err(format!(
+            "heads ({}) must be a multiple of kv-heads ({})",
+            h.heads, h.kv_heads
+        ));
     }
     finite_positive("norm-eps", h.norm_eps)?;
     if h.position == PositionScheme::Rope {
@@ -112,10 +134,16 @@ fn validate_variant(v: &Variant) -> Result<(), String> {
         at_least_one("moe.expert-ffn", m.expert_ffn)?;
         at_least_one("moe.layer-frequency", m.layer_frequency)?;
         if m.top_k < 1 || m.top_k > m.experts {
-            return Err(format!("moe.top-k must be in 1..={}, got {}", m.experts, m.top_k));
+            return Err(format!(
+                "moe.top-k must be in 1..={}, got {}",
+                m.experts, m.top_k
+            ));
         }
         if m.dense_layers > h.layers {
-            return Err(format!("moe.dense-layers ({}) exceeds layers ({})", m.dense_layers, h.layers));
+            return Err(format!(
+                "moe.dense-layers ({}) exceeds layers ({})",
+                m.dense_layers, h.layers
+            ));
         }
     }
     if h.attention == AttentionKind::Mla && h.mla.is_none() {
@@ -125,18 +153,38 @@ fn validate_variant(v: &Variant) -> Result<(), String> {
     at_least_one("defaults.seq-len", d.seq_len)?;
     finite_positive("defaults.tokens", d.tokens)?;
     if !(d.learning_rate.is_finite() && d.learning_rate >= 0.0) {
-        return Err(format!("defaults.learning-rate must be finite and >= 0, got {}", d.learning_rate));
+        return Err(format!(
+            "defaults.learning-rate must be finite and >= 0, got {}",
+            d.learning_rate
+        ));
     }
     for (i, l) in v.layouts.iter().enumerate() {
         let ctx = |m: String| format!("layout #{i} ({} {}): {m}", l.gpu, l.precision);
-        for (what, value) in [("tp", l.tp), ("pp", l.pp), ("cp", l.cp), ("vp", l.vp), ("ep", l.ep), ("etp", l.etp), ("mbs", l.mbs), ("gpus-min", l.gpus_min)] {
+        for (what, value) in [
+            ("tp", l.tp),
+            ("pp", l.pp),
+            ("cp", l.cp),
+            ("vp", l.vp),
+            ("ep", l.ep),
+            ("etp", l.etp),
+            ("mbs", l.mbs),
+            ("gpus-min", l.gpus_min),
+        ] {
             at_least_one(what, value).map_err(ctx)?;
         }
         if l.gpus_min > l.gpus_max {
-            return Err(ctx(format!("gpus-min {} > gpus-max {}", l.gpus_min, l.gpus_max)));
+            return Err(ctx(format!(
+                "gpus-min {} > gpus-max {}",
+                l.gpus_min, l.gpus_max
+            )));
         }
-        if !(l.gbs_per_gpu.is_finite() && l.gbs_per_gpu >= 0.0) || (l.gbs_per_gpu == 0.0 && l.gbs_fixed == 0) {
-            return Err(ctx("the global batch rule gives no batch (gbs-per-gpu and gbs-fixed are both 0)".into()));
+        if !(l.gbs_per_gpu.is_finite() && l.gbs_per_gpu >= 0.0)
+            || (l.gbs_per_gpu == 0.0 && l.gbs_fixed == 0)
+        {
+            return Err(ctx(
+                "the global batch rule gives no batch (gbs-per-gpu and gbs-fixed are both 0)"
+                    .into(),
+            ));
         }
     }
     Ok(())
@@ -220,13 +268,19 @@ fn convert_graph(g: wit::ModelGraph) -> Result<Graph, String> {
                 wit::AttrValue::Int(v) => Attr::Int(v),
                 wit::AttrValue::Float(v) if v.is_finite() => Attr::Float(v),
                 wit::AttrValue::Float(v) => {
-                    return Err(format!("operation '{}': attribute '{}' is not finite ({v})", op.name, a.key));
+                    return Err(format!(
+                        "operation '{}': attribute '{}' is not finite ({v})",
+                        op.name, a.key
+                    ));
                 }
                 wit::AttrValue::Flag(v) => Attr::Flag(v),
                 wit::AttrValue::Text(v) => Attr::Text(v),
             };
             if attrs.insert(a.key.clone(), value).is_some() {
-                return Err(format!("operation '{}': attribute '{}' given twice", op.name, a.key));
+                return Err(format!(
+                    "operation '{}': attribute '{}' given twice",
+                    op.name, a.key
+                ));
             }
         }
         ops.push(NamedOp {
