@@ -24,6 +24,7 @@ use runner_graph::{DType, Graph, OpKind, TensorId, TensorKind};
 use runner_kernels::cpu::adamw::AdamW;
 use serde::Serialize;
 
+use crate::collective::Collective;
 use crate::device::{BackwardIo, Device, DeviceBuffer, Elem, ExecError, GradTarget, Plans};
 
 /// AdamW as most pretraining recipes set it (Llama 3: β2 0.95, weight decay 0.1).
@@ -123,6 +124,10 @@ pub struct Executor<D: Device> {
     profile: StepProfile,
     /// Upper bound on each int32 input's values (table rows / vocabulary) and who says so.
     int_bounds: HashMap<TensorId, (u64, String)>,
+    /// Collective handles by group name (`tp`, `dp`, ...), for sharded graphs.
+    collectives: HashMap<String, Box<dyn Collective>>,
+    /// Host copies of the u32 inputs of the last forward (the vocab-parallel ops read them).
+    host_ints: HashMap<TensorId, Vec<u32>>,
 }
 
 /// SplitMix64: a tiny, fully specified generator, so initial weights are identical
@@ -194,6 +199,24 @@ impl<D: Device> Executor<D> {
     /// # Errors
     /// An invalid graph, or allocation failure.
     pub fn new(graph: &Graph, device: D, options: ExecOptions) -> Result<Executor<D>, ExecError> {
+        Self::with_collectives(graph, device, options, Vec::new())
+    }
+
+    /// As [`Executor::new`], for one rank of a sharded graph
+    /// ([`runner_graph::shard::shard`]): its collective ops run through `groups`, one
+    /// handle per group name the graph uses (`tp`, ...), each this rank's handle on that
+    /// group (see [`crate::collective::ThreadGroup`]). Tensor parallelism without sequence
+    /// parallelism is supported, vocab-parallel embedding and loss included; all-to-all
+    /// and send/recv ops are not yet.
+    ///
+    /// # Errors
+    /// As [`Executor::new`].
+    pub fn with_collectives(
+        graph: &Graph,
+        device: D,
+        options: ExecOptions,
+        groups: Vec<(String, Box<dyn Collective>)>,
+    ) -> Result<Executor<D>, ExecError> {
         validate(graph)?;
         let plan = backward_plan(graph)?;
         let g = graph.clone();
@@ -248,6 +271,8 @@ impl<D: Device> Executor<D> {
                 ..StepProfile::default()
             },
             int_bounds,
+            collectives: groups.into_iter().collect(),
+            host_ints: HashMap::new(),
             graph: g,
         })
     }
@@ -417,7 +442,12 @@ impl<D: Device> Executor<D> {
                 .as_mut()
                 .ok_or_else(|| ExecError::State("input buffer".into()))?;
             match data {
-                Input::U32(d) => self.device.write_u32(buf, d)?,
+                Input::U32(d) => {
+                    self.device.write_u32(buf, d)?;
+                    if !self.collectives.is_empty() {
+                        self.host_ints.insert(id, d.to_vec());
+                    }
+                }
                 Input::F32(d) => self.device.write_f32(buf, d)?,
             }
             given.insert(id);
@@ -484,7 +514,8 @@ impl<D: Device> Executor<D> {
             outs.push(self.device.alloc(elem_of(t.dtype), t.numel() as usize)?);
         }
         let mut aux = Vec::new();
-        {
+        if !self.host_forward(oi, &mut outs, &mut aux)? {
+            let op = &self.graph.ops[oi];
             let ins: Vec<&D::Buffer> = op
                 .inputs
                 .iter()
@@ -500,6 +531,7 @@ impl<D: Device> Executor<D> {
             self.device
                 .forward(&self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
         }
+        let op = &self.graph.ops[oi];
         for (&o, mut b) in op.outputs.iter().zip(outs) {
             let t = &self.graph.tensors[o];
             if self.options.emulate_storage && t.kind == runner_graph::TensorKind::Activation {
@@ -547,6 +579,36 @@ impl<D: Device> Executor<D> {
     }
 
     fn backward_step(&mut self, si: usize) -> Result<(), ExecError> {
+        if let Some(contribs) = self.host_backward(si)? {
+            let step = &self.plan.steps[si];
+            for (go, d) in step.grads_out.iter().zip(contribs) {
+                let buf = match self.grads[go.tensor].take() {
+                    Some(mut b) if go.accumulate => {
+                        let mut h = self.device.read_f32(&b)?;
+                        h.iter_mut().zip(&d).for_each(|(a, x)| *a += x);
+                        self.device.write_f32(&mut b, &h)?;
+                        b
+                    }
+                    None if go.accumulate => {
+                        return Err(ExecError::State(format!(
+                            "gradient of '{}' to accumulate into is missing",
+                            self.graph.tensors[go.tensor].name
+                        )));
+                    }
+                    other => {
+                        let mut b = match other {
+                            Some(b) => b,
+                            None => self.device.alloc(Elem::F32, d.len())?,
+                        };
+                        self.device.write_f32(&mut b, &d)?;
+                        b
+                    }
+                };
+                self.grads[go.tensor] = Some(buf);
+                self.grad_written[go.tensor] = true;
+            }
+            return self.after_step(si);
+        }
         let step = &self.plan.steps[si];
         let op = &self.graph.ops[step.op];
         // Take the gradient buffers this step writes out of the store. A tensor in two
@@ -571,6 +633,18 @@ impl<D: Device> Executor<D> {
                 }
             };
             taken.push((go.slot, go.tensor, buf, go.accumulate));
+        }
+        // A column-parallel input gradient is a per-rank partial: compute it alone, then
+        // all-reduce it over tp and accumulate (Megatron's `f` conjugate).
+        let mut partial: Option<(usize, D::Buffer, bool)> = None;
+        if self.column_input_partial(op)
+            && let Some(i) = taken.iter().position(|(slot, ..)| *slot == 0)
+        {
+            let n = self.graph.tensors[taken[i].1].numel() as usize;
+            let fresh = self.device.alloc(Elem::F32, n)?;
+            let orig = std::mem::replace(&mut taken[i].2, fresh);
+            partial = Some((i, orig, taken[i].3));
+            taken[i].3 = false;
         }
         {
             let mut grads_out: Vec<Option<GradTarget<'_, D::Buffer>>> =
@@ -601,6 +675,14 @@ impl<D: Device> Executor<D> {
             };
             self.device.backward(&self.graph, step, io)?;
         }
+        if let Some((i, mut orig, acc)) = partial {
+            self.all_reduce_tp(&mut taken[i].2)?;
+            if acc {
+                self.device.add_assign(&mut orig, &taken[i].2)?;
+                taken[i].2 = orig;
+            }
+            taken[i].3 = acc;
+        }
         for (_, id, buf, _) in taken {
             self.grads[id] = Some(buf);
             self.grad_written[id] = true;
@@ -611,6 +693,12 @@ impl<D: Device> Executor<D> {
                 .ok_or_else(|| ExecError::State("duplicate gradient target".into()))?;
             self.device.add_assign(dst, &buf)?;
         }
+        self.after_step(si)
+    }
+
+    /// Free what backward step `si` was the last to need.
+    fn after_step(&mut self, si: usize) -> Result<(), ExecError> {
+        let step = &self.plan.steps[si];
         for &t in &self.plan.free_grads_after_step[si] {
             self.grads[t] = None;
         }
@@ -696,6 +784,27 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
     };
     for op in &g.ops {
         match op.kind {
+            // A vocab-parallel shard reads ids of the whole (padded) vocabulary: its rows
+            // times the ranks of the collective that sums the shards' outputs.
+            OpKind::Embedding if op.int("vocab-start").is_some() => {
+                let table = &g.tensors[op.inputs[1]];
+                let shards = g
+                    .ops
+                    .iter()
+                    .find(|o| {
+                        matches!(o.kind, OpKind::AllReduce | OpKind::ReduceScatter)
+                            && o.inputs.first() == op.outputs.first()
+                    })
+                    .and_then(|o| o.int("group-size"))
+                    .unwrap_or(1)
+                    .max(1) as u64;
+                let v = table.shape[0] * shards;
+                tighten(
+                    op.inputs[0],
+                    v,
+                    format!("vocab-parallel table '{}' ({} rows × {shards} ranks)", table.name, table.shape[0]),
+                );
+            }
             OpKind::Embedding => {
                 let table = &g.tensors[op.inputs[1]];
                 tighten(
@@ -706,7 +815,19 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
             }
             OpKind::CrossEntropy => {
                 let logits = &g.tensors[op.inputs[0]];
-                let v = logits.shape.last().copied().unwrap_or(0);
+                // Vocab-parallel: the logits hold one shard of the tp group's vocabulary.
+                let shards = g
+                    .ops
+                    .iter()
+                    .find(|o| {
+                        o.kind == OpKind::AllReduce
+                            && o.flag("row-stats") == Some(true)
+                            && o.inputs.first() == op.inputs.first()
+                    })
+                    .and_then(|o| o.int("group-size"))
+                    .unwrap_or(1)
+                    .max(1) as u64;
+                let v = logits.shape.last().copied().unwrap_or(0) * shards;
                 tighten(
                     op.inputs[1],
                     v,
@@ -780,5 +901,6 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan) -> (u64, u64, u64) {
     (peak, all, params)
 }
 
+mod comm;
 #[cfg(test)]
 mod tests;

@@ -13,6 +13,9 @@
 //! - [`Executor`] ([`executor`]): owns weights, activations, saved tensors, gradients and
 //!   optimizer state for one graph; `forward`, `backward`, `optimizer_step`, `step`; frees
 //!   activations as early as the plan allows and accounts every byte.
+//! - [`collective`]: the [`Collective`] trait the executor runs a sharded graph's
+//!   communication ops through, and [`ThreadGroup`], ranks as threads over shared memory
+//!   ([`Executor::with_collectives`]; tensor parallelism, with or without SP, today).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
 //! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
 //! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory
@@ -32,6 +35,7 @@
 //! ```
 
 pub mod bench;
+pub mod collective;
 pub mod cpu;
 pub mod cuda;
 pub mod device;
@@ -42,6 +46,7 @@ mod reference;
 pub mod timing;
 pub mod toy;
 
+pub use collective::{Collective, ReduceOp, ThreadGroup};
 pub use device::{Device, ExecError, MemStats};
 pub use executor::{ExecOptions, Executor, Input, MemoryReport};
 pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step};

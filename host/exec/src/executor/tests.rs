@@ -218,7 +218,10 @@ fn timing_harness_reports_sane_medians() {
         );
     }
     assert_eq!(t.communication.median, 0.0);
-    assert!(t.forward.median + t.backward.median + t.optimizer.median <= t.step.median * 1.01);
+    // The phases fit in the step. Medians of the parts need not sum below the median of
+    // the totals (that flaked under load); minima must: the fastest step's phases are each
+    // at least their own minimum.
+    assert!(t.forward.min + t.backward.min + t.optimizer.min <= t.step.min);
     assert_eq!(t.ops.len(), g.ops.len());
     let core = t
         .ops

@@ -1,0 +1,452 @@
+//! The executor's side of a sharded graph: collective ops, the vocab-parallel embedding
+//! and cross-entropy, and the conjugate all-reduce of column-parallel input gradients,
+//! run on the host through a [`Collective`] per parallel group.
+//!
+//! Conventions (Megatron-LM tensor parallelism, no sequence parallelism):
+//! - A replicated activation's gradient is complete and identical on every rank.
+//! - All-reduce of a row-parallel partial sum (Megatron's `g`): forward sums, backward
+//!   passes the gradient through.
+//! - A column-parallel (or vocab-parallel) linear reading a replicated input (Megatron's
+//!   `f`): its input-gradient contribution is partial per rank and is all-reduced over tp
+//!   before it is accumulated. Not when the input comes from an all-gather or all-to-all
+//!   (sequence parallelism), whose backward reduce-scatters instead.
+//! - All-gather ↔ reduce-scatter along the `axis` attribute; an all-gather read by
+//!   replicated ops (a sequence-parallel gather before a replicated loss) keeps this
+//!   rank's part of its output gradient instead, which is complete on every rank.
+//! - Vocab-parallel embedding (attr `vocab-start`): rows outside this rank's shard read
+//!   zero; the all-reduce that follows sums the ranks.
+//! - Vocab-parallel cross-entropy (a `row-stats` all-reduce reads its logits): the row
+//!   max, the row sum of exponentials and the target logit are all-reduced over tp; the
+//!   row-stats ops themselves compute the statistic they name (max / sumexp).
+//!
+//! All of it runs through host copies of the buffers ([`Device::read_f32`]): correct on
+//! any device, meant for tests and CPU runs, not for speed.
+
+use runner_graph::{Op, OpKind, Role, TensorId};
+use runner_kernels::cpu::loss::IGNORE_INDEX;
+
+use super::Executor;
+use crate::collective::{Collective, ReduceOp};
+use crate::device::{Device, Elem, ExecError};
+
+fn unsupported(op: &Op, why: &str) -> ExecError {
+    ExecError::Unsupported {
+        op: op.name.clone(),
+        kind: format!("{:?}", op.kind),
+        device: "the in-process collective backend".into(),
+        why: why.into(),
+    }
+}
+
+/// View `x` as [outer, len, inner] split along `axis` of `shape` into `n` chunks, and
+/// return it rank-major: [n, outer, len/n, inner].
+fn to_rank_major(x: &[f32], shape: &[u64], axis: usize, n: usize) -> Vec<f32> {
+    let outer: usize = shape[..axis].iter().product::<u64>() as usize;
+    let len = shape[axis] as usize;
+    let inner: usize = shape[axis + 1..].iter().product::<u64>() as usize;
+    let c = len / n * inner;
+    let mut out = Vec::with_capacity(x.len());
+    for r in 0..n {
+        for o in 0..outer {
+            let base = o * len * inner + r * c;
+            out.extend_from_slice(&x[base..base + c]);
+        }
+    }
+    out
+}
+
+/// Inverse of [`to_rank_major`]: `shape` is the full (gathered) shape.
+fn from_rank_major(x: &[f32], shape: &[u64], axis: usize, n: usize) -> Vec<f32> {
+    let outer: usize = shape[..axis].iter().product::<u64>() as usize;
+    let len = shape[axis] as usize;
+    let inner: usize = shape[axis + 1..].iter().product::<u64>() as usize;
+    let c = len / n * inner;
+    let mut out = vec![0f32; x.len()];
+    for r in 0..n {
+        for o in 0..outer {
+            let src = (r * outer + o) * c;
+            let dst = o * len * inner + r * c;
+            out[dst..dst + c].copy_from_slice(&x[src..src + c]);
+        }
+    }
+    out
+}
+
+impl<D: Device> Executor<D> {
+    /// The handle of `op`'s group, checked against its `group-size`.
+    fn group(&self, op: &Op) -> Result<&dyn Collective, ExecError> {
+        let name = op.text("group").unwrap_or("");
+        let c = self.collectives.get(name).ok_or_else(|| {
+            unsupported(
+                op,
+                &format!("no collective handle for group '{name}' (Executor::with_collectives)"),
+            )
+        })?;
+        let n = op.int("group-size").unwrap_or(1).max(1) as usize;
+        if c.size() != n {
+            return Err(ExecError::State(format!(
+                "operation '{}': group '{name}' has {} ranks, the op says {n}",
+                op.name,
+                c.size()
+            )));
+        }
+        Ok(c.as_ref())
+    }
+
+    /// The tp group, when there is one of more than one rank.
+    fn tp_group(&self) -> Option<&dyn Collective> {
+        self.collectives
+            .get("tp")
+            .filter(|c| c.size() > 1)
+            .map(AsRef::as_ref)
+    }
+
+    fn host(&self, id: TensorId, op: &Op) -> Result<Vec<f32>, ExecError> {
+        let b = self.vals[id].as_ref().ok_or_else(|| {
+            ExecError::State(format!(
+                "operation '{}' reads '{}', which is not live",
+                op.name, self.graph.tensors[id].name
+            ))
+        })?;
+        self.device.read_f32(b)
+    }
+
+    fn host_ints(&self, id: TensorId, op: &Op) -> Result<&[u32], ExecError> {
+        self.host_ints.get(&id).map(Vec::as_slice).ok_or_else(|| {
+            unsupported(
+                op,
+                &format!(
+                    "'{}' must be a graph input given as u32",
+                    self.graph.tensors[id].name
+                ),
+            )
+        })
+    }
+
+    /// Group size of the row-stats all-reduces reading cross-entropy op `oi`'s logits
+    /// (the op is then vocab-parallel over that many ranks).
+    fn vocab_parallel_ce(&self, op: &Op) -> Option<usize> {
+        if op.kind != OpKind::CrossEntropy || op.role != Role::VocabParallel {
+            return None;
+        }
+        self.graph
+            .ops
+            .iter()
+            .find(|o| {
+                o.kind == OpKind::AllReduce
+                    && o.flag("row-stats") == Some(true)
+                    && o.inputs.first() == op.inputs.first()
+            })
+            .map(|o| o.int("group-size").unwrap_or(1).max(1) as usize)
+    }
+
+    /// Whether op `op`'s input-0 gradient is a per-rank partial to all-reduce over tp.
+    pub(super) fn column_input_partial(&self, op: &Op) -> bool {
+        if op.kind != OpKind::Linear
+            || !matches!(op.role, Role::ColumnParallel | Role::VocabParallel)
+            || self.tp_group().is_none()
+        {
+            return false;
+        }
+        let x = op.inputs[0];
+        !self.graph.ops.iter().any(|o| {
+            o.outputs.contains(&x)
+                && matches!(o.kind, OpKind::AllGather | OpKind::AllToAll)
+                && o.text("group") == Some("tp")
+        })
+    }
+
+    /// Whether every reader of all-gather `op`'s output is a column- or vocab-parallel
+    /// linear (whose input gradients are per-rank partial sums).
+    fn gathered_for_split_ops(&self, op: &Op) -> bool {
+        let out = op.outputs[0];
+        let mut readers = self
+            .graph
+            .ops
+            .iter()
+            .filter(|o| o.inputs.contains(&out))
+            .peekable();
+        readers.peek().is_some()
+            && readers.all(|o| {
+                o.kind == OpKind::Linear
+                    && o.inputs[0] == out
+                    && matches!(o.role, Role::ColumnParallel | Role::VocabParallel)
+            })
+    }
+
+    /// All-reduce `buf` (a gradient contribution) over tp.
+    pub(super) fn all_reduce_tp(&self, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        let Some(c) = self.tp_group() else {
+            return Ok(());
+        };
+        let mut h = self.device.read_f32(buf)?;
+        c.all_reduce(&mut h, ReduceOp::Sum)?;
+        self.device.write_f32(buf, &h)
+    }
+
+    /// Run forward op `oi` on the host if it is one of the ops this module owns; `false`
+    /// leaves it to the device.
+    pub(super) fn host_forward(
+        &mut self,
+        oi: usize,
+        outs: &mut [D::Buffer],
+        aux: &mut Vec<D::Buffer>,
+    ) -> Result<bool, ExecError> {
+        let op = &self.graph.ops[oi];
+        let shape = |id: TensorId| self.graph.tensors[id].shape.clone();
+        let out: Vec<f32> = match op.kind {
+            OpKind::AllReduce if op.flag("row-stats") == Some(true) => {
+                let c = self.group(op)?;
+                let x = self.host(op.inputs[0], op)?;
+                let v = shape(op.inputs[0]).last().copied().unwrap_or(1).max(1) as usize;
+                let mut m: Vec<f32> = x
+                    .chunks(v)
+                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+                    .collect();
+                c.all_reduce(&mut m, ReduceOp::Max)?;
+                match op.text("reduce") {
+                    Some("max") => m,
+                    Some("sumexp") => {
+                        let mut s: Vec<f32> = x
+                            .chunks(v)
+                            .zip(&m)
+                            .map(|(r, &mx)| r.iter().map(|&a| (a - mx).exp()).sum())
+                            .collect();
+                        c.all_reduce(&mut s, ReduceOp::Sum)?;
+                        s
+                    }
+                    other => return Err(unsupported(op, &format!("row statistic {other:?}"))),
+                }
+            }
+            OpKind::AllReduce => {
+                let mut x = self.host(op.inputs[0], op)?;
+                self.group(op)?.all_reduce(&mut x, ReduceOp::Sum)?;
+                x
+            }
+            OpKind::AllGather => {
+                let c = self.group(op)?;
+                let axis = op.int("axis").unwrap_or(0).max(0) as usize;
+                let all = c.all_gather(&self.host(op.inputs[0], op)?)?;
+                from_rank_major(&all, &shape(op.outputs[0]), axis, c.size())
+            }
+            OpKind::ReduceScatter => {
+                let c = self.group(op)?;
+                let axis = op.int("axis").unwrap_or(0).max(0) as usize;
+                let x = self.host(op.inputs[0], op)?;
+                c.reduce_scatter(&to_rank_major(&x, &shape(op.inputs[0]), axis, c.size()))?
+            }
+            OpKind::AllToAll | OpKind::Send | OpKind::Recv => {
+                return Err(unsupported(
+                    op,
+                    "not implemented yet (tensor parallelism without SP only)",
+                ));
+            }
+            OpKind::Embedding if op.int("vocab-start").is_some() => {
+                let start = op.int("vocab-start").unwrap_or(0).max(0) as u64;
+                let tokens = self.host_ints(op.inputs[0], op)?;
+                let table = self.host(op.inputs[1], op)?;
+                let ts = shape(op.inputs[1]);
+                let (rows, c) = (ts[0], ts[1] as usize);
+                let mut o = vec![0f32; tokens.len() * c];
+                for (dst, &t) in o.chunks_mut(c).zip(tokens) {
+                    let t = u64::from(t);
+                    if t >= start && t < start + rows {
+                        let r = (t - start) as usize;
+                        dst.copy_from_slice(&table[r * c..(r + 1) * c]);
+                    }
+                }
+                o
+            }
+            OpKind::CrossEntropy if self.vocab_parallel_ce(op).is_some() => {
+                let c = self
+                    .tp_group()
+                    .ok_or_else(|| unsupported(op, "vocab-parallel loss without a tp group"))?;
+                let v = shape(op.inputs[0]).last().copied().unwrap_or(1).max(1) as usize;
+                let start = c.rank() * v;
+                let x = self.host(op.inputs[0], op)?;
+                let targets = self.host_ints(op.inputs[1], op)?;
+                let mut m: Vec<f32> = x
+                    .chunks(v)
+                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+                    .collect();
+                c.all_reduce(&mut m, ReduceOp::Max)?;
+                let mut s: Vec<f32> = x
+                    .chunks(v)
+                    .zip(&m)
+                    .map(|(r, &mx)| r.iter().map(|&a| (a - mx).exp()).sum())
+                    .collect();
+                c.all_reduce(&mut s, ReduceOp::Sum)?;
+                let mut tl: Vec<f32> = targets
+                    .iter()
+                    .enumerate()
+                    .map(|(row, &t)| {
+                        let t = t as usize;
+                        if t != IGNORE_INDEX as usize && t >= start && t < start + v {
+                            x[row * v + t - start]
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                c.all_reduce(&mut tl, ReduceOp::Sum)?;
+                let lse: Vec<f32> = m.iter().zip(&s).map(|(&mx, &se)| mx + se.ln()).collect();
+                let (mut total, mut valid) = (0f64, 0usize);
+                for (row, &t) in targets.iter().enumerate() {
+                    if t != IGNORE_INDEX {
+                        total += f64::from(lse[row] - tl[row]);
+                        valid += 1;
+                    }
+                }
+                let mut lb = self.device.alloc(Elem::F32, lse.len())?;
+                self.device.write_f32(&mut lb, &lse)?;
+                aux.push(lb);
+                vec![if valid == 0 {
+                    0.0
+                } else {
+                    (total / valid as f64) as f32
+                }]
+            }
+            _ => return Ok(false),
+        };
+        self.device.write_f32(&mut outs[0], &out)?;
+        Ok(true)
+    }
+
+    /// The input-gradient contributions of backward step `si` (one per `grads_out`
+    /// entry), if it is one of the ops this module owns.
+    pub(super) fn host_backward(&self, si: usize) -> Result<Option<Vec<Vec<f32>>>, ExecError> {
+        let step = &self.plan.steps[si];
+        let op = &self.graph.ops[step.op];
+        let shape = |id: TensorId| self.graph.tensors[id].shape.clone();
+        let dout = || -> Result<Vec<f32>, ExecError> {
+            match step
+                .grads_in
+                .first()
+                .copied()
+                .flatten()
+                .and_then(|t| self.grads[t].as_ref())
+            {
+                Some(b) => self.device.read_f32(b),
+                None => Ok(vec![
+                    0.0;
+                    self.graph.tensors[op.outputs[0]].numel() as usize
+                ]),
+            }
+        };
+        let d: Vec<f32> = match op.kind {
+            OpKind::AllReduce if op.flag("row-stats") == Some(true) => {
+                // The statistics feed nothing the loss reads; the loss's own backward is local.
+                return Ok(Some(
+                    step.grads_out
+                        .iter()
+                        .map(|g| vec![0.0; self.graph.tensors[g.tensor].numel() as usize])
+                        .collect(),
+                ));
+            }
+            OpKind::AllReduce => {
+                self.group(op)?;
+                dout()?
+            }
+            OpKind::AllGather => {
+                let c = self.group(op)?;
+                let axis = op.int("axis").unwrap_or(0).max(0) as usize;
+                let rm = to_rank_major(&dout()?, &shape(op.outputs[0]), axis, c.size());
+                if self.gathered_for_split_ops(op) {
+                    // Column-parallel readers leave per-rank partial gradients: sum them.
+                    c.reduce_scatter(&rm)?
+                } else {
+                    // Replicated readers leave the complete gradient on every rank: keep
+                    // this rank's part (Megatron's tensor_parallel_output_grad=False).
+                    let n = rm.len() / c.size();
+                    rm[c.rank() * n..(c.rank() + 1) * n].to_vec()
+                }
+            }
+            OpKind::ReduceScatter => {
+                let c = self.group(op)?;
+                let axis = op.int("axis").unwrap_or(0).max(0) as usize;
+                let all = c.all_gather(&dout()?)?;
+                from_rank_major(&all, &shape(op.inputs[0]), axis, c.size())
+            }
+            OpKind::AllToAll | OpKind::Send | OpKind::Recv => {
+                return Err(unsupported(
+                    op,
+                    "not implemented yet (tensor parallelism without SP only)",
+                ));
+            }
+            OpKind::Embedding if op.int("vocab-start").is_some() => {
+                let start = op.int("vocab-start").unwrap_or(0).max(0) as u64;
+                let tokens = self.host_ints(op.inputs[0], op)?;
+                let ts = shape(op.inputs[1]);
+                let (rows, c) = (ts[0], ts[1] as usize);
+                let dy = dout()?;
+                let mut dt = vec![0f32; rows as usize * c];
+                for (src, &t) in dy.chunks(c).zip(tokens) {
+                    let t = u64::from(t);
+                    if t >= start && t < start + rows {
+                        let r = (t - start) as usize;
+                        for (a, b) in dt[r * c..(r + 1) * c].iter_mut().zip(src) {
+                            *a += b;
+                        }
+                    }
+                }
+                dt
+            }
+            OpKind::CrossEntropy if self.vocab_parallel_ce(op).is_some() => {
+                let c = self
+                    .tp_group()
+                    .ok_or_else(|| unsupported(op, "vocab-parallel loss without a tp group"))?;
+                let v = shape(op.inputs[0]).last().copied().unwrap_or(1).max(1) as usize;
+                let start = c.rank() * v;
+                let x = self.host(op.inputs[0], op)?;
+                let targets = self.host_ints(op.inputs[1], op)?;
+                let lse = self
+                    .device
+                    .read_f32(self.aux[step.op].first().ok_or_else(|| {
+                        ExecError::State(format!("'{}': lse was not saved", op.name))
+                    })?)?;
+                let dloss = dout()?.first().copied().unwrap_or(0.0);
+                let valid = targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
+                let scale = if valid == 0 {
+                    0.0
+                } else {
+                    dloss / valid as f32
+                };
+                let mut dl = vec![0f32; x.len()];
+                for (row, &t) in targets.iter().enumerate() {
+                    if t == IGNORE_INDEX {
+                        continue;
+                    }
+                    let (xr, dr) = (&x[row * v..(row + 1) * v], &mut dl[row * v..(row + 1) * v]);
+                    for (a, &b) in dr.iter_mut().zip(xr) {
+                        *a = (b - lse[row]).exp() * scale;
+                    }
+                    let t = t as usize;
+                    if t >= start && t < start + v {
+                        dr[t - start] -= scale;
+                    }
+                }
+                dl
+            }
+            _ => return Ok(None),
+        };
+        // Every op above writes the gradient of input slot 0, or of the table (slot 1) for
+        // the embedding, whose slot 0 (token ids) never carries one.
+        Ok(Some(step.grads_out.iter().map(|_| d.clone()).collect()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rank_major_round_trips() {
+        let shape = [2u64, 4, 3];
+        let x: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        let rm = to_rank_major(&x, &shape, 1, 2);
+        // Rank 0's chunk: rows 0..2 of axis 1 from both outer slices.
+        assert_eq!(rm[..6], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(rm[6..12], [12.0, 13.0, 14.0, 15.0, 16.0, 17.0]);
+        assert_eq!(from_rank_major(&rm, &shape, 1, 2), x);
+    }
+}
