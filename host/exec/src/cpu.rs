@@ -275,12 +275,23 @@ impl Cpu {
         target: &mut GradTarget<'_, CpuBuffer>,
         f: impl FnOnce(&mut [f32]) -> Result<(), ExecError>,
     ) -> Result<(), ExecError> {
-        if target.accumulate {
-            let mut tmp = self.scratch(target.buf.len())?;
-            f(tmp.f32_mut())?;
-            self.add_assign(target.buf, &tmp)
-        } else {
-            f(target.buf.f32_mut())
+        let mut staged = self.stage(target)?;
+        f(staged.out())?;
+        self.settle(staged)
+    }
+
+    /// Prepare one output of a kernel that writes several gradients at once (the
+    /// multi-output form of [`Cpu::emit`]); [`Cpu::settle`] finishes it.
+    fn stage<'t, 'b>(&self, target: &'t mut GradTarget<'b, CpuBuffer>) -> Result<Staged<'t, 'b>, ExecError> {
+        let scratch = if target.accumulate { Some(self.scratch(target.buf.len())?) } else { None };
+        Ok(Staged { target, scratch })
+    }
+
+    /// Add a staged gradient into its target when the step accumulates.
+    fn settle(&self, staged: Staged<'_, '_>) -> Result<(), ExecError> {
+        match staged.scratch {
+            Some(tmp) => self.add_assign(staged.target.buf, &tmp),
+            None => Ok(()),
         }
     }
 
@@ -313,6 +324,22 @@ impl Cpu {
                     accumulate: false,
                 })
             }
+        }
+    }
+}
+
+/// A gradient output staged by [`Cpu::stage`]: the kernel writes [`Staged::out`], which is
+/// the target itself, or scratch that [`Cpu::settle`] adds into the target.
+struct Staged<'t, 'b> {
+    target: &'t mut GradTarget<'b, CpuBuffer>,
+    scratch: Option<CpuBuffer>,
+}
+
+impl Staged<'_, '_> {
+    fn out(&mut self) -> &mut [f32] {
+        match &mut self.scratch {
+            Some(s) => s.f32_mut(),
+            None => self.target.buf.f32_mut(),
         }
     }
 }
@@ -762,40 +789,10 @@ impl Device for Cpu {
                 let mut dk = self.target_or_scratch(take(1), k.len(), &mut s1)?;
                 let mut dv = self.target_or_scratch(take(2), v.len(), &mut s2)?;
                 // The kernel writes all three at once; accumulating targets go via scratch.
-                let mut t0 = if dq.accumulate {
-                    Some(self.scratch(q.len())?)
-                } else {
-                    None
-                };
-                let mut t1 = if dk.accumulate {
-                    Some(self.scratch(k.len())?)
-                } else {
-                    None
-                };
-                let mut t2 = if dv.accumulate {
-                    Some(self.scratch(v.len())?)
-                } else {
-                    None
-                };
-                {
-                    let d0 = match &mut t0 {
-                        Some(s) => s.f32_mut(),
-                        None => dq.buf.f32_mut(),
-                    };
-                    let d1 = match &mut t1 {
-                        Some(s) => s.f32_mut(),
-                        None => dk.buf.f32_mut(),
-                    };
-                    let d2 = match &mut t2 {
-                        Some(s) => s.f32_mut(),
-                        None => dv.buf.f32_mut(),
-                    };
-                    attention_backward(d0, d1, d2, dout(0), q, k, v, out, lse, a).map_err(ke())?;
-                }
-                for (t, g) in [(t0, &mut dq), (t1, &mut dk), (t2, &mut dv)] {
-                    if let Some(s) = t {
-                        self.add_assign(g.buf, &s)?;
-                    }
+                let (mut t0, mut t1, mut t2) = (self.stage(&mut dq)?, self.stage(&mut dk)?, self.stage(&mut dv)?);
+                attention_backward(t0.out(), t1.out(), t2.out(), dout(0), q, k, v, out, lse, a).map_err(ke())?;
+                for t in [t0, t1, t2] {
+                    self.settle(t)?;
                 }
             }
             OpKind::SwiGlu | OpKind::GeGlu => {
@@ -804,27 +801,11 @@ impl Device for Cpu {
                     input(1, "the up projection")?.f32(),
                 );
                 let (mut s0, mut s1) = (None, None);
-                let dg = self.target_or_scratch(take(0), gate.len(), &mut s0)?;
-                let du = self.target_or_scratch(take(1), up.len(), &mut s1)?;
-                let mut tg = if dg.accumulate {
-                    Some(self.scratch(gate.len())?)
-                } else {
-                    None
-                };
-                let mut tu = if du.accumulate {
-                    Some(self.scratch(up.len())?)
-                } else {
-                    None
-                };
+                let mut dg = self.target_or_scratch(take(0), gate.len(), &mut s0)?;
+                let mut du = self.target_or_scratch(take(1), up.len(), &mut s1)?;
+                let (mut tg, mut tu) = (self.stage(&mut dg)?, self.stage(&mut du)?);
                 {
-                    let dgs = match &mut tg {
-                        Some(s) => s.f32_mut(),
-                        None => dg.buf.f32_mut(),
-                    };
-                    let dus = match &mut tu {
-                        Some(s) => s.f32_mut(),
-                        None => du.buf.f32_mut(),
-                    };
+                    let (dgs, dus) = (tg.out(), tu.out());
                     if op.kind == OpKind::SwiGlu {
                         activation::swiglu_backward(dgs, dus, dout(0), gate, up).map_err(ke())?;
                     } else {
@@ -838,12 +819,8 @@ impl Device for Cpu {
                         }
                     }
                 }
-                if let Some(s) = tg {
-                    self.add_assign(dg.buf, &s)?;
-                }
-                if let Some(s) = tu {
-                    self.add_assign(du.buf, &s)?;
-                }
+                self.settle(tg)?;
+                self.settle(tu)?;
             }
             OpKind::Gelu | OpKind::SquaredRelu => {
                 if let Some(mut t) = take(0) {
@@ -964,35 +941,12 @@ impl Device for Cpu {
                 let ys = input(0, "the expert outputs")?.f32();
                 let wts = input(1, "the router weights")?.f32();
                 let (mut s0, mut s1) = (None, None);
-                let dyt = self.target_or_scratch(take(0), ys.len(), &mut s0)?;
-                let dwt = self.target_or_scratch(take(1), wts.len(), &mut s1)?;
-                let mut ty = if dyt.accumulate {
-                    Some(self.scratch(ys.len())?)
-                } else {
-                    None
-                };
-                let mut tw = if dwt.accumulate {
-                    Some(self.scratch(wts.len())?)
-                } else {
-                    None
-                };
-                {
-                    let dys = match &mut ty {
-                        Some(s) => s.f32_mut(),
-                        None => dyt.buf.f32_mut(),
-                    };
-                    let dws = match &mut tw {
-                        Some(s) => s.f32_mut(),
-                        None => dwt.buf.f32_mut(),
-                    };
-                    moe::combine_backward(dys, dws, dout(0), ys, wts, plan, c).map_err(ke())?;
-                }
-                if let Some(s) = ty {
-                    self.add_assign(dyt.buf, &s)?;
-                }
-                if let Some(s) = tw {
-                    self.add_assign(dwt.buf, &s)?;
-                }
+                let mut dyt = self.target_or_scratch(take(0), ys.len(), &mut s0)?;
+                let mut dwt = self.target_or_scratch(take(1), wts.len(), &mut s1)?;
+                let (mut ty, mut tw) = (self.stage(&mut dyt)?, self.stage(&mut dwt)?);
+                moe::combine_backward(ty.out(), tw.out(), dout(0), ys, wts, plan, c).map_err(ke())?;
+                self.settle(ty)?;
+                self.settle(tw)?;
             }
             OpKind::AllReduce
             | OpKind::AllGather
