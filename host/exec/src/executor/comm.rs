@@ -238,7 +238,7 @@ impl<D: Device> Executor<D> {
             OpKind::AllToAll | OpKind::Send | OpKind::Recv => {
                 return Err(unsupported(
                     op,
-                    "not implemented yet (tensor parallelism without SP only)",
+                    "not implemented yet: the in-process backend runs tensor parallelism (with or without SP) only",
                 ));
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
@@ -370,7 +370,7 @@ impl<D: Device> Executor<D> {
             OpKind::AllToAll | OpKind::Send | OpKind::Recv => {
                 return Err(unsupported(
                     op,
-                    "not implemented yet (tensor parallelism without SP only)",
+                    "not implemented yet: the in-process backend runs tensor parallelism (with or without SP) only",
                 ));
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
