@@ -15,6 +15,12 @@
 //! loss. Integer tensors (tokens, targets, router indices) never do; a float output
 //! that does not reach the loss (none in the builder's graphs) has a zero gradient,
 //! which a step sees as `None`.
+//!
+//! Pipeline stages: a `recv` output counts as depending on a weight (the earlier
+//! stages'), and a `recv` gets a step although it has no inputs (it writes no gradient;
+//! the executor sends the one it consumes back to the producing stage). A `send`'s
+//! scalar token reaches the loss, so its step consumes the seed and writes the gradient
+//! of the sent activation (which the executor receives from the next stage).
 
 use std::collections::HashSet;
 
@@ -197,7 +203,8 @@ pub fn backward_plan(g: &Graph) -> Result<BackwardPlan, GraphError> {
         depends[id] = t.kind == TensorKind::Weight && float(id);
     }
     for op in &g.ops {
-        if op.inputs.iter().any(|&i| depends[i]) {
+        // A received activation carries the earlier stages' weights.
+        if op.kind == OpKind::Recv || op.inputs.iter().any(|&i| depends[i]) {
             for &o in &op.outputs {
                 depends[o] = float(o);
             }
@@ -226,7 +233,9 @@ pub fn backward_plan(g: &Graph) -> Result<BackwardPlan, GraphError> {
             continue;
         }
         let need: Vec<bool> = op.inputs.iter().map(|&i| needs_grad[i]).collect();
-        if !need.iter().any(|&n| n) {
+        // A recv has no inputs, but its step sends the gradient back to the stage that
+        // produced the activation.
+        if !need.iter().any(|&n| n) && op.kind != OpKind::Recv {
             continue;
         }
         let grads_out = op
@@ -343,6 +352,66 @@ mod tests {
         // `lin` is read by no backward step: freed right after the add that reads it.
         assert!(p.free_after_forward[3].contains(&id("lin")));
         assert!(p.saved_tensors().contains(&id("logits")));
+    }
+
+    /// Pipeline stages: the first ends at a `send` whose token is its loss; the second
+    /// starts at a `recv`. Both get the steps that move the gradient between them.
+    #[test]
+    fn pipeline_send_and_recv_get_steps() {
+        let pp = |peer: i64| {
+            vec![
+                ("group", Attr::Text("pp".into())),
+                ("group-size", Attr::Int(2)),
+                ("peer", Attr::Int(peer)),
+                ("tensor", Attr::Text("h".into())),
+            ]
+        };
+        let first = Graph::new(
+            vec![
+                t("x", &[2, 4], F32, Input),
+                t("w", &[4, 4], F32, Weight),
+                t("h", &[2, 4], F32, Activation),
+                t("h.sent", &[], F32, Activation),
+            ],
+            vec![
+                op("lin", OpKind::Linear, &["x", "w"], &["h"], &[]),
+                op("h.send", OpKind::Send, &["h"], &["h.sent"], &pp(1)),
+            ],
+            "h.sent",
+        )
+        .unwrap();
+        crate::validate::validate(&first).unwrap();
+        let p = backward_plan(&first).unwrap();
+        let id = |g: &Graph, n: &str| g.tensor_id(n).unwrap();
+        assert_eq!(p.steps[0].kind, OpKind::Send);
+        assert_eq!(p.steps[0].grads_in, vec![Some(id(&first, "h.sent"))]);
+        assert_eq!(p.steps[0].grads_out, vec![GradOut { slot: 0, tensor: id(&first, "h"), accumulate: false }]);
+
+        let second = Graph::new(
+            vec![
+                t("h", &[2, 4], F32, Activation),
+                t("w2", &[5, 4], F32, Weight),
+                t("logits", &[2, 5], F32, Activation),
+                t("y", &[2], I32, Input),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("h.recv", OpKind::Recv, &[], &["h"], &pp(0)),
+                op("head", OpKind::Linear, &["h", "w2"], &["logits"], &[]),
+                op("loss", OpKind::CrossEntropy, &["logits", "y"], &["loss"], &[]),
+            ],
+            "loss",
+        )
+        .unwrap();
+        crate::validate::validate(&second).unwrap();
+        let p = backward_plan(&second).unwrap();
+        assert!(p.needs_grad[id(&second, "h")], "the received activation carries a gradient");
+        let last = p.steps.last().unwrap();
+        assert_eq!((last.kind, last.grads_in.clone()), (OpKind::Recv, vec![Some(id(&second, "h"))]));
+        assert!(last.grads_out.is_empty());
+        // The head writes d(h) (its input now needs one); the recv step consumes it.
+        assert!(p.steps[1].grads_out.iter().any(|o| o.tensor == id(&second, "h")));
+        assert!(p.free_grads_after_step[p.steps.len() - 1].contains(&id(&second, "h")));
     }
 
     #[test]

@@ -17,7 +17,10 @@
 //! - EP: routed experts split by ep with an all-to-all before and after the grouped
 //!   linears (ETP splits each expert's width and all-reduces its output).
 //! - DP/FSDP: gradient reduction happens once per step, outside the forward graph, so it
-//!   is returned as [`StepCollective`]s next to the graph.
+//!   is returned as [`StepCollective`]s next to the graph, each listing the weights it
+//!   covers; so are the tied-embedding sync between the first and last stage and, with
+//!   sequence parallelism, the tp sum of the replicated weights' gradients (norm gains
+//!   see one sequence shard per rank).
 //!
 //! Key items: [`Layout`] (with [`Layout::validate`]), [`RankCoord`], [`shard`] →
 //! [`Sharded`], [`comm_volume`] → [`CommOp`].
@@ -68,12 +71,15 @@ pub struct RankCoord {
 }
 
 /// A collective that runs once per step (or per micro-batch, see `count`) outside the
-/// forward graph: gradient reduction, FSDP parameter gathers, tied-embedding sync.
+/// forward graph: gradient reduction, FSDP parameter gathers, tied-embedding sync
+/// (Megatron's `finalize_model_grads`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct StepCollective {
     pub kind: OpKind,
-    /// `dp` (the dp·cp ranks that hold the same dense weights), `edp` (expert data
-    /// parallel), `pp-embed` (first and last stage, tied embeddings).
+    /// `dp` (the dp·cp ranks that hold the same dense weights; gradients averaged),
+    /// `edp` (expert data parallel; averaged), `pp-embed` (first and last stage, tied
+    /// embeddings; summed), `tp` (replicated weights read in the sequence-parallel region,
+    /// whose per-rank gradients are partial sums over the rank's tokens; summed).
     pub group: String,
     pub group_size: u32,
     /// The nccl-tests size S of one call (see [`CommOp::bytes`]).
@@ -81,6 +87,9 @@ pub struct StepCollective {
     /// Calls per step.
     pub count: u32,
     pub what: String,
+    /// The weights of this rank it covers, by name in the rank's graph, sorted (every
+    /// rank of the group lists them in the same order).
+    pub weights: Vec<String>,
 }
 
 /// One rank's graph and its step-level collectives.
@@ -724,6 +733,19 @@ impl<'a> Pass<'a> {
         self.tensors.iter().rev().find(|t| t.name == name).map_or(0, |t| t.numel())
     }
 
+    /// Names of the local tensors that hold a sequence-parallel shard (Tok::Seq). Every
+    /// such tensor an op reads is a current local or gathered version: the only
+    /// versions later replaced in `local` are the inputs of a collective, which reads no
+    /// weight.
+    fn seq_names(&self) -> HashSet<&str> {
+        self.local
+            .values()
+            .chain(self.gathered.values())
+            .filter(|l| l.tok == Tok::Seq)
+            .map(|l| l.name.as_str())
+            .collect()
+    }
+
     fn cp_attrs(&self, attrs: &mut BTreeMap<String, Attr>) {
         if self.l.cp > 1 {
             attrs.insert("cp".into(), Attr::Int(i64::from(self.l.cp)));
@@ -1235,24 +1257,31 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
         }
     }
     let (mut dense, mut dense_param, mut exp, mut exp_param) = (0.0, 0.0, 0.0, 0.0);
+    let (mut dense_names, mut exp_names) = (Vec::new(), Vec::new());
     for (id, shape) in &p.weights {
         let n = shape.iter().product::<u64>() as f64;
         let bytes = g.tensors[*id].dtype.bytes();
+        let name = g.tensors[*id].name.clone();
         if expert.contains(id) {
             exp += 4.0 * n;
             exp_param += bytes * n;
+            exp_names.push(name);
         } else {
             dense += 4.0 * n;
             dense_param += bytes * n;
+            dense_names.push(name);
         }
     }
+    dense_names.sort();
+    exp_names.sort();
     let dp = l.dp * l.cp;
     let edp = (l.tp * l.cp * l.dp) / (l.ep * l.etp).max(1);
     let m = l.micro_batches();
     let mut out = Vec::new();
-    for (group, n, grads, params, what) in
-        [("dp", dp, dense, dense_param, "dense weights"), ("edp", edp, exp, exp_param, "expert weights")]
-    {
+    for (group, n, grads, params, what, names) in [
+        ("dp", dp, dense, dense_param, "dense weights", dense_names),
+        ("edp", edp, exp, exp_param, "expert weights", exp_names),
+    ] {
         if n <= 1 || grads == 0.0 {
             continue;
         }
@@ -1264,6 +1293,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 bytes: grads,
                 count: 1,
                 what: format!("fp32 gradients of the {what}"),
+                weights: names.clone(),
             });
             out.push(StepCollective {
                 kind: OpKind::AllGather,
@@ -1272,6 +1302,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 bytes: params,
                 count: 2 * m,
                 what: format!("FSDP parameter gathers of the {what} (forward and backward, every micro-batch)"),
+                weights: names,
             });
         } else {
             out.push(StepCollective {
@@ -1281,17 +1312,17 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 bytes: grads,
                 count: 1,
                 what: format!("fp32 gradients of the {what}"),
+                weights: names,
             });
         }
     }
     // A tied table lives on the first and the last stage; their gradients are summed.
     if l.pp > 1 && (first || last) {
-        let tied_bytes: f64 = p
-            .weights
-            .iter()
-            .filter(|(id, _)| embed.contains(id) && head.contains(id))
-            .map(|(_, s)| 4.0 * s.iter().product::<u64>() as f64)
-            .sum();
+        let tied: Vec<(TensorId, &Vec<u64>)> =
+            p.weights.iter().filter(|(id, _)| embed.contains(id) && head.contains(id)).map(|(&id, s)| (id, s)).collect();
+        let tied_bytes: f64 = tied.iter().map(|(_, s)| 4.0 * s.iter().product::<u64>() as f64).sum();
+        let mut names: Vec<String> = tied.iter().map(|(id, _)| g.tensors[*id].name.clone()).collect();
+        names.sort();
         // On a single stage both readers are local and nothing crosses stages.
         let both_local = first && last;
         if !both_local && tied_bytes > 0.0 {
@@ -1302,6 +1333,45 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 bytes: tied_bytes,
                 count: 1,
                 what: "fp32 gradients of the tied embedding (first and last stage)".into(),
+                weights: names,
+            });
+        }
+    }
+    // Sequence parallelism: a replicated weight read by an op on this rank's sequence
+    // shard gets the gradient of those tokens only; the tp ranks' parts are summed
+    // (Megatron's allreduce of layernorm grads in finalize_model_grads).
+    if l.sp() {
+        let seq = p.seq_names();
+        let mut names: BTreeSet<String> = BTreeSet::new();
+        for op in &p.ops {
+            if !op.inputs.iter().any(|i| seq.contains(i.as_str())) {
+                continue;
+            }
+            for i in &op.inputs {
+                let Some((&id, shape)) = p.weights.iter().find(|(id, _)| g.tensors[**id].name == *i) else {
+                    continue;
+                };
+                if !expert.contains(&id) && *shape == g.tensors[id].shape {
+                    names.insert(i.clone());
+                }
+            }
+        }
+        if !names.is_empty() {
+            let bytes = names
+                .iter()
+                .filter_map(|n| g.tensor_id(n))
+                .map(|id| 4.0 * g.tensors[id].numel() as f64)
+                .sum();
+            out.push(StepCollective {
+                kind: OpKind::AllReduce,
+                group: "tp".into(),
+                group_size: l.tp,
+                bytes,
+                count: 1,
+                what: "fp32 gradients of the replicated weights read in the sequence-parallel region (norm gains, \
+                       replicated embedding or head), partial per tp rank"
+                    .into(),
+                weights: names.into_iter().collect(),
             });
         }
     }

@@ -354,6 +354,38 @@ fn data_parallel_gradients_are_step_collectives() {
     assert_eq!(kinds, [(OpKind::ReduceScatter, 1), (OpKind::AllGather, 2 * l.micro_batches())]);
 }
 
+/// With sequence parallelism the replicated weights (here the norm gains: embedding and
+/// head are vocab-parallel) see one sequence shard per tp rank: their gradients are
+/// summed over tp once per step, listed as a step collective with its weights.
+#[test]
+fn sequence_parallel_replicated_gradients_are_a_tp_step_collective() {
+    let g = llama(2, 128, 1);
+    let s = sharded(&g, &layout(2, 1, 1, 1, true, 1), rank(1, 0));
+    let ar: Vec<_> = s.step.iter().filter(|c| c.group == "tp").collect();
+    assert_eq!(ar.len(), 1, "{:?}", s.step);
+    let ar = ar[0];
+    assert_eq!((ar.kind, ar.group_size, ar.count), (OpKind::AllReduce, 2, 1));
+    let replicated: Vec<String> = weights(&s.graph)
+        .filter(|t| g.tensors[g.tensor_id(&t.name).unwrap()].shape == t.shape)
+        .map(|t| t.name.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(ar.weights, replicated);
+    assert_eq!(ar.weights.len(), 2 * 2 + 1, "two norms per layer and the final norm: {:?}", ar.weights);
+    assert!(ar.weights.iter().all(|w| w.contains("norm")), "{:?}", ar.weights);
+    let bytes: f64 = weights(&s.graph).filter(|t| ar.weights.contains(&t.name)).map(|t| 4.0 * t.numel() as f64).sum();
+    assert_eq!(ar.bytes, bytes);
+    // Without SP every rank computes them on all tokens: nothing to reduce.
+    let plain = sharded(&g, &layout(2, 1, 1, 1, false, 1), rank(1, 0));
+    assert!(plain.step.iter().all(|c| c.group != "tp"));
+    // The dp all-reduce lists every weight of the rank.
+    let dp = sharded(&g, &layout(2, 1, 1, 2, true, 1), rank(0, 0));
+    let all: BTreeSet<String> = weights(&dp.graph).map(|t| t.name.clone()).collect();
+    let d = dp.step.iter().find(|c| c.group == "dp").unwrap();
+    assert_eq!(d.weights, all.into_iter().collect::<Vec<_>>());
+}
+
 /// modeling.md §2.5 (Korthikanti Table 2) less the two 1-byte dropout masks our graphs
 /// do not have, flash attention (no 5as/h term), bf16 activations: per layer
 /// none 32·sbh, TP 8·sbh + 24·sbh/t, TP+SP 32·sbh/t, full 2·sbh (2·sbh/t with SP).
