@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use runner_graph::autodiff::{BackwardPlan, backward_plan};
+use runner_graph::recompute::{RecomputePolicy, RecomputeSchedule, schedule};
 use runner_graph::validate::validate;
 use runner_graph::{DType, Graph, OpKind, TensorId, TensorKind};
 use runner_kernels::cpu::adamw::AdamW;
@@ -49,6 +50,9 @@ pub struct ExecOptions {
     /// rounded to nearest-even after each op), computing in f32 as mixed-precision
     /// training does. Off: everything stays f32 (the PyTorch f32 comparison).
     pub emulate_storage: bool,
+    /// Activation recomputation: which forward work the backward repeats instead of
+    /// keeping its activations (see [`RecomputeSchedule`]).
+    pub recompute: RecomputePolicy,
 }
 
 impl Default for ExecOptions {
@@ -58,6 +62,7 @@ impl Default for ExecOptions {
             init_std: 0.02,
             profile: false,
             emulate_storage: false,
+            recompute: RecomputePolicy::None,
         }
     }
 }
@@ -96,14 +101,26 @@ pub struct StepProfile {
     /// Seconds of each weight's AdamW update, indexed like `Graph::tensors`.
     pub optimizer_tensor_s: Vec<f64>,
     pub forward_s: f64,
+    /// Whole backward, re-runs of recomputed segments included.
     pub backward_s: f64,
+    /// The part of `backward_s` spent re-running forward segments.
+    pub recompute_s: f64,
+    /// Forward ops re-run by the last backward, in the order they ran.
+    pub recomputed_ops: Vec<usize>,
+    /// Seconds of each op's re-run in the last backward, indexed like `Graph::ops`.
+    pub recompute_op_s: Vec<f64>,
     pub optimizer_s: f64,
 }
+
+/// What running one forward op yields: its outputs and the statistics it saves.
+type Produced<B> = (Vec<B>, Vec<B>);
 
 /// One graph's training state on device `D`.
 pub struct Executor<D: Device> {
     graph: Graph,
     plan: BackwardPlan,
+    /// When to free activations and which forward segments the backward re-runs.
+    sched: RecomputeSchedule,
     device: D,
     options: ExecOptions,
     /// Values by tensor id: weights and inputs always, activations while live.
@@ -219,6 +236,7 @@ impl<D: Device> Executor<D> {
     ) -> Result<Executor<D>, ExecError> {
         validate(graph)?;
         let plan = backward_plan(graph)?;
+        let sched = schedule(graph, &plan, options.recompute);
         let g = graph.clone();
         let nt = g.tensors.len();
         let mut vals: Vec<Option<D::Buffer>> = (0..nt).map(|_| None).collect();
@@ -252,6 +270,7 @@ impl<D: Device> Executor<D> {
         let nops = g.ops.len();
         Ok(Executor {
             plan,
+            sched,
             device,
             options,
             vals,
@@ -267,6 +286,7 @@ impl<D: Device> Executor<D> {
             profile: StepProfile {
                 forward_op_s: vec![0.0; nops],
                 backward_op_s: vec![0.0; nops],
+                recompute_op_s: vec![0.0; nops],
                 optimizer_tensor_s: vec![0.0; nt],
                 ..StepProfile::default()
             },
@@ -282,6 +302,10 @@ impl<D: Device> Executor<D> {
     }
     pub fn plan(&self) -> &BackwardPlan {
         &self.plan
+    }
+    /// The recompute schedule the passes follow.
+    pub fn recompute_schedule(&self) -> &RecomputeSchedule {
+        &self.sched
     }
     pub fn device(&self) -> &D {
         &self.device
@@ -326,7 +350,9 @@ impl<D: Device> Executor<D> {
         let id = self.id(name)?;
         match (&self.vals[id], self.graph.tensors[id].kind) {
             (Some(b), TensorKind::Activation) => self.device.read_f32(b),
-            (None, TensorKind::Activation) => Err(ExecError::State(format!("'{name}' is not live now"))),
+            (None, TensorKind::Activation) => {
+                Err(ExecError::State(format!("'{name}' is not live now")))
+            }
             _ => Err(ExecError::Input(format!("'{name}' is not an activation"))),
         }
     }
@@ -507,6 +533,53 @@ impl<D: Device> Executor<D> {
     }
 
     fn forward_op(&mut self, oi: usize) -> Result<(), ExecError> {
+        let (outs, aux) = self.compute_op(oi)?;
+        let op = &self.graph.ops[oi];
+        for (&o, b) in op.outputs.iter().zip(outs) {
+            self.vals[o] = Some(b);
+        }
+        if self.sched.keep_aux[oi] {
+            self.aux[oi] = aux;
+        }
+        for &t in &self.sched.free_after_forward[oi] {
+            self.vals[t] = None;
+        }
+        Ok(())
+    }
+
+    /// Re-run forward segment `s` of the recompute schedule: regenerate the activations
+    /// and statistics the coming backward steps read. Outputs still live from the
+    /// forward are left as they are (the re-run computes the same values).
+    fn rerun(&mut self, s: usize) -> Result<(), ExecError> {
+        let t0 = Instant::now();
+        for pos in 0..self.sched.segments[s].len() {
+            let oi = self.sched.segments[s][pos];
+            let start = self.options.profile.then(Instant::now);
+            let (outs, aux) = self.compute_op(oi)?;
+            for (&o, b) in self.graph.ops[oi].outputs.iter().zip(outs) {
+                if self.vals[o].is_none() {
+                    self.vals[o] = Some(b);
+                }
+            }
+            if self.plan.steps.iter().any(|st| st.op == oi) {
+                self.aux[oi] = aux;
+            }
+            for &t in &self.sched.free_after_rerun[s][pos] {
+                self.vals[t] = None;
+            }
+            if let Some(st) = start {
+                self.device.synchronize()?;
+                self.profile.recompute_op_s[oi] = st.elapsed().as_secs_f64();
+            }
+            self.profile.recomputed_ops.push(oi);
+        }
+        self.profile.recompute_s += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Run forward op `oi` on the live inputs; its outputs (stored in their declared
+    /// format when emulating storage) and statistics.
+    fn compute_op(&mut self, oi: usize) -> Result<Produced<D::Buffer>, ExecError> {
         let op = &self.graph.ops[oi];
         let mut outs = Vec::with_capacity(op.outputs.len());
         for &o in &op.outputs {
@@ -531,19 +604,16 @@ impl<D: Device> Executor<D> {
             self.device
                 .forward(&self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
         }
-        let op = &self.graph.ops[oi];
-        for (&o, mut b) in op.outputs.iter().zip(outs) {
-            let t = &self.graph.tensors[o];
-            if self.options.emulate_storage && t.kind == runner_graph::TensorKind::Activation {
-                self.device.round_to_storage(&mut b, t.dtype)?;
+        if self.options.emulate_storage {
+            let op = &self.graph.ops[oi];
+            for (&o, b) in op.outputs.iter().zip(outs.iter_mut()) {
+                let t = &self.graph.tensors[o];
+                if t.kind == TensorKind::Activation {
+                    self.device.round_to_storage(b, t.dtype)?;
+                }
             }
-            self.vals[o] = Some(b);
         }
-        self.aux[oi] = aux;
-        for &t in &self.plan.free_after_forward[oi] {
-            self.vals[t] = None;
-        }
-        Ok(())
+        Ok((outs, aux))
     }
 
     /// Run the backward pass of the last forward, leaving weight gradients.
@@ -562,7 +632,16 @@ impl<D: Device> Executor<D> {
         let mut seed = self.device.alloc(Elem::F32, 1)?;
         self.device.write_f32(&mut seed, &[1.0])?;
         self.grads[loss] = Some(seed);
+        self.profile.recompute_s = 0.0;
+        self.profile.recomputed_ops.clear();
+        self.profile
+            .recompute_op_s
+            .iter_mut()
+            .for_each(|s| *s = 0.0);
         for si in 0..self.plan.steps.len() {
+            if let Some(s) = self.sched.rerun_before_step[si] {
+                self.rerun(s)?;
+            }
             let start = self.options.profile.then(Instant::now);
             self.backward_step(si)?;
             if let Some(s) = start {
@@ -702,7 +781,7 @@ impl<D: Device> Executor<D> {
         for &t in &self.plan.free_grads_after_step[si] {
             self.grads[t] = None;
         }
-        for &t in &self.plan.free_saved_after_step[si] {
+        for &t in &self.sched.free_saved_after_step[si] {
             self.vals[t] = None;
         }
         self.aux[step.op].clear();
@@ -759,7 +838,7 @@ impl<D: Device> Executor<D> {
     /// Measured peak of the last step against what the graph needs live.
     pub fn memory(&self) -> MemoryReport {
         let (required_bytes, keep_everything_bytes, param_bytes) =
-            live_bytes(&self.graph, &self.plan);
+            live_bytes(&self.graph, &self.plan, &self.sched);
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
             required_bytes,
@@ -802,7 +881,10 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
                 tighten(
                     op.inputs[0],
                     v,
-                    format!("vocab-parallel table '{}' ({} rows × {shards} ranks)", table.name, table.shape[0]),
+                    format!(
+                        "vocab-parallel table '{}' ({} rows × {shards} ranks)",
+                        table.name, table.shape[0]
+                    ),
                 );
             }
             OpKind::Embedding => {
@@ -840,9 +922,10 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
     b
 }
 
-/// (peak live bytes under the plan's schedule, bytes if nothing were freed, parameter
-/// bytes). Every element counts 4 bytes, as the executors store f32/u32.
-pub fn live_bytes(g: &Graph, plan: &BackwardPlan) -> (u64, u64, u64) {
+/// (peak live bytes under the plan's liveness and the recompute schedule, bytes if
+/// nothing were freed, parameter bytes). Every element counts 4 bytes, as the executors
+/// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes.
+pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
     let bytes = |id: TensorId| g.tensors[id].numel() * 4;
     let mut params = 0;
     let mut base = 0;
@@ -865,22 +948,70 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan) -> (u64, u64, u64) {
             .map(|a| a.elems * 4)
             .sum()
     };
+    let has_step: HashSet<usize> = plan.steps.iter().map(|s| s.op).collect();
+    let mut val_live = vec![false; g.tensors.len()];
+    let mut aux_live = vec![0u64; g.ops.len()];
     let mut live = base;
     let mut peak = live;
     let mut all = base;
-    for (oi, op) in g.ops.iter().enumerate() {
-        let produced: u64 = op.outputs.iter().map(|&o| bytes(o)).sum::<u64>() + aux_of(oi);
-        live += produced;
-        all += produced;
-        peak = peak.max(live);
-        live -= plan.free_after_forward[oi]
-            .iter()
-            .map(|&t| bytes(t))
-            .sum::<u64>();
+    // One op's outputs and statistics appear; outputs already live are discarded (a
+    // re-run of an op whose outputs the forward kept).
+    let run_op = |oi: usize,
+                  keep_aux: bool,
+                  live: &mut u64,
+                  peak: &mut u64,
+                  val_live: &mut [bool],
+                  aux_live: &mut [u64]| {
+        let produced: u64 = g.ops[oi].outputs.iter().map(|&o| bytes(o)).sum::<u64>() + aux_of(oi);
+        *live += produced;
+        *peak = (*peak).max(*live);
+        for &o in &g.ops[oi].outputs {
+            if val_live[o] {
+                *live -= bytes(o);
+            }
+            val_live[o] = true;
+        }
+        *live -= aux_of(oi);
+        if keep_aux {
+            *live += aux_of(oi) - aux_live[oi];
+            aux_live[oi] = aux_of(oi);
+        }
+        produced
+    };
+    let free = |ts: &[TensorId], live: &mut u64, val_live: &mut [bool]| {
+        for &t in ts {
+            if std::mem::take(&mut val_live[t]) {
+                *live -= bytes(t);
+            }
+        }
+    };
+    for oi in 0..g.ops.len() {
+        all += run_op(
+            oi,
+            sched.keep_aux[oi],
+            &mut live,
+            &mut peak,
+            &mut val_live,
+            &mut aux_live,
+        );
+        free(&sched.free_after_forward[oi], &mut live, &mut val_live);
     }
     let mut has_grad: HashSet<TensorId> = HashSet::new();
     live += 4; // the loss seed
     for (si, s) in plan.steps.iter().enumerate() {
+        if let Some(seg) = sched.rerun_before_step[si] {
+            for (pos, &oi) in sched.segments[seg].iter().enumerate() {
+                run_op(
+                    oi,
+                    has_step.contains(&oi),
+                    &mut live,
+                    &mut peak,
+                    &mut val_live,
+                    &mut aux_live,
+                );
+                free(&sched.free_after_rerun[seg][pos], &mut live, &mut val_live);
+            }
+        }
         for go in &s.grads_out {
             if g.tensors[go.tensor].kind == TensorKind::Activation && has_grad.insert(go.tensor) {
                 live += bytes(go.tensor);
@@ -892,11 +1023,8 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan) -> (u64, u64, u64) {
             .iter()
             .map(|&t| bytes(t))
             .sum::<u64>();
-        live -= plan.free_saved_after_step[si]
-            .iter()
-            .map(|&t| bytes(t))
-            .sum::<u64>();
-        live -= s.aux.iter().map(|a| a.elems * 4).sum::<u64>();
+        free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
+        live -= std::mem::take(&mut aux_live[s.op]);
     }
     (peak, all, params)
 }

@@ -16,6 +16,7 @@
 use std::collections::{BTreeSet, HashSet};
 
 use runner_graph::count::{Convention, model_flops_per_step};
+use runner_graph::recompute::RecomputePolicy;
 use runner_graph::{DType, Graph, TensorKind};
 use runner_kernels::cpu::adamw::AdamW;
 use serde::Serialize;
@@ -36,6 +37,8 @@ pub struct MeasureOptions {
     /// FLOP convention of the achieved-TFLOP/s figure.
     pub convention: Convention,
     pub adamw: AdamW,
+    /// Activation recomputation of the measured step.
+    pub recompute: RecomputePolicy,
 }
 
 impl Default for MeasureOptions {
@@ -51,6 +54,7 @@ impl Default for MeasureOptions {
             full_layers: None,
             convention: Convention::CAUSAL,
             adamw: ADAMW_DEFAULT,
+            recompute: RecomputePolicy::None,
         }
     }
 }
@@ -69,6 +73,11 @@ pub struct MeasuredStep {
     pub achieved_tflops: f64,
     /// The FLOP convention, in words.
     pub convention: String,
+    /// Activation recomputation the step ran with.
+    pub recompute: RecomputePolicy,
+    /// Median seconds the backward spent re-running forward segments (inside the
+    /// backward phase).
+    pub recompute_s: f64,
     /// Distinct transformer layers in the graph.
     pub layers_present: u32,
     /// Median seconds of one layer (forward + backward + its weights' AdamW).
@@ -133,6 +142,7 @@ pub fn measure_training_step(
         Cpu::new(),
         ExecOptions {
             seed: opts.seed,
+            recompute: opts.recompute,
             ..ExecOptions::default()
         },
     )?;
@@ -152,6 +162,7 @@ pub fn measure_training_step(
         .collect();
     let timing = time_steps(&mut ex, &inputs, &opts.adamw, opts.timing)?;
     let memory = ex.memory();
+    let recompute_s = timing.recompute.median;
 
     let layers: BTreeSet<i32> = graph
         .ops
@@ -179,7 +190,7 @@ pub fn measure_training_step(
         .ops
         .iter()
         .filter(|o| o.layer >= 0)
-        .map(|o| o.forward.median + o.backward.median)
+        .map(|o| o.forward.median + o.backward.median + o.recompute.median)
         .sum();
     let layer_opt: f64 = timing
         .optimizer_by_weight
@@ -215,6 +226,8 @@ pub fn measure_training_step(
         model_flops_per_step: flops,
         achieved_tflops: flops / step_s / 1e12,
         convention: opts.convention.to_string(),
+        recompute: opts.recompute,
+        recompute_s,
         layers_present,
         per_layer_s,
         non_layer_s,

@@ -58,6 +58,8 @@ pub struct OpTiming {
     pub forward: Stat,
     /// Zero for ops with no backward step.
     pub backward: Stat,
+    /// Its re-runs inside the backward under activation recomputation (0 without).
+    pub recompute: Stat,
 }
 
 /// What [`time_steps`] measured.
@@ -73,6 +75,8 @@ pub struct StepTiming {
     pub optimizer: Stat,
     /// Collectives; 0 on a single device.
     pub communication: Stat,
+    /// The part of `backward` spent re-running forward segments (activation recompute).
+    pub recompute: Stat,
     /// Loss of each timed step.
     pub losses: Vec<f32>,
     pub ops: Vec<OpTiming>,
@@ -119,6 +123,8 @@ pub fn time_steps<D: Device>(
     let (mut fwd, mut bwd, mut opt, mut step) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut per_op_f = vec![Vec::new(); nops];
     let mut per_op_b = vec![Vec::new(); nops];
+    let mut per_op_r = vec![Vec::new(); nops];
+    let mut rec = Vec::new();
     let mut per_w = vec![Vec::new(); nt];
     let mut losses = Vec::new();
     for _ in 0..opts.repeats {
@@ -129,10 +135,12 @@ pub fn time_steps<D: Device>(
         let p = ex.profile();
         fwd.push(p.forward_s);
         bwd.push(p.backward_s);
+        rec.push(p.recompute_s);
         opt.push(p.optimizer_s);
         for i in 0..nops {
             per_op_f[i].push(p.forward_op_s[i]);
             per_op_b[i].push(p.backward_op_s[i]);
+            per_op_r[i].push(p.recompute_op_s[i]);
         }
         for (w, &s) in per_w.iter_mut().zip(&p.optimizer_tensor_s) {
             w.push(s);
@@ -150,6 +158,7 @@ pub fn time_steps<D: Device>(
             layer: op.layer,
             forward: Stat::of(&per_op_f[i]),
             backward: Stat::of(&per_op_b[i]),
+            recompute: Stat::of(&per_op_r[i]),
         })
         .collect();
     let optimizer_by_weight = g
@@ -168,6 +177,7 @@ pub fn time_steps<D: Device>(
         backward: Stat::of(&bwd),
         optimizer: Stat::of(&opt),
         communication: Stat::of(&vec![0.0; opts.repeats]),
+        recompute: Stat::of(&rec),
         losses,
         ops,
         optimizer_by_weight,

@@ -28,12 +28,16 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::count::{self, AttentionFlops, Convention, Recompute};
+use crate::autodiff::BackwardPlan;
 use crate::ir::{Graph, Op, OpKind, TensorId, TensorKind};
 use crate::shard::{Layout, RankCoord, shard};
 
-/// Which forward work the backward pass recomputes instead of storing.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Which forward work the backward pass recomputes instead of storing (Megatron's
+/// `--recompute-granularity`; `none` when off). Written lowercase in run files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RecomputePolicy {
+    #[default]
     None,
     /// The attention cores (Korthikanti's selective recompute).
     Selective,
@@ -207,4 +211,200 @@ pub fn in_flight_micro_batches(layout: &Layout) -> f64 {
 pub fn activation_bytes(g: &Graph, layout: &Layout, policy: RecomputePolicy) -> Result<f64, String> {
     let s = shard(g, layout, RankCoord::default())?;
     Ok(stored_bytes(&s.graph, policy) * in_flight_micro_batches(layout))
+}
+
+/// How an executor carries out a [`RecomputePolicy`] for one graph and its
+/// [`BackwardPlan`]: which forward ops it re-runs inside the backward, and when it frees
+/// each activation. With [`RecomputePolicy::None`] the lists are the plan's own.
+///
+/// The re-run unit is a segment: the ops of one transformer layer under
+/// [`RecomputePolicy::Full`] (sends and receives excepted, which move data between
+/// pipeline stages and are never repeated), each attention core under
+/// [`RecomputePolicy::Selective`]. These are exactly the ops whose forward FLOPs
+/// [`count::hardware_flops_per_step`] adds, so what the executor re-runs and what the
+/// counter charges agree by construction. A segment is re-run once, right before the
+/// first backward step of any of its ops (Megatron's checkpointed block), from the
+/// inputs it read in the forward, which stay live.
+///
+/// An activation made inside a segment is dropped after the forward (and regenerated
+/// by the re-run) when only that segment's backward steps read it and no other segment
+/// reads it; op statistics (norm rstd, attention log-sum-exp) of segment ops are
+/// dropped too. Intermediates the re-run makes only to feed later ops of the segment
+/// are freed as soon as the segment no longer reads them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecomputeSchedule {
+    pub policy: RecomputePolicy,
+    /// Forward op indices re-run in the backward, each segment in forward order.
+    pub segments: Vec<Vec<usize>>,
+    /// Per backward step: the segment to re-run right before it.
+    pub rerun_before_step: Vec<Option<usize>>,
+    /// Per forward op: activations freed right after it.
+    pub free_after_forward: Vec<Vec<TensorId>>,
+    /// Per forward op: whether its statistics are kept from the forward to its backward
+    /// step (false for segment ops: the re-run makes them again).
+    pub keep_aux: Vec<bool>,
+    /// Per segment, per position in it: activations freed right after that op re-runs.
+    pub free_after_rerun: Vec<Vec<Vec<TensorId>>>,
+    /// Per backward step: activations no later step or re-run reads.
+    pub free_saved_after_step: Vec<Vec<TensorId>>,
+    /// Activations the forward drops and the re-runs regenerate.
+    pub dropped: Vec<TensorId>,
+}
+
+/// The [`RecomputeSchedule`] of `g` (with backward plan `plan`) under `policy`.
+pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> RecomputeSchedule {
+    let nops = g.ops.len();
+    let nt = g.tensors.len();
+    let nsteps = plan.steps.len();
+    let in_segment = |op: &Op| match policy {
+        RecomputePolicy::None => false,
+        RecomputePolicy::Selective => op.kind == OpKind::Attention,
+        RecomputePolicy::Full => op.layer >= 0 && !matches!(op.kind, OpKind::Send | OpKind::Recv),
+    };
+    let mut step_of: Vec<Option<usize>> = vec![None; nops];
+    for (si, s) in plan.steps.iter().enumerate() {
+        step_of[s.op] = Some(si);
+    }
+    // Segments in forward order; one per layer (Full) or per attention op (Selective).
+    let mut segments: Vec<Vec<usize>> = Vec::new();
+    let mut by_layer: HashMap<i32, usize> = HashMap::new();
+    for (oi, op) in g.ops.iter().enumerate() {
+        if !in_segment(op) {
+            continue;
+        }
+        if policy == RecomputePolicy::Full {
+            let s = *by_layer.entry(op.layer).or_insert_with(|| {
+                segments.push(Vec::new());
+                segments.len() - 1
+            });
+            segments[s].push(oi);
+        } else {
+            segments.push(vec![oi]);
+        }
+    }
+    // A segment none of whose ops has a backward step is never needed again.
+    segments.retain(|s| s.iter().any(|&oi| step_of[oi].is_some()));
+    let mut seg_of: Vec<Option<usize>> = vec![None; nops];
+    let mut rerun_before_step = vec![None; nsteps];
+    for (s, ops) in segments.iter().enumerate() {
+        for &oi in ops {
+            seg_of[oi] = Some(s);
+        }
+        if let Some(trigger) = ops.iter().filter_map(|&oi| step_of[oi]).min() {
+            rerun_before_step[trigger] = Some(s);
+        }
+    }
+    let trigger_of: Vec<usize> = segments
+        .iter()
+        .map(|ops| ops.iter().filter_map(|&oi| step_of[oi]).min().unwrap_or(0))
+        .collect();
+
+    let mut producer: Vec<Option<usize>> = vec![None; nt];
+    let mut last_fwd: Vec<Option<usize>> = vec![None; nt];
+    // Segments (other than the producer's) whose ops read each tensor.
+    let mut seg_readers: Vec<Vec<usize>> = vec![Vec::new(); nt];
+    for (oi, op) in g.ops.iter().enumerate() {
+        for &t in &op.outputs {
+            producer[t] = Some(oi);
+            last_fwd[t] = Some(oi);
+        }
+        for &t in &op.inputs {
+            last_fwd[t] = Some(oi);
+            if let Some(s) = seg_of[oi]
+                && !seg_readers[t].contains(&s)
+            {
+                seg_readers[t].push(s);
+            }
+        }
+    }
+    let mut bwd_readers: Vec<Vec<usize>> = vec![Vec::new(); nt];
+    for (si, s) in plan.steps.iter().enumerate() {
+        for &t in &s.saved {
+            bwd_readers[t].push(si);
+        }
+    }
+
+    let mut free_after_forward = vec![Vec::new(); nops];
+    let mut free_saved_after_step = vec![Vec::new(); nsteps];
+    let mut dropped = Vec::new();
+    let mut is_dropped = vec![false; nt];
+    for (t, tensor) in g.tensors.iter().enumerate() {
+        if tensor.kind != TensorKind::Activation || t == g.loss {
+            continue;
+        }
+        let own = producer[t].and_then(|p| seg_of[p]);
+        let drop = own.is_some_and(|s| {
+            !bwd_readers[t].is_empty()
+                && bwd_readers[t].iter().all(|&si| seg_of[plan.steps[si].op] == Some(s))
+                && seg_readers[t].iter().all(|&r| r == s)
+        });
+        // The last step before (or at) which this tensor is read in the backward: by a
+        // step, or by the re-run of another segment (which runs before its trigger).
+        let last_bwd = bwd_readers[t]
+            .iter()
+            .copied()
+            .chain(
+                seg_readers[t]
+                    .iter()
+                    .filter(|&&s| Some(s) != own)
+                    .map(|&s| trigger_of[s]),
+            )
+            .max();
+        if drop {
+            is_dropped[t] = true;
+            dropped.push(t);
+            if let Some(o) = last_fwd[t] {
+                free_after_forward[o].push(t);
+            }
+        } else if last_bwd.is_none()
+            && let Some(o) = last_fwd[t]
+        {
+            free_after_forward[o].push(t);
+        }
+        if let Some(si) = last_bwd {
+            free_saved_after_step[si].push(t);
+        }
+    }
+    // Inside a re-run: an output no step will read (and not kept from the forward) is
+    // an intermediate, freed after its last reader in the segment.
+    // The step after which each kept tensor is freed in the backward.
+    let mut freed_after: Vec<Option<usize>> = vec![None; nt];
+    for (si, ts) in free_saved_after_step.iter().enumerate() {
+        for &t in ts {
+            freed_after[t] = Some(si);
+        }
+    }
+    // Inside a re-run: an output still live from the forward is left alone (the
+    // executor discards the copy); a dropped one is kept for its steps; anything else
+    // (an intermediate, or a kept tensor whose last reader has already run) is freed
+    // after its last reader in the segment.
+    let free_after_rerun = segments
+        .iter()
+        .zip(&trigger_of)
+        .map(|(ops, &trigger)| {
+            let mut free = vec![Vec::new(); ops.len()];
+            for (pos, &oi) in ops.iter().enumerate() {
+                for &t in &g.ops[oi].outputs {
+                    let live = !is_dropped[t] && freed_after[t].is_some_and(|si| si >= trigger);
+                    if live || is_dropped[t] || t == g.loss {
+                        continue;
+                    }
+                    let last = ops.iter().rposition(|&r| g.ops[r].inputs.contains(&t)).unwrap_or(pos).max(pos);
+                    free[last].push(t);
+                }
+            }
+            free
+        })
+        .collect();
+    let keep_aux = (0..nops).map(|oi| seg_of[oi].is_none()).collect();
+    RecomputeSchedule {
+        policy,
+        segments,
+        rerun_before_step,
+        free_after_forward,
+        keep_aux,
+        free_after_rerun,
+        free_saved_after_step,
+        dropped,
+    }
 }

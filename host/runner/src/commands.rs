@@ -12,6 +12,7 @@ use runner::plugin::{self, Kind, Limits, PluginInfo};
 use runner::report::{self, OutputFormat, Table, si};
 use runner::runfile::{self, Format, RunFile};
 use runner::session;
+use runner_graph::recompute::RecomputePolicy;
 
 use crate::{BenchCommand, Global, PluginsCommand, QuickRun};
 
@@ -79,6 +80,13 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun) -> Result<()> {
     }
     if let Some(r) = quick.repeats {
         run.measure.repeats = r;
+    }
+    if let Some(r) = &quick.recompute {
+        run.measure.recompute = match r.as_str() {
+            "selective" => RecomputePolicy::Selective,
+            "full" => RecomputePolicy::Full,
+            _ => RecomputePolicy::None,
+        };
     }
     // Re-check the merged run exactly as a run file would be checked.
     let text = toml::to_string(run).context("serialising the run")?;

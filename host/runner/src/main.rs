@@ -75,6 +75,10 @@ pub struct QuickRun {
     /// Timed CPU training steps after one warm-up (more: tighter figures, longer run)
     #[arg(long)]
     pub repeats: Option<usize>,
+    /// Activation recompute of the measured step: none, selective (attention cores) or
+    /// full (each layer's forward re-run in the backward)
+    #[arg(long, value_parser = ["none", "selective", "full"])]
+    pub recompute: Option<String>,
 }
 
 #[derive(Subcommand, Debug)]

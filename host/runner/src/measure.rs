@@ -11,9 +11,11 @@ use serde::Serialize;
 use runner_exec::proxy::{MeasureOptions, measure_training_step};
 use runner_exec::timing::TimingOptions;
 use runner_graph::count::{self, Convention};
+use runner_graph::recompute::RecomputePolicy;
 
 use crate::plugin::PluginError;
 use crate::plugin::workload::{GraphRequest, ModelInfo, Variant, Workload};
+use crate::runfile::MeasureSection;
 
 /// f32 weights, gradients and two AdamW moments: 16 bytes per parameter. The budget keeps
 /// the default run well inside a 24 GiB, 2-core CI machine and under a minute.
@@ -45,10 +47,15 @@ pub struct LocalMeasurement {
     pub achieved_gflops: f64,
     pub peak_memory_bytes: u64,
     pub convention: String,
+    /// Activation recomputation of the measured step, and the median seconds its
+    /// re-runs took inside the backward.
+    pub recompute: RecomputePolicy,
+    pub recompute_s: f64,
     pub why_this_size: String,
 }
 
-/// Measure a training step on the CPU. `repeats` timed steps follow one warm-up.
+/// Measure a training step on the CPU: `settings.repeats` timed steps after one warm-up,
+/// under `settings.recompute`.
 ///
 /// # Errors
 /// A plugin failure while building the graph, or an executor error.
@@ -56,7 +63,7 @@ pub fn measure(
     workload: &mut Workload,
     info: &ModelInfo,
     variant: &Variant,
-    repeats: usize,
+    settings: &MeasureSection,
 ) -> anyhow::Result<LocalMeasurement> {
     let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
         let g = w.graph(&GraphRequest {
@@ -118,8 +125,9 @@ pub fn measure(
     let opts = MeasureOptions {
         timing: TimingOptions {
             warmup: 1,
-            repeats: repeats.max(1),
+            repeats: settings.repeats.max(1),
         },
+        recompute: settings.recompute,
         full_layers: Some(chosen.hyper.layers),
         convention: Convention::CAUSAL,
         ..MeasureOptions::default()
@@ -144,6 +152,8 @@ pub fn measure(
         achieved_gflops: m.achieved_tflops * 1e3,
         peak_memory_bytes: m.memory.peak_bytes,
         convention: m.convention,
+        recompute: m.recompute,
+        recompute_s: m.recompute_s,
         why_this_size: why,
     })
 }
@@ -154,7 +164,7 @@ impl LocalMeasurement {
         format!(
             "measured: a real training step (forward, backward, AdamW) of {} on {}: {} of {} layers, seq {} x batch {}, \
              median {:.3} s (p10 {:.3}, p90 {:.3}; fwd {:.3}, bwd {:.3}, opt {:.3}), {:.0} tokens/s, {:.1} model GFLOP/s; \
-             composed to {} layers: {:.2} s/step; peak memory {:.0} MiB. Chosen because: {}",
+             composed to {} layers: {:.2} s/step; peak memory {:.0} MiB{}. Chosen because: {}",
             self.variant,
             self.device,
             self.layers_run,
@@ -172,6 +182,14 @@ impl LocalMeasurement {
             self.full_layers,
             self.projected_full_step_s,
             self.peak_memory_bytes as f64 / (1u64 << 20) as f64,
+            match self.recompute {
+                RecomputePolicy::None => String::new(),
+                p => format!(
+                    "; {} activation recompute ({:.3} s of the backward re-runs the forward)",
+                    format!("{p:?}").to_lowercase(),
+                    self.recompute_s
+                ),
+            },
             self.why_this_size
         )
     }

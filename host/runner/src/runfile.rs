@@ -21,6 +21,7 @@
 //!
 //! [measure]
 //! repeats = 3          # timed CPU training steps after one warm-up
+//! recompute = "none"   # activation recompute of the measured step: none | selective | full
 //!
 //! [limits]
 //! memory_mib = 256
@@ -29,6 +30,7 @@
 
 use std::path::Path;
 
+use runner_graph::recompute::RecomputePolicy;
 use serde::{Deserialize, Serialize};
 
 use crate::plugin::Limits;
@@ -55,11 +57,18 @@ pub struct RunFile {
 pub struct MeasureSection {
     /// Timed training steps after one warm-up; more gives tighter figures.
     pub repeats: usize,
+    /// Activation recomputation of the measured step (Megatron's
+    /// `--recompute-granularity`): `none`, `selective` (attention cores) or `full`
+    /// (every layer's forward re-run in the backward).
+    pub recompute: RecomputePolicy,
 }
 
 impl Default for MeasureSection {
     fn default() -> Self {
-        MeasureSection { repeats: 3 }
+        MeasureSection {
+            repeats: 3,
+            recompute: RecomputePolicy::None,
+        }
     }
 }
 
@@ -224,6 +233,25 @@ mod tests {
         let err = parse("[model]\nplugin = \"x\"\nvarient = \"y\"\n", "t.toml").unwrap_err();
         assert!(err.contains("varient"), "{err}");
         assert!(err.contains("line 3"), "{err}");
+    }
+
+    #[test]
+    fn recompute_policy_is_read_and_checked() {
+        let run = parse(
+            "[model]\nplugin = \"x\"\n[measure]\nrecompute = \"full\"\n",
+            "t.toml",
+        )
+        .unwrap();
+        assert_eq!(run.measure.recompute, RecomputePolicy::Full);
+        let err = parse(
+            "[model]\nplugin = \"x\"\n[measure]\nrecompute = \"partial\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert!(
+            err.contains("partial") && err.contains("selective") && err.contains("line 4"),
+            "{err}"
+        );
     }
 
     #[test]

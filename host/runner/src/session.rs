@@ -133,7 +133,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     }
 
     progress("measuring a training step on the local device");
-    let measurement = match measure::measure(&mut workload, &info, variant, run.measure.repeats) {
+    let measurement = match measure::measure(&mut workload, &info, variant, &run.measure) {
         Ok(m) => {
             notes.push(m.summary());
             Some(m)

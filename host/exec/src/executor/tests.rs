@@ -435,7 +435,10 @@ fn bf16_storage_is_emulated_exactly_when_asked() {
     let g = toy::llama(&small());
     let data = synthetic_inputs(&g, 3);
     let run = |emulate: bool| {
-        let opts = ExecOptions { emulate_storage: emulate, ..ExecOptions::default() };
+        let opts = ExecOptions {
+            emulate_storage: emulate,
+            ..ExecOptions::default()
+        };
         let mut ex = Executor::new(&g, Cpu::new(), opts).unwrap();
         let loss = ex.forward(&inputs_of(&data)).unwrap();
         (ex, loss)
@@ -443,16 +446,207 @@ fn bf16_storage_is_emulated_exactly_when_asked() {
     let (exact, loss_exact) = run(true);
     let (_, loss_f32) = run(false);
     let mut checked = 0;
-    for t in g.tensors.iter().filter(|t| t.kind == TensorKind::Activation && t.dtype == runner_graph::DType::BF16) {
-        let Ok(values) = exact.activation(&t.name) else { continue };
+    for t in g
+        .tensors
+        .iter()
+        .filter(|t| t.kind == TensorKind::Activation && t.dtype == runner_graph::DType::BF16)
+    {
+        let Ok(values) = exact.activation(&t.name) else {
+            continue;
+        };
         for v in values {
             // A bf16 value is an f32 whose low 16 bits are zero.
-            assert_eq!(v.to_bits() & 0xFFFF, 0, "{} holds {v}, not a bf16 value", t.name);
+            assert_eq!(
+                v.to_bits() & 0xFFFF,
+                0,
+                "{} holds {v}, not a bf16 value",
+                t.name
+            );
         }
         checked += 1;
     }
-    assert!(checked >= 5, "only {checked} bf16 activations were live to check");
+    assert!(
+        checked >= 5,
+        "only {checked} bf16 activations were live to check"
+    );
     // Rounding every activation to 8 mantissa bits moves the loss, but only a little.
     assert!(loss_exact != loss_f32, "emulation changed nothing");
-    assert!((loss_exact - loss_f32).abs() < 0.01 * loss_f32.abs(), "{loss_exact} vs {loss_f32}");
+    assert!(
+        (loss_exact - loss_f32).abs() < 0.01 * loss_f32.abs(),
+        "{loss_exact} vs {loss_f32}"
+    );
+}
+
+/// Loss, every weight gradient, and the recompute record of one forward + backward.
+fn run_with(
+    g: &Graph,
+    recompute: RecomputePolicy,
+) -> (f32, HashMap<String, Vec<f32>>, Executor<Cpu>) {
+    let mut ex = Executor::new(
+        g,
+        Cpu::new(),
+        ExecOptions {
+            seed: 7,
+            recompute,
+            ..ExecOptions::default()
+        },
+    )
+    .unwrap();
+    let data = synthetic_inputs(g, 8);
+    let loss = ex.forward(&inputs_of(&data)).unwrap();
+    ex.backward().unwrap();
+    let grads = ex
+        .trainable()
+        .into_iter()
+        .map(|w| (w.clone(), ex.grad(&w).unwrap().unwrap()))
+        .collect();
+    (loss, grads, ex)
+}
+
+/// Recomputation changes when values are made, not what they are: the loss and every
+/// gradient are bit-identical to keeping everything, the re-run ops are exactly the
+/// ones the FLOP counter charges (each once), and the measured peak drops.
+#[test]
+fn recompute_reruns_what_the_counter_charges_and_changes_no_gradient() {
+    use runner_graph::count::{AttentionFlops, op_cost};
+    use runner_graph::recompute::recompute_flops;
+    for cfg in [
+        ToyConfig::tiny(),
+        ToyConfig {
+            layers: 1,
+            tied: true,
+            mtp: 1,
+            ..small()
+        },
+        ToyConfig {
+            layers: 2,
+            moe: Some((4, 2, 32)),
+            ..ToyConfig::tiny()
+        },
+    ] {
+        let g = toy::llama(&cfg);
+        let (loss, grads, base) = run_with(&g, RecomputePolicy::None);
+        assert!(base.profile().recomputed_ops.is_empty());
+        for policy in [RecomputePolicy::Selective, RecomputePolicy::Full] {
+            let (l, gr, ex) = run_with(&g, policy);
+            assert_eq!(l.to_bits(), loss.to_bits(), "{policy:?}: loss");
+            for (name, want) in &grads {
+                assert!(
+                    gr[name]
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{policy:?}: gradient of {name} differs"
+                );
+            }
+            let mut rerun = ex.profile().recomputed_ops.clone();
+            let n = rerun.len();
+            rerun.sort_unstable();
+            rerun.dedup();
+            assert_eq!(rerun.len(), n, "{policy:?}: an op re-ran twice");
+            let want_ops: Vec<usize> = g
+                .ops
+                .iter()
+                .enumerate()
+                .filter(|(_, op)| match policy {
+                    RecomputePolicy::Selective => op.kind == runner_graph::OpKind::Attention,
+                    _ => op.layer >= 0,
+                })
+                .map(|(i, _)| i)
+                .collect();
+            assert_eq!(rerun, want_ops, "{policy:?}: re-run ops");
+            let flops: f64 = rerun
+                .iter()
+                .map(|&oi| op_cost(&g, &g.ops[oi], AttentionFlops::CausalHalved))
+                .filter(|c| c.matrix)
+                .map(|c| c.fwd_flops)
+                .sum();
+            let counted = recompute_flops(&g, policy, AttentionFlops::CausalHalved);
+            assert!(
+                (flops - counted).abs() <= 1e-9 * counted,
+                "{policy:?}: re-ran {flops} FLOPs, the counter charges {counted}"
+            );
+            let (m0, m1) = (base.memory(), ex.memory());
+            assert!(
+                m1.peak_bytes as f64 <= 1.5 * m1.required_bytes as f64,
+                "{policy:?}: {m1:?}"
+            );
+            if policy == RecomputePolicy::Full {
+                assert!(
+                    m1.peak_bytes < m0.peak_bytes && m1.required_bytes < m0.required_bytes,
+                    "full recompute keeps less: {m1:?} vs {m0:?}"
+                );
+            } else {
+                assert!(m1.peak_bytes <= m0.peak_bytes, "{m1:?} vs {m0:?}");
+            }
+        }
+    }
+}
+
+/// Without recomputation the schedule frees exactly what the backward plan frees.
+#[test]
+fn no_recompute_schedule_is_the_plans_liveness() {
+    let g = toy::llama(&ToyConfig {
+        layers: 1,
+        tied: true,
+        mtp: 1,
+        ..small()
+    });
+    let ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+    let (p, s) = (ex.plan(), ex.recompute_schedule());
+    let sorted = |v: &[Vec<usize>]| -> Vec<Vec<usize>> {
+        v.iter()
+            .map(|x| {
+                let mut x = x.clone();
+                x.sort_unstable();
+                x
+            })
+            .collect()
+    };
+    assert_eq!(sorted(&s.free_after_forward), sorted(&p.free_after_forward));
+    assert_eq!(
+        sorted(&s.free_saved_after_step),
+        sorted(&p.free_saved_after_step)
+    );
+    assert!(s.segments.is_empty() && s.dropped.is_empty());
+}
+
+/// Training with full recomputation follows the same trajectory, step for step, and
+/// holds no activation between steps.
+#[test]
+fn training_with_full_recompute_tracks_keeping_everything() {
+    let g = toy::llama(&ToyConfig::tiny());
+    let data = synthetic_inputs(&g, 4);
+    let losses = |policy| {
+        let mut ex = Executor::new(
+            &g,
+            Cpu::new(),
+            ExecOptions {
+                recompute: policy,
+                ..ExecOptions::default()
+            },
+        )
+        .unwrap();
+        let l: Vec<u32> = (0..3)
+            .map(|_| {
+                ex.step(&inputs_of(&data), &ADAMW_DEFAULT)
+                    .unwrap()
+                    .to_bits()
+            })
+            .collect();
+        let m = ex.memory();
+        let inputs: u64 = g
+            .tensors
+            .iter()
+            .filter(|t| t.kind == TensorKind::Input)
+            .map(|t| t.numel() * 4)
+            .sum();
+        assert_eq!(
+            ex.device().memory().current_bytes,
+            4 * m.param_bytes + inputs + 4,
+            "{policy:?}: activations leaked"
+        );
+        l
+    };
+    assert_eq!(losses(RecomputePolicy::Full), losses(RecomputePolicy::None));
 }
