@@ -9,9 +9,16 @@
 //! Buffers are flat f32 slices; axis handling (gathering along a non-leading axis) is the
 //! caller's: [`Collective::all_gather`] returns the ranks' buffers concatenated in rank
 //! order.
+//!
+//! Nothing waits forever: a rank whose handle is dropped (it returned an error, panicked
+//! or finished early) makes every collective and receive that needs it fail at once with
+//! an error naming it, and every wait ends after the group's timeout
+//! ([`ThreadGroup::with_timeout`], [`DEFAULT_TIMEOUT`] otherwise) with an error naming
+//! the call and the ranks that did not arrive; the group is unusable after a timeout.
 
-use std::collections::VecDeque;
-use std::sync::{Arc, Barrier, Condvar, Mutex};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use crate::device::ExecError;
 
@@ -25,7 +32,8 @@ pub enum ReduceOp {
 /// One rank's handle on a group of `size` ranks.
 ///
 /// Every rank of the group must make the same sequence of calls with equal lengths (as
-/// with NCCL); a rank that stops calling leaves the others waiting.
+/// with NCCL). A rank that stops calling makes the others' calls fail: at once when its
+/// handle is dropped, after the group's timeout otherwise ([`ThreadGroup`]).
 pub trait Collective: Send {
     /// This rank's index in the group.
     fn rank(&self) -> usize;
@@ -34,67 +42,108 @@ pub trait Collective: Send {
     /// `buf` ← the element-wise reduction of every rank's `buf`, in rank order.
     ///
     /// # Errors
-    /// Ranks passed different lengths.
+    /// Ranks passed different lengths; a rank left the group or the wait timed out.
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError>;
     /// Every rank's `input`, concatenated in rank order.
     ///
     /// # Errors
-    /// Ranks passed different lengths.
+    /// Ranks passed different lengths; a rank left the group or the wait timed out.
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
     /// Chunk `rank` (of `size` equal chunks) of the sum of every rank's `input`.
     ///
     /// # Errors
-    /// Lengths differ or do not split into `size` chunks.
+    /// Lengths differ or do not split into `size` chunks; a rank left or timed out.
     fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
     /// Chunk j of `input` goes to rank j; the result holds, in rank order, the chunk each
     /// rank sent here.
     ///
     /// # Errors
-    /// Lengths differ or do not split into `size` chunks.
+    /// Lengths differ or do not split into `size` chunks; a rank left or timed out.
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
     /// Queue `data` for rank `peer` (does not wait for the receive).
     ///
     /// # Errors
-    /// `peer` outside the group.
+    /// `peer` outside the group, or it has left it.
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError>;
     /// The next message rank `peer` sent here (waits for it).
     ///
     /// # Errors
-    /// `peer` outside the group.
+    /// `peer` outside the group; it left without sending; the wait timed out.
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError>;
 }
+
+/// How long a [`ThreadGroup`] waits for the other ranks before failing, unless
+/// [`ThreadGroup::with_timeout`] says otherwise: generous, since a slow rank may be
+/// computing a large op on a busy machine.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 
 fn err(what: String) -> ExecError {
     ExecError::State(format!("collective: {what}"))
 }
 
+fn list(ranks: &[usize]) -> String {
+    ranks
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The ranks' buffers of one collective call (the k-th of the group).
+struct Round {
+    data: Vec<Option<Vec<f32>>>,
+    /// Ranks that have taken their result; the round is dropped when all have.
+    taken: usize,
+}
+
+struct State {
+    /// Collective calls in progress, by call number.
+    rounds: BTreeMap<u64, Round>,
+    /// Per rank: the number of its next collective call.
+    next: Vec<u64>,
+    /// Point-to-point queues, indexed `src * n + dst`.
+    queues: Vec<VecDeque<Vec<f32>>>,
+    /// Per rank: its handle was dropped.
+    left: Vec<bool>,
+    /// Set by a timeout: the ranks no longer agree on the call sequence.
+    broken: Option<String>,
+}
+
 struct Shared {
     n: usize,
-    barrier: Barrier,
-    /// One staging slot per rank for the current collective.
-    slots: Mutex<Vec<Vec<f32>>>,
-    /// Point-to-point queues, indexed `src * n + dst`.
-    queues: Mutex<Vec<VecDeque<Vec<f32>>>>,
-    arrived: Condvar,
+    timeout: Duration,
+    state: Mutex<State>,
+    changed: Condvar,
 }
 
 /// A group of ranks that are threads of this process. [`ThreadGroup::new`] returns one
-/// handle per rank; move each to its thread.
+/// handle per rank; move each to its thread. Dropping a handle tells the others that
+/// rank has left (see the module notes).
 pub struct ThreadGroup {
     rank: usize,
     shared: Arc<Shared>,
 }
 
 impl ThreadGroup {
-    /// Handles for `n` ranks (index = rank).
+    /// Handles for `n` ranks (index = rank), waiting at most [`DEFAULT_TIMEOUT`].
     pub fn new(n: usize) -> Vec<ThreadGroup> {
+        Self::with_timeout(n, DEFAULT_TIMEOUT)
+    }
+
+    /// Handles for `n` ranks whose waits fail after `timeout`.
+    pub fn with_timeout(n: usize, timeout: Duration) -> Vec<ThreadGroup> {
         let n = n.max(1);
         let shared = Arc::new(Shared {
             n,
-            barrier: Barrier::new(n),
-            slots: Mutex::new(vec![Vec::new(); n]),
-            queues: Mutex::new((0..n * n).map(|_| VecDeque::new()).collect()),
-            arrived: Condvar::new(),
+            timeout,
+            state: Mutex::new(State {
+                rounds: BTreeMap::new(),
+                next: vec![0; n],
+                queues: (0..n * n).map(|_| VecDeque::new()).collect(),
+                left: vec![false; n],
+                broken: None,
+            }),
+            changed: Condvar::new(),
         });
         (0..n)
             .map(|rank| ThreadGroup {
@@ -104,21 +153,98 @@ impl ThreadGroup {
             .collect()
     }
 
-    /// Publish `data`, wait for every rank, and return all ranks' data in rank order.
-    fn exchange(&self, data: &[f32]) -> Result<Vec<Vec<f32>>, ExecError> {
-        let s = &self.shared;
-        {
-            let mut slots = s.slots.lock().map_err(|_| err("poisoned".into()))?;
-            slots[self.rank] = data.to_vec();
+    /// The state, whatever a panicking rank left behind: every update under the lock is
+    /// complete before anything that can panic, so a poisoned lock holds a usable state.
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait for a change, at most until `deadline` (which the caller checked is ahead).
+    fn wait<'a>(&self, st: MutexGuard<'a, State>, deadline: Instant) -> MutexGuard<'a, State> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        self.shared
+            .changed
+            .wait_timeout(st, left)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+    }
+
+    /// Publish `data` as this rank's part of its next collective call (`what`), wait for
+    /// every rank's, and return all of them in rank order.
+    fn exchange(&self, data: &[f32], what: &str) -> Result<Vec<Vec<f32>>, ExecError> {
+        let (n, me) = (self.shared.n, self.rank);
+        let mut st = self.lock();
+        if let Some(b) = &st.broken {
+            return Err(err(format!("{what} on rank {me}: the group is unusable: {b}")));
         }
-        s.barrier.wait();
-        let all = s.slots.lock().map_err(|_| err("poisoned".into()))?.clone();
-        // Nobody overwrites a slot before every rank has read them all.
-        s.barrier.wait();
+        let k = st.next[me];
+        st.next[me] += 1;
+        st.rounds
+            .entry(k)
+            .or_insert_with(|| Round {
+                data: vec![None; n],
+                taken: 0,
+            })
+            .data[me] = Some(data.to_vec());
+        self.shared.changed.notify_all();
+        let deadline = Instant::now() + self.shared.timeout;
+        loop {
+            let Some(round) = st.rounds.get(&k) else {
+                return Err(err(format!("{what}: call {k} vanished")));
+            };
+            let missing: Vec<usize> = round
+                .data
+                .iter()
+                .enumerate()
+                .filter(|(_, d)| d.is_none())
+                .map(|(r, _)| r)
+                .collect();
+            if missing.is_empty() {
+                break;
+            }
+            if let Some(b) = &st.broken {
+                return Err(err(format!("{what} on rank {me}: the group is unusable: {b}")));
+            }
+            let gone: Vec<usize> = missing.iter().copied().filter(|&r| st.left[r]).collect();
+            if !gone.is_empty() {
+                return Err(err(format!(
+                    "{what} (call {k} of this group of {n}) on rank {me}: rank(s) {} left the group \
+                     before joining it (the handle was dropped: that rank returned an error, \
+                     panicked or ran fewer collectives); see its error",
+                    list(&gone)
+                )));
+            }
+            if Instant::now() >= deadline {
+                let msg = format!(
+                    "{what} (call {k} of this group of {n}) timed out after {:?} on rank {me}: \
+                     rank(s) {} did not arrive. Every rank must make the same collective calls \
+                     in the same order; find why those ranks are stuck or slow, or raise the \
+                     limit with ThreadGroup::with_timeout",
+                    self.shared.timeout,
+                    list(&missing)
+                );
+                st.broken = Some(msg.clone());
+                self.shared.changed.notify_all();
+                return Err(err(msg));
+            }
+            st = self.wait(st, deadline);
+        }
+        let round = st
+            .rounds
+            .get_mut(&k)
+            .ok_or_else(|| err(format!("{what}: call {k} vanished")))?;
+        let all: Vec<Vec<f32>> = round.data.iter().flatten().cloned().collect();
+        round.taken += 1;
+        if round.taken == n {
+            st.rounds.remove(&k);
+        }
+        drop(st);
         if let Some(bad) = all.iter().position(|v| v.len() != data.len()) {
             return Err(err(format!(
-                "rank {} passed {} elements, rank {bad} passed {}",
-                self.rank,
+                "{what}: rank {me} passed {} elements, rank {bad} passed {}",
                 data.len(),
                 all[bad].len()
             )));
@@ -147,6 +273,15 @@ impl ThreadGroup {
     }
 }
 
+impl Drop for ThreadGroup {
+    /// Mark this rank as gone and wake every waiter, so nobody waits for it.
+    fn drop(&mut self) {
+        let mut st = self.lock();
+        st.left[self.rank] = true;
+        self.shared.changed.notify_all();
+    }
+}
+
 impl Collective for ThreadGroup {
     fn rank(&self) -> usize {
         self.rank
@@ -156,7 +291,7 @@ impl Collective for ThreadGroup {
     }
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
-        let all = self.exchange(buf)?;
+        let all = self.exchange(buf, "all-reduce")?;
         for (i, b) in buf.iter_mut().enumerate() {
             let mut acc = all[0][i];
             for r in &all[1..] {
@@ -171,12 +306,12 @@ impl Collective for ThreadGroup {
     }
 
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        Ok(self.exchange(input)?.concat())
+        Ok(self.exchange(input, "all-gather")?.concat())
     }
 
     fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         let c = self.chunk(input.len())?;
-        let all = self.exchange(input)?;
+        let all = self.exchange(input, "reduce-scatter")?;
         let lo = self.rank * c;
         Ok((lo..lo + c)
             .map(|i| {
@@ -191,7 +326,7 @@ impl Collective for ThreadGroup {
 
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         let c = self.chunk(input.len())?;
-        let all = self.exchange(input)?;
+        let all = self.exchange(input, "all-to-all")?;
         let lo = self.rank * c;
         Ok(all
             .iter()
@@ -201,22 +336,44 @@ impl Collective for ThreadGroup {
 
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
         self.peer(peer)?;
-        let s = &self.shared;
-        let mut q = s.queues.lock().map_err(|_| err("poisoned".into()))?;
-        q[self.rank * s.n + peer].push_back(data.to_vec());
-        s.arrived.notify_all();
+        let n = self.shared.n;
+        let mut st = self.lock();
+        if st.left[peer] {
+            return Err(err(format!(
+                "send from rank {} to rank {peer}: rank {peer} has left the group (it returned \
+                 an error, panicked or finished); see its error",
+                self.rank
+            )));
+        }
+        st.queues[self.rank * n + peer].push_back(data.to_vec());
+        self.shared.changed.notify_all();
         Ok(())
     }
 
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
         self.peer(peer)?;
-        let s = &self.shared;
-        let mut q = s.queues.lock().map_err(|_| err("poisoned".into()))?;
+        let (n, me) = (self.shared.n, self.rank);
+        let mut st = self.lock();
+        let deadline = Instant::now() + self.shared.timeout;
         loop {
-            if let Some(m) = q[peer * s.n + self.rank].pop_front() {
+            if let Some(m) = st.queues[peer * n + me].pop_front() {
                 return Ok(m);
             }
-            q = s.arrived.wait(q).map_err(|_| err("poisoned".into()))?;
+            if st.left[peer] {
+                return Err(err(format!(
+                    "recv on rank {me} from rank {peer}: rank {peer} left the group without \
+                     sending (it returned an error, panicked or made fewer sends); see its error"
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(err(format!(
+                    "recv on rank {me} from rank {peer} timed out after {:?}: rank {peer} \
+                     sent nothing. Every recv needs a matching send; find why rank {peer} is \
+                     stuck or slow, or raise the limit with ThreadGroup::with_timeout",
+                    self.shared.timeout
+                )));
+            }
+            st = self.wait(st, deadline);
         }
     }
 }
@@ -303,6 +460,101 @@ mod tests {
         });
         assert_eq!(out[0], [6.0]);
         assert!(g_peer_checked());
+    }
+
+    /// A rank that drops its handle (returns early, errors, panics) fails the others'
+    /// collectives at once, naming it, while messages it queued before leaving still
+    /// arrive.
+    #[test]
+    fn a_rank_that_leaves_fails_the_others_at_once() {
+        let t0 = Instant::now();
+        let out = on_ranks(3, |g| {
+            match g.rank() {
+                2 => {
+                    g.send(0, &[7.0]).unwrap();
+                    drop(g);
+                    return (String::new(), String::new(), Vec::new());
+                }
+                // Returns (as on an error) before its collectives.
+                1 => return (String::new(), String::new(), Vec::new()),
+                _ => {}
+            }
+            let mut b = vec![1.0];
+            let ar = g.all_reduce(&mut b, ReduceOp::Sum).unwrap_err().to_string();
+            let queued = g.recv(2).unwrap();
+            let rv = g.recv(2).unwrap_err().to_string();
+            (ar, rv, queued)
+        });
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        let (ar, rv, queued) = &out[0];
+        assert!(ar.contains("all-reduce") && ar.contains("left the group"), "{ar}");
+        assert!(
+            ar.contains("rank(s) 1") || ar.contains("rank(s) 2"),
+            "names the rank: {ar}"
+        );
+        assert_eq!(*queued, [7.0]);
+        assert!(rv.contains("rank 2 left the group without sending"), "{rv}");
+    }
+
+    fn on_ranks_catching<T: Send + 'static>(
+        n: usize,
+        f: impl Fn(ThreadGroup) -> T + Send + Sync + 'static,
+    ) -> Vec<std::thread::Result<T>> {
+        let f = Arc::new(f);
+        let hs: Vec<_> = ThreadGroup::new(n)
+            .into_iter()
+            .map(|h| {
+                let f = Arc::clone(&f);
+                std::thread::spawn(move || f(h))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join()).collect()
+    }
+
+    #[test]
+    fn a_panicking_rank_releases_the_others() {
+        let t0 = Instant::now();
+        let out = on_ranks_catching(2, |g| {
+            if g.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(20));
+                panic!("expected in this test");
+            }
+            g.all_gather(&[1.0]).unwrap_err().to_string()
+        });
+        assert!(t0.elapsed() < Duration::from_secs(1));
+        assert!(out[1].is_err());
+        let e = out[0].as_ref().unwrap();
+        assert!(e.contains("rank(s) 1 left the group"), "{e}");
+    }
+
+    /// A rank that stays but never calls: the others time out with the call, the missing
+    /// ranks and the fix named; the group refuses further calls.
+    #[test]
+    fn waits_time_out_naming_the_missing_ranks() {
+        let mut hs = ThreadGroup::with_timeout(3, Duration::from_millis(50));
+        let idle = hs.pop().unwrap();
+        let t0 = Instant::now();
+        let joins: Vec<_> = hs
+            .into_iter()
+            .map(|g| {
+                std::thread::spawn(move || {
+                    let e = g.reduce_scatter(&[1.0, 2.0, 3.0]).unwrap_err().to_string();
+                    let again = g.all_gather(&[1.0]).unwrap_err().to_string();
+                    let rv = g.recv(2).unwrap_err().to_string();
+                    (e, again, rv)
+                })
+            })
+            .collect();
+        for j in joins {
+            let (e, again, rv) = j.join().unwrap();
+            assert!(e.contains("reduce-scatter") && e.contains("timed out"), "{e}");
+            assert!(e.contains("rank(s) 2 did not arrive"), "{e}");
+            assert!(e.contains("ThreadGroup::with_timeout"), "{e}");
+            assert!(again.contains("unusable"), "{again}");
+            assert!(rv.contains("recv on rank") && rv.contains("timed out"), "{rv}");
+        }
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        drop(idle);
     }
 
     fn g_peer_checked() -> bool {

@@ -110,6 +110,10 @@ pub struct StepProfile {
     /// Seconds of each op's re-run in the last backward, indexed like `Graph::ops`.
     pub recompute_op_s: Vec<f64>,
     pub optimizer_s: f64,
+    /// Seconds inside collective calls since the forward began: the graph's collective
+    /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
+    /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded.
+    pub communication_s: f64,
 }
 
 /// What running one forward op yields: its outputs and the statistics it saves.
@@ -145,6 +149,8 @@ pub struct Executor<D: Device> {
     collectives: HashMap<String, Box<dyn Collective>>,
     /// Host copies of the u32 inputs of the last forward (the vocab-parallel ops read them).
     host_ints: HashMap<TensorId, Vec<u32>>,
+    /// Step-level collectives and communication time (`executor/comm.rs`).
+    comm: comm::CommState,
 }
 
 /// SplitMix64: a tiny, fully specified generator, so initial weights are identical
@@ -221,10 +227,11 @@ impl<D: Device> Executor<D> {
 
     /// As [`Executor::new`], for one rank of a sharded graph
     /// ([`runner_graph::shard::shard`]): its collective ops run through `groups`, one
-    /// handle per group name the graph uses (`tp`, ...), each this rank's handle on that
-    /// group (see [`crate::collective::ThreadGroup`]). Tensor parallelism without sequence
-    /// parallelism is supported, vocab-parallel embedding and loss included; all-to-all
-    /// and send/recv ops are not yet.
+    /// handle per group name the graph uses (`tp`, `pp`, ...), each this rank's handle on
+    /// that group (see [`crate::collective::ThreadGroup`]). Tensor parallelism (with or
+    /// without sequence parallelism, vocab-parallel embedding and loss included) and
+    /// pipeline send/recv run; all-to-all (expert parallelism) does not yet.
+    /// [`Executor::for_rank`] also takes the rank's step-level gradient collectives.
     ///
     /// # Errors
     /// As [`Executor::new`].
@@ -293,6 +300,7 @@ impl<D: Device> Executor<D> {
             int_bounds,
             collectives: groups.into_iter().collect(),
             host_ints: HashMap::new(),
+            comm: comm::CommState::default(),
             graph: g,
         })
     }
@@ -508,6 +516,7 @@ impl<D: Device> Executor<D> {
         self.forward_done = false;
         self.backward_done = false;
         self.device.reset_peak();
+        self.begin_comm_step();
         self.load_inputs(inputs)?;
         let t0 = Instant::now();
         for oi in 0..self.graph.ops.len() {
@@ -791,11 +800,17 @@ impl<D: Device> Executor<D> {
     /// One AdamW step on every weight that has a gradient from the last backward.
     ///
     /// # Errors
-    /// No backward before it, or a kernel error.
+    /// No backward before it, step-level collectives not yet run
+    /// ([`Executor::reduce_gradients`]: the ranks would drift apart), or a kernel error.
     pub fn optimizer_step(&mut self, h: &AdamW) -> Result<(), ExecError> {
         if !self.backward_done {
             return Err(ExecError::State(
                 "optimizer_step needs a backward first".into(),
+            ));
+        }
+        if !self.comm.step.is_empty() && !self.comm.reduced {
+            return Err(ExecError::State(
+                "optimizer_step on a sharded rank needs reduce_gradients first".into(),
             ));
         }
         let t0 = Instant::now();
@@ -824,13 +839,16 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
-    /// forward + backward + AdamW; returns the loss before the update.
+    /// forward + backward + the step's gradient reduction (sharded ranks,
+    /// [`Executor::reduce_gradients`]) + AdamW; returns the loss before the update.
     ///
     /// # Errors
-    /// As [`Executor::forward`], [`Executor::backward`], [`Executor::optimizer_step`].
+    /// As [`Executor::forward`], [`Executor::backward`], [`Executor::reduce_gradients`],
+    /// [`Executor::optimizer_step`].
     pub fn step(&mut self, inputs: &[(&str, Input<'_>)], h: &AdamW) -> Result<f32, ExecError> {
         let loss = self.forward(inputs)?;
         self.backward()?;
+        self.reduce_gradients()?;
         self.optimizer_step(h)?;
         Ok(loss)
     }
@@ -1030,5 +1048,6 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
 }
 
 mod comm;
+mod finalize;
 #[cfg(test)]
 mod tests;

@@ -15,7 +15,10 @@
 //!   activations as early as the plan allows and accounts every byte.
 //! - [`collective`]: the [`Collective`] trait the executor runs a sharded graph's
 //!   communication ops through, and [`ThreadGroup`], ranks as threads over shared memory
-//!   ([`Executor::with_collectives`]; tensor parallelism, with or without SP, today).
+//!   that fail instead of hanging when a rank leaves or a wait times out
+//!   ([`Executor::for_rank`]: tensor parallelism with or without SP, pipeline send/recv
+//!   including interleaved stages, and the step's gradient reduction over dp, tied
+//!   embeddings and SP; not expert parallelism or FSDP yet).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
 //! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
 //! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory

@@ -3,8 +3,9 @@
 //!
 //! Medians, not means: a step on a shared machine sometimes loses a scheduler slice, and
 //! one slow repeat should not move the figure a projection is built on. p10/p90 show how
-//! noisy the run was. Communication is its own phase so multi-device backends slot in;
-//! on one CPU it is 0.
+//! noisy the run was. Communication is reported on its own: the seconds a sharded rank
+//! spent inside collective calls (its forward and backward collective ops, which those
+//! phases include, and the step's gradient reduction, which they do not); 0 unsharded.
 
 use serde::Serialize;
 
@@ -68,12 +69,13 @@ pub struct StepTiming {
     pub device: String,
     pub warmup: usize,
     pub repeats: usize,
-    /// Whole step (forward + backward + optimizer + communication).
+    /// Whole step (forward + backward + gradient reduction + optimizer).
     pub step: Stat,
     pub forward: Stat,
     pub backward: Stat,
     pub optimizer: Stat,
-    /// Collectives; 0 on a single device.
+    /// Seconds inside collective calls (overlapping `forward` and `backward`, which
+    /// include their collective ops); 0 on a single device.
     pub communication: Stat,
     /// The part of `backward` spent re-running forward segments (activation recompute).
     pub recompute: Stat,
@@ -121,6 +123,7 @@ pub fn time_steps<D: Device>(
     let nops = ex.graph().ops.len();
     let nt = ex.graph().tensors.len();
     let (mut fwd, mut bwd, mut opt, mut step) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut comm = Vec::new();
     let mut per_op_f = vec![Vec::new(); nops];
     let mut per_op_b = vec![Vec::new(); nops];
     let mut per_op_r = vec![Vec::new(); nops];
@@ -137,6 +140,7 @@ pub fn time_steps<D: Device>(
         bwd.push(p.backward_s);
         rec.push(p.recompute_s);
         opt.push(p.optimizer_s);
+        comm.push(p.communication_s);
         for i in 0..nops {
             per_op_f[i].push(p.forward_op_s[i]);
             per_op_b[i].push(p.backward_op_s[i]);
@@ -176,7 +180,7 @@ pub fn time_steps<D: Device>(
         forward: Stat::of(&fwd),
         backward: Stat::of(&bwd),
         optimizer: Stat::of(&opt),
-        communication: Stat::of(&vec![0.0; opts.repeats]),
+        communication: Stat::of(&comm),
         recompute: Stat::of(&rec),
         losses,
         ops,

@@ -2,114 +2,47 @@
 //! threads joined by a [`ThreadGroup`], and check the loss and the gathered weight
 //! gradients against the unsharded graph.
 
+mod common;
+
 use std::collections::HashMap;
 
+use common::{
+    Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis,
+    train, weights, with_roles,
+};
 use runner_exec::collective::{Collective, ThreadGroup};
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
-use runner_exec::{ExecOptions, Executor, Input};
+use runner_exec::{Executor, Input};
 use runner_graph::shard::{Layout, RankCoord, shard};
-use runner_graph::{Graph, OpKind, Role, TensorKind};
+use runner_graph::{Graph, OpKind};
 
-/// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head
-/// and loss vocab-parallel or replicated.
-fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
-    for op in &mut g.ops {
-        let n = op.name.as_str();
-        let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
-        op.role = if ends(&[
-            ".attn.q",
-            ".attn.k",
-            ".attn.v",
-            ".mlp.gate",
-            ".mlp.up",
-            ".mlp.act",
-        ]) {
-            Role::ColumnParallel
-        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
-            Role::HeadParallel
-        } else if ends(&[".attn.out", ".mlp.down"]) {
-            Role::RowParallel
-        } else if vocab_parallel && matches!(n, "embed" | "lm_head" | "loss") {
-            Role::VocabParallel
-        } else {
-            Role::Replicated
-        };
-    }
-    g
-}
-
-type Grads = HashMap<String, Vec<f32>>;
-
-fn options() -> ExecOptions {
-    ExecOptions {
-        seed: 3,
-        ..ExecOptions::default()
-    }
-}
-
-/// Loss and every weight gradient of one forward + backward.
-fn run(ex: &mut Executor<Cpu>, data: &[(String, Vec<u32>, Vec<f32>)]) -> (f32, Grads) {
-    let inputs: Vec<(&str, Input<'_>)> = data
-        .iter()
-        .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
-        .collect();
-    let loss = ex.forward(&inputs).unwrap();
-    ex.backward().unwrap();
-    let grads = ex
-        .trainable()
+/// Shard `g` at `layout` (tp only) and run every tp rank as a thread: `f` gets the rank's
+/// executor (weights loaded from `weights`), its graph and its inputs.
+fn on_tp_ranks<T: Send + 'static>(
+    g: &Graph,
+    layout: &Layout,
+    weights: &Grads,
+    data: &Data,
+    f: impl Fn(&mut Executor<Cpu>, &Graph, &Data) -> T + Send + Sync + Copy + 'static,
+) -> Vec<T> {
+    let tp = layout.tp as usize;
+    let hs: Vec<_> = mesh(layout.tp, 1, 1)
         .into_iter()
-        .map(|w| (w.clone(), ex.grad(&w).unwrap().unwrap()))
+        .map(|m| {
+            let r = m.coord.tp as usize;
+            let s = shard(g, layout, m.coord).unwrap();
+            let (g, weights, data) = (g.clone(), weights.clone(), data.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &weights, r, tp);
+                let d = rank_inputs(&g, &s.graph, &data, r, tp);
+                f(&mut ex, &s.graph, &d)
+            })
+        })
         .collect();
-    (loss, grads)
-}
-
-/// The axis along which `local` splits `full` (None: replicated).
-fn split_axis(full: &[u64], local: &[u64]) -> Option<usize> {
-    assert_eq!(full.len(), local.len());
-    full.iter().zip(local).position(|(f, l)| f != l)
-}
-
-/// Rank `r`'s part of `x` (shape `full`) along `axis`, `n` ranks.
-fn slice<T: Copy>(x: &[T], full: &[u64], axis: usize, r: usize, n: usize) -> Vec<T> {
-    let outer: usize = full[..axis].iter().product::<u64>() as usize;
-    let inner: usize = full[axis..].iter().product::<u64>() as usize;
-    let c = inner / n;
-    (0..outer)
-        .flat_map(|o| {
-            x[o * inner + r * c..o * inner + (r + 1) * c]
-                .iter()
-                .copied()
-        })
-        .collect()
-}
-
-/// The ranks' parts concatenated along `axis` (inverse of [`slice`]).
-fn gather(parts: &[Vec<f32>], full: &[u64], axis: usize) -> Vec<f32> {
-    let outer: usize = full[..axis].iter().product::<u64>() as usize;
-    let c = parts[0].len() / outer.max(1);
-    (0..outer)
-        .flat_map(|o| {
-            parts
-                .iter()
-                .flat_map(move |p| p[o * c..(o + 1) * c].iter().copied())
-        })
-        .collect()
-}
-
-fn close(name: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{name}: length");
-    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
-    let worst = got
-        .iter()
-        .zip(want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(
-        worst <= 1e-5 * scale,
-        "{name}: max |Δ| {worst:e} against max |grad| {scale:e}"
-    );
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 fn check_tp2(vocab_parallel: bool, sequence_parallel: bool) {
@@ -118,12 +51,8 @@ fn check_tp2(vocab_parallel: bool, sequence_parallel: bool) {
     // Random ids over the whole vocabulary, so both vocabulary shards see tokens and targets.
     let data = synthetic_inputs(&g, 11);
     let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
     let (loss, grads) = run(&mut full, &data);
-    let weights: Grads = full
-        .trainable()
-        .into_iter()
-        .map(|w| (w.clone(), full.weight(&w).unwrap()))
-        .collect();
 
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
@@ -131,66 +60,30 @@ fn check_tp2(vocab_parallel: bool, sequence_parallel: bool) {
         sequence_parallel,
         ..Layout::single(b, b)
     };
-    let ranks: Vec<_> = ThreadGroup::new(tp)
-        .into_iter()
-        .enumerate()
-        .map(|(r, handle)| {
-            let s = shard(
-                &g,
-                &layout,
-                RankCoord {
-                    tp: r as u32,
-                    ..RankCoord::default()
-                },
-            )
-            .unwrap()
-            .graph;
-            let (g, weights, data) = (g.clone(), weights.clone(), data.clone());
-            std::thread::spawn(move || {
-                let kind = if sequence_parallel {
-                    OpKind::ReduceScatter
-                } else {
-                    OpKind::AllReduce
-                };
-                assert!(
-                    s.ops.iter().any(|o| o.kind == kind),
-                    "the tp=2 graph has {kind:?}"
-                );
-                let groups: Vec<(String, Box<dyn Collective>)> =
-                    vec![("tp".into(), Box::new(handle))];
-                let mut ex = Executor::with_collectives(&s, Cpu::new(), options(), groups).unwrap();
-                for t in s.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
-                    let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
-                    let w = &weights[&t.name];
-                    let local = match split_axis(fshape, &t.shape) {
-                        None => w.clone(),
-                        Some(ax) => slice(w, fshape, ax, r, tp),
-                    };
-                    ex.set_weight(&t.name, &local).unwrap();
-                }
-                // Inputs split over the sequence (SP) take this rank's shard.
-                let data: Vec<(String, Vec<u32>, Vec<f32>)> = data
-                    .iter()
-                    .map(|(n, u, f)| {
-                        let fs = &g.tensors[g.tensor_id(n).unwrap()].shape;
-                        let ls = &s.tensors[s.tensor_id(n).unwrap()].shape;
-                        match split_axis(fs, ls) {
-                            None => (n.clone(), u.clone(), f.clone()),
-                            Some(ax) => (n.clone(), slice(u, fs, ax, r, tp), f.clone()),
-                        }
-                    })
-                    .collect();
-                let (loss, grads) = run(&mut ex, &data);
-                let shapes: HashMap<String, Vec<u64>> = s
-                    .tensors
-                    .iter()
-                    .map(|t| (t.name.clone(), t.shape.clone()))
-                    .collect();
-                (loss, grads, shapes)
-            })
-        })
-        .collect();
-    let out: Vec<_> = ranks.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = on_tp_ranks(&g, &layout, &w0, &data, move |ex, s, d| {
+        let kind = if sequence_parallel {
+            OpKind::ReduceScatter
+        } else {
+            OpKind::AllReduce
+        };
+        assert!(
+            s.ops.iter().any(|o| o.kind == kind),
+            "the tp=2 graph has {kind:?}"
+        );
+        // With SP the replicated weights' gradients are partial per rank until the
+        // step's tp all-reduce (Megatron's finalize_model_grads).
+        assert_eq!(
+            ex.step_collectives().iter().any(|c| c.group == "tp"),
+            sequence_parallel
+        );
+        let (loss, grads) = run(ex, d);
+        let shapes: HashMap<String, Vec<u64>> = s
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        (loss, grads, shapes)
+    });
     for (r, (l, _, _)) in out.iter().enumerate() {
         assert!(
             (l - loss).abs() <= 1e-5 * loss.abs(),
@@ -201,17 +94,9 @@ fn check_tp2(vocab_parallel: bool, sequence_parallel: bool) {
         let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
         let lshape = &out[0].2[name];
         match split_axis(fshape, lshape) {
-            None if sequence_parallel => {
-                // Replicated weights see only this rank's tokens in the sequence-parallel
-                // region: their gradients are partial sums, all-reduced over tp at the step
-                // (Megatron's finalize_model_grads), here summed by hand.
-                let mut sum = vec![0f32; want.len()];
-                for (_, gr, _) in &out {
-                    sum.iter_mut().zip(&gr[name]).for_each(|(a, b)| *a += b);
-                }
-                close(&format!("{name} (replicated, summed over tp)"), &sum, want);
-            }
             None => {
+                // Complete on every rank: without SP by construction, with SP after the
+                // executor's tp all-reduce.
                 for (r, (_, gr, _)) in out.iter().enumerate() {
                     close(&format!("{name} (replicated, rank {r})"), &gr[name], want);
                 }
@@ -244,77 +129,74 @@ fn tp2_sequence_parallel_matches_unsharded() {
     check_tp2(false, true);
 }
 
-/// Three AdamW steps at tp=2 (vocab-parallel, no SP) track the unsharded run: every rank
-/// updates its shard from the same gradients the unsharded graph has.
-#[test]
-fn tp2_training_steps_track_unsharded() {
+/// Three AdamW steps at tp=2 track the unsharded run: every rank updates its shard from
+/// the same gradients the unsharded graph has; with SP that needs the step's tp
+/// all-reduce of the norm gains' gradients ([`Executor::step`] runs it), which the final
+/// weights check.
+fn check_training(sequence_parallel: bool) {
     let tp = 2usize;
     let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
     let data = synthetic_inputs(&g, 5);
-    let inputs = |d: &[(String, Vec<u32>, Vec<f32>)]| -> Vec<(String, Vec<u32>)> {
-        d.iter().map(|(n, u, _)| (n.clone(), u.clone())).collect()
-    };
-    let steps = |ex: &mut Executor<Cpu>, d: &[(String, Vec<u32>)]| -> Vec<f32> {
-        let inp: Vec<(&str, Input<'_>)> =
-            d.iter().map(|(n, u)| (n.as_str(), Input::U32(u))).collect();
-        (0..3)
-            .map(|_| {
-                ex.step(&inp, &runner_exec::executor::ADAMW_DEFAULT)
-                    .unwrap()
-            })
-            .collect()
-    };
     let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
-    let weights: Grads = full
-        .trainable()
-        .into_iter()
-        .map(|w| (w.clone(), full.weight(&w).unwrap()))
-        .collect();
-    let want = steps(&mut full, &inputs(&data));
+    let w0 = weights(&full);
+    let want = train(&mut full, &data, 3);
+    let w3 = weights(&full);
     let layout = Layout {
         tp: tp as u32,
+        sequence_parallel,
         ..Layout::single(2, 2)
     };
-    let hs: Vec<_> = ThreadGroup::new(tp)
-        .into_iter()
-        .enumerate()
-        .map(|(r, handle)| {
-            let s = shard(
-                &g,
-                &layout,
-                RankCoord {
-                    tp: r as u32,
-                    ..RankCoord::default()
-                },
-            )
-            .unwrap()
-            .graph;
-            let (g, weights, d) = (g.clone(), weights.clone(), inputs(&data));
-            std::thread::spawn(move || {
-                let groups: Vec<(String, Box<dyn Collective>)> =
-                    vec![("tp".into(), Box::new(handle))];
-                let mut ex = Executor::with_collectives(&s, Cpu::new(), options(), groups).unwrap();
-                for t in s.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
-                    let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
-                    let w = &weights[&t.name];
-                    let local = split_axis(fshape, &t.shape)
-                        .map_or_else(|| w.clone(), |ax| slice(w, fshape, ax, r, tp));
-                    ex.set_weight(&t.name, &local).unwrap();
-                }
-                steps(&mut ex, &d)
-            })
-        })
-        .collect();
-    for (r, h) in hs.into_iter().enumerate() {
-        let got = h.join().unwrap();
+    let out = on_tp_ranks(&g, &layout, &w0, &data, |ex, s, d| {
+        let shapes: HashMap<String, Vec<u64>> = s
+            .tensors
+            .iter()
+            .map(|t| (t.name.clone(), t.shape.clone()))
+            .collect();
+        (train(ex, d, 3), weights(ex), ex.profile().communication_s, shapes)
+    });
+    for (r, (got, _, comm, _)) in out.iter().enumerate() {
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
             assert!(
                 (a - b).abs() <= 1e-5 * b.abs(),
                 "rank {r} step {i}: loss {a} vs unsharded {b}"
             );
         }
+        assert!(*comm > 0.0, "rank {r}: communication time recorded");
+    }
+    // The weights after three steps: AdamW moves each by up to lr (1e-3) per step, so a
+    // rank that stepped on a partial gradient would be off by about that much.
+    for (name, want) in &w3 {
+        let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
+        let got = match split_axis(fshape, &out[0].3[name]) {
+            None => {
+                for (r, o) in out.iter().enumerate() {
+                    assert_eq!(o.1[name], out[0].1[name], "{name}: rank {r} differs from rank 0");
+                }
+                out[0].1[name].clone()
+            }
+            Some(ax) => {
+                let parts: Vec<Vec<f32>> = out.iter().map(|o| o.1[name].clone()).collect();
+                gather(&parts, fshape, ax)
+            }
+        };
+        let worst = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst < 1e-5, "{name} drifted from the unsharded run by {worst:e}");
     }
     assert!(want[2] < want[0], "the toy model learns: {want:?}");
+}
+
+#[test]
+fn tp2_training_steps_track_unsharded() {
+    check_training(false);
+}
+
+#[test]
+fn tp2_sequence_parallel_training_steps_track_unsharded() {
+    check_training(true);
 }
 
 /// A sharded rank bounds its token and target ids by the whole vocabulary, not its shard.

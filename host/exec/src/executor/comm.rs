@@ -1,8 +1,10 @@
-//! The executor's side of a sharded graph: collective ops, the vocab-parallel embedding
-//! and cross-entropy, and the conjugate all-reduce of column-parallel input gradients,
-//! run on the host through a [`Collective`] per parallel group.
+//! The executor's side of a sharded graph: collective ops, pipeline send/recv, the
+//! vocab-parallel embedding and cross-entropy, and the conjugate all-reduce of
+//! column-parallel input gradients, run on the host through a [`Collective`] per parallel
+//! group. (The step-level gradient reductions are in `finalize.rs`.)
 //!
-//! Conventions (Megatron-LM tensor parallelism, no sequence parallelism):
+//! Conventions (Megatron-LM tensor parallelism, with or without sequence parallelism,
+//! and pipeline stages):
 //! - A replicated activation's gradient is complete and identical on every rank.
 //! - All-reduce of a row-parallel partial sum (Megatron's `g`): forward sums, backward
 //!   passes the gradient through.
@@ -18,16 +20,77 @@
 //! - Vocab-parallel cross-entropy (a `row-stats` all-reduce reads its logits): the row
 //!   max, the row sum of exponentials and the target logit are all-reduced over tp; the
 //!   row-stats ops themselves compute the statistic they name (max / sumexp).
+//! - Pipeline `send` (group `pp`, attr `peer`: the next stage): forward sends the
+//!   activation and writes 0 into its scalar token (which the stage's objective adds, so
+//!   the loss is unchanged); backward receives the activation's gradient from `peer` and
+//!   makes it the gradient of the send's input. `recv` (no inputs; `peer`: the producing
+//!   stage): forward receives the activation; backward sends its gradient back to `peer`.
+//!   Sends are queued and receives wait, so each stage simply runs forward then backward
+//!   (one micro-batch: stage 0 forward, …, last stage forward and backward, …, stage 0
+//!   backward); messages between two stages keep their order.
+//! - Time spent inside collective calls is summed into [`super::StepProfile`]'s
+//!   `communication_s` (from the start of each forward).
 //!
 //! All of it runs through host copies of the buffers ([`Device::read_f32`]): correct on
 //! any device, meant for tests and CPU runs, not for speed.
 
+use std::cell::Cell;
+use std::time::Instant;
+
+use runner_graph::shard::StepCollective;
 use runner_graph::{Op, OpKind, Role, TensorId};
 use runner_kernels::cpu::loss::IGNORE_INDEX;
 
 use super::Executor;
 use crate::collective::{Collective, ReduceOp};
 use crate::device::{Device, Elem, ExecError};
+
+/// A rank's communication state beyond its handles: the step-level collectives it runs
+/// after the backward, whether the last backward's gradients were reduced, and the
+/// seconds spent in collective calls since the last forward began.
+#[derive(Debug, Default)]
+pub(super) struct CommState {
+    pub(super) step: Vec<StepCollective>,
+    pub(super) reduced: bool,
+    busy_s: Cell<f64>,
+}
+
+/// A group handle whose calls add their wall time to the rank's communication time.
+pub(super) struct Timed<'a> {
+    c: &'a dyn Collective,
+    busy_s: &'a Cell<f64>,
+}
+
+impl Timed<'_> {
+    fn time<T>(&self, f: impl FnOnce(&dyn Collective) -> T) -> T {
+        let t0 = Instant::now();
+        let r = f(self.c);
+        self.busy_s
+            .set(self.busy_s.get() + t0.elapsed().as_secs_f64());
+        r
+    }
+    pub(super) fn rank(&self) -> usize {
+        self.c.rank()
+    }
+    pub(super) fn size(&self) -> usize {
+        self.c.size()
+    }
+    pub(super) fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
+        self.time(|c| c.all_reduce(buf, op))
+    }
+    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.time(|c| c.all_gather(input))
+    }
+    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.time(|c| c.reduce_scatter(input))
+    }
+    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
+        self.time(|c| c.send(peer, data))
+    }
+    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
+        self.time(|c| c.recv(peer))
+    }
+}
 
 fn unsupported(op: &Op, why: &str) -> ExecError {
     ExecError::Unsupported {
@@ -73,10 +136,30 @@ fn from_rank_major(x: &[f32], shape: &[u64], axis: usize, n: usize) -> Vec<f32> 
 }
 
 impl<D: Device> Executor<D> {
+    /// Start the communication account of a new step (called as a forward begins).
+    pub(super) fn begin_comm_step(&mut self) {
+        self.comm.busy_s.set(0.0);
+        self.comm.reduced = false;
+        self.note_comm();
+    }
+
+    /// Copy the communication time so far into the profile.
+    pub(super) fn note_comm(&mut self) {
+        self.profile.communication_s = self.comm.busy_s.get();
+    }
+
+    /// The handle of group `name`, timed.
+    pub(super) fn timed(&self, name: &str) -> Option<Timed<'_>> {
+        self.collectives.get(name).map(|c| Timed {
+            c: c.as_ref(),
+            busy_s: &self.comm.busy_s,
+        })
+    }
+
     /// The handle of `op`'s group, checked against its `group-size`.
-    fn group(&self, op: &Op) -> Result<&dyn Collective, ExecError> {
+    fn group(&self, op: &Op) -> Result<Timed<'_>, ExecError> {
         let name = op.text("group").unwrap_or("");
-        let c = self.collectives.get(name).ok_or_else(|| {
+        let c = self.timed(name).ok_or_else(|| {
             unsupported(
                 op,
                 &format!("no collective handle for group '{name}' (Executor::with_collectives)"),
@@ -90,15 +173,47 @@ impl<D: Device> Executor<D> {
                 c.size()
             )));
         }
-        Ok(c.as_ref())
+        Ok(c)
     }
 
     /// The tp group, when there is one of more than one rank.
-    fn tp_group(&self) -> Option<&dyn Collective> {
-        self.collectives
-            .get("tp")
-            .filter(|c| c.size() > 1)
-            .map(AsRef::as_ref)
+    fn tp_group(&self) -> Option<Timed<'_>> {
+        self.timed("tp").filter(|c| c.size() > 1)
+    }
+
+    /// The `peer` attribute of a send or recv, checked against the group.
+    fn peer(&self, op: &Op, c: &Timed<'_>) -> Result<usize, ExecError> {
+        match op.int("peer") {
+            Some(p) if p >= 0 && (p as usize) < c.size() && p as usize != c.rank() => {
+                Ok(p as usize)
+            }
+            p => Err(ExecError::State(format!(
+                "operation '{}': peer {p:?} is not another rank of its group of {} (this rank is {})",
+                op.name,
+                c.size(),
+                c.rank()
+            ))),
+        }
+    }
+
+    /// A received buffer, checked to hold `numel` elements.
+    fn received(
+        &self,
+        op: &Op,
+        what: &str,
+        peer: usize,
+        numel: usize,
+        data: Vec<f32>,
+    ) -> Result<Vec<f32>, ExecError> {
+        if data.len() != numel {
+            return Err(ExecError::State(format!(
+                "operation '{}': received {} elements of {what} from rank {peer}, expected {numel} \
+                 (the stages were sharded with different layouts or run out of order)",
+                op.name,
+                data.len()
+            )));
+        }
+        Ok(data)
     }
 
     fn host(&self, id: TensorId, op: &Op) -> Result<Vec<f32>, ExecError> {
@@ -175,18 +290,31 @@ impl<D: Device> Executor<D> {
     }
 
     /// All-reduce `buf` (a gradient contribution) over tp.
-    pub(super) fn all_reduce_tp(&self, buf: &mut D::Buffer) -> Result<(), ExecError> {
+    pub(super) fn all_reduce_tp(&mut self, buf: &mut D::Buffer) -> Result<(), ExecError> {
         let Some(c) = self.tp_group() else {
             return Ok(());
         };
         let mut h = self.device.read_f32(buf)?;
         c.all_reduce(&mut h, ReduceOp::Sum)?;
-        self.device.write_f32(buf, &h)
+        self.device.write_f32(buf, &h)?;
+        self.note_comm();
+        Ok(())
     }
 
     /// Run forward op `oi` on the host if it is one of the ops this module owns; `false`
     /// leaves it to the device.
     pub(super) fn host_forward(
+        &mut self,
+        oi: usize,
+        outs: &mut [D::Buffer],
+        aux: &mut Vec<D::Buffer>,
+    ) -> Result<bool, ExecError> {
+        let r = self.host_forward_inner(oi, outs, aux);
+        self.note_comm();
+        r
+    }
+
+    fn host_forward_inner(
         &mut self,
         oi: usize,
         outs: &mut [D::Buffer],
@@ -235,11 +363,25 @@ impl<D: Device> Executor<D> {
                 let x = self.host(op.inputs[0], op)?;
                 c.reduce_scatter(&to_rank_major(&x, &shape(op.inputs[0]), axis, c.size()))?
             }
-            OpKind::AllToAll | OpKind::Send | OpKind::Recv => {
+            OpKind::AllToAll => {
                 return Err(unsupported(
                     op,
-                    "not implemented yet: the in-process backend runs tensor parallelism (with or without SP) only",
+                    "not implemented yet: the in-process backend runs tensor (with or without SP), \
+                     pipeline and data parallelism, not expert parallelism",
                 ));
+            }
+            OpKind::Send => {
+                let c = self.group(op)?;
+                let peer = self.peer(op, &c)?;
+                c.send(peer, &self.host(op.inputs[0], op)?)?;
+                vec![0.0]
+            }
+            OpKind::Recv => {
+                let c = self.group(op)?;
+                let peer = self.peer(op, &c)?;
+                let n = self.graph.tensors[op.outputs[0]].numel() as usize;
+                let what = format!("'{}'", self.graph.tensors[op.outputs[0]].name);
+                self.received(op, &what, peer, n, c.recv(peer)?)?
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
                 let start = op.int("vocab-start").unwrap_or(0).max(0) as u64;
@@ -314,7 +456,13 @@ impl<D: Device> Executor<D> {
 
     /// The input-gradient contributions of backward step `si` (one per `grads_out`
     /// entry), if it is one of the ops this module owns.
-    pub(super) fn host_backward(&self, si: usize) -> Result<Option<Vec<Vec<f32>>>, ExecError> {
+    pub(super) fn host_backward(&mut self, si: usize) -> Result<Option<Vec<Vec<f32>>>, ExecError> {
+        let r = self.host_backward_inner(si);
+        self.note_comm();
+        r
+    }
+
+    fn host_backward_inner(&self, si: usize) -> Result<Option<Vec<Vec<f32>>>, ExecError> {
         let step = &self.plan.steps[si];
         let op = &self.graph.ops[step.op];
         let shape = |id: TensorId| self.graph.tensors[id].shape.clone();
@@ -367,11 +515,27 @@ impl<D: Device> Executor<D> {
                 let all = c.all_gather(&dout()?)?;
                 from_rank_major(&all, &shape(op.inputs[0]), axis, c.size())
             }
-            OpKind::AllToAll | OpKind::Send | OpKind::Recv => {
+            OpKind::AllToAll => {
                 return Err(unsupported(
                     op,
-                    "not implemented yet: the in-process backend runs tensor parallelism (with or without SP) only",
+                    "not implemented yet: the in-process backend runs tensor (with or without SP), \
+                     pipeline and data parallelism, not expert parallelism",
                 ));
+            }
+            OpKind::Send => {
+                // The token's gradient is the loss seed; the sent activation's comes from
+                // the next stage.
+                let c = self.group(op)?;
+                let peer = self.peer(op, &c)?;
+                let n = self.graph.tensors[op.inputs[0]].numel() as usize;
+                let what = format!("the gradient of '{}'", self.graph.tensors[op.inputs[0]].name);
+                self.received(op, &what, peer, n, c.recv(peer)?)?
+            }
+            OpKind::Recv => {
+                let c = self.group(op)?;
+                let peer = self.peer(op, &c)?;
+                c.send(peer, &dout()?)?;
+                return Ok(Some(Vec::new()));
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
                 let start = op.int("vocab-start").unwrap_or(0).max(0) as u64;

@@ -1,0 +1,162 @@
+//! The step-level gradient collectives of a sharded rank (Megatron-LM's
+//! `finalize_model_grads`): after the backward and before the optimizer, the gradients
+//! of the weights each [`StepCollective`] lists are all-reduced over its group.
+//!
+//! - `dp` / `edp` (data parallel, expert data parallel): summed, then divided by the
+//!   group size, so every rank holds the mean over the data-parallel ranks (each rank's
+//!   loss is a mean over its own tokens; with equal token counts the mean of the means is
+//!   the full batch's mean).
+//! - `pp-embed` (a tied embedding on the first and the last stage): summed.
+//! - `tp` (sequence parallelism: replicated weights read on a sequence shard): summed.
+//!
+//! Each collective moves all its weights' gradients in one call, in the order the step
+//! lists them (sorted names, the same on every rank). FSDP's reduce-scatter and
+//! parameter gathers are not executed: the executor keeps whole parameters and optimizer
+//! state on every rank.
+
+use runner_graph::OpKind;
+use runner_graph::shard::{Sharded, StepCollective};
+
+use super::{ExecOptions, Executor};
+use crate::collective::{Collective, ReduceOp};
+use crate::device::{Device, ExecError};
+
+impl<D: Device> Executor<D> {
+    /// One rank of a sharded graph: [`Executor::with_collectives`] on `sharded.graph`,
+    /// plus its step-level collectives ([`Executor::reduce_gradients`], which
+    /// [`Executor::step`] runs). `groups` must hold a handle for every group the graph's
+    /// ops and the step collectives name (`tp`, `pp`, `dp`, `pp-embed`, ...).
+    ///
+    /// # Errors
+    /// As [`Executor::with_collectives`] and [`Executor::set_step_collectives`].
+    pub fn for_rank(
+        sharded: &Sharded,
+        device: D,
+        options: ExecOptions,
+        groups: Vec<(String, Box<dyn Collective>)>,
+    ) -> Result<Executor<D>, ExecError> {
+        let mut ex = Self::with_collectives(&sharded.graph, device, options, groups)?;
+        ex.set_step_collectives(sharded.step.clone())?;
+        Ok(ex)
+    }
+
+    /// Set the step-level collectives [`Executor::reduce_gradients`] runs.
+    ///
+    /// # Errors
+    /// A collective that is not an all-reduce (FSDP), names a group without a handle of
+    /// its size, or a weight this graph does not have.
+    pub fn set_step_collectives(&mut self, step: Vec<StepCollective>) -> Result<(), ExecError> {
+        for sc in &step {
+            let fail = |why: String| {
+                Err(ExecError::Unsupported {
+                    op: format!("step collective '{}'", sc.what),
+                    kind: format!("{:?}", sc.kind),
+                    device: "the in-process collective backend".into(),
+                    why,
+                })
+            };
+            if sc.kind != OpKind::AllReduce {
+                return fail(
+                    "FSDP is not executed: the executor keeps whole parameters and optimizer \
+                     state on every rank; shard with fsdp = false"
+                        .into(),
+                );
+            }
+            match self.collectives.get(&sc.group) {
+                None => {
+                    return fail(format!(
+                        "no handle for group '{}' of {} ranks; pass one to Executor::for_rank",
+                        sc.group, sc.group_size
+                    ));
+                }
+                Some(c) if c.size() != sc.group_size as usize => {
+                    return fail(format!(
+                        "group '{}' has {} ranks, the step collective says {}",
+                        sc.group,
+                        c.size(),
+                        sc.group_size
+                    ));
+                }
+                Some(_) => {}
+            }
+            for w in &sc.weights {
+                match self.graph.tensor_id(w) {
+                    Some(id) if self.graph.tensors[id].kind == runner_graph::TensorKind::Weight => {}
+                    _ => return fail(format!("'{w}' is not a weight of this rank's graph")),
+                }
+            }
+        }
+        self.comm.step = step;
+        Ok(())
+    }
+
+    /// The step-level collectives [`Executor::reduce_gradients`] runs.
+    pub fn step_collectives(&self) -> &[StepCollective] {
+        &self.comm.step
+    }
+
+    /// Run the step-level gradient collectives on the gradients of the last backward
+    /// (nothing when there are none). [`Executor::step`] calls it between the backward
+    /// and the optimizer; call it yourself when you call those separately.
+    ///
+    /// # Errors
+    /// No backward before it, or already run for this backward; a collective failed.
+    pub fn reduce_gradients(&mut self) -> Result<(), ExecError> {
+        if !self.backward_done {
+            return Err(ExecError::State(
+                "reduce_gradients needs a backward first".into(),
+            ));
+        }
+        if self.comm.reduced {
+            return Err(ExecError::State(
+                "the gradients of this backward are already reduced".into(),
+            ));
+        }
+        let step = self.comm.step.clone();
+        let r = self.run_step_collectives(&step);
+        self.note_comm();
+        r?;
+        self.comm.reduced = true;
+        Ok(())
+    }
+
+    fn run_step_collectives(&mut self, step: &[StepCollective]) -> Result<(), ExecError> {
+        for sc in step {
+            let ids = sc
+                .weights
+                .iter()
+                .map(|w| self.id(w))
+                .collect::<Result<Vec<_>, _>>()?;
+            // A weight without a gradient this step contributes zeros, so every rank
+            // passes the same length.
+            let mut flat = Vec::new();
+            for &id in &ids {
+                match &self.grads[id] {
+                    Some(b) if self.grad_written[id] => flat.extend(self.device.read_f32(b)?),
+                    _ => flat.extend(std::iter::repeat_n(
+                        0f32,
+                        self.graph.tensors[id].numel() as usize,
+                    )),
+                }
+            }
+            let c = self.timed(&sc.group).ok_or_else(|| {
+                ExecError::State(format!("no handle for group '{}'", sc.group))
+            })?;
+            c.all_reduce(&mut flat, ReduceOp::Sum)?;
+            if matches!(sc.group.as_str(), "dp" | "edp") {
+                let inv = 1.0 / c.size() as f32;
+                flat.iter_mut().for_each(|x| *x *= inv);
+            }
+            let mut at = 0;
+            for &id in &ids {
+                let n = self.graph.tensors[id].numel() as usize;
+                if let Some(b) = self.grads[id].as_mut() {
+                    self.device.write_f32(b, &flat[at..at + n])?;
+                    self.grad_written[id] = true;
+                }
+                at += n;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,221 @@
+//! Helpers shared by the sharded-execution tests (`tp.rs`, `pp.rs`, `no_hang.rs`): the
+//! toy Llama with Megatron's parallel roles, a mesh of thread-group handles, loading a
+//! rank's part of the unsharded weights and inputs, and gradient comparison.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::collections::HashMap;
+
+use runner_exec::collective::{Collective, ThreadGroup};
+use runner_exec::cpu::Cpu;
+use runner_exec::{ExecOptions, Executor, Input};
+use runner_graph::shard::RankCoord;
+use runner_graph::{Graph, Role, TensorKind};
+
+/// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head
+/// and loss vocab-parallel or replicated.
+pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
+    for op in &mut g.ops {
+        let n = op.name.as_str();
+        let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
+        op.role = if ends(&[
+            ".attn.q",
+            ".attn.k",
+            ".attn.v",
+            ".mlp.gate",
+            ".mlp.up",
+            ".mlp.act",
+        ]) {
+            Role::ColumnParallel
+        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
+            Role::HeadParallel
+        } else if ends(&[".attn.out", ".mlp.down"]) {
+            Role::RowParallel
+        } else if vocab_parallel && matches!(n, "embed" | "lm_head" | "loss") {
+            Role::VocabParallel
+        } else {
+            Role::Replicated
+        };
+    }
+    g
+}
+
+pub type Grads = HashMap<String, Vec<f32>>;
+/// Named inputs: (name, u32 data, f32 data).
+pub type Data = Vec<(String, Vec<u32>, Vec<f32>)>;
+pub type Groups = Vec<(String, Box<dyn Collective>)>;
+
+pub fn options() -> ExecOptions {
+    ExecOptions {
+        seed: 3,
+        ..ExecOptions::default()
+    }
+}
+
+fn inputs(data: &Data) -> Vec<(&str, Input<'_>)> {
+    data.iter()
+        .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+        .collect()
+}
+
+/// Every weight gradient of the last backward.
+pub fn grads(ex: &Executor<Cpu>) -> Grads {
+    ex.trainable()
+        .into_iter()
+        .map(|w| (w.clone(), ex.grad(&w).unwrap().unwrap()))
+        .collect()
+}
+
+/// Loss and every weight gradient of one forward + backward + the step's gradient
+/// reduction (nothing to reduce unsharded).
+pub fn run(ex: &mut Executor<Cpu>, data: &Data) -> (f32, Grads) {
+    let loss = ex.forward(&inputs(data)).unwrap();
+    ex.backward().unwrap();
+    ex.reduce_gradients().unwrap();
+    (loss, grads(ex))
+}
+
+/// Losses of `n` training steps ([`Executor::step`]: reduction included).
+pub fn train(ex: &mut Executor<Cpu>, data: &Data, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|_| {
+            ex.step(&inputs(data), &runner_exec::executor::ADAMW_DEFAULT)
+                .unwrap()
+        })
+        .collect()
+}
+
+/// Every trainable weight's current value.
+pub fn weights(ex: &Executor<Cpu>) -> Grads {
+    ex.trainable()
+        .into_iter()
+        .map(|w| (w.clone(), ex.weight(&w).unwrap()))
+        .collect()
+}
+
+/// The axis along which `local` splits `full` (None: replicated).
+pub fn split_axis(full: &[u64], local: &[u64]) -> Option<usize> {
+    assert_eq!(full.len(), local.len());
+    full.iter().zip(local).position(|(f, l)| f != l)
+}
+
+/// Rank `r`'s part of `x` (shape `full`) along `axis`, `n` ranks.
+pub fn slice<T: Copy>(x: &[T], full: &[u64], axis: usize, r: usize, n: usize) -> Vec<T> {
+    let outer: usize = full[..axis].iter().product::<u64>() as usize;
+    let inner: usize = full[axis..].iter().product::<u64>() as usize;
+    let c = inner / n;
+    (0..outer)
+        .flat_map(|o| {
+            x[o * inner + r * c..o * inner + (r + 1) * c]
+                .iter()
+                .copied()
+        })
+        .collect()
+}
+
+/// The ranks' parts concatenated along `axis` (inverse of [`slice`]).
+pub fn gather(parts: &[Vec<f32>], full: &[u64], axis: usize) -> Vec<f32> {
+    let outer: usize = full[..axis].iter().product::<u64>() as usize;
+    let c = parts[0].len() / outer.max(1);
+    (0..outer)
+        .flat_map(|o| {
+            parts
+                .iter()
+                .flat_map(move |p| p[o * c..(o + 1) * c].iter().copied())
+        })
+        .collect()
+}
+
+/// `got` matches `want` to 1e-5 of `want`'s largest magnitude.
+pub fn close(name: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{name}: length");
+    let scale = want.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+    let worst = got
+        .iter()
+        .zip(want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1e-5 * scale,
+        "{name}: max |Δ| {worst:e} against max |grad| {scale:e}"
+    );
+}
+
+/// Set each weight of rank graph `s` to tp rank `r`'s part (of `tp`) of the unsharded
+/// `weights` of `g`.
+pub fn load_weights(ex: &mut Executor<Cpu>, g: &Graph, s: &Graph, weights: &Grads, r: usize, tp: usize) {
+    for t in s.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
+        let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
+        let w = &weights[&t.name];
+        let local = split_axis(fshape, &t.shape)
+            .map_or_else(|| w.clone(), |ax| slice(w, fshape, ax, r, tp));
+        ex.set_weight(&t.name, &local).unwrap();
+    }
+}
+
+/// The inputs rank graph `s` reads, those split over the sequence (SP) cut to tp rank
+/// `r`'s shard.
+pub fn rank_inputs(g: &Graph, s: &Graph, data: &Data, r: usize, tp: usize) -> Data {
+    data.iter()
+        .filter_map(|(n, u, f)| {
+            let ls = &s.tensors[s.tensor_id(n)?].shape;
+            let fs = &g.tensors[g.tensor_id(n).unwrap()].shape;
+            Some(match split_axis(fs, ls) {
+                None => (n.clone(), u.clone(), f.clone()),
+                Some(ax) => (n.clone(), slice(u, fs, ax, r, tp), f.clone()),
+            })
+        })
+        .collect()
+}
+
+/// One rank of a tp × pp × dp mesh: its coordinates and its handle on each group of more
+/// than one rank it belongs to: `tp` (same stage and dp rank), `pp` (same tp and dp
+/// rank), `pp-embed` (first and last stage), `dp` (same tp rank and stage).
+pub struct MeshRank {
+    pub coord: RankCoord,
+    pub groups: Groups,
+}
+
+pub fn mesh(tp: u32, pp: u32, dp: u32) -> Vec<MeshRank> {
+    let at = |t: u32, p: u32, d: u32| ((d * pp + p) * tp + t) as usize;
+    let n = (tp * pp * dp) as usize;
+    let mut ranks: Vec<MeshRank> = (0..n)
+        .map(|i| {
+            let i = i as u32;
+            MeshRank {
+                coord: RankCoord {
+                    tp: i % tp,
+                    pp: i / tp % pp,
+                    cp: 0,
+                    dp: i / (tp * pp),
+                },
+                groups: Vec::new(),
+            }
+        })
+        .collect();
+    let push = |ranks: &mut Vec<MeshRank>, members: Vec<usize>, name: &str| {
+        if members.len() < 2 {
+            return;
+        }
+        for (m, h) in members.iter().zip(ThreadGroup::new(members.len())) {
+            ranks[*m].groups.push((name.to_string(), Box::new(h)));
+        }
+    };
+    for d in 0..dp {
+        for p in 0..pp {
+            push(&mut ranks, (0..tp).map(|t| at(t, p, d)).collect(), "tp");
+        }
+        for t in 0..tp {
+            push(&mut ranks, (0..pp).map(|p| at(t, p, d)).collect(), "pp");
+            if pp > 1 {
+                push(&mut ranks, vec![at(t, 0, d), at(t, pp - 1, d)], "pp-embed");
+            }
+        }
+    }
+    for p in 0..pp {
+        for t in 0..tp {
+            push(&mut ranks, (0..dp).map(|d| at(t, p, d)).collect(), "dp");
+        }
+    }
+    ranks
+}

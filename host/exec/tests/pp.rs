@@ -1,0 +1,316 @@
+//! Pipeline and data parallelism end to end on the CPU: shard a toy Llama over a
+//! tp × pp × dp mesh, run every rank as a thread (each simply runs forward, backward and
+//! the step's gradient reduction: sends are queued, receives wait), and check the last
+//! stage's loss and every weight gradient on every rank that holds the weight against
+//! the unsharded graph.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{
+    Data, Grads, close, gather, grads, load_weights, mesh, options, rank_inputs, run,
+    split_axis, train, weights, with_roles,
+};
+use runner_exec::cpu::Cpu;
+use runner_exec::proxy::synthetic_inputs;
+use runner_exec::toy::{self, ToyConfig};
+use runner_exec::{Executor, Input};
+use runner_graph::shard::{Layout, RankCoord, shard};
+use runner_graph::{Graph, OpKind};
+
+/// What one rank reports: its coordinates, loss, weight gradients and local shapes.
+struct Out {
+    coord: RankCoord,
+    loss: f32,
+    grads: Grads,
+    shapes: HashMap<String, Vec<u64>>,
+    last: bool,
+}
+
+/// Run `g` (logical, with roles) over a tp × pp mesh with `vp` chunks per stage and
+/// compare with the unsharded run.
+fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
+    let data = synthetic_inputs(g, 17);
+    let mut full = Executor::new(g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let (loss, want) = run(&mut full, &data);
+
+    let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
+    let layout = Layout {
+        tp,
+        pp,
+        vp,
+        sequence_parallel,
+        // The interleaved schedule wants a multiple of pp micro-batches per step; the
+        // executor runs one, which is what a step of one micro-batch per chunk checks.
+        ..Layout::single(b, b * pp)
+    };
+    let hs: Vec<_> = mesh(tp, pp, 1)
+        .into_iter()
+        .map(|m| {
+            let s = shard(g, &layout, m.coord).unwrap();
+            let (g, w0, data) = (g.clone(), w0.clone(), data.clone());
+            std::thread::spawn(move || {
+                let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
+                if pp > 1 {
+                    assert!(
+                        s.graph.ops.iter().any(|o| matches!(o.kind, OpKind::Send | OpKind::Recv)),
+                        "stage {} has pipeline ops",
+                        m.coord.pp
+                    );
+                }
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                let r = m.coord.tp as usize;
+                load_weights(&mut ex, &g, &s.graph, &w0, r, tp as usize);
+                let d = rank_inputs(&g, &s.graph, &data, r, tp as usize);
+                let (loss, grads) = run(&mut ex, &d);
+                let shapes = s
+                    .graph
+                    .tensors
+                    .iter()
+                    .map(|t| (t.name.clone(), t.shape.clone()))
+                    .collect();
+                Out {
+                    coord: m.coord,
+                    loss,
+                    grads,
+                    shapes,
+                    last,
+                }
+            })
+        })
+        .collect();
+    let out: Vec<Out> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let what = format!("tp={tp} pp={pp} vp={vp} sp={sequence_parallel}");
+    for o in &out {
+        if o.last {
+            assert!(
+                (o.loss - loss).abs() <= 1e-5 * loss.abs(),
+                "{what} {:?}: loss {} vs unsharded {loss}",
+                o.coord,
+                o.loss
+            );
+        } else {
+            // The objective of a stage without the head is its send tokens, all 0.
+            assert_eq!(o.loss, 0.0, "{what} {:?}", o.coord);
+        }
+    }
+    assert_eq!(out.iter().filter(|o| o.last).count(), tp as usize);
+    for (name, want) in &want {
+        let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
+        let mut holders = 0;
+        for stage in 0..pp {
+            let ranks: Vec<&Out> = out
+                .iter()
+                .filter(|o| o.coord.pp == stage && o.grads.contains_key(name))
+                .collect();
+            if ranks.is_empty() {
+                continue;
+            }
+            holders += 1;
+            assert_eq!(ranks.len(), tp as usize, "{what}: {name} on every tp rank of stage {stage}");
+            match split_axis(fshape, &ranks[0].shapes[name]) {
+                None => {
+                    for o in &ranks {
+                        close(&format!("{what} {name} ({:?})", o.coord), &o.grads[name], want);
+                    }
+                }
+                Some(ax) => {
+                    let parts: Vec<Vec<f32>> = ranks.iter().map(|o| o.grads[name].clone()).collect();
+                    close(
+                        &format!("{what} {name} (stage {stage}, split on axis {ax})"),
+                        &gather(&parts, fshape, ax),
+                        want,
+                    );
+                }
+            }
+        }
+        assert!(holders >= 1, "{what}: no stage holds {name}");
+    }
+}
+
+fn llama(layers: u32, tied: bool, vocab_parallel: bool) -> Graph {
+    with_roles(
+        toy::llama(&ToyConfig {
+            layers,
+            tied,
+            ..ToyConfig::tiny()
+        }),
+        vocab_parallel,
+    )
+}
+
+#[test]
+fn pp2_matches_unsharded() {
+    check(&llama(2, false, false), 1, 2, 1, false);
+}
+
+/// With tp=2 inside each stage (vocab-parallel head; with and without SP, whose sends
+/// carry each rank's sequence shard).
+#[test]
+fn pp2_tp2_matches_unsharded() {
+    check(&llama(2, false, true), 2, 2, 1, false);
+    check(&llama(2, false, true), 2, 2, 1, true);
+}
+
+/// A tied embedding lives on the first stage (embedding) and the last (head): each has
+/// a partial gradient until the step's `pp-embed` all-reduce sums them.
+#[test]
+fn pp2_tied_embedding_gradients_are_summed_across_stages() {
+    check(&llama(2, true, true), 1, 2, 1, false);
+    check(&llama(2, true, true), 2, 2, 1, true);
+}
+
+/// Interleaved (virtual) pipeline: 4 layers, pp=2, vp=2: stage 0 runs chunks 0 and 2,
+/// stage 1 chunks 1 and 3, so activations go 0 → 1 → 0 → 1 and gradients back.
+#[test]
+fn pp2_vp2_matches_unsharded() {
+    check(&llama(4, false, false), 1, 2, 2, false);
+    check(&llama(4, true, true), 2, 2, 2, true);
+}
+
+/// Three layers over pp=3: the middle stage receives and sends.
+#[test]
+fn pp3_matches_unsharded() {
+    check(&llama(3, true, true), 1, 3, 1, false);
+}
+
+/// Data parallelism: two ranks each run half of the batch; after the step's dp
+/// all-reduce (sum, then divide by dp) both hold the full batch's gradient, since the
+/// loss is a mean over tokens and the halves are of equal size. Before it, neither does.
+#[test]
+fn dp2_gradients_are_the_full_batch_mean() {
+    let full_g = llama(2, false, false);
+    let half_g = with_roles(
+        toy::llama(&ToyConfig {
+            batch: 1,
+            ..ToyConfig::tiny()
+        }),
+        false,
+    );
+    let data = synthetic_inputs(&full_g, 23);
+    let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let (loss, want) = run(&mut full, &data);
+    let layout = Layout {
+        dp: 2,
+        ..Layout::single(1, 2)
+    };
+    let hs: Vec<_> = mesh(1, 1, 2)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&half_g, &layout, m.coord).unwrap();
+            assert_eq!(s.step.len(), 1);
+            assert_eq!((s.step[0].group.as_str(), s.step[0].group_size), ("dp", 2));
+            // Rank d takes batch row d.
+            let d = m.coord.dp as usize;
+            let half: Data = data
+                .iter()
+                .map(|(n, u, f)| (n.clone(), u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(), f.clone()))
+                .collect();
+            let (g, w0) = (half_g.clone(), w0.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
+                let inputs: Vec<(&str, Input<'_>)> =
+                    half.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+                let loss = ex.forward(&inputs).unwrap();
+                ex.backward().unwrap();
+                let before = grads(&ex);
+                ex.reduce_gradients().unwrap();
+                let again = ex.reduce_gradients().unwrap_err().to_string();
+                assert!(again.contains("already reduced"), "{again}");
+                (loss, before, grads(&ex))
+            })
+        })
+        .collect();
+    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let mean = (out[0].0 + out[1].0) / 2.0;
+    assert!((mean - loss).abs() <= 1e-5 * loss, "mean of the halves' losses {mean} vs {loss}");
+    for (name, w) in &want {
+        for (d, (_, before, after)) in out.iter().enumerate() {
+            close(&format!("{name} (dp rank {d}, reduced)"), &after[name], w);
+            let off = before[name].iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(off > 1e-6, "{name}: dp rank {d} had the full gradient before the reduction");
+        }
+    }
+}
+
+/// Three AdamW steps at dp=2 × pp=2 (tied embedding) track the unsharded full batch:
+/// [`Executor::step`] reduces over dp and across the stages before each update, and a
+/// rank that skipped it would refuse to step.
+#[test]
+fn dp2_pp2_training_steps_track_unsharded() {
+    let full_g = llama(2, true, true);
+    let half_g = with_roles(
+        toy::llama(&ToyConfig {
+            batch: 1,
+            tied: true,
+            ..ToyConfig::tiny()
+        }),
+        true,
+    );
+    let data = synthetic_inputs(&full_g, 29);
+    let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let want = train(&mut full, &data, 3);
+    let w3 = weights(&full);
+    let layout = Layout {
+        dp: 2,
+        pp: 2,
+        ..Layout::single(1, 2)
+    };
+    let hs: Vec<_> = mesh(1, 2, 2)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&half_g, &layout, m.coord).unwrap();
+            let d = m.coord.dp as usize;
+            let half: Data = data
+                .iter()
+                .map(|(n, u, f)| (n.clone(), u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(), f.clone()))
+                .collect();
+            let (g, w0) = (half_g.clone(), w0.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
+                let half = rank_inputs(&g, &s.graph, &half, 0, 1);
+                let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
+                // Stepping without the reduction is refused (the ranks would drift).
+                let inputs: Vec<(&str, Input<'_>)> =
+                    half.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+                ex.forward(&inputs).unwrap();
+                ex.backward().unwrap();
+                let e = ex
+                    .optimizer_step(&runner_exec::executor::ADAMW_DEFAULT)
+                    .unwrap_err()
+                    .to_string();
+                assert!(e.contains("reduce_gradients"), "{e}");
+                ex.reduce_gradients().unwrap();
+                let losses = train(&mut ex, &half, 3);
+                (last, losses, weights(&ex))
+            })
+        })
+        .collect();
+    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    // The last stage's per-rank losses are means over its half; their mean is the full
+    // batch's loss, step by step.
+    let lasts: Vec<&Vec<f32>> = out.iter().filter(|o| o.0).map(|o| &o.1).collect();
+    assert_eq!(lasts.len(), 2);
+    for i in 0..3 {
+        let mean = (lasts[0][i] + lasts[1][i]) / 2.0;
+        assert!(
+            (mean - want[i]).abs() <= 1e-5 * want[i],
+            "step {i}: mean over dp {mean} vs unsharded {}",
+            want[i]
+        );
+    }
+    // Every rank's weights after three steps: AdamW moves each by up to lr (1e-3) per
+    // step, so a rank that stepped on an unreduced gradient would be off by about that.
+    for (_, _, w) in &out {
+        for (name, v) in w {
+            let worst = v.iter().zip(&w3[name]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(worst < 1e-5, "{name} drifted from the unsharded run by {worst:e}");
+        }
+    }
+}
