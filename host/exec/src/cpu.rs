@@ -435,10 +435,20 @@ impl Device for Cpu {
         }
     }
 
-    fn round_to_storage(&self, buf: &mut CpuBuffer, dtype: runner_graph::DType) -> Result<(), ExecError> {
-        use rayon::prelude::*;
-        if dtype == runner_graph::DType::BF16 {
-            buf.f32_mut().par_chunks_mut(1 << 15).for_each(runner_kernels::cpu::precision::round_to_bf16);
+    fn round_to_storage(&self, buf: &mut CpuBuffer, dtype: runner_graph::DType, row: usize) -> Result<(), ExecError> {
+        use runner_graph::DType;
+        use runner_kernels::cpu::precision::{self as p, Fp8Format};
+        match dtype {
+            DType::BF16 => p::round_to_bf16(buf.f32_mut()),
+            DType::F16 => p::round_to_f16(buf.f32_mut()),
+            DType::Fp8E4M3 => {
+                p::round_to_fp8_current(buf.f32_mut(), Fp8Format::E4M3);
+            }
+            DType::Fp8E5M2 => {
+                p::round_to_fp8_current(buf.f32_mut(), Fp8Format::E5M2);
+            }
+            DType::MxFp8 => p::round_to_mxfp8(buf.f32_mut(), row),
+            DType::F32 | DType::NvFp4 | DType::I32 => {}
         }
         Ok(())
     }

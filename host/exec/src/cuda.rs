@@ -65,7 +65,7 @@ impl Device for Cuda {
     fn read_f32(&self, _buf: &CudaBuffer) -> Result<Vec<f32>, ExecError> {
         Err(ExecError::NoCuda)
     }
-    fn round_to_storage(&self, _buf: &mut CudaBuffer, _dtype: runner_graph::DType) -> Result<(), ExecError> {
+    fn round_to_storage(&self, _buf: &mut CudaBuffer, _dtype: runner_graph::DType, _row: usize) -> Result<(), ExecError> {
         Err(ExecError::NoCuda)
     }
     fn add_assign(&self, _dst: &mut CudaBuffer, _src: &CudaBuffer) -> Result<(), ExecError> {

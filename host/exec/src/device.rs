@@ -135,10 +135,18 @@ pub trait Device {
     /// dst += src, elementwise (gradient accumulation).
     fn add_assign(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
     /// Round an f32 buffer in place to the values `dtype` can store (round-to-nearest-even),
-    /// emulating that storage exactly while computing in f32. Formats without an exact
-    /// unscaled storage emulation here (FP8 needs a scale: the precision policy's job) and
-    /// f32 are left as they are.
-    fn round_to_storage(&self, buf: &mut Self::Buffer, dtype: runner_graph::DType) -> Result<(), ExecError>;
+    /// emulating that storage exactly while computing in f32: BF16 and F16 directly; FP8
+    /// E4M3/E5M2 with a per-tensor current scale (Transformer Engine's
+    /// `Float8CurrentScaling`: fp8_max / amax of this tensor); MXFP8 with one E8M0 scale
+    /// (RCEIL) per 32 elements of each row of length `row` (the last dimension). F32,
+    /// integers and NVFP4 (whose two-level scales belong to the precision policy) are left
+    /// as they are.
+    fn round_to_storage(
+        &self,
+        buf: &mut Self::Buffer,
+        dtype: runner_graph::DType,
+        row: usize,
+    ) -> Result<(), ExecError>;
 
     /// Run forward op `op` of `g`: read `inputs` (one per op input), overwrite `outputs`
     /// (one per op output, allocated by the executor), push the statistics the backward

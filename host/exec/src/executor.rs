@@ -618,7 +618,8 @@ impl<D: Device> Executor<D> {
             for (&o, b) in op.outputs.iter().zip(outs.iter_mut()) {
                 let t = &self.graph.tensors[o];
                 if t.kind == TensorKind::Activation {
-                    self.device.round_to_storage(b, t.dtype)?;
+                    let row = t.shape.last().copied().unwrap_or(1) as usize;
+                    self.device.round_to_storage(b, t.dtype, row)?;
                 }
             }
         }

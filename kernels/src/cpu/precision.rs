@@ -252,6 +252,103 @@ pub fn fp8_dequantize(out: &mut [f32], q: &[u8], scale: f32, f: Fp8Format) -> Re
     Ok(())
 }
 
+// ---------------------------------------------------------------------------
+// Storage emulation: round an f32 tensor to what a narrower format would hold
+// ---------------------------------------------------------------------------
+
+/// Rounds every element to the nearest IEEE half-precision value in place (RNE,
+/// subnormals included; beyond 65504 after rounding → ±Inf, as the IEEE cast does; NaN
+/// stays NaN).
+pub fn round_to_f16(x: &mut [f32]) {
+    const MBITS: i32 = 10;
+    const EMIN: i32 = -14;
+    x.par_chunks_mut(ELEM_GRAIN).for_each(|c| {
+        for v in c {
+            let a = v.abs();
+            if !a.is_finite() || a == 0.0 {
+                continue;
+            }
+            // The spacing of f16 values around a: 2^(e − 10), e clamped at the subnormal
+            // exponent. Scaling by a power of two is exact, so one rounding happens.
+            let e = ((a.to_bits() >> 23) as i32 - 127).max(EMIN);
+            let r = (a * pow2(MBITS - e)).round_ties_even() * pow2(e - MBITS);
+            let r = if r > 65504.0 { f32::INFINITY } else { r };
+            *v = r.copysign(*v);
+        }
+    });
+}
+
+/// Transformer Engine's per-tensor scale for a tensor whose max |x| is `amax`:
+/// `fp8_max / amax`, with TE's edge cases (amax 0, Inf or NaN → 1; a scale that
+/// overflows → f32::MAX).
+pub fn fp8_current_scale(amax: f32, f: Fp8Format) -> f32 {
+    if !amax.is_finite() || amax == 0.0 {
+        return 1.0;
+    }
+    let s = f.max_finite() / amax;
+    if s.is_finite() { s } else { f32::MAX }
+}
+
+/// Rounds `x` in place to what an FP8 tensor with per-tensor current scaling holds
+/// (`x̂ = RNE(x·scale) / scale`, saturating, the scale from this tensor's own amax);
+/// returns the scale.
+pub fn round_to_fp8_current(x: &mut [f32], f: Fp8Format) -> f32 {
+    let amax = x
+        .par_chunks(ELEM_GRAIN)
+        .map(|c| c.iter().fold(0f32, |m, v| m.max(v.abs())))
+        .reduce(|| 0.0, f32::max);
+    let scale = fp8_current_scale(amax, f);
+    let t = table(f);
+    x.par_chunks_mut(ELEM_GRAIN).for_each(|c| {
+        for v in c {
+            *v = t[encode(*v * scale, f, true).0 as usize] / scale;
+        }
+    });
+    scale
+}
+
+/// MX block of 32 elements (OCP MX v1.0).
+pub const MX_BLOCK: usize = 32;
+
+/// The E8M0 block scale of an MX block whose max |x| is `amax`, by the RCEIL rule that
+/// cuBLAS and Transformer Engine use: `2^ceil(log2(amax / fp8_max))`, which never
+/// overflows the element format. 1 for an all-zero (or non-finite) block; the exponent
+/// is clamped to E8M0's range 2^−127..2^127.
+pub fn mx_scale_rceil(amax: f32, f: Fp8Format) -> f32 {
+    if !amax.is_finite() || amax == 0.0 {
+        return 1.0;
+    }
+    let r = amax / f.max_finite();
+    let bits = r.to_bits();
+    let (exp, mant) = ((bits >> 23) as i32 - 127, bits & 0x7F_FFFF);
+    // ceil(log2 r): r's exponent, plus one unless r is a power of two; an f32
+    // subnormal r is below 2^−126, so at most the floor of the E8M0 range.
+    let e = if exp == -127 { -126 } else if mant == 0 { exp } else { exp + 1 };
+    let e = e.clamp(-127, 127);
+    if e >= -126 { pow2(e) } else { f32::from_bits(1 << 22) }
+}
+
+/// Rounds `x` in place to what an MXFP8 tensor (E4M3 elements, one E8M0 scale per 32
+/// consecutive elements of each row of length `row`) holds. A row whose length is not
+/// a multiple of 32 ends in a shorter block.
+pub fn round_to_mxfp8(x: &mut [f32], row: usize) {
+    let f = Fp8Format::E4M3;
+    let t = table(f);
+    let row = row.max(1);
+    x.par_chunks_mut(row * ELEM_GRAIN.div_ceil(row).max(1)).for_each(|rows| {
+        for r in rows.chunks_mut(row) {
+            for b in r.chunks_mut(MX_BLOCK) {
+                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = mx_scale_rceil(amax, f);
+                for v in b.iter_mut() {
+                    // dividing by a power of two is exact; RCEIL keeps |v|/scale <= 448
+                    *v = t[encode(*v / scale, f, true).0 as usize] * scale;
+                }
+            }
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::Fp8Format::{E4M3, E5M2};
@@ -475,5 +572,77 @@ mod tests {
         );
         assert!(fp8_quantize(&mut qb[..3], &big, 1.0, E4M3, false).is_err());
         assert!(fp8_dequantize(&mut back[..3], &q, 1.0, E4M3).is_err());
+    }
+
+    #[test]
+    fn f16_rounding_matches_the_half_crate() {
+        let mut rng = rand::rng();
+        let mut x: Vec<f32> = (0..20000)
+            .map(|i| {
+                let m: f32 = rng.random_range(-1.0..1.0);
+                m * 2f32.powi(i % 40 - 28)
+            })
+            .collect();
+        x.extend([65504.0, 65519.0, 65520.0, -70000.0, 6.0e-8, 2.9e-8, 3.0e-8, 1e-10, -0.0, f32::INFINITY]);
+        let want: Vec<f32> = x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect();
+        let mut got = x.clone();
+        round_to_f16(&mut got);
+        for ((g, w), v) in got.iter().zip(&want).zip(&x) {
+            assert_eq!(g.to_bits(), w.to_bits(), "f16({v:e}): {g:e} vs {w:e}");
+        }
+    }
+
+    #[test]
+    fn fp8_current_scaling_storage_is_quantize_then_dequantize() {
+        let mut rng = rand::rng();
+        for f in [E4M3, E5M2] {
+            let x: Vec<f32> = (0..5000).map(|_| rng.random_range(-3.0f32..3.0)).collect();
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mut got = x.clone();
+            let scale = round_to_fp8_current(&mut got, f);
+            assert_eq!(scale, f.max_finite() / amax);
+            let mut q = vec![0u8; x.len()];
+            fp8_quantize(&mut q, &x, scale, f, true).unwrap();
+            let mut want = vec![0f32; x.len()];
+            fp8_dequantize(&mut want, &q, scale, f).unwrap();
+            assert_eq!(got, want, "{f:?}");
+            // The largest magnitude lands exactly on the format's maximum.
+            assert!(got.iter().any(|v| (v.abs() * scale / f.max_finite() - 1.0).abs() < 1e-6));
+        }
+        assert_eq!(fp8_current_scale(0.0, E4M3), 1.0);
+        assert_eq!(fp8_current_scale(f32::INFINITY, E4M3), 1.0);
+        assert_eq!(fp8_current_scale(1e-45, E4M3), f32::MAX);
+        // fp8.md's worked example: amax 3, margin 0 → 448/3.
+        assert_eq!(fp8_current_scale(3.0, E4M3), 448.0 / 3.0);
+    }
+
+    #[test]
+    fn mxfp8_blocks_use_rceil_power_of_two_scales() {
+        // fp8.md: amax 1000 gives X = 4 under RCEIL (FLOOR would give 2 and overflow).
+        assert_eq!(mx_scale_rceil(1000.0, E4M3), 4.0);
+        assert_eq!(mx_scale_rceil(448.0, E4M3), 1.0);
+        assert_eq!(mx_scale_rceil(448.1, E4M3), 2.0);
+        assert_eq!(mx_scale_rceil(0.0, E4M3), 1.0);
+        let mut rng = rand::rng();
+        // Rows of 80: two full blocks and one of 16; magnitudes differ by block.
+        let row = 80;
+        let x: Vec<f32> = (0..row * 7)
+            .map(|i| rng.random_range(-1.0f32..1.0) * 2f32.powi((i / 16 % 9) as i32 * 3 - 12))
+            .collect();
+        let mut got = x.clone();
+        round_to_mxfp8(&mut got, row);
+        for (r, (xr, gr)) in x.chunks(row).zip(got.chunks(row)).enumerate() {
+            for (xb, gb) in xr.chunks(MX_BLOCK).zip(gr.chunks(MX_BLOCK)) {
+                let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let s = mx_scale_rceil(amax, E4M3);
+                assert_eq!(s.to_bits() & 0x7F_FFFF, 0, "row {r}: scale {s} is a power of two");
+                for (&v, &g) in xb.iter().zip(gb) {
+                    let y = v / s;
+                    assert!(y.abs() <= 448.0);
+                    let want = fp8_decode(fp8_encode(y, E4M3, true), E4M3) * s;
+                    assert_eq!(g.to_bits(), want.to_bits(), "row {r}: {v:e}");
+                }
+            }
+        }
     }
 }

@@ -650,3 +650,82 @@ fn training_with_full_recompute_tracks_keeping_everything() {
     };
     assert_eq!(losses(RecomputePolicy::Full), losses(RecomputePolicy::None));
 }
+
+/// Activations declared FP8 (per-tensor current scaling), MXFP8 (32-element E8M0
+/// blocks) or F16 are stored as exactly those formats hold them when emulating storage.
+#[test]
+fn fp8_mxfp8_and_f16_storage_are_emulated_exactly() {
+    use runner_graph::DType;
+    use runner_kernels::cpu::precision::{
+        Fp8Format, MX_BLOCK, fp8_decode, fp8_encode, mx_scale_rceil,
+    };
+    let base = toy::llama(&small());
+    for dtype in [DType::Fp8E4M3, DType::Fp8E5M2, DType::MxFp8, DType::F16] {
+        let mut g = base.clone();
+        for t in &mut g.tensors {
+            if t.kind == TensorKind::Activation && t.dtype == DType::BF16 {
+                t.dtype = dtype;
+            }
+        }
+        let data = synthetic_inputs(&g, 3);
+        let opts = ExecOptions {
+            emulate_storage: true,
+            ..ExecOptions::default()
+        };
+        let mut ex = Executor::new(&g, Cpu::new(), opts).unwrap();
+        let loss = ex.forward(&inputs_of(&data)).unwrap();
+        assert!(loss.is_finite(), "{dtype:?}: loss {loss}");
+        let mut checked = 0;
+        for t in g.tensors.iter().filter(|t| t.dtype == dtype) {
+            let Ok(v) = ex.activation(&t.name) else {
+                continue;
+            };
+            let on_grid = |y: f32, f: Fp8Format| fp8_decode(fp8_encode(y, f, true), f) == y;
+            match dtype {
+                DType::Fp8E4M3 | DType::Fp8E5M2 => {
+                    let f = if dtype == DType::Fp8E4M3 {
+                        Fp8Format::E4M3
+                    } else {
+                        Fp8Format::E5M2
+                    };
+                    // The stored tensor's own amax sits at the format's maximum.
+                    let amax = v.iter().fold(0f32, |m, x| m.max(x.abs()));
+                    let scale = f.max_finite() / amax;
+                    let off = v
+                        .iter()
+                        .filter(|&&x| {
+                            let y = x * scale;
+                            !(on_grid(y, f)
+                                || on_grid(f32::from_bits(y.to_bits() + 1), f)
+                                || on_grid(f32::from_bits(y.to_bits().saturating_sub(1)), f))
+                        })
+                        .count();
+                    assert_eq!(off, 0, "{}: {off} values off the {f:?} grid", t.name);
+                }
+                DType::MxFp8 => {
+                    let row = *t.shape.last().unwrap() as usize;
+                    for r in v.chunks(row) {
+                        for b in r.chunks(MX_BLOCK) {
+                            let amax = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+                            // Stored values re-derive the same block scale (RCEIL of their
+                            // own amax) and sit on its E4M3 grid exactly.
+                            let s = mx_scale_rceil(amax, Fp8Format::E4M3);
+                            assert!(
+                                b.iter().all(|&x| on_grid(x / s, Fp8Format::E4M3)),
+                                "{}: block off the MXFP8 grid",
+                                t.name
+                            );
+                        }
+                    }
+                }
+                _ => {
+                    for x in v {
+                        assert_eq!(half::f16::from_f32(x).to_f32(), x, "{}: {x}", t.name);
+                    }
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 3, "{dtype:?}: only {checked} activations checked");
+    }
+}
