@@ -726,6 +726,9 @@ fn fp8_mxfp8_and_f16_storage_are_emulated_exactly() {
             }
             checked += 1;
         }
-        assert!(checked >= 3, "{dtype:?}: only {checked} activations checked");
+        assert!(
+            checked >= 3,
+            "{dtype:?}: only {checked} activations checked"
+        );
     }
 }
