@@ -178,7 +178,9 @@ impl ThreadGroup {
         let (n, me) = (self.shared.n, self.rank);
         let mut st = self.lock();
         if let Some(b) = &st.broken {
-            return Err(err(format!("{what} on rank {me}: the group is unusable: {b}")));
+            return Err(err(format!(
+                "{what} on rank {me}: the group is unusable: {b}"
+            )));
         }
         let k = st.next[me];
         st.next[me] += 1;
@@ -206,7 +208,9 @@ impl ThreadGroup {
                 break;
             }
             if let Some(b) = &st.broken {
-                return Err(err(format!("{what} on rank {me}: the group is unusable: {b}")));
+                return Err(err(format!(
+                    "{what} on rank {me}: the group is unusable: {b}"
+                )));
             }
             let gone: Vec<usize> = missing.iter().copied().filter(|&r| st.left[r]).collect();
             if !gone.is_empty() {
@@ -487,7 +491,10 @@ mod tests {
         });
         assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
         let (ar, rv, queued) = &out[0];
-        assert!(ar.contains("all-reduce") && ar.contains("left the group"), "{ar}");
+        assert!(
+            ar.contains("all-reduce") && ar.contains("left the group"),
+            "{ar}"
+        );
         assert!(
             ar.contains("rank(s) 1") || ar.contains("rank(s) 2"),
             "names the rank: {ar}"
@@ -547,11 +554,17 @@ mod tests {
             .collect();
         for j in joins {
             let (e, again, rv) = j.join().unwrap();
-            assert!(e.contains("reduce-scatter") && e.contains("timed out"), "{e}");
+            assert!(
+                e.contains("reduce-scatter") && e.contains("timed out"),
+                "{e}"
+            );
             assert!(e.contains("rank(s) 2 did not arrive"), "{e}");
             assert!(e.contains("ThreadGroup::with_timeout"), "{e}");
             assert!(again.contains("unusable"), "{again}");
-            assert!(rv.contains("recv on rank") && rv.contains("timed out"), "{rv}");
+            assert!(
+                rv.contains("recv on rank") && rv.contains("timed out"),
+                "{rv}"
+            );
         }
         assert!(t0.elapsed() < Duration::from_secs(2));
         drop(idle);

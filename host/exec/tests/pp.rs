@@ -9,8 +9,8 @@ mod common;
 use std::collections::HashMap;
 
 use common::{
-    Data, Grads, close, gather, grads, load_weights, mesh, options, rank_inputs, run,
-    split_axis, train, weights, with_roles,
+    Data, Grads, close, gather, grads, load_weights, mesh, options, rank_inputs, run, split_axis,
+    train, weights, with_roles,
 };
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
@@ -55,7 +55,10 @@ fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
                 let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
                 if pp > 1 {
                     assert!(
-                        s.graph.ops.iter().any(|o| matches!(o.kind, OpKind::Send | OpKind::Recv)),
+                        s.graph
+                            .ops
+                            .iter()
+                            .any(|o| matches!(o.kind, OpKind::Send | OpKind::Recv)),
                         "stage {} has pipeline ops",
                         m.coord.pp
                     );
@@ -109,15 +112,24 @@ fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
                 continue;
             }
             holders += 1;
-            assert_eq!(ranks.len(), tp as usize, "{what}: {name} on every tp rank of stage {stage}");
+            assert_eq!(
+                ranks.len(),
+                tp as usize,
+                "{what}: {name} on every tp rank of stage {stage}"
+            );
             match split_axis(fshape, &ranks[0].shapes[name]) {
                 None => {
                     for o in &ranks {
-                        close(&format!("{what} {name} ({:?})", o.coord), &o.grads[name], want);
+                        close(
+                            &format!("{what} {name} ({:?})", o.coord),
+                            &o.grads[name],
+                            want,
+                        );
                     }
                 }
                 Some(ax) => {
-                    let parts: Vec<Vec<f32>> = ranks.iter().map(|o| o.grads[name].clone()).collect();
+                    let parts: Vec<Vec<f32>> =
+                        ranks.iter().map(|o| o.grads[name].clone()).collect();
                     close(
                         &format!("{what} {name} (stage {stage}, split on axis {ax})"),
                         &gather(&parts, fshape, ax),
@@ -207,14 +219,22 @@ fn dp2_gradients_are_the_full_batch_mean() {
             let d = m.coord.dp as usize;
             let half: Data = data
                 .iter()
-                .map(|(n, u, f)| (n.clone(), u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(), f.clone()))
+                .map(|(n, u, f)| {
+                    (
+                        n.clone(),
+                        u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(),
+                        f.clone(),
+                    )
+                })
                 .collect();
             let (g, w0) = (half_g.clone(), w0.clone());
             std::thread::spawn(move || {
                 let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
                 load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
-                let inputs: Vec<(&str, Input<'_>)> =
-                    half.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+                let inputs: Vec<(&str, Input<'_>)> = half
+                    .iter()
+                    .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+                    .collect();
                 let loss = ex.forward(&inputs).unwrap();
                 ex.backward().unwrap();
                 let before = grads(&ex);
@@ -227,12 +247,22 @@ fn dp2_gradients_are_the_full_batch_mean() {
         .collect();
     let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     let mean = (out[0].0 + out[1].0) / 2.0;
-    assert!((mean - loss).abs() <= 1e-5 * loss, "mean of the halves' losses {mean} vs {loss}");
+    assert!(
+        (mean - loss).abs() <= 1e-5 * loss,
+        "mean of the halves' losses {mean} vs {loss}"
+    );
     for (name, w) in &want {
         for (d, (_, before, after)) in out.iter().enumerate() {
             close(&format!("{name} (dp rank {d}, reduced)"), &after[name], w);
-            let off = before[name].iter().zip(w).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(off > 1e-6, "{name}: dp rank {d} had the full gradient before the reduction");
+            let off = before[name]
+                .iter()
+                .zip(w)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                off > 1e-6,
+                "{name}: dp rank {d} had the full gradient before the reduction"
+            );
         }
     }
 }
@@ -268,7 +298,13 @@ fn dp2_pp2_training_steps_track_unsharded() {
             let d = m.coord.dp as usize;
             let half: Data = data
                 .iter()
-                .map(|(n, u, f)| (n.clone(), u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(), f.clone()))
+                .map(|(n, u, f)| {
+                    (
+                        n.clone(),
+                        u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(),
+                        f.clone(),
+                    )
+                })
                 .collect();
             let (g, w0) = (half_g.clone(), w0.clone());
             std::thread::spawn(move || {
@@ -277,8 +313,10 @@ fn dp2_pp2_training_steps_track_unsharded() {
                 let half = rank_inputs(&g, &s.graph, &half, 0, 1);
                 let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
                 // Stepping without the reduction is refused (the ranks would drift).
-                let inputs: Vec<(&str, Input<'_>)> =
-                    half.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+                let inputs: Vec<(&str, Input<'_>)> = half
+                    .iter()
+                    .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+                    .collect();
                 ex.forward(&inputs).unwrap();
                 ex.backward().unwrap();
                 let e = ex
@@ -309,8 +347,15 @@ fn dp2_pp2_training_steps_track_unsharded() {
     // step, so a rank that stepped on an unreduced gradient would be off by about that.
     for (_, _, w) in &out {
         for (name, v) in w {
-            let worst = v.iter().zip(&w3[name]).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            assert!(worst < 1e-5, "{name} drifted from the unsharded run by {worst:e}");
+            let worst = v
+                .iter()
+                .zip(&w3[name])
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{name} drifted from the unsharded run by {worst:e}"
+            );
         }
     }
 }

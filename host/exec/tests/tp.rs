@@ -7,8 +7,8 @@ mod common;
 use std::collections::HashMap;
 
 use common::{
-    Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis,
-    train, weights, with_roles,
+    Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis, train,
+    weights, with_roles,
 };
 use runner_exec::collective::{Collective, ThreadGroup};
 use runner_exec::cpu::Cpu;
@@ -152,7 +152,12 @@ fn check_training(sequence_parallel: bool) {
             .iter()
             .map(|t| (t.name.clone(), t.shape.clone()))
             .collect();
-        (train(ex, d, 3), weights(ex), ex.profile().communication_s, shapes)
+        (
+            train(ex, d, 3),
+            weights(ex),
+            ex.profile().communication_s,
+            shapes,
+        )
     });
     for (r, (got, _, comm, _)) in out.iter().enumerate() {
         for (i, (a, b)) in got.iter().zip(&want).enumerate() {
@@ -170,7 +175,10 @@ fn check_training(sequence_parallel: bool) {
         let got = match split_axis(fshape, &out[0].3[name]) {
             None => {
                 for (r, o) in out.iter().enumerate() {
-                    assert_eq!(o.1[name], out[0].1[name], "{name}: rank {r} differs from rank 0");
+                    assert_eq!(
+                        o.1[name], out[0].1[name],
+                        "{name}: rank {r} differs from rank 0"
+                    );
                 }
                 out[0].1[name].clone()
             }
@@ -184,7 +192,10 @@ fn check_training(sequence_parallel: bool) {
             .zip(want)
             .map(|(a, b)| (a - b).abs())
             .fold(0f32, f32::max);
-        assert!(worst < 1e-5, "{name} drifted from the unsharded run by {worst:e}");
+        assert!(
+            worst < 1e-5,
+            "{name} drifted from the unsharded run by {worst:e}"
+        );
     }
     assert!(want[2] < want[0], "the toy model learns: {want:?}");
 }

@@ -528,7 +528,10 @@ impl<D: Device> Executor<D> {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
                 let n = self.graph.tensors[op.inputs[0]].numel() as usize;
-                let what = format!("the gradient of '{}'", self.graph.tensors[op.inputs[0]].name);
+                let what = format!(
+                    "the gradient of '{}'",
+                    self.graph.tensors[op.inputs[0]].name
+                );
                 self.received(op, &what, peer, n, c.recv(peer)?)?
             }
             OpKind::Recv => {

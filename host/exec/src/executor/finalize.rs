@@ -81,7 +81,8 @@ impl<D: Device> Executor<D> {
             }
             for w in &sc.weights {
                 match self.graph.tensor_id(w) {
-                    Some(id) if self.graph.tensors[id].kind == runner_graph::TensorKind::Weight => {}
+                    Some(id) if self.graph.tensors[id].kind == runner_graph::TensorKind::Weight => {
+                    }
                     _ => return fail(format!("'{w}' is not a weight of this rank's graph")),
                 }
             }
@@ -139,9 +140,9 @@ impl<D: Device> Executor<D> {
                     )),
                 }
             }
-            let c = self.timed(&sc.group).ok_or_else(|| {
-                ExecError::State(format!("no handle for group '{}'", sc.group))
-            })?;
+            let c = self
+                .timed(&sc.group)
+                .ok_or_else(|| ExecError::State(format!("no handle for group '{}'", sc.group)))?;
             c.all_reduce(&mut flat, ReduceOp::Sum)?;
             if matches!(sc.group.as_str(), "dp" | "edp") {
                 let inv = 1.0 / c.size() as f32;

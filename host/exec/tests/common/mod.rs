@@ -143,7 +143,14 @@ pub fn close(name: &str, got: &[f32], want: &[f32]) {
 
 /// Set each weight of rank graph `s` to tp rank `r`'s part (of `tp`) of the unsharded
 /// `weights` of `g`.
-pub fn load_weights(ex: &mut Executor<Cpu>, g: &Graph, s: &Graph, weights: &Grads, r: usize, tp: usize) {
+pub fn load_weights(
+    ex: &mut Executor<Cpu>,
+    g: &Graph,
+    s: &Graph,
+    weights: &Grads,
+    r: usize,
+    tp: usize,
+) {
     for t in s.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
         let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
         let w = &weights[&t.name];
