@@ -15,7 +15,8 @@ use common::{
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
-use runner_exec::{Executor, Input};
+use runner_exec::{ExecOptions, Executor, Input};
+use runner_graph::recompute::RecomputePolicy;
 use runner_graph::shard::{Layout, RankCoord, shard};
 use runner_graph::{Graph, OpKind};
 
@@ -31,6 +32,18 @@ struct Out {
 /// Run `g` (logical, with roles) over a tp × pp mesh with `vp` chunks per stage and
 /// compare with the unsharded run.
 fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
+    check_with(g, tp, pp, vp, sequence_parallel, options());
+}
+
+/// As [`check`], the ranks run with `rank_options`.
+fn check_with(
+    g: &Graph,
+    tp: u32,
+    pp: u32,
+    vp: u32,
+    sequence_parallel: bool,
+    rank_options: ExecOptions,
+) {
     let data = synthetic_inputs(g, 17);
     let mut full = Executor::new(g, Cpu::new(), options()).unwrap();
     let w0 = weights(&full);
@@ -50,7 +63,7 @@ fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
         .into_iter()
         .map(|m| {
             let s = shard(g, &layout, m.coord).unwrap();
-            let (g, w0, data) = (g.clone(), w0.clone(), data.clone());
+            let (g, w0, data, o) = (g.clone(), w0.clone(), data.clone(), rank_options.clone());
             std::thread::spawn(move || {
                 let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
                 if pp > 1 {
@@ -63,11 +76,19 @@ fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
                         m.coord.pp
                     );
                 }
-                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                let recompute = o.recompute;
+                let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
                 let r = m.coord.tp as usize;
                 load_weights(&mut ex, &g, &s.graph, &w0, r, tp as usize);
                 let d = rank_inputs(&g, &s.graph, &data, r, tp as usize);
                 let (loss, grads) = run(&mut ex, &d);
+                if recompute != RecomputePolicy::None {
+                    assert!(
+                        !ex.profile().recomputed_ops.is_empty(),
+                        "{:?} re-ran nothing",
+                        m.coord
+                    );
+                }
                 let shapes = s
                     .graph
                     .tensors
@@ -180,6 +201,19 @@ fn pp2_tied_embedding_gradients_are_summed_across_stages() {
 fn pp2_vp2_matches_unsharded() {
     check(&llama(4, false, false), 1, 2, 2, false);
     check(&llama(4, true, true), 2, 2, 2, true);
+}
+
+/// Full activation recompute on the stages: the re-run layers repeat their tp
+/// collectives on every rank alike, and never a send or a receive.
+#[test]
+fn pp2_tp2_with_full_recompute_matches_unsharded() {
+    for policy in [RecomputePolicy::Full, RecomputePolicy::Selective] {
+        let o = ExecOptions {
+            recompute: policy,
+            ..options()
+        };
+        check_with(&llama(4, true, true), 2, 2, 2, true, o);
+    }
 }
 
 /// Three layers over pp=3: the middle stage receives and sends.
