@@ -28,6 +28,13 @@ pub struct GemmRow {
     pub gflops: f64,
     /// 2·M·N·K / best time.
     pub best_gflops: f64,
+    /// The FMA-loop peak measured in this size's window (fastest of the runs paired
+    /// with its samples); `None` without AVX2/AVX-512.
+    pub window_peak_gflops: Option<f64>,
+    /// Median over the samples of GEMM GFLOP/s / the FMA-loop GFLOP/s measured right
+    /// before it: on a shared machine whose speed drifts by ±20 % over seconds, each
+    /// sample is compared with the peak of the same moment.
+    pub paired_fraction_of_peak: Option<f64>,
 }
 
 /// Seconds per call of `f`: each sample repeats it until ~`min_s` elapsed, so tiny sizes
@@ -50,8 +57,14 @@ fn sample(samples: usize, min_s: f64, mut f: impl FnMut()) -> Vec<f64> {
     out
 }
 
+/// Samples per GEMM size.
+const GEMM_SAMPLES: usize = 9;
+/// FMA-loop iterations of the peak run paired with each GEMM sample (~10-15 ms).
+const PAIRED_FMA_ITERS: u64 = 4_000_000;
+
 /// Square f32 GEMMs C = A·B of each size through `runner_kernels`' matmul (faer);
-/// median of 7 samples of at least 20 ms each.
+/// [`GEMM_SAMPLES`] samples of at least 50 ms each, each right after a short FMA-loop
+/// run, so every sample has a peak from the same moment to be compared with.
 pub fn gemm_bench(sizes: &[usize]) -> Vec<GemmRow> {
     sizes
         .iter()
@@ -66,13 +79,24 @@ pub fn gemm_bench(sizes: &[usize]) -> Vec<GemmRow> {
                 trans_a: false,
                 trans_b: false,
             };
-            let t = sample(7, 0.02, || {
-                // Sizes come from our own vectors, so the length check cannot fail.
-                let _ = matmul(&mut c, &a, &b, g, false);
-                black_box(&mut c);
-            });
-            let time = Stat::of(&t);
             let flops = 2.0 * (s as f64).powi(3);
+            let mut t = Vec::with_capacity(GEMM_SAMPLES);
+            let mut peaks = Vec::with_capacity(GEMM_SAMPLES);
+            let mut fractions = Vec::with_capacity(GEMM_SAMPLES);
+            for _ in 0..GEMM_SAMPLES {
+                let peak = fma_loop_gflops(PAIRED_FMA_ITERS);
+                let gemm = sample(1, 0.05, || {
+                    // Sizes come from our own vectors, so the length check cannot fail.
+                    let _ = matmul(&mut c, &a, &b, g, false);
+                    black_box(&mut c);
+                })[0];
+                t.push(gemm);
+                if let Some(p) = peak {
+                    peaks.push(p);
+                    fractions.push(flops / gemm / 1e9 / p);
+                }
+            }
+            let time = Stat::of(&t);
             GemmRow {
                 m: s,
                 n: s,
@@ -81,6 +105,9 @@ pub fn gemm_bench(sizes: &[usize]) -> Vec<GemmRow> {
                 time,
                 gflops: flops / time.median / 1e9,
                 best_gflops: flops / time.min / 1e9,
+                window_peak_gflops: peaks.iter().copied().reduce(f64::max),
+                paired_fraction_of_peak: (!fractions.is_empty())
+                    .then(|| Stat::of(&fractions).median),
             }
         })
         .collect()
@@ -188,15 +215,15 @@ const FMA_ITERS: u64 = 20_000_000;
 mod fma {
     use std::arch::x86_64::*;
 
-    use super::{CHAINS, FMA_ITERS};
+    use super::CHAINS;
 
-    /// FMA_ITERS × CHAINS fused multiply-adds of 16 lanes, all in registers.
+    /// `iters` × CHAINS fused multiply-adds of 16 lanes, all in registers.
     #[target_feature(enable = "avx512f")]
-    pub fn avx512() -> f32 {
+    pub fn avx512(iters: u64) -> f32 {
         let a = _mm512_set1_ps(0.999_999);
         let b = _mm512_set1_ps(1e-7);
         let mut acc = [_mm512_set1_ps(1.0); CHAINS];
-        for _ in 0..FMA_ITERS {
+        for _ in 0..iters {
             for x in acc.iter_mut() {
                 *x = _mm512_fmadd_ps(*x, a, b);
             }
@@ -206,11 +233,11 @@ mod fma {
 
     /// As [`avx512`] with 8 lanes.
     #[target_feature(enable = "avx2,fma")]
-    pub fn avx2() -> f32 {
+    pub fn avx2(iters: u64) -> f32 {
         let a = _mm256_set1_ps(0.999_999);
         let b = _mm256_set1_ps(1e-7);
         let mut acc = [_mm256_set1_ps(1.0); CHAINS];
-        for _ in 0..FMA_ITERS {
+        for _ in 0..iters {
             for x in acc.iter_mut() {
                 *x = _mm256_fmadd_ps(*x, a, b);
             }
@@ -230,35 +257,38 @@ mod fma {
 const PEAK_RUNS: usize = 5;
 
 /// GFLOP/s of the register-only FMA loop on every rayon thread at once (best of
-/// [`PEAK_RUNS`]).
+/// [`PEAK_RUNS`]: a peak is the best the machine shows, and on a shared VM single runs
+/// vary by ±20 % with CPU steal).
 fn measured_fma_gflops() -> Option<f64> {
+    (0..PEAK_RUNS)
+        .map(|_| fma_loop_gflops(FMA_ITERS))
+        .try_fold(0f64, |best, r| r.map(|g| best.max(g)))
+}
+
+/// GFLOP/s of one run of the register-only FMA loop, `iters` iterations on every rayon
+/// thread at once; `None` without AVX2/AVX-512.
+fn fma_loop_gflops(iters: u64) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     {
-        let (run, lanes): (fn() -> f32, f64) = if is_x86_feature_detected!("avx512f") {
+        let (run, lanes): (fn(u64) -> f32, f64) = if is_x86_feature_detected!("avx512f") {
             // SAFETY: avx512f was detected at run time just above.
-            (|| unsafe { fma::avx512() }, 16.0)
+            (|n| unsafe { fma::avx512(n) }, 16.0)
         } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
             // SAFETY: avx2 and fma were detected at run time just above.
-            (|| unsafe { fma::avx2() }, 8.0)
+            (|n| unsafe { fma::avx2(n) }, 8.0)
         } else {
             return None;
         };
         let threads = rayon::current_num_threads();
-        let flops = FMA_ITERS as f64 * CHAINS as f64 * lanes * 2.0 * threads as f64;
-        // A peak is the best the machine shows: on a shared VM single runs vary by +-20%
-        // with CPU steal, so take the fastest of several.
-        let best = (0..PEAK_RUNS)
-            .map(|_| {
-                let t0 = Instant::now();
-                let s: f32 = (0..threads).into_par_iter().map(|_| run()).sum();
-                black_box(s);
-                t0.elapsed().as_secs_f64()
-            })
-            .fold(f64::INFINITY, f64::min);
-        Some(flops / best / 1e9)
+        let flops = iters as f64 * CHAINS as f64 * lanes * 2.0 * threads as f64;
+        let t0 = Instant::now();
+        let s: f32 = (0..threads).into_par_iter().map(|_| run(iters)).sum();
+        black_box(s);
+        Some(flops / t0.elapsed().as_secs_f64() / 1e9)
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
+        let _ = iters;
         None
     }
 }

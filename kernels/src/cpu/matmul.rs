@@ -94,9 +94,19 @@ pub(crate) fn par_for(g: &Gemm) -> Par {
     }
 }
 
-/// c = a·b (+ c) over blocks of [`BLOCK`] rows (or columns) of c, split in halves at
-/// block boundaries with `rayon::join`, so the leaves are the same whatever the
-/// thread count.
+/// Side of the square tiles a product large in both output dimensions is cut into.
+pub(crate) const TILE: usize = 512;
+
+/// c = a·b (+ c) over leaves cut from c by shape alone, split in halves at leaf
+/// boundaries with `rayon::join`, so the leaves are the same whatever the thread count.
+///
+/// When c is at least 2·[`TILE`] on both sides (square-ish products), the leaves are
+/// `TILE`×`TILE` tiles: every leaf repacks its panels of a and b, and square tiles
+/// repack the least per FLOP (1/rows + 1/cols of the product). Row blocks of the whole
+/// width, the other case's leaves, re-read all of b per block: at 2048³ and 4096³ the
+/// tiles measured 5-25 % faster (docs/PERFORMANCE.md). Otherwise (one side short, as in
+/// the training-step shapes) the leaves are blocks of [`BLOCK`] rows or columns along
+/// the longer side.
 fn gemm_blocked(
     c: MatMut<'_, f32>,
     a: MatRef<'_, f32>,
@@ -104,39 +114,46 @@ fn gemm_blocked(
     accum: Accum,
     rows: bool,
 ) {
-    let len = if rows { c.nrows() } else { c.ncols() };
-    split_blocks(c, a, b, accum, rows, block_for(len));
+    let (m, n) = (c.nrows(), c.ncols());
+    let (row_blk, col_blk) = if m >= 2 * TILE && n >= 2 * TILE {
+        (TILE, TILE)
+    } else if rows {
+        (block_for(m), usize::MAX)
+    } else {
+        (usize::MAX, block_for(n))
+    };
+    split_blocks(c, a, b, accum, row_blk, col_blk);
 }
 
+/// Halve c's rows at a multiple of `row_blk` until a leaf has at most `row_blk` rows,
+/// then its columns likewise; the leaves run as rayon tasks.
 fn split_blocks(
     c: MatMut<'_, f32>,
     a: MatRef<'_, f32>,
     b: MatRef<'_, f32>,
     accum: Accum,
-    rows: bool,
-    blk: usize,
+    row_blk: usize,
+    col_blk: usize,
 ) {
-    let len = if rows { c.nrows() } else { c.ncols() };
-    let nblk = len.div_ceil(blk);
-    if nblk <= 1 {
-        gemm_leaf(c, a, b, accum);
-        return;
-    }
-    let at = nblk.div_ceil(2) * blk;
-    if rows {
+    let (m, n) = (c.nrows(), c.ncols());
+    if m > row_blk {
+        let at = m.div_ceil(row_blk).div_ceil(2) * row_blk;
         let (c0, c1) = c.split_at_row_mut(at);
         let (a0, a1) = a.split_at_row(at);
         rayon::join(
-            || split_blocks(c0, a0, b, accum, rows, blk),
-            || split_blocks(c1, a1, b, accum, rows, blk),
+            || split_blocks(c0, a0, b, accum, row_blk, col_blk),
+            || split_blocks(c1, a1, b, accum, row_blk, col_blk),
         );
-    } else {
+    } else if n > col_blk {
+        let at = n.div_ceil(col_blk).div_ceil(2) * col_blk;
         let (c0, c1) = c.split_at_col_mut(at);
         let (b0, b1) = b.split_at_col(at);
         rayon::join(
-            || split_blocks(c0, a, b0, accum, rows, blk),
-            || split_blocks(c1, a, b1, accum, rows, blk),
+            || split_blocks(c0, a, b0, accum, row_blk, col_blk),
+            || split_blocks(c1, a, b1, accum, row_blk, col_blk),
         );
+    } else {
+        gemm_leaf(c, a, b, accum);
     }
 }
 
@@ -323,6 +340,44 @@ mod tests {
         // which gemm_leaf copies to a padded scratch block first
         run_case(2048, 40, 256, true, false, true, &mut rng);
         run_case(70, 2048, 300, true, false, false, &mut rng);
+        // Large in both output dimensions: square tiles, the last ones ragged.
+        run_case(1100, 1030, 40, false, true, true, &mut rng);
+    }
+
+    /// The leaves come from the shape alone, so the bits do not depend on the threads.
+    #[test]
+    fn matmul_bits_do_not_depend_on_the_thread_count() {
+        let mut rng = rng(9);
+        for &(m, n, k) in &[(1100usize, 1030usize, 64usize), (700, 300, 96)] {
+            let a = randn(&mut rng, m * k);
+            let b = randn(&mut rng, k * n);
+            let g = Gemm {
+                m,
+                n,
+                k,
+                trans_a: false,
+                trans_b: false,
+            };
+            let run = |threads: usize| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut c = vec![0f32; m * n];
+                pool.install(|| matmul(&mut c, &a, &b, g, false).unwrap());
+                c
+            };
+            let one = run(1);
+            for t in [2, 3] {
+                assert!(
+                    run(t)
+                        .iter()
+                        .zip(&one)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{m}x{n}x{k}, {t} threads"
+                );
+            }
+        }
     }
 
     #[test]
