@@ -60,6 +60,20 @@ pub trait Collective: Send {
     /// # Errors
     /// Lengths differ or do not split into `size` chunks; a rank left or timed out.
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
+    /// All-to-all of chunks of different sizes (MPI's alltoallv): `input` holds, in rank
+    /// order, `send[j]` elements for rank j; the result holds, in rank order, the chunk
+    /// each rank sent here, `recv[j]` elements from rank j. Receive sizes are known up
+    /// front (as NCCL needs them to post its receives): exchange the counts first.
+    ///
+    /// # Errors
+    /// `send` or `recv` not one entry per rank, `send` not summing to `input`'s length, a
+    /// rank sending here other than `recv` says; a rank left or timed out.
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send: &[usize],
+        recv: &[usize],
+    ) -> Result<Vec<f32>, ExecError>;
     /// Queue `data` for rank `peer` (does not wait for the receive).
     ///
     /// # Errors
@@ -92,6 +106,8 @@ fn list(ranks: &[usize]) -> String {
 /// The ranks' buffers of one collective call (the k-th of the group).
 struct Round {
     data: Vec<Option<Vec<f32>>>,
+    /// Per rank: how its data splits into chunks (all-to-all-v; empty otherwise).
+    split: Vec<Vec<usize>>,
     /// Ranks that have taken their result; the round is dropped when all have.
     taken: usize,
 }
@@ -173,8 +189,29 @@ impl ThreadGroup {
     }
 
     /// Publish `data` as this rank's part of its next collective call (`what`), wait for
-    /// every rank's, and return all of them in rank order.
+    /// every rank's, and return all of them in rank order; every rank must pass the same
+    /// length.
     fn exchange(&self, data: &[f32], what: &str) -> Result<Vec<Vec<f32>>, ExecError> {
+        let all = self.exchange_split(data, &[], what)?;
+        if let Some(bad) = all.iter().position(|(v, _)| v.len() != data.len()) {
+            return Err(err(format!(
+                "{what}: rank {} passed {} elements, rank {bad} passed {}",
+                self.rank,
+                data.len(),
+                all[bad].0.len()
+            )));
+        }
+        Ok(all.into_iter().map(|(v, _)| v).collect())
+    }
+
+    /// As [`ThreadGroup::exchange`], with each rank's data of any length and its split
+    /// into chunks (`split`) published beside it.
+    fn exchange_split(
+        &self,
+        data: &[f32],
+        split: &[usize],
+        what: &str,
+    ) -> Result<Vec<(Vec<f32>, Vec<usize>)>, ExecError> {
         let (n, me) = (self.shared.n, self.rank);
         let mut st = self.lock();
         if let Some(b) = &st.broken {
@@ -184,13 +221,13 @@ impl ThreadGroup {
         }
         let k = st.next[me];
         st.next[me] += 1;
-        st.rounds
-            .entry(k)
-            .or_insert_with(|| Round {
-                data: vec![None; n],
-                taken: 0,
-            })
-            .data[me] = Some(data.to_vec());
+        let round = st.rounds.entry(k).or_insert_with(|| Round {
+            data: vec![None; n],
+            split: vec![Vec::new(); n],
+            taken: 0,
+        });
+        round.data[me] = Some(data.to_vec());
+        round.split[me] = split.to_vec();
         self.shared.changed.notify_all();
         let deadline = Instant::now() + self.shared.timeout;
         loop {
@@ -240,19 +277,18 @@ impl ThreadGroup {
             .rounds
             .get_mut(&k)
             .ok_or_else(|| err(format!("{what}: call {k} vanished")))?;
-        let all: Vec<Vec<f32>> = round.data.iter().flatten().cloned().collect();
+        let all: Vec<(Vec<f32>, Vec<usize>)> = round
+            .data
+            .iter()
+            .flatten()
+            .cloned()
+            .zip(round.split.iter().cloned())
+            .collect();
         round.taken += 1;
         if round.taken == n {
             st.rounds.remove(&k);
         }
         drop(st);
-        if let Some(bad) = all.iter().position(|v| v.len() != data.len()) {
-            return Err(err(format!(
-                "{what}: rank {me} passed {} elements, rank {bad} passed {}",
-                data.len(),
-                all[bad].len()
-            )));
-        }
         Ok(all)
     }
 
@@ -336,6 +372,48 @@ impl Collective for ThreadGroup {
             .iter()
             .flat_map(|r| r[lo..lo + c].iter().copied())
             .collect())
+    }
+
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send: &[usize],
+        recv: &[usize],
+    ) -> Result<Vec<f32>, ExecError> {
+        let (n, me) = (self.shared.n, self.rank);
+        if send.len() != n || recv.len() != n {
+            return Err(err(format!(
+                "all-to-all-v on rank {me}: {} send and {} receive counts for a group of {n}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        if send.iter().sum::<usize>() != input.len() {
+            return Err(err(format!(
+                "all-to-all-v on rank {me}: send counts {send:?} do not sum to the {} elements \
+                 passed",
+                input.len()
+            )));
+        }
+        let all = self.exchange_split(input, send, "all-to-all-v")?;
+        let mut out = Vec::with_capacity(recv.iter().sum());
+        for (src, ((data, split), &want)) in all.iter().zip(recv).enumerate() {
+            let Some(&len) = split.get(me) else {
+                return Err(err(format!(
+                    "all-to-all-v on rank {me}: rank {src} made another collective call (no \
+                     chunk sizes); every rank must make the same calls in the same order"
+                )));
+            };
+            if len != want {
+                return Err(err(format!(
+                    "all-to-all-v: rank {src} sends {len} elements to rank {me}, which expects \
+                     {want} (the ranks disagree on the counts)"
+                )));
+            }
+            let at: usize = split[..me].iter().sum();
+            out.extend_from_slice(&data[at..at + len]);
+        }
+        Ok(out)
     }
 
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
@@ -437,6 +515,36 @@ mod tests {
         assert_eq!(out[0].2, [0.0, 10.0]);
         assert_eq!(out[1].2, [1.0, 11.0]);
         assert!(out[0].3 && out[1].3);
+    }
+
+    #[test]
+    fn all_to_all_v_moves_chunks_of_any_size() {
+        // Rank r sends r+j+1 copies of 10r+j to rank j (rank 0 sends rank 2 nothing).
+        let out = on_ranks(3, |g| {
+            let r = g.rank();
+            let send: Vec<usize> = (0..3)
+                .map(|j| if (r, j) == (0, 2) { 0 } else { r + j + 1 })
+                .collect();
+            let input: Vec<f32> = (0..3)
+                .flat_map(|j| std::iter::repeat_n((10 * r + j) as f32, send[j]))
+                .collect();
+            let recv: Vec<usize> = (0..3)
+                .map(|s| if (s, r) == (0, 2) { 0 } else { s + r + 1 })
+                .collect();
+            let got = g.all_to_all_v(&input, &send, &recv).unwrap();
+            let wrong = recv.iter().map(|c| c + 1).collect::<Vec<_>>();
+            let bad = g
+                .all_to_all_v(&input, &send, &wrong)
+                .unwrap_err()
+                .to_string();
+            (got, bad)
+        });
+        assert_eq!(out[0].0, [0.0, 10.0, 10.0, 20.0, 20.0, 20.0]);
+        assert_eq!(
+            out[2].0,
+            [12.0, 12.0, 12.0, 12.0, 22.0, 22.0, 22.0, 22.0, 22.0]
+        );
+        assert!(out[1].1.contains("expects"), "{}", out[1].1);
     }
 
     #[test]

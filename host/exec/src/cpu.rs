@@ -624,18 +624,26 @@ impl Device for Cpu {
                 let plan = moe::dispatch_plan(inputs[1].u32(), n, k, e).map_err(ke())?;
                 let c = last(g, op.outputs[0]);
                 moe::dispatch_forward(outputs[0].f32_mut(), x(0), &plan, c).map_err(ke())?;
-                plans.insert(idx, plan);
+                plans.routed.insert(idx, plan);
             }
             OpKind::GroupedLinear => {
                 let w = shape(g, op.inputs[1]);
                 let (e, n_out, k_in) = (w[0] as usize, w[1] as usize, w[2] as usize);
-                let plan = plan_for(g, op, op.inputs[2], inputs[2], e, plans)?;
+                // An expert-parallel rank runs on the rows its all-to-all received.
+                let plan = if plans.received.contains_key(&op.inputs[2]) {
+                    plans
+                        .for_experts(op.inputs[2])
+                        .ok_or_else(|| state(op, "routing plan vanished"))?
+                } else {
+                    plan_for(g, op, op.inputs[2], inputs[2], e, plans)?
+                };
                 moe::grouped_matmul_forward(outputs[0].f32_mut(), x(0), x(1), plan, k_in, n_out)
                     .map_err(ke())?;
             }
             OpKind::MoeCombine => {
                 let c = last(g, op.inputs[0]);
                 let plan = plans
+                    .routed
                     .get(&op.inputs[2])
                     .ok_or_else(|| state(op, "no dispatch built a plan for these indices"))?;
                 moe::combine_forward(outputs[0].f32_mut(), x(0), x(1), plan, c).map_err(ke())?;
@@ -915,6 +923,7 @@ impl Device for Cpu {
             OpKind::MoeDispatch => {
                 if let Some(mut t) = take(0) {
                     let plan = plans
+                        .routed
                         .get(&op.inputs[1])
                         .ok_or_else(|| state(op, "the routing plan was not saved"))?;
                     let c = last(g, op.outputs[0]);
@@ -927,7 +936,7 @@ impl Device for Cpu {
                 let w = shape(g, op.inputs[1]);
                 let (n_out, k_in) = (w[1] as usize, w[2] as usize);
                 let plan = plans
-                    .get(&op.inputs[2])
+                    .for_experts(op.inputs[2])
                     .ok_or_else(|| state(op, "the routing plan was not saved"))?;
                 let xs = input(0, "the sorted tokens")?.f32();
                 let wv = input(1, "the expert weights")?.f32();
@@ -946,6 +955,7 @@ impl Device for Cpu {
             OpKind::MoeCombine => {
                 let c = last(g, op.inputs[0]);
                 let plan = plans
+                    .routed
                     .get(&op.inputs[2])
                     .ok_or_else(|| state(op, "the routing plan was not saved"))?;
                 let ys = input(0, "the expert outputs")?.f32();
@@ -966,6 +976,17 @@ impl Device for Cpu {
             | OpKind::Recv => return Err(unsupported(self, op)),
         }
         Ok(())
+    }
+
+    fn plan_counts(&self, plan: &DispatchPlan) -> Result<Vec<usize>, ExecError> {
+        Ok(plan.offsets.windows(2).map(|w| w[1] - w[0]).collect())
+    }
+
+    fn presorted_plan(&self, counts: &[usize]) -> Result<DispatchPlan, ExecError> {
+        moe::presorted_plan(counts).map_err(|source| ExecError::Kernel {
+            op: "(expert-parallel plan)".into(),
+            source,
+        })
     }
 
     fn adamw(
@@ -1021,12 +1042,13 @@ fn plan_for<'p>(
     e: usize,
     plans: &'p mut Plans<DispatchPlan>,
 ) -> Result<&'p DispatchPlan, ExecError> {
-    if let std::collections::hash_map::Entry::Vacant(slot) = plans.entry(idx) {
+    if let std::collections::hash_map::Entry::Vacant(slot) = plans.routed.entry(idx) {
         let s = shape(g, idx);
         let (n, k) = (s[0] as usize, s.get(1).copied().unwrap_or(1) as usize);
         slot.insert(moe::dispatch_plan(indices.u32(), n, k, e).map_err(kerr(op))?);
     }
     plans
+        .routed
         .get(&idx)
         .ok_or_else(|| state(op, "routing plan vanished"))
 }

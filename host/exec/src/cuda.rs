@@ -90,6 +90,12 @@ impl Device for Cuda {
     ) -> Result<(), ExecError> {
         Err(ExecError::NoCuda)
     }
+    fn plan_counts(&self, _plan: &()) -> Result<Vec<usize>, ExecError> {
+        Err(ExecError::NoCuda)
+    }
+    fn presorted_plan(&self, _counts: &[usize]) -> Result<(), ExecError> {
+        Err(ExecError::NoCuda)
+    }
     fn adamw(
         &self,
         _param: &mut CudaBuffer,

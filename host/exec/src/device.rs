@@ -89,10 +89,44 @@ pub struct GradTarget<'a, B> {
     pub accumulate: bool,
 }
 
-/// MoE routing plans by the router-indices tensor they were built from: built by the
-/// dispatch op, read by the grouped linears and the combine sharing those indices, in
-/// both passes.
-pub type Plans<P> = HashMap<TensorId, P>;
+/// MoE routing plans, by the router-indices tensor they belong to, built in the forward
+/// and read in both passes.
+#[derive(Debug)]
+pub struct Plans<P> {
+    /// The dispatch's plan (this rank's token copies sorted over all experts), read by
+    /// the dispatch and the combine, and by the grouped linears without expert
+    /// parallelism.
+    pub routed: HashMap<TensorId, P>,
+    /// On an expert-parallel rank: the plan over the rows the dispatch's all-to-all
+    /// received (this rank's experts, each one's rows contiguous), which the grouped
+    /// linears between the two all-to-alls run on instead.
+    pub received: HashMap<TensorId, P>,
+}
+
+impl<P> Default for Plans<P> {
+    fn default() -> Self {
+        Plans {
+            routed: HashMap::new(),
+            received: HashMap::new(),
+        }
+    }
+}
+
+impl<P> Plans<P> {
+    pub fn new() -> Plans<P> {
+        Plans::default()
+    }
+    /// Forget every plan.
+    pub fn clear(&mut self) {
+        self.routed.clear();
+        self.received.clear();
+    }
+    /// The plan a grouped linear reading indices `idx` runs on: the received one on an
+    /// expert-parallel rank, the routed one otherwise.
+    pub fn for_experts(&self, idx: TensorId) -> Option<&P> {
+        self.received.get(&idx).or_else(|| self.routed.get(&idx))
+    }
+}
 
 /// Everything one backward step reads and writes, per slot of the forward op.
 pub struct BackwardIo<'a, D: Device + ?Sized> {
@@ -175,6 +209,20 @@ pub trait Device {
         step: &BackwardStep,
         io: BackwardIo<'_, Self>,
     ) -> Result<(), ExecError>;
+
+    /// Rows per expert of routing plan `plan` (for the expert-parallel exchange, which
+    /// runs on the host).
+    ///
+    /// # Errors
+    /// A backend that cannot read it back.
+    fn plan_counts(&self, plan: &Self::Plan) -> Result<Vec<usize>, ExecError>;
+
+    /// A plan over rows that are already grouped by expert: expert e owns the next
+    /// `counts[e]` rows (the rows an expert-parallel rank received).
+    ///
+    /// # Errors
+    /// No experts, or more rows than a plan can index.
+    fn presorted_plan(&self, counts: &[usize]) -> Result<Self::Plan, ExecError>;
 
     /// One AdamW step (`step` counts from 1) on a parameter tensor.
     ///

@@ -84,6 +84,8 @@ pub struct MemoryReport {
     /// Peak of the sum of the tensors the graph needs live at once, under the plan's
     /// liveness: parameters, gradients, AdamW moments, inputs, live activations, saved
     /// activations and statistics, live activation gradients (4 bytes per element).
+    /// Tensors whose rows follow the expert routing (expert parallelism) count at their
+    /// graph shape, the balanced routing's.
     pub required_bytes: u64,
     /// Parameters alone (f32).
     pub param_bytes: u64,
@@ -151,6 +153,8 @@ pub struct Executor<D: Device> {
     host_ints: HashMap<TensorId, Vec<u32>>,
     /// Step-level collectives and communication time (`executor/comm.rs`).
     comm: comm::CommState,
+    /// Expert-parallel exchanges and the data-dependent rows they set (`executor/ep.rs`).
+    ep: ep::EpState,
 }
 
 /// SplitMix64: a tiny, fully specified generator, so initial weights are identical
@@ -227,10 +231,12 @@ impl<D: Device> Executor<D> {
 
     /// As [`Executor::new`], for one rank of a sharded graph
     /// ([`runner_graph::shard::shard`]): its collective ops run through `groups`, one
-    /// handle per group name the graph uses (`tp`, `pp`, ...), each this rank's handle on
-    /// that group (see [`crate::collective::ThreadGroup`]). Tensor parallelism (with or
-    /// without sequence parallelism, vocab-parallel embedding and loss included) and
-    /// pipeline send/recv run; all-to-all (expert parallelism) does not yet.
+    /// handle per group name the graph uses (`tp`, `pp`, `ep`, ...), each this rank's
+    /// handle on that group (see [`crate::collective::ThreadGroup`]). Tensor parallelism
+    /// (with or without sequence parallelism, vocab-parallel embedding and loss included),
+    /// pipeline send/recv and expert parallelism's all-to-alls (group `ep`: a dropless
+    /// token exchange whose received rows follow the routing) run; the
+    /// sequence-parallel all-to-all over tp does not.
     /// [`Executor::for_rank`] also takes the rank's step-level gradient collectives.
     ///
     /// # Errors
@@ -301,6 +307,7 @@ impl<D: Device> Executor<D> {
             collectives: groups.into_iter().collect(),
             host_ints: HashMap::new(),
             comm: comm::CommState::default(),
+            ep: ep::EpState::default(),
             graph: g,
         })
     }
@@ -425,6 +432,7 @@ impl<D: Device> Executor<D> {
             a.clear();
         }
         self.plans.clear();
+        self.ep.clear();
     }
 
     /// Upload inputs, checking names, lengths and id ranges before anything runs.
@@ -590,10 +598,15 @@ impl<D: Device> Executor<D> {
     /// format when emulating storage) and statistics.
     fn compute_op(&mut self, oi: usize) -> Result<Produced<D::Buffer>, ExecError> {
         let op = &self.graph.ops[oi];
+        // Between an expert-parallel layer's all-to-alls, rows follow the routing.
+        let rows = self.ep.propagated_rows(&self.graph, op)?;
         let mut outs = Vec::with_capacity(op.outputs.len());
         for &o in &op.outputs {
             let t = &self.graph.tensors[o];
-            outs.push(self.device.alloc(elem_of(t.dtype), t.numel() as usize)?);
+            if let Some(r) = rows {
+                self.ep.rows.insert(o, r);
+            }
+            outs.push(self.device.alloc(elem_of(t.dtype), self.numel_of(o))?);
         }
         let mut aux = Vec::new();
         if !self.host_forward(oi, &mut outs, &mut aux)? {
@@ -706,7 +719,7 @@ impl<D: Device> Executor<D> {
         let mut dups: Vec<(usize, TensorId, D::Buffer)> = Vec::new();
         for go in &step.grads_out {
             let t = &self.graph.tensors[go.tensor];
-            let n = t.numel() as usize;
+            let n = self.numel_of(go.tensor);
             if taken.iter().any(|(_, id, _, _)| *id == go.tensor) {
                 dups.push((go.slot, go.tensor, self.device.alloc(Elem::F32, n)?));
                 continue;
@@ -729,7 +742,7 @@ impl<D: Device> Executor<D> {
         if self.column_input_partial(op)
             && let Some(i) = taken.iter().position(|(slot, ..)| *slot == 0)
         {
-            let n = self.graph.tensors[taken[i].1].numel() as usize;
+            let n = self.numel_of(taken[i].1);
             let fresh = self.device.alloc(Elem::F32, n)?;
             let orig = std::mem::replace(&mut taken[i].2, fresh);
             partial = Some((i, orig, taken[i].3));
@@ -1049,6 +1062,7 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
 }
 
 mod comm;
+mod ep;
 mod finalize;
 #[cfg(test)]
 mod tests;

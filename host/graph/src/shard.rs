@@ -15,7 +15,11 @@
 //!   stage boundaries are `send`/`recv` of the (B,T,C) residual stream.
 //! - CP: tokens split by cp; attention all-gathers K and V over the cp group.
 //! - EP: routed experts split by ep with an all-to-all before and after the grouped
-//!   linears (ETP splits each expert's width and all-reduces its output).
+//!   linears (ETP splits each expert's width and all-reduces its output). Rank j of the
+//!   `ep` group holds experts j·E/ep..(j+1)·E/ep. The tensors between the two all-to-alls
+//!   are declared at their balanced-routing size (each rank receives as many rows as it
+//!   sends), which is what [`comm_volume`] and the counters price; how many rows a rank
+//!   really receives depends on the routing, and an executor follows the actual counts.
 //! - DP/FSDP: gradient reduction happens once per step, outside the forward graph, so it
 //!   is returned as [`StepCollective`]s next to the graph, each listing the weights it
 //!   covers; so are the tied-embedding sync between the first and last stage and, with
@@ -86,6 +90,14 @@ pub struct StepCollective {
     pub bytes: f64,
     /// Calls per step.
     pub count: u32,
+    /// The reduced gradients are divided by this (1: summed): the number of times the
+    /// sum counts each token's gradient, so that the result is the mean over the step's
+    /// data-parallel batch (each rank's loss is a mean over its own tokens). `dp`: dp·cp.
+    /// `edp`: dp·cp with sequence parallelism (each tp rank's tokens are distinct),
+    /// tp·cp·dp/etp without (the tp ranks' tokens are copies, each routed to the experts);
+    /// Megatron's expert gradient scaling by 1/dp·cp. An `edp` entry of group size 1 moves
+    /// nothing and only divides (expert parallelism over all the data-parallel ranks).
+    pub mean_over: u32,
     pub what: String,
     /// The weights of this rank it covers, by name in the rank's graph, sorted (every
     /// rank of the group lists them in the same order).
@@ -996,7 +1008,9 @@ impl<'a> Pass<'a> {
                 let o = self.output(out, x.tok, 1)?;
                 self.emit(&name, op.kind, vec![x.name, idx.name], vec![o.clone()], attrs, layer, role);
                 if ep > 1 {
-                    // Balanced routing: each rank receives as many rows as it sends.
+                    // Declared for balanced routing (each rank receives as many rows as it
+                    // sends): the size the volume is priced at. The rows really received
+                    // depend on the routing; the executor sizes them at run time.
                     let t = self.logical(out);
                     let s = self.shape_of(&t.name, &t.shape, x.tok, 1)?;
                     let a = self.collective(OpKind::AllToAll, "ep", ep, &o, "a2a_ep", s, t.dtype, &t.name, &[], layer);
@@ -1276,13 +1290,16 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     exp_names.sort();
     let dp = l.dp * l.cp;
     let edp = (l.tp * l.cp * l.dp) / (l.ep * l.etp).max(1);
+    // An expert sees each token of its ep group once per copy of it: the tp ranks hold
+    // copies of their tokens unless sequence parallelism splits them.
+    let edp_mean = if l.sp() { dp } else { (l.tp * l.cp * l.dp) / l.etp.max(1) };
     let m = l.micro_batches();
     let mut out = Vec::new();
-    for (group, n, grads, params, what, names) in [
-        ("dp", dp, dense, dense_param, "dense weights", dense_names),
-        ("edp", edp, exp, exp_param, "expert weights", exp_names),
+    for (group, n, mean_over, grads, params, what, names) in [
+        ("dp", dp, dp, dense, dense_param, "dense weights", dense_names),
+        ("edp", edp, edp_mean, exp, exp_param, "expert weights", exp_names),
     ] {
-        if n <= 1 || grads == 0.0 {
+        if grads == 0.0 || (n <= 1 && (l.fsdp || mean_over <= 1)) {
             continue;
         }
         if l.fsdp {
@@ -1292,6 +1309,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 group_size: n,
                 bytes: grads,
                 count: 1,
+                mean_over,
                 what: format!("fp32 gradients of the {what}"),
                 weights: names.clone(),
             });
@@ -1301,6 +1319,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 group_size: n,
                 bytes: params,
                 count: 2 * m,
+                mean_over: 1,
                 what: format!("FSDP parameter gathers of the {what} (forward and backward, every micro-batch)"),
                 weights: names,
             });
@@ -1311,6 +1330,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 group_size: n,
                 bytes: grads,
                 count: 1,
+                mean_over,
                 what: format!("fp32 gradients of the {what}"),
                 weights: names,
             });
@@ -1332,6 +1352,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 group_size: 2,
                 bytes: tied_bytes,
                 count: 1,
+                mean_over: 1,
                 what: "fp32 gradients of the tied embedding (first and last stage)".into(),
                 weights: names,
             });
@@ -1368,6 +1389,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 group_size: l.tp,
                 bytes,
                 count: 1,
+                mean_over: 1,
                 what: "fp32 gradients of the replicated weights read in the sequence-parallel region (norm gains, \
                        replicated embedding or head), partial per tp rank"
                     .into(),

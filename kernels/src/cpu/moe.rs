@@ -266,6 +266,37 @@ pub fn dispatch_plan(indices: &[u32], n: usize, k: usize, e: usize) -> Result<Di
     })
 }
 
+/// A plan over rows that arrive already grouped by expert: expert e owns the next
+/// `counts[e]` rows, in order (k = 1, identity order). An expert-parallel rank runs its
+/// grouped GEMMs on such a plan over the rows its dispatch all-to-all received.
+///
+/// # Errors
+/// `ShapeMismatch` for no experts, or more rows than fit in u32.
+pub fn presorted_plan(counts: &[usize]) -> Result<DispatchPlan> {
+    if counts.is_empty() {
+        return shape_err("presorted_plan: no experts");
+    }
+    let mut offsets = Vec::with_capacity(counts.len() + 1);
+    offsets.push(0usize);
+    for &c in counts {
+        let next = offsets[offsets.len() - 1].checked_add(c);
+        match next {
+            Some(v) => offsets.push(v),
+            None => return shape_err("presorted_plan: row count overflows"),
+        }
+    }
+    let rows = offsets[counts.len()];
+    let Ok(rows32) = u32::try_from(rows) else {
+        return shape_err(format!("presorted_plan: {rows} rows do not fit u32"));
+    };
+    Ok(DispatchPlan {
+        e: counts.len(),
+        k: 1,
+        offsets,
+        order: (0..rows32).collect(),
+    })
+}
+
 /// Checks a plan's invariants (its fields are public) and returns the inverse
 /// permutation: slot → sorted row.
 fn plan_inverse(p: &DispatchPlan) -> Result<Vec<u32>> {
@@ -786,6 +817,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A presorted plan runs the grouped GEMM on rows grouped by expert as they are, empty
+    /// experts included, and its length checks still bind: rows against the plan, the
+    /// weight against its expert count.
+    #[test]
+    fn presorted_plan_runs_grouped_rows_in_place() {
+        let mut rng = rng(73);
+        let counts = [3usize, 0, 2];
+        let p = presorted_plan(&counts).unwrap();
+        assert_eq!((p.e, p.k, p.offsets.as_slice()), (3, 1, &[0, 3, 3, 5][..]));
+        let (k_in, n_out) = (4, 2);
+        let x = randn(&mut rng, 5 * k_in);
+        let w = randn(&mut rng, 3 * n_out * k_in);
+        let mut y = vec![f32::NAN; 5 * n_out];
+        grouped_matmul_forward(&mut y, &x, &w, &p, k_in, n_out).unwrap();
+        for (row, e) in [(0, 0), (1, 0), (2, 0), (3, 2), (4, 2)] {
+            for o in 0..n_out {
+                let want: f32 = (0..k_in)
+                    .map(|i| x[row * k_in + i] * w[(e * n_out + o) * k_in + i])
+                    .sum();
+                assert!((y[row * n_out + o] - want).abs() < 1e-5);
+            }
+        }
+        assert!(grouped_matmul_forward(&mut y, &x[..4 * k_in], &w, &p, k_in, n_out).is_err());
+        assert!(
+            grouped_matmul_forward(&mut y, &x, &w[..2 * n_out * k_in], &p, k_in, n_out).is_err()
+        );
+        let empty = presorted_plan(&[0, 0]).unwrap();
+        grouped_matmul_forward(&mut [], &[], &w[..2 * n_out * k_in], &empty, k_in, n_out).unwrap();
+        assert!(presorted_plan(&[]).is_err());
     }
 
     #[test]

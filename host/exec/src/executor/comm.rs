@@ -1,10 +1,11 @@
 //! The executor's side of a sharded graph: collective ops, pipeline send/recv, the
 //! vocab-parallel embedding and cross-entropy, and the conjugate all-reduce of
 //! column-parallel input gradients, run on the host through a [`Collective`] per parallel
-//! group. (The step-level gradient reductions are in `finalize.rs`.)
+//! group. (The step-level gradient reductions are in `finalize.rs`, the expert-parallel
+//! exchange in `ep.rs`.)
 //!
 //! Conventions (Megatron-LM tensor parallelism, with or without sequence parallelism,
-//! and pipeline stages):
+//! pipeline stages and expert parallelism):
 //! - A replicated activation's gradient is complete and identical on every rank.
 //! - All-reduce of a row-parallel partial sum (Megatron's `g`): forward sums, backward
 //!   passes the gradient through.
@@ -28,6 +29,15 @@
 //!   Sends are queued and receives wait, so each stage simply runs forward then backward
 //!   (one micro-batch: stage 0 forward, …, last stage forward and backward, …, stage 0
 //!   backward); messages between two stages keep their order.
+//! - Expert-parallel all-to-all (group `ep`, before and after a MoE layer's experts;
+//!   `ep.rs`): dropless and data-dependent. The dispatch side all-gathers every rank's
+//!   rows per expert, then sends each rank the rows of the experts it holds (rank j of
+//!   `ep`: experts j·E/ep..(j+1)·E/ep) and arranges what it receives expert-major; the
+//!   grouped linears run on a plan over those rows. The combine side is the exact
+//!   inverse; each side's backward is the other side's exchange, with the same counts.
+//!   The rows received, and so the size of every tensor up to the combine side, follow
+//!   the routing, not the graph's balanced shape. The sequence-parallel all-to-all over
+//!   `tp` is not run.
 //! - Time spent inside collective calls is summed into [`super::StepProfile`]'s
 //!   `communication_s` (from the start of each forward).
 //!
@@ -78,8 +88,16 @@ impl Timed<'_> {
     pub(super) fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
         self.time(|c| c.all_reduce(buf, op))
     }
-    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    pub(super) fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         self.time(|c| c.all_gather(input))
+    }
+    pub(super) fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send: &[usize],
+        recv: &[usize],
+    ) -> Result<Vec<f32>, ExecError> {
+        self.time(|c| c.all_to_all_v(input, send, recv))
     }
     fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         self.time(|c| c.reduce_scatter(input))
@@ -91,6 +109,12 @@ impl Timed<'_> {
         self.time(|c| c.recv(peer))
     }
 }
+
+/// Why a tp all-to-all (sequence parallelism trading a feature split for a sequence
+/// split) does not run.
+const TP_ALL_TO_ALL: &str = "not implemented: the in-process backend runs the expert-parallel \
+     all-to-alls (group 'ep' around a MoE layer's experts), not the sequence-parallel feature \
+     exchange over tp";
 
 fn unsupported(op: &Op, why: &str) -> ExecError {
     ExecError::Unsupported {
@@ -157,7 +181,7 @@ impl<D: Device> Executor<D> {
     }
 
     /// The handle of `op`'s group, checked against its `group-size`.
-    fn group(&self, op: &Op) -> Result<Timed<'_>, ExecError> {
+    pub(super) fn group(&self, op: &Op) -> Result<Timed<'_>, ExecError> {
         let name = op.text("group").unwrap_or("");
         let c = self.timed(name).ok_or_else(|| {
             unsupported(
@@ -216,7 +240,7 @@ impl<D: Device> Executor<D> {
         Ok(data)
     }
 
-    fn host(&self, id: TensorId, op: &Op) -> Result<Vec<f32>, ExecError> {
+    pub(super) fn host(&self, id: TensorId, op: &Op) -> Result<Vec<f32>, ExecError> {
         let b = self.vals[id].as_ref().ok_or_else(|| {
             ExecError::State(format!(
                 "operation '{}' reads '{}', which is not live",
@@ -363,13 +387,11 @@ impl<D: Device> Executor<D> {
                 let x = self.host(op.inputs[0], op)?;
                 c.reduce_scatter(&to_rank_major(&x, &shape(op.inputs[0]), axis, c.size()))?
             }
-            OpKind::AllToAll => {
-                return Err(unsupported(
-                    op,
-                    "not implemented yet: the in-process backend runs tensor (with or without SP), \
-                     pipeline and data parallelism, not expert parallelism",
-                ));
+            OpKind::AllToAll if self.is_ep_all_to_all(op) => {
+                self.ep_forward(oi, &mut outs[0])?;
+                return Ok(true);
             }
+            OpKind::AllToAll => return Err(unsupported(op, TP_ALL_TO_ALL)),
             OpKind::Send => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
@@ -475,10 +497,7 @@ impl<D: Device> Executor<D> {
                 .and_then(|t| self.grads[t].as_ref())
             {
                 Some(b) => self.device.read_f32(b),
-                None => Ok(vec![
-                    0.0;
-                    self.graph.tensors[op.outputs[0]].numel() as usize
-                ]),
+                None => Ok(vec![0.0; self.numel_of(op.outputs[0])]),
             }
         };
         let d: Vec<f32> = match op.kind {
@@ -515,13 +534,8 @@ impl<D: Device> Executor<D> {
                 let all = c.all_gather(&dout()?)?;
                 from_rank_major(&all, &shape(op.inputs[0]), axis, c.size())
             }
-            OpKind::AllToAll => {
-                return Err(unsupported(
-                    op,
-                    "not implemented yet: the in-process backend runs tensor (with or without SP), \
-                     pipeline and data parallelism, not expert parallelism",
-                ));
-            }
+            OpKind::AllToAll if self.is_ep_all_to_all(op) => self.ep_backward(op, &dout()?)?,
+            OpKind::AllToAll => return Err(unsupported(op, TP_ALL_TO_ALL)),
             OpKind::Send => {
                 // The token's gradient is the loss seed; the sent activation's comes from
                 // the next stage.

@@ -3,9 +3,13 @@
 //! of the weights each [`StepCollective`] lists are all-reduced over its group.
 //!
 //! - `dp` / `edp` (data parallel, expert data parallel): summed, then divided by the
-//!   group size, so every rank holds the mean over the data-parallel ranks (each rank's
-//!   loss is a mean over its own tokens; with equal token counts the mean of the means is
-//!   the full batch's mean).
+//!   collective's `mean_over`, so every rank holds the mean over the data-parallel ranks
+//!   (each rank's loss is a mean over its own tokens; with equal token counts the mean of
+//!   the means is the full batch's mean). For `dp` that is the group size. An expert's
+//!   gradient already sums the tokens of its whole `ep` group (the all-to-all's backward
+//!   brings them), so `edp` divides by the dp·cp ranks whose losses it covers (Megatron's
+//!   expert gradient scaling), more than its group size; a group of one rank moves
+//!   nothing and only divides.
 //! - `pp-embed` (a tied embedding on the first and the last stage): summed.
 //! - `tp` (sequence parallelism: replicated weights read on a sequence shard): summed.
 //!
@@ -25,7 +29,8 @@ impl<D: Device> Executor<D> {
     /// One rank of a sharded graph: [`Executor::with_collectives`] on `sharded.graph`,
     /// plus its step-level collectives ([`Executor::reduce_gradients`], which
     /// [`Executor::step`] runs). `groups` must hold a handle for every group the graph's
-    /// ops and the step collectives name (`tp`, `pp`, `dp`, `pp-embed`, ...).
+    /// ops and the step collectives name (`tp`, `pp`, `dp`, `pp-embed`, `ep`, `edp`, ...),
+    /// but none for a step collective over one rank (which only divides).
     ///
     /// # Errors
     /// As [`Executor::with_collectives`] and [`Executor::set_step_collectives`].
@@ -63,6 +68,8 @@ impl<D: Device> Executor<D> {
                 );
             }
             match self.collectives.get(&sc.group) {
+                // A group of one rank only scales.
+                None if sc.group_size <= 1 => {}
                 None => {
                     return fail(format!(
                         "no handle for group '{}' of {} ranks; pass one to Executor::for_rank",
@@ -140,12 +147,14 @@ impl<D: Device> Executor<D> {
                     )),
                 }
             }
-            let c = self
-                .timed(&sc.group)
-                .ok_or_else(|| ExecError::State(format!("no handle for group '{}'", sc.group)))?;
-            c.all_reduce(&mut flat, ReduceOp::Sum)?;
-            if matches!(sc.group.as_str(), "dp" | "edp") {
-                let inv = 1.0 / c.size() as f32;
+            if sc.group_size > 1 {
+                let c = self.timed(&sc.group).ok_or_else(|| {
+                    ExecError::State(format!("no handle for group '{}'", sc.group))
+                })?;
+                c.all_reduce(&mut flat, ReduceOp::Sum)?;
+            }
+            if sc.mean_over > 1 {
+                let inv = 1.0 / sc.mean_over as f32;
                 flat.iter_mut().for_each(|x| *x *= inv);
             }
             let mut at = 0;

@@ -13,12 +13,18 @@ use runner_graph::shard::RankCoord;
 use runner_graph::{Graph, Role, TensorKind};
 
 /// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head
-/// and loss vocab-parallel or replicated.
+/// and loss vocab-parallel or replicated; a MoE toy's dispatch, experts and combine are
+/// expert ops, its router replicated.
 pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
     for op in &mut g.ops {
         let n = op.name.as_str();
         let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
-        op.role = if ends(&[
+        op.role = if n.ends_with(".moe.dispatch")
+            || n.ends_with(".moe.combine")
+            || n.contains(".moe.experts.")
+        {
+            Role::Expert
+        } else if ends(&[
             ".attn.q",
             ".attn.k",
             ".attn.v",
@@ -222,6 +228,45 @@ pub fn mesh(tp: u32, pp: u32, dp: u32) -> Vec<MeshRank> {
     for p in 0..pp {
         for t in 0..tp {
             push(&mut ranks, (0..dp).map(|d| at(t, p, d)).collect(), "dp");
+        }
+    }
+    ranks
+}
+
+/// Stage-local expert coordinates of a rank of [`mesh`] (Megatron's expert layout: the
+/// tp·dp ranks of a stage, tp fastest, renumbered with etp = 1 fastest, then ep, then
+/// edp): (ep rank, edp rank).
+pub fn expert_coord(coord: RankCoord, tp: u32, ep: u32) -> (u32, u32) {
+    let l = coord.tp + tp * coord.dp;
+    (l % ep, l / ep)
+}
+
+/// [`mesh`] plus the expert groups of expert parallelism `ep` (etp = 1): `ep` (the ranks
+/// of a stage that exchange tokens: consecutive stage-local ranks) and `edp` (the ranks
+/// of a stage holding the same experts), each where it has more than one rank.
+pub fn expert_mesh(tp: u32, pp: u32, dp: u32, ep: u32) -> Vec<MeshRank> {
+    let mut ranks = mesh(tp, pp, dp);
+    assert_eq!((tp * dp) % ep, 0, "ep divides the tp·dp ranks of a stage");
+    for p in 0..pp {
+        let of = |ranks: &[MeshRank], pred: &dyn Fn((u32, u32)) -> bool| -> Vec<usize> {
+            (0..ranks.len())
+                .filter(|&i| ranks[i].coord.pp == p && pred(expert_coord(ranks[i].coord, tp, ep)))
+                .collect()
+        };
+        let mut groups: Vec<(Vec<usize>, &str)> = Vec::new();
+        for q in 0..tp * dp / ep {
+            groups.push((of(&ranks, &|(_, e)| e == q), "ep"));
+        }
+        for j in 0..ep {
+            groups.push((of(&ranks, &|(r, _)| r == j), "edp"));
+        }
+        for (members, name) in groups {
+            if members.len() < 2 {
+                continue;
+            }
+            for (m, h) in members.iter().zip(ThreadGroup::new(members.len())) {
+                ranks[*m].groups.push((name.to_string(), Box::new(h)));
+            }
         }
     }
     ranks

@@ -1,0 +1,437 @@
+//! Expert parallelism on the host: the two `ep` all-to-alls around the experts of a
+//! sharded MoE layer, as Megatron-LM's dropless all-to-all token dispatcher runs them.
+//!
+//! - The dispatch side (the all-to-all reading the `moe-dispatch` output, whose rows are
+//!   sorted by global expert) first all-gathers every rank's rows per expert over `ep`,
+//!   so every rank knows how many rows it receives from whom, then sends each rank the
+//!   rows of the experts it holds: rank j of the `ep` group holds experts
+//!   j·E/ep..(j+1)·E/ep, whose rows are contiguous in the sorted input. The received rows
+//!   are arranged expert-major (local expert, then source rank, then the source's order),
+//!   so each local expert's rows are one contiguous GEMM operand; a plan over them
+//!   ([`Device::presorted_plan`], kept in [`Plans::received`](crate::device::Plans)) is
+//!   what the grouped linears between the two all-to-alls run on. The router's own plan
+//!   stays for the dispatch and the combine.
+//! - The combine side (the all-to-all whose output the `moe-combine` reads) is the exact
+//!   inverse: every expert output row goes back to the rank and the position it came
+//!   from, in the order of that rank's routing plan.
+//! - Backward: each side's backward is the other side's exchange on the gradients, with
+//!   the same counts.
+//! - Data-dependent rows: how many rows a rank receives depends on the routing. The
+//!   sharded graph declares the tensors between the two all-to-alls at their balanced
+//!   size (each rank receives what it sends), which is what the counters price; the
+//!   executor records the actual rows of the received tensor and of every tensor
+//!   computed from it ([`EpState::rows`]) and sizes their values and gradients by them.
+//!   [`super::Executor::memory`]'s required bytes keep the balanced sizes.
+
+use std::collections::HashMap;
+
+use runner_graph::{Graph, Op, OpKind, TensorId};
+
+use super::Executor;
+use super::comm::Timed;
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
+
+/// Which all-to-all of an expert-parallel MoE layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Side {
+    /// Sorted token copies → the rows of this rank's experts.
+    Dispatch,
+    /// Expert outputs → back to the ranks the rows came from.
+    Combine,
+}
+
+/// One MoE layer's exchange in this step.
+#[derive(Clone, Debug)]
+struct Route {
+    /// `counts[s][e]`: rows rank `s` of the ep group routes to global expert `e`.
+    counts: Vec<Vec<usize>>,
+    /// This rank in the ep group.
+    me: usize,
+    /// Experts per rank.
+    local: usize,
+}
+
+impl Route {
+    /// Rows rank `s` sends to each expert of rank `j`.
+    fn block(&self, s: usize, j: usize) -> &[usize] {
+        &self.counts[s][j * self.local..(j + 1) * self.local]
+    }
+    /// Rows rank `s` sends to rank `j`.
+    fn between(&self, s: usize, j: usize) -> usize {
+        self.block(s, j).iter().sum()
+    }
+    fn ranks(&self) -> usize {
+        self.counts.len()
+    }
+    /// Rows this rank receives.
+    fn received(&self) -> usize {
+        (0..self.ranks()).map(|s| self.between(s, self.me)).sum()
+    }
+    /// Rows this rank routed (its dispatch output).
+    fn routed(&self) -> usize {
+        self.counts[self.me].iter().sum()
+    }
+    /// Rows of each local expert, over all sources.
+    fn local_counts(&self) -> Vec<usize> {
+        (0..self.local)
+            .map(|e| (0..self.ranks()).map(|s| self.block(s, self.me)[e]).sum())
+            .collect()
+    }
+}
+
+/// The expert-parallel state of one step: the exchanges and the tensors whose rows they
+/// decide.
+#[derive(Debug, Default)]
+pub(super) struct EpState {
+    /// Actual leading rows of the tensors whose row count depends on the routing (the
+    /// received rows and everything computed from them), when they differ from nothing
+    /// but the routing; absent tensors have their graph shape.
+    pub(super) rows: HashMap<TensorId, usize>,
+    /// The exchange of each MoE layer, by its router-indices tensor.
+    routes: HashMap<TensorId, Route>,
+}
+
+impl EpState {
+    pub(super) fn clear(&mut self) {
+        self.rows.clear();
+        self.routes.clear();
+    }
+
+    /// Rows of op `op`'s outputs when it reads a tensor of data-dependent rows (an op
+    /// between an expert-parallel layer's all-to-alls): the same rows, on the same
+    /// leading axis. `None` for every other op; the all-to-alls size their own outputs.
+    ///
+    /// # Errors
+    /// Inputs of different data-dependent rows, or an output whose leading axis is not
+    /// those rows.
+    pub(super) fn propagated_rows(&self, g: &Graph, op: &Op) -> Result<Option<usize>, ExecError> {
+        if op.kind == OpKind::AllToAll || self.rows.is_empty() {
+            return Ok(None);
+        }
+        let mut found: Option<(usize, TensorId)> = None;
+        for &i in &op.inputs {
+            let Some(&r) = self.rows.get(&i) else {
+                continue;
+            };
+            match found {
+                Some((r0, i0)) if r0 != r => {
+                    return Err(ExecError::State(format!(
+                        "operation '{}' reads '{}' of {r0} rows and '{}' of {r} rows (rows set by \
+                         the expert routing)",
+                        op.name, g.tensors[i0].name, g.tensors[i].name
+                    )));
+                }
+                _ => found = Some((r, i)),
+            }
+        }
+        let Some((r, i)) = found else {
+            return Ok(None);
+        };
+        let lead = g.tensors[i].shape.first();
+        if let Some(&o) = op
+            .outputs
+            .iter()
+            .find(|&&o| g.tensors[o].shape.first() != lead)
+        {
+            return Err(ExecError::Unsupported {
+                op: op.name.clone(),
+                kind: format!("{:?}", op.kind),
+                device: "the expert-parallel executor".into(),
+                why: format!(
+                    "it reads '{}', whose rows depend on the expert routing, but its output '{}' \
+                     {:?} does not keep those rows as its leading axis",
+                    g.tensors[i].name, g.tensors[o].name, g.tensors[o].shape
+                ),
+            });
+        }
+        Ok(Some(r))
+    }
+}
+
+/// Source-major blocks `[s][e]` of `x` (rows of `w` elements, block sizes `rows(s, e)`)
+/// rearranged expert-major `[e][s]`, or back when `to_expert_major` is false.
+fn transpose_blocks(
+    x: &[f32],
+    n: usize,
+    local: usize,
+    w: usize,
+    rows: impl Fn(usize, usize) -> usize,
+    to_expert_major: bool,
+) -> Vec<f32> {
+    // Start of block (s, e) in each layout.
+    let mut src_at = vec![vec![0usize; local]; n];
+    let mut exp_at = vec![vec![0usize; local]; n];
+    let mut at = 0;
+    for (s, starts) in src_at.iter_mut().enumerate() {
+        for (e, st) in starts.iter_mut().enumerate() {
+            *st = at;
+            at += rows(s, e) * w;
+        }
+    }
+    at = 0;
+    for e in 0..local {
+        for (s, starts) in exp_at.iter_mut().enumerate() {
+            starts[e] = at;
+            at += rows(s, e) * w;
+        }
+    }
+    let mut out = vec![0f32; x.len()];
+    for s in 0..n {
+        for e in 0..local {
+            let len = rows(s, e) * w;
+            let (from, to) = if to_expert_major {
+                (src_at[s][e], exp_at[s][e])
+            } else {
+                (exp_at[s][e], src_at[s][e])
+            };
+            out[to..to + len].copy_from_slice(&x[from..from + len]);
+        }
+    }
+    out
+}
+
+fn state(op: &Op, what: String) -> ExecError {
+    ExecError::State(format!("operation '{}': {what}", op.name))
+}
+
+impl<D: Device> Executor<D> {
+    /// For an `ep` all-to-all: which side of its MoE layer it is and the router-indices
+    /// tensor of that layer.
+    fn ep_link(&self, op: &Op) -> Option<(Side, TensorId)> {
+        if op.kind != OpKind::AllToAll || op.text("group") != Some("ep") {
+            return None;
+        }
+        let (x, y) = (*op.inputs.first()?, *op.outputs.first()?);
+        self.graph.ops.iter().find_map(|o| match o.kind {
+            OpKind::MoeDispatch if o.outputs.first() == Some(&x) => {
+                Some((Side::Dispatch, *o.inputs.get(1)?))
+            }
+            OpKind::MoeCombine if o.inputs.first() == Some(&y) => {
+                Some((Side::Combine, *o.inputs.get(2)?))
+            }
+            _ => None,
+        })
+    }
+
+    /// Whether op `op` is an expert-parallel all-to-all this module runs.
+    pub(super) fn is_ep_all_to_all(&self, op: &Op) -> bool {
+        self.ep_link(op).is_some()
+    }
+
+    /// Width of the rows an all-to-all moves (the last axis of its input).
+    fn row_width(&self, op: &Op) -> usize {
+        self.graph.tensors[op.inputs[0]]
+            .shape
+            .last()
+            .copied()
+            .unwrap_or(1)
+            .max(1) as usize
+    }
+
+    /// Rows per global expert of every rank of the ep group (an all-gather of this
+    /// rank's routing plan's counts).
+    fn exchange_counts(&self, op: &Op, c: &Timed<'_>, idx: TensorId) -> Result<Route, ExecError> {
+        let plan = self.plans.routed.get(&idx).ok_or_else(|| {
+            state(
+                op,
+                format!(
+                    "no routing plan for '{}' (the dispatch runs first)",
+                    self.graph.tensors[idx].name
+                ),
+            )
+        })?;
+        let mine = self.device.plan_counts(plan)?;
+        let (n, e) = (c.size(), mine.len());
+        if e == 0 || !e.is_multiple_of(n) {
+            return Err(state(
+                op,
+                format!("{e} experts do not split over the {n} ranks of group 'ep'"),
+            ));
+        }
+        // Counts travel as f32, exact below 2^24.
+        if let Some(&big) = mine.iter().find(|&&v| v >= 1 << 24) {
+            return Err(state(
+                op,
+                format!("{big} rows for one expert exceed what the exchange counts exactly"),
+            ));
+        }
+        let all = c.all_gather(&mine.iter().map(|&v| v as f32).collect::<Vec<_>>())?;
+        Ok(Route {
+            counts: all
+                .chunks(e)
+                .map(|r| r.iter().map(|&v| v as usize).collect())
+                .collect(),
+            me: c.rank(),
+            local: e / n,
+        })
+    }
+
+    /// This rank's routed rows (sorted by global expert) → the rows of its experts from
+    /// every rank, expert-major.
+    fn to_experts(
+        &self,
+        op: &Op,
+        c: &Timed<'_>,
+        r: &Route,
+        x: &[f32],
+        w: usize,
+    ) -> Result<Vec<f32>, ExecError> {
+        if x.len() != r.routed() * w {
+            return Err(state(
+                op,
+                format!(
+                    "{} elements to send, the routing says {} rows of {w}",
+                    x.len(),
+                    r.routed()
+                ),
+            ));
+        }
+        let n = r.ranks();
+        let send: Vec<usize> = (0..n).map(|j| r.between(r.me, j) * w).collect();
+        let recv: Vec<usize> = (0..n).map(|s| r.between(s, r.me) * w).collect();
+        let got = c.all_to_all_v(x, &send, &recv)?;
+        Ok(transpose_blocks(
+            &got,
+            n,
+            r.local,
+            w,
+            |s, e| r.block(s, r.me)[e],
+            true,
+        ))
+    }
+
+    /// Inverse of [`Executor::to_experts`]: rows of this rank's experts, expert-major →
+    /// back to their ranks, which get them in the order of their routing plans.
+    fn from_experts(
+        &self,
+        op: &Op,
+        c: &Timed<'_>,
+        r: &Route,
+        y: &[f32],
+        w: usize,
+    ) -> Result<Vec<f32>, ExecError> {
+        if y.len() != r.received() * w {
+            return Err(state(
+                op,
+                format!(
+                    "{} elements to send back, this rank received {} rows of {w}",
+                    y.len(),
+                    r.received()
+                ),
+            ));
+        }
+        let n = r.ranks();
+        let by_source = transpose_blocks(y, n, r.local, w, |s, e| r.block(s, r.me)[e], false);
+        let send: Vec<usize> = (0..n).map(|s| r.between(s, r.me) * w).collect();
+        let recv: Vec<usize> = (0..n).map(|j| r.between(r.me, j) * w).collect();
+        c.all_to_all_v(&by_source, &send, &recv)
+    }
+
+    fn route(&self, op: &Op, idx: TensorId) -> Result<&Route, ExecError> {
+        self.ep.routes.get(&idx).ok_or_else(|| {
+            state(
+                op,
+                "no expert-parallel exchange recorded for its layer (the dispatch all-to-all \
+                 runs first)"
+                    .into(),
+            )
+        })
+    }
+
+    /// Forward of expert-parallel all-to-all `oi`: writes its output into `out`
+    /// (reallocated to the rows received) and records the rows and the received plan.
+    pub(super) fn ep_forward(&mut self, oi: usize, out: &mut D::Buffer) -> Result<(), ExecError> {
+        let op = self.graph.ops[oi].clone();
+        let Some((side, idx)) = self.ep_link(&op) else {
+            return Err(state(&op, "not an expert-parallel all-to-all".into()));
+        };
+        let w = self.row_width(&op);
+        let x = self.host(op.inputs[0], &op)?;
+        let c = self.group(&op)?;
+        let (y, route) = match side {
+            Side::Dispatch => {
+                let r = self.exchange_counts(&op, &c, idx)?;
+                (self.to_experts(&op, &c, &r, &x, w)?, Some(r))
+            }
+            Side::Combine => {
+                let r = self.route(&op, idx)?;
+                (self.from_experts(&op, &c, r, &x, w)?, None)
+            }
+        };
+        drop(c);
+        if out.len() != y.len() {
+            *out = self.device.alloc(Elem::F32, y.len())?;
+        }
+        self.device.write_f32(out, &y)?;
+        if let Some(r) = route {
+            let plan = self.device.presorted_plan(&r.local_counts())?;
+            self.plans.received.insert(idx, plan);
+            self.ep.rows.insert(op.outputs[0], r.received());
+            self.ep.routes.insert(idx, r);
+        }
+        Ok(())
+    }
+
+    /// Backward of expert-parallel all-to-all `op`: the gradient of its input from
+    /// `dout`, the gradient of its output (the other side's exchange).
+    pub(super) fn ep_backward(&self, op: &Op, dout: &[f32]) -> Result<Vec<f32>, ExecError> {
+        let Some((side, idx)) = self.ep_link(op) else {
+            return Err(state(op, "not an expert-parallel all-to-all".into()));
+        };
+        let w = self.row_width(op);
+        let c = self.group(op)?;
+        let r = self.route(op, idx)?;
+        match side {
+            Side::Dispatch => self.from_experts(op, &c, r, dout, w),
+            Side::Combine => self.to_experts(op, &c, r, dout, w),
+        }
+    }
+
+    /// Elements tensor `id` holds this step: its graph size, or its data-dependent rows
+    /// times its row size.
+    pub(super) fn numel_of(&self, id: TensorId) -> usize {
+        let t = &self.graph.tensors[id];
+        let n = t.numel() as usize;
+        match (self.ep.rows.get(&id), t.shape.first()) {
+            (Some(&r), Some(&lead)) if lead > 0 => n / lead as usize * r,
+            _ => n,
+        }
+    }
+
+    /// Rows each expert-parallel MoE layer's dispatch all-to-all received in the last
+    /// forward, by the name of its output (sorted), for tests and reports.
+    pub fn expert_rows(&self) -> Vec<(String, usize)> {
+        let mut v: Vec<(String, usize)> = self
+            .graph
+            .ops
+            .iter()
+            .filter(|o| matches!(self.ep_link(o), Some((Side::Dispatch, _))))
+            .filter_map(|o| {
+                let out = o.outputs[0];
+                let rows = self.ep.rows.get(&out)?;
+                Some((self.graph.tensors[out].name.clone(), *rows))
+            })
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_transpose_and_back() {
+        // 2 sources × 2 local experts, rows (s, e): (0,0)=1, (0,1)=0, (1,0)=2, (1,1)=1, w=1.
+        let rows = |s: usize, e: usize| [[1, 0], [2, 1]][s][e];
+        let x = [10.0, 20.0, 21.0, 22.0];
+        let em = transpose_blocks(&x, 2, 2, 1, rows, true);
+        assert_eq!(em, [10.0, 20.0, 21.0, 22.0]);
+        let rows = |s: usize, e: usize| [[1, 2], [1, 1]][s][e];
+        let x = [1.0, 2.0, 3.0, 4.0, 5.0];
+        let em = transpose_blocks(&x, 2, 2, 1, rows, true);
+        assert_eq!(em, [1.0, 4.0, 2.0, 3.0, 5.0]);
+        assert_eq!(transpose_blocks(&em, 2, 2, 1, rows, false), x);
+    }
+}

@@ -1,0 +1,465 @@
+//! Expert parallelism end to end on the CPU: shard the toy MoE Llama with ep = 2 carved
+//! out of the data-parallel (or tensor-parallel) ranks, run every rank as a thread, and
+//! check each rank's loss, its dense and expert weight gradients after the step's
+//! reduction, and a few AdamW steps against the unsharded model, with routing that sends
+//! the ranks different numbers of rows (down to none).
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{
+    Data, Grads, close, expert_coord, expert_mesh, options, rank_inputs, run, slice, split_axis,
+    train, weights, with_roles,
+};
+use runner_exec::cpu::Cpu;
+use runner_exec::proxy::synthetic_inputs;
+use runner_exec::toy::{self, ToyConfig};
+use runner_exec::{Executor, Input};
+use runner_graph::shard::{Layout, shard};
+use runner_graph::{Graph, OpKind, TensorKind};
+
+/// Experts, top-k, expert width of the toy MoE.
+const MOE: (u64, u64, u64) = (4, 2, 32);
+
+/// The toy MoE Llama with its parallel roles, at `batch` sequences.
+fn toy_moe(batch: u64) -> Graph {
+    with_roles(
+        toy::llama(&ToyConfig {
+            moe: Some(MOE),
+            batch,
+            ..ToyConfig::tiny()
+        }),
+        true,
+    )
+}
+
+fn is_expert(name: &str) -> bool {
+    name.contains(".moe.experts.")
+}
+
+/// Rows `r·n/parts..` of `x` (shape `full`) along axis 0: part `r` of `parts`.
+fn part<T: Copy>(x: &[T], full: &[u64], r: usize, parts: usize) -> Vec<T> {
+    slice(x, full, 0, r, parts)
+}
+
+/// Data-parallel rank `d`'s half (of `dp`) of the full batch `data` of graph `gfull`.
+fn dp_part(gfull: &Graph, data: &Data, d: usize, dp: usize) -> Data {
+    data.iter()
+        .map(|(n, u, f)| {
+            let s = &gfull.tensors[gfull.tensor_id(n).unwrap()].shape;
+            (n.clone(), part(u, s, d, dp), f.clone())
+        })
+        .collect()
+}
+
+/// What one rank reports.
+struct Out {
+    ep_rank: usize,
+    tp_rank: usize,
+    losses: Vec<f32>,
+    grads: Grads,
+    weights: Grads,
+    shapes: HashMap<String, Vec<u64>>,
+    /// Rows each MoE layer's dispatch all-to-all received.
+    rows: Vec<(String, usize)>,
+}
+
+/// How a test drives one rank.
+#[derive(Clone, Copy)]
+enum Drive {
+    /// One forward, backward and gradient reduction.
+    Gradients,
+    /// `n` AdamW steps.
+    Train(usize),
+}
+
+/// Shard `g` (the micro-batch graph) at `layout`, give every rank the unsharded weights
+/// `w0` (its experts and tp shards of them) and its data-parallel part of `data` (the full
+/// batch of `gfull`, split over dp, then over tp where sequence parallelism splits the
+/// inputs), and drive each rank as a thread.
+fn on_ranks(
+    g: &Graph,
+    gfull: &Graph,
+    layout: &Layout,
+    w0: &Grads,
+    data: &Data,
+    drive: Drive,
+) -> Vec<Out> {
+    let (tp, ep, dp) = (layout.tp, layout.ep, layout.dp);
+    let hs: Vec<_> = expert_mesh(tp, 1, dp, ep)
+        .into_iter()
+        .map(|m| {
+            let s = shard(g, layout, m.coord).unwrap();
+            let (er, _) = expert_coord(m.coord, tp, ep);
+            let (tr, d) = (m.coord.tp as usize, m.coord.dp as usize);
+            let half = dp_part(gfull, data, d, dp as usize);
+            let (g, w0) = (g.clone(), w0.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                for t in s
+                    .graph
+                    .tensors
+                    .iter()
+                    .filter(|t| t.kind == TensorKind::Weight)
+                {
+                    let full = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
+                    let w = &w0[&t.name];
+                    let local = match split_axis(full, &t.shape) {
+                        None => w.clone(),
+                        Some(0) if is_expert(&t.name) => part(w, full, er as usize, ep as usize),
+                        Some(ax) => slice(w, full, ax, tr, tp as usize),
+                    };
+                    ex.set_weight(&t.name, &local).unwrap();
+                }
+                let d = rank_inputs(&g, &s.graph, &half, tr, tp as usize);
+                let (losses, grads) = match drive {
+                    Drive::Gradients => {
+                        let (l, gr) = run(&mut ex, &d);
+                        (vec![l], gr)
+                    }
+                    Drive::Train(n) => (train(&mut ex, &d, n), Grads::new()),
+                };
+                Out {
+                    ep_rank: er as usize,
+                    tp_rank: tr,
+                    losses,
+                    grads,
+                    weights: weights(&ex),
+                    shapes: s
+                        .graph
+                        .tensors
+                        .iter()
+                        .map(|t| (t.name.clone(), t.shape.clone()))
+                        .collect(),
+                    rows: ex.expert_rows(),
+                }
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Rank `o`'s part of unsharded tensor `name` (shape from `g`): its experts, its tp shard,
+/// or all of it.
+fn own_part(g: &Graph, o: &Out, name: &str, full_value: &[f32], tp: usize, ep: usize) -> Vec<f32> {
+    let full = &g.tensors[g.tensor_id(name).unwrap()].shape;
+    match split_axis(full, &o.shapes[name]) {
+        None => full_value.to_vec(),
+        Some(0) if is_expert(name) => part(full_value, full, o.ep_rank, ep),
+        Some(ax) => slice(full_value, full, ax, o.tp_rank, tp),
+    }
+}
+
+/// Every weight's gradient on every rank against the unsharded full-batch gradient `want`
+/// (a rank checks the part it holds).
+fn check_grads(g: &Graph, out: &[Out], want: &Grads, tp: usize, ep: usize) {
+    for o in out {
+        assert_eq!(o.grads.len(), want.len(), "every weight has a gradient");
+        for (name, w) in want {
+            let label = format!("{name} (ep rank {}, tp rank {})", o.ep_rank, o.tp_rank);
+            close(&label, &o.grads[name], &own_part(g, o, name, w, tp, ep));
+        }
+    }
+}
+
+/// Rows each rank's MoE layers received, by rank.
+fn rows_by_rank(out: &[Out]) -> Vec<Vec<usize>> {
+    out.iter()
+        .map(|o| o.rows.iter().map(|(_, r)| *r).collect())
+        .collect()
+}
+
+/// The unsharded runs: the full batch (loss, gradients) and each dp half's loss.
+fn unsharded(
+    g: &Graph,
+    gfull: &Graph,
+    w0: &Grads,
+    data: &Data,
+    dp: usize,
+) -> (f32, Grads, Vec<f32>) {
+    let mut full = Executor::new(gfull, Cpu::new(), options()).unwrap();
+    for (n, w) in w0 {
+        full.set_weight(n, w).unwrap();
+    }
+    let (loss, grads) = run(&mut full, data);
+    let halves = (0..dp)
+        .map(|d| {
+            let mut ex = Executor::new(g, Cpu::new(), options()).unwrap();
+            for (n, w) in w0 {
+                ex.set_weight(n, w).unwrap();
+            }
+            run(&mut ex, &dp_part(gfull, data, d, dp)).0
+        })
+        .collect();
+    (loss, grads, halves)
+}
+
+fn ep_dp_layout(ep: u32, dp: u32) -> Layout {
+    Layout {
+        ep,
+        dp,
+        ..Layout::single(2, 2 * dp)
+    }
+}
+
+/// ep = 2 over dp = 2 against the unsharded model, starting from weights `w0`: each
+/// rank's loss is the unsharded loss of its half of the batch, and after the step's
+/// reduction every rank holds the full batch's gradients (dense weights: the dp mean;
+/// its experts: the sum its ep group's tokens brought, over dp). Returns the rows each
+/// rank's layers received, and the unsharded gradients.
+fn check_ep2_dp2(w0: &Grads, seed: u64) -> (Vec<Vec<usize>>, Grads) {
+    let (g, gfull) = (toy_moe(2), toy_moe(4));
+    let data = synthetic_inputs(&gfull, seed);
+    let (loss, want, halves) = unsharded(&g, &gfull, w0, &data, 2);
+    let layout = ep_dp_layout(2, 2);
+    let out = on_ranks(&g, &gfull, &layout, w0, &data, Drive::Gradients);
+    for (d, o) in out.iter().enumerate() {
+        assert_eq!(o.ep_rank, d, "ep rank = dp rank at tp = 1");
+        let l = o.losses[0];
+        assert!(
+            (l - halves[d]).abs() <= 1e-5 * halves[d].abs(),
+            "rank {d}: loss {l} vs its half's {}",
+            halves[d]
+        );
+    }
+    let mean = (out[0].losses[0] + out[1].losses[0]) / 2.0;
+    assert!(
+        (mean - loss).abs() <= 1e-5 * loss.abs(),
+        "mean of the ranks' losses {mean} vs the full batch's {loss}"
+    );
+    check_grads(&g, &out, &want, 1, 2);
+    (rows_by_rank(&out), want)
+}
+
+fn initial_weights() -> Grads {
+    weights(&Executor::new(&toy_moe(2), Cpu::new(), options()).unwrap())
+}
+
+/// Balanced rows per rank per layer: N·k of one rank's micro-batch.
+const BALANCED: usize = 2 * 8 * MOE.1 as usize;
+
+#[test]
+fn ep2_over_dp2_matches_unsharded_loss_and_gradients() {
+    let (rows, _) = check_ep2_dp2(&initial_weights(), 11);
+    // The routing is data-dependent: the ranks' layers do not all receive the balanced
+    // count, so the dynamic sizes are exercised.
+    let all: Vec<usize> = rows.concat();
+    assert_eq!(all.len(), 4, "two layers on two ranks: {rows:?}");
+    assert!(all.iter().any(|&r| r != BALANCED), "rows received {rows:?}");
+    // Every row sent is received once per layer.
+    for layer in 0..2 {
+        assert_eq!(rows[0][layer] + rows[1][layer], 2 * BALANCED, "{rows:?}");
+    }
+}
+
+/// Router weights that send every token to expert 0 and to expert 2 or 1 (expert 2 only
+/// when its logit is positive): expert 3 gets no row, so ep rank 1 receives rows for one
+/// of its experts and none for the other. With `starve`, all router weights are zero:
+/// every token ties and goes to experts 0 and 1, and ep rank 1 receives no row at all.
+fn skewed_router(w0: &Grads, starve: bool) -> Grads {
+    let mut w = w0.clone();
+    for (name, v) in w.iter_mut() {
+        if name.ends_with(".moe.router_logits.weight") {
+            let c = v.len() / MOE.0 as usize;
+            for (e, row) in v.chunks_mut(c).enumerate() {
+                if starve || e != 2 {
+                    row.fill(0.0);
+                }
+            }
+        }
+    }
+    w
+}
+
+#[test]
+fn ep2_rank_receiving_no_rows_for_an_expert_matches_unsharded() {
+    let (rows, want) = check_ep2_dp2(&skewed_router(&initial_weights(), false), 5);
+    for layer in 0..2 {
+        assert!(
+            rows[1][layer] > 0 && rows[0][layer] > rows[1][layer],
+            "{rows:?}"
+        );
+        // Expert 3 (ep rank 1's second) got no row, expert 2 (its first) some.
+        for w in ["gate", "up", "down"] {
+            let g = &want[&format!("layers.{layer}.moe.experts.{w}.weight")];
+            let per = g.len() / MOE.0 as usize;
+            assert!(
+                g[3 * per..].iter().all(|&x| x == 0.0),
+                "expert 3 has no rows"
+            );
+            assert!(
+                g[2 * per..3 * per].iter().any(|&x| x != 0.0),
+                "expert 2 has rows"
+            );
+        }
+    }
+}
+
+#[test]
+fn ep2_rank_receiving_no_rows_at_all_matches_unsharded() {
+    let (rows, _) = check_ep2_dp2(&skewed_router(&initial_weights(), true), 5);
+    assert_eq!(rows, [[2 * BALANCED, 2 * BALANCED], [0, 0]]);
+}
+
+/// Three AdamW steps at ep = 2 over dp = 2 track the unsharded full-batch run: the mean of
+/// the ranks' losses is the full batch's at every step, and every rank's weights (dense,
+/// and its own experts) end where the unsharded run's do.
+#[test]
+fn ep2_training_steps_track_unsharded() {
+    let (g, gfull) = (toy_moe(2), toy_moe(4));
+    let data = synthetic_inputs(&gfull, 7);
+    let w0 = initial_weights();
+    let mut full = Executor::new(&gfull, Cpu::new(), options()).unwrap();
+    let want = train(&mut full, &data, 3);
+    let w3 = weights(&full);
+    let out = on_ranks(&g, &gfull, &ep_dp_layout(2, 2), &w0, &data, Drive::Train(3));
+    for i in 0..3 {
+        let mean = (out[0].losses[i] + out[1].losses[i]) / 2.0;
+        assert!(
+            (mean - want[i]).abs() <= 1e-5 * want[i].abs(),
+            "step {i}: {mean} vs {}",
+            want[i]
+        );
+    }
+    assert!(want[2] < want[0], "the toy learns: {want:?}");
+    for o in &out {
+        for (name, w) in &w3 {
+            let got = &o.weights[name];
+            let want = own_part(&g, o, name, w, 1, 2);
+            let worst = got
+                .iter()
+                .zip(&want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst < 1e-5,
+                "{name} on ep rank {} drifted by {worst:e}",
+                o.ep_rank
+            );
+        }
+    }
+}
+
+/// ep = 2 carved out of tp = 2 (etp = 1, dp = 1): the ep group is the tp group. With
+/// sequence parallelism each tp rank routes its own sequence shard; without it both
+/// route copies of the same tokens, each copy's rows go through the experts, and the
+/// expert gradients are divided by those copies (`edp` of one rank, mean over tp).
+fn check_ep2_tp2(sequence_parallel: bool) {
+    let g = toy_moe(2);
+    let data = synthetic_inputs(&g, 13);
+    let w0 = initial_weights();
+    let (loss, want, _) = unsharded(&g, &g, &w0, &data, 1);
+    let layout = Layout {
+        tp: 2,
+        ep: 2,
+        sequence_parallel,
+        ..Layout::single(2, 2)
+    };
+    let out = on_ranks(&g, &g, &layout, &w0, &data, Drive::Gradients);
+    for o in &out {
+        assert_eq!(o.ep_rank, o.tp_rank);
+        let l = o.losses[0];
+        assert!(
+            (l - loss).abs() <= 1e-5 * loss.abs(),
+            "tp rank {}: loss {l} vs {loss}",
+            o.tp_rank
+        );
+    }
+    check_grads(&g, &out, &want, 2, 2);
+    let rows = rows_by_rank(&out);
+    let per_rank = if sequence_parallel {
+        BALANCED / 2
+    } else {
+        BALANCED
+    };
+    for layer in 0..2 {
+        assert_eq!(rows[0][layer] + rows[1][layer], 2 * per_rank, "{rows:?}");
+    }
+}
+
+#[test]
+fn ep2_over_tp2_sequence_parallel_matches_unsharded() {
+    check_ep2_tp2(true);
+}
+
+#[test]
+fn ep2_over_tp2_without_sequence_parallelism_matches_unsharded() {
+    check_ep2_tp2(false);
+}
+
+/// Replicated experts (ep = 1) at tp = 2 with sequence parallelism: each tp rank's expert
+/// gradients cover its sequence shard only; the `edp` reduction over the tp ranks sums
+/// them (divided by dp·cp = 1, not by the group's 2 ranks).
+#[test]
+fn moe_tp2_sequence_parallel_expert_gradients_match_unsharded() {
+    let g = toy_moe(2);
+    let data = synthetic_inputs(&g, 3);
+    let w0 = initial_weights();
+    let (loss, want, _) = unsharded(&g, &g, &w0, &data, 1);
+    let layout = Layout {
+        tp: 2,
+        sequence_parallel: true,
+        ..Layout::single(2, 2)
+    };
+    let s = shard(&g, &layout, runner_graph::shard::RankCoord::default()).unwrap();
+    let edp = s.step.iter().find(|c| c.group == "edp").unwrap();
+    assert_eq!((edp.group_size, edp.mean_over), (2, 1));
+    let out = on_ranks(&g, &g, &layout, &w0, &data, Drive::Gradients);
+    for o in &out {
+        assert!((o.losses[0] - loss).abs() <= 1e-5 * loss.abs());
+    }
+    check_grads(&g, &out, &want, 2, 1);
+}
+
+/// The EP rank graph: the all-to-alls are still declared (and priced) at the balanced
+/// size, the expert gradients are averaged over dp with no edp peer, and token ids are
+/// still bounded by the vocabulary on the rank.
+#[test]
+fn ep_rank_graph_keeps_balanced_shapes_and_input_checks() {
+    let g = toy_moe(2);
+    let layout = ep_dp_layout(2, 2);
+    let s = shard(
+        &g,
+        &layout,
+        runner_graph::shard::RankCoord {
+            dp: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let a2a: Vec<_> = runner_graph::shard::comm_volume(&s.graph)
+        .into_iter()
+        .filter(|c| c.kind == OpKind::AllToAll)
+        .collect();
+    assert_eq!(a2a.len(), 4, "dispatch and combine, two layers");
+    for c in &a2a {
+        assert_eq!((c.group.as_str(), c.group_size), ("ep", 2));
+        assert_eq!(c.bytes, (BALANCED * 32 * 2) as f64, "bf16 rows of C = 32");
+    }
+    let edp = s.step.iter().find(|c| c.group == "edp").unwrap();
+    assert_eq!(
+        (edp.group_size, edp.mean_over),
+        (1, 2),
+        "no peer; the mean over dp"
+    );
+    assert_eq!(
+        s.step
+            .iter()
+            .find(|c| c.group == "dp")
+            .map(|c| (c.group_size, c.mean_over)),
+        Some((2, 2))
+    );
+    let bounds = runner_exec::executor::int_bounds_of(&s.graph);
+    for name in ["tokens", "targets"] {
+        assert_eq!(bounds[&s.graph.tensor_id(name).unwrap()].0, 64, "{name}");
+    }
+    let mut m = expert_mesh(1, 1, 2, 2);
+    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.remove(1).groups).unwrap();
+    let ids = vec![64u32; 16];
+    let err = ex
+        .forward(&[("tokens", Input::U32(&ids)), ("targets", Input::U32(&ids))])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("id 64"), "{err}");
+}
