@@ -611,7 +611,15 @@ impl<D: Device> Executor<D> {
         let mut aux = Vec::new();
         if !self.host_forward(oi, &mut outs, &mut aux)? {
             let op = &self.graph.ops[oi];
-            let ins: Vec<&D::Buffer> = op
+            let zero_bias = match self.bias_added_elsewhere(op) {
+                Some(n) => {
+                    let mut z = self.device.alloc(Elem::F32, n)?;
+                    self.device.zero(&mut z)?;
+                    Some(z)
+                }
+                None => None,
+            };
+            let mut ins: Vec<&D::Buffer> = op
                 .inputs
                 .iter()
                 .map(|&i| {
@@ -623,6 +631,9 @@ impl<D: Device> Executor<D> {
                     })
                 })
                 .collect::<Result<_, _>>()?;
+            if let Some(z) = &zero_bias {
+                ins[2] = z;
+            }
             self.device
                 .forward(&self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
         }

@@ -242,3 +242,262 @@ fn vocab_parallel_ids_are_bounded_by_the_whole_vocabulary() {
         .to_string();
     assert!(err.contains("id 64"), "{err}");
 }
+
+/// Rank `r`'s part (of `tp`) of full tensor `w` whose rank-local shape is `local`. A
+/// tensor split into fewer parts than tp (kv heads replicated over tp) gives each part
+/// to tp/parts consecutive ranks.
+fn part_of(w: &[f32], full: &[u64], local: &[u64], r: usize, tp: usize) -> Vec<f32> {
+    match split_axis(full, local) {
+        None => w.to_vec(),
+        Some(ax) => {
+            let parts = (full[ax] / local[ax]) as usize;
+            common::slice(w, full, ax, r / (tp / parts), parts)
+        }
+    }
+}
+
+/// Run every rank of a tp-only `layout` as a thread with hand-made `groups` per rank;
+/// the unsharded weights `w0` are cut with [`part_of`]. Returns each rank's loss, gradients (after the
+/// step's reduction) and local shapes.
+fn run_ranks_with(
+    g: &Graph,
+    layout: &Layout,
+    groups: Vec<common::Groups>,
+    data: &Data,
+    w0: &Grads,
+) -> Vec<(f32, Grads, HashMap<String, Vec<u64>>)> {
+    let tp = layout.tp as usize;
+    let hs: Vec<_> = groups
+        .into_iter()
+        .enumerate()
+        .map(|(r, groups)| {
+            let coord = RankCoord {
+                tp: r as u32,
+                ..RankCoord::default()
+            };
+            let s = shard(g, layout, coord).unwrap();
+            let (g, w0, data) = (g.clone(), w0.clone(), data.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                let shapes: HashMap<String, Vec<u64>> = s
+                    .graph
+                    .tensors
+                    .iter()
+                    .map(|t| (t.name.clone(), t.shape.clone()))
+                    .collect();
+                for (name, w) in &w0 {
+                    let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
+                    ex.set_weight(name, &part_of(w, fshape, &shapes[name], r, tp))
+                        .unwrap();
+                }
+                let d = rank_inputs(&g, &s.graph, &data, r, tp);
+                let (loss, grads) = run(&mut ex, &d);
+                (loss, grads, shapes)
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// Every rank's loss equals `want_loss` and every gradient equals its part of the
+/// unsharded one.
+fn check_ranks(
+    g: &Graph,
+    out: &[(f32, Grads, HashMap<String, Vec<u64>>)],
+    want_loss: f32,
+    want: &Grads,
+) {
+    let tp = out.len();
+    for (r, (l, grads, shapes)) in out.iter().enumerate() {
+        assert!(
+            (l - want_loss).abs() <= 1e-5 * want_loss.abs(),
+            "rank {r}: loss {l} vs unsharded {want_loss}"
+        );
+        for (name, w) in want {
+            let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
+            close(
+                &format!("{name} (rank {r})"),
+                &grads[name],
+                &part_of(w, fshape, &shapes[name], r, tp),
+            );
+        }
+    }
+}
+
+/// tp=4 over 2 kv heads: each kv head lives on 2 ranks that see different query heads;
+/// the step's `tp-kv` all-reduce sums their parts of its projections' gradients.
+#[test]
+fn tp4_with_replicated_kv_heads_matches_unsharded() {
+    let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    let data = synthetic_inputs(&g, 12);
+    let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
+    let (loss, want) = run(&mut full, &data);
+    let layout = Layout {
+        tp: 4,
+        ..Layout::single(2, 2)
+    };
+    let step = shard(&g, &layout, RankCoord::default()).unwrap().step;
+    let kv = step.iter().find(|c| c.group == "tp-kv").expect("a tp-kv step collective");
+    assert_eq!(kv.group_size, 2);
+    assert!(kv.weights.iter().all(|w| w.contains(".attn.k.") || w.contains(".attn.v.")), "{:?}", kv.weights);
+    let mut groups: Vec<common::Groups> = ThreadGroup::new(4)
+        .into_iter()
+        .map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)])
+        .collect();
+    for pair in [[0usize, 1], [2, 3]] {
+        for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
+            groups[r].push(("tp-kv".to_string(), Box::new(h)));
+        }
+    }
+    let out = run_ranks_with(&g, &layout, groups, &data, &weights(&full));
+    check_ranks(&g, &out, loss, &want);
+}
+
+/// A GPT-style block with biased column- and row-parallel linears: the row-parallel
+/// bias counts once after the tp all-reduce.
+#[test]
+fn tp2_row_parallel_bias_counts_once() {
+    use runner_graph::{Attr, DType::*, NamedOp, Role, Tensor, TensorKind::*};
+    let t = |n: &str, s: &[u64], d, k| Tensor {
+        name: n.into(),
+        shape: s.to_vec(),
+        dtype: d,
+        kind: k,
+    };
+    let op = |n: &str, kind, i: &[&str], role, layer| NamedOp {
+        name: n.into(),
+        kind,
+        inputs: i.iter().map(|s| s.to_string()).collect(),
+        outputs: vec![n.to_string()],
+        attrs: if kind == OpKind::LayerNorm {
+            [("eps".to_string(), Attr::Float(1e-5))].into()
+        } else {
+            Default::default()
+        },
+        layer,
+        role,
+    };
+    let (b, s, c, f, v) = (2, 4, 8, 16, 12);
+    let g = Graph::new(
+        vec![
+            t("tokens", &[b, s], I32, Input),
+            t("targets", &[b, s], I32, Input),
+            t("embed.weight", &[v, c], BF16, Weight),
+            t("embed", &[b, s, c], BF16, Activation),
+            t("ln.weight", &[c], BF16, Weight),
+            t("ln.bias", &[c], BF16, Weight),
+            t("ln", &[b, s, c], BF16, Activation),
+            t("fc1.weight", &[f, c], BF16, Weight),
+            t("fc1.bias", &[f], BF16, Weight),
+            t("fc1", &[b, s, f], BF16, Activation),
+            t("gelu", &[b, s, f], BF16, Activation),
+            t("fc2.weight", &[c, f], BF16, Weight),
+            t("fc2.bias", &[c], BF16, Weight),
+            t("fc2", &[b, s, c], BF16, Activation),
+            t("res", &[b, s, c], BF16, Activation),
+            t("head.weight", &[v, c], BF16, Weight),
+            t("head", &[b, s, v], BF16, Activation),
+            t("loss", &[], F32, Activation),
+        ],
+        vec![
+            op("embed", OpKind::Embedding, &["tokens", "embed.weight"], Role::Replicated, -1),
+            op("ln", OpKind::LayerNorm, &["embed", "ln.weight", "ln.bias"], Role::Replicated, 0),
+            op("fc1", OpKind::Linear, &["ln", "fc1.weight", "fc1.bias"], Role::ColumnParallel, 0),
+            op("gelu", OpKind::Gelu, &["fc1"], Role::ColumnParallel, 0),
+            op("fc2", OpKind::Linear, &["gelu", "fc2.weight", "fc2.bias"], Role::RowParallel, 0),
+            op("res", OpKind::Add, &["embed", "fc2"], Role::Replicated, 0),
+            op("head", OpKind::Linear, &["res", "head.weight"], Role::Replicated, -1),
+            NamedOp {
+                outputs: vec!["loss".into()],
+                ..op("loss", OpKind::CrossEntropy, &["head", "targets"], Role::Replicated, -1)
+            },
+        ],
+        "loss",
+    )
+    .unwrap();
+    let data = synthetic_inputs(&g, 13);
+    let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
+    // Non-zero biases, so a bias counted twice shows.
+    full.set_weight("fc2.bias", &(0..c).map(|i| 0.1 * i as f32 - 0.3).collect::<Vec<_>>())
+        .unwrap();
+    full.set_weight("fc1.bias", &(0..f).map(|i| 0.05 * i as f32 - 0.4).collect::<Vec<_>>())
+        .unwrap();
+    let (loss, want) = run(&mut full, &data);
+    let layout = Layout {
+        tp: 2,
+        ..Layout::single(2, 2)
+    };
+    let groups: Vec<common::Groups> = ThreadGroup::new(2)
+        .into_iter()
+        .map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)])
+        .collect();
+    let out = run_ranks_with(&g, &layout, groups, &data, &weights(&full));
+    check_ranks(&g, &out, loss, &want);
+}
+
+/// A head-parallel RMSNorm on the query heads (Qwen3's q-norm) has a replicated gain that
+/// each tp rank applies to its own heads only: the step's tp all-reduce sums its parts.
+#[test]
+fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
+    use runner_graph::{Attr, DType, NamedOp, Role, Tensor, TensorKind};
+    let g0 = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    let mut tensors = g0.tensors.clone();
+    let q = g0.tensor_id("layers.0.attn.q").unwrap();
+    let d = *g0.tensors[q].shape.last().unwrap();
+    tensors.push(Tensor {
+        name: "layers.0.attn.q_norm.weight".into(),
+        shape: vec![d],
+        dtype: DType::BF16,
+        kind: TensorKind::Weight,
+    });
+    tensors.push(Tensor {
+        name: "layers.0.attn.q_norm".into(),
+        ..g0.tensors[q].clone()
+    });
+    let mut ops: Vec<NamedOp> = Vec::new();
+    for op in &g0.ops {
+        let mut n = NamedOp {
+            name: op.name.clone(),
+            kind: op.kind,
+            inputs: op.inputs.iter().map(|&i| g0.tensors[i].name.clone()).collect(),
+            outputs: op.outputs.iter().map(|&o| g0.tensors[o].name.clone()).collect(),
+            attrs: op.attrs.clone(),
+            layer: op.layer,
+            role: op.role,
+        };
+        if op.name == "layers.0.attn.q_rope" {
+            ops.push(NamedOp {
+                name: "layers.0.attn.q_norm".into(),
+                kind: OpKind::RmsNorm,
+                inputs: vec!["layers.0.attn.q".into(), "layers.0.attn.q_norm.weight".into()],
+                outputs: vec!["layers.0.attn.q_norm".into()],
+                attrs: [("eps".to_string(), Attr::Float(1e-6))].into(),
+                layer: 0,
+                role: Role::HeadParallel,
+            });
+            n.inputs[0] = "layers.0.attn.q_norm".into();
+        }
+        ops.push(n);
+    }
+    let g = Graph::new(tensors, ops, &g0.tensors[g0.loss].name).unwrap();
+    let data = synthetic_inputs(&g, 14);
+    let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let (loss, want) = run(&mut full, &data);
+    let layout = Layout {
+        tp: 2,
+        ..Layout::single(2, 2)
+    };
+    let step = shard(&g, &layout, RankCoord::default()).unwrap().step;
+    assert!(
+        step.iter()
+            .any(|c| c.group == "tp" && c.weights == ["layers.0.attn.q_norm.weight"]),
+        "{step:?}"
+    );
+    let groups: Vec<common::Groups> = ThreadGroup::new(2)
+        .into_iter()
+        .map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)])
+        .collect();
+    let out = run_ranks_with(&g, &layout, groups, &data, &w0);
+    check_ranks(&g, &out, loss, &want);
+}

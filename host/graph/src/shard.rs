@@ -749,6 +749,11 @@ impl<'a> Pass<'a> {
     /// such tensor an op reads is a current local or gathered version: the only
     /// versions later replaced in `local` are the inputs of a collective, which reads no
     /// weight.
+    /// Names of the local tensors split over tp along their features (heads or columns).
+    fn split_names(&self) -> HashSet<&str> {
+        self.local.values().chain(self.gathered.values()).filter(|l| l.split > 1).map(|l| l.name.as_str()).collect()
+    }
+
     fn seq_names(&self) -> HashSet<&str> {
         self.local
             .values()
@@ -1358,14 +1363,20 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
             });
         }
     }
-    // Sequence parallelism: a replicated weight read by an op on this rank's sequence
-    // shard gets the gradient of those tokens only; the tp ranks' parts are summed
-    // (Megatron's allreduce of layernorm grads in finalize_model_grads).
-    if l.sp() {
-        let seq = p.seq_names();
+    // A replicated weight read by an op on tp-split data gets the gradient of this rank's
+    // part only: the tokens of its sequence shard (sequence parallelism: norm gains, a
+    // replicated head) or its heads (a head-parallel norm, as Qwen3's q/k norms). The tp
+    // ranks' parts are summed (Megatron's allreduce of layernorm grads in
+    // finalize_model_grads). Linears on feature-split data are row-parallel: their
+    // weight is split, and their bias is added once, after the reduction.
+    if l.tp > 1 {
+        let seq = if l.sp() { p.seq_names() } else { HashSet::new() };
+        let split = p.split_names();
         let mut names: BTreeSet<String> = BTreeSet::new();
         for op in &p.ops {
-            if !op.inputs.iter().any(|i| seq.contains(i.as_str())) {
+            let on_seq = op.inputs.iter().any(|i| seq.contains(i.as_str()));
+            let on_heads = op.kind != OpKind::Linear && op.inputs.iter().any(|i| split.contains(i.as_str()));
+            if !on_seq && !on_heads {
                 continue;
             }
             for i in &op.inputs {
@@ -1390,12 +1401,49 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 bytes,
                 count: 1,
                 mean_over: 1,
-                what: "fp32 gradients of the replicated weights read in the sequence-parallel region (norm gains, \
-                       replicated embedding or head), partial per tp rank"
+                what: "fp32 gradients of the replicated weights read on tp-split data (norm gains in the \
+                       sequence-parallel region or on heads, a replicated embedding or head), partial per tp rank"
                     .into(),
                 weights: names.into_iter().collect(),
             });
         }
+    }
+    // KV heads replicated over tp (tp a multiple of the kv heads): the tp/kv ranks that
+    // share a kv head each back-propagate only their own query heads into its
+    // projection, so those ranks sum its gradients.
+    let mut kv: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+    for op in g.ops.iter().filter(|o| o.kind == OpKind::Linear && o.role == Role::ColumnParallel) {
+        let out = &g.tensors[op.outputs[0]].shape;
+        let heads = if out.len() == 4 { out[2] } else { continue };
+        if heads == 0 || u64::from(l.tp) <= heads || !u64::from(l.tp).is_multiple_of(heads) {
+            continue;
+        }
+        for &w in &op.inputs[1..] {
+            if p.weights.contains_key(&w) {
+                kv.entry((u64::from(l.tp) / heads) as u32).or_default().insert(g.tensors[w].name.clone());
+            }
+        }
+    }
+    let several = kv.len() > 1;
+    for (rep, names) in kv {
+        let bytes = names
+            .iter()
+            .filter_map(|n| p.weights.iter().find(|(id, _)| g.tensors[**id].name == *n))
+            .map(|(_, s)| 4.0 * s.iter().product::<u64>() as f64)
+            .sum();
+        out.push(StepCollective {
+            kind: OpKind::AllReduce,
+            group: if several { format!("tp-kv{rep}") } else { "tp-kv".into() },
+            group_size: rep,
+            bytes,
+            count: 1,
+            what: format!(
+                "fp32 gradients of the kv projections, each kv head replicated on {rep} tp ranks that see different \
+                 query heads"
+            ),
+            weights: names.into_iter().collect(),
+            mean_over: 1,
+        });
     }
     out
 }

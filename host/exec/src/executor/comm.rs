@@ -9,6 +9,8 @@
 //! - A replicated activation's gradient is complete and identical on every rank.
 //! - All-reduce of a row-parallel partial sum (Megatron's `g`): forward sums, backward
 //!   passes the gradient through.
+//! - A row-parallel linear's bias is added by tp rank 0 only (the others add zeros), so
+//!   the all-reduce after it counts the bias once, as Megatron's bias-after-reduce does.
 //! - A column-parallel (or vocab-parallel) linear reading a replicated input (Megatron's
 //!   `f`): its input-gradient contribution is partial per rank and is all-reduced over tp
 //!   before it is accumulated. Not when the input comes from an all-gather or all-to-all
@@ -293,6 +295,18 @@ impl<D: Device> Executor<D> {
                 && matches!(o.kind, OpKind::AllGather | OpKind::AllToAll)
                 && o.text("group") == Some("tp")
         })
+    }
+
+    /// For a row-parallel linear with a bias on a tp rank other than 0: the bias length.
+    /// The partial products are summed over tp after the op, and Megatron adds the bias
+    /// once, after that sum; here rank 0 adds it and the others add zeros. Its gradient
+    /// (the column sum of the output gradient, complete on every rank) is unchanged.
+    pub(super) fn bias_added_elsewhere(&self, op: &Op) -> Option<usize> {
+        let c = self.tp_group()?;
+        (op.kind == OpKind::Linear && op.role == Role::RowParallel && c.rank() != 0)
+            .then(|| op.inputs.get(2))
+            .flatten()
+            .map(|&b| self.graph.tensors[b].numel() as usize)
     }
 
     /// Whether every reader of all-gather `op`'s output is a column- or vocab-parallel
