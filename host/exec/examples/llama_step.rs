@@ -2,7 +2,9 @@
 //! 8 heads over 2 KV heads, FFN 688, seq 256, batch 8, vocab 8192) on the CPU and
 //! compose it to 32 layers.
 //!
-//! `RAYON_NUM_THREADS=2 cargo run --release -p runner-exec --example llama_step [repeats]`
+//! `RAYON_NUM_THREADS=2 cargo run --release -p runner-exec --example llama_step [repeats] [none|selective|full]`
+//!
+//! The second argument sets activation recompute (default none).
 //!
 //! `host/exec/benches/pytorch_llama_step.py` runs the same step in PyTorch eager; the
 //! `params` lines of the two must agree. `JSON=1` adds the full measurement; the last
@@ -11,16 +13,28 @@
 use runner_exec::proxy::{MeasureOptions, measure_training_step};
 use runner_exec::timing::TimingOptions;
 use runner_exec::toy::{ToyConfig, llama};
+use runner_graph::recompute::RecomputePolicy;
 
 fn main() -> Result<(), runner_exec::ExecError> {
     let repeats = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
+    let recompute = match std::env::args().nth(2).as_deref() {
+        None | Some("none") => RecomputePolicy::None,
+        Some("selective") => RecomputePolicy::Selective,
+        Some("full") => RecomputePolicy::Full,
+        Some(other) => {
+            return Err(runner_exec::ExecError::Input(format!(
+                "recompute '{other}': use none, selective or full"
+            )));
+        }
+    };
     let g = llama(&ToyConfig::bench());
     let opts = MeasureOptions {
         timing: TimingOptions { warmup: 2, repeats },
         full_layers: Some(32),
+        recompute,
         ..MeasureOptions::default()
     };
     let params: u64 = g
@@ -42,6 +56,7 @@ fn main() -> Result<(), runner_exec::ExecError> {
     println!("  forward   {}", s(m.timing.forward));
     println!("  backward  {}", s(m.timing.backward));
     println!("  optimizer {}", s(m.timing.optimizer));
+    println!("  recompute {} ({recompute:?}; inside backward)", s(m.timing.recompute));
     println!(
         "tokens/s    {:.0}   model TFLOP/s {:.4}  ({})",
         m.tokens_per_s, m.achieved_tflops, m.convention
