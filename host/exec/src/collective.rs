@@ -103,6 +103,9 @@ fn list(ranks: &[usize]) -> String {
         .join(", ")
 }
 
+/// One rank's data of a collective call and its split into chunks.
+type Part = (Vec<f32>, Vec<usize>);
+
 /// The ranks' buffers of one collective call (the k-th of the group).
 struct Round {
     data: Vec<Option<Vec<f32>>>,
@@ -211,7 +214,7 @@ impl ThreadGroup {
         data: &[f32],
         split: &[usize],
         what: &str,
-    ) -> Result<Vec<(Vec<f32>, Vec<usize>)>, ExecError> {
+    ) -> Result<Vec<Part>, ExecError> {
         let (n, me) = (self.shared.n, self.rank);
         let mut st = self.lock();
         if let Some(b) = &st.broken {
@@ -277,7 +280,7 @@ impl ThreadGroup {
             .rounds
             .get_mut(&k)
             .ok_or_else(|| err(format!("{what}: call {k} vanished")))?;
-        let all: Vec<(Vec<f32>, Vec<usize>)> = round
+        let all: Vec<Part> = round
             .data
             .iter()
             .flatten()

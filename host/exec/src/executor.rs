@@ -281,7 +281,7 @@ impl<D: Device> Executor<D> {
         }
         let int_bounds = int_bounds_of(&g);
         let nops = g.ops.len();
-        Ok(Executor {
+        let ex = Executor {
             plan,
             sched,
             device,
@@ -309,7 +309,9 @@ impl<D: Device> Executor<D> {
             comm: comm::CommState::default(),
             ep: ep::EpState::default(),
             graph: g,
-        })
+        };
+        ex.check_expert_tensor_parallel()?;
+        Ok(ex)
     }
 
     pub fn graph(&self) -> &Graph {
@@ -748,15 +750,17 @@ impl<D: Device> Executor<D> {
             taken.push((go.slot, go.tensor, buf, go.accumulate));
         }
         // A column-parallel input gradient is a per-rank partial: compute it alone, then
-        // all-reduce it over tp and accumulate (Megatron's `f` conjugate).
-        let mut partial: Option<(usize, D::Buffer, bool)> = None;
-        if self.column_input_partial(op)
+        // all-reduce it over tp (over etp for an expert linear split in width) and
+        // accumulate (Megatron's `f` conjugate).
+        let mut partial: Option<(usize, D::Buffer, bool, bool)> = None;
+        let etp = self.expert_input_partial(op);
+        if (etp || self.column_input_partial(op))
             && let Some(i) = taken.iter().position(|(slot, ..)| *slot == 0)
         {
             let n = self.numel_of(taken[i].1);
             let fresh = self.device.alloc(Elem::F32, n)?;
             let orig = std::mem::replace(&mut taken[i].2, fresh);
-            partial = Some((i, orig, taken[i].3));
+            partial = Some((i, orig, taken[i].3, etp));
             taken[i].3 = false;
         }
         {
@@ -788,8 +792,12 @@ impl<D: Device> Executor<D> {
             };
             self.device.backward(&self.graph, step, io)?;
         }
-        if let Some((i, mut orig, acc)) = partial {
-            self.all_reduce_tp(&mut taken[i].2)?;
+        if let Some((i, mut orig, acc, etp)) = partial {
+            if etp {
+                self.all_reduce_etp(&mut taken[i].2)?;
+            } else {
+                self.all_reduce_tp(&mut taken[i].2)?;
+            }
             if acc {
                 self.device.add_assign(&mut orig, &taken[i].2)?;
                 taken[i].2 = orig;

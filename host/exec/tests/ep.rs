@@ -15,7 +15,8 @@ use common::{
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
-use runner_exec::{Executor, Input};
+use runner_exec::{ExecOptions, Executor, Input};
+use runner_graph::recompute::RecomputePolicy;
 use runner_graph::shard::{Layout, shard};
 use runner_graph::{Graph, OpKind, TensorKind};
 
@@ -57,6 +58,7 @@ fn dp_part(gfull: &Graph, data: &Data, d: usize, dp: usize) -> Data {
 struct Out {
     ep_rank: usize,
     tp_rank: usize,
+    holder: Holder,
     losses: Vec<f32>,
     grads: Grads,
     weights: Grads,
@@ -86,30 +88,45 @@ fn on_ranks(
     data: &Data,
     drive: Drive,
 ) -> Vec<Out> {
+    on_ranks_with(g, gfull, layout, w0, data, drive, &options())
+}
+
+/// As [`on_ranks`], the ranks running with `opts`.
+fn on_ranks_with(
+    g: &Graph,
+    gfull: &Graph,
+    layout: &Layout,
+    w0: &Grads,
+    data: &Data,
+    drive: Drive,
+    opts: &ExecOptions,
+) -> Vec<Out> {
     let (tp, ep, dp) = (layout.tp, layout.ep, layout.dp);
-    let hs: Vec<_> = expert_mesh(tp, 1, dp, ep)
+    let hs: Vec<_> = expert_mesh(tp, 1, dp, ep, layout.etp)
         .into_iter()
         .map(|m| {
             let s = shard(g, layout, m.coord).unwrap();
-            let (er, _) = expert_coord(m.coord, tp, ep);
+            let (etr, er, _) = expert_coord(m.coord, tp, ep, layout.etp);
+            let me = Holder {
+                ep_rank: er as usize,
+                ep: ep as usize,
+                etp_rank: etr as usize,
+                etp: layout.etp as usize,
+                tp_rank: m.coord.tp as usize,
+                tp: tp as usize,
+            };
             let (tr, d) = (m.coord.tp as usize, m.coord.dp as usize);
             let half = dp_part(gfull, data, d, dp as usize);
-            let (g, w0) = (g.clone(), w0.clone());
+            let (g, w0, opts) = (g.clone(), w0.clone(), opts.clone());
             std::thread::spawn(move || {
-                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                let mut ex = Executor::for_rank(&s, Cpu::new(), opts, m.groups).unwrap();
                 for t in s
                     .graph
                     .tensors
                     .iter()
                     .filter(|t| t.kind == TensorKind::Weight)
                 {
-                    let full = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
-                    let w = &w0[&t.name];
-                    let local = match split_axis(full, &t.shape) {
-                        None => w.clone(),
-                        Some(0) if is_expert(&t.name) => part(w, full, er as usize, ep as usize),
-                        Some(ax) => slice(w, full, ax, tr, tp as usize),
-                    };
+                    let local = me.part(&g, &t.name, &t.shape, &w0[&t.name]);
                     ex.set_weight(&t.name, &local).unwrap();
                 }
                 let d = rank_inputs(&g, &s.graph, &half, tr, tp as usize);
@@ -123,6 +140,7 @@ fn on_ranks(
                 Out {
                     ep_rank: er as usize,
                     tp_rank: tr,
+                    holder: me,
                     losses,
                     grads,
                     weights: weights(&ex),
@@ -140,25 +158,54 @@ fn on_ranks(
     hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
-/// Rank `o`'s part of unsharded tensor `name` (shape from `g`): its experts, its tp shard,
-/// or all of it.
-fn own_part(g: &Graph, o: &Out, name: &str, full_value: &[f32], tp: usize, ep: usize) -> Vec<f32> {
-    let full = &g.tensors[g.tensor_id(name).unwrap()].shape;
-    match split_axis(full, &o.shapes[name]) {
-        None => full_value.to_vec(),
-        Some(0) if is_expert(name) => part(full_value, full, o.ep_rank, ep),
-        Some(ax) => slice(full_value, full, ax, o.tp_rank, tp),
+/// What part of each weight a rank holds: its experts (ep) and its part of their width
+/// (etp), its tp shard of the dense weights.
+#[derive(Clone, Copy, Debug)]
+struct Holder {
+    ep_rank: usize,
+    ep: usize,
+    etp_rank: usize,
+    etp: usize,
+    tp_rank: usize,
+    tp: usize,
+}
+
+impl Holder {
+    /// This rank's part (local shape `local`) of unsharded weight `name` of `g`, `value`.
+    fn part(&self, g: &Graph, name: &str, local: &[u64], value: &[f32]) -> Vec<f32> {
+        let mut shape = g.tensors[g.tensor_id(name).unwrap()].shape.clone();
+        let mut v = value.to_vec();
+        if is_expert(name) {
+            if shape[0] != local[0] {
+                v = part(&v, &shape, self.ep_rank, self.ep);
+                shape[0] = local[0];
+            }
+            match split_axis(&shape, local) {
+                None => v,
+                Some(ax) => slice(&v, &shape, ax, self.etp_rank, self.etp),
+            }
+        } else {
+            match split_axis(&shape, local) {
+                None => v,
+                Some(ax) => slice(&v, &shape, ax, self.tp_rank, self.tp),
+            }
+        }
     }
+}
+
+/// Rank `o`'s part of unsharded tensor `name` (shape from `g`).
+fn own_part(g: &Graph, o: &Out, name: &str, full_value: &[f32]) -> Vec<f32> {
+    o.holder.part(g, name, &o.shapes[name], full_value)
 }
 
 /// Every weight's gradient on every rank against the unsharded full-batch gradient `want`
 /// (a rank checks the part it holds).
-fn check_grads(g: &Graph, out: &[Out], want: &Grads, tp: usize, ep: usize) {
+fn check_grads(g: &Graph, out: &[Out], want: &Grads) {
     for o in out {
         assert_eq!(o.grads.len(), want.len(), "every weight has a gradient");
         for (name, w) in want {
             let label = format!("{name} (ep rank {}, tp rank {})", o.ep_rank, o.tp_rank);
-            close(&label, &o.grads[name], &own_part(g, o, name, w, tp, ep));
+            close(&label, &o.grads[name], &own_part(g, o, name, w));
         }
     }
 }
@@ -228,7 +275,7 @@ fn check_ep2_dp2(w0: &Grads, seed: u64) -> (Vec<Vec<usize>>, Grads) {
         (mean - loss).abs() <= 1e-5 * loss.abs(),
         "mean of the ranks' losses {mean} vs the full batch's {loss}"
     );
-    check_grads(&g, &out, &want, 1, 2);
+    check_grads(&g, &out, &want);
     (rows_by_rank(&out), want)
 }
 
@@ -314,19 +361,18 @@ fn ep2_training_steps_track_unsharded() {
     let want = train(&mut full, &data, 3);
     let w3 = weights(&full);
     let out = on_ranks(&g, &gfull, &ep_dp_layout(2, 2), &w0, &data, Drive::Train(3));
-    for i in 0..3 {
+    for (i, w) in want.iter().enumerate() {
         let mean = (out[0].losses[i] + out[1].losses[i]) / 2.0;
         assert!(
-            (mean - want[i]).abs() <= 1e-5 * want[i].abs(),
-            "step {i}: {mean} vs {}",
-            want[i]
+            (mean - w).abs() <= 1e-5 * w.abs(),
+            "step {i}: {mean} vs {w}"
         );
     }
     assert!(want[2] < want[0], "the toy learns: {want:?}");
     for o in &out {
         for (name, w) in &w3 {
             let got = &o.weights[name];
-            let want = own_part(&g, o, name, w, 1, 2);
+            let want = own_part(&g, o, name, w);
             let worst = got
                 .iter()
                 .zip(&want)
@@ -339,6 +385,69 @@ fn ep2_training_steps_track_unsharded() {
             );
         }
     }
+}
+
+/// Full activation recompute re-runs each layer, its two all-to-alls included, before
+/// the layer's backward: every rank re-runs the same exchanges in the same order, and
+/// the gradients are those of keeping everything.
+#[test]
+fn ep2_with_full_recompute_matches_unsharded() {
+    let (g, gfull) = (toy_moe(2), toy_moe(4));
+    let data = synthetic_inputs(&gfull, 11);
+    let w0 = initial_weights();
+    let (_, want, _) = unsharded(&g, &gfull, &w0, &data, 2);
+    let opts = ExecOptions {
+        recompute: RecomputePolicy::Full,
+        ..options()
+    };
+    let layout = ep_dp_layout(2, 2);
+    let out = on_ranks_with(&g, &gfull, &layout, &w0, &data, Drive::Gradients, &opts);
+    check_grads(&g, &out, &want);
+}
+
+/// Expert tensor parallelism: etp = 2 over tp = 2 without sequence parallelism, alone
+/// (ep = 1) and with ep = 2 over dp = 2. Each etp rank holds half of every expert's
+/// width; the input gradients of the linears split in width are all-reduced over etp.
+/// With sequence parallelism the etp ranks hold different tokens, which is refused.
+#[test]
+fn etp2_over_tp2_matches_unsharded_and_refuses_sequence_parallelism() {
+    for (ep, dp) in [(1u32, 1u32), (2, 2)] {
+        let (g, gfull) = (toy_moe(2), toy_moe(2 * u64::from(dp)));
+        let data = synthetic_inputs(&gfull, 13);
+        let w0 = initial_weights();
+        let (loss, want, halves) = unsharded(&g, &gfull, &w0, &data, dp as usize);
+        let layout = Layout {
+            tp: 2,
+            etp: 2,
+            ep,
+            dp,
+            ..Layout::single(2, 2 * dp)
+        };
+        let out = on_ranks(&g, &gfull, &layout, &w0, &data, Drive::Gradients);
+        for (i, o) in out.iter().enumerate() {
+            let want_loss = if dp == 1 { loss } else { halves[i / 2] };
+            let l = o.losses[0];
+            assert!(
+                (l - want_loss).abs() <= 1e-5 * want_loss.abs(),
+                "ep={ep}: {l} vs {want_loss}"
+            );
+        }
+        check_grads(&g, &out, &want);
+    }
+    let g = toy_moe(2);
+    let layout = Layout {
+        tp: 2,
+        etp: 2,
+        sequence_parallel: true,
+        ..Layout::single(2, 2)
+    };
+    let s = shard(&g, &layout, runner_graph::shard::RankCoord::default()).unwrap();
+    let groups = expert_mesh(2, 1, 1, 1, 2).remove(0).groups;
+    let err = Executor::for_rank(&s, Cpu::new(), options(), groups)
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("without sequence parallelism"), "{err}");
 }
 
 /// ep = 2 carved out of tp = 2 (etp = 1, dp = 1): the ep group is the tp group. With
@@ -366,7 +475,7 @@ fn check_ep2_tp2(sequence_parallel: bool) {
             o.tp_rank
         );
     }
-    check_grads(&g, &out, &want, 2, 2);
+    check_grads(&g, &out, &want);
     let rows = rows_by_rank(&out);
     let per_rank = if sequence_parallel {
         BALANCED / 2
@@ -409,7 +518,7 @@ fn moe_tp2_sequence_parallel_expert_gradients_match_unsharded() {
     for o in &out {
         assert!((o.losses[0] - loss).abs() <= 1e-5 * loss.abs());
     }
-    check_grads(&g, &out, &want, 2, 1);
+    check_grads(&g, &out, &want);
 }
 
 /// The EP rank graph: the all-to-alls are still declared (and priced) at the balanced
@@ -454,7 +563,7 @@ fn ep_rank_graph_keeps_balanced_shapes_and_input_checks() {
     for name in ["tokens", "targets"] {
         assert_eq!(bounds[&s.graph.tensor_id(name).unwrap()].0, 64, "{name}");
     }
-    let mut m = expert_mesh(1, 1, 2, 2);
+    let mut m = expert_mesh(1, 1, 2, 2, 1);
     let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.remove(1).groups).unwrap();
     let ids = vec![64u32; 16];
     let err = ex

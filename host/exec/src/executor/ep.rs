@@ -22,10 +22,19 @@
 //!   executor records the actual rows of the received tensor and of every tensor
 //!   computed from it ([`EpState::rows`]) and sizes their values and gradients by them.
 //!   [`super::Executor::memory`]'s required bytes keep the balanced sizes.
+//! - Expert tensor parallelism (etp > 1): the grouped linears that split an expert's
+//!   width (their output is not summed by an `etp` all-reduce) leave a per-rank partial
+//!   input gradient, all-reduced over `etp` (Megatron's `f`); the sharded graph sums the
+//!   other linears' partial outputs with an `etp` all-reduce. That needs the etp ranks to
+//!   hold the same tokens: etp must divide tp, without sequence parallelism (Megatron
+//!   all-gathers the tokens over etp first, which the sharded graph does not); other
+//!   layouts are refused when the executor is built.
 
 use std::collections::HashMap;
 
 use runner_graph::{Graph, Op, OpKind, TensorId};
+
+use crate::collective::ReduceOp;
 
 use super::Executor;
 use super::comm::Timed;
@@ -302,7 +311,7 @@ impl<D: Device> Executor<D> {
 
     /// Inverse of [`Executor::to_experts`]: rows of this rank's experts, expert-major →
     /// back to their ranks, which get them in the order of their routing plans.
-    fn from_experts(
+    fn to_sources(
         &self,
         op: &Op,
         c: &Timed<'_>,
@@ -347,18 +356,19 @@ impl<D: Device> Executor<D> {
         };
         let w = self.row_width(&op);
         let x = self.host(op.inputs[0], &op)?;
-        let c = self.group(&op)?;
-        let (y, route) = match side {
-            Side::Dispatch => {
-                let r = self.exchange_counts(&op, &c, idx)?;
-                (self.to_experts(&op, &c, &r, &x, w)?, Some(r))
-            }
-            Side::Combine => {
-                let r = self.route(&op, idx)?;
-                (self.from_experts(&op, &c, r, &x, w)?, None)
+        let (y, route) = {
+            let c = self.group(&op)?;
+            match side {
+                Side::Dispatch => {
+                    let r = self.exchange_counts(&op, &c, idx)?;
+                    (self.to_experts(&op, &c, &r, &x, w)?, Some(r))
+                }
+                Side::Combine => {
+                    let r = self.route(&op, idx)?;
+                    (self.to_sources(&op, &c, r, &x, w)?, None)
+                }
             }
         };
-        drop(c);
         if out.len() != y.len() {
             *out = self.device.alloc(Elem::F32, y.len())?;
         }
@@ -382,9 +392,73 @@ impl<D: Device> Executor<D> {
         let c = self.group(op)?;
         let r = self.route(op, idx)?;
         match side {
-            Side::Dispatch => self.from_experts(op, &c, r, dout, w),
+            Side::Dispatch => self.to_sources(op, &c, r, dout, w),
             Side::Combine => self.to_experts(op, &c, r, dout, w),
         }
+    }
+
+    /// The etp group, when there is one of more than one rank.
+    fn etp_group(&self) -> Option<Timed<'_>> {
+        self.timed("etp").filter(|c| c.size() > 1)
+    }
+
+    /// Whether grouped linear `op` splits its experts' output width over etp (its output
+    /// is not summed by an etp all-reduce), which leaves its input gradient a per-rank
+    /// partial to all-reduce over etp.
+    pub(super) fn expert_input_partial(&self, op: &Op) -> bool {
+        op.kind == OpKind::GroupedLinear
+            && self.etp_group().is_some()
+            && !self.graph.ops.iter().any(|o| {
+                o.kind == OpKind::AllReduce
+                    && o.text("group") == Some("etp")
+                    && o.inputs.first() == op.outputs.first()
+            })
+    }
+
+    /// All-reduce `buf` (a gradient contribution) over etp.
+    pub(super) fn all_reduce_etp(&mut self, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        let Some(c) = self.etp_group() else {
+            return Ok(());
+        };
+        let mut h = self.device.read_f32(buf)?;
+        c.all_reduce(&mut h, ReduceOp::Sum)?;
+        self.device.write_f32(buf, &h)?;
+        self.note_comm();
+        Ok(())
+    }
+
+    /// Refuse expert tensor parallelism whose etp ranks hold different tokens: with
+    /// sequence parallelism, or an etp group that does not divide the tp group.
+    pub(super) fn check_expert_tensor_parallel(&self) -> Result<(), ExecError> {
+        let Some(op) = self.graph.ops.iter().find(|o| {
+            o.kind == OpKind::AllReduce
+                && o.text("group") == Some("etp")
+                && o.int("group-size").unwrap_or(1) > 1
+        }) else {
+            return Ok(());
+        };
+        let etp = op.int("group-size").unwrap_or(1) as usize;
+        let sp = self
+            .graph
+            .ops
+            .iter()
+            .any(|o| o.kind == OpKind::ReduceScatter && o.text("group") == Some("tp"));
+        let tp = self.collectives.get("tp").map_or(1, |c| c.size());
+        if sp || !tp.is_multiple_of(etp) {
+            return Err(ExecError::Unsupported {
+                op: op.name.clone(),
+                kind: format!("{:?}", op.kind),
+                device: "the in-process collective backend".into(),
+                why: format!(
+                    "expert tensor parallelism sums partial expert outputs over etp={etp}, so \
+                     the etp ranks must hold the same tokens: etp must divide tp (here {tp}) \
+                     without sequence parallelism{}; Megatron all-gathers the tokens over etp \
+                     first, which the sharded graph does not",
+                    if sp { " (on)" } else { "" }
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Elements tensor `id` holds this step: its graph size, or its data-dependent rows

@@ -234,31 +234,48 @@ pub fn mesh(tp: u32, pp: u32, dp: u32) -> Vec<MeshRank> {
 }
 
 /// Stage-local expert coordinates of a rank of [`mesh`] (Megatron's expert layout: the
-/// tp·dp ranks of a stage, tp fastest, renumbered with etp = 1 fastest, then ep, then
-/// edp): (ep rank, edp rank).
-pub fn expert_coord(coord: RankCoord, tp: u32, ep: u32) -> (u32, u32) {
+/// tp·dp ranks of a stage, tp fastest, renumbered with etp fastest, then ep, then edp):
+/// (etp rank, ep rank, edp rank).
+pub fn expert_coord(coord: RankCoord, tp: u32, ep: u32, etp: u32) -> (u32, u32, u32) {
     let l = coord.tp + tp * coord.dp;
-    (l % ep, l / ep)
+    (l % etp, l / etp % ep, l / (etp * ep))
 }
 
-/// [`mesh`] plus the expert groups of expert parallelism `ep` (etp = 1): `ep` (the ranks
-/// of a stage that exchange tokens: consecutive stage-local ranks) and `edp` (the ranks
-/// of a stage holding the same experts), each where it has more than one rank.
-pub fn expert_mesh(tp: u32, pp: u32, dp: u32, ep: u32) -> Vec<MeshRank> {
+/// [`mesh`] plus the expert groups of expert parallelism `ep` and expert tensor
+/// parallelism `etp`: `etp` (consecutive stage-local ranks splitting the same experts'
+/// width), `ep` (the ranks of a stage that exchange tokens) and `edp` (the ranks of a
+/// stage holding the same expert shards), each where it has more than one rank.
+pub fn expert_mesh(tp: u32, pp: u32, dp: u32, ep: u32, etp: u32) -> Vec<MeshRank> {
     let mut ranks = mesh(tp, pp, dp);
-    assert_eq!((tp * dp) % ep, 0, "ep divides the tp·dp ranks of a stage");
+    assert_eq!(
+        (tp * dp) % (ep * etp),
+        0,
+        "ep·etp divides the tp·dp ranks of a stage"
+    );
+    let edp = tp * dp / (ep * etp);
     for p in 0..pp {
-        let of = |ranks: &[MeshRank], pred: &dyn Fn((u32, u32)) -> bool| -> Vec<usize> {
+        let of = |ranks: &[MeshRank], pred: &dyn Fn((u32, u32, u32)) -> bool| -> Vec<usize> {
             (0..ranks.len())
-                .filter(|&i| ranks[i].coord.pp == p && pred(expert_coord(ranks[i].coord, tp, ep)))
+                .filter(|&i| {
+                    ranks[i].coord.pp == p && pred(expert_coord(ranks[i].coord, tp, ep, etp))
+                })
                 .collect()
         };
         let mut groups: Vec<(Vec<usize>, &str)> = Vec::new();
-        for q in 0..tp * dp / ep {
-            groups.push((of(&ranks, &|(_, e)| e == q), "ep"));
+        for a in 0..ep {
+            for b in 0..edp {
+                groups.push((of(&ranks, &|(_, e, q)| (e, q) == (a, b)), "etp"));
+            }
         }
-        for j in 0..ep {
-            groups.push((of(&ranks, &|(r, _)| r == j), "edp"));
+        for a in 0..etp {
+            for b in 0..edp {
+                groups.push((of(&ranks, &|(t, _, q)| (t, q) == (a, b)), "ep"));
+            }
+        }
+        for a in 0..etp {
+            for b in 0..ep {
+                groups.push((of(&ranks, &|(t, e, _)| (t, e) == (a, b)), "edp"));
+            }
         }
         for (members, name) in groups {
             if members.len() < 2 {
