@@ -17,8 +17,9 @@
 //!   communication ops through, and [`ThreadGroup`], ranks as threads over shared memory
 //!   that fail instead of hanging when a rank leaves or a wait times out
 //!   ([`Executor::for_rank`]: tensor parallelism with or without SP, pipeline send/recv
-//!   including interleaved stages, and the step's gradient reduction over dp, tied
-//!   embeddings and SP; not expert parallelism or FSDP yet).
+//!   including interleaved stages, expert parallelism's dropless all-to-alls (and etp
+//!   where it divides tp, without SP), and the step's gradient reduction over dp, edp,
+//!   tied embeddings and SP; not FSDP yet).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
 //! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
 //! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory
