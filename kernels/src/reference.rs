@@ -10,6 +10,7 @@
 //! all buffers row-major.
 
 use crate::cpu::attention::Attn;
+use crate::cpu::cp::CpShard;
 use crate::cpu::moe::{Router, ScoreFn};
 use crate::cpu::precision::Fp8Format;
 use crate::cpu::rope::Rope;
@@ -66,14 +67,41 @@ pub fn layernorm(x: &[f64], w: &[f64], b: &[f64], c: usize, eps: f64) -> Vec<f64
     out
 }
 
+/// Global positions of `t` local rows of context-parallel rank `cp` (0..t without one),
+/// listed chunk by chunk from Megatron's load-balanced split: the global sequence is
+/// 2·size chunks of t/2 tokens and rank r holds chunks r and 2·size−1−r, in that order.
+pub fn cp_positions(t: usize, cp: Option<CpShard>) -> Vec<usize> {
+    let Some(cp) = cp else {
+        return (0..t).collect();
+    };
+    let c = t / 2;
+    let mut pos = Vec::new();
+    for chunk in [cp.rank, 2 * cp.size - 1 - cp.rank] {
+        pos.extend(chunk * c..(chunk + 1) * c);
+    }
+    pos
+}
+
+/// Global positions of the `size·t` rows a context-parallel all-gather makes of every
+/// rank's `t` local rows (rank order); 0..t without context parallelism.
+pub fn cp_gathered_positions(t: usize, cp: Option<CpShard>) -> Vec<usize> {
+    let Some(cp) = cp else {
+        return (0..t).collect();
+    };
+    (0..cp.size)
+        .flat_map(|rank| cp_positions(t, Some(CpShard { rank, ..cp })))
+        .collect()
+}
+
 /// Rotate-half RoPE, written from the HF Llama formula
 /// `x*cos + rotate_half(x)*sin` with `rotate_half(x) = cat(-x2, x1)`.
 pub fn rope(x: &[f64], r: &Rope) -> Vec<f64> {
     let half = r.rot_dim / 2;
     let mut out = x.to_vec();
+    let positions = cp_positions(r.t, r.cp);
     for b in 0..r.b {
         for t in 0..r.t {
-            let pos = (r.pos_offset + t) as f64;
+            let pos = (r.pos_offset + positions[t]) as f64;
             for h in 0..r.h {
                 let base = ((b * r.t + t) * r.h + h) * r.d;
                 for i in 0..r.rot_dim {
@@ -93,7 +121,8 @@ pub fn rope(x: &[f64], r: &Rope) -> Vec<f64> {
     out
 }
 
-/// Whether key j is visible to query i (the mask `attention_forward` documents).
+/// Whether key j is visible to query i (the mask `attention_forward` documents), both
+/// global positions.
 pub fn visible(a: &Attn, i: usize, j: usize) -> bool {
     let upper = if a.causal {
         j <= i
@@ -104,10 +133,14 @@ pub fn visible(a: &Attn, i: usize, j: usize) -> bool {
     upper && lower
 }
 
-/// Scaled dot-product attention with the full (T,T) score matrix, grouped-query.
-/// Returns out (B,T,H,Dv) and lse (B,H,T).
+/// Scaled dot-product attention with the full score matrix, grouped-query.
+/// Returns out (B,T,H,Dv) and lse (B,H,T). With `a.cp`, q's T rows are a cp rank's
+/// chunks and k, v hold the size·T gathered rows ([`cp_positions`],
+/// [`cp_gathered_positions`]); the mask compares global positions.
 pub fn attention(q: &[f64], k: &[f64], v: &[f64], a: &Attn) -> (Vec<f64>, Vec<f64>) {
     let group = a.h / a.hkv;
+    let (qpos, kpos) = (cp_positions(a.t, a.cp), cp_gathered_positions(a.t, a.cp));
+    let tk = kpos.len();
     let mut out = vec![0.0; a.b * a.t * a.h * a.dv];
     let mut lse = vec![0.0; a.b * a.h * a.t];
     for b in 0..a.b {
@@ -115,10 +148,10 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], a: &Attn) -> (Vec<f64>, Vec<f6
             let g = h / group;
             for i in 0..a.t {
                 let qi = &q[((b * a.t + i) * a.h + h) * a.d..][..a.d];
-                let s: Vec<Option<f64>> = (0..a.t)
+                let s: Vec<Option<f64>> = (0..tk)
                     .map(|j| {
-                        visible(a, i, j).then(|| {
-                            let kj = &k[((b * a.t + j) * a.hkv + g) * a.d..][..a.d];
+                        visible(a, qpos[i], kpos[j]).then(|| {
+                            let kj = &k[((b * tk + j) * a.hkv + g) * a.d..][..a.d];
                             qi.iter().zip(kj).map(|(x, y)| x * y).sum::<f64>() * a.scale as f64
                         })
                     })
@@ -134,7 +167,7 @@ pub fn attention(q: &[f64], k: &[f64], v: &[f64], a: &Attn) -> (Vec<f64>, Vec<f6
                 for (j, sj) in s.iter().enumerate() {
                     if let Some(sj) = sj {
                         let p = (sj - m).exp() / z;
-                        let vj = &v[((b * a.t + j) * a.hkv + g) * a.dv..][..a.dv];
+                        let vj = &v[((b * tk + j) * a.hkv + g) * a.dv..][..a.dv];
                         for (oo, vv) in o.iter_mut().zip(vj) {
                             *oo += p * vv;
                         }

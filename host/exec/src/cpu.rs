@@ -23,6 +23,7 @@ use runner_graph::{Graph, Op, OpKind, TensorId};
 use runner_kernels::KernelError;
 use runner_kernels::cpu::adamw::{AdamW, adamw_step};
 use runner_kernels::cpu::attention::{Attn, attention_backward, attention_forward};
+use runner_kernels::cpu::cp::CpShard;
 use runner_kernels::cpu::{activation, embedding, loss, matmul, moe, norm, rope};
 
 use crate::device::{
@@ -200,7 +201,19 @@ fn f32_attr(op: &Op, key: &str, default: f64) -> f32 {
     op.float(key).unwrap_or(default) as f32
 }
 
-/// The attention shape of op `op` (q, k, v inputs (B,T,H,D), (B,T,Hkv,D), (B,T,Hkv,Dv)).
+/// The context-parallel rank of a sharded rotary or attention op (attrs `cp`,
+/// `cp-rank`, set by `runner_graph::shard` when cp > 1): its rows are that rank's two
+/// chunks of the sequence (`runner_kernels::cpu::cp`). `None` when there are none.
+fn cp_of(op: &Op) -> Option<CpShard> {
+    let size = op.int("cp").unwrap_or(1);
+    (size > 1).then(|| CpShard {
+        size: size as usize,
+        rank: op.int("cp-rank").unwrap_or(0).max(0) as usize,
+    })
+}
+
+/// The attention shape of op `op` (q, k, v inputs (B,T,H,D), (B,Tk,Hkv,D),
+/// (B,Tk,Hkv,Dv); Tk = cp·T under context parallelism, the all-gathered K/V).
 fn attn_of(g: &Graph, op: &Op) -> Attn {
     let (q, v) = (shape(g, op.inputs[0]), shape(g, op.inputs[2]));
     let k = shape(g, op.inputs[1]);
@@ -215,6 +228,7 @@ fn attn_of(g: &Graph, op: &Op) -> Attn {
         causal: op.flag("causal").unwrap_or(true),
         window: (window > 0).then_some(window as usize),
         scale: f32_attr(op, "scale", 1.0 / (q[3] as f64).sqrt()),
+        cp: cp_of(op),
     }
 }
 
@@ -228,6 +242,7 @@ fn rope_of(g: &Graph, op: &Op) -> rope::Rope {
         rot_dim: op.int("rot-dim").unwrap_or(x[3] as i64) as usize,
         theta: f32_attr(op, "theta", 10_000.0),
         pos_offset: 0,
+        cp: cp_of(op),
     }
 }
 

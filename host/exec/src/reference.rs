@@ -114,6 +114,7 @@ pub fn loss(
                     rot_dim: op.int("rot-dim").unwrap() as usize,
                     theta: op.float("theta").unwrap() as f32,
                     pos_offset: 0,
+                    cp: None,
                 };
                 vec![Val::F(r::rope(i(0).f(), &rp))]
             }
@@ -134,6 +135,7 @@ pub fn loss(
                     causal: op.flag("causal").unwrap(),
                     window: (w > 0).then_some(w as usize),
                     scale: op.float("scale").unwrap() as f32,
+                    cp: None,
                 };
                 vec![Val::F(r::attention(i(0).f(), i(1).f(), i(2).f(), &a).0)]
             }

@@ -18,6 +18,7 @@
 pub mod activation;
 pub mod adamw;
 pub mod attention;
+pub mod cp;
 pub mod embedding;
 pub mod loss;
 pub mod matmul;

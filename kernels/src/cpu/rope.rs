@@ -6,17 +6,23 @@
 //! Phi). This is HF's `x·cos + rotate_half(x)·sin`, not the interleaved (GPT-J,
 //! Meta-original) pairing of (2i, 2i+1).
 //!
+//! Under context parallelism ([`Rope::cp`]) the T rows are a cp rank's two chunks of
+//! the global sequence ([`super::cp`]), and row t rotates by its global position:
+//! pos = pos_offset + (global position of local row t). Without it rows are 0..T.
+//!
 //! The forward saves nothing; the backward is the inverse rotation (the transpose
 //! of an orthogonal map). The cos/sin table (T, rot_dim/2) is computed once per call
 //! in f64, so large positions (angles of 10⁵ rad) lose no accuracy to f32 angle
 //! rounding; rows (b,t) then split over rayon tasks.
 
+use super::cp::CpShard;
 use super::{rows_per_task, simd};
 use crate::{Result, check_len, numel, shape_err};
 use rayon::prelude::*;
 
 /// RoPE configuration: shape (B,T,H,D), how many leading dims rotate, frequency base
-/// (e.g. 10000 for Llama 2, 500000 for Llama 3) and the position of token t = 0.
+/// (e.g. 10000 for Llama 2, 500000 for Llama 3), the position of token t = 0 and, under
+/// context parallelism, which chunks of the sequence the rows are.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Rope {
     /// Batch.
@@ -33,6 +39,9 @@ pub struct Rope {
     pub theta: f32,
     /// Position of the first token (e.g. for a continued sequence).
     pub pos_offset: usize,
+    /// The rows are this context-parallel rank's two chunks (T even): each row takes
+    /// its global position. `None`: rows are positions 0..T.
+    pub cp: Option<CpShard>,
 }
 
 fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
@@ -44,6 +53,9 @@ fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
     }
     if !(r.theta.is_finite() && r.theta > 0.0) {
         return shape_err(format!("rope theta {} must be positive", r.theta));
+    }
+    if let Some(cp) = r.cp {
+        cp.check("rope", r.t)?;
     }
     let n = numel(&[r.b, r.t, r.h, r.d])?;
     check_len("rope input", a, n)?;
@@ -59,7 +71,7 @@ fn tables(r: &Rope) -> (Vec<f32>, Vec<f32>) {
     let mut cos = Vec::with_capacity(r.t * half);
     let mut sin = Vec::with_capacity(r.t * half);
     for t in 0..r.t {
-        let pos = (r.pos_offset + t) as f64;
+        let pos = (r.pos_offset + r.cp.map_or(t, |cp| cp.position(r.t, t))) as f64;
         for f in &inv {
             let (s, c) = (pos * f).sin_cos();
             cos.push(c as f32);
@@ -143,6 +155,7 @@ mod tests {
             rot_dim,
             theta,
             pos_offset,
+            cp: None,
         };
         vec![
             mk(1, 1, 1, 2, 2, 10000.0, 0),
@@ -203,6 +216,7 @@ mod tests {
             rot_dim: 4,
             theta: 1e4,
             pos_offset: 0,
+            cp: None,
         };
         let mut out = vec![0.0; 8];
         assert!(rope_forward(&mut out, &[0.0; 8], ok).is_ok());
@@ -211,5 +225,102 @@ mod tests {
         assert!(rope_forward(&mut out, &[0.0; 8], Rope { theta: 0.0, ..ok }).is_err());
         assert!(rope_forward(&mut out, &[0.0; 7], ok).is_err());
         assert!(rope_backward(&mut out[..7], &[0.0; 8], ok).is_err());
+        let cp = |size, rank| Some(CpShard { size, rank });
+        assert!(rope_forward(&mut out, &[0.0; 8], Rope { cp: cp(2, 1), ..ok }).is_ok());
+        assert!(rope_forward(&mut out, &[0.0; 8], Rope { cp: cp(2, 2), ..ok }).is_err());
+        let odd = Rope { t: 1, h: 2, ..ok };
+        assert!(
+            rope_forward(
+                &mut out,
+                &[0.0; 8],
+                Rope {
+                    cp: cp(2, 0),
+                    ..odd
+                }
+            )
+            .is_err()
+        );
+    }
+
+    /// Context-parallel ranks: cp sizes 1 to 3, odd chunk lengths, partial rotary and a
+    /// position offset.
+    fn cp_cases() -> Vec<Rope> {
+        let mk = |t, h, d, rot_dim, pos_offset, size, rank| Rope {
+            b: 2,
+            t,
+            h,
+            d,
+            rot_dim,
+            theta: 10000.0,
+            pos_offset,
+            cp: Some(CpShard { size, rank }),
+        };
+        vec![
+            mk(4, 2, 8, 8, 0, 2, 0),
+            mk(4, 2, 8, 8, 0, 2, 1),
+            mk(6, 3, 10, 6, 7, 3, 2), // chunks of 3, partial rotary, offset
+            mk(2, 1, 4, 4, 0, 3, 1),  // chunks of 1
+            mk(10, 1, 6, 6, 0, 1, 0), // cp of 1: positions 0..T
+        ]
+    }
+
+    #[test]
+    fn rope_cp_matches_reference_and_the_unsharded_rows() {
+        let mut rng = rng(32);
+        for c in cp_cases() {
+            let n = c.b * c.t * c.h * c.d;
+            let x = randn(&mut rng, n);
+            let mut out = vec![f32::NAN; n];
+            rope_forward(&mut out, &x, c).unwrap();
+            assert_close(
+                &format!("rope {c:?}"),
+                &out,
+                &r::rope(&f64s(&x), &c),
+                5e-7,
+                1e-6,
+            );
+            // The same rows rotated by an unsharded rope over the global sequence,
+            // placed at their global positions: bit-identical.
+            let cp = c.cp.unwrap();
+            let tg = c.t * cp.size;
+            let row = c.h * c.d;
+            let mut full_x = vec![0f32; c.b * tg * row];
+            for b in 0..c.b {
+                for i in 0..c.t {
+                    let p = r::cp_positions(c.t, c.cp)[i];
+                    full_x[(b * tg + p) * row..][..row]
+                        .copy_from_slice(&x[(b * c.t + i) * row..][..row]);
+                }
+            }
+            let full = Rope {
+                t: tg,
+                cp: None,
+                ..c
+            };
+            let mut full_out = vec![f32::NAN; full_x.len()];
+            rope_forward(&mut full_out, &full_x, full).unwrap();
+            for b in 0..c.b {
+                for i in 0..c.t {
+                    let p = r::cp_positions(c.t, c.cp)[i];
+                    assert_eq!(
+                        out[(b * c.t + i) * row..][..row],
+                        full_out[(b * tg + p) * row..][..row],
+                        "{c:?}: row {i} (global {p})"
+                    );
+                }
+            }
+            let rr = randn(&mut rng, n);
+            let mut dx = vec![f32::NAN; n];
+            rope_backward(&mut dx, &rr, c).unwrap();
+            let idx = some(&mut rng, n, 100);
+            let fd = fd_grad(&f64s(&x), &idx, |p| loss(&r::rope(p, &c), &rr));
+            assert_close(
+                &format!("rope backward {c:?}"),
+                &pick(&dx, &idx),
+                &fd,
+                1e-6,
+                1e-5,
+            );
+        }
     }
 }
