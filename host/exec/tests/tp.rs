@@ -337,9 +337,18 @@ fn tp4_with_replicated_kv_heads_matches_unsharded() {
         ..Layout::single(2, 2)
     };
     let step = shard(&g, &layout, RankCoord::default()).unwrap().step;
-    let kv = step.iter().find(|c| c.group == "tp-kv").expect("a tp-kv step collective");
+    let kv = step
+        .iter()
+        .find(|c| c.group == "tp-kv")
+        .expect("a tp-kv step collective");
     assert_eq!(kv.group_size, 2);
-    assert!(kv.weights.iter().all(|w| w.contains(".attn.k.") || w.contains(".attn.v.")), "{:?}", kv.weights);
+    assert!(
+        kv.weights
+            .iter()
+            .all(|w| w.contains(".attn.k.") || w.contains(".attn.v.")),
+        "{:?}",
+        kv.weights
+    );
     let mut groups: Vec<common::Groups> = ThreadGroup::new(4)
         .into_iter()
         .map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)])
@@ -400,16 +409,52 @@ fn tp2_row_parallel_bias_counts_once() {
             t("loss", &[], F32, Activation),
         ],
         vec![
-            op("embed", OpKind::Embedding, &["tokens", "embed.weight"], Role::Replicated, -1),
-            op("ln", OpKind::LayerNorm, &["embed", "ln.weight", "ln.bias"], Role::Replicated, 0),
-            op("fc1", OpKind::Linear, &["ln", "fc1.weight", "fc1.bias"], Role::ColumnParallel, 0),
+            op(
+                "embed",
+                OpKind::Embedding,
+                &["tokens", "embed.weight"],
+                Role::Replicated,
+                -1,
+            ),
+            op(
+                "ln",
+                OpKind::LayerNorm,
+                &["embed", "ln.weight", "ln.bias"],
+                Role::Replicated,
+                0,
+            ),
+            op(
+                "fc1",
+                OpKind::Linear,
+                &["ln", "fc1.weight", "fc1.bias"],
+                Role::ColumnParallel,
+                0,
+            ),
             op("gelu", OpKind::Gelu, &["fc1"], Role::ColumnParallel, 0),
-            op("fc2", OpKind::Linear, &["gelu", "fc2.weight", "fc2.bias"], Role::RowParallel, 0),
+            op(
+                "fc2",
+                OpKind::Linear,
+                &["gelu", "fc2.weight", "fc2.bias"],
+                Role::RowParallel,
+                0,
+            ),
             op("res", OpKind::Add, &["embed", "fc2"], Role::Replicated, 0),
-            op("head", OpKind::Linear, &["res", "head.weight"], Role::Replicated, -1),
+            op(
+                "head",
+                OpKind::Linear,
+                &["res", "head.weight"],
+                Role::Replicated,
+                -1,
+            ),
             NamedOp {
                 outputs: vec!["loss".into()],
-                ..op("loss", OpKind::CrossEntropy, &["head", "targets"], Role::Replicated, -1)
+                ..op(
+                    "loss",
+                    OpKind::CrossEntropy,
+                    &["head", "targets"],
+                    Role::Replicated,
+                    -1,
+                )
             },
         ],
         "loss",
@@ -418,10 +463,16 @@ fn tp2_row_parallel_bias_counts_once() {
     let data = synthetic_inputs(&g, 13);
     let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
     // Non-zero biases, so a bias counted twice shows.
-    full.set_weight("fc2.bias", &(0..c).map(|i| 0.1 * i as f32 - 0.3).collect::<Vec<_>>())
-        .unwrap();
-    full.set_weight("fc1.bias", &(0..f).map(|i| 0.05 * i as f32 - 0.4).collect::<Vec<_>>())
-        .unwrap();
+    full.set_weight(
+        "fc2.bias",
+        &(0..c).map(|i| 0.1 * i as f32 - 0.3).collect::<Vec<_>>(),
+    )
+    .unwrap();
+    full.set_weight(
+        "fc1.bias",
+        &(0..f).map(|i| 0.05 * i as f32 - 0.4).collect::<Vec<_>>(),
+    )
+    .unwrap();
     let (loss, want) = run(&mut full, &data);
     let layout = Layout {
         tp: 2,
@@ -459,8 +510,16 @@ fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
         let mut n = NamedOp {
             name: op.name.clone(),
             kind: op.kind,
-            inputs: op.inputs.iter().map(|&i| g0.tensors[i].name.clone()).collect(),
-            outputs: op.outputs.iter().map(|&o| g0.tensors[o].name.clone()).collect(),
+            inputs: op
+                .inputs
+                .iter()
+                .map(|&i| g0.tensors[i].name.clone())
+                .collect(),
+            outputs: op
+                .outputs
+                .iter()
+                .map(|&o| g0.tensors[o].name.clone())
+                .collect(),
             attrs: op.attrs.clone(),
             layer: op.layer,
             role: op.role,
@@ -469,7 +528,10 @@ fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
             ops.push(NamedOp {
                 name: "layers.0.attn.q_norm".into(),
                 kind: OpKind::RmsNorm,
-                inputs: vec!["layers.0.attn.q".into(), "layers.0.attn.q_norm.weight".into()],
+                inputs: vec![
+                    "layers.0.attn.q".into(),
+                    "layers.0.attn.q_norm.weight".into(),
+                ],
                 outputs: vec!["layers.0.attn.q_norm".into()],
                 attrs: [("eps".to_string(), Attr::Float(1e-6))].into(),
                 layer: 0,
@@ -500,4 +562,118 @@ fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
         .collect();
     let out = run_ranks_with(&g, &layout, groups, &data, &w0);
     check_ranks(&g, &out, loss, &want);
+}
+
+/// A handle that counts the all-reduces it runs.
+struct Counting {
+    inner: ThreadGroup,
+    all_reduces: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Collective for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce(
+        &self,
+        buf: &mut [f32],
+        op: runner_exec::collective::ReduceOp,
+    ) -> Result<(), runner_exec::ExecError> {
+        self.all_reduces
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.inner.all_reduce(buf, op)
+    }
+    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, runner_exec::ExecError> {
+        self.inner.all_gather(input)
+    }
+    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, runner_exec::ExecError> {
+        self.inner.reduce_scatter(input)
+    }
+    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, runner_exec::ExecError> {
+        self.inner.all_to_all(input)
+    }
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+    ) -> Result<Vec<f32>, runner_exec::ExecError> {
+        self.inner.all_to_all_v(input, send_counts, recv_counts)
+    }
+    fn send(&self, peer: usize, data: &[f32]) -> Result<(), runner_exec::ExecError> {
+        self.inner.send(peer, data)
+    }
+    fn recv(&self, peer: usize) -> Result<Vec<f32>, runner_exec::ExecError> {
+        self.inner.recv(peer)
+    }
+}
+
+/// The forward runs each all-reduce of the rank graph once, no more: the vocab-parallel
+/// loss reuses the row statistics its `row-stats` ops reduced (so what runs is what
+/// `comm_volume` counts).
+#[test]
+fn forward_runs_each_graph_all_reduce_once() {
+    let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    let data = synthetic_inputs(&g, 15);
+    let layout = Layout {
+        tp: 2,
+        ..Layout::single(2, 2)
+    };
+    let hs: Vec<_> = ThreadGroup::new(2)
+        .into_iter()
+        .enumerate()
+        .map(|(r, h)| {
+            let s = shard(
+                &g,
+                &layout,
+                RankCoord {
+                    tp: r as u32,
+                    ..RankCoord::default()
+                },
+            )
+            .unwrap();
+            let (g, data) = (g.clone(), data.clone());
+            std::thread::spawn(move || {
+                let all_reduces = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                let groups: common::Groups = vec![(
+                    "tp".into(),
+                    Box::new(Counting {
+                        inner: h,
+                        all_reduces: all_reduces.clone(),
+                    }),
+                )];
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                let d = rank_inputs(&g, &s.graph, &data, r, 2);
+                let inputs: Vec<(&str, Input<'_>)> = d
+                    .iter()
+                    .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+                    .collect();
+                ex.forward(&inputs).unwrap();
+                let in_graph = s
+                    .graph
+                    .ops
+                    .iter()
+                    .filter(|o| o.kind == OpKind::AllReduce)
+                    .count();
+                let stats = s
+                    .graph
+                    .ops
+                    .iter()
+                    .filter(|o| o.flag("row-stats") == Some(true))
+                    .count();
+                assert_eq!(stats, 3, "max, sum-exp and target-logit");
+                (
+                    all_reduces.load(std::sync::atomic::Ordering::SeqCst),
+                    in_graph,
+                )
+            })
+        })
+        .collect();
+    for h in hs {
+        let (ran, in_graph) = h.join().unwrap();
+        assert_eq!(ran, in_graph, "all-reduces run vs in the graph");
+    }
 }

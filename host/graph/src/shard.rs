@@ -968,11 +968,12 @@ impl<'a> Pass<'a> {
                 let logits = self.full_tokens(op.inputs[0], logits, layer)?;
                 let targets = self.get(op.inputs[1], Tok::Full)?;
                 if role == Role::VocabParallel && tp > 1 {
-                    // Vocab-parallel softmax: each rank reduces its shard per row, then the
-                    // row max and the row sum of exponentials are all-reduced, (B,T) each.
+                    // Vocab-parallel softmax (Megatron's vocab_parallel_cross_entropy): each
+                    // rank reduces its shard per row, then the row max, the row sum of
+                    // exponentials and the target's logit are all-reduced, (B,T) each.
                     let rows = self.b * self.t / self.tok_div(Tok::Full);
                     let lt = self.logical(op.inputs[0]).name.clone();
-                    for stat in ["max", "sumexp"] {
+                    for stat in ["max", "sumexp", "target-logit"] {
                         let shape = vec![self.b, rows / self.b.max(1)];
                         self.collective(
                             OpKind::AllReduce,

@@ -20,9 +20,11 @@
 //!   rank's part of its output gradient instead, which is complete on every rank.
 //! - Vocab-parallel embedding (attr `vocab-start`): rows outside this rank's shard read
 //!   zero; the all-reduce that follows sums the ranks.
-//! - Vocab-parallel cross-entropy (a `row-stats` all-reduce reads its logits): the row
-//!   max, the row sum of exponentials and the target logit are all-reduced over tp; the
-//!   row-stats ops themselves compute the statistic they name (max / sumexp).
+//! - Vocab-parallel cross-entropy (`row-stats` all-reduces read its logits): the row
+//!   max, the row sum of exponentials and the target's logit are all-reduced over tp,
+//!   (B,T) each, as Megatron does. Each `row-stats` op runs the reduction it names
+//!   (`max`, `sumexp`, `target-logit`) and the loss reuses the results, so each
+//!   reduction happens once and where `comm_volume` counts it.
 //! - Pipeline `send` (group `pp`, attr `peer`: the next stage): forward sends the
 //!   activation and writes 0 into its scalar token (which the stage's objective adds, so
 //!   the loss is unchanged); backward receives the activation's gradient from `peer` and
@@ -46,7 +48,8 @@
 //! All of it runs through host copies of the buffers ([`Device::read_f32`]): correct on
 //! any device, meant for tests and CPU runs, not for speed.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::time::Instant;
 
 use runner_graph::shard::StepCollective;
@@ -65,6 +68,9 @@ pub(super) struct CommState {
     pub(super) step: Vec<StepCollective>,
     pub(super) reduced: bool,
     busy_s: Cell<f64>,
+    /// The vocab-parallel loss's row statistics of this forward, all-reduced, by
+    /// (logits, statistic): made once, by the `row-stats` op or else by the loss.
+    row_stats: RefCell<HashMap<(TensorId, &'static str), Vec<f32>>>,
 }
 
 /// A group handle whose calls add their wall time to the rank's communication time.
@@ -166,6 +172,7 @@ impl<D: Device> Executor<D> {
     pub(super) fn begin_comm_step(&mut self) {
         self.comm.busy_s.set(0.0);
         self.comm.reduced = false;
+        self.comm.row_stats.borrow_mut().clear();
         self.note_comm();
     }
 
@@ -339,6 +346,69 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
+    /// Row statistic `stat` of vocab-parallel logits `logits` over the tp group: the row
+    /// max, the row sum of exp(x − max), or the target's logit (from the shard that
+    /// holds it; the targets are those of the loss reading these logits). Each is one
+    /// (B,T) all-reduce, as in Megatron's vocab-parallel cross-entropy, made once per
+    /// forward: by the `row-stats` op that stands for it in the graph (and in
+    /// `comm_volume`), else by the loss.
+    fn row_stat(&self, logits: TensorId, stat: &'static str, op: &Op) -> Result<Vec<f32>, ExecError> {
+        if let Some(v) = self.comm.row_stats.borrow().get(&(logits, stat)) {
+            return Ok(v.clone());
+        }
+        let c = self
+            .tp_group()
+            .ok_or_else(|| unsupported(op, "vocab-parallel loss without a tp group"))?;
+        let v = self.graph.tensors[logits].shape.last().copied().unwrap_or(1).max(1) as usize;
+        let x = self.host(logits, op)?;
+        let out = match stat {
+            "max" => {
+                let mut m: Vec<f32> = x
+                    .chunks(v)
+                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
+                    .collect();
+                c.all_reduce(&mut m, ReduceOp::Max)?;
+                m
+            }
+            "sumexp" => {
+                let m = self.row_stat(logits, "max", op)?;
+                let mut s: Vec<f32> = x
+                    .chunks(v)
+                    .zip(&m)
+                    .map(|(r, &mx)| r.iter().map(|&a| (a - mx).exp()).sum())
+                    .collect();
+                c.all_reduce(&mut s, ReduceOp::Sum)?;
+                s
+            }
+            _ => {
+                let loss = self
+                    .graph
+                    .ops
+                    .iter()
+                    .find(|o| o.kind == OpKind::CrossEntropy && o.inputs[0] == logits)
+                    .ok_or_else(|| unsupported(op, "no cross-entropy reads these logits"))?;
+                let targets = self.host_ints(loss.inputs[1], op)?;
+                let start = c.rank() * v;
+                let mut tl: Vec<f32> = targets
+                    .iter()
+                    .enumerate()
+                    .map(|(row, &t)| {
+                        let t = t as usize;
+                        if t != IGNORE_INDEX as usize && t >= start && t < start + v {
+                            x[row * v + t - start]
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                c.all_reduce(&mut tl, ReduceOp::Sum)?;
+                tl
+            }
+        };
+        self.comm.row_stats.borrow_mut().insert((logits, stat), out.clone());
+        Ok(out)
+    }
+
     /// Run forward op `oi` on the host if it is one of the ops this module owns; `false`
     /// leaves it to the device.
     pub(super) fn host_forward(
@@ -362,27 +432,14 @@ impl<D: Device> Executor<D> {
         let shape = |id: TensorId| self.graph.tensors[id].shape.clone();
         let out: Vec<f32> = match op.kind {
             OpKind::AllReduce if op.flag("row-stats") == Some(true) => {
-                let c = self.group(op)?;
-                let x = self.host(op.inputs[0], op)?;
-                let v = shape(op.inputs[0]).last().copied().unwrap_or(1).max(1) as usize;
-                let mut m: Vec<f32> = x
-                    .chunks(v)
-                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
-                    .collect();
-                c.all_reduce(&mut m, ReduceOp::Max)?;
-                match op.text("reduce") {
-                    Some("max") => m,
-                    Some("sumexp") => {
-                        let mut s: Vec<f32> = x
-                            .chunks(v)
-                            .zip(&m)
-                            .map(|(r, &mx)| r.iter().map(|&a| (a - mx).exp()).sum())
-                            .collect();
-                        c.all_reduce(&mut s, ReduceOp::Sum)?;
-                        s
-                    }
+                self.group(op)?;
+                let stat = match op.text("reduce") {
+                    Some("max") => "max",
+                    Some("sumexp") => "sumexp",
+                    Some("target-logit") => "target-logit",
                     other => return Err(unsupported(op, &format!("row statistic {other:?}"))),
-                }
+                };
+                self.row_stat(op.inputs[0], stat, op)?
             }
             OpKind::AllReduce => {
                 let mut x = self.host(op.inputs[0], op)?;
@@ -436,37 +493,11 @@ impl<D: Device> Executor<D> {
                 o
             }
             OpKind::CrossEntropy if self.vocab_parallel_ce(op).is_some() => {
-                let c = self
-                    .tp_group()
-                    .ok_or_else(|| unsupported(op, "vocab-parallel loss without a tp group"))?;
-                let v = shape(op.inputs[0]).last().copied().unwrap_or(1).max(1) as usize;
-                let start = c.rank() * v;
-                let x = self.host(op.inputs[0], op)?;
+                let x = op.inputs[0];
+                let m = self.row_stat(x, "max", op)?;
+                let s = self.row_stat(x, "sumexp", op)?;
+                let tl = self.row_stat(x, "target-logit", op)?;
                 let targets = self.host_ints(op.inputs[1], op)?;
-                let mut m: Vec<f32> = x
-                    .chunks(v)
-                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
-                    .collect();
-                c.all_reduce(&mut m, ReduceOp::Max)?;
-                let mut s: Vec<f32> = x
-                    .chunks(v)
-                    .zip(&m)
-                    .map(|(r, &mx)| r.iter().map(|&a| (a - mx).exp()).sum())
-                    .collect();
-                c.all_reduce(&mut s, ReduceOp::Sum)?;
-                let mut tl: Vec<f32> = targets
-                    .iter()
-                    .enumerate()
-                    .map(|(row, &t)| {
-                        let t = t as usize;
-                        if t != IGNORE_INDEX as usize && t >= start && t < start + v {
-                            x[row * v + t - start]
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                c.all_reduce(&mut tl, ReduceOp::Sum)?;
                 let lse: Vec<f32> = m.iter().zip(&s).map(|(&mx, &se)| mx + se.ln()).collect();
                 let (mut total, mut valid) = (0f64, 0usize);
                 for (row, &t) in targets.iter().enumerate() {
