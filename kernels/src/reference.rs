@@ -100,8 +100,8 @@ pub fn rope(x: &[f64], r: &Rope) -> Vec<f64> {
     let mut out = x.to_vec();
     let positions = cp_positions(r.t, r.cp);
     for b in 0..r.b {
-        for t in 0..r.t {
-            let pos = (r.pos_offset + positions[t]) as f64;
+        for (t, &p) in positions.iter().enumerate() {
+            let pos = (r.pos_offset + p) as f64;
             for h in 0..r.h {
                 let base = ((b * r.t + t) * r.h + h) * r.d;
                 for i in 0..r.rot_dim {

@@ -18,6 +18,13 @@
 //! - All-gather ↔ reduce-scatter along the `axis` attribute; an all-gather read by
 //!   replicated ops (a sequence-parallel gather before a replicated loss) keeps this
 //!   rank's part of its output gradient instead, which is complete on every rank.
+//! - Context parallelism (group `cp`): K and V are all-gathered along T before
+//!   attention, every rank's local rows in rank order (its two chunks of Megatron's
+//!   load-balanced split); the attention and rotary ops carry `cp`/`cp-rank` and map
+//!   each row to its global position (`runner_kernels::cpu::cp`). The gradient of the
+//!   gathered K/V covers only this rank's queries, so the backward reduce-scatters
+//!   (sums) it. Each rank's loss is the mean over its own tokens; the `dp` step
+//!   collective averages over the dp·cp ranks, which gives the full batch's gradient.
 //! - Vocab-parallel embedding (attr `vocab-start`): rows outside this rank's shard read
 //!   zero; the all-reduce that follows sums the ranks.
 //! - Vocab-parallel cross-entropy (`row-stats` all-reduces read its logits): the row
@@ -334,6 +341,22 @@ impl<D: Device> Executor<D> {
             })
     }
 
+    /// Whether every reader of all-gather `op`'s output is an attention op reading it as
+    /// its keys or values: context parallelism's K/V all-gather over `cp`. Each rank's
+    /// attention backward gives the gradient of all the gathered rows, but only through
+    /// its own queries, so the ranks' gradients are partial sums.
+    fn gathered_kv_for_attention(&self, op: &Op) -> bool {
+        let out = op.outputs[0];
+        let mut readers = self
+            .graph
+            .ops
+            .iter()
+            .filter(|o| o.inputs.contains(&out))
+            .peekable();
+        readers.peek().is_some()
+            && readers.all(|o| o.kind == OpKind::Attention && o.inputs[0] != out)
+    }
+
     /// All-reduce `buf` (a gradient contribution) over tp.
     pub(super) fn all_reduce_tp(&mut self, buf: &mut D::Buffer) -> Result<(), ExecError> {
         let Some(c) = self.tp_group() else {
@@ -563,8 +586,9 @@ impl<D: Device> Executor<D> {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;
                 let rm = to_rank_major(&dout()?, &shape(op.outputs[0]), axis, c.size());
-                if self.gathered_for_split_ops(op) {
-                    // Column-parallel readers leave per-rank partial gradients: sum them.
+                if self.gathered_for_split_ops(op) || self.gathered_kv_for_attention(op) {
+                    // Column-parallel readers, or attention over cp-gathered K/V, leave
+                    // per-rank partial gradients: sum them.
                     c.reduce_scatter(&rm)?
                 } else {
                     // Replicated readers leave the complete gradient on every rank: keep
