@@ -12,6 +12,8 @@
 //! - [`cpu::matmul`]: GEMM through faer (the only kernel that is not hand-written).
 //! - [`cpu::embedding`], [`cpu::norm`], [`cpu::rope`], [`cpu::attention`],
 //!   [`cpu::activation`], [`cpu::loss`]: the dense transformer layers.
+//! - [`cpu::cp`]: context parallelism's token layout (which global positions a cp rank's
+//!   rows and the all-gathered K/V rows hold), read by rotary and attention.
 //! - [`cpu::moe`]: top-k router, token dispatch, grouped expert GEMM, weighted combine.
 //! - [`cpu::adamw`]: the optimiser step (PyTorch `AdamW` semantics).
 //! - [`cpu::precision`]: exact bf16 / FP8 storage emulation for precision policies.

@@ -16,8 +16,9 @@
 //! - [`collective`]: the [`Collective`] trait the executor runs a sharded graph's
 //!   communication ops through, and [`ThreadGroup`], ranks as threads over shared memory
 //!   that fail instead of hanging when a rank leaves or a wait times out
-//!   ([`Executor::for_rank`]: tensor parallelism with or without SP, pipeline send/recv
-//!   including interleaved stages, expert parallelism's dropless all-to-alls (and etp
+//!   ([`Executor::for_rank`]: tensor parallelism with or without SP, context
+//!   parallelism (K/V all-gathered over cp, rotary and attention on global positions),
+//!   pipeline send/recv including interleaved stages, expert parallelism's dropless all-to-alls (and etp
 //!   where it divides tp, without SP), and the step's gradient reduction over dp, edp,
 //!   tied embeddings and SP; not FSDP yet).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
