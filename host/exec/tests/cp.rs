@@ -24,7 +24,7 @@ use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
 use runner_graph::shard::{Layout, RankCoord, shard};
-use runner_graph::{Graph, OpKind};
+use runner_graph::{Attr, Graph, OpKind};
 
 /// One rank of a tp × cp mesh (dp = 1, one stage): tp fastest, then cp (Megatron's
 /// order). Groups of more than one rank: `tp` (same cp rank), `cp` (same tp rank: the
@@ -181,6 +181,15 @@ fn tiny16() -> Graph {
     )
 }
 
+/// [`tiny16`] with a causal sliding window of `w` tokens on every attention op.
+fn tiny16_window(w: i64) -> Graph {
+    let mut g = tiny16();
+    for op in g.ops.iter_mut().filter(|o| o.kind == OpKind::Attention) {
+        op.attrs.insert("window".into(), Attr::Int(w));
+    }
+    g
+}
+
 fn layout(tp: u32, cp: u32, sequence_parallel: bool) -> Layout {
     Layout {
         tp,
@@ -194,7 +203,10 @@ fn layout(tp: u32, cp: u32, sequence_parallel: bool) -> Layout {
 /// ranks' losses is the unsharded loss (the tp ranks of a cp rank agree), and after the
 /// step's reduction every rank's gradient is the unsharded one (its tp part).
 fn check_loss_and_grads(layout: Layout) {
-    let g = tiny16();
+    check_loss_and_grads_of(tiny16(), layout);
+}
+
+fn check_loss_and_grads_of(g: Graph, layout: Layout) {
     let data = synthetic_inputs(&g, 21);
     let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
     let w0 = weights(&full);
@@ -247,6 +259,13 @@ fn check_loss_and_grads(layout: Layout) {
 #[test]
 fn cp2_matches_unsharded() {
     check_loss_and_grads(layout(1, 2, false));
+}
+
+/// A sliding window of 5 over chunks of 4: the mask reaches across chunk and rank
+/// boundaries and cuts inside chunks, all on global positions.
+#[test]
+fn cp2_sliding_window_matches_unsharded() {
+    check_loss_and_grads_of(tiny16_window(5), layout(1, 2, false));
 }
 
 #[test]
