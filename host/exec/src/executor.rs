@@ -140,6 +140,9 @@ pub struct Executor<D: Device> {
     plans: Plans<D::Plan>,
     /// Weights whose gradient the last backward wrote.
     grad_written: Vec<bool>,
+    /// Weights whose gradient holds the sum of earlier micro-batches of this step
+    /// ([`Executor::backward_accumulate`]): the next backward adds to it.
+    carry: Vec<bool>,
     forward_done: bool,
     backward_done: bool,
     adam_step: u32,
@@ -292,6 +295,7 @@ impl<D: Device> Executor<D> {
             aux: (0..nops).map(|_| Vec::new()).collect(),
             plans: Plans::new(),
             grad_written: vec![false; nt],
+            carry: vec![false; nt],
             forward_done: false,
             backward_done: false,
             adam_step: 0,
@@ -657,12 +661,31 @@ impl<D: Device> Executor<D> {
     /// # Errors
     /// No forward before it, or a kernel error.
     pub fn backward(&mut self) -> Result<(), ExecError> {
+        self.backward_pass(false)
+    }
+
+    /// As [`Executor::backward`], adding the weight gradients to those the backward
+    /// passes since the last optimizer step left (gradient accumulation over the
+    /// micro-batches of one step).
+    ///
+    /// # Errors
+    /// As [`Executor::backward`].
+    pub fn backward_accumulate(&mut self) -> Result<(), ExecError> {
+        self.backward_pass(true)
+    }
+
+    fn backward_pass(&mut self, accumulate: bool) -> Result<(), ExecError> {
         if !self.forward_done || self.backward_done {
             return Err(ExecError::State(
                 "backward needs a forward first (once per forward)".into(),
             ));
         }
         let t0 = Instant::now();
+        for (id, c) in self.carry.iter_mut().enumerate() {
+            *c = accumulate
+                && self.graph.tensors[id].kind == TensorKind::Weight
+                && (*c || self.grad_written[id]);
+        }
         self.grad_written.iter_mut().for_each(|w| *w = false);
         let loss = self.graph.loss;
         let mut seed = self.device.alloc(Elem::F32, 1)?;
@@ -687,6 +710,10 @@ impl<D: Device> Executor<D> {
         }
         self.grads[loss] = None;
         self.plans.clear();
+        // A weight an earlier micro-batch reached keeps its gradient in the step.
+        for (w, c) in self.grad_written.iter_mut().zip(&self.carry) {
+            *w |= *c;
+        }
         self.backward_done = true;
         self.forward_done = false;
         self.profile.backward_s = t0.elapsed().as_secs_f64();
@@ -697,14 +724,15 @@ impl<D: Device> Executor<D> {
         if let Some(contribs) = self.host_backward(si)? {
             let step = &self.plan.steps[si];
             for (go, d) in step.grads_out.iter().zip(contribs) {
+                let accumulate = go.accumulate || self.carry[go.tensor];
                 let buf = match self.grads[go.tensor].take() {
-                    Some(mut b) if go.accumulate => {
+                    Some(mut b) if accumulate => {
                         let mut h = self.device.read_f32(&b)?;
                         h.iter_mut().zip(&d).for_each(|(a, x)| *a += x);
                         self.device.write_f32(&mut b, &h)?;
                         b
                     }
-                    None if go.accumulate => {
+                    None if accumulate => {
                         return Err(ExecError::State(format!(
                             "gradient of '{}' to accumulate into is missing",
                             self.graph.tensors[go.tensor].name
@@ -737,7 +765,8 @@ impl<D: Device> Executor<D> {
                 dups.push((go.slot, go.tensor, self.device.alloc(Elem::F32, n)?));
                 continue;
             }
-            let buf = match (go.accumulate, self.grads[go.tensor].take()) {
+            let accumulate = go.accumulate || self.carry[go.tensor];
+            let buf = match (accumulate, self.grads[go.tensor].take()) {
                 (_, Some(b)) => b,
                 (false, None) => self.device.alloc(Elem::F32, n)?,
                 (true, None) => {
@@ -747,7 +776,7 @@ impl<D: Device> Executor<D> {
                     )));
                 }
             };
-            taken.push((go.slot, go.tensor, buf, go.accumulate));
+            taken.push((go.slot, go.tensor, buf, accumulate));
         }
         // A column-parallel input gradient is a per-rank partial: compute it alone, then
         // all-reduce it over tp (over etp for an expert linear split in width) and
@@ -868,6 +897,7 @@ impl<D: Device> Executor<D> {
         }
         self.device.synchronize()?;
         self.backward_done = false;
+        self.carry.iter_mut().for_each(|c| *c = false);
         self.profile.optimizer_s = t0.elapsed().as_secs_f64();
         Ok(())
     }
@@ -884,6 +914,49 @@ impl<D: Device> Executor<D> {
         self.reduce_gradients()?;
         self.optimizer_step(h)?;
         Ok(loss)
+    }
+
+    /// One optimizer step over several micro-batches (gradient accumulation, as a
+    /// global batch of micro-batch × `batches.len()` × dp runs): forward and backward of
+    /// each, weight gradients summed, then divided by the micro-batch count (each loss is
+    /// a mean over its micro-batch, so the result is the mean over all of them, as
+    /// Megatron scales the loss by 1/num_microbatches), the step's gradient reduction and
+    /// AdamW. Returns the mean loss. The micro-batches run one after another on this
+    /// rank; a pipeline's ranks run them in the same order.
+    ///
+    /// # Errors
+    /// No micro-batch, or as [`Executor::step`].
+    pub fn step_micro_batches(
+        &mut self,
+        batches: &[Vec<(&str, Input<'_>)>],
+        h: &AdamW,
+    ) -> Result<f32, ExecError> {
+        if batches.is_empty() {
+            return Err(ExecError::Input("a step needs at least one micro-batch".into()));
+        }
+        let mut total = 0f64;
+        for (i, inputs) in batches.iter().enumerate() {
+            total += f64::from(self.forward(inputs)?);
+            if i == 0 {
+                self.backward()?;
+            } else {
+                self.backward_accumulate()?;
+            }
+        }
+        let m = batches.len();
+        if m > 1 {
+            let inv = 1.0 / m as f32;
+            for id in 0..self.graph.tensors.len() {
+                if let (true, Some(b)) = (self.grad_written[id], self.grads[id].as_mut()) {
+                    let mut g = self.device.read_f32(b)?;
+                    g.iter_mut().for_each(|x| *x *= inv);
+                    self.device.write_f32(b, &g)?;
+                }
+            }
+        }
+        self.reduce_gradients()?;
+        self.optimizer_step(h)?;
+        Ok((total / m as f64) as f32)
     }
 
     /// Measured peak of the last step against what the graph needs live.

@@ -393,3 +393,79 @@ fn dp2_pp2_training_steps_track_unsharded() {
         }
     }
 }
+
+/// A pipeline step over two micro-batches (gradient accumulation; each stage runs them
+/// in order) makes the same update as the unsharded step over the whole batch.
+#[test]
+fn pp2_step_over_two_micro_batches_matches_the_full_batch_step() {
+    let full_g = llama(2, true, true);
+    let half_g = with_roles(
+        toy::llama(&ToyConfig {
+            batch: 1,
+            tied: true,
+            ..ToyConfig::tiny()
+        }),
+        true,
+    );
+    let data = synthetic_inputs(&full_g, 31);
+    let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let want = train(&mut full, &data, 1)[0];
+    let w1 = weights(&full);
+    let layout = Layout {
+        pp: 2,
+        ..Layout::single(1, 2)
+    };
+    let micro: Vec<Data> = (0..2)
+        .map(|k| {
+            data.iter()
+                .map(|(n, u, f)| {
+                    let h = u.len() / 2;
+                    (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
+                })
+                .collect()
+        })
+        .collect();
+    let hs: Vec<_> = mesh(1, 2, 1)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&half_g, &layout, m.coord).unwrap();
+            let (g, w0, micro) = (half_g.clone(), w0.clone(), micro.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
+                let micro: Vec<Data> = micro
+                    .iter()
+                    .map(|d| rank_inputs(&g, &s.graph, d, 0, 1))
+                    .collect();
+                let batches: Vec<Vec<(&str, Input<'_>)>> = micro
+                    .iter()
+                    .map(|d| {
+                        d.iter()
+                            .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+                            .collect()
+                    })
+                    .collect();
+                let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
+                let loss = ex
+                    .step_micro_batches(&batches, &runner_exec::executor::ADAMW_DEFAULT)
+                    .unwrap();
+                (last, loss, weights(&ex))
+            })
+        })
+        .collect();
+    for (last, loss, w) in hs.into_iter().map(|h| h.join().unwrap()) {
+        if last {
+            assert!((loss - want).abs() <= 1e-5 * want, "{loss} vs {want}");
+        }
+        for (name, x) in &w {
+            let y = &w1[name];
+            let worst = x
+                .iter()
+                .zip(y)
+                .map(|(p, q)| (p - q).abs())
+                .fold(0f32, f32::max);
+            assert!(worst <= 1e-6, "{name}: {worst:e} from the full-batch step");
+        }
+    }
+}

@@ -243,6 +243,9 @@ fn vocab_parallel_ids_are_bounded_by_the_whole_vocabulary() {
     assert!(err.contains("id 64"), "{err}");
 }
 
+/// What a rank reports: loss, gradients after the step's reduction, local shapes.
+type RankOut = (f32, Grads, HashMap<String, Vec<u64>>);
+
 /// Rank `r`'s part (of `tp`) of full tensor `w` whose rank-local shape is `local`. A
 /// tensor split into fewer parts than tp (kv heads replicated over tp) gives each part
 /// to tp/parts consecutive ranks.
@@ -265,7 +268,7 @@ fn run_ranks_with(
     groups: Vec<common::Groups>,
     data: &Data,
     w0: &Grads,
-) -> Vec<(f32, Grads, HashMap<String, Vec<u64>>)> {
+) -> Vec<RankOut> {
     let tp = layout.tp as usize;
     let hs: Vec<_> = groups
         .into_iter()
@@ -301,12 +304,7 @@ fn run_ranks_with(
 
 /// Every rank's loss equals `want_loss` and every gradient equals its part of the
 /// unsharded one.
-fn check_ranks(
-    g: &Graph,
-    out: &[(f32, Grads, HashMap<String, Vec<u64>>)],
-    want_loss: f32,
-    want: &Grads,
-) {
+fn check_ranks(g: &Graph, out: &[RankOut], want_loss: f32, want: &Grads) {
     let tp = out.len();
     for (r, (l, grads, shapes)) in out.iter().enumerate() {
         assert!(

@@ -732,3 +732,81 @@ fn fp8_mxfp8_and_f16_storage_are_emulated_exactly() {
         );
     }
 }
+
+/// Two micro-batches with gradient accumulation give the gradients (and the AdamW
+/// update) of the one batch that holds both: the step is the mean over micro-batches.
+#[test]
+fn micro_batches_accumulate_to_the_full_batch_step() {
+    let cfg = ToyConfig::tiny();
+    let half = toy::llama(&ToyConfig {
+        batch: 1,
+        ..cfg.clone()
+    });
+    let whole = toy::llama(&cfg);
+    let data = synthetic_inputs(&whole, 21);
+    // The whole batch's rows split into two micro-batches of one sequence each.
+    let split = |k: usize| -> Vec<(String, Vec<u32>, Vec<f32>)> {
+        data.iter()
+            .map(|(n, u, f)| {
+                let h = u.len() / 2;
+                (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
+            })
+            .collect()
+    };
+    let (a, b) = (split(0), split(1));
+    let mut full = Executor::new(&whole, Cpu::new(), ExecOptions::default()).unwrap();
+    let mut micro = Executor::new(&half, Cpu::new(), ExecOptions::default()).unwrap();
+    let loss = full.forward(&inputs_of(&data)).unwrap();
+    full.backward().unwrap();
+    let want: HashMap<String, Vec<f32>> = full
+        .trainable()
+        .into_iter()
+        .map(|w| (w.clone(), full.grad(&w).unwrap().unwrap()))
+        .collect();
+    // Accumulated gradients before the division: the sum of the two micro-batches'.
+    let la = micro.forward(&inputs_of(&a)).unwrap();
+    micro.backward().unwrap();
+    let ga: HashMap<String, Vec<f32>> = want
+        .keys()
+        .map(|w| (w.clone(), micro.grad(w).unwrap().unwrap()))
+        .collect();
+    let lb = micro.forward(&inputs_of(&b)).unwrap();
+    micro.backward_accumulate().unwrap();
+    assert!(
+        (0.5 * (la + lb) - loss).abs() <= 1e-5 * loss.abs(),
+        "{la} {lb} {loss}"
+    );
+    for (w, g) in &want {
+        let sum = micro.grad(w).unwrap().unwrap();
+        let mean: Vec<f32> = sum.iter().map(|x| 0.5 * x).collect();
+        let scale = g.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-12);
+        let worst = mean
+            .iter()
+            .zip(g)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 1e-5 * scale, "{w}: {worst:e} vs {scale:e}");
+        assert!(ga[w] != sum, "{w}: the second micro-batch added nothing");
+    }
+    // The whole step: same update as the full batch.
+    let mut micro = Executor::new(&half, Cpu::new(), ExecOptions::default()).unwrap();
+    let got = micro
+        .step_micro_batches(&[inputs_of(&a), inputs_of(&b)], &ADAMW_DEFAULT)
+        .unwrap();
+    full.reduce_gradients().unwrap();
+    full.optimizer_step(&ADAMW_DEFAULT).unwrap();
+    assert!((got - loss).abs() <= 1e-5 * loss.abs());
+    for w in want.keys() {
+        let (x, y) = (micro.weight(w).unwrap(), full.weight(w).unwrap());
+        let worst = x
+            .iter()
+            .zip(&y)
+            .map(|(p, q)| (p - q).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            worst <= 1e-6,
+            "{w}: weights differ by {worst:e} after the step"
+        );
+    }
+    assert!(micro.step_micro_batches(&[], &ADAMW_DEFAULT).is_err());
+}
