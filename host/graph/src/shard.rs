@@ -8,12 +8,14 @@
 //!   sums are all-reduced (or, with sequence parallelism, reduce-scattered onto a sequence
 //!   shard and all-gathered again before the next column-parallel block); attention keeps
 //!   heads/tp (KV heads are replicated when tp is a multiple of them); embedding, lm-head
-//!   and cross-entropy are vocab-parallel (the loss all-reduces its per-row max and
-//!   sum-exp, (B,T) each).
+//!   and cross-entropy are vocab-parallel (the loss all-reduces its per-row max, sum-exp
+//!   and target logit, (B,T) each, as `row-stats` ops).
 //! - PP: the rank keeps its stage's layers (vp chunks of them when interleaved); stage 0
 //!   owns the embedding, the last stage the final norm, head, loss and MTP modules;
 //!   stage boundaries are `send`/`recv` of the (B,T,C) residual stream.
-//! - CP: tokens split by cp; attention all-gathers K and V over the cp group.
+//! - CP: tokens split by cp in Megatron's load-balanced way (2·cp chunks; rank r holds
+//!   chunks r and 2cp−1−r, the `cp`/`cp-rank` attributes on rotary and attention say
+//!   which); attention all-gathers K and V over the cp group.
 //! - EP: routed experts split by ep with an all-to-all before and after the grouped
 //!   linears (ETP splits each expert's width and all-reduces its output). Rank j of the
 //!   `ep` group holds experts j·E/ep..(j+1)·E/ep. The tensors between the two all-to-alls
@@ -22,9 +24,10 @@
 //!   really receives depends on the routing, and an executor follows the actual counts.
 //! - DP/FSDP: gradient reduction happens once per step, outside the forward graph, so it
 //!   is returned as [`StepCollective`]s next to the graph, each listing the weights it
-//!   covers; so are the tied-embedding sync between the first and last stage and, with
-//!   sequence parallelism, the tp sum of the replicated weights' gradients (norm gains
-//!   see one sequence shard per rank).
+//!   covers; so are the tied-embedding sync between the first and last stage, the tp sum
+//!   of replicated weights read on tp-split data (norm gains on a sequence shard or on
+//!   heads), and, when tp exceeds the kv heads, the `tp-kv` sum of the kv projections'
+//!   gradients over the ranks sharing each kv head.
 //!
 //! Key items: [`Layout`] (with [`Layout::validate`]), [`RankCoord`], [`shard`] →
 //! [`Sharded`], [`comm_volume`] → [`CommOp`].
