@@ -675,3 +675,43 @@ fn forward_runs_each_graph_all_reduce_once() {
         assert_eq!(ran, in_graph, "all-reduces run vs in the graph");
     }
 }
+
+/// With sequence parallelism, a replicated op that reads a column-parallel (feature-split)
+/// output gets it through an all-to-all over tp that trades the feature split for a
+/// sequence split (here a replicated SwiGLU and down projection after column-parallel
+/// gate/up): it runs and matches the unsharded model, on every rank.
+#[test]
+fn tp2_sequence_parallel_all_to_all_matches_unsharded() {
+    use runner_graph::Role;
+    let mut g = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    for op in &mut g.ops {
+        if op.name.ends_with(".mlp.act") || op.name.ends_with(".mlp.down") {
+            op.role = Role::Replicated;
+        }
+    }
+    let data = synthetic_inputs(&g, 16);
+    let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let (loss, want) = run(&mut full, &data);
+    let layout = Layout {
+        tp: 2,
+        sequence_parallel: true,
+        ..Layout::single(2, 2)
+    };
+    let s = shard(&g, &layout, RankCoord::default()).unwrap();
+    assert_eq!(
+        s.graph
+            .ops
+            .iter()
+            .filter(|o| o.kind == OpKind::AllToAll)
+            .count(),
+        2 * 2,
+        "gate and up of each layer trade features for tokens"
+    );
+    let groups: Vec<common::Groups> = ThreadGroup::new(2)
+        .into_iter()
+        .map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)])
+        .collect();
+    let out = run_ranks_with(&g, &layout, groups, &data, &w0);
+    check_ranks(&g, &out, loss, &want);
+}

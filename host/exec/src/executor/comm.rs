@@ -47,8 +47,11 @@
 //!   grouped linears run on a plan over those rows. The combine side is the exact
 //!   inverse; each side's backward is the other side's exchange, with the same counts.
 //!   The rows received, and so the size of every tensor up to the combine side, follow
-//!   the routing, not the graph's balanced shape. The sequence-parallel all-to-all over
-//!   `tp` is not run.
+//!   the routing, not the graph's balanced shape.
+//! - Sequence-parallel all-to-all over `tp` (a replicated op reading a feature-split
+//!   tensor, with SP): token chunk j goes to rank j and the feature slices come back in
+//!   rank order, so the output is this rank's sequence shard with every feature; the
+//!   backward is the inverse trade.
 //! - Time spent inside collective calls is summed into [`super::StepProfile`]'s
 //!   `communication_s` (from the start of each forward).
 //!
@@ -117,6 +120,9 @@ impl Timed<'_> {
     fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         self.time(|c| c.reduce_scatter(input))
     }
+    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.time(|c| c.all_to_all(input))
+    }
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
         self.time(|c| c.send(peer, data))
     }
@@ -125,11 +131,17 @@ impl Timed<'_> {
     }
 }
 
-/// Why a tp all-to-all (sequence parallelism trading a feature split for a sequence
-/// split) does not run.
-const TP_ALL_TO_ALL: &str = "not implemented: the in-process backend runs the expert-parallel \
-     all-to-alls (group 'ep' around a MoE layer's experts), not the sequence-parallel feature \
-     exchange over tp";
+/// The two axes a sequence-parallel all-to-all trades: (token axis, feature axis) of a
+/// tensor whose features are split (`input` shape) into one whose tokens are split
+/// (`output` shape), over `n` ranks.
+fn traded_axes(input: &[u64], output: &[u64], n: u64) -> Option<(usize, usize)> {
+    if input.len() != output.len() || n < 2 {
+        return None;
+    }
+    let tok = input.iter().zip(output).position(|(i, o)| *o * n == *i)?;
+    let feat = input.iter().zip(output).position(|(i, o)| *i * n == *o)?;
+    (tok != feat).then_some((tok, feat))
+}
 
 fn unsupported(op: &Op, why: &str) -> ExecError {
     ExecError::Unsupported {
@@ -485,7 +497,18 @@ impl<D: Device> Executor<D> {
                 self.ep_forward(oi, &mut outs[0])?;
                 return Ok(true);
             }
-            OpKind::AllToAll => return Err(unsupported(op, TP_ALL_TO_ALL)),
+            OpKind::AllToAll => {
+                // Sequence parallelism's feature-for-tokens trade: token chunk j goes to
+                // rank j; the feature slices received come back in rank order.
+                let c = self.group(op)?;
+                let (is, os) = (shape(op.inputs[0]), shape(op.outputs[0]));
+                let n = c.size();
+                let (tok, feat) = traded_axes(&is, &os, n as u64)
+                    .ok_or_else(|| unsupported(op, "an all-to-all that does not trade features for tokens"))?;
+                let x = self.host(op.inputs[0], op)?;
+                let recv = c.all_to_all(&to_rank_major(&x, &is, tok, n))?;
+                from_rank_major(&recv, &os, feat, n)
+            }
             OpKind::Send => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
@@ -604,7 +627,16 @@ impl<D: Device> Executor<D> {
                 from_rank_major(&all, &shape(op.inputs[0]), axis, c.size())
             }
             OpKind::AllToAll if self.is_ep_all_to_all(op) => self.ep_backward(op, &dout()?)?,
-            OpKind::AllToAll => return Err(unsupported(op, TP_ALL_TO_ALL)),
+            OpKind::AllToAll => {
+                // The inverse trade: feature slice j goes back to rank j.
+                let c = self.group(op)?;
+                let (is, os) = (shape(op.inputs[0]), shape(op.outputs[0]));
+                let n = c.size();
+                let (tok, feat) = traded_axes(&is, &os, n as u64)
+                    .ok_or_else(|| unsupported(op, "an all-to-all that does not trade features for tokens"))?;
+                let recv = c.all_to_all(&to_rank_major(&dout()?, &os, feat, n))?;
+                from_rank_major(&recv, &is, tok, n)
+            }
             OpKind::Send => {
                 // The token's gradient is the loss seed; the sent activation's comes from
                 // the next stage.
