@@ -174,6 +174,28 @@ fn llama(layers: u32, tied: bool, vocab_parallel: bool) -> Graph {
     )
 }
 
+/// The 2-layer toy with one sequence per batch (half of [`llama`]'s two).
+fn half_llama(tied: bool, vocab_parallel: bool) -> Graph {
+    with_roles(
+        toy::llama(&ToyConfig {
+            batch: 1,
+            tied,
+            ..ToyConfig::tiny()
+        }),
+        vocab_parallel,
+    )
+}
+
+/// Half `k` (0 or 1) of every input of `data`: one of its two sequences.
+fn half_of(data: &Data, k: usize) -> Data {
+    data.iter()
+        .map(|(n, u, f)| {
+            let h = u.len() / 2;
+            (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
+        })
+        .collect()
+}
+
 #[test]
 fn pp2_matches_unsharded() {
     check(&llama(2, false, false), 1, 2, 1, false);
@@ -228,13 +250,7 @@ fn pp3_matches_unsharded() {
 #[test]
 fn dp2_gradients_are_the_full_batch_mean() {
     let full_g = llama(2, false, false);
-    let half_g = with_roles(
-        toy::llama(&ToyConfig {
-            batch: 1,
-            ..ToyConfig::tiny()
-        }),
-        false,
-    );
+    let half_g = half_llama(false, false);
     let data = synthetic_inputs(&full_g, 23);
     let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
     let w0 = weights(&full);
@@ -250,17 +266,7 @@ fn dp2_gradients_are_the_full_batch_mean() {
             assert_eq!(s.step.len(), 1);
             assert_eq!((s.step[0].group.as_str(), s.step[0].group_size), ("dp", 2));
             // Rank d takes batch row d.
-            let d = m.coord.dp as usize;
-            let half: Data = data
-                .iter()
-                .map(|(n, u, f)| {
-                    (
-                        n.clone(),
-                        u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(),
-                        f.clone(),
-                    )
-                })
-                .collect();
+            let half = half_of(&data, m.coord.dp as usize);
             let (g, w0) = (half_g.clone(), w0.clone());
             std::thread::spawn(move || {
                 let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
@@ -307,14 +313,7 @@ fn dp2_gradients_are_the_full_batch_mean() {
 #[test]
 fn dp2_pp2_training_steps_track_unsharded() {
     let full_g = llama(2, true, true);
-    let half_g = with_roles(
-        toy::llama(&ToyConfig {
-            batch: 1,
-            tied: true,
-            ..ToyConfig::tiny()
-        }),
-        true,
-    );
+    let half_g = half_llama(true, true);
     let data = synthetic_inputs(&full_g, 29);
     let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
     let w0 = weights(&full);
@@ -329,17 +328,7 @@ fn dp2_pp2_training_steps_track_unsharded() {
         .into_iter()
         .map(|m| {
             let s = shard(&half_g, &layout, m.coord).unwrap();
-            let d = m.coord.dp as usize;
-            let half: Data = data
-                .iter()
-                .map(|(n, u, f)| {
-                    (
-                        n.clone(),
-                        u[d * u.len() / 2..(d + 1) * u.len() / 2].to_vec(),
-                        f.clone(),
-                    )
-                })
-                .collect();
+            let half = half_of(&data, m.coord.dp as usize);
             let (g, w0) = (half_g.clone(), w0.clone());
             std::thread::spawn(move || {
                 let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
@@ -399,14 +388,7 @@ fn dp2_pp2_training_steps_track_unsharded() {
 #[test]
 fn pp2_step_over_two_micro_batches_matches_the_full_batch_step() {
     let full_g = llama(2, true, true);
-    let half_g = with_roles(
-        toy::llama(&ToyConfig {
-            batch: 1,
-            tied: true,
-            ..ToyConfig::tiny()
-        }),
-        true,
-    );
+    let half_g = half_llama(true, true);
     let data = synthetic_inputs(&full_g, 31);
     let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
     let w0 = weights(&full);
@@ -416,16 +398,7 @@ fn pp2_step_over_two_micro_batches_matches_the_full_batch_step() {
         pp: 2,
         ..Layout::single(1, 2)
     };
-    let micro: Vec<Data> = (0..2)
-        .map(|k| {
-            data.iter()
-                .map(|(n, u, f)| {
-                    let h = u.len() / 2;
-                    (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
-                })
-                .collect()
-        })
-        .collect();
+    let micro: Vec<Data> = (0..2).map(|k| half_of(&data, k)).collect();
     let hs: Vec<_> = mesh(1, 2, 1)
         .into_iter()
         .map(|m| {

@@ -642,10 +642,12 @@ mod tests {
         ]
     }
 
+    /// Both the plain cases and the context-parallel ones (query and key positions
+    /// mapped to their global places).
     #[test]
     fn attention_forward_matches_reference() {
         let mut rng = rng(40);
-        for a in forward_cases() {
+        for a in forward_cases().into_iter().chain(cp_cases()) {
             let (q, k, v) = inputs(&mut rng, &a);
             let mut out = vec![f32::NAN; a.b * a.t * a.h * a.dv];
             let mut lse = vec![f32::NAN; a.b * a.h * a.t];
@@ -669,52 +671,58 @@ mod tests {
             mk(1, 80, 2, 2, 4, 4, false, Some(20)),
         ];
         for a in cases {
-            let (q, k, v) = inputs(&mut rng, &a);
-            let mut out = vec![0.0; a.b * a.t * a.h * a.dv];
-            let mut lse = vec![0.0; a.b * a.h * a.t];
-            attention_forward(&mut out, &mut lse, &q, &k, &v, a).unwrap();
-            let rr = randn(&mut rng, out.len());
-            let (mut dq, mut dk, mut dv) = (
-                vec![f32::NAN; q.len()],
-                vec![f32::NAN; k.len()],
-                vec![f32::NAN; v.len()],
-            );
-            attention_backward(&mut dq, &mut dk, &mut dv, &rr, &q, &k, &v, &out, &lse, a).unwrap();
-            let (qf, kf, vf) = (f64s(&q), f64s(&k), f64s(&v));
-            let iq = some(&mut rng, q.len(), 40);
-            let ik = some(&mut rng, k.len(), 40);
-            let iv = some(&mut rng, v.len(), 40);
-            let fq = fd_grad(&qf, &iq, |p| loss(&r::attention(p, &kf, &vf, &a).0, &rr));
-            let fk = fd_grad(&kf, &ik, |p| loss(&r::attention(&qf, p, &vf, &a).0, &rr));
-            let fv = fd_grad(&vf, &iv, |p| loss(&r::attention(&qf, &kf, p, &a).0, &rr));
-            // gradients sum O(T·H/Hkv) f32 terms of size ~1; D_i cancels against
-            // dout·v: 1e-4 absolute + relative
-            assert_close(
-                &format!("attention dq {a:?}"),
-                &pick(&dq, &iq),
-                &fq,
-                1e-4,
-                1e-4,
-            );
-            assert_close(
-                &format!("attention dk {a:?}"),
-                &pick(&dk, &ik),
-                &fk,
-                1e-4,
-                1e-4,
-            );
-            assert_close(
-                &format!("attention dv {a:?}"),
-                &pick(&dv, &iv),
-                &fv,
-                1e-4,
-                1e-4,
-            );
-            assert!(
-                dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()),
-                "unwritten gradient"
-            );
+            backward_matches_fd(&mut rng, a, "attention");
         }
+    }
+
+    /// Forward, then backward of a random output gradient; dq, dk, dv on 40 sampled
+    /// entries each against central differences of the f64 reference. The gradients sum
+    /// O(T·H/Hkv) f32 terms of size ~1 and D_i cancels against dout·v: 1e-4 absolute +
+    /// relative.
+    fn backward_matches_fd(rng: &mut Rng, a: Attn, what: &str) {
+        let (q, k, v) = inputs(rng, &a);
+        let mut out = vec![0.0; a.b * a.t * a.h * a.dv];
+        let mut lse = vec![0.0; a.b * a.h * a.t];
+        attention_forward(&mut out, &mut lse, &q, &k, &v, a).unwrap();
+        let rr = randn(rng, out.len());
+        let (mut dq, mut dk, mut dv) = (
+            vec![f32::NAN; q.len()],
+            vec![f32::NAN; k.len()],
+            vec![f32::NAN; v.len()],
+        );
+        attention_backward(&mut dq, &mut dk, &mut dv, &rr, &q, &k, &v, &out, &lse, a).unwrap();
+        let (qf, kf, vf) = (f64s(&q), f64s(&k), f64s(&v));
+        let iq = some(rng, q.len(), 40);
+        let ik = some(rng, k.len(), 40);
+        let iv = some(rng, v.len(), 40);
+        let fq = fd_grad(&qf, &iq, |p| loss(&r::attention(p, &kf, &vf, &a).0, &rr));
+        let fk = fd_grad(&kf, &ik, |p| loss(&r::attention(&qf, p, &vf, &a).0, &rr));
+        let fv = fd_grad(&vf, &iv, |p| loss(&r::attention(&qf, &kf, p, &a).0, &rr));
+        assert_close(
+            &format!("{what} dq {a:?}"),
+            &pick(&dq, &iq),
+            &fq,
+            1e-4,
+            1e-4,
+        );
+        assert_close(
+            &format!("{what} dk {a:?}"),
+            &pick(&dk, &ik),
+            &fk,
+            1e-4,
+            1e-4,
+        );
+        assert_close(
+            &format!("{what} dv {a:?}"),
+            &pick(&dv, &iv),
+            &fv,
+            1e-4,
+            1e-4,
+        );
+        assert!(
+            dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()),
+            "unwritten gradient"
+        );
     }
 
     /// T = 2048: a materialised (T,T) f32 score matrix would be 16 MiB per head; the
@@ -794,50 +802,11 @@ mod tests {
     }
 
     #[test]
-    fn attention_cp_forward_matches_reference() {
-        let mut rng = rng(43);
-        for a in cp_cases() {
-            let (q, k, v) = inputs(&mut rng, &a);
-            let mut out = vec![f32::NAN; a.b * a.t * a.h * a.dv];
-            let mut lse = vec![f32::NAN; a.b * a.h * a.t];
-            attention_forward(&mut out, &mut lse, &q, &k, &v, a).unwrap();
-            let (wo, wl) = r::attention(&f64s(&q), &f64s(&k), &f64s(&v), &a);
-            assert_close(&format!("cp attention out {a:?}"), &out, &wo, 1e-5, 1e-5);
-            assert_close(&format!("cp attention lse {a:?}"), &lse, &wl, 1e-5, 1e-5);
-        }
-    }
-
-    #[test]
     fn attention_cp_backward_matches_finite_differences() {
         let mut rng = rng(44);
         let cases = cp_cases();
         for a in cases.iter().filter(|a| a.t < 100).chain(&cases[7..8]) {
-            let a = *a;
-            let (q, k, v) = inputs(&mut rng, &a);
-            let mut out = vec![0.0; a.b * a.t * a.h * a.dv];
-            let mut lse = vec![0.0; a.b * a.h * a.t];
-            attention_forward(&mut out, &mut lse, &q, &k, &v, a).unwrap();
-            let rr = randn(&mut rng, out.len());
-            let (mut dq, mut dk, mut dv) = (
-                vec![f32::NAN; q.len()],
-                vec![f32::NAN; k.len()],
-                vec![f32::NAN; v.len()],
-            );
-            attention_backward(&mut dq, &mut dk, &mut dv, &rr, &q, &k, &v, &out, &lse, a).unwrap();
-            let (qf, kf, vf) = (f64s(&q), f64s(&k), f64s(&v));
-            let iq = some(&mut rng, q.len(), 40);
-            let ik = some(&mut rng, k.len(), 40);
-            let iv = some(&mut rng, v.len(), 40);
-            let fq = fd_grad(&qf, &iq, |p| loss(&r::attention(p, &kf, &vf, &a).0, &rr));
-            let fk = fd_grad(&kf, &ik, |p| loss(&r::attention(&qf, p, &vf, &a).0, &rr));
-            let fv = fd_grad(&vf, &iv, |p| loss(&r::attention(&qf, &kf, p, &a).0, &rr));
-            assert_close(&format!("cp dq {a:?}"), &pick(&dq, &iq), &fq, 1e-4, 1e-4);
-            assert_close(&format!("cp dk {a:?}"), &pick(&dk, &ik), &fk, 1e-4, 1e-4);
-            assert_close(&format!("cp dv {a:?}"), &pick(&dv, &iv), &fv, 1e-4, 1e-4);
-            assert!(
-                dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()),
-                "unwritten gradient"
-            );
+            backward_matches_fd(&mut rng, *a, "cp attention");
         }
     }
 
