@@ -87,10 +87,15 @@ pub struct MemoryReport {
     /// Tensors whose rows follow the expert routing (expert parallelism) count at their
     /// graph shape, the balanced routing's.
     pub required_bytes: u64,
-    /// Parameters alone (f32).
+    /// Parameters alone (f32), whole: what the rank's graph computes with (on an FSDP
+    /// rank, what a pass gathers; its share at rest is in `state_bytes`).
     pub param_bytes: u64,
     /// What keeping every activation and gradient to the end would need, for contrast.
     pub keep_everything_bytes: u64,
+    /// Parameters, gradients and AdamW moments held between steps: 4 × `param_bytes`
+    /// when every weight trains and nothing is sharded; on an FSDP rank, this rank's
+    /// pieces of the sharded weights (about 1/n of them) plus the others whole.
+    pub state_bytes: u64,
 }
 
 /// Wall time of each op and phase of the last step (filled when profiling).
@@ -158,6 +163,8 @@ pub struct Executor<D: Device> {
     comm: comm::CommState,
     /// Expert-parallel exchanges and the data-dependent rows they set (`executor/ep.rs`).
     ep: ep::EpState,
+    /// FSDP: this rank's shards of the weights it covers (`executor/fsdp.rs`).
+    fsdp: fsdp::FsdpState<D::Buffer>,
 }
 
 /// SplitMix64: a tiny, fully specified generator, so initial weights are identical
@@ -312,6 +319,7 @@ impl<D: Device> Executor<D> {
             host_ints: HashMap::new(),
             comm: comm::CommState::default(),
             ep: ep::EpState::default(),
+            fsdp: fsdp::FsdpState::default(),
             graph: g,
         };
         ex.check_expert_tensor_parallel()?;
@@ -352,12 +360,21 @@ impl<D: Device> Executor<D> {
 
     /// Current values of weight `name`.
     ///
+    /// On an FSDP rank a sharded weight is whole only while a pass has it gathered;
+    /// otherwise this refuses it: [`Executor::gather_weights`] (a collective call) returns
+    /// whole weights, [`Executor::weight_shard`] this rank's piece.
+    ///
     /// # Errors
-    /// Unknown name or a tensor that is not a weight.
+    /// Unknown name, a tensor that is not a weight, or a sharded weight not gathered now.
     pub fn weight(&self, name: &str) -> Result<Vec<f32>, ExecError> {
         let id = self.id(name)?;
         match (&self.vals[id], self.graph.tensors[id].kind) {
             (Some(b), TensorKind::Weight) => self.device.read_f32(b),
+            (None, TensorKind::Weight) if self.fsdp_covers(id) => Err(self.sharded_error(
+                id,
+                "value",
+                "Executor::gather_weights returns it whole, weight_shard this rank's piece",
+            )),
             _ => Err(ExecError::Input(format!("'{name}' is not a weight"))),
         }
     }
@@ -378,7 +395,8 @@ impl<D: Device> Executor<D> {
         }
     }
 
-    /// Overwrite weight `name`.
+    /// Overwrite weight `name` with its whole value (on an FSDP rank, a sharded weight
+    /// keeps this rank's piece of `data`: every rank of the group passes the same data).
     ///
     /// # Errors
     /// Unknown name, not a weight, or the wrong length.
@@ -386,6 +404,9 @@ impl<D: Device> Executor<D> {
         let id = self.id(name)?;
         if self.graph.tensors[id].kind != TensorKind::Weight {
             return Err(ExecError::Input(format!("'{name}' is not a weight")));
+        }
+        if self.fsdp_covers(id) {
+            return self.fsdp_set_weight(id, data);
         }
         let buf = self.vals[id]
             .as_mut()
@@ -402,10 +423,22 @@ impl<D: Device> Executor<D> {
 
     /// Gradient of weight `name` from the last backward (`None` if it has none).
     ///
+    /// On an FSDP rank a sharded weight's whole gradient exists from the backward (this
+    /// rank's, unreduced) until [`Executor::reduce_gradients`] reduce-scatters it; after
+    /// that this refuses it: [`Executor::gather_grads`] (a collective call) returns the
+    /// reduced gradients whole, [`Executor::grad_shard`] this rank's piece.
+    ///
     /// # Errors
-    /// Unknown name.
+    /// Unknown name, or a sharded weight's gradient after the reduction.
     pub fn grad(&self, name: &str) -> Result<Option<Vec<f32>>, ExecError> {
         let id = self.id(name)?;
+        if self.fsdp_covers(id) && self.comm.reduced && self.plan.needs_grad[id] {
+            return Err(self.sharded_error(
+                id,
+                "reduced gradient",
+                "Executor::gather_grads returns it whole, grad_shard this rank's piece",
+            ));
+        }
         if !self.grad_written[id] {
             return Ok(None);
         }
@@ -533,14 +566,17 @@ impl<D: Device> Executor<D> {
         self.begin_comm_step();
         self.load_inputs(inputs)?;
         let t0 = Instant::now();
+        self.fsdp_gather(fsdp::Pass::Forward)?;
         for oi in 0..self.graph.ops.len() {
             let start = self.options.profile.then(Instant::now);
             self.forward_op(oi)?;
+            self.fsdp_release(fsdp::Pass::Forward, Some(oi));
             if let Some(s) = start {
                 self.device.synchronize()?;
                 self.profile.forward_op_s[oi] = s.elapsed().as_secs_f64();
             }
         }
+        self.fsdp_release(fsdp::Pass::Forward, None);
         let loss_buf = self.vals[self.graph.loss]
             .as_ref()
             .ok_or_else(|| ExecError::State("loss not produced".into()))?;
@@ -687,6 +723,7 @@ impl<D: Device> Executor<D> {
                 && (*c || self.grad_written[id]);
         }
         self.grad_written.iter_mut().for_each(|w| *w = false);
+        self.fsdp_gather(fsdp::Pass::Backward)?;
         let loss = self.graph.loss;
         let mut seed = self.device.alloc(Elem::F32, 1)?;
         self.device.write_f32(&mut seed, &[1.0])?;
@@ -703,12 +740,14 @@ impl<D: Device> Executor<D> {
             }
             let start = self.options.profile.then(Instant::now);
             self.backward_step(si)?;
+            self.fsdp_release(fsdp::Pass::Backward, Some(si));
             if let Some(s) = start {
                 self.device.synchronize()?;
                 self.profile.backward_op_s[self.plan.steps[si].op] = s.elapsed().as_secs_f64();
             }
         }
         self.grads[loss] = None;
+        self.fsdp_release(fsdp::Pass::Backward, None);
         self.plans.clear();
         // A weight an earlier micro-batch reached keeps its gradient in the step.
         for (w, c) in self.grad_written.iter_mut().zip(&self.carry) {
@@ -895,6 +934,7 @@ impl<D: Device> Executor<D> {
                 self.profile.optimizer_tensor_s[id] = s.elapsed().as_secs_f64();
             }
         }
+        self.fsdp_optimizer_step(h)?;
         self.device.synchronize()?;
         self.backward_done = false;
         self.carry.iter_mut().for_each(|c| *c = false);
@@ -959,15 +999,22 @@ impl<D: Device> Executor<D> {
         Ok((total / m as f64) as f32)
     }
 
-    /// Measured peak of the last step against what the graph needs live.
+    /// Measured peak of the last step against what the graph needs live (on an FSDP
+    /// rank: the shards at rest, the gathered parameters and the whole gradients while
+    /// the passes hold them).
     pub fn memory(&self) -> MemoryReport {
-        let (required_bytes, keep_everything_bytes, param_bytes) =
-            live_bytes(&self.graph, &self.plan, &self.sched);
+        let l = walk_live(
+            &self.graph,
+            &self.plan,
+            &self.sched,
+            self.fsdp.resting.as_ref(),
+        );
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
-            required_bytes,
-            param_bytes,
-            keep_everything_bytes,
+            required_bytes: l.peak,
+            param_bytes: l.params,
+            keep_everything_bytes: l.all,
+            state_bytes: l.state,
         }
     }
 }
@@ -1048,22 +1095,64 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
 
 /// (peak live bytes under the plan's liveness and the recompute schedule, bytes if
 /// nothing were freed, parameter bytes). Every element counts 4 bytes, as the executors
-/// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes.
+/// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes (without
+/// FSDP; an FSDP rank's [`Executor::memory`] walks its shards and gathers).
 pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
+    let l = walk_live(g, plan, sched, None);
+    (l.peak, l.all, l.params)
+}
+
+/// What [`walk_live`] finds.
+struct Live {
+    peak: u64,
+    all: u64,
+    params: u64,
+    state: u64,
+}
+
+/// [`live_bytes`], with the FSDP shards of `fsdp` (if any): a covered weight holds its
+/// pieces at rest; each pass gathers the whole weights it reads at its start and frees
+/// each after its last reader; the backward writes their whole gradients, which stay
+/// to the end of the pass (the reduce-scatter frees them).
+fn walk_live(
+    g: &Graph,
+    plan: &BackwardPlan,
+    sched: &RecomputeSchedule,
+    fsdp: Option<&fsdp::Resting>,
+) -> Live {
     let bytes = |id: TensorId| g.tensors[id].numel() * 4;
+    let covered = |id: TensorId| fsdp.is_some_and(|f| f.covers(id));
     let mut params = 0;
+    let mut state = 0;
     let mut base = 0;
     for (id, t) in g.tensors.iter().enumerate() {
         match t.kind {
             TensorKind::Weight => {
                 params += bytes(id);
+                let rest = match fsdp.and_then(|f| f.kept[id]) {
+                    Some(kept) => kept * 4,
+                    None => bytes(id),
+                };
                 // value, gradient and two AdamW moments
-                base += bytes(id) * if plan.needs_grad[id] { 4 } else { 1 };
+                state += rest * if plan.needs_grad[id] { 4 } else { 1 };
             }
             TensorKind::Input => base += bytes(id),
             TensorKind::Activation => {}
         }
     }
+    base += state;
+    // The whole weights a pass gathers (those with a reader in it), and those whose last
+    // reader is op / step `at`.
+    let gathered = |pass: fsdp::Pass, at: Option<usize>| -> u64 {
+        fsdp.map_or(0, |f| {
+            f.last(pass)
+                .iter()
+                .enumerate()
+                .filter(|&(id, l)| f.covers(id) && l.is_some() && (at.is_none() || *l == at))
+                .map(|(id, _)| bytes(id))
+                .sum()
+        })
+    };
     let aux_of = |oi: usize| -> u64 {
         plan.steps
             .iter()
@@ -1075,9 +1164,9 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
     let has_step: HashSet<usize> = plan.steps.iter().map(|s| s.op).collect();
     let mut val_live = vec![false; g.tensors.len()];
     let mut aux_live = vec![0u64; g.ops.len()];
-    let mut live = base;
+    let mut live = base + gathered(fsdp::Pass::Forward, None);
     let mut peak = live;
-    let mut all = base;
+    let mut all = live;
     // One op's outputs and statistics appear; outputs already live are discarded (a
     // re-run of an op whose outputs the forward kept).
     let run_op = |oi: usize,
@@ -1119,9 +1208,12 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
             &mut aux_live,
         );
         free(&sched.free_after_forward[oi], &mut live, &mut val_live);
+        live -= gathered(fsdp::Pass::Forward, Some(oi));
     }
     let mut has_grad: HashSet<TensorId> = HashSet::new();
     live += 4; // the loss seed
+    live += gathered(fsdp::Pass::Backward, None);
+    peak = peak.max(live);
     for (si, s) in plan.steps.iter().enumerate() {
         if let Some(seg) = sched.rerun_before_step[si] {
             for (pos, &oi) in sched.segments[seg].iter().enumerate() {
@@ -1137,7 +1229,8 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
             }
         }
         for go in &s.grads_out {
-            if g.tensors[go.tensor].kind == TensorKind::Activation && has_grad.insert(go.tensor) {
+            let fresh = g.tensors[go.tensor].kind == TensorKind::Activation || covered(go.tensor);
+            if fresh && has_grad.insert(go.tensor) {
                 live += bytes(go.tensor);
                 all += bytes(go.tensor);
             }
@@ -1149,12 +1242,19 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
             .sum::<u64>();
         free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
         live -= std::mem::take(&mut aux_live[s.op]);
+        live -= gathered(fsdp::Pass::Backward, Some(si));
     }
-    (peak, all, params)
+    Live {
+        peak,
+        all,
+        params,
+        state,
+    }
 }
 
 mod comm;
 mod ep;
 mod finalize;
+mod fsdp;
 #[cfg(test)]
 mod tests;

@@ -117,7 +117,7 @@ impl Timed<'_> {
     ) -> Result<Vec<f32>, ExecError> {
         self.time(|c| c.all_to_all_v(input, send, recv))
     }
-    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    pub(super) fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         self.time(|c| c.reduce_scatter(input))
     }
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {

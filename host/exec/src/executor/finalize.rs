@@ -14,9 +14,14 @@
 //! - `tp` (sequence parallelism: replicated weights read on a sequence shard): summed.
 //!
 //! Each collective moves all its weights' gradients in one call, in the order the step
-//! lists them (sorted names, the same on every rank). FSDP's reduce-scatter and
-//! parameter gathers are not executed: the executor keeps whole parameters and optimizer
-//! state on every rank.
+//! lists them (sorted names, the same on every rank).
+//!
+//! FSDP (`fsdp: true` in the layout: a `ReduceScatter` of the gradients and an
+//! `AllGather` of the parameters over `dp` or `edp` instead of the all-reduce) runs in
+//! `fsdp.rs`: the rank keeps 1/n of those weights, their gradients and moments, the
+//! passes gather the parameters, and [`Executor::reduce_gradients`] runs the step's
+//! all-reduces first (on whole gradients), then the reduce-scatters (summed, divided by
+//! `mean_over`, this rank's chunk kept).
 
 use runner_graph::OpKind;
 use runner_graph::shard::{Sharded, StepCollective};
@@ -30,7 +35,9 @@ impl<D: Device> Executor<D> {
     /// plus its step-level collectives ([`Executor::reduce_gradients`], which
     /// [`Executor::step`] runs). `groups` must hold a handle for every group the graph's
     /// ops and the step collectives name (`tp`, `pp`, `dp`, `pp-embed`, `ep`, `edp`, ...),
-    /// but none for a step collective over one rank (which only divides).
+    /// but none for a step collective over one rank (which only divides). A layout with
+    /// `fsdp: true` shards the weights its FSDP collectives cover over their group as
+    /// the executor is made (see [`Executor::set_step_collectives`]).
     ///
     /// # Errors
     /// As [`Executor::with_collectives`] and [`Executor::set_step_collectives`].
@@ -47,10 +54,28 @@ impl<D: Device> Executor<D> {
 
     /// Set the step-level collectives [`Executor::reduce_gradients`] runs.
     ///
+    /// All-reduces run as listed. A `ReduceScatter` with the `AllGather` of the same
+    /// group and weights (FSDP) shards those weights now: this rank keeps its 1/n of the
+    /// flattened parameters (and AdamW moments) and frees the rest; from then on each
+    /// forward and backward gathers them and the reduction reduce-scatters their
+    /// gradients (`executor/fsdp.rs`). Every rank of the group must hold the same whole
+    /// weights when this runs (they do from the same seed, or after the same
+    /// [`Executor::set_weight`] calls; [`Executor::set_weight`] also works afterwards).
+    ///
     /// # Errors
-    /// A collective that is not an all-reduce (FSDP), names a group without a handle of
-    /// its size, or a weight this graph does not have.
+    /// A collective of another kind, an FSDP reduce-scatter or all-gather without its
+    /// partner, a weight in two FSDP groups, a rank already sharded by FSDP (they are set
+    /// once), a group without a handle of its size, or a weight this graph does not
+    /// have.
     pub fn set_step_collectives(&mut self, step: Vec<StepCollective>) -> Result<(), ExecError> {
+        if let Err(why) = self.check_fsdp(&step) {
+            return Err(ExecError::Unsupported {
+                op: "FSDP step collectives".into(),
+                kind: format!("{:?}", OpKind::ReduceScatter),
+                device: "the in-process collective backend".into(),
+                why,
+            });
+        }
         for sc in &step {
             let fail = |why: String| {
                 Err(ExecError::Unsupported {
@@ -60,10 +85,13 @@ impl<D: Device> Executor<D> {
                     why,
                 })
             };
-            if sc.kind != OpKind::AllReduce {
+            if !matches!(
+                sc.kind,
+                OpKind::AllReduce | OpKind::ReduceScatter | OpKind::AllGather
+            ) {
                 return fail(
-                    "FSDP is not executed: the executor keeps whole parameters and optimizer \
-                     state on every rank; shard with fsdp = false"
+                    "a step collective is an all-reduce, or an FSDP reduce-scatter and \
+                     all-gather pair"
                         .into(),
                 );
             }
@@ -94,6 +122,7 @@ impl<D: Device> Executor<D> {
                 }
             }
         }
+        self.shard_fsdp(&step)?;
         self.comm.step = step;
         Ok(())
     }
@@ -129,7 +158,9 @@ impl<D: Device> Executor<D> {
     }
 
     fn run_step_collectives(&mut self, step: &[StepCollective]) -> Result<(), ExecError> {
-        for sc in step {
+        // The all-reduces sum whole gradients, so they run before FSDP keeps a chunk of
+        // them (sums and the mean commute: the order changes only rounding).
+        for sc in step.iter().filter(|sc| sc.kind == OpKind::AllReduce) {
             let ids = sc
                 .weights
                 .iter()
@@ -167,6 +198,6 @@ impl<D: Device> Executor<D> {
                 at += n;
             }
         }
-        Ok(())
+        self.fsdp_reduce_scatter()
     }
 }

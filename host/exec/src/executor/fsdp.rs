@@ -1,0 +1,623 @@
+//! FSDP (ZeRO-3: PyTorch FSDP with one wrap unit, Megatron's distributed optimizer with
+//! parameter sharding) for the weights a pair of FSDP step collectives covers (a
+//! `ReduceScatter` of the fp32 gradients and an `AllGather` of the parameters over the
+//! same group, `dp` or `edp`, from [`runner_graph::shard`] with `fsdp: true`).
+//!
+//! - **Layout.** Each pair is one unit: its weights, in the collective's `weights` order
+//!   (sorted names, the same on every rank of the group), are flattened into one buffer,
+//!   padded with zeros to a multiple of the group size n; rank r owns chunk r. A weight
+//!   lies in one or two (or more, for a big one) chunks: this rank stores the piece of
+//!   each weight inside its chunk as its own device buffer (a parameter piece, a gradient
+//!   piece and two AdamW moment pieces), so the optimizer still runs per tensor and the
+//!   padding takes no device memory.
+//! - **At rest** (between steps) a rank holds only those pieces: a covered weight has no
+//!   whole value, gradient or moments ([`Executor::weight`] refuses it then).
+//! - **Forward and backward.** Each pass starts with one all-gather per unit (the whole
+//!   model at once, not per layer) that materialises the weights the pass reads, and
+//!   frees each one right after the last op of the pass that reads it (in the backward,
+//!   its last backward step or re-run of a recomputed segment), so the gathered
+//!   parameters drain layer by layer. That is the step collective's count 2·m: a
+//!   forward and a backward gather per micro-batch.
+//! - **Gradients.** The backward writes whole gradients (summed over micro-batches under
+//!   [`Executor::step_micro_batches`]); [`Executor::reduce_gradients`] runs the step's
+//!   all-reduces first (`tp`, `tp-kv`, `pp-embed`: they sum whole gradients), then each
+//!   unit's reduce-scatter: summed over the group, divided by the collective's
+//!   `mean_over` (as the `dp` all-reduce divides), this rank's chunk kept in its gradient
+//!   pieces, and the whole gradients freed.
+//! - **Optimizer.** AdamW updates the pieces (parameter, gradient, moments). It is
+//!   elementwise, so the result equals the unsharded update of the same elements.
+//!
+//! Inspection: [`Executor::gather_weights`] and [`Executor::gather_grads`] return whole
+//! tensors (collective calls: every rank of each FSDP group must make them, in the same
+//! order); [`Executor::weight_shard`] and [`Executor::grad_shard`] read this rank's piece.
+//! [`Executor::set_weight`] takes the whole tensor and keeps this rank's piece.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::time::Instant;
+
+use runner_graph::autodiff::BackwardPlan;
+use runner_graph::recompute::RecomputeSchedule;
+use runner_graph::shard::StepCollective;
+use runner_graph::{Graph, OpKind, TensorId, TensorKind};
+use runner_kernels::cpu::adamw::AdamW;
+
+use super::Executor;
+use crate::device::{Device, Elem, ExecError};
+
+/// This rank's part of one covered weight: elements `range` of the weight, at `at` in
+/// this rank's chunk.
+struct Piece<B> {
+    id: TensorId,
+    range: Range<usize>,
+    at: usize,
+    param: B,
+    /// The reduced gradient (written by the reduce-scatter), for weights that train.
+    grad: Option<B>,
+    moments: Option<(B, B)>,
+}
+
+/// One FSDP unit: the weights of one (reduce-scatter, all-gather) pair.
+struct Unit<B> {
+    group: String,
+    n: usize,
+    rank: usize,
+    mean_over: u32,
+    ids: Vec<TensorId>,
+    /// Where each weight starts in the flat buffer.
+    offsets: Vec<usize>,
+    /// Elements per rank (the padded flat length / n).
+    chunk: usize,
+    pieces: Vec<Piece<B>>,
+}
+
+/// A rank's FSDP state (empty without FSDP).
+pub(super) struct FsdpState<B> {
+    units: Vec<Unit<B>>,
+    /// Covered weight → (unit, its piece on this rank, if any).
+    owner: HashMap<TensorId, (usize, Option<usize>)>,
+    /// When the passes free the gathered weights (also what [`super::live_bytes`] walks).
+    pub(super) resting: Option<Resting>,
+}
+
+impl<B> Default for FsdpState<B> {
+    fn default() -> Self {
+        FsdpState {
+            units: Vec::new(),
+            owner: HashMap::new(),
+            resting: None,
+        }
+    }
+}
+
+/// Where the covered weights are at rest and when the passes free their gathered copy,
+/// by tensor id; what the memory accounting needs.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Resting {
+    /// Elements this rank keeps of each covered weight (`None`: not covered, kept whole).
+    pub(super) kept: Vec<Option<u64>>,
+    /// The last forward op that reads each covered weight (`None`: none does, it is not
+    /// gathered for the forward).
+    pub(super) last_forward: Vec<Option<usize>>,
+    /// The last backward step that needs each covered weight: a step of an op that reads
+    /// it, or the step a re-run of an op reading it precedes.
+    pub(super) last_backward: Vec<Option<usize>>,
+}
+
+impl Resting {
+    fn new(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> Resting {
+        let nt = g.tensors.len();
+        let mut last_forward = vec![None; nt];
+        for (oi, op) in g.ops.iter().enumerate() {
+            for &i in &op.inputs {
+                if g.tensors[i].kind == TensorKind::Weight {
+                    last_forward[i] = Some(oi);
+                }
+            }
+        }
+        let mut last_backward = vec![None; nt];
+        for (si, s) in plan.steps.iter().enumerate() {
+            let rerun = sched.rerun_before_step[si]
+                .map(|seg| sched.segments[seg].as_slice())
+                .unwrap_or_default();
+            for &oi in rerun.iter().chain(std::iter::once(&s.op)) {
+                for &i in &g.ops[oi].inputs {
+                    if g.tensors[i].kind == TensorKind::Weight {
+                        last_backward[i] = Some(si);
+                    }
+                }
+            }
+        }
+        Resting {
+            kept: vec![None; nt],
+            last_forward,
+            last_backward,
+        }
+    }
+
+    /// The last reader of each covered weight in `pass`.
+    pub(super) fn last(&self, pass: Pass) -> &[Option<usize>] {
+        match pass {
+            Pass::Forward => &self.last_forward,
+            Pass::Backward => &self.last_backward,
+        }
+    }
+
+    /// Whether `id` is covered.
+    pub(super) fn covers(&self, id: TensorId) -> bool {
+        self.kept[id].is_some()
+    }
+}
+
+/// The two passes that gather parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    Forward,
+    Backward,
+}
+
+/// The FSDP units of `step`: each reduce-scatter with the all-gather of the same group
+/// and weights.
+///
+/// # Errors
+/// A reduce-scatter or all-gather without its partner, or a weight in two units.
+fn units_of(step: &[StepCollective]) -> Result<Vec<&StepCollective>, String> {
+    let mut out: Vec<&StepCollective> = Vec::new();
+    for sc in step {
+        let partner = |kind: OpKind| {
+            step.iter()
+                .any(|o| o.kind == kind && o.group == sc.group && o.weights == sc.weights)
+        };
+        match sc.kind {
+            OpKind::ReduceScatter if !partner(OpKind::AllGather) => {
+                return Err(format!(
+                    "'{}': an FSDP gradient reduce-scatter over '{}' needs the parameter \
+                     all-gather of the same weights (as shard emits them with fsdp = true)",
+                    sc.what, sc.group
+                ));
+            }
+            OpKind::AllGather if !partner(OpKind::ReduceScatter) => {
+                return Err(format!(
+                    "'{}': an FSDP parameter all-gather over '{}' needs the gradient \
+                     reduce-scatter of the same weights",
+                    sc.what, sc.group
+                ));
+            }
+            OpKind::ReduceScatter => out.push(sc),
+            _ => {}
+        }
+    }
+    let mut seen: HashMap<&str, &str> = HashMap::new();
+    for sc in &out {
+        for w in &sc.weights {
+            if let Some(g) = seen.insert(w, &sc.group) {
+                return Err(format!(
+                    "'{w}' is sharded by two FSDP groups ('{g}' and '{}')",
+                    sc.group
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl<D: Device> Executor<D> {
+    /// Check the FSDP pairs of `step` (the all-reduces are checked by the caller).
+    pub(super) fn check_fsdp(&self, step: &[StepCollective]) -> Result<(), String> {
+        if !self.fsdp.units.is_empty() {
+            return Err(
+                "this rank's parameters are already sharded by FSDP step collectives, \
+                 which are set once"
+                    .into(),
+            );
+        }
+        units_of(step).map(|_| ())
+    }
+
+    /// Shard the weights the FSDP pairs of `step` cover: keep this rank's pieces of the
+    /// parameters and AdamW moments, allocate its gradient pieces, and free the whole
+    /// tensors. Every rank initialised (or was given) the same whole weights, so this
+    /// moves nothing between ranks.
+    pub(super) fn shard_fsdp(&mut self, step: &[StepCollective]) -> Result<(), ExecError> {
+        let units = units_of(step).map_err(ExecError::State)?;
+        if units.is_empty() {
+            return Ok(());
+        }
+        let mut resting = Resting::new(&self.graph, &self.plan, &self.sched);
+        for sc in units {
+            let (n, rank) = match self.collectives.get(&sc.group) {
+                Some(c) => (c.size(), c.rank()),
+                None => (1, 0),
+            };
+            let ids = sc
+                .weights
+                .iter()
+                .map(|w| self.id(w))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut offsets = Vec::with_capacity(ids.len());
+            let mut total = 0usize;
+            for &id in &ids {
+                offsets.push(total);
+                total += self.graph.tensors[id].numel() as usize;
+            }
+            let chunk = total.div_ceil(n);
+            let mine = rank * chunk..(rank + 1) * chunk;
+            let ui = self.fsdp.units.len();
+            let mut pieces = Vec::new();
+            for (&id, &off) in ids.iter().zip(&offsets) {
+                let numel = self.graph.tensors[id].numel() as usize;
+                let lo = off.max(mine.start);
+                let hi = (off + numel).min(mine.end);
+                let piece = if lo < hi {
+                    let range = lo - off..hi - off;
+                    let cut = |b: &D::Buffer, dev: &D| -> Result<D::Buffer, ExecError> {
+                        let host = dev.read_f32(b)?;
+                        let mut p = dev.alloc(Elem::F32, range.len())?;
+                        dev.write_f32(&mut p, &host[range.clone()])?;
+                        Ok(p)
+                    };
+                    let whole = self.vals[id].as_ref().ok_or_else(|| {
+                        ExecError::State(format!(
+                            "weight '{}' has no buffer to shard",
+                            self.graph.tensors[id].name
+                        ))
+                    })?;
+                    let param = cut(whole, &self.device)?;
+                    let moments = match &self.moments[id] {
+                        Some((m, v)) => Some((cut(m, &self.device)?, cut(v, &self.device)?)),
+                        None => None,
+                    };
+                    let grad = if self.plan.needs_grad[id] {
+                        let mut g = self.device.alloc(Elem::F32, range.len())?;
+                        self.device.zero(&mut g)?;
+                        Some(g)
+                    } else {
+                        None
+                    };
+                    pieces.push(Piece {
+                        id,
+                        at: lo - mine.start,
+                        range,
+                        param,
+                        grad,
+                        moments,
+                    });
+                    Some(pieces.len() - 1)
+                } else {
+                    None
+                };
+                resting.kept[id] = Some((hi.saturating_sub(lo)) as u64);
+                self.fsdp.owner.insert(id, (ui, piece));
+                self.vals[id] = None;
+                self.grads[id] = None;
+                self.moments[id] = None;
+                self.grad_written[id] = false;
+                self.carry[id] = false;
+            }
+            self.fsdp.units.push(Unit {
+                group: sc.group.clone(),
+                n,
+                rank,
+                mean_over: sc.mean_over,
+                ids,
+                offsets,
+                chunk,
+                pieces,
+            });
+        }
+        self.fsdp.resting = Some(resting);
+        Ok(())
+    }
+
+    /// Whether FSDP shards some of this rank's weights.
+    pub fn fsdp_sharded(&self) -> bool {
+        !self.fsdp.units.is_empty()
+    }
+
+    /// Whether `id` is a weight FSDP shards on this rank.
+    pub(super) fn fsdp_covers(&self, id: TensorId) -> bool {
+        self.fsdp.owner.contains_key(&id)
+    }
+
+    /// This rank's chunk of unit `u`'s flat parameter buffer (padding zero).
+    fn own_chunk(&self, u: usize, grads: bool) -> Result<Vec<f32>, ExecError> {
+        let unit = &self.fsdp.units[u];
+        let mut mine = vec![0f32; unit.chunk];
+        for p in &unit.pieces {
+            let b = if grads { p.grad.as_ref() } else { Some(&p.param) };
+            if let Some(b) = b {
+                let v = self.device.read_f32(b)?;
+                mine[p.at..p.at + v.len()].copy_from_slice(&v);
+            }
+        }
+        Ok(mine)
+    }
+
+    /// The whole flat buffer of unit `u` (parameters or reduced gradients), gathered over
+    /// its group; `timed`: counted as step communication.
+    fn gather_unit(&self, u: usize, grads: bool, timed: bool) -> Result<Vec<f32>, ExecError> {
+        let unit = &self.fsdp.units[u];
+        let mine = self.own_chunk(u, grads)?;
+        if unit.n <= 1 {
+            return Ok(mine);
+        }
+        let missing = || ExecError::State(format!("no handle for FSDP group '{}'", unit.group));
+        if timed {
+            self.timed(&unit.group).ok_or_else(missing)?.all_gather(&mine)
+        } else {
+            self.collectives
+                .get(&unit.group)
+                .ok_or_else(missing)?
+                .all_gather(&mine)
+        }
+    }
+
+    /// All-gather every unit and materialise the weights `pass` reads.
+    pub(super) fn fsdp_gather(&mut self, pass: Pass) -> Result<(), ExecError> {
+        let Some(resting) = self.fsdp.resting.clone() else {
+            return Ok(());
+        };
+        let r = self.gather_for(resting.last(pass));
+        self.note_comm();
+        r
+    }
+
+    fn gather_for(&mut self, last: &[Option<usize>]) -> Result<(), ExecError> {
+        for u in 0..self.fsdp.units.len() {
+            let flat = self.gather_unit(u, false, true)?;
+            let unit = &self.fsdp.units[u];
+            for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
+                if last[id].is_none() {
+                    continue;
+                }
+                let n = self.graph.tensors[id].numel() as usize;
+                let buf = match self.vals[id].take() {
+                    Some(b) => b,
+                    None => self.device.alloc(Elem::F32, n)?,
+                };
+                let buf = self.vals[id].insert(buf);
+                self.device.write_f32(buf, &flat[off..off + n])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Free the gathered weights whose last reader in `pass` is `at` (an op index in the
+    /// forward, a step index in the backward); `None`: every gathered weight.
+    pub(super) fn fsdp_release(&mut self, pass: Pass, at: Option<usize>) {
+        let Some(resting) = &self.fsdp.resting else {
+            return;
+        };
+        let last = resting.last(pass);
+        for &id in self.fsdp.owner.keys() {
+            if at.is_none() || last[id] == at {
+                self.vals[id] = None;
+            }
+        }
+    }
+
+    /// The reduce-scatter of every unit: the whole gradients of the last backward summed
+    /// over the group and divided by `mean_over`; this rank's chunk goes to its gradient
+    /// pieces and the whole gradients are freed.
+    pub(super) fn fsdp_reduce_scatter(&mut self) -> Result<(), ExecError> {
+        for u in 0..self.fsdp.units.len() {
+            let unit = &self.fsdp.units[u];
+            let mut flat = vec![0f32; unit.chunk * unit.n];
+            // A weight without a gradient this step contributes zeros.
+            for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
+                if let (true, Some(b)) = (self.grad_written[id], &self.grads[id]) {
+                    let g = self.device.read_f32(b)?;
+                    flat[off..off + g.len()].copy_from_slice(&g);
+                }
+            }
+            let mut mine = if unit.n > 1 {
+                self.timed(&unit.group)
+                    .ok_or_else(|| {
+                        ExecError::State(format!("no handle for FSDP group '{}'", unit.group))
+                    })?
+                    .reduce_scatter(&flat)?
+            } else {
+                flat
+            };
+            if unit.mean_over > 1 {
+                let inv = 1.0 / unit.mean_over as f32;
+                mine.iter_mut().for_each(|x| *x *= inv);
+            }
+            let unit = &mut self.fsdp.units[u];
+            for p in &mut unit.pieces {
+                if let Some(g) = p.grad.as_mut() {
+                    self.device
+                        .write_f32(g, &mine[p.at..p.at + p.range.len()])?;
+                }
+            }
+            for &id in &unit.ids {
+                self.grads[id] = None;
+                self.grad_written[id] = false;
+            }
+        }
+        Ok(())
+    }
+
+    /// AdamW on this rank's pieces (after [`Executor::fsdp_reduce_scatter`]).
+    pub(super) fn fsdp_optimizer_step(&mut self, h: &AdamW) -> Result<(), ExecError> {
+        for unit in &mut self.fsdp.units {
+            for p in &mut unit.pieces {
+                let (Some(g), Some((m, v))) = (p.grad.as_ref(), p.moments.as_mut()) else {
+                    continue;
+                };
+                let start = self.options.profile.then(Instant::now);
+                self.device
+                    .adamw(&mut p.param, g, m, v, h, self.adam_step)?;
+                if let Some(s) = start {
+                    self.device.synchronize()?;
+                    self.profile.optimizer_tensor_s[p.id] = s.elapsed().as_secs_f64();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The piece of covered weight `id` on this rank, if any.
+    fn piece(&self, id: TensorId) -> Option<&Piece<D::Buffer>> {
+        let &(u, p) = self.fsdp.owner.get(&id)?;
+        p.map(|p| &self.fsdp.units[u].pieces[p])
+    }
+
+    /// Why a whole covered weight (or gradient) cannot be read now.
+    pub(super) fn sharded_error(&self, id: TensorId, what: &str, instead: &str) -> ExecError {
+        let t = &self.graph.tensors[id];
+        let group = self.fsdp.owner.get(&id).map_or_else(String::new, |&(u, _)| {
+            let u = &self.fsdp.units[u];
+            format!("'{}' (rank {} of {})", u.group, u.rank, u.n)
+        });
+        let held = self
+            .piece(id)
+            .map_or_else(|| "none of it".to_string(), |p| format!("elements {:?}", p.range));
+        ExecError::State(format!(
+            "the {what} of '{}' is sharded over FSDP group {group}: this rank holds {held} \
+             of {}; {instead}",
+            t.name,
+            t.numel()
+        ))
+    }
+
+    /// Write the whole value `data` of covered weight `id`: this rank keeps its piece
+    /// (and the gathered copy, while there is one, takes all of it).
+    pub(super) fn fsdp_set_weight(&mut self, id: TensorId, data: &[f32]) -> Result<(), ExecError> {
+        let numel = self.graph.tensors[id].numel() as usize;
+        if data.len() != numel {
+            return Err(ExecError::Input(format!(
+                "'{}' holds {numel} elements, got {}",
+                self.graph.tensors[id].name,
+                data.len()
+            )));
+        }
+        if let Some(&(u, Some(p))) = self.fsdp.owner.get(&id) {
+            let piece = &mut self.fsdp.units[u].pieces[p];
+            self.device
+                .write_f32(&mut piece.param, &data[piece.range.clone()])?;
+        }
+        if let Some(b) = self.vals[id].as_mut() {
+            self.device.write_f32(b, data)?;
+        }
+        Ok(())
+    }
+
+    /// This rank's part of weight `name`: the element range (of the flattened tensor) it
+    /// holds and its values. A weight FSDP does not shard is held whole; a rank may hold
+    /// none of a small sharded weight (an empty range).
+    ///
+    /// # Errors
+    /// Unknown name or not a weight.
+    pub fn weight_shard(&self, name: &str) -> Result<(Range<usize>, Vec<f32>), ExecError> {
+        let id = self.id(name)?;
+        if !self.fsdp_covers(id) {
+            let w = self.weight(name)?;
+            return Ok((0..w.len(), w));
+        }
+        match self.piece(id) {
+            Some(p) => Ok((p.range.clone(), self.device.read_f32(&p.param)?)),
+            None => Ok((0..0, Vec::new())),
+        }
+    }
+
+    /// This rank's part of the reduced gradient of weight `name` (after
+    /// [`Executor::reduce_gradients`]), as [`Executor::weight_shard`]; `None` for a weight
+    /// without one. A weight FSDP does not shard: [`Executor::grad`].
+    ///
+    /// # Errors
+    /// Unknown name.
+    pub fn grad_shard(&self, name: &str) -> Result<Option<(Range<usize>, Vec<f32>)>, ExecError> {
+        let id = self.id(name)?;
+        if !self.fsdp_covers(id) {
+            return Ok(self.grad(name)?.map(|g| (0..g.len(), g)));
+        }
+        if !self.plan.needs_grad[id] {
+            return Ok(None);
+        }
+        match self.piece(id) {
+            Some(p) => match &p.grad {
+                Some(g) => Ok(Some((p.range.clone(), self.device.read_f32(g)?))),
+                None => Ok(None),
+            },
+            None => Ok(Some((0..0, Vec::new()))),
+        }
+    }
+
+    /// Every weight of this rank's graph, whole, by name: the sharded ones all-gathered
+    /// over their FSDP group, the others read. Not timed as step communication and
+    /// allocates nothing on the device.
+    ///
+    /// A collective call on an FSDP rank: every rank of each FSDP group must make it
+    /// (in the same order as their other calls on that group).
+    ///
+    /// # Errors
+    /// A collective failed.
+    pub fn gather_weights(&self) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+        let mut out = HashMap::new();
+        for u in 0..self.fsdp.units.len() {
+            let flat = self.gather_unit(u, false, false)?;
+            self.split_unit(u, &flat, |_| true, &mut out);
+        }
+        for (id, t) in self.graph.tensors.iter().enumerate() {
+            if t.kind == TensorKind::Weight && !self.fsdp_covers(id) {
+                out.insert(t.name.clone(), self.weight(&t.name)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every weight gradient the step's reduction left, whole, by name: on an FSDP rank
+    /// after [`Executor::reduce_gradients`], the sharded weights' reduced gradients
+    /// all-gathered over their group, the others' as [`Executor::grad`] reads them.
+    /// Without FSDP it is every gradient of [`Executor::grad`]. A collective call, as
+    /// [`Executor::gather_weights`].
+    ///
+    /// # Errors
+    /// On an FSDP rank, the last backward's gradients not reduced yet; a collective
+    /// failed.
+    pub fn gather_grads(&self) -> Result<HashMap<String, Vec<f32>>, ExecError> {
+        if self.fsdp_sharded() && !self.comm.reduced {
+            return Err(ExecError::State(
+                "gather_grads on an FSDP rank reads the reduced gradient shards: run \
+                 reduce_gradients first"
+                    .into(),
+            ));
+        }
+        let mut out = HashMap::new();
+        for u in 0..self.fsdp.units.len() {
+            let flat = self.gather_unit(u, true, false)?;
+            let needs = &self.plan.needs_grad;
+            self.split_unit(u, &flat, |id| needs[id], &mut out);
+        }
+        for (id, t) in self.graph.tensors.iter().enumerate() {
+            if t.kind == TensorKind::Weight
+                && !self.fsdp_covers(id)
+                && let Some(g) = self.grad(&t.name)?
+            {
+                out.insert(t.name.clone(), g);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Cut unit `u`'s gathered flat buffer into its weights (those `keep` accepts).
+    fn split_unit(
+        &self,
+        u: usize,
+        flat: &[f32],
+        keep: impl Fn(TensorId) -> bool,
+        out: &mut HashMap<String, Vec<f32>>,
+    ) {
+        let unit = &self.fsdp.units[u];
+        for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
+            if keep(id) {
+                let n = self.graph.tensors[id].numel() as usize;
+                out.insert(
+                    self.graph.tensors[id].name.clone(),
+                    flat[off..off + n].to_vec(),
+                );
+            }
+        }
+    }
+}
