@@ -99,7 +99,8 @@ pub struct StepCollective {
     /// `edp`: dp·cp with sequence parallelism (each tp rank's tokens are distinct),
     /// tp·cp·dp/etp without (the tp ranks' tokens are copies, each routed to the experts);
     /// Megatron's expert gradient scaling by 1/dp·cp. An `edp` entry of group size 1 moves
-    /// nothing and only divides (expert parallelism over all the data-parallel ranks).
+    /// nothing and only divides (expert parallelism over all the data-parallel ranks); it
+    /// is an all-reduce with FSDP too (a group of one has nothing to shard).
     pub mean_over: u32,
     pub what: String,
     /// The weights of this rank it covers, by name in the rank's graph, sorted (every
@@ -1308,10 +1309,12 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
         ("dp", dp, dp, dense, dense_param, "dense weights", dense_names),
         ("edp", edp, edp_mean, exp, exp_param, "expert weights", exp_names),
     ] {
-        if grads == 0.0 || (n <= 1 && (l.fsdp || mean_over <= 1)) {
+        if grads == 0.0 || (n <= 1 && mean_over <= 1) {
             continue;
         }
-        if l.fsdp {
+        // FSDP over one rank shards nothing: like plain data parallelism, the group of
+        // one moves nothing and only divides (expert parallelism over all the dp ranks).
+        if l.fsdp && n > 1 {
             out.push(StepCollective {
                 kind: OpKind::ReduceScatter,
                 group: group.into(),

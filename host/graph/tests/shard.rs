@@ -218,6 +218,25 @@ fn ep_all_to_all_volume() {
     }
 }
 
+/// FSDP over an expert group of one rank (ep = dp) shards nothing, but the expert
+/// gradients still need their division by the dp ranks: the step keeps the divide-only
+/// all-reduce of plain data parallelism for them; the dense weights reduce-scatter.
+#[test]
+fn fsdp_expert_group_of_one_still_divides() {
+    let g = kit::host_graph(Mixtral::graph, "mixtral-8x7b", 128, 1, 2);
+    let l = Layout { ep: 8, fsdp: true, ..layout(1, 1, 1, 8, false, 1) };
+    let step = sharded(&g, &l, rank(0, 0)).step;
+    let kinds: Vec<_> = step.iter().map(|c| (c.kind, c.group.as_str(), c.group_size, c.mean_over)).collect();
+    assert_eq!(
+        kinds,
+        [
+            (OpKind::ReduceScatter, "dp", 8, 8),
+            (OpKind::AllGather, "dp", 8, 1),
+            (OpKind::AllReduce, "edp", 1, 8),
+        ]
+    );
+}
+
 #[test]
 fn cp_splits_tokens_and_gathers_kv() {
     let g = llama(2, 512, 1);
