@@ -10,6 +10,11 @@
 //! the real peak stays close to the sum of the tensors the graph needs live at once,
 //! which [`Executor::memory`] reports next to the measured peak.
 //!
+//! Under FSDP (a sharded layout with `fsdp: true`, `executor/fsdp.rs`) a rank keeps only
+//! its 1/n shard of the covered weights, gradients and moments between steps; each pass
+//! gathers the whole weights and frees each after its last reader, and the step's
+//! reduction reduce-scatters the gradients.
+//!
 //! Weight initialisation is deterministic and independent of graph order: each weight's
 //! stream is seeded from the run seed and a hash of its name, so a 2-layer proxy and the
 //! full model start `layers.0.*` identically. Matrices draw from N(0, 0.02²); norm gains
@@ -247,7 +252,10 @@ impl<D: Device> Executor<D> {
     /// pipeline send/recv and expert parallelism's all-to-alls (group `ep`: a dropless
     /// token exchange whose received rows follow the routing) run; the
     /// sequence-parallel all-to-all over tp does not.
-    /// [`Executor::for_rank`] also takes the rank's step-level gradient collectives.
+    /// [`Executor::for_rank`] also takes the rank's step-level gradient collectives,
+    /// FSDP's included (the rank then keeps only its shard of the covered weights, their
+    /// gradients and moments between steps; `executor/fsdp.rs`). Every weight starts
+    /// whole here.
     ///
     /// # Errors
     /// As [`Executor::new`].
@@ -1141,16 +1149,15 @@ fn walk_live(
         }
     }
     base += state;
-    // The whole weights a pass gathers (those with a reader in it), and those whose last
-    // reader is op / step `at`.
+    // The whole weights a pass gathers (those it reads), and those it frees after op or
+    // step `at`.
     let gathered = |pass: fsdp::Pass, at: Option<usize>| -> u64 {
         fsdp.map_or(0, |f| {
-            f.last(pass)
-                .iter()
-                .enumerate()
-                .filter(|&(id, l)| f.covers(id) && l.is_some() && (at.is_none() || *l == at))
-                .map(|(id, _)| bytes(id))
-                .sum()
+            let ids = match at {
+                Some(at) => f.freed_after(pass, at),
+                None => f.gathered(pass),
+            };
+            ids.iter().map(|&id| bytes(id)).sum()
         })
     };
     let aux_of = |oi: usize| -> u64 {
@@ -1256,5 +1263,6 @@ mod comm;
 mod ep;
 mod finalize;
 mod fsdp;
+pub use fsdp::Shard;
 #[cfg(test)]
 mod tests;

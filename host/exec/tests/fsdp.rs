@@ -9,8 +9,8 @@ use std::collections::HashMap;
 use std::ops::Range;
 
 use common::{
-    Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis, train,
-    weights, with_roles,
+    Data, Grads, close, expert_coord, expert_mesh, gather, load_weights, mesh, options,
+    rank_inputs, run, slice, split_axis, train, weights, with_roles,
 };
 use runner_exec::cpu::Cpu;
 use runner_exec::device::Device;
@@ -34,9 +34,23 @@ fn llama(batch: u64, tied: bool) -> Graph {
     )
 }
 
+/// The toy MoE Llama (4 experts, top-2, width 32) at `batch` sequences.
+fn moe(batch: u64) -> Graph {
+    with_roles(
+        toy::llama(&ToyConfig {
+            batch,
+            moe: Some((4, 2, 32)),
+            ..ToyConfig::tiny()
+        }),
+        true,
+    )
+}
+
 /// What one rank reports after its steps.
 struct RankOut {
     coord: RankCoord,
+    /// Its expert-parallel rank (0 without experts).
+    ep_rank: usize,
     /// It holds the loss (last stage).
     last: bool,
     losses: Vec<f32>,
@@ -63,7 +77,8 @@ fn dp_rows(data: &Data, d: usize, dp: usize) -> Data {
         .collect()
 }
 
-/// Shard `g` (one dp rank's batch) at `layout` over a tp × pp × dp mesh, load the
+/// Shard `g` (one dp rank's batch) at `layout` over a tp × pp × dp mesh (with the
+/// expert groups when `g` has experts; expert parallelism only at tp = 1), load the
 /// unsharded weights `w0`, give dp rank d rows d·B/dp.. of `data`, and run `steps`
 /// AdamW steps on every rank.
 fn train_mesh(
@@ -74,17 +89,30 @@ fn train_mesh(
     steps: usize,
     opts: &ExecOptions,
 ) -> Vec<RankOut> {
-    let (tp, dp) = (layout.tp as usize, layout.dp as usize);
-    let hs: Vec<_> = mesh(layout.tp, layout.pp, layout.dp)
+    let (tp, dp, ep) = (layout.tp as usize, layout.dp as usize, layout.ep as usize);
+    let experts = g.ops.iter().any(|o| o.kind == OpKind::GroupedLinear);
+    assert!(
+        layout.ep == 1 || tp == 1,
+        "expert parallelism at tp = 1 only"
+    );
+    let ranks = if experts {
+        expert_mesh(layout.tp, layout.pp, layout.dp, layout.ep, layout.etp)
+    } else {
+        mesh(layout.tp, layout.pp, layout.dp)
+    };
+    let hs: Vec<_> = ranks
         .into_iter()
         .map(|m| {
             let s = shard(g, layout, m.coord).unwrap();
             let (g, w0, o) = (g.clone(), w0.clone(), opts.clone());
             let rows = dp_rows(data, m.coord.dp as usize, dp);
+            let ep_rank = expert_coord(m.coord, layout.tp, layout.ep, layout.etp).1 as usize;
             std::thread::spawn(move || {
                 let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
                 let r = m.coord.tp as usize;
-                load_weights(&mut ex, &g, &s.graph, &w0, r, tp);
+                // At tp = 1 only expert weights are split, by the ep rank.
+                let (part, parts) = if tp == 1 { (ep_rank, ep) } else { (r, tp) };
+                load_weights(&mut ex, &g, &s.graph, &w0, part, parts);
                 let d = rank_inputs(&g, &s.graph, &rows, r, tp);
                 let losses = train(&mut ex, &d, steps);
                 let shards = ex
@@ -104,6 +132,7 @@ fn train_mesh(
                     .sum();
                 RankOut {
                     coord: m.coord,
+                    ep_rank,
                     last: s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy),
                     losses,
                     weights: ex.gather_weights().unwrap(),
@@ -150,7 +179,10 @@ fn assembled(out: &[RankOut], full: &Graph) -> HashMap<(u32, u32), Grads> {
                 let v = match split_axis(fshape, &ranks[0].shapes[name]) {
                     None => {
                         for o in &ranks {
-                            assert_eq!(o.weights[name], ranks[0].weights[name], "{name}: tp copies");
+                            assert_eq!(
+                                o.weights[name], ranks[0].weights[name],
+                                "{name}: tp copies"
+                            );
                         }
                         ranks[0].weights[name].clone()
                     }
@@ -233,7 +265,10 @@ fn fsdp_dp2_training_steps_match_unsharded_and_plain_dp() {
         .collect();
     assert_eq!(
         kinds,
-        [(OpKind::ReduceScatter, "dp", 1), (OpKind::AllGather, "dp", 2)]
+        [
+            (OpKind::ReduceScatter, "dp", 1),
+            (OpKind::AllGather, "dp", 2)
+        ]
     );
     let a = train_mesh(&half_g, &plain, &data, &w0, 3, &options());
     let b = train_mesh(&half_g, &fsdp, &data, &w0, 3, &options());
@@ -248,10 +283,16 @@ fn fsdp_dp2_training_steps_match_unsharded_and_plain_dp() {
         let (r0, r1) = (&b[0].shards[name], &b[1].shards[name]);
         let held = r0.len() + r1.len();
         assert_eq!(held, v.len(), "{name}: {r0:?} + {r1:?}");
-        assert!(r0.end <= r1.start || r1.is_empty() || r0.is_empty(), "{name}");
+        assert!(
+            r0.end <= r1.start || r1.is_empty() || r0.is_empty(),
+            "{name}"
+        );
     }
     for o in &b {
-        assert!(o.communication_s > 0.0, "gathers and reduce-scatters are timed");
+        assert!(
+            o.communication_s > 0.0,
+            "gathers and reduce-scatters are timed"
+        );
     }
 }
 
@@ -290,10 +331,25 @@ fn fsdp_dp2_reduced_gradient_shards_are_the_full_batch_mean() {
                     .iter()
                     .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
                     .collect();
+                // Device bytes now against the state at rest, inputs and loss scalar.
+                let held = |ex: &Executor<Cpu>| {
+                    let m = ex.memory();
+                    let inputs: u64 = rows.iter().map(|(_, u, _)| 4 * u.len() as u64).sum();
+                    ex.device().memory().current_bytes as i64 - (m.state_bytes + inputs + 4) as i64
+                };
+                let params = ex.memory().param_bytes as i64;
                 let loss = ex.forward(&inputs).unwrap();
+                // The forward freed every gathered weight after its last reader; what
+                // remains beyond the state is the activations the backward needs.
+                assert!(ex.weight("layers.0.attn.q.weight").is_err());
+                assert!(held(&ex) > 0);
                 ex.backward().unwrap();
+                // After the backward: the whole (unreduced) gradients, no gathered weight.
+                assert!(ex.weight("lm_head.weight").is_err());
+                assert_eq!(held(&ex), params, "whole gradients only");
                 let before = common::grads(&ex);
                 ex.reduce_gradients().unwrap();
+                assert_eq!(held(&ex), 0, "the reduce-scatter frees the whole gradients");
                 let e = ex.grad("lm_head.weight").unwrap_err().to_string();
                 assert!(e.contains("gather_grads"), "{e}");
                 let shard = ex.grad_shard("lm_head.weight").unwrap().unwrap();
@@ -339,7 +395,11 @@ fn fsdp_rank_keeps_half_the_state_and_peaks_lower() {
     let a = train_mesh(&half_g, &plain, &data, &w0, 2, &options());
     let b = train_mesh(&half_g, &fsdp, &data, &w0, 2, &options());
     let params = a[0].memory.param_bytes;
-    for (o, name) in a.iter().map(|o| (o, "plain")).chain(b.iter().map(|o| (o, "fsdp"))) {
+    for (o, name) in a
+        .iter()
+        .map(|o| (o, "plain"))
+        .chain(b.iter().map(|o| (o, "fsdp")))
+    {
         let m = o.memory;
         eprintln!(
             "{name} dp rank {}: peak {} B, required {} B, state at rest {} B, params {} B, \
@@ -347,7 +407,10 @@ fn fsdp_rank_keeps_half_the_state_and_peaks_lower() {
             o.coord.dp, m.peak_bytes, m.required_bytes, m.state_bytes, m.param_bytes, o.held
         );
         assert_eq!(m.param_bytes, params, "whole parameters");
-        assert!(m.peak_bytes as f64 <= 1.5 * m.required_bytes as f64, "{m:?}");
+        assert!(
+            m.peak_bytes as f64 <= 1.5 * m.required_bytes as f64,
+            "{m:?}"
+        );
         assert!(m.peak_bytes >= m.state_bytes, "{m:?}");
         // Between steps only the state, the inputs and the loss scalar remain.
         assert_eq!(o.held, m.state_bytes + o.input_bytes + 4, "{name}: {m:?}");
@@ -362,7 +425,10 @@ fn fsdp_rank_keeps_half_the_state_and_peaks_lower() {
             f.state_bytes,
             4 * params
         );
-        assert!(f.peak_bytes < p.peak_bytes, "fsdp peak {f:?} vs plain {p:?}");
+        assert!(
+            f.peak_bytes < p.peak_bytes,
+            "fsdp peak {f:?} vs plain {p:?}"
+        );
         assert!(f.required_bytes < p.required_bytes, "{f:?} vs {p:?}");
     }
 }
@@ -466,11 +532,18 @@ fn fsdp_step_over_two_micro_batches_matches_the_full_batch_step() {
         .collect();
     let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
     let mean = (out[0].0 + out[1].0) / 2.0;
-    assert!((mean - want[0]).abs() <= 1e-5 * want[0], "{mean} vs {}", want[0]);
+    assert!(
+        (mean - want[0]).abs() <= 1e-5 * want[0],
+        "{mean} vs {}",
+        want[0]
+    );
     for (d, (_, w)) in out.iter().enumerate() {
         for (name, v) in &w1 {
             let e = worst(&w[name], v);
-            assert!(e <= 1e-6, "{name} (dp rank {d}): {e:e} from the full-batch step");
+            assert!(
+                e <= 1e-6,
+                "{name} (dp rank {d}): {e:e} from the full-batch step"
+            );
         }
     }
 }
@@ -503,4 +576,62 @@ fn unpaired_or_repeated_fsdp_collectives_are_refused() {
     assert!(ex.fsdp_sharded());
     let e = ex.set_step_collectives(one).unwrap_err().to_string();
     assert!(e.contains("set once"), "{e}");
+}
+
+/// MoE with FSDP: expert weights shard over their `edp` group like the dense ones over
+/// `dp`. ep = 1 over dp = 2: both groups are the two ranks (two units, one gather and one
+/// reduce-scatter each). ep = 2 over dp = 2: each rank holds its own experts, an `edp`
+/// group of one (nothing to shard; the step keeps its divide-only all-reduce) while the
+/// dense weights shard over dp. Three steps match the unsharded full batch.
+#[test]
+fn fsdp_moe_expert_weights_shard_over_edp() {
+    let (full_g, half_g) = (moe(4), moe(2));
+    let data = synthetic_inputs(&full_g, 7);
+    let (w0, want, w3) = unsharded(&full_g, &data, 3);
+    for ep in [1, 2] {
+        let layout = Layout {
+            dp: 2,
+            ep,
+            fsdp: true,
+            ..Layout::single(2, 4)
+        };
+        let s = shard(&half_g, &layout, RankCoord::default()).unwrap();
+        let kinds: Vec<(OpKind, &str, u32)> = s
+            .step
+            .iter()
+            .map(|c| (c.kind, c.group.as_str(), c.group_size))
+            .collect();
+        let edp = if ep == 1 {
+            vec![
+                (OpKind::ReduceScatter, "edp", 2),
+                (OpKind::AllGather, "edp", 2),
+            ]
+        } else {
+            vec![(OpKind::AllReduce, "edp", 1)]
+        };
+        let mut expected = vec![
+            (OpKind::ReduceScatter, "dp", 2),
+            (OpKind::AllGather, "dp", 2),
+        ];
+        expected.extend(edp);
+        assert_eq!(kinds, expected, "ep = {ep}");
+        let out = train_mesh(&half_g, &layout, &data, &w0, 3, &options());
+        let what = format!("MoE, fsdp dp=2, ep={ep}");
+        losses_match(&mean_losses(&out, 2), &want, &what);
+        for o in &out {
+            for (name, w) in &w3 {
+                let fshape = &full_g.tensors[full_g.tensor_id(name).unwrap()].shape;
+                let own = match split_axis(fshape, &o.shapes[name]) {
+                    None => w.clone(),
+                    Some(ax) => slice(w, fshape, ax, o.ep_rank, ep as usize),
+                };
+                let e = worst(&o.weights[name], &own);
+                assert!(
+                    e <= 1e-5,
+                    "{what}: {name} (ep rank {}) is {e:e} off",
+                    o.ep_rank
+                );
+            }
+        }
+    }
 }

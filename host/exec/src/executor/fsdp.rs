@@ -45,6 +45,10 @@ use runner_kernels::cpu::adamw::AdamW;
 use super::Executor;
 use crate::device::{Device, Elem, ExecError};
 
+/// A rank's part of a weight (or of its gradient): the element range of the flattened
+/// tensor it holds, and those elements.
+pub type Shard = (Range<usize>, Vec<f32>);
+
 /// This rank's part of one covered weight: elements `range` of the weight, at `at` in
 /// this rank's chunk.
 struct Piece<B> {
@@ -96,12 +100,16 @@ impl<B> Default for FsdpState<B> {
 pub(super) struct Resting {
     /// Elements this rank keeps of each covered weight (`None`: not covered, kept whole).
     pub(super) kept: Vec<Option<u64>>,
-    /// The last forward op that reads each covered weight (`None`: none does, it is not
-    /// gathered for the forward).
-    pub(super) last_forward: Vec<Option<usize>>,
-    /// The last backward step that needs each covered weight: a step of an op that reads
-    /// it, or the step a re-run of an op reading it precedes.
-    pub(super) last_backward: Vec<Option<usize>>,
+    /// The last forward op that reads each weight (`None`: none does, it is not gathered
+    /// for the forward).
+    last_forward: Vec<Option<usize>>,
+    /// The last backward step that needs each weight: a step of an op that reads it, or
+    /// the step a re-run of an op reading it precedes.
+    last_backward: Vec<Option<usize>>,
+    /// Per pass: the covered weights it gathers (those it reads), and per op (forward)
+    /// or step (backward) those it frees after it (from [`Resting::index`]).
+    gathers: [Vec<TensorId>; 2],
+    frees: [Vec<Vec<TensorId>>; 2],
 }
 
 impl Resting {
@@ -132,15 +140,46 @@ impl Resting {
             kept: vec![None; nt],
             last_forward,
             last_backward,
+            gathers: [Vec::new(), Vec::new()],
+            frees: [
+                vec![Vec::new(); g.ops.len()],
+                vec![Vec::new(); plan.steps.len()],
+            ],
         }
     }
 
-    /// The last reader of each covered weight in `pass`.
-    pub(super) fn last(&self, pass: Pass) -> &[Option<usize>] {
-        match pass {
-            Pass::Forward => &self.last_forward,
-            Pass::Backward => &self.last_backward,
+    /// Fill the per-pass lists once `kept` says which weights are covered.
+    fn index(&mut self) {
+        for (p, last) in [&self.last_forward, &self.last_backward]
+            .into_iter()
+            .enumerate()
+        {
+            for (id, l) in last.iter().enumerate() {
+                if let (Some(at), Some(_)) = (l, self.kept[id]) {
+                    self.gathers[p].push(id);
+                    self.frees[p][*at].push(id);
+                }
+            }
         }
+    }
+
+    /// Whether `pass` reads weight `id`.
+    fn reads(&self, pass: Pass, id: TensorId) -> bool {
+        match pass {
+            Pass::Forward => self.last_forward[id].is_some(),
+            Pass::Backward => self.last_backward[id].is_some(),
+        }
+    }
+
+    /// The covered weights `pass` gathers (every one it reads).
+    pub(super) fn gathered(&self, pass: Pass) -> &[TensorId] {
+        &self.gathers[pass as usize]
+    }
+
+    /// The covered weights `pass` frees after op (forward) or step (backward) `at`: those
+    /// it reads last.
+    pub(super) fn freed_after(&self, pass: Pass, at: usize) -> &[TensorId] {
+        &self.frees[pass as usize][at]
     }
 
     /// Whether `id` is covered.
@@ -305,6 +344,7 @@ impl<D: Device> Executor<D> {
                 pieces,
             });
         }
+        resting.index();
         self.fsdp.resting = Some(resting);
         Ok(())
     }
@@ -324,7 +364,11 @@ impl<D: Device> Executor<D> {
         let unit = &self.fsdp.units[u];
         let mut mine = vec![0f32; unit.chunk];
         for p in &unit.pieces {
-            let b = if grads { p.grad.as_ref() } else { Some(&p.param) };
+            let b = if grads {
+                p.grad.as_ref()
+            } else {
+                Some(&p.param)
+            };
             if let Some(b) = b {
                 let v = self.device.read_f32(b)?;
                 mine[p.at..p.at + v.len()].copy_from_slice(&v);
@@ -343,7 +387,9 @@ impl<D: Device> Executor<D> {
         }
         let missing = || ExecError::State(format!("no handle for FSDP group '{}'", unit.group));
         if timed {
-            self.timed(&unit.group).ok_or_else(missing)?.all_gather(&mine)
+            self.timed(&unit.group)
+                .ok_or_else(missing)?
+                .all_gather(&mine)
         } else {
             self.collectives
                 .get(&unit.group)
@@ -354,20 +400,21 @@ impl<D: Device> Executor<D> {
 
     /// All-gather every unit and materialise the weights `pass` reads.
     pub(super) fn fsdp_gather(&mut self, pass: Pass) -> Result<(), ExecError> {
-        let Some(resting) = self.fsdp.resting.clone() else {
+        let Some(resting) = self.fsdp.resting.take() else {
             return Ok(());
         };
-        let r = self.gather_for(resting.last(pass));
+        let r = self.gather_for(&resting, pass);
+        self.fsdp.resting = Some(resting);
         self.note_comm();
         r
     }
 
-    fn gather_for(&mut self, last: &[Option<usize>]) -> Result<(), ExecError> {
+    fn gather_for(&mut self, resting: &Resting, pass: Pass) -> Result<(), ExecError> {
         for u in 0..self.fsdp.units.len() {
             let flat = self.gather_unit(u, false, true)?;
             let unit = &self.fsdp.units[u];
             for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
-                if last[id].is_none() {
+                if !resting.reads(pass, id) {
                     continue;
                 }
                 let n = self.graph.tensors[id].numel() as usize;
@@ -388,11 +435,12 @@ impl<D: Device> Executor<D> {
         let Some(resting) = &self.fsdp.resting else {
             return;
         };
-        let last = resting.last(pass);
-        for &id in self.fsdp.owner.keys() {
-            if at.is_none() || last[id] == at {
-                self.vals[id] = None;
-            }
+        let ids = match at {
+            Some(at) => resting.freed_after(pass, at),
+            None => resting.gathered(pass),
+        };
+        for &id in ids {
+            self.vals[id] = None;
         }
     }
 
@@ -466,13 +514,18 @@ impl<D: Device> Executor<D> {
     /// Why a whole covered weight (or gradient) cannot be read now.
     pub(super) fn sharded_error(&self, id: TensorId, what: &str, instead: &str) -> ExecError {
         let t = &self.graph.tensors[id];
-        let group = self.fsdp.owner.get(&id).map_or_else(String::new, |&(u, _)| {
-            let u = &self.fsdp.units[u];
-            format!("'{}' (rank {} of {})", u.group, u.rank, u.n)
-        });
-        let held = self
-            .piece(id)
-            .map_or_else(|| "none of it".to_string(), |p| format!("elements {:?}", p.range));
+        let group = self
+            .fsdp
+            .owner
+            .get(&id)
+            .map_or_else(String::new, |&(u, _)| {
+                let u = &self.fsdp.units[u];
+                format!("'{}' (rank {} of {})", u.group, u.rank, u.n)
+            });
+        let held = self.piece(id).map_or_else(
+            || "none of it".to_string(),
+            |p| format!("elements {:?}", p.range),
+        );
         ExecError::State(format!(
             "the {what} of '{}' is sharded over FSDP group {group}: this rank holds {held} \
              of {}; {instead}",
@@ -509,7 +562,7 @@ impl<D: Device> Executor<D> {
     ///
     /// # Errors
     /// Unknown name or not a weight.
-    pub fn weight_shard(&self, name: &str) -> Result<(Range<usize>, Vec<f32>), ExecError> {
+    pub fn weight_shard(&self, name: &str) -> Result<Shard, ExecError> {
         let id = self.id(name)?;
         if !self.fsdp_covers(id) {
             let w = self.weight(name)?;
@@ -527,7 +580,7 @@ impl<D: Device> Executor<D> {
     ///
     /// # Errors
     /// Unknown name.
-    pub fn grad_shard(&self, name: &str) -> Result<Option<(Range<usize>, Vec<f32>)>, ExecError> {
+    pub fn grad_shard(&self, name: &str) -> Result<Option<Shard>, ExecError> {
         let id = self.id(name)?;
         if !self.fsdp_covers(id) {
             return Ok(self.grad(name)?.map(|g| (0..g.len(), g)));
