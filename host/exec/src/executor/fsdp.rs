@@ -26,6 +26,13 @@
 //!   pieces, and the whole gradients freed.
 //! - **Optimizer.** AdamW updates the pieces (parameter, gradient, moments). It is
 //!   elementwise, so the result equals the unsharded update of the same elements.
+//! - **Memory.** At rest about 1/n of the covered state ([`super::MemoryReport`]'s
+//!   `state_bytes`); during a pass, plus the gathered weights not yet past their last
+//!   reader; from the backward to the reduce-scatter, plus the whole gradients (one
+//!   reduce-scatter per step, the collective's count 1, so micro-batches accumulate
+//!   whole gradients; PyTorch FSDP reduce-scatters each micro-batch instead).
+//!   [`Executor::memory`] walks exactly these allocations. The collectives run through
+//!   host copies, as the rest of the in-process backend does.
 //!
 //! Inspection: [`Executor::gather_weights`] and [`Executor::gather_grads`] return whole
 //! tensors (collective calls: every rank of each FSDP group must make them, in the same
