@@ -247,11 +247,11 @@ impl<D: Device> Executor<D> {
     /// As [`Executor::new`], for one rank of a sharded graph
     /// ([`runner_graph::shard::shard`]): its collective ops run through `groups`, one
     /// handle per group name the graph uses (`tp`, `pp`, `ep`, ...), each this rank's
-    /// handle on that group (see [`crate::collective::ThreadGroup`]). Tensor parallelism
-    /// (with or without sequence parallelism, vocab-parallel embedding and loss included),
-    /// pipeline send/recv and expert parallelism's all-to-alls (group `ep`: a dropless
-    /// token exchange whose received rows follow the routing) run; the
-    /// sequence-parallel all-to-all over tp does not.
+    /// handle on that group (see [`crate::collective::ThreadGroup`]). Everything the
+    /// sharding emits runs: tensor parallelism (with or without sequence parallelism and
+    /// its all-to-all, vocab-parallel embedding and loss included), context parallelism's
+    /// K/V all-gathers, pipeline send/recv, and expert parallelism's all-to-alls (group
+    /// `ep`: a dropless token exchange whose received rows follow the routing).
     /// [`Executor::for_rank`] also takes the rank's step-level gradient collectives,
     /// FSDP's included (the rank then keeps only its shard of the covered weights, their
     /// gradients and moments between steps; `executor/fsdp.rs`). Every weight starts
