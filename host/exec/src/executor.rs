@@ -870,9 +870,9 @@ impl<D: Device> Executor<D> {
         }
         if let Some((i, mut orig, acc, etp)) = partial {
             if etp {
-                self.all_reduce_etp(&mut taken[i].2)?;
+                self.all_reduce_over("etp", &mut taken[i].2)?;
             } else {
-                self.all_reduce_tp(&mut taken[i].2)?;
+                self.all_reduce_over("tp", &mut taken[i].2)?;
             }
             if acc {
                 self.device.add_assign(&mut orig, &taken[i].2)?;

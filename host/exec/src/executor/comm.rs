@@ -335,22 +335,26 @@ impl<D: Device> Executor<D> {
             .map(|&b| self.graph.tensors[b].numel() as usize)
     }
 
-    /// Whether every reader of all-gather `op`'s output is a column- or vocab-parallel
-    /// linear (whose input gradients are per-rank partial sums).
-    fn gathered_for_split_ops(&self, op: &Op) -> bool {
-        let out = op.outputs[0];
+    /// Whether tensor `t` has readers and `each` holds for all of them.
+    fn every_reader(&self, t: TensorId, each: impl Fn(&Op) -> bool) -> bool {
         let mut readers = self
             .graph
             .ops
             .iter()
-            .filter(|o| o.inputs.contains(&out))
+            .filter(|o| o.inputs.contains(&t))
             .peekable();
-        readers.peek().is_some()
-            && readers.all(|o| {
-                o.kind == OpKind::Linear
-                    && o.inputs[0] == out
-                    && matches!(o.role, Role::ColumnParallel | Role::VocabParallel)
-            })
+        readers.peek().is_some() && readers.all(each)
+    }
+
+    /// Whether every reader of all-gather `op`'s output is a column- or vocab-parallel
+    /// linear (whose input gradients are per-rank partial sums).
+    fn gathered_for_split_ops(&self, op: &Op) -> bool {
+        let out = op.outputs[0];
+        self.every_reader(out, |o| {
+            o.kind == OpKind::Linear
+                && o.inputs[0] == out
+                && matches!(o.role, Role::ColumnParallel | Role::VocabParallel)
+        })
     }
 
     /// Whether every reader of all-gather `op`'s output is an attention op reading it as
@@ -359,19 +363,17 @@ impl<D: Device> Executor<D> {
     /// its own queries, so the ranks' gradients are partial sums.
     fn gathered_kv_for_attention(&self, op: &Op) -> bool {
         let out = op.outputs[0];
-        let mut readers = self
-            .graph
-            .ops
-            .iter()
-            .filter(|o| o.inputs.contains(&out))
-            .peekable();
-        readers.peek().is_some()
-            && readers.all(|o| o.kind == OpKind::Attention && o.inputs[0] != out)
+        self.every_reader(out, |o| o.kind == OpKind::Attention && o.inputs[0] != out)
     }
 
-    /// All-reduce `buf` (a gradient contribution) over tp.
-    pub(super) fn all_reduce_tp(&mut self, buf: &mut D::Buffer) -> Result<(), ExecError> {
-        let Some(c) = self.tp_group() else {
+    /// All-reduce `buf` (a gradient contribution) over `group` (`tp`, `etp`), when this
+    /// rank has a handle on it of more than one rank.
+    pub(super) fn all_reduce_over(
+        &mut self,
+        group: &str,
+        buf: &mut D::Buffer,
+    ) -> Result<(), ExecError> {
+        let Some(c) = self.timed(group).filter(|c| c.size() > 1) else {
             return Ok(());
         };
         let mut h = self.device.read_f32(buf)?;

@@ -34,7 +34,6 @@ use std::collections::HashMap;
 
 use runner_graph::{Graph, Op, OpKind, TensorId};
 
-use crate::collective::ReduceOp;
 
 use super::Executor;
 use super::comm::Timed;
@@ -413,18 +412,6 @@ impl<D: Device> Executor<D> {
                     && o.text("group") == Some("etp")
                     && o.inputs.first() == op.outputs.first()
             })
-    }
-
-    /// All-reduce `buf` (a gradient contribution) over etp.
-    pub(super) fn all_reduce_etp(&mut self, buf: &mut D::Buffer) -> Result<(), ExecError> {
-        let Some(c) = self.etp_group() else {
-            return Ok(());
-        };
-        let mut h = self.device.read_f32(buf)?;
-        c.all_reduce(&mut h, ReduceOp::Sum)?;
-        self.device.write_f32(buf, &h)?;
-        self.note_comm();
-        Ok(())
     }
 
     /// Refuse expert tensor parallelism whose etp ranks hold different tokens: with
