@@ -168,6 +168,10 @@ pub struct Executor<D: Device> {
     comm: comm::CommState,
     /// Expert-parallel exchanges and the data-dependent rows they set (`executor/ep.rs`).
     ep: ep::EpState,
+    /// Per activation: the sum of the per-rank partial gradient contributions of the
+    /// column-parallel (or width-split expert) linears that read it, and the group to
+    /// all-reduce it over once it is complete (before the step that consumes it).
+    pending_partials: HashMap<TensorId, (D::Buffer, &'static str)>,
     /// FSDP: this rank's shards of the weights it covers (`executor/fsdp.rs`).
     fsdp: fsdp::FsdpState<D::Buffer>,
 }
@@ -327,6 +331,7 @@ impl<D: Device> Executor<D> {
             host_ints: HashMap::new(),
             comm: comm::CommState::default(),
             ep: ep::EpState::default(),
+            pending_partials: HashMap::new(),
             fsdp: fsdp::FsdpState::default(),
             graph: g,
         };
@@ -480,6 +485,7 @@ impl<D: Device> Executor<D> {
         }
         self.plans.clear();
         self.ep.clear();
+        self.pending_partials.clear();
     }
 
     /// Upload inputs, checking names, lengths and id ranges before anything runs.
@@ -754,6 +760,10 @@ impl<D: Device> Executor<D> {
                 self.profile.backward_op_s[self.plan.steps[si].op] = s.elapsed().as_secs_f64();
             }
         }
+        let left: Vec<TensorId> = self.pending_partials.keys().copied().collect();
+        for t in left {
+            self.flush_partial(t)?;
+        }
         self.grads[loss] = None;
         self.fsdp_release(fsdp::Pass::Backward, None);
         self.plans.clear();
@@ -767,7 +777,26 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
+    /// All-reduce the pending partial gradient of `t` (if any) and add it in: every
+    /// column-parallel reader has contributed, and a step is about to consume it.
+    fn flush_partial(&mut self, t: TensorId) -> Result<(), ExecError> {
+        let Some((mut p, group)) = self.pending_partials.remove(&t) else {
+            return Ok(());
+        };
+        self.all_reduce_over(group, &mut p)?;
+        let dst = self.grads[t].as_mut().ok_or_else(|| {
+            ExecError::State(format!(
+                "gradient of '{}' for its partial sum is missing",
+                self.graph.tensors[t].name
+            ))
+        })?;
+        self.device.add_assign(dst, &p)
+    }
+
     fn backward_step(&mut self, si: usize) -> Result<(), ExecError> {
+        for t in self.plan.steps[si].grads_in.clone().into_iter().flatten() {
+            self.flush_partial(t)?;
+        }
         if let Some(contribs) = self.host_backward(si)? {
             let step = &self.plan.steps[si];
             for (go, d) in step.grads_out.iter().zip(contribs) {
@@ -825,9 +854,10 @@ impl<D: Device> Executor<D> {
             };
             taken.push((go.slot, go.tensor, buf, accumulate));
         }
-        // A column-parallel input gradient is a per-rank partial: compute it alone, then
-        // all-reduce it over tp (over etp for an expert linear split in width) and
-        // accumulate (Megatron's `f` conjugate).
+        // A column-parallel input gradient is a per-rank partial: compute it alone and
+        // add it to the input's pending partial sum, all-reduced over tp (over etp for an
+        // expert linear split in width) once, when the gradient is consumed (Megatron's
+        // `f` conjugate; its fused qkv and fc1 linears all-reduce once per input too).
         let mut partial: Option<(usize, D::Buffer, bool, bool)> = None;
         let etp = self.expert_input_partial(op);
         if (etp || self.column_input_partial(op))
@@ -869,15 +899,23 @@ impl<D: Device> Executor<D> {
             self.device.backward(&self.graph, step, io)?;
         }
         if let Some((i, mut orig, acc, etp)) = partial {
-            if etp {
-                self.all_reduce_over("etp", &mut taken[i].2)?;
-            } else {
-                self.all_reduce_over("tp", &mut taken[i].2)?;
+            let group = if etp { "etp" } else { "tp" };
+            let x = taken[i].1;
+            if self.pending_partials.get(&x).is_some_and(|(_, g)| *g != group) {
+                self.flush_partial(x)?;
             }
-            if acc {
-                self.device.add_assign(&mut orig, &taken[i].2)?;
-                taken[i].2 = orig;
+            let part = std::mem::replace(&mut taken[i].2, self.device.alloc(Elem::F32, 0)?);
+            match self.pending_partials.get_mut(&x) {
+                Some((sum, _)) => self.device.add_assign(sum, &part)?,
+                None => {
+                    self.pending_partials.insert(x, (part, group));
+                }
             }
+            if !acc {
+                // The gradient proper starts at zero; the partial sum joins it later.
+                self.device.zero(&mut orig)?;
+            }
+            taken[i].2 = orig;
             taken[i].3 = acc;
         }
         for (_, id, buf, _) in taken {

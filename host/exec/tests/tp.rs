@@ -5,17 +5,19 @@
 mod common;
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{
     Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis, train,
     weights, with_roles,
 };
-use runner_exec::collective::{Collective, ThreadGroup};
+use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
-use runner_exec::{Executor, Input};
-use runner_graph::shard::{Layout, RankCoord, shard};
+use runner_exec::{ExecError, Executor, Input};
+use runner_graph::shard::{Layout, RankCoord, comm_volume, shard};
 use runner_graph::{Graph, OpKind};
 
 /// Shard `g` at `layout` (tp only) and run every tp rank as a thread: `f` gets the rank's
@@ -562,10 +564,20 @@ fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
     check_ranks(&g, &out, loss, &want);
 }
 
-/// A handle that counts the all-reduces it runs.
+/// A handle that counts its all-reduce calls and the elements every call moves, in
+/// nccl-tests' S convention (the buffer of an all-reduce, the gathered output of an
+/// all-gather, the whole input of a reduce-scatter or all-to-all, the message of a send
+/// or receive), the size `comm_volume` prices.
 struct Counting {
-    inner: ThreadGroup,
-    all_reduces: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    inner: Box<dyn Collective>,
+    all_reduces: Arc<AtomicUsize>,
+    elems: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    fn count(&self, n: usize) {
+        self.elems.fetch_add(n, Ordering::SeqCst);
+    }
 }
 
 impl Collective for Counting {
@@ -575,22 +587,21 @@ impl Collective for Counting {
     fn size(&self) -> usize {
         self.inner.size()
     }
-    fn all_reduce(
-        &self,
-        buf: &mut [f32],
-        op: runner_exec::collective::ReduceOp,
-    ) -> Result<(), runner_exec::ExecError> {
-        self.all_reduces
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
+        self.all_reduces.fetch_add(1, Ordering::SeqCst);
+        self.count(buf.len());
         self.inner.all_reduce(buf, op)
     }
-    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, runner_exec::ExecError> {
+    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len() * self.size());
         self.inner.all_gather(input)
     }
-    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, runner_exec::ExecError> {
+    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len());
         self.inner.reduce_scatter(input)
     }
-    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, runner_exec::ExecError> {
+    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len());
         self.inner.all_to_all(input)
     }
     fn all_to_all_v(
@@ -598,14 +609,108 @@ impl Collective for Counting {
         input: &[f32],
         send_counts: &[usize],
         recv_counts: &[usize],
-    ) -> Result<Vec<f32>, runner_exec::ExecError> {
+    ) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len());
         self.inner.all_to_all_v(input, send_counts, recv_counts)
     }
-    fn send(&self, peer: usize, data: &[f32]) -> Result<(), runner_exec::ExecError> {
+    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
+        self.count(data.len());
         self.inner.send(peer, data)
     }
-    fn recv(&self, peer: usize) -> Result<Vec<f32>, runner_exec::ExecError> {
-        self.inner.recv(peer)
+    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
+        let r = self.inner.recv(peer)?;
+        self.count(r.len());
+        Ok(r)
+    }
+}
+
+/// `groups` with every handle counted into `all_reduces` and `elems`.
+fn counted(
+    groups: common::Groups,
+    all_reduces: &Arc<AtomicUsize>,
+    elems: &Arc<AtomicUsize>,
+) -> common::Groups {
+    groups
+        .into_iter()
+        .map(|(name, inner)| {
+            let c: Box<dyn Collective> = Box::new(Counting {
+                inner,
+                all_reduces: all_reduces.clone(),
+                elems: elems.clone(),
+            });
+            (name, c)
+        })
+        .collect()
+}
+
+/// Counting and running agree on communication: the elements a rank's forward and
+/// backward move through its collectives equal what `comm_volume` prices for its graph
+/// (each collective plus its backward conjugate), for tp with and without sequence
+/// parallelism, a replicated or vocab-parallel head, pipeline stages and both at once.
+/// (The column-parallel readers of one input share one all-reduce of its gradient, as
+/// Megatron's fused qkv and fc1 linears do.)
+#[test]
+fn executed_communication_equals_comm_volume() {
+    for (tp, pp, sp, vocab) in [
+        (2u32, 1u32, false, true),
+        (2, 1, false, false),
+        (2, 1, true, true),
+        (2, 1, true, false),
+        (1, 2, false, true),
+        (2, 2, true, true),
+    ] {
+        let g = with_roles(toy::llama(&ToyConfig::tiny()), vocab);
+        let data = synthetic_inputs(&g, 19);
+        let layout = Layout {
+            tp,
+            pp,
+            sequence_parallel: sp,
+            ..Layout::single(2, 2)
+        };
+        let hs: Vec<_> = mesh(tp, pp, 1)
+            .into_iter()
+            .map(|m| {
+                let s = shard(&g, &layout, m.coord).unwrap();
+                let (g, data) = (g.clone(), data.clone());
+                std::thread::spawn(move || {
+                    let (ars, elems) =
+                        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+                    let groups = counted(m.groups, &ars, &elems);
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                    let d = rank_inputs(&g, &s.graph, &data, m.coord.tp as usize, tp as usize);
+                    let inputs: Vec<(&str, Input<'_>)> = d
+                        .iter()
+                        .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+                        .collect();
+                    ex.forward(&inputs).unwrap();
+                    ex.backward().unwrap();
+                    let priced: usize = comm_volume(&s.graph)
+                        .iter()
+                        .map(|c| {
+                            let op = s.graph.ops.iter().find(|o| o.name == c.op).unwrap();
+                            // The priced tensor's format: a send's message is its input
+                            // (its output is the pipeline token).
+                            let t = if op.kind == OpKind::Send {
+                                op.inputs[0]
+                            } else {
+                                op.outputs[0]
+                            };
+                            let dt = s.graph.tensors[t].dtype.bytes();
+                            let one = (c.bytes / dt).round() as usize;
+                            one * if c.backward.is_some() { 2 } else { 1 }
+                        })
+                        .sum();
+                    (m.coord, elems.load(Ordering::SeqCst), priced)
+                })
+            })
+            .collect();
+        for h in hs {
+            let (coord, ran, priced) = h.join().unwrap();
+            assert_eq!(
+                ran, priced,
+                "tp={tp} pp={pp} sp={sp} vocab-parallel={vocab}, rank {coord:?}: elements moved vs priced"
+            );
+        }
     }
 }
 
@@ -635,14 +740,10 @@ fn forward_runs_each_graph_all_reduce_once() {
             .unwrap();
             let (g, data) = (g.clone(), data.clone());
             std::thread::spawn(move || {
-                let all_reduces = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-                let groups: common::Groups = vec![(
-                    "tp".into(),
-                    Box::new(Counting {
-                        inner: h,
-                        all_reduces: all_reduces.clone(),
-                    }),
-                )];
+                let (all_reduces, elems) =
+                    (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+                let handle: Box<dyn Collective> = Box::new(h);
+                let groups = counted(vec![("tp".into(), handle)], &all_reduces, &elems);
                 let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
                 let d = rank_inputs(&g, &s.graph, &data, r, 2);
                 let inputs: Vec<(&str, Input<'_>)> = d

@@ -44,7 +44,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use serde::Serialize;
 
-use crate::ir::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorId, TensorKind};
+use crate::ir::{Attr, DType, Graph, NamedOp, Op, OpKind, Role, Tensor, TensorId, TensorKind};
 
 /// A parallel layout: degrees, schedule and batch. GPUs = tp·pp·cp·dp; ep and etp carve
 /// the expert layers out of the tp·cp·dp ranks of one stage (Megatron's MoE folding).
@@ -131,7 +131,8 @@ pub struct CommOp {
     pub bus_factor: f64,
     /// The collective of equal size the backward pass runs for this one (AR ↔ the AR of
     /// a column-parallel input gradient, AG ↔ RS, A2A ↔ A2A, send ↔ recv); `None` for
-    /// the loss statistics, whose backward is local.
+    /// the loss statistics and for an all-gather read by replicated ops, whose backward
+    /// is local ([`all_gather_backward_reduces`]).
     pub backward: Option<OpKind>,
     pub layer: i32,
 }
@@ -1455,6 +1456,27 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     out
 }
 
+/// Whether all-gather `op`'s backward sums the ranks' gradients (a reduce-scatter): when
+/// every reader leaves a per-rank partial gradient of the gathered tensor, as a
+/// column- or vocab-parallel linear reading it as its input (sequence parallelism) or
+/// attention reading it as keys or values (context parallelism: only this rank's queries
+/// reach them) does. Otherwise the readers are replicated, every rank holds the whole
+/// gradient, and the backward keeps this rank's part without communicating (Megatron's
+/// `tensor_parallel_output_grad=False`).
+pub fn all_gather_backward_reduces(g: &Graph, op: &Op) -> bool {
+    let Some(&out) = op.outputs.first() else { return false };
+    let mut readers = g.ops.iter().filter(|o| o.inputs.contains(&out)).peekable();
+    if readers.peek().is_none() {
+        return false;
+    }
+    let readers: Vec<&Op> = readers.collect();
+    let split_linear = |o: &&Op| {
+        o.kind == OpKind::Linear && o.inputs[0] == out && matches!(o.role, Role::ColumnParallel | Role::VocabParallel)
+    };
+    let kv = |o: &&Op| o.kind == OpKind::Attention && o.inputs[0] != out;
+    readers.iter().all(split_linear) || readers.iter().all(kv)
+}
+
 /// Every collective of a sharded graph, in execution order, sized per rank.
 pub fn comm_volume(g: &Graph) -> Vec<CommOp> {
     let bytes =
@@ -1467,7 +1489,9 @@ pub fn comm_volume(g: &Graph) -> Vec<CommOp> {
             let (s, back) = match op.kind {
                 OpKind::AllReduce if stats => (bytes(op.outputs.first()), None),
                 OpKind::AllReduce => (bytes(op.inputs.first()), Some(OpKind::AllReduce)),
-                OpKind::AllGather => (bytes(op.outputs.first()), Some(OpKind::ReduceScatter)),
+                OpKind::AllGather => {
+                    (bytes(op.outputs.first()), all_gather_backward_reduces(g, op).then_some(OpKind::ReduceScatter))
+                }
                 OpKind::ReduceScatter => (bytes(op.inputs.first()), Some(OpKind::AllGather)),
                 OpKind::AllToAll => (bytes(op.inputs.first()), Some(OpKind::AllToAll)),
                 OpKind::Send => (bytes(op.inputs.first()), Some(OpKind::Recv)),

@@ -12,12 +12,17 @@
 //! - A row-parallel linear's bias is added by tp rank 0 only (the others add zeros), so
 //!   the all-reduce after it counts the bias once, as Megatron's bias-after-reduce does.
 //! - A column-parallel (or vocab-parallel) linear reading a replicated input (Megatron's
-//!   `f`): its input-gradient contribution is partial per rank and is all-reduced over tp
-//!   before it is accumulated. Not when the input comes from an all-gather or all-to-all
-//!   (sequence parallelism), whose backward reduce-scatters instead.
-//! - All-gather ↔ reduce-scatter along the `axis` attribute; an all-gather read by
-//!   replicated ops (a sequence-parallel gather before a replicated loss) keeps this
-//!   rank's part of its output gradient instead, which is complete on every rank.
+//!   `f`): its input-gradient contribution is partial per rank. The contributions of all
+//!   such readers of one input (q, k, v; gate, up) are summed and all-reduced over tp
+//!   once, right before a step consumes the gradient, as Megatron's fused qkv and fc1
+//!   linears do; so the traffic run is what `comm_volume` prices (tested). Not when the
+//!   input comes from an all-gather or all-to-all (sequence parallelism), whose backward
+//!   reduce-scatters instead.
+//! - All-gather ↔ reduce-scatter along the `axis` attribute
+//!   ([`runner_graph::shard::all_gather_backward_reduces`], shared with `comm_volume`);
+//!   an all-gather read by replicated ops (a sequence-parallel gather before a
+//!   replicated loss) keeps this rank's part of its output gradient instead, which is
+//!   complete on every rank.
 //! - Context parallelism (group `cp`): K and V are all-gathered along T before
 //!   attention, every rank's local rows in rank order (its two chunks of Megatron's
 //!   load-balanced split); the attention and rotary ops carry `cp`/`cp-rank` and map
@@ -62,7 +67,7 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Instant;
 
-use runner_graph::shard::StepCollective;
+use runner_graph::shard::{StepCollective, all_gather_backward_reduces};
 use runner_graph::{Op, OpKind, Role, TensorId};
 use runner_kernels::cpu::loss::IGNORE_INDEX;
 
@@ -335,37 +340,6 @@ impl<D: Device> Executor<D> {
             .map(|&b| self.graph.tensors[b].numel() as usize)
     }
 
-    /// Whether tensor `t` has readers and `each` holds for all of them.
-    fn every_reader(&self, t: TensorId, each: impl Fn(&Op) -> bool) -> bool {
-        let mut readers = self
-            .graph
-            .ops
-            .iter()
-            .filter(|o| o.inputs.contains(&t))
-            .peekable();
-        readers.peek().is_some() && readers.all(each)
-    }
-
-    /// Whether every reader of all-gather `op`'s output is a column- or vocab-parallel
-    /// linear (whose input gradients are per-rank partial sums).
-    fn gathered_for_split_ops(&self, op: &Op) -> bool {
-        let out = op.outputs[0];
-        self.every_reader(out, |o| {
-            o.kind == OpKind::Linear
-                && o.inputs[0] == out
-                && matches!(o.role, Role::ColumnParallel | Role::VocabParallel)
-        })
-    }
-
-    /// Whether every reader of all-gather `op`'s output is an attention op reading it as
-    /// its keys or values: context parallelism's K/V all-gather over `cp`. Each rank's
-    /// attention backward gives the gradient of all the gathered rows, but only through
-    /// its own queries, so the ranks' gradients are partial sums.
-    fn gathered_kv_for_attention(&self, op: &Op) -> bool {
-        let out = op.outputs[0];
-        self.every_reader(out, |o| o.kind == OpKind::Attention && o.inputs[0] != out)
-    }
-
     /// All-reduce `buf` (a gradient contribution) over `group` (`tp`, `etp`), when this
     /// rank has a handle on it of more than one rank.
     pub(super) fn all_reduce_over(
@@ -611,7 +585,7 @@ impl<D: Device> Executor<D> {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;
                 let rm = to_rank_major(&dout()?, &shape(op.outputs[0]), axis, c.size());
-                if self.gathered_for_split_ops(op) || self.gathered_kv_for_attention(op) {
+                if all_gather_backward_reduces(&self.graph, op) {
                     // Column-parallel readers, or attention over cp-gathered K/V, leave
                     // per-rank partial gradients: sum them.
                     c.reduce_scatter(&rm)?
