@@ -334,3 +334,55 @@ fn cp2_training_steps_track_unsharded() {
 fn cp2_tp2_training_steps_track_unsharded() {
     check_training(layout(2, 2, true));
 }
+
+/// Counting and running agree on context parallelism's communication too: the elements
+/// a rank's forward and backward move (the K/V all-gathers and their reduce-scatters,
+/// with tp and SP traffic) equal what `comm_volume` prices for its graph.
+#[test]
+fn cp_executed_communication_equals_comm_volume() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let g = tiny16();
+    let data = synthetic_inputs(&g, 41);
+    for l in [layout(1, 2, false), layout(2, 2, true)] {
+        let hs: Vec<_> = cp_mesh(l.tp, l.cp)
+            .into_iter()
+            .map(|m| {
+                let s = shard(&g, &l, m.coord).unwrap();
+                let (g, data, l) = (g.clone(), data.clone(), l.clone());
+                std::thread::spawn(move || {
+                    let (ars, elems) =
+                        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+                    let groups = common::counted(m.groups, &ars, &elems);
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                    let d = cp_inputs(&g, &s.graph, &data, m.coord, &l);
+                    run_forward_backward(&mut ex, &d);
+                    (
+                        m.coord,
+                        elems.load(Ordering::SeqCst),
+                        common::priced_elems(&s.graph),
+                    )
+                })
+            })
+            .collect();
+        for h in hs {
+            let (coord, ran, priced) = h.join().unwrap();
+            assert!(ran > 0);
+            assert_eq!(
+                ran, priced,
+                "tp={} cp={} rank {coord:?}: moved vs priced",
+                l.tp, l.cp
+            );
+        }
+    }
+}
+
+/// One forward and backward, no gradient reduction.
+fn run_forward_backward(ex: &mut Executor<Cpu>, data: &Data) {
+    let inputs: Vec<(&str, runner_exec::Input<'_>)> = data
+        .iter()
+        .map(|(n, u, _)| (n.as_str(), runner_exec::Input::U32(u)))
+        .collect();
+    ex.forward(&inputs).unwrap();
+    ex.backward().unwrap();
+}

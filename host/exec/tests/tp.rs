@@ -9,15 +9,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{
-    Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis, train,
-    weights, with_roles,
+    Data, Grads, close, counted, gather, load_weights, mesh, options, priced_elems, rank_inputs,
+    run, split_axis, train, weights, with_roles,
 };
-use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
+use runner_exec::collective::{Collective, ThreadGroup};
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
-use runner_exec::{ExecError, Executor, Input};
-use runner_graph::shard::{Layout, RankCoord, comm_volume, shard};
+use runner_exec::{Executor, Input};
+use runner_graph::shard::{Layout, RankCoord, shard};
 use runner_graph::{Graph, OpKind};
 
 /// Shard `g` at `layout` (tp only) and run every tp rank as a thread: `f` gets the rank's
@@ -564,85 +564,6 @@ fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
     check_ranks(&g, &out, loss, &want);
 }
 
-/// A handle that counts its all-reduce calls and the elements every call moves, in
-/// nccl-tests' S convention (the buffer of an all-reduce, the gathered output of an
-/// all-gather, the whole input of a reduce-scatter or all-to-all, the message of a send
-/// or receive), the size `comm_volume` prices.
-struct Counting {
-    inner: Box<dyn Collective>,
-    all_reduces: Arc<AtomicUsize>,
-    elems: Arc<AtomicUsize>,
-}
-
-impl Counting {
-    fn count(&self, n: usize) {
-        self.elems.fetch_add(n, Ordering::SeqCst);
-    }
-}
-
-impl Collective for Counting {
-    fn rank(&self) -> usize {
-        self.inner.rank()
-    }
-    fn size(&self) -> usize {
-        self.inner.size()
-    }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
-        self.all_reduces.fetch_add(1, Ordering::SeqCst);
-        self.count(buf.len());
-        self.inner.all_reduce(buf, op)
-    }
-    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.count(input.len() * self.size());
-        self.inner.all_gather(input)
-    }
-    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.count(input.len());
-        self.inner.reduce_scatter(input)
-    }
-    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.count(input.len());
-        self.inner.all_to_all(input)
-    }
-    fn all_to_all_v(
-        &self,
-        input: &[f32],
-        send_counts: &[usize],
-        recv_counts: &[usize],
-    ) -> Result<Vec<f32>, ExecError> {
-        self.count(input.len());
-        self.inner.all_to_all_v(input, send_counts, recv_counts)
-    }
-    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
-        self.count(data.len());
-        self.inner.send(peer, data)
-    }
-    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
-        let r = self.inner.recv(peer)?;
-        self.count(r.len());
-        Ok(r)
-    }
-}
-
-/// `groups` with every handle counted into `all_reduces` and `elems`.
-fn counted(
-    groups: common::Groups,
-    all_reduces: &Arc<AtomicUsize>,
-    elems: &Arc<AtomicUsize>,
-) -> common::Groups {
-    groups
-        .into_iter()
-        .map(|(name, inner)| {
-            let c: Box<dyn Collective> = Box::new(Counting {
-                inner,
-                all_reduces: all_reduces.clone(),
-                elems: elems.clone(),
-            });
-            (name, c)
-        })
-        .collect()
-}
-
 /// Counting and running agree on communication: the elements a rank's forward and
 /// backward move through its collectives equal what `comm_volume` prices for its graph
 /// (each collective plus its backward conjugate), for tp with and without sequence
@@ -684,22 +605,7 @@ fn executed_communication_equals_comm_volume() {
                         .collect();
                     ex.forward(&inputs).unwrap();
                     ex.backward().unwrap();
-                    let priced: usize = comm_volume(&s.graph)
-                        .iter()
-                        .map(|c| {
-                            let op = s.graph.ops.iter().find(|o| o.name == c.op).unwrap();
-                            // The priced tensor's format: a send's message is its input
-                            // (its output is the pipeline token).
-                            let t = if op.kind == OpKind::Send {
-                                op.inputs[0]
-                            } else {
-                                op.outputs[0]
-                            };
-                            let dt = s.graph.tensors[t].dtype.bytes();
-                            let one = (c.bytes / dt).round() as usize;
-                            one * if c.backward.is_some() { 2 } else { 1 }
-                        })
-                        .sum();
+                    let priced = priced_elems(&s.graph);
                     (m.coord, elems.load(Ordering::SeqCst), priced)
                 })
             })

@@ -5,12 +5,14 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
-use runner_exec::collective::{Collective, ThreadGroup};
+use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
 use runner_exec::cpu::Cpu;
-use runner_exec::{ExecOptions, Executor, Input};
-use runner_graph::shard::RankCoord;
-use runner_graph::{Graph, Role, TensorKind};
+use runner_exec::{ExecError, ExecOptions, Executor, Input};
+use runner_graph::shard::{RankCoord, comm_volume};
+use runner_graph::{Graph, OpKind, Role, TensorKind};
 
 /// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head
 /// and loss vocab-parallel or replicated; a MoE toy's dispatch, experts and combine are
@@ -287,4 +289,99 @@ pub fn expert_mesh(tp: u32, pp: u32, dp: u32, ep: u32, etp: u32) -> Vec<MeshRank
         }
     }
     ranks
+}
+
+/// A handle that counts its all-reduce calls and the elements every call moves, in
+/// nccl-tests' S convention (the buffer of an all-reduce, the gathered output of an
+/// all-gather, the whole input of a reduce-scatter or all-to-all, the message of a send
+/// or receive), the size `comm_volume` prices.
+pub struct Counting {
+    inner: Box<dyn Collective>,
+    all_reduces: Arc<AtomicUsize>,
+    elems: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    fn count(&self, n: usize) {
+        self.elems.fetch_add(n, Ordering::SeqCst);
+    }
+}
+
+impl Collective for Counting {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
+        self.all_reduces.fetch_add(1, Ordering::SeqCst);
+        self.count(buf.len());
+        self.inner.all_reduce(buf, op)
+    }
+    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len() * self.size());
+        self.inner.all_gather(input)
+    }
+    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len());
+        self.inner.reduce_scatter(input)
+    }
+    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len());
+        self.inner.all_to_all(input)
+    }
+    fn all_to_all_v(
+        &self,
+        input: &[f32],
+        send_counts: &[usize],
+        recv_counts: &[usize],
+    ) -> Result<Vec<f32>, ExecError> {
+        self.count(input.len());
+        self.inner.all_to_all_v(input, send_counts, recv_counts)
+    }
+    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
+        self.count(data.len());
+        self.inner.send(peer, data)
+    }
+    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
+        let r = self.inner.recv(peer)?;
+        self.count(r.len());
+        Ok(r)
+    }
+}
+
+/// `groups` with every handle counted into `all_reduces` and `elems`.
+pub fn counted(groups: Groups, all_reduces: &Arc<AtomicUsize>, elems: &Arc<AtomicUsize>) -> Groups {
+    groups
+        .into_iter()
+        .map(|(name, inner)| {
+            let c: Box<dyn Collective> = Box::new(Counting {
+                inner,
+                all_reduces: all_reduces.clone(),
+                elems: elems.clone(),
+            });
+            (name, c)
+        })
+        .collect()
+}
+
+/// Elements `comm_volume` prices for rank graph `s`, every collective with its backward
+/// conjugate, in the S convention [`Counting`] measures.
+pub fn priced_elems(s: &Graph) -> usize {
+    comm_volume(s)
+        .iter()
+        .map(|c| {
+            let op = s.ops.iter().find(|o| o.name == c.op).unwrap();
+            // The priced tensor's format: a send's message is its input (its output is
+            // the pipeline token).
+            let t = if op.kind == OpKind::Send {
+                op.inputs[0]
+            } else {
+                op.outputs[0]
+            };
+            let one = (c.bytes / s.tensors[t].dtype.bytes()).round() as usize;
+            one * if c.backward.is_some() { 2 } else { 1 }
+        })
+        .sum()
 }
