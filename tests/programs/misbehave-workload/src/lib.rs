@@ -40,7 +40,7 @@ impl Guest for Misbehave {
             .into_iter()
             .map(|name| Variant {
                 name: name.into(), family: "misbehave".into(), citation: "test".into(),
-                hyper: hyper.clone(), defaults: defaults.clone(), layouts: vec![],
+                hyper, defaults: defaults.clone(), layouts: vec![],
             })
             .collect();
         ModelInfo { family: "misbehave".into(), variants }
