@@ -248,21 +248,8 @@ fn vocab_parallel_ids_are_bounded_by_the_whole_vocabulary() {
 /// What a rank reports: loss, gradients after the step's reduction, local shapes.
 type RankOut = (f32, Grads, HashMap<String, Vec<u64>>);
 
-/// Rank `r`'s part (of `tp`) of full tensor `w` whose rank-local shape is `local`. A
-/// tensor split into fewer parts than tp (kv heads replicated over tp) gives each part
-/// to tp/parts consecutive ranks.
-fn part_of(w: &[f32], full: &[u64], local: &[u64], r: usize, tp: usize) -> Vec<f32> {
-    match split_axis(full, local) {
-        None => w.to_vec(),
-        Some(ax) => {
-            let parts = (full[ax] / local[ax]) as usize;
-            common::slice(w, full, ax, r / (tp / parts), parts)
-        }
-    }
-}
-
 /// Run every rank of a tp-only `layout` as a thread with hand-made `groups` per rank;
-/// the unsharded weights `w0` are cut with [`part_of`]. Returns each rank's loss, gradients (after the
+/// the unsharded weights `w0` are cut with [`common::part_of`]. Returns each rank's loss, gradients (after the
 /// step's reduction) and local shapes.
 fn run_ranks_with(
     g: &Graph,
@@ -290,11 +277,7 @@ fn run_ranks_with(
                     .iter()
                     .map(|t| (t.name.clone(), t.shape.clone()))
                     .collect();
-                for (name, w) in &w0 {
-                    let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
-                    ex.set_weight(name, &part_of(w, fshape, &shapes[name], r, tp))
-                        .unwrap();
-                }
+                load_weights(&mut ex, &g, &s.graph, &w0, r, tp);
                 let d = rank_inputs(&g, &s.graph, &data, r, tp);
                 let (loss, grads) = run(&mut ex, &d);
                 (loss, grads, shapes)
@@ -318,7 +301,7 @@ fn check_ranks(g: &Graph, out: &[RankOut], want_loss: f32, want: &Grads) {
             close(
                 &format!("{name} (rank {r})"),
                 &grads[name],
-                &part_of(w, fshape, &shapes[name], r, tp),
+                &common::part_of(w, fshape, &shapes[name], r, tp),
             );
         }
     }

@@ -149,8 +149,21 @@ pub fn close(name: &str, got: &[f32], want: &[f32]) {
     );
 }
 
+/// Rank `r`'s part (of `tp`) of full tensor `w` whose rank-local shape is `local`. A
+/// tensor split into fewer parts than tp (kv heads replicated over tp) gives each part
+/// to tp/parts consecutive ranks.
+pub fn part_of(w: &[f32], full: &[u64], local: &[u64], r: usize, tp: usize) -> Vec<f32> {
+    match split_axis(full, local) {
+        None => w.to_vec(),
+        Some(ax) => {
+            let parts = (full[ax] / local[ax]) as usize;
+            slice(w, full, ax, r / (tp / parts), parts)
+        }
+    }
+}
+
 /// Set each weight of rank graph `s` to tp rank `r`'s part (of `tp`) of the unsharded
-/// `weights` of `g`.
+/// `weights` of `g` ([`part_of`]).
 pub fn load_weights(
     ex: &mut Executor<Cpu>,
     g: &Graph,
@@ -162,9 +175,8 @@ pub fn load_weights(
     for t in s.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
         let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
         let w = &weights[&t.name];
-        let local = split_axis(fshape, &t.shape)
-            .map_or_else(|| w.clone(), |ax| slice(w, fshape, ax, r, tp));
-        ex.set_weight(&t.name, &local).unwrap();
+        ex.set_weight(&t.name, &part_of(w, fshape, &t.shape, r, tp))
+            .unwrap();
     }
 }
 
