@@ -634,7 +634,7 @@ impl<D: Device> Executor<D> {
                     self.vals[o] = Some(b);
                 }
             }
-            if self.plan.steps.iter().any(|st| st.op == oi) {
+            if self.sched.rerun_keeps_aux[oi] {
                 self.aux[oi] = aux;
             }
             for &t in &self.sched.free_after_rerun[s][pos] {
@@ -794,8 +794,12 @@ impl<D: Device> Executor<D> {
     }
 
     fn backward_step(&mut self, si: usize) -> Result<(), ExecError> {
-        for t in self.plan.steps[si].grads_in.clone().into_iter().flatten() {
-            self.flush_partial(t)?;
+        if !self.pending_partials.is_empty() {
+            for k in 0..self.plan.steps[si].grads_in.len() {
+                if let Some(t) = self.plan.steps[si].grads_in[k] {
+                    self.flush_partial(t)?;
+                }
+            }
         }
         if let Some(contribs) = self.host_backward(si)? {
             let step = &self.plan.steps[si];
@@ -904,19 +908,18 @@ impl<D: Device> Executor<D> {
             if self.pending_partials.get(&x).is_some_and(|(_, g)| *g != group) {
                 self.flush_partial(x)?;
             }
-            let part = std::mem::replace(&mut taken[i].2, self.device.alloc(Elem::F32, 0)?);
+            if !acc {
+                // The gradient proper starts at zero; the partial sum joins it later.
+                self.device.zero(&mut orig)?;
+            }
+            let part = std::mem::replace(&mut taken[i].2, orig);
+            taken[i].3 = acc;
             match self.pending_partials.get_mut(&x) {
                 Some((sum, _)) => self.device.add_assign(sum, &part)?,
                 None => {
                     self.pending_partials.insert(x, (part, group));
                 }
             }
-            if !acc {
-                // The gradient proper starts at zero; the partial sum joins it later.
-                self.device.zero(&mut orig)?;
-            }
-            taken[i].2 = orig;
-            taken[i].3 = acc;
         }
         for (_, id, buf, _) in taken {
             self.grads[id] = Some(buf);
@@ -1206,7 +1209,6 @@ fn walk_live(
             .map(|a| a.elems * 4)
             .sum()
     };
-    let has_step: HashSet<usize> = plan.steps.iter().map(|s| s.op).collect();
     let mut val_live = vec![false; g.tensors.len()];
     let mut aux_live = vec![0u64; g.ops.len()];
     let mut live = base + gathered(fsdp::Pass::Forward, None);
@@ -1264,7 +1266,7 @@ fn walk_live(
             for (pos, &oi) in sched.segments[seg].iter().enumerate() {
                 run_op(
                     oi,
-                    has_step.contains(&oi),
+                    sched.rerun_keeps_aux[oi],
                     &mut live,
                     &mut peak,
                     &mut val_live,

@@ -243,6 +243,9 @@ pub struct RecomputeSchedule {
     /// Per forward op: whether its statistics are kept from the forward to its backward
     /// step (false for segment ops: the re-run makes them again).
     pub keep_aux: Vec<bool>,
+    /// Per forward op: whether a re-run keeps its statistics (the op has a backward step
+    /// to read them).
+    pub rerun_keeps_aux: Vec<bool>,
     /// Per segment, per position in it: activations freed right after that op re-runs.
     pub free_after_rerun: Vec<Vec<Vec<TensorId>>>,
     /// Per backward step: activations no later step or re-run reads.
@@ -397,12 +400,14 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
         })
         .collect();
     let keep_aux = (0..nops).map(|oi| seg_of[oi].is_none()).collect();
+    let rerun_keeps_aux = step_of.iter().map(Option::is_some).collect();
     RecomputeSchedule {
         policy,
         segments,
         rerun_before_step,
         free_after_forward,
         keep_aux,
+        rerun_keeps_aux,
         free_after_rerun,
         free_saved_after_step,
         dropped,
