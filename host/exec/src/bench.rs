@@ -41,20 +41,20 @@ pub struct GemmRow {
 /// are not timer noise. Returns the per-call samples.
 fn sample(samples: usize, min_s: f64, mut f: impl FnMut()) -> Vec<f64> {
     f(); // warm-up: page faults, faer's packing buffers, thread spin-up
-    let mut out = Vec::with_capacity(samples);
-    for _ in 0..samples {
-        let (t0, mut calls) = (Instant::now(), 0u32);
-        loop {
-            f();
-            calls += 1;
-            let e = t0.elapsed().as_secs_f64();
-            if e >= min_s {
-                out.push(e / f64::from(calls));
-                break;
-            }
+    (0..samples).map(|_| per_call(min_s, &mut f)).collect()
+}
+
+/// Seconds per call of `f`, repeated until ~`min_s` elapsed.
+fn per_call(min_s: f64, f: &mut impl FnMut()) -> f64 {
+    let (t0, mut calls) = (Instant::now(), 0u32);
+    loop {
+        f();
+        calls += 1;
+        let e = t0.elapsed().as_secs_f64();
+        if e >= min_s {
+            return e / f64::from(calls);
         }
     }
-    out
 }
 
 /// Samples per GEMM size.
@@ -83,13 +83,15 @@ pub fn gemm_bench(sizes: &[usize]) -> Vec<GemmRow> {
             let mut t = Vec::with_capacity(GEMM_SAMPLES);
             let mut peaks = Vec::with_capacity(GEMM_SAMPLES);
             let mut fractions = Vec::with_capacity(GEMM_SAMPLES);
+            let mut gemm_call = || {
+                // Sizes come from our own vectors, so the length check cannot fail.
+                let _ = matmul(&mut c, &a, &b, g, false);
+                black_box(&mut c);
+            };
+            gemm_call(); // warm-up: page faults, faer's packing buffers, thread spin-up
             for _ in 0..GEMM_SAMPLES {
                 let peak = fma_loop_gflops(PAIRED_FMA_ITERS);
-                let gemm = sample(1, 0.05, || {
-                    // Sizes come from our own vectors, so the length check cannot fail.
-                    let _ = matmul(&mut c, &a, &b, g, false);
-                    black_box(&mut c);
-                })[0];
+                let gemm = per_call(0.05, &mut gemm_call);
                 t.push(gemm);
                 if let Some(p) = peak {
                     peaks.push(p);
