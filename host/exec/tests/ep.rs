@@ -537,7 +537,7 @@ fn ep_rank_graph_keeps_balanced_shapes_and_input_checks() {
         },
     )
     .unwrap();
-    let a2a: Vec<_> = runner_graph::shard::comm_volume(&s.graph)
+    let a2a: Vec<_> = runner_project::comm::comm_volume(&s.graph)
         .into_iter()
         .filter(|c| c.kind == OpKind::AllToAll)
         .collect();

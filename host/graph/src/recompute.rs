@@ -34,7 +34,7 @@ use crate::shard::{Layout, RankCoord, shard};
 
 /// Which forward work the backward pass recomputes instead of storing (Megatron's
 /// `--recompute-granularity`; `none` when off). Written lowercase in run files.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RecomputePolicy {
     #[default]

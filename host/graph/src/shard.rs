@@ -20,7 +20,7 @@
 //!   linears (ETP splits each expert's width and all-reduces its output). Rank j of the
 //!   `ep` group holds experts j·E/ep..(j+1)·E/ep. The tensors between the two all-to-alls
 //!   are declared at their balanced-routing size (each rank receives as many rows as it
-//!   sends), which is what [`comm_volume`] and the counters price; how many rows a rank
+//!   sends), which is what `runner_project::comm::comm_volume` and the counters price; how many rows a rank
 //!   really receives depends on the routing, and an executor follows the actual counts.
 //! - DP/FSDP: gradient reduction happens once per step, outside the forward graph, so it
 //!   is returned as [`StepCollective`]s next to the graph, each listing the weights it
@@ -30,7 +30,8 @@
 //!   gradients over the ranks sharing each kv head.
 //!
 //! Key items: [`Layout`] (with [`Layout::validate`]), [`RankCoord`], [`shard`] →
-//! [`Sharded`], [`comm_volume`] → [`CommOp`].
+//! [`Sharded`]. What the collectives cost (`comm_volume`, bus factors, time per tier)
+//! is the projection's job (`runner_project::comm`); this module only rewrites graphs.
 //!
 //! Shape notation: B micro-batch, T sequence, C hidden, H/Hkv heads, D head dim, V
 //! vocabulary, E experts, k top-k, N = B·T tokens.
@@ -89,7 +90,7 @@ pub struct StepCollective {
     /// whose per-rank gradients are partial sums over the rank's tokens; summed).
     pub group: String,
     pub group_size: u32,
-    /// The nccl-tests size S of one call (see [`CommOp::bytes`]).
+    /// The nccl-tests size S of one call (as `runner_project::comm::CommOp::bytes` sizes it).
     pub bytes: f64,
     /// Calls per step.
     pub count: u32,
@@ -113,45 +114,6 @@ pub struct StepCollective {
 pub struct Sharded {
     pub graph: Graph,
     pub step: Vec<StepCollective>,
-}
-
-/// One collective of a sharded graph, sized for the nccl-tests bus-bandwidth model.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct CommOp {
-    /// The op's name in the sharded graph.
-    pub op: String,
-    pub kind: OpKind,
-    pub group: String,
-    pub group_size: u32,
-    /// nccl-tests S per rank (modeling.md §3.2): the buffer for all-reduce, the gathered
-    /// output for all-gather, the full input for reduce-scatter, the per-rank send total
-    /// for all-to-all, the message for send/recv.
-    pub bytes: f64,
-    /// busbw/algbw: AR 2(n−1)/n, AG/RS/A2A (n−1)/n, send/recv 1.
-    pub bus_factor: f64,
-    /// The collective of equal size the backward pass runs for this one (AR ↔ the AR of
-    /// a column-parallel input gradient, AG ↔ RS, A2A ↔ A2A, send ↔ recv); `None` for
-    /// the loss statistics and for an all-gather read by replicated ops, whose backward
-    /// is local ([`all_gather_backward_reduces`]).
-    pub backward: Option<OpKind>,
-    pub layer: i32,
-}
-
-impl CommOp {
-    /// Bytes each rank puts on the wire: S·bus_factor.
-    pub fn bus_bytes(&self) -> f64 {
-        self.bytes * self.bus_factor
-    }
-}
-
-/// nccl-tests bus-bandwidth factor of `kind` over `n` ranks.
-pub fn bus_factor(kind: OpKind, n: u32) -> f64 {
-    let n = f64::from(n.max(1));
-    match kind {
-        OpKind::AllReduce => 2.0 * (n - 1.0) / n,
-        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
-        _ => 1.0,
-    }
 }
 
 // ------------------------------------------------------------------------------------
@@ -220,13 +182,16 @@ fn facts(g: &Graph) -> Facts {
 /// Where each op runs: `Pre` (embedding: first chunk), a transformer layer, or `Post`
 /// (final norm, head, loss and any MTP layers after them: last chunk).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Place {
+pub enum Place {
     Pre,
     Layer(i32),
     Post,
 }
 
-fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
+/// Each op's [`Place`], and the main transformer layers in execution order (the layers
+/// pipeline stages split; MTP layers come after the head and are `Post`). The pipeline
+/// split and the projection's depth analysis share this one rule.
+pub fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
     let mut places = Vec::with_capacity(g.ops.len());
     let mut layers = Vec::new();
     let mut seen_layer = false;
@@ -1475,39 +1440,4 @@ pub fn all_gather_backward_reduces(g: &Graph, op: &Op) -> bool {
     };
     let kv = |o: &&Op| o.kind == OpKind::Attention && o.inputs[0] != out;
     readers.iter().all(split_linear) || readers.iter().all(kv)
-}
-
-/// Every collective of a sharded graph, in execution order, sized per rank.
-pub fn comm_volume(g: &Graph) -> Vec<CommOp> {
-    let bytes =
-        |id: Option<&TensorId>| id.and_then(|&i| g.tensors.get(i)).map_or(0.0, |t| t.numel() as f64 * t.dtype.bytes());
-    g.ops
-        .iter()
-        .filter_map(|op| {
-            let n = op.int("group-size").unwrap_or(1).max(1) as u32;
-            let stats = op.flag("row-stats").unwrap_or(false);
-            let (s, back) = match op.kind {
-                OpKind::AllReduce if stats => (bytes(op.outputs.first()), None),
-                OpKind::AllReduce => (bytes(op.inputs.first()), Some(OpKind::AllReduce)),
-                OpKind::AllGather => {
-                    (bytes(op.outputs.first()), all_gather_backward_reduces(g, op).then_some(OpKind::ReduceScatter))
-                }
-                OpKind::ReduceScatter => (bytes(op.inputs.first()), Some(OpKind::AllGather)),
-                OpKind::AllToAll => (bytes(op.inputs.first()), Some(OpKind::AllToAll)),
-                OpKind::Send => (bytes(op.inputs.first()), Some(OpKind::Recv)),
-                OpKind::Recv => (bytes(op.outputs.first()), Some(OpKind::Send)),
-                _ => return None,
-            };
-            Some(CommOp {
-                op: op.name.clone(),
-                kind: op.kind,
-                group: op.text("group").unwrap_or("?").to_string(),
-                group_size: n,
-                bytes: s,
-                bus_factor: bus_factor(op.kind, n),
-                backward: back,
-                layer: op.layer,
-            })
-        })
-        .collect()
 }

@@ -10,14 +10,16 @@ use serde::Serialize;
 
 use runner::plugin::{self, Kind, Limits, PluginInfo};
 use runner::report::{self, OutputFormat, Table, si};
-use runner::runfile::{self, Format, RunFile};
+use runner::runfile::{self, RunFile};
 use runner::session;
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::{BenchCommand, Global, PluginsCommand, QuickRun};
 
+pub mod project;
+
 /// Print in the chosen format; also write to --output when given.
-fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
+pub fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
     let format = global.format.unwrap_or(OutputFormat::Table);
     print!("{}", report::render(format, table, value));
     if let Some(path) = &global.output {
@@ -37,6 +39,17 @@ fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// A progress line on stderr (never with -q): long commands say what they are doing.
+pub fn progress_line(global: &Global, msg: &str) {
+    if !global.quiet {
+        if std::io::stderr().is_terminal() {
+            eprint!("\r\x1b[2K{msg}");
+        } else {
+            tracing::info!("{msg}");
+        }
+    }
 }
 
 /// A spinner on stderr while a session works (only on a terminal, never with -q).
@@ -63,11 +76,10 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun) -> Result<()> {
         run.cluster.gpus = g.clone();
     }
     if let Some(p) = &quick.precision {
-        run.precision.format = match p.as_str() {
-            "bf16" => Format::Bf16,
-            "fp8" => Format::Fp8,
-            other => anyhow::bail!("--precision '{other}' is not bf16 or fp8"),
-        };
+        run.precision.format = p.clone();
+    }
+    if quick.gbs.is_some() {
+        run.cluster.gbs = quick.gbs;
     }
     if !quick.clouds.is_empty() {
         run.cost.plugins = quick.clouds.clone();
@@ -114,12 +126,18 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
 pub fn quick_run(quick: &QuickRun, global: &Global) -> Result<()> {
     let mut run = RunFile::default();
     run.model.plugin = "llama3.wasm".into();
+    if let Some(p) = &global.profile {
+        run.cluster.profile = Some(p.display().to_string());
+    }
     apply_overrides(&mut run, quick)?;
     execute(&run, global)
 }
 
 pub fn run_file(path: &Path, quick: &QuickRun, global: &Global) -> Result<()> {
     let mut run = runfile::load(path).map_err(anyhow::Error::msg)?;
+    if let Some(p) = &global.profile {
+        run.cluster.profile = Some(p.display().to_string());
+    }
     apply_overrides(&mut run, quick)?;
     execute(&run, global)
 }

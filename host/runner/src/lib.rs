@@ -8,13 +8,14 @@
 //! Core concepts:
 //! - [`plugin`]: finding, checking, compiling and sandboxing WASM plugins.
 //! - [`runfile`]: the TOML run file, parsed strictly (unknown keys are errors).
-//! - [`gpus`]: device profiles (peak FLOP/s per precision) the projection uses.
+//! - [`project`]: the performance model (`runner_project`) fed by the plugins: models
+//!   found by name, precision plans, GPU profiles, reference layouts.
 //! - [`session`]: one run, end to end.
 //! - [`report`]: tables, JSON and CSV.
 
-pub mod gpus;
 pub mod measure;
 pub mod plugin;
+pub mod project;
 pub mod report;
 pub mod runfile;
 pub mod session;

@@ -17,7 +17,7 @@ use runner::report::OutputFormat;
     long_about = "Measures a model's training step on the local device, projects it onto a GPU \
 cluster, and prices the run on every installed cloud. Models, precision policies and \
 price lists are sandboxed WASM plugins.",
-    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner --plugin llama3.wasm --variant llama3.1-70b --gpu H100 --gpus 64,512,2048\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models"
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner --plugin llama3.wasm --variant llama3.1-70b --gpu H100 --gpus 64,512,2048\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -43,6 +43,10 @@ pub struct Global {
     /// Only errors, no progress
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
+    /// GPU profile file merged over the built-in profiles (peaks, links, efficiencies;
+    /// `runner calibrate -o FILE.toml` writes one)
+    #[arg(long, global = true, value_name = "FILE")]
+    pub profile: Option<PathBuf>,
 }
 
 /// A run given by flags instead of a run file.
@@ -60,9 +64,12 @@ pub struct QuickRun {
     /// GPU counts, comma-separated
     #[arg(long, value_delimiter = ',')]
     pub gpus: Option<Vec<u32>>,
-    /// Number format of the GEMMs: bf16 or fp8
+    /// Training precision: bf16, fp8, fp8-cs, mxfp8 or nvfp4
     #[arg(long)]
     pub precision: Option<String>,
+    /// Global batch in sequences (default: the variant's published rule, else 2 x GPUs)
+    #[arg(long)]
+    pub gbs: Option<u32>,
     /// Cost plugins to price with (repeatable; default: every installed one)
     #[arg(long = "cloud")]
     pub clouds: Vec<String>,
@@ -104,6 +111,57 @@ enum Command {
     Models {
         /// A variant name
         name: Option<String>,
+    },
+    /// Project one layout: step time, throughput, MFU, memory per GPU and the breakdown
+    #[command(
+        after_help = "Omitted layout flags come from the model's published layout for that GPU, precision and count, then from the layout search.\n\nExamples:\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner project --model llama3.1-70b --gpus 64 --tp 4 --pp 4 --cp 2 --vp 5 --gbs 128 --format json\n  runner project --model gpt3-175b --gpu gb200 --gpus 512 --recompute full"
+    )]
+    Project {
+        #[command(flatten)]
+        target: commands::project::Target,
+        /// GPUs
+        #[arg(long)]
+        gpus: u32,
+        #[command(flatten)]
+        layout: commands::project::LayoutFlags,
+    },
+    /// Search the layouts per GPU count: the best ones, and why each other family lost
+    #[command(
+        after_help = "Examples:\n  runner search --model gpt3-175b --gpu h100 --gpus 1024 --precision bf16\n  runner search --model llama3.1-405b --gpu gb200 --gpus 256,512 --precision fp8 --top 3\n  runner search --model deepseek-v3-671b --gpus 1024 --tp 2 --format json"
+    )]
+    Search {
+        #[command(flatten)]
+        target: commands::project::Target,
+        /// GPU counts, comma-separated
+        #[arg(long, value_delimiter = ',', required = true)]
+        gpus: Vec<u32>,
+        /// Layouts to list per GPU count
+        #[arg(long, default_value_t = 5)]
+        top: usize,
+        #[command(flatten)]
+        layout: commands::project::LayoutFlags,
+    },
+    /// Project every published run of a calibration-shaped file and compare
+    #[command(
+        after_help = "Examples:\n  runner validate host/project/data/calibration.toml\n  runner validate runs.toml --format csv -o validation.csv\n  runner validate runs.toml --profile fitted.toml"
+    )]
+    Validate {
+        /// A TOML file of [[point]] tables (model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, step_time_s or tokens_per_sec_per_gpu)
+        file: PathBuf,
+    },
+    /// Fit a GPU type's efficiency parameters to published runs
+    #[command(
+        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
+    )]
+    Calibrate {
+        /// A TOML file of [[point]] tables, as for `runner validate`
+        file: PathBuf,
+        /// Fit only this GPU type
+        #[arg(long)]
+        gpu: Option<String>,
+        /// Fit only runs of this precision
+        #[arg(long, requires = "gpu")]
+        precision: Option<String>,
     },
     /// Micro-benchmarks of the local device and of the runner itself
     #[command(
@@ -192,6 +250,14 @@ fn main() -> ExitCode {
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
         Some(Command::Bench(cmd)) => commands::bench(cmd, &cli.global),
+        Some(Command::Project { target, gpus, layout }) => commands::project::project(&target, gpus, &layout, &cli.global),
+        Some(Command::Search { target, gpus, top, layout }) => {
+            commands::project::search(&target, &gpus, top, &layout, &cli.global)
+        }
+        Some(Command::Validate { file }) => commands::project::validate(&file, &cli.global),
+        Some(Command::Calibrate { file, gpu, precision }) => {
+            commands::project::calibrate(&file, gpu.as_deref(), precision.as_deref(), &cli.global)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

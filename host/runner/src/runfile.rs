@@ -10,10 +10,12 @@
 //! [cluster]
 //! gpu = "H100"
 //! gpus = [64, 128, 256, 512, 1024, 2048]
+//! gbs = 128              # global batch; default: the variant's published rule
+//! profile = "mine.toml"  # GPU profile overrides (as --profile)
 //!
 //! [precision]
-//! plugin = "bf16.wasm"
-//! format = "bf16"
+//! format = "fp8"          # bf16 | fp8 | fp8-cs | mxfp8 | nvfp4
+//! plugin = "fp8.wasm"     # default: the plugin named after the format, else built in
 //!
 //! [cost]
 //! plugins = ["aws.wasm", "gcp.wasm"]   # default: every installed cost plugin
@@ -31,6 +33,7 @@
 use std::path::Path;
 
 use runner_graph::recompute::RecomputePolicy;
+use runner_project::precision::Recipe;
 use serde::{Deserialize, Serialize};
 
 use crate::plugin::Limits;
@@ -89,7 +92,12 @@ pub struct ModelSection {
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterSection {
     pub gpu: String,
+    /// GPU counts; each is rounded up to whole nodes of the GPU's node size.
     pub gpus: Vec<u32>,
+    /// Global batch in sequences; default: the variant's published rule.
+    pub gbs: Option<u32>,
+    /// A GPU profile file merged over the built-in profiles.
+    pub profile: Option<String>,
 }
 
 impl Default for ClusterSection {
@@ -97,31 +105,35 @@ impl Default for ClusterSection {
         ClusterSection {
             gpu: "H100".into(),
             gpus: vec![8, 16, 32, 64, 128, 256, 512, 1024, 2048],
+            gbs: None,
+            profile: None,
         }
     }
-}
-
-/// Which numeric format the GEMMs run in, for peak FLOP/s.
-#[derive(Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum Format {
-    Bf16,
-    Fp8,
 }
 
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrecisionSection {
-    pub plugin: String,
-    pub format: Format,
+    /// bf16, fp8, fp8-cs, mxfp8 or nvfp4.
+    pub format: String,
+    /// A precision plugin; default: the one named after the format if installed, else
+    /// the built-in plan of that name.
+    pub plugin: Option<String>,
 }
 
 impl Default for PrecisionSection {
     fn default() -> Self {
         PrecisionSection {
-            plugin: "bf16.wasm".into(),
-            format: Format::Bf16,
+            format: "bf16".into(),
+            plugin: None,
         }
+    }
+}
+
+impl PrecisionSection {
+    /// The format as a recipe (checked when the file is parsed).
+    pub fn recipe(&self) -> Recipe {
+        Recipe::parse(&self.format).unwrap_or(Recipe::Bf16)
     }
 }
 
@@ -177,7 +189,15 @@ fn check(run: &RunFile) -> Result<(), String> {
             "[cluster] gpus contains {bad}; every GPU count must be at least 1"
         ));
     }
-    crate::gpus::profile(&run.cluster.gpu).map_err(|m| format!("[cluster] gpu: {m}"))?;
+    if run.cluster.profile.is_none() {
+        runner_project::profile::Profiles::builtin()
+            .get(&run.cluster.gpu)
+            .map_err(|m| format!("[cluster] gpu: {m}"))?;
+    }
+    if run.cluster.gbs == Some(0) {
+        return Err("[cluster] gbs must be at least 1".into());
+    }
+    Recipe::parse(&run.precision.format).map_err(|m| format!("[precision] format: {m}"))?;
     if let Some(t) = run.model.tokens
         && !(t.is_finite() && t > 0.0)
     {
@@ -224,7 +244,7 @@ mod tests {
     fn minimal_file_gets_defaults() {
         let run = parse("[model]\nplugin = \"llama3.wasm\"\n", "t.toml").unwrap();
         assert_eq!(run.cluster.gpu, "H100");
-        assert_eq!(run.precision.format, Format::Bf16);
+        assert_eq!(run.precision.recipe(), Recipe::Bf16);
         assert_eq!(run.limits, Limits::default());
     }
 
@@ -274,6 +294,8 @@ mod tests {
             "t.toml",
         )
         .unwrap_err();
-        assert!(err.contains("known GPUs"), "{err}");
+        assert!(err.contains("known: a100-40gb"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[precision]\nformat = \"int8\"\n", "t.toml").unwrap_err();
+        assert!(err.contains("[precision] format") && err.contains("nvfp4"), "{err}");
     }
 }

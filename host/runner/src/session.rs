@@ -1,27 +1,25 @@
-//! One run, end to end: load the workload, measure locally, project onto each GPU count,
-//! price every cloud, and return an [`Outcome`] the report prints.
+//! One run, end to end: load the workload, plan its precision, measure a training step
+//! on the local device, project the model onto each GPU count with the performance
+//! model (`runner_project`: the best layout that fits, its step time, memory and
+//! breakdown), and price every cloud. Returns an [`Outcome`] the report prints.
 //!
-//! The projection here is the simple, honest placeholder the Foundation issue allows:
-//! training FLOPs (from the host's FLOP counter over the plugin's graph) over an assumed
-//! fraction of the GPU's dense peak. It is labelled as such in every output. A plugin that
-//! fails is named with its error; a cost plugin's failure drops that cloud, a workload
-//! plugin's failure stops the run.
+//! A plugin that fails is named with its error; a cost plugin's failure drops that
+//! cloud, a workload plugin's failure stops the run.
 
 use serde::Serialize;
 
 use runner_graph::count::{self, AttentionFlops, Convention, Recompute};
+use runner_project::precision::Plan;
+use runner_project::profile::GpuProfile;
+use runner_project::project::Projector;
+use runner_project::search::{self, Space};
+use runner_project::step::Projection;
 
-use crate::gpus::{self, GpuProfile};
 use crate::measure::{self, LocalMeasurement};
 use crate::plugin::workload::{GraphRequest, Variant};
 use crate::plugin::{self, Kind};
-use crate::runfile::{Format, RunFile, parse_option};
-
-/// Assumed model-FLOPs utilisation of dense peak, per precision. Placeholder constants
-/// near the published H100 reference runs (BF16 MFU 0.5-0.59, FP8 0.37-0.43 against the
-/// FP8 peak; data/calibration.toml), used until the projection model lands.
-const ASSUMED_MFU_BF16: f64 = 0.50;
-const ASSUMED_MFU_FP8: f64 = 0.38;
+use crate::project;
+use crate::runfile::{RunFile, parse_option};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ModelSummary {
@@ -45,13 +43,21 @@ pub struct CloudCost {
     pub usd: f64,
 }
 
+/// One GPU count.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
+    /// GPUs asked for, and used: rounded up to whole nodes, so time and billing agree.
+    pub requested_gpus: u32,
     pub gpus: u32,
-    pub days: f64,
-    pub speedup: f64,
-    /// GPU-hours relative to the first row (equal to cost relative at a fixed price).
-    pub relative_cost: f64,
+    pub global_batch: u32,
+    /// The fastest layout that fits; `None` when none does (`why_not` says why).
+    pub projection: Option<Projection>,
+    pub why_not: Option<String>,
+    pub days: Option<f64>,
+    /// Against the first row that fits.
+    pub speedup: Option<f64>,
+    /// GPU-hours against the first row that fits (equal to money at one price).
+    pub relative_cost: Option<f64>,
     /// One entry per cloud in [`Outcome::clouds`]; None where the cloud has no such GPU.
     pub costs: Vec<Option<CloudCost>>,
 }
@@ -61,7 +67,7 @@ pub struct Outcome {
     pub model: ModelSummary,
     pub gpu: GpuProfile,
     pub precision: String,
-    pub assumed_mfu: f64,
+    pub plan: Plan,
     /// None where nothing could be measured here (the reason is in the notes).
     pub measurement: Option<LocalMeasurement>,
     pub clouds: Vec<String>,
@@ -76,10 +82,14 @@ pub type Progress<'a> = &'a dyn Fn(&str);
 ///
 /// # Errors
 /// A workload that cannot be loaded or described, an unknown variant, a graph that fails
-/// validation: the message names the plugin and what to fix.
+/// validation, an unknown GPU or a precision the GPU or the policy cannot run: the
+/// message names the plugin and what to fix.
 pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let limits = run.limits;
-    let gpu = gpus::profile(&run.cluster.gpu).map_err(anyhow::Error::msg)?;
+    let profiles = project::profiles(run.cluster.profile.as_deref().map(std::path::Path::new))?;
+    let gpu = profiles.get(&run.cluster.gpu).map_err(anyhow::Error::msg)?.clone();
+    let recipe = run.precision.recipe();
+    gpu.peak_flops(recipe.format()).map_err(|e| anyhow::anyhow!("{e}; choose another [precision] format or GPU"))?;
     let mut notes = Vec::new();
 
     progress(&format!("loading {}", run.model.plugin));
@@ -87,48 +97,38 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let mut workload = plugin.workload(limits)?;
     let info = workload.describe()?;
     let variant: &Variant = match &run.model.variant {
-        Some(name) => info
-            .variants
-            .iter()
-            .find(|v| &v.name == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
-                anyhow::anyhow!(
-                    "{} has no variant '{name}'; it provides: {}",
-                    plugin.info.name,
-                    names.join(", ")
-                )
-            })?,
+        Some(name) => info.variants.iter().find(|v| &v.name == name).ok_or_else(|| {
+            let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
+            anyhow::anyhow!("{} has no variant '{name}'; it provides: {}", plugin.info.name, names.join(", "))
+        })?,
         None => &info.variants[0],
     };
     let seq_len = run.model.seq_len.unwrap_or(variant.defaults.seq_len);
     let tokens = run.model.tokens.unwrap_or(variant.defaults.tokens);
 
-    progress(&format!(
-        "building the {} graph (seq {seq_len})",
-        variant.name
-    ));
-    let graph = workload.graph(&GraphRequest {
-        variant: variant.name.clone(),
-        seq_len,
-        micro_batch: 1,
-        layers: 0,
-    })?;
-    let convention = Convention {
-        attention: AttentionFlops::CausalHalved,
-        recompute: Recompute::None,
+    progress(&format!("building the {} graph (seq {seq_len})", variant.name));
+    let found = project::Found {
+        plugin: plugin.info.name.clone(),
+        spec: run.model.plugin.clone(),
+        family: variant.family.clone(),
+        variant: variant.clone(),
     };
-    let flops_per_token = count::model_flops_per_step(&graph, &convention) / f64::from(seq_len);
+    let (model, source) = project::model(&found, seq_len, limits)?;
+    let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
+    let flops_per_token = count::model_flops_per_step(&model.graph, &convention) / f64::from(seq_len);
     let params = main_model_params(&mut workload, variant)?;
 
-    progress(&format!("planning precision with {}", run.precision.plugin));
-    let (plan_summary, planned_fp8) =
-        plan_precision(&run.precision.plugin, limits, &variant.name, &graph)?;
-    notes.push(plan_summary);
-    if run.precision.format == Format::Fp8 && !planned_fp8 {
+    progress("planning precision");
+    let plan = match &run.precision.plugin {
+        Some(spec) => project::plan_from_plugin(recipe, spec, &model.graph, limits)?,
+        None => project::plan(recipe, &model.graph, limits)?,
+    };
+    notes.push(format!("precision plan: {}", plan.summary()));
+    if plan.source == "built-in" {
         notes.push(format!(
-            "[precision] format = \"fp8\" projects with the FP8 peak, but {} planned no FP8 GEMM",
-            run.precision.plugin
+            "no {recipe}.wasm precision plugin is installed: the built-in {recipe} plan is used (linears of the \
+             transformer layers in {}, embedding, head and routers in BF16)",
+            recipe.format()
         ));
     }
 
@@ -144,81 +144,90 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         }
     };
 
-    let (peak_tflops, assumed_mfu, precision) = match run.precision.format {
-        Format::Bf16 => (gpu.bf16_tflops, ASSUMED_MFU_BF16, "BF16"),
-        Format::Fp8 if gpu.fp8_tflops > 0.0 => (gpu.fp8_tflops, ASSUMED_MFU_FP8, "FP8"),
-        Format::Fp8 => anyhow::bail!(
-            "{} has no FP8 peak; use format = \"bf16\" under [precision]",
-            gpu.name
-        ),
-    };
-    notes.push(format!(
-        "modelled: time = training FLOPs / (GPUs x {peak_tflops} TFLOP/s {precision} dense peak x assumed MFU {assumed_mfu:.2}); \
-         a placeholder with perfect scaling until the projection model lands (the local measurement does not feed it yet)"
-    ));
-    notes.push(format!("FLOPs: {convention}"));
-
     let option = parse_option(&run.cost.option).map_err(anyhow::Error::msg)?;
-    let mut clouds: Vec<(String, plugin::cost::CostModel, Vec<plugin::cost::Offering>)> =
-        Vec::new();
-    let cost_specs: Vec<String> = if run.cost.plugins.is_empty() {
-        installed_cost_plugins()
-    } else {
-        run.cost.plugins.clone()
-    };
+    let mut clouds: Vec<(String, plugin::cost::CostModel, Vec<plugin::cost::Offering>)> = Vec::new();
+    let cost_specs: Vec<String> =
+        if run.cost.plugins.is_empty() { installed_cost_plugins() } else { run.cost.plugins.clone() };
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"));
-        let loaded = plugin::load(spec)
-            .and_then(|p| p.cost(limits))
-            .and_then(|mut c| {
-                let provider = c.provider()?;
-                let offerings = c.offerings()?;
-                Ok((provider.name, c, offerings))
-            });
+        let loaded = plugin::load(spec).and_then(|p| p.cost(limits)).and_then(|mut c| {
+            let provider = c.provider()?;
+            let offerings = c.offerings()?;
+            Ok((provider.name, c, offerings))
+        });
         match loaded {
             Ok(cloud) => clouds.push(cloud),
             Err(e) => notes.push(format!("skipped a cloud: {e}")),
         }
     }
 
-    let total_flops = flops_per_token * tokens;
+    let mut projector = Projector::new(model, Box::new(source), gpu.clone(), plan.clone());
+    let node = gpu.gpus_per_node.max(1);
     let mut rows = Vec::new();
     let mut first: Option<(f64, u32)> = None;
-    for &n in &run.cluster.gpus {
-        let seconds = total_flops / (f64::from(n) * peak_tflops * 1e12 * assumed_mfu);
-        let days = seconds / 86_400.0;
-        let (d0, n0) = *first.get_or_insert((days, n));
+    let mut gbs_notes: Vec<String> = Vec::new();
+    for &asked in &run.cluster.gpus {
+        let n = asked.div_ceil(node) * node;
+        let (gbs, why) = match run.cluster.gbs {
+            Some(g) => (g, format!("GBS {g} from the run")),
+            None => project::default_gbs(variant, &gpu, recipe, n),
+        };
+        gbs_notes.push(why);
+        progress(&format!("searching layouts for {n} {}", gpu.name));
+        let found = search::search(&mut projector, n, gbs, &Space::default(), 1);
+        let best = found.best.into_iter().next();
+        let why_not = match &best {
+            Some(_) => None,
+            None => Some(nothing_fits(&found.families)),
+        };
+        let days = best.as_ref().map(|p| tokens / (p.tokens_per_sec_per_gpu * f64::from(n)) / 86_400.0);
+        let (speedup, relative_cost) = match days {
+            Some(d) => {
+                let (d0, n0) = *first.get_or_insert((d, n));
+                (Some(d0 / d), Some((d * f64::from(n)) / (d0 * f64::from(n0))))
+            }
+            None => (None, None),
+        };
         let mut costs = Vec::new();
         for (name, model, offerings) in clouds.iter_mut() {
-            progress(&format!("pricing {n} GPUs on {name}"));
-            costs.push(cheapest(
-                name,
-                model,
-                offerings,
-                &gpu,
-                n,
-                days * 24.0,
-                &run.cost.region,
-                option,
-                &mut notes,
-            ));
+            costs.push(match days {
+                Some(d) => {
+                    progress(&format!("pricing {n} GPUs on {name}"));
+                    cheapest(name, model, offerings, &gpu, n, d * 24.0, &run.cost.region, option, &mut notes)
+                }
+                None => None,
+            });
         }
         rows.push(Row {
+            requested_gpus: asked,
             gpus: n,
+            global_batch: gbs,
+            projection: best,
+            why_not,
             days,
-            speedup: d0 / days,
-            relative_cost: (days * f64::from(n)) / (d0 * f64::from(n0)),
+            speedup,
+            relative_cost,
             costs,
         });
     }
+    notes.extend(gbs_notes);
+    if rows.iter().any(|r| r.gpus != r.requested_gpus) {
+        notes.push(format!("GPU counts rounded up to whole {}-GPU nodes of {}, as they are billed", node, gpu.name));
+    }
+    notes.push(format!(
+        "modelled: the best layout per GPU count from the layout search over the sharded per-rank graph \
+         (runner_project); GPU profile {} ({}; efficiencies {})",
+        gpu.name,
+        profiles.origin.join(" + "),
+        gpu.efficiency.fitted
+    ));
+    notes.push(format!("FLOPs: {convention}; MFU against the {} dense peak", recipe.format()));
 
-    // Cheapest cloud first (by the first row's quote; clouds without the GPU last), so the
-    // table reads left to right from the best offer.
+    // Cheapest cloud first (by the first priced row; clouds without the GPU last), so
+    // the table reads left to right from the best offer.
     let mut order: Vec<usize> = (0..clouds.len()).collect();
     let first_cost = |i: usize| {
-        rows.first()
-            .and_then(|r| r.costs[i].as_ref())
-            .map_or(f64::INFINITY, |c| c.usd)
+        rows.iter().find_map(|r| r.costs[i].as_ref()).map_or(f64::INFINITY, |c| c.usd)
     };
     order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
     for row in &mut rows {
@@ -239,13 +248,31 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
             flop_convention: convention.to_string(),
         },
         gpu,
-        precision: precision.into(),
-        assumed_mfu,
+        precision: recipe.name().into(),
+        plan,
         measurement,
         clouds: cloud_names,
         rows,
         notes,
     })
+}
+
+/// Why no layout fits: the family that came closest.
+fn nothing_fits(families: &[search::Family]) -> String {
+    use search::Verdict;
+    let closest = families
+        .iter()
+        .filter_map(|f| match &f.verdict {
+            Verdict::Memory { layout, need_gib, have_gib } => Some((need_gib, have_gib, layout, &f.name)),
+            _ => None,
+        })
+        .min_by(|a, b| a.0.total_cmp(b.0));
+    match closest {
+        Some((need, have, layout, fam)) => format!(
+            "nothing fits: the least memory any layout needs is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
+        ),
+        None => "no layout divides the model and the batch at this GPU count".into(),
+    }
 }
 
 /// Parameters of the main model: a graph asked for with all its layers carries no
@@ -262,86 +289,6 @@ pub fn main_model_params(
         layers: variant.hyper.layers,
     })?;
     Ok(count::params(&g))
-}
-
-/// Ask the precision policy for a plan over every GEMM site of the graph (forward,
-/// input-gradient and weight-gradient per linear) and summarise the formats it chose.
-fn plan_precision(
-    spec: &str,
-    limits: plugin::Limits,
-    model: &str,
-    graph: &runner_graph::Graph,
-) -> anyhow::Result<(String, bool)> {
-    use plugin::precision::{GemmRole, GemmSite, PlanRequest};
-    use runner_graph::OpKind;
-    let mut policy = plugin::load(spec)?.precision(limits)?;
-    let mut sites = Vec::new();
-    for op in graph
-        .ops
-        .iter()
-        .filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear))
-    {
-        let w = graph.tensor(op.inputs[1]);
-        let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
-        let m = graph.tensor(op.inputs[0]).numel() / k.max(1);
-        for role in [
-            GemmRole::Forward,
-            GemmRole::InputGradient,
-            GemmRole::WeightGradient,
-        ] {
-            sites.push(GemmSite {
-                layer: op.layer,
-                name: op.name.clone(),
-                role,
-                m,
-                n,
-                k,
-            });
-        }
-    }
-    let count = sites.len();
-    let plan = policy.plan(&PlanRequest {
-        model: model.to_string(),
-        sites,
-        state: Vec::new(),
-    })?;
-    let mut formats: Vec<(String, usize)> = Vec::new();
-    for site in &plan.sites {
-        let name = dtype_name(site.format).to_string();
-        match formats.iter_mut().find(|(f, _)| *f == name) {
-            Some((_, c)) => *c += 1,
-            None => formats.push((name, 1)),
-        }
-    }
-    let parts: Vec<String> = formats
-        .iter()
-        .map(|(f, c)| format!("{f} {:.0}%", 100.0 * *c as f64 / count.max(1) as f64))
-        .collect();
-    let fp8 = formats
-        .iter()
-        .any(|(f, _)| f.starts_with("fp8") || f == "mxfp8");
-    Ok((
-        format!(
-            "precision plan from {}: {count} GEMM sites, {}",
-            policy.info.name,
-            parts.join(", ")
-        ),
-        fp8,
-    ))
-}
-
-fn dtype_name(d: plugin::precision::Dtype) -> &'static str {
-    use plugin::precision::Dtype as D;
-    match d {
-        D::Fp32 => "fp32",
-        D::Bf16 => "bf16",
-        D::Fp16 => "fp16",
-        D::Fp8E4m3 => "fp8-e4m3",
-        D::Fp8E5m2 => "fp8-e5m2",
-        D::Mxfp8 => "mxfp8",
-        D::Nvfp4 => "nvfp4",
-        D::Int32 => "int32",
-    }
 }
 
 /// Every cost plugin installed (plugin directories first, then embedded), one per name.
@@ -376,16 +323,12 @@ fn cheapest(
     notes: &mut Vec<String>,
 ) -> Option<CloudCost> {
     let mut best: Option<CloudCost> = None;
-    for o in offerings
-        .iter()
-        .filter(|o| o.gpu.eq_ignore_ascii_case(gpu.name))
-    {
+    let sells = |o: &plugin::cost::Offering| {
+        o.gpu.eq_ignore_ascii_case(&gpu.name) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&o.gpu))
+    };
+    for o in offerings.iter().filter(|o| sells(o)) {
         let nodes = gpus.div_ceil(o.gpus_per_node);
-        for p in o
-            .prices
-            .iter()
-            .filter(|p| p.option == option && (region.is_empty() || p.region == region))
-        {
+        for p in o.prices.iter().filter(|p| p.option == option && (region.is_empty() || p.region == region)) {
             let request = plugin::cost::QuoteRequest {
                 instance: o.instance.clone(),
                 nodes,

@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
 use runner_exec::cpu::Cpu;
 use runner_exec::{ExecError, ExecOptions, Executor, Input};
-use runner_graph::shard::{RankCoord, comm_volume};
+use runner_graph::shard::RankCoord;
+use runner_project::comm::comm_volume;
 use runner_graph::{Graph, OpKind, Role, TensorKind};
 
 /// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head

@@ -1,0 +1,323 @@
+//! Calibration: fit a GPU type's efficiency parameters to published, measured runs.
+//!
+//! For one GPU type, the fit adjusts a handful of physically meaningful parameters, the
+//! same for every model and layout: the large-GEMM efficiency of each format its runs
+//! use, the GEMM size at half efficiency, the attention kernels' efficiency, the
+//! achieved HBM bandwidth share and the NICs' achieved bandwidth share. It minimises
+//! the robust (Huber) loss of the log step-time errors plus a pull towards the priors,
+//! so a parameter the data cannot see stays where the priors put it. Coordinate descent
+//! with a golden-section line search on each parameter's logarithm, within bounds.
+//!
+//! [`cross_validate`] refits with each model family left out and predicts it: the error
+//! a family nobody calibrated on would see.
+
+use serde::Serialize;
+
+use crate::profile::{Efficiency, GemmFormat, GpuProfile};
+use crate::published::{Point, Prepared, Resolver, Stats, prepare, project_fitting};
+use crate::step::LayoutSpec;
+use crate::profile::Profiles;
+
+/// A parameter the fit may move.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Param {
+    Gemm(GemmFormat),
+    GemmHalf,
+    Attention,
+    Memory,
+    ScaleOut,
+}
+
+impl Param {
+    fn get(self, e: &Efficiency) -> f64 {
+        match self {
+            Param::Gemm(f) => e.gemm.get(f),
+            Param::GemmHalf => e.gemm_half_gflop,
+            Param::Attention => e.attention,
+            Param::Memory => e.memory,
+            Param::ScaleOut => e.scale_out,
+        }
+    }
+
+    fn set(self, e: &mut Efficiency, v: f64) {
+        match self {
+            Param::Gemm(f) => e.gemm.set(f, v),
+            Param::GemmHalf => e.gemm_half_gflop = v,
+            Param::Attention => e.attention = v,
+            Param::Memory => e.memory = v,
+            Param::ScaleOut => e.scale_out = v,
+        }
+    }
+
+    fn bounds(self) -> (f64, f64) {
+        match self {
+            Param::GemmHalf => (0.1, 200.0),
+            _ => (0.05, 1.0),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Param::Gemm(f) => format!("gemm.{f}"),
+            Param::GemmHalf => "gemm_half_gflop".into(),
+            Param::Attention => "attention".into(),
+            Param::Memory => "memory".into(),
+            Param::ScaleOut => "scale_out".into(),
+        }
+    }
+}
+
+/// The outcome of fitting one GPU type.
+#[derive(Clone, Debug, Serialize)]
+pub struct Fit {
+    pub gpu: String,
+    pub points: usize,
+    /// (parameter, prior, fitted).
+    pub params: Vec<(String, f64, f64)>,
+    pub before: Stats,
+    pub after: Stats,
+    pub efficiency: Efficiency,
+}
+
+/// Weight of the pull towards the priors, per parameter, in squared log units.
+const PRIOR_WEIGHT: f64 = 0.02;
+/// Huber threshold on the log step-time error.
+const HUBER: f64 = 0.10;
+
+fn huber(r: f64) -> f64 {
+    let a = r.abs();
+    if a <= HUBER { 0.5 * r * r } else { HUBER * (a - 0.5 * HUBER) }
+}
+
+/// The runs of one GPU type, ready to re-project under new efficiencies.
+struct Runs<'p, 's> {
+    prep: &'p mut Prepared<'s>,
+    runs: Vec<(usize, LayoutSpec, f64)>,
+}
+
+impl Runs<'_, '_> {
+    fn errors(&mut self, gpu: &GpuProfile) -> Vec<f64> {
+        let mut out = Vec::with_capacity(self.runs.len());
+        let mut last: Option<usize> = None;
+        for (at, layout, measured) in &self.runs {
+            let pr = &mut self.prep.projectors[*at];
+            if last != Some(*at) || pr.gpu.efficiency != gpu.efficiency {
+                pr.set_gpu(gpu.clone());
+            }
+            last = Some(*at);
+            if let Ok(p) = pr.project(layout) {
+                out.push((p.step_time_s / measured).ln());
+            }
+        }
+        out
+    }
+
+    fn objective(&mut self, gpu: &GpuProfile, prior: &Efficiency, params: &[Param]) -> f64 {
+        let fit: f64 = self.errors(gpu).iter().map(|&r| huber(r)).sum();
+        let pull: f64 = params.iter().map(|p| (p.get(&gpu.efficiency) / p.get(prior)).ln().powi(2)).sum();
+        fit + PRIOR_WEIGHT * pull
+    }
+}
+
+/// Runs a GPU needs before its shared parameters (GEMM size curve, attention, memory,
+/// network) are fitted rather than taken from the best-measured GPU.
+pub const SHARED_MIN_RUNS: usize = 10;
+
+/// Which parameters the runs of a GPU can inform: the GEMM efficiency of each format
+/// they use, and, with enough runs, the shared ones.
+fn params_for(prep: &Prepared<'_>, runs: &[(usize, LayoutSpec, f64)]) -> Vec<Param> {
+    let mut formats: Vec<GemmFormat> = Vec::new();
+    let mut network = false;
+    for (at, l, _) in runs {
+        let pr = &prep.projectors[*at];
+        for (f, share) in &pr.plan.coverage {
+            if *share > 0.05 && !formats.contains(f) {
+                formats.push(*f);
+            }
+        }
+        network |= l.gpus() > u64::from(pr.gpu.scale_up_domain);
+    }
+    formats.sort();
+    let mut p: Vec<Param> = formats.into_iter().map(Param::Gemm).collect();
+    if runs.len() >= SHARED_MIN_RUNS {
+        p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
+        if network {
+            p.push(Param::ScaleOut);
+        }
+    }
+    p
+}
+
+fn golden(mut f: impl FnMut(f64) -> f64, lo: f64, hi: f64, iters: usize) -> f64 {
+    let g = (5f64.sqrt() - 1.0) / 2.0;
+    let (mut a, mut b) = (lo, hi);
+    let mut c = b - g * (b - a);
+    let mut d = a + g * (b - a);
+    let (mut fc, mut fd) = (f(c), f(d));
+    for _ in 0..iters {
+        if fc < fd {
+            b = d;
+            d = c;
+            fd = fc;
+            c = b - g * (b - a);
+            fc = f(c);
+        } else {
+            a = c;
+            c = d;
+            fc = fd;
+            d = a + g * (b - a);
+            fd = f(d);
+        }
+    }
+    if fc < fd { c } else { d }
+}
+
+/// Fit `gpu` to the runs `prep.runs` selects (already fitted to memory), starting from
+/// its current efficiency table.
+fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<(usize, LayoutSpec, f64)>, label: &str) -> Fit {
+    let params = params_for(prep, &runs);
+    let prior = gpu.efficiency.clone();
+    let mut current = gpu.clone();
+    let n = runs.len();
+    let mut r = Runs { prep, runs };
+    let before = Stats::of(r.errors(&current).iter().map(|e| e.exp() - 1.0));
+    for _sweep in 0..6 {
+        for &p in &params {
+            let (lo, hi) = p.bounds();
+            let mut trial = current.clone();
+            let best = golden(
+                |x| {
+                    p.set(&mut trial.efficiency, x.exp());
+                    r.objective(&trial, &prior, &params)
+                },
+                lo.ln(),
+                hi.ln(),
+                24,
+            );
+            p.set(&mut current.efficiency, best.exp());
+        }
+    }
+    let after = Stats::of(r.errors(&current).iter().map(|e| e.exp() - 1.0));
+    current.efficiency.fitted = label.to_string();
+    Fit {
+        gpu: gpu.name.clone(),
+        points: n,
+        params: params.iter().map(|&p| (p.name(), p.get(&prior), p.get(&current.efficiency))).collect(),
+        before,
+        after,
+        efficiency: current.efficiency,
+    }
+}
+
+/// The supported runs of `prep` on `gpu` (optionally one precision), each with the
+/// recompute it needs to fit and its measured step time.
+fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Option<&str>) -> Vec<(usize, LayoutSpec, f64)> {
+    let mut out = Vec::new();
+    for (i, at, layout, _, _) in prep.runs.clone() {
+        let pr = &mut prep.projectors[at];
+        if !pr.gpu.name.eq_ignore_ascii_case(gpu) || precision.is_some_and(|p| !pr.plan.recipe.name().eq_ignore_ascii_case(p)) {
+            continue;
+        }
+        let Some(measured) = points[i].measured_step() else { continue };
+        let layout = match project_fitting(pr, &layout) {
+            Ok((p, _)) => p.layout,
+            Err(_) => continue,
+        };
+        out.push((at, layout, measured));
+        let _ = i;
+    }
+    out
+}
+
+/// Fit every GPU type `points` has runs for (or just `only`, optionally one precision).
+pub fn calibrate(
+    points: &[Point],
+    profiles: &Profiles,
+    resolver: &mut dyn Resolver,
+    only: Option<(&str, Option<&str>)>,
+    label: &str,
+    progress: &dyn Fn(&str),
+) -> Result<Vec<Fit>, String> {
+    let mut prep = prepare(points, profiles, resolver, progress);
+    let mut gpus: Vec<String> = prep.projectors.iter().map(|p| p.gpu.name.clone()).collect();
+    gpus.sort();
+    gpus.dedup();
+    if let Some((g, _)) = only {
+        let name = profiles.get(g)?.name.clone();
+        gpus.retain(|x| *x == name);
+        if gpus.is_empty() {
+            return Err(format!("the file has no supported run on {name}"));
+        }
+    }
+    // The GPU with the most runs first: GPUs with too few runs to fit the shared
+    // parameters take them from it (same kernels and libraries, another chip).
+    let mut runs: Vec<(String, Vec<(usize, LayoutSpec, f64)>)> =
+        gpus.into_iter().map(|g| { let r = runs_on(&mut prep, points, &g, only.and_then(|o| o.1)); (g, r) }).collect();
+    runs.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
+    let mut fits: Vec<Fit> = Vec::new();
+    let mut shared: Option<Efficiency> = None;
+    for (g, r) in runs {
+        if r.is_empty() {
+            continue;
+        }
+        progress(&format!("fitting {g} ({} runs)", r.len()));
+        let mut gpu = profiles.get(&g)?.clone();
+        let own = r.len() >= SHARED_MIN_RUNS;
+        if let (false, Some(from)) = (own, &shared) {
+            for p in [Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut] {
+                p.set(&mut gpu.efficiency, p.get(from));
+            }
+        }
+        let fit = fit_runs(&mut prep, &gpu, r, label);
+        if own && shared.is_none() {
+            shared = Some(fit.efficiency.clone());
+        }
+        fits.push(fit);
+    }
+    Ok(fits)
+}
+
+/// One family's error when the fit never saw it.
+#[derive(Clone, Debug, Serialize)]
+pub struct HeldOut {
+    pub gpu: String,
+    pub family: String,
+    pub errors: Vec<f64>,
+}
+
+/// Leave-one-family-out: for each GPU type and model family with runs on it, fit on the
+/// other families' runs and predict the held-out family.
+pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver) -> Vec<HeldOut> {
+    let mut prep = prepare(points, profiles, resolver, &|_| {});
+    let mut out = Vec::new();
+    let mut keys: Vec<(String, String)> =
+        prep.runs.iter().map(|(_, at, _, fam, _)| (prep.projectors[*at].gpu.name.clone(), fam.clone())).collect();
+    keys.sort();
+    keys.dedup();
+    for (gpu, family) in keys {
+        let runs_all: Vec<(usize, LayoutSpec, f64, String)> = {
+            let mut v = Vec::new();
+            for (i, at, layout, fam, _) in prep.runs.clone() {
+                let pr = &mut prep.projectors[at];
+                if pr.gpu.name != gpu {
+                    continue;
+                }
+                let (Some(m), Ok((p, _))) = (points[i].measured_step(), project_fitting(pr, &layout)) else { continue };
+                v.push((at, p.layout, m, fam));
+            }
+            v
+        };
+        let train: Vec<_> = runs_all.iter().filter(|r| r.3 != family).map(|r| (r.0, r.1, r.2)).collect();
+        let test: Vec<_> = runs_all.iter().filter(|r| r.3 == family).map(|r| (r.0, r.1, r.2)).collect();
+        if train.is_empty() || test.is_empty() {
+            continue;
+        }
+        let Ok(base) = profiles.get(&gpu).cloned() else { continue };
+        let fit = fit_runs(&mut prep, &base, train, "cross-validation");
+        let mut g = base.clone();
+        g.efficiency = fit.efficiency;
+        let mut r = Runs { prep: &mut prep, runs: test };
+        out.push(HeldOut { gpu, family, errors: r.errors(&g).iter().map(|e| e.exp() - 1.0).collect() });
+    }
+    out
+}

@@ -1,0 +1,229 @@
+//! Communication: what each collective of a sharded graph moves ([`comm_volume`], in
+//! nccl-tests' conventions) and how long it takes on a cluster ([`Fabric::time`]).
+//!
+//! Sizes follow nccl-tests (modeling.md §3.2): S is the buffer for all-reduce, the
+//! gathered output for all-gather, the full input for reduce-scatter, the per-rank send
+//! total for all-to-all and the message for send/recv; bus bytes = S × the bus factor
+//! (AR 2(n−1)/n, AG/RS/A2A (n−1)/n, send/recv 1).
+//!
+//! Time is an α–β model per tier. A group whose ranks all sit in one scale-up (NVLink)
+//! domain runs at the domain's per-GPU bandwidth. A group that spans domains runs NCCL's
+//! flat rings, one per NIC (rail-optimised fabric), so its bus bandwidth is
+//! min(NVLink, members-per-domain × NIC) (SimAI's `calbusbw`, modeling.md §3.4). An
+//! all-to-all has no ring to spread over the NICs: the share of its bytes bound for other
+//! domains leaves through the rank's own NIC. Latency grows with log2 of the ranks
+//! (NCCL's tree and ring latencies are within a factor of two of this at the sizes a
+//! training step moves).
+//!
+//! Group placement follows Megatron's rank order (tp fastest, then cp, dp, pp; for
+//! expert layers etp, ep, edp, pp): a group is described by the stride between its
+//! ranks and its size ([`Placement`]).
+
+use serde::Serialize;
+
+use runner_graph::{Graph, OpKind, TensorId};
+use runner_graph::shard::all_gather_backward_reduces;
+
+/// One collective of a sharded graph, sized for the nccl-tests bus-bandwidth model.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CommOp {
+    /// The op's name in the sharded graph.
+    pub op: String,
+    pub kind: OpKind,
+    pub group: String,
+    pub group_size: u32,
+    /// nccl-tests S per rank: the buffer for all-reduce, the gathered output for
+    /// all-gather, the full input for reduce-scatter, the per-rank send total for
+    /// all-to-all, the message for send/recv.
+    pub bytes: f64,
+    /// busbw/algbw: AR 2(n−1)/n, AG/RS/A2A (n−1)/n, send/recv 1.
+    pub bus_factor: f64,
+    /// The collective of equal size the backward pass runs for this one (AR ↔ the AR of
+    /// a column-parallel input gradient, AG ↔ RS, A2A ↔ A2A, send ↔ recv); `None` for
+    /// the loss statistics and for an all-gather read by replicated ops, whose backward
+    /// is local ([`all_gather_backward_reduces`]).
+    pub backward: Option<OpKind>,
+    pub layer: i32,
+}
+
+impl CommOp {
+    /// Bytes each rank puts on the wire: S·bus_factor.
+    pub fn bus_bytes(&self) -> f64 {
+        self.bytes * self.bus_factor
+    }
+}
+
+/// nccl-tests bus-bandwidth factor of `kind` over `n` ranks.
+pub fn bus_factor(kind: OpKind, n: u32) -> f64 {
+    let n = f64::from(n.max(1));
+    match kind {
+        OpKind::AllReduce => 2.0 * (n - 1.0) / n,
+        OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+/// Every collective of a sharded graph, in execution order, sized per rank.
+pub fn comm_volume(g: &Graph) -> Vec<CommOp> {
+    let bytes =
+        |id: Option<&TensorId>| id.and_then(|&i| g.tensors.get(i)).map_or(0.0, |t| t.numel() as f64 * t.dtype.bytes());
+    g.ops
+        .iter()
+        .filter_map(|op| {
+            let n = op.int("group-size").unwrap_or(1).max(1) as u32;
+            let stats = op.flag("row-stats").unwrap_or(false);
+            let (s, back) = match op.kind {
+                OpKind::AllReduce if stats => (bytes(op.outputs.first()), None),
+                OpKind::AllReduce => (bytes(op.inputs.first()), Some(OpKind::AllReduce)),
+                OpKind::AllGather => {
+                    (bytes(op.outputs.first()), all_gather_backward_reduces(g, op).then_some(OpKind::ReduceScatter))
+                }
+                OpKind::ReduceScatter => (bytes(op.inputs.first()), Some(OpKind::AllGather)),
+                OpKind::AllToAll => (bytes(op.inputs.first()), Some(OpKind::AllToAll)),
+                OpKind::Send => (bytes(op.inputs.first()), Some(OpKind::Recv)),
+                OpKind::Recv => (bytes(op.outputs.first()), Some(OpKind::Send)),
+                _ => return None,
+            };
+            Some(CommOp {
+                op: op.name.clone(),
+                kind: op.kind,
+                group: op.text("group").unwrap_or("?").to_string(),
+                group_size: n,
+                bytes: s,
+                bus_factor: bus_factor(op.kind, n),
+                backward: back,
+                layer: op.layer,
+            })
+        })
+        .collect()
+}
+
+/// Where a group's ranks sit: `size` ranks, `stride` global ranks apart (Megatron's
+/// order: a tp group has stride 1, a cp group stride tp, the dense data-parallel group
+/// (dp·cp ranks) stride tp, a pipeline group stride tp·cp·dp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub size: u32,
+    pub stride: u32,
+}
+
+/// The cluster's links as the projection sees them: one scale-up domain size and
+/// per-GPU bandwidths (GB/s, one direction) already multiplied by their efficiencies.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Fabric {
+    /// GPUs in one NVLink domain (8 on HGX boards, 72 on NVL72 racks).
+    pub domain: u32,
+    /// Achieved per-GPU bandwidth inside the domain, bytes/s.
+    pub scale_up_bps: f64,
+    /// Achieved per-GPU scale-out (NIC) bandwidth, bytes/s.
+    pub scale_out_bps: f64,
+    /// Latency of one collective step inside a domain and across domains, seconds.
+    pub scale_up_latency_s: f64,
+    pub scale_out_latency_s: f64,
+}
+
+impl Fabric {
+    /// Members of a group with this placement that share one domain (1: every member
+    /// in a different domain), and whether the whole group fits in one.
+    pub fn members_per_domain(&self, p: Placement) -> (u32, bool) {
+        let span = u64::from(p.stride) * u64::from(p.size.max(1));
+        if span <= u64::from(self.domain) {
+            return (p.size.max(1), true);
+        }
+        let local = if p.stride >= self.domain { 1 } else { (self.domain / p.stride.max(1)).clamp(1, p.size.max(1)) };
+        (local, false)
+    }
+
+    /// Seconds one call of collective `kind` of nccl-tests size `bytes` takes over a group.
+    pub fn time(&self, kind: OpKind, bytes: f64, p: Placement) -> f64 {
+        let n = p.size.max(1);
+        if n <= 1 || bytes <= 0.0 {
+            return 0.0;
+        }
+        let (local, inside) = self.members_per_domain(p);
+        let steps = f64::from(n).log2().ceil().max(1.0);
+        let latency = if inside {
+            steps * self.scale_up_latency_s
+        } else {
+            steps * self.scale_out_latency_s
+        };
+        let bus = bytes * bus_factor(kind, n);
+        let transfer = match kind {
+            OpKind::AllToAll if !inside => {
+                // Per rank: (n−1)/n·S leaves; the part for the (local−1) peers in its
+                // domain rides NVLink, the rest its NIC.
+                let per_peer = bytes / f64::from(n);
+                let near = per_peer * f64::from(local.saturating_sub(1));
+                let far = per_peer * f64::from(n - local);
+                near / self.scale_up_bps + far / self.scale_out_bps
+            }
+            _ if inside => bus / self.scale_up_bps,
+            _ => bus / self.scale_up_bps.min(f64::from(local) * self.scale_out_bps),
+        };
+        latency + transfer
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h100() -> Fabric {
+        Fabric {
+            domain: 8,
+            scale_up_bps: 450e9,
+            scale_out_bps: 50e9,
+            scale_up_latency_s: 0.0,
+            scale_out_latency_s: 0.0,
+        }
+    }
+
+    #[test]
+    fn bus_factors_are_nccl_tests() {
+        assert_eq!(bus_factor(OpKind::AllReduce, 8), 1.75);
+        assert_eq!(bus_factor(OpKind::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(OpKind::AllToAll, 2), 0.5);
+        assert_eq!(bus_factor(OpKind::Send, 2), 1.0);
+    }
+
+    #[test]
+    fn placement_picks_the_tier() {
+        let f = h100();
+        // tp=8 inside one node.
+        assert_eq!(f.members_per_domain(Placement { size: 8, stride: 1 }), (8, true));
+        // dp over 16 nodes with tp·cp = 8: one member per node.
+        assert_eq!(f.members_per_domain(Placement { size: 16, stride: 8 }), (1, false));
+        // dp over 64 GPUs with tp = 2: 4 members per node.
+        assert_eq!(f.members_per_domain(Placement { size: 32, stride: 2 }), (4, false));
+    }
+
+    /// 1 GB all-reduce over 8 GPUs of one node at 450 GB/s: 2·7/8 GB / 450 GB/s.
+    /// The same over 16 nodes (one member each): bound by one 50 GB/s NIC; with 8
+    /// members per node the 8 rails add up to 400 GB/s.
+    #[test]
+    fn all_reduce_by_hand() {
+        let f = h100();
+        let t = f.time(OpKind::AllReduce, 1e9, Placement { size: 8, stride: 1 });
+        assert!((t - 1.75e9 / 450e9).abs() < 1e-12);
+        let t = f.time(OpKind::AllReduce, 1e9, Placement { size: 16, stride: 8 });
+        assert!((t - 2.0 * 15.0 / 16.0 * 1e9 / 50e9).abs() < 1e-12);
+        let t = f.time(OpKind::AllReduce, 1e9, Placement { size: 128, stride: 1 });
+        assert!((t - 2.0 * 127.0 / 128.0 * 1e9 / 400e9).abs() < 1e-12);
+    }
+
+    /// An all-to-all over 16 ranks, 8 per node: 7/16 of S over NVLink, 8/16 over the NIC.
+    #[test]
+    fn all_to_all_across_nodes_uses_the_nic_for_remote_peers() {
+        let f = h100();
+        let t = f.time(OpKind::AllToAll, 16e6, Placement { size: 16, stride: 1 });
+        assert!((t - (7e6 / 450e9 + 8e6 / 50e9)).abs() < 1e-15);
+        // Inside one node it is the plain bus formula.
+        let t = f.time(OpKind::AllToAll, 8e6, Placement { size: 8, stride: 1 });
+        assert!((t - 7e6 / 450e9).abs() < 1e-15);
+    }
+
+    #[test]
+    fn a_group_of_one_moves_nothing() {
+        assert_eq!(h100().time(OpKind::AllReduce, 1e9, Placement { size: 1, stride: 4 }), 0.0);
+    }
+}

@@ -1,0 +1,39 @@
+//! The runner's performance model: how long a training step of a model takes on a GPU
+//! cluster under a parallel layout, how much memory each GPU needs, and which layout is
+//! best at each GPU count.
+//!
+//! It reads the same sharded per-rank graphs the executor runs (`runner_graph::shard`),
+//! so what is counted, run and projected cannot drift apart, and composes them with a
+//! device profile and a schedule:
+//!
+//! ```text
+//! GraphSource (plugin) --> Model (depth: which layers are alike; reduced graphs)
+//!                            |  per ShardKey (tp, cp, ep, etp, SP, MBS)
+//!                            v
+//!                          Template (sharded rank graph: GEMMs, attention, bytes,
+//!                            |       collectives, activations, parameters per layer)
+//!    Plan (precision) ------>+<------ GpuProfile (peaks, HBM, NVLink, NICs, efficiency)
+//!                            v
+//!                          Costed (per-layer seconds and bytes, prefix sums)
+//!                            |  per Schedule (pp, vp, dp, GBS, recompute, optimizer
+//!                            v  sharding, overlaps)
+//!                          Projection (step time, breakdown, memory, fits)
+//! ```
+//!
+//! Core items: [`profile::Profiles`] and [`profile::GpuProfile`] (device and cluster
+//! data, `data/gpus.toml`), [`model::Model`] over a [`model::GraphSource`],
+//! [`precision::Plan`], [`template::Template`], [`step::Costed::evaluate`] →
+//! [`step::Projection`], [`search::search`], [`calibrate`] (fit efficiencies to
+//! published runs) and [`published`] (the published runs' file).
+
+pub mod calibrate;
+pub mod comm;
+pub mod depth;
+pub mod model;
+pub mod precision;
+pub mod profile;
+pub mod project;
+pub mod published;
+pub mod search;
+pub mod step;
+pub mod template;

@@ -1,0 +1,142 @@
+//! A model variant at one sequence length, as the projection needs it: its layer
+//! structure, FLOPs per sequence, parameters, and a cache of reduced-depth graphs (per
+//! micro-batch) and sharded templates (per [`ShardKey`]).
+//!
+//! Graphs come from a [`GraphSource`]: the runner's is the workload plugin (sandboxed),
+//! tests use the plugin crates natively. The projection never builds a model itself.
+
+use std::collections::HashMap;
+
+use runner_graph::count::{self, Convention, ParamCount};
+use runner_graph::{Graph, OpKind};
+
+use crate::depth::{self, Depth};
+use crate::template::{ShardKey, Template};
+
+/// Where the projection gets a model's logical forward graphs.
+pub trait GraphSource {
+    /// The full-depth logical graph of the model at the projection's sequence length for
+    /// micro-batch `micro_batch`.
+    ///
+    /// # Errors
+    /// The plugin failed or refused; the message names it.
+    fn graph(&mut self, micro_batch: u32) -> Result<Graph, String>;
+}
+
+impl<F: FnMut(u32) -> Result<Graph, String>> GraphSource for F {
+    fn graph(&mut self, micro_batch: u32) -> Result<Graph, String> {
+        self(micro_batch)
+    }
+}
+
+/// Shape facts the layout search enumerates over.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shape {
+    pub layers: u32,
+    pub hidden: u64,
+    /// Query heads and kv heads of each attention shape.
+    pub heads: Vec<(u64, u64)>,
+    /// Routed experts (0: dense).
+    pub experts: u64,
+    pub vocab: u64,
+}
+
+/// One model variant at one sequence length.
+pub struct Model {
+    pub name: String,
+    pub seq_len: u32,
+    pub depth: Depth,
+    /// Model FLOPs (forward + backward, no recompute, attention over unmasked keys) of
+    /// one sequence, multi-token-prediction modules included.
+    pub flops_per_sequence: f64,
+    pub params: ParamCount,
+    pub shape: Shape,
+    /// The logical graph at micro-batch 1 (precision plans are made over it).
+    pub graph: Graph,
+    reduced: HashMap<u32, Graph>,
+    templates: HashMap<ShardKey, Result<Template, String>>,
+}
+
+impl Model {
+    /// Read a model through `source`.
+    ///
+    /// # Errors
+    /// The source failed, or the graph has no transformer layers.
+    pub fn new(name: &str, seq_len: u32, source: &mut dyn GraphSource) -> Result<Model, String> {
+        let graph = source.graph(1)?;
+        let depth = depth::analyse(&graph);
+        if depth.is_empty() {
+            return Err(format!("{name}: the graph has no transformer layers to project"));
+        }
+        let flops_per_sequence = count::model_flops_per_step(&graph, &Convention::CAUSAL);
+        let params = count::params(&graph);
+        let mut shape = Shape { layers: depth.len() as u32, ..Shape::default() };
+        for op in &graph.ops {
+            let dims = |i: usize| op.inputs.get(i).map_or(&[][..], |&t| graph.tensors[t].shape.as_slice());
+            match op.kind {
+                OpKind::Attention => {
+                    if let ([_, _, h, _], [_, _, hkv, _]) = (dims(0), dims(1)) {
+                        if !shape.heads.contains(&(*h, *hkv)) {
+                            shape.heads.push((*h, *hkv));
+                        }
+                    }
+                }
+                OpKind::Embedding => {
+                    if let [v, c] = dims(1) {
+                        shape.vocab = *v;
+                        shape.hidden = *c;
+                    }
+                }
+                OpKind::GroupedLinear => {
+                    if let [e, _, _] = dims(1) {
+                        shape.experts = *e;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Model {
+            name: name.to_string(),
+            seq_len,
+            depth,
+            flops_per_sequence,
+            params,
+            shape,
+            graph,
+            reduced: HashMap::new(),
+            templates: HashMap::new(),
+        })
+    }
+
+    /// The template for `key` (built on first use, then cached; a sharding the graph
+    /// does not allow is cached as its error).
+    ///
+    /// # Errors
+    /// The source failed for this micro-batch, or the sharding does not fit the graph.
+    pub fn template(&mut self, key: ShardKey, source: &mut dyn GraphSource) -> Result<&Template, String> {
+        if !self.templates.contains_key(&key) {
+            let layers = self.depth.layers.clone();
+            let built = self.reduced_graph(key.mbs, source).and_then(|g| Template::build(g, &layers, key));
+            self.templates.insert(key, built);
+        }
+        self.templates[&key].as_ref().map_err(Clone::clone)
+    }
+
+    fn reduced_graph(&mut self, mbs: u32, source: &mut dyn GraphSource) -> Result<&Graph, String> {
+        if !self.reduced.contains_key(&mbs) {
+            let full = if mbs == 1 { self.graph.clone() } else { source.graph(mbs)? };
+            let d = depth::analyse(&full);
+            if d.class != self.depth.class {
+                return Err(format!("{}: the graph's layer pattern changes with the micro-batch", self.name));
+            }
+            let g = depth::reduce(&full, &d).unwrap_or(full);
+            self.reduced.insert(mbs, g);
+        }
+        Ok(&self.reduced[&mbs])
+    }
+
+    /// The representative layer position (in the reduced graph) of model layer `p`.
+    pub fn rep(&self, p: usize) -> usize {
+        self.depth.reps[self.depth.class[p]]
+    }
+}

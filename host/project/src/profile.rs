@@ -1,0 +1,477 @@
+//! Device and cluster profiles: what a GPU type can do (dense peaks per GEMM format, HBM
+//! capacity and bandwidth, its NVLink domain and NIC bandwidth) and how close real
+//! kernels and collectives get to it ([`Efficiency`]).
+//!
+//! The built-in profiles are `data/gpus.toml`, every number with its public source and
+//! date. A user file (`--profile FILE`) of the same shape is merged over them field by
+//! field: a `[[gpu]]` whose name matches a built-in replaces just the fields it gives
+//! (typically the efficiency table `runner calibrate` writes); a new name adds a GPU.
+//!
+//! Key items: [`Profiles`] (load, merge, look up by name or alias), [`GpuProfile`],
+//! [`Efficiency`], [`GemmFormat`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use crate::comm::Fabric;
+
+/// The built-in profiles.
+pub const BUILTIN: &str = include_str!("../data/gpus.toml");
+
+/// The number format a GEMM runs in, which decides its peak rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GemmFormat {
+    Bf16,
+    /// Per-tensor scaled FP8 (E4M3/E5M2), delayed or current scaling.
+    Fp8,
+    /// FP8 with 32-element E8M0 block scales (Blackwell).
+    Mxfp8,
+    /// E2M1 with 16-element E4M3 block scales and a per-tensor scale (Blackwell).
+    Nvfp4,
+}
+
+impl GemmFormat {
+    pub const ALL: [GemmFormat; 4] = [GemmFormat::Bf16, GemmFormat::Fp8, GemmFormat::Mxfp8, GemmFormat::Nvfp4];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            GemmFormat::Bf16 => "bf16",
+            GemmFormat::Fp8 => "fp8",
+            GemmFormat::Mxfp8 => "mxfp8",
+            GemmFormat::Nvfp4 => "nvfp4",
+        }
+    }
+}
+
+impl fmt::Display for GemmFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Dense peak TFLOP/s per GEMM format; `None` where the chip has no such tensor-core path.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Peaks {
+    pub bf16: f64,
+    pub fp8: Option<f64>,
+    pub mxfp8: Option<f64>,
+    pub nvfp4: Option<f64>,
+}
+
+impl Peaks {
+    pub fn get(&self, f: GemmFormat) -> Option<f64> {
+        match f {
+            GemmFormat::Bf16 => Some(self.bf16),
+            GemmFormat::Fp8 => self.fp8,
+            GemmFormat::Mxfp8 => self.mxfp8,
+            GemmFormat::Nvfp4 => self.nvfp4,
+        }
+    }
+}
+
+/// Asymptotic GEMM efficiency per format: the fraction of that format's peak a large GEMM
+/// reaches, casts and scaling included.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmEfficiency {
+    pub bf16: f64,
+    pub fp8: f64,
+    pub mxfp8: f64,
+    pub nvfp4: f64,
+}
+
+impl GemmEfficiency {
+    pub fn get(&self, f: GemmFormat) -> f64 {
+        match f {
+            GemmFormat::Bf16 => self.bf16,
+            GemmFormat::Fp8 => self.fp8,
+            GemmFormat::Mxfp8 => self.mxfp8,
+            GemmFormat::Nvfp4 => self.nvfp4,
+        }
+    }
+
+    pub fn set(&mut self, f: GemmFormat, v: f64) {
+        match f {
+            GemmFormat::Bf16 => self.bf16 = v,
+            GemmFormat::Fp8 => self.fp8 = v,
+            GemmFormat::Mxfp8 => self.mxfp8 = v,
+            GemmFormat::Nvfp4 => self.nvfp4 = v,
+        }
+    }
+}
+
+/// How close kernels and collectives get to the hardware: the performance model's
+/// parameters. The first five are what `runner calibrate` fits; the rest are set from
+/// published microbenchmarks and framework defaults.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Efficiency {
+    /// Large-GEMM efficiency per format.
+    pub gemm: GemmEfficiency,
+    /// Flash-attention forward efficiency against the BF16 peak (the backward kernel
+    /// does 2.5x the forward's matrix work at [`Efficiency::attention_backward`] of this).
+    pub attention: f64,
+    /// Fraction of HBM bandwidth elementwise kernels (norms, activations, casts, the
+    /// optimizer) reach.
+    pub memory: f64,
+    /// Fraction of NVLink and NIC bandwidth NCCL's bus bandwidth reaches.
+    pub scale_up: f64,
+    pub scale_out: f64,
+    /// GFLOP per GEMM call at which a GEMM reaches half its asymptotic efficiency
+    /// (launch, tail and wave-quantisation losses of small products).
+    pub gemm_half_gflop: f64,
+    /// Relative efficiency of the attention backward kernel against its forward.
+    pub attention_backward: f64,
+    /// Latency of one collective step, microseconds.
+    pub scale_up_latency_us: f64,
+    pub scale_out_latency_us: f64,
+    /// Share of tensor-parallel communication hidden behind GEMMs with Megatron's TP
+    /// communication overlap (userbuffers); the rest of it, and whatever exceeds the
+    /// GEMM time it overlaps, is exposed.
+    pub tp_overlap: f64,
+    /// Share of context-parallel K/V exchange hidden behind attention (ring P2P).
+    pub cp_overlap: f64,
+    /// Share of expert-parallel all-to-all hidden behind another micro-batch's compute
+    /// when EP overlap is on (Megatron's combined 1F1B A2A overlap, DeepEP).
+    pub ep_overlap: f64,
+    /// Share of pipeline send/receive hidden (overlap_p2p_comm).
+    pub pp_overlap: f64,
+    /// GiB of each GPU not available to the model: the CUDA context, NCCL buffers,
+    /// cuBLAS and communication-overlap workspaces.
+    pub reserved_gib: f64,
+    /// Extra activation memory the caching allocator holds (fragmentation), as a share.
+    pub allocator_slack: f64,
+    /// What set these values (a calibration run, or "prior" for untouched defaults).
+    #[serde(default)]
+    pub fitted: String,
+}
+
+/// A public source for one or more numbers of a profile.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Source {
+    pub what: String,
+    pub cite: String,
+    pub date: String,
+}
+
+/// One GPU type and the node and fabric it comes in.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuProfile {
+    pub name: String,
+    #[serde(default)]
+    pub aliases: Vec<String>,
+    pub description: String,
+    pub memory_gib: f64,
+    pub hbm_gbs: f64,
+    /// GPUs billed and placed together (8 on HGX boards; 4 per GB200/GB300 tray).
+    pub gpus_per_node: u32,
+    /// GPUs in one NVLink domain.
+    pub scale_up_domain: u32,
+    /// NVLink bandwidth per GPU per direction, GB/s.
+    pub scale_up_gbs: f64,
+    /// NIC bandwidth per GPU, GB/s.
+    pub scale_out_gbs: f64,
+    pub peak_tflops: Peaks,
+    pub efficiency: Efficiency,
+    #[serde(default, rename = "source")]
+    pub sources: Vec<Source>,
+}
+
+impl GpuProfile {
+    /// Peak FLOP/s of `f`, or why this GPU cannot run it.
+    pub fn peak_flops(&self, f: GemmFormat) -> Result<f64, String> {
+        self.peak_tflops.get(f).map(|t| t * 1e12).ok_or_else(|| {
+            let has: Vec<&str> = GemmFormat::ALL.iter().filter(|g| self.peak_tflops.get(**g).is_some()).map(|g| g.name()).collect();
+            format!("{} has no {f} tensor-core path (it runs {})", self.name, has.join(", "))
+        })
+    }
+
+    /// The links as collectives see them.
+    pub fn fabric(&self) -> Fabric {
+        let e = &self.efficiency;
+        Fabric {
+            domain: self.scale_up_domain.max(1),
+            scale_up_bps: self.scale_up_gbs * 1e9 * e.scale_up,
+            scale_out_bps: self.scale_out_gbs * 1e9 * e.scale_out,
+            scale_up_latency_s: e.scale_up_latency_us * 1e-6,
+            scale_out_latency_s: e.scale_out_latency_us * 1e-6,
+        }
+    }
+
+    /// Bytes the model may use on one GPU.
+    pub fn usable_bytes(&self) -> f64 {
+        (self.memory_gib - self.efficiency.reserved_gib).max(0.0) * GIB
+    }
+
+    /// Every rule a profile must follow, so a user's file cannot make the model divide by
+    /// zero or print nonsense.
+    fn check(&self) -> Result<(), String> {
+        let e = &self.efficiency;
+        let positive = [
+            ("memory_gib", self.memory_gib),
+            ("hbm_gbs", self.hbm_gbs),
+            ("scale_up_gbs", self.scale_up_gbs),
+            ("scale_out_gbs", self.scale_out_gbs),
+            ("peak_tflops.bf16", self.peak_tflops.bf16),
+            ("efficiency.gemm_half_gflop", e.gemm_half_gflop),
+        ];
+        for (what, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("{what} must be a finite number > 0, got {v}"));
+            }
+        }
+        for f in [GemmFormat::Fp8, GemmFormat::Mxfp8, GemmFormat::Nvfp4] {
+            if let Some(v) = self.peak_tflops.get(f)
+                && !(v.is_finite() && v > 0.0)
+            {
+                return Err(format!("peak_tflops.{f} must be a finite number > 0 (or absent), got {v}"));
+            }
+        }
+        let fractions = [
+            ("efficiency.gemm.bf16", e.gemm.bf16),
+            ("efficiency.gemm.fp8", e.gemm.fp8),
+            ("efficiency.gemm.mxfp8", e.gemm.mxfp8),
+            ("efficiency.gemm.nvfp4", e.gemm.nvfp4),
+            ("efficiency.attention", e.attention),
+            ("efficiency.attention_backward", e.attention_backward),
+            ("efficiency.memory", e.memory),
+            ("efficiency.scale_up", e.scale_up),
+            ("efficiency.scale_out", e.scale_out),
+        ];
+        for (what, v) in fractions {
+            if !(v.is_finite() && v > 0.0 && v <= 1.0) {
+                return Err(format!("{what} must be in (0, 1], got {v}"));
+            }
+        }
+        for (what, v) in [("efficiency.tp_overlap", e.tp_overlap), ("efficiency.cp_overlap", e.cp_overlap), ("efficiency.ep_overlap", e.ep_overlap), ("efficiency.pp_overlap", e.pp_overlap), ("efficiency.allocator_slack", e.allocator_slack)] {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(format!("{what} must be in [0, 1], got {v}"));
+            }
+        }
+        for (what, v) in [("efficiency.scale_up_latency_us", e.scale_up_latency_us), ("efficiency.scale_out_latency_us", e.scale_out_latency_us), ("efficiency.reserved_gib", e.reserved_gib)] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!("{what} must be a finite number >= 0, got {v}"));
+            }
+        }
+        if e.reserved_gib >= self.memory_gib {
+            return Err(format!("efficiency.reserved_gib ({}) leaves no memory of {} GiB", e.reserved_gib, self.memory_gib));
+        }
+        for (what, v) in [("gpus_per_node", self.gpus_per_node), ("scale_up_domain", self.scale_up_domain)] {
+            if v == 0 || v > 1 << 20 {
+                return Err(format!("{what} must be in 1..=1048576, got {v}"));
+            }
+        }
+        if !self.scale_up_domain.is_multiple_of(self.gpus_per_node) && !self.gpus_per_node.is_multiple_of(self.scale_up_domain) {
+            return Err(format!(
+                "scale_up_domain ({}) and gpus_per_node ({}) must divide one another",
+                self.scale_up_domain, self.gpus_per_node
+            ));
+        }
+        Ok(())
+    }
+}
+
+pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// Every known profile.
+#[derive(Clone, Debug, Serialize)]
+pub struct Profiles {
+    pub gpus: Vec<GpuProfile>,
+    /// Where the profiles came from: "built-in", plus each user file merged in.
+    pub origin: Vec<String>,
+    /// The file-level `[efficiency]` a new GPU starts from.
+    #[serde(skip)]
+    default_efficiency: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    #[serde(default)]
+    efficiency: Option<toml::Table>,
+    #[serde(default)]
+    gpu: Vec<toml::Table>,
+}
+
+/// Merge `over` into `base`, tables recursively, everything else replaced.
+fn merge(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
+impl Profiles {
+    /// The built-in profiles.
+    pub fn builtin() -> Profiles {
+        // The built-in file is part of the program; a test checks it parses.
+        Profiles::parse_over(Vec::new(), toml::Table::new(), BUILTIN, "built-in")
+            .unwrap_or_else(|e| panic!("data/gpus.toml: {e}"))
+    }
+
+    /// The built-in profiles with `text` (a user's file, named `origin` in messages)
+    /// merged over them.
+    ///
+    /// # Errors
+    /// TOML syntax, an unknown field, a new GPU missing fields, or a value out of range;
+    /// each message names the GPU and the field.
+    pub fn with_overrides(text: &str, origin: &str) -> Result<Profiles, String> {
+        let base = Profiles::builtin();
+        let tables = base.gpus.iter().map(|g| toml::Table::try_from(g).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+        let mut out = Profiles::parse_over(tables, base.default_efficiency, text, origin)?;
+        out.origin = vec!["built-in".into(), origin.into()];
+        Ok(out)
+    }
+
+    fn parse_over(
+        mut tables: Vec<toml::Table>,
+        mut default_eff: toml::Table,
+        text: &str,
+        origin: &str,
+    ) -> Result<Profiles, String> {
+        let file: File = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+        if let Some(e) = &file.efficiency {
+            merge(&mut default_eff, e);
+        }
+        for g in file.gpu {
+            let Some(name) = g.get("name").and_then(|n| n.as_str()).map(str::to_string) else {
+                return Err(format!("{origin}: a [[gpu]] table has no name"));
+            };
+            let existing = tables.iter_mut().find(|t| {
+                let known = |s: &str| s.eq_ignore_ascii_case(&name);
+                t.get("name").and_then(|n| n.as_str()).is_some_and(known)
+                    || t.get("aliases").and_then(|a| a.as_array()).is_some_and(|a| a.iter().filter_map(|x| x.as_str()).any(known))
+            });
+            match existing {
+                Some(t) => {
+                    let mut g = g.clone();
+                    g.remove("name");
+                    merge(t, &g);
+                }
+                None => {
+                    let mut t = toml::Table::new();
+                    t.insert("efficiency".into(), toml::Value::Table(default_eff.clone()));
+                    merge(&mut t, &g);
+                    tables.push(t);
+                }
+            }
+        }
+        let mut gpus = Vec::new();
+        for t in tables {
+            let name = t.get("name").and_then(|n| n.as_str()).unwrap_or("?").to_string();
+            // Efficiency fields absent from a GPU come from the file's [efficiency].
+            let mut t = t;
+            let mut eff = default_eff.clone();
+            if let Some(toml::Value::Table(own)) = t.get("efficiency") {
+                merge(&mut eff, own);
+            }
+            t.insert("efficiency".into(), toml::Value::Table(eff));
+            let g: GpuProfile = toml::Value::Table(t)
+                .try_into()
+                .map_err(|e: toml::de::Error| format!("{origin}: GPU '{name}': {}", e.message()))?;
+            g.check().map_err(|e| format!("{origin}: GPU '{}': {e}", g.name))?;
+            gpus.push(g);
+        }
+        Ok(Profiles { gpus, origin: vec![origin.to_string()], default_efficiency: default_eff })
+    }
+
+    /// A profile by name or alias, case-insensitively.
+    ///
+    /// # Errors
+    /// Lists the known names.
+    pub fn get(&self, name: &str) -> Result<&GpuProfile, String> {
+        let hit = |g: &&GpuProfile| g.name.eq_ignore_ascii_case(name) || g.aliases.iter().any(|a| a.eq_ignore_ascii_case(name));
+        self.gpus.iter().find(hit).ok_or_else(|| {
+            let names: Vec<String> = self.gpus.iter().map(|g| g.name.to_lowercase()).collect();
+            format!("unknown GPU '{name}'; known: {} (or add one with --profile FILE)", names.join(", "))
+        })
+    }
+
+    /// The efficiency tables as a profile file: what `runner calibrate` writes.
+    pub fn efficiency_file(gpus: &[(&str, &Efficiency)]) -> String {
+        #[derive(Serialize)]
+        struct Entry<'a> {
+            name: &'a str,
+            efficiency: &'a Efficiency,
+        }
+        #[derive(Serialize)]
+        struct Out<'a> {
+            gpu: Vec<Entry<'a>>,
+        }
+        let out = Out { gpu: gpus.iter().map(|(name, efficiency)| Entry { name, efficiency }).collect() };
+        toml::to_string(&out).unwrap_or_default()
+    }
+}
+
+/// Profile lookups keyed by name, for callers that hold several.
+pub type ByName<'a> = BTreeMap<String, &'a GpuProfile>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_parses_and_every_gpu_has_sources() {
+        let p = Profiles::builtin();
+        for name in ["a100-40gb", "a100-80gb", "h100", "h200", "b200", "gb200", "b300", "gb300"] {
+            let g = p.get(name).unwrap();
+            assert!(!g.sources.is_empty(), "{name} has no source");
+            assert!(g.sources.iter().all(|s| !s.cite.is_empty() && !s.date.is_empty()));
+        }
+        assert!(p.get("H100").unwrap().peak_flops(GemmFormat::Nvfp4).unwrap_err().contains("no nvfp4"));
+        assert_eq!(p.get("gb200").unwrap().scale_up_domain, 72);
+        assert!(p.get("v100").unwrap_err().contains("known: a100-40gb"));
+    }
+
+    #[test]
+    fn user_file_overrides_fields_and_adds_gpus() {
+        let text = r#"
+[[gpu]]
+name = "h100"
+[gpu.efficiency]
+scale_out = 0.5
+
+[[gpu]]
+name = "X1"
+description = "test chip"
+memory_gib = 64.0
+hbm_gbs = 2000.0
+gpus_per_node = 4
+scale_up_domain = 4
+scale_up_gbs = 100.0
+scale_out_gbs = 25.0
+[gpu.peak_tflops]
+bf16 = 500.0
+"#;
+        let p = Profiles::with_overrides(text, "mine.toml").unwrap();
+        let h = p.get("H100").unwrap();
+        assert_eq!(h.efficiency.scale_out, 0.5);
+        assert_eq!(h.peak_tflops.bf16, 989.0, "fields not given stay");
+        let x = p.get("x1").unwrap();
+        assert_eq!(x.efficiency.fitted, "prior", "a new GPU starts from the file-level defaults");
+    }
+
+    #[test]
+    fn bad_files_name_the_field() {
+        let e = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nmemory = 1.5\n", "f.toml").unwrap_err();
+        assert!(e.contains("f.toml") && e.contains("H100") && e.contains("efficiency.memory"), "{e}");
+        let e = Profiles::with_overrides("[[gpu]]\nname = \"new\"\nmemory_gib = 1.0\n", "f.toml").unwrap_err();
+        assert!(e.contains("GPU 'new'") && e.contains("missing field"), "{e}");
+        let e = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\nscale_up_domain = 0\n", "f.toml").unwrap_err();
+        assert!(e.contains("scale_up_domain"), "{e}");
+        let e = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\nbogus = 1\n", "f.toml").unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        let e = Profiles::with_overrides("[[gpu]\n", "f.toml").unwrap_err();
+        assert!(e.contains("f.toml"), "{e}");
+    }
+}

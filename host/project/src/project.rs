@@ -1,0 +1,66 @@
+//! The projection's front door: one model on one GPU type under one precision plan,
+//! projecting any layout ([`Projector::project`]) with its templates and timings cached
+//! so a search or a calibration fit can ask again and again cheaply.
+
+use std::collections::HashMap;
+
+use crate::model::{GraphSource, Model};
+use crate::precision::Plan;
+use crate::profile::GpuProfile;
+use crate::step::{Costed, LayoutSpec, Projection, Reject};
+use crate::template::{Measured, ShardKey};
+
+/// A model, its graph source, a GPU and a plan.
+pub struct Projector<'s> {
+    pub model: Model,
+    source: Box<dyn GraphSource + 's>,
+    pub gpu: GpuProfile,
+    pub plan: Plan,
+    measured: Measured,
+    costed: HashMap<ShardKey, Result<Costed, String>>,
+}
+
+impl<'s> Projector<'s> {
+    pub fn new(model: Model, source: Box<dyn GraphSource + 's>, gpu: GpuProfile, plan: Plan) -> Projector<'s> {
+        Projector { model, source, gpu, plan, measured: Measured::default(), costed: HashMap::new() }
+    }
+
+    /// Use per-op times measured on the target device where they exist.
+    pub fn with_measured(mut self, measured: Measured) -> Projector<'s> {
+        self.measured = measured;
+        self.costed.clear();
+        self
+    }
+
+    /// Change the GPU profile (a calibration step); keeps the templates.
+    pub fn set_gpu(&mut self, gpu: GpuProfile) {
+        self.gpu = gpu;
+        self.costed.clear();
+    }
+
+    /// The timed template for `key`.
+    ///
+    /// # Errors
+    /// The sharding does not fit the model, or the plan needs a format the GPU lacks.
+    pub fn costed(&mut self, key: ShardKey) -> Result<&Costed, String> {
+        if !self.costed.contains_key(&key) {
+            let c = self
+                .model
+                .template(key, self.source.as_mut())
+                .cloned()
+                .and_then(|t| Costed::new(&self.model, &t, &self.plan, &self.gpu, &self.measured));
+            self.costed.insert(key, c);
+        }
+        self.costed[&key].as_ref().map_err(Clone::clone)
+    }
+
+    /// Project one layout.
+    ///
+    /// # Errors
+    /// Why the layout cannot run (a layout that runs out of memory is projected with
+    /// `fits: false`, not refused).
+    pub fn project(&mut self, layout: &LayoutSpec) -> Result<Projection, String> {
+        let c = self.costed(layout.key())?;
+        c.evaluate(&layout.schedule()).map_err(|r: Reject| r.to_string())
+    }
+}

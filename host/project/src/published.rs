@@ -1,0 +1,416 @@
+//! Published, measured training runs (the shape of `data/calibration.toml`: one
+//! `[[point]]` per run with its model, GPU, precision, layout and measured step time or
+//! throughput) and the check of the projection against them ([`validate`]).
+//!
+//! Every point comes back: projected with its error, or unsupported with the reason
+//! (a model no installed plugin provides, a workload the model does not cover, a GPU or
+//! precision without a profile, a layout the model cannot take, nothing measured to
+//! compare with). None is dropped silently.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use runner_graph::recompute::RecomputePolicy;
+
+use crate::model::{GraphSource, Model};
+use crate::precision::{Plan, Recipe};
+use crate::profile::Profiles;
+use crate::project::Projector;
+use crate::step::{LayoutSpec, Projection};
+
+/// One published run. Absent fields were not stated by the source.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct Point {
+    pub source: String,
+    pub model: String,
+    pub gpu: String,
+    pub num_gpus: Option<u32>,
+    pub precision: String,
+    #[serde(default)]
+    pub workload: String,
+    #[serde(default)]
+    pub framework: String,
+    pub seq_len: Option<u32>,
+    pub gbs: Option<u32>,
+    pub mbs: Option<u32>,
+    pub tp: Option<u32>,
+    pub pp: Option<u32>,
+    pub cp: Option<u32>,
+    pub vp: Option<u32>,
+    pub ep: Option<u32>,
+    pub etp: Option<u32>,
+    /// > 0: FSDP (the sharding group size); 0 or absent: DDP with the distributed optimizer.
+    pub fsdp: Option<u32>,
+    pub step_time_s: Option<f64>,
+    pub tokens_per_sec_per_gpu: Option<f64>,
+    pub tokens_per_sec_total: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct File {
+    point: Vec<Point>,
+}
+
+/// Parse a calibration-shaped file.
+///
+/// # Errors
+/// TOML syntax or a field of the wrong type, with the position.
+pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
+    let f: File = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+    Ok(f.point)
+}
+
+impl Point {
+    /// The measured step time: stated, or derived from throughput as the sources define
+    /// it (tokens/s = seq·GBS / step time).
+    pub fn measured_step(&self) -> Option<f64> {
+        if let Some(s) = self.step_time_s.filter(|s| s.is_finite() && *s > 0.0) {
+            return Some(s);
+        }
+        let (seq, gbs, n) = (f64::from(self.seq_len?), f64::from(self.gbs?), f64::from(self.num_gpus?));
+        if let Some(t) = self.tokens_per_sec_per_gpu.filter(|t| t.is_finite() && *t > 0.0) {
+            return Some(seq * gbs / (t * n));
+        }
+        self.tokens_per_sec_total.filter(|t| t.is_finite() && *t > 0.0).map(|t| seq * gbs / t)
+    }
+
+    /// One line naming the run.
+    pub fn label(&self) -> String {
+        format!(
+            "{} {} x{} {}",
+            self.model,
+            self.gpu,
+            self.num_gpus.map_or("?".into(), |n| n.to_string()),
+            self.precision
+        )
+    }
+
+    /// The layout as the runner spells it: sequence parallelism with TP, the distributed
+    /// optimizer and the TP, EP and DP overlaps on (NeMo and Megatron-Bridge performance
+    /// recipes), no recompute unless it is needed to fit (see [`project_fitting`]).
+    ///
+    /// # Errors
+    /// What the source leaves out, or degrees that do not multiply to the GPU count.
+    pub fn layout(&self) -> Result<LayoutSpec, String> {
+        let n = self.num_gpus.ok_or("the source gives no GPU count")?;
+        let seq = self.seq_len.ok_or("the source gives no sequence length")?;
+        let gbs = self.gbs.ok_or("the source gives no global batch size")?;
+        let _ = seq;
+        let (tp, pp, cp) = (self.tp.unwrap_or(1), self.pp.unwrap_or(1), self.cp.unwrap_or(1));
+        if self.tp.is_none() && self.fsdp.unwrap_or(0) == 0 && self.pp.is_none() {
+            return Err("the source gives no parallel layout".into());
+        }
+        let per = u64::from(tp) * u64::from(pp) * u64::from(cp);
+        if per == 0 || !u64::from(n).is_multiple_of(per) {
+            return Err(format!("tp·pp·cp = {per} does not divide the {n} GPUs"));
+        }
+        let dp = (u64::from(n) / per) as u32;
+        let fsdp = self.fsdp.unwrap_or(0) > 0;
+        Ok(LayoutSpec {
+            tp,
+            pp,
+            cp,
+            vp: self.vp.unwrap_or(1).max(1),
+            ep: self.ep.unwrap_or(1).max(1),
+            etp: self.etp.unwrap_or(1).max(1),
+            dp,
+            mbs: self.mbs.unwrap_or(1).max(1),
+            gbs,
+            sequence_parallel: tp > 1,
+            fsdp,
+            recompute: RecomputePolicy::None,
+            recompute_layers: 0,
+            distributed_optimizer: !fsdp,
+            tp_overlap: tp > 1,
+            ep_overlap: self.ep.unwrap_or(1) > 1,
+            dp_overlap: true,
+            grad_fp32: false,
+        })
+    }
+}
+
+/// Finds the plugin that provides a model and returns its graphs.
+pub trait Resolver {
+    /// The model's family and a graph source at `seq_len`, or why it is not available.
+    ///
+    /// # Errors
+    /// No installed plugin provides `model` (the message says so).
+    fn resolve(&mut self, model: &str, seq_len: u32) -> Result<(String, Box<dyn GraphSource>), String>;
+}
+
+/// One point's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct Checked {
+    pub index: usize,
+    pub model: String,
+    pub family: String,
+    pub gpu: String,
+    pub precision: String,
+    pub gpus: u32,
+    pub layout: String,
+    pub published_step_s: f64,
+    pub predicted_step_s: f64,
+    pub published_tokens_per_sec_per_gpu: f64,
+    pub predicted_tokens_per_sec_per_gpu: f64,
+    /// predicted / published − 1 of the step time.
+    pub error: f64,
+    pub memory_gib: f64,
+    pub fits: bool,
+    /// Adjustments made to run it (recompute to fit, FSDP group size differences).
+    pub note: String,
+    pub source: String,
+}
+
+/// A point the projection cannot take, and why.
+#[derive(Clone, Debug, Serialize)]
+pub struct Unsupported {
+    pub index: usize,
+    pub label: String,
+    pub reason: String,
+    pub source: String,
+}
+
+/// Absolute step-time error statistics of a group of points.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct Stats {
+    pub points: usize,
+    pub median: f64,
+    pub p90: f64,
+    pub max: f64,
+}
+
+impl Stats {
+    pub fn of(errors: impl Iterator<Item = f64>) -> Stats {
+        let mut v: Vec<f64> = errors.map(f64::abs).collect();
+        v.sort_by(f64::total_cmp);
+        if v.is_empty() {
+            return Stats::default();
+        }
+        // Nearest-rank percentiles.
+        let rank = |q: f64| v[((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1];
+        let median = if v.len() % 2 == 1 { v[v.len() / 2] } else { 0.5 * (v[v.len() / 2 - 1] + v[v.len() / 2]) };
+        Stats { points: v.len(), median, p90: rank(0.9), max: v[v.len() - 1] }
+    }
+}
+
+/// The whole check.
+#[derive(Clone, Debug, Serialize)]
+pub struct Validation {
+    pub checked: Vec<Checked>,
+    pub unsupported: Vec<Unsupported>,
+    pub overall: Stats,
+    /// By "GPU / precision / family".
+    pub groups: BTreeMap<String, Stats>,
+}
+
+/// Set up a projector and layout per supported point (shared by [`validate`] and the
+/// calibration fit): everything but the timing.
+pub struct Prepared<'s> {
+    pub projectors: Vec<Projector<'s>>,
+    /// (point index, projector index, layout, family, note).
+    pub runs: Vec<(usize, usize, LayoutSpec, String, String)>,
+    pub unsupported: Vec<Unsupported>,
+}
+
+/// Resolve models, GPUs, precisions and layouts for `points`.
+pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver, progress: &dyn Fn(&str)) -> Prepared<'s> {
+    let mut out = Prepared { projectors: Vec::new(), runs: Vec::new(), unsupported: Vec::new() };
+    let mut by_key: BTreeMap<(String, u32, String, String), usize> = BTreeMap::new();
+    let mut families: BTreeMap<String, String> = BTreeMap::new();
+    for (i, p) in points.iter().enumerate() {
+        let refuse = |reason: String| Unsupported { index: i, label: p.label(), reason, source: p.source.clone() };
+        let workload = p.workload.to_ascii_lowercase();
+        if workload.contains("lora") {
+            out.unsupported.push(refuse("LoRA fine-tuning (frozen base weights, adapter GEMMs) is not modelled".into()));
+            continue;
+        }
+        if !workload.is_empty() && !workload.starts_with("pretrain") && !workload.starts_with("finetune_sft") {
+            out.unsupported.push(refuse(format!("workload '{}' is not a training step the projection models", p.workload)));
+            continue;
+        }
+        let layout = match p.layout() {
+            Ok(l) => l,
+            Err(e) => {
+                out.unsupported.push(refuse(e));
+                continue;
+            }
+        };
+        if p.measured_step().is_none() {
+            out.unsupported.push(refuse("the source gives neither a step time nor a throughput to compare with".into()));
+            continue;
+        }
+        let gpu = match profiles.get(&p.gpu) {
+            Ok(g) => g.clone(),
+            Err(e) => {
+                out.unsupported.push(refuse(e));
+                continue;
+            }
+        };
+        let recipe = match Recipe::parse(&p.precision) {
+            Ok(r) => r,
+            Err(e) => {
+                out.unsupported.push(refuse(e));
+                continue;
+            }
+        };
+        if let Err(e) = gpu.peak_flops(recipe.format()) {
+            out.unsupported.push(refuse(e));
+            continue;
+        }
+        let seq = p.seq_len.unwrap_or(0);
+        let key = (p.model.clone(), seq, gpu.name.clone(), recipe.name().to_string());
+        let at = match by_key.get(&key) {
+            Some(&at) => at,
+            None => {
+                progress(&format!("reading {} at seq {seq}", p.model));
+                let (family, mut source) = match resolver.resolve(&p.model, seq) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        out.unsupported.push(refuse(e));
+                        continue;
+                    }
+                };
+                let model = match Model::new(&p.model, seq, source.as_mut()) {
+                    Ok(m) => m,
+                    Err(e) => {
+                        out.unsupported.push(refuse(e));
+                        continue;
+                    }
+                };
+                families.insert(p.model.clone(), family);
+                let plan = Plan::builtin(recipe, &model.graph);
+                out.projectors.push(Projector::new(model, source, gpu, plan));
+                by_key.insert(key, out.projectors.len() - 1);
+                out.projectors.len() - 1
+            }
+        };
+        let mut note = String::new();
+        if let Some(f) = p.fsdp.filter(|&f| f > 1 && f != layout.dp * layout.cp) {
+            note = format!("FSDP group {f} of {} data-parallel ranks modelled as full sharding", layout.dp * layout.cp);
+        }
+        out.runs.push((i, at, layout, families.get(&p.model).cloned().unwrap_or_default(), note));
+    }
+    out
+}
+
+/// Project `layout`, turning on the least recompute that makes it fit if it does not
+/// fit without (selective, then full recompute of 1, 2, ... layers per pipeline chunk,
+/// Megatron's block method), as a framework user would have had to. Returns the
+/// recompute used, if any.
+pub fn project_fitting(pr: &mut Projector<'_>, layout: &LayoutSpec) -> Result<(Projection, Option<String>), String> {
+    let first = pr.project(layout)?;
+    if first.fits || std::env::var("NO_RC").is_ok() {
+        return Ok((first, None));
+    }
+    let sel = LayoutSpec { recompute: RecomputePolicy::Selective, ..*layout };
+    let p = pr.project(&sel)?;
+    if p.fits {
+        return Ok((p, Some("selective recompute".into())));
+    }
+    let chunk = (pr.model.depth.len() as u32).div_ceil((layout.pp * layout.vp).max(1));
+    for n in 1..=chunk {
+        let l = LayoutSpec { recompute: RecomputePolicy::Full, recompute_layers: if n == chunk { 0 } else { n }, ..*layout };
+        let p = pr.project(&l)?;
+        if p.fits {
+            let what = if n == chunk { "full recompute".to_string() } else { format!("full recompute of {n} of {chunk} layers per chunk") };
+            return Ok((p, Some(what)));
+        }
+    }
+    Ok((first, None))
+}
+
+/// Project every point and compare with what was measured.
+pub fn validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver, progress: &dyn Fn(&str)) -> Validation {
+    let mut prep = prepare(points, profiles, resolver, progress);
+    let mut checked = Vec::new();
+    for (i, at, layout, family, note) in prep.runs.clone() {
+        let p = &points[i];
+        progress(&format!("projecting {}", p.label()));
+        let pr = &mut prep.projectors[at];
+        match project_fitting(pr, &layout) {
+            Ok((proj, rc)) => {
+                let published = p.measured_step().unwrap_or(f64::NAN);
+                let seq = f64::from(p.seq_len.unwrap_or(0));
+                let n = f64::from(p.num_gpus.unwrap_or(1));
+                let mut note = note;
+                if let Some(rc) = rc {
+                    let add = format!("{rc} to fit in memory");
+                    note = if note.is_empty() { add } else { format!("{note}; {add}") };
+                }
+                if !proj.fits {
+                    let add = format!("does not fit: needs {:.1} GiB of {:.0}", proj.memory.total, proj.memory.capacity);
+                    note = if note.is_empty() { add } else { format!("{note}; {add}") };
+                }
+                checked.push(Checked {
+                    index: i,
+                    model: p.model.clone(),
+                    family,
+                    gpu: pr.gpu.name.clone(),
+                    precision: pr.plan.recipe.name().to_string(),
+                    gpus: p.num_gpus.unwrap_or(0),
+                    layout: proj.layout.short(),
+                    published_step_s: published,
+                    predicted_step_s: proj.step_time_s,
+                    published_tokens_per_sec_per_gpu: seq * f64::from(layout.gbs) / published / n,
+                    predicted_tokens_per_sec_per_gpu: proj.tokens_per_sec_per_gpu,
+                    error: proj.step_time_s / published - 1.0,
+                    memory_gib: proj.memory.total,
+                    fits: proj.fits,
+                    note,
+                    source: p.source.clone(),
+                });
+            }
+            Err(e) => prep.unsupported.push(Unsupported {
+                index: i,
+                label: p.label(),
+                reason: format!("the layout does not fit the model: {e}"),
+                source: p.source.clone(),
+            }),
+        }
+    }
+    prep.unsupported.sort_by_key(|u| u.index);
+    let overall = Stats::of(checked.iter().map(|c| c.error));
+    let mut groups: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    for c in &checked {
+        groups.entry(format!("{} / {} / {}", c.gpu, c.precision, c.family)).or_default().push(c.error);
+    }
+    let groups = groups.into_iter().map(|(k, v)| (k, Stats::of(v.into_iter()))).collect();
+    Validation { checked, unsupported: prep.unsupported, overall, groups }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_by_hand() {
+        let s = Stats::of([0.01, -0.03, 0.02, 0.10, -0.05].into_iter());
+        assert_eq!(s.points, 5);
+        assert_eq!(s.median, 0.03);
+        assert_eq!(s.p90, 0.10);
+        assert_eq!(s.max, 0.10);
+        let s = Stats::of([0.01, 0.02].into_iter());
+        assert!((s.median - 0.015).abs() < 1e-12);
+    }
+
+    #[test]
+    fn measured_step_derives_from_throughput() {
+        let p = Point { seq_len: Some(4096), gbs: Some(1280), num_gpus: Some(64), tokens_per_sec_per_gpu: Some(20288.0), ..Point::default() };
+        let s = p.measured_step().unwrap();
+        assert!((s - 4096.0 * 1280.0 / (20288.0 * 64.0)).abs() < 1e-12);
+        let none = Point { seq_len: Some(4096), ..Point::default() };
+        assert!(none.measured_step().is_none());
+    }
+
+    #[test]
+    fn layout_refuses_what_the_source_leaves_out() {
+        let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(3), ..Point::default() };
+        assert!(p.layout().unwrap_err().contains("does not divide the 64 GPUs"));
+        let p = Point { num_gpus: Some(64), seq_len: Some(8192), ..Point::default() };
+        assert!(p.layout().unwrap_err().contains("global batch"));
+        let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(4), pp: Some(4), cp: Some(2), vp: Some(5), ..Point::default() };
+        let l = p.layout().unwrap();
+        assert_eq!((l.dp, l.vp, l.sequence_parallel, l.distributed_optimizer), (2, 5, true, true));
+    }
+}

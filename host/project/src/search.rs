@@ -1,0 +1,270 @@
+//! The layout search: every valid layout of a model on N GPUs, projected, ranked by step
+//! time among those that fit in memory, with a verdict on each family of layouts that
+//! did not win (memory, divisibility, or speed).
+//!
+//! What is enumerated: tp (dividing the heads, inside one NVLink domain), cp (splitting
+//! the sequence into 2·cp chunks), pp (up to the layers), vp (interleaving, up to 16
+//! chunks per stage, the micro-batches a multiple of pp), ep (dividing the experts) with
+//! etp 1 or tp, mbs (1 to 8, dividing the batch), FSDP or the distributed optimizer, and
+//! activation recompute: none, or full recompute of the fewest layers per chunk that
+//! makes the layout fit (Megatron's block method; more recompute is never faster).
+//! Choices the model shows are never worse are fixed: sequence parallelism with tp,
+//! TP, EP and DP overlap on, BF16 gradient reduction (NVIDIA's performance recipes).
+//! Selective recompute is not searched: with flash attention it stores what no
+//! recompute stores, so it only costs time.
+//!
+//! The shapes of a rank's layers depend on (tp, cp, ep, etp, SP, mbs) only, so each of
+//! those is sharded and timed once; the schedules on top are arithmetic over per-layer
+//! prefix sums, which is what makes the search take well under a second.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use runner_graph::recompute::RecomputePolicy;
+
+use crate::project::Projector;
+use crate::step::{Costed, Projection, Reject, Schedule};
+use crate::template::ShardKey;
+
+/// Degrees and choices the caller fixes; `None` lets the search choose.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Space {
+    pub tp: Option<u32>,
+    pub pp: Option<u32>,
+    pub cp: Option<u32>,
+    pub vp: Option<u32>,
+    pub ep: Option<u32>,
+    pub etp: Option<u32>,
+    pub mbs: Option<u32>,
+    pub fsdp: Option<bool>,
+    pub recompute: Option<RecomputePolicy>,
+}
+
+/// Why a family of layouts did not win.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "verdict", rename_all = "kebab-case")]
+pub enum Verdict {
+    /// It holds the fastest layout.
+    Best { layout: String, step_time_s: f64 },
+    /// Its best layout fits but is slower than the winner by this factor.
+    Speed { layout: String, step_time_s: f64, slower: f64 },
+    /// Every layout of the family that divides evenly needs more memory than the GPU has.
+    Memory { layout: String, need_gib: f64, have_gib: f64 },
+    /// No layout of the family divides the model and the batch.
+    Divisibility { reason: String },
+}
+
+/// A family of layouts: which parallel dimensions it uses.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Family {
+    pub name: String,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+/// The search's answer for one GPU count.
+#[derive(Clone, Debug, Serialize)]
+pub struct Found {
+    pub gpus: u32,
+    pub global_batch: u32,
+    /// The fastest layouts that fit, best first.
+    pub best: Vec<Projection>,
+    pub families: Vec<Family>,
+    /// Layouts projected (each schedule of each sharding, recompute variants included).
+    pub evaluated: u64,
+}
+
+fn divisors(n: u32) -> Vec<u32> {
+    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+}
+
+fn family(key: &ShardKey, pp: u32, dp: u32, fsdp: bool) -> String {
+    let mut parts = Vec::new();
+    for (name, v) in [("TP", key.tp), ("PP", pp), ("CP", key.cp), ("EP", key.ep)] {
+        if v > 1 {
+            parts.push(name);
+        }
+    }
+    if fsdp {
+        parts.push("FSDP");
+    } else if dp > 1 {
+        parts.push("DP");
+    }
+    if parts.is_empty() { "single GPU".into() } else { parts.join("+") }
+}
+
+/// Track of one family.
+#[derive(Default)]
+struct Track {
+    best: Option<Projection>,
+    /// The layout needing the least memory, when none fits.
+    least: Option<Projection>,
+    reason: Option<String>,
+}
+
+/// Search the layouts of `pr`'s model on `gpus` GPUs at global batch `gbs`.
+pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: usize) -> Found {
+    let shape = pr.model.shape.clone();
+    let layers = shape.layers;
+    let seq = pr.model.seq_len;
+    let domain = pr.gpu.scale_up_domain;
+    let mut tracks: BTreeMap<String, Track> = BTreeMap::new();
+    let mut found: Vec<Projection> = Vec::new();
+    let mut evaluated = 0u64;
+    let note = |tracks: &mut BTreeMap<String, Track>, fam: &str, why: String| {
+        let t = tracks.entry(fam.to_string()).or_default();
+        t.reason.get_or_insert(why);
+    };
+    let pick = |fixed: Option<u32>, all: Vec<u32>| -> Vec<u32> {
+        match fixed {
+            Some(v) => vec![v],
+            None => all,
+        }
+    };
+    let heads_ok = |tp: u32| {
+        shape.heads.iter().all(|&(h, kv)| h.is_multiple_of(u64::from(tp)) && (kv.is_multiple_of(u64::from(tp)) || u64::from(tp).is_multiple_of(kv)))
+    };
+    let tps = pick(space.tp, divisors(gpus).into_iter().filter(|&t| t <= domain && heads_ok(t)).collect());
+    let cps = pick(space.cp, [1u32, 2, 4, 8, 16].into_iter().filter(|&c| seq.is_multiple_of(2 * c) || c == 1).collect());
+    let eps: Vec<u32> = if shape.experts > 0 {
+        pick(space.ep, divisors(shape.experts as u32).into_iter().filter(|&e| e <= gpus).collect())
+    } else {
+        vec![1]
+    };
+    let mbss = pick(space.mbs, vec![1, 2, 4, 8]);
+    for &tp in &tps {
+        for &cp in &cps {
+            if !gpus.is_multiple_of(tp * cp) {
+                continue;
+            }
+            let rest = gpus / (tp * cp);
+            for &ep in &eps {
+                let etps = pick(space.etp, if tp > 1 { vec![1, tp] } else { vec![1] });
+                for &etp in &etps {
+                    for &mbs in &mbss {
+                        let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
+                        let costed = match pr.costed(key) {
+                            Ok(c) => c,
+                            Err(e) => {
+                                let fam = family(&key, 1, rest, false);
+                                note(&mut tracks, &fam, e);
+                                continue;
+                            }
+                        };
+                        for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers).collect()) {
+                            if !rest.is_multiple_of(pp) {
+                                continue;
+                            }
+                            let dp = rest / pp;
+                            let vps = pick(
+                                space.vp,
+                                if pp > 1 { (1..=16).filter(|v| pp * v <= layers).collect() } else { vec![1] },
+                            );
+                            for &vp in &vps {
+                                for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
+                                    if fsdp && dp * cp == 1 {
+                                        continue;
+                                    }
+                                    let fam = family(&key, pp, dp, fsdp);
+                                    let sched = Schedule {
+                                        pp,
+                                        vp,
+                                        dp,
+                                        global_batch: gbs,
+                                        recompute: space.recompute.unwrap_or(RecomputePolicy::None),
+                                        recompute_layers: 0,
+                                        distributed_optimizer: !fsdp,
+                                        fsdp,
+                                        tp_overlap: tp > 1,
+                                        ep_overlap: ep > 1,
+                                        dp_overlap: true,
+                                        grad_fp32: false,
+                                    };
+                                    let r = fitting(costed, sched, layers, space.recompute.is_none(), &mut evaluated);
+                                    let t = tracks.entry(fam.clone()).or_default();
+                                    match r {
+                                        Err(Reject::Divisibility(why)) => {
+                                            t.reason.get_or_insert(why);
+                                        }
+                                        Err(Reject::Memory { .. }) => {}
+                                        Ok(p) if p.fits => {
+                                            if t.best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
+                                                t.best = Some(p.clone());
+                                            }
+                                            found.push(p);
+                                        }
+                                        Ok(p) => {
+                                            if t.least.as_ref().is_none_or(|b| p.memory.total < b.memory.total) {
+                                                t.least = Some(p);
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    found.sort_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s));
+    let winner = found.first().map(|p| p.step_time_s);
+    let mut families: Vec<Family> = tracks
+        .into_iter()
+        .map(|(name, t)| {
+            let verdict = match (&t.best, &t.least, winner) {
+                (Some(b), _, Some(w)) if b.step_time_s <= w => {
+                    Verdict::Best { layout: b.layout.short(), step_time_s: b.step_time_s }
+                }
+                (Some(b), _, Some(w)) => {
+                    Verdict::Speed { layout: b.layout.short(), step_time_s: b.step_time_s, slower: b.step_time_s / w }
+                }
+                (None, Some(l), _) => Verdict::Memory { layout: l.layout.short(), need_gib: l.memory.total, have_gib: l.memory.capacity },
+                _ => Verdict::Divisibility { reason: t.reason.unwrap_or_else(|| "no layout of this family divides the model and batch".into()) },
+            };
+            Family { name, verdict }
+        })
+        .collect();
+    families.sort_by(|a, b| order(&a.verdict).total_cmp(&order(&b.verdict)).then(a.name.cmp(&b.name)));
+    // Keep distinct layouts only (recompute variants can coincide).
+    found.dedup_by(|a, b| a.layout == b.layout);
+    found.truncate(top.max(1));
+    Found { gpus, global_batch: gbs, best: found, families, evaluated }
+}
+
+fn order(v: &Verdict) -> f64 {
+    match v {
+        Verdict::Best { .. } => 0.0,
+        Verdict::Speed { slower, .. } => *slower,
+        Verdict::Memory { need_gib, .. } => 1e6 + need_gib,
+        Verdict::Divisibility { .. } => 1e12,
+    }
+}
+
+/// Project `s`; if it does not fit and recompute is the search's to choose, find the
+/// fewest layers per chunk whose full recompute makes it fit (binary search: memory
+/// falls and time grows with every layer recomputed).
+fn fitting(c: &Costed, s: Schedule, layers: u32, choose: bool, evaluated: &mut u64) -> Result<Projection, Reject> {
+    *evaluated += 1;
+    let first = c.evaluate(&s)?;
+    if first.fits || !choose {
+        return Ok(first);
+    }
+    let chunk = layers.div_ceil(s.pp * s.vp);
+    let at = |n: u32, evaluated: &mut u64| {
+        *evaluated += 1;
+        let r = RecomputePolicy::Full;
+        c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, ..s })
+    };
+    let all = at(chunk, evaluated)?;
+    if !all.fits {
+        return Ok(all);
+    }
+    let (mut lo, mut hi) = (0u32, chunk);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if at(mid, evaluated)?.fits { hi = mid } else { lo = mid }
+    }
+    at(hi, evaluated)
+}

@@ -1,0 +1,653 @@
+//! A training step composed from its parts: the per-layer costs of a [`Template`]
+//! timed under a precision [`Plan`] on a device ([`Costed`]), then a [`Schedule`]
+//! (pipeline stages and virtual chunks, data parallelism, gradient accumulation,
+//! recompute, distributed optimizer or FSDP, overlaps) turned into a step time, its
+//! breakdown and the memory each GPU needs ([`Costed::evaluate`]).
+//!
+//! The schedule model (Narayanan et al. 2021, Korthikanti et al. 2022; Megatron-LM):
+//! - Layers split into pp·vp chunks as `runner_graph::shard` splits them (the first
+//!   chunks take one layer more); chunk c runs on stage c mod pp; the embedding side
+//!   runs on the first stage, the head side on the last.
+//! - 1F1B with m = GBS/(mbs·dp) micro-batches: m × the slowest stage's micro-batch time,
+//!   plus the fill and drain bubble (pp−1)/vp × the mean stage time.
+//! - Per micro-batch and stage, each chunk sends its activations forward and its input
+//!   gradients back; overlapped as overlap_p2p_comm overlaps them except for the fill and
+//!   drain, whose sends are on the critical path.
+//! - Data-parallel gradients (BF16 as NVIDIA's performance recipes reduce them, or fp32
+//!   with `grad_fp32`) over the dp·cp ranks holding the same dense weights, and the expert-data-parallel ranks for experts: an all-reduce,
+//!   or with the distributed optimizer a reduce-scatter plus an all-gather of the BF16
+//!   parameters, hidden behind one micro-batch's backward (and forward) when overlapped
+//!   except for the last gradient bucket (Megatron's max(40M, 1M·dp) elements);
+//!   FSDP gathers parameters twice and reduce-scatters gradients every micro-batch,
+//!   hidden behind that micro-batch's compute.
+//! - The optimizer (AdamW, fp32 master weights and moments) is memory-bound over the
+//!   rank's shard; low-precision weight casts happen once per step.
+//! - Memory per GPU: BF16 weights, BF16 (or fp32) gradient buffers and 12 bytes of fp32
+//!   master weights and AdamW moments per parameter (sharded over dp·cp with the distributed optimizer, everything sharded
+//!   with FSDP), cast weight copies of low-precision GEMMs, and activations of the
+//!   micro-batches in flight (1F1B: pp−s on stage s; interleaved: Megatron's warm-up
+//!   count of chunks), plus allocator slack; the stage needing most decides.
+
+use serde::Serialize;
+
+use runner_graph::OpKind;
+use runner_graph::recompute::RecomputePolicy;
+
+use crate::comm::Placement;
+use crate::model::Model;
+use crate::precision::Plan;
+use crate::profile::{GIB, GpuProfile};
+use crate::template::{Measured, PartTime, Rates, ShardKey, Template};
+
+/// What a layout decides beyond the shapes of a rank's layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Schedule {
+    pub pp: u32,
+    pub vp: u32,
+    pub dp: u32,
+    pub global_batch: u32,
+    pub recompute: RecomputePolicy,
+    /// With full recompute: layers per pipeline chunk recomputed (Megatron's block
+    /// method, the first ones of each chunk); 0: every layer.
+    pub recompute_layers: u32,
+    pub distributed_optimizer: bool,
+    pub fsdp: bool,
+    /// Megatron's TP communication overlap (userbuffers).
+    pub tp_overlap: bool,
+    /// Expert-parallel all-to-all overlapped with another micro-batch's compute.
+    pub ep_overlap: bool,
+    /// Gradient reduce-scatter (and parameter all-gather) overlapped with the backward
+    /// (and forward).
+    pub dp_overlap: bool,
+    /// Gradient buffers and their reduction in fp32 (Megatron's grad_reduce_in_fp32);
+    /// otherwise BF16, as NVIDIA's performance recipes run.
+    pub grad_fp32: bool,
+}
+
+/// A complete layout: the sharding and the schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct LayoutSpec {
+    pub tp: u32,
+    pub pp: u32,
+    pub cp: u32,
+    pub vp: u32,
+    pub ep: u32,
+    pub etp: u32,
+    pub dp: u32,
+    pub mbs: u32,
+    pub gbs: u32,
+    pub sequence_parallel: bool,
+    pub fsdp: bool,
+    pub recompute: RecomputePolicy,
+    pub recompute_layers: u32,
+    pub distributed_optimizer: bool,
+    pub tp_overlap: bool,
+    pub ep_overlap: bool,
+    pub dp_overlap: bool,
+    pub grad_fp32: bool,
+}
+
+impl LayoutSpec {
+    pub fn new(key: ShardKey, s: Schedule) -> LayoutSpec {
+        LayoutSpec {
+            tp: key.tp,
+            pp: s.pp,
+            cp: key.cp,
+            vp: s.vp,
+            ep: key.ep,
+            etp: key.etp,
+            dp: s.dp,
+            mbs: key.mbs,
+            gbs: s.global_batch,
+            sequence_parallel: key.sp,
+            fsdp: s.fsdp,
+            recompute: s.recompute,
+            recompute_layers: s.recompute_layers,
+            distributed_optimizer: s.distributed_optimizer,
+            tp_overlap: s.tp_overlap,
+            ep_overlap: s.ep_overlap,
+            dp_overlap: s.dp_overlap,
+            grad_fp32: s.grad_fp32,
+        }
+    }
+
+    pub fn key(&self) -> ShardKey {
+        ShardKey { tp: self.tp, cp: self.cp, ep: self.ep, etp: self.etp, sp: self.sequence_parallel, mbs: self.mbs }
+    }
+
+    pub fn schedule(&self) -> Schedule {
+        Schedule {
+            pp: self.pp,
+            vp: self.vp,
+            dp: self.dp,
+            global_batch: self.gbs,
+            recompute: self.recompute,
+            recompute_layers: self.recompute_layers,
+            distributed_optimizer: self.distributed_optimizer,
+            fsdp: self.fsdp,
+            tp_overlap: self.tp_overlap,
+            ep_overlap: self.ep_overlap,
+            dp_overlap: self.dp_overlap,
+            grad_fp32: self.grad_fp32,
+        }
+    }
+
+    pub fn gpus(&self) -> u64 {
+        u64::from(self.tp) * u64::from(self.pp) * u64::from(self.cp) * u64::from(self.dp)
+    }
+
+    /// The parallel degrees and batch, for narrow tables: "TP4 PP4 CP2 VP5 MBS1 GBS128".
+    pub fn compact(&self) -> String {
+        let mut s = format!("TP{} PP{}", self.tp, self.pp);
+        for (name, v) in [("CP", self.cp), ("VP", self.vp), ("EP", self.ep), ("ETP", self.etp)] {
+            if v > 1 {
+                s += &format!(" {name}{v}");
+            }
+        }
+        s += &format!(" MBS{} GBS{}", self.mbs, self.gbs);
+        if self.fsdp {
+            s += " FSDP";
+        }
+        match self.recompute {
+            RecomputePolicy::None => {}
+            RecomputePolicy::Selective => s += " RC-sel",
+            RecomputePolicy::Full if self.recompute_layers > 0 => s += &format!(" RC{}", self.recompute_layers),
+            RecomputePolicy::Full => s += " RC",
+        }
+        s
+    }
+
+    /// Megatron-style short form: "TP4 PP4 CP2 VP5 DP2 MBS1 GBS128 RC-full".
+    pub fn short(&self) -> String {
+        let mut s = format!("TP{} PP{}", self.tp, self.pp);
+        if self.cp > 1 {
+            s += &format!(" CP{}", self.cp);
+        }
+        if self.vp > 1 {
+            s += &format!(" VP{}", self.vp);
+        }
+        if self.ep > 1 {
+            s += &format!(" EP{}", self.ep);
+        }
+        if self.etp > 1 {
+            s += &format!(" ETP{}", self.etp);
+        }
+        s += &format!(" DP{} MBS{} GBS{}", self.dp, self.mbs, self.gbs);
+        if self.fsdp {
+            s += " FSDP";
+        }
+        match self.recompute {
+            RecomputePolicy::None => {}
+            RecomputePolicy::Selective => s += " RC-sel",
+            RecomputePolicy::Full if self.recompute_layers > 0 => s += &format!(" RC-full:{}", self.recompute_layers),
+            RecomputePolicy::Full => s += " RC-full",
+        }
+        s
+    }
+}
+
+/// Where a step's time goes, seconds (they sum to the step time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Breakdown {
+    /// Forward and backward compute of the slowest stage, all micro-batches, and the
+    /// once-per-step low-precision weight casts.
+    pub compute: f64,
+    pub recompute: f64,
+    /// Exposed (not hidden) communication.
+    pub tp: f64,
+    pub cp: f64,
+    pub ep: f64,
+    pub pp: f64,
+    pub dp: f64,
+    /// Pipeline fill and drain.
+    pub bubble: f64,
+    pub optimizer: f64,
+}
+
+impl Breakdown {
+    pub fn total(&self) -> f64 {
+        self.compute + self.recompute + self.tp + self.cp + self.ep + self.pp + self.dp + self.bubble + self.optimizer
+    }
+}
+
+/// Memory of the most loaded GPU, GiB.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Memory {
+    pub weights: f64,
+    pub gradients: f64,
+    pub optimizer: f64,
+    pub activations: f64,
+    /// Context, NCCL and workspaces the profile reserves.
+    pub reserved: f64,
+    pub total: f64,
+    pub capacity: f64,
+    /// The pipeline stage it is on.
+    pub stage: u32,
+}
+
+/// A projected step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Projection {
+    pub layout: LayoutSpec,
+    pub gpus: u64,
+    pub step_time_s: f64,
+    pub tokens_per_sec_per_gpu: f64,
+    pub model_tflops_per_gpu: f64,
+    /// Against the dense peak of the plan's low-precision format (BF16 for BF16 runs),
+    /// as NVIDIA's recipes define it.
+    pub mfu: f64,
+    pub memory_per_gpu_gib: f64,
+    pub fits: bool,
+    pub memory: Memory,
+    pub breakdown: Breakdown,
+    pub micro_batches: u32,
+}
+
+/// One model layer's (or side's) costs per micro-batch under every choice the schedule
+/// makes, seconds and bytes.
+#[derive(Clone, Copy, Debug, Default)]
+struct LayerCost {
+    compute: f64,
+    fwd: f64,
+    bwd: f64,
+    weight_cast: f64,
+    /// Per overlap setting (see [`overlap_index`]) and recompute policy.
+    recompute: [[f64; 3]; 4],
+    /// Exposed tp, cp, ep per overlap setting.
+    exposed: [[f64; 3]; 4],
+    activations: [f64; 3],
+    dense: f64,
+    expert: f64,
+    low_weights: f64,
+}
+
+impl LayerCost {
+    fn new(t: &PartTime, part: &crate::template::Part, rates: &Rates) -> LayerCost {
+        let mut c = LayerCost {
+            compute: t.fwd + t.bwd,
+            fwd: t.fwd,
+            bwd: t.bwd,
+            weight_cast: t.weight_cast,
+            activations: part.activations,
+            dense: part.dense_params,
+            expert: part.expert_params,
+            low_weights: t.low_precision_weights,
+            ..LayerCost::default()
+        };
+        for ov in 0..4 {
+            c.exposed[ov] = t.exposed(rates, ov & 1 == 1, ov & 2 == 2);
+            for (i, p) in [RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full].into_iter().enumerate() {
+                c.recompute[ov][i] = t.recompute(p, c.exposed[ov]);
+            }
+        }
+        c
+    }
+
+    fn time(&self, policy: usize, ov: usize) -> f64 {
+        self.compute + self.recompute[ov][policy] + self.exposed[ov].iter().sum::<f64>()
+    }
+}
+
+/// A template timed on a device under a plan: per model layer, ready for any schedule.
+pub struct Costed {
+    pub key: ShardKey,
+    layers: Vec<LayerCost>,
+    pre: LayerCost,
+    post: LayerCost,
+    tied: f64,
+    stage_message_bytes: f64,
+    rates: Rates,
+    capacity: f64,
+    reserved: f64,
+    slack: f64,
+    peak: f64,
+    flops_per_sequence: f64,
+    seq_len: u32,
+    /// Prefix sums over layers: time per (policy, overlap), and activations per policy.
+    time_prefix: [[Vec<f64>; 4]; 3],
+    act_prefix: [Vec<f64>; 3],
+}
+
+/// Index of an overlap setting: bit 0 TP overlap, bit 1 EP overlap.
+fn overlap_index(s: &Schedule) -> usize {
+    usize::from(s.tp_overlap) | (usize::from(s.ep_overlap) << 1)
+}
+
+fn policy_index(p: RecomputePolicy) -> usize {
+    match p {
+        RecomputePolicy::None => 0,
+        RecomputePolicy::Selective => 1,
+        RecomputePolicy::Full => 2,
+    }
+}
+
+fn prefix(v: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut out = vec![0.0];
+    let mut acc = 0.0;
+    for x in v {
+        acc += x;
+        out.push(acc);
+    }
+    out
+}
+
+/// Why a layout cannot run, for the search's rejection report.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub enum Reject {
+    /// Degrees that do not divide what they split.
+    Divisibility(String),
+    /// Needs more memory than the GPU has (GiB needed, GiB available).
+    Memory { need_gib: f64, have_gib: f64, stage: u32 },
+}
+
+impl std::fmt::Display for Reject {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Reject::Divisibility(m) => f.write_str(m),
+            Reject::Memory { need_gib, have_gib, stage } => {
+                write!(f, "needs {need_gib:.1} GiB per GPU (stage {stage}) but the GPU has {have_gib:.1} GiB")
+            }
+        }
+    }
+}
+
+impl Costed {
+    /// Time `template` (built from `model`) on `gpu` under `plan`.
+    ///
+    /// # Errors
+    /// The plan uses a format the GPU has no tensor-core path for.
+    pub fn new(model: &Model, template: &Template, plan: &Plan, gpu: &GpuProfile, measured: &Measured) -> Result<Costed, String> {
+        for (f, share) in &plan.coverage {
+            if *share > 0.0 {
+                gpu.peak_flops(*f)?;
+            }
+        }
+        let rates = Rates::new(gpu);
+        let d = &model.depth;
+        let mut by_rep: Vec<Option<(Vec<String>, LayerCost)>> = vec![None; template.layers.len()];
+        let mut layers = Vec::with_capacity(d.len());
+        for p in 0..d.len() {
+            let rep = model.rep(p);
+            let names = &d.gemm_names[p];
+            // Layers of one class usually share their formats: reuse the costing.
+            let cost = match &by_rep[rep] {
+                Some((n, c)) if plan_formats_equal(plan, n, names) => *c,
+                _ => {
+                    let part = &template.layers[rep];
+                    let c = LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &rates);
+                    by_rep[rep] = Some((names.clone(), c));
+                    c
+                }
+            };
+            layers.push(cost);
+        }
+        let side = |part: &crate::template::Part, names: &[String]| {
+            LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &rates)
+        };
+        let pre = side(&template.pre, &d.pre_gemms);
+        let post = side(&template.post, &d.post_gemms);
+        let time_prefix = std::array::from_fn(|pol| std::array::from_fn(|ov| prefix(layers.iter().map(|l| l.time(pol, ov)))));
+        let act_prefix = std::array::from_fn(|pol| prefix(layers.iter().map(|l| l.activations[pol])));
+        Ok(Costed {
+            key: template.key,
+            layers,
+            pre,
+            post,
+            tied: template.post.tied_params,
+            stage_message_bytes: template.stage_message_bytes,
+            rates,
+            capacity: gpu.memory_gib,
+            reserved: gpu.efficiency.reserved_gib,
+            slack: gpu.efficiency.allocator_slack,
+            peak: gpu.peak_flops(plan.recipe.format())?,
+            flops_per_sequence: model.flops_per_sequence,
+            seq_len: model.seq_len,
+            time_prefix,
+            act_prefix,
+        })
+    }
+
+    /// Project one schedule.
+    ///
+    /// # Errors
+    /// The schedule's degrees do not divide what they split ([`Reject::Divisibility`]).
+    /// A layout that does not fit in memory is still projected, with `fits: false`.
+    pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
+        let key = self.key;
+        let layers = self.layers.len();
+        let (pp, vp, dp) = (s.pp.max(1) as usize, s.vp.max(1) as usize, s.dp.max(1));
+        let chunks = pp * vp;
+        if vp > 1 && pp == 1 {
+            return Err(Reject::Divisibility("vp > 1 needs pp > 1".into()));
+        }
+        if chunks > layers {
+            return Err(Reject::Divisibility(format!("pp·vp = {chunks} chunks exceed the {layers} layers")));
+        }
+        let per_step = u64::from(key.mbs) * u64::from(dp);
+        if s.global_batch == 0 || !u64::from(s.global_batch).is_multiple_of(per_step) {
+            return Err(Reject::Divisibility(format!(
+                "GBS {} is not a multiple of MBS·DP = {per_step}",
+                s.global_batch
+            )));
+        }
+        let m = (u64::from(s.global_batch) / per_step) as u32;
+        if vp > 1 && !(m as usize).is_multiple_of(pp) {
+            return Err(Reject::Divisibility(format!(
+                "the interleaved schedule needs the {m} micro-batches to be a multiple of pp = {pp}"
+            )));
+        }
+        let stage_gpus = key.tp * key.cp * dp;
+        if !stage_gpus.is_multiple_of(key.ep * key.etp) {
+            return Err(Reject::Divisibility(format!(
+                "ep·etp = {} does not divide tp·cp·dp = {stage_gpus}",
+                key.ep * key.etp
+            )));
+        }
+        let base = policy_index(s.recompute);
+        let ov = overlap_index(s);
+        let (per, extra) = (layers / chunks, layers % chunks);
+        let start = |c: usize| c * per + c.min(extra);
+        // Full recompute of the first n layers of each chunk (block method), none for
+        // the rest; n = 0 means every layer.
+        let partial = s.recompute == RecomputePolicy::Full && s.recompute_layers > 0;
+        let split = |c: usize| {
+            let (a, b) = (start(c), start(c + 1));
+            if partial { (a, (a + s.recompute_layers as usize).min(b), b) } else { (a, b, b) }
+        };
+        let rest = if partial { 0 } else { base };
+        // Per stage: time per micro-batch, activations, parameters, and the parts of the
+        // time for the breakdown.
+        let mut t = vec![0.0; pp];
+        let mut acts = vec![0.0; pp];
+        let mut params = vec![(0.0f64, 0.0f64, 0.0f64); pp];
+        let mut comp = vec![[0.0f64; 6]; pp];
+        for c in 0..chunks {
+            let st = c % pp;
+            let (a, m_, b) = split(c);
+            let tp_ = &self.time_prefix;
+            t[st] += tp_[base][ov][m_] - tp_[base][ov][a] + tp_[rest][ov][b] - tp_[rest][ov][m_];
+            acts[st] += self.act_prefix[base][m_] - self.act_prefix[base][a] + self.act_prefix[rest][b] - self.act_prefix[rest][m_];
+            for (j, l) in self.layers[a..b].iter().enumerate() {
+                let pol = if a + j < m_ { base } else { rest };
+                accumulate(&mut comp[st], &mut params[st], l, pol, ov);
+            }
+        }
+        for (st, pt) in t.iter_mut().enumerate() {
+            if st == 0 {
+                accumulate(&mut comp[st], &mut params[st], &self.pre, base, ov);
+                *pt += self.pre.time(base, ov);
+            }
+            if st == pp - 1 {
+                accumulate(&mut comp[st], &mut params[st], &self.post, base, ov);
+                *pt += self.post.time(base, ov);
+                if pp > 1 {
+                    params[st].0 += self.tied;
+                }
+            }
+        }
+        let pol = base;
+        let crit = (0..pp).max_by(|&a, &b| t[a].total_cmp(&t[b])).unwrap_or(0);
+        let t_max = t[crit];
+        let t_mean = t.iter().sum::<f64>() / pp as f64;
+        let mf = f64::from(m);
+        let bubble = (pp as f64 - 1.0) / vp as f64 * t_mean;
+        let fabric = &self.rates.fabric;
+        // Pipeline sends: 2 per chunk per micro-batch (activation forward, gradient back).
+        let pp_exposed = if pp > 1 {
+            let msg = fabric.time(OpKind::Send, self.stage_message_bytes, Placement { size: 2, stride: stage_gpus });
+            mf * 2.0 * vp as f64 * msg * (1.0 - self.rates.pp_overlap) + 2.0 * (pp as f64 - 1.0) * msg
+        } else {
+            0.0
+        };
+        // Data parallelism over the critical stage's parameters.
+        let (dense, expert, _) = params[crit];
+        let dpg = Placement { size: dp * key.cp, stride: key.tp };
+        let edp = stage_gpus / (key.ep * key.etp);
+        let edpg = Placement { size: edp, stride: key.ep * key.etp };
+        let stage_fwd = self.stage_sum(crit, pp, chunks, start, |l| l.fwd);
+        let stage_bwd = self.stage_sum(crit, pp, chunks, start, |l| l.bwd);
+        let grads = |kind: OpKind, bytes_per: f64| {
+            fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
+        };
+        let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
+        let dp_exposed = if s.fsdp {
+            let per_mb = 2.0 * grads(OpKind::AllGather, 2.0) + grads(OpKind::ReduceScatter, gb);
+            let layers_here = (self.stage_count(crit, pp, chunks, start)).max(1) as f64;
+            mf * (per_mb - t_max).max(0.0) + per_mb / layers_here
+        } else {
+            // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
+            // backward produces them; the last bucket's reduction (and the first
+            // bucket's parameter gather) has nothing left to hide behind.
+            let bucket = (40e6f64).max(1e6 * f64::from(dp * key.cp)).min(dense + expert);
+            let tail = |kind: OpKind, bytes_per: f64| fabric.time(kind, bytes_per * bucket, dpg);
+            if s.distributed_optimizer {
+                let rs = grads(OpKind::ReduceScatter, gb);
+                let ag = grads(OpKind::AllGather, 2.0);
+                if s.dp_overlap {
+                    (rs - stage_bwd).max(tail(OpKind::ReduceScatter, gb)) + (ag - stage_fwd).max(tail(OpKind::AllGather, 2.0))
+                } else {
+                    rs + ag
+                }
+            } else {
+                let ar = grads(OpKind::AllReduce, gb);
+                if s.dp_overlap { (ar - stage_bwd).max(tail(OpKind::AllReduce, gb)) } else { ar }
+            }
+        };
+        // AdamW over the shard: fp32 master, two moments and the gradient read and
+        // written (28 B), plus the full gradient buffer zeroed and its norm taken (8 B).
+        let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer { n / f64::from(g.max(1)) } else { n };
+        let local = shard(dense, dp * key.cp) + shard(expert, edp);
+        let optimizer = (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm;
+        let casts = comp[crit][5];
+        let breakdown = Breakdown {
+            compute: mf * comp[crit][0] + casts,
+            recompute: mf * comp[crit][1],
+            tp: mf * comp[crit][2],
+            cp: mf * comp[crit][3],
+            ep: mf * comp[crit][4],
+            pp: pp_exposed,
+            dp: dp_exposed,
+            bubble,
+            optimizer,
+        };
+        let step = breakdown.total();
+        // Memory, the most loaded stage.
+        let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
+        for (st, &(d, e, lw)) in params.iter().enumerate() {
+            let n_dense = f64::from(dp * key.cp);
+            let n_exp = f64::from(edp);
+            let (w, g, o) = if s.fsdp {
+                let big = self.layers.iter().map(|l| l.dense + l.expert).fold(0.0, f64::max);
+                let shard = d / n_dense + e / n_exp;
+                (2.0 * shard + 2.0 * 2.0 * big, gb * shard + gb * big, 12.0 * shard)
+            } else if s.distributed_optimizer {
+                (2.0 * (d + e), gb * (d + e), 12.0 * (d / n_dense + e / n_exp))
+            } else {
+                (2.0 * (d + e), gb * (d + e), 12.0 * (d + e))
+            };
+            // One cast copy of each low-precision GEMM weight stays resident.
+            let w = w + lw;
+            let a = self.in_flight(st, pp, vp, m) * acts[st]
+                + if st == 0 { self.in_flight(0, pp, vp, m) * self.pre.activations[pol] } else { 0.0 }
+                + if st == pp - 1 { self.post.activations[pol] } else { 0.0 };
+            let a = a * (1.0 + self.slack);
+            let total = (w + g + o + a) / GIB + self.reserved;
+            if total > worst.total {
+                worst = Memory {
+                    weights: w / GIB,
+                    gradients: g / GIB,
+                    optimizer: o / GIB,
+                    activations: a / GIB,
+                    reserved: self.reserved,
+                    total,
+                    capacity: self.capacity,
+                    stage: st as u32,
+                };
+            }
+        }
+        let gpus = u64::from(stage_gpus) * pp as u64;
+        let sequences = f64::from(s.global_batch);
+        let n = gpus as f64;
+        let tflops = self.flops_per_sequence * sequences / step / n / 1e12;
+        Ok(Projection {
+            layout: LayoutSpec::new(key, *s),
+            gpus,
+            step_time_s: step,
+            tokens_per_sec_per_gpu: f64::from(self.seq_len) * sequences / step / n,
+            model_tflops_per_gpu: tflops,
+            mfu: tflops * 1e12 / self.peak,
+            memory_per_gpu_gib: worst.total,
+            fits: worst.total <= worst.capacity,
+            memory: worst,
+            breakdown,
+            micro_batches: m,
+        })
+    }
+
+    /// Micro-batches' worth of a stage's layer activations held at the 1F1B peak:
+    /// pp−s on stage s, or with interleaving Megatron's warm-up count of chunks plus
+    /// one, in stage units (never more than the step has).
+    fn in_flight(&self, s: usize, pp: usize, vp: usize, m: u32) -> f64 {
+        let m = m as usize;
+        if vp <= 1 {
+            return (pp - s).min(m) as f64;
+        }
+        let warmup = ((pp - s - 1) * 2 + (vp - 1) * pp).min(m * vp);
+        ((warmup + 1).min(m * vp)) as f64 / vp as f64
+    }
+
+    fn stage_sum(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize, f: impl Fn(&LayerCost) -> f64) -> f64 {
+        let mut v = 0.0;
+        for c in (st..chunks).step_by(pp) {
+            v += self.layers[start(c)..start(c + 1)].iter().map(&f).sum::<f64>();
+        }
+        if st == 0 {
+            v += f(&self.pre);
+        }
+        if st == pp - 1 {
+            v += f(&self.post);
+        }
+        v
+    }
+
+    fn stage_count(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize) -> usize {
+        (st..chunks).step_by(pp).map(|c| start(c + 1) - start(c)).sum()
+    }
+}
+
+/// Add one layer's parts to a stage's breakdown and parameter sums.
+fn accumulate(comp: &mut [f64; 6], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize) {
+    comp[0] += l.compute;
+    comp[1] += l.recompute[ov][pol];
+    for i in 0..3 {
+        comp[2 + i] += l.exposed[ov][i];
+    }
+    comp[5] += l.weight_cast;
+    params.0 += l.dense;
+    params.1 += l.expert;
+    params.2 += l.low_weights;
+}
+
+fn plan_formats_equal(plan: &Plan, a: &[String], b: &[String]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| plan.formats(x) == plan.formats(y))
+}

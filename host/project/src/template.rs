@@ -1,0 +1,471 @@
+//! One rank's work for a sharding choice, read off the sharded graph: per layer, its
+//! GEMMs, attention cores, memory-bound bytes, collectives, stored activations and
+//! parameters ([`Template::build`]), then timed on a device ([`Template::time`]).
+//!
+//! The graph is the executor's own: the reduced-depth logical graph of [`crate::depth`]
+//! sharded by `runner_graph::shard` for tp, cp, ep, etp and sequence parallelism at one
+//! pipeline stage (pp and dp change which layers a rank holds and how often it runs
+//! them, not a layer's shape, so [`crate::step`] composes them). FLOPs and bytes come
+//! from `runner_graph::count`, stored activations from `runner_graph::recompute`, and
+//! collectives from [`crate::comm::comm_volume`]: counting, running and projecting read
+//! the same graph.
+//!
+//! Per-op time is a roofline: a GEMM takes the longer of its FLOPs at the format's peak
+//! times an efficiency that grows with the GEMM's size (FLOPs per call, each expert of a
+//! grouped GEMM a call), and its bytes at the achieved HBM bandwidth; attention cores
+//! run at the attention efficiency against the BF16 peak (FlashAttention keeps them in
+//! BF16 in every recipe); elementwise ops, norms, the loss, routing and the recipe's
+//! casts move bytes at the achieved HBM bandwidth. Times measured on the device replace
+//! the roofline op by op where a [`Measured`] table has them.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::Serialize;
+
+use runner_graph::count::{self, AttentionFlops};
+use runner_graph::recompute::{RecomputePolicy, layer_bytes};
+use runner_graph::shard::{Layout, Place, RankCoord, partition, shard};
+use runner_graph::{Graph, OpKind, TensorKind};
+
+use crate::comm::{Fabric, Placement, comm_volume};
+use crate::precision::{GemmRole, Plan, SiteFormats};
+use crate::profile::{GemmFormat, GpuProfile};
+
+/// The sharding choices that change the shape of a rank's layers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct ShardKey {
+    pub tp: u32,
+    pub cp: u32,
+    pub ep: u32,
+    pub etp: u32,
+    pub sp: bool,
+    pub mbs: u32,
+}
+
+/// Which parallel group a collective runs over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Group {
+    Tp,
+    Cp,
+    Ep,
+    Etp,
+}
+
+/// One GEMM op of a layer (forward numbers; its two backward GEMMs have the same FLOPs).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Gemm {
+    /// Its logical name (how precision plans name it).
+    pub name: String,
+    pub flops: f64,
+    /// FLOPs of one kernel call: the whole op, or one local expert of a grouped GEMM.
+    pub call_flops: f64,
+    /// Forward bytes read and written.
+    pub bytes: f64,
+    /// Elements of its input, weight and output (what a low-precision recipe casts).
+    pub x: f64,
+    pub w: f64,
+    pub y: f64,
+}
+
+/// One collective and its backward twin.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comm {
+    pub group: Group,
+    pub kind: OpKind,
+    pub bytes: f64,
+    pub backward: Option<OpKind>,
+}
+
+/// What a layer (or the embedding side, or the head side) of one rank does per
+/// micro-batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Part {
+    pub gemms: Vec<Gemm>,
+    /// Attention cores: (name, forward FLOPs over unmasked keys, bytes).
+    pub attention: Vec<(String, f64, f64)>,
+    /// Memory-bound ops (norms, activations, rotary, residual adds, embedding gathers,
+    /// routing, the loss): (name, forward bytes).
+    pub vector: Vec<(String, f64)>,
+    pub comm: Vec<Comm>,
+    /// Stored activation bytes per micro-batch under none, selective, full recompute.
+    pub activations: [f64; 3],
+    /// Parameter elements this rank holds: dense, and routed-expert.
+    pub dense_params: f64,
+    pub expert_params: f64,
+    /// Elements of weights this part shares with the embedding side (a tied output head):
+    /// counted once on one stage, on both the first and the last stage when pp > 1.
+    pub tied_params: f64,
+}
+
+/// A rank's parts for one [`ShardKey`]: the embedding side, each layer of the reduced
+/// graph, the head side.
+#[derive(Clone, Debug)]
+pub struct Template {
+    pub key: ShardKey,
+    pub pre: Part,
+    /// Per layer position of the reduced graph.
+    pub layers: Vec<Part>,
+    pub post: Part,
+    /// Bytes of one pipeline send (the residual stream between stages, this rank's share).
+    pub stage_message_bytes: f64,
+}
+
+fn policy_index(p: RecomputePolicy) -> usize {
+    match p {
+        RecomputePolicy::None => 0,
+        RecomputePolicy::Selective => 1,
+        RecomputePolicy::Full => 2,
+    }
+}
+
+/// The data-parallel size the template shards with: the smallest that lets ep·etp
+/// divide tp·cp·dp (a rank's graph does not otherwise depend on dp).
+fn min_dp(key: &ShardKey) -> u32 {
+    let stage = key.tp * key.cp;
+    let experts = key.ep * key.etp;
+    (1..=experts.max(1)).find(|d| (stage * d).is_multiple_of(experts.max(1))).unwrap_or(experts.max(1))
+}
+
+impl Template {
+    /// Shard `reduced` (the reduced-depth logical graph built for micro-batch
+    /// `key.mbs`) for `key` and read off each part.
+    ///
+    /// # Errors
+    /// The sharding does not fit the graph (`Layout::validate`'s message).
+    pub fn build(reduced: &Graph, depth_layers: &[i32], key: ShardKey) -> Result<Template, String> {
+        let dp = min_dp(&key);
+        let layout = Layout {
+            tp: key.tp,
+            pp: 1,
+            cp: key.cp,
+            ep: key.ep,
+            etp: key.etp,
+            dp,
+            vp: 1,
+            sequence_parallel: key.sp,
+            fsdp: false,
+            micro_batch: key.mbs,
+            global_batch: key.mbs * dp,
+        };
+        let sh = shard(reduced, &layout, RankCoord::default())?;
+        let g = &sh.graph;
+        let (places, layers) = partition(g);
+        // Layers beyond the model's main ones (MTP modules) belong to the head side.
+        let main: HashSet<i32> = depth_layers.iter().copied().collect();
+        let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
+        let mut parts: Vec<Part> = vec![Part::default(); layers.len() + 2];
+        let post = layers.len() + 1;
+        let part_of = |i: usize| -> usize {
+            match places[i] {
+                Place::Pre => 0,
+                Place::Layer(l) if main.contains(&l) => 1 + pos[&l],
+                _ => post,
+            }
+        };
+        // Weights: the part of their first reader; expert weights are grouped-linear's.
+        let mut first_reader: HashMap<usize, usize> = HashMap::new();
+        let mut expert: HashSet<usize> = HashSet::new();
+        let mut read_by: HashMap<usize, HashSet<usize>> = HashMap::new();
+        for (i, op) in g.ops.iter().enumerate() {
+            for (j, &x) in op.inputs.iter().enumerate() {
+                if g.tensors[x].kind != TensorKind::Weight {
+                    continue;
+                }
+                first_reader.entry(x).or_insert(part_of(i));
+                read_by.entry(x).or_default().insert(part_of(i));
+                if op.kind == OpKind::GroupedLinear && j == 1 {
+                    expert.insert(x);
+                }
+            }
+        }
+        for (&w, &p) in &first_reader {
+            let n = g.tensors[w].numel() as f64;
+            if expert.contains(&w) {
+                parts[p].expert_params += n;
+            } else {
+                parts[p].dense_params += n;
+            }
+            if p == 0 && read_by[&w].contains(&post) {
+                parts[post].tied_params += n;
+            }
+        }
+        let local_experts = |op: &runner_graph::Op| -> f64 {
+            op.inputs.get(1).and_then(|&w| g.tensors[w].shape.first().copied()).unwrap_or(1).max(1) as f64
+        };
+        for (i, op) in g.ops.iter().enumerate() {
+            let p = &mut parts[part_of(i)];
+            let c = count::op_cost(g, op, AttentionFlops::CausalHalved);
+            match op.kind {
+                OpKind::Linear | OpKind::GroupedLinear => {
+                    let numel = |k: Option<&usize>| k.map_or(0.0, |&t| g.tensors[t].numel() as f64);
+                    let calls = if op.kind == OpKind::GroupedLinear { local_experts(op) } else { 1.0 };
+                    p.gemms.push(Gemm {
+                        name: op.name.clone(),
+                        flops: c.fwd_flops,
+                        call_flops: c.fwd_flops / calls,
+                        bytes: c.bytes,
+                        x: numel(op.inputs.first()),
+                        w: numel(op.inputs.get(1)),
+                        y: numel(op.outputs.first()),
+                    });
+                }
+                OpKind::Attention => p.attention.push((op.name.clone(), c.fwd_flops, c.bytes)),
+                OpKind::AllReduce
+                | OpKind::AllGather
+                | OpKind::ReduceScatter
+                | OpKind::AllToAll
+                | OpKind::Send
+                | OpKind::Recv => {}
+                _ => p.vector.push((op.name.clone(), c.bytes)),
+            }
+        }
+        for c in comm_volume(g) {
+            let group = match c.group.as_str() {
+                "tp" => Group::Tp,
+                "cp" => Group::Cp,
+                "ep" => Group::Ep,
+                "etp" => Group::Etp,
+                other => return Err(format!("a collective over group '{other}' in a single-stage rank graph")),
+            };
+            let i = g.ops.iter().position(|o| o.name == c.op).unwrap_or(0);
+            parts[part_of(i)].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward: c.backward });
+        }
+        for policy in [RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full] {
+            let by: BTreeMap<i32, f64> = layer_bytes(g, policy);
+            for (layer, bytes) in by {
+                let p = if layer >= 0 && main.contains(&layer) { 1 + pos[&layer] } else { post };
+                parts[p].activations[policy_index(policy)] += bytes;
+            }
+        }
+        // The residual stream between stages: (B, T/cp[/tp with SP], C) at its dtype.
+        let stage_message_bytes = g
+            .ops
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| matches!(places[*i], Place::Layer(_)))
+            .filter_map(|(_, op)| op.outputs.last())
+            .last()
+            .map_or(0.0, |&t| g.tensors[t].numel() as f64 * g.tensors[t].dtype.bytes());
+        let post_part = parts.pop().unwrap_or_default();
+        let pre = parts.remove(0);
+        Ok(Template { key, pre, layers: parts, post: post_part, stage_message_bytes })
+    }
+
+    /// Time one part with the GEMM formats of the model layer it stands for: `names`
+    /// are that layer's GEMM names in op order (the part's own when the part is that
+    /// layer), and the part's j-th GEMM takes the plan's formats for `names[j]`.
+    pub fn time_part(&self, part: &Part, names: &[String], plan: &Plan, rates: &Rates, measured: &Measured) -> PartTime {
+        let mut t = PartTime::default();
+        let cast = plan.recipe.cast_bytes_per_element();
+        for (j, gm) in part.gemms.iter().enumerate() {
+            let f: SiteFormats = plan.formats(names.get(j).map_or(gm.name.as_str(), String::as_str));
+            let low = |r: GemmRole| f[r.index()] != GemmFormat::Bf16;
+            let (fwd, bwd) = match measured.get(&gm.name) {
+                Some(m) => m,
+                None => {
+                    let time = |r: GemmRole| rates.gemm(gm.flops, gm.call_flops, gm.bytes, f[r.index()]);
+                    let mut fwd = time(GemmRole::Forward);
+                    let mut bwd = time(GemmRole::InputGradient) + time(GemmRole::WeightGradient);
+                    if low(GemmRole::Forward) || low(GemmRole::WeightGradient) {
+                        fwd += gm.x * cast / rates.hbm;
+                    }
+                    if low(GemmRole::InputGradient) || low(GemmRole::WeightGradient) {
+                        bwd += gm.y * cast / rates.hbm;
+                    }
+                    (fwd, bwd)
+                }
+            };
+            t.fwd += fwd;
+            t.bwd += bwd;
+            t.gemm += fwd + bwd;
+            if low(GemmRole::Forward) || low(GemmRole::InputGradient) {
+                t.weight_cast += gm.w * cast / rates.hbm;
+                t.low_precision_weights += gm.w;
+            }
+        }
+        for (name, flops, bytes) in &part.attention {
+            let (f, b) = measured
+                .get(name)
+                .unwrap_or_else(|| (rates.attention_forward(*flops, *bytes), rates.attention_backward(*flops, *bytes)));
+            t.fwd += f;
+            t.bwd += b;
+            t.attention_fwd += f;
+            t.attention += f + b;
+        }
+        // The backward of a memory-bound op reads its saved input and the incoming
+        // gradient and writes the outgoing one: about twice its forward traffic.
+        for (name, bytes) in &part.vector {
+            let (f, b) = measured.get(name).unwrap_or((bytes / rates.hbm, 2.0 * bytes / rates.hbm));
+            t.fwd += f;
+            t.bwd += b;
+        }
+        for c in &part.comm {
+            let p = rates.placement(&self.key, c.group);
+            let i = match c.group {
+                Group::Tp => 0,
+                Group::Cp => 1,
+                Group::Ep | Group::Etp => 2,
+            };
+            t.comm_fwd[i] += rates.fabric.time(c.kind, c.bytes, p);
+            if let Some(b) = c.backward {
+                t.comm_bwd[i] += rates.fabric.time(b, c.bytes, p);
+            }
+        }
+        t
+    }
+}
+
+/// Per-op times measured on the device the projection targets: forward and backward
+/// seconds per micro-batch, by op name in the rank's graph. Where an op is listed its
+/// measurement replaces the roofline (formats and casts included, as it ran).
+#[derive(Clone, Debug, Default)]
+pub struct Measured {
+    pub ops: HashMap<String, (f64, f64)>,
+}
+
+impl Measured {
+    fn get(&self, name: &str) -> Option<(f64, f64)> {
+        self.ops.get(name).copied()
+    }
+}
+
+/// One part's times per micro-batch, seconds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct PartTime {
+    /// Forward and backward compute (GEMMs, attention, memory-bound ops, activation and
+    /// gradient casts).
+    pub fwd: f64,
+    pub bwd: f64,
+    /// GEMM time forward and backward (what TP communication overlaps with).
+    pub gemm: f64,
+    /// Attention time forward and backward (what CP exchange overlaps with), and forward
+    /// only (what selective recompute repeats).
+    pub attention: f64,
+    pub attention_fwd: f64,
+    /// Weight casts of a low-precision recipe: once per step, not per micro-batch.
+    pub weight_cast: f64,
+    /// Elements of weights read by low-precision GEMMs (their cast copies stay resident
+    /// between micro-batches, as Transformer Engine caches them).
+    pub low_precision_weights: f64,
+    /// Collective time forward and backward: tp, cp, ep (with etp).
+    pub comm_fwd: [f64; 3],
+    pub comm_bwd: [f64; 3],
+}
+
+impl PartTime {
+    /// Exposed communication per micro-batch (tp, cp, ep) given whether TP overlap and
+    /// EP overlap are on. Overlapped communication hides up to the compute it runs
+    /// beside (TP: the GEMMs it feeds; CP: attention; EP: the rest of the layer, another
+    /// micro-batch's, in Megatron's 1F1B A2A overlap) and never more than the
+    /// profile's share of itself.
+    pub fn exposed(&self, rates: &Rates, tp_overlap: bool, ep_overlap: bool) -> [f64; 3] {
+        let tp = self.comm_fwd[0] + self.comm_bwd[0];
+        let cp = self.comm_fwd[1] + self.comm_bwd[1];
+        let ep = self.comm_fwd[2] + self.comm_bwd[2];
+        let hide = |c: f64, window: f64, share: f64| (c - window).max(c * (1.0 - share)).max(0.0);
+        let tp = if tp_overlap { hide(tp, self.gemm, rates.tp_overlap) } else { tp };
+        let ep = if ep_overlap { hide(ep, self.fwd + self.bwd, rates.ep_overlap) } else { ep };
+        [tp, hide(cp, self.attention, rates.cp_overlap), ep]
+    }
+
+    /// Forward work the backward repeats under `policy`, seconds: the attention cores'
+    /// forward (selective), or the whole forward with its exposed communication (full).
+    pub fn recompute(&self, policy: RecomputePolicy, exposed: [f64; 3]) -> f64 {
+        match policy {
+            RecomputePolicy::None => 0.0,
+            RecomputePolicy::Selective => self.attention_fwd,
+            RecomputePolicy::Full => {
+                let total: f64 = self.comm_fwd.iter().zip(&self.comm_bwd).map(|(a, b)| a + b).sum();
+                let fwd: f64 = self.comm_fwd.iter().sum();
+                let share = if total > 0.0 { fwd / total } else { 0.0 };
+                self.fwd + share * exposed.iter().sum::<f64>()
+            }
+        }
+    }
+}
+
+/// A device's achieved rates, precomputed from its profile for the inner loops.
+#[derive(Clone, Debug)]
+pub struct Rates {
+    /// Peak FLOP/s × asymptotic efficiency per format (0: the chip lacks it).
+    gemm_rate: [f64; 4],
+    half_flops: f64,
+    attention_rate: f64,
+    attention_backward: f64,
+    /// Achieved HBM bytes/s.
+    pub hbm: f64,
+    pub fabric: Fabric,
+    pub tp_overlap: f64,
+    pub cp_overlap: f64,
+    pub ep_overlap: f64,
+    pub pp_overlap: f64,
+}
+
+fn format_index(f: GemmFormat) -> usize {
+    match f {
+        GemmFormat::Bf16 => 0,
+        GemmFormat::Fp8 => 1,
+        GemmFormat::Mxfp8 => 2,
+        GemmFormat::Nvfp4 => 3,
+    }
+}
+
+impl Rates {
+    pub fn new(gpu: &GpuProfile) -> Rates {
+        let e = &gpu.efficiency;
+        let mut gemm_rate = [0.0; 4];
+        for f in GemmFormat::ALL {
+            gemm_rate[format_index(f)] = gpu.peak_tflops.get(f).map_or(0.0, |p| p * 1e12 * e.gemm.get(f));
+        }
+        Rates {
+            gemm_rate,
+            half_flops: e.gemm_half_gflop * 1e9,
+            attention_rate: gpu.peak_tflops.bf16 * 1e12 * e.attention,
+            attention_backward: e.attention_backward,
+            hbm: gpu.hbm_gbs * 1e9 * e.memory,
+            fabric: gpu.fabric(),
+            tp_overlap: e.tp_overlap,
+            cp_overlap: e.cp_overlap,
+            ep_overlap: e.ep_overlap,
+            pp_overlap: e.pp_overlap,
+        }
+    }
+
+    /// Size-dependent share of the asymptotic rate a call of `call_flops` reaches.
+    fn size(&self, call_flops: f64) -> f64 {
+        call_flops / (call_flops + self.half_flops)
+    }
+
+    /// Seconds of one GEMM of `flops` (calls of `call_flops`) moving `bytes`, in `f`.
+    /// A format the chip lacks runs at the BF16 rate (the caller refuses such plans
+    /// before timing them).
+    pub fn gemm(&self, flops: f64, call_flops: f64, bytes: f64, f: GemmFormat) -> f64 {
+        if flops <= 0.0 {
+            return bytes / self.hbm;
+        }
+        let mut rate = self.gemm_rate[format_index(f)];
+        if rate <= 0.0 {
+            rate = self.gemm_rate[0];
+        }
+        (flops / (rate * self.size(call_flops))).max(bytes / self.hbm)
+    }
+
+    pub fn attention_forward(&self, flops: f64, bytes: f64) -> f64 {
+        (flops / (self.attention_rate * self.size(flops))).max(bytes / self.hbm)
+    }
+
+    /// The backward kernel recomputes the scores: 2.5x the forward's matrix work.
+    pub fn attention_backward(&self, flops: f64, bytes: f64) -> f64 {
+        (2.5 * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
+    }
+
+    /// Where a group of `key`'s layout sits (Megatron order: tp, cp; experts etp, ep).
+    pub fn placement(&self, key: &ShardKey, g: Group) -> Placement {
+        match g {
+            Group::Tp => Placement { size: key.tp, stride: 1 },
+            Group::Cp => Placement { size: key.cp, stride: key.tp },
+            Group::Etp => Placement { size: key.etp, stride: 1 },
+            Group::Ep => Placement { size: key.ep, stride: key.etp },
+        }
+    }
+}

@@ -1,0 +1,55 @@
+//! Test support: the first-party model plugins, built natively, as a projection
+//! [`Resolver`] (the same builder code their wasm builds run; the runner resolves through
+//! the sandboxed plugins instead).
+
+#![allow(dead_code, reason = "each test binary uses part of this module")]
+
+use runner_plugin_sdk::workload::{GraphRequest, Guest, ModelInfo};
+use runner_plugin_testkit as kit;
+use runner_project::model::GraphSource;
+use runner_project::published::Resolver;
+
+type Describe = fn() -> ModelInfo;
+
+/// Every first-party workload plugin: its description and its graph export.
+pub fn plugins() -> Vec<(Describe, kit::GraphFn)> {
+    vec![
+        (llama3::Llama3::describe as Describe, llama3::Llama3::graph as kit::GraphFn),
+        (gpt3::Gpt3::describe, gpt3::Gpt3::graph),
+        (nemotron4::Nemotron4::describe, nemotron4::Nemotron4::graph),
+        (deepseek::DeepSeek::describe, deepseek::DeepSeek::graph),
+        (gptoss::GptOss::describe, gptoss::GptOss::graph),
+        (qwen3::Qwen3::describe, qwen3::Qwen3::graph),
+        (mixtral::Mixtral::describe, mixtral::Mixtral::graph),
+    ]
+}
+
+/// A graph source over one variant of a natively built plugin.
+pub fn source(graph: kit::GraphFn, variant: &str, seq: u32) -> Box<dyn GraphSource> {
+    let variant = variant.to_string();
+    Box::new(move |mb: u32| -> Result<runner_graph::Graph, String> {
+        let req = GraphRequest { variant: variant.clone(), seq_len: seq, micro_batch: mb, layers: 0 };
+        graph(req).map(|g| kit::to_host(&g))
+    })
+}
+
+/// Finds the plugin providing a variant by name.
+pub struct Native;
+
+impl Resolver for Native {
+    fn resolve(&mut self, model: &str, seq_len: u32) -> Result<(String, Box<dyn GraphSource>), String> {
+        for (describe, graph) in plugins() {
+            let info = describe();
+            if info.variants.iter().any(|v| v.name == model) {
+                return Ok((info.family.clone(), source(graph, model, seq_len)));
+            }
+        }
+        Err(format!("no installed workload plugin provides '{model}'"))
+    }
+}
+
+/// The published runs shipped with the crate.
+pub fn calibration() -> Vec<runner_project::published::Point> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/calibration.toml")).unwrap();
+    runner_project::published::parse(&text, "data/calibration.toml").unwrap()
+}

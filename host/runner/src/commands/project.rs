@@ -1,0 +1,448 @@
+//! The performance-model commands: `project` (one layout), `search` (the best layouts
+//! per GPU count and why the other families lost), `validate` (against published runs)
+//! and `calibrate` (fit a GPU's efficiencies to published runs).
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use runner::plugin::Limits;
+use runner::project::{self, PluginResolver};
+use runner::report::Table;
+use runner_graph::recompute::RecomputePolicy;
+use runner_project::calibrate;
+use runner_project::precision::Recipe;
+use runner_project::project::Projector;
+use runner_project::published::{self, Validation};
+use runner_project::search::{self, Found, Space, Verdict};
+use runner_project::step::{LayoutSpec, Projection};
+
+use super::{emit, progress_line};
+use crate::Global;
+
+/// The layout flags `project` and `search` share; unset ones are chosen.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct LayoutFlags {
+    /// Tensor parallel size
+    #[arg(long)]
+    pub tp: Option<u32>,
+    /// Pipeline parallel size
+    #[arg(long)]
+    pub pp: Option<u32>,
+    /// Context parallel size
+    #[arg(long)]
+    pub cp: Option<u32>,
+    /// Virtual pipeline chunks per stage (interleaved 1F1B)
+    #[arg(long)]
+    pub vp: Option<u32>,
+    /// Expert parallel size
+    #[arg(long)]
+    pub ep: Option<u32>,
+    /// Expert tensor parallel size
+    #[arg(long)]
+    pub etp: Option<u32>,
+    /// Micro-batch size (sequences)
+    #[arg(long)]
+    pub mbs: Option<u32>,
+    /// Shard parameters, gradients and optimizer state (FSDP / ZeRO-3)
+    #[arg(long)]
+    pub fsdp: bool,
+    /// Activation recompute
+    #[arg(long, value_parser = ["none", "selective", "full"])]
+    pub recompute: Option<String>,
+    /// With --recompute full: layers per pipeline chunk recomputed (0: all)
+    #[arg(long)]
+    pub recompute_layers: Option<u32>,
+}
+
+/// What names a projection: model, GPU, precision, sequence, batch.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Target {
+    /// Model variant, as `runner models` lists it (e.g. llama3.1-70b)
+    #[arg(long)]
+    pub model: String,
+    /// GPU type: a100-40gb, a100-80gb, h100, h200, b200, gb200, b300, gb300 (or one a --profile file adds)
+    #[arg(long, default_value = "h100")]
+    pub gpu: String,
+    /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
+    #[arg(long, default_value = "bf16")]
+    pub precision: String,
+    /// Sequence length (default: the variant's)
+    #[arg(long)]
+    pub seq_len: Option<u32>,
+    /// Global batch in sequences (default: the variant's published rule, else 2 x GPUs)
+    #[arg(long)]
+    pub gbs: Option<u32>,
+}
+
+fn policy(s: Option<&str>) -> Option<RecomputePolicy> {
+    s.map(|r| match r {
+        "selective" => RecomputePolicy::Selective,
+        "full" => RecomputePolicy::Full,
+        _ => RecomputePolicy::None,
+    })
+}
+
+/// A projector for a target, and what it needs to choose layouts.
+struct Setup {
+    projector: Projector<'static>,
+    found: project::Found,
+    recipe: Recipe,
+    notes: Vec<String>,
+}
+
+fn setup(t: &Target, global: &Global) -> Result<Setup> {
+    let limits = Limits::default();
+    let recipe = Recipe::parse(&t.precision).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+    let profiles = project::profiles(global.profile.as_deref())?;
+    let gpu = profiles.get(&t.gpu).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone();
+    gpu.peak_flops(recipe.format()).map_err(|e| anyhow::anyhow!("{e}; choose another --precision or --gpu"))?;
+    let found = project::find_model(&t.model, limits)?;
+    let seq = t.seq_len.unwrap_or(found.variant.defaults.seq_len);
+    if seq == 0 {
+        anyhow::bail!("--seq-len must be at least 1");
+    }
+    let (model, source) = project::model(&found, seq, limits)?;
+    let plan = project::plan(recipe, &model.graph, limits)?;
+    let mut notes = vec![format!("precision plan: {}", plan.summary())];
+    if plan.source == "built-in" {
+        notes.push(format!("no {recipe}.wasm precision plugin is installed: the built-in {recipe} plan is used"));
+    }
+    notes.push(format!(
+        "GPU profile {} ({}), efficiencies {}",
+        gpu.name,
+        profiles.origin.join(" + "),
+        gpu.efficiency.fitted
+    ));
+    Ok(Setup { projector: Projector::new(model, Box::new(source), gpu, plan), found, recipe, notes })
+}
+
+fn gbs_for(s: &Setup, t: &Target, gpus: u32, notes: &mut Vec<String>) -> u32 {
+    match t.gbs {
+        Some(g) => g,
+        None => {
+            let (g, why) = project::default_gbs(&s.found.variant, &s.projector.gpu, s.recipe, gpus);
+            notes.push(why);
+            g
+        }
+    }
+}
+
+/// One projected layout, with where its numbers came from.
+#[derive(Serialize)]
+struct ProjectOut {
+    model: String,
+    gpu: String,
+    precision: String,
+    plan: String,
+    layout_from: String,
+    #[serde(flatten)]
+    projection: Projection,
+    notes: Vec<String>,
+}
+
+pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> Result<()> {
+    if gpus == 0 {
+        anyhow::bail!("--gpus must be at least 1");
+    }
+    let mut s = setup(t, global)?;
+    let mut notes = std::mem::take(&mut s.notes);
+    let gbs = gbs_for(&s, t, gpus, &mut notes);
+    let reference = project::reference(&s.found.variant, &s.projector.gpu, s.recipe, gpus).cloned();
+    let pick = |f: Option<u32>, v: u32| f.unwrap_or(v.max(1));
+    let from_reference = reference.as_ref().and_then(|r| {
+        let (tp, pp, cp) = (pick(flags.tp, r.tp), pick(flags.pp, r.pp), pick(flags.cp, r.cp));
+        let per = tp * pp * cp;
+        if per == 0 || !gpus.is_multiple_of(per) {
+            return None;
+        }
+        let ep = pick(flags.ep, r.ep);
+        let fsdp = flags.fsdp || r.fsdp > 0;
+        let layout = LayoutSpec {
+            tp,
+            pp,
+            cp,
+            vp: pick(flags.vp, r.vp),
+            ep,
+            etp: pick(flags.etp, r.etp),
+            dp: gpus / per,
+            mbs: pick(flags.mbs, r.mbs),
+            gbs,
+            sequence_parallel: tp > 1,
+            fsdp,
+            recompute: policy(flags.recompute.as_deref()).unwrap_or(RecomputePolicy::None),
+            recompute_layers: flags.recompute_layers.unwrap_or(0),
+            distributed_optimizer: !fsdp,
+            tp_overlap: tp > 1,
+            ep_overlap: ep > 1,
+            dp_overlap: true,
+            grad_fp32: false,
+        };
+        Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
+    });
+    let gpu_name = s.projector.gpu.name.clone();
+    let err = |e: String| anyhow::anyhow!("{} on {gpus} {gpu_name}: {e}", t.model);
+    let (projection, from) = match from_reference {
+        Some((l, from)) if flags.recompute.is_none() => {
+            let (p, rc) = published::project_fitting(&mut s.projector, &l).map_err(err)?;
+            if let Some(rc) = rc {
+                notes.push(format!("{rc} added to fit in memory"));
+            }
+            (p, from)
+        }
+        Some((l, from)) => (s.projector.project(&l).map_err(err)?, from),
+        None => {
+            let f = search::search(&mut s.projector, gpus, gbs, &space_of(flags), 1);
+            match f.best.into_iter().next() {
+                Some(p) => (p, "the layout search (flags given are kept; no published layout for this GPU count)".into()),
+                None => anyhow::bail!(
+                    "{} does not run on {gpus} {} at GBS {gbs}: {}",
+                    t.model,
+                    s.projector.gpu.name,
+                    f.families.iter().map(|f| format!("{}: {}", f.name, verdict_text(&f.verdict))).collect::<Vec<_>>().join("; ")
+                ),
+            }
+        }
+    };
+    if !projection.fits {
+        notes.push(format!(
+            "does not fit: needs {:.1} GiB per GPU of {:.0} (try --recompute full, more pp or tp, or --fsdp)",
+            projection.memory.total, projection.memory.capacity
+        ));
+    }
+    let out = ProjectOut {
+        model: t.model.clone(),
+        gpu: s.projector.gpu.name.clone(),
+        precision: s.recipe.name().into(),
+        plan: s.projector.plan.source.clone(),
+        layout_from: from,
+        projection,
+        notes,
+    };
+    emit(global, &project_table(&out), &out)
+}
+
+fn project_table(o: &ProjectOut) -> Table {
+    let p = &o.projection;
+    let b = &p.breakdown;
+    let m = &p.memory;
+    let mut t = Table::new(format!("{} on {} {}, {}: {}", o.model, p.gpus, o.gpu, o.precision, p.layout.short()), &["", "value"]);
+    let mut kv = |k: &str, v: String| t.rows.push(vec![k.to_string(), v]);
+    kv("step time", format!("{:.3} s", p.step_time_s));
+    kv("tokens/s/GPU", format!("{:.0}", p.tokens_per_sec_per_gpu));
+    kv("model TFLOP/s/GPU", format!("{:.1}", p.model_tflops_per_gpu));
+    kv("MFU", format!("{:.1} %", 100.0 * p.mfu));
+    kv("memory/GPU", format!("{:.1} of {:.0} GiB ({})", m.total, m.capacity, if p.fits { "fits" } else { "does not fit" }));
+    kv("  weights / grads / optimizer", format!("{:.1} / {:.1} / {:.1} GiB", m.weights, m.gradients, m.optimizer));
+    kv("  activations / reserved", format!("{:.1} / {:.1} GiB (stage {})", m.activations, m.reserved, m.stage));
+    kv("micro-batches", p.micro_batches.to_string());
+    for (k, v) in [
+        ("compute", b.compute),
+        ("recompute", b.recompute),
+        ("exposed TP comm", b.tp),
+        ("exposed CP comm", b.cp),
+        ("exposed EP comm", b.ep),
+        ("exposed PP comm", b.pp),
+        ("exposed DP comm", b.dp),
+        ("pipeline bubble", b.bubble),
+        ("optimizer", b.optimizer),
+    ] {
+        kv(&format!("  {k}"), format!("{v:.3} s ({:.1} %)", 100.0 * v / p.step_time_s));
+    }
+    t.notes = o.notes.clone();
+    t.notes.insert(0, format!("layout from {}", o.layout_from));
+    t
+}
+
+fn space_of(f: &LayoutFlags) -> Space {
+    Space {
+        tp: f.tp,
+        pp: f.pp,
+        cp: f.cp,
+        vp: f.vp,
+        ep: f.ep,
+        etp: f.etp,
+        mbs: f.mbs,
+        fsdp: f.fsdp.then_some(true),
+        recompute: policy(f.recompute.as_deref()),
+    }
+}
+
+fn verdict_text(v: &Verdict) -> String {
+    match v {
+        Verdict::Best { layout, step_time_s } => format!("best ({layout}, {step_time_s:.2} s)"),
+        Verdict::Speed { layout, slower, .. } => format!("speed: {slower:.2}x slower at best ({layout})"),
+        Verdict::Memory { layout, need_gib, have_gib } => {
+            format!("memory: needs at least {need_gib:.0} GiB of {have_gib:.0} ({layout})")
+        }
+        Verdict::Divisibility { reason } => format!("divisibility: {reason}"),
+    }
+}
+
+pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
+    if gpus.is_empty() || gpus.contains(&0) {
+        anyhow::bail!("--gpus takes GPU counts of at least 1, e.g. --gpus 64,512");
+    }
+    let mut s = setup(t, global)?;
+    let mut notes = std::mem::take(&mut s.notes);
+    let space = space_of(flags);
+    let mut all: Vec<Found> = Vec::new();
+    let mut table = Table::new(
+        format!("layouts of {} on {} ({}), best first", t.model, s.projector.gpu.name, s.recipe),
+        &["GPUs", "rank", "layout", "step s", "tok/s/GPU", "MFU", "GiB"],
+    );
+    for &n in gpus {
+        let gbs = gbs_for(&s, t, n, &mut notes);
+        progress_line(global, &format!("searching {n} GPUs"));
+        let started = std::time::Instant::now();
+        let f = search::search(&mut s.projector, n, gbs, &space, top);
+        let took = started.elapsed().as_secs_f64();
+        if f.best.is_empty() {
+            table.rows.push(vec![n.to_string(), "-".into(), "nothing fits".into(), "-".into(), "-".into(), "-".into(), "-".into()]);
+        }
+        for (i, p) in f.best.iter().enumerate() {
+            table.rows.push(vec![
+                n.to_string(),
+                (i + 1).to_string(),
+                p.layout.short(),
+                format!("{:.3}", p.step_time_s),
+                format!("{:.0}", p.tokens_per_sec_per_gpu),
+                format!("{:.1}%", 100.0 * p.mfu),
+                format!("{:.1}", p.memory_per_gpu_gib),
+            ]);
+        }
+        for fam in &f.families {
+            if !matches!(fam.verdict, Verdict::Best { .. }) {
+                notes.push(format!("{n} GPUs, {} lost on {}", fam.name, verdict_text(&fam.verdict)));
+            }
+        }
+        notes.push(format!("{n} GPUs: {} layouts evaluated in {:.0} ms (GBS {gbs})", f.evaluated, took * 1e3));
+        all.push(f);
+    }
+    notes.dedup();
+    table.notes = notes;
+    emit(global, &table, &all)
+}
+
+pub fn validate(file: &Path, global: &Global) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
+    let profiles = project::profiles(global.profile.as_deref())?;
+    let mut resolver = PluginResolver { limits: Limits::default() };
+    let v = published::validate(&points, &profiles, &mut resolver, &|m| progress_line(global, m));
+    emit(global, &validation_table(&v, &file.display().to_string()), &v)
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
+
+/// The validation as one table: every projected point, then the statistics and the
+/// unsupported points as notes.
+pub fn validation_table(v: &Validation, origin: &str) -> Table {
+    let mut t = Table::new(
+        format!("projection vs published step time ({origin})"),
+        &["#", "model", "GPU", "prec", "GPUs", "layout", "published s", "predicted s", "error", "tok/s/GPU pub", "pred"],
+    );
+    for c in &v.checked {
+        t.rows.push(vec![
+            c.index.to_string(),
+            c.model.clone(),
+            c.gpu.clone(),
+            c.precision.clone(),
+            c.gpus.to_string(),
+            c.layout.clone(),
+            format!("{:.3}", c.published_step_s),
+            format!("{:.3}", c.predicted_step_s),
+            format!("{:+.1}%", 100.0 * c.error),
+            format!("{:.0}", c.published_tokens_per_sec_per_gpu),
+            format!("{:.0}", c.predicted_tokens_per_sec_per_gpu),
+        ]);
+    }
+    t.notes.push(format!(
+        "absolute step-time error over {} points: median {}, p90 {}, max {}",
+        v.overall.points,
+        pct(v.overall.median),
+        pct(v.overall.p90),
+        pct(v.overall.max)
+    ));
+    for (k, s) in &v.groups {
+        t.notes.push(format!("{k}: {} points, median {}, p90 {}, max {}", s.points, pct(s.median), pct(s.p90), pct(s.max)));
+    }
+    for c in v.checked.iter().filter(|c| !c.note.is_empty()) {
+        t.notes.push(format!("#{} {}: {}", c.index, c.model, c.note));
+    }
+    for u in &v.unsupported {
+        t.notes.push(format!("#{} {} not projected: {}", u.index, u.label, u.reason));
+    }
+    t
+}
+
+pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global: &Global) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
+    if let Some(p) = precision {
+        Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+    }
+    let profiles = project::profiles(global.profile.as_deref())?;
+    let mut resolver = PluginResolver { limits: Limits::default() };
+    let today = today();
+    let label = format!("runner calibrate {} on {today}", file.display());
+    let fits = calibrate::calibrate(&points, &profiles, &mut resolver, gpu.map(|g| (g, precision)), &label, &|m| {
+        progress_line(global, m)
+    })
+    .map_err(anyhow::Error::msg)?;
+    if fits.is_empty() {
+        anyhow::bail!("{} has no supported run to fit{}", file.display(), gpu.map_or(String::new(), |g| format!(" on {g}")));
+    }
+    let mut t = Table::new(format!("efficiencies fitted to {}", file.display()), &["GPU", "runs", "parameter", "prior", "fitted"]);
+    for f in &fits {
+        for (i, (name, prior, fitted)) in f.params.iter().enumerate() {
+            t.rows.push(vec![
+                if i == 0 { f.gpu.clone() } else { String::new() },
+                if i == 0 { f.points.to_string() } else { String::new() },
+                name.clone(),
+                format!("{prior:.3}"),
+                format!("{fitted:.3}"),
+            ]);
+        }
+        t.notes.push(format!(
+            "{}: absolute step-time error median {} -> {}, p90 {} -> {}",
+            f.gpu,
+            pct(f.before.median),
+            pct(f.after.median),
+            pct(f.before.p90),
+            pct(f.after.p90)
+        ));
+    }
+    let toml = runner_project::profile::Profiles::efficiency_file(&fits.iter().map(|f| (f.gpu.as_str(), &f.efficiency)).collect::<Vec<_>>());
+    match &global.output {
+        Some(path) if path.extension().is_some_and(|e| e == "toml") => {
+            std::fs::write(path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
+            t.notes.push(format!("wrote {}: use it with --profile {}", path.display(), path.display()));
+            let g = Global { output: None, ..global.clone() };
+            emit(&g, &t, &fits)
+        }
+        _ => {
+            t.notes.push("write the fitted profile with -o FILE.toml and use it with --profile FILE.toml".into());
+            emit(global, &t, &fits)
+        }
+    }
+}
+
+/// Today's date (UTC) as YYYY-MM-DD, for the calibration label.
+fn today() -> String {
+    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}

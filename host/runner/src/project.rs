@@ -1,0 +1,235 @@
+//! The projection seen from the runner: installed workload plugins as graph sources
+//! (a model found by its variant name), precision plans from plugins or built in, the
+//! GPU profiles with the user's `--profile` file merged in, and the published reference
+//! layouts that fill in what a command line leaves out. The model itself is
+//! `runner_project`'s.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use runner_graph::{Graph, OpKind};
+use runner_project::model::{GraphSource, Model};
+use runner_project::precision::{GemmRole, Plan, Recipe};
+use runner_project::profile::{GemmFormat, GpuProfile, Profiles};
+use runner_project::published::Resolver;
+
+use crate::plugin::workload::{GraphRequest, ReferenceLayout, Variant, Workload};
+use crate::plugin::{self, Kind, Limits};
+
+/// A workload plugin's graphs of one variant at one sequence length.
+pub struct PluginSource {
+    workload: Workload,
+    variant: String,
+    seq_len: u32,
+}
+
+impl GraphSource for PluginSource {
+    fn graph(&mut self, micro_batch: u32) -> Result<Graph, String> {
+        self.workload
+            .graph(&GraphRequest { variant: self.variant.clone(), seq_len: self.seq_len, micro_batch, layers: 0 })
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A model variant found among the installed workload plugins.
+pub struct Found {
+    /// The plugin's name and how to load it.
+    pub plugin: String,
+    pub spec: String,
+    pub family: String,
+    pub variant: Variant,
+}
+
+/// Every installed workload plugin's spec (plugin directories first, then embedded).
+fn workload_specs() -> Vec<String> {
+    let mut specs = Vec::new();
+    for (info, shadowed) in plugin::list() {
+        if let (Ok(info), false) = (info, shadowed)
+            && info.kind == Kind::Workload
+        {
+            specs.push(match &info.source {
+                plugin::Source::Path(p) => p.display().to_string(),
+                plugin::Source::Embedded => info.name.clone(),
+            });
+        }
+    }
+    specs
+}
+
+/// Find the plugin that provides variant `name`.
+///
+/// # Errors
+/// No installed plugin provides it (the message lists the names that exist), or a
+/// plugin failed to describe itself.
+pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
+    let mut known = Vec::new();
+    for spec in workload_specs() {
+        let p = plugin::load(&spec)?;
+        let mut w = p.workload(limits)?;
+        let info = w.describe()?;
+        for v in info.variants {
+            if v.name == name {
+                return Ok(Found { plugin: p.info.name.clone(), spec, family: info.family.clone(), variant: v });
+            }
+            known.push(v.name);
+        }
+    }
+    anyhow::bail!("no installed workload plugin provides '{name}'; installed models: {}", known.join(", "))
+}
+
+/// A graph source for a found variant.
+///
+/// # Errors
+/// The plugin cannot be loaded.
+pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSource> {
+    let workload = plugin::load(&found.spec)?.workload(limits)?;
+    Ok(PluginSource { workload, variant: found.variant.name.clone(), seq_len })
+}
+
+/// Resolves calibration-file model names through the installed plugins.
+pub struct PluginResolver {
+    pub limits: Limits,
+}
+
+impl Resolver for PluginResolver {
+    fn resolve(&mut self, model: &str, seq_len: u32) -> Result<(String, Box<dyn GraphSource>), String> {
+        let found = find_model(model, self.limits).map_err(|e| format!("{e:#}"))?;
+        let src = source(&found, seq_len, self.limits).map_err(|e| format!("{e:#}"))?;
+        Ok((found.family, Box::new(src)))
+    }
+}
+
+/// The GPU profiles: built in, with `--profile FILE` merged over them.
+///
+/// # Errors
+/// The file cannot be read or does not parse (the message names the field).
+pub fn profiles(file: Option<&Path>) -> Result<Profiles> {
+    match file {
+        None => Ok(Profiles::builtin()),
+        Some(path) => {
+            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read profile file {}", path.display()))?;
+            Profiles::with_overrides(&text, &path.display().to_string()).map_err(anyhow::Error::msg)
+        }
+    }
+}
+
+/// The precision plan for `recipe` over `model`'s graph: the precision plugin named
+/// after the recipe (`bf16.wasm`, `fp8.wasm`, ...) when one is installed, otherwise the
+/// built-in plan of that name (`Plan::source` says which). A plugin that plans formats
+/// the recipe does not name is refused: asking for FP8 from a policy that plans BF16 is
+/// an error, not a note.
+///
+/// # Errors
+/// The plugin fails or plans another precision than asked.
+pub fn plan(recipe: Recipe, graph: &Graph, limits: Limits) -> Result<Plan> {
+    let spec = format!("{}.wasm", recipe.name());
+    let Ok(p) = plugin::load(&spec) else {
+        return Ok(Plan::builtin(recipe, graph));
+    };
+    if p.info.kind != Kind::Precision {
+        return Ok(Plan::builtin(recipe, graph));
+    }
+    plan_from_plugin(recipe, &spec, graph, limits)
+}
+
+/// Ask precision plugin `spec` for a plan over every GEMM site of `graph`.
+///
+/// # Errors
+/// The plugin fails, or its plan's low-precision format is not `recipe`'s.
+pub fn plan_from_plugin(recipe: Recipe, spec: &str, graph: &Graph, limits: Limits) -> Result<Plan> {
+    use plugin::precision::{Dtype, GemmRole as W, GemmSite, PlanRequest};
+    let p = plugin::load(spec)?;
+    let source = format!("{} (sha256 {})", p.info.name, &p.info.sha256[..12]);
+    let mut policy = p.precision(limits)?;
+    let mut sites = Vec::new();
+    let mut names = Vec::new();
+    for op in graph.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
+        let w = graph.tensor(op.inputs[1]);
+        let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
+        let m = graph.tensor(op.inputs[0]).numel() / k.max(1);
+        for (role, ours) in [(W::Forward, GemmRole::Forward), (W::InputGradient, GemmRole::InputGradient), (W::WeightGradient, GemmRole::WeightGradient)] {
+            sites.push(GemmSite { layer: op.layer, name: op.name.clone(), role, m, n, k });
+            names.push((op.name.clone(), ours));
+        }
+    }
+    let answer = policy.plan(&PlanRequest { model: String::new(), sites, state: Vec::new() })?;
+    let mut answers = Vec::new();
+    for ((name, role), site) in names.into_iter().zip(&answer.sites) {
+        let f = match site.format {
+            Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp32 => GemmFormat::Bf16,
+            Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => GemmFormat::Fp8,
+            Dtype::Mxfp8 => GemmFormat::Mxfp8,
+            Dtype::Nvfp4 => GemmFormat::Nvfp4,
+            Dtype::Int32 => anyhow::bail!("{}: planned an int32 GEMM for '{name}'; GEMMs run in floating point", p.info.name),
+        };
+        if f != GemmFormat::Bf16 && f != recipe.format() {
+            anyhow::bail!(
+                "{} plans {f} GEMMs but the run asks for {recipe}; use --precision {} or a {recipe} policy",
+                p.info.name,
+                match f {
+                    GemmFormat::Fp8 => "fp8",
+                    other => other.name(),
+                }
+            );
+        }
+        answers.push((name, role, f));
+    }
+    let plan = Plan::from_sites(recipe, &source, graph, answers);
+    if recipe != Recipe::Bf16 && plan.low_precision_share() == 0.0 {
+        anyhow::bail!("{} plans every GEMM in BF16 but the run asks for {recipe}; use --precision bf16 or a {recipe} policy", p.info.name);
+    }
+    Ok(plan)
+}
+
+/// The published layout of `variant` closest to a run on `gpus` GPUs of `gpu` in
+/// `recipe`: same GPU and precision with the count in its range first, then same GPU.
+pub fn reference<'a>(variant: &'a Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32) -> Option<&'a ReferenceLayout> {
+    let same_gpu = |l: &&ReferenceLayout| gpu.name.eq_ignore_ascii_case(&l.gpu) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&l.gpu));
+    let same_precision = |l: &&ReferenceLayout| Recipe::parse(&l.precision).is_ok_and(|r| r == recipe);
+    let in_range = |l: &&ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
+    variant
+        .layouts
+        .iter()
+        .find(|l| same_gpu(l) && same_precision(l) && in_range(l))
+        .or_else(|| variant.layouts.iter().find(|l| same_gpu(l) && same_precision(l)))
+        .or_else(|| variant.layouts.iter().find(|l| same_gpu(l) && in_range(l)))
+}
+
+/// The global batch a reference layout's rule gives at `gpus` GPUs.
+pub fn reference_gbs(l: &ReferenceLayout, gpus: u32) -> u32 {
+    ((l.gbs_per_gpu * f64::from(gpus)).round() as u32).saturating_add(l.gbs_fixed).max(1)
+}
+
+/// The global batch at `gpus` GPUs when none is given: the variant's published rule for
+/// this GPU, precision and count; outside the published range, the nearest published
+/// layout's sequences per GPU scaled to the count (weak scaling, as the DGXC recipes
+/// grow GBS with the GPUs); two sequences per GPU when nothing is published.
+pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32) -> (u32, String) {
+    let in_range = |l: &ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
+    if let Some(l) = reference(variant, gpu, recipe, gpus).filter(|l| in_range(l)) {
+        let gbs = reference_gbs(l, gpus);
+        return (gbs, format!("GBS {gbs} at {gpus} GPUs: the published rule ({})", l.source));
+    }
+    let nearest = reference(variant, gpu, recipe, gpus).or_else(|| variant.layouts.first());
+    if let Some(l) = nearest {
+        let per_gpu = if l.gbs_per_gpu > 0.0 {
+            l.gbs_per_gpu
+        } else {
+            f64::from(reference_gbs(l, l.gpus_min.max(1))) / f64::from(l.gpus_min.max(1))
+        };
+        let gbs = ((per_gpu * f64::from(gpus)).round() as u32).max(1);
+        return (gbs, format!("GBS {gbs} at {gpus} GPUs: {per_gpu} sequences per GPU as published for {} GPUs ({})", l.gpus_min, l.source));
+    }
+    (2 * gpus, format!("GBS {} at {gpus} GPUs: 2 per GPU (nothing published for {})", 2 * gpus, variant.name))
+}
+
+/// Read the model a command names.
+///
+/// # Errors
+/// The model cannot be found or its graph cannot be read.
+pub fn model(found: &Found, seq_len: u32, limits: Limits) -> Result<(Model, PluginSource)> {
+    let mut src = source(found, seq_len, limits)?;
+    let m = Model::new(&found.variant.name, seq_len, &mut src).map_err(anyhow::Error::msg)?;
+    Ok((m, src))
+}
