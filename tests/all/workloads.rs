@@ -24,12 +24,20 @@ fn every_workload_file_runs() {
             path.display()
         );
         assert!(outcome.model.flops_per_token > 0.0);
-        for pair in outcome.rows.windows(2) {
-            assert!(
-                pair[1].days < pair[0].days,
-                "{}: more GPUs must not take longer",
-                path.display()
-            );
+        // Every row is either a projected layout that fits on exactly that many GPUs,
+        // whose days follow from its throughput, or says why nothing fits.
+        for r in &outcome.rows {
+            match (&r.projection, r.days) {
+                (Some(p), Some(days)) => {
+                    assert!(p.fits, "{}: {} GPUs", path.display(), r.gpus);
+                    assert_eq!(p.layout.gpus(), u64::from(r.gpus), "{}", path.display());
+                    let want = outcome.model.tokens / (p.tokens_per_sec_per_gpu * f64::from(r.gpus)) / 86_400.0;
+                    assert!((days / want - 1.0).abs() < 1e-9, "{}", path.display());
+                    assert_eq!(r.gpus % outcome.gpu.gpus_per_node, 0, "whole nodes");
+                }
+                (None, None) => assert!(r.why_not.as_deref().is_some_and(|w| !w.is_empty())),
+                _ => panic!("{}: a row with days but no layout, or the reverse", path.display()),
+            }
         }
         ran += 1;
     }

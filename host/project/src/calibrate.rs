@@ -89,24 +89,34 @@ fn huber(r: f64) -> f64 {
     if a <= HUBER { 0.5 * r * r } else { HUBER * (a - 0.5 * HUBER) }
 }
 
+/// One supported run: its projector, the layout (recompute to fit already added), the
+/// measured step time and the model family.
+#[derive(Clone)]
+struct Run {
+    at: usize,
+    layout: LayoutSpec,
+    measured: f64,
+    family: String,
+}
+
 /// The runs of one GPU type, ready to re-project under new efficiencies.
 struct Runs<'p, 's> {
     prep: &'p mut Prepared<'s>,
-    runs: Vec<(usize, LayoutSpec, f64)>,
+    runs: Vec<Run>,
 }
 
 impl Runs<'_, '_> {
     fn errors(&mut self, gpu: &GpuProfile) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.runs.len());
         let mut last: Option<usize> = None;
-        for (at, layout, measured) in &self.runs {
-            let pr = &mut self.prep.projectors[*at];
-            if last != Some(*at) || pr.gpu.efficiency != gpu.efficiency {
+        for r in &self.runs {
+            let pr = &mut self.prep.projectors[r.at];
+            if last != Some(r.at) || pr.gpu.efficiency != gpu.efficiency {
                 pr.set_gpu(gpu.clone());
             }
-            last = Some(*at);
-            if let Ok(p) = pr.project(layout) {
-                out.push((p.step_time_s / measured).ln());
+            last = Some(r.at);
+            if let Ok(p) = pr.project(&r.layout) {
+                out.push((p.step_time_s / r.measured).ln());
             }
         }
         out
@@ -122,23 +132,28 @@ impl Runs<'_, '_> {
 /// Runs a GPU needs before its shared parameters (GEMM size curve, attention, memory,
 /// network) are fitted rather than taken from the best-measured GPU.
 pub const SHARED_MIN_RUNS: usize = 10;
+/// Runs, from at least two model families, a GEMM format needs on a GPU before its
+/// efficiency is fitted: fewer would fit one model's quirks, not the chip.
+pub const FORMAT_MIN_RUNS: usize = 3;
 
 /// Which parameters the runs of a GPU can inform: the GEMM efficiency of each format
-/// they use, and, with enough runs, the shared ones.
-fn params_for(prep: &Prepared<'_>, runs: &[(usize, LayoutSpec, f64)]) -> Vec<Param> {
-    let mut formats: Vec<GemmFormat> = Vec::new();
+/// enough runs of enough models use, and, with enough runs, the shared ones.
+fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
+    let mut by_format: std::collections::BTreeMap<GemmFormat, (usize, std::collections::BTreeSet<String>)> =
+        std::collections::BTreeMap::new();
     let mut network = false;
-    for (at, l, _) in runs {
-        let pr = &prep.projectors[*at];
-        for (f, share) in &pr.plan.coverage {
-            if *share > 0.05 && !formats.contains(f) {
-                formats.push(*f);
-            }
-        }
-        network |= l.gpus() > u64::from(pr.gpu.scale_up_domain);
+    for r in runs {
+        let pr = &prep.projectors[r.at];
+        let e = by_format.entry(pr.plan.recipe.format()).or_default();
+        e.0 += 1;
+        e.1.insert(r.family.clone());
+        network |= r.layout.gpus() > u64::from(pr.gpu.scale_up_domain);
     }
-    formats.sort();
-    let mut p: Vec<Param> = formats.into_iter().map(Param::Gemm).collect();
+    let mut p: Vec<Param> = by_format
+        .into_iter()
+        .filter(|(_, (n, fams))| *n >= FORMAT_MIN_RUNS && fams.len() >= 2)
+        .map(|(f, _)| Param::Gemm(f))
+        .collect();
     if runs.len() >= SHARED_MIN_RUNS {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
         if network {
@@ -174,7 +189,7 @@ fn golden(mut f: impl FnMut(f64) -> f64, lo: f64, hi: f64, iters: usize) -> f64 
 
 /// Fit `gpu` to the runs `prep.runs` selects (already fitted to memory), starting from
 /// its current efficiency table.
-fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<(usize, LayoutSpec, f64)>, label: &str) -> Fit {
+fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &str) -> Fit {
     let params = params_for(prep, &runs);
     let prior = gpu.efficiency.clone();
     let mut current = gpu.clone();
@@ -211,20 +226,16 @@ fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<(usize, LayoutS
 
 /// The supported runs of `prep` on `gpu` (optionally one precision), each with the
 /// recompute it needs to fit and its measured step time.
-fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Option<&str>) -> Vec<(usize, LayoutSpec, f64)> {
+fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Option<&str>) -> Vec<Run> {
     let mut out = Vec::new();
-    for (i, at, layout, _, _) in prep.runs.clone() {
+    for (i, at, layout, family, _) in prep.runs.clone() {
         let pr = &mut prep.projectors[at];
         if !pr.gpu.name.eq_ignore_ascii_case(gpu) || precision.is_some_and(|p| !pr.plan.recipe.name().eq_ignore_ascii_case(p)) {
             continue;
         }
         let Some(measured) = points[i].measured_step() else { continue };
-        let layout = match project_fitting(pr, &layout) {
-            Ok((p, _)) => p.layout,
-            Err(_) => continue,
-        };
-        out.push((at, layout, measured));
-        let _ = i;
+        let Ok((p, _)) = project_fitting(pr, &layout) else { continue };
+        out.push(Run { at, layout: p.layout, measured, family });
     }
     out
 }
@@ -251,7 +262,7 @@ pub fn calibrate(
     }
     // The GPU with the most runs first: GPUs with too few runs to fit the shared
     // parameters take them from it (same kernels and libraries, another chip).
-    let mut runs: Vec<(String, Vec<(usize, LayoutSpec, f64)>)> =
+    let mut runs: Vec<(String, Vec<Run>)> =
         gpus.into_iter().map(|g| { let r = runs_on(&mut prep, points, &g, only.and_then(|o| o.1)); (g, r) }).collect();
     runs.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let mut fits: Vec<Fit> = Vec::new();
@@ -263,8 +274,14 @@ pub fn calibrate(
         progress(&format!("fitting {g} ({} runs)", r.len()));
         let mut gpu = profiles.get(&g)?.clone();
         let own = r.len() >= SHARED_MIN_RUNS;
-        if let (false, Some(from)) = (own, &shared) {
-            for p in [Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut] {
+        if let Some(from) = &shared {
+            // Start from the best-measured GPU wherever this GPU's runs cannot speak.
+            let fitted_here = params_for(&prep, &r);
+            let mut take = vec![Param::Gemm(GemmFormat::Bf16), Param::Gemm(GemmFormat::Fp8)];
+            if !own {
+                take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut]);
+            }
+            for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
                 p.set(&mut gpu.efficiency, p.get(from));
             }
         }
@@ -295,20 +312,9 @@ pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn 
     keys.sort();
     keys.dedup();
     for (gpu, family) in keys {
-        let runs_all: Vec<(usize, LayoutSpec, f64, String)> = {
-            let mut v = Vec::new();
-            for (i, at, layout, fam, _) in prep.runs.clone() {
-                let pr = &mut prep.projectors[at];
-                if pr.gpu.name != gpu {
-                    continue;
-                }
-                let (Some(m), Ok((p, _))) = (points[i].measured_step(), project_fitting(pr, &layout)) else { continue };
-                v.push((at, p.layout, m, fam));
-            }
-            v
-        };
-        let train: Vec<_> = runs_all.iter().filter(|r| r.3 != family).map(|r| (r.0, r.1, r.2)).collect();
-        let test: Vec<_> = runs_all.iter().filter(|r| r.3 == family).map(|r| (r.0, r.1, r.2)).collect();
+        let runs_all: Vec<Run> = runs_on(&mut prep, points, &gpu, None);
+        let train: Vec<Run> = runs_all.iter().filter(|r| r.family != family).cloned().collect();
+        let test: Vec<Run> = runs_all.iter().filter(|r| r.family == family).cloned().collect();
         if train.is_empty() || test.is_empty() {
             continue;
         }

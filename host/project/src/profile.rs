@@ -17,8 +17,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::comm::Fabric;
 
-/// The built-in profiles.
+/// The built-in profiles, and the efficiency tables `runner calibrate` fitted for them.
 pub const BUILTIN: &str = include_str!("../data/gpus.toml");
+pub const FITTED: &str = include_str!("../data/efficiency.toml");
 
 /// The number format a GEMM runs in, which decides its peak rate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -179,6 +180,10 @@ pub struct GpuProfile {
     pub scale_out_gbs: f64,
     pub peak_tflops: Peaks,
     pub efficiency: Efficiency,
+    /// Another GPU whose efficiencies this one takes when it has none of its own (the
+    /// same chip in another package).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency_from: Option<String>,
     #[serde(default, rename = "source")]
     pub sources: Vec<Source>,
 }
@@ -314,9 +319,26 @@ fn merge(base: &mut toml::Table, over: &toml::Table) {
 impl Profiles {
     /// The built-in profiles.
     pub fn builtin() -> Profiles {
-        // The built-in file is part of the program; a test checks it parses.
-        Profiles::parse_over(Vec::new(), toml::Table::new(), BUILTIN, "built-in")
+        // The built-in files are part of the program; a test checks they parse.
+        let base = Profiles::parse_over(Vec::new(), toml::Table::new(), BUILTIN, "built-in")
+            .unwrap_or_else(|e| panic!("data/gpus.toml: {e}"));
+        let tables = base.tables();
+        let mut out = Profiles::parse_over(tables, base.default_efficiency, FITTED, "built-in")
+            .unwrap_or_else(|e| panic!("data/efficiency.toml: {e}"));
+        out.origin = vec!["built-in".into()];
+        out
+    }
+
+    /// The built-in profiles before calibration: `data/gpus.toml` and its priors, without
+    /// the fitted tables (what `runner calibrate` starts from, so refitting is
+    /// reproducible).
+    pub fn priors() -> Profiles {
+        Profiles::parse_over(Vec::new(), toml::Table::new(), BUILTIN, "built-in priors")
             .unwrap_or_else(|e| panic!("data/gpus.toml: {e}"))
+    }
+
+    fn tables(&self) -> Vec<toml::Table> {
+        self.gpus.iter().filter_map(|g| toml::Table::try_from(g).ok()).collect()
     }
 
     /// The built-in profiles with `text` (a user's file, named `origin` in messages)
@@ -327,7 +349,7 @@ impl Profiles {
     /// each message names the GPU and the field.
     pub fn with_overrides(text: &str, origin: &str) -> Result<Profiles, String> {
         let base = Profiles::builtin();
-        let tables = base.gpus.iter().map(|g| toml::Table::try_from(g).map_err(|e| e.to_string())).collect::<Result<_, _>>()?;
+        let tables = base.tables();
         let mut out = Profiles::parse_over(tables, base.default_efficiency, text, origin)?;
         out.origin = vec!["built-in".into(), origin.into()];
         Ok(out)
@@ -343,6 +365,7 @@ impl Profiles {
         if let Some(e) = &file.efficiency {
             merge(&mut default_eff, e);
         }
+        let mut explicit: Vec<String> = Vec::new();
         for g in file.gpu {
             let Some(name) = g.get("name").and_then(|n| n.as_str()).map(str::to_string) else {
                 return Err(format!("{origin}: a [[gpu]] table has no name"));
@@ -354,11 +377,17 @@ impl Profiles {
             });
             match existing {
                 Some(t) => {
+                    if g.contains_key("efficiency") {
+                        explicit.push(t.get("name").and_then(|n| n.as_str()).unwrap_or(&name).to_string());
+                    }
                     let mut g = g.clone();
                     g.remove("name");
                     merge(t, &g);
                 }
                 None => {
+                    if g.contains_key("efficiency") {
+                        explicit.push(name.clone());
+                    }
                     let mut t = toml::Table::new();
                     t.insert("efficiency".into(), toml::Value::Table(default_eff.clone()));
                     merge(&mut t, &g);
@@ -366,16 +395,38 @@ impl Profiles {
                 }
             }
         }
-        let mut gpus = Vec::new();
-        for t in tables {
-            let name = t.get("name").and_then(|n| n.as_str()).unwrap_or("?").to_string();
-            // Efficiency fields absent from a GPU come from the file's [efficiency].
-            let mut t = t;
+        // Efficiency fields absent from a GPU come from the file-level [efficiency].
+        for t in tables.iter_mut() {
             let mut eff = default_eff.clone();
             if let Some(toml::Value::Table(own)) = t.get("efficiency") {
                 merge(&mut eff, own);
             }
             t.insert("efficiency".into(), toml::Value::Table(eff));
+        }
+        // A GPU with `efficiency_from` takes that GPU's table, unless this file gives it
+        // one of its own.
+        let snapshot = tables.clone();
+        for t in tables.iter_mut() {
+            let name = t.get("name").and_then(|n| n.as_str()).unwrap_or("?").to_string();
+            let Some(from) = t.get("efficiency_from").and_then(|v| v.as_str()).map(str::to_string) else { continue };
+            if explicit.iter().any(|e| e.eq_ignore_ascii_case(&name)) {
+                continue;
+            }
+            let src = snapshot
+                .iter()
+                .find(|o| o.get("name").and_then(|n| n.as_str()).is_some_and(|n| n.eq_ignore_ascii_case(&from)))
+                .and_then(|o| o.get("efficiency"))
+                .and_then(|e| e.as_table())
+                .ok_or_else(|| format!("{origin}: GPU '{name}': efficiency_from names '{from}', which is not a known GPU"))?;
+            let mut e = src.clone();
+            let fitted = e.get("fitted").and_then(|f| f.as_str()).unwrap_or("prior").to_string();
+            let label = if fitted.starts_with(&format!("{from}'s")) { fitted } else { format!("{from}'s: {fitted}") };
+            e.insert("fitted".into(), toml::Value::String(label));
+            t.insert("efficiency".into(), toml::Value::Table(e));
+        }
+        let mut gpus = Vec::new();
+        for t in tables {
+            let name = t.get("name").and_then(|n| n.as_str()).unwrap_or("?").to_string();
             let g: GpuProfile = toml::Value::Table(t)
                 .try_into()
                 .map_err(|e: toml::de::Error| format!("{origin}: GPU '{name}': {}", e.message()))?;
@@ -459,6 +510,21 @@ bf16 = 500.0
         assert_eq!(h.peak_tflops.bf16, 989.0, "fields not given stay");
         let x = p.get("x1").unwrap();
         assert_eq!(x.efficiency.fitted, "prior", "a new GPU starts from the file-level defaults");
+    }
+
+    #[test]
+    fn fitted_tables_are_merged_and_h200_takes_h100s() {
+        let p = Profiles::builtin();
+        let h100 = p.get("h100").unwrap();
+        assert!(h100.efficiency.fitted.starts_with("runner calibrate"), "{}", h100.efficiency.fitted);
+        let h200 = p.get("h200").unwrap();
+        assert_eq!(h200.efficiency.gemm, h100.efficiency.gemm);
+        assert!(h200.efficiency.fitted.starts_with("H100's"), "{}", h200.efficiency.fitted);
+        assert_eq!(p.get("a100").unwrap().efficiency.fitted, "prior");
+        // A user's own table for H200 wins over efficiency_from.
+        let q = Profiles::with_overrides("[[gpu]]\nname = \"h200\"\n[gpu.efficiency]\nmemory = 0.5\n", "u.toml").unwrap();
+        assert_eq!(q.get("h200").unwrap().efficiency.memory, 0.5);
+        assert_eq!(q.get("h200").unwrap().efficiency.gemm, p.get("h200").unwrap().efficiency.gemm);
     }
 
     #[test]

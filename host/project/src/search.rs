@@ -135,12 +135,14 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     let mbss = pick(space.mbs, vec![1, 2, 4, 8]);
     for &tp in &tps {
         for &cp in &cps {
-            if !gpus.is_multiple_of(tp * cp) {
+            if tp * cp == 0 || !gpus.is_multiple_of(tp * cp) {
+                let key = ShardKey { tp, cp, ep: 1, etp: 1, sp: tp > 1, mbs: 1 };
+                note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {} does not divide {gpus} GPUs", tp * cp));
                 continue;
             }
             let rest = gpus / (tp * cp);
             for &ep in &eps {
-                let etps = pick(space.etp, if tp > 1 { vec![1, tp] } else { vec![1] });
+                let etps = pick(space.etp, if tp > 1 && shape.experts > 0 { vec![1, tp] } else { vec![1] });
                 for &etp in &etps {
                     for &mbs in &mbss {
                         let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
@@ -153,7 +155,9 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                             }
                         };
                         for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers).collect()) {
-                            if !rest.is_multiple_of(pp) {
+                            if pp == 0 || !rest.is_multiple_of(pp) {
+                                let fam = family(&key, pp, 1, false);
+                                note(&mut tracks, &fam, format!("pp={pp} does not divide the {rest} GPUs tp·cp = {} leaves", tp * cp));
                                 continue;
                             }
                             let dp = rest / pp;

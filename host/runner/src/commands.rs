@@ -675,6 +675,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             t.notes.push("STREAM convention: bytes = reads + writes per pass, no write-allocate traffic counted".into());
             emit(global, &t, &rows)
         }
+        BenchCommand::Search { model, gpu, gpus, precision, repeats } => {
+            project::bench_search(&model, &gpu, gpus, &precision, repeats, global)
+        }
         BenchCommand::Plugins { calls } => {
             let mut rows = Vec::new();
             let mut push = |what: &str, samples: Vec<f64>| {

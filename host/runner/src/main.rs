@@ -151,7 +151,7 @@ enum Command {
     },
     /// Fit a GPU type's efficiency parameters to published runs
     #[command(
-        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
+        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate host/project/data/calibration.toml --holdout\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
     )]
     Calibrate {
         /// A TOML file of [[point]] tables, as for `runner validate`
@@ -162,11 +162,15 @@ enum Command {
         /// Fit only runs of this precision
         #[arg(long, requires = "gpu")]
         precision: Option<String>,
+        /// Instead of fitting once: for each GPU and model family, fit on the other
+        /// families and report the held-out family's errors
+        #[arg(long)]
+        holdout: bool,
     },
     /// Micro-benchmarks of the local device and of the runner itself
     #[command(
         subcommand,
-        after_help = "Examples:\n  runner bench gemm\n  runner bench memory\n  runner bench plugins"
+        after_help = "Examples:\n  runner bench gemm\n  runner bench memory\n  runner bench plugins\n  runner bench search"
     )]
     Bench(BenchCommand),
 }
@@ -219,6 +223,28 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 20_000)]
         calls: u32,
     },
+    /// Layout search speed: layouts evaluated per second (cold: sharding and timing the
+    /// layers; warm: the schedules only)
+    #[command(
+        after_help = "Examples:\n  runner bench search\n  runner bench search --model llama3.1-405b --gpu gb200 --gpus 2048 --precision fp8"
+    )]
+    Search {
+        /// Model variant
+        #[arg(long, default_value = "gpt3-175b")]
+        model: String,
+        /// GPU type
+        #[arg(long, default_value = "h100")]
+        gpu: String,
+        /// GPU count
+        #[arg(long, default_value_t = 1024)]
+        gpus: u32,
+        /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
+        #[arg(long, default_value = "bf16")]
+        precision: String,
+        /// Warm searches to time
+        #[arg(long, default_value_t = 10)]
+        repeats: usize,
+    },
 }
 
 fn init_logging(global: &Global) {
@@ -255,7 +281,8 @@ fn main() -> ExitCode {
             commands::project::search(&target, &gpus, top, &layout, &cli.global)
         }
         Some(Command::Validate { file }) => commands::project::validate(&file, &cli.global),
-        Some(Command::Calibrate { file, gpu, precision }) => {
+        Some(Command::Calibrate { file, holdout: true, .. }) => commands::project::holdout(&file, &cli.global),
+        Some(Command::Calibrate { file, gpu, precision, .. }) => {
             commands::project::calibrate(&file, gpu.as_deref(), precision.as_deref(), &cli.global)
         }
     };

@@ -43,10 +43,9 @@ fn default_run_prints_the_time_and_cost_table() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        out.contains("GPUs")
-            && out.contains("days")
-            && out.contains("speedup")
-            && out.contains("rel. cost"),
+        ["GPUs", "layout", "step s", "tok/s/GPU", "MFU", "GiB", "days", "speedup", "rel. cost"]
+            .iter()
+            .all(|h| out.contains(h)),
         "{out}"
     );
     assert!(
@@ -92,7 +91,7 @@ fn json_and_csv_outputs_carry_the_same_rows() {
     assert!(o.status.success());
     let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
     assert!(
-        csv.starts_with("GPUs,days,speedup,rel. cost,aws (USD)\n"),
+        csv.starts_with("GPUs,layout,step s,tok/s/GPU,MFU,GiB,days,speedup,rel. cost,aws (USD)\n"),
         "{csv}"
     );
     assert_eq!(csv.lines().count(), 3, "{csv}");
@@ -272,9 +271,134 @@ fn every_subcommand_has_help_with_examples() {
         vec!["plugins", "validate", "--help"],
         vec!["models", "--help"],
         vec!["bench", "plugins", "--help"],
+        vec!["project", "--help"],
+        vec!["search", "--help"],
+        vec!["validate", "--help"],
+        vec!["calibrate", "--help"],
     ] {
         let o = runner(&dir, &args);
         assert!(o.status.success(), "{args:?}");
         assert!(text(&o).0.contains("Examples:"), "{args:?} has no examples");
     }
+}
+
+/// `runner project`'s JSON object carries the fields scripts read, fills omitted layout
+/// flags from the published layout, and refuses what cannot run with the reason.
+#[test]
+fn project_prints_one_object_and_refuses_what_cannot_run() {
+    let dir = scratch("project");
+    let o = runner(
+        &dir,
+        &["project", "--model", "llama3.1-70b", "--gpu", "H100", "--gpus", "64", "--precision", "fp8", "--format", "json", "-q"],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    for field in ["step_time_s", "tokens_per_sec_per_gpu", "model_tflops_per_gpu", "mfu", "memory_per_gpu_gib", "fits", "layout", "breakdown"] {
+        assert!(!v[field].is_null(), "{field} missing: {out}");
+    }
+    assert_eq!((v["layout"]["tp"].as_u64(), v["layout"]["pp"].as_u64(), v["layout"]["cp"].as_u64()), (Some(4), Some(4), Some(2)));
+    for part in ["compute", "tp", "cp", "ep", "pp", "dp", "bubble", "optimizer", "recompute"] {
+        assert!(v["breakdown"][part].is_number(), "breakdown.{part}: {out}");
+    }
+    let sum: f64 = v["breakdown"].as_object().unwrap().values().filter_map(|x| x.as_f64()).sum();
+    assert!((sum - v["step_time_s"].as_f64().unwrap()).abs() < 1e-9);
+    // Explicit flags win; GPU names are case-insensitive.
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "16", "--tp", "2", "--pp", "1", "--gbs", "64", "--format", "json", "-q"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["layout"]["tp"].as_u64(), Some(2));
+    assert_eq!(v["layout"]["gbs"].as_u64(), Some(64));
+    for (args, want) in [
+        (vec!["--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--precision", "nvfp4"], "no nvfp4"),
+        (vec!["--model", "llama3.1-70b", "--gpu", "v100", "--gpus", "64"], "unknown GPU 'v100'"),
+        (vec!["--model", "llama9", "--gpus", "64"], "no installed workload plugin provides 'llama9'"),
+        (vec!["--model", "llama3.1-70b", "--gpus", "64", "--precision", "int8"], "unknown precision 'int8'"),
+        (vec!["--model", "llama3.1-70b", "--gpus", "48", "--tp", "4", "--pp", "4", "--cp", "2"], "does not divide"),
+    ] {
+        let mut a = vec!["project"];
+        a.extend(args);
+        let o = runner(&dir, &a);
+        let (_, err) = text(&o);
+        assert!(!o.status.success() && err.contains(want), "{a:?}: {err}");
+    }
+}
+
+#[test]
+fn search_lists_the_best_layouts_and_why_families_lost() {
+    let dir = scratch("search");
+    let o = runner(&dir, &["search", "--model", "gpt3-175b", "--gpu", "h100", "--gpus", "256,1024", "--top", "3", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("256") && out.contains("1024") && out.contains("TP"), "{out}");
+    assert!(out.contains("lost on memory") && out.contains("lost on speed"), "{out}");
+    assert!(out.contains("layouts evaluated"), "{out}");
+}
+
+/// `runner validate` projects a calibration-shaped file and lists what it cannot
+/// project with the reason; `runner calibrate -o` writes a profile `--profile` reads.
+#[test]
+fn validate_and_calibrate_on_a_small_file() {
+    let dir = scratch("validate");
+    let runs = r#"
+[[point]]
+source = "test"
+model = "llama3.1-70b"
+gpu = "H100"
+num_gpus = 64
+precision = "FP8"
+seq_len = 8192
+gbs = 128
+mbs = 1
+tp = 4
+pp = 4
+cp = 2
+vp = 5
+step_time_s = 10.46
+
+[[point]]
+source = "test"
+model = "llama3.1-8b"
+gpu = "H100"
+num_gpus = 8
+precision = "BF16"
+seq_len = 8192
+gbs = 128
+mbs = 1
+tp = 1
+pp = 1
+cp = 2
+step_time_s = 12.78
+
+[[point]]
+source = "test"
+model = "nosuch-7b"
+gpu = "H100"
+num_gpus = 8
+precision = "BF16"
+seq_len = 4096
+gbs = 64
+tp = 1
+step_time_s = 3.0
+"#;
+    std::fs::write(dir.join("runs.toml"), runs).unwrap();
+    let o = runner(&dir, &["validate", "runs.toml", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["checked"].as_array().unwrap().len(), 2, "{out}");
+    assert_eq!(v["unsupported"][0]["index"], 2);
+    assert!(v["unsupported"][0]["reason"].as_str().unwrap().contains("nosuch-7b"));
+    assert!(v["overall"]["median"].as_f64().unwrap() < 0.2);
+    let o = runner(&dir, &["calibrate", "runs.toml", "--gpu", "h100", "-o", "fitted.toml", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let fitted = std::fs::read_to_string(dir.join("fitted.toml")).unwrap();
+    assert!(fitted.contains("name = \"H100\"") && fitted.contains("[gpu.efficiency.gemm]"), "{fitted}");
+    let o = runner(&dir, &["validate", "runs.toml", "--profile", "fitted.toml", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    // Bad input is named.
+    std::fs::write(dir.join("bad.toml"), "[[point]]\nmodel = 3\n").unwrap();
+    let o = runner(&dir, &["validate", "bad.toml"]);
+    assert!(!o.status.success() && text(&o).1.contains("bad.toml"), "{}", text(&o).1);
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpus", "8", "--profile", "bad.toml"]);
+    assert!(!o.status.success() && text(&o).1.contains("bad.toml"), "{}", text(&o).1);
 }

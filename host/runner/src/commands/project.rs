@@ -146,6 +146,12 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> R
     if gpus == 0 {
         anyhow::bail!("--gpus must be at least 1");
     }
+    let given = u64::from(flags.tp.unwrap_or(1)) * u64::from(flags.pp.unwrap_or(1)) * u64::from(flags.cp.unwrap_or(1));
+    if given == 0 || !u64::from(gpus).is_multiple_of(given) {
+        anyhow::bail!(
+            "tp·pp·cp = {given} (from --tp/--pp/--cp) does not divide the {gpus} GPUs; choose degrees whose product divides {gpus}"
+        );
+    }
     let mut s = setup(t, global)?;
     let mut notes = std::mem::take(&mut s.notes);
     let gbs = gbs_for(&s, t, gpus, &mut notes);
@@ -385,7 +391,11 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
     if let Some(p) = precision {
         Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
     }
-    let profiles = project::profiles(global.profile.as_deref())?;
+    // Fits start from the priors (or the user's file), not from the shipped fit.
+    let profiles = match global.profile.as_deref() {
+        Some(_) => project::profiles(global.profile.as_deref())?,
+        None => runner_project::profile::Profiles::priors(),
+    };
     let mut resolver = PluginResolver { limits: Limits::default() };
     let today = today();
     let label = format!("runner calibrate {} on {today}", file.display());
@@ -445,4 +455,98 @@ fn today() -> String {
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
     format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// Leave-one-family-out: the error a model family the fit never saw gets.
+pub fn holdout(file: &Path, global: &Global) -> Result<()> {
+    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
+    let profiles = match global.profile.as_deref() {
+        Some(_) => project::profiles(global.profile.as_deref())?,
+        None => runner_project::profile::Profiles::priors(),
+    };
+    let mut resolver = PluginResolver { limits: Limits::default() };
+    progress_line(global, "fitting with each family held out");
+    let held = calibrate::cross_validate(&points, &profiles, &mut resolver);
+    let mut t = Table::new(
+        format!("held-out error per model family ({}): fit on the other families of the same GPU", file.display()),
+        &["GPU", "family held out", "runs", "median", "max"],
+    );
+    let mut all = Vec::new();
+    for h in &held {
+        let s = published::Stats::of(h.errors.iter().copied());
+        all.extend(h.errors.iter().copied());
+        t.rows.push(vec![h.gpu.clone(), h.family.clone(), s.points.to_string(), pct(s.median), pct(s.max)]);
+    }
+    let s = published::Stats::of(all.into_iter());
+    t.notes.push(format!("all held-out runs: {} points, median {}, p90 {}, max {}", s.points, pct(s.median), pct(s.p90), pct(s.max)));
+    emit(global, &t, &held)
+}
+
+#[derive(Serialize)]
+struct SearchBench {
+    model: String,
+    gpu: String,
+    gpus: u32,
+    layouts: u64,
+    /// Loading the plugin and reading the model's graph.
+    load_ms: f64,
+    cold_ms: f64,
+    warm_median_ms: f64,
+    warm_layouts_per_s: f64,
+    cold_layouts_per_s: f64,
+}
+
+/// How fast the layout search is: one cold search (graphs read, every sharding built
+/// and timed) and `repeats` warm ones (schedules only).
+pub fn bench_search(model: &str, gpu: &str, gpus: u32, precision: &str, repeats: usize, global: &Global) -> Result<()> {
+    let t = Target { model: model.into(), gpu: gpu.into(), precision: precision.into(), seq_len: None, gbs: None };
+    let load = std::time::Instant::now();
+    let mut s = setup(&t, global)?;
+    let load_ms = load.elapsed().as_secs_f64() * 1e3;
+    let mut notes = Vec::new();
+    let gbs = gbs_for(&s, &t, gpus, &mut notes);
+    let started = std::time::Instant::now();
+    let first = search::search(&mut s.projector, gpus, gbs, &Space::default(), 1);
+    let cold = started.elapsed().as_secs_f64();
+    let mut warm: Vec<f64> = (0..repeats.max(1))
+        .map(|_| {
+            let t0 = std::time::Instant::now();
+            let _ = search::search(&mut s.projector, gpus, gbs, &Space::default(), 1);
+            t0.elapsed().as_secs_f64()
+        })
+        .collect();
+    warm.sort_by(f64::total_cmp);
+    let median = warm[warm.len() / 2];
+    let out = SearchBench {
+        model: model.into(),
+        gpu: s.projector.gpu.name.clone(),
+        gpus,
+        layouts: first.evaluated,
+        load_ms,
+        cold_ms: cold * 1e3,
+        warm_median_ms: median * 1e3,
+        warm_layouts_per_s: first.evaluated as f64 / median,
+        cold_layouts_per_s: first.evaluated as f64 / cold,
+    };
+    let mut table = Table::new(
+        format!("layout search: {model} on {gpus} {}, {precision}, GBS {gbs}", out.gpu),
+        &["layouts", "load ms", "cold ms", "warm ms (median)", "layouts/s cold", "layouts/s warm"],
+    );
+    table.rows.push(vec![
+        out.layouts.to_string(),
+        format!("{:.1}", out.load_ms),
+        format!("{:.1}", out.cold_ms),
+        format!("{:.1}", out.warm_median_ms),
+        format!("{:.0}", out.cold_layouts_per_s),
+        format!("{:.0}", out.warm_layouts_per_s),
+    ]);
+    table.notes.push(format!(
+        "load: the workload plugin loaded and the full graph read; cold: the search with graphs per micro-batch read, each (tp, cp, ep, etp, mbs) sharding built and timed; warm: the schedules over cached timings ({} runs)",
+        warm.len()
+    ));
+    if let Some(best) = first.best.first() {
+        table.notes.push(format!("best: {} at {:.3} s per step", best.layout.short(), best.step_time_s));
+    }
+    emit(global, &table, &out)
 }
