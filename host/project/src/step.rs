@@ -565,8 +565,14 @@ impl Costed {
             } else {
                 (2.0 * (d + e), gb * (d + e), 12.0 * (d + e))
             };
-            // One cast copy of each low-precision GEMM weight stays resident.
-            let w = w + lw;
+            // One cast copy of each low-precision GEMM weight stays resident; under FSDP
+            // weights exist whole only per gathered unit, and so do their casts.
+            let w = if s.fsdp {
+                let big = self.layers.iter().map(|l| l.low_weights).fold(0.0, f64::max);
+                w + 2.0 * big
+            } else {
+                w + lw
+            };
             let a = self.in_flight(st, pp, vp, m) * acts[st]
                 + if st == 0 { self.in_flight(0, pp, vp, m) * self.pre.activations[pol] } else { 0.0 }
                 + if st == pp - 1 { self.post.activations[pol] } else { 0.0 };

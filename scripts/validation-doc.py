@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Regenerate docs/VALIDATION.md from `runner validate` and `runner calibrate --holdout`.
+
+Run from the repository root after `cargo build --release`:  python3 scripts/validation-doc.py
+"""
+import json,subprocess
+R='./target/release/runner'
+F='host/project/data/calibration.toml'
+v=json.loads(subprocess.run([R,'validate',F,'-q','--format','json'],capture_output=True,text=True).stdout)
+h=json.loads(subprocess.run([R,'calibrate',F,'--holdout','-q','--format','json'],capture_output=True,text=True).stdout)
+cal=subprocess.run([R,'calibrate',F,'-q'],capture_output=True,text=True).stdout
+o=v['overall']
+def pct(x): return f"{100*x:.1f} %"
+groups=["| GPU / precision / family | points | median | p90 | max |","|---|---:|---:|---:|---:|"]
+for k,s in v['groups'].items():
+    groups.append(f"| {k} | {s['points']} | {pct(s['median'])} | {pct(s['p90'])} | {pct(s['max'])} |")
+points=["| # | model | GPU | precision | GPUs | layout (as projected) | published s | predicted s | error | note |","|---:|---|---|---|---:|---|---:|---:|---:|---|"]
+for c in v['checked']:
+    points.append(f"| {c['index']} | {c['model']} | {c['gpu']} | {c['precision']} | {c['gpus']} | {c['layout']} | {c['published_step_s']:.3f} | {c['predicted_step_s']:.3f} | {100*c['error']:+.1f} % | {c['note']} |")
+unsup=["| # | run | reason |","|---:|---|---|"]
+for u in v['unsupported']:
+    unsup.append(f"| {u['index']} | {u['label']} | {u['reason']} |")
+hold=["| GPU | family held out | runs | median | max |","|---|---|---:|---:|---:|"]
+allv=[]
+for x in h:
+    e=sorted(abs(a) for a in x['errors']); allv+=e
+    med = e[len(e)//2] if len(e)%2 else (e[len(e)//2-1]+e[len(e)//2])/2
+    hold.append(f"| {x['gpu']} | {x['family']} | {len(e)} | {pct(med)} | {pct(max(e))} |")
+allv.sort(); n=len(allv)
+hmed = allv[n//2] if n%2 else (allv[n//2-1]+allv[n//2])/2
+import math
+hp90 = allv[max(1,math.ceil(0.9*n))-1]
+dense=[c for c in v['checked'] if c['gpu']=='H100' and c['family'] in ('llama3','gpt3','nemotron4')]
+de=sorted(abs(c['error']) for c in dense); dm = de[len(de)//2] if len(de)%2 else (de[len(de)//2-1]+de[len(de)//2])/2
+tmpl=open('scripts/validation-doc.template.md').read()
+doc=tmpl.format(n=o['points'],median=pct(o['median']),p90=pct(o['p90']),max=pct(o['max']),
+  gap_median=f"{100*(o['median']-0.05):.1f}", ndense=len(dense), dense_median=pct(dm), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']),
+  cal=cal.strip(), groups="\n".join(groups), hold="\n".join(hold), points="\n".join(points), unsup="\n".join(unsup))
+open('docs/VALIDATION.md','w').write(doc)
+print(o, hmed, hp90, dm)
