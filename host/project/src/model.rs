@@ -75,10 +75,10 @@ impl Model {
             let dims = |i: usize| op.inputs.get(i).map_or(&[][..], |&t| graph.tensors[t].shape.as_slice());
             match op.kind {
                 OpKind::Attention => {
-                    if let ([_, _, h, _], [_, _, hkv, _]) = (dims(0), dims(1)) {
-                        if !shape.heads.contains(&(*h, *hkv)) {
-                            shape.heads.push((*h, *hkv));
-                        }
+                    if let ([_, _, h, _], [_, _, hkv, _]) = (dims(0), dims(1))
+                        && !shape.heads.contains(&(*h, *hkv))
+                    {
+                        shape.heads.push((*h, *hkv));
                     }
                 }
                 OpKind::Embedding => {

@@ -138,49 +138,34 @@ impl LayoutSpec {
 
     /// The parallel degrees and batch, for narrow tables: "TP4 PP4 CP2 VP5 MBS1 GBS128".
     pub fn compact(&self) -> String {
+        self.spell(false)
+    }
+
+    /// Megatron-style short form: "TP4 PP4 CP2 VP5 DP2 MBS1 GBS128 RC-full".
+    pub fn short(&self) -> String {
+        self.spell(true)
+    }
+
+    fn spell(&self, long: bool) -> String {
         let mut s = format!("TP{} PP{}", self.tp, self.pp);
         for (name, v) in [("CP", self.cp), ("VP", self.vp), ("EP", self.ep), ("ETP", self.etp)] {
             if v > 1 {
                 s += &format!(" {name}{v}");
             }
         }
+        if long {
+            s += &format!(" DP{}", self.dp);
+        }
         s += &format!(" MBS{} GBS{}", self.mbs, self.gbs);
         if self.fsdp {
             s += " FSDP";
         }
+        let full = if long { "RC-full" } else { "RC" };
         match self.recompute {
             RecomputePolicy::None => {}
             RecomputePolicy::Selective => s += " RC-sel",
-            RecomputePolicy::Full if self.recompute_layers > 0 => s += &format!(" RC{}", self.recompute_layers),
-            RecomputePolicy::Full => s += " RC",
-        }
-        s
-    }
-
-    /// Megatron-style short form: "TP4 PP4 CP2 VP5 DP2 MBS1 GBS128 RC-full".
-    pub fn short(&self) -> String {
-        let mut s = format!("TP{} PP{}", self.tp, self.pp);
-        if self.cp > 1 {
-            s += &format!(" CP{}", self.cp);
-        }
-        if self.vp > 1 {
-            s += &format!(" VP{}", self.vp);
-        }
-        if self.ep > 1 {
-            s += &format!(" EP{}", self.ep);
-        }
-        if self.etp > 1 {
-            s += &format!(" ETP{}", self.etp);
-        }
-        s += &format!(" DP{} MBS{} GBS{}", self.dp, self.mbs, self.gbs);
-        if self.fsdp {
-            s += " FSDP";
-        }
-        match self.recompute {
-            RecomputePolicy::None => {}
-            RecomputePolicy::Selective => s += " RC-sel",
-            RecomputePolicy::Full if self.recompute_layers > 0 => s += &format!(" RC-full:{}", self.recompute_layers),
-            RecomputePolicy::Full => s += " RC-full",
+            RecomputePolicy::Full if self.recompute_layers > 0 => s += &format!(" {full}:{}", self.recompute_layers),
+            RecomputePolicy::Full => s += &format!(" {full}"),
         }
         s
     }

@@ -242,9 +242,9 @@ impl Template {
             .ops
             .iter()
             .enumerate()
+            .rev()
             .filter(|(i, _)| matches!(places[*i], Place::Layer(_)))
-            .filter_map(|(_, op)| op.outputs.last())
-            .last()
+            .find_map(|(_, op)| op.outputs.last())
             .map_or(0.0, |&t| g.tensors[t].numel() as f64 * g.tensors[t].dtype.bytes());
         let post_part = parts.pop().unwrap_or_default();
         let pre = parts.remove(0);

@@ -303,3 +303,24 @@ fn calibration_fits_better_than_its_priors() {
         }
     }
 }
+
+/// Per-op times measured on the target device replace the roofline op by op.
+#[test]
+fn measured_op_times_replace_the_roofline() {
+    let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
+    let g = src.graph(1).unwrap();
+    let d = depth::analyse(&g);
+    let key = ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 };
+    let t = Template::build(&depth::reduce(&g, &d).unwrap_or(g.clone()), &d.layers, key).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &g);
+    let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
+    let part = &t.layers[0];
+    let roofline = t.time_part(part, &d.gemm_names[0], &plan, &rates, &Measured::default());
+    let gemm = &part.gemms[0].name;
+    let mut m = Measured::default();
+    m.ops.insert(gemm.clone(), (1.0, 2.0));
+    let measured = t.time_part(part, &d.gemm_names[0], &plan, &rates, &m);
+    let one = t.time_part(&runner_project::template::Part { gemms: vec![part.gemms[0].clone()], ..Default::default() }, &d.gemm_names[0][..1], &plan, &rates, &Measured::default());
+    assert!((measured.fwd - (roofline.fwd - one.fwd + 1.0)).abs() < 1e-12);
+    assert!((measured.bwd - (roofline.bwd - one.bwd + 2.0)).abs() < 1e-12);
+}

@@ -41,12 +41,13 @@ pub struct Found {
     pub variant: Variant,
 }
 
-/// Every installed workload plugin's spec (plugin directories first, then embedded).
-fn workload_specs() -> Vec<String> {
+/// Every installed plugin of `kind`, one per name, as a spec `plugin::load` takes
+/// (plugin directories first, then embedded).
+pub fn installed_specs(kind: Kind) -> Vec<String> {
     let mut specs = Vec::new();
     for (info, shadowed) in plugin::list() {
         if let (Ok(info), false) = (info, shadowed)
-            && info.kind == Kind::Workload
+            && info.kind == kind
         {
             specs.push(match &info.source {
                 plugin::Source::Path(p) => p.display().to_string(),
@@ -64,7 +65,7 @@ fn workload_specs() -> Vec<String> {
 /// plugin failed to describe itself.
 pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
     let mut known = Vec::new();
-    for spec in workload_specs() {
+    for spec in installed_specs(Kind::Workload) {
         let p = plugin::load(&spec)?;
         let mut w = p.workload(limits)?;
         let info = w.describe()?;

@@ -147,7 +147,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let option = parse_option(&run.cost.option).map_err(anyhow::Error::msg)?;
     let mut clouds: Vec<(String, plugin::cost::CostModel, Vec<plugin::cost::Offering>)> = Vec::new();
     let cost_specs: Vec<String> =
-        if run.cost.plugins.is_empty() { installed_cost_plugins() } else { run.cost.plugins.clone() };
+        if run.cost.plugins.is_empty() { project::installed_specs(Kind::Cost) } else { run.cost.plugins.clone() };
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"));
         let loaded = plugin::load(spec).and_then(|p| p.cost(limits)).and_then(|mut c| {
@@ -289,22 +289,6 @@ pub fn main_model_params(
         layers: variant.hyper.layers,
     })?;
     Ok(count::params(&g))
-}
-
-/// Every cost plugin installed (plugin directories first, then embedded), one per name.
-fn installed_cost_plugins() -> Vec<String> {
-    let mut names = Vec::new();
-    for (info, shadowed) in plugin::list() {
-        if let (Ok(info), false) = (info, shadowed)
-            && info.kind == Kind::Cost
-        {
-            names.push(match &info.source {
-                plugin::Source::Path(p) => p.display().to_string(),
-                plugin::Source::Embedded => info.name.clone(),
-            });
-        }
-    }
-    names
 }
 
 #[allow(
