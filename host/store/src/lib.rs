@@ -1,0 +1,445 @@
+//! The runner's history: every run (its command, inputs, the plugins it used with their
+//! sha256, and its results) in an embedded SQLite database.
+//!
+//! Durability is SQLite's: write-ahead logging with a synchronous commit per write, so a
+//! process killed with SIGKILL loses nothing already written; a busy timeout, so two
+//! runners writing at once wait for each other instead of failing or corrupting the file.
+//! A long run writes each finished item (one GPU count, one point of a sweep) as it goes
+//! ([`Store::put_item`]); started again with the same inputs it finds the unfinished run
+//! and its items ([`Store::begin`]), so it resumes where it stopped.
+//!
+//! Key items: [`Store`] (open, begin, put_item, finish, list, get), [`Run`], [`diff`].
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{Connection, OptionalExtension, params};
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// A run's id in the store.
+pub type RunId = i64;
+
+/// What a store call failed on, with the database path.
+#[derive(Debug)]
+pub struct StoreError(pub String);
+
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+type R<T> = Result<T, StoreError>;
+
+/// The history database.
+pub struct Store {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// One stored run.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Run {
+    pub id: RunId,
+    /// "run", "explore", ...
+    pub kind: String,
+    /// The command line, for people.
+    pub command: String,
+    pub started: String,
+    pub finished: Option<String>,
+    /// running, done or failed.
+    pub status: String,
+    pub inputs: Value,
+    /// Every plugin used: name, path, sha256.
+    pub plugins: Value,
+    pub result: Option<Value>,
+    /// Items written as the run went (key, value), in order.
+    pub items: Vec<(String, Value)>,
+    pub runner_version: String,
+}
+
+/// A run's line in a listing.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Summary {
+    pub id: RunId,
+    pub kind: String,
+    pub command: String,
+    pub started: String,
+    pub status: String,
+    pub items: i64,
+}
+
+const SCHEMA: &str = "
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind TEXT NOT NULL,
+    command TEXT NOT NULL,
+    inputs TEXT NOT NULL,
+    inputs_sha256 TEXT NOT NULL,
+    plugins TEXT NOT NULL,
+    started TEXT NOT NULL,
+    finished TEXT,
+    status TEXT NOT NULL,
+    result TEXT,
+    runner_version TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS runs_by_inputs ON runs (inputs_sha256, status);
+CREATE TABLE IF NOT EXISTS items (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    seq INTEGER NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+);
+";
+
+fn now() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+/// The default database: `$RUNNER_HISTORY`, else `$XDG_DATA_HOME/runner/history.sqlite`,
+/// else `~/.local/share/runner/history.sqlite`.
+pub fn default_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("RUNNER_HISTORY") {
+        return Some(PathBuf::from(p));
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
+    Some(base.join("runner").join("history.sqlite"))
+}
+
+/// The sha256 of a JSON value's canonical text (serde_json sorts object keys when
+/// `preserve_order` is off, which it is here).
+pub fn hash(v: &Value) -> String {
+    let mut h = Sha256::new();
+    h.update(v.to_string().as_bytes());
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Store {
+    /// Open (and create) the database at `path`.
+    ///
+    /// # Errors
+    /// The directory cannot be created or the file is not a runner history database.
+    pub fn open(path: &Path) -> R<Store> {
+        let err = |e: &dyn std::fmt::Display| StoreError(format!("history database {}: {e}", path.display()));
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
+        }
+        let conn = Connection::open(path).map_err(|e| err(&e))?;
+        conn.busy_timeout(Duration::from_secs(30)).map_err(|e| err(&e))?;
+        // WAL: readers never block the writer; FULL sync: a commit is on disk when it
+        // returns, so SIGKILL (or power loss) cannot undo it.
+        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| err(&e))?;
+        conn.pragma_update(None, "synchronous", "FULL").map_err(|e| err(&e))?;
+        conn.execute_batch(SCHEMA).map_err(|e| err(&e))?;
+        Ok(Store { conn, path: path.to_path_buf() })
+    }
+
+    fn err(&self, e: rusqlite::Error) -> StoreError {
+        StoreError(format!("history database {}: {e}", self.path.display()))
+    }
+
+    /// Start a run, or resume the newest unfinished one with the same kind and inputs
+    /// (its items are then already there). Returns the id and whether it resumed.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn begin(&mut self, kind: &str, command: &str, inputs: &Value, plugins: &Value, version: &str) -> R<(RunId, bool)> {
+        let digest = hash(inputs);
+        // IMMEDIATE: take the write lock before reading, or two runners that both read
+        // first would deadlock on the upgrade and one would fail "database is locked".
+        let tx = self
+            .conn
+            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+            .map_err(|e| StoreError(format!("history database {}: {e}", self.path.display())))?;
+        let existing: Option<RunId> = tx
+            .query_row(
+                "SELECT id FROM runs WHERE inputs_sha256 = ?1 AND kind = ?2 AND status = 'running' ORDER BY id DESC LIMIT 1",
+                params![digest, kind],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| StoreError(e.to_string()))?;
+        let out = match existing {
+            Some(id) => (id, true),
+            None => {
+                tx.execute(
+                    "INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, status, runner_version)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7)",
+                    params![kind, command, inputs.to_string(), digest, plugins.to_string(), now(), version],
+                )
+                .map_err(|e| StoreError(e.to_string()))?;
+                (tx.last_insert_rowid(), false)
+            }
+        };
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+
+    /// Record one finished item of a run (committed before this returns). Writing a key
+    /// again replaces it.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn put_item(&self, run: RunId, key: &str, value: &Value) -> R<()> {
+        self.conn
+            .execute(
+                "INSERT INTO items (run_id, seq, key, value)
+                 VALUES (?1, (SELECT COALESCE(MAX(seq), 0) + 1 FROM items WHERE run_id = ?1), ?2, ?3)
+                 ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value",
+                params![run, key, value.to_string()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The items a run has written, in order.
+    ///
+    /// # Errors
+    /// A database error or an item that is not JSON.
+    pub fn items(&self, run: RunId) -> R<Vec<(String, Value)>> {
+        let mut st = self.conn.prepare("SELECT key, value FROM items WHERE run_id = ?1 ORDER BY seq").map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![run], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?)))
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (k, v) = row.map_err(|e| self.err(e))?;
+            let value = serde_json::from_str(&v).map_err(|e| StoreError(format!("item {k} of run {run}: {e}")))?;
+            out.push((k, value));
+        }
+        Ok(out)
+    }
+
+    /// Close a run with its result.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn finish(&self, run: RunId, status: &str, result: &Value) -> R<()> {
+        self.conn
+            .execute(
+                "UPDATE runs SET status = ?2, finished = ?3, result = ?4 WHERE id = ?1",
+                params![run, status, now(), result.to_string()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The newest runs first.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn list(&self, limit: usize) -> R<Vec<Summary>> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT r.id, r.kind, r.command, r.started, r.status, (SELECT COUNT(*) FROM items i WHERE i.run_id = r.id)
+                 FROM runs r ORDER BY r.id DESC LIMIT ?1",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map(params![limit as i64], |r| {
+                Ok(Summary { id: r.get(0)?, kind: r.get(1)?, command: r.get(2)?, started: r.get(3)?, status: r.get(4)?, items: r.get(5)? })
+            })
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
+    }
+
+    /// One run, whole.
+    ///
+    /// # Errors
+    /// No run has this id (the message says which ids exist), or a database error.
+    pub fn get(&self, id: RunId) -> R<Run> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT id, kind, command, started, finished, status, inputs, plugins, result, runner_version FROM runs WHERE id = ?1",
+                params![id],
+                |r| {
+                    Ok((
+                        r.get::<_, RunId>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, Option<String>>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, String>(6)?,
+                        r.get::<_, String>(7)?,
+                        r.get::<_, Option<String>>(8)?,
+                        r.get::<_, String>(9)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        let Some((id, kind, command, started, finished, status, inputs, plugins, result, runner_version)) = row else {
+            let newest = self.list(1)?.first().map(|s| s.id);
+            return Err(StoreError(match newest {
+                Some(n) => format!("no run {id} in {}; runs are numbered 1 to {n} (`runner history` lists them)", self.path.display()),
+                None => format!("no run {id}: {} holds no runs yet", self.path.display()),
+            }));
+        };
+        let json = |what: &str, s: &str| serde_json::from_str::<Value>(s).map_err(|e| StoreError(format!("run {id} {what}: {e}")));
+        Ok(Run {
+            id,
+            kind,
+            command,
+            started,
+            finished,
+            status,
+            inputs: json("inputs", &inputs)?,
+            plugins: json("plugins", &plugins)?,
+            result: result.as_deref().map(|r| json("result", r)).transpose()?,
+            items: self.items(id)?,
+            runner_version,
+        })
+    }
+
+    /// SQLite's own consistency check: "ok" when the file is sound.
+    ///
+    /// # Errors
+    /// A database error.
+    pub fn integrity(&self) -> R<String> {
+        self.conn.query_row("PRAGMA integrity_check", [], |r| r.get(0)).map_err(|e| self.err(e))
+    }
+}
+
+/// One difference between two JSON values: its path, the value in A and in B.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Change {
+    pub path: String,
+    pub a: Value,
+    pub b: Value,
+}
+
+/// Every leaf that differs between `a` and `b`, by JSON path (objects by key, arrays by
+/// index; a number that differs by less than one part in 10^9 is the same).
+pub fn diff(a: &Value, b: &Value) -> Vec<Change> {
+    let mut out = Vec::new();
+    walk("", a, b, &mut out);
+    out
+}
+
+fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let mut keys: Vec<&String> = x.keys().chain(y.keys()).collect();
+            keys.sort();
+            keys.dedup();
+            for k in keys {
+                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                walk(&p, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            for i in 0..x.len().max(y.len()) {
+                walk(&format!("{path}[{i}]"), x.get(i).unwrap_or(&Value::Null), y.get(i).unwrap_or(&Value::Null), out);
+            }
+        }
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
+            if !((x - y).abs() <= 1e-9 * x.abs().max(y.abs())) {
+                out.push(Change { path: path.into(), a: a.clone(), b: b.clone() });
+            }
+        }
+        _ if a != b => out.push(Change { path: path.into(), a: a.clone(), b: b.clone() }),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("runner-store-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir.join("h.sqlite")
+    }
+
+    #[test]
+    fn a_run_round_trips_and_resumes_with_the_same_inputs() {
+        let path = scratch("roundtrip");
+        let mut s = Store::open(&path).unwrap();
+        let inputs = json!({"model": "llama3.1-70b", "gpus": [64, 128]});
+        let plugins = json!([{"name": "llama3", "sha256": "ab"}]);
+        let (id, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        assert!(!resumed);
+        s.put_item(id, "64", &json!({"days": 115.9})).unwrap();
+        drop(s);
+        // Reopened with the same inputs: the unfinished run and its item are found.
+        let mut s = Store::open(&path).unwrap();
+        let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        assert_eq!((again, resumed), (id, true));
+        assert_eq!(s.items(id).unwrap(), vec![("64".to_string(), json!({"days": 115.9}))]);
+        s.put_item(id, "128", &json!({"days": 58.0})).unwrap();
+        s.finish(id, "done", &json!({"rows": 2})).unwrap();
+        let r = s.get(id).unwrap();
+        assert_eq!((r.status.as_str(), r.items.len(), r.result), ("done", 2, Some(json!({"rows": 2}))));
+        // Finished runs are not resumed; other inputs start a new run.
+        let (next, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        assert!(!resumed && next != id);
+        assert_eq!(s.list(10).unwrap()[0].id, next);
+        assert!(s.get(999).unwrap_err().to_string().contains("no run 999"));
+        assert_eq!(s.integrity().unwrap(), "ok");
+    }
+
+    /// Two writers (separate connections, as two runner processes have) at once: both
+    /// runs complete with every item, and the file stays sound.
+    #[test]
+    fn concurrent_writers_do_not_corrupt_the_database() {
+        let path = scratch("concurrent");
+        Store::open(&path).unwrap();
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let mut s = Store::open(&path).unwrap();
+                    let (id, _) = s.begin("sweep", "test", &json!({"writer": w}), &json!([]), "0").unwrap();
+                    for i in 0..150 {
+                        s.put_item(id, &i.to_string(), &json!({"writer": w, "i": i})).unwrap();
+                    }
+                    s.finish(id, "done", &json!({"items": 150})).unwrap();
+                    id
+                })
+            })
+            .collect();
+        let ids: Vec<RunId> = writers.into_iter().map(|h| h.join().unwrap()).collect();
+        let s = Store::open(&path).unwrap();
+        for (w, id) in ids.into_iter().enumerate() {
+            let r = s.get(id).unwrap();
+            assert_eq!((r.status.as_str(), r.items.len()), ("done", 150));
+            assert!(r.items.iter().all(|(_, v)| v["writer"] == json!(w)));
+        }
+        assert_eq!(s.integrity().unwrap(), "ok");
+    }
+
+    #[test]
+    fn diff_names_every_changed_leaf() {
+        let a = json!({"inputs": {"gpus": [64, 128], "gpu": "H100"}, "days": 115.9, "same": 1.0});
+        let b = json!({"inputs": {"gpus": [64, 256], "gpu": "H100", "tokens": 1e12}, "days": 116.0, "same": 1.0 + 1e-12});
+        let d = diff(&a, &b);
+        let paths: Vec<&str> = d.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, vec!["days", "inputs.gpus[1]", "inputs.tokens"]);
+        assert_eq!(d[2].a, Value::Null);
+    }
+}
