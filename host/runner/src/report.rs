@@ -3,6 +3,8 @@
 
 use std::fmt::Write as _;
 
+pub mod chart;
+
 use serde::Serialize;
 
 use crate::session::Outcome;

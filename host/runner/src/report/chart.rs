@@ -1,0 +1,357 @@
+//! Charts for the HTML report as inline SVG: no script, no fonts or files fetched, so a
+//! report is one file that opens anywhere and prints. Line charts (days or cost against
+//! GPU count, one line per series, logarithmic axes where the data spans decades, marked
+//! points such as the sweet spot) and stacked bars (the step-time breakdown per GPU count).
+//!
+//! Every label is escaped; points that are not finite (or not positive on a log axis) are
+//! left out rather than drawn at nonsense coordinates.
+
+use std::fmt::Write as _;
+
+/// Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
+pub const PALETTE: [&str; 8] = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"];
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// One line of a chart.
+#[derive(Clone, Debug, Default)]
+pub struct Series {
+    pub name: String,
+    pub points: Vec<(f64, f64)>,
+    pub dashed: bool,
+}
+
+/// A point called out with a label (the sweet spot).
+#[derive(Clone, Debug)]
+pub struct Mark {
+    pub x: f64,
+    pub y: f64,
+    pub label: String,
+}
+
+/// A line chart.
+#[derive(Clone, Debug, Default)]
+pub struct LineChart {
+    pub title: String,
+    pub x_label: String,
+    pub y_label: String,
+    pub log_x: bool,
+    pub log_y: bool,
+    pub series: Vec<Series>,
+    pub marks: Vec<Mark>,
+}
+
+const W: f64 = 720.0;
+const H: f64 = 360.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 170.0;
+const TOP: f64 = 36.0;
+const BOTTOM: f64 = 48.0;
+
+/// An axis: data range to pixels, with its ticks.
+struct Axis {
+    lo: f64,
+    hi: f64,
+    log: bool,
+}
+
+impl Axis {
+    fn new(values: impl Iterator<Item = f64>, log: bool) -> Option<Axis> {
+        let v: Vec<f64> = values.filter(|x| x.is_finite() && (!log || *x > 0.0)).collect();
+        let (mut lo, mut hi) = (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max));
+        if !lo.is_finite() {
+            return None;
+        }
+        if log {
+            lo = 2f64.powf(lo.log2().floor());
+            hi = 2f64.powf(hi.log2().ceil());
+            if hi <= lo {
+                hi = lo * 2.0;
+            }
+        } else {
+            lo = lo.min(0.0);
+            if hi <= lo {
+                hi = lo + 1.0;
+            }
+            hi += (hi - lo) * 0.05;
+        }
+        Some(Axis { lo, hi, log })
+    }
+
+    fn frac(&self, x: f64) -> f64 {
+        if self.log { (x.log2() - self.lo.log2()) / (self.hi.log2() - self.lo.log2()) } else { (x - self.lo) / (self.hi - self.lo) }
+    }
+
+    fn ok(&self, x: f64) -> bool {
+        x.is_finite() && (!self.log || x > 0.0)
+    }
+
+    /// Tick values: powers of two (log) or about five round numbers.
+    fn ticks(&self) -> Vec<f64> {
+        if self.log {
+            let (a, b) = (self.lo.log2().round() as i32, self.hi.log2().round() as i32);
+            let step = ((b - a) / 8).max(1);
+            return (a..=b).step_by(step as usize).map(|e| 2f64.powi(e)).collect();
+        }
+        let raw = (self.hi - self.lo) / 5.0;
+        let mag = 10f64.powf(raw.log10().floor());
+        let step = [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * mag).find(|s| *s >= raw).unwrap_or(10.0 * mag);
+        let mut t = (self.lo / step).ceil() * step;
+        let mut out = Vec::new();
+        while t <= self.hi + 1e-9 * step && out.len() < 12 {
+            out.push(t);
+            t += step;
+        }
+        out
+    }
+}
+
+/// A short number for a tick: 1.5K, 2M, 0.25.
+pub fn short(v: f64) -> String {
+    let a = v.abs();
+    if v.fract() == 0.0 && a < 1e5 {
+        return format!("{v:.0}");
+    }
+    let (x, unit) = if a >= 1e9 {
+        (v / 1e9, "B")
+    } else if a >= 1e6 {
+        (v / 1e6, "M")
+    } else if a >= 1e3 {
+        (v / 1e3, "K")
+    } else {
+        (v, "")
+    };
+    let s = if x.fract().abs() < 1e-9 { format!("{x:.0}") } else if x.abs() >= 10.0 { format!("{x:.1}") } else { format!("{x:.2}") };
+    format!("{s}{unit}")
+}
+
+impl LineChart {
+    /// The chart as an `<svg>` element; an empty chart (no finite point) says so.
+    pub fn svg(&self) -> String {
+        let xs = Axis::new(self.series.iter().flat_map(|s| s.points.iter().map(|p| p.0)), self.log_x);
+        let ys = Axis::new(self.series.iter().flat_map(|s| s.points.iter().map(|p| p.1)), self.log_y);
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" role=\"img\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\"><title>{}</title>",
+            esc(&self.title)
+        );
+        let _ = write!(out, "<text x=\"{LEFT}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{}</text>", esc(&self.title));
+        let (Some(xs), Some(ys)) = (xs, ys) else {
+            let _ = write!(out, "<text x=\"{LEFT}\" y=\"{}\">no data to draw</text></svg>", H / 2.0);
+            return out;
+        };
+        let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+        let px = |x: f64| LEFT + xs.frac(x) * pw;
+        let py = |y: f64| TOP + (1.0 - ys.frac(y)) * ph;
+        let _ = write!(out, "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{pw}\" height=\"{ph}\" fill=\"#ffffff\" stroke=\"#999999\"/>");
+        for t in xs.ticks() {
+            let x = px(t);
+            let _ = write!(
+                out,
+                "<line x1=\"{x:.1}\" y1=\"{TOP}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"#e6e6e6\"/><text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+                TOP + ph,
+                TOP + ph + 16.0,
+                short(t)
+            );
+        }
+        for t in ys.ticks() {
+            let y = py(t);
+            let _ = write!(
+                out,
+                "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#e6e6e6\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                LEFT + pw,
+                LEFT - 6.0,
+                y + 4.0,
+                short(t)
+            );
+        }
+        let _ = write!(out, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>", LEFT + pw / 2.0, H - 8.0, esc(&self.x_label));
+        let _ = write!(
+            out,
+            "<text x=\"14\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {:.1})\">{}</text>",
+            TOP + ph / 2.0,
+            TOP + ph / 2.0,
+            esc(&self.y_label)
+        );
+        for (i, s) in self.series.iter().enumerate() {
+            let color = PALETTE[i % PALETTE.len()];
+            let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|(x, y)| xs.ok(*x) && ys.ok(*y)).collect();
+            let path: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y))).collect();
+            let dash = if s.dashed { " stroke-dasharray=\"6 4\"" } else { "" };
+            let _ = write!(
+                out,
+                "<g class=\"series\" data-name=\"{}\"><polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2.5\"{dash} points=\"{}\"/>",
+                esc(&s.name),
+                path.join(" ")
+            );
+            for (x, y) in &pts {
+                let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", px(*x), py(*y));
+            }
+            out.push_str("</g>");
+            let ly = TOP + 14.0 + 18.0 * i as f64;
+            let lx = LEFT + pw + 12.0;
+            let _ = write!(
+                out,
+                "<line x1=\"{lx:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                ly - 4.0,
+                lx + 22.0,
+                ly - 4.0,
+                lx + 28.0,
+                ly,
+                esc(&s.name)
+            );
+        }
+        for m in self.marks.iter().filter(|m| xs.ok(m.x) && ys.ok(m.y)) {
+            let (x, y) = (px(m.x), py(m.y));
+            let _ = write!(
+                out,
+                "<g class=\"mark\"><circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"8\" fill=\"none\" stroke=\"#D55E00\" stroke-width=\"2.5\"/><text x=\"{:.1}\" y=\"{:.1}\" fill=\"#D55E00\">{}</text></g>",
+                x + 10.0,
+                y - 10.0,
+                esc(&m.label)
+            );
+        }
+        out.push_str("</svg>");
+        out
+    }
+}
+
+/// Stacked bars: one bar per category, one colour per part.
+#[derive(Clone, Debug, Default)]
+pub struct StackedBars {
+    pub title: String,
+    pub y_label: String,
+    pub categories: Vec<String>,
+    /// (part name, one value per category).
+    pub parts: Vec<(String, Vec<f64>)>,
+}
+
+impl StackedBars {
+    pub fn svg(&self) -> String {
+        let totals: Vec<f64> = (0..self.categories.len())
+            .map(|i| self.parts.iter().filter_map(|(_, v)| v.get(i)).copied().filter(|x| x.is_finite() && *x > 0.0).sum())
+            .collect();
+        let mut out = String::new();
+        let _ = write!(
+            out,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"chart\" role=\"img\" viewBox=\"0 0 {W} {H}\" width=\"{W}\" height=\"{H}\" font-family=\"sans-serif\" font-size=\"12\"><title>{}</title><text x=\"{LEFT}\" y=\"20\" font-size=\"14\" font-weight=\"bold\">{}</text>",
+            esc(&self.title),
+            esc(&self.title)
+        );
+        let Some(ys) = Axis::new(totals.iter().copied().chain([0.0]), false).filter(|_| totals.iter().any(|t| *t > 0.0)) else {
+            let _ = write!(out, "<text x=\"{LEFT}\" y=\"{}\">no data to draw</text></svg>", H / 2.0);
+            return out;
+        };
+        let (pw, ph) = (W - LEFT - RIGHT, H - TOP - BOTTOM);
+        let py = |y: f64| TOP + (1.0 - ys.frac(y)) * ph;
+        let _ = write!(out, "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{pw}\" height=\"{ph}\" fill=\"#ffffff\" stroke=\"#999999\"/>");
+        for t in ys.ticks() {
+            let y = py(t);
+            let _ = write!(
+                out,
+                "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#e6e6e6\"/><text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                LEFT + pw,
+                LEFT - 6.0,
+                y + 4.0,
+                short(t)
+            );
+        }
+        let _ = write!(
+            out,
+            "<text x=\"14\" y=\"{:.1}\" text-anchor=\"middle\" transform=\"rotate(-90 14 {:.1})\">{}</text>",
+            TOP + ph / 2.0,
+            TOP + ph / 2.0,
+            esc(&self.y_label)
+        );
+        let n = self.categories.len().max(1) as f64;
+        let slot = pw / n;
+        let bw = (slot * 0.6).min(60.0);
+        for (i, cat) in self.categories.iter().enumerate() {
+            let x = LEFT + slot * (i as f64 + 0.5) - bw / 2.0;
+            let mut acc = 0.0;
+            for (j, (_, vals)) in self.parts.iter().enumerate() {
+                let v = vals.get(i).copied().unwrap_or(0.0);
+                if !(v.is_finite() && v > 0.0) {
+                    continue;
+                }
+                let (y0, y1) = (py(acc), py(acc + v));
+                acc += v;
+                let _ = write!(
+                    out,
+                    "<rect class=\"bar\" x=\"{x:.1}\" y=\"{y1:.1}\" width=\"{bw:.1}\" height=\"{:.1}\" fill=\"{}\"/>",
+                    (y0 - y1).max(0.0),
+                    PALETTE[j % PALETTE.len()]
+                );
+            }
+            let _ = write!(out, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>", x + bw / 2.0, TOP + ph + 16.0, esc(cat));
+        }
+        for (j, (name, _)) in self.parts.iter().enumerate() {
+            let ly = TOP + 14.0 + 18.0 * j as f64;
+            let lx = LEFT + pw + 12.0;
+            let _ = write!(
+                out,
+                "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"14\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{ly:.1}\">{}</text>",
+                ly - 10.0,
+                PALETTE[j % PALETTE.len()],
+                lx + 20.0,
+                esc(name)
+            );
+        }
+        out.push_str("</svg>");
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_chart_draws_each_series_and_skips_nonsense() {
+        let c = LineChart {
+            title: "days <vs> GPUs".into(),
+            x_label: "GPUs".into(),
+            y_label: "days".into(),
+            log_x: true,
+            log_y: true,
+            series: vec![
+                Series { name: "fp8".into(), points: vec![(64.0, 115.9), (2048.0, 3.8), (128.0, f64::NAN)], dashed: false },
+                Series { name: "bf16".into(), points: vec![(64.0, 161.0), (2048.0, 5.1), (0.0, 1.0)], dashed: true },
+            ],
+            marks: vec![Mark { x: 512.0, y: 14.0, label: "sweet spot".into() }],
+        };
+        let svg = c.svg();
+        assert_eq!(svg.matches("<polyline").count(), 2);
+        assert_eq!(svg.matches("<circle").count(), 4 + 1, "two finite points per series and the mark");
+        assert!(svg.contains("days &lt;vs&gt; GPUs") && !svg.contains("NaN") && !svg.contains("inf"));
+        assert!(svg.contains(">2048<") && svg.contains(">64<"), "powers-of-two ticks: {svg}");
+        let empty = LineChart { title: "t".into(), ..LineChart::default() }.svg();
+        assert!(empty.contains("no data to draw"));
+    }
+
+    #[test]
+    fn stacked_bars_sum_their_parts() {
+        let b = StackedBars {
+            title: "breakdown".into(),
+            y_label: "s".into(),
+            categories: vec!["64".into(), "128".into()],
+            parts: vec![("compute".into(), vec![10.0, 5.0]), ("bubble".into(), vec![1.0, f64::INFINITY])],
+        };
+        let svg = b.svg();
+        assert_eq!(svg.matches("class=\"bar\"").count(), 3);
+        assert!(!svg.contains("inf"));
+    }
+
+    #[test]
+    fn ticks_are_round() {
+        assert_eq!(short(1500.5), "1.50K");
+        assert_eq!(short(2048.0), "2048");
+        assert_eq!(short(2.5e6), "2.50M");
+        assert_eq!(short(64.0), "64");
+        let a = Axis::new([0.0, 9.3].into_iter(), false).unwrap();
+        assert_eq!(a.ticks(), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
+    }
+}
