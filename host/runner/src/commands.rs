@@ -143,7 +143,11 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                         table.rows.push(vec![
                             info.name.clone(),
                             info.kind.name().into(),
-                            info.contract.clone(),
+                            if info.contract == plugin::CONTRACT_VERSION {
+                                info.contract.clone()
+                            } else {
+                                format!("{} (adapted)", info.contract)
+                            },
                             format!(
                                 "{}{}",
                                 info.source,
@@ -251,8 +255,10 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     o.gpus_per_node.to_string(),
                     format!("{}", o.interconnect_gbps),
                     o.prices.len().to_string(),
-                    format!("{} s, min {} s", o.billing_increment_s, o.minimum_charge_s),
-                    o.effective_date.clone(),
+                    o.prices.first().map_or(String::new(), |p| {
+                        format!("{} s, min {} s", p.billing_increment_s, p.minimum_charge_s)
+                    }),
+                    o.prices.first().map_or(String::new(), |p| p.effective_date.clone()),
                 ]);
             }
             emit(global, &t, &offerings)
@@ -307,12 +313,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             );
             if let Ok(info) = info {
                 for v in &info.variants {
-                    let req = plugin::workload::GraphRequest {
-                        variant: v.name.clone(),
-                        seq_len: 128,
-                        micro_batch: 1,
-                        layers: 1,
-                    };
+                    let req = plugin::workload::GraphRequest::training(&v.name, 128, 1, 1);
                     check(
                         &format!("graph {} (seq 128, 1 layer)", v.name),
                         w.graph(&req).map(|g| {
@@ -338,6 +339,8 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             {
                 let req = plugin::cost::QuoteRequest {
                     instance: o.instance.clone(),
+                    gpus: o.gpus_per_node,
+                    start_date: String::new(),
                     nodes: 1,
                     hours: 1.0,
                     region: price.region.clone(),
@@ -347,7 +350,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                 };
                 check(
                     "quote (1 node, 1 hour)",
-                    c.quote(&req).map(|q| report::usd(q.total_usd)),
+                    c.quote(&req).map(|q| format!("{:.2} {}", q.total, q.currency)),
                 );
             }
         }
@@ -372,24 +375,34 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             .collect();
             let plan = pp.plan(&PlanRequest {
                 model: "sample".into(),
+                layers: 1,
+                device: device_capabilities("H100"),
                 sites,
                 state: Vec::new(),
             });
             check(
-                "plan (3 sites)",
+                "plan (3 sites, H100)",
                 plan.as_ref()
-                    .map(|r| format!("{:?}", r.sites.first().map(|s| s.format)))
+                    .map(|r| {
+                        r.sites.first().map_or(String::new(), |s| {
+                            format!("weights in {}", dtype_name(s.weight.format))
+                        })
+                    })
                     .map_err(Clone::clone),
             );
+            let (plan, state) = plan.map(|p| (p.sites, p.state)).unwrap_or_default();
             let metrics = StepMetrics {
                 step: 1,
+                tokens: 4096,
                 loss: 2.5,
                 grad_norm: 1.0,
                 learning_rate: 1e-4,
                 loss_finite: true,
                 grads_finite: true,
+                layers: Vec::new(),
                 sites: Vec::new(),
-                state: plan.map(|p| p.state).unwrap_or_default(),
+                plan,
+                state,
             };
             check(
                 "on-step",
@@ -445,12 +458,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 continue;
             }
             let seq = v.defaults.seq_len;
-            let graph = w.graph(&plugin::workload::GraphRequest {
-                variant: v.name.clone(),
-                seq_len: seq,
-                micro_batch: 1,
-                layers: 0,
-            })?;
+            let graph = w.graph(&plugin::workload::GraphRequest::training(&v.name, seq, 1, 0))?;
             let params = session::main_model_params(&mut w, &v)?;
             rows.push(ModelRow {
                 name: v.name.clone(),
@@ -498,7 +506,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             t.rows.push(vec![
                 l.gpu.clone(),
                 format!("{}-{}", l.gpus_min, l.gpus_max),
-                l.precision.clone(),
+                plugin::workload::training_precision_name(l.precision).into(),
                 l.tp.to_string(),
                 l.pp.to_string(),
                 l.cp.to_string(),
@@ -735,6 +743,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 let o = &offerings[0];
                 plugin::cost::QuoteRequest {
                     instance: o.instance.clone(),
+                    gpus: 4 * o.gpus_per_node,
+                    start_date: String::new(),
                     nodes: 4,
                     hours: 10.0,
                     region: o.prices[0].region.clone(),

@@ -6,7 +6,8 @@
 //! cluster, prices every cloud and hands a [`report`] to the terminal and to files.
 //!
 //! Core concepts:
-//! - [`plugin`]: finding, checking, compiling and sandboxing WASM plugins.
+//! - [`plugin`]: finding, checking, compiling and sandboxing WASM plugins (the
+//!   `runner-plugin-host` crate, re-exported under its old path).
 //! - [`runfile`]: the TOML run file, parsed strictly (unknown keys are errors).
 //! - [`gpus`]: device profiles (peak FLOP/s per precision) the projection uses.
 //! - [`session`]: one run, end to end.
@@ -14,7 +15,7 @@
 
 pub mod gpus;
 pub mod measure;
-pub mod plugin;
+pub use runner_plugin_host as plugin;
 pub mod report;
 pub mod runfile;
 pub mod session;

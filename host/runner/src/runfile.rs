@@ -201,18 +201,13 @@ fn check(run: &RunFile) -> Result<(), String> {
 
 /// Parse a purchase option as run files write it.
 pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, String> {
-    use crate::plugin::cost::PurchaseOption as P;
-    Ok(match s {
-        "on-demand" => P::OnDemand,
-        "spot" => P::Spot,
-        "reserved-1y" => P::ReservedOneYear,
-        "reserved-3y" => P::ReservedThreeYear,
-        "capacity-block" => P::CapacityBlock,
-        other => {
-            return Err(format!(
-                "[cost] option '{other}' is not one of on-demand, spot, reserved-1y, reserved-3y, capacity-block"
-            ));
-        }
+    use crate::plugin::cost::{PURCHASE_OPTIONS, option_name};
+    crate::plugin::cost::parse_option(s).ok_or_else(|| {
+        let names: Vec<&str> = PURCHASE_OPTIONS.iter().map(|&o| option_name(o)).collect();
+        format!(
+            "[cost] option '{s}' is not one of {} (reserved-1y and reserved-3y also name the no-upfront terms)",
+            names.join(", ")
+        )
     })
 }
 

@@ -45,6 +45,25 @@ pub struct CloudCost {
     pub usd: f64,
 }
 
+/// What one cloud charges for one row: its cheapest quote, or why there is none. A cloud
+/// whose quotes all failed is not reported as one that does not sell the GPU.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum CloudPrice {
+    Quoted(CloudCost),
+    NotSold,
+    QuoteFailed { reason: String },
+}
+
+impl CloudPrice {
+    pub fn quote(&self) -> Option<&CloudCost> {
+        match self {
+            CloudPrice::Quoted(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
     pub gpus: u32,
@@ -52,8 +71,8 @@ pub struct Row {
     pub speedup: f64,
     /// GPU-hours relative to the first row (equal to cost relative at a fixed price).
     pub relative_cost: f64,
-    /// One entry per cloud in [`Outcome::clouds`]; None where the cloud has no such GPU.
-    pub costs: Vec<Option<CloudCost>>,
+    /// One entry per cloud in [`Outcome::clouds`].
+    pub costs: Vec<CloudPrice>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -66,7 +85,16 @@ pub struct Outcome {
     pub measurement: Option<LocalMeasurement>,
     pub clouds: Vec<String>,
     pub rows: Vec<Row>,
+    /// Every plugin the run used: name, kind, contract, path (or embedded) and sha256.
+    pub plugins: Vec<plugin::PluginInfo>,
     pub notes: Vec<String>,
+}
+
+/// Record a plugin the run used, in the outcome and as a note (so every output format
+/// names it with its path and sha256).
+fn record_plugin(plugins: &mut Vec<plugin::PluginInfo>, notes: &mut Vec<String>, info: &plugin::PluginInfo) {
+    notes.push(format!("plugin: {}", info.provenance()));
+    plugins.push(info.clone());
 }
 
 /// Progress callback: a short line saying what the session is doing.
@@ -81,9 +109,11 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let limits = run.limits;
     let gpu = gpus::profile(&run.cluster.gpu).map_err(anyhow::Error::msg)?;
     let mut notes = Vec::new();
+    let mut plugins = Vec::new();
 
     progress(&format!("loading {}", run.model.plugin));
     let plugin = plugin::load(&run.model.plugin)?;
+    record_plugin(&mut plugins, &mut notes, &plugin.info);
     let mut workload = plugin.workload(limits)?;
     let info = workload.describe()?;
     let variant: &Variant = match &run.model.variant {
@@ -108,12 +138,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         "building the {} graph (seq {seq_len})",
         variant.name
     ));
-    let graph = workload.graph(&GraphRequest {
-        variant: variant.name.clone(),
-        seq_len,
-        micro_batch: 1,
-        layers: 0,
-    })?;
+    let graph = workload.graph(&GraphRequest::training(&variant.name, seq_len, 1, 0))?;
     let convention = Convention {
         attention: AttentionFlops::CausalHalved,
         recompute: Recompute::None,
@@ -122,8 +147,9 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let params = main_model_params(&mut workload, variant)?;
 
     progress(&format!("planning precision with {}", run.precision.plugin));
-    let (plan_summary, planned_fp8) =
-        plan_precision(&run.precision.plugin, limits, &variant.name, &graph)?;
+    let (plan_summary, planned_fp8, policy_info) =
+        plan_precision(&run.precision.plugin, limits, variant, gpu.name, &graph)?;
+    record_plugin(&mut plugins, &mut notes, &policy_info);
     notes.push(plan_summary);
     if run.precision.format == Format::Fp8 && !planned_fp8 {
         notes.push(format!(
@@ -169,6 +195,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"));
         let loaded = plugin::load(spec)
+            .inspect(|p| record_plugin(&mut plugins, &mut notes, &p.info))
             .and_then(|p| p.cost(limits))
             .and_then(|mut c| {
                 let provider = c.provider()?;
@@ -182,6 +209,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     }
 
     let total_flops = flops_per_token * tokens;
+    let mut quote_notes = QuoteNotes::default();
     let mut rows = Vec::new();
     let mut first: Option<(f64, u32)> = None;
     for &n in &run.cluster.gpus {
@@ -200,7 +228,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
                 days * 24.0,
                 &run.cost.region,
                 option,
-                &mut notes,
+                &mut quote_notes,
             ));
         }
         rows.push(Row {
@@ -212,17 +240,20 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         });
     }
 
+    notes.extend(quote_notes.finish());
+
     // Cheapest cloud first (by the first row's quote; clouds without the GPU last), so the
     // table reads left to right from the best offer.
     let mut order: Vec<usize> = (0..clouds.len()).collect();
     let first_cost = |i: usize| {
         rows.first()
-            .and_then(|r| r.costs[i].as_ref())
+            .and_then(|r| r.costs[i].quote())
             .map_or(f64::INFINITY, |c| c.usd)
     };
     order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
     for row in &mut rows {
-        row.costs = order.iter().map(|&i| row.costs[i].take()).collect();
+        let mut costs = std::mem::take(&mut row.costs);
+        row.costs = order.iter().map(|&i| std::mem::replace(&mut costs[i], CloudPrice::NotSold)).collect();
     }
     let cloud_names: Vec<String> = order.iter().map(|&i| clouds[i].0.clone()).collect();
 
@@ -244,6 +275,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         measurement,
         clouds: cloud_names,
         rows,
+        plugins,
         notes,
     })
 }
@@ -255,23 +287,20 @@ pub fn main_model_params(
     workload: &mut plugin::workload::Workload,
     variant: &Variant,
 ) -> anyhow::Result<count::ParamCount> {
-    let g = workload.graph(&GraphRequest {
-        variant: variant.name.clone(),
-        seq_len: 1,
-        micro_batch: 1,
-        layers: variant.hyper.layers,
-    })?;
+    let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
     Ok(count::params(&g))
 }
 
 /// Ask the precision policy for a plan over every GEMM site of the graph (forward,
-/// input-gradient and weight-gradient per linear) and summarise the formats it chose.
+/// input-gradient and weight-gradient per linear), for the GPU the run projects onto, and
+/// summarise the formats it chose for the weights.
 fn plan_precision(
     spec: &str,
     limits: plugin::Limits,
-    model: &str,
+    variant: &Variant,
+    gpu: &str,
     graph: &runner_graph::Graph,
-) -> anyhow::Result<(String, bool)> {
+) -> anyhow::Result<(String, bool, plugin::PluginInfo)> {
     use plugin::precision::{GemmRole, GemmSite, PlanRequest};
     use runner_graph::OpKind;
     let mut policy = plugin::load(spec)?.precision(limits)?;
@@ -301,13 +330,15 @@ fn plan_precision(
     }
     let count = sites.len();
     let plan = policy.plan(&PlanRequest {
-        model: model.to_string(),
+        model: variant.name.clone(),
+        layers: variant.hyper.layers,
+        device: plugin::precision::device_capabilities(gpu),
         sites,
         state: Vec::new(),
     })?;
     let mut formats: Vec<(String, usize)> = Vec::new();
     for site in &plan.sites {
-        let name = dtype_name(site.format).to_string();
+        let name = plugin::precision::dtype_name(site.weight.format).to_string();
         match formats.iter_mut().find(|(f, _)| *f == name) {
             Some((_, c)) => *c += 1,
             None => formats.push((name, 1)),
@@ -317,9 +348,10 @@ fn plan_precision(
         .iter()
         .map(|(f, c)| format!("{f} {:.0}%", 100.0 * *c as f64 / count.max(1) as f64))
         .collect();
-    let fp8 = formats
+    let fp8 = plan
+        .sites
         .iter()
-        .any(|(f, _)| f.starts_with("fp8") || f == "mxfp8");
+        .any(|s| plugin::precision::is_low_precision(s.weight.format));
     Ok((
         format!(
             "precision plan from {}: {count} GEMM sites, {}",
@@ -327,21 +359,8 @@ fn plan_precision(
             parts.join(", ")
         ),
         fp8,
+        policy.info,
     ))
-}
-
-fn dtype_name(d: plugin::precision::Dtype) -> &'static str {
-    use plugin::precision::Dtype as D;
-    match d {
-        D::Fp32 => "fp32",
-        D::Bf16 => "bf16",
-        D::Fp16 => "fp16",
-        D::Fp8E4m3 => "fp8-e4m3",
-        D::Fp8E5m2 => "fp8-e5m2",
-        D::Mxfp8 => "mxfp8",
-        D::Nvfp4 => "nvfp4",
-        D::Int32 => "int32",
-    }
 }
 
 /// Every cost plugin installed (plugin directories first, then embedded), one per name.
@@ -360,6 +379,46 @@ fn installed_cost_plugins() -> Vec<String> {
     names
 }
 
+/// Quote failures, said once each and at most [`QuoteNotes::MAX`] times in all: a plugin
+/// that refuses every quote must not flood the notes (nor make collecting them quadratic).
+#[derive(Default)]
+struct QuoteNotes {
+    seen: std::collections::HashSet<String>,
+    lines: Vec<String>,
+    dropped: usize,
+}
+
+impl QuoteNotes {
+    const MAX: usize = 20;
+
+    fn push(&mut self, line: String) {
+        if self.seen.contains(&line) {
+            return;
+        }
+        if self.lines.len() < Self::MAX {
+            self.seen.insert(line.clone());
+            self.lines.push(line);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        if self.dropped > 0 {
+            self.lines.push(format!("... and {} more quote failures", self.dropped));
+        }
+        self.lines
+    }
+}
+
+/// Quotes asked of one cloud for one GPU count, at most: a price list with thousands of
+/// matching offerings and regions costs bounded time.
+const MAX_QUOTES: usize = 256;
+
+/// The cheapest quote `model` gives for `gpus` GPUs of `gpu` over `hours`, among its
+/// offerings of that GPU and their prices for `option` (in `region`, if one is given).
+/// `NotSold` when it lists no such offering and price; `QuoteFailed` when it lists some but
+/// no quote came back (each failure is noted).
 #[allow(
     clippy::too_many_arguments,
     reason = "one call site; a struct would only rename the arguments"
@@ -373,48 +432,69 @@ fn cheapest(
     hours: f64,
     region: &str,
     option: plugin::cost::PurchaseOption,
-    notes: &mut Vec<String>,
-) -> Option<CloudCost> {
+    notes: &mut QuoteNotes,
+) -> CloudPrice {
     let mut best: Option<CloudCost> = None;
+    let mut asked = 0;
+    let mut failure = None;
     for o in offerings
         .iter()
         .filter(|o| o.gpu.eq_ignore_ascii_case(gpu.name))
     {
-        let nodes = gpus.div_ceil(o.gpus_per_node);
+        // Whole nodes, bought in the offering's multiples (validated non-zero).
+        let Some(nodes) = gpus
+            .div_ceil(o.gpus_per_node)
+            .checked_next_multiple_of(o.node_multiple)
+        else {
+            continue;
+        };
         for p in o
             .prices
             .iter()
             .filter(|p| p.option == option && (region.is_empty() || p.region == region))
         {
+            if asked == MAX_QUOTES {
+                notes.push(format!("{cloud}: stopped after {MAX_QUOTES} quotes for {gpus} GPUs"));
+                break;
+            }
+            asked += 1;
             let request = plugin::cost::QuoteRequest {
                 instance: o.instance.clone(),
+                gpus,
                 nodes,
                 hours,
                 region: p.region.clone(),
                 option,
+                start_date: String::new(),
                 storage_gb_months: 0.0,
                 egress_gb: 0.0,
             };
             match model.quote(&request) {
+                Ok(q) if q.currency != "USD" => {
+                    notes.push(format!("{cloud}: a quote in {} is not compared with USD quotes", q.currency));
+                }
                 Ok(q) => {
-                    if best.as_ref().is_none_or(|b| q.total_usd < b.usd) {
+                    if best.as_ref().is_none_or(|b| q.total < b.usd) {
                         best = Some(CloudCost {
                             cloud: cloud.to_string(),
                             instance: o.instance.clone(),
                             region: p.region.clone(),
                             nodes,
-                            usd: q.total_usd,
+                            usd: q.total,
                         });
                     }
                 }
                 Err(e) => {
                     let line = format!("skipped a quote: {e}");
-                    if !notes.contains(&line) {
-                        notes.push(line);
-                    }
+                    failure.get_or_insert_with(|| line.clone());
+                    notes.push(line);
                 }
             }
         }
     }
-    best
+    match (best, failure) {
+        (Some(c), _) => CloudPrice::Quoted(c),
+        (None, Some(reason)) => CloudPrice::QuoteFailed { reason },
+        (None, None) => CloudPrice::NotSold,
+    }
 }
