@@ -80,6 +80,9 @@ macro_rules! graph_to_ir {
                 text::at_most("inputs", op.inputs.len(), limits::OP_INPUTS).map_err(ctx)?;
                 text::at_most("outputs", op.outputs.len(), limits::OP_OUTPUTS).map_err(ctx)?;
                 text::at_most("attributes", op.attrs.len(), limits::OP_ATTRS).map_err(ctx)?;
+                for t in op.inputs.iter().chain(&op.outputs) {
+                    text::name("a tensor it names", t).map_err(ctx)?;
+                }
                 let mut attrs = std::collections::BTreeMap::new();
                 for a in &op.attrs {
                     text::name("an attribute key", &a.key).map_err(ctx)?;

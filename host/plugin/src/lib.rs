@@ -24,6 +24,9 @@ mod resolve;
 mod sandbox;
 pub mod workload;
 
+#[cfg(test)]
+mod properties;
+
 use serde::Serialize;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
