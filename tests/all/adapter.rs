@@ -5,7 +5,7 @@
 use runner::plugin::cost::{LineCategory, PurchaseOption, QuoteRequest};
 use runner::plugin::precision::{
     Action, Dtype, FallbackScope, GemmRole, GemmSite, PlanRequest, ScaleFormat, ScalingRecipe,
-    StepMetrics, device_capabilities,
+    device_capabilities, healthy_step,
 };
 use runner::plugin::workload::{GraphRequest, InferenceShape, Phase, RecomputeGranularity, TrainingPrecision};
 use runner::plugin::{self, Failure, Kind, Limits};
@@ -95,19 +95,7 @@ fn a_0_1_precision_policy_plans_per_operand_and_its_actions_gain_targets() {
     assert_eq!((fp8.activation.recipe, fp8.activation.amax_history, fp8.output), (ScalingRecipe::Delayed, 16, Dtype::Bf16));
     assert_eq!((mx.weight.block.rows, mx.weight.block.cols, mx.weight.scale_format), (1, 32, ScaleFormat::E8m0));
 
-    let metrics = StepMetrics {
-        step: 5,
-        tokens: 5 * 4096,
-        loss: 2.0,
-        grad_norm: 1.0,
-        learning_rate: 1e-4,
-        loss_finite: true,
-        grads_finite: true,
-        layers: Vec::new(),
-        sites: Vec::new(),
-        plan: plan.sites.clone(),
-        state: Vec::new(),
-    };
+    let metrics = healthy_step(5, plan.sites.clone(), Vec::new());
     let r = pp.on_step(&metrics).unwrap();
     assert_eq!(r.actions.len(), 7);
     assert!(matches!(&r.actions[0], Action::Fallback(f) if f.scope == FallbackScope::BackwardOnly && f.to == Dtype::Bf16));

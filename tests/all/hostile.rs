@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use runner::plugin::cost::{CostModel, PurchaseOption, QuoteRequest};
-use runner::plugin::precision::{GemmRole, GemmSite, PlanRequest, StepMetrics, device_capabilities};
+use runner::plugin::precision::{GemmRole, GemmSite, PlanRequest, device_capabilities, healthy_step};
 use runner::plugin::workload::GraphRequest;
 use runner::plugin::{self, Failure, Limits, PluginError};
 use runner::{runfile, session};
@@ -189,19 +189,7 @@ fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
         refused(&p.plan(&request).unwrap_err(), "plan", expect);
     }
     let plan = p.plan(&request).unwrap();
-    let metrics = StepMetrics {
-        step: 1,
-        tokens: 4096,
-        loss: 3.0,
-        grad_norm: 1.0,
-        learning_rate: 1e-4,
-        loss_finite: true,
-        grads_finite: true,
-        layers: Vec::new(),
-        sites: Vec::new(),
-        plan: plan.sites,
-        state: Vec::new(),
-    };
+    let metrics = healthy_step(1, plan.sites, Vec::new());
     for expect in [
         "rollback of 0 steps",
         "re-promotion to bf16, which is not a low-precision format",

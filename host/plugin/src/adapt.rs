@@ -351,7 +351,7 @@ pub fn plan_response(r: p1::PlanResponse) -> p2::PlanResponse {
         .map(|p| {
             let activation = operand(p, p.format);
             p2::SitePlan {
-                weight: activation.clone(),
+                weight: activation,
                 activation,
                 gradient: operand(p, p.grad_format),
                 output: if v2::Dtype::from(p.format) == v2::Dtype::Fp32 { v2::Dtype::Fp32 } else { v2::Dtype::Bf16 },

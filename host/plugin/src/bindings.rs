@@ -7,71 +7,49 @@
 
 #![allow(missing_docs, reason = "generated code")]
 
+/// The three worlds of one contract version, from the WIT package at `$path`.
+macro_rules! contract {
+    ($path:literal) => {
+        pub mod workload {
+            wasmtime::component::bindgen!({
+                world: "workload-plugin",
+                path: $path,
+                additional_derives: [serde::Serialize],
+            });
+        }
+
+        pub mod precision {
+            wasmtime::component::bindgen!({
+                world: "precision-plugin",
+                path: $path,
+                additional_derives: [serde::Serialize],
+                with: {
+                    "runner:plugin/log": super::workload::runner::plugin::log,
+                    "runner:plugin/types": super::workload::runner::plugin::types,
+                },
+            });
+        }
+
+        pub mod cost {
+            wasmtime::component::bindgen!({
+                world: "cost-plugin",
+                path: $path,
+                additional_derives: [serde::Serialize],
+                with: {
+                    "runner:plugin/log": super::workload::runner::plugin::log,
+                },
+            });
+        }
+
+        pub use workload::runner::plugin::log::Level as LogLevel;
+        pub use workload::runner::plugin::types::Dtype;
+    };
+}
+
 pub mod v2 {
-    pub mod workload {
-        wasmtime::component::bindgen!({
-            world: "workload-plugin",
-            path: "../../wit",
-            additional_derives: [serde::Serialize],
-        });
-    }
-
-    pub mod precision {
-        wasmtime::component::bindgen!({
-            world: "precision-plugin",
-            path: "../../wit",
-            additional_derives: [serde::Serialize],
-            with: {
-                "runner:plugin/log": super::workload::runner::plugin::log,
-                "runner:plugin/types": super::workload::runner::plugin::types,
-            },
-        });
-    }
-
-    pub mod cost {
-        wasmtime::component::bindgen!({
-            world: "cost-plugin",
-            path: "../../wit",
-            additional_derives: [serde::Serialize],
-            with: {
-                "runner:plugin/log": super::workload::runner::plugin::log,
-            },
-        });
-    }
-
-    pub use workload::runner::plugin::log::Level as LogLevel;
-    pub use workload::runner::plugin::types::Dtype;
+    contract!("../../wit");
 }
 
 pub mod v1 {
-    pub mod workload {
-        wasmtime::component::bindgen!({
-            world: "workload-plugin",
-            path: "../../wit/0.1.0",
-        });
-    }
-
-    pub mod precision {
-        wasmtime::component::bindgen!({
-            world: "precision-plugin",
-            path: "../../wit/0.1.0",
-            with: {
-                "runner:plugin/log": super::workload::runner::plugin::log,
-                "runner:plugin/types": super::workload::runner::plugin::types,
-            },
-        });
-    }
-
-    pub mod cost {
-        wasmtime::component::bindgen!({
-            world: "cost-plugin",
-            path: "../../wit/0.1.0",
-            with: {
-                "runner:plugin/log": super::workload::runner::plugin::log,
-            },
-        });
-    }
-
-    pub use workload::runner::plugin::log::Level as LogLevel;
-    pub use workload::runner::plugin::types::Dtype;
+    contract!("../../wit/0.1.0");
 }

@@ -114,11 +114,11 @@ impl Cache {
         data.extend_from_slice(MAGIC);
         data.extend_from_slice(&self.tag(sha, engine, compiled).finalize().into_bytes());
         data.extend_from_slice(compiled);
-        if write_private(&tmp, &data).is_ok() {
-            if let Err(e) = std::fs::rename(&tmp, self.path(sha, engine)) {
-                tracing::debug!("cannot store a compiled component: {e}");
-                let _ = std::fs::remove_file(&tmp);
-            }
+        if write_private(&tmp, &data).is_ok()
+            && let Err(e) = std::fs::rename(&tmp, self.path(sha, engine))
+        {
+            tracing::debug!("cannot store a compiled component: {e}");
+            let _ = std::fs::remove_file(&tmp);
         }
     }
 }

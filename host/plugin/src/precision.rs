@@ -91,6 +91,24 @@ impl PrecisionPolicy {
     }
 }
 
+/// A healthy training step (loss 2.5, gradient norm 1, all finite, no per-site numerics)
+/// under `plan`, to see how a policy answers (`plugins validate`, tests).
+pub fn healthy_step(step: u64, plan: Vec<SitePlan>, state: Vec<u8>) -> StepMetrics {
+    StepMetrics {
+        step,
+        tokens: step * 4096,
+        loss: 2.5,
+        grad_norm: 1.0,
+        learning_rate: 1e-4,
+        loss_finite: true,
+        grads_finite: true,
+        layers: Vec::new(),
+        sites: Vec::new(),
+        plan,
+        state,
+    }
+}
+
 /// What a device offers a plan: its name, compute capability, and the formats its tensor
 /// cores run (Hopper: FP8; Blackwell: FP8, MXFP8, NVFP4); the CPU emulates them all.
 pub fn device_capabilities(name: &str) -> DeviceCapabilities {

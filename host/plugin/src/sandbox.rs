@@ -140,33 +140,26 @@ impl HostState {
     }
 }
 
-impl v2::workload::runner::plugin::log::Host for HostState {
-    fn log(&mut self, level: v2::LogLevel, message: String) {
-        use v2::LogLevel as L;
-        let level = match level {
-            L::Trace => tracing::Level::TRACE,
-            L::Debug => tracing::Level::DEBUG,
-            L::Info => tracing::Level::INFO,
-            L::Warn => tracing::Level::WARN,
-            L::Error => tracing::Level::ERROR,
-        };
-        HostState::log(self, level, &message);
-    }
+/// The log import of each contract version: the same function, the version's own types.
+macro_rules! log_import {
+    ($($version:ident),*) => {
+        $(impl $version::workload::runner::plugin::log::Host for HostState {
+            fn log(&mut self, level: $version::LogLevel, message: String) {
+                use $version::LogLevel as L;
+                let level = match level {
+                    L::Trace => tracing::Level::TRACE,
+                    L::Debug => tracing::Level::DEBUG,
+                    L::Info => tracing::Level::INFO,
+                    L::Warn => tracing::Level::WARN,
+                    L::Error => tracing::Level::ERROR,
+                };
+                HostState::log(self, level, &message);
+            }
+        })*
+    };
 }
 
-impl v1::workload::runner::plugin::log::Host for HostState {
-    fn log(&mut self, level: v1::LogLevel, message: String) {
-        use v1::LogLevel as L;
-        let level = match level {
-            L::Trace => tracing::Level::TRACE,
-            L::Debug => tracing::Level::DEBUG,
-            L::Info => tracing::Level::INFO,
-            L::Warn => tracing::Level::WARN,
-            L::Error => tracing::Level::ERROR,
-        };
-        HostState::log(self, level, &message);
-    }
-}
+log_import!(v1, v2);
 
 impl v2::workload::runner::plugin::types::Host for HostState {}
 impl v1::workload::runner::plugin::types::Host for HostState {}

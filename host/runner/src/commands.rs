@@ -391,19 +391,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                     .map_err(Clone::clone),
             );
             let (plan, state) = plan.map(|p| (p.sites, p.state)).unwrap_or_default();
-            let metrics = StepMetrics {
-                step: 1,
-                tokens: 4096,
-                loss: 2.5,
-                grad_norm: 1.0,
-                learning_rate: 1e-4,
-                loss_finite: true,
-                grads_finite: true,
-                layers: Vec::new(),
-                sites: Vec::new(),
-                plan,
-                state,
-            };
+            let metrics = healthy_step(1, plan, state);
             check(
                 "on-step",
                 pp.on_step(&metrics)

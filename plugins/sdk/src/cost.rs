@@ -43,6 +43,22 @@ macro_rules! export_cost {
     };
 }
 
+impl Offering {
+    /// Whole nodes of `gpus_per_node` GPUs, one NVLink domain each, sold one at a time,
+    /// interconnect unknown: set what differs with struct-update syntax.
+    pub fn nodes(instance: &str, gpu: &str, gpus_per_node: u32, prices: Vec<Price>) -> Offering {
+        Offering {
+            instance: instance.into(),
+            gpu: gpu.into(),
+            gpus_per_node,
+            scale_up_domain: gpus_per_node,
+            node_multiple: 1,
+            interconnect_gbps: 0.0,
+            prices,
+        }
+    }
+}
+
 impl Price {
     /// A price of `usd_per_node_hour` for `option` in `region`, billed per second with no
     /// minimum, no upfront payment, undated, unsourced and without caveats: set what your

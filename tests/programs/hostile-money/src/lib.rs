@@ -18,15 +18,7 @@ static OFFERING_CALLS: AtomicU32 = AtomicU32::new(0);
 const CASES: [&str; 7] = ["nan", "inf", "zero", "negative", "below-list", "lowercase", "euro"];
 
 fn offering(name: &str, usd: f64) -> Offering {
-    Offering {
-        instance: name.into(),
-        gpu: "H100".into(),
-        gpus_per_node: 8,
-        scale_up_domain: 8,
-        node_multiple: 1,
-        interconnect_gbps: 0.0,
-        prices: vec![Price::hourly("r", PurchaseOption::OnDemand, usd)],
-    }
+    Offering::nodes(name, "H100", 8, vec![Price::hourly("r", PurchaseOption::OnDemand, usd)])
 }
 
 fn line(amount: f64) -> QuoteLine {

@@ -17,15 +17,7 @@ static PROVIDER_CALLS: AtomicU32 = AtomicU32::new(0);
 static OFFERING_CALLS: AtomicU32 = AtomicU32::new(0);
 
 fn offering(name: &str) -> Offering {
-    Offering {
-        instance: name.into(),
-        gpu: "H100".into(),
-        gpus_per_node: 8,
-        scale_up_domain: 8,
-        node_multiple: 1,
-        interconnect_gbps: 0.0,
-        prices: vec![Price::hourly("r", PurchaseOption::OnDemand, 10.0)],
-    }
+    Offering::nodes(name, "H100", 8, vec![Price::hourly("r", PurchaseOption::OnDemand, 10.0)])
 }
 
 impl Guest for Hostile {

@@ -15,19 +15,12 @@ struct Misbehave;
 static LATER_CALLS: AtomicU32 = AtomicU32::new(0);
 
 fn offering(name: &str) -> Offering {
-    Offering {
-        instance: name.into(),
-        gpu: "H100".into(),
-        gpus_per_node: 8,
-        scale_up_domain: 8,
-        node_multiple: 1,
-        interconnect_gbps: 3200.0,
-        prices: vec![Price {
-            effective_date: "2026-01-01".into(),
-            source: "test".into(),
-            ..Price::hourly("test-1", PurchaseOption::OnDemand, 10.0)
-        }],
-    }
+    let price = Price {
+        effective_date: "2026-01-01".into(),
+        source: "test".into(),
+        ..Price::hourly("test-1", PurchaseOption::OnDemand, 10.0)
+    };
+    Offering { interconnect_gbps: 3200.0, ..Offering::nodes(name, "H100", 8, vec![price]) }
 }
 
 impl Guest for Misbehave {

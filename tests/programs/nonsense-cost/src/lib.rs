@@ -15,15 +15,8 @@ struct Nonsense;
 static CALLS: AtomicU32 = AtomicU32::new(0);
 
 fn offering(name: &str) -> Offering {
-    Offering {
-        instance: name.into(),
-        gpu: "H100".into(),
-        gpus_per_node: 8,
-        scale_up_domain: 8,
-        node_multiple: 1,
-        interconnect_gbps: 3200.0,
-        prices: vec![Price::hourly("r", PurchaseOption::OnDemand, 10.0)],
-    }
+    let prices = vec![Price::hourly("r", PurchaseOption::OnDemand, 10.0)];
+    Offering { interconnect_gbps: 3200.0, ..Offering::nodes(name, "H100", 8, prices) }
 }
 
 impl Guest for Nonsense {
