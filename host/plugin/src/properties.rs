@@ -407,3 +407,20 @@ proptest! {
         }
     }
 }
+
+/// The contract's format names and the IR's are one map seen from two enums: they agree.
+#[test]
+fn contract_and_ir_name_every_format_alike() {
+    for d in [
+        Dtype::Fp32,
+        Dtype::Bf16,
+        Dtype::Fp16,
+        Dtype::Fp8E4m3,
+        Dtype::Fp8E5m2,
+        Dtype::Mxfp8,
+        Dtype::Nvfp4,
+        Dtype::Int32,
+    ] {
+        assert_eq!(crate::precision::dtype_name(d), crate::workload::dtype_to_ir(d).name());
+    }
+}
