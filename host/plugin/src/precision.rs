@@ -110,17 +110,40 @@ pub fn healthy_step(step: u64, plan: Vec<SitePlan>, state: Vec<u8>) -> StepMetri
 }
 
 /// What a device offers a plan: its name, compute capability, and the formats its tensor
-/// cores run (Hopper: FP8; Blackwell: FP8, MXFP8, NVFP4); the CPU emulates them all.
+/// cores run (Ampere: BF16/FP16; Ada and Hopper: FP8 too; Blackwell: MXFP8 and NVFP4 too).
+/// `cpu` runs FP32 and emulates every other format; a GPU this table does not know is
+/// offered the high-precision formats only.
 pub fn device_capabilities(name: &str) -> DeviceCapabilities {
     use Dtype::*;
     let high = [Fp32, Bf16, Fp16];
-    let (cc, native): (u32, Vec<Dtype>) = match name.to_ascii_uppercase().as_str() {
-        "H100" | "H200" | "H800" | "H20" | "GH200" => (90, [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat()),
-        "B200" | "B300" | "GB200" | "GB300" => (100, [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat()),
-        "L40S" | "L4" | "RTX6000ADA" => (89, [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat()),
-        "A100" | "A10G" | "A10" => (80, high.to_vec()),
-        _ => (0, Vec::new()),
+    let upper = name.to_ascii_uppercase();
+    let (cc, native, emulated): (u32, Vec<Dtype>, Vec<Dtype>) = match upper.as_str() {
+        "CPU" => (0, vec![Fp32], vec![Bf16, Fp16, Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]),
+        "H100" | "H200" | "H800" | "H20" | "GH200" => (90, [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(), Vec::new()),
+        "B200" | "B300" | "GB200" | "GB300" => {
+            (100, [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat(), Vec::new())
+        }
+        "L40S" | "L4" => (89, [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(), Vec::new()),
+        a if a.starts_with("A100") || a.starts_with("A10") => (80, high.to_vec(), Vec::new()),
+        _ => (0, high.to_vec(), Vec::new()),
     };
-    let emulated = if cc == 0 { [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat() } else { Vec::new() };
     DeviceCapabilities { name: name.to_string(), compute_capability: cc, native_formats: native, emulated_formats: emulated }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_offer_what_their_tensor_cores_run() {
+        let has = |gpu: &str, d: Dtype| {
+            let c = device_capabilities(gpu);
+            c.native_formats.contains(&d) || c.emulated_formats.contains(&d)
+        };
+        assert!(has("H100", Dtype::Fp8E4m3) && !has("H100", Dtype::Nvfp4) && !has("H100", Dtype::Mxfp8));
+        assert!(has("GB200", Dtype::Nvfp4) && has("B200", Dtype::Mxfp8));
+        assert!(!has("A100-80GB", Dtype::Fp8E4m3) && has("A100-40GB", Dtype::Bf16));
+        assert!(has("cpu", Dtype::Nvfp4) && device_capabilities("cpu").native_formats == [Dtype::Fp32]);
+        assert!(!has("X9000", Dtype::Fp8E4m3), "an unknown GPU is not assumed to emulate");
+    }
 }
