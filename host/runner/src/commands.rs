@@ -430,6 +430,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     let limits = Limits::default();
     let mut rows = Vec::new();
     let mut found = Vec::new();
+    let mut used: Vec<PluginInfo> = Vec::new();
     for (info, shadowed) in plugin::list() {
         let Ok(info) = info else { continue };
         if shadowed || info.kind != Kind::Workload {
@@ -458,8 +459,12 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 flops_per_token: count::model_flops_per_step(&graph, &convention) / f64::from(seq),
             });
             found.push(v);
+            if used.last().is_none_or(|u| u.sha256 != info.sha256) {
+                used.push(info.clone());
+            }
         }
     }
+    let provenance = used.iter().map(|i| format!("plugin: {}", i.provenance()));
     if let Some(n) = name {
         let Some(v) = found.first() else {
             let all: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
@@ -521,6 +526,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             r.flops_per_token,
             r.default_seq_len
         ));
+        t.notes.extend(provenance);
         return emit(
             global,
             &t,
@@ -552,6 +558,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     }
     t.notes.push(format!("flops_per_token: model FLOPs of forward and backward per token at the default sequence length, multi-token-prediction modules included; {convention}"));
     t.notes.push("params: the main model, as published counts give it (multi-token-prediction modules left out); active: routed experts counted at top-k of E".into());
+    t.notes.extend(provenance);
     emit(global, &t, &rows)
 }
 

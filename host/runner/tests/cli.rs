@@ -283,6 +283,10 @@ fn models_lists_every_variant_with_counts() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("H100") && out.contains("tp"), "{out}");
+    assert!(
+        out.contains("note: plugin: workload plugin llama3.wasm (contract 0.2.0): embedded, sha256 "),
+        "{out}"
+    );
 }
 
 #[test]
