@@ -51,7 +51,11 @@ fn a_tampered_or_swapped_entry_is_recompiled_never_run() {
     bytes[last] ^= 0x55;
     std::fs::write(&path_a, &bytes).unwrap();
     assert_eq!(outcome(a, &sha_a, &cache), CacheOutcome::Rejected);
-    assert_eq!(outcome(a, &sha_a, &cache), CacheOutcome::Hit, "the entry was rewritten");
+    assert_eq!(
+        outcome(a, &sha_a, &cache),
+        CacheOutcome::Hit,
+        "the entry was rewritten"
+    );
 
     // Put plugin B's (valid, tagged) entry under A's name: its tag binds it to B's hash.
     assert_eq!(outcome(b, &sha_b, &cache), CacheOutcome::Miss);
@@ -75,12 +79,18 @@ fn a_cache_directory_others_can_write_to_is_refused() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let err = Cache::open(&dir).err().expect("refused");
-    assert!(err.contains("can be written by others") && err.contains("chmod 700"), "{err}");
+    assert!(
+        err.contains("can be written by others") && err.contains("chmod 700"),
+        "{err}"
+    );
 
     // Readable by others but writable only by us: nothing can have been planted; tightened.
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     Cache::open(&dir).unwrap();
-    assert_eq!(std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777, 0o700);
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
 
     // A key file others can read is not a secret any more.
     std::fs::set_permissions(dir.join("key"), std::fs::Permissions::from_mode(0o644)).unwrap();

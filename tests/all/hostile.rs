@@ -6,7 +6,9 @@
 use std::time::{Duration, Instant};
 
 use runner::plugin::cost::{CostModel, PurchaseOption, QuoteRequest};
-use runner::plugin::precision::{GemmRole, GemmSite, PlanRequest, device_capabilities, healthy_step};
+use runner::plugin::precision::{
+    GemmRole, GemmSite, PlanRequest, device_capabilities, healthy_step,
+};
 use runner::plugin::workload::GraphRequest;
 use runner::plugin::{self, Failure, Limits, PluginError};
 use runner::{runfile, session};
@@ -35,13 +37,22 @@ fn request(instance: &str) -> QuoteRequest {
 fn refused(err: &PluginError, call: &str, expect: &str) {
     let msg = err.to_string();
     assert_eq!(err.call, call, "{msg}");
-    assert!(msg.contains(&err.plugin) && msg.contains(expect), "expected '{expect}' in: {msg}");
-    assert!(!msg.chars().any(|c| c.is_control() && c != '\n'), "raw control characters in: {msg:?}");
+    assert!(
+        msg.contains(&err.plugin) && msg.contains(expect),
+        "expected '{expect}' in: {msg}"
+    );
+    assert!(
+        !msg.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters in: {msg:?}"
+    );
 }
 
 #[test]
 fn overflowing_astronomical_and_oversized_graphs_are_refused_before_allocation() {
-    let mut w = plugin::load(&program("hostile_shapes.wasm")).unwrap().workload(Limits::default()).unwrap();
+    let mut w = plugin::load(&program("hostile_shapes.wasm"))
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
     w.describe().unwrap();
     for (variant, expect) in [
         ("overflow", "more than 2^50 elements"),
@@ -54,10 +65,19 @@ fn overflowing_astronomical_and_oversized_graphs_are_refused_before_allocation()
         ("escape-name", "\\u{1b}[2J"),
     ] {
         let start = Instant::now();
-        let err = w.graph(&GraphRequest::training(variant, 4, 1, 0)).unwrap_err();
-        assert!(matches!(err.failure, Failure::Invalid(_)), "{variant}: {err}");
+        let err = w
+            .graph(&GraphRequest::training(variant, 4, 1, 0))
+            .unwrap_err();
+        assert!(
+            matches!(err.failure, Failure::Invalid(_)),
+            "{variant}: {err}"
+        );
         refused(&err, "graph", expect);
-        assert!(start.elapsed() < Duration::from_secs(30), "{variant} took {:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{variant} took {:?}",
+            start.elapsed()
+        );
     }
 }
 
@@ -67,10 +87,14 @@ fn a_graph_too_big_to_run_is_not_measured_but_the_run_goes_on() {
         "[model]\nplugin = {:?}\nvariant = \"budget\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [\"aws\"]\n",
         program("hostile_shapes.wasm")
     );
-    let outcome = session::run(&runfile::parse(&text, "budget").unwrap(), &|_| {}).unwrap_or_else(|e| panic!("{e:#}"));
+    let outcome = session::run(&runfile::parse(&text, "budget").unwrap(), &|_| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(outcome.measurement.is_none());
     assert!(
-        outcome.notes.iter().any(|n| n.starts_with("not measured") && n.contains("more than the 8 GiB")),
+        outcome
+            .notes
+            .iter()
+            .any(|n| n.starts_with("not measured") && n.contains("more than the 8 GiB")),
         "{:#?}",
         outcome.notes
     );
@@ -86,10 +110,18 @@ fn terminal_escapes_forged_lines_and_megabytes_never_reach_the_terminal_raw() {
     let err = c.offerings().unwrap_err();
     refused(&err, "offerings", "instance 'x\\nGPUs");
     let err = c.quote(&request("escape")).unwrap_err();
-    refused(&err, "quote", "\\u{1b}[31mred alert\\u{1b}[0m\\nnote: forged line");
+    refused(
+        &err,
+        "quote",
+        "\\u{1b}[31mred alert\\u{1b}[0m\\nnote: forged line",
+    );
     let err = c.quote(&request("megabytes")).unwrap_err();
     refused(&err, "quote", "more bytes]");
-    assert!(err.to_string().len() < 8 << 10, "{} bytes", err.to_string().len());
+    assert!(
+        err.to_string().len() < 8 << 10,
+        "{} bytes",
+        err.to_string().len()
+    );
     // 5,000 escaped log lines: cut to the per-call budget, escaped, and the call succeeds.
     assert!(c.quote(&request("log")).is_ok());
     let err = c.quote(&request("stderr")).unwrap_err();
@@ -106,16 +138,26 @@ fn non_finite_zero_negative_and_below_list_money_is_refused() {
         ("inf", "amounts are finite"),
         ("zero", "not a price above zero"),
         ("negative", "negative only on discount lines"),
-        ("below-list", "below the list price of what was asked for (60.00 USD"),
+        (
+            "below-list",
+            "below the list price of what was asked for (60.00 USD",
+        ),
         ("lowercase", "not an ISO 4217 code"),
     ] {
         let err = c.quote(&request(instance)).unwrap_err();
-        assert!(matches!(err.failure, Failure::Invalid(_)), "{instance}: {err}");
+        assert!(
+            matches!(err.failure, Failure::Invalid(_)),
+            "{instance}: {err}"
+        );
         refused(&err, "quote", expect);
     }
     assert_eq!(c.quote(&request("euro")).unwrap().currency, "EUR");
     // The price list itself, checked again on every call.
-    for expect in ["the price is zero", "must be finite, >= 0", "must be finite, >= 0"] {
+    for expect in [
+        "the price is zero",
+        "must be finite, >= 0",
+        "must be finite, >= 0",
+    ] {
         refused(&c.offerings().unwrap_err(), "offerings", expect);
     }
 }
@@ -126,21 +168,34 @@ fn a_cloud_whose_quotes_all_fail_is_reported_failed_not_as_not_selling() {
         "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [{:?}]\n[measure]\nrepeats = 1\n",
         program("hostile_money.wasm")
     );
-    let outcome = session::run(&runfile::parse(&text, "money").unwrap(), &|_| {}).unwrap_or_else(|e| panic!("{e:#}"));
+    let outcome = session::run(&runfile::parse(&text, "money").unwrap(), &|_| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
     let price = &outcome.rows[0].costs[0];
     assert!(
         matches!(price, session::CloudPrice::QuoteFailed { reason } if reason.contains("hostile_money.wasm")),
         "{price:?}"
     );
     let table = runner::report::outcome_table(&outcome).render();
-    assert!(table.lines().any(|l| l.starts_with("8 ") && l.ends_with("failed")), "{table}");
-    let skipped = outcome.notes.iter().filter(|n| n.starts_with("skipped a quote")).count();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("8 ") && l.ends_with("failed")),
+        "{table}"
+    );
+    let skipped = outcome
+        .notes
+        .iter()
+        .filter(|n| n.starts_with("skipped a quote"))
+        .count();
     assert!((1..=20).contains(&skipped), "{skipped} notes");
 }
 
 #[test]
 fn nonsense_layouts_and_hyperparameters_are_refused_on_every_call() {
-    let mut w = plugin::load(&program("nonsense_workload.wasm")).unwrap().workload(Limits::default()).unwrap();
+    let mut w = plugin::load(&program("nonsense_workload.wasm"))
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
     for expect in [
         "tp x pp x cp = 3 x 1 x 1 = 3 does not divide 8 GPUs",
         "on a model without experts",
@@ -174,9 +229,25 @@ fn nonsense_price_lists_are_refused_on_every_call() {
 
 #[test]
 fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
-    let mut p = plugin::load(&program("nonsense_precision.wasm")).unwrap().precision(Limits::default()).unwrap();
-    let sites = vec![GemmSite { layer: 0, name: "layers.0.mlp.up".into(), role: GemmRole::Forward, m: 256, n: 256, k: 256 }];
-    let request = PlanRequest { model: "m".into(), layers: 1, device: device_capabilities("H100"), sites, state: Vec::new() };
+    let mut p = plugin::load(&program("nonsense_precision.wasm"))
+        .unwrap()
+        .precision(Limits::default())
+        .unwrap();
+    let sites = vec![GemmSite {
+        layer: 0,
+        name: "layers.0.mlp.up".into(),
+        role: GemmRole::Forward,
+        m: 256,
+        n: 256,
+        k: 256,
+    }];
+    let request = PlanRequest {
+        model: "m".into(),
+        layers: 1,
+        device: device_capabilities("H100"),
+        sites,
+        state: Vec::new(),
+    };
     for expect in [
         "weight: int32 is not a GEMM operand format",
         "mxfp8 uses 1x32 blocks with e8m0 scales, got 1x128",
@@ -205,20 +276,37 @@ fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
 fn a_plugin_that_misbehaves_only_later_is_caught_on_that_call() {
     let mut c = cost("misbehave_cost.wasm", Limits::default());
     c.offerings().unwrap();
-    let later = QuoteRequest { region: "test-1".into(), ..request("later") };
+    let later = QuoteRequest {
+        region: "test-1".into(),
+        ..request("later")
+    };
     for _ in 0..3 {
         assert!(c.quote(&later).is_ok());
     }
-    refused(&c.quote(&later).unwrap_err(), "quote", "not a price above zero");
+    refused(
+        &c.quote(&later).unwrap_err(),
+        "quote",
+        "not a price above zero",
+    );
 }
 
 #[test]
 fn a_plugin_that_leaks_across_calls_is_recycled_before_it_hits_the_cap() {
     // 8 MiB leaked per call under a 64 MiB cap: without recycling the eighth call fails.
-    let mut c = cost("misbehave_cost.wasm", Limits { memory_mib: 64, ..Limits::default() });
+    let mut c = cost(
+        "misbehave_cost.wasm",
+        Limits {
+            memory_mib: 64,
+            ..Limits::default()
+        },
+    );
     c.offerings().unwrap();
-    let leak = QuoteRequest { region: "test-1".into(), ..request("leak") };
+    let leak = QuoteRequest {
+        region: "test-1".into(),
+        ..request("leak")
+    };
     for call in 0..40 {
-        c.quote(&leak).unwrap_or_else(|e| panic!("call {call}: {e}"));
+        c.quote(&leak)
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
     }
 }

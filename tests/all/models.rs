@@ -12,7 +12,7 @@ fn graph(plugin_name: &str, variant: &str, seq_len: u32, layers: u32) -> runner_
         .workload(Limits::default())
         .unwrap();
     w.graph(&GraphRequest::training(variant, seq_len, 1, layers))
-    .unwrap_or_else(|e| panic!("{e}"))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn close(what: &str, got: f64, want: f64, tol: f64) {

@@ -145,7 +145,10 @@ fn offering_rules_catch_bad_price_lists() {
         scale_up_domain: 8,
         node_multiple: 1,
         interconnect_gbps: 0.0,
-        prices: vec![price(PurchaseOption::OnDemand, 10.0), price(PurchaseOption::Spot, 4.0)],
+        prices: vec![
+            price(PurchaseOption::OnDemand, 10.0),
+            price(PurchaseOption::Spot, 4.0),
+        ],
     };
     assert!(validate_offerings(std::slice::from_ref(&good)).is_ok());
     let err = validate_offerings(&[good.clone(), good.clone()]).unwrap_err();

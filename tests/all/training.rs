@@ -64,9 +64,7 @@ fn every_family_proxy_runs_forward_backward_and_adamw() {
             .workload(Limits::default())
             .unwrap();
         // All four layers, so every layer kind (dense and MoE, windowed and full) runs.
-        let graph = w
-            .graph(&GraphRequest::training(variant, 16, 2, 4))
-            .unwrap();
+        let graph = w.graph(&GraphRequest::training(variant, 16, 2, 4)).unwrap();
         let mut ex = Executor::new(&graph, Cpu::new(), ExecOptions::default()).unwrap();
         let inputs = runner_exec::proxy::synthetic_inputs(&graph, 7);
         let named: Vec<(&str, Input<'_>)> = inputs

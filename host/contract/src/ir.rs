@@ -42,7 +42,11 @@ macro_rules! graph_to_ir {
                 text::name("a tensor's name", &t.name)?;
                 let name = text::shown(&t.name);
                 if t.shape.len() > limits::RANK {
-                    return Err(format!("tensor {name} has {} axes (at most {})", t.shape.len(), limits::RANK));
+                    return Err(format!(
+                        "tensor {name} has {} axes (at most {})",
+                        t.shape.len(),
+                        limits::RANK
+                    ));
                 }
                 let numel = t
                     .shape
@@ -50,12 +54,17 @@ macro_rules! graph_to_ir {
                     .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                     .filter(|&n| n <= limits::TENSOR_ELEMENTS)
                     .ok_or_else(|| {
-                        format!("tensor {name}: shape {:?} has more than 2^50 elements", t.shape)
+                        format!(
+                            "tensor {name}: shape {:?} has more than 2^50 elements",
+                            t.shape
+                        )
                     })?;
                 total = total
                     .checked_add(numel)
                     .filter(|&n| n <= limits::GRAPH_ELEMENTS)
-                    .ok_or_else(|| "the graph's tensors hold more than 2^56 elements together".to_string())?;
+                    .ok_or_else(|| {
+                        "the graph's tensors hold more than 2^56 elements together".to_string()
+                    })?;
                 tensors.push(Tensor {
                     name: t.name.clone(),
                     shape: t.shape.clone(),
@@ -90,7 +99,10 @@ macro_rules! graph_to_ir {
                         AttrValue::Int(v) => Attr::Int(*v),
                         AttrValue::Float(v) if v.is_finite() => Attr::Float(*v),
                         AttrValue::Float(v) => {
-                            return Err(ctx(format!("attribute {} is not finite ({v})", text::shown(&a.key))));
+                            return Err(ctx(format!(
+                                "attribute {} is not finite ({v})",
+                                text::shown(&a.key)
+                            )));
                         }
                         AttrValue::Flag(v) => Attr::Flag(*v),
                         AttrValue::Text(v) => {
@@ -99,7 +111,10 @@ macro_rules! graph_to_ir {
                         }
                     };
                     if attrs.insert(a.key.clone(), value).is_some() {
-                        return Err(ctx(format!("attribute {} given twice", text::shown(&a.key))));
+                        return Err(ctx(format!(
+                            "attribute {} given twice",
+                            text::shown(&a.key)
+                        )));
                     }
                 }
                 ops.push(NamedOp {

@@ -61,7 +61,11 @@ pub fn free(field: &str, value: &str) -> Result<(), String> {
 
 fn printable(field: &str, value: &str, max: usize) -> Result<(), String> {
     if value.len() > max {
-        return Err(format!("{field} is {} bytes long (at most {max}): {}", value.len(), shown(value)));
+        return Err(format!(
+            "{field} is {} bytes long (at most {max}): {}",
+            value.len(),
+            shown(value)
+        ));
     }
     if let Some(c) = value.chars().find(|&c| is_unsafe(c)) {
         return Err(format!(
@@ -88,9 +92,14 @@ pub fn date(field: &str, value: &str) -> Result<(), String> {
     }
     let num = |r: std::ops::Range<usize>| {
         let part = &value[r];
-        part.bytes().all(|c| c.is_ascii_digit()).then(|| part.parse::<u32>().ok()).flatten()
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse::<u32>().ok())
+            .flatten()
     };
-    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else { return Err(bad()) };
+    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
+        return Err(bad());
+    };
     let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
     let days = match m {
         1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
@@ -113,7 +122,10 @@ pub fn currency(value: &str) -> Result<(), String> {
     if value.len() == 3 && value.bytes().all(|b| b.is_ascii_uppercase()) {
         Ok(())
     } else {
-        Err(format!("currency {} is not an ISO 4217 code such as \"USD\"", shown(value)))
+        Err(format!(
+            "currency {} is not an ISO 4217 code such as \"USD\"",
+            shown(value)
+        ))
     }
 }
 
@@ -145,9 +157,20 @@ mod tests {
     fn names_are_refused_with_the_field() {
         assert!(name("instance", "p5.48xlarge").is_ok());
         let e = name("instance", "p5\x1b[31m").unwrap_err();
-        assert!(e.contains("instance") && e.contains("\\u{1b}") && e.contains("U+001B"), "{e}");
-        assert!(name("region", "  ").unwrap_err().contains("region is empty"));
-        assert!(name("gpu", &"H".repeat(300)).unwrap_err().contains("300 bytes"));
+        assert!(
+            e.contains("instance") && e.contains("\\u{1b}") && e.contains("U+001B"),
+            "{e}"
+        );
+        assert!(
+            name("region", "  ")
+                .unwrap_err()
+                .contains("region is empty")
+        );
+        assert!(
+            name("gpu", &"H".repeat(300))
+                .unwrap_err()
+                .contains("300 bytes")
+        );
         assert!(free("source", "line\nforged").is_err());
         assert!(free("source", "").is_ok());
     }
@@ -157,7 +180,16 @@ mod tests {
         for ok in ["", "2026-11-29", "2024-02-29"] {
             assert!(date("d", ok).is_ok(), "{ok}");
         }
-        for bad in ["2026-13-01", "2025-02-29", "26-11-29", "2026/11/29", "2026-11-2x", "yesterday", "2026-+1-29", "202\u{e9}-11-29"] {
+        for bad in [
+            "2026-13-01",
+            "2025-02-29",
+            "26-11-29",
+            "2026/11/29",
+            "2026-11-2x",
+            "yesterday",
+            "2026-+1-29",
+            "202\u{e9}-11-29",
+        ] {
             assert!(date("d", bad).is_err(), "{bad}");
         }
         assert!(currency("USD").is_ok() && currency("usd").is_err() && currency("US$").is_err());

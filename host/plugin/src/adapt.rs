@@ -64,12 +64,23 @@ same_enum!(p1::FallbackScope => p2::FallbackScope { AllGemms, BackwardOnly, Weig
 // ---------------------------------------------------------------------------- workload
 
 pub fn model_info(m: w1::ModelInfo) -> Result<w2::ModelInfo, String> {
-    let variants = m.variants.into_iter().map(variant).collect::<Result<_, _>>()?;
-    Ok(w2::ModelInfo { family: m.family, variants })
+    let variants = m
+        .variants
+        .into_iter()
+        .map(variant)
+        .collect::<Result<_, _>>()?;
+    Ok(w2::ModelInfo {
+        family: m.family,
+        variants,
+    })
 }
 
 fn variant(v: w1::Variant) -> Result<w2::Variant, String> {
-    let layouts = v.layouts.into_iter().map(layout).collect::<Result<_, _>>()?;
+    let layouts = v
+        .layouts
+        .into_iter()
+        .map(layout)
+        .collect::<Result<_, _>>()?;
     let h = v.hyper;
     let hyper = w2::Hyperparameters {
         layers: h.layers,
@@ -179,7 +190,12 @@ pub fn model_graph(g: w1::ModelGraph) -> w2::ModelGraph {
         tensors: g
             .tensors
             .into_iter()
-            .map(|t| w2::Tensor { name: t.name, shape: t.shape, dtype: t.dtype.into(), kind: t.kind.into() })
+            .map(|t| w2::Tensor {
+                name: t.name,
+                shape: t.shape,
+                dtype: t.dtype.into(),
+                kind: t.kind.into(),
+            })
             .collect(),
         operations: g
             .operations
@@ -213,7 +229,10 @@ pub fn model_graph(g: w1::ModelGraph) -> w2::ModelGraph {
 // -------------------------------------------------------------------------------- cost
 
 pub fn provider(p: c1::ProviderInfo) -> c2::ProviderInfo {
-    c2::ProviderInfo { name: p.name, display_name: p.display_name }
+    c2::ProviderInfo {
+        name: p.name,
+        display_name: p.display_name,
+    }
 }
 
 fn option_up(o: c1::PurchaseOption) -> c2::PurchaseOption {
@@ -233,7 +252,9 @@ fn option_down(o: c2::PurchaseOption) -> c1::PurchaseOption {
         P::OnDemand => c1::PurchaseOption::OnDemand,
         P::Spot => c1::PurchaseOption::Spot,
         P::CapacityBlock => c1::PurchaseOption::CapacityBlock,
-        P::OneYearNoUpfront | P::OneYearPartialUpfront | P::OneYearAllUpfront => c1::PurchaseOption::ReservedOneYear,
+        P::OneYearNoUpfront | P::OneYearPartialUpfront | P::OneYearAllUpfront => {
+            c1::PurchaseOption::ReservedOneYear
+        }
         P::ThreeYearNoUpfront | P::ThreeYearPartialUpfront | P::ThreeYearAllUpfront => {
             c1::PurchaseOption::ReservedThreeYear
         }
@@ -298,7 +319,12 @@ pub fn quote(q: c1::ItemisedQuote) -> c2::ItemisedQuote {
             caveats: Vec::new(),
         })
         .collect();
-    c2::ItemisedQuote { currency: "USD".into(), lines, total: q.total_usd, warnings: Vec::new() }
+    c2::ItemisedQuote {
+        currency: "USD".into(),
+        lines,
+        total: q.total_usd,
+        warnings: Vec::new(),
+    }
 }
 
 // --------------------------------------------------------------------------- precision
@@ -309,7 +335,14 @@ pub fn plan_request(r: &p2::PlanRequest) -> p1::PlanRequest {
         sites: r
             .sites
             .iter()
-            .map(|s| p1::GemmSite { layer: s.layer, name: s.name.clone(), role: s.role.into(), m: s.m, n: s.n, k: s.k })
+            .map(|s| p1::GemmSite {
+                layer: s.layer,
+                name: s.name.clone(),
+                role: s.role.into(),
+                m: s.m,
+                n: s.n,
+                k: s.k,
+            })
             .collect(),
         state: r.state.clone(),
     }
@@ -319,13 +352,20 @@ fn operand(p: &p1::SitePlan, format: v1::Dtype) -> p2::OperandPlan {
     let format: v2::Dtype = format.into();
     let recipe: p2::ScalingRecipe = p.recipe.into();
     let block = if recipe == p2::ScalingRecipe::Block {
-        p2::BlockShape { rows: 1, cols: p.block_size }
+        p2::BlockShape {
+            rows: 1,
+            cols: p.block_size,
+        }
     } else {
         p2::BlockShape { rows: 0, cols: 0 }
     };
     let (scale_format, scale_rounding, tensor_scale) = match format {
         v2::Dtype::Mxfp8 => (p2::ScaleFormat::E8m0, p2::ScaleRounding::PowerOfTwoUp, None),
-        v2::Dtype::Nvfp4 => (p2::ScaleFormat::E4m3, p2::ScaleRounding::Exact, Some(p2::ScaleFormat::Fp32)),
+        v2::Dtype::Nvfp4 => (
+            p2::ScaleFormat::E4m3,
+            p2::ScaleRounding::Exact,
+            Some(p2::ScaleFormat::Fp32),
+        ),
         _ => (p2::ScaleFormat::Fp32, p2::ScaleRounding::Exact, None),
     };
     p2::OperandPlan {
@@ -354,11 +394,18 @@ pub fn plan_response(r: p1::PlanResponse) -> p2::PlanResponse {
                 weight: activation,
                 activation,
                 gradient: operand(p, p.grad_format),
-                output: if v2::Dtype::from(p.format) == v2::Dtype::Fp32 { v2::Dtype::Fp32 } else { v2::Dtype::Bf16 },
+                output: if v2::Dtype::from(p.format) == v2::Dtype::Fp32 {
+                    v2::Dtype::Fp32
+                } else {
+                    v2::Dtype::Bf16
+                },
             }
         })
         .collect();
-    p2::PlanResponse { sites, state: r.state }
+    p2::PlanResponse {
+        sites,
+        state: r.state,
+    }
 }
 
 pub fn step_metrics(m: &p2::StepMetrics) -> p1::StepMetrics {
@@ -366,7 +413,8 @@ pub fn step_metrics(m: &p2::StepMetrics) -> p1::StepMetrics {
         .sites
         .iter()
         .map(|s| {
-            let max = |f: fn(&p2::OperandMetrics) -> f64| s.operands.iter().map(f).fold(0.0, f64::max);
+            let max =
+                |f: fn(&p2::OperandMetrics) -> f64| s.operands.iter().map(f).fold(0.0, f64::max);
             p1::SiteMetrics {
                 site: s.site,
                 amax: max(|o| o.amax),
@@ -389,7 +437,11 @@ pub fn step_metrics(m: &p2::StepMetrics) -> p1::StepMetrics {
 }
 
 fn selector(s: p1::SiteSelector) -> p2::SiteSelector {
-    p2::SiteSelector { layers: s.layers, names: s.names, roles: s.roles.into_iter().map(Into::into).collect() }
+    p2::SiteSelector {
+        layers: s.layers,
+        names: s.names,
+        roles: s.roles.into_iter().map(Into::into).collect(),
+    }
 }
 
 pub fn step_response(r: p1::StepResponse) -> p2::StepResponse {
@@ -402,9 +454,10 @@ pub fn step_response(r: p1::StepResponse) -> p2::StepResponse {
                 scope: f.scope.into(),
                 to: f.to.into(),
             }),
-            p1::Action::FallbackGlobal(scope) => {
-                p2::Action::FallbackGlobal(p2::GlobalFallback { scope: scope.into(), to: v2::Dtype::Bf16 })
-            }
+            p1::Action::FallbackGlobal(scope) => p2::Action::FallbackGlobal(p2::GlobalFallback {
+                scope: scope.into(),
+                to: v2::Dtype::Bf16,
+            }),
             p1::Action::ChangeRecipe(c) => p2::Action::ChangeRecipe(p2::RecipeChange {
                 sites: selector(c.sites),
                 recipe: c.recipe.into(),
@@ -412,12 +465,19 @@ pub fn step_response(r: p1::StepResponse) -> p2::StepResponse {
                 amax_history: c.amax_history,
             }),
             p1::Action::SkipStep => p2::Action::SkipStep,
-            p1::Action::Rollback(rb) => p2::Action::Rollback(p2::Rollback { steps: rb.steps, skip_batches: rb.skip_batches }),
-            p1::Action::Repromote(s) => {
-                p2::Action::Repromote(p2::Repromotion { sites: selector(s), to: v2::Dtype::Fp8E4m3 })
-            }
+            p1::Action::Rollback(rb) => p2::Action::Rollback(p2::Rollback {
+                steps: rb.steps,
+                skip_batches: rb.skip_batches,
+            }),
+            p1::Action::Repromote(s) => p2::Action::Repromote(p2::Repromotion {
+                sites: selector(s),
+                to: v2::Dtype::Fp8E4m3,
+            }),
             p1::Action::Alert(m) => p2::Action::Alert(m),
         })
         .collect();
-    p2::StepResponse { actions, state: r.state }
+    p2::StepResponse {
+        actions,
+        state: r.state,
+    }
 }

@@ -64,7 +64,10 @@ impl Cache {
         #[cfg(unix)]
         {
             let key = unix::open(dir)?;
-            Ok(Cache { dir: dir.to_path_buf(), key })
+            Ok(Cache {
+                dir: dir.to_path_buf(),
+                key,
+            })
         }
         #[cfg(not(unix))]
         {
@@ -90,17 +93,25 @@ impl Cache {
 
     /// The compiled bytes of the entry for (`sha`, `engine`), if there is one and its tag
     /// verifies. `Err(())` when an entry exists but does not verify.
-    #[allow(clippy::result_unit_err, reason = "the only failure is 'rejected'; the caller logs it")]
+    #[allow(
+        clippy::result_unit_err,
+        reason = "the only failure is 'rejected'; the caller logs it"
+    )]
     pub fn get(&self, sha: &str, engine: &str) -> Result<Option<Vec<u8>>, ()> {
         let Ok(mut file) = std::fs::File::open(self.path(sha, engine)) else {
             return Ok(None);
         };
         let mut bytes = Vec::new();
-        if file.read_to_end(&mut bytes).is_err() || bytes.len() < MAGIC.len() + TAG || &bytes[..MAGIC.len()] != MAGIC {
+        if file.read_to_end(&mut bytes).is_err()
+            || bytes.len() < MAGIC.len() + TAG
+            || &bytes[..MAGIC.len()] != MAGIC
+        {
             return Err(());
         }
         let (tag, compiled) = bytes[MAGIC.len()..].split_at(TAG);
-        self.tag(sha, engine, compiled).verify_slice(tag).map_err(|_| ())?;
+        self.tag(sha, engine, compiled)
+            .verify_slice(tag)
+            .map_err(|_| ())?;
         Ok(Some(compiled.to_vec()))
     }
 
@@ -109,7 +120,9 @@ impl Cache {
     pub fn put(&self, sha: &str, engine: &str, compiled: &[u8]) {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let seq = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = self.dir.join(format!(".{sha}.{}.{seq}.tmp", std::process::id()));
+        let tmp = self
+            .dir
+            .join(format!(".{sha}.{}.{seq}.tmp", std::process::id()));
         let mut data = Vec::with_capacity(MAGIC.len() + TAG + compiled.len());
         data.extend_from_slice(MAGIC);
         data.extend_from_slice(&self.tag(sha, engine, compiled).finalize().into_bytes());
@@ -153,9 +166,12 @@ mod unix {
                 .create(dir)
                 .map_err(|e| format!("cannot create the cache directory {shown}: {e}"))?;
         }
-        let meta = std::fs::symlink_metadata(dir).map_err(|e| format!("cannot read {shown}: {e}"))?;
+        let meta =
+            std::fs::symlink_metadata(dir).map_err(|e| format!("cannot read {shown}: {e}"))?;
         if !meta.is_dir() {
-            return Err(format!("the cache path {shown} is not a directory (a symlink or a file)"));
+            return Err(format!(
+                "the cache path {shown} is not a directory (a symlink or a file)"
+            ));
         }
         if meta.uid() != euid() {
             return Err(format!(
@@ -181,11 +197,18 @@ mod unix {
         // Two tries: another process may create the key between our look and our write.
         for _ in 0..2 {
             match std::fs::symlink_metadata(&key_path) {
-                Ok(m) if m.is_file() && m.uid() == euid() && m.mode() & 0o077 == 0 && m.len() == 32 => {
+                Ok(m)
+                    if m.is_file()
+                        && m.uid() == euid()
+                        && m.mode() & 0o077 == 0
+                        && m.len() == 32 =>
+                {
                     let mut key = [0u8; 32];
                     std::fs::File::open(&key_path)
                         .and_then(|mut f| f.read_exact(&mut key))
-                        .map_err(|e| format!("cannot read the cache key {}: {e}", key_path.display()))?;
+                        .map_err(|e| {
+                            format!("cannot read the cache key {}: {e}", key_path.display())
+                        })?;
                     return Ok(key);
                 }
                 Ok(_) => {
@@ -202,11 +225,19 @@ mod unix {
                     match super::write_private(&key_path, &key) {
                         Ok(()) => return Ok(key),
                         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                        Err(e) => return Err(format!("cannot write the cache key {}: {e}", key_path.display())),
+                        Err(e) => {
+                            return Err(format!(
+                                "cannot write the cache key {}: {e}",
+                                key_path.display()
+                            ));
+                        }
                     }
                 }
             }
         }
-        Err(format!("the cache key {} keeps changing under us", key_path.display()))
+        Err(format!(
+            "the cache key {} keeps changing under us",
+            key_path.display()
+        ))
     }
 }

@@ -46,17 +46,23 @@ impl Plugin {
             Pre::CostV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
         };
-        Ok(CostModel { info: self.info.clone(), instance, listed: Vec::new() })
+        Ok(CostModel {
+            info: self.info.clone(),
+            instance,
+            listed: Vec::new(),
+        })
     }
 }
 
 impl CostModel {
     pub fn provider(&mut self) -> Result<Provider, PluginError> {
         let p = match &mut self.instance {
-            Instance::V2(s) => s.call("provider", |s, p| p.runner_plugin_cost_model().call_provider(s))?,
-            Instance::V1(s) => {
-                adapt::provider(s.call("provider", |s, p| p.runner_plugin_cost_model().call_provider(s))?)
-            }
+            Instance::V2(s) => s.call("provider", |s, p| {
+                p.runner_plugin_cost_model().call_provider(s)
+            })?,
+            Instance::V1(s) => adapt::provider(s.call("provider", |s, p| {
+                p.runner_plugin_cost_model().call_provider(s)
+            })?),
         };
         validate_provider(&p).map_err(|m| self.invalid("provider", m))?;
         Ok(p)
@@ -64,9 +70,13 @@ impl CostModel {
 
     pub fn offerings(&mut self) -> Result<Vec<Offering>, PluginError> {
         let offerings = match &mut self.instance {
-            Instance::V2(s) => s.call("offerings", |s, p| p.runner_plugin_cost_model().call_offerings(s))?,
+            Instance::V2(s) => s.call("offerings", |s, p| {
+                p.runner_plugin_cost_model().call_offerings(s)
+            })?,
             Instance::V1(s) => s
-                .call("offerings", |s, p| p.runner_plugin_cost_model().call_offerings(s))?
+                .call("offerings", |s, p| {
+                    p.runner_plugin_cost_model().call_offerings(s)
+                })?
                 .into_iter()
                 .map(adapt::offering)
                 .collect(),
@@ -80,14 +90,19 @@ impl CostModel {
     /// [`CostModel::offerings`] first, or the list-price floor is not checked).
     pub fn quote(&mut self, request: &QuoteRequest) -> Result<Quote, PluginError> {
         let result = match &mut self.instance {
-            Instance::V2(s) => s.call("quote", |s, p| p.runner_plugin_cost_model().call_quote(s, request))?,
+            Instance::V2(s) => s.call("quote", |s, p| {
+                p.runner_plugin_cost_model().call_quote(s, request)
+            })?,
             Instance::V1(s) => {
                 let old = adapt::quote_request(request);
-                s.call("quote", |s, p| p.runner_plugin_cost_model().call_quote(s, &old))?
-                    .map(adapt::quote)
+                s.call("quote", |s, p| {
+                    p.runner_plugin_cost_model().call_quote(s, &old)
+                })?
+                .map(adapt::quote)
             }
         };
-        let quote = result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)))?;
+        let quote =
+            result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)))?;
         validate_quote(request, &quote, &self.listed).map_err(|m| self.invalid("quote", m))?;
         Ok(quote)
     }

@@ -48,9 +48,15 @@ pub fn linker() -> &'static Linker<HostState> {
             let mut linker = Linker::new(engine());
             wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
             v2::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-            v2::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+            v2::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(
+                &mut linker,
+                |s| s,
+            )?;
             v1::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-            v1::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+            v1::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(
+                &mut linker,
+                |s| s,
+            )?;
             Ok(linker)
         };
         build().expect("the host's imports link (fixed at build time)")
@@ -76,8 +82,10 @@ fn default_cache() -> Result<&'static Cache, String> {
     static CACHE: OnceLock<Result<Cache, String>> = OnceLock::new();
     CACHE
         .get_or_init(|| {
-            let dir = crate::cache::default_dir().ok_or("no cache directory (neither RUNNER_CACHE_DIR nor HOME is set)")?;
-            Cache::open(&dir).inspect_err(|e| tracing::warn!("compiled plugins are not cached: {e}"))
+            let dir = crate::cache::default_dir()
+                .ok_or("no cache directory (neither RUNNER_CACHE_DIR nor HOME is set)")?;
+            Cache::open(&dir)
+                .inspect_err(|e| tracing::warn!("compiled plugins are not cached: {e}"))
         })
         .as_ref()
         .map_err(Clone::clone)
@@ -95,7 +103,11 @@ pub fn compile(bytes: &[u8], sha: &str) -> Result<(Component, CacheOutcome), Str
 
 /// Compile `bytes` through `cache`: a verified entry is deserialised, anything else is
 /// compiled and (re)written.
-pub fn compile_with(bytes: &[u8], sha: &str, cache: &Cache) -> Result<(Component, CacheOutcome), String> {
+pub fn compile_with(
+    bytes: &[u8],
+    sha: &str,
+    cache: &Cache,
+) -> Result<(Component, CacheOutcome), String> {
     let engine = engine();
     let key = engine_key(engine);
     let mut outcome = CacheOutcome::Miss;
@@ -119,9 +131,12 @@ pub fn compile_with(bytes: &[u8], sha: &str, cache: &Cache) -> Result<(Component
             outcome = CacheOutcome::Rejected;
         }
     }
-    let compiled = engine.precompile_component(bytes).map_err(|e| format!("{e:#}"))?;
+    let compiled = engine
+        .precompile_component(bytes)
+        .map_err(|e| format!("{e:#}"))?;
     cache.put(sha, &key, &compiled);
     // SAFETY: `compiled` was produced just now by this engine's `precompile_component`.
-    let component = unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("{e:#}"))?;
+    let component =
+        unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("{e:#}"))?;
     Ok((component, outcome))
 }

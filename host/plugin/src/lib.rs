@@ -100,9 +100,17 @@ impl PluginInfo {
             self.kind.name(),
             self.name,
             self.contract,
-            if self.contract == CONTRACT_VERSION { "" } else { ", adapted" },
+            if self.contract == CONTRACT_VERSION {
+                ""
+            } else {
+                ", adapted"
+            },
             self.source,
-            if self.shadows_embedded { ", shadowing the embedded plugin of that name" } else { "" },
+            if self.shadows_embedded {
+                ", shadowing the embedded plugin of that name"
+            } else {
+                ""
+            },
             self.sha256
         )
     }
@@ -192,7 +200,12 @@ fn from_component(
     })
 }
 
-fn pre_instantiate(name: &str, kind: Kind, contract: &str, component: &Component) -> Result<Pre, PluginError> {
+fn pre_instantiate(
+    name: &str,
+    kind: Kind,
+    contract: &str,
+    component: &Component,
+) -> Result<Pre, PluginError> {
     let err = |e: wasmtime::Error| {
         PluginError::new(
             name,
@@ -205,10 +218,18 @@ fn pre_instantiate(name: &str, kind: Kind, contract: &str, component: &Component
     };
     let pre = engine::linker().instantiate_pre(component).map_err(err)?;
     Ok(match (kind, contract) {
-        (Kind::Workload, "0.2.0") => Pre::WorkloadV2(v2::workload::WorkloadPluginPre::new(pre).map_err(err)?),
-        (Kind::Workload, _) => Pre::WorkloadV1(v1::workload::WorkloadPluginPre::new(pre).map_err(err)?),
-        (Kind::Precision, "0.2.0") => Pre::PrecisionV2(v2::precision::PrecisionPluginPre::new(pre).map_err(err)?),
-        (Kind::Precision, _) => Pre::PrecisionV1(v1::precision::PrecisionPluginPre::new(pre).map_err(err)?),
+        (Kind::Workload, "0.2.0") => {
+            Pre::WorkloadV2(v2::workload::WorkloadPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Workload, _) => {
+            Pre::WorkloadV1(v1::workload::WorkloadPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Precision, "0.2.0") => {
+            Pre::PrecisionV2(v2::precision::PrecisionPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Precision, _) => {
+            Pre::PrecisionV1(v1::precision::PrecisionPluginPre::new(pre).map_err(err)?)
+        }
         (Kind::Cost, "0.2.0") => Pre::CostV2(v2::cost::CostPluginPre::new(pre).map_err(err)?),
         (Kind::Cost, _) => Pre::CostV1(v1::cost::CostPluginPre::new(pre).map_err(err)?),
     })

@@ -44,7 +44,10 @@ impl Plugin {
             Pre::PrecisionV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
         };
-        Ok(PrecisionPolicy { info: self.info.clone(), instance })
+        Ok(PrecisionPolicy {
+            info: self.info.clone(),
+            instance,
+        })
     }
 }
 
@@ -52,8 +55,12 @@ impl PrecisionPolicy {
     /// The policy's name and one-line description (escaped: it is printed).
     pub fn name(&mut self) -> Result<String, PluginError> {
         let name = match &mut self.instance {
-            Instance::V2(s) => s.call("name", |s, p| p.runner_plugin_precision_policy().call_name(s))?,
-            Instance::V1(s) => s.call("name", |s, p| p.runner_plugin_precision_policy().call_name(s))?,
+            Instance::V2(s) => s.call("name", |s, p| {
+                p.runner_plugin_precision_policy().call_name(s)
+            })?,
+            Instance::V1(s) => s.call("name", |s, p| {
+                p.runner_plugin_precision_policy().call_name(s)
+            })?,
         };
         runner_contract::text::free("the policy name", &name)
             .map_err(|m| PluginError::new(&self.info.name, "name", Failure::Invalid(m)))?;
@@ -62,11 +69,15 @@ impl PrecisionPolicy {
 
     pub fn plan(&mut self, request: &PlanRequest) -> Result<PlanResponse, PluginError> {
         let r = match &mut self.instance {
-            Instance::V2(s) => s.call("plan", |s, p| p.runner_plugin_precision_policy().call_plan(s, request))?,
+            Instance::V2(s) => s.call("plan", |s, p| {
+                p.runner_plugin_precision_policy().call_plan(s, request)
+            })?,
             Instance::V1(s) => {
                 let old = adapt::plan_request(request);
-                s.call("plan", |s, p| p.runner_plugin_precision_policy().call_plan(s, &old))?
-                    .map(adapt::plan_response)
+                s.call("plan", |s, p| {
+                    p.runner_plugin_precision_policy().call_plan(s, &old)
+                })?
+                .map(adapt::plan_response)
             }
         };
         let r = r.map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Refused(m)))?;
@@ -77,11 +88,15 @@ impl PrecisionPolicy {
 
     pub fn on_step(&mut self, metrics: &StepMetrics) -> Result<StepResponse, PluginError> {
         let r = match &mut self.instance {
-            Instance::V2(s) => s.call("on-step", |s, p| p.runner_plugin_precision_policy().call_on_step(s, metrics))?,
+            Instance::V2(s) => s.call("on-step", |s, p| {
+                p.runner_plugin_precision_policy().call_on_step(s, metrics)
+            })?,
             Instance::V1(s) => {
                 let old = adapt::step_metrics(metrics);
-                s.call("on-step", |s, p| p.runner_plugin_precision_policy().call_on_step(s, &old))?
-                    .map(adapt::step_response)
+                s.call("on-step", |s, p| {
+                    p.runner_plugin_precision_policy().call_on_step(s, &old)
+                })?
+                .map(adapt::step_response)
             }
         };
         let r = r.map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Refused(m)))?;
@@ -118,16 +133,35 @@ pub fn device_capabilities(name: &str) -> DeviceCapabilities {
     let high = [Fp32, Bf16, Fp16];
     let upper = name.to_ascii_uppercase();
     let (cc, native, emulated): (u32, Vec<Dtype>, Vec<Dtype>) = match upper.as_str() {
-        "CPU" => (0, vec![Fp32], vec![Bf16, Fp16, Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]),
-        "H100" | "H200" | "H800" | "H20" | "GH200" => (90, [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(), Vec::new()),
-        "B200" | "B300" | "GB200" | "GB300" => {
-            (100, [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat(), Vec::new())
-        }
-        "L40S" | "L4" => (89, [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(), Vec::new()),
+        "CPU" => (
+            0,
+            vec![Fp32],
+            vec![Bf16, Fp16, Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4],
+        ),
+        "H100" | "H200" | "H800" | "H20" | "GH200" => (
+            90,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(),
+            Vec::new(),
+        ),
+        "B200" | "B300" | "GB200" | "GB300" => (
+            100,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat(),
+            Vec::new(),
+        ),
+        "L40S" | "L4" => (
+            89,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(),
+            Vec::new(),
+        ),
         a if a.starts_with("A100") || a.starts_with("A10") => (80, high.to_vec(), Vec::new()),
         _ => (0, high.to_vec(), Vec::new()),
     };
-    DeviceCapabilities { name: name.to_string(), compute_capability: cc, native_formats: native, emulated_formats: emulated }
+    DeviceCapabilities {
+        name: name.to_string(),
+        compute_capability: cc,
+        native_formats: native,
+        emulated_formats: emulated,
+    }
 }
 
 #[cfg(test)]
@@ -140,10 +174,17 @@ mod tests {
             let c = device_capabilities(gpu);
             c.native_formats.contains(&d) || c.emulated_formats.contains(&d)
         };
-        assert!(has("H100", Dtype::Fp8E4m3) && !has("H100", Dtype::Nvfp4) && !has("H100", Dtype::Mxfp8));
+        assert!(
+            has("H100", Dtype::Fp8E4m3) && !has("H100", Dtype::Nvfp4) && !has("H100", Dtype::Mxfp8)
+        );
         assert!(has("GB200", Dtype::Nvfp4) && has("B200", Dtype::Mxfp8));
         assert!(!has("A100-80GB", Dtype::Fp8E4m3) && has("A100-40GB", Dtype::Bf16));
-        assert!(has("cpu", Dtype::Nvfp4) && device_capabilities("cpu").native_formats == [Dtype::Fp32]);
-        assert!(!has("X9000", Dtype::Fp8E4m3), "an unknown GPU is not assumed to emulate");
+        assert!(
+            has("cpu", Dtype::Nvfp4) && device_capabilities("cpu").native_formats == [Dtype::Fp32]
+        );
+        assert!(
+            !has("X9000", Dtype::Fp8E4m3),
+            "an unknown GPU is not assumed to emulate"
+        );
     }
 }

@@ -11,11 +11,30 @@ use crate::bindings::v2::precision::exports::runner::plugin::precision_policy as
 use crate::bindings::v2::workload::exports::runner::plugin::workload as w;
 
 fn count() -> impl Strategy<Value = u32> {
-    prop_oneof![Just(0u32), Just(1), Just(2), Just(3), Just(8), Just(64), Just(u32::MAX), 0u32..200, any::<u32>()]
+    prop_oneof![
+        Just(0u32),
+        Just(1),
+        Just(2),
+        Just(3),
+        Just(8),
+        Just(64),
+        Just(u32::MAX),
+        0u32..200,
+        any::<u32>()
+    ]
 }
 
 fn dim() -> impl Strategy<Value = u64> {
-    prop_oneof![Just(0u64), Just(1), Just(2), Just(8), Just(1 << 20), Just(1 << 32), Just(u64::MAX), 1u64..64]
+    prop_oneof![
+        Just(0u64),
+        Just(1),
+        Just(2),
+        Just(8),
+        Just(1 << 20),
+        Just(1 << 32),
+        Just(u64::MAX),
+        1u64..64
+    ]
 }
 
 fn real() -> impl Strategy<Value = f64> {
@@ -59,9 +78,18 @@ fn tensor() -> impl Strategy<Value = w::Tensor> {
         name(),
         prop::collection::vec(dim(), 0..5),
         dtype(),
-        prop::sample::select(vec![w::TensorKind::Weight, w::TensorKind::Activation, w::TensorKind::Input]),
+        prop::sample::select(vec![
+            w::TensorKind::Weight,
+            w::TensorKind::Activation,
+            w::TensorKind::Input,
+        ]),
     )
-        .prop_map(|(name, shape, dtype, kind)| w::Tensor { name, shape, dtype, kind })
+        .prop_map(|(name, shape, dtype, kind)| w::Tensor {
+            name,
+            shape,
+            dtype,
+            kind,
+        })
 }
 
 fn attr() -> impl Strategy<Value = w::Attribute> {
@@ -71,8 +99,16 @@ fn attr() -> impl Strategy<Value = w::Attribute> {
         any::<bool>().prop_map(w::AttrValue::Flag),
         name().prop_map(w::AttrValue::Text),
     ];
-    (prop::sample::select(vec!["eps", "theta", "rot-dim", "causal", "window", "scale", "top-k", "score", "experts"]), value)
-        .prop_map(|(key, value)| w::Attribute { key: key.into(), value })
+    (
+        prop::sample::select(vec![
+            "eps", "theta", "rot-dim", "causal", "window", "scale", "top-k", "score", "experts",
+        ]),
+        value,
+    )
+        .prop_map(|(key, value)| w::Attribute {
+            key: key.into(),
+            value,
+        })
 }
 
 fn operation() -> impl Strategy<Value = w::Operation> {
@@ -114,27 +150,42 @@ fn operation() -> impl Strategy<Value = w::Operation> {
         -2i32..4,
         role,
     )
-        .prop_map(|(name, kind, inputs, outputs, attrs, layer, role)| w::Operation {
-            name,
-            kind,
-            inputs,
-            outputs,
-            attrs,
-            layer,
-            role,
-        })
+        .prop_map(
+            |(name, kind, inputs, outputs, attrs, layer, role)| w::Operation {
+                name,
+                kind,
+                inputs,
+                outputs,
+                attrs,
+                layer,
+                role,
+            },
+        )
 }
 
 fn graph() -> impl Strategy<Value = w::ModelGraph> {
-    (prop::collection::vec(tensor(), 0..10), prop::collection::vec(operation(), 0..8), name())
-        .prop_map(|(tensors, operations, loss)| w::ModelGraph { tensors, operations, loss })
+    (
+        prop::collection::vec(tensor(), 0..10),
+        prop::collection::vec(operation(), 0..8),
+        name(),
+    )
+        .prop_map(|(tensors, operations, loss)| w::ModelGraph {
+            tensors,
+            operations,
+            loss,
+        })
 }
 
 /// A consistent embedding -> linear -> cross-entropy graph over random sizes: it passes
 /// validation often, so counting and differentiation see extreme but valid graphs.
 fn consistent_graph() -> impl Strategy<Value = w::ModelGraph> {
     (dim(), dim(), dim(), dim(), dtype()).prop_map(|(b, t, c, v, dtype)| {
-        let tensor = |name: &str, shape: &[u64], dtype, kind| w::Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind };
+        let tensor = |name: &str, shape: &[u64], dtype, kind| w::Tensor {
+            name: name.into(),
+            shape: shape.to_vec(),
+            dtype,
+            kind,
+        };
         let op = |name: &str, kind, inputs: &[&str], output: &str| w::Operation {
             name: name.into(),
             kind,
@@ -155,9 +206,24 @@ fn consistent_graph() -> impl Strategy<Value = w::ModelGraph> {
                 tensor("loss", &[], Dtype::Fp32, w::TensorKind::Activation),
             ],
             operations: vec![
-                op("embed", w::OpKind::Embedding, &["tokens", "embed.weight"], "h"),
-                op("lm_head", w::OpKind::Linear, &["h", "head.weight"], "logits"),
-                op("loss", w::OpKind::CrossEntropy, &["logits", "targets"], "loss"),
+                op(
+                    "embed",
+                    w::OpKind::Embedding,
+                    &["tokens", "embed.weight"],
+                    "h",
+                ),
+                op(
+                    "lm_head",
+                    w::OpKind::Linear,
+                    &["h", "head.weight"],
+                    "logits",
+                ),
+                op(
+                    "loss",
+                    w::OpKind::CrossEntropy,
+                    &["logits", "targets"],
+                    "loss",
+                ),
             ],
             loss: "loss".into(),
         }
@@ -166,147 +232,246 @@ fn consistent_graph() -> impl Strategy<Value = w::ModelGraph> {
 
 fn hyperparameters() -> impl Strategy<Value = w::Hyperparameters> {
     (
-        (count(), count(), count(), count(), count(), count(), count()),
+        (
+            count(),
+            count(),
+            count(),
+            count(),
+            count(),
+            count(),
+            count(),
+        ),
         (real(), real(), any::<bool>(), any::<bool>()),
         (count(), count(), count(), count()),
     )
-        .prop_map(|((layers, hidden, ffn, heads, kv_heads, head_dim, vocab), (rope_theta, norm_eps, tied, moe), (experts, top_k, dense, freq))| {
-            w::Hyperparameters {
-                layers,
-                hidden,
-                ffn,
-                heads,
-                kv_heads,
-                head_dim,
-                vocab,
-                tied_embeddings: tied,
-                position: w::PositionScheme::Rope,
-                rope_theta,
-                max_position: 4096,
-                norm: w::NormKind::RmsNorm,
-                norm_eps,
-                activation: w::ActivationKind::Swiglu,
-                attention: w::AttentionKind::Gqa,
-                mla: None,
-                moe: moe.then_some(w::MoeConfig {
-                    experts,
-                    top_k,
-                    shared_experts: 0,
-                    expert_ffn: ffn,
-                    shared_ffn: 0,
-                    dense_layers: dense,
-                    layer_frequency: freq,
-                    score: w::RouterScore::Softmax,
-                    normalize_top_k: true,
-                }),
-                attention_window: 0,
-                window_every: 0,
-                bias: false,
-                mtp_depth: 0,
-            }
-        })
+        .prop_map(
+            |(
+                (layers, hidden, ffn, heads, kv_heads, head_dim, vocab),
+                (rope_theta, norm_eps, tied, moe),
+                (experts, top_k, dense, freq),
+            )| {
+                w::Hyperparameters {
+                    layers,
+                    hidden,
+                    ffn,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    vocab,
+                    tied_embeddings: tied,
+                    position: w::PositionScheme::Rope,
+                    rope_theta,
+                    max_position: 4096,
+                    norm: w::NormKind::RmsNorm,
+                    norm_eps,
+                    activation: w::ActivationKind::Swiglu,
+                    attention: w::AttentionKind::Gqa,
+                    mla: None,
+                    moe: moe.then_some(w::MoeConfig {
+                        experts,
+                        top_k,
+                        shared_experts: 0,
+                        expert_ffn: ffn,
+                        shared_ffn: 0,
+                        dense_layers: dense,
+                        layer_frequency: freq,
+                        score: w::RouterScore::Softmax,
+                        normalize_top_k: true,
+                    }),
+                    attention_window: 0,
+                    window_every: 0,
+                    bias: false,
+                    mtp_depth: 0,
+                }
+            },
+        )
 }
 
 fn layout() -> impl Strategy<Value = w::ReferenceLayout> {
-    ((count(), count(), count(), count(), count()), (count(), count(), count(), count()), (real(), count(), name()))
-        .prop_map(|((gpus_min, gpus_max, tp, pp, cp), (vp, ep, etp, fsdp), (gbs_per_gpu, mbs, gpu))| w::ReferenceLayout {
-            gpu,
-            gpus_min,
-            gpus_max,
-            precision: w::TrainingPrecision::Fp8,
-            tp,
-            pp,
-            cp,
-            vp,
-            ep,
-            etp,
-            fsdp,
-            sequence_parallel: false,
-            recompute: w::RecomputeGranularity::None,
-            recompute_layers: 0,
-            distributed_optimizer: false,
-            overlap_grad_reduce: false,
-            overlap_param_gather: false,
-            tp_comm_overlap: false,
-            seq_len: 0,
-            mbs,
-            gbs_per_gpu,
-            gbs_fixed: 0,
-            measured: None,
-            source: String::new(),
-        })
+    (
+        (count(), count(), count(), count(), count()),
+        (count(), count(), count(), count()),
+        (real(), count(), name()),
+    )
+        .prop_map(
+            |((gpus_min, gpus_max, tp, pp, cp), (vp, ep, etp, fsdp), (gbs_per_gpu, mbs, gpu))| {
+                w::ReferenceLayout {
+                    gpu,
+                    gpus_min,
+                    gpus_max,
+                    precision: w::TrainingPrecision::Fp8,
+                    tp,
+                    pp,
+                    cp,
+                    vp,
+                    ep,
+                    etp,
+                    fsdp,
+                    sequence_parallel: false,
+                    recompute: w::RecomputeGranularity::None,
+                    recompute_layers: 0,
+                    distributed_optimizer: false,
+                    overlap_grad_reduce: false,
+                    overlap_param_gather: false,
+                    tp_comm_overlap: false,
+                    seq_len: 0,
+                    mbs,
+                    gbs_per_gpu,
+                    gbs_fixed: 0,
+                    measured: None,
+                    source: String::new(),
+                }
+            },
+        )
 }
 
 fn price() -> impl Strategy<Value = c::Price> {
     let option = prop::sample::select(crate::cost::PURCHASE_OPTIONS.to_vec());
-    (name(), option, real(), real(), count(), count(), prop::sample::select(vec!["", "2026-02-29", "2024-02-29", "x"]))
-        .prop_map(|(region, option, hourly, upfront, increment, minimum, date)| c::Price {
-            region,
-            option,
-            usd_per_node_hour: hourly,
-            upfront_usd_per_node: upfront,
-            billing_increment_s: increment,
-            minimum_charge_s: minimum,
-            effective_date: date.into(),
-            source: String::new(),
-            caveats: Vec::new(),
-        })
+    (
+        name(),
+        option,
+        real(),
+        real(),
+        count(),
+        count(),
+        prop::sample::select(vec!["", "2026-02-29", "2024-02-29", "x"]),
+    )
+        .prop_map(
+            |(region, option, hourly, upfront, increment, minimum, date)| c::Price {
+                region,
+                option,
+                usd_per_node_hour: hourly,
+                upfront_usd_per_node: upfront,
+                billing_increment_s: increment,
+                minimum_charge_s: minimum,
+                effective_date: date.into(),
+                source: String::new(),
+                caveats: Vec::new(),
+            },
+        )
 }
 
 fn offering() -> impl Strategy<Value = c::Offering> {
-    (name(), count(), count(), count(), real(), prop::collection::vec(price(), 0..4)).prop_map(
-        |(instance, gpus_per_node, scale_up_domain, node_multiple, interconnect_gbps, prices)| c::Offering {
-            instance,
-            gpu: "H100".into(),
-            gpus_per_node,
-            scale_up_domain,
-            node_multiple,
-            interconnect_gbps,
-            prices,
-        },
+    (
+        name(),
+        count(),
+        count(),
+        count(),
+        real(),
+        prop::collection::vec(price(), 0..4),
     )
+        .prop_map(
+            |(
+                instance,
+                gpus_per_node,
+                scale_up_domain,
+                node_multiple,
+                interconnect_gbps,
+                prices,
+            )| c::Offering {
+                instance,
+                gpu: "H100".into(),
+                gpus_per_node,
+                scale_up_domain,
+                node_multiple,
+                interconnect_gbps,
+                prices,
+            },
+        )
 }
 
 fn quote() -> impl Strategy<Value = c::ItemisedQuote> {
-    let category = prop::sample::select(vec![c::LineCategory::Compute, c::LineCategory::Discount, c::LineCategory::Storage]);
-    let line = (name(), category, real(), real()).prop_map(|(item, category, quantity, amount)| c::QuoteLine {
-        item,
-        category,
-        quantity,
-        unit: "node-hour".into(),
-        amount,
-        estimate: false,
-        caveats: Vec::new(),
+    let category = prop::sample::select(vec![
+        c::LineCategory::Compute,
+        c::LineCategory::Discount,
+        c::LineCategory::Storage,
+    ]);
+    let line = (name(), category, real(), real()).prop_map(|(item, category, quantity, amount)| {
+        c::QuoteLine {
+            item,
+            category,
+            quantity,
+            unit: "node-hour".into(),
+            amount,
+            estimate: false,
+            caveats: Vec::new(),
+        }
     });
-    (prop::sample::select(vec!["USD", "usd", "EUR", ""]), prop::collection::vec(line, 0..4), real())
-        .prop_map(|(currency, lines, total)| c::ItemisedQuote { currency: currency.into(), lines, total, warnings: Vec::new() })
+    (
+        prop::sample::select(vec!["USD", "usd", "EUR", ""]),
+        prop::collection::vec(line, 0..4),
+        real(),
+    )
+        .prop_map(|(currency, lines, total)| c::ItemisedQuote {
+            currency: currency.into(),
+            lines,
+            total,
+            warnings: Vec::new(),
+        })
 }
 
 fn operand() -> impl Strategy<Value = p::OperandPlan> {
-    let recipe = prop::sample::select(vec![p::ScalingRecipe::None, p::ScalingRecipe::Delayed, p::ScalingRecipe::Current, p::ScalingRecipe::Block]);
-    let scale = prop::sample::select(vec![p::ScaleFormat::Fp32, p::ScaleFormat::E8m0, p::ScaleFormat::E4m3]);
-    (dtype(), recipe, count(), count(), scale.clone(), prop::option::of(scale), count(), any::<i32>(), count())
-        .prop_map(|(format, recipe, rows, cols, scale_format, tensor_scale, amax_history, margin, hadamard)| p::OperandPlan {
-            format,
-            recipe,
-            block: p::BlockShape { rows: rows % 300, cols },
-            scale_format,
-            scale_rounding: p::ScaleRounding::PowerOfTwoUp,
-            tensor_scale,
-            value_rounding: p::ValueRounding::NearestEven,
-            amax_history,
-            amax_reduction: p::AmaxReduction::Max,
-            margin,
-            saturate: true,
-            hadamard,
-        })
+    let recipe = prop::sample::select(vec![
+        p::ScalingRecipe::None,
+        p::ScalingRecipe::Delayed,
+        p::ScalingRecipe::Current,
+        p::ScalingRecipe::Block,
+    ]);
+    let scale = prop::sample::select(vec![
+        p::ScaleFormat::Fp32,
+        p::ScaleFormat::E8m0,
+        p::ScaleFormat::E4m3,
+    ]);
+    (
+        dtype(),
+        recipe,
+        count(),
+        count(),
+        scale.clone(),
+        prop::option::of(scale),
+        count(),
+        any::<i32>(),
+        count(),
+    )
+        .prop_map(
+            |(
+                format,
+                recipe,
+                rows,
+                cols,
+                scale_format,
+                tensor_scale,
+                amax_history,
+                margin,
+                hadamard,
+            )| p::OperandPlan {
+                format,
+                recipe,
+                block: p::BlockShape {
+                    rows: rows % 300,
+                    cols,
+                },
+                scale_format,
+                scale_rounding: p::ScaleRounding::PowerOfTwoUp,
+                tensor_scale,
+                value_rounding: p::ValueRounding::NearestEven,
+                amax_history,
+                amax_reduction: p::AmaxReduction::Max,
+                margin,
+                saturate: true,
+                hadamard,
+            },
+        )
 }
 
 /// A rule's message: present, printable, bounded.
 fn clear(message: &str) -> Result<(), TestCaseError> {
     prop_assert!(!message.trim().is_empty());
     prop_assert!(message.len() < 16 << 10, "{} bytes", message.len());
-    prop_assert!(!message.chars().any(runner_contract::text::is_unsafe), "unsafe text: {message:?}");
+    prop_assert!(
+        !message.chars().any(runner_contract::text::is_unsafe),
+        "unsafe text: {message:?}"
+    );
     Ok(())
 }
 
@@ -421,6 +586,9 @@ fn contract_and_ir_name_every_format_alike() {
         Dtype::Nvfp4,
         Dtype::Int32,
     ] {
-        assert_eq!(crate::precision::dtype_name(d), crate::workload::dtype_to_ir(d).name());
+        assert_eq!(
+            crate::precision::dtype_name(d),
+            crate::workload::dtype_to_ir(d).name()
+        );
     }
 }

@@ -60,7 +60,11 @@ pub struct MemoryCapExceeded {
 
 impl std::fmt::Display for MemoryCapExceeded {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "memory growth to {} bytes refused (cap {} bytes)", self.requested, self.cap)
+        write!(
+            f,
+            "memory growth to {} bytes refused (cap {} bytes)",
+            self.requested, self.cap
+        )
     }
 }
 
@@ -77,16 +81,29 @@ struct Limiter {
 }
 
 impl ResourceLimiter for Limiter {
-    fn memory_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         if desired > self.memory_cap {
             self.hit = true;
-            return Err(wasmtime::Error::new(MemoryCapExceeded { requested: desired, cap: self.memory_cap }));
+            return Err(wasmtime::Error::new(MemoryCapExceeded {
+                requested: desired,
+                cap: self.memory_cap,
+            }));
         }
         self.memory = self.memory.max(desired);
         Ok(true)
     }
 
-    fn table_growing(&mut self, _current: usize, desired: usize, _maximum: Option<usize>) -> wasmtime::Result<bool> {
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
         Ok(desired <= 1 << 20)
     }
 
@@ -182,7 +199,8 @@ fn new_store(plugin: &str, limits: Limits) -> Store<HostState> {
         wasi,
         table: ResourceTable::new(),
         limiter: Limiter {
-            memory_cap: usize::try_from(limits.memory_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX),
+            memory_cap: usize::try_from(limits.memory_mib.saturating_mul(1 << 20))
+                .unwrap_or(usize::MAX),
             memory: 0,
             hit: false,
         },
@@ -268,7 +286,11 @@ impl<W: World> Sandboxed<W> {
                 // its cap (a slow leak) is replaced before it can fail a later call.
                 let state = store.data();
                 if state.limiter.memory > state.limiter.memory_cap / 2 {
-                    tracing::debug!("[{}] recycling an instance grown to {} bytes", self.name, state.limiter.memory);
+                    tracing::debug!(
+                        "[{}] recycling an instance grown to {} bytes",
+                        self.name,
+                        state.limiter.memory
+                    );
                     self.live = None;
                 }
                 Ok(r)
@@ -282,7 +304,8 @@ impl<W: World> Sandboxed<W> {
 
     fn classify(&self, call: &str, e: wasmtime::Error, store: &Store<HostState>) -> PluginError {
         let state = store.data();
-        let output = runner_contract::text::escape(&String::from_utf8_lossy(&state.output.contents()), 4096);
+        let output =
+            runner_contract::text::escape(&String::from_utf8_lossy(&state.output.contents()), 4096);
         let failure = if state.limiter.hit || e.downcast_ref::<MemoryCapExceeded>().is_some() {
             Failure::OutOfMemory {
                 limit_mib: self.limits.memory_mib,

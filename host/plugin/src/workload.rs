@@ -26,14 +26,20 @@ mod rules {
     runner_contract::graph_to_ir!();
 }
 pub use rules::{
-    dtype_to_ir, graph_to_ir, training_precision, training_precision_name, validate_hyperparameters,
-    validate_layout, validate_model_info, validate_variant,
+    dtype_to_ir, graph_to_ir, training_precision, training_precision_name,
+    validate_hyperparameters, validate_layout, validate_model_info, validate_variant,
 };
 
 impl GraphRequest {
     /// A training graph request (the only phase the host builds so far).
     pub fn training(variant: &str, seq_len: u32, micro_batch: u32, layers: u32) -> GraphRequest {
-        GraphRequest { variant: variant.to_string(), seq_len, micro_batch, layers, phase: Phase::Training }
+        GraphRequest {
+            variant: variant.to_string(),
+            seq_len,
+            micro_batch,
+            layers,
+            phase: Phase::Training,
+        }
     }
 }
 
@@ -58,7 +64,10 @@ impl Plugin {
             Pre::WorkloadV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
         };
-        Ok(Workload { info: self.info.clone(), instance })
+        Ok(Workload {
+            info: self.info.clone(),
+            instance,
+        })
     }
 }
 
@@ -66,9 +75,13 @@ impl Workload {
     /// Every family and variant, validated.
     pub fn describe(&mut self) -> Result<ModelInfo, PluginError> {
         let info = match &mut self.instance {
-            Instance::V2(s) => s.call("describe", |s, p| p.runner_plugin_workload().call_describe(s))?,
+            Instance::V2(s) => s.call("describe", |s, p| {
+                p.runner_plugin_workload().call_describe(s)
+            })?,
             Instance::V1(s) => {
-                let old = s.call("describe", |s, p| p.runner_plugin_workload().call_describe(s))?;
+                let old = s.call("describe", |s, p| {
+                    p.runner_plugin_workload().call_describe(s)
+                })?;
                 adapt::model_info(old).map_err(|m| self.invalid("describe", m))?
             }
         };
@@ -79,18 +92,24 @@ impl Workload {
     /// The logical forward graph of one variant, as host IR, validated.
     pub fn graph(&mut self, request: &GraphRequest) -> Result<Graph, PluginError> {
         let result = match &mut self.instance {
-            Instance::V2(s) => s.call("graph", |s, p| p.runner_plugin_workload().call_graph(s, request))?,
+            Instance::V2(s) => s.call("graph", |s, p| {
+                p.runner_plugin_workload().call_graph(s, request)
+            })?,
             Instance::V1(s) => {
                 let old = adapt::graph_request(request).map_err(|m| {
                     PluginError::new(&self.info.name, "graph", Failure::Contract(m))
                 })?;
-                s.call("graph", |s, p| p.runner_plugin_workload().call_graph(s, &old))?
-                    .map(adapt::model_graph)
+                s.call("graph", |s, p| {
+                    p.runner_plugin_workload().call_graph(s, &old)
+                })?
+                .map(adapt::model_graph)
             }
         };
-        let graph = result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)))?;
+        let graph =
+            result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)))?;
         let graph = graph_to_ir(&graph).map_err(|m| self.invalid("graph", m))?;
-        runner_graph::validate::validate(&graph).map_err(|e| self.invalid("graph", e.to_string()))?;
+        runner_graph::validate::validate(&graph)
+            .map_err(|e| self.invalid("graph", e.to_string()))?;
         Ok(graph)
     }
 

@@ -258,7 +258,9 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     o.prices.first().map_or(String::new(), |p| {
                         format!("{} s, min {} s", p.billing_increment_s, p.minimum_charge_s)
                     }),
-                    o.prices.first().map_or(String::new(), |p| p.effective_date.clone()),
+                    o.prices
+                        .first()
+                        .map_or(String::new(), |p| p.effective_date.clone()),
                 ]);
             }
             emit(global, &t, &offerings)
@@ -350,7 +352,8 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                 };
                 check(
                     "quote (1 node, 1 hour)",
-                    c.quote(&req).map(|q| format!("{:.2} {}", q.total, q.currency)),
+                    c.quote(&req)
+                        .map(|q| format!("{:.2} {}", q.total, q.currency)),
                 );
             }
         }
@@ -376,12 +379,12 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             let plan = pp.plan(&PlanRequest {
                 model: "sample".into(),
                 layers: 1,
-                device: device_capabilities("H100"),
+                device: device_capabilities("B200"),
                 sites,
                 state: Vec::new(),
             });
             check(
-                "plan (3 sites, H100)",
+                "plan (3 sites, B200: every format native)",
                 plan.as_ref()
                     .map(|r| {
                         r.sites.first().map_or(String::new(), |s| {
@@ -447,7 +450,9 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 continue;
             }
             let seq = v.defaults.seq_len;
-            let graph = w.graph(&plugin::workload::GraphRequest::training(&v.name, seq, 1, 0))?;
+            let graph = w.graph(&plugin::workload::GraphRequest::training(
+                &v.name, seq, 1, 0,
+            ))?;
             let params = session::main_model_params(&mut w, &v)?;
             rows.push(ModelRow {
                 name: v.name.clone(),

@@ -34,7 +34,11 @@ const EXECUTOR_BUDGET_BYTES: u64 = 8 << 30;
 fn executor_bytes(g: &runner_graph::Graph) -> Option<u64> {
     g.tensors.iter().try_fold(0u64, |acc, t| {
         let numel = t.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
-        let per = if t.kind == runner_graph::TensorKind::Weight { 16 } else { 8 };
+        let per = if t.kind == runner_graph::TensorKind::Weight {
+            16
+        } else {
+            8
+        };
         acc.checked_add(numel.checked_mul(per)?)
     })
 }
@@ -79,7 +83,12 @@ pub fn measure(
     settings: &MeasureSection,
 ) -> anyhow::Result<LocalMeasurement> {
     let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
-        let g = w.graph(&GraphRequest::training(&v.name, 16, 1, LAYERS_RUN.min(v.hyper.layers)))?;
+        let g = w.graph(&GraphRequest::training(
+            &v.name,
+            16,
+            1,
+            LAYERS_RUN.min(v.hyper.layers),
+        ))?;
         let bytes = count::params(&g).total as f64 * 16.0;
         Ok((bytes <= PARAM_BUDGET_BYTES, bytes))
     };
@@ -124,7 +133,12 @@ pub fn measure(
     let seq_len = chosen.defaults.seq_len.min(MAX_SEQ);
     let micro_batch = (TOKENS / seq_len).max(1);
     let layers_run = LAYERS_RUN.min(chosen.hyper.layers);
-    let graph = workload.graph(&GraphRequest::training(&chosen.name, seq_len, micro_batch, layers_run))?;
+    let graph = workload.graph(&GraphRequest::training(
+        &chosen.name,
+        seq_len,
+        micro_batch,
+        layers_run,
+    ))?;
     // The plugin chose these shapes, whatever was asked: check what the executor would
     // allocate before it allocates anything.
     let bytes = executor_bytes(&graph);
@@ -134,7 +148,10 @@ pub fn measure(
              more than the {} GiB the measurement may use; the plugin's shapes do not fit the request",
             workload.info.name,
             chosen.name,
-            bytes.map_or("more than 2^64 bytes".to_string(), |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)),
+            bytes.map_or("more than 2^64 bytes".to_string(), |b| format!(
+                "{:.1} GiB",
+                b as f64 / (1u64 << 30) as f64
+            )),
             EXECUTOR_BUDGET_BYTES >> 30
         );
     }

@@ -310,27 +310,42 @@ mod tests {
         /// A run file: sections and keys from the real set and beyond, random values.
         fn run_file() -> impl Strategy<Value = String> {
             let section = prop::sample::select(vec![
-                "model", "cluster", "precision", "cost", "limits", "measure", "clustr",
+                "model",
+                "cluster",
+                "precision",
+                "cost",
+                "limits",
+                "measure",
+                "clustr",
             ]);
             let key = prop::sample::select(vec![
-                "plugin", "variant", "seq_len", "tokens", "gpu", "gpus", "format", "plugins",
-                "option", "region", "memory_mib", "call_timeout_ms", "repeats", "recompute",
+                "plugin",
+                "variant",
+                "seq_len",
+                "tokens",
+                "gpu",
+                "gpus",
+                "format",
+                "plugins",
+                "option",
+                "region",
+                "memory_mib",
+                "call_timeout_ms",
+                "repeats",
+                "recompute",
                 "varient",
             ]);
-            prop::collection::vec(
-                (section, prop::collection::vec((key, value()), 0..4)),
-                0..5,
-            )
-            .prop_map(|sections| {
-                let mut text = String::from("[model]\nplugin = \"llama3.wasm\"\n");
-                for (section, pairs) in sections {
-                    text.push_str(&format!("[{section}]\n"));
-                    for (k, v) in pairs {
-                        text.push_str(&format!("{k} = {v}\n"));
+            prop::collection::vec((section, prop::collection::vec((key, value()), 0..4)), 0..5)
+                .prop_map(|sections| {
+                    let mut text = String::from("[model]\nplugin = \"llama3.wasm\"\n");
+                    for (section, pairs) in sections {
+                        text.push_str(&format!("[{section}]\n"));
+                        for (k, v) in pairs {
+                            text.push_str(&format!("{k} = {v}\n"));
+                        }
                     }
-                }
-                text
-            })
+                    text
+                })
         }
 
         proptest! {

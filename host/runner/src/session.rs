@@ -92,7 +92,11 @@ pub struct Outcome {
 
 /// Record a plugin the run used, in the outcome and as a note (so every output format
 /// names it with its path and sha256).
-fn record_plugin(plugins: &mut Vec<plugin::PluginInfo>, notes: &mut Vec<String>, info: &plugin::PluginInfo) {
+fn record_plugin(
+    plugins: &mut Vec<plugin::PluginInfo>,
+    notes: &mut Vec<String>,
+    info: &plugin::PluginInfo,
+) {
     notes.push(format!("plugin: {}", info.provenance()));
     plugins.push(info.clone());
 }
@@ -253,7 +257,10 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
     for row in &mut rows {
         let mut costs = std::mem::take(&mut row.costs);
-        row.costs = order.iter().map(|&i| std::mem::replace(&mut costs[i], CloudPrice::NotSold)).collect();
+        row.costs = order
+            .iter()
+            .map(|&i| std::mem::replace(&mut costs[i], CloudPrice::NotSold))
+            .collect();
     }
     let cloud_names: Vec<String> = order.iter().map(|&i| clouds[i].0.clone()).collect();
 
@@ -287,7 +294,12 @@ pub fn main_model_params(
     workload: &mut plugin::workload::Workload,
     variant: &Variant,
 ) -> anyhow::Result<count::ParamCount> {
-    let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
+    let g = workload.graph(&GraphRequest::training(
+        &variant.name,
+        1,
+        1,
+        variant.hyper.layers,
+    ))?;
     Ok(count::params(&g))
 }
 
@@ -405,7 +417,8 @@ impl QuoteNotes {
 
     fn finish(mut self) -> Vec<String> {
         if self.dropped > 0 {
-            self.lines.push(format!("... and {} more quote failures", self.dropped));
+            self.lines
+                .push(format!("... and {} more quote failures", self.dropped));
         }
         self.lines
     }
@@ -454,7 +467,9 @@ fn cheapest(
             .filter(|p| p.option == option && (region.is_empty() || p.region == region))
         {
             if asked == MAX_QUOTES {
-                notes.push(format!("{cloud}: stopped after {MAX_QUOTES} quotes for {gpus} GPUs"));
+                notes.push(format!(
+                    "{cloud}: stopped after {MAX_QUOTES} quotes for {gpus} GPUs"
+                ));
                 break;
             }
             asked += 1;
@@ -471,7 +486,10 @@ fn cheapest(
             };
             match model.quote(&request) {
                 Ok(q) if q.currency != "USD" => {
-                    notes.push(format!("{cloud}: a quote in {} is not compared with USD quotes", q.currency));
+                    notes.push(format!(
+                        "{cloud}: a quote in {} is not compared with USD quotes",
+                        q.currency
+                    ));
                 }
                 Ok(q) => {
                     if best.as_ref().is_none_or(|b| q.total < b.usd) {

@@ -116,7 +116,8 @@ fn json_and_csv_outputs_carry_the_same_rows() {
     for name in ["llama3.wasm", "bf16.wasm", "aws.wasm"] {
         let line = format!("{name} (contract 0.2.0): embedded, sha256 {}", sha(name));
         assert!(
-            csv.lines().any(|l| l.starts_with("# plugin: ") && l.ends_with(&line)),
+            csv.lines()
+                .any(|l| l.starts_with("# plugin: ") && l.ends_with(&line)),
             "{line}\n{csv}"
         );
     }
@@ -284,7 +285,9 @@ fn models_lists_every_variant_with_counts() {
     assert!(o.status.success(), "{err}");
     assert!(out.contains("H100") && out.contains("tp"), "{out}");
     assert!(
-        out.contains("note: plugin: workload plugin llama3.wasm (contract 0.2.0): embedded, sha256 "),
+        out.contains(
+            "note: plugin: workload plugin llama3.wasm (contract 0.2.0): embedded, sha256 "
+        ),
         "{out}"
     );
 }
@@ -348,8 +351,16 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
     let o = runner(
         &dir,
         &[
-            "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--cloud", "aws.wasm",
-            "--repeats", "1",
+            "--plugin",
+            "llama3",
+            "--variant",
+            "llama3-tiny",
+            "--gpus",
+            "8",
+            "--cloud",
+            "aws.wasm",
+            "--repeats",
+            "1",
         ],
     );
     let (out, err) = text(&o);
