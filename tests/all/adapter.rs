@@ -13,7 +13,7 @@ use runner::plugin::workload::{
 use runner::plugin::{self, Failure, Kind, Limits};
 use runner::{runfile, session};
 
-use crate::util::program;
+use crate::util::{on_demand, program};
 
 #[test]
 fn a_0_1_workload_is_described_and_built_with_0_2_defaults() {
@@ -90,15 +90,11 @@ fn a_0_1_cost_plugin_prices_per_price_with_its_billing_and_quotes_in_usd() {
         assert!(p.source.contains("0.1.0") && p.caveats.is_empty());
     }
     let mut request = QuoteRequest {
-        instance: "old.h100x8".into(),
-        gpus: 16,
-        nodes: 2,
         hours: 1.5,
-        region: "old-1".into(),
         option: PurchaseOption::OneYearNoUpfront,
         start_date: "2027-01-01".into(),
         storage_gb_months: 100.0,
-        egress_gb: 0.0,
+        ..on_demand("old.h100x8", "old-1")
     };
     let q = c.quote(&request).unwrap();
     assert_eq!(q.currency, "USD");

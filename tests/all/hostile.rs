@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use runner::plugin::cost::{CostModel, PurchaseOption, QuoteRequest};
+use runner::plugin::cost::{CostModel, QuoteRequest};
 use runner::plugin::precision::{
     GemmRole, GemmSite, PlanRequest, device_capabilities, healthy_step,
 };
@@ -13,24 +13,14 @@ use runner::plugin::workload::GraphRequest;
 use runner::plugin::{self, Failure, Limits, PluginError};
 use runner::{runfile, session};
 
-use crate::util::program;
+use crate::util::{on_demand, program};
 
 fn cost(file: &str, limits: Limits) -> CostModel {
     plugin::load(&program(file)).unwrap().cost(limits).unwrap()
 }
 
 fn request(instance: &str) -> QuoteRequest {
-    QuoteRequest {
-        instance: instance.into(),
-        gpus: 16,
-        nodes: 2,
-        hours: 3.0,
-        region: "r".into(),
-        option: PurchaseOption::OnDemand,
-        start_date: String::new(),
-        storage_gb_months: 0.0,
-        egress_gb: 0.0,
-    }
+    on_demand(instance, "r")
 }
 
 /// The message names the plugin and the call, says `expect`, and is safe to print.

@@ -7,20 +7,10 @@ use runner::plugin::cost::{PurchaseOption, QuoteRequest};
 use runner::plugin::workload::GraphRequest;
 use runner::plugin::{self, Failure, Limits};
 
-use crate::util::program;
+use crate::util::{on_demand, program};
 
 fn request(instance: &str) -> QuoteRequest {
-    QuoteRequest {
-        instance: instance.into(),
-        gpus: 16,
-        start_date: String::new(),
-        nodes: 2,
-        hours: 3.0,
-        region: "test-1".into(),
-        option: PurchaseOption::OnDemand,
-        storage_gb_months: 0.0,
-        egress_gb: 0.0,
-    }
+    on_demand(instance, "test-1")
 }
 
 fn misbehaving(limits: Limits) -> runner::plugin::cost::CostModel {

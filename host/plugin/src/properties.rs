@@ -60,17 +60,19 @@ fn name() -> impl Strategy<Value = String> {
     ]
 }
 
+const DTYPES: [Dtype; 8] = [
+    Dtype::Fp32,
+    Dtype::Bf16,
+    Dtype::Fp16,
+    Dtype::Fp8E4m3,
+    Dtype::Fp8E5m2,
+    Dtype::Mxfp8,
+    Dtype::Nvfp4,
+    Dtype::Int32,
+];
+
 fn dtype() -> impl Strategy<Value = Dtype> {
-    prop::sample::select(vec![
-        Dtype::Fp32,
-        Dtype::Bf16,
-        Dtype::Fp16,
-        Dtype::Fp8E4m3,
-        Dtype::Fp8E5m2,
-        Dtype::Mxfp8,
-        Dtype::Nvfp4,
-        Dtype::Int32,
-    ])
+    prop::sample::select(DTYPES.to_vec())
 }
 
 fn tensor() -> impl Strategy<Value = w::Tensor> {
@@ -576,16 +578,7 @@ proptest! {
 /// The contract's format names and the IR's are one map seen from two enums: they agree.
 #[test]
 fn contract_and_ir_name_every_format_alike() {
-    for d in [
-        Dtype::Fp32,
-        Dtype::Bf16,
-        Dtype::Fp16,
-        Dtype::Fp8E4m3,
-        Dtype::Fp8E5m2,
-        Dtype::Mxfp8,
-        Dtype::Nvfp4,
-        Dtype::Int32,
-    ] {
+    for d in DTYPES {
         assert_eq!(
             crate::precision::dtype_name(d),
             crate::workload::dtype_to_ir(d).name()
