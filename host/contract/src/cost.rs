@@ -261,11 +261,13 @@ macro_rules! cost_rules {
                 && let Some(floor) = list_price_floor(request, offerings)
                 && q.total < floor * (1.0 - 1e-9) - 1e-9
             {
+                // Cents hide the gap on a short request; six decimals show it.
+                let usd = |x: f64| if x >= 1.0 { format!("{x:.2}") } else { format!("{x:.6}") };
                 return Err(format!(
-                    "the total ({:.2} USD) is below the list price of what was asked for ({:.2} USD: {} nodes of {} for {} h, {}); \
+                    "the total ({} USD) is below the list price of what was asked for ({} USD: {} nodes of {} for {} h, {}); \
                      put discounts in the price list",
-                    q.total,
-                    floor,
+                    usd(q.total),
+                    usd(floor),
                     request.nodes,
                     text::escape(&request.instance, 64),
                     request.hours,

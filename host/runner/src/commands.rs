@@ -287,10 +287,15 @@ fn validate(path: &str, global: &Global) -> Result<()> {
     let limits = Limits::default();
     let mut t = Table::new(
         format!(
-            "{}: {} plugin, contract {} (compatible), imports allowed",
+            "{}: {} plugin, contract {} ({}), imports allowed",
             p.info.name,
             p.info.kind.name(),
-            p.info.contract
+            p.info.contract,
+            if p.info.contract == plugin::CONTRACT_VERSION {
+                "current"
+            } else {
+                "adapted to the current one"
+            }
         ),
         &["call", "result"],
     );
