@@ -11,7 +11,7 @@ fn a_plugin_built_against_another_contract_version_is_refused_naming_both() {
         .expect("must be refused");
     assert!(matches!(err.failure, Failure::Contract(_)), "{err}");
     let msg = err.to_string();
-    assert!(msg.contains("runner:plugin@0.2.0"), "{msg}");
+    assert!(msg.contains("runner:plugin@0.3.0"), "{msg}");
     assert!(
         msg.contains(&format!("runner:plugin@{}", plugin::CONTRACT_VERSION)),
         "{msg}"

@@ -1,7 +1,10 @@
 //! End-to-end tests of the runner library: one binary, one module per theme. CLI surface
 //! tests live beside the binary in `host/runner/tests/cli.rs` (they need its path).
 
+mod adapter;
+mod cache;
 mod contract;
+mod hostile;
 mod models;
 mod sandbox;
 mod training;

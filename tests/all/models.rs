@@ -11,13 +11,8 @@ fn graph(plugin_name: &str, variant: &str, seq_len: u32, layers: u32) -> runner_
         .unwrap()
         .workload(Limits::default())
         .unwrap();
-    w.graph(&GraphRequest {
-        variant: variant.into(),
-        seq_len,
-        micro_batch: 1,
-        layers,
-    })
-    .unwrap_or_else(|e| panic!("{e}"))
+    w.graph(&GraphRequest::training(variant, seq_len, 1, layers))
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn close(what: &str, got: f64, want: f64, tol: f64) {

@@ -7,18 +7,10 @@ use runner::plugin::cost::{PurchaseOption, QuoteRequest};
 use runner::plugin::workload::GraphRequest;
 use runner::plugin::{self, Failure, Limits};
 
-use crate::util::program;
+use crate::util::{on_demand, program};
 
 fn request(instance: &str) -> QuoteRequest {
-    QuoteRequest {
-        instance: instance.into(),
-        nodes: 2,
-        hours: 3.0,
-        region: "test-1".into(),
-        option: PurchaseOption::OnDemand,
-        storage_gb_months: 0.0,
-        egress_gb: 0.0,
-    }
+    on_demand(instance, "test-1")
 }
 
 fn misbehaving(limits: Limits) -> runner::plugin::cost::CostModel {
@@ -41,7 +33,7 @@ fn trap_is_reported_with_the_panic_message_and_the_instance_recovers() {
     assert!(err.to_string().contains("trapped in `quote`"), "{err}");
     // A fresh instance serves the next call.
     let q = cost.quote(&request("good")).unwrap();
-    assert_eq!(q.total_usd, 2.0 * 3.0 * 10.0);
+    assert_eq!(q.total, 2.0 * 3.0 * 10.0);
 }
 
 #[test]
@@ -112,12 +104,7 @@ fn inconsistent_graphs_are_rejected_with_the_rule() {
         ("duplicate", "twice"),
         ("nan-attr", "not finite"),
     ] {
-        let req = GraphRequest {
-            variant: variant.into(),
-            seq_len: 4,
-            micro_batch: 1,
-            layers: 0,
-        };
+        let req = GraphRequest::training(variant, 4, 1, 0);
         let err = w.graph(&req).unwrap_err();
         assert!(
             matches!(err.failure, Failure::Invalid(_)),
@@ -130,28 +117,28 @@ fn inconsistent_graphs_are_rejected_with_the_rule() {
 #[test]
 fn offering_rules_catch_bad_price_lists() {
     use runner::plugin::cost::{Offering, Price, validate_offerings};
+    let price = |option, usd_per_node_hour| Price {
+        region: "r".into(),
+        option,
+        usd_per_node_hour,
+        upfront_usd_per_node: 0.0,
+        billing_increment_s: 1,
+        minimum_charge_s: 60,
+        effective_date: String::new(),
+        source: String::new(),
+        caveats: Vec::new(),
+    };
     let good = Offering {
         instance: "a".into(),
         gpu: "H100".into(),
         gpus_per_node: 8,
         scale_up_domain: 8,
+        node_multiple: 1,
         interconnect_gbps: 0.0,
         prices: vec![
-            Price {
-                region: "r".into(),
-                option: PurchaseOption::OnDemand,
-                usd_per_node_hour: 10.0,
-            },
-            Price {
-                region: "r".into(),
-                option: PurchaseOption::Spot,
-                usd_per_node_hour: 4.0,
-            },
+            price(PurchaseOption::OnDemand, 10.0),
+            price(PurchaseOption::Spot, 4.0),
         ],
-        billing_increment_s: 1,
-        minimum_charge_s: 60,
-        effective_date: String::new(),
-        source: String::new(),
     };
     assert!(validate_offerings(std::slice::from_ref(&good)).is_ok());
     let err = validate_offerings(&[good.clone(), good.clone()]).unwrap_err();
@@ -173,4 +160,29 @@ fn offering_rules_catch_bad_price_lists() {
             .unwrap_err()
             .contains("gpus-per-node")
     );
+}
+
+#[test]
+fn both_random_generators_are_seeded_so_two_runs_agree() {
+    let draw = || {
+        plugin::load(&program("draw_random.wasm"))
+            .unwrap()
+            .precision(Limits::default())
+            .unwrap()
+            .name()
+            .unwrap()
+    };
+    let (first, second) = (draw(), draw());
+    assert_eq!(first, second, "two fresh instances drew differently");
+    let field = |name: &str| {
+        first
+            .split(' ')
+            .skip_while(|w| *w != name)
+            .nth(1)
+            .unwrap_or_else(|| panic!("no {name} in {first}"))
+            .to_string()
+    };
+    let (secure, insecure) = (field("secure"), field("insecure"));
+    assert_eq!(secure.len(), 32, "{first}");
+    assert!(secure != "0".repeat(32) && secure != insecure, "{first}");
 }

@@ -16,12 +16,7 @@ fn llama3_tiny_trains_and_its_loss_falls() {
         .unwrap();
     // Two of the proxy's four layers keep the debug-mode test light.
     let graph = w
-        .graph(&GraphRequest {
-            variant: "llama3-tiny".into(),
-            seq_len: seq,
-            micro_batch: batch,
-            layers: 2,
-        })
+        .graph(&GraphRequest::training("llama3-tiny", seq, batch, 2))
         .unwrap();
     let mut ex = Executor::new(&graph, Cpu::new(), ExecOptions::default()).unwrap();
     // A learnable stream: each token determines the next (t -> 7t + 3 mod 61).
@@ -69,14 +64,7 @@ fn every_family_proxy_runs_forward_backward_and_adamw() {
             .workload(Limits::default())
             .unwrap();
         // All four layers, so every layer kind (dense and MoE, windowed and full) runs.
-        let graph = w
-            .graph(&GraphRequest {
-                variant: variant.into(),
-                seq_len: 16,
-                micro_batch: 2,
-                layers: 4,
-            })
-            .unwrap();
+        let graph = w.graph(&GraphRequest::training(variant, 16, 2, 4)).unwrap();
         let mut ex = Executor::new(&graph, Cpu::new(), ExecOptions::default()).unwrap();
         let inputs = runner_exec::proxy::synthetic_inputs(&graph, 7);
         let named: Vec<(&str, Input<'_>)> = inputs

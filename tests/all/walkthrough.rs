@@ -47,7 +47,7 @@ fn the_walkthrough_model_validates_and_runs_priced_by_the_walkthrough_cloud() {
     );
     assert_eq!(outcome.clouds, vec!["mycloud".to_string()]);
     let cost = outcome.rows[0].costs[0]
-        .as_ref()
+        .quote()
         .expect("mycloud sells H100");
     assert_eq!(cost.nodes, 2);
     assert_eq!(cost.region, "us-east", "the cheaper region wins");

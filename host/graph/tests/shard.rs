@@ -15,7 +15,7 @@ use runner_graph::validate::validate;
 use runner_graph::{Graph, OpKind, TensorKind};
 use runner_plugin_sdk::workload::builder::{decoder, moe, transformer_graph};
 use runner_plugin_sdk::workload::{
-    ActivationKind, AttentionKind, GraphRequest, Guest, Hyperparameters, MlaConfig, MoeConfig, NormKind, PositionScheme,
+    ActivationKind, AttentionKind, GraphRequest, Guest, Hyperparameters, MlaConfig, MoeConfig, NormKind, Phase, PositionScheme,
 };
 use runner_plugin_testkit as kit;
 
@@ -24,7 +24,7 @@ fn llama(layers: u32, seq: u32, mb: u32) -> Graph {
 }
 
 fn built(h: &Hyperparameters, seq: u32, mb: u32) -> Graph {
-    let req = GraphRequest { variant: "t".into(), seq_len: seq, micro_batch: mb, layers: 0 };
+    let req = GraphRequest { variant: "t".into(), seq_len: seq, micro_batch: mb, layers: 0, phase: Phase::Training };
     let g = kit::to_host(&transformer_graph(h, &req).unwrap());
     validate(&g).unwrap();
     g

@@ -64,10 +64,9 @@ impl Model {
     /// The source failed, or the graph has no transformer layers.
     pub fn new(name: &str, seq_len: u32, source: &mut dyn GraphSource) -> Result<Model, String> {
         let graph = source.graph(1)?;
+        // A graph without transformer layers (all embedding and head) still projects, on
+        // one pipeline stage.
         let depth = depth::analyse(&graph);
-        if depth.is_empty() {
-            return Err(format!("{name}: the graph has no transformer layers to project"));
-        }
         let flops_per_sequence = count::model_flops_per_step(&graph, &Convention::CAUSAL);
         let params = count::params(&graph);
         let mut shape = Shape { layers: depth.len() as u32, ..Shape::default() };

@@ -154,7 +154,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                 continue;
                             }
                         };
-                        for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers).collect()) {
+                        for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers.max(1)).collect()) {
                             if pp == 0 || !rest.is_multiple_of(pp) {
                                 let fam = family(&key, pp, 1, false);
                                 note(&mut tracks, &fam, format!("pp={pp} does not divide the {rest} GPUs tp·cp = {} leaves", tp * cp));

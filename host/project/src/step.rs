@@ -405,7 +405,7 @@ impl Costed {
         if vp > 1 && pp == 1 {
             return Err(Reject::Divisibility("vp > 1 needs pp > 1".into()));
         }
-        if chunks > layers {
+        if chunks > layers.max(1) {
             return Err(Reject::Divisibility(format!("pp·vp = {chunks} chunks exceed the {layers} layers")));
         }
         let per_step = u64::from(key.mbs) * u64::from(dp);

@@ -161,7 +161,11 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                         table.rows.push(vec![
                             info.name.clone(),
                             info.kind.name().into(),
-                            info.contract.clone(),
+                            if info.contract == plugin::CONTRACT_VERSION {
+                                info.contract.clone()
+                            } else {
+                                format!("{} (adapted)", info.contract)
+                            },
                             format!(
                                 "{}{}",
                                 info.source,
@@ -269,8 +273,12 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     o.gpus_per_node.to_string(),
                     format!("{}", o.interconnect_gbps),
                     o.prices.len().to_string(),
-                    format!("{} s, min {} s", o.billing_increment_s, o.minimum_charge_s),
-                    o.effective_date.clone(),
+                    o.prices.first().map_or(String::new(), |p| {
+                        format!("{} s, min {} s", p.billing_increment_s, p.minimum_charge_s)
+                    }),
+                    o.prices
+                        .first()
+                        .map_or(String::new(), |p| p.effective_date.clone()),
                 ]);
             }
             emit(global, &t, &offerings)
@@ -297,10 +305,15 @@ fn validate(path: &str, global: &Global) -> Result<()> {
     let limits = Limits::default();
     let mut t = Table::new(
         format!(
-            "{}: {} plugin, contract {} (compatible), imports allowed",
+            "{}: {} plugin, contract {} ({}), imports allowed",
             p.info.name,
             p.info.kind.name(),
-            p.info.contract
+            p.info.contract,
+            if p.info.contract == plugin::CONTRACT_VERSION {
+                "current"
+            } else {
+                "adapted to the current one"
+            }
         ),
         &["call", "result"],
     );
@@ -325,12 +338,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             );
             if let Ok(info) = info {
                 for v in &info.variants {
-                    let req = plugin::workload::GraphRequest {
-                        variant: v.name.clone(),
-                        seq_len: 128,
-                        micro_batch: 1,
-                        layers: 1,
-                    };
+                    let req = plugin::workload::GraphRequest::training(&v.name, 128, 1, 1);
                     check(
                         &format!("graph {} (seq 128, 1 layer)", v.name),
                         w.graph(&req).map(|g| {
@@ -356,6 +364,8 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             {
                 let req = plugin::cost::QuoteRequest {
                     instance: o.instance.clone(),
+                    gpus: o.gpus_per_node,
+                    start_date: String::new(),
                     nodes: 1,
                     hours: 1.0,
                     region: price.region.clone(),
@@ -365,7 +375,8 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                 };
                 check(
                     "quote (1 node, 1 hour)",
-                    c.quote(&req).map(|q| report::usd(q.total_usd)),
+                    c.quote(&req)
+                        .map(|q| format!("{:.2} {}", q.total, q.currency)),
                 );
             }
         }
@@ -390,25 +401,23 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             .collect();
             let plan = pp.plan(&PlanRequest {
                 model: "sample".into(),
+                layers: 1,
+                device: device_capabilities("B200"),
                 sites,
                 state: Vec::new(),
             });
             check(
-                "plan (3 sites)",
+                "plan (3 sites, B200: every format native)",
                 plan.as_ref()
-                    .map(|r| format!("{:?}", r.sites.first().map(|s| s.format)))
+                    .map(|r| {
+                        r.sites.first().map_or(String::new(), |s| {
+                            format!("weights in {}", dtype_name(s.weight.format))
+                        })
+                    })
                     .map_err(Clone::clone),
             );
-            let metrics = StepMetrics {
-                step: 1,
-                loss: 2.5,
-                grad_norm: 1.0,
-                learning_rate: 1e-4,
-                loss_finite: true,
-                grads_finite: true,
-                sites: Vec::new(),
-                state: plan.map(|p| p.state).unwrap_or_default(),
-            };
+            let (plan, state) = plan.map(|p| (p.sites, p.state)).unwrap_or_default();
+            let metrics = healthy_step(1, plan, state);
             check(
                 "on-step",
                 pp.on_step(&metrics)
@@ -447,6 +456,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     let limits = Limits::default();
     let mut rows = Vec::new();
     let mut found = Vec::new();
+    let mut used: Vec<PluginInfo> = Vec::new();
     for (info, shadowed) in plugin::list() {
         let Ok(info) = info else { continue };
         if shadowed || info.kind != Kind::Workload {
@@ -463,12 +473,9 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 continue;
             }
             let seq = v.defaults.seq_len;
-            let graph = w.graph(&plugin::workload::GraphRequest {
-                variant: v.name.clone(),
-                seq_len: seq,
-                micro_batch: 1,
-                layers: 0,
-            })?;
+            let graph = w.graph(&plugin::workload::GraphRequest::training(
+                &v.name, seq, 1, 0,
+            ))?;
             let params = session::main_model_params(&mut w, &v)?;
             rows.push(ModelRow {
                 name: v.name.clone(),
@@ -480,8 +487,12 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
                 flops_per_token: count::model_flops_per_step(&graph, &convention) / f64::from(seq),
             });
             found.push(v);
+            if used.last().is_none_or(|u| u.sha256 != info.sha256) {
+                used.push(info.clone());
+            }
         }
     }
+    let provenance = used.iter().map(|i| format!("plugin: {}", i.provenance()));
     if let Some(n) = name {
         let Some(v) = found.first() else {
             let all: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
@@ -516,7 +527,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             t.rows.push(vec![
                 l.gpu.clone(),
                 format!("{}-{}", l.gpus_min, l.gpus_max),
-                l.precision.clone(),
+                plugin::workload::training_precision_name(l.precision).into(),
                 l.tp.to_string(),
                 l.pp.to_string(),
                 l.cp.to_string(),
@@ -543,6 +554,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             r.flops_per_token,
             r.default_seq_len
         ));
+        t.notes.extend(provenance);
         return emit(
             global,
             &t,
@@ -574,6 +586,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     }
     t.notes.push(format!("flops_per_token: model FLOPs of forward and backward per token at the default sequence length, multi-token-prediction modules included; {convention}"));
     t.notes.push("params: the main model, as published counts give it (multi-token-prediction modules left out); active: routed experts counted at top-k of E".into());
+    t.notes.extend(provenance);
     emit(global, &t, &rows)
 }
 
@@ -756,6 +769,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 let o = &offerings[0];
                 plugin::cost::QuoteRequest {
                     instance: o.instance.clone(),
+                    gpus: 4 * o.gpus_per_node,
+                    start_date: String::new(),
                     nodes: 4,
                     hours: 10.0,
                     region: o.prices[0].region.clone(),

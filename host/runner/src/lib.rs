@@ -6,7 +6,8 @@
 //! cluster, prices every cloud and hands a [`report`] to the terminal and to files.
 //!
 //! Core concepts:
-//! - [`plugin`]: finding, checking, compiling and sandboxing WASM plugins.
+//! - [`plugin`]: finding, checking, compiling and sandboxing WASM plugins (the
+//!   `runner-plugin-host` crate, re-exported under its old path).
 //! - [`runfile`]: the TOML run file, parsed strictly (unknown keys are errors).
 //! - [`project`]: the performance model (`runner_project`) fed by the plugins: models
 //!   found by name, precision plans, GPU profiles, reference layouts.
@@ -14,7 +15,7 @@
 //! - [`report`]: tables, JSON and CSV.
 
 pub mod measure;
-pub mod plugin;
+pub use runner_plugin_host as plugin;
 pub mod project;
 pub mod report;
 pub mod runfile;

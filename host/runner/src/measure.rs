@@ -26,6 +26,23 @@ const TOKENS: u32 = 2048;
 /// Layers actually run; the rest is composed from the per-layer time.
 const LAYERS_RUN: u32 = 2;
 
+/// What the measured step may allocate at most.
+const EXECUTOR_BUDGET_BYTES: u64 = 8 << 30;
+
+/// Bytes the executor allocates for `g` at most: an f32 value and gradient for every
+/// tensor, and two AdamW moments more for every weight. None on overflow.
+fn executor_bytes(g: &runner_graph::Graph) -> Option<u64> {
+    g.tensors.iter().try_fold(0u64, |acc, t| {
+        let numel = t.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
+        let per = if t.kind == runner_graph::TensorKind::Weight {
+            16
+        } else {
+            8
+        };
+        acc.checked_add(numel.checked_mul(per)?)
+    })
+}
+
 #[derive(Clone, Debug, Serialize)]
 pub struct LocalMeasurement {
     pub device: String,
@@ -66,12 +83,12 @@ pub fn measure(
     settings: &MeasureSection,
 ) -> anyhow::Result<LocalMeasurement> {
     let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
-        let g = w.graph(&GraphRequest {
-            variant: v.name.clone(),
-            seq_len: 16,
-            micro_batch: 1,
-            layers: LAYERS_RUN.min(v.hyper.layers),
-        })?;
+        let g = w.graph(&GraphRequest::training(
+            &v.name,
+            16,
+            1,
+            LAYERS_RUN.min(v.hyper.layers),
+        ))?;
         let bytes = count::params(&g).total as f64 * 16.0;
         Ok((bytes <= PARAM_BUDGET_BYTES, bytes))
     };
@@ -116,12 +133,28 @@ pub fn measure(
     let seq_len = chosen.defaults.seq_len.min(MAX_SEQ);
     let micro_batch = (TOKENS / seq_len).max(1);
     let layers_run = LAYERS_RUN.min(chosen.hyper.layers);
-    let graph = workload.graph(&GraphRequest {
-        variant: chosen.name.clone(),
+    let graph = workload.graph(&GraphRequest::training(
+        &chosen.name,
         seq_len,
         micro_batch,
-        layers: layers_run,
-    })?;
+        layers_run,
+    ))?;
+    // The plugin chose these shapes, whatever was asked: check what the executor would
+    // allocate before it allocates anything.
+    let bytes = executor_bytes(&graph);
+    if bytes.is_none_or(|b| b > EXECUTOR_BUDGET_BYTES) {
+        anyhow::bail!(
+            "{}'s graph for {} (seq {seq_len} x batch {micro_batch}, {layers_run} layers) needs {} of memory to run, \
+             more than the {} GiB the measurement may use; the plugin's shapes do not fit the request",
+            workload.info.name,
+            chosen.name,
+            bytes.map_or("more than 2^64 bytes".to_string(), |b| format!(
+                "{:.1} GiB",
+                b as f64 / (1u64 << 30) as f64
+            )),
+            EXECUTOR_BUDGET_BYTES >> 30
+        );
+    }
     let opts = MeasureOptions {
         timing: TimingOptions {
             warmup: 1,

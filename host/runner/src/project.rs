@@ -14,7 +14,7 @@ use runner_project::precision::{GemmRole, Plan, Recipe};
 use runner_project::profile::{GemmFormat, GpuProfile, Profiles};
 use runner_project::published::Resolver;
 
-use crate::plugin::workload::{GraphRequest, ReferenceLayout, Variant, Workload};
+use crate::plugin::workload::{GraphRequest, ReferenceLayout, TrainingPrecision, Variant, Workload};
 use crate::plugin::{self, Kind, Limits};
 
 /// A workload plugin's graphs of one variant at one sequence length.
@@ -27,15 +27,15 @@ pub struct PluginSource {
 impl GraphSource for PluginSource {
     fn graph(&mut self, micro_batch: u32) -> Result<Graph, String> {
         self.workload
-            .graph(&GraphRequest { variant: self.variant.clone(), seq_len: self.seq_len, micro_batch, layers: 0 })
+            .graph(&GraphRequest::training(&self.variant, self.seq_len, micro_batch, 0))
             .map_err(|e| e.to_string())
     }
 }
 
 /// A model variant found among the installed workload plugins.
 pub struct Found {
-    /// The plugin's name and how to load it.
-    pub plugin: String,
+    /// The plugin (name, contract, source, sha256) and how to load it.
+    pub info: plugin::PluginInfo,
     pub spec: String,
     pub family: String,
     pub variant: Variant,
@@ -71,7 +71,7 @@ pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
         let info = w.describe()?;
         for v in info.variants {
             if v.name == name {
-                return Ok(Found { plugin: p.info.name.clone(), spec, family: info.family.clone(), variant: v });
+                return Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v });
             }
             known.push(v.name);
         }
@@ -117,29 +117,52 @@ pub fn profiles(file: Option<&Path>) -> Result<Profiles> {
 
 /// The precision plan for `recipe` over `model`'s graph: the precision plugin named
 /// after the recipe (`bf16.wasm`, `fp8.wasm`, ...) when one is installed, otherwise the
-/// built-in plan of that name (`Plan::source` says which). A plugin that plans formats
-/// the recipe does not name is refused: asking for FP8 from a policy that plans BF16 is
-/// an error, not a note.
+/// built-in plan of that name (`Plan::source` says which; the plugin's info comes back to
+/// be recorded). A plugin that plans formats the recipe does not name is refused: asking
+/// for FP8 from a policy that plans BF16 is an error, not a note.
 ///
 /// # Errors
 /// The plugin fails or plans another precision than asked.
-pub fn plan(recipe: Recipe, graph: &Graph, limits: Limits) -> Result<Plan> {
+pub fn plan(recipe: Recipe, variant: &Variant, gpu: &GpuProfile, graph: &Graph, limits: Limits) -> Result<(Plan, Option<plugin::PluginInfo>)> {
     let spec = format!("{}.wasm", recipe.name());
-    let Ok(p) = plugin::load(&spec) else {
-        return Ok(Plan::builtin(recipe, graph));
-    };
-    if p.info.kind != Kind::Precision {
-        return Ok(Plan::builtin(recipe, graph));
+    match plugin::load(&spec) {
+        Ok(p) if p.info.kind == Kind::Precision => {
+            let (plan, info) = plan_from_plugin(recipe, &spec, variant, gpu, graph, limits)?;
+            Ok((plan, Some(info)))
+        }
+        _ => Ok((Plan::builtin(recipe, graph), None)),
     }
-    plan_from_plugin(recipe, &spec, graph, limits)
 }
 
-/// Ask precision plugin `spec` for a plan over every GEMM site of `graph`.
+/// The format a GEMM computes in from its two operands' formats: low precision only when
+/// both are in the same low-precision family.
+fn gemm_format(a: plugin::precision::Dtype, b: plugin::precision::Dtype) -> Option<GemmFormat> {
+    use plugin::precision::Dtype as D;
+    let f = |d: D| match d {
+        D::Bf16 | D::Fp16 | D::Fp32 => Some(GemmFormat::Bf16),
+        D::Fp8E4m3 | D::Fp8E5m2 => Some(GemmFormat::Fp8),
+        D::Mxfp8 => Some(GemmFormat::Mxfp8),
+        D::Nvfp4 => Some(GemmFormat::Nvfp4),
+        D::Int32 => None,
+    };
+    let (x, y) = (f(a)?, f(b)?);
+    Some(if x == y { x } else { GemmFormat::Bf16 })
+}
+
+/// Ask precision plugin `spec` for a plan over every GEMM site of `graph`, for the GPU the
+/// run projects onto.
 ///
 /// # Errors
 /// The plugin fails, or its plan's low-precision format is not `recipe`'s.
-pub fn plan_from_plugin(recipe: Recipe, spec: &str, graph: &Graph, limits: Limits) -> Result<Plan> {
-    use plugin::precision::{Dtype, GemmRole as W, GemmSite, PlanRequest};
+pub fn plan_from_plugin(
+    recipe: Recipe,
+    spec: &str,
+    variant: &Variant,
+    gpu: &GpuProfile,
+    graph: &Graph,
+    limits: Limits,
+) -> Result<(Plan, plugin::PluginInfo)> {
+    use plugin::precision::{GemmRole as W, GemmSite, PlanRequest};
     let p = plugin::load(spec)?;
     let source = format!("{} (sha256 {})", p.info.name, &p.info.sha256[..12]);
     let mut policy = p.precision(limits)?;
@@ -154,24 +177,28 @@ pub fn plan_from_plugin(recipe: Recipe, spec: &str, graph: &Graph, limits: Limit
             names.push((op.name.clone(), ours));
         }
     }
-    let answer = policy.plan(&PlanRequest { model: String::new(), sites, state: Vec::new() })?;
+    let answer = policy.plan(&PlanRequest {
+        model: variant.name.clone(),
+        layers: variant.hyper.layers,
+        device: plugin::precision::device_capabilities(&gpu.name),
+        sites,
+        state: Vec::new(),
+    })?;
     let mut answers = Vec::new();
     for ((name, role), site) in names.into_iter().zip(&answer.sites) {
-        let f = match site.format {
-            Dtype::Bf16 | Dtype::Fp16 | Dtype::Fp32 => GemmFormat::Bf16,
-            Dtype::Fp8E4m3 | Dtype::Fp8E5m2 => GemmFormat::Fp8,
-            Dtype::Mxfp8 => GemmFormat::Mxfp8,
-            Dtype::Nvfp4 => GemmFormat::Nvfp4,
-            Dtype::Int32 => anyhow::bail!("{}: planned an int32 GEMM for '{name}'; GEMMs run in floating point", p.info.name),
+        // Forward: activation x weight; input gradient: gradient x weight; weight
+        // gradient: gradient x activation.
+        let (a, b) = match role {
+            GemmRole::Forward => (site.activation.format, site.weight.format),
+            GemmRole::InputGradient => (site.gradient.format, site.weight.format),
+            GemmRole::WeightGradient => (site.gradient.format, site.activation.format),
         };
+        let f = gemm_format(a, b).ok_or_else(|| anyhow::anyhow!("{}: planned an int32 operand for '{name}'; GEMMs run in floating point", p.info.name))?;
         if f != GemmFormat::Bf16 && f != recipe.format() {
             anyhow::bail!(
                 "{} plans {f} GEMMs but the run asks for {recipe}; use --precision {} or a {recipe} policy",
                 p.info.name,
-                match f {
-                    GemmFormat::Fp8 => "fp8",
-                    other => other.name(),
-                }
+                f.name()
             );
         }
         answers.push((name, role, f));
@@ -180,14 +207,25 @@ pub fn plan_from_plugin(recipe: Recipe, spec: &str, graph: &Graph, limits: Limit
     if recipe != Recipe::Bf16 && plan.low_precision_share() == 0.0 {
         anyhow::bail!("{} plans every GEMM in BF16 but the run asks for {recipe}; use --precision bf16 or a {recipe} policy", p.info.name);
     }
-    Ok(plan)
+    Ok((plan, policy.info.clone()))
+}
+
+/// The run recipe a published layout's typed precision stands for.
+pub fn layout_recipe(p: TrainingPrecision) -> Recipe {
+    match p {
+        TrainingPrecision::Bf16 | TrainingPrecision::Fp16 => Recipe::Bf16,
+        TrainingPrecision::Fp8 | TrainingPrecision::Fp8Delayed | TrainingPrecision::Fp8Blockwise => Recipe::Fp8,
+        TrainingPrecision::Fp8Current => Recipe::Fp8Cs,
+        TrainingPrecision::Mxfp8 => Recipe::Mxfp8,
+        TrainingPrecision::Nvfp4 => Recipe::Nvfp4,
+    }
 }
 
 /// The published layout of `variant` closest to a run on `gpus` GPUs of `gpu` in
 /// `recipe`: same GPU and precision with the count in its range first, then same GPU.
 pub fn reference<'a>(variant: &'a Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32) -> Option<&'a ReferenceLayout> {
     let same_gpu = |l: &&ReferenceLayout| gpu.name.eq_ignore_ascii_case(&l.gpu) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&l.gpu));
-    let same_precision = |l: &&ReferenceLayout| Recipe::parse(&l.precision).is_ok_and(|r| r == recipe);
+    let same_precision = |l: &&ReferenceLayout| layout_recipe(l.precision) == recipe;
     let in_range = |l: &&ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
     variant
         .layouts

@@ -7,7 +7,7 @@ pub mod chart;
 
 use serde::Serialize;
 
-use crate::session::Outcome;
+use crate::session::{CloudPrice, Outcome};
 
 /// Output format, as `--format` spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -130,7 +130,9 @@ impl Table {
         out
     }
 
-    /// RFC 4180 CSV of the headers and rows (notes are left out).
+    /// RFC 4180 CSV of the headers and rows, then each note as a `# ` comment line (what
+    /// was measured, modelled, and every plugin used with its sha256; readers such as
+    /// pandas skip them with `comment='#'`).
     pub fn csv(&self) -> String {
         let mut out = String::new();
         let esc = |s: &str| {
@@ -155,6 +157,9 @@ impl Table {
                 "{}",
                 row.iter().map(|c| esc(c)).collect::<Vec<_>>().join(",")
             );
+        }
+        for note in &self.notes {
+            let _ = writeln!(out, "# {}", note.replace(['\n', '\r'], " "));
         }
         out
     }
@@ -240,8 +245,9 @@ pub fn outcome_table(o: &Outcome) -> Table {
             }
         }
         row.extend(r.costs.iter().map(|c| match c {
-            Some(c) => usd(c.usd),
-            None => "n/a".into(),
+            CloudPrice::Quoted(c) => usd(c.usd),
+            CloudPrice::NotSold => "n/a".into(),
+            CloudPrice::QuoteFailed { .. } => "failed".into(),
         }));
         table.rows.push(row);
     }
@@ -252,7 +258,7 @@ pub fn outcome_table(o: &Outcome) -> Table {
         }
     }
     table.notes.push(format!(
-        "model FLOPs per token {:.3e}; per cloud: the cheapest offering and region with that GPU, clouds ordered cheapest first (n/a: the cloud does not sell it)",
+        "model FLOPs per token {:.3e}; per cloud: the cheapest offering and region with that GPU, clouds ordered cheapest first (n/a: the cloud does not sell it; failed: its quotes were refused, see the notes)",
         m.flops_per_token
     ));
     table

@@ -184,9 +184,10 @@ fn check(run: &RunFile) -> Result<(), String> {
     if run.cluster.gpus.is_empty() {
         return Err("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]".into());
     }
-    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| g == 0) {
+    use runner_contract::limits::{GPUS, SEQ_LEN, TOKENS};
+    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| g == 0 || g > GPUS) {
         return Err(format!(
-            "[cluster] gpus contains {bad}; every GPU count must be at least 1"
+            "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
         ));
     }
     if run.cluster.profile.is_none() {
@@ -199,12 +200,16 @@ fn check(run: &RunFile) -> Result<(), String> {
     }
     Recipe::parse(&run.precision.format).map_err(|m| format!("[precision] format: {m}"))?;
     if let Some(t) = run.model.tokens
-        && !(t.is_finite() && t > 0.0)
+        && !(t.is_finite() && t > 0.0 && t <= TOKENS)
     {
-        return Err(format!("[model] tokens must be a positive number, got {t}"));
+        return Err(format!(
+            "[model] tokens must be a positive number up to {TOKENS:e}, got {t}"
+        ));
     }
-    if run.model.seq_len == Some(0) {
-        return Err("[model] seq_len must be at least 1".into());
+    if let Some(s) = run.model.seq_len
+        && !(1..=SEQ_LEN).contains(&s)
+    {
+        return Err(format!("[model] seq_len must be in 1..={SEQ_LEN}, got {s}"));
     }
     parse_option(&run.cost.option)?;
     if run.measure.repeats < 1 || run.measure.repeats > 1000 {
@@ -221,18 +226,13 @@ fn check(run: &RunFile) -> Result<(), String> {
 
 /// Parse a purchase option as run files write it.
 pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, String> {
-    use crate::plugin::cost::PurchaseOption as P;
-    Ok(match s {
-        "on-demand" => P::OnDemand,
-        "spot" => P::Spot,
-        "reserved-1y" => P::ReservedOneYear,
-        "reserved-3y" => P::ReservedThreeYear,
-        "capacity-block" => P::CapacityBlock,
-        other => {
-            return Err(format!(
-                "[cost] option '{other}' is not one of on-demand, spot, reserved-1y, reserved-3y, capacity-block"
-            ));
-        }
+    use crate::plugin::cost::{PURCHASE_OPTIONS, option_name};
+    crate::plugin::cost::parse_option(s).ok_or_else(|| {
+        let names: Vec<&str> = PURCHASE_OPTIONS.iter().map(|&o| option_name(o)).collect();
+        format!(
+            "[cost] option '{s}' is not one of {} (reserved-1y and reserved-3y also name the no-upfront terms)",
+            names.join(", ")
+        )
     })
 }
 
@@ -288,7 +288,7 @@ mod tests {
             "t.toml",
         )
         .unwrap_err();
-        assert!(err.contains("at least 1"), "{err}");
+        assert!(err.contains("in 1..=1048576"), "{err}");
         let err = parse(
             "[model]\nplugin = \"x\"\n[cluster]\ngpu = \"H999\"\n",
             "t.toml",
@@ -297,5 +297,102 @@ mod tests {
         assert!(err.contains("known: a100-40gb"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[precision]\nformat = \"int8\"\n", "t.toml").unwrap_err();
         assert!(err.contains("[precision] format") && err.contains("nvfp4"), "{err}");
+    }
+
+    mod properties {
+        use proptest::prelude::*;
+
+        use super::super::parse;
+
+        /// A value as TOML writes it, chosen to hit the edges.
+        fn value() -> impl Strategy<Value = String> {
+            prop_oneof![
+                Just("0".to_string()),
+                Just("-1".to_string()),
+                Just("4294967296".to_string()),
+                Just("18446744073709551616".to_string()),
+                Just("nan".to_string()),
+                Just("inf".to_string()),
+                Just("1e300".to_string()),
+                Just("\"llama3.wasm\"".to_string()),
+                Just("\"\\u001b[2J\"".to_string()),
+                Just("\"on-demand\"".to_string()),
+                Just("\"reserved-3y\"".to_string()),
+                Just("\"fp8\"".to_string()),
+                Just("\"full\"".to_string()),
+                Just("[8, 64]".to_string()),
+                Just("[0]".to_string()),
+                Just("[]".to_string()),
+                Just("[\"aws\", 3]".to_string()),
+                any::<i64>().prop_map(|v| v.to_string()),
+                "\"[ -~]{0,12}\"",
+            ]
+        }
+
+        /// A run file: sections and keys from the real set and beyond, random values.
+        fn run_file() -> impl Strategy<Value = String> {
+            let section = prop::sample::select(vec![
+                "model",
+                "cluster",
+                "precision",
+                "cost",
+                "limits",
+                "measure",
+                "clustr",
+            ]);
+            let key = prop::sample::select(vec![
+                "plugin",
+                "variant",
+                "seq_len",
+                "tokens",
+                "gpu",
+                "gpus",
+                "format",
+                "plugins",
+                "option",
+                "region",
+                "memory_mib",
+                "call_timeout_ms",
+                "repeats",
+                "recompute",
+                "varient",
+            ]);
+            prop::collection::vec((section, prop::collection::vec((key, value()), 0..4)), 0..5)
+                .prop_map(|sections| {
+                    let mut text = String::from("[model]\nplugin = \"llama3.wasm\"\n");
+                    for (section, pairs) in sections {
+                        text.push_str(&format!("[{section}]\n"));
+                        for (k, v) in pairs {
+                            text.push_str(&format!("{k} = {v}\n"));
+                        }
+                    }
+                    text
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+            #[test]
+            fn random_run_files_parse_or_say_why(text in run_file()) {
+                match parse(&text, "p.toml") {
+                    Ok(run) => {
+                        // What parses must survive the re-check the command line does.
+                        let again = toml::to_string(&run).unwrap();
+                        prop_assert_eq!(parse(&again, "again").unwrap(), run);
+                    }
+                    Err(e) => {
+                        prop_assert!(e.starts_with("p.toml: ") && e.len() > "p.toml: ".len() + 10, "{}", e);
+                    }
+                }
+            }
+
+            #[test]
+            fn arbitrary_text_never_panics(text in "\\PC{0,200}") {
+                if let Err(e) = parse(&text, "p.toml") {
+                    prop_assert!(e.starts_with("p.toml: "), "{}", e);
+                }
+            }
+        }
     }
 }

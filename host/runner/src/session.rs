@@ -43,6 +43,25 @@ pub struct CloudCost {
     pub usd: f64,
 }
 
+/// What one cloud charges for one row: its cheapest quote, or why there is none. A cloud
+/// whose quotes all failed is not reported as one that does not sell the GPU.
+#[derive(Clone, Debug, Serialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+pub enum CloudPrice {
+    Quoted(CloudCost),
+    NotSold,
+    QuoteFailed { reason: String },
+}
+
+impl CloudPrice {
+    pub fn quote(&self) -> Option<&CloudCost> {
+        match self {
+            CloudPrice::Quoted(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
 /// One GPU count.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
@@ -58,8 +77,9 @@ pub struct Row {
     pub speedup: Option<f64>,
     /// GPU-hours against the first row that fits (equal to money at one price).
     pub relative_cost: Option<f64>,
-    /// One entry per cloud in [`Outcome::clouds`]; None where the cloud has no such GPU.
-    pub costs: Vec<Option<CloudCost>>,
+    /// One entry per cloud in [`Outcome::clouds`] (not sold: nothing fits, or the cloud
+    /// lists no such GPU).
+    pub costs: Vec<CloudPrice>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -72,7 +92,16 @@ pub struct Outcome {
     pub measurement: Option<LocalMeasurement>,
     pub clouds: Vec<String>,
     pub rows: Vec<Row>,
+    /// Every plugin the run used: name, kind, contract, path (or embedded) and sha256.
+    pub plugins: Vec<plugin::PluginInfo>,
     pub notes: Vec<String>,
+}
+
+/// Record a plugin the run used, in the outcome and as a note (so every output format
+/// names it with its path and sha256).
+fn record_plugin(plugins: &mut Vec<plugin::PluginInfo>, notes: &mut Vec<String>, info: &plugin::PluginInfo) {
+    notes.push(format!("plugin: {}", info.provenance()));
+    plugins.push(info.clone());
 }
 
 /// Progress callback: a short line saying what the session is doing.
@@ -91,9 +120,11 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let recipe = run.precision.recipe();
     gpu.peak_flops(recipe.format()).map_err(|e| anyhow::anyhow!("{e}; choose another [precision] format or GPU"))?;
     let mut notes = Vec::new();
+    let mut plugins = Vec::new();
 
     progress(&format!("loading {}", run.model.plugin));
     let plugin = plugin::load(&run.model.plugin)?;
+    record_plugin(&mut plugins, &mut notes, &plugin.info);
     let mut workload = plugin.workload(limits)?;
     let info = workload.describe()?;
     let variant: &Variant = match &run.model.variant {
@@ -108,7 +139,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
 
     progress(&format!("building the {} graph (seq {seq_len})", variant.name));
     let found = project::Found {
-        plugin: plugin.info.name.clone(),
+        info: plugin.info.clone(),
         spec: run.model.plugin.clone(),
         family: variant.family.clone(),
         variant: variant.clone(),
@@ -119,10 +150,13 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let params = main_model_params(&mut workload, variant)?;
 
     progress("planning precision");
-    let plan = match &run.precision.plugin {
-        Some(spec) => project::plan_from_plugin(recipe, spec, &model.graph, limits)?,
-        None => project::plan(recipe, &model.graph, limits)?,
+    let (plan, policy) = match &run.precision.plugin {
+        Some(spec) => project::plan_from_plugin(recipe, spec, variant, &gpu, &model.graph, limits).map(|(p, i)| (p, Some(i)))?,
+        None => project::plan(recipe, variant, &gpu, &model.graph, limits)?,
     };
+    if let Some(info) = &policy {
+        record_plugin(&mut plugins, &mut notes, info);
+    }
     notes.push(format!("precision plan: {}", plan.summary()));
     if plan.source == "built-in" {
         notes.push(format!(
@@ -150,7 +184,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         if run.cost.plugins.is_empty() { project::installed_specs(Kind::Cost) } else { run.cost.plugins.clone() };
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"));
-        let loaded = plugin::load(spec).and_then(|p| p.cost(limits)).and_then(|mut c| {
+        let loaded = plugin::load(spec).inspect(|p| record_plugin(&mut plugins, &mut notes, &p.info)).and_then(|p| p.cost(limits)).and_then(|mut c| {
             let provider = c.provider()?;
             let offerings = c.offerings()?;
             Ok((provider.name, c, offerings))
@@ -166,6 +200,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     let mut rows = Vec::new();
     let mut first: Option<(f64, u32)> = None;
     let mut gbs_notes: Vec<String> = Vec::new();
+    let mut quote_notes = QuoteNotes::default();
     for &asked in &run.cluster.gpus {
         let n = asked.div_ceil(node) * node;
         let (gbs, why) = match run.cluster.gbs {
@@ -193,9 +228,9 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
             costs.push(match days {
                 Some(d) => {
                     progress(&format!("pricing {n} GPUs on {name}"));
-                    cheapest(name, model, offerings, &gpu, n, d * 24.0, &run.cost.region, option, &mut notes)
+                    cheapest(name, model, offerings, &gpu, n, d * 24.0, &run.cost.region, option, &mut quote_notes)
                 }
-                None => None,
+                None => CloudPrice::NotSold,
             });
         }
         rows.push(Row {
@@ -211,6 +246,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         });
     }
     notes.extend(gbs_notes);
+    notes.extend(quote_notes.finish());
     if rows.iter().any(|r| r.gpus != r.requested_gpus) {
         notes.push(format!("GPU counts rounded up to whole {}-GPU nodes of {}, as they are billed", node, gpu.name));
     }
@@ -226,12 +262,11 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
     // Cheapest cloud first (by the first priced row; clouds without the GPU last), so
     // the table reads left to right from the best offer.
     let mut order: Vec<usize> = (0..clouds.len()).collect();
-    let first_cost = |i: usize| {
-        rows.iter().find_map(|r| r.costs[i].as_ref()).map_or(f64::INFINITY, |c| c.usd)
-    };
+    let first_cost = |i: usize| rows.iter().find_map(|r| r.costs[i].quote()).map_or(f64::INFINITY, |c| c.usd);
     order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
     for row in &mut rows {
-        row.costs = order.iter().map(|&i| row.costs[i].take()).collect();
+        let mut costs = std::mem::take(&mut row.costs);
+        row.costs = order.iter().map(|&i| std::mem::replace(&mut costs[i], CloudPrice::NotSold)).collect();
     }
     let cloud_names: Vec<String> = order.iter().map(|&i| clouds[i].0.clone()).collect();
 
@@ -253,6 +288,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
         measurement,
         clouds: cloud_names,
         rows,
+        plugins,
         notes,
     })
 }
@@ -282,15 +318,51 @@ pub fn main_model_params(
     workload: &mut plugin::workload::Workload,
     variant: &Variant,
 ) -> anyhow::Result<count::ParamCount> {
-    let g = workload.graph(&GraphRequest {
-        variant: variant.name.clone(),
-        seq_len: 1,
-        micro_batch: 1,
-        layers: variant.hyper.layers,
-    })?;
+    let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
     Ok(count::params(&g))
 }
 
+/// Quote failures, said once each and at most [`QuoteNotes::MAX`] times in all: a plugin
+/// that refuses every quote must not flood the notes (nor make collecting them quadratic).
+#[derive(Default)]
+struct QuoteNotes {
+    seen: std::collections::HashSet<String>,
+    lines: Vec<String>,
+    dropped: usize,
+}
+
+impl QuoteNotes {
+    const MAX: usize = 20;
+
+    fn push(&mut self, line: String) {
+        if self.seen.contains(&line) {
+            return;
+        }
+        if self.lines.len() < Self::MAX {
+            self.seen.insert(line.clone());
+            self.lines.push(line);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    fn finish(mut self) -> Vec<String> {
+        if self.dropped > 0 {
+            self.lines
+                .push(format!("... and {} more quote failures", self.dropped));
+        }
+        self.lines
+    }
+}
+
+/// Quotes asked of one cloud for one GPU count, at most: a price list with thousands of
+/// matching offerings and regions costs bounded time.
+const MAX_QUOTES: usize = 256;
+
+/// The cheapest quote `model` gives for `gpus` GPUs of `gpu` over `hours`, among its
+/// offerings of that GPU and their prices for `option` (in `region`, if one is given).
+/// `NotSold` when it lists no such offering and price; `QuoteFailed` when it lists some but
+/// no quote came back (each failure is noted).
 #[allow(
     clippy::too_many_arguments,
     reason = "one call site; a struct would only rename the arguments"
@@ -304,44 +376,74 @@ fn cheapest(
     hours: f64,
     region: &str,
     option: plugin::cost::PurchaseOption,
-    notes: &mut Vec<String>,
-) -> Option<CloudCost> {
+    notes: &mut QuoteNotes,
+) -> CloudPrice {
     let mut best: Option<CloudCost> = None;
-    let sells = |o: &plugin::cost::Offering| {
-        o.gpu.eq_ignore_ascii_case(&gpu.name) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&o.gpu))
-    };
-    for o in offerings.iter().filter(|o| sells(o)) {
-        let nodes = gpus.div_ceil(o.gpus_per_node);
-        for p in o.prices.iter().filter(|p| p.option == option && (region.is_empty() || p.region == region)) {
+    let mut asked = 0;
+    let mut failure = None;
+    for o in offerings
+        .iter()
+        .filter(|o| o.gpu.eq_ignore_ascii_case(&gpu.name) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&o.gpu)))
+    {
+        // Whole nodes, bought in the offering's multiples (validated non-zero).
+        let Some(nodes) = gpus
+            .div_ceil(o.gpus_per_node)
+            .checked_next_multiple_of(o.node_multiple)
+        else {
+            continue;
+        };
+        for p in o
+            .prices
+            .iter()
+            .filter(|p| p.option == option && (region.is_empty() || p.region == region))
+        {
+            if asked == MAX_QUOTES {
+                notes.push(format!(
+                    "{cloud}: stopped after {MAX_QUOTES} quotes for {gpus} GPUs"
+                ));
+                break;
+            }
+            asked += 1;
             let request = plugin::cost::QuoteRequest {
                 instance: o.instance.clone(),
+                gpus,
                 nodes,
                 hours,
                 region: p.region.clone(),
                 option,
+                start_date: String::new(),
                 storage_gb_months: 0.0,
                 egress_gb: 0.0,
             };
             match model.quote(&request) {
+                Ok(q) if q.currency != "USD" => {
+                    notes.push(format!(
+                        "{cloud}: a quote in {} is not compared with USD quotes",
+                        q.currency
+                    ));
+                }
                 Ok(q) => {
-                    if best.as_ref().is_none_or(|b| q.total_usd < b.usd) {
+                    if best.as_ref().is_none_or(|b| q.total < b.usd) {
                         best = Some(CloudCost {
                             cloud: cloud.to_string(),
                             instance: o.instance.clone(),
                             region: p.region.clone(),
                             nodes,
-                            usd: q.total_usd,
+                            usd: q.total,
                         });
                     }
                 }
                 Err(e) => {
                     let line = format!("skipped a quote: {e}");
-                    if !notes.contains(&line) {
-                        notes.push(line);
-                    }
+                    failure.get_or_insert_with(|| line.clone());
+                    notes.push(line);
                 }
             }
         }
     }
-    best
+    match (best, failure) {
+        (Some(c), _) => CloudPrice::Quoted(c),
+        (None, Some(reason)) => CloudPrice::QuoteFailed { reason },
+        (None, None) => CloudPrice::NotSold,
+    }
 }

@@ -94,7 +94,32 @@ fn json_and_csv_outputs_carry_the_same_rows() {
         csv.starts_with("GPUs,layout,step s,tok/s/GPU,MFU,GiB,days,speedup,rel. cost,aws (USD)\n"),
         "{csv}"
     );
-    assert_eq!(csv.lines().count(), 3, "{csv}");
+    assert_eq!(
+        csv.lines().filter(|l| !l.starts_with("# ")).count(),
+        3,
+        "{csv}"
+    );
+    // Every plugin the run used is named with where it came from and its sha256, in the
+    // CSV (as comment lines after the rows) as in the JSON.
+    let sha = |name: &str| {
+        v["plugins"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap_or_else(|| panic!("{name} is not in the JSON's plugins: {v}"))["sha256"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for name in ["llama3.wasm", "bf16.wasm", "aws.wasm"] {
+        let line = format!("{name} (contract 0.2.0): embedded, sha256 {}", sha(name));
+        assert!(
+            csv.lines()
+                .any(|l| l.starts_with("# plugin: ") && l.ends_with(&line)),
+            "{line}\n{csv}"
+        );
+    }
     // .html: one self-contained page (no external assets) with the same table.
     let o = runner(
         &dir,
@@ -258,6 +283,12 @@ fn models_lists_every_variant_with_counts() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("H100") && out.contains("tp"), "{out}");
+    assert!(
+        out.contains(
+            "note: plugin: workload plugin llama3.wasm (contract 0.2.0): embedded, sha256 "
+        ),
+        "{out}"
+    );
 }
 
 #[test]
@@ -401,4 +432,66 @@ step_time_s = 3.0
     assert!(!o.status.success() && text(&o).1.contains("bad.toml"), "{}", text(&o).1);
     let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpus", "8", "--profile", "bad.toml"]);
     assert!(!o.status.success() && text(&o).1.contains("bad.toml"), "{}", text(&o).1);
+}
+
+#[test]
+fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
+    let dir = scratch("versions");
+    let dist = dir.join("plugins/dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    let old = runner::plugin::test_programs()
+        .iter()
+        .find(|(n, _)| *n == "contract_v01_cost.wasm")
+        .map(|(_, p)| *p)
+        .unwrap();
+    std::fs::copy(old, dist.join("oldcloud.wasm")).unwrap();
+    std::fs::write(dist.join("aws.wasm"), embedded_wasm("aws.wasm")).unwrap();
+
+    let o = runner(&dir, &["plugins", "list", "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let entry = |name: &str, embedded: bool| {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name && (e["source"] == "embedded") == embedded)
+            .unwrap_or_else(|| panic!("{name}: {out}"))
+            .clone()
+    };
+    assert_eq!(entry("oldcloud.wasm", false)["contract"], "0.1.0");
+    assert_eq!(entry("llama3.wasm", true)["contract"], "0.2.0");
+    assert_eq!(entry("aws.wasm", false)["shadows_embedded"], true);
+    assert_eq!(entry("aws.wasm", true)["shadowed"], true);
+    let o = runner(&dir, &["plugins", "list"]);
+    let (out, _) = text(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("oldcloud.wasm") && l.contains("0.1.0 (adapted)")),
+        "{out}"
+    );
+
+    // A run that resolves the shadowing file says so, in its output and on stderr.
+    let o = runner(
+        &dir,
+        &[
+            "--plugin",
+            "llama3",
+            "--variant",
+            "llama3-tiny",
+            "--gpus",
+            "8",
+            "--cloud",
+            "aws.wasm",
+            "--repeats",
+            "1",
+        ],
+    );
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        out.contains("cost plugin aws.wasm (contract 0.2.0): plugins/dist/aws.wasm, shadowing the embedded plugin"),
+        "{out}"
+    );
+    assert!(err.contains("shadows the embedded plugin"), "{err}");
 }

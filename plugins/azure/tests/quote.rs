@@ -7,10 +7,12 @@ use runner_plugin_sdk::cost::*;
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
     QuoteRequest {
         instance: instance.into(),
+        gpus: 8 * 2,
         nodes: 2,
         hours,
         region: region.into(),
         option,
+        start_date: String::new(),
         storage_gb_months: 0.0,
         egress_gb: 0.0,
     }
@@ -25,8 +27,8 @@ fn price_list_is_sane() {
     // Non-empty, unique names, every price finite and positive, spot <= on-demand.
     let offerings = Azure::offerings();
     validate_offerings(&offerings).unwrap();
-    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (60, 0)));
-    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (60, 0)));
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Azure::provider().name, "azure");
 }
 
@@ -36,7 +38,7 @@ fn two_nodes_for_ten_hours() {
         Azure::quote(request("Standard_ND96isr_H100_v5", "eastus", PurchaseOption::OnDemand, 10.0))
             .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
-    assert!(close(q.total_usd, 2.0 * 10.0 * 98.32), "{}", q.total_usd);
+    assert!(close(q.total, 2.0 * 10.0 * 98.32), "{}", q.total);
 }
 
 #[test]
@@ -50,8 +52,8 @@ fn rounds_up_to_the_billing_increment() {
             s / 3600.0,
         ))
     };
-    assert!(close(secs(1.0).unwrap().total_usd, 60.0 * per_second), "1 s bills a minute");
-    assert!(close(secs(61.0).unwrap().total_usd, 120.0 * per_second), "61 s bills two minutes");
+    assert!(close(secs(1.0).unwrap().total, 60.0 * per_second), "1 s bills a minute");
+    assert!(close(secs(61.0).unwrap().total, 120.0 * per_second), "61 s bills two minutes");
 }
 
 #[test]
@@ -60,7 +62,7 @@ fn storage_has_no_known_price() {
     r.storage_gb_months = 1000.0;
     let q = Azure::quote(r).unwrap();
     assert!(q.lines[1].estimate && q.lines[1].item.contains("not costed"), "{}", q.lines[1].item);
-    assert!(close(q.total_usd, 2.0 * 98.32));
+    assert!(close(q.total, 2.0 * 98.32));
 }
 
 #[test]

@@ -107,10 +107,23 @@ mod tests {
             learning_rate: 3e-4,
             loss_finite: loss.is_finite(),
             grads_finite,
+            tokens: 7 * 4096,
+            layers: Vec::new(),
             sites: Vec::new(),
+            plan: Vec::new(),
             state,
         })
         .unwrap()
+    }
+
+    fn request(sites: Vec<GemmSite>, state: Vec<u8>) -> PlanRequest {
+        let device = DeviceCapabilities {
+            name: "H100".into(),
+            compute_capability: 90,
+            native_formats: vec![Dtype::Fp32, Dtype::Bf16, Dtype::Fp16, Dtype::Fp8E4m3, Dtype::Fp8E5m2],
+            emulated_formats: Vec::new(),
+        };
+        PlanRequest { model: "m".into(), layers: 2, device, sites, state }
     }
 
     fn site(layer: i32, role: GemmRole) -> GemmSite {
@@ -125,15 +138,16 @@ mod tests {
             site(1, GemmRole::InputGradient),
         ];
         let state = encode(2.5);
-        let plan =
-            Bf16::plan(PlanRequest { model: "m".into(), sites, state: state.clone() }).unwrap();
+        let req = request(sites, state.clone());
+        let plan = Bf16::plan(req.clone()).unwrap();
         assert_eq!(plan.sites.len(), 3);
         for p in &plan.sites {
-            assert_eq!(
-                (p.format, p.grad_format, p.recipe),
-                (Dtype::Bf16, Dtype::Bf16, ScalingRecipe::None)
-            );
+            for o in [&p.activation, &p.weight, &p.gradient] {
+                assert_eq!((o.format, o.recipe), (Dtype::Bf16, ScalingRecipe::None));
+            }
+            assert_eq!(p.output, Dtype::Bf16);
         }
+        validate_plan(&req, &plan).unwrap();
         assert_eq!(plan.state, state);
         assert!(Bf16::name().starts_with("bf16: "));
     }
@@ -189,8 +203,7 @@ mod tests {
         assert!(decode(b"fp8!\0\0\0\0\0\0\0\0").unwrap_err().contains("tag"));
         assert!(decode(b"bf16\0\0").unwrap_err().contains("12 bytes"));
         assert!(
-            Bf16::plan(PlanRequest { model: "m".into(), sites: Vec::new(), state: vec![1] })
-                .is_err()
+            Bf16::plan(request(Vec::new(), vec![1])).is_err()
         );
     }
 }

@@ -7,10 +7,12 @@ use runner_plugin_sdk::cost::*;
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
     QuoteRequest {
         instance: instance.into(),
+        gpus: 8 * 2,
         nodes: 2,
         hours,
         region: region.into(),
         option,
+        start_date: String::new(),
         storage_gb_months: 0.0,
         egress_gb: 0.0,
     }
@@ -25,8 +27,8 @@ fn price_list_is_sane() {
     // Non-empty, unique names, every price finite and positive, spot <= on-demand.
     let offerings = CoreWeave::offerings();
     validate_offerings(&offerings).unwrap();
-    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (60, 0)));
-    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (60, 0)));
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(CoreWeave::provider().name, "coreweave");
 }
 
@@ -40,11 +42,11 @@ fn two_nodes_for_ten_hours() {
     ))
     .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
-    assert!(close(q.total_usd, 2.0 * 10.0 * 49.24), "{}", q.total_usd);
+    assert!(close(q.total, 2.0 * 10.0 * 49.24), "{}", q.total);
     let spot =
         CoreWeave::quote(request("HGX H100 (8 GPU)", "north-america", PurchaseOption::Spot, 10.0))
             .unwrap();
-    assert!(close(spot.total_usd, 2.0 * 10.0 * 19.71));
+    assert!(close(spot.total, 2.0 * 10.0 * 19.71));
 }
 
 #[test]
@@ -58,8 +60,8 @@ fn rounds_up_to_the_billing_increment() {
             s / 3600.0,
         ))
     };
-    assert!(close(secs(1.0).unwrap().total_usd, 60.0 * per_second), "1 s bills a minute");
-    assert!(close(secs(61.0).unwrap().total_usd, 120.0 * per_second), "61 s bills two minutes");
+    assert!(close(secs(1.0).unwrap().total, 60.0 * per_second), "1 s bills a minute");
+    assert!(close(secs(61.0).unwrap().total, 120.0 * per_second), "61 s bills two minutes");
 }
 
 #[test]
@@ -69,8 +71,8 @@ fn storage_is_an_estimate_and_egress_is_free() {
     r.egress_gb = 500.0;
     let q = CoreWeave::quote(r).unwrap();
     assert_eq!(q.lines.len(), 3);
-    assert!(q.lines[1].estimate && q.lines[2].estimate && q.lines[2].usd == 0.0);
-    assert!(close(q.total_usd, 2.0 * 49.24 + 1000.0 * 0.07));
+    assert!(q.lines[1].estimate && q.lines[2].estimate && q.lines[2].amount == 0.0);
+    assert!(close(q.total, 2.0 * 49.24 + 1000.0 * 0.07));
 }
 
 #[test]
@@ -89,5 +91,5 @@ fn errors_name_what_exists() {
 fn gb200_is_a_four_gpu_node_in_an_nvl72_domain() {
     let o = CoreWeave::offerings().into_iter().find(|o| o.gpu == "GB200").unwrap();
     assert_eq!((o.gpus_per_node, o.scale_up_domain), (4, 72));
-    assert_eq!(o.effective_date, "2026-09-20");
+    assert_eq!(o.prices[0].effective_date, "2026-09-20");
 }

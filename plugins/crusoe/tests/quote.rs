@@ -7,10 +7,12 @@ use runner_plugin_sdk::cost::*;
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
     QuoteRequest {
         instance: instance.into(),
+        gpus: 8 * 2,
         nodes: 2,
         hours,
         region: region.into(),
         option,
+        start_date: String::new(),
         storage_gb_months: 0.0,
         egress_gb: 0.0,
     }
@@ -25,8 +27,8 @@ fn price_list_is_sane() {
     // Non-empty, unique names, every price finite and positive, spot <= on-demand.
     let offerings = Crusoe::offerings();
     validate_offerings(&offerings).unwrap();
-    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (1, 0)));
-    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 0)));
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Crusoe::provider().name, "crusoe");
 }
 
@@ -40,7 +42,7 @@ fn two_nodes_for_ten_hours() {
     ))
     .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
-    assert!(close(q.total_usd, 2.0 * 10.0 * 31.2), "{}", q.total_usd);
+    assert!(close(q.total, 2.0 * 10.0 * 31.2), "{}", q.total);
 }
 
 #[test]
@@ -54,8 +56,8 @@ fn rounds_up_to_the_billing_increment() {
             s / 3600.0,
         ))
     };
-    assert!(close(secs(0.5).unwrap().total_usd, 1.0 * per_second), "0.5 s bills 1 s, no minimum");
-    assert!(close(secs(90.5).unwrap().total_usd, 91.0 * per_second), "90.5 s bills 91 s");
+    assert!(close(secs(0.5).unwrap().total, 1.0 * per_second), "0.5 s bills 1 s, no minimum");
+    assert!(close(secs(90.5).unwrap().total, 91.0 * per_second), "90.5 s bills 91 s");
 }
 
 #[test]
@@ -65,7 +67,7 @@ fn storage_is_an_estimate() {
     r.storage_gb_months = 1000.0;
     let q = Crusoe::quote(r).unwrap();
     assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
-    assert!(close(q.total_usd, 2.0 * 31.2 + 1000.0 * 0.07 / GB_PER_GIB));
+    assert!(close(q.total, 2.0 * 31.2 + 1000.0 * 0.07 / GB_PER_GIB));
 }
 
 #[test]
@@ -92,5 +94,5 @@ fn egress_has_no_known_price() {
     let mut r = request("H200 141GB HGX (8 x per-GPU rate)", "", PurchaseOption::OnDemand, 1.0);
     r.egress_gb = 100.0;
     let q = Crusoe::quote(r).unwrap();
-    assert!(q.lines[1].item.contains("not costed") && close(q.total_usd, 2.0 * 34.32));
+    assert!(q.lines[1].item.contains("not costed") && close(q.total, 2.0 * 34.32));
 }

@@ -7,10 +7,12 @@ use runner_plugin_sdk::cost::*;
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
     QuoteRequest {
         instance: instance.into(),
+        gpus: 8 * 2,
         nodes: 2,
         hours,
         region: region.into(),
         option,
+        start_date: String::new(),
         storage_gb_months: 0.0,
         egress_gb: 0.0,
     }
@@ -25,8 +27,8 @@ fn price_list_is_sane() {
     // Non-empty, unique names, every price finite and positive, spot <= on-demand.
     let offerings = Gcp::offerings();
     validate_offerings(&offerings).unwrap();
-    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (1, 60)));
-    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 60)));
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Gcp::provider().name, "gcp");
 }
 
@@ -35,10 +37,10 @@ fn two_nodes_for_ten_hours() {
     let q =
         Gcp::quote(request("a3-highgpu-8g", "us-east4", PurchaseOption::OnDemand, 10.0)).unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
-    assert!(close(q.total_usd, 2.0 * 10.0 * 87.83247), "{}", q.total_usd);
+    assert!(close(q.total, 2.0 * 10.0 * 87.83247), "{}", q.total);
     let spot =
         Gcp::quote(request("a3-highgpu-8g", "us-east4", PurchaseOption::Spot, 10.0)).unwrap();
-    assert!(close(spot.total_usd, 2.0 * 10.0 * 20.04446));
+    assert!(close(spot.total, 2.0 * 10.0 * 20.04446));
 }
 
 #[test]
@@ -47,8 +49,8 @@ fn rounds_up_to_the_billing_increment() {
     let secs = |s: f64| {
         Gcp::quote(request("a3-highgpu-8g", "us-east4", PurchaseOption::OnDemand, s / 3600.0))
     };
-    assert!(close(secs(10.0).unwrap().total_usd, 60.0 * per_second), "10 s bills the 60 s minimum");
-    assert!(close(secs(90.5).unwrap().total_usd, 91.0 * per_second), "90.5 s bills 91 s");
+    assert!(close(secs(10.0).unwrap().total, 60.0 * per_second), "10 s bills the 60 s minimum");
+    assert!(close(secs(90.5).unwrap().total, 91.0 * per_second), "90.5 s bills 91 s");
 }
 
 #[test]
@@ -57,7 +59,7 @@ fn egress_is_an_estimate() {
     r.egress_gb = 100.0;
     let q = Gcp::quote(r).unwrap();
     assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
-    assert!(close(q.total_usd, 2.0 * 87.83247 + 100.0 * 0.12 / GB_PER_GIB));
+    assert!(close(q.total, 2.0 * 87.83247 + 100.0 * 0.12 / GB_PER_GIB));
 }
 
 #[test]
@@ -75,8 +77,11 @@ fn suspect_rows_are_flagged() {
     let offerings = Gcp::offerings();
     for name in ["a3-highgpu-8g", "a4-highgpu-8g", "a2-ultragpu-8g"] {
         let o = offerings.iter().find(|o| o.instance == name).unwrap();
-        assert!(o.source.contains("SUSPECT"), "{name}: {}", o.source);
+        let suspect: Vec<_> =
+            o.prices.iter().filter(|p| p.caveats.contains(&PriceCaveat::Suspect)).collect();
+        assert!(!suspect.is_empty(), "{name}: no price carries the suspect caveat");
+        assert!(suspect.iter().all(|p| p.source.contains("SUSPECT")), "{name}");
     }
     let clean = offerings.iter().find(|o| o.instance == "a3-ultragpu-8g").unwrap();
-    assert!(!clean.source.contains("SUSPECT") && clean.source.contains("Local SSD"));
+    assert!(clean.prices.iter().all(|p| p.caveats.is_empty() && p.source.contains("Local SSD")));
 }

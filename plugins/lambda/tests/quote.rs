@@ -7,10 +7,12 @@ use runner_plugin_sdk::cost::*;
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
     QuoteRequest {
         instance: instance.into(),
+        gpus: 8 * 2,
         nodes: 2,
         hours,
         region: region.into(),
         option,
+        start_date: String::new(),
         storage_gb_months: 0.0,
         egress_gb: 0.0,
     }
@@ -25,8 +27,8 @@ fn price_list_is_sane() {
     // Non-empty, unique names, every price finite and positive, spot <= on-demand.
     let offerings = Lambda::offerings();
     validate_offerings(&offerings).unwrap();
-    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (60, 0)));
-    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (60, 0)));
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Lambda::provider().name, "lambda");
 }
 
@@ -35,7 +37,7 @@ fn two_nodes_for_ten_hours() {
     let q = Lambda::quote(request("gpu_8x_h100_sxm5", "us-east-1", PurchaseOption::OnDemand, 10.0))
         .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
-    assert!(close(q.total_usd, 2.0 * 10.0 * 31.92), "{}", q.total_usd);
+    assert!(close(q.total, 2.0 * 10.0 * 31.92), "{}", q.total);
 }
 
 #[test]
@@ -49,8 +51,8 @@ fn rounds_up_to_the_billing_increment() {
             s / 3600.0,
         ))
     };
-    assert!(close(secs(1.0).unwrap().total_usd, 60.0 * per_second), "1 s bills a minute");
-    assert!(close(secs(61.0).unwrap().total_usd, 120.0 * per_second), "61 s bills two minutes");
+    assert!(close(secs(1.0).unwrap().total, 60.0 * per_second), "1 s bills a minute");
+    assert!(close(secs(61.0).unwrap().total, 120.0 * per_second), "61 s bills two minutes");
 }
 
 #[test]
@@ -59,7 +61,7 @@ fn egress_is_an_estimate() {
     r.egress_gb = 100.0;
     let q = Lambda::quote(r).unwrap();
     assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
-    assert!(close(q.total_usd, 2.0 * 31.92 + 0.0));
+    assert!(close(q.total, 2.0 * 31.92 + 0.0));
 }
 
 #[test]

@@ -23,8 +23,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{
     ActivationKind, AttentionKind, AttrValue, Attribute, Dtype, Graph, GraphRequest,
     Hyperparameters, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
-    ParallelRole, PositionScheme, ReferenceLayout, RouterScore, Tensor, TensorKind,
-    TrainingDefaults, Variant,
+    ParallelRole, Phase, PositionScheme, RecomputeGranularity, ReferenceLayout, RouterScore,
+    Tensor, TensorKind, TrainingDefaults, Variant, training_precision, validate_hyperparameters,
 };
 
 /// Layer index of operations outside the transformer stack (embedding, head, loss).
@@ -294,7 +294,9 @@ pub fn defaults(seq_len: u32, tokens: f64, learning_rate: f64) -> TrainingDefaul
 }
 
 /// Shorthand for a [`ReferenceLayout`]: every parallel degree defaults to 1 (FSDP and EP
-/// to off), MBS to 1, and GBS to one sequence per GPU until `gbs_per_gpu`/`gbs_fixed` say.
+/// to off), MBS to 1, no recompute, sequence parallelism, distributed optimizer or overlap,
+/// the variant's sequence length, no published measurement, and GBS to one sequence per
+/// GPU until `gbs_per_gpu`/`gbs_fixed` say.
 ///
 /// ```ignore
 /// Layout::new("H100", 64, 2048, "FP8").tp(4).pp(8).vp(5).gbs_per_gpu(2.0).source("...")
@@ -303,12 +305,21 @@ pub fn defaults(seq_len: u32, tokens: f64, learning_rate: f64) -> TrainingDefaul
 pub struct Layout(pub ReferenceLayout);
 
 impl Layout {
+    /// `precision` is the name the recipe publishes (`BF16`, `FP8`, `FP8-CS`, `MXFP8`,
+    /// `NVFP4`; see [`training_precision`]).
+    ///
+    /// # Panics
+    /// On a precision name the contract does not know: a typo in a plugin's table, which
+    /// its first unit test (any call of `describe`) reports.
     pub fn new(gpu: &str, gpus_min: u32, gpus_max: u32, precision: &str) -> Layout {
+        let precision = training_precision(precision).unwrap_or_else(|| {
+            panic!("unknown training precision '{precision}': use BF16, FP16, FP8, FP8-DS, FP8-CS, FP8-BS, MXFP8 or NVFP4")
+        });
         Layout(ReferenceLayout {
             gpu: gpu.into(),
             gpus_min,
             gpus_max,
-            precision: precision.into(),
+            precision,
             tp: 1,
             pp: 1,
             cp: 1,
@@ -316,11 +327,46 @@ impl Layout {
             ep: 1,
             etp: 1,
             fsdp: 0,
+            sequence_parallel: false,
+            recompute: RecomputeGranularity::None,
+            recompute_layers: 0,
+            distributed_optimizer: false,
+            overlap_grad_reduce: false,
+            overlap_param_gather: false,
+            tp_comm_overlap: false,
+            seq_len: 0,
             mbs: 1,
             gbs_per_gpu: 1.0,
             gbs_fixed: 0,
+            measured: None,
             source: String::new(),
         })
+    }
+    /// Megatron sequence parallelism over the tp group.
+    pub fn sp(mut self) -> Self {
+        self.0.sequence_parallel = true;
+        self
+    }
+    pub fn recompute(mut self, granularity: RecomputeGranularity, layers: u32) -> Self {
+        self.0.recompute = granularity;
+        self.0.recompute_layers = layers;
+        self
+    }
+    /// The distributed optimizer with gradient reduce and parameter gather overlapped.
+    pub fn distributed_optimizer(mut self) -> Self {
+        self.0.distributed_optimizer = true;
+        self.0.overlap_grad_reduce = true;
+        self.0.overlap_param_gather = true;
+        self
+    }
+    pub fn seq_len(mut self, v: u32) -> Self {
+        self.0.seq_len = v;
+        self
+    }
+    /// What the published run measured with this layout.
+    pub fn measured(mut self, m: super::PublishedMeasurement) -> Self {
+        self.0.measured = Some(m);
+        self
     }
     pub fn tp(mut self, v: u32) -> Self {
         self.0.tp = v;
@@ -437,47 +483,6 @@ pub fn is_window_layer(hyper: &Hyperparameters, i: u32) -> bool {
     hyper.attention_window > 0 && hyper.window_every > 0 && i.is_multiple_of(hyper.window_every)
 }
 
-/// Check the hyperparameters are self-consistent before building anything.
-fn check_hyper(h: &Hyperparameters) -> Result<(), String> {
-    let positive = [
-        ("layers", h.layers),
-        ("hidden", h.hidden),
-        ("heads", h.heads),
-        ("kv-heads", h.kv_heads),
-        ("head-dim", h.head_dim),
-        ("vocab", h.vocab),
-    ];
-    for (name, v) in positive {
-        if v == 0 {
-            return Err(format!("hyperparameter {name} must be positive"));
-        }
-    }
-    if !h.heads.is_multiple_of(h.kv_heads) {
-        return Err(format!("heads {} not divisible by kv-heads {}", h.heads, h.kv_heads));
-    }
-    if !(h.norm_eps > 0.0 && h.norm_eps.is_finite()) {
-        return Err(format!("norm-eps must be positive and finite, got {}", h.norm_eps));
-    }
-    if h.position == PositionScheme::Rope && !(h.rope_theta > 0.0 && h.rope_theta.is_finite()) {
-        return Err(format!("rope-theta must be positive and finite, got {}", h.rope_theta));
-    }
-    if h.attention == AttentionKind::Mla && h.mla.is_none() {
-        return Err("attention kind mla needs the mla ranks".into());
-    }
-    let needs_dense = h.moe.as_ref().is_none_or(|m| m.dense_layers > 0 || m.layer_frequency > 1);
-    if needs_dense && h.ffn == 0 {
-        return Err("dense layers need a positive ffn".into());
-    }
-    if let Some(m) = &h.moe
-        && (m.experts == 0 || m.top_k == 0 || m.top_k > m.experts || m.expert_ffn == 0) {
-            return Err(format!(
-                "moe needs 0 < top-k <= experts and expert-ffn > 0 (experts {}, top-k {}, expert-ffn {})",
-                m.experts, m.top_k, m.expert_ffn
-            ));
-        }
-    Ok(())
-}
-
 /// The full logical forward graph of a decoder-only transformer.
 ///
 /// Layout: `embed` (+ `pos_embed`, `embed.add` for learned positions), then per layer
@@ -490,7 +495,10 @@ fn check_hyper(h: &Hyperparameters) -> Result<(), String> {
 /// Zero sequence length or micro-batch, more layers requested than the model has, a
 /// sequence longer than a learned position table, or inconsistent hyperparameters.
 pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Result<Graph, String> {
-    check_hyper(hyper)?;
+    validate_hyperparameters(hyper)?;
+    if !matches!(request.phase, Phase::Training) {
+        return Err("only training graphs are built so far (the inference phases are reserved)".into());
+    }
     if request.seq_len == 0 {
         return Err("seq-len must be positive".into());
     }
@@ -842,7 +850,7 @@ mod tests {
     use super::*;
 
     fn req(seq: u32, mb: u32, layers: u32) -> GraphRequest {
-        GraphRequest { variant: "t".into(), seq_len: seq, micro_batch: mb, layers }
+        GraphRequest { variant: "t".into(), seq_len: seq, micro_batch: mb, layers, phase: Phase::Training }
     }
 
     fn weights(g: &Graph) -> u64 {
@@ -869,7 +877,7 @@ mod tests {
         assert!(transformer_graph(&h, &req(8, 0, 0)).unwrap_err().contains("micro-batch"));
         assert!(transformer_graph(&h, &req(8, 1, 3)).unwrap_err().contains("3 layers"));
         let bad = Hyperparameters { kv_heads: 3, ..h };
-        assert!(transformer_graph(&bad, &req(8, 1, 0)).unwrap_err().contains("divisible"));
+        assert!(transformer_graph(&bad, &req(8, 1, 0)).unwrap_err().contains("multiple of kv-heads"));
     }
 
     #[test]

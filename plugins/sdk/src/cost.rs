@@ -4,7 +4,8 @@
 //! [`standard_quote`] implements exactly that, plus storage and egress lines, so a price
 //! list plugin only has to list its offerings. [`offerings_from_csv`] turns a price list
 //! kept as CSV beside the plugin (one row per instance and region) into those offerings,
-//! and [`validate_offerings`] holds the sanity checks every price list should pass.
+//! and [`validate_offerings`] / [`validate_quote`] are the host's own rules (one definition,
+//! in `runner_contract`), so a plugin's tests catch what the host would refuse.
 
 /// An itemised quote (WIT `itemised-quote`, named apart from the `quote` function).
 pub use crate::bindings::cost::exports::runner::plugin::cost_model::ItemisedQuote as Quote;
@@ -12,7 +13,20 @@ pub use crate::bindings::cost::exports::runner::plugin::cost_model::ItemisedQuot
 /// function alike).
 pub use crate::bindings::cost::exports::runner::plugin::cost_model::ProviderInfo as Provider;
 pub use crate::bindings::cost::exports::runner::plugin::cost_model::{
-    Guest, Offering, Price, PurchaseOption, QuoteLine, QuoteRequest,
+    Guest, LineCategory, Offering, Price, PriceCaveat, PurchaseOption, QuoteLine, QuoteRequest,
+};
+pub use runner_contract::cost::{ANY_REGION, billed_seconds};
+
+/// The rules the host applies to price lists and quotes (the same code: `runner_contract`),
+/// so a plugin's own tests catch what the host would refuse.
+pub mod rules {
+    use super::*;
+    use crate::bindings::cost::exports::runner::plugin::cost_model::{ItemisedQuote, ProviderInfo};
+    runner_contract::cost_rules!();
+}
+pub use rules::{
+    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, option_name, parse_option,
+    term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
 /// Export `$ty` (an implementation of [`Guest`]) as the plugin's cost model:
@@ -29,9 +43,40 @@ macro_rules! export_cost {
     };
 }
 
-/// A price whose region is this applies in every region (flat global price lists such
-/// as OCI's); a quote for any region, or for none, finds it.
-pub const ANY_REGION: &str = "*";
+impl Offering {
+    /// Whole nodes of `gpus_per_node` GPUs, one NVLink domain each, sold one at a time,
+    /// interconnect unknown: set what differs with struct-update syntax.
+    pub fn nodes(instance: &str, gpu: &str, gpus_per_node: u32, prices: Vec<Price>) -> Offering {
+        Offering {
+            instance: instance.into(),
+            gpu: gpu.into(),
+            gpus_per_node,
+            scale_up_domain: gpus_per_node,
+            node_multiple: 1,
+            interconnect_gbps: 0.0,
+            prices,
+        }
+    }
+}
+
+impl Price {
+    /// A price of `usd_per_node_hour` for `option` in `region`, billed per second with no
+    /// minimum, no upfront payment, undated, unsourced and without caveats: set what your
+    /// cloud says with struct-update syntax (`Price { minimum_charge_s: 60, ..Price::hourly(..) }`).
+    pub fn hourly(region: &str, option: PurchaseOption, usd_per_node_hour: f64) -> Price {
+        Price {
+            region: region.into(),
+            option,
+            usd_per_node_hour,
+            upfront_usd_per_node: 0.0,
+            billing_increment_s: 1,
+            minimum_charge_s: 0,
+            effective_date: String::new(),
+            source: String::new(),
+            caveats: Vec::new(),
+        }
+    }
+}
 
 /// Storage and egress list prices a standard quote uses (USD). `None` means the plugin
 /// knows no price: the quote still shows the line, costs it at zero and says so, rather
@@ -63,25 +108,16 @@ pub struct Billing {
     pub note: &'static str,
 }
 
-/// The human name of a purchase option, as quote lines print it.
-pub fn option_name(option: PurchaseOption) -> &'static str {
-    match option {
-        PurchaseOption::OnDemand => "on-demand",
-        PurchaseOption::Spot => "spot",
-        PurchaseOption::ReservedOneYear => "reserved-1y",
-        PurchaseOption::ReservedThreeYear => "reserved-3y",
-        PurchaseOption::CapacityBlock => "capacity-block",
-    }
-}
-
 /// Quote `request` against `offerings` with no storage or egress charges.
 pub fn standard_quote(offerings: &[Offering], request: &QuoteRequest) -> Result<Quote, String> {
     standard_quote_with(offerings, request, NO_EXTRAS)
 }
 
 /// Quote `request`: compute = nodes x billed hours x node price, where billed time is the
-/// run's time rounded up to the billing increment and at least the minimum charge (both
-/// per node). An empty request region takes the first region priced for the option.
+/// run's time rounded up to the price's billing increment and at least its minimum charge
+/// (both per node; [`billed_seconds`]), plus the upfront part of a committed term, plus
+/// storage and egress lines. An empty request region takes the first region priced for the
+/// option. The lines carry the price's caveats, and the quote warns about them.
 ///
 /// # Errors
 /// Names the unknown instance, or the region/option without a price, and lists what exists;
@@ -95,29 +131,20 @@ pub fn standard_quote_with(
         let names: Vec<&str> = offerings.iter().map(|o| o.instance.as_str()).collect();
         format!("unknown instance '{}'; this cloud offers: {}", request.instance, names.join(", "))
     })?;
-    let price = offering
-        .prices
-        .iter()
-        .find(|p| {
-            p.option == request.option
-                && (request.region.is_empty()
-                    || p.region == request.region
-                    || p.region == ANY_REGION)
-        })
-        .ok_or_else(|| {
-            let have: Vec<String> = offering
-                .prices
-                .iter()
-                .map(|p| format!("{} {}", p.region, option_name(p.option)))
-                .collect();
-            format!(
-                "no {} price for {} in region '{}'; priced: {}",
-                option_name(request.option),
-                offering.instance,
-                request.region,
-                have.join(", ")
-            )
-        })?;
+    let price = find_price(offering, &request.region, request.option).ok_or_else(|| {
+        let have: Vec<String> = offering
+            .prices
+            .iter()
+            .map(|p| format!("{} {}", p.region, option_name(p.option)))
+            .collect();
+        format!(
+            "no {} price for {} in region '{}'; priced: {}",
+            option_name(request.option),
+            offering.instance,
+            request.region,
+            have.join(", ")
+        )
+    })?;
     for (what, value) in [
         ("hours", request.hours),
         ("storage GB-months", request.storage_gb_months),
@@ -127,18 +154,14 @@ pub fn standard_quote_with(
             return Err(format!("{what} must be a finite, non-negative number, got {value}"));
         }
     }
-    let seconds = request.hours * 3600.0;
-    let increment = f64::from(offering.billing_increment_s.max(1));
-    // The tolerance keeps binary noise (1.1 h is 3960.0000000000005 s) from billing one more
-    // increment; it is far below a second, so no real run is rounded down.
-    let increments = (seconds / increment - 1e-9).ceil().max(0.0);
-    let billed_s = (increments * increment).max(f64::from(offering.minimum_charge_s));
-    let billed_h = billed_s / 3600.0;
+    let billed_h =
+        billed_seconds(request.hours, price.billing_increment_s, price.minimum_charge_s) / 3600.0;
     let region = if price.region == ANY_REGION && !request.region.is_empty() {
         request.region.as_str()
     } else {
         price.region.as_str()
     };
+    let nodes = f64::from(request.nodes);
     let mut lines = vec![QuoteLine {
         item: format!(
             "{} x {} ({}, {}, {})",
@@ -148,68 +171,93 @@ pub fn standard_quote_with(
             option_name(request.option),
             region
         ),
-        quantity: f64::from(request.nodes) * billed_h,
+        category: LineCategory::Compute,
+        quantity: nodes * billed_h,
         unit: "node-hour".into(),
-        usd: f64::from(request.nodes) * billed_h * price.usd_per_node_hour,
+        amount: nodes * billed_h * price.usd_per_node_hour,
         estimate: false,
+        caveats: price.caveats.clone(),
     }];
+    if price.upfront_usd_per_node > 0.0 {
+        lines.push(QuoteLine {
+            item: format!("upfront payment for {} x {} ({})", request.nodes, offering.instance, option_name(request.option)),
+            category: LineCategory::Upfront,
+            quantity: nodes,
+            unit: "node".into(),
+            amount: nodes * price.upfront_usd_per_node,
+            estimate: false,
+            caveats: price.caveats.clone(),
+        });
+    }
     let extra_lines = [
-        ("storage", request.storage_gb_months, "GB-month", extras.storage_usd_per_gb_month),
-        ("egress", request.egress_gb, "GB", extras.egress_usd_per_gb),
+        ("storage", LineCategory::Storage, request.storage_gb_months, "GB-month", extras.storage_usd_per_gb_month),
+        ("egress", LineCategory::Egress, request.egress_gb, "GB", extras.egress_usd_per_gb),
     ];
-    for (item, quantity, unit, rate) in extra_lines {
+    for (item, category, quantity, unit, rate) in extra_lines {
         if quantity > 0.0 {
             lines.push(QuoteLine {
                 item: match rate {
                     Some(_) => item.to_string(),
                     None => format!("{item} (no list price known; not costed)"),
                 },
+                category,
                 quantity,
                 unit: unit.into(),
-                usd: quantity * rate.unwrap_or(0.0),
+                amount: quantity * rate.unwrap_or(0.0),
                 estimate: true,
+                caveats: Vec::new(),
             });
         }
     }
-    let total_usd = lines.iter().map(|l| l.usd).sum();
-    Ok(Quote { lines, total_usd })
+    let mut warnings = Vec::new();
+    for caveat in &price.caveats {
+        warnings.push(match caveat {
+            PriceCaveat::LowerBound => "the node price is a lower bound (\"from\" price); the real price is at least this".to_string(),
+            PriceCaveat::Resale => "the node price is a marketplace resale listing, not the provider's own".to_string(),
+            PriceCaveat::Suspect => "the source flags the node price as suspect".to_string(),
+        });
+    }
+    let total = lines.iter().map(|l| l.amount).sum();
+    Ok(Quote { currency: "USD".into(), lines, total, warnings })
 }
 
 /// The price columns a price-list CSV may have, USD per node-hour; an empty cell means
-/// "not sold that way there".
+/// "not sold that way there". Reserved columns are committed terms with no upfront payment,
+/// billed (as such terms are) for the whole term at least.
 const PRICE_COLUMNS: [(&str, PurchaseOption); 5] = [
     ("on_demand", PurchaseOption::OnDemand),
     ("spot", PurchaseOption::Spot),
-    ("reserved_1y", PurchaseOption::ReservedOneYear),
-    ("reserved_3y", PurchaseOption::ReservedThreeYear),
+    ("reserved_1y", PurchaseOption::OneYearNoUpfront),
+    ("reserved_3y", PurchaseOption::ThreeYearNoUpfront),
     ("capacity_block", PurchaseOption::CapacityBlock),
 ];
 
-const OTHER_COLUMNS: [&str; 8] = [
+const OTHER_COLUMNS: [&str; 10] = [
     "instance",
     "gpu",
     "gpus_per_node",
     "scale_up_domain",
+    "node_multiple",
     "interconnect_gbps",
     "region",
     "effective_date",
     "source",
+    "caveats",
 ];
 
 /// Parse a price list: one row per instance and region, grouped into one offering per
-/// instance (in first-seen order), with `billing` applied to all.
+/// instance (in first-seen order). Each price carries its row's date, source and caveats,
+/// and `billing` (whose note is appended to the source); committed terms bill the whole
+/// term at least.
 ///
 /// The first non-comment line names the columns, in any order: `instance`, `gpu`,
 /// `gpus_per_node` and `region` are required; `scale_up_domain` (default: the node's GPU
-/// count), `interconnect_gbps` (default 0, unknown), `effective_date` (ISO; empty when
-/// undated), `source`, and the price columns `on_demand`, `spot`, `reserved_1y`,
-/// `reserved_3y`, `capacity_block` are optional. Lines starting with `#` are comments;
-/// cells may be double-quoted to hold commas (no line breaks inside cells). A region of
-/// [`ANY_REGION`] means the price holds everywhere.
-///
-/// An offering's `source` is its rows' sources, each fact (separated by "; ") said once,
-/// then " | " and the billing note. Its `effective_date` is its rows' oldest date: an
-/// offering is only as fresh as its stalest price, so one undated row makes it empty.
+/// count), `node_multiple` (default 1), `interconnect_gbps` (default 0, unknown),
+/// `effective_date` (ISO; empty when undated), `source`, `caveats` (any of `lower-bound`,
+/// `resale`, `suspect`, separated by `;`), and the price columns `on_demand`, `spot`,
+/// `reserved_1y`, `reserved_3y`, `capacity_block` are optional. Lines starting with `#` are
+/// comments; cells may be double-quoted to hold commas (no line breaks inside cells). A
+/// region of [`ANY_REGION`] means the price holds everywhere.
 ///
 /// # Errors
 /// Names the line and column of an unknown column, a malformed number, a price that is
@@ -237,6 +285,7 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
     }
 
     let mut offerings: Vec<Offering> = Vec::new();
+    let mut index: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
     for (line, text) in rows {
         let cells = split_csv_line(text).map_err(|e| format!("price list line {line}: {e}"))?;
         if cells.len() != columns.len() {
@@ -276,31 +325,44 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
             gpu: cell("gpu").to_string(),
             gpus_per_node,
             scale_up_domain: count("scale_up_domain")?.unwrap_or(gpus_per_node),
+            node_multiple: count("node_multiple")?.unwrap_or(1),
             interconnect_gbps: number("interconnect_gbps")?.unwrap_or(0.0),
             prices: Vec::new(),
-            billing_increment_s: billing.increment_s,
-            minimum_charge_s: billing.minimum_s,
-            effective_date: cell("effective_date").to_string(),
-            source: cell("source").to_string(),
+        };
+        let mut caveats = Vec::new();
+        for c in cell("caveats").split(';').map(str::trim).filter(|c| !c.is_empty()) {
+            caveats.push(match c {
+                "lower-bound" => PriceCaveat::LowerBound,
+                "resale" => PriceCaveat::Resale,
+                "suspect" => PriceCaveat::Suspect,
+                other => {
+                    return Err(format!(
+                        "price list line {line}, column caveats: '{other}' is not lower-bound, resale or suspect"
+                    ));
+                }
+            });
+        }
+        let source = if billing.note.is_empty() {
+            cell("source").to_string()
+        } else {
+            format!("{} | {}", cell("source"), billing.note)
         };
 
-        let at = match offerings.iter().position(|o| o.instance == instance) {
-            Some(at) => {
-                let seen = &mut offerings[at];
-                if (&seen.gpu, seen.gpus_per_node, seen.scale_up_domain)
-                    != (&row.gpu, row.gpus_per_node, row.scale_up_domain)
+        let at = match index.get(instance) {
+            Some(&at) => {
+                let seen = &offerings[at];
+                if (&seen.gpu, seen.gpus_per_node, seen.scale_up_domain, seen.node_multiple)
+                    != (&row.gpu, row.gpus_per_node, row.scale_up_domain, row.node_multiple)
                     || seen.interconnect_gbps != row.interconnect_gbps
                 {
                     return Err(format!(
                         "price list line {line}: {instance} differs in hardware from an earlier row"
                     ));
                 }
-                seen.effective_date =
-                    older_date(&seen.effective_date, &row.effective_date).to_string();
-                seen.source = merge_sources(&seen.source, &row.source);
                 at
             }
             None => {
+                index.insert(instance.to_string(), offerings.len());
                 offerings.push(row);
                 offerings.len() - 1
             }
@@ -312,104 +374,24 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
                         "price list line {line}, column {column}: price {usd} must be positive"
                     ));
                 }
-                let region = cell("region").to_string();
-                offerings[at].prices.push(Price { region, option, usd_per_node_hour: usd });
+                // A committed term is billed for the whole term, used or not.
+                let minimum_charge_s = term_hours(option)
+                    .map_or(billing.minimum_s, |h| (h * 3600.0) as u32);
+                offerings[at].prices.push(Price {
+                    region: cell("region").to_string(),
+                    option,
+                    usd_per_node_hour: usd,
+                    upfront_usd_per_node: 0.0,
+                    billing_increment_s: billing.increment_s,
+                    minimum_charge_s,
+                    effective_date: cell("effective_date").to_string(),
+                    source: source.clone(),
+                    caveats: caveats.clone(),
+                });
             }
-        }
-    }
-    if !billing.note.is_empty() {
-        for offering in &mut offerings {
-            offering.source = format!("{} | {}", offering.source, billing.note);
         }
     }
     Ok(offerings)
-}
-
-/// Check a price list for the mistakes public catalogs are known to make (see
-/// shared/notes/pricing.md §2.3 and §8.5): missing or non-positive prices, spot or reserved
-/// above on-demand, duplicate names or prices, zero GPUs.
-///
-/// # Errors
-/// Every problem found, one per line.
-pub fn validate_offerings(offerings: &[Offering]) -> Result<(), String> {
-    let mut problems = Vec::new();
-    if offerings.is_empty() {
-        problems.push("no offerings".to_string());
-    }
-    for (i, o) in offerings.iter().enumerate() {
-        let name = &o.instance;
-        if name.is_empty() || o.gpu.is_empty() {
-            problems.push(format!("offering {i}: empty instance or GPU name"));
-        }
-        if offerings[..i].iter().any(|p| &p.instance == name) {
-            problems.push(format!("{name}: listed twice"));
-        }
-        if o.gpus_per_node == 0 || o.scale_up_domain < o.gpus_per_node {
-            problems.push(format!(
-                "{name}: {} GPUs per node in a scale-up domain of {}",
-                o.gpus_per_node, o.scale_up_domain
-            ));
-        }
-        if !(o.interconnect_gbps.is_finite() && o.interconnect_gbps >= 0.0) {
-            problems.push(format!("{name}: interconnect {} Gbps", o.interconnect_gbps));
-        }
-        if o.billing_increment_s == 0 {
-            problems.push(format!("{name}: billing increment of 0 s"));
-        }
-        if o.prices.is_empty() {
-            problems.push(format!("{name}: no prices"));
-        }
-        for (j, p) in o.prices.iter().enumerate() {
-            let what = format!("{name} {} {}", p.region, option_name(p.option));
-            if !(p.usd_per_node_hour.is_finite() && p.usd_per_node_hour > 0.0) {
-                problems.push(format!("{what}: price {}", p.usd_per_node_hour));
-            }
-            if p.region.is_empty() {
-                problems.push(format!("{what}: empty region"));
-            }
-            if o.prices[..j].iter().any(|q| q.region == p.region && q.option == p.option) {
-                problems.push(format!("{what}: priced twice"));
-            }
-            let discounted = matches!(
-                p.option,
-                PurchaseOption::Spot
-                    | PurchaseOption::ReservedOneYear
-                    | PurchaseOption::ReservedThreeYear
-            );
-            let on_demand = o.prices.iter().find(|q| {
-                q.option == PurchaseOption::OnDemand
-                    && (q.region == p.region || q.region == ANY_REGION)
-            });
-            if let (true, Some(od)) = (discounted, on_demand)
-                && p.usd_per_node_hour > od.usd_per_node_hour
-            {
-                problems.push(format!(
-                    "{what}: {} above on-demand {}",
-                    p.usd_per_node_hour, od.usd_per_node_hour
-                ));
-            }
-        }
-    }
-    if problems.is_empty() { Ok(()) } else { Err(problems.join("\n")) }
-}
-
-/// The older of two ISO dates, where empty (undated) counts as oldest.
-fn older_date<'a>(a: &'a str, b: &'a str) -> &'a str {
-    if a.is_empty() || b.is_empty() { "" } else { a.min(b) }
-}
-
-/// The facts of `a` (separated by "; ") followed by those of `b` that `a` does not already
-/// state, so rows that repeat a catalog path with or without an extra remark read once.
-fn merge_sources(a: &str, b: &str) -> String {
-    let mut facts: Vec<&str> = Vec::new();
-    for fact in a.split("; ").chain(b.split("; ")).map(str::trim).filter(|f| !f.is_empty()) {
-        if let Some(i) = facts.iter().position(|f| fact.contains(f)) {
-            facts[i] = fact; // a longer statement of the same fact wins
-        } else if !facts.iter().any(|f| f.contains(fact)) {
-            facts.push(fact);
-        }
-    }
-    facts.join("; ")
 }
 
 /// Split one CSV line into trimmed cells; double quotes protect commas, `""` is a quote.
@@ -443,34 +425,41 @@ mod tests {
 
     const LIST: &str = "\
 # a comment line, then the header
-instance,gpu,gpus_per_node,region,on_demand,spot,effective_date,source
-big,H100,8,east,10,4,2026-09-20,\"page, read by hand\"
-big,H100,8,west,12,,,page
-small,A100,4,*,3,,2026-01-01,catalog
+instance,gpu,gpus_per_node,region,on_demand,spot,reserved_1y,effective_date,source,caveats
+big,H100,8,east,10,4,,2026-09-20,\"page, read by hand\",
+big,H100,8,west,12,,9,,page,lower-bound
+small,A100,4,*,3,,,2026-01-01,catalog,
 ";
 
     fn request(instance: &str, region: &str, hours: f64) -> QuoteRequest {
         QuoteRequest {
             instance: instance.into(),
+            gpus: 16,
             nodes: 2,
             hours,
             region: region.into(),
             option: PurchaseOption::OnDemand,
+            start_date: String::new(),
             storage_gb_months: 0.0,
             egress_gb: 0.0,
         }
     }
 
     #[test]
-    fn csv_groups_rows_by_instance() {
+    fn csv_groups_rows_by_instance_and_dates_each_price() {
         let offerings = offerings_from_csv(LIST, BILLING).unwrap();
         assert_eq!(offerings.len(), 2);
         let big = &offerings[0];
-        assert_eq!(big.prices.len(), 3);
+        assert_eq!(big.prices.len(), 4);
         assert_eq!(big.scale_up_domain, 8);
-        assert_eq!(big.effective_date, "", "an undated row makes the offering undated");
-        assert_eq!(big.source, "page, read by hand | billing: test");
-        assert_eq!(offerings[1].effective_date, "2026-01-01");
+        assert_eq!(big.node_multiple, 1);
+        assert_eq!(big.prices[0].effective_date, "2026-09-20");
+        assert_eq!(big.prices[2].effective_date, "", "an undated row stays undated");
+        assert_eq!(big.prices[0].source, "page, read by hand | billing: test");
+        assert_eq!(big.prices[2].caveats, vec![PriceCaveat::LowerBound]);
+        let reserved = &big.prices[3];
+        assert_eq!(reserved.option, PurchaseOption::OneYearNoUpfront);
+        assert_eq!(reserved.minimum_charge_s, 8760 * 3600, "a 1-year term bills the year");
         validate_offerings(&offerings).unwrap();
     }
 
@@ -487,6 +476,8 @@ small,A100,4,*,3,,2026-01-01,catalog
         assert!(err.contains("unknown column 'ondemand'"), "{err}");
         let bad = "instance,gpu,gpus_per_node,region,on_demand\nx,H100,8,east,-1\n";
         assert!(offerings_from_csv(bad, BILLING).unwrap_err().contains("must be positive"));
+        let bad = "instance,gpu,gpus_per_node,region,on_demand,caveats\nx,H100,8,east,1,cheap\n";
+        assert!(offerings_from_csv(bad, BILLING).unwrap_err().contains("'cheap'"));
     }
 
     #[test]
@@ -494,19 +485,33 @@ small,A100,4,*,3,,2026-01-01,catalog
         let offerings = offerings_from_csv(LIST, BILLING).unwrap();
         // 601 s bills eleven minutes; 1 s bills the 600 s minimum.
         let q = standard_quote(&offerings, &request("big", "east", 601.0 / 3600.0)).unwrap();
-        assert!((q.total_usd - 2.0 * (660.0 / 3600.0) * 10.0).abs() < 1e-9);
+        assert!((q.total - 2.0 * (660.0 / 3600.0) * 10.0).abs() < 1e-9);
         let q = standard_quote(&offerings, &request("big", "east", 1.0 / 3600.0)).unwrap();
-        assert!((q.total_usd - 2.0 * (600.0 / 3600.0) * 10.0).abs() < 1e-9);
+        assert!((q.total - 2.0 * (600.0 / 3600.0) * 10.0).abs() < 1e-9);
         // 1.1 h is 3960.0000000000005 s in binary; it must bill 66 minutes, not 67.
         let q = standard_quote(&offerings, &request("big", "east", 1.1)).unwrap();
         assert!((q.lines[0].quantity - 2.0 * 1.1).abs() < 1e-9, "{}", q.lines[0].quantity);
+        // The SDK's own quote passes the host's rules.
+        validate_quote(&request("big", "east", 1.1), &q, &offerings).unwrap();
+    }
+
+    #[test]
+    fn caveated_prices_warn_and_committed_terms_bill_the_term() {
+        let offerings = offerings_from_csv(LIST, BILLING).unwrap();
+        let q = standard_quote(&offerings, &request("big", "west", 1.0)).unwrap();
+        assert!(q.warnings[0].contains("lower bound"), "{:?}", q.warnings);
+        assert_eq!(q.lines[0].caveats, vec![PriceCaveat::LowerBound]);
+        let mut r = request("big", "west", 1.0);
+        r.option = PurchaseOption::OneYearNoUpfront;
+        let q = standard_quote(&offerings, &r).unwrap();
+        assert!((q.total - 2.0 * 8760.0 * 9.0).abs() < 1e-6, "{}", q.total);
     }
 
     #[test]
     fn any_region_prices_match_every_region() {
         let offerings = offerings_from_csv(LIST, BILLING).unwrap();
         let q = standard_quote(&offerings, &request("small", "mars-1", 10.0)).unwrap();
-        assert!((q.total_usd - 60.0).abs() < 1e-9);
+        assert!((q.total - 60.0).abs() < 1e-9);
         assert!(q.lines[0].item.contains("mars-1"), "{}", q.lines[0].item);
     }
 
@@ -518,25 +523,16 @@ small,A100,4,*,3,,2026-01-01,catalog
         let q = standard_quote_with(&offerings, &r, UNKNOWN_EXTRAS).unwrap();
         assert_eq!(q.lines.len(), 2);
         assert!(q.lines[1].item.contains("no list price") && q.lines[1].estimate);
-        assert!((q.total_usd - 20.0).abs() < 1e-9);
+        assert_eq!(q.lines[1].category, LineCategory::Egress);
+        assert!((q.total - 20.0).abs() < 1e-9);
         r.egress_gb = -1.0;
         assert!(standard_quote(&offerings, &r).unwrap_err().contains("egress"));
-    }
-
-    #[test]
-    fn repeated_sources_read_once() {
-        assert_eq!(merge_sources("catalog@1; EFA 3200", "catalog@1"), "catalog@1; EFA 3200");
-        assert_eq!(
-            merge_sources("catalog@1; east: 2 + 3", "catalog@1; west: 2 + 1 [SUSPECT]"),
-            "catalog@1; east: 2 + 3; west: 2 + 1 [SUSPECT]"
-        );
-        assert_eq!(merge_sources("", "page"), "page");
     }
 
     #[test]
     fn validation_catches_spot_above_on_demand() {
         let list = "instance,gpu,gpus_per_node,region,on_demand,spot\nx,A100,8,central,10,11\n";
         let err = validate_offerings(&offerings_from_csv(list, BILLING).unwrap()).unwrap_err();
-        assert!(err.contains("x central spot: 11 above on-demand 10"), "{err}");
+        assert!(err.contains("spot costs 11") && err.contains("more than on-demand (10)"), "{err}");
     }
 }

@@ -1,11 +1,20 @@
 //! Precision-policy plugins: per-GEMM number formats, and actions on each step's numerics.
 
 pub use crate::bindings::precision::exports::runner::plugin::precision_policy::{
-    Action, AmaxReduction, Fallback, FallbackScope, GemmRole, GemmSite, Guest, PlanRequest,
-    PlanResponse, RecipeChange, Rollback, ScalingRecipe, SiteMetrics, SitePlan, SiteSelector,
-    StepMetrics, StepResponse,
+    Action, AmaxReduction, BlockShape, DeviceCapabilities, Fallback, FallbackScope,
+    GemmRole, GemmSite, GlobalFallback, Guest, LayerMetrics, Operand, OperandMetrics,
+    OperandPlan, PlanRequest, PlanResponse, RecipeChange, Repromotion, Rollback,
+    ScaleFormat, ScaleRounding, ScalingRecipe, SiteMetrics, SitePlan, SiteSelector,
+    StepMetrics, StepResponse, ValueRounding,
 };
 pub use crate::bindings::precision::runner::plugin::types::Dtype;
+
+/// The rules the host applies to plans and actions (the same code: `runner_contract`).
+pub mod rules {
+    use super::*;
+    runner_contract::precision_rules!();
+}
+pub use rules::{dtype_name, is_low_precision, validate_operand, validate_plan, validate_step};
 
 /// Export `$ty` (an implementation of [`Guest`]) as the plugin's precision policy:
 /// `runner_plugin_sdk::export_precision!(MyPolicy);`.
@@ -21,18 +30,29 @@ macro_rules! export_precision {
     };
 }
 
-/// A plan that keeps a site in `format` with no scaling (BF16 or FP32 training).
-pub fn unscaled(format: Dtype) -> SitePlan {
-    SitePlan {
+/// An operand kept in `format` with no scaling (BF16 or FP32 training).
+pub fn unscaled_operand(format: Dtype) -> OperandPlan {
+    OperandPlan {
         format,
-        grad_format: format,
         recipe: ScalingRecipe::None,
-        block_size: 0,
+        block: BlockShape { rows: 0, cols: 0 },
+        scale_format: ScaleFormat::Fp32,
+        scale_rounding: ScaleRounding::Exact,
+        tensor_scale: None,
+        value_rounding: ValueRounding::NearestEven,
         amax_history: 0,
         amax_reduction: AmaxReduction::MostRecent,
         margin: 0,
         saturate: true,
+        hadamard: 0,
     }
+}
+
+/// A plan that keeps a site in `format` with no scaling (BF16 or FP32 training): every
+/// operand and the output.
+pub fn unscaled(format: Dtype) -> SitePlan {
+    let operand = unscaled_operand(format);
+    SitePlan { activation: operand, weight: operand, gradient: operand, output: format }
 }
 
 /// Does `selector` pick `site`? Empty selector lists match anything; name patterns are

@@ -4,14 +4,26 @@
 
 pub use crate::bindings::workload::exports::runner::plugin::workload::{
     ActivationKind, AttrValue, Attribute, AttentionKind, GraphRequest, Guest,
-    Hyperparameters, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
-    ParallelRole, PositionScheme, ReferenceLayout, RouterScore, Tensor, TensorKind,
-    TrainingDefaults, Variant,
+    Hyperparameters, InferenceShape, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind,
+    Operation, ParallelRole, Phase, PositionScheme, PublishedMeasurement,
+    RecomputeGranularity, ReferenceLayout, RouterScore, Tensor, TensorKind,
+    TrainingDefaults, TrainingPrecision, Variant,
 };
 /// The forward graph a plugin returns (WIT `model-graph`; WIT cannot name a record and the
 /// `graph` function alike).
 pub use crate::bindings::workload::exports::runner::plugin::workload::ModelGraph as Graph;
 pub use crate::bindings::workload::runner::plugin::types::Dtype;
+
+/// The rules the host applies to `describe` (the same code: `runner_contract`), so a
+/// plugin's own tests catch what the host would refuse.
+pub mod rules {
+    use super::*;
+    runner_contract::workload_rules!();
+}
+pub use rules::{
+    training_precision, training_precision_name, validate_hyperparameters, validate_layout,
+    validate_model_info, validate_variant,
+};
 
 // The builder lives at src/builder.rs (beside the other SDK modules), not src/workload/.
 #[path = "builder.rs"]

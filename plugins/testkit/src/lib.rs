@@ -6,103 +6,23 @@
 //! Plugins use this crate only as a dev-dependency: their wasm builds never link the host.
 
 use runner_graph::count::{self, Convention, ParamCount};
-use runner_graph::{Attr, DType, NamedOp, OpKind, Role, TensorKind};
 use runner_plugin_sdk::workload as wit;
 
-/// The SDK graph as the host's IR (names resolved, attributes keyed).
+/// The host's conversion, expanded over the SDK's types: one definition (in
+/// `runner_contract`), so a graph that converts here converts in the host.
+mod convert {
+    use runner_plugin_sdk::workload::Graph as ModelGraph;
+    use runner_plugin_sdk::workload::*;
+    runner_contract::graph_to_ir!();
+}
+
+/// The SDK graph as the host's IR (names resolved, attributes keyed), converted and
+/// bounded by exactly the code the host runs on the graph a plugin returns.
 ///
 /// # Panics
-/// If the graph names an undeclared tensor; the host would reject it the same way.
+/// With the host's message, where the host would refuse the graph.
 pub fn to_host(g: &wit::Graph) -> runner_graph::Graph {
-    let tensors = g
-        .tensors
-        .iter()
-        .map(|t| runner_graph::Tensor {
-            name: t.name.clone(),
-            shape: t.shape.clone(),
-            dtype: dtype(t.dtype),
-            kind: match t.kind {
-                wit::TensorKind::Weight => TensorKind::Weight,
-                wit::TensorKind::Activation => TensorKind::Activation,
-                wit::TensorKind::Input => TensorKind::Input,
-            },
-        })
-        .collect();
-    let ops = g
-        .operations
-        .iter()
-        .map(|o| NamedOp {
-            name: o.name.clone(),
-            kind: kind(o.kind),
-            inputs: o.inputs.clone(),
-            outputs: o.outputs.clone(),
-            attrs: o
-                .attrs
-                .iter()
-                .map(|a| {
-                    let v = match &a.value {
-                        wit::AttrValue::Int(v) => Attr::Int(*v),
-                        wit::AttrValue::Float(v) => Attr::Float(*v),
-                        wit::AttrValue::Flag(v) => Attr::Flag(*v),
-                        wit::AttrValue::Text(v) => Attr::Text(v.clone()),
-                    };
-                    (a.key.clone(), v)
-                })
-                .collect(),
-            layer: o.layer,
-            role: role(o.role),
-        })
-        .collect();
-    runner_graph::Graph::new(tensors, ops, &g.loss).unwrap_or_else(|e| panic!("graph does not resolve: {e}"))
-}
-
-fn dtype(d: wit::Dtype) -> DType {
-    match d {
-        wit::Dtype::Fp32 => DType::F32,
-        wit::Dtype::Bf16 => DType::BF16,
-        wit::Dtype::Fp16 => DType::F16,
-        wit::Dtype::Fp8E4m3 => DType::Fp8E4M3,
-        wit::Dtype::Fp8E5m2 => DType::Fp8E5M2,
-        wit::Dtype::Mxfp8 => DType::MxFp8,
-        wit::Dtype::Nvfp4 => DType::NvFp4,
-        wit::Dtype::Int32 => DType::I32,
-    }
-}
-
-fn kind(k: wit::OpKind) -> OpKind {
-    use wit::OpKind as W;
-    match k {
-        W::Linear => OpKind::Linear,
-        W::Embedding => OpKind::Embedding,
-        W::RmsNorm => OpKind::RmsNorm,
-        W::LayerNorm => OpKind::LayerNorm,
-        W::Rotary => OpKind::Rotary,
-        W::Attention => OpKind::Attention,
-        W::Swiglu => OpKind::SwiGlu,
-        W::Geglu => OpKind::GeGlu,
-        W::Gelu => OpKind::Gelu,
-        W::SquaredRelu => OpKind::SquaredRelu,
-        W::Add => OpKind::Add,
-        W::Concat => OpKind::Concat,
-        W::CrossEntropy => OpKind::CrossEntropy,
-        W::Router => OpKind::Router,
-        W::MoeDispatch => OpKind::MoeDispatch,
-        W::GroupedLinear => OpKind::GroupedLinear,
-        W::MoeCombine => OpKind::MoeCombine,
-    }
-}
-
-fn role(r: wit::ParallelRole) -> Role {
-    use wit::ParallelRole as W;
-    match r {
-        W::Replicated => Role::Replicated,
-        W::ColumnParallel => Role::ColumnParallel,
-        W::RowParallel => Role::RowParallel,
-        W::HeadParallel => Role::HeadParallel,
-        W::Sequence => Role::Sequence,
-        W::Expert => Role::Expert,
-        W::VocabParallel => Role::VocabParallel,
-    }
+    convert::graph_to_ir(g).unwrap_or_else(|e| panic!("the host would refuse this graph: {e}"))
 }
 
 /// A plugin's `graph` export.
@@ -114,7 +34,7 @@ pub type GraphFn = fn(wit::GraphRequest) -> Result<wit::Graph, String>;
 /// # Panics
 /// If the plugin refuses the request or the host rejects the graph.
 pub fn host_graph(graph: GraphFn, variant: &str, seq: u32, mb: u32, layers: u32) -> runner_graph::Graph {
-    let req = wit::GraphRequest { variant: variant.into(), seq_len: seq, micro_batch: mb, layers };
+    let req = wit::GraphRequest { variant: variant.into(), seq_len: seq, micro_batch: mb, layers, phase: wit::Phase::Training };
     let g = graph(req).unwrap_or_else(|e| panic!("{variant}: {e}"));
     let h = to_host(&g);
     if let Err(e) = runner_graph::validate::validate(&h) {
@@ -123,10 +43,13 @@ pub fn host_graph(graph: GraphFn, variant: &str, seq: u32, mb: u32, layers: u32)
     h
 }
 
-/// Every variant builds at its default sequence length with micro-batch 1 and validates,
-/// and a 1-layer proxy builds too.
+/// `describe` passes the host's rules, every variant builds at its default sequence length
+/// with micro-batch 1 and validates, and a 1-layer proxy builds too.
 pub fn check_all_variants(info: &wit::ModelInfo, graph: GraphFn) {
     assert!(!info.variants.is_empty(), "{}: no variants", info.family);
+    if let Err(e) = wit::validate_model_info(info) {
+        panic!("the host would refuse describe: {e}");
+    }
     for v in &info.variants {
         assert_eq!(v.family, info.family, "{}: family mismatch", v.name);
         assert!(!v.citation.is_empty(), "{}: no citation", v.name);
@@ -137,7 +60,7 @@ pub fn check_all_variants(info: &wit::ModelInfo, graph: GraphFn) {
             assert!(l.gpus_min <= l.gpus_max && l.gpus_min > 0, "{}: bad GPU range", v.name);
         }
     }
-    let err = graph(wit::GraphRequest { variant: "no-such-model".into(), seq_len: 8, micro_batch: 1, layers: 0 })
+    let err = graph(wit::GraphRequest { variant: "no-such-model".into(), seq_len: 8, micro_batch: 1, layers: 0, phase: wit::Phase::Training })
         .expect_err("unknown variant must fail");
     assert!(err.contains(&info.variants[0].name), "error should list known variants: {err}");
 }

@@ -7,10 +7,12 @@ use verda::Verda;
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
     QuoteRequest {
         instance: instance.into(),
+        gpus: 8 * 2,
         nodes: 2,
         hours,
         region: region.into(),
         option,
+        start_date: String::new(),
         storage_gb_months: 0.0,
         egress_gb: 0.0,
     }
@@ -25,8 +27,8 @@ fn price_list_is_sane() {
     // Non-empty, unique names, every price finite and positive, spot <= on-demand.
     let offerings = Verda::offerings();
     validate_offerings(&offerings).unwrap();
-    assert!(offerings.iter().all(|o| (o.billing_increment_s, o.minimum_charge_s) == (1, 0)));
-    assert!(offerings.iter().all(|o| o.source.contains("billing")));
+    assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 0)));
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Verda::provider().name, "verda");
 }
 
@@ -35,10 +37,10 @@ fn two_nodes_for_ten_hours() {
     let q =
         Verda::quote(request("8H100.80S.176V", "FIN-02", PurchaseOption::OnDemand, 10.0)).unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
-    assert!(close(q.total_usd, 2.0 * 10.0 * 15.77), "{}", q.total_usd);
+    assert!(close(q.total, 2.0 * 10.0 * 15.77), "{}", q.total);
     let spot =
         Verda::quote(request("8H100.80S.176V", "ICE-01", PurchaseOption::Spot, 10.0)).unwrap();
-    assert!(close(spot.total_usd, 2.0 * 10.0 * 6.84));
+    assert!(close(spot.total, 2.0 * 10.0 * 6.84));
 }
 
 #[test]
@@ -47,8 +49,8 @@ fn rounds_up_to_the_billing_increment() {
     let secs = |s: f64| {
         Verda::quote(request("8H100.80S.176V", "FIN-02", PurchaseOption::OnDemand, s / 3600.0))
     };
-    assert!(close(secs(0.5).unwrap().total_usd, 1.0 * per_second), "0.5 s bills 1 s, no minimum");
-    assert!(close(secs(90.5).unwrap().total_usd, 91.0 * per_second), "90.5 s bills 91 s");
+    assert!(close(secs(0.5).unwrap().total, 1.0 * per_second), "0.5 s bills 1 s, no minimum");
+    assert!(close(secs(90.5).unwrap().total, 91.0 * per_second), "90.5 s bills 91 s");
 }
 
 #[test]
@@ -57,7 +59,7 @@ fn egress_has_no_known_price() {
     r.egress_gb = 100.0;
     let q = Verda::quote(r).unwrap();
     assert!(q.lines[1].estimate && q.lines[1].item.contains("not costed"), "{}", q.lines[1].item);
-    assert!(close(q.total_usd, 2.0 * 15.77));
+    assert!(close(q.total, 2.0 * 15.77));
 }
 
 #[test]
@@ -73,5 +75,5 @@ fn errors_name_what_exists() {
 #[test]
 fn resale_prices_say_so() {
     let o = Verda::offerings().into_iter().find(|o| o.instance == "8H200.141S.176V").unwrap();
-    assert!(o.source.contains("Prime Intellect") && o.source.contains("resale"), "{}", o.source);
+    assert!(o.prices[0].source.contains("Prime Intellect") && o.prices[0].source.contains("resale"), "{}", o.prices[0].source);
 }

@@ -4,7 +4,7 @@
 
 #![allow(dead_code, reason = "each test binary uses part of this module")]
 
-use runner_plugin_sdk::workload::{GraphRequest, Guest, ModelInfo};
+use runner_plugin_sdk::workload::{GraphRequest, Guest, ModelInfo, Phase};
 use runner_plugin_testkit as kit;
 use runner_project::model::GraphSource;
 use runner_project::published::Resolver;
@@ -28,7 +28,7 @@ pub fn plugins() -> Vec<(Describe, kit::GraphFn)> {
 pub fn source(graph: kit::GraphFn, variant: &str, seq: u32) -> Box<dyn GraphSource> {
     let variant = variant.to_string();
     Box::new(move |mb: u32| -> Result<runner_graph::Graph, String> {
-        let req = GraphRequest { variant: variant.clone(), seq_len: seq, micro_batch: mb, layers: 0 };
+        let req = GraphRequest { variant: variant.clone(), seq_len: seq, micro_batch: mb, layers: 0, phase: Phase::Training };
         graph(req).map(|g| kit::to_host(&g))
     })
 }

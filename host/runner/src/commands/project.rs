@@ -104,8 +104,12 @@ fn setup(t: &Target, global: &Global) -> Result<Setup> {
         anyhow::bail!("--seq-len must be at least 1");
     }
     let (model, source) = project::model(&found, seq, limits)?;
-    let plan = project::plan(recipe, &model.graph, limits)?;
-    let mut notes = vec![format!("precision plan: {}", plan.summary())];
+    let (plan, policy) = project::plan(recipe, &found.variant, &gpu, &model.graph, limits)?;
+    let mut notes = vec![format!("plugin: {}", found.info.provenance())];
+    if let Some(info) = &policy {
+        notes.push(format!("plugin: {}", info.provenance()));
+    }
+    notes.push(format!("precision plan: {}", plan.summary()));
     if plan.source == "built-in" {
         notes.push(format!("no {recipe}.wasm precision plugin is installed: the built-in {recipe} plan is used"));
     }

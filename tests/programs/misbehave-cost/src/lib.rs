@@ -1,27 +1,26 @@
 //! Test program: a valid cost plugin, except that `quote` misbehaves when the requested
 //! instance names a behaviour: `trap` panics, `spin` loops forever, `hog` allocates
 //! without end, `nan` returns a non-finite total, `wrong-total` returns lines that do
-//! not add up. Any other instance is quoted normally. The host must survive every one.
+//! not add up, `leak` leaks 8 MiB per call, `later` quotes honestly three times and then
+//! answers $0. Any other instance is quoted normally. The host must survive every one.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use runner_plugin_sdk::cost::*;
 
 struct Misbehave;
 
+static LATER_CALLS: AtomicU32 = AtomicU32::new(0);
+
 fn offering(name: &str) -> Offering {
-    Offering {
-        instance: name.into(),
-        gpu: "H100".into(),
-        gpus_per_node: 8,
-        scale_up_domain: 8,
-        interconnect_gbps: 3200.0,
-        prices: vec![Price { region: "test-1".into(), option: PurchaseOption::OnDemand, usd_per_node_hour: 10.0 }],
-        billing_increment_s: 1,
-        minimum_charge_s: 0,
+    let price = Price {
         effective_date: "2026-01-01".into(),
         source: "test".into(),
-    }
+        ..Price::hourly("test-1", PurchaseOption::OnDemand, 10.0)
+    };
+    Offering { interconnect_gbps: 3200.0, ..Offering::nodes(name, "H100", 8, vec![price]) }
 }
 
 impl Guest for Misbehave {
@@ -30,7 +29,7 @@ impl Guest for Misbehave {
     }
 
     fn offerings() -> Vec<Offering> {
-        ["good", "trap", "spin", "hog", "nan", "wrong-total"].into_iter().map(offering).collect()
+        ["good", "trap", "spin", "hog", "nan", "wrong-total", "leak", "later"].into_iter().map(offering).collect()
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
@@ -49,11 +48,28 @@ impl Guest for Misbehave {
                     std::hint::black_box(&blocks);
                 }
             }
-            "nan" => Ok(Quote { lines: vec![], total_usd: f64::NAN }),
+            "nan" => Ok(Quote { currency: "USD".into(), lines: vec![], total: f64::NAN, warnings: vec![] }),
             "wrong-total" => Ok(Quote {
-                lines: vec![QuoteLine { item: "x".into(), quantity: 1.0, unit: "node-hour".into(), usd: 5.0, estimate: false }],
-                total_usd: 50.0,
+                currency: "USD".into(),
+                lines: vec![QuoteLine {
+                    item: "x".into(),
+                    category: LineCategory::Compute,
+                    quantity: 1.0,
+                    unit: "node-hour".into(),
+                    amount: 5.0,
+                    estimate: false,
+                    caveats: vec![],
+                }],
+                total: 50.0,
+                warnings: vec![],
             }),
+            "leak" => {
+                std::mem::forget(std::hint::black_box(vec![1u8; 8 << 20]));
+                standard_quote(&Self::offerings(), &request)
+            }
+            "later" if LATER_CALLS.fetch_add(1, Ordering::Relaxed) >= 3 => {
+                Ok(Quote { currency: "USD".into(), lines: vec![], total: 0.0, warnings: vec![] })
+            }
             _ => standard_quote(&Self::offerings(), &request),
         }
     }

@@ -5,10 +5,14 @@ use runner_plugin_sdk::cost::*;
 pub struct MyCloud;
 
 fn h100_node(region: &str, on_demand: f64, spot: f64) -> Vec<Price> {
-    vec![
-        Price { region: region.into(), option: PurchaseOption::OnDemand, usd_per_node_hour: on_demand },
-        Price { region: region.into(), option: PurchaseOption::Spot, usd_per_node_hour: spot },
-    ]
+    let price = |option, usd| Price {
+        billing_increment_s: 60, // per minute
+        minimum_charge_s: 600,   // ten minutes at least
+        effective_date: "2026-11-01".into(),
+        source: "mycloud.example/pricing".into(),
+        ..Price::hourly(region, option, usd)
+    };
+    vec![price(PurchaseOption::OnDemand, on_demand), price(PurchaseOption::Spot, spot)]
 }
 
 impl Guest for MyCloud {
@@ -22,12 +26,9 @@ impl Guest for MyCloud {
             gpu: "H100".into(),
             gpus_per_node: 8,
             scale_up_domain: 8,
+            node_multiple: 1,
             interconnect_gbps: 3200.0,
             prices: [h100_node("eu-west", 24.0, 12.0), h100_node("us-east", 22.0, 11.0)].concat(),
-            billing_increment_s: 60, // per minute
-            minimum_charge_s: 600,   // ten minutes at least
-            effective_date: "2026-11-01".into(),
-            source: "mycloud.example/pricing".into(),
         }]
     }
 

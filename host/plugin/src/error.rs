@@ -18,7 +18,7 @@ pub enum Failure {
     OutOfMemory { limit_mib: u64 },
     /// The plugin returned a value that breaks a rule of the contract.
     Invalid(String),
-    /// The plugin returned an error of its own (e.g. an unknown variant).
+    /// The plugin returned an error of its own (e.g. an unknown variant); printed escaped.
     Refused(String),
 }
 
@@ -42,7 +42,8 @@ impl PluginError {
 
 impl fmt::Display for PluginError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (plugin, call) = (&self.plugin, &self.call);
+        let plugin = runner_contract::text::escape(&self.plugin, 128);
+        let call = &self.call;
         match &self.failure {
             Failure::Load(m) => write!(f, "plugin '{plugin}' could not be loaded: {m}"),
             Failure::Contract(m) => write!(f, "plugin '{plugin}' is incompatible: {m}"),
@@ -73,7 +74,11 @@ impl fmt::Display for PluginError {
                     "plugin '{plugin}' returned an invalid value from `{call}`: {rule}"
                 )
             }
-            Failure::Refused(m) => write!(f, "plugin '{plugin}' refused `{call}`: {m}"),
+            Failure::Refused(m) => write!(
+                f,
+                "plugin '{plugin}' refused `{call}`: {}",
+                runner_contract::text::escape(m, runner_contract::text::MAX_TEXT)
+            ),
         }
     }
 }

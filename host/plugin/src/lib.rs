@@ -1,15 +1,21 @@
-//! The plugin host: find a plugin, check its contract, compile it (through the on-disk
-//! cache), and run it in a sandbox behind a typed, validating wrapper.
+//! The plugin host: find a plugin, check its contract, compile it (through the verified
+//! on-disk cache), and run it in a sandbox behind a typed, validating wrapper.
 //!
 //! ```text
-//! spec ("llama3.wasm") --resolve--> bytes --compile (cache)--> Component
-//!      --contract check (exports, version, imports)--> Plugin --instantiate--> Workload | Precision | Cost
+//! spec ("llama3.wasm") --resolve--> bytes --compile (cache.rs, HMAC-verified)--> Component
+//!      --contract check (world, version, imports)--> pre-instantiation (once)--> Plugin
+//!      --instantiate--> Workload | PrecisionPolicy | CostModel
 //! ```
 //!
-//! Every value a plugin returns is validated before the rest of the runner sees it; see
-//! the `validate` functions in each wrapper module.
+//! Every supported contract version is bound separately (`bindings.rs`): a plugin built
+//! against 0.2.0 is called directly, one built against 0.1.0 through `adapt.rs`, which
+//! gives the rest of the runner 0.2 values with defaults for what 0.1 cannot say. Every
+//! value a plugin returns is validated (the rules of `runner_contract`) before the rest of
+//! the runner sees it, and every string it returns is printable or refused.
 
+mod adapt;
 mod bindings;
+pub mod cache;
 pub mod cost;
 mod engine;
 mod error;
@@ -18,18 +24,30 @@ mod resolve;
 mod sandbox;
 pub mod workload;
 
+#[cfg(test)]
+mod properties;
+
 use serde::Serialize;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
-pub use engine::{CacheOutcome, cache_dir, sha256_hex};
+use bindings::{v1, v2};
+pub use cache::CacheOutcome;
+pub use engine::{compile_with, sha256_hex};
 pub use error::{Failure, PluginError};
 pub use resolve::{Source, embedded, installed_files, plugin_dirs, test_programs, user_data_dir};
-pub use sandbox::Limits;
+pub use sandbox::{HostState, Limits, MemoryCapExceeded};
 
-/// The contract version this host speaks (the WIT package version in `wit/worlds.wit`).
-pub const CONTRACT_VERSION: &str = "0.1.0";
+/// The contract version this host speaks natively (the WIT package version in `wit/`).
+pub const CONTRACT_VERSION: &str = "0.2.0";
+/// Every contract version this host binds: the current one, and 0.1.0 through the adapter.
+pub const CONTRACT_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
 const PACKAGE: &str = "runner:plugin";
+
+/// The compiled-component cache directory in use (see [`cache::default_dir`]).
+pub fn cache_dir() -> Option<std::path::PathBuf> {
+    cache::default_dir()
+}
 
 /// The three plugin kinds, one per WIT world.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, PartialOrd, Ord)]
@@ -58,21 +76,62 @@ impl Kind {
     }
 }
 
-/// What `plugins list` shows about a plugin.
+/// What `plugins list` shows about a plugin, and what every output records about each
+/// plugin a run used.
 #[derive(Clone, Debug, Serialize)]
 pub struct PluginInfo {
     pub name: String,
     pub kind: Kind,
+    /// The contract version it was built against ("0.1.0" runs through the adapter).
     pub contract: String,
     pub source: Source,
     pub sha256: String,
     pub bytes: usize,
+    /// A plugin file found in the working directory or a plugin directory that carries
+    /// the name of an embedded plugin, and so is used instead of it.
+    pub shadows_embedded: bool,
+}
+
+impl PluginInfo {
+    /// One line for the notes of an output: name, kind, contract, where from, sha256.
+    pub fn provenance(&self) -> String {
+        format!(
+            "{} plugin {} (contract {}{}): {}{}, sha256 {}",
+            self.kind.name(),
+            self.name,
+            self.contract,
+            if self.contract == CONTRACT_VERSION {
+                ""
+            } else {
+                ", adapted"
+            },
+            self.source,
+            if self.shadows_embedded {
+                ", shadowing the embedded plugin of that name"
+            } else {
+                ""
+            },
+            self.sha256
+        )
+    }
+}
+
+/// The pre-instantiation of a plugin: its component linked against the host's imports,
+/// built once at load, instantiated per sandboxed instance.
+#[derive(Clone)]
+enum Pre {
+    WorkloadV2(v2::workload::WorkloadPluginPre<HostState>),
+    WorkloadV1(v1::workload::WorkloadPluginPre<HostState>),
+    PrecisionV2(v2::precision::PrecisionPluginPre<HostState>),
+    PrecisionV1(v1::precision::PrecisionPluginPre<HostState>),
+    CostV2(v2::cost::CostPluginPre<HostState>),
+    CostV1(v1::cost::CostPluginPre<HostState>),
 }
 
 /// A compiled plugin whose contract has been checked, ready to instantiate.
 pub struct Plugin {
     pub info: PluginInfo,
-    component: Component,
+    pre: Pre,
 }
 
 /// Imports a plugin may have: the host's log, and what Rust's std pulls in on
@@ -86,11 +145,20 @@ const ALLOWED_IMPORTS: &[&str] = &[
     "wasi:random/",
 ];
 
-/// Resolve, compile and contract-check a plugin.
+/// Resolve, compile and contract-check a plugin. A plugin file that shadows an embedded
+/// plugin of the same name is announced (a warning, and `shadows_embedded` in its info).
 pub fn load(spec: &str) -> Result<Plugin, PluginError> {
     let (name, source, bytes) =
         resolve::resolve(spec).map_err(|m| PluginError::new(spec, "load", Failure::Load(m)))?;
-    load_bytes(&name, source, &bytes)
+    let plugin = load_bytes(&name, source, &bytes)?;
+    if plugin.info.shadows_embedded {
+        tracing::warn!(
+            "{} from {} shadows the embedded plugin of that name",
+            plugin.info.name,
+            plugin.info.source
+        );
+    }
+    Ok(plugin)
 }
 
 /// Compile and contract-check plugin bytes obtained elsewhere.
@@ -103,7 +171,21 @@ pub fn load_bytes(name: &str, source: Source, bytes: &[u8]) -> Result<Plugin, Pl
             Failure::Load(format!("not a valid WebAssembly component: {m}")),
         )
     })?;
-    let (kind, contract) = check_contract(name, &component)?;
+    from_component(name, source, sha256, bytes.len(), &component)
+}
+
+/// Contract-check a compiled component and pre-instantiate it.
+fn from_component(
+    name: &str,
+    source: Source,
+    sha256: String,
+    bytes: usize,
+    component: &Component,
+) -> Result<Plugin, PluginError> {
+    let (kind, contract) = check_contract(name, component)?;
+    let pre = pre_instantiate(name, kind, &contract, component)?;
+    let shadows_embedded =
+        matches!(source, Source::Path(_)) && embedded().iter().any(|(n, _, _)| *n == name);
     Ok(Plugin {
         info: PluginInfo {
             name: name.to_string(),
@@ -111,14 +193,50 @@ pub fn load_bytes(name: &str, source: Source, bytes: &[u8]) -> Result<Plugin, Pl
             contract,
             source,
             sha256,
-            bytes: bytes.len(),
+            bytes,
+            shadows_embedded,
         },
-        component,
+        pre,
     })
 }
 
-/// Which world the component exports, at which contract version; and that it imports
-/// nothing the sandbox does not grant.
+fn pre_instantiate(
+    name: &str,
+    kind: Kind,
+    contract: &str,
+    component: &Component,
+) -> Result<Pre, PluginError> {
+    let err = |e: wasmtime::Error| {
+        PluginError::new(
+            name,
+            "load",
+            Failure::Contract(format!(
+                "its exports do not match contract {PACKAGE}@{contract} ({}); rebuild it with the matching SDK",
+                runner_contract::text::escape(&format!("{e:#}"), 512)
+            )),
+        )
+    };
+    let pre = engine::linker().instantiate_pre(component).map_err(err)?;
+    Ok(match (kind, contract) {
+        (Kind::Workload, "0.2.0") => {
+            Pre::WorkloadV2(v2::workload::WorkloadPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Workload, _) => {
+            Pre::WorkloadV1(v1::workload::WorkloadPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Precision, "0.2.0") => {
+            Pre::PrecisionV2(v2::precision::PrecisionPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Precision, _) => {
+            Pre::PrecisionV1(v1::precision::PrecisionPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Cost, "0.2.0") => Pre::CostV2(v2::cost::CostPluginPre::new(pre).map_err(err)?),
+        (Kind::Cost, _) => Pre::CostV1(v1::cost::CostPluginPre::new(pre).map_err(err)?),
+    })
+}
+
+/// Which world the component exports, at which contract version (one this host binds);
+/// and that it imports nothing the sandbox does not grant.
 fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), PluginError> {
     let engine = engine::engine();
     let ty = component.component_type();
@@ -144,7 +262,10 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
     let (kind, version) = match found.as_slice() {
         [one] => one.clone(),
         [] => {
-            let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_string()).collect();
+            let exports: Vec<String> = ty
+                .exports(engine)
+                .map(|(n, _)| runner_contract::text::escape(n, 128))
+                .collect();
             return Err(err(format!(
                 "it exports none of {PACKAGE}/workload, /precision-policy or /cost-model (it exports: {}); \
                  build it with runner-plugin-sdk and one of its features",
@@ -161,10 +282,12 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
             ));
         }
     };
-    if !compatible(&version, CONTRACT_VERSION) {
+    if !CONTRACT_VERSIONS.contains(&version.as_str()) {
+        let version = runner_contract::text::escape(&version, 32);
         return Err(err(format!(
-            "it was built against contract {PACKAGE}@{version}, but this runner speaks {PACKAGE}@{CONTRACT_VERSION}; \
-             rebuild the plugin with runner-plugin-sdk {CONTRACT_VERSION}, or use a runner that speaks {version}"
+            "it was built against contract {PACKAGE}@{version}, but this runner speaks {PACKAGE}@{CONTRACT_VERSION} \
+             (and {PACKAGE}@0.1.0 through an adapter); rebuild the plugin with runner-plugin-sdk {CONTRACT_VERSION}, \
+             or use a runner that speaks {version}"
         )));
     }
     let refused: Vec<String> = ty
@@ -178,25 +301,12 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
              environment); remove the code that needs them",
             refused
                 .iter()
-                .map(|i| format!("`{i}`"))
+                .map(|i| format!("`{}`", runner_contract::text::escape(i, 128)))
                 .collect::<Vec<_>>()
                 .join(", ")
         )));
     }
     Ok((kind, version))
-}
-
-/// Semver compatibility in Cargo's sense: same major, and same minor while major is 0.
-fn compatible(have: &str, want: &str) -> bool {
-    let parse = |v: &str| -> Option<(u64, u64)> {
-        let mut it = v.split('.');
-        Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
-    };
-    match (parse(have), parse(want)) {
-        (Some((0, a)), Some((0, b))) => a == b,
-        (Some((a, _)), Some((b, _))) => a == b,
-        _ => false,
-    }
 }
 
 impl Plugin {
@@ -248,19 +358,4 @@ pub fn list() -> Vec<(Result<PluginInfo, PluginError>, bool)> {
         ));
     }
     out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::compatible;
-
-    #[test]
-    fn contract_versions_follow_cargo_semver() {
-        assert!(compatible("0.1.0", "0.1.0"));
-        assert!(compatible("0.1.3", "0.1.0"));
-        assert!(!compatible("0.2.0", "0.1.0"));
-        assert!(compatible("1.4.0", "1.0.0"));
-        assert!(!compatible("2.0.0", "1.0.0"));
-        assert!(!compatible("garbage", "0.1.0"));
-    }
 }

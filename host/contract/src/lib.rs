@@ -1,0 +1,67 @@
+//! The rules of the plugin contract (`wit/`), written once.
+//!
+//! The host binds the WIT with wasmtime's `bindgen!` and the guest SDK with wit-bindgen's
+//! `generate!`: two families of Rust types generated from one contract, with the same names
+//! and fields. A rule written against one family would have to be written again for the
+//! other, and the copies drift (the SDK once accepted hyperparameters the host refused). So
+//! each rule is written here once, as a macro over the path of a generated module, and both
+//! sides expand it against their own types:
+//!
+//! - [`workload_rules!`]: hyperparameters, variants, reference layouts;
+//! - [`cost_rules!`]: offerings, quotes (money, currency, the list-price floor);
+//! - [`precision_rules!`]: plans (formats, blocks, scales against the device) and actions;
+//! - [`graph_to_ir!`]: a plugin's graph into the host's `runner_graph` IR, with the size
+//!   bounds that keep every later count inside u64;
+//! - [`text`]: plain functions for the strings a plugin returns (names, free text, dates).
+//!
+//! Every rule answers with a message that names the field and the value, escaped, so a
+//! hostile string never reaches a terminal raw. Bounds on counts and sizes live in
+//! [`limits`]; they keep the host's work linear in what it asked for.
+
+pub mod cost;
+pub mod ir;
+pub mod precision;
+pub mod text;
+pub mod workload;
+
+/// Bounds on what a plugin may return. Each is far above any real model or price list
+/// (Llama 3.1 405B's training graph has ~2,000 operations; a cloud lists ~100 instances),
+/// and far below what would make the host slow or its arithmetic overflow.
+pub mod limits {
+    /// Variants per workload plugin, layouts per variant.
+    pub const VARIANTS: usize = 1024;
+    pub const LAYOUTS: usize = 256;
+    /// Tensors and operations of one graph.
+    pub const GRAPH_TENSORS: usize = 1 << 20;
+    pub const GRAPH_OPS: usize = 1 << 20;
+    /// Inputs, outputs and attributes of one operation; axes of one tensor.
+    pub const OP_INPUTS: usize = 16;
+    pub const OP_OUTPUTS: usize = 16;
+    pub const OP_ATTRS: usize = 64;
+    pub const RANK: usize = 8;
+    /// Elements of one tensor, and of all tensors of a graph together: 2^50 elements is a
+    /// petabyte at one byte each; below 2^56 in total, every sum and every product of two
+    /// counts by a small factor the host forms stays inside u64.
+    pub const TENSOR_ELEMENTS: u64 = 1 << 50;
+    pub const GRAPH_ELEMENTS: u64 = 1 << 56;
+    /// Offerings per cost plugin, prices per offering, lines and warnings per quote.
+    pub const OFFERINGS: usize = 4096;
+    pub const PRICES: usize = 1024;
+    pub const QUOTE_LINES: usize = 256;
+    pub const WARNINGS: usize = 32;
+    pub const CAVEATS: usize = 8;
+    /// Actions per step and entries per site selector.
+    pub const ACTIONS: usize = 1024;
+    pub const SELECTOR: usize = 4096;
+    /// The opaque state a precision policy keeps between calls.
+    pub const STATE_BYTES: usize = 1 << 20;
+    /// Hyperparameter ceilings (astronomical values are refused, not computed with).
+    pub const LAYERS: u32 = 10_000;
+    pub const WIDTH: u32 = 1 << 20;
+    pub const HEADS: u32 = 1 << 16;
+    pub const VOCAB: u32 = 1 << 24;
+    pub const EXPERTS: u32 = 1 << 16;
+    pub const SEQ_LEN: u32 = 1 << 24;
+    pub const TOKENS: f64 = 1e16;
+    pub const GPUS: u32 = 1 << 20;
+}

@@ -1,0 +1,197 @@
+//! Strings from a plugin. Names (instances, regions, variants, tensors) must be short and
+//! printable, or they are refused; free text (citations, sources, warnings) must be
+//! printable and bounded; text that cannot be refused (a plugin's own error message, its
+//! stderr, a log line) is escaped with [`escape`] before anyone prints it.
+//!
+//! "Printable" excludes every Unicode control character (ESC starts terminal sequences, CR
+//! and LF forge lines) and the bidirectional overrides that reorder what a reader sees.
+
+/// Longest name, and longest free text, in bytes.
+pub const MAX_NAME: usize = 256;
+pub const MAX_TEXT: usize = 4096;
+
+/// Characters that change how a terminal shows the text around them.
+pub fn is_unsafe(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// `s` with every unsafe character written as a visible escape (`\n`, `\u{1b}`) and cut to
+/// `max` bytes (on a character boundary) with the number of bytes left out.
+pub fn escape(s: &str, max: usize) -> String {
+    let mut out = String::with_capacity(s.len().min(max) + 16);
+    for (i, c) in s.char_indices() {
+        if out.len() >= max {
+            out.push_str(&format!(" [{} more bytes]", s.len() - i));
+            return out;
+        }
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if is_unsafe(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A value quoted for an error message: escaped, at most 64 bytes.
+pub fn shown(s: &str) -> String {
+    format!("'{}'", escape(s, 64))
+}
+
+/// A name: non-empty, at most [`MAX_NAME`] bytes, printable.
+///
+/// # Errors
+/// Names `field` and shows the value escaped.
+pub fn name(field: &str, value: &str) -> Result<(), String> {
+    if value.trim().is_empty() {
+        return Err(format!("{field} is empty"));
+    }
+    printable(field, value, MAX_NAME)
+}
+
+/// Free text: at most [`MAX_TEXT`] bytes, printable (may be empty).
+///
+/// # Errors
+/// Names `field`, its length or the first unsafe character.
+pub fn free(field: &str, value: &str) -> Result<(), String> {
+    printable(field, value, MAX_TEXT)
+}
+
+fn printable(field: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() > max {
+        return Err(format!(
+            "{field} is {} bytes long (at most {max}): {}",
+            value.len(),
+            shown(value)
+        ));
+    }
+    if let Some(c) = value.chars().find(|&c| is_unsafe(c)) {
+        return Err(format!(
+            "{field} {} contains the control character U+{:04X}; plugin text must be printable",
+            shown(value),
+            c as u32
+        ));
+    }
+    Ok(())
+}
+
+/// An ISO date `YYYY-MM-DD` (a real calendar day), or empty for "undated".
+///
+/// # Errors
+/// Names `field` and the value.
+pub fn date(field: &str, value: &str) -> Result<(), String> {
+    if value.is_empty() {
+        return Ok(());
+    }
+    let bad = || format!("{field} {} is not an ISO date (YYYY-MM-DD)", shown(value));
+    let b = value.as_bytes();
+    if !value.is_ascii() || b.len() != 10 || b[4] != b'-' || b[7] != b'-' {
+        return Err(bad());
+    }
+    let num = |r: std::ops::Range<usize>| {
+        let part = &value[r];
+        part.bytes()
+            .all(|c| c.is_ascii_digit())
+            .then(|| part.parse::<u32>().ok())
+            .flatten()
+    };
+    let (Some(y), Some(m), Some(d)) = (num(0..4), num(5..7), num(8..10)) else {
+        return Err(bad());
+    };
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let days = match m {
+        1 | 3 | 5 | 7 | 8 | 10 | 12 => 31,
+        4 | 6 | 9 | 11 => 30,
+        2 if leap => 29,
+        2 => 28,
+        _ => return Err(bad()),
+    };
+    if d == 0 || d > days || y < 1970 {
+        return Err(bad());
+    }
+    Ok(())
+}
+
+/// An ISO 4217 currency code: three upper-case ASCII letters.
+///
+/// # Errors
+/// Names the value.
+pub fn currency(value: &str) -> Result<(), String> {
+    if value.len() == 3 && value.bytes().all(|b| b.is_ascii_uppercase()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "currency {} is not an ISO 4217 code such as \"USD\"",
+            shown(value)
+        ))
+    }
+}
+
+/// A list no longer than `max`.
+///
+/// # Errors
+/// Names `what` and both lengths.
+pub fn at_most(what: &str, len: usize, max: usize) -> Result<(), String> {
+    if len > max {
+        Err(format!("{len} {what} (at most {max})"))
+    } else {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn escapes_terminal_sequences_and_cuts() {
+        assert_eq!(escape("a\x1b[2Jb\nc", 100), "a\\u{1b}[2Jb\\nc");
+        assert_eq!(escape("\u{202e}x", 100), "\\u{202e}x");
+        let long = "x".repeat(100);
+        assert_eq!(escape(&long, 10), "xxxxxxxxxx [90 more bytes]");
+    }
+
+    #[test]
+    fn names_are_refused_with_the_field() {
+        assert!(name("instance", "p5.48xlarge").is_ok());
+        let e = name("instance", "p5\x1b[31m").unwrap_err();
+        assert!(
+            e.contains("instance") && e.contains("\\u{1b}") && e.contains("U+001B"),
+            "{e}"
+        );
+        assert!(
+            name("region", "  ")
+                .unwrap_err()
+                .contains("region is empty")
+        );
+        assert!(
+            name("gpu", &"H".repeat(300))
+                .unwrap_err()
+                .contains("300 bytes")
+        );
+        assert!(free("source", "line\nforged").is_err());
+        assert!(free("source", "").is_ok());
+    }
+
+    #[test]
+    fn dates_are_real_days() {
+        for ok in ["", "2026-11-29", "2024-02-29"] {
+            assert!(date("d", ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "2026-13-01",
+            "2025-02-29",
+            "26-11-29",
+            "2026/11/29",
+            "2026-11-2x",
+            "yesterday",
+            "2026-+1-29",
+            "202\u{e9}-11-29",
+        ] {
+            assert!(date("d", bad).is_err(), "{bad}");
+        }
+        assert!(currency("USD").is_ok() && currency("usd").is_err() && currency("US$").is_err());
+    }
+}

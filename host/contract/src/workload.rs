@@ -1,0 +1,283 @@
+//! The workload contract's rules: what `describe` may say about a model.
+
+/// Expand the workload rules in a module that has the generated workload types in scope
+/// (`ModelInfo`, `Variant`, `Hyperparameters`, `ReferenceLayout`, `TrainingPrecision`, ...):
+///
+/// ```ignore
+/// mod rules {
+///     use crate::bindings::exports::runner::plugin::workload::*;
+///     runner_contract::workload_rules!();
+/// }
+/// ```
+///
+/// Defines `validate_model_info`, `validate_variant`, `validate_hyperparameters`,
+/// `validate_layout`, `training_precision` (a name, as published recipes and contract 0.1
+/// spell it, to the typed precision) and `training_precision_name`.
+#[macro_export]
+macro_rules! workload_rules {
+    () => {
+        /// The rules `describe` output must follow: a family with uniquely named variants,
+        /// each valid. Linear in the size of the answer.
+        ///
+        /// # Errors
+        /// The first broken rule, naming the variant and the field.
+        pub fn validate_model_info(info: &ModelInfo) -> Result<(), String> {
+            use $crate::text;
+            text::name("family", &info.family)?;
+            if info.variants.is_empty() {
+                return Err(format!("family {} has no variants", text::shown(&info.family)));
+            }
+            text::at_most("variants", info.variants.len(), $crate::limits::VARIANTS)?;
+            let mut names = std::collections::HashSet::new();
+            for v in &info.variants {
+                text::name("a variant's name", &v.name)?;
+                if !names.insert(v.name.as_str()) {
+                    return Err(format!("variant name {} appears twice", text::shown(&v.name)));
+                }
+                validate_variant(v).map_err(|m| format!("variant {}: {m}", text::shown(&v.name)))?;
+            }
+            Ok(())
+        }
+
+        /// One variant: its names, hyperparameters, training defaults and layouts.
+        ///
+        /// # Errors
+        /// The first broken rule, naming the field.
+        pub fn validate_variant(v: &Variant) -> Result<(), String> {
+            use $crate::text;
+            text::name("family", &v.family)?;
+            text::free("citation", &v.citation)?;
+            validate_hyperparameters(&v.hyper)?;
+            let d = &v.defaults;
+            if d.seq_len == 0 || d.seq_len > $crate::limits::SEQ_LEN {
+                return Err(format!("defaults.seq-len must be in 1..={}, got {}", $crate::limits::SEQ_LEN, d.seq_len));
+            }
+            if !(d.tokens.is_finite() && d.tokens > 0.0 && d.tokens <= $crate::limits::TOKENS) {
+                return Err(format!("defaults.tokens must be finite, > 0 and <= {:e}, got {}", $crate::limits::TOKENS, d.tokens));
+            }
+            for (what, x) in [("defaults.learning-rate", d.learning_rate), ("defaults.weight-decay", d.weight_decay)] {
+                if !(x.is_finite() && x >= 0.0) {
+                    return Err(format!("{what} must be finite and >= 0, got {x}"));
+                }
+            }
+            text::name("defaults.optimizer", &d.optimizer)?;
+            text::at_most("layouts", v.layouts.len(), $crate::limits::LAYOUTS)?;
+            for (i, l) in v.layouts.iter().enumerate() {
+                validate_layout(l, &v.hyper).map_err(|m| {
+                    format!("layout #{i} ({} {}): {m}", text::escape(&l.gpu, 32), training_precision_name(l.precision))
+                })?;
+            }
+            Ok(())
+        }
+
+        /// Hyperparameters a transformer can be built from: positive sizes under the
+        /// ceilings in [`runner_contract::limits`], heads grouped evenly over kv-heads, MoE
+        /// and MLA settings that agree with each other.
+        ///
+        /// # Errors
+        /// The first broken rule, naming the field and its value.
+        pub fn validate_hyperparameters(h: &Hyperparameters) -> Result<(), String> {
+            use $crate::limits::{EXPERTS, HEADS, LAYERS, VOCAB, WIDTH};
+            let range = |what: &str, v: u32, max: u32| -> Result<(), String> {
+                if v == 0 || v > max {
+                    Err(format!("{what} must be in 1..={max}, got {v}"))
+                } else {
+                    Ok(())
+                }
+            };
+            range("layers", h.layers, LAYERS)?;
+            range("hidden", h.hidden, WIDTH)?;
+            range("heads", h.heads, HEADS)?;
+            range("kv-heads", h.kv_heads, HEADS)?;
+            range("head-dim", h.head_dim, WIDTH)?;
+            range("vocab", h.vocab, VOCAB)?;
+            if !h.heads.is_multiple_of(h.kv_heads) {
+                return Err(format!("heads ({}) must be a multiple of kv-heads ({})", h.heads, h.kv_heads));
+            }
+            if !(h.norm_eps.is_finite() && h.norm_eps > 0.0) {
+                return Err(format!("norm-eps must be finite and > 0, got {}", h.norm_eps));
+            }
+            if h.position == PositionScheme::Rope && !(h.rope_theta.is_finite() && h.rope_theta > 0.0) {
+                return Err(format!("rope-theta must be finite and > 0, got {}", h.rope_theta));
+            }
+            if h.max_position > $crate::limits::SEQ_LEN || h.attention_window > $crate::limits::SEQ_LEN {
+                return Err(format!(
+                    "max-position ({}) and attention-window ({}) must be at most {}",
+                    h.max_position, h.attention_window, $crate::limits::SEQ_LEN
+                ));
+            }
+            if h.mtp_depth > 16 {
+                return Err(format!("mtp-depth must be at most 16, got {}", h.mtp_depth));
+            }
+            if h.attention == AttentionKind::Mla && h.mla.is_none() {
+                return Err("attention is mla but no mla ranks are given".into());
+            }
+            if let Some(m) = &h.mla {
+                for (what, v) in [
+                    ("mla.q-lora-rank", m.q_lora_rank),
+                    ("mla.kv-lora-rank", m.kv_lora_rank),
+                    ("mla.qk-nope-head-dim", m.qk_nope_head_dim),
+                    ("mla.qk-rope-head-dim", m.qk_rope_head_dim),
+                    ("mla.v-head-dim", m.v_head_dim),
+                ] {
+                    if v > WIDTH {
+                        return Err(format!("{what} must be at most {WIDTH}, got {v}"));
+                    }
+                }
+                range("mla.kv-lora-rank", m.kv_lora_rank, WIDTH)?;
+                range("mla.v-head-dim", m.v_head_dim, WIDTH)?;
+            }
+            // Dense MLPs exist unless every layer is MoE.
+            let needs_dense = h.moe.as_ref().is_none_or(|m| m.dense_layers > 0 || m.layer_frequency > 1);
+            if needs_dense {
+                range("ffn", h.ffn, WIDTH)?;
+            } else if h.ffn > WIDTH {
+                return Err(format!("ffn must be at most {WIDTH}, got {}", h.ffn));
+            }
+            if let Some(m) = &h.moe {
+                range("moe.experts", m.experts, EXPERTS)?;
+                range("moe.expert-ffn", m.expert_ffn, WIDTH)?;
+                range("moe.layer-frequency", m.layer_frequency, LAYERS)?;
+                if m.top_k == 0 || m.top_k > m.experts {
+                    return Err(format!("moe.top-k must be in 1..={}, got {}", m.experts, m.top_k));
+                }
+                if m.shared_experts > EXPERTS || m.shared_ffn > WIDTH {
+                    return Err(format!(
+                        "moe.shared-experts ({}) or moe.shared-ffn ({}) is out of range",
+                        m.shared_experts, m.shared_ffn
+                    ));
+                }
+                if m.dense_layers > h.layers {
+                    return Err(format!("moe.dense-layers ({}) exceeds layers ({})", m.dense_layers, h.layers));
+                }
+            }
+            Ok(())
+        }
+
+        /// A published layout the host could run: every parallel size at least 1, the
+        /// model-parallel product dividing both ends of the GPU range, expert parallelism
+        /// only over experts that exist, a global-batch rule that gives a batch.
+        ///
+        /// # Errors
+        /// The first broken rule, naming the sizes involved.
+        pub fn validate_layout(l: &ReferenceLayout, h: &Hyperparameters) -> Result<(), String> {
+            use $crate::text;
+            text::name("gpu", &l.gpu)?;
+            text::free("source", &l.source)?;
+            for (what, v) in [
+                ("tp", l.tp),
+                ("pp", l.pp),
+                ("cp", l.cp),
+                ("vp", l.vp),
+                ("ep", l.ep),
+                ("etp", l.etp),
+                ("mbs", l.mbs),
+                ("gpus-min", l.gpus_min),
+            ] {
+                if v == 0 || v > $crate::limits::GPUS {
+                    return Err(format!("{what} must be in 1..={}, got {v}", $crate::limits::GPUS));
+                }
+            }
+            if l.gpus_min > l.gpus_max || l.gpus_max > $crate::limits::GPUS {
+                return Err(format!("the GPU range {}..={} is empty or too large", l.gpus_min, l.gpus_max));
+            }
+            // Products of u32 sizes in u64 cannot overflow for three factors.
+            let model_parallel = u64::from(l.tp) * u64::from(l.pp) * u64::from(l.cp);
+            let expert_parallel = u64::from(l.ep) * u64::from(l.etp) * u64::from(l.pp);
+            for gpus in [l.gpus_min, l.gpus_max] {
+                let gpus = u64::from(gpus);
+                if !gpus.is_multiple_of(model_parallel) {
+                    return Err(format!(
+                        "tp x pp x cp = {} x {} x {} = {model_parallel} does not divide {gpus} GPUs",
+                        l.tp, l.pp, l.cp
+                    ));
+                }
+                if !gpus.is_multiple_of(expert_parallel) {
+                    return Err(format!(
+                        "ep x etp x pp = {} x {} x {} = {expert_parallel} does not divide {gpus} GPUs",
+                        l.ep, l.etp, l.pp
+                    ));
+                }
+                if l.fsdp > 0 && !gpus.is_multiple_of(u64::from(l.fsdp)) {
+                    return Err(format!("the FSDP group of {} does not divide {gpus} GPUs", l.fsdp));
+                }
+            }
+            if l.vp > 1 && l.pp == 1 {
+                return Err(format!("vp {} needs pipeline stages (pp is 1)", l.vp));
+            }
+            if !h.heads.is_multiple_of(l.tp) {
+                return Err(format!("tp {} does not divide the {} attention heads", l.tp, h.heads));
+            }
+            match &h.moe {
+                Some(m) if !m.experts.is_multiple_of(l.ep) => {
+                    return Err(format!("ep {} does not divide the {} experts", l.ep, m.experts));
+                }
+                None if l.ep > 1 || l.etp > 1 => {
+                    return Err(format!("ep {} / etp {} on a model without experts", l.ep, l.etp));
+                }
+                _ => {}
+            }
+            if l.seq_len > $crate::limits::SEQ_LEN || l.recompute_layers > h.layers {
+                return Err(format!(
+                    "seq-len {} or recompute-layers {} is out of range",
+                    l.seq_len, l.recompute_layers
+                ));
+            }
+            if !(l.gbs_per_gpu.is_finite() && (0.0..=1e6).contains(&l.gbs_per_gpu))
+                || (l.gbs_per_gpu == 0.0 && l.gbs_fixed == 0)
+            {
+                return Err(format!(
+                    "the global batch rule gives no batch (gbs-per-gpu {}, gbs-fixed {})",
+                    l.gbs_per_gpu, l.gbs_fixed
+                ));
+            }
+            if let Some(m) = &l.measured {
+                text::free("measured.source", &m.source)?;
+                for (what, x) in [
+                    ("measured.step-time-s", m.step_time_s),
+                    ("measured.tokens-per-s-per-gpu", m.tokens_per_s_per_gpu),
+                    ("measured.model-tflops-per-gpu", m.model_tflops_per_gpu),
+                ] {
+                    if !(x.is_finite() && x >= 0.0) {
+                        return Err(format!("{what} must be finite and >= 0, got {x}"));
+                    }
+                }
+                if m.gpus == 0 || m.gpus > $crate::limits::GPUS {
+                    return Err(format!("measured.gpus must be in 1..={}, got {}", $crate::limits::GPUS, m.gpus));
+                }
+            }
+            Ok(())
+        }
+
+        /// The typed precision of a layout from the name a recipe gives it (`BF16`, `FP8`,
+        /// `FP8-CS`, `mxfp8`, ...), case-insensitive; `None` for an unknown name.
+        pub fn training_precision(name: &str) -> Option<TrainingPrecision> {
+            let n = name.trim().to_ascii_lowercase().replace('_', "-");
+            Some(match n.as_str() {
+                "bf16" => TrainingPrecision::Bf16,
+                "fp16" => TrainingPrecision::Fp16,
+                "fp8" => TrainingPrecision::Fp8,
+                "fp8-delayed" | "fp8-ds" => TrainingPrecision::Fp8Delayed,
+                "fp8-current" | "fp8-cs" => TrainingPrecision::Fp8Current,
+                "fp8-blockwise" | "fp8-block" | "fp8-bs" => TrainingPrecision::Fp8Blockwise,
+                "mxfp8" | "fp8-mx" => TrainingPrecision::Mxfp8,
+                "nvfp4" => TrainingPrecision::Nvfp4,
+                _ => return None,
+            })
+        }
+
+        /// How reports print a layout's precision.
+        pub fn training_precision_name(p: TrainingPrecision) -> &'static str {
+            match p {
+                TrainingPrecision::Bf16 => "BF16",
+                TrainingPrecision::Fp16 => "FP16",
+                TrainingPrecision::Fp8 => "FP8",
+                TrainingPrecision::Fp8Delayed => "FP8-DS",
+                TrainingPrecision::Fp8Current => "FP8-CS",
+                TrainingPrecision::Fp8Blockwise => "FP8-BS",
+                TrainingPrecision::Mxfp8 => "MXFP8",
+                TrainingPrecision::Nvfp4 => "NVFP4",
+            }
+        }
+    };
+}

@@ -1,0 +1,142 @@
+//! The wasmtime engine every plugin shares: configuration, the epoch ticker that enforces
+//! call deadlines, the one linker (WASI as sandboxed, and the log import of every contract
+//! version), and compilation through the verified on-disk cache (`cache.rs`).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine};
+
+use crate::bindings::{v1, v2};
+use crate::cache::{Cache, CacheOutcome};
+use crate::sandbox::HostState;
+
+/// How often the epoch advances. Deadlines are whole ticks, so this is their resolution.
+pub const TICK: Duration = Duration::from_millis(5);
+
+/// The process-wide engine. Created once; its ticker thread lives as long as the process.
+pub fn engine() -> &'static Engine {
+    static ENGINE: OnceLock<Engine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let mut config = Config::new();
+        config.epoch_interruption(true);
+        config.wasm_component_model(true);
+        let engine = Engine::new(&config).expect("the fixed wasmtime configuration is valid");
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("runner-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(TICK);
+                }
+            })
+            .expect("spawning the epoch ticker thread");
+        engine
+    })
+}
+
+/// The one linker every plugin is pre-instantiated against, built once: WASI p2 as the
+/// sandbox configures it per store, and the log import of contracts 0.1 and 0.2.
+pub fn linker() -> &'static Linker<HostState> {
+    static LINKER: OnceLock<Linker<HostState>> = OnceLock::new();
+    LINKER.get_or_init(|| {
+        let build = || -> wasmtime::Result<Linker<HostState>> {
+            let mut linker = Linker::new(engine());
+            wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+            v2::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+            v2::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(
+                &mut linker,
+                |s| s,
+            )?;
+            v1::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
+            v1::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(
+                &mut linker,
+                |s| s,
+            )?;
+            Ok(linker)
+        };
+        build().expect("the host's imports link (fixed at build time)")
+    })
+}
+
+/// Hex sha256 of a component's bytes.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    let digest = Sha256::digest(bytes);
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// wasmtime's compatibility hash of this engine, as it appears in cache entry names.
+fn engine_key(engine: &Engine) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    engine.precompile_compatibility_hash().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+/// The default cache, opened (and its directory checked) once per process.
+fn default_cache() -> Result<&'static Cache, String> {
+    static CACHE: OnceLock<Result<Cache, String>> = OnceLock::new();
+    CACHE
+        .get_or_init(|| {
+            let dir = crate::cache::default_dir()
+                .ok_or("no cache directory (neither RUNNER_CACHE_DIR nor HOME is set)")?;
+            Cache::open(&dir)
+                .inspect_err(|e| tracing::warn!("compiled plugins are not cached: {e}"))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// Compile `bytes` (whose sha256 is `sha`) through the default cache.
+pub fn compile(bytes: &[u8], sha: &str) -> Result<(Component, CacheOutcome), String> {
+    match default_cache() {
+        Ok(cache) => compile_with(bytes, sha, cache),
+        Err(reason) => Component::new(engine(), bytes)
+            .map(|c| (c, CacheOutcome::Disabled(reason)))
+            .map_err(|e| format!("{e:#}")),
+    }
+}
+
+/// Compile `bytes` through `cache`: a verified entry is deserialised, anything else is
+/// compiled and (re)written.
+pub fn compile_with(
+    bytes: &[u8],
+    sha: &str,
+    cache: &Cache,
+) -> Result<(Component, CacheOutcome), String> {
+    let engine = engine();
+    let key = engine_key(engine);
+    let mut outcome = CacheOutcome::Miss;
+    match cache.get(sha, &key) {
+        Ok(Some(compiled)) => {
+            // SAFETY: the HMAC under this user's private key proves these bytes are what
+            // `precompile_component` of an engine with this compatibility hash produced
+            // from the wasm whose hash is `sha`, written by this user's runner; they are
+            // the bytes that were verified (read once, not re-read from the file).
+            match unsafe { Component::deserialize(engine, &compiled) } {
+                Ok(c) => return Ok((c, CacheOutcome::Hit)),
+                Err(e) => tracing::debug!("ignoring an unusable cache entry for {sha}: {e:#}"),
+            }
+        }
+        Ok(None) => {}
+        Err(()) => {
+            tracing::warn!(
+                "the cached compilation of plugin {sha} failed verification (edited, swapped or written by \
+                 someone else); recompiling it"
+            );
+            outcome = CacheOutcome::Rejected;
+        }
+    }
+    let compiled = engine
+        .precompile_component(bytes)
+        .map_err(|e| format!("{e:#}"))?;
+    cache.put(sha, &key, &compiled);
+    // SAFETY: `compiled` was produced just now by this engine's `precompile_component`.
+    let component =
+        unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("{e:#}"))?;
+    Ok((component, outcome))
+}

@@ -1,0 +1,190 @@
+//! Precision-policy plugins seen from the host: a validated plan per GEMM site (runnable
+//! on the device it is asked for), and validated actions for each step.
+
+use crate::bindings::v2::precision::exports::runner::plugin::precision_policy as wit;
+use crate::bindings::{v1, v2};
+use crate::sandbox::{Limits, Sandboxed};
+use crate::{Failure, Kind, Plugin, PluginError, PluginInfo, Pre, adapt};
+
+pub use crate::bindings::v2::Dtype;
+pub use wit::{
+    Action, AmaxReduction, BlockShape, DeviceCapabilities, Fallback, FallbackScope, GemmRole,
+    GemmSite, GlobalFallback, LayerMetrics, Operand, OperandMetrics, OperandPlan, PlanRequest,
+    PlanResponse, RecipeChange, Repromotion, Rollback, ScaleFormat, ScaleRounding, ScalingRecipe,
+    SiteMetrics, SitePlan, SiteSelector, StepMetrics, StepResponse, ValueRounding,
+};
+
+/// The contract's rules for plans and actions (`runner_contract`), expanded over the
+/// host's 0.2 bindings: the same code the SDK runs.
+mod rules {
+    use super::Dtype;
+    use super::wit::*;
+    runner_contract::precision_rules!();
+}
+pub use rules::{dtype_name, is_low_precision, validate_operand, validate_plan, validate_step};
+
+enum Instance {
+    V2(Sandboxed<v2::precision::PrecisionPlugin>),
+    V1(Sandboxed<v1::precision::PrecisionPlugin>),
+}
+
+/// A live, sandboxed precision-policy plugin.
+pub struct PrecisionPolicy {
+    pub info: PluginInfo,
+    instance: Instance,
+}
+
+impl Plugin {
+    /// Instantiate as a precision-policy plugin.
+    pub fn precision(&self, limits: Limits) -> Result<PrecisionPolicy, PluginError> {
+        self.expect_kind(Kind::Precision)?;
+        let name = &self.info.name;
+        let instance = match &self.pre {
+            Pre::PrecisionV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits)),
+            Pre::PrecisionV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
+            _ => unreachable!("the kind was checked against the pre-instantiation"),
+        };
+        Ok(PrecisionPolicy {
+            info: self.info.clone(),
+            instance,
+        })
+    }
+}
+
+impl PrecisionPolicy {
+    /// The policy's name and one-line description (escaped: it is printed).
+    pub fn name(&mut self) -> Result<String, PluginError> {
+        let name = match &mut self.instance {
+            Instance::V2(s) => s.call("name", |s, p| {
+                p.runner_plugin_precision_policy().call_name(s)
+            })?,
+            Instance::V1(s) => s.call("name", |s, p| {
+                p.runner_plugin_precision_policy().call_name(s)
+            })?,
+        };
+        runner_contract::text::free("the policy name", &name)
+            .map_err(|m| PluginError::new(&self.info.name, "name", Failure::Invalid(m)))?;
+        Ok(name)
+    }
+
+    pub fn plan(&mut self, request: &PlanRequest) -> Result<PlanResponse, PluginError> {
+        let r = match &mut self.instance {
+            Instance::V2(s) => s.call("plan", |s, p| {
+                p.runner_plugin_precision_policy().call_plan(s, request)
+            })?,
+            Instance::V1(s) => {
+                let old = adapt::plan_request(request);
+                s.call("plan", |s, p| {
+                    p.runner_plugin_precision_policy().call_plan(s, &old)
+                })?
+                .map(adapt::plan_response)
+            }
+        };
+        let r = r.map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Refused(m)))?;
+        validate_plan(request, &r)
+            .map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Invalid(m)))?;
+        Ok(r)
+    }
+
+    pub fn on_step(&mut self, metrics: &StepMetrics) -> Result<StepResponse, PluginError> {
+        let r = match &mut self.instance {
+            Instance::V2(s) => s.call("on-step", |s, p| {
+                p.runner_plugin_precision_policy().call_on_step(s, metrics)
+            })?,
+            Instance::V1(s) => {
+                let old = adapt::step_metrics(metrics);
+                s.call("on-step", |s, p| {
+                    p.runner_plugin_precision_policy().call_on_step(s, &old)
+                })?
+                .map(adapt::step_response)
+            }
+        };
+        let r = r.map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Refused(m)))?;
+        validate_step(&r)
+            .map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Invalid(m)))?;
+        Ok(r)
+    }
+}
+
+/// A healthy training step (loss 2.5, gradient norm 1, all finite, no per-site numerics)
+/// under `plan`, to see how a policy answers (`plugins validate`, tests).
+pub fn healthy_step(step: u64, plan: Vec<SitePlan>, state: Vec<u8>) -> StepMetrics {
+    StepMetrics {
+        step,
+        tokens: step * 4096,
+        loss: 2.5,
+        grad_norm: 1.0,
+        learning_rate: 1e-4,
+        loss_finite: true,
+        grads_finite: true,
+        layers: Vec::new(),
+        sites: Vec::new(),
+        plan,
+        state,
+    }
+}
+
+/// What a device offers a plan: its name, compute capability, and the formats its tensor
+/// cores run (Ampere: BF16/FP16; Ada and Hopper: FP8 too; Blackwell: MXFP8 and NVFP4 too).
+/// `cpu` runs FP32 and emulates every other format; a GPU this table does not know is
+/// offered the high-precision formats only.
+pub fn device_capabilities(name: &str) -> DeviceCapabilities {
+    use Dtype::*;
+    let high = [Fp32, Bf16, Fp16];
+    let upper = name.to_ascii_uppercase();
+    let (cc, native, emulated): (u32, Vec<Dtype>, Vec<Dtype>) = match upper.as_str() {
+        "CPU" => (
+            0,
+            vec![Fp32],
+            vec![Bf16, Fp16, Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4],
+        ),
+        "H100" | "H200" | "H800" | "H20" | "GH200" => (
+            90,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(),
+            Vec::new(),
+        ),
+        "B200" | "B300" | "GB200" | "GB300" => (
+            100,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat(),
+            Vec::new(),
+        ),
+        "L40S" | "L4" => (
+            89,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(),
+            Vec::new(),
+        ),
+        a if a.starts_with("A100") || a.starts_with("A10") => (80, high.to_vec(), Vec::new()),
+        _ => (0, high.to_vec(), Vec::new()),
+    };
+    DeviceCapabilities {
+        name: name.to_string(),
+        compute_capability: cc,
+        native_formats: native,
+        emulated_formats: emulated,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices_offer_what_their_tensor_cores_run() {
+        let has = |gpu: &str, d: Dtype| {
+            let c = device_capabilities(gpu);
+            c.native_formats.contains(&d) || c.emulated_formats.contains(&d)
+        };
+        assert!(
+            has("H100", Dtype::Fp8E4m3) && !has("H100", Dtype::Nvfp4) && !has("H100", Dtype::Mxfp8)
+        );
+        assert!(has("GB200", Dtype::Nvfp4) && has("B200", Dtype::Mxfp8));
+        assert!(!has("A100-80GB", Dtype::Fp8E4m3) && has("A100-40GB", Dtype::Bf16));
+        assert!(
+            has("cpu", Dtype::Nvfp4) && device_capabilities("cpu").native_formats == [Dtype::Fp32]
+        );
+        assert!(
+            !has("X9000", Dtype::Fp8E4m3),
+            "an unknown GPU is not assumed to emulate"
+        );
+    }
+}

@@ -1,0 +1,330 @@
+//! The sandbox every plugin instance runs in: no preopened directories, no environment,
+//! no arguments, no sockets, stdin closed, stdout/stderr captured (panic messages land
+//! there), a memory cap enforced by a limiter whose refusal is a typed error, a deadline
+//! on every call, and both WASI random generators seeded with fixed values, so a plugin
+//! stays a pure function of its inputs and every rank (and every replay) decides alike.
+//!
+//! A trapped instance is discarded and re-created on the next call; so is one whose memory
+//! has grown past half its cap (a plugin that leaks across calls never reaches the cap).
+
+use rand::SeedableRng as _;
+use serde::{Deserialize, Serialize};
+use wasmtime::component::ResourceTable;
+use wasmtime::{ResourceLimiter, Store, Trap};
+use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+
+use crate::bindings::{v1, v2};
+use crate::engine::{TICK, engine};
+use crate::error::{Failure, PluginError};
+
+/// Resource limits for plugin instances (the run file's `[limits]` table).
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Linear-memory cap per instance, MiB.
+    pub memory_mib: u64,
+    /// Wall-clock deadline per call, milliseconds.
+    pub call_timeout_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            memory_mib: 256,
+            call_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Log lines kept per call, and their length; a plugin that logs in a loop must not
+/// exhaust the host or flood the terminal.
+const MAX_LOG_LINES: usize = 1000;
+const MAX_LOG_LINE: usize = 4096;
+/// Captured stdout+stderr per instance.
+const PIPE_CAPACITY: usize = 64 * 1024;
+/// Largest single draw from WASI random (wasmtime's default is 64 MiB).
+const MAX_RANDOM_BYTES: u64 = 1 << 20;
+/// The seeds of the two generators and of `insecure-seed` ("runner" in ASCII, varied).
+const SECURE_SEED: u64 = 0x7275_6e6e_6572_0001;
+const INSECURE_SEED: u64 = 0x7275_6e6e_6572_0002;
+const INSECURE_SEED_VALUE: u128 = 0x7275_6e6e_6572_0003;
+
+/// What the limiter raises when a plugin asks for more linear memory than its cap: the
+/// sandbox recognises a memory-cap failure by this type, not by an error message.
+#[derive(Debug)]
+pub struct MemoryCapExceeded {
+    pub requested: usize,
+    pub cap: usize,
+}
+
+impl std::fmt::Display for MemoryCapExceeded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "memory growth to {} bytes refused (cap {} bytes)",
+            self.requested, self.cap
+        )
+    }
+}
+
+impl std::error::Error for MemoryCapExceeded {}
+
+/// The store's resource limiter: the memory cap, and small fixed limits on tables,
+/// instances and memories.
+struct Limiter {
+    memory_cap: usize,
+    /// The largest linear memory this instance has grown to, bytes.
+    memory: usize,
+    /// Set when the cap refused a growth (the trap that follows is this one's).
+    hit: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_cap {
+            self.hit = true;
+            return Err(wasmtime::Error::new(MemoryCapExceeded {
+                requested: desired,
+                cap: self.memory_cap,
+            }));
+        }
+        self.memory = self.memory.max(desired);
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        Ok(desired <= 1 << 20)
+    }
+
+    fn instances(&self) -> usize {
+        16
+    }
+    fn tables(&self) -> usize {
+        16
+    }
+    fn memories(&self) -> usize {
+        8
+    }
+}
+
+/// Store data of one plugin instance.
+pub struct HostState {
+    plugin: String,
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: Limiter,
+    output: MemoryOutputPipe,
+    logged: usize,
+}
+
+impl WasiView for HostState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl HostState {
+    /// A log line from the plugin, escaped (no terminal sequences, no forged lines), cut to
+    /// length, and counted against the per-call budget.
+    fn log(&mut self, level: tracing::Level, message: &str) {
+        self.logged += 1;
+        if self.logged > MAX_LOG_LINES {
+            return;
+        }
+        let message = runner_contract::text::escape(message, MAX_LOG_LINE);
+        let plugin = &self.plugin;
+        match level {
+            tracing::Level::TRACE => tracing::trace!(target: "plugin", "[{plugin}] {message}"),
+            tracing::Level::DEBUG => tracing::debug!(target: "plugin", "[{plugin}] {message}"),
+            tracing::Level::INFO => tracing::info!(target: "plugin", "[{plugin}] {message}"),
+            tracing::Level::WARN => tracing::warn!(target: "plugin", "[{plugin}] {message}"),
+            tracing::Level::ERROR => tracing::error!(target: "plugin", "[{plugin}] {message}"),
+        }
+    }
+}
+
+/// The log import of each contract version: the same function, the version's own types.
+macro_rules! log_import {
+    ($($version:ident),*) => {
+        $(impl $version::workload::runner::plugin::log::Host for HostState {
+            fn log(&mut self, level: $version::LogLevel, message: String) {
+                use $version::LogLevel as L;
+                let level = match level {
+                    L::Trace => tracing::Level::TRACE,
+                    L::Debug => tracing::Level::DEBUG,
+                    L::Info => tracing::Level::INFO,
+                    L::Warn => tracing::Level::WARN,
+                    L::Error => tracing::Level::ERROR,
+                };
+                HostState::log(self, level, &message);
+            }
+        })*
+    };
+}
+
+log_import!(v1, v2);
+
+impl v2::workload::runner::plugin::types::Host for HostState {}
+impl v1::workload::runner::plugin::types::Host for HostState {}
+
+fn new_store(plugin: &str, limits: Limits) -> Store<HostState> {
+    let output = MemoryOutputPipe::new(PIPE_CAPACITY);
+    let wasi = WasiCtx::builder()
+        .stdout(output.clone())
+        .stderr(output.clone())
+        .allow_tcp(false)
+        .allow_udp(false)
+        .allow_ip_name_lookup(false)
+        .secure_random(rand::rngs::StdRng::seed_from_u64(SECURE_SEED))
+        .insecure_random(rand::rngs::StdRng::seed_from_u64(INSECURE_SEED))
+        .insecure_random_seed(INSECURE_SEED_VALUE)
+        .max_random_size(MAX_RANDOM_BYTES)
+        .build();
+    let state = HostState {
+        plugin: plugin.to_string(),
+        wasi,
+        table: ResourceTable::new(),
+        limiter: Limiter {
+            memory_cap: usize::try_from(limits.memory_mib.saturating_mul(1 << 20))
+                .unwrap_or(usize::MAX),
+            memory: 0,
+            hit: false,
+        },
+        output,
+        logged: 0,
+    };
+    let mut store = Store::new(engine(), state);
+    store.limiter(|s| &mut s.limiter);
+    store
+}
+
+/// Generated bindings that can be instantiated from a pre-instantiation (built once per
+/// plugin at load).
+pub trait World: Sized {
+    type Pre: Clone;
+    fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self>;
+}
+
+macro_rules! world {
+    ($($world:ty => $pre:ty),* $(,)?) => {
+        $(impl World for $world {
+            type Pre = $pre;
+            fn instantiate(pre: &Self::Pre, store: &mut Store<HostState>) -> wasmtime::Result<Self> {
+                pre.instantiate(store)
+            }
+        })*
+    };
+}
+
+world! {
+    v2::workload::WorkloadPlugin => v2::workload::WorkloadPluginPre<HostState>,
+    v2::precision::PrecisionPlugin => v2::precision::PrecisionPluginPre<HostState>,
+    v2::cost::CostPlugin => v2::cost::CostPluginPre<HostState>,
+    v1::workload::WorkloadPlugin => v1::workload::WorkloadPluginPre<HostState>,
+    v1::precision::PrecisionPlugin => v1::precision::PrecisionPluginPre<HostState>,
+    v1::cost::CostPlugin => v1::cost::CostPluginPre<HostState>,
+}
+
+/// One sandboxed plugin instance, re-created after a trap or when it has grown too big.
+pub struct Sandboxed<W: World> {
+    name: String,
+    limits: Limits,
+    pre: W::Pre,
+    live: Option<(Store<HostState>, W)>,
+}
+
+impl<W: World> Sandboxed<W> {
+    pub fn new(name: &str, pre: W::Pre, limits: Limits) -> Sandboxed<W> {
+        Sandboxed {
+            name: name.to_string(),
+            limits,
+            pre,
+            live: None,
+        }
+    }
+
+    /// Run `f` against a live instance under the call deadline. Any trap discards the
+    /// instance and comes back as a classified [`PluginError`].
+    pub fn call<R>(
+        &mut self,
+        call: &str,
+        f: impl FnOnce(&mut Store<HostState>, &W) -> wasmtime::Result<R>,
+    ) -> Result<R, PluginError> {
+        if self.live.is_none() {
+            let mut store = new_store(&self.name, self.limits);
+            store.set_epoch_deadline(u64::MAX / 2);
+            let instance = W::instantiate(&self.pre, &mut store)
+                .map_err(|e| self.classify(call, e, &store))?;
+            self.live = Some((store, instance));
+        }
+        let (store, instance) = self.live.as_mut().expect("instance is live");
+        let ticks = self
+            .limits
+            .call_timeout_ms
+            .div_ceil(TICK.as_millis() as u64)
+            .max(1)
+            + 1;
+        store.set_epoch_deadline(ticks);
+        store.data_mut().logged = 0;
+        match f(store, instance) {
+            Ok(r) => {
+                // A plugin is a pure function: an instance whose memory has grown past half
+                // its cap (a slow leak) is replaced before it can fail a later call.
+                let state = store.data();
+                if state.limiter.memory > state.limiter.memory_cap / 2 {
+                    tracing::debug!(
+                        "[{}] recycling an instance grown to {} bytes",
+                        self.name,
+                        state.limiter.memory
+                    );
+                    self.live = None;
+                }
+                Ok(r)
+            }
+            Err(e) => {
+                let (store, _) = self.live.take().expect("instance is live");
+                Err(self.classify(call, e, &store))
+            }
+        }
+    }
+
+    fn classify(&self, call: &str, e: wasmtime::Error, store: &Store<HostState>) -> PluginError {
+        let state = store.data();
+        let output =
+            runner_contract::text::escape(&String::from_utf8_lossy(&state.output.contents()), 4096);
+        let failure = if state.limiter.hit || e.downcast_ref::<MemoryCapExceeded>().is_some() {
+            Failure::OutOfMemory {
+                limit_mib: self.limits.memory_mib,
+            }
+        } else {
+            match e.downcast_ref::<Trap>() {
+                Some(Trap::Interrupt | Trap::OutOfFuel) => Failure::Timeout {
+                    limit_ms: self.limits.call_timeout_ms,
+                },
+                Some(trap) => Failure::Trap {
+                    message: trap.to_string(),
+                    stderr: output,
+                },
+                None => Failure::Trap {
+                    message: runner_contract::text::escape(&format!("{e:#}"), 4096),
+                    stderr: output,
+                },
+            }
+        };
+        PluginError::new(&self.name, call, failure)
+    }
+}

@@ -1,0 +1,302 @@
+//! Plugins that misbehave inside otherwise valid calls (tests/programs/hostile-*,
+//! nonsense-*, misbehave-cost): each class is refused or contained with a message naming
+//! the plugin, the call and the field; nothing from a plugin reaches the terminal raw; a
+//! plugin is checked on every call, and one that leaks memory across calls keeps working.
+
+use std::time::{Duration, Instant};
+
+use runner::plugin::cost::{CostModel, QuoteRequest};
+use runner::plugin::precision::{
+    GemmRole, GemmSite, PlanRequest, device_capabilities, healthy_step,
+};
+use runner::plugin::workload::GraphRequest;
+use runner::plugin::{self, Failure, Limits, PluginError};
+use runner::{runfile, session};
+
+use crate::util::{on_demand, program};
+
+fn cost(file: &str, limits: Limits) -> CostModel {
+    plugin::load(&program(file)).unwrap().cost(limits).unwrap()
+}
+
+fn request(instance: &str) -> QuoteRequest {
+    on_demand(instance, "r")
+}
+
+/// The message names the plugin and the call, says `expect`, and is safe to print.
+fn refused(err: &PluginError, call: &str, expect: &str) {
+    let msg = err.to_string();
+    assert_eq!(err.call, call, "{msg}");
+    assert!(
+        msg.contains(&err.plugin) && msg.contains(expect),
+        "expected '{expect}' in: {msg}"
+    );
+    assert!(
+        !msg.chars().any(|c| c.is_control() && c != '\n'),
+        "raw control characters in: {msg:?}"
+    );
+}
+
+#[test]
+fn overflowing_astronomical_and_oversized_graphs_are_refused_before_allocation() {
+    let mut w = plugin::load(&program("hostile_shapes.wasm"))
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
+    w.describe().unwrap();
+    for (variant, expect) in [
+        ("overflow", "more than 2^50 elements"),
+        ("huge-tensor", "more than 2^50 elements"),
+        ("huge-total", "more than 2^56 elements together"),
+        ("rank", "1000 axes (at most 8)"),
+        ("many-inputs", "100000 inputs (at most 16)"),
+        ("many-tensors", "1100007 tensors (at most 1048576)"),
+        ("long-name", "4194304 bytes long"),
+        ("escape-name", "\\u{1b}[2J"),
+    ] {
+        let start = Instant::now();
+        let err = w
+            .graph(&GraphRequest::training(variant, 4, 1, 0))
+            .unwrap_err();
+        assert!(
+            matches!(err.failure, Failure::Invalid(_)),
+            "{variant}: {err}"
+        );
+        refused(&err, "graph", expect);
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{variant} took {:?}",
+            start.elapsed()
+        );
+    }
+}
+
+#[test]
+fn a_graph_too_big_to_run_is_not_measured_but_the_run_goes_on() {
+    let text = format!(
+        "[model]\nplugin = {:?}\nvariant = \"budget\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [\"aws\"]\n",
+        program("hostile_shapes.wasm")
+    );
+    let outcome = session::run(&runfile::parse(&text, "budget").unwrap(), &|_| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(outcome.measurement.is_none());
+    assert!(
+        outcome
+            .notes
+            .iter()
+            .any(|n| n.starts_with("not measured") && n.contains("more than the 8 GiB")),
+        "{:#?}",
+        outcome.notes
+    );
+}
+
+#[test]
+fn terminal_escapes_forged_lines_and_megabytes_never_reach_the_terminal_raw() {
+    let mut c = cost("hostile_strings.wasm", Limits::default());
+    c.provider().unwrap();
+    let err = c.provider().unwrap_err();
+    refused(&err, "provider", "control character U+001B");
+    c.offerings().unwrap();
+    let err = c.offerings().unwrap_err();
+    refused(&err, "offerings", "instance 'x\\nGPUs");
+    let err = c.quote(&request("escape")).unwrap_err();
+    refused(
+        &err,
+        "quote",
+        "\\u{1b}[31mred alert\\u{1b}[0m\\nnote: forged line",
+    );
+    let err = c.quote(&request("megabytes")).unwrap_err();
+    refused(&err, "quote", "more bytes]");
+    assert!(
+        err.to_string().len() < 8 << 10,
+        "{} bytes",
+        err.to_string().len()
+    );
+    // 5,000 escaped log lines: cut to the per-call budget, escaped, and the call succeeds.
+    assert!(c.quote(&request("log")).is_ok());
+    let err = c.quote(&request("stderr")).unwrap_err();
+    refused(&err, "quote", "cleared your screen");
+    assert!(err.to_string().contains("\\u{1b}[2J"), "{err}");
+}
+
+#[test]
+fn non_finite_zero_negative_and_below_list_money_is_refused() {
+    let mut c = cost("hostile_money.wasm", Limits::default());
+    c.offerings().unwrap();
+    for (instance, expect) in [
+        ("nan", "not a price above zero"),
+        ("inf", "amounts are finite"),
+        ("zero", "not a price above zero"),
+        ("negative", "negative only on discount lines"),
+        (
+            "below-list",
+            "below the list price of what was asked for (60.00 USD",
+        ),
+        ("lowercase", "not an ISO 4217 code"),
+    ] {
+        let err = c.quote(&request(instance)).unwrap_err();
+        assert!(
+            matches!(err.failure, Failure::Invalid(_)),
+            "{instance}: {err}"
+        );
+        refused(&err, "quote", expect);
+    }
+    assert_eq!(c.quote(&request("euro")).unwrap().currency, "EUR");
+    // The price list itself, checked again on every call.
+    for expect in [
+        "the price is zero",
+        "must be finite, >= 0",
+        "must be finite, >= 0",
+    ] {
+        refused(&c.offerings().unwrap_err(), "offerings", expect);
+    }
+}
+
+#[test]
+fn a_cloud_whose_quotes_all_fail_is_reported_failed_not_as_not_selling() {
+    let text = format!(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [{:?}]\n[measure]\nrepeats = 1\n",
+        program("hostile_money.wasm")
+    );
+    let outcome = session::run(&runfile::parse(&text, "money").unwrap(), &|_| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let price = &outcome.rows[0].costs[0];
+    assert!(
+        matches!(price, session::CloudPrice::QuoteFailed { reason } if reason.contains("hostile_money.wasm")),
+        "{price:?}"
+    );
+    let table = runner::report::outcome_table(&outcome).render();
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("8 ") && l.ends_with("failed")),
+        "{table}"
+    );
+    let skipped = outcome
+        .notes
+        .iter()
+        .filter(|n| n.starts_with("skipped a quote"))
+        .count();
+    assert!((1..=20).contains(&skipped), "{skipped} notes");
+}
+
+#[test]
+fn nonsense_layouts_and_hyperparameters_are_refused_on_every_call() {
+    let mut w = plugin::load(&program("nonsense_workload.wasm"))
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap();
+    for expect in [
+        "tp x pp x cp = 3 x 1 x 1 = 3 does not divide 8 GPUs",
+        "on a model without experts",
+        "heads (32) must be a multiple of kv-heads (5)",
+        "layers must be in 1..=10000, got 4000000000",
+        "moe.top-k must be in 1..=8, got 9",
+        "vp 2 needs pipeline stages",
+        "defaults.tokens must be finite",
+    ] {
+        refused(&w.describe().unwrap_err(), "describe", expect);
+    }
+    assert!(w.describe().is_ok(), "the eighth answer is sound");
+}
+
+#[test]
+fn nonsense_price_lists_are_refused_on_every_call() {
+    let mut c = cost("nonsense_cost.wasm", Limits::default());
+    for expect in [
+        "a scale-up domain of 0 GPUs",
+        "a scale-up domain of 7 GPUs does not fit nodes of 8",
+        "billing-increment-s must be at least 1",
+        "is priced twice",
+        "an upfront payment on an option that has none",
+        "'2026-13-45' is not an ISO date",
+        "7000 offerings (at most 4096)",
+    ] {
+        refused(&c.offerings().unwrap_err(), "offerings", expect);
+    }
+    assert_eq!(c.offerings().unwrap().len(), 1);
+}
+
+#[test]
+fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
+    let mut p = plugin::load(&program("nonsense_precision.wasm"))
+        .unwrap()
+        .precision(Limits::default())
+        .unwrap();
+    let sites = vec![GemmSite {
+        layer: 0,
+        name: "layers.0.mlp.up".into(),
+        role: GemmRole::Forward,
+        m: 256,
+        n: 256,
+        k: 256,
+    }];
+    let request = PlanRequest {
+        model: "m".into(),
+        layers: 1,
+        device: device_capabilities("H100"),
+        sites,
+        state: Vec::new(),
+    };
+    for expect in [
+        "weight: int32 is not a GEMM operand format",
+        "mxfp8 uses 1x32 blocks with e8m0 scales, got 1x128",
+        "nvfp4 uses 1x16 (or 16x16 weight) blocks with e4m3 scales under an fp32 tensor scale",
+        "both operands use 2-D blocks",
+        "e8m0 scales are powers of two",
+        "nvfp4 is neither native nor emulated on H100 (compute capability 90)",
+        "1 sites were asked for but 0 plans came back",
+    ] {
+        refused(&p.plan(&request).unwrap_err(), "plan", expect);
+    }
+    let plan = p.plan(&request).unwrap();
+    let metrics = healthy_step(1, plan.sites, Vec::new());
+    for expect in [
+        "rollback of 0 steps",
+        "re-promotion to bf16, which is not a low-precision format",
+        "int32 is not a format to run GEMMs in",
+        "100000 actions in one step (at most 1024)",
+    ] {
+        refused(&p.on_step(&metrics).unwrap_err(), "on-step", expect);
+    }
+    assert!(p.on_step(&metrics).unwrap().actions.is_empty());
+}
+
+#[test]
+fn a_plugin_that_misbehaves_only_later_is_caught_on_that_call() {
+    let mut c = cost("misbehave_cost.wasm", Limits::default());
+    c.offerings().unwrap();
+    let later = QuoteRequest {
+        region: "test-1".into(),
+        ..request("later")
+    };
+    for _ in 0..3 {
+        assert!(c.quote(&later).is_ok());
+    }
+    refused(
+        &c.quote(&later).unwrap_err(),
+        "quote",
+        "not a price above zero",
+    );
+}
+
+#[test]
+fn a_plugin_that_leaks_across_calls_is_recycled_before_it_hits_the_cap() {
+    // 8 MiB leaked per call under a 64 MiB cap: without recycling the eighth call fails.
+    let mut c = cost(
+        "misbehave_cost.wasm",
+        Limits {
+            memory_mib: 64,
+            ..Limits::default()
+        },
+    );
+    c.offerings().unwrap();
+    let leak = QuoteRequest {
+        region: "test-1".into(),
+        ..request("leak")
+    };
+    for call in 0..40 {
+        c.quote(&leak)
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+    }
+}
