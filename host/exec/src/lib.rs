@@ -7,14 +7,17 @@
 //!
 //! # Brief overview
 //!
-//! - [`Device`] ([`device`]): one backend trait (buffers, one forward op, one backward
-//!   step, optimizer, synchronize), in candle's split: [`cpu::Cpu`] implements it with
-//!   `runner-kernels`; [`cuda`] is a stub that says the binary was built without CUDA.
+//! - [`Device`] ([`device`]): one backend trait, in candle's split: device buffers of
+//!   every element type (f32, bf16, f16, FP8 with its scale, int32), the kernels of the
+//!   operation set on them, and device events for timing. [`cpu::Cpu`] implements it
+//!   with `runner-kernels`. Which kernels a graph op runs, with its attributes and its
+//!   gradients' write modes, is decided once above the trait (`executor/ops.rs`).
 //! - [`Executor`] ([`executor`]): owns weights, activations, saved tensors, gradients and
 //!   optimizer state for one graph; `forward`, `backward`, `optimizer_step`, `step`; frees
 //!   activations as early as the plan allows and accounts every byte.
 //! - [`collective`]: the [`Collective`] trait the executor runs a sharded graph's
-//!   communication ops through, and [`ThreadGroup`], ranks as threads over shared memory
+//!   communication ops through (on device buffers), [`HostCollective`] for transports
+//!   that move host memory, and [`ThreadGroup`], ranks as threads over shared memory
 //!   that fail instead of hanging when a rank leaves or a wait times out
 //!   ([`Executor::for_rank`]: tensor parallelism with or without SP, context
 //!   parallelism (K/V all-gathered over cp, rotary and attention on global positions),
@@ -42,7 +45,6 @@
 pub mod bench;
 pub mod collective;
 pub mod cpu;
-pub mod cuda;
 pub mod device;
 pub mod executor;
 pub mod proxy;
@@ -51,8 +53,8 @@ mod reference;
 pub mod timing;
 pub mod toy;
 
-pub use collective::{Collective, ReduceOp, ThreadGroup};
-pub use device::{Device, ExecError, MemStats};
+pub use collective::{Collective, HostCollective, ReduceOp, ThreadGroup};
+pub use device::{Device, DeviceBuffer, Elem, ExecError, MemStats};
 pub use executor::{ExecOptions, Executor, Input, MemoryReport};
 pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step};
 pub use runner_kernels::cpu::adamw::AdamW;

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
-use runner_exec::cpu::Cpu;
+use runner_exec::cpu::{Cpu, CpuBuffer};
+use runner_exec::DeviceBuffer;
 use runner_exec::{ExecError, ExecOptions, Executor, Input};
 use runner_graph::shard::{RankCoord, comm_volume};
 use runner_graph::{Graph, OpKind, Role, TensorKind};
@@ -319,47 +320,53 @@ impl Counting {
     }
 }
 
-impl Collective for Counting {
+impl Collective<Cpu> for Counting {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
     fn size(&self) -> usize {
         self.inner.size()
     }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
+    fn all_reduce(&self, dev: &Cpu, buf: &mut CpuBuffer, op: ReduceOp) -> Result<(), ExecError> {
         self.all_reduces.fetch_add(1, Ordering::SeqCst);
         self.count(buf.len());
-        self.inner.all_reduce(buf, op)
+        self.inner.all_reduce(dev, buf, op)
     }
-    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    fn all_gather(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
         self.count(input.len() * self.size());
-        self.inner.all_gather(input)
+        self.inner.all_gather(dev, input, output)
     }
-    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    fn reduce_scatter(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
         self.count(input.len());
-        self.inner.reduce_scatter(input)
+        self.inner.reduce_scatter(dev, input, output)
     }
-    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    fn all_to_all(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
         self.count(input.len());
-        self.inner.all_to_all(input)
+        self.inner.all_to_all(dev, input, output)
     }
     fn all_to_all_v(
         &self,
-        input: &[f32],
+        dev: &Cpu,
+        input: &CpuBuffer,
         send_counts: &[usize],
+        output: &mut CpuBuffer,
         recv_counts: &[usize],
-    ) -> Result<Vec<f32>, ExecError> {
+    ) -> Result<(), ExecError> {
         self.count(input.len());
-        self.inner.all_to_all_v(input, send_counts, recv_counts)
+        self.inner.all_to_all_v(dev, input, send_counts, output, recv_counts)
     }
-    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
-        self.count(data.len());
-        self.inner.send(peer, data)
+    fn broadcast(&self, dev: &Cpu, buf: &mut CpuBuffer, root: usize) -> Result<(), ExecError> {
+        self.count(buf.len());
+        self.inner.broadcast(dev, buf, root)
     }
-    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
-        let r = self.inner.recv(peer)?;
-        self.count(r.len());
-        Ok(r)
+    fn send(&self, dev: &Cpu, peer: usize, buf: &CpuBuffer) -> Result<(), ExecError> {
+        self.count(buf.len());
+        self.inner.send(dev, peer, buf)
+    }
+    fn recv(&self, dev: &Cpu, peer: usize, buf: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.inner.recv(dev, peer, buf)?;
+        self.count(buf.len());
+        Ok(())
     }
 }
 
