@@ -45,6 +45,8 @@
 pub mod bench;
 pub mod collective;
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod device;
 pub mod executor;
 pub mod proxy;
