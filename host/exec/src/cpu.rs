@@ -143,6 +143,8 @@ pub struct CpuBuffer {
     elem: Elem,
     /// FP8 buffers: the tensor's scale (`x ≈ decode(q) / scale`); 1 otherwise.
     scale: f32,
+    /// FP8 buffers: max |x| of the last write, before quantisation.
+    amax: f32,
     tracker: Arc<Tracker>,
 }
 
@@ -305,6 +307,7 @@ impl Device for Cpu {
             data,
             elem,
             scale: 1.0,
+            amax: 0.0,
             tracker: self.tracker.clone(),
         };
         self.tracker.add(buf.bytes());
@@ -319,6 +322,7 @@ impl Device for Cpu {
             CpuData::U8(v) => v.fill(0),
         }
         buf.scale = 1.0;
+        buf.amax = 0.0;
         Ok(())
     }
 
@@ -350,6 +354,7 @@ impl Device for Cpu {
                 let scale = prec::fp8_current_scale(amax, fmt);
                 prec::fp8_quantize(v, data, scale, fmt, true).map_err(kerr("cast"))?;
                 buf.scale = scale;
+                buf.amax = amax;
             }
             CpuData::U32(_) => unreachable!("checked above: float buffer"),
         }
@@ -427,6 +432,7 @@ impl Device for Cpu {
             _ => return Err(ExecError::State("copy between storage kinds".into())),
         }
         dst.scale = src.scale;
+        dst.amax = src.amax;
         Ok(())
     }
 
@@ -474,6 +480,10 @@ impl Device for Cpu {
 
     fn fp8_scale(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
         Ok(buf.scale)
+    }
+
+    fn fp8_amax(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
+        Ok(if buf.elem.fp8().is_some() { buf.amax } else { 0.0 })
     }
 
     fn round_to_storage(&self, buf: &mut CpuBuffer, dtype: DType, row: usize) -> Result<(), ExecError> {
@@ -678,7 +688,27 @@ impl Device for Cpu {
 
     fn matmul(&self, c: &mut CpuBuffer, a: &CpuBuffer, b: &CpuBuffer, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
         let k = "matmul";
+        if a.elem != b.elem && !(a.elem.fp8().is_some() && b.elem.fp8().is_some()) {
+            return Err(ExecError::State(format!("{k}: operands {} x {}", a.elem.name(), b.elem.name())));
+        }
+        if a.elem == Elem::F8E5M2 && b.elem == Elem::F8E5M2 {
+            return Err(ExecError::State(format!("{k}: e5m2 x e5m2 (cuBLASLt has no such FP8 GEMM)")));
+        }
         let (xa, xb) = (self.widen(a)?, self.widen(b)?);
+        if let Some(fmt) = c.elem.fp8() {
+            if accumulate || a.elem.fp8().is_none() {
+                return Err(ExecError::State(format!("{k}: an FP8 output needs FP8 operands and no accumulation")));
+            }
+            let mut acc = vec![0.0; c.len()];
+            matmul::matmul(&mut acc, &xa, &xb, g, false).map_err(kerr(k))?;
+            let amax = acc.iter().filter(|x| !x.is_nan()).fold(0f32, |m, x| m.max(x.abs()));
+            let scale = c.scale;
+            if let CpuData::U8(q) = &mut c.data {
+                prec::fp8_quantize(q, &acc, scale, fmt, true).map_err(kerr(k))?;
+            }
+            c.amax = amax;
+            return Ok(());
+        }
         match c.elem {
             Elem::F32 => matmul::matmul(fm(c, k)?, &xa, &xb, g, accumulate).map_err(kerr(k)),
             Elem::BF16 | Elem::F16 => {
@@ -1166,6 +1196,26 @@ mod tests {
             matmul::matmul(&mut exact, &a, &b, g, false).unwrap();
             assert_ne!(c.f32(), exact, "{elem:?}");
         }
+    }
+
+    /// An FP8 output keeps its scale (delayed scaling) and records the f32 result's
+    /// amax; what it stores is that result quantised at that scale.
+    #[test]
+    fn fp8_output_uses_its_scale_and_records_amax() {
+        let dev = Cpu::new();
+        let g = Gemm { m: 2, n: 2, k: 2, trans_a: false, trans_b: true };
+        let (mut a, mut b) = (dev.alloc(Elem::F8E4M3, 4).unwrap(), dev.alloc(Elem::F8E4M3, 4).unwrap());
+        dev.write_f32(&mut a, &[1.0, 2.0, -4.0, 0.5]).unwrap();
+        dev.write_f32(&mut b, &[1.0, 0.0, 0.0, 1.0]).unwrap();
+        let mut c = dev.alloc(Elem::F8E4M3, 4).unwrap();
+        dev.write_f32(&mut c, &[8.0, 0.0, 0.0, 0.0]).unwrap();
+        let scale = dev.fp8_scale(&c).unwrap();
+        assert_eq!(scale, 56.0);
+        dev.matmul(&mut c, &a, &b, g, false).unwrap();
+        assert_eq!(dev.fp8_scale(&c).unwrap(), scale);
+        assert_eq!(dev.fp8_amax(&c).unwrap(), 4.0);
+        assert_eq!(dev.read_f32(&c).unwrap(), [1.0, 2.0, -4.0, 0.5]);
+        assert!(dev.matmul(&mut c, &a, &b, g, true).is_err());
     }
 
     #[test]

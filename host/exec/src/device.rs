@@ -263,6 +263,9 @@ pub trait Device {
     fn cast(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
     /// The scale stored with an FP8 buffer (`x ≈ decode(q) / scale`); 1 otherwise.
     fn fp8_scale(&self, buf: &Self::Buffer) -> Result<f32, ExecError>;
+    /// The amax recorded with an FP8 buffer by its last write (max |x| before
+    /// quantisation: the cast's input, or a GEMM's f32 result); 0 otherwise.
+    fn fp8_amax(&self, buf: &Self::Buffer) -> Result<f32, ExecError>;
     /// Round an f32 buffer in place to the values `dtype` can store (round-to-nearest-even),
     /// emulating that storage exactly while computing in f32: BF16 and F16 directly; FP8
     /// E4M3/E5M2 with a per-tensor current scale (Transformer Engine's
@@ -359,8 +362,10 @@ pub trait Device {
     // ---- GEMM ---------------------------------------------------------------------
 
     /// c (m,n) = op(a) · op(b), or += with `accumulate`. `a` and `b` are f32, or a pair
-    /// of narrower types the backend supports (bf16·bf16, f16·f16, FP8·FP8 with their
-    /// scales); c is f32 or bf16. Accumulation is f32.
+    /// of narrower types (bf16·bf16, f16·f16, FP8·FP8 with their scales, not
+    /// e5m2·e5m2); c is f32, bf16 or f16, or FP8 for FP8 operands without `accumulate`:
+    /// then the f32 result is quantised with c's current scale (delayed scaling) and its
+    /// amax recorded ([`Device::fp8_amax`]). Accumulation is f32.
     fn matmul(
         &self,
         c: &mut Self::Buffer,

@@ -205,10 +205,10 @@ impl<E> Default for Pending<E> {
 
 /// SplitMix64: a tiny, fully specified generator, so initial weights are identical
 /// across platforms and `rand` versions (rand's StdRng makes no such promise).
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -216,11 +216,11 @@ impl SplitMix {
         z ^ (z >> 31)
     }
     /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
     }
     /// Standard normals by Box-Muller, two at a time.
-    fn normals(&mut self, out: &mut [f32], std: f32) {
+    pub(crate) fn normals(&mut self, out: &mut [f32], std: f32) {
         for pair in out.chunks_mut(2) {
             let (u1, u2) = (self.unit(), self.unit());
             let r = (-2.0 * u1.ln()).sqrt();

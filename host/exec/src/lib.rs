@@ -47,6 +47,7 @@ pub mod collective;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod devcheck;
 pub mod device;
 pub mod executor;
 pub mod proxy;

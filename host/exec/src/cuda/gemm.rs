@@ -223,11 +223,10 @@ impl Lt {
     /// Run `key` on `o` (alpha 1, beta 1 when accumulating, else 0).
     pub(super) fn matmul(&self, key: Key, o: &Operands) -> Result<(), String> {
         let mut plans = self.plans.lock().map_err(|_| "cuBLASLt plan cache poisoned".to_string())?;
-        if !plans.contains_key(&key) {
-            let p = self.plan(key)?;
-            plans.insert(key, p);
-        }
-        let p = plans.get(&key).ok_or("cuBLASLt plan vanished")?;
+        let p = match plans.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key)?),
+        };
         let (alpha, beta) = (1f32, if key.accumulate { 1f32 } else { 0f32 });
         // SAFETY: the plan's handles are live; the pointers are device buffers whose sizes
         // the caller checked against the key's shape.

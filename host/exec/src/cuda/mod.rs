@@ -694,6 +694,13 @@ impl Device for Cuda {
         }
     }
 
+    fn fp8_amax(&self, buf: &CudaBuffer) -> Result<f32, ExecError> {
+        match &buf.meta {
+            Some(_) => Ok(self.download::<f32>(self.meta_ptr(buf)? + 8, 1)?[0]),
+            None => Ok(0.0),
+        }
+    }
+
     fn round_to_storage(&self, buf: &mut CudaBuffer, dtype: DType, row: usize) -> Result<(), ExecError> {
         need("round_to_storage", buf, Elem::F32)?;
         let n = buf.len as i64;
