@@ -26,6 +26,9 @@
 //!   tied embeddings and SP; not FSDP yet).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
 //! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
+//! - [`select`]: `--device auto|cpu|cuda[:N]`; [`cuda`] (feature `cuda-13000`, on by
+//!   default): the GPU backend (cudarc, cuBLASLt, NVRTC-compiled `kernels/cuda/*.cu`).
+//! - [`devcheck`]: every kernel of a device compared with the CPU backend.
 //! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory
 //!   bandwidth.
 //! - [`toy`]: small hand-built llama-style and MoE graphs for tests and benches.
@@ -51,6 +54,7 @@ pub mod devcheck;
 pub mod device;
 pub mod executor;
 pub mod proxy;
+pub mod select;
 #[cfg(test)]
 mod reference;
 pub mod timing;
@@ -59,6 +63,6 @@ pub mod toy;
 pub use collective::{Collective, HostCollective, ReduceOp, ThreadGroup};
 pub use device::{Device, DeviceBuffer, Elem, ExecError, MemStats};
 pub use executor::{ExecOptions, Executor, Input, MemoryReport};
-pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step};
+pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step, measure_training_step_on};
 pub use runner_kernels::cpu::adamw::AdamW;
 pub use timing::{Stat, StepTiming, TimingOptions};

@@ -74,6 +74,29 @@ impl ToyConfig {
     }
 }
 
+impl ToyConfig {
+    /// One layer of Llama 3.1 8B (hidden 4096, 32 heads over 8 KV heads of 128, SwiGLU
+    /// FFN 14336, vocabulary 128256, RoPE θ 500000; Meta's model card) at sequence `seq`
+    /// and micro-batch `batch`, with its embedding, head and loss: the layer step the GPU
+    /// check times against PyTorch eager.
+    pub fn llama31_8b_layer(seq: u64, batch: u64) -> ToyConfig {
+        ToyConfig {
+            layers: 1,
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            ffn: 14336,
+            vocab: 128_256,
+            seq,
+            batch,
+            moe: None,
+            tied: false,
+            mtp: 0,
+            rope_theta: 500_000.0,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Builder {
     tensors: Vec<Tensor>,

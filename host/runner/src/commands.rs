@@ -17,7 +17,7 @@ use runner_graph::recompute::RecomputePolicy;
 use crate::{BenchCommand, Global, PluginsCommand, QuickRun};
 
 /// Print in the chosen format; also write to --output when given.
-fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
+pub(crate) fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
     let format = global.format.unwrap_or(OutputFormat::Table);
     print!("{}", report::render(format, table, value));
     if let Some(path) = &global.output {
@@ -576,7 +576,7 @@ fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
     match cmd {
-        BenchCommand::Gemm { sizes } => {
+        BenchCommand::Gemm { sizes, .. } => {
             if let Some(&bad) = sizes.iter().find(|&&n| n == 0 || n > 16_384) {
                 anyhow::bail!("--sizes: {bad} is outside 1..=16384");
             }
@@ -773,5 +773,6 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             ));
             emit(global, &t, &rows)
         }
+        other => anyhow::bail!("bench {other:?} runs on a device (device_bench.rs)"),
     }
 }

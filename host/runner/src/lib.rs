@@ -9,10 +9,12 @@
 //! - [`plugin`]: finding, checking, compiling and sandboxing WASM plugins.
 //! - [`runfile`]: the TOML run file, parsed strictly (unknown keys are errors).
 //! - [`gpus`]: device profiles (peak FLOP/s per precision) the projection uses.
+//! - [`local_device`]: the `--device` the local measurement runs on.
 //! - [`session`]: one run, end to end.
 //! - [`report`]: tables, JSON and CSV.
 
 pub mod gpus;
+pub mod local_device;
 pub mod measure;
 pub mod plugin;
 pub mod report;

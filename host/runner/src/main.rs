@@ -2,6 +2,7 @@
 //! dispatch to a command. No benchmark logic lives here.
 
 mod commands;
+mod device_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -43,6 +44,9 @@ pub struct Global {
     /// Only errors, no progress
     #[arg(long, short = 'q', global = true)]
     pub quiet: bool,
+    /// Device of the local measurement and the device benches: auto (a usable GPU, else the CPU), cpu, cuda or cuda:N
+    #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
+    pub device: runner_exec::select::DeviceSpec,
 }
 
 /// A run given by flags instead of a run file.
@@ -146,12 +150,35 @@ pub enum BenchCommand {
         /// Square sizes (M = N = K)
         #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 1024, 2048])]
         sizes: Vec<usize>,
+        /// Operand format: f32, bf16, f16, fp8 (E4M3); other than f32 on the device's GEMM path (cuBLASLt on a GPU)
+        #[arg(long, default_value = "f32")]
+        dtype: String,
     },
     /// Memory bandwidth: STREAM copy and triad over arrays far beyond the caches
     #[command(
         after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json"
     )]
     Memory,
+    /// Every kernel of the device checked against the CPU backend, and a toy training step
+    #[command(
+        after_help = "Examples:\n  runner bench kernels --device cuda\n  runner bench kernels --device cuda --format json -o kernels.json"
+    )]
+    Kernels,
+    /// Forward + backward + AdamW of one Llama 3.1 8B layer (with embedding, head and loss) on the device
+    #[command(
+        after_help = "Examples:\n  runner bench layer --device cuda\n  runner bench layer --device cuda --seq 2048 --batch 2"
+    )]
+    Layer {
+        /// Sequence length
+        #[arg(long, default_value_t = 2048)]
+        seq: u64,
+        /// Micro-batch
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
+        /// Timed steps after two warm-up steps
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+    },
     /// Plugin host overhead: warm load, instantiation, per-call cost
     #[command(
         after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000"
@@ -186,12 +213,19 @@ fn init_logging(global: &Global) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.global);
+    runner::local_device::set_requested(cli.global.device);
+    if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
+        && let Some(why) = runner_exec::select::cuda_unusable(n)
+    {
+        eprintln!("error: --device cuda:{n}: {why}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         None => commands::quick_run(&cli.quick, &cli.global),
         Some(Command::Run { file }) => commands::run_file(&file, &cli.quick, &cli.global),
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
-        Some(Command::Bench(cmd)) => commands::bench(cmd, &cli.global),
+        Some(Command::Bench(cmd)) => device_bench::bench(cmd, &cli.global),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
