@@ -466,28 +466,51 @@ pub fn device_gemm_bench<D: crate::device::Device>(
         .collect()
 }
 
-/// Device-to-device copy bandwidth of a `bytes` buffer, counted as nccl-tests and
-/// STREAM do: bytes read + bytes written per second.
+/// The copy bandwidth and the memory-bound kernels of a training step on `elems`-element
+/// f32 arrays (rows of 4096 for RMSNorm), each as GB/s of the bytes it must move (reads
+/// + writes) and as a fraction of the copy's: element-wise add, SwiGLU forward, RMSNorm
+/// forward, the f32→bf16 cast and AdamW.
 ///
 /// # Errors
 /// Out of device memory, or a device error.
-pub fn device_copy_bench<D: crate::device::Device>(dev: &D, bytes: usize) -> Result<MemRow, crate::device::ExecError> {
+pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> Result<Vec<MemRow>, crate::device::ExecError> {
     use crate::device::Elem;
-    let n = bytes / 4;
-    let mut src = dev.alloc(Elem::F32, n)?;
-    dev.zero(&mut src)?;
-    let mut dst = dev.alloc(Elem::F32, n)?;
-    let t = device_samples(dev, 9, 5, || dev.copy(&mut dst, 0, &src, 0, n))?;
-    let time = Stat::of(&t);
-    let moved = 2.0 * (n * 4) as f64;
-    Ok(MemRow {
-        kernel: "device copy".into(),
-        bytes: n as u64 * 8,
-        threads: 1,
-        gbps: moved / time.median / 1e9,
-        best_gbps: moved / time.min / 1e9,
-        time,
-    })
+    let n = elems / 4096 * 4096;
+    let buf = || -> Result<_, crate::device::ExecError> {
+        let mut b = dev.alloc(Elem::F32, n)?;
+        dev.zero(&mut b)?;
+        Ok(b)
+    };
+    let (mut a, mut b, mut c, mut d) = (buf()?, buf()?, buf()?, buf()?);
+    let mut w = dev.alloc(Elem::F32, 4096)?;
+    dev.zero(&mut w)?;
+    let mut rstd = dev.alloc(Elem::F32, n / 4096)?;
+    let mut half = dev.alloc(Elem::BF16, n)?;
+    let h = crate::executor::ADAMW_DEFAULT;
+    let f = 4.0 * n as f64;
+    let mut rows = Vec::new();
+    let mut row = |kernel: &str, bytes: f64, t: Vec<f64>| {
+        let time = Stat::of(&t);
+        rows.push(MemRow {
+            kernel: kernel.into(),
+            bytes: bytes as u64,
+            threads: 1,
+            gbps: bytes / time.median / 1e9,
+            best_gbps: bytes / time.min / 1e9,
+            time,
+        });
+    };
+    row("device copy", 2.0 * f, device_samples(dev, 7, 3, || dev.copy(&mut b, 0, &a, 0, n))?);
+    row("add (residual)", 3.0 * f, device_samples(dev, 7, 3, || dev.add_forward(&mut c, &a, &b))?);
+    row("swiglu forward", 3.0 * f, device_samples(dev, 7, 3, || dev.swiglu_forward(&mut c, &a, &b))?);
+    row("rmsnorm forward (C 4096)", 2.0 * f, device_samples(dev, 7, 3, || dev.rmsnorm_forward(&mut c, &mut rstd, &a, &w, 4096, 1e-5))?);
+    row("cast f32 -> bf16", 1.5 * f, device_samples(dev, 7, 3, || dev.cast(&mut half, &a))?);
+    let mut step = 0;
+    row("adamw", 7.0 * f, device_samples(dev, 7, 3, || {
+        step += 1;
+        dev.adamw(&mut a, &b, &mut c, &mut d, &h, step)
+    })?);
+    Ok(rows)
 }
 
 #[cfg(test)]
@@ -503,7 +526,8 @@ mod device_tests {
         let rows = device_gemm_bench(&dev, &[32, 64], Elem::BF16).unwrap();
         assert_eq!(rows.len(), 2);
         assert!(rows.iter().all(|r| r.tflops > 0.0 && r.best_tflops >= r.tflops && r.dtype == "bf16"));
-        let m = device_copy_bench(&dev, 1 << 20).unwrap();
-        assert!(m.gbps > 0.0 && m.best_gbps >= m.gbps);
+        let rows = device_memory_bench(&dev, 1 << 16).unwrap();
+        assert_eq!(rows.len(), 6);
+        assert!(rows.iter().all(|r| r.gbps > 0.0), "{rows:?}");
     }
 }
