@@ -467,9 +467,9 @@ pub fn device_gemm_bench<D: crate::device::Device>(
 }
 
 /// The copy bandwidth and the memory-bound kernels of a training step on `elems`-element
-/// f32 arrays (rows of 4096 for RMSNorm), each as GB/s of the bytes it must move (reads
-/// + writes) and as a fraction of the copy's: element-wise add, SwiGLU forward, RMSNorm
-/// forward, the f32→bf16 cast and AdamW.
+/// f32 arrays (rows of 4096 for RMSNorm), each as GB/s of the bytes it must move, reads
+/// and writes: element-wise add, SwiGLU forward, RMSNorm forward, the f32→bf16 cast and
+/// AdamW.
 ///
 /// # Errors
 /// Out of device memory, or a device error.
