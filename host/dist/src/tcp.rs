@@ -586,13 +586,11 @@ mod tests {
         let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
         let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
         let mut streams: Vec<Vec<Option<TcpStream>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
-        for i in 0..n {
-            for (j, (addr, l)) in addrs.iter().zip(&listeners).enumerate().take(i) {
-                let a = TcpStream::connect(addr).unwrap();
-                let (b, _) = l.accept().unwrap();
-                streams[i][j] = Some(a);
-                streams[j][i] = Some(b);
-            }
+        for (i, j) in (0..n).flat_map(|i| (0..i).map(move |j| (i, j))) {
+            let a = TcpStream::connect(addrs[j]).unwrap();
+            let (b, _) = listeners[j].accept().unwrap();
+            streams[i][j] = Some(a);
+            streams[j][i] = Some(b);
         }
         streams.into_iter().enumerate().map(|(r, s)| TcpWorld::new(r, s, timeout).unwrap()).collect()
     }
