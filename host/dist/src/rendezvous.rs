@@ -107,7 +107,11 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
             port: data_port,
         };
         let left = deadline.saturating_duration_since(Instant::now());
-        match tokio::time::timeout(left, meet(launch, &host, port, hello, left)).await {
+        if launch.rank == 0 {
+            // Rank 0 names the ranks that never came when its own wait ends.
+            return serve(launch, &host, port, hello, left).await;
+        }
+        match tokio::time::timeout(left, join(&host, port, hello)).await {
             Ok(r) => r,
             Err(_) => Err(rv(format!(
                 "rank {} gave up after {timeout:?} waiting at {host}:{port} (is rank 0 running, MASTER_ADDR right and \
@@ -117,14 +121,6 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
         }
     })?;
     connect_mesh(launch.rank, &addrs, &listener, deadline, timeout)
-}
-
-async fn meet(launch: &Launch, host: &str, port: u16, hello: Hello, left: Duration) -> Result<Vec<String>, DistError> {
-    if launch.rank == 0 {
-        serve(launch, host, port, hello, left).await
-    } else {
-        join(host, port, hello).await
-    }
 }
 
 /// Rank 0: accept world − 1 hellos, check them, answer everyone.

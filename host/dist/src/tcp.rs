@@ -146,7 +146,7 @@ fn reader(shared: Arc<Shared>, peer: usize, mut s: TcpStream) {
             break if e.kind() == std::io::ErrorKind::UnexpectedEof {
                 "closed its connection: its process exited or was killed".to_string()
             } else {
-                format!("its connection failed ({e})")
+                format!("lost its connection ({e}): its process exited or was killed")
             };
         }
         let word = |r: std::ops::Range<usize>| u64::from_le_bytes(h[r].try_into().unwrap_or([0; 8]));
@@ -329,11 +329,42 @@ impl TcpGroup {
         err(what)
     }
 
+    /// Wait briefly for another rank's report of the failure behind a lost peer (the
+    /// peer may have exited because of it): the root cause, if one arrives.
+    fn reported_cause(&self) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut inbox = self.shared.lock();
+        loop {
+            if let Some(a) = &inbox.abort {
+                return Some(a.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            inbox = self
+                .shared
+                .changed
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The error for a peer lost with `why`: another rank's report of the root cause when
+    /// one arrives, else this peer, told to every other rank.
+    fn lost(&self, op: Op, seq: u64, peer: usize, why: &str) -> ExecError {
+        match self.reported_cause() {
+            Some(a) => self.fail(format!("{}: the run was aborted: {a}", self.describe(op, seq)), false),
+            None => self.fail(format!("{}: rank {peer} {why}", self.describe(op, seq)), true),
+        }
+    }
+
     fn send_to(&self, j: usize, kind: Kind, op: Op, seq: u64, data: &[f32]) -> Result<(), ExecError> {
         let peer = self.members[j];
         self.shared
             .write(peer, kind, op as u8, self.id, seq, data)
-            .map_err(|e| self.fail(format!("{}: rank {peer} is unreachable ({e}): its process exited or was killed", self.describe(op, seq)), true))
+            .map_err(|e| self.lost(op, seq, peer, &format!("is unreachable ({e}): its process exited or was killed")))
     }
 
     /// The next frame from group member `j` of `kind`, waiting at most the timeout.
@@ -352,7 +383,7 @@ impl TcpGroup {
             if let Some(why) = &inbox.dead[peer] {
                 let why = why.clone();
                 drop(inbox);
-                return Err(self.fail(format!("{}: rank {peer} {why}", self.describe(op, seq)), true));
+                return Err(self.lost(op, seq, peer, &why));
             }
             let now = Instant::now();
             if now >= deadline {

@@ -510,6 +510,40 @@ pub fn llama(c: &ToyConfig) -> Graph {
 /// learn), and for MTP inputs the sequence shifted further. Values stay under each
 /// input's vocabulary. Returns (tokens, targets) of the main model; the full list is in
 /// [`batch_inputs`].
+/// The toy graph with Megatron's parallel roles (the SDK builder's), the embedding, head
+/// and loss vocab-parallel or replicated; a MoE toy's dispatch, experts and combine are
+/// expert ops, its router replicated.
+pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
+    for op in &mut g.ops {
+        let n = op.name.as_str();
+        let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
+        op.role = if n.ends_with(".moe.dispatch")
+            || n.ends_with(".moe.combine")
+            || n.contains(".moe.experts.")
+        {
+            Role::Expert
+        } else if ends(&[
+            ".attn.q",
+            ".attn.k",
+            ".attn.v",
+            ".mlp.gate",
+            ".mlp.up",
+            ".mlp.act",
+        ]) {
+            Role::ColumnParallel
+        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
+            Role::HeadParallel
+        } else if ends(&[".attn.out", ".mlp.down"]) {
+            Role::RowParallel
+        } else if vocab_parallel && matches!(n, "embed" | "lm_head" | "loss") {
+            Role::VocabParallel
+        } else {
+            Role::Replicated
+        };
+    }
+    g
+}
+
 pub fn repeating_batch(g: &Graph, seed: u32) -> (Vec<u32>, Vec<u32>) {
     let all = batch_inputs(g, seed);
     let get = |n: &str| {

@@ -183,6 +183,34 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             emit(global, &t, &Out { layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m })
         }
+        BenchCommand::Collectives { minbytes, maxbytes, stepfactor, stepbytes, ngpus, iters, warmup, check, datatype, ops, timeout } => {
+            let dtype = match datatype.as_str() {
+                "float" | "f32" => Elem::F32,
+                "bfloat16" | "bf16" => Elem::BF16,
+                "half" | "f16" => Elem::F16,
+                other => bail!("-d {other}: use float, bfloat16 or half"),
+            };
+            let args = crate::dist_bench::CollArgs {
+                minbytes: crate::dist_bench::parse_size(&minbytes)?,
+                maxbytes: crate::dist_bench::parse_size(&maxbytes)?,
+                stepfactor,
+                stepbytes: stepbytes.as_deref().map(crate::dist_bench::parse_size).transpose()?,
+                ngpus: ngpus.max(1),
+                iters,
+                warmup,
+                check,
+                dtype,
+                ops: ops.iter().map(|o| crate::dist_bench::Coll::parse(o)).collect::<Result<_>>()?,
+                timeout: std::time::Duration::from_secs(timeout.max(1)),
+            };
+            if args.maxbytes < args.minbytes || args.maxbytes > 64 << 30 {
+                bail!("-e must be at least -b and at most 64G");
+            }
+            crate::dist_bench::collectives(args, global)
+        }
+        BenchCommand::Step { layout, steps, in_process, timeout } => {
+            crate::dist_bench::step(&layout, steps, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
+        }
         other => commands::bench(other, global),
     }
 }

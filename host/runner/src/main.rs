@@ -3,6 +3,7 @@
 
 mod commands;
 mod device_bench;
+mod dist_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -178,6 +179,63 @@ pub enum BenchCommand {
         /// Timed steps after two warm-up steps
         #[arg(long, default_value_t = 5)]
         repeats: usize,
+    },
+    /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
+    #[command(
+        after_help = "Examples:\n  runner --device cuda bench collectives -b 8M -e 1G -f 2 -g 8\n  srun -N 2 --ntasks-per-node 8 runner --device cuda bench collectives -b 1M -e 4G -f 4\n  torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=host MASTER_PORT=29500 runner bench collectives"
+    )]
+    Collectives {
+        /// Smallest size (bytes; K, M, G suffixes as nccl-tests)
+        #[arg(short = 'b', long = "minbytes", default_value = "32M")]
+        minbytes: String,
+        /// Largest size
+        #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
+        maxbytes: String,
+        /// Size multiplication factor between steps
+        #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+        stepfactor: u64,
+        /// Fixed size increment between steps (instead of -f)
+        #[arg(short = 'i', long = "stepbytes")]
+        stepbytes: Option<String>,
+        /// Ranks (GPUs) run as threads of this process when no launcher started several processes
+        #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+        ngpus: usize,
+        /// Timed iterations per size
+        #[arg(short = 'n', long = "iters", default_value_t = 20)]
+        iters: usize,
+        /// Warm-up iterations per size
+        #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+        warmup: usize,
+        /// Checked iterations per size (0: no check)
+        #[arg(short = 'c', long = "check", default_value_t = 1)]
+        check: usize,
+        /// Data type: float, bfloat16, half
+        #[arg(short = 'd', long = "datatype", default_value = "float")]
+        datatype: String,
+        /// Collectives to run
+        #[arg(long, value_delimiter = ',', default_value = "all_reduce,all_gather,reduce_scatter,alltoall,broadcast,sendrecv")]
+        ops: Vec<String>,
+        /// Seconds a rank waits for the others before failing
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses and weight digest
+    #[command(
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+    )]
+    Step {
+        /// Parallel layout: tp=N,pp=N,dp=N
+        #[arg(long, default_value = "tp=2,dp=2")]
+        layout: String,
+        /// Training steps
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Run every rank as a thread of this process (the single-process run of the layout)
+        #[arg(long)]
+        in_process: bool,
+        /// Seconds a rank waits for the others before failing
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
     },
     /// Plugin host overhead: warm load, instantiation, per-call cost
     #[command(

@@ -21,6 +21,7 @@
 
 mod gemm;
 pub mod kernels;
+pub mod nccl;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};

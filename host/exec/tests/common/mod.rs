@@ -13,40 +13,11 @@ use runner_exec::cpu::{Cpu, CpuBuffer};
 use runner_exec::DeviceBuffer;
 use runner_exec::{ExecError, ExecOptions, Executor, Input};
 use runner_graph::shard::{RankCoord, comm_volume};
-use runner_graph::{Graph, OpKind, Role, TensorKind};
+use runner_graph::{Graph, OpKind, TensorKind};
 
-/// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head
-/// and loss vocab-parallel or replicated; a MoE toy's dispatch, experts and combine are
-/// expert ops, its router replicated.
-pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
-    for op in &mut g.ops {
-        let n = op.name.as_str();
-        let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
-        op.role = if n.ends_with(".moe.dispatch")
-            || n.ends_with(".moe.combine")
-            || n.contains(".moe.experts.")
-        {
-            Role::Expert
-        } else if ends(&[
-            ".attn.q",
-            ".attn.k",
-            ".attn.v",
-            ".mlp.gate",
-            ".mlp.up",
-            ".mlp.act",
-        ]) {
-            Role::ColumnParallel
-        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
-            Role::HeadParallel
-        } else if ends(&[".attn.out", ".mlp.down"]) {
-            Role::RowParallel
-        } else if vocab_parallel && matches!(n, "embed" | "lm_head" | "loss") {
-            Role::VocabParallel
-        } else {
-            Role::Replicated
-        };
-    }
-    g
+/// The toy Llama with Megatron's parallel roles ([`runner_exec::toy::with_roles`]).
+pub fn with_roles(g: Graph, vocab_parallel: bool) -> Graph {
+    runner_exec::toy::with_roles(g, vocab_parallel)
 }
 
 pub type Grads = HashMap<String, Vec<f32>>;
