@@ -61,6 +61,17 @@ __device__ __forceinline__ i64 at4(i64 b, i64 rows, i64 row, int heads, int head
     return ((b * rows + row) * heads + head) * (i64)dims + dim;
 }
 
+// Rows r0..r0+n of head `head` of a (B, rows, heads, dims) tensor into shared memory
+// with a pitch of dims + 1 floats (against bank conflicts); rows past the end read zero.
+__device__ __forceinline__ void load_rows(float* dst, const float* src, i64 b, i64 rows, i64 r0, int n, int heads,
+                                          int head, int dims) {
+    const int pitch = dims + 1;
+    for (int idx = threadIdx.x; idx < n * dims; idx += blockDim.x) {
+        int r = idx / dims, c = idx % dims;
+        dst[r * pitch + c] = r0 + r < rows ? src[at4(b, rows, r0 + r, heads, head, dims, c)] : 0.0f;
+    }
+}
+
 // ---- forward --------------------------------------------------------------------------
 // grid (ceil(T/QROWS), H, B), block WARPS·32, dynamic shared memory
 // (QROWS·(D+1) + TILE·(D+1) + TILE·(Dv+1)) floats.
@@ -75,10 +86,7 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
     const i64 bi = blockIdx.z, q0 = (i64)blockIdx.x * QROWS;
     const int hi = blockIdx.y, kvh = hi / (s.h / s.hkv);
 
-    for (int idx = threadIdx.x; idx < QROWS * s.d; idx += blockDim.x) {
-        int r = idx / s.d, c = idx % s.d;
-        qs[r * dp + c] = q0 + r < s.t ? q[at4(bi, s.t, q0 + r, s.h, hi, s.d, c)] : 0.0f;
-    }
+    load_rows(qs, q, bi, s.t, q0, QROWS, s.h, hi, s.d);
     float m[ROWS_PER_WARP], l[ROWS_PER_WARP], acc[ROWS_PER_WARP][MAXD / 32];
     i64 qp[ROWS_PER_WARP];
     for (int r = 0; r < ROWS_PER_WARP; r++) {
@@ -90,14 +98,8 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
     }
     for (i64 k0 = 0; k0 < s.tk; k0 += TILE) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < TILE * s.d; idx += blockDim.x) {
-            int r = idx / s.d, c = idx % s.d;
-            ks[r * dp + c] = k0 + r < s.tk ? k[at4(bi, s.tk, k0 + r, s.hkv, kvh, s.d, c)] : 0.0f;
-        }
-        for (int idx = threadIdx.x; idx < TILE * s.dv; idx += blockDim.x) {
-            int r = idx / s.dv, c = idx % s.dv;
-            vs[r * vp + c] = k0 + r < s.tk ? v[at4(bi, s.tk, k0 + r, s.hkv, kvh, s.dv, c)] : 0.0f;
-        }
+        load_rows(ks, k, bi, s.tk, k0, TILE, s.hkv, kvh, s.d);
+        load_rows(vs, v, bi, s.tk, k0, TILE, s.hkv, kvh, s.dv);
         __syncthreads();
         const i64 kj = k0 + lane;
         const i64 kp = kj < s.tk ? k_pos(s, kj) : -1;
@@ -170,14 +172,8 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 bi = blockIdx.z, q0 = (i64)blockIdx.x * QROWS;
     const int hi = blockIdx.y, kvh = hi / (s.h / s.hkv);
-    for (int idx = threadIdx.x; idx < QROWS * s.d; idx += blockDim.x) {
-        int r = idx / s.d, c = idx % s.d;
-        qs[r * dp + c] = q0 + r < s.t ? q[at4(bi, s.t, q0 + r, s.h, hi, s.d, c)] : 0.0f;
-    }
-    for (int idx = threadIdx.x; idx < QROWS * s.dv; idx += blockDim.x) {
-        int r = idx / s.dv, c = idx % s.dv;
-        gs[r * vp + c] = q0 + r < s.t ? dout[at4(bi, s.t, q0 + r, s.h, hi, s.dv, c)] : 0.0f;
-    }
+    load_rows(qs, q, bi, s.t, q0, QROWS, s.h, hi, s.d);
+    load_rows(gs, dout, bi, s.t, q0, QROWS, s.h, hi, s.dv);
     float acc[ROWS_PER_WARP][MAXD / 32], ls[ROWS_PER_WARP], dl[ROWS_PER_WARP];
     i64 qp[ROWS_PER_WARP];
     for (int r = 0; r < ROWS_PER_WARP; r++) {
@@ -189,14 +185,8 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
     }
     for (i64 k0 = 0; k0 < s.tk; k0 += TILE) {
         __syncthreads();
-        for (int idx = threadIdx.x; idx < TILE * s.d; idx += blockDim.x) {
-            int r = idx / s.d, c = idx % s.d;
-            ks[r * dp + c] = k0 + r < s.tk ? k[at4(bi, s.tk, k0 + r, s.hkv, kvh, s.d, c)] : 0.0f;
-        }
-        for (int idx = threadIdx.x; idx < TILE * s.dv; idx += blockDim.x) {
-            int r = idx / s.dv, c = idx % s.dv;
-            vs[r * vp + c] = k0 + r < s.tk ? v[at4(bi, s.tk, k0 + r, s.hkv, kvh, s.dv, c)] : 0.0f;
-        }
+        load_rows(ks, k, bi, s.tk, k0, TILE, s.hkv, kvh, s.d);
+        load_rows(vs, v, bi, s.tk, k0, TILE, s.hkv, kvh, s.dv);
         __syncthreads();
         const i64 kj = k0 + lane;
         const i64 kp = kj < s.tk ? k_pos(s, kj) : -1;
@@ -250,14 +240,8 @@ extern "C" __global__ void attention_backward_dkdv(float* dk, float* dv, const f
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const i64 bi = blockIdx.z, k0 = (i64)blockIdx.x * KROWS;
     const int kvh = blockIdx.y, group = s.h / s.hkv;
-    for (int idx = threadIdx.x; idx < KROWS * s.d; idx += blockDim.x) {
-        int r = idx / s.d, c = idx % s.d;
-        ks[r * dp + c] = k0 + r < s.tk ? k[at4(bi, s.tk, k0 + r, s.hkv, kvh, s.d, c)] : 0.0f;
-    }
-    for (int idx = threadIdx.x; idx < KROWS * s.dv; idx += blockDim.x) {
-        int r = idx / s.dv, c = idx % s.dv;
-        vs[r * vp + c] = k0 + r < s.tk ? v[at4(bi, s.tk, k0 + r, s.hkv, kvh, s.dv, c)] : 0.0f;
-    }
+    load_rows(ks, k, bi, s.tk, k0, KROWS, s.hkv, kvh, s.d);
+    load_rows(vs, v, bi, s.tk, k0, KROWS, s.hkv, kvh, s.dv);
     float ak[KEYS_PER_WARP][MAXD / 32], av[KEYS_PER_WARP][MAXD / 32];
     i64 kp[KEYS_PER_WARP];
     for (int r = 0; r < KEYS_PER_WARP; r++) {
@@ -269,14 +253,8 @@ extern "C" __global__ void attention_backward_dkdv(float* dk, float* dv, const f
         const int hi = kvh * group + g;
         for (i64 q0 = 0; q0 < s.t; q0 += TILE) {
             __syncthreads();
-            for (int idx = threadIdx.x; idx < TILE * s.d; idx += blockDim.x) {
-                int r = idx / s.d, c = idx % s.d;
-                qs[r * dp + c] = q0 + r < s.t ? q[at4(bi, s.t, q0 + r, s.h, hi, s.d, c)] : 0.0f;
-            }
-            for (int idx = threadIdx.x; idx < TILE * s.dv; idx += blockDim.x) {
-                int r = idx / s.dv, c = idx % s.dv;
-                gs[r * vp + c] = q0 + r < s.t ? dout[at4(bi, s.t, q0 + r, s.h, hi, s.dv, c)] : 0.0f;
-            }
+            load_rows(qs, q, bi, s.t, q0, TILE, s.h, hi, s.d);
+            load_rows(gs, dout, bi, s.t, q0, TILE, s.h, hi, s.dv);
             __syncthreads();
             const i64 qi = q0 + lane;
             const i64 qp = qi < s.t ? q_pos(s, qi) : -1;

@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use runner_exec::collective::reduce_in_rank_order;
 use runner_exec::{ExecError, HostCollective, ReduceOp};
 
 const MAGIC: u32 = 0x524E_5231; // "RNR1"
@@ -491,16 +492,8 @@ impl HostCollective for TcpGroup {
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
         let all = self.exchange_same(Op::AllReduce, buf)?;
         // Rank order on every rank, as ThreadGroup: bit-identical results everywhere.
-        for (i, b) in buf.iter_mut().enumerate() {
-            let mut acc = all[0][i];
-            for r in &all[1..] {
-                acc = match op {
-                    ReduceOp::Sum => acc + r[i],
-                    ReduceOp::Max => acc.max(r[i]),
-                };
-            }
-            *b = acc;
-        }
+        let parts: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
+        buf.copy_from_slice(&reduce_in_rank_order(&parts, op));
         Ok(())
     }
 
@@ -515,15 +508,8 @@ impl HostCollective for TcpGroup {
         if got.iter().any(|v| v.len() != c) {
             return Err(err(format!("reduce-scatter on rank {}: the ranks passed different lengths", self.shared.rank)));
         }
-        Ok((0..c)
-            .map(|i| {
-                let mut acc = got[0][i];
-                for r in &got[1..] {
-                    acc += r[i];
-                }
-                acc
-            })
-            .collect())
+        let parts: Vec<&[f32]> = got.iter().map(Vec::as_slice).collect();
+        Ok(reduce_in_rank_order(&parts, ReduceOp::Sum))
     }
 
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {

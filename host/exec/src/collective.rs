@@ -133,6 +133,25 @@ pub trait HostCollective: Send {
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError>;
 }
 
+/// The element-wise reduction of every rank's part, `parts` in rank order, accumulated in
+/// that order (rank 0, then 1, ...): what every host transport computes on every rank, so
+/// all ranks, and every transport, get the same bits. Parts have equal lengths.
+pub fn reduce_in_rank_order(parts: &[&[f32]], op: ReduceOp) -> Vec<f32> {
+    let Some((first, rest)) = parts.split_first() else {
+        return Vec::new();
+    };
+    let mut acc = first.to_vec();
+    for r in rest {
+        for (a, &x) in acc.iter_mut().zip(r.iter()) {
+            *a = match op {
+                ReduceOp::Sum => *a + x,
+                ReduceOp::Max => a.max(x),
+            };
+        }
+    }
+    acc
+}
+
 /// A buffer's contents as f32 words for a host transport: floats widened, int32 ids
 /// carried bit for bit.
 fn stage_out<D: Device>(dev: &D, b: &D::Buffer) -> Result<Vec<f32>, ExecError> {
@@ -475,16 +494,8 @@ impl HostCollective for ThreadGroup {
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
         let all = self.exchange(buf, "all-reduce")?;
-        for (i, b) in buf.iter_mut().enumerate() {
-            let mut acc = all[0][i];
-            for r in &all[1..] {
-                acc = match op {
-                    ReduceOp::Sum => acc + r[i],
-                    ReduceOp::Max => acc.max(r[i]),
-                };
-            }
-            *b = acc;
-        }
+        let parts: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
+        buf.copy_from_slice(&reduce_in_rank_order(&parts, op));
         Ok(())
     }
 
@@ -496,15 +507,8 @@ impl HostCollective for ThreadGroup {
         let c = self.chunk(input.len())?;
         let all = self.exchange(input, "reduce-scatter")?;
         let lo = self.rank * c;
-        Ok((lo..lo + c)
-            .map(|i| {
-                let mut acc = all[0][i];
-                for r in &all[1..] {
-                    acc += r[i];
-                }
-                acc
-            })
-            .collect())
+        let parts: Vec<&[f32]> = all.iter().map(|r| &r[lo..lo + c]).collect();
+        Ok(reduce_in_rank_order(&parts, ReduceOp::Sum))
     }
 
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {

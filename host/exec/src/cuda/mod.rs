@@ -1181,14 +1181,8 @@ impl Device for Cuda {
         if step == 0 {
             return Err(kerr("adamw", "step counts from 1".into()));
         }
-        // The scalar arithmetic in f64, rounded once, as runner-kernels' adamw_step.
-        let bc1 = 1.0 - (h.beta1 as f64).powi(step as i32);
-        let bc2 = 1.0 - (h.beta2 as f64).powi(step as i32);
-        let step_size = (h.lr as f64 / bc1) as f32;
-        let bc2_sqrt = bc2.sqrt() as f32;
-        let decay = (1.0 - h.lr as f64 * h.weight_decay as f64) as f32;
-        let w1 = (1.0 - h.beta1 as f64) as f32;
-        let w2 = (1.0 - h.beta2 as f64) as f32;
+        // The scalars the CPU uses, computed once on the host.
+        let runner_kernels::cpu::adamw::Scalars { decay, w1, w2, step_size, bc2_sqrt } = runner_kernels::cpu::adamw::scalars(h, step);
         self.ew(
             "adamw",
             n,
