@@ -6,6 +6,9 @@
 #
 #   scripts/gpu-check.sh [RUNNER] [OUT]     (defaults: target/release/runner, ./gpu-check-out)
 #
+# The release binary is ~37 MB (~29 MB stripped): build it with `cargo build --release`
+# and carry target/release/runner to the GPU machine with the working tree.
+#
 # 1. every GPU kernel against the CPU backend (runner bench kernels)
 # 2. BF16 / FP8 / f32 GEMM TFLOP/s, runner (cuBLASLt) against PyTorch (torch.matmul,
 #    torch._scaled_mm) on the same shapes
