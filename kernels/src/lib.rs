@@ -4,8 +4,8 @@
 //! written as plain f32 functions over row-major contiguous slices, in the style of
 //! llm.c: each `*_forward` is immediately followed by its `*_backward` (the
 //! vector-Jacobian product), and each forward documents what it saves for backward.
-//! The executor strings these together; the CUDA backend (a later issue, see
-//! `kernels/cuda/README.md`) mirrors the same functions.
+//! The executor strings these together; the CUDA backend mirrors the same functions in
+//! CUDA C (`kernels/cuda/*.cu`, embedded by [`cuda`] and compiled at run time).
 //!
 //! # Brief overview
 //!
@@ -45,6 +45,7 @@
 #![warn(missing_docs)]
 
 pub mod cpu;
+pub mod cuda;
 
 #[cfg(any(test, feature = "reference"))]
 pub mod reference;

@@ -24,6 +24,11 @@ Prints median / p10 / p90 (linear interpolation, as runner_exec::timing::Stat) a
 final JSON line.
 
     python3 host/exec/benches/pytorch_llama_step.py [--repeats 10] [--threads 2]
+
+On a GPU (`--device cuda`, for `runner bench layer --device cuda`; scripts/gpu-check.sh
+runs it with the Llama 3.1 8B layer's shapes), every interval is bracketed by
+`torch.cuda.synchronize()`, TF32 is off (the runner's f32 GEMMs are exact f32), and the
+optimizer is PyTorch's default for CUDA tensors (foreach).
 """
 
 import argparse
@@ -150,37 +155,48 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
     args = ap.parse_args()
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    dev = torch.device(args.device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     model = Llama(
         args.layers, args.hidden, args.heads, args.kv_heads, args.ffn,
         args.vocab, args.seq, args.rope_theta,
-    )
+    ).to(dev)
     params = sum(p.numel() for p in model.parameters())
     # PyTorch's defaults for CPU tensors (the single-tensor loop adamw.rs mirrors).
     opt = torch.optim.AdamW(
         model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
     )
     g = torch.Generator().manual_seed(args.seed)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
-    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(dev)
+    targets = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g).to(dev)
 
-    print(f"torch       {torch.__version__}, {torch.get_num_threads()} threads, "
-          f"f32 eager, MKL {torch.backends.mkl.is_available()}")
+    def now():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    where = (torch.cuda.get_device_name(dev) if dev.type == "cuda"
+             else f"{torch.get_num_threads()} threads, MKL {torch.backends.mkl.is_available()}")
+    print(f"torch       {torch.__version__}, {where}, f32 eager")
     print(f"params      {params}")
 
     fwd, bwd, optim, step, losses = [], [], [], [], []
     for i in range(args.warmup + args.repeats):
-        t0 = time.perf_counter()
+        t0 = now()
         loss = model(tokens, targets)
-        t1 = time.perf_counter()
+        t1 = now()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = now()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        t3 = time.perf_counter()
+        t3 = now()
         if i >= args.warmup:
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
@@ -198,6 +214,7 @@ def main():
     print(f"losses      {[round(x, 4) for x in losses]}")
     print(json.dumps({
         "impl": "pytorch-eager",
+        "device": args.device,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "params": params,

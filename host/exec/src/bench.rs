@@ -298,7 +298,7 @@ fn fma_loop_gflops(iters: u64) -> Option<f64> {
 /// One bandwidth kernel.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct MemRow {
-    /// "copy" (b = a) or "triad" (a = b + s·c).
+    /// "copy" (b = a), "triad" (a = b + s·c), or "device copy" (a device-to-device copy).
     pub kernel: String,
     /// Bytes moved per pass, STREAM convention (reads + writes, no write-allocate).
     pub bytes: u64,
@@ -376,5 +376,158 @@ mod tests {
             mem.iter().all(|r| r.gbps > 0.1 && r.gbps.is_finite()),
             "{mem:?}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Any device: GEMM throughput per number format, and copy bandwidth, timed with the
+// device's events (CUDA events on a GPU).
+// ---------------------------------------------------------------------------------------
+
+/// One GEMM size on a device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DeviceGemmRow {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// Operand format (`f32`, `bf16`, `fp8-e4m3`); the output is f32 for f32 operands,
+    /// bf16 otherwise (as `torch.matmul` and `torch._scaled_mm` with a bf16 out_dtype).
+    pub dtype: String,
+    /// Seconds per GEMM over the samples.
+    pub time: Stat,
+    pub tflops: f64,
+    pub best_tflops: f64,
+}
+
+/// Seconds per call of `f` on `dev`, from events around `calls` back-to-back calls, for
+/// `samples` samples after one untimed call.
+fn device_samples<D: crate::device::Device>(
+    dev: &D,
+    samples: usize,
+    calls: usize,
+    mut f: impl FnMut() -> Result<(), crate::device::ExecError>,
+) -> Result<Vec<f64>, crate::device::ExecError> {
+    f()?;
+    dev.synchronize()?;
+    let mut out = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let start = dev.record()?;
+        for _ in 0..calls {
+            f()?;
+        }
+        let end = dev.record()?;
+        out.push(dev.elapsed_s(&start, &end)? / calls as f64);
+    }
+    Ok(out)
+}
+
+/// The TN GEMM of a linear layer's forward, c (m,n) = a (m,k) · b (n,k)ᵀ, in `elem`, for
+/// each square size: the layout cuBLASLt's FP8 kernels take directly.
+///
+/// # Errors
+/// A format the device cannot multiply, or a device error.
+pub fn device_gemm_bench<D: crate::device::Device>(
+    dev: &D,
+    sizes: &[usize],
+    elem: crate::device::Elem,
+) -> Result<Vec<DeviceGemmRow>, crate::device::ExecError> {
+    use crate::device::Elem;
+    let out_elem = if elem == Elem::F32 { Elem::F32 } else { Elem::BF16 };
+    sizes
+        .iter()
+        .map(|&s| {
+            let host: Vec<f32> = (0..s * s).map(|i| ((i % 13) as f32 - 6.0) * 0.05).collect();
+            let (mut a, mut b) = (dev.alloc(elem, s * s)?, dev.alloc(elem, s * s)?);
+            dev.write_f32(&mut a, &host)?;
+            dev.write_f32(&mut b, &host)?;
+            let mut c = dev.alloc(out_elem, s * s)?;
+            let g = Gemm {
+                m: s,
+                n: s,
+                k: s,
+                trans_a: false,
+                trans_b: true,
+            };
+            let flops = 2.0 * (s as f64).powi(3);
+            // ~50 ms per sample at 500 TFLOP/s for the large sizes, at least 3 calls.
+            let calls = ((25e12 / flops) as usize).clamp(3, 1000);
+            let t = device_samples(dev, 7, calls, || dev.matmul(&mut c, &a, &b, g, false))?;
+            let time = Stat::of(&t);
+            Ok(DeviceGemmRow {
+                m: s,
+                n: s,
+                k: s,
+                dtype: elem.name().into(),
+                time,
+                tflops: flops / time.median / 1e12,
+                best_tflops: flops / time.min / 1e12,
+            })
+        })
+        .collect()
+}
+
+/// The copy bandwidth and the memory-bound kernels of a training step on `elems`-element
+/// f32 arrays (rows of 4096 for RMSNorm), each as GB/s of the bytes it must move, reads
+/// and writes: element-wise add, SwiGLU forward, RMSNorm forward, the f32→bf16 cast and
+/// AdamW.
+///
+/// # Errors
+/// Out of device memory, or a device error.
+pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> Result<Vec<MemRow>, crate::device::ExecError> {
+    use crate::device::Elem;
+    let n = elems / 4096 * 4096;
+    let buf = || -> Result<_, crate::device::ExecError> {
+        let mut b = dev.alloc(Elem::F32, n)?;
+        dev.zero(&mut b)?;
+        Ok(b)
+    };
+    let (mut a, mut b, mut c, mut d) = (buf()?, buf()?, buf()?, buf()?);
+    let mut w = dev.alloc(Elem::F32, 4096)?;
+    dev.zero(&mut w)?;
+    let mut rstd = dev.alloc(Elem::F32, n / 4096)?;
+    let mut half = dev.alloc(Elem::BF16, n)?;
+    let h = crate::executor::ADAMW_DEFAULT;
+    let f = 4.0 * n as f64;
+    let mut rows = Vec::new();
+    let mut row = |kernel: &str, bytes: f64, t: Vec<f64>| {
+        let time = Stat::of(&t);
+        rows.push(MemRow {
+            kernel: kernel.into(),
+            bytes: bytes as u64,
+            threads: 1,
+            gbps: bytes / time.median / 1e9,
+            best_gbps: bytes / time.min / 1e9,
+            time,
+        });
+    };
+    row("device copy", 2.0 * f, device_samples(dev, 7, 3, || dev.copy(&mut b, 0, &a, 0, n))?);
+    row("add (residual)", 3.0 * f, device_samples(dev, 7, 3, || dev.add_forward(&mut c, &a, &b))?);
+    row("swiglu forward", 3.0 * f, device_samples(dev, 7, 3, || dev.swiglu_forward(&mut c, &a, &b))?);
+    row("rmsnorm forward (C 4096)", 2.0 * f, device_samples(dev, 7, 3, || dev.rmsnorm_forward(&mut c, &mut rstd, &a, &w, 4096, 1e-5))?);
+    row("cast f32 -> bf16", 1.5 * f, device_samples(dev, 7, 3, || dev.cast(&mut half, &a))?);
+    let mut step = 0;
+    row("adamw", 7.0 * f, device_samples(dev, 7, 3, || {
+        step += 1;
+        dev.adamw(&mut a, &b, &mut c, &mut d, &h, step)
+    })?);
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+    use crate::cpu::Cpu;
+    use crate::device::Elem;
+
+    /// On the CPU backend the device benches run and report positive, consistent rates.
+    #[test]
+    fn device_benches_run_on_the_cpu() {
+        let dev = Cpu::new();
+        let rows = device_gemm_bench(&dev, &[32, 64], Elem::BF16).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert!(rows.iter().all(|r| r.tflops > 0.0 && r.best_tflops >= r.tflops && r.dtype == "bf16"));
+        let rows = device_memory_bench(&dev, 1 << 16).unwrap();
+        assert_eq!(rows.len(), 6);
+        assert!(rows.iter().all(|r| r.gbps > 0.0), "{rows:?}");
     }
 }

@@ -1,14 +1,21 @@
-//! In-process collectives: the [`Collective`] trait the executor calls for the
-//! communication ops of a sharded graph, and [`ThreadGroup`], an implementation over
-//! shared memory for ranks that run as threads of one process (tests and CPU runs of a
-//! sharded graph).
+//! Collectives: the [`Collective`] trait the executor calls for the communication ops
+//! of a sharded graph, on device buffers; [`HostCollective`], the same calls on host
+//! slices for transports that move host memory; and [`ThreadGroup`], an in-process
+//! [`HostCollective`] over shared memory for ranks that run as threads of one process
+//! (tests and CPU runs of a sharded graph).
+//!
+//! A [`Collective`] takes the device and its buffers: a GPU backend (NCCL, in
+//! [`crate::cuda`]) enqueues on the device's stream and never copies to the host. Every
+//! [`HostCollective`] is a [`Collective`] on any device through a staging copy (read
+//! the buffer, move host memory, write the result back); on the CPU that copy is a
+//! memcpy. Int32 buffers travel bit for bit through the f32 transport (only reductions
+//! interpret the bits, and they refuse non-f32 buffers).
 //!
 //! Every reduction sums (or takes the max) in rank order on every rank, so all ranks get
 //! bit-identical results and nothing depends on thread timing.
 //!
-//! Buffers are flat f32 slices; axis handling (gathering along a non-leading axis) is the
-//! caller's: [`Collective::all_gather`] returns the ranks' buffers concatenated in rank
-//! order.
+//! Axis handling (gathering along a non-leading axis) is the caller's:
+//! [`Collective::all_gather`] writes the ranks' buffers concatenated in rank order.
 //!
 //! Nothing waits forever: a rank whose handle is dropped (it returned an error, panicked
 //! or finished early) makes every collective and receive that needs it fail at once with
@@ -20,7 +27,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::device::ExecError;
+use crate::cpu::Cpu;
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// Element-wise reduction of an all-reduce.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,12 +37,14 @@ pub enum ReduceOp {
     Max,
 }
 
-/// One rank's handle on a group of `size` ranks.
+/// One rank's handle on a group of `size` ranks, moving buffers of device `D` (the CPU
+/// unless said otherwise).
 ///
 /// Every rank of the group must make the same sequence of calls with equal lengths (as
 /// with NCCL). A rank that stops calling makes the others' calls fail: at once when its
-/// handle is dropped, after the group's timeout otherwise ([`ThreadGroup`]).
-pub trait Collective: Send {
+/// handle is dropped or its process exits, after the group's timeout otherwise. Calls
+/// are ordered on `dev`'s stream with the kernels around them.
+pub trait Collective<D: Device = Cpu>: Send {
     /// This rank's index in the group.
     fn rank(&self) -> usize;
     /// Ranks in the group.
@@ -43,47 +53,196 @@ pub trait Collective: Send {
     ///
     /// # Errors
     /// Ranks passed different lengths; a rank left the group or the wait timed out.
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError>;
-    /// Every rank's `input`, concatenated in rank order.
+    fn all_reduce(&self, dev: &D, buf: &mut D::Buffer, op: ReduceOp) -> Result<(), ExecError>;
+    /// `output` (size × `input`'s length) ← every rank's `input`, in rank order.
     ///
     /// # Errors
     /// Ranks passed different lengths; a rank left the group or the wait timed out.
-    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
-    /// Chunk `rank` (of `size` equal chunks) of the sum of every rank's `input`.
+    fn all_gather(&self, dev: &D, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError>;
+    /// `output` ← chunk `rank` (of `size` equal chunks) of the sum of every rank's `input`.
     ///
     /// # Errors
     /// Lengths differ or do not split into `size` chunks; a rank left or timed out.
-    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
-    /// Chunk j of `input` goes to rank j; the result holds, in rank order, the chunk each
+    fn reduce_scatter(&self, dev: &D, input: &D::Buffer, output: &mut D::Buffer)
+    -> Result<(), ExecError>;
+    /// Chunk j of `input` goes to rank j; `output` holds, in rank order, the chunk each
     /// rank sent here.
     ///
     /// # Errors
     /// Lengths differ or do not split into `size` chunks; a rank left or timed out.
-    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
+    fn all_to_all(&self, dev: &D, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError>;
     /// All-to-all of chunks of different sizes (MPI's alltoallv): `input` holds, in rank
-    /// order, `send[j]` elements for rank j; the result holds, in rank order, the chunk
+    /// order, `send[j]` elements for rank j; `output` holds, in rank order, the chunk
     /// each rank sent here, `recv[j]` elements from rank j. Receive sizes are known up
     /// front (as NCCL needs them to post its receives): exchange the counts first.
     ///
     /// # Errors
-    /// `send` or `recv` not one entry per rank, `send` not summing to `input`'s length, a
-    /// rank sending here other than `recv` says; a rank left or timed out.
+    /// `send` or `recv` not one entry per rank or not matching the buffers, a rank
+    /// sending here other than `recv` says; a rank left or timed out.
     fn all_to_all_v(
         &self,
-        input: &[f32],
+        dev: &D,
+        input: &D::Buffer,
         send: &[usize],
+        output: &mut D::Buffer,
         recv: &[usize],
-    ) -> Result<Vec<f32>, ExecError>;
-    /// Queue `data` for rank `peer` (does not wait for the receive).
+    ) -> Result<(), ExecError>;
+    /// `buf` ← rank `root`'s `buf`.
+    ///
+    /// # Errors
+    /// `root` outside the group, lengths differ; a rank left or timed out.
+    fn broadcast(&self, dev: &D, buf: &mut D::Buffer, root: usize) -> Result<(), ExecError>;
+    /// Send `buf` to rank `peer` (a host transport queues it and does not wait for the
+    /// receive; NCCL waits for it like any collective).
     ///
     /// # Errors
     /// `peer` outside the group, or it has left it.
-    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError>;
-    /// The next message rank `peer` sent here (waits for it).
+    fn send(&self, dev: &D, peer: usize, buf: &D::Buffer) -> Result<(), ExecError>;
+    /// `buf` ← the next message rank `peer` sent here, which must have its length.
     ///
     /// # Errors
-    /// `peer` outside the group; it left without sending; the wait timed out.
+    /// `peer` outside the group; it left without sending; the wait timed out; a message
+    /// of another length.
+    fn recv(&self, dev: &D, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError>;
+}
+
+/// The calls of [`Collective`] on host memory, for transports that move host data
+/// ([`ThreadGroup`], the TCP group of `runner-dist`). Each is a [`Collective`] on every
+/// device through a staging copy.
+pub trait HostCollective: Send {
+    /// This rank's index in the group.
+    fn rank(&self) -> usize;
+    /// Ranks in the group.
+    fn size(&self) -> usize;
+    /// As [`Collective::all_reduce`].
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError>;
+    /// Every rank's `input`, concatenated in rank order.
+    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
+    /// Chunk `rank` of the sum of every rank's `input`.
+    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
+    /// As [`Collective::all_to_all`].
+    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError>;
+    /// As [`Collective::all_to_all_v`].
+    fn all_to_all_v(&self, input: &[f32], send: &[usize], recv: &[usize])
+    -> Result<Vec<f32>, ExecError>;
+    /// Rank `root`'s `data` (every rank passes a buffer of the same length).
+    fn broadcast(&self, data: &[f32], root: usize) -> Result<Vec<f32>, ExecError>;
+    /// Queue `data` for rank `peer` (does not wait for the receive).
+    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError>;
+    /// The next message rank `peer` sent here (waits for it).
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError>;
+}
+
+/// The element-wise reduction of every rank's part, `parts` in rank order, accumulated in
+/// that order (rank 0, then 1, ...): what every host transport computes on every rank, so
+/// all ranks, and every transport, get the same bits. Parts have equal lengths.
+pub fn reduce_in_rank_order(parts: &[&[f32]], op: ReduceOp) -> Vec<f32> {
+    let Some((first, rest)) = parts.split_first() else {
+        return Vec::new();
+    };
+    let mut acc = first.to_vec();
+    for r in rest {
+        for (a, &x) in acc.iter_mut().zip(r.iter()) {
+            *a = match op {
+                ReduceOp::Sum => *a + x,
+                ReduceOp::Max => a.max(x),
+            };
+        }
+    }
+    acc
+}
+
+/// A buffer's contents as f32 words for a host transport: floats widened, int32 ids
+/// carried bit for bit.
+fn stage_out<D: Device>(dev: &D, b: &D::Buffer) -> Result<Vec<f32>, ExecError> {
+    match b.elem() {
+        Elem::I32 => Ok(dev.read_u32(b)?.into_iter().map(f32::from_bits).collect()),
+        _ => dev.read_f32(b),
+    }
+}
+
+/// Write words a host transport delivered into `b` (see [`stage_out`]).
+fn stage_in<D: Device>(dev: &D, b: &mut D::Buffer, data: &[f32], what: &str) -> Result<(), ExecError> {
+    if data.len() != b.len() {
+        return Err(ExecError::State(format!(
+            "collective: {what} delivered {} elements into a buffer of {}",
+            data.len(),
+            b.len()
+        )));
+    }
+    match b.elem() {
+        Elem::I32 => dev.write_u32(b, &data.iter().map(|x| x.to_bits()).collect::<Vec<_>>()),
+        _ => dev.write_f32(b, data),
+    }
+}
+
+fn reducible<B: DeviceBuffer>(b: &B, what: &str) -> Result<(), ExecError> {
+    match b.elem() {
+        Elem::F32 => Ok(()),
+        e => Err(ExecError::State(format!(
+            "collective: {what} reduces f32 buffers on a host transport, got {}",
+            e.name()
+        ))),
+    }
+}
+
+impl<D: Device, H: HostCollective> Collective<D> for H {
+    fn rank(&self) -> usize {
+        HostCollective::rank(self)
+    }
+    fn size(&self) -> usize {
+        HostCollective::size(self)
+    }
+    fn all_reduce(&self, dev: &D, buf: &mut D::Buffer, op: ReduceOp) -> Result<(), ExecError> {
+        reducible(buf, "all-reduce")?;
+        let mut h = dev.read_f32(buf)?;
+        HostCollective::all_reduce(self, &mut h, op)?;
+        dev.write_f32(buf, &h)
+    }
+    fn all_gather(&self, dev: &D, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
+        let all = HostCollective::all_gather(self, &stage_out(dev, input)?)?;
+        stage_in(dev, output, &all, "all-gather")
+    }
+    fn reduce_scatter(&self, dev: &D, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
+        reducible(input, "reduce-scatter")?;
+        let mine = HostCollective::reduce_scatter(self, &dev.read_f32(input)?)?;
+        stage_in(dev, output, &mine, "reduce-scatter")
+    }
+    fn all_to_all(&self, dev: &D, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
+        let got = HostCollective::all_to_all(self, &stage_out(dev, input)?)?;
+        stage_in(dev, output, &got, "all-to-all")
+    }
+    fn all_to_all_v(
+        &self,
+        dev: &D,
+        input: &D::Buffer,
+        send: &[usize],
+        output: &mut D::Buffer,
+        recv: &[usize],
+    ) -> Result<(), ExecError> {
+        let got = HostCollective::all_to_all_v(self, &stage_out(dev, input)?, send, recv)?;
+        stage_in(dev, output, &got, "all-to-all-v")
+    }
+    fn broadcast(&self, dev: &D, buf: &mut D::Buffer, root: usize) -> Result<(), ExecError> {
+        let got = HostCollective::broadcast(self, &stage_out(dev, buf)?, root)?;
+        stage_in(dev, buf, &got, "broadcast")
+    }
+    fn send(&self, dev: &D, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
+        HostCollective::send(self, peer, &stage_out(dev, buf)?)
+    }
+    fn recv(&self, dev: &D, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        let got = HostCollective::recv(self, peer)?;
+        if got.len() != buf.len() {
+            return Err(ExecError::State(format!(
+                "collective: recv on rank {} from rank {peer}: received {} elements, expected \
+                 {} (the ranks disagree on the message: different layouts, or calls out of order)",
+                HostCollective::rank(self),
+                got.len(),
+                buf.len()
+            )));
+        }
+        stage_in(dev, buf, &got, "recv")
+    }
 }
 
 /// How long a [`ThreadGroup`] waits for the other ranks before failing, unless
@@ -325,7 +484,7 @@ impl Drop for ThreadGroup {
     }
 }
 
-impl Collective for ThreadGroup {
+impl HostCollective for ThreadGroup {
     fn rank(&self) -> usize {
         self.rank
     }
@@ -335,16 +494,8 @@ impl Collective for ThreadGroup {
 
     fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
         let all = self.exchange(buf, "all-reduce")?;
-        for (i, b) in buf.iter_mut().enumerate() {
-            let mut acc = all[0][i];
-            for r in &all[1..] {
-                acc = match op {
-                    ReduceOp::Sum => acc + r[i],
-                    ReduceOp::Max => acc.max(r[i]),
-                };
-            }
-            *b = acc;
-        }
+        let parts: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
+        buf.copy_from_slice(&reduce_in_rank_order(&parts, op));
         Ok(())
     }
 
@@ -356,15 +507,8 @@ impl Collective for ThreadGroup {
         let c = self.chunk(input.len())?;
         let all = self.exchange(input, "reduce-scatter")?;
         let lo = self.rank * c;
-        Ok((lo..lo + c)
-            .map(|i| {
-                let mut acc = all[0][i];
-                for r in &all[1..] {
-                    acc += r[i];
-                }
-                acc
-            })
-            .collect())
+        let parts: Vec<&[f32]> = all.iter().map(|r| &r[lo..lo + c]).collect();
+        Ok(reduce_in_rank_order(&parts, ReduceOp::Sum))
     }
 
     fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
@@ -419,6 +563,12 @@ impl Collective for ThreadGroup {
         Ok(out)
     }
 
+    fn broadcast(&self, data: &[f32], root: usize) -> Result<Vec<f32>, ExecError> {
+        self.peer(root)?;
+        let mut all = self.exchange(data, "broadcast")?;
+        Ok(std::mem::take(&mut all[root]))
+    }
+
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
         self.peer(peer)?;
         let n = self.shared.n;
@@ -465,7 +615,9 @@ impl Collective for ThreadGroup {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{HostCollective, ReduceOp, ThreadGroup};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
 
     /// Run `f` on every rank of a fresh group of `n`, one thread each; results by rank.
     fn on_ranks<T: Send + 'static>(
@@ -681,8 +833,40 @@ mod tests {
         drop(idle);
     }
 
+    /// Through the device adapter: int32 ids cross an f32 transport bit for bit (even
+    /// ids whose bits are a NaN pattern), reductions refuse them, a message of the wrong
+    /// length is an error naming both lengths.
+    #[test]
+    fn device_buffers_travel_through_a_host_transport() {
+        use crate::cpu::Cpu;
+        use crate::device::{Device, Elem};
+        let out = on_ranks(2, |g| {
+            let dev = Cpu::new();
+            let r = HostCollective::rank(&g) as u32;
+            let mut ids = dev.alloc(Elem::I32, 2).unwrap();
+            dev.write_u32(&mut ids, &[r, 0x7FC0_0001 + r]).unwrap();
+            let mut all = dev.alloc(Elem::I32, 4).unwrap();
+            super::Collective::all_gather(&g, &dev, &ids, &mut all).unwrap();
+            let refused = super::Collective::all_reduce(&g, &dev, &mut ids, ReduceOp::Sum).unwrap_err().to_string();
+            let msg = if r == 0 {
+                super::Collective::send(&g, &dev, 1, &ids).unwrap();
+                String::new()
+            } else {
+                let mut three = dev.alloc(Elem::I32, 3).unwrap();
+                super::Collective::recv(&g, &dev, 0, &mut three).unwrap_err().to_string()
+            };
+            (dev.read_u32(&all).unwrap(), refused, msg)
+        });
+        for (all, refused, _) in &out {
+            assert_eq!(*all, [0, 0x7FC0_0001, 1, 0x7FC0_0002]);
+            assert!(refused.contains("int32"), "{refused}");
+        }
+        assert!(out[1].2.contains("received 2 elements, expected 3"), "{}", out[1].2);
+    }
+
     fn g_peer_checked() -> bool {
         let g = ThreadGroup::new(1).pop().unwrap();
         g.send(1, &[0.0]).is_err() && g.recv(5).is_err()
     }
 }
+

@@ -1,34 +1,32 @@
 //! The CPU backend: [`Cpu`] implements [`Device`] with the f32 kernels of
 //! `runner-kernels`, on rayon's current thread pool (set `RAYON_NUM_THREADS`).
 //!
-//! Each graph op maps onto one kernel family; this file only reads shapes and attributes
-//! off the graph, picks buffers and handles the two gradient write modes (overwrite or
-//! accumulate, see [`crate::device`]). Kernels that overwrite their gradient output get a
-//! scratch buffer when the step must accumulate; kernels that add into a weight gradient
-//! get it zeroed first when the step is the first writer.
-//!
-//! Shape notation as in `runner-kernels`: N rows, C channels, B,T,H,Hkv,D as usual.
-//! Ops without a kernel are composed here: GeGLU (GELU ∘ product), `concat` with
-//! broadcast leading axes, bias gradients (column sums). Collectives have no meaning on
-//! one CPU device and are refused.
+//! Each method unpacks its buffers into slices and calls the kernel of the same name;
+//! the mapping from graph ops to kernels is the executor's (`executor/ops.rs`). Buffers
+//! of the narrow float types store their bits (bf16, f16, FP8 codes with the tensor's
+//! scale); kernels other than [`Device::matmul`] and the conversions take f32, and
+//! [`Device::matmul`] widens narrow operands to f32 exactly before the product, so the
+//! CPU computes what a GPU's low-precision GEMM computes (exact products, f32
+//! accumulation) up to summation order. Events are host clocks: every kernel has
+//! finished when it returns.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
-use matmul::Gemm;
-use moe::{DispatchPlan, Router, ScoreFn};
-use runner_graph::autodiff::BackwardStep;
-use runner_graph::{Graph, Op, OpKind, TensorId};
+use moe::DispatchPlan;
+use runner_graph::DType;
 use runner_kernels::KernelError;
 use runner_kernels::cpu::adamw::{AdamW, adamw_step};
 use runner_kernels::cpu::attention::{Attn, attention_backward, attention_forward};
-use runner_kernels::cpu::cp::CpShard;
-use runner_kernels::cpu::{activation, embedding, loss, matmul, moe, norm, rope};
+use runner_kernels::cpu::matmul::{self, Gemm};
+use runner_kernels::cpu::moe::{self, Router};
+use runner_kernels::cpu::precision::{self as prec, Fp8Format};
+use runner_kernels::cpu::rope::{self, Rope};
+use runner_kernels::cpu::{activation, embedding, loss, norm};
 
-use crate::device::{
-    BackwardIo, Device, DeviceBuffer, Elem, ExecError, GradTarget, MemStats, Plans,
-};
+use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
 
 /// Byte accounting shared by every buffer of one [`Cpu`] device, and the pool that
 /// dropped buffers go back to.
@@ -51,7 +49,7 @@ struct Tracker {
 /// count in [`MemStats`], and the pool holds at most the device's peak live bytes.
 #[derive(Debug, Default)]
 struct Pool {
-    free: HashMap<(bool, usize), Vec<CpuData>>,
+    free: HashMap<(Elem, usize), Vec<CpuData>>,
     bytes: u64,
 }
 
@@ -68,13 +66,10 @@ impl Tracker {
         self.current.fetch_sub(bytes, Ordering::Relaxed);
     }
     /// Keep `data` for reuse if it is big enough and the pool has room.
-    fn recycle(&self, data: CpuData) {
-        let (is_f32, len) = match &data {
-            CpuData::F32(v) => (true, v.len()),
-            CpuData::U32(v) => (false, v.len()),
-        };
-        let bytes = (len * 4) as u64;
-        if len * 4 < POOL_MIN_BYTES {
+    fn recycle(&self, elem: Elem, data: CpuData) {
+        let len = data.len();
+        let bytes = (len * elem.bytes()) as u64;
+        if (bytes as usize) < POOL_MIN_BYTES {
             return;
         }
         let cap = self.peak.load(Ordering::Relaxed);
@@ -82,32 +77,74 @@ impl Tracker {
             && p.bytes + bytes <= cap
         {
             p.bytes += bytes;
-            p.free.entry((is_f32, len)).or_default().push(data);
+            p.free.entry((elem, len)).or_default().push(data);
         }
     }
     /// A pooled buffer of this type and length, if there is one (contents arbitrary).
-    fn reuse(&self, is_f32: bool, len: usize) -> Option<CpuData> {
-        if len * 4 < POOL_MIN_BYTES {
+    fn reuse(&self, elem: Elem, len: usize) -> Option<CpuData> {
+        if len * elem.bytes() < POOL_MIN_BYTES {
             return None;
         }
         let mut p = self.pool.lock().ok()?;
-        let data = p.free.get_mut(&(is_f32, len))?.pop()?;
-        p.bytes -= (len * 4) as u64;
+        let data = p.free.get_mut(&(elem, len))?.pop()?;
+        p.bytes -= (len * elem.bytes()) as u64;
         Some(data)
     }
 }
 
-/// The contents of a CPU buffer.
+/// The contents of a CPU buffer: f32 values, int32 ids, 16-bit float bits (bf16 or
+/// f16) or FP8 codes.
 #[derive(Debug)]
 pub enum CpuData {
     F32(Vec<f32>),
     U32(Vec<u32>),
+    U16(Vec<u16>),
+    U8(Vec<u8>),
+}
+
+impl CpuData {
+    fn len(&self) -> usize {
+        match self {
+            CpuData::F32(v) => v.len(),
+            CpuData::U32(v) => v.len(),
+            CpuData::U16(v) => v.len(),
+            CpuData::U8(v) => v.len(),
+        }
+    }
+    /// Storage for `len` elements of `elem`, filled with `poison`'s pattern or zeros.
+    fn new(elem: Elem, len: usize, poison: bool) -> CpuData {
+        match (elem, poison) {
+            (Elem::F32, true) => CpuData::F32(vec![f32::NAN; len]),
+            (Elem::F32, false) => CpuData::F32(vec![0.0; len]),
+            (Elem::I32, true) => CpuData::U32(vec![u32::MAX; len]),
+            (Elem::I32, false) => CpuData::U32(vec![0; len]),
+            // 0x7FC0 is a bf16 NaN, 0x7E00 an f16 NaN, 0x7F an FP8 NaN in both formats.
+            (Elem::BF16, true) => CpuData::U16(vec![0x7FC0; len]),
+            (Elem::F16, true) => CpuData::U16(vec![0x7E00; len]),
+            (Elem::BF16 | Elem::F16, false) => CpuData::U16(vec![0; len]),
+            (Elem::F8E4M3 | Elem::F8E5M2, true) => CpuData::U8(vec![0x7F; len]),
+            (Elem::F8E4M3 | Elem::F8E5M2, false) => CpuData::U8(vec![0; len]),
+        }
+    }
+    fn poison(&mut self, elem: Elem) {
+        match self {
+            CpuData::F32(v) => v.fill(f32::NAN),
+            CpuData::U32(v) => v.fill(u32::MAX),
+            CpuData::U16(v) => v.fill(if elem == Elem::F16 { 0x7E00 } else { 0x7FC0 }),
+            CpuData::U8(v) => v.fill(0x7F),
+        }
+    }
 }
 
 /// A host-memory buffer that reports its size to its device's tracker on drop.
 #[derive(Debug)]
 pub struct CpuBuffer {
     data: CpuData,
+    elem: Elem,
+    /// FP8 buffers: the tensor's scale (`x ≈ decode(q) / scale`); 1 otherwise.
+    scale: f32,
+    /// FP8 buffers: max |x| of the last write, before quantisation.
+    amax: f32,
     tracker: Arc<Tracker>,
 }
 
@@ -115,48 +152,42 @@ impl Drop for CpuBuffer {
     fn drop(&mut self) {
         self.tracker.sub(self.bytes());
         let data = std::mem::replace(&mut self.data, CpuData::F32(Vec::new()));
-        self.tracker.recycle(data);
+        self.tracker.recycle(self.elem, data);
     }
 }
 
 impl CpuBuffer {
     fn bytes(&self) -> u64 {
-        (self.len() * 4) as u64
+        (self.len() * self.elem.bytes()) as u64
     }
-    /// The f32 contents (empty for a u32 buffer).
+    /// The f32 contents (empty for a buffer of another type).
     pub fn f32(&self) -> &[f32] {
         match &self.data {
             CpuData::F32(v) => v,
-            CpuData::U32(_) => &[],
+            _ => &[],
         }
     }
-    fn f32_mut(&mut self) -> &mut [f32] {
-        match &mut self.data {
-            CpuData::F32(v) => v,
-            CpuData::U32(_) => &mut [],
-        }
-    }
-    /// The u32 contents (empty for an f32 buffer).
+    /// The ids of an int32 buffer (empty for a buffer of another type).
     pub fn u32(&self) -> &[u32] {
         match &self.data {
             CpuData::U32(v) => v,
-            CpuData::F32(_) => &[],
+            _ => &[],
+        }
+    }
+    fn u32_mut(&mut self) -> &mut [u32] {
+        match &mut self.data {
+            CpuData::U32(v) => v,
+            _ => &mut [],
         }
     }
 }
 
 impl DeviceBuffer for CpuBuffer {
     fn len(&self) -> usize {
-        match &self.data {
-            CpuData::F32(v) => v.len(),
-            CpuData::U32(v) => v.len(),
-        }
+        self.data.len()
     }
     fn elem(&self) -> Elem {
-        match &self.data {
-            CpuData::F32(_) => Elem::F32,
-            CpuData::U32(_) => Elem::U32,
-        }
+        self.elem
     }
 }
 
@@ -176,90 +207,44 @@ impl Cpu {
 /// the fill costs a pass over memory that a release benchmark should not pay.
 const POISON: bool = cfg!(debug_assertions);
 
-fn kerr(op: &Op) -> impl FnOnce(KernelError) -> ExecError + '_ {
+/// A kernel's refusal, named by the kernel (the executor renames it to the graph op).
+fn kerr(kernel: &'static str) -> impl FnOnce(KernelError) -> ExecError {
     move |source| ExecError::Kernel {
-        op: op.name.clone(),
+        op: kernel.into(),
         source,
     }
 }
 
-fn state(op: &Op, what: &str) -> ExecError {
-    ExecError::State(format!("operation '{}': {what}", op.name))
-}
-
-fn shape(g: &Graph, id: TensorId) -> &[u64] {
-    &g.tensors[id].shape
-}
-fn numel(g: &Graph, id: TensorId) -> usize {
-    g.tensors[id].numel() as usize
-}
-fn last(g: &Graph, id: TensorId) -> usize {
-    shape(g, id).last().copied().unwrap_or(1) as usize
-}
-
-fn f32_attr(op: &Op, key: &str, default: f64) -> f32 {
-    op.float(key).unwrap_or(default) as f32
-}
-
-/// The context-parallel rank of a sharded rotary or attention op (attrs `cp`,
-/// `cp-rank`, set by `runner_graph::shard` when cp > 1): its rows are that rank's two
-/// chunks of the sequence (`runner_kernels::cpu::cp`). `None` when there are none.
-fn cp_of(op: &Op) -> Option<CpShard> {
-    let size = op.int("cp").unwrap_or(1);
-    (size > 1).then(|| CpShard {
-        size: size as usize,
-        rank: op.int("cp-rank").unwrap_or(0).max(0) as usize,
-    })
-}
-
-/// The attention shape of op `op` (q, k, v inputs (B,T,H,D), (B,Tk,Hkv,D),
-/// (B,Tk,Hkv,Dv); Tk = cp·T under context parallelism, the all-gathered K/V).
-fn attn_of(g: &Graph, op: &Op) -> Attn {
-    let (q, v) = (shape(g, op.inputs[0]), shape(g, op.inputs[2]));
-    let k = shape(g, op.inputs[1]);
-    let window = op.int("window").unwrap_or(0);
-    Attn {
-        b: q[0] as usize,
-        t: q[1] as usize,
-        h: q[2] as usize,
-        hkv: k[2] as usize,
-        d: q[3] as usize,
-        dv: v[3] as usize,
-        causal: op.flag("causal").unwrap_or(true),
-        window: (window > 0).then_some(window as usize),
-        scale: f32_attr(op, "scale", 1.0 / (q[3] as f64).sqrt()),
-        cp: cp_of(op),
+/// The f32 slice of `b`, or an error naming the kernel that needs it.
+fn f<'a>(b: &'a CpuBuffer, kernel: &str) -> Result<&'a [f32], ExecError> {
+    match &b.data {
+        CpuData::F32(v) => Ok(v),
+        _ => Err(wrong_type(kernel, b.elem, Elem::F32)),
     }
 }
-
-fn rope_of(g: &Graph, op: &Op) -> rope::Rope {
-    let x = shape(g, op.inputs[0]);
-    rope::Rope {
-        b: x[0] as usize,
-        t: x[1] as usize,
-        h: x[2] as usize,
-        d: x[3] as usize,
-        rot_dim: op.int("rot-dim").unwrap_or(x[3] as i64) as usize,
-        theta: f32_attr(op, "theta", 10_000.0),
-        pos_offset: 0,
-        cp: cp_of(op),
+fn fm<'a>(b: &'a mut CpuBuffer, kernel: &str) -> Result<&'a mut [f32], ExecError> {
+    let elem = b.elem;
+    match &mut b.data {
+        CpuData::F32(v) => Ok(v),
+        _ => Err(wrong_type(kernel, elem, Elem::F32)),
     }
 }
-
-fn router_of(g: &Graph, op: &Op) -> Router {
-    let logits = op.inputs[0];
-    let e = last(g, logits);
-    Router {
-        n: numel(g, logits) / e.max(1),
-        e,
-        k: op.int("top-k").unwrap_or(1) as usize,
-        score: if op.text("score") == Some("sigmoid") {
-            ScoreFn::Sigmoid
-        } else {
-            ScoreFn::Softmax
-        },
-        normalize_topk: op.flag("normalize").unwrap_or(true),
+fn ids<'a>(b: &'a CpuBuffer, kernel: &str) -> Result<&'a [u32], ExecError> {
+    match &b.data {
+        CpuData::U32(v) => Ok(v),
+        _ => Err(wrong_type(kernel, b.elem, Elem::I32)),
     }
+}
+fn wrong_type(kernel: &str, got: Elem, want: Elem) -> ExecError {
+    ExecError::State(format!(
+        "kernel {kernel} takes {} buffers, got {}",
+        want.name(),
+        got.name()
+    ))
+}
+
+fn len_err(what: &str, got: usize, want: usize) -> ExecError {
+    ExecError::State(format!("{what}: {got} elements into a buffer of {want}"))
 }
 
 /// Row index into a source whose leading axes broadcast (size 1) against `out_lead`.
@@ -278,127 +263,51 @@ fn broadcast_row(out_lead: &[u64], src_lead: &[u64], row: usize) -> usize {
     idx
 }
 
+fn last(s: &[u64]) -> usize {
+    s.last().copied().unwrap_or(1) as usize
+}
+
+/// Element-wise loops share the kernels' grain (2^15 elements per task).
+const GRAIN: usize = 1 << 15;
+
 impl Cpu {
     fn scratch(&self, len: usize) -> Result<CpuBuffer, ExecError> {
         self.alloc(Elem::F32, len)
     }
 
-    /// Write a gradient with a kernel that overwrites its output: straight into the
-    /// target, or into scratch then added when the step accumulates.
-    fn emit(
-        &self,
-        target: &mut GradTarget<'_, CpuBuffer>,
-        f: impl FnOnce(&mut [f32]) -> Result<(), ExecError>,
-    ) -> Result<(), ExecError> {
-        let mut staged = self.stage(target)?;
-        f(staged.out())?;
-        self.settle(staged)
-    }
-
-    /// Prepare one output of a kernel that writes several gradients at once (the
-    /// multi-output form of [`Cpu::emit`]); [`Cpu::settle`] finishes it.
-    fn stage<'t, 'b>(&self, target: &'t mut GradTarget<'b, CpuBuffer>) -> Result<Staged<'t, 'b>, ExecError> {
-        let scratch = if target.accumulate { Some(self.scratch(target.buf.len())?) } else { None };
-        Ok(Staged { target, scratch })
-    }
-
-    /// Add a staged gradient into its target when the step accumulates.
-    fn settle(&self, staged: Staged<'_, '_>) -> Result<(), ExecError> {
-        match staged.scratch {
-            Some(tmp) => self.add_assign(staged.target.buf, &tmp),
-            None => Ok(()),
+    /// The values of a float buffer as f32, borrowed when it is f32 already.
+    fn widen<'a>(&self, b: &'a CpuBuffer) -> Result<std::borrow::Cow<'a, [f32]>, ExecError> {
+        match &b.data {
+            CpuData::F32(v) => Ok(std::borrow::Cow::Borrowed(v)),
+            _ => self.read_f32(b).map(std::borrow::Cow::Owned),
         }
     }
-
-    /// Write a gradient with a kernel that adds into its output (weight gradients).
-    fn emit_add(
-        &self,
-        target: &mut GradTarget<'_, CpuBuffer>,
-        f: impl FnOnce(&mut [f32]) -> Result<(), ExecError>,
-    ) -> Result<(), ExecError> {
-        if !target.accumulate {
-            target.buf.f32_mut().fill(0.0);
-        }
-        f(target.buf.f32_mut())
-    }
-
-    /// The gradient target of input `slot`, or a scratch buffer of `len` whose result is
-    /// dropped (kernels that always write every gradient, e.g. attention's dq/dk/dv).
-    fn target_or_scratch<'b>(
-        &self,
-        slot: Option<GradTarget<'b, CpuBuffer>>,
-        len: usize,
-        keep: &'b mut Option<CpuBuffer>,
-    ) -> Result<GradTarget<'b, CpuBuffer>, ExecError> {
-        match slot {
-            Some(t) => Ok(t),
-            None => {
-                let buf = keep.insert(self.scratch(len)?);
-                Ok(GradTarget {
-                    buf,
-                    accumulate: false,
-                })
-            }
-        }
-    }
-}
-
-/// A gradient output staged by [`Cpu::stage`]: the kernel writes [`Staged::out`], which is
-/// the target itself, or scratch that [`Cpu::settle`] adds into the target.
-struct Staged<'t, 'b> {
-    target: &'t mut GradTarget<'b, CpuBuffer>,
-    scratch: Option<CpuBuffer>,
-}
-
-impl Staged<'_, '_> {
-    fn out(&mut self) -> &mut [f32] {
-        match &mut self.scratch {
-            Some(s) => s.f32_mut(),
-            None => self.target.buf.f32_mut(),
-        }
-    }
-}
-
-fn need<'b>(
-    v: &[Option<&'b CpuBuffer>],
-    i: usize,
-    op: &Op,
-    what: &str,
-) -> Result<&'b CpuBuffer, ExecError> {
-    v.get(i).copied().flatten().ok_or_else(|| {
-        state(
-            op,
-            &format!("backward needs {what} (slot {i}), which was not saved"),
-        )
-    })
 }
 
 impl Device for Cpu {
     type Buffer = CpuBuffer;
     type Plan = DispatchPlan;
+    type Event = Instant;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
     }
 
     fn alloc(&self, elem: Elem, len: usize) -> Result<CpuBuffer, ExecError> {
-        let pooled = self.tracker.reuse(elem == Elem::F32, len).map(|mut d| {
-            if POISON {
-                match &mut d {
-                    CpuData::F32(v) => v.fill(f32::NAN),
-                    CpuData::U32(v) => v.fill(u32::MAX),
+        let data = match self.tracker.reuse(elem, len) {
+            Some(mut d) => {
+                if POISON {
+                    d.poison(elem);
                 }
+                d
             }
-            d
-        });
-        let data = pooled.unwrap_or_else(|| match (elem, POISON) {
-            (Elem::F32, true) => CpuData::F32(vec![f32::NAN; len]),
-            (Elem::F32, false) => CpuData::F32(vec![0.0; len]),
-            (Elem::U32, true) => CpuData::U32(vec![u32::MAX; len]),
-            (Elem::U32, false) => CpuData::U32(vec![0; len]),
-        });
+            None => CpuData::new(elem, len, POISON),
+        };
         let buf = CpuBuffer {
             data,
+            elem,
+            scale: 1.0,
+            amax: 0.0,
             tracker: self.tracker.clone(),
         };
         self.tracker.add(buf.bytes());
@@ -409,23 +318,47 @@ impl Device for Cpu {
         match &mut buf.data {
             CpuData::F32(v) => v.fill(0.0),
             CpuData::U32(v) => v.fill(0),
+            CpuData::U16(v) => v.fill(0),
+            CpuData::U8(v) => v.fill(0),
         }
+        buf.scale = 1.0;
+        buf.amax = 0.0;
         Ok(())
     }
 
     fn write_f32(&self, buf: &mut CpuBuffer, data: &[f32]) -> Result<(), ExecError> {
-        match &mut buf.data {
-            CpuData::F32(v) if v.len() == data.len() => {
-                v.copy_from_slice(data);
-                Ok(())
-            }
-            _ => Err(ExecError::State(format!(
-                "write of {} f32 into a buffer of {} {:?}",
+        if buf.len() != data.len() || !buf.elem.is_float() {
+            return Err(ExecError::State(format!(
+                "write of {} f32 into a buffer of {} {}",
                 data.len(),
                 buf.len(),
-                buf.elem()
-            ))),
+                buf.elem.name()
+            )));
         }
+        let elem = buf.elem;
+        match &mut buf.data {
+            CpuData::F32(v) => v.copy_from_slice(data),
+            CpuData::U16(v) if elem == Elem::BF16 => {
+                for (o, &x) in v.iter_mut().zip(data) {
+                    *o = prec::bf16_bits(x);
+                }
+            }
+            CpuData::U16(v) => {
+                for (o, &x) in v.iter_mut().zip(data) {
+                    *o = half::f16::from_f32(x).to_bits();
+                }
+            }
+            CpuData::U8(v) => {
+                let fmt = elem.fp8().unwrap_or(Fp8Format::E4M3);
+                let amax = data.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let scale = prec::fp8_current_scale(amax, fmt);
+                prec::fp8_quantize(v, data, scale, fmt, true).map_err(kerr("cast"))?;
+                buf.scale = scale;
+                buf.amax = amax;
+            }
+            CpuData::U32(_) => unreachable!("checked above: float buffer"),
+        }
+        Ok(())
     }
 
     fn write_u32(&self, buf: &mut CpuBuffer, data: &[u32]) -> Result<(), ExecError> {
@@ -435,10 +368,10 @@ impl Device for Cpu {
                 Ok(())
             }
             _ => Err(ExecError::State(format!(
-                "write of {} u32 into a buffer of {} {:?}",
+                "write of {} u32 into a buffer of {} {}",
                 data.len(),
                 buf.len(),
-                buf.elem()
+                buf.elem.name()
             ))),
         }
     }
@@ -446,23 +379,125 @@ impl Device for Cpu {
     fn read_f32(&self, buf: &CpuBuffer) -> Result<Vec<f32>, ExecError> {
         match &buf.data {
             CpuData::F32(v) => Ok(v.clone()),
-            CpuData::U32(_) => Err(ExecError::State("read_f32 of a u32 buffer".into())),
+            CpuData::U16(v) if buf.elem == Elem::BF16 => {
+                Ok(v.iter().map(|&b| prec::bf16_from_bits(b)).collect())
+            }
+            CpuData::U16(v) => Ok(v.iter().map(|&b| half::f16::from_bits(b).to_f32()).collect()),
+            CpuData::U8(q) => {
+                let mut out = vec![0f32; q.len()];
+                let fmt = buf.elem.fp8().unwrap_or(Fp8Format::E4M3);
+                prec::fp8_dequantize(&mut out, q, buf.scale, fmt).map_err(kerr("cast"))?;
+                Ok(out)
+            }
+            CpuData::U32(_) => Err(ExecError::State("read_f32 of an int32 buffer".into())),
         }
     }
 
-    fn round_to_storage(&self, buf: &mut CpuBuffer, dtype: runner_graph::DType, row: usize) -> Result<(), ExecError> {
-        use runner_graph::DType;
-        use runner_kernels::cpu::precision::{self as p, Fp8Format};
+    fn read_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>, ExecError> {
+        match &buf.data {
+            CpuData::U32(v) => Ok(v.clone()),
+            _ => Err(ExecError::State(format!(
+                "read_u32 of a {} buffer",
+                buf.elem.name()
+            ))),
+        }
+    }
+
+    fn copy(
+        &self,
+        dst: &mut CpuBuffer,
+        dst_at: usize,
+        src: &CpuBuffer,
+        src_at: usize,
+        len: usize,
+    ) -> Result<(), ExecError> {
+        let ok = dst.elem == src.elem
+            && dst_at.checked_add(len).is_some_and(|e| e <= dst.len())
+            && src_at.checked_add(len).is_some_and(|e| e <= src.len());
+        if !ok {
+            return Err(ExecError::State(format!(
+                "copy of {len} {} from {src_at} of {} into {} {} at {dst_at}",
+                src.elem.name(),
+                src.len(),
+                dst.len(),
+                dst.elem.name()
+            )));
+        }
+        let (d, s) = (dst_at..dst_at + len, src_at..src_at + len);
+        match (&mut dst.data, &src.data) {
+            (CpuData::F32(a), CpuData::F32(b)) => a[d].copy_from_slice(&b[s]),
+            (CpuData::U32(a), CpuData::U32(b)) => a[d].copy_from_slice(&b[s]),
+            (CpuData::U16(a), CpuData::U16(b)) => a[d].copy_from_slice(&b[s]),
+            (CpuData::U8(a), CpuData::U8(b)) => a[d].copy_from_slice(&b[s]),
+            _ => return Err(ExecError::State("copy between storage kinds".into())),
+        }
+        dst.scale = src.scale;
+        dst.amax = src.amax;
+        Ok(())
+    }
+
+    fn transpose_outer(
+        &self,
+        dst: &mut CpuBuffer,
+        src: &CpuBuffer,
+        a: usize,
+        b: usize,
+        c: usize,
+    ) -> Result<(), ExecError> {
+        let n = a * b * c;
+        if dst.elem != src.elem || dst.len() != n || src.len() != n {
+            return Err(ExecError::State(format!(
+                "transpose_outer ({a},{b},{c}) of {} {} into {} {}",
+                src.len(),
+                src.elem.name(),
+                dst.len(),
+                dst.elem.name()
+            )));
+        }
+        fn go<T: Copy>(d: &mut [T], s: &[T], a: usize, b: usize, c: usize) {
+            for i in 0..a {
+                for j in 0..b {
+                    let (from, to) = ((i * b + j) * c, (j * a + i) * c);
+                    d[to..to + c].copy_from_slice(&s[from..from + c]);
+                }
+            }
+        }
+        match (&mut dst.data, &src.data) {
+            (CpuData::F32(d), CpuData::F32(s)) => go(d, s, a, b, c),
+            (CpuData::U32(d), CpuData::U32(s)) => go(d, s, a, b, c),
+            (CpuData::U16(d), CpuData::U16(s)) => go(d, s, a, b, c),
+            (CpuData::U8(d), CpuData::U8(s)) => go(d, s, a, b, c),
+            _ => return Err(ExecError::State("transpose between storage kinds".into())),
+        }
+        dst.scale = src.scale;
+        Ok(())
+    }
+
+    fn cast(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<(), ExecError> {
+        let x = self.widen(src)?;
+        self.write_f32(dst, &x)
+    }
+
+    fn fp8_scale(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
+        Ok(buf.scale)
+    }
+
+    fn fp8_amax(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
+        Ok(if buf.elem.fp8().is_some() { buf.amax } else { 0.0 })
+    }
+
+    fn round_to_storage(&self, buf: &mut CpuBuffer, dtype: DType, row: usize) -> Result<(), ExecError> {
+        let x = fm(buf, "round_to_storage")?;
         match dtype {
-            DType::BF16 => p::round_to_bf16(buf.f32_mut()),
-            DType::F16 => p::round_to_f16(buf.f32_mut()),
+            DType::BF16 => prec::round_to_bf16(x),
+            DType::F16 => prec::round_to_f16(x),
             DType::Fp8E4M3 => {
-                p::round_to_fp8_current(buf.f32_mut(), Fp8Format::E4M3);
+                prec::round_to_fp8_current(x, Fp8Format::E4M3);
             }
             DType::Fp8E5M2 => {
-                p::round_to_fp8_current(buf.f32_mut(), Fp8Format::E5M2);
+                prec::round_to_fp8_current(x, Fp8Format::E5M2);
             }
-            DType::MxFp8 => p::round_to_mxfp8(buf.f32_mut(), row),
+            DType::MxFp8 => prec::round_to_mxfp8(x, row),
             DType::F32 | DType::NvFp4 | DType::I32 => {}
         }
         Ok(())
@@ -470,17 +505,13 @@ impl Device for Cpu {
 
     fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<(), ExecError> {
         use rayon::prelude::*;
-        let (d, s) = (dst.f32_mut(), src.f32());
+        let s = f(src, "add_assign")?;
+        let d = fm(dst, "add_assign")?;
         if d.len() != s.len() {
-            return Err(ExecError::State(format!(
-                "add of {} elements into {}",
-                s.len(),
-                d.len()
-            )));
+            return Err(len_err("add_assign", s.len(), d.len()));
         }
-        // Same grain as the kernels' element-wise loops (2^15 elements per task).
-        d.par_chunks_mut(1 << 15)
-            .zip(s.par_chunks(1 << 15))
+        d.par_chunks_mut(GRAIN)
+            .zip(s.par_chunks(GRAIN))
             .for_each(|(d, s)| {
                 for (a, b) in d.iter_mut().zip(s) {
                     *a += b;
@@ -489,519 +520,588 @@ impl Device for Cpu {
         Ok(())
     }
 
-    fn forward(
-        &self,
-        g: &Graph,
-        oi: usize,
-        inputs: &[&CpuBuffer],
-        outputs: &mut [CpuBuffer],
-        aux: &mut Vec<CpuBuffer>,
-        plans: &mut Plans<DispatchPlan>,
-    ) -> Result<(), ExecError> {
-        let op = &g.ops[oi];
-        let ke = || kerr(op);
-        let x = |i: usize| inputs[i].f32();
-        match op.kind {
-            OpKind::Linear => {
-                let (xid, wid) = (op.inputs[0], op.inputs[1]);
-                let (n, k) = (shape(g, wid)[0] as usize, shape(g, wid)[1] as usize);
-                let m = numel(g, xid) / k;
-                let out = outputs[0].f32_mut();
-                matmul::matmul(
-                    out,
-                    x(0),
-                    x(1),
-                    Gemm {
-                        m,
-                        n,
-                        k,
-                        trans_a: false,
-                        trans_b: true,
-                    },
-                    false,
-                )
-                .map_err(ke())?;
-                if let Some(b) = inputs.get(2) {
-                    for row in out.chunks_mut(n) {
-                        for (o, bb) in row.iter_mut().zip(b.f32()) {
-                            *o += bb;
-                        }
-                    }
-                }
+    fn scale(&self, buf: &mut CpuBuffer, s: f32) -> Result<(), ExecError> {
+        use rayon::prelude::*;
+        fm(buf, "scale")?
+            .par_chunks_mut(GRAIN)
+            .for_each(|c| c.iter_mut().for_each(|x| *x *= s));
+        Ok(())
+    }
+
+    fn add_forward(&self, out: &mut CpuBuffer, a: &CpuBuffer, b: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "add_forward";
+        activation::add_forward(fm(out, k)?, f(a, k)?, f(b, k)?).map_err(kerr(k))
+    }
+
+    fn add_bias(&self, out: &mut CpuBuffer, bias: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "add_bias";
+        let b = f(bias, k)?;
+        let o = fm(out, k)?;
+        if b.is_empty() || !o.len().is_multiple_of(b.len()) {
+            return Err(len_err(k, b.len(), o.len()));
+        }
+        for row in o.chunks_mut(b.len()) {
+            for (x, y) in row.iter_mut().zip(b) {
+                *x += y;
             }
-            OpKind::Embedding => {
-                let c = last(g, op.inputs[1]);
-                embedding::embedding_forward(outputs[0].f32_mut(), inputs[0].u32(), x(1), c)
-                    .map_err(ke())?;
-            }
-            OpKind::RmsNorm => {
-                let c = last(g, op.inputs[0]);
-                let mut rstd = self.scratch(numel(g, op.inputs[0]) / c)?;
-                let eps = f32_attr(op, "eps", 1e-5);
-                norm::rmsnorm_forward(outputs[0].f32_mut(), rstd.f32_mut(), x(0), x(1), c, eps)
-                    .map_err(ke())?;
-                aux.push(rstd);
-            }
-            OpKind::LayerNorm => {
-                let c = last(g, op.inputs[0]);
-                let rows = numel(g, op.inputs[0]) / c;
-                let (mut mean, mut rstd) = (self.scratch(rows)?, self.scratch(rows)?);
-                let eps = f32_attr(op, "eps", 1e-5);
-                norm::layernorm_forward(
-                    outputs[0].f32_mut(),
-                    mean.f32_mut(),
-                    rstd.f32_mut(),
-                    x(0),
-                    x(1),
-                    x(2),
-                    c,
-                    eps,
-                )
-                .map_err(ke())?;
-                aux.push(mean);
-                aux.push(rstd);
-            }
-            OpKind::Rotary => {
-                rope::rope_forward(outputs[0].f32_mut(), x(0), rope_of(g, op)).map_err(ke())?
-            }
-            OpKind::Attention => {
-                let a = attn_of(g, op);
-                let mut lse = self.scratch(a.b * a.h * a.t)?;
-                attention_forward(outputs[0].f32_mut(), lse.f32_mut(), x(0), x(1), x(2), a)
-                    .map_err(ke())?;
-                aux.push(lse);
-            }
-            OpKind::SwiGlu => {
-                activation::swiglu_forward(outputs[0].f32_mut(), x(0), x(1)).map_err(ke())?
-            }
-            OpKind::GeGlu => {
-                let out = outputs[0].f32_mut();
-                activation::gelu_forward(out, x(0)).map_err(ke())?;
-                if x(1).len() != out.len() {
-                    return Err(state(op, "gate and up differ in length"));
-                }
-                for (o, u) in out.iter_mut().zip(x(1)) {
-                    *o *= u;
-                }
-            }
-            OpKind::Gelu => activation::gelu_forward(outputs[0].f32_mut(), x(0)).map_err(ke())?,
-            OpKind::SquaredRelu => {
-                activation::squared_relu_forward(outputs[0].f32_mut(), x(0)).map_err(ke())?
-            }
-            OpKind::Add => {
-                activation::add_forward(outputs[0].f32_mut(), x(0), x(1)).map_err(ke())?
-            }
-            OpKind::Concat => {
-                let (a, b, o) = (op.inputs[0], op.inputs[1], op.outputs[0]);
-                let (la, lb, lo) = (last(g, a), last(g, b), last(g, o));
-                let (sa, sb, so) = (shape(g, a), shape(g, b), shape(g, o));
-                let r = so.len() - 1;
-                let out = outputs[0].f32_mut();
-                for (row, dst) in out.chunks_mut(lo).enumerate() {
-                    let ra = broadcast_row(&so[..r], &sa[..r], row);
-                    let rb = broadcast_row(&so[..r], &sb[..r], row);
-                    dst[..la].copy_from_slice(&x(0)[ra * la..(ra + 1) * la]);
-                    dst[la..].copy_from_slice(&x(1)[rb * lb..(rb + 1) * lb]);
-                }
-            }
-            OpKind::CrossEntropy => {
-                let v = last(g, op.inputs[0]);
-                let rows = numel(g, op.inputs[0]) / v;
-                let (mut losses, mut lse) = (self.scratch(rows)?, self.scratch(rows)?);
-                let mean = loss::cross_entropy_forward(
-                    losses.f32_mut(),
-                    lse.f32_mut(),
-                    x(0),
-                    inputs[1].u32(),
-                    v,
-                )
-                .map_err(ke())?;
-                outputs[0].f32_mut()[0] = mean;
-                aux.push(lse);
-            }
-            OpKind::Router => {
-                let r = router_of(g, op);
-                let mut probs = self.scratch(r.n * r.e)?;
-                let (w, idx) = outputs.split_at_mut(1);
-                let idx = match &mut idx[0].data {
-                    CpuData::U32(v) => v,
-                    CpuData::F32(_) => {
-                        return Err(state(op, "router indices must be an int32 tensor"));
-                    }
-                };
-                moe::router_forward(w[0].f32_mut(), idx, probs.f32_mut(), x(0), &r).map_err(ke())?;
-                aux.push(probs);
-            }
-            OpKind::MoeDispatch => {
-                let idx = op.inputs[1];
-                let (n, k) = (shape(g, idx)[0] as usize, shape(g, idx)[1] as usize);
-                let e = op.int("experts").unwrap_or(0).max(0) as usize;
-                let plan = moe::dispatch_plan(inputs[1].u32(), n, k, e).map_err(ke())?;
-                let c = last(g, op.outputs[0]);
-                moe::dispatch_forward(outputs[0].f32_mut(), x(0), &plan, c).map_err(ke())?;
-                plans.routed.insert(idx, plan);
-            }
-            OpKind::GroupedLinear => {
-                let w = shape(g, op.inputs[1]);
-                let (e, n_out, k_in) = (w[0] as usize, w[1] as usize, w[2] as usize);
-                // An expert-parallel rank runs on the rows its all-to-all received.
-                let plan = if plans.received.contains_key(&op.inputs[2]) {
-                    plans
-                        .for_experts(op.inputs[2])
-                        .ok_or_else(|| state(op, "routing plan vanished"))?
-                } else {
-                    plan_for(g, op, op.inputs[2], inputs[2], e, plans)?
-                };
-                moe::grouped_matmul_forward(outputs[0].f32_mut(), x(0), x(1), plan, k_in, n_out)
-                    .map_err(ke())?;
-            }
-            OpKind::MoeCombine => {
-                let c = last(g, op.inputs[0]);
-                let plan = plans
-                    .routed
-                    .get(&op.inputs[2])
-                    .ok_or_else(|| state(op, "no dispatch built a plan for these indices"))?;
-                moe::combine_forward(outputs[0].f32_mut(), x(0), x(1), plan, c).map_err(ke())?;
-            }
-            OpKind::AllReduce
-            | OpKind::AllGather
-            | OpKind::ReduceScatter
-            | OpKind::AllToAll
-            | OpKind::Send
-            | OpKind::Recv => return Err(unsupported(self, op)),
         }
         Ok(())
     }
 
-    fn backward(
-        &self,
-        g: &Graph,
-        step: &BackwardStep,
-        io: BackwardIo<'_, Self>,
-    ) -> Result<(), ExecError> {
-        let op = &g.ops[step.op];
-        let ke = || kerr(op);
-        let BackwardIo {
-            inputs,
-            outputs,
-            aux,
-            grads_in,
-            mut grads_out,
-            plans,
-        } = io;
-        // Zero gradient for outputs that carry none (not reaching the loss).
-        let mut zeros = Vec::new();
-        for (slot, gi) in grads_in.iter().enumerate() {
-            if gi.is_none() {
-                let mut z = self.scratch(numel(g, op.outputs[slot]))?;
-                z.f32_mut().fill(0.0);
-                zeros.push((slot, z));
-            }
+    fn bias_backward(&self, dbias: &mut CpuBuffer, dout: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "bias_backward";
+        let dy = f(dout, k)?;
+        let db = fm(dbias, k)?;
+        if db.is_empty() || !dy.len().is_multiple_of(db.len()) {
+            return Err(len_err(k, dy.len(), db.len()));
         }
-        let dout = |slot: usize| -> &[f32] {
-            match grads_in[slot] {
-                Some(b) => b.f32(),
-                None => zeros
-                    .iter()
-                    .find(|(s, _)| *s == slot)
-                    .map_or(&[], |(_, z)| z.f32()),
+        for row in dy.chunks(db.len()) {
+            for (d, g) in db.iter_mut().zip(row) {
+                *d += g;
             }
-        };
-        let input = |i: usize, what: &str| need(&inputs, i, op, what);
-        let mut take = |i: usize| grads_out.get_mut(i).and_then(Option::take);
-        match op.kind {
-            OpKind::Linear => {
-                let (xid, wid) = (op.inputs[0], op.inputs[1]);
-                let (n, k) = (shape(g, wid)[0] as usize, shape(g, wid)[1] as usize);
-                let m = numel(g, xid) / k;
-                let dy = dout(0);
-                if let Some(t) = take(0) {
-                    let w = input(1, "the weight")?.f32();
-                    let gm = Gemm {
-                        m,
-                        n: k,
-                        k: n,
-                        trans_a: false,
-                        trans_b: false,
-                    };
-                    matmul::matmul(t.buf.f32_mut(), dy, w, gm, t.accumulate).map_err(ke())?;
-                }
-                if let Some(t) = take(1) {
-                    let x = input(0, "the input")?.f32();
-                    let gm = Gemm {
-                        m: n,
-                        n: k,
-                        k: m,
-                        trans_a: true,
-                        trans_b: false,
-                    };
-                    matmul::matmul(t.buf.f32_mut(), dy, x, gm, t.accumulate).map_err(ke())?;
-                }
-                if let Some(mut t) = take(2) {
-                    self.emit_add(&mut t, |db| {
-                        for row in dy.chunks(n) {
-                            for (d, g) in db.iter_mut().zip(row) {
-                                *d += g;
-                            }
-                        }
-                        Ok(())
-                    })?;
-                }
-            }
-            OpKind::Embedding => {
-                if let Some(mut t) = take(1) {
-                    let c = last(g, op.inputs[1]);
-                    let tokens = input(0, "the tokens")?.u32();
-                    self.emit_add(&mut t, |dw| {
-                        embedding::embedding_backward(dw, dout(0), tokens, c).map_err(ke())
-                    })?;
-                }
-            }
-            OpKind::RmsNorm => {
-                let c = last(g, op.inputs[0]);
-                let (x, w) = (input(0, "the input")?.f32(), input(1, "the weight")?.f32());
-                let rstd = aux
-                    .first()
-                    .ok_or_else(|| state(op, "rstd was not saved"))?
-                    .f32();
-                let mut dw_scratch = None;
-                let dwt = self.target_or_scratch(take(1), c, &mut dw_scratch)?;
-                if !dwt.accumulate {
-                    dwt.buf.f32_mut().fill(0.0);
-                }
-                let mut dx_scratch = None;
-                let mut dxt = self.target_or_scratch(take(0), x.len(), &mut dx_scratch)?;
-                let dw = dwt.buf.f32_mut();
-                self.emit(&mut dxt, |dx| {
-                    norm::rmsnorm_backward(dx, dw, dout(0), x, w, rstd, c).map_err(ke())
-                })?;
-            }
-            OpKind::LayerNorm => {
-                let c = last(g, op.inputs[0]);
-                let (x, w) = (input(0, "the input")?.f32(), input(1, "the weight")?.f32());
-                let (mean, rstd) = match aux {
-                    [m, r, ..] => (m.f32(), r.f32()),
-                    _ => return Err(state(op, "mean and rstd were not saved")),
-                };
-                let (mut s1, mut s2, mut s3) = (None, None, None);
-                let mut dwt = self.target_or_scratch(take(1), c, &mut s1)?;
-                let mut dbt = self.target_or_scratch(take(2), c, &mut s2)?;
-                for t in [&mut dwt, &mut dbt] {
-                    if !t.accumulate {
-                        t.buf.f32_mut().fill(0.0);
-                    }
-                }
-                let mut dxt = self.target_or_scratch(take(0), x.len(), &mut s3)?;
-                let (dw, db) = (dwt.buf.f32_mut(), dbt.buf.f32_mut());
-                self.emit(&mut dxt, |dx| {
-                    norm::layernorm_backward(dx, dw, db, dout(0), x, w, mean, rstd, c).map_err(ke())
-                })?;
-            }
-            OpKind::Rotary => {
-                if let Some(mut t) = take(0) {
-                    let r = rope_of(g, op);
-                    self.emit(&mut t, |dx| {
-                        rope::rope_backward(dx, dout(0), r).map_err(ke())
-                    })?;
-                }
-            }
-            OpKind::Attention => {
-                let a = attn_of(g, op);
-                let (q, k, v) = (
-                    input(0, "q")?.f32(),
-                    input(1, "k")?.f32(),
-                    input(2, "v")?.f32(),
-                );
-                let out = need(&outputs, 0, op, "the attention output")?.f32();
-                let lse = aux
-                    .first()
-                    .ok_or_else(|| state(op, "lse was not saved"))?
-                    .f32();
-                let (mut s0, mut s1, mut s2) = (None, None, None);
-                let mut dq = self.target_or_scratch(take(0), q.len(), &mut s0)?;
-                let mut dk = self.target_or_scratch(take(1), k.len(), &mut s1)?;
-                let mut dv = self.target_or_scratch(take(2), v.len(), &mut s2)?;
-                // The kernel writes all three at once; accumulating targets go via scratch.
-                let (mut t0, mut t1, mut t2) = (self.stage(&mut dq)?, self.stage(&mut dk)?, self.stage(&mut dv)?);
-                attention_backward(t0.out(), t1.out(), t2.out(), dout(0), q, k, v, out, lse, a).map_err(ke())?;
-                for t in [t0, t1, t2] {
-                    self.settle(t)?;
-                }
-            }
-            OpKind::SwiGlu | OpKind::GeGlu => {
-                let (gate, up) = (
-                    input(0, "the gate")?.f32(),
-                    input(1, "the up projection")?.f32(),
-                );
-                let (mut s0, mut s1) = (None, None);
-                let mut dg = self.target_or_scratch(take(0), gate.len(), &mut s0)?;
-                let mut du = self.target_or_scratch(take(1), up.len(), &mut s1)?;
-                let (mut tg, mut tu) = (self.stage(&mut dg)?, self.stage(&mut du)?);
-                {
-                    let (dgs, dus) = (tg.out(), tu.out());
-                    if op.kind == OpKind::SwiGlu {
-                        activation::swiglu_backward(dgs, dus, dout(0), gate, up).map_err(ke())?;
-                    } else {
-                        // out = gelu(g)·u: dg = gelu'(g)·(dout·u), du = dout·gelu(g).
-                        let d = dout(0);
-                        let dxu: Vec<f32> = d.iter().zip(up).map(|(a, b)| a * b).collect();
-                        activation::gelu_backward(dgs, &dxu, gate).map_err(ke())?;
-                        activation::gelu_forward(dus, gate).map_err(ke())?;
-                        for (u, a) in dus.iter_mut().zip(d) {
-                            *u *= a;
-                        }
-                    }
-                }
-                self.settle(tg)?;
-                self.settle(tu)?;
-            }
-            OpKind::Gelu | OpKind::SquaredRelu => {
-                if let Some(mut t) = take(0) {
-                    let x = input(0, "the input")?.f32();
-                    let gelu = op.kind == OpKind::Gelu;
-                    self.emit(&mut t, |dx| {
-                        if gelu {
-                            activation::gelu_backward(dx, dout(0), x).map_err(ke())
-                        } else {
-                            activation::squared_relu_backward(dx, dout(0), x).map_err(ke())
-                        }
-                    })?;
-                }
-            }
-            OpKind::Add => {
-                for slot in 0..2 {
-                    if let Some(mut t) = take(slot) {
-                        self.emit(&mut t, |dx| {
-                            dx.copy_from_slice(dout(0));
-                            Ok(())
-                        })?;
-                    }
-                }
-            }
-            OpKind::Concat => {
-                let o = op.outputs[0];
-                let so = shape(g, o);
-                let r = so.len() - 1;
-                let lo = last(g, o);
-                let d = dout(0);
-                let mut col0 = 0;
-                for slot in 0..2 {
-                    let id = op.inputs[slot];
-                    let (ls, ss) = (last(g, id), shape(g, id));
-                    if let Some(mut t) = take(slot) {
-                        self.emit_add(&mut t, |dx| {
-                            // Broadcast leading axes sum their gradient over the copies.
-                            for (row, src) in d.chunks(lo).enumerate() {
-                                let rs = broadcast_row(&so[..r], &ss[..r], row);
-                                for (a, b) in dx[rs * ls..(rs + 1) * ls]
-                                    .iter_mut()
-                                    .zip(&src[col0..col0 + ls])
-                                {
-                                    *a += b;
-                                }
-                            }
-                            Ok(())
-                        })?;
-                    }
-                    col0 += ls;
-                }
-            }
-            OpKind::CrossEntropy => {
-                if let Some(mut t) = take(0) {
-                    let v = last(g, op.inputs[0]);
-                    let logits = input(0, "the logits")?.f32();
-                    let targets = input(1, "the targets")?.u32();
-                    let lse = aux
-                        .first()
-                        .ok_or_else(|| state(op, "lse was not saved"))?
-                        .f32();
-                    let dloss = dout(0).first().copied().unwrap_or(0.0);
-                    self.emit(&mut t, |dl| {
-                        loss::cross_entropy_backward(dl, logits, lse, targets, v, dloss)
-                            .map_err(ke())
-                    })?;
-                }
-            }
-            OpKind::Router => {
-                if let Some(mut t) = take(0) {
-                    let r = router_of(g, op);
-                    let probs = aux
-                        .first()
-                        .ok_or_else(|| state(op, "probs were not saved"))?
-                        .f32();
-                    let idx = need(&outputs, 1, op, "the router indices")?.u32();
-                    self.emit(&mut t, |dl| {
-                        moe::router_backward(dl, dout(0), probs, idx, &r).map_err(ke())
-                    })?;
-                }
-            }
-            OpKind::MoeDispatch => {
-                if let Some(mut t) = take(0) {
-                    let plan = plans
-                        .routed
-                        .get(&op.inputs[1])
-                        .ok_or_else(|| state(op, "the routing plan was not saved"))?;
-                    let c = last(g, op.outputs[0]);
-                    self.emit(&mut t, |dx| {
-                        moe::dispatch_backward(dx, dout(0), plan, c).map_err(ke())
-                    })?;
-                }
-            }
-            OpKind::GroupedLinear => {
-                let w = shape(g, op.inputs[1]);
-                let (n_out, k_in) = (w[1] as usize, w[2] as usize);
-                let plan = plans
-                    .for_experts(op.inputs[2])
-                    .ok_or_else(|| state(op, "the routing plan was not saved"))?;
-                let xs = input(0, "the sorted tokens")?.f32();
-                let wv = input(1, "the expert weights")?.f32();
-                let (mut s0, mut s1) = (None, None);
-                let dwt = self.target_or_scratch(take(1), wv.len(), &mut s1)?;
-                if !dwt.accumulate {
-                    dwt.buf.f32_mut().fill(0.0);
-                }
-                let mut dxt = self.target_or_scratch(take(0), xs.len(), &mut s0)?;
-                let dw = dwt.buf.f32_mut();
-                self.emit(&mut dxt, |dx| {
-                    moe::grouped_matmul_backward(dx, dw, dout(0), xs, wv, plan, k_in, n_out)
-                        .map_err(ke())
-                })?;
-            }
-            OpKind::MoeCombine => {
-                let c = last(g, op.inputs[0]);
-                let plan = plans
-                    .routed
-                    .get(&op.inputs[2])
-                    .ok_or_else(|| state(op, "the routing plan was not saved"))?;
-                let ys = input(0, "the expert outputs")?.f32();
-                let wts = input(1, "the router weights")?.f32();
-                let (mut s0, mut s1) = (None, None);
-                let mut dyt = self.target_or_scratch(take(0), ys.len(), &mut s0)?;
-                let mut dwt = self.target_or_scratch(take(1), wts.len(), &mut s1)?;
-                let (mut ty, mut tw) = (self.stage(&mut dyt)?, self.stage(&mut dwt)?);
-                moe::combine_backward(ty.out(), tw.out(), dout(0), ys, wts, plan, c).map_err(ke())?;
-                self.settle(ty)?;
-                self.settle(tw)?;
-            }
-            OpKind::AllReduce
-            | OpKind::AllGather
-            | OpKind::ReduceScatter
-            | OpKind::AllToAll
-            | OpKind::Send
-            | OpKind::Recv => return Err(unsupported(self, op)),
         }
         Ok(())
+    }
+
+    fn swiglu_forward(&self, out: &mut CpuBuffer, gate: &CpuBuffer, up: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "swiglu_forward";
+        activation::swiglu_forward(fm(out, k)?, f(gate, k)?, f(up, k)?).map_err(kerr(k))
+    }
+
+    fn swiglu_backward(
+        &self,
+        dgate: &mut CpuBuffer,
+        dup: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        gate: &CpuBuffer,
+        up: &CpuBuffer,
+    ) -> Result<(), ExecError> {
+        let k = "swiglu_backward";
+        activation::swiglu_backward(fm(dgate, k)?, fm(dup, k)?, f(dout, k)?, f(gate, k)?, f(up, k)?)
+            .map_err(kerr(k))
+    }
+
+    fn geglu_forward(&self, out: &mut CpuBuffer, gate: &CpuBuffer, up: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "geglu_forward";
+        let (g, u) = (f(gate, k)?, f(up, k)?);
+        let o = fm(out, k)?;
+        activation::gelu_forward(o, g).map_err(kerr(k))?;
+        if u.len() != o.len() {
+            return Err(len_err(k, u.len(), o.len()));
+        }
+        for (o, u) in o.iter_mut().zip(u) {
+            *o *= u;
+        }
+        Ok(())
+    }
+
+    fn geglu_backward(
+        &self,
+        dgate: &mut CpuBuffer,
+        dup: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        gate: &CpuBuffer,
+        up: &CpuBuffer,
+    ) -> Result<(), ExecError> {
+        // out = gelu(g)·u: dg = gelu'(g)·(dout·u), du = dout·gelu(g).
+        let k = "geglu_backward";
+        let (d, g, u) = (f(dout, k)?, f(gate, k)?, f(up, k)?);
+        if u.len() != d.len() {
+            return Err(len_err(k, u.len(), d.len()));
+        }
+        let dxu: Vec<f32> = d.iter().zip(u).map(|(a, b)| a * b).collect();
+        activation::gelu_backward(fm(dgate, k)?, &dxu, g).map_err(kerr(k))?;
+        let du = fm(dup, k)?;
+        activation::gelu_forward(du, g).map_err(kerr(k))?;
+        for (x, a) in du.iter_mut().zip(d) {
+            *x *= a;
+        }
+        Ok(())
+    }
+
+    fn gelu_forward(&self, out: &mut CpuBuffer, x: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "gelu_forward";
+        activation::gelu_forward(fm(out, k)?, f(x, k)?).map_err(kerr(k))
+    }
+
+    fn gelu_backward(&self, dx: &mut CpuBuffer, dout: &CpuBuffer, x: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "gelu_backward";
+        activation::gelu_backward(fm(dx, k)?, f(dout, k)?, f(x, k)?).map_err(kerr(k))
+    }
+
+    fn squared_relu_forward(&self, out: &mut CpuBuffer, x: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "squared_relu_forward";
+        activation::squared_relu_forward(fm(out, k)?, f(x, k)?).map_err(kerr(k))
+    }
+
+    fn squared_relu_backward(&self, dx: &mut CpuBuffer, dout: &CpuBuffer, x: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "squared_relu_backward";
+        activation::squared_relu_backward(fm(dx, k)?, f(dout, k)?, f(x, k)?).map_err(kerr(k))
+    }
+
+    fn concat_forward(&self, out: &mut CpuBuffer, a: &CpuBuffer, b: &CpuBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
+        let k = "concat_forward";
+        let (la, lb, lo) = (last(s.a), last(s.b), last(s.out));
+        let r = s.out.len().saturating_sub(1);
+        let (xa, xb) = (f(a, k)?, f(b, k)?);
+        let o = fm(out, k)?;
+        if la + lb != lo || s.a.len() != s.out.len() || s.b.len() != s.out.len() {
+            return Err(ExecError::State(format!("{k}: shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
+        }
+        for (row, dst) in o.chunks_mut(lo).enumerate() {
+            let ra = broadcast_row(&s.out[..r], &s.a[..r], row);
+            let rb = broadcast_row(&s.out[..r], &s.b[..r], row);
+            dst[..la].copy_from_slice(&xa[ra * la..(ra + 1) * la]);
+            dst[la..].copy_from_slice(&xb[rb * lb..(rb + 1) * lb]);
+        }
+        Ok(())
+    }
+
+    fn concat_backward(
+        &self,
+        da: Option<&mut CpuBuffer>,
+        db: Option<&mut CpuBuffer>,
+        dout: &CpuBuffer,
+        s: ConcatShapes<'_>,
+    ) -> Result<(), ExecError> {
+        let k = "concat_backward";
+        let d = f(dout, k)?;
+        let lo = last(s.out);
+        let r = s.out.len().saturating_sub(1);
+        let mut col0 = 0;
+        for (t, ss) in [(da, s.a), (db, s.b)] {
+            let ls = last(ss);
+            if let Some(t) = t {
+                let dx = fm(t, k)?;
+                // Broadcast leading axes sum their gradient over the copies.
+                for (row, src) in d.chunks(lo).enumerate() {
+                    let rs = broadcast_row(&s.out[..r], &ss[..r], row);
+                    for (a, b) in dx[rs * ls..(rs + 1) * ls].iter_mut().zip(&src[col0..col0 + ls]) {
+                        *a += b;
+                    }
+                }
+            }
+            col0 += ls;
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, c: &mut CpuBuffer, a: &CpuBuffer, b: &CpuBuffer, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
+        let k = "matmul";
+        if a.elem != b.elem && !(a.elem.fp8().is_some() && b.elem.fp8().is_some()) {
+            return Err(ExecError::State(format!("{k}: operands {} x {}", a.elem.name(), b.elem.name())));
+        }
+        if a.elem == Elem::F8E5M2 && b.elem == Elem::F8E5M2 {
+            return Err(ExecError::State(format!("{k}: e5m2 x e5m2 (cuBLASLt has no such FP8 GEMM)")));
+        }
+        let (xa, xb) = (self.widen(a)?, self.widen(b)?);
+        if let Some(fmt) = c.elem.fp8() {
+            if accumulate || a.elem.fp8().is_none() {
+                return Err(ExecError::State(format!("{k}: an FP8 output needs FP8 operands and no accumulation")));
+            }
+            let mut acc = vec![0.0; c.len()];
+            matmul::matmul(&mut acc, &xa, &xb, g, false).map_err(kerr(k))?;
+            let amax = acc.iter().filter(|x| !x.is_nan()).fold(0f32, |m, x| m.max(x.abs()));
+            let scale = c.scale;
+            if let CpuData::U8(q) = &mut c.data {
+                prec::fp8_quantize(q, &acc, scale, fmt, true).map_err(kerr(k))?;
+            }
+            c.amax = amax;
+            return Ok(());
+        }
+        match c.elem {
+            Elem::F32 => matmul::matmul(fm(c, k)?, &xa, &xb, g, accumulate).map_err(kerr(k)),
+            Elem::BF16 | Elem::F16 => {
+                let mut acc = if accumulate { self.read_f32(c)? } else { vec![0.0; c.len()] };
+                matmul::matmul(&mut acc, &xa, &xb, g, accumulate).map_err(kerr(k))?;
+                self.write_f32(c, &acc)
+            }
+            e => Err(ExecError::State(format!("{k}: output type {} (f32, bf16 or f16)", e.name()))),
+        }
+    }
+
+    fn embedding_forward(
+        &self,
+        out: &mut CpuBuffer,
+        tokens: &CpuBuffer,
+        table: &CpuBuffer,
+        c: usize,
+        vocab_start: Option<usize>,
+    ) -> Result<(), ExecError> {
+        let k = "embedding_forward";
+        let (t, w) = (ids(tokens, k)?, f(table, k)?);
+        match vocab_start {
+            None => embedding::embedding_forward(fm(out, k)?, t, w, c),
+            Some(s) => embedding::embedding_shard_forward(fm(out, k)?, t, w, c, s),
+        }
+        .map_err(kerr(k))
+    }
+
+    fn embedding_backward(
+        &self,
+        dtable: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        tokens: &CpuBuffer,
+        c: usize,
+        vocab_start: Option<usize>,
+    ) -> Result<(), ExecError> {
+        let k = "embedding_backward";
+        let (d, t) = (f(dout, k)?, ids(tokens, k)?);
+        match vocab_start {
+            None => embedding::embedding_backward(fm(dtable, k)?, d, t, c),
+            Some(s) => embedding::embedding_shard_backward(fm(dtable, k)?, d, t, c, s),
+        }
+        .map_err(kerr(k))
+    }
+
+    fn rmsnorm_forward(
+        &self,
+        out: &mut CpuBuffer,
+        rstd: &mut CpuBuffer,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), ExecError> {
+        let k = "rmsnorm_forward";
+        norm::rmsnorm_forward(fm(out, k)?, fm(rstd, k)?, f(x, k)?, f(w, k)?, c, eps).map_err(kerr(k))
+    }
+
+    fn rmsnorm_backward(
+        &self,
+        dx: &mut CpuBuffer,
+        dw: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        rstd: &CpuBuffer,
+        c: usize,
+    ) -> Result<(), ExecError> {
+        let k = "rmsnorm_backward";
+        norm::rmsnorm_backward(fm(dx, k)?, fm(dw, k)?, f(dout, k)?, f(x, k)?, f(w, k)?, f(rstd, k)?, c)
+            .map_err(kerr(k))
+    }
+
+    fn layernorm_forward(
+        &self,
+        out: &mut CpuBuffer,
+        mean: &mut CpuBuffer,
+        rstd: &mut CpuBuffer,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        b: &CpuBuffer,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), ExecError> {
+        let k = "layernorm_forward";
+        norm::layernorm_forward(fm(out, k)?, fm(mean, k)?, fm(rstd, k)?, f(x, k)?, f(w, k)?, f(b, k)?, c, eps)
+            .map_err(kerr(k))
+    }
+
+    fn layernorm_backward(
+        &self,
+        dx: &mut CpuBuffer,
+        dw: &mut CpuBuffer,
+        db: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        mean: &CpuBuffer,
+        rstd: &CpuBuffer,
+        c: usize,
+    ) -> Result<(), ExecError> {
+        let k = "layernorm_backward";
+        norm::layernorm_backward(
+            fm(dx, k)?,
+            fm(dw, k)?,
+            fm(db, k)?,
+            f(dout, k)?,
+            f(x, k)?,
+            f(w, k)?,
+            f(mean, k)?,
+            f(rstd, k)?,
+            c,
+        )
+        .map_err(kerr(k))
+    }
+
+    fn rope_forward(&self, out: &mut CpuBuffer, x: &CpuBuffer, r: Rope) -> Result<(), ExecError> {
+        let k = "rope_forward";
+        rope::rope_forward(fm(out, k)?, f(x, k)?, r).map_err(kerr(k))
+    }
+
+    fn rope_backward(&self, dx: &mut CpuBuffer, dout: &CpuBuffer, r: Rope) -> Result<(), ExecError> {
+        let k = "rope_backward";
+        rope::rope_backward(fm(dx, k)?, f(dout, k)?, r).map_err(kerr(k))
+    }
+
+    fn attention_forward(
+        &self,
+        out: &mut CpuBuffer,
+        lse: &mut CpuBuffer,
+        q: &CpuBuffer,
+        kk: &CpuBuffer,
+        v: &CpuBuffer,
+        a: Attn,
+    ) -> Result<(), ExecError> {
+        let k = "attention_forward";
+        attention_forward(fm(out, k)?, fm(lse, k)?, f(q, k)?, f(kk, k)?, f(v, k)?, a).map_err(kerr(k))
+    }
+
+    fn attention_backward(
+        &self,
+        dq: &mut CpuBuffer,
+        dk: &mut CpuBuffer,
+        dv: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        q: &CpuBuffer,
+        kk: &CpuBuffer,
+        v: &CpuBuffer,
+        out: &CpuBuffer,
+        lse: &CpuBuffer,
+        a: Attn,
+    ) -> Result<(), ExecError> {
+        let k = "attention_backward";
+        attention_backward(
+            fm(dq, k)?,
+            fm(dk, k)?,
+            fm(dv, k)?,
+            f(dout, k)?,
+            f(q, k)?,
+            f(kk, k)?,
+            f(v, k)?,
+            f(out, k)?,
+            f(lse, k)?,
+            a,
+        )
+        .map_err(kerr(k))
+    }
+
+    fn cross_entropy_forward(
+        &self,
+        loss_out: &mut CpuBuffer,
+        lse: &mut CpuBuffer,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        v: usize,
+    ) -> Result<(), ExecError> {
+        let k = "cross_entropy_forward";
+        let rows = lse.len();
+        let mut losses = self.scratch(rows)?;
+        let mean = loss::cross_entropy_forward(fm(&mut losses, k)?, fm(lse, k)?, f(logits, k)?, ids(targets, k)?, v)
+            .map_err(kerr(k))?;
+        match fm(loss_out, k)?.first_mut() {
+            Some(l) => *l = mean,
+            None => return Err(len_err(k, 1, 0)),
+        }
+        Ok(())
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        dlogits: &mut CpuBuffer,
+        logits: &CpuBuffer,
+        lse: &CpuBuffer,
+        targets: &CpuBuffer,
+        v: usize,
+        dloss: Option<&CpuBuffer>,
+    ) -> Result<(), ExecError> {
+        let k = "cross_entropy_backward";
+        let dl = match dloss {
+            Some(b) => f(b, k)?.first().copied().unwrap_or(0.0),
+            None => 0.0,
+        };
+        loss::cross_entropy_backward(fm(dlogits, k)?, f(logits, k)?, f(lse, k)?, ids(targets, k)?, v, dl)
+            .map_err(kerr(k))
+    }
+
+    fn row_max(&self, out: &mut CpuBuffer, x: &CpuBuffer, v: usize) -> Result<(), ExecError> {
+        let k = "row_max";
+        loss::row_max(fm(out, k)?, f(x, k)?, v).map_err(kerr(k))
+    }
+
+    fn row_sumexp(&self, out: &mut CpuBuffer, x: &CpuBuffer, max: &CpuBuffer, v: usize) -> Result<(), ExecError> {
+        let k = "row_sumexp";
+        loss::row_sumexp(fm(out, k)?, f(x, k)?, f(max, k)?, v).map_err(kerr(k))
+    }
+
+    fn target_logit(
+        &self,
+        out: &mut CpuBuffer,
+        x: &CpuBuffer,
+        targets: &CpuBuffer,
+        start: usize,
+        v: usize,
+    ) -> Result<(), ExecError> {
+        let k = "target_logit";
+        loss::target_logit(fm(out, k)?, f(x, k)?, ids(targets, k)?, start, v).map_err(kerr(k))
+    }
+
+    fn cross_entropy_from_stats(
+        &self,
+        loss_out: &mut CpuBuffer,
+        lse: &mut CpuBuffer,
+        max: &CpuBuffer,
+        sumexp: &CpuBuffer,
+        target_logit: &CpuBuffer,
+        targets: &CpuBuffer,
+    ) -> Result<(), ExecError> {
+        let k = "cross_entropy_from_stats";
+        let mean = loss::cross_entropy_from_stats(
+            fm(lse, k)?,
+            f(max, k)?,
+            f(sumexp, k)?,
+            f(target_logit, k)?,
+            ids(targets, k)?,
+        )
+        .map_err(kerr(k))?;
+        match fm(loss_out, k)?.first_mut() {
+            Some(l) => *l = mean,
+            None => return Err(len_err(k, 1, 0)),
+        }
+        Ok(())
+    }
+
+    fn cross_entropy_shard_backward(
+        &self,
+        dlogits: &mut CpuBuffer,
+        logits: &CpuBuffer,
+        lse: &CpuBuffer,
+        targets: &CpuBuffer,
+        start: usize,
+        v: usize,
+        dloss: Option<&CpuBuffer>,
+    ) -> Result<(), ExecError> {
+        let k = "cross_entropy_shard_backward";
+        let dl = match dloss {
+            Some(b) => f(b, k)?.first().copied().unwrap_or(0.0),
+            None => 0.0,
+        };
+        loss::cross_entropy_shard_backward(fm(dlogits, k)?, f(logits, k)?, f(lse, k)?, ids(targets, k)?, start, v, dl)
+            .map_err(kerr(k))
+    }
+
+    fn router_forward(
+        &self,
+        weights: &mut CpuBuffer,
+        indices: &mut CpuBuffer,
+        probs: &mut CpuBuffer,
+        logits: &CpuBuffer,
+        r: &Router,
+    ) -> Result<(), ExecError> {
+        let k = "router_forward";
+        if indices.elem != Elem::I32 {
+            return Err(wrong_type(k, indices.elem, Elem::I32));
+        }
+        moe::router_forward(fm(weights, k)?, indices.u32_mut(), fm(probs, k)?, f(logits, k)?, r).map_err(kerr(k))
+    }
+
+    fn router_backward(
+        &self,
+        dlogits: &mut CpuBuffer,
+        dweights: &CpuBuffer,
+        probs: &CpuBuffer,
+        indices: &CpuBuffer,
+        r: &Router,
+    ) -> Result<(), ExecError> {
+        let k = "router_backward";
+        moe::router_backward(fm(dlogits, k)?, f(dweights, k)?, f(probs, k)?, ids(indices, k)?, r).map_err(kerr(k))
+    }
+
+    fn dispatch_plan(&self, indices: &CpuBuffer, n: usize, k: usize, e: usize) -> Result<DispatchPlan, ExecError> {
+        let kn = "dispatch_plan";
+        moe::dispatch_plan(ids(indices, kn)?, n, k, e).map_err(kerr(kn))
+    }
+
+    fn presorted_plan(&self, counts: &[usize]) -> Result<DispatchPlan, ExecError> {
+        moe::presorted_plan(counts).map_err(kerr("presorted_plan"))
     }
 
     fn plan_counts(&self, plan: &DispatchPlan) -> Result<Vec<usize>, ExecError> {
         Ok(plan.offsets.windows(2).map(|w| w[1] - w[0]).collect())
     }
 
-    fn presorted_plan(&self, counts: &[usize]) -> Result<DispatchPlan, ExecError> {
-        moe::presorted_plan(counts).map_err(|source| ExecError::Kernel {
-            op: "(expert-parallel plan)".into(),
-            source,
-        })
+    fn dispatch_forward(&self, x_sorted: &mut CpuBuffer, x: &CpuBuffer, plan: &DispatchPlan, c: usize) -> Result<(), ExecError> {
+        let k = "dispatch_forward";
+        moe::dispatch_forward(fm(x_sorted, k)?, f(x, k)?, plan, c).map_err(kerr(k))
+    }
+
+    fn dispatch_backward(&self, dx: &mut CpuBuffer, dx_sorted: &CpuBuffer, plan: &DispatchPlan, c: usize) -> Result<(), ExecError> {
+        let k = "dispatch_backward";
+        moe::dispatch_backward(fm(dx, k)?, f(dx_sorted, k)?, plan, c).map_err(kerr(k))
+    }
+
+    fn grouped_matmul_forward(
+        &self,
+        out: &mut CpuBuffer,
+        x_sorted: &CpuBuffer,
+        w: &CpuBuffer,
+        plan: &DispatchPlan,
+        k_in: usize,
+        n_out: usize,
+    ) -> Result<(), ExecError> {
+        let k = "grouped_matmul_forward";
+        moe::grouped_matmul_forward(fm(out, k)?, f(x_sorted, k)?, f(w, k)?, plan, k_in, n_out).map_err(kerr(k))
+    }
+
+    fn grouped_matmul_backward(
+        &self,
+        dx_sorted: &mut CpuBuffer,
+        dw: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        x_sorted: &CpuBuffer,
+        w: &CpuBuffer,
+        plan: &DispatchPlan,
+        k_in: usize,
+        n_out: usize,
+    ) -> Result<(), ExecError> {
+        let k = "grouped_matmul_backward";
+        moe::grouped_matmul_backward(
+            fm(dx_sorted, k)?,
+            fm(dw, k)?,
+            f(dout, k)?,
+            f(x_sorted, k)?,
+            f(w, k)?,
+            plan,
+            k_in,
+            n_out,
+        )
+        .map_err(kerr(k))
+    }
+
+    fn combine_forward(
+        &self,
+        out: &mut CpuBuffer,
+        y_sorted: &CpuBuffer,
+        weights: &CpuBuffer,
+        plan: &DispatchPlan,
+        c: usize,
+    ) -> Result<(), ExecError> {
+        let k = "combine_forward";
+        moe::combine_forward(fm(out, k)?, f(y_sorted, k)?, f(weights, k)?, plan, c).map_err(kerr(k))
+    }
+
+    fn combine_backward(
+        &self,
+        dy_sorted: &mut CpuBuffer,
+        dweights: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        y_sorted: &CpuBuffer,
+        weights: &CpuBuffer,
+        plan: &DispatchPlan,
+        c: usize,
+    ) -> Result<(), ExecError> {
+        let k = "combine_backward";
+        moe::combine_backward(
+            fm(dy_sorted, k)?,
+            fm(dweights, k)?,
+            f(dout, k)?,
+            f(y_sorted, k)?,
+            f(weights, k)?,
+            plan,
+            c,
+        )
+        .map_err(kerr(k))
     }
 
     fn adamw(
@@ -1013,18 +1113,16 @@ impl Device for Cpu {
         h: &AdamW,
         step: u32,
     ) -> Result<(), ExecError> {
-        adamw_step(
-            param.f32_mut(),
-            grad.f32(),
-            m.f32_mut(),
-            v.f32_mut(),
-            h,
-            step,
-        )
-        .map_err(|source| ExecError::Kernel {
-            op: "(optimizer)".into(),
-            source,
-        })
+        let k = "adamw";
+        adamw_step(fm(param, k)?, f(grad, k)?, fm(m, k)?, fm(v, k)?, h, step).map_err(kerr("(optimizer)"))
+    }
+
+    fn record(&self) -> Result<Instant, ExecError> {
+        Ok(Instant::now())
+    }
+
+    fn elapsed_s(&self, start: &Instant, end: &Instant) -> Result<f64, ExecError> {
+        Ok(end.saturating_duration_since(*start).as_secs_f64())
     }
 
     fn synchronize(&self) -> Result<(), ExecError> {
@@ -1047,32 +1145,86 @@ impl Device for Cpu {
     }
 }
 
-/// The routing plan of indices tensor `idx`: the dispatch's, or built here when the graph
-/// runs a grouped linear without a dispatch of the same indices.
-fn plan_for<'p>(
-    g: &Graph,
-    op: &Op,
-    idx: TensorId,
-    indices: &CpuBuffer,
-    e: usize,
-    plans: &'p mut Plans<DispatchPlan>,
-) -> Result<&'p DispatchPlan, ExecError> {
-    if let std::collections::hash_map::Entry::Vacant(slot) = plans.routed.entry(idx) {
-        let s = shape(g, idx);
-        let (n, k) = (s[0] as usize, s.get(1).copied().unwrap_or(1) as usize);
-        slot.insert(moe::dispatch_plan(indices.u32(), n, k, e).map_err(kerr(op))?);
-    }
-    plans
-        .routed
-        .get(&idx)
-        .ok_or_else(|| state(op, "routing plan vanished"))
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-fn unsupported(dev: &Cpu, op: &Op) -> ExecError {
-    ExecError::Unsupported {
-        op: op.name.clone(),
-        kind: format!("{:?}", op.kind),
-        device: dev.name(),
-        why: "collectives need a multi-device backend; run the unsharded graph on one CPU".into(),
+    /// Every narrow type stores what its conversion rounds to, and reads back exactly
+    /// that; FP8 keeps the tensor's current scale.
+    #[test]
+    fn narrow_buffers_round_on_write_and_widen_exactly() {
+        let dev = Cpu::new();
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.173).collect();
+        for (elem, dtype) in [
+            (Elem::BF16, DType::BF16),
+            (Elem::F16, DType::F16),
+            (Elem::F8E4M3, DType::Fp8E4M3),
+            (Elem::F8E5M2, DType::Fp8E5M2),
+        ] {
+            let mut b = dev.alloc(elem, x.len()).unwrap();
+            dev.write_f32(&mut b, &x).unwrap();
+            let mut want = dev.alloc(Elem::F32, x.len()).unwrap();
+            dev.write_f32(&mut want, &x).unwrap();
+            dev.round_to_storage(&mut want, dtype, 64).unwrap();
+            assert_eq!(dev.read_f32(&b).unwrap(), want.f32(), "{elem:?}");
+            assert!(b.len() * elem.bytes() < x.len() * 4);
+        }
+        let mut q = dev.alloc(Elem::F8E4M3, 2).unwrap();
+        dev.write_f32(&mut q, &[2.0, -1.0]).unwrap();
+        assert_eq!(dev.fp8_scale(&q).unwrap(), 224.0);
+    }
+
+    /// A GEMM of narrow operands equals the f32 GEMM of their widened values.
+    #[test]
+    fn narrow_matmul_is_the_f32_product_of_the_stored_values() {
+        let dev = Cpu::new();
+        let (m, n, k) = (3, 4, 5);
+        let a: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..n * k).map(|i| (i as f32 * 0.91).cos()).collect();
+        let g = Gemm { m, n, k, trans_a: false, trans_b: true };
+        for elem in [Elem::BF16, Elem::F8E4M3] {
+            let (mut qa, mut qb) = (dev.alloc(elem, a.len()).unwrap(), dev.alloc(elem, b.len()).unwrap());
+            dev.write_f32(&mut qa, &a).unwrap();
+            dev.write_f32(&mut qb, &b).unwrap();
+            let mut c = dev.alloc(Elem::F32, m * n).unwrap();
+            dev.matmul(&mut c, &qa, &qb, g, false).unwrap();
+            let mut want = vec![0.0; m * n];
+            matmul::matmul(&mut want, &dev.read_f32(&qa).unwrap(), &dev.read_f32(&qb).unwrap(), g, false).unwrap();
+            assert_eq!(c.f32(), want, "{elem:?}");
+            // and not the f32 product of the unrounded inputs
+            let mut exact = vec![0.0; m * n];
+            matmul::matmul(&mut exact, &a, &b, g, false).unwrap();
+            assert_ne!(c.f32(), exact, "{elem:?}");
+        }
+    }
+
+    /// An FP8 output keeps its scale (delayed scaling) and records the f32 result's
+    /// amax; what it stores is that result quantised at that scale.
+    #[test]
+    fn fp8_output_uses_its_scale_and_records_amax() {
+        let dev = Cpu::new();
+        let g = Gemm { m: 2, n: 2, k: 2, trans_a: false, trans_b: true };
+        let (mut a, mut b) = (dev.alloc(Elem::F8E4M3, 4).unwrap(), dev.alloc(Elem::F8E4M3, 4).unwrap());
+        dev.write_f32(&mut a, &[1.0, 2.0, -4.0, 0.5]).unwrap();
+        dev.write_f32(&mut b, &[1.0, 0.0, 0.0, 1.0]).unwrap();
+        let mut c = dev.alloc(Elem::F8E4M3, 4).unwrap();
+        dev.write_f32(&mut c, &[8.0, 0.0, 0.0, 0.0]).unwrap();
+        let scale = dev.fp8_scale(&c).unwrap();
+        assert_eq!(scale, 56.0);
+        dev.matmul(&mut c, &a, &b, g, false).unwrap();
+        assert_eq!(dev.fp8_scale(&c).unwrap(), scale);
+        assert_eq!(dev.fp8_amax(&c).unwrap(), 4.0);
+        assert_eq!(dev.read_f32(&c).unwrap(), [1.0, 2.0, -4.0, 0.5]);
+        assert!(dev.matmul(&mut c, &a, &b, g, true).is_err());
+    }
+
+    #[test]
+    fn transpose_outer_swaps_the_outer_axes() {
+        let dev = Cpu::new();
+        let mut s = dev.alloc(Elem::F32, 12).unwrap();
+        dev.write_f32(&mut s, &(0..12).map(|i| i as f32).collect::<Vec<_>>()).unwrap();
+        let mut d = dev.alloc(Elem::F32, 12).unwrap();
+        dev.transpose_outer(&mut d, &s, 2, 3, 2).unwrap();
+        assert_eq!(d.f32(), [0.0, 1.0, 6.0, 7.0, 2.0, 3.0, 8.0, 9.0, 4.0, 5.0, 10.0, 11.0]);
     }
 }

@@ -1,28 +1,44 @@
-//! The backend trait: what the executor needs from a device, and nothing more.
+//! The backend trait: device memory, kernels on device buffers, and device clocks;
+//! nothing about graphs.
 //!
-//! Candle's split: one trait, one implementation per backend side by side ([`crate::cpu`],
-//! [`crate::cuda`]). The executor owns the schedule (which op runs when, which buffer
-//! lives how long, where gradients accumulate); a device owns its buffers' memory and
-//! runs one forward op or one backward step at a time on buffers the executor lends it.
+//! Candle's split: one trait, one implementation per backend side by side
+//! ([`crate::cpu`], [`crate::cuda`]). The executor owns the schedule (which op runs when,
+//! which buffer lives how long, where gradients accumulate) and, in
+//! `executor/ops.rs`, the mapping of graph ops onto these kernels: attribute parsing and
+//! gradient staging live there once, for every backend. A device owns its buffers'
+//! memory and runs kernels on them, queued on its stream in call order.
 //!
 //! Conventions every device follows:
-//! - Buffers hold f32 (every floating tensor, whatever its logical dtype: precision
-//!   emulation is a later layer) or u32 (int32 graph tensors: tokens, targets, router
-//!   indices).
+//! - Buffers hold one element type ([`Elem`]): f32, bf16, f16, FP8 (E4M3/E5M2, with the
+//!   tensor's scale stored beside the codes: `x ≈ decode(q) / scale`, Transformer
+//!   Engine's convention) or int32 (tokens, targets, router indices; ids are
+//!   non-negative and read as u32). The executor computes in f32; the narrower types
+//!   are for GEMM operands ([`Device::matmul`] takes any float pair the backend
+//!   supports) and storage ([`Device::cast`]).
+//! - Every kernel keeps the name, argument order and shape notation of its CPU function
+//!   in `runner_kernels::cpu` (and its CUDA C twin in `kernels/cuda/`), and the same
+//!   write mode: a `d*` output named "adds into" accumulates, every other output is
+//!   overwritten.
 //! - A fresh buffer from [`Device::alloc`] holds garbage; in debug and test builds the CPU
-//!   fills it with NaN (u32::MAX for indices) so an element a kernel forgot to write fails
+//!   fills it with NaN (u32::MAX for ints) so an element a kernel forgot to write fails
 //!   the tests instead of reading as a plausible zero.
-//! - [`GradTarget::accumulate`] says whether a backward step adds into the gradient
-//!   buffer (a tensor read by several ops) or overwrites it (the first contribution).
+//! - Kernels may run asynchronously: results are ordered on the device's stream, and a
+//!   read back to the host ([`Device::read_f32`]) waits for them. Time is measured with
+//!   [`Device::record`] events (host clocks on the CPU, CUDA events on a GPU), so
+//!   per-op timing does not synchronise after every op.
 //! - Every byte a device allocates is counted in [`MemStats`], so the executor can report
 //!   its real peak.
 
 use std::collections::HashMap;
 
-use runner_graph::autodiff::BackwardStep;
-use runner_graph::{Graph, GraphError, TensorId};
+use runner_graph::{DType, GraphError, TensorId};
 use runner_kernels::KernelError;
 use runner_kernels::cpu::adamw::AdamW;
+use runner_kernels::cpu::attention::Attn;
+use runner_kernels::cpu::matmul::Gemm;
+use runner_kernels::cpu::moe::Router;
+use runner_kernels::cpu::precision::Fp8Format;
+use runner_kernels::cpu::rope::Rope;
 use serde::Serialize;
 
 /// Why execution failed. Nothing in this crate panics on a bad graph or bad input.
@@ -45,21 +61,77 @@ pub enum ExecError {
         device: String,
         why: String,
     },
-    /// Built without the CUDA backend.
-    #[error(
-        "the CUDA backend is not built into this binary (built without CUDA; a later issue adds it)"
-    )]
-    NoCuda,
+    /// The CUDA backend is not usable here: not built in, or a driver, library or
+    /// device is missing (the message names which and what to do).
+    #[error("{0}")]
+    NoCuda(String),
+    /// A device call failed (CUDA error, NCCL error, out of device memory).
+    #[error("{device}: {what}")]
+    Device { device: String, what: String },
     /// Calls out of order (backward before forward) or an internal inconsistency.
     #[error("executor state: {0}")]
     State(String),
 }
 
 /// Element type of a device buffer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum Elem {
     F32,
-    U32,
+    BF16,
+    F16,
+    /// OCP E4M3FN codes with a per-tensor scale.
+    F8E4M3,
+    /// OCP E5M2 codes with a per-tensor scale.
+    F8E5M2,
+    /// 32-bit integer ids (non-negative; read and written as u32).
+    I32,
+}
+
+impl Elem {
+    /// Bytes per element.
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::F32 | Elem::I32 => 4,
+            Elem::BF16 | Elem::F16 => 2,
+            Elem::F8E4M3 | Elem::F8E5M2 => 1,
+        }
+    }
+    /// Whether it holds floating-point values.
+    pub fn is_float(self) -> bool {
+        self != Elem::I32
+    }
+    /// The FP8 format of an FP8 type.
+    pub fn fp8(self) -> Option<Fp8Format> {
+        match self {
+            Elem::F8E4M3 => Some(Fp8Format::E4M3),
+            Elem::F8E5M2 => Some(Fp8Format::E5M2),
+            _ => None,
+        }
+    }
+    /// The buffer type that stores graph dtype `d` exactly (`None`: MXFP8 and NVFP4,
+    /// whose block scales are the precision policy's, are stored emulated in f32).
+    pub fn of(d: DType) -> Option<Elem> {
+        match d {
+            DType::F32 => Some(Elem::F32),
+            DType::BF16 => Some(Elem::BF16),
+            DType::F16 => Some(Elem::F16),
+            DType::Fp8E4M3 => Some(Elem::F8E4M3),
+            DType::Fp8E5M2 => Some(Elem::F8E5M2),
+            DType::I32 => Some(Elem::I32),
+            DType::MxFp8 | DType::NvFp4 => None,
+        }
+    }
+    /// Lower-case name (`f32`, `bf16`, `fp8-e4m3`, ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::BF16 => "bf16",
+            Elem::F16 => "f16",
+            Elem::F8E4M3 => "fp8-e4m3",
+            Elem::F8E5M2 => "fp8-e5m2",
+            Elem::I32 => "int32",
+        }
+    }
 }
 
 /// Bytes a device holds now and at most since the last [`Device::reset_peak`].
@@ -81,12 +153,6 @@ pub trait DeviceBuffer {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Gradient output of a backward step: the buffer and whether to add into it.
-pub struct GradTarget<'a, B> {
-    pub buf: &'a mut B,
-    pub accumulate: bool,
 }
 
 /// MoE routing plans, by the router-indices tensor they belong to, built in the forward
@@ -128,46 +194,78 @@ impl<P> Plans<P> {
     }
 }
 
-/// Everything one backward step reads and writes, per slot of the forward op.
-pub struct BackwardIo<'a, D: Device + ?Sized> {
-    /// Forward inputs that are still alive (saved, weights, graph inputs); `None` otherwise.
-    pub inputs: Vec<Option<&'a D::Buffer>>,
-    /// Forward outputs that are still alive.
-    pub outputs: Vec<Option<&'a D::Buffer>>,
-    /// The op's saved statistics, in the order of the plan's `aux`.
-    pub aux: &'a [D::Buffer],
-    /// Gradient of each forward output (`None`: zero).
-    pub grads_in: Vec<Option<&'a D::Buffer>>,
-    /// Gradient to produce for each forward input (`None`: not needed).
-    pub grads_out: Vec<Option<GradTarget<'a, D::Buffer>>>,
-    pub plans: &'a Plans<D::Plan>,
+/// Shapes of a concat along the last axis whose leading axes broadcast (size 1 against
+/// the output's): output, first and second input.
+#[derive(Clone, Copy, Debug)]
+pub struct ConcatShapes<'a> {
+    pub out: &'a [u64],
+    pub a: &'a [u64],
+    pub b: &'a [u64],
 }
 
-/// A compute backend.
+/// A compute backend: memory, kernels, clocks.
+///
+/// Errors: every method returns [`ExecError`] instead of panicking; a kernel refusing
+/// its arguments returns [`ExecError::Kernel`] with `op` naming the kernel (the
+/// executor rewrites it to name the graph op).
 pub trait Device {
     /// A buffer in device memory.
     type Buffer: DeviceBuffer;
     /// A device-resident MoE routing plan.
     type Plan;
+    /// A point on the device's stream, for timing ([`Device::record`]).
+    type Event;
 
-    /// Human-readable name, e.g. "cpu (2 threads)".
+    /// Human-readable name, e.g. "cpu (2 threads)" or "cuda:0 (NVIDIA H200, sm_90)".
     fn name(&self) -> String;
 
-    /// A buffer of `len` elements, uninitialised (poisoned in debug builds).
+    // ---- memory -------------------------------------------------------------------
+
+    /// A buffer of `len` elements of `elem`, uninitialised (poisoned in debug builds).
     ///
     /// # Errors
-    /// Out of memory, or a backend that is not available.
+    /// Out of memory.
     fn alloc(&self, elem: Elem, len: usize) -> Result<Self::Buffer, ExecError>;
     /// Set every element to zero.
     fn zero(&self, buf: &mut Self::Buffer) -> Result<(), ExecError>;
-    /// Copy host f32 data in (lengths must match).
+    /// Copy host f32 data in (lengths must match), converting to the buffer's float
+    /// type (round to nearest even; FP8 with current scaling from `data`'s amax).
     fn write_f32(&self, buf: &mut Self::Buffer, data: &[f32]) -> Result<(), ExecError>;
-    /// Copy host u32 data in (lengths must match).
+    /// Copy host ids into an int32 buffer (lengths must match).
     fn write_u32(&self, buf: &mut Self::Buffer, data: &[u32]) -> Result<(), ExecError>;
-    /// Copy an f32 buffer out.
+    /// A float buffer's values as f32 (exact: every stored type widens exactly; FP8
+    /// divided by its scale). Waits for queued work.
     fn read_f32(&self, buf: &Self::Buffer) -> Result<Vec<f32>, ExecError>;
-    /// dst += src, elementwise (gradient accumulation).
-    fn add_assign(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
+    /// An int32 buffer's ids. Waits for queued work.
+    fn read_u32(&self, buf: &Self::Buffer) -> Result<Vec<u32>, ExecError>;
+    /// `dst[dst_at..dst_at+len] = src[src_at..src_at+len]` (same element type).
+    fn copy(
+        &self,
+        dst: &mut Self::Buffer,
+        dst_at: usize,
+        src: &Self::Buffer,
+        src_at: usize,
+        len: usize,
+    ) -> Result<(), ExecError>;
+    /// `dst` (b, a, c) ← `src` (a, b, c): swap the two outer axes (rank-major layouts
+    /// of the collectives).
+    fn transpose_outer(
+        &self,
+        dst: &mut Self::Buffer,
+        src: &Self::Buffer,
+        a: usize,
+        b: usize,
+        c: usize,
+    ) -> Result<(), ExecError>;
+    /// `dst` ← `src` converted to `dst`'s float type: round to nearest even; into FP8
+    /// with per-tensor current scaling (scale = fp8_max / amax(src), kept with `dst`);
+    /// out of FP8 divided by its scale.
+    fn cast(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
+    /// The scale stored with an FP8 buffer (`x ≈ decode(q) / scale`); 1 otherwise.
+    fn fp8_scale(&self, buf: &Self::Buffer) -> Result<f32, ExecError>;
+    /// The amax recorded with an FP8 buffer by its last write (max |x| before
+    /// quantisation: the cast's input, or a GEMM's f32 result); 0 otherwise.
+    fn fp8_amax(&self, buf: &Self::Buffer) -> Result<f32, ExecError>;
     /// Round an f32 buffer in place to the values `dtype` can store (round-to-nearest-even),
     /// emulating that storage exactly while computing in f32: BF16 and F16 directly; FP8
     /// E4M3/E5M2 with a per-tensor current scale (Transformer Engine's
@@ -178,56 +276,365 @@ pub trait Device {
     fn round_to_storage(
         &self,
         buf: &mut Self::Buffer,
-        dtype: runner_graph::DType,
+        dtype: DType,
         row: usize,
     ) -> Result<(), ExecError>;
 
-    /// Run forward op `op` of `g`: read `inputs` (one per op input), overwrite `outputs`
-    /// (one per op output, allocated by the executor), push the statistics the backward
-    /// needs onto `aux` (in the order of the plan's [`runner_graph::autodiff::Aux`]) and
-    /// record routing plans in `plans`.
-    ///
-    /// # Errors
-    /// A kernel's refusal (bad ids, inconsistent shapes) or an op this backend lacks.
-    fn forward(
+    // ---- element-wise -------------------------------------------------------------
+
+    /// dst += src (gradient accumulation).
+    fn add_assign(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
+    /// buf *= s.
+    fn scale(&self, buf: &mut Self::Buffer, s: f32) -> Result<(), ExecError>;
+    /// out = a + b.
+    fn add_forward(
         &self,
-        g: &Graph,
-        op: usize,
-        inputs: &[&Self::Buffer],
-        outputs: &mut [Self::Buffer],
-        aux: &mut Vec<Self::Buffer>,
-        plans: &mut Plans<Self::Plan>,
+        out: &mut Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    /// out (rows, n) += bias (n) on every row.
+    fn add_bias(&self, out: &mut Self::Buffer, bias: &Self::Buffer) -> Result<(), ExecError>;
+    /// dbias (n) adds into: the column sums of dout (rows, n).
+    fn bias_backward(&self, dbias: &mut Self::Buffer, dout: &Self::Buffer)
+    -> Result<(), ExecError>;
+    fn swiglu_forward(
+        &self,
+        out: &mut Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    fn swiglu_backward(
+        &self,
+        dgate: &mut Self::Buffer,
+        dup: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    /// out = gelu(gate) · up.
+    fn geglu_forward(
+        &self,
+        out: &mut Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    fn geglu_backward(
+        &self,
+        dgate: &mut Self::Buffer,
+        dup: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        gate: &Self::Buffer,
+        up: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    fn gelu_forward(&self, out: &mut Self::Buffer, x: &Self::Buffer) -> Result<(), ExecError>;
+    fn gelu_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    fn squared_relu_forward(&self, out: &mut Self::Buffer, x: &Self::Buffer)
+    -> Result<(), ExecError>;
+    fn squared_relu_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    /// Concatenate along the last axis, leading axes broadcasting.
+    fn concat_forward(
+        &self,
+        out: &mut Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        s: ConcatShapes<'_>,
+    ) -> Result<(), ExecError>;
+    /// da, db add into (a broadcast input sums its copies' gradients).
+    fn concat_backward(
+        &self,
+        da: Option<&mut Self::Buffer>,
+        db: Option<&mut Self::Buffer>,
+        dout: &Self::Buffer,
+        s: ConcatShapes<'_>,
     ) -> Result<(), ExecError>;
 
-    /// Run one backward step.
-    ///
-    /// # Errors
-    /// As [`Device::forward`], or a saved tensor the step needs that is missing.
-    fn backward(
+    // ---- GEMM ---------------------------------------------------------------------
+
+    /// c (m,n) = op(a) · op(b), or += with `accumulate`. `a` and `b` are f32, or a pair
+    /// of narrower types (bf16·bf16, f16·f16, FP8·FP8 with their scales, not
+    /// e5m2·e5m2); c is f32, bf16 or f16, or FP8 for FP8 operands without `accumulate`:
+    /// then the f32 result is quantised with c's current scale (delayed scaling) and its
+    /// amax recorded ([`Device::fp8_amax`]). Accumulation is f32.
+    fn matmul(
         &self,
-        g: &Graph,
-        step: &BackwardStep,
-        io: BackwardIo<'_, Self>,
+        c: &mut Self::Buffer,
+        a: &Self::Buffer,
+        b: &Self::Buffer,
+        g: Gemm,
+        accumulate: bool,
     ) -> Result<(), ExecError>;
 
-    /// Rows per expert of routing plan `plan` (for the expert-parallel exchange, which
-    /// runs on the host).
-    ///
-    /// # Errors
-    /// A backend that cannot read it back.
-    fn plan_counts(&self, plan: &Self::Plan) -> Result<Vec<usize>, ExecError>;
+    // ---- transformer layers ---------------------------------------------------------
 
+    /// out (N,C) = table[tokens]; with `vocab_start`, the table is one vocab-parallel
+    /// shard holding ids `vocab_start..vocab_start + rows` and other ids read zeros.
+    fn embedding_forward(
+        &self,
+        out: &mut Self::Buffer,
+        tokens: &Self::Buffer,
+        table: &Self::Buffer,
+        c: usize,
+        vocab_start: Option<usize>,
+    ) -> Result<(), ExecError>;
+    /// dtable adds into (only this shard's ids under `vocab_start`).
+    fn embedding_backward(
+        &self,
+        dtable: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        tokens: &Self::Buffer,
+        c: usize,
+        vocab_start: Option<usize>,
+    ) -> Result<(), ExecError>;
+    fn rmsnorm_forward(
+        &self,
+        out: &mut Self::Buffer,
+        rstd: &mut Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), ExecError>;
+    /// dx overwritten, dw adds into.
+    #[allow(clippy::too_many_arguments)]
+    fn rmsnorm_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dw: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        rstd: &Self::Buffer,
+        c: usize,
+    ) -> Result<(), ExecError>;
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_forward(
+        &self,
+        out: &mut Self::Buffer,
+        mean: &mut Self::Buffer,
+        rstd: &mut Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        b: &Self::Buffer,
+        c: usize,
+        eps: f32,
+    ) -> Result<(), ExecError>;
+    /// dx overwritten, dw and db add into.
+    #[allow(clippy::too_many_arguments)]
+    fn layernorm_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dw: &mut Self::Buffer,
+        db: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        mean: &Self::Buffer,
+        rstd: &Self::Buffer,
+        c: usize,
+    ) -> Result<(), ExecError>;
+    fn rope_forward(&self, out: &mut Self::Buffer, x: &Self::Buffer, r: Rope)
+    -> Result<(), ExecError>;
+    fn rope_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        r: Rope,
+    ) -> Result<(), ExecError>;
+    /// Flash-style attention; saves lse (B,H,T).
+    fn attention_forward(
+        &self,
+        out: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        a: Attn,
+    ) -> Result<(), ExecError>;
+    /// dq, dk, dv overwritten.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        dq: &mut Self::Buffer,
+        dk: &mut Self::Buffer,
+        dv: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        out: &Self::Buffer,
+        lse: &Self::Buffer,
+        a: Attn,
+    ) -> Result<(), ExecError>;
+    /// loss (1 element) = mean over non-ignored rows; saves lse (N).
+    fn cross_entropy_forward(
+        &self,
+        loss: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        v: usize,
+    ) -> Result<(), ExecError>;
+    /// dlogits overwritten; `dloss` is the loss's gradient (1 element; `None`: zero).
+    fn cross_entropy_backward(
+        &self,
+        dlogits: &mut Self::Buffer,
+        logits: &Self::Buffer,
+        lse: &Self::Buffer,
+        targets: &Self::Buffer,
+        v: usize,
+        dloss: Option<&Self::Buffer>,
+    ) -> Result<(), ExecError>;
+
+    // ---- vocab-parallel cross-entropy (Megatron's three row statistics) ----------
+
+    /// out (N) = max of each row of x (N, v).
+    fn row_max(&self, out: &mut Self::Buffer, x: &Self::Buffer, v: usize)
+    -> Result<(), ExecError>;
+    /// out (N) = Σ_j exp(x[r, j] − max[r]).
+    fn row_sumexp(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        max: &Self::Buffer,
+        v: usize,
+    ) -> Result<(), ExecError>;
+    /// out (N) = x[r, target[r] − start] when this shard (classes start..start+v) holds
+    /// the target, else 0.
+    fn target_logit(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        targets: &Self::Buffer,
+        start: usize,
+        v: usize,
+    ) -> Result<(), ExecError>;
+    /// lse = max + ln(sumexp); loss (1) = mean over non-ignored rows of lse − target
+    /// logit, from the all-reduced statistics.
+    fn cross_entropy_from_stats(
+        &self,
+        loss: &mut Self::Buffer,
+        lse: &mut Self::Buffer,
+        max: &Self::Buffer,
+        sumexp: &Self::Buffer,
+        target_logit: &Self::Buffer,
+        targets: &Self::Buffer,
+    ) -> Result<(), ExecError>;
+    /// dlogits (N, v) of a vocab shard holding classes start..start+v, overwritten.
+    #[allow(clippy::too_many_arguments)]
+    fn cross_entropy_shard_backward(
+        &self,
+        dlogits: &mut Self::Buffer,
+        logits: &Self::Buffer,
+        lse: &Self::Buffer,
+        targets: &Self::Buffer,
+        start: usize,
+        v: usize,
+        dloss: Option<&Self::Buffer>,
+    ) -> Result<(), ExecError>;
+
+    // ---- mixture of experts ---------------------------------------------------------
+
+    /// Top-k routing: weights (N,k), indices (N,k, int32), probs (N,E) saved.
+    fn router_forward(
+        &self,
+        weights: &mut Self::Buffer,
+        indices: &mut Self::Buffer,
+        probs: &mut Self::Buffer,
+        logits: &Self::Buffer,
+        r: &Router,
+    ) -> Result<(), ExecError>;
+    fn router_backward(
+        &self,
+        dlogits: &mut Self::Buffer,
+        dweights: &Self::Buffer,
+        probs: &Self::Buffer,
+        indices: &Self::Buffer,
+        r: &Router,
+    ) -> Result<(), ExecError>;
+    /// The routing plan of indices (N,k) over `e` experts.
+    fn dispatch_plan(
+        &self,
+        indices: &Self::Buffer,
+        n: usize,
+        k: usize,
+        e: usize,
+    ) -> Result<Self::Plan, ExecError>;
     /// A plan over rows that are already grouped by expert: expert e owns the next
     /// `counts[e]` rows (the rows an expert-parallel rank received).
-    ///
-    /// # Errors
-    /// No experts, or more rows than a plan can index.
     fn presorted_plan(&self, counts: &[usize]) -> Result<Self::Plan, ExecError>;
+    /// Rows per expert of `plan` (for the expert-parallel exchange's counts).
+    fn plan_counts(&self, plan: &Self::Plan) -> Result<Vec<usize>, ExecError>;
+    fn dispatch_forward(
+        &self,
+        x_sorted: &mut Self::Buffer,
+        x: &Self::Buffer,
+        plan: &Self::Plan,
+        c: usize,
+    ) -> Result<(), ExecError>;
+    fn dispatch_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dx_sorted: &Self::Buffer,
+        plan: &Self::Plan,
+        c: usize,
+    ) -> Result<(), ExecError>;
+    fn grouped_matmul_forward(
+        &self,
+        out: &mut Self::Buffer,
+        x_sorted: &Self::Buffer,
+        w: &Self::Buffer,
+        plan: &Self::Plan,
+        k_in: usize,
+        n_out: usize,
+    ) -> Result<(), ExecError>;
+    /// dx overwritten, dw adds into.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_matmul_backward(
+        &self,
+        dx_sorted: &mut Self::Buffer,
+        dw: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        x_sorted: &Self::Buffer,
+        w: &Self::Buffer,
+        plan: &Self::Plan,
+        k_in: usize,
+        n_out: usize,
+    ) -> Result<(), ExecError>;
+    fn combine_forward(
+        &self,
+        out: &mut Self::Buffer,
+        y_sorted: &Self::Buffer,
+        weights: &Self::Buffer,
+        plan: &Self::Plan,
+        c: usize,
+    ) -> Result<(), ExecError>;
+    /// dy and dweights overwritten.
+    #[allow(clippy::too_many_arguments)]
+    fn combine_backward(
+        &self,
+        dy_sorted: &mut Self::Buffer,
+        dweights: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        y_sorted: &Self::Buffer,
+        weights: &Self::Buffer,
+        plan: &Self::Plan,
+        c: usize,
+    ) -> Result<(), ExecError>;
+
+    // ---- optimizer ------------------------------------------------------------------
 
     /// One AdamW step (`step` counts from 1) on a parameter tensor.
-    ///
-    /// # Errors
-    /// Mismatched buffers.
     fn adamw(
         &self,
         param: &mut Self::Buffer,
@@ -238,12 +645,17 @@ pub trait Device {
         step: u32,
     ) -> Result<(), ExecError>;
 
+    // ---- clocks and bookkeeping -----------------------------------------------------
+
+    /// Mark the current point of the stream (after the work queued so far).
+    fn record(&self) -> Result<Self::Event, ExecError>;
+    /// Seconds between two recorded points; waits for `end`.
+    fn elapsed_s(&self, start: &Self::Event, end: &Self::Event) -> Result<f64, ExecError>;
     /// Wait for queued work (a no-op on the CPU, whose kernels return when done).
     ///
     /// # Errors
     /// An asynchronous failure of earlier work.
     fn synchronize(&self) -> Result<(), ExecError>;
-
     /// Bytes held now and at peak.
     fn memory(&self) -> MemStats;
     /// Start a new peak measurement from the current holding.

@@ -21,8 +21,6 @@
 //! are 1 and biases 0 (recognised by the op slot that reads them).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Instant;
-
 use runner_graph::autodiff::{BackwardPlan, backward_plan};
 use runner_graph::recompute::{RecomputePolicy, RecomputeSchedule, schedule};
 use runner_graph::validate::validate;
@@ -31,7 +29,8 @@ use runner_kernels::cpu::adamw::AdamW;
 use serde::Serialize;
 
 use crate::collective::Collective;
-use crate::device::{BackwardIo, Device, DeviceBuffer, Elem, ExecError, GradTarget, Plans};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError, Plans};
+use ops::{BackwardIo, GradTarget};
 
 /// AdamW as most pretraining recipes set it (Llama 3: β2 0.95, weight decay 0.1).
 pub const ADAMW_DEFAULT: AdamW = AdamW {
@@ -161,11 +160,11 @@ pub struct Executor<D: Device> {
     /// Upper bound on each int32 input's values (table rows / vocabulary) and who says so.
     int_bounds: HashMap<TensorId, (u64, String)>,
     /// Collective handles by group name (`tp`, `dp`, ...), for sharded graphs.
-    collectives: HashMap<String, Box<dyn Collective>>,
-    /// Host copies of the u32 inputs of the last forward (the vocab-parallel ops read them).
-    host_ints: HashMap<TensorId, Vec<u32>>,
+    collectives: HashMap<String, Box<dyn Collective<D>>>,
     /// Step-level collectives and communication time (`executor/comm.rs`).
-    comm: comm::CommState,
+    comm: comm::CommState<D>,
+    /// Device events of the per-op timings not yet resolved (profiling).
+    pending: Pending<D::Event>,
     /// Expert-parallel exchanges and the data-dependent rows they set (`executor/ep.rs`).
     ep: ep::EpState,
     /// Per activation: the sum of the per-rank partial gradient contributions of the
@@ -176,12 +175,40 @@ pub struct Executor<D: Device> {
     fsdp: fsdp::FsdpState<D::Buffer>,
 }
 
+/// Device events around the ops, backward steps and optimizer updates of the current
+/// phase, resolved into [`StepProfile`] when the phase ends, so profiling waits for the
+/// device once per phase rather than after every op.
+struct Pending<E> {
+    /// (op, start, end) of forward ops.
+    forward: Vec<(usize, E, E)>,
+    /// (op, start, end) of backward steps.
+    backward: Vec<(usize, E, E)>,
+    /// (op, start, end) of re-runs in the backward.
+    recompute: Vec<(usize, E, E)>,
+    /// (weight, start, end) of AdamW updates.
+    optimizer: Vec<(TensorId, E, E)>,
+    /// (start, end) of each re-run segment.
+    segments: Vec<(E, E)>,
+}
+
+impl<E> Default for Pending<E> {
+    fn default() -> Self {
+        Pending {
+            forward: Vec::new(),
+            backward: Vec::new(),
+            recompute: Vec::new(),
+            optimizer: Vec::new(),
+            segments: Vec::new(),
+        }
+    }
+}
+
 /// SplitMix64: a tiny, fully specified generator, so initial weights are identical
 /// across platforms and `rand` versions (rand's StdRng makes no such promise).
-struct SplitMix(u64);
+pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
-    fn next_u64(&mut self) -> u64 {
+    pub(crate) fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -189,11 +216,11 @@ impl SplitMix {
         z ^ (z >> 31)
     }
     /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
+    pub(crate) fn unit(&mut self) -> f64 {
         ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
     }
     /// Standard normals by Box-Muller, two at a time.
-    fn normals(&mut self, out: &mut [f32], std: f32) {
+    pub(crate) fn normals(&mut self, out: &mut [f32], std: f32) {
         for pair in out.chunks_mut(2) {
             let (u1, u2) = (self.unit(), self.unit());
             let r = (-2.0 * u1.ln()).sqrt();
@@ -213,9 +240,11 @@ fn name_hash(s: &str) -> u64 {
     })
 }
 
+/// The buffer type of a graph dtype: int32 ids, f32 for every float (the executor
+/// computes in f32; narrower storage is emulated, `ExecOptions::emulate_storage`).
 fn elem_of(dtype: DType) -> Elem {
     if dtype == DType::I32 {
-        Elem::U32
+        Elem::I32
     } else {
         Elem::F32
     }
@@ -267,7 +296,7 @@ impl<D: Device> Executor<D> {
         graph: &Graph,
         device: D,
         options: ExecOptions,
-        groups: Vec<(String, Box<dyn Collective>)>,
+        groups: Vec<(String, Box<dyn Collective<D>>)>,
     ) -> Result<Executor<D>, ExecError> {
         validate(graph)?;
         let plan = backward_plan(graph)?;
@@ -328,8 +357,8 @@ impl<D: Device> Executor<D> {
             },
             int_bounds,
             collectives: groups.into_iter().collect(),
-            host_ints: HashMap::new(),
             comm: comm::CommState::default(),
+            pending: Pending::default(),
             ep: ep::EpState::default(),
             pending_partials: HashMap::new(),
             fsdp: fsdp::FsdpState::default(),
@@ -537,12 +566,7 @@ impl<D: Device> Executor<D> {
                 .as_mut()
                 .ok_or_else(|| ExecError::State("input buffer".into()))?;
             match data {
-                Input::U32(d) => {
-                    self.device.write_u32(buf, d)?;
-                    if !self.collectives.is_empty() {
-                        self.host_ints.insert(id, d.to_vec());
-                    }
-                }
+                Input::U32(d) => self.device.write_u32(buf, d)?,
                 Input::F32(d) => self.device.write_f32(buf, d)?,
             }
             given.insert(id);
@@ -579,18 +603,18 @@ impl<D: Device> Executor<D> {
         self.device.reset_peak();
         self.begin_comm_step();
         self.load_inputs(inputs)?;
-        let t0 = Instant::now();
+        let t0 = self.device.record()?;
         self.fsdp_gather(fsdp::Pass::Forward)?;
         for oi in 0..self.graph.ops.len() {
-            let start = self.options.profile.then(Instant::now);
+            let start = self.mark()?;
             self.forward_op(oi)?;
             self.fsdp_release(fsdp::Pass::Forward, Some(oi));
             if let Some(s) = start {
-                self.device.synchronize()?;
-                self.profile.forward_op_s[oi] = s.elapsed().as_secs_f64();
+                self.pending.forward.push((oi, s, self.device.record()?));
             }
         }
         self.fsdp_release(fsdp::Pass::Forward, None);
+        let t1 = self.device.record()?;
         let loss_buf = self.vals[self.graph.loss]
             .as_ref()
             .ok_or_else(|| ExecError::State("loss not produced".into()))?;
@@ -600,9 +624,22 @@ impl<D: Device> Executor<D> {
             .first()
             .copied()
             .unwrap_or(f32::NAN);
-        self.profile.forward_s = t0.elapsed().as_secs_f64();
+        self.profile.forward_s = self.device.elapsed_s(&t0, &t1)?;
+        for (oi, s, e) in std::mem::take(&mut self.pending.forward) {
+            self.profile.forward_op_s[oi] = self.device.elapsed_s(&s, &e)?;
+        }
+        self.note_comm()?;
         self.forward_done = true;
         Ok(self.loss)
+    }
+
+    /// A start event for an op's timing when profiling.
+    fn mark(&self) -> Result<Option<D::Event>, ExecError> {
+        if self.options.profile {
+            self.device.record().map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     fn forward_op(&mut self, oi: usize) -> Result<(), ExecError> {
@@ -624,10 +661,10 @@ impl<D: Device> Executor<D> {
     /// and statistics the coming backward steps read. Outputs still live from the
     /// forward are left as they are (the re-run computes the same values).
     fn rerun(&mut self, s: usize) -> Result<(), ExecError> {
-        let t0 = Instant::now();
+        let t0 = self.device.record()?;
         for pos in 0..self.sched.segments[s].len() {
             let oi = self.sched.segments[s][pos];
-            let start = self.options.profile.then(Instant::now);
+            let start = self.mark()?;
             let (outs, aux) = self.compute_op(oi)?;
             for (&o, b) in self.graph.ops[oi].outputs.iter().zip(outs) {
                 if self.vals[o].is_none() {
@@ -641,12 +678,12 @@ impl<D: Device> Executor<D> {
                 self.vals[t] = None;
             }
             if let Some(st) = start {
-                self.device.synchronize()?;
-                self.profile.recompute_op_s[oi] = st.elapsed().as_secs_f64();
+                self.pending.recompute.push((oi, st, self.device.record()?));
             }
             self.profile.recomputed_ops.push(oi);
         }
-        self.profile.recompute_s += t0.elapsed().as_secs_f64();
+        let t1 = self.device.record()?;
+        self.pending.segments.push((t0, t1));
         Ok(())
     }
 
@@ -665,7 +702,7 @@ impl<D: Device> Executor<D> {
             outs.push(self.device.alloc(elem_of(t.dtype), self.numel_of(o))?);
         }
         let mut aux = Vec::new();
-        if !self.host_forward(oi, &mut outs, &mut aux)? {
+        if !self.comm_forward(oi, &mut outs, &mut aux)? {
             let op = &self.graph.ops[oi];
             let zero_bias = match self.bias_added_elsewhere(op) {
                 Some(n) => {
@@ -690,8 +727,7 @@ impl<D: Device> Executor<D> {
             if let Some(z) = &zero_bias {
                 ins[2] = z;
             }
-            self.device
-                .forward(&self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
+            ops::forward(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
         }
         if self.options.emulate_storage {
             let op = &self.graph.ops[oi];
@@ -730,7 +766,7 @@ impl<D: Device> Executor<D> {
                 "backward needs a forward first (once per forward)".into(),
             ));
         }
-        let t0 = Instant::now();
+        let t0 = self.device.record()?;
         for (id, c) in self.carry.iter_mut().enumerate() {
             *c = accumulate
                 && self.graph.tensors[id].kind == TensorKind::Weight
@@ -752,12 +788,12 @@ impl<D: Device> Executor<D> {
             if let Some(s) = self.sched.rerun_before_step[si] {
                 self.rerun(s)?;
             }
-            let start = self.options.profile.then(Instant::now);
+            let start = self.mark()?;
             self.backward_step(si)?;
             self.fsdp_release(fsdp::Pass::Backward, Some(si));
             if let Some(s) = start {
-                self.device.synchronize()?;
-                self.profile.backward_op_s[self.plan.steps[si].op] = s.elapsed().as_secs_f64();
+                let op = self.plan.steps[si].op;
+                self.pending.backward.push((op, s, self.device.record()?));
             }
         }
         let left: Vec<TensorId> = self.pending_partials.keys().copied().collect();
@@ -773,7 +809,18 @@ impl<D: Device> Executor<D> {
         }
         self.backward_done = true;
         self.forward_done = false;
-        self.profile.backward_s = t0.elapsed().as_secs_f64();
+        let t1 = self.device.record()?;
+        self.profile.backward_s = self.device.elapsed_s(&t0, &t1)?;
+        for (op, s, e) in std::mem::take(&mut self.pending.backward) {
+            self.profile.backward_op_s[op] = self.device.elapsed_s(&s, &e)?;
+        }
+        for (op, s, e) in std::mem::take(&mut self.pending.recompute) {
+            self.profile.recompute_op_s[op] = self.device.elapsed_s(&s, &e)?;
+        }
+        for (s, e) in std::mem::take(&mut self.pending.segments) {
+            self.profile.recompute_s += self.device.elapsed_s(&s, &e)?;
+        }
+        self.note_comm()?;
         Ok(())
     }
 
@@ -801,15 +848,18 @@ impl<D: Device> Executor<D> {
                 }
             }
         }
-        if let Some(contribs) = self.host_backward(si)? {
+        let contrib = match self.comm_backward(si)? {
+            comm::CommBackward::NotMine => None,
+            comm::CommBackward::Done => return self.after_step(si),
+            comm::CommBackward::Grad(d) => Some(d),
+        };
+        if let Some(d) = contrib {
             let step = &self.plan.steps[si];
-            for (go, d) in step.grads_out.iter().zip(contribs) {
+            for go in &step.grads_out {
                 let accumulate = go.accumulate || self.carry[go.tensor];
                 let buf = match self.grads[go.tensor].take() {
                     Some(mut b) if accumulate => {
-                        let mut h = self.device.read_f32(&b)?;
-                        h.iter_mut().zip(&d).for_each(|(a, x)| *a += x);
-                        self.device.write_f32(&mut b, &h)?;
+                        self.device.add_assign(&mut b, &d)?;
                         b
                     }
                     None if accumulate => {
@@ -823,7 +873,7 @@ impl<D: Device> Executor<D> {
                             Some(b) => b,
                             None => self.device.alloc(Elem::F32, d.len())?,
                         };
-                        self.device.write_f32(&mut b, &d)?;
+                        self.device.copy(&mut b, 0, &d, 0, d.len())?;
                         b
                     }
                 };
@@ -900,7 +950,7 @@ impl<D: Device> Executor<D> {
                 grads_out,
                 plans: &self.plans,
             };
-            self.device.backward(&self.graph, step, io)?;
+            ops::backward(&self.device, &self.graph, step, io)?;
         }
         if let Some((i, mut orig, acc, etp)) = partial {
             let group = if etp { "etp" } else { "tp" };
@@ -963,13 +1013,13 @@ impl<D: Device> Executor<D> {
                 "optimizer_step on a sharded rank needs reduce_gradients first".into(),
             ));
         }
-        let t0 = Instant::now();
+        let t0 = self.device.record()?;
         self.adam_step += 1;
         for id in 0..self.graph.tensors.len() {
             if !self.grad_written[id] {
                 continue;
             }
-            let start = self.options.profile.then(Instant::now);
+            let start = self.mark()?;
             let (Some(p), Some(gr), Some((m, v))) = (
                 self.vals[id].as_mut(),
                 self.grads[id].as_ref(),
@@ -979,15 +1029,18 @@ impl<D: Device> Executor<D> {
             };
             self.device.adamw(p, gr, m, v, h, self.adam_step)?;
             if let Some(s) = start {
-                self.device.synchronize()?;
-                self.profile.optimizer_tensor_s[id] = s.elapsed().as_secs_f64();
+                self.pending.optimizer.push((id, s, self.device.record()?));
             }
         }
         self.fsdp_optimizer_step(h)?;
+        let t1 = self.device.record()?;
         self.device.synchronize()?;
         self.backward_done = false;
         self.carry.iter_mut().for_each(|c| *c = false);
-        self.profile.optimizer_s = t0.elapsed().as_secs_f64();
+        self.profile.optimizer_s = self.device.elapsed_s(&t0, &t1)?;
+        for (id, s, e) in std::mem::take(&mut self.pending.optimizer) {
+            self.profile.optimizer_tensor_s[id] = self.device.elapsed_s(&s, &e)?;
+        }
         Ok(())
     }
 
@@ -1037,9 +1090,7 @@ impl<D: Device> Executor<D> {
             let inv = 1.0 / m as f32;
             for id in 0..self.graph.tensors.len() {
                 if let (true, Some(b)) = (self.grad_written[id], self.grads[id].as_mut()) {
-                    let mut g = self.device.read_f32(b)?;
-                    g.iter_mut().for_each(|x| *x *= inv);
-                    self.device.write_f32(b, &g)?;
+                    self.device.scale(b, inv)?;
                 }
             }
         }
@@ -1303,6 +1354,7 @@ mod comm;
 mod ep;
 mod finalize;
 mod fsdp;
+mod ops;
 pub use fsdp::Shard;
 #[cfg(test)]
 mod tests;

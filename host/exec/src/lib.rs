@@ -7,14 +7,17 @@
 //!
 //! # Brief overview
 //!
-//! - [`Device`] ([`device`]): one backend trait (buffers, one forward op, one backward
-//!   step, optimizer, synchronize), in candle's split: [`cpu::Cpu`] implements it with
-//!   `runner-kernels`; [`cuda`] is a stub that says the binary was built without CUDA.
+//! - [`Device`] ([`device`]): one backend trait, in candle's split: device buffers of
+//!   every element type (f32, bf16, f16, FP8 with its scale, int32), the kernels of the
+//!   operation set on them, and device events for timing. [`cpu::Cpu`] implements it
+//!   with `runner-kernels`. Which kernels a graph op runs, with its attributes and its
+//!   gradients' write modes, is decided once above the trait (`executor/ops.rs`).
 //! - [`Executor`] ([`executor`]): owns weights, activations, saved tensors, gradients and
 //!   optimizer state for one graph; `forward`, `backward`, `optimizer_step`, `step`; frees
 //!   activations as early as the plan allows and accounts every byte.
 //! - [`collective`]: the [`Collective`] trait the executor runs a sharded graph's
-//!   communication ops through, and [`ThreadGroup`], ranks as threads over shared memory
+//!   communication ops through (on device buffers), [`HostCollective`] for transports
+//!   that move host memory, and [`ThreadGroup`], ranks as threads over shared memory
 //!   that fail instead of hanging when a rank leaves or a wait times out
 //!   ([`Executor::for_rank`]: tensor parallelism with or without SP, context
 //!   parallelism (K/V all-gathered over cp, rotary and attention on global positions),
@@ -23,6 +26,9 @@
 //!   tied embeddings and SP; not FSDP yet).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
 //! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
+//! - [`select`]: `--device auto|cpu|cuda[:N]`; [`cuda`] (feature `cuda-13000`, on by
+//!   default): the GPU backend (cudarc, cuBLASLt, NVRTC-compiled `kernels/cuda/*.cu`).
+//! - [`devcheck`]: every kernel of a device compared with the CPU backend.
 //! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory
 //!   bandwidth.
 //! - [`toy`]: small hand-built llama-style and MoE graphs for tests and benches.
@@ -42,18 +48,21 @@
 pub mod bench;
 pub mod collective;
 pub mod cpu;
+#[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod devcheck;
 pub mod device;
 pub mod executor;
 pub mod proxy;
+pub mod select;
 #[cfg(test)]
 mod reference;
 pub mod timing;
 pub mod toy;
 
-pub use collective::{Collective, ReduceOp, ThreadGroup};
-pub use device::{Device, ExecError, MemStats};
+pub use collective::{Collective, HostCollective, ReduceOp, ThreadGroup};
+pub use device::{Device, DeviceBuffer, Elem, ExecError, MemStats};
 pub use executor::{ExecOptions, Executor, Input, MemoryReport};
-pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step};
+pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step, measure_training_step_on};
 pub use runner_kernels::cpu::adamw::AdamW;
 pub use timing::{Stat, StepTiming, TimingOptions};

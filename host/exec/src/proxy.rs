@@ -22,7 +22,7 @@ use runner_kernels::cpu::adamw::AdamW;
 use serde::Serialize;
 
 use crate::cpu::Cpu;
-use crate::device::ExecError;
+use crate::device::{Device, ExecError};
 use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, MemoryReport, int_bounds_of};
 use crate::timing::{StepTiming, TimingOptions, time_steps};
 
@@ -137,9 +137,21 @@ pub fn measure_training_step(
     graph: &Graph,
     opts: MeasureOptions,
 ) -> Result<MeasuredStep, ExecError> {
+    measure_training_step_on(graph, Cpu::new(), opts)
+}
+
+/// [`measure_training_step`] on `device`.
+///
+/// # Errors
+/// An invalid graph, or a kernel error.
+pub fn measure_training_step_on<D: Device>(
+    graph: &Graph,
+    device: D,
+    opts: MeasureOptions,
+) -> Result<MeasuredStep, ExecError> {
     let mut ex = Executor::new(
         graph,
-        Cpu::new(),
+        device,
         ExecOptions {
             seed: opts.seed,
             recompute: opts.recompute,

@@ -74,6 +74,29 @@ impl ToyConfig {
     }
 }
 
+impl ToyConfig {
+    /// One layer of Llama 3.1 8B (hidden 4096, 32 heads over 8 KV heads of 128, SwiGLU
+    /// FFN 14336, vocabulary 128256, RoPE θ 500000; Meta's model card) at sequence `seq`
+    /// and micro-batch `batch`, with its embedding, head and loss: the layer step the GPU
+    /// check times against PyTorch eager.
+    pub fn llama31_8b_layer(seq: u64, batch: u64) -> ToyConfig {
+        ToyConfig {
+            layers: 1,
+            hidden: 4096,
+            heads: 32,
+            kv_heads: 8,
+            ffn: 14336,
+            vocab: 128_256,
+            seq,
+            batch,
+            moe: None,
+            tied: false,
+            mtp: 0,
+            rope_theta: 500_000.0,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Builder {
     tensors: Vec<Tensor>,
@@ -487,6 +510,40 @@ pub fn llama(c: &ToyConfig) -> Graph {
 /// learn), and for MTP inputs the sequence shifted further. Values stay under each
 /// input's vocabulary. Returns (tokens, targets) of the main model; the full list is in
 /// [`batch_inputs`].
+/// The toy graph with Megatron's parallel roles (the SDK builder's), the embedding, head
+/// and loss vocab-parallel or replicated; a MoE toy's dispatch, experts and combine are
+/// expert ops, its router replicated.
+pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
+    for op in &mut g.ops {
+        let n = op.name.as_str();
+        let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
+        op.role = if n.ends_with(".moe.dispatch")
+            || n.ends_with(".moe.combine")
+            || n.contains(".moe.experts.")
+        {
+            Role::Expert
+        } else if ends(&[
+            ".attn.q",
+            ".attn.k",
+            ".attn.v",
+            ".mlp.gate",
+            ".mlp.up",
+            ".mlp.act",
+        ]) {
+            Role::ColumnParallel
+        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
+            Role::HeadParallel
+        } else if ends(&[".attn.out", ".mlp.down"]) {
+            Role::RowParallel
+        } else if vocab_parallel && matches!(n, "embed" | "lm_head" | "loss") {
+            Role::VocabParallel
+        } else {
+            Role::Replicated
+        };
+    }
+    g
+}
+
 pub fn repeating_batch(g: &Graph, seed: u32) -> (Vec<u32>, Vec<u32>) {
     let all = batch_inputs(g, seed);
     let get = |n: &str| {

@@ -607,7 +607,7 @@ fn percentiles(mut v: Vec<f64>) -> (f64, f64, f64) {
 
 pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
     match cmd {
-        BenchCommand::Gemm { sizes } => {
+        BenchCommand::Gemm { sizes, .. } => {
             if let Some(&bad) = sizes.iter().find(|&&n| n == 0 || n > 16_384) {
                 anyhow::bail!("--sizes: {bad} is outside 1..=16384");
             }
@@ -809,5 +809,6 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             ));
             emit(global, &t, &rows)
         }
+        other => anyhow::bail!("bench {other:?} runs on a device (device_bench.rs)"),
     }
 }

@@ -11,9 +11,11 @@
 //! - [`runfile`]: the TOML run file, parsed strictly (unknown keys are errors).
 //! - [`project`]: the performance model (`runner_project`) fed by the plugins: models
 //!   found by name, precision plans, GPU profiles, reference layouts.
+//! - [`local_device`]: the `--device` the local measurement runs on.
 //! - [`session`]: one run, end to end.
 //! - [`report`]: tables, JSON and CSV.
 
+pub mod local_device;
 pub mod measure;
 pub use runner_plugin_host as plugin;
 pub mod project;

@@ -2,6 +2,8 @@
 //! dispatch to a command. No benchmark logic lives here.
 
 mod commands;
+mod device_bench;
+mod dist_bench;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -47,6 +49,9 @@ pub struct Global {
     /// `runner calibrate -o FILE.toml` writes one)
     #[arg(long, global = true, value_name = "FILE")]
     pub profile: Option<PathBuf>,
+    /// Device of the local measurement and the device benches: auto (a usable GPU, else the CPU), cpu, cuda or cuda:N
+    #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
+    pub device: runner_exec::select::DeviceSpec,
 }
 
 /// A run given by flags instead of a run file.
@@ -208,12 +213,92 @@ pub enum BenchCommand {
         /// Square sizes (M = N = K)
         #[arg(long, value_delimiter = ',', default_values_t = [256usize, 512, 1024, 2048])]
         sizes: Vec<usize>,
+        /// Operand format: f32, bf16, f16, fp8 (E4M3); other than f32 on the device's GEMM path (cuBLASLt on a GPU)
+        #[arg(long, default_value = "f32")]
+        dtype: String,
     },
     /// Memory bandwidth: STREAM copy and triad over arrays far beyond the caches
     #[command(
         after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json"
     )]
     Memory,
+    /// Every kernel of the device checked against the CPU backend, and a toy training step
+    #[command(
+        after_help = "Examples:\n  runner bench kernels --device cuda\n  runner bench kernels --device cuda --format json -o kernels.json"
+    )]
+    Kernels,
+    /// Forward + backward + AdamW of one Llama 3.1 8B layer (with embedding, head and loss) on the device
+    #[command(
+        after_help = "Examples:\n  runner bench layer --device cuda\n  runner bench layer --device cuda --seq 2048 --batch 2"
+    )]
+    Layer {
+        /// Sequence length
+        #[arg(long, default_value_t = 2048)]
+        seq: u64,
+        /// Micro-batch
+        #[arg(long, default_value_t = 1)]
+        batch: u64,
+        /// Timed steps after two warm-up steps
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
+    },
+    /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
+    #[command(
+        after_help = "Examples:\n  runner --device cuda bench collectives -b 8M -e 1G -f 2 -g 8\n  srun -N 2 --ntasks-per-node 8 runner --device cuda bench collectives -b 1M -e 4G -f 4\n  torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=host MASTER_PORT=29500 runner bench collectives"
+    )]
+    Collectives {
+        /// Smallest size (bytes; K, M, G suffixes as nccl-tests)
+        #[arg(short = 'b', long = "minbytes", default_value = "32M")]
+        minbytes: String,
+        /// Largest size
+        #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
+        maxbytes: String,
+        /// Size multiplication factor between steps
+        #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+        stepfactor: u64,
+        /// Fixed size increment between steps (instead of -f)
+        #[arg(short = 'i', long = "stepbytes")]
+        stepbytes: Option<String>,
+        /// Ranks (GPUs) run as threads of this process when no launcher started several processes
+        #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+        ngpus: usize,
+        /// Timed iterations per size
+        #[arg(short = 'n', long = "iters", default_value_t = 20)]
+        iters: usize,
+        /// Warm-up iterations per size
+        #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+        warmup: usize,
+        /// Checked iterations per size (0: no check)
+        #[arg(short = 'c', long = "check", default_value_t = 1)]
+        check: usize,
+        /// Data type: float, bfloat16, half
+        #[arg(short = 'd', long = "datatype", default_value = "float")]
+        datatype: String,
+        /// Collectives to run
+        #[arg(long, value_delimiter = ',', default_value = "all_reduce,all_gather,reduce_scatter,alltoall,broadcast,sendrecv")]
+        ops: Vec<String>,
+        /// Seconds a rank waits for the others before failing
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses and weight digest
+    #[command(
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+    )]
+    Step {
+        /// Parallel layout: tp=N,pp=N,dp=N
+        #[arg(long, default_value = "tp=2,dp=2")]
+        layout: String,
+        /// Training steps
+        #[arg(long, default_value_t = 3)]
+        steps: usize,
+        /// Run every rank as a thread of this process (the single-process run of the layout)
+        #[arg(long)]
+        in_process: bool,
+        /// Seconds a rank waits for the others before failing
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
     /// Plugin host overhead: warm load, instantiation, per-call cost
     #[command(
         after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000"
@@ -270,12 +355,19 @@ fn init_logging(global: &Global) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.global);
+    runner::local_device::set_requested(cli.global.device);
+    if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
+        && let Some(why) = runner_exec::select::cuda_unusable(n)
+    {
+        eprintln!("error: --device cuda:{n}: {why}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         None => commands::quick_run(&cli.quick, &cli.global),
         Some(Command::Run { file }) => commands::run_file(&file, &cli.quick, &cli.global),
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
-        Some(Command::Bench(cmd)) => commands::bench(cmd, &cli.global),
+        Some(Command::Bench(cmd)) => device_bench::bench(cmd, &cli.global),
         Some(Command::Project { target, gpus, layout }) => commands::project::project(&target, gpus, &layout, &cli.global),
         Some(Command::Search { target, gpus, top, layout }) => {
             commands::project::search(&target, &gpus, top, &layout, &cli.global)

@@ -1,6 +1,7 @@
 //! What the runner measures on the local device before it projects: a real training step
-//! (forward, backward, AdamW) of the model's graph on the CPU backend, timed with warm-up
-//! and repeats, a few layers run and composed to the full depth.
+//! (forward, backward, AdamW) of the model's graph on the device `--device` picks (a
+//! usable GPU, else the CPU), timed with warm-up and repeats, a few layers run and
+//! composed to the full depth.
 //!
 //! The measurement runs "at a size the machine can run": the chosen variant itself when
 //! its weights and optimizer state fit the memory budget, otherwise the smallest variant
@@ -8,7 +9,8 @@
 
 use serde::Serialize;
 
-use runner_exec::proxy::{MeasureOptions, measure_training_step};
+use runner_exec::proxy::{MeasureOptions, MeasuredStep, measure_training_step_on};
+use runner_exec::select::{Chosen, choose};
 use runner_exec::timing::TimingOptions;
 use runner_graph::count::{self, Convention};
 use runner_graph::recompute::RecomputePolicy;
@@ -23,6 +25,11 @@ const PARAM_BUDGET_BYTES: f64 = 1.0 * (1u64 << 30) as f64;
 /// Tokens per measured step: sequence x micro-batch.
 const MAX_SEQ: u32 = 256;
 const TOKENS: u32 = 2048;
+/// On a GPU: a budget an 80 GiB device holds with room for activations, and the
+/// variant's own sequence up to 4096.
+const GPU_PARAM_BUDGET_BYTES: f64 = 24.0 * (1u64 << 30) as f64;
+const GPU_MAX_SEQ: u32 = 4096;
+const GPU_TOKENS: u32 = 8192;
 /// Layers actually run; the rest is composed from the per-layer time.
 const LAYERS_RUN: u32 = 2;
 
@@ -69,10 +76,13 @@ pub struct LocalMeasurement {
     pub recompute: RecomputePolicy,
     pub recompute_s: f64,
     pub why_this_size: String,
+    /// Why the measurement ran on the CPU when `--device auto` looked for a GPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_note: Option<String>,
 }
 
-/// Measure a training step on the CPU: `settings.repeats` timed steps after one warm-up,
-/// under `settings.recompute`.
+/// Measure a training step on the `--device` device: `settings.repeats` timed steps after
+/// one warm-up, under `settings.recompute`.
 ///
 /// # Errors
 /// A plugin failure while building the graph, or an executor error.
@@ -82,6 +92,13 @@ pub fn measure(
     variant: &Variant,
     settings: &MeasureSection,
 ) -> anyhow::Result<LocalMeasurement> {
+    let device = choose(crate::local_device::requested())?;
+    let on_gpu = !matches!(device, Chosen::Cpu(..));
+    let (budget, max_seq, tokens) = if on_gpu {
+        (GPU_PARAM_BUDGET_BYTES, GPU_MAX_SEQ, GPU_TOKENS)
+    } else {
+        (PARAM_BUDGET_BYTES, MAX_SEQ, TOKENS)
+    };
     let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
         let g = w.graph(&GraphRequest::training(
             &v.name,
@@ -90,7 +107,7 @@ pub fn measure(
             LAYERS_RUN.min(v.hyper.layers),
         ))?;
         let bytes = count::params(&g).total as f64 * 16.0;
-        Ok((bytes <= PARAM_BUDGET_BYTES, bytes))
+        Ok((bytes <= budget, bytes))
     };
     let (own_fits, own_bytes) = fits(variant, workload)?;
     let (chosen, why) = if own_fits {
@@ -99,7 +116,7 @@ pub fn measure(
             format!(
                 "{} itself ({LAYERS_RUN} layers fit the {:.0} GiB budget)",
                 variant.name,
-                PARAM_BUDGET_BYTES / (1u64 << 30) as f64
+                budget / (1u64 << 30) as f64
             ),
         )
     } else {
@@ -112,7 +129,7 @@ pub fn measure(
         }
         let Some((_, proxy)) = smallest else {
             anyhow::bail!(
-                "no variant of {} fits the CPU measurement budget ({:.1} GiB for {LAYERS_RUN} layers of {}); \
+                "no variant of {} fits the measurement budget ({:.1} GiB for {LAYERS_RUN} layers of {}); \
                  add a small proxy variant to the plugin",
                 info.family,
                 own_bytes / (1u64 << 30) as f64,
@@ -122,16 +139,17 @@ pub fn measure(
         (
             proxy.clone(),
             format!(
-                "{}'s {LAYERS_RUN} layers need {:.1} GiB of f32 weights and optimizer state, beyond the CPU budget, \
+                "{}'s {LAYERS_RUN} layers need {:.1} GiB of f32 weights and optimizer state, beyond the {} budget, \
                  so the family's proxy {} was run",
                 variant.name,
                 own_bytes / (1u64 << 30) as f64,
+                if on_gpu { "GPU" } else { "CPU" },
                 proxy.name
             ),
         )
     };
-    let seq_len = chosen.defaults.seq_len.min(MAX_SEQ);
-    let micro_batch = (TOKENS / seq_len).max(1);
+    let seq_len = chosen.defaults.seq_len.min(max_seq);
+    let micro_batch = (tokens / seq_len).max(1);
     let layers_run = LAYERS_RUN.min(chosen.hyper.layers);
     let graph = workload.graph(&GraphRequest::training(
         &chosen.name,
@@ -165,9 +183,13 @@ pub fn measure(
         convention: Convention::CAUSAL,
         ..MeasureOptions::default()
     };
-    let m = measure_training_step(&graph, opts)?;
+    let (m, device_note): (MeasuredStep, Option<String>) = match device {
+        Chosen::Cpu(cpu, note) => (measure_training_step_on(&graph, cpu, opts)?, note),
+        #[cfg(feature = "cuda")]
+        Chosen::Cuda(gpu) => (measure_training_step_on(&graph, gpu, opts)?, None),
+    };
     Ok(LocalMeasurement {
-        device: format!("cpu ({} threads)", rayon::current_num_threads()),
+        device: m.timing.device.clone(),
         variant: chosen.name.clone(),
         layers_run,
         full_layers: chosen.hyper.layers,
@@ -188,6 +210,7 @@ pub fn measure(
         recompute: m.recompute,
         recompute_s: m.recompute_s,
         why_this_size: why,
+        device_note,
     })
 }
 
@@ -197,7 +220,7 @@ impl LocalMeasurement {
         format!(
             "measured: a real training step (forward, backward, AdamW) of {} on {}: {} of {} layers, seq {} x batch {}, \
              median {:.3} s (p10 {:.3}, p90 {:.3}; fwd {:.3}, bwd {:.3}, opt {:.3}), {:.0} tokens/s, {:.1} model GFLOP/s; \
-             composed to {} layers: {:.2} s/step; peak memory {:.0} MiB{}. Chosen because: {}",
+             composed to {} layers: {:.2} s/step; peak memory {:.0} MiB{}. Chosen because: {}{}",
             self.variant,
             self.device,
             self.layers_run,
@@ -223,7 +246,8 @@ impl LocalMeasurement {
                     self.recompute_s
                 ),
             },
-            self.why_this_size
+            self.why_this_size,
+            self.device_note.as_deref().map(|n| format!(". Device: {n}")).unwrap_or_default()
         )
     }
 }

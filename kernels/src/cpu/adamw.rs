@@ -33,6 +33,35 @@ pub struct AdamW {
     pub weight_decay: f32,
 }
 
+/// The per-step scalars of the update, computed in f64 (Python floats) and rounded once,
+/// shared by every backend so they all update with the same constants.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scalars {
+    /// 1 − lr·wd (decoupled weight decay).
+    pub decay: f32,
+    /// 1 − β1.
+    pub w1: f32,
+    /// 1 − β2.
+    pub w2: f32,
+    /// lr / (1 − β1^step).
+    pub step_size: f32,
+    /// sqrt(1 − β2^step).
+    pub bc2_sqrt: f32,
+}
+
+/// [`Scalars`] of step `step` (>= 1).
+pub fn scalars(h: &AdamW, step: u32) -> Scalars {
+    let bc1 = 1.0 - (h.beta1 as f64).powi(step as i32);
+    let bc2 = 1.0 - (h.beta2 as f64).powi(step as i32);
+    Scalars {
+        decay: (1.0 - h.lr as f64 * h.weight_decay as f64) as f32,
+        w1: (1.0 - h.beta1 as f64) as f32,
+        w2: (1.0 - h.beta2 as f64) as f32,
+        step_size: (h.lr as f64 / bc1) as f32,
+        bc2_sqrt: bc2.sqrt() as f32,
+    }
+}
+
 /// One AdamW step on a flat tensor; `step` >= 1 is this step's number.
 ///
 /// # Errors
@@ -51,14 +80,13 @@ pub fn adamw_step(
     if step == 0 {
         return shape_err("adamw: step counts from 1");
     }
-    let bc1 = 1.0 - (h.beta1 as f64).powi(step as i32);
-    let bc2 = 1.0 - (h.beta2 as f64).powi(step as i32);
-    let step_size = (h.lr as f64 / bc1) as f32;
-    let bc2_sqrt = bc2.sqrt() as f32;
-    // scalar hyper-parameter arithmetic in f64 (Python floats), rounded once
-    let decay = (1.0 - h.lr as f64 * h.weight_decay as f64) as f32;
-    let w1 = (1.0 - h.beta1 as f64) as f32;
-    let w2 = (1.0 - h.beta2 as f64) as f32;
+    let Scalars {
+        decay,
+        w1,
+        w2,
+        step_size,
+        bc2_sqrt,
+    } = scalars(h, step);
     let (b2, eps) = (h.beta2, h.eps);
     param
         .par_chunks_mut(ELEM_GRAIN)

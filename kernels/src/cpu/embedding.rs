@@ -78,6 +78,78 @@ pub fn embedding_backward(
     Ok(())
 }
 
+/// One vocab-parallel shard of an embedding (Megatron's `VocabParallelEmbedding`): the
+/// table (V/tp, C) holds ids `start..start + rows`; out (N,C) = the row of each id in
+/// the shard and zeros for the others (the all-reduce over tp that follows sums the
+/// shards). Ids outside the shard are not errors: another rank holds them.
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn embedding_shard_forward(
+    out: &mut [f32],
+    tokens: &[u32],
+    weight: &[f32],
+    c: usize,
+    start: usize,
+) -> Result<()> {
+    let rows = rows_of("embedding weight", weight.len(), c)?;
+    check_len("embedding out", out.len(), tokens.len().saturating_mul(c))?;
+    out.par_chunks_mut(c * rows_per_task(c))
+        .enumerate()
+        .for_each(|(blk, o)| {
+            let t0 = blk * rows_per_task(c);
+            for (row, &t) in o.chunks_mut(c).zip(&tokens[t0..]) {
+                match (t as usize).checked_sub(start).filter(|&r| r < rows) {
+                    Some(r) => row.copy_from_slice(&weight[r * c..(r + 1) * c]),
+                    None => row.fill(0.0),
+                }
+            }
+        });
+    Ok(())
+}
+
+/// dweight (V/tp, C) += the rows of dout whose ids this shard holds (see
+/// [`embedding_shard_forward`]), each table row summing its positions in token order.
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn embedding_shard_backward(
+    dweight: &mut [f32],
+    dout: &[f32],
+    tokens: &[u32],
+    c: usize,
+    start: usize,
+) -> Result<()> {
+    let rows = rows_of("embedding dweight", dweight.len(), c)?;
+    check_len("embedding dout", dout.len(), tokens.len().saturating_mul(c))?;
+    let local = |t: u32| (t as usize).checked_sub(start).filter(|&r| r < rows);
+    let mut first = vec![0usize; rows + 1];
+    for &t in tokens {
+        if let Some(r) = local(t) {
+            first[r + 1] += 1;
+        }
+    }
+    for r in 0..rows {
+        first[r + 1] += first[r];
+    }
+    let mut fill = first.clone();
+    let mut order = vec![0usize; first[rows]];
+    for (n, &t) in tokens.iter().enumerate() {
+        if let Some(r) = local(t) {
+            order[fill[r]] = n;
+            fill[r] += 1;
+        }
+    }
+    dweight.par_chunks_mut(c).enumerate().for_each(|(r, dw)| {
+        for &n in &order[first[r]..first[r + 1]] {
+            for (a, b) in dw.iter_mut().zip(&dout[n * c..(n + 1) * c]) {
+                *a += b;
+            }
+        }
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -136,5 +208,34 @@ mod tests {
         assert!(embedding_forward(&mut out, &[0, 1], &w, 0).is_err());
         assert!(embedding_forward(&mut out, &[0], &w, 3).is_err());
         assert!(embedding_forward(&mut out, &[0, 1], &w[..11], 3).is_err());
+    }
+
+    #[test]
+    fn a_vocab_shard_reads_and_updates_only_its_rows() {
+        let mut rng = rng(12);
+        let (v, c, n, tp) = (12, 5, 40, 3);
+        let w = randn(&mut rng, v * c);
+        let tokens: Vec<u32> = (0..n).map(|_| rng.random_range(0..v as u32)).collect();
+        let dout = randn(&mut rng, n * c);
+        let mut whole = vec![0.0; n * c];
+        embedding_forward(&mut whole, &tokens, &w, c).unwrap();
+        let mut dwhole = vec![0.0; v * c];
+        embedding_backward(&mut dwhole, &dout, &tokens, c).unwrap();
+        let rows = v / tp;
+        let mut sum = vec![0.0f32; n * c];
+        for s in 0..tp {
+            let shard = &w[s * rows * c..(s + 1) * rows * c];
+            let mut out = vec![f32::NAN; n * c];
+            embedding_shard_forward(&mut out, &tokens, shard, c, s * rows).unwrap();
+            for (a, b) in sum.iter_mut().zip(&out) {
+                *a += b;
+            }
+            let mut dw = vec![0.0; rows * c];
+            embedding_shard_backward(&mut dw, &dout, &tokens, c, s * rows).unwrap();
+            // the same additions in the same order as the whole table's rows
+            assert_eq!(dw, dwhole[s * rows * c..(s + 1) * rows * c]);
+        }
+        // exactly one shard holds each id, the others add zeros
+        assert_eq!(sum, whole);
     }
 }

@@ -130,6 +130,125 @@ pub fn cross_entropy_backward(
     Ok(())
 }
 
+// ---------------------------------------------------------------------------
+// Vocab-parallel cross-entropy (Megatron-LM's `_VocabParallelCrossEntropy`)
+// ---------------------------------------------------------------------------
+//
+// Each tp rank holds the logits of classes `start..start + v`. Three (N) row
+// statistics, each all-reduced over tp between these kernels, give the loss: the row
+// max, the row sum of exp(x − max) (with the reduced max) and the target's logit (from
+// the rank that holds it, zero elsewhere).
+
+/// out (N) = max of each row of x (N, v).
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn row_max(out: &mut [f32], x: &[f32], v: usize) -> Result<()> {
+    let n = rows_of("row_max x", x.len(), v)?;
+    check_len("row_max out", out.len(), n)?;
+    out.par_iter_mut().enumerate().for_each(|(r, o)| {
+        *o = x[r * v..(r + 1) * v].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    });
+    Ok(())
+}
+
+/// out (N) = Σ_j exp(x[r, j] − max[r]).
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn row_sumexp(out: &mut [f32], x: &[f32], max: &[f32], v: usize) -> Result<()> {
+    let n = rows_of("row_sumexp x", x.len(), v)?;
+    check_len("row_sumexp out", out.len(), n)?;
+    check_len("row_sumexp max", max.len(), n)?;
+    out.par_iter_mut().enumerate().for_each(|(r, o)| {
+        let m = max[r];
+        *o = x[r * v..(r + 1) * v].iter().map(|&a| (a - m).exp()).sum();
+    });
+    Ok(())
+}
+
+/// out (N) = x[r, target[r] − start] where this shard (classes `start..start + v`)
+/// holds the target, else 0 (ignored rows too).
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn target_logit(out: &mut [f32], x: &[f32], targets: &[u32], start: usize, v: usize) -> Result<()> {
+    let n = rows_of("target_logit x", x.len(), v)?;
+    check_len("target_logit out", out.len(), n)?;
+    check_len("target_logit targets", targets.len(), n)?;
+    out.par_iter_mut().enumerate().for_each(|(r, o)| {
+        let t = targets[r];
+        *o = match (t as usize).checked_sub(start) {
+            Some(j) if t != IGNORE_INDEX && j < v => x[r * v + j],
+            _ => 0.0,
+        };
+    });
+    Ok(())
+}
+
+/// From the all-reduced statistics: lse (N) = max + ln(sumexp), and the mean over
+/// non-ignored rows of lse − target logit (0 when none is valid), returned.
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn cross_entropy_from_stats(
+    lse: &mut [f32],
+    max: &[f32],
+    sumexp: &[f32],
+    target_logit: &[f32],
+    targets: &[u32],
+) -> Result<f32> {
+    let n = targets.len();
+    for (name, len) in [("lse", lse.len()), ("max", max.len()), ("sumexp", sumexp.len()), ("target logit", target_logit.len())] {
+        check_len(&format!("cross_entropy_from_stats {name}"), len, n)?;
+    }
+    let (mut total, mut valid) = (0f64, 0usize);
+    for r in 0..n {
+        lse[r] = max[r] + sumexp[r].ln();
+        if targets[r] != IGNORE_INDEX {
+            total += f64::from(lse[r] - target_logit[r]);
+            valid += 1;
+        }
+    }
+    Ok(if valid == 0 { 0.0 } else { (total / valid as f64) as f32 })
+}
+
+/// dlogits (N, v) of the shard holding classes `start..start + v`, overwritten:
+/// dloss · (exp(x − lse) − onehot(target)) / n_valid, zero rows for ignored targets.
+///
+/// # Errors
+/// `ShapeMismatch` for inconsistent lengths.
+pub fn cross_entropy_shard_backward(
+    dlogits: &mut [f32],
+    logits: &[f32],
+    lse: &[f32],
+    targets: &[u32],
+    start: usize,
+    v: usize,
+    dloss: f32,
+) -> Result<()> {
+    let n = rows_of("cross_entropy logits", logits.len(), v)?;
+    check_len("cross_entropy dlogits", dlogits.len(), logits.len())?;
+    check_len("cross_entropy targets", targets.len(), n)?;
+    check_len("cross_entropy lse", lse.len(), n)?;
+    let valid = targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
+    let scale = if valid == 0 { 0.0 } else { dloss / valid as f32 };
+    dlogits.par_chunks_mut(v).enumerate().for_each(|(r, d)| {
+        let t = targets[r];
+        if t == IGNORE_INDEX {
+            d.fill(0.0);
+            return;
+        }
+        for (a, &b) in d.iter_mut().zip(&logits[r * v..(r + 1) * v]) {
+            *a = (b - lse[r]).exp() * scale;
+        }
+        if let Some(j) = (t as usize).checked_sub(start).filter(|&j| j < v) {
+            d[j] -= scale;
+        }
+    });
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +331,49 @@ mod tests {
         assert!(cross_entropy_forward(&mut l, &mut z, &logits, &[0], 3).is_err());
         assert!(cross_entropy_forward(&mut l, &mut z, &logits, &[0, 0], 0).is_err());
         assert!(cross_entropy_backward(&mut d, &logits, &z, &[0, 5], 3, 1.0).is_err());
+    }
+
+    /// Two vocab shards with the statistics summed (max: maxed) by hand give the whole
+    /// vocabulary's loss and, concatenated, its gradient.
+    #[test]
+    fn vocab_shards_with_reduced_statistics_equal_the_whole_vocabulary() {
+        let mut rng = rng(31);
+        let (n, v, tp) = (9, 12, 2);
+        let (x, mut t) = case(&mut rng, n, v, 4);
+        t[1] = IGNORE_INDEX;
+        let (mut losses, mut lse) = (vec![0.0; n], vec![0.0; n]);
+        let want = cross_entropy_forward(&mut losses, &mut lse, &x, &t, v).unwrap();
+        let mut dwant = vec![0.0; n * v];
+        cross_entropy_backward(&mut dwant, &x, &lse, &t, v, 1.5).unwrap();
+        let w = v / tp;
+        let shard = |s: usize| -> Vec<f32> {
+            (0..n).flat_map(|r| x[r * v + s * w..r * v + (s + 1) * w].to_vec()).collect()
+        };
+        let (mut m, mut se, mut tl) = (vec![f32::NEG_INFINITY; n], vec![0.0; n], vec![0.0; n]);
+        for s in 0..tp {
+            let mut o = vec![0.0; n];
+            row_max(&mut o, &shard(s), w).unwrap();
+            m.iter_mut().zip(&o).for_each(|(a, b)| *a = a.max(*b));
+        }
+        for s in 0..tp {
+            let (mut o, mut p) = (vec![0.0; n], vec![0.0; n]);
+            row_sumexp(&mut o, &shard(s), &m, w).unwrap();
+            target_logit(&mut p, &shard(s), &t, s * w, w).unwrap();
+            se.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            tl.iter_mut().zip(&p).for_each(|(a, b)| *a += b);
+        }
+        let mut lse2 = vec![0.0; n];
+        let got = cross_entropy_from_stats(&mut lse2, &m, &se, &tl, &t).unwrap();
+        assert!((got - want).abs() < 1e-5 * want.abs(), "{got} vs {want}");
+        for s in 0..tp {
+            let mut d = vec![f32::NAN; n * w];
+            cross_entropy_shard_backward(&mut d, &shard(s), &lse2, &t, s * w, w, 1.5).unwrap();
+            for r in 0..n {
+                for j in 0..w {
+                    let (a, b) = (d[r * w + j], dwant[r * v + s * w + j]);
+                    assert!((a - b).abs() < 1e-6, "row {r} class {}: {a} vs {b}", s * w + j);
+                }
+            }
+        }
     }
 }

@@ -60,47 +60,63 @@
 //! - Time spent inside collective calls is summed into [`super::StepProfile`]'s
 //!   `communication_s` (from the start of each forward).
 //!
-//! All of it runs through host copies of the buffers ([`Device::read_f32`]): correct on
-//! any device, meant for tests and CPU runs, not for speed.
+//! Everything runs on device buffers: the collectives through [`Collective`] (NCCL on
+//! GPUs, a staging copy for host transports), the layout changes around them
+//! ([`Device::transpose_outer`], [`Device::copy`]) and the vocab-parallel statistics as
+//! kernels. Communication time is measured with device events around each call and
+//! summed when a phase ends.
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::HashMap;
-use std::time::Instant;
 
 use runner_graph::shard::{StepCollective, all_gather_backward_reduces};
 use runner_graph::{Op, OpKind, Role, TensorId};
-use runner_kernels::cpu::loss::IGNORE_INDEX;
 
 use super::Executor;
 use crate::collective::{Collective, ReduceOp};
-use crate::device::{Device, Elem, ExecError};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// A rank's communication state beyond its handles: the step-level collectives it runs
 /// after the backward, whether the last backward's gradients were reduced, and the
-/// seconds spent in collective calls since the last forward began.
-#[derive(Debug, Default)]
-pub(super) struct CommState {
+/// time spent in collective calls since the last forward began.
+pub(super) struct CommState<D: Device> {
     pub(super) step: Vec<StepCollective>,
     pub(super) reduced: bool,
-    busy_s: Cell<f64>,
+    busy_s: f64,
+    /// Device events around each collective call not yet added to `busy_s`.
+    spans: RefCell<Vec<(D::Event, D::Event)>>,
     /// The vocab-parallel loss's row statistics of this forward, all-reduced, by
     /// (logits, statistic): made once, by the `row-stats` op or else by the loss.
-    row_stats: RefCell<HashMap<(TensorId, &'static str), Vec<f32>>>,
+    row_stats: RefCell<HashMap<(TensorId, &'static str), D::Buffer>>,
 }
 
-/// A group handle whose calls add their wall time to the rank's communication time.
-pub(super) struct Timed<'a> {
-    c: &'a dyn Collective,
-    busy_s: &'a Cell<f64>,
+impl<D: Device> Default for CommState<D> {
+    fn default() -> Self {
+        CommState {
+            step: Vec::new(),
+            reduced: false,
+            busy_s: 0.0,
+            spans: RefCell::new(Vec::new()),
+            row_stats: RefCell::new(HashMap::new()),
+        }
+    }
 }
 
-impl Timed<'_> {
-    fn time<T>(&self, f: impl FnOnce(&dyn Collective) -> T) -> T {
-        let t0 = Instant::now();
-        let r = f(self.c);
-        self.busy_s
-            .set(self.busy_s.get() + t0.elapsed().as_secs_f64());
-        r
+/// A group handle whose calls are timed with device events into the rank's
+/// communication time.
+pub(super) struct Timed<'a, D: Device> {
+    c: &'a dyn Collective<D>,
+    dev: &'a D,
+    spans: &'a RefCell<Vec<(D::Event, D::Event)>>,
+}
+
+impl<D: Device> Timed<'_, D> {
+    fn time<T>(&self, f: impl FnOnce(&dyn Collective<D>, &D) -> Result<T, ExecError>) -> Result<T, ExecError> {
+        let start = self.dev.record()?;
+        let r = f(self.c, self.dev)?;
+        let end = self.dev.record()?;
+        self.spans.borrow_mut().push((start, end));
+        Ok(r)
     }
     pub(super) fn rank(&self) -> usize {
         self.c.rank()
@@ -108,32 +124,58 @@ impl Timed<'_> {
     pub(super) fn size(&self) -> usize {
         self.c.size()
     }
-    pub(super) fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
-        self.time(|c| c.all_reduce(buf, op))
+    pub(super) fn all_reduce(&self, buf: &mut D::Buffer, op: ReduceOp) -> Result<(), ExecError> {
+        self.time(|c, d| c.all_reduce(d, buf, op))
     }
-    pub(super) fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.time(|c| c.all_gather(input))
+    pub(super) fn all_gather(&self, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
+        self.time(|c, d| c.all_gather(d, input, output))
     }
     pub(super) fn all_to_all_v(
         &self,
-        input: &[f32],
+        input: &D::Buffer,
         send: &[usize],
+        output: &mut D::Buffer,
         recv: &[usize],
-    ) -> Result<Vec<f32>, ExecError> {
-        self.time(|c| c.all_to_all_v(input, send, recv))
+    ) -> Result<(), ExecError> {
+        self.time(|c, d| c.all_to_all_v(d, input, send, output, recv))
     }
-    pub(super) fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.time(|c| c.reduce_scatter(input))
+    pub(super) fn reduce_scatter(&self, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
+        self.time(|c, d| c.reduce_scatter(d, input, output))
     }
-    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.time(|c| c.all_to_all(input))
+    fn all_to_all(&self, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
+        self.time(|c, d| c.all_to_all(d, input, output))
     }
-    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
-        self.time(|c| c.send(peer, data))
+    fn send(&self, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
+        self.time(|c, d| c.send(d, peer, buf))
     }
-    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
-        self.time(|c| c.recv(peer))
+    fn recv(&self, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        self.time(|c, d| c.recv(d, peer, buf))
     }
+}
+
+/// A buffer borrowed from the executor's store or made for the call.
+pub(super) enum Held<'a, B> {
+    Borrowed(&'a B),
+    Owned(B),
+}
+
+impl<B> Held<'_, B> {
+    pub(super) fn get(&self) -> &B {
+        match self {
+            Held::Borrowed(b) => b,
+            Held::Owned(b) => b,
+        }
+    }
+}
+
+/// What the communication layer did with a backward step.
+pub(super) enum CommBackward<B> {
+    /// Not one of its ops: the device dispatch runs it.
+    NotMine,
+    /// Ran, with no input gradient to write (a pipeline recv has no input).
+    Done,
+    /// Ran; the gradient contribution of every input the step writes.
+    Grad(B),
 }
 
 /// The two axes a sequence-parallel all-to-all trades: (token axis, feature axis) of a
@@ -152,69 +194,95 @@ fn unsupported(op: &Op, why: &str) -> ExecError {
     ExecError::Unsupported {
         op: op.name.clone(),
         kind: format!("{:?}", op.kind),
-        device: "the in-process collective backend".into(),
+        device: "the collective backend".into(),
         why: why.into(),
     }
 }
 
-/// View `x` as [outer, len, inner] split along `axis` of `shape` into `n` chunks, and
-/// return it rank-major: [n, outer, len/n, inner].
-fn to_rank_major(x: &[f32], shape: &[u64], axis: usize, n: usize) -> Vec<f32> {
+/// (outer, chunk): a tensor of `shape` viewed as [outer, n, chunk] around `axis`.
+fn around(shape: &[u64], axis: usize, n: usize) -> (usize, usize) {
     let outer: usize = shape[..axis].iter().product::<u64>() as usize;
     let len = shape[axis] as usize;
     let inner: usize = shape[axis + 1..].iter().product::<u64>() as usize;
-    let c = len / n * inner;
-    let mut out = Vec::with_capacity(x.len());
-    for r in 0..n {
-        for o in 0..outer {
-            let base = o * len * inner + r * c;
-            out.extend_from_slice(&x[base..base + c]);
-        }
-    }
-    out
+    (outer, len / n.max(1) * inner)
 }
 
-/// Inverse of [`to_rank_major`]: `shape` is the full (gathered) shape.
-fn from_rank_major(x: &[f32], shape: &[u64], axis: usize, n: usize) -> Vec<f32> {
-    let outer: usize = shape[..axis].iter().product::<u64>() as usize;
-    let len = shape[axis] as usize;
-    let inner: usize = shape[axis + 1..].iter().product::<u64>() as usize;
-    let c = len / n * inner;
-    let mut out = vec![0f32; x.len()];
-    for r in 0..n {
-        for o in 0..outer {
-            let src = (r * outer + o) * c;
-            let dst = o * len * inner + r * c;
-            out[dst..dst + c].copy_from_slice(&x[src..src + c]);
-        }
+/// `x` (of `shape`) split along `axis` into `n` chunks, rank-major: [n, outer, chunk]
+/// (itself when nothing precedes the axis).
+fn to_rank_major<'a, D: Device>(
+    dev: &D,
+    x: &'a D::Buffer,
+    shape: &[u64],
+    axis: usize,
+    n: usize,
+) -> Result<Held<'a, D::Buffer>, ExecError> {
+    let (outer, c) = around(shape, axis, n);
+    if outer <= 1 {
+        return Ok(Held::Borrowed(x));
     }
-    out
+    let mut out = dev.alloc(x.elem(), x.len())?;
+    dev.transpose_outer(&mut out, x, outer, n, c)?;
+    Ok(Held::Owned(out))
+}
+
+/// Inverse of [`to_rank_major`] into `out`: `shape` is the full (gathered) shape.
+fn from_rank_major<D: Device>(
+    dev: &D,
+    out: &mut D::Buffer,
+    x: &D::Buffer,
+    shape: &[u64],
+    axis: usize,
+    n: usize,
+) -> Result<(), ExecError> {
+    let (outer, c) = around(shape, axis, n);
+    if outer <= 1 {
+        return dev.copy(out, 0, x, 0, x.len());
+    }
+    dev.transpose_outer(out, x, n, outer, c)
+}
+
+/// The vocab-parallel row statistics, by the name a `row-stats` op gives them.
+fn row_stat_name(op: &Op) -> Result<&'static str, ExecError> {
+    match op.text("reduce") {
+        Some("max") => Ok("max"),
+        Some("sumexp") => Ok("sumexp"),
+        Some("target-logit") => Ok("target-logit"),
+        other => Err(unsupported(op, &format!("row statistic {other:?}"))),
+    }
 }
 
 impl<D: Device> Executor<D> {
     /// Start the communication account of a new step (called as a forward begins).
     pub(super) fn begin_comm_step(&mut self) {
-        self.comm.busy_s.set(0.0);
+        self.comm.busy_s = 0.0;
+        self.comm.spans.borrow_mut().clear();
         self.comm.reduced = false;
         self.comm.row_stats.borrow_mut().clear();
-        self.note_comm();
+        self.profile.communication_s = 0.0;
     }
 
-    /// Copy the communication time so far into the profile.
-    pub(super) fn note_comm(&mut self) {
-        self.profile.communication_s = self.comm.busy_s.get();
+    /// Add the collective calls timed so far to the communication time (waits for the
+    /// last one to finish); called as a phase ends.
+    pub(super) fn note_comm(&mut self) -> Result<(), ExecError> {
+        let spans = std::mem::take(&mut *self.comm.spans.borrow_mut());
+        for (start, end) in &spans {
+            self.comm.busy_s += self.device.elapsed_s(start, end)?;
+        }
+        self.profile.communication_s = self.comm.busy_s;
+        Ok(())
     }
 
     /// The handle of group `name`, timed.
-    pub(super) fn timed(&self, name: &str) -> Option<Timed<'_>> {
+    pub(super) fn timed(&self, name: &str) -> Option<Timed<'_, D>> {
         self.collectives.get(name).map(|c| Timed {
             c: c.as_ref(),
-            busy_s: &self.comm.busy_s,
+            dev: &self.device,
+            spans: &self.comm.spans,
         })
     }
 
     /// The handle of `op`'s group, checked against its `group-size`.
-    pub(super) fn group(&self, op: &Op) -> Result<Timed<'_>, ExecError> {
+    pub(super) fn group(&self, op: &Op) -> Result<Timed<'_, D>, ExecError> {
         let name = op.text("group").unwrap_or("");
         let c = self.timed(name).ok_or_else(|| {
             unsupported(
@@ -234,12 +302,12 @@ impl<D: Device> Executor<D> {
     }
 
     /// The tp group, when there is one of more than one rank.
-    fn tp_group(&self) -> Option<Timed<'_>> {
+    fn tp_group(&self) -> Option<Timed<'_, D>> {
         self.timed("tp").filter(|c| c.size() > 1)
     }
 
     /// The `peer` attribute of a send or recv, checked against the group.
-    fn peer(&self, op: &Op, c: &Timed<'_>) -> Result<usize, ExecError> {
+    fn peer(&self, op: &Op, c: &Timed<'_, D>) -> Result<usize, ExecError> {
         match op.int("peer") {
             Some(p) if p >= 0 && (p as usize) < c.size() && p as usize != c.rank() => {
                 Ok(p as usize)
@@ -253,45 +321,24 @@ impl<D: Device> Executor<D> {
         }
     }
 
-    /// A received buffer, checked to hold `numel` elements.
-    fn received(
-        &self,
-        op: &Op,
-        what: &str,
-        peer: usize,
-        numel: usize,
-        data: Vec<f32>,
-    ) -> Result<Vec<f32>, ExecError> {
-        if data.len() != numel {
-            return Err(ExecError::State(format!(
-                "operation '{}': received {} elements of {what} from rank {peer}, expected {numel} \
-                 (the stages were sharded with different layouts or run out of order)",
-                op.name,
-                data.len()
-            )));
-        }
-        Ok(data)
+    /// A receive into `buf`, its failures naming the op and what it carried.
+    fn recv_for(&self, op: &Op, what: &str, c: &Timed<'_, D>, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        c.recv(peer, buf).map_err(|e| match e {
+            ExecError::State(m) => ExecError::State(format!(
+                "operation '{}' receiving {what} from rank {peer}: {m}",
+                op.name
+            )),
+            other => other,
+        })
     }
 
-    pub(super) fn host(&self, id: TensorId, op: &Op) -> Result<Vec<f32>, ExecError> {
-        let b = self.vals[id].as_ref().ok_or_else(|| {
+    /// The live value of tensor `id`, read by `op`.
+    pub(super) fn val(&self, id: TensorId, op: &Op) -> Result<&D::Buffer, ExecError> {
+        self.vals[id].as_ref().ok_or_else(|| {
             ExecError::State(format!(
                 "operation '{}' reads '{}', which is not live",
                 op.name, self.graph.tensors[id].name
             ))
-        })?;
-        self.device.read_f32(b)
-    }
-
-    fn host_ints(&self, id: TensorId, op: &Op) -> Result<&[u32], ExecError> {
-        self.host_ints.get(&id).map(Vec::as_slice).ok_or_else(|| {
-            unsupported(
-                op,
-                &format!(
-                    "'{}' must be a graph input given as u32",
-                    self.graph.tensors[id].name
-                ),
-            )
         })
     }
 
@@ -342,54 +389,45 @@ impl<D: Device> Executor<D> {
 
     /// All-reduce `buf` (a gradient contribution) over `group` (`tp`, `etp`), when this
     /// rank has a handle on it of more than one rank.
-    pub(super) fn all_reduce_over(
-        &mut self,
-        group: &str,
-        buf: &mut D::Buffer,
-    ) -> Result<(), ExecError> {
-        let Some(c) = self.timed(group).filter(|c| c.size() > 1) else {
-            return Ok(());
-        };
-        let mut h = self.device.read_f32(buf)?;
-        c.all_reduce(&mut h, ReduceOp::Sum)?;
-        self.device.write_f32(buf, &h)?;
-        self.note_comm();
-        Ok(())
+    pub(super) fn all_reduce_over(&mut self, group: &str, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        match self.timed(group).filter(|c| c.size() > 1) {
+            Some(c) => c.all_reduce(buf, ReduceOp::Sum),
+            None => Ok(()),
+        }
     }
 
-    /// Row statistic `stat` of vocab-parallel logits `logits` over the tp group: the row
-    /// max, the row sum of exp(x − max), or the target's logit (from the shard that
+    /// Make row statistic `stat` of vocab-parallel logits `logits` over the tp group: the
+    /// row max, the row sum of exp(x − max), or the target's logit (from the shard that
     /// holds it; the targets are those of the loss reading these logits). Each is one
     /// (B,T) all-reduce, as in Megatron's vocab-parallel cross-entropy, made once per
     /// forward: by the `row-stats` op that stands for it in the graph (and in
     /// `comm_volume`), else by the loss.
-    fn row_stat(&self, logits: TensorId, stat: &'static str, op: &Op) -> Result<Vec<f32>, ExecError> {
-        if let Some(v) = self.comm.row_stats.borrow().get(&(logits, stat)) {
-            return Ok(v.clone());
+    fn row_stat(&self, logits: TensorId, stat: &'static str, op: &Op) -> Result<(), ExecError> {
+        if self.comm.row_stats.borrow().contains_key(&(logits, stat)) {
+            return Ok(());
         }
         let c = self
             .tp_group()
             .ok_or_else(|| unsupported(op, "vocab-parallel loss without a tp group"))?;
         let v = self.graph.tensors[logits].shape.last().copied().unwrap_or(1).max(1) as usize;
-        let x = self.host(logits, op)?;
-        let out = match stat {
+        let x = self.val(logits, op)?;
+        let dev = &self.device;
+        let mut out = dev.alloc(Elem::F32, x.len() / v)?;
+        match stat {
             "max" => {
-                let mut m: Vec<f32> = x
-                    .chunks(v)
-                    .map(|r| r.iter().copied().fold(f32::NEG_INFINITY, f32::max))
-                    .collect();
-                c.all_reduce(&mut m, ReduceOp::Max)?;
-                m
+                dev.row_max(&mut out, x, v)?;
+                c.all_reduce(&mut out, ReduceOp::Max)?;
             }
             "sumexp" => {
-                let m = self.row_stat(logits, "max", op)?;
-                let mut s: Vec<f32> = x
-                    .chunks(v)
-                    .zip(&m)
-                    .map(|(r, &mx)| r.iter().map(|&a| (a - mx).exp()).sum())
-                    .collect();
-                c.all_reduce(&mut s, ReduceOp::Sum)?;
-                s
+                self.row_stat(logits, "max", op)?;
+                {
+                    let stats = self.comm.row_stats.borrow();
+                    let m = stats
+                        .get(&(logits, "max"))
+                        .ok_or_else(|| ExecError::State("row max vanished".into()))?;
+                    dev.row_sumexp(&mut out, x, m, v)?;
+                }
+                c.all_reduce(&mut out, ReduceOp::Sum)?;
             }
             _ => {
                 let loss = self
@@ -398,80 +436,74 @@ impl<D: Device> Executor<D> {
                     .iter()
                     .find(|o| o.kind == OpKind::CrossEntropy && o.inputs[0] == logits)
                     .ok_or_else(|| unsupported(op, "no cross-entropy reads these logits"))?;
-                let targets = self.host_ints(loss.inputs[1], op)?;
-                let start = c.rank() * v;
-                let mut tl: Vec<f32> = targets
-                    .iter()
-                    .enumerate()
-                    .map(|(row, &t)| {
-                        let t = t as usize;
-                        if t != IGNORE_INDEX as usize && t >= start && t < start + v {
-                            x[row * v + t - start]
-                        } else {
-                            0.0
-                        }
-                    })
-                    .collect();
-                c.all_reduce(&mut tl, ReduceOp::Sum)?;
-                tl
+                let targets = self.val(loss.inputs[1], op)?;
+                dev.target_logit(&mut out, x, targets, c.rank() * v, v)?;
+                c.all_reduce(&mut out, ReduceOp::Sum)?;
             }
-        };
-        self.comm.row_stats.borrow_mut().insert((logits, stat), out.clone());
-        Ok(out)
+        }
+        self.comm.row_stats.borrow_mut().insert((logits, stat), out);
+        Ok(())
     }
 
-    /// Run forward op `oi` on the host if it is one of the ops this module owns; `false`
-    /// leaves it to the device.
-    pub(super) fn host_forward(
+    /// Run forward op `oi` if it is one of the ops this module owns; `false` leaves it to
+    /// the device dispatch.
+    pub(super) fn comm_forward(
         &mut self,
         oi: usize,
         outs: &mut [D::Buffer],
         aux: &mut Vec<D::Buffer>,
     ) -> Result<bool, ExecError> {
-        let r = self.host_forward_inner(oi, outs, aux);
-        self.note_comm();
-        r
+        if self.is_ep_all_to_all(&self.graph.ops[oi]) {
+            self.ep_forward(oi, &mut outs[0])?;
+            return Ok(true);
+        }
+        self.comm_forward_op(oi, outs, aux)
     }
 
-    fn host_forward_inner(
-        &mut self,
+    fn comm_forward_op(
+        &self,
         oi: usize,
         outs: &mut [D::Buffer],
         aux: &mut Vec<D::Buffer>,
     ) -> Result<bool, ExecError> {
         let op = &self.graph.ops[oi];
-        let shape = |id: TensorId| self.graph.tensors[id].shape.clone();
-        let out: Vec<f32> = match op.kind {
+        let dev = &self.device;
+        let shape = |id: TensorId| self.graph.tensors[id].shape.as_slice();
+        match op.kind {
             OpKind::AllReduce if op.flag("row-stats") == Some(true) => {
                 self.group(op)?;
-                let stat = match op.text("reduce") {
-                    Some("max") => "max",
-                    Some("sumexp") => "sumexp",
-                    Some("target-logit") => "target-logit",
-                    other => return Err(unsupported(op, &format!("row statistic {other:?}"))),
-                };
-                self.row_stat(op.inputs[0], stat, op)?
+                let stat = row_stat_name(op)?;
+                self.row_stat(op.inputs[0], stat, op)?;
+                let stats = self.comm.row_stats.borrow();
+                let s = stats
+                    .get(&(op.inputs[0], stat))
+                    .ok_or_else(|| ExecError::State("row statistic vanished".into()))?;
+                dev.copy(&mut outs[0], 0, s, 0, s.len())?;
             }
             OpKind::AllReduce => {
-                let mut x = self.host(op.inputs[0], op)?;
-                self.group(op)?.all_reduce(&mut x, ReduceOp::Sum)?;
-                x
+                let x = self.val(op.inputs[0], op)?;
+                dev.copy(&mut outs[0], 0, x, 0, x.len())?;
+                self.group(op)?.all_reduce(&mut outs[0], ReduceOp::Sum)?;
             }
             OpKind::AllGather => {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;
-                let all = c.all_gather(&self.host(op.inputs[0], op)?)?;
-                from_rank_major(&all, &shape(op.outputs[0]), axis, c.size())
+                let x = self.val(op.inputs[0], op)?;
+                let so = shape(op.outputs[0]);
+                if around(so, axis, c.size()).0 <= 1 {
+                    c.all_gather(x, &mut outs[0])?;
+                } else {
+                    let mut all = dev.alloc(x.elem(), outs[0].len())?;
+                    c.all_gather(x, &mut all)?;
+                    from_rank_major(dev, &mut outs[0], &all, so, axis, c.size())?;
+                }
             }
             OpKind::ReduceScatter => {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;
-                let x = self.host(op.inputs[0], op)?;
-                c.reduce_scatter(&to_rank_major(&x, &shape(op.inputs[0]), axis, c.size()))?
-            }
-            OpKind::AllToAll if self.is_ep_all_to_all(op) => {
-                self.ep_forward(oi, &mut outs[0])?;
-                return Ok(true);
+                let x = self.val(op.inputs[0], op)?;
+                let rm = to_rank_major(dev, x, shape(op.inputs[0]), axis, c.size())?;
+                c.reduce_scatter(rm.get(), &mut outs[0])?;
             }
             OpKind::AllToAll => {
                 // Sequence parallelism's feature-for-tokens trade: token chunk j goes to
@@ -479,83 +511,70 @@ impl<D: Device> Executor<D> {
                 let c = self.group(op)?;
                 let (is, os) = (shape(op.inputs[0]), shape(op.outputs[0]));
                 let n = c.size();
-                let (tok, feat) = traded_axes(&is, &os, n as u64)
-                    .ok_or_else(|| unsupported(op, "an all-to-all that does not trade features for tokens"))?;
-                let x = self.host(op.inputs[0], op)?;
-                let recv = c.all_to_all(&to_rank_major(&x, &is, tok, n))?;
-                from_rank_major(&recv, &os, feat, n)
+                let (tok, feat) = traded_axes(is, os, n as u64).ok_or_else(|| {
+                    unsupported(op, "an all-to-all that does not trade features for tokens")
+                })?;
+                let x = self.val(op.inputs[0], op)?;
+                let rm = to_rank_major(dev, x, is, tok, n)?;
+                let mut recv = dev.alloc(x.elem(), outs[0].len())?;
+                c.all_to_all(rm.get(), &mut recv)?;
+                from_rank_major(dev, &mut outs[0], &recv, os, feat, n)?;
             }
             OpKind::Send => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                c.send(peer, &self.host(op.inputs[0], op)?)?;
-                vec![0.0]
+                c.send(peer, self.val(op.inputs[0], op)?)?;
+                dev.zero(&mut outs[0])?;
             }
             OpKind::Recv => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                let n = self.graph.tensors[op.outputs[0]].numel() as usize;
                 let what = format!("'{}'", self.graph.tensors[op.outputs[0]].name);
-                self.received(op, &what, peer, n, c.recv(peer)?)?
+                self.recv_for(op, &what, &c, peer, &mut outs[0])?;
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
-                let start = op.int("vocab-start").unwrap_or(0).max(0) as u64;
-                let tokens = self.host_ints(op.inputs[0], op)?;
-                let table = self.host(op.inputs[1], op)?;
-                let ts = shape(op.inputs[1]);
-                let (rows, c) = (ts[0], ts[1] as usize);
-                let mut o = vec![0f32; tokens.len() * c];
-                for (dst, &t) in o.chunks_mut(c).zip(tokens) {
-                    let t = u64::from(t);
-                    if t >= start && t < start + rows {
-                        let r = (t - start) as usize;
-                        dst.copy_from_slice(&table[r * c..(r + 1) * c]);
-                    }
-                }
-                o
+                let start = op.int("vocab-start").unwrap_or(0).max(0) as usize;
+                let c = shape(op.inputs[1])[1] as usize;
+                let (tokens, table) = (self.val(op.inputs[0], op)?, self.val(op.inputs[1], op)?);
+                dev.embedding_forward(&mut outs[0], tokens, table, c, Some(start))
+                    .map_err(|e| rename(e, op))?;
             }
             OpKind::CrossEntropy if self.vocab_parallel_ce(op).is_some() => {
                 let x = op.inputs[0];
-                let m = self.row_stat(x, "max", op)?;
-                let s = self.row_stat(x, "sumexp", op)?;
-                let tl = self.row_stat(x, "target-logit", op)?;
-                let targets = self.host_ints(op.inputs[1], op)?;
-                let lse: Vec<f32> = m.iter().zip(&s).map(|(&mx, &se)| mx + se.ln()).collect();
-                let (mut total, mut valid) = (0f64, 0usize);
-                for (row, &t) in targets.iter().enumerate() {
-                    if t != IGNORE_INDEX {
-                        total += f64::from(lse[row] - tl[row]);
-                        valid += 1;
-                    }
+                for stat in ["max", "sumexp", "target-logit"] {
+                    self.row_stat(x, stat, op)?;
                 }
-                let mut lb = self.device.alloc(Elem::F32, lse.len())?;
-                self.device.write_f32(&mut lb, &lse)?;
-                aux.push(lb);
-                vec![if valid == 0 {
-                    0.0
-                } else {
-                    (total / valid as f64) as f32
-                }]
+                let stats = self.comm.row_stats.borrow();
+                let get = |s: &'static str| {
+                    stats
+                        .get(&(x, s))
+                        .ok_or_else(|| ExecError::State("row statistic vanished".into()))
+                };
+                let targets = self.val(op.inputs[1], op)?;
+                let mut lse = dev.alloc(Elem::F32, targets.len())?;
+                dev.cross_entropy_from_stats(
+                    &mut outs[0],
+                    &mut lse,
+                    get("max")?,
+                    get("sumexp")?,
+                    get("target-logit")?,
+                    targets,
+                )
+                .map_err(|e| rename(e, op))?;
+                aux.push(lse);
             }
             _ => return Ok(false),
-        };
-        self.device.write_f32(&mut outs[0], &out)?;
+        }
         Ok(true)
     }
 
-    /// The input-gradient contributions of backward step `si` (one per `grads_out`
-    /// entry), if it is one of the ops this module owns.
-    pub(super) fn host_backward(&mut self, si: usize) -> Result<Option<Vec<Vec<f32>>>, ExecError> {
-        let r = self.host_backward_inner(si);
-        self.note_comm();
-        r
-    }
-
-    fn host_backward_inner(&self, si: usize) -> Result<Option<Vec<Vec<f32>>>, ExecError> {
+    /// Backward step `si` if it is one of the ops this module owns.
+    pub(super) fn comm_backward(&self, si: usize) -> Result<CommBackward<D::Buffer>, ExecError> {
         let step = &self.plan.steps[si];
         let op = &self.graph.ops[step.op];
-        let shape = |id: TensorId| self.graph.tensors[id].shape.clone();
-        let dout = || -> Result<Vec<f32>, ExecError> {
+        let dev = &self.device;
+        let shape = |id: TensorId| self.graph.tensors[id].shape.as_slice();
+        let dout = || -> Result<Held<'_, D::Buffer>, ExecError> {
             match step
                 .grads_in
                 .first()
@@ -563,148 +582,154 @@ impl<D: Device> Executor<D> {
                 .flatten()
                 .and_then(|t| self.grads[t].as_ref())
             {
-                Some(b) => self.device.read_f32(b),
-                None => Ok(vec![0.0; self.numel_of(op.outputs[0])]),
+                Some(b) => Ok(Held::Borrowed(b)),
+                None => {
+                    let mut z = dev.alloc(Elem::F32, self.numel_of(op.outputs[0]))?;
+                    dev.zero(&mut z)?;
+                    Ok(Held::Owned(z))
+                }
             }
         };
-        let d: Vec<f32> = match op.kind {
+        let fresh = |id: TensorId| dev.alloc(Elem::F32, self.numel_of(id));
+        let d = match op.kind {
             OpKind::AllReduce if op.flag("row-stats") == Some(true) => {
                 // The statistics feed nothing the loss reads; the loss's own backward is local.
-                return Ok(Some(
-                    step.grads_out
-                        .iter()
-                        .map(|g| vec![0.0; self.graph.tensors[g.tensor].numel() as usize])
-                        .collect(),
-                ));
+                let mut z = fresh(op.inputs[0])?;
+                dev.zero(&mut z)?;
+                z
             }
             OpKind::AllReduce => {
                 self.group(op)?;
-                dout()?
+                let g = dout()?;
+                let mut d = fresh(op.inputs[0])?;
+                dev.copy(&mut d, 0, g.get(), 0, g.get().len())?;
+                d
             }
             OpKind::AllGather => {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;
-                let rm = to_rank_major(&dout()?, &shape(op.outputs[0]), axis, c.size());
+                let g = dout()?;
+                let rm = to_rank_major(dev, g.get(), shape(op.outputs[0]), axis, c.size())?;
+                let mut d = fresh(op.inputs[0])?;
                 if all_gather_backward_reduces(&self.graph, op) {
                     // Column-parallel readers, or attention over cp-gathered K/V, leave
                     // per-rank partial gradients: sum them.
-                    c.reduce_scatter(&rm)?
+                    c.reduce_scatter(rm.get(), &mut d)?;
                 } else {
                     // Replicated readers leave the complete gradient on every rank: keep
                     // this rank's part (Megatron's tensor_parallel_output_grad=False).
-                    let n = rm.len() / c.size();
-                    rm[c.rank() * n..(c.rank() + 1) * n].to_vec()
+                    let n = d.len();
+                    dev.copy(&mut d, 0, rm.get(), c.rank() * n, n)?;
                 }
+                d
             }
             OpKind::ReduceScatter => {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;
-                let all = c.all_gather(&dout()?)?;
-                from_rank_major(&all, &shape(op.inputs[0]), axis, c.size())
+                let g = dout()?;
+                let mut all = fresh(op.inputs[0])?;
+                c.all_gather(g.get(), &mut all)?;
+                let mut d = fresh(op.inputs[0])?;
+                from_rank_major(dev, &mut d, &all, shape(op.inputs[0]), axis, c.size())?;
+                d
             }
-            OpKind::AllToAll if self.is_ep_all_to_all(op) => self.ep_backward(op, &dout()?)?,
+            OpKind::AllToAll if self.is_ep_all_to_all(op) => self.ep_backward(op, dout()?.get())?,
             OpKind::AllToAll => {
                 // The inverse trade: feature slice j goes back to rank j.
                 let c = self.group(op)?;
                 let (is, os) = (shape(op.inputs[0]), shape(op.outputs[0]));
                 let n = c.size();
-                let (tok, feat) = traded_axes(&is, &os, n as u64)
-                    .ok_or_else(|| unsupported(op, "an all-to-all that does not trade features for tokens"))?;
-                let recv = c.all_to_all(&to_rank_major(&dout()?, &os, feat, n))?;
-                from_rank_major(&recv, &is, tok, n)
+                let (tok, feat) = traded_axes(is, os, n as u64).ok_or_else(|| {
+                    unsupported(op, "an all-to-all that does not trade features for tokens")
+                })?;
+                let g = dout()?;
+                let rm = to_rank_major(dev, g.get(), os, feat, n)?;
+                let mut recv = fresh(op.inputs[0])?;
+                c.all_to_all(rm.get(), &mut recv)?;
+                let mut d = fresh(op.inputs[0])?;
+                from_rank_major(dev, &mut d, &recv, is, tok, n)?;
+                d
             }
             OpKind::Send => {
                 // The token's gradient is the loss seed; the sent activation's comes from
                 // the next stage.
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                let n = self.graph.tensors[op.inputs[0]].numel() as usize;
-                let what = format!(
-                    "the gradient of '{}'",
-                    self.graph.tensors[op.inputs[0]].name
-                );
-                self.received(op, &what, peer, n, c.recv(peer)?)?
+                let what = format!("the gradient of '{}'", self.graph.tensors[op.inputs[0]].name);
+                let mut d = fresh(op.inputs[0])?;
+                self.recv_for(op, &what, &c, peer, &mut d)?;
+                d
             }
             OpKind::Recv => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                c.send(peer, &dout()?)?;
-                return Ok(Some(Vec::new()));
+                c.send(peer, dout()?.get())?;
+                return Ok(CommBackward::Done);
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
-                let start = op.int("vocab-start").unwrap_or(0).max(0) as u64;
-                let tokens = self.host_ints(op.inputs[0], op)?;
-                let ts = shape(op.inputs[1]);
-                let (rows, c) = (ts[0], ts[1] as usize);
-                let dy = dout()?;
-                let mut dt = vec![0f32; rows as usize * c];
-                for (src, &t) in dy.chunks(c).zip(tokens) {
-                    let t = u64::from(t);
-                    if t >= start && t < start + rows {
-                        let r = (t - start) as usize;
-                        for (a, b) in dt[r * c..(r + 1) * c].iter_mut().zip(src) {
-                            *a += b;
-                        }
-                    }
-                }
-                dt
+                let start = op.int("vocab-start").unwrap_or(0).max(0) as usize;
+                let c = shape(op.inputs[1])[1] as usize;
+                let tokens = self.val(op.inputs[0], op)?;
+                let mut d = fresh(op.inputs[1])?;
+                dev.zero(&mut d)?;
+                dev.embedding_backward(&mut d, dout()?.get(), tokens, c, Some(start))
+                    .map_err(|e| rename(e, op))?;
+                d
             }
             OpKind::CrossEntropy if self.vocab_parallel_ce(op).is_some() => {
                 let c = self
                     .tp_group()
                     .ok_or_else(|| unsupported(op, "vocab-parallel loss without a tp group"))?;
                 let v = shape(op.inputs[0]).last().copied().unwrap_or(1).max(1) as usize;
-                let start = c.rank() * v;
-                let x = self.host(op.inputs[0], op)?;
-                let targets = self.host_ints(op.inputs[1], op)?;
-                let lse = self
-                    .device
-                    .read_f32(self.aux[step.op].first().ok_or_else(|| {
-                        ExecError::State(format!("'{}': lse was not saved", op.name))
-                    })?)?;
-                let dloss = dout()?.first().copied().unwrap_or(0.0);
-                let valid = targets.iter().filter(|&&t| t != IGNORE_INDEX).count();
-                let scale = if valid == 0 {
-                    0.0
-                } else {
-                    dloss / valid as f32
-                };
-                let mut dl = vec![0f32; x.len()];
-                for (row, &t) in targets.iter().enumerate() {
-                    if t == IGNORE_INDEX {
-                        continue;
-                    }
-                    let (xr, dr) = (&x[row * v..(row + 1) * v], &mut dl[row * v..(row + 1) * v]);
-                    for (a, &b) in dr.iter_mut().zip(xr) {
-                        *a = (b - lse[row]).exp() * scale;
-                    }
-                    let t = t as usize;
-                    if t >= start && t < start + v {
-                        dr[t - start] -= scale;
-                    }
-                }
-                dl
+                let x = self.val(op.inputs[0], op)?;
+                let targets = self.val(op.inputs[1], op)?;
+                let lse = self.aux[step.op].first().ok_or_else(|| {
+                    ExecError::State(format!("'{}': lse was not saved", op.name))
+                })?;
+                let dloss = step.grads_in.first().copied().flatten().and_then(|t| self.grads[t].as_ref());
+                let mut d = fresh(op.inputs[0])?;
+                dev.cross_entropy_shard_backward(&mut d, x, lse, targets, c.rank() * v, v, dloss)
+                    .map_err(|e| rename(e, op))?;
+                d
             }
-            _ => return Ok(None),
+            _ => return Ok(CommBackward::NotMine),
         };
         // Every op above writes the gradient of input slot 0, or of the table (slot 1) for
         // the embedding, whose slot 0 (token ids) never carries one.
-        Ok(Some(step.grads_out.iter().map(|_| d.clone()).collect()))
+        Ok(CommBackward::Grad(d))
+    }
+}
+
+/// A kernel error renamed to the graph op it ran for.
+fn rename(e: ExecError, op: &Op) -> ExecError {
+    match e {
+        ExecError::Kernel { source, .. } => ExecError::Kernel {
+            op: op.name.clone(),
+            source,
+        },
+        other => other,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::Cpu;
 
     #[test]
     fn rank_major_round_trips() {
+        let dev = Cpu::new();
         let shape = [2u64, 4, 3];
-        let x: Vec<f32> = (0..24).map(|i| i as f32).collect();
-        let rm = to_rank_major(&x, &shape, 1, 2);
+        let mut x = dev.alloc(Elem::F32, 24).unwrap();
+        let xs: Vec<f32> = (0..24).map(|i| i as f32).collect();
+        dev.write_f32(&mut x, &xs).unwrap();
+        let rm = to_rank_major(&dev, &x, &shape, 1, 2).unwrap();
+        let r = dev.read_f32(rm.get()).unwrap();
         // Rank 0's chunk: rows 0..2 of axis 1 from both outer slices.
-        assert_eq!(rm[..6], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
-        assert_eq!(rm[6..12], [12.0, 13.0, 14.0, 15.0, 16.0, 17.0]);
-        assert_eq!(from_rank_major(&rm, &shape, 1, 2), x);
+        assert_eq!(r[..6], [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]);
+        assert_eq!(r[6..12], [12.0, 13.0, 14.0, 15.0, 16.0, 17.0]);
+        let mut back = dev.alloc(Elem::F32, 24).unwrap();
+        from_rank_major(&dev, &mut back, rm.get(), &shape, 1, 2).unwrap();
+        assert_eq!(dev.read_f32(&back).unwrap(), xs);
     }
 }

@@ -157,15 +157,17 @@ impl EpState {
 }
 
 /// Source-major blocks `[s][e]` of `x` (rows of `w` elements, block sizes `rows(s, e)`)
-/// rearranged expert-major `[e][s]`, or back when `to_expert_major` is false.
-fn transpose_blocks(
-    x: &[f32],
+/// rearranged expert-major `[e][s]`, or back when `to_expert_major` is false: one
+/// device copy per non-empty block.
+fn transpose_blocks<D: Device>(
+    dev: &D,
+    x: &D::Buffer,
     n: usize,
     local: usize,
     w: usize,
     rows: impl Fn(usize, usize) -> usize,
     to_expert_major: bool,
-) -> Vec<f32> {
+) -> Result<D::Buffer, ExecError> {
     // Start of block (s, e) in each layout.
     let mut src_at = vec![vec![0usize; local]; n];
     let mut exp_at = vec![vec![0usize; local]; n];
@@ -183,7 +185,7 @@ fn transpose_blocks(
             at += rows(s, e) * w;
         }
     }
-    let mut out = vec![0f32; x.len()];
+    let mut out = dev.alloc(x.elem(), x.len())?;
     for s in 0..n {
         for e in 0..local {
             let len = rows(s, e) * w;
@@ -192,10 +194,12 @@ fn transpose_blocks(
             } else {
                 (exp_at[s][e], src_at[s][e])
             };
-            out[to..to + len].copy_from_slice(&x[from..from + len]);
+            if len > 0 {
+                dev.copy(&mut out, to, x, from, len)?;
+            }
         }
     }
-    out
+    Ok(out)
 }
 
 fn state(op: &Op, what: String) -> ExecError {
@@ -238,7 +242,7 @@ impl<D: Device> Executor<D> {
 
     /// Rows per global expert of every rank of the ep group (an all-gather of this
     /// rank's routing plan's counts).
-    fn exchange_counts(&self, op: &Op, c: &Timed<'_>, idx: TensorId) -> Result<Route, ExecError> {
+    fn exchange_counts(&self, op: &Op, c: &Timed<'_, D>, idx: TensorId) -> Result<Route, ExecError> {
         let plan = self.plans.routed.get(&idx).ok_or_else(|| {
             state(
                 op,
@@ -256,14 +260,17 @@ impl<D: Device> Executor<D> {
                 format!("{e} experts do not split over the {n} ranks of group 'ep'"),
             ));
         }
-        // Counts travel as f32, exact below 2^24.
-        if let Some(&big) = mine.iter().find(|&&v| v >= 1 << 24) {
-            return Err(state(
-                op,
-                format!("{big} rows for one expert exceed what the exchange counts exactly"),
-            ));
-        }
-        let all = c.all_gather(&mine.iter().map(|&v| v as f32).collect::<Vec<_>>())?;
+        let mine: Vec<u32> = mine
+            .iter()
+            .map(|&v| u32::try_from(v))
+            .collect::<Result<_, _>>()
+            .map_err(|_| state(op, "more rows for one expert than an int32 count holds".into()))?;
+        let dev = &self.device;
+        let mut counts = dev.alloc(Elem::I32, e)?;
+        dev.write_u32(&mut counts, &mine)?;
+        let mut all = dev.alloc(Elem::I32, e * n)?;
+        c.all_gather(&counts, &mut all)?;
+        let all = dev.read_u32(&all)?;
         Ok(Route {
             counts: all
                 .chunks(e)
@@ -279,11 +286,11 @@ impl<D: Device> Executor<D> {
     fn to_experts(
         &self,
         op: &Op,
-        c: &Timed<'_>,
+        c: &Timed<'_, D>,
         r: &Route,
-        x: &[f32],
+        x: &D::Buffer,
         w: usize,
-    ) -> Result<Vec<f32>, ExecError> {
+    ) -> Result<D::Buffer, ExecError> {
         if x.len() != r.routed() * w {
             return Err(state(
                 op,
@@ -297,15 +304,9 @@ impl<D: Device> Executor<D> {
         let n = r.ranks();
         let send: Vec<usize> = (0..n).map(|j| r.between(r.me, j) * w).collect();
         let recv: Vec<usize> = (0..n).map(|s| r.between(s, r.me) * w).collect();
-        let got = c.all_to_all_v(x, &send, &recv)?;
-        Ok(transpose_blocks(
-            &got,
-            n,
-            r.local,
-            w,
-            |s, e| r.block(s, r.me)[e],
-            true,
-        ))
+        let mut got = self.device.alloc(x.elem(), recv.iter().sum())?;
+        c.all_to_all_v(x, &send, &mut got, &recv)?;
+        transpose_blocks(&self.device, &got, n, r.local, w, |s, e| r.block(s, r.me)[e], true)
     }
 
     /// Inverse of [`Executor::to_experts`]: rows of this rank's experts, expert-major →
@@ -313,11 +314,11 @@ impl<D: Device> Executor<D> {
     fn to_sources(
         &self,
         op: &Op,
-        c: &Timed<'_>,
+        c: &Timed<'_, D>,
         r: &Route,
-        y: &[f32],
+        y: &D::Buffer,
         w: usize,
-    ) -> Result<Vec<f32>, ExecError> {
+    ) -> Result<D::Buffer, ExecError> {
         if y.len() != r.received() * w {
             return Err(state(
                 op,
@@ -329,10 +330,12 @@ impl<D: Device> Executor<D> {
             ));
         }
         let n = r.ranks();
-        let by_source = transpose_blocks(y, n, r.local, w, |s, e| r.block(s, r.me)[e], false);
+        let by_source = transpose_blocks(&self.device, y, n, r.local, w, |s, e| r.block(s, r.me)[e], false)?;
         let send: Vec<usize> = (0..n).map(|s| r.between(s, r.me) * w).collect();
         let recv: Vec<usize> = (0..n).map(|j| r.between(r.me, j) * w).collect();
-        c.all_to_all_v(&by_source, &send, &recv)
+        let mut out = self.device.alloc(y.elem(), recv.iter().sum())?;
+        c.all_to_all_v(&by_source, &send, &mut out, &recv)?;
+        Ok(out)
     }
 
     fn route(&self, op: &Op, idx: TensorId) -> Result<&Route, ExecError> {
@@ -347,31 +350,29 @@ impl<D: Device> Executor<D> {
     }
 
     /// Forward of expert-parallel all-to-all `oi`: writes its output into `out`
-    /// (reallocated to the rows received) and records the rows and the received plan.
+    /// (replaced by a buffer of the rows received) and records the rows and the
+    /// received plan.
     pub(super) fn ep_forward(&mut self, oi: usize, out: &mut D::Buffer) -> Result<(), ExecError> {
         let op = self.graph.ops[oi].clone();
         let Some((side, idx)) = self.ep_link(&op) else {
             return Err(state(&op, "not an expert-parallel all-to-all".into()));
         };
         let w = self.row_width(&op);
-        let x = self.host(op.inputs[0], &op)?;
         let (y, route) = {
+            let x = self.val(op.inputs[0], &op)?;
             let c = self.group(&op)?;
             match side {
                 Side::Dispatch => {
                     let r = self.exchange_counts(&op, &c, idx)?;
-                    (self.to_experts(&op, &c, &r, &x, w)?, Some(r))
+                    (self.to_experts(&op, &c, &r, x, w)?, Some(r))
                 }
                 Side::Combine => {
                     let r = self.route(&op, idx)?;
-                    (self.to_sources(&op, &c, r, &x, w)?, None)
+                    (self.to_sources(&op, &c, r, x, w)?, None)
                 }
             }
         };
-        if out.len() != y.len() {
-            *out = self.device.alloc(Elem::F32, y.len())?;
-        }
-        self.device.write_f32(out, &y)?;
+        *out = y;
         if let Some(r) = route {
             let plan = self.device.presorted_plan(&r.local_counts())?;
             self.plans.received.insert(idx, plan);
@@ -383,7 +384,7 @@ impl<D: Device> Executor<D> {
 
     /// Backward of expert-parallel all-to-all `op`: the gradient of its input from
     /// `dout`, the gradient of its output (the other side's exchange).
-    pub(super) fn ep_backward(&self, op: &Op, dout: &[f32]) -> Result<Vec<f32>, ExecError> {
+    pub(super) fn ep_backward(&self, op: &Op, dout: &D::Buffer) -> Result<D::Buffer, ExecError> {
         let Some((side, idx)) = self.ep_link(op) else {
             return Err(state(op, "not an expert-parallel all-to-all".into()));
         };
@@ -397,7 +398,7 @@ impl<D: Device> Executor<D> {
     }
 
     /// The etp group, when there is one of more than one rank.
-    fn etp_group(&self) -> Option<Timed<'_>> {
+    fn etp_group(&self) -> Option<Timed<'_, D>> {
         self.timed("etp").filter(|c| c.size() > 1)
     }
 
@@ -481,18 +482,25 @@ impl<D: Device> Executor<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::Cpu;
+
+    fn blocks(x: &[f32], rows: impl Fn(usize, usize) -> usize, to: bool) -> Vec<f32> {
+        let dev = Cpu::new();
+        let mut b = dev.alloc(Elem::F32, x.len()).unwrap();
+        dev.write_f32(&mut b, x).unwrap();
+        dev.read_f32(&transpose_blocks(&dev, &b, 2, 2, 1, rows, to).unwrap()).unwrap()
+    }
 
     #[test]
     fn blocks_transpose_and_back() {
         // 2 sources × 2 local experts, rows (s, e): (0,0)=1, (0,1)=0, (1,0)=2, (1,1)=1, w=1.
         let rows = |s: usize, e: usize| [[1, 0], [2, 1]][s][e];
         let x = [10.0, 20.0, 21.0, 22.0];
-        let em = transpose_blocks(&x, 2, 2, 1, rows, true);
-        assert_eq!(em, [10.0, 20.0, 21.0, 22.0]);
+        assert_eq!(blocks(&x, rows, true), [10.0, 20.0, 21.0, 22.0]);
         let rows = |s: usize, e: usize| [[1, 2], [1, 1]][s][e];
         let x = [1.0, 2.0, 3.0, 4.0, 5.0];
-        let em = transpose_blocks(&x, 2, 2, 1, rows, true);
+        let em = blocks(&x, rows, true);
         assert_eq!(em, [1.0, 4.0, 2.0, 3.0, 5.0]);
-        assert_eq!(transpose_blocks(&em, 2, 2, 1, rows, false), x);
+        assert_eq!(blocks(&em, rows, false), x);
     }
 }

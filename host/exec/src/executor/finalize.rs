@@ -28,7 +28,7 @@ use runner_graph::shard::{Sharded, StepCollective};
 
 use super::{ExecOptions, Executor};
 use crate::collective::{Collective, ReduceOp};
-use crate::device::{Device, ExecError};
+use crate::device::{Device, Elem, ExecError};
 
 impl<D: Device> Executor<D> {
     /// One rank of a sharded graph: [`Executor::with_collectives`] on `sharded.graph`,
@@ -45,7 +45,7 @@ impl<D: Device> Executor<D> {
         sharded: &Sharded,
         device: D,
         options: ExecOptions,
-        groups: Vec<(String, Box<dyn Collective>)>,
+        groups: Vec<(String, Box<dyn Collective<D>>)>,
     ) -> Result<Executor<D>, ExecError> {
         let mut ex = Self::with_collectives(&sharded.graph, device, options, groups)?;
         ex.set_step_collectives(sharded.step.clone())?;
@@ -151,7 +151,7 @@ impl<D: Device> Executor<D> {
         }
         let step = self.comm.step.clone();
         let r = self.run_step_collectives(&step);
-        self.note_comm();
+        self.note_comm()?;
         r?;
         self.comm.reduced = true;
         Ok(())
@@ -168,15 +168,19 @@ impl<D: Device> Executor<D> {
                 .collect::<Result<Vec<_>, _>>()?;
             // A weight without a gradient this step contributes zeros, so every rank
             // passes the same length.
-            let mut flat = Vec::new();
+            let dev = &self.device;
+            let total: usize = ids.iter().map(|&id| self.graph.tensors[id].numel() as usize).sum();
+            let mut flat = dev.alloc(Elem::F32, total)?;
+            if ids.iter().any(|&id| !(self.grad_written[id] && self.grads[id].is_some())) {
+                dev.zero(&mut flat)?;
+            }
+            let mut at = 0;
             for &id in &ids {
-                match &self.grads[id] {
-                    Some(b) if self.grad_written[id] => flat.extend(self.device.read_f32(b)?),
-                    _ => flat.extend(std::iter::repeat_n(
-                        0f32,
-                        self.graph.tensors[id].numel() as usize,
-                    )),
+                let n = self.graph.tensors[id].numel() as usize;
+                if let (true, Some(b)) = (self.grad_written[id], &self.grads[id]) {
+                    dev.copy(&mut flat, at, b, 0, n)?;
                 }
+                at += n;
             }
             if sc.group_size > 1 {
                 let c = self.timed(&sc.group).ok_or_else(|| {
@@ -185,14 +189,13 @@ impl<D: Device> Executor<D> {
                 c.all_reduce(&mut flat, ReduceOp::Sum)?;
             }
             if sc.mean_over > 1 {
-                let inv = 1.0 / sc.mean_over as f32;
-                flat.iter_mut().for_each(|x| *x *= inv);
+                dev.scale(&mut flat, 1.0 / sc.mean_over as f32)?;
             }
             let mut at = 0;
             for &id in &ids {
                 let n = self.graph.tensors[id].numel() as usize;
                 if let Some(b) = self.grads[id].as_mut() {
-                    self.device.write_f32(b, &flat[at..at + n])?;
+                    self.device.copy(b, 0, &flat, at, n)?;
                     self.grad_written[id] = true;
                 }
                 at += n;

@@ -41,7 +41,6 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::time::Instant;
 
 use runner_graph::autodiff::BackwardPlan;
 use runner_graph::recompute::RecomputeSchedule;
@@ -50,7 +49,7 @@ use runner_graph::{Graph, OpKind, TensorId, TensorKind};
 use runner_kernels::cpu::adamw::AdamW;
 
 use super::Executor;
-use crate::device::{Device, Elem, ExecError};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// A rank's part of a weight (or of its gradient): the element range of the flattened
 /// tensor it holds, and those elements.
@@ -297,9 +296,8 @@ impl<D: Device> Executor<D> {
                 let piece = if lo < hi {
                     let range = lo - off..hi - off;
                     let cut = |b: &D::Buffer, dev: &D| -> Result<D::Buffer, ExecError> {
-                        let host = dev.read_f32(b)?;
                         let mut p = dev.alloc(Elem::F32, range.len())?;
-                        dev.write_f32(&mut p, &host[range.clone()])?;
+                        dev.copy(&mut p, 0, b, range.start, range.len())?;
                         Ok(p)
                     };
                     let whole = self.vals[id].as_ref().ok_or_else(|| {
@@ -366,10 +364,12 @@ impl<D: Device> Executor<D> {
         self.fsdp.owner.contains_key(&id)
     }
 
-    /// This rank's chunk of unit `u`'s flat parameter buffer (padding zero).
-    fn own_chunk(&self, u: usize, grads: bool) -> Result<Vec<f32>, ExecError> {
+    /// This rank's chunk of unit `u`'s flat parameter (or gradient) buffer, padding zero.
+    fn own_chunk(&self, u: usize, grads: bool) -> Result<D::Buffer, ExecError> {
         let unit = &self.fsdp.units[u];
-        let mut mine = vec![0f32; unit.chunk];
+        let dev = &self.device;
+        let mut mine = dev.alloc(Elem::F32, unit.chunk)?;
+        dev.zero(&mut mine)?;
         for p in &unit.pieces {
             let b = if grads {
                 p.grad.as_ref()
@@ -377,8 +377,7 @@ impl<D: Device> Executor<D> {
                 Some(&p.param)
             };
             if let Some(b) = b {
-                let v = self.device.read_f32(b)?;
-                mine[p.at..p.at + v.len()].copy_from_slice(&v);
+                dev.copy(&mut mine, p.at, b, 0, b.len())?;
             }
         }
         Ok(mine)
@@ -386,23 +385,25 @@ impl<D: Device> Executor<D> {
 
     /// The whole flat buffer of unit `u` (parameters or reduced gradients), gathered over
     /// its group; `timed`: counted as step communication.
-    fn gather_unit(&self, u: usize, grads: bool, timed: bool) -> Result<Vec<f32>, ExecError> {
+    fn gather_unit(&self, u: usize, grads: bool, timed: bool) -> Result<D::Buffer, ExecError> {
         let unit = &self.fsdp.units[u];
         let mine = self.own_chunk(u, grads)?;
         if unit.n <= 1 {
             return Ok(mine);
         }
         let missing = || ExecError::State(format!("no handle for FSDP group '{}'", unit.group));
+        let mut all = self.device.alloc(Elem::F32, unit.chunk * unit.n)?;
         if timed {
             self.timed(&unit.group)
                 .ok_or_else(missing)?
-                .all_gather(&mine)
+                .all_gather(&mine, &mut all)?;
         } else {
             self.collectives
                 .get(&unit.group)
                 .ok_or_else(missing)?
-                .all_gather(&mine)
+                .all_gather(&self.device, &mine, &mut all)?;
         }
+        Ok(all)
     }
 
     /// All-gather every unit and materialise the weights `pass` reads.
@@ -412,7 +413,6 @@ impl<D: Device> Executor<D> {
         };
         let r = self.gather_for(&resting, pass);
         self.fsdp.resting = Some(resting);
-        self.note_comm();
         r
     }
 
@@ -430,7 +430,7 @@ impl<D: Device> Executor<D> {
                     None => self.device.alloc(Elem::F32, n)?,
                 };
                 let buf = self.vals[id].insert(buf);
-                self.device.write_f32(buf, &flat[off..off + n])?;
+                self.device.copy(buf, 0, &flat, off, n)?;
             }
         }
         Ok(())
@@ -457,32 +457,33 @@ impl<D: Device> Executor<D> {
     pub(super) fn fsdp_reduce_scatter(&mut self) -> Result<(), ExecError> {
         for u in 0..self.fsdp.units.len() {
             let unit = &self.fsdp.units[u];
-            let mut flat = vec![0f32; unit.chunk * unit.n];
+            let dev = &self.device;
+            let mut flat = dev.alloc(Elem::F32, unit.chunk * unit.n)?;
+            dev.zero(&mut flat)?;
             // A weight without a gradient this step contributes zeros.
             for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
                 if let (true, Some(b)) = (self.grad_written[id], &self.grads[id]) {
-                    let g = self.device.read_f32(b)?;
-                    flat[off..off + g.len()].copy_from_slice(&g);
+                    dev.copy(&mut flat, off, b, 0, b.len())?;
                 }
             }
             let mut mine = if unit.n > 1 {
+                let mut mine = dev.alloc(Elem::F32, unit.chunk)?;
                 self.timed(&unit.group)
                     .ok_or_else(|| {
                         ExecError::State(format!("no handle for FSDP group '{}'", unit.group))
                     })?
-                    .reduce_scatter(&flat)?
+                    .reduce_scatter(&flat, &mut mine)?;
+                mine
             } else {
                 flat
             };
             if unit.mean_over > 1 {
-                let inv = 1.0 / unit.mean_over as f32;
-                mine.iter_mut().for_each(|x| *x *= inv);
+                dev.scale(&mut mine, 1.0 / unit.mean_over as f32)?;
             }
             let unit = &mut self.fsdp.units[u];
             for p in &mut unit.pieces {
                 if let Some(g) = p.grad.as_mut() {
-                    self.device
-                        .write_f32(g, &mine[p.at..p.at + p.range.len()])?;
+                    self.device.copy(g, 0, &mine, p.at, p.range.len())?;
                 }
             }
             for &id in &unit.ids {
@@ -500,12 +501,11 @@ impl<D: Device> Executor<D> {
                 let (Some(g), Some((m, v))) = (p.grad.as_ref(), p.moments.as_mut()) else {
                     continue;
                 };
-                let start = self.options.profile.then(Instant::now);
+                let start = if self.options.profile { Some(self.device.record()?) } else { None };
                 self.device
                     .adamw(&mut p.param, g, m, v, h, self.adam_step)?;
                 if let Some(s) = start {
-                    self.device.synchronize()?;
-                    self.profile.optimizer_tensor_s[p.id] = s.elapsed().as_secs_f64();
+                    self.pending.optimizer.push((p.id, s, self.device.record()?));
                 }
             }
         }
@@ -616,7 +616,7 @@ impl<D: Device> Executor<D> {
     pub fn gather_weights(&self) -> Result<HashMap<String, Vec<f32>>, ExecError> {
         let mut out = HashMap::new();
         for u in 0..self.fsdp.units.len() {
-            let flat = self.gather_unit(u, false, false)?;
+            let flat = self.device.read_f32(&self.gather_unit(u, false, false)?)?;
             self.split_unit(u, &flat, |_| true, &mut out);
         }
         for (id, t) in self.graph.tensors.iter().enumerate() {
@@ -646,7 +646,7 @@ impl<D: Device> Executor<D> {
         }
         let mut out = HashMap::new();
         for u in 0..self.fsdp.units.len() {
-            let flat = self.gather_unit(u, true, false)?;
+            let flat = self.device.read_f32(&self.gather_unit(u, true, false)?)?;
             let needs = &self.plan.needs_grad;
             self.split_unit(u, &flat, |id| needs[id], &mut out);
         }

@@ -9,44 +9,16 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
-use runner_exec::cpu::Cpu;
+use runner_exec::cpu::{Cpu, CpuBuffer};
+use runner_exec::DeviceBuffer;
 use runner_exec::{ExecError, ExecOptions, Executor, Input};
 use runner_graph::shard::RankCoord;
 use runner_project::comm::comm_volume;
-use runner_graph::{Graph, OpKind, Role, TensorKind};
+use runner_graph::{Graph, OpKind, TensorKind};
 
-/// The toy Llama with Megatron's parallel roles (the SDK builder's), the embedding, head
-/// and loss vocab-parallel or replicated; a MoE toy's dispatch, experts and combine are
-/// expert ops, its router replicated.
-pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
-    for op in &mut g.ops {
-        let n = op.name.as_str();
-        let ends = |s: &[&str]| s.iter().any(|x| n.ends_with(x));
-        op.role = if n.ends_with(".moe.dispatch")
-            || n.ends_with(".moe.combine")
-            || n.contains(".moe.experts.")
-        {
-            Role::Expert
-        } else if ends(&[
-            ".attn.q",
-            ".attn.k",
-            ".attn.v",
-            ".mlp.gate",
-            ".mlp.up",
-            ".mlp.act",
-        ]) {
-            Role::ColumnParallel
-        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
-            Role::HeadParallel
-        } else if ends(&[".attn.out", ".mlp.down"]) {
-            Role::RowParallel
-        } else if vocab_parallel && matches!(n, "embed" | "lm_head" | "loss") {
-            Role::VocabParallel
-        } else {
-            Role::Replicated
-        };
-    }
-    g
+/// The toy Llama with Megatron's parallel roles ([`runner_exec::toy::with_roles`]).
+pub fn with_roles(g: Graph, vocab_parallel: bool) -> Graph {
+    runner_exec::toy::with_roles(g, vocab_parallel)
 }
 
 pub type Grads = HashMap<String, Vec<f32>>;
@@ -320,47 +292,53 @@ impl Counting {
     }
 }
 
-impl Collective for Counting {
+impl Collective<Cpu> for Counting {
     fn rank(&self) -> usize {
         self.inner.rank()
     }
     fn size(&self) -> usize {
         self.inner.size()
     }
-    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
+    fn all_reduce(&self, dev: &Cpu, buf: &mut CpuBuffer, op: ReduceOp) -> Result<(), ExecError> {
         self.all_reduces.fetch_add(1, Ordering::SeqCst);
         self.count(buf.len());
-        self.inner.all_reduce(buf, op)
+        self.inner.all_reduce(dev, buf, op)
     }
-    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    fn all_gather(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
         self.count(input.len() * self.size());
-        self.inner.all_gather(input)
+        self.inner.all_gather(dev, input, output)
     }
-    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    fn reduce_scatter(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
         self.count(input.len());
-        self.inner.reduce_scatter(input)
+        self.inner.reduce_scatter(dev, input, output)
     }
-    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+    fn all_to_all(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
         self.count(input.len());
-        self.inner.all_to_all(input)
+        self.inner.all_to_all(dev, input, output)
     }
     fn all_to_all_v(
         &self,
-        input: &[f32],
+        dev: &Cpu,
+        input: &CpuBuffer,
         send_counts: &[usize],
+        output: &mut CpuBuffer,
         recv_counts: &[usize],
-    ) -> Result<Vec<f32>, ExecError> {
+    ) -> Result<(), ExecError> {
         self.count(input.len());
-        self.inner.all_to_all_v(input, send_counts, recv_counts)
+        self.inner.all_to_all_v(dev, input, send_counts, output, recv_counts)
     }
-    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
-        self.count(data.len());
-        self.inner.send(peer, data)
+    fn broadcast(&self, dev: &Cpu, buf: &mut CpuBuffer, root: usize) -> Result<(), ExecError> {
+        self.count(buf.len());
+        self.inner.broadcast(dev, buf, root)
     }
-    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
-        let r = self.inner.recv(peer)?;
-        self.count(r.len());
-        Ok(r)
+    fn send(&self, dev: &Cpu, peer: usize, buf: &CpuBuffer) -> Result<(), ExecError> {
+        self.count(buf.len());
+        self.inner.send(dev, peer, buf)
+    }
+    fn recv(&self, dev: &Cpu, peer: usize, buf: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.inner.recv(dev, peer, buf)?;
+        self.count(buf.len());
+        Ok(())
     }
 }
 

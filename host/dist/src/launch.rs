@@ -1,0 +1,233 @@
+//! Which rank this process is, from the launcher's environment: torchrun (or anything
+//! that sets its variables), Open MPI's and MPICH's `mpirun`, Slurm's `srun`, or a
+//! Kubernetes indexed Job. One process per rank (per GPU); without a launcher the run is
+//! a single process.
+//!
+//! | launcher | rank | world | local rank | rank 0's address |
+//! |---|---|---|---|---|
+//! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` | `MASTER_ADDR`:`MASTER_PORT` |
+//! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `MASTER_ADDR` (pass `-x MASTER_ADDR`) |
+//! | MPICH / Hydra | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` | `MASTER_ADDR` |
+//! | Slurm `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `MASTER_ADDR`, else the first host of `SLURM_JOB_NODELIST` |
+//! | Kubernetes indexed Job | `JOB_COMPLETION_INDEX` | `WORLD_SIZE` | 0 | `MASTER_ADDR` (pod 0's stable name) |
+//!
+//! The port is `MASTER_PORT`, else 29500 (torchrun's default); under Slurm without
+//! `MASTER_PORT`, 29500 + the job id mod 1000, so two jobs on a node do not collide.
+
+use std::collections::HashMap;
+use std::fmt;
+
+/// Torchrun's default rendezvous port.
+pub const DEFAULT_PORT: u16 = 29500;
+
+/// This process's place in the run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub rank: usize,
+    pub world: usize,
+    /// Rank among the processes of this node (the GPU it drives).
+    pub local_rank: usize,
+    /// Where rank 0 listens for the rendezvous (host, port); `None` for a single process.
+    pub master: Option<(String, u16)>,
+    /// Which launcher's variables were read.
+    pub source: &'static str,
+}
+
+impl Launch {
+    /// A run of one process.
+    pub fn single() -> Launch {
+        Launch {
+            rank: 0,
+            world: 1,
+            local_rank: 0,
+            master: None,
+            source: "single process",
+        }
+    }
+}
+
+impl fmt::Display for Launch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "rank {} of {} (local {}, {})", self.rank, self.world, self.local_rank, self.source)?;
+        if let Some((h, p)) = &self.master {
+            write!(f, ", rendezvous at {h}:{p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The launch this process's environment describes.
+///
+/// # Errors
+/// Inconsistent variables (a rank beyond the world, an unparsable number, a multi-rank
+/// launch without rank 0's address), each named with the fix.
+pub fn detect() -> Result<Launch, String> {
+    detect_from(&std::env::vars().collect())
+}
+
+/// [`detect`] on an explicit environment (for tests).
+///
+/// # Errors
+/// As [`detect`].
+pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
+    let get = |k: &str| env.get(k).map(|s| s.trim()).filter(|s| !s.is_empty());
+    let num = |k: &str| -> Result<Option<usize>, String> {
+        get(k)
+            .map(|v| v.parse::<usize>().map_err(|_| format!("{k}={v} is not a non-negative integer")))
+            .transpose()
+    };
+    let (source, rank, world, local) = if let (Some(r), Some(w)) = (num("RANK")?, num("WORLD_SIZE")?) {
+        ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?)
+    } else if let (Some(r), Some(w)) = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?) {
+        ("Open MPI mpirun", r, w, num("OMPI_COMM_WORLD_LOCAL_RANK")?)
+    } else if let (Some(r), Some(w)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
+        ("MPICH mpirun (PMI)", r, w, num("MPI_LOCALRANKID")?)
+    } else if let (Some(r), Some(w)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?) {
+        ("Slurm srun", r, w, num("SLURM_LOCALID")?)
+    } else if let Some(r) = num("JOB_COMPLETION_INDEX")? {
+        let w = num("WORLD_SIZE")?.ok_or_else(|| {
+            "a Kubernetes indexed Job (JOB_COMPLETION_INDEX is set) needs WORLD_SIZE = the Job's completions in its \
+             env"
+                .to_string()
+        })?;
+        ("Kubernetes indexed Job", r, w, Some(0))
+    } else {
+        return Ok(Launch::single());
+    };
+    if world == 0 || rank >= world {
+        return Err(format!("{source}: rank {rank} is not below the world size {world}"));
+    }
+    if world == 1 {
+        return Ok(Launch {
+            source,
+            ..Launch::single()
+        });
+    }
+    let port = match get("MASTER_PORT") {
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p > 0)
+            .ok_or_else(|| format!("MASTER_PORT={p} is not a port number"))?,
+        None => match num("SLURM_JOB_ID")? {
+            Some(job) if source == "Slurm srun" => DEFAULT_PORT + (job % 1000) as u16,
+            _ => DEFAULT_PORT,
+        },
+    };
+    let host = match get("MASTER_ADDR") {
+        Some(h) => h.to_string(),
+        None if source == "Slurm srun" => {
+            let list = get("SLURM_JOB_NODELIST").or_else(|| get("SLURM_NODELIST")).ok_or_else(|| {
+                "Slurm srun: neither MASTER_ADDR nor SLURM_JOB_NODELIST says where rank 0 runs".to_string()
+            })?;
+            first_host(list)?
+        }
+        None => {
+            return Err(format!(
+                "{source}: {world} ranks but no address for rank 0's rendezvous: set MASTER_ADDR (and MASTER_PORT, \
+                 default {DEFAULT_PORT}) in every rank's environment{}",
+                if source.contains("mpirun") { " (mpirun -x MASTER_ADDR=<host of rank 0>)" } else { "" }
+            ));
+        }
+    };
+    Ok(Launch {
+        rank,
+        world,
+        local_rank: local.unwrap_or(0),
+        master: Some((host, port)),
+        source,
+    })
+}
+
+/// The first host of a Slurm node list (`node[01-04,07],gpu5` → `node01`).
+///
+/// # Errors
+/// An empty or malformed list.
+pub fn first_host(list: &str) -> Result<String, String> {
+    let bad = || format!("cannot read the Slurm node list '{list}'");
+    let first = split_top(list).into_iter().next().ok_or_else(bad)?;
+    match first.find('[') {
+        None => Ok(first.to_string()),
+        Some(open) => {
+            let close = first[open..].find(']').map(|c| open + c).ok_or_else(bad)?;
+            let (prefix, inner, suffix) = (&first[..open], &first[open + 1..close], &first[close + 1..]);
+            let range = inner.split(',').next().ok_or_else(bad)?;
+            let lo = range.split('-').next().ok_or_else(bad)?;
+            if lo.is_empty() || !lo.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(bad());
+            }
+            Ok(format!("{prefix}{lo}{suffix}"))
+        }
+    }
+}
+
+/// The comma-separated items of a node list, commas inside brackets kept.
+fn split_top(list: &str) -> Vec<&str> {
+    let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0usize);
+    for (i, c) in list.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&list[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&list[start..]);
+    out.into_iter().map(str::trim).filter(|s| !s.is_empty()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn each_launcher_is_read() {
+        let l = detect_from(&env(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "1234")])).unwrap();
+        assert_eq!((l.rank, l.world, l.local_rank, l.master.clone()), (3, 4, 1, Some(("10.0.0.1".into(), 1234))));
+        assert!(l.source.contains("torchrun"));
+        let l = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("MASTER_ADDR", "h")])).unwrap();
+        assert_eq!((l.rank, l.local_rank, l.master.unwrap().1), (1, 1, DEFAULT_PORT));
+        let l = detect_from(&env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MASTER_ADDR", "h")])).unwrap();
+        assert!(l.source.contains("MPICH"));
+        let l = detect_from(&env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004],gpu-010"), ("SLURM_JOB_ID", "12345")])).unwrap();
+        assert_eq!(l.master, Some(("gpu-003".into(), DEFAULT_PORT + 345)));
+        let l = detect_from(&env(&[("JOB_COMPLETION_INDEX", "2"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "train-0.train")])).unwrap();
+        assert_eq!((l.rank, l.world, l.local_rank), (2, 4, 0));
+        assert_eq!(detect_from(&env(&[])).unwrap(), Launch::single());
+        // torchrun wins over Slurm when both are set (torchrun inside an allocation).
+        let l = detect_from(&env(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "a"), ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")])).unwrap();
+        assert_eq!(l.rank, 1);
+    }
+
+    #[test]
+    fn bad_launches_say_what_to_set() {
+        let e = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])).unwrap_err();
+        assert!(e.contains("MASTER_ADDR") && e.contains("mpirun -x"), "{e}");
+        let e = detect_from(&env(&[("RANK", "4"), ("WORLD_SIZE", "4")])).unwrap_err();
+        assert!(e.contains("not below the world size"), "{e}");
+        let e = detect_from(&env(&[("RANK", "x"), ("WORLD_SIZE", "4")])).unwrap_err();
+        assert!(e.contains("RANK=x"), "{e}");
+        let e = detect_from(&env(&[("RANK", "0"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h"), ("MASTER_PORT", "99999")])).unwrap_err();
+        assert!(e.contains("MASTER_PORT"), "{e}");
+        let e = detect_from(&env(&[("JOB_COMPLETION_INDEX", "0")])).unwrap_err();
+        assert!(e.contains("WORLD_SIZE"), "{e}");
+    }
+
+    #[test]
+    fn slurm_node_lists() {
+        assert_eq!(first_host("node01").unwrap(), "node01");
+        assert_eq!(first_host("node[07-09,11]").unwrap(), "node07");
+        assert_eq!(first_host("a[1-2]-ib,b3").unwrap(), "a1-ib");
+        assert_eq!(first_host(" x , y").unwrap(), "x");
+        assert!(first_host("").is_err());
+        assert!(first_host("n[").is_err());
+        assert!(first_host("n[a-b]").is_err());
+    }
+}

@@ -1,0 +1,349 @@
+//! The rendezvous on rank 0 (tokio, TCP): every rank connects to rank 0's
+//! `MASTER_ADDR:MASTER_PORT` and says who it is and what it runs ([`RunMeta`]: the
+//! runner's version, the run's description, the plugins and their sha256); rank 0 checks
+//! that the ranks are distinct, agree on the world size and run exactly the same thing,
+//! and answers every rank with the address of every other rank's data port, or with the
+//! reason it refuses (a plugin hash that differs names the plugin and both hashes, on
+//! every rank). The ranks then connect pairwise into the [`TcpWorld`] mesh.
+//!
+//! Ranks may start in any order: they retry the connection to rank 0 until the timeout;
+//! rank 0 waits that long for the others and names the ranks that never came.
+
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+use crate::launch::Launch;
+use crate::tcp::TcpWorld;
+
+/// What must be the same on every rank.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunMeta {
+    /// The runner's version.
+    pub version: String,
+    /// The command and its settings, as text (e.g. "bench step tp=2 dp=2 seq=16").
+    pub run: String,
+    /// (plugin name, sha256) of every plugin the run loads, sorted.
+    pub plugins: Vec<(String, String)>,
+}
+
+impl RunMeta {
+    /// How `other` differs from `self`, in words; `None` when equal.
+    pub fn difference(&self, other: &RunMeta) -> Option<String> {
+        if self.version != other.version {
+            return Some(format!("runner {} vs {}", other.version, self.version));
+        }
+        if self.run != other.run {
+            return Some(format!("run '{}' vs '{}'", other.run, self.run));
+        }
+        for (name, hash) in &self.plugins {
+            match other.plugins.iter().find(|(n, _)| n == name) {
+                None => return Some(format!("plugin {name} missing (rank 0 has sha256 {hash})")),
+                Some((_, h)) if h != hash => return Some(format!("plugin {name} has sha256 {h} vs rank 0's {hash}")),
+                _ => {}
+            }
+        }
+        other
+            .plugins
+            .iter()
+            .find(|(n, _)| !self.plugins.iter().any(|(m, _)| m == n))
+            .map(|(n, h)| format!("plugin {n} (sha256 {h}) that rank 0 does not load"))
+    }
+}
+
+#[derive(Serialize, Deserialize)]
+struct Hello {
+    rank: usize,
+    world: usize,
+    meta: RunMeta,
+    /// The port of this rank's mesh listener.
+    port: u16,
+}
+
+#[derive(Serialize, Deserialize)]
+enum Answer {
+    /// Every rank's mesh address, by rank.
+    Welcome(Vec<String>),
+    Refuse(String),
+}
+
+/// Why the rendezvous failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error("rendezvous: {0}")]
+    Rendezvous(String),
+    #[error("rank {rank}: {why}")]
+    Refused { rank: usize, why: String },
+}
+
+fn rv(what: impl Into<String>) -> DistError {
+    DistError::Rendezvous(what.into())
+}
+
+/// Meet the other ranks of `launch` and connect to every one; the collectives of the
+/// returned world fail after `timeout`.
+///
+/// # Errors
+/// Rank 0 unreachable, ranks missing, different worlds or runs (the message names the
+/// rank and the difference), within `timeout`.
+pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<TcpWorld, DistError> {
+    let Some((host, port)) = launch.master.clone() else {
+        return TcpWorld::new(0, vec![None], timeout).map_err(rv);
+    };
+    let deadline = Instant::now() + timeout;
+    let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| rv(format!("mesh listener: {e}")))?;
+    let data_port = listener.local_addr().map_err(|e| rv(e.to_string()))?.port();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| rv(format!("tokio runtime: {e}")))?;
+    let addrs = rt.block_on(async {
+        let hello = Hello {
+            rank: launch.rank,
+            world: launch.world,
+            meta: meta.clone(),
+            port: data_port,
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        if launch.rank == 0 {
+            // Rank 0 names the ranks that never came when its own wait ends.
+            return serve(launch, &host, port, hello, left).await;
+        }
+        match tokio::time::timeout(left, join(&host, port, hello)).await {
+            Ok(r) => r,
+            Err(_) => Err(rv(format!(
+                "rank {} gave up after {timeout:?} waiting at {host}:{port} (is rank 0 running, MASTER_ADDR right and \
+                 the port open?)",
+                launch.rank
+            ))),
+        }
+    })?;
+    connect_mesh(launch.rank, &addrs, &listener, deadline, timeout)
+}
+
+/// Rank 0: accept world − 1 hellos, check them, answer everyone.
+async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Duration) -> Result<Vec<String>, DistError> {
+    let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
+        .await
+        .map_err(|e| rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port)")))?;
+    let n = launch.world;
+    let mut seen: Vec<Option<tokio::net::TcpStream>> = (0..n).map(|_| None).collect();
+    let mut addrs = vec![String::new(); n];
+    addrs[0] = format!("{host}:{}", mine.port);
+    let mut refuse: Option<String> = None;
+    let mut until = tokio::time::Instant::now() + left;
+    while seen.iter().skip(1).any(Option::is_none) {
+        let (s, peer) = match tokio::time::timeout_at(until, l.accept()).await {
+            Ok(Ok(x)) => x,
+            Ok(Err(e)) => return Err(rv(format!("rank 0 accept: {e}"))),
+            Err(_) if refuse.is_some() => break,
+            Err(_) => {
+                let missing: Vec<usize> = (1..n).filter(|&r| seen[r].is_none()).collect();
+                return Err(rv(format!("rank 0 waited {left:?} for rank(s) {missing:?}, which never connected")));
+            }
+        };
+        let mut s = BufReader::new(s);
+        let mut line = String::new();
+        if s.read_line(&mut line).await.is_err() {
+            continue;
+        }
+        let Ok(h) = serde_json::from_str::<Hello>(&line) else {
+            continue; // not a runner: ignore it
+        };
+        let why = if h.world != n {
+            Some(format!("rank {} was launched with a world of {}, rank 0 with {n}", h.rank, h.world))
+        } else if h.rank == 0 || h.rank >= n || seen[h.rank].is_some() {
+            Some(format!("two processes claim rank {} of {n}", h.rank))
+        } else {
+            mine.meta.difference(&h.meta).map(|d| format!("rank {} runs something else than rank 0: {d}", h.rank))
+        };
+        let slot = (1..n).find(|&r| r == h.rank && seen[r].is_none()).or_else(|| (1..n).find(|&r| seen[r].is_none()));
+        if let Some(r) = slot {
+            addrs[r] = format!("{}:{}", peer.ip(), h.port);
+            seen[r] = Some(s.into_inner());
+        }
+        if let Some(w) = why
+            && refuse.is_none()
+        {
+            refuse = Some(w);
+            // Tell the ranks that come soon why; do not wait the whole timeout.
+            until = until.min(tokio::time::Instant::now() + Duration::from_secs(3));
+        }
+    }
+    let answer = match &refuse {
+        Some(why) => Answer::Refuse(why.clone()),
+        None => Answer::Welcome(addrs.clone()),
+    };
+    let text = serde_json::to_string(&answer).map_err(|e| rv(e.to_string()))? + "\n";
+    for s in seen.iter_mut().flatten() {
+        let _ = s.write_all(text.as_bytes()).await;
+    }
+    match refuse {
+        Some(why) => Err(DistError::Refused { rank: 0, why }),
+        None => Ok(addrs),
+    }
+}
+
+/// Any other rank: connect to rank 0 (retrying until it listens), say hello, read the
+/// answer.
+async fn join(host: &str, port: u16, hello: Hello) -> Result<Vec<String>, DistError> {
+    let s = loop {
+        match tokio::net::TcpStream::connect((host, port)).await {
+            Ok(s) => break s,
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let mut s = BufReader::new(s);
+    let text = serde_json::to_string(&hello).map_err(|e| rv(e.to_string()))? + "\n";
+    s.get_mut().write_all(text.as_bytes()).await.map_err(|e| rv(format!("hello to rank 0: {e}")))?;
+    let mut line = String::new();
+    s.read_line(&mut line).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
+    match serde_json::from_str::<Answer>(&line) {
+        Ok(Answer::Welcome(addrs)) => Ok(addrs),
+        Ok(Answer::Refuse(why)) => Err(DistError::Refused { rank: hello.rank, why }),
+        Err(_) => Err(rv(format!(
+            "rank {}: rank 0 closed the rendezvous without an answer (it failed: see its error)",
+            hello.rank
+        ))),
+    }
+}
+
+/// Connect to every lower rank and accept every higher one.
+fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline: Instant, timeout: Duration) -> Result<TcpWorld, DistError> {
+    let n = addrs.len();
+    let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
+    for (j, addr) in addrs.iter().enumerate().take(rank) {
+        let target: SocketAddr = addr
+            .to_socket_addrs()
+            .map_err(|e| rv(format!("rank {j}'s address {addr}: {e}")))?
+            .next()
+            .ok_or_else(|| rv(format!("rank {j}'s address {addr} does not resolve")))?;
+        let mut s = loop {
+            match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
+                Ok(s) => break s,
+                Err(e) if Instant::now() >= deadline => return Err(rv(format!("rank {rank} cannot reach rank {j} at {addr}: {e}"))),
+                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+            }
+        };
+        std::io::Write::write_all(&mut s, &(rank as u64).to_le_bytes()).map_err(|e| rv(format!("to rank {j}: {e}")))?;
+        streams[j] = Some(s);
+    }
+    listener.set_nonblocking(true).map_err(|e| rv(e.to_string()))?;
+    while streams.iter().skip(rank + 1).any(Option::is_none) {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                s.set_nonblocking(false).map_err(|e| rv(e.to_string()))?;
+                let mut id = [0u8; 8];
+                s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| rv(e.to_string()))?;
+                if std::io::Read::read_exact(&mut s, &mut id).is_err() {
+                    continue;
+                }
+                s.set_read_timeout(None).map_err(|e| rv(e.to_string()))?;
+                let from = u64::from_le_bytes(id) as usize;
+                if from > rank && from < n && streams[from].is_none() {
+                    streams[from] = Some(s);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    let missing: Vec<usize> = (rank + 1..n).filter(|&r| streams[r].is_none()).collect();
+                    return Err(rv(format!("rank {rank}: rank(s) {missing:?} never connected to the mesh")));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(rv(format!("mesh accept: {e}"))),
+        }
+    }
+    TcpWorld::new(rank, streams, timeout).map_err(rv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_exec::{HostCollective, ReduceOp};
+
+    fn free_port() -> u16 {
+        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    fn launch(rank: usize, world: usize, port: u16) -> Launch {
+        Launch {
+            rank,
+            world,
+            local_rank: rank,
+            master: Some(("127.0.0.1".into(), port)),
+            source: "test",
+        }
+    }
+
+    fn meta(hash: &str) -> RunMeta {
+        RunMeta {
+            version: "0.1.0".into(),
+            run: "test".into(),
+            plugins: vec![("llama3.wasm".into(), hash.into())],
+        }
+    }
+
+    /// Four ranks started in reverse order meet and all-reduce over the mesh.
+    #[test]
+    fn ranks_meet_in_any_order_and_talk() {
+        let port = free_port();
+        let hs: Vec<_> = (0..4)
+            .rev()
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let w = rendezvous(&launch(r, 4, port), &meta("abc"), Duration::from_secs(20)).unwrap();
+                    let g = w.everyone().unwrap();
+                    let mut x = vec![r as f32];
+                    g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    x[0]
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), 6.0);
+        }
+    }
+
+    /// A rank whose plugin differs is refused on every rank, naming the plugin and both
+    /// hashes.
+    #[test]
+    fn a_different_plugin_hash_is_refused_everywhere() {
+        let port = free_port();
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let m = meta(if r == 2 { "def" } else { "abc" });
+                    rendezvous(&launch(r, 3, port), &m, Duration::from_secs(20)).err().map(|e| e.to_string())
+                })
+            })
+            .collect();
+        let errs: Vec<Option<String>> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        // Rank 0 refuses at the first bad hello; the others get the reason (a rank not
+        // yet connected when rank 0 stops waiting learns it failed).
+        let e0 = errs[0].as_ref().expect("rank 0 refuses");
+        assert!(e0.contains("rank 2 runs something else") && e0.contains("llama3.wasm") && e0.contains("def") && e0.contains("abc"), "{e0}");
+        assert!(errs.iter().all(Option::is_some), "{errs:?}");
+    }
+
+    #[test]
+    fn a_missing_rank_is_named_after_the_timeout() {
+        let port = free_port();
+        let e = rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(e.contains("rank(s) [1]") && e.contains("never connected"), "{e}");
+        let e = rendezvous(&launch(1, 2, free_port()), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(e.contains("gave up") && e.contains("MASTER_ADDR"), "{e}");
+    }
+
+    #[test]
+    fn meta_differences_in_words() {
+        assert_eq!(meta("a").difference(&meta("a")), None);
+        let d = meta("a").difference(&meta("b")).unwrap();
+        assert!(d.contains("llama3.wasm has sha256 b vs rank 0's a"), "{d}");
+        let mut m = meta("a");
+        m.run = "other".into();
+        assert!(meta("a").difference(&m).unwrap().contains("run 'other'"));
+    }
+}

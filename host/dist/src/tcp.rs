@@ -1,0 +1,723 @@
+//! A collective backend over TCP for ranks without GPUs: development machines, CI, and
+//! the control plane beside NCCL (its bootstrap and its failure detection). Not built for
+//! speed: every reduction moves every rank's whole buffer to every rank (n·S per rank,
+//! where a ring moves 2S) and reduces in rank order, so results are bit-identical to the
+//! in-process [`runner_exec::ThreadGroup`] and to a single-process run of the same layout.
+//!
+//! The world is a full mesh, one connection per pair of ranks ([`crate::rendezvous`]
+//! builds it). A reader thread per connection drains every frame into per-(peer, group,
+//! kind) queues, so a send never waits for the receiver and two ranks sending to each
+//! other cannot deadlock. Sub-groups (`tp`, `dp`, ...) share the connections; each frame
+//! carries its group's id and the call number, so ranks that make different calls get an
+//! error naming both calls instead of mixing data.
+//!
+//! Failure: a connection that closes marks its rank dead; every wait that needs it fails
+//! at once naming it ("rank 2 closed its connection: its process exited or was killed"),
+//! and the rank that saw it tells every other rank (an abort frame), so ranks waiting on
+//! someone else fail too, with the root cause. Every wait ends after the timeout with the
+//! call and the ranks that did not arrive.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use runner_exec::collective::reduce_in_rank_order;
+use runner_exec::{ExecError, HostCollective, ReduceOp};
+
+const MAGIC: u32 = 0x524E_5231; // "RNR1"
+const HEADER: usize = 32;
+
+/// What a frame is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+enum Kind {
+    Collective = 0,
+    P2p = 1,
+    Abort = 2,
+}
+
+/// Which collective a frame belongs to (checked against the receiver's call).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+enum Op {
+    AllGather = 1,
+    AllReduce = 2,
+    ReduceScatter = 3,
+    AllToAll = 4,
+    AllToAllV = 5,
+    Broadcast = 6,
+    Barrier = 7,
+    P2p = 8,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::AllGather => "all-gather",
+            Op::AllReduce => "all-reduce",
+            Op::ReduceScatter => "reduce-scatter",
+            Op::AllToAll => "all-to-all",
+            Op::AllToAllV => "all-to-all-v",
+            Op::Broadcast => "broadcast",
+            Op::Barrier => "barrier",
+            Op::P2p => "send/recv",
+        }
+    }
+    fn from(b: u8) -> Option<Op> {
+        Some(match b {
+            1 => Op::AllGather,
+            2 => Op::AllReduce,
+            3 => Op::ReduceScatter,
+            4 => Op::AllToAll,
+            5 => Op::AllToAllV,
+            6 => Op::Broadcast,
+            7 => Op::Barrier,
+            8 => Op::P2p,
+            _ => return None,
+        })
+    }
+}
+
+struct Frame {
+    op: u8,
+    seq: u64,
+    data: Vec<f32>,
+}
+
+#[derive(Default)]
+struct Inbox {
+    queues: HashMap<(usize, u64, u8), VecDeque<Frame>>,
+    /// Per world rank: why its connection ended.
+    dead: Vec<Option<String>>,
+    /// A failure another rank reported.
+    abort: Option<String>,
+}
+
+struct Shared {
+    rank: usize,
+    size: usize,
+    writers: Vec<Option<Mutex<TcpStream>>>,
+    inbox: Mutex<Inbox>,
+    changed: Condvar,
+    timeout: Duration,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Inbox> {
+        self.inbox.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn write(&self, peer: usize, kind: Kind, op: u8, group: u64, seq: u64, data: &[f32]) -> Result<(), String> {
+        let w = self.writers.get(peer).and_then(Option::as_ref).ok_or_else(|| format!("no connection to rank {peer}"))?;
+        let mut h = [0u8; HEADER];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4] = kind as u8;
+        h[5] = op;
+        h[8..16].copy_from_slice(&group.to_le_bytes());
+        h[16..24].copy_from_slice(&seq.to_le_bytes());
+        h[24..32].copy_from_slice(&((data.len() * 4) as u64).to_le_bytes());
+        let mut bytes = Vec::with_capacity(HEADER + data.len() * 4);
+        bytes.extend_from_slice(&h);
+        for x in data {
+            bytes.extend_from_slice(&x.to_bits().to_le_bytes());
+        }
+        let mut s = w.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.write_all(&bytes).map_err(|e| format!("sending to rank {peer}: {e}"))
+    }
+
+    /// Tell every live peer that the run failed (best effort).
+    fn abort_all(&self, reason: &str) {
+        let words: Vec<f32> = reason.bytes().map(|b| f32::from_bits(u32::from(b))).collect();
+        for peer in 0..self.size {
+            if peer != self.rank && self.lock().dead.get(peer).is_some_and(Option::is_none) {
+                let _ = self.write(peer, Kind::Abort, 0, 0, 0, &words);
+            }
+        }
+    }
+}
+
+/// Read frames from `peer` until its connection ends.
+fn reader(shared: Arc<Shared>, peer: usize, mut s: TcpStream) {
+    let why = loop {
+        let mut h = [0u8; HEADER];
+        if let Err(e) = s.read_exact(&mut h) {
+            break if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                "closed its connection: its process exited or was killed".to_string()
+            } else {
+                format!("lost its connection ({e}): its process exited or was killed")
+            };
+        }
+        let word = |r: std::ops::Range<usize>| u64::from_le_bytes(h[r].try_into().unwrap_or([0; 8]));
+        if u32::from_le_bytes([h[0], h[1], h[2], h[3]]) != MAGIC {
+            break "sent a frame this protocol does not know (another program on the port?)".into();
+        }
+        let (kind, op, group, seq, len) = (h[4], h[5], word(8..16), word(16..24), word(24..32) as usize);
+        let mut bytes = vec![0u8; len];
+        if let Err(e) = s.read_exact(&mut bytes) {
+            break format!("its connection failed mid-message ({e})");
+        }
+        let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect();
+        let mut inbox = shared.lock();
+        if kind == Kind::Abort as u8 {
+            let text: String = data.iter().map(|x| char::from(x.to_bits() as u8)).collect();
+            inbox.abort.get_or_insert(format!("{text} (reported by rank {peer})"));
+        } else {
+            inbox.queues.entry((peer, group, kind)).or_default().push_back(Frame { op, seq, data });
+        }
+        drop(inbox);
+        shared.changed.notify_all();
+    };
+    let mut inbox = shared.lock();
+    if let Some(d) = inbox.dead.get_mut(peer) {
+        d.get_or_insert(why);
+    }
+    drop(inbox);
+    shared.changed.notify_all();
+}
+
+/// This rank's connections to every other rank of the run.
+#[derive(Clone)]
+pub struct TcpWorld {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for TcpWorld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TcpWorld(rank {} of {})", self.rank(), self.size())
+    }
+}
+
+impl TcpWorld {
+    /// A world from one connected stream per other rank (index = world rank; `None` at
+    /// this rank's own index), whose waits fail after `timeout`.
+    ///
+    /// # Errors
+    /// A stream that cannot be cloned for its reader thread.
+    pub fn new(rank: usize, streams: Vec<Option<TcpStream>>, timeout: Duration) -> Result<TcpWorld, String> {
+        let size = streams.len();
+        let mut writers = Vec::with_capacity(size);
+        let mut readers = Vec::new();
+        for (peer, s) in streams.into_iter().enumerate() {
+            match s {
+                Some(s) => {
+                    let _ = s.set_nodelay(true);
+                    let r = s.try_clone().map_err(|e| format!("connection to rank {peer}: {e}"))?;
+                    readers.push((peer, r));
+                    writers.push(Some(Mutex::new(s)));
+                }
+                None => writers.push(None),
+            }
+        }
+        let shared = Arc::new(Shared {
+            rank,
+            size,
+            writers,
+            inbox: Mutex::new(Inbox {
+                dead: vec![None; size],
+                ..Inbox::default()
+            }),
+            changed: Condvar::new(),
+            timeout,
+        });
+        for (peer, s) in readers {
+            let sh = shared.clone();
+            std::thread::Builder::new()
+                .name(format!("runner-tcp-{peer}"))
+                .spawn(move || reader(sh, peer, s))
+                .map_err(|e| format!("reader thread: {e}"))?;
+        }
+        Ok(TcpWorld { shared })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.shared.rank
+    }
+    pub fn size(&self) -> usize {
+        self.shared.size
+    }
+
+    /// The group of world ranks `members` (this rank among them), named `name` in
+    /// errors. Every member must create it with the same name and member list.
+    ///
+    /// # Errors
+    /// This rank is not a member, or a member is outside the world.
+    pub fn group(&self, name: &str, members: &[usize]) -> Result<TcpGroup, String> {
+        let me = members
+            .iter()
+            .position(|&m| m == self.rank())
+            .ok_or_else(|| format!("rank {} is not in group '{name}' {members:?}", self.rank()))?;
+        if let Some(&bad) = members.iter().find(|&&m| m >= self.size()) {
+            return Err(format!("group '{name}': rank {bad} outside a world of {}", self.size()));
+        }
+        // FNV-1a of the name and members: the same on every member.
+        let mut id = 0xcbf2_9ce4_8422_2325u64;
+        for b in name.bytes().chain(members.iter().flat_map(|m| (*m as u64).to_le_bytes())) {
+            id = (id ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Ok(TcpGroup {
+            shared: self.shared.clone(),
+            name: name.into(),
+            members: members.to_vec(),
+            me,
+            id,
+            seq: AtomicU64::new(0),
+        })
+    }
+
+    /// Every rank of the world, as a group.
+    ///
+    /// # Errors
+    /// Never for a well-formed world.
+    pub fn everyone(&self) -> Result<TcpGroup, String> {
+        self.group("world", &(0..self.size()).collect::<Vec<_>>())
+    }
+
+    /// Close every connection (the other ranks see this rank leave, as if its process
+    /// had exited).
+    pub fn close(&self) {
+        for w in self.shared.writers.iter().flatten() {
+            let s = w.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+    }
+
+    /// The first failure seen: a dead rank or an abort reported by another rank.
+    pub fn failure(&self) -> Option<String> {
+        let inbox = self.shared.lock();
+        if let Some(a) = &inbox.abort {
+            return Some(a.clone());
+        }
+        inbox
+            .dead
+            .iter()
+            .enumerate()
+            .find_map(|(r, d)| d.as_ref().map(|why| format!("rank {r} {why}")))
+    }
+}
+
+/// One rank's handle on a group of a [`TcpWorld`].
+pub struct TcpGroup {
+    shared: Arc<Shared>,
+    name: String,
+    /// World ranks, in group-rank order.
+    members: Vec<usize>,
+    me: usize,
+    id: u64,
+    seq: AtomicU64,
+}
+
+fn err(what: String) -> ExecError {
+    ExecError::State(format!("collective: {what}"))
+}
+
+impl TcpGroup {
+    fn n(&self) -> usize {
+        self.members.len()
+    }
+
+    fn describe(&self, op: Op, seq: u64) -> String {
+        format!("{} (call {seq} of group '{}' of {}) on rank {}", op.name(), self.name, self.n(), self.shared.rank)
+    }
+
+    /// Fail, telling the other ranks why when the cause is another rank's failure.
+    fn fail(&self, what: String, tell: bool) -> ExecError {
+        if tell {
+            self.shared.abort_all(&what);
+        }
+        err(what)
+    }
+
+    /// Wait briefly for another rank's report of the failure behind a lost peer (the
+    /// peer may have exited because of it): the root cause, if one arrives.
+    fn reported_cause(&self) -> Option<String> {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        let mut inbox = self.shared.lock();
+        loop {
+            if let Some(a) = &inbox.abort {
+                return Some(a.clone());
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            inbox = self
+                .shared
+                .changed
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// The error for a peer lost with `why`: another rank's report of the root cause when
+    /// one arrives, else this peer, told to every other rank.
+    fn lost(&self, op: Op, seq: u64, peer: usize, why: &str) -> ExecError {
+        match self.reported_cause() {
+            Some(a) => self.fail(format!("{}: the run was aborted: {a}", self.describe(op, seq)), false),
+            None => self.fail(format!("{}: rank {peer} {why}", self.describe(op, seq)), true),
+        }
+    }
+
+    fn send_to(&self, j: usize, kind: Kind, op: Op, seq: u64, data: &[f32]) -> Result<(), ExecError> {
+        let peer = self.members[j];
+        self.shared
+            .write(peer, kind, op as u8, self.id, seq, data)
+            .map_err(|e| self.lost(op, seq, peer, &format!("is unreachable ({e}): its process exited or was killed")))
+    }
+
+    /// The next frame from group member `j` of `kind`, waiting at most the timeout.
+    fn take(&self, j: usize, kind: Kind, op: Op, seq: u64, deadline: Instant) -> Result<Frame, ExecError> {
+        let peer = self.members[j];
+        let mut inbox = self.shared.lock();
+        loop {
+            if let Some(f) = inbox.queues.get_mut(&(peer, self.id, kind as u8)).and_then(VecDeque::pop_front) {
+                return Ok(f);
+            }
+            if let Some(a) = &inbox.abort {
+                let a = a.clone();
+                drop(inbox);
+                return Err(self.fail(format!("{}: the run was aborted: {a}", self.describe(op, seq)), false));
+            }
+            if let Some(why) = &inbox.dead[peer] {
+                let why = why.clone();
+                drop(inbox);
+                return Err(self.lost(op, seq, peer, &why));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                drop(inbox);
+                return Err(self.fail(
+                    format!(
+                        "{} timed out after {:?}: rank {peer} did not arrive. Every rank must make the same \
+                         collective calls in the same order; find why rank {peer} is stuck or slow, or raise the \
+                         limit (--timeout)",
+                        self.describe(op, seq),
+                        self.shared.timeout
+                    ),
+                    true,
+                ));
+            }
+            inbox = self
+                .shared
+                .changed
+                .wait_timeout(inbox, deadline - now)
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// A collective frame from member `j`, checked to be call `seq` of `op`.
+    fn take_call(&self, j: usize, op: Op, seq: u64, deadline: Instant) -> Result<Vec<f32>, ExecError> {
+        let f = self.take(j, Kind::Collective, op, seq, deadline)?;
+        if f.op != op as u8 || f.seq != seq {
+            let theirs = Op::from(f.op).map_or("an unknown call", Op::name);
+            return Err(self.fail(
+                format!(
+                    "{}: rank {} made {theirs} (call {}) here; every rank must make the same collective calls in \
+                     the same order",
+                    self.describe(op, seq),
+                    self.members[j],
+                    f.seq
+                ),
+                true,
+            ));
+        }
+        Ok(f.data)
+    }
+
+    /// Send `parts[j]` to every member j and return what each member sent here, in
+    /// member order (this rank's own part included).
+    fn exchange(&self, op: Op, parts: &[&[f32]]) -> Result<Vec<Vec<f32>>, ExecError> {
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.shared.timeout;
+        for (j, p) in parts.iter().enumerate() {
+            if j != self.me {
+                self.send_to(j, Kind::Collective, op, seq, p)?;
+            }
+        }
+        (0..self.n())
+            .map(|j| if j == self.me { Ok(parts[j].to_vec()) } else { self.take_call(j, op, seq, deadline) })
+            .collect()
+    }
+
+    /// [`TcpGroup::exchange`] of the same `data` to everyone, lengths checked equal.
+    fn exchange_same(&self, op: Op, data: &[f32]) -> Result<Vec<Vec<f32>>, ExecError> {
+        let parts = vec![data; self.n()];
+        let all = self.exchange(op, &parts)?;
+        if let Some(bad) = all.iter().position(|v| v.len() != data.len()) {
+            return Err(err(format!(
+                "{} on rank {}: rank {} passed {} elements, this rank {}",
+                op.name(),
+                self.shared.rank,
+                self.members[bad],
+                all[bad].len(),
+                data.len()
+            )));
+        }
+        Ok(all)
+    }
+
+    fn chunks<'a>(&self, input: &'a [f32], op: Op) -> Result<Vec<&'a [f32]>, ExecError> {
+        if !input.len().is_multiple_of(self.n()) {
+            return Err(err(format!("{}: {} elements do not split over {} ranks", op.name(), input.len(), self.n())));
+        }
+        Ok(input.chunks(input.len() / self.n().max(1)).collect())
+    }
+
+    /// Wait until every member reached this call.
+    ///
+    /// # Errors
+    /// A member left or the wait timed out.
+    pub fn barrier(&self) -> Result<(), ExecError> {
+        self.exchange_same(Op::Barrier, &[]).map(|_| ())
+    }
+
+    /// The world ranks of the group, in group-rank order.
+    pub fn members(&self) -> &[usize] {
+        &self.members
+    }
+}
+
+impl HostCollective for TcpGroup {
+    fn rank(&self) -> usize {
+        self.me
+    }
+    fn size(&self) -> usize {
+        self.n()
+    }
+
+    fn all_reduce(&self, buf: &mut [f32], op: ReduceOp) -> Result<(), ExecError> {
+        let all = self.exchange_same(Op::AllReduce, buf)?;
+        // Rank order on every rank, as ThreadGroup: bit-identical results everywhere.
+        let parts: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
+        buf.copy_from_slice(&reduce_in_rank_order(&parts, op));
+        Ok(())
+    }
+
+    fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        Ok(self.exchange_same(Op::AllGather, input)?.concat())
+    }
+
+    fn reduce_scatter(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        let parts = self.chunks(input, Op::ReduceScatter)?;
+        let c = parts[0].len();
+        let got = self.exchange(Op::ReduceScatter, &parts)?;
+        if got.iter().any(|v| v.len() != c) {
+            return Err(err(format!("reduce-scatter on rank {}: the ranks passed different lengths", self.shared.rank)));
+        }
+        let parts: Vec<&[f32]> = got.iter().map(Vec::as_slice).collect();
+        Ok(reduce_in_rank_order(&parts, ReduceOp::Sum))
+    }
+
+    fn all_to_all(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
+        let parts = self.chunks(input, Op::AllToAll)?;
+        let c = parts[0].len();
+        let got = self.exchange(Op::AllToAll, &parts)?;
+        if got.iter().any(|v| v.len() != c) {
+            return Err(err(format!("all-to-all on rank {}: the ranks passed different lengths", self.shared.rank)));
+        }
+        Ok(got.concat())
+    }
+
+    fn all_to_all_v(&self, input: &[f32], send: &[usize], recv: &[usize]) -> Result<Vec<f32>, ExecError> {
+        let n = self.n();
+        if send.len() != n || recv.len() != n || send.iter().sum::<usize>() != input.len() {
+            return Err(err(format!(
+                "all-to-all-v on rank {}: counts {send:?} / {recv:?} for {} elements over {n} ranks",
+                self.shared.rank,
+                input.len()
+            )));
+        }
+        let mut parts = Vec::with_capacity(n);
+        let mut at = 0;
+        for &c in send {
+            parts.push(&input[at..at + c]);
+            at += c;
+        }
+        let got = self.exchange(Op::AllToAllV, &parts)?;
+        for (j, (g, &want)) in got.iter().zip(recv).enumerate() {
+            if g.len() != want {
+                return Err(err(format!(
+                    "all-to-all-v: rank {} sends {} elements to rank {}, which expects {want} (the ranks disagree on \
+                     the counts)",
+                    self.members[j],
+                    g.len(),
+                    self.shared.rank
+                )));
+            }
+        }
+        Ok(got.concat())
+    }
+
+    fn broadcast(&self, data: &[f32], root: usize) -> Result<Vec<f32>, ExecError> {
+        if root >= self.n() {
+            return Err(err(format!("broadcast from rank {root} in a group of {}", self.n())));
+        }
+        let seq = self.seq.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + self.shared.timeout;
+        if self.me == root {
+            for j in (0..self.n()).filter(|&j| j != root) {
+                self.send_to(j, Kind::Collective, Op::Broadcast, seq, data)?;
+            }
+            return Ok(data.to_vec());
+        }
+        let got = self.take_call(root, Op::Broadcast, seq, deadline)?;
+        if got.len() != data.len() {
+            return Err(err(format!(
+                "broadcast: rank {} sent {} elements, rank {} expects {}",
+                self.members[root],
+                got.len(),
+                self.shared.rank,
+                data.len()
+            )));
+        }
+        Ok(got)
+    }
+
+    fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
+        if peer >= self.n() || peer == self.me {
+            return Err(err(format!("send to rank {peer} of a group of {} from rank {}", self.n(), self.me)));
+        }
+        self.send_to(peer, Kind::P2p, Op::P2p, 0, data)
+    }
+
+    fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
+        if peer >= self.n() || peer == self.me {
+            return Err(err(format!("recv from rank {peer} of a group of {} on rank {}", self.n(), self.me)));
+        }
+        let deadline = Instant::now() + self.shared.timeout;
+        self.take(peer, Kind::P2p, Op::P2p, 0, deadline).map(|f| f.data)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    /// A full mesh of `n` worlds over loopback, built directly (no rendezvous).
+    pub(crate) fn mesh(n: usize, timeout: Duration) -> Vec<TcpWorld> {
+        let listeners: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+        let addrs: Vec<_> = listeners.iter().map(|l| l.local_addr().unwrap()).collect();
+        let mut streams: Vec<Vec<Option<TcpStream>>> = (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
+        for (i, j) in (0..n).flat_map(|i| (0..i).map(move |j| (i, j))) {
+            let a = TcpStream::connect(addrs[j]).unwrap();
+            let (b, _) = listeners[j].accept().unwrap();
+            streams[i][j] = Some(a);
+            streams[j][i] = Some(b);
+        }
+        streams.into_iter().enumerate().map(|(r, s)| TcpWorld::new(r, s, timeout).unwrap()).collect()
+    }
+
+    fn on_ranks<T: Send + 'static>(n: usize, f: impl Fn(TcpWorld) -> T + Send + Sync + 'static) -> Vec<T> {
+        let f = Arc::new(f);
+        let hs: Vec<_> = mesh(n, Duration::from_secs(10))
+            .into_iter()
+            .map(|w| {
+                let f = f.clone();
+                std::thread::spawn(move || f(w))
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    /// Every call gives what the in-process ThreadGroup gives, bit for bit.
+    #[test]
+    fn collectives_match_the_thread_group_bit_for_bit() {
+        let out = on_ranks(3, |w| {
+            let g = w.everyone().unwrap();
+            let r = g.rank() as f32;
+            let mut s = vec![r, 1.0, 0.1 * (r + 1.0)];
+            g.all_reduce(&mut s, ReduceOp::Sum).unwrap();
+            let mut m = vec![r, -r];
+            g.all_reduce(&mut m, ReduceOp::Max).unwrap();
+            let ag = g.all_gather(&[r, r + 10.0]).unwrap();
+            let rs = g.reduce_scatter(&[1.0, 2.0, 3.0 + r, 4.0, 5.0, 6.0]).unwrap();
+            let a2a = g.all_to_all(&[10.0 * r, 10.0 * r + 1.0, 10.0 * r + 2.0]).unwrap();
+            let bc = g.broadcast(&[r, r], 2).unwrap();
+            (s, m, ag, rs, a2a, bc)
+        });
+        for (s, m, ag, _, _, bc) in &out {
+            assert_eq!(s[2].to_bits(), ((0.1f32 + 0.2) + 0.3f32).to_bits());
+            assert_eq!(*m, vec![2.0, 0.0]);
+            assert_eq!(*ag, vec![0.0, 10.0, 1.0, 11.0, 2.0, 12.0]);
+            assert_eq!(*bc, vec![2.0, 2.0]);
+        }
+        assert_eq!(out[0].3, vec![3.0, 6.0]);
+        assert_eq!(out[1].3, vec![12.0, 12.0]);
+        assert_eq!(out[2].4, vec![2.0, 12.0, 22.0]);
+    }
+
+    #[test]
+    fn sub_groups_and_point_to_point_keep_their_own_streams() {
+        let out = on_ranks(4, |w| {
+            let r = w.rank();
+            // pairs {0,1} {2,3} and a dp group {r%2 ...}
+            let tp = w.group("tp", &if r < 2 { [0, 1] } else { [2, 3] }).unwrap();
+            let dp = w.group("dp", &if r % 2 == 0 { [0, 2] } else { [1, 3] }).unwrap();
+            let mut a = vec![r as f32];
+            tp.all_reduce(&mut a, ReduceOp::Sum).unwrap();
+            let mut b = vec![r as f32];
+            dp.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+            if tp.rank() == 0 {
+                tp.send(1, &[100.0 + r as f32]).unwrap();
+                tp.send(1, &[200.0]).unwrap();
+                (a, b, vec![])
+            } else {
+                let x = tp.recv(0).unwrap();
+                let y = tp.recv(0).unwrap();
+                (a, b, [x, y].concat())
+            }
+        });
+        assert_eq!(out[0].0, [1.0]);
+        assert_eq!(out[3].0, [5.0]);
+        assert_eq!(out[1].1, [4.0]);
+        assert_eq!(out[3].2, [102.0, 200.0]);
+    }
+
+    /// A rank that goes away (its connections close) fails the others at once, naming
+    /// it; ranks waiting on someone else learn it from the abort.
+    #[test]
+    fn a_rank_that_dies_is_named_on_every_other_rank() {
+        let worlds = mesh(3, Duration::from_secs(20));
+        let t0 = Instant::now();
+        let mut hs = Vec::new();
+        for w in worlds {
+            hs.push(std::thread::spawn(move || {
+                if w.rank() == 2 {
+                    // Dies: its connections close, as when its process is killed.
+                    w.close();
+                    return String::new();
+                }
+                let g = w.everyone().unwrap();
+                let mut b = vec![1.0];
+                g.all_reduce(&mut b, ReduceOp::Sum).unwrap_err().to_string()
+            }));
+        }
+        let errs: Vec<String> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        for e in &errs[..2] {
+            assert!(e.contains("rank 2"), "{e}");
+        }
+    }
+
+    #[test]
+    fn mismatched_calls_and_lengths_are_errors() {
+        let out = on_ranks(2, |w| {
+            let g = w.everyone().unwrap();
+            let mut b = vec![0.0; 1 + g.rank()];
+            let len = g.all_reduce(&mut b, ReduceOp::Sum).unwrap_err().to_string();
+            let other = if g.rank() == 0 {
+                g.all_gather(&[1.0]).map(|_| ()).unwrap_err().to_string()
+            } else {
+                g.broadcast(&[1.0], 1).map(|_| ()).err().map(|e| e.to_string()).unwrap_or_default()
+            };
+            (len, other)
+        });
+        assert!(out[0].0.contains("passed"), "{}", out[0].0);
+        assert!(out[0].1.contains("made broadcast"), "{}", out[0].1);
+    }
+}

@@ -1,0 +1,1387 @@
+//! The CUDA backend: [`Cuda`] implements [`Device`] on one GPU through cudarc, with the
+//! CUDA libraries loaded at run time (a binary built here runs on any machine with a
+//! driver; none is needed to build it).
+//!
+//! - Kernels: `kernels/cuda/*.cu`, compiled with NVRTC for the device's architecture when
+//!   it opens ([`kernels`]); GEMMs through cuBLASLt with cached plans ([`gemm`]).
+//! - One stream per device: every call is queued on it in order, so buffers need no
+//!   cross-stream synchronisation (cudarc's event tracking is off). Reads back to the
+//!   host wait for the stream.
+//! - Buffers are raw device allocations of their element type; an FP8 buffer carries 4
+//!   device floats [scale, 1/scale, amax, 0] beside its codes, so scales never travel
+//!   through the host.
+//! - Events are CUDA events on the stream ([`Device::record`]).
+//! - MoE routing plans are built on the host from the downloaded indices (one
+//!   synchronisation per MoE layer) and uploaded (order and its inverse).
+//!
+//! Opening a device first checks that the driver, cuBLASLt and NVRTC libraries load and
+//! that the device exists ([`probe`]), because cudarc panics when a library is missing.
+//! Nothing here has run on a GPU in this repository's CI (none is available there); the
+//! kernels' compilation is checked there, their results by `scripts/gpu-check.sh`.
+
+mod gemm;
+pub mod kernels;
+pub mod nccl;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, LaunchConfig, result as dr};
+use runner_graph::DType;
+use runner_kernels::cpu::adamw::AdamW;
+use runner_kernels::cpu::attention::Attn;
+use runner_kernels::cpu::matmul::Gemm;
+use runner_kernels::cpu::moe::{Router, ScoreFn};
+use runner_kernels::cpu::precision::Fp8Format;
+use runner_kernels::cpu::rope::Rope;
+
+use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
+use kernels::Arg;
+
+/// What [`probe`] found: a usable device.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaInfo {
+    pub ordinal: usize,
+    pub name: String,
+    pub devices: usize,
+}
+
+fn loadable(present: unsafe fn() -> bool) -> bool {
+    // SAFETY: cudarc's presence checks only try to dlopen library names.
+    unsafe { present() }
+}
+
+/// Check, without panicking, that GPU `ordinal` can be opened: the driver library loads
+/// and initialises, the device exists, and cuBLASLt and NVRTC load. The error names what
+/// is missing and what to do.
+///
+/// # Errors
+/// [`ExecError::NoCuda`] with the reason.
+pub fn probe(ordinal: usize) -> Result<CudaInfo, ExecError> {
+    if !loadable(cudarc::driver::sys::is_culib_present) {
+        return Err(ExecError::NoCuda(
+            "no NVIDIA driver: libcuda.so.1 is not on the loader path (install the NVIDIA \
+             driver, or run on a machine with a GPU)"
+                .into(),
+        ));
+    }
+    dr::init().map_err(|e| {
+        ExecError::NoCuda(format!(
+            "the NVIDIA driver did not initialise ({e}): no GPU visible to this process, or a \
+             driver/kernel-module mismatch (see nvidia-smi)"
+        ))
+    })?;
+    let count = dr::device::get_count().map_err(|e| ExecError::NoCuda(format!("cuDeviceGetCount failed: {e}")))?;
+    let count = count.max(0) as usize;
+    if count == 0 {
+        return Err(ExecError::NoCuda(format!(
+            "no CUDA device visible (CUDA_VISIBLE_DEVICES={})",
+            std::env::var("CUDA_VISIBLE_DEVICES").unwrap_or_else(|_| "unset".into())
+        )));
+    }
+    if ordinal >= count {
+        return Err(ExecError::NoCuda(format!(
+            "cuda:{ordinal} asked for, but {count} device(s) are visible (cuda:0..cuda:{})",
+            count - 1
+        )));
+    }
+    let dev = dr::device::get(ordinal as i32).map_err(|e| ExecError::NoCuda(format!("cuDeviceGet: {e}")))?;
+    let name = dr::device::get_name(dev).unwrap_or_else(|_| "unknown GPU".into());
+    for (lib, present, fix) in [
+        (
+            "cuBLASLt (libcublasLt.so)",
+            cudarc::cublaslt::sys::is_culib_present as unsafe fn() -> bool,
+            "install the CUDA toolkit's cuBLAS, or `pip install nvidia-cublas`, and put its lib directory on LD_LIBRARY_PATH",
+        ),
+        (
+            "NVRTC (libnvrtc.so)",
+            cudarc::nvrtc::sys::is_culib_present,
+            "install the CUDA toolkit's NVRTC, or `pip install nvidia-cuda-nvrtc`, and put its lib directory on LD_LIBRARY_PATH",
+        ),
+    ] {
+        if !loadable(present) {
+            return Err(ExecError::NoCuda(format!("{name} found, but {lib} is not on the loader path: {fix}")));
+        }
+    }
+    Ok(CudaInfo {
+        ordinal,
+        name,
+        devices: count,
+    })
+}
+
+/// The attention shape as the kernels' `Shape` struct (kernels/cuda/attention.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AttnShape {
+    b: i64,
+    t: i64,
+    tk: i64,
+    h: i32,
+    hkv: i32,
+    d: i32,
+    dv: i32,
+    causal: i32,
+    window: i32,
+    scale: f32,
+    cp: i32,
+    cp_rank: i32,
+}
+
+// SAFETY: a plain #[repr(C)] struct of integers and floats, laid out as the C struct.
+unsafe impl cudarc::driver::DeviceRepr for AttnShape {}
+
+/// Byte accounting of one device.
+#[derive(Debug, Default)]
+struct Tracker {
+    current: AtomicU64,
+    peak: AtomicU64,
+    allocations: AtomicU64,
+}
+
+/// One open GPU.
+struct Inner {
+    ordinal: usize,
+    label: String,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: kernels::Kernels,
+    lt: gemm::Lt,
+    workspace: CudaSlice<u8>,
+    tracker: Arc<Tracker>,
+}
+
+/// A CUDA device (cheap to clone: the clones share the GPU's context and stream).
+#[derive(Clone)]
+pub struct Cuda {
+    inner: Arc<Inner>,
+}
+
+/// A device allocation of `len` elements of `elem`.
+pub struct CudaBuffer {
+    mem: CudaSlice<u8>,
+    len: usize,
+    elem: Elem,
+    /// FP8: [scale, 1/scale, amax, 0] on the device.
+    meta: Option<CudaSlice<f32>>,
+    tracker: Arc<Tracker>,
+}
+
+impl Drop for CudaBuffer {
+    fn drop(&mut self) {
+        self.tracker
+            .current
+            .fetch_sub((self.len * self.elem.bytes()) as u64, Ordering::Relaxed);
+    }
+}
+
+impl DeviceBuffer for CudaBuffer {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn elem(&self) -> Elem {
+        self.elem
+    }
+}
+
+/// A routing plan: rows per expert on the host (the grouped GEMMs' row ranges), `order`
+/// (sorted row → slot) and its inverse on the device.
+pub struct CudaPlan {
+    offsets: Vec<usize>,
+    k: usize,
+    order: CudaBuffer,
+    inv: CudaBuffer,
+}
+
+/// Elements per thread block of the element-wise kernels.
+const BLOCK: u32 = 256;
+
+fn ew_cfg(n: usize) -> LaunchConfig {
+    let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 20) as u32;
+    LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn rows_cfg(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.max(1) as u32, 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn kerr(kernel: &str, what: String) -> ExecError {
+    ExecError::Kernel {
+        op: kernel.into(),
+        source: runner_kernels::KernelError::ShapeMismatch(what),
+    }
+}
+
+/// Lengths a kernel needs: (what, got, want).
+fn lens(kernel: &str, checks: &[(&str, usize, usize)]) -> Result<(), ExecError> {
+    for &(what, got, want) in checks {
+        if got != want {
+            return Err(kerr(kernel, format!("{what} has {got} elements, expected {want}")));
+        }
+    }
+    Ok(())
+}
+
+fn need(kernel: &str, b: &CudaBuffer, e: Elem) -> Result<(), ExecError> {
+    if b.elem != e {
+        return Err(ExecError::State(format!(
+            "kernel {kernel} takes {} buffers, got {}",
+            e.name(),
+            b.elem.name()
+        )));
+    }
+    Ok(())
+}
+
+fn fmt_code(f: Fp8Format) -> i32 {
+    match f {
+        Fp8Format::E4M3 => 0,
+        Fp8Format::E5M2 => 1,
+    }
+}
+
+impl Cuda {
+    /// Open GPU `ordinal`: check it ([`probe`]), create its context and stream, compile
+    /// the kernels for its architecture and create the cuBLASLt handle.
+    ///
+    /// # Errors
+    /// [`ExecError::NoCuda`] naming what is missing, or a CUDA error.
+    pub fn new(ordinal: usize) -> Result<Cuda, ExecError> {
+        let info = probe(ordinal)?;
+        let derr = |what: &str, e: dr::DriverError| ExecError::Device {
+            device: format!("cuda:{ordinal}"),
+            what: format!("{what}: {e}"),
+        };
+        let ctx = CudaContext::new(ordinal).map_err(|e| derr("context", e))?;
+        // One stream per device and every call ordered on it: no event tracking needed.
+        // SAFETY: no buffer exists yet.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx.new_stream().map_err(|e| derr("stream", e))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| derr("compute capability", e))?;
+        let arch = kernels::arch_of(major, minor)?;
+        let kernels = kernels::Kernels::load(&ctx, arch)?;
+        let lt = gemm::Lt::new().map_err(ExecError::NoCuda)?;
+        // SAFETY: the workspace is only written by cuBLASLt.
+        let workspace = unsafe { stream.alloc::<u8>(gemm::WORKSPACE_BYTES) }.map_err(|e| derr("workspace", e))?;
+        Ok(Cuda {
+            inner: Arc::new(Inner {
+                ordinal,
+                label: format!("cuda:{ordinal} ({}, sm_{major}{minor})", info.name),
+                ctx,
+                stream,
+                kernels,
+                lt,
+                workspace,
+                tracker: Arc::new(Tracker::default()),
+            }),
+        })
+    }
+
+    /// The GPU's ordinal.
+    pub fn ordinal(&self) -> usize {
+        self.inner.ordinal
+    }
+
+    /// The device's stream (NCCL enqueues on it).
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.inner.stream
+    }
+
+    /// cuBLASLt plans cached so far.
+    pub fn gemm_plans(&self) -> usize {
+        self.inner.lt.cached()
+    }
+
+    fn derr(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
+        ExecError::Device {
+            device: format!("cuda:{}", self.inner.ordinal),
+            what: format!("{what}: {e}"),
+        }
+    }
+
+    /// The device address of a buffer.
+    pub(crate) fn ptr(&self, b: &CudaBuffer) -> u64 {
+        let (p, _sync) = b.mem.device_ptr(&self.inner.stream);
+        p
+    }
+
+    fn meta_ptr(&self, b: &CudaBuffer) -> Result<u64, ExecError> {
+        let m = b
+            .meta
+            .as_ref()
+            .ok_or_else(|| ExecError::State(format!("a {} buffer has no FP8 scale", b.elem.name())))?;
+        let (p, _sync) = m.device_ptr(&self.inner.stream);
+        Ok(p)
+    }
+
+    fn run(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
+        let f = self.inner.kernels.get(name)?;
+        kernels::launch(&self.inner.stream, f, cfg, args).map_err(|e| self.derr(name, e))
+    }
+
+    /// An element-wise kernel over `n` elements (its last argument is n).
+    fn ew(&self, name: &str, n: usize, args: &[Arg]) -> Result<(), ExecError> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.run(name, ew_cfg(n), args)
+    }
+
+    fn p(&self, b: &CudaBuffer) -> Arg {
+        Arg::P(self.ptr(b))
+    }
+
+    fn f32_scratch(&self, len: usize) -> Result<CudaBuffer, ExecError> {
+        self.alloc(Elem::F32, len)
+    }
+
+    /// Upload host f32 into an f32 buffer.
+    fn upload_f32(&self, buf: &CudaBuffer, data: &[f32]) -> Result<(), ExecError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the buffer holds at least data.len() f32 (checked by the callers); the
+        // copy from pageable memory is staged before the call returns.
+        unsafe { dr::memcpy_htod_async(self.ptr(buf), data, self.inner.stream.cu_stream()) }
+            .map_err(|e| self.derr("upload", e))
+    }
+
+    fn download<T: Default + Clone>(&self, ptr: u64, len: usize) -> Result<Vec<T>, ExecError> {
+        let mut out = vec![T::default(); len];
+        if len > 0 {
+            // SAFETY: `ptr` addresses at least `len` elements of T; the stream is
+            // synchronised before `out` is read.
+            unsafe { dr::memcpy_dtoh_async(&mut out, ptr, self.inner.stream.cu_stream()) }
+                .map_err(|e| self.derr("download", e))?;
+        }
+        self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+        Ok(out)
+    }
+
+    /// Current-scaling FP8 quantisation of the f32 buffer `x` into `q`: amax, scale and
+    /// codes all computed on the device.
+    fn quantize_current(&self, q: &mut CudaBuffer, x: &CudaBuffer) -> Result<(), ExecError> {
+        let fmt = fmt_code(q.elem.fp8().ok_or_else(|| ExecError::State("quantize into a non-FP8 buffer".into()))?);
+        let meta = self.meta_ptr(q)?;
+        // SAFETY: meta holds 4 floats; zero them, amax accumulates into meta[2].
+        unsafe { dr::memset_d8_async(meta, 0, 16, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("memset", e))?;
+        let n = x.len;
+        self.ew("amax_f32", n, &[Arg::P(meta + 8), self.p(x), Arg::I(n as i64)])?;
+        self.run("fp8_scale_from_amax", LaunchConfig::for_num_elems(1), &[Arg::P(meta), Arg::I32(fmt)])?;
+        self.ew("fp8_quantize", n, &[self.p(q), self.p(x), Arg::P(meta), Arg::I(n as i64), Arg::I32(fmt)])
+    }
+
+    /// `x` widened to a fresh f32 buffer on the device (itself when it is f32).
+    fn widen(&self, x: &CudaBuffer) -> Result<Option<CudaBuffer>, ExecError> {
+        let n = x.len as i64;
+        let kernel = match x.elem {
+            Elem::F32 => return Ok(None),
+            Elem::BF16 => "bf16_to_f32_kernel",
+            Elem::F16 => "f16_to_f32_kernel",
+            Elem::F8E4M3 | Elem::F8E5M2 => {
+                let out = self.f32_scratch(x.len)?;
+                let fmt = fmt_code(x.elem.fp8().unwrap_or(Fp8Format::E4M3));
+                self.ew("fp8_dequantize", x.len, &[self.p(&out), self.p(x), Arg::P(self.meta_ptr(x)?), Arg::I(n), Arg::I32(fmt)])?;
+                return Ok(Some(out));
+            }
+            Elem::I32 => return Err(ExecError::State("widen of an int32 buffer".into())),
+        };
+        let out = self.f32_scratch(x.len)?;
+        self.ew(kernel, x.len, &[self.p(&out), self.p(x), Arg::I(n)])?;
+        Ok(Some(out))
+    }
+
+    /// Column sums over rows (bias and norm weight gradients), added into `dst`:
+    /// norm.cu's two-stage column_partials / column_finish.
+    #[allow(clippy::too_many_arguments)]
+    fn column_sums(
+        &self,
+        dst: &CudaBuffer,
+        dout: &CudaBuffer,
+        x: Option<&CudaBuffer>,
+        mean: Option<&CudaBuffer>,
+        rstd: Option<&CudaBuffer>,
+        rows: usize,
+        c: usize,
+        mode: i32,
+    ) -> Result<(), ExecError> {
+        if rows == 0 || c == 0 {
+            return Ok(());
+        }
+        let chunks = rows.clamp(1, 128);
+        let per = rows.div_ceil(chunks);
+        let chunks = rows.div_ceil(per);
+        let partial = self.f32_scratch(chunks * c)?;
+        let opt = |b: Option<&CudaBuffer>| b.map_or(Arg::P(0), |b| self.p(b));
+        let cols = c.div_ceil(BLOCK as usize) as u32;
+        self.run(
+            "column_partials",
+            LaunchConfig {
+                grid_dim: (cols, chunks as u32, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[
+                self.p(&partial),
+                self.p(dout),
+                opt(x),
+                opt(mean),
+                opt(rstd),
+                Arg::I(rows as i64),
+                Arg::I32(c as i32),
+                Arg::I(per as i64),
+                Arg::I32(mode),
+            ],
+        )?;
+        self.run(
+            "column_finish",
+            LaunchConfig {
+                grid_dim: (cols, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[self.p(dst), self.p(&partial), Arg::I32(chunks as i32), Arg::I32(c as i32)],
+        )
+    }
+
+    fn attn_shape(&self, a: &Attn) -> AttnShape {
+        AttnShape {
+            b: a.b as i64,
+            t: a.t as i64,
+            tk: a.kv_len() as i64,
+            h: a.h as i32,
+            hkv: a.hkv as i32,
+            d: a.d as i32,
+            dv: a.dv as i32,
+            causal: a.causal as i32,
+            window: a.window.unwrap_or(0) as i32,
+            scale: a.scale,
+            cp: a.cp.map_or(1, |c| c.size as i32),
+            cp_rank: a.cp.map_or(0, |c| c.rank as i32),
+        }
+    }
+
+    fn attn_check(&self, kernel: &str, a: &Attn) -> Result<(), ExecError> {
+        if a.d == 0 || a.dv == 0 || a.d > 256 || a.dv > 256 || a.hkv == 0 || !a.h.is_multiple_of(a.hkv) {
+            return Err(kerr(
+                kernel,
+                format!(
+                    "attention head dims {} / {} (1..=256) and heads {} over {} kv heads (must divide)",
+                    a.d, a.dv, a.h, a.hkv
+                ),
+            ));
+        }
+        if a.window == Some(0) {
+            return Err(kerr(kernel, "window must be >= 1".into()));
+        }
+        Ok(())
+    }
+
+    /// Launch an attention kernel with `floats` of dynamic shared memory.
+    fn run_attn(&self, name: &str, grid: (u32, u32, u32), floats: usize, args: &[Arg]) -> Result<(), ExecError> {
+        let bytes = (floats * 4) as u32;
+        let f = self.inner.kernels.get(name)?;
+        if bytes > 48 << 10 {
+            f.set_attribute(
+                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| self.derr(&format!("{name}: {bytes} bytes of shared memory"), e))?;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: bytes,
+        };
+        kernels::launch(&self.inner.stream, f, cfg, args).map_err(|e| self.derr(name, e))
+    }
+}
+
+/// Query rows per attention block (attention.cu's QROWS) and keys per dK/dV block (KROWS).
+const ATT_QROWS: usize = 16;
+const ATT_KROWS: usize = 16;
+const ATT_TILE: usize = 32;
+
+impl Device for Cuda {
+    type Buffer = CudaBuffer;
+    type Plan = CudaPlan;
+    type Event = CudaEvent;
+
+    fn name(&self) -> String {
+        self.inner.label.clone()
+    }
+
+    fn alloc(&self, elem: Elem, len: usize) -> Result<CudaBuffer, ExecError> {
+        let bytes = (len * elem.bytes()).max(1);
+        // SAFETY: the memory is uninitialised; every kernel writes what it reads back.
+        let mem = unsafe { self.inner.stream.alloc::<u8>(bytes) }
+            .map_err(|e| self.derr(&format!("allocating {bytes} bytes"), e))?;
+        let meta = if elem.fp8().is_some() {
+            let mut m = self
+                .inner
+                .stream
+                .alloc_zeros::<f32>(4)
+                .map_err(|e| self.derr("FP8 scale", e))?;
+            self.inner
+                .stream
+                .memcpy_htod(&[1.0f32, 1.0, 0.0, 0.0][..], &mut m)
+                .map_err(|e| self.derr("FP8 scale", e))?;
+            Some(m)
+        } else {
+            None
+        };
+        let t = &self.inner.tracker;
+        let now = t.current.fetch_add((len * elem.bytes()) as u64, Ordering::Relaxed) + (len * elem.bytes()) as u64;
+        t.peak.fetch_max(now, Ordering::Relaxed);
+        t.allocations.fetch_add(1, Ordering::Relaxed);
+        Ok(CudaBuffer {
+            mem,
+            len,
+            elem,
+            meta,
+            tracker: t.clone(),
+        })
+    }
+
+    fn zero(&self, buf: &mut CudaBuffer) -> Result<(), ExecError> {
+        let bytes = buf.len * buf.elem.bytes();
+        if bytes > 0 {
+            // SAFETY: the allocation holds `bytes`.
+            unsafe { dr::memset_d8_async(self.ptr(buf), 0, bytes, self.inner.stream.cu_stream()) }
+                .map_err(|e| self.derr("memset", e))?;
+        }
+        if let Some(m) = &buf.meta {
+            let (p, _s) = m.device_ptr(&self.inner.stream);
+            let init = [1.0f32, 1.0, 0.0, 0.0];
+            // SAFETY: meta holds 4 floats.
+            unsafe { dr::memcpy_htod_async(p, &init[..], self.inner.stream.cu_stream()) }.map_err(|e| self.derr("FP8 scale", e))?;
+        }
+        Ok(())
+    }
+
+    fn write_f32(&self, buf: &mut CudaBuffer, data: &[f32]) -> Result<(), ExecError> {
+        if buf.len != data.len() || !buf.elem.is_float() {
+            return Err(ExecError::State(format!(
+                "write of {} f32 into a buffer of {} {}",
+                data.len(),
+                buf.len,
+                buf.elem.name()
+            )));
+        }
+        if buf.elem == Elem::F32 {
+            return self.upload_f32(buf, data);
+        }
+        let tmp = self.f32_scratch(data.len())?;
+        self.upload_f32(&tmp, data)?;
+        self.cast(buf, &tmp)
+    }
+
+    fn write_u32(&self, buf: &mut CudaBuffer, data: &[u32]) -> Result<(), ExecError> {
+        if buf.len != data.len() || buf.elem != Elem::I32 {
+            return Err(ExecError::State(format!(
+                "write of {} u32 into a buffer of {} {}",
+                data.len(),
+                buf.len,
+                buf.elem.name()
+            )));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the buffer holds data.len() 4-byte elements.
+        unsafe { dr::memcpy_htod_async(self.ptr(buf), data, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))
+    }
+
+    fn read_f32(&self, buf: &CudaBuffer) -> Result<Vec<f32>, ExecError> {
+        match self.widen(buf)? {
+            Some(w) => self.download(self.ptr(&w), w.len),
+            None => self.download(self.ptr(buf), buf.len),
+        }
+    }
+
+    fn read_u32(&self, buf: &CudaBuffer) -> Result<Vec<u32>, ExecError> {
+        need("read_u32", buf, Elem::I32)?;
+        self.download(self.ptr(buf), buf.len)
+    }
+
+    fn copy(&self, dst: &mut CudaBuffer, dst_at: usize, src: &CudaBuffer, src_at: usize, len: usize) -> Result<(), ExecError> {
+        let ok = dst.elem == src.elem
+            && dst_at.checked_add(len).is_some_and(|e| e <= dst.len)
+            && src_at.checked_add(len).is_some_and(|e| e <= src.len);
+        if !ok {
+            return Err(ExecError::State(format!(
+                "copy of {len} {} from {src_at} of {} into {} {} at {dst_at}",
+                src.elem.name(),
+                src.len,
+                dst.len,
+                dst.elem.name()
+            )));
+        }
+        let w = src.elem.bytes();
+        if len > 0 {
+            // SAFETY: both ranges are inside their allocations (checked above).
+            unsafe {
+                dr::memcpy_dtod_async(
+                    self.ptr(dst) + (dst_at * w) as u64,
+                    self.ptr(src) + (src_at * w) as u64,
+                    len * w,
+                    self.inner.stream.cu_stream(),
+                )
+            }
+            .map_err(|e| self.derr("copy", e))?;
+        }
+        if let (Some(d), Some(s)) = (&dst.meta, &src.meta) {
+            let (dp, _a) = d.device_ptr(&self.inner.stream);
+            let (sp, _b) = s.device_ptr(&self.inner.stream);
+            // SAFETY: both metas hold 4 floats.
+            unsafe { dr::memcpy_dtod_async(dp, sp, 16, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("copy", e))?;
+        }
+        Ok(())
+    }
+
+    fn transpose_outer(&self, dst: &mut CudaBuffer, src: &CudaBuffer, a: usize, b: usize, c: usize) -> Result<(), ExecError> {
+        let n = a * b * c;
+        if dst.elem != src.elem || dst.len != n || src.len != n {
+            return Err(ExecError::State(format!(
+                "transpose_outer ({a},{b},{c}) of {} {} into {} {}",
+                src.len,
+                src.elem.name(),
+                dst.len,
+                dst.elem.name()
+            )));
+        }
+        let k = match src.elem.bytes() {
+            4 => "transpose_outer_u32",
+            2 => "transpose_outer_u16",
+            _ => "transpose_outer_u8",
+        };
+        self.ew(k, n, &[self.p(dst), self.p(src), Arg::I(a as i64), Arg::I(b as i64), Arg::I(c as i64)])
+    }
+
+    fn cast(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<(), ExecError> {
+        if dst.len != src.len || !dst.elem.is_float() || !src.elem.is_float() {
+            return Err(ExecError::State(format!(
+                "cast of {} {} into {} {}",
+                src.len,
+                src.elem.name(),
+                dst.len,
+                dst.elem.name()
+            )));
+        }
+        let wide = self.widen(src)?;
+        let x = wide.as_ref().unwrap_or(src);
+        let n = x.len as i64;
+        match dst.elem {
+            Elem::F32 => self.copy(dst, 0, x, 0, x.len),
+            Elem::BF16 => self.ew("f32_to_bf16_kernel", x.len, &[self.p(dst), self.p(x), Arg::I(n)]),
+            Elem::F16 => self.ew("f32_to_f16_kernel", x.len, &[self.p(dst), self.p(x), Arg::I(n)]),
+            Elem::F8E4M3 | Elem::F8E5M2 => self.quantize_current(dst, x),
+            Elem::I32 => Err(ExecError::State("cast into int32".into())),
+        }
+    }
+
+    fn fp8_scale(&self, buf: &CudaBuffer) -> Result<f32, ExecError> {
+        match &buf.meta {
+            Some(_) => Ok(self.download::<f32>(self.meta_ptr(buf)?, 1)?[0]),
+            None => Ok(1.0),
+        }
+    }
+
+    fn fp8_amax(&self, buf: &CudaBuffer) -> Result<f32, ExecError> {
+        match &buf.meta {
+            Some(_) => Ok(self.download::<f32>(self.meta_ptr(buf)? + 8, 1)?[0]),
+            None => Ok(0.0),
+        }
+    }
+
+    fn round_to_storage(&self, buf: &mut CudaBuffer, dtype: DType, row: usize) -> Result<(), ExecError> {
+        need("round_to_storage", buf, Elem::F32)?;
+        let n = buf.len as i64;
+        match dtype {
+            DType::BF16 => self.ew("round_bf16", buf.len, &[self.p(buf), Arg::I(n)]),
+            DType::F16 => self.ew("round_f16", buf.len, &[self.p(buf), Arg::I(n)]),
+            DType::Fp8E4M3 | DType::Fp8E5M2 => {
+                let fmt = if dtype == DType::Fp8E4M3 { 0 } else { 1 };
+                let meta = self.f32_scratch(4)?;
+                // SAFETY: 4 floats.
+                unsafe { dr::memset_d8_async(self.ptr(&meta), 0, 16, self.inner.stream.cu_stream()) }
+                    .map_err(|e| self.derr("memset", e))?;
+                let mp = self.ptr(&meta);
+                self.ew("amax_f32", buf.len, &[Arg::P(mp + 8), self.p(buf), Arg::I(n)])?;
+                self.run("fp8_scale_from_amax", LaunchConfig::for_num_elems(1), &[Arg::P(mp), Arg::I32(fmt)])?;
+                self.ew("round_fp8", buf.len, &[self.p(buf), Arg::P(mp), Arg::I(n), Arg::I32(fmt)])
+            }
+            DType::MxFp8 => {
+                let row = row.max(1);
+                let rows = buf.len / row;
+                let warps = rows * row.div_ceil(32);
+                if warps == 0 {
+                    return Ok(());
+                }
+                self.run(
+                    "round_mxfp8",
+                    LaunchConfig {
+                        grid_dim: (warps.div_ceil(8) as u32, 1, 1),
+                        block_dim: (BLOCK, 1, 1),
+                        shared_mem_bytes: 0,
+                    },
+                    &[self.p(buf), Arg::I(rows as i64), Arg::I32(row as i32)],
+                )
+            }
+            DType::F32 | DType::NvFp4 | DType::I32 => Ok(()),
+        }
+    }
+
+    fn add_assign(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<(), ExecError> {
+        lens("add_assign", &[("src", src.len, dst.len)])?;
+        need("add_assign", dst, Elem::F32)?;
+        need("add_assign", src, Elem::F32)?;
+        self.ew("add_assign_f32", dst.len, &[self.p(dst), self.p(src), Arg::I(dst.len as i64)])
+    }
+
+    fn scale(&self, buf: &mut CudaBuffer, s: f32) -> Result<(), ExecError> {
+        need("scale", buf, Elem::F32)?;
+        self.ew("scale_f32", buf.len, &[self.p(buf), Arg::F(s), Arg::I(buf.len as i64)])
+    }
+
+    fn add_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer) -> Result<(), ExecError> {
+        lens("add_forward", &[("a", a.len, out.len), ("b", b.len, out.len)])?;
+        self.ew("add_forward", out.len, &[self.p(out), self.p(a), self.p(b), Arg::I(out.len as i64)])
+    }
+
+    fn add_bias(&self, out: &mut CudaBuffer, bias: &CudaBuffer) -> Result<(), ExecError> {
+        if bias.len == 0 || !out.len.is_multiple_of(bias.len) {
+            return Err(kerr("add_bias", format!("{} elements are not rows of {}", out.len, bias.len)));
+        }
+        let rows = out.len / bias.len;
+        self.ew("add_bias", out.len, &[self.p(out), self.p(bias), Arg::I(rows as i64), Arg::I32(bias.len as i32)])
+    }
+
+    fn bias_backward(&self, dbias: &mut CudaBuffer, dout: &CudaBuffer) -> Result<(), ExecError> {
+        if dbias.len == 0 || !dout.len.is_multiple_of(dbias.len) {
+            return Err(kerr("bias_backward", format!("{} elements are not rows of {}", dout.len, dbias.len)));
+        }
+        self.column_sums(dbias, dout, None, None, None, dout.len / dbias.len, dbias.len, 0)
+    }
+
+    fn swiglu_forward(&self, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<(), ExecError> {
+        lens("swiglu_forward", &[("gate", gate.len, out.len), ("up", up.len, out.len)])?;
+        self.ew("swiglu_forward", out.len, &[self.p(out), self.p(gate), self.p(up), Arg::I(out.len as i64)])
+    }
+
+    fn swiglu_backward(&self, dgate: &mut CudaBuffer, dup: &mut CudaBuffer, dout: &CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<(), ExecError> {
+        let n = dout.len;
+        lens("swiglu_backward", &[("dgate", dgate.len, n), ("dup", dup.len, n), ("gate", gate.len, n), ("up", up.len, n)])?;
+        self.ew("swiglu_backward", n, &[self.p(dgate), self.p(dup), self.p(dout), self.p(gate), self.p(up), Arg::I(n as i64)])
+    }
+
+    fn geglu_forward(&self, out: &mut CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<(), ExecError> {
+        lens("geglu_forward", &[("gate", gate.len, out.len), ("up", up.len, out.len)])?;
+        self.ew("geglu_forward", out.len, &[self.p(out), self.p(gate), self.p(up), Arg::I(out.len as i64)])
+    }
+
+    fn geglu_backward(&self, dgate: &mut CudaBuffer, dup: &mut CudaBuffer, dout: &CudaBuffer, gate: &CudaBuffer, up: &CudaBuffer) -> Result<(), ExecError> {
+        let n = dout.len;
+        lens("geglu_backward", &[("dgate", dgate.len, n), ("dup", dup.len, n), ("gate", gate.len, n), ("up", up.len, n)])?;
+        self.ew("geglu_backward", n, &[self.p(dgate), self.p(dup), self.p(dout), self.p(gate), self.p(up), Arg::I(n as i64)])
+    }
+
+    fn gelu_forward(&self, out: &mut CudaBuffer, x: &CudaBuffer) -> Result<(), ExecError> {
+        lens("gelu_forward", &[("x", x.len, out.len)])?;
+        self.ew("gelu_forward", out.len, &[self.p(out), self.p(x), Arg::I(out.len as i64)])
+    }
+
+    fn gelu_backward(&self, dx: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer) -> Result<(), ExecError> {
+        lens("gelu_backward", &[("dout", dout.len, dx.len), ("x", x.len, dx.len)])?;
+        self.ew("gelu_backward", dx.len, &[self.p(dx), self.p(dout), self.p(x), Arg::I(dx.len as i64)])
+    }
+
+    fn squared_relu_forward(&self, out: &mut CudaBuffer, x: &CudaBuffer) -> Result<(), ExecError> {
+        lens("squared_relu_forward", &[("x", x.len, out.len)])?;
+        self.ew("squared_relu_forward", out.len, &[self.p(out), self.p(x), Arg::I(out.len as i64)])
+    }
+
+    fn squared_relu_backward(&self, dx: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer) -> Result<(), ExecError> {
+        lens("squared_relu_backward", &[("dout", dout.len, dx.len), ("x", x.len, dx.len)])?;
+        self.ew("squared_relu_backward", dx.len, &[self.p(dx), self.p(dout), self.p(x), Arg::I(dx.len as i64)])
+    }
+
+    fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
+        let (shapes, rank, la, lb) = self.concat_meta(s)?;
+        let lo = la + lb;
+        let rows = out.len / lo.max(1);
+        self.ew(
+            "concat_forward",
+            out.len,
+            &[self.p(out), self.p(a), self.p(b), self.p(&shapes), Arg::I32(rank as i32), Arg::I(rows as i64), Arg::I32(la as i32), Arg::I32(lb as i32)],
+        )
+    }
+
+    fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
+        let (shapes, rank, la, lb) = self.concat_meta(s)?;
+        let lo = la + lb;
+        for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
+            if let Some(t) = t {
+                let rows_src = t.len / lx.max(1);
+                self.ew(
+                    "concat_backward",
+                    t.len,
+                    &[
+                        self.p(t),
+                        self.p(dout),
+                        self.p(&shapes),
+                        Arg::I32(rank as i32),
+                        Arg::I32(which),
+                        Arg::I(rows_src as i64),
+                        Arg::I32(lx as i32),
+                        Arg::I32(col0 as i32),
+                        Arg::I32(lo as i32),
+                    ],
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
+        self.gemm(c, a, b, g, accumulate)
+    }
+
+    fn embedding_forward(&self, out: &mut CudaBuffer, tokens: &CudaBuffer, table: &CudaBuffer, c: usize, vocab_start: Option<usize>) -> Result<(), ExecError> {
+        need("embedding_forward", tokens, Elem::I32)?;
+        lens("embedding_forward", &[("out", out.len, tokens.len * c)])?;
+        let rows = table.len / c.max(1);
+        self.ew(
+            "embedding_forward",
+            out.len,
+            &[self.p(out), self.p(tokens), self.p(table), Arg::I(tokens.len as i64), Arg::I32(c as i32), Arg::I(rows as i64), Arg::I(vocab_start.unwrap_or(0) as i64)],
+        )
+    }
+
+    fn embedding_backward(&self, dtable: &mut CudaBuffer, dout: &CudaBuffer, tokens: &CudaBuffer, c: usize, vocab_start: Option<usize>) -> Result<(), ExecError> {
+        need("embedding_backward", tokens, Elem::I32)?;
+        lens("embedding_backward", &[("dout", dout.len, tokens.len * c)])?;
+        let rows = dtable.len / c.max(1);
+        self.ew(
+            "embedding_backward",
+            dout.len,
+            &[self.p(dtable), self.p(dout), self.p(tokens), Arg::I(tokens.len as i64), Arg::I32(c as i32), Arg::I(rows as i64), Arg::I(vocab_start.unwrap_or(0) as i64)],
+        )
+    }
+
+    fn rmsnorm_forward(&self, out: &mut CudaBuffer, rstd: &mut CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, c: usize, eps: f32) -> Result<(), ExecError> {
+        let rows = x.len / c.max(1);
+        lens("rmsnorm_forward", &[("out", out.len, x.len), ("rstd", rstd.len, rows), ("w", w.len, c), ("x", rows * c, x.len)])?;
+        self.run("rmsnorm_forward", rows_cfg(rows), &[self.p(out), self.p(rstd), self.p(x), self.p(w), Arg::I32(c as i32), Arg::F(eps)])
+    }
+
+    fn rmsnorm_backward(&self, dx: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, rstd: &CudaBuffer, c: usize) -> Result<(), ExecError> {
+        let rows = x.len / c.max(1);
+        lens("rmsnorm_backward", &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("rstd", rstd.len, rows)])?;
+        self.run("rmsnorm_backward_dx", rows_cfg(rows), &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(rstd), Arg::I32(c as i32)])?;
+        self.column_sums(dw, dout, Some(x), None, Some(rstd), rows, c, 1)
+    }
+
+    fn layernorm_forward(&self, out: &mut CudaBuffer, mean: &mut CudaBuffer, rstd: &mut CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, b: &CudaBuffer, c: usize, eps: f32) -> Result<(), ExecError> {
+        let rows = x.len / c.max(1);
+        lens("layernorm_forward", &[("out", out.len, x.len), ("mean", mean.len, rows), ("rstd", rstd.len, rows), ("w", w.len, c), ("b", b.len, c)])?;
+        self.run(
+            "layernorm_forward",
+            rows_cfg(rows),
+            &[self.p(out), self.p(mean), self.p(rstd), self.p(x), self.p(w), self.p(b), Arg::I32(c as i32), Arg::F(eps)],
+        )
+    }
+
+    fn layernorm_backward(&self, dx: &mut CudaBuffer, dw: &mut CudaBuffer, db: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, mean: &CudaBuffer, rstd: &CudaBuffer, c: usize) -> Result<(), ExecError> {
+        let rows = x.len / c.max(1);
+        lens("layernorm_backward", &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("db", db.len, c)])?;
+        self.run(
+            "layernorm_backward_dx",
+            rows_cfg(rows),
+            &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(mean), self.p(rstd), Arg::I32(c as i32)],
+        )?;
+        self.column_sums(dw, dout, Some(x), Some(mean), Some(rstd), rows, c, 2)?;
+        self.column_sums(db, dout, None, None, None, rows, c, 0)
+    }
+
+    fn rope_forward(&self, out: &mut CudaBuffer, x: &CudaBuffer, r: Rope) -> Result<(), ExecError> {
+        self.rope(out, x, r, 1.0, "rope_forward")
+    }
+
+    fn rope_backward(&self, dx: &mut CudaBuffer, dout: &CudaBuffer, r: Rope) -> Result<(), ExecError> {
+        self.rope(dx, dout, r, -1.0, "rope_backward")
+    }
+
+    fn attention_forward(&self, out: &mut CudaBuffer, lse: &mut CudaBuffer, q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer, a: Attn) -> Result<(), ExecError> {
+        let kn = "attention_forward";
+        self.attn_check(kn, &a)?;
+        let tk = a.kv_len();
+        lens(
+            kn,
+            &[
+                ("q", q.len, a.b * a.t * a.h * a.d),
+                ("k", k.len, a.b * tk * a.hkv * a.d),
+                ("v", v.len, a.b * tk * a.hkv * a.dv),
+                ("out", out.len, a.b * a.t * a.h * a.dv),
+                ("lse", lse.len, a.b * a.h * a.t),
+            ],
+        )?;
+        let s = self.attn_shape(&a);
+        let floats = ATT_QROWS * (a.d + 1) + ATT_TILE * (a.d + 1) + ATT_TILE * (a.dv + 1);
+        let grid = (a.t.div_ceil(ATT_QROWS) as u32, a.h as u32, a.b as u32);
+        self.run_attn(kn, grid, floats, &[self.p(out), self.p(lse), self.p(q), self.p(k), self.p(v), Arg::Attn(s)])
+    }
+
+    fn attention_backward(&self, dq: &mut CudaBuffer, dk: &mut CudaBuffer, dv: &mut CudaBuffer, dout: &CudaBuffer, q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer, out: &CudaBuffer, lse: &CudaBuffer, a: Attn) -> Result<(), ExecError> {
+        let kn = "attention_backward";
+        self.attn_check(kn, &a)?;
+        let tk = a.kv_len();
+        lens(
+            kn,
+            &[
+                ("dq", dq.len, q.len),
+                ("dk", dk.len, k.len),
+                ("dv", dv.len, v.len),
+                ("dout", dout.len, out.len),
+                ("q", q.len, a.b * a.t * a.h * a.d),
+                ("k", k.len, a.b * tk * a.hkv * a.d),
+                ("v", v.len, a.b * tk * a.hkv * a.dv),
+                ("out", out.len, a.b * a.t * a.h * a.dv),
+                ("lse", lse.len, a.b * a.h * a.t),
+            ],
+        )?;
+        let s = self.attn_shape(&a);
+        let delta = self.f32_scratch(a.b * a.h * a.t)?;
+        let rows = a.b * a.t * a.h;
+        self.run(
+            "attention_backward_delta",
+            LaunchConfig {
+                grid_dim: (rows.div_ceil(4).max(1) as u32, 1, 1),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[self.p(&delta), self.p(dout), self.p(out), Arg::Attn(s)],
+        )?;
+        let fq = ATT_QROWS * (a.d + 1) + ATT_QROWS * (a.dv + 1) + ATT_TILE * (a.d + 1) + ATT_TILE * (a.dv + 1);
+        self.run_attn(
+            "attention_backward_dq",
+            (a.t.div_ceil(ATT_QROWS) as u32, a.h as u32, a.b as u32),
+            fq,
+            &[self.p(dq), self.p(dout), self.p(q), self.p(k), self.p(v), self.p(lse), self.p(&delta), Arg::Attn(s)],
+        )?;
+        let fk = ATT_TILE * (a.d + 1) + ATT_TILE * (a.dv + 1) + ATT_KROWS * (a.d + 1) + ATT_KROWS * (a.dv + 1);
+        self.run_attn(
+            "attention_backward_dkdv",
+            (tk.div_ceil(ATT_KROWS) as u32, a.hkv as u32, a.b as u32),
+            fk,
+            &[self.p(dk), self.p(dv), self.p(dout), self.p(q), self.p(k), self.p(v), self.p(lse), self.p(&delta), Arg::Attn(s)],
+        )
+    }
+
+    fn cross_entropy_forward(&self, loss: &mut CudaBuffer, lse: &mut CudaBuffer, logits: &CudaBuffer, targets: &CudaBuffer, v: usize) -> Result<(), ExecError> {
+        need("cross_entropy_forward", targets, Elem::I32)?;
+        let rows = targets.len;
+        lens("cross_entropy_forward", &[("logits", logits.len, rows * v), ("lse", lse.len, rows), ("loss", loss.len, 1)])?;
+        let losses = self.f32_scratch(rows)?;
+        self.run("cross_entropy_rows", rows_cfg(rows), &[self.p(&losses), self.p(lse), self.p(logits), self.p(targets), Arg::I32(v as i32)])?;
+        self.run("cross_entropy_mean", rows_cfg(1), &[self.p(loss), self.p(&losses), self.p(targets), Arg::I(rows as i64)])
+    }
+
+    fn cross_entropy_backward(&self, dlogits: &mut CudaBuffer, logits: &CudaBuffer, lse: &CudaBuffer, targets: &CudaBuffer, v: usize, dloss: Option<&CudaBuffer>) -> Result<(), ExecError> {
+        self.cross_entropy_shard_backward(dlogits, logits, lse, targets, 0, v, dloss)
+    }
+
+    fn row_max(&self, out: &mut CudaBuffer, x: &CudaBuffer, v: usize) -> Result<(), ExecError> {
+        lens("row_max", &[("x", x.len, out.len * v)])?;
+        self.run("row_max", rows_cfg(out.len), &[self.p(out), self.p(x), Arg::I32(v as i32)])
+    }
+
+    fn row_sumexp(&self, out: &mut CudaBuffer, x: &CudaBuffer, max: &CudaBuffer, v: usize) -> Result<(), ExecError> {
+        lens("row_sumexp", &[("x", x.len, out.len * v), ("max", max.len, out.len)])?;
+        self.run("row_sumexp", rows_cfg(out.len), &[self.p(out), self.p(x), self.p(max), Arg::I32(v as i32)])
+    }
+
+    fn target_logit(&self, out: &mut CudaBuffer, x: &CudaBuffer, targets: &CudaBuffer, start: usize, v: usize) -> Result<(), ExecError> {
+        need("target_logit", targets, Elem::I32)?;
+        lens("target_logit", &[("x", x.len, out.len * v), ("targets", targets.len, out.len)])?;
+        self.ew("target_logit", out.len, &[self.p(out), self.p(x), self.p(targets), Arg::I(out.len as i64), Arg::I32(v as i32), Arg::I(start as i64)])
+    }
+
+    fn cross_entropy_from_stats(&self, loss: &mut CudaBuffer, lse: &mut CudaBuffer, max: &CudaBuffer, sumexp: &CudaBuffer, target_logit: &CudaBuffer, targets: &CudaBuffer) -> Result<(), ExecError> {
+        let rows = targets.len;
+        lens("cross_entropy_from_stats", &[("lse", lse.len, rows), ("max", max.len, rows), ("sumexp", sumexp.len, rows), ("target logit", target_logit.len, rows)])?;
+        let losses = self.f32_scratch(rows)?;
+        self.ew(
+            "cross_entropy_stats_rows",
+            rows,
+            &[self.p(&losses), self.p(lse), self.p(max), self.p(sumexp), self.p(target_logit), self.p(targets), Arg::I(rows as i64)],
+        )?;
+        self.run("cross_entropy_mean", rows_cfg(1), &[self.p(loss), self.p(&losses), self.p(targets), Arg::I(rows as i64)])
+    }
+
+    fn cross_entropy_shard_backward(&self, dlogits: &mut CudaBuffer, logits: &CudaBuffer, lse: &CudaBuffer, targets: &CudaBuffer, start: usize, v: usize, dloss: Option<&CudaBuffer>) -> Result<(), ExecError> {
+        need("cross_entropy_backward", targets, Elem::I32)?;
+        let rows = targets.len;
+        lens("cross_entropy_backward", &[("logits", logits.len, rows * v), ("dlogits", dlogits.len, rows * v), ("lse", lse.len, rows)])?;
+        let count = self.f32_scratch(1)?;
+        self.run("count_valid", rows_cfg(1), &[self.p(&count), self.p(targets), Arg::I(rows as i64)])?;
+        let dl = dloss.map_or(Arg::P(0), |b| self.p(b));
+        self.ew(
+            "cross_entropy_backward",
+            rows * v,
+            &[self.p(dlogits), self.p(logits), self.p(lse), self.p(targets), dl, self.p(&count), Arg::I(rows as i64), Arg::I32(v as i32), Arg::I(start as i64)],
+        )
+    }
+
+    fn router_forward(&self, weights: &mut CudaBuffer, indices: &mut CudaBuffer, probs: &mut CudaBuffer, logits: &CudaBuffer, r: &Router) -> Result<(), ExecError> {
+        need("router_forward", indices, Elem::I32)?;
+        if r.e == 0 || r.k == 0 || r.k > r.e {
+            return Err(kerr("router_forward", format!("need 1 <= k ({}) <= e ({})", r.k, r.e)));
+        }
+        lens("router_forward", &[("logits", logits.len, r.n * r.e), ("probs", probs.len, r.n * r.e), ("weights", weights.len, r.n * r.k), ("indices", indices.len, r.n * r.k)])?;
+        self.ew(
+            "router_forward",
+            r.n,
+            &[
+                self.p(weights),
+                self.p(indices),
+                self.p(probs),
+                self.p(logits),
+                Arg::I(r.n as i64),
+                Arg::I32(r.e as i32),
+                Arg::I32(r.k as i32),
+                Arg::I32(matches!(r.score, ScoreFn::Sigmoid) as i32),
+                Arg::I32(r.normalize_topk as i32),
+            ],
+        )
+    }
+
+    fn router_backward(&self, dlogits: &mut CudaBuffer, dweights: &CudaBuffer, probs: &CudaBuffer, indices: &CudaBuffer, r: &Router) -> Result<(), ExecError> {
+        need("router_backward", indices, Elem::I32)?;
+        lens("router_backward", &[("dlogits", dlogits.len, r.n * r.e), ("probs", probs.len, r.n * r.e), ("dweights", dweights.len, r.n * r.k), ("indices", indices.len, r.n * r.k)])?;
+        self.ew(
+            "router_backward",
+            r.n,
+            &[
+                self.p(dlogits),
+                self.p(dweights),
+                self.p(probs),
+                self.p(indices),
+                Arg::I(r.n as i64),
+                Arg::I32(r.e as i32),
+                Arg::I32(r.k as i32),
+                Arg::I32(matches!(r.score, ScoreFn::Sigmoid) as i32),
+                Arg::I32(r.normalize_topk as i32),
+            ],
+        )
+    }
+
+    fn dispatch_plan(&self, indices: &CudaBuffer, n: usize, k: usize, e: usize) -> Result<CudaPlan, ExecError> {
+        let host = self.read_u32(indices)?;
+        let plan = runner_kernels::cpu::moe::dispatch_plan(&host, n, k, e).map_err(|source| ExecError::Kernel { op: "dispatch_plan".into(), source })?;
+        self.upload_plan(plan)
+    }
+
+    fn presorted_plan(&self, counts: &[usize]) -> Result<CudaPlan, ExecError> {
+        let plan = runner_kernels::cpu::moe::presorted_plan(counts).map_err(|source| ExecError::Kernel { op: "presorted_plan".into(), source })?;
+        self.upload_plan(plan)
+    }
+
+    fn plan_counts(&self, plan: &CudaPlan) -> Result<Vec<usize>, ExecError> {
+        Ok(plan.offsets.windows(2).map(|w| w[1] - w[0]).collect())
+    }
+
+    fn dispatch_forward(&self, x_sorted: &mut CudaBuffer, x: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let rows = plan.order.len;
+        lens("dispatch_forward", &[("x_sorted", x_sorted.len, rows * c), ("x", x.len, rows / plan.k.max(1) * c)])?;
+        self.ew("dispatch_forward", rows * c, &[self.p(x_sorted), self.p(x), self.p(&plan.order), Arg::I(rows as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
+    }
+
+    fn dispatch_backward(&self, dx: &mut CudaBuffer, dx_sorted: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let tokens = plan.order.len / plan.k.max(1);
+        lens("dispatch_backward", &[("dx", dx.len, tokens * c), ("dx_sorted", dx_sorted.len, plan.order.len * c)])?;
+        self.ew("dispatch_backward", tokens * c, &[self.p(dx), self.p(dx_sorted), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
+    }
+
+    fn grouped_matmul_forward(&self, out: &mut CudaBuffer, x_sorted: &CudaBuffer, w: &CudaBuffer, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
+        let rows = plan.order.len;
+        let e = plan.offsets.len() - 1;
+        lens("grouped_matmul_forward", &[("x_sorted", x_sorted.len, rows * k_in), ("w", w.len, e * n_out * k_in), ("out", out.len, rows * n_out)])?;
+        for ex in 0..e {
+            let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
+            if r1 == r0 {
+                continue;
+            }
+            let g = Gemm { m: r1 - r0, n: n_out, k: k_in, trans_a: false, trans_b: true };
+            self.gemm_at(out, r0 * n_out, x_sorted, r0 * k_in, w, ex * n_out * k_in, g, false)?;
+        }
+        Ok(())
+    }
+
+    fn grouped_matmul_backward(&self, dx_sorted: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, x_sorted: &CudaBuffer, w: &CudaBuffer, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
+        let rows = plan.order.len;
+        let e = plan.offsets.len() - 1;
+        lens(
+            "grouped_matmul_backward",
+            &[("x_sorted", x_sorted.len, rows * k_in), ("dx_sorted", dx_sorted.len, rows * k_in), ("w", w.len, e * n_out * k_in), ("dw", dw.len, w.len), ("dout", dout.len, rows * n_out)],
+        )?;
+        for ex in 0..e {
+            let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
+            if r1 == r0 {
+                continue;
+            }
+            let m = r1 - r0;
+            let gx = Gemm { m, n: k_in, k: n_out, trans_a: false, trans_b: false };
+            self.gemm_at(dx_sorted, r0 * k_in, dout, r0 * n_out, w, ex * n_out * k_in, gx, false)?;
+            let gw = Gemm { m: n_out, n: k_in, k: m, trans_a: true, trans_b: false };
+            self.gemm_at(dw, ex * n_out * k_in, dout, r0 * n_out, x_sorted, r0 * k_in, gw, true)?;
+        }
+        Ok(())
+    }
+
+    fn combine_forward(&self, out: &mut CudaBuffer, y_sorted: &CudaBuffer, weights: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let tokens = plan.order.len / plan.k.max(1);
+        lens("combine_forward", &[("out", out.len, tokens * c), ("y_sorted", y_sorted.len, plan.order.len * c), ("weights", weights.len, plan.order.len)])?;
+        self.ew("combine_forward", tokens * c, &[self.p(out), self.p(y_sorted), self.p(weights), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
+    }
+
+    fn combine_backward(&self, dy_sorted: &mut CudaBuffer, dweights: &mut CudaBuffer, dout: &CudaBuffer, y_sorted: &CudaBuffer, weights: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let rows = plan.order.len;
+        let tokens = rows / plan.k.max(1);
+        lens(
+            "combine_backward",
+            &[("dy_sorted", dy_sorted.len, rows * c), ("y_sorted", y_sorted.len, rows * c), ("dweights", dweights.len, rows), ("weights", weights.len, rows), ("dout", dout.len, tokens * c)],
+        )?;
+        self.ew("combine_backward_dy", rows * c, &[self.p(dy_sorted), self.p(dout), self.p(weights), self.p(&plan.order), Arg::I(rows as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])?;
+        if rows == 0 {
+            return Ok(());
+        }
+        self.run(
+            "combine_backward_dw",
+            LaunchConfig {
+                grid_dim: ((rows * 32).div_ceil(BLOCK as usize) as u32, 1, 1),
+                block_dim: (BLOCK, 1, 1),
+                shared_mem_bytes: 0,
+            },
+            &[self.p(dweights), self.p(dout), self.p(y_sorted), self.p(&plan.inv), Arg::I(rows as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)],
+        )
+    }
+
+    fn adamw(&self, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer, h: &AdamW, step: u32) -> Result<(), ExecError> {
+        let n = param.len;
+        lens("adamw", &[("grad", grad.len, n), ("m", m.len, n), ("v", v.len, n)])?;
+        if step == 0 {
+            return Err(kerr("adamw", "step counts from 1".into()));
+        }
+        // The scalars the CPU uses, computed once on the host.
+        let runner_kernels::cpu::adamw::Scalars { decay, w1, w2, step_size, bc2_sqrt } = runner_kernels::cpu::adamw::scalars(h, step);
+        self.ew(
+            "adamw",
+            n,
+            &[
+                self.p(param),
+                self.p(grad),
+                self.p(m),
+                self.p(v),
+                Arg::I(n as i64),
+                Arg::F(decay),
+                Arg::F(w1),
+                Arg::F(w2),
+                Arg::F(h.beta2),
+                Arg::F(h.eps),
+                Arg::F(step_size),
+                Arg::F(bc2_sqrt),
+            ],
+        )
+    }
+
+    fn record(&self) -> Result<CudaEvent, ExecError> {
+        self.inner
+            .stream
+            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| self.derr("event", e))
+    }
+
+    fn elapsed_s(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64, ExecError> {
+        end.synchronize().map_err(|e| self.derr("event", e))?;
+        start.elapsed_ms(end).map(|ms| ms as f64 / 1e3).map_err(|e| self.derr("event", e))
+    }
+
+    fn synchronize(&self) -> Result<(), ExecError> {
+        self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+        self.inner.ctx.check_err().map_err(|e| self.derr("asynchronous error", e))
+    }
+
+    fn memory(&self) -> MemStats {
+        let t = &self.inner.tracker;
+        MemStats {
+            current_bytes: t.current.load(Ordering::Relaxed),
+            peak_bytes: t.peak.load(Ordering::Relaxed),
+            allocations: t.allocations.load(Ordering::Relaxed),
+        }
+    }
+
+    fn reset_peak(&self) {
+        let t = &self.inner.tracker;
+        t.peak.store(t.current.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+}
+
+impl Cuda {
+    fn rope(&self, out: &mut CudaBuffer, x: &CudaBuffer, r: Rope, sign: f32, kernel: &str) -> Result<(), ExecError> {
+        if !r.rot_dim.is_multiple_of(2) || r.rot_dim > r.d || !(r.theta.is_finite() && r.theta > 0.0) {
+            return Err(kerr(kernel, format!("rot_dim {} (even, <= d {}) and theta {} (> 0)", r.rot_dim, r.d, r.theta)));
+        }
+        let n = r.b * r.t * r.h * r.d;
+        lens(kernel, &[("x", x.len, n), ("out", out.len, n)])?;
+        self.ew(
+            "rope",
+            n,
+            &[
+                self.p(out),
+                self.p(x),
+                Arg::I(r.b as i64),
+                Arg::I(r.t as i64),
+                Arg::I32(r.h as i32),
+                Arg::I32(r.d as i32),
+                Arg::I32(r.rot_dim as i32),
+                Arg::F(r.theta),
+                Arg::I(r.pos_offset as i64),
+                Arg::I32(r.cp.map_or(1, |c| c.size as i32)),
+                Arg::I32(r.cp.map_or(0, |c| c.rank as i32)),
+                Arg::F(sign),
+            ],
+        )
+    }
+
+    /// The concat's leading-axis shapes on the device (out, a, b) and its widths.
+    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(CudaBuffer, usize, usize, usize), ExecError> {
+        let rank = s.out.len().saturating_sub(1);
+        if s.a.len() != s.out.len() || s.b.len() != s.out.len() {
+            return Err(kerr("concat", format!("shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
+        }
+        let (la, lb) = (*s.a.last().unwrap_or(&1) as usize, *s.b.last().unwrap_or(&1) as usize);
+        let mut host: Vec<u32> = Vec::with_capacity(6 * rank);
+        for sh in [s.out, s.a, s.b] {
+            for &d in &sh[..rank] {
+                // i64 little-endian as two u32 words
+                host.push(d as u32);
+                host.push((d >> 32) as u32);
+            }
+        }
+        let mut buf = self.alloc(Elem::I32, host.len().max(2))?;
+        if !host.is_empty() {
+            self.write_u32(&mut buf, &host)?;
+        }
+        Ok((buf, rank, la, lb))
+    }
+
+    fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {
+        let rows = plan.order.len();
+        let mut inv = vec![0u32; rows];
+        for (row, &slot) in plan.order.iter().enumerate() {
+            if let Some(x) = inv.get_mut(slot as usize) {
+                *x = row as u32;
+            }
+        }
+        let mut order = self.alloc(Elem::I32, rows)?;
+        self.write_u32(&mut order, &plan.order)?;
+        let mut invb = self.alloc(Elem::I32, rows)?;
+        self.write_u32(&mut invb, &inv)?;
+        Ok(CudaPlan {
+            offsets: plan.offsets,
+            k: plan.k,
+            order,
+            inv: invb,
+        })
+    }
+
+    /// The GEMM of [`Device::matmul`].
+    fn gemm(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
+        lens("matmul", &[("a", a.len, g.m * g.k), ("b", b.len, g.k * g.n), ("c", c.len, g.m * g.n)])?;
+        self.gemm_at(c, 0, a, 0, b, 0, g, accumulate)
+    }
+
+    /// A GEMM on element offsets of its buffers (the grouped GEMMs' expert slices).
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_at(&self, c: &CudaBuffer, c_at: usize, a: &CudaBuffer, a_at: usize, b: &CudaBuffer, b_at: usize, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
+        if g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        let fp8 = a.elem.fp8().is_some() || b.elem.fp8().is_some();
+        let fine = match (a.elem, b.elem) {
+            (Elem::F32, Elem::F32) | (Elem::BF16, Elem::BF16) | (Elem::F16, Elem::F16) => true,
+            (x, y) => x.fp8().is_some() && y.fp8().is_some() && !(x == Elem::F8E5M2 && y == Elem::F8E5M2),
+        };
+        if !fine {
+            return Err(kerr("matmul", format!("operands {} x {} (f32, bf16, f16 pairs, or FP8 other than e5m2 x e5m2)", a.elem.name(), b.elem.name())));
+        }
+        if c.elem.fp8().is_some() && (accumulate || !fp8) {
+            return Err(kerr("matmul", "an FP8 output needs FP8 operands and no accumulation".into()));
+        }
+        // FP8 wants cuBLASLt's TN: our b used transposed (trans_b) and a not transposed.
+        // Other layouts transpose the FP8 operand into scratch first.
+        let mut keep = Vec::new();
+        let (mut a_ptr, mut b_ptr) = (self.ptr(a) + (a_at * a.elem.bytes()) as u64, self.ptr(b) + (b_at * b.elem.bytes()) as u64);
+        let (mut ta, mut tb) = (g.trans_a, g.trans_b);
+        if fp8 && g.trans_a {
+            // a stored (k, m): make it (m, k).
+            let t = self.alloc(a.elem, g.m * g.k)?;
+            self.ew("transpose_u8", g.m * g.k, &[self.p(&t), Arg::P(a_ptr), Arg::I(g.k as i64), Arg::I(g.m as i64)])?;
+            a_ptr = self.ptr(&t);
+            ta = false;
+            keep.push(t);
+        }
+        if fp8 && !g.trans_b {
+            // b stored (k, n): make it (n, k).
+            let t = self.alloc(b.elem, g.k * g.n)?;
+            self.ew("transpose_u8", g.k * g.n, &[self.p(&t), Arg::P(b_ptr), Arg::I(g.k as i64), Arg::I(g.n as i64)])?;
+            b_ptr = self.ptr(&t);
+            tb = true;
+            keep.push(t);
+        }
+        let key = gemm::Key {
+            m: g.n as u64,
+            n: g.m as u64,
+            k: g.k as u64,
+            ta: tb,
+            tb: ta,
+            a: b.elem,
+            b: a.elem,
+            c: c.elem,
+            accumulate,
+        };
+        let c_scratch = if c.elem.fp8().is_some() { Some(self.alloc(Elem::BF16, g.m * g.n)?) } else { None };
+        let scale_inv = |x: &CudaBuffer| -> Result<u64, ExecError> { if x.elem.fp8().is_some() { Ok(self.meta_ptr(x)? + 4) } else { Ok(0) } };
+        let (d_scale, d_amax) = if c.elem.fp8().is_some() {
+            let m = self.meta_ptr(c)?;
+            (m, m + 8)
+        } else {
+            (0, 0)
+        };
+        let (ws, _sync) = self.inner.workspace.device_ptr(&self.inner.stream);
+        let ops = gemm::Operands {
+            a: b_ptr,
+            b: a_ptr,
+            c: self.ptr(c) + (c_at * c.elem.bytes()) as u64,
+            a_scale_inv: scale_inv(b)?,
+            b_scale_inv: scale_inv(a)?,
+            d_scale,
+            d_amax,
+            c_scratch: c_scratch.as_ref().map_or(0, |s| self.ptr(s)),
+            workspace: ws,
+            stream: self.inner.stream.cu_stream(),
+        };
+        self.inner.lt.matmul(key, &ops).map_err(|e| self.derr("matmul", e))?;
+        drop(keep);
+        Ok(())
+    }
+}

@@ -1,0 +1,398 @@
+//! NCCL as a [`Collective`] on [`Cuda`] buffers, through cudarc's `nccl` result layer (its
+//! safe `Comm` and `Group` panic in `Drop` on an error, so they are not used).
+//!
+//! - Library: cudarc looks for `libnccl.so`, but NCCL's soname is `libnccl.so.2` (the pip
+//!   wheel and the runtime package ship only that). [`nccl_library`] checks before any NCCL
+//!   call and, when only `libnccl.so.2` exists, names it and [`nccl_shim_dir`] makes a
+//!   directory with a `libnccl.so` link to it, which the runner puts on the loader path
+//!   (it re-executes itself with it).
+//! - Communicators: one per group, from a unique id rank 0 of the group makes and sends
+//!   over the TCP control plane (`runner-dist`). `ncclCommInitRank` runs on a helper
+//!   thread so a rank that never joins is a timeout, not a hang.
+//! - Errors and timeouts: after each call the group waits for the stream with a deadline,
+//!   checking NCCL's asynchronous error and the control plane (which knows when another
+//!   rank's process died); any of those aborts the communicator (`ncclCommAbort` unblocks
+//!   the kernels waiting on peers) and fails with the reason, naming the rank when it is
+//!   known. [`NcclGroup::set_blocking`] turns the per-call wait off for benchmarks, which
+//!   wait once after a batch of calls ([`NcclGroup::wait`]).
+//! - All-to-all (fixed and variable chunks) is a group of sends and receives, as in
+//!   nccl-tests' `alltoall_perf`.
+
+use std::ffi::c_void;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use cudarc::nccl::{result as nr, sys as ns};
+
+use super::{Cuda, CudaBuffer};
+use crate::collective::{Collective, ReduceOp};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
+
+/// Reports a failure elsewhere in the run (a dead rank), when the control plane knows one.
+pub type FailureOracle = Arc<dyn Fn() -> Option<String> + Send + Sync>;
+
+/// Directories where `libnccl.so.2` may be: the loader path, the system's, and the pip
+/// wheel's under every Python site-packages found.
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var("LD_LIBRARY_PATH")
+        .unwrap_or_default()
+        .split(':')
+        .filter(|s| !s.is_empty())
+        .map(PathBuf::from)
+        .collect();
+    dirs.extend(["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/local/lib", "/usr/local/cuda/lib64"].map(PathBuf::from));
+    for root in ["/usr/lib", "/usr/local/lib", "/opt/conda/lib"] {
+        if let Ok(rd) = std::fs::read_dir(root) {
+            for e in rd.flatten() {
+                let p = e.path().join("site-packages/nvidia/nccl/lib");
+                if p.is_dir() {
+                    dirs.push(p);
+                }
+                let p = e.path().join("dist-packages/nvidia/nccl/lib");
+                if p.is_dir() {
+                    dirs.push(p);
+                }
+            }
+        }
+    }
+    dirs
+}
+
+/// The `libnccl.so.2` found in [`candidate_dirs`], if any.
+pub fn find_nccl_so2() -> Option<PathBuf> {
+    candidate_dirs().into_iter().map(|d| d.join("libnccl.so.2")).find(|p| p.exists())
+}
+
+/// Check that the NCCL library loads (cudarc panics on its first call otherwise).
+///
+/// # Errors
+/// [`ExecError::NoCuda`] naming the missing library and, when only `libnccl.so.2` exists,
+/// the link to make.
+pub fn nccl_library() -> Result<(), ExecError> {
+    // SAFETY: only tries to dlopen the names cudarc knows.
+    if unsafe { ns::is_culib_present() } {
+        return Ok(());
+    }
+    Err(ExecError::NoCuda(match find_nccl_so2() {
+        Some(p) => format!(
+            "NCCL is installed as {} but the runner loads libnccl.so: add a link named libnccl.so to it in a \
+             directory on LD_LIBRARY_PATH (the runner does this itself for `bench collectives`)",
+            p.display()
+        ),
+        None => "NCCL (libnccl.so) is not on the loader path: install NCCL (apt libnccl2 libnccl-dev, or pip \
+                 nvidia-nccl-cu13) and put its lib directory on LD_LIBRARY_PATH"
+            .into(),
+    }))
+}
+
+/// A directory holding a `libnccl.so` link to the `libnccl.so.2` found, for the loader
+/// path; `None` when there is no `libnccl.so.2` or the link cannot be made.
+pub fn nccl_shim_dir() -> Option<PathBuf> {
+    let target = find_nccl_so2()?;
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    let dir = base.join("runner").join("nccl-shim");
+    std::fs::create_dir_all(&dir).ok()?;
+    let link = dir.join("libnccl.so");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&target, &link).ok()?;
+    Some(dir)
+}
+
+/// A fresh NCCL unique id (made by one rank, sent to the others).
+///
+/// # Errors
+/// NCCL missing or failing.
+pub fn unique_id() -> Result<[u8; 128], ExecError> {
+    nccl_library()?;
+    let id = nr::get_uniqueid().map_err(|e| nerr("ncclGetUniqueId", e))?;
+    Ok(id.internal.map(|c| c as u8))
+}
+
+fn nerr(what: &str, e: nr::NcclError) -> ExecError {
+    ExecError::Device {
+        device: "nccl".into(),
+        what: format!("{what}: {e:?}"),
+    }
+}
+
+fn nccl_type(e: Elem) -> ns::ncclDataType_t {
+    match e {
+        Elem::F32 => ns::ncclDataType_t::ncclFloat32,
+        Elem::BF16 => ns::ncclDataType_t::ncclBfloat16,
+        Elem::F16 => ns::ncclDataType_t::ncclFloat16,
+        Elem::F8E4M3 => ns::ncclDataType_t::ncclFloat8e4m3,
+        Elem::F8E5M2 => ns::ncclDataType_t::ncclFloat8e5m2,
+        Elem::I32 => ns::ncclDataType_t::ncclInt32,
+    }
+}
+
+struct Comm(ns::ncclComm_t);
+// SAFETY: an NCCL communicator may be used from any thread (one at a time: the group
+// owns it).
+unsafe impl Send for Comm {}
+unsafe impl Sync for Comm {}
+
+/// One rank's NCCL communicator over a group.
+pub struct NcclGroup {
+    comm: Comm,
+    dev: Cuda,
+    rank: usize,
+    size: usize,
+    name: String,
+    timeout: Duration,
+    oracle: FailureOracle,
+    blocking: bool,
+    broken: AtomicBool,
+}
+
+impl NcclGroup {
+    /// Join the communicator of `size` ranks that `id` names, as `rank`, on `dev`;
+    /// `name` says which group in errors. Waits at most `timeout` for the others.
+    ///
+    /// # Errors
+    /// NCCL missing, a failed or timed-out initialisation (naming a dead rank when the
+    /// oracle knows one).
+    pub fn new(dev: &Cuda, name: &str, rank: usize, size: usize, id: [u8; 128], timeout: Duration, oracle: FailureOracle) -> Result<NcclGroup, ExecError> {
+        nccl_library()?;
+        let ctx = dev.inner.ctx.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = ctx.bind_to_thread().map_err(|e| format!("{e}")).and_then(|_| {
+                let mut comm = std::ptr::null_mut();
+                let uid = ns::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
+                // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL's.
+                unsafe { nr::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
+                    .map(|_| comm as usize)
+                    .map_err(|e| format!("{e:?}"))
+            });
+            let _ = tx.send(r);
+        });
+        let deadline = Instant::now() + timeout;
+        let comm = loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(c)) => break c as ns::ncclComm_t,
+                Ok(Err(e)) => return Err(ExecError::Device { device: dev.name(), what: format!("NCCL init of group '{name}' (rank {rank} of {size}): {e}") }),
+                Err(_) => {
+                    if let Some(why) = oracle() {
+                        return Err(ExecError::State(format!("collective: NCCL init of group '{name}' on rank {rank}: {why}")));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(ExecError::State(format!(
+                            "collective: NCCL init of group '{name}' on rank {rank} timed out after {timeout:?}: a rank \
+                             of the group never joined"
+                        )));
+                    }
+                }
+            }
+        };
+        Ok(NcclGroup {
+            comm: Comm(comm),
+            dev: dev.clone(),
+            rank,
+            size,
+            name: name.into(),
+            timeout,
+            oracle,
+            blocking: true,
+            broken: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether each call waits for its completion (true: errors and dead ranks surface
+    /// at the call). Benchmarks turn it off and [`NcclGroup::wait`] after a batch.
+    pub fn set_blocking(&mut self, on: bool) {
+        self.blocking = on;
+    }
+
+    fn abort(&self) {
+        if !self.broken.swap(true, Ordering::SeqCst) {
+            // SAFETY: the communicator is live; abort is allowed at any time.
+            let _ = unsafe { nr::comm_abort(self.comm.0) };
+        }
+    }
+
+    fn fail(&self, what: &str, why: String) -> ExecError {
+        self.abort();
+        ExecError::State(format!("collective: {what} (group '{}' of {}) on rank {}: {why}", self.name, self.size, self.rank))
+    }
+
+    /// Wait for every call queued so far, with the timeout; checks NCCL's asynchronous
+    /// error and the control plane while waiting.
+    ///
+    /// # Errors
+    /// An NCCL error, a dead rank, or the timeout: the communicator is aborted.
+    pub fn wait(&self, what: &str) -> Result<(), ExecError> {
+        let ev = self
+            .dev
+            .inner
+            .stream
+            .record_event(None)
+            .map_err(|e| self.fail(what, format!("event: {e}")))?;
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            match ev.try_is_complete() {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err(self.fail(what, format!("CUDA error {e}"))),
+            }
+            let mut st = ns::ncclResult_t::ncclSuccess;
+            // SAFETY: live communicator; `st` is written.
+            let _ = unsafe { ns::ncclCommGetAsyncError(self.comm.0, &mut st) };
+            if st != ns::ncclResult_t::ncclSuccess && st != ns::ncclResult_t::ncclInProgress {
+                let more = (self.oracle)().map(|w| format!(" ({w})")).unwrap_or_default();
+                return Err(self.fail(what, format!("NCCL reported {st:?}{more}")));
+            }
+            if let Some(why) = (self.oracle)() {
+                return Err(self.fail(what, why));
+            }
+            if Instant::now() >= deadline {
+                return Err(self.fail(
+                    what,
+                    format!("timed out after {:?}: a rank of the group stopped calling (see the other ranks' errors)", self.timeout),
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn done(&self, what: &str, r: Result<nr::NcclStatus, nr::NcclError>) -> Result<(), ExecError> {
+        if self.broken.load(Ordering::SeqCst) {
+            return Err(self.fail(what, "the communicator was aborted by an earlier failure".into()));
+        }
+        r.map_err(|e| self.fail(what, format!("{e:?}")))?;
+        if self.blocking { self.wait(what) } else { Ok(()) }
+    }
+
+    fn ptr(&self, b: &CudaBuffer) -> *mut c_void {
+        self.dev.ptr(b) as *mut c_void
+    }
+
+    fn stream(&self) -> ns::cudaStream_t {
+        self.dev.inner.stream.cu_stream() as ns::cudaStream_t
+    }
+
+    fn check(&self, what: &str, got: usize, want: usize) -> Result<(), ExecError> {
+        if got != want {
+            return Err(ExecError::State(format!("collective: {what} on rank {}: {got} elements where {want} are needed", self.rank)));
+        }
+        Ok(())
+    }
+
+    /// Sends `send[j]` elements (from `input` at its offset) to every rank j and receives
+    /// `recv[j]` into `output` from each, as one NCCL group.
+    fn exchange(&self, what: &str, input: &CudaBuffer, send: &[usize], output: &CudaBuffer, recv: &[usize]) -> Result<(), ExecError> {
+        let w = input.elem().bytes();
+        let t = nccl_type(input.elem());
+        let (src, dst) = (self.dev.ptr(input), self.dev.ptr(output));
+        let (mut so, mut ro) = (0usize, 0usize);
+        let r = (|| {
+            nr::group_start()?;
+            for j in 0..self.size {
+                // SAFETY: offsets stay inside the buffers (the counts sum to their lengths).
+                unsafe {
+                    if send[j] > 0 {
+                        nr::send((src + (so * w) as u64) as *const c_void, send[j], t, j as i32, self.comm.0, self.stream())?;
+                    }
+                    if recv[j] > 0 {
+                        nr::recv((dst + (ro * w) as u64) as *mut c_void, recv[j], t, j as i32, self.comm.0, self.stream())?;
+                    }
+                }
+                so += send[j];
+                ro += recv[j];
+            }
+            nr::group_end()
+        })();
+        self.done(what, r)
+    }
+}
+
+impl Drop for NcclGroup {
+    fn drop(&mut self) {
+        if self.broken.load(Ordering::SeqCst) {
+            return;
+        }
+        // Finish queued work, then destroy; abort if it does not finish.
+        if self.wait("teardown").is_ok() {
+            // SAFETY: the communicator is live and idle.
+            let _ = unsafe { nr::comm_destroy(self.comm.0) };
+        }
+    }
+}
+
+impl Collective<Cuda> for NcclGroup {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn all_reduce(&self, _dev: &Cuda, buf: &mut CudaBuffer, op: ReduceOp) -> Result<(), ExecError> {
+        let red = match op {
+            ReduceOp::Sum => ns::ncclRedOp_t::ncclSum,
+            ReduceOp::Max => ns::ncclRedOp_t::ncclMax,
+        };
+        let p = self.ptr(buf);
+        // SAFETY: in place on a live buffer of buf.len() elements.
+        let r = unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), red, self.comm.0, self.stream()) };
+        self.done("all-reduce", r)
+    }
+
+    fn all_gather(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
+        self.check("all-gather", output.len(), input.len() * self.size)?;
+        // SAFETY: output holds size × input elements.
+        let r = unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) };
+        self.done("all-gather", r)
+    }
+
+    fn reduce_scatter(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
+        self.check("reduce-scatter", input.len(), output.len() * self.size)?;
+        // SAFETY: input holds size × output elements.
+        let r = unsafe {
+            nr::reduce_scatter(self.ptr(input), self.ptr(output), output.len(), nccl_type(input.elem()), ns::ncclRedOp_t::ncclSum, self.comm.0, self.stream())
+        };
+        self.done("reduce-scatter", r)
+    }
+
+    fn all_to_all(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
+        self.check("all-to-all", output.len(), input.len())?;
+        if !input.len().is_multiple_of(self.size) {
+            return Err(ExecError::State(format!("collective: all-to-all: {} elements do not split over {} ranks", input.len(), self.size)));
+        }
+        let c = vec![input.len() / self.size; self.size];
+        self.exchange("all-to-all", input, &c, output, &c)
+    }
+
+    fn all_to_all_v(&self, _dev: &Cuda, input: &CudaBuffer, send: &[usize], output: &mut CudaBuffer, recv: &[usize]) -> Result<(), ExecError> {
+        if send.len() != self.size || recv.len() != self.size {
+            return Err(ExecError::State(format!("collective: all-to-all-v: counts for {} ranks in a group of {}", send.len(), self.size)));
+        }
+        self.check("all-to-all-v send", input.len(), send.iter().sum())?;
+        self.check("all-to-all-v recv", output.len(), recv.iter().sum())?;
+        self.exchange("all-to-all-v", input, send, output, recv)
+    }
+
+    fn broadcast(&self, _dev: &Cuda, buf: &mut CudaBuffer, root: usize) -> Result<(), ExecError> {
+        let p = self.ptr(buf);
+        // SAFETY: in place on a live buffer.
+        let r = unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) };
+        self.done("broadcast", r)
+    }
+
+    fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
+        // SAFETY: a live buffer of buf.len() elements.
+        let r = unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
+        self.done("send", r)
+    }
+
+    fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
+        // SAFETY: a live buffer of buf.len() elements.
+        let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
+        self.done("recv", r)
+    }
+}

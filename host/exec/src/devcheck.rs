@@ -1,0 +1,561 @@
+//! Every kernel of a device checked against the CPU backend on the same inputs, and a
+//! whole training step of the toy models: what `runner bench kernels --device cuda` and
+//! `scripts/gpu-check.sh` run on a GPU.
+//!
+//! Inputs are seeded normals (indices uniform), uploaded identically to both devices. A
+//! kernel passes when max |device − cpu| ≤ tol · max(1, max |cpu|); tolerances are those
+//! of f32 arithmetic in another order (1e-5 for element-wise work, looser where long sums
+//! or exp/log meet: attention, losses), and 0 for the conversions and the storage
+//! emulation, which must store the same bits.
+
+use serde::Serialize;
+
+use runner_graph::DType;
+use runner_kernels::cpu::adamw::AdamW;
+use runner_kernels::cpu::attention::Attn;
+use runner_kernels::cpu::cp::CpShard;
+use runner_kernels::cpu::matmul::Gemm;
+use runner_kernels::cpu::moe::{Router, ScoreFn};
+use runner_kernels::cpu::rope::Rope;
+
+use crate::cpu::{Cpu, CpuBuffer};
+use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError};
+use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, SplitMix};
+use crate::toy;
+
+/// One comparison.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CheckRow {
+    /// Kernel (and case).
+    pub kernel: String,
+    /// max |device − cpu| / max(1, max |cpu|).
+    pub error: f64,
+    pub tolerance: f64,
+    pub ok: bool,
+}
+
+/// `error` of `got` against `want`, as [`CheckRow::error`]; a length mismatch or a NaN
+/// where the reference has none is infinite.
+pub fn relative_error(want: &[f32], got: &[f32]) -> f64 {
+    if want.len() != got.len() {
+        return f64::INFINITY;
+    }
+    let scale = want.iter().fold(1f64, |m, &x| if x.is_finite() { m.max(f64::from(x).abs()) } else { m });
+    let mut worst = 0f64;
+    for (&w, &g) in want.iter().zip(got) {
+        let e = match (w.is_nan(), g.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) if w == g => 0.0,
+            (false, false) => (f64::from(w) - f64::from(g)).abs(),
+            _ => f64::INFINITY,
+        };
+        worst = worst.max(e);
+    }
+    worst / scale
+}
+
+/// The two devices and the rows so far.
+struct Pair<'a, D: Device> {
+    cpu: Cpu,
+    dev: &'a D,
+    rows: Vec<CheckRow>,
+    rng: SplitMix,
+}
+
+type Two<B> = (CpuBuffer, B);
+
+impl<D: Device> Pair<'_, D> {
+    fn randn(&mut self, n: usize, std: f32) -> Vec<f32> {
+        let mut v = vec![0f32; n];
+        self.rng.normals(&mut v, std);
+        v
+    }
+    fn ints(&mut self, n: usize, below: u32) -> Vec<u32> {
+        (0..n).map(|_| (self.rng.next_u64() % u64::from(below.max(1))) as u32).collect()
+    }
+    fn put(&mut self, elem: Elem, data: &[f32]) -> Result<Two<D::Buffer>, ExecError> {
+        let (mut c, mut d) = (self.cpu.alloc(elem, data.len())?, self.dev.alloc(elem, data.len())?);
+        self.cpu.write_f32(&mut c, data)?;
+        self.dev.write_f32(&mut d, data)?;
+        Ok((c, d))
+    }
+    fn f(&mut self, data: &[f32]) -> Result<Two<D::Buffer>, ExecError> {
+        self.put(Elem::F32, data)
+    }
+    fn randf(&mut self, n: usize) -> Result<Two<D::Buffer>, ExecError> {
+        let v = self.randn(n, 1.0);
+        self.f(&v)
+    }
+    fn ids(&mut self, data: &[u32]) -> Result<Two<D::Buffer>, ExecError> {
+        let (mut c, mut d) = (self.cpu.alloc(Elem::I32, data.len())?, self.dev.alloc(Elem::I32, data.len())?);
+        self.cpu.write_u32(&mut c, data)?;
+        self.dev.write_u32(&mut d, data)?;
+        Ok((c, d))
+    }
+    /// Zeroed f32 outputs (kernels that add into theirs start from zero).
+    fn out(&mut self, n: usize) -> Result<Two<D::Buffer>, ExecError> {
+        self.outs(Elem::F32, n)
+    }
+    fn outs(&mut self, elem: Elem, n: usize) -> Result<Two<D::Buffer>, ExecError> {
+        let (mut c, mut d) = (self.cpu.alloc(elem, n)?, self.dev.alloc(elem, n)?);
+        self.cpu.zero(&mut c)?;
+        self.dev.zero(&mut d)?;
+        Ok((c, d))
+    }
+    fn check(&mut self, kernel: &str, x: &Two<D::Buffer>, tol: f64) -> Result<(), ExecError> {
+        let (want, got) = if x.0.elem() == Elem::I32 {
+            let f = |v: Vec<u32>| v.into_iter().map(|i| i as f32).collect::<Vec<_>>();
+            (f(self.cpu.read_u32(&x.0)?), f(self.dev.read_u32(&x.1)?))
+        } else {
+            (self.cpu.read_f32(&x.0)?, self.dev.read_f32(&x.1)?)
+        };
+        let error = relative_error(&want, &got);
+        self.rows.push(CheckRow {
+            kernel: kernel.into(),
+            error,
+            tolerance: tol,
+            ok: error <= tol,
+        });
+        Ok(())
+    }
+    fn check_value(&mut self, kernel: &str, want: f32, got: f32, tol: f64) {
+        let error = relative_error(&[want], &[got]);
+        self.rows.push(CheckRow {
+            kernel: kernel.into(),
+            error,
+            tolerance: tol,
+            ok: error <= tol,
+        });
+    }
+}
+
+/// Element-wise tolerance (f32 rounding of the same formula, other libm).
+const EW: f64 = 1e-5;
+/// Long reductions and exp/log (norms, attention, losses, GEMMs over k ~ 100s).
+const RED: f64 = 1e-4;
+
+/// Compare every kernel of `dev` with the CPU backend; one row per kernel and case.
+///
+/// # Errors
+/// A kernel that fails outright on either device.
+pub fn compare_kernels<D: Device>(dev: &D) -> Result<Vec<CheckRow>, ExecError> {
+    let mut p = Pair {
+        cpu: Cpu::new(),
+        dev,
+        rows: Vec::new(),
+        rng: SplitMix(0x5EED),
+    };
+    elementwise(&mut p)?;
+    gemms(&mut p)?;
+    formats(&mut p)?;
+    layers(&mut p)?;
+    attention(&mut p)?;
+    losses(&mut p)?;
+    experts(&mut p)?;
+    Ok(p.rows)
+}
+
+fn elementwise<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    let n = 3000;
+    let (a, b, g) = (p.randf(n)?, p.randf(n)?, p.randf(n)?);
+    let mut o = p.out(n)?;
+    p.cpu.add_forward(&mut o.0, &a.0, &b.0)?;
+    p.dev.add_forward(&mut o.1, &a.1, &b.1)?;
+    p.check("add_forward", &o, 0.0)?;
+    p.cpu.add_assign(&mut o.0, &a.0)?;
+    p.dev.add_assign(&mut o.1, &a.1)?;
+    p.check("add_assign", &o, 0.0)?;
+    p.cpu.scale(&mut o.0, 0.37)?;
+    p.dev.scale(&mut o.1, 0.37)?;
+    p.check("scale", &o, 0.0)?;
+    let bias = p.randf(60)?;
+    p.cpu.add_bias(&mut o.0, &bias.0)?;
+    p.dev.add_bias(&mut o.1, &bias.1)?;
+    p.check("add_bias", &o, 0.0)?;
+    let mut db = p.out(60)?;
+    p.cpu.bias_backward(&mut db.0, &a.0)?;
+    p.dev.bias_backward(&mut db.1, &a.1)?;
+    p.check("bias_backward", &db, EW)?;
+    for name in ["swiglu", "geglu", "gelu", "squared_relu"] {
+        let mut o = p.out(n)?;
+        let (mut d1, mut d2) = (p.out(n)?, p.out(n)?);
+        match name {
+            "swiglu" => {
+                p.cpu.swiglu_forward(&mut o.0, &a.0, &b.0)?;
+                p.dev.swiglu_forward(&mut o.1, &a.1, &b.1)?;
+                p.cpu.swiglu_backward(&mut d1.0, &mut d2.0, &g.0, &a.0, &b.0)?;
+                p.dev.swiglu_backward(&mut d1.1, &mut d2.1, &g.1, &a.1, &b.1)?;
+            }
+            "geglu" => {
+                p.cpu.geglu_forward(&mut o.0, &a.0, &b.0)?;
+                p.dev.geglu_forward(&mut o.1, &a.1, &b.1)?;
+                p.cpu.geglu_backward(&mut d1.0, &mut d2.0, &g.0, &a.0, &b.0)?;
+                p.dev.geglu_backward(&mut d1.1, &mut d2.1, &g.1, &a.1, &b.1)?;
+            }
+            "gelu" => {
+                p.cpu.gelu_forward(&mut o.0, &a.0)?;
+                p.dev.gelu_forward(&mut o.1, &a.1)?;
+                p.cpu.gelu_backward(&mut d1.0, &g.0, &a.0)?;
+                p.dev.gelu_backward(&mut d1.1, &g.1, &a.1)?;
+            }
+            _ => {
+                p.cpu.squared_relu_forward(&mut o.0, &a.0)?;
+                p.dev.squared_relu_forward(&mut o.1, &a.1)?;
+                p.cpu.squared_relu_backward(&mut d1.0, &g.0, &a.0)?;
+                p.dev.squared_relu_backward(&mut d1.1, &g.1, &a.1)?;
+            }
+        }
+        p.check(&format!("{name}_forward"), &o, EW)?;
+        p.check(&format!("{name}_backward"), &d1, EW)?;
+        if matches!(name, "swiglu" | "geglu") {
+            p.check(&format!("{name}_backward (up)"), &d2, EW)?;
+        }
+    }
+    // concat with a broadcast leading axis (MLA's shared rotary key).
+    let (so, sa, sb) = ([2u64, 3, 4, 5], [2u64, 3, 4, 3], [2u64, 3, 1, 2]);
+    let s = ConcatShapes { out: &so, a: &sa, b: &sb };
+    let (ca, cb) = (p.randf(72)?, p.randf(12)?);
+    let mut co = p.out(120)?;
+    p.cpu.concat_forward(&mut co.0, &ca.0, &cb.0, s)?;
+    p.dev.concat_forward(&mut co.1, &ca.1, &cb.1, s)?;
+    p.check("concat_forward", &co, 0.0)?;
+    let gco = p.randf(120)?;
+    let (mut da, mut dbb) = (p.out(72)?, p.out(12)?);
+    p.cpu.concat_backward(Some(&mut da.0), Some(&mut dbb.0), &gco.0, s)?;
+    p.dev.concat_backward(Some(&mut da.1), Some(&mut dbb.1), &gco.1, s)?;
+    p.check("concat_backward (a)", &da, 0.0)?;
+    p.check("concat_backward (broadcast b)", &dbb, EW)?;
+    // layout kernels
+    let x = p.randf(2 * 3 * 5)?;
+    let mut t = p.out(30)?;
+    p.cpu.transpose_outer(&mut t.0, &x.0, 2, 3, 5)?;
+    p.dev.transpose_outer(&mut t.1, &x.1, 2, 3, 5)?;
+    p.check("transpose_outer", &t, 0.0)?;
+    p.cpu.copy(&mut t.0, 4, &x.0, 11, 9)?;
+    p.dev.copy(&mut t.1, 4, &x.1, 11, 9)?;
+    p.check("copy", &t, 0.0)?;
+    // AdamW, two steps
+    let (mut w, gr) = (p.randf(n)?, p.randf(n)?);
+    let (mut m, mut v) = (p.out(n)?, p.out(n)?);
+    let h = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
+    for step in 1..=2 {
+        p.cpu.adamw(&mut w.0, &gr.0, &mut m.0, &mut v.0, &h, step)?;
+        p.dev.adamw(&mut w.1, &gr.1, &mut m.1, &mut v.1, &h, step)?;
+    }
+    p.check("adamw (param)", &w, EW)?;
+    p.check("adamw (second moment)", &v, EW)?;
+    Ok(())
+}
+
+fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    let (m, n, k) = (48, 32, 64);
+    for (ta, tb) in [(false, true), (false, false), (true, false), (true, true)] {
+        let g = Gemm { m, n, k, trans_a: ta, trans_b: tb };
+        for elem in [Elem::F32, Elem::BF16, Elem::F16, Elem::F8E4M3] {
+            let (av, bv) = (p.randn(m * k, 1.0), p.randn(k * n, 1.0));
+            let (a, b) = (p.put(elem, &av)?, p.put(elem, &bv)?);
+            let mut c = p.randf(m * n)?;
+            p.cpu.matmul(&mut c.0, &a.0, &b.0, g, true)?;
+            p.dev.matmul(&mut c.1, &a.1, &b.1, g, true)?;
+            p.check(&format!("matmul {} {}{} (+=)", elem.name(), if ta { "T" } else { "N" }, if tb { "T" } else { "N" }), &c, RED)?;
+        }
+    }
+    // FP8 mixed formats into bf16, and an FP8 output with its amax.
+    let g = Gemm { m, n, k, trans_a: false, trans_b: true };
+    let (av, bv) = (p.randn(m * k, 1.0), p.randn(k * n, 0.01));
+    let (a, b) = (p.put(Elem::F8E4M3, &av)?, p.put(Elem::F8E5M2, &bv)?);
+    let mut c = p.outs(Elem::BF16, m * n)?;
+    p.cpu.matmul(&mut c.0, &a.0, &b.0, g, false)?;
+    p.dev.matmul(&mut c.1, &a.1, &b.1, g, false)?;
+    p.check("matmul fp8-e4m3 x fp8-e5m2 -> bf16", &c, 1e-2)?;
+    let mut c8 = p.put(Elem::F8E4M3, &p_fill(m * n, 8.0))?;
+    p.cpu.matmul(&mut c8.0, &a.0, &b.0, g, false)?;
+    p.dev.matmul(&mut c8.1, &a.1, &b.1, g, false)?;
+    p.check("matmul -> fp8-e4m3 (delayed scale)", &c8, 7e-2)?;
+    let (ac, ad) = (p.cpu.fp8_amax(&c8.0)?, p.dev.fp8_amax(&c8.1)?);
+    p.check_value("matmul fp8 output amax", ac, ad, RED);
+    Ok(())
+}
+
+fn p_fill(n: usize, v: f32) -> Vec<f32> {
+    let mut x = vec![0f32; n];
+    x[0] = v;
+    x
+}
+
+fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    // Values over a wide range, with the edge cases of every format.
+    let mut v = p.randn(4000, 30.0);
+    v.extend([0.0, -0.0, 1e-30, -1e-8, 65504.0, 70000.0, 448.0, 465.0, 57344.0, f32::INFINITY, f32::NAN]);
+    let x = p.f(&v)?;
+    for elem in [Elem::BF16, Elem::F16, Elem::F8E4M3, Elem::F8E5M2] {
+        let mut q = p.outs(elem, v.len())?;
+        p.cpu.cast(&mut q.0, &x.0)?;
+        p.dev.cast(&mut q.1, &x.1)?;
+        p.check(&format!("cast f32 -> {}", elem.name()), &q, 0.0)?;
+        let (sc, sd) = (p.cpu.fp8_scale(&q.0)?, p.dev.fp8_scale(&q.1)?);
+        p.check_value(&format!("cast f32 -> {} scale", elem.name()), sc, sd, 0.0);
+    }
+    for (dtype, row) in [(DType::BF16, 1), (DType::F16, 1), (DType::Fp8E4M3, 1), (DType::Fp8E5M2, 1), (DType::MxFp8, 100)] {
+        let mut y = p.f(&v[..4000])?;
+        p.cpu.round_to_storage(&mut y.0, dtype, row)?;
+        p.dev.round_to_storage(&mut y.1, dtype, row)?;
+        p.check(&format!("round_to_storage {}", dtype.name()), &y, 0.0)?;
+    }
+    Ok(())
+}
+
+fn layers<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    let (rows, c) = (37, 96);
+    let (x, w, bb, g) = (p.randf(rows * c)?, p.randf(c)?, p.randf(c)?, p.randf(rows * c)?);
+    let (mut o, mut rstd, mut mean) = (p.out(rows * c)?, p.out(rows)?, p.out(rows)?);
+    p.cpu.rmsnorm_forward(&mut o.0, &mut rstd.0, &x.0, &w.0, c, 1e-5)?;
+    p.dev.rmsnorm_forward(&mut o.1, &mut rstd.1, &x.1, &w.1, c, 1e-5)?;
+    p.check("rmsnorm_forward", &o, EW)?;
+    let (mut dx, mut dw, mut dbias) = (p.out(rows * c)?, p.out(c)?, p.out(c)?);
+    p.cpu.rmsnorm_backward(&mut dx.0, &mut dw.0, &g.0, &x.0, &w.0, &rstd.0, c)?;
+    p.dev.rmsnorm_backward(&mut dx.1, &mut dw.1, &g.1, &x.1, &w.1, &rstd.1, c)?;
+    p.check("rmsnorm_backward (dx)", &dx, RED)?;
+    p.check("rmsnorm_backward (dw)", &dw, RED)?;
+    p.cpu.layernorm_forward(&mut o.0, &mut mean.0, &mut rstd.0, &x.0, &w.0, &bb.0, c, 1e-5)?;
+    p.dev.layernorm_forward(&mut o.1, &mut mean.1, &mut rstd.1, &x.1, &w.1, &bb.1, c, 1e-5)?;
+    p.check("layernorm_forward", &o, EW)?;
+    p.cpu.zero(&mut dw.0)?;
+    p.dev.zero(&mut dw.1)?;
+    p.cpu.layernorm_backward(&mut dx.0, &mut dw.0, &mut dbias.0, &g.0, &x.0, &w.0, &mean.0, &rstd.0, c)?;
+    p.dev.layernorm_backward(&mut dx.1, &mut dw.1, &mut dbias.1, &g.1, &x.1, &w.1, &mean.1, &rstd.1, c)?;
+    p.check("layernorm_backward (dx)", &dx, RED)?;
+    p.check("layernorm_backward (dw)", &dw, RED)?;
+    p.check("layernorm_backward (db)", &dbias, RED)?;
+    // embedding, whole and as a vocab shard
+    let (vocab, n, cc) = (50, 70, 24);
+    let table = p.randf(vocab * cc)?;
+    let toks = p.ints(n, vocab as u32);
+    let t = p.ids(&toks)?;
+    let gy = p.randf(n * cc)?;
+    for start in [None, Some(20)] {
+        let rows = if start.is_some() { 20 } else { vocab };
+        let tab = match start {
+            Some(_) => p.randf(rows * cc)?,
+            None => {
+                let whole = p.cpu.read_f32(&table.0)?;
+                p.f(&whole)?
+            }
+        };
+        let mut e = p.out(n * cc)?;
+        p.cpu.embedding_forward(&mut e.0, &t.0, &tab.0, cc, start)?;
+        p.dev.embedding_forward(&mut e.1, &t.1, &tab.1, cc, start)?;
+        p.check(&format!("embedding_forward{}", if start.is_some() { " (vocab shard)" } else { "" }), &e, 0.0)?;
+        let mut dt = p.out(rows * cc)?;
+        p.cpu.embedding_backward(&mut dt.0, &gy.0, &t.0, cc, start)?;
+        p.dev.embedding_backward(&mut dt.1, &gy.1, &t.1, cc, start)?;
+        p.check(&format!("embedding_backward{}", if start.is_some() { " (vocab shard)" } else { "" }), &dt, EW)?;
+    }
+    // rotary, plain and as a cp rank
+    for cp in [None, Some(CpShard { size: 2, rank: 1 })] {
+        let r = Rope { b: 2, t: 12, h: 3, d: 16, rot_dim: 12, theta: 500_000.0, pos_offset: 0, cp };
+        let n = 2 * 12 * 3 * 16;
+        let (x, g) = (p.randf(n)?, p.randf(n)?);
+        let (mut o, mut dx) = (p.out(n)?, p.out(n)?);
+        p.cpu.rope_forward(&mut o.0, &x.0, r)?;
+        p.dev.rope_forward(&mut o.1, &x.1, r)?;
+        p.cpu.rope_backward(&mut dx.0, &g.0, r)?;
+        p.dev.rope_backward(&mut dx.1, &g.1, r)?;
+        let tag = if cp.is_some() { " (cp rank 1 of 2)" } else { "" };
+        p.check(&format!("rope_forward{tag}"), &o, EW)?;
+        p.check(&format!("rope_backward{tag}"), &dx, EW)?;
+    }
+    Ok(())
+}
+
+fn attention<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    let cases = [
+        ("causal GQA", Attn { b: 2, t: 70, h: 4, hkv: 2, d: 32, dv: 32, causal: true, window: None, scale: 0.2, cp: None }),
+        ("window, dv != d", Attn { b: 1, t: 65, h: 2, hkv: 1, d: 48, dv: 24, causal: true, window: Some(9), scale: 0.15, cp: None }),
+        ("not causal", Attn { b: 1, t: 40, h: 2, hkv: 2, d: 16, dv: 16, causal: false, window: None, scale: 0.25, cp: None }),
+        ("cp rank 0 of 2", Attn { b: 1, t: 32, h: 2, hkv: 1, d: 32, dv: 32, causal: true, window: None, scale: 0.2, cp: Some(CpShard { size: 2, rank: 0 }) }),
+        ("head dim 128", Attn { b: 1, t: 64, h: 2, hkv: 1, d: 128, dv: 128, causal: true, window: None, scale: 0.09, cp: None }),
+    ];
+    for (name, a) in cases {
+        let tk = a.kv_len();
+        let (q, k, v) = (p.randf(a.b * a.t * a.h * a.d)?, p.randf(a.b * tk * a.hkv * a.d)?, p.randf(a.b * tk * a.hkv * a.dv)?);
+        let (mut o, mut lse) = (p.out(a.b * a.t * a.h * a.dv)?, p.out(a.b * a.h * a.t)?);
+        p.cpu.attention_forward(&mut o.0, &mut lse.0, &q.0, &k.0, &v.0, a)?;
+        p.dev.attention_forward(&mut o.1, &mut lse.1, &q.1, &k.1, &v.1, a)?;
+        p.check(&format!("attention_forward ({name})"), &o, RED)?;
+        p.check(&format!("attention_forward lse ({name})"), &lse, RED)?;
+        let g = p.randf(o.0.len())?;
+        let (mut dq, mut dk, mut dv) = (p.out(q.0.len())?, p.out(k.0.len())?, p.out(v.0.len())?);
+        p.cpu.attention_backward(&mut dq.0, &mut dk.0, &mut dv.0, &g.0, &q.0, &k.0, &v.0, &o.0, &lse.0, a)?;
+        p.dev.attention_backward(&mut dq.1, &mut dk.1, &mut dv.1, &g.1, &q.1, &k.1, &v.1, &o.1, &lse.1, a)?;
+        p.check(&format!("attention_backward dq ({name})"), &dq, RED)?;
+        p.check(&format!("attention_backward dk ({name})"), &dk, RED)?;
+        p.check(&format!("attention_backward dv ({name})"), &dv, RED)?;
+    }
+    Ok(())
+}
+
+fn losses<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    let (n, v) = (45, 300);
+    let lv = p.randn(n * v, 3.0);
+    let logits = p.f(&lv)?;
+    let mut tv = p.ints(n, v as u32);
+    tv[3] = u32::MAX;
+    let t = p.ids(&tv)?;
+    let (mut loss, mut lse) = (p.out(1)?, p.out(n)?);
+    p.cpu.cross_entropy_forward(&mut loss.0, &mut lse.0, &logits.0, &t.0, v)?;
+    p.dev.cross_entropy_forward(&mut loss.1, &mut lse.1, &logits.1, &t.1, v)?;
+    p.check("cross_entropy_forward", &loss, RED)?;
+    let dloss = p.f(&[1.7])?;
+    let mut dl = p.out(n * v)?;
+    p.cpu.cross_entropy_backward(&mut dl.0, &logits.0, &lse.0, &t.0, v, Some(&dloss.0))?;
+    p.dev.cross_entropy_backward(&mut dl.1, &logits.1, &lse.1, &t.1, v, Some(&dloss.1))?;
+    p.check("cross_entropy_backward", &dl, RED)?;
+    // The vocab-parallel statistics of one shard (classes 100..250).
+    let (start, w) = (100, 150);
+    let shard = p.randf(n * w)?;
+    let (mut mx, mut se, mut tl) = (p.out(n)?, p.out(n)?, p.out(n)?);
+    p.cpu.row_max(&mut mx.0, &shard.0, w)?;
+    p.dev.row_max(&mut mx.1, &shard.1, w)?;
+    p.check("row_max", &mx, 0.0)?;
+    p.cpu.row_sumexp(&mut se.0, &shard.0, &mx.0, w)?;
+    p.dev.row_sumexp(&mut se.1, &shard.1, &mx.1, w)?;
+    p.check("row_sumexp", &se, RED)?;
+    p.cpu.target_logit(&mut tl.0, &shard.0, &t.0, start, w)?;
+    p.dev.target_logit(&mut tl.1, &shard.1, &t.1, start, w)?;
+    p.check("target_logit", &tl, 0.0)?;
+    p.cpu.cross_entropy_from_stats(&mut loss.0, &mut lse.0, &mx.0, &se.0, &tl.0, &t.0)?;
+    p.dev.cross_entropy_from_stats(&mut loss.1, &mut lse.1, &mx.1, &se.1, &tl.1, &t.1)?;
+    p.check("cross_entropy_from_stats", &loss, RED)?;
+    let mut ds = p.out(n * w)?;
+    p.cpu.cross_entropy_shard_backward(&mut ds.0, &shard.0, &lse.0, &t.0, start, w, Some(&dloss.0))?;
+    p.dev.cross_entropy_shard_backward(&mut ds.1, &shard.1, &lse.1, &t.1, start, w, Some(&dloss.1))?;
+    p.check("cross_entropy_shard_backward", &ds, RED)?;
+    Ok(())
+}
+
+fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    let (n, e, k, c, f) = (40, 8, 2, 24, 16);
+    for score in [ScoreFn::Softmax, ScoreFn::Sigmoid] {
+        let r = Router { n, e, k, score, normalize_topk: true };
+        let logits = p.randf(n * e)?;
+        let (mut w, mut idx, mut probs) = (p.out(n * k)?, p.outs(Elem::I32, n * k)?, p.out(n * e)?);
+        p.cpu.router_forward(&mut w.0, &mut idx.0, &mut probs.0, &logits.0, &r)?;
+        p.dev.router_forward(&mut w.1, &mut idx.1, &mut probs.1, &logits.1, &r)?;
+        p.check(&format!("router_forward indices ({score:?})"), &idx, 0.0)?;
+        p.check(&format!("router_forward weights ({score:?})"), &w, EW)?;
+        let gw = p.randf(n * k)?;
+        let mut dl = p.out(n * e)?;
+        p.cpu.router_backward(&mut dl.0, &gw.0, &probs.0, &idx.0, &r)?;
+        p.dev.router_backward(&mut dl.1, &gw.1, &probs.1, &idx.1, &r)?;
+        p.check(&format!("router_backward ({score:?})"), &dl, EW)?;
+        if score == ScoreFn::Sigmoid {
+            continue;
+        }
+        // dispatch → grouped GEMM → combine, and back, on the CPU's indices
+        let plan_c = p.cpu.dispatch_plan(&idx.0, n, k, e)?;
+        let plan_d = p.dev.dispatch_plan(&idx.1, n, k, e)?;
+        let x = p.randf(n * c)?;
+        let mut xs = p.out(n * k * c)?;
+        p.cpu.dispatch_forward(&mut xs.0, &x.0, &plan_c, c)?;
+        p.dev.dispatch_forward(&mut xs.1, &x.1, &plan_d, c)?;
+        p.check("dispatch_forward", &xs, 0.0)?;
+        let wt = p.randf(e * f * c)?;
+        let mut ys = p.out(n * k * f)?;
+        p.cpu.grouped_matmul_forward(&mut ys.0, &xs.0, &wt.0, &plan_c, c, f)?;
+        p.dev.grouped_matmul_forward(&mut ys.1, &xs.1, &wt.1, &plan_d, c, f)?;
+        p.check("grouped_matmul_forward", &ys, RED)?;
+        let mut out = p.out(n * f)?;
+        p.cpu.combine_forward(&mut out.0, &ys.0, &w.0, &plan_c, f)?;
+        p.dev.combine_forward(&mut out.1, &ys.1, &w.1, &plan_d, f)?;
+        p.check("combine_forward", &out, RED)?;
+        let g = p.randf(n * f)?;
+        let (mut dys, mut dwts) = (p.out(n * k * f)?, p.out(n * k)?);
+        p.cpu.combine_backward(&mut dys.0, &mut dwts.0, &g.0, &ys.0, &w.0, &plan_c, f)?;
+        p.dev.combine_backward(&mut dys.1, &mut dwts.1, &g.1, &ys.1, &w.1, &plan_d, f)?;
+        p.check("combine_backward dy", &dys, EW)?;
+        p.check("combine_backward dweights", &dwts, RED)?;
+        let (mut dxs, mut dwt) = (p.out(n * k * c)?, p.out(e * f * c)?);
+        p.cpu.grouped_matmul_backward(&mut dxs.0, &mut dwt.0, &dys.0, &xs.0, &wt.0, &plan_c, c, f)?;
+        p.dev.grouped_matmul_backward(&mut dxs.1, &mut dwt.1, &dys.1, &xs.1, &wt.1, &plan_d, c, f)?;
+        p.check("grouped_matmul_backward dx", &dxs, RED)?;
+        p.check("grouped_matmul_backward dw", &dwt, RED)?;
+        let mut dx = p.out(n * c)?;
+        p.cpu.dispatch_backward(&mut dx.0, &dxs.0, &plan_c, c)?;
+        p.dev.dispatch_backward(&mut dx.1, &dxs.1, &plan_d, c)?;
+        p.check("dispatch_backward", &dx, RED)?;
+    }
+    Ok(())
+}
+
+/// One training step (forward, backward, AdamW) of the toy Llama and the toy MoE on the
+/// CPU and on `dev` from the same weights and batch: the losses and every weight
+/// gradient compared.
+///
+/// # Errors
+/// A step that fails on either device.
+pub fn compare_steps<D: Device + Clone>(dev: D) -> Result<Vec<CheckRow>, ExecError> {
+    let mut rows = Vec::new();
+    let mut moe = toy::ToyConfig::tiny();
+    moe.moe = Some((4, 2, 32));
+    for (name, cfg) in [("toy llama", toy::ToyConfig::tiny()), ("toy moe", moe)] {
+        let g = toy::llama(&cfg);
+        let (tokens, targets) = toy::repeating_batch(&g, 11);
+        let inputs = [("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))];
+        let mut a = Executor::new(&g, Cpu::new(), ExecOptions::default())?;
+        let mut b = Executor::new(&g, dev.clone(), ExecOptions::default())?;
+        let (la, lb) = (a.forward(&inputs)?, b.forward(&inputs)?);
+        rows.push(CheckRow {
+            kernel: format!("{name} step: loss"),
+            error: relative_error(&[la], &[lb]),
+            tolerance: RED,
+            ok: relative_error(&[la], &[lb]) <= RED,
+        });
+        a.backward()?;
+        b.backward()?;
+        let mut worst = (0f64, String::new());
+        for w in a.trainable() {
+            let (ga, gb) = (a.grad(&w)?.unwrap_or_default(), b.grad(&w)?.unwrap_or_default());
+            let e = relative_error(&ga, &gb);
+            if e >= worst.0 {
+                worst = (e, w);
+            }
+        }
+        rows.push(CheckRow {
+            kernel: format!("{name} step: worst gradient ({})", worst.1),
+            error: worst.0,
+            tolerance: 1e-3,
+            ok: worst.0 <= 1e-3,
+        });
+    }
+    Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn relative_error_scales_and_flags_nan_and_length() {
+        assert_eq!(relative_error(&[1.0, -4.0], &[1.0, -4.0]), 0.0);
+        assert!((relative_error(&[1.0, -4.0], &[1.0, -4.004]) - 1e-3).abs() < 1e-6);
+        assert!((relative_error(&[0.01], &[0.02]) - 0.01).abs() < 1e-9, "small values are absolute");
+        assert_eq!(relative_error(&[1.0], &[f32::NAN]), f64::INFINITY);
+        assert_eq!(relative_error(&[f32::NAN], &[f32::NAN]), 0.0);
+        assert_eq!(relative_error(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    }
+
+    /// The CPU against itself: every kernel runs, every row is exact; on a GPU the same
+    /// harness is the correctness check.
+    #[test]
+    fn the_cpu_matches_itself_on_every_kernel_and_step() {
+        let rows = compare_kernels(&Cpu::new()).unwrap();
+        assert!(rows.len() > 80, "{}", rows.len());
+        for r in &rows {
+            assert_eq!(r.error, 0.0, "{r:?}");
+        }
+        let steps = compare_steps(Cpu::new()).unwrap();
+        assert_eq!(steps.len(), 4);
+        assert!(steps.iter().all(|r| r.error == 0.0), "{steps:?}");
+    }
+}

@@ -1,0 +1,670 @@
+//! Graph ops onto device kernels, once for every backend: reading shapes and
+//! attributes off the graph, picking buffers, and the two gradient write modes.
+//!
+//! A backward step either overwrites a gradient (its first contribution) or adds into
+//! it (a tensor read by several ops): [`GradTarget::accumulate`]. Kernels that overwrite
+//! their gradient output get a scratch buffer when the step must accumulate, added in
+//! afterwards ([`stage`], [`settle`]); kernels that add into a weight gradient get it
+//! zeroed first when the step is the first writer ([`emit_add`]).
+//!
+//! Shape notation as in `runner-kernels`: N rows, C channels, B,T,H,Hkv,D as usual.
+//! Collective ops, pipeline send/recv and the vocab-parallel embedding and loss are
+//! the executor's communication layer (`comm.rs`, `ep.rs`), which runs before this.
+
+use runner_graph::autodiff::BackwardStep;
+use runner_graph::{Graph, Op, OpKind, TensorId};
+use runner_kernels::cpu::attention::Attn;
+use runner_kernels::cpu::cp::CpShard;
+use runner_kernels::cpu::matmul::Gemm;
+use runner_kernels::cpu::moe::{Router, ScoreFn};
+use runner_kernels::cpu::rope::Rope;
+
+use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, Plans};
+
+/// Gradient output of a backward step: the buffer and whether to add into it.
+pub(super) struct GradTarget<'a, B> {
+    pub(super) buf: &'a mut B,
+    pub(super) accumulate: bool,
+}
+
+/// Everything one backward step reads and writes, per slot of the forward op.
+pub(super) struct BackwardIo<'a, D: Device> {
+    /// Forward inputs that are still alive (saved, weights, graph inputs); `None` otherwise.
+    pub(super) inputs: Vec<Option<&'a D::Buffer>>,
+    /// Forward outputs that are still alive.
+    pub(super) outputs: Vec<Option<&'a D::Buffer>>,
+    /// The op's saved statistics, in the order of the plan's `aux`.
+    pub(super) aux: &'a [D::Buffer],
+    /// Gradient of each forward output (`None`: zero).
+    pub(super) grads_in: Vec<Option<&'a D::Buffer>>,
+    /// Gradient to produce for each forward input (`None`: not needed).
+    pub(super) grads_out: Vec<Option<GradTarget<'a, D::Buffer>>>,
+    pub(super) plans: &'a Plans<D::Plan>,
+}
+
+/// A device error from a kernel, renamed to the graph op it ran for.
+fn named(op: &Op) -> impl Fn(ExecError) -> ExecError + '_ {
+    move |e| match e {
+        ExecError::Kernel { source, .. } => ExecError::Kernel {
+            op: op.name.clone(),
+            source,
+        },
+        other => other,
+    }
+}
+
+fn state(op: &Op, what: &str) -> ExecError {
+    ExecError::State(format!("operation '{}': {what}", op.name))
+}
+
+fn shape(g: &Graph, id: TensorId) -> &[u64] {
+    &g.tensors[id].shape
+}
+fn numel(g: &Graph, id: TensorId) -> usize {
+    g.tensors[id].numel() as usize
+}
+fn last(g: &Graph, id: TensorId) -> usize {
+    shape(g, id).last().copied().unwrap_or(1) as usize
+}
+
+fn f32_attr(op: &Op, key: &str, default: f64) -> f32 {
+    op.float(key).unwrap_or(default) as f32
+}
+
+/// The context-parallel rank of a sharded rotary or attention op (attrs `cp`,
+/// `cp-rank`, set by `runner_graph::shard` when cp > 1): its rows are that rank's two
+/// chunks of the sequence (`runner_kernels::cpu::cp`). `None` when there are none.
+fn cp_of(op: &Op) -> Option<CpShard> {
+    let size = op.int("cp").unwrap_or(1);
+    (size > 1).then(|| CpShard {
+        size: size as usize,
+        rank: op.int("cp-rank").unwrap_or(0).max(0) as usize,
+    })
+}
+
+/// The attention shape of op `op` (q, k, v inputs (B,T,H,D), (B,Tk,Hkv,D),
+/// (B,Tk,Hkv,Dv); Tk = cp·T under context parallelism, the all-gathered K/V).
+fn attn_of(g: &Graph, op: &Op) -> Attn {
+    let (q, v) = (shape(g, op.inputs[0]), shape(g, op.inputs[2]));
+    let k = shape(g, op.inputs[1]);
+    let window = op.int("window").unwrap_or(0);
+    Attn {
+        b: q[0] as usize,
+        t: q[1] as usize,
+        h: q[2] as usize,
+        hkv: k[2] as usize,
+        d: q[3] as usize,
+        dv: v[3] as usize,
+        causal: op.flag("causal").unwrap_or(true),
+        window: (window > 0).then_some(window as usize),
+        scale: f32_attr(op, "scale", 1.0 / (q[3] as f64).sqrt()),
+        cp: cp_of(op),
+    }
+}
+
+fn rope_of(g: &Graph, op: &Op) -> Rope {
+    let x = shape(g, op.inputs[0]);
+    Rope {
+        b: x[0] as usize,
+        t: x[1] as usize,
+        h: x[2] as usize,
+        d: x[3] as usize,
+        rot_dim: op.int("rot-dim").unwrap_or(x[3] as i64) as usize,
+        theta: f32_attr(op, "theta", 10_000.0),
+        pos_offset: 0,
+        cp: cp_of(op),
+    }
+}
+
+fn router_of(g: &Graph, op: &Op) -> Router {
+    let logits = op.inputs[0];
+    let e = last(g, logits);
+    Router {
+        n: numel(g, logits) / e.max(1),
+        e,
+        k: op.int("top-k").unwrap_or(1) as usize,
+        score: if op.text("score") == Some("sigmoid") {
+            ScoreFn::Sigmoid
+        } else {
+            ScoreFn::Softmax
+        },
+        normalize_topk: op.flag("normalize").unwrap_or(true),
+    }
+}
+
+/// The linear shape of `op`: weight (n, k), m rows of input.
+fn linear_of(g: &Graph, op: &Op) -> (usize, usize, usize) {
+    let (xid, wid) = (op.inputs[0], op.inputs[1]);
+    let (n, k) = (shape(g, wid)[0] as usize, shape(g, wid)[1] as usize);
+    (numel(g, xid) / k.max(1), n, k)
+}
+
+fn concat_of<'g>(g: &'g Graph, op: &Op) -> ConcatShapes<'g> {
+    ConcatShapes {
+        out: shape(g, op.outputs[0]),
+        a: shape(g, op.inputs[0]),
+        b: shape(g, op.inputs[1]),
+    }
+}
+
+fn scratch<D: Device>(dev: &D, len: usize) -> Result<D::Buffer, ExecError> {
+    dev.alloc(Elem::F32, len)
+}
+
+/// A gradient output staged for a kernel that overwrites it: the target itself, or
+/// scratch that [`settle`] adds into the target.
+struct Staged<'t, 'b, B> {
+    target: &'t mut GradTarget<'b, B>,
+    scratch: Option<B>,
+}
+
+impl<B> Staged<'_, '_, B> {
+    fn out(&mut self) -> &mut B {
+        match &mut self.scratch {
+            Some(s) => s,
+            None => self.target.buf,
+        }
+    }
+}
+
+fn stage<'t, 'b, D: Device>(
+    dev: &D,
+    target: &'t mut GradTarget<'b, D::Buffer>,
+) -> Result<Staged<'t, 'b, D::Buffer>, ExecError> {
+    let scratch = if target.accumulate {
+        Some(scratch(dev, target.buf.len())?)
+    } else {
+        None
+    };
+    Ok(Staged { target, scratch })
+}
+
+/// Add a staged gradient into its target when the step accumulates.
+fn settle<D: Device>(dev: &D, staged: Staged<'_, '_, D::Buffer>) -> Result<(), ExecError> {
+    match staged.scratch {
+        Some(tmp) => dev.add_assign(staged.target.buf, &tmp),
+        None => Ok(()),
+    }
+}
+
+/// Write a gradient with a kernel that overwrites its output.
+fn emit<D: Device>(
+    dev: &D,
+    target: &mut GradTarget<'_, D::Buffer>,
+    f: impl FnOnce(&mut D::Buffer) -> Result<(), ExecError>,
+) -> Result<(), ExecError> {
+    let mut staged = stage(dev, target)?;
+    f(staged.out())?;
+    settle(dev, staged)
+}
+
+/// Write a gradient with a kernel that adds into its output (weight gradients).
+fn emit_add<D: Device>(
+    dev: &D,
+    target: &mut GradTarget<'_, D::Buffer>,
+    f: impl FnOnce(&mut D::Buffer) -> Result<(), ExecError>,
+) -> Result<(), ExecError> {
+    if !target.accumulate {
+        dev.zero(target.buf)?;
+    }
+    f(target.buf)
+}
+
+/// The gradient target of input `slot`, or a scratch buffer of `len` whose result is
+/// dropped (kernels that always write every gradient, e.g. attention's dq/dk/dv).
+fn target_or_scratch<'b, D: Device>(
+    dev: &D,
+    slot: Option<GradTarget<'b, D::Buffer>>,
+    len: usize,
+    keep: &'b mut Option<D::Buffer>,
+) -> Result<GradTarget<'b, D::Buffer>, ExecError> {
+    match slot {
+        Some(t) => Ok(t),
+        None => Ok(GradTarget {
+            buf: keep.insert(scratch(dev, len)?),
+            accumulate: false,
+        }),
+    }
+}
+
+/// A weight-gradient target that a kernel adds into: zeroed when the step is the first
+/// writer.
+fn zeroed_unless_accumulating<D: Device>(
+    dev: &D,
+    t: &mut GradTarget<'_, D::Buffer>,
+) -> Result<(), ExecError> {
+    if !t.accumulate {
+        dev.zero(t.buf)?;
+    }
+    Ok(())
+}
+
+fn need<'b, B>(v: &[Option<&'b B>], i: usize, op: &Op, what: &str) -> Result<&'b B, ExecError> {
+    v.get(i).copied().flatten().ok_or_else(|| {
+        state(
+            op,
+            &format!("backward needs {what} (slot {i}), which was not saved"),
+        )
+    })
+}
+
+fn collective_here<D: Device>(dev: &D, op: &Op) -> ExecError {
+    ExecError::Unsupported {
+        op: op.name.clone(),
+        kind: format!("{:?}", op.kind),
+        device: dev.name(),
+        why: "collectives need a multi-device backend; run the unsharded graph on one device"
+            .into(),
+    }
+}
+
+/// The routing plan of indices tensor `idx`: the dispatch's, or built here when the graph
+/// runs a grouped linear without a dispatch of the same indices.
+fn plan_for<'p, D: Device>(
+    dev: &D,
+    g: &Graph,
+    idx: TensorId,
+    indices: &D::Buffer,
+    e: usize,
+    plans: &'p mut Plans<D::Plan>,
+) -> Result<&'p D::Plan, ExecError> {
+    if let std::collections::hash_map::Entry::Vacant(slot) = plans.routed.entry(idx) {
+        let s = shape(g, idx);
+        let (n, k) = (s[0] as usize, s.get(1).copied().unwrap_or(1) as usize);
+        slot.insert(dev.dispatch_plan(indices, n, k, e)?);
+    }
+    plans
+        .routed
+        .get(&idx)
+        .ok_or_else(|| ExecError::State("routing plan vanished".into()))
+}
+
+/// Run forward op `oi` of `g` on `dev`: read `inputs` (one per op input), overwrite
+/// `outputs` (one per op output, allocated by the caller), push the statistics the
+/// backward needs onto `aux` (in the order of the plan's
+/// [`runner_graph::autodiff::Aux`]) and record routing plans in `plans`.
+pub(super) fn forward<D: Device>(
+    dev: &D,
+    g: &Graph,
+    oi: usize,
+    inputs: &[&D::Buffer],
+    outputs: &mut [D::Buffer],
+    aux: &mut Vec<D::Buffer>,
+    plans: &mut Plans<D::Plan>,
+) -> Result<(), ExecError> {
+    let op = &g.ops[oi];
+    forward_inner(dev, g, op, inputs, outputs, aux, plans).map_err(named(op))
+}
+
+fn forward_inner<D: Device>(
+    dev: &D,
+    g: &Graph,
+    op: &Op,
+    x: &[&D::Buffer],
+    outputs: &mut [D::Buffer],
+    aux: &mut Vec<D::Buffer>,
+    plans: &mut Plans<D::Plan>,
+) -> Result<(), ExecError> {
+    match op.kind {
+        OpKind::Linear => {
+            let (m, n, k) = linear_of(g, op);
+            let gm = Gemm {
+                m,
+                n,
+                k,
+                trans_a: false,
+                trans_b: true,
+            };
+            dev.matmul(&mut outputs[0], x[0], x[1], gm, false)?;
+            if let Some(b) = x.get(2) {
+                dev.add_bias(&mut outputs[0], b)?;
+            }
+        }
+        OpKind::Embedding => {
+            let c = last(g, op.inputs[1]);
+            dev.embedding_forward(&mut outputs[0], x[0], x[1], c, None)?;
+        }
+        OpKind::RmsNorm => {
+            let c = last(g, op.inputs[0]);
+            let mut rstd = scratch(dev, numel(g, op.inputs[0]) / c)?;
+            let eps = f32_attr(op, "eps", 1e-5);
+            dev.rmsnorm_forward(&mut outputs[0], &mut rstd, x[0], x[1], c, eps)?;
+            aux.push(rstd);
+        }
+        OpKind::LayerNorm => {
+            let c = last(g, op.inputs[0]);
+            let rows = numel(g, op.inputs[0]) / c;
+            let (mut mean, mut rstd) = (scratch(dev, rows)?, scratch(dev, rows)?);
+            let eps = f32_attr(op, "eps", 1e-5);
+            dev.layernorm_forward(&mut outputs[0], &mut mean, &mut rstd, x[0], x[1], x[2], c, eps)?;
+            aux.push(mean);
+            aux.push(rstd);
+        }
+        OpKind::Rotary => dev.rope_forward(&mut outputs[0], x[0], rope_of(g, op))?,
+        OpKind::Attention => {
+            let a = attn_of(g, op);
+            let mut lse = scratch(dev, a.b * a.h * a.t)?;
+            dev.attention_forward(&mut outputs[0], &mut lse, x[0], x[1], x[2], a)?;
+            aux.push(lse);
+        }
+        OpKind::SwiGlu => dev.swiglu_forward(&mut outputs[0], x[0], x[1])?,
+        OpKind::GeGlu => dev.geglu_forward(&mut outputs[0], x[0], x[1])?,
+        OpKind::Gelu => dev.gelu_forward(&mut outputs[0], x[0])?,
+        OpKind::SquaredRelu => dev.squared_relu_forward(&mut outputs[0], x[0])?,
+        OpKind::Add => dev.add_forward(&mut outputs[0], x[0], x[1])?,
+        OpKind::Concat => dev.concat_forward(&mut outputs[0], x[0], x[1], concat_of(g, op))?,
+        OpKind::CrossEntropy => {
+            let v = last(g, op.inputs[0]);
+            let mut lse = scratch(dev, numel(g, op.inputs[0]) / v)?;
+            dev.cross_entropy_forward(&mut outputs[0], &mut lse, x[0], x[1], v)?;
+            aux.push(lse);
+        }
+        OpKind::Router => {
+            let r = router_of(g, op);
+            let mut probs = scratch(dev, r.n * r.e)?;
+            let (w, idx) = outputs.split_at_mut(1);
+            if idx[0].elem() != Elem::I32 {
+                return Err(state(op, "router indices must be an int32 tensor"));
+            }
+            dev.router_forward(&mut w[0], &mut idx[0], &mut probs, x[0], &r)?;
+            aux.push(probs);
+        }
+        OpKind::MoeDispatch => {
+            let idx = op.inputs[1];
+            let (n, k) = (shape(g, idx)[0] as usize, shape(g, idx)[1] as usize);
+            let e = op.int("experts").unwrap_or(0).max(0) as usize;
+            let plan = dev.dispatch_plan(x[1], n, k, e)?;
+            let c = last(g, op.outputs[0]);
+            dev.dispatch_forward(&mut outputs[0], x[0], &plan, c)?;
+            plans.routed.insert(idx, plan);
+        }
+        OpKind::GroupedLinear => {
+            let w = shape(g, op.inputs[1]);
+            let (e, n_out, k_in) = (w[0] as usize, w[1] as usize, w[2] as usize);
+            // An expert-parallel rank runs on the rows its all-to-all received.
+            let plan = if plans.received.contains_key(&op.inputs[2]) {
+                plans
+                    .for_experts(op.inputs[2])
+                    .ok_or_else(|| state(op, "routing plan vanished"))?
+            } else {
+                plan_for(dev, g, op.inputs[2], x[2], e, plans)?
+            };
+            dev.grouped_matmul_forward(&mut outputs[0], x[0], x[1], plan, k_in, n_out)?;
+        }
+        OpKind::MoeCombine => {
+            let c = last(g, op.inputs[0]);
+            let plan = plans
+                .routed
+                .get(&op.inputs[2])
+                .ok_or_else(|| state(op, "no dispatch built a plan for these indices"))?;
+            dev.combine_forward(&mut outputs[0], x[0], x[1], plan, c)?;
+        }
+        OpKind::AllReduce
+        | OpKind::AllGather
+        | OpKind::ReduceScatter
+        | OpKind::AllToAll
+        | OpKind::Send
+        | OpKind::Recv => return Err(collective_here(dev, op)),
+    }
+    Ok(())
+}
+
+/// Run one backward step on `dev`.
+pub(super) fn backward<D: Device>(
+    dev: &D,
+    g: &Graph,
+    step: &BackwardStep,
+    io: BackwardIo<'_, D>,
+) -> Result<(), ExecError> {
+    let op = &g.ops[step.op];
+    backward_inner(dev, g, op, io).map_err(named(op))
+}
+
+fn backward_inner<D: Device>(
+    dev: &D,
+    g: &Graph,
+    op: &Op,
+    io: BackwardIo<'_, D>,
+) -> Result<(), ExecError> {
+    let BackwardIo {
+        inputs,
+        outputs,
+        aux,
+        grads_in,
+        mut grads_out,
+        plans,
+    } = io;
+    // Zero gradient for outputs that carry none (not reaching the loss).
+    let mut zeros: Vec<(usize, D::Buffer)> = Vec::new();
+    for (slot, gi) in grads_in.iter().enumerate() {
+        if gi.is_none() {
+            let mut z = scratch(dev, numel(g, op.outputs[slot]))?;
+            dev.zero(&mut z)?;
+            zeros.push((slot, z));
+        }
+    }
+    let dout = |slot: usize| -> Result<&D::Buffer, ExecError> {
+        match grads_in.get(slot).copied().flatten() {
+            Some(b) => Ok(b),
+            None => zeros
+                .iter()
+                .find(|(s, _)| *s == slot)
+                .map(|(_, z)| z)
+                .ok_or_else(|| state(op, "output gradient missing")),
+        }
+    };
+    // The loss's own gradient (a scalar; `None`: zero).
+    let dloss = || grads_in.first().copied().flatten();
+    let input = |i: usize, what: &str| need(&inputs, i, op, what);
+    let saved = |i: usize, what: &str| aux.get(i).ok_or_else(|| state(op, &format!("{what} was not saved")));
+    let mut take = |i: usize| grads_out.get_mut(i).and_then(Option::take);
+    match op.kind {
+        OpKind::Linear => {
+            let (m, n, k) = linear_of(g, op);
+            let dy = dout(0)?;
+            if let Some(t) = take(0) {
+                let w = input(1, "the weight")?;
+                let gm = Gemm {
+                    m,
+                    n: k,
+                    k: n,
+                    trans_a: false,
+                    trans_b: false,
+                };
+                dev.matmul(t.buf, dy, w, gm, t.accumulate)?;
+            }
+            if let Some(t) = take(1) {
+                let x = input(0, "the input")?;
+                let gm = Gemm {
+                    m: n,
+                    n: k,
+                    k: m,
+                    trans_a: true,
+                    trans_b: false,
+                };
+                dev.matmul(t.buf, dy, x, gm, t.accumulate)?;
+            }
+            if let Some(mut t) = take(2) {
+                emit_add(dev, &mut t, |db| dev.bias_backward(db, dy))?;
+            }
+        }
+        OpKind::Embedding => {
+            if let Some(mut t) = take(1) {
+                let c = last(g, op.inputs[1]);
+                let tokens = input(0, "the tokens")?;
+                let d = dout(0)?;
+                emit_add(dev, &mut t, |dw| dev.embedding_backward(dw, d, tokens, c, None))?;
+            }
+        }
+        OpKind::RmsNorm => {
+            let c = last(g, op.inputs[0]);
+            let (x, w) = (input(0, "the input")?, input(1, "the weight")?);
+            let rstd = saved(0, "rstd")?;
+            let mut dw_scratch = None;
+            let mut dwt = target_or_scratch(dev, take(1), c, &mut dw_scratch)?;
+            zeroed_unless_accumulating(dev, &mut dwt)?;
+            let mut dx_scratch = None;
+            let mut dxt = target_or_scratch(dev, take(0), x.len(), &mut dx_scratch)?;
+            let d = dout(0)?;
+            emit(dev, &mut dxt, |dx| dev.rmsnorm_backward(dx, dwt.buf, d, x, w, rstd, c))?;
+        }
+        OpKind::LayerNorm => {
+            let c = last(g, op.inputs[0]);
+            let (x, w) = (input(0, "the input")?, input(1, "the weight")?);
+            let (mean, rstd) = match aux {
+                [m, r, ..] => (m, r),
+                _ => return Err(state(op, "mean and rstd were not saved")),
+            };
+            let (mut s1, mut s2, mut s3) = (None, None, None);
+            let mut dwt = target_or_scratch(dev, take(1), c, &mut s1)?;
+            let mut dbt = target_or_scratch(dev, take(2), c, &mut s2)?;
+            zeroed_unless_accumulating(dev, &mut dwt)?;
+            zeroed_unless_accumulating(dev, &mut dbt)?;
+            let mut dxt = target_or_scratch(dev, take(0), x.len(), &mut s3)?;
+            let d = dout(0)?;
+            emit(dev, &mut dxt, |dx| {
+                dev.layernorm_backward(dx, dwt.buf, dbt.buf, d, x, w, mean, rstd, c)
+            })?;
+        }
+        OpKind::Rotary => {
+            if let Some(mut t) = take(0) {
+                let r = rope_of(g, op);
+                let d = dout(0)?;
+                emit(dev, &mut t, |dx| dev.rope_backward(dx, d, r))?;
+            }
+        }
+        OpKind::Attention => {
+            let a = attn_of(g, op);
+            let (q, k, v) = (input(0, "q")?, input(1, "k")?, input(2, "v")?);
+            let out = need(&outputs, 0, op, "the attention output")?;
+            let lse = saved(0, "lse")?;
+            let (mut s0, mut s1, mut s2) = (None, None, None);
+            let mut dq = target_or_scratch(dev, take(0), q.len(), &mut s0)?;
+            let mut dk = target_or_scratch(dev, take(1), k.len(), &mut s1)?;
+            let mut dv = target_or_scratch(dev, take(2), v.len(), &mut s2)?;
+            // The kernel writes all three at once; accumulating targets go via scratch.
+            let (mut t0, mut t1, mut t2) = (stage(dev, &mut dq)?, stage(dev, &mut dk)?, stage(dev, &mut dv)?);
+            dev.attention_backward(t0.out(), t1.out(), t2.out(), dout(0)?, q, k, v, out, lse, a)?;
+            for t in [t0, t1, t2] {
+                settle(dev, t)?;
+            }
+        }
+        OpKind::SwiGlu | OpKind::GeGlu => {
+            let (gate, up) = (input(0, "the gate")?, input(1, "the up projection")?);
+            let (mut s0, mut s1) = (None, None);
+            let mut dg = target_or_scratch(dev, take(0), gate.len(), &mut s0)?;
+            let mut du = target_or_scratch(dev, take(1), up.len(), &mut s1)?;
+            let (mut tg, mut tu) = (stage(dev, &mut dg)?, stage(dev, &mut du)?);
+            let d = dout(0)?;
+            if op.kind == OpKind::SwiGlu {
+                dev.swiglu_backward(tg.out(), tu.out(), d, gate, up)?;
+            } else {
+                dev.geglu_backward(tg.out(), tu.out(), d, gate, up)?;
+            }
+            settle(dev, tg)?;
+            settle(dev, tu)?;
+        }
+        OpKind::Gelu | OpKind::SquaredRelu => {
+            if let Some(mut t) = take(0) {
+                let x = input(0, "the input")?;
+                let d = dout(0)?;
+                if op.kind == OpKind::Gelu {
+                    emit(dev, &mut t, |dx| dev.gelu_backward(dx, d, x))?;
+                } else {
+                    emit(dev, &mut t, |dx| dev.squared_relu_backward(dx, d, x))?;
+                }
+            }
+        }
+        OpKind::Add => {
+            let d = dout(0)?;
+            for slot in 0..2 {
+                if let Some(mut t) = take(slot) {
+                    emit(dev, &mut t, |dx| dev.copy(dx, 0, d, 0, d.len()))?;
+                }
+            }
+        }
+        OpKind::Concat => {
+            let (mut ta, mut tb) = (take(0), take(1));
+            for t in [&mut ta, &mut tb].into_iter().flatten() {
+                zeroed_unless_accumulating(dev, t)?;
+            }
+            dev.concat_backward(
+                ta.map(|t| t.buf),
+                tb.map(|t| t.buf),
+                dout(0)?,
+                concat_of(g, op),
+            )?;
+        }
+        OpKind::CrossEntropy => {
+            if let Some(mut t) = take(0) {
+                let v = last(g, op.inputs[0]);
+                let logits = input(0, "the logits")?;
+                let targets = input(1, "the targets")?;
+                let lse = saved(0, "lse")?;
+                emit(dev, &mut t, |dl| {
+                    dev.cross_entropy_backward(dl, logits, lse, targets, v, dloss())
+                })?;
+            }
+        }
+        OpKind::Router => {
+            if let Some(mut t) = take(0) {
+                let r = router_of(g, op);
+                let probs = saved(0, "probs")?;
+                let idx = need(&outputs, 1, op, "the router indices")?;
+                let d = dout(0)?;
+                emit(dev, &mut t, |dl| dev.router_backward(dl, d, probs, idx, &r))?;
+            }
+        }
+        OpKind::MoeDispatch => {
+            if let Some(mut t) = take(0) {
+                let plan = plans
+                    .routed
+                    .get(&op.inputs[1])
+                    .ok_or_else(|| state(op, "the routing plan was not saved"))?;
+                let c = last(g, op.outputs[0]);
+                let d = dout(0)?;
+                emit(dev, &mut t, |dx| dev.dispatch_backward(dx, d, plan, c))?;
+            }
+        }
+        OpKind::GroupedLinear => {
+            let w = shape(g, op.inputs[1]);
+            let (n_out, k_in) = (w[1] as usize, w[2] as usize);
+            let plan = plans
+                .for_experts(op.inputs[2])
+                .ok_or_else(|| state(op, "the routing plan was not saved"))?;
+            let xs = input(0, "the sorted tokens")?;
+            let wv = input(1, "the expert weights")?;
+            let (mut s0, mut s1) = (None, None);
+            let mut dwt = target_or_scratch(dev, take(1), wv.len(), &mut s1)?;
+            zeroed_unless_accumulating(dev, &mut dwt)?;
+            let mut dxt = target_or_scratch(dev, take(0), xs.len(), &mut s0)?;
+            let d = dout(0)?;
+            emit(dev, &mut dxt, |dx| {
+                dev.grouped_matmul_backward(dx, dwt.buf, d, xs, wv, plan, k_in, n_out)
+            })?;
+        }
+        OpKind::MoeCombine => {
+            let c = last(g, op.inputs[0]);
+            let plan = plans
+                .routed
+                .get(&op.inputs[2])
+                .ok_or_else(|| state(op, "the routing plan was not saved"))?;
+            let ys = input(0, "the expert outputs")?;
+            let wts = input(1, "the router weights")?;
+            let (mut s0, mut s1) = (None, None);
+            let mut dyt = target_or_scratch(dev, take(0), ys.len(), &mut s0)?;
+            let mut dwt = target_or_scratch(dev, take(1), wts.len(), &mut s1)?;
+            let (mut ty, mut tw) = (stage(dev, &mut dyt)?, stage(dev, &mut dwt)?);
+            dev.combine_backward(ty.out(), tw.out(), dout(0)?, ys, wts, plan, c)?;
+            settle(dev, ty)?;
+            settle(dev, tw)?;
+        }
+        OpKind::AllReduce
+        | OpKind::AllGather
+        | OpKind::ReduceScatter
+        | OpKind::AllToAll
+        | OpKind::Send
+        | OpKind::Recv => return Err(collective_here(dev, op)),
+    }
+    Ok(())
+}

@@ -1,0 +1,761 @@
+//! The commands that run as one process per rank (started by `srun`, `mpirun`, torchrun
+//! or a Kubernetes indexed Job, see `runner_dist::launch`), meet at rank 0's rendezvous,
+//! and communicate through NCCL on GPUs or the TCP backend on CPU ranks:
+//!
+//! - `bench collectives`: nccl-tests' size sweep, flags (`-b -e -f -i -g -n -w -c -d`),
+//!   columns and bus-bandwidth factors, so its lines compare with `all_reduce_perf` & co.
+//! - `bench step`: training steps of a toy Llama sharded over tp·pp·dp ranks; each rank
+//!   prints its progress, rank 0 the losses and each rank's weight digest.
+//!
+//! Without a launcher, `-g N` (collectives) or `--in-process` (step) run the N ranks as
+//! threads of this process through the same code.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use runner::report::Table;
+use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous};
+use runner_exec::collective::{Collective, HostCollective, ReduceOp};
+use runner_exec::cpu::Cpu;
+use runner_exec::device::{Device, Elem};
+use runner_exec::executor::ADAMW_DEFAULT;
+use runner_exec::select::DeviceSpec;
+use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
+use runner_exec::{ExecError, ExecOptions, Executor, Input, ThreadGroup};
+use runner_graph::shard::{Layout, RankCoord, shard};
+
+use crate::Global;
+use crate::commands::emit;
+
+/// nccl-tests' size syntax: bytes, or a number with K, M or G (powers of 1024).
+pub fn parse_size(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (num, mul) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1u64 << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(mul))
+        .ok_or_else(|| anyhow!("size '{s}': a number of bytes, or with K, M or G (e.g. 8, 64K, 32M, 1G)"))
+}
+
+/// The collectives and their nccl-tests names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Coll {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    AllToAll,
+    Broadcast,
+    SendRecv,
+}
+
+impl Coll {
+    pub const ALL: [Coll; 6] = [Coll::AllReduce, Coll::AllGather, Coll::ReduceScatter, Coll::AllToAll, Coll::Broadcast, Coll::SendRecv];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Coll::AllReduce => "all_reduce",
+            Coll::AllGather => "all_gather",
+            Coll::ReduceScatter => "reduce_scatter",
+            Coll::AllToAll => "alltoall",
+            Coll::Broadcast => "broadcast",
+            Coll::SendRecv => "sendrecv",
+        }
+    }
+
+    pub fn parse(s: &str) -> Result<Coll> {
+        Coll::ALL
+            .into_iter()
+            .find(|c| c.name() == s || c.name().replace('_', "") == s.replace(['_', '-'], ""))
+            .ok_or_else(|| anyhow!("--ops {s}: use all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv"))
+    }
+
+    /// nccl-tests' bus-bandwidth factor for `n` ranks (`*GetBw` in its sources).
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
+            Coll::Broadcast | Coll::SendRecv => 1.0,
+        }
+    }
+}
+
+/// nccl-tests' flags, as `bench collectives` takes them.
+#[derive(Clone, Debug)]
+pub struct CollArgs {
+    pub minbytes: u64,
+    pub maxbytes: u64,
+    pub stepfactor: u64,
+    pub stepbytes: Option<u64>,
+    pub ngpus: usize,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: usize,
+    pub dtype: Elem,
+    pub ops: Vec<Coll>,
+    pub timeout: Duration,
+}
+
+impl CollArgs {
+    /// The sizes of the sweep: min, ×factor (or +step) up to max, as nccl-tests.
+    pub fn sizes(&self) -> Vec<u64> {
+        let mut v = Vec::new();
+        let mut s = self.minbytes.max(1);
+        while s <= self.maxbytes {
+            v.push(s);
+            s = match self.stepbytes {
+                Some(b) => s + b.max(1),
+                None => s.saturating_mul(self.stepfactor.max(2)),
+            };
+        }
+        v
+    }
+}
+
+/// One line of the table (out-of-place columns of nccl-tests; the in-place all-reduce
+/// and broadcast are the same calls here).
+#[derive(Clone, Debug, Serialize)]
+pub struct CollRow {
+    pub op: &'static str,
+    pub size_bytes: u64,
+    pub count: u64,
+    #[serde(rename = "type")]
+    pub dtype: &'static str,
+    pub redop: &'static str,
+    pub root: i64,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub busbw_gbps: f64,
+    pub wrong: u64,
+    pub ranks: usize,
+    pub transport: &'static str,
+}
+
+fn nccl_type_name(e: Elem) -> &'static str {
+    match e {
+        Elem::F32 => "float",
+        Elem::BF16 => "bfloat16",
+        Elem::F16 => "half",
+        Elem::I32 => "int32",
+        Elem::F8E4M3 => "f8e4m3",
+        Elem::F8E5M2 => "f8e5m2",
+    }
+}
+
+/// The ranks to run here: this process's own (from the launcher), or `n` threads of it
+/// meeting on loopback when nothing launched several processes.
+fn local_ranks(n: usize) -> Result<Vec<Launch>> {
+    let l = runner_dist::detect().map_err(|e| anyhow!(e))?;
+    if l.world > 1 || n <= 1 {
+        if n > 1 {
+            bail!("-g {n}: one GPU per process under a launcher ({}); launch one rank per GPU", l.source);
+        }
+        return Ok(vec![l]);
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    Ok((0..n)
+        .map(|r| Launch {
+            rank: r,
+            world: n,
+            local_rank: r,
+            master: Some(("127.0.0.1".into(), port)),
+            source: "threads of one process (-g)",
+        })
+        .collect())
+}
+
+fn meta(run: String) -> RunMeta {
+    RunMeta {
+        version: env!("CARGO_PKG_VERSION").into(),
+        run,
+        plugins: Vec::new(),
+    }
+}
+
+/// Whether this rank computes on a GPU, and which.
+fn rank_device(spec: DeviceSpec, local_rank: usize) -> Result<Option<usize>> {
+    match spec {
+        DeviceSpec::Cpu => Ok(None),
+        DeviceSpec::Cuda(n) => Ok(Some(n + local_rank)),
+        DeviceSpec::Auto => Ok(runner_exec::select::cuda_unusable(local_rank).is_none().then_some(local_rank)),
+    }
+}
+
+/// Re-run this command with a `libnccl.so` link on the loader path when only NCCL's
+/// `libnccl.so.2` is installed (cudarc loads `libnccl.so`). `None`: nothing to do.
+#[cfg(feature = "cuda")]
+fn reexec_for_nccl() -> Option<Result<()>> {
+    use runner_exec::cuda::nccl;
+    if nccl::nccl_library().is_ok() || std::env::var_os("RUNNER_NCCL_SHIM").is_some() {
+        return None;
+    }
+    let dir = nccl::nccl_shim_dir()?;
+    let ld = match std::env::var("LD_LIBRARY_PATH") {
+        Ok(old) if !old.is_empty() => format!("{}:{old}", dir.display()),
+        _ => dir.display().to_string(),
+    };
+    let exe = std::env::current_exe().ok()?;
+    let status = std::process::Command::new(exe)
+        .args(std::env::args_os().skip(1))
+        .env("LD_LIBRARY_PATH", ld)
+        .env("RUNNER_NCCL_SHIM", "1")
+        .status();
+    Some(match status {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(anyhow!("exit status {s}")),
+        Err(e) => Err(anyhow!("re-running with the NCCL link: {e}")),
+    })
+}
+
+/// The handle of group `name` over world ranks `members` for this rank: TCP on the CPU,
+/// NCCL (bootstrapped and watched over TCP) on a GPU.
+trait Groups: Device + Sized {
+    type G: Collective<Self> + 'static;
+    fn group(&self, world: &TcpWorld, name: &str, members: &[usize], timeout: Duration) -> Result<Self::G>;
+    /// Benchmarks: calls queue without waiting, [`Groups::finish`] waits for them all.
+    fn batch(_g: &mut Self::G, _on: bool) {}
+    fn finish(_g: &Self::G) -> Result<()> {
+        Ok(())
+    }
+    fn transport() -> &'static str;
+}
+
+impl Groups for Cpu {
+    type G = runner_dist::TcpGroup;
+    fn group(&self, world: &TcpWorld, name: &str, members: &[usize], _timeout: Duration) -> Result<Self::G> {
+        world.group(name, members).map_err(|e| anyhow!(e))
+    }
+    fn transport() -> &'static str {
+        "tcp"
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl Groups for runner_exec::cuda::Cuda {
+    type G = runner_exec::cuda::nccl::NcclGroup;
+    fn group(&self, world: &TcpWorld, name: &str, members: &[usize], timeout: Duration) -> Result<Self::G> {
+        use runner_exec::cuda::nccl::{NcclGroup, unique_id};
+        let tcp = world.group(name, members).map_err(|e| anyhow!(e))?;
+        // Group rank 0 makes the id; it travels as 32 f32 words, bit for bit.
+        let mut words = vec![0f32; 32];
+        if HostCollective::rank(&tcp) == 0 {
+            let id = unique_id()?;
+            for (w, c) in words.iter_mut().zip(id.chunks(4)) {
+                *w = f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+        let words = HostCollective::broadcast(&tcp, &words, 0)?;
+        let mut id = [0u8; 128];
+        for (c, w) in id.chunks_mut(4).zip(&words) {
+            c.copy_from_slice(&w.to_bits().to_le_bytes());
+        }
+        let w = world.clone();
+        Ok(NcclGroup::new(self, name, HostCollective::rank(&tcp), members.len(), id, timeout, std::sync::Arc::new(move || w.failure()))?)
+    }
+    fn batch(g: &mut Self::G, on: bool) {
+        g.set_blocking(!on);
+    }
+    fn finish(g: &Self::G) -> Result<()> {
+        Ok(g.wait("benchmark")?)
+    }
+    fn transport() -> &'static str {
+        "nccl"
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// bench collectives
+// ---------------------------------------------------------------------------------------
+
+pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if rank_device(global.device, 0)?.is_some()
+        && let Some(r) = reexec_for_nccl()
+    {
+        return r;
+    }
+    let ranks = local_ranks(args.ngpus)?;
+    let run = format!(
+        "bench collectives -b {} -e {} -f {} -n {} -w {} -d {} ops {:?}",
+        args.minbytes,
+        args.maxbytes,
+        args.stepfactor,
+        args.iters,
+        args.warmup,
+        nccl_type_name(args.dtype),
+        args.ops
+    );
+    let results = on_ranks(ranks, global.device, move |launch, gpu| {
+        let world = rendezvous(&launch, &meta(run.clone()), args.timeout)?;
+        match gpu {
+            None => coll_rank(&Cpu::new(), &world, &args),
+            #[cfg(feature = "cuda")]
+            Some(n) => coll_rank(&runner_exec::cuda::Cuda::new(n)?, &world, &args),
+            #[cfg(not(feature = "cuda"))]
+            Some(_) => bail!("built without CUDA"),
+        }
+    })?;
+    let Some(rows) = results.into_iter().flatten().next() else {
+        return Ok(()); // not rank 0: rank 0 prints
+    };
+    let n = rows.first().map_or(1, |r| r.ranks);
+    let transport = rows.first().map_or("tcp", |r| r.transport);
+    let mut t = Table::new(
+        format!("collectives over {n} rank(s), {transport}"),
+        &["op", "size (B)", "count (elements)", "type", "redop", "root", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
+    );
+    for r in &rows {
+        t.rows.push(vec![
+            r.op.into(),
+            r.size_bytes.to_string(),
+            r.count.to_string(),
+            r.dtype.into(),
+            r.redop.into(),
+            r.root.to_string(),
+            format!("{:.2}", r.time_us),
+            format!("{:.2}", r.algbw_gbps),
+            format!("{:.2}", r.busbw_gbps),
+            r.wrong.to_string(),
+        ]);
+    }
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    let avg = rows.iter().map(|r| r.busbw_gbps).sum::<f64>() / rows.len().max(1) as f64;
+    t.notes.push(format!("Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" }));
+    t.notes.push(format!("Avg bus bandwidth    : {avg:.3}"));
+    t.notes.push(
+        "nccl-tests conventions: size = the S of each collective's *GetBw (all_gather: the gathered output, \
+         reduce_scatter and alltoall: the per-rank input), algbw = S / time, busbw = algbw x its factor (all_reduce \
+         2(n-1)/n; all_gather, reduce_scatter, alltoall (n-1)/n; broadcast, sendrecv 1); time = mean over ranks of \
+         the mean over -n iterations after -w warm-up ones, GB = 1e9 bytes"
+            .into(),
+    );
+    if transport == "tcp" {
+        t.notes.push("TCP backend (ranks without GPUs): for tests and development, not a network benchmark".into());
+    }
+    emit(global, &t, &rows)?;
+    if wrong > 0 {
+        bail!("{wrong} wrong values in the collectives' results");
+    }
+    Ok(())
+}
+
+/// Run `f` on each local rank (threads when several), returning each rank's result in
+/// rank order; the first error wins.
+fn on_ranks<T: Send + 'static>(
+    ranks: Vec<Launch>,
+    spec: DeviceSpec,
+    f: impl Fn(Launch, Option<usize>) -> Result<T> + Send + Sync + 'static,
+) -> Result<Vec<T>> {
+    let f = std::sync::Arc::new(f);
+    let mut hs = Vec::new();
+    for l in ranks {
+        let gpu = rank_device(spec, l.local_rank)?;
+        let f = f.clone();
+        hs.push(std::thread::spawn(move || f(l, gpu)));
+    }
+    let mut out = Vec::new();
+    let mut first_err = None;
+    for h in hs {
+        match h.join() {
+            Ok(Ok(v)) => out.push(v),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow!("a rank thread panicked"));
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(out),
+    }
+}
+
+/// One rank's sweep; rank 0 returns the rows.
+fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, a: &CollArgs) -> Result<Option<Vec<CollRow>>> {
+    let n = world.size();
+    let me = world.rank();
+    let all: Vec<usize> = (0..n).collect();
+    let mut g = dev.group(world, "world", &all, a.timeout)?;
+    D::batch(&mut g, true);
+    let ctl = world.everyone().map_err(|e| anyhow!(e))?;
+    let esize = a.dtype.bytes() as u64;
+    let mut rows = Vec::new();
+    for &op in &a.ops {
+        for size in a.sizes() {
+            // nccl-tests' count: elements of the size, rounded down to split over the ranks.
+            let mut count = size / esize;
+            if matches!(op, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) {
+                count = count / n as u64 * n as u64;
+            }
+            if count == 0 {
+                continue;
+            }
+            let c = count as usize;
+            let per = c / n;
+            let (in_len, out_len) = match op {
+                Coll::AllReduce | Coll::Broadcast => (c, c),
+                Coll::AllGather => (per, c),
+                Coll::ReduceScatter => (c, per),
+                Coll::AllToAll => (c, c),
+                Coll::SendRecv => (c, c),
+            };
+            let mut input = dev.alloc(a.dtype, in_len)?;
+            let mut output = dev.alloc(a.dtype, out_len)?;
+            // Rank r, element i: a small integer, exact in every format and its sums.
+            let value = |r: usize, i: usize| ((r * 7 + i * 3) % 5) as f32;
+            let host: Vec<f32> = (0..in_len).map(|i| value(me, i)).collect();
+            let next = (me + 1) % n;
+            let prev = (me + n - 1) % n;
+            let call = |input: &mut D::Buffer, output: &mut D::Buffer| -> Result<(), ExecError> {
+                match op {
+                    Coll::AllReduce => g.all_reduce(dev, input, ReduceOp::Sum),
+                    Coll::AllGather => g.all_gather(dev, input, output),
+                    Coll::ReduceScatter => g.reduce_scatter(dev, input, output),
+                    Coll::AllToAll => g.all_to_all(dev, input, output),
+                    Coll::Broadcast => g.broadcast(dev, input, 0),
+                    Coll::SendRecv => {
+                        let mut send = vec![0; n];
+                        let mut recv = vec![0; n];
+                        if n > 1 {
+                            send[next] = c;
+                            recv[prev] = c;
+                        }
+                        g.all_to_all_v(dev, input, &send, output, &recv)
+                    }
+                }
+            };
+            for _ in 0..a.warmup {
+                dev.write_f32(&mut input, &host)?;
+                call(&mut input, &mut output)?;
+            }
+            dev.write_f32(&mut input, &host)?;
+            D::finish(&g)?;
+            dev.synchronize()?;
+            ctl.barrier()?;
+            let start = dev.record()?;
+            for _ in 0..a.iters.max(1) {
+                call(&mut input, &mut output)?;
+            }
+            let end = dev.record()?;
+            D::finish(&g)?;
+            let mut secs = vec![(dev.elapsed_s(&start, &end)? / a.iters.max(1) as f64) as f32];
+            HostCollective::all_reduce(&ctl, &mut secs, ReduceOp::Sum)?;
+            let time = f64::from(secs[0]) / n as f64;
+            // Check: fresh inputs, one call, every element against its expected value.
+            let mut wrong = 0u64;
+            for _ in 0..a.check {
+                dev.write_f32(&mut input, &host)?;
+                call(&mut input, &mut output)?;
+                D::finish(&g)?;
+                let got = match op {
+                    Coll::AllReduce | Coll::Broadcast => dev.read_f32(&input)?,
+                    _ => dev.read_f32(&output)?,
+                };
+                let want: Vec<f32> = match op {
+                    Coll::AllReduce => (0..c).map(|i| (0..n).map(|r| value(r, i)).sum()).collect(),
+                    Coll::Broadcast => (0..c).map(|i| value(0, i)).collect(),
+                    Coll::AllGather => (0..c).map(|i| value(i / per, i % per)).collect(),
+                    Coll::ReduceScatter => (0..per).map(|i| (0..n).map(|r| value(r, me * per + i)).sum()).collect(),
+                    Coll::AllToAll => (0..c).map(|i| value(i / per, me * per + i % per)).collect(),
+                    Coll::SendRecv if n > 1 => (0..c).map(|i| value(prev, i)).collect(),
+                    Coll::SendRecv => got.clone(),
+                };
+                wrong += got.iter().zip(&want).filter(|(x, y)| x != y).count() as u64 + got.len().abs_diff(want.len()) as u64;
+            }
+            let mut w = vec![wrong as f32];
+            HostCollective::all_reduce(&ctl, &mut w, ReduceOp::Sum)?;
+            let s = match op {
+                Coll::AllGather | Coll::AllToAll | Coll::ReduceScatter => count * esize,
+                _ => count * esize,
+            } as f64;
+            let algbw = s / time / 1e9;
+            rows.push(CollRow {
+                op: op.name(),
+                size_bytes: count * esize,
+                count,
+                dtype: nccl_type_name(a.dtype),
+                redop: if matches!(op, Coll::AllReduce | Coll::ReduceScatter) { "sum" } else { "none" },
+                root: if op == Coll::Broadcast { 0 } else { -1 },
+                time_us: time * 1e6,
+                algbw_gbps: algbw,
+                busbw_gbps: algbw * op.bus_factor(n),
+                wrong: w[0] as u64,
+                ranks: n,
+                transport: D::transport(),
+            });
+        }
+    }
+    Ok((me == 0).then_some(rows))
+}
+
+// ---------------------------------------------------------------------------------------
+// bench step
+// ---------------------------------------------------------------------------------------
+
+/// A tp·pp·dp layout from `tp=2,pp=1,dp=2`.
+pub fn parse_layout(s: &str) -> Result<(u32, u32, u32)> {
+    let (mut tp, mut pp, mut dp) = (1, 1, 1);
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N"))?;
+        let v: u32 = v.trim().parse().ok().filter(|&v| v > 0).ok_or_else(|| anyhow!("--layout {s}: {k} must be a positive integer"))?;
+        match k.trim() {
+            "tp" => tp = v,
+            "pp" => pp = v,
+            "dp" => dp = v,
+            other => bail!("--layout {s}: '{other}' is not tp, pp or dp"),
+        }
+    }
+    Ok((tp, pp, dp))
+}
+
+/// A rank's collective handles, by group name.
+type RankGroups<D> = Vec<(String, Box<dyn Collective<D>>)>;
+
+/// What one rank reports.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct RankResult {
+    pub rank: usize,
+    pub coord: (u32, u32, u32),
+    /// Loss of each step (0 on pipeline stages without the loss).
+    pub losses: Vec<f32>,
+    /// sha256 of every weight's bits after the steps, by name order.
+    pub weights_sha256: String,
+}
+
+/// The groups rank `r` of a tp·pp·dp mesh belongs to (name, world ranks), those of more
+/// than one rank: Megatron's order, tp fastest, then pp, then dp.
+pub fn mesh_groups(tp: u32, pp: u32, dp: u32, r: usize) -> Vec<(&'static str, Vec<usize>)> {
+    let at = |t: u32, p: u32, d: u32| ((d * pp + p) * tp + t) as usize;
+    let (t, p, d) = ((r as u32) % tp, (r as u32) / tp % pp, (r as u32) / (tp * pp));
+    let mut out = vec![
+        ("tp", (0..tp).map(|x| at(x, p, d)).collect::<Vec<_>>()),
+        ("pp", (0..pp).map(|x| at(t, x, d)).collect()),
+        ("dp", (0..dp).map(|x| at(t, p, x)).collect()),
+    ];
+    if pp > 1 && (p == 0 || p == pp - 1) {
+        out.push(("pp-embed", vec![at(t, 0, d), at(t, pp - 1, d)]));
+    }
+    out.retain(|(_, m)| m.len() > 1);
+    out
+}
+
+fn weight_digest<D: Device>(ex: &Executor<D>) -> Result<String> {
+    let mut names: Vec<String> = ex
+        .graph()
+        .tensors
+        .iter()
+        .filter(|t| t.kind == runner_graph::TensorKind::Weight)
+        .map(|t| t.name.clone())
+        .collect();
+    names.sort();
+    let mut h = Sha256::new();
+    for n in names {
+        h.update(n.as_bytes());
+        for x in ex.weight(&n)? {
+            h.update(x.to_bits().to_le_bytes());
+        }
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// One rank's training steps.
+fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, layout: (u32, u32, u32), rank: usize, steps: usize) -> Result<RankResult> {
+    let (tp, pp, dp) = layout;
+    let mut cfg = ToyConfig::tiny();
+    cfg.layers = 2 * pp;
+    let g = with_roles(llama(&cfg), true);
+    let l = Layout {
+        tp,
+        pp,
+        cp: 1,
+        ep: 1,
+        etp: 1,
+        dp,
+        vp: 1,
+        sequence_parallel: false,
+        fsdp: false,
+        micro_batch: cfg.batch as u32,
+        global_batch: cfg.batch as u32 * dp,
+    };
+    let coord = RankCoord {
+        tp: rank as u32 % tp,
+        pp: rank as u32 / tp % pp,
+        cp: 0,
+        dp: rank as u32 / (tp * pp),
+    };
+    let sharded = shard(&g, &l, coord).map_err(|e| anyhow!("sharding the toy model for {l:?}: {e}"))?;
+    let mut ex = Executor::for_rank(&sharded, dev, ExecOptions { seed: 3, ..ExecOptions::default() }, groups)?;
+    // Each dp rank its own batch; every tp rank and stage of it the same.
+    let data = batch_inputs(&g, 7 + coord.dp);
+    let inputs: Vec<(&str, Input<'_>)> = data
+        .iter()
+        .filter(|(n, _)| sharded.graph.tensor_id(n).is_some())
+        .map(|(n, v)| (n.as_str(), Input::U32(v)))
+        .collect();
+    let mut losses = Vec::with_capacity(steps);
+    for k in 0..steps {
+        let loss = ex.step(&inputs, &ADAMW_DEFAULT).with_context(|| format!("rank {rank}, step {k}"))?;
+        eprintln!("rank {rank}: step {k} loss {loss:.6}");
+        losses.push(loss);
+    }
+    Ok(RankResult {
+        rank,
+        coord: (coord.tp, coord.pp, coord.dp),
+        losses,
+        weights_sha256: weight_digest(&ex)?,
+    })
+}
+
+pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, global: &Global) -> Result<()> {
+    let (tp, pp, dp) = parse_layout(layout)?;
+    let n = (tp * pp * dp) as usize;
+    if steps == 0 {
+        bail!("--steps must be positive");
+    }
+    let launch = runner_dist::detect().map_err(|e| anyhow!(e))?;
+    let results: Vec<RankResult> = if in_process || (launch.world == 1 && n > 1) {
+        // The single-process run of the layout: every rank a thread, ThreadGroup handles.
+        let mut made: HashMap<(&str, Vec<usize>), Vec<Option<ThreadGroup>>> = HashMap::new();
+        let mut handles: Vec<RankGroups<Cpu>> = (0..n).map(|_| Vec::new()).collect();
+        for (r, h) in handles.iter_mut().enumerate() {
+            for (name, members) in mesh_groups(tp, pp, dp, r) {
+                let pos = members.iter().position(|&m| m == r).unwrap_or(0);
+                let hs = made
+                    .entry((name, members.clone()))
+                    .or_insert_with(|| ThreadGroup::with_timeout(members.len(), timeout).into_iter().map(Some).collect());
+                let mine = hs[pos].take().ok_or_else(|| anyhow!("group {name} handed out twice"))?;
+                h.push((name.to_string(), Box::new(mine)));
+            }
+        }
+        let hs: Vec<_> = handles
+            .into_iter()
+            .enumerate()
+            .map(|(r, groups)| std::thread::spawn(move || step_rank(Cpu::new(), groups, (tp, pp, dp), r, steps)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked"))?)
+            .collect::<Result<_>>()?
+    } else {
+        if launch.world != n {
+            bail!("--layout {layout} needs {n} ranks, the launcher started {} ({})", launch.world, launch.source);
+        }
+        #[cfg(feature = "cuda")]
+        if rank_device(global.device, launch.local_rank)?.is_some()
+            && let Some(r) = reexec_for_nccl()
+        {
+            return r;
+        }
+        let world = rendezvous(&launch, &meta(format!("bench step --layout tp={tp},pp={pp},dp={dp} --steps {steps}")), timeout)?;
+        let r = launch.rank;
+        let mine = match rank_device(global.device, launch.local_rank)? {
+            None => dist_step(Cpu::new(), &world, (tp, pp, dp), r, steps, timeout),
+            #[cfg(feature = "cuda")]
+            Some(g) => dist_step(runner_exec::cuda::Cuda::new(g)?, &world, (tp, pp, dp), r, steps, timeout),
+            #[cfg(not(feature = "cuda"))]
+            Some(_) => bail!("built without CUDA"),
+        };
+        let mine = match mine {
+            Ok(m) => m,
+            Err(e) => {
+                // Tell the others at once, then fail.
+                world.close();
+                return Err(e.context(format!("rank {r} of {n}")));
+            }
+        };
+        // Rank 0 gathers every rank's report over the world group (as text, bit for bit).
+        let text = serde_json::to_string(&mine)?;
+        let ctl = world.everyone().map_err(|e| anyhow!(e))?;
+        let mut len = vec![text.len() as f32];
+        HostCollective::all_reduce(&ctl, &mut len, ReduceOp::Max)?;
+        let mut words: Vec<f32> = text.bytes().map(|b| f32::from_bits(u32::from(b))).collect();
+        words.resize(len[0] as usize, f32::from_bits(u32::from(b' ')));
+        let all = HostCollective::all_gather(&ctl, &words)?;
+        if r != 0 {
+            return Ok(());
+        }
+        all.chunks(len[0] as usize)
+            .map(|c| {
+                let s: String = c.iter().map(|w| char::from(w.to_bits() as u8)).collect();
+                serde_json::from_str(s.trim_end()).map_err(anyhow::Error::from)
+            })
+            .collect::<Result<_>>()?
+    };
+    let mut t = Table::new(format!("toy Llama, tp={tp} pp={pp} dp={dp}, {steps} step(s)"), &["rank", "(tp, pp, dp)", "losses", "weights sha256"]);
+    for r in &results {
+        t.rows.push(vec![
+            r.rank.to_string(),
+            format!("{:?}", r.coord),
+            r.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>().join(" "),
+            r.weights_sha256[..16].to_string(),
+        ]);
+    }
+    t.notes.push(format!(
+        "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights",
+        results.len()
+    ));
+    emit(global, &t, &results)
+}
+
+fn dist_step<D: Groups>(dev: D, world: &TcpWorld, layout: (u32, u32, u32), r: usize, steps: usize, timeout: Duration) -> Result<RankResult> {
+    let (tp, pp, dp) = layout;
+    let mut groups = Vec::new();
+    for (name, members) in mesh_groups(tp, pp, dp, r) {
+        let g: Box<dyn Collective<D>> = Box::new(dev.group(world, name, &members, timeout)?);
+        groups.push((name.to_string(), g));
+    }
+    step_rank(dev, groups, layout, r, steps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_flags_follow_nccl_tests() {
+        assert_eq!(parse_size("8").unwrap(), 8);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("32M").unwrap(), 32 << 20);
+        assert!(parse_size("3X").is_err());
+        let a = CollArgs {
+            minbytes: 8,
+            maxbytes: 128,
+            stepfactor: 4,
+            stepbytes: None,
+            ngpus: 1,
+            iters: 1,
+            warmup: 0,
+            check: 1,
+            dtype: Elem::F32,
+            ops: vec![Coll::AllReduce],
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(a.sizes(), [8, 32, 128]);
+        let a = CollArgs { stepbytes: Some(40), ..a };
+        assert_eq!(a.sizes(), [8, 48, 88, 128]);
+        assert_eq!(Coll::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(Coll::AllGather.bus_factor(4), 0.75);
+        assert_eq!(Coll::SendRecv.bus_factor(4), 1.0);
+        assert_eq!(Coll::parse("alltoall").unwrap(), Coll::AllToAll);
+        assert_eq!(Coll::parse("all-reduce").unwrap(), Coll::AllReduce);
+    }
+
+    #[test]
+    fn mesh_groups_match_megatron_order() {
+        assert_eq!(mesh_groups(2, 1, 2, 3), vec![("tp", vec![2, 3]), ("dp", vec![1, 3])]);
+        let g = mesh_groups(1, 2, 1, 1);
+        assert_eq!(g, vec![("pp", vec![0, 1]), ("pp-embed", vec![0, 1])]);
+        assert!(parse_layout("tp=2,dp=2").is_ok() && parse_layout("xp=2").is_err() && parse_layout("tp=0").is_err());
+    }
+}

@@ -1,0 +1,154 @@
+//! Multi-process runs through the real launch path: four `runner` processes on loopback
+//! with torchrun's variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), meeting at
+//! rank 0's rendezvous and training over the TCP backend. They give exactly the
+//! single-process run's losses and weights; a rank killed mid-step makes every other
+//! rank fail, naming it, well within the timeout; ranks that run different commands are
+//! refused.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("runner-dist-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Start rank `r` of `n` with `args`; stdout and stderr go to files in `dir`.
+fn rank(dir: &Path, r: usize, n: usize, port: u16, args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .env("RANK", r.to_string())
+        .env("WORLD_SIZE", n.to_string())
+        .env("LOCAL_RANK", r.to_string())
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", port.to_string())
+        .stdout(std::fs::File::create(dir.join(format!("out{r}"))).unwrap())
+        .stderr(std::fs::File::create(dir.join(format!("err{r}"))).unwrap())
+        .spawn()
+        .expect("runner starts")
+}
+
+fn read(dir: &Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap_or_default()
+}
+
+fn in_process(args: &[&str]) -> serde_json::Value {
+    let o = Command::new(env!("CARGO_BIN_EXE_runner"))
+        .args(args)
+        .arg("--in-process")
+        .env_remove("RANK")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+#[test]
+fn four_processes_train_exactly_as_one() {
+    for layout in ["tp=2,dp=2", "pp=2,dp=2"] {
+        let args = ["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "3", "--timeout", "60", "--format", "json"];
+        let dir = scratch(&layout.replace(['=', ','], "_"));
+        let port = free_port();
+        let kids: Vec<Child> = (0..4).map(|r| rank(&dir, r, 4, port, &args)).collect();
+        for (r, mut k) in kids.into_iter().enumerate() {
+            let st = k.wait().unwrap();
+            assert!(st.success(), "{layout} rank {r}: {}", read(&dir, &format!("err{r}")));
+        }
+        let multi: serde_json::Value = serde_json::from_str(&read(&dir, "out0")).unwrap();
+        let single = in_process(&args);
+        assert_eq!(multi, single, "{layout}: four processes differ from the single-process run");
+        let ranks = multi.as_array().unwrap();
+        assert_eq!(ranks.len(), 4);
+        // The loss falls, and the data-parallel replicas end with the same weights.
+        let l = &ranks[0]["losses"];
+        if layout.starts_with("tp") {
+            assert!(l[2].as_f64().unwrap() < l[0].as_f64().unwrap(), "{l}");
+            assert_eq!(ranks[0]["weights_sha256"], ranks[2]["weights_sha256"]);
+        }
+        for r in 1..4 {
+            assert!(read(&dir, &format!("out{r}")).trim().is_empty(), "only rank 0 prints the results");
+            assert!(read(&dir, &format!("err{r}")).contains(&format!("rank {r}: step 2 loss")));
+        }
+    }
+}
+
+#[test]
+fn a_rank_killed_mid_run_fails_every_other_rank_naming_it() {
+    let dir = scratch("kill");
+    let port = free_port();
+    let args = ["--device", "cpu", "bench", "step", "--layout", "tp=2,dp=2", "--steps", "1000000", "--timeout", "120"];
+    let mut kids: Vec<Child> = (0..4).map(|r| rank(&dir, r, 4, port, &args)).collect();
+    // Let the ranks train a few steps, then kill rank 2 hard.
+    let t0 = Instant::now();
+    while !read(&dir, "err0").contains("step 3 loss") {
+        assert!(t0.elapsed() < Duration::from_secs(60), "ranks did not start: {}", read(&dir, "err0"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    kids[2].kill().unwrap();
+    let killed = Instant::now();
+    let _ = kids[2].wait();
+    for r in [0, 1, 3] {
+        let st = loop {
+            if let Some(st) = kids[r].try_wait().unwrap() {
+                break st;
+            }
+            if killed.elapsed() > Duration::from_secs(30) {
+                for k in &mut kids {
+                    let _ = k.kill();
+                }
+                panic!("rank {r} still running 30 s after rank 2 was killed: {}", read(&dir, &format!("err{r}")));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let err = read(&dir, &format!("err{r}"));
+        assert!(!st.success(), "rank {r} exited successfully");
+        assert!(err.contains("rank 2"), "rank {r} does not name rank 2: {err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    assert!(killed.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn ranks_that_run_different_things_are_refused() {
+    let dir = scratch("refuse");
+    let port = free_port();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| {
+            let steps = if r == 1 { "5" } else { "3" };
+            rank(&dir, r, 2, port, &["--device", "cpu", "bench", "step", "--layout", "tp=2", "--steps", steps, "--timeout", "30"])
+        })
+        .collect();
+    for (r, mut k) in kids.into_iter().enumerate() {
+        assert!(!k.wait().unwrap().success(), "rank {r} was not refused");
+        let err = read(&dir, &format!("err{r}"));
+        assert!(err.contains("rank 1 runs something else than rank 0") && err.contains("--steps 5"), "rank {r}: {err}");
+    }
+}
+
+#[test]
+fn four_process_collectives_check_every_value() {
+    let dir = scratch("coll");
+    let port = free_port();
+    let args = ["--device", "cpu", "bench", "collectives", "-b", "1K", "-e", "16K", "-f", "4", "-n", "2", "-w", "1", "--format", "json"];
+    let kids: Vec<Child> = (0..4).map(|r| rank(&dir, r, 4, port, &args)).collect();
+    for (r, mut k) in kids.into_iter().enumerate() {
+        assert!(k.wait().unwrap().success(), "rank {r}: {}", read(&dir, &format!("err{r}")));
+    }
+    let rows: serde_json::Value = serde_json::from_str(&read(&dir, "out0")).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.len(), 6 * 3, "six collectives x three sizes");
+    for r in rows {
+        assert_eq!(r["wrong"], 0, "{r}");
+        assert_eq!(r["ranks"], 4);
+    }
+    let ar = rows.iter().find(|r| r["op"] == "all_reduce" && r["size_bytes"] == 4096).unwrap();
+    let (alg, bus) = (ar["algbw_gbps"].as_f64().unwrap(), ar["busbw_gbps"].as_f64().unwrap());
+    assert!((bus / alg - 1.5).abs() < 1e-9, "all-reduce busbw = 2(n-1)/n x algbw");
+}

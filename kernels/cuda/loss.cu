@@ -1,0 +1,131 @@
+// Softmax cross-entropy over the vocabulary (CPU twin: runner-kernels cpu/loss.rs) and
+// the three row statistics of Megatron's vocab-parallel cross-entropy. Row kernels: one
+// block of 256 threads per row. Targets equal to IGNORE (u32::MAX) are skipped and left
+// out of the mean. The mean is a fixed-order sum (cross_entropy_mean) so the loss is
+// deterministic.
+#include "common.cuh"
+
+#define IGNORE 0xffffffffu
+
+// losses (N), lse (N) from logits (N, v).
+extern "C" __global__ void cross_entropy_rows(float* losses, float* lse, const float* logits, const u32* targets,
+                                              int v) {
+    __shared__ float scratch[32];
+    i64 row = blockIdx.x;
+    const float* x = logits + row * v;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, x[i]);
+    m = block_max(m, scratch);
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) s += expf(x[i] - m);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) {
+        float z = m + logf(s);
+        lse[row] = z;
+        u32 t = targets[row];
+        losses[row] = t == IGNORE ? 0.0f : z - x[t];
+    }
+}
+
+// out[0] = mean over non-ignored rows of losses (0 when none), summed in f64 in row order
+// by one block: per-thread strided partials, then the partials in thread order.
+extern "C" __global__ void cross_entropy_mean(float* out, const float* losses, const u32* targets, i64 n) {
+    __shared__ double part[256];
+    __shared__ long long cnt[256];
+    double acc = 0.0;
+    long long valid = 0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) {
+        if (targets[i] != IGNORE) {
+            acc += (double)losses[i];
+            valid++;
+        }
+    }
+    part[threadIdx.x] = acc;
+    cnt[threadIdx.x] = valid;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double total = 0.0;
+        long long all = 0;
+        for (int i = 0; i < blockDim.x; i++) {
+            total += part[i];
+            all += cnt[i];
+        }
+        out[0] = all == 0 ? 0.0f : (float)(total / (double)all);
+    }
+}
+
+// Rows with a target (not ignored) into count[0], counted in integers by one block.
+extern "C" __global__ void count_valid(float* count, const u32* targets, i64 n) {
+    __shared__ long long cnt[256];
+    long long c = 0;
+    for (i64 i = threadIdx.x; i < n; i += blockDim.x) c += targets[i] != IGNORE ? 1 : 0;
+    cnt[threadIdx.x] = c;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        long long all = 0;
+        for (int i = 0; i < blockDim.x; i++) all += cnt[i];
+        count[0] = (float)all;
+    }
+}
+
+// dlogits (N, v) of the classes start..start+v: dloss · (exp(x − lse) − onehot) / valid,
+// zero rows for ignored targets. dloss: one element, or null for zero; count from
+// count_valid. Element-wise over N·v.
+extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
+                                                  const u32* targets, const float* dloss, const float* count,
+                                                  i64 rows, int v, i64 start) {
+    float c = count[0];
+    float scale = (c == 0.0f || dloss == 0) ? 0.0f : dloss[0] / c;
+    FOR_EACH(i, rows * v) {
+        i64 r = i / v;
+        int j = (int)(i % v);
+        u32 t = targets[r];
+        if (t == IGNORE) {
+            dlogits[i] = 0.0f;
+            continue;
+        }
+        float d = expf(logits[i] - lse[r]) * scale;
+        if ((i64)t - start == j) d -= scale;
+        dlogits[i] = d;
+    }
+}
+
+// ---- vocab-parallel statistics ------------------------------------------------------
+
+extern "C" __global__ void row_max(float* out, const float* x, int v) {
+    __shared__ float scratch[32];
+    i64 row = blockIdx.x;
+    float m = -INFINITY;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, x[row * v + i]);
+    m = block_max(m, scratch);
+    if (threadIdx.x == 0) out[row] = m;
+}
+
+extern "C" __global__ void row_sumexp(float* out, const float* x, const float* max, int v) {
+    __shared__ float scratch[32];
+    i64 row = blockIdx.x;
+    float m = max[row], s = 0.0f;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) s += expf(x[row * v + i] - m);
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) out[row] = s;
+}
+
+extern "C" __global__ void target_logit(float* out, const float* x, const u32* targets, i64 rows, int v, i64 start) {
+    FOR_EACH(r, rows) {
+        u32 t = targets[r];
+        i64 j = (i64)t - start;
+        out[r] = (t != IGNORE && j >= 0 && j < v) ? x[r * v + j] : 0.0f;
+    }
+}
+
+// lse = max + ln(sumexp); losses = lse − target logit (0 for ignored rows); the mean is
+// cross_entropy_mean's.
+extern "C" __global__ void cross_entropy_stats_rows(float* losses, float* lse, const float* max,
+                                                    const float* sumexp, const float* tl, const u32* targets,
+                                                    i64 rows) {
+    FOR_EACH(r, rows) {
+        float z = max[r] + logf(sumexp[r]);
+        lse[r] = z;
+        losses[r] = targets[r] == IGNORE ? 0.0f : z - tl[r];
+    }
+}

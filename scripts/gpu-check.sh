@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# GPU checks of the CUDA backend, for a machine with an NVIDIA GPU, PyTorch and NCCL but
+# no Rust toolchain and no network: run against a runner binary built elsewhere
+# (`cargo build --release`) and copied over. Finishes in well under 8 minutes on one
+# H200; every step has its own time limit, a failed step is recorded and the rest run.
+#
+#   scripts/gpu-check.sh [RUNNER] [OUT]     (defaults: target/release/runner, ./gpu-check-out)
+#
+# The release binary is ~37 MB (~29 MB stripped): build it with `cargo build --release`
+# and carry target/release/runner to the GPU machine with the working tree.
+#
+# 1. every GPU kernel against the CPU backend (runner bench kernels)
+# 2. BF16 / FP8 / f32 GEMM TFLOP/s, runner (cuBLASLt) against PyTorch (torch.matmul,
+#    torch._scaled_mm) on the same shapes
+# 3. HBM copy bandwidth and the memory-bound kernels as a fraction of it
+# 4. a Llama 3.1 8B layer's training step (forward, backward, AdamW; with embedding,
+#    head and loss), runner against PyTorch eager, f32 both
+# 5. NCCL through the runner's collective bench on the local GPU(s)
+# and last a short table against the targets (GEMM >= 95 % of PyTorch, memory-bound
+# kernels >= 80 % of copy bandwidth, layer step within 1.3x of PyTorch eager), also
+# written to OUT/summary.md for docs/PERFORMANCE.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RUNNER="$(realpath "${1:-target/release/runner}")"
+OUT="$(mkdir -p "${2:-gpu-check-out}" && realpath "${2:-gpu-check-out}")"
+SIZES="${GEMM_SIZES:-4096,8192}"
+# DEVICE=cpu runs the runner's steps on the CPU (a dry run of this script without a GPU;
+# use small GEMM_SIZES and SKIP_LAYER=1 there).
+DEVICE="${DEVICE:-cuda}"
+: > "$OUT/steps.txt"
+
+# The CUDA libraries PyTorch ships (cuBLASLt, NVRTC, NCCL) onto the loader path; NCCL's
+# pip wheel has only libnccl.so.2, and the runner's loader asks for libnccl.so: a
+# symlink in a private directory answers it.
+LIBS="$(python3 - <<'PY'
+import glob, os, site
+dirs = set()
+roots = site.getsitepackages() + [site.getusersitepackages()]
+for root in roots:
+    for pat in ("nvidia/*/lib", "nvidia/cu*/lib", "torch/lib"):
+        for d in glob.glob(os.path.join(root, pat)):
+            if any(glob.glob(os.path.join(d, n)) for n in ("libcublasLt.so*", "libnvrtc.so*", "libnccl.so*")):
+                dirs.add(d)
+print(":".join(sorted(dirs)))
+PY
+)"
+SHIM="$OUT/lib"
+mkdir -p "$SHIM"
+for lib in nccl nvrtc cublasLt; do
+    for d in ${LIBS//:/ } /usr/lib/x86_64-linux-gnu /usr/local/cuda/lib64; do
+        f="$(ls "$d"/lib$lib.so.* 2>/dev/null | grep -v alt | head -n 1)"
+        if [ -n "$f" ] && [ ! -e "$SHIM/lib$lib.so" ]; then ln -sf "$f" "$SHIM/lib$lib.so"; fi
+    done
+done
+export LD_LIBRARY_PATH="$SHIM:$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+
+step() { # name, seconds, command...
+    local name="$1" secs="$2"
+    shift 2
+    local t0=$SECONDS
+    timeout "$secs" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
+    local rc=$?
+    echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt" >&2
+}
+
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >"$OUT/device.txt" 2>&1
+python3 -c "import torch; print(torch.__version__, torch.version.cuda)" >>"$OUT/device.txt" 2>&1
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >>"$OUT/device.txt"
+
+step kernels 150 "$RUNNER" --device "$DEVICE" bench kernels --format json -o "$OUT/kernels.json"
+for dt in bf16 fp8 f32; do
+    step "gemm-$dt" 90 "$RUNNER" --device "$DEVICE" bench gemm --dtype "$dt" --sizes "$SIZES" --format json -o "$OUT/gemm-$dt.json"
+done
+step memory 60 "$RUNNER" --device "$DEVICE" bench memory --format json -o "$OUT/memory.json"
+step torch-ref 120 python3 scripts/gpu/torch_reference.py --sizes "$SIZES"
+[ -n "${SKIP_LAYER:-}" ] || step layer 180 "$RUNNER" --device "$DEVICE" bench layer --seq 2048 --batch 1 --repeats 5 --format json -o "$OUT/layer.json"
+[ -n "${SKIP_LAYER:-}" ] || step torch-layer 150 python3 host/exec/benches/pytorch_llama_step.py --device cuda --layers 1 --hidden 4096 \
+    --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256 --seq 2048 --batch 1 --warmup 2 --repeats 5
+step collectives 90 "$RUNNER" --device "$DEVICE" bench collectives -b 8M -e 256M -f 4 --format json -o "$OUT/collectives.json"
+
+python3 - "$OUT" <<'PY'
+import json, os, sys, datetime
+out = sys.argv[1]
+def load(name):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return json.load(f)
+    except Exception as e:
+        return None
+def last_json(name):
+    try:
+        lines = [l for l in open(os.path.join(out, name)).read().splitlines() if l.startswith("{")]
+        return json.loads(lines[-1])
+    except Exception:
+        return None
+rows = []
+def add(what, got, target, ok):
+    rows.append((what, got, target, "met" if ok else ("FAILED" if ok is False else "n/a")))
+k = load("kernels.json")
+if k:
+    bad = [r["kernel"] for r in k if not r["ok"]]
+    add("kernels vs CPU backend", f"{len(k) - len(bad)}/{len(k)} within tolerance" + (f" (failed: {', '.join(bad[:4])})" if bad else ""), "all", not bad)
+else:
+    add("kernels vs CPU backend", "did not run (see kernels.err)", "all", False)
+ref = last_json("torch-ref.out")
+for dt in ("bf16", "fp8-e4m3", "f32"):
+    g = load(f"gemm-{'fp8' if dt.startswith('fp8') else dt}.json")
+    if isinstance(g, dict):
+        g = g.get("gemm", [])
+    for r in (g or []):
+        r.setdefault("tflops", r.get("gflops", 0.0) / 1e3)
+        t = next((x for x in (ref or {}).get("gemm", []) if x["n"] == r["m"] and x["dtype"] == dt), None)
+        if t:
+            frac = r["tflops"] / t["tflops"]
+            add(f"GEMM {dt} {r['m']}^3", f"{r['tflops']:.0f} vs torch {t['tflops']:.0f} TFLOP/s ({100*frac:.0f}%)", ">= 95% of torch" if dt != "f32" else "info", frac >= 0.95 if dt != "f32" else None)
+        else:
+            add(f"GEMM {dt} {r['m']}^3", f"{r['tflops']:.0f} TFLOP/s (no torch figure)", ">= 95% of torch", None)
+m = load("memory.json")
+if m:
+    copy = m[0]["gbps"]
+    tc = (ref or {}).get("memory", {}).get("gbps")
+    add("HBM copy", f"{copy:.0f} GB/s" + (f" (torch {tc:.0f})" if tc else ""), "info", None)
+    for r in m[1:]:
+        add(r["kernel"], f"{r['gbps']:.0f} GB/s ({100*r['gbps']/copy:.0f}% of copy)", ">= 80% of copy", r["gbps"] / copy >= 0.8)
+l = load("layer.json")
+tl = last_json("torch-layer.out")
+if l and tl:
+    ours, theirs = l["measured"]["timing"]["step"]["median"], tl["step"]["median"]
+    add("Llama 3.1 8B layer step (f32)", f"{ours*1e3:.0f} ms vs torch {theirs*1e3:.0f} ms ({ours/theirs:.2f}x)", "<= 1.3x torch", ours / theirs <= 1.3)
+else:
+    add("Llama 3.1 8B layer step (f32)", "did not run (see layer.err / torch-layer.err)", "<= 1.3x torch", False)
+c = load("collectives.json")
+add("NCCL collectives", f"{len(c)} rows" if c else "did not run (see collectives.err)", "runs", bool(c))
+dev = open(os.path.join(out, "device.txt")).read().splitlines()
+head = f"GPU check, {datetime.date.today()}, {dev[0] if dev else 'unknown device'}"
+w = [max(len(str(r[i])) for r in rows + [("check", "result", "target", "status")]) for i in range(4)]
+lines = [head, ""] + ["| " + " | ".join(str(c).ljust(w[i]) for i, c in enumerate(r)) + " |" for r in [("check", "result", "target", "status"), tuple("-" * x for x in w)] + rows]
+text = "\n".join(lines)
+open(os.path.join(out, "summary.md"), "w").write(text + "\n")
+print(text)
+PY
