@@ -54,6 +54,19 @@ impl Plugin {
     }
 }
 
+impl Plugin {
+    /// Instantiate as a cost-model plugin that reads `data` (a user's price list) on its
+    /// standard input: the generic pricing plugin's way to price a negotiated contract.
+    pub fn cost_with_input(&self, limits: Limits, data: Vec<u8>) -> Result<CostModel, PluginError> {
+        let mut model = self.cost(limits)?;
+        model.instance = match model.instance {
+            Instance::V2(s) => Instance::V2(s.with_input(data)),
+            Instance::V1(s) => Instance::V1(s.with_input(data)),
+        };
+        Ok(model)
+    }
+}
+
 impl CostModel {
     pub fn provider(&mut self) -> Result<Provider, PluginError> {
         let p = match &mut self.instance {
