@@ -76,8 +76,10 @@ impl CloudPrice {
     }
 }
 
-/// What the quotes assume beyond the price lists, stated in every report.
+/// What the quotes assume beyond the price lists, stated in every report (the run file's
+/// `[assumptions]`).
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
 pub struct Assumptions {
     /// Spot: interruptions per node per day, hours between checkpoints, hours to restart.
     pub spot_interruptions_per_node_day: f64,
@@ -109,6 +111,32 @@ impl Default for Assumptions {
 }
 
 impl Assumptions {
+    /// Every figure finite and in a range that means something.
+    ///
+    /// # Errors
+    /// Names the field, its value and the range.
+    pub fn check(&self) -> Result<(), String> {
+        let fields = [
+            ("spot_interruptions_per_node_day", self.spot_interruptions_per_node_day, 0.0, 24.0, true),
+            ("checkpoint_interval_h", self.checkpoint_interval_h, 0.0, 1e4, false),
+            ("restart_h", self.restart_h, 0.0, 1e4, true),
+            ("checkpoint_bytes_per_param", self.checkpoint_bytes_per_param, 0.0, 1e3, true),
+            ("data_bytes_per_token", self.data_bytes_per_token, 0.0, 1e3, true),
+            ("egress_bytes_per_param", self.egress_bytes_per_param, 0.0, 1e3, true),
+        ];
+        for (name, v, lo, hi, zero_ok) in fields {
+            let ok = v.is_finite() && v <= hi && (v > lo || (zero_ok && v == lo));
+            if !ok {
+                let low = if zero_ok { "at least" } else { "above" };
+                return Err(format!("{name} is {v}; it must be {low} {lo} and at most {hi}"));
+            }
+        }
+        if self.checkpoints_kept > 1000 {
+            return Err(format!("checkpoints_kept is {}; at most 1000", self.checkpoints_kept));
+        }
+        Ok(())
+    }
+
     /// Wall-clock hours a spot run of `hours` needs on `nodes` nodes: each interruption
     /// (any node's) loses half a checkpoint interval plus the restart; interruptions
     /// arrive at nodes x the per-node rate. `None` when interruptions come faster than

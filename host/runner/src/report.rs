@@ -1,13 +1,13 @@
-//! Output: aligned terminal tables, CSV, and JSON. Every command builds a [`Table`] for
+//! Output: aligned terminal tables, CSV, JSON and HTML. Every command builds a [`Table`] for
 //! people and hands its serialisable value for machines, so the three formats never drift.
 
 use std::fmt::Write as _;
 
 pub mod chart;
+pub mod explore;
 
 use serde::Serialize;
 
-use crate::session::{CloudPrice, Outcome};
 
 /// Output format, as `--format` spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -86,47 +86,36 @@ impl Table {
     /// A self-contained HTML page: the title, the table (numbers right-aligned) and the
     /// notes, with inline CSS only, so it can be mailed or archived as one file.
     pub fn html(&self) -> String {
-        let esc = |s: &str| {
-            s.replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-                .replace('"', "&quot;")
-        };
+        html_page(self.title.lines().next().unwrap_or("runner report"), &self.html_fragment())
+    }
+
+    /// The title, the table and the notes as HTML, for a page of several parts.
+    pub fn html_fragment(&self) -> String {
         let numeric = |c: &str| {
             c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '$' || ch == '-' || ch == '~')
         };
         let mut out = String::new();
-        let title = esc(self.title.lines().next().unwrap_or("runner report"));
-        let _ = write!(
-            out,
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>\
-             body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}}\
-             table{{border-collapse:collapse;font-variant-numeric:tabular-nums}}\
-             th,td{{padding:.3rem .7rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
-             td.n{{text-align:right}}tr:hover td{{background:#fafafa}}\
-             ul{{color:#555;font-size:.9rem;max-width:60rem}}</style></head><body>\n"
-        );
         for line in self.title.lines() {
-            let _ = writeln!(out, "<h2>{}</h2>", esc(line));
+            let _ = writeln!(out, "<h2>{}</h2>", html_escape(line));
         }
         out.push_str("<table>\n<tr>");
         for h in &self.headers {
-            let _ = write!(out, "<th>{}</th>", esc(h));
+            let _ = write!(out, "<th>{}</th>", html_escape(h));
         }
         out.push_str("</tr>\n");
         for row in &self.rows {
             out.push_str("<tr>");
             for cell in row {
                 let class = if numeric(cell) { " class=\"n\"" } else { "" };
-                let _ = write!(out, "<td{class}>{}</td>", esc(cell));
+                let _ = write!(out, "<td{class}>{}</td>", html_escape(cell));
             }
             out.push_str("</tr>\n");
         }
         out.push_str("</table>\n<ul>\n");
         for note in &self.notes {
-            let _ = writeln!(out, "<li>{}</li>", esc(note));
+            let _ = writeln!(out, "<li>{}</li>", html_escape(note));
         }
-        out.push_str("</ul>\n</body></html>\n");
+        out.push_str("</ul>\n");
         out
     }
 
@@ -163,6 +152,24 @@ impl Table {
         }
         out
     }
+}
+
+/// Text escaped for HTML.
+pub fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A self-contained page (inline CSS only) around `body`.
+pub fn html_page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>\
+         body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}}\
+         table{{border-collapse:collapse;font-variant-numeric:tabular-nums}}\
+         th,td{{padding:.3rem .7rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
+         td.n{{text-align:right}}tr:hover td{{background:#fafafa}}\
+         ul{{color:#555;font-size:.9rem;max-width:60rem}}</style></head><body>\n{body}</body></html>\n",
+        html_escape(title)
+    )
 }
 
 /// Render `table`/`value` in `format`.
@@ -204,64 +211,6 @@ pub fn usd(v: f64) -> String {
     } else {
         format!("${v:.2}")
     }
-}
-
-/// The time-and-cost table of a session: one row per GPU count with the layout the
-/// search chose, its step time, throughput, MFU and memory, the days and cost to train.
-pub fn outcome_table(o: &Outcome) -> Table {
-    let m = &o.model;
-    let title = format!(
-        "{} ({} params, {} active) on {}, {} tokens at seq {}, {}",
-        m.variant,
-        si(m.params_total as f64),
-        si(m.params_active as f64),
-        o.gpu.name,
-        si(m.tokens),
-        m.seq_len,
-        o.precision
-    );
-    let mut headers: Vec<String> = ["GPUs", "layout", "step s", "tok/s/GPU", "MFU", "GiB", "days", "speedup", "rel. cost"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    headers.extend(o.clouds.iter().map(|c| format!("{c} (USD)")));
-    let mut table = Table { title, headers, ..Table::default() };
-    for r in &o.rows {
-        let mut row = vec![r.gpus.to_string()];
-        match (&r.projection, r.days) {
-            (Some(p), Some(days)) => row.extend([
-                p.layout.compact(),
-                format!("{:.2}", p.step_time_s),
-                format!("{:.0}", p.tokens_per_sec_per_gpu),
-                format!("{:.1}%", 100.0 * p.mfu),
-                format!("{:.0}", p.memory_per_gpu_gib),
-                format!("{days:.2}"),
-                r.speedup.map_or("-".into(), |s| format!("{s:.2}x")),
-                r.relative_cost.map_or("-".into(), |c| format!("{c:.3}")),
-            ]),
-            _ => {
-                row.push("nothing fits".into());
-                row.extend(std::iter::repeat_n("-".to_string(), 7));
-            }
-        }
-        row.extend(r.costs.iter().map(|c| match c {
-            CloudPrice::Quoted(c) => usd(c.usd),
-            CloudPrice::NotSold => "n/a".into(),
-            CloudPrice::QuoteFailed { .. } => "failed".into(),
-        }));
-        table.rows.push(row);
-    }
-    table.notes = o.notes.clone();
-    for r in &o.rows {
-        if let Some(why) = &r.why_not {
-            table.notes.push(format!("{} GPUs: {why}", r.gpus));
-        }
-    }
-    table.notes.push(format!(
-        "model FLOPs per token {:.3e}; per cloud: the cheapest offering and region with that GPU, clouds ordered cheapest first (n/a: the cloud does not sell it; failed: its quotes were refused, see the notes)",
-        m.flops_per_token
-    ));
-    table
 }
 
 #[cfg(test)]

@@ -11,7 +11,8 @@
 //! contract needs: `Reserved1yPrice`, `Reserved3yPrice` (no-upfront committed terms),
 //! `ScaleUpDomain` (GPUs per NVLink domain; default the node), `NodeMultiple`,
 //! `EffectiveDate` (YYYY-MM-DD), `Source`, `BillingIncrementS`, `MinimumChargeS`
-//! (defaults: per second, 60 s minimum). Rows of one instance and region in several
+//! (defaults: per second, 60 s minimum), `Caveats` (`lower-bound`, `resale`, `suspect`,
+//! separated by `;`: the host then prefers other prices and marks these). Rows of one instance and region in several
 //! zones keep the lowest spot price. A row with an empty `InstanceType` (SkyPilot's GCP
 //! GPU-only rows, to be added to a host row) is refused: give the all-in node price.
 //!
@@ -65,7 +66,7 @@ fn cells(line: &str) -> Vec<String> {
     out.into_iter().map(|c| c.trim().to_string()).collect()
 }
 
-const KNOWN: [&str; 20] = [
+const KNOWN: [&str; 21] = [
     "InstanceType",
     "AcceleratorName",
     "AcceleratorCount",
@@ -86,6 +87,7 @@ const KNOWN: [&str; 20] = [
     "Source",
     "BillingIncrementS",
     "MinimumChargeS",
+    "Caveats",
 ];
 
 /// Parse a SkyPilot-shaped catalog. Every problem is collected, each naming its line.
@@ -185,6 +187,15 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             "" => format!("the user's price file, line {line}"),
             s => format!("{s} (the user's price file, line {line})"),
         };
+        let mut caveats = Vec::new();
+        for c in cell("Caveats").split(';').map(str::trim).filter(|c| !c.is_empty()) {
+            match c {
+                "lower-bound" => caveats.push(PriceCaveat::LowerBound),
+                "resale" => caveats.push(PriceCaveat::Resale),
+                "suspect" => caveats.push(PriceCaveat::Suspect),
+                other => bad(format!("Caveats '{other}' is not one of lower-bound, resale, suspect")),
+            }
+        }
         let mut prices = Vec::new();
         for (col, option) in [
             ("Price", PurchaseOption::OnDemand),
@@ -199,6 +210,7 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
                     minimum_charge_s: minimum.max(term),
                     effective_date: date.to_string(),
                     source: source.clone(),
+                    caveats: caveats.clone(),
                     ..Price::hourly(region, option, usd)
                 });
             }

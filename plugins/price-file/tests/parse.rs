@@ -40,3 +40,15 @@ fn every_bad_row_is_named_by_its_line() {
     assert!(parse("Instance,Price\n").unwrap_err().contains("unknown column 'Instance'"));
     assert!(parse("").unwrap_err().contains("header"));
 }
+
+#[test]
+fn caveats_are_read_and_unknown_ones_named() {
+    let csv = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Caveats\n\
+               cheap,H100,8,10,r1,suspect; resale\n\
+               fair,H100,8,20,r1,\n";
+    let o = parse(csv).unwrap();
+    assert_eq!(o[0].prices[0].caveats, vec![PriceCaveat::Suspect, PriceCaveat::Resale]);
+    assert!(o[1].prices[0].caveats.is_empty());
+    let e = parse("InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Caveats\nx,H100,8,10,r1,dodgy\n").unwrap_err();
+    assert!(e.contains("line 2") && e.contains("'dodgy'"), "{e}");
+}
