@@ -744,13 +744,13 @@ fn choices(series: &[Series], clouds: &[String]) -> Vec<Choice> {
     let mut out = Vec::new();
     for s in series {
         for r in &s.rows {
-            let (Some(p), Some(days)) = (&r.projection, r.days) else { continue };
+            let Some(days) = r.days else { continue };
             let c = r.cheapest_cost();
             out.push(Choice {
                 gpu: s.gpu.name.clone(),
                 precision: s.precision.clone(),
                 gpus: r.gpus,
-                layout: p.layout.compact(),
+                layout: r.projection.as_ref().map_or_else(|| "-".into(), |p| p.layout.compact()),
                 days,
                 usd: c.map(|c| c.usd),
                 cloud: r.cheapest.map(|i| clouds[i].clone()),

@@ -438,7 +438,7 @@ fn charts(o: &Outcome) -> Vec<String> {
                 title: format!("Step time breakdown, {}", s.label()),
                 y_label: "seconds per step".into(),
                 categories: fitted.iter().map(|r| r.gpus.to_string()).collect(),
-                parts: vec![
+                parts: [
                     ("compute".into(), part(&|b| b.compute)),
                     ("recompute".into(), part(&|b| b.recompute)),
                     ("TP comm".into(), part(&|b| b.tp)),
@@ -448,7 +448,11 @@ fn charts(o: &Outcome) -> Vec<String> {
                     ("DP comm".into(), part(&|b| b.dp)),
                     ("bubble".into(), part(&|b| b.bubble)),
                     ("optimizer".into(), part(&|b| b.optimizer)),
-                ],
+                ]
+                .into_iter()
+                // Only what takes time somewhere: eight colours, nine parts.
+                .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(|x| *x > 0.0))
+                .collect(),
             }
             .svg(),
         );
@@ -524,7 +528,7 @@ pub fn html(o: &Outcome) -> String {
     let _ = write!(
         out,
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>\
-         body{{font-family:system-ui,sans-serif;margin:2rem;color:#222;max-width:80rem}}\
+         body{{font-family:system-ui,sans-serif;margin:2rem;color:#222;max-width:100rem}}\
          table{{border-collapse:collapse;font-variant-numeric:tabular-nums;margin:.5rem 0 1rem}}\
          th,td{{padding:.25rem .6rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
          td.n{{text-align:right}}td.best{{font-weight:bold}}tr.sweet td{{background:#fff3e0}}\
