@@ -61,6 +61,7 @@ impl CloudCost {
 /// whose quotes all failed is not reported as one that does not sell the GPU.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant, reason = "one per row and cloud; boxing would only add an indirection to every read")]
 pub enum CloudPrice {
     Quoted(CloudCost),
     NotSold,

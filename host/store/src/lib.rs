@@ -380,7 +380,8 @@ fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
         }
         (Value::Number(x), Value::Number(y)) => {
             let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
-            if !((x - y).abs() <= 1e-9 * x.abs().max(y.abs())) {
+            let same = (x - y).abs() <= 1e-9 * x.abs().max(y.abs());
+            if !same {
                 out.push(Change { path: path.into(), a: a.clone(), b: b.clone() });
             }
         }

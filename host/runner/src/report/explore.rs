@@ -521,6 +521,44 @@ fn series_html(o: &Outcome, s: &Series, footnotes: &mut Vec<String>) -> String {
     out
 }
 
+/// Each series' cheapest quote at its sweet spot, line by line: what is a list price and
+/// what an estimate, in which currency, from which dated price row.
+fn quotes_html(o: &Outcome) -> String {
+    let mut out = String::from("<h3>Quotes at the sweet spots, itemised</h3>\n");
+    for s in &o.series {
+        let Some((r, q)) = s.rows.iter().find(|r| r.sweet).and_then(|r| Some((r, r.cheapest_cost()?))) else { continue };
+        let _ = writeln!(
+            out,
+            "<h4>{} at {} GPUs: {} on {} ({}; {} node(s); {:.1} h billed; {})</h4>",
+            esc(&s.label()),
+            r.gpus,
+            esc(&usd(q.usd)),
+            esc(&q.cloud),
+            esc(&q.row()),
+            q.nodes,
+            q.hours,
+            esc(&q.currency)
+        );
+        let mut t = Table::new("", &["item", "category", "quantity", "unit", "amount", "kind"]);
+        for l in &q.lines {
+            t.rows.push(vec![
+                l.item.clone(),
+                l.category.clone(),
+                format!("{:.1}", l.quantity),
+                l.unit.clone(),
+                format!("{:.2} {}", l.amount, q.currency),
+                if l.estimate { "estimate".into() } else { "list price".into() },
+            ]);
+        }
+        t.notes.extend(q.warnings.iter().cloned());
+        if !q.caveats.is_empty() {
+            t.notes.push(format!("the price row is marked {}: no clean price was quoted for this GPU", q.caveats.join(", ")));
+        }
+        out.push_str(&t.html_fragment());
+    }
+    out
+}
+
 /// The self-contained HTML page: no script, no fonts, no fetches.
 pub fn html(o: &Outcome) -> String {
     let mut out = String::new();
@@ -557,6 +595,7 @@ pub fn html(o: &Outcome) -> String {
     if let Some(c) = comparison_table(o) {
         out.push_str(&c.html_fragment());
     }
+    out.push_str(&quotes_html(o));
     let _ = writeln!(out, "<h3>Where each price came from</h3>\n<ol>");
     for f in &footnotes {
         let _ = writeln!(out, "<li>{}</li>", esc(f));
