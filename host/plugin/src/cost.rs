@@ -19,8 +19,8 @@ mod rules {
     runner_contract::cost_rules!();
 }
 pub use rules::{
-    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, option_name, parse_option,
-    term_hours, validate_offerings, validate_provider, validate_quote,
+    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, nodes_for, option_name,
+    parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
 enum Instance {
