@@ -281,11 +281,12 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             if let Some(o) = offerings.ok().and_then(|o| o.into_iter().next())
                 && let Some(price) = o.prices.first()
             {
+                let nodes = plugin::cost::nodes_for(&o, o.gpus_per_node).unwrap_or(1);
                 let req = plugin::cost::QuoteRequest {
                     instance: o.instance.clone(),
                     gpus: o.gpus_per_node,
                     start_date: String::new(),
-                    nodes: 1,
+                    nodes,
                     hours: 1.0,
                     region: price.region.clone(),
                     option: price.option,
@@ -293,7 +294,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                     egress_gb: 0.0,
                 };
                 check(
-                    "quote (1 node, 1 hour)",
+                    &format!("quote ({nodes} node(s), 1 hour)"),
                     c.quote(&req)
                         .map(|q| format!("{:.2} {}", q.total, q.currency)),
                 );
@@ -690,7 +691,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     instance: o.instance.clone(),
                     gpus: 4 * o.gpus_per_node,
                     start_date: String::new(),
-                    nodes: 4,
+                    nodes: plugin::cost::nodes_for(o, 4 * o.gpus_per_node).unwrap_or(4),
                     hours: 10.0,
                     region: o.prices[0].region.clone(),
                     option: o.prices[0].option,

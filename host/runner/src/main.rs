@@ -156,6 +156,9 @@ enum Command {
     Run {
         /// The run file
         file: PathBuf,
+        /// Flags that override the file's keys
+        #[command(flatten)]
+        run: QuickRun,
     },
     /// List, inspect and validate plugins
     #[command(
@@ -439,7 +442,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => commands::explore::quick_run(&cli.quick, &cli.global),
         Some(Command::Explore { run }) => commands::explore::quick_run(&run, &cli.global),
-        Some(Command::Run { file }) => commands::explore::run_file(&file, &cli.quick, &cli.global),
+        Some(Command::Run { file, run }) => commands::explore::run_file(&file, &run, &cli.global),
         Some(Command::History { limit }) => commands::explore::list(limit, &cli.global),
         Some(Command::Show { id }) => commands::explore::show(id, &cli.global),
         Some(Command::Compare { a, b }) => commands::explore::compare(a, b, &cli.global),

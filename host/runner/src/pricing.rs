@@ -274,8 +274,7 @@ impl Cloud {
         let mut any = false;
         let offerings = self.offerings.clone();
         'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu)) {
-            // Whole nodes, bought in the offering's multiples (validated non-zero).
-            let Some(nodes) = ask.gpus.div_ceil(o.gpus_per_node.max(1)).checked_next_multiple_of(o.node_multiple.max(1)) else {
+            let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
                 continue;
             };
             for p in o.prices.iter().filter(|p| p.option == ask.option && (ask.region.is_empty() || p.region == ask.region)) {

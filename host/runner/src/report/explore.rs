@@ -112,16 +112,23 @@ fn cost_cell(c: &CloudPrice) -> String {
 }
 
 /// The clouds of a series cheapest first at its sweet spot (else its first priced row),
-/// then clouds whose quotes failed (a failure must show, not vanish); clouds that do not
+/// clean prices before caveated ones, then clouds whose quotes failed (a failure must show, not vanish); clouds that do not
 /// sell the GPU are left out.
 fn ranked_clouds(s: &Series) -> Vec<usize> {
     let Some(first) = s.rows.first() else { return Vec::new() };
     let anchor = s.rows.iter().find(|r| r.sweet).or_else(|| s.rows.iter().find(|r| r.cheapest.is_some()));
-    let at = |i: usize| anchor.and_then(|a| a.costs[i].quote()).map_or(f64::INFINITY, |q| q.usd);
+    // Clean prices first, then caveated ones, each cheapest first: the first column is
+    // the price the row's relative cost and the goals use.
+    let at = |i: usize| {
+        anchor.and_then(|a| a.costs[i].quote()).map_or((true, f64::INFINITY), |q| (!q.caveats.is_empty(), q.usd))
+    };
     let priced = |i: usize| s.rows.iter().any(|r| r.costs[i].quote().is_some());
     let failed = |i: usize| s.rows.iter().any(|r| matches!(r.costs[i], CloudPrice::QuoteFailed { .. }));
     let mut idx: Vec<usize> = (0..first.costs.len()).filter(|&i| priced(i)).collect();
-    idx.sort_by(|&a, &b| at(a).total_cmp(&at(b)));
+    idx.sort_by(|&a, &b| {
+        let (x, y) = (at(a), at(b));
+        x.0.cmp(&y.0).then(x.1.total_cmp(&y.1))
+    });
     idx.extend((0..first.costs.len()).filter(|&i| !priced(i) && failed(i)));
     idx
 }
