@@ -6,12 +6,15 @@
 //! the sequence into 2·cp chunks), pp (up to the layers), vp (interleaving, up to 16
 //! chunks per stage, the micro-batches a multiple of pp), ep (dividing the experts) with
 //! etp 1 or tp, mbs (1 to 8, dividing the batch), FSDP or the distributed optimizer, and
-//! activation recompute: none, or full recompute of the fewest layers per chunk that
-//! makes the layout fit (Megatron's block method; more recompute is never faster).
+//! activation recompute: none, or, for a layout that does not fit, the faster of
+//! selective recompute of the cheapest of Megatron's module lists that makes it fit
+//! ([`selective_levels`]) and full recompute of the fewest layers per chunk that does
+//! (Megatron's block method; more recompute is never faster) ([`recompute_to_fit`]).
 //! Choices the model shows are never worse are fixed: sequence parallelism with tp,
 //! TP, EP and DP overlap on, BF16 gradient reduction (NVIDIA's performance recipes).
-//! Selective recompute is not searched: with flash attention it stores what no
-//! recompute stores, so it only costs time.
+//! Selective recompute of the attention cores alone (Megatron's default list) is not
+//! searched: with flash attention it stores what no recompute stores, so it only costs
+//! time.
 //!
 //! The shapes of a rank's layers depend on (tp, cp, ep, etp, SP, mbs) only, so each of
 //! those is sharded and timed once; the schedules on top are arithmetic over per-layer
@@ -21,6 +24,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::project::Projector;
@@ -178,6 +182,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         global_batch: gbs,
                                         recompute: space.recompute.unwrap_or(RecomputePolicy::None),
                                         recompute_layers: 0,
+                                        recompute_modules: Modules::default(),
                                         distributed_optimizer: !fsdp,
                                         fsdp,
                                         tp_overlap: tp > 1,
@@ -246,29 +251,68 @@ fn order(v: &Verdict) -> f64 {
     }
 }
 
-/// Project `s`; if it does not fit and recompute is the search's to choose, find the
-/// fewest layers per chunk whose full recompute makes it fit (binary search: memory
-/// falls and time grows with every layer recomputed).
+/// Project `s`; if it does not fit and recompute is the search's to choose, the fastest
+/// recompute that makes it fit ([`recompute_to_fit`]).
 fn fitting(c: &Costed, s: Schedule, layers: u32, choose: bool, evaluated: &mut u64) -> Result<Projection, Reject> {
     *evaluated += 1;
     let first = c.evaluate(&s)?;
     if first.fits || !choose {
         return Ok(first);
     }
+    recompute_to_fit(c, &s, layers, evaluated)
+}
+
+/// Megatron's selective-recompute module lists in the order a memory-bound layout
+/// reaches for them, each adding to the one before: the output-discarding re-runs of
+/// memory-bound ops (the layer's two norms, the experts' activation), then MLA's up
+/// projections (small GEMMs), then the dense MLP and shared experts (their GEMMs).
+/// NVIDIA's performance recipes use these lists (Megatron-Bridge
+/// scripts/performance/configs/deepseek/deepseek_workload_base_configs.py@0426418:
+/// `["mla_up_proj"]`, `["mla_up_proj", "mlp"]`, `["mla_up_proj", "layernorm",
+/// "moe_act"]`). Each frees more memory and costs more time than the one before, so the
+/// first that fits is the fastest of them.
+pub fn selective_levels() -> [Modules; 3] {
+    let cheap = Modules::of(&[Module::Layernorm, Module::MoeAct]);
+    let mla = cheap.with(Module::MlaUpProj);
+    [cheap, mla, mla.with(Module::Mlp).with(Module::SharedExperts)]
+}
+
+/// The fastest recompute that makes schedule `s` (which does not fit as it is) fit: the
+/// first of [`selective_levels`] that fits, or full recompute of the fewest layers per
+/// chunk that does (binary search: memory falls and time grows with every layer
+/// recomputed), whichever is faster. When nothing fits: full recompute of every layer
+/// (the least memory), with `fits` false.
+///
+/// # Errors
+/// The schedule does not divide ([`Reject::Divisibility`]).
+pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Projection, Reject> {
+    let mut best: Option<Projection> = None;
+    for modules in selective_levels() {
+        *evaluated += 1;
+        let p = c.evaluate(&Schedule { recompute: RecomputePolicy::Selective, recompute_layers: 0, recompute_modules: modules, ..*s })?;
+        if p.fits {
+            best = Some(p);
+            break;
+        }
+    }
     let chunk = layers.div_ceil(s.pp * s.vp);
     let at = |n: u32, evaluated: &mut u64| {
         *evaluated += 1;
         let r = RecomputePolicy::Full;
-        c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, ..s })
+        c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, recompute_modules: Modules::default(), ..*s })
     };
     let all = at(chunk, evaluated)?;
     if !all.fits {
-        return Ok(all);
+        return Ok(best.unwrap_or(all));
     }
     let (mut lo, mut hi) = (0u32, chunk);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         if at(mid, evaluated)?.fits { hi = mid } else { lo = mid }
     }
-    at(hi, evaluated)
+    let full = if hi == chunk { all } else { at(hi, evaluated)? };
+    Ok(match best {
+        Some(b) if b.step_time_s <= full.step_time_s => b,
+        _ => full,
+    })
 }

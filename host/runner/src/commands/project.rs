@@ -183,6 +183,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> R
             fsdp,
             recompute: policy(flags.recompute.as_deref()).unwrap_or(RecomputePolicy::None),
             recompute_layers: flags.recompute_layers.unwrap_or(0),
+            recompute_modules: Default::default(),
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
             ep_overlap: ep > 1,
