@@ -222,6 +222,18 @@ pub enum BenchCommand {
         after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json"
     )]
     Memory,
+    /// Scaled quantisation throughput per recipe (FP8 per tensor, MXFP8, 1x128/128x128 blocks, NVFP4), GB/s per core
+    #[command(
+        after_help = "Examples:\n  runner bench quantize\n  runner bench quantize --rows 4096 --cols 4096 --format json"
+    )]
+    Quantize {
+        /// Rows of the operand
+        #[arg(long, default_value_t = 4096)]
+        rows: usize,
+        /// Columns of the operand
+        #[arg(long, default_value_t = 4096)]
+        cols: usize,
+    },
     /// Every kernel of the device checked against the CPU backend, and a toy training step
     #[command(
         after_help = "Examples:\n  runner bench kernels --device cuda\n  runner bench kernels --device cuda --format json -o kernels.json"
