@@ -264,6 +264,15 @@ fn qdq_one(x: f32, enc: f32, dec: f32, div: bool, g: &Grid, sat: bool, rand: Opt
 
 /// Quantise-dequantise `x` in place with one scale (`q = x·scale`, `x̂ = q / scale`).
 fn qdq_const(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: Option<u32>) -> QuantReport {
+    // One loop per rounding mode, so the nearest-even loop carries no random draws.
+    match seed {
+        None => qdq_const_with::<false>(x, base, scale, g, sat, 0),
+        Some(s) => qdq_const_with::<true>(x, base, scale, g, sat, s),
+    }
+}
+
+fn qdq_const_with<const SR: bool>(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: u32) -> QuantReport {
+    let seed = SR.then_some(seed);
     simd(|| {
         let mut acc = Acc::new();
         let n = x.len();
@@ -285,7 +294,17 @@ fn qdq_const(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: 
 }
 
 /// Quantise-dequantise one row with per-element encode / decode multipliers.
+#[allow(clippy::too_many_arguments)]
 fn qdq_row(x: &mut [f32], base: usize, enc: &[f32], dec: &[f32], g: &Grid, sat: bool, seed: Option<u32>, acc: &mut Acc) {
+    match seed {
+        None => qdq_row_with::<false>(x, base, enc, dec, g, sat, 0, acc),
+        Some(s) => qdq_row_with::<true>(x, base, enc, dec, g, sat, s, acc),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qdq_row_with<const SR: bool>(x: &mut [f32], base: usize, enc: &[f32], dec: &[f32], g: &Grid, sat: bool, seed: u32, acc: &mut Acc) {
+    let seed = SR.then_some(seed);
     simd(|| {
         let n = x.len().min(enc.len()).min(dec.len());
         let (x, enc, dec) = (&mut x[..n], &enc[..n], &dec[..n]);
@@ -338,7 +357,9 @@ pub fn tensor_scale(amax: f32, f: Format, margin: i32) -> f32 {
     if s.is_finite() { s } else { f32::MAX }
 }
 
-fn seed32(seed: Option<u64>) -> Option<u32> {
+/// The 32-bit seed of the stochastic-rounding and Hadamard hashes (what the CUDA
+/// kernels take).
+pub fn seed32(seed: Option<u64>) -> Option<u32> {
     seed.map(|s| (s ^ (s >> 32)) as u32)
 }
 
@@ -362,7 +383,7 @@ pub fn qdq_tensor(x: &mut [f32], f: Format, scale: f32, saturate: bool, stochast
 
 /// The (encode, decode) multipliers of a block whose amax is `a` (`global`: NVFP4's
 /// per-tensor decode scale).
-fn block_scales(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
+pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
     let f = s.format;
     if !a.is_finite() || a == 0.0 {
         return (1.0, 1.0);
@@ -446,7 +467,7 @@ pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Res
                 }
                 let (mut top, mut top_scale) = (-1f32, 1f32);
                 for (j, &a) in bmax.iter().enumerate() {
-                    let (e, d) = block_scales(a, s, global);
+                    let (e, d) = block_scale(a, s, global);
                     let end = ((j + 1) * bc).min(cols);
                     enc[j * bc..end].fill(e);
                     dec[j * bc..end].fill(d);
@@ -500,13 +521,22 @@ pub fn fp8_codes(out: &mut [u8], x: &[f32], scale: f32, f: super::precision::Fp8
         .map(|(q, x)| {
             simd(|| {
                 let mut acc = Acc::new();
-                for (i, (q, &v)) in q.iter_mut().zip(x).enumerate() {
-                    let l = i % LANES;
-                    let y = qdq_one(v, scale, 1.0, false, &g, saturate, None, &mut acc, l);
+                let one = |v: f32, l: usize, acc: &mut Acc| -> u8 {
+                    let y = qdq_one(v, scale, 1.0, false, &g, saturate, None, acc, l);
                     // qdq_one's result is the rounded value itself (decode multiplier 1).
                     let sign = (v.to_bits() >> 24) & 0x80;
                     let y = if v.is_nan() { f32::NAN } else { y };
-                    *q = code(y, sign);
+                    code(y, sign)
+                };
+                let mut qc = q.chunks_exact_mut(LANES);
+                let mut xc = x.chunks_exact(LANES);
+                for (q, x) in (&mut qc).zip(&mut xc) {
+                    for l in 0..LANES {
+                        q[l] = one(x[l], l, &mut acc);
+                    }
+                }
+                for (l, (q, &v)) in qc.into_remainder().iter_mut().zip(xc.remainder()).enumerate() {
+                    *q = one(v, l, &mut acc);
                 }
                 acc.report(x.len(), scale)
             })
