@@ -9,6 +9,9 @@ pub use crate::bindings::precision::exports::runner::plugin::precision_policy::{
 };
 pub use crate::bindings::precision::runner::plugin::types::Dtype;
 
+pub mod guard;
+pub mod recipe;
+
 /// The rules the host applies to plans and actions (the same code: `runner_contract`).
 pub mod rules {
     use super::*;
