@@ -14,6 +14,7 @@
 //! - [`local_device`]: the `--device` the local measurement runs on.
 //! - [`session`]: one run, end to end.
 //! - [`report`]: tables, JSON and CSV.
+//! - [`train`]: a small model trained on real text under precision policies.
 
 pub mod local_device;
 pub mod measure;
@@ -22,3 +23,4 @@ pub mod project;
 pub mod report;
 pub mod runfile;
 pub mod session;
+pub mod train;

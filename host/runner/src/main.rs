@@ -4,6 +4,7 @@
 mod commands;
 mod device_bench;
 mod dist_bench;
+mod train_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -95,6 +96,11 @@ pub struct QuickRun {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Train a small model on real text under precision policies, with their fallback rules acting on the loss
+    #[command(
+        after_help = "Examples:\n  runner train --plugin llama3.wasm --variant llama3-tiny --precision fp8-safe.wasm --steps 300\n  runner train --compare bf16,fp8,fp8-safe --steps 300 --seed 1 -o train.html\n  runner train --compare fp8,fp8-safe --inject amax-spike@150 --steps 300\n  runner train --precision nvfp4 --plan-for H100   (refused: H100 has no NVFP4)"
+    )]
+    Train(train_cmd::TrainArgs),
     /// Run a run file (workloads/*.toml)
     #[command(
         after_help = "Examples:\n  runner run workloads/llama3.1-8b-h100-bf16.toml\n  runner run my.toml --format csv -o out.csv"
@@ -376,6 +382,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         None => commands::quick_run(&cli.quick, &cli.global),
+        Some(Command::Train(args)) => train_cmd::train(args, &cli.global),
         Some(Command::Run { file }) => commands::run_file(&file, &cli.quick, &cli.global),
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),

@@ -86,47 +86,36 @@ impl Table {
     /// A self-contained HTML page: the title, the table (numbers right-aligned) and the
     /// notes, with inline CSS only, so it can be mailed or archived as one file.
     pub fn html(&self) -> String {
-        let esc = |s: &str| {
-            s.replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-                .replace('"', "&quot;")
-        };
+        html_page(self.title.lines().next().unwrap_or("runner report"), &self.html_fragment())
+    }
+
+    /// The title, the table and the notes as HTML, for a page of several parts.
+    pub fn html_fragment(&self) -> String {
         let numeric = |c: &str| {
             c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '$' || ch == '-' || ch == '~')
         };
         let mut out = String::new();
-        let title = esc(self.title.lines().next().unwrap_or("runner report"));
-        let _ = write!(
-            out,
-            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>\n<style>\
-             body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}}\
-             table{{border-collapse:collapse;font-variant-numeric:tabular-nums}}\
-             th,td{{padding:.3rem .7rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
-             td.n{{text-align:right}}tr:hover td{{background:#fafafa}}\
-             ul{{color:#555;font-size:.9rem;max-width:60rem}}</style></head><body>\n"
-        );
         for line in self.title.lines() {
-            let _ = writeln!(out, "<h2>{}</h2>", esc(line));
+            let _ = writeln!(out, "<h2>{}</h2>", html_escape(line));
         }
         out.push_str("<table>\n<tr>");
         for h in &self.headers {
-            let _ = write!(out, "<th>{}</th>", esc(h));
+            let _ = write!(out, "<th>{}</th>", html_escape(h));
         }
         out.push_str("</tr>\n");
         for row in &self.rows {
             out.push_str("<tr>");
             for cell in row {
                 let class = if numeric(cell) { " class=\"n\"" } else { "" };
-                let _ = write!(out, "<td{class}>{}</td>", esc(cell));
+                let _ = write!(out, "<td{class}>{}</td>", html_escape(cell));
             }
             out.push_str("</tr>\n");
         }
         out.push_str("</table>\n<ul>\n");
         for note in &self.notes {
-            let _ = writeln!(out, "<li>{}</li>", esc(note));
+            let _ = writeln!(out, "<li>{}</li>", html_escape(note));
         }
-        out.push_str("</ul>\n</body></html>\n");
+        out.push_str("</ul>\n");
         out
     }
 
@@ -163,6 +152,24 @@ impl Table {
         }
         out
     }
+}
+
+/// Text escaped for HTML.
+pub fn html_escape(s: &str) -> String {
+    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+}
+
+/// A self-contained page (inline CSS only) around `body`.
+pub fn html_page(title: &str, body: &str) -> String {
+    format!(
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>\
+         body{{font-family:system-ui,sans-serif;margin:2rem;color:#222}}\
+         table{{border-collapse:collapse;font-variant-numeric:tabular-nums}}\
+         th,td{{padding:.3rem .7rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
+         td.n{{text-align:right}}tr:hover td{{background:#fafafa}}\
+         ul{{color:#555;font-size:.9rem;max-width:60rem}}</style></head><body>\n{body}</body></html>\n",
+        html_escape(title)
+    )
 }
 
 /// Render `table`/`value` in `format`.

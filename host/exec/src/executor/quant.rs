@@ -187,6 +187,12 @@ impl<D: Device> Executor<D> {
         }
     }
 
+    /// Drop the numerics gathered since the last step without touching the histories (an
+    /// evaluation pass between training steps).
+    pub fn discard_precision_step(&mut self) {
+        self.quant.step.clear();
+    }
+
     /// Forget the amax histories of op `oi`'s GEMMs of `roles` (all when empty): their
     /// next step takes the scale from its own amax.
     pub fn reset_amax(&mut self, oi: usize, roles: &[GemmRole]) {

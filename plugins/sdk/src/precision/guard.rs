@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | non-finite | NaN/Inf in the loss, the gradients, or any operand of a layer | skip the step; the low-precision layers holding the NaN fall back to BF16 |
 //! | amax jump | an FP8 operand's amax exceeds `amax_jump` x its previous one | skip the step, forget that layer's amax history (a delayed scale would carry the outlier for the history's length); a second jump demotes the layer |
-//! | saturation | more than `saturation_rate` of an operand clips | delayed scaling switches to current scaling with one binade of margin; already current: the layer falls back |
+//! | saturation | more than `saturation_rate` of an operand clips for `saturation_steps` steps in a row, after the warm-up (amaxes grow fast in the first steps) | delayed scaling switches to current scaling with one binade of margin; already current: the layer falls back |
 //! | underflow | more than `underflow_rate` of a gradient operand flushes to zero | the layer's backward falls back to BF16 |
 //! | loss spike | z-score of the loss against its EMA above `loss_z` for `loss_z_steps` steps, above `loss_z_now` once, or above `loss_spike_factor` x the largest loss (Megatron) | roll back to the last known-good checkpoint and skip batches; a second spike within `rollback_cooldown` steps falls back globally |
 //! | gradient-norm spike | the gradient norm above `grad_norm_ratio` x its EMA | skip the step |
@@ -34,6 +34,7 @@ pub struct Rules {
     pub loss_spike_factor: f64,
     pub grad_norm_ratio: f64,
     pub saturation_rate: f64,
+    pub saturation_steps: u32,
     pub amax_jump: f64,
     pub underflow_rate: f64,
     pub promote_after: u64,
@@ -58,6 +59,7 @@ impl Default for Rules {
             loss_spike_factor: 10.0,
             grad_norm_ratio: 5.0,
             saturation_rate: 1e-3,
+            saturation_steps: 3,
             amax_jump: 16.0,
             underflow_rate: 0.25,
             promote_after: 50,
@@ -83,6 +85,8 @@ struct Layer {
     need: u64,
     demotions: u32,
     jumps: u32,
+    /// Consecutive steps with saturation.
+    sat_run: u32,
     pinned: bool,
 }
 
@@ -164,6 +168,7 @@ impl Memory {
             u64s(&mut b, l.need);
             b.extend_from_slice(&l.demotions.to_le_bytes());
             b.extend_from_slice(&l.jumps.to_le_bytes());
+            b.extend_from_slice(&l.sat_run.to_le_bytes());
             b.push(u8::from(l.pinned));
         }
         u64s(&mut b, self.seen);
@@ -203,6 +208,7 @@ impl Memory {
                 need: r.u64()?,
                 demotions: r.u32()?,
                 jumps: r.u32()?,
+                sat_run: r.u32()?,
                 pinned: r.u8()? != 0,
             });
         }
@@ -318,7 +324,13 @@ impl Step<'_> {
         } else {
             format!("re-promoted after {need} clean steps")
         };
-        self.alert(format!("step {step}: layer {layer} falls back to BF16 ({scope:?}): {why}; {after}"));
+        let scope = match scope {
+            FallbackScope::AllGemms => "all GEMMs",
+            FallbackScope::ForwardOnly => "forward only",
+            FallbackScope::BackwardOnly => "backward only",
+            FallbackScope::WeightGradientOnly => "weight gradient only",
+        };
+        self.alert(format!("step {step}: layer {layer} falls back to BF16 ({scope}): {why}; {after}"));
     }
 }
 
@@ -406,9 +418,17 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     }
     saturated.sort_by_key(|x| x.0);
     saturated.dedup_by_key(|x| x.0);
+    let warm = s.mem.seen >= rules.warmup_steps;
+    for l in s.mem.layers.iter_mut() {
+        l.sat_run = if saturated.iter().any(|x| x.0 == l.layer) { l.sat_run + 1 } else { 0 };
+    }
     for (l, recipe) in saturated {
-        if jump_layers.contains(&l) {
+        let run = s.mem.layers.iter().find(|x| x.layer == l).map_or(0, |x| x.sat_run);
+        if jump_layers.contains(&l) || !warm || run < rules.saturation_steps {
             continue;
+        }
+        if let Some(x) = s.mem.layers.iter_mut().find(|x| x.layer == l) {
+            x.sat_run = 0;
         }
         s.implicated.push(l);
         if recipe == ScalingRecipe::Delayed {
@@ -418,7 +438,10 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
                 margin: 1,
                 amax_history: 0,
             }));
-            s.alert(format!("step {step}: saturation above {} in layer {l}; delayed -> current scaling, margin 1", rules.saturation_rate));
+            s.alert(format!(
+                "step {step}: saturation above {} in layer {l} for {} steps; delayed -> current scaling, margin 1",
+                rules.saturation_rate, rules.saturation_steps
+            ));
         } else {
             s.demote(l, FallbackScope::AllGemms, "saturation under current scaling");
         }
@@ -430,7 +453,6 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     }
 
     // Loss spike (after warm-up): roll back and skip batches; twice in a row: global.
-    let warm = s.mem.seen >= rules.warmup_steps;
     let z = (metrics.loss - s.mem.loss_mean) / (s.mem.loss_var + 1e-12).sqrt();
     let high = warm && z > rules.loss_z;
     let spike = warm

@@ -114,26 +114,40 @@ fn an_amax_jump_skips_and_resets_then_demotes_on_the_second() {
 #[test]
 fn saturation_switches_delayed_to_current_scaling() {
     let rules = Rules::default();
-    let r = on_step(&rules, &metrics(2, 3.0, 1.0, fresh(), |l, o, m| {
+    let sat = |l: i32, o: Operand, m: &mut OperandMetrics| {
         if l == 3 && o == Operand::Gradient {
             m.saturation_rate = 0.01;
         }
-    }))
-    .unwrap();
-    assert!(r.actions.iter().any(|a| matches!(a, Action::ChangeRecipe(c) if c.sites.layers == [3] && c.recipe == ScalingRecipe::Current && c.margin == 1)), "{:?}", r.actions);
-    // Under current scaling already: the layer falls back.
-    let mut m = metrics(3, 3.0, 1.0, r.state, |l, o, m| {
-        if l == 3 && o == Operand::Gradient {
-            m.saturation_rate = 0.01;
+    };
+    // In the warm-up amaxes grow and delayed scales clip: no action.
+    let r = on_step(&rules, &metrics(2, 3.0, 1.0, fresh(), sat)).unwrap();
+    assert!(r.actions.is_empty(), "{:?}", r.actions);
+    let mut state = healthy(&rules, fresh(), 0, 25);
+    let mut acted = None;
+    for step in 25..28 {
+        let r = on_step(&rules, &metrics(step, 3.0, 1.0, state, sat)).unwrap();
+        if !r.actions.is_empty() {
+            acted.get_or_insert((step, r.actions.clone()));
         }
-    });
-    for (i, p) in m.plan.iter_mut().enumerate() {
-        if i / 3 == 4 {
-            p.gradient.recipe = ScalingRecipe::Current;
-        }
+        state = r.state;
     }
-    let r = on_step(&rules, &m).unwrap();
-    assert!(has_fallback(&r.actions, 3, FallbackScope::AllGemms), "{:?}", r.actions);
+    let (step, actions) = acted.unwrap();
+    assert_eq!(step, 27, "after {} saturated steps in a row", rules.saturation_steps);
+    assert!(actions.iter().any(|a| matches!(a, Action::ChangeRecipe(c) if c.sites.layers == [3] && c.recipe == ScalingRecipe::Current && c.margin == 1)), "{actions:?}");
+    // Under current scaling already: the layer falls back.
+    let mut last = Vec::new();
+    for step in 28..31 {
+        let mut m = metrics(step, 3.0, 1.0, state, sat);
+        for (i, p) in m.plan.iter_mut().enumerate() {
+            if i / 3 == 4 {
+                p.gradient.recipe = ScalingRecipe::Current;
+            }
+        }
+        let r = on_step(&rules, &m).unwrap();
+        state = r.state;
+        last = r.actions;
+    }
+    assert!(has_fallback(&last, 3, FallbackScope::AllGemms), "{last:?}");
 }
 
 #[test]
