@@ -7,6 +7,7 @@ mod contract;
 mod hostile;
 mod models;
 mod sandbox;
+mod train;
 mod training;
 mod util;
 mod walkthrough;

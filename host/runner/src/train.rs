@@ -541,11 +541,24 @@ fn train_one(
                     grad_spike = true;
                     detail = "every weight gradient x 1e4".to_string();
                 }
-                kind => {
+                InjectKind::Nan => {
                     let site = inj.site.clone().or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
-                    let fk = if kind == InjectKind::Nan { FaultKind::Nan } else { FaultKind::Outlier(65536.0) };
-                    ex.inject(Fault { op: site.clone(), role: XRole::Forward, operand: XOperand::Activation, kind: fk })?;
-                    detail = format!("{site} forward activation: {}", if kind == InjectKind::Nan { "one element NaN" } else { "largest element x 2^16" });
+                    ex.inject(Fault { op: site.clone(), role: XRole::Forward, operand: XOperand::Activation, kind: FaultKind::Nan })?;
+                    detail = format!("{site} forward activation: one element NaN");
+                }
+                InjectKind::AmaxSpike => {
+                    // An outlier in the inputs of every linear of the layer, as both GEMMs
+                    // that read them (forward and weight gradient) see it.
+                    let site = inj.site.clone().or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
+                    let layer = sites.iter().find(|s| s.name == site).map(|s| s.layer).context("unknown --inject site")?;
+                    let mut hit = Vec::new();
+                    for s in sites.iter().filter(|s| s.layer == layer && s.role != GemmRole::InputGradient) {
+                        let fault = Fault { op: s.name.clone(), role: xrole(s.role), operand: XOperand::Activation, kind: FaultKind::Outlier(65536.0) };
+                        ex.inject(fault)?;
+                        hit.push(s.name.clone());
+                    }
+                    hit.dedup();
+                    detail = format!("layer {layer}: the largest input element of {} x 2^16 (forward and weight gradient)", hit.join(", "));
                 }
             }
             decisions.push(Decision { iteration, step: applied, action: "inject".into(), detail: format!("{:?}: {detail}", inj.kind), applied: true });

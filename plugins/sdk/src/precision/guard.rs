@@ -6,8 +6,8 @@
 //!
 //! | trigger | fires when | action |
 //! |---|---|---|
-//! | non-finite | NaN/Inf in the loss, the gradients, or any operand of a layer | skip the step; the low-precision layers holding the NaN fall back to BF16 |
-//! | amax jump | an FP8 operand's amax exceeds `amax_jump` x its previous one | skip the step, forget that layer's amax history (a delayed scale would carry the outlier for the history's length); a second jump demotes the layer |
+//! | non-finite | NaN/Inf in the loss, the gradients, or any operand of a layer | skip the step; the low-precision layer the NaN starts in (the first whose forward operands hold one, else the last whose gradients do) falls back to BF16 |
+//! | amax jump | after the warm-up, an FP8 operand's amax exceeds `amax_jump` x its previous one | skip the step, forget that layer's amax history (a delayed scale would carry the outlier for the history's length); a second jump demotes the layer |
 //! | saturation | more than `saturation_rate` of an operand clips for `saturation_steps` steps in a row, after the warm-up (amaxes grow fast in the first steps) | delayed scaling switches to current scaling with one binade of margin; already current: the layer falls back |
 //! | underflow | more than `underflow_rate` of a gradient operand flushes to zero | the layer's backward falls back to BF16 |
 //! | loss spike | z-score of the loss against its EMA above `loss_z` for `loss_z_steps` steps, above `loss_z_now` once, or above `loss_spike_factor` x the largest loss (Megatron) | roll back to the last known-good checkpoint and skip batches; a second spike within `rollback_cooldown` steps falls back globally |
@@ -344,24 +344,39 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     let step = metrics.step;
     let mut s = Step { rules, mem: &mut mem, step, actions: Vec::new(), skip: false, implicated: Vec::new() };
 
-    // Non-finite values: skip; demote the low-precision layers that hold them.
-    let mut bad_layers: Vec<i32> = metrics.layers.iter().filter(|l| l.nonfinite).map(|l| l.layer).collect();
+    // Non-finite values: skip; demote the low-precision layer they start in. A NaN
+    // spreads forward through the later layers and backward into every gradient, so the
+    // origin is the first layer whose forward operands hold one, else the last layer
+    // whose gradients do, else the first layer flagged.
+    let mut forward_bad: Vec<i32> = Vec::new();
+    let mut backward_bad: Vec<i32> = Vec::new();
     for sm in &metrics.sites {
-        if sm.operands.iter().any(|o| o.nonfinite)
-            && let Some(&(layer, _)) = s.mem.sites.get(sm.site as usize)
-        {
-            bad_layers.push(layer);
+        let Some(&(layer, role)) = s.mem.sites.get(sm.site as usize) else { continue };
+        for o in sm.operands.iter().filter(|o| o.nonfinite) {
+            if role == 0 && o.operand != Operand::Gradient {
+                forward_bad.push(layer);
+            } else {
+                backward_bad.push(layer);
+            }
         }
     }
+    let flagged: Vec<i32> = metrics.layers.iter().filter(|l| l.nonfinite).map(|l| l.layer).collect();
+    let in_layers = |v: &[i32]| v.iter().copied().filter(|l| *l >= 0).collect::<Vec<i32>>();
+    let origin = in_layers(&forward_bad)
+        .into_iter()
+        .min()
+        .or_else(|| in_layers(&backward_bad).into_iter().max())
+        .or_else(|| in_layers(&flagged).into_iter().min());
+    let mut bad_layers: Vec<i32> = forward_bad.iter().chain(&backward_bad).chain(&flagged).copied().collect();
     bad_layers.sort_unstable();
     bad_layers.dedup();
     let loss_ok = metrics.loss_finite && metrics.loss.is_finite();
     if !loss_ok || !metrics.grads_finite || !bad_layers.is_empty() {
         s.skip = true;
-        for &l in &bad_layers {
-            if s.mem.layers.iter().any(|x| x.layer == l && x.scope == 0) {
-                s.demote(l, FallbackScope::AllGemms, "non-finite values in its GEMM operands");
-            }
+        if let Some(l) = origin
+            && s.mem.layers.iter().any(|x| x.layer == l && x.scope == 0)
+        {
+            s.demote(l, FallbackScope::AllGemms, "non-finite values start in its GEMM operands");
         }
         let where_ = if bad_layers.is_empty() { String::new() } else { format!(" (layers {bad_layers:?})") };
         s.alert(format!("step {step}: non-finite loss or gradients{where_}; step skipped"));
@@ -371,6 +386,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     }
 
     // Per-operand numerics of low-precision sites: amax jumps, saturation, underflow.
+    let warm = s.mem.seen >= rules.warmup_steps;
     let (mut jumps, mut saturated, mut underflow) = (Vec::new(), Vec::new(), Vec::new());
     for sm in &metrics.sites {
         let i = sm.site as usize;
@@ -386,7 +402,8 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
             }
             let k = i * 3 + operand_index(o.operand);
             let prev = s.mem.amax.get(k).copied().unwrap_or(0.0);
-            let jump = prev > 0.0 && o.amax > rules.amax_jump * f64::from(prev);
+            // Amaxes grow fast while the warm-up's learning rate climbs: jumps count after it.
+            let jump = warm && prev > 0.0 && o.amax > rules.amax_jump * f64::from(prev);
             if jump {
                 jumps.push((layer, o.amax / f64::from(prev)));
             } else if let Some(a) = s.mem.amax.get_mut(k) {
@@ -418,7 +435,6 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     }
     saturated.sort_by_key(|x| x.0);
     saturated.dedup_by_key(|x| x.0);
-    let warm = s.mem.seen >= rules.warmup_steps;
     for l in s.mem.layers.iter_mut() {
         l.sat_run = if saturated.iter().any(|x| x.0 == l.layer) { l.sat_run + 1 } else { 0 };
     }
