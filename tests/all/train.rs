@@ -147,3 +147,28 @@ fn a_run_asking_for_a_precision_its_policy_does_not_plan_is_an_error() {
         assert!(e.contains(want) && e.contains("fp8"), "{plugin}: {e}");
     }
 }
+
+/// The projection now takes its plans from these plugins (`fp8.wasm` for `--precision fp8`,
+/// ...): each plans the same format for every GEMM of every op as the built-in plan of its
+/// name, so projections do not move when the plugins are installed.
+#[test]
+fn the_plugins_plan_what_the_built_in_plans_say() {
+    use runner::plugin::workload::GraphRequest;
+    use runner_project::precision::{Plan, Recipe};
+    let limits = runner::plugin::Limits::default();
+    let profiles = runner::project::profiles(None).unwrap();
+    let mut w = runner::plugin::load("llama3.wasm").unwrap().workload(limits).unwrap();
+    let info = w.describe().unwrap();
+    let variant = info.variants.iter().find(|v| v.name == "llama3.1-8b").unwrap();
+    let graph = w.graph(&GraphRequest::training("llama3.1-8b", 1024, 1, 0)).unwrap();
+    for (recipe, gpu) in [(Recipe::Fp8, "H100"), (Recipe::Fp8Cs, "H100"), (Recipe::Mxfp8, "B200"), (Recipe::Nvfp4, "B200")] {
+        let gpu = profiles.get(gpu).unwrap();
+        let (plan, info) = runner::project::plan(recipe, variant, gpu, &graph, limits).unwrap();
+        assert_eq!(info.expect("the plugin is installed").name, format!("{}.wasm", recipe.name()));
+        let builtin = Plan::builtin(recipe, &graph);
+        for op in graph.ops.iter().filter(|o| o.kind == runner_graph::OpKind::Linear) {
+            assert_eq!(plan.formats(&op.name), builtin.formats(&op.name), "{recipe} {}", op.name);
+        }
+        assert!((plan.low_precision_share() - builtin.low_precision_share()).abs() < 1e-12);
+    }
+}

@@ -7,7 +7,7 @@
 //! | trigger | fires when | action |
 //! |---|---|---|
 //! | non-finite | NaN/Inf in the loss, the gradients, or any operand of a layer | skip the step; the low-precision layer the NaN starts in (the first whose forward operands hold one, else the last whose gradients do) falls back to BF16 |
-//! | amax jump | after the warm-up, an FP8 operand's amax exceeds `amax_jump` x its previous one | skip the step, forget that layer's amax history (a delayed scale would carry the outlier for the history's length); a second jump demotes the layer |
+//! | amax jump | after the warm-up, an FP8 activation or weight's amax exceeds `amax_jump` x its previous one | skip the step, forget that layer's amax history (a delayed scale would carry the outlier for the history's length); a second jump demotes the layer |
 //! | saturation | more than `saturation_rate` of an operand clips for `saturation_steps` steps in a row, after the warm-up (amaxes grow fast in the first steps) | delayed scaling switches to current scaling with one binade of margin; already current: the layer falls back |
 //! | underflow | more than `underflow_rate` of a gradient operand flushes to zero | the layer's backward falls back to BF16 |
 //! | loss spike | z-score of the loss against its EMA above `loss_z` for `loss_z_steps` steps, above `loss_z_now` once, or above `loss_spike_factor` x the largest loss (Megatron) | roll back to the last known-good checkpoint and skip batches; a second spike within `rollback_cooldown` steps falls back globally |
@@ -270,6 +270,14 @@ impl Reader<'_> {
     }
 }
 
+fn plan_role(i: usize, sites: &[(i32, u8)]) -> &'static str {
+    match sites.get(i).map(|s| s.1) {
+        Some(0) => "forward",
+        Some(1) => "input-gradient",
+        _ => "weight-gradient",
+    }
+}
+
 fn layer_selector(layers: Vec<i32>) -> SiteSelector {
     SiteSelector { layers, names: Vec::new(), roles: Vec::new() }
 }
@@ -403,9 +411,18 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
             let k = i * 3 + operand_index(o.operand);
             let prev = s.mem.amax.get(k).copied().unwrap_or(0.0);
             // Amaxes grow fast while the warm-up's learning rate climbs: jumps count after it.
-            let jump = warm && prev > 0.0 && o.amax > rules.amax_jump * f64::from(prev);
+            // Only activations and weights: gradient amaxes swing by 10-100x from batch to
+            // batch in healthy training (E5M2's range is for that); their trouble shows as
+            // saturation or underflow.
+            let jump = warm && o.operand != Operand::Gradient && prev > 0.0 && o.amax > rules.amax_jump * f64::from(prev);
             if jump {
-                jumps.push((layer, o.amax / f64::from(prev)));
+                jumps.push((layer, o.amax / f64::from(prev), format!(
+                    "{} of the {} GEMM {:.3e} -> {:.3e}",
+                    if o.operand == Operand::Activation { "activation" } else { "weight" },
+                    plan_role(i, &s.mem.sites),
+                    prev,
+                    o.amax
+                )));
             } else if let Some(a) = s.mem.amax.get_mut(k) {
                 *a = o.amax as f32;
             }
@@ -422,6 +439,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     jump_layers.dedup();
     for &l in &jump_layers {
         let ratio = jumps.iter().filter(|j| j.0 == l).map(|j| j.1).fold(0.0, f64::max);
+        let what = jumps.iter().find(|j| j.0 == l && j.1 == ratio).map_or(String::new(), |j| j.2.clone());
         s.skip = true;
         s.implicated.push(l);
         let Some(i) = s.mem.layers.iter().position(|x| x.layer == l) else { continue };
@@ -430,7 +448,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
             s.demote(l, FallbackScope::AllGemms, &format!("a second amax jump (x{ratio:.0})"));
         } else {
             s.actions.push(Action::ResetAmax(layer_selector(vec![l])));
-            s.alert(format!("step {step}: amax jump x{ratio:.0} in layer {l}; step skipped, its amax history reset"));
+            s.alert(format!("step {step}: amax jump x{ratio:.0} in layer {l} ({what}); step skipped, its amax history reset"));
         }
     }
     saturated.sort_by_key(|x| x.0);
