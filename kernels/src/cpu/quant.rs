@@ -248,6 +248,7 @@ impl Acc {
 /// One element: x quantised with encode multiplier `enc` and decode multiplier `dec`
 /// (or divisor, `div`), counted in lane `l`.
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn qdq_one(x: f32, enc: f32, dec: f32, div: bool, g: &Grid, sat: bool, rand: Option<u32>, acc: &mut Acc, l: usize) -> f32 {
     let a = x.abs();
     acc.amax[l] = if a > acc.amax[l] { a } else { acc.amax[l] };
@@ -271,6 +272,8 @@ fn qdq_const(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: 
     }
 }
 
+// The lane loops index on purpose: `l` picks the accumulator lane as well as the element.
+#[allow(clippy::needless_range_loop)]
 fn qdq_const_with<const SR: bool>(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: u32) -> QuantReport {
     let seed = SR.then_some(seed);
     simd(|| {

@@ -22,6 +22,9 @@ use crate::precision::{
 
 type Key = (usize, GemmRole, Operand);
 
+/// Quantised GEMM inputs (A, B) and the format of the GEMM's result.
+pub(super) type Operands<B> = (B, B, runner_graph::DType);
+
 /// Plans, histories and this step's numerics.
 #[derive(Clone, Debug, Default)]
 pub(super) struct QuantState {
@@ -38,9 +41,9 @@ pub(super) struct QuantState {
 /// The quantised operands of a linear's backward GEMMs.
 pub(super) struct LinearBackward<B> {
     /// (dY, W) quantised for dX, and dX's format.
-    pub(super) dgrad: Option<(B, B, runner_graph::DType)>,
+    pub(super) dgrad: Option<Operands<B>>,
     /// (dY, X) quantised (Hadamard-transformed when planned) for dW, and dW's format.
-    pub(super) wgrad: Option<(B, B, runner_graph::DType)>,
+    pub(super) wgrad: Option<Operands<B>>,
 }
 
 /// The state a rollback restores: weights, AdamW moments and step, and the amax
@@ -311,7 +314,7 @@ impl<D: Device> Executor<D> {
 
     /// The quantised (X, W) of linear `oi`'s forward and its output format, when it has
     /// a plan.
-    pub(super) fn forward_operands(&mut self, oi: usize) -> Result<Option<(D::Buffer, D::Buffer, runner_graph::DType)>, ExecError> {
+    pub(super) fn forward_operands(&mut self, oi: usize) -> Result<Option<Operands<D::Buffer>>, ExecError> {
         let Some(plan) = self.quant.sites.get(&(oi, GemmRole::Forward)).copied() else { return Ok(None) };
         let (xid, wid) = (self.graph.ops[oi].inputs[0], self.graph.ops[oi].inputs[1]);
         let (n, k) = self.weight_shape(oi);

@@ -223,7 +223,8 @@ mod tests {
     #[test]
     fn recipes_pass_the_contract_rules() {
         let req = request("B200");
-        let recipes: [(&str, fn(&GemmSite) -> SitePlan); 5] = [
+        type Recipe = fn(&GemmSite) -> SitePlan;
+        let recipes: [(&str, Recipe); 5] = [
             ("delayed", |s| hybrid(s, delayed)),
             ("current", |s| hybrid(s, current)),
             ("mxfp8", mxfp8),
