@@ -44,13 +44,17 @@ use plan::{Decision, PlanState};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum InjectKind {
-    /// One element of a low-precision layer's forward activation multiplied by 2^16
-    /// before it is quantised: the amax a delayed scale carries for its history's length.
+    /// The largest input element of every linear of one layer (the middle low-precision
+    /// one by default) multiplied by 2^16 before it is quantised, in the forward and the
+    /// weight-gradient GEMMs: an outlier a delayed scale carries for its history's length.
     AmaxSpike,
     /// One element of that activation set to NaN.
     Nan,
     /// Every weight gradient multiplied by 10^4 before the policy sees the step.
     GradSpike,
+    /// The step's batch replaced by uniformly random tokens (corrupted data): a loss
+    /// spike with healthy numerics, the case for rolling back and skipping batches.
+    BadBatch,
 }
 
 /// `--inject KIND@STEP[:SITE]`.
@@ -70,12 +74,13 @@ impl Injection {
     /// # Errors
     /// Names the accepted forms.
     pub fn parse(s: &str) -> Result<Injection, String> {
-        let usage = "use KIND@STEP[:SITE] with KIND amax-spike, nan or grad-spike (e.g. amax-spike@150)";
+        let usage = "use KIND@STEP[:SITE] with KIND amax-spike, nan, grad-spike or bad-batch (e.g. amax-spike@150)";
         let (kind, rest) = s.split_once('@').ok_or_else(|| format!("--inject '{s}': {usage}"))?;
         let kind = match kind {
             "amax-spike" => InjectKind::AmaxSpike,
             "nan" => InjectKind::Nan,
             "grad-spike" => InjectKind::GradSpike,
+            "bad-batch" => InjectKind::BadBatch,
             k => return Err(format!("--inject '{s}': unknown fault '{k}'; {usage}")),
         };
         let (step, site) = match rest.split_once(':') {
@@ -530,6 +535,7 @@ fn train_one(
         }
         let t0 = Instant::now();
         let mut grad_spike = false;
+        let mut bad_batch = false;
         for (i, inj) in cfg.injections.iter().enumerate() {
             if inj.step != applied || fired.contains(&i) {
                 continue;
@@ -540,6 +546,10 @@ fn train_one(
                 InjectKind::GradSpike => {
                     grad_spike = true;
                     detail = "every weight gradient x 1e4".to_string();
+                }
+                InjectKind::BadBatch => {
+                    bad_batch = true;
+                    detail = "the batch's tokens and targets replaced by random tokens".to_string();
                 }
                 InjectKind::Nan => {
                     let site = inj.site.clone().or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
@@ -563,8 +573,15 @@ fn train_one(
             }
             decisions.push(Decision { iteration, step: applied, action: "inject".into(), detail: format!("{:?}: {detail}", inj.kind), applied: true });
         }
-        let (tokens, targets) = data.batch(cursor);
+        let (mut tokens, mut targets) = data.batch(cursor);
         cursor += 1;
+        if bad_batch {
+            let mut rng = Rng(cfg.seed ^ cursor);
+            let vocab = graph.tensor_id("embed.weight").map_or(256, |id| graph.tensors[id].shape[0]);
+            for t in tokens.iter_mut().chain(targets.iter_mut()) {
+                *t = (rng.next() % vocab) as u32;
+            }
+        }
         let loss = ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))])?;
         ex.backward()?;
         if grad_spike {

@@ -53,7 +53,7 @@ pub struct TrainArgs {
     /// Plan for this GPU's formats (H100, B200, ...) instead of the CPU's (which emulates every format)
     #[arg(long, default_value = "cpu", value_name = "GPU")]
     pub plan_for: String,
-    /// Inject a fault: amax-spike@STEP, nan@STEP or grad-spike@STEP (optionally :SITE); repeatable or comma-separated
+    /// Inject a fault: amax-spike@STEP, nan@STEP, grad-spike@STEP or bad-batch@STEP (optionally :SITE); repeatable or comma-separated
     #[arg(long, value_delimiter = ',')]
     pub inject: Vec<String>,
     /// Most of the low-precision layers that per-layer fallbacks may put in BF16 at once

@@ -52,7 +52,7 @@ impl Default for Rules {
     fn default() -> Rules {
         Rules {
             warmup_steps: 20,
-            ema_alpha: 0.05,
+            ema_alpha: 0.1,
             loss_z: 6.0,
             loss_z_steps: 2,
             loss_z_now: 10.0,
