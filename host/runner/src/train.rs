@@ -63,8 +63,8 @@ pub struct Injection {
     pub kind: InjectKind,
     /// The optimizer step it hits (the step about to be taken).
     pub step: u64,
-    /// The linear op for amax-spike and nan (default: the middle transformer layer's
-    /// `mlp.down`).
+    /// The linear op for amax-spike (its layer) and nan (default: the middle
+    /// low-precision layer's `mlp.down`); `all` for amax-spike: every low-precision layer.
     pub site: Option<String>,
 }
 
@@ -559,16 +559,21 @@ fn train_one(
                 InjectKind::AmaxSpike => {
                     // An outlier in the inputs of every linear of the layer, as both GEMMs
                     // that read them (forward and weight gradient) see it.
-                    let site = inj.site.clone().or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
+                    // `:all`: every low-precision layer at once (an outlier the whole
+                    // residual stream carries); default: the middle one.
+                    let all = inj.site.as_deref() == Some("all");
+                    let site = inj.site.clone().filter(|_| !all).or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
                     let layer = sites.iter().find(|s| s.name == site).map(|s| s.layer).context("unknown --inject site")?;
+                    let hit_layer = |s: &GemmSite, i: usize| if all { plan::low_precision(s, &plans.current[i]) } else { s.layer == layer };
                     let mut hit = Vec::new();
-                    for s in sites.iter().filter(|s| s.layer == layer && s.role != GemmRole::InputGradient) {
+                    for (_, s) in sites.iter().enumerate().filter(|(i, s)| hit_layer(s, *i) && s.role != GemmRole::InputGradient) {
                         let fault = Fault { op: s.name.clone(), role: xrole(s.role), operand: XOperand::Activation, kind: FaultKind::Outlier(65536.0) };
                         ex.inject(fault)?;
                         hit.push(s.name.clone());
                     }
                     hit.dedup();
-                    detail = format!("layer {layer}: the largest input element of {} x 2^16 (forward and weight gradient)", hit.join(", "));
+                    let which = if all { "every low-precision layer".to_string() } else { format!("layer {layer}") };
+                    detail = format!("{which}: the largest input element of {} x 2^16 (forward and weight gradient)", hit.join(", "));
                 }
             }
             decisions.push(Decision { iteration, step: applied, action: "inject".into(), detail: format!("{:?}: {detail}", inj.kind), applied: true });

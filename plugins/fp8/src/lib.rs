@@ -47,7 +47,9 @@ mod tests {
             }
         }
         let m = StepMetrics { step: 1, tokens: 1, loss: f64::NAN, grad_norm: 1.0, learning_rate: 1e-3, loss_finite: false, grads_finite: true, layers: vec![], sites: vec![], plan: vec![], state: vec![] };
-        let r = Fp8::on_step(m).unwrap();
+        let r = Fp8::on_step(m.clone()).unwrap();
         assert!(matches!(r.actions.as_slice(), [Action::Alert(a)] if a.contains("no fallback")));
+        let again = Fp8::on_step(StepMetrics { state: r.state, ..m }).unwrap();
+        assert!(again.actions.is_empty(), "one alert per run of non-finite steps");
     }
 }

@@ -570,17 +570,20 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
 }
 
 /// The answer of a policy without fallback rules (a recipe as its library ships it): no
-/// action, and an alert when the loss or the gradients are not finite, so the report
-/// shows what happened. The state passes through.
+/// action, and an alert on the first of a run of non-finite steps, so the report shows
+/// what happened without a line per step. Its state is one byte: whether the last step
+/// was non-finite.
 pub fn no_fallback(policy: &str, metrics: &StepMetrics) -> StepResponse {
+    let bad = !(metrics.loss_finite && metrics.loss.is_finite() && metrics.grads_finite);
     let mut actions = Vec::new();
-    if !(metrics.loss_finite && metrics.loss.is_finite() && metrics.grads_finite) {
+    if bad && metrics.state.first() != Some(&1) {
         actions.push(Action::Alert(format!(
-            "step {}: non-finite loss or gradients; {policy} has no fallback rules, the update is applied",
+            "step {}: non-finite loss or gradients; {policy} has no fallback rules, the update is applied (and again \
+             until the loss is finite)",
             metrics.step
         )));
     }
-    StepResponse { actions, state: metrics.state.clone() }
+    StepResponse { actions, state: vec![u8::from(bad)] }
 }
 
 #[cfg(test)]
