@@ -88,7 +88,8 @@ def runner_gflops(runner, n, threads):
         env=env,
     ).stdout
     rows = json.loads(out)
-    rows = rows["rows"] if isinstance(rows, dict) and "rows" in rows else rows
+    if isinstance(rows, dict):
+        rows = rows.get("gemm") or rows.get("rows")
     return rows[0]["gflops"]
 
 
