@@ -11,7 +11,7 @@ use runner::plugin::workload::{
     GraphRequest, InferenceShape, Phase, RecomputeGranularity, TrainingPrecision,
 };
 use runner::plugin::{self, Failure, Kind, Limits};
-use runner::{runfile, session};
+use runner::{explore, runfile};
 
 use crate::util::{on_demand, program};
 
@@ -192,9 +192,9 @@ fn a_run_of_0_1_plugins_goes_end_to_end_and_names_them_adapted() {
          [cost]\nplugins = [{cloud:?}]\n[measure]\nrepeats = 1\n"
     );
     let run = runfile::parse(&text, "v0.1").unwrap();
-    let outcome = session::run(&run, &|_| {}).unwrap_or_else(|e| panic!("{e:#}"));
+    let outcome = explore::run(&run, &|_, _, _| {}).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(outcome.clouds, ["oldcloud"]);
-    let cost = outcome.rows[1].costs[0]
+    let cost = outcome.series[0].rows[1].costs[0]
         .quote()
         .expect("oldcloud sells H100");
     assert_eq!(cost.nodes, 2);

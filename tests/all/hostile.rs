@@ -11,7 +11,7 @@ use runner::plugin::precision::{
 };
 use runner::plugin::workload::GraphRequest;
 use runner::plugin::{self, Failure, Limits, PluginError};
-use runner::{runfile, session};
+use runner::{explore, runfile};
 
 use crate::util::{on_demand, program};
 
@@ -77,7 +77,7 @@ fn a_graph_too_big_to_run_is_not_measured_but_the_run_goes_on() {
         "[model]\nplugin = {:?}\nvariant = \"budget\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [\"aws\"]\n",
         program("hostile_shapes.wasm")
     );
-    let outcome = session::run(&runfile::parse(&text, "budget").unwrap(), &|_| {})
+    let outcome = explore::run(&runfile::parse(&text, "budget").unwrap(), &|_, _, _| {})
         .unwrap_or_else(|e| panic!("{e:#}"));
     assert!(outcome.measurement.is_none());
     assert!(
@@ -158,14 +158,14 @@ fn a_cloud_whose_quotes_all_fail_is_reported_failed_not_as_not_selling() {
         "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[cost]\nplugins = [{:?}]\n[measure]\nrepeats = 1\n",
         program("hostile_money.wasm")
     );
-    let outcome = session::run(&runfile::parse(&text, "money").unwrap(), &|_| {})
+    let outcome = explore::run(&runfile::parse(&text, "money").unwrap(), &|_, _, _| {})
         .unwrap_or_else(|e| panic!("{e:#}"));
-    let price = &outcome.rows[0].costs[0];
+    let price = &outcome.series[0].rows[0].costs[0];
     assert!(
-        matches!(price, session::CloudPrice::QuoteFailed { reason } if reason.contains("hostile_money.wasm")),
+        matches!(price, runner::pricing::CloudPrice::QuoteFailed { reason } if reason.contains("hostile_money.wasm")),
         "{price:?}"
     );
-    let table = runner::report::outcome_table(&outcome).render();
+    let table = runner::report::explore::text(&outcome);
     assert!(
         table
             .lines()

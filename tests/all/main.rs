@@ -4,6 +4,7 @@
 mod adapter;
 mod cache;
 mod contract;
+mod explore;
 mod hostile;
 mod models;
 mod sandbox;

@@ -154,7 +154,7 @@ fn a_run_asking_for_a_precision_its_policy_does_not_plan_is_an_error() {
             "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpu = \"{gpu}\"\n[precision]\nformat = \"fp8\"\nplugin = \"{plugin}\"\n"
         );
         let run = runner::runfile::parse(&toml, "t.toml").unwrap();
-        let Err(e) = runner::session::run(&run, &|_| {}) else { panic!("{plugin}: an fp8 run was accepted") };
+        let Err(e) = runner::explore::run(&run, &|_, _, _| {}) else { panic!("{plugin}: an fp8 run was accepted") };
         let e = format!("{e:#}");
         assert!(e.contains(want) && e.contains("fp8"), "{plugin}: {e}");
     }

@@ -3,7 +3,7 @@
 
 use runner::plugin::{self, Limits};
 use runner::runfile;
-use runner::session;
+use runner::explore;
 
 use crate::util::program;
 
@@ -40,13 +40,13 @@ fn the_walkthrough_model_validates_and_runs_priced_by_the_walkthrough_cloud() {
         "[model]\nplugin = {model:?}\nvariant = \"mymodel-7b\"\n[cluster]\ngpus = [16, 64]\n[cost]\nplugins = [{cloud:?}]\n"
     );
     let run = runfile::parse(&text, "walkthrough").unwrap();
-    let outcome = session::run(&run, &|_| {}).unwrap_or_else(|e| panic!("{e:#}"));
+    let outcome = explore::run(&run, &|_, _, _| {}).unwrap_or_else(|e| panic!("{e:#}"));
     assert_eq!(outcome.model.variant, "mymodel-7b");
     assert!(
         outcome.model.params_total > 6_000_000_000 && outcome.model.params_total < 8_000_000_000
     );
     assert_eq!(outcome.clouds, vec!["mycloud".to_string()]);
-    let cost = outcome.rows[0].costs[0]
+    let cost = outcome.series[0].rows[0].costs[0]
         .quote()
         .expect("mycloud sells H100");
     assert_eq!(cost.nodes, 2);

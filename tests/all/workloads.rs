@@ -1,7 +1,7 @@
 //! Every ready-made run file in workloads/ parses and runs end to end.
 
 use runner::runfile;
-use runner::session;
+use runner::explore;
 
 #[test]
 fn every_workload_file_runs() {
@@ -16,24 +16,22 @@ fn every_workload_file_runs() {
         run.cost.plugins = vec!["aws.wasm".into()];
         run.measure.repeats = 1;
         let outcome =
-            session::run(&run, &|_| {}).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
-        assert_eq!(
-            outcome.rows.len(),
-            run.cluster.gpus.len(),
-            "{}",
-            path.display()
-        );
+            explore::run(&run, &|_, _, _| {}).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        assert!(!outcome.series.is_empty(), "{}", path.display());
+        for s in &outcome.series {
+            assert_eq!(s.rows.len(), run.cluster.gpus.len(), "{}", path.display());
+        }
         assert!(outcome.model.flops_per_token > 0.0);
         // Every row is either a projected layout that fits on exactly that many GPUs,
         // whose days follow from its throughput, or says why nothing fits.
-        for r in &outcome.rows {
+        for (s, r) in outcome.series.iter().flat_map(|s| s.rows.iter().map(move |r| (s, r))) {
             match (&r.projection, r.days) {
                 (Some(p), Some(days)) => {
                     assert!(p.fits, "{}: {} GPUs", path.display(), r.gpus);
                     assert_eq!(p.layout.gpus(), u64::from(r.gpus), "{}", path.display());
                     let want = outcome.model.tokens / (p.tokens_per_sec_per_gpu * f64::from(r.gpus)) / 86_400.0;
                     assert!((days / want - 1.0).abs() < 1e-9, "{}", path.display());
-                    assert_eq!(r.gpus % outcome.gpu.gpus_per_node, 0, "whole nodes");
+                    assert_eq!(r.gpus % s.gpu.gpus_per_node, 0, "whole nodes");
                 }
                 (None, None) => assert!(r.why_not.as_deref().is_some_and(|w| !w.is_empty())),
                 _ => panic!("{}: a row with days but no layout, or the reverse", path.display()),

@@ -21,7 +21,8 @@ pub fn billed_seconds(hours: f64, increment_s: u32, minimum_s: u32) -> f64 {
 /// Expand the cost rules in a module that has the generated cost-model types in scope
 /// (`Offering`, `Price`, `PurchaseOption`, `QuoteRequest`, `ItemisedQuote`, `QuoteLine`,
 /// `LineCategory`, `ProviderInfo`). Defines `validate_provider`, `validate_offerings`,
-/// `validate_quote`, `find_price`, `list_price_floor`, `option_name` and `term_hours`.
+/// `validate_quote`, `find_price`, `nodes_for`, `list_price_floor`, `option_name` and
+/// `term_hours`.
 #[macro_export]
 macro_rules! cost_rules {
     () => {
@@ -191,6 +192,14 @@ macro_rules! cost_rules {
                 return Err("billing-increment-s must be at least 1".into());
             }
             Ok(())
+        }
+
+        /// The nodes a run of `gpus` GPUs takes on `offering`: whole nodes, bought in its
+        /// `node-multiple` (5 GPUs on 4-GPU trays take 2 trays; on trays sold by the 18-tray
+        /// NVL72 rack, 18). The host sizes quote requests with it and a standard quote checks
+        /// them with it. None where the count overflows.
+        pub fn nodes_for(offering: &Offering, gpus: u32) -> Option<u32> {
+            gpus.div_ceil(offering.gpus_per_node.max(1)).checked_next_multiple_of(offering.node_multiple.max(1))
         }
 
         /// The price `offering` lists for `option` in `region`: that region's, else one that

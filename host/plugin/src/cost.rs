@@ -19,8 +19,8 @@ mod rules {
     runner_contract::cost_rules!();
 }
 pub use rules::{
-    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, option_name, parse_option,
-    term_hours, validate_offerings, validate_provider, validate_quote,
+    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, nodes_for, option_name,
+    parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
 enum Instance {
@@ -51,6 +51,19 @@ impl Plugin {
             instance,
             listed: Vec::new(),
         })
+    }
+}
+
+impl Plugin {
+    /// Instantiate as a cost-model plugin that reads `data` (a user's price list) on its
+    /// standard input: the generic pricing plugin's way to price a negotiated contract.
+    pub fn cost_with_input(&self, limits: Limits, data: Vec<u8>) -> Result<CostModel, PluginError> {
+        let mut model = self.cost(limits)?;
+        model.instance = match model.instance {
+            Instance::V2(s) => Instance::V2(s.with_input(data)),
+            Instance::V1(s) => Instance::V1(s.with_input(data)),
+        };
+        Ok(model)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The sandbox every plugin instance runs in: no preopened directories, no environment,
-//! no arguments, no sockets, stdin closed, stdout/stderr captured (panic messages land
+//! no arguments, no sockets, stdin closed (or, for a cost plugin given a user's price file,
+//! that file's bytes and nothing else), stdout/stderr captured (panic messages land
 //! there), a memory cap enforced by a limiter whose refusal is a typed error, a deadline
 //! on every call, and both WASI random generators seeded with fixed values, so a plugin
 //! stays a pure function of its inputs and every rank (and every replay) decides alike.
@@ -11,7 +12,7 @@ use rand::SeedableRng as _;
 use serde::{Deserialize, Serialize};
 use wasmtime::component::ResourceTable;
 use wasmtime::{ResourceLimiter, Store, Trap};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
 use crate::bindings::{v1, v2};
@@ -181,9 +182,13 @@ log_import!(v1, v2);
 impl v2::workload::runner::plugin::types::Host for HostState {}
 impl v1::workload::runner::plugin::types::Host for HostState {}
 
-fn new_store(plugin: &str, limits: Limits) -> Store<HostState> {
+fn new_store(plugin: &str, limits: Limits, input: Option<&bytes::Bytes>) -> Store<HostState> {
     let output = MemoryOutputPipe::new(PIPE_CAPACITY);
-    let wasi = WasiCtx::builder()
+    let mut builder = WasiCtx::builder();
+    if let Some(data) = input {
+        builder.stdin(MemoryInputPipe::new(data.clone()));
+    }
+    let wasi = builder
         .stdout(output.clone())
         .stderr(output.clone())
         .allow_tcp(false)
@@ -245,6 +250,9 @@ pub struct Sandboxed<W: World> {
     limits: Limits,
     pre: W::Pre,
     live: Option<(Store<HostState>, W)>,
+    /// Bytes every instance reads as its standard input (the same for each, so a plugin
+    /// stays a pure function of them).
+    input: Option<bytes::Bytes>,
 }
 
 impl<W: World> Sandboxed<W> {
@@ -254,7 +262,15 @@ impl<W: World> Sandboxed<W> {
             limits,
             pre,
             live: None,
+            input: None,
         }
+    }
+
+    /// Give every instance `data` on its standard input.
+    pub fn with_input(mut self, data: Vec<u8>) -> Sandboxed<W> {
+        self.input = Some(bytes::Bytes::from(data));
+        self.live = None;
+        self
     }
 
     /// Run `f` against a live instance under the call deadline. Any trap discards the
@@ -265,7 +281,7 @@ impl<W: World> Sandboxed<W> {
         f: impl FnOnce(&mut Store<HostState>, &W) -> wasmtime::Result<R>,
     ) -> Result<R, PluginError> {
         if self.live.is_none() {
-            let mut store = new_store(&self.name, self.limits);
+            let mut store = new_store(&self.name, self.limits, self.input.as_ref());
             store.set_epoch_deadline(u64::MAX / 2);
             let instance = W::instantiate(&self.pre, &mut store)
                 .map_err(|e| self.classify(call, e, &store))?;

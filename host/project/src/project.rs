@@ -38,6 +38,12 @@ impl<'s> Projector<'s> {
         self.costed.clear();
     }
 
+    /// Change the precision plan (another series of the same model); keeps the templates.
+    pub fn set_plan(&mut self, plan: Plan) {
+        self.plan = plan;
+        self.costed.clear();
+    }
+
     /// The timed template for `key`.
     ///
     /// # Errors

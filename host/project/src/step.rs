@@ -28,7 +28,7 @@
 //!   micro-batches in flight (1F1B: pp−s on stage s; interleaved: Megatron's warm-up
 //!   count of chunks), plus allocator slack; the stage needing most decides.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use runner_graph::OpKind;
 use runner_graph::recompute::RecomputePolicy;
@@ -65,7 +65,7 @@ pub struct Schedule {
 }
 
 /// A complete layout: the sharding and the schedule.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct LayoutSpec {
     pub tp: u32,
     pub pp: u32,
@@ -172,7 +172,7 @@ impl LayoutSpec {
 }
 
 /// Where a step's time goes, seconds (they sum to the step time).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Breakdown {
     /// Forward and backward compute of the slowest stage, all micro-batches, and the
     /// once-per-step low-precision weight casts.
@@ -196,7 +196,7 @@ impl Breakdown {
 }
 
 /// Memory of the most loaded GPU, GiB.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
     pub weights: f64,
     pub gradients: f64,
@@ -211,7 +211,7 @@ pub struct Memory {
 }
 
 /// A projected step.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Projection {
     pub layout: LayoutSpec,
     pub gpus: u64,

@@ -2,7 +2,7 @@
 //! for machines, and hands both to [`emit`].
 
 use std::io::IsTerminal;
-use std::path::Path;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -10,12 +10,11 @@ use serde::Serialize;
 
 use runner::plugin::{self, Kind, Limits, PluginInfo};
 use runner::report::{self, OutputFormat, Table, si};
-use runner::runfile::{self, RunFile};
-use runner::session;
-use runner_graph::recompute::RecomputePolicy;
 
-use crate::{BenchCommand, Global, PluginsCommand, QuickRun};
 
+use crate::{BenchCommand, Global, PluginsCommand};
+
+pub mod explore;
 pub mod project;
 
 /// Print in the chosen format; also write to --output when given.
@@ -53,93 +52,13 @@ pub fn progress_line(global: &Global, msg: &str) {
 }
 
 /// A spinner on stderr while a session works (only on a terminal, never with -q).
-fn spinner(global: &Global) -> Option<indicatif::ProgressBar> {
+pub fn spinner(global: &Global) -> Option<indicatif::ProgressBar> {
     if global.quiet || !std::io::stderr().is_terminal() {
         return None;
     }
     let bar = indicatif::ProgressBar::new_spinner();
     bar.enable_steady_tick(Duration::from_millis(100));
     Some(bar)
-}
-
-fn apply_overrides(run: &mut RunFile, quick: &QuickRun) -> Result<()> {
-    if let Some(p) = &quick.plugin {
-        run.model.plugin = p.clone();
-    }
-    if let Some(v) = &quick.variant {
-        run.model.variant = Some(v.clone());
-    }
-    if let Some(g) = &quick.gpu {
-        run.cluster.gpu = g.clone();
-    }
-    if let Some(g) = &quick.gpus {
-        run.cluster.gpus = g.clone();
-    }
-    if let Some(p) = &quick.precision {
-        run.precision.format = p.clone();
-    }
-    if quick.gbs.is_some() {
-        run.cluster.gbs = quick.gbs;
-    }
-    if !quick.clouds.is_empty() {
-        run.cost.plugins = quick.clouds.clone();
-    }
-    if quick.tokens.is_some() {
-        run.model.tokens = quick.tokens;
-    }
-    if quick.seq_len.is_some() {
-        run.model.seq_len = quick.seq_len;
-    }
-    if let Some(r) = quick.repeats {
-        run.measure.repeats = r;
-    }
-    if let Some(r) = &quick.recompute {
-        run.measure.recompute = match r.as_str() {
-            "selective" => RecomputePolicy::Selective,
-            "full" => RecomputePolicy::Full,
-            _ => RecomputePolicy::None,
-        };
-    }
-    // Re-check the merged run exactly as a run file would be checked.
-    let text = toml::to_string(run).context("serialising the run")?;
-    *run = runfile::parse(&text, "command line").map_err(anyhow::Error::msg)?;
-    Ok(())
-}
-
-fn execute(run: &RunFile, global: &Global) -> Result<()> {
-    let bar = spinner(global);
-    let progress = |msg: &str| {
-        if let Some(b) = &bar {
-            b.set_message(msg.to_string());
-        } else {
-            tracing::info!("{msg}");
-        }
-    };
-    let outcome = session::run(run, &progress);
-    if let Some(b) = &bar {
-        b.finish_and_clear();
-    }
-    let outcome = outcome?;
-    emit(global, &report::outcome_table(&outcome), &outcome)
-}
-
-pub fn quick_run(quick: &QuickRun, global: &Global) -> Result<()> {
-    let mut run = RunFile::default();
-    run.model.plugin = "llama3.wasm".into();
-    if let Some(p) = &global.profile {
-        run.cluster.profile = Some(p.display().to_string());
-    }
-    apply_overrides(&mut run, quick)?;
-    execute(&run, global)
-}
-
-pub fn run_file(path: &Path, quick: &QuickRun, global: &Global) -> Result<()> {
-    let mut run = runfile::load(path).map_err(anyhow::Error::msg)?;
-    if let Some(p) = &global.profile {
-        run.cluster.profile = Some(p.display().to_string());
-    }
-    apply_overrides(&mut run, quick)?;
-    execute(&run, global)
 }
 
 #[derive(Serialize)]
@@ -362,11 +281,12 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             if let Some(o) = offerings.ok().and_then(|o| o.into_iter().next())
                 && let Some(price) = o.prices.first()
             {
+                let nodes = plugin::cost::nodes_for(&o, o.gpus_per_node).unwrap_or(1);
                 let req = plugin::cost::QuoteRequest {
                     instance: o.instance.clone(),
                     gpus: o.gpus_per_node,
                     start_date: String::new(),
-                    nodes: 1,
+                    nodes,
                     hours: 1.0,
                     region: price.region.clone(),
                     option: price.option,
@@ -374,7 +294,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                     egress_gb: 0.0,
                 };
                 check(
-                    "quote (1 node, 1 hour)",
+                    &format!("quote ({nodes} node(s), 1 hour)"),
                     c.quote(&req)
                         .map(|q| format!("{:.2} {}", q.total, q.currency)),
                 );
@@ -476,7 +396,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             let graph = w.graph(&plugin::workload::GraphRequest::training(
                 &v.name, seq, 1, 0,
             ))?;
-            let params = session::main_model_params(&mut w, &v)?;
+            let params = runner::explore::main_model_params(&mut w, &v)?;
             rows.push(ModelRow {
                 name: v.name.clone(),
                 family: v.family.clone(),
@@ -798,7 +718,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     instance: o.instance.clone(),
                     gpus: 4 * o.gpus_per_node,
                     start_date: String::new(),
-                    nodes: 4,
+                    nodes: plugin::cost::nodes_for(o, 4 * o.gpus_per_node).unwrap_or(4),
                     hours: 10.0,
                     region: o.prices[0].region.clone(),
                     option: o.prices[0].option,

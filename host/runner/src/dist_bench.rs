@@ -79,14 +79,19 @@ impl Coll {
             .ok_or_else(|| anyhow!("--ops {s}: use all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv"))
     }
 
-    /// nccl-tests' bus-bandwidth factor for `n` ranks (`*GetBw` in its sources).
+    /// nccl-tests' bus-bandwidth factor for `n` ranks (`*GetBw` in its sources): the
+    /// projection's own (`runner_project::comm::bus_factor`), so a measured busbw and a
+    /// projected collective time use one definition.
     pub fn bus_factor(self, n: usize) -> f64 {
-        let n = n as f64;
-        match self {
-            Coll::AllReduce => 2.0 * (n - 1.0) / n,
-            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
-            Coll::Broadcast | Coll::SendRecv => 1.0,
-        }
+        use runner_graph::OpKind;
+        let kind = match self {
+            Coll::AllReduce => OpKind::AllReduce,
+            Coll::AllGather => OpKind::AllGather,
+            Coll::ReduceScatter => OpKind::ReduceScatter,
+            Coll::AllToAll => OpKind::AllToAll,
+            Coll::Broadcast | Coll::SendRecv => return 1.0,
+        };
+        runner_project::comm::bus_factor(kind, u32::try_from(n).unwrap_or(u32::MAX))
     }
 }
 

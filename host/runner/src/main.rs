@@ -20,7 +20,7 @@ use runner::report::OutputFormat;
     long_about = "Measures a model's training step on the local device, projects it onto a GPU \
 cluster, and prices the run on every installed cloud. Models, precision policies and \
 price lists are sandboxed WASM plugins.",
-    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner --plugin llama3.wasm --variant llama3.1-70b --gpu H100 --gpus 64,512,2048\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024"
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file our-contract.csv -o report.html\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -53,38 +53,84 @@ pub struct Global {
     /// Device of the local measurement and the device benches: auto (a usable GPU, else the CPU), cpu, cuda or cuda:N
     #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
     pub device: runner_exec::select::DeviceSpec,
+    /// The history database (default: $RUNNER_HISTORY, else ~/.local/share/runner/history.sqlite)
+    #[arg(long, global = true, value_name = "FILE")]
+    pub history: Option<PathBuf>,
+    /// Do not keep this run in the history
+    #[arg(long, global = true)]
+    pub no_history: bool,
 }
 
-/// A run given by flags instead of a run file.
+/// A run given by flags instead of a run file (or over one).
 #[derive(Args, Debug, Clone, Default)]
 pub struct QuickRun {
     /// Workload plugin: a path, or a name in the plugin directories or embedded (e.g. llama3.wasm)
     #[arg(long)]
     pub plugin: Option<String>,
-    /// Model variant (default: the plugin's first)
+    /// Model variant, found among the installed workload plugins (`runner models` lists them)
+    #[arg(long, conflicts_with = "plugin")]
+    pub model: Option<String>,
+    /// Model variant of --plugin (default: the plugin's first)
     #[arg(long)]
     pub variant: Option<String>,
-    /// GPU type to project onto
-    #[arg(long)]
-    pub gpu: Option<String>,
-    /// GPU counts, comma-separated
+    /// GPU types, comma-separated: one series of rows each (h100, h200, b200, gb200, ...)
+    #[arg(long, value_delimiter = ',')]
+    pub gpu: Option<Vec<String>>,
+    /// GPU counts, comma-separated (rounded up to whole nodes)
     #[arg(long, value_delimiter = ',')]
     pub gpus: Option<Vec<u32>>,
-    /// Training precision: bf16, fp8, fp8-cs, mxfp8 or nvfp4
-    #[arg(long)]
-    pub precision: Option<String>,
+    /// Precisions, comma-separated: bf16, fp8, fp8-cs, mxfp8, nvfp4 (default bf16,fp8)
+    #[arg(long, value_delimiter = ',')]
+    pub precision: Option<Vec<String>>,
     /// Global batch in sequences (default: the variant's published rule, else 2 x GPUs)
     #[arg(long)]
     pub gbs: Option<u32>,
-    /// Cost plugins to price with (repeatable; default: every installed one)
-    #[arg(long = "cloud")]
+    /// Cost plugins to price with, comma-separated or repeated (default: every installed cloud)
+    #[arg(long = "cloud", value_delimiter = ',')]
     pub clouds: Vec<String>,
+    /// Your own prices: a CSV in SkyPilot's catalog shape (InstanceType, AcceleratorName,
+    /// AcceleratorCount, Region, Price, SpotPrice; EffectiveDate, Source, ... optional)
+    #[arg(long, value_name = "FILE")]
+    pub price_file: Option<PathBuf>,
+    /// Purchase option: on-demand, spot, reserved-1y, reserved-3y, capacity-block, ...
+    #[arg(long)]
+    pub option: Option<String>,
+    /// Only this region (default: each cloud's cheapest)
+    #[arg(long)]
+    pub region: Option<String>,
     /// Tokens to train (default: the variant's)
     #[arg(long)]
     pub tokens: Option<f64>,
     /// Sequence length (default: the variant's)
     #[arg(long)]
     pub seq_len: Option<u32>,
+    /// Layout search: keep tensor parallel at N (with --pp, --cp, --vp, --ep, --mbs: reproduce a published layout)
+    #[arg(long, value_name = "N")]
+    pub tp: Option<u32>,
+    /// Layout search: keep pipeline parallel at N
+    #[arg(long, value_name = "N")]
+    pub pp: Option<u32>,
+    /// Layout search: keep context parallel at N
+    #[arg(long, value_name = "N")]
+    pub cp: Option<u32>,
+    /// Layout search: keep N virtual pipeline chunks per stage
+    #[arg(long, value_name = "N")]
+    pub vp: Option<u32>,
+    /// Layout search: keep expert parallel at N
+    #[arg(long, value_name = "N")]
+    pub ep: Option<u32>,
+    /// Layout search: keep the micro-batch at N sequences
+    #[arg(long, value_name = "N")]
+    pub mbs: Option<u32>,
+    /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
+    #[arg(long, value_name = "D")]
+    pub target_days: Option<f64>,
+    /// Goal: the fastest run that costs at most USD
+    #[arg(long, value_name = "USD", conflicts_with = "target_days")]
+    pub budget: Option<f64>,
+    /// Sweet spot: the largest count whose extra cost per day saved stays under USD (default: 1 % of the cheapest run)
+    #[arg(long, value_name = "USD")]
+    pub max_usd_per_day_saved: Option<f64>,
     /// Timed CPU training steps after one warm-up (more: tighter figures, longer run)
     #[arg(long)]
     pub repeats: Option<usize>,
@@ -96,6 +142,14 @@ pub struct QuickRun {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Time and cost to train against GPU count, GPU type, precision and cloud (the default command)
+    #[command(
+        after_help = "Examples:\n  runner explore --model llama3.1-70b --tokens 1e12 --gpus 64,128,256,512,1024,2048 --precision fp8\n  runner explore --model llama3.1-70b --gpu h100,h200,b200 --precision bf16,fp8\n  runner explore --model llama3.1-405b --target-days 30\n  runner explore --model llama3.1-8b --budget 50000 --option spot\n  runner explore --model llama3.1-70b --price-file our-contract.csv --format html -o report.html"
+    )]
+    Explore {
+        #[command(flatten)]
+        run: QuickRun,
+    },
     /// Train a small model on real text under precision policies, with their fallback rules acting on the loss
     #[command(
         after_help = "Examples:\n  runner train --plugin llama3.wasm --variant llama3-tiny --precision fp8-safe.wasm --steps 300\n  runner train --compare bf16,fp8,fp8-safe --steps 300 --seed 1 -o train.html\n  runner train --compare fp8,fp8-safe --inject amax-spike@150 --steps 300\n  runner train --precision nvfp4 --plan-for H100   (refused: H100 has no NVFP4)"
@@ -108,6 +162,9 @@ enum Command {
     Run {
         /// The run file
         file: PathBuf,
+        /// Flags that override the file's keys
+        #[command(flatten)]
+        run: QuickRun,
     },
     /// List, inspect and validate plugins
     #[command(
@@ -177,6 +234,26 @@ enum Command {
         /// families and report the held-out family's errors
         #[arg(long)]
         holdout: bool,
+    },
+    /// Runs kept in the history, newest first
+    #[command(after_help = "Examples:\n  runner history\n  runner history --limit 100 --format json")]
+    History {
+        /// Runs to list
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// Reprint a run from the history, in any format
+    #[command(after_help = "Examples:\n  runner show 3\n  runner show 3 --format csv\n  runner show 3 -o run3.html")]
+    Show {
+        /// Run id (`runner history` lists them)
+        id: i64,
+    },
+    /// What changed between two runs: inputs, plugins (and their sha256) and results
+    #[command(after_help = "Examples:\n  runner compare 3 4\n  runner compare 3 4 --format json")]
+    Compare {
+        /// Run ids
+        a: i64,
+        b: i64,
     },
     /// Micro-benchmarks of the local device and of the runner itself
     #[command(
@@ -381,9 +458,13 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
-        None => commands::quick_run(&cli.quick, &cli.global),
+        None => commands::explore::quick_run(&cli.quick, &cli.global),
+        Some(Command::Explore { run }) => commands::explore::quick_run(&run, &cli.global),
+        Some(Command::Run { file, run }) => commands::explore::run_file(&file, &run, &cli.global),
+        Some(Command::History { limit }) => commands::explore::list(limit, &cli.global),
+        Some(Command::Show { id }) => commands::explore::show(id, &cli.global),
+        Some(Command::Compare { a, b }) => commands::explore::compare(a, b, &cli.global),
         Some(Command::Train(args)) => train_cmd::train(args, &cli.global),
-        Some(Command::Run { file }) => commands::run_file(&file, &cli.quick, &cli.global),
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
         Some(Command::Bench(cmd)) => device_bench::bench(cmd, &cli.global),

@@ -50,7 +50,7 @@ fn executor_bytes(g: &runner_graph::Graph) -> Option<u64> {
     })
 }
 
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, serde::Deserialize)]
 pub struct LocalMeasurement {
     pub device: String,
     /// The variant whose graph was run (the requested one, or the family's proxy).

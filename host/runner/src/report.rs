@@ -1,13 +1,13 @@
-//! Output: aligned terminal tables, CSV, and JSON. Every command builds a [`Table`] for
+//! Output: aligned terminal tables, CSV, JSON and HTML. Every command builds a [`Table`] for
 //! people and hands its serialisable value for machines, so the three formats never drift.
 
 use std::fmt::Write as _;
 
 pub mod chart;
+pub mod explore;
 
 use serde::Serialize;
 
-use crate::session::{CloudPrice, Outcome};
 
 /// Output format, as `--format` spells it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -211,64 +211,6 @@ pub fn usd(v: f64) -> String {
     } else {
         format!("${v:.2}")
     }
-}
-
-/// The time-and-cost table of a session: one row per GPU count with the layout the
-/// search chose, its step time, throughput, MFU and memory, the days and cost to train.
-pub fn outcome_table(o: &Outcome) -> Table {
-    let m = &o.model;
-    let title = format!(
-        "{} ({} params, {} active) on {}, {} tokens at seq {}, {}",
-        m.variant,
-        si(m.params_total as f64),
-        si(m.params_active as f64),
-        o.gpu.name,
-        si(m.tokens),
-        m.seq_len,
-        o.precision
-    );
-    let mut headers: Vec<String> = ["GPUs", "layout", "step s", "tok/s/GPU", "MFU", "GiB", "days", "speedup", "rel. cost"]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-    headers.extend(o.clouds.iter().map(|c| format!("{c} (USD)")));
-    let mut table = Table { title, headers, ..Table::default() };
-    for r in &o.rows {
-        let mut row = vec![r.gpus.to_string()];
-        match (&r.projection, r.days) {
-            (Some(p), Some(days)) => row.extend([
-                p.layout.compact(),
-                format!("{:.2}", p.step_time_s),
-                format!("{:.0}", p.tokens_per_sec_per_gpu),
-                format!("{:.1}%", 100.0 * p.mfu),
-                format!("{:.0}", p.memory_per_gpu_gib),
-                format!("{days:.2}"),
-                r.speedup.map_or("-".into(), |s| format!("{s:.2}x")),
-                r.relative_cost.map_or("-".into(), |c| format!("{c:.3}")),
-            ]),
-            _ => {
-                row.push("nothing fits".into());
-                row.extend(std::iter::repeat_n("-".to_string(), 7));
-            }
-        }
-        row.extend(r.costs.iter().map(|c| match c {
-            CloudPrice::Quoted(c) => usd(c.usd),
-            CloudPrice::NotSold => "n/a".into(),
-            CloudPrice::QuoteFailed { .. } => "failed".into(),
-        }));
-        table.rows.push(row);
-    }
-    table.notes = o.notes.clone();
-    for r in &o.rows {
-        if let Some(why) = &r.why_not {
-            table.notes.push(format!("{} GPUs: {why}", r.gpus));
-        }
-    }
-    table.notes.push(format!(
-        "model FLOPs per token {:.3e}; per cloud: the cheapest offering and region with that GPU, clouds ordered cheapest first (n/a: the cloud does not sell it; failed: its quotes were refused, see the notes)",
-        m.flops_per_token
-    ));
-    table
 }
 
 #[cfg(test)]

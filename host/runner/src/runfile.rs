@@ -8,18 +8,35 @@
 //! variant = "llama3.1-70b"
 //!
 //! [cluster]
-//! gpu = "H100"
+//! gpu = "H100"            # or several: ["H100", "H200", "B200"]
 //! gpus = [64, 128, 256, 512, 1024, 2048]
 //! gbs = 128              # global batch; default: the variant's published rule
 //! profile = "mine.toml"  # GPU profile overrides (as --profile)
 //!
 //! [precision]
-//! format = "fp8"          # bf16 | fp8 | fp8-cs | mxfp8 | nvfp4
-//! plugin = "fp8.wasm"     # default: the plugin named after the format, else built in
+//! format = "fp8"          # bf16 | fp8 | fp8-cs | mxfp8 | nvfp4, or several: ["bf16", "fp8"]
+//! plugin = "fp8.wasm"     # one format only; default: the plugin named after the format, else built in
 //!
 //! [cost]
-//! plugins = ["aws.wasm", "gcp.wasm"]   # default: every installed cost plugin
-//! option = "on-demand"
+//! plugins = ["aws.wasm", "gcp.wasm"]   # default: every installed cloud
+//! option = "on-demand"   # spot, reserved-1y, reserved-3y, one-year-all-upfront, ...
+//! region = "us-east-1"   # default: the cheapest region of each cloud
+//! price_file = "our-contract.csv"     # negotiated prices, SkyPilot catalog shape
+//!
+//! [layout]                     # fix what the layout search may choose (default: all free)
+//! tp = 4
+//! pp = 4
+//! cp = 2
+//! vp = 5
+//!
+//! [explore]
+//! target_days = 30               # the cheapest run that finishes in 30 days
+//! budget_usd = 2e6               # the fastest run within $2M
+//! max_usd_per_day_saved = 50000  # sweet-spot rule; default 1 % of the cheapest run's cost
+//!
+//! [assumptions]                  # what quotes assume beyond the price lists
+//! spot_interruptions_per_node_day = 0.033
+//! checkpoint_interval_h = 1.0
 //!
 //! [measure]
 //! repeats = 3          # timed CPU training steps after one warm-up
@@ -37,6 +54,7 @@ use runner_project::precision::Recipe;
 use serde::{Deserialize, Serialize};
 
 use crate::plugin::Limits;
+use crate::pricing::Assumptions;
 
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +70,94 @@ pub struct RunFile {
     pub limits: Limits,
     #[serde(default)]
     pub measure: MeasureSection,
+    #[serde(default)]
+    pub layout: LayoutSection,
+    #[serde(default)]
+    pub explore: ExploreSection,
+    #[serde(default)]
+    pub assumptions: Assumptions,
+}
+
+/// Parallel dimensions the layout search must keep (a published layout to reproduce, or
+/// what a cluster's software supports); what is left out is searched.
+#[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct LayoutSection {
+    pub tp: Option<u32>,
+    pub pp: Option<u32>,
+    pub cp: Option<u32>,
+    /// Virtual pipeline chunks per stage (interleaved 1F1B).
+    pub vp: Option<u32>,
+    pub ep: Option<u32>,
+    pub etp: Option<u32>,
+    /// Micro-batch, sequences.
+    pub mbs: Option<u32>,
+    /// Shard parameters, gradients and optimizer state (FSDP / ZeRO-3): true or false.
+    pub fsdp: Option<bool>,
+    /// Activation recompute: none, selective or full.
+    pub recompute: Option<RecomputePolicy>,
+}
+
+impl LayoutSection {
+    /// The search space these constraints leave.
+    pub fn space(&self) -> runner_project::search::Space {
+        runner_project::search::Space {
+            tp: self.tp,
+            pp: self.pp,
+            cp: self.cp,
+            vp: self.vp,
+            ep: self.ep,
+            etp: self.etp,
+            mbs: self.mbs,
+            fsdp: self.fsdp,
+            recompute: self.recompute,
+        }
+    }
+
+    /// "TP4 PP4 CP2 VP5" for notes; empty when nothing is fixed.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for (name, v) in [("TP", self.tp), ("PP", self.pp), ("CP", self.cp), ("VP", self.vp), ("EP", self.ep), ("ETP", self.etp), ("MBS", self.mbs)] {
+            if let Some(v) = v {
+                parts.push(format!("{name}{v}"));
+            }
+        }
+        if let Some(f) = self.fsdp {
+            parts.push(if f { "FSDP".into() } else { "no FSDP".into() });
+        }
+        if let Some(r) = self.recompute {
+            parts.push(format!("recompute {r:?}").to_lowercase());
+        }
+        parts.join(" ")
+    }
+}
+
+/// The explorer's questions beyond the table.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExploreSection {
+    /// The cheapest run (GPU type, count, layout, precision, cloud) finishing within this many days.
+    pub target_days: Option<f64>,
+    /// The fastest run costing at most this many US dollars.
+    pub budget_usd: Option<f64>,
+    /// Sweet spot: the largest GPU count whose extra cost per day saved (against the next
+    /// smaller count) stays under this; default 1 % of the series' cheapest run per day.
+    pub max_usd_per_day_saved: Option<f64>,
+}
+
+/// A string or a list of strings, read as a list (`gpu = "H100"` or `gpu = ["H100", "B200"]`).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    match OneOrMany::deserialize(d) {
+        Ok(OneOrMany::One(s)) => Ok(vec![s]),
+        Ok(OneOrMany::Many(v)) => Ok(v),
+        Err(_) => Err(serde::de::Error::custom("expected a name or a list of names, e.g. \"H100\" or [\"H100\", \"B200\"]")),
+    }
 }
 
 /// How long to spend measuring on the local device.
@@ -91,7 +197,9 @@ pub struct ModelSection {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct ClusterSection {
-    pub gpu: String,
+    /// GPU types: one series of rows each.
+    #[serde(deserialize_with = "one_or_many")]
+    pub gpu: Vec<String>,
     /// GPU counts; each is rounded up to whole nodes of the GPU's node size.
     pub gpus: Vec<u32>,
     /// Global batch in sequences; default: the variant's published rule.
@@ -103,7 +211,7 @@ pub struct ClusterSection {
 impl Default for ClusterSection {
     fn default() -> Self {
         ClusterSection {
-            gpu: "H100".into(),
+            gpu: vec!["H100".into()],
             gpus: vec![8, 16, 32, 64, 128, 256, 512, 1024, 2048],
             gbs: None,
             profile: None,
@@ -114,26 +222,27 @@ impl Default for ClusterSection {
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PrecisionSection {
-    /// bf16, fp8, fp8-cs, mxfp8 or nvfp4.
-    pub format: String,
-    /// A precision plugin; default: the one named after the format if installed, else
-    /// the built-in plan of that name.
+    /// bf16, fp8, fp8-cs, mxfp8 or nvfp4; several: one series of rows each.
+    #[serde(deserialize_with = "one_or_many")]
+    pub format: Vec<String>,
+    /// A precision plugin (with one format only); default: the one named after each
+    /// format if installed, else the built-in plan of that name.
     pub plugin: Option<String>,
 }
 
 impl Default for PrecisionSection {
     fn default() -> Self {
         PrecisionSection {
-            format: "bf16".into(),
+            format: vec!["bf16".into(), "fp8".into()],
             plugin: None,
         }
     }
 }
 
 impl PrecisionSection {
-    /// The format as a recipe (checked when the file is parsed).
-    pub fn recipe(&self) -> Recipe {
-        Recipe::parse(&self.format).unwrap_or(Recipe::Bf16)
+    /// The formats as recipes (checked when the file is parsed).
+    pub fn recipes(&self) -> Vec<Recipe> {
+        self.format.iter().filter_map(|f| Recipe::parse(f).ok()).collect()
     }
 }
 
@@ -144,8 +253,11 @@ pub struct CostSection {
     pub plugins: Vec<String>,
     /// Region; empty: the cheapest region each cloud prices.
     pub region: String,
-    /// on-demand, spot, reserved-1y, reserved-3y.
+    /// on-demand, spot, reserved-1y, reserved-3y, capacity-block, one-year-all-upfront, ...
     pub option: String,
+    /// A price list of the user's own (SkyPilot catalog CSV), priced by the generic
+    /// price-file plugin alongside the clouds.
+    pub price_file: Option<String>,
 }
 
 impl Default for CostSection {
@@ -154,6 +266,7 @@ impl Default for CostSection {
             plugins: Vec::new(),
             region: String::new(),
             option: "on-demand".into(),
+            price_file: None,
         }
     }
 }
@@ -190,15 +303,53 @@ fn check(run: &RunFile) -> Result<(), String> {
             "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
         ));
     }
+    check_names("[cluster] gpu", &run.cluster.gpu)?;
     if run.cluster.profile.is_none() {
-        runner_project::profile::Profiles::builtin()
-            .get(&run.cluster.gpu)
-            .map_err(|m| format!("[cluster] gpu: {m}"))?;
+        for gpu in &run.cluster.gpu {
+            runner_project::profile::Profiles::builtin().get(gpu).map_err(|m| format!("[cluster] gpu: {m}"))?;
+        }
     }
     if run.cluster.gbs == Some(0) {
         return Err("[cluster] gbs must be at least 1".into());
     }
-    Recipe::parse(&run.precision.format).map_err(|m| format!("[precision] format: {m}"))?;
+    check_names("[precision] format", &run.precision.format)?;
+    for f in &run.precision.format {
+        Recipe::parse(f).map_err(|m| format!("[precision] format: {m}"))?;
+    }
+    if run.precision.plugin.is_some() && run.precision.format.len() > 1 {
+        return Err(format!(
+            "[precision] plugin names one policy but format lists {}; give one format with a plugin, or drop the plugin \
+             (each format then uses its own installed or built-in policy)",
+            run.precision.format.len()
+        ));
+    }
+    let positive = |name: &str, v: Option<f64>| match v {
+        Some(x) if !(x.is_finite() && x > 0.0) => Err(format!("{name} must be a positive number, got {x}")),
+        _ => Ok(()),
+    };
+    use runner_contract::limits::GPUS as MAX_WAY;
+    for (name, v) in [
+        ("tp", run.layout.tp),
+        ("pp", run.layout.pp),
+        ("cp", run.layout.cp),
+        ("vp", run.layout.vp),
+        ("ep", run.layout.ep),
+        ("etp", run.layout.etp),
+        ("mbs", run.layout.mbs),
+    ] {
+        if let Some(v) = v
+            && !(1..=MAX_WAY).contains(&v)
+        {
+            return Err(format!("[layout] {name} must be in 1..={MAX_WAY}, got {v}"));
+        }
+    }
+    positive("[explore] target_days", run.explore.target_days)?;
+    positive("[explore] budget_usd", run.explore.budget_usd)?;
+    positive("[explore] max_usd_per_day_saved", run.explore.max_usd_per_day_saved)?;
+    run.assumptions.check().map_err(|m| format!("[assumptions] {m}"))?;
+    if run.cost.price_file.as_deref().is_some_and(|f| f.trim().is_empty()) {
+        return Err("[cost] price_file is empty; name a CSV file or leave the key out".into());
+    }
     if let Some(t) = run.model.tokens
         && !(t.is_finite() && t > 0.0 && t <= TOKENS)
     {
@@ -225,6 +376,22 @@ fn check(run: &RunFile) -> Result<(), String> {
 }
 
 /// Parse a purchase option as run files write it.
+/// A non-empty list of distinct names.
+fn check_names(what: &str, names: &[String]) -> Result<(), String> {
+    if names.is_empty() {
+        return Err(format!("{what} is an empty list; name at least one"));
+    }
+    if names.len() > 16 {
+        return Err(format!("{what} lists {} names; at most 16", names.len()));
+    }
+    for (i, n) in names.iter().enumerate() {
+        if names[..i].iter().any(|m| m.eq_ignore_ascii_case(n)) {
+            return Err(format!("{what} names '{n}' twice"));
+        }
+    }
+    Ok(())
+}
+
 pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, String> {
     use crate::plugin::cost::{PURCHASE_OPTIONS, option_name};
     crate::plugin::cost::parse_option(s).ok_or_else(|| {
@@ -243,8 +410,8 @@ mod tests {
     #[test]
     fn minimal_file_gets_defaults() {
         let run = parse("[model]\nplugin = \"llama3.wasm\"\n", "t.toml").unwrap();
-        assert_eq!(run.cluster.gpu, "H100");
-        assert_eq!(run.precision.recipe(), Recipe::Bf16);
+        assert_eq!(run.cluster.gpu, ["H100"]);
+        assert_eq!(run.precision.recipes(), [Recipe::Bf16, Recipe::Fp8]);
         assert_eq!(run.limits, Limits::default());
     }
 
@@ -297,6 +464,24 @@ mod tests {
         assert!(err.contains("known: a100-40gb"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[precision]\nformat = \"int8\"\n", "t.toml").unwrap_err();
         assert!(err.contains("[precision] format") && err.contains("nvfp4"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[precision]\nformat = [\"fp8\", \"bf16\"]\nplugin = \"p\"\n", "t.toml")
+            .unwrap_err();
+        assert!(err.contains("one format with a plugin"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = [\"h100\", \"H100\"]\n", "t.toml").unwrap_err();
+        assert!(err.contains("twice"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[explore]\ntarget_days = -3\n", "t.toml").unwrap_err();
+        assert!(err.contains("target_days must be a positive number"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[assumptions]\ncheckpoint_interval_h = 0\n", "t.toml").unwrap_err();
+        assert!(err.contains("[assumptions] checkpoint_interval_h"), "{err}");
+    }
+
+    #[test]
+    fn one_name_or_a_list() {
+        let run = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = [\"H100\", \"B200\"]\n[precision]\nformat = \"fp8\"\n", "t.toml").unwrap();
+        assert_eq!(run.cluster.gpu, ["H100", "B200"]);
+        assert_eq!(run.precision.recipes(), [Recipe::Fp8]);
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = 3\n", "t.toml").unwrap_err();
+        assert!(err.contains("a name or a list of names"), "{err}");
     }
 
     mod properties {
@@ -339,6 +524,9 @@ mod tests {
                 "limits",
                 "measure",
                 "clustr",
+                "explore",
+                "assumptions",
+                "layout",
             ]);
             let key = prop::sample::select(vec![
                 "plugin",
@@ -356,6 +544,12 @@ mod tests {
                 "repeats",
                 "recompute",
                 "varient",
+                "price_file",
+                "target_days",
+                "budget_usd",
+                "checkpoint_interval_h",
+                "tp",
+                "vp",
             ]);
             prop::collection::vec((section, prop::collection::vec((key, value()), 0..4)), 0..5)
                 .prop_map(|sections| {

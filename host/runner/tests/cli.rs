@@ -10,6 +10,7 @@ fn runner(dir: &Path, args: &[&str]) -> Output {
         .args(args)
         .env("XDG_DATA_HOME", dir.join("data"))
         .env_remove("RUNNER_PLUGIN_PATH")
+        .env_remove("RUNNER_HISTORY")
         .output()
         .expect("runner starts")
 }
@@ -28,6 +29,25 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
+/// One CSV line's cells (RFC 4180 quoting).
+fn csv_cells(line: &str) -> Vec<String> {
+    let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
 fn embedded_wasm(name: &str) -> Vec<u8> {
     runner::plugin::embedded()
         .iter()
@@ -37,108 +57,84 @@ fn embedded_wasm(name: &str) -> Vec<u8> {
 }
 
 #[test]
-fn default_run_prints_the_time_and_cost_table() {
+fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     let dir = scratch("default");
     let o = runner(&dir, &["--plugin", "llama3.wasm", "--gpus", "8,64", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        ["GPUs", "layout", "step s", "tok/s/GPU", "MFU", "GiB", "days", "speedup", "rel. cost"]
-            .iter()
-            .all(|h| out.contains(h)),
+        ["GPUs", "layout", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
         "{out}"
     );
-    assert!(
-        out.contains("aws (USD)"),
-        "every installed cloud is priced: {out}"
-    );
-    assert!(
-        out.contains("measured:") && out.contains("modelled:"),
-        "says what was measured and what modelled: {out}"
-    );
-    let rows: Vec<&str> = out
-        .lines()
-        .filter(|l| l.starts_with("8 ") || l.starts_with("64 "))
-        .collect();
-    assert_eq!(rows.len(), 2, "{out}");
+    // BF16 and FP8 by default, each a block, then the two side by side.
+    assert!(out.contains("H100 bf16 - ") && out.contains("H100 fp8 - "), "{out}");
+    assert!(out.contains("Low precision against BF16"), "{out}");
+    assert!(out.contains("more clouds price H100: every cloud is in --format json"), "{out}");
+    assert!(out.contains("measured:") && out.contains("modelled:"), "says what was measured and what modelled: {out}");
+    let wide: Vec<&str> = out.lines().filter(|l| l.chars().count() > 100).collect();
+    assert!(wide.is_empty(), "lines over 100 columns: {wide:#?}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("8 ") || l.starts_with("64")).collect();
+    assert_eq!(rows.len(), 4, "two counts in two precisions: {out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with("64*")).count(), 2, "the sweet spot is marked: {out}");
 }
 
 #[test]
-fn json_and_csv_outputs_carry_the_same_rows() {
+fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
     let dir = scratch("formats");
     let o = runner(
         &dir,
-        &[
-            "--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "--format", "json",
-            "-o", "run.csv", "-q",
-        ],
+        &["--plugin", "llama3", "--gpus", "16,32", "--precision", "bf16", "--cloud", "aws.wasm,lambda", "--format", "json", "-o", "run.csv", "-q"],
     );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!(v["rows"].as_array().unwrap().len(), 2);
-    assert_eq!(v["clouds"][0], "aws");
-    let days16 = v["rows"][0]["days"].as_f64().unwrap();
-    let days32 = v["rows"][1]["days"].as_f64().unwrap();
-    assert!(days16 > days32);
-    // --format json also governs the file; without --format the extension decides.
-    let o = runner(
-        &dir,
-        &[
-            "--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.csv", "-q",
-        ],
-    );
-    assert!(o.status.success());
-    let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
-    assert!(
-        csv.starts_with("GPUs,layout,step s,tok/s/GPU,MFU,GiB,days,speedup,rel. cost,aws (USD)\n"),
-        "{csv}"
-    );
-    assert_eq!(
-        csv.lines().filter(|l| !l.starts_with("# ")).count(),
-        3,
-        "{csv}"
-    );
-    // Every plugin the run used is named with where it came from and its sha256, in the
-    // CSV (as comment lines after the rows) as in the JSON.
+    let rows = v["series"][0]["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["days"].as_f64().unwrap() > rows[1]["days"].as_f64().unwrap());
+    let clouds: Vec<&str> = v["clouds"].as_array().unwrap().iter().map(|c| c.as_str().unwrap()).collect();
+    assert_eq!(clouds.len(), 2);
+    // Every quote names its plugin (with sha256) and its price row.
+    for r in rows {
+        for c in r["costs"].as_array().unwrap() {
+            assert_eq!(c["status"], "quoted", "{c}");
+            assert_eq!(c["plugin_sha256"].as_str().unwrap().len(), 64, "{c}");
+            assert!(!c["instance"].as_str().unwrap().is_empty() && !c["price_source"].as_str().unwrap().is_empty(), "{c}");
+        }
+    }
     let sha = |name: &str| {
-        v["plugins"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|p| p["name"] == name)
-            .unwrap_or_else(|| panic!("{name} is not in the JSON's plugins: {v}"))["sha256"]
+        v["plugins"].as_array().unwrap().iter().find(|p| p["name"] == name).unwrap_or_else(|| panic!("{name}: {v}"))["sha256"]
             .as_str()
             .unwrap()
             .to_string()
     };
+    // --format json also governs the file; without --format the extension decides.
+    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--precision", "bf16", "--cloud", "aws.wasm,lambda", "-o", "run.csv", "-q"]);
+    assert!(o.status.success());
+    let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    for h in ["gpu", "precision", "gpus", "layout", "days", "cloud", "usd", "instance", "region", "option", "price_date", "price_source", "cost_plugin_sha256"] {
+        assert!(header.contains(&h), "{h}: {header:?}");
+    }
+    let data: Vec<&str> = csv.lines().filter(|l| !l.starts_with("# ")).skip(1).collect();
+    assert_eq!(data.len(), 4, "one line per count and cloud: {csv}");
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    for line in &data {
+        let cells = csv_cells(line);
+        assert_eq!(cells.len(), header.len(), "{line}");
+        let plugin = &cells[col("cost_plugin")];
+        assert_eq!(cells[col("cost_plugin_sha256")], sha(plugin), "{line}");
+    }
     for name in ["llama3.wasm", "bf16.wasm", "aws.wasm"] {
         let line = format!("{name} (contract 0.2.0): embedded, sha256 {}", sha(name));
-        assert!(
-            csv.lines()
-                .any(|l| l.starts_with("# plugin: ") && l.ends_with(&line)),
-            "{line}\n{csv}"
-        );
+        assert!(csv.lines().any(|l| l.starts_with("# plugin: ") && l.ends_with(&line)), "{line}\n{csv}");
     }
-    // .html: one self-contained page (no external assets) with the same table.
-    let o = runner(
-        &dir,
-        &[
-            "--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm", "-o", "run.html", "-q",
-        ],
-    );
+    // .html: one self-contained page with the charts, every cloud and each price's source.
+    let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--cloud", "aws.wasm,lambda", "-o", "run.html", "-q"]);
     assert!(o.status.success());
     let html = std::fs::read_to_string(dir.join("run.html")).unwrap();
-    assert!(
-        html.starts_with("<!DOCTYPE html>")
-            && html.contains("<th>GPUs</th>")
-            && html.contains("<td class=\"n\">16</td>"),
-        "{html}"
-    );
-    assert!(
-        !html.contains("src=") && !html.contains("href="),
-        "self-contained"
-    );
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg") && html.contains("Days to train"), "{html}");
+    assert!(html.contains(&format!("aws.wasm sha256 {}", sha("aws.wasm"))), "price provenance in the page");
+    assert!(!html.contains("src=") && !html.contains("href=") && !html.contains("<script"), "self-contained");
 }
 
 #[test]
@@ -297,6 +293,10 @@ fn every_subcommand_has_help_with_examples() {
     for args in [
         vec!["--help"],
         vec!["run", "--help"],
+        vec!["explore", "--help"],
+        vec!["history", "--help"],
+        vec!["show", "--help"],
+        vec!["compare", "--help"],
         vec!["plugins", "list", "--help"],
         vec!["plugins", "inspect", "--help"],
         vec!["plugins", "validate", "--help"],
@@ -489,6 +489,7 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
     );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
+    let out = out.replace("\n  ", " ");
     assert!(
         out.contains("cost plugin aws.wasm (contract 0.2.0): plugins/dist/aws.wasm, shadowing the embedded plugin"),
         "{out}"

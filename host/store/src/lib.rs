@@ -85,7 +85,8 @@ CREATE TABLE IF NOT EXISTS runs (
     finished TEXT,
     status TEXT NOT NULL,
     result TEXT,
-    runner_version TEXT NOT NULL
+    runner_version TEXT NOT NULL,
+    owner_pid INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS runs_by_inputs ON runs (inputs_sha256, status);
 CREATE TABLE IF NOT EXISTS items (
@@ -170,21 +171,27 @@ impl Store {
             .conn
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(|e| StoreError(format!("history database {}: {e}", self.path.display())))?;
-        let existing: Option<RunId> = tx
-            .query_row(
-                "SELECT id FROM runs WHERE inputs_sha256 = ?1 AND kind = ?2 AND status = 'running' ORDER BY id DESC LIMIT 1",
-                params![digest, kind],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| StoreError(e.to_string()))?;
+        // An unfinished run whose process is gone (killed) is resumed; one whose process
+        // still runs (a second runner with the same inputs) is left to it.
+        let me = std::process::id();
+        let unfinished: Vec<(RunId, u32)> = {
+            let mut st = tx
+                .prepare("SELECT id, owner_pid FROM runs WHERE inputs_sha256 = ?1 AND kind = ?2 AND status = 'running' ORDER BY id DESC")
+                .map_err(|e| StoreError(e.to_string()))?;
+            let rows = st.query_map(params![digest, kind], |r| Ok((r.get(0)?, r.get(1)?))).map_err(|e| StoreError(e.to_string()))?;
+            rows.collect::<Result<_, _>>().map_err(|e| StoreError(e.to_string()))?
+        };
+        let existing = unfinished.into_iter().find(|&(_, pid)| pid == me || !process_alive(pid)).map(|(id, _)| id);
         let out = match existing {
-            Some(id) => (id, true),
+            Some(id) => {
+                tx.execute("UPDATE runs SET owner_pid = ?2 WHERE id = ?1", params![id, me]).map_err(|e| StoreError(e.to_string()))?;
+                (id, true)
+            }
             None => {
                 tx.execute(
-                    "INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, status, runner_version)
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7)",
-                    params![kind, command, inputs.to_string(), digest, plugins.to_string(), now(), version],
+                    "INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, status, runner_version, owner_pid)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8)",
+                    params![kind, command, inputs.to_string(), digest, plugins.to_string(), now(), version, me],
                 )
                 .map_err(|e| StoreError(e.to_string()))?;
                 (tx.last_insert_rowid(), false)
@@ -322,6 +329,23 @@ impl Store {
     }
 }
 
+/// Whether process `pid` still runs on this machine. Where that cannot be told (not
+/// Linux), an unfinished run's process is taken to be gone, so it is resumed.
+fn process_alive(pid: u32) -> bool {
+    if pid == 0 {
+        return false;
+    }
+    let proc = Path::new("/proc");
+    if !proc.join("self").exists() {
+        return false;
+    }
+    // A zombie (killed, not yet reaped by its parent) has exited: state 'Z' in stat.
+    match std::fs::read_to_string(proc.join(pid.to_string()).join("stat")) {
+        Ok(stat) => stat.rsplit(')').next().is_some_and(|rest| !rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
 /// One difference between two JSON values: its path, the value in A and in B.
 #[derive(Clone, Debug, Serialize, PartialEq)]
 pub struct Change {
@@ -356,7 +380,8 @@ fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
         }
         (Value::Number(x), Value::Number(y)) => {
             let (x, y) = (x.as_f64().unwrap_or(f64::NAN), y.as_f64().unwrap_or(f64::NAN));
-            if !((x - y).abs() <= 1e-9 * x.abs().max(y.abs())) {
+            let same = (x - y).abs() <= 1e-9 * x.abs().max(y.abs());
+            if !same {
                 out.push(Change { path: path.into(), a: a.clone(), b: b.clone() });
             }
         }
@@ -391,6 +416,15 @@ mod tests {
         let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
         assert_eq!((again, resumed), (id, true));
         assert_eq!(s.items(id).unwrap(), vec![("64".to_string(), json!({"days": 115.9}))]);
+        // A run whose process still runs elsewhere (pid 1 here) is not resumed; once that
+        // process is gone (a pid that cannot exist) it is.
+        s.conn.execute("UPDATE runs SET owner_pid = 1 WHERE id = ?1", params![id]).unwrap();
+        let (other, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        assert!(!resumed && other != id);
+        s.finish(other, "done", &json!({})).unwrap();
+        s.conn.execute("UPDATE runs SET owner_pid = 4194305 WHERE id = ?1", params![id]).unwrap();
+        let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        assert_eq!((again, resumed), (id, true));
         s.put_item(id, "128", &json!({"days": 58.0})).unwrap();
         s.finish(id, "done", &json!({"rows": 2})).unwrap();
         let r = s.get(id).unwrap();

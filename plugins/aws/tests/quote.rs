@@ -1,5 +1,6 @@
-//! Native tests of the AWS price list (every row sane) and of quote arithmetic: node-hours,
-//! per-second rounding, the one-minute minimum, and error messages that name what exists.
+//! Native tests of the AWS price list (the host's rules and the project's provenance audit,
+//! dates kept, reserved and Capacity Block prices billed as AWS bills them) and of quote
+//! arithmetic: node-hours, per-second rounding, the one-minute minimum, estimates, errors.
 
 use aws::Aws;
 use runner_plugin_sdk::cost::*;
@@ -22,16 +23,36 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-6 * b.abs().max(1.0)
 }
 
+fn price(instance: &str, region: &str, option: PurchaseOption) -> Price {
+    let o = Aws::offerings().into_iter().find(|o| o.instance == instance).unwrap();
+    find_price(&o, region, option).unwrap_or_else(|| panic!("{instance} {region}: no price")).clone()
+}
+
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
+    // Unique names, finite positive prices, spot and terms below on-demand, ISO dates, every
+    // price sourced, undated and caveated ones explained.
     let offerings = Aws::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
     let p5 = offerings.iter().find(|o| o.instance == "p5.48xlarge").unwrap();
     assert_eq!((p5.gpus_per_node, p5.scale_up_domain, p5.interconnect_gbps), (8, 8, 3200.0));
-    assert_eq!((p5.prices[0].billing_increment_s, p5.prices[0].minimum_charge_s), (1, 60));
-    assert!(p5.prices[0].source.contains("skypilot-catalog") && p5.prices[0].source.contains("billing"));
+    assert!(p5.prices.iter().all(|p| p.source.contains("billing: per second")));
     assert_eq!(Aws::provider().name, "aws");
+}
+
+#[test]
+fn dated_rows_keep_their_date_and_undated_ones_say_so() {
+    let od = price("p5.48xlarge", "us-east-1", PurchaseOption::OnDemand);
+    assert_eq!((od.usd_per_node_hour, od.effective_date.as_str()), (55.04, "2026-11-09"));
+    assert!(od.source.contains("datareceipts"), "{}", od.source);
+    let spot = price("p5.48xlarge", "us-east-1", PurchaseOption::Spot);
+    assert!(spot.effective_date.is_empty() && spot.source.contains("undated catalog snapshot"));
+    let spot = price("p5en.48xlarge", "us-east-1", PurchaseOption::Spot);
+    assert_eq!((spot.usd_per_node_hour, spot.effective_date.as_str()), (27.1988, "2026-08-06"));
+    assert!(spot.source.contains("dstackai/dstack#4110"), "{}", spot.source);
+    for (instance, date) in [("p4d.24xlarge", "2026-11-09"), ("p4de.24xlarge", "2026-11-09"), ("p6-b200.48xlarge", "2026-08-26")] {
+        assert_eq!(price(instance, "us-east-1", PurchaseOption::OnDemand).effective_date, date, "{instance}");
+    }
 }
 
 #[test]
@@ -41,8 +62,38 @@ fn two_nodes_for_ten_hours() {
     assert_eq!(q.lines.len(), 1);
     assert!(close(q.lines[0].quantity, 20.0));
     assert!(close(q.total, 2.0 * 10.0 * 55.04), "{}", q.total);
+    assert!(q.lines[0].item.contains("price dated 2026-11-09") && !q.lines[0].estimate);
     let spot = Aws::quote(request("p5.48xlarge", "us-east-2", PurchaseOption::Spot, 10.0)).unwrap();
     assert!(close(spot.total, 2.0 * 10.0 * 11.2543));
+    assert!(spot.warnings.iter().any(|w| w.contains("undated")), "{:?}", spot.warnings);
+}
+
+#[test]
+fn a_one_year_reservation_bills_the_whole_term() {
+    let p = price("p4de.24xlarge", "us-east-1", PurchaseOption::OneYearNoUpfront);
+    assert_eq!((p.usd_per_node_hour, p.minimum_charge_s), (17.401365, 8760 * 3600));
+    let q = Aws::quote(request("p4de.24xlarge", "us-east-1", PurchaseOption::OneYearNoUpfront, 10.0))
+        .unwrap();
+    assert!(close(q.lines[0].quantity, 2.0 * 8760.0), "{}", q.lines[0].quantity);
+    assert!(close(q.total, 2.0 * 8760.0 * 17.401365), "{}", q.total);
+    // No term is published for p5: the error names what is priced instead.
+    let err = Aws::quote(request("p5.48xlarge", "us-east-1", PurchaseOption::OneYearNoUpfront, 1.0))
+        .unwrap_err();
+    assert!(err.contains("1y-no-upfront") && err.contains("us-east-1 capacity-block"), "{err}");
+}
+
+#[test]
+fn capacity_blocks_bill_whole_days_and_are_flagged_suspect() {
+    let q = Aws::quote(request("p5.48xlarge", "us-east-2", PurchaseOption::CapacityBlock, 30.0))
+        .unwrap();
+    assert!(close(q.lines[0].quantity, 2.0 * 48.0), "30 h buys two days: {}", q.lines[0].quantity);
+    assert!(close(q.total, 2.0 * 48.0 * 39.33), "{}", q.total);
+    assert_eq!(q.lines[0].caveats, vec![PriceCaveat::Suspect]);
+    assert!(q.lines[0].estimate && q.warnings.iter().any(|w| w.contains("suspect")));
+    // p5e has no on-demand price; its capacity block is its published price.
+    let q = Aws::quote(request("p5e.48xlarge", "us-east-2", PurchaseOption::CapacityBlock, 24.0))
+        .unwrap();
+    assert!(close(q.total, 2.0 * 24.0 * 43.26), "{}", q.total);
 }
 
 #[test]
@@ -56,14 +107,16 @@ fn rounds_up_to_the_second_after_a_one_minute_minimum() {
 }
 
 #[test]
-fn storage_and_egress_are_estimates() {
+fn storage_and_egress_are_estimates_that_name_their_source() {
     let mut r = request("p4d.24xlarge", "us-east-1", PurchaseOption::OnDemand, 1.0);
     r.storage_gb_months = 1200.0;
     r.egress_gb = 100.0;
     let q = Aws::quote(r).unwrap();
     assert_eq!(q.lines.len(), 3);
     assert!(!q.lines[0].estimate && q.lines[1].estimate && q.lines[2].estimate);
+    assert!(q.lines[1].item.contains("FSx for Lustre") && q.lines[2].item.contains("first tier"));
     assert!(close(q.total, 2.0 * 21.957642 + 1200.0 * 0.14 + 100.0 * 0.09));
+    assert_eq!(q.currency, "USD");
 }
 
 #[test]
@@ -71,11 +124,15 @@ fn errors_name_what_exists() {
     let err =
         Aws::quote(request("p9.huge", "us-east-1", PurchaseOption::OnDemand, 1.0)).unwrap_err();
     assert!(err.contains("p9.huge") && err.contains("p5.48xlarge"), "{err}");
-    // p5e has no on-demand price (Capacity Blocks only): the error offers its spot price.
+    // p5e has no on-demand price (Capacity Blocks only): the error offers what it has.
     let err = Aws::quote(request("p5e.48xlarge", "us-east-2", PurchaseOption::OnDemand, 1.0))
         .unwrap_err();
-    assert!(err.contains("us-east-2 spot"), "{err}");
+    assert!(err.contains("us-east-2 spot") && err.contains("us-east-2 capacity-block"), "{err}");
     let err =
         Aws::quote(request("p5.48xlarge", "mars-1", PurchaseOption::OnDemand, 1.0)).unwrap_err();
     assert!(err.contains("mars-1") && err.contains("us-west-2 on-demand"), "{err}");
+    // Too few nodes for the GPUs asked for.
+    let mut r = request("p5.48xlarge", "us-east-1", PurchaseOption::OnDemand, 1.0);
+    r.gpus = 17;
+    assert!(Aws::quote(r).unwrap_err().contains("ask for 3 nodes"));
 }

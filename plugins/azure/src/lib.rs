@@ -3,6 +3,10 @@
 //!
 //! The prices come from the newest Azure catalog found, SkyPilot's v6 file (Azure has no
 //! catalog updater since), which is stale for some SKUs; one row is confirmed by a 2026 read.
+//!
+//! Published as of 2026-12-01: on-demand, and spot for the A100 VMs (not for ND H100 v5).
+//! Not found: any 1-year or 3-year reservation or savings-plan rate, and any price for
+//! ND96isr_H200_v5 or ND GB200 v6.
 
 use runner_plugin_sdk::cost::*;
 
@@ -15,12 +19,18 @@ const BILLING: Billing = Billing {
     minimum_s: 0,
     note: "billing: unknown (secondary sources conflict: per second vs per minute); \
            quoted per minute, no minimum",
+    per_option: &[],
 };
 
-// First internet egress tier ($0.087/GB up to 10 TB; secondary sources). No Azure Blob or
-// Managed Lustre price was found, so storage is not costed.
-const EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: None, egress_usd_per_gb: Some(0.087) };
+// No Azure Blob or Managed Lustre price was found, so storage is not costed.
+const EXTRAS: ExtraRates = ExtraRates {
+    storage: None,
+    egress: Some(ExtraRate::estimate(
+        0.087,
+        "internet egress at the first tier, 0.087 USD/GB up to 10 TB (cloudtoolstack and \
+         dev.to, secondary)",
+    )),
+};
 
 /// The Azure cost model.
 pub struct Azure;

@@ -23,10 +23,10 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = Azure::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| term_hours(p.option).is_none()), "no term was found");
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (60, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Azure::provider().name, "azure");
@@ -39,6 +39,11 @@ fn two_nodes_for_ten_hours() {
             .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
     assert!(close(q.total, 2.0 * 10.0 * 98.32), "{}", q.total);
+    // The eastus H100 price is the one a 2026-11-09 read confirms; westus is undated.
+    assert!(q.lines[0].item.contains("price dated 2026-11-09") && q.warnings.is_empty(), "{:?}", q);
+    let q = Azure::quote(request("Standard_ND96isr_H100_v5", "westus", PurchaseOption::OnDemand, 1.0))
+        .unwrap();
+    assert!(q.lines[0].item.contains("undated price") && q.warnings[0].contains("undated"));
 }
 
 #[test]
@@ -57,12 +62,14 @@ fn rounds_up_to_the_billing_increment() {
 }
 
 #[test]
-fn storage_has_no_known_price() {
+fn storage_has_no_known_price_and_egress_is_an_estimate() {
     let mut r = request("Standard_ND96isr_H100_v5", "eastus", PurchaseOption::OnDemand, 1.0);
     r.storage_gb_months = 1000.0;
+    r.egress_gb = 100.0;
     let q = Azure::quote(r).unwrap();
     assert!(q.lines[1].estimate && q.lines[1].item.contains("not costed"), "{}", q.lines[1].item);
-    assert!(close(q.total, 2.0 * 98.32));
+    assert!(q.lines[2].estimate && q.lines[2].item.contains("first tier"), "{}", q.lines[2].item);
+    assert!(close(q.total, 2.0 * 98.32 + 100.0 * 0.087));
 }
 
 #[test]

@@ -23,10 +23,11 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = CoreWeave::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
+    // Every price is dated by the page read.
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.effective_date == "2026-09-20"));
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (60, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(CoreWeave::provider().name, "coreweave");
@@ -65,13 +66,14 @@ fn rounds_up_to_the_billing_increment() {
 }
 
 #[test]
-fn storage_is_an_estimate_and_egress_is_free() {
+fn storage_and_free_egress_are_list_prices() {
     let mut r = request("HGX H100 (8 GPU)", "north-america", PurchaseOption::OnDemand, 1.0);
     r.storage_gb_months = 1000.0;
     r.egress_gb = 500.0;
     let q = CoreWeave::quote(r).unwrap();
     assert_eq!(q.lines.len(), 3);
-    assert!(q.lines[1].estimate && q.lines[2].estimate && q.lines[2].amount == 0.0);
+    assert!(!q.lines[1].estimate && !q.lines[2].estimate && q.lines[2].amount == 0.0);
+    assert!(q.lines[1].item.contains("Distributed File Storage") && q.lines[2].item.contains("free"));
     assert!(close(q.total, 2.0 * 49.24 + 1000.0 * 0.07));
 }
 
@@ -88,8 +90,24 @@ fn errors_name_what_exists() {
 }
 
 #[test]
-fn gb200_is_a_four_gpu_node_in_an_nvl72_domain() {
+fn gb200_is_a_four_gpu_tray_in_an_nvl72_domain_billed_per_tray() {
     let o = CoreWeave::offerings().into_iter().find(|o| o.gpu == "GB200").unwrap();
-    assert_eq!((o.gpus_per_node, o.scale_up_domain), (4, 72));
+    assert_eq!((o.gpus_per_node, o.scale_up_domain, o.node_multiple), (4, 72, 1));
     assert_eq!(o.prices[0].effective_date, "2026-09-20");
+    // 5 GPUs take 2 trays, and the quote bills both.
+    let mut r = request(&o.instance, "north-america", PurchaseOption::OnDemand, 10.0);
+    (r.gpus, r.nodes) = (5, nodes_for(&o, 5).unwrap());
+    let q = CoreWeave::quote(r).unwrap();
+    assert!(close(q.lines[0].quantity, 20.0) && close(q.total, 2.0 * 10.0 * 42.0), "{}", q.total);
+}
+
+#[test]
+fn b300_is_sold_spot_only() {
+    let o = CoreWeave::offerings().into_iter().find(|o| o.gpu == "B300").unwrap();
+    assert!(o.prices.iter().all(|p| p.option == PurchaseOption::Spot));
+    let q = CoreWeave::quote(request(&o.instance, "north-america", PurchaseOption::Spot, 1.0)).unwrap();
+    assert!(close(q.total, 2.0 * 35.84), "{}", q.total);
+    let err = CoreWeave::quote(request(&o.instance, "north-america", PurchaseOption::OnDemand, 1.0))
+        .unwrap_err();
+    assert!(err.contains("north-america spot"), "{err}");
 }

@@ -3,6 +3,9 @@
 //!
 //! The page states no region, so each price is listed for every region (`*`). B200 and
 //! GB200 NVL72 are "contact sales" and are not listed.
+//!
+//! Published as of 2026-12-01: on-demand only (dated 2026-09-20). Not found: spot ("contact
+//! sales"), any 1-year or 3-year rate, and an egress price.
 
 use runner_plugin_sdk::cost::*;
 
@@ -13,11 +16,18 @@ const BILLING: Billing = Billing {
     minimum_s: 0,
     note: "billing: increment and minimum unknown (not found); \
            quoted pro rata per second, no minimum",
+    per_option: &[],
 };
 
-// Shared disk at $0.07/GiB-month (crusoe.ai, 2026-09-20); no egress price was found.
-const EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: Some(0.07 / GB_PER_GIB), egress_usd_per_gb: None };
+// No egress price was found, so egress is not costed.
+const EXTRAS: ExtraRates = ExtraRates {
+    storage: Some(ExtraRate::list(
+        0.07 / GB_PER_GIB,
+        "shared disks at 0.07 USD/GiB-month (crusoe.ai/cloud/pricing via api-evangelist/crusoe@39cd780e, \
+         read 2026-09-20)",
+    )),
+    egress: None,
+};
 
 /// The Crusoe cost model.
 pub struct Crusoe;

@@ -23,10 +23,10 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = Crusoe::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.effective_date == "2026-09-20"));
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Crusoe::provider().name, "crusoe");
@@ -61,12 +61,12 @@ fn rounds_up_to_the_billing_increment() {
 }
 
 #[test]
-fn storage_is_an_estimate() {
+fn storage_is_a_list_price() {
     let mut r =
         request("H100 80GB HGX (8 x per-GPU rate)", "us-east1", PurchaseOption::OnDemand, 1.0);
     r.storage_gb_months = 1000.0;
     let q = Crusoe::quote(r).unwrap();
-    assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
+    assert!(!q.lines[1].estimate && q.lines[1].item.contains("shared disks"), "{}", q.lines[1].item);
     assert!(close(q.total, 2.0 * 31.2 + 1000.0 * 0.07 / GB_PER_GIB));
 }
 
@@ -94,5 +94,5 @@ fn egress_has_no_known_price() {
     let mut r = request("H200 141GB HGX (8 x per-GPU rate)", "", PurchaseOption::OnDemand, 1.0);
     r.egress_gb = 100.0;
     let q = Crusoe::quote(r).unwrap();
-    assert!(q.lines[1].item.contains("not costed") && close(q.total, 2.0 * 34.32));
+    assert!(q.lines[1].item.contains("not costed") && q.lines[1].estimate && close(q.total, 2.0 * 34.32));
 }

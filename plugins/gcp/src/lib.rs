@@ -3,8 +3,12 @@
 //!
 //! GCP prices a GPU VM as two catalog rows, the machine type (host vCPU and memory) and the
 //! attached GPUs; `prices.csv` holds their sum per node and names both parts in `source`.
-//! Three rows come from the catalog's suspiciously cheap tier and are flagged SUSPECT
-//! (shared/notes/pricing.md §2.3).
+//! Two rows are flagged SUSPECT (a GPU row from the catalog's far cheaper tier, a host row of
+//! 0.0); the cheap-tier a3-highgpu-8g price in us-central1 is replaced by a dated read of the
+//! Cloud Billing catalog (tgarg01/silybench-data, 2026-09-26).
+//!
+//! Published as of 2026-12-01: on-demand and Spot. Not found: any 1-year or 3-year committed
+//! use discount rate for A2/A3/A4, an authoritative A4 host price, and any A4X (GB200) price.
 
 use runner_plugin_sdk::cost::*;
 
@@ -17,12 +21,18 @@ const BILLING: Billing = Billing {
     minimum_s: 60,
     note: "billing: 60 s minimum, then per second (GCP pricing page, via a mirror); \
            node price = host row + GPU row, without the bundled Local SSD",
+    per_option: &[],
 };
 
-// Premium-tier internet egress, first tier: $0.12 per GiB (sources disagree on where the
-// tier ends). No GCS/Filestore/Managed Lustre price was found, so storage is not costed.
-const EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: None, egress_usd_per_gb: Some(0.12 / GB_PER_GIB) };
+// No GCS, Filestore or Managed Lustre price was found, so storage is not costed.
+const EXTRAS: ExtraRates = ExtraRates {
+    storage: None,
+    egress: Some(ExtraRate::estimate(
+        0.12 / GB_PER_GIB,
+        "Premium-tier internet egress at the first tier, 0.12 USD/GiB (dev.to and \
+         cloudtoolstack, secondary; they disagree on where the tier ends)",
+    )),
+};
 
 /// The Google Cloud cost model.
 pub struct Gcp;

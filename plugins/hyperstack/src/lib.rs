@@ -1,4 +1,7 @@
 //! Hyperstack cost model: the 8x H100 SXM5 node in its two catalog regions, and quotes.
+//!
+//! Published as of 2026-12-01 (as far as found): on-demand only, undated (SkyPilot's
+//! catalog). Not found: a dated price, spot, any 1-year or 3-year rate, storage and egress.
 
 use runner_plugin_sdk::cost::*;
 
@@ -9,6 +12,7 @@ const BILLING: Billing = Billing {
     minimum_s: 0,
     note: "billing: increment and minimum unknown (not found); \
            quoted pro rata per second, no minimum",
+    per_option: &[],
 };
 
 /// The Hyperstack cost model.

@@ -23,10 +23,9 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = Hyperstack::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Hyperstack::provider().name, "hyperstack");
@@ -38,6 +37,7 @@ fn two_nodes_for_ten_hours() {
         .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
     assert!(close(q.total, 2.0 * 10.0 * 19.2), "{}", q.total);
+    assert!(q.lines[0].item.contains("undated price") && q.warnings.iter().any(|w| w.contains("undated")));
 }
 
 #[test]

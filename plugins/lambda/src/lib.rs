@@ -3,6 +3,9 @@
 //!
 //! Lambda's per-GPU rate falls with node size (1x > 2x > 4x > 8x); only the 8-GPU nodes a
 //! training run would use are listed, so their price must not be scaled down to fewer GPUs.
+//!
+//! Published as of 2026-12-01: on-demand only. Not found: spot, any 1-year or 3-year rate,
+//! and a filesystem price.
 
 use runner_plugin_sdk::cost::*;
 
@@ -12,11 +15,18 @@ const BILLING: Billing = Billing {
     increment_s: 60,
     minimum_s: 0,
     note: "billing: per minute (\"pay by the minute\", lambda.ai), no minimum stated",
+    per_option: &[],
 };
 
-// "No egress fees" (lambda.ai, 2026-09-20); no filesystem price was found.
-const EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: None, egress_usd_per_gb: Some(0.0) };
+// No filesystem price was found, so storage is not costed.
+const EXTRAS: ExtraRates = ExtraRates {
+    storage: None,
+    egress: Some(ExtraRate::list(
+        0.0,
+        "free ('no egress fees', lambda.ai/instances via api-evangelist/lambda-labs@1929382e, \
+         read 2026-09-20)",
+    )),
+};
 
 /// The Lambda cost model.
 pub struct Lambda;

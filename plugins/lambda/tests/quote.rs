@@ -23,10 +23,13 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = Lambda::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
+    // Every price is dated by a page read, the latest that shows it.
+    let date = |name: &str| offerings.iter().find(|o| o.instance == name).unwrap().prices[0].effective_date.clone();
+    assert_eq!(date("gpu_8x_h100_sxm5"), "2026-09-25");
+    assert_eq!(date("gpu_8x_b200_sxm6"), "2026-09-20");
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (60, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Lambda::provider().name, "lambda");
@@ -56,11 +59,13 @@ fn rounds_up_to_the_billing_increment() {
 }
 
 #[test]
-fn egress_is_an_estimate() {
+fn egress_is_free_and_storage_not_costed() {
     let mut r = request("gpu_8x_h100_sxm5", "us-east-1", PurchaseOption::OnDemand, 1.0);
     r.egress_gb = 100.0;
+    r.storage_gb_months = 10.0;
     let q = Lambda::quote(r).unwrap();
-    assert!(q.lines[1].estimate && !q.lines[1].item.contains("not costed"));
+    assert!(q.lines[1].estimate && q.lines[1].item.contains("not costed"), "{}", q.lines[1].item);
+    assert!(!q.lines[2].estimate && q.lines[2].item.contains("no egress fees") && q.lines[2].amount == 0.0);
     assert!(close(q.total, 2.0 * 31.92 + 0.0));
 }
 

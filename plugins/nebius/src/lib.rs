@@ -1,10 +1,16 @@
-//! Nebius cost model: HGX H100, H200 and B200 nodes from two sources that disagree, and
-//! quotes.
+//! Nebius cost model: HGX H100, H200, B200 and B300 nodes from two sources that disagree,
+//! and quotes.
 //!
-//! The SkyPilot catalog (undated, real instance names, per region, with spot) is cheaper
-//! than nebius.com/prices (read 2026-10-07, per-GPU rates x 8, no region). Both are listed,
-//! under their own names, so a comparison can show the spread instead of hiding it; the
-//! page rows are flagged because the page already lists higher prices effective 2026-10-01.
+//! nebius.com/prices (read 2026-10-07, per-GPU rates x 8, no region) lists each HGX price
+//! and a higher one "effective October 1, 2026"; the later price is the one in effect and is
+//! listed, dated 2026-10-01, with the page's "from" preemptible price as a lower bound. The
+//! SkyPilot catalog (undated, real instance names, per region, with spot) is cheaper than
+//! both page prices, so its on-demand prices are flagged SUSPECT; both are listed under their
+//! own names, so a comparison shows the spread instead of hiding it.
+//!
+//! Published as of 2026-12-01: on-demand, and spot (the catalog's, and the page's floor).
+//! Not found: any 1-year or 3-year rate (commitments are "up to 35% less"), GB200 and GB300
+//! NVL72 prices ("Contact us"), and Nebius' billing increment.
 
 use runner_plugin_sdk::cost::*;
 
@@ -15,12 +21,21 @@ const BILLING: Billing = Billing {
     minimum_s: 0,
     note: "billing: increment and minimum unknown (not found; the $25 minimum first payment is \
            per account); quoted pro rata per second; spot prices may change every 15 minutes",
+    per_option: &[],
 };
 
-// Shared Filesystem at $0.08/GiB-month; network egress is free (nebius.com/prices,
-// 2026-10-07). Object-storage egress ($0.015/GiB) is not what a training run pays.
-const EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: Some(0.08 / GB_PER_GIB), egress_usd_per_gb: Some(0.0) };
+// Object-storage egress ($0.015/GiB) is not what a training run's egress pays.
+const EXTRAS: ExtraRates = ExtraRates {
+    storage: Some(ExtraRate::list(
+        0.08 / GB_PER_GIB,
+        "Shared Filesystem at 0.08 USD/GiB-month (nebius.com/prices via api-evangelist/nebius@37bdedf3, \
+         read 2026-10-07)",
+    )),
+    egress: Some(ExtraRate::list(
+        0.0,
+        "free ('Networking: Egress/Ingress traffic: Free', nebius.com/prices, read 2026-10-07)",
+    )),
+};
 
 /// The Nebius cost model.
 pub struct Nebius;

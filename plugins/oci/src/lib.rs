@@ -1,8 +1,13 @@
-//! Oracle Cloud cost model: bare-metal GPU shapes (H100, H200, B200, GB200, A100), one
-//! on-demand price that holds in every region, and quotes.
+//! Oracle Cloud cost model: bare-metal GPU shapes (H100, H200, B200, B300, GB200, GB300,
+//! A100, MI300X, MI355X), one on-demand price that holds in every region, and quotes.
 //!
 //! OCI publishes a flat global price list, so each shape has a single `*` (any region)
-//! price; there is no spot for bare-metal GPU shapes.
+//! price; there is no spot for bare-metal GPU shapes. GB200 and GB300 are 4-GPU trays in
+//! 72-GPU NVLink domains, sold a tray at a time as far as OCI's docs say.
+//!
+//! Published as of 2026-12-01: on-demand only, undated (SkyPilot's catalog). Not found: any
+//! dated OCI price, any 1-year or 3-year rate, OCI's billing increment and minimum, and any
+//! storage or egress price.
 
 use runner_plugin_sdk::cost::*;
 
@@ -15,6 +20,7 @@ const BILLING: Billing = Billing {
     minimum_s: 0,
     note: "billing: increment and minimum unknown (not found); \
            quoted pro rata per second, no minimum",
+    per_option: &[],
 };
 
 /// The Oracle Cloud cost model.

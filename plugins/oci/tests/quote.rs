@@ -23,10 +23,10 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = Oci::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
+    assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.option == PurchaseOption::OnDemand && p.region == ANY_REGION));
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Oci::provider().name, "oci");
@@ -38,6 +38,7 @@ fn two_nodes_for_ten_hours() {
         .unwrap();
     assert!(close(q.lines[0].quantity, 20.0));
     assert!(close(q.total, 2.0 * 10.0 * 80.0), "{}", q.total);
+    assert!(q.lines[0].item.contains("undated price") && q.warnings.iter().any(|w| w.contains("undated")));
 }
 
 #[test]
@@ -71,8 +72,19 @@ fn errors_name_what_exists() {
 }
 
 #[test]
-fn gb200_is_a_four_gpu_node_in_an_nvl72_domain() {
-    let o = Oci::offerings().into_iter().find(|o| o.instance == "BM.GPU.GB200.4").unwrap();
-    assert_eq!((o.gpus_per_node, o.scale_up_domain), (4, 72));
-    assert!(o.prices[0].source.contains("unknown"), "the missing billing facts are said: {}", o.prices[0].source);
+fn grace_blackwell_shapes_are_four_gpu_trays_in_an_nvl72_domain() {
+    for (shape, usd) in [("BM.GPU.GB200.4", 64.0), ("BM.GPU.GB300.4", 72.0)] {
+        let o = Oci::offerings().into_iter().find(|o| o.instance == shape).unwrap();
+        assert_eq!((o.gpus_per_node, o.scale_up_domain, o.node_multiple), (4, 72, 1), "{shape}");
+        assert!(o.prices[0].source.contains("unknown"), "the missing billing facts are said: {}", o.prices[0].source);
+        // 5 GPUs take 2 trays, and the quote bills both.
+        let nodes = nodes_for(&o, 5).unwrap();
+        assert_eq!(nodes, 2);
+        let mut r = request(shape, "us-ashburn-1", PurchaseOption::OnDemand, 10.0);
+        (r.gpus, r.nodes) = (5, nodes);
+        let q = Oci::quote(r.clone()).unwrap();
+        assert!(close(q.lines[0].quantity, 20.0) && close(q.total, 2.0 * 10.0 * usd), "{shape}: {}", q.total);
+        r.nodes = 1;
+        assert!(Oci::quote(r).unwrap_err().contains("ask for 2 nodes"), "one tray is too few for 5 GPUs");
+    }
 }

@@ -5,7 +5,9 @@
 //! list plugin only has to list its offerings. [`offerings_from_csv`] turns a price list
 //! kept as CSV beside the plugin (one row per instance and region) into those offerings,
 //! and [`validate_offerings`] / [`validate_quote`] are the host's own rules (one definition,
-//! in `runner_contract`), so a plugin's tests catch what the host would refuse.
+//! in `runner_contract`), so a plugin's tests catch what the host would refuse;
+//! [`audit_price_list`] adds this project's provenance rules (every price sourced, undated
+//! and caveated prices explained).
 
 /// An itemised quote (WIT `itemised-quote`, named apart from the `quote` function).
 pub use crate::bindings::cost::exports::runner::plugin::cost_model::ItemisedQuote as Quote;
@@ -25,8 +27,8 @@ pub mod rules {
     runner_contract::cost_rules!();
 }
 pub use rules::{
-    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, option_name, parse_option,
-    term_hours, validate_offerings, validate_provider, validate_quote,
+    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, nodes_for, option_name,
+    parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
 /// Export `$ty` (an implementation of [`Guest`]) as the plugin's cost model:
@@ -78,27 +80,56 @@ impl Price {
     }
 }
 
-/// Storage and egress list prices a standard quote uses (USD). `None` means the plugin
-/// knows no price: the quote still shows the line, costs it at zero and says so, rather
-/// than pass off "unknown" as "free".
+/// One storage or egress rate and where it was read.
 #[derive(Clone, Copy, Debug)]
-pub struct ExtraRates {
-    pub storage_usd_per_gb_month: Option<f64>,
-    pub egress_usd_per_gb: Option<f64>,
+pub struct ExtraRate {
+    /// USD per GB-month (storage) or per GB (egress).
+    pub usd_per_gb: f64,
+    /// Whether this is the provider's own published price for what a training run uses.
+    /// A secondary source, an example bill, or a first tier standing for a tiered price is
+    /// not: the quote marks such a line as an estimate.
+    pub list_price: bool,
+    /// What the rate is and where it was read (page and date, or repository at a commit);
+    /// the quote line shows it.
+    pub source: &'static str,
 }
 
-/// No storage or egress charges (for clouds that include them).
-pub const NO_EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: Some(0.0), egress_usd_per_gb: Some(0.0) };
+impl ExtraRate {
+    /// The provider's published list price.
+    pub const fn list(usd_per_gb: f64, source: &'static str) -> ExtraRate {
+        ExtraRate { usd_per_gb, list_price: true, source }
+    }
+
+    /// An estimate: a secondary source, an example, or one tier of a tiered price.
+    pub const fn estimate(usd_per_gb: f64, source: &'static str) -> ExtraRate {
+        ExtraRate { usd_per_gb, list_price: false, source }
+    }
+}
+
+/// The storage (checkpoints and data) and egress rates a standard quote uses. `None` means
+/// the plugin knows no price: the quote still shows the line, costs it at zero and says so,
+/// rather than pass off "unknown" as "free".
+#[derive(Clone, Copy, Debug)]
+pub struct ExtraRates {
+    pub storage: Option<ExtraRate>,
+    pub egress: Option<ExtraRate>,
+}
+
+/// No storage or egress charges (for clouds whose node price includes them).
+pub const NO_EXTRAS: ExtraRates = ExtraRates {
+    storage: Some(ExtraRate::list(0.0, "included in the node price")),
+    egress: Some(ExtraRate::list(0.0, "included in the node price")),
+};
 
 /// No known storage or egress prices (for clouds that publish none we could find).
-pub const UNKNOWN_EXTRAS: ExtraRates =
-    ExtraRates { storage_usd_per_gb_month: None, egress_usd_per_gb: None };
+pub const UNKNOWN_EXTRAS: ExtraRates = ExtraRates { storage: None, egress: None };
 
 /// Bytes per GiB over bytes per GB: divide a $/GiB list price by this for $/GB.
 pub const GB_PER_GIB: f64 = 1.073_741_824;
 
-/// How a cloud bills node time, shared by all its offerings.
+/// How a cloud bills node time: one rule for every purchase option but those listed in
+/// `per_option` (AWS Capacity Blocks are bought by the day). Whatever the rule, a committed
+/// term bills at least the whole term ([`term_hours`], the contract's rule).
 #[derive(Clone, Copy, Debug)]
 pub struct Billing {
     pub increment_s: u32,
@@ -106,6 +137,33 @@ pub struct Billing {
     /// Appended to every offering's `source`: where the billing rule comes from (or that
     /// it is unknown), and any caveat that holds for the whole price list.
     pub note: &'static str,
+    /// Purchase options billed by a rule of their own.
+    pub per_option: &'static [OptionBilling],
+}
+
+/// The billing rule of one purchase option where it differs from the cloud's.
+#[derive(Clone, Copy, Debug)]
+pub struct OptionBilling {
+    pub option: PurchaseOption,
+    pub increment_s: u32,
+    pub minimum_s: u32,
+    /// Appended to the source of this option's prices, after the cloud's note.
+    pub note: &'static str,
+}
+
+impl Billing {
+    /// Increment and minimum (seconds) of a price for `option`, and the note its source
+    /// carries.
+    fn rule(&self, option: PurchaseOption) -> (u32, u32, String) {
+        let (increment, minimum, note) = match self.per_option.iter().find(|r| r.option == option) {
+            Some(r) if self.note.is_empty() => (r.increment_s, r.minimum_s, r.note.to_string()),
+            Some(r) => (r.increment_s, r.minimum_s, format!("{}; {}", self.note, r.note)),
+            None => (self.increment_s, self.minimum_s, self.note.to_string()),
+        };
+        // A committed term is billed for the whole term, used or not.
+        let minimum = term_hours(option).map_or(minimum, |h| (h * 3600.0) as u32);
+        (increment, minimum, note)
+    }
 }
 
 /// Quote `request` against `offerings` with no storage or egress charges.
@@ -116,12 +174,16 @@ pub fn standard_quote(offerings: &[Offering], request: &QuoteRequest) -> Result<
 /// Quote `request`: compute = nodes x billed hours x node price, where billed time is the
 /// run's time rounded up to the price's billing increment and at least its minimum charge
 /// (both per node; [`billed_seconds`]), plus the upfront part of a committed term, plus
-/// storage and egress lines. An empty request region takes the first region priced for the
-/// option. The lines carry the price's caveats, and the quote warns about them.
+/// storage and egress lines, each naming its rate's source. An empty request region takes
+/// the first region priced for the option. The compute line names the price's date; lines
+/// priced from a lower-bound or suspect price, or from an extra rate that is not a list
+/// price, are estimates; the quote warns about caveats, an undated price, and a price that
+/// took effect after the run's start date.
 ///
 /// # Errors
 /// Names the unknown instance, or the region/option without a price, and lists what exists;
-/// rejects negative or non-finite hours, storage and egress.
+/// rejects too few nodes for the GPUs asked for (or nodes outside the offering's multiple),
+/// negative or non-finite hours, storage and egress, and a start date that is not ISO.
 pub fn standard_quote_with(
     offerings: &[Offering],
     request: &QuoteRequest,
@@ -145,6 +207,21 @@ pub fn standard_quote_with(
             have.join(", ")
         )
     })?;
+    let needed = nodes_for(offering, request.gpus)
+        .ok_or_else(|| format!("{} GPUs is more nodes of {} than can be counted", request.gpus, offering.instance))?;
+    let multiple = offering.node_multiple.max(1);
+    if request.nodes == 0 || request.nodes < needed || !request.nodes.is_multiple_of(multiple) {
+        return Err(format!(
+            "{} node(s) of {} for {} GPUs: it has {} GPUs per node and is sold in multiples of {} node(s), \
+             so ask for {} nodes (or more, in multiples of {multiple})",
+            request.nodes,
+            offering.instance,
+            request.gpus,
+            offering.gpus_per_node,
+            multiple,
+            needed.max(multiple),
+        ));
+    }
     for (what, value) in [
         ("hours", request.hours),
         ("storage GB-months", request.storage_gb_months),
@@ -154,6 +231,8 @@ pub fn standard_quote_with(
             return Err(format!("{what} must be a finite, non-negative number, got {value}"));
         }
     }
+    runner_contract::text::date("start-date", &request.start_date)?;
+
     let billed_h =
         billed_seconds(request.hours, price.billing_increment_s, price.minimum_charge_s) / 3600.0;
     let region = if price.region == ANY_REGION && !request.region.is_empty() {
@@ -161,10 +240,16 @@ pub fn standard_quote_with(
     } else {
         price.region.as_str()
     };
+    let dated = match price.effective_date.as_str() {
+        "" => "undated price".to_string(),
+        date => format!("price dated {date}"),
+    };
+    // A floor or a doubted number is not the price the cloud will bill.
+    let guessed = price.caveats.iter().any(|c| matches!(c, PriceCaveat::LowerBound | PriceCaveat::Suspect));
     let nodes = f64::from(request.nodes);
     let mut lines = vec![QuoteLine {
         item: format!(
-            "{} x {} ({}, {}, {})",
+            "{} x {} ({}, {}, {}, {dated})",
             request.nodes,
             offering.instance,
             offering.gpu,
@@ -175,7 +260,7 @@ pub fn standard_quote_with(
         quantity: nodes * billed_h,
         unit: "node-hour".into(),
         amount: nodes * billed_h * price.usd_per_node_hour,
-        estimate: false,
+        estimate: guessed,
         caveats: price.caveats.clone(),
     }];
     if price.upfront_usd_per_node > 0.0 {
@@ -185,26 +270,26 @@ pub fn standard_quote_with(
             quantity: nodes,
             unit: "node".into(),
             amount: nodes * price.upfront_usd_per_node,
-            estimate: false,
+            estimate: guessed,
             caveats: price.caveats.clone(),
         });
     }
     let extra_lines = [
-        ("storage", LineCategory::Storage, request.storage_gb_months, "GB-month", extras.storage_usd_per_gb_month),
-        ("egress", LineCategory::Egress, request.egress_gb, "GB", extras.egress_usd_per_gb),
+        ("storage", LineCategory::Storage, request.storage_gb_months, "GB-month", extras.storage),
+        ("egress", LineCategory::Egress, request.egress_gb, "GB", extras.egress),
     ];
     for (item, category, quantity, unit, rate) in extra_lines {
         if quantity > 0.0 {
             lines.push(QuoteLine {
                 item: match rate {
-                    Some(_) => item.to_string(),
+                    Some(r) => format!("{item}: {}", r.source),
                     None => format!("{item} (no list price known; not costed)"),
                 },
                 category,
                 quantity,
                 unit: unit.into(),
-                amount: quantity * rate.unwrap_or(0.0),
-                estimate: true,
+                amount: quantity * rate.map_or(0.0, |r| r.usd_per_gb),
+                estimate: rate.is_none_or(|r| !r.list_price),
                 caveats: Vec::new(),
             });
         }
@@ -216,6 +301,14 @@ pub fn standard_quote_with(
             PriceCaveat::Resale => "the node price is a marketplace resale listing, not the provider's own".to_string(),
             PriceCaveat::Suspect => "the source flags the node price as suspect".to_string(),
         });
+    }
+    if price.effective_date.is_empty() {
+        warnings.push("the node price is undated (a catalog snapshot); check it against the provider's current price list".to_string());
+    } else if !request.start_date.is_empty() && request.start_date < price.effective_date {
+        warnings.push(format!(
+            "the node price took effect on {}, after the run starts ({}); this price list has no earlier price",
+            price.effective_date, request.start_date
+        ));
     }
     let total = lines.iter().map(|l| l.amount).sum();
     Ok(Quote { currency: "USD".into(), lines, total, warnings })
@@ -245,23 +338,25 @@ const OTHER_COLUMNS: [&str; 10] = [
     "caveats",
 ];
 
-/// Parse a price list: one row per instance and region, grouped into one offering per
-/// instance (in first-seen order). Each price carries its row's date, source and caveats,
-/// and `billing` (whose note is appended to the source); committed terms bill the whole
-/// term at least.
+/// Parse a price list: one row per instance and region (or per instance, region and set of
+/// options, where options differ in date or source), grouped into one offering per instance
+/// (in first-seen order). Each price carries its row's date, source and caveats, and the
+/// billing rule of its option (whose note is appended to the source); committed terms bill
+/// the whole term at least.
 ///
 /// The first non-comment line names the columns, in any order: `instance`, `gpu`,
-/// `gpus_per_node` and `region` are required; `scale_up_domain` (default: the node's GPU
-/// count), `node_multiple` (default 1), `interconnect_gbps` (default 0, unknown),
-/// `effective_date` (ISO; empty when undated), `source`, `caveats` (any of `lower-bound`,
-/// `resale`, `suspect`, separated by `;`), and the price columns `on_demand`, `spot`,
-/// `reserved_1y`, `reserved_3y`, `capacity_block` are optional. Lines starting with `#` are
-/// comments; cells may be double-quoted to hold commas (no line breaks inside cells). A
-/// region of [`ANY_REGION`] means the price holds everywhere.
+/// `gpus_per_node`, `region` and `source` are required; `scale_up_domain` (default: the
+/// node's GPU count), `node_multiple` (default 1), `interconnect_gbps` (default 0, unknown),
+/// `effective_date` (ISO; empty when undated), `caveats` (any of `lower-bound`, `resale`,
+/// `suspect`, separated by `;`), and the price columns `on_demand`, `spot`, `reserved_1y`,
+/// `reserved_3y`, `capacity_block` are optional. Lines starting with `#` are comments;
+/// cells may be double-quoted to hold commas (no line breaks inside cells). A region of
+/// [`ANY_REGION`] means the price holds everywhere.
 ///
 /// # Errors
-/// Names the line and column of an unknown column, a malformed number, a price that is
-/// not finite and positive, or rows of one instance that disagree on its hardware.
+/// Names the line and column of an unknown column, a malformed number or date, a price
+/// that is not finite and positive, an empty source, or rows of one instance that disagree
+/// on its hardware.
 pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, String> {
     let mut rows = csv
         .lines()
@@ -278,7 +373,7 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
             return Err(format!("price list line {header_line}: unknown column '{column}'"));
         }
     }
-    for required in ["instance", "gpu", "gpus_per_node", "region"] {
+    for required in ["instance", "gpu", "gpus_per_node", "region", "source"] {
         if !columns.iter().any(|c| c == required) {
             return Err(format!("price list line {header_line}: missing column '{required}'"));
         }
@@ -318,6 +413,14 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
         if instance.is_empty() || cell("region").is_empty() {
             return Err(format!("price list line {line}: instance and region must not be empty"));
         }
+        if cell("source").is_empty() {
+            return Err(format!(
+                "price list line {line}: the source is empty; name where the price was read \
+                 (a page and the date, or a catalog at a commit)"
+            ));
+        }
+        runner_contract::text::date("effective_date", cell("effective_date"))
+            .map_err(|e| format!("price list line {line}: {e}"))?;
         let gpus_per_node = count("gpus_per_node")?
             .ok_or_else(|| format!("price list line {line}: gpus_per_node is empty"))?;
         let row = Offering {
@@ -342,11 +445,6 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
                 }
             });
         }
-        let source = if billing.note.is_empty() {
-            cell("source").to_string()
-        } else {
-            format!("{} | {}", cell("source"), billing.note)
-        };
 
         let at = match index.get(instance) {
             Some(&at) => {
@@ -374,24 +472,71 @@ pub fn offerings_from_csv(csv: &str, billing: Billing) -> Result<Vec<Offering>, 
                         "price list line {line}, column {column}: price {usd} must be positive"
                     ));
                 }
-                // A committed term is billed for the whole term, used or not.
-                let minimum_charge_s = term_hours(option)
-                    .map_or(billing.minimum_s, |h| (h * 3600.0) as u32);
+                let (billing_increment_s, minimum_charge_s, note) = billing.rule(option);
                 offerings[at].prices.push(Price {
                     region: cell("region").to_string(),
                     option,
                     usd_per_node_hour: usd,
                     upfront_usd_per_node: 0.0,
-                    billing_increment_s: billing.increment_s,
+                    billing_increment_s,
                     minimum_charge_s,
                     effective_date: cell("effective_date").to_string(),
-                    source: source.clone(),
+                    source: if note.is_empty() {
+                        cell("source").to_string()
+                    } else {
+                        format!("{} | {note}", cell("source"))
+                    },
                     caveats: caveats.clone(),
                 });
             }
         }
     }
     Ok(offerings)
+}
+
+/// The words a caveated price's source must carry to say why (`[SUSPECT: ...]`).
+const CAVEAT_TAGS: [(PriceCaveat, &str); 3] = [
+    (PriceCaveat::LowerBound, "LOWER BOUND"),
+    (PriceCaveat::Resale, "RESALE"),
+    (PriceCaveat::Suspect, "SUSPECT"),
+];
+
+/// This project's rules for a price list, on top of the host's ([`validate_offerings`]):
+/// every price names its source, and an undated one says "undated" there (a catalog
+/// snapshot at a commit); a caveated price says why in its source (`[SUSPECT: ...]`,
+/// `[LOWER BOUND: ...]`, `[RESALE: ...]`); GB200 and GB300 are sold as 4-GPU trays in a
+/// 72-GPU NVLink domain. A plugin's tests run it, so a price added without its provenance
+/// fails them.
+///
+/// # Errors
+/// The first broken rule, naming the instance, region and option.
+pub fn audit_price_list(offerings: &[Offering]) -> Result<(), String> {
+    validate_offerings(offerings)?;
+    for o in offerings {
+        if (o.gpu.starts_with("GB200") || o.gpu.starts_with("GB300"))
+            && (o.gpus_per_node, o.scale_up_domain) != (4, 72)
+        {
+            return Err(format!(
+                "{}: a {} node is a 4-GPU tray in a 72-GPU NVL72 domain, not {} GPUs in {}",
+                o.instance, o.gpu, o.gpus_per_node, o.scale_up_domain
+            ));
+        }
+        for p in &o.prices {
+            let what = format!("{} in {} ({})", o.instance, p.region, option_name(p.option));
+            if p.source.trim().is_empty() {
+                return Err(format!("{what}: no source"));
+            }
+            if p.effective_date.is_empty() && !p.source.contains("undated") {
+                return Err(format!("{what}: undated, and the source does not say so ('undated ...')"));
+            }
+            for (caveat, tag) in CAVEAT_TAGS {
+                if p.caveats.contains(&caveat) && !p.source.contains(tag) {
+                    return Err(format!("{what}: caveated {tag}, but the source does not say why ([{tag}: ...])"));
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Split one CSV line into trimmed cells; double quotes protect commas, `""` is a quote.
@@ -417,24 +562,35 @@ fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
     Ok(cells.into_iter().map(|c| c.trim().to_string()).collect())
 }
 
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const BILLING: Billing = Billing { increment_s: 60, minimum_s: 600, note: "billing: test" };
+    const BY_THE_DAY: [OptionBilling; 1] = [OptionBilling {
+        option: PurchaseOption::CapacityBlock,
+        increment_s: 86_400,
+        minimum_s: 86_400,
+        note: "capacity blocks: whole days",
+    }];
+    const BILLING: Billing =
+        Billing { increment_s: 60, minimum_s: 600, note: "billing: test", per_option: &BY_THE_DAY };
 
     const LIST: &str = "\
 # a comment line, then the header
-instance,gpu,gpus_per_node,region,on_demand,spot,reserved_1y,effective_date,source,caveats
-big,H100,8,east,10,4,,2026-09-20,\"page, read by hand\",
-big,H100,8,west,12,,9,,page,lower-bound
-small,A100,4,*,3,,,2026-01-01,catalog,
+instance,gpu,gpus_per_node,scale_up_domain,node_multiple,region,on_demand,spot,reserved_1y,capacity_block,effective_date,source,caveats
+big,H100,8,,,east,10,4,,,2026-09-20,\"page, read by hand\",
+big,H100,8,,,west,12,,9,,,undated page [LOWER BOUND: a from price],lower-bound
+big,H100,8,,,east,,,,7,,undated capacity-block page,
+small,A100,4,,,*,3,,,,2026-01-01,catalog,
+rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
 ";
 
+    /// 2 nodes, 8 GPUs (whole nodes of 8 or of 4 GPUs), on demand.
     fn request(instance: &str, region: &str, hours: f64) -> QuoteRequest {
         QuoteRequest {
             instance: instance.into(),
-            gpus: 16,
+            gpus: 8,
             nodes: 2,
             hours,
             region: region.into(),
@@ -445,14 +601,18 @@ small,A100,4,*,3,,,2026-01-01,catalog,
         }
     }
 
+    fn offerings() -> Vec<Offering> {
+        offerings_from_csv(LIST, BILLING).unwrap()
+    }
+
     #[test]
     fn csv_groups_rows_by_instance_and_dates_each_price() {
-        let offerings = offerings_from_csv(LIST, BILLING).unwrap();
-        assert_eq!(offerings.len(), 2);
+        let offerings = offerings();
+        assert_eq!(offerings.len(), 3);
         let big = &offerings[0];
-        assert_eq!(big.prices.len(), 4);
-        assert_eq!(big.scale_up_domain, 8);
-        assert_eq!(big.node_multiple, 1);
+        assert_eq!(big.prices.len(), 5);
+        assert_eq!((big.scale_up_domain, big.node_multiple), (8, 1));
+        assert_eq!((offerings[2].scale_up_domain, offerings[2].node_multiple), (72, 18));
         assert_eq!(big.prices[0].effective_date, "2026-09-20");
         assert_eq!(big.prices[2].effective_date, "", "an undated row stays undated");
         assert_eq!(big.prices[0].source, "page, read by hand | billing: test");
@@ -460,29 +620,47 @@ small,A100,4,*,3,,,2026-01-01,catalog,
         let reserved = &big.prices[3];
         assert_eq!(reserved.option, PurchaseOption::OneYearNoUpfront);
         assert_eq!(reserved.minimum_charge_s, 8760 * 3600, "a 1-year term bills the year");
-        validate_offerings(&offerings).unwrap();
+        let block = &big.prices[4];
+        assert_eq!(block.option, PurchaseOption::CapacityBlock);
+        assert_eq!((block.billing_increment_s, block.minimum_charge_s), (86_400, 86_400));
+        assert!(block.source.ends_with("billing: test; capacity blocks: whole days"), "{}", block.source);
+        assert_eq!((big.prices[0].billing_increment_s, big.prices[0].minimum_charge_s), (60, 600));
+        audit_price_list(&offerings).unwrap();
     }
 
     #[test]
     fn csv_errors_name_the_line_and_column() {
-        let bad = "instance,gpu,gpus_per_node,region,on_demand\nx,H100,8,east,ten\n";
+        let bad = "instance,gpu,gpus_per_node,region,on_demand,source\nx,H100,8,east,ten,page\n";
         let err = offerings_from_csv(bad, BILLING).unwrap_err();
         assert!(
             err.contains("line 2") && err.contains("on_demand") && err.contains("'ten'"),
             "{err}"
         );
-        let err = offerings_from_csv("instance,gpu,gpus_per_node,region,ondemand\n", BILLING)
+        let err = offerings_from_csv("instance,gpu,gpus_per_node,region,source,ondemand\n", BILLING)
             .unwrap_err();
         assert!(err.contains("unknown column 'ondemand'"), "{err}");
-        let bad = "instance,gpu,gpus_per_node,region,on_demand\nx,H100,8,east,-1\n";
+        let bad = "instance,gpu,gpus_per_node,region,on_demand,source\nx,H100,8,east,-1,page\n";
         assert!(offerings_from_csv(bad, BILLING).unwrap_err().contains("must be positive"));
-        let bad = "instance,gpu,gpus_per_node,region,on_demand,caveats\nx,H100,8,east,1,cheap\n";
+        let bad = "instance,gpu,gpus_per_node,region,on_demand,source,caveats\nx,H100,8,east,1,page,cheap\n";
         assert!(offerings_from_csv(bad, BILLING).unwrap_err().contains("'cheap'"));
     }
 
     #[test]
+    fn every_row_names_its_source_and_a_real_date() {
+        let err = offerings_from_csv("instance,gpu,gpus_per_node,region,on_demand\n", BILLING)
+            .unwrap_err();
+        assert!(err.contains("missing column 'source'"), "{err}");
+        let bad = "instance,gpu,gpus_per_node,region,on_demand,source\nx,H100,8,east,1,\n";
+        let err = offerings_from_csv(bad, BILLING).unwrap_err();
+        assert!(err.contains("line 2") && err.contains("source is empty"), "{err}");
+        let bad = "instance,gpu,gpus_per_node,region,on_demand,source,effective_date\nx,H100,8,east,1,page,2026-02-30\n";
+        let err = offerings_from_csv(bad, BILLING).unwrap_err();
+        assert!(err.contains("line 2") && err.contains("2026-02-30"), "{err}");
+    }
+
+    #[test]
     fn quote_rounds_up_to_the_increment_and_the_minimum() {
-        let offerings = offerings_from_csv(LIST, BILLING).unwrap();
+        let offerings = offerings();
         // 601 s bills eleven minutes; 1 s bills the 600 s minimum.
         let q = standard_quote(&offerings, &request("big", "east", 601.0 / 3600.0)).unwrap();
         assert!((q.total - 2.0 * (660.0 / 3600.0) * 10.0).abs() < 1e-9);
@@ -496,11 +674,14 @@ small,A100,4,*,3,,,2026-01-01,catalog,
     }
 
     #[test]
-    fn caveated_prices_warn_and_committed_terms_bill_the_term() {
-        let offerings = offerings_from_csv(LIST, BILLING).unwrap();
-        let q = standard_quote(&offerings, &request("big", "west", 1.0)).unwrap();
-        assert!(q.warnings[0].contains("lower bound"), "{:?}", q.warnings);
-        assert_eq!(q.lines[0].caveats, vec![PriceCaveat::LowerBound]);
+    fn capacity_blocks_bill_whole_days_and_terms_the_whole_term() {
+        let offerings = offerings();
+        let mut r = request("big", "east", 25.0);
+        r.option = PurchaseOption::CapacityBlock;
+        let q = standard_quote(&offerings, &r).unwrap();
+        assert!((q.lines[0].quantity - 2.0 * 48.0).abs() < 1e-9, "25 h buys two days");
+        assert!((q.total - 2.0 * 48.0 * 7.0).abs() < 1e-9, "{}", q.total);
+        validate_quote(&r, &q, &offerings).unwrap();
         let mut r = request("big", "west", 1.0);
         r.option = PurchaseOption::OneYearNoUpfront;
         let q = standard_quote(&offerings, &r).unwrap();
@@ -508,30 +689,98 @@ small,A100,4,*,3,,,2026-01-01,catalog,
     }
 
     #[test]
+    fn nodes_cover_the_gpus_in_the_offerings_multiple() {
+        let offerings = offerings();
+        let (small, rack) = (&offerings[1], &offerings[2]);
+        assert_eq!(nodes_for(small, 5), Some(2), "5 GPUs on 4-GPU nodes take 2 nodes");
+        assert_eq!(nodes_for(rack, 5), Some(18), "trays sold by the rack: a whole rack");
+        assert_eq!(nodes_for(rack, 73), Some(36));
+        let mut r = request("rack", "", 1.0);
+        r.gpus = 5;
+        let err = standard_quote(&offerings, &r).unwrap_err();
+        assert!(err.contains("multiples of 18") && err.contains("ask for 18 nodes"), "{err}");
+        r.nodes = 18;
+        let q = standard_quote(&offerings, &r).unwrap();
+        assert!((q.total - 18.0 * 40.0).abs() < 1e-9, "{}", q.total);
+        let mut r = request("small", "", 1.0);
+        r.gpus = 9;
+        assert!(standard_quote(&offerings, &r).unwrap_err().contains("ask for 3 nodes"));
+        r.gpus = 0;
+        r.nodes = 0;
+        assert!(standard_quote(&offerings, &r).is_err(), "a quote for no node is refused");
+    }
+
+    #[test]
+    fn quotes_say_when_their_price_dates_from_and_warn_about_caveats() {
+        let offerings = offerings();
+        let q = standard_quote(&offerings, &request("big", "east", 1.0)).unwrap();
+        assert!(q.lines[0].item.contains("price dated 2026-09-20"), "{}", q.lines[0].item);
+        assert!(q.warnings.is_empty() && !q.lines[0].estimate, "{:?}", q.warnings);
+        let q = standard_quote(&offerings, &request("big", "west", 1.0)).unwrap();
+        assert!(q.lines[0].item.contains("undated price"), "{}", q.lines[0].item);
+        assert!(q.warnings[0].contains("lower bound"), "{:?}", q.warnings);
+        assert!(q.warnings[1].contains("undated"), "{:?}", q.warnings);
+        assert_eq!(q.lines[0].caveats, vec![PriceCaveat::LowerBound]);
+        assert!(q.lines[0].estimate, "a lower bound is not the price billed");
+        let mut r = request("big", "east", 1.0);
+        r.start_date = "2026-09-01".into();
+        let q = standard_quote(&offerings, &r).unwrap();
+        assert!(q.warnings[0].contains("took effect on 2026-09-20"), "{:?}", q.warnings);
+        r.start_date = "next week".into();
+        assert!(standard_quote(&offerings, &r).unwrap_err().contains("start-date"));
+    }
+
+    #[test]
     fn any_region_prices_match_every_region() {
-        let offerings = offerings_from_csv(LIST, BILLING).unwrap();
+        let offerings = offerings();
         let q = standard_quote(&offerings, &request("small", "mars-1", 10.0)).unwrap();
         assert!((q.total - 60.0).abs() < 1e-9);
         assert!(q.lines[0].item.contains("mars-1"), "{}", q.lines[0].item);
     }
 
     #[test]
-    fn unknown_extras_are_shown_but_not_costed() {
-        let offerings = offerings_from_csv(LIST, BILLING).unwrap();
+    fn extra_lines_cite_their_rate_and_mark_estimates() {
+        let offerings = offerings();
         let mut r = request("big", "east", 1.0);
+        r.storage_gb_months = 1000.0;
         r.egress_gb = 100.0;
+        let extras = ExtraRates {
+            storage: Some(ExtraRate::list(0.07, "file storage 0.07 USD/GB-month (page, 2026-09-20)")),
+            egress: Some(ExtraRate::estimate(0.09, "first internet tier (blog)")),
+        };
+        let q = standard_quote_with(&offerings, &r, extras).unwrap();
+        assert_eq!((q.lines[1].category, q.lines[2].category), (LineCategory::Storage, LineCategory::Egress));
+        assert!(q.lines[1].item.contains("(page, 2026-09-20)") && !q.lines[1].estimate);
+        assert!(q.lines[2].item.contains("blog") && q.lines[2].estimate);
+        assert!((q.total - (20.0 + 70.0 + 9.0)).abs() < 1e-9, "{}", q.total);
         let q = standard_quote_with(&offerings, &r, UNKNOWN_EXTRAS).unwrap();
-        assert_eq!(q.lines.len(), 2);
-        assert!(q.lines[1].item.contains("no list price") && q.lines[1].estimate);
-        assert_eq!(q.lines[1].category, LineCategory::Egress);
+        assert!(q.lines[2].item.contains("no list price") && q.lines[2].estimate);
         assert!((q.total - 20.0).abs() < 1e-9);
         r.egress_gb = -1.0;
         assert!(standard_quote(&offerings, &r).unwrap_err().contains("egress"));
     }
 
     #[test]
+    fn the_audit_wants_provenance_and_whole_nvl72_trays() {
+        let list = |rows: &str| {
+            offerings_from_csv(
+                &format!("instance,gpu,gpus_per_node,scale_up_domain,region,on_demand,effective_date,source,caveats\n{rows}"),
+                BILLING,
+            )
+            .unwrap()
+        };
+        audit_price_list(&list("x,H100,8,8,east,1,,undated catalog at abc,\n")).unwrap();
+        let err = audit_price_list(&list("x,H100,8,8,east,1,,catalog at abc,\n")).unwrap_err();
+        assert!(err.contains("x in east (on-demand)") && err.contains("undated"), "{err}");
+        let err = audit_price_list(&list("x,H100,8,8,east,1,2026-01-01,page,suspect\n")).unwrap_err();
+        assert!(err.contains("SUSPECT"), "{err}");
+        let err = audit_price_list(&list("x,GB200,4,4,east,1,2026-01-01,page,\n")).unwrap_err();
+        assert!(err.contains("4-GPU tray in a 72-GPU"), "{err}");
+    }
+
+    #[test]
     fn validation_catches_spot_above_on_demand() {
-        let list = "instance,gpu,gpus_per_node,region,on_demand,spot\nx,A100,8,central,10,11\n";
+        let list = "instance,gpu,gpus_per_node,region,on_demand,spot,source\nx,A100,8,central,10,11,page\n";
         let err = validate_offerings(&offerings_from_csv(list, BILLING).unwrap()).unwrap_err();
         assert!(err.contains("spot costs 11") && err.contains("more than on-demand (10)"), "{err}");
     }

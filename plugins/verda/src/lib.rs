@@ -1,8 +1,11 @@
 //! Verda (formerly DataCrunch) cost model: 8-GPU H100, H200 and B200 instances, and quotes.
 //!
 //! The H100 and H200 prices are Verda capacity as listed on the Prime Intellect marketplace,
-//! which resells other clouds at its own prices, so Verda's direct price may differ; each
-//! offering's `source` says so. The B200 row is Verda's own catalog, spot only.
+//! which resells other clouds at its own prices, so Verda's direct price may differ: they
+//! carry the `resale` caveat. The B200 row is Verda's own catalog, spot only.
+//!
+//! Published as of 2026-12-01 (as far as found): undated catalog prices only. Not found: a
+//! dated price, Verda's direct 8-GPU prices, any 1-year or 3-year rate, storage and egress.
 
 use runner_plugin_sdk::cost::*;
 
@@ -13,6 +16,7 @@ const BILLING: Billing = Billing {
     minimum_s: 0,
     note: "billing: increment and minimum unknown (not found); \
            quoted pro rata per second, no minimum",
+    per_option: &[],
 };
 
 /// The Verda cost model.

@@ -23,10 +23,9 @@ fn close(a: f64, b: f64) -> bool {
 }
 
 #[test]
-fn price_list_is_sane() {
-    // Non-empty, unique names, every price finite and positive, spot <= on-demand.
+fn price_list_passes_the_host_rules_and_the_provenance_audit() {
     let offerings = Verda::offerings();
-    validate_offerings(&offerings).unwrap();
+    audit_price_list(&offerings).unwrap();
     assert!(offerings.iter().flat_map(|o| &o.prices).filter(|p| term_hours(p.option).is_none()).all(|p| (p.billing_increment_s, p.minimum_charge_s) == (1, 0)));
     assert!(offerings.iter().flat_map(|o| &o.prices).all(|p| p.source.contains("billing")));
     assert_eq!(Verda::provider().name, "verda");
@@ -73,7 +72,16 @@ fn errors_name_what_exists() {
 }
 
 #[test]
-fn resale_prices_say_so() {
-    let o = Verda::offerings().into_iter().find(|o| o.instance == "8H200.141S.176V").unwrap();
-    assert!(o.prices[0].source.contains("Prime Intellect") && o.prices[0].source.contains("resale"), "{}", o.prices[0].source);
+fn marketplace_listings_carry_the_resale_caveat_and_verdas_own_row_does_not() {
+    for o in Verda::offerings() {
+        let resale = o.instance != "8B200.240V";
+        for p in &o.prices {
+            assert_eq!(p.caveats.contains(&PriceCaveat::Resale), resale, "{} {}", o.instance, p.region);
+            assert_eq!(p.source.contains("Prime Intellect"), resale, "{}", p.source);
+        }
+    }
+    let q = Verda::quote(request("8H200.141S.176V", "FIN-02", PurchaseOption::OnDemand, 1.0)).unwrap();
+    assert_eq!(q.lines[0].caveats, vec![PriceCaveat::Resale]);
+    assert!(!q.lines[0].estimate, "a resale listing is the marketplace's list price");
+    assert!(q.warnings.iter().any(|w| w.contains("resale")), "{:?}", q.warnings);
 }

@@ -11,9 +11,7 @@ use std::fmt::Write as _;
 /// Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
 pub const PALETTE: [&str; 8] = ["#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000"];
 
-fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
-}
+use crate::report::html_escape as esc;
 
 /// One line of a chart.
 #[derive(Clone, Debug, Default)]

@@ -34,7 +34,10 @@ impl Guest for MyCloud {
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
         // Node-hours rounded up to the billing increment, plus storage and egress lines.
-        let extras = ExtraRates { storage_usd_per_gb_month: Some(0.05), egress_usd_per_gb: Some(0.0) };
+        let extras = ExtraRates {
+            storage: Some(ExtraRate::list(0.05, "file storage, mycloud.example/pricing (2026-11-01)")),
+            egress: Some(ExtraRate::list(0.0, "free, mycloud.example/pricing (2026-11-01)")),
+        };
         standard_quote_with(&Self::offerings(), &request, extras)
     }
 }

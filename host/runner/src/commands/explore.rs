@@ -1,0 +1,308 @@
+//! The explorer's commands: the default run (`runner --plugin llama3.wasm`), `runner
+//! explore`, `runner run FILE`, and the history: `runner history`, `show`, `compare`.
+//! Flags become a [`RunFile`] checked exactly as a run file is, so both spell the same run.
+
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use serde_json::json;
+
+use runner::explore::{self, GOAL_COUNTS, Outcome};
+use runner::history::{self, StoreJournal};
+use runner::plugin::Limits;
+use runner::report::{self, OutputFormat, Table};
+use runner::runfile::{self, RunFile};
+use runner_graph::recompute::RecomputePolicy;
+
+use crate::{Global, QuickRun};
+
+/// Apply the command line's flags over a run (from a file or the defaults) and check the
+/// result as a run file is checked.
+fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Result<()> {
+    if let Some(p) = &global.profile {
+        run.cluster.profile = Some(p.display().to_string());
+    }
+    if let Some(p) = &quick.plugin {
+        run.model.plugin = p.clone();
+    }
+    if let Some(name) = &quick.model {
+        let found = runner::project::find_model(name, Limits::default())?;
+        run.model.plugin = found.spec;
+        run.model.variant = Some(name.clone());
+    }
+    if let Some(v) = &quick.variant {
+        run.model.variant = Some(v.clone());
+    }
+    if let Some(g) = &quick.gpu {
+        run.cluster.gpu = g.clone();
+    }
+    let goal = quick.target_days.is_some() || quick.budget.is_some();
+    match &quick.gpus {
+        Some(g) => run.cluster.gpus = g.clone(),
+        None if goal && run.cluster.gpus == runfile::ClusterSection::default().gpus => run.cluster.gpus = GOAL_COUNTS.to_vec(),
+        None => {}
+    }
+    if let Some(p) = &quick.precision {
+        run.precision.format = p.clone();
+    }
+    if quick.gbs.is_some() {
+        run.cluster.gbs = quick.gbs;
+    }
+    if !quick.clouds.is_empty() {
+        run.cost.plugins = quick.clouds.clone();
+    }
+    if let Some(f) = &quick.price_file {
+        run.cost.price_file = Some(f.display().to_string());
+    }
+    if let Some(o) = &quick.option {
+        run.cost.option = o.clone();
+    }
+    if let Some(r) = &quick.region {
+        run.cost.region = r.clone();
+    }
+    if quick.tokens.is_some() {
+        run.model.tokens = quick.tokens;
+    }
+    if quick.seq_len.is_some() {
+        run.model.seq_len = quick.seq_len;
+    }
+    for (slot, v) in [
+        (&mut run.layout.tp, quick.tp),
+        (&mut run.layout.pp, quick.pp),
+        (&mut run.layout.cp, quick.cp),
+        (&mut run.layout.vp, quick.vp),
+        (&mut run.layout.ep, quick.ep),
+        (&mut run.layout.mbs, quick.mbs),
+    ] {
+        if v.is_some() {
+            *slot = v;
+        }
+    }
+    if quick.target_days.is_some() {
+        run.explore.target_days = quick.target_days;
+    }
+    if quick.budget.is_some() {
+        run.explore.budget_usd = quick.budget;
+    }
+    if quick.max_usd_per_day_saved.is_some() {
+        run.explore.max_usd_per_day_saved = quick.max_usd_per_day_saved;
+    }
+    if let Some(r) = quick.repeats {
+        run.measure.repeats = r;
+    }
+    if let Some(r) = &quick.recompute {
+        run.measure.recompute = match r.as_str() {
+            "selective" => RecomputePolicy::Selective,
+            "full" => RecomputePolicy::Full,
+            _ => RecomputePolicy::None,
+        };
+    }
+    // Re-check the merged run exactly as a run file would be checked.
+    let text = toml::to_string(run).context("serialising the run")?;
+    *run = runfile::parse(&text, "command line").map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// The command line as typed, for the history.
+fn command_line() -> String {
+    std::env::args()
+        .map(|a| if a.contains([' ', '"', '\'']) { format!("{a:?}") } else { a })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Write `text` to --output when given.
+fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
+    if let Some(path) = &global.output {
+        let format = global.format.unwrap_or_else(|| format_of(path));
+        std::fs::write(path, render(format)).with_context(|| format!("cannot write {}", path.display()))?;
+        if !global.quiet {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+fn format_of(path: &Path) -> OutputFormat {
+    match path.extension().and_then(|e| e.to_str()) {
+        Some("json") => OutputFormat::Json,
+        Some("csv") => OutputFormat::Csv,
+        Some("html" | "htm") => OutputFormat::Html,
+        _ => OutputFormat::Table,
+    }
+}
+
+/// Run the explorer on `run`, keeping it in the history, and print it.
+fn execute(run: &RunFile, global: &Global) -> Result<()> {
+    let mut journal = if global.no_history {
+        None
+    } else {
+        let path = history::path(global.history.as_deref())?;
+        match StoreJournal::open(&path, "explore", &command_line()) {
+            Ok(j) => Some(j),
+            Err(e) => {
+                // A history that cannot be written must not cost the user the run.
+                eprintln!("warning: not kept in the history: {e:#} (--history FILE or --no-history)");
+                None
+            }
+        }
+    };
+    let bar = crate::commands::spinner(global);
+    let tty = bar.is_some();
+    let last = std::cell::Cell::new(usize::MAX);
+    let progress = |msg: &str, done: usize, total: usize| {
+        if let Some(b) = &bar {
+            if total > 0 {
+                b.set_message(format!("[{done}/{total}] {msg}"));
+            } else {
+                b.set_message(msg.to_string());
+            }
+        } else if !global.quiet && !tty && total > 0 && last.get() != done {
+            // Periodic lines when stderr is not a terminal (CI logs, pipes).
+            last.set(done);
+            eprintln!("[{done}/{total}] {msg}");
+        }
+    };
+    let outcome = match journal.as_mut() {
+        Some(j) => explore::run_with(run, &progress, j),
+        None => explore::run(run, &progress),
+    };
+    if let Some(b) = &bar {
+        b.finish_and_clear();
+    }
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(e) => {
+            if let Some(j) = &journal {
+                j.fail(&format!("{e:#}"));
+            }
+            return Err(e);
+        }
+    };
+    if let Some(j) = &journal {
+        keep(j, &outcome, global)?;
+    }
+    print!("{}", report::explore::render(&outcome, global.format.unwrap_or(OutputFormat::Table)));
+    write_output(global, &|f| report::explore::render(&outcome, f))
+}
+
+/// Close the run in the history with its outcome, figures and every rendering.
+fn keep(j: &StoreJournal, o: &Outcome, global: &Global) -> Result<()> {
+    let result = json!({
+        "outcome": o,
+        "figures": history::figures(o),
+        "renderings": {
+            "table": report::explore::render(o, OutputFormat::Table),
+            "csv": report::explore::render(o, OutputFormat::Csv),
+            "html": report::explore::render(o, OutputFormat::Html),
+        },
+    });
+    j.finish(&result)?;
+    if !global.quiet
+        && let Some(id) = j.id()
+    {
+        let resumed = if j.resumed { format!(", resumed with {} pieces already done", j.recalled()) } else { String::new() };
+        eprintln!("kept as run {id}{resumed} (`runner show {id}`)");
+    }
+    Ok(())
+}
+
+/// `runner` with no command, and `runner explore`: a run from flags over the defaults.
+pub fn quick_run(quick: &QuickRun, global: &Global) -> Result<()> {
+    let mut run = RunFile::default();
+    run.model.plugin = "llama3.wasm".into();
+    apply_overrides(&mut run, quick, global)?;
+    execute(&run, global)
+}
+
+/// `runner run FILE`.
+pub fn run_file(path: &Path, quick: &QuickRun, global: &Global) -> Result<()> {
+    let mut run = runfile::load(path).map_err(anyhow::Error::msg)?;
+    apply_overrides(&mut run, quick, global)?;
+    execute(&run, global)
+}
+
+fn open_store(global: &Global) -> Result<(runner_store::Store, PathBuf)> {
+    let path = history::path(global.history.as_deref())?;
+    if !path.exists() {
+        anyhow::bail!("no history at {} yet: runs are kept there as they run (or give --history FILE)", path.display());
+    }
+    Ok((runner_store::Store::open(&path)?, path))
+}
+
+/// `runner history`: the newest runs first.
+pub fn list(limit: usize, global: &Global) -> Result<()> {
+    let (store, path) = open_store(global)?;
+    let runs = store.list(limit)?;
+    let mut t = Table::new(format!("history: {}", path.display()), &["id", "kind", "started", "status", "pieces", "command"]);
+    for r in &runs {
+        t.rows.push(vec![r.id.to_string(), r.kind.clone(), r.started.clone(), r.status.clone(), r.items.to_string(), r.command.clone()]);
+    }
+    if runs.is_empty() {
+        t.notes.push("no runs yet".into());
+    }
+    crate::commands::emit(global, &t, &runs)
+}
+
+/// `runner show ID`: a stored run reprinted in any format.
+pub fn show(id: i64, global: &Global) -> Result<()> {
+    let (store, _) = open_store(global)?;
+    let run = store.get(id)?;
+    let format = global.format.unwrap_or(OutputFormat::Table);
+    let render = |f: OutputFormat| -> String {
+        let Some(result) = &run.result else {
+            return match f {
+                OutputFormat::Json => serde_json::to_string_pretty(&run).unwrap_or_default() + "\n",
+                _ => format!(
+                    "run {} ({}) is {}: {} pieces kept; started {} by `{}`\n",
+                    run.id,
+                    run.kind,
+                    run.status,
+                    run.items.len(),
+                    run.started,
+                    run.command
+                ),
+            };
+        };
+        if let Some(e) = result.get("error").and_then(|e| e.as_str()) {
+            return format!("run {} failed: {e}\n", run.id);
+        }
+        match f {
+            OutputFormat::Json => serde_json::to_string_pretty(&result["outcome"]).unwrap_or_default() + "\n",
+            OutputFormat::Table => result["renderings"]["table"].as_str().unwrap_or_default().to_string(),
+            OutputFormat::Csv => result["renderings"]["csv"].as_str().unwrap_or_default().to_string(),
+            OutputFormat::Html => result["renderings"]["html"].as_str().unwrap_or_default().to_string(),
+        }
+    };
+    print!("{}", render(format));
+    write_output(global, &render)
+}
+
+/// `runner compare A B`: what changed between two runs.
+pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
+    let (store, _) = open_store(global)?;
+    let (ra, rb) = (store.get(a)?, store.get(b)?);
+    let changes = history::compare(&ra, &rb);
+    let short = |v: &serde_json::Value| -> String {
+        let s = match v {
+            serde_json::Value::String(s) => s.clone(),
+            serde_json::Value::Number(n) => n.as_f64().map_or(n.to_string(), |x| format!("{}", (x * 1e4).round() / 1e4)),
+            serde_json::Value::Null => "-".into(),
+            other => other.to_string(),
+        };
+        if s.chars().count() > 40 { format!("{}...", s.chars().take(37).collect::<String>()) } else { s }
+    };
+    let mut t = Table::new(format!("run {a} against run {b}"), &["what", "where", &format!("run {a}"), &format!("run {b}")]);
+    for (section, c) in &changes {
+        t.rows.push(vec![section.clone(), c.path.clone(), short(&c.a), short(&c.b)]);
+    }
+    if changes.is_empty() {
+        t.notes.push("same inputs, plugins and results".into());
+    }
+    t.notes.push(format!("run {a}: `{}` ({}, {})", ra.command, ra.started, ra.status));
+    t.notes.push(format!("run {b}: `{}` ({}, {})", rb.command, rb.started, rb.status));
+    let value: Vec<serde_json::Value> =
+        changes.iter().map(|(s, c)| json!({"what": s, "where": c.path, "a": c.a, "b": c.b})).collect();
+    crate::commands::emit(global, &t, &value)
+}

@@ -1,0 +1,990 @@
+//! The explorer: time and cost to train against GPU count, GPU type, precision and cloud.
+//!
+//! One run, end to end: load the workload, plan each precision, measure a training step
+//! on the local device, and for every (GPU type, precision) series project the model onto
+//! each GPU count (`runner_project`: the best layout that fits, its step time, memory and
+//! breakdown), then price every cloud ([`crate::pricing`]). From the rows it derives the
+//! sweet spot of each series (with its rule), FP8-against-BF16 comparisons with the plan's
+//! coverage, and the answer to a goal (`--target-days`, `--budget`).
+//!
+//! Each finished row is handed to a [`Journal`] as it is computed, so a run stored in the
+//! history resumes where it stopped. A plugin that fails is named with its error; a cost
+//! plugin's failure drops that cloud, a workload plugin's failure stops the run.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use runner_graph::count::{self, AttentionFlops, Convention, Recompute};
+use runner_project::precision::{Plan, Recipe};
+use runner_project::profile::GpuProfile;
+use runner_project::project::Projector;
+use runner_project::search;
+use runner_project::step::Projection;
+
+use crate::measure::{self, LocalMeasurement};
+use crate::plugin::workload::{GraphRequest, Variant};
+use crate::plugin::{self, Kind, PluginInfo};
+use crate::pricing::{self, Ask, Assumptions, CloudPrice, QuoteNotes};
+use crate::project;
+use crate::runfile::{RunFile, parse_option};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelSummary {
+    pub plugin: String,
+    pub variant: String,
+    pub family: String,
+    pub params_total: u64,
+    pub params_active: u64,
+    pub seq_len: u32,
+    pub tokens: f64,
+    pub flops_per_token: f64,
+    pub flop_convention: String,
+}
+
+/// One GPU count of one series.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Row {
+    /// GPUs asked for, and used: rounded up to whole nodes, so time and billing agree.
+    pub requested_gpus: u32,
+    pub gpus: u32,
+    pub global_batch: u32,
+    /// The fastest layout that fits; `None` when none does (`why_not` says why).
+    pub projection: Option<Projection>,
+    pub why_not: Option<String>,
+    pub days: Option<f64>,
+    /// One entry per cloud in [`Outcome::clouds`].
+    pub costs: Vec<CloudPrice>,
+    /// Against the series' first row that fits.
+    #[serde(default)]
+    pub speedup: Option<f64>,
+    /// The cheapest quote against the series' first priced row: money, not GPU-hours
+    /// (whole nodes, billing increments and spot inflation make them differ).
+    #[serde(default)]
+    pub relative_cost: Option<f64>,
+    /// Index into `costs` of the cheapest quote (a clean price when any cloud has one).
+    #[serde(default)]
+    pub cheapest: Option<usize>,
+    /// The series' sweet spot.
+    #[serde(default)]
+    pub sweet: bool,
+}
+
+impl Row {
+    /// The cheapest quote, if any cloud priced the row.
+    pub fn cheapest_cost(&self) -> Option<&pricing::CloudCost> {
+        self.cheapest.and_then(|i| self.costs[i].quote())
+    }
+}
+
+/// Every row of one GPU type under one precision.
+#[derive(Clone, Debug, Serialize)]
+pub struct Series {
+    pub gpu: GpuProfile,
+    pub precision: String,
+    /// The precision plan in one line: where it came from and its GEMM FLOPs per format.
+    pub plan: String,
+    /// Share of GEMM FLOPs in a format other than BF16 (the plan's coverage).
+    pub low_precision_share: f64,
+    pub rows: Vec<Row>,
+    /// GPUs of the sweet spot, and how the rule decided.
+    pub sweet_spot: Option<u32>,
+    pub sweet_spot_why: String,
+}
+
+impl Series {
+    /// "H100 fp8".
+    pub fn label(&self) -> String {
+        format!("{} {}", self.gpu.name, self.precision)
+    }
+}
+
+/// A low-precision series against BF16 on the same GPU type and count.
+#[derive(Clone, Debug, Serialize)]
+pub struct Comparison {
+    pub gpu: String,
+    pub precision: String,
+    pub gpus: u32,
+    pub days_bf16: f64,
+    pub days: f64,
+    /// BF16 days over these days.
+    pub speedup: f64,
+    /// The cheapest quotes, where priced.
+    pub usd_bf16: Option<f64>,
+    pub usd: Option<f64>,
+    /// Share of GEMM FLOPs the plan runs in the low-precision format.
+    pub coverage: f64,
+}
+
+/// One candidate answer to a goal: a series, a count and a cloud's cheapest quote.
+#[derive(Clone, Debug, Serialize)]
+pub struct Choice {
+    pub gpu: String,
+    pub precision: String,
+    pub gpus: u32,
+    pub layout: String,
+    pub days: f64,
+    pub usd: Option<f64>,
+    pub cloud: Option<String>,
+    /// The price row: instance, region, option, date.
+    pub price_row: Option<String>,
+}
+
+impl Choice {
+    pub fn describe(&self) -> String {
+        let money = match (&self.usd, &self.cloud, &self.price_row) {
+            (Some(u), Some(c), Some(r)) => format!("{} on {c} ({r})", crate::report::usd(*u)),
+            _ => "not priced".into(),
+        };
+        let days = crate::report::explore::days_cell(self.days);
+        format!("{} x {} {} ({}): {days} days, {money}", self.gpus, self.gpu, self.precision, self.layout)
+    }
+}
+
+/// What the user asked the explorer to find.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+#[serde(rename_all = "kebab-case")]
+pub enum Goal {
+    /// The cheapest run that finishes within this many days.
+    TargetDays(f64),
+    /// The fastest run that costs at most this many US dollars.
+    Budget(f64),
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GoalAnswer {
+    pub goal: Goal,
+    /// Whether any priced row meets the goal.
+    pub met: bool,
+    /// The answer, or (goal not met) the nearest feasible alternative.
+    pub best: Option<Choice>,
+    /// The next best configurations (each GPU type, precision and count once).
+    pub runners_up: Vec<Choice>,
+    pub why: String,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Outcome {
+    pub model: ModelSummary,
+    pub series: Vec<Series>,
+    /// Every cloud priced, cheapest first; each row's `costs` follows this order.
+    pub clouds: Vec<String>,
+    /// None where nothing could be measured here (the reason is in the notes).
+    pub measurement: Option<LocalMeasurement>,
+    pub comparisons: Vec<Comparison>,
+    pub goal: Option<GoalAnswer>,
+    /// The sweet-spot rule, in words.
+    pub sweet_spot_rule: String,
+    pub assumptions: Assumptions,
+    /// Every plugin the run used: name, kind, contract, path (or embedded) and sha256.
+    pub plugins: Vec<PluginInfo>,
+    pub notes: Vec<String>,
+}
+
+/// Where a run's finished pieces are kept as they are computed, so a killed run resumes.
+pub trait Journal {
+    /// The run's inputs are known (the run file as resolved, and the plugins with their
+    /// sha256): open or resume the record.
+    ///
+    /// # Errors
+    /// The record cannot be written.
+    fn begin(&mut self, inputs: &Value, plugins: &[PluginInfo]) -> anyhow::Result<()>;
+    /// A piece kept by an earlier, unfinished run with the same inputs.
+    fn recall(&mut self, key: &str) -> Option<Value>;
+    /// Keep a finished piece.
+    ///
+    /// # Errors
+    /// The record cannot be written.
+    fn record(&mut self, key: &str, value: &Value) -> anyhow::Result<()>;
+}
+
+/// A journal that keeps nothing.
+pub struct NoJournal;
+
+impl Journal for NoJournal {
+    fn begin(&mut self, _: &Value, _: &[PluginInfo]) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn recall(&mut self, _: &str) -> Option<Value> {
+        None
+    }
+    fn record(&mut self, _: &str, _: &Value) -> anyhow::Result<()> {
+        Ok(())
+    }
+}
+
+/// Progress: what the run is doing, and how many rows of how many are done.
+pub type Progress<'a> = &'a dyn Fn(&str, usize, usize);
+
+/// Record a plugin the run used, in the outcome and as a note (so every output format
+/// names it with its path and sha256).
+fn record_plugin(plugins: &mut Vec<PluginInfo>, notes: &mut Vec<String>, info: &PluginInfo) {
+    notes.push(format!("plugin: {}", info.provenance()));
+    plugins.push(info.clone());
+}
+
+/// The name of the generic pricing plugin, which prices a user's `--price-file` and
+/// nothing without one (so it is not among the clouds priced by default).
+pub const PRICE_FILE_PLUGIN: &str = "price_file";
+
+/// GPU counts asked for by a goal when the run names none: up to 16,384 GPUs.
+pub const GOAL_COUNTS: [u32; 12] = [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384];
+
+/// One (GPU type, precision) series to project.
+struct Plan1 {
+    gpu: GpuProfile,
+    recipe: Recipe,
+    plan: Plan,
+}
+
+/// Run the explorer without a history.
+///
+/// # Errors
+/// As [`run_with`].
+pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
+    run_with(run, progress, &mut NoJournal)
+}
+
+/// Run the explorer, keeping each finished row in `journal`.
+///
+/// # Errors
+/// A workload that cannot be loaded or described, an unknown variant, a graph that fails
+/// validation, an unknown GPU, no (GPU, precision) pair the GPUs and policies can run,
+/// or a price file that cannot be read or priced: the message names the plugin or file
+/// and what to fix.
+pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal) -> anyhow::Result<Outcome> {
+    let limits = run.limits;
+    let profiles = project::profiles(run.cluster.profile.as_deref().map(std::path::Path::new))?;
+    let mut notes = Vec::new();
+    let mut plugins = Vec::new();
+
+    progress(&format!("loading {}", run.model.plugin), 0, 0);
+    let plugin = plugin::load(&run.model.plugin)?;
+    record_plugin(&mut plugins, &mut notes, &plugin.info);
+    let mut workload = plugin.workload(limits)?;
+    let info = workload.describe()?;
+    let variant: &Variant = match &run.model.variant {
+        Some(name) => info.variants.iter().find(|v| &v.name == name).ok_or_else(|| {
+            let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
+            anyhow::anyhow!("{} has no variant '{name}'; it provides: {}", plugin.info.name, names.join(", "))
+        })?,
+        None => &info.variants[0],
+    };
+    let seq_len = run.model.seq_len.unwrap_or(variant.defaults.seq_len);
+    let tokens = run.model.tokens.unwrap_or(variant.defaults.tokens);
+
+    progress(&format!("building the {} graph (seq {seq_len})", variant.name), 0, 0);
+    let found = project::Found {
+        info: plugin.info.clone(),
+        spec: run.model.plugin.clone(),
+        family: variant.family.clone(),
+        variant: variant.clone(),
+    };
+    let (model, source) = project::model(&found, seq_len, limits)?;
+    let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
+    let flops_per_token = count::model_flops_per_step(&model.graph, &convention) / f64::from(seq_len);
+    let params = main_model_params(&mut workload, variant)?;
+
+    // Every (GPU, precision) pair the GPU and the policy can run.
+    progress("planning precision", 0, 0);
+    let mut plans: Vec<Plan1> = Vec::new();
+    let mut skipped = Vec::new();
+    for name in &run.cluster.gpu {
+        let gpu = profiles.get(name).map_err(anyhow::Error::msg)?.clone();
+        for recipe in run.precision.recipes() {
+            if let Err(e) = gpu.peak_flops(recipe.format()) {
+                skipped.push(format!("{} {recipe}: {e}", gpu.name));
+                continue;
+            }
+            let planned = match &run.precision.plugin {
+                Some(spec) => project::plan_from_plugin(recipe, spec, variant, &gpu, &model.graph, limits).map(|(p, i)| (p, Some(i))),
+                None => project::plan(recipe, variant, &gpu, &model.graph, limits),
+            };
+            match planned {
+                Ok((plan, policy)) => {
+                    if let Some(info) = policy
+                        && !plugins.iter().any(|p: &PluginInfo| p.sha256 == info.sha256)
+                    {
+                        record_plugin(&mut plugins, &mut notes, &info);
+                    }
+                    plans.push(Plan1 { gpu: gpu.clone(), recipe, plan });
+                }
+                Err(e) => skipped.push(format!("{} {recipe}: {e:#}", gpu.name)),
+            }
+        }
+    }
+    if plans.is_empty() {
+        anyhow::bail!(
+            "no GPU type and precision asked for can run: {}; choose another [precision] format or GPU",
+            skipped.join("; ")
+        );
+    }
+    for s in skipped {
+        notes.push(format!("not explored: {s}"));
+    }
+    let mut seen_plans = BTreeSet::new();
+    for p in &plans {
+        if seen_plans.insert(p.plan.summary()) {
+            notes.push(format!("precision plan: {}", p.plan.summary()));
+        }
+        if p.plan.source == "built-in" && p.recipe != Recipe::Bf16 && seen_plans.insert(format!("builtin {}", p.recipe)) {
+            notes.push(format!(
+                "no {r}.wasm precision plugin is installed: the built-in {r} plan is used (linears of the \
+                 transformer layers in {}, embedding, head and routers in BF16)",
+                p.recipe.format(),
+                r = p.recipe
+            ));
+        }
+    }
+
+    // Clouds: the named ones or every installed cloud, and the user's price file.
+    let option = parse_option(&run.cost.option).map_err(anyhow::Error::msg)?;
+    let mut clouds: Vec<pricing::Cloud> = Vec::new();
+    let cost_specs: Vec<String> = if run.cost.plugins.is_empty() {
+        project::installed_specs(Kind::Cost)
+            .into_iter()
+            .filter(|s| plugin_stem(s) != PRICE_FILE_PLUGIN)
+            .collect()
+    } else {
+        run.cost.plugins.clone()
+    };
+    for spec in &cost_specs {
+        progress(&format!("loading prices from {spec}"), 0, 0);
+        match pricing::load(spec, None, limits) {
+            Ok(cloud) => {
+                record_plugin(&mut plugins, &mut notes, &cloud.info);
+                clouds.push(cloud);
+            }
+            Err(e) => notes.push(format!("skipped a cloud: {e}")),
+        }
+    }
+    if let Some(file) = &run.cost.price_file {
+        let path = std::path::Path::new(file);
+        // A catalog of every cloud's every zone is a few MB; far beyond that is a wrong file.
+        const MAX_PRICE_FILE: u64 = 64 << 20;
+        let size = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?.len();
+        if size > MAX_PRICE_FILE {
+            anyhow::bail!("the price file {file} is {size} bytes; a price list is at most {MAX_PRICE_FILE} bytes (is it the right file?)");
+        }
+        let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?;
+        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits)
+            .map_err(|e| anyhow::anyhow!("the price file {file} cannot be used: {e}"))?;
+        // Named after the file (control characters in a file name must not reach a terminal).
+        cloud.name = path
+            .file_stem()
+            .map_or("price-file".into(), |s| s.to_string_lossy().chars().map(|c| if c.is_control() { '?' } else { c }).collect());
+        if clouds.iter().any(|c| c.name == cloud.name) {
+            cloud.name = format!("{} (price file)", cloud.name);
+        }
+        notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
+        record_plugin(&mut plugins, &mut notes, &cloud.info);
+        clouds.push(cloud);
+    }
+
+    journal.begin(&inputs(run, &profiles), &plugins)?;
+
+    progress("measuring a training step on the local device", 0, 0);
+    let measurement = match journal.recall("measurement").and_then(|v| serde_json::from_value::<LocalMeasurement>(v).ok()) {
+        Some(m) => Some(m),
+        None => match measure::measure(&mut workload, &info, variant, &run.measure) {
+            Ok(m) => {
+                journal.record("measurement", &serde_json::to_value(&m)?)?;
+                Some(m)
+            }
+            Err(e) => {
+                notes.push(format!("not measured on this device: {e:#}"));
+                None
+            }
+        },
+    };
+    if let Some(m) = &measurement {
+        notes.push(m.summary());
+    }
+
+    let goal = match (run.explore.target_days, run.explore.budget_usd) {
+        (Some(d), _) => Some(Goal::TargetDays(d)),
+        (None, Some(b)) => Some(Goal::Budget(b)),
+        (None, None) => None,
+    };
+    if run.explore.target_days.is_some() && run.explore.budget_usd.is_some() {
+        notes.push("both a target and a budget were given: the target is answered, the budget ignored".into());
+    }
+
+    let assumptions = run.assumptions;
+    let storage_gb = assumptions.checkpoint_bytes_per_param * params.total as f64 * f64::from(assumptions.checkpoints_kept) / 1e9
+        + assumptions.data_bytes_per_token * tokens / 1e9;
+    let egress_gb = assumptions.egress_bytes_per_param * params.total as f64 / 1e9;
+
+    let space = run.layout.space();
+    let fixed = run.layout.describe();
+    if !fixed.is_empty() {
+        notes.push(format!("layouts searched with {fixed} fixed by the run"));
+    }
+    let mut projector = Projector::new(model, Box::new(source), plans[0].gpu.clone(), plans[0].plan.clone());
+    let mut series = Vec::new();
+    let mut gbs_notes = BTreeSet::new();
+    let mut quote_notes = QuoteNotes::default();
+    let total = plans.len() * run.cluster.gpus.len();
+    let mut done = 0;
+    for p in &plans {
+        projector.set_gpu(p.gpu.clone());
+        projector.set_plan(p.plan.clone());
+        let node = p.gpu.gpus_per_node.max(1);
+        let mut rows = Vec::new();
+        for &asked in &run.cluster.gpus {
+            let n = asked.div_ceil(node).saturating_mul(node);
+            let key = format!("row/{}/{}/{asked}", p.gpu.name, p.recipe);
+            let (gbs, why) = match run.cluster.gbs {
+                Some(g) => (g, format!("GBS {g} from the run")),
+                None => project::default_gbs(variant, &p.gpu, p.recipe, n),
+            };
+            gbs_notes.insert(why);
+            if let Some(row) = journal.recall(&key).and_then(|v| serde_json::from_value::<Row>(v).ok())
+                && row.costs.len() == clouds.len()
+            {
+                rows.push(row);
+                done += 1;
+                continue;
+            }
+            progress(&format!("{n} {} {}: searching layouts", p.gpu.name, p.recipe), done, total);
+            let found = search::search(&mut projector, n, gbs, &space, 1);
+            let best = found.best.into_iter().next();
+            let why_not = best.is_none().then(|| nothing_fits(&found.families));
+            let days = best.as_ref().map(|b| tokens / (b.tokens_per_sec_per_gpu * f64::from(n)) / 86_400.0);
+            let mut costs = Vec::with_capacity(clouds.len());
+            for cloud in clouds.iter_mut() {
+                costs.push(match days {
+                    Some(d) => {
+                        progress(&format!("{n} {} {}: pricing on {}", p.gpu.name, p.recipe, cloud.name), done, total);
+                        let ask = Ask {
+                            gpu: &p.gpu,
+                            gpus: n,
+                            hours: d * 24.0,
+                            region: &run.cost.region,
+                            option,
+                            storage_gb_months: storage_gb * d / (365.25 / 12.0),
+                            egress_gb,
+                        };
+                        cloud.cheapest(&ask, &assumptions, &mut quote_notes)
+                    }
+                    None => CloudPrice::NotSold,
+                });
+            }
+            let row = Row {
+                requested_gpus: asked,
+                gpus: n,
+                global_batch: gbs,
+                projection: best,
+                why_not,
+                days,
+                costs,
+                speedup: None,
+                relative_cost: None,
+                cheapest: None,
+                sweet: false,
+            };
+            journal.record(&key, &serde_json::to_value(&row)?)?;
+            rows.push(row);
+            done += 1;
+        }
+        series.push(Series {
+            gpu: p.gpu.clone(),
+            precision: p.recipe.name().into(),
+            // + 0.0: an empty f64 sum is -0.0, which JSON would print.
+            low_precision_share: p.plan.low_precision_share() + 0.0,
+            plan: p.plan.summary(),
+            rows,
+            sweet_spot: None,
+            sweet_spot_why: String::new(),
+        });
+    }
+    progress("comparing", total, total);
+
+    // Clouds cheapest first (by their cheapest quote of the first series' first priced
+    // row; clouds that price nothing last), so tables read left to right from the best.
+    let mut order: Vec<usize> = (0..clouds.len()).collect();
+    let first_cost = |i: usize| {
+        series.iter().flat_map(|s| &s.rows).find_map(|r| r.costs[i].quote()).map_or(f64::INFINITY, |c| c.usd)
+    };
+    order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
+    for s in &mut series {
+        for row in &mut s.rows {
+            let mut costs = std::mem::take(&mut row.costs);
+            row.costs = order.iter().map(|&i| std::mem::replace(&mut costs[i], CloudPrice::NotSold)).collect();
+        }
+    }
+    let cloud_names: Vec<String> = order.iter().map(|&i| clouds[i].name.clone()).collect();
+
+    let rule = SweetSpotRule { max_usd_per_day_saved: run.explore.max_usd_per_day_saved };
+    for s in &mut series {
+        derive(s, &rule);
+    }
+    let comparisons = compare(&series);
+    let goal = goal.map(|g| answer(g, &series, &cloud_names, &run.cluster.gpus));
+
+    notes.extend(gbs_notes);
+    notes.extend(quote_notes.finish());
+    notes.extend(price_provenance(&series, &cloud_names));
+    if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
+        notes.push("GPU counts rounded up to whole nodes, as they are billed".into());
+    }
+    let gpus_used: BTreeSet<String> = series.iter().map(|s| format!("{} ({})", s.gpu.name, s.gpu.efficiency.fitted)).collect();
+    notes.push(format!(
+        "modelled: the best layout per GPU count from the layout search over the sharded per-rank graph \
+         (runner_project); GPU profiles {} from {}",
+        gpus_used.into_iter().collect::<Vec<_>>().join(", "),
+        profiles.origin.join(" + ")
+    ));
+    notes.push(format!("FLOPs: {convention}; MFU against the dense peak of the plan's low-precision format"));
+    notes.push(pricing_note(option, &run.cost.region, &assumptions));
+
+    Ok(Outcome {
+        model: ModelSummary {
+            plugin: plugin.info.name.clone(),
+            variant: variant.name.clone(),
+            family: variant.family.clone(),
+            params_total: params.total,
+            params_active: params.active,
+            seq_len,
+            tokens,
+            flops_per_token,
+            flop_convention: convention.to_string(),
+        },
+        series,
+        clouds: cloud_names,
+        measurement,
+        comparisons,
+        goal,
+        sweet_spot_rule: rule.describe(),
+        assumptions,
+        plugins,
+        notes,
+    })
+}
+
+/// "aws" from "aws.wasm", "/x/y/aws.wasm" or "aws".
+fn plugin_stem(spec: &str) -> &str {
+    let file = spec.rsplit(['/', '\\']).next().unwrap_or(spec);
+    file.strip_suffix(".wasm").unwrap_or(file)
+}
+
+/// The run's inputs as they decide its results: the resolved run file and the GPU profiles
+/// of the GPUs asked for (a `--profile` file changes results).
+fn inputs(run: &RunFile, profiles: &runner_project::profile::Profiles) -> Value {
+    let gpus: Vec<Value> = run
+        .cluster
+        .gpu
+        .iter()
+        .filter_map(|g| profiles.get(g).ok())
+        .map(|p| serde_json::to_value(p).unwrap_or(Value::Null))
+        .collect();
+    let price_file = run.cost.price_file.as_ref().and_then(|f| std::fs::read(f).ok()).map(|b| plugin::sha256_hex(b.as_slice()));
+    serde_json::json!({
+        "run": run,
+        "profiles": gpus,
+        "price_file_sha256": price_file,
+    })
+}
+
+fn pricing_note(option: crate::plugin::cost::PurchaseOption, region: &str, a: &Assumptions) -> String {
+    let region = if region.is_empty() { "each cloud's cheapest region".to_string() } else { format!("region {region}") };
+    format!(
+        "prices: {} in {region}, whole nodes as each offering sells them; per cloud the cheapest offering, clean \
+         prices before ones their source marks lower-bound, resale or suspect (a cell priced from such a row says so \
+         in its notes); {}",
+        crate::plugin::cost::option_name(option),
+        a.describe()
+    )
+}
+
+/// Where each cloud's prices came from: every distinct price row used, with its plugin.
+fn price_provenance(series: &[Series], clouds: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for (i, cloud) in clouds.iter().enumerate() {
+        let mut rows = BTreeSet::new();
+        let mut plugin = None;
+        for s in series {
+            for r in &s.rows {
+                if let Some(c) = r.costs[i].quote() {
+                    plugin.get_or_insert_with(|| format!("{} sha256 {}", c.plugin, c.plugin_sha256));
+                    let mut row = format!("{} {}: {}", s.gpu.name, c.row(), c.price_source);
+                    if !c.caveats.is_empty() {
+                        row = format!("{row} [{}: no clean price for this GPU]", c.caveats.join(", "));
+                    }
+                    rows.insert(row);
+                }
+            }
+        }
+        if let Some(plugin) = plugin {
+            out.push(format!("{cloud} prices from {plugin}: {}", rows.into_iter().collect::<Vec<_>>().join("; ")));
+        }
+    }
+    out
+}
+
+/// The sweet-spot rule: walking up the GPU counts, the largest count reached while each
+/// step's extra cost per day saved stays under a threshold.
+pub struct SweetSpotRule {
+    /// USD per day saved; `None`: 1 % of the series' cheapest run.
+    pub max_usd_per_day_saved: Option<f64>,
+}
+
+impl SweetSpotRule {
+    pub const DEFAULT_SHARE: f64 = 0.01;
+
+    pub fn describe(&self) -> String {
+        let threshold = match self.max_usd_per_day_saved {
+            Some(t) => crate::report::usd(t),
+            None => format!("{:.0} % of the series' cheapest run", 100.0 * Self::DEFAULT_SHARE),
+        };
+        format!(
+            "sweet spot: walking up the GPU counts, the largest count reached while each step's extra cost per day \
+             saved (cheapest quote) stays under {threshold} per day (--max-usd-per-day-saved)"
+        )
+    }
+}
+
+/// Speedup, relative cost, the cheapest quote and the sweet spot of a series.
+fn derive(s: &mut Series, rule: &SweetSpotRule) {
+    for r in &mut s.rows {
+        r.cheapest = cheapest(&r.costs);
+    }
+    let first_fit = s.rows.iter().find_map(|r| r.days.map(|d| (d, r.gpus)));
+    let first_usd = s.rows.iter().find_map(|r| r.cheapest_cost().map(|c| c.usd));
+    for r in &mut s.rows {
+        r.speedup = match (first_fit, r.days) {
+            (Some((d0, _)), Some(d)) => Some(d0 / d),
+            _ => None,
+        };
+        r.relative_cost = match (first_usd, r.cheapest_cost()) {
+            (Some(u0), Some(c)) => Some(c.usd / u0),
+            _ => None,
+        };
+        r.sweet = false;
+    }
+    let priced: Vec<(usize, f64, f64)> = s
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r.days?, r.cheapest_cost()?.usd)))
+        .collect();
+    let Some(&(first, _, _)) = priced.first() else {
+        s.sweet_spot = None;
+        s.sweet_spot_why = "no row is priced, so no sweet spot".into();
+        return;
+    };
+    let cheapest_run = priced.iter().map(|p| p.2).fold(f64::INFINITY, f64::min);
+    let threshold = rule.max_usd_per_day_saved.unwrap_or(SweetSpotRule::DEFAULT_SHARE * cheapest_run);
+    let mut at = first;
+    let mut why = format!("{} GPUs: the smallest count priced", s.rows[first].gpus);
+    for w in priced.windows(2) {
+        let ((_, d0, u0), (i, d1, u1)) = (w[0], w[1]);
+        let saved = d0 - d1;
+        if saved <= 0.0 {
+            why = format!(
+                "{} GPUs: {} GPUs are no faster ({d1:.2} against {d0:.2} days)",
+                s.rows[at].gpus, s.rows[i].gpus
+            );
+            break;
+        }
+        let marginal = (u1 - u0) / saved;
+        if marginal > threshold {
+            why = format!(
+                "{} GPUs: going to {} saves {saved:.2} days for {} more, {} per day saved, over the {} threshold",
+                s.rows[at].gpus,
+                s.rows[i].gpus,
+                crate::report::usd(u1 - u0),
+                crate::report::usd(marginal),
+                crate::report::usd(threshold)
+            );
+            break;
+        }
+        at = i;
+        why = format!(
+            "{} GPUs: every step up to it costs at most {} per day saved; none larger was asked for",
+            s.rows[at].gpus,
+            crate::report::usd(threshold)
+        );
+    }
+    s.rows[at].sweet = true;
+    s.sweet_spot = Some(s.rows[at].gpus);
+    s.sweet_spot_why = why;
+}
+
+/// The cheapest quote among clean prices, else among caveated ones.
+fn cheapest(costs: &[CloudPrice]) -> Option<usize> {
+    let pick = |clean: bool| {
+        costs
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| c.quote().map(|q| (i, q)))
+            .filter(|(_, q)| q.caveats.is_empty() == clean)
+            .min_by(|a, b| a.1.usd.total_cmp(&b.1.usd))
+            .map(|(i, _)| i)
+    };
+    pick(true).or_else(|| pick(false))
+}
+
+/// Each low-precision series against the BF16 series of the same GPU, count by count.
+fn compare(series: &[Series]) -> Vec<Comparison> {
+    let mut out = Vec::new();
+    for s in series.iter().filter(|s| s.precision != "bf16") {
+        let Some(base) = series.iter().find(|b| b.precision == "bf16" && b.gpu.name == s.gpu.name) else {
+            continue;
+        };
+        for (r, b) in s.rows.iter().zip(&base.rows) {
+            if let (Some(d), Some(d0)) = (r.days, b.days) {
+                out.push(Comparison {
+                    gpu: s.gpu.name.clone(),
+                    precision: s.precision.clone(),
+                    gpus: r.gpus,
+                    days_bf16: d0,
+                    days: d,
+                    speedup: d0 / d,
+                    usd_bf16: b.cheapest_cost().map(|c| c.usd),
+                    usd: r.cheapest_cost().map(|c| c.usd),
+                    coverage: s.low_precision_share,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Every row that fits, as a choice at its cheapest quote.
+fn choices(series: &[Series], clouds: &[String]) -> Vec<Choice> {
+    let mut out = Vec::new();
+    for s in series {
+        for r in &s.rows {
+            let Some(days) = r.days else { continue };
+            let c = r.cheapest_cost();
+            out.push(Choice {
+                gpu: s.gpu.name.clone(),
+                precision: s.precision.clone(),
+                gpus: r.gpus,
+                layout: r.projection.as_ref().map_or_else(|| "-".into(), |p| p.layout.compact()),
+                days,
+                usd: c.map(|c| c.usd),
+                cloud: r.cheapest.map(|i| clouds[i].clone()),
+                price_row: c.map(pricing::CloudCost::row),
+            });
+        }
+    }
+    out
+}
+
+/// The answer to a goal, its runners-up, or the nearest feasible alternative.
+fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> GoalAnswer {
+    let all = choices(series, clouds);
+    let priced: Vec<&Choice> = all.iter().filter(|c| c.usd.is_some()).collect();
+    let usd = |c: &Choice| c.usd.unwrap_or(f64::INFINITY);
+    let (mut meeting, nearest): (Vec<&Choice>, Option<&Choice>) = match goal {
+        Goal::TargetDays(d) => {
+            let mut m: Vec<&Choice> = priced.iter().copied().filter(|c| c.days <= d).collect();
+            m.sort_by(|a, b| usd(a).total_cmp(&usd(b)).then(a.days.total_cmp(&b.days)));
+            let fastest = priced.iter().copied().min_by(|a, b| a.days.total_cmp(&b.days));
+            (m, fastest)
+        }
+        Goal::Budget(b) => {
+            let mut m: Vec<&Choice> = priced.iter().copied().filter(|c| usd(c) <= b).collect();
+            m.sort_by(|a, b| a.days.total_cmp(&b.days).then(usd(a).total_cmp(&usd(b))));
+            let cheapest = priced.iter().copied().min_by(|a, b| usd(a).total_cmp(&usd(b)));
+            (m, cheapest)
+        }
+    };
+    let mut seen = BTreeSet::new();
+    meeting.retain(|c| seen.insert((c.gpu.clone(), c.precision.clone(), c.gpus)));
+    let largest = counts.iter().max().copied().unwrap_or(0);
+    match (meeting.first(), goal) {
+        (Some(best), _) => GoalAnswer {
+            goal,
+            met: true,
+            best: Some((*best).clone()),
+            runners_up: meeting.iter().skip(1).take(4).map(|c| (*c).clone()).collect(),
+            why: match goal {
+                Goal::TargetDays(d) => format!("the cheapest run that finishes within {d} days"),
+                Goal::Budget(b) => format!("the fastest run that costs at most {}", crate::report::usd(b)),
+            },
+        },
+        (None, Goal::TargetDays(d)) => GoalAnswer {
+            goal,
+            met: false,
+            best: nearest.cloned(),
+            runners_up: Vec::new(),
+            why: match nearest {
+                Some(n) => format!(
+                    "no priced run finishes within {d} days; the fastest takes {:.1} days. The largest count asked was {largest}: \
+                     try more GPUs (--gpus), a faster GPU or precision, or a later date",
+                    n.days
+                ),
+                None => "no row fits and is priced, so the target cannot be answered".into(),
+            },
+        },
+        (None, Goal::Budget(b)) => GoalAnswer {
+            goal,
+            met: false,
+            best: nearest.cloned(),
+            runners_up: Vec::new(),
+            why: match nearest {
+                Some(n) => format!(
+                    "no priced run costs {} or less; the cheapest costs {}",
+                    crate::report::usd(b),
+                    crate::report::usd(usd(n))
+                ),
+                None => "no row fits and is priced, so the budget cannot be answered".into(),
+            },
+        },
+    }
+}
+
+/// Why no layout fits: the family that came closest.
+fn nothing_fits(families: &[search::Family]) -> String {
+    use search::Verdict;
+    let closest = families
+        .iter()
+        .filter_map(|f| match &f.verdict {
+            Verdict::Memory { layout, need_gib, have_gib } => Some((need_gib, have_gib, layout, &f.name)),
+            _ => None,
+        })
+        .min_by(|a, b| a.0.total_cmp(b.0));
+    match closest {
+        Some((need, have, layout, fam)) => format!(
+            "nothing fits: the least memory any layout needs is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
+        ),
+        None => "no layout divides the model and the batch at this GPU count".into(),
+    }
+}
+
+/// Parameters of the main model: a graph asked for with all its layers carries no
+/// multi-token-prediction modules, which published parameter counts leave out (DeepSeek-V3's
+/// 671B). FLOPs still come from the full training graph, MTP included.
+pub fn main_model_params(
+    workload: &mut plugin::workload::Workload,
+    variant: &Variant,
+) -> anyhow::Result<count::ParamCount> {
+    let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
+    Ok(count::params(&g))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pricing::CloudCost;
+
+    fn quote(usd: f64, caveats: &[&str]) -> CloudPrice {
+        CloudPrice::Quoted(CloudCost {
+            cloud: "c".into(),
+            plugin: "c.wasm".into(),
+            plugin_sha256: "00".into(),
+            instance: "i".into(),
+            region: "r".into(),
+            option: "on-demand".into(),
+            nodes: 1,
+            price_date: String::new(),
+            price_source: "s".into(),
+            caveats: caveats.iter().map(|c| c.to_string()).collect(),
+            currency: "USD".into(),
+            usd,
+            hours: 1.0,
+            lines: Vec::new(),
+            warnings: Vec::new(),
+        })
+    }
+
+    fn row(gpus: u32, days: f64, usd: f64) -> Row {
+        Row {
+            requested_gpus: gpus,
+            gpus,
+            global_batch: gpus,
+            projection: None,
+            why_not: None,
+            days: Some(days),
+            costs: vec![quote(usd, &[])],
+            speedup: None,
+            relative_cost: None,
+            cheapest: None,
+            sweet: false,
+        }
+    }
+
+    fn series(rows: Vec<Row>) -> Series {
+        let profiles = runner_project::profile::Profiles::builtin();
+        Series {
+            gpu: profiles.get("H100").unwrap().clone(),
+            precision: "bf16".into(),
+            plan: "bf16".into(),
+            low_precision_share: 0.0,
+            rows,
+            sweet_spot: None,
+            sweet_spot_why: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_sweet_spot_stops_where_a_day_saved_costs_more_than_the_threshold() {
+        // 64 -> 128 saves 50 days for $10K ($200/day); 128 -> 256 saves 25 days for $20K
+        // ($800/day); 256 -> 512 saves 12.5 days for $100K ($8,000/day).
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.01e6), row(256, 25.0, 1.03e6), row(512, 12.5, 1.13e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(1000.0) });
+        assert_eq!(s.sweet_spot, Some(256), "{}", s.sweet_spot_why);
+        assert!(s.rows[2].sweet && !s.rows[3].sweet);
+        assert!(s.sweet_spot_why.contains("$8.0K per day saved"), "{}", s.sweet_spot_why);
+        // A threshold above $8,000 takes the last step too; the default (1 % of $1M =
+        // $10,000 per day) does as well.
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(9000.0) });
+        assert_eq!(s.sweet_spot, Some(512));
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(512));
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(100.0) });
+        assert_eq!(s.sweet_spot, Some(64));
+        // Relative cost is money against the first priced row.
+        assert!((s.rows[3].relative_cost.unwrap() - 1.13).abs() < 1e-12);
+        assert!((s.rows[3].speedup.unwrap() - 8.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_count_that_is_no_faster_ends_the_walk() {
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 100.0, 1.0e6), row(256, 20.0, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(64), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.contains("no faster"));
+    }
+
+    #[test]
+    fn a_caveated_price_is_cheapest_only_when_nothing_clean_is_quoted() {
+        let costs = vec![quote(10.0, &[]), quote(5.0, &["suspect"]), CloudPrice::NotSold, quote(8.0, &[])];
+        assert_eq!(cheapest(&costs), Some(3));
+        let costs = vec![CloudPrice::NotSold, quote(5.0, &["lower-bound"]), quote(4.0, &["resale"])];
+        assert_eq!(cheapest(&costs), Some(2));
+        assert_eq!(cheapest(&[CloudPrice::NotSold]), None);
+    }
+
+    #[test]
+    fn goals_pick_the_cheapest_in_time_or_the_fastest_in_budget_or_the_nearest() {
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.1e6), row(256, 25.0, 1.3e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let series = [s];
+        let clouds = ["c".to_string()];
+        let a = answer(Goal::TargetDays(60.0), &series, &clouds, &[64, 128, 256]);
+        assert!(a.met);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 128);
+        assert_eq!(a.runners_up.iter().map(|c| c.gpus).collect::<Vec<_>>(), [256]);
+        let a = answer(Goal::Budget(1.2e6), &series, &clouds, &[64, 128, 256]);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 128);
+        let a = answer(Goal::TargetDays(10.0), &series, &clouds, &[64, 128, 256]);
+        assert!(!a.met);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 256, "the fastest is the nearest feasible");
+        assert!(a.why.contains("largest count asked was 256"), "{}", a.why);
+        let a = answer(Goal::Budget(5e5), &series, &clouds, &[64, 128, 256]);
+        assert!(!a.met);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 64, "the cheapest is the nearest feasible");
+    }
+
+    #[test]
+    fn plugin_stems() {
+        assert_eq!(plugin_stem("/a/b/price_file.wasm"), PRICE_FILE_PLUGIN);
+        assert_eq!(plugin_stem("price_file"), PRICE_FILE_PLUGIN);
+        assert_eq!(plugin_stem("aws.wasm"), "aws");
+    }
+}

@@ -1,0 +1,164 @@
+//! The history as the runner uses it: an explorer run kept in the store as it goes (a
+//! [`Journal`] over `runner_store`), its result with every rendering so `runner show ID`
+//! reprints it in any format, and what changed between two runs for `runner compare`.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value, json};
+
+use runner_store::{Change, RunId, Store};
+
+use crate::explore::{Journal, Outcome};
+use crate::plugin::PluginInfo;
+
+pub use runner_store::{Run, Summary, default_path};
+
+/// An explorer run kept in the history as it goes.
+pub struct StoreJournal {
+    store: Store,
+    kind: String,
+    command: String,
+    run: Option<RunId>,
+    kept: HashMap<String, Value>,
+    /// Whether `begin` found an unfinished run with the same inputs.
+    pub resumed: bool,
+}
+
+impl StoreJournal {
+    /// Open the history at `path` for a run of `kind` started by `command`.
+    ///
+    /// # Errors
+    /// The database cannot be opened or created.
+    pub fn open(path: &Path, kind: &str, command: &str) -> anyhow::Result<StoreJournal> {
+        Ok(StoreJournal {
+            store: Store::open(path)?,
+            kind: kind.into(),
+            command: command.into(),
+            run: None,
+            kept: HashMap::new(),
+            resumed: false,
+        })
+    }
+
+    /// The run's id once it has begun.
+    pub fn id(&self) -> Option<RunId> {
+        self.run
+    }
+
+    /// Pieces recalled from the unfinished run this one resumed.
+    pub fn recalled(&self) -> usize {
+        self.kept.len()
+    }
+
+    /// Close the run with its result: the outcome and its renderings in every format.
+    ///
+    /// # Errors
+    /// The database cannot be written.
+    pub fn finish(&self, result: &Value) -> anyhow::Result<()> {
+        if let Some(id) = self.run {
+            self.store.finish(id, "done", result)?;
+        }
+        Ok(())
+    }
+
+    /// Close the run as failed, with the error.
+    pub fn fail(&self, error: &str) {
+        if let Some(id) = self.run {
+            let _ = self.store.finish(id, "failed", &json!({ "error": error }));
+        }
+    }
+}
+
+impl Journal for StoreJournal {
+    fn begin(&mut self, inputs: &Value, plugins: &[PluginInfo]) -> anyhow::Result<()> {
+        let plugins: Vec<Value> = plugins
+            .iter()
+            .map(|p| json!({ "name": p.name, "kind": p.kind, "contract": p.contract, "source": p.source.to_string(), "sha256": p.sha256 }))
+            .collect();
+        let (id, resumed) =
+            self.store.begin(&self.kind, &self.command, inputs, &Value::Array(plugins), env!("CARGO_PKG_VERSION"))?;
+        self.run = Some(id);
+        self.resumed = resumed;
+        if resumed {
+            self.kept = self.store.items(id)?.into_iter().collect();
+        }
+        Ok(())
+    }
+
+    fn recall(&mut self, key: &str) -> Option<Value> {
+        self.kept.get(key).cloned()
+    }
+
+    fn record(&mut self, key: &str, value: &Value) -> anyhow::Result<()> {
+        if let Some(id) = self.run {
+            self.store.put_item(id, key, value)?;
+        }
+        Ok(())
+    }
+}
+
+/// The history database: `--history FILE`, else the default (`$RUNNER_HISTORY`, else
+/// under the user's data directory).
+///
+/// # Errors
+/// No path is given and no home or data directory is known.
+pub fn path(given: Option<&Path>) -> anyhow::Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p.to_path_buf()),
+        None => default_path().ok_or_else(|| {
+            anyhow::anyhow!("no history database: set RUNNER_HISTORY or HOME, or give --history FILE")
+        }),
+    }
+}
+
+/// The figures a comparison looks at: per series and GPU count, the layout, days and the
+/// cheapest quote with its cloud.
+pub fn figures(o: &Outcome) -> Value {
+    let mut series = serde_json::Map::new();
+    for s in &o.series {
+        let mut rows = serde_json::Map::new();
+        for r in &s.rows {
+            let cheapest = r.cheapest_cost();
+            rows.insert(
+                r.gpus.to_string(),
+                json!({
+                    "layout": r.projection.as_ref().map(|p| p.layout.short()),
+                    "days": r.days,
+                    "tokens_per_sec_per_gpu": r.projection.as_ref().map(|p| p.tokens_per_sec_per_gpu),
+                    "usd": cheapest.map(|c| c.usd),
+                    "cloud": cheapest.map(|c| c.cloud.clone()),
+                    "price_row": cheapest.map(crate::pricing::CloudCost::row),
+                }),
+            );
+        }
+        rows.insert("sweet_spot".into(), json!(s.sweet_spot));
+        series.insert(s.label(), Value::Object(rows));
+    }
+    json!({ "model": o.model.variant, "tokens": o.model.tokens, "series": series })
+}
+
+/// What changed between runs `a` and `b`: inputs, plugins (by name: sha256 and source)
+/// and the figures.
+pub fn compare(a: &Run, b: &Run) -> Vec<(String, Change)> {
+    let mut out = Vec::new();
+    for c in runner_store::diff(&a.inputs, &b.inputs) {
+        out.push(("inputs".to_string(), c));
+    }
+    let by_name = |v: &Value| -> Value {
+        let mut m = serde_json::Map::new();
+        for p in v.as_array().into_iter().flatten() {
+            let name = p["name"].as_str().unwrap_or("?").to_string();
+            m.insert(name, json!({ "sha256": p["sha256"], "source": p["source"] }));
+        }
+        Value::Object(m)
+    };
+    for c in runner_store::diff(&by_name(&a.plugins), &by_name(&b.plugins)) {
+        out.push(("plugins".to_string(), c));
+    }
+    let figures = |r: &Run| r.result.as_ref().map_or(Value::Null, |v| v["figures"].clone());
+    for c in runner_store::diff(&figures(a), &figures(b)) {
+        out.push(("results".to_string(), c));
+    }
+    out
+}

@@ -1,0 +1,387 @@
+//! Pricing a projected run on the clouds: which offering and price row each cloud's
+//! cheapest quote came from, itemised (GPU time, checkpoint and data storage, egress),
+//! with spot time inflated by a stated interruption assumption, and every figure tied to
+//! the plugin (name, sha256) and the price row (instance, region, option, date, source)
+//! it came from.
+//!
+//! Prices a source marks as lower bounds, resale or suspect are quoted but only chosen
+//! when a cloud has no clean price for the GPU, and then the quote says so in its caveats.
+
+use serde::{Deserialize, Serialize};
+
+use crate::plugin::cost::{CostModel, LineCategory, Offering, PriceCaveat, PurchaseOption, QuoteRequest};
+use crate::plugin::{self, Limits, PluginInfo};
+use runner_project::profile::GpuProfile;
+
+/// One line of a quote.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Line {
+    pub item: String,
+    pub category: String,
+    pub quantity: f64,
+    pub unit: String,
+    pub amount: f64,
+    /// An estimate rather than a list price.
+    pub estimate: bool,
+}
+
+/// A cloud's cheapest quote for one row, and where every number came from.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CloudCost {
+    pub cloud: String,
+    /// The cost plugin and its sha256.
+    pub plugin: String,
+    pub plugin_sha256: String,
+    pub instance: String,
+    pub region: String,
+    pub option: String,
+    pub nodes: u32,
+    /// The price row: its effective date (empty: the source gives none) and source.
+    pub price_date: String,
+    pub price_source: String,
+    /// lower-bound, resale, suspect: why the price must not be taken at face value.
+    pub caveats: Vec<String>,
+    pub currency: String,
+    pub usd: f64,
+    /// Hours billed for the GPUs (spot: inflated by the interruption assumption).
+    pub hours: f64,
+    pub lines: Vec<Line>,
+    pub warnings: Vec<String>,
+}
+
+impl CloudCost {
+    /// "p5.48xlarge us-east-1 on-demand 2026-11-09": the price row, for notes and cells.
+    pub fn row(&self) -> String {
+        let date = if self.price_date.is_empty() { "undated" } else { &self.price_date };
+        format!("{} {} {} {date}", self.instance, self.region, self.option)
+    }
+}
+
+/// What one cloud charges for one row: its cheapest quote, or why there is none. A cloud
+/// whose quotes all failed is not reported as one that does not sell the GPU.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "kebab-case")]
+#[allow(clippy::large_enum_variant, reason = "one per row and cloud; boxing would only add an indirection to every read")]
+pub enum CloudPrice {
+    Quoted(CloudCost),
+    NotSold,
+    QuoteFailed { reason: String },
+}
+
+impl CloudPrice {
+    pub fn quote(&self) -> Option<&CloudCost> {
+        match self {
+            CloudPrice::Quoted(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
+/// What the quotes assume beyond the price lists, stated in every report (the run file's
+/// `[assumptions]`).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Assumptions {
+    /// Spot: interruptions per node per day, hours between checkpoints, hours to restart.
+    pub spot_interruptions_per_node_day: f64,
+    pub checkpoint_interval_h: f64,
+    pub restart_h: f64,
+    /// Checkpoints kept in storage at once.
+    pub checkpoints_kept: u32,
+    /// Bytes per parameter of a training checkpoint (BF16 weights, fp32 master weights and
+    /// two AdamW moments: 2 + 4 + 8).
+    pub checkpoint_bytes_per_param: f64,
+    /// Bytes per training token of the tokenised data set (int32 token ids).
+    pub data_bytes_per_token: f64,
+    /// The trained weights (BF16) copied out of the cloud once.
+    pub egress_bytes_per_param: f64,
+}
+
+impl Default for Assumptions {
+    fn default() -> Assumptions {
+        Assumptions {
+            spot_interruptions_per_node_day: 1.0 / 30.0,
+            checkpoint_interval_h: 1.0,
+            restart_h: 0.25,
+            checkpoints_kept: 2,
+            checkpoint_bytes_per_param: 14.0,
+            data_bytes_per_token: 4.0,
+            egress_bytes_per_param: 2.0,
+        }
+    }
+}
+
+impl Assumptions {
+    /// Every figure finite and in a range that means something.
+    ///
+    /// # Errors
+    /// Names the field, its value and the range.
+    pub fn check(&self) -> Result<(), String> {
+        let fields = [
+            ("spot_interruptions_per_node_day", self.spot_interruptions_per_node_day, 0.0, 24.0, true),
+            ("checkpoint_interval_h", self.checkpoint_interval_h, 0.0, 1e4, false),
+            ("restart_h", self.restart_h, 0.0, 1e4, true),
+            ("checkpoint_bytes_per_param", self.checkpoint_bytes_per_param, 0.0, 1e3, true),
+            ("data_bytes_per_token", self.data_bytes_per_token, 0.0, 1e3, true),
+            ("egress_bytes_per_param", self.egress_bytes_per_param, 0.0, 1e3, true),
+        ];
+        for (name, v, lo, hi, zero_ok) in fields {
+            let ok = v.is_finite() && v <= hi && (v > lo || (zero_ok && v == lo));
+            if !ok {
+                let low = if zero_ok { "at least" } else { "above" };
+                return Err(format!("{name} is {v}; it must be {low} {lo} and at most {hi}"));
+            }
+        }
+        if self.checkpoints_kept > 1000 {
+            return Err(format!("checkpoints_kept is {}; at most 1000", self.checkpoints_kept));
+        }
+        Ok(())
+    }
+
+    /// Wall-clock hours a spot run of `hours` needs on `nodes` nodes: each interruption
+    /// (any node's) loses half a checkpoint interval plus the restart; interruptions
+    /// arrive at nodes x the per-node rate. `None` when interruptions come faster than
+    /// the work they lose can be redone (the run would never finish).
+    pub fn spot_hours(&self, hours: f64, nodes: u32) -> Option<f64> {
+        let rate = f64::from(nodes) * self.spot_interruptions_per_node_day / 24.0;
+        let lost = rate * (self.checkpoint_interval_h / 2.0 + self.restart_h);
+        (lost < 0.9).then(|| hours / (1.0 - lost))
+    }
+
+    /// One line for reports.
+    pub fn describe(&self) -> String {
+        format!(
+            "quotes assume: spot capacity interrupted {:.3} times per node-day, each interruption losing half a \
+             {:.1} h checkpoint interval plus a {:.2} h restart (spot hours inflated accordingly); storage for {} \
+             checkpoints of {:.0} bytes per parameter and the data set at {:.0} bytes per token, for the length of \
+             the run; egress of the trained weights ({:.0} bytes per parameter) once",
+            self.spot_interruptions_per_node_day,
+            self.checkpoint_interval_h,
+            self.restart_h,
+            self.checkpoints_kept,
+            self.checkpoint_bytes_per_param,
+            self.data_bytes_per_token,
+            self.egress_bytes_per_param
+        )
+    }
+}
+
+/// A cloud loaded for pricing.
+pub struct Cloud {
+    pub name: String,
+    pub info: PluginInfo,
+    model: CostModel,
+    offerings: Vec<Offering>,
+}
+
+/// Load the cost plugin `spec` (with `input` on its stdin: a user's price file).
+///
+/// # Errors
+/// The plugin cannot be loaded, or its provider or offerings call fails (a price file's
+/// bad rows are named in the message).
+pub fn load(spec: &str, input: Option<Vec<u8>>, limits: Limits) -> Result<Cloud, plugin::PluginError> {
+    let p = plugin::load(spec)?;
+    let info = p.info.clone();
+    let mut model = match input {
+        Some(data) => p.cost_with_input(limits, data)?,
+        None => p.cost(limits)?,
+    };
+    let provider = model.provider()?;
+    let offerings = model.offerings()?;
+    Ok(Cloud { name: provider.name, info, model, offerings })
+}
+
+/// Quote failures, said once each and at most [`QuoteNotes::MAX`] times in all: a plugin
+/// that refuses every quote must not flood the notes (nor make collecting them quadratic).
+#[derive(Default)]
+pub struct QuoteNotes {
+    seen: std::collections::HashSet<String>,
+    lines: Vec<String>,
+    dropped: usize,
+}
+
+impl QuoteNotes {
+    const MAX: usize = 20;
+
+    pub fn push(&mut self, line: String) {
+        if self.seen.contains(&line) {
+            return;
+        }
+        if self.lines.len() < Self::MAX {
+            self.seen.insert(line.clone());
+            self.lines.push(line);
+        } else {
+            self.dropped += 1;
+        }
+    }
+
+    pub fn finish(mut self) -> Vec<String> {
+        if self.dropped > 0 {
+            self.lines.push(format!("... and {} more quote failures", self.dropped));
+        }
+        self.lines
+    }
+}
+
+/// Quotes asked of one cloud for one row, at most: a price list with thousands of
+/// matching offerings and regions costs bounded time.
+const MAX_QUOTES: usize = 256;
+
+/// What a row asks of a cloud.
+pub struct Ask<'a> {
+    pub gpu: &'a GpuProfile,
+    pub gpus: u32,
+    pub hours: f64,
+    pub region: &'a str,
+    pub option: PurchaseOption,
+    pub storage_gb_months: f64,
+    pub egress_gb: f64,
+}
+
+fn caveat_name(c: PriceCaveat) -> &'static str {
+    match c {
+        PriceCaveat::LowerBound => "lower-bound",
+        PriceCaveat::Resale => "resale",
+        PriceCaveat::Suspect => "suspect",
+    }
+}
+
+fn category(c: LineCategory) -> &'static str {
+    match c {
+        LineCategory::Compute => "compute",
+        LineCategory::Upfront => "upfront",
+        LineCategory::Storage => "storage",
+        LineCategory::Egress => "egress",
+        LineCategory::Network => "network",
+        LineCategory::Support => "support",
+        LineCategory::Discount => "discount",
+        LineCategory::Other => "other",
+    }
+}
+
+impl Cloud {
+    /// Whether any offering of this cloud is `gpu`.
+    pub fn sells(&self, gpu: &GpuProfile) -> bool {
+        self.offerings.iter().any(|o| matches_gpu(o, gpu))
+    }
+
+    /// The cheapest quote for `ask`: among clean prices first; among caveated ones (the
+    /// quote then carries the caveats) only when there is no clean one.
+    pub fn cheapest(&mut self, ask: &Ask<'_>, assumptions: &Assumptions, notes: &mut QuoteNotes) -> CloudPrice {
+        let mut best: [Option<CloudCost>; 2] = [None, None];
+        let mut asked = 0;
+        let mut failure = None;
+        let mut any = false;
+        let offerings = self.offerings.clone();
+        'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu)) {
+            let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
+                continue;
+            };
+            for p in o.prices.iter().filter(|p| p.option == ask.option && (ask.region.is_empty() || p.region == ask.region)) {
+                any = true;
+                if asked == MAX_QUOTES {
+                    notes.push(format!("{}: stopped after {MAX_QUOTES} quotes for {} GPUs", self.name, ask.gpus));
+                    break 'offerings;
+                }
+                asked += 1;
+                let hours = if ask.option == PurchaseOption::Spot {
+                    match assumptions.spot_hours(ask.hours, nodes) {
+                        Some(h) => h,
+                        None => {
+                            notes.push(format!(
+                                "{}: spot on {nodes} nodes is interrupted faster than it checkpoints; not quoted",
+                                self.name
+                            ));
+                            continue;
+                        }
+                    }
+                } else {
+                    ask.hours
+                };
+                let request = QuoteRequest {
+                    instance: o.instance.clone(),
+                    gpus: ask.gpus,
+                    nodes,
+                    hours,
+                    region: p.region.clone(),
+                    option: ask.option,
+                    start_date: String::new(),
+                    storage_gb_months: ask.storage_gb_months,
+                    egress_gb: ask.egress_gb,
+                };
+                match self.model.quote(&request) {
+                    Ok(q) if q.currency != "USD" => {
+                        notes.push(format!("{}: a quote in {} is not compared with USD quotes", self.name, q.currency));
+                    }
+                    Ok(q) => {
+                        let caveats: Vec<String> = p.caveats.iter().map(|c| caveat_name(*c).to_string()).collect();
+                        let slot = usize::from(!caveats.is_empty());
+                        if best[slot].as_ref().is_none_or(|b| q.total < b.usd) {
+                            best[slot] = Some(CloudCost {
+                                cloud: self.name.clone(),
+                                plugin: self.info.name.clone(),
+                                plugin_sha256: self.info.sha256.clone(),
+                                instance: o.instance.clone(),
+                                region: p.region.clone(),
+                                option: crate::plugin::cost::option_name(ask.option).to_string(),
+                                nodes,
+                                price_date: p.effective_date.clone(),
+                                price_source: p.source.clone(),
+                                caveats,
+                                currency: q.currency.clone(),
+                                usd: q.total,
+                                hours,
+                                lines: q
+                                    .lines
+                                    .iter()
+                                    .map(|l| Line {
+                                        item: l.item.clone(),
+                                        category: category(l.category).into(),
+                                        quantity: l.quantity,
+                                        unit: l.unit.clone(),
+                                        amount: l.amount,
+                                        estimate: l.estimate,
+                                    })
+                                    .collect(),
+                                warnings: q.warnings.clone(),
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        let line = format!("skipped a quote: {e}");
+                        failure.get_or_insert_with(|| line.clone());
+                        notes.push(line);
+                    }
+                }
+            }
+        }
+        let [clean, caveated] = best;
+        match (clean.or(caveated), failure) {
+            (Some(c), _) => CloudPrice::Quoted(c),
+            (None, Some(reason)) => CloudPrice::QuoteFailed { reason },
+            (None, None) if any => CloudPrice::QuoteFailed { reason: format!("{}: no quote came back", self.name) },
+            (None, None) => CloudPrice::NotSold,
+        }
+    }
+}
+
+fn matches_gpu(o: &Offering, gpu: &GpuProfile) -> bool {
+    o.gpu.eq_ignore_ascii_case(&gpu.name) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&o.gpu))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spot_hours_grow_with_nodes_and_refuse_a_run_that_never_finishes() {
+        let a = Assumptions::default();
+        let one = a.spot_hours(100.0, 1).unwrap();
+        let many = a.spot_hours(100.0, 256).unwrap();
+        assert!(one > 100.0 && one < 101.0, "{one}");
+        // 256 nodes: 256/30 interruptions a day = 0.356 an hour, each losing 0.75 h.
+        let lost = 256.0 / 30.0 / 24.0 * 0.75;
+        assert!((many - 100.0 / (1.0 - lost)).abs() < 1e-9, "{many}");
+        assert!(a.spot_hours(100.0, 2000).is_none());
+    }
+}

@@ -1,0 +1,638 @@
+//! The explorer's outcome for people and machines: a terminal page that fits 100 columns
+//! (one block per GPU type and precision, the three cheapest clouds), a long-format CSV
+//! (one line per row and cloud, every figure with its plugin and price row), and a
+//! self-contained HTML page with charts (days and cost against GPU count, the sweet spot,
+//! the step-time breakdown) and every cloud. JSON is the outcome itself.
+
+use std::fmt::Write as _;
+
+use crate::explore::{Choice, Goal, Outcome, Row, Series};
+use crate::pricing::CloudPrice;
+use crate::report::chart::{self, LineChart, Mark, StackedBars};
+use crate::report::{OutputFormat, Table, si, usd};
+
+/// Clouds shown per series in the terminal.
+const TERMINAL_CLOUDS: usize = 3;
+
+/// The terminal page's width: notes are wrapped to it.
+const WIDTH: usize = 100;
+
+/// `text` after `lead`, wrapped at word boundaries to [`WIDTH`] columns, continuation
+/// lines indented by two spaces; a word longer than a line (a catalog path at a commit)
+/// is cut at the margin.
+fn wrapped(lead: &str, text: &str) -> String {
+    let mut out = String::new();
+    let mut line = lead.to_string();
+    let mut fresh = true;
+    let mut words: Vec<String> = text.split_whitespace().rev().map(str::to_string).collect();
+    while let Some(word) = words.pop() {
+        let len = line.chars().count();
+        let wlen = word.chars().count();
+        if !fresh && len + 1 + wlen > WIDTH {
+            if wlen > WIDTH - 2 && len + 2 < WIDTH {
+                // Too long for any line: fill this one and carry the rest.
+                let room = WIDTH - len - 1;
+                line.push(' ');
+                line.extend(word.chars().take(room));
+                words.push(word.chars().skip(room).collect());
+            } else {
+                words.push(word);
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = "  ".to_string();
+            fresh = true;
+            continue;
+        }
+        if !fresh {
+            line.push(' ');
+        }
+        if len + wlen > WIDTH && fresh {
+            let room = WIDTH.saturating_sub(len).max(1);
+            line.extend(word.chars().take(room));
+            words.push(word.chars().skip(room).collect());
+            out.push_str(line.trim_end());
+            out.push('\n');
+            line = "  ".to_string();
+            continue;
+        }
+        line.push_str(&word);
+        fresh = false;
+    }
+    out.push_str(line.trim_end());
+    out.push('\n');
+    out
+}
+
+/// The outcome in `format`.
+pub fn render(o: &Outcome, format: OutputFormat) -> String {
+    match format {
+        OutputFormat::Table => text(o),
+        OutputFormat::Csv => csv(o),
+        OutputFormat::Html => html(o),
+        OutputFormat::Json => serde_json::to_string_pretty(o).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
+    }
+}
+
+fn title(o: &Outcome) -> String {
+    let m = &o.model;
+    format!(
+        "{} ({} params, {} active), {} tokens at seq {}",
+        m.variant,
+        si(m.params_total as f64),
+        si(m.params_active as f64),
+        si(m.tokens),
+        m.seq_len
+    )
+}
+
+/// The layout without micro-batch and global batch (those are in the files): it keeps the
+/// terminal table inside 100 columns.
+fn layout_cell(r: &Row) -> String {
+    match &r.projection {
+        Some(p) => p
+            .layout
+            .compact()
+            .split(' ')
+            .filter(|t| !t.starts_with("MBS") && !t.starts_with("GBS"))
+            .collect::<Vec<_>>()
+            .join(" "),
+        None => "nothing fits".into(),
+    }
+}
+
+/// A cost cell: the amount, '!' when the price is caveated (lower bound, resale, suspect).
+fn cost_cell(c: &CloudPrice) -> String {
+    match c {
+        CloudPrice::Quoted(q) if q.caveats.is_empty() => usd(q.usd),
+        CloudPrice::Quoted(q) => format!("{}!", usd(q.usd)),
+        CloudPrice::NotSold => "n/a".into(),
+        CloudPrice::QuoteFailed { .. } => "failed".into(),
+    }
+}
+
+/// The clouds of a series cheapest first at its sweet spot (else its first priced row),
+/// clean prices before caveated ones, then clouds whose quotes failed (a failure must show, not vanish); clouds that do not
+/// sell the GPU are left out.
+fn ranked_clouds(s: &Series) -> Vec<usize> {
+    let Some(first) = s.rows.first() else { return Vec::new() };
+    let anchor = s.rows.iter().find(|r| r.sweet).or_else(|| s.rows.iter().find(|r| r.cheapest.is_some()));
+    // Clean prices first, then caveated ones, each cheapest first: the first column is
+    // the price the row's relative cost and the goals use.
+    let at = |i: usize| {
+        anchor.and_then(|a| a.costs[i].quote()).map_or((true, f64::INFINITY), |q| (!q.caveats.is_empty(), q.usd))
+    };
+    let priced = |i: usize| s.rows.iter().any(|r| r.costs[i].quote().is_some());
+    let failed = |i: usize| s.rows.iter().any(|r| matches!(r.costs[i], CloudPrice::QuoteFailed { .. }));
+    let mut idx: Vec<usize> = (0..first.costs.len()).filter(|&i| priced(i)).collect();
+    idx.sort_by(|&a, &b| {
+        let (x, y) = (at(a), at(b));
+        x.0.cmp(&y.0).then(x.1.total_cmp(&y.1))
+    });
+    idx.extend((0..first.costs.len()).filter(|&i| !priced(i) && failed(i)));
+    idx
+}
+
+/// Days to a useful precision: 115.5, 3.57, 0.021.
+pub(crate) fn days_cell(d: f64) -> String {
+    if d >= 10.0 {
+        format!("{d:.1}")
+    } else if d >= 0.1 {
+        format!("{d:.2}")
+    } else {
+        format!("{d:.3}")
+    }
+}
+
+/// One series as a table: `clouds` are the columns priced (indices into the row costs).
+fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table {
+    let mut headers: Vec<String> =
+        ["GPUs", "layout", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().map(|h| h.to_string()).collect();
+    if wide {
+        headers.splice(2..2, ["GBS".to_string(), "step s".into(), "GiB".into()]);
+    }
+    headers.extend(clouds.iter().map(|&i| o.clouds[i].chars().take(12).collect::<String>()));
+    let mut t = Table { title: format!("{} - {}", s.label(), s.plan), headers, ..Table::default() };
+    for r in &s.rows {
+        let mark = if r.sweet { "*" } else { "" };
+        let mut row = vec![format!("{}{mark}", r.gpus), layout_cell(r)];
+        if wide {
+            row.push(r.global_batch.to_string());
+            row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.2}", p.step_time_s)));
+            row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.0}", p.memory_per_gpu_gib)));
+        }
+        match (&r.projection, r.days) {
+            (Some(p), Some(days)) => row.extend([
+                days_cell(days),
+                r.speedup.map_or("-".into(), |x| format!("{x:.2}x")),
+                r.relative_cost.map_or("-".into(), |x| format!("{x:.3}")),
+                format!("{:.0}", p.tokens_per_sec_per_gpu),
+                format!("{:.1}%", 100.0 * p.mfu),
+            ]),
+            _ => row.extend(std::iter::repeat_n("-".to_string(), 5)),
+        }
+        row.extend(clouds.iter().map(|&i| cost_cell(&r.costs[i])));
+        t.rows.push(row);
+    }
+    t
+}
+
+fn choice_line(c: &Choice) -> String {
+    c.describe()
+}
+
+fn goal_lines(o: &Outcome) -> Vec<String> {
+    let Some(g) = &o.goal else { return Vec::new() };
+    let asked = match g.goal {
+        Goal::TargetDays(d) => format!("finish within {d} days at the lowest cost"),
+        Goal::Budget(b) => format!("finish soonest for at most {}", usd(b)),
+    };
+    let mut out = vec![format!("Goal: {asked}")];
+    match (&g.best, g.met) {
+        (Some(b), true) => out.push(format!("  answer: {}", choice_line(b))),
+        (Some(b), false) => {
+            out.push(format!("  not met: {}", g.why));
+            out.push(format!("  nearest: {}", choice_line(b)));
+        }
+        (None, _) => out.push(format!("  not met: {}", g.why)),
+    }
+    for (i, r) in g.runners_up.iter().enumerate() {
+        out.push(format!("  runner-up {}: {}", i + 1, choice_line(r)));
+    }
+    out
+}
+
+/// FP8 (and other low-precision) series against BF16, one table for all.
+fn comparison_table(o: &Outcome) -> Option<Table> {
+    if o.comparisons.is_empty() {
+        return None;
+    }
+    let mut t = Table::new(
+        "Low precision against BF16: days, cheapest quote, share of GEMM FLOPs in the low format",
+        &["GPU", "prec", "GPUs", "bf16 days", "days", "speedup", "bf16 cost", "cost", "saving", "coverage"],
+    );
+    for c in &o.comparisons {
+        let saving = match (c.usd_bf16, c.usd) {
+            (Some(a), Some(b)) => format!("{:.1}%", 100.0 * (1.0 - b / a)),
+            _ => "-".into(),
+        };
+        t.rows.push(vec![
+            c.gpu.clone(),
+            c.precision.clone(),
+            c.gpus.to_string(),
+            days_cell(c.days_bf16),
+            days_cell(c.days),
+            format!("{:.2}x", c.speedup),
+            c.usd_bf16.map_or("-".into(), usd),
+            c.usd.map_or("-".into(), usd),
+            saving,
+            format!("{:.1}%", 100.0 * c.coverage),
+        ]);
+    }
+    Some(t)
+}
+
+/// The terminal page.
+pub fn text(o: &Outcome) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}\n", title(o));
+    for s in &o.series {
+        let ranked = ranked_clouds(s);
+        let shown: Vec<usize> = ranked.iter().copied().take(TERMINAL_CLOUDS).collect();
+        out.push_str(&series_table(o, s, &shown, false).render());
+        out.push_str(&wrapped("sweet spot (*): ", &s.sweet_spot_why));
+        if ranked.len() > shown.len() {
+            out.push_str(&wrapped(
+                "",
+                &format!("{} more clouds price {}: every cloud is in --format json, csv or html", ranked.len() - shown.len(), s.gpu.name),
+            ));
+        }
+        out.push('\n');
+    }
+    if let Some(t) = comparison_table(o) {
+        out.push_str(&t.render());
+        out.push('\n');
+    }
+    for line in goal_lines(o) {
+        let text = line.trim_start();
+        out.push_str(&wrapped(&line[..line.len() - text.len()], text));
+    }
+    if o.goal.is_some() {
+        out.push('\n');
+    }
+    out.push_str(&wrapped("note: ", &o.sweet_spot_rule));
+    out.push_str(&wrapped(
+        "note: ",
+        "rel.cost is the cheapest quote against the series' first priced row (money, whole nodes and billing \
+         included); '!' marks a price its source calls a lower bound, resale or suspect; n/a: the cloud does not sell \
+         the GPU; failed: its quotes were refused (see the notes)",
+    ));
+    for r in o.series.iter().flat_map(|s| s.rows.iter().filter_map(move |r| r.why_not.as_ref().map(|w| (s, r, w)))) {
+        out.push_str(&wrapped("note: ", &format!("{} {} GPUs: {}", r.0.label(), r.1.gpus, r.2)));
+    }
+    for n in &o.notes {
+        out.push_str(&wrapped("note: ", n));
+    }
+    out
+}
+
+/// Long-format CSV: one line per series, GPU count and cloud (a row nothing fits, or no
+/// cloud prices, has one line with empty cloud fields); notes as `# ` lines.
+pub fn csv(o: &Outcome) -> String {
+    let mut t = Table::new(
+        "",
+        &[
+            "gpu", "precision", "gpus", "requested_gpus", "layout", "global_batch", "step_s", "tokens_per_s_per_gpu",
+            "mfu", "memory_gib", "days", "speedup", "relative_cost", "sweet_spot", "cloud", "cheapest", "usd",
+            "currency", "instance", "region", "option", "nodes", "billed_hours", "price_date", "price_source",
+            "caveats", "cost_plugin", "cost_plugin_sha256", "workload_plugin", "workload_sha256", "plan",
+        ],
+    );
+    let workload = o.plugins.first();
+    for s in &o.series {
+        for r in &s.rows {
+            let p = r.projection.as_ref();
+            let base = vec![
+                s.gpu.name.clone(),
+                s.precision.clone(),
+                r.gpus.to_string(),
+                r.requested_gpus.to_string(),
+                p.map_or(String::new(), |p| p.layout.short()),
+                r.global_batch.to_string(),
+                p.map_or(String::new(), |p| format!("{:.6}", p.step_time_s)),
+                p.map_or(String::new(), |p| format!("{:.3}", p.tokens_per_sec_per_gpu)),
+                p.map_or(String::new(), |p| format!("{:.5}", p.mfu)),
+                p.map_or(String::new(), |p| format!("{:.2}", p.memory_per_gpu_gib)),
+                r.days.map_or(String::new(), |d| format!("{d:.4}")),
+                r.speedup.map_or(String::new(), |x| format!("{x:.4}")),
+                r.relative_cost.map_or(String::new(), |x| format!("{x:.4}")),
+                r.sweet.to_string(),
+            ];
+            let tail = [
+                workload.map_or(String::new(), |w| w.name.clone()),
+                workload.map_or(String::new(), |w| w.sha256.clone()),
+                s.plan.clone(),
+            ];
+            let mut any = false;
+            for (i, c) in r.costs.iter().enumerate() {
+                let mut line = base.clone();
+                line.push(o.clouds[i].clone());
+                line.push((r.cheapest == Some(i)).to_string());
+                match c {
+                    CloudPrice::Quoted(q) => line.extend([
+                        format!("{:.2}", q.usd),
+                        q.currency.clone(),
+                        q.instance.clone(),
+                        q.region.clone(),
+                        q.option.clone(),
+                        q.nodes.to_string(),
+                        format!("{:.3}", q.hours),
+                        q.price_date.clone(),
+                        q.price_source.clone(),
+                        q.caveats.join(";"),
+                        q.plugin.clone(),
+                        q.plugin_sha256.clone(),
+                    ]),
+                    CloudPrice::NotSold => {
+                        if r.days.is_none() {
+                            continue;
+                        }
+                        line.extend(["not-sold".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 11)));
+                    }
+                    CloudPrice::QuoteFailed { reason } => {
+                        line.extend(["failed".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 7)));
+                        line.extend([String::new(), reason.clone(), String::new(), String::new()]);
+                    }
+                }
+                line.extend(tail.iter().cloned());
+                t.rows.push(line);
+                any = true;
+            }
+            if !any {
+                let mut line = base;
+                line.extend(std::iter::repeat_n(String::new(), 14));
+                line.extend(tail.iter().cloned());
+                t.rows.push(line);
+            }
+        }
+    }
+    t.notes.push(o.sweet_spot_rule.clone());
+    for s in &o.series {
+        t.notes.push(format!("{}: sweet spot {}", s.label(), s.sweet_spot_why));
+    }
+    t.notes.extend(goal_lines(o));
+    t.notes.extend(o.notes.iter().cloned());
+    t.csv()
+}
+
+use crate::report::html_escape as esc;
+
+/// The charts: days and cost against GPU count per series, cost per cloud for each
+/// series, and the step-time breakdown of each series.
+fn charts(o: &Outcome) -> Vec<String> {
+    let mut out = Vec::new();
+    let many = o.series.len() > 1;
+    let marks = |value: &dyn Fn(&Row) -> Option<f64>| -> Vec<Mark> {
+        o.series
+            .iter()
+            .filter_map(|s| {
+                let r = s.rows.iter().find(|r| r.sweet)?;
+                Some(Mark { x: f64::from(r.gpus), y: value(r)?, label: if many { format!("sweet spot {}", s.label()) } else { "sweet spot".into() } })
+            })
+            .collect()
+    };
+    let line = |s: &Series, value: &dyn Fn(&Row) -> Option<f64>| chart::Series {
+        name: s.label(),
+        points: s.rows.iter().filter_map(|r| Some((f64::from(r.gpus), value(r)?))).collect(),
+        dashed: s.precision == "bf16" && many,
+    };
+    let days = |r: &Row| r.days;
+    let cost = |r: &Row| r.cheapest_cost().map(|c| c.usd);
+    out.push(
+        LineChart {
+            title: "Days to train against GPU count".into(),
+            x_label: "GPUs".into(),
+            y_label: "days".into(),
+            log_x: true,
+            log_y: true,
+            series: o.series.iter().map(|s| line(s, &days)).collect(),
+            marks: marks(&days),
+        }
+        .svg(),
+    );
+    out.push(
+        LineChart {
+            title: "Cost to train (cheapest quote) against GPU count".into(),
+            x_label: "GPUs".into(),
+            y_label: "USD".into(),
+            log_x: true,
+            log_y: false,
+            series: o.series.iter().map(|s| line(s, &cost)).collect(),
+            marks: marks(&cost),
+        }
+        .svg(),
+    );
+    for s in &o.series {
+        let clouds = ranked_clouds(s);
+        if clouds.len() > 1 {
+            out.push(
+                LineChart {
+                    title: format!("Cost per cloud, {}", s.label()),
+                    x_label: "GPUs".into(),
+                    y_label: "USD".into(),
+                    log_x: true,
+                    log_y: false,
+                    series: clouds
+                        .iter()
+                        .take(8)
+                        .map(|&i| chart::Series {
+                            name: o.clouds[i].clone(),
+                            points: s.rows.iter().filter_map(|r| Some((f64::from(r.gpus), r.costs[i].quote()?.usd))).collect(),
+                            dashed: false,
+                        })
+                        .collect(),
+                    marks: Vec::new(),
+                }
+                .svg(),
+            );
+        }
+        let fitted: Vec<&Row> = s.rows.iter().filter(|r| r.projection.is_some()).collect();
+        let part = |f: &dyn Fn(&runner_project::step::Breakdown) -> f64| -> Vec<f64> {
+            fitted.iter().map(|r| r.projection.as_ref().map_or(0.0, |p| f(&p.breakdown))).collect()
+        };
+        out.push(
+            StackedBars {
+                title: format!("Step time breakdown, {}", s.label()),
+                y_label: "seconds per step".into(),
+                categories: fitted.iter().map(|r| r.gpus.to_string()).collect(),
+                parts: [
+                    ("compute".into(), part(&|b| b.compute)),
+                    ("recompute".into(), part(&|b| b.recompute)),
+                    ("TP comm".into(), part(&|b| b.tp)),
+                    ("CP comm".into(), part(&|b| b.cp)),
+                    ("EP comm".into(), part(&|b| b.ep)),
+                    ("PP comm".into(), part(&|b| b.pp)),
+                    ("DP comm".into(), part(&|b| b.dp)),
+                    ("bubble".into(), part(&|b| b.bubble)),
+                    ("optimizer".into(), part(&|b| b.optimizer)),
+                ]
+                .into_iter()
+                // Only what takes time somewhere: eight colours, nine parts.
+                .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(|x| *x > 0.0))
+                .collect(),
+            }
+            .svg(),
+        );
+    }
+    out
+}
+
+/// An HTML table whose cost cells carry their provenance (plugin, sha256, price row) in
+/// a tooltip and a numbered footnote.
+fn series_html(o: &Outcome, s: &Series, footnotes: &mut Vec<String>) -> String {
+    let clouds = ranked_clouds(s);
+    let t = series_table(o, s, &clouds, true);
+    let mut out = String::new();
+    let _ = write!(out, "<h3>{}</h3>\n<table>\n<tr>", esc(&t.title));
+    for h in &t.headers {
+        let _ = write!(out, "<th>{}</th>", esc(h));
+    }
+    out.push_str("</tr>\n");
+    let fixed = t.headers.len() - clouds.len();
+    for (row, r) in t.rows.iter().zip(&s.rows) {
+        let class = if r.sweet { " class=\"sweet\"" } else { "" };
+        let _ = write!(out, "<tr{class}>");
+        for (j, cell) in row.iter().enumerate() {
+            if j < fixed {
+                let _ = write!(out, "<td{}>{}</td>", if j == 1 { "" } else { " class=\"n\"" }, esc(cell));
+                continue;
+            }
+            let i = clouds[j - fixed];
+            match &r.costs[i] {
+                CloudPrice::Quoted(q) => {
+                    let source = format!(
+                        "{} sha256 {}; {}; {} node(s), {:.1} h billed; source: {}{}",
+                        q.plugin,
+                        q.plugin_sha256,
+                        q.row(),
+                        q.nodes,
+                        q.hours,
+                        q.price_source,
+                        if q.caveats.is_empty() { String::new() } else { format!("; caveats: {}", q.caveats.join(", ")) }
+                    );
+                    let n = match footnotes.iter().position(|f| *f == source) {
+                        Some(n) => n + 1,
+                        None => {
+                            footnotes.push(source.clone());
+                            footnotes.len()
+                        }
+                    };
+                    let best = if r.cheapest == Some(i) { " best" } else { "" };
+                    let _ = write!(
+                        out,
+                        "<td class=\"n{best}\" title=\"{}\">{}<sup>{n}</sup></td>",
+                        esc(&source),
+                        esc(cell)
+                    );
+                }
+                CloudPrice::QuoteFailed { reason } => {
+                    let _ = write!(out, "<td class=\"n\" title=\"{}\">failed</td>", esc(reason));
+                }
+                CloudPrice::NotSold => out.push_str("<td class=\"n\">n/a</td>"),
+            }
+        }
+        out.push_str("</tr>\n");
+    }
+    out.push_str("</table>\n");
+    let _ = writeln!(out, "<p class=\"rule\">Sweet spot (highlighted): {}</p>", esc(&s.sweet_spot_why));
+    out
+}
+
+/// Each series' cheapest quote at its sweet spot, line by line: what is a list price and
+/// what an estimate, in which currency, from which dated price row.
+fn quotes_html(o: &Outcome) -> String {
+    let mut out = String::from("<h3>Quotes at the sweet spots, itemised</h3>\n");
+    for s in &o.series {
+        let Some((r, q)) = s.rows.iter().find(|r| r.sweet).and_then(|r| Some((r, r.cheapest_cost()?))) else { continue };
+        let _ = writeln!(
+            out,
+            "<h4>{} at {} GPUs: {} on {} ({}; {} node(s); {:.1} h billed; {})</h4>",
+            esc(&s.label()),
+            r.gpus,
+            esc(&usd(q.usd)),
+            esc(&q.cloud),
+            esc(&q.row()),
+            q.nodes,
+            q.hours,
+            esc(&q.currency)
+        );
+        let mut t = Table::new("", &["item", "category", "quantity", "unit", "amount", "kind"]);
+        for l in &q.lines {
+            t.rows.push(vec![
+                l.item.clone(),
+                l.category.clone(),
+                format!("{:.1}", l.quantity),
+                l.unit.clone(),
+                format!("{:.2} {}", l.amount, q.currency),
+                if l.estimate { "estimate".into() } else { "list price".into() },
+            ]);
+        }
+        t.notes.extend(q.warnings.iter().cloned());
+        if !q.caveats.is_empty() {
+            t.notes.push(format!("the price row is marked {}: no clean price was quoted for this GPU", q.caveats.join(", ")));
+        }
+        out.push_str(&t.html_fragment());
+    }
+    out
+}
+
+/// The self-contained HTML page: no script, no fonts, no fetches.
+pub fn html(o: &Outcome) -> String {
+    let mut out = String::new();
+    let t = esc(&title(o));
+    let _ = write!(
+        out,
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{t}</title>\n<style>\
+         body{{font-family:system-ui,sans-serif;margin:2rem;color:#222;max-width:100rem}}\
+         table{{border-collapse:collapse;font-variant-numeric:tabular-nums;margin:.5rem 0 1rem}}\
+         th,td{{padding:.25rem .6rem;border-bottom:1px solid #ddd}}th{{background:#f4f4f4;text-align:left}}\
+         td.n{{text-align:right}}td.best{{font-weight:bold}}tr.sweet td{{background:#fff3e0}}\
+         sup{{color:#888;font-size:.65rem}}.charts{{display:flex;flex-wrap:wrap;gap:1rem}}\
+         .goal{{border-left:4px solid #0072B2;padding:.4rem 1rem;background:#f3f8fc}}\
+         ol,ul{{color:#555;font-size:.85rem}}p.rule{{color:#555;font-size:.9rem}}</style></head><body>\n<h1>{t}</h1>\n"
+    );
+    let goal = goal_lines(o);
+    if !goal.is_empty() {
+        out.push_str("<div class=\"goal\">");
+        for l in goal {
+            let _ = write!(out, "<p>{}</p>", esc(l.trim()));
+        }
+        out.push_str("</div>\n");
+    }
+    out.push_str("<div class=\"charts\">\n");
+    for svg in charts(o) {
+        out.push_str(&svg);
+        out.push('\n');
+    }
+    out.push_str("</div>\n");
+    let mut footnotes = Vec::new();
+    for s in &o.series {
+        out.push_str(&series_html(o, s, &mut footnotes));
+    }
+    if let Some(c) = comparison_table(o) {
+        out.push_str(&c.html_fragment());
+    }
+    out.push_str(&quotes_html(o));
+    let _ = writeln!(out, "<h3>Where each price came from</h3>\n<ol>");
+    for f in &footnotes {
+        let _ = writeln!(out, "<li>{}</li>", esc(f));
+    }
+    out.push_str("</ol>\n<h3>Notes</h3>\n<ul>\n");
+    let _ = writeln!(out, "<li>{}</li>", esc(&o.sweet_spot_rule));
+    for r in o.series.iter().flat_map(|s| s.rows.iter().filter_map(move |r| r.why_not.as_ref().map(|w| (s, r, w)))) {
+        let _ = writeln!(out, "<li>{} {} GPUs: {}</li>", esc(&r.0.label()), r.1.gpus, esc(r.2));
+    }
+    for n in &o.notes {
+        let _ = writeln!(out, "<li>{}</li>", esc(n));
+    }
+    out.push_str("</ul>\n</body></html>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_wrap_at_the_margin_and_long_words_are_cut() {
+        let long = "x".repeat(250);
+        let text = format!("a short start {long} and an end that goes on for a while so that it needs a line of its own");
+        let out = wrapped("note: ", &text);
+        assert!(out.lines().all(|l| l.chars().count() <= WIDTH), "{out}");
+        assert_eq!(out.matches('x').count(), 250, "nothing lost: {out}");
+        assert!(out.starts_with("note: a short start x"), "{out}");
+        assert!(out.lines().skip(1).all(|l| l.starts_with("  ")), "{out}");
+        let joined: String = out.lines().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
+        assert!(joined.ends_with("needs a line of its own"), "{joined}");
+    }
+}

@@ -1,0 +1,162 @@
+//! The history from the command line: a run killed with SIGKILL keeps what it wrote and
+//! resumes where it stopped; two runners writing at once both land; `show` reprints a run
+//! and `compare` names what changed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("runner-history-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
+    c.current_dir(dir)
+        .args(args)
+        .env("RUNNER_HISTORY", dir.join("history.sqlite"))
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env_remove("RUNNER_PLUGIN_PATH");
+    c
+}
+
+fn run(dir: &Path, args: &[&str]) -> Output {
+    command(dir, args).output().expect("runner starts")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+fn program(file: &str) -> String {
+    runner::plugin::test_programs()
+        .iter()
+        .find(|(n, _)| *n == file)
+        .map(|(_, p)| p.to_string())
+        .unwrap_or_else(|| panic!("test program {file} was not built"))
+}
+
+/// A run that takes seconds: its cloud's `spin` offering runs into the call deadline on
+/// every quote (the host discards the instance and goes on), so each row costs about
+/// the deadline.
+fn slow_run_file(dir: &Path) -> PathBuf {
+    let path = dir.join("slow.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8, 16, 24, 32, 40, 48, 56, 64, 72, 80]\n\
+             [precision]\nformat = \"bf16\"\n[cost]\nplugins = [{:?}]\n[limits]\ncall_timeout_ms = 250\n[measure]\nrepeats = 1\n",
+            program("misbehave_cost.wasm")
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn store(dir: &Path) -> runner_store::Store {
+    runner_store::Store::open(&dir.join("history.sqlite")).unwrap()
+}
+
+#[test]
+fn a_run_killed_with_sigkill_keeps_its_rows_and_resumes_where_it_stopped() {
+    let dir = scratch("kill");
+    let file = slow_run_file(&dir);
+    let file = file.to_str().unwrap();
+    let mut child = command(&dir, &["run", file, "-q"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    // Wait until the measurement and at least two rows are kept, then kill -9.
+    let start = Instant::now();
+    let kept = loop {
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(child.try_wait().unwrap().is_none(), "the run finished before it could be killed");
+        assert!(start.elapsed() < Duration::from_secs(120), "no rows were kept");
+        if !dir.join("history.sqlite").exists() {
+            continue;
+        }
+        let s = store(&dir);
+        if let Some(r) = s.list(1).unwrap().first()
+            && r.items >= 3
+        {
+            break r.items;
+        }
+    };
+    child.kill().unwrap(); // SIGKILL on Unix
+    child.wait().unwrap();
+    let s = store(&dir);
+    let killed = s.list(1).unwrap()[0].clone();
+    assert_eq!(killed.status, "running");
+    assert!(killed.items >= kept, "nothing already written is lost");
+    assert_eq!(s.integrity().unwrap(), "ok");
+    drop(s);
+
+    // Started again with the same inputs: it resumes that run and finishes it.
+    let o = run(&dir, &["run", file, "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains(&format!("kept as run {}, resumed with", killed.id)), "{err}");
+    let resumed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let s = store(&dir);
+    let done = s.get(killed.id).unwrap();
+    assert_eq!(done.status, "done");
+    assert_eq!(s.list(10).unwrap().len(), 1, "no second run was started");
+
+    // The same figures as a run from scratch (not kept).
+    let o = run(&dir, &["run", file, "--format", "json", "--no-history"]);
+    let fresh: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let days = |v: &serde_json::Value| -> Vec<f64> {
+        v["series"][0]["rows"].as_array().unwrap().iter().map(|r| r["days"].as_f64().unwrap()).collect()
+    };
+    assert_eq!(days(&resumed).len(), 10);
+    assert_eq!(days(&resumed), days(&fresh));
+    assert_eq!(store(&dir).list(10).unwrap().len(), 1, "--no-history keeps nothing");
+}
+
+#[test]
+fn two_runners_writing_at_once_both_land_and_show_and_compare_read_them() {
+    let dir = scratch("concurrent");
+    let args = |gpus: &'static str| ["--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", gpus, "--cloud", "aws", "--repeats", "1", "-q"];
+    // Same inputs at once: the second must not resume the first's live run.
+    let a = command(&dir, &args("8,16")).stdout(Stdio::piped()).spawn().unwrap();
+    let b = command(&dir, &args("8,16")).stdout(Stdio::piped()).spawn().unwrap();
+    let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+    assert!(a.status.success() && b.status.success());
+    let o = run(&dir, &args("8,32"));
+    assert!(o.status.success());
+    let s = store(&dir);
+    let runs = s.list(10).unwrap();
+    assert_eq!(runs.len(), 3, "{runs:?}");
+    assert!(runs.iter().all(|r| r.status == "done"), "{runs:?}");
+    assert_eq!(s.integrity().unwrap(), "ok");
+    let ids: Vec<i64> = runs.iter().map(|r| r.id).rev().collect();
+    for id in &ids[..2] {
+        assert_eq!(s.get(*id).unwrap().items.len(), 5, "measurement and two rows in two precisions");
+    }
+
+    // `history` lists them; `show` reprints one as it was printed.
+    let o = run(&dir, &["history"]);
+    let (out, _) = text(&o);
+    assert_eq!(out.lines().filter(|l| l.contains(" done ")).count(), 3, "{out}");
+    let o = run(&dir, &["show", &ids[0].to_string()]);
+    assert_eq!(text(&o).0, String::from_utf8_lossy(&a.stdout), "show reprints the table exactly");
+    let o = run(&dir, &["show", &ids[0].to_string(), "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["series"][0]["rows"].as_array().unwrap().len(), 2);
+    let o = run(&dir, &["show", &ids[0].to_string(), "-o", "again.html"]);
+    assert!(o.status.success());
+    assert!(std::fs::read_to_string(dir.join("again.html")).unwrap().contains("<svg"));
+
+    // `compare`: the same inputs differ in nothing but the timing of the measurement;
+    // other GPU counts show in the inputs and the results.
+    let o = run(&dir, &["compare", &ids[1].to_string(), &ids[2].to_string(), "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let changes: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let at = |what: &str, path: &str| changes.iter().any(|c| c["what"] == what && c["where"].as_str().unwrap().contains(path));
+    assert!(at("inputs", "run.cluster.gpus[1]"), "{out}");
+    assert!(at("results", "series.H100 bf16.32"), "{out}");
+    assert!(!at("plugins", ""), "the same plugins: {out}");
+    let o = run(&dir, &["show", "99"]);
+    assert!(text(&o).1.contains("no run 99"), "{}", text(&o).1);
+}

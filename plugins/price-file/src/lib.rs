@@ -1,0 +1,278 @@
+//! The generic pricing plugin: a team's own prices (a negotiated contract, an on-premises
+//! chargeback rate) as a CSV in SkyPilot's catalog shape, which the host hands it on
+//! standard input (`runner explore --price-file FILE`). The plugin, like every plugin,
+//! sees no file: the bytes arrive on stdin and the plugin is a pure function of them.
+//!
+//! Columns are found by name in the header, in any order (SkyPilot's clouds order them
+//! differently): `InstanceType`, `AcceleratorName` (the GPU: H100, A100-80GB, GB200...),
+//! `AcceleratorCount` (GPUs per node) and `Region` are required; `Price` (on-demand USD
+//! per node-hour) and `SpotPrice` are SkyPilot's; `AvailabilityZone`, `vCPUs`,
+//! `MemoryGiB`, `GpuInfo`, `Arch`, `Generation` are read and ignored. Extensions a
+//! contract needs: `Reserved1yPrice`, `Reserved3yPrice` (no-upfront committed terms),
+//! `ScaleUpDomain` (GPUs per NVLink domain; default the node), `NodeMultiple`,
+//! `EffectiveDate` (YYYY-MM-DD), `Source`, `BillingIncrementS`, `MinimumChargeS`
+//! (defaults: per second, 60 s minimum), `Caveats` (`lower-bound`, `resale`, `suspect`,
+//! separated by `;`: the host then prefers other prices and marks these). Rows of one instance and region in several
+//! zones keep the lowest spot price. A row with an empty `InstanceType` (SkyPilot's GCP
+//! GPU-only rows, to be added to a host row) is refused: give the all-in node price.
+//!
+//! Every bad row is named by its line; the plugin then stops (a trap whose message the
+//! host shows), so a price file never prices with rows silently dropped.
+
+use std::sync::OnceLock;
+
+use runner_plugin_sdk::cost::*;
+
+/// The parsed price list, or every problem with it (one line each).
+fn parsed() -> &'static Result<Vec<Offering>, String> {
+    static LIST: OnceLock<Result<Vec<Offering>, String>> = OnceLock::new();
+    LIST.get_or_init(|| {
+        let mut text = String::new();
+        use std::io::Read as _;
+        match std::io::stdin().read_to_string(&mut text) {
+            Ok(_) => parse(&text),
+            Err(e) => Err(format!("price file: not UTF-8 text ({e})")),
+        }
+    })
+}
+
+fn offerings_or_stop() -> &'static [Offering] {
+    match parsed() {
+        Ok(o) => o,
+        // The contract's `offerings` cannot return an error: stop with the message, which
+        // the host reports naming this plugin and the call.
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Split one CSV line (double quotes may hold commas).
+fn cells(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cur.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => out.push(std::mem::take(&mut cur)),
+            c => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out.into_iter().map(|c| c.trim().to_string()).collect()
+}
+
+const KNOWN: [&str; 21] = [
+    "InstanceType",
+    "AcceleratorName",
+    "AcceleratorCount",
+    "vCPUs",
+    "MemoryGiB",
+    "GpuInfo",
+    "Price",
+    "SpotPrice",
+    "Region",
+    "AvailabilityZone",
+    "Arch",
+    "Generation",
+    "Reserved1yPrice",
+    "Reserved3yPrice",
+    "ScaleUpDomain",
+    "NodeMultiple",
+    "EffectiveDate",
+    "Source",
+    "BillingIncrementS",
+    "MinimumChargeS",
+    "Caveats",
+];
+
+/// Parse a SkyPilot-shaped catalog. Every problem is collected, each naming its line.
+pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
+    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let Some((hl, header)) = lines.next() else {
+        return Err("price file is empty: it needs a header row (InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region,...)".into());
+    };
+    let cols = cells(header);
+    let mut problems = Vec::new();
+    for c in &cols {
+        if !KNOWN.contains(&c.as_str()) {
+            problems.push(format!("line {hl}: unknown column '{c}' (known: {})", KNOWN.join(", ")));
+        }
+    }
+    for required in ["InstanceType", "AcceleratorName", "AcceleratorCount", "Region"] {
+        if !cols.iter().any(|c| c == required) {
+            problems.push(format!("line {hl}: the header has no '{required}' column"));
+        }
+    }
+    if !cols.iter().any(|c| c == "Price" || c == "SpotPrice" || c == "Reserved1yPrice" || c == "Reserved3yPrice") {
+        problems.push(format!("line {hl}: the header has no price column (Price, SpotPrice, Reserved1yPrice, Reserved3yPrice)"));
+    }
+    if !problems.is_empty() {
+        return Err(format!("price file: {}", problems.join("; ")));
+    }
+    let at = |name: &str| cols.iter().position(|c| c == name);
+    let mut offerings: Vec<Offering> = Vec::new();
+    for (line, text) in lines {
+        let row = cells(text);
+        if row.len() != cols.len() {
+            problems.push(format!("line {line}: {} cells but the header has {} columns", row.len(), cols.len()));
+            continue;
+        }
+        let cell = |name: &str| at(name).map_or("", |i| row[i].as_str());
+        let mut bad = |what: String| problems.push(format!("line {line}: {what}"));
+        let money = |name: &str, bad: &mut dyn FnMut(String)| -> Option<f64> {
+            let s = cell(name);
+            if s.is_empty() || s.eq_ignore_ascii_case("nan") {
+                return None;
+            }
+            match s.parse::<f64>() {
+                Ok(v) if v.is_finite() && v > 0.0 => Some(v),
+                _ => {
+                    bad(format!("{name} '{s}' is not a price in USD per node-hour above zero"));
+                    None
+                }
+            }
+        };
+        let whole = |name: &str, default: u32, bad: &mut dyn FnMut(String)| -> u32 {
+            match cell(name) {
+                "" => default,
+                s => s.parse::<u32>().ok().filter(|v| *v > 0).unwrap_or_else(|| {
+                    bad(format!("{name} '{s}' is not a whole number above zero"));
+                    default
+                }),
+            }
+        };
+        let instance = cell("InstanceType");
+        if instance.is_empty() {
+            bad("InstanceType is empty (a GPU-only row, as in SkyPilot's GCP catalog); give the all-in node price on the instance's own row".into());
+            continue;
+        }
+        let gpu = cell("AcceleratorName");
+        if gpu.is_empty() {
+            bad(format!("instance '{instance}' has no AcceleratorName (a CPU-only instance cannot train)"));
+            continue;
+        }
+        let region = cell("Region");
+        if region.is_empty() {
+            bad(format!("instance '{instance}' has no Region"));
+            continue;
+        }
+        // AcceleratorCount is a float in SkyPilot's files ("8.0").
+        let gpus = match cell("AcceleratorCount").parse::<f64>() {
+            Ok(v) if v >= 1.0 && v.fract() == 0.0 && v <= 1024.0 => v as u32,
+            _ => {
+                bad(format!("AcceleratorCount '{}' is not a whole number of GPUs", cell("AcceleratorCount")));
+                continue;
+            }
+        };
+        let date = cell("EffectiveDate");
+        if !date.is_empty() && !(date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-' && date.chars().filter(char::is_ascii_digit).count() == 8) {
+            bad(format!("EffectiveDate '{date}' is not YYYY-MM-DD"));
+        }
+        let increment = whole("BillingIncrementS", 1, &mut bad);
+        let minimum = match cell("MinimumChargeS") {
+            "" => 60,
+            s => s.parse::<u32>().unwrap_or_else(|_| {
+                bad(format!("MinimumChargeS '{s}' is not a whole number of seconds"));
+                60
+            }),
+        };
+        let scale_up = whole("ScaleUpDomain", gpus, &mut bad);
+        let multiple = whole("NodeMultiple", 1, &mut bad);
+        let source = match cell("Source") {
+            "" => format!("the user's price file, line {line}"),
+            s => format!("{s} (the user's price file, line {line})"),
+        };
+        let mut caveats = Vec::new();
+        for c in cell("Caveats").split(';').map(str::trim).filter(|c| !c.is_empty()) {
+            match c {
+                "lower-bound" => caveats.push(PriceCaveat::LowerBound),
+                "resale" => caveats.push(PriceCaveat::Resale),
+                "suspect" => caveats.push(PriceCaveat::Suspect),
+                other => bad(format!("Caveats '{other}' is not one of lower-bound, resale, suspect")),
+            }
+        }
+        let mut prices = Vec::new();
+        for (col, option) in [
+            ("Price", PurchaseOption::OnDemand),
+            ("SpotPrice", PurchaseOption::Spot),
+            ("Reserved1yPrice", PurchaseOption::OneYearNoUpfront),
+            ("Reserved3yPrice", PurchaseOption::ThreeYearNoUpfront),
+        ] {
+            if let Some(usd) = money(col, &mut bad) {
+                let term = term_hours(option).map_or(0, |h| (h * 3600.0) as u32);
+                prices.push(Price {
+                    billing_increment_s: increment,
+                    minimum_charge_s: minimum.max(term),
+                    effective_date: date.to_string(),
+                    source: source.clone(),
+                    caveats: caveats.clone(),
+                    ..Price::hourly(region, option, usd)
+                });
+            }
+        }
+        if prices.is_empty() {
+            bad(format!("instance '{instance}' in {region} has no price"));
+            continue;
+        }
+        match offerings.iter_mut().find(|o| o.instance == instance) {
+            Some(o) => {
+                if o.gpu != gpu || o.gpus_per_node != gpus {
+                    bad(format!(
+                        "instance '{instance}' is {gpus}x {gpu} here but {}x {} on an earlier line",
+                        o.gpus_per_node, o.gpu
+                    ));
+                    continue;
+                }
+                for p in prices {
+                    // Several zones of one region: keep the lowest price per option.
+                    match o.prices.iter_mut().find(|q| q.region == p.region && q.option == p.option) {
+                        Some(q) if p.usd_per_node_hour < q.usd_per_node_hour => *q = p,
+                        Some(_) => {}
+                        None => o.prices.push(p),
+                    }
+                }
+            }
+            None => offerings.push(Offering {
+                scale_up_domain: scale_up,
+                node_multiple: multiple,
+                ..Offering::nodes(instance, gpu, gpus, prices)
+            }),
+        }
+    }
+    if !problems.is_empty() {
+        let n = problems.len();
+        problems.truncate(20);
+        let more = if n > 20 { format!("; and {} more", n - 20) } else { String::new() };
+        return Err(format!("price file: {}{more}", problems.join("; ")));
+    }
+    if offerings.is_empty() {
+        return Err("price file: no priced rows".into());
+    }
+    validate_offerings(&offerings).map_err(|e| format!("price file: {e}"))?;
+    Ok(offerings)
+}
+
+/// The generic pricing plugin.
+pub struct PriceFile;
+
+impl Guest for PriceFile {
+    fn provider() -> Provider {
+        Provider { name: "price-file".into(), display_name: "the user's price file".into() }
+    }
+
+    fn offerings() -> Vec<Offering> {
+        offerings_or_stop().to_vec()
+    }
+
+    fn quote(request: QuoteRequest) -> Result<Quote, String> {
+        let offerings = parsed().as_ref().map_err(Clone::clone)?;
+        standard_quote_with(offerings, &request, UNKNOWN_EXTRAS)
+    }
+}
+
+runner_plugin_sdk::export_cost!(PriceFile);

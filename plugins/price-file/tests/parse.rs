@@ -1,0 +1,54 @@
+//! The price file's parsing: SkyPilot's own column orders, zones folded into regions,
+//! every bad row named by its line.
+
+use price_file::parse;
+use runner_plugin_sdk::cost::*;
+
+#[test]
+fn skypilot_aws_and_lambda_orders_both_parse() {
+    let aws = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,GpuInfo,Price,SpotPrice,Region,AvailabilityZone,Arch\n\
+               p5.48xlarge,H100,8.0,192,2048,\"{'Gpus': [{'Name': 'H100'}]}\",40.0,20.0,us-east-1,use1-az1,x86_64\n\
+               p5.48xlarge,H100,8.0,192,2048,,40.0,15.0,us-east-1,use1-az2,x86_64\n\
+               p5.48xlarge,H100,8.0,192,2048,,42.0,,us-west-2,usw2-az1,x86_64\n";
+    let o = parse(aws).unwrap();
+    assert_eq!(o.len(), 1);
+    let spot: Vec<f64> = o[0].prices.iter().filter(|p| p.option == PurchaseOption::Spot).map(|p| p.usd_per_node_hour).collect();
+    assert_eq!(spot, vec![15.0], "the lowest zone's spot price");
+    assert_eq!(o[0].prices.iter().filter(|p| p.option == PurchaseOption::OnDemand).count(), 2);
+    let lambda = "InstanceType,AcceleratorName,AcceleratorCount,vCPUs,MemoryGiB,Price,Region,GpuInfo,SpotPrice,Reserved1yPrice,EffectiveDate,Source\n\
+                  gpu_8x_h100,H100,8,208,1800,24.0,us-east-1,,,19.5,2026-11-01,our contract #42\n";
+    let o = parse(lambda).unwrap();
+    let r = o[0].prices.iter().find(|p| p.option == PurchaseOption::OneYearNoUpfront).unwrap();
+    assert_eq!(r.effective_date, "2026-11-01");
+    assert!(r.source.starts_with("our contract #42") && r.source.contains("line 2"));
+    assert!(r.minimum_charge_s >= 365 * 24 * 3600, "a committed term bills the whole term");
+}
+
+#[test]
+fn every_bad_row_is_named_by_its_line() {
+    let bad = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region\n\
+               ok,H100,8,30,r1\n\
+               ,H100,8,30,r1\n\
+               x,H100,eight,30,r1\n\
+               y,H100,8,-3,r1\n\
+               z,H100,8,30\n";
+    let e = parse(bad).unwrap_err();
+    for line in ["line 3", "line 4", "line 5", "line 6"] {
+        assert!(e.contains(line), "{line}: {e}");
+    }
+    assert!(!e.contains("line 2"), "{e}");
+    assert!(parse("Instance,Price\n").unwrap_err().contains("unknown column 'Instance'"));
+    assert!(parse("").unwrap_err().contains("header"));
+}
+
+#[test]
+fn caveats_are_read_and_unknown_ones_named() {
+    let csv = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Caveats\n\
+               cheap,H100,8,10,r1,suspect; resale\n\
+               fair,H100,8,20,r1,\n";
+    let o = parse(csv).unwrap();
+    assert_eq!(o[0].prices[0].caveats, vec![PriceCaveat::Suspect, PriceCaveat::Resale]);
+    assert!(o[1].prices[0].caveats.is_empty());
+    let e = parse("InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Caveats\nx,H100,8,10,r1,dodgy\n").unwrap_err();
+    assert!(e.contains("line 2") && e.contains("'dodgy'"), "{e}");
+}

@@ -1,0 +1,207 @@
+//! The explorer end to end: the published reference scenario, several GPU types and
+//! precisions side by side, goals, a user's price file, caveated prices, spot, and a run
+//! resumed from its journal.
+
+use std::collections::HashMap;
+
+use runner::explore::{self, Journal, Outcome};
+use runner::plugin::PluginInfo;
+use runner::pricing::CloudPrice;
+use runner::runfile::{self, RunFile};
+use serde_json::Value;
+
+fn quiet(run: &RunFile) -> Outcome {
+    explore::run(run, &|_, _, _| {}).unwrap_or_else(|e| panic!("{e:#}"))
+}
+
+fn parse(text: &str) -> RunFile {
+    runfile::parse(text, "test").unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Llama 3.1 70B, FP8, H100, 1T tokens, TP4 PP4 CP2 VP5, GBS = 2 x GPUs: published 115.46
+/// days on 64 GPUs and 3.79 on 2048 (DGX Cloud benchmarking recipes v25.02, NeMo 24.12;
+/// the Performance Explorer rounds them to 115.4 and 3.8).
+#[test]
+fn the_reference_scenario_comes_out_within_ten_percent_and_its_cost_ratio_follows_the_days() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../workloads/llama3.1-70b-h100-fp8.toml");
+    let mut run = runfile::load(&path).unwrap();
+    run.cluster.gpus = vec![64, 2048];
+    run.cost.plugins = vec!["aws".into()];
+    run.measure.repeats = 1;
+    let o = quiet(&run);
+    assert_eq!(o.series.len(), 1);
+    let rows = &o.series[0].rows;
+    for (r, published) in rows.iter().zip([115.46, 3.79]) {
+        let p = r.projection.as_ref().unwrap();
+        assert_eq!((p.layout.tp, p.layout.pp, p.layout.cp, p.layout.vp), (4, 4, 2, 5));
+        assert_eq!(r.global_batch, 2 * r.gpus, "GBS = 2 x GPUs");
+        let days = r.days.unwrap();
+        assert!((days / published - 1.0).abs() < 0.10, "{} GPUs: {days:.2} days against {published}", r.gpus);
+    }
+    // Money against the first row: AWS bills per second at one node price, so it follows
+    // GPU-hours (storage for a shorter run costs less, egress is once): within 1 %.
+    let gpu_hours = |r: &explore::Row| r.days.unwrap() * f64::from(r.gpus);
+    let by_hours = gpu_hours(&rows[1]) / gpu_hours(&rows[0]);
+    let money = rows[1].relative_cost.unwrap();
+    assert!((money / by_hours - 1.0).abs() < 0.01, "money {money:.4} against GPU-hours {by_hours:.4}");
+    assert!((0.95..1.10).contains(&money), "{money}");
+    let q = rows[0].cheapest_cost().unwrap();
+    assert!(q.lines.iter().any(|l| l.category == "storage") && q.lines.iter().any(|l| l.category == "egress"), "{q:?}");
+}
+
+#[test]
+fn several_gpus_and_precisions_are_series_with_fp8_against_bf16() {
+    let o = quiet(&parse(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3.1-8b\"\ntokens = 1e11\n[cluster]\ngpu = [\"H100\", \"B200\"]\ngpus = [8, 64]\n\
+         [precision]\nformat = [\"bf16\", \"fp8\", \"nvfp4\"]\n[cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n",
+    ));
+    let labels: Vec<String> = o.series.iter().map(|s| s.label()).collect();
+    assert_eq!(labels, ["H100 bf16", "H100 fp8", "B200 bf16", "B200 fp8", "B200 nvfp4"]);
+    assert!(o.notes.iter().any(|n| n.starts_with("not explored: H100 nvfp4")), "{:#?}", o.notes);
+    // Each low-precision series against BF16 on its own GPU, count by count.
+    assert_eq!(o.comparisons.len(), 6);
+    for c in &o.comparisons {
+        assert!(c.speedup > 1.0, "{c:?}");
+        assert!(c.usd.unwrap() < c.usd_bf16.unwrap(), "{c:?}");
+        let least = if c.precision == "fp8" { 0.9 } else { 0.5 };
+        assert!(c.coverage > least && c.coverage <= 1.0, "{c:?}");
+    }
+    // B200 is faster than H100 at the same precision and count.
+    let days = |label: &str| o.series.iter().find(|s| s.label() == label).unwrap().rows[1].days.unwrap();
+    assert!(days("B200 fp8") < days("H100 fp8"));
+    // Every priced series marks one sweet spot.
+    for s in &o.series {
+        assert_eq!(s.rows.iter().filter(|r| r.sweet).count(), 1, "{}", s.label());
+    }
+}
+
+#[test]
+fn goals_answer_with_the_cheapest_in_time_the_fastest_in_budget_or_the_nearest() {
+    let base = "[model]\nplugin = \"llama3\"\nvariant = \"llama3.1-8b\"\ntokens = 1e11\n[cluster]\ngpus = [8, 16, 32, 64, 128]\n\
+                [precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\", \"lambda\"]\n[measure]\nrepeats = 1\n";
+    let o = quiet(&parse(base));
+    let rows = &o.series[0].rows;
+    let days: Vec<f64> = rows.iter().map(|r| r.days.unwrap()).collect();
+    // A target between the 16- and 32-GPU runs: 32 or more GPUs meet it.
+    let target = (days[1] + days[2]) / 2.0;
+    let o = quiet(&parse(&format!("{base}[explore]\ntarget_days = {target}\n")));
+    let g = o.goal.as_ref().unwrap();
+    assert!(g.met, "{}", g.why);
+    let best = g.best.as_ref().unwrap();
+    assert!(best.gpus >= 32 && best.days <= target, "{best:?}");
+    let cheapest_meeting = o.series[0]
+        .rows
+        .iter()
+        .filter(|r| r.days.unwrap() <= target)
+        .map(|r| r.cheapest_cost().unwrap().usd)
+        .fold(f64::INFINITY, f64::min);
+    assert_eq!(best.usd.unwrap(), cheapest_meeting);
+    assert!(!g.runners_up.is_empty() && g.runners_up.iter().all(|c| c.usd.unwrap() >= best.usd.unwrap()));
+    // A target nothing meets: the fastest run is the nearest feasible one.
+    let o = quiet(&parse(&format!("{base}[explore]\ntarget_days = {}\n", days[4] / 10.0)));
+    let g = o.goal.as_ref().unwrap();
+    assert!(!g.met && g.best.as_ref().unwrap().gpus == 128, "{g:?}");
+    assert!(g.why.contains("largest count asked was 128"), "{}", g.why);
+    // A budget: the fastest run within it.
+    let usd: Vec<f64> = o.series[0].rows.iter().map(|r| r.cheapest_cost().unwrap().usd).collect();
+    let budget = usd.iter().copied().fold(f64::INFINITY, f64::min) * 1.0001;
+    let o = quiet(&parse(&format!("{base}[explore]\nbudget_usd = {budget}\n")));
+    let g = o.goal.as_ref().unwrap();
+    assert!(g.met && g.best.as_ref().unwrap().usd.unwrap() <= budget, "{g:?}");
+}
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("runner-explore-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a_clean_one() {
+    let dir = scratch("price-file");
+    let file = dir.join("our-contract.csv");
+    std::fs::write(
+        &file,
+        "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice,EffectiveDate,Source,Caveats\n\
+         broker-8xh100,H100,8,eu-1,8.00,,2026-11-20,resale listing,resale\n\
+         ours-8xh100,H100,8,eu-1,16.00,6.00,2026-11-15,contract 42,\n",
+    )
+    .unwrap();
+    let text = |extra: &str| {
+        format!(
+            "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n\
+             [cost]\nplugins = [\"aws\"]\nprice_file = {:?}\n{extra}[measure]\nrepeats = 1\n",
+            file.display().to_string()
+        )
+    };
+    let o = quiet(&parse(&text("")));
+    let i = o.clouds.iter().position(|c| c == "our-contract").expect("the file is a cloud named after it");
+    let q = o.series[0].rows[0].costs[i].quote().unwrap();
+    assert_eq!((q.instance.as_str(), q.price_date.as_str()), ("ours-8xh100", "2026-11-15"), "the clean price, not the resale one");
+    assert!(q.caveats.is_empty() && q.price_source.starts_with("contract 42"), "{q:?}");
+    assert!(o.plugins.iter().any(|p| p.name == "price_file.wasm"));
+    // Only the caveated row left: it is chosen, and says so.
+    std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,Caveats\nbroker,H100,8,eu-1,8.00,resale\n").unwrap();
+    let o = quiet(&parse(&text("")));
+    let i = o.clouds.iter().position(|c| c == "our-contract").unwrap();
+    let q = o.series[0].rows[0].costs[i].quote().unwrap();
+    assert_eq!(q.caveats, ["resale"]);
+    assert!(runner::report::explore::text(&o).contains('!'), "the cell is marked");
+    // Spot: billed hours are the run's hours inflated by the interruption assumption.
+    std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nours,H100,8,eu-1,16.00,6.00\n").unwrap();
+    let o = quiet(&parse(&text("option = \"spot\"\n")));
+    let r = &o.series[0].rows[0];
+    let i = o.clouds.iter().position(|c| c == "our-contract").unwrap();
+    let q = r.costs[i].quote().unwrap();
+    assert!(q.hours > r.days.unwrap() * 24.0 && q.hours < r.days.unwrap() * 24.0 * 1.01, "{} h for {} days", q.hours, r.days.unwrap());
+    assert!(o.notes.iter().any(|n| n.contains("interrupted 0.033 times per node-day")), "the assumption is stated");
+    // A bad row stops the run, naming the file and the line.
+    std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nok,H100,8,eu-1,16\nbad,H100,8,eu-1,free\n").unwrap();
+    let err = explore::run(&parse(&text("")), &|_, _, _| {}).unwrap_err().to_string();
+    assert!(err.contains("our-contract.csv") && err.contains("line 3") && err.contains("'free'"), "{err}");
+}
+
+/// A journal that keeps pieces in memory and can hand back doctored ones.
+#[derive(Default)]
+struct Memory {
+    kept: HashMap<String, Value>,
+    recalled: usize,
+}
+
+impl Journal for Memory {
+    fn begin(&mut self, _: &Value, _: &[PluginInfo]) -> anyhow::Result<()> {
+        Ok(())
+    }
+    fn recall(&mut self, key: &str) -> Option<Value> {
+        let v = self.kept.get(key).cloned();
+        self.recalled += usize::from(v.is_some());
+        v
+    }
+    fn record(&mut self, key: &str, value: &Value) -> anyhow::Result<()> {
+        self.kept.insert(key.into(), value.clone());
+        Ok(())
+    }
+}
+
+#[test]
+fn a_resumed_run_takes_the_rows_it_kept_and_computes_the_rest() {
+    let run = parse(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3.1-8b\"\n[cluster]\ngpus = [8, 16, 32]\n[precision]\nformat = \"bf16\"\n\
+         [cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n",
+    );
+    let mut j = Memory::default();
+    let first = explore::run_with(&run, &|_, _, _| {}, &mut j).unwrap();
+    assert!(j.kept.contains_key("measurement"));
+    assert_eq!(j.kept.keys().filter(|k| k.starts_with("row/")).count(), 3);
+    // Keep the first two rows (one doctored, to see it is used), lose the third.
+    let key = |n: u32| format!("row/H100/bf16/{n}");
+    j.kept.remove(&key(32));
+    j.kept.get_mut(&key(16)).unwrap()["days"] = Value::from(12345.0);
+    let again = explore::run_with(&run, &|_, _, _| {}, &mut j).unwrap();
+    assert_eq!(j.recalled, 3, "the measurement and two rows");
+    let rows = &again.series[0].rows;
+    assert_eq!(rows[1].days, Some(12345.0), "a kept row is not recomputed");
+    assert_eq!(rows[2].days, first.series[0].rows[2].days, "a lost row is");
+    assert!(matches!(rows[0].costs[0], CloudPrice::Quoted(_)));
+}
