@@ -53,6 +53,7 @@ pub mod cuda;
 pub mod devcheck;
 pub mod device;
 pub mod executor;
+pub mod precision;
 pub mod proxy;
 pub mod select;
 #[cfg(test)]

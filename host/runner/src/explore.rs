@@ -361,10 +361,22 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     }
     if let Some(file) = &run.cost.price_file {
         let path = std::path::Path::new(file);
+        // A catalog of every cloud's every zone is a few MB; far beyond that is a wrong file.
+        const MAX_PRICE_FILE: u64 = 64 << 20;
+        let size = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?.len();
+        if size > MAX_PRICE_FILE {
+            anyhow::bail!("the price file {file} is {size} bytes; a price list is at most {MAX_PRICE_FILE} bytes (is it the right file?)");
+        }
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?;
         let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits)
             .map_err(|e| anyhow::anyhow!("the price file {file} cannot be used: {e}"))?;
-        cloud.name = path.file_stem().map_or("price-file".into(), |s| s.to_string_lossy().into_owned());
+        // Named after the file (control characters in a file name must not reach a terminal).
+        cloud.name = path
+            .file_stem()
+            .map_or("price-file".into(), |s| s.to_string_lossy().chars().map(|c| if c.is_control() { '?' } else { c }).collect());
+        if clouds.iter().any(|c| c.name == cloud.name) {
+            cloud.name = format!("{} (price file)", cloud.name);
+        }
         notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
         record_plugin(&mut plugins, &mut notes, &cloud.info);
         clouds.push(cloud);
@@ -479,7 +491,8 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         series.push(Series {
             gpu: p.gpu.clone(),
             precision: p.recipe.name().into(),
-            low_precision_share: p.plan.low_precision_share(),
+            // + 0.0: an empty f64 sum is -0.0, which JSON would print.
+            low_precision_share: p.plan.low_precision_share() + 0.0,
             plan: p.plan.summary(),
             rows,
             sweet_spot: None,
