@@ -43,6 +43,9 @@ pub struct Space {
     pub mbs: Option<u32>,
     pub fsdp: Option<bool>,
     pub recompute: Option<RecomputePolicy>,
+    /// With selective recompute fixed: the modules (Megatron's default list, `core_attn`,
+    /// when absent).
+    pub recompute_modules: Option<Modules>,
 }
 
 /// Why a family of layouts did not win.
@@ -182,7 +185,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         global_batch: gbs,
                                         recompute: space.recompute.unwrap_or(RecomputePolicy::None),
                                         recompute_layers: 0,
-                                        recompute_modules: Modules::default(),
+                                        recompute_modules: space.recompute_modules.unwrap_or_default(),
                                         distributed_optimizer: !fsdp,
                                         fsdp,
                                         tp_overlap: tp > 1,
@@ -287,7 +290,15 @@ pub fn selective_levels() -> [Modules; 3] {
 /// The schedule does not divide ([`Reject::Divisibility`]).
 pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Projection, Reject> {
     let mut best: Option<Projection> = None;
+    let mut tried: Vec<Modules> = Vec::new();
     for modules in selective_levels() {
+        // Only the modules the model has: a dense model's levels spell `layernorm`
+        // and `layernorm+mlp`, and a level that adds nothing it has is not tried again.
+        let modules = c.present(modules);
+        if modules.is_empty() || tried.contains(&modules) {
+            continue;
+        }
+        tried.push(modules);
         *evaluated += 1;
         let p = c.evaluate(&Schedule { recompute: RecomputePolicy::Selective, recompute_layers: 0, recompute_modules: modules, ..*s })?;
         if p.fits {

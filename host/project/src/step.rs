@@ -424,6 +424,19 @@ impl Costed {
         })
     }
 
+    /// The modules of `m` this model has: recomputing one it lacks (a dense model's
+    /// `moe_act`, a model without MLA's `mla_up_proj`) changes nothing.
+    pub fn present(&self, m: Modules) -> Modules {
+        let has = |x: Module| {
+            let i = x.index();
+            let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+            [&self.pre, &self.post].iter().any(|l| l.module_rc[i] > 0.0 || l.module_freed[i] > 0.0)
+                || last(&self.module_rc_prefix[i]) > 0.0
+                || last(&self.module_freed_prefix[i]) > 0.0
+        };
+        m.iter().filter(|&x| has(x)).fold(Modules::EMPTY, Modules::with)
+    }
+
     /// Project one schedule.
     ///
     /// # Errors
