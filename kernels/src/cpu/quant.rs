@@ -425,7 +425,7 @@ fn e4m3_saturating(v: f32) -> f32 {
     let r = round_grid(v, &g, None);
     if v.is_nan() {
         v
-    } else if !(r.abs() <= g.max) {
+    } else if r.abs() > g.max {
         g.max.copysign(v)
     } else {
         r
