@@ -18,6 +18,9 @@ use std::process::{Command, Stdio};
 struct PluginCrate {
     package: String,
     lib: String,
+    /// The file name it is embedded as: `[package.metadata.runner] file`, else `<lib>.wasm`
+    /// (a lib name cannot hold the `-` of `fp8-cs.wasm`).
+    file: String,
     kind: String,
     test_program: bool,
 }
@@ -95,8 +98,8 @@ fn main() {
         let path = wasm_dir.join(format!("{}.wasm", c.lib));
         writeln!(
             code,
-            "    (\"{}.wasm\", \"{}\", include_bytes!({:?})),",
-            c.lib, c.kind, path
+            "    (\"{}\", \"{}\", include_bytes!({:?})),",
+            c.file, c.kind, path
         )
         .unwrap();
     }
@@ -142,6 +145,12 @@ fn discover(dir: &Path, test_program: bool) -> Vec<PluginCrate> {
         let (Some(package), Some(kind)) = (package, kind) else {
             continue;
         };
+        let file = package
+            .get("metadata")
+            .and_then(|m| m.get("runner"))
+            .and_then(|r| r.get("file"))
+            .and_then(|f| f.as_str())
+            .map(str::to_string);
         let name = package
             .get("name")
             .and_then(|n| n.as_str())
@@ -155,6 +164,7 @@ fn discover(dir: &Path, test_program: bool) -> Vec<PluginCrate> {
             .unwrap_or_else(|| name.replace('-', "_"));
         found.push(PluginCrate {
             package: name,
+            file: file.unwrap_or_else(|| format!("{lib}.wasm")),
             lib,
             kind: kind.to_string(),
             test_program,

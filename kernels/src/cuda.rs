@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("moe.cu", include_str!("../cuda/moe.cu")),
     ("norm.cu", include_str!("../cuda/norm.cu")),
     ("precision.cu", include_str!("../cuda/precision.cu")),
+    ("quant.cu", include_str!("../cuda/quant.cu")),
     ("rope.cu", include_str!("../cuda/rope.cu")),
 ];
 

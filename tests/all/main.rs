@@ -8,6 +8,7 @@ mod explore;
 mod hostile;
 mod models;
 mod sandbox;
+mod train;
 mod training;
 mod util;
 mod walkthrough;

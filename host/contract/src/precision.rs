@@ -3,7 +3,8 @@
 
 /// Expand the precision rules in a module that has the generated precision-policy types
 /// and `Dtype` in scope. Defines `dtype_name`, `is_low_precision`, `validate_plan`,
-/// `validate_operand` and `validate_step`.
+/// `validate_operand`, `validate_step`, `selects` (what a site selector picks: the host
+/// applies actions with the rule policies test against) and the unscaled plans.
 #[macro_export]
 macro_rules! precision_rules {
     () => {
@@ -19,6 +20,39 @@ macro_rules! precision_rules {
                 Dtype::Nvfp4 => "nvfp4",
                 Dtype::Int32 => "int32",
             }
+        }
+
+        /// An operand kept in `format` with no scaling (BF16 or FP32 training).
+        pub fn unscaled_operand(format: Dtype) -> OperandPlan {
+            OperandPlan {
+                format,
+                recipe: ScalingRecipe::None,
+                block: BlockShape { rows: 0, cols: 0 },
+                scale_format: ScaleFormat::Fp32,
+                scale_rounding: ScaleRounding::Exact,
+                tensor_scale: None,
+                value_rounding: ValueRounding::NearestEven,
+                amax_history: 0,
+                amax_reduction: AmaxReduction::MostRecent,
+                margin: 0,
+                saturate: true,
+                hadamard: 0,
+            }
+        }
+
+        /// A plan that keeps a site in `format` with no scaling (BF16 or FP32 training):
+        /// every operand and the output.
+        pub fn unscaled(format: Dtype) -> SitePlan {
+            let operand = unscaled_operand(format);
+            SitePlan { activation: operand, weight: operand, gradient: operand, output: format }
+        }
+
+        /// Does `selector` pick `site`? Empty selector lists match anything; name
+        /// patterns are globs where `*` matches any run of characters.
+        pub fn selects(selector: &SiteSelector, site: &GemmSite) -> bool {
+            (selector.layers.is_empty() || selector.layers.contains(&site.layer))
+                && (selector.roles.is_empty() || selector.roles.contains(&site.role))
+                && (selector.names.is_empty() || selector.names.iter().any(|p| $crate::text::glob(p, &site.name)))
         }
 
         /// FP8 and FP4 formats: the ones that need a scale.

@@ -195,3 +195,43 @@ mod tests {
         assert!(currency("USD").is_ok() && currency("usd").is_err() && currency("US$").is_err());
     }
 }
+
+/// Whether `text` matches `pattern`, a glob where `*` matches any run of characters
+/// (site selectors: `layers.*.mlp.*`).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let mut rest = text;
+    for (i, part) in parts.iter().enumerate() {
+        if i == 0 {
+            match rest.strip_prefix(part) {
+                Some(r) => rest = r,
+                None => return false,
+            }
+        } else if i == parts.len() - 1 {
+            return rest.ends_with(part);
+        } else if let Some(pos) = rest.find(part) {
+            rest = &rest[pos + part.len()..];
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod glob_tests {
+    use super::glob;
+
+    #[test]
+    fn glob_matches_prefix_suffix_and_middle() {
+        assert!(glob("layers.*.mlp.*", "layers.3.mlp.up"));
+        assert!(!glob("layers.*.mlp.*", "layers.3.attn.qkv"));
+        assert!(glob("*head", "lm_head"));
+        assert!(glob("exact", "exact"));
+        assert!(!glob("exact", "exactly"));
+        assert!(!glob("a*b*c", "acb"));
+    }
+}

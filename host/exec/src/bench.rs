@@ -358,6 +358,107 @@ pub fn memory_bench_with(elems: usize, samples: usize) -> Vec<MemRow> {
     vec![row("copy", 2 * bytes, copy), row("triad", 3 * bytes, triad)]
 }
 
+/// One quantisation recipe's throughput.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct QuantRow {
+    /// What runs: recipe, block shape, scale format.
+    pub recipe: String,
+    pub elements: usize,
+    pub threads: usize,
+    pub time: Stat,
+    /// f32 input bytes read per second (4 bytes per element), median.
+    pub gbps: f64,
+    pub best_gbps: f64,
+}
+
+/// Scaled quantisation of an f32 operand of `rows x cols` in every recipe the executor
+/// runs (quantise-dequantise in place with the statistics, as a GEMM site does; and the
+/// FP8 storage cast to codes), on ONE thread (GB/s per core), `samples` passes each.
+pub fn quant_bench(rows: usize, cols: usize, samples: usize) -> Vec<QuantRow> {
+    use runner_kernels::cpu::precision::{Fp8Format, fp8_quantize};
+    use runner_kernels::cpu::quant::{BlockSpec, Format, ScaleFormat, ScaleRounding, amax, qdq_blocks, qdq_tensor, tensor_scale};
+    let n = rows * cols;
+    let src: Vec<f32> = {
+        let mut v = vec![0f32; n];
+        crate::executor::SplitMix(7).normals(&mut v, 1.0);
+        v
+    };
+    let block = |format, block, scale_format, scale_rounding, tensor_scale, stochastic| BlockSpec {
+        format,
+        block,
+        scale_format,
+        scale_rounding,
+        tensor_scale,
+        saturate: true,
+        stochastic,
+    };
+    type Job<'a> = Box<dyn Fn(&mut [f32]) + Sync + 'a>;
+    let jobs: Vec<(&str, Job<'_>)> = vec![
+        ("fp8 e4m3 per tensor, delayed (scale given)", Box::new(|x: &mut [f32]| {
+            black_box(qdq_tensor(x, Format::E4M3, 100.0, true, None).ok());
+        })),
+        ("fp8 e5m2 per tensor, current (amax + cast)", Box::new(|x: &mut [f32]| {
+            let s = tensor_scale(amax(x), Format::E5M2, 0);
+            black_box(qdq_tensor(x, Format::E5M2, s, true, None).ok());
+        })),
+        ("mxfp8 1x32 e8m0 (RCEIL)", Box::new(|x: &mut [f32]| {
+            black_box(qdq_blocks(x, rows, cols, &block(Format::E4M3, (1, 32), ScaleFormat::E8M0, ScaleRounding::Pow2Up, false, None)).ok());
+        })),
+        ("fp8 1x128 blocks, fp32 power-of-two scales", Box::new(|x: &mut [f32]| {
+            black_box(qdq_blocks(x, rows, cols, &block(Format::E4M3, (1, 128), ScaleFormat::Fp32, ScaleRounding::Pow2Up, false, None)).ok());
+        })),
+        ("fp8 128x128 blocks, fp32 power-of-two scales", Box::new(|x: &mut [f32]| {
+            black_box(qdq_blocks(x, rows, cols, &block(Format::E4M3, (128, 128), ScaleFormat::Fp32, ScaleRounding::Pow2Up, false, None)).ok());
+        })),
+        ("nvfp4 1x16 e4m3 + fp32 tensor scale", Box::new(|x: &mut [f32]| {
+            black_box(qdq_blocks(x, rows, cols, &block(Format::E2M1, (1, 16), ScaleFormat::E4M3, ScaleRounding::Exact, true, None)).ok());
+        })),
+        ("nvfp4 16x16 e4m3 + fp32 tensor scale", Box::new(|x: &mut [f32]| {
+            black_box(qdq_blocks(x, rows, cols, &block(Format::E2M1, (16, 16), ScaleFormat::E4M3, ScaleRounding::Exact, true, None)).ok());
+        })),
+        ("nvfp4 1x16, stochastic rounding", Box::new(|x: &mut [f32]| {
+            black_box(qdq_blocks(x, rows, cols, &block(Format::E2M1, (1, 16), ScaleFormat::E4M3, ScaleRounding::Exact, true, Some(3))).ok());
+        })),
+    ];
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build();
+    let run = || {
+        let mut out = Vec::new();
+        let mut x = src.clone();
+        for (name, job) in &jobs {
+            let t = sample(samples, 0.0, || {
+                x.copy_from_slice(&src);
+                job(&mut x);
+            });
+            // The refill is a copy of the same size: time it alone and take it off.
+            let copy = sample(samples, 0.0, || x.copy_from_slice(black_box(&src)));
+            let c = Stat::of(&copy).median;
+            let t: Vec<f64> = t.iter().map(|s| (s - c).max(1e-9)).collect();
+            out.push(row(name, n, t));
+        }
+        let mut codes = vec![0u8; n];
+        let t = sample(samples, 0.0, || {
+            black_box(fp8_quantize(&mut codes, &src, 100.0, Fp8Format::E4M3, true).ok());
+        });
+        out.push(row("fp8 e4m3 storage cast to codes (delayed scale)", n, t));
+        out
+    };
+    fn row(name: &str, n: usize, t: Vec<f64>) -> QuantRow {
+        let time = Stat::of(&t);
+        QuantRow {
+            recipe: name.into(),
+            elements: n,
+            threads: 1,
+            time,
+            gbps: (n * 4) as f64 / time.median / 1e9,
+            best_gbps: (n * 4) as f64 / time.min / 1e9,
+        }
+    }
+    match pool {
+        Ok(p) => p.install(run),
+        Err(_) => run(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -370,6 +471,9 @@ mod tests {
             rows[0].gflops > 0.1 && rows[0].gflops.is_finite(),
             "{rows:?}"
         );
+        let q = quant_bench(64, 256, 2);
+        assert_eq!(q.len(), 9);
+        assert!(q.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite() && r.threads == 1), "{q:?}");
         let mem = memory_bench_with(1 << 16, 3);
         assert_eq!(mem.len(), 2);
         assert!(

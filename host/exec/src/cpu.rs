@@ -23,6 +23,7 @@ use runner_kernels::cpu::attention::{Attn, attention_backward, attention_forward
 use runner_kernels::cpu::matmul::{self, Gemm};
 use runner_kernels::cpu::moe::{self, Router};
 use runner_kernels::cpu::precision::{self as prec, Fp8Format};
+use runner_kernels::cpu::quant::{self, QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::{self, Rope};
 use runner_kernels::cpu::{activation, embedding, loss, norm};
 
@@ -501,6 +502,14 @@ impl Device for Cpu {
             DType::F32 | DType::NvFp4 | DType::I32 => {}
         }
         Ok(())
+    }
+
+    fn quantize(&self, x: &mut CpuBuffer, rows: usize, cols: usize, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+        quant::quantize(fm(x, "quantize")?, rows, cols, spec).map_err(kerr("quantize"))
+    }
+
+    fn hadamard_rows(&self, x: &mut CpuBuffer, rows: usize, cols: usize, h: usize, seed: u64) -> Result<(), ExecError> {
+        quant::hadamard_rows(fm(x, "hadamard_rows")?, rows, cols, h, seed).map_err(kerr("hadamard_rows"))
     }
 
     fn add_assign(&self, dst: &mut CpuBuffer, src: &CpuBuffer) -> Result<(), ExecError> {

@@ -302,6 +302,35 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         p.dev.round_to_storage(&mut y.1, dtype, row)?;
         p.check(&format!("round_to_storage {}", dtype.name()), &y, 0.0)?;
     }
+    // Scaled quantisation of GEMM operands: the same bits and the same counts.
+    use runner_kernels::cpu::quant::{BlockSpec, FloatFormat, Format, QuantSpec, ScaleFormat, ScaleRounding};
+    let block = |format, block, scale_format, scale_rounding, tensor_scale, stochastic| {
+        QuantSpec::Blocks(BlockSpec { format, block, scale_format, scale_rounding, tensor_scale, saturate: true, stochastic })
+    };
+    let specs = [
+        ("bf16", QuantSpec::Float(FloatFormat::Bf16)),
+        ("fp8 e4m3 delayed", QuantSpec::Tensor { format: Format::E4M3, scale: Some(3.0), margin: 0, saturate: true, stochastic: None }),
+        ("fp8 e5m2 current", QuantSpec::Tensor { format: Format::E5M2, scale: None, margin: 1, saturate: false, stochastic: None }),
+        ("fp8 e4m3 stochastic", QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 0, saturate: true, stochastic: Some(5) }),
+        ("mxfp8 1x32", block(Format::E4M3, (1, 32), ScaleFormat::E8M0, ScaleRounding::Pow2Up, false, None)),
+        ("mxfp8 32x1 floor", block(Format::E4M3, (32, 1), ScaleFormat::E8M0, ScaleRounding::Pow2Down, false, None)),
+        ("fp8 128x128", block(Format::E4M3, (128, 128), ScaleFormat::Fp32, ScaleRounding::Exact, false, None)),
+        ("nvfp4 1x16", block(Format::E2M1, (1, 16), ScaleFormat::E4M3, ScaleRounding::Exact, true, Some(9))),
+        ("nvfp4 16x16", block(Format::E2M1, (16, 16), ScaleFormat::E4M3, ScaleRounding::Exact, true, None)),
+    ];
+    for (name, spec) in specs {
+        let mut y = p.f(&v[..4000])?;
+        let rc = p.cpu.quantize(&mut y.0, 40, 100, &spec)?;
+        let rd = p.dev.quantize(&mut y.1, 40, 100, &spec)?;
+        p.check(&format!("quantize {name}"), &y, 0.0)?;
+        let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
+        p.check_value(&format!("quantize {name} counts"), counts(&rc), counts(&rd), 0.0);
+        p.check_value(&format!("quantize {name} amax"), rc.amax, rd.amax, 0.0);
+    }
+    let mut h = p.f(&v[..3200])?;
+    p.cpu.hadamard_rows(&mut h.0, 40, 80, 16, 3)?;
+    p.dev.hadamard_rows(&mut h.1, 40, 80, 16, 3)?;
+    p.check("hadamard_rows 16", &h, EW)?;
     Ok(())
 }
 

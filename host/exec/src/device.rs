@@ -38,6 +38,7 @@ use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::Router;
 use runner_kernels::cpu::precision::Fp8Format;
+use runner_kernels::cpu::quant::{QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
 use serde::Serialize;
 
@@ -278,6 +279,28 @@ pub trait Device {
         buf: &mut Self::Buffer,
         dtype: DType,
         row: usize,
+    ) -> Result<(), ExecError>;
+
+    /// Quantise-dequantise an f32 buffer of (rows, cols), row-major, in place as `spec`
+    /// says (a GEMM operand under its precision plan: FP8 per tensor with a given or a
+    /// current scale, block scales, NVFP4, or a plain 16-bit float rounding), and report
+    /// what it did (`runner_kernels::cpu::quant::quantize` is the reference).
+    fn quantize(
+        &self,
+        x: &mut Self::Buffer,
+        rows: usize,
+        cols: usize,
+        spec: &QuantSpec,
+    ) -> Result<QuantReport, ExecError>;
+    /// The random Hadamard transform along the rows of an f32 (rows, cols) buffer, in
+    /// groups of `h` rows (`runner_kernels::cpu::quant::hadamard_rows`).
+    fn hadamard_rows(
+        &self,
+        x: &mut Self::Buffer,
+        rows: usize,
+        cols: usize,
+        h: usize,
+        seed: u64,
     ) -> Result<(), ExecError>;
 
     // ---- element-wise -------------------------------------------------------------

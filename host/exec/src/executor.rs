@@ -173,6 +173,8 @@ pub struct Executor<D: Device> {
     pending_partials: HashMap<TensorId, (D::Buffer, &'static str)>,
     /// FSDP: this rank's shards of the weights it covers (`executor/fsdp.rs`).
     fsdp: fsdp::FsdpState<D::Buffer>,
+    /// Precision plans of the linear layers, amax histories, numerics (`executor/quant.rs`).
+    quant: quant::QuantState,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current
@@ -362,6 +364,7 @@ impl<D: Device> Executor<D> {
             ep: ep::EpState::default(),
             pending_partials: HashMap::new(),
             fsdp: fsdp::FsdpState::default(),
+            quant: quant::QuantState::default(),
             graph: g,
         };
         ex.check_expert_tensor_parallel()?;
@@ -661,6 +664,13 @@ impl<D: Device> Executor<D> {
     /// and statistics the coming backward steps read. Outputs still live from the
     /// forward are left as they are (the re-run computes the same values).
     fn rerun(&mut self, s: usize) -> Result<(), ExecError> {
+        self.quant.quiet = true;
+        let r = self.rerun_segment(s);
+        self.quant.quiet = false;
+        r
+    }
+
+    fn rerun_segment(&mut self, s: usize) -> Result<(), ExecError> {
         let t0 = self.device.record()?;
         for pos in 0..self.sched.segments[s].len() {
             let oi = self.sched.segments[s][pos];
@@ -703,6 +713,8 @@ impl<D: Device> Executor<D> {
         }
         let mut aux = Vec::new();
         if !self.comm_forward(oi, &mut outs, &mut aux)? {
+            // A linear with a precision plan reads quantised copies of X and W.
+            let quantised = if self.graph.ops[oi].kind == OpKind::Linear { self.forward_operands(oi)? } else { None };
             let op = &self.graph.ops[oi];
             let zero_bias = match self.bias_added_elsewhere(op) {
                 Some(n) => {
@@ -727,7 +739,15 @@ impl<D: Device> Executor<D> {
             if let Some(z) = &zero_bias {
                 ins[2] = z;
             }
+            if let Some((qx, qw, _)) = &quantised {
+                ins[0] = qx;
+                ins[1] = qw;
+            }
             ops::forward(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
+            if let Some((_, _, output)) = quantised {
+                let row = self.graph.tensors[op.outputs[0]].shape.last().copied().unwrap_or(1) as usize;
+                self.device.round_to_storage(&mut outs[0], output, row)?;
+            }
         }
         if self.options.emulate_storage {
             let op = &self.graph.ops[oi];
@@ -882,6 +902,10 @@ impl<D: Device> Executor<D> {
             }
             return self.after_step(si);
         }
+        let linear = match (self.graph.ops[self.plan.steps[si].op].kind, self.plan.steps[si].grads_in.first()) {
+            (OpKind::Linear, Some(Some(dy))) => self.backward_operands(self.plan.steps[si].op, *dy)?,
+            _ => None,
+        };
         let step = &self.plan.steps[si];
         let op = &self.graph.ops[step.op];
         // Take the gradient buffers this step writes out of the store. A tensor in two
@@ -949,6 +973,7 @@ impl<D: Device> Executor<D> {
                     .collect(),
                 grads_out,
                 plans: &self.plans,
+                linear: linear.as_ref(),
             };
             ops::backward(&self.device, &self.graph, step, io)?;
         }
@@ -1355,6 +1380,8 @@ mod ep;
 mod finalize;
 mod fsdp;
 mod ops;
+mod quant;
 pub use fsdp::Shard;
+pub use quant::Snapshot;
 #[cfg(test)]
 mod tests;

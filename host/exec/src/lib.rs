@@ -56,6 +56,7 @@ pub mod devcheck;
 pub mod device;
 pub mod executor;
 pub mod linear_time;
+pub mod precision;
 pub mod proxy;
 pub mod select;
 #[cfg(test)]

@@ -21,7 +21,9 @@ mod rules {
     use super::wit::*;
     runner_contract::precision_rules!();
 }
-pub use rules::{dtype_name, is_low_precision, validate_operand, validate_plan, validate_step};
+pub use rules::{
+    dtype_name, is_low_precision, selects, unscaled, unscaled_operand, validate_operand, validate_plan, validate_step,
+};
 
 enum Instance {
     V2(Sandboxed<v2::precision::PrecisionPlugin>),

@@ -109,6 +109,10 @@ pub struct OpTime {
     pub kind: OpClass,
     /// Transformer layer, or -1 outside the stack.
     pub layer: i32,
+    /// The shape timed: a GEMM's `[M, N, K]` of one call (x is M×K, the weight N×K);
+    /// another op's output tensor. Informative: the name ties the entry to the graph.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<u64>,
     /// What the projection uses: forward and backward seconds.
     pub fwd_s: f64,
     pub bwd_s: f64,
@@ -128,6 +132,8 @@ pub struct OpsFile {
     /// The device it ran on, as the runner names it ("cuda:0 (NVIDIA H100 80GB HBM3,
     /// sm_90)", "cpu (16 threads)").
     pub device: String,
+    /// When it ran: UTC, RFC 3339 (`2026-12-01T10:24:11Z`).
+    pub measured_at: String,
     /// The GPU profile it stands for.
     pub gpu: String,
     /// The model variant, its sequence length and the precision recipe whose plan gave
@@ -143,6 +149,15 @@ pub struct OpsFile {
     #[serde(default)]
     pub notes: Vec<String>,
     pub ops: Vec<OpTime>,
+}
+
+/// The longest time an entry may hold: an op of one micro-batch that runs for longer
+/// than a day is a broken measurement, and would carry the projection to absurd figures.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// A time in seconds: finite, >= 0 (or > 0 where `positive`), at most [`MAX_SECONDS`].
+fn seconds_ok(v: f64, positive: bool) -> bool {
+    v.is_finite() && v <= MAX_SECONDS && if positive { v > 0.0 } else { v >= 0.0 }
 }
 
 fn finite_nonneg(v: f64) -> bool {
@@ -193,6 +208,9 @@ impl OpsFile {
         if self.seq_len == 0 {
             return Err(format!("{origin}: seq_len must be at least 1"));
         }
+        if self.device.trim().is_empty() || self.measured_at.trim().is_empty() {
+            return Err(format!("{origin}: device and measured_at must name the device and the UTC time the run was on"));
+        }
         if self.ops.is_empty() {
             return Err(format!("{origin}: ops is empty: nothing was measured"));
         }
@@ -206,8 +224,8 @@ impl OpsFile {
                 return Err(format!("{at}: the op is listed twice; keep one entry per op"));
             }
             for (what, v) in [("fwd_s", op.fwd_s), ("bwd_s", op.bwd_s)] {
-                if !finite_nonneg(v) {
-                    return Err(format!("{at}: {what} must be a finite number of seconds >= 0, got {v}"));
+                if !seconds_ok(v, false) {
+                    return Err(format!("{at}: {what} must be a number of seconds in 0..={MAX_SECONDS}, got {v}"));
                 }
             }
             match (op.kind, &op.gemm, &op.memory) {
@@ -218,14 +236,15 @@ impl OpsFile {
                     if g.calls == 0 {
                         return Err(format!("{at}: gemm.calls must be at least 1"));
                     }
-                    if let Some(v) = g.kernel_s.iter().find(|v| !finite_pos(**v)) {
-                        return Err(format!("{at}: gemm.kernel_s must hold three finite times > 0, got {v}"));
+                    if let Some(v) = g.kernel_s.iter().find(|v| !seconds_ok(**v, true)) {
+                        return Err(format!("{at}: gemm.kernel_s must hold three times in seconds, > 0 and <= {MAX_SECONDS}, got {v}"));
                     }
                 }
                 (OpClass::Memory, None, Some(m)) => {
-                    if !finite_nonneg(m.bytes) || !finite_pos(m.run_bytes) || !finite_nonneg(m.run_fwd_s) || !finite_nonneg(m.run_bwd_s) {
+                    if !finite_nonneg(m.bytes) || !finite_pos(m.run_bytes) || !seconds_ok(m.run_fwd_s, false) || !seconds_ok(m.run_bwd_s, false) {
                         return Err(format!(
-                            "{at}: memory.bytes, run_fwd_s and run_bwd_s must be finite and >= 0, memory.run_bytes > 0"
+                            "{at}: memory.bytes must be finite and >= 0, memory.run_bytes > 0, run_fwd_s and run_bwd_s seconds in \
+                             0..={MAX_SECONDS}"
                         ));
                     }
                 }
@@ -603,6 +622,7 @@ mod tests {
                 name: format!("g{i}"),
                 kind: OpClass::Gemm,
                 layer: 0,
+                shape: Vec::new(),
                 fwd_s: t,
                 bwd_s: 2.0 * t,
                 gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops, calls, bytes: 2.0 * (m * k + n * k + m * n), kernel_s: [t; 3] }),
@@ -615,6 +635,7 @@ mod tests {
                 name: format!("v{i}"),
                 kind: OpClass::Memory,
                 layer: 0,
+                shape: Vec::new(),
                 fwd_s: t / 2.0,
                 bwd_s: t,
                 gemm: None,
@@ -625,6 +646,7 @@ mod tests {
             format: FORMAT.into(),
             version: VERSION,
             device: "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".into(),
+            measured_at: "2026-12-01T10:00:00Z".into(),
             gpu: "H100".into(),
             model: "m".into(),
             seq_len: 4096,
@@ -681,7 +703,42 @@ mod tests {
         bad(&good.replacen("\"calls\": 1", "\"calls\": 0", 1), "gemm.calls");
         bad(&good.replacen("\"kind\": \"memory\"", "\"kind\": \"gemm\"", 1), "a `gemm` object");
         bad(&good.replacen("\"mbs\": 1", "\"mbs\": 0", 1), "shard.mbs");
+        bad(&good.replacen("\"fwd_s\": ", "\"fwd_s\": -", 1), "ops[0] ('g0'): fwd_s must be a number of seconds");
+        bad(&good.replacen("\"measured_at\": \"2026-12-01T10:00:00Z\"", "\"measured_at\": \"\"", 1), "measured_at");
+        bad(&good.replacen(",\n  \"measured_at\": \"2026-12-01T10:00:00Z\"", "", 1), "missing field `measured_at`");
         bad("[{\"op\": \"all_reduce\"}]", "--collectives");
+    }
+
+    /// NaN, negative, zero and huge values give an error or a finite fit, never a panic;
+    /// the parser refuses every time that is not a finite number >= 0.
+    #[test]
+    fn extreme_values_never_panic() {
+        let gpu = h100();
+        let good = synthetic(&gpu, 0.6, 5.0, 0.7);
+        let finite_fit = |f: &OpsFile, what: &str| {
+            if let Ok(fit) = fit_ops(f, &gpu, "ops.json") {
+                let e = &fit.efficiency;
+                assert!(e.gemm.bf16.is_finite() && e.gemm_half_gflop.is_finite() && e.memory.is_finite(), "{what}: {:?}", fit.params);
+            }
+        };
+        for v in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e-300, 1e300, f64::MAX] {
+            let mut f = good.clone();
+            f.ops[0].gemm.as_mut().unwrap().kernel_s[1] = v;
+            f.ops[1].gemm.as_mut().unwrap().flops = v;
+            f.ops[6].memory.as_mut().unwrap().run_fwd_s = v;
+            f.ops[7].fwd_s = v;
+            finite_fit(&f, &format!("{v}"));
+            let text = serde_json::to_string(&f).unwrap();
+            let parsed = OpsFile::parse(&text, "ops.json");
+            if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS) {
+                assert!(parsed.is_err(), "{v} accepted");
+            }
+        }
+        let mut f = good.clone();
+        f.ops[0].gemm.as_mut().unwrap().calls = u64::MAX;
+        f.ops[0].gemm.as_mut().unwrap().bytes = f64::MAX;
+        finite_fit(&f, "calls u64::MAX");
+        assert!(OpsFile::parse("{\"format\": 1e999}", "ops.json").unwrap_err().contains("line 1"));
     }
 
     #[test]

@@ -588,6 +588,33 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 &serde_json::json!({ "peak": peak, "gemm": rows }),
             )
         }
+        BenchCommand::Quantize { rows, cols } => {
+            if rows == 0 || cols == 0 || rows.saturating_mul(cols) > 1 << 28 {
+                anyhow::bail!("--rows x --cols: {rows} x {cols} is outside 1..=2^28 elements");
+            }
+            let rows_out = runner_exec::bench::quant_bench(rows, cols, 7);
+            let mut t = Table::new(
+                format!("scaled quantisation of a {rows} x {cols} f32 operand, one thread"),
+                &["recipe", "median GB/s", "best GB/s", "G elements/s", "median time"],
+            );
+            for r in &rows_out {
+                t.rows.push(vec![
+                    r.recipe.clone(),
+                    format!("{:.2}", r.gbps),
+                    format!("{:.2}", r.best_gbps),
+                    format!("{:.2}", r.gbps / 4.0),
+                    format!("{:.2} ms", r.time.median * 1e3),
+                ]);
+            }
+            t.notes.push(
+                "GB/s = f32 input bytes read per second on one core (target >= 1 GB/s). Each pass quantises and \
+                 dequantises in place with the statistics a GEMM site reports (amax, saturation, underflow, \
+                 non-finite), as the executor runs it; the refill copy is timed alone and subtracted; the last row \
+                 writes FP8 codes"
+                    .into(),
+            );
+            emit(global, &t, &rows_out)
+        }
         BenchCommand::Memory => {
             let rows = runner_exec::bench::memory_bench();
             let mut t = Table::new(

@@ -288,6 +288,7 @@ fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, globa
             name: op.name.clone(),
             kind: OpClass::Gemm,
             layer: op.layer,
+            shape: [m, n, k].map(|d| d as u64).to_vec(),
             fwd_s: c * (t.kernel_s[0] + t.cast_x_s),
             bwd_s: c * (t.kernel_s[1] + t.kernel_s[2] + t.cast_dy_s),
             gemm: Some(GemmDetail {
@@ -339,6 +340,7 @@ fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, globa
             name: op.name.clone(),
             kind: OpClass::Memory,
             layer: op.layer,
+            shape: op.outputs.first().map(|&t| g.tensors[t].shape.clone()).unwrap_or_default(),
             fwd_s: t.forward.median * scale,
             bwd_s: t.backward.median * scale,
             gemm: None,
@@ -380,6 +382,7 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
         format: measured::FORMAT.into(),
         version: measured::VERSION,
         device: device.clone(),
+        measured_at: runner_store::now(),
         gpu: gpu.name.clone(),
         model: target.model.clone(),
         seq_len: s.projector.model.seq_len,

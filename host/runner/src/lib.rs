@@ -17,6 +17,7 @@
 //! - [`pricing`]: a cloud's cheapest quote for a row, with where every number came from.
 //! - [`report`]: tables, JSON, CSV and HTML with charts.
 //! - [`history`]: runs kept in SQLite; resume, show, compare.
+//! - [`train`]: a small model trained on real text under precision policies.
 
 pub mod explore;
 pub mod history;
@@ -27,3 +28,4 @@ pub mod pricing;
 pub mod project;
 pub mod report;
 pub mod runfile;
+pub mod train;

@@ -4,6 +4,7 @@
 mod commands;
 mod device_bench;
 mod dist_bench;
+mod train_cmd;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -149,6 +150,11 @@ enum Command {
         #[command(flatten)]
         run: QuickRun,
     },
+    /// Train a small model on real text under precision policies, with their fallback rules acting on the loss
+    #[command(
+        after_help = "Examples:\n  runner train --plugin llama3.wasm --variant llama3-tiny --precision fp8-safe.wasm --steps 300\n  runner train --compare bf16,fp8,fp8-safe --steps 300 --seed 1 -o train.html\n  runner train --compare fp8,fp8-safe --inject amax-spike@150 --steps 300\n  runner train --precision nvfp4 --plan-for H100   (refused: H100 has no NVFP4)"
+    )]
+    Train(train_cmd::TrainArgs),
     /// Run a run file (workloads/*.toml)
     #[command(
         after_help = "Examples:\n  runner run workloads/llama3.1-8b-h100-bf16.toml\n  runner run my.toml --format csv -o out.csv"
@@ -345,6 +351,18 @@ pub enum BenchCommand {
         after_help = "Examples:\n  runner bench memory\n  runner bench memory --format json -o mem.json"
     )]
     Memory,
+    /// Scaled quantisation throughput per recipe (FP8 per tensor, MXFP8, 1x128/128x128 blocks, NVFP4), GB/s per core
+    #[command(
+        after_help = "Examples:\n  runner bench quantize\n  runner bench quantize --rows 4096 --cols 4096 --format json"
+    )]
+    Quantize {
+        /// Rows of the operand
+        #[arg(long, default_value_t = 4096)]
+        rows: usize,
+        /// Columns of the operand
+        #[arg(long, default_value_t = 4096)]
+        cols: usize,
+    },
     /// Every kernel of the device checked against the CPU backend, and a toy training step
     #[command(
         after_help = "Examples:\n  runner bench kernels --device cuda\n  runner bench kernels --device cuda --format json -o kernels.json"
@@ -492,6 +510,7 @@ fn main() -> ExitCode {
         Some(Command::History { limit }) => commands::explore::list(limit, &cli.global),
         Some(Command::Show { id }) => commands::explore::show(id, &cli.global),
         Some(Command::Compare { a, b }) => commands::explore::compare(a, b, &cli.global),
+        Some(Command::Train(args)) => train_cmd::train(args, &cli.global),
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
         Some(Command::Bench(cmd)) => device_bench::bench(cmd, &cli.global),

@@ -149,6 +149,23 @@ fn gemm_format(a: plugin::precision::Dtype, b: plugin::precision::Dtype) -> Opti
     Some(if x == y { x } else { GemmFormat::Bf16 })
 }
 
+/// Every GEMM site of `graph` a precision plan covers, with the index of its op: each
+/// linear and grouped (expert) linear, in graph order, in three roles (forward, input
+/// gradient, weight gradient), with the GEMM's m, n, k.
+pub fn gemm_sites(graph: &Graph) -> Vec<(usize, plugin::precision::GemmSite)> {
+    use plugin::precision::{GemmRole as W, GemmSite};
+    let mut sites = Vec::new();
+    for (oi, op) in graph.ops.iter().enumerate().filter(|(_, o)| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
+        let w = graph.tensor(op.inputs[1]);
+        let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
+        let m = graph.tensor(op.inputs[0]).numel() / k.max(1);
+        for role in [W::Forward, W::InputGradient, W::WeightGradient] {
+            sites.push((oi, GemmSite { layer: op.layer, name: op.name.clone(), role, m, n, k }));
+        }
+    }
+    sites
+}
+
 /// Ask precision plugin `spec` for a plan over every GEMM site of `graph`, for the GPU the
 /// run projects onto.
 ///
@@ -166,17 +183,18 @@ pub fn plan_from_plugin(
     let p = plugin::load(spec)?;
     let source = format!("{} (sha256 {})", p.info.name, &p.info.sha256[..12]);
     let mut policy = p.precision(limits)?;
-    let mut sites = Vec::new();
-    let mut names = Vec::new();
-    for op in graph.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
-        let w = graph.tensor(op.inputs[1]);
-        let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
-        let m = graph.tensor(op.inputs[0]).numel() / k.max(1);
-        for (role, ours) in [(W::Forward, GemmRole::Forward), (W::InputGradient, GemmRole::InputGradient), (W::WeightGradient, GemmRole::WeightGradient)] {
-            sites.push(GemmSite { layer: op.layer, name: op.name.clone(), role, m, n, k });
-            names.push((op.name.clone(), ours));
-        }
-    }
+    let sites: Vec<GemmSite> = gemm_sites(graph).into_iter().map(|(_, s)| s).collect();
+    let names: Vec<(String, GemmRole)> = sites
+        .iter()
+        .map(|s| {
+            let ours = match s.role {
+                W::Forward => GemmRole::Forward,
+                W::InputGradient => GemmRole::InputGradient,
+                W::WeightGradient => GemmRole::WeightGradient,
+            };
+            (s.name.clone(), ours)
+        })
+        .collect();
     let answer = policy.plan(&PlanRequest {
         model: variant.name.clone(),
         layers: variant.hyper.layers,

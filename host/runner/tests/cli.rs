@@ -537,24 +537,52 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     assert_eq!(kind_of("layers.0.attn_norm"), Some("memory".into()));
     assert_eq!(kind_of("layers.0.attn.core"), None, "attention is not measured");
 
-    let step = |args: &[&str]| -> (f64, String) {
-        let mut a = vec!["project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "1", "--mbs", "1", "--format", "json", "-q"];
+    let step = |args: &[&str]| -> serde_json::Value {
+        let mut a = vec!["project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "1", "--mbs", "1", "--gbs", "4"];
+        a.extend(["--recompute", "none", "--format", "json", "-q"]);
         a.extend(args);
         let o = run(&a);
         assert!(o.status.success(), "{a:?}: {}", text(&o).1);
-        let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
-        (v["step_time_s"].as_f64().unwrap(), v["notes"].to_string())
+        serde_json::from_str(&text(&o).0).unwrap()
     };
-    let (roofline, _) = step(&[]);
-    let (measured, notes) = step(&["--measured", "ops.json"]);
-    assert!(notes.contains("replace the roofline"), "{notes}");
-    assert!(measured != roofline);
+    let roofline = step(&[]);
+    let measured = step(&["--measured", "ops.json"]);
+    assert!(measured["notes"].to_string().contains("replace the roofline"), "{}", measured["notes"]);
+    assert!(roofline.get("measured").is_none());
+    let names: Vec<&str> = measured["measured"]["ops"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    assert_eq!(names.len(), ops["ops"].as_array().unwrap().len());
+    assert!(names.contains(&"layers.0.mlp.gate") && !names.contains(&"layers.0.attn.core"), "{names:?}");
+    assert_eq!(measured["measured"]["device"], ops["device"]);
+    assert!(measured["step_time_s"] != roofline["step_time_s"]);
+    // The CPU's measured times, through the file, by hand: with every op's time doubled
+    // the step grows by exactly the file's times, once per micro-batch, the layer-0 ops
+    // once per layer (llama3-tiny: 4 alike layers) and the ops outside the stack once.
+    let mut doubled = ops.clone();
+    let mut per_micro_batch = 0.0;
+    for o in doubled["ops"].as_array_mut().unwrap() {
+        let (f, b) = (o["fwd_s"].as_f64().unwrap(), o["bwd_s"].as_f64().unwrap());
+        per_micro_batch += (f + b) * if o["layer"].as_i64() == Some(-1) { 1.0 } else { 4.0 };
+        o["fwd_s"] = (2.0 * f).into();
+        o["bwd_s"] = (2.0 * b).into();
+    }
+    std::fs::write(dir.join("ops2.json"), serde_json::to_string(&doubled).unwrap()).unwrap();
+    let twice = step(&["--measured", "ops2.json"]);
+    let mb = twice["micro_batches"].as_f64().unwrap();
+    assert_eq!((mb, twice["layout"]["pp"].as_u64()), (4.0, Some(1)));
+    let grew = twice["step_time_s"].as_f64().unwrap() - measured["step_time_s"].as_f64().unwrap();
+    let want = mb * per_micro_batch;
+    assert!((grew - want).abs() <= 1e-9 * want, "the step grew by {grew} s, the file's times make {want} s");
+    // cpu-box's tensor cores (a custom GPU's) run no FP8, so the plan refuses fp8 before
+    // the file is read: a file claiming fp8 stands in for the precision mismatch.
+    let fp8 = std::fs::read_to_string(dir.join("ops.json")).unwrap().replacen("\"precision\": \"bf16\"", "\"precision\": \"fp8\"", 1);
+    assert!(fp8.contains("\"precision\": \"fp8\""));
+    std::fs::write(dir.join("ops-fp8.json"), fp8).unwrap();
     for (args, want) in [
-        (vec!["--tp", "2", "--gpus", "2"], "--tp 1"),
-        (vec!["--precision", "fp8", "--gpus", "1"], "--precision bf16"),
-        (vec!["--seq-len", "128", "--gpus", "1"], "--seq-len 256"),
+        (vec!["--measured", "ops.json", "--tp", "2", "--gpus", "2"], "--tp 1"),
+        (vec!["--measured", "ops-fp8.json", "--gpus", "1"], "--precision fp8"),
+        (vec!["--measured", "ops.json", "--seq-len", "128", "--gpus", "1"], "--seq-len 256"),
     ] {
-        let mut a = vec!["project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--measured", "ops.json"];
+        let mut a = vec!["project", "--model", "llama3-tiny", "--gpu", "cpu-box"];
         a.extend(args);
         let o = run(&a);
         assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
@@ -582,6 +610,16 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     assert!(out.contains("scale_up") && out.contains("scale-up tier from 4 rank(s) on 1 node(s)"), "{out}");
     let net = std::fs::read_to_string(dir.join("net.toml")).unwrap();
     assert!(net.contains("scale_up_latency_us") && net.contains("--collectives coll.json"), "{net}");
+    // The fitted tier is what the projection reads: a TP=2 layout's exposed TP
+    // communication follows the loopback sockets' fit, not the prior.
+    let tp_comm = |profile: &str| {
+        let o = runner(&dir, &["--profile", profile, "project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "2", "--tp", "2", "--format", "json", "-q"]);
+        assert!(o.status.success(), "{profile}: {}", text(&o).1);
+        let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+        v["breakdown"]["tp"].as_f64().unwrap()
+    };
+    let (prior, fitted) = (tp_comm("cpu.toml"), tp_comm("net.toml"));
+    assert!(fitted > 2.0 * prior && prior > 0.0, "TP comm {prior} s with the prior, {fitted} s with the fit");
 
     // Bad input names the file and the problem.
     std::fs::write(dir.join("bad.json"), "{\"format\": \"runner-measured-ops\",\n \"version\": 1,\n \"ops\": [}").unwrap();

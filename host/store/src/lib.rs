@@ -98,7 +98,16 @@ CREATE TABLE IF NOT EXISTS items (
 );
 ";
 
-fn now() -> String {
+/// How long a runner waits for another one holding the database.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
+
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
+}
+
+/// The time now, UTC, RFC 3339 to the second (`2026-12-01T10:24:11Z`): what the history
+/// records and what other records (a measurement file) are dated with.
+pub fn now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
@@ -145,12 +154,29 @@ impl Store {
             std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
         }
         let conn = Connection::open(path).map_err(|e| err(&e))?;
-        conn.busy_timeout(Duration::from_secs(30)).map_err(|e| err(&e))?;
+        conn.busy_timeout(BUSY_TIMEOUT).map_err(|e| err(&e))?;
         // WAL: readers never block the writer; FULL sync: a commit is on disk when it
-        // returns, so SIGKILL (or power loss) cannot undo it.
-        conn.pragma_update(None, "journal_mode", "WAL").map_err(|e| err(&e))?;
-        conn.pragma_update(None, "synchronous", "FULL").map_err(|e| err(&e))?;
-        conn.execute_batch(SCHEMA).map_err(|e| err(&e))?;
+        // returns, so SIGKILL (or power loss) cannot undo it. Switching a new file to WAL
+        // needs an exclusive lock and SQLite answers "database is locked" at once (without
+        // its busy handler) while another runner is creating the same file, so the set-up
+        // is retried until the busy timeout.
+        let setup = |c: &Connection| -> rusqlite::Result<()> {
+            c.pragma_update(None, "journal_mode", "WAL")?;
+            c.pragma_update(None, "synchronous", "FULL")?;
+            c.execute_batch(SCHEMA)
+        };
+        let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            match setup(&conn) {
+                Ok(()) => break,
+                Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+                Err(e) => return Err(err(&e)),
+            }
+        }
         Ok(Store { conn, path: path.to_path_buf() })
     }
 
@@ -475,5 +501,34 @@ mod tests {
         let paths: Vec<&str> = d.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, vec!["days", "inputs.gpus[1]", "inputs.tokens"]);
         assert_eq!(d[2].a, Value::Null);
+    }
+
+    /// Four runners creating the same new database at once (the first run on a machine
+    /// started twice): every one opens it and lands its run. Before the set-up retried,
+    /// about one round in ten failed "database is locked".
+    #[test]
+    fn runners_creating_a_new_database_at_once_all_open_it() {
+        for round in 0..40 {
+            let path = scratch(&format!("race{round}"));
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
+            let runners: Vec<_> = (0..4)
+                .map(|w| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        barrier.wait();
+                        let mut s = Store::open(&path).map_err(|e| format!("open: {e}"))?;
+                        let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").map_err(|e| format!("begin: {e}"))?;
+                        s.put_item(id, "a", &json!(1)).map_err(|e| format!("put: {e}"))?;
+                        s.finish(id, "done", &json!({})).map_err(|e| format!("finish: {e}"))
+                    })
+                })
+                .collect();
+            for r in runners {
+                if let Err(e) = r.join().unwrap() {
+                    panic!("round {round}: {e}");
+                }
+            }
+            assert_eq!(Store::open(&path).unwrap().list(10).unwrap().len(), 4);
+        }
     }
 }

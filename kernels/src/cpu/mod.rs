@@ -25,6 +25,7 @@ pub mod matmul;
 pub mod moe;
 pub mod norm;
 pub mod precision;
+pub mod quant;
 pub mod rope;
 
 /// Elements per rayon task for element-wise kernels: large enough that task overhead
@@ -159,6 +160,25 @@ pub(crate) fn max(a: &[f32]) -> f32 {
         acc[l] = if x > acc[l] { x } else { acc[l] };
     }
     acc.into_iter().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// max |x| of a slice (NaN ignored; 0 for an empty slice), 16 lanes.
+#[inline(always)]
+pub(crate) fn max_abs(a: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let ca = a.chunks_exact(LANES);
+    let ra = ca.remainder();
+    for x in ca {
+        for l in 0..LANES {
+            let v = x[l].abs();
+            acc[l] = if v > acc[l] { v } else { acc[l] };
+        }
+    }
+    for (l, &x) in ra.iter().enumerate() {
+        let v = x.abs();
+        acc[l] = if v > acc[l] { v } else { acc[l] };
+    }
+    acc.into_iter().fold(0.0, f32::max)
 }
 
 /// Σ exp(x_i − m), 16 lanes, with the vectorisable [`exp_f32`].

@@ -212,27 +212,8 @@ pub fn fp8_quantize(
     f: Fp8Format,
     saturate: bool,
 ) -> Result<QuantStats> {
-    check_len("fp8_quantize out", out.len(), x.len())?;
-    let parts: Vec<QuantStats> = out
-        .par_chunks_mut(ELEM_GRAIN)
-        .zip(x.par_chunks(ELEM_GRAIN))
-        .map(|(q, x)| {
-            let mut s = QuantStats::default();
-            for (q, &v) in q.iter_mut().zip(x) {
-                let (code, ovf) = encode(v * scale, f, saturate);
-                *q = code;
-                s.amax = s.amax.max(v.abs());
-                s.saturated += ovf as usize;
-                s.underflowed += (v != 0.0 && v.is_finite() && code & 0x7F == 0) as usize;
-            }
-            s
-        })
-        .collect();
-    Ok(parts.iter().fold(QuantStats::default(), |a, p| QuantStats {
-        amax: a.amax.max(p.amax),
-        saturated: a.saturated + p.saturated,
-        underflowed: a.underflowed + p.underflowed,
-    }))
+    let r = super::quant::fp8_codes(out, x, scale, f, saturate)?;
+    Ok(QuantStats { amax: r.amax, saturated: r.saturated as usize, underflowed: r.underflowed as usize })
 }
 
 /// x[i] = decode(q[i]) / scale.
@@ -293,17 +274,13 @@ pub fn fp8_current_scale(amax: f32, f: Fp8Format) -> f32 {
 /// (`x̂ = RNE(x·scale) / scale`, saturating, the scale from this tensor's own amax);
 /// returns the scale.
 pub fn round_to_fp8_current(x: &mut [f32], f: Fp8Format) -> f32 {
-    let amax = x
-        .par_chunks(ELEM_GRAIN)
-        .map(|c| c.iter().fold(0f32, |m, v| m.max(v.abs())))
-        .reduce(|| 0.0, f32::max);
-    let scale = fp8_current_scale(amax, f);
-    let t = table(f);
-    x.par_chunks_mut(ELEM_GRAIN).for_each(|c| {
-        for v in c {
-            *v = t[encode(*v * scale, f, true).0 as usize] / scale;
-        }
-    });
+    let q = match f {
+        Fp8Format::E4M3 => super::quant::Format::E4M3,
+        Fp8Format::E5M2 => super::quant::Format::E5M2,
+    };
+    let scale = fp8_current_scale(super::quant::amax(x), f);
+    // The scale is finite and positive by construction, so this cannot fail.
+    let _ = super::quant::qdq_tensor(x, q, scale, true, None);
     scale
 }
 
@@ -332,21 +309,21 @@ pub fn mx_scale_rceil(amax: f32, f: Fp8Format) -> f32 {
 /// consecutive elements of each row of length `row`) holds. A row whose length is not
 /// a multiple of 32 ends in a shorter block.
 pub fn round_to_mxfp8(x: &mut [f32], row: usize) {
-    let f = Fp8Format::E4M3;
-    let t = table(f);
+    use super::quant::{BlockSpec, Format, ScaleFormat, ScaleRounding, qdq_blocks};
     let row = row.max(1);
-    x.par_chunks_mut(row * ELEM_GRAIN.div_ceil(row).max(1)).for_each(|rows| {
-        for r in rows.chunks_mut(row) {
-            for b in r.chunks_mut(MX_BLOCK) {
-                let amax = b.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let scale = mx_scale_rceil(amax, f);
-                for v in b.iter_mut() {
-                    // dividing by a power of two is exact; RCEIL keeps |v|/scale <= 448
-                    *v = t[encode(*v / scale, f, true).0 as usize] * scale;
-                }
-            }
-        }
-    });
+    let spec = BlockSpec {
+        format: Format::E4M3,
+        block: (1, MX_BLOCK),
+        scale_format: ScaleFormat::E8M0,
+        scale_rounding: ScaleRounding::Pow2Up,
+        tensor_scale: false,
+        saturate: true,
+        stochastic: None,
+    };
+    // Whole rows only (the caller passes the last dimension); a ragged tail would be a
+    // caller bug, left as it is.
+    let whole = x.len() / row * row;
+    let _ = qdq_blocks(&mut x[..whole], whole / row, row, &spec);
 }
 
 #[cfg(test)]

@@ -33,6 +33,7 @@ use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::precision::Fp8Format;
+use runner_kernels::cpu::quant::{self, QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
 
 use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
@@ -738,6 +739,142 @@ impl Device for Cuda {
             }
             DType::F32 | DType::NvFp4 | DType::I32 => Ok(()),
         }
+    }
+
+    fn quantize(&self, x: &mut CudaBuffer, rows: usize, cols: usize, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+        need("quantize", x, Elem::F32)?;
+        lens("quantize", &[("x", x.len, rows.saturating_mul(cols))])?;
+        let n = x.len as i64;
+        // Counters (3 x u64) and the amax, zeroed; read back once at the end.
+        let counters = self.alloc(Elem::I32, 6)?;
+        let amax = self.f32_scratch(2)?;
+        for b in [&counters, &amax] {
+            // SAFETY: both buffers hold 24 and 8 bytes.
+            unsafe { dr::memset_d8_async(self.ptr(b), 0, b.len * 4, self.inner.stream.cu_stream()) }
+                .map_err(|e| self.derr("memset", e))?;
+        }
+        let (cp, ap) = (self.ptr(&counters), self.ptr(&amax));
+        let fmt_of = |f: quant::Format| match f {
+            quant::Format::E4M3 => 0,
+            quant::Format::E5M2 => 1,
+            quant::Format::E2M1 => 2,
+        };
+        let seed = |s: Option<u64>| (i32::from(s.is_some()), quant::seed32(s).unwrap_or(0));
+        let mut scale = 1.0f32;
+        match *spec {
+            QuantSpec::Float(f) => {
+                let kind = match f {
+                    quant::FloatFormat::Bf16 => 0,
+                    quant::FloatFormat::F16 => 1,
+                    quant::FloatFormat::F32 => 2,
+                };
+                self.ew("quant_float", x.len, &[self.p(x), Arg::P(cp), Arg::P(ap), Arg::I(n), Arg::I32(kind)])?;
+            }
+            QuantSpec::Tensor { format, scale: given, margin, saturate, stochastic } => {
+                let cur = self.f32_scratch(1)?;
+                // SAFETY: 4 bytes.
+                unsafe { dr::memset_d8_async(self.ptr(&cur), 0, 4, self.inner.stream.cu_stream()) }
+                    .map_err(|e| self.derr("memset", e))?;
+                if given.is_none() {
+                    self.ew("amax_f32", x.len, &[self.p(&cur), self.p(x), Arg::I(n)])?;
+                }
+                let (sr, sd) = seed(stochastic);
+                self.ew(
+                    "quant_tensor",
+                    x.len,
+                    &[
+                        self.p(x),
+                        self.p(&cur),
+                        Arg::P(cp),
+                        Arg::P(ap),
+                        Arg::I(n),
+                        Arg::I32(fmt_of(format)),
+                        Arg::F(given.unwrap_or(0.0)),
+                        Arg::I32(margin),
+                        Arg::I32(i32::from(saturate)),
+                        Arg::I32(sr),
+                        Arg::I32(sd as i32),
+                    ],
+                )?;
+                scale = match given {
+                    Some(s) => s,
+                    None => quant::tensor_scale(self.download::<f32>(self.ptr(&cur), 1)?[0], format, margin),
+                };
+            }
+            QuantSpec::Blocks(b) => {
+                let (br, bc) = b.block;
+                if br == 0 || bc == 0 {
+                    return Err(ExecError::State(format!("quantize: block {br}x{bc}")));
+                }
+                let nb = rows.div_ceil(br) * cols.div_ceil(bc);
+                let bamax = self.f32_scratch(nb.max(1))?;
+                let tamax = self.f32_scratch(1)?;
+                // SAFETY: 4 bytes.
+                unsafe { dr::memset_d8_async(self.ptr(&tamax), 0, 4, self.inner.stream.cu_stream()) }
+                    .map_err(|e| self.derr("memset", e))?;
+                if b.tensor_scale {
+                    self.ew("amax_f32", x.len, &[self.p(&tamax), self.p(x), Arg::I(n)])?;
+                }
+                let (r, c) = (rows as i64, cols as i64);
+                self.ew("quant_block_amax", nb, &[self.p(&bamax), self.p(x), Arg::I(r), Arg::I(c), Arg::I32(br as i32), Arg::I32(bc as i32)])?;
+                let (sr, sd) = seed(b.stochastic);
+                let sf = match b.scale_format {
+                    quant::ScaleFormat::Fp32 => 0,
+                    quant::ScaleFormat::E8M0 => 1,
+                    quant::ScaleFormat::E4M3 => 2,
+                };
+                let rnd = match b.scale_rounding {
+                    quant::ScaleRounding::Exact => 0,
+                    quant::ScaleRounding::Pow2Down => 1,
+                    quant::ScaleRounding::Pow2Up => 2,
+                };
+                self.ew(
+                    "quant_blocks",
+                    x.len,
+                    &[
+                        self.p(x),
+                        self.p(&bamax),
+                        self.p(&tamax),
+                        Arg::P(cp),
+                        Arg::P(ap),
+                        Arg::I(r),
+                        Arg::I(c),
+                        Arg::I32(br as i32),
+                        Arg::I32(bc as i32),
+                        Arg::I32(fmt_of(b.format)),
+                        Arg::I32(sf),
+                        Arg::I32(rnd),
+                        Arg::I32(i32::from(b.tensor_scale)),
+                        Arg::I32(i32::from(b.saturate)),
+                        Arg::I32(sr),
+                        Arg::I32(sd as i32),
+                    ],
+                )?;
+                let top = self.download::<f32>(ap, 1)?[0];
+                let global = if b.tensor_scale { top / (448.0 * b.format.max()) } else { 1.0 };
+                scale = if b.tensor_scale { if global > 0.0 { 1.0 / global } else { 1.0 } } else { quant::block_scale(top, &b, global).0 };
+            }
+        }
+        let c = self.download::<u64>(cp, 3)?;
+        let a = self.download::<f32>(ap, 1)?[0];
+        Ok(QuantReport { amax: a, scale, saturated: c[0], underflowed: c[1], nonfinite: c[2], elements: x.len as u64 })
+    }
+
+    fn hadamard_rows(&self, x: &mut CudaBuffer, rows: usize, cols: usize, h: usize, seed: u64) -> Result<(), ExecError> {
+        need("hadamard_rows", x, Elem::F32)?;
+        lens("hadamard_rows", &[("x", x.len, rows.saturating_mul(cols))])?;
+        if !h.is_power_of_two() || h > 256 {
+            return Err(ExecError::State(format!("hadamard_rows: size {h} is not a power of two up to 256")));
+        }
+        if h == 1 {
+            return Ok(());
+        }
+        let s = quant::seed32(Some(seed)).unwrap_or(0);
+        self.ew(
+            "hadamard_rows",
+            (rows / h) * cols,
+            &[self.p(x), Arg::I(rows as i64), Arg::I(cols as i64), Arg::I32(h as i32), Arg::I32(s as i32)],
+        )
     }
 
     fn add_assign(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<(), ExecError> {

@@ -40,6 +40,8 @@ pub(super) struct BackwardIo<'a, D: Device> {
     /// Gradient to produce for each forward input (`None`: not needed).
     pub(super) grads_out: Vec<Option<GradTarget<'a, D::Buffer>>>,
     pub(super) plans: &'a Plans<D::Plan>,
+    /// A linear with a precision plan: its backward GEMMs' quantised operands.
+    pub(super) linear: Option<&'a super::quant::LinearBackward<D::Buffer>>,
 }
 
 /// A device error from a kernel, renamed to the graph op it ran for.
@@ -433,6 +435,7 @@ fn backward_inner<D: Device>(
         grads_in,
         mut grads_out,
         plans,
+        linear,
     } = io;
     // Zero gradient for outputs that carry none (not reaching the loss).
     let mut zeros: Vec<(usize, D::Buffer)> = Vec::new();
@@ -462,27 +465,26 @@ fn backward_inner<D: Device>(
         OpKind::Linear => {
             let (m, n, k) = linear_of(g, op);
             let dy = dout(0)?;
-            if let Some(t) = take(0) {
-                let w = input(1, "the weight")?;
-                let gm = Gemm {
-                    m,
-                    n: k,
-                    k: n,
-                    trans_a: false,
-                    trans_b: false,
-                };
-                dev.matmul(t.buf, dy, w, gm, t.accumulate)?;
+            let dgrad = Gemm { m, n: k, k: n, trans_a: false, trans_b: false };
+            let wgrad = Gemm { m: n, n: k, k: m, trans_a: true, trans_b: false };
+            if let Some(mut t) = take(0) {
+                match linear.and_then(|l| l.dgrad.as_ref()) {
+                    // Quantised operands; the result rounded to the plan's output format.
+                    Some((qdy, qw, output)) => emit(dev, &mut t, |dx| {
+                        dev.matmul(dx, qdy, qw, dgrad, false)?;
+                        dev.round_to_storage(dx, *output, k)
+                    })?,
+                    None => dev.matmul(t.buf, dy, input(1, "the weight")?, dgrad, t.accumulate)?,
+                }
             }
-            if let Some(t) = take(1) {
-                let x = input(0, "the input")?;
-                let gm = Gemm {
-                    m: n,
-                    n: k,
-                    k: m,
-                    trans_a: true,
-                    trans_b: false,
-                };
-                dev.matmul(t.buf, dy, x, gm, t.accumulate)?;
+            if let Some(mut t) = take(1) {
+                match linear.and_then(|l| l.wgrad.as_ref()) {
+                    Some((qdy, qx, output)) => emit(dev, &mut t, |dw| {
+                        dev.matmul(dw, qdy, qx, wgrad, false)?;
+                        dev.round_to_storage(dw, *output, k)
+                    })?,
+                    None => dev.matmul(t.buf, dy, input(0, "the input")?, wgrad, t.accumulate)?,
+                }
             }
             if let Some(mut t) = take(2) {
                 emit_add(dev, &mut t, |db| dev.bias_backward(db, dy))?;

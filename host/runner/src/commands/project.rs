@@ -148,7 +148,20 @@ struct ProjectOut {
     layout_from: String,
     #[serde(flatten)]
     projection: Projection,
+    /// Where `--measured` times replaced the roofline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measured: Option<MeasuredOut>,
     notes: Vec<String>,
+}
+
+/// The measured ops a projection used: the file, the device and time of the run, and
+/// the op names (every other op keeps the roofline).
+#[derive(Serialize)]
+struct MeasuredOut {
+    file: String,
+    device: String,
+    measured_at: String,
+    ops: Vec<String>,
 }
 
 /// A `runner measure` file read and checked against a projection's target.
@@ -256,8 +269,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         m.file.check_key(&m.origin, projection.layout.key()).map_err(anyhow::Error::msg)?;
         let counts: Vec<String> = m.file.counts().iter().map(|(k, n)| format!("{n} {k}")).collect();
         notes.push(format!(
-            "measured on {} ({}): {} ops replace the roofline ({}); the rest of the step keeps the model",
+            "measured on {} at {} ({}): {} ops replace the roofline ({}); the rest of the step keeps the model",
             m.file.device,
+            m.file.measured_at,
             m.origin,
             m.file.ops.len(),
             counts.join(", ")
@@ -277,6 +291,12 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         plan: s.projector.plan.source.clone(),
         layout_from: from,
         projection,
+        measured: measured.map(|m| MeasuredOut {
+            device: m.file.device,
+            measured_at: m.file.measured_at,
+            ops: m.file.ops.into_iter().map(|o| o.name).collect(),
+            file: m.origin,
+        }),
         notes,
     };
     emit(global, &project_table(&out), &out)
@@ -613,18 +633,7 @@ pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str
 
 /// Today's date (UTC) as YYYY-MM-DD, for the calibration label.
 fn today() -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    runner_store::now().chars().take(10).collect()
 }
 
 /// Leave-one-family-out: the error a model family the fit never saw gets.

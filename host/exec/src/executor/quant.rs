@@ -1,0 +1,436 @@
+//! The executor's side of precision plans: quantised copies of each linear's operands
+//! as its site plan says (forward, input gradient, weight gradient each with their own),
+//! the delayed-scaling amax histories, the step's numerics, fault injection, and the
+//! snapshots a rollback restores.
+//!
+//! A linear without a plan runs as before (f32). With one, every operand is copied,
+//! quantised and dequantised on the device (`Device::quantize`), the GEMM runs on the
+//! copies with f32 accumulation, and its result is rounded to the plan's output format.
+//! What each quantisation did is merged per (op, role, operand) until
+//! [`Executor::end_precision_step`] moves the amaxes into the histories.
+
+use std::collections::{HashMap, VecDeque};
+
+use runner_graph::{OpKind, TensorId, TensorKind};
+use runner_kernels::cpu::quant::tensor_scale;
+
+use super::Executor;
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
+use crate::precision::{
+    AmaxReduction, Fault, FaultKind, GemmRole, Operand, OperandNumerics, OperandPlan, Scaling, SiteNumerics, SitePlan,
+};
+
+type Key = (usize, GemmRole, Operand);
+
+/// Quantised GEMM inputs (A, B) and the format of the GEMM's result.
+pub(super) type Operands<B> = (B, B, runner_graph::DType);
+
+/// Plans, histories and this step's numerics.
+#[derive(Clone, Debug, Default)]
+pub(super) struct QuantState {
+    pub(super) sites: HashMap<(usize, GemmRole), SitePlan>,
+    history: HashMap<Key, VecDeque<f32>>,
+    step: HashMap<Key, OperandNumerics>,
+    faults: Vec<(usize, Fault)>,
+    /// Quantisations so far: the stochastic-rounding seed of the next one.
+    draws: u64,
+    /// Off while a recompute re-runs forward ops (their operands were counted once).
+    pub(super) quiet: bool,
+}
+
+/// The quantised operands of a linear's backward GEMMs.
+pub(super) struct LinearBackward<B> {
+    /// (dY, W) quantised for dX, and dX's format.
+    pub(super) dgrad: Option<Operands<B>>,
+    /// (dY, X) quantised (Hadamard-transformed when planned) for dW, and dW's format.
+    pub(super) wgrad: Option<Operands<B>>,
+}
+
+/// The state a rollback restores: weights, AdamW moments and step, and the amax
+/// histories (resuming without them is not deterministic: TE#759).
+#[derive(Clone, Debug)]
+pub struct Snapshot {
+    weights: Vec<(TensorId, Vec<f32>)>,
+    moments: Vec<(TensorId, Vec<f32>, Vec<f32>)>,
+    adam_step: u32,
+    history: HashMap<Key, VecDeque<f32>>,
+}
+
+impl Snapshot {
+    /// Bytes held (4 per value).
+    pub fn bytes(&self) -> usize {
+        4 * (self.weights.iter().map(|w| w.1.len()).sum::<usize>()
+            + self.moments.iter().map(|m| m.1.len() + m.2.len()).sum::<usize>())
+    }
+}
+
+fn plan_key_ok(p: &OperandPlan, role: GemmRole, operand: Operand) -> Result<(), String> {
+    p.spec(Some(1.0), 0)?;
+    if p.hadamard != 0 {
+        if role != GemmRole::WeightGradient || operand == Operand::Weight {
+            return Err("a Hadamard transform applies to the weight-gradient GEMM's inputs only".into());
+        }
+        if !p.hadamard.is_power_of_two() || p.hadamard > 256 {
+            return Err(format!("Hadamard size {} is not a power of two up to 256", p.hadamard));
+        }
+    }
+    if !matches!(p.format, runner_graph::DType::F32 | runner_graph::DType::BF16 | runner_graph::DType::F16)
+        && !p.is_low_precision()
+    {
+        return Err(format!("{} is not an operand format", p.format.name()));
+    }
+    Ok(())
+}
+
+impl<D: Device> Executor<D> {
+    /// Run the linear ops named in `plans` with their operands quantised per role as the
+    /// plans say; every other GEMM stays f32. Replaces the previous plans. The amax
+    /// history of an operand whose format or scaling changes is forgotten, so its first
+    /// step under the new plan takes its scale from its own amax.
+    ///
+    /// # Errors
+    /// An unknown op or one that is not a linear layer (grouped expert linears are not
+    /// quantised yet), or a plan the executor cannot run (a Hadamard transform anywhere
+    /// but on both inputs of a weight-gradient GEMM, a format without its scaling); the
+    /// previous plans stay.
+    pub fn set_precision(&mut self, plans: &[(String, GemmRole, SitePlan)]) -> Result<(), ExecError> {
+        let mut sites = HashMap::new();
+        for (name, role, plan) in plans {
+            let oi = self
+                .graph
+                .ops
+                .iter()
+                .position(|o| &o.name == name)
+                .ok_or_else(|| ExecError::Input(format!("precision plan for '{name}': the graph has no such op")))?;
+            if self.graph.ops[oi].kind != OpKind::Linear {
+                let low = Operand::ALL.iter().any(|o| plan.operand(*o).is_low_precision());
+                if low {
+                    return Err(ExecError::Input(format!(
+                        "precision plan for '{name}' ({:?}): only linear layers run quantised; grouped expert linears \
+                         stay f32 in this executor",
+                        self.graph.ops[oi].kind
+                    )));
+                }
+                continue;
+            }
+            for o in Operand::ALL {
+                plan_key_ok(plan.operand(o), *role, o)
+                    .map_err(|m| ExecError::Input(format!("precision plan for '{name}' ({role:?}, {o:?}): {m}")))?;
+            }
+            if *role == GemmRole::WeightGradient && plan.gradient.hadamard != plan.activation.hadamard {
+                return Err(ExecError::Input(format!(
+                    "precision plan for '{name}': a Hadamard transform must be applied to both inputs of the \
+                     weight-gradient GEMM alike (gradient {}, activation {})",
+                    plan.gradient.hadamard, plan.activation.hadamard
+                )));
+            }
+            if !matches!(plan.output, runner_graph::DType::F32 | runner_graph::DType::BF16 | runner_graph::DType::F16 | runner_graph::DType::Fp8E4M3 | runner_graph::DType::Fp8E5M2) {
+                return Err(ExecError::Input(format!(
+                    "precision plan for '{name}': output format {} (use f32, bf16, f16 or an FP8 format)",
+                    plan.output.name()
+                )));
+            }
+            sites.insert((oi, *role), *plan);
+        }
+        let old = std::mem::take(&mut self.quant.sites);
+        self.quant.history.retain(|(oi, role, o), _| {
+            match (old.get(&(*oi, *role)), sites.get(&(*oi, *role))) {
+                (Some(a), Some(b)) => {
+                    let (a, b) = (a.operand(*o), b.operand(*o));
+                    a.format == b.format && std::mem::discriminant(&a.scaling) == std::mem::discriminant(&b.scaling)
+                }
+                _ => false,
+            }
+        });
+        self.quant.sites = sites;
+        Ok(())
+    }
+
+    /// The plan of op `oi`'s GEMM of `role`, if it has one.
+    pub fn site_plan(&self, oi: usize, role: GemmRole) -> Option<&SitePlan> {
+        self.quant.sites.get(&(oi, role))
+    }
+
+    /// What quantisation did to every planned operand since the last
+    /// [`Executor::end_precision_step`], sorted by op, role and operand.
+    pub fn precision_numerics(&self) -> Vec<SiteNumerics> {
+        let mut v: Vec<SiteNumerics> = self
+            .quant
+            .step
+            .iter()
+            .map(|(&(op, role, operand), n)| SiteNumerics {
+                op,
+                name: self.graph.ops[op].name.clone(),
+                layer: self.graph.ops[op].layer,
+                role,
+                operand,
+                numerics: *n,
+            })
+            .collect();
+        v.sort_by_key(|s| (s.op, s.role, s.operand));
+        v
+    }
+
+    /// Close a training step for the precision plans: each delayed-scaled operand's amax
+    /// of this step enters its history (the oldest leaves), and the step's numerics are
+    /// cleared. Call once per step, whether or not the update was applied: the amax
+    /// was seen (Transformer Engine rotates its histories every step).
+    pub fn end_precision_step(&mut self) {
+        let q = &mut self.quant;
+        for (key, n) in q.step.drain() {
+            let Some(plan) = q.sites.get(&(key.0, key.1)) else { continue };
+            if let Scaling::Delayed { history, .. } = plan.operand(key.2).scaling {
+                let h = q.history.entry(key).or_default();
+                // A non-finite amax (a NaN step) would poison the history for its length.
+                if n.amax.is_finite() {
+                    h.push_front(n.amax);
+                }
+                h.truncate(history.max(1) as usize);
+            }
+        }
+    }
+
+    /// Drop the numerics gathered since the last step without touching the histories (an
+    /// evaluation pass between training steps).
+    pub fn discard_precision_step(&mut self) {
+        self.quant.step.clear();
+    }
+
+    /// Forget the amax histories of op `oi`'s GEMMs of `roles` (all when empty): their
+    /// next step takes the scale from its own amax.
+    pub fn reset_amax(&mut self, oi: usize, roles: &[GemmRole]) {
+        self.quant.history.retain(|(o, r, _), _| !(*o == oi && (roles.is_empty() || roles.contains(r))));
+    }
+
+    /// Inject `fault` into the named operand the next time it is quantised.
+    ///
+    /// # Errors
+    /// The op is not a linear with a plan for that role.
+    pub fn inject(&mut self, fault: Fault) -> Result<(), ExecError> {
+        let oi = self
+            .graph
+            .ops
+            .iter()
+            .position(|o| o.name == fault.op)
+            .filter(|oi| self.quant.sites.contains_key(&(*oi, fault.role)))
+            .ok_or_else(|| ExecError::Input(format!("fault: '{}' ({:?}) is not a planned GEMM site", fault.op, fault.role)))?;
+        self.quant.faults.push((oi, fault));
+        Ok(())
+    }
+
+    /// The delayed scale of an operand from its history (`None`: empty history).
+    fn delayed_scale(&self, key: Key, plan: &OperandPlan) -> Option<f32> {
+        let Scaling::Delayed { reduction, margin, .. } = plan.scaling else { return None };
+        let h = self.quant.history.get(&key).filter(|h| !h.is_empty())?;
+        let amax = match reduction {
+            AmaxReduction::MostRecent => h[0],
+            AmaxReduction::Max => h.iter().copied().fold(0.0, f32::max),
+        };
+        let f = match plan.format {
+            runner_graph::DType::Fp8E5M2 => runner_kernels::cpu::quant::Format::E5M2,
+            _ => runner_kernels::cpu::quant::Format::E4M3,
+        };
+        Some(tensor_scale(amax, f, margin))
+    }
+
+    /// A quantised copy of `src` (rows x cols) as operand `o` of op `oi`'s GEMM of
+    /// `role`, recording what the quantisation did. `hadamard`: transform the copy along
+    /// its rows first (the weight-gradient inputs).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn quantised(
+        &mut self,
+        src: &D::Buffer,
+        rows: usize,
+        cols: usize,
+        oi: usize,
+        role: GemmRole,
+        o: Operand,
+        plan: &OperandPlan,
+    ) -> Result<D::Buffer, ExecError> {
+        let key = (oi, role, o);
+        let mut x = self.device.alloc(Elem::F32, src.len())?;
+        self.device.copy(&mut x, 0, src, 0, src.len())?;
+        if let Some(i) = self.quant.faults.iter().position(|(f, fl)| *f == oi && fl.role == role && fl.operand == o) {
+            let (_, fault) = self.quant.faults.remove(i);
+            let mut host = self.device.read_f32(&x)?;
+            if let Some(at) = (0..host.len()).max_by(|&a, &b| host[a].abs().total_cmp(&host[b].abs())) {
+                host[at] = match fault.kind {
+                    FaultKind::Outlier(f) => host[at] * f,
+                    FaultKind::Nan => f32::NAN,
+                };
+            }
+            self.device.write_f32(&mut x, &host)?;
+        }
+        if plan.hadamard > 1 {
+            // One sign pattern per step and site, shared by both operands of the GEMM.
+            let seed = ((oi as u64) << 32) ^ u64::from(self.adam_step);
+            self.device.hadamard_rows(&mut x, rows, cols, plan.hadamard as usize, seed)?;
+        }
+        let spec = plan
+            .spec(self.delayed_scale(key, plan), self.quant.draws)
+            .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[oi].name)))?;
+        self.quant.draws += 1;
+        let r = self.device.quantize(&mut x, rows, cols, &spec)?;
+        if !self.quant.quiet {
+            self.quant.step.entry(key).or_default().merge(&r);
+        }
+        Ok(x)
+    }
+
+    /// A quantised copy of value (`grad: false`) or gradient (`grad: true`) `id`, taken
+    /// out of its store for the call and put back.
+    #[allow(clippy::too_many_arguments)]
+    fn quantised_tensor(
+        &mut self,
+        id: TensorId,
+        grad: bool,
+        rows: usize,
+        cols: usize,
+        oi: usize,
+        role: GemmRole,
+        o: Operand,
+        plan: &OperandPlan,
+    ) -> Result<D::Buffer, ExecError> {
+        let store = if grad { &mut self.grads } else { &mut self.vals };
+        let b = store[id].take().ok_or_else(|| {
+            ExecError::State(format!(
+                "operation '{}' quantises {}'{}', which is not live",
+                self.graph.ops[oi].name,
+                if grad { "the gradient of " } else { "" },
+                self.graph.tensors[id].name
+            ))
+        })?;
+        let r = self.quantised(&b, rows, cols, oi, role, o, plan);
+        let store = if grad { &mut self.grads } else { &mut self.vals };
+        store[id] = Some(b);
+        r
+    }
+
+    /// (n, k) of linear `oi`'s weight.
+    fn weight_shape(&self, oi: usize) -> (usize, usize) {
+        let s = &self.graph.tensors[self.graph.ops[oi].inputs[1]].shape;
+        (s[0] as usize, s[1] as usize)
+    }
+
+    /// The quantised (X, W) of linear `oi`'s forward and its output format, when it has
+    /// a plan.
+    pub(super) fn forward_operands(&mut self, oi: usize) -> Result<Option<Operands<D::Buffer>>, ExecError> {
+        let Some(plan) = self.quant.sites.get(&(oi, GemmRole::Forward)).copied() else { return Ok(None) };
+        let (xid, wid) = (self.graph.ops[oi].inputs[0], self.graph.ops[oi].inputs[1]);
+        let (n, k) = self.weight_shape(oi);
+        let m = self.numel_of(xid) / k.max(1);
+        let qx = self.quantised_tensor(xid, false, m, k, oi, GemmRole::Forward, Operand::Activation, &plan.activation)?;
+        let qw = self.quantised_tensor(wid, false, n, k, oi, GemmRole::Forward, Operand::Weight, &plan.weight)?;
+        Ok(Some((qx, qw, plan.output)))
+    }
+
+    /// The quantised operands of linear `oi`'s backward GEMMs (`dy`: its output's
+    /// gradient), for the roles with a plan.
+    pub(super) fn backward_operands(&mut self, oi: usize, dy: TensorId) -> Result<Option<LinearBackward<D::Buffer>>, ExecError> {
+        let dplan = self.quant.sites.get(&(oi, GemmRole::InputGradient)).copied();
+        let wplan = self.quant.sites.get(&(oi, GemmRole::WeightGradient)).copied();
+        if dplan.is_none() && wplan.is_none() {
+            return Ok(None);
+        }
+        let (xid, wid) = (self.graph.ops[oi].inputs[0], self.graph.ops[oi].inputs[1]);
+        let (n, k) = self.weight_shape(oi);
+        let m = self.numel_of(dy) / n.max(1);
+        let mut out = LinearBackward { dgrad: None, wgrad: None };
+        if let Some(p) = dplan {
+            let g = self.quantised_tensor(dy, true, m, n, oi, GemmRole::InputGradient, Operand::Gradient, &p.gradient)?;
+            let w = self.quantised_tensor(wid, false, n, k, oi, GemmRole::InputGradient, Operand::Weight, &p.weight)?;
+            out.dgrad = Some((g, w, p.output));
+        }
+        if let Some(p) = wplan
+            && self.plan.needs_grad[wid]
+        {
+            let g = self.quantised_tensor(dy, true, m, n, oi, GemmRole::WeightGradient, Operand::Gradient, &p.gradient)?;
+            let x = self.quantised_tensor(xid, false, m, k, oi, GemmRole::WeightGradient, Operand::Activation, &p.activation)?;
+            out.wgrad = Some((g, x, p.output));
+        }
+        Ok(Some(out))
+    }
+
+    /// Multiply every weight gradient of the last backward by `s` (gradient clipping, and
+    /// the gradient-spike fault).
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn scale_grads(&mut self, s: f32) -> Result<(), ExecError> {
+        for id in 0..self.graph.tensors.len() {
+            if let (true, Some(b)) = (self.grad_written[id], self.grads[id].as_mut()) {
+                self.device.scale(b, s)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sum of squares and finiteness of each weight gradient the last backward wrote, by
+    /// weight name.
+    ///
+    /// # Errors
+    /// A device error.
+    pub fn grad_sums(&self) -> Result<Vec<(String, f64, bool)>, ExecError> {
+        let mut out = Vec::new();
+        for (id, t) in self.graph.tensors.iter().enumerate() {
+            if !self.grad_written[id] {
+                continue;
+            }
+            if let Some(b) = self.grads[id].as_ref() {
+                let v = self.device.read_f32(b)?;
+                let ss: f64 = v.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+                out.push((t.name.clone(), ss, v.iter().all(|x| x.is_finite())));
+            }
+        }
+        Ok(out)
+    }
+
+    /// The training state a rollback returns to: weights, AdamW moments and step count,
+    /// and the amax histories.
+    ///
+    /// # Errors
+    /// An FSDP rank (its shards are not snapshotted), or a device error.
+    pub fn snapshot(&self) -> Result<Snapshot, ExecError> {
+        if self.fsdp.resting.is_some() {
+            return Err(ExecError::State("snapshots of FSDP ranks are not supported".into()));
+        }
+        let mut weights = Vec::new();
+        let mut moments = Vec::new();
+        for (id, t) in self.graph.tensors.iter().enumerate() {
+            if t.kind != TensorKind::Weight {
+                continue;
+            }
+            if let Some(b) = &self.vals[id] {
+                weights.push((id, self.device.read_f32(b)?));
+            }
+            if let Some((m, v)) = &self.moments[id] {
+                moments.push((id, self.device.read_f32(m)?, self.device.read_f32(v)?));
+            }
+        }
+        Ok(Snapshot { weights, moments, adam_step: self.adam_step, history: self.quant.history.clone() })
+    }
+
+    /// Return to `s` (taken from this executor).
+    ///
+    /// # Errors
+    /// A snapshot of another graph, or a device error.
+    pub fn restore(&mut self, s: &Snapshot) -> Result<(), ExecError> {
+        for (id, w) in &s.weights {
+            let b = self.vals.get_mut(*id).and_then(Option::as_mut).filter(|b| b.len() == w.len());
+            let b = b.ok_or_else(|| ExecError::State("snapshot of another graph".into()))?;
+            self.device.write_f32(b, w)?;
+        }
+        for (id, m, v) in &s.moments {
+            let pair = self.moments.get_mut(*id).and_then(Option::as_mut);
+            let (mb, vb) = pair.ok_or_else(|| ExecError::State("snapshot of another graph".into()))?;
+            self.device.write_f32(mb, m)?;
+            self.device.write_f32(vb, v)?;
+        }
+        self.adam_step = s.adam_step;
+        self.quant.history = s.history.clone();
+        self.quant.step.clear();
+        self.backward_done = false;
+        self.forward_done = false;
+        Ok(())
+    }
+}

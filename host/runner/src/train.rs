@@ -1,0 +1,793 @@
+//! `runner train`: a real small model trained on real text under a precision policy
+//! plugin, to see what the policy does to the loss.
+//!
+//! The workload plugin gives the graph (llama3-tiny by default), the precision plugin
+//! the plan of every GEMM site; the executor runs each linear's three GEMMs with
+//! operands quantised as planned. After each step the policy's `on-step` receives what
+//! the step's numerics were (per site and operand: amax, scale, saturation and underflow
+//! rates, non-finite flags; per layer: gradient norms and non-finite flags; the loss and
+//! the gradient norm) and its actions are carried out (`train/plan.rs`): skip the
+//! step, roll back to the last known-good checkpoint and skip batches, fall back layers
+//! or everything to BF16, change a recipe, re-promote, reset amax histories, abort.
+//! Faults can be injected (`--inject`) to see the rules act. `--compare` runs several
+//! policies on the same text, seed and batches and reports the loss gap at equal tokens
+//! and each one's effective FP8 coverage.
+//!
+//! On the CPU, low-precision GEMMs are emulated (operands quantised and dequantised,
+//! then an f32 GEMM): the numerics are those of the hardware, the speed is not.
+
+pub mod corpus;
+pub mod plan;
+pub mod report;
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use serde::Serialize;
+
+use runner_exec::cpu::Cpu;
+use runner_exec::executor::ADAMW_DEFAULT;
+use runner_exec::precision::{Fault, FaultKind, GemmRole as XRole, Operand as XOperand};
+use runner_exec::{AdamW, Device, ExecOptions, Executor, Input};
+use runner_graph::{Graph, TensorKind};
+
+use crate::plugin::precision::{
+    self as pp, GemmRole, GemmSite, LayerMetrics, Operand, OperandMetrics, PlanRequest, SiteMetrics, StepMetrics,
+};
+use crate::plugin::workload::GraphRequest;
+use crate::plugin::{self, Kind, Limits, PluginInfo};
+use corpus::Bpe;
+use plan::{Decision, PlanState};
+
+/// What fault to inject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InjectKind {
+    /// The largest input element of every linear of one layer (the middle low-precision
+    /// one by default) multiplied by 2^16 before it is quantised, in the forward and the
+    /// weight-gradient GEMMs: an outlier a delayed scale carries for its history's length.
+    AmaxSpike,
+    /// One element of that activation set to NaN.
+    Nan,
+    /// Every weight gradient multiplied by 10^4 before the policy sees the step.
+    GradSpike,
+    /// The step's batch replaced by uniformly random tokens (corrupted data): a loss
+    /// spike with healthy numerics, the case for rolling back and skipping batches.
+    BadBatch,
+}
+
+/// `--inject KIND@STEP[:SITE]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Injection {
+    pub kind: InjectKind,
+    /// The optimizer step it hits (the step about to be taken).
+    pub step: u64,
+    /// The linear op for amax-spike (its layer) and nan (default: the middle
+    /// low-precision layer's `mlp.down`); `all` for amax-spike: every low-precision layer.
+    pub site: Option<String>,
+}
+
+impl Injection {
+    /// Parse `amax-spike@150`, `nan@200:layers.2.mlp.up`, `grad-spike@100`.
+    ///
+    /// # Errors
+    /// Names the accepted forms.
+    pub fn parse(s: &str) -> Result<Injection, String> {
+        let usage = "use KIND@STEP[:SITE] with KIND amax-spike, nan, grad-spike or bad-batch (e.g. amax-spike@150)";
+        let (kind, rest) = s.split_once('@').ok_or_else(|| format!("--inject '{s}': {usage}"))?;
+        let kind = match kind {
+            "amax-spike" => InjectKind::AmaxSpike,
+            "nan" => InjectKind::Nan,
+            "grad-spike" => InjectKind::GradSpike,
+            "bad-batch" => InjectKind::BadBatch,
+            k => return Err(format!("--inject '{s}': unknown fault '{k}'; {usage}")),
+        };
+        let (step, site) = match rest.split_once(':') {
+            Some((st, site)) => (st, Some(site.to_string())),
+            None => (rest, None),
+        };
+        let step = step.parse().map_err(|_| format!("--inject '{s}': '{step}' is not a step number; {usage}"))?;
+        Ok(Injection { kind, step, site })
+    }
+}
+
+/// A training run (or a comparison of policies).
+#[derive(Clone, Debug)]
+pub struct TrainConfig {
+    /// Workload plugin spec.
+    pub model: String,
+    /// Variant (default: the plugin's first whose name ends in `-tiny`, else its first).
+    pub variant: Option<String>,
+    /// Precision plugin specs (`fp8-safe.wasm`, `fp8-safe`, a path): one run each.
+    pub policies: Vec<String>,
+    pub steps: u64,
+    pub seed: u64,
+    pub seq_len: u32,
+    pub micro_batch: u32,
+    /// Transformer layers (0: the variant's).
+    pub layers: u32,
+    /// Peak learning rate (default: the variant's).
+    pub lr: Option<f64>,
+    /// Evaluate on the held-out text every this many steps (and at the end).
+    pub eval_every: u64,
+    pub eval_batches: usize,
+    /// A UTF-8 text file instead of the shipped King James Bible.
+    pub text: Option<PathBuf>,
+    /// The device the plan is made for (default `cpu`, which emulates every format).
+    pub plan_for: String,
+    pub injections: Vec<Injection>,
+    pub max_bf16_share: f64,
+    pub checkpoint_every: u64,
+    /// Clip the global gradient norm to this (0: off).
+    pub clip_grad: f64,
+    pub limits: Limits,
+}
+
+impl TrainConfig {
+    /// Defaults for `model` and `policies`.
+    pub fn new(model: &str, policies: Vec<String>) -> TrainConfig {
+        TrainConfig {
+            model: model.into(),
+            variant: None,
+            policies,
+            steps: 300,
+            seed: 0,
+            seq_len: 128,
+            micro_batch: 8,
+            layers: 0,
+            lr: None,
+            eval_every: 0,
+            eval_batches: 8,
+            text: None,
+            plan_for: "cpu".into(),
+            injections: Vec::new(),
+            max_bf16_share: 0.5,
+            checkpoint_every: 25,
+            clip_grad: 0.0,
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// One point of a loss curve.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Point {
+    /// Optimizer steps applied.
+    pub step: u64,
+    /// Tokens trained (applied steps x tokens per step).
+    pub tokens: u64,
+    pub loss: f64,
+}
+
+/// One policy's run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunResult {
+    /// The spec asked for and the policy's own name.
+    pub policy: String,
+    pub description: String,
+    pub plugin: PluginInfo,
+    /// Training loss of every iteration that ran a forward (x = tokens trained before it).
+    pub train: Vec<Point>,
+    /// Held-out loss.
+    pub eval: Vec<Point>,
+    /// Mean training loss over the last tenth of the applied steps.
+    pub final_train_loss: f64,
+    pub final_eval_loss: f64,
+    pub steps: u64,
+    pub iterations: u64,
+    pub skipped: u64,
+    pub rollbacks: u64,
+    /// Share of GEMM FLOPs in low precision, as planned and averaged over the steps run.
+    pub planned_coverage: f64,
+    pub effective_coverage: f64,
+    pub tokens_per_s: f64,
+    pub seconds: f64,
+    pub decisions: Vec<Decision>,
+    /// Why the run stopped early, if it did (`abort`, a non-finite loss that never
+    /// recovered is not a stop: the run goes on and the curve shows it).
+    pub aborted: Option<String>,
+}
+
+/// The gap of one run to the baseline at equal tokens.
+#[derive(Clone, Debug, Serialize)]
+pub struct Gap {
+    pub policy: String,
+    pub baseline: String,
+    /// (final eval loss - baseline's) / baseline's.
+    pub eval_gap: f64,
+    pub train_gap: f64,
+    pub tokens: u64,
+}
+
+/// The whole report.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainReport {
+    pub model: String,
+    pub variant: String,
+    pub device: String,
+    pub plan_for: String,
+    pub text: String,
+    pub text_bytes: usize,
+    pub vocab: usize,
+    pub bytes_per_token: f64,
+    pub train_tokens: usize,
+    pub eval_tokens: usize,
+    pub tokens_per_step: u64,
+    pub seed: u64,
+    pub steps: u64,
+    pub injections: Vec<Injection>,
+    pub runs: Vec<RunResult>,
+    pub gaps: Vec<Gap>,
+    pub notes: Vec<String>,
+}
+
+/// The token stream, split into training and held-out parts.
+struct Data {
+    train: Vec<u32>,
+    eval: Vec<u32>,
+    seq: usize,
+    batch: usize,
+    /// Window starts of the training stream in the seed's order.
+    order: Vec<usize>,
+}
+
+impl Data {
+    fn new(tokens: Vec<u32>, seq: usize, batch: usize, seed: u64) -> Result<Data> {
+        let eval_len = (tokens.len() / 50).max((seq + 1) * batch * 2);
+        if tokens.len() < eval_len + (seq + 1) * batch * 4 {
+            bail!("the text has {} tokens, too few for batches of {batch} x {seq}; give a longer --text", tokens.len());
+        }
+        let split = tokens.len() - eval_len;
+        let (train, eval) = (tokens[..split].to_vec(), tokens[split..].to_vec());
+        let windows = (train.len() - 1) / seq;
+        let mut order: Vec<usize> = (0..windows).map(|w| w * seq).collect();
+        let mut rng = Rng(seed ^ 0x5EED_DA7A);
+        for i in (1..order.len()).rev() {
+            order.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        Ok(Data { train, eval, seq, batch, order })
+    }
+
+    /// Batch `b` of the training stream (wrapping over the shuffled windows).
+    fn batch(&self, b: u64) -> (Vec<u32>, Vec<u32>) {
+        let mut tokens = Vec::with_capacity(self.seq * self.batch);
+        let mut targets = Vec::with_capacity(self.seq * self.batch);
+        for j in 0..self.batch {
+            let w = self.order[((b as usize) * self.batch + j) % self.order.len()];
+            tokens.extend_from_slice(&self.train[w..w + self.seq]);
+            targets.extend_from_slice(&self.train[w + 1..w + 1 + self.seq]);
+        }
+        (tokens, targets)
+    }
+
+    /// Held-out batch `b` (consecutive windows).
+    fn eval_batch(&self, b: usize) -> (Vec<u32>, Vec<u32>) {
+        let per = self.seq * self.batch;
+        let start = (b * per) % (self.eval.len() - per - 1).max(1);
+        let tokens = self.eval[start..start + per].to_vec();
+        let targets = self.eval[start + 1..start + 1 + per].to_vec();
+        (tokens, targets)
+    }
+}
+
+/// SplitMix64 (batch order).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// A policy spec as a plugin spec: `fp8-safe` -> `fp8-safe.wasm`.
+pub fn policy_spec(s: &str) -> String {
+    if s.ends_with(".wasm") || s.contains('/') { s.to_string() } else { format!("{s}.wasm") }
+}
+
+/// Run the training(s).
+///
+/// # Errors
+/// Plugins that cannot be loaded or plan, a plan the executor or the host's guardrails
+/// refuse (named), a text too short, an executor error.
+pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
+    if cfg.policies.is_empty() {
+        bail!("no precision policy: give --precision or --compare");
+    }
+    if cfg.steps == 0 || cfg.steps > 1_000_000 {
+        bail!("--steps {}: use 1..=1000000", cfg.steps);
+    }
+    if cfg.seq_len == 0 || cfg.micro_batch == 0 || u64::from(cfg.seq_len) * u64::from(cfg.micro_batch) > 1 << 20 {
+        bail!("--seq-len x --micro-batch {} x {}: each at least 1, at most 2^20 tokens a step", cfg.seq_len, cfg.micro_batch);
+    }
+    if !(0.0..=1.0).contains(&cfg.max_bf16_share) {
+        bail!("--max-bf16-share {}: a fraction in 0..=1", cfg.max_bf16_share);
+    }
+    progress(&format!("loading {}", cfg.model));
+    let wp = plugin::load(&cfg.model)?;
+    let mut workload = wp.workload(cfg.limits)?;
+    let info = workload.describe()?;
+    let variant = match &cfg.variant {
+        Some(v) => info.variants.iter().find(|x| &x.name == v).ok_or_else(|| {
+            let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
+            anyhow::anyhow!("{} has no variant '{v}'; it provides: {}", wp.info.name, names.join(", "))
+        })?,
+        None => info.variants.iter().find(|v| v.name.ends_with("-tiny")).unwrap_or(&info.variants[0]),
+    }
+    .clone();
+    let graph = workload
+        .graph(&GraphRequest::training(&variant.name, cfg.seq_len, cfg.micro_batch, cfg.layers))
+        .with_context(|| format!("building the {} graph", variant.name))?;
+    let params: u64 = graph.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.numel()).sum();
+    if params > 200_000_000 {
+        bail!(
+            "{} has {:.1}B parameters in this graph; `runner train` trains small models on the CPU (use a -tiny variant or --layers)",
+            variant.name,
+            params as f64 / 1e9
+        );
+    }
+    let vocab = graph.tensor_id("embed.weight").map_or(variant.hyper.vocab as usize, |id| graph.tensors[id].shape[0] as usize);
+
+    let (text_name, text) = match &cfg.text {
+        Some(p) => (p.display().to_string(), std::fs::read_to_string(p).with_context(|| format!("cannot read --text {}", p.display()))?),
+        None => ("King James Bible (workloads/text/kjv.txt, public domain)".to_string(), corpus::KJV.to_string()),
+    };
+    progress(&format!("learning a {vocab}-token BPE on {} bytes of text", text.len()));
+    let bpe = Bpe::learn(&text, vocab);
+    let tokens = bpe.encode(&text);
+    let bytes_per_token = text.len() as f64 / tokens.len().max(1) as f64;
+    let data = Data::new(tokens, cfg.seq_len as usize, cfg.micro_batch as usize, cfg.seed)?;
+
+    let mut runs = Vec::new();
+    for spec in &cfg.policies {
+        progress(&format!("training under {spec}"));
+        let r = train_one(cfg, &graph, &variant, &data, &policy_spec(spec), progress).with_context(|| format!("policy {spec}"))?;
+        runs.push(r);
+    }
+    let base = runs.iter().position(|r| r.policy.starts_with("bf16")).unwrap_or(0);
+    let gaps = runs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != base)
+        .map(|(_, r)| Gap {
+            policy: r.policy.clone(),
+            baseline: runs[base].policy.clone(),
+            eval_gap: (r.final_eval_loss - runs[base].final_eval_loss) / runs[base].final_eval_loss,
+            train_gap: (r.final_train_loss - runs[base].final_train_loss) / runs[base].final_train_loss,
+            tokens: r.steps * u64::from(cfg.seq_len) * u64::from(cfg.micro_batch),
+        })
+        .collect();
+    let notes = vec![
+        format!(
+            "the {} graph ({} layers, {:.1}M parameters) trained on the CPU: low-precision GEMMs are emulated (operands \
+             quantised and dequantised exactly as the format stores them, then an f32 GEMM with f32 accumulation), so \
+             FP8 and FP4 give the hardware's numerics but run slower than BF16 here, not 1.3-1.6x faster as on Hopper \
+             and Blackwell tensor cores",
+            variant.name,
+            graph.ops.iter().map(|o| o.layer).max().unwrap_or(-1) + 1,
+            params as f64 / 1e6
+        ),
+        format!(
+            "AdamW (beta2 {}, weight decay {}), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
+            ADAMW_DEFAULT.beta2,
+            ADAMW_DEFAULT.weight_decay,
+            peak_lr(cfg, &variant),
+            if cfg.clip_grad > 0.0 { format!("at norm {}", cfg.clip_grad) } else { "off".into() }
+        ),
+        format!(
+            "held-out loss over {} batches of the last {} tokens; every run reads the same batches in the same order (seed {})",
+            cfg.eval_batches,
+            data.eval.len(),
+            cfg.seed
+        ),
+    ];
+    Ok(TrainReport {
+        model: wp.info.name.clone(),
+        variant: variant.name.clone(),
+        device: Cpu::new().name(),
+        plan_for: cfg.plan_for.clone(),
+        text: text_name,
+        text_bytes: text.len(),
+        vocab: bpe.vocab(),
+        bytes_per_token,
+        train_tokens: data.train.len(),
+        eval_tokens: data.eval.len(),
+        tokens_per_step: u64::from(cfg.seq_len) * u64::from(cfg.micro_batch),
+        seed: cfg.seed,
+        steps: cfg.steps,
+        injections: cfg.injections.clone(),
+        runs,
+        gaps,
+        notes,
+    })
+}
+
+fn peak_lr(cfg: &TrainConfig, v: &crate::plugin::workload::Variant) -> f64 {
+    cfg.lr.unwrap_or(if v.defaults.learning_rate > 0.0 { v.defaults.learning_rate } else { 1e-3 })
+}
+
+/// Learning rate at applied step `t` of `n`: linear warm-up over a tenth (at most 100
+/// steps), cosine decay to a tenth of the peak.
+fn lr_at(peak: f64, t: u64, n: u64) -> f64 {
+    let warm = (n / 10).clamp(1, 100);
+    if t < warm {
+        return peak * (t + 1) as f64 / warm as f64;
+    }
+    let p = (t - warm) as f64 / (n - warm).max(1) as f64;
+    peak * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * p.min(1.0)).cos()))
+}
+
+/// Layer of each weight: the layer of the first op that reads it.
+fn weight_layers(g: &Graph) -> Vec<(String, i32)> {
+    g.tensors
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| t.kind == TensorKind::Weight)
+        .map(|(id, t)| (t.name.clone(), g.ops.iter().find(|o| o.inputs.contains(&id)).map_or(-1, |o| o.layer)))
+        .collect()
+}
+
+/// The fault's default site: the forward of `mlp.down` in the middle transformer layer
+/// the plan runs in low precision (else the middle layer).
+fn default_site(sites: &[GemmSite], plans: &[pp::SitePlan]) -> Option<String> {
+    let mut low: Vec<i32> = sites.iter().zip(plans).filter(|(s, p)| plan::low_precision(s, p)).map(|(s, _)| s.layer).collect();
+    low.dedup();
+    let layers: Vec<i32> = if low.is_empty() { sites.iter().map(|s| s.layer).filter(|l| *l >= 0).collect() } else { low };
+    let l = *layers.get(layers.len() / 2)?;
+    sites
+        .iter()
+        .find(|s| s.layer == l && s.name.ends_with("mlp.down"))
+        .or_else(|| sites.iter().find(|s| s.layer == l))
+        .map(|s| s.name.clone())
+}
+
+fn xrole(r: GemmRole) -> XRole {
+    match r {
+        GemmRole::Forward => XRole::Forward,
+        GemmRole::InputGradient => XRole::InputGradient,
+        GemmRole::WeightGradient => XRole::WeightGradient,
+    }
+}
+
+/// Held-out loss: the mean over the eval batches, numerics discarded.
+fn evaluate(ex: &mut Executor<Cpu>, data: &Data, batches: usize) -> Result<f64> {
+    let mut sum = 0.0;
+    for b in 0..batches.max(1) {
+        let (tokens, targets) = data.eval_batch(b);
+        sum += f64::from(ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))])?);
+    }
+    ex.discard_precision_step();
+    Ok(sum / batches.max(1) as f64)
+}
+
+/// A known-good checkpoint (taken after a clean step).
+struct Checkpoint {
+    step: u64,
+    snapshot: runner_exec::executor::Snapshot,
+}
+
+/// Checkpoints kept for rollbacks.
+const KEEP: usize = 3;
+
+fn train_one(
+    cfg: &TrainConfig,
+    graph: &Graph,
+    variant: &crate::plugin::workload::Variant,
+    data: &Data,
+    spec: &str,
+    progress: &dyn Fn(&str),
+) -> Result<RunResult> {
+    let p = plugin::load(spec)?;
+    if p.info.kind != Kind::Precision {
+        bail!("{} is a {} plugin, not a precision policy", p.info.name, p.info.kind.name());
+    }
+    let mut policy = p.precision(cfg.limits)?;
+    let description = policy.name()?;
+    let indexed = crate::project::gemm_sites(graph);
+    let ops: Vec<usize> = indexed.iter().map(|(o, _)| *o).collect();
+    let sites: Vec<GemmSite> = indexed.into_iter().map(|(_, s)| s).collect();
+    let device = pp::device_capabilities(&cfg.plan_for);
+    let answer = policy.plan(&PlanRequest {
+        model: variant.name.clone(),
+        layers: variant.hyper.layers.min(if cfg.layers > 0 { cfg.layers } else { u32::MAX }),
+        device,
+        sites: sites.clone(),
+        state: Vec::new(),
+    })?;
+    plan::known_bad(&sites, &answer.sites).map_err(|m| anyhow::anyhow!("{}: {m}", p.info.name))?;
+    let mut state = answer.state;
+    let mut plans = PlanState::new(sites.clone(), answer.sites, cfg.max_bf16_share);
+    let planned_coverage = plan::coverage(&sites, &plans.current);
+
+    let mut ex = Executor::new(graph, Cpu::new(), ExecOptions { seed: cfg.seed, ..ExecOptions::default() })?;
+    let set = |ex: &mut Executor<Cpu>, plans: &PlanState| -> Result<()> {
+        let x = plan::executor_plan(&sites, &plans.current).map_err(anyhow::Error::msg)?;
+        ex.set_precision(&x).map_err(anyhow::Error::from)
+    };
+    set(&mut ex, &plans)?;
+
+    let layers = weight_layers(graph);
+    let tokens_per_step = u64::from(cfg.seq_len) * u64::from(cfg.micro_batch);
+    let peak = peak_lr(cfg, variant);
+    let eval_every = if cfg.eval_every > 0 { cfg.eval_every } else { (cfg.steps / 10).max(1) };
+    let fault_site = default_site(&sites, &plans.current);
+
+    let mut decisions: Vec<Decision> = Vec::new();
+    let mut train = Vec::new();
+    let mut eval = Vec::new();
+    let (mut applied, mut iteration, mut cursor, mut skipped, mut rollbacks) = (0u64, 0u64, 0u64, 0u64, 0u64);
+    let mut coverage_sum = 0.0;
+    let mut checkpoints: Vec<Checkpoint> = vec![Checkpoint { step: 0, snapshot: ex.snapshot()? }];
+    let mut clean_since = 0u64;
+    let mut fired: Vec<usize> = Vec::new();
+    let mut aborted = None;
+    let started = Instant::now();
+    let mut step_seconds = Vec::new();
+    eval.push(Point { step: 0, tokens: 0, loss: evaluate(&mut ex, data, cfg.eval_batches)? });
+
+    while applied < cfg.steps {
+        if iteration >= 3 * cfg.steps + 100 {
+            aborted = Some(format!("stopped after {iteration} iterations with {applied} of {} steps applied", cfg.steps));
+            break;
+        }
+        let t0 = Instant::now();
+        let mut grad_spike = false;
+        let mut bad_batch = false;
+        for (i, inj) in cfg.injections.iter().enumerate() {
+            if inj.step != applied || fired.contains(&i) {
+                continue;
+            }
+            fired.push(i);
+            let detail;
+            match inj.kind {
+                InjectKind::GradSpike => {
+                    grad_spike = true;
+                    detail = "every weight gradient x 1e4".to_string();
+                }
+                InjectKind::BadBatch => {
+                    bad_batch = true;
+                    detail = "the batch's tokens and targets replaced by random tokens".to_string();
+                }
+                InjectKind::Nan => {
+                    let site = inj.site.clone().or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
+                    ex.inject(Fault { op: site.clone(), role: XRole::Forward, operand: XOperand::Activation, kind: FaultKind::Nan })?;
+                    detail = format!("{site} forward activation: one element NaN");
+                }
+                InjectKind::AmaxSpike => {
+                    // An outlier in the inputs of every linear of the layer, as both GEMMs
+                    // that read them (forward and weight gradient) see it.
+                    // `:all`: every low-precision layer at once (an outlier the whole
+                    // residual stream carries); default: the middle one.
+                    let all = inj.site.as_deref() == Some("all");
+                    let site = inj.site.clone().filter(|_| !all).or_else(|| fault_site.clone()).context("no GEMM site to inject into")?;
+                    let layer = sites.iter().find(|s| s.name == site).map(|s| s.layer).context("unknown --inject site")?;
+                    let hit_layer = |s: &GemmSite, i: usize| if all { plan::low_precision(s, &plans.current[i]) } else { s.layer == layer };
+                    let mut hit = Vec::new();
+                    for (_, s) in sites.iter().enumerate().filter(|(i, s)| hit_layer(s, *i) && s.role != GemmRole::InputGradient) {
+                        let fault = Fault { op: s.name.clone(), role: xrole(s.role), operand: XOperand::Activation, kind: FaultKind::Outlier(65536.0) };
+                        ex.inject(fault)?;
+                        hit.push(s.name.clone());
+                    }
+                    hit.dedup();
+                    let which = if all { "every low-precision layer".to_string() } else { format!("layer {layer}") };
+                    detail = format!("{which}: the largest input element of {} x 2^16 (forward and weight gradient)", hit.join(", "));
+                }
+            }
+            decisions.push(Decision { iteration, step: applied, action: "inject".into(), detail: format!("{:?}: {detail}", inj.kind), applied: true });
+        }
+        let (mut tokens, mut targets) = data.batch(cursor);
+        cursor += 1;
+        if bad_batch {
+            let mut rng = Rng(cfg.seed ^ cursor);
+            let vocab = graph.tensor_id("embed.weight").map_or(256, |id| graph.tensors[id].shape[0]);
+            for t in tokens.iter_mut().chain(targets.iter_mut()) {
+                *t = (rng.next() % vocab) as u32;
+            }
+        }
+        let loss = ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))])?;
+        ex.backward()?;
+        if grad_spike {
+            ex.scale_grads(1e4)?;
+        }
+        let sums = ex.grad_sums()?;
+        let total: f64 = sums.iter().map(|s| s.1).sum();
+        let grads_finite = sums.iter().all(|s| s.2) && total.is_finite();
+        let numerics = ex.precision_numerics();
+        let mut layer_metrics: Vec<LayerMetrics> = Vec::new();
+        for (name, ss, finite) in &sums {
+            let l = layers.iter().find(|(n, _)| n == name).map_or(-1, |x| x.1);
+            match layer_metrics.iter_mut().find(|m| m.layer == l) {
+                Some(m) => {
+                    m.grad_norm += ss;
+                    m.nonfinite |= !finite;
+                }
+                None => layer_metrics.push(LayerMetrics { layer: l, grad_norm: *ss, nonfinite: !finite }),
+            }
+        }
+        for m in &mut layer_metrics {
+            m.grad_norm = m.grad_norm.sqrt();
+            m.nonfinite |= numerics.iter().any(|n| n.layer == m.layer && n.numerics.nonfinite > 0);
+        }
+        layer_metrics.sort_by_key(|m| m.layer);
+        let mut site_metrics: Vec<SiteMetrics> = Vec::new();
+        for n in &numerics {
+            let Some(i) = (0..sites.len()).find(|&i| ops[i] == n.op && xrole(sites[i].role) == n.role) else { continue };
+            let om = OperandMetrics {
+                operand: match n.operand {
+                    XOperand::Activation => Operand::Activation,
+                    XOperand::Weight => Operand::Weight,
+                    XOperand::Gradient => Operand::Gradient,
+                },
+                amax: f64::from(n.numerics.amax),
+                scale: f64::from(n.numerics.scale),
+                saturation_rate: n.numerics.saturation_rate(),
+                underflow_rate: n.numerics.underflow_rate(),
+                nonfinite: n.numerics.nonfinite > 0,
+            };
+            match site_metrics.iter_mut().find(|s| s.site as usize == i) {
+                Some(s) => s.operands.push(om),
+                None => site_metrics.push(SiteMetrics { site: i as u32, operands: vec![om] }),
+            }
+        }
+        let lr = lr_at(peak, applied, cfg.steps);
+        let metrics = StepMetrics {
+            step: iteration,
+            tokens: applied * tokens_per_step,
+            loss: f64::from(loss),
+            grad_norm: total.sqrt(),
+            learning_rate: lr,
+            loss_finite: loss.is_finite(),
+            grads_finite,
+            layers: layer_metrics,
+            sites: site_metrics,
+            plan: plans.current.clone(),
+            state: std::mem::take(&mut state),
+        };
+        let response = policy.on_step(&metrics)?;
+        state = response.state;
+        ex.end_precision_step();
+        let before = applied;
+        let outcome = plans.apply(&response.actions, |action, detail, ok| {
+            decisions.push(Decision { iteration, step: before, action: action.into(), detail, applied: ok });
+        });
+        coverage_sum += plan::coverage(&sites, &plans.current);
+        for &i in &outcome.reset {
+            ex.reset_amax(ops[i], &[xrole(sites[i].role)]);
+        }
+        if outcome.replan {
+            let again = policy.plan(&PlanRequest {
+                model: variant.name.clone(),
+                layers: variant.hyper.layers,
+                device: pp::device_capabilities(&cfg.plan_for),
+                sites: sites.clone(),
+                state: std::mem::take(&mut state),
+            })?;
+            plan::known_bad(&sites, &again.sites).map_err(anyhow::Error::msg)?;
+            state = again.state;
+            plans.current = again.sites;
+        }
+        if outcome.changed || outcome.replan {
+            set(&mut ex, &plans)?;
+        }
+        train.push(Point { step: applied, tokens: applied * tokens_per_step, loss: f64::from(loss) });
+        iteration += 1;
+        if let Some(m) = outcome.abort {
+            aborted = Some(m);
+            break;
+        }
+        if let Some((back, skip)) = outcome.rollback {
+            rollbacks += 1;
+            let target = applied.saturating_sub(u64::from(back).saturating_sub(1));
+            let ck = checkpoints.iter().rev().find(|c| c.step <= target);
+            match ck {
+                Some(c) => {
+                    ex.restore(&c.snapshot)?;
+                    applied = c.step;
+                    // Steps after the checkpoint are redone with fresh batches.
+                    train.retain(|p| p.step <= applied);
+                    eval.retain(|p| p.step <= applied);
+                }
+                None => {
+                    if let Some(d) = decisions.last_mut() {
+                        d.detail += "; no known-good checkpoint yet: the update is discarded instead";
+                    }
+                }
+            }
+            cursor += u64::from(skip);
+            clean_since = 0;
+            continue;
+        }
+        if outcome.skip {
+            skipped += 1;
+            clean_since = 0;
+            continue;
+        }
+        if cfg.clip_grad > 0.0 && total.sqrt() > cfg.clip_grad {
+            ex.scale_grads((cfg.clip_grad / total.sqrt()) as f32)?;
+        }
+        ex.optimizer_step(&AdamW { lr: lr as f32, ..ADAMW_DEFAULT })?;
+        applied += 1;
+        step_seconds.push(t0.elapsed().as_secs_f64());
+        let quiet = response.actions.iter().all(|a| matches!(a, pp::Action::Alert(_)));
+        clean_since = if quiet && loss.is_finite() { clean_since + 1 } else { 0 };
+        // A checkpoint is known-good when it follows a stretch of clean steps.
+        if (outcome.checkpoint || applied % cfg.checkpoint_every.max(1) == 0) && clean_since >= (cfg.checkpoint_every / 5).max(1).min(applied) {
+            checkpoints.push(Checkpoint { step: applied, snapshot: ex.snapshot()? });
+            if checkpoints.len() > KEEP {
+                checkpoints.remove(0);
+            }
+        }
+        if applied % eval_every == 0 || applied == cfg.steps {
+            let l = evaluate(&mut ex, data, cfg.eval_batches)?;
+            eval.push(Point { step: applied, tokens: applied * tokens_per_step, loss: l });
+            progress(&format!("{spec}: step {applied}/{} train loss {loss:.4} held-out {l:.4}", cfg.steps));
+        }
+    }
+    let tail = (train.len() / 10).max(1);
+    let final_train_loss = train.iter().rev().take(tail).map(|p| p.loss).sum::<f64>() / tail as f64;
+    let final_eval_loss = eval.last().map_or(f64::NAN, |p| p.loss);
+    step_seconds.sort_by(f64::total_cmp);
+    let median = step_seconds.get(step_seconds.len() / 2).copied().unwrap_or(f64::NAN);
+    Ok(RunResult {
+        policy: spec.trim_end_matches(".wasm").rsplit('/').next().unwrap_or(spec).to_string(),
+        description,
+        plugin: p.info.clone(),
+        train,
+        eval,
+        final_train_loss,
+        final_eval_loss,
+        steps: applied,
+        iterations: iteration,
+        skipped,
+        rollbacks,
+        planned_coverage,
+        effective_coverage: coverage_sum / iteration.max(1) as f64,
+        tokens_per_s: tokens_per_step as f64 / median,
+        seconds: started.elapsed().as_secs_f64(),
+        decisions,
+        aborted,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn injections_parse_and_name_what_is_wrong() {
+        assert_eq!(Injection::parse("amax-spike@150").unwrap(), Injection { kind: InjectKind::AmaxSpike, step: 150, site: None });
+        let i = Injection::parse("nan@7:layers.1.mlp.up").unwrap();
+        assert_eq!((i.kind, i.step, i.site.as_deref()), (InjectKind::Nan, 7, Some("layers.1.mlp.up")));
+        assert!(Injection::parse("grad-spike@x").unwrap_err().contains("not a step number"));
+        assert!(Injection::parse("melt@3").unwrap_err().contains("unknown fault"));
+        assert!(Injection::parse("nan").unwrap_err().contains("KIND@STEP"));
+    }
+
+    #[test]
+    fn the_schedule_warms_up_then_decays_to_a_tenth() {
+        assert!((lr_at(1.0, 0, 100) - 0.1).abs() < 1e-12);
+        assert!((lr_at(1.0, 9, 100) - 1.0).abs() < 1e-12);
+        assert!((lr_at(1.0, 99, 100) - 0.1).abs() < 0.01);
+        assert!(lr_at(1.0, 50, 100) < 1.0 && lr_at(1.0, 50, 100) > 0.1);
+    }
+
+    #[test]
+    fn batches_are_shifted_windows_in_a_seeded_order() {
+        let tokens: Vec<u32> = (0..10_000).collect();
+        let d = Data::new(tokens.clone(), 16, 4, 1).unwrap();
+        let (t, y) = d.batch(3);
+        assert_eq!(t.len(), 64);
+        for (a, b) in t.iter().zip(&y) {
+            assert_eq!(*b, a + 1);
+        }
+        assert_eq!(Data::new(tokens.clone(), 16, 4, 1).unwrap().batch(3), d.batch(3));
+        assert_ne!(Data::new(tokens.clone(), 16, 4, 2).unwrap().batch(3), d.batch(3));
+        assert!(d.eval_batch(0).0[0] as usize >= d.train.len());
+        assert!(Data::new((0..100).collect(), 16, 4, 1).is_err());
+        assert_eq!(policy_spec("fp8-safe"), "fp8-safe.wasm");
+        assert_eq!(policy_spec("x/y.wasm"), "x/y.wasm");
+    }
+}

@@ -1,0 +1,119 @@
+//! `runner train`: flags into a [`runner::train::TrainConfig`], the run, and its output
+//! (terminal tables, JSON, CSV of the summary, or the HTML report with the loss curves).
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use runner::report::OutputFormat;
+use runner::train::{self, Injection, TrainConfig};
+
+use crate::Global;
+use crate::commands::progress_line;
+
+/// Flags of `runner train`.
+#[derive(Args, Debug, Clone)]
+pub struct TrainArgs {
+    /// Workload plugin (a path, or a name in the plugin directories or embedded)
+    #[arg(long, default_value = "llama3.wasm")]
+    pub plugin: String,
+    /// Model variant (default: the plugin's -tiny variant)
+    #[arg(long)]
+    pub variant: Option<String>,
+    /// Precision policy plugin (fp8-safe.wasm, fp8, bf16, a path)
+    #[arg(long, conflicts_with = "compare")]
+    pub precision: Option<String>,
+    /// Several policies on the same text, seed and batches, comma-separated (bf16,fp8,fp8-safe)
+    #[arg(long, value_delimiter = ',')]
+    pub compare: Option<Vec<String>>,
+    /// Optimizer steps
+    #[arg(long, default_value_t = 300)]
+    pub steps: u64,
+    /// Seed of the weights and of the batch order
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Sequence length
+    #[arg(long, default_value_t = 128)]
+    pub seq_len: u32,
+    /// Sequences per step
+    #[arg(long, default_value_t = 8)]
+    pub micro_batch: u32,
+    /// Transformer layers (default: the variant's)
+    #[arg(long, default_value_t = 0)]
+    pub layers: u32,
+    /// Peak learning rate (default: the variant's)
+    #[arg(long)]
+    pub lr: Option<f64>,
+    /// Held-out loss every N steps (default: a tenth of the steps)
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Train on this UTF-8 text instead of the shipped King James Bible
+    #[arg(long, value_name = "FILE")]
+    pub text: Option<PathBuf>,
+    /// Plan for this GPU's formats (H100, B200, ...) instead of the CPU's (which emulates every format)
+    #[arg(long, default_value = "cpu", value_name = "GPU")]
+    pub plan_for: String,
+    /// Inject a fault: amax-spike@STEP, nan@STEP, grad-spike@STEP or bad-batch@STEP (optionally :SITE); repeatable or comma-separated
+    #[arg(long, value_delimiter = ',')]
+    pub inject: Vec<String>,
+    /// Most of the low-precision layers that per-layer fallbacks may put in BF16 at once
+    #[arg(long, default_value_t = 0.5)]
+    pub max_bf16_share: f64,
+    /// Checkpoint every N steps (rollbacks return to the newest known-good one)
+    #[arg(long, default_value_t = 25)]
+    pub checkpoint_every: u64,
+    /// Clip the gradient norm to this (0: off, so a gradient spike reaches the optimizer unless a policy stops it)
+    #[arg(long, default_value_t = 0.0)]
+    pub clip_grad: f64,
+}
+
+pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
+    let policies = match (&a.precision, &a.compare) {
+        (Some(p), None) => vec![p.clone()],
+        (None, Some(c)) if !c.is_empty() => c.clone(),
+        _ => anyhow::bail!("name a policy with --precision POLICY or several with --compare bf16,fp8,fp8-safe"),
+    };
+    let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    let cfg = TrainConfig {
+        variant: a.variant,
+        steps: a.steps,
+        seed: a.seed,
+        seq_len: a.seq_len,
+        micro_batch: a.micro_batch,
+        layers: a.layers,
+        lr: a.lr,
+        eval_every: a.eval_every,
+        text: a.text,
+        plan_for: a.plan_for,
+        injections,
+        max_bf16_share: a.max_bf16_share,
+        checkpoint_every: a.checkpoint_every,
+        clip_grad: a.clip_grad,
+        ..TrainConfig::new(&a.plugin, policies)
+    };
+    let report = train::run(&cfg, &|m| progress_line(global, m))?;
+    if !global.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        eprintln!();
+    }
+    let render = |f: OutputFormat| match f {
+        OutputFormat::Table => train::report::text(&report),
+        OutputFormat::Csv => train::report::summary(&report).csv(),
+        OutputFormat::Html => train::report::html(&report),
+        OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
+    };
+    let format = global.format.unwrap_or(OutputFormat::Table);
+    print!("{}", render(format));
+    if let Some(path) = &global.output {
+        let f = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => OutputFormat::Json,
+            Some("csv") => OutputFormat::Csv,
+            Some("html" | "htm") => OutputFormat::Html,
+            _ => OutputFormat::Table,
+        });
+        std::fs::write(path, render(f)).with_context(|| format!("cannot write {}", path.display()))?;
+        if !global.quiet {
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}

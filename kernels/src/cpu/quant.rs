@@ -1,0 +1,898 @@
+//! Scaled quantisation of GEMM operands, vectorised: what a precision plan asks of each
+//! operand before an FP8 or FP4 GEMM, emulated exactly in f32 ("quantise, then
+//! dequantise": every value becomes the f32 the low-precision GEMM would read, so an f32
+//! GEMM with f32 accumulation computes what the tensor core computes, up to summation
+//! order).
+//!
+//! Recipes (Transformer Engine's, `shared` facts in docs/ARCHITECTURE.md):
+//! - per tensor, one FP32 scale: `q = cast(x·scale)`, `x̂ = q / scale`; delayed scaling
+//!   passes the scale from its amax history, current scaling takes it from this tensor
+//!   ([`qdq_tensor`], [`amax`]);
+//! - blocks ([`qdq_blocks`]): `rows x cols` elements of the operand as stored share a
+//!   scale: 1x128 activations and 128x128 weights (DeepSeek-V3, FP32 scales), 1x32 MXFP8
+//!   (E8M0 scales), 1x16 / 16x16 NVFP4 (E4M3 block scales under a per-tensor FP32 scale,
+//!   `s_global = amax / (448·6)`, `s_block = (amax_block / 6) / s_global` stored as E4M3);
+//! - block scales rounded to powers of two either way: up (`2^ceil(log2(amax/max))`, the
+//!   RCEIL rule of cuBLAS and TE's MXFP8, never overflows) or down (OCP MX v1.0's FLOOR,
+//!   `2^(floor(log2 amax) - emax)`, which can overflow and then clips);
+//! - stochastic rounding (NVFP4 gradients) from a counter-based hash of (seed, index), so
+//!   a run replays bit for bit;
+//! - the random Hadamard transform NVFP4 applies to the weight-gradient inputs
+//!   ([`hadamard_rows`]).
+//!
+//! Rounding is done on f32 bits, branch-free, with the same result as the scalar
+//! encoder of [`super::precision`] (tested against it): RNE to the format's mantissa
+//! width for normal values, to the subnormal spacing below the smallest normal, then the
+//! overflow check on the rounded value. The loops run inside [`super::simd`] with 16
+//! accumulator lanes, so LLVM emits AVX2 / AVX-512 code (`runner bench quantize`
+//! measures GB/s per core; docs/PERFORMANCE.md).
+
+use super::{ELEM_GRAIN, simd};
+use crate::{Result, check_len, numel, shape_err};
+use rayon::prelude::*;
+
+/// A low-precision element format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Format {
+    /// OCP E4M3FN: max 448, NaN, no Inf.
+    E4M3,
+    /// OCP E5M2: max 57344, Inf and NaN.
+    E5M2,
+    /// OCP E2M1 (FP4): max 6, neither Inf nor NaN (always saturates).
+    E2M1,
+}
+
+impl Format {
+    /// Largest finite value.
+    pub fn max(self) -> f32 {
+        match self {
+            Format::E4M3 => 448.0,
+            Format::E5M2 => 57344.0,
+            Format::E2M1 => 6.0,
+        }
+    }
+    /// Exponent of the largest binade (OCP MX `emax_elem`): 8, 15, 2.
+    pub fn emax(self) -> i32 {
+        match self {
+            Format::E4M3 => 8,
+            Format::E5M2 => 15,
+            Format::E2M1 => 2,
+        }
+    }
+    fn grid(self) -> Grid {
+        let (mbits, emin) = match self {
+            Format::E4M3 => (3u32, -6i32),
+            Format::E5M2 => (2, -14),
+            Format::E2M1 => (1, 0),
+        };
+        Grid {
+            mbits,
+            min_normal: pow2(emin),
+            sub_mul: pow2(mbits as i32 - emin),
+            sub_inv: pow2(emin - mbits as i32),
+            half_ulp: (1 << (22 - mbits)) - 1,
+            mask: !((1u32 << (23 - mbits)) - 1),
+            max: self.max(),
+            // E4M3 has no Inf: a non-saturating overflow is NaN; E2M1 has neither.
+            overflow: match self {
+                Format::E4M3 => f32::NAN,
+                Format::E5M2 => f32::INFINITY,
+                Format::E2M1 => 6.0,
+            },
+        }
+    }
+}
+
+/// The format a scale factor is stored in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleFormat {
+    /// FP32.
+    Fp32,
+    /// E8M0: a power of two, 2^-127..2^127.
+    E8M0,
+    /// E4M3 (NVFP4 block scales, under an FP32 tensor scale).
+    E4M3,
+}
+
+/// How a block's scale is derived from its amax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaleRounding {
+    /// `max / amax` exactly (FP32 scales).
+    Exact,
+    /// OCP MX FLOOR: dequantisation scale `2^(floor(log2 amax) - emax)`; can clip.
+    Pow2Down,
+    /// RCEIL: dequantisation scale `2^ceil(log2(amax / max))`; never overflows (cuBLAS,
+    /// TE's MXFP8, and TE's power-of-two block scales).
+    Pow2Up,
+}
+
+/// How one operand is block-quantised.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockSpec {
+    /// Element format.
+    pub format: Format,
+    /// Rows x columns of the operand (as stored, row-major) sharing one scale; both >= 1.
+    pub block: (usize, usize),
+    /// Format of the block scales.
+    pub scale_format: ScaleFormat,
+    /// How a block's scale is derived from its amax.
+    pub scale_rounding: ScaleRounding,
+    /// A second, per-tensor FP32 scale over E4M3 block scales (NVFP4).
+    pub tensor_scale: bool,
+    /// Clip overflow to ±max instead of NaN / Inf.
+    pub saturate: bool,
+    /// Stochastic rounding with this seed; `None`: round to nearest even.
+    pub stochastic: Option<u64>,
+}
+
+/// What a quantisation did (the numbers a precision policy reads).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct QuantReport {
+    /// max |x| before scaling, NaN ignored.
+    pub amax: f32,
+    /// The per-tensor scale (`q = x·scale`); for block scaling, the scale of the block
+    /// holding the amax (NVFP4: of the tensor, `1 / s_global`).
+    pub scale: f32,
+    /// Elements beyond the format's range after rounding (Inf included): clipped to ±max
+    /// when saturating, else NaN / Inf.
+    pub saturated: u64,
+    /// Non-zero finite inputs that became zero.
+    pub underflowed: u64,
+    /// NaN or Inf inputs.
+    pub nonfinite: u64,
+    /// Elements quantised.
+    pub elements: u64,
+}
+
+impl QuantReport {
+    fn merge(self, o: QuantReport) -> QuantReport {
+        QuantReport {
+            amax: self.amax.max(o.amax),
+            scale: if o.amax > self.amax { o.scale } else { self.scale },
+            saturated: self.saturated + o.saturated,
+            underflowed: self.underflowed + o.underflowed,
+            nonfinite: self.nonfinite + o.nonfinite,
+            elements: self.elements + o.elements,
+        }
+    }
+}
+
+#[inline(always)]
+fn pow2(e: i32) -> f32 {
+    f32::from_bits(((e + 127) as u32) << 23)
+}
+
+/// A format's value grid, as constants for the branch-free rounding.
+#[derive(Clone, Copy, Debug)]
+struct Grid {
+    mbits: u32,
+    min_normal: f32,
+    /// 2^(mbits - emin): subnormal values to integers.
+    sub_mul: f32,
+    sub_inv: f32,
+    /// Added to f32 bits before masking: just under half an ulp of the format.
+    half_ulp: u32,
+    mask: u32,
+    max: f32,
+    overflow: f32,
+}
+
+/// 1.5 * 2^23: adding and subtracting it rounds a float below 2^22 to an integer, ties
+/// to even, in plain SSE/AVX arithmetic.
+const MAGIC: f32 = 12_582_912.0;
+
+/// A uniform 32-bit hash of (seed, index): the randomness of stochastic rounding.
+#[inline(always)]
+fn hash(seed: u32, i: u32) -> u32 {
+    let mut h = i.wrapping_mul(0x9E37_79B1) ^ seed;
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85EB_CA6B);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xC2B2_AE35);
+    h ^ (h >> 16)
+}
+
+/// |y| rounded onto the format's grid (sign restored), before the overflow check.
+/// `rand`: `None` rounds to nearest even; `Some(u)` rounds up with probability equal to
+/// the fraction of an ulp (u uniform in 0..2^32).
+#[inline(always)]
+fn round_grid(y: f32, g: &Grid, rand: Option<u32>) -> f32 {
+    let a = y.abs();
+    let b = a.to_bits();
+    let (normal, sub) = match rand {
+        None => {
+            let lsb = (b >> (23 - g.mbits)) & 1;
+            let n = f32::from_bits(b.wrapping_add(g.half_ulp + lsb) & g.mask);
+            let s = ((a * g.sub_mul + MAGIC) - MAGIC) * g.sub_inv;
+            (n, s)
+        }
+        Some(u) => {
+            let n = f32::from_bits(b.wrapping_add(u >> (9 + g.mbits)) & g.mask);
+            let frac = (u >> 8) as f32 * (1.0 / 16_777_216.0);
+            let s = (a * g.sub_mul + frac).floor() * g.sub_inv;
+            (n, s)
+        }
+    };
+    let r = if a < g.min_normal { sub } else { normal };
+    r.copysign(y)
+}
+
+/// Elements per inner step: the accumulator lanes.
+const LANES: usize = 16;
+
+/// Counters of one slice, in lanes so the loop vectorises.
+struct Acc {
+    amax: [f32; LANES],
+    sat: [u32; LANES],
+    under: [u32; LANES],
+    nonfinite: [u32; LANES],
+}
+
+impl Acc {
+    fn new() -> Acc {
+        Acc { amax: [0.0; LANES], sat: [0; LANES], under: [0; LANES], nonfinite: [0; LANES] }
+    }
+    #[inline(always)]
+    fn report(&self, n: usize, scale: f32) -> QuantReport {
+        QuantReport {
+            amax: self.amax.iter().fold(0f32, |m, &v| m.max(v)),
+            scale,
+            saturated: self.sat.iter().map(|&v| u64::from(v)).sum(),
+            underflowed: self.under.iter().map(|&v| u64::from(v)).sum(),
+            nonfinite: self.nonfinite.iter().map(|&v| u64::from(v)).sum(),
+            elements: n as u64,
+        }
+    }
+}
+
+/// One element: x quantised with encode multiplier `enc` and decode multiplier `dec`
+/// (or divisor, `div`), counted in lane `l`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn qdq_one(x: f32, enc: f32, dec: f32, div: bool, g: &Grid, sat: bool, rand: Option<u32>, acc: &mut Acc, l: usize) -> f32 {
+    let a = x.abs();
+    acc.amax[l] = if a > acc.amax[l] { a } else { acc.amax[l] };
+    acc.nonfinite[l] += u32::from(!x.is_finite());
+    let y = x * enc;
+    let r = round_grid(y, g, rand);
+    let over = r.abs() > g.max;
+    acc.sat[l] += u32::from(over);
+    let clip = if sat { g.max } else { g.overflow };
+    let r = if over { clip.copysign(y) } else { r };
+    acc.under[l] += u32::from(r == 0.0 && x != 0.0 && x.is_finite());
+    if div { r / dec } else { r * dec }
+}
+
+/// Quantise-dequantise `x` in place with one scale (`q = x·scale`, `x̂ = q / scale`).
+fn qdq_const(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: Option<u32>) -> QuantReport {
+    // One loop per rounding mode, so the nearest-even loop carries no random draws.
+    match seed {
+        None => qdq_const_with::<false>(x, base, scale, g, sat, 0),
+        Some(s) => qdq_const_with::<true>(x, base, scale, g, sat, s),
+    }
+}
+
+// The lane loops index on purpose: `l` picks the accumulator lane as well as the element.
+#[allow(clippy::needless_range_loop)]
+fn qdq_const_with<const SR: bool>(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: u32) -> QuantReport {
+    let seed = SR.then_some(seed);
+    simd(|| {
+        let mut acc = Acc::new();
+        let n = x.len();
+        let mut chunks = x.chunks_exact_mut(LANES);
+        let mut i = base as u32;
+        for c in &mut chunks {
+            for l in 0..LANES {
+                let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
+                c[l] = qdq_one(c[l], scale, scale, true, g, sat, rand, &mut acc, l);
+            }
+            i = i.wrapping_add(LANES as u32);
+        }
+        for (l, v) in chunks.into_remainder().iter_mut().enumerate() {
+            let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
+            *v = qdq_one(*v, scale, scale, true, g, sat, rand, &mut acc, l);
+        }
+        acc.report(n, scale)
+    })
+}
+
+/// Quantise-dequantise one row with per-element encode / decode multipliers.
+#[allow(clippy::too_many_arguments)]
+fn qdq_row(x: &mut [f32], base: usize, enc: &[f32], dec: &[f32], g: &Grid, sat: bool, seed: Option<u32>, acc: &mut Acc) {
+    match seed {
+        None => qdq_row_with::<false>(x, base, enc, dec, g, sat, 0, acc),
+        Some(s) => qdq_row_with::<true>(x, base, enc, dec, g, sat, s, acc),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn qdq_row_with<const SR: bool>(x: &mut [f32], base: usize, enc: &[f32], dec: &[f32], g: &Grid, sat: bool, seed: u32, acc: &mut Acc) {
+    let seed = SR.then_some(seed);
+    simd(|| {
+        let n = x.len().min(enc.len()).min(dec.len());
+        let (x, enc, dec) = (&mut x[..n], &enc[..n], &dec[..n]);
+        let mut i = base as u32;
+        let full = n / LANES * LANES;
+        for j in (0..full).step_by(LANES) {
+            for l in 0..LANES {
+                let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
+                x[j + l] = qdq_one(x[j + l], enc[j + l], dec[j + l], false, g, sat, rand, acc, l);
+            }
+            i = i.wrapping_add(LANES as u32);
+        }
+        for (l, j) in (full..n).enumerate() {
+            let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
+            x[j] = qdq_one(x[j], enc[j], dec[j], false, g, sat, rand, acc, l);
+        }
+    })
+}
+
+/// max |x| (NaN ignored), vectorised and parallel.
+pub fn amax(x: &[f32]) -> f32 {
+    x.par_chunks(ELEM_GRAIN)
+        .map(|c| {
+            simd(|| {
+                let mut m = [0f32; LANES];
+                let mut it = c.chunks_exact(LANES);
+                for v in &mut it {
+                    for l in 0..LANES {
+                        let a = v[l].abs();
+                        m[l] = if a > m[l] { a } else { m[l] };
+                    }
+                }
+                for (l, v) in it.remainder().iter().enumerate() {
+                    let a = v.abs();
+                    m[l] = if a > m[l] { a } else { m[l] };
+                }
+                m.iter().fold(0f32, |a, &b| a.max(b))
+            })
+        })
+        .reduce(|| 0.0, f32::max)
+}
+
+/// Transformer Engine's per-tensor scale for amax: `max / amax / 2^margin`, with TE's
+/// edge cases (amax 0 or not finite: 1; a scale that overflows: f32::MAX).
+pub fn tensor_scale(amax: f32, f: Format, margin: i32) -> f32 {
+    if !amax.is_finite() || amax == 0.0 {
+        return 1.0;
+    }
+    let s = f.max() / amax / 2f32.powi(margin);
+    if s.is_finite() { s } else { f32::MAX }
+}
+
+/// The 32-bit seed of the stochastic-rounding and Hadamard hashes (what the CUDA
+/// kernels take).
+pub fn seed32(seed: Option<u64>) -> Option<u32> {
+    seed.map(|s| (s ^ (s >> 32)) as u32)
+}
+
+/// Quantise-dequantise `x` in place with one per-tensor scale (`q = cast(x·scale)`,
+/// `x̂ = q / scale`): the delayed and current FP8 recipes. A scale that is not finite
+/// and positive is refused.
+///
+/// # Errors
+/// `ShapeMismatch` for a scale that is zero, negative or not finite.
+pub fn qdq_tensor(x: &mut [f32], f: Format, scale: f32, saturate: bool, stochastic: Option<u64>) -> Result<QuantReport> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return shape_err(format!("quantisation scale {scale} is not finite and positive"));
+    }
+    let g = f.grid();
+    let seed = seed32(stochastic);
+    Ok(x.par_chunks_mut(ELEM_GRAIN)
+        .enumerate()
+        .map(|(i, c)| qdq_const(c, i * ELEM_GRAIN, scale, &g, saturate, seed))
+        .reduce(QuantReport::default, QuantReport::merge))
+}
+
+/// The (encode, decode) multipliers of a block whose amax is `a` (`global`: NVFP4's
+/// per-tensor decode scale).
+pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
+    let f = s.format;
+    if !a.is_finite() || a == 0.0 {
+        return (1.0, 1.0);
+    }
+    if s.scale_format == ScaleFormat::E4M3 {
+        // NVFP4: the block's decode scale, stored as E4M3 (RNE, saturating), under the
+        // FP32 tensor scale (1 without one).
+        let g = if s.tensor_scale { global } else { 1.0 };
+        if g == 0.0 {
+            return (1.0, 1.0);
+        }
+        let sb = super::precision::fp8_decode(
+            super::precision::fp8_encode(a / f.max() / g, super::precision::Fp8Format::E4M3, true),
+            super::precision::Fp8Format::E4M3,
+        );
+        let d = sb * g;
+        return if d > 0.0 && d.is_finite() { (1.0 / d, d) } else { (0.0, 0.0) };
+    }
+    let e = match s.scale_rounding {
+        ScaleRounding::Exact => {
+            let enc = f.max() / a;
+            return if enc.is_finite() { (enc, 1.0 / enc) } else { (f32::MAX, 1.0 / f32::MAX) };
+        }
+        ScaleRounding::Pow2Up => {
+            let r = a / f.max();
+            let bits = r.to_bits();
+            let (exp, mant) = ((bits >> 23) as i32 - 127, bits & 0x7F_FFFF);
+            if exp == -127 { -126 } else if mant == 0 { exp } else { exp + 1 }
+        }
+        ScaleRounding::Pow2Down => ((a.to_bits() >> 23) as i32 - 127).max(-126) - f.emax(),
+    };
+    // E8M0 (and any power-of-two scale) spans 2^-127..2^127; keep both multipliers normal.
+    let e = e.clamp(-126, 126);
+    (pow2(-e), pow2(e))
+}
+
+/// Quantise-dequantise a (rows, cols) operand in place with block scales: every
+/// `block.0 x block.1` tile (shorter at the edges) shares one scale, derived from its
+/// amax by the spec's scale format and rounding; NVFP4's per-tensor FP32 scale first
+/// when `tensor_scale`.
+///
+/// # Errors
+/// `ShapeMismatch` unless `x` holds rows x cols elements and both block sides are >= 1.
+pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Result<QuantReport> {
+    check_len("qdq_blocks x", x.len(), numel(&[rows, cols])?)?;
+    let (br, bc) = s.block;
+    if br == 0 || bc == 0 {
+        return shape_err(format!("block {br}x{bc}: both sides must be at least 1"));
+    }
+    if x.is_empty() {
+        return Ok(QuantReport::default());
+    }
+    let g = s.format.grid();
+    let global = if s.tensor_scale { amax(x) / (448.0 * s.format.max()) } else { 1.0 };
+    let seed = seed32(s.stochastic);
+    let nb = cols.div_ceil(bc);
+    let strip = br * cols;
+    let per_task = (ELEM_GRAIN / strip).max(1);
+    let mut r = x
+        .par_chunks_mut(strip * per_task)
+        .enumerate()
+        .map(|(t, strips)| {
+            let mut out = QuantReport::default();
+            let (mut enc, mut dec) = (vec![0f32; cols], vec![0f32; cols]);
+            let mut bmax = vec![0f32; nb];
+            for (k, st) in strips.chunks_mut(strip).enumerate() {
+                bmax.fill(0.0);
+                for row in st.chunks(cols) {
+                    if bc == 1 {
+                        simd(|| {
+                            for (m, v) in bmax.iter_mut().zip(row) {
+                                let a = v.abs();
+                                *m = if a > *m { a } else { *m };
+                            }
+                        });
+                    } else {
+                        for (m, c) in bmax.iter_mut().zip(row.chunks(bc)) {
+                            *m = m.max(super::max_abs(c));
+                        }
+                    }
+                }
+                let (mut top, mut top_scale) = (-1f32, 1f32);
+                for (j, &a) in bmax.iter().enumerate() {
+                    let (e, d) = block_scale(a, s, global);
+                    let end = ((j + 1) * bc).min(cols);
+                    enc[j * bc..end].fill(e);
+                    dec[j * bc..end].fill(d);
+                    if a > top {
+                        (top, top_scale) = (a, e);
+                    }
+                }
+                let mut acc = Acc::new();
+                let base = (t * per_task + k) * strip;
+                for (ri, row) in st.chunks_mut(cols).enumerate() {
+                    qdq_row(row, base + ri * cols, &enc, &dec, &g, s.saturate || s.format == Format::E2M1, seed, &mut acc);
+                }
+                out = out.merge(acc.report(st.len(), top_scale));
+            }
+            out
+        })
+        .reduce(QuantReport::default, QuantReport::merge);
+    if s.tensor_scale {
+        r.scale = if global > 0.0 { 1.0 / global } else { 1.0 };
+    }
+    Ok(r)
+}
+
+/// FP8 codes of `x·scale` (RNE, subnormals included; overflow to ±max when saturating,
+/// else NaN for E4M3 and ±Inf for E5M2; −0 kept), with the same report as
+/// [`qdq_tensor`]: the vectorised storage cast behind
+/// [`super::precision::fp8_quantize`].
+///
+/// # Errors
+/// `ShapeMismatch` if `out` and `x` differ in length.
+pub fn fp8_codes(out: &mut [u8], x: &[f32], scale: f32, f: super::precision::Fp8Format, saturate: bool) -> Result<QuantReport> {
+    check_len("fp8_codes out", out.len(), x.len())?;
+    let (fmt, bias, nan) = match f {
+        super::precision::Fp8Format::E4M3 => (Format::E4M3, 7u32, 0x7Fu32),
+        super::precision::Fp8Format::E5M2 => (Format::E5M2, 15, 0x7F),
+    };
+    let g = fmt.grid();
+    let code = move |r: f32, sign: u32| -> u8 {
+        let a = r.abs();
+        let b = a.to_bits();
+        let normal = (((b >> 23).wrapping_add(bias).wrapping_sub(127)) << g.mbits) | ((b >> (23 - g.mbits)) & ((1 << g.mbits) - 1));
+        let sub = (a * g.sub_mul) as u32;
+        let c = if a < g.min_normal { sub } else { normal };
+        let c = if a.is_infinite() { 0x7C } else { c };
+        let c = if r.is_nan() { nan } else { c };
+        (sign | c) as u8
+    };
+    Ok(out
+        .par_chunks_mut(ELEM_GRAIN)
+        .zip(x.par_chunks(ELEM_GRAIN))
+        .map(|(q, x)| {
+            simd(|| {
+                let mut acc = Acc::new();
+                let one = |v: f32, l: usize, acc: &mut Acc| -> u8 {
+                    let y = qdq_one(v, scale, 1.0, false, &g, saturate, None, acc, l);
+                    // qdq_one's result is the rounded value itself (decode multiplier 1).
+                    let sign = (v.to_bits() >> 24) & 0x80;
+                    let y = if v.is_nan() { f32::NAN } else { y };
+                    code(y, sign)
+                };
+                let mut qc = q.chunks_exact_mut(LANES);
+                let mut xc = x.chunks_exact(LANES);
+                for (q, x) in (&mut qc).zip(&mut xc) {
+                    for l in 0..LANES {
+                        q[l] = one(x[l], l, &mut acc);
+                    }
+                }
+                for (l, (q, &v)) in qc.into_remainder().iter_mut().zip(xc.remainder()).enumerate() {
+                    *q = one(v, l, &mut acc);
+                }
+                acc.report(x.len(), scale)
+            })
+        })
+        .reduce(QuantReport::default, QuantReport::merge))
+}
+
+/// A 16- or 32-bit float an operand is kept in when it is not quantised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum FloatFormat {
+    /// Kept as it is.
+    F32,
+    /// Rounded to bfloat16 (RNE).
+    Bf16,
+    /// Rounded to IEEE half (RNE, subnormals; beyond 65504 becomes Inf).
+    F16,
+}
+
+/// How an operand is quantised: the one argument of [`quantize`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum QuantSpec {
+    /// Rounded to a 16/32-bit float, no scale.
+    Float(FloatFormat),
+    /// One scale for the tensor: `scale` (delayed scaling, from the amax history), or
+    /// `None` for current scaling (`max / amax / 2^margin` of this tensor).
+    Tensor {
+        /// Element format.
+        format: Format,
+        /// The scale; `None`: from this tensor's amax.
+        scale: Option<f32>,
+        /// Binades of headroom current scaling leaves.
+        margin: i32,
+        /// Clip overflow to ±max.
+        saturate: bool,
+        /// Stochastic rounding seed; `None`: nearest even.
+        stochastic: Option<u64>,
+    },
+    /// Block scales.
+    Blocks(BlockSpec),
+}
+
+/// Quantise-dequantise a (rows, cols) operand in place as `spec` says, with its report.
+///
+/// # Errors
+/// `ShapeMismatch` for a wrong length, an empty block side, or a bad scale.
+pub fn quantize(x: &mut [f32], rows: usize, cols: usize, spec: &QuantSpec) -> Result<QuantReport> {
+    check_len("quantize x", x.len(), numel(&[rows, cols])?)?;
+    match *spec {
+        QuantSpec::Float(f) => Ok(round_float(x, f)),
+        QuantSpec::Tensor { format, scale, margin, saturate, stochastic } => {
+            let a = match scale {
+                Some(_) => 0.0,
+                None => amax(x),
+            };
+            let s = scale.unwrap_or_else(|| tensor_scale(a, format, margin));
+            qdq_tensor(x, format, s, saturate || format == Format::E2M1, stochastic)
+        }
+        QuantSpec::Blocks(b) => qdq_blocks(x, rows, cols, &b),
+    }
+}
+
+/// Round to a 16/32-bit float with the report: amax, non-finite inputs, finite values
+/// that became Inf (saturated) and non-zero values that became zero.
+fn round_float(x: &mut [f32], f: FloatFormat) -> QuantReport {
+    x.par_chunks_mut(ELEM_GRAIN)
+        .map(|c| {
+            let mut acc = Acc::new();
+            simd(|| {
+                for (i, v) in c.iter_mut().enumerate() {
+                    let l = i % LANES;
+                    let x0 = *v;
+                    let a = x0.abs();
+                    acc.amax[l] = if a > acc.amax[l] { a } else { acc.amax[l] };
+                    acc.nonfinite[l] += u32::from(!x0.is_finite());
+                }
+            });
+            let count = |c: &[f32]| c.iter().fold((0u64, 0u64), |(z, i), v| (z + u64::from(*v == 0.0), i + u64::from(v.is_infinite())));
+            let mut r = acc.report(c.len(), 1.0);
+            if f != FloatFormat::F32 {
+                let (z0, i0) = count(c);
+                match f {
+                    FloatFormat::Bf16 => super::precision::round_to_bf16(c),
+                    _ => super::precision::round_to_f16(c),
+                }
+                let (z1, i1) = count(c);
+                r.underflowed = z1 - z0;
+                r.saturated = i1 - i0;
+            }
+            r
+        })
+        .reduce(QuantReport::default, QuantReport::merge)
+}
+
+/// The random signs of the Hadamard transform: ±1 per position of a group, from `seed`.
+fn signs(h: usize, seed: u64) -> Vec<f32> {
+    (0..h as u32).map(|i| if hash(seed32(Some(seed)).unwrap_or(0), i) & 1 == 0 { 1.0 } else { -1.0 }).collect()
+}
+
+/// The random Hadamard transform along the rows of a (rows, cols) matrix, in groups of
+/// `h` consecutive rows: each group becomes `H·diag(signs)·group / sqrt(h)` (orthogonal),
+/// so `(T a)ᵀ(T b) = aᵀb` for two operands transformed alike: applied to both inputs of
+/// a GEMM along its reduction axis (NVFP4's weight gradient, dW = dYᵀX over tokens), it
+/// spreads outliers over the group before quantisation without changing the product. A
+/// last group shorter than `h` is left as it is (in both operands).
+///
+/// # Errors
+/// `ShapeMismatch` unless `x` holds rows x cols and `h` is a power of two.
+pub fn hadamard_rows(x: &mut [f32], rows: usize, cols: usize, h: usize, seed: u64) -> Result<()> {
+    check_len("hadamard_rows x", x.len(), numel(&[rows, cols])?)?;
+    if !h.is_power_of_two() {
+        return shape_err(format!("Hadamard size {h} is not a power of two"));
+    }
+    if h == 1 || cols == 0 {
+        return Ok(());
+    }
+    let sg = signs(h, seed);
+    let norm = 1.0 / (h as f32).sqrt();
+    x.par_chunks_mut(h * cols).filter(|g| g.len() == h * cols).for_each(|grp| {
+        simd(|| {
+            for (r, s) in grp.chunks_mut(cols).zip(&sg) {
+                r.iter_mut().for_each(|v| *v *= s * norm);
+            }
+            let mut len = 1;
+            while len < h {
+                for start in (0..h).step_by(2 * len) {
+                    for i in start..start + len {
+                        let (lo, hi) = grp.split_at_mut((i + len) * cols);
+                        let (a, b) = (&mut lo[i * cols..(i + 1) * cols], &mut hi[..cols]);
+                        for (p, q) in a.iter_mut().zip(b.iter_mut()) {
+                            let (u, v) = (*p, *q);
+                            *p = u + v;
+                            *q = u - v;
+                        }
+                    }
+                }
+                len *= 2;
+            }
+        })
+    });
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::precision::{Fp8Format, fp8_decode, fp8_encode};
+    use super::*;
+    use crate::reference::check::*;
+    use rand::Rng as _;
+
+    fn fp8(f: Format) -> Fp8Format {
+        if f == Format::E4M3 { Fp8Format::E4M3 } else { Fp8Format::E5M2 }
+    }
+
+    /// Every FP8 result equals the scalar encoder's decode(encode(x·s))/s, on edge
+    /// values (midpoints, subnormals, overflow, NaN, Inf, signed zero) and random ones
+    /// over the whole exponent range, saturating and not, with the counts.
+    #[test]
+    fn fp8_qdq_equals_the_scalar_encoder() {
+        let mut rng = rng(90);
+        for f in [Format::E4M3, Format::E5M2] {
+            let ff = fp8(f);
+            let mut xs: Vec<f32> = Vec::new();
+            for b in 0..=255u8 {
+                let v = fp8_decode(b, ff);
+                let n = fp8_decode(b.wrapping_add(1), ff);
+                xs.push(v);
+                if v.is_finite() && n.is_finite() {
+                    let mid = (v + n) / 2.0;
+                    xs.extend([mid, f32::from_bits(mid.to_bits() + 1), f32::from_bits(mid.to_bits().saturating_sub(1))]);
+                }
+            }
+            xs.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-45, 464.0, 464.01, 61440.0, 1e30]);
+            for _ in 0..50_000 {
+                xs.push(rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-30..20)));
+            }
+            for sat in [true, false] {
+                for scale in [1.0f32, 0.37, 1024.0] {
+                    let mut got = xs.clone();
+                    let r = qdq_tensor(&mut got, f, scale, sat, None).unwrap();
+                    let (mut s, mut u, mut nf) = (0u64, 0u64, 0u64);
+                    for (x, g) in xs.iter().zip(&got) {
+                        let code = fp8_encode(x * scale, ff, sat);
+                        let want = fp8_decode(code, ff) / scale;
+                        assert!(g.to_bits() == want.to_bits() || (g.is_nan() && want.is_nan()), "{f:?} sat={sat} s={scale} x={x:e}: {g:e} vs {want:e}");
+                        let over = x.is_infinite() || (x.is_finite() && !fp8_decode(fp8_encode(x * scale, ff, false), ff).is_finite())
+                            || (x * scale).is_infinite();
+                        s += u64::from(over && !x.is_nan());
+                        u += u64::from(*x != 0.0 && x.is_finite() && want == 0.0);
+                        nf += u64::from(!x.is_finite());
+                    }
+                    assert_eq!((r.saturated, r.underflowed, r.nonfinite), (s, u, nf), "{f:?} sat={sat} scale={scale}");
+                    let amax = xs.iter().filter(|v| !v.is_nan()).fold(0f32, |m, v| m.max(v.abs()));
+                    assert_eq!(r.amax, amax);
+                    assert_eq!(r.elements, xs.len() as u64);
+                }
+            }
+        }
+    }
+
+    /// E2M1 rounds to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to even, and clips at 6.
+    #[test]
+    fn e2m1_grid_ties_to_even_and_clips() {
+        let cases = [
+            (0.2f32, 0.0f32), (0.25, 0.0), (0.26, 0.5), (0.75, 1.0), (1.25, 1.0), (1.75, 2.0), (2.5, 2.0),
+            (3.5, 4.0), (5.0, 4.0), (5.1, 6.0), (6.0, 6.0), (7.0, 6.0), (100.0, 6.0), (-2.6, -3.0),
+        ];
+        for (x, want) in cases {
+            let mut v = [x];
+            let r = qdq_tensor(&mut v, Format::E2M1, 1.0, false, None).unwrap();
+            assert_eq!(v[0], want, "{x}");
+            assert_eq!(r.saturated, u64::from(x.abs() >= 7.0), "{x}");
+        }
+    }
+
+    #[test]
+    fn stochastic_rounding_is_unbiased_and_stays_on_the_grid() {
+        // 1.1 lies between 1 and 1.125 (E4M3): mean of many draws -> 1.1; 0.3 x 2^-9 is a
+        // subnormal fraction.
+        for (x, lo, hi) in [(1.1f32, 1.0f32, 1.125f32), (0.3 * 2f32.powi(-9), 0.0, 2f32.powi(-9))] {
+            let mut v = vec![x; 200_000];
+            qdq_tensor(&mut v, Format::E4M3, 1.0, true, Some(7)).unwrap();
+            assert!(v.iter().all(|&y| y == lo || y == hi), "{x}");
+            let mean = v.iter().map(|&y| f64::from(y)).sum::<f64>() / v.len() as f64;
+            assert!((mean - f64::from(x)).abs() < 2e-3 * f64::from(hi - lo) * 10.0, "{x}: mean {mean}");
+            let mut w = vec![x; 200_000];
+            qdq_tensor(&mut w, Format::E4M3, 1.0, true, Some(7)).unwrap();
+            assert_eq!(v, w, "the same seed replays");
+        }
+    }
+
+    /// Blocks against a plain per-block loop: amax, scale by the rule, scalar encode.
+    #[test]
+    fn blocks_match_a_per_block_reference() {
+        let mut rng = rng(91);
+        let (rows, cols) = (70, 300);
+        let x: Vec<f32> = (0..rows * cols)
+            .map(|i| rng.random_range(-1.0f32..1.0) * 2f32.powi(((i / 37) % 11) as i32 - 5))
+            .collect();
+        let specs = [
+            ((1, 32), ScaleFormat::E8M0, ScaleRounding::Pow2Up),
+            ((32, 1), ScaleFormat::E8M0, ScaleRounding::Pow2Down),
+            ((1, 128), ScaleFormat::Fp32, ScaleRounding::Exact),
+            ((128, 128), ScaleFormat::Fp32, ScaleRounding::Pow2Up),
+        ];
+        for (block, sf, sr) in specs {
+            let s = BlockSpec { format: Format::E4M3, block, scale_format: sf, scale_rounding: sr, tensor_scale: false, saturate: true, stochastic: None };
+            let mut got = x.clone();
+            let rep = qdq_blocks(&mut got, rows, cols, &s).unwrap();
+            let mut sat = 0;
+            for r0 in (0..rows).step_by(block.0) {
+                for c0 in (0..cols).step_by(block.1) {
+                    let idx: Vec<usize> = (r0..(r0 + block.0).min(rows)).flat_map(|r| (c0..(c0 + block.1).min(cols)).map(move |c| r * cols + c)).collect();
+                    let a = idx.iter().fold(0f32, |m, &i| m.max(x[i].abs()));
+                    let d = match sr {
+                        ScaleRounding::Exact => 1.0 / (448.0 / a),
+                        ScaleRounding::Pow2Up => 2f32.powf((a / 448.0).log2().ceil()),
+                        ScaleRounding::Pow2Down => 2f32.powf(a.log2().floor() - 8.0),
+                    };
+                    for &i in &idx {
+                        let enc = if sr == ScaleRounding::Exact { 448.0 / a } else { 1.0 / d };
+                        let y = x[i] * enc;
+                        sat += usize::from(fp8_decode(fp8_encode(y, Fp8Format::E4M3, false), Fp8Format::E4M3).is_nan());
+                        let want = fp8_decode(fp8_encode(y, Fp8Format::E4M3, true), Fp8Format::E4M3) * d;
+                        assert_eq!(got[i].to_bits(), want.to_bits(), "{block:?} {sr:?} at {i}: {} vs {want}", got[i]);
+                    }
+                }
+            }
+            assert_eq!(rep.saturated as usize, sat, "{block:?} {sr:?}");
+            if sr == ScaleRounding::Pow2Up {
+                assert_eq!(sat, 0, "RCEIL never overflows");
+            }
+        }
+    }
+
+    #[test]
+    fn nvfp4_two_level_scales() {
+        let mut rng = rng(92);
+        let (rows, cols) = (16, 64);
+        let x: Vec<f32> = (0..rows * cols).map(|i| rng.random_range(-1.0f32..1.0) * if i % 100 == 0 { 50.0 } else { 1.0 }).collect();
+        let s = BlockSpec { format: Format::E2M1, block: (1, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: true, saturate: true, stochastic: None };
+        let mut got = x.clone();
+        let rep = qdq_blocks(&mut got, rows, cols, &s).unwrap();
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let sg = amax / (448.0 * 6.0);
+        assert_eq!(rep.scale, 1.0 / sg);
+        let grid = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        for (b, (xb, gb)) in x.chunks(16).zip(got.chunks(16)).enumerate() {
+            let ab = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let sb = fp8_decode(fp8_encode(ab / 6.0 / sg, Fp8Format::E4M3, true), Fp8Format::E4M3);
+            let d = sb * sg;
+            for (&v, &g) in xb.iter().zip(gb) {
+                let q = g / d;
+                assert!(grid.iter().any(|&p| (q.abs() - p).abs() < 1e-4), "block {b}: {v} -> {g} ({q} is off the E2M1 grid)");
+                let err = (g - v).abs();
+                assert!(err <= 1.0 * d + 1e-6, "block {b}: {v} -> {g}");
+            }
+        }
+    }
+
+    #[test]
+    fn hadamard_keeps_products_and_spreads_outliers() {
+        let mut rng = rng(93);
+        let (m, n, k) = (40, 5, 7); // 40 rows: two groups of 16, one partial group of 8
+        let a = randn(&mut rng, m * n);
+        let mut b = randn(&mut rng, m * k);
+        b[3 * k] = 100.0;
+        let prod = |a: &[f32], b: &[f32]| -> Vec<f64> {
+            let mut c = vec![0f64; n * k];
+            for r in 0..m {
+                for i in 0..n {
+                    for j in 0..k {
+                        c[i * k + j] += f64::from(a[r * n + i]) * f64::from(b[r * k + j]);
+                    }
+                }
+            }
+            c
+        };
+        let want = prod(&a, &b);
+        let (mut ta, mut tb) = (a.clone(), b.clone());
+        hadamard_rows(&mut ta, m, n, 16, 5).unwrap();
+        hadamard_rows(&mut tb, m, k, 16, 5).unwrap();
+        for (g, w) in prod(&ta, &tb).iter().zip(&want) {
+            assert!((g - w).abs() < 1e-3 * (1.0 + w.abs()), "{g} vs {w}");
+        }
+        let col0_max = (0..16).map(|r| tb[r * k].abs()).fold(0f32, f32::max);
+        assert!(col0_max < 30.0, "the outlier is spread over its group: max {col0_max}");
+        assert_eq!(&ta[32 * n..], &a[32 * n..], "the partial group is untouched");
+        assert!(hadamard_rows(&mut ta, m, n, 12, 5).is_err());
+    }
+
+    #[test]
+    fn quantize_dispatches_and_reports_float_rounding() {
+        let mut x = vec![1.0f32, 1e-40, 3.4e38, f32::NAN, 0.0, -2.5];
+        let r = quantize(&mut x, 2, 3, &QuantSpec::Float(FloatFormat::F16)).unwrap();
+        assert_eq!((r.saturated, r.underflowed, r.nonfinite), (1, 1, 1));
+        assert_eq!(r.amax, 3.4e38);
+        assert_eq!(x[0], 1.0);
+        let mut y = vec![0.5f32, -3.0, 0.001, 0.0];
+        let r = quantize(&mut y, 1, 4, &QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 1, saturate: true, stochastic: None }).unwrap();
+        assert_eq!(r.scale, 448.0 / 3.0 / 2.0, "current scaling with a margin of one binade");
+        assert_eq!(y[1], -3.0);
+        assert!(quantize(&mut y, 2, 3, &QuantSpec::Float(FloatFormat::F32)).is_err());
+    }
+
+    #[test]
+    fn bad_arguments_are_errors() {
+        let mut x = vec![1.0f32; 10];
+        assert!(qdq_tensor(&mut x, Format::E4M3, 0.0, true, None).is_err());
+        assert!(qdq_tensor(&mut x, Format::E4M3, f32::NAN, true, None).is_err());
+        let s = BlockSpec { format: Format::E4M3, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        assert!(qdq_blocks(&mut x, 3, 4, &s).is_err());
+        assert!(qdq_blocks(&mut x, 2, 5, &BlockSpec { block: (0, 4), ..s }).is_err());
+        assert_eq!(tensor_scale(3.0, Format::E4M3, 1), 448.0 / 3.0 / 2.0);
+        assert_eq!(tensor_scale(0.0, Format::E4M3, 0), 1.0);
+    }
+}
