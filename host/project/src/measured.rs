@@ -604,9 +604,7 @@ mod tests {
     use super::*;
     use crate::profile::Profiles;
 
-    fn h100() -> GpuProfile {
-        Profiles::builtin().get("h100").unwrap().clone()
-    }
+    use crate::profile::test_h100 as h100;
 
     /// GEMM rows whose times follow the roofline's law exactly for known efficiencies.
     fn synthetic(gpu: &GpuProfile, e_bf16: f64, half_gflop: f64, e_mem: f64) -> OpsFile {

@@ -4,14 +4,12 @@
 
 mod common;
 
-use runner_graph::recompute::RecomputePolicy;
+use common::{layout, projector};
 use runner_project::measured::{GemmDetail, OpClass, OpTime, OpsFile};
 use runner_project::model::Model;
-use runner_project::precision::{Plan, Recipe};
-use runner_project::profile::{GemmFormat, Profiles};
-use runner_project::project::Projector;
+use runner_project::precision::Recipe;
+use runner_project::profile::GemmFormat;
 use runner_project::published::Resolver;
-use runner_project::step::LayoutSpec;
 use runner_project::template::{Measured, ShardKey};
 
 const TP1: ShardKey = ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 };
@@ -19,32 +17,8 @@ const TP1: ShardKey = ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 
 /// llama3-tiny (4 alike layers) on one H100, one micro-batch: the step is the sum of the
 /// parts' times, so a change to one op of the representative layer shows four times.
 fn step_with(measured: Measured) -> f64 {
-    let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
-    let model = Model::new("llama3-tiny", 256, src.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let gpu = Profiles::builtin().get("h100").unwrap().clone();
-    let mut p = Projector::new(model, src, gpu, plan).with_measured(measured);
-    let layout = LayoutSpec {
-        tp: 1,
-        pp: 1,
-        cp: 1,
-        vp: 1,
-        ep: 1,
-        etp: 1,
-        dp: 1,
-        mbs: 1,
-        gbs: 1,
-        sequence_parallel: false,
-        fsdp: false,
-        recompute: RecomputePolicy::None,
-        recompute_layers: 0,
-        distributed_optimizer: true,
-        tp_overlap: false,
-        ep_overlap: false,
-        dp_overlap: true,
-        grad_fp32: false,
-    };
-    p.project(&layout).unwrap().step_time_s
+    let mut p = projector("llama3-tiny", 256, "h100", Recipe::Bf16).with_measured(measured);
+    p.project(&layout(1, 1, 1, 1, 1, 1, 1)).unwrap().step_time_s
 }
 
 fn table(key: ShardKey, ops: &[(&str, f64, f64)], formats: Option<[GemmFormat; 3]>) -> Measured {

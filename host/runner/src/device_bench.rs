@@ -393,8 +393,16 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
         ops,
     };
     let mut t = Table::new(
-        format!("{} at {}, seq {}, {} on {device} (standing for {})", file.model, measured::key_text(&key), file.seq_len, file.precision, gpu.name),
-        &["op", "kind", "formats", "fwd ms", "bwd ms", "rate"],
+        format!(
+            "{} at {}, seq {}, {} on {device} (standing for {}), {}",
+            file.model,
+            measured::key_text(&key),
+            file.seq_len,
+            file.precision,
+            gpu.name,
+            file.measured_at
+        ),
+        &["op", "kind", "shape", "formats", "fwd ms", "bwd ms", "rate"],
     );
     for o in &file.ops {
         let (formats, rate) = match (&o.gemm, &o.memory) {
@@ -405,7 +413,12 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
             (_, Some(m)) if m.run_fwd_s > 0.0 => (String::new(), format!("{:.1} GB/s", m.run_bytes / m.run_fwd_s / 1e9)),
             _ => (String::new(), String::new()),
         };
-        t.rows.push(vec![o.name.clone(), format!("{:?}", o.kind).to_lowercase(), formats, format!("{:.4}", o.fwd_s * 1e3), format!("{:.4}", o.bwd_s * 1e3), rate]);
+        let shape = o.shape.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
+        let shape = match &o.gemm {
+            Some(g) if g.calls > 1 => format!("{} x{shape}", g.calls),
+            _ => shape,
+        };
+        t.rows.push(vec![o.name.clone(), format!("{:?}", o.kind).to_lowercase(), shape, formats, format!("{:.4}", o.fwd_s * 1e3), format!("{:.4}", o.bwd_s * 1e3), rate]);
     }
     t.notes = file.notes.clone();
     t.notes.push(format!("{repeats} timed samples per op, medians; GEMM rate over its three kernels, memory rate of the f32 forward"));
