@@ -260,6 +260,14 @@ fn gemm_shape(g: &Graph, op: &Op) -> Result<(usize, usize, usize, usize)> {
     Ok((size(rows.div_ceil(calls).max(1))?, size(n)?, size(k)?, size(calls)?))
 }
 
+/// The most GEMM work `runner measure` takes on on the CPU: about five minutes of
+/// emulated BF16 at this machine's 60 GFLOP/s.
+const CPU_MEASURE_FLOPS: f64 = 2e13;
+
+fn si_flop(v: f64) -> String {
+    format!("{:.1} TFLOP", v / 1e12)
+}
+
 /// `g` with every floating-point tensor in f32: what the executor stores.
 fn as_f32(g: &Graph) -> Graph {
     let mut g = g.clone();
@@ -276,6 +284,22 @@ fn as_f32(g: &Graph) -> Graph {
 fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, global: &Global, notes: &mut Vec<String>) -> Result<Vec<OpTime>> {
     let mut out = Vec::new();
     let gemms: Vec<&Op> = g.ops.iter().filter(|o| OpClass::of(o.kind) == Some(OpClass::Gemm)).collect();
+    if dev.name().starts_with("cpu") {
+        // Each of a GEMM's three kernels runs about repeats + 3 times (sizing, warm-up,
+        // samples); a full-size model on the CPU would take hours, which is a hang to the
+        // user. Refuse up front, with the ways out.
+        let flops: f64 = gemms.iter().map(|op| op_cost(g, op, AttentionFlops::CausalHalved).fwd_flops).sum();
+        let total = 3.0 * flops * (repeats + 3) as f64;
+        if total > CPU_MEASURE_FLOPS {
+            bail!(
+                "measuring this rank's GEMMs on the CPU would take {} of work (about {:.0} minutes at 60 GFLOP/s; the limit is {}): \
+                 measure on a GPU (--device cuda), or a -tiny variant or a shorter --seq-len on the CPU",
+                si_flop(total),
+                total / 60e9 / 60.0,
+                si_flop(CPU_MEASURE_FLOPS)
+            );
+        }
+    }
     for (i, op) in gemms.iter().enumerate() {
         progress_line(global, &format!("GEMM {}/{}: {}", i + 1, gemms.len(), op.name));
         let formats = plan.formats(&op.name);

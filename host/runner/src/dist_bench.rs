@@ -323,6 +323,7 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     if transport == "tcp" {
         t.notes.push("TCP backend (ranks without GPUs): for tests and development, not a network benchmark".into());
     }
+    t.notes.push("fit the projection's network tier to it: -o FILE.json, then runner calibrate --collectives FILE.json --gpu NAME".into());
     emit(global, &t, &rows)?;
     if wrong > 0 {
         bail!("{wrong} wrong values in the collectives' results");

@@ -630,6 +630,8 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
         (vec!["calibrate", "--collectives", "coll.json"], "--gpu NAME"),
         (vec!["calibrate", "--collectives", "coll.json", "--gpu", "cpu-box", "--tier", "scale-out"], "never left NVLink"),
         (vec!["calibrate", "--collectives", "coll.json", "--gpu", "h100"], "cannot stand for the built-in H100"),
+        // A full-size model's GEMMs would take the CPU over an hour: refused up front.
+        (vec!["measure", "--model", "llama3.1-8b", "--gpu", "cpu-box"], "measure on a GPU (--device cuda)"),
     ] {
         let o = run(&args);
         assert!(!o.status.success() && text(&o).1.contains(want), "{args:?}: {}", text(&o).1);
