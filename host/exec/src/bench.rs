@@ -509,7 +509,7 @@ pub struct DeviceGemmRow {
 
 /// Seconds per call of `f` on `dev`, from events around `calls` back-to-back calls, for
 /// `samples` samples after one untimed call.
-fn device_samples<D: crate::device::Device>(
+pub(crate) fn device_samples<D: crate::device::Device>(
     dev: &D,
     samples: usize,
     calls: usize,
