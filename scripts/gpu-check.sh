@@ -16,6 +16,8 @@
 # 4. a Llama 3.1 8B layer's training step (forward, backward, AdamW; with embedding,
 #    head and loss), runner against PyTorch eager, f32 both
 # 5. NCCL through the runner's collective bench on the local GPU(s)
+# 6. per-op times of Llama 3.1 8B's rank graph in BF16 and FP8 (runner measure), and the
+#    GPU profile's GEMM and HBM efficiencies fitted to them (runner calibrate --ops)
 # and last a short table against the targets (GEMM >= 95 % of PyTorch, memory-bound
 # kernels >= 80 % of copy bandwidth, layer step within 1.3x of PyTorch eager), also
 # written to OUT/summary.md for docs/PERFORMANCE.md.
@@ -77,6 +79,12 @@ step torch-ref 120 python3 scripts/gpu/torch_reference.py --sizes "$SIZES"
 [ -n "${SKIP_LAYER:-}" ] || step torch-layer 150 python3 host/exec/benches/pytorch_llama_step.py --device cuda --layers 1 --hidden 4096 \
     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256 --seq 2048 --batch 1 --warmup 2 --repeats 5
 step collectives 90 "$RUNNER" --device "$DEVICE" bench collectives -b 8M -e 256M -f 4 --format json -o "$OUT/collectives.json"
+# The lent machine is an H200; MEASURE_GPU names another GPU's profile.
+for p in bf16 fp8; do
+    step "measure-$p" 120 "$RUNNER" --device "$DEVICE" measure --model llama3.1-8b --gpu "${MEASURE_GPU:-h200}" --precision "$p" \
+        --seq-len 4096 --repeats 5 --format json -o "$OUT/ops-$p.json"
+    step "calibrate-$p" 30 "$RUNNER" calibrate --ops "$OUT/ops-$p.json" --format json -o "$OUT/ops-fit-$p.json"
+done
 
 python3 - "$OUT" <<'PY'
 import json, os, sys, datetime
@@ -131,6 +139,15 @@ else:
     add("Llama 3.1 8B layer step (f32)", "did not run (see layer.err / torch-layer.err)", "<= 1.3x torch", False)
 c = load("collectives.json")
 add("NCCL collectives", f"{len(c)} rows" if c else "did not run (see collectives.err)", "runs", bool(c))
+for p in ("bf16", "fp8"):
+    o, f = load(f"ops-{p}.json"), load(f"ops-fit-{p}.json")
+    if o and f and f.get("ops"):
+        fit = f["ops"]
+        params = ", ".join(f"{n} {b:.3g} -> {a:.3g}" for n, b, a in fit["params"])
+        got = f"{len(o['ops'])} ops; {params}; median error {100*fit['before']['median']:.0f}% -> {100*fit['after']['median']:.0f}%"
+        add(f"per-op times, {p} (measure, calibrate --ops)", got, "info", None)
+    else:
+        add(f"per-op times, {p} (measure, calibrate --ops)", f"did not run (see measure-{p}.err / calibrate-{p}.err)", "runs", False)
 dev = open(os.path.join(out, "device.txt")).read().splitlines()
 head = f"GPU check, {datetime.date.today()}, {dev[0] if dev else 'unknown device'}"
 w = [max(len(str(r[i])) for r in rows + [("check", "result", "target", "status")]) for i in range(4)]

@@ -425,14 +425,18 @@ pub fn quant_bench(rows: usize, cols: usize, samples: usize) -> Vec<QuantRow> {
         let mut out = Vec::new();
         let mut x = src.clone();
         for (name, job) in &jobs {
-            let t = sample(samples, 0.0, || {
-                x.copy_from_slice(&src);
-                job(&mut x);
-            });
-            // The refill is a copy of the same size: time it alone and take it off.
-            let copy = sample(samples, 0.0, || x.copy_from_slice(black_box(&src)));
-            let c = Stat::of(&copy).median;
-            let t: Vec<f64> = t.iter().map(|s| (s - c).max(1e-9)).collect();
+            // Each sample starts from the original operand (refilled untimed): the
+            // passes are branch-free, so a value already on the grid would cost the
+            // same, but the statistics would not be the ones a GEMM site reports.
+            job(&mut x); // warm-up
+            let t: Vec<f64> = (0..samples)
+                .map(|_| {
+                    x.copy_from_slice(&src);
+                    let t0 = Instant::now();
+                    job(black_box(&mut x));
+                    t0.elapsed().as_secs_f64()
+                })
+                .collect();
             out.push(row(name, n, t));
         }
         let mut codes = vec![0u8; n];
@@ -505,7 +509,7 @@ pub struct DeviceGemmRow {
 
 /// Seconds per call of `f` on `dev`, from events around `calls` back-to-back calls, for
 /// `samples` samples after one untimed call.
-fn device_samples<D: crate::device::Device>(
+pub(crate) fn device_samples<D: crate::device::Device>(
     dev: &D,
     samples: usize,
     calls: usize,

@@ -26,6 +26,8 @@
 //!   tied embeddings and SP; not FSDP yet).
 //! - [`timing`]: warm-up plus repeats, median and p10/p90 per op and per phase.
 //! - [`proxy`]: measure a few layers of a model and compose the full-depth step time.
+//! - [`linear_time`]: a linear layer's three GEMMs (and FP8 casts) timed at a precision
+//!   plan's formats, for `runner measure`.
 //! - [`select`]: `--device auto|cpu|cuda[:N]`; [`cuda`] (feature `cuda-13000`, on by
 //!   default): the GPU backend (cudarc, cuBLASLt, NVRTC-compiled `kernels/cuda/*.cu`).
 //! - [`devcheck`]: every kernel of a device compared with the CPU backend.
@@ -53,6 +55,7 @@ pub mod cuda;
 pub mod devcheck;
 pub mod device;
 pub mod executor;
+pub mod linear_time;
 pub mod precision;
 pub mod proxy;
 pub mod select;

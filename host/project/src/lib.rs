@@ -24,11 +24,15 @@
 //! data, `data/gpus.toml`), [`model::Model`] over a [`model::GraphSource`],
 //! [`precision::Plan`], [`template::Template`], [`step::Costed::evaluate`] →
 //! [`step::Projection`], [`search::search`], [`calibrate`] (fit efficiencies to
-//! published runs) and [`published`] (the published runs' file).
+//! published runs), [`published`] (the published runs' file), [`measured`] (per-op
+//! times measured on a device: the file, where it holds, the GEMM and memory fit) and
+//! [`collectives`] (a `bench collectives` sweep and the network-tier fit).
 
 pub mod calibrate;
+pub mod collectives;
 pub mod comm;
 pub mod depth;
+pub mod measured;
 pub mod model;
 pub mod precision;
 pub mod profile;

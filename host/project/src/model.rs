@@ -121,6 +121,14 @@ impl Model {
         self.templates[&key].as_ref().map_err(Clone::clone)
     }
 
+    /// Rank 0's sharded graph for `key` (what the template for `key` reads).
+    ///
+    /// # Errors
+    /// As [`Model::template`].
+    pub fn rank_graph(&mut self, key: ShardKey, source: &mut dyn GraphSource) -> Result<Graph, String> {
+        self.reduced_graph(key.mbs, source).and_then(|g| crate::template::rank_graph(g, key))
+    }
+
     fn reduced_graph(&mut self, mbs: u32, source: &mut dyn GraphSource) -> Result<&Graph, String> {
         if !self.reduced.contains_key(&mbs) {
             let full = if mbs == 1 { self.graph.clone() } else { source.graph(mbs)? };

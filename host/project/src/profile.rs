@@ -484,6 +484,12 @@ impl Profiles {
 /// Profile lookups keyed by name, for callers that hold several.
 pub type ByName<'a> = BTreeMap<String, &'a GpuProfile>;
 
+/// The built-in H100 profile, for the crate's tests.
+#[cfg(test)]
+pub(crate) fn test_h100() -> GpuProfile {
+    Profiles::builtin().get("h100").unwrap().clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

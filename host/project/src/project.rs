@@ -60,6 +60,14 @@ impl<'s> Projector<'s> {
         self.costed[&key].as_ref().map_err(Clone::clone)
     }
 
+    /// Rank 0's sharded graph for `key`: the ops a measurement for `key` must name.
+    ///
+    /// # Errors
+    /// The sharding does not fit the model.
+    pub fn rank_graph(&mut self, key: ShardKey) -> Result<runner_graph::Graph, String> {
+        self.model.rank_graph(key, self.source.as_mut())
+    }
+
     /// Project one layout.
     ///
     /// # Errors

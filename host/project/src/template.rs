@@ -20,7 +20,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use runner_graph::count::{self, AttentionFlops};
 use runner_graph::modules::{Module, modules};
@@ -33,7 +33,8 @@ use crate::precision::{GemmRole, Plan, SiteFormats};
 use crate::profile::{GemmFormat, GpuProfile};
 
 /// The sharding choices that change the shape of a rank's layers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ShardKey {
     pub tp: u32,
     pub cp: u32,
@@ -147,6 +148,29 @@ fn min_dp(key: &ShardKey) -> u32 {
     (1..=experts.max(1)).find(|d| (stage * d).is_multiple_of(experts.max(1))).unwrap_or(experts.max(1))
 }
 
+/// Rank 0's graph of `reduced` sharded for `key` at one pipeline stage: what
+/// [`Template::build`] reads, and what `runner measure` runs.
+///
+/// # Errors
+/// The sharding does not fit the graph (`Layout::validate`'s message).
+pub fn rank_graph(reduced: &Graph, key: ShardKey) -> Result<Graph, String> {
+    let dp = min_dp(&key);
+    let layout = Layout {
+        tp: key.tp,
+        pp: 1,
+        cp: key.cp,
+        ep: key.ep,
+        etp: key.etp,
+        dp,
+        vp: 1,
+        sequence_parallel: key.sp,
+        fsdp: false,
+        micro_batch: key.mbs,
+        global_batch: key.mbs * dp,
+    };
+    Ok(shard(reduced, &layout, RankCoord::default())?.graph)
+}
+
 impl Template {
     /// Shard `reduced` (the reduced-depth logical graph built for micro-batch
     /// `key.mbs`) for `key` and read off each part.
@@ -154,22 +178,8 @@ impl Template {
     /// # Errors
     /// The sharding does not fit the graph (`Layout::validate`'s message).
     pub fn build(reduced: &Graph, depth_layers: &[i32], key: ShardKey) -> Result<Template, String> {
-        let dp = min_dp(&key);
-        let layout = Layout {
-            tp: key.tp,
-            pp: 1,
-            cp: key.cp,
-            ep: key.ep,
-            etp: key.etp,
-            dp,
-            vp: 1,
-            sequence_parallel: key.sp,
-            fsdp: false,
-            micro_batch: key.mbs,
-            global_batch: key.mbs * dp,
-        };
-        let sh = shard(reduced, &layout, RankCoord::default())?;
-        let g = &sh.graph;
+        let rank = rank_graph(reduced, key)?;
+        let g = &rank;
         let (places, layers) = partition(g);
         // Layers beyond the model's main ones (MTP modules) belong to the head side.
         let main: HashSet<i32> = depth_layers.iter().copied().collect();
@@ -306,7 +316,7 @@ impl Template {
         for (j, gm) in part.gemms.iter().enumerate() {
             let f: SiteFormats = plan.formats(names.get(j).map_or(gm.name.as_str(), String::as_str));
             let low = |r: GemmRole| f[r.index()] != GemmFormat::Bf16;
-            let (fwd, bwd) = match measured.get(&gm.name) {
+            let (fwd, bwd) = match measured.gemm(&self.key, &gm.name, &f) {
                 Some(m) => m,
                 None => {
                     let time = |r: GemmRole| rates.gemm(gm.flops, gm.call_flops, gm.bytes, f[r.index()]);
@@ -334,7 +344,7 @@ impl Template {
         }
         for (name, flops, bytes) in &part.attention {
             let (f, b) = measured
-                .get(name)
+                .get(&self.key, name)
                 .unwrap_or_else(|| (rates.attention_forward(*flops, *bytes), rates.attention_backward(*flops, *bytes)));
             t.fwd += f;
             t.bwd += b;
@@ -345,7 +355,7 @@ impl Template {
         // The backward of a memory-bound op reads its saved input and the incoming
         // gradient and writes the outgoing one: about twice its forward traffic.
         for (name, bytes, module) in &part.vector {
-            let (f, b) = measured.get(name).unwrap_or((bytes / rates.hbm, 2.0 * bytes / rates.hbm));
+            let (f, b) = measured.get(&self.key, name).unwrap_or((bytes / rates.hbm, 2.0 * bytes / rates.hbm));
             t.fwd += f;
             t.bwd += b;
             if let Some(m) = module {
@@ -412,14 +422,30 @@ impl Template {
 /// Per-op times measured on the device the projection targets: forward and backward
 /// seconds per micro-batch, by op name in the rank's graph. Where an op is listed its
 /// measurement replaces the roofline (formats and casts included, as it ran).
+///
+/// Op names repeat across shardings and precision plans, so a measurement says where it
+/// holds: at `key` only (a template of another sharding keeps the roofline), and a GEMM
+/// listed in `formats` only where the plan gives it those formats. `crate::measured`
+/// builds one from a `runner measure` file.
 #[derive(Clone, Debug, Default)]
 pub struct Measured {
     pub ops: HashMap<String, (f64, f64)>,
+    /// The sharding the times were measured at (`None`: any).
+    pub key: Option<ShardKey>,
+    /// The formats (forward, input gradient, weight gradient) each measured GEMM ran in.
+    pub formats: HashMap<String, SiteFormats>,
 }
 
 impl Measured {
-    fn get(&self, name: &str) -> Option<(f64, f64)> {
+    fn get(&self, key: &ShardKey, name: &str) -> Option<(f64, f64)> {
+        if self.key.is_some_and(|k| k != *key) {
+            return None;
+        }
         self.ops.get(name).copied()
+    }
+
+    fn gemm(&self, key: &ShardKey, name: &str, formats: &SiteFormats) -> Option<(f64, f64)> {
+        self.get(key, name).filter(|_| self.formats.get(name).is_none_or(|f| f == formats))
     }
 }
 

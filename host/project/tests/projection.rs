@@ -21,36 +21,7 @@ use runner_project::search::{self, Space, Verdict};
 use runner_project::step::{LayoutSpec, Projection};
 use runner_project::template::{Measured, Rates, ShardKey, Template};
 
-fn projector(model: &str, seq: u32, gpu: &str, recipe: Recipe) -> Projector<'static> {
-    let (_, mut src) = common::Native.resolve(model, seq).unwrap();
-    let m = Model::new(model, seq, src.as_mut()).unwrap();
-    let plan = Plan::builtin(recipe, &m.graph);
-    Projector::new(m, src, Profiles::builtin().get(gpu).unwrap().clone(), plan)
-}
-
-fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -> LayoutSpec {
-    LayoutSpec {
-        tp,
-        pp,
-        cp,
-        vp,
-        ep: 1,
-        etp: 1,
-        dp,
-        mbs,
-        gbs,
-        sequence_parallel: tp > 1,
-        fsdp: false,
-        recompute: RecomputePolicy::None,
-        recompute_layers: 0,
-        recompute_modules: Default::default(),
-        distributed_optimizer: true,
-        tp_overlap: tp > 1,
-        ep_overlap: false,
-        dp_overlap: true,
-        grad_fp32: false,
-    }
-}
+use common::{layout, projector};
 
 /// The accuracy target of the projection issue, as a test: every published point is
 /// projected or listed as unsupported with its reason, and the median absolute step-time

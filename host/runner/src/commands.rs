@@ -609,8 +609,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             t.notes.push(
                 "GB/s = f32 input bytes read per second on one core (target >= 1 GB/s). Each pass quantises and \
                  dequantises in place with the statistics a GEMM site reports (amax, saturation, underflow, \
-                 non-finite), as the executor runs it; the refill copy is timed alone and subtracted; the last row \
-                 writes FP8 codes"
+                 non-finite), as the executor runs it, on the operand refilled (untimed) before each pass; the last \
+                 row writes FP8 codes"
                     .into(),
             );
             emit(global, &t, &rows_out)

@@ -1,9 +1,12 @@
 //! The benches that run on the `--device` device: GEMM throughput per number format and
-//! copy bandwidth on a GPU, every kernel checked against the CPU backend, and the step of
-//! one Llama 3.1 8B layer. The CPU-only benches (and a CPU run of `gemm`/`memory`) stay in
-//! `commands.rs`.
+//! copy bandwidth on a GPU, every kernel checked against the CPU backend, the step of
+//! one Llama 3.1 8B layer, and `runner measure` (the per-op times of the projection's
+//! own rank graph, for `project --measured` and `calibrate --ops`). The CPU-only benches
+//! (and a CPU run of `gemm`/`memory`) stay in `commands.rs`.
 
-use anyhow::{Context, Result, bail};
+use std::collections::HashMap;
+
+use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 
 use runner::report::{Table, si};
@@ -11,12 +14,20 @@ use runner_exec::Device;
 use runner_exec::bench::{device_gemm_bench, device_memory_bench};
 use runner_exec::device::Elem;
 use runner_exec::devcheck::{CheckRow, compare_kernels, compare_steps};
+use runner_exec::linear_time::{LinearGemms, time_linear};
 use runner_exec::proxy::{MeasureOptions, measure_training_step_on};
 use runner_exec::select::{Chosen, DeviceSpec, choose};
 use runner_exec::timing::TimingOptions;
 use runner_exec::toy::{ToyConfig, llama};
+use runner_graph::count::{AttentionFlops, op_cost};
+use runner_graph::{DType, Graph, Op, OpKind};
+use runner_project::measured::{self, GemmDetail, MemoryDetail, OpClass, OpTime, OpsFile};
+use runner_project::precision::Plan;
+use runner_project::profile::{GemmFormat, Profiles};
+use runner_project::template::ShardKey;
 
-use crate::commands::{self, emit};
+use crate::commands::project::Target;
+use crate::commands::{self, emit, progress_line};
 use crate::{BenchCommand, Global};
 
 /// Run `$body` with `$dev` bound to the chosen device, whatever its type.
@@ -217,3 +228,224 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
 
 #[allow(dead_code, reason = "keeps the trait in scope for the macro's bodies")]
 fn _device_in_scope<D: Device>(_: &D) {}
+
+// ---------------------------------------------------------------------------------------
+// runner measure
+// ---------------------------------------------------------------------------------------
+
+/// The buffer format a GEMM role of `f` runs in on the device.
+fn operand_elem(f: GemmFormat) -> Result<Elem> {
+    match f {
+        GemmFormat::Bf16 => Ok(Elem::BF16),
+        GemmFormat::Fp8 => Ok(Elem::F8E4M3),
+        other => bail!(
+            "the plan runs GEMMs in {other}, which the device GEMM path has no block-scaled kernels for yet; measure with \
+             --precision bf16 or fp8"
+        ),
+    }
+}
+
+/// A linear op's (rows per call, N, K, calls): one call for a linear, one per local
+/// expert for a grouped linear (each with an even share of the routed rows).
+fn gemm_shape(g: &Graph, op: &Op) -> Result<(usize, usize, usize, usize)> {
+    let dims = |i: usize| op.inputs.get(i).map(|&t| g.tensors[t].shape.clone()).unwrap_or_default();
+    let x: u64 = dims(0).iter().product();
+    let (calls, n, k) = match (op.kind, dims(1).as_slice()) {
+        (OpKind::Linear, &[n, k]) => (1, n, k),
+        (OpKind::GroupedLinear, &[e, n, k]) => (e.max(1), n, k),
+        _ => bail!("{}: a {:?} op whose weight is not a matrix (or a stack of them)", op.name, op.kind),
+    };
+    let rows = x / k.max(1);
+    let size = |v: u64| usize::try_from(v).map_err(|_| anyhow!("{}: dimension {v} does not fit this machine", op.name));
+    Ok((size(rows.div_ceil(calls).max(1))?, size(n)?, size(k)?, size(calls)?))
+}
+
+/// The most GEMM work `runner measure` takes on on the CPU: about five minutes of
+/// emulated BF16 at this machine's 60 GFLOP/s.
+const CPU_MEASURE_FLOPS: f64 = 2e13;
+
+fn si_flop(v: f64) -> String {
+    format!("{:.1} TFLOP", v / 1e12)
+}
+
+/// `g` with every floating-point tensor in f32: what the executor stores.
+fn as_f32(g: &Graph) -> Graph {
+    let mut g = g.clone();
+    for t in &mut g.tensors {
+        if t.dtype != DType::I32 {
+            t.dtype = DType::F32;
+        }
+    }
+    g
+}
+
+/// Time every GEMM of `g` at `plan`'s formats and, when `g` has no collectives, its
+/// memory-bound ops inside a training step; what was left to the model goes to `notes`.
+fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, global: &Global, notes: &mut Vec<String>) -> Result<Vec<OpTime>> {
+    let mut out = Vec::new();
+    let gemms: Vec<&Op> = g.ops.iter().filter(|o| OpClass::of(o.kind) == Some(OpClass::Gemm)).collect();
+    if dev.name().starts_with("cpu") {
+        // Each of a GEMM's three kernels runs about repeats + 3 times (sizing, warm-up,
+        // samples); a full-size model on the CPU would take hours, which is a hang to the
+        // user. Refuse up front, with the ways out.
+        let flops: f64 = gemms.iter().map(|op| op_cost(g, op, AttentionFlops::CausalHalved).fwd_flops).sum();
+        let total = 3.0 * flops * (repeats + 3) as f64;
+        if total > CPU_MEASURE_FLOPS {
+            bail!(
+                "measuring this rank's GEMMs on the CPU would take {} of work (about {:.0} minutes at 60 GFLOP/s; the limit is {}): \
+                 measure on a GPU (--device cuda), or a -tiny variant or a shorter --seq-len on the CPU",
+                si_flop(total),
+                total / 60e9 / 60.0,
+                si_flop(CPU_MEASURE_FLOPS)
+            );
+        }
+    }
+    for (i, op) in gemms.iter().enumerate() {
+        progress_line(global, &format!("GEMM {}/{}: {}", i + 1, gemms.len(), op.name));
+        let formats = plan.formats(&op.name);
+        let elems = [operand_elem(formats[0])?, operand_elem(formats[1])?, operand_elem(formats[2])?];
+        let (m, n, k, calls) = gemm_shape(g, op)?;
+        let t = time_linear(&dev, &LinearGemms { m, n, k, formats: elems }, repeats).with_context(|| format!("GEMMs of {}", op.name))?;
+        let c = calls as f64;
+        let cost = op_cost(g, op, AttentionFlops::CausalHalved);
+        out.push(OpTime {
+            name: op.name.clone(),
+            kind: OpClass::Gemm,
+            layer: op.layer,
+            shape: [m, n, k].map(|d| d as u64).to_vec(),
+            fwd_s: c * (t.kernel_s[0] + t.cast_x_s),
+            bwd_s: c * (t.kernel_s[1] + t.kernel_s[2] + t.cast_dy_s),
+            gemm: Some(GemmDetail {
+                formats,
+                flops: cost.fwd_flops,
+                calls: calls as u64,
+                bytes: cost.bytes,
+                kernel_s: t.kernel_s.map(|s| c * s),
+            }),
+            memory: None,
+        });
+    }
+    if g.ops.iter().any(|o| OpClass::of(o.kind).is_none()) {
+        notes.push(
+            "memory-bound ops not measured: this rank's graph has collectives (tp, cp or ep > 1), which one process cannot \
+             run without its peers; they keep the roofline"
+                .into(),
+        );
+        return Ok(out);
+    }
+    let on_cpu = dev.name().starts_with("cpu");
+    let bytes = runner::measure::executor_bytes(g).unwrap_or(u64::MAX);
+    if on_cpu && bytes > runner::measure::EXECUTOR_BUDGET_BYTES {
+        notes.push(format!(
+            "memory-bound ops not measured: the training step would allocate {} on the CPU (budget {}); they keep the roofline",
+            runner::report::si(bytes as f64),
+            runner::report::si(runner::measure::EXECUTOR_BUDGET_BYTES as f64)
+        ));
+        return Ok(out);
+    }
+    progress_line(global, "training step: memory-bound ops");
+    let opts = MeasureOptions { timing: TimingOptions { warmup: 1, repeats }, ..MeasureOptions::default() };
+    let m = measure_training_step_on(g, dev, opts).context("the training step of the memory-bound ops")?;
+    let timed: HashMap<&str, &runner_exec::timing::OpTiming> = m.timing.ops.iter().map(|o| (o.name.as_str(), o)).collect();
+    let g32 = as_f32(g);
+    for (op, op32) in g.ops.iter().zip(&g32.ops) {
+        if OpClass::of(op.kind) != Some(OpClass::Memory) {
+            continue;
+        }
+        let Some(t) = timed.get(op.name.as_str()) else { continue };
+        let graph_bytes = op_cost(g, op, AttentionFlops::CausalHalved).bytes;
+        let run_bytes = op_cost(&g32, op32, AttentionFlops::CausalHalved).bytes;
+        if run_bytes <= 0.0 {
+            continue;
+        }
+        // Bandwidth-bound: at the graph's formats the op moves graph_bytes, not run_bytes.
+        let scale = graph_bytes / run_bytes;
+        out.push(OpTime {
+            name: op.name.clone(),
+            kind: OpClass::Memory,
+            layer: op.layer,
+            shape: op.outputs.first().map(|&t| g.tensors[t].shape.clone()).unwrap_or_default(),
+            fwd_s: t.forward.median * scale,
+            bwd_s: t.backward.median * scale,
+            gemm: None,
+            memory: Some(MemoryDetail { bytes: graph_bytes, run_bytes, run_fwd_s: t.forward.median, run_bwd_s: t.backward.median }),
+        });
+    }
+    notes.push(
+        "memory-bound ops ran in f32 inside a training step; their times are scaled by the bytes they move at the graph's \
+         formats over the bytes they moved in f32"
+            .into(),
+    );
+    Ok(out)
+}
+
+/// `runner measure`: the per-op times of the rank graph the projection builds for
+/// `target` at sharding `[tp, cp, ep, etp, mbs]`, on the `--device` device.
+pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global) -> Result<()> {
+    let [tp, cp, ep, etp, mbs] = shard;
+    if shard.contains(&0) {
+        bail!("--tp, --cp, --ep, --etp and --mbs must be at least 1");
+    }
+    if repeats == 0 || repeats > 1000 {
+        bail!("--repeats must be in 1..=1000");
+    }
+    let mut s = commands::project::setup(target, global)?;
+    let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
+    let gpu = s.projector.gpu.clone();
+    let chosen = choose(global.device)?;
+    let device = chosen.name();
+    measured::stands_for(&device, &gpu, Profiles::builtin().get(&gpu.name).is_ok()).map_err(|e| anyhow!("--gpu {}: {e}", target.gpu))?;
+    let rank = s
+        .projector
+        .rank_graph(key)
+        .map_err(|e| anyhow!("{} at {}: {e}", target.model, measured::key_text(&key)))?;
+    let plan = s.projector.plan.clone();
+    let mut notes = vec!["attention cores keep the roofline: the executor's attention kernel computes in f32 (on a GPU, on CUDA cores), not the tensor-core FlashAttention a BF16 run uses".to_string()];
+    let ops = on_device!(chosen, |dev| measure_rank(&rank, dev, &plan, repeats, global, &mut notes))?;
+    let file = OpsFile {
+        format: measured::FORMAT.into(),
+        version: measured::VERSION,
+        device: device.clone(),
+        measured_at: runner_store::now(),
+        gpu: gpu.name.clone(),
+        model: target.model.clone(),
+        seq_len: s.projector.model.seq_len,
+        precision: s.recipe.name().into(),
+        shard: key,
+        repeats,
+        notes,
+        ops,
+    };
+    let mut t = Table::new(
+        format!(
+            "{} at {}, seq {}, {} on {device} (standing for {}), {}",
+            file.model,
+            measured::key_text(&key),
+            file.seq_len,
+            file.precision,
+            gpu.name,
+            file.measured_at
+        ),
+        &["op", "kind", "shape", "formats", "fwd ms", "bwd ms", "rate"],
+    );
+    for o in &file.ops {
+        let (formats, rate) = match (&o.gemm, &o.memory) {
+            (Some(g), _) => (
+                g.formats.iter().map(|f| f.name()).collect::<Vec<_>>().join("/"),
+                format!("{:.1} GFLOP/s", 3.0 * g.flops / g.kernel_s.iter().sum::<f64>() / 1e9),
+            ),
+            (_, Some(m)) if m.run_fwd_s > 0.0 => (String::new(), format!("{:.1} GB/s", m.run_bytes / m.run_fwd_s / 1e9)),
+            _ => (String::new(), String::new()),
+        };
+        let shape = o.shape.iter().map(u64::to_string).collect::<Vec<_>>().join("x");
+        let shape = match &o.gemm {
+            Some(g) if g.calls > 1 => format!("{} x{shape}", g.calls),
+            _ => shape,
+        };
+        t.rows.push(vec![o.name.clone(), format!("{:?}", o.kind).to_lowercase(), shape, formats, format!("{:.4}", o.fwd_s * 1e3), format!("{:.4}", o.bwd_s * 1e3), rate]);
+    }
+    t.notes = file.notes.clone();
+    t.notes.push(format!("{repeats} timed samples per op, medians; GEMM rate over its three kernels, memory rate of the f32 forward"));
+    t.notes.push("use it with: runner project ... --measured FILE.json, or runner calibrate --ops FILE.json -o fitted.toml".into());
+    emit(global, &t, &file)
+}

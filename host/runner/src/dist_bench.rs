@@ -27,6 +27,7 @@ use runner_exec::select::DeviceSpec;
 use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
 use runner_exec::{ExecError, ExecOptions, Executor, Input, ThreadGroup};
 use runner_graph::shard::{Layout, RankCoord, shard};
+use runner_project::collectives::CollRow;
 
 use crate::Global;
 use crate::commands::emit;
@@ -80,18 +81,11 @@ impl Coll {
     }
 
     /// nccl-tests' bus-bandwidth factor for `n` ranks (`*GetBw` in its sources): the
-    /// projection's own (`runner_project::comm::bus_factor`), so a measured busbw and a
-    /// projected collective time use one definition.
+    /// projection's own (`runner_project::comm::bus_factor`, through the op names
+    /// `runner calibrate --collectives` reads), so a measured busbw and a projected
+    /// collective time use one definition.
     pub fn bus_factor(self, n: usize) -> f64 {
-        use runner_graph::OpKind;
-        let kind = match self {
-            Coll::AllReduce => OpKind::AllReduce,
-            Coll::AllGather => OpKind::AllGather,
-            Coll::ReduceScatter => OpKind::ReduceScatter,
-            Coll::AllToAll => OpKind::AllToAll,
-            Coll::Broadcast | Coll::SendRecv => return 1.0,
-        };
-        runner_project::comm::bus_factor(kind, u32::try_from(n).unwrap_or(u32::MAX))
+        runner_project::collectives::bus_factor_of(self.name(), n).unwrap_or(1.0)
     }
 }
 
@@ -125,25 +119,6 @@ impl CollArgs {
         }
         v
     }
-}
-
-/// One line of the table (out-of-place columns of nccl-tests; the in-place all-reduce
-/// and broadcast are the same calls here).
-#[derive(Clone, Debug, Serialize)]
-pub struct CollRow {
-    pub op: &'static str,
-    pub size_bytes: u64,
-    pub count: u64,
-    #[serde(rename = "type")]
-    pub dtype: &'static str,
-    pub redop: &'static str,
-    pub root: i64,
-    pub time_us: f64,
-    pub algbw_gbps: f64,
-    pub busbw_gbps: f64,
-    pub wrong: u64,
-    pub ranks: usize,
-    pub transport: &'static str,
 }
 
 fn nccl_type_name(e: Elem) -> &'static str {
@@ -303,9 +278,9 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     let results = on_ranks(ranks, global.device, move |launch, gpu| {
         let world = rendezvous(&launch, &meta(run.clone()), args.timeout)?;
         match gpu {
-            None => coll_rank(&Cpu::new(), &world, &args),
+            None => coll_rank(&Cpu::new(), &world, launch.local_rank, &args),
             #[cfg(feature = "cuda")]
-            Some(n) => coll_rank(&runner_exec::cuda::Cuda::new(n)?, &world, &args),
+            Some(n) => coll_rank(&runner_exec::cuda::Cuda::new(n)?, &world, launch.local_rank, &args),
             #[cfg(not(feature = "cuda"))]
             Some(_) => bail!("built without CUDA"),
         }
@@ -314,18 +289,19 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
         return Ok(()); // not rank 0: rank 0 prints
     };
     let n = rows.first().map_or(1, |r| r.ranks);
-    let transport = rows.first().map_or("tcp", |r| r.transport);
+    let nodes = rows.first().map_or(1, |r| r.nodes);
+    let transport = rows.first().map_or("tcp", |r| r.transport.as_str());
     let mut t = Table::new(
-        format!("collectives over {n} rank(s), {transport}"),
+        format!("collectives over {n} rank(s) on {nodes} node(s), {transport}"),
         &["op", "size (B)", "count (elements)", "type", "redop", "root", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
     );
     for r in &rows {
         t.rows.push(vec![
-            r.op.into(),
+            r.op.clone(),
             r.size_bytes.to_string(),
             r.count.to_string(),
-            r.dtype.into(),
-            r.redop.into(),
+            r.dtype.clone(),
+            r.redop.clone(),
             r.root.to_string(),
             format!("{:.2}", r.time_us),
             format!("{:.2}", r.algbw_gbps),
@@ -347,6 +323,7 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     if transport == "tcp" {
         t.notes.push("TCP backend (ranks without GPUs): for tests and development, not a network benchmark".into());
     }
+    t.notes.push("fit the projection's network tier to it: -o FILE.json, then runner calibrate --collectives FILE.json --gpu NAME".into());
     emit(global, &t, &rows)?;
     if wrong > 0 {
         bail!("{wrong} wrong values in the collectives' results");
@@ -388,13 +365,16 @@ fn on_ranks<T: Send + 'static>(
 }
 
 /// One rank's sweep; rank 0 returns the rows.
-fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, a: &CollArgs) -> Result<Option<Vec<CollRow>>> {
+fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollArgs) -> Result<Option<Vec<CollRow>>> {
     let n = world.size();
     let me = world.rank();
     let all: Vec<usize> = (0..n).collect();
     let mut g = dev.group(world, "world", &all, a.timeout)?;
     D::batch(&mut g, true);
     let ctl = world.everyone().map_err(|e| anyhow!(e))?;
+    // Each node's launcher numbers its ranks from 0: the nodes are the local ranks 0
+    // (what `runner calibrate --collectives` reads the network tier from).
+    let nodes = HostCollective::all_gather(&ctl, &[local_rank as f32])?.iter().filter(|&&l| l == 0.0).count().max(1);
     let esize = a.dtype.bytes() as u64;
     let mut rows = Vec::new();
     for &op in &a.ops {
@@ -487,18 +467,20 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, a: &CollArgs) -> Result<Optio
             } as f64;
             let algbw = s / time / 1e9;
             rows.push(CollRow {
-                op: op.name(),
+                op: op.name().into(),
                 size_bytes: count * esize,
                 count,
-                dtype: nccl_type_name(a.dtype),
-                redop: if matches!(op, Coll::AllReduce | Coll::ReduceScatter) { "sum" } else { "none" },
+                dtype: nccl_type_name(a.dtype).into(),
+                redop: if matches!(op, Coll::AllReduce | Coll::ReduceScatter) { "sum" } else { "none" }.into(),
                 root: if op == Coll::Broadcast { 0 } else { -1 },
                 time_us: time * 1e6,
                 algbw_gbps: algbw,
                 busbw_gbps: algbw * op.bus_factor(n),
                 wrong: w[0] as u64,
                 ranks: n,
-                transport: D::transport(),
+                nodes,
+                transport: D::transport().into(),
+                device: dev.name(),
             });
         }
     }

@@ -20,7 +20,7 @@ use runner::report::OutputFormat;
     long_about = "Measures a model's training step on the local device, projects it onto a GPU \
 cluster, and prices the run on every installed cloud. Models, precision policies and \
 price lists are sandboxed WASM plugins.",
-    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file our-contract.csv -o report.html\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024"
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file our-contract.csv -o report.html\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024\n  runner --device cuda measure --model llama3.1-8b --gpu h100 -o ops.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -192,6 +192,38 @@ enum Command {
         gpus: u32,
         #[command(flatten)]
         layout: commands::project::LayoutFlags,
+        /// Per-op times from `runner measure -o FILE.json`: they replace the roofline for
+        /// the ops they name (same model, sequence, GPU, precision and sharding; layout
+        /// flags left out take the measured sharding)
+        #[arg(long, value_name = "FILE")]
+        measured: Option<PathBuf>,
+    },
+    /// Time the ops of the projection's own rank graph on the local device: per-op
+    /// forward and backward seconds for `project --measured` and `calibrate --ops`
+    #[command(
+        after_help = "GEMMs run at the precision plan's formats (BF16, or FP8 E4M3/E5M2 with their casts); memory-bound ops inside a real training step (unsharded ranks only); attention and collectives keep the model.\n\nExamples:\n  runner --device cuda measure --model llama3.1-8b --gpu h100 --precision bf16 -o ops.json\n  runner --device cuda measure --model llama3.1-70b --gpu h100 --precision fp8 --tp 4 --seq-len 8192 -o ops-tp4.json\n  runner project --model llama3.1-8b --gpu h100 --gpus 64 --measured ops.json\n  runner calibrate --ops ops.json -o fitted.toml\n  runner --device cpu --profile my-box.toml measure --model llama3-tiny --gpu my-box -o ops.json"
+    )]
+    Measure {
+        #[command(flatten)]
+        target: commands::project::Target,
+        /// Tensor parallel size of the rank measured
+        #[arg(long, default_value_t = 1)]
+        tp: u32,
+        /// Context parallel size
+        #[arg(long, default_value_t = 1)]
+        cp: u32,
+        /// Expert parallel size
+        #[arg(long, default_value_t = 1)]
+        ep: u32,
+        /// Expert tensor parallel size
+        #[arg(long, default_value_t = 1)]
+        etp: u32,
+        /// Micro-batch size (sequences)
+        #[arg(long, default_value_t = 1)]
+        mbs: u32,
+        /// Timed samples per op (medians are kept)
+        #[arg(long, default_value_t = 5)]
+        repeats: usize,
     },
     /// Search the layouts per GPU count: the best ones, and why each other family lost
     #[command(
@@ -217,14 +249,15 @@ enum Command {
         /// A TOML file of [[point]] tables (model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, step_time_s or tokens_per_sec_per_gpu)
         file: PathBuf,
     },
-    /// Fit a GPU type's efficiency parameters to published runs
+    /// Fit a GPU type's efficiency parameters to published runs, or to local measurements
     #[command(
-        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate host/project/data/calibration.toml --holdout\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
+        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate host/project/data/calibration.toml --holdout\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner calibrate --ops ops.json -o fitted.toml\n  runner calibrate --collectives coll.json --gpu h100 -o fitted.toml\n  runner calibrate --ops ops.json --collectives coll.json --gpu h100 -o fitted.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
     )]
     Calibrate {
         /// A TOML file of [[point]] tables, as for `runner validate`
-        file: PathBuf,
-        /// Fit only this GPU type
+        #[arg(required_unless_present_any = ["ops", "collectives"], conflicts_with_all = ["ops", "collectives"])]
+        file: Option<PathBuf>,
+        /// Fit only this GPU type (with --ops/--collectives: the GPU they ran on)
         #[arg(long)]
         gpu: Option<String>,
         /// Fit only runs of this precision
@@ -232,8 +265,21 @@ enum Command {
         precision: Option<String>,
         /// Instead of fitting once: for each GPU and model family, fit on the other
         /// families and report the held-out family's errors
-        #[arg(long)]
+        #[arg(long, requires = "file")]
         holdout: bool,
+        /// Per-op times from `runner measure`: fit the GEMM efficiency of each measured
+        /// format, the GEMM size at half efficiency and the HBM efficiency
+        #[arg(long, value_name = "FILE")]
+        ops: Option<PathBuf>,
+        /// A `runner bench collectives -o FILE.json` sweep: fit the bandwidth efficiency
+        /// and per-step latency of the tier its ranks spanned (one node: NVLink; several:
+        /// the NICs)
+        #[arg(long, value_name = "FILE")]
+        collectives: Option<PathBuf>,
+        /// The tier of a --collectives run where the layout cannot tell (NVLink domains
+        /// spanning nodes): scale-up or scale-out
+        #[arg(long, requires = "collectives")]
+        tier: Option<String>,
     },
     /// Runs kept in the history, newest first
     #[command(after_help = "Examples:\n  runner history\n  runner history --limit 100 --format json")]
@@ -468,15 +514,27 @@ fn main() -> ExitCode {
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
         Some(Command::Bench(cmd)) => device_bench::bench(cmd, &cli.global),
-        Some(Command::Project { target, gpus, layout }) => commands::project::project(&target, gpus, &layout, &cli.global),
+        Some(Command::Project { target, gpus, layout, measured }) => {
+            commands::project::project(&target, gpus, &layout, measured.as_deref(), &cli.global)
+        }
+        Some(Command::Measure { target, tp, cp, ep, etp, mbs, repeats }) => {
+            device_bench::measure(&target, [tp, cp, ep, etp, mbs], repeats, &cli.global)
+        }
         Some(Command::Search { target, gpus, top, layout }) => {
             commands::project::search(&target, &gpus, top, &layout, &cli.global)
         }
         Some(Command::Validate { file }) => commands::project::validate(&file, &cli.global),
-        Some(Command::Calibrate { file, holdout: true, .. }) => commands::project::holdout(&file, &cli.global),
-        Some(Command::Calibrate { file, gpu, precision, .. }) => {
+        Some(Command::Calibrate { file: Some(file), holdout: true, .. }) => commands::project::holdout(&file, &cli.global),
+        Some(Command::Calibrate { file: Some(file), gpu, precision, .. }) => {
             commands::project::calibrate(&file, gpu.as_deref(), precision.as_deref(), &cli.global)
         }
+        Some(Command::Calibrate { file: None, gpu, ops, collectives, tier, .. }) => commands::project::calibrate_local(
+            ops.as_deref(),
+            collectives.as_deref(),
+            gpu.as_deref(),
+            tier.as_deref(),
+            &cli.global,
+        ),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -34,11 +34,11 @@ const GPU_TOKENS: u32 = 8192;
 const LAYERS_RUN: u32 = 2;
 
 /// What the measured step may allocate at most.
-const EXECUTOR_BUDGET_BYTES: u64 = 8 << 30;
+pub const EXECUTOR_BUDGET_BYTES: u64 = 8 << 30;
 
 /// Bytes the executor allocates for `g` at most: an f32 value and gradient for every
 /// tensor, and two AdamW moments more for every weight. None on overflow.
-fn executor_bytes(g: &runner_graph::Graph) -> Option<u64> {
+pub fn executor_bytes(g: &runner_graph::Graph) -> Option<u64> {
     g.tensors.iter().try_fold(0u64, |acc, t| {
         let numel = t.shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))?;
         let per = if t.kind == runner_graph::TensorKind::Weight {

@@ -306,6 +306,7 @@ fn every_subcommand_has_help_with_examples() {
         vec!["search", "--help"],
         vec!["validate", "--help"],
         vec!["calibrate", "--help"],
+        vec!["measure", "--help"],
     ] {
         let o = runner(&dir, &args);
         assert!(o.status.success(), "{args:?}");
@@ -506,4 +507,144 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
         "{out}"
     );
     assert!(err.contains("shadows the embedded plugin"), "{err}");
+}
+
+/// A GPU profile for this machine, so the CPU's measurements have a GPU to stand for.
+const CPU_PROFILE: &str = r#"
+[[gpu]]
+name = "cpu-box"
+description = "the test machine as a stand-in GPU"
+memory_gib = 16.0
+hbm_gbs = 100.0
+gpus_per_node = 8
+scale_up_domain = 8
+scale_up_gbs = 100.0
+scale_out_gbs = 10.0
+[gpu.peak_tflops]
+bf16 = 1.0
+fp8 = 2.0
+"#;
+
+/// `runner measure` times the projection's own rank graph on the CPU and writes a file
+/// `project --measured` applies (refusing another sharding, GPU or precision) and
+/// `calibrate --ops` fits; a `bench collectives -g 4` sweep is fitted by
+/// `calibrate --collectives`; every fitted file works alone with `--profile`.
+#[test]
+fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
+    let dir = scratch("measured");
+    std::fs::write(dir.join("cpu.toml"), CPU_PROFILE).unwrap();
+    let base = ["--device", "cpu", "--profile", "cpu.toml"];
+    let run = |args: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(args);
+        runner(&dir, &a)
+    };
+    let o = run(&["measure", "--model", "llama3-tiny", "--gpu", "cpu-box", "--repeats", "2", "-o", "ops.json", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let ops: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("ops.json")).unwrap()).unwrap();
+    assert_eq!((ops["format"].as_str(), ops["gpu"].as_str(), ops["shard"]["tp"].as_u64()), (Some("runner-measured-ops"), Some("cpu-box"), Some(1)));
+    let kind_of = |name: &str| ops["ops"].as_array().unwrap().iter().find(|o| o["name"] == name).map(|o| o["kind"].clone());
+    assert_eq!(kind_of("layers.0.mlp.gate"), Some("gemm".into()));
+    assert_eq!(kind_of("layers.0.attn_norm"), Some("memory".into()));
+    assert_eq!(kind_of("layers.0.attn.core"), None, "attention is not measured");
+
+    let step = |args: &[&str]| -> serde_json::Value {
+        let mut a = vec!["project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "1", "--mbs", "1", "--gbs", "4"];
+        a.extend(["--recompute", "none", "--format", "json", "-q"]);
+        a.extend(args);
+        let o = run(&a);
+        assert!(o.status.success(), "{a:?}: {}", text(&o).1);
+        serde_json::from_str(&text(&o).0).unwrap()
+    };
+    let roofline = step(&[]);
+    let measured = step(&["--measured", "ops.json"]);
+    assert!(measured["notes"].to_string().contains("replace the roofline"), "{}", measured["notes"]);
+    assert!(roofline.get("measured").is_none());
+    let names: Vec<&str> = measured["measured"]["ops"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+    assert_eq!(names.len(), ops["ops"].as_array().unwrap().len());
+    assert!(names.contains(&"layers.0.mlp.gate") && !names.contains(&"layers.0.attn.core"), "{names:?}");
+    assert_eq!(measured["measured"]["device"], ops["device"]);
+    assert!(measured["step_time_s"] != roofline["step_time_s"]);
+    // The CPU's measured times, through the file, by hand: with every op's time doubled
+    // the step grows by exactly the file's times, once per micro-batch, the layer-0 ops
+    // once per layer (llama3-tiny: 4 alike layers) and the ops outside the stack once.
+    let mut doubled = ops.clone();
+    let mut per_micro_batch = 0.0;
+    for o in doubled["ops"].as_array_mut().unwrap() {
+        let (f, b) = (o["fwd_s"].as_f64().unwrap(), o["bwd_s"].as_f64().unwrap());
+        per_micro_batch += (f + b) * if o["layer"].as_i64() == Some(-1) { 1.0 } else { 4.0 };
+        o["fwd_s"] = (2.0 * f).into();
+        o["bwd_s"] = (2.0 * b).into();
+    }
+    std::fs::write(dir.join("ops2.json"), serde_json::to_string(&doubled).unwrap()).unwrap();
+    let twice = step(&["--measured", "ops2.json"]);
+    let mb = twice["micro_batches"].as_f64().unwrap();
+    assert_eq!((mb, twice["layout"]["pp"].as_u64()), (4.0, Some(1)));
+    let grew = twice["step_time_s"].as_f64().unwrap() - measured["step_time_s"].as_f64().unwrap();
+    let want = mb * per_micro_batch;
+    assert!((grew - want).abs() <= 1e-9 * want, "the step grew by {grew} s, the file's times make {want} s");
+    // cpu-box's tensor cores (a custom GPU's) run no FP8, so the plan refuses fp8 before
+    // the file is read: a file claiming fp8 stands in for the precision mismatch.
+    let fp8 = std::fs::read_to_string(dir.join("ops.json")).unwrap().replacen("\"precision\": \"bf16\"", "\"precision\": \"fp8\"", 1);
+    assert!(fp8.contains("\"precision\": \"fp8\""));
+    std::fs::write(dir.join("ops-fp8.json"), fp8).unwrap();
+    for (args, want) in [
+        (vec!["--measured", "ops.json", "--tp", "2", "--gpus", "2"], "--tp 1"),
+        (vec!["--measured", "ops-fp8.json", "--gpus", "1"], "--precision fp8"),
+        (vec!["--measured", "ops.json", "--seq-len", "128", "--gpus", "1"], "--seq-len 256"),
+    ] {
+        let mut a = vec!["project", "--model", "llama3-tiny", "--gpu", "cpu-box"];
+        a.extend(args);
+        let o = run(&a);
+        assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
+    }
+    let o = runner(&dir, &["project", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "1", "--measured", "ops.json"]);
+    assert!(!o.status.success() && text(&o).1.contains("stands for cpu-box"), "{}", text(&o).1);
+    // The CPU cannot stand for a built-in GPU.
+    let o = run(&["measure", "--model", "llama3-tiny", "--gpu", "h100"]);
+    assert!(!o.status.success() && text(&o).1.contains("cannot stand for the built-in H100"), "{}", text(&o).1);
+
+    let o = run(&["calibrate", "--ops", "ops.json", "-o", "fitted.toml", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let fitted = std::fs::read_to_string(dir.join("fitted.toml")).unwrap();
+    assert!(fitted.contains("name = \"cpu-box\"") && fitted.contains("runner calibrate --ops ops.json"), "{fitted}");
+    let o = runner(&dir, &["--profile", "fitted.toml", "project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "1", "-q"]);
+    assert!(o.status.success(), "the fitted file alone is a profile: {}", text(&o).1);
+
+    let o = run(&["bench", "collectives", "-g", "4", "-b", "4K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "--ops", "all_reduce,all_gather", "-o", "coll.json", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("coll.json")).unwrap()).unwrap();
+    assert_eq!((rows[0]["nodes"].as_u64(), rows[0]["ranks"].as_u64()), (Some(1), Some(4)));
+    let o = run(&["calibrate", "--collectives", "coll.json", "--gpu", "cpu-box", "-o", "net.toml", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("scale_up") && out.contains("scale-up tier from 4 rank(s) on 1 node(s)"), "{out}");
+    let net = std::fs::read_to_string(dir.join("net.toml")).unwrap();
+    assert!(net.contains("scale_up_latency_us") && net.contains("--collectives coll.json"), "{net}");
+    // The fitted tier is what the projection reads: a TP=2 layout's exposed TP
+    // communication follows the loopback sockets' fit, not the prior.
+    let tp_comm = |profile: &str| {
+        let o = runner(&dir, &["--profile", profile, "project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "2", "--tp", "2", "--format", "json", "-q"]);
+        assert!(o.status.success(), "{profile}: {}", text(&o).1);
+        let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+        v["breakdown"]["tp"].as_f64().unwrap()
+    };
+    let (prior, fitted) = (tp_comm("cpu.toml"), tp_comm("net.toml"));
+    assert!(fitted > 2.0 * prior && prior > 0.0, "TP comm {prior} s with the prior, {fitted} s with the fit");
+
+    // Bad input names the file and the problem.
+    std::fs::write(dir.join("bad.json"), "{\"format\": \"runner-measured-ops\",\n \"version\": 1,\n \"ops\": [}").unwrap();
+    for (args, want) in [
+        (vec!["calibrate", "--ops", "bad.json"], "bad.json: line 3"),
+        (vec!["calibrate", "--collectives", "ops.json", "--gpu", "cpu-box"], "use it with --ops"),
+        (vec!["calibrate", "--ops", "coll.json"], "use it with --collectives"),
+        (vec!["calibrate", "--collectives", "coll.json"], "--gpu NAME"),
+        (vec!["calibrate", "--collectives", "coll.json", "--gpu", "cpu-box", "--tier", "scale-out"], "never left NVLink"),
+        (vec!["calibrate", "--collectives", "coll.json", "--gpu", "h100"], "cannot stand for the built-in H100"),
+        // A full-size model's GEMMs would take the CPU over an hour: refused up front.
+        (vec!["measure", "--model", "llama3.1-8b", "--gpu", "cpu-box"], "measure on a GPU (--device cuda)"),
+    ] {
+        let o = run(&args);
+        assert!(!o.status.success() && text(&o).1.contains(want), "{args:?}: {}", text(&o).1);
+    }
 }

@@ -51,24 +51,19 @@ const LANES: usize = 16;
 /// vector width's (the helpers keep [`LANES`] explicit accumulators).
 #[inline(always)]
 pub(crate) fn simd<R>(f: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512vl")
-            && std::arch::is_x86_feature_detected!("avx512dq")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: the features `run_avx512` is compiled for were detected above.
-            return unsafe { run_avx512(f) };
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            // SAFETY: as above, for AVX2 and FMA.
-            return unsafe { run_avx2(f) };
-        }
+    simd_lanes(Closure(f))
+}
+
+/// A closure as a [`Lanes`] body (the closure itself is inlined, or not, by LLVM's
+/// judgement: see [`Lanes`]).
+struct Closure<F>(F);
+
+impl<R, F: FnOnce() -> R> Lanes for Closure<F> {
+    type Out = R;
+    #[inline(always)]
+    fn run(self) -> R {
+        (self.0)()
     }
-    f()
 }
 
 /// Marks the upper halves of the vector registers clean (`vzeroupper`) on CPUs with AVX.
@@ -94,16 +89,51 @@ fn vzeroupper() {
     std::arch::x86_64::_mm256_zeroupper();
 }
 
+/// A loop body too large for [`simd`]: a closure is only re-compiled for the wider
+/// instruction sets when LLVM inlines it into the dispatch functions, and it stops doing
+/// so once a closure holds a few inlined helpers (its three call sites forfeit the
+/// single-caller bonus). The quantisation loops ran as baseline SSE2 code that way,
+/// calling libm's `floorf` per element. A `Lanes` type's `run` is `#[inline(always)]`,
+/// which LLVM must honour, so [`simd_lanes`] always gets one copy per instruction set.
+pub(crate) trait Lanes {
+    type Out;
+    /// The loop; implementations mark it `#[inline(always)]`.
+    fn run(self) -> Self::Out;
+}
+
+/// [`simd`] for a [`Lanes`] body.
+#[inline(always)]
+pub(crate) fn simd_lanes<K: Lanes>(k: K) -> K::Out {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features `lanes_avx512` is compiled for were detected above.
+            return unsafe { lanes_avx512(k) };
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: as above, for AVX2 and FMA.
+            return unsafe { lanes_avx2(k) };
+        }
+    }
+    k.run()
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx512dq,avx512bw,avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
-fn run_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
+fn lanes_avx512<K: Lanes>(k: K) -> K::Out {
+    k.run()
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,bmi1,bmi2,lzcnt,popcnt")]
-fn run_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
+fn lanes_avx2<K: Lanes>(k: K) -> K::Out {
+    k.run()
 }
 
 /// Dot product of two equal-length slices (lengths are the caller's responsibility;

@@ -27,7 +27,7 @@
 //! accumulator lanes, so LLVM emits AVX2 / AVX-512 code (`runner bench quantize`
 //! measures GB/s per core; docs/PERFORMANCE.md).
 
-use super::{ELEM_GRAIN, simd};
+use super::{ELEM_GRAIN, Lanes, simd, simd_lanes};
 use crate::{Result, check_len, numel, shape_err};
 use rayon::prelude::*;
 
@@ -202,7 +202,7 @@ fn round_grid(y: f32, g: &Grid, rand: Option<u32>) -> f32 {
     let (normal, sub) = match rand {
         None => {
             let lsb = (b >> (23 - g.mbits)) & 1;
-            let n = f32::from_bits(b.wrapping_add(g.half_ulp + lsb) & g.mask);
+            let n = f32::from_bits(b.wrapping_add(g.half_ulp.wrapping_add(lsb)) & g.mask);
             let s = ((a * g.sub_mul + MAGIC) - MAGIC) * g.sub_inv;
             (n, s)
         }
@@ -217,137 +217,169 @@ fn round_grid(y: f32, g: &Grid, rand: Option<u32>) -> f32 {
     r.copysign(y)
 }
 
-/// Elements per inner step: the accumulator lanes.
-const LANES: usize = 16;
-
-/// Counters of one slice, in lanes so the loop vectorises.
+/// Counters of a pass. The element loops keep them in plain locals that LLVM's loop
+/// vectoriser recognises as reductions: `u32` sums added with `wrapping_add` (an
+/// overflow check, on in debug builds, is a branch that stops vectorisation; [`SUB`]
+/// keeps them far from overflowing) and amax as `f32::max`, which ignores NaN and is
+/// exact in any order.
+#[derive(Clone, Copy, Default)]
 struct Acc {
-    amax: [f32; LANES],
-    sat: [u32; LANES],
-    under: [u32; LANES],
-    nonfinite: [u32; LANES],
+    amax: f32,
+    sat: u64,
+    under: u64,
+    nonfinite: u64,
 }
 
 impl Acc {
-    fn new() -> Acc {
-        Acc { amax: [0.0; LANES], sat: [0; LANES], under: [0; LANES], nonfinite: [0; LANES] }
-    }
     #[inline(always)]
     fn report(&self, n: usize, scale: f32) -> QuantReport {
         QuantReport {
-            amax: self.amax.iter().fold(0f32, |m, &v| m.max(v)),
+            amax: self.amax,
             scale,
-            saturated: self.sat.iter().map(|&v| u64::from(v)).sum(),
-            underflowed: self.under.iter().map(|&v| u64::from(v)).sum(),
-            nonfinite: self.nonfinite.iter().map(|&v| u64::from(v)).sum(),
+            saturated: self.sat,
+            underflowed: self.under,
+            nonfinite: self.nonfinite,
             elements: n as u64,
         }
     }
 }
 
-/// One element: x quantised with encode multiplier `enc` and decode multiplier `dec`
-/// (or divisor, `div`), counted in lane `l`.
+/// Bits of +Inf: |x| bits above it are NaN, at or above it not finite.
+const INF_BITS: u32 = 0x7F80_0000;
+
+/// Elements per inner loop of [`qdq_loop`]: L1-sized, and counted in `u32`.
+const SUB: usize = 4096;
+
+/// The scales of a pass: one for the whole slice, or one per element (block scales
+/// spread over a row).
+trait Scales: Sized {
+    /// The scales of elements `start..start + n` (so the loop indexes a slice whose
+    /// length LLVM knows, without bounds checks).
+    fn sub(&self, start: usize, n: usize) -> Self;
+    /// The encode multiplier of element `j`.
+    fn enc(&self, j: usize) -> f32;
+    /// Element `j`'s rounded value `r` back in the input's units.
+    fn dec(&self, r: f32, j: usize) -> f32;
+}
+
+/// One per-tensor scale: `q = x·s`, `x̂ = q / s` (a division, as Transformer Engine
+/// dequantises, so `x̂` is exactly what its GEMM reads).
+struct TensorScale(f32);
+
+impl Scales for TensorScale {
+    #[inline(always)]
+    fn sub(&self, _: usize, _: usize) -> Self {
+        TensorScale(self.0)
+    }
+    #[inline(always)]
+    fn enc(&self, _: usize) -> f32 {
+        self.0
+    }
+    #[inline(always)]
+    fn dec(&self, r: f32, _: usize) -> f32 {
+        r / self.0
+    }
+}
+
+/// Per-element encode and decode multipliers.
+struct ElementScales<'a> {
+    enc: &'a [f32],
+    dec: &'a [f32],
+}
+
+impl Scales for ElementScales<'_> {
+    #[inline(always)]
+    fn sub(&self, start: usize, n: usize) -> Self {
+        ElementScales { enc: &self.enc[start..start + n], dec: &self.dec[start..start + n] }
+    }
+    #[inline(always)]
+    fn enc(&self, j: usize) -> f32 {
+        self.enc[j]
+    }
+    #[inline(always)]
+    fn dec(&self, r: f32, j: usize) -> f32 {
+        r * self.dec[j]
+    }
+}
+
+/// Quantise-dequantise `x` in place: element `j` is scaled by its encode multiplier,
+/// rounded onto the grid (stochastically when `SR`, from the hash of `seed` and `base + j`), clipped
+/// or overflowed, and written back through `sc.dec`; the counters go to `acc`. `out`
+/// receives each rounded value before decoding (the FP8 code cast reads it), or is
+/// empty.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn qdq_one(x: f32, enc: f32, dec: f32, div: bool, g: &Grid, sat: bool, rand: Option<u32>, acc: &mut Acc, l: usize) -> f32 {
-    let a = x.abs();
-    acc.amax[l] = if a > acc.amax[l] { a } else { acc.amax[l] };
-    acc.nonfinite[l] += u32::from(!x.is_finite());
-    let y = x * enc;
-    let r = round_grid(y, g, rand);
-    let over = r.abs() > g.max;
-    acc.sat[l] += u32::from(over);
+fn qdq_loop<const SR: bool>(x: &mut [f32], base: usize, sc: &impl Scales, g: &Grid, sat: bool, seed: u32, acc: &mut Acc, mut out: impl FnMut(usize, f32, f32)) {
     let clip = if sat { g.max } else { g.overflow };
-    let r = if over { clip.copysign(y) } else { r };
-    acc.under[l] += u32::from(r == 0.0 && x != 0.0 && x.is_finite());
-    if div { r / dec } else { r * dec }
+    for (k, xs) in x.chunks_mut(SUB).enumerate() {
+        let start = k * SUB;
+        // amax in a loop of its own, over data still in L1: inside the main loop, a NaN-
+        // ignoring max beside the other reductions makes LLVM give up vectorising.
+        let amax = amax_of(xs);
+        let (mut sa, mut un, mut nf) = (0u32, 0u32, 0u32);
+        let sc = sc.sub(start, xs.len());
+        for (i, xv) in xs.iter_mut().enumerate() {
+            let j = start.wrapping_add(i);
+            let v = *xv;
+            let b = v.to_bits() & 0x7FFF_FFFF;
+            nf = nf.wrapping_add(u32::from(b >= INF_BITS));
+            let rand = if SR { Some(hash(seed, base.wrapping_add(j) as u32)) } else { None };
+            let y = v * sc.enc(i);
+            let r = round_grid(y, g, rand);
+            let over = r.abs() > g.max;
+            sa = sa.wrapping_add(u32::from(over));
+            let r = if over { clip.copysign(y) } else { r };
+            un = un.wrapping_add(u32::from(r == 0.0 && b != 0 && b < INF_BITS));
+            out(j, v, r);
+            *xv = sc.dec(r, i);
+        }
+        acc.amax = acc.amax.max(amax);
+        acc.sat += u64::from(sa);
+        acc.under += u64::from(un);
+        acc.nonfinite += u64::from(nf);
+    }
 }
 
 /// Quantise-dequantise `x` in place with one scale (`q = x·scale`, `x̂ = q / scale`).
 fn qdq_const(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: Option<u32>) -> QuantReport {
-    // One loop per rounding mode, so the nearest-even loop carries no random draws.
-    match seed {
-        None => qdq_const_with::<false>(x, base, scale, g, sat, 0),
-        Some(s) => qdq_const_with::<true>(x, base, scale, g, sat, s),
+    let n = x.len();
+    simd_lanes(TensorPass { x, base, scale, g, sat, seed }).report(n, scale)
+}
+
+/// The loop of [`qdq_const`] (a [`Lanes`] body: too large for a closure).
+struct TensorPass<'a> {
+    x: &'a mut [f32],
+    base: usize,
+    scale: f32,
+    g: &'a Grid,
+    sat: bool,
+    seed: Option<u32>,
+}
+
+impl Lanes for TensorPass<'_> {
+    type Out = Acc;
+    #[inline(always)]
+    fn run(self) -> Acc {
+        let TensorPass { x, base, scale, g, sat, seed } = self;
+        let mut acc = Acc::default();
+        // One loop per rounding mode, so the nearest-even loop carries no random draws.
+        match seed {
+            None => qdq_loop::<false>(x, base, &TensorScale(scale), g, sat, 0, &mut acc, |_, _, _| {}),
+            Some(s) => qdq_loop::<true>(x, base, &TensorScale(scale), g, sat, s, &mut acc, |_, _, _| {}),
+        }
+        acc
     }
-}
-
-// The lane loops index on purpose: `l` picks the accumulator lane as well as the element.
-#[allow(clippy::needless_range_loop)]
-fn qdq_const_with<const SR: bool>(x: &mut [f32], base: usize, scale: f32, g: &Grid, sat: bool, seed: u32) -> QuantReport {
-    let seed = SR.then_some(seed);
-    simd(|| {
-        let mut acc = Acc::new();
-        let n = x.len();
-        let mut chunks = x.chunks_exact_mut(LANES);
-        let mut i = base as u32;
-        for c in &mut chunks {
-            for l in 0..LANES {
-                let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
-                c[l] = qdq_one(c[l], scale, scale, true, g, sat, rand, &mut acc, l);
-            }
-            i = i.wrapping_add(LANES as u32);
-        }
-        for (l, v) in chunks.into_remainder().iter_mut().enumerate() {
-            let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
-            *v = qdq_one(*v, scale, scale, true, g, sat, rand, &mut acc, l);
-        }
-        acc.report(n, scale)
-    })
-}
-
-/// Quantise-dequantise one row with per-element encode / decode multipliers.
-#[allow(clippy::too_many_arguments)]
-fn qdq_row(x: &mut [f32], base: usize, enc: &[f32], dec: &[f32], g: &Grid, sat: bool, seed: Option<u32>, acc: &mut Acc) {
-    match seed {
-        None => qdq_row_with::<false>(x, base, enc, dec, g, sat, 0, acc),
-        Some(s) => qdq_row_with::<true>(x, base, enc, dec, g, sat, s, acc),
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn qdq_row_with<const SR: bool>(x: &mut [f32], base: usize, enc: &[f32], dec: &[f32], g: &Grid, sat: bool, seed: u32, acc: &mut Acc) {
-    let seed = SR.then_some(seed);
-    simd(|| {
-        let n = x.len().min(enc.len()).min(dec.len());
-        let (x, enc, dec) = (&mut x[..n], &enc[..n], &dec[..n]);
-        let mut i = base as u32;
-        let full = n / LANES * LANES;
-        for j in (0..full).step_by(LANES) {
-            for l in 0..LANES {
-                let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
-                x[j + l] = qdq_one(x[j + l], enc[j + l], dec[j + l], false, g, sat, rand, acc, l);
-            }
-            i = i.wrapping_add(LANES as u32);
-        }
-        for (l, j) in (full..n).enumerate() {
-            let rand = seed.map(|s| hash(s, i.wrapping_add(l as u32)));
-            x[j] = qdq_one(x[j], enc[j], dec[j], false, g, sat, rand, acc, l);
-        }
-    })
 }
 
 /// max |x| (NaN ignored), vectorised and parallel.
 pub fn amax(x: &[f32]) -> f32 {
-    x.par_chunks(ELEM_GRAIN)
-        .map(|c| {
-            simd(|| {
-                let mut m = [0f32; LANES];
-                let mut it = c.chunks_exact(LANES);
-                for v in &mut it {
-                    for l in 0..LANES {
-                        let a = v[l].abs();
-                        m[l] = if a > m[l] { a } else { m[l] };
-                    }
-                }
-                for (l, v) in it.remainder().iter().enumerate() {
-                    let a = v.abs();
-                    m[l] = if a > m[l] { a } else { m[l] };
-                }
-                m.iter().fold(0f32, |a, &b| a.max(b))
-            })
-        })
-        .reduce(|| 0.0, f32::max)
+    x.par_chunks(ELEM_GRAIN).map(|c| simd(|| amax_of(c))).reduce(|| 0.0, f32::max)
+}
+
+/// max |x| over `x`, NaN ignored (`f32::max` is a reduction LLVM vectorises).
+#[inline(always)]
+fn amax_of(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |m, v| m.max(v.abs()))
 }
 
 /// Transformer Engine's per-tensor scale for amax: `max / amax / 2^margin`, with TE's
@@ -384,8 +416,25 @@ pub fn qdq_tensor(x: &mut [f32], f: Format, scale: f32, saturate: bool, stochast
         .reduce(QuantReport::default, QuantReport::merge))
 }
 
+/// `v` rounded to E4M3 (nearest even, subnormals, saturating at 448; NaN stays NaN):
+/// `fp8_decode(fp8_encode(v, E4M3, true))` without the table, so it inlines into the
+/// vector loops (tested equal to it).
+#[inline(always)]
+fn e4m3_saturating(v: f32) -> f32 {
+    let g = Format::E4M3.grid();
+    let r = round_grid(v, &g, None);
+    if v.is_nan() {
+        v
+    } else if r.abs() > g.max {
+        g.max.copysign(v)
+    } else {
+        r
+    }
+}
+
 /// The (encode, decode) multipliers of a block whose amax is `a` (`global`: NVFP4's
 /// per-tensor decode scale).
+#[inline]
 pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
     let f = s.format;
     if !a.is_finite() || a == 0.0 {
@@ -398,10 +447,7 @@ pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
         if g == 0.0 {
             return (1.0, 1.0);
         }
-        let sb = super::precision::fp8_decode(
-            super::precision::fp8_encode(a / f.max() / g, super::precision::Fp8Format::E4M3, true),
-            super::precision::Fp8Format::E4M3,
-        );
+        let sb = e4m3_saturating(a / f.max() / g);
         let d = sb * g;
         return if d > 0.0 && d.is_finite() { (1.0 / d, d) } else { (0.0, 0.0) };
     }
@@ -442,56 +488,81 @@ pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Res
     let g = s.format.grid();
     let global = if s.tensor_scale { amax(x) / (448.0 * s.format.max()) } else { 1.0 };
     let seed = seed32(s.stochastic);
-    let nb = cols.div_ceil(bc);
     let strip = br * cols;
     let per_task = (ELEM_GRAIN / strip).max(1);
     let mut r = x
         .par_chunks_mut(strip * per_task)
         .enumerate()
-        .map(|(t, strips)| {
-            let mut out = QuantReport::default();
-            let (mut enc, mut dec) = (vec![0f32; cols], vec![0f32; cols]);
-            let mut bmax = vec![0f32; nb];
-            for (k, st) in strips.chunks_mut(strip).enumerate() {
-                bmax.fill(0.0);
-                for row in st.chunks(cols) {
-                    if bc == 1 {
-                        simd(|| {
-                            for (m, v) in bmax.iter_mut().zip(row) {
-                                let a = v.abs();
-                                *m = if a > *m { a } else { *m };
-                            }
-                        });
-                    } else {
-                        for (m, c) in bmax.iter_mut().zip(row.chunks(bc)) {
-                            *m = m.max(super::max_abs(c));
-                        }
-                    }
-                }
-                let (mut top, mut top_scale) = (-1f32, 1f32);
-                for (j, &a) in bmax.iter().enumerate() {
-                    let (e, d) = block_scale(a, s, global);
-                    let end = ((j + 1) * bc).min(cols);
-                    enc[j * bc..end].fill(e);
-                    dec[j * bc..end].fill(d);
-                    if a > top {
-                        (top, top_scale) = (a, e);
-                    }
-                }
-                let mut acc = Acc::new();
-                let base = (t * per_task + k) * strip;
-                for (ri, row) in st.chunks_mut(cols).enumerate() {
-                    qdq_row(row, base + ri * cols, &enc, &dec, &g, s.saturate || s.format == Format::E2M1, seed, &mut acc);
-                }
-                out = out.merge(acc.report(st.len(), top_scale));
-            }
-            out
-        })
+        .map(|(t, strips)| simd_lanes(BlockTask { strips, base: t * per_task * strip, cols, s, global, g: &g, seed }))
         .reduce(QuantReport::default, QuantReport::merge);
     if s.tensor_scale {
         r.scale = if global > 0.0 { 1.0 / global } else { 1.0 };
     }
     Ok(r)
+}
+
+/// One rayon task of [`qdq_blocks`]: whole strips of `block.0` rows, each with its block
+/// scales computed first (a [`Lanes`] body, so the amax and scale loops are vector code
+/// too).
+struct BlockTask<'a> {
+    strips: &'a mut [f32],
+    /// Index of the task's first element in the operand (the stochastic-rounding hash's).
+    base: usize,
+    cols: usize,
+    s: &'a BlockSpec,
+    global: f32,
+    g: &'a Grid,
+    seed: Option<u32>,
+}
+
+impl Lanes for BlockTask<'_> {
+    type Out = QuantReport;
+    #[inline(always)]
+    fn run(self) -> QuantReport {
+        let BlockTask { strips, base, cols, s, global, g, seed } = self;
+        let (br, bc) = s.block;
+        let strip = br * cols;
+        let sat = s.saturate || s.format == Format::E2M1;
+        let mut out = QuantReport::default();
+        let (mut enc, mut dec) = (vec![0f32; cols], vec![0f32; cols]);
+        let mut bmax = vec![0f32; cols.div_ceil(bc)];
+        for (k, st) in strips.chunks_mut(strip).enumerate() {
+            bmax.fill(0.0);
+            for row in st.chunks(cols) {
+                if bc == 1 {
+                    for (m, v) in bmax.iter_mut().zip(row) {
+                        let a = v.abs();
+                        *m = if a > *m { a } else { *m };
+                    }
+                } else {
+                    for (m, c) in bmax.iter_mut().zip(row.chunks(bc)) {
+                        *m = m.max(super::max_abs(c));
+                    }
+                }
+            }
+            let (mut top, mut top_scale) = (-1f32, 1f32);
+            for (j, &a) in bmax.iter().enumerate() {
+                let (e, d) = block_scale(a, s, global);
+                let end = ((j + 1) * bc).min(cols);
+                enc[j * bc..end].fill(e);
+                dec[j * bc..end].fill(d);
+                if a > top {
+                    (top, top_scale) = (a, e);
+                }
+            }
+            let mut acc = Acc::default();
+            let sc = ElementScales { enc: &enc, dec: &dec };
+            for (ri, row) in st.chunks_mut(cols).enumerate() {
+                let base = base + k * strip + ri * cols;
+                match seed {
+                    None => qdq_loop::<false>(row, base, &sc, g, sat, 0, &mut acc, |_, _, _| {}),
+                    Some(seed) => qdq_loop::<true>(row, base, &sc, g, sat, seed, &mut acc, |_, _, _| {}),
+                }
+            }
+            out = out.merge(acc.report(st.len(), top_scale));
+        }
+        out
+    }
 }
 
 /// FP8 codes of `x·scale` (RNE, subnormals included; overflow to ±max when saturating,
@@ -503,48 +574,86 @@ pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Res
 /// `ShapeMismatch` if `out` and `x` differ in length.
 pub fn fp8_codes(out: &mut [u8], x: &[f32], scale: f32, f: super::precision::Fp8Format, saturate: bool) -> Result<QuantReport> {
     check_len("fp8_codes out", out.len(), x.len())?;
-    let (fmt, bias, nan) = match f {
-        super::precision::Fp8Format::E4M3 => (Format::E4M3, 7u32, 0x7Fu32),
-        super::precision::Fp8Format::E5M2 => (Format::E5M2, 15, 0x7F),
+    let (fmt, bias) = match f {
+        super::precision::Fp8Format::E4M3 => (Format::E4M3, 7u32),
+        super::precision::Fp8Format::E5M2 => (Format::E5M2, 15),
     };
     let g = fmt.grid();
-    let code = move |r: f32, sign: u32| -> u8 {
-        let a = r.abs();
-        let b = a.to_bits();
-        let normal = (((b >> 23).wrapping_add(bias).wrapping_sub(127)) << g.mbits) | ((b >> (23 - g.mbits)) & ((1 << g.mbits) - 1));
-        let sub = (a * g.sub_mul) as u32;
-        let c = if a < g.min_normal { sub } else { normal };
-        let c = if a.is_infinite() { 0x7C } else { c };
-        let c = if r.is_nan() { nan } else { c };
-        (sign | c) as u8
-    };
     Ok(out
         .par_chunks_mut(ELEM_GRAIN)
         .zip(x.par_chunks(ELEM_GRAIN))
-        .map(|(q, x)| {
-            simd(|| {
-                let mut acc = Acc::new();
-                let one = |v: f32, l: usize, acc: &mut Acc| -> u8 {
-                    let y = qdq_one(v, scale, 1.0, false, &g, saturate, None, acc, l);
-                    // qdq_one's result is the rounded value itself (decode multiplier 1).
-                    let sign = (v.to_bits() >> 24) & 0x80;
-                    let y = if v.is_nan() { f32::NAN } else { y };
-                    code(y, sign)
-                };
-                let mut qc = q.chunks_exact_mut(LANES);
-                let mut xc = x.chunks_exact(LANES);
-                for (q, x) in (&mut qc).zip(&mut xc) {
-                    for l in 0..LANES {
-                        q[l] = one(x[l], l, &mut acc);
-                    }
-                }
-                for (l, (q, &v)) in qc.into_remainder().iter_mut().zip(xc.remainder()).enumerate() {
-                    *q = one(v, l, &mut acc);
-                }
-                acc.report(x.len(), scale)
-            })
-        })
+        .map(|(q, x)| simd_lanes(CodesPass { q, x, enc: Encoder { scale, g: &g, bias, saturate } }))
         .reduce(QuantReport::default, QuantReport::merge))
+}
+
+/// The loop of [`fp8_codes`] (a [`Lanes`] body).
+struct CodesPass<'a> {
+    q: &'a mut [u8],
+    x: &'a [f32],
+    enc: Encoder<'a>,
+}
+
+/// What turns one value into its FP8 code.
+struct Encoder<'a> {
+    scale: f32,
+    g: &'a Grid,
+    /// The format's exponent bias.
+    bias: u32,
+    saturate: bool,
+}
+
+impl Encoder<'_> {
+    /// The code of input `v` whose scaled value rounded (and clipped) to `r`.
+    #[inline(always)]
+    fn code(&self, v: f32, r: f32) -> u8 {
+        let g = self.g;
+        let sign = (v.to_bits() >> 24) & 0x80;
+        let a = r.abs();
+        let b = a.to_bits();
+        let normal = (((b >> 23).wrapping_add(self.bias).wrapping_sub(127)) << g.mbits) | ((b >> (23 - g.mbits)) & ((1 << g.mbits) - 1));
+        let sub = (a * g.sub_mul) as u32;
+        let c = if a < g.min_normal { sub } else { normal };
+        let c = if a.is_infinite() { 0x7C } else { c };
+        // NaN in, or E4M3's non-saturating overflow: 0x7F in both formats.
+        let c = if v.is_nan() || r.is_nan() { 0x7F } else { c };
+        (sign | c) as u8
+    }
+}
+
+/// The encode multiplier alone: the loop's "decoded" value is the rounded one.
+struct EncodeOnly(f32);
+
+impl Scales for EncodeOnly {
+    #[inline(always)]
+    fn sub(&self, _: usize, _: usize) -> Self {
+        EncodeOnly(self.0)
+    }
+    #[inline(always)]
+    fn enc(&self, _: usize) -> f32 {
+        self.0
+    }
+    #[inline(always)]
+    fn dec(&self, r: f32, _: usize) -> f32 {
+        r
+    }
+}
+
+impl Lanes for CodesPass<'_> {
+    type Out = QuantReport;
+    #[inline(always)]
+    fn run(self) -> QuantReport {
+        let CodesPass { q, x, enc } = self;
+        let mut acc = Acc::default();
+        // The shared loop works in place: stage the input a block at a time (L1-sized).
+        let mut stage = [0f32; 1024];
+        for (qb, xb) in q.chunks_mut(stage.len()).zip(x.chunks(stage.len())) {
+            let st = &mut stage[..xb.len()];
+            let qb = &mut qb[..st.len()];
+            st.copy_from_slice(xb);
+            qdq_loop::<false>(st, 0, &EncodeOnly(enc.scale), enc.g, enc.saturate, 0, &mut acc, |j, v, r| qb[j] = enc.code(v, r));
+        }
+        acc.report(x.len(), enc.scale)
+    }
 }
 
 /// A 16- or 32-bit float an operand is kept in when it is not quantised.
@@ -606,15 +715,10 @@ pub fn quantize(x: &mut [f32], rows: usize, cols: usize, spec: &QuantSpec) -> Re
 fn round_float(x: &mut [f32], f: FloatFormat) -> QuantReport {
     x.par_chunks_mut(ELEM_GRAIN)
         .map(|c| {
-            let mut acc = Acc::new();
-            simd(|| {
-                for (i, v) in c.iter_mut().enumerate() {
-                    let l = i % LANES;
-                    let x0 = *v;
-                    let a = x0.abs();
-                    acc.amax[l] = if a > acc.amax[l] { a } else { acc.amax[l] };
-                    acc.nonfinite[l] += u32::from(!x0.is_finite());
-                }
+            let acc = simd(|| Acc {
+                amax: amax_of(c),
+                nonfinite: c.iter().fold(0u32, |n, v| n.wrapping_add(u32::from(v.to_bits() & 0x7FFF_FFFF >= INF_BITS))).into(),
+                ..Acc::default()
             });
             let count = |c: &[f32]| c.iter().fold((0u64, 0u64), |(z, i), v| (z + u64::from(*v == 0.0), i + u64::from(v.is_infinite())));
             let mut r = acc.report(c.len(), 1.0);
@@ -811,6 +915,22 @@ mod tests {
             if sr == ScaleRounding::Pow2Up {
                 assert_eq!(sat, 0, "RCEIL never overflows");
             }
+        }
+    }
+
+    /// The NVFP4 block-scale rounding equals the scalar encoder's saturating E4M3 round
+    /// trip on every code's neighbourhood, far out of range, and at NaN / Inf.
+    #[test]
+    fn e4m3_block_scale_rounding_equals_the_scalar_encoder() {
+        let mut xs = vec![0.0f32, 1e-45, 1e-10, 448.0, 464.0, 465.0, 1e30, f32::MAX, f32::INFINITY, f32::NAN];
+        for b in 0..0x7Fu8 {
+            let v = fp8_decode(b, Fp8Format::E4M3);
+            xs.extend([v, f32::from_bits(v.to_bits() + 1), f32::from_bits(v.to_bits().saturating_sub(1)), v * 1.0625, v * 1.03125]);
+        }
+        for x in xs {
+            let want = fp8_decode(fp8_encode(x, Fp8Format::E4M3, true), Fp8Format::E4M3);
+            let got = e4m3_saturating(x);
+            assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{x:e}: {got:e} vs {want:e}");
         }
     }
 

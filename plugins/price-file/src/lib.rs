@@ -170,7 +170,8 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             }
         };
         let date = cell("EffectiveDate");
-        if !date.is_empty() && !(date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-' && date.chars().filter(char::is_ascii_digit).count() == 8) {
+        let iso_date = date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-' && date.chars().filter(char::is_ascii_digit).count() == 8;
+        if !date.is_empty() && !iso_date {
             bad(format!("EffectiveDate '{date}' is not YYYY-MM-DD"));
         }
         let increment = whole("BillingIncrementS", 1, &mut bad);

@@ -6,8 +6,13 @@
 
 use runner_plugin_sdk::workload::{GraphRequest, Guest, ModelInfo, Phase};
 use runner_plugin_testkit as kit;
-use runner_project::model::GraphSource;
+use runner_graph::recompute::RecomputePolicy;
+use runner_project::model::{GraphSource, Model};
+use runner_project::precision::{Plan, Recipe};
+use runner_project::profile::Profiles;
+use runner_project::project::Projector;
 use runner_project::published::Resolver;
+use runner_project::step::LayoutSpec;
 
 type Describe = fn() -> ModelInfo;
 
@@ -52,4 +57,37 @@ impl Resolver for Native {
 pub fn calibration() -> Vec<runner_project::published::Point> {
     let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/calibration.toml")).unwrap();
     runner_project::published::parse(&text, "data/calibration.toml").unwrap()
+}
+
+/// A projector for a first-party model variant on a built-in GPU under a built-in plan.
+pub fn projector(model: &str, seq: u32, gpu: &str, recipe: Recipe) -> Projector<'static> {
+    let (_, mut src) = Native.resolve(model, seq).unwrap();
+    let m = Model::new(model, seq, src.as_mut()).unwrap();
+    let plan = Plan::builtin(recipe, &m.graph);
+    Projector::new(m, src, Profiles::builtin().get(gpu).unwrap().clone(), plan)
+}
+
+/// A layout without EP, recompute or FSDP; SP and TP overlap where tp > 1.
+pub fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -> LayoutSpec {
+    LayoutSpec {
+        tp,
+        pp,
+        cp,
+        vp,
+        ep: 1,
+        etp: 1,
+        dp,
+        mbs,
+        gbs,
+        sequence_parallel: tp > 1,
+        fsdp: false,
+        recompute: RecomputePolicy::None,
+        recompute_layers: 0,
+        recompute_modules: Default::default(),
+        distributed_optimizer: true,
+        tp_overlap: tp > 1,
+        ep_overlap: false,
+        dp_overlap: true,
+        grad_fp32: false,
+    }
 }

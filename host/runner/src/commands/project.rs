@@ -1,6 +1,8 @@
-//! The performance-model commands: `project` (one layout), `search` (the best layouts
-//! per GPU count and why the other families lost), `validate` (against published runs)
-//! and `calibrate` (fit a GPU's efficiencies to published runs).
+//! The performance-model commands: `project` (one layout, optionally with per-op times
+//! measured by `runner measure`), `search` (the best layouts per GPU count and why the
+//! other families lost), `validate` (against published runs) and `calibrate` (fit a
+//! GPU's efficiencies to published runs, or to a local measurement: `--ops` from
+//! `runner measure`, `--collectives` from `runner bench collectives`).
 
 use std::path::Path;
 
@@ -13,7 +15,10 @@ use runner::report::Table;
 use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::calibrate;
+use runner_project::collectives::{self, CollFit, Tier, fit_collectives};
+use runner_project::measured::{self, OpsFile, OpsFit, fit_ops};
 use runner_project::precision::Recipe;
+use runner_project::profile::{Efficiency, GpuProfile};
 use runner_project::project::Projector;
 use runner_project::published::{self, Validation};
 use runner_project::search::{self, Found, Space, Verdict};
@@ -105,14 +110,14 @@ fn policy(s: Option<&str>) -> Option<RecomputePolicy> {
 }
 
 /// A projector for a target, and what it needs to choose layouts.
-struct Setup {
-    projector: Projector<'static>,
+pub(crate) struct Setup {
+    pub(crate) projector: Projector<'static>,
     found: project::Found,
-    recipe: Recipe,
+    pub(crate) recipe: Recipe,
     notes: Vec<String>,
 }
 
-fn setup(t: &Target, global: &Global) -> Result<Setup> {
+pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     let limits = Limits::default();
     let recipe = Recipe::parse(&t.precision).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
     let profiles = project::profiles(global.profile.as_deref())?;
@@ -163,13 +168,59 @@ struct ProjectOut {
     layout_from: String,
     #[serde(flatten)]
     projection: Projection,
+    /// Where `--measured` times replaced the roofline.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    measured: Option<MeasuredOut>,
     notes: Vec<String>,
 }
 
-pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> Result<()> {
+/// The measured ops a projection used: the file, the device and time of the run, and
+/// the op names (every other op keeps the roofline).
+#[derive(Serialize)]
+struct MeasuredOut {
+    file: String,
+    device: String,
+    measured_at: String,
+    ops: Vec<String>,
+}
+
+/// A `runner measure` file read and checked against a projection's target.
+struct MeasuredFile {
+    file: OpsFile,
+    origin: String,
+}
+
+/// Read `path` and check it stands for `s`'s model, sequence, GPU and precision and
+/// names ops of its rank graph.
+fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile> {
+    let origin = path.display().to_string();
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --measured {origin}"))?;
+    let file = OpsFile::parse(&text, &origin).map_err(anyhow::Error::msg)?;
+    let p = &mut s.projector;
+    file.check_target(&origin, model, p.model.seq_len, &p.gpu, s.recipe.name()).map_err(anyhow::Error::msg)?;
+    let rank = p.rank_graph(file.shard).map_err(|e| anyhow::anyhow!("{origin}: {model} at {}: {e}", measured::key_text(&file.shard)))?;
+    file.check_graph(&origin, &rank).map_err(anyhow::Error::msg)?;
+    Ok(MeasuredFile { file, origin })
+}
+
+pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option<&Path>, global: &Global) -> Result<()> {
     if gpus == 0 {
         anyhow::bail!("--gpus must be at least 1");
     }
+    let mut s = setup(t, global)?;
+    let measured = measured_path.map(|p| read_measured(p, &mut s, &t.model)).transpose()?;
+    // Layout flags left out take the measured sharding.
+    let mut flags = flags.clone();
+    if let Some(m) = &measured {
+        let k = m.file.shard;
+        flags.tp.get_or_insert(k.tp);
+        flags.cp.get_or_insert(k.cp);
+        flags.ep.get_or_insert(k.ep);
+        flags.etp.get_or_insert(k.etp);
+        flags.mbs.get_or_insert(k.mbs);
+        s.projector = s.projector.with_measured(m.file.measured());
+    }
+    let flags = &flags;
     let given = u64::from(flags.tp.unwrap_or(1)) * u64::from(flags.pp.unwrap_or(1)) * u64::from(flags.cp.unwrap_or(1));
     if given == 0 || !u64::from(gpus).is_multiple_of(given) {
         anyhow::bail!(
@@ -177,7 +228,6 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> R
         );
     }
     let modules = modules_of(flags)?;
-    let mut s = setup(t, global)?;
     let mut notes = std::mem::take(&mut s.notes);
     let gbs = gbs_for(&s, t, gpus, &mut notes);
     let reference = project::reference(&s.found.variant, &s.projector.gpu, s.recipe, gpus).cloned();
@@ -237,6 +287,19 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> R
             }
         }
     };
+    if let Some(m) = &measured {
+        m.file.check_key(&m.origin, projection.layout.key()).map_err(anyhow::Error::msg)?;
+        let counts: Vec<String> = m.file.counts().iter().map(|(k, n)| format!("{n} {k}")).collect();
+        notes.push(format!(
+            "measured on {} at {} ({}): {} ops replace the roofline ({}); the rest of the step keeps the model",
+            m.file.device,
+            m.file.measured_at,
+            m.origin,
+            m.file.ops.len(),
+            counts.join(", ")
+        ));
+        notes.extend(m.file.notes.iter().map(|n| format!("{}: {n}", m.origin)));
+    }
     if !projection.fits {
         notes.push(format!(
             "does not fit: needs {:.1} GiB per GPU of {:.0} (try --recompute full, more pp or tp, or --fsdp)",
@@ -250,6 +313,12 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, global: &Global) -> R
         plan: s.projector.plan.source.clone(),
         layout_from: from,
         projection,
+        measured: measured.map(|m| MeasuredOut {
+            device: m.file.device,
+            measured_at: m.file.measured_at,
+            ops: m.file.ops.into_iter().map(|o| o.name).collect(),
+            file: m.origin,
+        }),
         notes,
     };
     emit(global, &project_table(&out), &out)
@@ -454,34 +523,140 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
         ));
     }
     let toml = runner_project::profile::Profiles::efficiency_file(&fits.iter().map(|f| (f.gpu.as_str(), &f.efficiency)).collect::<Vec<_>>());
+    emit_profile(global, t, &toml, &fits)
+}
+
+/// Print a fit; with `-o FILE.toml` write the fitted profile there (any other `-o` gets
+/// the fit itself in that format).
+fn emit_profile<T: Serialize>(global: &Global, mut t: Table, toml: &str, value: &T) -> Result<()> {
     match &global.output {
         Some(path) if path.extension().is_some_and(|e| e == "toml") => {
-            std::fs::write(path, &toml).with_context(|| format!("cannot write {}", path.display()))?;
+            std::fs::write(path, toml).with_context(|| format!("cannot write {}", path.display()))?;
             t.notes.push(format!("wrote {}: use it with --profile {}", path.display(), path.display()));
             let g = Global { output: None, ..global.clone() };
-            emit(&g, &t, &fits)
+            emit(&g, &t, value)
         }
         _ => {
             t.notes.push("write the fitted profile with -o FILE.toml and use it with --profile FILE.toml".into());
-            emit(global, &t, &fits)
+            emit(global, &t, value)
         }
     }
 }
 
+/// What `calibrate --ops/--collectives` fitted.
+#[derive(Serialize)]
+struct LocalFit {
+    gpu: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ops: Option<OpsFit>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    collectives: Option<CollFit>,
+    efficiency: Efficiency,
+}
+
+/// Fit a GPU's efficiencies to local measurements: per-op times from `runner measure`
+/// (GEMM efficiency of each measured format, GEMM size at half efficiency, HBM
+/// efficiency) and a `bench collectives` sweep (the network tier its ranks spanned).
+/// Starts from the profile as `--profile` leaves it and changes only what was fitted.
+pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str>, tier: Option<&str>, global: &Global) -> Result<()> {
+    let profiles = project::profiles(global.profile.as_deref())?;
+    let builtin = |g: &GpuProfile| runner_project::profile::Profiles::builtin().get(&g.name).is_ok();
+    let tier = tier.map(Tier::parse).transpose().map_err(|e| anyhow::anyhow!("--tier: {e}"))?;
+    let mut t = Table::new("efficiencies fitted to local measurements", &["from", "parameter", "before", "fitted"]);
+    let mut sources = Vec::new();
+    let mut current: Option<GpuProfile> = None;
+    let mut out_ops = None;
+    let mut out_coll = None;
+    let row = |t: &mut Table, from: &str, params: &[(String, f64, f64)]| {
+        for (i, (name, before, after)) in params.iter().enumerate() {
+            t.rows.push(vec![if i == 0 { from.to_string() } else { String::new() }, name.clone(), format!("{before:.4}"), format!("{after:.4}")]);
+        }
+    };
+    if let Some(path) = ops {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --ops {origin}"))?;
+        let file = OpsFile::parse(&text, &origin).map_err(anyhow::Error::msg)?;
+        let g = profiles.get(gpu.unwrap_or(&file.gpu)).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone();
+        // The file's own statement of the GPU must agree with --gpu.
+        file.check_gpu(&origin, &g).map_err(anyhow::Error::msg)?;
+        measured::stands_for(&file.device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+        let fit = fit_ops(&file, &g, &origin).map_err(anyhow::Error::msg)?;
+        row(&mut t, &origin, &fit.params);
+        t.notes.push(format!(
+            "{origin}: {} GEMM kernel and {} memory-bound rows on {}; relative time error median {} -> {}, max {} -> {}",
+            fit.gemm_rows,
+            fit.memory_rows,
+            file.device,
+            pct(fit.before.median),
+            pct(fit.after.median),
+            pct(fit.before.max),
+            pct(fit.after.max)
+        ));
+        t.notes.extend(fit.notes.iter().map(|n| format!("{origin}: {n}")));
+        let mut g = g;
+        g.efficiency = fit.efficiency.clone();
+        sources.push(format!("--ops {origin}"));
+        current = Some(g);
+        out_ops = Some(fit);
+    }
+    if let Some(path) = coll {
+        let origin = path.display().to_string();
+        let g = match (&current, gpu) {
+            (Some(g), _) => g.clone(),
+            (None, Some(name)) => profiles.get(name).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone(),
+            (None, None) => anyhow::bail!("--collectives {origin}: name the GPU type the sweep ran on with --gpu NAME"),
+        };
+        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --collectives {origin}"))?;
+        let rows = collectives::parse(&text, &origin).map_err(anyhow::Error::msg)?;
+        let device = rows.first().map_or("", |r| r.device.as_str());
+        measured::stands_for(device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+        let fit = fit_collectives(&rows, &g, tier, &origin).map_err(anyhow::Error::msg)?;
+        row(&mut t, &origin, &fit.params);
+        t.notes.push(format!(
+            "{origin}: {} tier from {} rank(s) on {} node(s) ({} per domain), {}: {:.2} GB/s per {}, {:.2} us per step; largest row error {}",
+            fit.tier.name(),
+            fit.ranks,
+            fit.nodes,
+            fit.local,
+            fit.transport,
+            fit.pooled.gbs,
+            if fit.tier == Tier::ScaleUp { "GPU" } else { "NIC" },
+            fit.pooled.latency_us,
+            pct(fit.pooled.max_error)
+        ));
+        for l in &fit.per_op {
+            t.notes.push(format!("{origin}: {} alone: {:.2} GB/s, {:.2} us per step ({} sizes)", l.op, l.gbs, l.latency_us, l.rows));
+        }
+        t.notes.extend(fit.notes.iter().map(|n| format!("{origin}: {n}")));
+        let mut g = g;
+        g.efficiency = fit.efficiency.clone();
+        sources.push(format!("--collectives {origin}"));
+        current = Some(g);
+        out_coll = Some(fit);
+    }
+    let Some(mut g) = current else {
+        anyhow::bail!("nothing to fit: give --ops FILE (from runner measure) and/or --collectives FILE (from runner bench collectives)");
+    };
+    g.efficiency.fitted = format!("runner calibrate {} on {}, over: {}", sources.join(" "), today(), g.efficiency.fitted);
+    t.title = format!("{} efficiencies fitted to local measurements", g.name);
+    // A built-in GPU needs only its new efficiencies; a GPU the user's file added needs
+    // its whole table, so that the written file works alone with --profile.
+    let toml = if runner_project::profile::Profiles::builtin().get(&g.name).is_ok() {
+        runner_project::profile::Profiles::efficiency_file(&[(g.name.as_str(), &g.efficiency)])
+    } else {
+        #[derive(Serialize)]
+        struct Whole<'a> {
+            gpu: [&'a GpuProfile; 1],
+        }
+        toml::to_string(&Whole { gpu: [&g] }).context("the fitted profile as TOML")?
+    };
+    let out = LocalFit { gpu: g.name.clone(), ops: out_ops, collectives: out_coll, efficiency: g.efficiency.clone() };
+    emit_profile(global, t, &toml, &out)
+}
+
 /// Today's date (UTC) as YYYY-MM-DD, for the calibration label.
 fn today() -> String {
-    let days = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs() / 86_400) as i64;
-    // Civil-from-days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}")
+    runner_store::now().chars().take(10).collect()
 }
 
 /// Leave-one-family-out: the error a model family the fit never saw gets.

@@ -1,0 +1,588 @@
+//! A collective sweep as `runner bench collectives` measures it (nccl-tests' rows:
+//! op, size, time, algbw, busbw, with the run's ranks, nodes and device), and the fit
+//! of a GPU profile's network tier to it: the α–β law of [`crate::comm::Fabric::time`]
+//! run backwards.
+//!
+//! Which tier a run measures follows from where its ranks sat: all on one node, the
+//! NVLink domain (scale-up); spread over nodes, the NICs (scale-out), with the run's
+//! ranks per node as the members per domain that share the rails. Where the profile's
+//! NVLink domain spans nodes (NVL72), a multi-node run could be either, and the caller
+//! must say ([`Tier`]).
+//!
+//! The fit: per row, the projection's time is steps·α + X·β, with steps = ⌈log2 n⌉ and
+//! X the bytes the tier's bandwidth carries (the bus bytes S·factor inside a domain;
+//! across domains the bus bytes over the members per domain, or for an all-to-all the
+//! share bound for other domains, after its NVLink share at the profile's rate). α and
+//! β minimise the squared relative time errors; the tier's efficiency is 1/(β·its
+//! bandwidth) and its per-step latency α. Broadcast and send/recv rows are shown but not
+//! fitted: the projection's collectives are all-reduce, all-gather, reduce-scatter and
+//! all-to-all (its pipeline send/recv is one peer, not nccl-tests' ring shift).
+
+use serde::{Deserialize, Serialize};
+
+use runner_graph::OpKind;
+
+use crate::comm::bus_factor;
+use crate::measured::relative_fit;
+use crate::profile::{Efficiency, GpuProfile};
+
+/// One row of `bench collectives` (nccl-tests' out-of-place columns, plus the run).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollRow {
+    pub op: String,
+    /// nccl-tests' S: the buffer (all-reduce, broadcast), the gathered output
+    /// (all-gather), the per-rank input (reduce-scatter, all-to-all, send/recv).
+    pub size_bytes: u64,
+    pub count: u64,
+    #[serde(rename = "type")]
+    pub dtype: String,
+    pub redop: String,
+    pub root: i64,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub busbw_gbps: f64,
+    pub wrong: u64,
+    pub ranks: usize,
+    /// Nodes the ranks ran on: the ranks whose launcher-given local rank is 0.
+    pub nodes: usize,
+    /// "nccl", or "tcp" for CPU ranks.
+    pub transport: String,
+    /// Rank 0's device, as the runner names it.
+    pub device: String,
+}
+
+/// The projection's collective for an nccl-tests op name; `None` for the ones it does
+/// not model (broadcast, sendrecv).
+///
+/// # Errors
+/// An op name nccl-tests does not have.
+pub fn kind_of(op: &str) -> Result<Option<OpKind>, String> {
+    Ok(match op {
+        "all_reduce" => Some(OpKind::AllReduce),
+        "all_gather" => Some(OpKind::AllGather),
+        "reduce_scatter" => Some(OpKind::ReduceScatter),
+        "alltoall" => Some(OpKind::AllToAll),
+        "broadcast" | "sendrecv" => None,
+        other => {
+            return Err(format!(
+                "op '{other}' is not one of all_reduce, all_gather, reduce_scatter, alltoall, broadcast, sendrecv"
+            ));
+        }
+    })
+}
+
+/// nccl-tests' bus-bandwidth factor of an op name over `n` ranks (1 for broadcast and
+/// send/recv).
+pub fn bus_factor_of(op: &str, n: usize) -> Result<f64, String> {
+    Ok(kind_of(op)?.map_or(1.0, |k| bus_factor(k, u32::try_from(n).unwrap_or(u32::MAX))))
+}
+
+/// Read a `bench collectives` JSON file; `origin` names it in messages.
+///
+/// # Errors
+/// JSON syntax (line and column), a missing or unknown field, a row with wrong values,
+/// a busbw that does not follow from size, time and the bus factor, or rows of
+/// different runs; each names the row and the fix.
+pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
+    let rows: Vec<CollRow> = serde_json::from_str(text).map_err(|e| {
+        let hint = if text.contains(crate::measured::FORMAT) { " (a `runner measure` file: use it with --ops)" } else { "" };
+        format!(
+            "{origin}: line {} column {}: {e}{hint}; write the file with `runner bench collectives ... -o FILE.json` (this version)",
+            e.line(),
+            e.column()
+        )
+    })?;
+    let Some(first) = rows.first() else {
+        return Err(format!("{origin}: no rows: sweep at least two sizes with `runner bench collectives -b 1M -e 1G -f 4`"));
+    };
+    for (i, r) in rows.iter().enumerate() {
+        let at = format!("{origin}: row {i} ({} of {} B)", r.op, r.size_bytes);
+        let factor = bus_factor_of(&r.op, r.ranks).map_err(|e| format!("{at}: {e}"))?;
+        if !(r.time_us.is_finite() && r.time_us > 0.0) || r.size_bytes == 0 {
+            return Err(format!("{at}: time_us must be a finite number > 0 and size_bytes > 0"));
+        }
+        if r.ranks == 0 || r.nodes == 0 || r.nodes > r.ranks {
+            return Err(format!("{at}: ranks ({}) and nodes ({}) must be at least 1, nodes at most ranks", r.ranks, r.nodes));
+        }
+        if r.wrong > 0 {
+            return Err(format!("{at}: {} wrong values: a run with wrong results is broken, not slow; fix it and sweep again", r.wrong));
+        }
+        let busbw = r.size_bytes as f64 / (r.time_us * 1e-6) / 1e9 * factor;
+        if !busbw.is_finite() {
+            return Err(format!("{at}: time_us {} is too small for {} B to be a time: fix the row or sweep again", r.time_us, r.size_bytes));
+        }
+        if (r.busbw_gbps - busbw).abs() > 0.01 * busbw + 0.005 {
+            return Err(format!(
+                "{at}: busbw_gbps {} is not size / time x the bus factor ({busbw:.3}): the row was edited or comes from \
+                 another tool; fix the row or sweep again",
+                r.busbw_gbps
+            ));
+        }
+        for (what, a, b) in [
+            ("ranks", r.ranks.to_string(), first.ranks.to_string()),
+            ("nodes", r.nodes.to_string(), first.nodes.to_string()),
+            ("device", r.device.clone(), first.device.clone()),
+            ("transport", r.transport.clone(), first.transport.clone()),
+        ] {
+            if a != b {
+                return Err(format!("{at}: {what} is {a} but row 0's is {b}: the file mixes runs; fit one run at a time"));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// A network tier of the profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Tier {
+    /// Inside one NVLink domain.
+    ScaleUp,
+    /// Across domains, through the NICs.
+    ScaleOut,
+}
+
+impl Tier {
+    /// `scale-up` (or `nvlink`), `scale-out` (or `network`).
+    ///
+    /// # Errors
+    /// Another name.
+    pub fn parse(s: &str) -> Result<Tier, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "scale-up" | "scaleup" | "nvlink" => Ok(Tier::ScaleUp),
+            "scale-out" | "scaleout" | "network" => Ok(Tier::ScaleOut),
+            _ => Err(format!("tier '{s}': use scale-up (one NVLink domain) or scale-out (across nodes)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::ScaleUp => "scale-up",
+            Tier::ScaleOut => "scale-out",
+        }
+    }
+}
+
+/// The tier a run of `ranks` ranks on `nodes` nodes measured on `gpu`'s cluster, and
+/// the members per domain of its group (all the ranks inside one domain; the ranks per
+/// node across nodes).
+///
+/// # Errors
+/// One rank; ranks not spread evenly; a forced tier the layout cannot have measured; a
+/// multi-node run on a profile whose NVLink domain spans nodes, without `forced`.
+pub fn tier_of(ranks: usize, nodes: usize, gpu: &GpuProfile, forced: Option<Tier>) -> Result<(Tier, u32), String> {
+    if ranks < 2 {
+        return Err("a run of one rank moves nothing: run two or more (-g N, or under a launcher)".into());
+    }
+    if !ranks.is_multiple_of(nodes) {
+        return Err(format!("{ranks} ranks on {nodes} nodes are not spread evenly: run the same number of ranks on every node"));
+    }
+    let per_node = u32::try_from(ranks / nodes).unwrap_or(u32::MAX);
+    let n = u32::try_from(ranks).unwrap_or(u32::MAX);
+    let spans_nodes = gpu.scale_up_domain > gpu.gpus_per_node;
+    let tier = match forced {
+        Some(t) => t,
+        None if nodes == 1 => Tier::ScaleUp,
+        None if spans_nodes => {
+            return Err(format!(
+                "{}'s NVLink domain ({} GPUs) spans nodes of {}: a run over {nodes} nodes may have stayed inside it; pass \
+                 --tier scale-up if every rank sat in one NVLink domain, --tier scale-out if not",
+                gpu.name, gpu.scale_up_domain, gpu.gpus_per_node
+            ));
+        }
+        None => Tier::ScaleOut,
+    };
+    match tier {
+        Tier::ScaleUp if n > gpu.scale_up_domain => Err(format!(
+            "{ranks} ranks cannot sit in one NVLink domain of {} ({} GPUs): the run crossed the network; fit it as scale-out",
+            gpu.name, gpu.scale_up_domain
+        )),
+        Tier::ScaleUp if nodes > 1 && !spans_nodes => Err(format!(
+            "the run spans {nodes} nodes and {}'s NVLink domain is one node: it crossed the network; fit it as scale-out",
+            gpu.name
+        )),
+        Tier::ScaleUp => Ok((Tier::ScaleUp, n)),
+        Tier::ScaleOut if nodes == 1 => Err(
+            "every rank ran on one node: the run never left NVLink; sweep across nodes (one or more ranks per node) to fit the network"
+                .into(),
+        ),
+        Tier::ScaleOut => Ok((Tier::ScaleOut, per_node.min(gpu.scale_up_domain).max(1))),
+    }
+}
+
+/// α and β of a set of rows, and how well they fit.
+#[derive(Clone, Debug, Serialize)]
+pub struct LineFit {
+    /// The op, or "all" for the pooled fit.
+    pub op: String,
+    pub rows: usize,
+    /// 1/β: bytes per second the tier carries per GPU (scale-up) or per NIC (scale-out),
+    /// as GB/s.
+    pub gbs: f64,
+    /// α: latency per step (⌈log2 n⌉ steps per call), microseconds.
+    pub latency_us: f64,
+    /// Largest relative time error of a row under the fit.
+    pub max_error: f64,
+    /// Share of the largest size's time spent moving data under the fit.
+    pub transfer_share: f64,
+}
+
+/// The fit of one tier.
+#[derive(Clone, Debug, Serialize)]
+pub struct CollFit {
+    pub gpu: String,
+    pub tier: Tier,
+    pub ranks: usize,
+    pub nodes: usize,
+    /// Members per domain of the run's group.
+    pub local: u32,
+    pub device: String,
+    pub transport: String,
+    pub pooled: LineFit,
+    pub per_op: Vec<LineFit>,
+    /// (parameter, before, fitted).
+    pub params: Vec<(String, f64, f64)>,
+    pub efficiency: Efficiency,
+    pub notes: Vec<String>,
+}
+
+/// One modelled row: steps, the bytes the fitted bandwidth carries, the time left for
+/// them and the latency (seconds), the measured time.
+struct Modelled {
+    op: String,
+    size: f64,
+    steps: f64,
+    x: f64,
+    y: f64,
+    t: f64,
+}
+
+fn line(op: &str, rows: &[&Modelled]) -> Result<LineFit, String> {
+    let mut sizes: Vec<f64> = rows.iter().map(|r| r.size).collect();
+    sizes.sort_by(f64::total_cmp);
+    sizes.dedup();
+    if sizes.len() < 2 {
+        return Err(format!("{op}: one size only: α and β need a sweep (e.g. -b 1M -e 1G -f 4)"));
+    }
+    let fr: Vec<(f64, f64, f64)> = rows.iter().map(|r| (r.steps, r.x, r.y)).collect();
+    let (a, b) = relative_fit(&fr);
+    if !(b.is_finite() && b > 0.0) {
+        return Err(format!("{op}: the times do not grow with size: sweep into the bandwidth regime (e.g. -b 1M -e 1G -f 2)"));
+    }
+    let model = |r: &Modelled| r.t - r.y + a * r.steps + b * r.x;
+    let max_error = rows.iter().map(|r| (model(r) / r.t - 1.0).abs()).fold(0.0, f64::max);
+    let largest = rows.iter().max_by(|p, q| p.size.total_cmp(&q.size)).map_or(0.0, |r| b * r.x / model(r));
+    Ok(LineFit { op: op.into(), rows: rows.len(), gbs: 1.0 / b / 1e9, latency_us: a * 1e6, max_error, transfer_share: largest })
+}
+
+/// Fit `gpu`'s tier to `rows` (one run: [`parse`]), `forced` to choose the tier where
+/// the layout cannot.
+///
+/// # Errors
+/// As [`tier_of`]; fewer than two sizes; times that do not grow with size; a fitted
+/// efficiency outside (0, 1] (wrong GPU, or the profile's bandwidth too low); a
+/// multi-node run bound by NVLink rather than the NICs.
+pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>, origin: &str) -> Result<CollFit, String> {
+    let first = rows.first().ok_or_else(|| format!("{origin}: no rows"))?;
+    let (ranks, nodes) = (first.ranks, first.nodes);
+    let (tier, local) = tier_of(ranks, nodes, gpu, forced).map_err(|e| format!("{origin}: {e}"))?;
+    let n = u32::try_from(ranks).unwrap_or(u32::MAX);
+    let steps = f64::from(n).log2().ceil().max(1.0);
+    let fabric = gpu.fabric();
+    let mut notes = Vec::new();
+    let mut modelled = Vec::new();
+    let mut skipped: Vec<&str> = Vec::new();
+    for r in rows {
+        let Some(kind) = kind_of(&r.op)? else {
+            if !skipped.contains(&r.op.as_str()) {
+                skipped.push(&r.op);
+            }
+            continue;
+        };
+        let size = r.size_bytes as f64;
+        let t = r.time_us * 1e-6;
+        let bus = size * bus_factor(kind, n);
+        let (x, y) = match (tier, kind) {
+            (Tier::ScaleUp, _) => (bus, t),
+            (Tier::ScaleOut, OpKind::AllToAll) => {
+                let per_peer = size / f64::from(n);
+                let near = per_peer * f64::from(local - 1) / fabric.scale_up_bps;
+                (per_peer * f64::from(n - local), t - near)
+            }
+            (Tier::ScaleOut, _) => (bus / f64::from(local), t),
+        };
+        if y <= 0.0 {
+            notes.push(format!("{} of {} B left out: its NVLink share alone takes longer than it did", r.op, r.size_bytes));
+            continue;
+        }
+        modelled.push(Modelled { op: r.op.clone(), size, steps, x, y, t });
+    }
+    if !skipped.is_empty() {
+        notes.push(format!("{} shown by the bench but not fitted: the projection does not use them", skipped.join(", ")));
+    }
+    if modelled.is_empty() {
+        return Err(format!("{origin}: no all_reduce, all_gather, reduce_scatter or alltoall rows to fit"));
+    }
+    let all: Vec<&Modelled> = modelled.iter().collect();
+    let pooled = line("all", &all).map_err(|e| format!("{origin}: {e}"))?;
+    let mut per_op = Vec::new();
+    let mut ops: Vec<&str> = modelled.iter().map(|m| m.op.as_str()).collect();
+    ops.dedup();
+    for op in ops {
+        let these: Vec<&Modelled> = modelled.iter().filter(|m| m.op == op).collect();
+        match line(op, &these) {
+            Ok(l) => per_op.push(l),
+            Err(e) => notes.push(e),
+        }
+    }
+    if pooled.transfer_share < 0.5 {
+        notes.push(format!(
+            "the largest size spends only {:.0}% of its time moving data: the bandwidth is poorly determined; sweep larger sizes (-e 1G)",
+            100.0 * pooled.transfer_share
+        ));
+    }
+    let before = gpu.efficiency.clone();
+    let mut eff = before.clone();
+    let achieved = pooled.gbs;
+    let (field, nominal, what) = match tier {
+        Tier::ScaleUp => ("scale_up", gpu.scale_up_gbs, "NVLink per GPU (scale_up_gbs)"),
+        Tier::ScaleOut => ("scale_out", gpu.scale_out_gbs, "NIC per GPU (scale_out_gbs)"),
+    };
+    let e = achieved / nominal;
+    if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+        return Err(format!(
+            "{origin}: the run carried {achieved:.1} GB/s where {}'s {what} is {nominal} GB/s ({:.0}%): the run was not on this \
+             cluster, or the profile's {field}_gbs is wrong",
+            gpu.name,
+            100.0 * e
+        ));
+    }
+    if tier == Tier::ScaleOut && f64::from(local) * achieved * 1e9 >= fabric.scale_up_bps {
+        return Err(format!(
+            "{origin}: {local} ranks per node carried {:.1} GB/s together, at least NVLink's achieved {:.1} GB/s: the run is not \
+             bound by the NICs and cannot measure them; sweep with one rank per node",
+            f64::from(local) * achieved,
+            fabric.scale_up_bps / 1e9
+        ));
+    }
+    let latency_field = format!("{field}_latency_us");
+    let (old_e, old_l) = match tier {
+        Tier::ScaleUp => (before.scale_up, before.scale_up_latency_us),
+        Tier::ScaleOut => (before.scale_out, before.scale_out_latency_us),
+    };
+    match tier {
+        Tier::ScaleUp => {
+            eff.scale_up = e;
+            eff.scale_up_latency_us = pooled.latency_us;
+        }
+        Tier::ScaleOut => {
+            eff.scale_out = e;
+            eff.scale_out_latency_us = pooled.latency_us;
+        }
+    }
+    if first.transport == "tcp" {
+        notes.push("TCP transport (CPU ranks): this fits the profile to loopback sockets, not to NVLink or a NIC".into());
+    }
+    Ok(CollFit {
+        gpu: gpu.name.clone(),
+        tier,
+        ranks,
+        nodes,
+        local,
+        device: first.device.clone(),
+        transport: first.transport.clone(),
+        params: vec![(field.to_string(), old_e, e), (latency_field, old_l, pooled.latency_us)],
+        pooled,
+        per_op,
+        efficiency: eff,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::comm::Placement;
+    use crate::profile::Profiles;
+
+    use crate::profile::test_h100 as h100;
+
+    /// `n` ranks, `local` of them per domain, in the projection's terms.
+    fn placement(n: u32, local: u32, domain: u32) -> Placement {
+        if local >= n { Placement { size: n, stride: 1 } } else { Placement { size: n, stride: (domain / local.max(1)).max(1) } }
+    }
+
+    /// Rows whose times are the projection's own [`crate::comm::Fabric::time`] for `gpu`.
+    fn rows(gpu: &GpuProfile, ranks: usize, nodes: usize, ops: &[&str]) -> Vec<CollRow> {
+        let fabric = gpu.fabric();
+        let n = ranks as u32;
+        let local = (ranks / nodes) as u32;
+        let p = placement(n, local, fabric.domain);
+        let mut out = Vec::new();
+        for op in ops {
+            for size in [1u64 << 16, 1 << 20, 1 << 24, 1 << 28, 1 << 30] {
+                let t = kind_of(op).unwrap().map_or(1e-3, |k| fabric.time(k, size as f64, p));
+                let algbw = size as f64 / t / 1e9;
+                out.push(CollRow {
+                    op: (*op).into(),
+                    size_bytes: size,
+                    count: size / 4,
+                    dtype: "float".into(),
+                    redop: "sum".into(),
+                    root: -1,
+                    time_us: t * 1e6,
+                    algbw_gbps: algbw,
+                    busbw_gbps: algbw * bus_factor_of(op, ranks).unwrap(),
+                    wrong: 0,
+                    ranks,
+                    nodes,
+                    transport: "nccl".into(),
+                    device: "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".into(),
+                });
+            }
+        }
+        out
+    }
+
+    fn with(gpu: &GpuProfile, f: impl FnOnce(&mut Efficiency)) -> GpuProfile {
+        let mut g = gpu.clone();
+        f(&mut g.efficiency);
+        g
+    }
+
+    /// A sweep inside one node whose times follow α–β for known efficiency and latency
+    /// is fitted back to them, whatever the profile started from.
+    #[test]
+    fn a_synthetic_nvlink_sweep_is_fitted_back_to_its_alpha_and_beta() {
+        let truth = with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+        });
+        let r = rows(&truth, 8, 1, &["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast"]);
+        let f = fit_collectives(&r, &h100(), None, "coll.json").unwrap();
+        assert_eq!((f.tier, f.local), (Tier::ScaleUp, 8));
+        assert!((f.efficiency.scale_up - 0.73).abs() < 1e-9, "{:?}", f.params);
+        assert!((f.efficiency.scale_up_latency_us - 4.2).abs() < 1e-6, "{:?}", f.params);
+        assert!(f.pooled.max_error < 1e-9);
+        assert_eq!(f.efficiency.scale_out, h100().efficiency.scale_out, "the other tier is untouched");
+        assert!(f.notes.iter().any(|n| n.contains("broadcast")), "{:?}", f.notes);
+        assert_eq!(f.per_op.len(), 4);
+    }
+
+    /// Across nodes: 8 ranks per node share the rails (all-reduce and friends), an
+    /// all-to-all sends its remote share through each rank's NIC; one rank per node is
+    /// bound by one NIC. Both recover the NIC efficiency and latency.
+    #[test]
+    fn a_synthetic_multi_node_sweep_is_fitted_back_to_the_nic_tier() {
+        let truth = with(&h100(), |e| {
+            e.scale_out = 0.61;
+            e.scale_out_latency_us = 11.0;
+        });
+        for (ranks, nodes, want_local) in [(16, 2, 8), (4, 4, 1)] {
+            let r = rows(&truth, ranks, nodes, &["all_reduce", "all_gather", "reduce_scatter", "alltoall"]);
+            let f = fit_collectives(&r, &h100(), None, "coll.json").unwrap();
+            assert_eq!((f.tier, f.local), (Tier::ScaleOut, want_local));
+            assert!((f.efficiency.scale_out - 0.61).abs() < 1e-6, "{ranks}/{nodes}: {:?}", f.params);
+            assert!((f.efficiency.scale_out_latency_us - 11.0).abs() < 1e-3, "{ranks}/{nodes}: {:?}", f.params);
+        }
+    }
+
+    /// Real sweeps are noisy: with every time off by up to ±5 % (a fixed pattern, no
+    /// seed to drift), the fit still lands within 1.5 % of the true bandwidth efficiency
+    /// and 3 % of the true per-step latency, on one node and across nodes (measured:
+    /// 0.3 % and 0.6 % on one node, 0.5 % and 0.7 % over two).
+    #[test]
+    fn a_noisy_sweep_is_fitted_within_the_stated_tolerance() {
+        let truth = with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+            e.scale_out = 0.61;
+            e.scale_out_latency_us = 11.0;
+        });
+        for (ranks, nodes) in [(8, 1), (16, 2)] {
+            let mut r = rows(&truth, ranks, nodes, &["all_reduce", "all_gather", "reduce_scatter", "alltoall"]);
+            for (i, row) in r.iter_mut().enumerate() {
+                let noise = 1.0 + 0.05 * (i as f64 * 2.399).sin();
+                row.time_us *= noise;
+                row.algbw_gbps /= noise;
+                row.busbw_gbps /= noise;
+            }
+            let text = serde_json::to_string(&r).unwrap();
+            let f = fit_collectives(&parse(&text, "coll.json").unwrap(), &h100(), None, "coll.json").unwrap();
+            let (e, l, want_e, want_l) = match f.tier {
+                Tier::ScaleUp => (f.efficiency.scale_up, f.efficiency.scale_up_latency_us, 0.73, 4.2),
+                Tier::ScaleOut => (f.efficiency.scale_out, f.efficiency.scale_out_latency_us, 0.61, 11.0),
+            };
+            assert!((e / want_e - 1.0).abs() < 0.015, "{ranks}/{nodes}: efficiency {e} vs {want_e}");
+            assert!((l / want_l - 1.0).abs() < 0.03, "{ranks}/{nodes}: latency {l} vs {want_l}");
+            assert!(f.pooled.max_error > 0.01 && f.pooled.max_error < 0.12, "{}", f.pooled.max_error);
+        }
+    }
+
+    /// NaN, negative, zero and huge values give an error or a finite fit, never a panic.
+    #[test]
+    fn extreme_values_never_panic() {
+        let good = rows(&h100(), 8, 1, &["all_reduce"]);
+        for v in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e-300, 1e300, f64::MAX] {
+            let mut r = good.clone();
+            r[1].time_us = v;
+            if let Ok(f) = fit_collectives(&r, &h100(), None, "coll.json") {
+                assert!(f.efficiency.scale_up.is_finite() && f.efficiency.scale_up_latency_us.is_finite(), "{v}: {:?}", f.params);
+            }
+            let text = serde_json::to_string(&r).unwrap();
+            assert!(parse(&text, "coll.json").is_err(), "{v} accepted");
+        }
+        let mut r = good.clone();
+        r[0].size_bytes = u64::MAX;
+        r[0].ranks = usize::MAX;
+        let _ = fit_collectives(&r, &h100(), None, "coll.json");
+        assert!(parse(&serde_json::to_string(&r).unwrap(), "coll.json").is_err());
+        assert!(parse("[{\"time_us\": 1e999}]", "coll.json").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn the_tier_follows_the_layout_and_ambiguity_is_refused() {
+        let p = Profiles::builtin();
+        let (h, gb) = (p.get("h100").unwrap(), p.get("gb200").unwrap());
+        assert_eq!(tier_of(8, 1, h, None).unwrap(), (Tier::ScaleUp, 8));
+        assert_eq!(tier_of(16, 2, h, None).unwrap(), (Tier::ScaleOut, 8));
+        assert!(tier_of(1, 1, h, None).unwrap_err().contains("one rank"));
+        assert!(tier_of(16, 1, h, None).unwrap_err().contains("scale-out"), "16 ranks exceed an 8-GPU domain");
+        assert!(tier_of(8, 1, h, Some(Tier::ScaleOut)).unwrap_err().contains("never left NVLink"));
+        assert!(tier_of(8, 2, gb, None).unwrap_err().contains("--tier"));
+        assert_eq!(tier_of(8, 2, gb, Some(Tier::ScaleUp)).unwrap(), (Tier::ScaleUp, 8));
+        assert!(tier_of(6, 4, h, None).unwrap_err().contains("evenly"));
+    }
+
+    #[test]
+    fn bad_files_and_impossible_fits_name_the_problem() {
+        let good = rows(&h100(), 8, 1, &["all_reduce"]);
+        let text = serde_json::to_string(&good).unwrap();
+        let back = parse(&text, "coll.json").unwrap();
+        assert_eq!(back.len(), good.len());
+        assert!(back.iter().zip(&good).all(|(a, b)| a.op == b.op && (a.time_us / b.time_us - 1.0).abs() < 1e-12));
+        let bad = |text: &str, want: &str| {
+            let e = parse(text, "coll.json").unwrap_err();
+            assert!(e.contains("coll.json") && e.contains(want), "want '{want}': {e}");
+        };
+        bad("[{", "line 1");
+        bad("[]", "no rows");
+        bad(&text.replacen("\"wrong\":0", "\"wrong\":3", 1), "3 wrong values");
+        bad(&text.replacen("\"op\":\"all_reduce\"", "\"op\":\"allreduce2\"", 1), "allreduce2");
+        bad(&text.replacen("\"ranks\":8", "\"ranks\":4", 1), "bus factor");
+        bad(&text.replacen(",\"nodes\":1", "", 1), "nodes");
+        let mut mixed = good.clone();
+        mixed[2].device = "cuda:0 (NVIDIA B200)".into();
+        bad(&serde_json::to_string(&mixed).unwrap(), "mixes runs");
+        // Faster than the link the profile names: another GPU, or a wrong profile.
+        let fast = with(&h100(), |e| e.scale_up = 1.0);
+        let mut slow = h100();
+        slow.scale_up_gbs = 100.0;
+        let e = fit_collectives(&rows(&fast, 8, 1, &["all_reduce"]), &slow, None, "coll.json").unwrap_err();
+        assert!(e.contains("scale_up_gbs"), "{e}");
+        // One size cannot separate α from β.
+        let one: Vec<CollRow> = good.iter().filter(|r| r.size_bytes == 1 << 20).cloned().collect();
+        assert!(fit_collectives(&one, &h100(), None, "coll.json").unwrap_err().contains("one size"));
+    }
+}

@@ -1,0 +1,774 @@
+//! Per-op times measured on a device (`runner measure`): the file that carries them,
+//! the rules under which a measurement may stand for a projection, and the fit of a GPU
+//! profile's GEMM and memory efficiencies to it.
+//!
+//! A measurement is made on rank 0's graph of one model at one sharding ([`ShardKey`]),
+//! sequence length and precision plan, the same graph the projection's template reads,
+//! so every op has the name the projection looks it up by. It holds only for that
+//! graph: [`OpsFile::check_target`], [`OpsFile::check_key`] and [`OpsFile::check_graph`]
+//! refuse another model, sequence, GPU, precision or sharding, naming the field and the
+//! fix, and the [`Measured`] it turns into applies at its own key and GEMM formats only.
+//!
+//! What an entry's times are (per micro-batch, seconds):
+//! - `gemm`: the forward, input-gradient and weight-gradient GEMMs run on the device at
+//!   the plan's formats for that op (`kernel_s`), plus the casts of the input and the
+//!   output gradient a low-precision GEMM needs, as the roofline counts them. A grouped
+//!   (expert) GEMM is `calls` calls of an even share of the routed rows.
+//! - `memory`: a memory-bound op (norm, activation, rotary, residual add, embedding,
+//!   loss, routing) timed inside a real training step by the executor, which computes
+//!   and stores in f32; its times are scaled by the bytes the op moves at the graph's
+//!   formats over the bytes it moved in f32 (`bytes / run_bytes`): these kernels are
+//!   bandwidth-bound, so their time follows the bytes.
+//! - `attention`: a FlashAttention core's times, accepted from a file; `runner measure`
+//!   writes none (the executor's attention kernel is f32 on CUDA cores, not the tensor-
+//!   core FlashAttention a BF16 run uses).
+//!
+//! [`fit_ops`] fits, per GEMM format measured, the large-GEMM efficiency, and the GEMM
+//! size at half efficiency, to the GEMM kernels' times under the roofline's own law
+//! (time = (FLOPs + h·calls) / (peak·e)), and the HBM efficiency to the memory-bound
+//! ops' f32 runs (time = bytes / (HBM·e)).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+
+use runner_graph::{Graph, OpKind};
+
+use crate::profile::{Efficiency, GemmFormat, GpuProfile};
+use crate::published::Stats;
+use crate::template::{Measured, ShardKey};
+
+/// The `format` tag of a measurement file.
+pub const FORMAT: &str = "runner-measured-ops";
+/// The version this runner writes and reads.
+pub const VERSION: u32 = 1;
+
+/// What kind of work an op is, as the projection times it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OpClass {
+    Gemm,
+    Attention,
+    Memory,
+}
+
+impl OpClass {
+    /// How the projection times `kind` (`None`: a collective, timed by the fabric model).
+    pub fn of(kind: OpKind) -> Option<OpClass> {
+        match kind {
+            OpKind::Linear | OpKind::GroupedLinear => Some(OpClass::Gemm),
+            OpKind::Attention => Some(OpClass::Attention),
+            OpKind::AllReduce | OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllToAll | OpKind::Send | OpKind::Recv => None,
+            _ => Some(OpClass::Memory),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            OpClass::Gemm => "gemm",
+            OpClass::Attention => "attention",
+            OpClass::Memory => "memory",
+        }
+    }
+}
+
+/// A GEMM op's measurement in detail.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GemmDetail {
+    /// Formats of the forward, input-gradient and weight-gradient GEMMs.
+    pub formats: [GemmFormat; 3],
+    /// Forward FLOPs of the whole op (each backward GEMM has as many).
+    pub flops: f64,
+    /// Kernel calls per GEMM: 1, or the rank's local experts of a grouped GEMM.
+    pub calls: u64,
+    /// Forward bytes read and written at the graph's formats.
+    pub bytes: f64,
+    /// Seconds of the forward, input-gradient and weight-gradient GEMMs alone.
+    pub kernel_s: [f64; 3],
+}
+
+/// A memory-bound op's measurement in detail.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryDetail {
+    /// Forward bytes at the graph's formats.
+    pub bytes: f64,
+    /// Forward bytes the run moved (f32), and its forward and backward seconds.
+    pub run_bytes: f64,
+    pub run_fwd_s: f64,
+    pub run_bwd_s: f64,
+}
+
+/// One op's times per micro-batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpTime {
+    /// The op's name in rank 0's graph.
+    pub name: String,
+    pub kind: OpClass,
+    /// Transformer layer, or -1 outside the stack.
+    pub layer: i32,
+    /// The shape timed: a GEMM's `[M, N, K]` of one call (x is M×K, the weight N×K);
+    /// another op's output tensor. Informative: the name ties the entry to the graph.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shape: Vec<u64>,
+    /// What the projection uses: forward and backward seconds.
+    pub fwd_s: f64,
+    pub bwd_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm: Option<GemmDetail>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryDetail>,
+}
+
+/// A measurement file (`runner measure -o ops.json`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpsFile {
+    /// Always [`FORMAT`].
+    pub format: String,
+    pub version: u32,
+    /// The device it ran on, as the runner names it ("cuda:0 (NVIDIA H100 80GB HBM3,
+    /// sm_90)", "cpu (16 threads)").
+    pub device: String,
+    /// When it ran: UTC, RFC 3339 (`2026-12-01T10:24:11Z`).
+    pub measured_at: String,
+    /// The GPU profile it stands for.
+    pub gpu: String,
+    /// The model variant, its sequence length and the precision recipe whose plan gave
+    /// the GEMMs their formats.
+    pub model: String,
+    pub seq_len: u32,
+    pub precision: String,
+    /// The sharding of the rank whose graph ran.
+    pub shard: ShardKey,
+    /// Timed repeats per op (medians are kept).
+    pub repeats: usize,
+    /// What the run left to the model, in words.
+    #[serde(default)]
+    pub notes: Vec<String>,
+    pub ops: Vec<OpTime>,
+}
+
+/// The longest time an entry may hold: an op of one micro-batch that runs for longer
+/// than a day is a broken measurement, and would carry the projection to absurd figures.
+pub const MAX_SECONDS: f64 = 86_400.0;
+
+/// A time in seconds: finite, >= 0 (or > 0 where `positive`), at most [`MAX_SECONDS`].
+fn seconds_ok(v: f64, positive: bool) -> bool {
+    v.is_finite() && v <= MAX_SECONDS && if positive { v > 0.0 } else { v >= 0.0 }
+}
+
+fn finite_nonneg(v: f64) -> bool {
+    v.is_finite() && v >= 0.0
+}
+
+fn finite_pos(v: f64) -> bool {
+    v.is_finite() && v > 0.0
+}
+
+/// `tp=1 cp=1 ep=1 etp=1 sp=off mbs=1`.
+pub fn key_text(k: &ShardKey) -> String {
+    format!("tp={} cp={} ep={} etp={} sp={} mbs={}", k.tp, k.cp, k.ep, k.etp, if k.sp { "on" } else { "off" }, k.mbs)
+}
+
+impl OpsFile {
+    /// Read a measurement file; `origin` names it in messages.
+    ///
+    /// # Errors
+    /// JSON syntax (with line and column), a missing or unknown field, another format or
+    /// version, or a value out of range; each names the op and the field.
+    pub fn parse(text: &str, origin: &str) -> Result<OpsFile, String> {
+        let f: OpsFile = serde_json::from_str(text).map_err(|e| {
+            let hint = if text.trim_start().starts_with('[') {
+                " (an array: is it a `bench collectives` file? use it with --collectives)"
+            } else {
+                ""
+            };
+            format!("{origin}: line {} column {}: {e}{hint}; write the file with `runner measure ... -o FILE.json`", e.line(), e.column())
+        })?;
+        if f.format != FORMAT {
+            return Err(format!("{origin}: format is '{}', not '{FORMAT}': write the file with `runner measure ... -o FILE.json`", f.format));
+        }
+        if f.version != VERSION {
+            return Err(format!("{origin}: version {} (this runner reads version {VERSION}): measure again with this runner", f.version));
+        }
+        f.check(origin)?;
+        Ok(f)
+    }
+
+    fn check(&self, origin: &str) -> Result<(), String> {
+        let k = &self.shard;
+        for (what, v) in [("tp", k.tp), ("cp", k.cp), ("ep", k.ep), ("etp", k.etp), ("mbs", k.mbs)] {
+            if v == 0 {
+                return Err(format!("{origin}: shard.{what} must be at least 1"));
+            }
+        }
+        if self.seq_len == 0 {
+            return Err(format!("{origin}: seq_len must be at least 1"));
+        }
+        if self.device.trim().is_empty() || self.measured_at.trim().is_empty() {
+            return Err(format!("{origin}: device and measured_at must name the device and the UTC time the run was on"));
+        }
+        if self.ops.is_empty() {
+            return Err(format!("{origin}: ops is empty: nothing was measured"));
+        }
+        let mut seen = HashSet::new();
+        for (i, op) in self.ops.iter().enumerate() {
+            let at = format!("{origin}: ops[{i}] ('{}')", op.name);
+            if op.name.is_empty() {
+                return Err(format!("{origin}: ops[{i}]: name is empty"));
+            }
+            if !seen.insert(op.name.as_str()) {
+                return Err(format!("{at}: the op is listed twice; keep one entry per op"));
+            }
+            for (what, v) in [("fwd_s", op.fwd_s), ("bwd_s", op.bwd_s)] {
+                if !seconds_ok(v, false) {
+                    return Err(format!("{at}: {what} must be a number of seconds in 0..={MAX_SECONDS}, got {v}"));
+                }
+            }
+            match (op.kind, &op.gemm, &op.memory) {
+                (OpClass::Gemm, Some(g), None) => {
+                    if !finite_pos(g.flops) || !finite_nonneg(g.bytes) {
+                        return Err(format!("{at}: gemm.flops must be > 0 and gemm.bytes >= 0 (finite)"));
+                    }
+                    if g.calls == 0 {
+                        return Err(format!("{at}: gemm.calls must be at least 1"));
+                    }
+                    if let Some(v) = g.kernel_s.iter().find(|v| !seconds_ok(**v, true)) {
+                        return Err(format!("{at}: gemm.kernel_s must hold three times in seconds, > 0 and <= {MAX_SECONDS}, got {v}"));
+                    }
+                }
+                (OpClass::Memory, None, Some(m)) => {
+                    if !finite_nonneg(m.bytes) || !finite_pos(m.run_bytes) || !seconds_ok(m.run_fwd_s, false) || !seconds_ok(m.run_bwd_s, false) {
+                        return Err(format!(
+                            "{at}: memory.bytes must be finite and >= 0, memory.run_bytes > 0, run_fwd_s and run_bwd_s seconds in \
+                             0..={MAX_SECONDS}"
+                        ));
+                    }
+                }
+                (OpClass::Attention, None, None) => {}
+                (kind, _, _) => {
+                    return Err(format!(
+                        "{at}: a {} op takes {}",
+                        kind.name(),
+                        match kind {
+                            OpClass::Gemm => "a `gemm` object and no `memory`",
+                            OpClass::Memory => "a `memory` object and no `gemm`",
+                            OpClass::Attention => "neither a `gemm` nor a `memory` object",
+                        }
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether this measurement is of `model` at `seq_len` on `gpu` under `precision`.
+    ///
+    /// # Errors
+    /// The first field that differs, and what to change.
+    pub fn check_target(&self, origin: &str, model: &str, seq_len: u32, gpu: &GpuProfile, precision: &str) -> Result<(), String> {
+        if self.model != model {
+            return Err(format!("{origin} was measured on {}, not {model}: pass --model {} or measure {model}", self.model, self.model));
+        }
+        if self.seq_len != seq_len {
+            return Err(format!(
+                "{origin} was measured at sequence length {}, not {seq_len}: pass --seq-len {} or measure at {seq_len}",
+                self.seq_len, self.seq_len
+            ));
+        }
+        self.check_gpu(origin, gpu)?;
+        if !self.precision.eq_ignore_ascii_case(precision) {
+            return Err(format!(
+                "{origin} was measured under {} GEMM formats, not {precision}: pass --precision {} or measure with --precision {precision}",
+                self.precision, self.precision
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether this measurement stands for `gpu` (its name or an alias).
+    ///
+    /// # Errors
+    /// It stands for another GPU.
+    pub fn check_gpu(&self, origin: &str, gpu: &GpuProfile) -> Result<(), String> {
+        let named = |n: &str| gpu.name.eq_ignore_ascii_case(n) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(n));
+        if named(&self.gpu) {
+            Ok(())
+        } else {
+            Err(format!("{origin} stands for {}, not {}: pass --gpu {} or measure on {}", self.gpu, gpu.name, self.gpu, gpu.name))
+        }
+    }
+
+    /// Whether this measurement holds for a layout of sharding `key`.
+    ///
+    /// # Errors
+    /// The degrees that differ, and the flags that fix them.
+    pub fn check_key(&self, origin: &str, key: ShardKey) -> Result<(), String> {
+        if self.shard == key {
+            return Ok(());
+        }
+        let m = &self.shard;
+        Err(format!(
+            "{origin} was measured at {}, the layout is {}: a rank's op shapes change with the sharding, so the times do \
+             not carry over; pass --tp {} --cp {} --ep {} --etp {} --mbs {} (sequence parallel follows tp > 1), or measure \
+             at this layout with `runner measure --tp {} --cp {} --ep {} --etp {} --mbs {}`",
+            key_text(m),
+            key_text(&key),
+            m.tp,
+            m.cp,
+            m.ep,
+            m.etp,
+            m.mbs,
+            key.tp,
+            key.cp,
+            key.ep,
+            key.etp,
+            key.mbs
+        ))
+    }
+
+    /// Whether every measured op is an op of `rank` (rank 0's graph at the file's
+    /// sharding) of the kind the file says.
+    ///
+    /// # Errors
+    /// The first op the graph lacks or times differently.
+    pub fn check_graph(&self, origin: &str, rank: &Graph) -> Result<(), String> {
+        let by_name: HashMap<&str, OpKind> = rank.ops.iter().map(|o| (o.name.as_str(), o.kind)).collect();
+        for (i, op) in self.ops.iter().enumerate() {
+            match by_name.get(op.name.as_str()).copied().map(OpClass::of) {
+                None => {
+                    return Err(format!(
+                        "{origin}: ops[{i}] '{}' is not an op of {}'s rank graph at {}: the file comes from another model \
+                         or runner version; measure again with this runner",
+                        op.name,
+                        self.model,
+                        key_text(&self.shard)
+                    ));
+                }
+                Some(c) if c != Some(op.kind) => {
+                    return Err(format!(
+                        "{origin}: ops[{i}] '{}' is listed as {} but the graph's op is {}",
+                        op.name,
+                        op.kind.name(),
+                        c.map_or("a collective", OpClass::name)
+                    ));
+                }
+                Some(_) => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The table the projection looks measured ops up in: at this file's sharding, each
+    /// GEMM at its formats.
+    pub fn measured(&self) -> Measured {
+        Measured {
+            ops: self.ops.iter().map(|o| (o.name.clone(), (o.fwd_s, o.bwd_s))).collect(),
+            key: Some(self.shard),
+            formats: self.ops.iter().filter_map(|o| o.gemm.as_ref().map(|g| (o.name.clone(), g.formats))).collect(),
+        }
+    }
+
+    /// Ops per class.
+    pub fn counts(&self) -> BTreeMap<&'static str, usize> {
+        let mut c = BTreeMap::new();
+        for o in &self.ops {
+            *c.entry(o.kind.name()).or_insert(0) += 1;
+        }
+        c
+    }
+}
+
+/// Whether a run on `device` may stand for `gpu`. A built-in profile needs a GPU whose
+/// name carries the profile's (or an alias's) model, e.g. "NVIDIA H100 80GB HBM3" for
+/// h100: never the CPU. A profile the user's `--profile` file adds is the user's own
+/// statement about their machine and takes any device.
+///
+/// # Errors
+/// The device is not that GPU; the message says which flag fixes it.
+pub fn stands_for(device: &str, gpu: &GpuProfile, builtin: bool) -> Result<(), String> {
+    if !builtin {
+        return Ok(());
+    }
+    let lower = device.to_ascii_lowercase();
+    if lower.starts_with("cpu") {
+        return Err(format!(
+            "a run on the CPU ({device}) cannot stand for the built-in {} profile; add a profile for this machine with \
+             --profile FILE (a [[gpu]] table with its own name, peaks and links) and name it with --gpu",
+            gpu.name
+        ));
+    }
+    let tokens: HashSet<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|t| !t.is_empty()).collect();
+    // "a100-80gb" is an A100: the model is the name's first part.
+    let model_of = |n: &str| n.to_ascii_lowercase().split(|c: char| !c.is_ascii_alphanumeric()).next().unwrap_or_default().to_string();
+    let names: Vec<String> = std::iter::once(&gpu.name).chain(&gpu.aliases).map(|n| model_of(n)).collect();
+    if names.iter().any(|n| tokens.contains(n.as_str())) {
+        Ok(())
+    } else {
+        Err(format!("the run was on {device}, which is not a {} ({}): pass the --gpu it ran on", gpu.name, names.join(", ")))
+    }
+}
+
+/// Weighted least squares in relative error: the `a`, `b` minimising
+/// Σ ((a·x0 + b·x1 − t) / t)², with `a` kept >= 0 (a negative intercept is no
+/// latency). Rows are (x0, x1, t); t > 0.
+pub(crate) fn relative_fit(rows: &[(f64, f64, f64)]) -> (f64, f64) {
+    let (mut uu, mut uv, mut vv, mut u1, mut v1) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for &(x0, x1, t) in rows {
+        let (u, v) = (x0 / t, x1 / t);
+        uu += u * u;
+        uv += u * v;
+        vv += v * v;
+        u1 += u;
+        v1 += v;
+    }
+    let det = uu * vv - uv * uv;
+    if det > 1e-12 * uu * vv && det > 0.0 {
+        let a = (u1 * vv - v1 * uv) / det;
+        let b = (uu * v1 - uv * u1) / det;
+        if a >= 0.0 {
+            return (a, b);
+        }
+    }
+    (0.0, if vv > 0.0 { v1 / vv } else { 0.0 })
+}
+
+/// The fit of one GPU's efficiencies to a measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpsFit {
+    pub gpu: String,
+    /// (parameter, before, fitted).
+    pub params: Vec<(String, f64, f64)>,
+    /// GEMM kernel and memory-bound rows fitted.
+    pub gemm_rows: usize,
+    pub memory_rows: usize,
+    /// Relative error of each fitted row's time under the profile before and after.
+    pub before: Stats,
+    pub after: Stats,
+    pub efficiency: Efficiency,
+    pub notes: Vec<String>,
+}
+
+/// The pull of the GEMM size at half efficiency towards its prior, in squared log units
+/// against the relative errors' squares: weak, so that GEMMs of several sizes move it,
+/// while a measurement of large GEMMs alone (which cannot see it) leaves it in place.
+const HALF_PRIOR_WEIGHT: f64 = 0.02;
+
+/// One GEMM kernel: its format, FLOPs, calls, forward bytes, seconds.
+struct KernelRow {
+    format: GemmFormat,
+    flops: f64,
+    calls: f64,
+    time: f64,
+}
+
+/// Fit `gpu`'s GEMM efficiency of each measured format, its GEMM size at half
+/// efficiency and its HBM efficiency to `file` (measured on that GPU:
+/// [`OpsFile::check_target`]'s GPU rule is the caller's). GEMM kernels the profile
+/// says are bound by memory (their bytes at the achieved HBM rate take more than half
+/// their time) are left out: they say nothing about the tensor cores.
+///
+/// # Errors
+/// Nothing to fit, or a fitted efficiency outside (0, 1] (a profile whose peaks the
+/// device beats: wrong GPU, or wrong peaks).
+pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit, String> {
+    let before_eff = gpu.efficiency.clone();
+    let hbm = gpu.hbm_gbs * 1e9;
+    let mut notes = Vec::new();
+    let mut rows: Vec<KernelRow> = Vec::new();
+    let mut memory_bound = 0;
+    for op in &file.ops {
+        let Some(g) = &op.gemm else { continue };
+        for (r, &format) in g.formats.iter().enumerate() {
+            let time = g.kernel_s[r];
+            if g.bytes / (hbm * before_eff.memory) > 0.5 * time {
+                memory_bound += 1;
+                continue;
+            }
+            rows.push(KernelRow { format, flops: g.flops, calls: g.calls as f64, time });
+        }
+    }
+    if memory_bound > 0 {
+        notes.push(format!("{memory_bound} GEMM kernel(s) left out: bound by memory at the profile's HBM rate"));
+    }
+    let mem_rows: Vec<(f64, f64)> = file
+        .ops
+        .iter()
+        .filter_map(|o| o.memory.as_ref())
+        .filter(|m| m.run_fwd_s > 0.0)
+        .map(|m| (m.run_bytes, m.run_fwd_s))
+        .collect();
+    if rows.is_empty() && mem_rows.is_empty() {
+        return Err(format!("{origin}: no GEMM or memory-bound op to fit (measure with `runner measure`, which times both)"));
+    }
+    let formats: Vec<GemmFormat> = GemmFormat::ALL.into_iter().filter(|f| rows.iter().any(|r| r.format == *f)).collect();
+    // For a size at half efficiency h (FLOPs), each format's 1/(peak·e) is a closed-form
+    // least-squares scale; h itself by a golden-section search on its logarithm.
+    let scales = |h: f64| -> Vec<(GemmFormat, f64)> {
+        formats
+            .iter()
+            .map(|&f| {
+                let fr: Vec<(f64, f64, f64)> =
+                    rows.iter().filter(|r| r.format == f).map(|r| (0.0, r.flops + h * r.calls, r.time)).collect();
+                (f, relative_fit(&fr).1)
+            })
+            .collect()
+    };
+    let residuals = |h: f64| -> Vec<f64> {
+        let s = scales(h);
+        rows.iter()
+            .map(|r| {
+                let a = s.iter().find(|(f, _)| *f == r.format).map_or(0.0, |x| x.1);
+                a * (r.flops + h * r.calls) / r.time - 1.0
+            })
+            .collect()
+    };
+    let h0 = before_eff.gemm_half_gflop * 1e9;
+    let mut eff = before_eff.clone();
+    let mut params = Vec::new();
+    let mut before = Vec::new();
+    let mut after = Vec::new();
+    if !rows.is_empty() {
+        let objective = |lnh: f64| {
+            let r: f64 = residuals(lnh.exp()).iter().map(|x| x * x).sum();
+            r + HALF_PRIOR_WEIGHT * (lnh - h0.ln()).powi(2)
+        };
+        // Wider than the published-run fit's bounds: a device's own GEMMs can show a
+        // half-efficiency size far below a GPU's (a CPU's is a few MFLOP).
+        let h = crate::calibrate::golden(objective, (1e6f64).ln(), (200e9f64).ln(), 80).exp();
+        for (f, a) in scales(h) {
+            let peak = gpu.peak_flops(f).map_err(|e| format!("{origin}: {e}"))?;
+            let e = 1.0 / (a * peak);
+            if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+                return Err(format!(
+                    "{origin}: the measured {f} GEMMs reach {:.0}% of {}'s {f} peak ({:.0} TFLOP/s): the run was not on this GPU, \
+                     or the profile's peak_tflops.{f} is wrong",
+                    100.0 * e,
+                    gpu.name,
+                    peak / 1e12
+                ));
+            }
+            params.push((format!("gemm.{f}"), before_eff.gemm.get(f), e));
+            eff.gemm.set(f, e);
+        }
+        params.push(("gemm_half_gflop".into(), before_eff.gemm_half_gflop, h / 1e9));
+        eff.gemm_half_gflop = h / 1e9;
+        // The profile's own law before and after, per row.
+        let law = |e: &Efficiency, r: &KernelRow| {
+            let peak = gpu.peak_tflops.get(r.format).unwrap_or(gpu.peak_tflops.bf16) * 1e12;
+            (r.flops + e.gemm_half_gflop * 1e9 * r.calls) / (peak * e.gemm.get(r.format)) / r.time - 1.0
+        };
+        before.extend(rows.iter().map(|r| law(&before_eff, r)));
+        after.extend(rows.iter().map(|r| law(&eff, r)));
+    } else {
+        notes.push("no GEMM measured: the GEMM efficiencies keep their values".into());
+    }
+    if !mem_rows.is_empty() {
+        let fr: Vec<(f64, f64, f64)> = mem_rows.iter().map(|&(b, t)| (0.0, b, t)).collect();
+        let c = relative_fit(&fr).1;
+        let e = 1.0 / (c * hbm);
+        if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+            return Err(format!(
+                "{origin}: the memory-bound ops move {:.0}% of {}'s HBM bandwidth ({:.0} GB/s): the run was not on this GPU, or \
+                 the profile's hbm_gbs is wrong",
+                100.0 * e,
+                gpu.name,
+                gpu.hbm_gbs
+            ));
+        }
+        before.extend(mem_rows.iter().map(|&(b, t)| b / (hbm * before_eff.memory) / t - 1.0));
+        after.extend(mem_rows.iter().map(|&(b, t)| b / (hbm * e) / t - 1.0));
+        params.push(("memory".into(), before_eff.memory, e));
+        eff.memory = e;
+    } else {
+        notes.push("no memory-bound op measured (a sharded rank's step needs its peers): memory keeps its value".into());
+    }
+    notes.push("attention keeps its value: no FlashAttention time was measured".into());
+    Ok(OpsFit {
+        gpu: gpu.name.clone(),
+        params,
+        gemm_rows: rows.len(),
+        memory_rows: mem_rows.len(),
+        before: Stats::of(before.into_iter()),
+        after: Stats::of(after.into_iter()),
+        efficiency: eff,
+        notes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profiles;
+
+    use crate::profile::test_h100 as h100;
+
+    /// GEMM rows whose times follow the roofline's law exactly for known efficiencies.
+    fn synthetic(gpu: &GpuProfile, e_bf16: f64, half_gflop: f64, e_mem: f64) -> OpsFile {
+        let peak = gpu.peak_tflops.bf16 * 1e12;
+        let mut ops = Vec::new();
+        for (i, (m, n, k, calls)) in [(4096.0, 4096.0, 4096.0, 1u64), (1024.0, 1024.0, 512.0, 1), (8192.0, 14336.0, 4096.0, 1), (256.0, 2048.0, 1024.0, 8), (2048.0, 512.0, 512.0, 1)]
+            .into_iter()
+            .enumerate()
+        {
+            let flops = 2.0 * m * n * k;
+            let t = (flops + half_gflop * 1e9 * calls as f64) / (peak * e_bf16);
+            ops.push(OpTime {
+                name: format!("g{i}"),
+                kind: OpClass::Gemm,
+                layer: 0,
+                shape: Vec::new(),
+                fwd_s: t,
+                bwd_s: 2.0 * t,
+                gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops, calls, bytes: 2.0 * (m * k + n * k + m * n), kernel_s: [t; 3] }),
+                memory: None,
+            });
+        }
+        for (i, bytes) in [1e6, 3e7, 2e8].into_iter().enumerate() {
+            let t = bytes / (gpu.hbm_gbs * 1e9 * e_mem);
+            ops.push(OpTime {
+                name: format!("v{i}"),
+                kind: OpClass::Memory,
+                layer: 0,
+                shape: Vec::new(),
+                fwd_s: t / 2.0,
+                bwd_s: t,
+                gemm: None,
+                memory: Some(MemoryDetail { bytes: bytes / 2.0, run_bytes: bytes, run_fwd_s: t, run_bwd_s: 2.0 * t }),
+            });
+        }
+        OpsFile {
+            format: FORMAT.into(),
+            version: VERSION,
+            device: "cuda:0 (NVIDIA H100 80GB HBM3, sm_90)".into(),
+            measured_at: "2026-12-01T10:00:00Z".into(),
+            gpu: "H100".into(),
+            model: "m".into(),
+            seq_len: 4096,
+            precision: "bf16".into(),
+            shard: ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 },
+            repeats: 3,
+            notes: Vec::new(),
+            ops,
+        }
+    }
+
+    #[test]
+    fn a_synthetic_measurement_is_fitted_back_to_its_efficiencies() {
+        let gpu = h100();
+        let f = fit_ops(&synthetic(&gpu, 0.62, 7.5, 0.71), &gpu, "ops.json").unwrap();
+        assert!((f.efficiency.gemm.bf16 - 0.62).abs() < 2e-3, "{:?}", f.params);
+        assert!((f.efficiency.gemm_half_gflop - 7.5).abs() < 0.1, "{:?}", f.params);
+        assert!((f.efficiency.memory - 0.71).abs() < 1e-9, "{:?}", f.params);
+        assert!(f.after.max < 5e-3 && f.after.max < f.before.max, "{:?} {:?}", f.before, f.after);
+        assert_eq!(f.efficiency.gemm.fp8, gpu.efficiency.gemm.fp8, "a format not measured keeps its value");
+        assert_eq!(f.efficiency.attention, gpu.efficiency.attention);
+    }
+
+    #[test]
+    fn a_device_faster_than_the_peak_is_refused() {
+        let gpu = h100();
+        let e = fit_ops(&synthetic(&gpu, 1.6, 7.5, 0.7), &gpu, "ops.json").unwrap_err();
+        assert!(e.contains("ops.json") && e.contains("bf16") && e.contains("peak"), "{e}");
+    }
+
+    #[test]
+    fn relative_fit_recovers_a_line_and_keeps_the_intercept_non_negative() {
+        let rows: Vec<(f64, f64, f64)> = [1e3, 1e5, 1e7].iter().map(|&x| (1.0, x, 3e-6 + x * 2e-11)).collect();
+        let (a, b) = relative_fit(&rows);
+        assert!((a - 3e-6).abs() < 1e-15 && (b - 2e-11).abs() < 1e-20, "{a} {b}");
+        let rows: Vec<(f64, f64, f64)> = [1e3f64, 1e5, 1e7].iter().map(|&x| (1.0, x, (x * 2e-11 - 1e-7).max(1e-9))).collect();
+        assert!(relative_fit(&rows).0 >= 0.0);
+    }
+
+    #[test]
+    fn files_are_parsed_strictly_and_errors_name_the_field() {
+        let good = serde_json::to_string_pretty(&synthetic(&h100(), 0.6, 5.0, 0.7)).unwrap();
+        let f = OpsFile::parse(&good, "ops.json").unwrap();
+        assert_eq!(f.counts().get("gemm"), Some(&5));
+        let bad = |text: &str, want: &str| {
+            let e = OpsFile::parse(text, "ops.json").unwrap_err();
+            assert!(e.contains("ops.json") && e.contains(want), "want '{want}': {e}");
+        };
+        bad("{\"format\": ", "line 1");
+        bad(&good.replace(FORMAT, "other"), "format is 'other'");
+        bad(&good.replacen("\"version\": 1", "\"version\": 9", 1), "version 9");
+        bad(&good.replacen("\"repeats\": 3", "\"repeats\": 3, \"bogus\": 1", 1), "bogus");
+        bad(&good.replacen("\"name\": \"g1\"", "\"name\": \"g0\"", 1), "listed twice");
+        bad(&good.replacen("\"calls\": 1", "\"calls\": 0", 1), "gemm.calls");
+        bad(&good.replacen("\"kind\": \"memory\"", "\"kind\": \"gemm\"", 1), "a `gemm` object");
+        bad(&good.replacen("\"mbs\": 1", "\"mbs\": 0", 1), "shard.mbs");
+        bad(&good.replacen("\"fwd_s\": ", "\"fwd_s\": -", 1), "ops[0] ('g0'): fwd_s must be a number of seconds");
+        bad(&good.replacen("\"measured_at\": \"2026-12-01T10:00:00Z\"", "\"measured_at\": \"\"", 1), "measured_at");
+        bad(&good.replacen(",\n  \"measured_at\": \"2026-12-01T10:00:00Z\"", "", 1), "missing field `measured_at`");
+        bad("[{\"op\": \"all_reduce\"}]", "--collectives");
+    }
+
+    /// NaN, negative, zero and huge values give an error or a finite fit, never a panic;
+    /// the parser refuses every time that is not a finite number >= 0.
+    #[test]
+    fn extreme_values_never_panic() {
+        let gpu = h100();
+        let good = synthetic(&gpu, 0.6, 5.0, 0.7);
+        let finite_fit = |f: &OpsFile, what: &str| {
+            if let Ok(fit) = fit_ops(f, &gpu, "ops.json") {
+                let e = &fit.efficiency;
+                assert!(e.gemm.bf16.is_finite() && e.gemm_half_gflop.is_finite() && e.memory.is_finite(), "{what}: {:?}", fit.params);
+            }
+        };
+        for v in [f64::NAN, f64::INFINITY, -1.0, 0.0, 1e-300, 1e300, f64::MAX] {
+            let mut f = good.clone();
+            f.ops[0].gemm.as_mut().unwrap().kernel_s[1] = v;
+            f.ops[1].gemm.as_mut().unwrap().flops = v;
+            f.ops[6].memory.as_mut().unwrap().run_fwd_s = v;
+            f.ops[7].fwd_s = v;
+            finite_fit(&f, &format!("{v}"));
+            let text = serde_json::to_string(&f).unwrap();
+            let parsed = OpsFile::parse(&text, "ops.json");
+            if !(v.is_finite() && v > 0.0 && v <= MAX_SECONDS) {
+                assert!(parsed.is_err(), "{v} accepted");
+            }
+        }
+        let mut f = good.clone();
+        f.ops[0].gemm.as_mut().unwrap().calls = u64::MAX;
+        f.ops[0].gemm.as_mut().unwrap().bytes = f64::MAX;
+        finite_fit(&f, "calls u64::MAX");
+        assert!(OpsFile::parse("{\"format\": 1e999}", "ops.json").unwrap_err().contains("line 1"));
+    }
+
+    #[test]
+    fn a_measurement_holds_only_for_its_own_target_and_sharding() {
+        let gpu = h100();
+        let f = synthetic(&gpu, 0.6, 5.0, 0.7);
+        assert!(f.check_target("ops.json", "m", 4096, &gpu, "BF16").is_ok());
+        let e = f.check_target("ops.json", "other", 4096, &gpu, "bf16").unwrap_err();
+        assert!(e.contains("--model m"), "{e}");
+        let e = f.check_target("ops.json", "m", 8192, &gpu, "bf16").unwrap_err();
+        assert!(e.contains("--seq-len 4096"), "{e}");
+        let b200 = Profiles::builtin().get("b200").unwrap().clone();
+        let e = f.check_target("ops.json", "m", 4096, &b200, "bf16").unwrap_err();
+        assert!(e.contains("--gpu H100"), "{e}");
+        let e = f.check_target("ops.json", "m", 4096, &gpu, "fp8").unwrap_err();
+        assert!(e.contains("--precision bf16"), "{e}");
+        let other = ShardKey { tp: 2, sp: true, ..f.shard };
+        let e = f.check_key("ops.json", other).unwrap_err();
+        assert!(e.contains("tp=1") && e.contains("tp=2") && e.contains("--tp 1"), "{e}");
+        assert!(f.check_key("ops.json", f.shard).is_ok());
+    }
+
+    #[test]
+    fn only_the_gpu_it_ran_on_stands_for_a_builtin_profile() {
+        let p = Profiles::builtin();
+        let h100 = p.get("h100").unwrap();
+        assert!(stands_for("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", h100, true).is_ok());
+        assert!(stands_for("cuda:0 (NVIDIA A100-SXM4-80GB, sm_80)", p.get("a100-80gb").unwrap(), true).is_ok());
+        let e = stands_for("cuda:0 (NVIDIA GH200 480GB, sm_90)", p.get("h200").unwrap(), true).unwrap_err();
+        assert!(e.contains("--gpu"), "{e}");
+        let e = stands_for("cpu (2 threads)", h100, true).unwrap_err();
+        assert!(e.contains("--profile FILE"), "{e}");
+        assert!(stands_for("cpu (2 threads)", h100, false).is_ok(), "a user's own profile takes any device");
+    }
+}

@@ -1,0 +1,99 @@
+//! Measured per-op times in the projection: they replace the roofline for exactly the
+//! ops they name, only at the sharding and GEMM formats they were measured at, and a
+//! measurement file names only ops of the rank graph it claims.
+
+mod common;
+
+use common::{layout, projector};
+use runner_project::measured::{GemmDetail, OpClass, OpTime, OpsFile};
+use runner_project::model::Model;
+use runner_project::precision::Recipe;
+use runner_project::profile::GemmFormat;
+use runner_project::published::Resolver;
+use runner_project::template::{Measured, ShardKey};
+
+const TP1: ShardKey = ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 };
+
+/// llama3-tiny (4 alike layers) on one H100, one micro-batch: the step is the sum of the
+/// parts' times, so a change to one op of the representative layer shows four times.
+fn step_with(measured: Measured) -> f64 {
+    let mut p = projector("llama3-tiny", 256, "h100", Recipe::Bf16).with_measured(measured);
+    p.project(&layout(1, 1, 1, 1, 1, 1, 1)).unwrap().step_time_s
+}
+
+fn table(key: ShardKey, ops: &[(&str, f64, f64)], formats: Option<[GemmFormat; 3]>) -> Measured {
+    Measured {
+        ops: ops.iter().map(|(n, f, b)| ((*n).to_string(), (*f, *b))).collect(),
+        key: Some(key),
+        formats: formats.map(|f| ops.iter().map(|(n, _, _)| ((*n).to_string(), f)).collect()).unwrap_or_default(),
+    }
+}
+
+#[test]
+fn a_measured_op_changes_the_step_by_exactly_its_time_difference() {
+    let base = step_with(Measured::default());
+    for op in ["layers.0.mlp.gate", "layers.0.residual1"] {
+        let a = step_with(table(TP1, &[(op, 1e-3, 2e-3)], None));
+        let b = step_with(table(TP1, &[(op, 4e-3, 7e-3)], None));
+        assert!(a != base, "{op}: the measurement was not applied");
+        // Four layers share the representative layer's costing: 4 × (3 ms + 5 ms).
+        let want = 4.0 * (3e-3 + 5e-3);
+        assert!(((b - a) - want).abs() < 1e-12 * b, "{op}: {} vs {want}", b - a);
+    }
+    // The head's GEMM is outside the layers: once.
+    let a = step_with(table(TP1, &[("lm_head", 1e-3, 2e-3)], None));
+    let b = step_with(table(TP1, &[("lm_head", 2e-3, 4e-3)], None));
+    assert!(((b - a) - 3e-3).abs() < 1e-12 * b, "{}", b - a);
+}
+
+#[test]
+fn a_measurement_holds_only_at_its_sharding_and_formats() {
+    let base = step_with(Measured::default());
+    let elsewhere = ShardKey { tp: 2, sp: true, ..TP1 };
+    assert_eq!(step_with(table(elsewhere, &[("layers.0.mlp.gate", 1.0, 1.0)], None)), base, "another sharding's times were applied");
+    let fp8 = [GemmFormat::Fp8; 3];
+    assert_eq!(step_with(table(TP1, &[("layers.0.mlp.gate", 1.0, 1.0)], Some(fp8))), base, "FP8 times were applied to a BF16 GEMM");
+    assert!(step_with(table(TP1, &[("layers.0.mlp.gate", 1.0, 1.0)], Some([GemmFormat::Bf16; 3]))) > base + 7.9);
+}
+
+#[test]
+fn a_measurement_file_names_only_ops_of_its_rank_graph() {
+    let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
+    let mut model = Model::new("llama3-tiny", 256, src.as_mut()).unwrap();
+    let rank = model.rank_graph(TP1, src.as_mut()).unwrap();
+    let gemm = |name: &str| OpTime {
+        name: name.into(),
+        kind: OpClass::Gemm,
+        layer: 0,
+        shape: Vec::new(),
+        fwd_s: 1e-3,
+        bwd_s: 2e-3,
+        gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops: 1e9, calls: 1, bytes: 1e6, kernel_s: [1e-3; 3] }),
+        memory: None,
+    };
+    let mut file = OpsFile {
+        format: runner_project::measured::FORMAT.into(),
+        version: runner_project::measured::VERSION,
+        device: "cpu".into(),
+        measured_at: "2026-12-01T10:00:00Z".into(),
+        gpu: "H100".into(),
+        model: "llama3-tiny".into(),
+        seq_len: 256,
+        precision: "bf16".into(),
+        shard: TP1,
+        repeats: 1,
+        notes: Vec::new(),
+        ops: vec![gemm("layers.0.mlp.gate"), gemm("lm_head")],
+    };
+    file.check_graph("ops.json", &rank).unwrap();
+    file.ops.push(gemm("layers.0.mlp.gate_up"));
+    let e = file.check_graph("ops.json", &rank).unwrap_err();
+    assert!(e.contains("ops[2]") && e.contains("gate_up") && e.contains("rank graph"), "{e}");
+    file.ops.pop();
+    file.ops.push(gemm("layers.0.residual1"));
+    let e = file.check_graph("ops.json", &rank).unwrap_err();
+    assert!(e.contains("listed as gemm") && e.contains("memory"), "{e}");
+    // Sharded for tp = 2, the same names exist (shapes changed): only the key tells.
+    let tp2 = model.rank_graph(ShardKey { tp: 2, sp: true, ..TP1 }, src.as_mut()).unwrap();
+    assert!(tp2.ops.iter().any(|o| o.name == "layers.0.mlp.gate"));
+}
