@@ -7,7 +7,7 @@
 //! chunks per stage, the micro-batches a multiple of pp), ep (dividing the experts) with
 //! etp 1 or tp, mbs (1 to 8, dividing the batch), FSDP or the distributed optimizer, and
 //! activation recompute: none, or, for a layout that does not fit, the faster of
-//! selective recompute of the cheapest of Megatron's module lists that makes it fit
+//! selective recompute of the fastest of Megatron's module lists that makes it fit
 //! ([`selective_levels`]) and full recompute of the fewest layers per chunk that does
 //! (Megatron's block method; more recompute is never faster) ([`recompute_to_fit`]).
 //! Choices the model shows are never worse are fixed: sequence parallelism with tp,
@@ -265,23 +265,23 @@ fn fitting(c: &Costed, s: Schedule, layers: u32, choose: bool, evaluated: &mut u
     recompute_to_fit(c, &s, layers, evaluated)
 }
 
-/// Megatron's selective-recompute module lists in the order a memory-bound layout
-/// reaches for them, each adding to the one before: the output-discarding re-runs of
-/// memory-bound ops (the layer's two norms, the experts' activation), then MLA's up
-/// projections (small GEMMs), then the dense MLP and shared experts (their GEMMs).
-/// NVIDIA's performance recipes use these lists (Megatron-Bridge
-/// scripts/performance/configs/deepseek/deepseek_workload_base_configs.py@0426418:
-/// `["mla_up_proj"]`, `["mla_up_proj", "mlp"]`, `["mla_up_proj", "layernorm",
-/// "moe_act"]`). Each frees more memory and costs more time than the one before, so the
-/// first that fits is the fastest of them.
-pub fn selective_levels() -> [Modules; 3] {
+/// The selective-recompute module lists a layout that does not fit may take: the
+/// output-discarding re-runs of memory-bound ops (the layer's two norms, the experts'
+/// activation), MLA's up projections (small GEMMs), both, and either with the dense MLP
+/// and the shared experts (their GEMMs). NVIDIA's performance recipes use such lists
+/// (Megatron-Bridge scripts/performance/configs/deepseek/
+/// deepseek_workload_base_configs.py@0426418: `["mla_up_proj"]`, `["mla_up_proj",
+/// "mlp"]`, `["mla_up_proj", "layernorm", "moe_act"]`). They are not nested (MLA's q, k,
+/// v outweigh the norms' outputs but cost GEMMs to redo), so every one is tried.
+pub fn selective_levels() -> [Modules; 5] {
     let cheap = Modules::of(&[Module::Layernorm, Module::MoeAct]);
+    let up = Modules::of(&[Module::MlaUpProj]);
     let mla = cheap.with(Module::MlaUpProj);
-    [cheap, mla, mla.with(Module::Mlp).with(Module::SharedExperts)]
+    [cheap, up, mla, up.with(Module::Mlp).with(Module::SharedExperts), mla.with(Module::Mlp).with(Module::SharedExperts)]
 }
 
 /// The fastest recompute that makes schedule `s` (which does not fit as it is) fit: the
-/// first of [`selective_levels`] that fits, or full recompute of the fewest layers per
+/// fastest of [`selective_levels`] that fits, or full recompute of the fewest layers per
 /// chunk that does (binary search: memory falls and time grows with every layer
 /// recomputed), whichever is faster. When nothing fits: full recompute of every layer
 /// (the least memory), with `fits` false.
@@ -292,8 +292,9 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
     let mut best: Option<Projection> = None;
     let mut tried: Vec<Modules> = Vec::new();
     for modules in selective_levels() {
-        // Only the modules the model has: a dense model's levels spell `layernorm`
-        // and `layernorm+mlp`, and a level that adds nothing it has is not tried again.
+        // Only the modules the model has: a dense model's lists spell `layernorm`,
+        // `mlp` and `layernorm+mlp`, and a list the model reduces to one already tried
+        // is not tried again.
         let modules = c.present(modules);
         if modules.is_empty() || tried.contains(&modules) {
             continue;
@@ -301,9 +302,8 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         tried.push(modules);
         *evaluated += 1;
         let p = c.evaluate(&Schedule { recompute: RecomputePolicy::Selective, recompute_layers: 0, recompute_modules: modules, ..*s })?;
-        if p.fits {
+        if p.fits && best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
             best = Some(p);
-            break;
         }
     }
     let chunk = layers.div_ceil(s.pp * s.vp);

@@ -18,7 +18,7 @@ use runner_project::profile::{GpuProfile, Profiles};
 use runner_project::project::Projector;
 use runner_project::published::{self, Resolver};
 use runner_project::search::{self, Space, Verdict};
-use runner_project::step::{LayoutSpec, Projection};
+use runner_project::step::{LayoutSpec, Projection, Schedule};
 use runner_project::template::{Measured, Rates, ShardKey, Template};
 
 use common::{layout, projector};
@@ -350,8 +350,9 @@ fn selective_recompute_frees_exactly_the_named_modules() {
     assert_eq!(b.layout.short(), "TP1 PP1 DP8 MBS1 GBS64 RC-sel:layernorm");
     // A dense model has no MoE, MLA or shared-expert modules to recompute.
     let c = pr.costed(none.key()).unwrap();
-    let all = search::selective_levels()[2];
-    assert_eq!(c.present(all), Modules::of(&[Module::Layernorm, Module::Mlp]));
+    let present: Vec<Modules> = search::selective_levels().iter().map(|&m| c.present(m)).collect();
+    let (norms, mlp) = (Modules::of(&[Module::Layernorm]), Modules::of(&[Module::Mlp]));
+    assert_eq!(present, [norms, Modules::EMPTY, norms, mlp, norms.with(Module::Mlp)]);
 }
 
 /// Transformer Engine keeps a low-precision GEMM's input as the cast copy its weight
@@ -388,6 +389,12 @@ fn memory_bound_layouts_take_the_cheapest_recompute_that_fits() {
     assert!(p.fits);
     assert_eq!(p.layout.recompute, RecomputePolicy::Selective, "{}", p.layout.short());
     assert!(p.layout.recompute_modules.contains(Module::Layernorm));
+    // No other module list that fits is faster.
+    for m in search::selective_levels() {
+        let s = Schedule { recompute: RecomputePolicy::Selective, recompute_modules: c.present(m), ..l.schedule() };
+        let q = c.evaluate(&s).unwrap();
+        assert!(!q.fits || p.step_time_s <= q.step_time_s, "{} beats {}", q.layout.short(), p.layout.short());
+    }
     let full = pr.project(&LayoutSpec { recompute: RecomputePolicy::Full, recompute_layers: 1, ..l }).unwrap();
     assert!(full.fits && p.step_time_s < full.step_time_s, "{} vs {}", p.step_time_s, full.step_time_s);
     // The published-layout projection makes the same choice and says so.
