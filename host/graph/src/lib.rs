@@ -14,6 +14,7 @@
 pub mod autodiff;
 pub mod count;
 pub mod ir;
+pub mod modules;
 pub mod recompute;
 pub mod shard;
 pub mod validate;

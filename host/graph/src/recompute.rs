@@ -93,23 +93,30 @@ fn reads(op: &Op) -> Vec<TensorId> {
 }
 
 /// Per kept tensor, the layer of the first op that keeps it, in op order.
-fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
+fn producers(g: &Graph) -> HashMap<TensorId, &Op> {
     let mut producer: HashMap<TensorId, &Op> = HashMap::new();
     for op in &g.ops {
         for &o in &op.outputs {
             producer.insert(o, op);
         }
     }
-    // A gathered tensor is kept as the shard it was gathered from.
-    let source = |mut id: TensorId| {
-        while let Some(p) = producer.get(&id).filter(|p| p.kind == OpKind::AllGather) {
-            match p.inputs.first() {
-                Some(&x) => id = x,
-                None => break,
-            }
+    producer
+}
+
+/// A gathered tensor is kept as the shard it was gathered from.
+fn gather_source(producer: &HashMap<TensorId, &Op>, mut id: TensorId) -> TensorId {
+    while let Some(p) = producer.get(&id).filter(|p| p.kind == OpKind::AllGather) {
+        match p.inputs.first() {
+            Some(&x) => id = x,
+            None => break,
         }
-        id
-    };
+    }
+    id
+}
+
+fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
+    let producer = producers(g);
+    let source = |id: TensorId| gather_source(&producer, id);
     let is_act = |id: TensorId| g.tensors.get(id).is_some_and(|t| t.kind == TensorKind::Activation);
     let mut stored: Vec<(TensorId, i32)> = Vec::new();
     let mut dropped: Vec<TensorId> = Vec::new();
@@ -172,6 +179,38 @@ pub fn recompute_flops(g: &Graph, policy: RecomputePolicy, attention: AttentionF
 
 fn bytes(g: &Graph, id: TensorId) -> f64 {
     g.tensors.get(id).map_or(0.0, |t| t.numel() as f64 * t.dtype.bytes())
+}
+
+/// One activation the forward keeps with no recompute, and who keeps it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kept {
+    pub tensor: TensorId,
+    /// The layer of the first op that keeps it (-1: embedding, head and loss).
+    pub layer: i32,
+    /// The ops whose backward reads it: (op index, which of its inputs; `usize::MAX`
+    /// for an output the op keeps, as attention keeps its own).
+    pub by: Vec<(usize, usize)>,
+}
+
+/// The activations one micro-batch of `g` keeps for the backward with no recompute, in
+/// the order [`stored_bytes`] counts them, with the ops that keep each (what a precision
+/// recipe needs to know: a low-precision GEMM keeps its own cast copy of its input).
+pub fn kept_by(g: &Graph) -> Vec<Kept> {
+    let (stored, _) = kept(g, RecomputePolicy::None);
+    let at: HashMap<TensorId, usize> = stored.iter().enumerate().map(|(i, (t, _))| (*t, i)).collect();
+    let mut out: Vec<Kept> = stored.into_iter().map(|(tensor, layer)| Kept { tensor, layer, by: Vec::new() }).collect();
+    let producer = producers(g);
+    for (i, op) in g.ops.iter().enumerate() {
+        for t in reads(op) {
+            let slot = op.inputs.iter().position(|&x| x == t).unwrap_or(usize::MAX);
+            if let Some(&k) = at.get(&gather_source(&producer, t))
+                && !out[k].by.contains(&(i, slot))
+            {
+                out[k].by.push((i, slot));
+            }
+        }
+    }
+    out
 }
 
 /// Bytes of the activations one micro-batch of `g` keeps for the backward.

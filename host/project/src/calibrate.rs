@@ -2,7 +2,8 @@
 //!
 //! For one GPU type, the fit adjusts a handful of physically meaningful parameters, the
 //! same for every model and layout: the large-GEMM efficiency of each format its runs
-//! use, the GEMM size at half efficiency, the attention kernels' efficiency, the
+//! use (per-tensor FP8 and MXFP8 as one where the chip runs both at one peak), the
+//! GEMM size at half efficiency, the attention kernels' efficiency, the
 //! achieved HBM bandwidth share and the NICs' achieved bandwidth share. It minimises
 //! the robust (Huber) loss of the log step-time errors plus a pull towards the priors,
 //! so a parameter the data cannot see stays where the priors put it. Coordinate descent
@@ -22,6 +23,10 @@ use crate::profile::Profiles;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Param {
     Gemm(GemmFormat),
+    /// Per-tensor FP8 and MXFP8 on a chip that runs both at one peak (Blackwell): the
+    /// same FP8 tensor-core instructions, block scales or not, so one efficiency fitted
+    /// to the runs of both recipes ([`GpuProfile::fp8_datapath_shared`]).
+    Fp8Datapath,
     GemmHalf,
     Attention,
     Memory,
@@ -32,6 +37,7 @@ impl Param {
     fn get(self, e: &Efficiency) -> f64 {
         match self {
             Param::Gemm(f) => e.gemm.get(f),
+            Param::Fp8Datapath => e.gemm.get(GemmFormat::Fp8),
             Param::GemmHalf => e.gemm_half_gflop,
             Param::Attention => e.attention,
             Param::Memory => e.memory,
@@ -42,6 +48,10 @@ impl Param {
     fn set(self, e: &mut Efficiency, v: f64) {
         match self {
             Param::Gemm(f) => e.gemm.set(f, v),
+            Param::Fp8Datapath => {
+                e.gemm.set(GemmFormat::Fp8, v);
+                e.gemm.set(GemmFormat::Mxfp8, v);
+            }
             Param::GemmHalf => e.gemm_half_gflop = v,
             Param::Attention => e.attention = v,
             Param::Memory => e.memory = v,
@@ -59,6 +69,7 @@ impl Param {
     pub fn name(self) -> String {
         match self {
             Param::Gemm(f) => format!("gemm.{f}"),
+            Param::Fp8Datapath => "gemm.fp8+mxfp8".into(),
             Param::GemmHalf => "gemm_half_gflop".into(),
             Param::Attention => "attention".into(),
             Param::Memory => "memory".into(),
@@ -142,9 +153,15 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut by_format: std::collections::BTreeMap<GemmFormat, (usize, std::collections::BTreeSet<String>)> =
         std::collections::BTreeMap::new();
     let mut network = false;
+    let mut tied = false;
     for r in runs {
         let pr = &prep.projectors[r.at];
-        let e = by_format.entry(pr.plan.recipe.format()).or_default();
+        tied |= pr.gpu.fp8_datapath_shared();
+        let f = match pr.plan.recipe.format() {
+            GemmFormat::Fp8 if pr.gpu.fp8_datapath_shared() => GemmFormat::Mxfp8,
+            f => f,
+        };
+        let e = by_format.entry(f).or_default();
         e.0 += 1;
         e.1.insert(r.family.clone());
         network |= r.layout.gpus() > u64::from(pr.gpu.scale_up_domain);
@@ -152,7 +169,7 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut p: Vec<Param> = by_format
         .into_iter()
         .filter(|(_, (n, fams))| *n >= FORMAT_MIN_RUNS && fams.len() >= 2)
-        .map(|(f, _)| Param::Gemm(f))
+        .map(|(f, _)| if f == GemmFormat::Mxfp8 && tied { Param::Fp8Datapath } else { Param::Gemm(f) })
         .collect();
     if runs.len() >= SHARED_MIN_RUNS {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
@@ -277,7 +294,8 @@ pub fn calibrate(
         if let Some(from) = &shared {
             // Start from the best-measured GPU wherever this GPU's runs cannot speak.
             let fitted_here = params_for(&prep, &r);
-            let mut take = vec![Param::Gemm(GemmFormat::Bf16), Param::Gemm(GemmFormat::Fp8)];
+            let fp8 = if gpu.fp8_datapath_shared() { Param::Fp8Datapath } else { Param::Gemm(GemmFormat::Fp8) };
+            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut]);
             }

@@ -45,6 +45,17 @@ impl GemmFormat {
             GemmFormat::Nvfp4 => "nvfp4",
         }
     }
+
+    /// Bytes per element of an operand stored in this format, its block scales included
+    /// (MXFP8: one E8M0 byte per 32 elements; NVFP4: one E4M3 byte per 16).
+    pub fn element_bytes(self) -> f64 {
+        match self {
+            GemmFormat::Bf16 => 2.0,
+            GemmFormat::Fp8 => 1.0,
+            GemmFormat::Mxfp8 => 1.0 + 1.0 / 32.0,
+            GemmFormat::Nvfp4 => 0.5 + 1.0 / 16.0,
+        }
+    }
 }
 
 impl fmt::Display for GemmFormat {
@@ -189,6 +200,12 @@ pub struct GpuProfile {
 }
 
 impl GpuProfile {
+    /// Whether per-tensor FP8 and MXFP8 run at one peak (Blackwell's FP8 tensor cores
+    /// take block scales at no cost in rate), so one efficiency describes both.
+    pub fn fp8_datapath_shared(&self) -> bool {
+        self.peak_tflops.fp8.is_some() && self.peak_tflops.fp8 == self.peak_tflops.mxfp8
+    }
+
     /// Peak FLOP/s of `f`, or why this GPU cannot run it.
     pub fn peak_flops(&self, f: GemmFormat) -> Result<f64, String> {
         self.peak_tflops.get(f).map(|t| t * 1e12).ok_or_else(|| {

@@ -11,12 +11,14 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use runner_graph::modules::Modules;
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::model::{GraphSource, Model};
 use crate::precision::{Plan, Recipe};
 use crate::profile::Profiles;
 use crate::project::Projector;
+use crate::search;
 use crate::step::{LayoutSpec, Projection};
 
 /// One published run. Absent fields were not stated by the source.
@@ -121,6 +123,7 @@ impl Point {
             fsdp,
             recompute: RecomputePolicy::None,
             recompute_layers: 0,
+            recompute_modules: Modules::default(),
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
             ep_overlap: self.ep.unwrap_or(1) > 1,
@@ -294,30 +297,31 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
     out
 }
 
-/// Project `layout`, turning on the least recompute that makes it fit if it does not
-/// fit without (selective, then full recompute of 1, 2, ... layers per pipeline chunk,
-/// Megatron's block method), as a framework user would have had to. Returns the
-/// recompute used, if any.
+/// Project `layout`, turning on the fastest recompute that makes it fit if it does not
+/// fit without ([`search::recompute_to_fit`]: selective recompute of Megatron's modules,
+/// or full recompute of the fewest layers per pipeline chunk), as a framework user
+/// would have had to. Returns the recompute used, if any; a layout nothing makes fit is
+/// projected as published (`fits` false).
 pub fn project_fitting(pr: &mut Projector<'_>, layout: &LayoutSpec) -> Result<(Projection, Option<String>), String> {
     let first = pr.project(layout)?;
-    if first.fits || std::env::var("NO_RC").is_ok() {
+    if first.fits {
         return Ok((first, None));
     }
-    let sel = LayoutSpec { recompute: RecomputePolicy::Selective, ..*layout };
-    let p = pr.project(&sel)?;
-    if p.fits {
-        return Ok((p, Some("selective recompute".into())));
+    let layers = pr.model.depth.len() as u32;
+    let c = pr.costed(layout.key())?;
+    let p = search::recompute_to_fit(c, &layout.schedule(), layers, &mut 0).map_err(|r| r.to_string())?;
+    if !p.fits {
+        return Ok((first, None));
     }
-    let chunk = (pr.model.depth.len() as u32).div_ceil((layout.pp * layout.vp).max(1));
-    for n in 1..=chunk {
-        let l = LayoutSpec { recompute: RecomputePolicy::Full, recompute_layers: if n == chunk { 0 } else { n }, ..*layout };
-        let p = pr.project(&l)?;
-        if p.fits {
-            let what = if n == chunk { "full recompute".to_string() } else { format!("full recompute of {n} of {chunk} layers per chunk") };
-            return Ok((p, Some(what)));
+    let chunk = layers.div_ceil((layout.pp * layout.vp).max(1));
+    let what = match p.layout.recompute {
+        RecomputePolicy::Selective => format!("selective recompute of {}", p.layout.recompute_modules),
+        RecomputePolicy::Full if p.layout.recompute_layers > 0 => {
+            format!("full recompute of {} of {chunk} layers per chunk", p.layout.recompute_layers)
         }
-    }
-    Ok((first, None))
+        _ => "full recompute".to_string(),
+    };
+    Ok((p, Some(what)))
 }
 
 /// Project every point and compare with what was measured.

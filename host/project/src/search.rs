@@ -6,12 +6,15 @@
 //! the sequence into 2·cp chunks), pp (up to the layers), vp (interleaving, up to 16
 //! chunks per stage, the micro-batches a multiple of pp), ep (dividing the experts) with
 //! etp 1 or tp, mbs (1 to 8, dividing the batch), FSDP or the distributed optimizer, and
-//! activation recompute: none, or full recompute of the fewest layers per chunk that
-//! makes the layout fit (Megatron's block method; more recompute is never faster).
+//! activation recompute: none, or, for a layout that does not fit, the faster of
+//! selective recompute of the fastest of Megatron's module lists that makes it fit
+//! ([`selective_levels`]) and full recompute of the fewest layers per chunk that does
+//! (Megatron's block method; more recompute is never faster) ([`recompute_to_fit`]).
 //! Choices the model shows are never worse are fixed: sequence parallelism with tp,
 //! TP, EP and DP overlap on, BF16 gradient reduction (NVIDIA's performance recipes).
-//! Selective recompute is not searched: with flash attention it stores what no
-//! recompute stores, so it only costs time.
+//! Selective recompute of the attention cores alone (Megatron's default list) is not
+//! searched: with flash attention it stores what no recompute stores, so it only costs
+//! time.
 //!
 //! The shapes of a rank's layers depend on (tp, cp, ep, etp, SP, mbs) only, so each of
 //! those is sharded and timed once; the schedules on top are arithmetic over per-layer
@@ -21,6 +24,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::project::Projector;
@@ -39,6 +43,9 @@ pub struct Space {
     pub mbs: Option<u32>,
     pub fsdp: Option<bool>,
     pub recompute: Option<RecomputePolicy>,
+    /// With selective recompute fixed: the modules (Megatron's default list, `core_attn`,
+    /// when absent).
+    pub recompute_modules: Option<Modules>,
 }
 
 /// Why a family of layouts did not win.
@@ -178,6 +185,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         global_batch: gbs,
                                         recompute: space.recompute.unwrap_or(RecomputePolicy::None),
                                         recompute_layers: 0,
+                                        recompute_modules: space.recompute_modules.unwrap_or_default(),
                                         distributed_optimizer: !fsdp,
                                         fsdp,
                                         tp_overlap: tp > 1,
@@ -246,29 +254,76 @@ fn order(v: &Verdict) -> f64 {
     }
 }
 
-/// Project `s`; if it does not fit and recompute is the search's to choose, find the
-/// fewest layers per chunk whose full recompute makes it fit (binary search: memory
-/// falls and time grows with every layer recomputed).
+/// Project `s`; if it does not fit and recompute is the search's to choose, the fastest
+/// recompute that makes it fit ([`recompute_to_fit`]).
 fn fitting(c: &Costed, s: Schedule, layers: u32, choose: bool, evaluated: &mut u64) -> Result<Projection, Reject> {
     *evaluated += 1;
     let first = c.evaluate(&s)?;
     if first.fits || !choose {
         return Ok(first);
     }
+    recompute_to_fit(c, &s, layers, evaluated)
+}
+
+/// The selective-recompute module lists a layout that does not fit may take: the
+/// output-discarding re-runs of memory-bound ops (the layer's two norms, the experts'
+/// activation), MLA's up projections (small GEMMs), both, and either with the dense MLP
+/// and the shared experts (their GEMMs). NVIDIA's performance recipes use such lists
+/// (Megatron-Bridge scripts/performance/configs/deepseek/
+/// deepseek_workload_base_configs.py@0426418: `["mla_up_proj"]`, `["mla_up_proj",
+/// "mlp"]`, `["mla_up_proj", "layernorm", "moe_act"]`). They are not nested (MLA's q, k,
+/// v outweigh the norms' outputs but cost GEMMs to redo), so every one is tried.
+pub fn selective_levels() -> [Modules; 5] {
+    let cheap = Modules::of(&[Module::Layernorm, Module::MoeAct]);
+    let up = Modules::of(&[Module::MlaUpProj]);
+    let mla = cheap.with(Module::MlaUpProj);
+    [cheap, up, mla, up.with(Module::Mlp).with(Module::SharedExperts), mla.with(Module::Mlp).with(Module::SharedExperts)]
+}
+
+/// The fastest recompute that makes schedule `s` (which does not fit as it is) fit: the
+/// fastest of [`selective_levels`] that fits, or full recompute of the fewest layers per
+/// chunk that does (binary search: memory falls and time grows with every layer
+/// recomputed), whichever is faster. When nothing fits: full recompute of every layer
+/// (the least memory), with `fits` false.
+///
+/// # Errors
+/// The schedule does not divide ([`Reject::Divisibility`]).
+pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Projection, Reject> {
+    let mut best: Option<Projection> = None;
+    let mut tried: Vec<Modules> = Vec::new();
+    for modules in selective_levels() {
+        // Only the modules the model has: a dense model's lists spell `layernorm`,
+        // `mlp` and `layernorm+mlp`, and a list the model reduces to one already tried
+        // is not tried again.
+        let modules = c.present(modules);
+        if modules.is_empty() || tried.contains(&modules) {
+            continue;
+        }
+        tried.push(modules);
+        *evaluated += 1;
+        let p = c.evaluate(&Schedule { recompute: RecomputePolicy::Selective, recompute_layers: 0, recompute_modules: modules, ..*s })?;
+        if p.fits && best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
+            best = Some(p);
+        }
+    }
     let chunk = layers.div_ceil(s.pp * s.vp);
     let at = |n: u32, evaluated: &mut u64| {
         *evaluated += 1;
         let r = RecomputePolicy::Full;
-        c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, ..s })
+        c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, recompute_modules: Modules::default(), ..*s })
     };
     let all = at(chunk, evaluated)?;
     if !all.fits {
-        return Ok(all);
+        return Ok(best.unwrap_or(all));
     }
     let (mut lo, mut hi) = (0u32, chunk);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
         if at(mid, evaluated)?.fits { hi = mid } else { lo = mid }
     }
-    at(hi, evaluated)
+    let full = if hi == chunk { all } else { at(hi, evaluated)? };
+    Ok(match best {
+        Some(b) if b.step_time_s <= full.step_time_s => b,
+        _ => full,
+    })
 }

@@ -31,13 +31,14 @@
 use serde::{Deserialize, Serialize};
 
 use runner_graph::OpKind;
+use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::comm::Placement;
 use crate::model::Model;
 use crate::precision::Plan;
 use crate::profile::{GIB, GpuProfile};
-use crate::template::{Measured, PartTime, Rates, ShardKey, Template};
+use crate::template::{Measured, PartTime, Rates, ShardKey, Stored, Template};
 
 /// What a layout decides beyond the shapes of a rank's layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -50,6 +51,8 @@ pub struct Schedule {
     /// With full recompute: layers per pipeline chunk recomputed (Megatron's block
     /// method, the first ones of each chunk); 0: every layer.
     pub recompute_layers: u32,
+    /// With selective recompute: Megatron's `recompute_modules`, in every layer.
+    pub recompute_modules: Modules,
     pub distributed_optimizer: bool,
     pub fsdp: bool,
     /// Megatron's TP communication overlap (userbuffers).
@@ -80,6 +83,10 @@ pub struct LayoutSpec {
     pub fsdp: bool,
     pub recompute: RecomputePolicy,
     pub recompute_layers: u32,
+    /// With selective recompute: the modules recomputed (Megatron's default list,
+    /// `core_attn`, when absent).
+    #[serde(default)]
+    pub recompute_modules: Modules,
     pub distributed_optimizer: bool,
     pub tp_overlap: bool,
     pub ep_overlap: bool,
@@ -103,6 +110,7 @@ impl LayoutSpec {
             fsdp: s.fsdp,
             recompute: s.recompute,
             recompute_layers: s.recompute_layers,
+            recompute_modules: s.recompute_modules,
             distributed_optimizer: s.distributed_optimizer,
             tp_overlap: s.tp_overlap,
             ep_overlap: s.ep_overlap,
@@ -123,6 +131,7 @@ impl LayoutSpec {
             global_batch: self.gbs,
             recompute: self.recompute,
             recompute_layers: self.recompute_layers,
+            recompute_modules: self.recompute_modules,
             distributed_optimizer: self.distributed_optimizer,
             fsdp: self.fsdp,
             tp_overlap: self.tp_overlap,
@@ -141,7 +150,8 @@ impl LayoutSpec {
         self.spell(false)
     }
 
-    /// Megatron-style short form: "TP4 PP4 CP2 VP5 DP2 MBS1 GBS128 RC-full".
+    /// Megatron-style short form: "TP4 PP4 CP2 VP5 DP2 MBS1 GBS128 RC-full" (selective
+    /// recompute of other modules than `core_attn`: "RC-sel:layernorm+moe_act").
     pub fn short(&self) -> String {
         self.spell(true)
     }
@@ -163,7 +173,8 @@ impl LayoutSpec {
         let full = if long { "RC-full" } else { "RC" };
         match self.recompute {
             RecomputePolicy::None => {}
-            RecomputePolicy::Selective => s += " RC-sel",
+            RecomputePolicy::Selective if self.recompute_modules == Modules::default() => s += " RC-sel",
+            RecomputePolicy::Selective => s += &format!(" RC-sel:{}", self.recompute_modules),
             RecomputePolicy::Full if self.recompute_layers > 0 => s += &format!(" {full}:{}", self.recompute_layers),
             RecomputePolicy::Full => s += &format!(" {full}"),
         }
@@ -241,19 +252,26 @@ struct LayerCost {
     /// Exposed tp, cp, ep per overlap setting.
     exposed: [[f64; 3]; 4],
     activations: [f64; 3],
+    /// Per selective-recompute module: the forward it repeats, the bytes it frees.
+    module_rc: [f64; Module::COUNT],
+    module_freed: [f64; Module::COUNT],
     dense: f64,
     expert: f64,
     low_weights: f64,
 }
 
 impl LayerCost {
-    fn new(t: &PartTime, part: &crate::template::Part, rates: &Rates) -> LayerCost {
+    fn new(t: &PartTime, part: &crate::template::Part, stored: &Stored, rates: &Rates) -> LayerCost {
+        let attn = Module::CoreAttn.index();
         let mut c = LayerCost {
             compute: t.fwd + t.bwd,
             fwd: t.fwd,
             bwd: t.bwd,
             weight_cast: t.weight_cast,
-            activations: part.activations,
+            // Full recompute keeps each layer's input as it is.
+            activations: [stored.none, stored.none - stored.freed[attn], part.activations[2]],
+            module_rc: t.module_fwd,
+            module_freed: stored.freed,
             dense: part.dense_params,
             expert: part.expert_params,
             low_weights: t.low_precision_weights,
@@ -270,6 +288,11 @@ impl LayerCost {
 
     fn time(&self, policy: usize, ov: usize) -> f64 {
         self.compute + self.recompute[ov][policy] + self.exposed[ov].iter().sum::<f64>()
+    }
+
+    /// Forward repeated and bytes freed by selective recompute of `modules` (indices).
+    fn selective(&self, modules: &[usize]) -> (f64, f64) {
+        modules.iter().fold((0.0, 0.0), |(t, b), &m| (t + self.module_rc[m], b + self.module_freed[m]))
     }
 }
 
@@ -291,6 +314,10 @@ pub struct Costed {
     /// Prefix sums over layers: time per (policy, overlap), and activations per policy.
     time_prefix: [[Vec<f64>; 4]; 3],
     act_prefix: [Vec<f64>; 3],
+    /// Prefix sums over layers per selective-recompute module: forward repeated, bytes
+    /// freed.
+    module_rc_prefix: [Vec<f64>; Module::COUNT],
+    module_freed_prefix: [Vec<f64>; Module::COUNT],
 }
 
 /// Index of an overlap setting: bit 0 TP overlap, bit 1 EP overlap.
@@ -359,7 +386,8 @@ impl Costed {
                 Some((n, c)) if plan_formats_equal(plan, n, names) => *c,
                 _ => {
                     let part = &template.layers[rep];
-                    let c = LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &rates);
+                    let t = template.time_part(part, names, plan, &rates, measured);
+                    let c = LayerCost::new(&t, part, &Template::stored(part, names, plan), &rates);
                     by_rep[rep] = Some((names.clone(), c));
                     c
                 }
@@ -367,12 +395,14 @@ impl Costed {
             layers.push(cost);
         }
         let side = |part: &crate::template::Part, names: &[String]| {
-            LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &rates)
+            LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &Template::stored(part, names, plan), &rates)
         };
         let pre = side(&template.pre, &d.pre_gemms);
         let post = side(&template.post, &d.post_gemms);
         let time_prefix = std::array::from_fn(|pol| std::array::from_fn(|ov| prefix(layers.iter().map(|l| l.time(pol, ov)))));
         let act_prefix = std::array::from_fn(|pol| prefix(layers.iter().map(|l| l.activations[pol])));
+        let module_rc_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_rc[m])));
+        let module_freed_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_freed[m])));
         Ok(Costed {
             key: template.key,
             layers,
@@ -389,7 +419,22 @@ impl Costed {
             seq_len: model.seq_len,
             time_prefix,
             act_prefix,
+            module_rc_prefix,
+            module_freed_prefix,
         })
+    }
+
+    /// The modules of `m` this model has: recomputing one it lacks (a dense model's
+    /// `moe_act`, a model without MLA's `mla_up_proj`) changes nothing.
+    pub fn present(&self, m: Modules) -> Modules {
+        let has = |x: Module| {
+            let i = x.index();
+            let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
+            [&self.pre, &self.post].iter().any(|l| l.module_rc[i] > 0.0 || l.module_freed[i] > 0.0)
+                || last(&self.module_rc_prefix[i]) > 0.0
+                || last(&self.module_freed_prefix[i]) > 0.0
+        };
+        m.iter().filter(|&x| has(x)).fold(Modules::EMPTY, Modules::with)
     }
 
     /// Project one schedule.
@@ -428,7 +473,13 @@ impl Costed {
                 key.ep * key.etp
             )));
         }
-        let base = policy_index(s.recompute);
+        // Selective recompute: the layers as with none, plus the listed modules' forward
+        // repeated and their activations dropped, in every layer.
+        let selective: Vec<usize> = match s.recompute {
+            RecomputePolicy::Selective => s.recompute_modules.iter().map(Module::index).collect(),
+            _ => Vec::new(),
+        };
+        let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
         let ov = overlap_index(s);
         let (per, extra) = (layers / chunks, layers % chunks);
         let start = |c: usize| c * per + c.min(extra);
@@ -452,19 +503,25 @@ impl Costed {
             let tp_ = &self.time_prefix;
             t[st] += tp_[base][ov][m_] - tp_[base][ov][a] + tp_[rest][ov][b] - tp_[rest][ov][m_];
             acts[st] += self.act_prefix[base][m_] - self.act_prefix[base][a] + self.act_prefix[rest][b] - self.act_prefix[rest][m_];
+            for &mi in &selective {
+                t[st] += self.module_rc_prefix[mi][b] - self.module_rc_prefix[mi][a];
+                acts[st] -= self.module_freed_prefix[mi][b] - self.module_freed_prefix[mi][a];
+            }
             for (j, l) in self.layers[a..b].iter().enumerate() {
                 let pol = if a + j < m_ { base } else { rest };
-                accumulate(&mut comp[st], &mut params[st], l, pol, ov);
+                accumulate(&mut comp[st], &mut params[st], l, pol, ov, l.selective(&selective).0);
             }
         }
         for (st, pt) in t.iter_mut().enumerate() {
             if st == 0 {
-                accumulate(&mut comp[st], &mut params[st], &self.pre, base, ov);
-                *pt += self.pre.time(base, ov);
+                let rc = self.pre.selective(&selective).0;
+                accumulate(&mut comp[st], &mut params[st], &self.pre, base, ov, rc);
+                *pt += self.pre.time(base, ov) + rc;
             }
             if st == pp - 1 {
-                accumulate(&mut comp[st], &mut params[st], &self.post, base, ov);
-                *pt += self.post.time(base, ov);
+                let rc = self.post.selective(&selective).0;
+                accumulate(&mut comp[st], &mut params[st], &self.post, base, ov, rc);
+                *pt += self.post.time(base, ov) + rc;
                 if pp > 1 {
                     params[st].0 += self.tied;
                 }
@@ -559,8 +616,8 @@ impl Costed {
                 w + lw
             };
             let a = self.in_flight(st, pp, vp, m) * acts[st]
-                + if st == 0 { self.in_flight(0, pp, vp, m) * self.pre.activations[pol] } else { 0.0 }
-                + if st == pp - 1 { self.post.activations[pol] } else { 0.0 };
+                + if st == 0 { self.in_flight(0, pp, vp, m) * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
+                + if st == pp - 1 { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
             let a = a * (1.0 + self.slack);
             let total = (w + g + o + a) / GIB + self.reserved;
             if total > worst.total {
@@ -626,10 +683,11 @@ impl Costed {
     }
 }
 
-/// Add one layer's parts to a stage's breakdown and parameter sums.
-fn accumulate(comp: &mut [f64; 6], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize) {
+/// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
+/// forward its selective recompute repeats).
+fn accumulate(comp: &mut [f64; 6], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize, selective: f64) {
     comp[0] += l.compute;
-    comp[1] += l.recompute[ov][pol];
+    comp[1] += l.recompute[ov][pol] + selective;
     for i in 0..3 {
         comp[2 + i] += l.exposed[ov][i];
     }

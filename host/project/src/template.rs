@@ -23,7 +23,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use serde::{Deserialize, Serialize};
 
 use runner_graph::count::{self, AttentionFlops};
-use runner_graph::recompute::{RecomputePolicy, layer_bytes};
+use runner_graph::modules::{Module, modules};
+use runner_graph::recompute::{RecomputePolicy, kept_by, layer_bytes};
 use runner_graph::shard::{Layout, Place, RankCoord, partition, shard};
 use runner_graph::{Graph, OpKind, TensorKind};
 
@@ -66,6 +67,8 @@ pub struct Gemm {
     pub x: f64,
     pub w: f64,
     pub y: f64,
+    /// The selective-recompute module it belongs to.
+    pub module: Option<Module>,
 }
 
 /// One collective and its backward twin.
@@ -77,6 +80,21 @@ pub struct Comm {
     pub backward: Option<OpKind>,
 }
 
+/// An activation the forward keeps (with no recompute) for the backward.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KeptTensor {
+    pub elements: f64,
+    /// Its bytes at the graph's dtype.
+    pub bytes: f64,
+    /// The part's GEMMs (indices into [`Part::gemms`]) that keep it as their input for the
+    /// weight gradient: a low-precision one keeps its own cast copy instead.
+    pub gemms: Vec<usize>,
+    /// Whether an op other than those GEMMs keeps it as it is.
+    pub other: bool,
+    /// The selective-recompute module whose recompute drops it.
+    pub module: Option<Module>,
+}
+
 /// What a layer (or the embedding side, or the head side) of one rank does per
 /// micro-batch.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -85,11 +103,14 @@ pub struct Part {
     /// Attention cores: (name, forward FLOPs over unmasked keys, bytes).
     pub attention: Vec<(String, f64, f64)>,
     /// Memory-bound ops (norms, activations, rotary, residual adds, embedding gathers,
-    /// routing, the loss): (name, forward bytes).
-    pub vector: Vec<(String, f64)>,
+    /// routing, the loss): (name, forward bytes, selective-recompute module).
+    pub vector: Vec<(String, f64, Option<Module>)>,
     pub comm: Vec<Comm>,
-    /// Stored activation bytes per micro-batch under none, selective, full recompute.
+    /// Stored activation bytes per micro-batch under none, selective (the attention
+    /// cores), full recompute, at the graph's dtypes.
     pub activations: [f64; 3],
+    /// What is stored with no recompute, tensor by tensor.
+    pub kept: Vec<KeptTensor>,
     /// Parameter elements this rank holds: dense, and routed-expert.
     pub dense_params: f64,
     pub expert_params: f64,
@@ -199,16 +220,21 @@ impl Template {
                 parts[post].tied_params += n;
             }
         }
+        let mods = modules(g);
+        // Where each GEMM op lands: (part, index in its gemms).
+        let mut gemm_at: HashMap<usize, (usize, usize)> = HashMap::new();
         let local_experts = |op: &runner_graph::Op| -> f64 {
             op.inputs.get(1).and_then(|&w| g.tensors[w].shape.first().copied()).unwrap_or(1).max(1) as f64
         };
         for (i, op) in g.ops.iter().enumerate() {
-            let p = &mut parts[part_of(i)];
+            let at = part_of(i);
+            let p = &mut parts[at];
             let c = count::op_cost(g, op, AttentionFlops::CausalHalved);
             match op.kind {
                 OpKind::Linear | OpKind::GroupedLinear => {
                     let numel = |k: Option<&usize>| k.map_or(0.0, |&t| g.tensors[t].numel() as f64);
                     let calls = if op.kind == OpKind::GroupedLinear { local_experts(op) } else { 1.0 };
+                    gemm_at.insert(i, (at, p.gemms.len()));
                     p.gemms.push(Gemm {
                         name: op.name.clone(),
                         flops: c.fwd_flops,
@@ -217,6 +243,7 @@ impl Template {
                         x: numel(op.inputs.first()),
                         w: numel(op.inputs.get(1)),
                         y: numel(op.outputs.first()),
+                        module: mods.op[i],
                     });
                 }
                 OpKind::Attention => p.attention.push((op.name.clone(), c.fwd_flops, c.bytes)),
@@ -226,7 +253,7 @@ impl Template {
                 | OpKind::AllToAll
                 | OpKind::Send
                 | OpKind::Recv => {}
-                _ => p.vector.push((op.name.clone(), c.bytes)),
+                _ => p.vector.push((op.name.clone(), c.bytes, mods.op[i])),
             }
         }
         for c in comm_volume(g) {
@@ -239,6 +266,25 @@ impl Template {
             };
             let i = g.ops.iter().position(|o| o.name == c.op).unwrap_or(0);
             parts[part_of(i)].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward: c.backward });
+        }
+        for k in kept_by(g) {
+            let p = if k.layer >= 0 && main.contains(&k.layer) { 1 + pos[&k.layer] } else { post };
+            let t = &g.tensors[k.tensor];
+            let mut gemms = Vec::new();
+            let mut other = false;
+            for &(op, slot) in &k.by {
+                match gemm_at.get(&op) {
+                    Some(&(q, j)) if q == p && slot == 0 => gemms.push(j),
+                    _ => other = true,
+                }
+            }
+            parts[p].kept.push(KeptTensor {
+                elements: t.numel() as f64,
+                bytes: t.numel() as f64 * t.dtype.bytes(),
+                gemms,
+                other,
+                module: mods.frees.get(&k.tensor).copied(),
+            });
         }
         for policy in [RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full] {
             let by: BTreeMap<i32, f64> = layer_bytes(g, policy);
@@ -288,6 +334,9 @@ impl Template {
             t.fwd += fwd;
             t.bwd += bwd;
             t.gemm += fwd + bwd;
+            if let Some(m) = gm.module {
+                t.module_fwd[m.index()] += fwd;
+            }
             if low(GemmRole::Forward) || low(GemmRole::InputGradient) {
                 t.weight_cast += gm.w * cast / rates.hbm;
                 t.low_precision_weights += gm.w;
@@ -300,14 +349,18 @@ impl Template {
             t.fwd += f;
             t.bwd += b;
             t.attention_fwd += f;
+            t.module_fwd[Module::CoreAttn.index()] += f;
             t.attention += f + b;
         }
         // The backward of a memory-bound op reads its saved input and the incoming
         // gradient and writes the outgoing one: about twice its forward traffic.
-        for (name, bytes) in &part.vector {
+        for (name, bytes, module) in &part.vector {
             let (f, b) = measured.get(&self.key, name).unwrap_or((bytes / rates.hbm, 2.0 * bytes / rates.hbm));
             t.fwd += f;
             t.bwd += b;
+            if let Some(m) = module {
+                t.module_fwd[m.index()] += f;
+            }
         }
         for c in &part.comm {
             let p = rates.placement(&self.key, c.group);
@@ -322,6 +375,47 @@ impl Template {
             }
         }
         t
+    }
+}
+
+/// What one part keeps for the backward under a precision plan, bytes per micro-batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Stored {
+    /// With no recompute.
+    pub none: f64,
+    /// Of that, what recomputing each selective module drops.
+    pub freed: [f64; Module::COUNT],
+}
+
+impl Template {
+    /// What `part` keeps with no recompute under `plan` (the GEMM names as in
+    /// [`Template::time_part`]): Transformer Engine keeps a low-precision GEMM's input
+    /// as the cast copy its weight-gradient GEMM reads (TE `Linear` saves the quantized
+    /// input, column-wise usage only, and drops the high-precision one), so a tensor
+    /// only such GEMMs keep is stored at the format's bytes, and one that another op
+    /// keeps as well is stored twice (as it is and cast).
+    pub fn stored(part: &Part, names: &[String], plan: &Plan) -> Stored {
+        let wgrad = |j: usize| {
+            let name = names.get(j).map_or(part.gemms[j].name.as_str(), String::as_str);
+            plan.formats(name)[GemmRole::WeightGradient.index()]
+        };
+        let mut out = Stored::default();
+        for k in &part.kept {
+            let cast: Vec<GemmFormat> = k.gemms.iter().map(|&j| wgrad(j)).filter(|&f| f != GemmFormat::Bf16).collect();
+            let cast_bytes = cast.iter().map(|f| f.element_bytes()).fold(0.0, f64::max) * k.elements;
+            let bytes = if cast.is_empty() {
+                k.bytes
+            } else if !k.other && cast.len() == k.gemms.len() {
+                cast_bytes
+            } else {
+                k.bytes + cast_bytes
+            };
+            out.none += bytes;
+            if let Some(m) = k.module {
+                out.freed[m.index()] += bytes;
+            }
+        }
+        out
     }
 }
 
@@ -376,6 +470,9 @@ pub struct PartTime {
     /// Collective time forward and backward: tp, cp, ep (with etp).
     pub comm_fwd: [f64; 3],
     pub comm_bwd: [f64; 3],
+    /// Forward compute of each selective-recompute module (what recomputing it repeats;
+    /// the collectives inside a module are not repeated in this model).
+    pub module_fwd: [f64; Module::COUNT],
 }
 
 impl PartTime {
@@ -395,11 +492,13 @@ impl PartTime {
     }
 
     /// Forward work the backward repeats under `policy`, seconds: the attention cores'
-    /// forward (selective), or the whole forward with its exposed communication (full).
+    /// forward (selective with Megatron's default module list; other lists add up
+    /// [`PartTime::module_fwd`]), or the whole forward with its exposed communication
+    /// (full).
     pub fn recompute(&self, policy: RecomputePolicy, exposed: [f64; 3]) -> f64 {
         match policy {
             RecomputePolicy::None => 0.0,
-            RecomputePolicy::Selective => self.attention_fwd,
+            RecomputePolicy::Selective => self.module_fwd[Module::CoreAttn.index()],
             RecomputePolicy::Full => {
                 let total: f64 = self.comm_fwd.iter().zip(&self.comm_bwd).map(|(a, b)| a + b).sum();
                 let fwd: f64 = self.comm_fwd.iter().sum();

@@ -111,6 +111,7 @@ impl LayoutSection {
             mbs: self.mbs,
             fsdp: self.fsdp,
             recompute: self.recompute,
+            recompute_modules: None,
         }
     }
 

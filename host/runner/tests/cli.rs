@@ -340,7 +340,18 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
     assert_eq!(v["layout"]["tp"].as_u64(), Some(2));
     assert_eq!(v["layout"]["gbs"].as_u64(), Some(64));
+    // Selective recompute of the modules named as Megatron names them: their forward is
+    // repeated in the backward.
+    let o = runner(
+        &dir,
+        &["project", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--gbs", "64", "--recompute", "selective", "--recompute-modules", "mlp,layernorm", "--format", "json", "-q"],
+    );
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["layout"]["recompute_modules"], serde_json::json!(["layernorm", "mlp"]));
+    assert!(v["breakdown"]["recompute"].as_f64().unwrap() > 0.0, "{v}");
     for (args, want) in [
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute-modules", "mlp"], "add --recompute selective"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute", "selective", "--recompute-modules", "experts"], "unknown recompute module 'experts'"),
         (vec!["--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--precision", "nvfp4"], "no nvfp4"),
         (vec!["--model", "llama3.1-70b", "--gpu", "v100", "--gpus", "64"], "unknown GPU 'v100'"),
         (vec!["--model", "llama9", "--gpus", "64"], "no installed workload plugin provides 'llama9'"),

@@ -83,6 +83,7 @@ pub fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -
         fsdp: false,
         recompute: RecomputePolicy::None,
         recompute_layers: 0,
+        recompute_modules: Default::default(),
         distributed_optimizer: true,
         tp_overlap: tp > 1,
         ep_overlap: false,

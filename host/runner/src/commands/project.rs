@@ -12,6 +12,7 @@ use serde::Serialize;
 use runner::plugin::Limits;
 use runner::project::{self, PluginResolver};
 use runner::report::Table;
+use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::calibrate;
 use runner_project::collectives::{self, CollFit, Tier, fit_collectives};
@@ -59,6 +60,10 @@ pub struct LayoutFlags {
     /// With --recompute full: layers per pipeline chunk recomputed (0: all)
     #[arg(long)]
     pub recompute_layers: Option<u32>,
+    /// With --recompute selective: Megatron's recompute modules, comma-separated
+    /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
+    #[arg(long, value_delimiter = ',')]
+    pub recompute_modules: Vec<String>,
 }
 
 /// What names a projection: model, GPU, precision, sequence, batch.
@@ -79,6 +84,21 @@ pub struct Target {
     /// Global batch in sequences (default: the variant's published rule, else 2 x GPUs)
     #[arg(long)]
     pub gbs: Option<u32>,
+}
+
+/// The modules `--recompute-modules` names, if any.
+fn modules_of(f: &LayoutFlags) -> Result<Option<Modules>> {
+    if f.recompute_modules.is_empty() {
+        return Ok(None);
+    }
+    if f.recompute.as_deref() != Some("selective") {
+        anyhow::bail!("--recompute-modules applies to selective recompute; add --recompute selective");
+    }
+    let mut m = Modules::EMPTY;
+    for name in &f.recompute_modules {
+        m = m.with(Module::parse(name).map_err(|e| anyhow::anyhow!("--recompute-modules: {e}"))?);
+    }
+    Ok(Some(m))
 }
 
 fn policy(s: Option<&str>) -> Option<RecomputePolicy> {
@@ -207,6 +227,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             "tp·pp·cp = {given} (from --tp/--pp/--cp) does not divide the {gpus} GPUs; choose degrees whose product divides {gpus}"
         );
     }
+    let modules = modules_of(flags)?;
     let mut notes = std::mem::take(&mut s.notes);
     let gbs = gbs_for(&s, t, gpus, &mut notes);
     let reference = project::reference(&s.found.variant, &s.projector.gpu, s.recipe, gpus).cloned();
@@ -233,6 +254,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             fsdp,
             recompute: policy(flags.recompute.as_deref()).unwrap_or(RecomputePolicy::None),
             recompute_layers: flags.recompute_layers.unwrap_or(0),
+            recompute_modules: modules.unwrap_or_default(),
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
             ep_overlap: ep > 1,
@@ -253,7 +275,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         }
         Some((l, from)) => (s.projector.project(&l).map_err(err)?, from),
         None => {
-            let f = search::search(&mut s.projector, gpus, gbs, &space_of(flags), 1);
+            let f = search::search(&mut s.projector, gpus, gbs, &space_of(flags, modules), 1);
             match f.best.into_iter().next() {
                 Some(p) => (p, "the layout search (flags given are kept; no published layout for this GPU count)".into()),
                 None => anyhow::bail!(
@@ -334,7 +356,7 @@ fn project_table(o: &ProjectOut) -> Table {
     t
 }
 
-fn space_of(f: &LayoutFlags) -> Space {
+fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>) -> Space {
     Space {
         tp: f.tp,
         pp: f.pp,
@@ -345,6 +367,7 @@ fn space_of(f: &LayoutFlags) -> Space {
         mbs: f.mbs,
         fsdp: f.fsdp.then_some(true),
         recompute: policy(f.recompute.as_deref()),
+        recompute_modules,
     }
 }
 
@@ -363,9 +386,9 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     if gpus.is_empty() || gpus.contains(&0) {
         anyhow::bail!("--gpus takes GPU counts of at least 1, e.g. --gpus 64,512");
     }
+    let space = space_of(flags, modules_of(flags)?);
     let mut s = setup(t, global)?;
     let mut notes = std::mem::take(&mut s.notes);
-    let space = space_of(flags);
     let mut all: Vec<Found> = Vec::new();
     let mut table = Table::new(
         format!("layouts of {} on {} ({}), best first", t.model, s.projector.gpu.name, s.recipe),

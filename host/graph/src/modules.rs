@@ -1,0 +1,506 @@
+//! Megatron-LM's selective-recompute modules (`--recompute-modules`) found in a graph:
+//! which ops of each transformer layer make up each module, and which stored
+//! activations recomputing that module drops ([`modules`] → [`ModuleMap`]).
+//!
+//! Megatron-LM (`TransformerConfig.recompute_modules`, megatron/core/transformer/
+//! transformer_config.py, github:NVIDIA/Megatron-LM@002526d81b81f6ab534e93844f9a228709887494) recomputes, under
+//! `--recompute-granularity selective`, the listed submodules of every layer:
+//! - `core_attn`: the attention core (normal checkpoint). A flash kernel stores no
+//!   scores, and the output projection keeps the core's output anyway, so it frees no
+//!   graph tensor; it costs the core's forward.
+//! - `layernorm`: the layer's input norm and pre-MLP norm (output-discarding checkpoint):
+//!   their outputs, which the following linears keep for their weight gradients, are
+//!   dropped and recomputed from the norm's input (kept by the norm anyway).
+//! - `moe_act`: the routed experts' activation function (output-discarding): its output,
+//!   the input the experts' second GEMM keeps, is dropped and recomputed from the
+//!   activation's inputs.
+//! - `mla_up_proj`: multi-latent attention's up projections, rotary embedding and
+//!   concatenation (output-discarding): the attention core's q, k, v inputs are dropped
+//!   and recomputed from the latents (which the up projections keep).
+//! - `mlp`: a dense (non-MoE) MLP (normal checkpoint): everything inside it is dropped and
+//!   recomputed from its input.
+//! - `shared_experts`: the shared experts of an MoE layer (normal checkpoint), likewise.
+//!
+//! The graph's op kinds and dataflow identify the modules (names are the plugin's and
+//! never trusted): a residual norm is a norm whose input comes from a residual add or
+//! from outside the layer; it feeds attention (input norm) or the MLP (pre-MLP norm);
+//! an MLA up projection is a linear reading the output of a norm that is not a residual
+//! norm (a latent's norm); an expert activation reads a grouped linear's output.
+//! Collectives inside a module are not counted as its ops (re-running them is not
+//! modelled) and are walked through when following the dataflow.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use crate::ir::{Graph, OpKind, TensorId, TensorKind};
+
+/// One of Megatron's selective-recompute modules.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Module {
+    CoreAttn,
+    Layernorm,
+    MoeAct,
+    MlaUpProj,
+    Mlp,
+    SharedExperts,
+}
+
+impl Module {
+    pub const ALL: [Module; 6] =
+        [Module::CoreAttn, Module::Layernorm, Module::MoeAct, Module::MlaUpProj, Module::Mlp, Module::SharedExperts];
+    pub const COUNT: usize = Module::ALL.len();
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// Megatron's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            Module::CoreAttn => "core_attn",
+            Module::Layernorm => "layernorm",
+            Module::MoeAct => "moe_act",
+            Module::MlaUpProj => "mla_up_proj",
+            Module::Mlp => "mlp",
+            Module::SharedExperts => "shared_experts",
+        }
+    }
+
+    /// Parse Megatron's spelling.
+    ///
+    /// # Errors
+    /// Names the accepted modules.
+    pub fn parse(s: &str) -> Result<Module, String> {
+        let s = s.trim().to_ascii_lowercase();
+        Module::ALL.into_iter().find(|m| m.name() == s).ok_or_else(|| {
+            let names: Vec<&str> = Module::ALL.iter().map(|m| m.name()).collect();
+            format!("unknown recompute module '{s}'; use {}", names.join(", "))
+        })
+    }
+}
+
+/// A set of modules: Megatron's `recompute_modules` list. The default is Megatron's
+/// default list, `core_attn` alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Modules(u8);
+
+impl Default for Modules {
+    fn default() -> Modules {
+        Modules::of(&[Module::CoreAttn])
+    }
+}
+
+impl Modules {
+    pub const EMPTY: Modules = Modules(0);
+
+    pub fn of(list: &[Module]) -> Modules {
+        Modules(list.iter().fold(0, |acc, m| acc | (1 << m.index())))
+    }
+
+    pub fn contains(self, m: Module) -> bool {
+        self.0 & (1 << m.index()) != 0
+    }
+
+    pub fn with(self, m: Module) -> Modules {
+        Modules(self.0 | (1 << m.index()))
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    pub fn iter(self) -> impl Iterator<Item = Module> {
+        Module::ALL.into_iter().filter(move |m| self.contains(*m))
+    }
+}
+
+impl fmt::Display for Modules {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let names: Vec<&str> = self.iter().map(Module::name).collect();
+        f.write_str(&names.join("+"))
+    }
+}
+
+impl serde::Serialize for Modules {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter().map(Module::name))
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Modules {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Modules, D::Error> {
+        let names: Vec<String> = serde::Deserialize::deserialize(d)?;
+        let mut out = Modules::EMPTY;
+        for n in names {
+            out = out.with(Module::parse(&n).map_err(serde::de::Error::custom)?);
+        }
+        Ok(out)
+    }
+}
+
+/// The modules of a graph's transformer layers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ModuleMap {
+    /// Per op: the module whose recompute re-runs it.
+    pub op: Vec<Option<Module>>,
+    /// Per activation: the module whose recompute drops it from what the forward keeps.
+    pub frees: HashMap<TensorId, Module>,
+}
+
+fn is_norm(k: OpKind) -> bool {
+    matches!(k, OpKind::RmsNorm | OpKind::LayerNorm)
+}
+
+fn is_comm(k: OpKind) -> bool {
+    matches!(k, OpKind::AllGather | OpKind::ReduceScatter | OpKind::AllReduce | OpKind::AllToAll)
+}
+
+fn is_activation_fn(k: OpKind) -> bool {
+    matches!(k, OpKind::SwiGlu | OpKind::GeGlu | OpKind::Gelu | OpKind::SquaredRelu)
+}
+
+/// Find the modules of `g` (a logical or sharded graph).
+pub fn modules(g: &Graph) -> ModuleMap {
+    let mut producer: HashMap<TensorId, usize> = HashMap::new();
+    let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::new();
+    for (i, op) in g.ops.iter().enumerate() {
+        for &o in &op.outputs {
+            producer.insert(o, i);
+        }
+        for &x in &op.inputs {
+            consumers.entry(x).or_default().push(i);
+        }
+    }
+    // The op that made `t`, looking through collectives.
+    let origin = |mut t: TensorId| -> Option<usize> {
+        loop {
+            let &p = producer.get(&t)?;
+            if !is_comm(g.ops[p].kind) {
+                return Some(p);
+            }
+            t = *g.ops[p].inputs.first()?;
+        }
+    };
+    let mut out = ModuleMap { op: vec![None; g.ops.len()], frees: HashMap::new() };
+    let residual: HashSet<usize> = g
+        .ops
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| op.layer >= 0 && is_norm(op.kind))
+        .filter(|(_, op)| {
+            op.inputs.first().is_none_or(|&x| match origin(x) {
+                None => true,
+                Some(p) => g.ops[p].kind == OpKind::Add || g.ops[p].layer != op.layer,
+            })
+        })
+        .map(|(i, _)| i)
+        .collect();
+    // Ops reachable from `from` within its layer, not past a residual add.
+    let reach = |from: usize, stop: &dyn Fn(usize) -> bool| -> Vec<usize> {
+        let layer = g.ops[from].layer;
+        let mut seen: HashSet<usize> = HashSet::new();
+        let mut stack: Vec<usize> = g.ops[from].outputs.clone();
+        let mut found = Vec::new();
+        while let Some(t) = stack.pop() {
+            for &c in consumers.get(&t).map_or(&[][..], Vec::as_slice) {
+                let op = &g.ops[c];
+                if op.layer != layer || op.kind == OpKind::Add || stop(c) || !seen.insert(c) {
+                    continue;
+                }
+                found.push(c);
+                stack.extend(op.outputs.iter().copied());
+            }
+        }
+        found
+    };
+    let mark = |out: &mut ModuleMap, i: usize, m: Module, frees: bool| {
+        if !is_comm(g.ops[i].kind) {
+            out.op[i] = Some(m);
+            if frees {
+                for &o in &g.ops[i].outputs {
+                    if g.tensors[o].kind == TensorKind::Activation {
+                        out.frees.insert(o, m);
+                    }
+                }
+            }
+        }
+    };
+    for &n in &residual {
+        mark(&mut out, n, Module::Layernorm, true);
+        let inside = reach(n, &|_| false);
+        if inside.iter().any(|&i| g.ops[i].kind == OpKind::Attention) {
+            continue;
+        }
+        // The pre-MLP norm: a dense MLP, or an MoE layer's shared experts (everything
+        // that is not routing, dispatch, the experts or the combine).
+        let moe = inside.iter().any(|&i| matches!(g.ops[i].kind, OpKind::GroupedLinear | OpKind::MoeDispatch | OpKind::Router));
+        let routed = |i: usize| {
+            let op = &g.ops[i];
+            matches!(op.kind, OpKind::Router | OpKind::MoeDispatch | OpKind::MoeCombine | OpKind::GroupedLinear | OpKind::AllToAll)
+                || op.outputs.iter().any(|o| consumers.get(o).is_some_and(|c| c.iter().any(|&j| g.ops[j].kind == OpKind::Router)))
+        };
+        let module = if moe { Module::SharedExperts } else { Module::Mlp };
+        for i in reach(n, &routed) {
+            mark(&mut out, i, module, true);
+        }
+    }
+    for (i, op) in g.ops.iter().enumerate() {
+        if op.layer < 0 {
+            continue;
+        }
+        if is_activation_fn(op.kind)
+            && op.inputs.first().and_then(|&x| origin(x)).is_some_and(|p| g.ops[p].kind == OpKind::GroupedLinear)
+        {
+            mark(&mut out, i, Module::MoeAct, true);
+        }
+        if op.kind != OpKind::Attention {
+            continue;
+        }
+        mark(&mut out, i, Module::CoreAttn, false);
+        // MLA: q, k, v made from latents by up projections (a linear reading a norm that
+        // is not a residual norm), through rotary embeddings and concatenations.
+        for &x in op.inputs.iter().take(3) {
+            let mut chain: Vec<usize> = Vec::new();
+            let mut up = false;
+            let mut stack = vec![x];
+            let mut seen: HashSet<usize> = HashSet::new();
+            while let Some(t) = stack.pop() {
+                let Some(p) = origin(t) else { continue };
+                if !seen.insert(p) {
+                    continue;
+                }
+                let pop = &g.ops[p];
+                match pop.kind {
+                    OpKind::Rotary | OpKind::Concat => {
+                        chain.push(p);
+                        stack.extend(pop.inputs.iter().copied().filter(|&t| g.tensors[t].kind == TensorKind::Activation));
+                    }
+                    OpKind::Linear => {
+                        let latent = pop
+                            .inputs
+                            .first()
+                            .and_then(|&t| origin(t))
+                            .is_some_and(|q| is_norm(g.ops[q].kind) && !residual.contains(&q));
+                        if latent {
+                            up = true;
+                            chain.push(p);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            if up {
+                for p in chain {
+                    mark(&mut out, p, Module::MlaUpProj, false);
+                }
+                // The core keeps the tensor as it was before any gather (see
+                // `recompute`), so the drop is recorded on both.
+                let mut t = x;
+                loop {
+                    out.frees.insert(t, Module::MlaUpProj);
+                    match producer.get(&t) {
+                        Some(&p) if is_comm(g.ops[p].kind) => match g.ops[p].inputs.first() {
+                            Some(&y) => t = y,
+                            None => break,
+                        },
+                        _ => break,
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::{Attr, DType, Graph, TensorKind};
+    use crate::testing::{op_in, t};
+
+    /// A dense layer (norm, q/k/v, attention, out, add; norm, gate/up, SwiGLU, down, add)
+    /// and an MLA + MoE layer with a shared expert.
+    fn layers() -> Graph {
+        let a = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Activation);
+        let w = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Weight);
+        let x = &[1u64, 8, 16][..];
+        let tensors = vec![
+            a("x", x),
+            w("n1", &[16]),
+            a("h1", x),
+            w("wq", &[16, 16]),
+            w("wk", &[16, 16]),
+            w("wv", &[16, 16]),
+            a("q", &[1, 8, 2, 8]),
+            a("k", &[1, 8, 2, 8]),
+            a("v", &[1, 8, 2, 8]),
+            a("o", &[1, 8, 2, 8]),
+            w("wo", &[16, 16]),
+            a("ao", x),
+            a("r1", x),
+            w("n2", &[16]),
+            a("h2", x),
+            w("wg", &[32, 16]),
+            w("wu", &[32, 16]),
+            a("g", &[1, 8, 32]),
+            a("u", &[1, 8, 32]),
+            a("act", &[1, 8, 32]),
+            w("wd", &[16, 32]),
+            a("d", x),
+            a("r2", x),
+            // Layer 1: MLA attention, then routed + shared experts.
+            w("m1", &[16]),
+            a("k1", x),
+            w("wqa", &[4, 16]),
+            a("qa", &[1, 8, 4]),
+            w("qn", &[4]),
+            a("qan", &[1, 8, 4]),
+            w("wqu", &[16, 4]),
+            a("qu", &[1, 8, 2, 8]),
+            a("qr", &[1, 8, 2, 8]),
+            w("wkva", &[4, 16]),
+            a("kva", &[1, 8, 4]),
+            w("kvn", &[4]),
+            a("kvan", &[1, 8, 4]),
+            w("wku", &[16, 4]),
+            a("ku", &[1, 8, 2, 8]),
+            w("wvu", &[16, 4]),
+            a("vu", &[1, 8, 2, 8]),
+            a("o1", &[1, 8, 2, 8]),
+            w("wo1", &[16, 16]),
+            a("ao1", x),
+            a("s1", x),
+            w("m2", &[16]),
+            a("k2", x),
+            w("wr", &[4, 16]),
+            a("logits", &[1, 8, 4]),
+            a("rw", &[8, 2]),
+            t("ri", &[8, 2], DType::I32, TensorKind::Activation),
+            a("disp", &[16, 16]),
+            w("eg", &[4, 32, 16]),
+            w("eu", &[4, 32, 16]),
+            a("eg_o", &[16, 32]),
+            a("eu_o", &[16, 32]),
+            a("eact", &[16, 32]),
+            w("ed", &[4, 16, 32]),
+            a("ed_o", &[16, 16]),
+            a("comb", x),
+            w("sg", &[32, 16]),
+            w("su", &[32, 16]),
+            a("sg_o", &[1, 8, 32]),
+            a("su_o", &[1, 8, 32]),
+            a("sact", &[1, 8, 32]),
+            w("sd", &[16, 32]),
+            a("sd_o", x),
+            a("moe", x),
+            a("s2", x),
+        ];
+        let causal = [("causal", Attr::Flag(true))];
+        let ops = vec![
+            op_in("l0.n1", OpKind::RmsNorm, &["x", "n1"], &["h1"], &[], 0),
+            op_in("l0.q", OpKind::Linear, &["h1", "wq"], &["q"], &[], 0),
+            op_in("l0.k", OpKind::Linear, &["h1", "wk"], &["k"], &[], 0),
+            op_in("l0.v", OpKind::Linear, &["h1", "wv"], &["v"], &[], 0),
+            op_in("l0.core", OpKind::Attention, &["q", "k", "v"], &["o"], &causal, 0),
+            op_in("l0.out", OpKind::Linear, &["o", "wo"], &["ao"], &[], 0),
+            op_in("l0.res1", OpKind::Add, &["x", "ao"], &["r1"], &[], 0),
+            op_in("l0.n2", OpKind::RmsNorm, &["r1", "n2"], &["h2"], &[], 0),
+            op_in("l0.gate", OpKind::Linear, &["h2", "wg"], &["g"], &[], 0),
+            op_in("l0.up", OpKind::Linear, &["h2", "wu"], &["u"], &[], 0),
+            op_in("l0.act", OpKind::SwiGlu, &["g", "u"], &["act"], &[], 0),
+            op_in("l0.down", OpKind::Linear, &["act", "wd"], &["d"], &[], 0),
+            op_in("l0.res2", OpKind::Add, &["r1", "d"], &["r2"], &[], 0),
+            op_in("l1.n1", OpKind::RmsNorm, &["r2", "m1"], &["k1"], &[], 1),
+            op_in("l1.qa", OpKind::Linear, &["k1", "wqa"], &["qa"], &[], 1),
+            op_in("l1.qn", OpKind::RmsNorm, &["qa", "qn"], &["qan"], &[], 1),
+            op_in("l1.qu", OpKind::Linear, &["qan", "wqu"], &["qu"], &[], 1),
+            op_in("l1.qr", OpKind::Rotary, &["qu"], &["qr"], &[("rot-dim", Attr::Int(8)), ("theta", Attr::Float(1e4))], 1),
+            op_in("l1.kva", OpKind::Linear, &["k1", "wkva"], &["kva"], &[], 1),
+            op_in("l1.kvn", OpKind::RmsNorm, &["kva", "kvn"], &["kvan"], &[], 1),
+            op_in("l1.ku", OpKind::Linear, &["kvan", "wku"], &["ku"], &[], 1),
+            op_in("l1.vu", OpKind::Linear, &["kvan", "wvu"], &["vu"], &[], 1),
+            op_in("l1.core", OpKind::Attention, &["qr", "ku", "vu"], &["o1"], &causal, 1),
+            op_in("l1.out", OpKind::Linear, &["o1", "wo1"], &["ao1"], &[], 1),
+            op_in("l1.res1", OpKind::Add, &["r2", "ao1"], &["s1"], &[], 1),
+            op_in("l1.n2", OpKind::RmsNorm, &["s1", "m2"], &["k2"], &[], 1),
+            op_in("l1.router_logits", OpKind::Linear, &["k2", "wr"], &["logits"], &[], 1),
+            op_in("l1.router", OpKind::Router, &["logits"], &["rw", "ri"], &[("top-k", Attr::Int(2))], 1),
+            op_in("l1.dispatch", OpKind::MoeDispatch, &["k2", "ri"], &["disp"], &[("experts", Attr::Int(4))], 1),
+            op_in("l1.eg", OpKind::GroupedLinear, &["disp", "eg", "ri"], &["eg_o"], &[], 1),
+            op_in("l1.eu", OpKind::GroupedLinear, &["disp", "eu", "ri"], &["eu_o"], &[], 1),
+            op_in("l1.eact", OpKind::SwiGlu, &["eg_o", "eu_o"], &["eact"], &[], 1),
+            op_in("l1.ed", OpKind::GroupedLinear, &["eact", "ed", "ri"], &["ed_o"], &[], 1),
+            op_in("l1.combine", OpKind::MoeCombine, &["ed_o", "rw", "ri"], &["comb"], &[], 1),
+            op_in("l1.sg", OpKind::Linear, &["k2", "sg"], &["sg_o"], &[], 1),
+            op_in("l1.su", OpKind::Linear, &["k2", "su"], &["su_o"], &[], 1),
+            op_in("l1.sact", OpKind::SwiGlu, &["sg_o", "su_o"], &["sact"], &[], 1),
+            op_in("l1.sd", OpKind::Linear, &["sact", "sd"], &["sd_o"], &[], 1),
+            op_in("l1.moe", OpKind::Add, &["comb", "sd_o"], &["moe"], &[], 1),
+            op_in("l1.res2", OpKind::Add, &["s1", "moe"], &["s2"], &[], 1),
+        ];
+        Graph::new(tensors, ops, "s2").expect("test graph")
+    }
+
+    fn module_of(g: &Graph, m: &ModuleMap, op: &str) -> Option<Module> {
+        m.op[g.ops.iter().position(|o| o.name == op).unwrap()]
+    }
+
+    fn freed(g: &Graph, m: &ModuleMap, module: Module) -> Vec<String> {
+        let mut v: Vec<String> = m.frees.iter().filter(|(_, x)| **x == module).map(|(t, _)| g.tensors[*t].name.clone()).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn modules_of_a_dense_and_an_mla_moe_layer() {
+        let g = layers();
+        let m = modules(&g);
+        for (op, want) in [
+            ("l0.n1", Some(Module::Layernorm)),
+            ("l0.n2", Some(Module::Layernorm)),
+            ("l1.n1", Some(Module::Layernorm)),
+            ("l1.n2", Some(Module::Layernorm)),
+            // Latent norms are MLA's own, not the layer's.
+            ("l1.qn", None),
+            ("l1.kvn", None),
+            ("l0.q", None),
+            ("l0.core", Some(Module::CoreAttn)),
+            ("l0.gate", Some(Module::Mlp)),
+            ("l0.act", Some(Module::Mlp)),
+            ("l0.down", Some(Module::Mlp)),
+            ("l1.qa", None),
+            ("l1.qu", Some(Module::MlaUpProj)),
+            ("l1.qr", Some(Module::MlaUpProj)),
+            ("l1.ku", Some(Module::MlaUpProj)),
+            ("l1.vu", Some(Module::MlaUpProj)),
+            ("l1.router_logits", None),
+            ("l1.router", None),
+            ("l1.eg", None),
+            ("l1.eact", Some(Module::MoeAct)),
+            ("l1.sg", Some(Module::SharedExperts)),
+            ("l1.sact", Some(Module::SharedExperts)),
+            ("l1.sd", Some(Module::SharedExperts)),
+        ] {
+            assert_eq!(module_of(&g, &m, op), want, "{op}");
+        }
+        assert_eq!(freed(&g, &m, Module::Layernorm), ["h1", "h2", "k1", "k2"]);
+        assert_eq!(freed(&g, &m, Module::MlaUpProj), ["ku", "qr", "vu"]);
+        assert_eq!(freed(&g, &m, Module::MoeAct), ["eact"]);
+        assert_eq!(freed(&g, &m, Module::Mlp), ["act", "d", "g", "u"]);
+        assert_eq!(freed(&g, &m, Module::SharedExperts), ["sact", "sd_o", "sg_o", "su_o"]);
+        assert!(freed(&g, &m, Module::CoreAttn).is_empty());
+    }
+
+    #[test]
+    fn module_sets_spell_and_parse_as_megatron() {
+        let s = Modules::of(&[Module::Layernorm, Module::MoeAct]);
+        assert_eq!(s.to_string(), "layernorm+moe_act");
+        assert!(s.contains(Module::MoeAct) && !s.contains(Module::Mlp));
+        assert_eq!(Modules::default().to_string(), "core_attn");
+        assert_eq!(Module::parse("MLA_UP_PROJ"), Ok(Module::MlaUpProj));
+        assert!(Module::parse("experts").unwrap_err().contains("core_attn, layernorm"));
+        let json = serde_json::to_string(&s).unwrap();
+        assert_eq!(json, r#"["layernorm","moe_act"]"#);
+        assert_eq!(serde_json::from_str::<Modules>(&json).unwrap(), s);
+    }
+}
