@@ -505,8 +505,8 @@ fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         p.check("combine_backward dy", &dys, EW)?;
         p.check("combine_backward dweights", &dwts, RED)?;
         let (mut dxs, mut dwt) = (p.out(n * k * c)?, p.out(e * f * c)?);
-        p.cpu.grouped_matmul_backward(&mut dxs.0, &mut dwt.0, &dys.0, &xs.0, &wt.0, &plan_c, c, f)?;
-        p.dev.grouped_matmul_backward(&mut dxs.1, &mut dwt.1, &dys.1, &xs.1, &wt.1, &plan_d, c, f)?;
+        p.cpu.grouped_matmul_backward(&mut dxs.0, &mut dwt.0, &dys.0, &dys.0, &xs.0, &wt.0, &plan_c, c, f)?;
+        p.dev.grouped_matmul_backward(&mut dxs.1, &mut dwt.1, &dys.1, &dys.1, &xs.1, &wt.1, &plan_d, c, f)?;
         p.check("grouped_matmul_backward dx", &dxs, RED)?;
         p.check("grouped_matmul_backward dw", &dwt, RED)?;
         let mut dx = p.out(n * c)?;
