@@ -173,7 +173,8 @@ pub struct Executor<D: Device> {
     pending_partials: HashMap<TensorId, (D::Buffer, &'static str)>,
     /// FSDP: this rank's shards of the weights it covers (`executor/fsdp.rs`).
     fsdp: fsdp::FsdpState<D::Buffer>,
-    /// Precision plans of the linear layers, amax histories, numerics (`executor/quant.rs`).
+    /// Precision plans of the linear and grouped (expert) linear layers, amax histories,
+    /// numerics (`executor/quant.rs`).
     quant: quant::QuantState,
 }
 

@@ -40,7 +40,8 @@ pub(super) struct BackwardIo<'a, D: Device> {
     /// Gradient to produce for each forward input (`None`: not needed).
     pub(super) grads_out: Vec<Option<GradTarget<'a, D::Buffer>>>,
     pub(super) plans: &'a Plans<D::Plan>,
-    /// A linear with a precision plan: its backward GEMMs' quantised operands.
+    /// A linear or grouped linear with a precision plan: its backward GEMMs' quantised
+    /// operands.
     pub(super) linear: Option<&'a super::quant::LinearBackward<D::Buffer>>,
 }
 
