@@ -146,7 +146,8 @@ pub fn coverage(sites: &[GemmSite], plans: &[SitePlan]) -> f64 {
     let flops = |s: &GemmSite| 2.0 * s.m as f64 * s.n as f64 * s.k as f64;
     let total: f64 = sites.iter().map(flops).sum();
     let low: f64 = sites.iter().zip(plans).filter(|(s, p)| low_precision(s, p)).map(|(s, _)| flops(s)).sum();
-    if total > 0.0 { low / total } else { 0.0 }
+    // `+ 0.0`: an empty f64 sum is -0.0, which would print as "-0.0%".
+    if total > 0.0 { low / total + 0.0 } else { 0.0 }
 }
 
 /// Combinations refused when a plan is loaded, beyond the contract's rules (which already
@@ -476,6 +477,7 @@ mod tests {
         let o = st.apply(&[Action::FallbackGlobal(GlobalFallback { scope: FallbackScope::AllGemms, to: Dtype::Bf16 })], |_, _, _| {});
         assert!(o.changed);
         assert_eq!(coverage(&st.sites, &st.current), 0.0);
+        assert!(coverage(&st.sites, &st.current).is_sign_positive(), "not printed as -0.0 %");
     }
 
     #[test]
