@@ -504,9 +504,11 @@ fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         p.dev.combine_backward(&mut dys.1, &mut dwts.1, &g.1, &ys.1, &w.1, &plan_d, f)?;
         p.check("combine_backward dy", &dys, EW)?;
         p.check("combine_backward dweights", &dwts, RED)?;
+        // The weight gradient reads its own dY (a precision plan's separately quantised copy).
+        let dyw = p.randf(n * k * f)?;
         let (mut dxs, mut dwt) = (p.out(n * k * c)?, p.out(e * f * c)?);
-        p.cpu.grouped_matmul_backward(&mut dxs.0, &mut dwt.0, &dys.0, &xs.0, &wt.0, &plan_c, c, f)?;
-        p.dev.grouped_matmul_backward(&mut dxs.1, &mut dwt.1, &dys.1, &xs.1, &wt.1, &plan_d, c, f)?;
+        p.cpu.grouped_matmul_backward(&mut dxs.0, &mut dwt.0, &dys.0, &dyw.0, &xs.0, &wt.0, &plan_c, c, f)?;
+        p.dev.grouped_matmul_backward(&mut dxs.1, &mut dwt.1, &dys.1, &dyw.1, &xs.1, &wt.1, &plan_d, c, f)?;
         p.check("grouped_matmul_backward dx", &dxs, RED)?;
         p.check("grouped_matmul_backward dw", &dwt, RED)?;
         let mut dx = p.out(n * c)?;

@@ -621,13 +621,16 @@ pub trait Device {
         k_in: usize,
         n_out: usize,
     ) -> Result<(), ExecError>;
-    /// dx overwritten, dw adds into.
+    /// dx = dout · W per expert, overwritten; dw += dout_wᵀ · x per expert. `dout_w` is
+    /// `dout` unless a precision plan quantises the output gradient differently for the
+    /// input-gradient and weight-gradient GEMMs.
     #[allow(clippy::too_many_arguments)]
     fn grouped_matmul_backward(
         &self,
         dx_sorted: &mut Self::Buffer,
         dw: &mut Self::Buffer,
         dout: &Self::Buffer,
+        dout_w: &Self::Buffer,
         x_sorted: &Self::Buffer,
         w: &Self::Buffer,
         plan: &Self::Plan,

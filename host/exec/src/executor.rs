@@ -173,7 +173,8 @@ pub struct Executor<D: Device> {
     pending_partials: HashMap<TensorId, (D::Buffer, &'static str)>,
     /// FSDP: this rank's shards of the weights it covers (`executor/fsdp.rs`).
     fsdp: fsdp::FsdpState<D::Buffer>,
-    /// Precision plans of the linear layers, amax histories, numerics (`executor/quant.rs`).
+    /// Precision plans of the linear and grouped (expert) linear layers, amax histories,
+    /// numerics (`executor/quant.rs`).
     quant: quant::QuantState,
 }
 
@@ -713,8 +714,9 @@ impl<D: Device> Executor<D> {
         }
         let mut aux = Vec::new();
         if !self.comm_forward(oi, &mut outs, &mut aux)? {
-            // A linear with a precision plan reads quantised copies of X and W.
-            let quantised = if self.graph.ops[oi].kind == OpKind::Linear { self.forward_operands(oi)? } else { None };
+            // A linear or grouped linear with a precision plan reads quantised copies of X and W.
+            let gemm = matches!(self.graph.ops[oi].kind, OpKind::Linear | OpKind::GroupedLinear);
+            let quantised = if gemm { self.forward_operands(oi)? } else { None };
             let op = &self.graph.ops[oi];
             let zero_bias = match self.bias_added_elsewhere(op) {
                 Some(n) => {
@@ -903,7 +905,7 @@ impl<D: Device> Executor<D> {
             return self.after_step(si);
         }
         let linear = match (self.graph.ops[self.plan.steps[si].op].kind, self.plan.steps[si].grads_in.first()) {
-            (OpKind::Linear, Some(Some(dy))) => self.backward_operands(self.plan.steps[si].op, *dy)?,
+            (OpKind::Linear | OpKind::GroupedLinear, Some(Some(dy))) => self.backward_operands(self.plan.steps[si].op, *dy)?,
             _ => None,
         };
         let step = &self.plan.steps[si];

@@ -1,6 +1,6 @@
-//! What a precision plan asks of each GEMM site, in the executor's terms: per linear op
-//! and role (forward `Y = X Wᵀ`, input gradient `dX = dY W`, weight gradient
-//! `dW = dYᵀ X`), how each operand it reads is quantised and what format its result is
+//! What a precision plan asks of each GEMM site, in the executor's terms: per linear or
+//! grouped (expert) linear op and role (forward `Y = X Wᵀ`, input gradient `dX = dY W`,
+//! weight gradient `dW = dYᵀ X`, each expert's rows with its own W for a grouped linear), how each operand it reads is quantised and what format its result is
 //! kept in; and what the quantisation did, per step (the numbers a precision policy's
 //! `on-step` reads).
 //!
@@ -11,7 +11,7 @@ use runner_graph::DType;
 use runner_kernels::cpu::quant::{self, BlockSpec, FloatFormat, QuantSpec, ScaleFormat, ScaleRounding};
 use serde::Serialize;
 
-/// The three GEMMs of a linear layer.
+/// The three GEMMs of a linear (or grouped expert linear) layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum GemmRole {
@@ -221,7 +221,7 @@ impl OperandNumerics {
 /// One (site, operand) of the step's numerics.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SiteNumerics {
-    /// The linear op (index into the graph's ops) and its name.
+    /// The linear or grouped linear op (index into the graph's ops) and its name.
     pub op: usize,
     pub name: String,
     pub layer: i32,
@@ -243,7 +243,7 @@ pub enum FaultKind {
 /// Where and what to inject.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Fault {
-    /// Linear op name.
+    /// Linear or grouped linear op name.
     pub op: String,
     pub role: GemmRole,
     pub operand: Operand,

@@ -475,8 +475,10 @@ pub fn grouped_matmul_forward(
     Ok(())
 }
 
-/// Per expert segment: dx_sorted = dout · W_e (overwritten), dW_e += doutᵀ · x_sorted.
-/// dout (N·k, n_out), x_sorted and dx_sorted (N·k, k_in), w and dw (E, n_out, k_in).
+/// Per expert segment: dx_sorted = dout · W_e (overwritten), dW_e += dout_wᵀ · x_sorted.
+/// dout and dout_w (N·k, n_out), x_sorted and dx_sorted (N·k, k_in), w and dw (E, n_out,
+/// k_in). `dout_w` is `dout` unless a precision plan quantises the output gradient
+/// differently for the two GEMMs (input-gradient and weight-gradient plans).
 /// Experts that received no token keep their dw unchanged.
 ///
 /// # Errors
@@ -489,6 +491,7 @@ pub fn grouped_matmul_backward(
     dx_sorted: &mut [f32],
     dw: &mut [f32],
     dout: &[f32],
+    dout_w: &[f32],
     x_sorted: &[f32],
     w: &[f32],
     p: &DispatchPlan,
@@ -496,12 +499,14 @@ pub fn grouped_matmul_backward(
     n_out: usize,
 ) -> Result<()> {
     check_grouped(p, x_sorted.len(), w.len(), dout.len(), k_in, n_out)?;
+    check_len("grouped_matmul dout_w", dout_w.len(), dout.len())?;
     check_len("grouped_matmul dx_sorted", dx_sorted.len(), x_sorted.len())?;
     check_len("grouped_matmul dw", dw.len(), w.len())?;
     let job = |e: usize, dx: &mut [f32], dwe: &mut [f32], par: Par| {
         let (r0, r1) = (p.offsets[e], p.offsets[e + 1]);
         let m = r1 - r0;
         let d = &dout[r0 * n_out..r1 * n_out];
+        let dwo = &dout_w[r0 * n_out..r1 * n_out];
         let we = &w[e * n_out * k_in..(e + 1) * n_out * k_in];
         let gx = Gemm {
             m,
@@ -523,7 +528,7 @@ pub fn grouped_matmul_backward(
             (par_for(&gx), par_for(&gw))
         };
         gemm_unchecked(dx, d, we, gx, false, px);
-        gemm_unchecked(dwe, d, &x_sorted[r0 * k_in..r1 * k_in], gw, true, pw);
+        gemm_unchecked(dwe, dwo, &x_sorted[r0 * k_in..r1 * k_in], gw, true, pw);
     };
     let segs = segments(dx_sorted, p, k_in);
     let dws = dw.chunks_mut(n_out * k_in);
@@ -787,7 +792,7 @@ mod tests {
             let mut dxs = vec![f32::NAN; xs.len()];
             let dw0 = randn(&mut rng, w.len());
             let mut dw = dw0.clone();
-            grouped_matmul_backward(&mut dxs, &mut dw, &dys, &xs, &w, &plan, c, n_out).unwrap();
+            grouped_matmul_backward(&mut dxs, &mut dw, &dys, &dys, &xs, &w, &plan, c, n_out).unwrap();
             let mut dx = vec![f32::NAN; x.len()];
             dispatch_backward(&mut dx, &dxs, &plan, c).unwrap();
 

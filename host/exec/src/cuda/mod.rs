@@ -1263,12 +1263,12 @@ impl Device for Cuda {
         Ok(())
     }
 
-    fn grouped_matmul_backward(&self, dx_sorted: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, x_sorted: &CudaBuffer, w: &CudaBuffer, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
+    fn grouped_matmul_backward(&self, dx_sorted: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, dout_w: &CudaBuffer, x_sorted: &CudaBuffer, w: &CudaBuffer, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
         let rows = plan.order.len;
         let e = plan.offsets.len() - 1;
         lens(
             "grouped_matmul_backward",
-            &[("x_sorted", x_sorted.len, rows * k_in), ("dx_sorted", dx_sorted.len, rows * k_in), ("w", w.len, e * n_out * k_in), ("dw", dw.len, w.len), ("dout", dout.len, rows * n_out)],
+            &[("x_sorted", x_sorted.len, rows * k_in), ("dx_sorted", dx_sorted.len, rows * k_in), ("w", w.len, e * n_out * k_in), ("dw", dw.len, w.len), ("dout", dout.len, rows * n_out), ("dout_w", dout_w.len, rows * n_out)],
         )?;
         for ex in 0..e {
             let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
@@ -1279,7 +1279,7 @@ impl Device for Cuda {
             let gx = Gemm { m, n: k_in, k: n_out, trans_a: false, trans_b: false };
             self.gemm_at(dx_sorted, r0 * k_in, dout, r0 * n_out, w, ex * n_out * k_in, gx, false)?;
             let gw = Gemm { m: n_out, n: k_in, k: m, trans_a: true, trans_b: false };
-            self.gemm_at(dw, ex * n_out * k_in, dout, r0 * n_out, x_sorted, r0 * k_in, gw, true)?;
+            self.gemm_at(dw, ex * n_out * k_in, dout_w, r0 * n_out, x_sorted, r0 * k_in, gw, true)?;
         }
         Ok(())
     }

@@ -40,7 +40,8 @@ pub(super) struct BackwardIo<'a, D: Device> {
     /// Gradient to produce for each forward input (`None`: not needed).
     pub(super) grads_out: Vec<Option<GradTarget<'a, D::Buffer>>>,
     pub(super) plans: &'a Plans<D::Plan>,
-    /// A linear with a precision plan: its backward GEMMs' quantised operands.
+    /// A linear or grouped linear with a precision plan: its backward GEMMs' quantised
+    /// operands.
     pub(super) linear: Option<&'a super::quant::LinearBackward<D::Buffer>>,
 }
 
@@ -262,7 +263,7 @@ fn collective_here<D: Device>(dev: &D, op: &Op) -> ExecError {
 
 /// The routing plan of indices tensor `idx`: the dispatch's, or built here when the graph
 /// runs a grouped linear without a dispatch of the same indices.
-fn plan_for<'p, D: Device>(
+pub(super) fn plan_for<'p, D: Device>(
     dev: &D,
     g: &Graph,
     idx: TensorId,
@@ -636,14 +637,34 @@ fn backward_inner<D: Device>(
                 .ok_or_else(|| state(op, "the routing plan was not saved"))?;
             let xs = input(0, "the sorted tokens")?;
             let wv = input(1, "the expert weights")?;
-            let (mut s0, mut s1) = (None, None);
-            let mut dwt = target_or_scratch(dev, take(1), wv.len(), &mut s1)?;
-            zeroed_unless_accumulating(dev, &mut dwt)?;
-            let mut dxt = target_or_scratch(dev, take(0), xs.len(), &mut s0)?;
             let d = dout(0)?;
+            // Under a precision plan each GEMM reads its own quantised copies, and its
+            // result is rounded to its plan's output format before it joins a sum.
+            let dgrad = linear.and_then(|l| l.dgrad.as_ref());
+            let wgrad = linear.and_then(|l| l.wgrad.as_ref());
+            let (dy_d, w_d) = dgrad.map_or((d, wv), |(g, w, _)| (g, w));
+            let (dy_w, x_w) = wgrad.map_or((d, xs), |(g, x, _)| (g, x));
+            let (mut s0, mut s1, mut s2) = (None, None, None);
+            let mut dwt = target_or_scratch(dev, take(1), wv.len(), &mut s1)?;
+            // A rounded weight gradient is computed alone, then added in.
+            let mut dw_own = match wgrad {
+                Some(_) => Some(GradTarget { buf: s2.insert(scratch(dev, wv.len())?), accumulate: false }),
+                None => None,
+            };
+            let dw_into = dw_own.as_mut().unwrap_or(&mut dwt);
+            zeroed_unless_accumulating(dev, dw_into)?;
+            let mut dxt = target_or_scratch(dev, take(0), xs.len(), &mut s0)?;
             emit(dev, &mut dxt, |dx| {
-                dev.grouped_matmul_backward(dx, dwt.buf, d, xs, wv, plan, k_in, n_out)
+                dev.grouped_matmul_backward(dx, dw_into.buf, dy_d, dy_w, x_w, w_d, plan, k_in, n_out)?;
+                match dgrad {
+                    Some((_, _, output)) => dev.round_to_storage(dx, *output, k_in),
+                    None => Ok(()),
+                }
             })?;
+            if let (Some((_, _, output)), Some(own)) = (wgrad, dw_own) {
+                dev.round_to_storage(own.buf, *output, k_in)?;
+                emit_add(dev, &mut dwt, |dw| dev.add_assign(dw, own.buf))?;
+            }
         }
         OpKind::MoeCombine => {
             let c = last(g, op.inputs[0]);

@@ -1,13 +1,29 @@
-//! The executor's side of precision plans: quantised copies of each linear's operands
-//! as its site plan says (forward, input gradient, weight gradient each with their own),
-//! the delayed-scaling amax histories, the step's numerics, fault injection, and the
-//! snapshots a rollback restores.
+//! The executor's side of precision plans: quantised copies of each linear's and grouped
+//! (expert) linear's operands as its site plan says (forward, input gradient, weight
+//! gradient each with their own), the delayed-scaling amax histories, the step's
+//! numerics, fault injection, and the snapshots a rollback restores.
 //!
-//! A linear without a plan runs as before (f32). With one, every operand is copied,
+//! A GEMM site without a plan runs as before (f32). With one, every operand is copied,
 //! quantised and dequantised on the device (`Device::quantize`), the GEMM runs on the
 //! copies with f32 accumulation, and its result is rounded to the plan's output format.
 //! What each quantisation did is merged per (op, role, operand) until
 //! [`Executor::end_precision_step`] moves the amaxes into the histories.
+//!
+//! A grouped linear (MoE experts: X (rows, k) sorted by expert, W (E, n, k)) is quantised
+//! as Transformer Engine's grouped GEMM is: the weights expert by expert (TE keeps one FP8
+//! weight tensor per expert), so each expert's matrix has its own scale or block grid; the
+//! dispatched activations and gradients as one tensor (one per-tensor scale over all
+//! experts' rows, as TE's grouped linear does for its input), except where a block spans
+//! rows or a Hadamard transform mixes rows (the weight-gradient inputs, whose reduction
+//! axis is the tokens): there each expert's rows are quantised alone, so no block and no
+//! transform mixes two experts' tokens. The statistics of all experts merge into the op's
+//! (op, role, operand) entry, and the delayed-scaling history is that entry's too: one
+//! history per op shared by its experts. Per-expert histories would give each expert a
+//! scale from its own past amaxes, but the policy sees one figure per (op, role, operand)
+//! either way, and a shared history's scale (from the largest expert amax) never
+//! saturates an expert on the step after another one grew; an expert whose weights are
+//! far smaller than the others' loses resolution to it (a current or block recipe scales
+//! each expert alone).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -38,7 +54,7 @@ pub(super) struct QuantState {
     pub(super) quiet: bool,
 }
 
-/// The quantised operands of a linear's backward GEMMs.
+/// The quantised operands of a linear's (or grouped linear's) backward GEMMs.
 pub(super) struct LinearBackward<B> {
     /// (dY, W) quantised for dX, and dX's format.
     pub(super) dgrad: Option<Operands<B>>,
@@ -83,14 +99,14 @@ fn plan_key_ok(p: &OperandPlan, role: GemmRole, operand: Operand) -> Result<(), 
 }
 
 impl<D: Device> Executor<D> {
-    /// Run the linear ops named in `plans` with their operands quantised per role as the
-    /// plans say; every other GEMM stays f32. Replaces the previous plans. The amax
+    /// Run the linear and grouped (expert) linear ops named in `plans` with their operands
+    /// quantised per role as the plans say; every other GEMM stays f32. Replaces the previous plans. The amax
     /// history of an operand whose format or scaling changes is forgotten, so its first
     /// step under the new plan takes its scale from its own amax.
     ///
     /// # Errors
-    /// An unknown op or one that is not a linear layer (grouped expert linears are not
-    /// quantised yet), or a plan the executor cannot run (a Hadamard transform anywhere
+    /// An unknown op, a low-precision plan for an op that is not a GEMM (linear or grouped
+    /// linear), or a plan the executor cannot run (a Hadamard transform anywhere
     /// but on both inputs of a weight-gradient GEMM, a format without its scaling); the
     /// previous plans stay.
     pub fn set_precision(&mut self, plans: &[(String, GemmRole, SitePlan)]) -> Result<(), ExecError> {
@@ -102,12 +118,12 @@ impl<D: Device> Executor<D> {
                 .iter()
                 .position(|o| &o.name == name)
                 .ok_or_else(|| ExecError::Input(format!("precision plan for '{name}': the graph has no such op")))?;
-            if self.graph.ops[oi].kind != OpKind::Linear {
+            if !matches!(self.graph.ops[oi].kind, OpKind::Linear | OpKind::GroupedLinear) {
                 let low = Operand::ALL.iter().any(|o| plan.operand(*o).is_low_precision());
                 if low {
                     return Err(ExecError::Input(format!(
-                        "precision plan for '{name}' ({:?}): only linear layers run quantised; grouped expert linears \
-                         stay f32 in this executor",
+                        "precision plan for '{name}' ({:?}): only GEMMs (linear and grouped expert linear layers) run \
+                         quantised",
                         self.graph.ops[oi].kind
                     )));
                 }
@@ -205,7 +221,7 @@ impl<D: Device> Executor<D> {
     /// Inject `fault` into the named operand the next time it is quantised.
     ///
     /// # Errors
-    /// The op is not a linear with a plan for that role.
+    /// The op is not a GEMM (linear or grouped linear) with a plan for that role.
     pub fn inject(&mut self, fault: Fault) -> Result<(), ExecError> {
         let oi = self
             .graph
@@ -233,21 +249,21 @@ impl<D: Device> Executor<D> {
         Some(tensor_scale(amax, f, margin))
     }
 
-    /// A quantised copy of `src` (rows x cols) as operand `o` of op `oi`'s GEMM of
-    /// `role`, recording what the quantisation did. `hadamard`: transform the copy along
-    /// its rows first (the weight-gradient inputs).
-    #[allow(clippy::too_many_arguments)]
+    /// A quantised copy of `src` (rows x cols) as operand `key.2` of op `key.0`'s GEMM of
+    /// role `key.1`, recording what the quantisation did. `groups`: row offsets (from 0 to
+    /// `rows`) of ranges quantised each alone (a grouped linear's experts), `None`: the
+    /// whole tensor at once. A planned Hadamard transform (the weight-gradient inputs)
+    /// runs along the rows of each range first.
     pub(super) fn quantised(
         &mut self,
         src: &D::Buffer,
         rows: usize,
         cols: usize,
-        oi: usize,
-        role: GemmRole,
-        o: Operand,
+        key: Key,
         plan: &OperandPlan,
+        groups: Option<&[usize]>,
     ) -> Result<D::Buffer, ExecError> {
-        let key = (oi, role, o);
+        let (oi, role, o) = key;
         let mut x = self.device.alloc(Elem::F32, src.len())?;
         self.device.copy(&mut x, 0, src, 0, src.len())?;
         if let Some(i) = self.quant.faults.iter().position(|(f, fl)| *f == oi && fl.role == role && fl.operand == o) {
@@ -261,20 +277,45 @@ impl<D: Device> Executor<D> {
             }
             self.device.write_f32(&mut x, &host)?;
         }
+        let Some(groups) = groups else {
+            self.quantise_rows(&mut x, rows, cols, key, plan)?;
+            return Ok(x);
+        };
+        if groups.first() != Some(&0) || groups.last() != Some(&rows) || groups.windows(2).any(|w| w[1] < w[0]) {
+            return Err(ExecError::State(format!(
+                "operation '{}': row groups {groups:?} do not cover its {rows} rows",
+                self.graph.ops[oi].name
+            )));
+        }
+        // An expert without rows has nothing to quantise (and no scale to take).
+        for w in groups.windows(2).filter(|w| w[1] > w[0]) {
+            let len = (w[1] - w[0]) * cols;
+            let mut part = self.device.alloc(Elem::F32, len)?;
+            self.device.copy(&mut part, 0, &x, w[0] * cols, len)?;
+            self.quantise_rows(&mut part, w[1] - w[0], cols, key, plan)?;
+            self.device.copy(&mut x, w[0] * cols, &part, 0, len)?;
+        }
+        Ok(x)
+    }
+
+    /// Transform (when planned) and quantise `x` (rows x cols) in place as operand `key`,
+    /// merging the report into the step's numerics.
+    fn quantise_rows(&mut self, x: &mut D::Buffer, rows: usize, cols: usize, key: Key, plan: &OperandPlan) -> Result<(), ExecError> {
+        let oi = key.0;
         if plan.hadamard > 1 {
             // One sign pattern per step and site, shared by both operands of the GEMM.
             let seed = ((oi as u64) << 32) ^ u64::from(self.adam_step);
-            self.device.hadamard_rows(&mut x, rows, cols, plan.hadamard as usize, seed)?;
+            self.device.hadamard_rows(x, rows, cols, plan.hadamard as usize, seed)?;
         }
         let spec = plan
             .spec(self.delayed_scale(key, plan), self.quant.draws)
             .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[oi].name)))?;
         self.quant.draws += 1;
-        let r = self.device.quantize(&mut x, rows, cols, &spec)?;
+        let r = self.device.quantize(x, rows, cols, &spec)?;
         if !self.quant.quiet {
             self.quant.step.entry(key).or_default().merge(&r);
         }
-        Ok(x)
+        Ok(())
     }
 
     /// A quantised copy of value (`grad: false`) or gradient (`grad: true`) `id`, taken
@@ -286,45 +327,86 @@ impl<D: Device> Executor<D> {
         grad: bool,
         rows: usize,
         cols: usize,
-        oi: usize,
-        role: GemmRole,
-        o: Operand,
+        key: Key,
         plan: &OperandPlan,
+        groups: Option<&[usize]>,
     ) -> Result<D::Buffer, ExecError> {
         let store = if grad { &mut self.grads } else { &mut self.vals };
         let b = store[id].take().ok_or_else(|| {
             ExecError::State(format!(
                 "operation '{}' quantises {}'{}', which is not live",
-                self.graph.ops[oi].name,
+                self.graph.ops[key.0].name,
                 if grad { "the gradient of " } else { "" },
                 self.graph.tensors[id].name
             ))
         })?;
-        let r = self.quantised(&b, rows, cols, oi, role, o, plan);
+        let r = self.quantised(&b, rows, cols, key, plan, groups);
         let store = if grad { &mut self.grads } else { &mut self.vals };
         store[id] = Some(b);
         r
     }
 
-    /// (n, k) of linear `oi`'s weight.
-    fn weight_shape(&self, oi: usize) -> (usize, usize) {
+    /// (experts, n, k) of GEMM op `oi`'s weight: (n, k) for a linear (one "expert"),
+    /// (E, n, k) for a grouped linear.
+    fn weight_shape(&self, oi: usize) -> (usize, usize, usize) {
         let s = &self.graph.tensors[self.graph.ops[oi].inputs[1]].shape;
-        (s[0] as usize, s[1] as usize)
+        match s[..] {
+            [e, n, k] => (e as usize, n as usize, k as usize),
+            _ => (1, s[0] as usize, s[1] as usize),
+        }
     }
 
-    /// The quantised (X, W) of linear `oi`'s forward and its output format, when it has
+    /// The row groups of op `oi`'s weight (E, n, k) seen as (E·n, k): one per expert of a
+    /// grouped linear; `None` for a linear.
+    fn weight_groups(&self, oi: usize) -> Option<Vec<usize>> {
+        let (e, n, _) = self.weight_shape(oi);
+        (self.graph.ops[oi].kind == OpKind::GroupedLinear).then(|| (0..=e).map(|i| i * n).collect())
+    }
+
+    /// The row groups of a token-major operand (X or dY) of op `oi` under `plan`: each
+    /// expert's rows when `oi` is a grouped linear and the plan's blocks span rows or a
+    /// Hadamard transform mixes them; `None` (one tensor) otherwise.
+    fn token_groups(&mut self, oi: usize, plan: &OperandPlan) -> Result<Option<Vec<usize>>, ExecError> {
+        let spans_rows = plan.hadamard > 1 || matches!(plan.scaling, Scaling::Block { rows, .. } if rows > 1);
+        if self.graph.ops[oi].kind != OpKind::GroupedLinear || !spans_rows {
+            return Ok(None);
+        }
+        let idx = self.graph.ops[oi].inputs[2];
+        if self.plans.for_experts(idx).is_none() {
+            // Built as the forward builds it when no dispatch of these indices ran before.
+            let indices = self.vals[idx].as_ref().ok_or_else(|| {
+                ExecError::State(format!("operation '{}': its routing indices are not live", self.graph.ops[oi].name))
+            })?;
+            let e = self.weight_shape(oi).0;
+            super::ops::plan_for(&self.device, &self.graph, idx, indices, e, &mut self.plans)?;
+        }
+        let plan = self
+            .plans
+            .for_experts(idx)
+            .ok_or_else(|| ExecError::State(format!("operation '{}': no routing plan", self.graph.ops[oi].name)))?;
+        let mut offsets = vec![0];
+        for c in self.device.plan_counts(plan)? {
+            offsets.push(offsets[offsets.len() - 1] + c);
+        }
+        Ok(Some(offsets))
+    }
+
+    /// The quantised (X, W) of GEMM op `oi`'s forward and its output format, when it has
     /// a plan.
     pub(super) fn forward_operands(&mut self, oi: usize) -> Result<Option<Operands<D::Buffer>>, ExecError> {
         let Some(plan) = self.quant.sites.get(&(oi, GemmRole::Forward)).copied() else { return Ok(None) };
         let (xid, wid) = (self.graph.ops[oi].inputs[0], self.graph.ops[oi].inputs[1]);
-        let (n, k) = self.weight_shape(oi);
+        let (e, n, k) = self.weight_shape(oi);
         let m = self.numel_of(xid) / k.max(1);
-        let qx = self.quantised_tensor(xid, false, m, k, oi, GemmRole::Forward, Operand::Activation, &plan.activation)?;
-        let qw = self.quantised_tensor(wid, false, n, k, oi, GemmRole::Forward, Operand::Weight, &plan.weight)?;
+        let key = |o| (oi, GemmRole::Forward, o);
+        let xg = self.token_groups(oi, &plan.activation)?;
+        let qx = self.quantised_tensor(xid, false, m, k, key(Operand::Activation), &plan.activation, xg.as_deref())?;
+        let wg = self.weight_groups(oi);
+        let qw = self.quantised_tensor(wid, false, e * n, k, key(Operand::Weight), &plan.weight, wg.as_deref())?;
         Ok(Some((qx, qw, plan.output)))
     }
 
-    /// The quantised operands of linear `oi`'s backward GEMMs (`dy`: its output's
+    /// The quantised operands of GEMM op `oi`'s backward GEMMs (`dy`: its output's
     /// gradient), for the roles with a plan.
     pub(super) fn backward_operands(&mut self, oi: usize, dy: TensorId) -> Result<Option<LinearBackward<D::Buffer>>, ExecError> {
         let dplan = self.quant.sites.get(&(oi, GemmRole::InputGradient)).copied();
@@ -333,19 +415,25 @@ impl<D: Device> Executor<D> {
             return Ok(None);
         }
         let (xid, wid) = (self.graph.ops[oi].inputs[0], self.graph.ops[oi].inputs[1]);
-        let (n, k) = self.weight_shape(oi);
+        let (e, n, k) = self.weight_shape(oi);
         let m = self.numel_of(dy) / n.max(1);
         let mut out = LinearBackward { dgrad: None, wgrad: None };
         if let Some(p) = dplan {
-            let g = self.quantised_tensor(dy, true, m, n, oi, GemmRole::InputGradient, Operand::Gradient, &p.gradient)?;
-            let w = self.quantised_tensor(wid, false, n, k, oi, GemmRole::InputGradient, Operand::Weight, &p.weight)?;
+            let key = |o| (oi, GemmRole::InputGradient, o);
+            let gg = self.token_groups(oi, &p.gradient)?;
+            let g = self.quantised_tensor(dy, true, m, n, key(Operand::Gradient), &p.gradient, gg.as_deref())?;
+            let wg = self.weight_groups(oi);
+            let w = self.quantised_tensor(wid, false, e * n, k, key(Operand::Weight), &p.weight, wg.as_deref())?;
             out.dgrad = Some((g, w, p.output));
         }
         if let Some(p) = wplan
             && self.plan.needs_grad[wid]
         {
-            let g = self.quantised_tensor(dy, true, m, n, oi, GemmRole::WeightGradient, Operand::Gradient, &p.gradient)?;
-            let x = self.quantised_tensor(xid, false, m, k, oi, GemmRole::WeightGradient, Operand::Activation, &p.activation)?;
+            let key = |o| (oi, GemmRole::WeightGradient, o);
+            let gg = self.token_groups(oi, &p.gradient)?;
+            let g = self.quantised_tensor(dy, true, m, n, key(Operand::Gradient), &p.gradient, gg.as_deref())?;
+            let xg = self.token_groups(oi, &p.activation)?;
+            let x = self.quantised_tensor(xid, false, m, k, key(Operand::Activation), &p.activation, xg.as_deref())?;
             out.wgrad = Some((g, x, p.output));
         }
         Ok(Some(out))

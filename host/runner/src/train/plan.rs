@@ -146,7 +146,8 @@ pub fn coverage(sites: &[GemmSite], plans: &[SitePlan]) -> f64 {
     let flops = |s: &GemmSite| 2.0 * s.m as f64 * s.n as f64 * s.k as f64;
     let total: f64 = sites.iter().map(flops).sum();
     let low: f64 = sites.iter().zip(plans).filter(|(s, p)| low_precision(s, p)).map(|(s, _)| flops(s)).sum();
-    if total > 0.0 { low / total } else { 0.0 }
+    // `+ 0.0`: an empty f64 sum is -0.0, which would print as "-0.0%".
+    if total > 0.0 { low / total + 0.0 } else { 0.0 }
 }
 
 /// Combinations refused when a plan is loaded, beyond the contract's rules (which already
@@ -436,6 +437,30 @@ mod tests {
         assert!(log[0].2 && log[0].0 == "fallback");
     }
 
+    /// A MoE model's plan: its expert linears are GEMM sites over all dispatched rows
+    /// (tokens x top-k), the executor takes their FP8 plans, and the coverage counts
+    /// their FLOPs (routers in BF16 the only high-precision GEMMs here).
+    #[test]
+    fn moe_expert_linears_are_planned_run_and_counted() {
+        use runner_exec::toy::{ToyConfig, llama};
+        let g = llama(&ToyConfig { layers: 1, moe: Some((4, 2, 32)), ..ToyConfig::tiny() });
+        let sites: Vec<GemmSite> = crate::project::gemm_sites(&g).into_iter().map(|(_, s)| s).collect();
+        let tokens = g.tensors[g.tensor_id("tokens").unwrap()].numel();
+        let experts: Vec<&GemmSite> = sites.iter().filter(|s| s.name.contains(".moe.experts.")).collect();
+        assert_eq!(experts.len(), 9, "gate, up and down in three roles");
+        assert!(experts.iter().all(|s| s.m == 2 * tokens), "every token's top-2 copies");
+        let plans: Vec<SitePlan> =
+            sites.iter().map(|s| if s.name.contains("router") { unscaled(Dtype::Bf16) } else { fp8() }).collect();
+        let mut exec = runner_exec::Executor::new(&g, runner_exec::cpu::Cpu::new(), runner_exec::ExecOptions::default()).unwrap();
+        exec.set_precision(&executor_plan(&sites, &plans).unwrap()).unwrap();
+        let flops = |s: &GemmSite| 2.0 * (s.m * s.n * s.k) as f64;
+        let total: f64 = sites.iter().map(flops).sum();
+        let router: f64 = sites.iter().filter(|s| s.name.contains("router")).map(flops).sum();
+        let expert: f64 = experts.iter().map(|s| flops(s)).sum();
+        assert!((coverage(&sites, &plans) - (total - router) / total).abs() < 1e-12);
+        assert!(expert > 0.2 * total, "the experts carry a large share of the FLOPs: {expert} of {total}");
+    }
+
     #[test]
     fn the_host_caps_per_layer_fallbacks_but_not_a_global_one() {
         let mut st = state(0.34); // one of the three FP8 layers
@@ -452,6 +477,7 @@ mod tests {
         let o = st.apply(&[Action::FallbackGlobal(GlobalFallback { scope: FallbackScope::AllGemms, to: Dtype::Bf16 })], |_, _, _| {});
         assert!(o.changed);
         assert_eq!(coverage(&st.sites, &st.current), 0.0);
+        assert!(coverage(&st.sites, &st.current).is_sign_positive(), "not printed as -0.0 %");
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! Transformer Engine's recipes (`transformer_engine/common/recipe/__init__.py`, and its
 //! docs' low-precision training pages): only the linears inside the transformer layers
-//! run in low precision; the embedding, the output head and MoE routers stay BF16
-//! (DeepSeek-V3 report §3.3). Forward and input-gradient results are BF16, weight
+//! run in low precision, MoE expert linears (grouped GEMMs) included; the embedding, the
+//! output head and MoE routers stay BF16 (DeepSeek-V3 report §3.3). Forward and input-gradient results are BF16, weight
 //! gradients FP32 (Megatron's `main_grad`).
 //!
 //! Blocks follow each GEMM's reduction axis, since a scale must be constant along the
@@ -218,20 +218,21 @@ mod tests {
         }
     }
 
+    type Recipe = fn(&GemmSite) -> SitePlan;
+    const RECIPES: [(&str, Recipe); 5] = [
+        ("delayed", |s| hybrid(s, delayed)),
+        ("current", |s| hybrid(s, current)),
+        ("mxfp8", mxfp8),
+        ("blockwise", blockwise),
+        ("nvfp4", nvfp4),
+    ];
+
     /// Every recipe passes the host's rules on a device that runs it, keeps layer -1 in
     /// BF16, and puts its blocks along each GEMM's reduction axis.
     #[test]
     fn recipes_pass_the_contract_rules() {
         let req = request("B200");
-        type Recipe = fn(&GemmSite) -> SitePlan;
-        let recipes: [(&str, Recipe); 5] = [
-            ("delayed", |s| hybrid(s, delayed)),
-            ("current", |s| hybrid(s, current)),
-            ("mxfp8", mxfp8),
-            ("blockwise", blockwise),
-            ("nvfp4", nvfp4),
-        ];
-        for (name, f) in recipes {
+        for (name, f) in RECIPES {
             let sites = plan_with(&req, name, f, |_| false).unwrap();
             validate_plan(&req, &PlanResponse { sites: sites.clone(), state: vec![] }).unwrap_or_else(|e| panic!("{name}: {e}"));
             for (s, p) in req.sites.iter().zip(&sites) {
@@ -249,6 +250,28 @@ mod tests {
         assert_eq!(nvfp4(&wgrad).gradient.hadamard, 16);
         assert_eq!(nvfp4(&wgrad).gradient.value_rounding, ValueRounding::Stochastic);
         assert_eq!(hybrid(&wgrad, delayed).gradient.format, Dtype::Fp8E5m2);
+    }
+
+    /// A MoE layer: the expert linears (grouped GEMMs, one per expert) run in every
+    /// recipe's low precision like the layer's other linears, as Transformer Engine runs
+    /// expert GEMMs; the router stays BF16.
+    #[test]
+    fn expert_linears_run_low_and_routers_stay_high() {
+        let mut req = request("B200");
+        let names = ["layers.0.moe.router_logits", "layers.0.moe.experts.gate", "layers.0.moe.experts.down"];
+        req.sites = names
+            .into_iter()
+            .flat_map(|n| {
+                [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient]
+                    .map(|role| GemmSite { layer: 0, name: n.into(), role, m: 8192, n: 1024, k: 512 })
+            })
+            .collect();
+        for (name, f) in RECIPES {
+            let sites = plan_with(&req, name, f, |_| false).unwrap();
+            for (s, p) in req.sites.iter().zip(&sites) {
+                assert_eq!(is_low_precision(p.activation.format), !s.name.contains("router"), "{name} {s:?}");
+            }
+        }
     }
 
     #[test]
