@@ -48,17 +48,12 @@ pub struct Outcome {
     pub changed: bool,
 }
 
+/// A GEMM format as the IR's: the contract's one map (`dtype_to_ir`), int32 refused.
 fn dtype(d: Dtype) -> Result<DType, String> {
-    Ok(match d {
-        Dtype::Fp32 => DType::F32,
-        Dtype::Bf16 => DType::BF16,
-        Dtype::Fp16 => DType::F16,
-        Dtype::Fp8E4m3 => DType::Fp8E4M3,
-        Dtype::Fp8E5m2 => DType::Fp8E5M2,
-        Dtype::Mxfp8 => DType::MxFp8,
-        Dtype::Nvfp4 => DType::NvFp4,
-        Dtype::Int32 => return Err("int32 is not a GEMM format".into()),
-    })
+    match d {
+        Dtype::Int32 => Err("int32 is not a GEMM format".into()),
+        d => Ok(crate::plugin::workload::dtype_to_ir(d)),
+    }
 }
 
 /// A contract operand plan as the executor runs it.
