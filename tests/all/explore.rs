@@ -49,6 +49,25 @@ fn the_reference_scenario_comes_out_within_ten_percent_and_its_cost_ratio_follow
     assert!(q.lines.iter().any(|l| l.category == "storage") && q.lines.iter().any(|l| l.category == "egress"), "{q:?}");
 }
 
+/// Llama 3 8B is published on 8 GPUs only (16 sequences each). Growing that batch with
+/// the GPUs would train 268M tokens per step on 2048 GPUs and keep each GPU's work per
+/// step fixed, so the curve could not bend; the default batch stops at the job's
+/// compute-optimal one (2048 sequences for 15T tokens), and past that point fewer
+/// sequences per GPU leave the gradient traffic less to hide behind.
+#[test]
+fn the_default_batch_stops_at_the_jobs_optimal_batch_and_efficiency_falls_past_it() {
+    let o = quiet(&parse(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-8b\"\n[cluster]\ngpu = \"H100\"\ngpus = [64, 2048]\n\
+         [precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n",
+    ));
+    let rows = &o.series[0].rows;
+    assert_eq!((rows[0].global_batch, rows[1].global_batch), (1024, 2048), "16 per GPU at 64, capped at 2048");
+    assert!(o.notes.iter().any(|n| n.starts_with("GBS 2048 at 2048 GPUs") && n.contains("capped")), "{:#?}", o.notes);
+    let per_gpu = |r: &explore::Row| r.projection.as_ref().unwrap().tokens_per_sec_per_gpu;
+    let drop = 1.0 - per_gpu(&rows[1]) / per_gpu(&rows[0]);
+    assert!(drop > 0.01, "tokens/s/GPU from 64 to 2048 GPUs falls by {:.2} %", drop * 100.0);
+}
+
 #[test]
 fn several_gpus_and_precisions_are_series_with_fp8_against_bf16() {
     let o = quiet(&parse(

@@ -424,6 +424,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let mut projector = Projector::new(model, Box::new(source), plans[0].gpu.clone(), plans[0].plan.clone());
     let mut series = Vec::new();
     let mut gbs_notes = BTreeSet::new();
+    let job = project::Job { tokens, flops: flops_per_token * tokens, seq_len };
     let mut quote_notes = QuoteNotes::default();
     let total = plans.len() * run.cluster.gpus.len();
     let mut done = 0;
@@ -437,7 +438,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             let key = format!("row/{}/{}/{asked}", p.gpu.name, p.recipe);
             let (gbs, why) = match run.cluster.gbs {
                 Some(g) => (g, format!("GBS {g} from the run")),
-                None => project::default_gbs(variant, &p.gpu, p.recipe, n),
+                None => project::default_gbs(variant, &p.gpu, p.recipe, n, job),
             };
             gbs_notes.insert(why);
             if let Some(row) = journal.recall(&key).and_then(|v| serde_json::from_value::<Row>(v).ok())

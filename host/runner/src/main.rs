@@ -82,7 +82,7 @@ pub struct QuickRun {
     /// Precisions, comma-separated: bf16, fp8, fp8-cs, mxfp8, nvfp4 (default bf16,fp8)
     #[arg(long, value_delimiter = ',')]
     pub precision: Option<Vec<String>>,
-    /// Global batch in sequences (default: the variant's published rule, else 2 x GPUs)
+    /// Global batch in sequences (default: the variant's published rule; outside its GPU range, scaled per GPU up to the job's compute-optimal batch)
     #[arg(long)]
     pub gbs: Option<u32>,
     /// Cost plugins to price with, comma-separated or repeated (default: every installed cloud)

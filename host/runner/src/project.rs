@@ -258,27 +258,88 @@ pub fn reference_gbs(l: &ReferenceLayout, gpus: u32) -> u32 {
     ((l.gbs_per_gpu * f64::from(gpus)).round() as u32).saturating_add(l.gbs_fixed).max(1)
 }
 
-/// The global batch at `gpus` GPUs when none is given: the variant's published rule for
-/// this GPU, precision and count; outside the published range, the nearest published
-/// layout's sequences per GPU scaled to the count (weak scaling, as the DGXC recipes
-/// grow GBS with the GPUs); two sequences per GPU when nothing is published.
-pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32) -> (u32, String) {
+/// The training job a batch is chosen for: the tokens it trains on, its total model
+/// FLOPs (as counted for MFU) and its sequence length.
+#[derive(Clone, Copy, Debug)]
+pub struct Job {
+    pub tokens: f64,
+    pub flops: f64,
+    pub seq_len: u32,
+}
+
+impl Job {
+    /// The job of `tokens` tokens on `model` at its sequence length.
+    pub fn new(model: &Model, tokens: f64) -> Job {
+        let seq_len = model.seq_len.max(1);
+        Job { tokens, flops: model.flops_per_sequence / f64::from(seq_len) * tokens, seq_len }
+    }
+}
+
+/// The batch, in tokens, a compute-optimal run of `flops` FLOPs trains with:
+/// B_opt = 0.2920 · C^0.3271, fitted by DeepSeek LLM on its own runs (arXiv:2401.02954,
+/// section 3.1, eq. 1). Their C counts non-embedding FLOPs; ours also counts the output
+/// layer, a few percent of C and so about one percent of the batch. Their 7B model, 2T
+/// tokens, trained at 9.4M tokens per step; the formula gives 9.2M.
+pub fn optimal_batch_tokens(flops: f64) -> f64 {
+    0.2920 * flops.max(0.0).powf(0.3271)
+}
+
+/// The largest global batch, in sequences, the job uses on `gpus` GPUs:
+/// [`optimal_batch_tokens`] in sequences, rounded (on a log scale) to the odd part of the
+/// GPU count times a power of two, so that data-parallel groups of whole nodes divide it
+/// (2048 on 2^k GPUs, 2304 on 72 x 2^k); at least one sequence.
+pub fn batch_cap(job: Job, gpus: u32) -> u32 {
+    let odd = gpus.max(1) >> gpus.max(1).trailing_zeros();
+    let seqs = optimal_batch_tokens(job.flops) / f64::from(job.seq_len.max(1)) / f64::from(odd);
+    if !seqs.is_finite() || seqs <= 1.0 {
+        return odd.min(1u32 << 30);
+    }
+    let pow = seqs.log2().round().min(30.0) as u32;
+    odd.saturating_mul(1u32 << pow).min(1u32 << 30)
+}
+
+/// The global batch at `gpus` GPUs when none is given. Inside a published range, the
+/// variant's published rule for this GPU and precision (the runs the numbers are
+/// checked against). Outside it, the nearest published layout's sequences per GPU
+/// scaled to the count, as the DGXC recipes grow GBS with the GPUs (two per GPU when
+/// nothing is published), but never above the batch the job itself would train with
+/// ([`batch_cap`]): growing the batch with the GPUs past it would hide the cost of
+/// scale (the step's work per GPU never shrinks) and train with a batch no team would.
+pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32, job: Job) -> (u32, String) {
     let in_range = |l: &ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
     if let Some(l) = reference(variant, gpu, recipe, gpus).filter(|l| in_range(l)) {
         let gbs = reference_gbs(l, gpus);
         return (gbs, format!("GBS {gbs} at {gpus} GPUs: the published rule ({})", l.source));
     }
     let nearest = reference(variant, gpu, recipe, gpus).or_else(|| variant.layouts.first());
-    if let Some(l) = nearest {
-        let per_gpu = if l.gbs_per_gpu > 0.0 {
-            l.gbs_per_gpu
-        } else {
-            f64::from(reference_gbs(l, l.gpus_min.max(1))) / f64::from(l.gpus_min.max(1))
-        };
-        let gbs = ((per_gpu * f64::from(gpus)).round() as u32).max(1);
-        return (gbs, format!("GBS {gbs} at {gpus} GPUs: {per_gpu} sequences per GPU as published for {} GPUs ({})", l.gpus_min, l.source));
+    let (per_gpu, why) = match nearest {
+        Some(l) => {
+            let per_gpu = if l.gbs_per_gpu > 0.0 {
+                l.gbs_per_gpu
+            } else {
+                f64::from(reference_gbs(l, l.gpus_min.max(1))) / f64::from(l.gpus_min.max(1))
+            };
+            (per_gpu, format!("{per_gpu} sequences per GPU as published for {} GPUs ({})", l.gpus_min, l.source))
+        }
+        None => (2.0, format!("2 per GPU (nothing published for {})", variant.name)),
+    };
+    let scaled = ((per_gpu * f64::from(gpus)).round().min(f64::from(u32::MAX)) as u32).max(1);
+    let cap = batch_cap(job, gpus);
+    if scaled > cap {
+        let tokens = optimal_batch_tokens(job.flops);
+        return (
+            cap,
+            format!(
+                "GBS {cap} at {gpus} GPUs: {why} would give {scaled}; capped at the batch of a compute-optimal run of {} tokens ({:.2e} FLOPs), \
+                 {} tokens (B = 0.292 C^0.3271, DeepSeek LLM arXiv:2401.02954 eq. 1), {cap} sequences of {} (rounded so {gpus} GPUs divide it)",
+                crate::report::si(job.tokens),
+                job.flops,
+                crate::report::si(tokens),
+                job.seq_len
+            ),
+        );
     }
-    (2 * gpus, format!("GBS {} at {gpus} GPUs: 2 per GPU (nothing published for {})", 2 * gpus, variant.name))
+    (scaled, format!("GBS {scaled} at {gpus} GPUs: {why}"))
 }
 
 /// Read the model a command names.
@@ -289,4 +350,42 @@ pub fn model(found: &Found, seq_len: u32, limits: Limits) -> Result<(Model, Plug
     let mut src = source(found, seq_len, limits)?;
     let m = Model::new(&found.variant.name, seq_len, &mut src).map_err(anyhow::Error::msg)?;
     Ok((m, src))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// DeepSeek LLM trained its 7B and 67B models on 2T tokens at 2304 and 4608
+    /// sequences of 4096 (arXiv:2401.02954, Table 2); its own formula must give those
+    /// batches from 6 x parameters x tokens within 10 % (a wrong coefficient or exponent
+    /// misses by far more).
+    #[test]
+    fn the_optimal_batch_reproduces_the_batches_deepseek_llm_trained_with() {
+        for (params, seqs) in [(6.9e9, 2304.0), (67.0e9, 4608.0)] {
+            let want = seqs * 4096.0;
+            let got = optimal_batch_tokens(6.0 * params * 2e12);
+            assert!((got / want - 1.0).abs() < 0.10, "{params:e} params: {got:.3e} tokens against {want:.3e}");
+        }
+    }
+
+    #[test]
+    fn the_batch_cap_rounds_to_what_the_gpu_count_divides_and_is_never_zero() {
+        let llama3_8b = Job { tokens: 15e12, flops: 7.72e23, seq_len: 8192 };
+        // 19.0M tokens = 2318 sequences: nearest power of two 2048 on 2^k GPUs; on
+        // 72 x 2^k GPUs 9 x 256 = 2304, on 24 GPUs 3 x 1024 = 3072 (773 rounds up).
+        assert_eq!(batch_cap(llama3_8b, 2048), 2048);
+        assert_eq!(batch_cap(llama3_8b, 8), 2048);
+        assert_eq!(batch_cap(llama3_8b, 72), 2304);
+        assert_eq!(batch_cap(llama3_8b, 576), 2304);
+        assert_eq!(batch_cap(llama3_8b, 24), 3072);
+        // The same compute at seq 2048: 9274 sequences, nearest 8192.
+        assert_eq!(batch_cap(Job { seq_len: 2048, ..llama3_8b }, 64), 8192);
+        for flops in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e60] {
+            for gpus in [0, 1, 72, u32::MAX] {
+                let cap = batch_cap(Job { tokens: 1.0, flops, seq_len: 0 }, gpus);
+                assert!((1..=1 << 30).contains(&cap), "{flops} on {gpus}: {cap}");
+            }
+        }
+    }
 }

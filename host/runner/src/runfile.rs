@@ -10,7 +10,7 @@
 //! [cluster]
 //! gpu = "H100"            # or several: ["H100", "H200", "B200"]
 //! gpus = [64, 128, 256, 512, 1024, 2048]
-//! gbs = 128              # global batch; default: the variant's published rule
+//! gbs = 128              # global batch; default: the variant's published rule, capped off its range (docs/EXPLORER.md)
 //! profile = "mine.toml"  # GPU profile overrides (as --profile)
 //!
 //! [precision]
@@ -203,7 +203,7 @@ pub struct ClusterSection {
     pub gpu: Vec<String>,
     /// GPU counts; each is rounded up to whole nodes of the GPU's node size.
     pub gpus: Vec<u32>,
-    /// Global batch in sequences; default: the variant's published rule.
+    /// Global batch in sequences; default: the variant's published rule, off its GPU range scaled per GPU up to the job's compute-optimal batch.
     pub gbs: Option<u32>,
     /// A GPU profile file merged over the built-in profiles.
     pub profile: Option<String>,

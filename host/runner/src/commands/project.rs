@@ -81,7 +81,7 @@ pub struct Target {
     /// Sequence length (default: the variant's)
     #[arg(long)]
     pub seq_len: Option<u32>,
-    /// Global batch in sequences (default: the variant's published rule, else 2 x GPUs)
+    /// Global batch in sequences (default: the variant's published rule; outside its GPU range, scaled per GPU up to the job's compute-optimal batch)
     #[arg(long)]
     pub gbs: Option<u32>,
 }
@@ -151,7 +151,8 @@ fn gbs_for(s: &Setup, t: &Target, gpus: u32, notes: &mut Vec<String>) -> u32 {
     match t.gbs {
         Some(g) => g,
         None => {
-            let (g, why) = project::default_gbs(&s.found.variant, &s.projector.gpu, s.recipe, gpus);
+            let job = project::Job::new(&s.projector.model, s.found.variant.defaults.tokens);
+            let (g, why) = project::default_gbs(&s.found.variant, &s.projector.gpu, s.recipe, gpus, job);
             notes.push(why);
             g
         }
