@@ -64,6 +64,11 @@ pub fn installed_specs(kind: Kind) -> Vec<String> {
 /// No installed plugin provides it (the message lists the names that exist), or a
 /// plugin failed to describe itself.
 pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
+    lookup(name, limits)?.map_err(|known| anyhow::anyhow!("no installed workload plugin provides '{name}'; installed models: {}", known.join(", ")))
+}
+
+/// The plugin that provides variant `name`, or the names of every installed variant.
+fn lookup(name: &str, limits: Limits) -> Result<std::result::Result<Found, Vec<String>>> {
     let mut known = Vec::new();
     for spec in installed_specs(Kind::Workload) {
         let p = plugin::load(&spec)?;
@@ -71,12 +76,12 @@ pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
         let info = w.describe()?;
         for v in info.variants {
             if v.name == name {
-                return Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v });
+                return Ok(Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v }));
             }
             known.push(v.name);
         }
     }
-    anyhow::bail!("no installed workload plugin provides '{name}'; installed models: {}", known.join(", "))
+    Ok(Err(known))
 }
 
 /// A graph source for a found variant.
@@ -95,7 +100,12 @@ pub struct PluginResolver {
 
 impl Resolver for PluginResolver {
     fn resolve(&mut self, model: &str, seq_len: u32) -> Result<(String, Box<dyn GraphSource>), String> {
-        let found = find_model(model, self.limits).map_err(|e| format!("{e:#}"))?;
+        // Many points of one file may name the same missing model: each says so in a
+        // line, and `runner models` lists what is installed.
+        let found = match lookup(model, self.limits).map_err(|e| format!("{e:#}"))? {
+            Ok(f) => f,
+            Err(_) => return Err(format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones)")),
+        };
         let src = source(&found, seq_len, self.limits).map_err(|e| format!("{e:#}"))?;
         Ok((found.family, Box::new(src)))
     }
