@@ -297,15 +297,17 @@ pub fn optimal_batch_tokens(flops: f64) -> f64 {
 /// The largest global batch, in sequences, the job uses on `gpus` GPUs:
 /// [`optimal_batch_tokens`] in sequences, rounded (on a log scale) to the odd part of the
 /// GPU count times a power of two, so that data-parallel groups of whole nodes divide it
-/// (2048 on 2^k GPUs, 2304 on 72 x 2^k); at least one sequence.
+/// (2048 on 2^k GPUs, 2304 on 72 x 2^k); to a power of two when the odd part alone is
+/// larger than the batch; at least one sequence.
 pub fn batch_cap(job: Job, gpus: u32) -> u32 {
-    let odd = gpus.max(1) >> gpus.max(1).trailing_zeros();
-    let seqs = optimal_batch_tokens(job.flops) / f64::from(job.seq_len.max(1)) / f64::from(odd);
+    let odd = f64::from(gpus.max(1) >> gpus.max(1).trailing_zeros());
+    let seqs = optimal_batch_tokens(job.flops) / f64::from(job.seq_len.max(1));
     if !seqs.is_finite() || seqs <= 1.0 {
-        return odd.min(1u32 << 30);
+        return 1;
     }
-    let pow = seqs.log2().round().min(30.0) as u32;
-    odd.saturating_mul(1u32 << pow).min(1u32 << 30)
+    let limit = f64::from(1u32 << 30);
+    let best = if odd <= seqs { odd * (seqs / odd).log2().round().exp2() } else { seqs.log2().round().exp2() };
+    best.clamp(1.0, limit) as u32
 }
 
 /// The global batch at `gpus` GPUs when none is given. Inside a published range, the
@@ -391,6 +393,8 @@ mod tests {
         assert_eq!(batch_cap(llama3_8b, 24), 3072);
         // The same compute at seq 2048: 9274 sequences, nearest 8192.
         assert_eq!(batch_cap(Job { seq_len: 2048, ..llama3_8b }, 64), 8192);
+        // A million GPUs (odd part 15625, far above 2318): the nearest power of two.
+        assert_eq!(batch_cap(llama3_8b, 1_000_000), 2048);
         for flops in [0.0, -1.0, f64::NAN, f64::INFINITY, 1e60] {
             for gpus in [0, 1, 72, u32::MAX] {
                 let cap = batch_cap(Job { tokens: 1.0, flops, seq_len: 0 }, gpus);
