@@ -18,6 +18,8 @@
 # 5. NCCL through the runner's collective bench on the local GPU(s)
 # 6. per-op times of Llama 3.1 8B's rank graph in BF16 and FP8 (runner measure), and the
 #    GPU profile's GEMM and HBM efficiencies fitted to them (runner calibrate --ops)
+# 7. 30 training steps of the tiny Llama in BF16 and FP8 on the device (FP8 linears on
+#    cuBLASLt FP8 GEMMs) against the same run on the CPU (emulated): held-out losses
 # and last a short table against the targets (GEMM >= 95 % of PyTorch, memory-bound
 # kernels >= 80 % of copy bandwidth, layer step within 1.3x of PyTorch eager), also
 # written to OUT/summary.md for docs/PERFORMANCE.md.
@@ -85,6 +87,11 @@ for p in bf16 fp8; do
         --seq-len 4096 --repeats 5 --format json -o "$OUT/ops-$p.json"
     step "calibrate-$p" 30 "$RUNNER" calibrate --ops "$OUT/ops-$p.json" --format json -o "$OUT/ops-fit-$p.json"
 done
+# FP8 training: on the GPU, per-tensor FP8 linears run on cuBLASLt FP8 GEMMs (the native
+# route); the CPU emulates the same values. The losses must agree (accumulation order
+# differs, so not bit for bit).
+step train-device 120 "$RUNNER" --device "$DEVICE" train --compare bf16,fp8 --steps 30 --format json -o "$OUT/train-device.json"
+step train-cpu 120 "$RUNNER" --device cpu train --compare bf16,fp8 --steps 30 --format json -o "$OUT/train-cpu.json"
 
 python3 - "$OUT" <<'PY'
 import json, os, sys, datetime
@@ -137,6 +144,13 @@ if l and tl:
     add("Llama 3.1 8B layer step (f32)", f"{ours*1e3:.0f} ms vs torch {theirs*1e3:.0f} ms ({ours/theirs:.2f}x)", "<= 1.3x torch", ours / theirs <= 1.3)
 else:
     add("Llama 3.1 8B layer step (f32)", "did not run (see layer.err / torch-layer.err)", "<= 1.3x torch", False)
+td, tc = load("train-device.json"), load("train-cpu.json")
+if td and tc:
+    for a, b in zip(td["runs"], tc["runs"]):
+        d = abs(a["final_eval_loss"] / b["final_eval_loss"] - 1)
+        add(f"train {a['policy']} 30 steps, held-out loss vs CPU", f"{a['final_eval_loss']:.4f} vs {b['final_eval_loss']:.4f} ({100*d:.2f}%)", "<= 1%", d <= 0.01)
+else:
+    add("train bf16/fp8 vs CPU", "did not run (see train-device.err / train-cpu.err)", "<= 1%", False)
 c = load("collectives.json")
 add("NCCL collectives", f"{len(c)} rows" if c else "did not run (see collectives.err)", "runs", bool(c))
 for p in ("bf16", "fp8"):

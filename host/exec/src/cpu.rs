@@ -479,6 +479,20 @@ impl Device for Cpu {
         self.write_f32(dst, &x)
     }
 
+    fn encode_fp8(&self, dst: &mut CpuBuffer, src: &CpuBuffer, scale: f32) -> Result<(), ExecError> {
+        let k = "encode_fp8";
+        let fmt = dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k}: into a {} buffer", dst.elem.name())))?;
+        if dst.len() != src.len() || !(scale.is_finite() && scale > 0.0) {
+            return Err(ExecError::State(format!("{k}: {} values into {} with scale {scale}", src.len(), dst.len())));
+        }
+        let x = f(src, k)?;
+        let CpuData::U8(q) = &mut dst.data else { unreachable!("FP8 buffers hold bytes") };
+        let stats = prec::fp8_quantize(q, x, scale, fmt, true).map_err(kerr(k))?;
+        dst.scale = scale;
+        dst.amax = stats.amax;
+        Ok(())
+    }
+
     fn fp8_scale(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
         Ok(buf.scale)
     }

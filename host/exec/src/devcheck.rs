@@ -296,6 +296,15 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         let (sc, sd) = (p.cpu.fp8_scale(&q.0)?, p.dev.fp8_scale(&q.1)?);
         p.check_value(&format!("cast f32 -> {} scale", elem.name()), sc, sd, 0.0);
     }
+    // The native FP8 route's encoding: a given (delayed) scale, not the tensor's own.
+    for (elem, scale) in [(Elem::F8E4M3, 3.0), (Elem::F8E5M2, 0.125)] {
+        let mut q = p.outs(elem, v.len())?;
+        p.cpu.encode_fp8(&mut q.0, &x.0, scale)?;
+        p.dev.encode_fp8(&mut q.1, &x.1, scale)?;
+        p.check(&format!("encode_fp8 {} (scale {scale})", elem.name()), &q, 0.0)?;
+        let (ac, ad) = (p.cpu.fp8_amax(&q.0)?, p.dev.fp8_amax(&q.1)?);
+        p.check_value(&format!("encode_fp8 {} amax", elem.name()), ac, ad, 0.0);
+    }
     for (dtype, row) in [(DType::BF16, 1), (DType::F16, 1), (DType::Fp8E4M3, 1), (DType::Fp8E5M2, 1), (DType::MxFp8, 100)] {
         let mut y = p.f(&v[..4000])?;
         p.cpu.round_to_storage(&mut y.0, dtype, row)?;

@@ -262,6 +262,16 @@ pub trait Device {
     /// with per-tensor current scaling (scale = fp8_max / amax(src), kept with `dst`);
     /// out of FP8 divided by its scale.
     fn cast(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
+    /// Encode f32 `src` into the FP8 codes of `dst` with the given per-tensor `scale`
+    /// (`q = encode(x·scale)`, saturating, round to nearest even), kept with `dst`, and
+    /// record its amax: a GEMM operand a precision plan quantised with that scale, handed
+    /// to a native FP8 GEMM (values already on the scale's grid encode exactly).
+    fn encode_fp8(&self, dst: &mut Self::Buffer, src: &Self::Buffer, scale: f32) -> Result<(), ExecError>;
+    /// Whether FP8 GEMMs on this device run natively (tensor cores) and so are worth
+    /// encoding operands for; the CPU dequantises them again.
+    fn native_fp8(&self) -> bool {
+        false
+    }
     /// The scale stored with an FP8 buffer (`x ≈ decode(q) / scale`); 1 otherwise.
     fn fp8_scale(&self, buf: &Self::Buffer) -> Result<f32, ExecError>;
     /// The amax recorded with an FP8 buffer by its last write (max |x| before

@@ -57,6 +57,11 @@ pub struct ExecOptions {
     /// Activation recomputation: which forward work the backward repeats instead of
     /// keeping its activations (see [`RecomputeSchedule`]).
     pub recompute: RecomputePolicy,
+    /// Hand a linear's per-tensor FP8 operands to the device's FP8 GEMM as FP8 codes
+    /// (cuBLASLt on tensor cores) instead of multiplying their dequantised f32 copies.
+    /// The product is the same either way (f32 accumulation of the same values);
+    /// `None`: the device's choice ([`Device::native_fp8`]: CUDA yes, CPU no).
+    pub native_fp8: Option<bool>,
 }
 
 impl Default for ExecOptions {
@@ -67,6 +72,7 @@ impl Default for ExecOptions {
             profile: false,
             emulate_storage: false,
             recompute: RecomputePolicy::None,
+            native_fp8: None,
         }
     }
 }
@@ -335,6 +341,7 @@ impl<D: Device> Executor<D> {
         }
         let int_bounds = int_bounds_of(&g);
         let nops = g.ops.len();
+        let native_fp8 = options.native_fp8.unwrap_or_else(|| device.native_fp8());
         let ex = Executor {
             plan,
             sched,
@@ -365,7 +372,7 @@ impl<D: Device> Executor<D> {
             ep: ep::EpState::default(),
             pending_partials: HashMap::new(),
             fsdp: fsdp::FsdpState::default(),
-            quant: quant::QuantState::default(),
+            quant: quant::QuantState::new(native_fp8),
             graph: g,
         };
         ex.check_expert_tensor_parallel()?;

@@ -516,3 +516,46 @@ fn a_moe_model_trains_in_fp8_close_to_f32() {
     assert!(gap < 0.02, "mean FP8 loss {b} vs f32 {a}: gap {:.2} %", 100.0 * gap);
     assert!((tb - ta).abs() < 0.1, "final FP8 loss {tb} vs f32 {ta}");
 }
+
+/// The native route (per-tensor FP8 operands handed to the device's FP8 GEMM as codes,
+/// what CUDA does with cuBLASLt; forced here on the CPU, whose FP8 GEMM decodes them
+/// again) gives the emulated route's losses, gradients and weights bit for bit over
+/// three training steps, under current and delayed scaling; it is taken for every
+/// linear GEMM of the toy (all its dimensions are multiples of 16), and never for
+/// E5M2 x E5M2 (cuBLASLt has no such GEMM), which falls back to the emulated route.
+#[test]
+fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
+    let g = graph();
+    let h = AdamW { lr: 1e-2, ..runner_exec::executor::ADAMW_DEFAULT };
+    let train = |plan: SitePlan, native: bool| {
+        let mut ex = Executor::new(&g, Cpu::new(), ExecOptions { seed: 3, native_fp8: Some(native), ..ExecOptions::default() }).unwrap();
+        ex.set_precision(&every_site(&g, plan)).unwrap();
+        let mut losses = Vec::new();
+        for step in 0..3 {
+            losses.push(run(&mut ex, &g, step));
+            ex.reduce_gradients().unwrap();
+            ex.optimizer_step(&h).unwrap();
+            ex.end_precision_step();
+        }
+        let w = ex.weight("layers.1.mlp.down.weight").unwrap();
+        (losses, w, ex.native_fp8_gemms())
+    };
+    let gemms_per_step = linears(&g).len() as u64 * 3;
+    let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
+    for scaling in [Scaling::Current { margin: 0 }, delayed] {
+        let (emulated, native) = (train(hybrid(scaling), false), train(hybrid(scaling), true));
+        assert_eq!(emulated.2, 0, "{scaling:?}: the emulated route encodes nothing");
+        assert_eq!(native.2, 3 * gemms_per_step, "{scaling:?}: every linear GEMM of three steps ran on codes");
+        assert_eq!(native.0, emulated.0, "{scaling:?}: losses");
+        assert_eq!(native.1, emulated.1, "{scaling:?}: weights after three updates");
+    }
+    let e5m2 = SitePlan {
+        activation: fp8(DType::Fp8E5M2, Scaling::Current { margin: 0 }),
+        weight: fp8(DType::Fp8E5M2, Scaling::Current { margin: 0 }),
+        gradient: fp8(DType::Fp8E5M2, Scaling::Current { margin: 0 }),
+        output: DType::BF16,
+    };
+    let (emulated, native) = (train(e5m2, false), train(e5m2, true));
+    assert_eq!(native.2, 0, "E5M2 x E5M2 stays emulated");
+    assert_eq!(native.0, emulated.0);
+}

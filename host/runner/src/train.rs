@@ -26,7 +26,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
-use runner_exec::cpu::Cpu;
+use runner_exec::select::{Chosen, choose};
 use runner_exec::executor::ADAMW_DEFAULT;
 use runner_exec::precision::{Fault, FaultKind, GemmRole as XRole, Operand as XOperand};
 use runner_exec::{AdamW, Device, ExecOptions, Executor, Input};
@@ -341,11 +341,20 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     let bytes_per_token = text.len() as f64 / tokens.len().max(1) as f64;
     let data = Data::new(tokens, cfg.seq_len as usize, cfg.micro_batch as usize, cfg.seed)?;
 
+    // `--device`: on a GPU, per-tensor FP8 linears run on its FP8 GEMMs (the executor's
+    // native route); the CPU emulates every format.
+    let chosen = choose(crate::local_device::requested())?;
+    let device_name = chosen.name();
     let mut runs = Vec::new();
     for spec in &cfg.policies {
-        progress(&format!("training under {spec}"));
-        let r = train_one(cfg, &graph, &variant, &data, &policy_spec(spec), progress).with_context(|| format!("policy {spec}"))?;
-        runs.push(r);
+        progress(&format!("training under {spec} on {device_name}"));
+        let spec_path = policy_spec(spec);
+        let r = match &chosen {
+            Chosen::Cpu(cpu, _) => train_one(cfg, &graph, &variant, &data, &spec_path, cpu, progress),
+            #[cfg(feature = "cuda")]
+            Chosen::Cuda(gpu) => train_one(cfg, &graph, &variant, &data, &spec_path, gpu, progress),
+        };
+        runs.push(r.with_context(|| format!("policy {spec}"))?);
     }
     let base = runs.iter().position(|r| r.policy.starts_with("bf16")).unwrap_or(0);
     let gaps = runs
@@ -360,12 +369,22 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
             tokens: r.steps * u64::from(cfg.seq_len) * u64::from(cfg.micro_batch),
         })
         .collect();
+    let how = match &chosen {
+        Chosen::Cpu(_, why) => format!(
+            "the CPU{}: low-precision GEMMs are emulated (operands quantised and dequantised exactly as the format \
+             stores them, then an f32 GEMM with f32 accumulation), so FP8 and FP4 give the hardware's numerics but run \
+             slower than BF16 here, not 1.3-1.6x faster as on Hopper and Blackwell tensor cores",
+            why.as_ref().map(|w| format!(" ({w})")).unwrap_or_default()
+        ),
+        #[cfg(feature = "cuda")]
+        Chosen::Cuda(_) => format!(
+            "{device_name}: per-tensor FP8 linears run on its FP8 GEMMs (cuBLASLt, operands as FP8 codes with their \
+             scales); block-scaled formats (MXFP8, NVFP4, 1x128 blocks) and MoE expert linears are emulated as on the CPU"
+        ),
+    };
     let notes = vec![
         format!(
-            "the {} graph ({} layers, {:.1}M parameters) trained on the CPU: low-precision GEMMs are emulated (operands \
-             quantised and dequantised exactly as the format stores them, then an f32 GEMM with f32 accumulation), so \
-             FP8 and FP4 give the hardware's numerics but run slower than BF16 here, not 1.3-1.6x faster as on Hopper \
-             and Blackwell tensor cores",
+            "the {} graph ({} layers, {:.1}M parameters) trained on {how}",
             variant.name,
             graph.ops.iter().map(|o| o.layer).max().unwrap_or(-1) + 1,
             params as f64 / 1e6
@@ -387,7 +406,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     Ok(TrainReport {
         model: wp.info.name.clone(),
         variant: variant.name.clone(),
-        device: Cpu::new().name(),
+        device: device_name,
         plan_for: cfg.plan_for.clone(),
         text: text_name,
         text_bytes: text.len(),
@@ -453,7 +472,7 @@ fn xrole(r: GemmRole) -> XRole {
 }
 
 /// Held-out loss: the mean over the eval batches, numerics discarded.
-fn evaluate(ex: &mut Executor<Cpu>, data: &Data, batches: usize) -> Result<f64> {
+fn evaluate<D: Device>(ex: &mut Executor<D>, data: &Data, batches: usize) -> Result<f64> {
     let mut sum = 0.0;
     for b in 0..batches.max(1) {
         let (tokens, targets) = data.eval_batch(b);
@@ -472,12 +491,13 @@ struct Checkpoint {
 /// Checkpoints kept for rollbacks.
 const KEEP: usize = 3;
 
-fn train_one(
+fn train_one<D: Device + Clone>(
     cfg: &TrainConfig,
     graph: &Graph,
     variant: &crate::plugin::workload::Variant,
     data: &Data,
     spec: &str,
+    dev: &D,
     progress: &dyn Fn(&str),
 ) -> Result<RunResult> {
     let p = plugin::load(spec)?;
@@ -502,8 +522,8 @@ fn train_one(
     let mut plans = PlanState::new(sites.clone(), answer.sites, cfg.max_bf16_share);
     let planned_coverage = plan::coverage(&sites, &plans.current);
 
-    let mut ex = Executor::new(graph, Cpu::new(), ExecOptions { seed: cfg.seed, ..ExecOptions::default() })?;
-    let set = |ex: &mut Executor<Cpu>, plans: &PlanState| -> Result<()> {
+    let mut ex = Executor::new(graph, dev.clone(), ExecOptions { seed: cfg.seed, ..ExecOptions::default() })?;
+    let set = |ex: &mut Executor<D>, plans: &PlanState| -> Result<()> {
         let x = plan::executor_plan(&sites, &plans.current).map_err(anyhow::Error::msg)?;
         ex.set_precision(&x).map_err(anyhow::Error::from)
     };

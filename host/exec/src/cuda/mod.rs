@@ -689,6 +689,26 @@ impl Device for Cuda {
         }
     }
 
+    fn encode_fp8(&self, dst: &mut CudaBuffer, src: &CudaBuffer, scale: f32) -> Result<(), ExecError> {
+        need("encode_fp8", src, Elem::F32)?;
+        let fmt = fmt_code(dst.elem.fp8().ok_or_else(|| ExecError::State(format!("encode_fp8 into a {} buffer", dst.elem.name())))?);
+        if dst.len != src.len || !(scale.is_finite() && scale > 0.0) {
+            return Err(ExecError::State(format!("encode_fp8: {} values into {} with scale {scale}", src.len, dst.len)));
+        }
+        let meta = self.meta_ptr(dst)?;
+        let host = [scale, 1.0 / scale, 0.0, 0.0];
+        // SAFETY: meta holds 4 floats; the copy from pageable memory is staged before the
+        // call returns.
+        unsafe { dr::memcpy_htod_async(meta, &host[..], self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))?;
+        let n = src.len;
+        self.ew("amax_f32", n, &[Arg::P(meta + 8), self.p(src), Arg::I(n as i64)])?;
+        self.ew("fp8_quantize", n, &[self.p(dst), self.p(src), Arg::P(meta), Arg::I(n as i64), Arg::I32(fmt)])
+    }
+
+    fn native_fp8(&self) -> bool {
+        true
+    }
+
     fn fp8_scale(&self, buf: &CudaBuffer) -> Result<f32, ExecError> {
         match &buf.meta {
             Some(_) => Ok(self.download::<f32>(self.meta_ptr(buf)?, 1)?[0]),

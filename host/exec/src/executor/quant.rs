@@ -52,6 +52,17 @@ pub(super) struct QuantState {
     draws: u64,
     /// Off while a recompute re-runs forward ops (their operands were counted once).
     pub(super) quiet: bool,
+    /// Per-tensor FP8 operands of linears go to the device's FP8 GEMM as codes.
+    pub(super) native: bool,
+    /// GEMMs that ran on FP8 codes so far.
+    pub(super) native_gemms: u64,
+}
+
+impl QuantState {
+    /// No plans yet; `native`: per-tensor FP8 operands go to FP8 GEMMs as codes.
+    pub(super) fn new(native: bool) -> QuantState {
+        QuantState { native, ..QuantState::default() }
+    }
 }
 
 /// The quantised operands of a linear's (or grouped linear's) backward GEMMs.
@@ -262,7 +273,7 @@ impl<D: Device> Executor<D> {
         key: Key,
         plan: &OperandPlan,
         groups: Option<&[usize]>,
-    ) -> Result<D::Buffer, ExecError> {
+    ) -> Result<(D::Buffer, Option<f32>), ExecError> {
         let (oi, role, o) = key;
         let mut x = self.device.alloc(Elem::F32, src.len())?;
         self.device.copy(&mut x, 0, src, 0, src.len())?;
@@ -278,8 +289,8 @@ impl<D: Device> Executor<D> {
             self.device.write_f32(&mut x, &host)?;
         }
         let Some(groups) = groups else {
-            self.quantise_rows(&mut x, rows, cols, key, plan)?;
-            return Ok(x);
+            let scale = self.quantise_rows(&mut x, rows, cols, key, plan)?;
+            return Ok((x, Some(scale)));
         };
         if groups.first() != Some(&0) || groups.last() != Some(&rows) || groups.windows(2).any(|w| w[1] < w[0]) {
             return Err(ExecError::State(format!(
@@ -295,12 +306,13 @@ impl<D: Device> Executor<D> {
             self.quantise_rows(&mut part, w[1] - w[0], cols, key, plan)?;
             self.device.copy(&mut x, w[0] * cols, &part, 0, len)?;
         }
-        Ok(x)
+        Ok((x, None))
     }
 
     /// Transform (when planned) and quantise `x` (rows x cols) in place as operand `key`,
-    /// merging the report into the step's numerics.
-    fn quantise_rows(&mut self, x: &mut D::Buffer, rows: usize, cols: usize, key: Key, plan: &OperandPlan) -> Result<(), ExecError> {
+    /// merging the report into the step's numerics; the scale it used (per tensor: the
+    /// tensor's).
+    fn quantise_rows(&mut self, x: &mut D::Buffer, rows: usize, cols: usize, key: Key, plan: &OperandPlan) -> Result<f32, ExecError> {
         let oi = key.0;
         if plan.hadamard > 1 {
             // One sign pattern per step and site, shared by both operands of the GEMM.
@@ -315,7 +327,49 @@ impl<D: Device> Executor<D> {
         if !self.quant.quiet {
             self.quant.step.entry(key).or_default().merge(&r);
         }
-        Ok(())
+        Ok(r.scale)
+    }
+
+    /// The operands of a linear's GEMM (`dims`: m, n, k) as the GEMM reads them: their FP8
+    /// codes when both are per-tensor FP8 under this executor's native route and the
+    /// device's FP8 GEMM takes the pair (not E5M2 x E5M2, dimensions multiples of 16, as
+    /// cuBLASLt asks); otherwise the dequantised f32 copies. Codes encode the copies with
+    /// the scale that made them, so they hold the same values.
+    #[allow(clippy::type_complexity)]
+    fn for_gemm(
+        &mut self,
+        oi: usize,
+        (a, sa): (D::Buffer, Option<f32>),
+        pa: &OperandPlan,
+        (b, sb): (D::Buffer, Option<f32>),
+        pb: &OperandPlan,
+        dims: [usize; 3],
+    ) -> Result<(D::Buffer, D::Buffer), ExecError> {
+        let per_tensor = |p: &OperandPlan| {
+            matches!(p.format, runner_graph::DType::Fp8E4M3 | runner_graph::DType::Fp8E5M2)
+                && matches!(p.scaling, Scaling::Delayed { .. } | Scaling::Current { .. })
+                && p.hadamard <= 1
+        };
+        let usable = |s: Option<f32>| s.filter(|s| s.is_finite() && *s > 0.0);
+        let native = self.quant.native
+            && self.graph.ops[oi].kind == OpKind::Linear
+            && per_tensor(pa)
+            && per_tensor(pb)
+            && !(pa.format == runner_graph::DType::Fp8E5M2 && pb.format == runner_graph::DType::Fp8E5M2)
+            && dims.iter().all(|d| d % 16 == 0);
+        let (Some(sa), Some(sb), true) = (usable(sa), usable(sb), native) else { return Ok((a, b)) };
+        let elem = |p: &OperandPlan| if p.format == runner_graph::DType::Fp8E5M2 { Elem::F8E5M2 } else { Elem::F8E4M3 };
+        let mut qa = self.device.alloc(elem(pa), a.len())?;
+        self.device.encode_fp8(&mut qa, &a, sa)?;
+        let mut qb = self.device.alloc(elem(pb), b.len())?;
+        self.device.encode_fp8(&mut qb, &b, sb)?;
+        self.quant.native_gemms += 1;
+        Ok((qa, qb))
+    }
+
+    /// GEMMs that have run on FP8 codes (the native route) since the executor was made.
+    pub fn native_fp8_gemms(&self) -> u64 {
+        self.quant.native_gemms
     }
 
     /// A quantised copy of value (`grad: false`) or gradient (`grad: true`) `id`, taken
@@ -330,7 +384,7 @@ impl<D: Device> Executor<D> {
         key: Key,
         plan: &OperandPlan,
         groups: Option<&[usize]>,
-    ) -> Result<D::Buffer, ExecError> {
+    ) -> Result<(D::Buffer, Option<f32>), ExecError> {
         let store = if grad { &mut self.grads } else { &mut self.vals };
         let b = store[id].take().ok_or_else(|| {
             ExecError::State(format!(
@@ -403,6 +457,7 @@ impl<D: Device> Executor<D> {
         let qx = self.quantised_tensor(xid, false, m, k, key(Operand::Activation), &plan.activation, xg.as_deref())?;
         let wg = self.weight_groups(oi);
         let qw = self.quantised_tensor(wid, false, e * n, k, key(Operand::Weight), &plan.weight, wg.as_deref())?;
+        let (qx, qw) = self.for_gemm(oi, qx, &plan.activation, qw, &plan.weight, [m, n, k])?;
         Ok(Some((qx, qw, plan.output)))
     }
 
@@ -424,6 +479,7 @@ impl<D: Device> Executor<D> {
             let g = self.quantised_tensor(dy, true, m, n, key(Operand::Gradient), &p.gradient, gg.as_deref())?;
             let wg = self.weight_groups(oi);
             let w = self.quantised_tensor(wid, false, e * n, k, key(Operand::Weight), &p.weight, wg.as_deref())?;
+            let (g, w) = self.for_gemm(oi, g, &p.gradient, w, &p.weight, [m, k, n])?;
             out.dgrad = Some((g, w, p.output));
         }
         if let Some(p) = wplan
@@ -434,6 +490,7 @@ impl<D: Device> Executor<D> {
             let g = self.quantised_tensor(dy, true, m, n, key(Operand::Gradient), &p.gradient, gg.as_deref())?;
             let xg = self.token_groups(oi, &p.activation)?;
             let x = self.quantised_tensor(xid, false, m, k, key(Operand::Activation), &p.activation, xg.as_deref())?;
+            let (g, x) = self.for_gemm(oi, g, &p.gradient, x, &p.activation, [n, k, m])?;
             out.wgrad = Some((g, x, p.output));
         }
         Ok(Some(out))
