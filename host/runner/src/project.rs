@@ -343,7 +343,7 @@ pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u3
             cap,
             format!(
                 "GBS {cap} at {gpus} GPUs: {why} would give {scaled}; capped at the batch of a compute-optimal run of {} tokens ({:.2e} FLOPs), \
-                 {} tokens (B = 0.292 C^0.3271, DeepSeek LLM arXiv:2401.02954 eq. 1), {cap} sequences of {} (rounded so {gpus} GPUs divide it)",
+                 {} tokens (B = 0.292 C^0.3271, DeepSeek LLM arXiv:2401.02954 eq. 1), {cap} sequences of {} (rounded so data-parallel groups divide it)",
                 crate::report::si(job.tokens),
                 job.flops,
                 crate::report::si(tokens),
