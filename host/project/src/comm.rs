@@ -11,7 +11,9 @@
 //! flat rings, one per NIC (rail-optimised fabric), so its bus bandwidth is
 //! min(NVLink, members-per-domain × NIC) (SimAI's `calbusbw`, modeling.md §3.4). An
 //! all-to-all has no ring to spread over the NICs: the share of its bytes bound for other
-//! domains leaves through the rank's own NIC. Latency grows with log2 of the ranks
+//! domains leaves through the rank's own NIC, at the all-to-all's own achieved NIC rate
+//! (many peers at once and incast at each receiver reach less of the link than a ring).
+//! Latency grows with log2 of the ranks
 //! (NCCL's tree and ring latencies are within a factor of two of this at the sizes a
 //! training step moves).
 //!
@@ -115,8 +117,11 @@ pub struct Fabric {
     pub domain: u32,
     /// Achieved per-GPU bandwidth inside the domain, bytes/s.
     pub scale_up_bps: f64,
-    /// Achieved per-GPU scale-out (NIC) bandwidth, bytes/s.
+    /// Achieved per-GPU scale-out (NIC) bandwidth, bytes/s: rings and trees (all-reduce,
+    /// all-gather, reduce-scatter, send/recv).
     pub scale_out_bps: f64,
+    /// Achieved per-GPU NIC bandwidth of an all-to-all's share bound for other domains.
+    pub scale_out_a2a_bps: f64,
     /// Latency of one collective step inside a domain and across domains, seconds.
     pub scale_up_latency_s: f64,
     pub scale_out_latency_s: f64,
@@ -155,7 +160,7 @@ impl Fabric {
                 let per_peer = bytes / f64::from(n);
                 let near = per_peer * f64::from(local.saturating_sub(1));
                 let far = per_peer * f64::from(n - local);
-                near / self.scale_up_bps + far / self.scale_out_bps
+                near / self.scale_up_bps + far / self.scale_out_a2a_bps
             }
             _ if inside => bus / self.scale_up_bps,
             _ => bus / self.scale_up_bps.min(f64::from(local) * self.scale_out_bps),
@@ -193,7 +198,7 @@ impl Fabric {
         let per_peer = bytes / f64::from(n);
         let near = per_peer * f64::from(local.saturating_sub(1));
         let far = bytes / k * remote_domains;
-        steps * self.scale_out_latency_s + near / self.scale_up_bps + far / self.scale_out_bps
+        steps * self.scale_out_latency_s + near / self.scale_up_bps + far / self.scale_out_a2a_bps
     }
 }
 
@@ -206,6 +211,7 @@ mod tests {
             domain: 8,
             scale_up_bps: 450e9,
             scale_out_bps: 50e9,
+            scale_out_a2a_bps: 50e9,
             scale_up_latency_s: 0.0,
             scale_out_latency_s: 0.0,
         }
@@ -271,6 +277,22 @@ mod tests {
         assert_eq!(f.time_routed(OpKind::AllToAll, s, p, 1, 256), f.time(OpKind::AllToAll, s, p));
         let node = Placement { size: 8, stride: 1 };
         assert_eq!(f.time_routed(OpKind::AllToAll, s, node, 8, 256), f.time(OpKind::AllToAll, s, node));
+    }
+
+    /// The all-to-all's remote share runs at its own NIC rate; rings across nodes, and
+    /// the all-to-all's NVLink share, do not see it.
+    #[test]
+    fn all_to_all_has_its_own_nic_rate() {
+        let f = Fabric { scale_out_a2a_bps: 20e9, ..h100() };
+        let t = f.time(OpKind::AllToAll, 16e6, Placement { size: 16, stride: 1 });
+        assert!((t - (7e6 / 450e9 + 8e6 / 20e9)).abs() < 1e-15);
+        let p = Placement { size: 32, stride: 1 };
+        let slow = f.time_routed(OpKind::AllToAll, 32e6, p, 8, 256) - 32e6 / 32.0 * 7.0 / 450e9;
+        let fast = h100().time_routed(OpKind::AllToAll, 32e6, p, 8, 256) - 32e6 / 32.0 * 7.0 / 450e9;
+        assert!((slow / fast - 2.5).abs() < 1e-9, "{slow} vs {fast}");
+        let ring = Placement { size: 16, stride: 8 };
+        assert_eq!(f.time(OpKind::AllReduce, 1e9, ring), h100().time(OpKind::AllReduce, 1e9, ring));
+        assert_eq!(f.time(OpKind::AllToAll, 8e6, Placement { size: 8, stride: 1 }), 7e6 / 450e9);
     }
 
     #[test]

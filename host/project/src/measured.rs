@@ -660,10 +660,7 @@ mod tests {
     fn a_synthetic_measurement_is_fitted_back_to_its_efficiencies() {
         let gpu = h100();
         let f = fit_ops(&synthetic(&gpu, 0.62, 7.5, 0.71), &gpu, "ops.json").unwrap();
-        // The half-size fit is pulled towards the profile's own value (HALF_PRIOR_WEIGHT),
-        // which biases the recovered efficiency by a few thousandths: 0.6179 against the
-        // H100 table fitted with the per-run EP overlap (half size 3.15 GFLOP).
-        assert!((f.efficiency.gemm.bf16 - 0.62).abs() < 3e-3, "{:?}", f.params);
+        assert!((f.efficiency.gemm.bf16 - 0.62).abs() < 2e-3, "{:?}", f.params);
         assert!((f.efficiency.gemm_half_gflop - 7.5).abs() < 0.1, "{:?}", f.params);
         assert!((f.efficiency.memory - 0.71).abs() < 1e-9, "{:?}", f.params);
         assert!(f.after.max < 5e-3 && f.after.max < f.before.max, "{:?} {:?}", f.before, f.after);
