@@ -4,7 +4,9 @@
 //! same for every model and layout: the large-GEMM efficiency of each format its runs
 //! use (per-tensor FP8 and MXFP8 as one where the chip runs both at one peak), the
 //! GEMM size at half efficiency, the attention kernels' efficiency, the
-//! achieved HBM bandwidth share and the NICs' achieved bandwidth share. It minimises
+//! achieved HBM bandwidth share, the NICs' achieved bandwidth share for rings and trees,
+//! and for the all-to-all (the expert-parallel dispatch and combine) where runs send
+//! one across scale-up domains. It minimises
 //! the robust (Huber) loss of the log step-time errors plus a pull towards the priors,
 //! so a parameter the data cannot see stays where the priors put it. Coordinate descent
 //! with a golden-section line search on each parameter's logarithm, within bounds.
@@ -14,6 +16,7 @@
 
 use serde::Serialize;
 
+use crate::comm::Placement;
 use crate::profile::{Efficiency, GemmFormat, GpuProfile};
 use crate::published::{Point, Prepared, Resolver, Stats, prepare, project_fitting};
 use crate::step::LayoutSpec;
@@ -31,6 +34,8 @@ pub enum Param {
     Attention,
     Memory,
     ScaleOut,
+    /// The NICs' achieved share for an all-to-all's remote traffic.
+    ScaleOutA2a,
 }
 
 impl Param {
@@ -42,6 +47,7 @@ impl Param {
             Param::Attention => e.attention,
             Param::Memory => e.memory,
             Param::ScaleOut => e.scale_out,
+            Param::ScaleOutA2a => e.scale_out_a2a,
         }
     }
 
@@ -56,6 +62,7 @@ impl Param {
             Param::Attention => e.attention = v,
             Param::Memory => e.memory = v,
             Param::ScaleOut => e.scale_out = v,
+            Param::ScaleOutA2a => e.scale_out_a2a = v,
         }
     }
 
@@ -74,6 +81,7 @@ impl Param {
             Param::Attention => "attention".into(),
             Param::Memory => "memory".into(),
             Param::ScaleOut => "scale_out".into(),
+            Param::ScaleOutA2a => "scale_out_a2a".into(),
         }
     }
 }
@@ -148,11 +156,13 @@ pub const SHARED_MIN_RUNS: usize = 10;
 pub const FORMAT_MIN_RUNS: usize = 3;
 
 /// Which parameters the runs of a GPU can inform: the GEMM efficiency of each format
-/// enough runs of enough models use, and, with enough runs, the shared ones.
+/// enough runs of enough models use, and, with enough runs, the shared ones (each NIC
+/// efficiency only where some run crosses the scale-up domain with that traffic).
 fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut by_format: std::collections::BTreeMap<GemmFormat, (usize, std::collections::BTreeSet<String>)> =
         std::collections::BTreeMap::new();
     let mut network = false;
+    let mut a2a = false;
     let mut tied = false;
     for r in runs {
         let pr = &prep.projectors[r.at];
@@ -165,6 +175,8 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
         e.0 += 1;
         e.1.insert(r.family.clone());
         network |= r.layout.gpus() > u64::from(pr.gpu.scale_up_domain);
+        let ep = Placement { size: r.layout.ep, stride: r.layout.etp.max(1) };
+        a2a |= r.layout.ep > 1 && !pr.gpu.fabric().members_per_domain(ep).1;
     }
     let mut p: Vec<Param> = by_format
         .into_iter()
@@ -175,6 +187,9 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
         if network {
             p.push(Param::ScaleOut);
+        }
+        if a2a {
+            p.push(Param::ScaleOutA2a);
         }
     }
     p
@@ -297,7 +312,7 @@ pub fn calibrate(
             let fp8 = if gpu.fp8_datapath_shared() { Param::Fp8Datapath } else { Param::Gemm(GemmFormat::Fp8) };
             let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8];
             if !own {
-                take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut]);
+                take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
                 p.set(&mut gpu.efficiency, p.get(from));

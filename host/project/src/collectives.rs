@@ -14,7 +14,9 @@
 //! across domains the bus bytes over the members per domain, or for an all-to-all the
 //! share bound for other domains, after its NVLink share at the profile's rate). α and
 //! β minimise the squared relative time errors; the tier's efficiency is 1/(β·its
-//! bandwidth) and its per-step latency α. Broadcast and send/recv rows are shown but not
+//! bandwidth) and its per-step latency α. On the scale-out tier the all-to-all rows get
+//! a line of their own, which sets `scale_out_a2a` (the NIC share an all-to-all reaches),
+//! while the rings and trees set `scale_out` and the per-step latency. Broadcast and send/recv rows are shown but not
 //! fitted: the projection's collectives are all-reduce, all-gather, reduce-scatter and
 //! all-to-all (its pipeline send/recv is one peer, not nccl-tests' ring shift).
 
@@ -239,6 +241,8 @@ pub struct CollFit {
     pub local: u32,
     pub device: String,
     pub transport: String,
+    /// The tier's pooled line: every row inside a domain; across domains the rings and
+    /// trees (the all-to-all rows where there are no others).
     pub pooled: LineFit,
     pub per_op: Vec<LineFit>,
     /// (parameter, before, fitted).
@@ -251,6 +255,7 @@ pub struct CollFit {
 /// them and the latency (seconds), the measured time.
 struct Modelled {
     op: String,
+    kind: OpKind,
     size: f64,
     steps: f64,
     x: f64,
@@ -316,7 +321,7 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
             notes.push(format!("{} of {} B left out: its NVLink share alone takes longer than it did", r.op, r.size_bytes));
             continue;
         }
-        modelled.push(Modelled { op: r.op.clone(), size, steps, x, y, t });
+        modelled.push(Modelled { op: r.op.clone(), kind, size, steps, x, y, t });
     }
     if !skipped.is_empty() {
         notes.push(format!("{} shown by the bench but not fitted: the projection does not use them", skipped.join(", ")));
@@ -324,8 +329,18 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
     if modelled.is_empty() {
         return Err(format!("{origin}: no all_reduce, all_gather, reduce_scatter or alltoall rows to fit"));
     }
-    let all: Vec<&Modelled> = modelled.iter().collect();
-    let pooled = line("all", &all).map_err(|e| format!("{origin}: {e}"))?;
+    // Across domains, all-to-all rows measure the NICs under many-peer traffic, which
+    // has its own efficiency (scale_out_a2a); the rings and trees fit scale_out.
+    let own_a2a = |m: &&Modelled| tier == Tier::ScaleOut && m.kind == OpKind::AllToAll;
+    let rings: Vec<&Modelled> = modelled.iter().filter(|m| !own_a2a(m)).collect();
+    let a2a: Vec<&Modelled> = modelled.iter().filter(own_a2a).collect();
+    let general = if rings.is_empty() { None } else { Some(line("all", &rings).map_err(|e| format!("{origin}: {e}"))?) };
+    let a2a_fit = if a2a.is_empty() { None } else { Some(line("alltoall", &a2a).map_err(|e| format!("{origin}: {e}"))?) };
+    let pooled = match (&general, &a2a_fit) {
+        (Some(g), _) => g.clone(),
+        (None, Some(a)) => a.clone(),
+        (None, None) => return Err(format!("{origin}: no all_reduce, all_gather, reduce_scatter or alltoall rows to fit")),
+    };
     let mut per_op = Vec::new();
     let mut ops: Vec<&str> = modelled.iter().map(|m| m.op.as_str()).collect();
     ops.dedup();
@@ -344,41 +359,52 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
     }
     let before = gpu.efficiency.clone();
     let mut eff = before.clone();
-    let achieved = pooled.gbs;
-    let (field, nominal, what) = match tier {
-        Tier::ScaleUp => ("scale_up", gpu.scale_up_gbs, "NVLink per GPU (scale_up_gbs)"),
-        Tier::ScaleOut => ("scale_out", gpu.scale_out_gbs, "NIC per GPU (scale_out_gbs)"),
+    let (nominal, what) = match tier {
+        Tier::ScaleUp => (gpu.scale_up_gbs, "NVLink per GPU (scale_up_gbs)"),
+        Tier::ScaleOut => (gpu.scale_out_gbs, "NIC per GPU (scale_out_gbs)"),
     };
-    let e = achieved / nominal;
-    if !(e.is_finite() && e > 0.0 && e <= 1.0) {
-        return Err(format!(
-            "{origin}: the run carried {achieved:.1} GB/s where {}'s {what} is {nominal} GB/s ({:.0}%): the run was not on this \
-             cluster, or the profile's {field}_gbs is wrong",
-            gpu.name,
-            100.0 * e
-        ));
-    }
-    if tier == Tier::ScaleOut && f64::from(local) * achieved * 1e9 >= fabric.scale_up_bps {
-        return Err(format!(
-            "{origin}: {local} ranks per node carried {:.1} GB/s together, at least NVLink's achieved {:.1} GB/s: the run is not \
-             bound by the NICs and cannot measure them; sweep with one rank per node",
-            f64::from(local) * achieved,
-            fabric.scale_up_bps / 1e9
-        ));
-    }
-    let latency_field = format!("{field}_latency_us");
-    let (old_e, old_l) = match tier {
-        Tier::ScaleUp => (before.scale_up, before.scale_up_latency_us),
-        Tier::ScaleOut => (before.scale_out, before.scale_out_latency_us),
+    let efficiency_of = |l: &LineFit, field: &str| -> Result<f64, String> {
+        let achieved = l.gbs;
+        let e = achieved / nominal;
+        if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+            return Err(format!(
+                "{origin}: the run carried {achieved:.1} GB/s where {}'s {what} is {nominal} GB/s ({:.0}%): the run was not on this \
+                 cluster, or the profile's {}_gbs is wrong ({field})",
+                gpu.name,
+                100.0 * e,
+                tier.name().replace('-', "_")
+            ));
+        }
+        if tier == Tier::ScaleOut && f64::from(local) * achieved * 1e9 >= fabric.scale_up_bps {
+            return Err(format!(
+                "{origin}: {local} ranks per node carried {:.1} GB/s together, at least NVLink's achieved {:.1} GB/s: the run is not \
+                 bound by the NICs and cannot measure them; sweep with one rank per node",
+                f64::from(local) * achieved,
+                fabric.scale_up_bps / 1e9
+            ));
+        }
+        Ok(e)
     };
+    let mut params = Vec::new();
     match tier {
         Tier::ScaleUp => {
-            eff.scale_up = e;
+            eff.scale_up = efficiency_of(&pooled, "scale_up")?;
             eff.scale_up_latency_us = pooled.latency_us;
+            params.push(("scale_up".to_string(), before.scale_up, eff.scale_up));
+            params.push(("scale_up_latency_us".to_string(), before.scale_up_latency_us, eff.scale_up_latency_us));
         }
         Tier::ScaleOut => {
-            eff.scale_out = e;
+            if let Some(g) = &general {
+                eff.scale_out = efficiency_of(g, "scale_out")?;
+                params.push(("scale_out".to_string(), before.scale_out, eff.scale_out));
+            }
+            if let Some(a) = &a2a_fit {
+                eff.scale_out_a2a = efficiency_of(a, "scale_out_a2a")?;
+                params.push(("scale_out_a2a".to_string(), before.scale_out_a2a, eff.scale_out_a2a));
+            }
+            // One per-step latency for the tier: the rings' where there are any.
             eff.scale_out_latency_us = pooled.latency_us;
+            params.push(("scale_out_latency_us".to_string(), before.scale_out_latency_us, eff.scale_out_latency_us));
         }
     }
     if first.transport == "tcp" {
@@ -392,7 +418,7 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
         local,
         device: first.device.clone(),
         transport: first.transport.clone(),
-        params: vec![(field.to_string(), old_e, e), (latency_field, old_l, pooled.latency_us)],
+        params,
         pooled,
         per_op,
         efficiency: eff,
@@ -471,12 +497,14 @@ mod tests {
     }
 
     /// Across nodes: 8 ranks per node share the rails (all-reduce and friends), an
-    /// all-to-all sends its remote share through each rank's NIC; one rank per node is
-    /// bound by one NIC. Both recover the NIC efficiency and latency.
+    /// all-to-all sends its remote share through each rank's NIC at its own, lower
+    /// efficiency; one rank per node is bound by one NIC. Both recover the two NIC
+    /// efficiencies and the latency; a sweep of all-to-all rows alone sets only its own.
     #[test]
     fn a_synthetic_multi_node_sweep_is_fitted_back_to_the_nic_tier() {
         let truth = with(&h100(), |e| {
             e.scale_out = 0.61;
+            e.scale_out_a2a = 0.27;
             e.scale_out_latency_us = 11.0;
         });
         for (ranks, nodes, want_local) in [(16, 2, 8), (4, 4, 1)] {
@@ -484,7 +512,14 @@ mod tests {
             let f = fit_collectives(&r, &h100(), None, "coll.json").unwrap();
             assert_eq!((f.tier, f.local), (Tier::ScaleOut, want_local));
             assert!((f.efficiency.scale_out - 0.61).abs() < 1e-6, "{ranks}/{nodes}: {:?}", f.params);
+            assert!((f.efficiency.scale_out_a2a - 0.27).abs() < 1e-6, "{ranks}/{nodes}: {:?}", f.params);
             assert!((f.efficiency.scale_out_latency_us - 11.0).abs() < 1e-3, "{ranks}/{nodes}: {:?}", f.params);
+            assert!(f.pooled.max_error < 1e-9, "the rings' line is not polluted by the all-to-all rows");
+            let only = rows(&truth, ranks, nodes, &["alltoall"]);
+            let f = fit_collectives(&only, &h100(), None, "coll.json").unwrap();
+            assert!((f.efficiency.scale_out_a2a - 0.27).abs() < 1e-6, "{ranks}/{nodes}: {:?}", f.params);
+            assert_eq!(f.efficiency.scale_out, h100().efficiency.scale_out, "no ring rows: scale_out untouched");
+            assert!(f.params.iter().all(|p| p.0 != "scale_out"), "{:?}", f.params);
         }
     }
 
@@ -498,6 +533,7 @@ mod tests {
             e.scale_up = 0.73;
             e.scale_up_latency_us = 4.2;
             e.scale_out = 0.61;
+            e.scale_out_a2a = 0.61;
             e.scale_out_latency_us = 11.0;
         });
         for (ranks, nodes) in [(8, 1), (16, 2)] {

@@ -11,7 +11,9 @@
 //! flat rings, one per NIC (rail-optimised fabric), so its bus bandwidth is
 //! min(NVLink, members-per-domain × NIC) (SimAI's `calbusbw`, modeling.md §3.4). An
 //! all-to-all has no ring to spread over the NICs: the share of its bytes bound for other
-//! domains leaves through the rank's own NIC. Latency grows with log2 of the ranks
+//! domains leaves through the rank's own NIC, at the all-to-all's own achieved NIC rate
+//! (many peers at once and incast at each receiver reach less of the link than a ring).
+//! Latency grows with log2 of the ranks
 //! (NCCL's tree and ring latencies are within a factor of two of this at the sizes a
 //! training step moves).
 //!
@@ -115,8 +117,11 @@ pub struct Fabric {
     pub domain: u32,
     /// Achieved per-GPU bandwidth inside the domain, bytes/s.
     pub scale_up_bps: f64,
-    /// Achieved per-GPU scale-out (NIC) bandwidth, bytes/s.
+    /// Achieved per-GPU scale-out (NIC) bandwidth, bytes/s: rings and trees (all-reduce,
+    /// all-gather, reduce-scatter, send/recv).
     pub scale_out_bps: f64,
+    /// Achieved per-GPU NIC bandwidth of an all-to-all's share bound for other domains.
+    pub scale_out_a2a_bps: f64,
     /// Latency of one collective step inside a domain and across domains, seconds.
     pub scale_up_latency_s: f64,
     pub scale_out_latency_s: f64,
@@ -155,12 +160,45 @@ impl Fabric {
                 let per_peer = bytes / f64::from(n);
                 let near = per_peer * f64::from(local.saturating_sub(1));
                 let far = per_peer * f64::from(n - local);
-                near / self.scale_up_bps + far / self.scale_out_bps
+                near / self.scale_up_bps + far / self.scale_out_a2a_bps
             }
             _ if inside => bus / self.scale_up_bps,
             _ => bus / self.scale_up_bps.min(f64::from(local) * self.scale_out_bps),
         };
         latency + transfer
+    }
+}
+
+impl Fabric {
+    /// Seconds of the expert-parallel all-to-all of a routed layer (`top_k` of `experts`
+    /// experts per token, balanced routing), as DeepEP's and Megatron's flex dispatchers
+    /// move it: a token bound for several experts in one remote scale-up domain crosses
+    /// the scale-out network once, to the GPU of the same local index there, which
+    /// forwards it over NVLink (the combine reduces inside the domain first and sends
+    /// back once). DeepSeek-V3 (arXiv 2412.19437, §3.2.2) describes the scheme;
+    /// github:deepseek-ai/DeepEP README ("normal kernels", NVLink-to-RDMA forwarding).
+    ///
+    /// With the group over D domains and experts spread evenly, a token misses a given
+    /// remote domain with probability P0 = C(E − E/D, k)/C(E, k), so it crosses the NIC
+    /// (D − 1)(1 − P0) times instead of k(D − 1)/D. Inside one domain, or for other
+    /// collectives, this is [`Fabric::time`].
+    pub fn time_routed(&self, kind: OpKind, bytes: f64, p: Placement, top_k: u32, experts: u32) -> f64 {
+        let n = p.size.max(1);
+        let (local, inside) = self.members_per_domain(p);
+        if kind != OpKind::AllToAll || inside || n <= 1 || bytes <= 0.0 || top_k <= 1 || local == 0 {
+            return self.time(kind, bytes, p);
+        }
+        let domains = f64::from(n.div_ceil(local));
+        let (e, k) = (f64::from(experts.max(top_k)), f64::from(top_k));
+        let per_domain = e / domains;
+        // P0 = prod_{i<k} (E − E/D − i)/(E − i).
+        let miss = (0..top_k).map(f64::from).map(|i| ((e - per_domain - i) / (e - i)).max(0.0)).product::<f64>();
+        let remote_domains = (domains - 1.0) * (1.0 - miss);
+        let steps = f64::from(n).log2().ceil().max(1.0);
+        let per_peer = bytes / f64::from(n);
+        let near = per_peer * f64::from(local.saturating_sub(1));
+        let far = bytes / k * remote_domains;
+        steps * self.scale_out_latency_s + near / self.scale_up_bps + far / self.scale_out_a2a_bps
     }
 }
 
@@ -173,6 +211,7 @@ mod tests {
             domain: 8,
             scale_up_bps: 450e9,
             scale_out_bps: 50e9,
+            scale_out_a2a_bps: 50e9,
             scale_up_latency_s: 0.0,
             scale_out_latency_s: 0.0,
         }
@@ -220,6 +259,40 @@ mod tests {
         // Inside one node it is the plain bus formula.
         let t = f.time(OpKind::AllToAll, 8e6, Placement { size: 8, stride: 1 });
         assert!((t - 7e6 / 450e9).abs() < 1e-15);
+    }
+
+    /// DeepSeek-V3's dispatch over 4 HGX nodes (EP32, 256 experts, top-8): a token
+    /// reaches 3·(1 − P0) ≈ 2.71 remote nodes instead of 8·3/4 = 6 copies. Top-1, or a
+    /// group inside one node, is the plain all-to-all.
+    #[test]
+    fn routed_all_to_all_sends_once_per_remote_domain() {
+        let f = h100();
+        let p = Placement { size: 32, stride: 1 };
+        let s = 32e6;
+        let miss: f64 = (0..8).map(|i| (192.0 - f64::from(i)) / (256.0 - f64::from(i))).product();
+        let far = s / 8.0 * 3.0 * (1.0 - miss);
+        let want = s / 32.0 * 7.0 / 450e9 + far / 50e9;
+        assert!((f.time_routed(OpKind::AllToAll, s, p, 8, 256) - want).abs() < 1e-12);
+        assert!(f.time_routed(OpKind::AllToAll, s, p, 8, 256) < 0.5 * f.time(OpKind::AllToAll, s, p));
+        assert_eq!(f.time_routed(OpKind::AllToAll, s, p, 1, 256), f.time(OpKind::AllToAll, s, p));
+        let node = Placement { size: 8, stride: 1 };
+        assert_eq!(f.time_routed(OpKind::AllToAll, s, node, 8, 256), f.time(OpKind::AllToAll, s, node));
+    }
+
+    /// The all-to-all's remote share runs at its own NIC rate; rings across nodes, and
+    /// the all-to-all's NVLink share, do not see it.
+    #[test]
+    fn all_to_all_has_its_own_nic_rate() {
+        let f = Fabric { scale_out_a2a_bps: 20e9, ..h100() };
+        let t = f.time(OpKind::AllToAll, 16e6, Placement { size: 16, stride: 1 });
+        assert!((t - (7e6 / 450e9 + 8e6 / 20e9)).abs() < 1e-15);
+        let p = Placement { size: 32, stride: 1 };
+        let slow = f.time_routed(OpKind::AllToAll, 32e6, p, 8, 256) - 32e6 / 32.0 * 7.0 / 450e9;
+        let fast = h100().time_routed(OpKind::AllToAll, 32e6, p, 8, 256) - 32e6 / 32.0 * 7.0 / 450e9;
+        assert!((slow / fast - 2.5).abs() < 1e-9, "{slow} vs {fast}");
+        let ring = Placement { size: 16, stride: 8 };
+        assert_eq!(f.time(OpKind::AllReduce, 1e9, ring), h100().time(OpKind::AllReduce, 1e9, ring));
+        assert_eq!(f.time(OpKind::AllToAll, 8e6, Placement { size: 8, stride: 1 }), 7e6 / 450e9);
     }
 
     #[test]

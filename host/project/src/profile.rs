@@ -130,9 +130,16 @@ pub struct Efficiency {
     /// Fraction of HBM bandwidth elementwise kernels (norms, activations, casts, the
     /// optimizer) reach.
     pub memory: f64,
-    /// Fraction of NVLink and NIC bandwidth NCCL's bus bandwidth reaches.
+    /// Fraction of NVLink and NIC bandwidth NCCL's bus bandwidth reaches (on the NICs:
+    /// every collective but the all-to-all, whose rings and trees keep each link busy).
     pub scale_up: f64,
     pub scale_out: f64,
+    /// Fraction of NIC bandwidth an all-to-all's share bound for other scale-up domains
+    /// reaches: one message to each of many peers at once, with the incast at each
+    /// receiver, lands well below a ring's bus bandwidth with Megatron's all-to-all
+    /// dispatchers, so it has an efficiency of its own (the expert-parallel dispatch and
+    /// combine).
+    pub scale_out_a2a: f64,
     /// GFLOP per GEMM call at which a GEMM reaches half its asymptotic efficiency
     /// (launch, tail and wave-quantisation losses of small products).
     pub gemm_half_gflop: f64,
@@ -221,6 +228,7 @@ impl GpuProfile {
             domain: self.scale_up_domain.max(1),
             scale_up_bps: self.scale_up_gbs * 1e9 * e.scale_up,
             scale_out_bps: self.scale_out_gbs * 1e9 * e.scale_out,
+            scale_out_a2a_bps: self.scale_out_gbs * 1e9 * e.scale_out_a2a,
             scale_up_latency_s: e.scale_up_latency_us * 1e-6,
             scale_out_latency_s: e.scale_out_latency_us * 1e-6,
         }
@@ -265,6 +273,7 @@ impl GpuProfile {
             ("efficiency.memory", e.memory),
             ("efficiency.scale_up", e.scale_up),
             ("efficiency.scale_out", e.scale_out),
+            ("efficiency.scale_out_a2a", e.scale_out_a2a),
         ];
         for (what, v) in fractions {
             if !(v.is_finite() && v > 0.0 && v <= 1.0) {
@@ -514,6 +523,7 @@ mod tests {
 name = "h100"
 [gpu.efficiency]
 scale_out = 0.5
+scale_out_a2a = 0.25
 
 [[gpu]]
 name = "X1"
@@ -530,7 +540,13 @@ bf16 = 500.0
         let p = Profiles::with_overrides(text, "mine.toml").unwrap();
         let h = p.get("H100").unwrap();
         assert_eq!(h.efficiency.scale_out, 0.5);
+        assert_eq!(h.efficiency.scale_out_a2a, 0.25);
+        // The two NIC efficiencies reach the fabric separately.
+        assert_eq!(h.fabric().scale_out_bps, h.scale_out_gbs * 1e9 * 0.5);
+        assert_eq!(h.fabric().scale_out_a2a_bps, h.scale_out_gbs * 1e9 * 0.25);
         assert_eq!(h.peak_tflops.bf16, 989.0, "fields not given stay");
+        let bad = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nscale_out_a2a = 0.0\n", "bad.toml");
+        assert!(bad.unwrap_err().contains("efficiency.scale_out_a2a must be in (0, 1]"));
         let x = p.get("x1").unwrap();
         assert_eq!(x.efficiency.fitted, "prior", "a new GPU starts from the file-level defaults");
     }

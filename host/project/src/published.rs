@@ -44,6 +44,11 @@ pub struct Point {
     pub etp: Option<u32>,
     /// > 0: FSDP (the sharding group size); 0 or absent: DDP with the distributed optimizer.
     pub fsdp: Option<u32>,
+    /// Whether the run overlapped the expert all-to-all with another micro-batch's compute
+    /// (Megatron's `overlap_moe_expert_parallel_comm`, set by Megatron-Bridge's
+    /// `moe_a2a_overlap`). Read from the run's recipe config where it is found; absent:
+    /// overlapped, as a performance recipe would run it.
+    pub ep_overlap: Option<bool>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -89,8 +94,9 @@ impl Point {
     }
 
     /// The layout as the runner spells it: sequence parallelism with TP, the distributed
-    /// optimizer and the TP, EP and DP overlaps on (NeMo and Megatron-Bridge performance
-    /// recipes), no recompute unless it is needed to fit (see [`project_fitting`]).
+    /// optimizer and the TP and DP overlaps on (NeMo and Megatron-Bridge performance
+    /// recipes), the EP overlap as the point records it (on where it does not), no
+    /// recompute unless it is needed to fit (see [`project_fitting`]).
     ///
     /// # Errors
     /// What the source leaves out, or degrees that do not multiply to the GPU count.
@@ -126,7 +132,7 @@ impl Point {
             recompute_modules: Modules::default(),
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
-            ep_overlap: self.ep.unwrap_or(1) > 1,
+            ep_overlap: self.ep.unwrap_or(1) > 1 && self.ep_overlap.unwrap_or(true),
             dp_overlap: true,
             grad_fp32: false,
         })
@@ -416,5 +422,19 @@ mod tests {
         let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(4), pp: Some(4), cp: Some(2), vp: Some(5), ..Point::default() };
         let l = p.layout().unwrap();
         assert_eq!((l.dp, l.vp, l.sequence_parallel, l.distributed_optimizer), (2, 5, true, true));
+    }
+
+    /// The EP overlap follows the point: on by default for an expert-parallel run, off
+    /// where the file records the recipe's `moe_a2a_overlap = False`, never on without EP.
+    #[test]
+    fn ep_overlap_follows_the_point() {
+        let moe = Point { num_gpus: Some(16), seq_len: Some(4096), gbs: Some(1024), tp: Some(1), ep: Some(16), ..Point::default() };
+        assert!(moe.layout().unwrap().ep_overlap);
+        let off = Point { ep_overlap: Some(false), ..moe.clone() };
+        assert!(!off.layout().unwrap().ep_overlap);
+        let parsed = &parse("[[point]]\nsource = \"s\"\nmodel = \"m\"\ngpu = \"H100\"\nprecision = \"FP8\"\nep_overlap = false\n", "t").unwrap()[0];
+        assert_eq!(parsed.ep_overlap, Some(false));
+        let dense = Point { ep: None, ep_overlap: Some(true), ..moe };
+        assert!(!dense.layout().unwrap().ep_overlap);
     }
 }

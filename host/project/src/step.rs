@@ -36,7 +36,7 @@ use runner_graph::recompute::RecomputePolicy;
 
 use crate::comm::Placement;
 use crate::model::Model;
-use crate::precision::Plan;
+use crate::precision::{Plan, Recipe};
 use crate::profile::{GIB, GpuProfile};
 use crate::template::{Measured, PartTime, Rates, ShardKey, Stored, Template};
 
@@ -309,6 +309,11 @@ pub struct Costed {
     reserved: f64,
     slack: f64,
     peak: f64,
+    /// Per-tensor FP8 recipes keep the weights of their FP8 GEMMs as FP8 parameters
+    /// (Megatron's `fp8_param_gather`, on in Megatron-Bridge's and NeMo's FP8 delayed
+    /// and current-scaling precision configs): with the distributed optimizer no BF16
+    /// copy of those weights stays resident, the fp32 master weights hold the precision.
+    fp8_params: bool,
     flops_per_sequence: f64,
     seq_len: u32,
     /// Prefix sums over layers: time per (policy, overlap), and activations per policy.
@@ -415,6 +420,7 @@ impl Costed {
             reserved: gpu.efficiency.reserved_gib,
             slack: gpu.efficiency.allocator_slack,
             peak: gpu.peak_flops(plan.recipe.format())?,
+            fp8_params: matches!(plan.recipe, Recipe::Fp8 | Recipe::Fp8Cs),
             flops_per_sequence: model.flops_per_sequence,
             seq_len: model.seq_len,
             time_prefix,
@@ -612,6 +618,9 @@ impl Costed {
             let w = if s.fsdp {
                 let big = self.layers.iter().map(|l| l.low_weights).fold(0.0, f64::max);
                 w + 2.0 * big
+            } else if s.distributed_optimizer && self.fp8_params {
+                // FP8 parameters: the FP8 copy replaces the BF16 one.
+                w + lw - 2.0 * lw
             } else {
                 w + lw
             };

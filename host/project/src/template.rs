@@ -78,6 +78,10 @@ pub struct Comm {
     pub kind: OpKind,
     pub bytes: f64,
     pub backward: Option<OpKind>,
+    /// For the expert-parallel all-to-all of a routed layer: (top-k, routed experts),
+    /// what decides how many scale-up domains one token's copies reach
+    /// ([`crate::comm::Fabric::time_routed`]).
+    pub routing: Option<(u32, u32)>,
 }
 
 /// An activation the forward keeps (with no recompute) for the backward.
@@ -256,6 +260,25 @@ impl Template {
                 _ => p.vector.push((op.name.clone(), c.bytes, mods.op[i])),
             }
         }
+        // Per part: the router's top-k and the routed experts of its dispatch.
+        let mut top_k: HashMap<usize, u32> = HashMap::new();
+        let mut experts: HashMap<usize, u32> = HashMap::new();
+        for (i, op) in g.ops.iter().enumerate() {
+            let v = |key: &str| op.int(key).and_then(|x| u32::try_from(x).ok()).filter(|&x| x > 0);
+            match op.kind {
+                OpKind::Router => {
+                    if let Some(k) = v("top-k") {
+                        top_k.insert(part_of(i), k);
+                    }
+                }
+                OpKind::MoeDispatch => {
+                    if let Some(e) = v("experts") {
+                        experts.insert(part_of(i), e);
+                    }
+                }
+                _ => {}
+            }
+        }
         for c in comm_volume(g) {
             let group = match c.group.as_str() {
                 "tp" => Group::Tp,
@@ -265,7 +288,12 @@ impl Template {
                 other => return Err(format!("a collective over group '{other}' in a single-stage rank graph")),
             };
             let i = g.ops.iter().position(|o| o.name == c.op).unwrap_or(0);
-            parts[part_of(i)].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward: c.backward });
+            let at = part_of(i);
+            let routing = match (group, c.kind) {
+                (Group::Ep, OpKind::AllToAll) => top_k.get(&at).copied().zip(experts.get(&at).copied()),
+                _ => None,
+            };
+            parts[at].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward: c.backward, routing });
         }
         for k in kept_by(g) {
             let p = if k.layer >= 0 && main.contains(&k.layer) { 1 + pos[&k.layer] } else { post };
@@ -369,9 +397,13 @@ impl Template {
                 Group::Cp => 1,
                 Group::Ep | Group::Etp => 2,
             };
-            t.comm_fwd[i] += rates.fabric.time(c.kind, c.bytes, p);
+            let time = |kind: OpKind| match c.routing {
+                Some((k, e)) => rates.fabric.time_routed(kind, c.bytes, p, k, e),
+                None => rates.fabric.time(kind, c.bytes, p),
+            };
+            t.comm_fwd[i] += time(c.kind);
             if let Some(b) = c.backward {
-                t.comm_bwd[i] += rates.fabric.time(b, c.bytes, p);
+                t.comm_bwd[i] += time(b);
             }
         }
         t

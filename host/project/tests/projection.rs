@@ -35,8 +35,10 @@ fn published_runs_are_projected_within_the_accuracy_target() {
     assert!(v.checked.len() >= 80, "only {} points projected", v.checked.len());
     assert!(v.overall.median <= 0.08, "median absolute step-time error {:.1} %", 100.0 * v.overall.median);
     // The dense H100 runs, the bulk of the file, are the model's home ground. (FP8 at
-    // 5.1 %: the H100 fit shares its GEMM efficiencies with DeepSeek-V3's NeMo 25.04 run,
-    // which the model projects 22 % too fast with module recompute.)
+    // 4.8 %: with the expert all-to-all at its own NIC efficiency, scale_out_a2a 0.294,
+    // the dense runs' data-parallel traffic keeps scale_out 0.634 instead of sharing the
+    // all-to-all's 0.329, which the FP8 GEMM efficiency had risen to 0.637 to offset;
+    // it is now 0.576.)
     for (group, bound) in [("H100 / bf16 / llama3", 0.05), ("H100 / fp8 / llama3", 0.055)] {
         let s = &v.groups[group];
         assert!(s.median <= bound, "{group}: median {:.1} %", 100.0 * s.median);
@@ -195,7 +197,12 @@ fn efficiency_falls_where_bubbles_or_communication_grow() {
         pr.project(&l).unwrap()
     };
     let (inside, across) = (at(&mut pr, 8), at(&mut pr, 16));
-    assert!(across.breakdown.dp > 1.5 * inside.breakdown.dp, "{} vs {}", across.breakdown.dp, inside.breakdown.dp);
+    // Over two nodes the ring runs on 8 rails of 50 GB/s at scale_out 0.63 (254 GB/s)
+    // instead of NVLink's 450 GB/s at 0.75 (338 GB/s), with 30/16 against 14/8 of the
+    // buffer on the wire: 1.43x the time.
+    let h100 = Profiles::builtin().get("h100").unwrap().clone();
+    assert!(h100.efficiency.scale_out > 0.55, "the ring's NIC share is not the all-to-all's: {}", h100.efficiency.scale_out);
+    assert!(across.breakdown.dp > 1.35 * inside.breakdown.dp, "{} vs {}", across.breakdown.dp, inside.breakdown.dp);
     assert!(across.tokens_per_sec_per_gpu < inside.tokens_per_sec_per_gpu);
     // Overlapped, most of it hides behind the backward.
     let mut l = layout(1, 1, 1, 1, 16, 1, 256);
