@@ -8,6 +8,16 @@
 //! heads, FFN 73728, 9T tokens); FFN = 4h. Nemotron rotates half of each head
 //! (rotary_percentage 0.5): the rotary op carries the full head dim since the contract has
 //! no partial-rotary field; no FLOP or parameter count depends on it.
+//! Nemotron-3 8B and 22B (the NeMo performance summary's `nemotron-8b`, `nemotron-22b`)
+//! are the same architecture with multi-head attention: `Nemotron3Config8B` (32 layers,
+//! hidden 4096, FFN 16384, 32 heads, no query groups) and `Nemotron3Config22B` (40, 6144,
+//! 24576, 48 heads) in github:NVIDIA/NeMo/nemo/collections/llm/gpt/model/nemotron.py@c341fb3
+//! (NeMo 24.07 named the 22B `Nemotron4Config22B`, same shape; its `nemotron4_22b` recipe
+//! is the TP2 PP4 VP10 layout benchmarked). Those configs take the vocabulary from the
+//! tokenizer: 256,000 here, which reproduces the summary's model-TFLOPs column to 0.1%
+//! (see the tests). Peak learning rates are the NeMo recipes' defaults (`nemotron3_8b`
+//! 3e-4, `nemotron4_22b` 1e-4); no training-token count is published for either, so the
+//! default budget is Nemotron-4 15B's 8T.
 //! Layouts: DGXC Benchmarking (shared/data/calibration.toml, notes/dgxc.md §4).
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
@@ -16,6 +26,8 @@ use runner_plugin_sdk::workload::*;
 const FAMILY: &str = "nemotron4";
 const DGXC_15B: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README_15b.md@8f5cbb3 (v25.02, NeMo 24.12)";
 const DGXC_V25041: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README.md@85380ff (v25.04.01, NeMo 25.02.01)";
+const NEMO_2407: &str = "github:NVIDIA/NeMo/docs/source/performance/performance_summary.md@9c4726d (NeMo 24.07)";
+const NEMO_CONFIG: &str = "NVIDIA NeMo Nemotron3Config8B / Nemotron3Config22B, github:NVIDIA/NeMo/nemo/collections/llm/gpt/model/nemotron.py@c341fb3";
 const DGXC_340B: &str = "notes/dgxc.md §4: DGXC Benchmarking H100 history (S2), Nemotron-4 340B TP8 PP8 VP12 GBS=GPUs/4 (PP per launch.sh, PR #44)";
 
 fn nemotron(layers: u32, hidden: u32, heads: u32, kv_heads: u32, vocab: u32) -> Hyperparameters {
@@ -44,6 +56,12 @@ impl Guest for Nemotron4 {
                 variant("nemotron4-340b", FAMILY, "NVIDIA, Nemotron-4 340B Technical Report, arXiv 2406.11704", nemotron(96, 18_432, 96, 8, 256_000), defaults(4096, 9e12, 9e-5), [
                     Layout::new("H100", 128, 2048, "BF16").tp(8).pp(8).vp(12).gbs_per_gpu(0.25).source(DGXC_340B),
                     Layout::new("H100", 128, 2048, "FP8").tp(8).pp(8).vp(12).gbs_per_gpu(0.25).source(DGXC_340B),
+                ]),
+                variant("nemotron-8b", FAMILY, NEMO_CONFIG, nemotron(32, 4096, 32, 32, 256_000), defaults(4096, 8e12, 3e-4), [
+                    Layout::new("H100", 64, 64, "FP8").tp(2).mbs(4).gbs_fixed(256).source(NEMO_2407),
+                ]),
+                variant("nemotron-22b", FAMILY, NEMO_CONFIG, nemotron(40, 6144, 48, 48, 256_000), defaults(4096, 8e12, 1e-4), [
+                    Layout::new("H100", 64, 64, "FP8").tp(2).pp(4).vp(10).mbs(2).gbs_fixed(256).source(NEMO_2407),
                 ]),
                 // CPU proxy: the Nemotron-4 architecture (GQA, RoPE, LayerNorm, squared-ReLU MLP
                 // of 4h, no biases, untied) at 4 layers x 256, 8 heads of 32 sharing 2 KV heads.
@@ -95,6 +113,17 @@ mod tests {
             kit::assert_close(&format!("{name} FLOPs/sample (full attention)"), full, want, 0.01);
             let causal = kit::flops_per_sample(Nemotron4::graph, name, 4096, 0, &Convention::CAUSAL);
             kit::rel_err(&format!("{name} FLOPs/sample (causal)"), causal, want);
+        }
+    }
+
+    /// Nemotron-3 8B / 22B: the NeMo 24.07 performance summary's model TFLOPs/GPU over
+    /// tokens/s/GPU (643 / 12507, 562 / 4312) is its FLOPs per token with attention over
+    /// all keys; TFLOPs are rounded to 3 digits: 1%.
+    #[test]
+    fn nemotron3_flops_match_nemo_performance_summary() {
+        for (name, tflops, tokens) in [("nemotron-8b", 643.0, 12507.0), ("nemotron-22b", 562.0, 4312.0)] {
+            let f = kit::flops_per_sample(Nemotron4::graph, name, 4096, 0, &Convention::FULL);
+            kit::assert_close(&format!("{name} FLOPs/token (full attention)"), f / 4096.0, tflops * 1e12 / tokens, 0.01);
         }
     }
 

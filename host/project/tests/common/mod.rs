@@ -20,6 +20,7 @@ type Describe = fn() -> ModelInfo;
 pub fn plugins() -> Vec<(Describe, kit::GraphFn)> {
     vec![
         (llama3::Llama3::describe as Describe, llama3::Llama3::graph as kit::GraphFn),
+        (llama2::Llama2::describe, llama2::Llama2::graph),
         (gpt3::Gpt3::describe, gpt3::Gpt3::graph),
         (nemotron4::Nemotron4::describe, nemotron4::Nemotron4::graph),
         (deepseek::DeepSeek::describe, deepseek::DeepSeek::graph),
