@@ -486,7 +486,9 @@ impl Device for Cpu {
             return Err(ExecError::State(format!("{k}: {} values into {} with scale {scale}", src.len(), dst.len())));
         }
         let x = f(src, k)?;
-        let CpuData::U8(q) = &mut dst.data else { unreachable!("FP8 buffers hold bytes") };
+        let CpuData::U8(q) = &mut dst.data else {
+            return Err(ExecError::State(format!("{k}: an FP8 buffer without bytes")));
+        };
         let stats = prec::fp8_quantize(q, x, scale, fmt, true).map_err(kerr(k))?;
         dst.scale = scale;
         dst.amax = stats.amax;

@@ -141,6 +141,22 @@ impl Fabric {
 
     /// Seconds one call of collective `kind` of nccl-tests size `bytes` takes over a group.
     pub fn time(&self, kind: OpKind, bytes: f64, p: Placement) -> f64 {
+        self.time_with(kind, bytes, p, None)
+    }
+
+    /// Seconds of the expert-parallel all-to-all of a routed layer (`top_k` of `experts`
+    /// experts per token, balanced routing), as DeepEP's and Megatron's flex dispatchers
+    /// move it: a token bound for several experts in one remote scale-up domain crosses
+    /// the scale-out network once, to the GPU of the same local index there, which
+    /// forwards it over NVLink (the combine reduces inside the domain first and sends
+    /// back once). DeepSeek-V3 (arXiv 2412.19437, §3.2.2) describes the scheme;
+    /// github:deepseek-ai/DeepEP README ("normal kernels", NVLink-to-RDMA forwarding).
+    /// Inside one domain, for top-1, or for other collectives, this is [`Fabric::time`].
+    pub fn time_routed(&self, kind: OpKind, bytes: f64, p: Placement, top_k: u32, experts: u32) -> f64 {
+        self.time_with(kind, bytes, p, Some((top_k, experts)))
+    }
+
+    fn time_with(&self, kind: OpKind, bytes: f64, p: Placement, routing: Option<(u32, u32)>) -> f64 {
         let n = p.size.max(1);
         if n <= 1 || bytes <= 0.0 {
             return 0.0;
@@ -156,10 +172,14 @@ impl Fabric {
         let transfer = match kind {
             OpKind::AllToAll if !inside => {
                 // Per rank: (n−1)/n·S leaves; the part for the (local−1) peers in its
-                // domain rides NVLink, the rest its NIC.
+                // domain rides NVLink, the rest its NIC: once per remote peer, or, routed,
+                // once per remote domain a token's experts reach.
                 let per_peer = bytes / f64::from(n);
                 let near = per_peer * f64::from(local.saturating_sub(1));
-                let far = per_peer * f64::from(n - local);
+                let far = match routing {
+                    Some((k, e)) if k > 1 => bytes / f64::from(k) * domains_reached(n.div_ceil(local), k, e),
+                    _ => per_peer * f64::from(n - local),
+                };
                 near / self.scale_up_bps + far / self.scale_out_a2a_bps
             }
             _ if inside => bus / self.scale_up_bps,
@@ -169,43 +189,22 @@ impl Fabric {
     }
 }
 
-impl Fabric {
-    /// Seconds of the expert-parallel all-to-all of a routed layer (`top_k` of `experts`
-    /// experts per token, balanced routing), as DeepEP's and Megatron's flex dispatchers
-    /// move it: a token bound for several experts in one remote scale-up domain crosses
-    /// the scale-out network once, to the GPU of the same local index there, which
-    /// forwards it over NVLink (the combine reduces inside the domain first and sends
-    /// back once). DeepSeek-V3 (arXiv 2412.19437, §3.2.2) describes the scheme;
-    /// github:deepseek-ai/DeepEP README ("normal kernels", NVLink-to-RDMA forwarding).
-    ///
-    /// With the group over D domains and experts spread evenly, a token misses a given
-    /// remote domain with probability P0 = C(E − E/D, k)/C(E, k), so it crosses the NIC
-    /// (D − 1)(1 − P0) times instead of k(D − 1)/D. Inside one domain, or for other
-    /// collectives, this is [`Fabric::time`].
-    pub fn time_routed(&self, kind: OpKind, bytes: f64, p: Placement, top_k: u32, experts: u32) -> f64 {
-        let n = p.size.max(1);
-        let (local, inside) = self.members_per_domain(p);
-        if kind != OpKind::AllToAll || inside || n <= 1 || bytes <= 0.0 || top_k <= 1 || local == 0 {
-            return self.time(kind, bytes, p);
-        }
-        let domains = f64::from(n.div_ceil(local));
-        let (e, k) = (f64::from(experts.max(top_k)), f64::from(top_k));
-        let per_domain = e / domains;
-        // P0 = prod_{i<k} (E − E/D − i)/(E − i); past a few thousand picks (only a plugin's
-        // made-up router gets there) the loop would cost more than the step it prices,
-        // and drawing with replacement, (1 − 1/D)^k, is as good.
-        let miss = if top_k <= 4096 {
-            (0..top_k).map(f64::from).map(|i| ((e - per_domain - i) / (e - i)).max(0.0)).product::<f64>()
-        } else {
-            (1.0 - 1.0 / domains).powf(k)
-        };
-        let remote_domains = (domains - 1.0) * (1.0 - miss);
-        let steps = f64::from(n).log2().ceil().max(1.0);
-        let per_peer = bytes / f64::from(n);
-        let near = per_peer * f64::from(local.saturating_sub(1));
-        let far = bytes / k * remote_domains;
-        steps * self.scale_out_latency_s + near / self.scale_up_bps + far / self.scale_out_a2a_bps
-    }
+/// Remote scale-up domains one token reaches when it picks `top_k` of `experts` experts
+/// spread evenly over `domains` domains: a token misses a given remote domain with
+/// probability P0 = C(E − E/D, k)/C(E, k), so it reaches (D − 1)(1 − P0) of them where a
+/// copy per expert would send k(D − 1)/D.
+fn domains_reached(domains: u32, top_k: u32, experts: u32) -> f64 {
+    let d = f64::from(domains.max(1));
+    let (e, k) = (f64::from(experts.max(top_k)), f64::from(top_k));
+    // P0 = prod_{i<k} (E − E/D − i)/(E − i); past a few thousand picks (only a plugin's
+    // made-up router gets there) the loop would cost more than the step it prices, and
+    // drawing with replacement, (1 − 1/D)^k, is as good.
+    let miss = if top_k <= 4096 {
+        (0..top_k).map(f64::from).map(|i| ((e - e / d - i) / (e - i)).max(0.0)).product::<f64>()
+    } else {
+        (1.0 - 1.0 / d).powf(k)
+    };
+    (d - 1.0) * (1.0 - miss)
 }
 
 #[cfg(test)]
