@@ -357,11 +357,13 @@ impl<D: Device> Executor<D> {
             && per_tensor(pb)
             && !(pa.format == runner_graph::DType::Fp8E5M2 && pb.format == runner_graph::DType::Fp8E5M2)
             && dims.iter().all(|d| d % 16 == 0);
-        let (Some(sa), Some(sb), true) = (usable(sa), usable(sb), native) else { return Ok((a, b)) };
-        let elem = |p: &OperandPlan| if p.format == runner_graph::DType::Fp8E5M2 { Elem::F8E5M2 } else { Elem::F8E4M3 };
-        let mut qa = self.device.alloc(elem(pa), a.len())?;
+        let (Some(sa), Some(sb), Some(ea), Some(eb), true) = (usable(sa), usable(sb), Elem::of(pa.format), Elem::of(pb.format), native)
+        else {
+            return Ok((a, b));
+        };
+        let mut qa = self.device.alloc(ea, a.len())?;
         self.device.encode_fp8(&mut qa, &a, sa)?;
-        let mut qb = self.device.alloc(elem(pb), b.len())?;
+        let mut qb = self.device.alloc(eb, b.len())?;
         self.device.encode_fp8(&mut qb, &b, sb)?;
         self.quant.native_gemms += 1;
         Ok((qa, qb))
