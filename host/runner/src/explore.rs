@@ -424,7 +424,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let mut projector = Projector::new(model, Box::new(source), plans[0].gpu.clone(), plans[0].plan.clone());
     let mut series = Vec::new();
     let mut gbs_notes = BTreeSet::new();
-    let job = project::Job { tokens, flops: flops_per_token * tokens, seq_len };
+    let job = project::Job::new(&projector.model, tokens);
     let mut quote_notes = QuoteNotes::default();
     let total = plans.len() * run.cluster.gpus.len();
     let mut done = 0;
