@@ -109,6 +109,31 @@ extern "C" __global__ void quant_tensor(float* x, const float* cur_amax, u64* st
     }
 }
 
+// quant_tensor straight into FP8 codes (fmt 0 E4M3, 1 E5M2, nearest even): q = the code of
+// the rounded, clipped x·s, meta = [s, 1/s, amax] of the FP8 buffer (meta[2] and stats
+// zeroed by the caller), the same counts as quant_tensor (cpu/quant.rs quantize_codes).
+// One read of x where quant_tensor on a copy and fp8_quantize take three and a copy.
+extern "C" __global__ void quant_tensor_codes(u8* q, float* meta, const float* x, const float* cur_amax, u64* stats,
+                                              i64 n, int fmt, float scale, int margin, int saturate) {
+    QGrid g = qgrid(fmt);
+    float s = scale > 0.0f ? scale : qtensor_scale(cur_amax[0], g.max, margin);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        meta[0] = s;
+        meta[1] = 1.0f / s;
+    }
+    i64 stride = (i64)blockDim.x * gridDim.x;
+    for (i64 base = (i64)blockIdx.x * blockDim.x; base < n; base += stride) {
+        i64 i = base + threadIdx.x;
+        bool in = i < n;
+        float v = in ? x[i] : 0.0f;
+        int sat = 0, under = 0;
+        // The scaled value on the grid (dec 1, multiplied): its code is exact.
+        float r = qdq(v, s, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
+        if (in) q[i] = fp8_encode(r, fmt, saturate != 0);
+        qstats(stats, meta + 2, in ? fabsf(v) : 0.0f, in && sat, in && under, in && !isfinite(v));
+    }
+}
+
 // Block amax: one thread per block of br x bc (shorter at the edges).
 extern "C" __global__ void quant_block_amax(float* bamax, const float* x, i64 rows, i64 cols, int br, int bc) {
     i64 nbc = (cols + bc - 1) / bc, nbr = (rows + br - 1) / br;

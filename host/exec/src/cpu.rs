@@ -479,22 +479,6 @@ impl Device for Cpu {
         self.write_f32(dst, &x)
     }
 
-    fn encode_fp8(&self, dst: &mut CpuBuffer, src: &CpuBuffer, scale: f32) -> Result<(), ExecError> {
-        let k = "encode_fp8";
-        let fmt = dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k}: into a {} buffer", dst.elem.name())))?;
-        if dst.len() != src.len() || !(scale.is_finite() && scale > 0.0) {
-            return Err(ExecError::State(format!("{k}: {} values into {} with scale {scale}", src.len(), dst.len())));
-        }
-        let x = f(src, k)?;
-        let CpuData::U8(q) = &mut dst.data else {
-            return Err(ExecError::State(format!("{k}: an FP8 buffer without bytes")));
-        };
-        let stats = prec::fp8_quantize(q, x, scale, fmt, true).map_err(kerr(k))?;
-        dst.scale = scale;
-        dst.amax = stats.amax;
-        Ok(())
-    }
-
     fn fp8_scale(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
         Ok(buf.scale)
     }
@@ -522,6 +506,22 @@ impl Device for Cpu {
 
     fn quantize(&self, x: &mut CpuBuffer, rows: usize, cols: usize, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
         quant::quantize(fm(x, "quantize")?, rows, cols, spec).map_err(kerr("quantize"))
+    }
+
+    fn quantize_fp8_codes(&self, dst: &mut CpuBuffer, src: &CpuBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+        let k = "quantize_fp8_codes";
+        let fmt = dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k}: into a {} buffer", dst.elem.name())))?;
+        if !matches!((spec, fmt), (QuantSpec::Tensor { format: quant::Format::E4M3, .. }, Fp8Format::E4M3) | (QuantSpec::Tensor { format: quant::Format::E5M2, .. }, Fp8Format::E5M2)) {
+            return Err(ExecError::State(format!("{k}: {spec:?} into a {} buffer", dst.elem.name())));
+        }
+        let x = f(src, k)?;
+        let CpuData::U8(q) = &mut dst.data else {
+            return Err(ExecError::State(format!("{k}: an FP8 buffer without bytes")));
+        };
+        let r = quant::quantize_codes(q, x, spec).map_err(kerr(k))?;
+        dst.scale = r.scale;
+        dst.amax = r.amax;
+        Ok(r)
     }
 
     fn hadamard_rows(&self, x: &mut CpuBuffer, rows: usize, cols: usize, h: usize, seed: u64) -> Result<(), ExecError> {

@@ -296,15 +296,6 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         let (sc, sd) = (p.cpu.fp8_scale(&q.0)?, p.dev.fp8_scale(&q.1)?);
         p.check_value(&format!("cast f32 -> {} scale", elem.name()), sc, sd, 0.0);
     }
-    // The native FP8 route's encoding: a given (delayed) scale, not the tensor's own.
-    for (elem, scale) in [(Elem::F8E4M3, 3.0), (Elem::F8E5M2, 0.125)] {
-        let mut q = p.outs(elem, v.len())?;
-        p.cpu.encode_fp8(&mut q.0, &x.0, scale)?;
-        p.dev.encode_fp8(&mut q.1, &x.1, scale)?;
-        p.check(&format!("encode_fp8 {} (scale {scale})", elem.name()), &q, 0.0)?;
-        let (ac, ad) = (p.cpu.fp8_amax(&q.0)?, p.dev.fp8_amax(&q.1)?);
-        p.check_value(&format!("encode_fp8 {} amax", elem.name()), ac, ad, 0.0);
-    }
     for (dtype, row) in [(DType::BF16, 1), (DType::F16, 1), (DType::Fp8E4M3, 1), (DType::Fp8E5M2, 1), (DType::MxFp8, 100)] {
         let mut y = p.f(&v[..4000])?;
         p.cpu.round_to_storage(&mut y.0, dtype, row)?;
@@ -335,6 +326,24 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
         p.check_value(&format!("quantize {name} counts"), counts(&rc), counts(&rd), 0.0);
         p.check_value(&format!("quantize {name} amax"), rc.amax, rd.amax, 0.0);
+    }
+    // The native route's one-pass cast of an operand to codes (given and current scales,
+    // saturating and not): the same codes, scale and counts.
+    let tensor = |format, scale, saturate| QuantSpec::Tensor { format, scale, margin: 0, saturate, stochastic: None };
+    for (elem, name, spec) in [
+        (Elem::F8E4M3, "e4m3 delayed", tensor(Format::E4M3, Some(3.0), true)),
+        (Elem::F8E4M3, "e4m3 current, not saturating", tensor(Format::E4M3, None, false)),
+        (Elem::F8E5M2, "e5m2 current", tensor(Format::E5M2, None, true)),
+        (Elem::F8E5M2, "e5m2 delayed", tensor(Format::E5M2, Some(0.125), true)),
+    ] {
+        let mut q = p.outs(elem, v.len())?;
+        let rc = p.cpu.quantize_fp8_codes(&mut q.0, &x.0, &spec)?;
+        let rd = p.dev.quantize_fp8_codes(&mut q.1, &x.1, &spec)?;
+        p.check(&format!("quantize_fp8_codes {name}"), &q, 0.0)?;
+        let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
+        p.check_value(&format!("quantize_fp8_codes {name} counts"), counts(&rc), counts(&rd), 0.0);
+        p.check_value(&format!("quantize_fp8_codes {name} scale"), p.cpu.fp8_scale(&q.0)?, p.dev.fp8_scale(&q.1)?, 0.0);
+        p.check_value(&format!("quantize_fp8_codes {name} amax"), p.cpu.fp8_amax(&q.0)?, p.dev.fp8_amax(&q.1)?, 0.0);
     }
     let mut h = p.f(&v[..3200])?;
     p.cpu.hadamard_rows(&mut h.0, 40, 80, 16, 3)?;

@@ -262,11 +262,6 @@ pub trait Device {
     /// with per-tensor current scaling (scale = fp8_max / amax(src), kept with `dst`);
     /// out of FP8 divided by its scale.
     fn cast(&self, dst: &mut Self::Buffer, src: &Self::Buffer) -> Result<(), ExecError>;
-    /// Encode f32 `src` into the FP8 codes of `dst` with the given per-tensor `scale`
-    /// (`q = encode(x·scale)`, saturating, round to nearest even), kept with `dst`, and
-    /// record its amax: a GEMM operand a precision plan quantised with that scale, handed
-    /// to a native FP8 GEMM (values already on the scale's grid encode exactly).
-    fn encode_fp8(&self, dst: &mut Self::Buffer, src: &Self::Buffer, scale: f32) -> Result<(), ExecError>;
     /// Whether FP8 GEMMs on this device run natively (tensor cores) and so are worth
     /// encoding operands for; the CPU dequantises them again.
     fn native_fp8(&self) -> bool {
@@ -302,6 +297,14 @@ pub trait Device {
         cols: usize,
         spec: &QuantSpec,
     ) -> Result<QuantReport, ExecError>;
+    /// [`Device::quantize`] of f32 `src` under a per-tensor FP8 `spec` (a given or a
+    /// current scale, nearest even, in `dst`'s format) straight into the codes of `dst`,
+    /// the scale and amax kept with it: the report `quantize` gives on a copy and the codes
+    /// of that copy's values, in one pass over `src` and no f32 copy
+    /// (`runner_kernels::cpu::quant::quantize_codes` is the reference). The native FP8
+    /// route's cast of a GEMM operand (a given scale: delayed scaling, the values encode
+    /// exactly on that scale's grid).
+    fn quantize_fp8_codes(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &QuantSpec) -> Result<QuantReport, ExecError>;
     /// The random Hadamard transform along the rows of an f32 (rows, cols) buffer, in
     /// groups of `h` rows (`runner_kernels::cpu::quant::hadamard_rows`).
     fn hadamard_rows(

@@ -527,19 +527,26 @@ fn a_moe_model_trains_in_fp8_close_to_f32() {
 fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
     let g = graph();
     let h = AdamW { lr: 1e-2, ..runner_exec::executor::ADAMW_DEFAULT };
-    let train = |plan: SitePlan, native: bool| {
+    let train_with = |plan: SitePlan, native: bool, fault: Option<Fault>| {
         let mut ex = Executor::new(&g, Cpu::new(), ExecOptions { seed: 3, native_fp8: Some(native), ..ExecOptions::default() }).unwrap();
         ex.set_precision(&every_site(&g, plan)).unwrap();
-        let mut losses = Vec::new();
+        let (mut losses, mut numerics) = (Vec::new(), Vec::new());
         for step in 0..3 {
+            if step == 1
+                && let Some(f) = fault.clone()
+            {
+                ex.inject(f).unwrap();
+            }
             losses.push(run(&mut ex, &g, step));
             ex.reduce_gradients().unwrap();
             ex.optimizer_step(&h).unwrap();
+            numerics.push(ex.precision_numerics());
             ex.end_precision_step();
         }
         let w = ex.weight("layers.1.mlp.down.weight").unwrap();
-        (losses, w, ex.native_fp8_gemms())
+        (losses, w, ex.native_fp8_gemms(), numerics)
     };
+    let train = |plan: SitePlan, native: bool| train_with(plan, native, None);
     let gemms_per_step = linears(&g).len() as u64 * 3;
     let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
     for scaling in [Scaling::Current { margin: 0 }, delayed] {
@@ -548,6 +555,16 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
         assert_eq!(native.2, 3 * gemms_per_step, "{scaling:?}: every linear GEMM of three steps ran on codes");
         assert_eq!(native.0, emulated.0, "{scaling:?}: losses");
         assert_eq!(native.1, emulated.1, "{scaling:?}: weights after three updates");
+        // The one-pass cast to codes reports what quantising a copy reports.
+        assert_eq!(native.3, emulated.3, "{scaling:?}: amaxes, scales and counts of every operand");
+        // A fault edits a quantised copy: that GEMM leaves the native route for one step,
+        // with the same result.
+        let fault = Fault { op: "layers.1.mlp.down".into(), role: GemmRole::Forward, operand: Operand::Activation, kind: FaultKind::Outlier(1000.0) };
+        let (emulated, native) = (train_with(hybrid(scaling), false, Some(fault.clone())), train_with(hybrid(scaling), true, Some(fault)));
+        assert_eq!(native.2, 3 * gemms_per_step - 1, "{scaling:?}: the faulted GEMM ran on copies");
+        assert_eq!(native.0, emulated.0, "{scaling:?}: losses with a fault");
+        assert_eq!(native.3, emulated.3, "{scaling:?}: numerics with a fault");
+        assert!(native.3[1].iter().any(|n| n.name == "layers.1.mlp.down" && n.numerics.amax > 100.0), "the fault landed");
     }
     let e5m2 = SitePlan {
         activation: fp8(DType::Fp8E5M2, Scaling::Current { margin: 0 }),

@@ -710,6 +710,32 @@ pub fn quantize(x: &mut [f32], rows: usize, cols: usize, spec: &QuantSpec) -> Re
     }
 }
 
+/// [`quantize`] of a per-tensor FP8 operand (a given or a current scale, nearest even)
+/// straight into its FP8 codes: the report `quantize` gives and the codes
+/// [`fp8_codes`] makes of its result, without the dequantised copy: one pass over `x`
+/// (two with current scaling, the amax first). The native FP8 GEMM route's cast.
+///
+/// # Errors
+/// `ShapeMismatch` for a spec that is not per-tensor FP8 with nearest-even rounding, a
+/// length mismatch, or a bad scale.
+pub fn quantize_codes(out: &mut [u8], x: &[f32], spec: &QuantSpec) -> Result<QuantReport> {
+    use super::precision::Fp8Format;
+    let QuantSpec::Tensor { format, scale, margin, saturate, stochastic: None } = *spec else {
+        return shape_err(format!("quantize_codes: {spec:?} is not a per-tensor FP8 spec rounding to nearest"));
+    };
+    let f = match format {
+        Format::E4M3 => Fp8Format::E4M3,
+        Format::E5M2 => Fp8Format::E5M2,
+        Format::E2M1 => return shape_err("quantize_codes: E2M1 has no FP8 codes".to_string()),
+    };
+    check_len("quantize_codes out", out.len(), x.len())?;
+    let s = scale.unwrap_or_else(|| tensor_scale(amax(x), format, margin));
+    if !(s.is_finite() && s > 0.0) {
+        return shape_err(format!("quantisation scale {s} is not finite and positive"));
+    }
+    fp8_codes(out, x, s, f, saturate)
+}
+
 /// Round to a 16/32-bit float with the report: amax, non-finite inputs, finite values
 /// that became Inf (saturated) and non-zero values that became zero.
 fn round_float(x: &mut [f32], f: FloatFormat) -> QuantReport {
@@ -841,6 +867,45 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The one-pass cast to codes equals quantising a copy and encoding the result with
+    /// the scale it reports: the same codes (NaN, Inf, overflow, subnormals, signed zero
+    /// included), the same report, for given and current scales, saturating or not; it
+    /// refuses what has no FP8 codes (block scales, stochastic rounding, E2M1).
+    #[test]
+    fn quantize_codes_equals_quantize_then_encode() {
+        let mut rng = rng(91);
+        let mut xs: Vec<f32> = vec![0.0, -0.0, f32::NAN, f32::INFINITY, -f32::INFINITY, 1e-45, -3e-8, 464.0, 470.0, 61440.0, 1e30];
+        for _ in 0..20_000 {
+            xs.push(rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-30..20)));
+        }
+        let finite: Vec<f32> = xs.iter().copied().filter(|v| v.is_finite()).collect();
+        for f in [Format::E4M3, Format::E5M2] {
+            for saturate in [true, false] {
+                for scale in [Some(1.0f32), Some(0.37), Some(3e4), None] {
+                    for (margin, x) in [(0, &xs), (1, &finite)] {
+                        let spec = QuantSpec::Tensor { format: f, scale, margin, saturate, stochastic: None };
+                        let mut copy = x.clone();
+                        let want = quantize(&mut copy, 1, x.len(), &spec).unwrap();
+                        let mut want_codes = vec![0u8; x.len()];
+                        fp8_codes(&mut want_codes, &copy, want.scale, fp8(f), saturate).unwrap();
+                        let mut codes = vec![0u8; x.len()];
+                        let got = quantize_codes(&mut codes, x, &spec).unwrap();
+                        assert_eq!(got, want, "{f:?} sat={saturate} scale={scale:?} margin={margin}");
+                        assert_eq!(codes, want_codes, "{f:?} sat={saturate} scale={scale:?} margin={margin}");
+                    }
+                }
+            }
+        }
+        let mut out = vec![0u8; 4];
+        let x = [1.0f32; 4];
+        let sr = QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 0, saturate: true, stochastic: Some(1) };
+        assert!(quantize_codes(&mut out, &x, &sr).is_err());
+        let fp4 = QuantSpec::Tensor { format: Format::E2M1, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
+        assert!(quantize_codes(&mut out, &x, &fp4).is_err());
+        assert!(quantize_codes(&mut out, &x, &QuantSpec::Float(FloatFormat::Bf16)).is_err());
+        assert!(quantize_codes(&mut out[..3], &x, &QuantSpec::Tensor { format: Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None }).is_err());
     }
 
     /// E2M1 rounds to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to even, and clips at 6.

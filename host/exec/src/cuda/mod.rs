@@ -689,20 +689,69 @@ impl Device for Cuda {
         }
     }
 
-    fn encode_fp8(&self, dst: &mut CudaBuffer, src: &CudaBuffer, scale: f32) -> Result<(), ExecError> {
-        need("encode_fp8", src, Elem::F32)?;
-        let fmt = fmt_code(dst.elem.fp8().ok_or_else(|| ExecError::State(format!("encode_fp8 into a {} buffer", dst.elem.name())))?);
-        if dst.len != src.len || !(scale.is_finite() && scale > 0.0) {
-            return Err(ExecError::State(format!("encode_fp8: {} values into {} with scale {scale}", src.len, dst.len)));
+    fn quantize_fp8_codes(&self, dst: &mut CudaBuffer, src: &CudaBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+        let k = "quantize_fp8_codes";
+        need(k, src, Elem::F32)?;
+        let fmt = fmt_code(dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k} into a {} buffer", dst.elem.name())))?);
+        let (format, given, margin, saturate) = match *spec {
+            QuantSpec::Tensor { format, scale, margin, saturate, stochastic: None }
+                if (format, fmt) == (quant::Format::E4M3, 0) || (format, fmt) == (quant::Format::E5M2, 1) =>
+            {
+                (format, scale, margin, saturate)
+            }
+            _ => return Err(ExecError::State(format!("{k}: {spec:?} into a {} buffer", dst.elem.name()))),
+        };
+        if given.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
+            return Err(ExecError::State(format!("{k}: scale {given:?}")));
         }
+        lens(k, &[("dst", dst.len, src.len)])?;
+        if src.len == 0 {
+            let s = given.unwrap_or(1.0);
+            let host = [s, 1.0 / s, 0.0, 0.0];
+            // SAFETY: meta holds 4 floats; the copy from pageable memory is staged before
+            // the call returns.
+            unsafe { dr::memcpy_htod_async(self.meta_ptr(dst)?, &host[..], self.inner.stream.cu_stream()) }
+                .map_err(|e| self.derr("upload", e))?;
+            return Ok(QuantReport { scale: s, ..QuantReport::default() });
+        }
+        let n = src.len as i64;
+        let counters = self.alloc(Elem::I32, 6)?;
+        let cur = self.f32_scratch(1)?;
         let meta = self.meta_ptr(dst)?;
-        let host = [scale, 1.0 / scale, 0.0, 0.0];
-        // SAFETY: meta holds 4 floats; the copy from pageable memory is staged before the
-        // call returns.
-        unsafe { dr::memcpy_htod_async(meta, &host[..], self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))?;
-        let n = src.len;
-        self.ew("amax_f32", n, &[Arg::P(meta + 8), self.p(src), Arg::I(n as i64)])?;
-        self.ew("fp8_quantize", n, &[self.p(dst), self.p(src), Arg::P(meta), Arg::I(n as i64), Arg::I32(fmt)])
+        // SAFETY: 24, 4 and 16 bytes: the counters, the current amax and the FP8 meta.
+        unsafe {
+            let st = self.inner.stream.cu_stream();
+            dr::memset_d8_async(self.ptr(&counters), 0, 24, st).map_err(|e| self.derr("memset", e))?;
+            dr::memset_d8_async(self.ptr(&cur), 0, 4, st).map_err(|e| self.derr("memset", e))?;
+            dr::memset_d8_async(meta, 0, 16, st).map_err(|e| self.derr("memset", e))?;
+        }
+        if given.is_none() {
+            self.ew("amax_f32", src.len, &[self.p(&cur), self.p(src), Arg::I(n)])?;
+        }
+        let cp = self.ptr(&counters);
+        self.ew(
+            "quant_tensor_codes",
+            src.len,
+            &[
+                self.p(dst),
+                Arg::P(meta),
+                self.p(src),
+                self.p(&cur),
+                Arg::P(cp),
+                Arg::I(n),
+                Arg::I32(fmt),
+                Arg::F(given.unwrap_or(0.0)),
+                Arg::I32(margin),
+                Arg::I32(i32::from(saturate)),
+            ],
+        )?;
+        let scale = match given {
+            Some(s) => s,
+            None => quant::tensor_scale(self.download::<f32>(self.ptr(&cur), 1)?[0], format, margin),
+        };
+        let c = self.download::<u64>(cp, 3)?;
+        let amax = self.download::<f32>(meta + 8, 1)?[0];
+        Ok(QuantReport { amax, scale, saturated: c[0], underflowed: c[1], nonfinite: c[2], elements: src.len as u64 })
     }
 
     fn native_fp8(&self) -> bool {

@@ -7,7 +7,10 @@
 //! quantised and dequantised on the device (`Device::quantize`), the GEMM runs on the
 //! copies with f32 accumulation, and its result is rounded to the plan's output format.
 //! What each quantisation did is merged per (op, role, operand) until
-//! [`Executor::end_precision_step`] moves the amaxes into the histories.
+//! [`Executor::end_precision_step`] moves the amaxes into the histories. On the native
+//! FP8 route (a linear whose operands are both per-tensor FP8, on a device with FP8
+//! GEMMs) each operand is instead cast straight to FP8 codes in one pass
+//! (`Device::quantize_fp8_codes`), which holds the same values and reports the same.
 //!
 //! A grouped linear (MoE experts: X (rows, k) sorted by expert, W (E, n, k)) is quantised
 //! as Transformer Engine's grouped GEMM is: the weights expert by expert (TE keeps one FP8
@@ -71,6 +74,16 @@ pub(super) struct LinearBackward<B> {
     pub(super) dgrad: Option<Operands<B>>,
     /// (dY, X) quantised (Hadamard-transformed when planned) for dW, and dW's format.
     pub(super) wgrad: Option<Operands<B>>,
+}
+
+/// One operand of a GEMM: value (`grad: false`) or gradient `id`, seen as (rows, cols).
+#[derive(Clone, Copy)]
+pub(super) struct Side {
+    id: TensorId,
+    grad: bool,
+    rows: usize,
+    cols: usize,
+    operand: Operand,
 }
 
 /// The state a rollback restores: weights, AdamW moments and step, and the amax
@@ -273,7 +286,7 @@ impl<D: Device> Executor<D> {
         key: Key,
         plan: &OperandPlan,
         groups: Option<&[usize]>,
-    ) -> Result<(D::Buffer, Option<f32>), ExecError> {
+    ) -> Result<D::Buffer, ExecError> {
         let (oi, role, o) = key;
         let mut x = self.device.alloc(Elem::F32, src.len())?;
         self.device.copy(&mut x, 0, src, 0, src.len())?;
@@ -289,8 +302,8 @@ impl<D: Device> Executor<D> {
             self.device.write_f32(&mut x, &host)?;
         }
         let Some(groups) = groups else {
-            let scale = self.quantise_rows(&mut x, rows, cols, key, plan)?;
-            return Ok((x, Some(scale)));
+            self.quantise_rows(&mut x, rows, cols, key, plan)?;
+            return Ok(x);
         };
         if groups.first() != Some(&0) || groups.last() != Some(&rows) || groups.windows(2).any(|w| w[1] < w[0]) {
             return Err(ExecError::State(format!(
@@ -306,13 +319,12 @@ impl<D: Device> Executor<D> {
             self.quantise_rows(&mut part, w[1] - w[0], cols, key, plan)?;
             self.device.copy(&mut x, w[0] * cols, &part, 0, len)?;
         }
-        Ok((x, None))
+        Ok(x)
     }
 
     /// Transform (when planned) and quantise `x` (rows x cols) in place as operand `key`,
-    /// merging the report into the step's numerics; the scale it used (per tensor: the
-    /// tensor's).
-    fn quantise_rows(&mut self, x: &mut D::Buffer, rows: usize, cols: usize, key: Key, plan: &OperandPlan) -> Result<f32, ExecError> {
+    /// merging the report into the step's numerics.
+    fn quantise_rows(&mut self, x: &mut D::Buffer, rows: usize, cols: usize, key: Key, plan: &OperandPlan) -> Result<(), ExecError> {
         let oi = key.0;
         if plan.hadamard > 1 {
             // One sign pattern per step and site, shared by both operands of the GEMM.
@@ -327,46 +339,78 @@ impl<D: Device> Executor<D> {
         if !self.quant.quiet {
             self.quant.step.entry(key).or_default().merge(&r);
         }
-        Ok(r.scale)
+        Ok(())
     }
 
-    /// The operands of a linear's GEMM (`dims`: m, n, k) as the GEMM reads them: their FP8
-    /// codes when both are per-tensor FP8 under this executor's native route and the
-    /// device's FP8 GEMM takes the pair (not E5M2 x E5M2, dimensions multiples of 16, as
-    /// cuBLASLt asks); otherwise the dequantised f32 copies. Codes encode the copies with
-    /// the scale that made them, so they hold the same values.
-    #[allow(clippy::type_complexity)]
-    fn for_gemm(
-        &mut self,
-        oi: usize,
-        (a, sa): (D::Buffer, Option<f32>),
-        pa: &OperandPlan,
-        (b, sb): (D::Buffer, Option<f32>),
-        pb: &OperandPlan,
-        dims: [usize; 3],
-    ) -> Result<(D::Buffer, D::Buffer), ExecError> {
+    /// Whether linear `oi`'s GEMM (`dims`: m, n, k) takes its operands, planned `pa` and
+    /// `pb`, as FP8 codes: both per-tensor FP8 under this executor's native route, and a
+    /// pair the device's FP8 GEMM takes (not E5M2 x E5M2, dimensions multiples of 16, as
+    /// cuBLASLt asks).
+    fn native_pair(&self, oi: usize, pa: &OperandPlan, pb: &OperandPlan, dims: [usize; 3]) -> bool {
         let per_tensor = |p: &OperandPlan| {
             matches!(p.format, runner_graph::DType::Fp8E4M3 | runner_graph::DType::Fp8E5M2)
                 && matches!(p.scaling, Scaling::Delayed { .. } | Scaling::Current { .. })
                 && p.hadamard <= 1
         };
-        let usable = |s: Option<f32>| s.filter(|s| s.is_finite() && *s > 0.0);
-        let native = self.quant.native
+        self.quant.native
             && self.graph.ops[oi].kind == OpKind::Linear
             && per_tensor(pa)
             && per_tensor(pb)
             && !(pa.format == runner_graph::DType::Fp8E5M2 && pb.format == runner_graph::DType::Fp8E5M2)
-            && dims.iter().all(|d| d % 16 == 0);
-        let (Some(sa), Some(sb), Some(ea), Some(eb), true) = (usable(sa), usable(sb), Elem::of(pa.format), Elem::of(pb.format), native)
-        else {
-            return Ok((a, b));
+            && dims.iter().all(|d| d % 16 == 0)
+    }
+
+    /// The two operands of GEMM op `oi` of `role` (`dims`: m, n, k) as the GEMM reads
+    /// them. On the native route ([`Executor::native_pair`]) each tensor is cast straight
+    /// to its FP8 codes ([`Device::quantize_fp8_codes`]: one pass, no f32 copy), holding
+    /// the values the emulated route's quantised copies hold; otherwise (and while a
+    /// fault waits to be injected into either, which edits a copy) the quantised f32
+    /// copies.
+    fn gemm_operands(&mut self, oi: usize, role: GemmRole, plan: &SitePlan, a: Side, b: Side, dims: [usize; 3]) -> Result<(D::Buffer, D::Buffer), ExecError> {
+        let (pa, pb) = (*plan.operand(a.operand), *plan.operand(b.operand));
+        let pending = |o: Operand| self.quant.faults.iter().any(|(f, fl)| *f == oi && fl.role == role && fl.operand == o);
+        if self.native_pair(oi, &pa, &pb, dims) && !pending(a.operand) && !pending(b.operand) {
+            let qa = self.codes_tensor(a, (oi, role, a.operand), &pa)?;
+            let qb = self.codes_tensor(b, (oi, role, b.operand), &pb)?;
+            self.quant.native_gemms += 1;
+            return Ok((qa, qb));
+        }
+        let mut copy = |s: Side, p: &OperandPlan| -> Result<D::Buffer, ExecError> {
+            let groups = match s.operand {
+                Operand::Weight => self.weight_groups(oi),
+                _ => self.token_groups(oi, p)?,
+            };
+            self.quantised_tensor(s.id, s.grad, s.rows, s.cols, (oi, role, s.operand), p, groups.as_deref())
         };
-        let mut qa = self.device.alloc(ea, a.len())?;
-        self.device.encode_fp8(&mut qa, &a, sa)?;
-        let mut qb = self.device.alloc(eb, b.len())?;
-        self.device.encode_fp8(&mut qb, &b, sb)?;
-        self.quant.native_gemms += 1;
+        let qa = copy(a, &pa)?;
+        let qb = copy(b, &pb)?;
         Ok((qa, qb))
+    }
+
+    /// Value or gradient `s.id` cast to the FP8 codes of operand `key` under per-tensor
+    /// `plan` (its delayed scale, or its current one), recording what the cast did as
+    /// [`Executor::quantised`] records it.
+    fn codes_tensor(&mut self, s: Side, key: Key, plan: &OperandPlan) -> Result<D::Buffer, ExecError> {
+        let spec = plan
+            .spec(self.delayed_scale(key, plan), self.quant.draws)
+            .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[key.0].name)))?;
+        self.quant.draws += 1;
+        let elem = Elem::of(plan.format).ok_or_else(|| ExecError::State(format!("{} has no FP8 buffer", plan.format.name())))?;
+        let store = if s.grad { &self.grads } else { &self.vals };
+        let src = store[s.id].as_ref().ok_or_else(|| {
+            ExecError::State(format!(
+                "operation '{}' quantises {}'{}', which is not live",
+                self.graph.ops[key.0].name,
+                if s.grad { "the gradient of " } else { "" },
+                self.graph.tensors[s.id].name
+            ))
+        })?;
+        let mut q = self.device.alloc(elem, src.len())?;
+        let r = self.device.quantize_fp8_codes(&mut q, src, &spec)?;
+        if !self.quant.quiet {
+            self.quant.step.entry(key).or_default().merge(&r);
+        }
+        Ok(q)
     }
 
     /// GEMMs that have run on FP8 codes (the native route) since the executor was made.
@@ -386,7 +430,7 @@ impl<D: Device> Executor<D> {
         key: Key,
         plan: &OperandPlan,
         groups: Option<&[usize]>,
-    ) -> Result<(D::Buffer, Option<f32>), ExecError> {
+    ) -> Result<D::Buffer, ExecError> {
         let store = if grad { &mut self.grads } else { &mut self.vals };
         let b = store[id].take().ok_or_else(|| {
             ExecError::State(format!(
@@ -454,12 +498,9 @@ impl<D: Device> Executor<D> {
         let (xid, wid) = (self.graph.ops[oi].inputs[0], self.graph.ops[oi].inputs[1]);
         let (e, n, k) = self.weight_shape(oi);
         let m = self.numel_of(xid) / k.max(1);
-        let key = |o| (oi, GemmRole::Forward, o);
-        let xg = self.token_groups(oi, &plan.activation)?;
-        let qx = self.quantised_tensor(xid, false, m, k, key(Operand::Activation), &plan.activation, xg.as_deref())?;
-        let wg = self.weight_groups(oi);
-        let qw = self.quantised_tensor(wid, false, e * n, k, key(Operand::Weight), &plan.weight, wg.as_deref())?;
-        let (qx, qw) = self.for_gemm(oi, qx, &plan.activation, qw, &plan.weight, [m, n, k])?;
+        let x = Side { id: xid, grad: false, rows: m, cols: k, operand: Operand::Activation };
+        let w = Side { id: wid, grad: false, rows: e * n, cols: k, operand: Operand::Weight };
+        let (qx, qw) = self.gemm_operands(oi, GemmRole::Forward, &plan, x, w, [m, n, k])?;
         Ok(Some((qx, qw, plan.output)))
     }
 
@@ -476,23 +517,17 @@ impl<D: Device> Executor<D> {
         let m = self.numel_of(dy) / n.max(1);
         let mut out = LinearBackward { dgrad: None, wgrad: None };
         if let Some(p) = dplan {
-            let key = |o| (oi, GemmRole::InputGradient, o);
-            let gg = self.token_groups(oi, &p.gradient)?;
-            let g = self.quantised_tensor(dy, true, m, n, key(Operand::Gradient), &p.gradient, gg.as_deref())?;
-            let wg = self.weight_groups(oi);
-            let w = self.quantised_tensor(wid, false, e * n, k, key(Operand::Weight), &p.weight, wg.as_deref())?;
-            let (g, w) = self.for_gemm(oi, g, &p.gradient, w, &p.weight, [m, k, n])?;
+            let g = Side { id: dy, grad: true, rows: m, cols: n, operand: Operand::Gradient };
+            let w = Side { id: wid, grad: false, rows: e * n, cols: k, operand: Operand::Weight };
+            let (g, w) = self.gemm_operands(oi, GemmRole::InputGradient, &p, g, w, [m, k, n])?;
             out.dgrad = Some((g, w, p.output));
         }
         if let Some(p) = wplan
             && self.plan.needs_grad[wid]
         {
-            let key = |o| (oi, GemmRole::WeightGradient, o);
-            let gg = self.token_groups(oi, &p.gradient)?;
-            let g = self.quantised_tensor(dy, true, m, n, key(Operand::Gradient), &p.gradient, gg.as_deref())?;
-            let xg = self.token_groups(oi, &p.activation)?;
-            let x = self.quantised_tensor(xid, false, m, k, key(Operand::Activation), &p.activation, xg.as_deref())?;
-            let (g, x) = self.for_gemm(oi, g, &p.gradient, x, &p.activation, [n, k, m])?;
+            let g = Side { id: dy, grad: true, rows: m, cols: n, operand: Operand::Gradient };
+            let x = Side { id: xid, grad: false, rows: m, cols: k, operand: Operand::Activation };
+            let (g, x) = self.gemm_operands(oi, GemmRole::WeightGradient, &p, g, x, [n, k, m])?;
             out.wgrad = Some((g, x, p.output));
         }
         Ok(Some(out))
