@@ -2,9 +2,9 @@
 // SwiGLU, GeGLU (fused gelu(gate)·up), GELU (tanh approximation), squared ReLU. The
 // forwards save nothing; the backwards recompute the cheap nonlinearity.
 //
-// The *_quantize forwards fuse the FP8 cast of the output into the activation (the next
-// GEMM's input) with a known scale, and record the output's amax on the fly
-// (Transformer Engine's fused activation + cast): one pass over memory instead of three.
+// swiglu_forward_codes fuses the FP8 cast of the output (the next GEMM's input) at a known
+// scale into the activation, with the cast's statistics on the fly (Transformer Engine's
+// fused activation + cast): the cast reads no f32 tensor back.
 #include "common.cuh"
 
 #define GELU_K 0.7978845608f
@@ -71,16 +71,27 @@ extern "C" __global__ void squared_relu_backward(float* dx, const float* dout, c
     }
 }
 
-// out = fp8(silu(gate)·up · scale[0]); amax[0] = max |silu(gate)·up| (atomic, starts at
-// the caller's value). fmt 0: E4M3, 1: E5M2; saturating.
-extern "C" __global__ void swiglu_quantize(u8* out, float* amax, const float* scale, const float* gate,
-                                           const float* up, i64 n, int fmt) {
-    float s = scale[0], local = 0.0f;
-    FOR_EACH(i, n) {
-        float y = silu(gate[i]) * up[i];
-        out[i] = fp8_encode(y * s, fmt, true);
-        if (!isnan(y)) local = fmaxf(local, fabsf(y));
+// swiglu_forward whose output also lands as FP8 codes at the given `scale` (delayed
+// scaling), with quant_tensor_codes' statistics (meta = [scale, 1/scale, amax], meta[2]
+// and stats zeroed by the caller): activation + cast in one pass.
+extern "C" __global__ void swiglu_forward_codes(float* out, u8* q, float* meta, u64* stats, const float* gate,
+                                                const float* up, i64 n, int fmt, float scale, int saturate) {
+    QGrid g = qgrid(fmt);
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        meta[0] = scale;
+        meta[1] = 1.0f / scale;
     }
-    local = warp_max(local);
-    if ((threadIdx.x & 31) == 0) atomic_max_abs(amax, local);
+    i64 stride = (i64)blockDim.x * gridDim.x;
+    for (i64 base = (i64)blockIdx.x * blockDim.x; base < n; base += stride) {
+        i64 i = base + threadIdx.x;
+        bool in = i < n;
+        float y = in ? silu(gate[i]) * up[i] : 0.0f;
+        int sat = 0, under = 0;
+        float rq = qdq(y, scale, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
+        if (in) {
+            out[i] = y;
+            q[i] = fp8_encode(rq, fmt, saturate != 0);
+        }
+        qstats(stats, meta + 2, in ? fabsf(y) : 0.0f, in && sat, in && under, in && !isfinite(y));
+    }
 }

@@ -152,3 +152,89 @@ __device__ __forceinline__ float fp8_current_scale(float amax, int fmt) {
 __device__ __forceinline__ void atomic_max_abs(float* target, float v) {
     atomicMax((unsigned int*)target, __float_as_uint(fabsf(v)));
 }
+
+// ---- scaled quantisation (cpu/quant.rs) ---------------------------------------------
+// Shared by quant.cu and the fused norm / activation + cast kernels. Element formats: 0
+// E4M3, 1 E5M2, 2 E2M1. Statistics: stats[0] saturated, stats[1] underflowed, stats[2]
+// non-finite (u64 counters), amax[0] max |x|; all zeroed by the caller.
+
+struct QGrid {
+    u32 mbits;
+    float min_normal, sub_mul, sub_inv, max, overflow;
+    u32 half_ulp, mask;
+};
+
+__device__ __forceinline__ QGrid qgrid(int fmt) {
+    QGrid g;
+    int emin;
+    if (fmt == 0) { g.mbits = 3; emin = -6; g.max = 448.0f; g.overflow = NAN; }
+    else if (fmt == 1) { g.mbits = 2; emin = -14; g.max = 57344.0f; g.overflow = INFINITY; }
+    else { g.mbits = 1; emin = 0; g.max = 6.0f; g.overflow = 6.0f; }
+    g.min_normal = pow2f(emin);
+    g.sub_mul = pow2f((int)g.mbits - emin);
+    g.sub_inv = pow2f(emin - (int)g.mbits);
+    g.half_ulp = (1u << (22 - g.mbits)) - 1u;
+    g.mask = ~((1u << (23 - g.mbits)) - 1u);
+    return g;
+}
+
+__device__ __forceinline__ u32 qhash(u32 seed, u32 i) {
+    u32 h = (i * 0x9E3779B1u) ^ seed;
+    h ^= h >> 16;
+    h *= 0x85EBCA6Bu;
+    h ^= h >> 13;
+    h *= 0xC2B2AE35u;
+    return h ^ (h >> 16);
+}
+
+// |y| onto the grid, sign restored, before the overflow check (cpu/quant.rs round_grid).
+__device__ __forceinline__ float qround(float y, const QGrid& g, int sr, u32 u) {
+    float a = fabsf(y);
+    u32 b = __float_as_uint(a);
+    float r;
+    if (!sr) {
+        u32 lsb = (b >> (23 - g.mbits)) & 1u;
+        float n = __uint_as_float((b + g.half_ulp + lsb) & g.mask);
+        float s = __fsub_rn(__fadd_rn(__fmul_rn(a, g.sub_mul), 12582912.0f), 12582912.0f) * g.sub_inv;
+        r = a < g.min_normal ? s : n;
+    } else {
+        float n = __uint_as_float((b + (u >> (9 + g.mbits))) & g.mask);
+        float frac = (float)(u >> 8) * (1.0f / 16777216.0f);
+        float s = floorf(__fadd_rn(__fmul_rn(a, g.sub_mul), frac)) * g.sub_inv;
+        r = a < g.min_normal ? s : n;
+    }
+    return copysignf(r, y);
+}
+
+// Warp-aggregated statistics: one atomic per warp and counter.
+__device__ __forceinline__ void qstats(u64* stats, float* amax, float a, int sat, int under, int nonfinite) {
+    float m = warp_max(isnan(a) ? 0.0f : a);
+    unsigned s = __popc(__ballot_sync(FULL_MASK, sat));
+    unsigned u = __popc(__ballot_sync(FULL_MASK, under));
+    unsigned f = __popc(__ballot_sync(FULL_MASK, nonfinite));
+    if ((threadIdx.x & 31) == 0) {
+        atomic_max_abs(amax, m);
+        if (s) atomicAdd(&stats[0], (u64)s);
+        if (u) atomicAdd(&stats[1], (u64)u);
+        if (f) atomicAdd(&stats[2], (u64)f);
+    }
+}
+
+// One element: y = x·enc, rounded, clipped, then ·dec (or /dec when `div`).
+__device__ __forceinline__ float qdq(float x, float enc, float dec, int div, const QGrid& g, int saturate, int sr,
+                                     u32 u, int* sat, int* under) {
+    float y = x * enc;
+    float r = qround(y, g, sr, u);
+    int over = fabsf(r) > g.max;
+    *sat = over;
+    r = over ? copysignf(saturate ? g.max : g.overflow, y) : r;
+    *under = (r == 0.0f && x != 0.0f && isfinite(x));
+    return div ? r / dec : r * dec;
+}
+
+// Transformer Engine's scale from an amax: max / amax / 2^margin (1 for 0 or non-finite).
+__device__ __forceinline__ float qtensor_scale(float amax, float max, int margin) {
+    if (!isfinite(amax) || amax == 0.0f) return 1.0f;
+    float s = max / amax / ldexpf(1.0f, margin);
+    return isfinite(s) ? s : 3.402823466e38f;
+}

@@ -4,8 +4,8 @@
 // all rows in two stages (per-chunk column sums, then the chunks in order), so dw and db
 // are deterministic (no atomics). Launch the row kernels with 256 threads.
 //
-// rmsnorm_forward_quantize fuses the FP8 cast of the normalised output (the next GEMM's
-// input) with a known scale and records its amax: norm + cast in one pass.
+// rmsnorm_forward_codes fuses the FP8 cast of the normalised output (the next GEMM's
+// input) at a known scale, with the cast's statistics: norm + cast in one pass.
 #include "common.cuh"
 
 // out = x · rstd · w, rstd = 1/sqrt(mean(x²) + eps); one block per row.
@@ -22,25 +22,39 @@ extern "C" __global__ void rmsnorm_forward(float* out, float* rstd, const float*
     for (int i = threadIdx.x; i < c; i += blockDim.x) out[row * c + i] = xr[i] * r * w[i];
 }
 
-// The same, with the output cast to FP8 (`fmt` 0 E4M3, 1 E5M2) at scale[0] and its amax
-// added to amax[0].
-extern "C" __global__ void rmsnorm_forward_quantize(u8* out, float* rstd, float* amax, const float* scale,
-                                                    const float* x, const float* w, int c, float eps, int fmt) {
+// rmsnorm_forward whose output also lands as FP8 codes (`fmt` 0 E4M3, 1 E5M2, nearest
+// even) at the given `scale` (delayed scaling: known before the norm runs), with the
+// statistics quant_tensor_codes keeps (meta = [scale, 1/scale, amax], meta[2] and stats
+// zeroed by the caller): norm + cast in one pass, the cast reading no f32 tensor back.
+extern "C" __global__ void rmsnorm_forward_codes(float* out, float* rstd, u8* q, float* meta, u64* stats,
+                                                 const float* x, const float* w, int c, float eps, int fmt,
+                                                 float scale, int saturate) {
     __shared__ float scratch[32];
     i64 row = blockIdx.x;
     const float* xr = x + row * c;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < c; i += blockDim.x) ss += xr[i] * xr[i];
     ss = block_sum(ss, scratch);
-    float r = rsqrtf(ss / c + eps), s = scale[0], local = 0.0f;
+    float r = rsqrtf(ss / c + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    for (int i = threadIdx.x; i < c; i += blockDim.x) {
-        float y = xr[i] * r * w[i];
-        out[row * c + i] = fp8_encode(y * s, fmt, true);
-        if (!isnan(y)) local = fmaxf(local, fabsf(y));
+    if (row == 0 && threadIdx.x == 0) {
+        meta[0] = scale;
+        meta[1] = 1.0f / scale;
     }
-    local = warp_max(local);
-    if ((threadIdx.x & 31) == 0) atomic_max_abs(amax, local);
+    QGrid g = qgrid(fmt);
+    // Whole warps step together, so every lane reaches the ballots of qstats.
+    for (int base = 0; base < c; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        bool in = i < c;
+        float y = in ? xr[i] * r * w[i] : 0.0f;
+        int sat = 0, under = 0;
+        float rq = qdq(y, scale, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
+        if (in) {
+            out[row * c + i] = y;
+            q[row * c + i] = fp8_encode(rq, fmt, saturate != 0);
+        }
+        qstats(stats, meta + 2, in ? fabsf(y) : 0.0f, in && sat, in && under, in && !isfinite(y));
+    }
 }
 
 // dx = r·(dout∘w) − r³·mean(dout∘w∘x)·x, overwritten; one block per row.

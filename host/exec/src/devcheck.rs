@@ -19,7 +19,7 @@ use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::rope::Rope;
 
 use crate::cpu::{Cpu, CpuBuffer};
-use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError};
+use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError};
 use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, SplitMix};
 use crate::toy;
 
@@ -149,6 +149,7 @@ pub fn compare_kernels<D: Device>(dev: &D) -> Result<Vec<CheckRow>, ExecError> {
     gemms(&mut p)?;
     formats(&mut p)?;
     layers(&mut p)?;
+    fused_casts(&mut p)?;
     attention(&mut p)?;
     losses(&mut p)?;
     experts(&mut p)?;
@@ -349,6 +350,37 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     p.cpu.hadamard_rows(&mut h.0, 40, 80, 16, 3)?;
     p.dev.hadamard_rows(&mut h.1, 40, 80, 16, 3)?;
     p.check("hadamard_rows 16", &h, EW)?;
+    Ok(())
+}
+
+/// The fused norm / activation + cast: the output as the unfused kernel's (to its
+/// tolerance against the CPU), and the codes exactly the device's own one-pass cast of
+/// the output it wrote, with the same counts.
+fn fused_casts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    use runner_kernels::cpu::quant::{Format, QuantReport, QuantSpec};
+    let (rows, c) = (37, 96);
+    let n = rows * c;
+    let (x, w, up) = (p.randf(n)?, p.randf(c)?, p.randf(n)?);
+    let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(40.0), margin: 0, saturate: true, stochastic: None };
+    let counts = |r: &QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
+    for name in ["rmsnorm", "swiglu"] {
+        let (mut o, mut rstd, mut q) = (p.out(n)?, p.out(rows)?, p.outs(Elem::F8E4M3, n)?);
+        let rd = if name == "rmsnorm" {
+            p.cpu.forward_with_cast(CastProducer::RmsNorm { out: &mut o.0, rstd: &mut rstd.0, x: &x.0, w: &w.0, c, eps: 1e-5 }, &mut q.0, &spec)?;
+            p.dev.forward_with_cast(CastProducer::RmsNorm { out: &mut o.1, rstd: &mut rstd.1, x: &x.1, w: &w.1, c, eps: 1e-5 }, &mut q.1, &spec)?
+        } else {
+            p.cpu.forward_with_cast(CastProducer::SwiGlu { out: &mut o.0, gate: &x.0, up: &up.0 }, &mut q.0, &spec)?;
+            p.dev.forward_with_cast(CastProducer::SwiGlu { out: &mut o.1, gate: &x.1, up: &up.1 }, &mut q.1, &spec)?
+        };
+        p.check(&format!("forward_with_cast {name} (output)"), &o, EW)?;
+        let mut again = p.dev.alloc(Elem::F8E4M3, n)?;
+        let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, &spec)?;
+        let (fused, cast) = (p.dev.read_f32(&q.1)?, p.dev.read_f32(&again)?);
+        let error = relative_error(&cast, &fused);
+        p.rows.push(CheckRow { kernel: format!("forward_with_cast {name} (codes = the cast of its output)"), error, tolerance: 0.0, ok: error == 0.0 });
+        p.check_value(&format!("forward_with_cast {name} (counts)"), counts(&ra), counts(&rd), 0.0);
+        p.check_value(&format!("forward_with_cast {name} (amax)"), ra.amax, rd.amax, 0.0);
+    }
     Ok(())
 }
 

@@ -144,6 +144,14 @@ pub struct MemStats {
     pub allocations: u64,
 }
 
+/// An element-wise forward whose output the next GEMM reads as FP8 codes, for
+/// [`Device::forward_with_cast`]: the arguments of [`Device::rmsnorm_forward`] or
+/// [`Device::swiglu_forward`].
+pub enum CastProducer<'a, B> {
+    RmsNorm { out: &'a mut B, rstd: &'a mut B, x: &'a B, w: &'a B, c: usize, eps: f32 },
+    SwiGlu { out: &'a mut B, gate: &'a B, up: &'a B },
+}
+
 /// What the executor needs to know of a device buffer.
 pub trait DeviceBuffer {
     /// Elements held.
@@ -305,6 +313,25 @@ pub trait Device {
     /// route's cast of a GEMM operand (a given scale: delayed scaling, the values encode
     /// exactly on that scale's grid).
     fn quantize_fp8_codes(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &QuantSpec) -> Result<QuantReport, ExecError>;
+    /// Run `producer` and cast its f32 output also to the FP8 codes of `codes` under
+    /// per-tensor `spec` with a given scale (delayed scaling, so known before the producer
+    /// runs), reporting what [`Device::quantize_fp8_codes`] of the output would. The
+    /// default runs the two one after the other (the reference); a backend with fused
+    /// kernels writes the output and its codes in one pass, the cast reading nothing back
+    /// (Transformer Engine's fused norm / activation + cast).
+    fn forward_with_cast(&self, producer: CastProducer<'_, Self::Buffer>, codes: &mut Self::Buffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+        let out = match producer {
+            CastProducer::RmsNorm { out, rstd, x, w, c, eps } => {
+                self.rmsnorm_forward(out, rstd, x, w, c, eps)?;
+                out
+            }
+            CastProducer::SwiGlu { out, gate, up } => {
+                self.swiglu_forward(out, gate, up)?;
+                out
+            }
+        };
+        self.quantize_fp8_codes(codes, out, spec)
+    }
     /// The random Hadamard transform along the rows of an f32 (rows, cols) buffer, in
     /// groups of `h` rows (`runner_kernels::cpu::quant::hadamard_rows`).
     fn hadamard_rows(

@@ -182,6 +182,9 @@ pub struct Executor<D: Device> {
     /// Precision plans of the linear and grouped (expert) linear layers, amax histories,
     /// numerics (`executor/quant.rs`).
     quant: quant::QuantState,
+    /// FP8 codes an RMSNorm or SwiGLU cast as it ran, waiting for the GEMM that reads
+    /// them (`executor/quant.rs`, the fused cast).
+    cast: Option<quant::Cast<D::Buffer>>,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current
@@ -372,7 +375,8 @@ impl<D: Device> Executor<D> {
             ep: ep::EpState::default(),
             pending_partials: HashMap::new(),
             fsdp: fsdp::FsdpState::default(),
-            quant: quant::QuantState::new(native_fp8),
+            quant: quant::QuantState::new(native_fp8, &g),
+            cast: None,
             graph: g,
         };
         ex.check_expert_tensor_parallel()?;
@@ -523,6 +527,7 @@ impl<D: Device> Executor<D> {
         for a in &mut self.aux {
             a.clear();
         }
+        self.cast = None;
         self.plans.clear();
         self.ep.clear();
         self.pending_partials.clear();
@@ -724,6 +729,8 @@ impl<D: Device> Executor<D> {
             // A linear or grouped linear with a precision plan reads quantised copies of X and W.
             let gemm = matches!(self.graph.ops[oi].kind, OpKind::Linear | OpKind::GroupedLinear);
             let quantised = if gemm { self.forward_operands(oi)? } else { None };
+            // An RMSNorm or SwiGLU read only by a native-route FP8 GEMM casts as it runs.
+            let fused = if gemm { None } else { self.fused_cast(oi) };
             let op = &self.graph.ops[oi];
             let zero_bias = match self.bias_added_elsewhere(op) {
                 Some(n) => {
@@ -752,7 +759,15 @@ impl<D: Device> Executor<D> {
                 ins[0] = qx;
                 ins[1] = qw;
             }
-            ops::forward(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?;
+            match fused {
+                Some((key, spec, elem)) => {
+                    let tensor = op.outputs[0];
+                    let mut codes = self.device.alloc(elem, outs[0].len())?;
+                    let report = ops::forward_with_cast(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut codes, &spec)?;
+                    self.cast = Some(quant::Cast { tensor, key, codes, report });
+                }
+                None => ops::forward(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?,
+            }
             if let Some((_, _, output)) = quantised {
                 let row = self.graph.tensors[op.outputs[0]].shape.last().copied().unwrap_or(1) as usize;
                 self.device.round_to_storage(&mut outs[0], output, row)?;

@@ -6,6 +6,7 @@ use runner_exec::cpu::Cpu;
 use runner_exec::precision::{AmaxReduction, Fault, FaultKind, GemmRole, Operand, OperandPlan, Scaling, SitePlan};
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::{AdamW, ExecOptions, Executor, Input};
+use runner_graph::recompute::RecomputePolicy;
 use runner_graph::{DType, Graph, OpKind};
 use runner_kernels::cpu::matmul::{Gemm, matmul};
 use runner_kernels::cpu::precision::round_to_bf16;
@@ -522,13 +523,16 @@ fn a_moe_model_trains_in_fp8_close_to_f32() {
 /// again) gives the emulated route's losses, gradients and weights bit for bit over
 /// three training steps, under current and delayed scaling; it is taken for every
 /// linear GEMM of the toy (all its dimensions are multiples of 16), and never for
-/// E5M2 x E5M2 (cuBLASLt has no such GEMM), which falls back to the emulated route.
+/// E5M2 x E5M2 (cuBLASLt has no such GEMM), which falls back to the emulated route. Under
+/// delayed scaling an RMSNorm or SwiGLU read only by such a GEMM casts its output as it
+/// runs (the fused norm / activation + cast), with the same results.
 #[test]
 fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
     let g = graph();
     let h = AdamW { lr: 1e-2, ..runner_exec::executor::ADAMW_DEFAULT };
-    let train_with = |plan: SitePlan, native: bool, fault: Option<Fault>| {
-        let mut ex = Executor::new(&g, Cpu::new(), ExecOptions { seed: 3, native_fp8: Some(native), ..ExecOptions::default() }).unwrap();
+    let train_in = |plan: SitePlan, native: bool, fault: Option<Fault>, recompute: RecomputePolicy| {
+        let options = ExecOptions { seed: 3, native_fp8: Some(native), recompute, ..ExecOptions::default() };
+        let mut ex = Executor::new(&g, Cpu::new(), options).unwrap();
         ex.set_precision(&every_site(&g, plan)).unwrap();
         let (mut losses, mut numerics) = (Vec::new(), Vec::new());
         for step in 0..3 {
@@ -544,8 +548,9 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
             ex.end_precision_step();
         }
         let w = ex.weight("layers.1.mlp.down.weight").unwrap();
-        (losses, w, ex.native_fp8_gemms(), numerics)
+        (losses, w, ex.native_fp8_gemms(), numerics, ex.fused_fp8_casts())
     };
+    let train_with = |plan: SitePlan, native: bool, fault: Option<Fault>| train_in(plan, native, fault, RecomputePolicy::None);
     let train = |plan: SitePlan, native: bool| train_with(plan, native, None);
     let gemms_per_step = linears(&g).len() as u64 * 3;
     let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
@@ -557,6 +562,12 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
         assert_eq!(native.1, emulated.1, "{scaling:?}: weights after three updates");
         // The one-pass cast to codes reports what quantising a copy reports.
         assert_eq!(native.3, emulated.3, "{scaling:?}: amaxes, scales and counts of every operand");
+        // Under delayed scaling (the scale known before the producer runs), from the second
+        // step on, each SwiGLU (read only by mlp.down) and the final RMSNorm (read only by
+        // the head) cast their output to codes as they run: 2 steps x (2 layers + 1).
+        let fused = if matches!(scaling, Scaling::Delayed { .. }) { 6 } else { 0 };
+        assert_eq!(native.4, fused, "{scaling:?}: fused norm / activation + cast");
+        assert_eq!(emulated.4, 0, "{scaling:?}: the emulated route fuses nothing");
         // A fault edits a quantised copy: that GEMM leaves the native route for one step,
         // with the same result.
         let fault = Fault { op: "layers.1.mlp.down".into(), role: GemmRole::Forward, operand: Operand::Activation, kind: FaultKind::Outlier(1000.0) };
@@ -564,7 +575,17 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
         assert_eq!(native.2, 3 * gemms_per_step - 1, "{scaling:?}: the faulted GEMM ran on copies");
         assert_eq!(native.0, emulated.0, "{scaling:?}: losses with a fault");
         assert_eq!(native.3, emulated.3, "{scaling:?}: numerics with a fault");
+        assert_eq!(native.4, fused.saturating_sub(1), "{scaling:?}: the faulted GEMM's producer did not cast");
         assert!(native.3[1].iter().any(|n| n.name == "layers.1.mlp.down" && n.numerics.amax > 100.0), "the fault landed");
+        // Full recompute re-runs every layer's ops in the backward, the fused casts with
+        // them (their codes read by the re-run GEMMs): the same numbers again.
+        let (emulated, native) = (train_in(hybrid(scaling), false, None, RecomputePolicy::Full), train_in(hybrid(scaling), true, None, RecomputePolicy::Full));
+        assert_eq!(native.0, emulated.0, "{scaling:?}: losses under full recompute");
+        assert_eq!(native.1, emulated.1, "{scaling:?}: weights under full recompute");
+        assert_eq!(native.3, emulated.3, "{scaling:?}: numerics under full recompute");
+        // The re-run SwiGLUs of the 2 layers cast again in steps 2 and 3 (the final norm
+        // is not in a layer): 4 more.
+        assert_eq!(native.4, if fused > 0 { fused + 4 } else { 0 }, "{scaling:?}: fused casts under full recompute");
     }
     let e5m2 = SitePlan {
         activation: fp8(DType::Fp8E5M2, Scaling::Current { margin: 0 }),

@@ -36,7 +36,7 @@ use runner_kernels::cpu::precision::Fp8Format;
 use runner_kernels::cpu::quant::{self, QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
 
-use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
+use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
 use kernels::Arg;
 
 /// What [`probe`] found: a usable device.
@@ -367,6 +367,49 @@ impl Cuda {
         Ok(out)
     }
 
+    /// A per-tensor FP8 `spec` for the codes of `dst`, as the codes kernels take it:
+    /// (format code, format, given scale or `None` for current scaling, margin, saturate).
+    /// Anything else (block scales, stochastic rounding, a format other than `dst`'s, a
+    /// scale that is not finite and positive) is refused.
+    #[allow(clippy::type_complexity)]
+    fn codes_spec(&self, k: &str, dst: &CudaBuffer, spec: &QuantSpec) -> Result<(i32, quant::Format, Option<f32>, i32, bool), ExecError> {
+        let fmt = fmt_code(dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k} into a {} buffer", dst.elem.name())))?);
+        match *spec {
+            QuantSpec::Tensor { format, scale, margin, saturate, stochastic: None }
+                if ((format, fmt) == (quant::Format::E4M3, 0) || (format, fmt) == (quant::Format::E5M2, 1))
+                    && scale.is_none_or(|s| s.is_finite() && s > 0.0) =>
+            {
+                Ok((fmt, format, scale, margin, saturate))
+            }
+            _ => Err(ExecError::State(format!("{k}: {spec:?} into a {} buffer", dst.elem.name()))),
+        }
+    }
+
+    /// Zeroed statistics counters (3 x u64) and the FP8 meta of `codes` set to
+    /// [scale, 1/scale, 0, 0] (the kernels overwrite the scale when they take a current
+    /// one), for a codes kernel.
+    fn codes_begin(&self, codes: &CudaBuffer, scale: f32) -> Result<(CudaBuffer, u64), ExecError> {
+        let counters = self.alloc(Elem::I32, 6)?;
+        let meta = self.meta_ptr(codes)?;
+        let host = [scale, 1.0 / scale, 0.0, 0.0];
+        // SAFETY: 24 bytes of counters; meta holds 4 floats and the copy from pageable
+        // memory is staged before the call returns.
+        unsafe {
+            let st = self.inner.stream.cu_stream();
+            dr::memset_d8_async(self.ptr(&counters), 0, 24, st).map_err(|e| self.derr("memset", e))?;
+            dr::memcpy_htod_async(meta, &host[..], st).map_err(|e| self.derr("upload", e))?;
+        }
+        Ok((counters, meta))
+    }
+
+    /// The report of a codes kernel over `n` values: its counters and the amax it left in
+    /// the FP8 meta.
+    fn codes_end(&self, counters: &CudaBuffer, meta: u64, scale: f32, n: usize) -> Result<QuantReport, ExecError> {
+        let c = self.download::<u64>(self.ptr(counters), 3)?;
+        let amax = self.download::<f32>(meta + 8, 1)?[0];
+        Ok(QuantReport { amax, scale, saturated: c[0], underflowed: c[1], nonfinite: c[2], elements: n as u64 })
+    }
+
     /// Current-scaling FP8 quantisation of the f32 buffer `x` into `q`: amax, scale and
     /// codes all computed on the device.
     fn quantize_current(&self, q: &mut CudaBuffer, x: &CudaBuffer) -> Result<(), ExecError> {
@@ -692,43 +735,19 @@ impl Device for Cuda {
     fn quantize_fp8_codes(&self, dst: &mut CudaBuffer, src: &CudaBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
         let k = "quantize_fp8_codes";
         need(k, src, Elem::F32)?;
-        let fmt = fmt_code(dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k} into a {} buffer", dst.elem.name())))?);
-        let (format, given, margin, saturate) = match *spec {
-            QuantSpec::Tensor { format, scale, margin, saturate, stochastic: None }
-                if (format, fmt) == (quant::Format::E4M3, 0) || (format, fmt) == (quant::Format::E5M2, 1) =>
-            {
-                (format, scale, margin, saturate)
-            }
-            _ => return Err(ExecError::State(format!("{k}: {spec:?} into a {} buffer", dst.elem.name()))),
-        };
-        if given.is_some_and(|s| !(s.is_finite() && s > 0.0)) {
-            return Err(ExecError::State(format!("{k}: scale {given:?}")));
-        }
+        let (fmt, format, given, margin, saturate) = self.codes_spec(k, dst, spec)?;
         lens(k, &[("dst", dst.len, src.len)])?;
+        let (counters, meta) = self.codes_begin(dst, given.unwrap_or(1.0))?;
         if src.len == 0 {
-            let s = given.unwrap_or(1.0);
-            let host = [s, 1.0 / s, 0.0, 0.0];
-            // SAFETY: meta holds 4 floats; the copy from pageable memory is staged before
-            // the call returns.
-            unsafe { dr::memcpy_htod_async(self.meta_ptr(dst)?, &host[..], self.inner.stream.cu_stream()) }
-                .map_err(|e| self.derr("upload", e))?;
-            return Ok(QuantReport { scale: s, ..QuantReport::default() });
+            return Ok(QuantReport { scale: given.unwrap_or(1.0), ..QuantReport::default() });
         }
         let n = src.len as i64;
-        let counters = self.alloc(Elem::I32, 6)?;
         let cur = self.f32_scratch(1)?;
-        let meta = self.meta_ptr(dst)?;
-        // SAFETY: 24, 4 and 16 bytes: the counters, the current amax and the FP8 meta.
-        unsafe {
-            let st = self.inner.stream.cu_stream();
-            dr::memset_d8_async(self.ptr(&counters), 0, 24, st).map_err(|e| self.derr("memset", e))?;
-            dr::memset_d8_async(self.ptr(&cur), 0, 4, st).map_err(|e| self.derr("memset", e))?;
-            dr::memset_d8_async(meta, 0, 16, st).map_err(|e| self.derr("memset", e))?;
-        }
+        // SAFETY: 4 bytes.
+        unsafe { dr::memset_d8_async(self.ptr(&cur), 0, 4, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("memset", e))?;
         if given.is_none() {
             self.ew("amax_f32", src.len, &[self.p(&cur), self.p(src), Arg::I(n)])?;
         }
-        let cp = self.ptr(&counters);
         self.ew(
             "quant_tensor_codes",
             src.len,
@@ -737,7 +756,7 @@ impl Device for Cuda {
                 Arg::P(meta),
                 self.p(src),
                 self.p(&cur),
-                Arg::P(cp),
+                self.p(&counters),
                 Arg::I(n),
                 Arg::I32(fmt),
                 Arg::F(given.unwrap_or(0.0)),
@@ -749,9 +768,34 @@ impl Device for Cuda {
             Some(s) => s,
             None => quant::tensor_scale(self.download::<f32>(self.ptr(&cur), 1)?[0], format, margin),
         };
-        let c = self.download::<u64>(cp, 3)?;
-        let amax = self.download::<f32>(meta + 8, 1)?[0];
-        Ok(QuantReport { amax, scale, saturated: c[0], underflowed: c[1], nonfinite: c[2], elements: src.len as u64 })
+        self.codes_end(&counters, meta, scale, src.len)
+    }
+
+    fn forward_with_cast(&self, producer: CastProducer<'_, CudaBuffer>, codes: &mut CudaBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+        let k = "forward_with_cast";
+        let (fmt, _, given, _, saturate) = self.codes_spec(k, codes, spec)?;
+        let scale = given.ok_or_else(|| ExecError::State(format!("{k}: the fused cast takes a given (delayed) scale")))?;
+        let (counters, meta) = self.codes_begin(codes, scale)?;
+        let (q, cp) = (self.p(codes), self.p(&counters));
+        let sat = Arg::I32(i32::from(saturate));
+        let n = match producer {
+            CastProducer::RmsNorm { out, rstd, x, w, c, eps } => {
+                let rows = x.len / c.max(1);
+                lens(k, &[("out", out.len, x.len), ("codes", codes.len, x.len), ("rstd", rstd.len, rows), ("w", w.len, c), ("x", rows * c, x.len)])?;
+                if rows > 0 {
+                    let args = [self.p(out), self.p(rstd), q, Arg::P(meta), cp, self.p(x), self.p(w), Arg::I32(c as i32), Arg::F(eps), Arg::I32(fmt), Arg::F(scale), sat];
+                    self.run("rmsnorm_forward_codes", rows_cfg(rows), &args)?;
+                }
+                x.len
+            }
+            CastProducer::SwiGlu { out, gate, up } => {
+                lens(k, &[("gate", gate.len, out.len), ("up", up.len, out.len), ("codes", codes.len, out.len)])?;
+                let args = [self.p(out), q, Arg::P(meta), cp, self.p(gate), self.p(up), Arg::I(out.len as i64), Arg::I32(fmt), Arg::F(scale), sat];
+                self.ew("swiglu_forward_codes", out.len, &args)?;
+                out.len
+            }
+        };
+        self.codes_end(&counters, meta, scale, n)
     }
 
     fn native_fp8(&self) -> bool {

@@ -19,7 +19,9 @@ use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::rope::Rope;
 
-use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, Plans};
+use runner_kernels::cpu::quant::{QuantReport, QuantSpec};
+
+use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, Plans};
 
 /// Gradient output of a backward step: the buffer and whether to add into it.
 pub(super) struct GradTarget<'a, B> {
@@ -299,6 +301,41 @@ pub(super) fn forward<D: Device>(
     forward_inner(dev, g, op, inputs, outputs, aux, plans).map_err(named(op))
 }
 
+/// [`forward`] of an RMSNorm or SwiGLU op `oi` whose output is also cast to the FP8
+/// `codes` of the GEMM that reads it, under per-tensor `spec` with a given scale
+/// ([`Device::forward_with_cast`]); what the cast did. Other ops are refused.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn forward_with_cast<D: Device>(
+    dev: &D,
+    g: &Graph,
+    oi: usize,
+    x: &[&D::Buffer],
+    outputs: &mut [D::Buffer],
+    aux: &mut Vec<D::Buffer>,
+    codes: &mut D::Buffer,
+    spec: &QuantSpec,
+) -> Result<QuantReport, ExecError> {
+    let op = &g.ops[oi];
+    let r = match op.kind {
+        OpKind::RmsNorm => {
+            let (c, rows, eps) = rmsnorm_of(g, op);
+            let mut rstd = scratch(dev, rows)?;
+            let r = dev.forward_with_cast(CastProducer::RmsNorm { out: &mut outputs[0], rstd: &mut rstd, x: x[0], w: x[1], c, eps }, codes, spec);
+            aux.push(rstd);
+            r
+        }
+        OpKind::SwiGlu => dev.forward_with_cast(CastProducer::SwiGlu { out: &mut outputs[0], gate: x[0], up: x[1] }, codes, spec),
+        _ => Err(state(op, "has no fused FP8 cast")),
+    };
+    r.map_err(named(op))
+}
+
+/// An RMSNorm's channels, rows and epsilon.
+fn rmsnorm_of(g: &Graph, op: &Op) -> (usize, usize, f32) {
+    let c = last(g, op.inputs[0]);
+    (c, numel(g, op.inputs[0]) / c.max(1), f32_attr(op, "eps", 1e-5))
+}
+
 fn forward_inner<D: Device>(
     dev: &D,
     g: &Graph,
@@ -328,9 +365,8 @@ fn forward_inner<D: Device>(
             dev.embedding_forward(&mut outputs[0], x[0], x[1], c, None)?;
         }
         OpKind::RmsNorm => {
-            let c = last(g, op.inputs[0]);
-            let mut rstd = scratch(dev, numel(g, op.inputs[0]) / c)?;
-            let eps = f32_attr(op, "eps", 1e-5);
+            let (c, rows, eps) = rmsnorm_of(g, op);
+            let mut rstd = scratch(dev, rows)?;
             dev.rmsnorm_forward(&mut outputs[0], &mut rstd, x[0], x[1], c, eps)?;
             aux.push(rstd);
         }

@@ -31,7 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use runner_graph::{OpKind, TensorId, TensorKind};
-use runner_kernels::cpu::quant::tensor_scale;
+use runner_kernels::cpu::quant::{QuantReport, QuantSpec, tensor_scale};
 
 use super::Executor;
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
@@ -59,13 +59,36 @@ pub(super) struct QuantState {
     pub(super) native: bool,
     /// GEMMs that ran on FP8 codes so far.
     pub(super) native_gemms: u64,
+    /// Of those operands, the ones cast by the norm or activation that produced them.
+    fused_casts: u64,
+    /// The one op reading each tensor (`None`: none, or several).
+    reader: Vec<Option<usize>>,
 }
 
 impl QuantState {
     /// No plans yet; `native`: per-tensor FP8 operands go to FP8 GEMMs as codes.
-    pub(super) fn new(native: bool) -> QuantState {
-        QuantState { native, ..QuantState::default() }
+    pub(super) fn new(native: bool, g: &runner_graph::Graph) -> QuantState {
+        let mut reads = vec![(0u32, 0usize); g.tensors.len()];
+        for (oi, op) in g.ops.iter().enumerate() {
+            for &t in &op.inputs {
+                if let Some(r) = reads.get_mut(t) {
+                    *r = (r.0.saturating_add(1), oi);
+                }
+            }
+        }
+        let reader = reads.into_iter().map(|(n, oi)| (n == 1).then_some(oi)).collect();
+        QuantState { native, reader, ..QuantState::default() }
     }
+}
+
+/// FP8 codes of a tensor, cast by the RMSNorm or SwiGLU that produced it (a fused
+/// norm / activation + cast), with what the cast did, until the GEMM operand `key` reads
+/// them.
+pub(super) struct Cast<B> {
+    pub(super) tensor: TensorId,
+    pub(super) key: Key,
+    pub(super) codes: B,
+    pub(super) report: QuantReport,
 }
 
 /// The quantised operands of a linear's (or grouped linear's) backward GEMMs.
@@ -375,6 +398,10 @@ impl<D: Device> Executor<D> {
             self.quant.native_gemms += 1;
             return Ok((qa, qb));
         }
+        // Codes a producer cast for this GEMM are not read on the copy route.
+        if self.cast.as_ref().is_some_and(|c| c.key.0 == oi && c.key.1 == role) {
+            self.cast = None;
+        }
         let mut copy = |s: Side, p: &OperandPlan| -> Result<D::Buffer, ExecError> {
             let groups = match s.operand {
                 Operand::Weight => self.weight_groups(oi),
@@ -391,6 +418,17 @@ impl<D: Device> Executor<D> {
     /// `plan` (its delayed scale, or its current one), recording what the cast did as
     /// [`Executor::quantised`] records it.
     fn codes_tensor(&mut self, s: Side, key: Key, plan: &OperandPlan) -> Result<D::Buffer, ExecError> {
+        if !s.grad
+            && let Some(c) = self.cast.take_if(|c| c.tensor == s.id && c.key == key)
+        {
+            // Cast already, by the op that produced the tensor (with the scale this would take).
+            self.quant.draws += 1;
+            self.quant.fused_casts += 1;
+            if !self.quant.quiet {
+                self.quant.step.entry(key).or_default().merge(&c.report);
+            }
+            return Ok(c.codes);
+        }
         let spec = plan
             .spec(self.delayed_scale(key, plan), self.quant.draws)
             .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[key.0].name)))?;
@@ -416,6 +454,43 @@ impl<D: Device> Executor<D> {
     /// GEMMs that have run on FP8 codes (the native route) since the executor was made.
     pub fn native_fp8_gemms(&self) -> u64 {
         self.quant.native_gemms
+    }
+
+    /// Native-route GEMM operands cast to FP8 by the RMSNorm or SwiGLU that produced
+    /// them (fused norm / activation + cast) since the executor was made.
+    pub fn fused_fp8_casts(&self) -> u64 {
+        self.quant.fused_casts
+    }
+
+    /// The FP8 cast forward op `oi` can fuse: an RMSNorm or SwiGLU whose output only a
+    /// linear reads, as X, on the native route (both operands per-tensor FP8, see
+    /// [`Executor::native_pair`]), under delayed scaling with a history (the scale is
+    /// known before the op runs; a current scale needs the output's amax first, which
+    /// is the unfused route's pass anyway), no stochastic rounding, and no fault waiting
+    /// for that GEMM. The operand's key, its spec, and the codes' buffer type.
+    pub(super) fn fused_cast(&self, oi: usize) -> Option<(Key, QuantSpec, Elem)> {
+        let op = &self.graph.ops[oi];
+        if !self.quant.native || !matches!(op.kind, OpKind::RmsNorm | OpKind::SwiGlu) {
+            return None;
+        }
+        let t = *op.outputs.first()?;
+        let c = (*self.quant.reader.get(t)?)?;
+        if self.graph.ops[c].kind != OpKind::Linear || self.graph.ops[c].inputs.first() != Some(&t) {
+            return None;
+        }
+        let plan = self.quant.sites.get(&(c, GemmRole::Forward))?;
+        let pa = &plan.activation;
+        if !matches!(pa.scaling, Scaling::Delayed { .. }) || self.quant.faults.iter().any(|(f, fl)| *f == c && fl.role == GemmRole::Forward) {
+            return None;
+        }
+        let key = (c, GemmRole::Forward, Operand::Activation);
+        let (_, n, k) = self.weight_shape(c);
+        let m = self.numel_of(t) / k.max(1);
+        if !self.native_pair(c, pa, &plan.weight, [m, n, k]) {
+            return None;
+        }
+        let spec = pa.spec(Some(self.delayed_scale(key, pa)?), self.quant.draws).ok()?;
+        matches!(spec, QuantSpec::Tensor { stochastic: None, .. }).then_some((key, spec, Elem::of(pa.format)?))
     }
 
     /// A quantised copy of value (`grad: false`) or gradient (`grad: true`) `id`, taken
