@@ -188,6 +188,13 @@ pub struct Breakdown {
     /// Forward and backward compute of the slowest stage, all micro-batches, and the
     /// once-per-step low-precision weight casts.
     pub compute: f64,
+    /// Of `compute`: the GEMMs (forward, input and weight gradients) and the attention
+    /// cores; the rest is memory-bound work (norms, activations, rotary, residuals,
+    /// routing, the loss) and the recipe's casts.
+    #[serde(default)]
+    pub compute_gemm: f64,
+    #[serde(default)]
+    pub compute_attention: f64,
     pub recompute: f64,
     /// Exposed (not hidden) communication.
     pub tp: f64,
@@ -244,6 +251,9 @@ pub struct Projection {
 #[derive(Clone, Copy, Debug, Default)]
 struct LayerCost {
     compute: f64,
+    /// Of `compute`: GEMMs and attention cores.
+    gemm: f64,
+    attention: f64,
     fwd: f64,
     bwd: f64,
     weight_cast: f64,
@@ -265,6 +275,8 @@ impl LayerCost {
         let attn = Module::CoreAttn.index();
         let mut c = LayerCost {
             compute: t.fwd + t.bwd,
+            gemm: t.gemm,
+            attention: t.attention,
             fwd: t.fwd,
             bwd: t.bwd,
             weight_cast: t.weight_cast,
@@ -502,7 +514,7 @@ impl Costed {
         let mut t = vec![0.0; pp];
         let mut acts = vec![0.0; pp];
         let mut params = vec![(0.0f64, 0.0f64, 0.0f64); pp];
-        let mut comp = vec![[0.0f64; 6]; pp];
+        let mut comp = vec![[0.0f64; COMP]; pp];
         for c in 0..chunks {
             let st = c % pp;
             let (a, m_, b) = split(c);
@@ -589,6 +601,8 @@ impl Costed {
         let casts = comp[crit][5];
         let breakdown = Breakdown {
             compute: mf * comp[crit][0] + casts,
+            compute_gemm: mf * comp[crit][6],
+            compute_attention: mf * comp[crit][7],
             recompute: mf * comp[crit][1],
             tp: mf * comp[crit][2],
             cp: mf * comp[crit][3],
@@ -694,8 +708,14 @@ impl Costed {
 
 /// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
 /// forward its selective recompute repeats).
-fn accumulate(comp: &mut [f64; 6], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize, selective: f64) {
+/// Slots of a stage's breakdown sums: compute, recompute, exposed tp, cp, ep, weight
+/// casts, and of compute the GEMMs and the attention cores.
+const COMP: usize = 8;
+
+fn accumulate(comp: &mut [f64; COMP], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize, selective: f64) {
     comp[0] += l.compute;
+    comp[6] += l.gemm;
+    comp[7] += l.attention;
     comp[1] += l.recompute[ov][pol] + selective;
     for i in 0..3 {
         comp[2 + i] += l.exposed[ov][i];

@@ -424,3 +424,27 @@ fn blackwell_fp8_recipes_share_one_gemm_efficiency() {
         .unwrap();
     assert!(h100[0].params.iter().any(|(n, _, _)| n == "gemm.fp8"));
 }
+
+/// The breakdown splits compute into GEMMs, attention cores and the rest, and the split
+/// follows the arithmetic: doubling the sequence at a fixed token count per micro-batch
+/// leaves the GEMM time as it is (same tokens, same weights) and doubles the attention
+/// cores' (twice the keys per query).
+#[test]
+fn compute_splits_into_gemms_attention_and_the_rest() {
+    let at = |seq: u32, mbs: u32| {
+        let mut pr = projector("llama3.1-8b", seq, "h100", Recipe::Bf16);
+        let mut l = layout(1, 1, 1, 1, 8, mbs, 8 * mbs);
+        l.recompute = RecomputePolicy::None;
+        pr.project(&l).unwrap().breakdown
+    };
+    let (short, long) = (at(4096, 2), at(8192, 1));
+    for b in [&short, &long] {
+        let rest = b.compute - b.compute_gemm - b.compute_attention;
+        assert!(b.compute_gemm > 0.6 * b.compute, "GEMMs dominate a dense 8B step: {b:?}");
+        assert!(b.compute_attention > 0.02 * b.compute && rest > 0.0, "{b:?}");
+    }
+    let gemm = long.compute_gemm / short.compute_gemm;
+    let attn = long.compute_attention / short.compute_attention;
+    assert!((gemm - 1.0).abs() < 0.02, "GEMM time at equal tokens: x{gemm}");
+    assert!((1.8..2.2).contains(&attn), "attention time with twice the keys: x{attn}");
+}
