@@ -613,6 +613,19 @@ pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> R
     row("swiglu forward", 3.0 * f, device_samples(dev, 7, 3, || dev.swiglu_forward(&mut c, &a, &b))?);
     row("rmsnorm forward (C 4096)", 2.0 * f, device_samples(dev, 7, 3, || dev.rmsnorm_forward(&mut c, &mut rstd, &a, &w, 4096, 1e-5))?);
     row("cast f32 -> bf16", 1.5 * f, device_samples(dev, 7, 3, || dev.cast(&mut half, &a))?);
+    // The native FP8 route's casts: an operand to codes in one pass, and the fused norm /
+    // activation + cast (each call also reads its statistics back to the host).
+    use runner_kernels::cpu::quant::{Format, QuantSpec};
+    let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
+    let mut q = dev.alloc(Elem::F8E4M3, n)?;
+    row("FP8 cast to codes", 1.25 * f, device_samples(dev, 7, 3, || dev.quantize_fp8_codes(&mut q, &a, &spec).map(|_| ()))?);
+    row("swiglu + FP8 cast (fused)", 3.25 * f, device_samples(dev, 7, 3, || {
+        dev.forward_with_cast(crate::device::CastProducer::SwiGlu { out: &mut c, gate: &a, up: &b }, &mut q, &spec).map(|_| ())
+    })?);
+    row("rmsnorm + FP8 cast (fused, C 4096)", 2.25 * f, device_samples(dev, 7, 3, || {
+        let p = crate::device::CastProducer::RmsNorm { out: &mut c, rstd: &mut rstd, x: &a, w: &w, c: 4096, eps: 1e-5 };
+        dev.forward_with_cast(p, &mut q, &spec).map(|_| ())
+    })?);
     let mut step = 0;
     row("adamw", 7.0 * f, device_samples(dev, 7, 3, || {
         step += 1;
@@ -635,7 +648,7 @@ mod device_tests {
         assert_eq!(rows.len(), 2);
         assert!(rows.iter().all(|r| r.tflops > 0.0 && r.best_tflops >= r.tflops && r.dtype == "bf16"));
         let rows = device_memory_bench(&dev, 1 << 16).unwrap();
-        assert_eq!(rows.len(), 6);
+        assert_eq!(rows.len(), 9);
         assert!(rows.iter().all(|r| r.gbps > 0.0), "{rows:?}");
     }
 }

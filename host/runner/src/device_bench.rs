@@ -112,8 +112,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ]);
             }
             t.notes.push(
-                "1 GiB f32 arrays; bytes = what each kernel must read + write (STREAM and nccl-tests count this way); \
-                 7 samples of 3 calls timed with device events"
+                "1 GiB f32 arrays; bytes = what each kernel must read + write (STREAM and nccl-tests count this way; \
+                 an FP8 code is 1 byte); 7 samples of 3 calls timed with device events; the FP8 casts also read \
+                 their statistics back to the host after each call, which the timing includes"
                     .into(),
             );
             emit(global, &t, &rows)
