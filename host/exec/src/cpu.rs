@@ -289,6 +289,7 @@ impl Device for Cpu {
     type Buffer = CpuBuffer;
     type Plan = DispatchPlan;
     type Event = Instant;
+    type QuantStats = QuantReport;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
@@ -506,6 +507,10 @@ impl Device for Cpu {
 
     fn quantize(&self, x: &mut CpuBuffer, rows: usize, cols: usize, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
         quant::quantize(fm(x, "quantize")?, rows, cols, spec).map_err(kerr("quantize"))
+    }
+
+    fn read_quant(&self, stats: Vec<QuantReport>) -> Result<Vec<QuantReport>, ExecError> {
+        Ok(stats)
     }
 
     fn quantize_fp8_codes(&self, dst: &mut CpuBuffer, src: &CpuBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {

@@ -322,7 +322,7 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     for (name, spec) in specs {
         let mut y = p.f(&v[..4000])?;
         let rc = p.cpu.quantize(&mut y.0, 40, 100, &spec)?;
-        let rd = p.dev.quantize(&mut y.1, 40, 100, &spec)?;
+        let rd = p.dev.quantize(&mut y.1, 40, 100, &spec).and_then(|s| p.dev.report(s))?;
         p.check(&format!("quantize {name}"), &y, 0.0)?;
         let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
         p.check_value(&format!("quantize {name} counts"), counts(&rc), counts(&rd), 0.0);
@@ -339,7 +339,7 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     ] {
         let mut q = p.outs(elem, v.len())?;
         let rc = p.cpu.quantize_fp8_codes(&mut q.0, &x.0, &spec)?;
-        let rd = p.dev.quantize_fp8_codes(&mut q.1, &x.1, &spec)?;
+        let rd = p.dev.quantize_fp8_codes(&mut q.1, &x.1, &spec).and_then(|s| p.dev.report(s))?;
         p.check(&format!("quantize_fp8_codes {name}"), &q, 0.0)?;
         let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
         p.check_value(&format!("quantize_fp8_codes {name} counts"), counts(&rc), counts(&rd), 0.0);
@@ -367,14 +367,14 @@ fn fused_casts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         let (mut o, mut rstd, mut q) = (p.out(n)?, p.out(rows)?, p.outs(Elem::F8E4M3, n)?);
         let rd = if name == "rmsnorm" {
             p.cpu.forward_with_cast(CastProducer::RmsNorm { out: &mut o.0, rstd: &mut rstd.0, x: &x.0, w: &w.0, c, eps: 1e-5 }, &mut q.0, &spec)?;
-            p.dev.forward_with_cast(CastProducer::RmsNorm { out: &mut o.1, rstd: &mut rstd.1, x: &x.1, w: &w.1, c, eps: 1e-5 }, &mut q.1, &spec)?
+            p.dev.forward_with_cast(CastProducer::RmsNorm { out: &mut o.1, rstd: &mut rstd.1, x: &x.1, w: &w.1, c, eps: 1e-5 }, &mut q.1, &spec).and_then(|s| p.dev.report(s))?
         } else {
             p.cpu.forward_with_cast(CastProducer::SwiGlu { out: &mut o.0, gate: &x.0, up: &up.0 }, &mut q.0, &spec)?;
-            p.dev.forward_with_cast(CastProducer::SwiGlu { out: &mut o.1, gate: &x.1, up: &up.1 }, &mut q.1, &spec)?
+            p.dev.forward_with_cast(CastProducer::SwiGlu { out: &mut o.1, gate: &x.1, up: &up.1 }, &mut q.1, &spec).and_then(|s| p.dev.report(s))?
         };
         p.check(&format!("forward_with_cast {name} (output)"), &o, EW)?;
         let mut again = p.dev.alloc(Elem::F8E4M3, n)?;
-        let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, &spec)?;
+        let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, &spec).and_then(|s| p.dev.report(s))?;
         let (fused, cast) = (p.dev.read_f32(&q.1)?, p.dev.read_f32(&again)?);
         let error = relative_error(&cast, &fused);
         p.rows.push(CheckRow { kernel: format!("forward_with_cast {name} (codes = the cast of its output)"), error, tolerance: 0.0, ok: error == 0.0 });

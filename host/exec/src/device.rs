@@ -224,6 +224,10 @@ pub trait Device {
     type Plan;
     /// A point on the device's stream, for timing ([`Device::record`]).
     type Event;
+    /// What a quantisation did, kept where the device keeps it until
+    /// [`Device::read_quant`] (the CPU: the report itself; CUDA: counters in device
+    /// memory), so that quantising a GEMM operand does not wait for the device.
+    type QuantStats;
 
     /// Human-readable name, e.g. "cpu (2 threads)" or "cuda:0 (NVIDIA H200, sm_90)".
     fn name(&self) -> String;
@@ -296,15 +300,23 @@ pub trait Device {
 
     /// Quantise-dequantise an f32 buffer of (rows, cols), row-major, in place as `spec`
     /// says (a GEMM operand under its precision plan: FP8 per tensor with a given or a
-    /// current scale, block scales, NVFP4, or a plain 16-bit float rounding), and report
-    /// what it did (`runner_kernels::cpu::quant::quantize` is the reference).
+    /// current scale, block scales, NVFP4, or a plain 16-bit float rounding), keeping
+    /// what it did for [`Device::read_quant`] (`runner_kernels::cpu::quant::quantize` is
+    /// the reference).
     fn quantize(
         &self,
         x: &mut Self::Buffer,
         rows: usize,
         cols: usize,
         spec: &QuantSpec,
-    ) -> Result<QuantReport, ExecError>;
+    ) -> Result<Self::QuantStats, ExecError>;
+    /// The reports of quantisations, in order, waiting for the device once for all of
+    /// them (the executor reads a pass's worth at its end).
+    fn read_quant(&self, stats: Vec<Self::QuantStats>) -> Result<Vec<QuantReport>, ExecError>;
+    /// One quantisation's report, now.
+    fn report(&self, stats: Self::QuantStats) -> Result<QuantReport, ExecError> {
+        self.read_quant(vec![stats])?.pop().ok_or_else(|| ExecError::State("read_quant returned no report".into()))
+    }
     /// [`Device::quantize`] of f32 `src` under a per-tensor FP8 `spec` (a given or a
     /// current scale, nearest even, in `dst`'s format) straight into the codes of `dst`,
     /// the scale and amax kept with it: the report `quantize` gives on a copy and the codes
@@ -312,14 +324,14 @@ pub trait Device {
     /// (`runner_kernels::cpu::quant::quantize_codes` is the reference). The native FP8
     /// route's cast of a GEMM operand (a given scale: delayed scaling, the values encode
     /// exactly on that scale's grid).
-    fn quantize_fp8_codes(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &QuantSpec) -> Result<QuantReport, ExecError>;
+    fn quantize_fp8_codes(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &QuantSpec) -> Result<Self::QuantStats, ExecError>;
     /// Run `producer` and cast its f32 output also to the FP8 codes of `codes` under
     /// per-tensor `spec` with a given scale (delayed scaling, so known before the producer
-    /// runs), reporting what [`Device::quantize_fp8_codes`] of the output would. The
+    /// runs), keeping what [`Device::quantize_fp8_codes`] of the output would. The
     /// default runs the two one after the other (the reference); a backend with fused
     /// kernels writes the output and its codes in one pass, the cast reading nothing back
     /// (Transformer Engine's fused norm / activation + cast).
-    fn forward_with_cast(&self, producer: CastProducer<'_, Self::Buffer>, codes: &mut Self::Buffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+    fn forward_with_cast(&self, producer: CastProducer<'_, Self::Buffer>, codes: &mut Self::Buffer, spec: &QuantSpec) -> Result<Self::QuantStats, ExecError> {
         let out = match producer {
             CastProducer::RmsNorm { out, rstd, x, w, c, eps } => {
                 self.rmsnorm_forward(out, rstd, x, w, c, eps)?;

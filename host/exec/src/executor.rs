@@ -184,7 +184,10 @@ pub struct Executor<D: Device> {
     quant: quant::QuantState,
     /// FP8 codes an RMSNorm or SwiGLU cast as it ran, waiting for the GEMM that reads
     /// them (`executor/quant.rs`, the fused cast).
-    cast: Option<quant::Cast<D::Buffer>>,
+    cast: Option<quant::Cast<D::Buffer, D::QuantStats>>,
+    /// Statistics of the pass's quantisations still on the device, read at the pass's
+    /// end (`Executor::settle_quant`).
+    quant_stats: Vec<(quant::Key, D::QuantStats)>,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current
@@ -377,6 +380,7 @@ impl<D: Device> Executor<D> {
             fsdp: fsdp::FsdpState::default(),
             quant: quant::QuantState::new(native_fp8, &g),
             cast: None,
+            quant_stats: Vec::new(),
             graph: g,
         };
         ex.check_expert_tensor_parallel()?;
@@ -631,6 +635,7 @@ impl<D: Device> Executor<D> {
         }
         self.fsdp_release(fsdp::Pass::Forward, None);
         let t1 = self.device.record()?;
+        self.settle_quant()?;
         let loss_buf = self.vals[self.graph.loss]
             .as_ref()
             .ok_or_else(|| ExecError::State("loss not produced".into()))?;
@@ -763,8 +768,8 @@ impl<D: Device> Executor<D> {
                 Some((key, spec, elem)) => {
                     let tensor = op.outputs[0];
                     let mut codes = self.device.alloc(elem, outs[0].len())?;
-                    let report = ops::forward_with_cast(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut codes, &spec)?;
-                    self.cast = Some(quant::Cast { tensor, key, codes, report });
+                    let stats = ops::forward_with_cast(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut codes, &spec)?;
+                    self.cast = Some(quant::Cast { tensor, key, codes, stats });
                 }
                 None => ops::forward(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?,
             }
@@ -854,6 +859,7 @@ impl<D: Device> Executor<D> {
         self.backward_done = true;
         self.forward_done = false;
         let t1 = self.device.record()?;
+        self.settle_quant()?;
         self.profile.backward_s = self.device.elapsed_s(&t0, &t1)?;
         for (op, s, e) in std::mem::take(&mut self.pending.backward) {
             self.profile.backward_op_s[op] = self.device.elapsed_s(&s, &e)?;

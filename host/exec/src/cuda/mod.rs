@@ -242,6 +242,52 @@ fn need(kernel: &str, b: &CudaBuffer, e: Elem) -> Result<(), ExecError> {
     Ok(())
 }
 
+/// 4-byte words of a quantisation's statistics record: the saturated, underflowed and
+/// non-finite counts (3 x u64), the amax, and the current-scaling amax of the input.
+const STATS_WORDS: usize = 8;
+/// Byte offsets of the amax and the current-scaling amax in the record.
+const STATS_AMAX: u64 = 24;
+const STATS_CUR: u64 = 28;
+
+/// Where a quantisation's scale comes from once its record is read.
+#[derive(Clone, Copy, Debug)]
+enum ScaleFrom {
+    Given(f32),
+    /// Transformer Engine's `max / amax / 2^margin` from the record's input amax.
+    Current { format: quant::Format, margin: i32 },
+    /// The block holding the record's amax (NVFP4: the tensor's `1 / s_global`).
+    Blocks(quant::BlockSpec),
+}
+
+/// A quantisation's statistics, still in device memory: read with
+/// [`Device::read_quant`], once per pass, so quantising never waits for the device.
+pub struct CudaQuantStats {
+    rec: CudaBuffer,
+    scale: ScaleFrom,
+    elements: usize,
+}
+
+impl CudaQuantStats {
+    /// The report from the record's words (`runner_kernels::cpu::quant::quantize`'s).
+    fn report(&self, w: &[u32; STATS_WORDS]) -> QuantReport {
+        let count = |i: usize| u64::from(w[2 * i]) | (u64::from(w[2 * i + 1]) << 32);
+        let amax = f32::from_bits(w[6]);
+        let scale = match self.scale {
+            ScaleFrom::Given(s) => s,
+            ScaleFrom::Current { format, margin } => quant::tensor_scale(f32::from_bits(w[7]), format, margin),
+            ScaleFrom::Blocks(b) => {
+                let global = if b.tensor_scale { amax / (448.0 * b.format.max()) } else { 1.0 };
+                if b.tensor_scale {
+                    if global > 0.0 { 1.0 / global } else { 1.0 }
+                } else {
+                    quant::block_scale(amax, &b, global).0
+                }
+            }
+        };
+        QuantReport { amax, scale, saturated: count(0), underflowed: count(1), nonfinite: count(2), elements: self.elements as u64 }
+    }
+}
+
 fn fmt_code(f: Fp8Format) -> i32 {
     match f {
         Fp8Format::E4M3 => 0,
@@ -385,29 +431,33 @@ impl Cuda {
         }
     }
 
-    /// Zeroed statistics counters (3 x u64) and the FP8 meta of `codes` set to
-    /// [scale, 1/scale, 0, 0] (the kernels overwrite the scale when they take a current
-    /// one), for a codes kernel.
-    fn codes_begin(&self, codes: &CudaBuffer, scale: f32) -> Result<(CudaBuffer, u64), ExecError> {
-        let counters = self.alloc(Elem::I32, 6)?;
-        let meta = self.meta_ptr(codes)?;
-        let host = [scale, 1.0 / scale, 0.0, 0.0];
-        // SAFETY: 24 bytes of counters; meta holds 4 floats and the copy from pageable
-        // memory is staged before the call returns.
-        unsafe {
-            let st = self.inner.stream.cu_stream();
-            dr::memset_d8_async(self.ptr(&counters), 0, 24, st).map_err(|e| self.derr("memset", e))?;
-            dr::memcpy_htod_async(meta, &host[..], st).map_err(|e| self.derr("upload", e))?;
-        }
-        Ok((counters, meta))
+    /// A zeroed statistics record for one quantisation (see [`CudaQuantStats`]).
+    fn stats_record(&self) -> Result<CudaBuffer, ExecError> {
+        let rec = self.alloc(Elem::I32, STATS_WORDS)?;
+        // SAFETY: the record holds STATS_WORDS 4-byte words.
+        unsafe { dr::memset_d8_async(self.ptr(&rec), 0, 4 * STATS_WORDS, self.inner.stream.cu_stream()) }
+            .map_err(|e| self.derr("memset", e))?;
+        Ok(rec)
     }
 
-    /// The report of a codes kernel over `n` values: its counters and the amax it left in
-    /// the FP8 meta.
-    fn codes_end(&self, counters: &CudaBuffer, meta: u64, scale: f32, n: usize) -> Result<QuantReport, ExecError> {
-        let c = self.download::<u64>(self.ptr(counters), 3)?;
-        let amax = self.download::<f32>(meta + 8, 1)?[0];
-        Ok(QuantReport { amax, scale, saturated: c[0], underflowed: c[1], nonfinite: c[2], elements: n as u64 })
+    /// The FP8 meta of `codes` set to [scale, 1/scale, 0, 0] (the kernels overwrite the
+    /// scale when they take a current one); its pointer.
+    fn codes_meta(&self, codes: &CudaBuffer, scale: f32) -> Result<u64, ExecError> {
+        let meta = self.meta_ptr(codes)?;
+        let host = [scale, 1.0 / scale, 0.0, 0.0];
+        // SAFETY: meta holds 4 floats; the copy from pageable memory is staged before the
+        // call returns.
+        unsafe { dr::memcpy_htod_async(meta, &host[..], self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))?;
+        Ok(meta)
+    }
+
+    /// Copy the amax a codes kernel left in an FP8 buffer's meta into the statistics
+    /// record (the buffer may be gone before the record is read).
+    fn keep_amax(&self, rec: &CudaBuffer, meta: u64) -> Result<(), ExecError> {
+        // SAFETY: 4 bytes from meta[2] into the record's amax word; both live on this
+        // stream until the copy has run.
+        unsafe { dr::memcpy_dtod_async(self.ptr(rec) + STATS_AMAX, meta + 8, 4, self.inner.stream.cu_stream()) }
+            .map_err(|e| self.derr("copy", e))
     }
 
     /// Current-scaling FP8 quantisation of the f32 buffer `x` into `q`: amax, scale and
@@ -558,6 +608,7 @@ impl Device for Cuda {
     type Buffer = CudaBuffer;
     type Plan = CudaPlan;
     type Event = CudaEvent;
+    type QuantStats = CudaQuantStats;
 
     fn name(&self) -> String {
         self.inner.label.clone()
@@ -732,51 +783,48 @@ impl Device for Cuda {
         }
     }
 
-    fn quantize_fp8_codes(&self, dst: &mut CudaBuffer, src: &CudaBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+    fn quantize_fp8_codes(&self, dst: &mut CudaBuffer, src: &CudaBuffer, spec: &QuantSpec) -> Result<CudaQuantStats, ExecError> {
         let k = "quantize_fp8_codes";
         need(k, src, Elem::F32)?;
         let (fmt, format, given, margin, saturate) = self.codes_spec(k, dst, spec)?;
         lens(k, &[("dst", dst.len, src.len)])?;
-        let (counters, meta) = self.codes_begin(dst, given.unwrap_or(1.0))?;
-        if src.len == 0 {
-            return Ok(QuantReport { scale: given.unwrap_or(1.0), ..QuantReport::default() });
-        }
-        let n = src.len as i64;
-        let cur = self.f32_scratch(1)?;
-        // SAFETY: 4 bytes.
-        unsafe { dr::memset_d8_async(self.ptr(&cur), 0, 4, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("memset", e))?;
-        if given.is_none() {
-            self.ew("amax_f32", src.len, &[self.p(&cur), self.p(src), Arg::I(n)])?;
-        }
-        self.ew(
-            "quant_tensor_codes",
-            src.len,
-            &[
+        let rec = self.stats_record()?;
+        let meta = self.codes_meta(dst, given.unwrap_or(1.0))?;
+        let scale = match given {
+            Some(s) => ScaleFrom::Given(s),
+            None => ScaleFrom::Current { format, margin },
+        };
+        if src.len > 0 {
+            let n = src.len as i64;
+            let cur = self.ptr(&rec) + STATS_CUR;
+            if given.is_none() {
+                self.ew("amax_f32", src.len, &[Arg::P(cur), self.p(src), Arg::I(n)])?;
+            }
+            let args = [
                 self.p(dst),
                 Arg::P(meta),
                 self.p(src),
-                self.p(&cur),
-                self.p(&counters),
+                Arg::P(cur),
+                self.p(&rec),
                 Arg::I(n),
                 Arg::I32(fmt),
                 Arg::F(given.unwrap_or(0.0)),
                 Arg::I32(margin),
                 Arg::I32(i32::from(saturate)),
-            ],
-        )?;
-        let scale = match given {
-            Some(s) => s,
-            None => quant::tensor_scale(self.download::<f32>(self.ptr(&cur), 1)?[0], format, margin),
-        };
-        self.codes_end(&counters, meta, scale, src.len)
+            ];
+            self.ew("quant_tensor_codes", src.len, &args)?;
+            self.keep_amax(&rec, meta)?;
+        }
+        Ok(CudaQuantStats { rec, scale, elements: src.len })
     }
 
-    fn forward_with_cast(&self, producer: CastProducer<'_, CudaBuffer>, codes: &mut CudaBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+    fn forward_with_cast(&self, producer: CastProducer<'_, CudaBuffer>, codes: &mut CudaBuffer, spec: &QuantSpec) -> Result<CudaQuantStats, ExecError> {
         let k = "forward_with_cast";
         let (fmt, _, given, _, saturate) = self.codes_spec(k, codes, spec)?;
         let scale = given.ok_or_else(|| ExecError::State(format!("{k}: the fused cast takes a given (delayed) scale")))?;
-        let (counters, meta) = self.codes_begin(codes, scale)?;
-        let (q, cp) = (self.p(codes), self.p(&counters));
+        let rec = self.stats_record()?;
+        let meta = self.codes_meta(codes, scale)?;
+        let (q, cp) = (self.p(codes), self.p(&rec));
         let sat = Arg::I32(i32::from(saturate));
         let n = match producer {
             CastProducer::RmsNorm { out, rstd, x, w, c, eps } => {
@@ -795,7 +843,24 @@ impl Device for Cuda {
                 out.len
             }
         };
-        self.codes_end(&counters, meta, scale, n)
+        self.keep_amax(&rec, meta)?;
+        Ok(CudaQuantStats { rec, scale: ScaleFrom::Given(scale), elements: n })
+    }
+
+    fn read_quant(&self, stats: Vec<CudaQuantStats>) -> Result<Vec<QuantReport>, ExecError> {
+        // One wait for the stream, then each record (the device is idle by then).
+        self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+        stats
+            .into_iter()
+            .map(|s| {
+                let mut words = [0u32; STATS_WORDS];
+                // SAFETY: the record holds STATS_WORDS words; the stream is idle.
+                unsafe { dr::memcpy_dtoh_async(&mut words[..], self.ptr(&s.rec), self.inner.stream.cu_stream()) }
+                    .map_err(|e| self.derr("download", e))?;
+                self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+                Ok(s.report(&words))
+            })
+            .collect()
     }
 
     fn native_fp8(&self) -> bool {
@@ -854,27 +919,19 @@ impl Device for Cuda {
         }
     }
 
-    fn quantize(&self, x: &mut CudaBuffer, rows: usize, cols: usize, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+    fn quantize(&self, x: &mut CudaBuffer, rows: usize, cols: usize, spec: &QuantSpec) -> Result<CudaQuantStats, ExecError> {
         need("quantize", x, Elem::F32)?;
         lens("quantize", &[("x", x.len, rows.saturating_mul(cols))])?;
         let n = x.len as i64;
-        // Counters (3 x u64) and the amax, zeroed; read back once at the end.
-        let counters = self.alloc(Elem::I32, 6)?;
-        let amax = self.f32_scratch(2)?;
-        for b in [&counters, &amax] {
-            // SAFETY: both buffers hold 24 and 8 bytes.
-            unsafe { dr::memset_d8_async(self.ptr(b), 0, b.len * 4, self.inner.stream.cu_stream()) }
-                .map_err(|e| self.derr("memset", e))?;
-        }
-        let (cp, ap) = (self.ptr(&counters), self.ptr(&amax));
+        let rec = self.stats_record()?;
+        let (cp, ap, curp) = (self.ptr(&rec), self.ptr(&rec) + STATS_AMAX, self.ptr(&rec) + STATS_CUR);
         let fmt_of = |f: quant::Format| match f {
             quant::Format::E4M3 => 0,
             quant::Format::E5M2 => 1,
             quant::Format::E2M1 => 2,
         };
         let seed = |s: Option<u64>| (i32::from(s.is_some()), quant::seed32(s).unwrap_or(0));
-        let mut scale = 1.0f32;
-        match *spec {
+        let scale = match *spec {
             QuantSpec::Float(f) => {
                 let kind = match f {
                     quant::FloatFormat::Bf16 => 0,
@@ -882,37 +939,31 @@ impl Device for Cuda {
                     quant::FloatFormat::F32 => 2,
                 };
                 self.ew("quant_float", x.len, &[self.p(x), Arg::P(cp), Arg::P(ap), Arg::I(n), Arg::I32(kind)])?;
+                ScaleFrom::Given(1.0)
             }
             QuantSpec::Tensor { format, scale: given, margin, saturate, stochastic } => {
-                let cur = self.f32_scratch(1)?;
-                // SAFETY: 4 bytes.
-                unsafe { dr::memset_d8_async(self.ptr(&cur), 0, 4, self.inner.stream.cu_stream()) }
-                    .map_err(|e| self.derr("memset", e))?;
                 if given.is_none() {
-                    self.ew("amax_f32", x.len, &[self.p(&cur), self.p(x), Arg::I(n)])?;
+                    self.ew("amax_f32", x.len, &[Arg::P(curp), self.p(x), Arg::I(n)])?;
                 }
                 let (sr, sd) = seed(stochastic);
-                self.ew(
-                    "quant_tensor",
-                    x.len,
-                    &[
-                        self.p(x),
-                        self.p(&cur),
-                        Arg::P(cp),
-                        Arg::P(ap),
-                        Arg::I(n),
-                        Arg::I32(fmt_of(format)),
-                        Arg::F(given.unwrap_or(0.0)),
-                        Arg::I32(margin),
-                        Arg::I32(i32::from(saturate)),
-                        Arg::I32(sr),
-                        Arg::I32(sd as i32),
-                    ],
-                )?;
-                scale = match given {
-                    Some(s) => s,
-                    None => quant::tensor_scale(self.download::<f32>(self.ptr(&cur), 1)?[0], format, margin),
-                };
+                let args = [
+                    self.p(x),
+                    Arg::P(curp),
+                    Arg::P(cp),
+                    Arg::P(ap),
+                    Arg::I(n),
+                    Arg::I32(fmt_of(format)),
+                    Arg::F(given.unwrap_or(0.0)),
+                    Arg::I32(margin),
+                    Arg::I32(i32::from(saturate)),
+                    Arg::I32(sr),
+                    Arg::I32(sd as i32),
+                ];
+                self.ew("quant_tensor", x.len, &args)?;
+                match given {
+                    Some(s) => ScaleFrom::Given(s),
+                    None => ScaleFrom::Current { format, margin },
+                }
             }
             QuantSpec::Blocks(b) => {
                 let (br, bc) = b.block;
@@ -941,36 +992,29 @@ impl Device for Cuda {
                     quant::ScaleRounding::Pow2Down => 1,
                     quant::ScaleRounding::Pow2Up => 2,
                 };
-                self.ew(
-                    "quant_blocks",
-                    x.len,
-                    &[
-                        self.p(x),
-                        self.p(&bamax),
-                        self.p(&tamax),
-                        Arg::P(cp),
-                        Arg::P(ap),
-                        Arg::I(r),
-                        Arg::I(c),
-                        Arg::I32(br as i32),
-                        Arg::I32(bc as i32),
-                        Arg::I32(fmt_of(b.format)),
-                        Arg::I32(sf),
-                        Arg::I32(rnd),
-                        Arg::I32(i32::from(b.tensor_scale)),
-                        Arg::I32(i32::from(b.saturate)),
-                        Arg::I32(sr),
-                        Arg::I32(sd as i32),
-                    ],
-                )?;
-                let top = self.download::<f32>(ap, 1)?[0];
-                let global = if b.tensor_scale { top / (448.0 * b.format.max()) } else { 1.0 };
-                scale = if b.tensor_scale { if global > 0.0 { 1.0 / global } else { 1.0 } } else { quant::block_scale(top, &b, global).0 };
+                let args = [
+                    self.p(x),
+                    self.p(&bamax),
+                    self.p(&tamax),
+                    Arg::P(cp),
+                    Arg::P(ap),
+                    Arg::I(r),
+                    Arg::I(c),
+                    Arg::I32(br as i32),
+                    Arg::I32(bc as i32),
+                    Arg::I32(fmt_of(b.format)),
+                    Arg::I32(sf),
+                    Arg::I32(rnd),
+                    Arg::I32(i32::from(b.tensor_scale)),
+                    Arg::I32(i32::from(b.saturate)),
+                    Arg::I32(sr),
+                    Arg::I32(sd as i32),
+                ];
+                self.ew("quant_blocks", x.len, &args)?;
+                ScaleFrom::Blocks(b)
             }
-        }
-        let c = self.download::<u64>(cp, 3)?;
-        let a = self.download::<f32>(ap, 1)?[0];
-        Ok(QuantReport { amax: a, scale, saturated: c[0], underflowed: c[1], nonfinite: c[2], elements: x.len as u64 })
+        };
+        Ok(CudaQuantStats { rec, scale, elements: x.len })
     }
 
     fn hadamard_rows(&self, x: &mut CudaBuffer, rows: usize, cols: usize, h: usize, seed: u64) -> Result<(), ExecError> {

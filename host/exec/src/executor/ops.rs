@@ -19,7 +19,7 @@ use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::rope::Rope;
 
-use runner_kernels::cpu::quant::{QuantReport, QuantSpec};
+use runner_kernels::cpu::quant::QuantSpec;
 
 use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, Plans};
 
@@ -314,7 +314,7 @@ pub(super) fn forward_with_cast<D: Device>(
     aux: &mut Vec<D::Buffer>,
     codes: &mut D::Buffer,
     spec: &QuantSpec,
-) -> Result<QuantReport, ExecError> {
+) -> Result<D::QuantStats, ExecError> {
     let op = &g.ops[oi];
     let r = match op.kind {
         OpKind::RmsNorm => {

@@ -31,7 +31,7 @@
 use std::collections::{HashMap, VecDeque};
 
 use runner_graph::{OpKind, TensorId, TensorKind};
-use runner_kernels::cpu::quant::{QuantReport, QuantSpec, tensor_scale};
+use runner_kernels::cpu::quant::{QuantSpec, tensor_scale};
 
 use super::Executor;
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
@@ -39,7 +39,8 @@ use crate::precision::{
     AmaxReduction, Fault, FaultKind, GemmRole, Operand, OperandNumerics, OperandPlan, Scaling, SiteNumerics, SitePlan,
 };
 
-type Key = (usize, GemmRole, Operand);
+/// A GEMM operand: (op, role, operand).
+pub(super) type Key = (usize, GemmRole, Operand);
 
 /// Quantised GEMM inputs (A, B) and the format of the GEMM's result.
 pub(super) type Operands<B> = (B, B, runner_graph::DType);
@@ -84,11 +85,11 @@ impl QuantState {
 /// FP8 codes of a tensor, cast by the RMSNorm or SwiGLU that produced it (a fused
 /// norm / activation + cast), with what the cast did, until the GEMM operand `key` reads
 /// them.
-pub(super) struct Cast<B> {
+pub(super) struct Cast<B, S> {
     pub(super) tensor: TensorId,
     pub(super) key: Key,
     pub(super) codes: B,
-    pub(super) report: QuantReport,
+    pub(super) stats: S,
 }
 
 /// The quantised operands of a linear's (or grouped linear's) backward GEMMs.
@@ -256,7 +257,22 @@ impl<D: Device> Executor<D> {
     /// Drop the numerics gathered since the last step without touching the histories (an
     /// evaluation pass between training steps).
     pub fn discard_precision_step(&mut self) {
+        self.quant_stats.clear();
         self.quant.step.clear();
+    }
+
+    /// Read the statistics of the pass's quantisations from the device, waiting for it
+    /// once, and merge them into the step's numerics (the end of each forward and
+    /// backward pass).
+    pub(super) fn settle_quant(&mut self) -> Result<(), ExecError> {
+        if self.quant_stats.is_empty() {
+            return Ok(());
+        }
+        let (keys, stats): (Vec<Key>, Vec<D::QuantStats>) = std::mem::take(&mut self.quant_stats).into_iter().unzip();
+        for (key, r) in keys.into_iter().zip(self.device.read_quant(stats)?) {
+            self.quant.step.entry(key).or_default().merge(&r);
+        }
+        Ok(())
     }
 
     /// Forget the amax histories of op `oi`'s GEMMs of `roles` (all when empty): their
@@ -358,9 +374,9 @@ impl<D: Device> Executor<D> {
             .spec(self.delayed_scale(key, plan), self.quant.draws)
             .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[oi].name)))?;
         self.quant.draws += 1;
-        let r = self.device.quantize(x, rows, cols, &spec)?;
+        let stats = self.device.quantize(x, rows, cols, &spec)?;
         if !self.quant.quiet {
-            self.quant.step.entry(key).or_default().merge(&r);
+            self.quant_stats.push((key, stats));
         }
         Ok(())
     }
@@ -425,7 +441,7 @@ impl<D: Device> Executor<D> {
             self.quant.draws += 1;
             self.quant.fused_casts += 1;
             if !self.quant.quiet {
-                self.quant.step.entry(key).or_default().merge(&c.report);
+                self.quant_stats.push((key, c.stats));
             }
             return Ok(c.codes);
         }
@@ -444,9 +460,9 @@ impl<D: Device> Executor<D> {
             ))
         })?;
         let mut q = self.device.alloc(elem, src.len())?;
-        let r = self.device.quantize_fp8_codes(&mut q, src, &spec)?;
+        let stats = self.device.quantize_fp8_codes(&mut q, src, &spec)?;
         if !self.quant.quiet {
-            self.quant.step.entry(key).or_default().merge(&r);
+            self.quant_stats.push((key, stats));
         }
         Ok(q)
     }
@@ -685,6 +701,7 @@ impl<D: Device> Executor<D> {
         }
         self.adam_step = s.adam_step;
         self.quant.history = s.history.clone();
+        self.quant_stats.clear();
         self.quant.step.clear();
         self.backward_done = false;
         self.forward_done = false;
