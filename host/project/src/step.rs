@@ -188,13 +188,10 @@ pub struct Breakdown {
     /// Forward and backward compute of the slowest stage, all micro-batches, and the
     /// once-per-step low-precision weight casts.
     pub compute: f64,
-    /// Of `compute`: the GEMMs (forward, input and weight gradients) and the attention
-    /// cores; the rest is memory-bound work (norms, activations, rotary, residuals,
-    /// routing, the loss) and the recipe's casts.
+    /// What `compute` is made of (inside it, not beside it: the top-level parts sum to
+    /// the step time).
     #[serde(default)]
-    pub compute_gemm: f64,
-    #[serde(default)]
-    pub compute_attention: f64,
+    pub compute_parts: ComputeParts,
     pub recompute: f64,
     /// Exposed (not hidden) communication.
     pub tp: f64,
@@ -205,6 +202,15 @@ pub struct Breakdown {
     /// Pipeline fill and drain.
     pub bubble: f64,
     pub optimizer: f64,
+}
+
+/// Of a step's compute: the GEMMs (forward, input and weight gradients) and the attention
+/// cores; the rest is memory-bound work (norms, activations, rotary, residuals, routing,
+/// the loss) and the recipe's casts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ComputeParts {
+    pub gemm: f64,
+    pub attention: f64,
 }
 
 impl Breakdown {
@@ -601,8 +607,7 @@ impl Costed {
         let casts = comp[crit][5];
         let breakdown = Breakdown {
             compute: mf * comp[crit][0] + casts,
-            compute_gemm: mf * comp[crit][6],
-            compute_attention: mf * comp[crit][7],
+            compute_parts: ComputeParts { gemm: mf * comp[crit][6], attention: mf * comp[crit][7] },
             recompute: mf * comp[crit][1],
             tp: mf * comp[crit][2],
             cp: mf * comp[crit][3],

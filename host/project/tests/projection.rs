@@ -439,12 +439,12 @@ fn compute_splits_into_gemms_attention_and_the_rest() {
     };
     let (short, long) = (at(4096, 2), at(8192, 1));
     for b in [&short, &long] {
-        let rest = b.compute - b.compute_gemm - b.compute_attention;
-        assert!(b.compute_gemm > 0.6 * b.compute, "GEMMs dominate a dense 8B step: {b:?}");
-        assert!(b.compute_attention > 0.02 * b.compute && rest > 0.0, "{b:?}");
+        let rest = b.compute - b.compute_parts.gemm - b.compute_parts.attention;
+        assert!(b.compute_parts.gemm > 0.6 * b.compute, "GEMMs dominate a dense 8B step: {b:?}");
+        assert!(b.compute_parts.attention > 0.02 * b.compute && rest > 0.0, "{b:?}");
     }
-    let gemm = long.compute_gemm / short.compute_gemm;
-    let attn = long.compute_attention / short.compute_attention;
+    let gemm = long.compute_parts.gemm / short.compute_parts.gemm;
+    let attn = long.compute_parts.attention / short.compute_parts.attention;
     assert!((gemm - 1.0).abs() < 0.02, "GEMM time at equal tokens: x{gemm}");
     assert!((1.8..2.2).contains(&attn), "attention time with twice the keys: x{attn}");
 }

@@ -341,9 +341,9 @@ fn project_table(o: &ProjectOut) -> Table {
     kv("micro-batches", p.micro_batches.to_string());
     for (k, v) in [
         ("compute", b.compute),
-        ("  GEMMs", b.compute_gemm),
-        ("  attention", b.compute_attention),
-        ("  memory-bound, casts", b.compute - b.compute_gemm - b.compute_attention),
+        ("  GEMMs", b.compute_parts.gemm),
+        ("  attention", b.compute_parts.attention),
+        ("  memory-bound, casts", b.compute - b.compute_parts.gemm - b.compute_parts.attention),
         ("recompute", b.recompute),
         ("exposed TP comm", b.tp),
         ("exposed CP comm", b.cp),
