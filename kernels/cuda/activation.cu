@@ -77,21 +77,16 @@ extern "C" __global__ void squared_relu_backward(float* dx, const float* dout, c
 extern "C" __global__ void swiglu_forward_codes(float* out, u8* q, float* meta, u64* stats, const float* gate,
                                                 const float* up, i64 n, int fmt, float scale, int saturate) {
     QGrid g = qgrid(fmt);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        meta[0] = scale;
-        meta[1] = 1.0f / scale;
-    }
+    fp8_meta_scale(meta, scale);
     i64 stride = (i64)blockDim.x * gridDim.x;
     for (i64 base = (i64)blockIdx.x * blockDim.x; base < n; base += stride) {
         i64 i = base + threadIdx.x;
         bool in = i < n;
         float y = in ? silu(gate[i]) * up[i] : 0.0f;
-        int sat = 0, under = 0;
-        float rq = qdq(y, scale, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
+        u8 c = fp8_code_counted(y, in, scale, g, fmt, saturate, stats, meta + 2);
         if (in) {
             out[i] = y;
-            q[i] = fp8_encode(rq, fmt, saturate != 0);
+            q[i] = c;
         }
-        qstats(stats, meta + 2, in ? fabsf(y) : 0.0f, in && sat, in && under, in && !isfinite(y));
     }
 }

@@ -238,3 +238,23 @@ __device__ __forceinline__ float qtensor_scale(float amax, float max, int margin
     float s = max / amax / ldexpf(1.0f, margin);
     return isfinite(s) ? s : 3.402823466e38f;
 }
+
+// One element of a cast to FP8 codes at scale `s` (nearest even), `in` false for the lanes
+// past the end: its code, the cast's statistics gathered warp by warp into stats and amax
+// (every lane of the warp must call it, as qstats asks).
+__device__ __forceinline__ u8 fp8_code_counted(float v, bool in, float s, const QGrid& g, int fmt, int saturate,
+                                               u64* stats, float* amax) {
+    int sat = 0, under = 0;
+    // The scaled value on the grid (decode 1, multiplied): its code is exact.
+    float r = qdq(v, s, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
+    qstats(stats, amax, in ? fabsf(v) : 0.0f, in && sat, in && under, in && !isfinite(v));
+    return fp8_encode(r, fmt, saturate != 0);
+}
+
+// An FP8 buffer's meta = [scale, 1/scale, amax, -]: the scale its codes were cast at.
+__device__ __forceinline__ void fp8_meta_scale(float* meta, float s) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        meta[0] = s;
+        meta[1] = 1.0f / s;
+    }
+}

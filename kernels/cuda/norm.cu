@@ -37,23 +37,18 @@ extern "C" __global__ void rmsnorm_forward_codes(float* out, float* rstd, u8* q,
     ss = block_sum(ss, scratch);
     float r = rsqrtf(ss / c + eps);
     if (threadIdx.x == 0) rstd[row] = r;
-    if (row == 0 && threadIdx.x == 0) {
-        meta[0] = scale;
-        meta[1] = 1.0f / scale;
-    }
+    fp8_meta_scale(meta, scale);
     QGrid g = qgrid(fmt);
     // Whole warps step together, so every lane reaches the ballots of qstats.
     for (int base = 0; base < c; base += blockDim.x) {
         int i = base + threadIdx.x;
         bool in = i < c;
         float y = in ? xr[i] * r * w[i] : 0.0f;
-        int sat = 0, under = 0;
-        float rq = qdq(y, scale, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
+        u8 code = fp8_code_counted(y, in, scale, g, fmt, saturate, stats, meta + 2);
         if (in) {
             out[row * c + i] = y;
-            q[row * c + i] = fp8_encode(rq, fmt, saturate != 0);
+            q[row * c + i] = code;
         }
-        qstats(stats, meta + 2, in ? fabsf(y) : 0.0f, in && sat, in && under, in && !isfinite(y));
     }
 }
 

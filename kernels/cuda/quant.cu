@@ -36,20 +36,13 @@ extern "C" __global__ void quant_tensor_codes(u8* q, float* meta, const float* x
                                               i64 n, int fmt, float scale, int margin, int saturate) {
     QGrid g = qgrid(fmt);
     float s = scale > 0.0f ? scale : qtensor_scale(cur_amax[0], g.max, margin);
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        meta[0] = s;
-        meta[1] = 1.0f / s;
-    }
+    fp8_meta_scale(meta, s);
     i64 stride = (i64)blockDim.x * gridDim.x;
     for (i64 base = (i64)blockIdx.x * blockDim.x; base < n; base += stride) {
         i64 i = base + threadIdx.x;
         bool in = i < n;
-        float v = in ? x[i] : 0.0f;
-        int sat = 0, under = 0;
-        // The scaled value on the grid (dec 1, multiplied): its code is exact.
-        float r = qdq(v, s, 1.0f, 0, g, saturate, 0, 0u, &sat, &under);
-        if (in) q[i] = fp8_encode(r, fmt, saturate != 0);
-        qstats(stats, meta + 2, in ? fabsf(v) : 0.0f, in && sat, in && under, in && !isfinite(v));
+        u8 c = fp8_code_counted(in ? x[i] : 0.0f, in, s, g, fmt, saturate, stats, meta + 2);
+        if (in) q[i] = c;
     }
 }
 
