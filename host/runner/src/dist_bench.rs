@@ -411,12 +411,12 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
                     Coll::AllToAll => g.all_to_all(dev, input, output),
                     Coll::Broadcast => g.broadcast(dev, input, 0),
                     Coll::SendRecv => {
+                        // To the next rank, from the previous one; a single rank sends to
+                        // itself, as nccl-tests' sendrecv does on one GPU.
                         let mut send = vec![0; n];
                         let mut recv = vec![0; n];
-                        if n > 1 {
-                            send[next] = c;
-                            recv[prev] = c;
-                        }
+                        send[next] = c;
+                        recv[prev] = c;
                         g.all_to_all_v(dev, input, &send, output, &recv)
                     }
                 }

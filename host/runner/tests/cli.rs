@@ -651,3 +651,19 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
         assert!(!o.status.success() && text(&o).1.contains(want), "{args:?}: {}", text(&o).1);
     }
 }
+
+/// One rank alone (a single-GPU check machine) runs every collective, send/recv to
+/// itself as nccl-tests does on one GPU, with every value checked.
+#[test]
+fn collectives_on_one_rank_include_sendrecv_to_itself() {
+    let dir = scratch("coll1");
+    let o = runner(&dir, &["--device", "cpu", "bench", "collectives", "-b", "4K", "-e", "4K", "-n", "1", "-w", "1", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = rows.as_array().unwrap();
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"] {
+        let r = rows.iter().find(|r| r["op"] == op).unwrap_or_else(|| panic!("{op} missing: {out}"));
+        assert_eq!(r["wrong"], 0, "{op}: {r}");
+    }
+}
