@@ -614,7 +614,7 @@ pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> R
     row("rmsnorm forward (C 4096)", 2.0 * f, device_samples(dev, 7, 3, || dev.rmsnorm_forward(&mut c, &mut rstd, &a, &w, 4096, 1e-5))?);
     row("cast f32 -> bf16", 1.5 * f, device_samples(dev, 7, 3, || dev.cast(&mut half, &a))?);
     // The native FP8 route's casts: an operand to codes in one pass, and the fused norm /
-    // activation + cast (each call also reads its statistics back to the host).
+    // activation + cast (their statistics stay on the device, unread, as in a pass).
     use runner_kernels::cpu::quant::{Format, QuantSpec};
     let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
     let mut q = dev.alloc(Elem::F8E4M3, n)?;

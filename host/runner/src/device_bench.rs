@@ -113,8 +113,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             t.notes.push(
                 "1 GiB f32 arrays; bytes = what each kernel must read + write (STREAM and nccl-tests count this way; \
-                 an FP8 code is 1 byte); 7 samples of 3 calls timed with device events; the FP8 casts also read \
-                 their statistics back to the host after each call, which the timing includes"
+                 an FP8 code is 1 byte); 7 samples of 3 calls timed with device events; each FP8 cast also \
+                 allocates and zeroes its 32-byte statistics record, which the timing includes (the executor \
+                 reads the records once per pass)"
                     .into(),
             );
             emit(global, &t, &rows)
