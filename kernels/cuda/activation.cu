@@ -2,9 +2,9 @@
 // SwiGLU, GeGLU (fused gelu(gate)·up), GELU (tanh approximation), squared ReLU. The
 // forwards save nothing; the backwards recompute the cheap nonlinearity.
 //
-// swiglu_forward_codes fuses the FP8 cast of the output (the next GEMM's input) at a known
-// scale into the activation, with the cast's statistics on the fly (Transformer Engine's
-// fused activation + cast): the cast reads no f32 tensor back.
+// activation_forward_codes fuses the FP8 cast of the output (the next GEMM's input) at a
+// known scale into any of them, with the cast's statistics on the fly (Transformer
+// Engine's fused activation + cast): the cast reads no f32 tensor back.
 #include "common.cuh"
 
 #define GELU_K 0.7978845608f
@@ -71,18 +71,30 @@ extern "C" __global__ void squared_relu_backward(float* dx, const float* dout, c
     }
 }
 
-// swiglu_forward whose output also lands as FP8 codes at the given `scale` (delayed
-// scaling), with quant_tensor_codes' statistics (meta = [scale, 1/scale, amax], meta[2]
-// and stats zeroed by the caller): activation + cast in one pass.
-extern "C" __global__ void swiglu_forward_codes(float* out, u8* q, float* meta, u64* stats, const float* gate,
-                                                const float* up, i64 n, int fmt, float scale, int saturate) {
+// An MLP activation's forward whose output also lands as FP8 codes at the given `scale`
+// (delayed scaling), with quant_tensor_codes' statistics (meta = [scale, 1/scale, amax],
+// meta[2] and stats zeroed by the caller): activation + cast in one pass. `act`: 0
+// SwiGLU silu(a)·b, 1 GeGLU gelu(a)·b, 2 GELU gelu(a), 3 squared ReLU relu(a)² (b unused
+// for the last two), each as its forward kernel above computes it.
+extern "C" __global__ void activation_forward_codes(float* out, u8* q, float* meta, u64* stats, const float* a,
+                                                    const float* b, i64 n, int act, int fmt, float scale,
+                                                    int saturate) {
     QGrid g = qgrid(fmt);
     fp8_meta_scale(meta, scale);
     i64 stride = (i64)blockDim.x * gridDim.x;
     for (i64 base = (i64)blockIdx.x * blockDim.x; base < n; base += stride) {
         i64 i = base + threadIdx.x;
         bool in = i < n;
-        float y = in ? silu(gate[i]) * up[i] : 0.0f;
+        float y = 0.0f;
+        if (in) {
+            if (act == 0) y = silu(a[i]) * b[i];
+            else if (act == 1) y = gelu(a[i]) * b[i];
+            else if (act == 2) y = gelu(a[i]);
+            else {
+                float r = a[i] > 0.0f ? a[i] : 0.0f;
+                y = r * r;
+            }
+        }
         u8 c = fp8_code_counted(y, in, scale, g, fmt, saturate, stats, meta + 2);
         if (in) {
             out[i] = y;

@@ -363,15 +363,21 @@ fn fused_casts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     let (x, w, up) = (p.randf(n)?, p.randf(c)?, p.randf(n)?);
     let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(40.0), margin: 0, saturate: true, stochastic: None };
     let counts = |r: &QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
-    for name in ["rmsnorm", "swiglu"] {
+    for name in ["rmsnorm", "swiglu", "geglu", "gelu", "squared_relu"] {
         let (mut o, mut rstd, mut q) = (p.out(n)?, p.out(rows)?, p.outs(Elem::F8E4M3, n)?);
-        let rd = if name == "rmsnorm" {
-            p.cpu.forward_with_cast(CastProducer::RmsNorm { out: &mut o.0, rstd: &mut rstd.0, x: &x.0, w: &w.0, c, eps: 1e-5 }, &mut q.0, &spec)?;
-            p.dev.forward_with_cast(CastProducer::RmsNorm { out: &mut o.1, rstd: &mut rstd.1, x: &x.1, w: &w.1, c, eps: 1e-5 }, &mut q.1, &spec).and_then(|s| p.dev.report(s))?
-        } else {
-            p.cpu.forward_with_cast(CastProducer::SwiGlu { out: &mut o.0, gate: &x.0, up: &up.0 }, &mut q.0, &spec)?;
-            p.dev.forward_with_cast(CastProducer::SwiGlu { out: &mut o.1, gate: &x.1, up: &up.1 }, &mut q.1, &spec).and_then(|s| p.dev.report(s))?
+        let (oc, od) = (&mut o.0, &mut o.1);
+        let (cpu, dev): (CastProducer<'_, CpuBuffer>, CastProducer<'_, D::Buffer>) = match name {
+            "rmsnorm" => (
+                CastProducer::RmsNorm { out: oc, rstd: &mut rstd.0, x: &x.0, w: &w.0, c, eps: 1e-5 },
+                CastProducer::RmsNorm { out: od, rstd: &mut rstd.1, x: &x.1, w: &w.1, c, eps: 1e-5 },
+            ),
+            "swiglu" => (CastProducer::SwiGlu { out: oc, gate: &x.0, up: &up.0 }, CastProducer::SwiGlu { out: od, gate: &x.1, up: &up.1 }),
+            "geglu" => (CastProducer::GeGlu { out: oc, gate: &x.0, up: &up.0 }, CastProducer::GeGlu { out: od, gate: &x.1, up: &up.1 }),
+            "gelu" => (CastProducer::Gelu { out: oc, x: &x.0 }, CastProducer::Gelu { out: od, x: &x.1 }),
+            _ => (CastProducer::SquaredRelu { out: oc, x: &x.0 }, CastProducer::SquaredRelu { out: od, x: &x.1 }),
         };
+        p.cpu.forward_with_cast(cpu, &mut q.0, &spec)?;
+        let rd = p.dev.forward_with_cast(dev, &mut q.1, &spec).and_then(|s| p.dev.report(s))?;
         p.check(&format!("forward_with_cast {name} (output)"), &o, EW)?;
         let mut again = p.dev.alloc(Elem::F8E4M3, n)?;
         let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, &spec).and_then(|s| p.dev.report(s))?;

@@ -145,11 +145,14 @@ pub struct MemStats {
 }
 
 /// An element-wise forward whose output the next GEMM reads as FP8 codes, for
-/// [`Device::forward_with_cast`]: the arguments of [`Device::rmsnorm_forward`] or
-/// [`Device::swiglu_forward`].
+/// [`Device::forward_with_cast`]: the arguments of [`Device::rmsnorm_forward`] or of an
+/// MLP activation's forward.
 pub enum CastProducer<'a, B> {
     RmsNorm { out: &'a mut B, rstd: &'a mut B, x: &'a B, w: &'a B, c: usize, eps: f32 },
     SwiGlu { out: &'a mut B, gate: &'a B, up: &'a B },
+    GeGlu { out: &'a mut B, gate: &'a B, up: &'a B },
+    Gelu { out: &'a mut B, x: &'a B },
+    SquaredRelu { out: &'a mut B, x: &'a B },
 }
 
 /// What the executor needs to know of a device buffer.
@@ -339,6 +342,18 @@ pub trait Device {
             }
             CastProducer::SwiGlu { out, gate, up } => {
                 self.swiglu_forward(out, gate, up)?;
+                out
+            }
+            CastProducer::GeGlu { out, gate, up } => {
+                self.geglu_forward(out, gate, up)?;
+                out
+            }
+            CastProducer::Gelu { out, x } => {
+                self.gelu_forward(out, x)?;
+                out
+            }
+            CastProducer::SquaredRelu { out, x } => {
+                self.squared_relu_forward(out, x)?;
                 out
             }
         };

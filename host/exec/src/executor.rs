@@ -182,7 +182,7 @@ pub struct Executor<D: Device> {
     /// Precision plans of the linear and grouped (expert) linear layers, amax histories,
     /// numerics (`executor/quant.rs`).
     quant: quant::QuantState,
-    /// FP8 codes an RMSNorm or SwiGLU cast as it ran, waiting for the GEMM that reads
+    /// FP8 codes an RMSNorm or MLP activation cast as it ran, waiting for the GEMM that reads
     /// them (`executor/quant.rs`, the fused cast).
     cast: Option<quant::Cast<D::Buffer, D::QuantStats>>,
     /// Statistics of the pass's quantisations still on the device, read at the pass's
@@ -734,7 +734,7 @@ impl<D: Device> Executor<D> {
             // A linear or grouped linear with a precision plan reads quantised copies of X and W.
             let gemm = matches!(self.graph.ops[oi].kind, OpKind::Linear | OpKind::GroupedLinear);
             let quantised = if gemm { self.forward_operands(oi)? } else { None };
-            // An RMSNorm or SwiGLU read only by a native-route FP8 GEMM casts as it runs.
+            // An RMSNorm or MLP activation read only by a native-route FP8 GEMM casts as it runs.
             let fused = if gemm { None } else { self.fused_cast(oi) };
             let op = &self.graph.ops[oi];
             let zero_bias = match self.bias_added_elsewhere(op) {

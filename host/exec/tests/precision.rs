@@ -597,3 +597,79 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
     assert_eq!(native.2, 0, "E5M2 x E5M2 stays emulated");
     assert_eq!(native.0, emulated.0);
 }
+
+/// An MLP alone, x -> fc1 -> activation -> fc2 -> cross-entropy, with `act` one of GELU,
+/// squared ReLU (fc1 alone) or GeGLU (fc1 and a second up projection); x is a weight so
+/// every GEMM has gradients. Dimensions are multiples of 16 (the native route's).
+fn mlp_graph(act: OpKind) -> Graph {
+    use runner_graph::{NamedOp, Role, Tensor, TensorKind};
+    let (r, k, f, n) = (32u64, 32u64, 64u64, 16u64);
+    let t = |name: &str, shape: &[u64], dtype, kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind };
+    let op = |name: &str, kind, inputs: &[&str]| NamedOp {
+        name: name.into(),
+        kind,
+        inputs: inputs.iter().map(|s| s.to_string()).collect(),
+        outputs: vec![name.into()],
+        attrs: Default::default(),
+        layer: 0,
+        role: Role::Replicated,
+    };
+    let glu = act == OpKind::GeGlu;
+    let mut tensors = vec![
+        t("x", &[r, k], DType::F32, TensorKind::Weight),
+        t("fc1.weight", &[f, k], DType::F32, TensorKind::Weight),
+        t("fc2.weight", &[n, f], DType::F32, TensorKind::Weight),
+        t("targets", &[r], DType::I32, TensorKind::Input),
+        t("fc1", &[r, f], DType::F32, TensorKind::Activation),
+        t("act", &[r, f], DType::F32, TensorKind::Activation),
+        t("fc2", &[r, n], DType::F32, TensorKind::Activation),
+        t("loss", &[], DType::F32, TensorKind::Activation),
+    ];
+    let mut ops = vec![op("fc1", OpKind::Linear, &["x", "fc1.weight"])];
+    if glu {
+        tensors.push(t("up.weight", &[f, k], DType::F32, TensorKind::Weight));
+        tensors.push(t("up", &[r, f], DType::F32, TensorKind::Activation));
+        ops.push(op("up", OpKind::Linear, &["x", "up.weight"]));
+        ops.push(op("act", act, &["fc1", "up"]));
+    } else {
+        ops.push(op("act", act, &["fc1"]));
+    }
+    ops.push(op("fc2", OpKind::Linear, &["act", "fc2.weight"]));
+    ops.push(op("loss", OpKind::CrossEntropy, &["fc2", "targets"]));
+    Graph::new(tensors, ops, "loss").unwrap()
+}
+
+/// Every MLP activation that feeds a native-route FP8 GEMM alone casts its output as it
+/// runs under delayed scaling (GELU for GPT-3, squared ReLU for Nemotron-4, GeGLU), with
+/// the emulated route's losses, weights and numerics bit for bit.
+#[test]
+fn every_mlp_activation_casts_for_the_fp8_gemm_it_feeds() {
+    let h = AdamW { lr: 1e-2, ..runner_exec::executor::ADAMW_DEFAULT };
+    let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
+    for act in [OpKind::Gelu, OpKind::SquaredRelu, OpKind::GeGlu] {
+        let g = mlp_graph(act);
+        let train = |native: bool| {
+            let options = ExecOptions { seed: 5, native_fp8: Some(native), ..ExecOptions::default() };
+            let mut ex = Executor::new(&g, Cpu::new(), options).unwrap();
+            ex.set_precision(&every_site(&g, hybrid(delayed))).unwrap();
+            let targets: Vec<u32> = (0..32).map(|i| (i * 7 % 16) as u32).collect();
+            let (mut losses, mut numerics) = (Vec::new(), Vec::new());
+            for _ in 0..3 {
+                let loss = ex.forward(&[("targets", Input::U32(&targets))]).unwrap();
+                ex.backward().unwrap();
+                ex.optimizer_step(&h).unwrap();
+                numerics.push(ex.precision_numerics());
+                ex.end_precision_step();
+                losses.push(loss);
+            }
+            (losses, ex.weight("fc2.weight").unwrap(), numerics, ex.fused_fp8_casts(), ex.native_fp8_gemms())
+        };
+        let (emulated, native) = (train(false), train(true));
+        assert!(native.4 > 0, "{act:?}: the native route ran");
+        assert_eq!(native.3, 2, "{act:?}: the activation cast for fc2 in steps 2 and 3");
+        assert_eq!(emulated.3, 0);
+        assert_eq!(native.0, emulated.0, "{act:?}: losses");
+        assert_eq!(native.1, emulated.1, "{act:?}: fc2 after three updates");
+        assert_eq!(native.2, emulated.2, "{act:?}: numerics");
+    }
+}

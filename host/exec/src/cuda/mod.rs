@@ -249,6 +249,28 @@ const STATS_WORDS: usize = 8;
 const STATS_AMAX: u64 = 24;
 const STATS_CUR: u64 = 28;
 
+/// Which producer a fused cast runs (the activation code `activation_forward_codes` takes).
+#[derive(Clone, Copy)]
+enum CastKind {
+    RmsNorm,
+    SwiGlu,
+    GeGlu,
+    Gelu,
+    SquaredRelu,
+}
+
+impl CastKind {
+    fn of<B>(p: &CastProducer<'_, B>) -> CastKind {
+        match p {
+            CastProducer::RmsNorm { .. } => CastKind::RmsNorm,
+            CastProducer::SwiGlu { .. } => CastKind::SwiGlu,
+            CastProducer::GeGlu { .. } => CastKind::GeGlu,
+            CastProducer::Gelu { .. } => CastKind::Gelu,
+            CastProducer::SquaredRelu { .. } => CastKind::SquaredRelu,
+        }
+    }
+}
+
 /// Where a quantisation's scale comes from once its record is read.
 #[derive(Clone, Copy, Debug)]
 enum ScaleFrom {
@@ -826,6 +848,7 @@ impl Device for Cuda {
         let meta = self.codes_meta(codes, scale)?;
         let (q, cp) = (self.p(codes), self.p(&rec));
         let sat = Arg::I32(i32::from(saturate));
+        let kind = CastKind::of(&producer);
         let n = match producer {
             CastProducer::RmsNorm { out, rstd, x, w, c, eps } => {
                 let rows = x.len / c.max(1);
@@ -836,10 +859,18 @@ impl Device for Cuda {
                 }
                 x.len
             }
-            CastProducer::SwiGlu { out, gate, up } => {
-                lens(k, &[("gate", gate.len, out.len), ("up", up.len, out.len), ("codes", codes.len, out.len)])?;
-                let args = [self.p(out), q, Arg::P(meta), cp, self.p(gate), self.p(up), Arg::I(out.len as i64), Arg::I32(fmt), Arg::F(scale), sat];
-                self.ew("swiglu_forward_codes", out.len, &args)?;
+            CastProducer::SwiGlu { out, gate: a, up: b } | CastProducer::GeGlu { out, gate: a, up: b } => {
+                let act = if matches!(kind, CastKind::SwiGlu) { 0 } else { 1 };
+                lens(k, &[("gate", a.len, out.len), ("up", b.len, out.len), ("codes", codes.len, out.len)])?;
+                let args = [self.p(out), q, Arg::P(meta), cp, self.p(a), self.p(b), Arg::I(out.len as i64), Arg::I32(act), Arg::I32(fmt), Arg::F(scale), sat];
+                self.ew("activation_forward_codes", out.len, &args)?;
+                out.len
+            }
+            CastProducer::Gelu { out, x } | CastProducer::SquaredRelu { out, x } => {
+                let act = if matches!(kind, CastKind::Gelu) { 2 } else { 3 };
+                lens(k, &[("x", x.len, out.len), ("codes", codes.len, out.len)])?;
+                let args = [self.p(out), q, Arg::P(meta), cp, self.p(x), self.p(x), Arg::I(out.len as i64), Arg::I32(act), Arg::I32(fmt), Arg::F(scale), sat];
+                self.ew("activation_forward_codes", out.len, &args)?;
                 out.len
             }
         };

@@ -301,7 +301,7 @@ pub(super) fn forward<D: Device>(
     forward_inner(dev, g, op, inputs, outputs, aux, plans).map_err(named(op))
 }
 
-/// [`forward`] of an RMSNorm or SwiGLU op `oi` whose output is also cast to the FP8
+/// [`forward`] of an RMSNorm or MLP activation op `oi` whose output is also cast to the FP8
 /// `codes` of the GEMM that reads it, under per-tensor `spec` with a given scale
 /// ([`Device::forward_with_cast`]); what the cast did. Other ops are refused.
 #[allow(clippy::too_many_arguments)]
@@ -325,6 +325,9 @@ pub(super) fn forward_with_cast<D: Device>(
             r
         }
         OpKind::SwiGlu => dev.forward_with_cast(CastProducer::SwiGlu { out: &mut outputs[0], gate: x[0], up: x[1] }, codes, spec),
+        OpKind::GeGlu => dev.forward_with_cast(CastProducer::GeGlu { out: &mut outputs[0], gate: x[0], up: x[1] }, codes, spec),
+        OpKind::Gelu => dev.forward_with_cast(CastProducer::Gelu { out: &mut outputs[0], x: x[0] }, codes, spec),
+        OpKind::SquaredRelu => dev.forward_with_cast(CastProducer::SquaredRelu { out: &mut outputs[0], x: x[0] }, codes, spec),
         _ => Err(state(op, "has no fused FP8 cast")),
     };
     r.map_err(named(op))

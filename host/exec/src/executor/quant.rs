@@ -82,7 +82,7 @@ impl QuantState {
     }
 }
 
-/// FP8 codes of a tensor, cast by the RMSNorm or SwiGLU that produced it (a fused
+/// FP8 codes of a tensor, cast by the RMSNorm or activation that produced it (a fused
 /// norm / activation + cast), with what the cast did, until the GEMM operand `key` reads
 /// them.
 pub(super) struct Cast<B, S> {
@@ -472,13 +472,14 @@ impl<D: Device> Executor<D> {
         self.quant.native_gemms
     }
 
-    /// Native-route GEMM operands cast to FP8 by the RMSNorm or SwiGLU that produced
-    /// them (fused norm / activation + cast) since the executor was made.
+    /// Native-route GEMM operands cast to FP8 by the RMSNorm or MLP activation that
+    /// produced them (fused norm / activation + cast) since the executor was made.
     pub fn fused_fp8_casts(&self) -> u64 {
         self.quant.fused_casts
     }
 
-    /// The FP8 cast forward op `oi` can fuse: an RMSNorm or SwiGLU whose output only a
+    /// The FP8 cast forward op `oi` can fuse: an RMSNorm or MLP activation (SwiGLU,
+    /// GeGLU, GELU, squared ReLU) whose output only a
     /// linear reads, as X, on the native route (both operands per-tensor FP8, see
     /// [`Executor::native_pair`]), under delayed scaling with a history (the scale is
     /// known before the op runs; a current scale needs the output's amax first, which
@@ -486,7 +487,8 @@ impl<D: Device> Executor<D> {
     /// for that GEMM. The operand's key, its spec, and the codes' buffer type.
     pub(super) fn fused_cast(&self, oi: usize) -> Option<(Key, QuantSpec, Elem)> {
         let op = &self.graph.ops[oi];
-        if !self.quant.native || !matches!(op.kind, OpKind::RmsNorm | OpKind::SwiGlu) {
+        let producer = matches!(op.kind, OpKind::RmsNorm | OpKind::SwiGlu | OpKind::GeGlu | OpKind::Gelu | OpKind::SquaredRelu);
+        if !self.quant.native || !producer {
             return None;
         }
         let t = *op.outputs.first()?;
