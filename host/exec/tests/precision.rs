@@ -221,22 +221,31 @@ const ROWS: [usize; 3] = [5, 0, 11];
 const K: usize = 16;
 const N: usize = 20;
 
-/// A grouped linear alone: Y = grouped(X, W) over rows already sorted by expert (the
-/// routing indices an input, ascending), and a mean cross-entropy over Y. X and W are
-/// weights, so the executor hands out both gradients.
-fn grouped_graph() -> Graph {
-    use runner_graph::{NamedOp, Role, Tensor, TensorKind};
-    let (r, e) = (ROWS.iter().sum::<usize>() as u64, ROWS.len() as u64);
-    let t = |name: &str, shape: &[u64], dtype, kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind };
-    let op = |name: &str, kind, inputs: &[&str]| NamedOp {
+/// A tensor of a hand-built graph.
+fn tensor(name: &str, shape: &[u64], dtype: DType, kind: runner_graph::TensorKind) -> runner_graph::Tensor {
+    runner_graph::Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind }
+}
+
+/// An op of a hand-built graph, its one output named as the op, in layer 0.
+fn named_op(name: &str, kind: OpKind, inputs: &[&str]) -> runner_graph::NamedOp {
+    runner_graph::NamedOp {
         name: name.into(),
         kind,
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
         outputs: vec![name.into()],
         attrs: Default::default(),
         layer: 0,
-        role: Role::Replicated,
-    };
+        role: runner_graph::Role::Replicated,
+    }
+}
+
+/// A grouped linear alone: Y = grouped(X, W) over rows already sorted by expert (the
+/// routing indices an input, ascending), and a mean cross-entropy over Y. X and W are
+/// weights, so the executor hands out both gradients.
+fn grouped_graph() -> Graph {
+    use runner_graph::TensorKind;
+    let (r, e) = (ROWS.iter().sum::<usize>() as u64, ROWS.len() as u64);
+    let (t, op) = (tensor, named_op);
     Graph::new(
         vec![
             t("x", &[r, K as u64], DType::F32, TensorKind::Weight),
@@ -602,18 +611,9 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
 /// squared ReLU (fc1 alone) or GeGLU (fc1 and a second up projection); x is a weight so
 /// every GEMM has gradients. Dimensions are multiples of 16 (the native route's).
 fn mlp_graph(act: OpKind) -> Graph {
-    use runner_graph::{NamedOp, Role, Tensor, TensorKind};
+    use runner_graph::TensorKind;
     let (r, k, f, n) = (32u64, 32u64, 64u64, 16u64);
-    let t = |name: &str, shape: &[u64], dtype, kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind };
-    let op = |name: &str, kind, inputs: &[&str]| NamedOp {
-        name: name.into(),
-        kind,
-        inputs: inputs.iter().map(|s| s.to_string()).collect(),
-        outputs: vec![name.into()],
-        attrs: Default::default(),
-        layer: 0,
-        role: Role::Replicated,
-    };
+    let (t, op) = (tensor, named_op);
     let glu = act == OpKind::GeGlu;
     let mut tensors = vec![
         t("x", &[r, k], DType::F32, TensorKind::Weight),
