@@ -638,8 +638,8 @@ impl Costed {
                 let big = self.layers.iter().map(|l| l.low_weights).fold(0.0, f64::max);
                 w + 2.0 * big
             } else if s.distributed_optimizer && self.fp8_params {
-                // FP8 parameters: the FP8 copy replaces the BF16 one.
-                w + lw - 2.0 * lw
+                // FP8 parameters: the 1-byte FP8 copy (lw) replaces the 2-byte BF16 one.
+                w - lw
             } else {
                 w + lw
             };
@@ -711,12 +711,12 @@ impl Costed {
     }
 }
 
-/// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
-/// forward its selective recompute repeats).
 /// Slots of a stage's breakdown sums: compute, recompute, exposed tp, cp, ep, weight
 /// casts, and of compute the GEMMs and the attention cores.
 const COMP: usize = 8;
 
+/// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
+/// forward its selective recompute repeats).
 fn accumulate(comp: &mut [f64; COMP], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize, selective: f64) {
     comp[0] += l.compute;
     comp[6] += l.gemm;

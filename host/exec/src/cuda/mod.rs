@@ -879,19 +879,15 @@ impl Device for Cuda {
     }
 
     fn read_quant(&self, stats: Vec<CudaQuantStats>) -> Result<Vec<QuantReport>, ExecError> {
-        // One wait for the stream, then each record (the device is idle by then).
+        // Every record's copy queued behind the pass, then one wait for the stream.
+        let mut words = vec![[0u32; STATS_WORDS]; stats.len()];
+        for (w, s) in words.iter_mut().zip(&stats) {
+            // SAFETY: the record holds STATS_WORDS words; `words` outlives the wait below.
+            unsafe { dr::memcpy_dtoh_async(&mut w[..], self.ptr(&s.rec), self.inner.stream.cu_stream()) }
+                .map_err(|e| self.derr("download", e))?;
+        }
         self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
-        stats
-            .into_iter()
-            .map(|s| {
-                let mut words = [0u32; STATS_WORDS];
-                // SAFETY: the record holds STATS_WORDS words; the stream is idle.
-                unsafe { dr::memcpy_dtoh_async(&mut words[..], self.ptr(&s.rec), self.inner.stream.cu_stream()) }
-                    .map_err(|e| self.derr("download", e))?;
-                self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
-                Ok(s.report(&words))
-            })
-            .collect()
+        Ok(stats.iter().zip(&words).map(|(s, w)| s.report(w)).collect())
     }
 
     fn native_fp8(&self) -> bool {

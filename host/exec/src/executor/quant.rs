@@ -370,15 +370,44 @@ impl<D: Device> Executor<D> {
             let seed = ((oi as u64) << 32) ^ u64::from(self.adam_step);
             self.device.hadamard_rows(x, rows, cols, plan.hadamard as usize, seed)?;
         }
+        let spec = self.next_spec(key, plan)?;
+        let stats = self.device.quantize(x, rows, cols, &spec)?;
+        self.keep_stats(key, stats);
+        Ok(())
+    }
+
+    /// The spec of operand `key`'s next quantisation under `plan` (its delayed scale, or
+    /// its current one), taking the next stochastic-rounding draw.
+    fn next_spec(&mut self, key: Key, plan: &OperandPlan) -> Result<QuantSpec, ExecError> {
         let spec = plan
             .spec(self.delayed_scale(key, plan), self.quant.draws)
-            .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[oi].name)))?;
+            .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[key.0].name)))?;
         self.quant.draws += 1;
-        let stats = self.device.quantize(x, rows, cols, &spec)?;
+        Ok(spec)
+    }
+
+    /// Keep what a quantisation of operand `key` did for the pass's numerics (not while a
+    /// recompute repeats it).
+    fn keep_stats(&mut self, key: Key, stats: D::QuantStats) {
         if !self.quant.quiet {
             self.quant_stats.push((key, stats));
         }
-        Ok(())
+    }
+
+    /// Whether a fault waits to be injected into op `oi`'s GEMM of `role` (into
+    /// `operand`, or into any of its operands).
+    fn fault_waits(&self, oi: usize, role: GemmRole, operand: Option<Operand>) -> bool {
+        self.quant.faults.iter().any(|(f, fl)| *f == oi && fl.role == role && operand.is_none_or(|o| fl.operand == o))
+    }
+
+    /// The error for an operand quantised while its tensor is not live.
+    fn not_live(&self, oi: usize, id: TensorId, grad: bool) -> ExecError {
+        ExecError::State(format!(
+            "operation '{}' quantises {}'{}', which is not live",
+            self.graph.ops[oi].name,
+            if grad { "the gradient of " } else { "" },
+            self.graph.tensors[id].name
+        ))
     }
 
     /// Whether linear `oi`'s GEMM (`dims`: m, n, k) takes its operands, planned `pa` and
@@ -407,7 +436,7 @@ impl<D: Device> Executor<D> {
     /// copies.
     fn gemm_operands(&mut self, oi: usize, role: GemmRole, plan: &SitePlan, a: Side, b: Side, dims: [usize; 3]) -> Result<(D::Buffer, D::Buffer), ExecError> {
         let (pa, pb) = (*plan.operand(a.operand), *plan.operand(b.operand));
-        let pending = |o: Operand| self.quant.faults.iter().any(|(f, fl)| *f == oi && fl.role == role && fl.operand == o);
+        let pending = |o: Operand| self.fault_waits(oi, role, Some(o));
         if self.native_pair(oi, &pa, &pb, dims) && !pending(a.operand) && !pending(b.operand) {
             let qa = self.codes_tensor(a, (oi, role, a.operand), &pa)?;
             let qb = self.codes_tensor(b, (oi, role, b.operand), &pb)?;
@@ -440,30 +469,16 @@ impl<D: Device> Executor<D> {
             // Cast already, by the op that produced the tensor (with the scale this would take).
             self.quant.draws += 1;
             self.quant.fused_casts += 1;
-            if !self.quant.quiet {
-                self.quant_stats.push((key, c.stats));
-            }
+            self.keep_stats(key, c.stats);
             return Ok(c.codes);
         }
-        let spec = plan
-            .spec(self.delayed_scale(key, plan), self.quant.draws)
-            .map_err(|m| ExecError::Input(format!("precision plan of '{}': {m}", self.graph.ops[key.0].name)))?;
-        self.quant.draws += 1;
+        let spec = self.next_spec(key, plan)?;
         let elem = Elem::of(plan.format).ok_or_else(|| ExecError::State(format!("{} has no FP8 buffer", plan.format.name())))?;
         let store = if s.grad { &self.grads } else { &self.vals };
-        let src = store[s.id].as_ref().ok_or_else(|| {
-            ExecError::State(format!(
-                "operation '{}' quantises {}'{}', which is not live",
-                self.graph.ops[key.0].name,
-                if s.grad { "the gradient of " } else { "" },
-                self.graph.tensors[s.id].name
-            ))
-        })?;
+        let src = store[s.id].as_ref().ok_or_else(|| self.not_live(key.0, s.id, s.grad))?;
         let mut q = self.device.alloc(elem, src.len())?;
         let stats = self.device.quantize_fp8_codes(&mut q, src, &spec)?;
-        if !self.quant.quiet {
-            self.quant_stats.push((key, stats));
-        }
+        self.keep_stats(key, stats);
         Ok(q)
     }
 
@@ -498,7 +513,7 @@ impl<D: Device> Executor<D> {
         }
         let plan = self.quant.sites.get(&(c, GemmRole::Forward))?;
         let pa = &plan.activation;
-        if !matches!(pa.scaling, Scaling::Delayed { .. }) || self.quant.faults.iter().any(|(f, fl)| *f == c && fl.role == GemmRole::Forward) {
+        if !matches!(pa.scaling, Scaling::Delayed { .. }) || self.fault_waits(c, GemmRole::Forward, None) {
             return None;
         }
         let key = (c, GemmRole::Forward, Operand::Activation);
@@ -525,14 +540,7 @@ impl<D: Device> Executor<D> {
         groups: Option<&[usize]>,
     ) -> Result<D::Buffer, ExecError> {
         let store = if grad { &mut self.grads } else { &mut self.vals };
-        let b = store[id].take().ok_or_else(|| {
-            ExecError::State(format!(
-                "operation '{}' quantises {}'{}', which is not live",
-                self.graph.ops[key.0].name,
-                if grad { "the gradient of " } else { "" },
-                self.graph.tensors[id].name
-            ))
-        })?;
+        let Some(b) = store[id].take() else { return Err(self.not_live(key.0, id, grad)) };
         let r = self.quantised(&b, rows, cols, key, plan, groups);
         let store = if grad { &mut self.grads } else { &mut self.vals };
         store[id] = Some(b);
