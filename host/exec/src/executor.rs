@@ -265,7 +265,8 @@ fn elem_of(dtype: DType) -> Elem {
     }
 }
 
-/// How a weight starts: 1 for norm gains, 0 for biases, N(0, std²) otherwise.
+/// How a weight starts: 1 for norm gains, 0 for biases and LoRA up-projections (the
+/// fine-tune starts at the base model), N(0, std²) otherwise.
 fn init_kind(g: &Graph, id: TensorId) -> f32 {
     for op in &g.ops {
         for (slot, &i) in op.inputs.iter().enumerate() {
@@ -275,6 +276,7 @@ fn init_kind(g: &Graph, id: TensorId) -> f32 {
             match (op.kind, slot) {
                 (OpKind::RmsNorm | OpKind::LayerNorm, 1) => return 1.0,
                 (OpKind::LayerNorm | OpKind::Linear, 2) => return 0.0,
+                (OpKind::Linear, 1) if op.flag(runner_graph::peft::LORA_B) == Some(true) => return 0.0,
                 _ => {}
             }
         }
@@ -322,7 +324,7 @@ impl<D: Device> Executor<D> {
         let mut grads: Vec<Option<D::Buffer>> = (0..nt).map(|_| None).collect();
         let mut moments: Vec<Option<(D::Buffer, D::Buffer)>> = (0..nt).map(|_| None).collect();
         for (id, t) in g.tensors.iter().enumerate() {
-            if t.kind != TensorKind::Weight {
+            if !t.kind.is_param() {
                 continue;
             }
             let n = t.numel() as usize;
@@ -430,8 +432,8 @@ impl<D: Device> Executor<D> {
     pub fn weight(&self, name: &str) -> Result<Vec<f32>, ExecError> {
         let id = self.id(name)?;
         match (&self.vals[id], self.graph.tensors[id].kind) {
-            (Some(b), TensorKind::Weight) => self.device.read_f32(b),
-            (None, TensorKind::Weight) if self.fsdp_covers(id) => Err(self.sharded_error(
+            (Some(b), k) if k.is_param() => self.device.read_f32(b),
+            (None, k) if k.is_param() && self.fsdp_covers(id) => Err(self.sharded_error(
                 id,
                 "value",
                 "Executor::gather_weights returns it whole, weight_shard this rank's piece",
@@ -463,7 +465,7 @@ impl<D: Device> Executor<D> {
     /// Unknown name, not a weight, or the wrong length.
     pub fn set_weight(&mut self, name: &str, data: &[f32]) -> Result<(), ExecError> {
         let id = self.id(name)?;
-        if self.graph.tensors[id].kind != TensorKind::Weight {
+        if !self.graph.tensors[id].kind.is_param() {
             return Err(ExecError::Input(format!("'{name}' is not a weight")));
         }
         if self.fsdp_covers(id) {
@@ -1282,7 +1284,7 @@ fn walk_live(
     let mut base = 0;
     for (id, t) in g.tensors.iter().enumerate() {
         match t.kind {
-            TensorKind::Weight => {
+            TensorKind::Weight | TensorKind::Frozen => {
                 params += bytes(id);
                 let rest = match fsdp.and_then(|f| f.kept[id]) {
                     Some(kept) => kept * 4,

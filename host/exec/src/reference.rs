@@ -64,7 +64,7 @@ pub fn loss(
     let mut v: Vec<Option<Val>> = (0..g.tensors.len()).map(|_| None).collect();
     for (id, t) in g.tensors.iter().enumerate() {
         match t.kind {
-            TensorKind::Weight => v[id] = Some(Val::F(weights[&t.name].clone())),
+            TensorKind::Weight | TensorKind::Frozen => v[id] = Some(Val::F(weights[&t.name].clone())),
             TensorKind::Input => v[id] = ints.get(&t.name).map(|x| Val::U(x.clone())),
             TensorKind::Activation => {}
         }

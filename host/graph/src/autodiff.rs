@@ -11,8 +11,8 @@
 //! keep for it ([`Aux`]). Liveness follows: when each activation can be freed in the
 //! forward, when each saved tensor and each gradient can be freed in the backward.
 //!
-//! Which tensors carry a gradient: float tensors that depend on a weight and reach the
-//! loss. Integer tensors (tokens, targets, router indices) never do; a float output
+//! Which tensors carry a gradient ([`needs_grad`]): float tensors that depend on a
+//! trained weight and reach the loss. Integer tensors (tokens, targets, router indices) never do; a float output
 //! that does not reach the loss (none in the builder's graphs) has a zero gradient,
 //! which a step sees as `None`.
 //!
@@ -180,6 +180,44 @@ fn saved_and_aux(g: &Graph, op: &Op, need: &[bool]) -> (Vec<TensorId>, Vec<Aux>)
     (saved, aux)
 }
 
+/// Per tensor: whether it carries a gradient, i.e. it is a float tensor that depends on
+/// a trained weight (a `recv` output counts: it carries the earlier stages') and the
+/// loss depends on it. Frozen weights ([`TensorKind::Frozen`]) start no gradient: the
+/// embedding and layer inputs of a LoRA fine-tune before its first adapter carry none.
+/// Tensor ids must be in range (as [`backward_plan`] checks).
+pub fn needs_grad(g: &Graph) -> Vec<bool> {
+    let nt = g.tensors.len();
+    let float = |id: TensorId| g.tensors[id].dtype != DType::I32;
+    let mut depends = vec![false; nt];
+    for (id, t) in g.tensors.iter().enumerate() {
+        depends[id] = t.kind == TensorKind::Weight && float(id);
+    }
+    for op in &g.ops {
+        // A received activation carries the earlier stages' weights.
+        if op.kind == OpKind::Recv || op.inputs.iter().any(|&i| depends.get(i).copied().unwrap_or(false)) {
+            for &o in &op.outputs {
+                if o < nt {
+                    depends[o] = float(o);
+                }
+            }
+        }
+    }
+    let mut reaches = vec![false; nt];
+    if g.loss < nt {
+        reaches[g.loss] = true;
+    }
+    for op in g.ops.iter().rev() {
+        if op.outputs.iter().any(|&o| reaches.get(o).copied().unwrap_or(false)) {
+            for &i in &op.inputs {
+                if i < nt {
+                    reaches[i] = true;
+                }
+            }
+        }
+    }
+    (0..nt).map(|i| depends[i] && reaches[i]).collect()
+}
+
 /// Derive the backward pass of `g`, which should have passed [`crate::validate::validate`].
 ///
 /// # Errors
@@ -195,32 +233,7 @@ pub fn backward_plan(g: &Graph) -> Result<BackwardPlan, GraphError> {
     if g.loss >= nt {
         return Err(bad(format!("loss id {} is not a tensor of the graph", g.loss)));
     }
-    let float = |id: TensorId| g.tensors[id].dtype != DType::I32;
-
-    // Forward: which float tensors depend on a weight.
-    let mut depends = vec![false; nt];
-    for (id, t) in g.tensors.iter().enumerate() {
-        depends[id] = t.kind == TensorKind::Weight && float(id);
-    }
-    for op in &g.ops {
-        // A received activation carries the earlier stages' weights.
-        if op.kind == OpKind::Recv || op.inputs.iter().any(|&i| depends[i]) {
-            for &o in &op.outputs {
-                depends[o] = float(o);
-            }
-        }
-    }
-    // Backward: which tensors the loss depends on.
-    let mut reaches = vec![false; nt];
-    reaches[g.loss] = true;
-    for op in g.ops.iter().rev() {
-        if op.outputs.iter().any(|&o| reaches[o]) {
-            for &i in &op.inputs {
-                reaches[i] = true;
-            }
-        }
-    }
-    let needs_grad: Vec<bool> = (0..nt).map(|i| depends[i] && reaches[i]).collect();
+    let needs_grad = needs_grad(g);
     if !needs_grad[g.loss] {
         return Err(bad(format!("loss '{}' does not depend on any weight", g.tensors[g.loss].name)));
     }

@@ -13,7 +13,9 @@
 //!   and NeMo's published "model TFLOP/s") and the exact mean number of unmasked keys for a
 //!   sliding window, w - w(w-1)/(2T) for w < T.
 //! - Backward = 2x forward for matrix ops (input and weight gradients; for attention dQ,
-//!   dK, dV, dP), so model FLOPs per step = 3x forward.
+//!   dK, dV, dP), so model FLOPs per step = 3x forward; a GEMM of a frozen weight
+//!   ([`TensorKind::Frozen`], a LoRA fine-tune's base weights) has no weight gradient,
+//!   so its backward is 1x forward (the 2/3-of-training convention NeMo's LoRA MFU uses).
 //! - Hardware FLOPs add the recomputed forward: [`Recompute::Selective`] re-runs the
 //!   attention cores, [`Recompute::Full`] every op inside the transformer layers.
 //! - Bytes: forward reads + writes at each tensor's dtype; an embedding reads only the
@@ -86,6 +88,9 @@ pub struct ParamCount {
     pub active: u64,
     /// Tables read by `embedding` ops (token and learned-position tables).
     pub embedding: u64,
+    /// Elements of the trained weights (all of `total` unless some are frozen, as a
+    /// LoRA fine-tune's base weights are).
+    pub trainable: u64,
 }
 
 /// Work and traffic of one operation.
@@ -179,7 +184,9 @@ pub fn op_cost(g: &Graph, op: &Op, attention: AttentionFlops) -> OpCost {
                 return OpCost::default();
             }
             let m = numel(g, x) / k;
-            matrix(2.0 * m * n * k, io_bytes)
+            let fwd = 2.0 * m * n * k;
+            let frozen = input(op, 1).is_some_and(|w| g.tensors[w].kind == TensorKind::Frozen);
+            OpCost { bwd_flops: if frozen { fwd } else { 2.0 * fwd }, ..matrix(fwd, io_bytes) }
         }
         OpKind::Attention => matrix(attention_flops(g, op, attention), io_bytes),
         OpKind::Embedding => {
@@ -288,14 +295,17 @@ pub fn params(g: &Graph) -> ParamCount {
             _ => {}
         }
     }
-    let mut count = ParamCount { total: 0, active: 0, embedding: 0 };
+    let mut count = ParamCount { total: 0, active: 0, embedding: 0, trainable: 0 };
     let mut active = 0.0;
     for (id, t) in g.tensors.iter().enumerate() {
-        if t.kind != TensorKind::Weight {
+        if !t.kind.is_param() {
             continue;
         }
         let n = t.numel();
         count.total += n;
+        if t.kind == TensorKind::Weight {
+            count.trainable += n;
+        }
         active += n as f64 * expert_fraction.get(&id).copied().unwrap_or(1.0);
         if embedding.contains(&id) {
             count.embedding += n;

@@ -49,9 +49,21 @@ impl DType {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub enum TensorKind {
+    /// A trained parameter: it gets a gradient and optimizer state.
     Weight,
+    /// A parameter that is read but not trained (the base weights of a LoRA fine-tune,
+    /// [`crate::peft`]): no gradient, no optimizer state. Plugins never declare one; the
+    /// host's fine-tuning transforms do.
+    Frozen,
     Activation,
     Input,
+}
+
+impl TensorKind {
+    /// A parameter, trained or frozen: held by the model, not produced by an op.
+    pub fn is_param(self) -> bool {
+        matches!(self, TensorKind::Weight | TensorKind::Frozen)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize)]

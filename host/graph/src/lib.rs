@@ -10,11 +10,13 @@
 //! - [`Graph`], [`Tensor`], [`Op`]: the IR ([`ir`]).
 //! - [`validate::validate`]: shape, dtype, attribute and dataflow checks of a plugin's graph.
 //! - [`count`]: the canonical FLOP/byte/parameter counter and its printed [`count::Convention`].
+//! - [`peft::lora`]: a model's LoRA fine-tuning graph (frozen base, trained adapters).
 
 pub mod autodiff;
 pub mod count;
 pub mod ir;
 pub mod modules;
+pub mod peft;
 pub mod recompute;
 pub mod shard;
 pub mod validate;

@@ -28,7 +28,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use crate::count::{self, AttentionFlops, Convention, Recompute};
-use crate::autodiff::BackwardPlan;
+use crate::autodiff::{BackwardPlan, needs_grad};
 use crate::ir::{Graph, Op, OpKind, TensorId, TensorKind};
 use crate::shard::{Layout, RankCoord, shard};
 
@@ -67,14 +67,23 @@ pub struct Saved {
     pub extra_forward_flops: f64,
 }
 
-/// The activation inputs (and outputs) an op's backward reads, before policy.
-fn reads(op: &Op) -> Vec<TensorId> {
+/// The activation inputs (and outputs) an op's backward reads, before policy, given
+/// which of its inputs carry a gradient (`need`, per input slot): nothing when none
+/// does (the op has no backward, as the ops before a LoRA fine-tune's first adapter),
+/// and a linear's input only when its weight is trained (the input is for the weight
+/// gradient).
+fn reads(op: &Op, need: &[bool]) -> Vec<TensorId> {
+    if !need.iter().any(|&n| n) {
+        return Vec::new();
+    }
     let i = |k: usize| op.inputs.get(k).copied();
+    let trained = |k: usize| need.get(k).copied().unwrap_or(false);
     let picked: Vec<Option<TensorId>> = match op.kind {
-        OpKind::Linear | OpKind::RmsNorm | OpKind::LayerNorm | OpKind::Gelu | OpKind::SquaredRelu => vec![i(0)],
+        OpKind::Linear => vec![i(0).filter(|_| trained(1))],
+        OpKind::RmsNorm | OpKind::LayerNorm | OpKind::Gelu | OpKind::SquaredRelu => vec![i(0)],
         OpKind::CrossEntropy | OpKind::Router => vec![i(0)],
         OpKind::SwiGlu | OpKind::GeGlu => vec![i(0), i(1)],
-        OpKind::GroupedLinear => vec![i(0), i(2)],
+        OpKind::GroupedLinear => vec![i(0).filter(|_| trained(1)), i(2)],
         OpKind::MoeDispatch => vec![i(1)],
         OpKind::MoeCombine => vec![i(0), i(1), i(2)],
         OpKind::Attention => vec![i(0), i(1), i(2), op.outputs.first().copied()],
@@ -90,6 +99,12 @@ fn reads(op: &Op) -> Vec<TensorId> {
         | OpKind::Recv => vec![],
     };
     picked.into_iter().flatten().collect()
+}
+
+/// Per op, which of its inputs carry a gradient.
+fn input_needs(g: &Graph) -> Vec<Vec<bool>> {
+    let needs = needs_grad(g);
+    g.ops.iter().map(|op| op.inputs.iter().map(|&i| needs.get(i).copied().unwrap_or(false)).collect()).collect()
 }
 
 /// Per kept tensor, the layer of the first op that keeps it, in op order.
@@ -127,8 +142,9 @@ fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<Tensor
             stored.push((id, layer));
         }
     };
-    for op in &g.ops {
-        let needed: Vec<TensorId> = reads(op).into_iter().map(source).filter(|&t| is_act(t)).collect();
+    let need = input_needs(g);
+    for (oi, op) in g.ops.iter().enumerate() {
+        let needed: Vec<TensorId> = reads(op, &need[oi]).into_iter().map(source).filter(|&t| is_act(t)).collect();
         if policy == RecomputePolicy::Full && op.layer >= 0 {
             // Only the layer's inputs survive; everything made inside it is recomputed.
             for &x in &op.inputs {
@@ -200,8 +216,9 @@ pub fn kept_by(g: &Graph) -> Vec<Kept> {
     let at: HashMap<TensorId, usize> = stored.iter().enumerate().map(|(i, (t, _))| (*t, i)).collect();
     let mut out: Vec<Kept> = stored.into_iter().map(|(tensor, layer)| Kept { tensor, layer, by: Vec::new() }).collect();
     let producer = producers(g);
+    let need = input_needs(g);
     for (i, op) in g.ops.iter().enumerate() {
-        for t in reads(op) {
+        for t in reads(op, &need[i]) {
             let slot = op.inputs.iter().position(|&x| x == t).unwrap_or(usize::MAX);
             if let Some(&k) = at.get(&gather_source(&producer, t))
                 && !out[k].by.contains(&(i, slot))

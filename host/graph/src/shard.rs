@@ -594,7 +594,7 @@ impl<'a> Pass<'a> {
         }
         self.weights.insert(id, shape.clone());
         self.names.insert(t.name.clone());
-        self.tensors.push(Tensor { name: t.name.clone(), shape, dtype: t.dtype, kind: TensorKind::Weight });
+        self.tensors.push(Tensor { name: t.name.clone(), shape, dtype: t.dtype, kind: t.kind });
         Ok(t.name.clone())
     }
 
@@ -846,7 +846,7 @@ impl<'a> Pass<'a> {
                 let head_side = matches!(role, Role::HeadParallel | Role::ColumnParallel);
                 let mut ins: Vec<(TensorId, Local)> = Vec::new();
                 for &id in &op.inputs {
-                    if self.logical(id).kind == TensorKind::Weight {
+                    if self.logical(id).kind.is_param() {
                         continue;
                     }
                     let mut l = self.get(id, resid)?;
@@ -888,7 +888,7 @@ impl<'a> Pass<'a> {
                 }
                 let mut names: Vec<String> = Vec::new();
                 for &id in &op.inputs {
-                    if self.logical(id).kind == TensorKind::Weight {
+                    if self.logical(id).kind.is_param() {
                         names.push(self.weight(id, self.logical(id).shape.clone())?);
                     } else {
                         let pos = ins.iter().position(|(j, _)| *j == id).unwrap_or(0);
@@ -1248,18 +1248,33 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     }
     let (mut dense, mut dense_param, mut exp, mut exp_param) = (0.0, 0.0, 0.0, 0.0);
     let (mut dense_names, mut exp_names) = (Vec::new(), Vec::new());
+    // Frozen weights (a LoRA fine-tune's base) have no gradient to reduce; FSDP still
+    // shards and gathers them.
+    let (mut frozen_dense, mut frozen_exp) = (Vec::new(), Vec::new());
     for (id, shape) in &p.weights {
         let n = shape.iter().product::<u64>() as f64;
         let bytes = g.tensors[*id].dtype.bytes();
         let name = g.tensors[*id].name.clone();
-        if expert.contains(id) {
-            exp += 4.0 * n;
-            exp_param += bytes * n;
-            exp_names.push(name);
-        } else {
-            dense += 4.0 * n;
-            dense_param += bytes * n;
-            dense_names.push(name);
+        let trained = g.tensors[*id].kind == TensorKind::Weight;
+        match (expert.contains(id), trained) {
+            (true, true) => {
+                exp += 4.0 * n;
+                exp_param += bytes * n;
+                exp_names.push(name);
+            }
+            (false, true) => {
+                dense += 4.0 * n;
+                dense_param += bytes * n;
+                dense_names.push(name);
+            }
+            (true, false) => {
+                exp_param += bytes * n;
+                frozen_exp.push(name);
+            }
+            (false, false) => {
+                dense_param += bytes * n;
+                frozen_dense.push(name);
+            }
         }
     }
     dense_names.sort();
@@ -1271,26 +1286,31 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     let edp_mean = if l.sp() { dp } else { (l.tp * l.cp * l.dp) / l.etp.max(1) };
     let m = l.micro_batches();
     let mut out = Vec::new();
-    for (group, n, mean_over, grads, params, what, names) in [
-        ("dp", dp, dp, dense, dense_param, "dense weights", dense_names),
-        ("edp", edp, edp_mean, exp, exp_param, "expert weights", exp_names),
+    for (group, n, mean_over, grads, params, what, names, frozen) in [
+        ("dp", dp, dp, dense, dense_param, "dense weights", dense_names, frozen_dense),
+        ("edp", edp, edp_mean, exp, exp_param, "expert weights", exp_names, frozen_exp),
     ] {
-        if grads == 0.0 || (n <= 1 && mean_over <= 1) {
+        if (grads == 0.0 && !(l.fsdp && n > 1 && params > 0.0)) || (n <= 1 && mean_over <= 1) {
             continue;
         }
         // FSDP over one rank shards nothing: like plain data parallelism, the group of
         // one moves nothing and only divides (expert parallelism over all the dp ranks).
         if l.fsdp && n > 1 {
-            out.push(StepCollective {
-                kind: OpKind::ReduceScatter,
-                group: group.into(),
-                group_size: n,
-                bytes: grads,
-                count: 1,
-                mean_over,
-                what: format!("fp32 gradients of the {what}"),
-                weights: names.clone(),
-            });
+            if grads > 0.0 {
+                out.push(StepCollective {
+                    kind: OpKind::ReduceScatter,
+                    group: group.into(),
+                    group_size: n,
+                    bytes: grads,
+                    count: 1,
+                    mean_over,
+                    what: format!("fp32 gradients of the {what}"),
+                    weights: names.clone(),
+                });
+            }
+            let mut gathered = names;
+            gathered.extend(frozen);
+            gathered.sort();
             out.push(StepCollective {
                 kind: OpKind::AllGather,
                 group: group.into(),
@@ -1299,7 +1319,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 count: 2 * m,
                 mean_over: 1,
                 what: format!("FSDP parameter gathers of the {what} (forward and backward, every micro-batch)"),
-                weights: names,
+                weights: gathered,
             });
         } else {
             out.push(StepCollective {
@@ -1317,7 +1337,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     // A tied table lives on the first and the last stage; their gradients are summed.
     if l.pp > 1 && (first || last) {
         let tied: Vec<(TensorId, &Vec<u64>)> =
-            p.weights.iter().filter(|(id, _)| embed.contains(id) && head.contains(id)).map(|(&id, s)| (id, s)).collect();
+            p.weights.iter().filter(|(id, _)| embed.contains(id) && head.contains(id) && g.tensors[**id].kind == TensorKind::Weight).map(|(&id, s)| (id, s)).collect();
         let tied_bytes: f64 = tied.iter().map(|(_, s)| 4.0 * s.iter().product::<u64>() as f64).sum();
         let mut names: Vec<String> = tied.iter().map(|(id, _)| g.tensors[*id].name.clone()).collect();
         names.sort();
@@ -1356,7 +1376,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 let Some((&id, shape)) = p.weights.iter().find(|(id, _)| g.tensors[**id].name == *i) else {
                     continue;
                 };
-                if !expert.contains(&id) && *shape == g.tensors[id].shape {
+                if !expert.contains(&id) && *shape == g.tensors[id].shape && g.tensors[id].kind == TensorKind::Weight {
                     names.insert(i.clone());
                 }
             }
@@ -1392,7 +1412,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
             continue;
         }
         for &w in &op.inputs[1..] {
-            if p.weights.contains_key(&w) {
+            if p.weights.contains_key(&w) && g.tensors[w].kind == TensorKind::Weight {
                 kv.entry((u64::from(l.tp) / heads) as u32).or_default().insert(g.tensors[w].name.clone());
             }
         }

@@ -116,7 +116,7 @@ impl<D: Device> Executor<D> {
             }
             for w in &sc.weights {
                 match self.graph.tensor_id(w) {
-                    Some(id) if self.graph.tensors[id].kind == runner_graph::TensorKind::Weight => {
+                    Some(id) if self.graph.tensors[id].kind.is_param() => {
                     }
                     _ => return fail(format!("'{w}' is not a weight of this rank's graph")),
                 }

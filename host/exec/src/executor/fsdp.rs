@@ -124,7 +124,7 @@ impl Resting {
         let mut last_forward = vec![None; nt];
         for (oi, op) in g.ops.iter().enumerate() {
             for &i in &op.inputs {
-                if g.tensors[i].kind == TensorKind::Weight {
+                if g.tensors[i].kind.is_param() {
                     last_forward[i] = Some(oi);
                 }
             }
@@ -136,7 +136,7 @@ impl Resting {
                 .unwrap_or_default();
             for &oi in rerun.iter().chain(std::iter::once(&s.op)) {
                 for &i in &g.ops[oi].inputs {
-                    if g.tensors[i].kind == TensorKind::Weight {
+                    if g.tensors[i].kind.is_param() {
                         last_backward[i] = Some(si);
                     }
                 }
@@ -620,7 +620,7 @@ impl<D: Device> Executor<D> {
             self.split_unit(u, &flat, |_| true, &mut out);
         }
         for (id, t) in self.graph.tensors.iter().enumerate() {
-            if t.kind == TensorKind::Weight && !self.fsdp_covers(id) {
+            if t.kind.is_param() && !self.fsdp_covers(id) {
                 out.insert(t.name.clone(), self.weight(&t.name)?);
             }
         }

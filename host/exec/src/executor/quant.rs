@@ -30,7 +30,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use runner_graph::{OpKind, TensorId, TensorKind};
+use runner_graph::{OpKind, TensorId};
 use runner_kernels::cpu::quant::{QuantSpec, tensor_scale};
 
 use super::Executor;
@@ -680,7 +680,7 @@ impl<D: Device> Executor<D> {
         let mut weights = Vec::new();
         let mut moments = Vec::new();
         for (id, t) in self.graph.tensors.iter().enumerate() {
-            if t.kind != TensorKind::Weight {
+            if !t.kind.is_param() {
                 continue;
             }
             if let Some(b) = &self.vals[id] {

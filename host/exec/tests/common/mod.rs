@@ -14,7 +14,7 @@ use runner_exec::DeviceBuffer;
 use runner_exec::{ExecError, ExecOptions, Executor, Input};
 use runner_graph::shard::RankCoord;
 use runner_project::comm::comm_volume;
-use runner_graph::{Graph, OpKind, TensorKind};
+use runner_graph::{Graph, OpKind};
 
 /// The toy Llama with Megatron's parallel roles ([`runner_exec::toy::with_roles`]).
 pub fn with_roles(g: Graph, vocab_parallel: bool) -> Graph {
@@ -145,7 +145,7 @@ pub fn load_weights(
     r: usize,
     tp: usize,
 ) {
-    for t in s.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
+    for t in s.tensors.iter().filter(|t| t.kind.is_param()) {
         let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
         let w = &weights[&t.name];
         ex.set_weight(&t.name, &part_of(w, fshape, &t.shape, r, tp))

@@ -1,0 +1,127 @@
+//! LoRA fine-tuning end to end on the CPU ([`runner_graph::peft::lora`]): the fine-tune
+//! starts at the base model, trains only its adapters, and at tp=2 (with and without
+//! sequence parallelism) gives the unsharded run's loss and adapter gradients.
+
+mod common;
+
+use std::collections::HashMap;
+
+use common::{Data, Grads, close, gather, load_weights, mesh, options, rank_inputs, run, split_axis, train, weights};
+use runner_exec::Executor;
+use runner_exec::cpu::Cpu;
+use runner_exec::proxy::synthetic_inputs;
+use runner_exec::toy::{self, ToyConfig};
+use runner_graph::peft::{Lora, lora};
+use runner_graph::shard::{Layout, shard};
+use runner_graph::{Graph, TensorKind};
+
+fn base() -> Graph {
+    common::with_roles(toy::llama(&ToyConfig::tiny()), true)
+}
+
+/// Every parameter's value, frozen ones included.
+fn params(ex: &Executor<Cpu>, g: &Graph) -> Grads {
+    g.tensors.iter().filter(|t| t.kind.is_param()).map(|t| (t.name.clone(), ex.weight(&t.name).unwrap())).collect()
+}
+
+fn adapters_b(g: &Graph) -> Vec<String> {
+    g.tensors.iter().filter(|t| t.name.ends_with(".lora_b.weight")).map(|t| t.name.clone()).collect()
+}
+
+#[test]
+fn starts_at_the_base_model_and_trains_only_the_adapters() {
+    let base = base();
+    let g = lora(&base, &Lora { rank: 4 }).unwrap();
+    let data = synthetic_inputs(&base, 5);
+    let mut plain = Executor::new(&base, Cpu::new(), options()).unwrap();
+    let w = weights(&plain);
+    let (base_loss, _) = run(&mut plain, &data);
+
+    let mut ex = Executor::new(&g, Cpu::new(), options()).unwrap();
+    for (name, v) in &w {
+        ex.set_weight(name, v).unwrap();
+    }
+    for b in adapters_b(&g) {
+        assert!(ex.weight(&b).unwrap().iter().all(|&x| x == 0.0), "{b} starts at zero");
+    }
+    let mut trainable = ex.trainable();
+    trainable.sort();
+    assert!(!trainable.is_empty() && trainable.iter().all(|n| n.contains(".lora_")), "{trainable:?}");
+
+    let losses = train(&mut ex, &data, 4);
+    assert_eq!(losses[0], base_loss, "a zero up-projection adds exactly nothing");
+    assert!(losses[3] < losses[0], "the adapters learn: {losses:?}");
+    for (name, v) in &w {
+        assert_eq!(&ex.weight(name).unwrap(), v, "frozen '{name}' is unchanged by training");
+    }
+    assert!(adapters_b(&g).iter().any(|b| ex.weight(b).unwrap().iter().any(|&x| x != 0.0)));
+}
+
+/// The adapters' gradients at tp=2 equal the unsharded ones: A replicated and B split on
+/// a column-parallel base, A split and B replicated on a row-parallel one, with SP the
+/// replicated A's partial gradients summed by the step's tp all-reduce.
+fn check_tp2(sequence_parallel: bool) {
+    let g = lora(&base(), &Lora { rank: 4 }).unwrap();
+    let data = synthetic_inputs(&g, 11);
+    let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
+    // Non-zero up-projections, so every adapter weight gets a gradient.
+    for (i, b) in adapters_b(&g).iter().enumerate() {
+        let n = full.weight(b).unwrap().len();
+        let v: Vec<f32> = (0..n).map(|j| 0.02 * ((i * 31 + j) as f32 * 0.37).sin()).collect();
+        full.set_weight(b, &v).unwrap();
+    }
+    let w0 = params(&full, &g);
+    let (loss, grads) = run(&mut full, &data);
+    assert!(grads.keys().all(|n| n.contains(".lora_")) && grads.len() == full.trainable().len());
+
+    let tp = 2usize;
+    let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
+    let layout = Layout { tp: tp as u32, sequence_parallel, ..Layout::single(b, b) };
+    let handles: Vec<_> = mesh(layout.tp, 1, 1)
+        .into_iter()
+        .map(|m| {
+            let r = m.coord.tp as usize;
+            let s = shard(&g, &layout, m.coord).unwrap();
+            let (g, w0, data): (Graph, Grads, Data) = (g.clone(), w0.clone(), data.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &w0, r, tp);
+                let d = rank_inputs(&g, &s.graph, &data, r, tp);
+                let (l, gr) = run(&mut ex, &d);
+                let shapes: HashMap<String, Vec<u64>> =
+                    s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+                (l, gr, shapes)
+            })
+        })
+        .collect();
+    let out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+    for (r, (l, gr, _)) in out.iter().enumerate() {
+        assert!((l - loss).abs() <= 1e-5 * loss.abs(), "rank {r}: loss {l} vs unsharded {loss}");
+        assert_eq!(gr.len(), grads.len(), "rank {r} trains the adapters only");
+    }
+    for (name, want) in &grads {
+        let fshape = &g.tensors[g.tensor_id(name).unwrap()].shape;
+        match split_axis(fshape, &out[0].2[name]) {
+            None => {
+                for (r, (_, gr, _)) in out.iter().enumerate() {
+                    close(&format!("{name} (replicated, rank {r}, sp={sequence_parallel})"), &gr[name], want);
+                }
+            }
+            Some(ax) => {
+                let parts: Vec<Vec<f32>> = out.iter().map(|(_, gr, _)| gr[name].clone()).collect();
+                close(&format!("{name} (split on axis {ax}, sp={sequence_parallel})"), &gather(&parts, fshape, ax), want);
+            }
+        }
+    }
+    assert!(g.tensors.iter().any(|t| t.kind == TensorKind::Frozen));
+}
+
+#[test]
+fn tp2_matches_unsharded() {
+    check_tp2(false);
+}
+
+#[test]
+fn tp2_sequence_parallel_matches_unsharded() {
+    check_tp2(true);
+}

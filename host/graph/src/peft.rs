@@ -1,0 +1,328 @@
+//! Parameter-efficient fine-tuning as a graph transform: [`lora`] turns a model's logical
+//! forward graph into its LoRA fine-tuning graph, which validation, autodiff, counting,
+//! sharding, execution and the projection then read like any other.
+//!
+//! LoRA (Hu et al. 2021, arXiv:2106.09685) freezes every weight of the model and adds to
+//! each targeted linear `y = x·Wᵀ` a trained low-rank path `y += (x·Aᵀ)·Bᵀ`, A of shape
+//! (r, K) and B of shape (N, r), B starting at zero so the fine-tune starts at the base
+//! model. The targets are Megatron-Bridge's defaults (`src/megatron/bridge/peft/lora.py`:
+//! `linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2`, dim 32), which in this IR
+//! are the column- and row-parallel linears of the transformer layers (q, k, v and the
+//! attention output, the MLP's gate, up and down, a shared expert's); the head, routers,
+//! latent down-projections and routed experts stay frozen without adapters. The scale
+//! alpha/r is a constant factor folded into B; it changes no cost.
+//!
+//! Tensor parallelism follows Megatron-Bridge's `ParallelLinearAdapter`: on a
+//! column-parallel linear the down-projection A is replicated and the up-projection B
+//! column-parallel like its base; on a row-parallel linear A is row-parallel (its partial
+//! sums reduced like the base's) and B replicated. The adapter's output is added to the
+//! base's by an `add`, which Megatron runs as a separate kernel too.
+//!
+//! What changes downstream follows from [`TensorKind::Frozen`]: no weight gradient, no
+//! optimizer state or gradient reduction for the base weights (autodiff, sharding),
+//! no stored input for a frozen linear's weight gradient (recompute), no backward at all
+//! before the first adapter (the embedding), and a GEMM backward of one GEMM, not two.
+
+use std::collections::HashSet;
+
+use crate::ir::{Attr, Graph, GraphError, NamedOp, Role, Tensor, TensorKind};
+use crate::OpKind;
+
+/// Megatron-Bridge's default LoRA rank (`dim`).
+pub const DEFAULT_RANK: u32 = 32;
+
+/// Attribute on each adapter's B linear: its weight starts at zero.
+pub const LORA_B: &str = "lora-b";
+
+/// A LoRA fine-tune.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lora {
+    /// Rank r of every adapter.
+    pub rank: u32,
+}
+
+impl Default for Lora {
+    fn default() -> Lora {
+        Lora { rank: DEFAULT_RANK }
+    }
+}
+
+/// The LoRA fine-tuning graph of `g`: every weight frozen, and an adapter on each
+/// column- and row-parallel linear of the transformer layers.
+///
+/// # Errors
+/// A rank of 0, a graph with no linear to adapt, or a name the adapter would take that
+/// the graph already uses.
+pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
+    let invalid = |problem: String| GraphError::Invalid { op: "(lora)".into(), problem };
+    if spec.rank == 0 {
+        return Err(invalid("the LoRA rank must be at least 1".into()));
+    }
+    let r = u64::from(spec.rank);
+    let mut tensors: Vec<Tensor> = g
+        .tensors
+        .iter()
+        .map(|t| Tensor { kind: if t.kind == TensorKind::Weight { TensorKind::Frozen } else { t.kind }, ..t.clone() })
+        .collect();
+    let mut names: HashSet<String> = tensors.iter().map(|t| t.name.clone()).collect();
+    let mut add = |tensors: &mut Vec<Tensor>, name: String, shape: Vec<u64>, like: &Tensor, kind| {
+        if !names.insert(name.clone()) {
+            return Err(invalid(format!("the adapter tensor '{name}' is already a tensor of the graph")));
+        }
+        tensors.push(Tensor { name: name.clone(), shape, dtype: like.dtype, kind });
+        Ok(name)
+    };
+    let name = |id: usize| g.tensors[id].name.clone();
+    let mut ops = Vec::with_capacity(g.ops.len());
+    let mut adapted = 0usize;
+    for op in &g.ops {
+        let base = NamedOp {
+            name: op.name.clone(),
+            kind: op.kind,
+            inputs: op.inputs.iter().map(|&i| name(i)).collect(),
+            outputs: op.outputs.iter().map(|&o| name(o)).collect(),
+            attrs: op.attrs.clone(),
+            layer: op.layer,
+            role: op.role,
+        };
+        let column = op.role == Role::ColumnParallel;
+        let target = op.kind == OpKind::Linear && op.layer >= 0 && (column || op.role == Role::RowParallel);
+        let (Some(&x), Some(&w), Some(&y)) = (op.inputs.first(), op.inputs.get(1), op.outputs.first()) else {
+            ops.push(base);
+            continue;
+        };
+        if !target || g.tensors[w].shape.len() != 2 {
+            ops.push(base);
+            continue;
+        }
+        let (xt, wt, yt) = (&g.tensors[x], &g.tensors[w], &g.tensors[y]);
+        let (n, k) = (wt.shape[0], wt.shape[1]);
+        let p = &op.name;
+        let a_w = add(&mut tensors, format!("{p}.lora_a.weight"), vec![r, k], wt, TensorKind::Weight)?;
+        let b_w = add(&mut tensors, format!("{p}.lora_b.weight"), vec![n, r], wt, TensorKind::Weight)?;
+        // The input's leading (token) axes, then r: K may span several trailing axes (an
+        // attention output projection reads (B, T, H, D)).
+        let mut lead = xt.shape.len();
+        let mut trailing = 1u64;
+        while lead > 0 && trailing < k {
+            lead -= 1;
+            trailing = trailing.saturating_mul(xt.shape[lead]);
+        }
+        if trailing != k {
+            return Err(invalid(format!("'{p}': input '{}' {:?} has no trailing axes of size {k}", xt.name, xt.shape)));
+        }
+        let mid_shape: Vec<u64> = xt.shape[..lead].iter().copied().chain([r]).collect();
+        let mid = add(&mut tensors, format!("{p}.lora_mid"), mid_shape, yt, TensorKind::Activation)?;
+        let out = add(&mut tensors, format!("{p}.lora_out"), yt.shape.clone(), yt, TensorKind::Activation)?;
+        let base_out = add(&mut tensors, format!("{p}.base_out"), yt.shape.clone(), yt, TensorKind::Activation)?;
+        let (a_role, b_role, add_role) = if column {
+            (Role::Replicated, Role::ColumnParallel, Role::ColumnParallel)
+        } else {
+            (Role::RowParallel, Role::Replicated, Role::Replicated)
+        };
+        let linear = |name: String, inputs: Vec<String>, output: String, role: Role, b: bool| NamedOp {
+            name,
+            kind: OpKind::Linear,
+            inputs,
+            outputs: vec![output],
+            attrs: if b { [(LORA_B.to_string(), Attr::Flag(true))].into() } else { Default::default() },
+            layer: op.layer,
+            role,
+        };
+        ops.push(NamedOp { outputs: vec![base_out.clone()], ..base });
+        ops.push(linear(format!("{p}.lora_a"), vec![name(x), a_w], mid.clone(), a_role, false));
+        ops.push(linear(format!("{p}.lora_b"), vec![mid, b_w], out.clone(), b_role, true));
+        ops.push(NamedOp {
+            name: format!("{p}.lora_add"),
+            kind: OpKind::Add,
+            inputs: vec![base_out, out],
+            outputs: vec![name(y)],
+            attrs: Default::default(),
+            layer: op.layer,
+            role: add_role,
+        });
+        adapted += 1;
+    }
+    if adapted == 0 {
+        return Err(invalid(
+            "the graph has no column- or row-parallel linear in a transformer layer for a LoRA adapter".into(),
+        ));
+    }
+    Graph::new(tensors, ops, &name(g.loss))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::autodiff::backward_plan;
+    use crate::count::{self, Convention};
+    use crate::ir::DType::*;
+    use crate::recompute::{RecomputePolicy, saved_for_backward};
+    use crate::shard::{Layout, RankCoord, shard};
+    use crate::testing::{op_in, t};
+    use crate::validate::validate;
+    use TensorKind::*;
+
+    fn role(mut op: NamedOp, r: Role) -> NamedOp {
+        op.role = r;
+        op
+    }
+
+    /// tokens -> embedding -> norm -> up (column, 8->16) -> gelu (column) -> down (row,
+    /// 16->8) -> residual add -> head (vocab-parallel) -> loss.
+    fn mlp() -> Graph {
+        Graph::new(
+            vec![
+                t("tokens", &[2, 4], I32, Input),
+                t("targets", &[2, 4], I32, Input),
+                t("embed", &[16, 8], BF16, Weight),
+                t("h0", &[2, 4, 8], BF16, Activation),
+                t("gain", &[8], BF16, Weight),
+                t("n0", &[2, 4, 8], BF16, Activation),
+                t("up.weight", &[16, 8], BF16, Weight),
+                t("u", &[2, 4, 16], BF16, Activation),
+                t("a", &[2, 4, 16], BF16, Activation),
+                t("down.weight", &[8, 16], BF16, Weight),
+                t("d", &[2, 4, 8], BF16, Activation),
+                t("h1", &[2, 4, 8], BF16, Activation),
+                t("head", &[16, 8], BF16, Weight),
+                t("logits", &[2, 4, 16], BF16, Activation),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                role(op_in("embedding", OpKind::Embedding, &["tokens", "embed"], &["h0"], &[], -1), Role::VocabParallel),
+                op_in("norm", OpKind::RmsNorm, &["h0", "gain"], &["n0"], &[("eps", Attr::Float(1e-5))], 0),
+                role(op_in("up", OpKind::Linear, &["n0", "up.weight"], &["u"], &[], 0), Role::ColumnParallel),
+                role(op_in("act", OpKind::Gelu, &["u"], &["a"], &[], 0), Role::ColumnParallel),
+                role(op_in("down", OpKind::Linear, &["a", "down.weight"], &["d"], &[], 0), Role::RowParallel),
+                op_in("residual", OpKind::Add, &["h0", "d"], &["h1"], &[], 0),
+                role(op_in("lm_head", OpKind::Linear, &["h1", "head"], &["logits"], &[], -1), Role::VocabParallel),
+                role(op_in("xent", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], &[], -1), Role::VocabParallel),
+            ],
+            "loss",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn freezes_the_model_and_adapts_column_and_row_linears() {
+        let base = mlp();
+        validate(&base).unwrap();
+        let g = lora(&base, &Lora { rank: 2 }).unwrap();
+        validate(&g).unwrap();
+        let kind = |n: &str| g.tensors[g.tensor_id(n).unwrap()].kind;
+        let shape = |n: &str| g.tensors[g.tensor_id(n).unwrap()].shape.clone();
+        for w in ["embed", "gain", "up.weight", "down.weight", "head"] {
+            assert_eq!(kind(w), Frozen, "{w}");
+        }
+        assert_eq!((shape("up.lora_a.weight"), shape("up.lora_b.weight")), (vec![2, 8], vec![16, 2]));
+        assert_eq!((shape("down.lora_a.weight"), shape("down.lora_b.weight")), (vec![2, 16], vec![8, 2]));
+        assert!(g.tensor_id("lm_head.lora_a.weight").is_none(), "the head gets no adapter");
+        let roles: Vec<(String, Role)> =
+            g.ops.iter().filter(|o| o.name.contains("lora")).map(|o| (o.name.clone(), o.role)).collect();
+        assert_eq!(
+            roles,
+            [
+                ("up.lora_a", Role::Replicated),
+                ("up.lora_b", Role::ColumnParallel),
+                ("up.lora_add", Role::ColumnParallel),
+                ("down.lora_a", Role::RowParallel),
+                ("down.lora_b", Role::Replicated),
+                ("down.lora_add", Role::Replicated),
+            ]
+            .map(|(n, r)| (n.to_string(), r))
+        );
+        let params = count::params(&g);
+        assert_eq!(params.trainable, 2 * 8 + 16 * 2 + 2 * 16 + 8 * 2);
+        assert_eq!(params.total, count::params(&base).total + params.trainable);
+    }
+
+    #[test]
+    fn only_the_adapters_get_gradients_and_the_embedding_no_backward() {
+        let g = lora(&mlp(), &Lora { rank: 2 }).unwrap();
+        let plan = backward_plan(&g).unwrap();
+        let id = |n: &str| g.tensor_id(n).unwrap();
+        for w in ["embed", "gain", "up.weight", "down.weight", "head"] {
+            assert!(!plan.needs_grad[id(w)], "{w}");
+        }
+        for w in ["up.lora_a.weight", "up.lora_b.weight", "down.lora_a.weight", "down.lora_b.weight"] {
+            assert!(plan.needs_grad[id(w)], "{w}");
+        }
+        // Nothing trained comes before the first adapter: h0 and the norm carry no
+        // gradient, so neither has a backward step.
+        assert!(!plan.needs_grad[id("h0")] && !plan.needs_grad[id("n0")]);
+        let stepped: Vec<&str> = plan.steps.iter().map(|s| g.ops[s.op].name.as_str()).collect();
+        assert!(!stepped.contains(&"embedding") && !stepped.contains(&"norm") && !stepped.contains(&"up"), "{stepped:?}");
+        assert!(stepped.contains(&"down") && stepped.contains(&"lm_head"), "{stepped:?}");
+        // A frozen linear keeps no input for a weight gradient: the residual stream (h0,
+        // h1) is kept by the base model's linears, by nothing here; the adapters' A keep
+        // their inputs (n0, a) and gelu its own (u).
+        let names = |g: &Graph| -> HashSet<String> {
+            saved_for_backward(g, RecomputePolicy::None).stored.iter().map(|&t| g.tensors[t].name.clone()).collect()
+        };
+        let kept = names(&g);
+        assert!(["n0", "u", "a"].iter().all(|n| kept.contains(*n)), "{kept:?}");
+        assert!(!kept.contains("h0") && !kept.contains("h1"), "{kept:?}");
+        let base_kept = names(&mlp());
+        assert!(base_kept.contains("h0") && base_kept.contains("h1"), "{base_kept:?}");
+    }
+
+    #[test]
+    fn a_frozen_gemm_has_one_backward_gemm() {
+        let base = mlp();
+        let g = lora(&base, &Lora { rank: 2 }).unwrap();
+        let conv = Convention::CAUSAL;
+        // Base: every linear 3x forward. LoRA: base linears 2x, adapters 3x.
+        let fwd = |n: u64, k: u64| 2.0 * 8.0 * (n * k) as f64;
+        let base_flops = 3.0 * (fwd(16, 8) + fwd(8, 16) + fwd(16, 8));
+        assert_eq!(count::model_flops_per_step(&base, &conv), base_flops);
+        let adapters = fwd(2, 8) + fwd(16, 2) + fwd(2, 16) + fwd(8, 2);
+        let lora_flops = 2.0 * (fwd(16, 8) + fwd(8, 16) + fwd(16, 8)) + 3.0 * adapters;
+        assert_eq!(count::model_flops_per_step(&g, &conv), lora_flops);
+    }
+
+    #[test]
+    fn shards_for_tensor_and_sequence_parallelism_and_reduces_only_adapter_gradients() {
+        let g = lora(&mlp(), &Lora { rank: 2 }).unwrap();
+        for sp in [false, true] {
+            let l = Layout {
+                tp: 2,
+                pp: 1,
+                cp: 1,
+                ep: 1,
+                etp: 1,
+                dp: 2,
+                vp: 1,
+                sequence_parallel: sp,
+                fsdp: false,
+                micro_batch: 2,
+                global_batch: 4,
+            };
+            let s = shard(&g, &l, RankCoord::default()).unwrap();
+            validate(&s.graph).unwrap();
+            let shape = |n: &str| s.graph.tensors[s.graph.tensor_id(n).unwrap()].shape.clone();
+            assert_eq!(shape("up.lora_b.weight"), vec![8, 2], "B of a column-parallel base splits N");
+            assert_eq!(shape("down.lora_a.weight"), vec![2, 8], "A of a row-parallel base splits K");
+            assert_eq!(shape("up.lora_a.weight"), vec![2, 8]);
+            let dp: Vec<&Vec<String>> = s.step.iter().filter(|c| c.group == "dp").map(|c| &c.weights).collect();
+            assert_eq!(dp.len(), 1, "sp={sp}");
+            assert!(dp[0].iter().all(|w| w.contains(".lora_")), "only adapters reduce gradients: {:?}", dp[0]);
+            // A replicated adapter weight read on a sequence shard sums its tp parts.
+            let tp: Vec<&String> = s.step.iter().filter(|c| c.group == "tp").flat_map(|c| &c.weights).collect();
+            if sp {
+                assert!(tp.iter().any(|w| *w == "up.lora_a.weight") && tp.iter().all(|w| w.contains(".lora_")), "{tp:?}");
+            } else {
+                assert!(tp.is_empty(), "{tp:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn refuses_rank_zero_and_graphs_without_targets() {
+        let err = lora(&mlp(), &Lora { rank: 0 }).unwrap_err().to_string();
+        assert!(err.contains("rank"), "{err}");
+        let once = lora(&mlp(), &Lora::default()).unwrap();
+        let err = lora(&once, &Lora::default()).unwrap_err().to_string();
+        assert!(err.contains("already a tensor"), "{err}");
+    }
+}
