@@ -276,7 +276,7 @@ fn init_kind(g: &Graph, id: TensorId) -> f32 {
             match (op.kind, slot) {
                 (OpKind::RmsNorm | OpKind::LayerNorm, 1) => return 1.0,
                 (OpKind::LayerNorm | OpKind::Linear, 2) => return 0.0,
-                (OpKind::Linear, 1) if op.flag(runner_graph::peft::LORA_B) == Some(true) => return 0.0,
+                (OpKind::Linear, 1) if op.text(runner_graph::peft::LORA_ATTR) == Some("b") => return 0.0,
                 _ => {}
             }
         }

@@ -10,7 +10,11 @@
 //! are the column- and row-parallel linears of the transformer layers (q, k, v and the
 //! attention output, the MLP's gate, up and down, a shared expert's); the head, routers,
 //! latent down-projections and routed experts stay frozen without adapters. The scale
-//! alpha/r is a constant factor folded into B; it changes no cost.
+//! alpha/r is a constant factor folded into B; it changes no cost. Megatron fuses q, k
+//! and v into one `linear_qkv` and gate and up into one `linear_fc1`, each with one
+//! adapter; here they are separate linears reading the same input, so they share one A
+//! (named after the first of them) and each has its own B, the rows of the fused B: the
+//! same parameters, FLOPs and traffic.
 //!
 //! Tensor parallelism follows Megatron-Bridge's `ParallelLinearAdapter`: on a
 //! column-parallel linear the down-projection A is replicated and the up-projection B
@@ -23,19 +27,27 @@
 //! no stored input for a frozen linear's weight gradient (recompute), no backward at all
 //! before the first adapter (the embedding), and a GEMM backward of one GEMM, not two.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use crate::ir::{Attr, Graph, GraphError, NamedOp, Role, Tensor, TensorKind};
+use crate::ir::{Attr, Graph, GraphError, NamedOp, Op, Role, Tensor, TensorKind};
 use crate::OpKind;
 
 /// Megatron-Bridge's default LoRA rank (`dim`).
 pub const DEFAULT_RANK: u32 = 32;
 
-/// Attribute on each adapter's B linear: its weight starts at zero.
-pub const LORA_B: &str = "lora-b";
+/// Attribute (text) marking an adapter's linears: `a` for the down-projection, `b` for
+/// the up-projection, whose weight starts at zero.
+pub const LORA_ATTR: &str = "lora";
+
+/// Whether `op` is a LoRA adapter's linear. Adapters run in BF16 outside any precision
+/// plan: Megatron-Bridge builds them from Megatron's own parallel linears, which
+/// Transformer Engine's FP8 autocast does not reach.
+pub fn is_adapter(op: &Op) -> bool {
+    op.attrs.contains_key(LORA_ATTR)
+}
 
 /// A LoRA fine-tune.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Lora {
     /// Rank r of every adapter.
     pub rank: u32,
@@ -75,6 +87,8 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
     let name = |id: usize| g.tensors[id].name.clone();
     let mut ops = Vec::with_capacity(g.ops.len());
     let mut adapted = 0usize;
+    // The A of the column-parallel linears reading one input: (layer, input) -> its output.
+    let mut shared: HashMap<(i32, usize), String> = HashMap::new();
     for op in &g.ops {
         let base = NamedOp {
             name: op.name.clone(),
@@ -98,7 +112,6 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
         let (xt, wt, yt) = (&g.tensors[x], &g.tensors[w], &g.tensors[y]);
         let (n, k) = (wt.shape[0], wt.shape[1]);
         let p = &op.name;
-        let a_w = add(&mut tensors, format!("{p}.lora_a.weight"), vec![r, k], wt, TensorKind::Weight)?;
         let b_w = add(&mut tensors, format!("{p}.lora_b.weight"), vec![n, r], wt, TensorKind::Weight)?;
         // The input's leading (token) axes, then r: K may span several trailing axes (an
         // attention output projection reads (B, T, H, D)).
@@ -112,7 +125,6 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
             return Err(invalid(format!("'{p}': input '{}' {:?} has no trailing axes of size {k}", xt.name, xt.shape)));
         }
         let mid_shape: Vec<u64> = xt.shape[..lead].iter().copied().chain([r]).collect();
-        let mid = add(&mut tensors, format!("{p}.lora_mid"), mid_shape, yt, TensorKind::Activation)?;
         let out = add(&mut tensors, format!("{p}.lora_out"), yt.shape.clone(), yt, TensorKind::Activation)?;
         let base_out = add(&mut tensors, format!("{p}.base_out"), yt.shape.clone(), yt, TensorKind::Activation)?;
         let (a_role, b_role, add_role) = if column {
@@ -120,18 +132,29 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
         } else {
             (Role::RowParallel, Role::Replicated, Role::Replicated)
         };
-        let linear = |name: String, inputs: Vec<String>, output: String, role: Role, b: bool| NamedOp {
+        let linear = |name: String, inputs: Vec<String>, output: String, role: Role, which: &str| NamedOp {
             name,
             kind: OpKind::Linear,
             inputs,
             outputs: vec![output],
-            attrs: if b { [(LORA_B.to_string(), Attr::Flag(true))].into() } else { Default::default() },
+            attrs: [(LORA_ATTR.to_string(), Attr::Text(which.into()))].into(),
             layer: op.layer,
             role,
         };
         ops.push(NamedOp { outputs: vec![base_out.clone()], ..base });
-        ops.push(linear(format!("{p}.lora_a"), vec![name(x), a_w], mid.clone(), a_role, false));
-        ops.push(linear(format!("{p}.lora_b"), vec![mid, b_w], out.clone(), b_role, true));
+        let mid = match shared.get(&(op.layer, x)).filter(|_| column) {
+            Some(mid) => mid.clone(),
+            None => {
+                let a_w = add(&mut tensors, format!("{p}.lora_a.weight"), vec![r, k], wt, TensorKind::Weight)?;
+                let mid = add(&mut tensors, format!("{p}.lora_mid"), mid_shape, yt, TensorKind::Activation)?;
+                ops.push(linear(format!("{p}.lora_a"), vec![name(x), a_w], mid.clone(), a_role, "a"));
+                if column {
+                    shared.insert((op.layer, x), mid.clone());
+                }
+                mid
+            }
+        };
+        ops.push(linear(format!("{p}.lora_b"), vec![mid, b_w], out.clone(), b_role, "b"));
         ops.push(NamedOp {
             name: format!("{p}.lora_add"),
             kind: OpKind::Add,
@@ -171,37 +194,52 @@ mod tests {
     /// tokens -> embedding -> norm -> up (column, 8->16) -> gelu (column) -> down (row,
     /// 16->8) -> residual add -> head (vocab-parallel) -> loss.
     fn mlp() -> Graph {
-        Graph::new(
-            vec![
-                t("tokens", &[2, 4], I32, Input),
-                t("targets", &[2, 4], I32, Input),
-                t("embed", &[16, 8], BF16, Weight),
-                t("h0", &[2, 4, 8], BF16, Activation),
-                t("gain", &[8], BF16, Weight),
-                t("n0", &[2, 4, 8], BF16, Activation),
-                t("up.weight", &[16, 8], BF16, Weight),
-                t("u", &[2, 4, 16], BF16, Activation),
-                t("a", &[2, 4, 16], BF16, Activation),
-                t("down.weight", &[8, 16], BF16, Weight),
-                t("d", &[2, 4, 8], BF16, Activation),
-                t("h1", &[2, 4, 8], BF16, Activation),
-                t("head", &[16, 8], BF16, Weight),
-                t("logits", &[2, 4, 16], BF16, Activation),
-                t("loss", &[], F32, Activation),
-            ],
-            vec![
-                role(op_in("embedding", OpKind::Embedding, &["tokens", "embed"], &["h0"], &[], -1), Role::VocabParallel),
-                op_in("norm", OpKind::RmsNorm, &["h0", "gain"], &["n0"], &[("eps", Attr::Float(1e-5))], 0),
-                role(op_in("up", OpKind::Linear, &["n0", "up.weight"], &["u"], &[], 0), Role::ColumnParallel),
-                role(op_in("act", OpKind::Gelu, &["u"], &["a"], &[], 0), Role::ColumnParallel),
-                role(op_in("down", OpKind::Linear, &["a", "down.weight"], &["d"], &[], 0), Role::RowParallel),
-                op_in("residual", OpKind::Add, &["h0", "d"], &["h1"], &[], 0),
-                role(op_in("lm_head", OpKind::Linear, &["h1", "head"], &["logits"], &[], -1), Role::VocabParallel),
-                role(op_in("xent", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], &[], -1), Role::VocabParallel),
-            ],
-            "loss",
-        )
-        .unwrap()
+        mlp_gated(false)
+    }
+
+    /// [`mlp`], with `gated` a second column-parallel linear on the norm's output (gate)
+    /// whose output the activation reads beside up's (SwiGLU).
+    fn mlp_gated(gated: bool) -> Graph {
+        let act = if gated {
+            role(op_in("act", OpKind::SwiGlu, &["g", "u"], &["a"], &[], 0), Role::ColumnParallel)
+        } else {
+            role(op_in("act", OpKind::Gelu, &["u"], &["a"], &[], 0), Role::ColumnParallel)
+        };
+        let mut tensors = vec![
+            t("tokens", &[2, 4], I32, Input),
+            t("targets", &[2, 4], I32, Input),
+            t("embed", &[16, 8], BF16, Weight),
+            t("h0", &[2, 4, 8], BF16, Activation),
+            t("gain", &[8], BF16, Weight),
+            t("n0", &[2, 4, 8], BF16, Activation),
+            t("up.weight", &[16, 8], BF16, Weight),
+            t("u", &[2, 4, 16], BF16, Activation),
+            t("a", &[2, 4, 16], BF16, Activation),
+            t("down.weight", &[8, 16], BF16, Weight),
+            t("d", &[2, 4, 8], BF16, Activation),
+            t("h1", &[2, 4, 8], BF16, Activation),
+            t("head", &[16, 8], BF16, Weight),
+            t("logits", &[2, 4, 16], BF16, Activation),
+            t("loss", &[], F32, Activation),
+        ];
+        let mut ops = vec![
+            role(op_in("embedding", OpKind::Embedding, &["tokens", "embed"], &["h0"], &[], -1), Role::VocabParallel),
+            op_in("norm", OpKind::RmsNorm, &["h0", "gain"], &["n0"], &[("eps", Attr::Float(1e-5))], 0),
+            role(op_in("up", OpKind::Linear, &["n0", "up.weight"], &["u"], &[], 0), Role::ColumnParallel),
+        ];
+        if gated {
+            tensors.push(t("gate.weight", &[16, 8], BF16, Weight));
+            tensors.push(t("g", &[2, 4, 16], BF16, Activation));
+            ops.push(role(op_in("gate", OpKind::Linear, &["n0", "gate.weight"], &["g"], &[], 0), Role::ColumnParallel));
+        }
+        ops.push(act);
+        ops.extend([
+            role(op_in("down", OpKind::Linear, &["a", "down.weight"], &["d"], &[], 0), Role::RowParallel),
+            op_in("residual", OpKind::Add, &["h0", "d"], &["h1"], &[], 0),
+            role(op_in("lm_head", OpKind::Linear, &["h1", "head"], &["logits"], &[], -1), Role::VocabParallel),
+            role(op_in("xent", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], &[], -1), Role::VocabParallel),
+        ]);
+        Graph::new(tensors, ops, "loss").unwrap()
     }
 
     #[test]
@@ -315,6 +353,18 @@ mod tests {
                 assert!(tp.is_empty(), "{tp:?}");
             }
         }
+    }
+
+    /// Column-parallel linears reading one input (Megatron's fused qkv and fc1) share
+    /// one A; each keeps its B.
+    #[test]
+    fn linears_reading_one_input_share_the_down_projection() {
+        let l = lora(&mlp_gated(true), &Lora { rank: 2 }).unwrap();
+        validate(&l).unwrap();
+        assert!(l.tensor_id("up.lora_a.weight").is_some() && l.tensor_id("gate.lora_a.weight").is_none());
+        let gate_b = l.ops.iter().find(|o| o.name == "gate.lora_b").unwrap();
+        assert_eq!(l.tensors[gate_b.inputs[0]].name, "up.lora_mid");
+        assert_eq!(l.tensors[gate_b.inputs[1]].shape, vec![16, 2]);
     }
 
     #[test]

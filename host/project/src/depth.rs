@@ -46,9 +46,11 @@ impl Depth {
 }
 
 /// A layer's structure without its names: op kinds, roles, attributes, shapes and
-/// dtypes, and which earlier op of the layer produced each input. Two layers with equal
-/// signatures shard and cost alike.
-pub fn signature(g: &Graph, ops: &[usize]) -> String {
+/// dtypes, which earlier op of the layer produced each input, and whether an input from
+/// outside the layer carries a gradient (`needs_grad`, per tensor: a LoRA fine-tune's
+/// first layer receives none from the frozen embedding, so its backward differs). Two
+/// layers with equal signatures shard and cost alike.
+pub fn signature(g: &Graph, ops: &[usize], needs_grad: &[bool]) -> String {
     let mut local: HashMap<TensorId, usize> = HashMap::new();
     let mut s = String::new();
     for (j, &i) in ops.iter().enumerate() {
@@ -61,7 +63,8 @@ pub fn signature(g: &Graph, ops: &[usize]) -> String {
                     let _ = write!(s, "@{k},");
                 }
                 None => {
-                    let _ = write!(s, "{:?}{:?}{:?},", t.shape, t.dtype, t.kind);
+                    let grad = if needs_grad.get(x).copied().unwrap_or(false) { "g" } else { "" };
+                    let _ = write!(s, "{:?}{:?}{:?}{grad},", t.shape, t.dtype, t.kind);
                 }
             }
         }
@@ -94,11 +97,12 @@ pub fn analyse(g: &Graph) -> Depth {
             _ => {}
         }
     }
+    let needs_grad = runner_graph::autodiff::needs_grad(g);
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
     let mut class = Vec::with_capacity(layers.len());
     let mut reps = Vec::new();
     for (p, ops) in ops_of.iter().enumerate() {
-        let sig = signature(g, ops);
+        let sig = signature(g, ops, &needs_grad);
         let c = *seen.entry(sig).or_insert_with(|| {
             reps.push(p);
             reps.len() - 1

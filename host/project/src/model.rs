@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use runner_graph::count::{self, Convention, ParamCount};
+use runner_graph::peft::{self, Lora};
 use runner_graph::{Graph, OpKind};
 
 use crate::depth::{self, Depth};
@@ -26,6 +27,42 @@ pub trait GraphSource {
 impl<F: FnMut(u32) -> Result<Graph, String>> GraphSource for F {
     fn graph(&mut self, micro_batch: u32) -> Result<Graph, String> {
         self(micro_batch)
+    }
+}
+
+/// What a training step trains: the whole model, or a fine-tune of part of it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Training {
+    /// Every weight (pre-training, full fine-tuning).
+    #[default]
+    Full,
+    /// LoRA adapters on a frozen model ([`runner_graph::peft::lora`]).
+    Lora(Lora),
+}
+
+impl Training {
+    /// How reports name it: empty for full training, `LoRA r32` for a LoRA fine-tune.
+    pub fn label(&self) -> String {
+        match self {
+            Training::Full => String::new(),
+            Training::Lora(l) => format!("LoRA r{}", l.rank),
+        }
+    }
+}
+
+/// A source whose graphs are another source's, turned into what `training` trains.
+pub struct TrainedSource<'s> {
+    pub inner: Box<dyn GraphSource + 's>,
+    pub training: Training,
+}
+
+impl GraphSource for TrainedSource<'_> {
+    fn graph(&mut self, micro_batch: u32) -> Result<Graph, String> {
+        let g = self.inner.graph(micro_batch)?;
+        match self.training {
+            Training::Full => Ok(g),
+            Training::Lora(l) => peft::lora(&g, &l).map_err(|e| format!("LoRA fine-tuning graph: {e}")),
+        }
     }
 }
 

@@ -130,7 +130,9 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The built-in plan of `recipe` over logical graph `g`.
+    /// The built-in plan of `recipe` over logical graph `g`: the recipe's format for the
+    /// GEMMs of the transformer layers; BF16 for the head and other GEMMs outside them,
+    /// the routers, LoRA adapters, and under NVFP4 the last four layers.
     pub fn builtin(recipe: Recipe, g: &Graph) -> Plan {
         let low = recipe.format();
         let layers: Vec<i32> = {
@@ -148,7 +150,8 @@ impl Plan {
         for op in g.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
             let router = op.outputs.iter().any(|o| router_inputs.contains(o));
             let outside = op.layer < 0 || op.role == Role::VocabParallel || !layers.contains(&op.layer);
-            let f = if recipe == Recipe::Bf16 || router || outside || last_bf16.contains(&op.layer) {
+            let adapter = runner_graph::peft::is_adapter(op);
+            let f = if recipe == Recipe::Bf16 || router || outside || adapter || last_bf16.contains(&op.layer) {
                 GemmFormat::Bf16
             } else {
                 low

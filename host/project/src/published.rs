@@ -7,14 +7,16 @@
 //! precision without a profile, a layout the model cannot take, nothing measured to
 //! compare with). None is dropped silently.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
 use runner_graph::modules::Modules;
 use runner_graph::recompute::RecomputePolicy;
 
-use crate::model::{GraphSource, Model};
+use runner_graph::peft::Lora;
+
+use crate::model::{GraphSource, Model, TrainedSource, Training};
 use crate::precision::{Plan, Recipe};
 use crate::profile::Profiles;
 use crate::project::Projector;
@@ -225,16 +227,19 @@ pub struct Prepared<'s> {
 /// Resolve models, GPUs, precisions and layouts for `points`.
 pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver, progress: &dyn Fn(&str)) -> Prepared<'s> {
     let mut out = Prepared { projectors: Vec::new(), runs: Vec::new(), unsupported: Vec::new() };
-    let mut by_key: BTreeMap<(String, u32, String, String), usize> = BTreeMap::new();
+    let mut by_key: HashMap<(String, u32, String, String, Training), usize> = HashMap::new();
     let mut families: BTreeMap<String, String> = BTreeMap::new();
     for (i, p) in points.iter().enumerate() {
         let refuse = |reason: String| Unsupported { index: i, label: p.label(), reason, source: p.source.clone() };
         let workload = p.workload.to_ascii_lowercase();
-        if workload.contains("lora") {
-            out.unsupported.push(refuse("LoRA fine-tuning (frozen base weights, adapter GEMMs) is not modelled".into()));
-            continue;
-        }
-        if !workload.is_empty() && !workload.starts_with("pretrain") && !workload.starts_with("finetune_sft") {
+        // LoRA rows: NeMo's and Megatron-Bridge's default adapters (rank 32 on the
+        // attention and MLP linears).
+        let training = if workload.contains("lora") { Training::Lora(Lora::default()) } else { Training::Full };
+        if training == Training::Full
+            && !workload.is_empty()
+            && !workload.starts_with("pretrain")
+            && !workload.starts_with("finetune_sft")
+        {
             out.unsupported.push(refuse(format!("workload '{}' is not a training step the projection models", p.workload)));
             continue;
         }
@@ -268,13 +273,13 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
             continue;
         }
         let seq = p.seq_len.unwrap_or(0);
-        let key = (p.model.clone(), seq, gpu.name.clone(), recipe.name().to_string());
+        let key = (p.model.clone(), seq, gpu.name.clone(), recipe.name().to_string(), training);
         let at = match by_key.get(&key) {
             Some(&at) => at,
             None => {
                 progress(&format!("reading {} at seq {seq}", p.model));
                 let (family, mut source) = match resolver.resolve(&p.model, seq) {
-                    Ok(r) => r,
+                    Ok((family, inner)) => (family, Box::new(TrainedSource { inner, training }) as Box<dyn GraphSource>),
                     Err(e) => {
                         out.unsupported.push(refuse(e));
                         continue;
@@ -294,11 +299,18 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
                 out.projectors.len() - 1
             }
         };
-        let mut note = String::new();
-        if let Some(f) = p.fsdp.filter(|&f| f > 1 && f != layout.dp * layout.cp) {
-            note = format!("FSDP group {f} of {} data-parallel ranks modelled as full sharding", layout.dp * layout.cp);
+        let mut notes = Vec::new();
+        if let Training::Lora(l) = training {
+            notes.push(format!("LoRA fine-tune, rank {} on the attention and MLP linears", l.rank));
         }
-        out.runs.push((i, at, layout, families.get(&p.model).cloned().unwrap_or_default(), note));
+        if let Some(f) = p.fsdp.filter(|&f| f > 1 && f != layout.dp * layout.cp) {
+            notes.push(format!("FSDP group {f} of {} data-parallel ranks modelled as full sharding", layout.dp * layout.cp));
+        }
+        let note = notes.join("; ");
+        // A LoRA fine-tune is grouped (and held out) apart from its model's training runs.
+        let family = families.get(&p.model).cloned().unwrap_or_default();
+        let family = if training == Training::Full { family } else { format!("{family} {}", training.label()) };
+        out.runs.push((i, at, layout, family, note));
     }
     out
 }

@@ -273,7 +273,18 @@ struct LayerCost {
     module_freed: [f64; Module::COUNT],
     dense: f64,
     expert: f64,
+    frozen: f64,
     low_weights: f64,
+}
+
+/// A stage's parameter elements: trained dense and routed-expert, frozen, and the
+/// weights of its low-precision GEMMs (whose cast copies stay resident).
+#[derive(Clone, Copy, Debug, Default)]
+struct StageParams {
+    dense: f64,
+    expert: f64,
+    frozen: f64,
+    low: f64,
 }
 
 impl LayerCost {
@@ -292,6 +303,7 @@ impl LayerCost {
             module_freed: stored.freed,
             dense: part.dense_params,
             expert: part.expert_params,
+            frozen: part.frozen_params,
             low_weights: t.low_precision_weights,
             ..LayerCost::default()
         };
@@ -519,7 +531,7 @@ impl Costed {
         // time for the breakdown.
         let mut t = vec![0.0; pp];
         let mut acts = vec![0.0; pp];
-        let mut params = vec![(0.0f64, 0.0f64, 0.0f64); pp];
+        let mut params = vec![StageParams::default(); pp];
         let mut comp = vec![[0.0f64; COMP]; pp];
         for c in 0..chunks {
             let st = c % pp;
@@ -547,7 +559,7 @@ impl Costed {
                 accumulate(&mut comp[st], &mut params[st], &self.post, base, ov, rc);
                 *pt += self.post.time(base, ov) + rc;
                 if pp > 1 {
-                    params[st].0 += self.tied;
+                    params[st].dense += self.tied;
                 }
             }
         }
@@ -566,7 +578,7 @@ impl Costed {
             0.0
         };
         // Data parallelism over the critical stage's parameters.
-        let (dense, expert, _) = params[crit];
+        let StageParams { dense, expert, frozen, .. } = params[crit];
         let dpg = Placement { size: dp * key.cp, stride: key.tp };
         let edp = stage_gpus / (key.ep * key.etp);
         let edpg = Placement { size: edp, stride: key.ep * key.etp };
@@ -577,7 +589,9 @@ impl Costed {
         };
         let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
         let dp_exposed = if s.fsdp {
-            let per_mb = 2.0 * grads(OpKind::AllGather, 2.0) + grads(OpKind::ReduceScatter, gb);
+            // FSDP gathers the frozen weights too; only trained ones have gradients.
+            let gathers = grads(OpKind::AllGather, 2.0) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
+            let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
             let layers_here = (self.stage_count(crit, pp, chunks, start)).max(1) as f64;
             mf * (per_mb - t_max).max(0.0) + per_mb / layers_here
         } else {
@@ -620,17 +634,20 @@ impl Costed {
         let step = breakdown.total();
         // Memory, the most loaded stage.
         let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
-        for (st, &(d, e, lw)) in params.iter().enumerate() {
+        for (st, p) in params.iter().enumerate() {
+            let StageParams { dense: d, expert: e, frozen: f, low: lw } = *p;
             let n_dense = f64::from(dp * key.cp);
             let n_exp = f64::from(edp);
+            // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
             let (w, g, o) = if s.fsdp {
-                let big = self.layers.iter().map(|l| l.dense + l.expert).fold(0.0, f64::max);
+                let big = self.layers.iter().map(|l| l.dense + l.expert + l.frozen).fold(0.0, f64::max);
+                let big_trained = self.layers.iter().map(|l| l.dense + l.expert).fold(0.0, f64::max);
                 let shard = d / n_dense + e / n_exp;
-                (2.0 * shard + 2.0 * 2.0 * big, gb * shard + gb * big, 12.0 * shard)
+                (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
             } else if s.distributed_optimizer {
-                (2.0 * (d + e), gb * (d + e), 12.0 * (d / n_dense + e / n_exp))
+                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d / n_dense + e / n_exp))
             } else {
-                (2.0 * (d + e), gb * (d + e), 12.0 * (d + e))
+                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
             };
             // One cast copy of each low-precision GEMM weight stays resident; under FSDP
             // weights exist whole only per gathered unit, and so do their casts.
@@ -717,7 +734,7 @@ const COMP: usize = 8;
 
 /// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
 /// forward its selective recompute repeats).
-fn accumulate(comp: &mut [f64; COMP], params: &mut (f64, f64, f64), l: &LayerCost, pol: usize, ov: usize, selective: f64) {
+fn accumulate(comp: &mut [f64; COMP], params: &mut StageParams, l: &LayerCost, pol: usize, ov: usize, selective: f64) {
     comp[0] += l.compute;
     comp[6] += l.gemm;
     comp[7] += l.attention;
@@ -726,9 +743,10 @@ fn accumulate(comp: &mut [f64; COMP], params: &mut (f64, f64, f64), l: &LayerCos
         comp[2 + i] += l.exposed[ov][i];
     }
     comp[5] += l.weight_cast;
-    params.0 += l.dense;
-    params.1 += l.expert;
-    params.2 += l.low_weights;
+    params.dense += l.dense;
+    params.expert += l.expert;
+    params.frozen += l.frozen;
+    params.low += l.low_weights;
 }
 
 fn plan_formats_equal(plan: &Plan, a: &[String], b: &[String]) -> bool {

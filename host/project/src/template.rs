@@ -26,6 +26,7 @@ use runner_graph::count::{self, AttentionFlops};
 use runner_graph::modules::{Module, modules};
 use runner_graph::recompute::{RecomputePolicy, kept_by, layer_bytes};
 use runner_graph::shard::{Layout, Place, RankCoord, partition, shard};
+use runner_graph::autodiff::needs_grad;
 use runner_graph::{Graph, OpKind, TensorKind};
 
 use crate::comm::{Fabric, Placement, comm_volume};
@@ -53,7 +54,8 @@ pub enum Group {
     Etp,
 }
 
-/// One GEMM op of a layer (forward numbers; its two backward GEMMs have the same FLOPs).
+/// One GEMM op of a layer (forward numbers; each of its backward GEMMs has the same
+/// FLOPs).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Gemm {
     /// Its logical name (how precision plans name it).
@@ -69,6 +71,34 @@ pub struct Gemm {
     pub y: f64,
     /// The selective-recompute module it belongs to.
     pub module: Option<Module>,
+    /// Which backward GEMMs run: the input gradient when its input carries a gradient,
+    /// the weight gradient when its weight is trained (both, unless a fine-tune freezes
+    /// weights: `runner_graph::peft`).
+    pub dgrad: bool,
+    pub wgrad: bool,
+}
+
+/// A memory-bound op of a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Vector {
+    pub name: String,
+    /// Forward bytes read and written.
+    pub bytes: f64,
+    /// Backward bytes: twice the forward's (it reads the saved input and the incoming
+    /// gradient and writes the outgoing one), none for an op without a backward.
+    pub backward_bytes: f64,
+    /// The selective-recompute module it belongs to.
+    pub module: Option<Module>,
+}
+
+/// An attention core of a layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Core {
+    pub name: String,
+    /// Forward FLOPs over unmasked keys.
+    pub flops: f64,
+    pub bytes: f64,
+    pub backward: bool,
 }
 
 /// One collective and its backward twin.
@@ -104,20 +134,22 @@ pub struct KeptTensor {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Part {
     pub gemms: Vec<Gemm>,
-    /// Attention cores: (name, forward FLOPs over unmasked keys, bytes).
-    pub attention: Vec<(String, f64, f64)>,
-    /// Memory-bound ops (norms, activations, rotary, residual adds, embedding gathers,
-    /// routing, the loss): (name, forward bytes, selective-recompute module).
-    pub vector: Vec<(String, f64, Option<Module>)>,
+    pub attention: Vec<Core>,
+    /// Memory-bound ops: norms, activations, rotary, residual adds, embedding gathers,
+    /// routing, the loss.
+    pub vector: Vec<Vector>,
     pub comm: Vec<Comm>,
     /// Stored activation bytes per micro-batch under none, selective (the attention
     /// cores), full recompute, at the graph's dtypes.
     pub activations: [f64; 3],
     /// What is stored with no recompute, tensor by tensor.
     pub kept: Vec<KeptTensor>,
-    /// Parameter elements this rank holds: dense, and routed-expert.
+    /// Trained parameter elements this rank holds: dense, and routed-expert.
     pub dense_params: f64,
     pub expert_params: f64,
+    /// Frozen parameter elements this rank holds (a fine-tune's base weights): held, but
+    /// without gradients or optimizer state.
+    pub frozen_params: f64,
     /// Elements of weights this part shares with the embedding side (a tied output head):
     /// counted once on one stage, on both the first and the last stage when pp > 1.
     pub tied_params: f64,
@@ -203,7 +235,7 @@ impl Template {
         let mut read_by: HashMap<usize, HashSet<usize>> = HashMap::new();
         for (i, op) in g.ops.iter().enumerate() {
             for (j, &x) in op.inputs.iter().enumerate() {
-                if g.tensors[x].kind != TensorKind::Weight {
+                if !g.tensors[x].kind.is_param() {
                     continue;
                 }
                 first_reader.entry(x).or_insert(part_of(i));
@@ -215,7 +247,9 @@ impl Template {
         }
         for (&w, &p) in &first_reader {
             let n = g.tensors[w].numel() as f64;
-            if expert.contains(&w) {
+            if g.tensors[w].kind == TensorKind::Frozen {
+                parts[p].frozen_params += n;
+            } else if expert.contains(&w) {
                 parts[p].expert_params += n;
             } else {
                 parts[p].dense_params += n;
@@ -225,6 +259,11 @@ impl Template {
             }
         }
         let mods = modules(g);
+        // Which ops run a backward, and which backward GEMMs (a fine-tune's frozen
+        // weights and the layers before its first adapter drop some).
+        let needs = needs_grad(g);
+        let need = |t: Option<&usize>| t.is_some_and(|&t| needs.get(t).copied().unwrap_or(false));
+        let has_backward = |op: &runner_graph::Op| op.inputs.iter().any(|t| need(Some(t)));
         // Where each GEMM op lands: (part, index in its gemms).
         let mut gemm_at: HashMap<usize, (usize, usize)> = HashMap::new();
         let local_experts = |op: &runner_graph::Op| -> f64 {
@@ -248,16 +287,28 @@ impl Template {
                         w: numel(op.inputs.get(1)),
                         y: numel(op.outputs.first()),
                         module: mods.op[i],
+                        dgrad: need(op.inputs.first()),
+                        wgrad: need(op.inputs.get(1)),
                     });
                 }
-                OpKind::Attention => p.attention.push((op.name.clone(), c.fwd_flops, c.bytes)),
+                OpKind::Attention => p.attention.push(Core {
+                    name: op.name.clone(),
+                    flops: c.fwd_flops,
+                    bytes: c.bytes,
+                    backward: has_backward(op),
+                }),
                 OpKind::AllReduce
                 | OpKind::AllGather
                 | OpKind::ReduceScatter
                 | OpKind::AllToAll
                 | OpKind::Send
                 | OpKind::Recv => {}
-                _ => p.vector.push((op.name.clone(), c.bytes, mods.op[i])),
+                _ => p.vector.push(Vector {
+                    name: op.name.clone(),
+                    bytes: c.bytes,
+                    backward_bytes: if has_backward(op) { 2.0 * c.bytes } else { 0.0 },
+                    module: mods.op[i],
+                }),
             }
         }
         // Per part: the router's top-k and the routed experts of its dispatch.
@@ -293,7 +344,8 @@ impl Template {
                 (Group::Ep, OpKind::AllToAll) => top_k.get(&at).copied().zip(experts.get(&at).copied()),
                 _ => None,
             };
-            parts[at].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward: c.backward, routing });
+            let backward = c.backward.filter(|_| g.ops.get(i).is_some_and(&has_backward));
+            parts[at].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward, routing });
         }
         for k in kept_by(g) {
             let p = if k.layer >= 0 && main.contains(&k.layer) { 1 + pos[&k.layer] } else { post };
@@ -344,16 +396,24 @@ impl Template {
         for (j, gm) in part.gemms.iter().enumerate() {
             let f: SiteFormats = plan.formats(names.get(j).map_or(gm.name.as_str(), String::as_str));
             let low = |r: GemmRole| f[r.index()] != GemmFormat::Bf16;
+            let (dgrad, wgrad) = (gm.dgrad, gm.wgrad);
             let (fwd, bwd) = match measured.gemm(&self.key, &gm.name, &f) {
-                Some(m) => m,
+                // Measured with both backward GEMMs; a frozen weight's runs one of them.
+                Some((fwd, bwd)) => (fwd, bwd * (f64::from(u8::from(dgrad)) + f64::from(u8::from(wgrad))) / 2.0),
                 None => {
                     let time = |r: GemmRole| rates.gemm(gm.flops, gm.call_flops, gm.bytes, f[r.index()]);
                     let mut fwd = time(GemmRole::Forward);
-                    let mut bwd = time(GemmRole::InputGradient) + time(GemmRole::WeightGradient);
-                    if low(GemmRole::Forward) || low(GemmRole::WeightGradient) {
+                    let mut bwd = 0.0;
+                    if dgrad {
+                        bwd += time(GemmRole::InputGradient);
+                    }
+                    if wgrad {
+                        bwd += time(GemmRole::WeightGradient);
+                    }
+                    if low(GemmRole::Forward) || (wgrad && low(GemmRole::WeightGradient)) {
                         fwd += gm.x * cast / rates.hbm;
                     }
-                    if low(GemmRole::InputGradient) || low(GemmRole::WeightGradient) {
+                    if (dgrad && low(GemmRole::InputGradient)) || (wgrad && low(GemmRole::WeightGradient)) {
                         bwd += gm.y * cast / rates.hbm;
                     }
                     (fwd, bwd)
@@ -370,23 +430,22 @@ impl Template {
                 t.low_precision_weights += gm.w;
             }
         }
-        for (name, flops, bytes) in &part.attention {
+        for a in &part.attention {
             let (f, b) = measured
-                .get(&self.key, name)
-                .unwrap_or_else(|| (rates.attention_forward(*flops, *bytes), rates.attention_backward(*flops, *bytes)));
+                .get(&self.key, &a.name)
+                .unwrap_or_else(|| (rates.attention_forward(a.flops, a.bytes), rates.attention_backward(a.flops, a.bytes)));
+            let b = if a.backward { b } else { 0.0 };
             t.fwd += f;
             t.bwd += b;
             t.attention_fwd += f;
             t.module_fwd[Module::CoreAttn.index()] += f;
             t.attention += f + b;
         }
-        // The backward of a memory-bound op reads its saved input and the incoming
-        // gradient and writes the outgoing one: about twice its forward traffic.
-        for (name, bytes, module) in &part.vector {
-            let (f, b) = measured.get(&self.key, name).unwrap_or((bytes / rates.hbm, 2.0 * bytes / rates.hbm));
+        for v in &part.vector {
+            let (f, b) = measured.get(&self.key, &v.name).unwrap_or((v.bytes / rates.hbm, v.backward_bytes / rates.hbm));
             t.fwd += f;
             t.bwd += b;
-            if let Some(m) = module {
+            if let Some(m) = v.module {
                 t.module_fwd[m.index()] += f;
             }
         }

@@ -12,7 +12,8 @@ use runner_graph::recompute::RecomputePolicy;
 use runner_graph::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
 use runner_project::calibrate;
 use runner_project::depth;
-use runner_project::model::{GraphSource, Model};
+use runner_graph::peft::Lora;
+use runner_project::model::{GraphSource, Model, TrainedSource, Training};
 use runner_project::precision::{Plan, Recipe};
 use runner_project::profile::{GpuProfile, Profiles};
 use runner_project::project::Projector;
@@ -132,14 +133,18 @@ fn hand_computed_step_and_all_reduce() {
 
 /// The reduced-depth graph (one layer of each kind, then the head side) costs every
 /// layer exactly as the full graph does: DeepSeek's proxy has a dense first layer, MoE
-/// layers and an MTP module; gpt-oss's alternates windowed and global attention.
+/// layers and an MTP module; gpt-oss's alternates windowed and global attention; a LoRA
+/// fine-tune's first layer receives no gradient from the frozen embedding, so it has
+/// less backward than the layers after it.
 #[test]
 fn reduced_depth_costs_as_the_full_graph() {
-    for (model, key) in [
-        ("deepseek-tiny", ShardKey { tp: 2, cp: 1, ep: 2, etp: 1, sp: true, mbs: 2 }),
-        ("gpt-oss-tiny", ShardKey { tp: 2, cp: 2, ep: 2, etp: 1, sp: true, mbs: 1 }),
+    for (model, key, training) in [
+        ("deepseek-tiny", ShardKey { tp: 2, cp: 1, ep: 2, etp: 1, sp: true, mbs: 2 }, Training::Full),
+        ("gpt-oss-tiny", ShardKey { tp: 2, cp: 2, ep: 2, etp: 1, sp: true, mbs: 1 }, Training::Full),
+        ("llama3-tiny", ShardKey { tp: 2, cp: 1, ep: 1, etp: 1, sp: true, mbs: 1 }, Training::Lora(Lora { rank: 4 })),
     ] {
-        let (_, mut src) = common::Native.resolve(model, 256).unwrap();
+        let (_, inner) = common::Native.resolve(model, 256).unwrap();
+        let mut src = TrainedSource { inner, training };
         let full = src.graph(key.mbs).unwrap();
         let d = depth::analyse(&full);
         assert!(d.prefix < d.len() && d.reps.len() >= 2, "{model}: {} classes in {} layers", d.reps.len(), d.len());
@@ -162,7 +167,14 @@ fn reduced_depth_costs_as_the_full_graph() {
                 Template::stored(&whole.layers[p], &d.gemm_names[p], &plan),
                 Template::stored(&small.layers[rep], &d.gemm_names[p], &plan)
             );
-            assert_eq!(whole.layers[p].dense_params + whole.layers[p].expert_params, small.layers[rep].dense_params + small.layers[rep].expert_params);
+            let params = |p: &runner_project::template::Part| (p.dense_params + p.expert_params, p.frozen_params);
+            assert_eq!(params(&whole.layers[p]), params(&small.layers[rep]));
+        }
+        if training != Training::Full {
+            assert_ne!(d.class[0], d.class[1], "{model}: the first LoRA layer is a class of its own");
+            let t0 = time(&whole, &whole.layers[0], &d.gemm_names[0]);
+            let t1 = time(&whole, &whole.layers[1], &d.gemm_names[1]);
+            assert!(t0.bwd < t1.bwd && t0.fwd == t1.fwd, "{model}: {t0:?} vs {t1:?}");
         }
         assert_eq!(time(&whole, &whole.post, &d.post_gemms), time(&small, &small.post, &d.post_gemms), "{model} head side");
         assert_eq!(whole.post.activations, small.post.activations);
@@ -447,4 +459,32 @@ fn compute_splits_into_gemms_attention_and_the_rest() {
     let attn = long.compute_parts.attention / short.compute_parts.attention;
     assert!((gemm - 1.0).abs() < 0.02, "GEMM time at equal tokens: x{gemm}");
     assert!((1.8..2.2).contains(&attn), "attention time with twice the keys: x{attn}");
+}
+
+/// LoRA on a frozen model (Megatron-Bridge's recipe: rank 32 on the attention and MLP
+/// linears): the base GEMMs run their input gradient only, so GEMM time is about 2/3 of
+/// full training plus the adapters'; the base has no gradients, optimizer state or
+/// data-parallel reduction; what the adapters add is small.
+#[test]
+fn lora_trains_the_adapters_on_a_frozen_model() {
+    let mut full = projector("llama3.1-8b", 4096, "h100", Recipe::Bf16);
+    let (_, inner) = common::Native.resolve("llama3.1-8b", 4096).unwrap();
+    let mut src = TrainedSource { inner, training: Training::Lora(Lora::default()) };
+    let m = Model::new("llama3.1-8b", 4096, &mut src).unwrap();
+    let ratio = m.flops_per_sequence / full.model.flops_per_sequence;
+    assert!((0.66..0.70).contains(&ratio), "LoRA model FLOPs {ratio:.3} of full training");
+    assert!(m.params.trainable < m.params.total / 100 && m.params.trainable > 0, "{:?}", m.params);
+    let plan = Plan::builtin(Recipe::Bf16, &m.graph);
+    let mut lora = Projector::new(m, Box::new(src), Profiles::builtin().get("h100").unwrap().clone(), plan);
+    let mut l = layout(1, 1, 1, 1, 16, 1, 64);
+    l.dp_overlap = false;
+    let (f, p) = (full.project(&l).unwrap(), lora.project(&l).unwrap());
+    let gemm = p.breakdown.compute_parts.gemm / f.breakdown.compute_parts.gemm;
+    assert!((0.66..0.75).contains(&gemm), "GEMM time {gemm:.3} of full training");
+    assert!(p.step_time_s < 0.85 * f.step_time_s, "{} vs {}", p.step_time_s, f.step_time_s);
+    assert!(p.memory.optimizer < 0.02 * f.memory.optimizer && p.memory.gradients < 0.02 * f.memory.gradients, "{:?}", p.memory);
+    assert!(p.breakdown.dp < 0.02 * f.breakdown.dp, "{} vs {}", p.breakdown.dp, f.breakdown.dp);
+    assert!(p.breakdown.optimizer < 0.02 * f.breakdown.optimizer);
+    // The frozen weights are still held, in BF16.
+    assert!((p.memory.weights / f.memory.weights - 1.0).abs() < 0.02, "{} vs {}", p.memory.weights, f.memory.weights);
 }

@@ -161,11 +161,13 @@ fn gemm_format(a: plugin::precision::Dtype, b: plugin::precision::Dtype) -> Opti
 
 /// Every GEMM site of `graph` a precision plan covers, with the index of its op: each
 /// linear and grouped (expert) linear, in graph order, in three roles (forward, input
-/// gradient, weight gradient), with the GEMM's m, n, k.
+/// gradient, weight gradient), with the GEMM's m, n, k. LoRA adapters are left out: they
+/// run in BF16 ([`runner_graph::peft::is_adapter`]).
 pub fn gemm_sites(graph: &Graph) -> Vec<(usize, plugin::precision::GemmSite)> {
     use plugin::precision::{GemmRole as W, GemmSite};
     let mut sites = Vec::new();
-    for (oi, op) in graph.ops.iter().enumerate().filter(|(_, o)| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
+    let gemm = |o: &runner_graph::Op| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear) && !runner_graph::peft::is_adapter(o);
+    for (oi, op) in graph.ops.iter().enumerate().filter(|(_, o)| gemm(o)) {
         let w = graph.tensor(op.inputs[1]);
         let (n, k) = (w.shape[w.shape.len() - 2], w.shape[w.shape.len() - 1]);
         let m = graph.tensor(op.inputs[0]).numel() / k.max(1);

@@ -352,7 +352,22 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
     assert_eq!(v["layout"]["recompute_modules"], serde_json::json!(["layernorm", "mlp"]));
     assert!(v["breakdown"]["recompute"].as_f64().unwrap() > 0.0, "{v}");
+    // A LoRA fine-tune of the same layout: faster, no optimizer state for the frozen
+    // base, and said so.
+    let base = ["project", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--gbs", "64", "--format", "json", "-q"];
+    let full: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &base)).0).unwrap();
+    let o = runner(&dir, &[&base[..], &["--peft", "lora", "--lora-rank", "16"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let lora: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap();
+    assert!(f(&lora, "step_time_s") < f(&full, "step_time_s"), "{out}");
+    assert!(lora["memory"]["optimizer"].as_f64().unwrap() < 0.02 * full["memory"]["optimizer"].as_f64().unwrap(), "{out}");
+    assert!(lora["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("rank-16 adapters")), "{out}");
     for (args, want) in [
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "qlora"], "invalid value 'qlora'"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "0"], "--lora-rank"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--lora-rank", "8"], "add --peft lora"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute-modules", "mlp"], "add --recompute selective"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute", "selective", "--recompute-modules", "experts"], "unknown recompute module 'experts'"),
         (vec!["--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--precision", "nvfp4"], "no nvfp4"),

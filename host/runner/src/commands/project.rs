@@ -16,7 +16,9 @@ use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::calibrate;
 use runner_project::collectives::{self, CollFit, Tier, fit_collectives};
+use runner_graph::peft::Lora;
 use runner_project::measured::{self, OpsFile, OpsFit, fit_ops};
+use runner_project::model::{Model, TrainedSource, Training};
 use runner_project::precision::Recipe;
 use runner_project::profile::{Efficiency, GpuProfile};
 use runner_project::project::Projector;
@@ -84,6 +86,24 @@ pub struct Target {
     /// Global batch in sequences (default: the variant's published rule; outside its GPU range, scaled per GPU up to the job's compute-optimal batch)
     #[arg(long)]
     pub gbs: Option<u32>,
+    /// Parameter-efficient fine-tuning: none (train every weight) or lora (frozen model,
+    /// adapters on the attention and MLP linears, as Megatron-Bridge's LoRA)
+    #[arg(long, default_value = "none", value_parser = ["none", "lora"])]
+    pub peft: String,
+    /// With --peft lora: the adapters' rank (default 32, Megatron-Bridge's)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub lora_rank: Option<u32>,
+}
+
+impl Target {
+    /// What the step trains.
+    fn training(&self) -> Result<Training> {
+        match (self.peft.as_str(), self.lora_rank) {
+            ("lora", rank) => Ok(Training::Lora(Lora { rank: rank.unwrap_or(runner_graph::peft::DEFAULT_RANK) })),
+            (_, Some(_)) => anyhow::bail!("--lora-rank applies to a LoRA fine-tune; add --peft lora"),
+            _ => Ok(Training::Full),
+        }
+    }
 }
 
 /// The modules `--recompute-modules` names, if any.
@@ -128,9 +148,20 @@ pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     if seq == 0 {
         anyhow::bail!("--seq-len must be at least 1");
     }
-    let (model, source) = project::model(&found, seq, limits)?;
+    let training = t.training()?;
+    let mut source = TrainedSource { inner: Box::new(project::source(&found, seq, limits)?), training };
+    let model = Model::new(&found.variant.name, seq, &mut source).map_err(anyhow::Error::msg)?;
     let (plan, policy) = project::plan(recipe, &found.variant, &gpu, &model.graph, limits)?;
     let mut notes = vec![format!("plugin: {}", found.info.provenance())];
+    if let Training::Lora(l) = training {
+        notes.push(format!(
+            "LoRA fine-tune: rank-{} adapters on the attention and MLP linears train {:.1} M of {:.1} B parameters; \
+             the base model is frozen (no weight gradients, optimizer state or gradient reduction for it)",
+            l.rank,
+            model.params.trainable as f64 / 1e6,
+            model.params.total as f64 / 1e9
+        ));
+    }
     if let Some(info) = &policy {
         notes.push(format!("plugin: {}", info.provenance()));
     }
@@ -706,7 +737,7 @@ struct SearchBench {
 /// How fast the layout search is: one cold search (graphs read, every sharding built
 /// and timed) and `repeats` warm ones (schedules only).
 pub fn bench_search(model: &str, gpu: &str, gpus: u32, precision: &str, repeats: usize, global: &Global) -> Result<()> {
-    let t = Target { model: model.into(), gpu: gpu.into(), precision: precision.into(), seq_len: None, gbs: None };
+    let t = Target { model: model.into(), gpu: gpu.into(), precision: precision.into(), seq_len: None, gbs: None, peft: "none".into(), lora_rank: None };
     let load = std::time::Instant::now();
     let mut s = setup(&t, global)?;
     let load_ms = load.elapsed().as_secs_f64() * 1e3;
