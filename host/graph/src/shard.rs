@@ -1293,20 +1293,21 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
         if (grads == 0.0 && !(l.fsdp && n > 1 && params > 0.0)) || (n <= 1 && mean_over <= 1) {
             continue;
         }
+        let reduce = |kind: OpKind, weights: Vec<String>| StepCollective {
+            kind,
+            group: group.into(),
+            group_size: n,
+            bytes: grads,
+            count: 1,
+            mean_over,
+            what: format!("fp32 gradients of the {what}"),
+            weights,
+        };
         // FSDP over one rank shards nothing: like plain data parallelism, the group of
         // one moves nothing and only divides (expert parallelism over all the dp ranks).
         if l.fsdp && n > 1 {
             if grads > 0.0 {
-                out.push(StepCollective {
-                    kind: OpKind::ReduceScatter,
-                    group: group.into(),
-                    group_size: n,
-                    bytes: grads,
-                    count: 1,
-                    mean_over,
-                    what: format!("fp32 gradients of the {what}"),
-                    weights: names.clone(),
-                });
+                out.push(reduce(OpKind::ReduceScatter, names.clone()));
             }
             let mut gathered = names;
             gathered.extend(frozen);
@@ -1322,16 +1323,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
                 weights: gathered,
             });
         } else {
-            out.push(StepCollective {
-                kind: OpKind::AllReduce,
-                group: group.into(),
-                group_size: n,
-                bytes: grads,
-                count: 1,
-                mean_over,
-                what: format!("fp32 gradients of the {what}"),
-                weights: names,
-            });
+            out.push(reduce(OpKind::AllReduce, names));
         }
     }
     // A tied table lives on the first and the last stage; their gradients are summed.

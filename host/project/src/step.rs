@@ -332,7 +332,9 @@ pub struct Costed {
     layers: Vec<LayerCost>,
     pre: LayerCost,
     post: LayerCost,
+    /// Tied weights the last stage holds beside the first when pp > 1: trained, frozen.
     tied: f64,
+    tied_frozen: f64,
     stage_message_bytes: f64,
     rates: Rates,
     capacity: f64,
@@ -444,6 +446,7 @@ impl Costed {
             pre,
             post,
             tied: template.post.tied_params,
+            tied_frozen: template.post.tied_frozen_params,
             stage_message_bytes: template.stage_message_bytes,
             rates,
             capacity: gpu.memory_gib,
@@ -560,6 +563,7 @@ impl Costed {
                 *pt += self.post.time(base, ov) + rc;
                 if pp > 1 {
                     params[st].dense += self.tied;
+                    params[st].frozen += self.tied_frozen;
                 }
             }
         }

@@ -22,11 +22,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::{Deserialize, Serialize};
 
+use runner_graph::autodiff::needs_grad;
 use runner_graph::count::{self, AttentionFlops};
 use runner_graph::modules::{Module, modules};
 use runner_graph::recompute::{RecomputePolicy, kept_by, layer_bytes};
 use runner_graph::shard::{Layout, Place, RankCoord, partition, shard};
-use runner_graph::autodiff::needs_grad;
 use runner_graph::{Graph, OpKind, TensorKind};
 
 use crate::comm::{Fabric, Placement, comm_volume};
@@ -84,11 +84,12 @@ pub struct Vector {
     pub name: String,
     /// Forward bytes read and written.
     pub bytes: f64,
-    /// Backward bytes: twice the forward's (it reads the saved input and the incoming
-    /// gradient and writes the outgoing one), none for an op without a backward.
-    pub backward_bytes: f64,
     /// The selective-recompute module it belongs to.
     pub module: Option<Module>,
+    /// Whether it has a backward (some input carries a gradient), which moves twice the
+    /// forward's bytes: it reads the saved input and the incoming gradient and writes
+    /// the outgoing one.
+    pub backward: bool,
 }
 
 /// An attention core of a layer.
@@ -98,6 +99,7 @@ pub struct Core {
     /// Forward FLOPs over unmasked keys.
     pub flops: f64,
     pub bytes: f64,
+    /// Whether it has a backward (some input carries a gradient).
     pub backward: bool,
 }
 
@@ -151,8 +153,10 @@ pub struct Part {
     /// without gradients or optimizer state.
     pub frozen_params: f64,
     /// Elements of weights this part shares with the embedding side (a tied output head):
-    /// counted once on one stage, on both the first and the last stage when pp > 1.
+    /// counted once on one stage, on both the first and the last stage when pp > 1;
+    /// trained, and frozen.
     pub tied_params: f64,
+    pub tied_frozen_params: f64,
 }
 
 /// A rank's parts for one [`ShardKey`]: the embedding side, each layer of the reduced
@@ -255,7 +259,11 @@ impl Template {
                 parts[p].dense_params += n;
             }
             if p == 0 && read_by[&w].contains(&post) {
-                parts[post].tied_params += n;
+                if g.tensors[w].kind == TensorKind::Frozen {
+                    parts[post].tied_frozen_params += n;
+                } else {
+                    parts[post].tied_params += n;
+                }
             }
         }
         let mods = modules(g);
@@ -306,8 +314,8 @@ impl Template {
                 _ => p.vector.push(Vector {
                     name: op.name.clone(),
                     bytes: c.bytes,
-                    backward_bytes: if has_backward(op) { 2.0 * c.bytes } else { 0.0 },
                     module: mods.op[i],
+                    backward: has_backward(op),
                 }),
             }
         }
@@ -398,7 +406,8 @@ impl Template {
             let low = |r: GemmRole| f[r.index()] != GemmFormat::Bf16;
             let (dgrad, wgrad) = (gm.dgrad, gm.wgrad);
             let (fwd, bwd) = match measured.gemm(&self.key, &gm.name, &f) {
-                // Measured with both backward GEMMs; a frozen weight's runs one of them.
+                // `runner measure` times both backward GEMMs; a frozen weight's runs the
+                // input gradient only, taken as half.
                 Some((fwd, bwd)) => (fwd, bwd * (f64::from(u8::from(dgrad)) + f64::from(u8::from(wgrad))) / 2.0),
                 None => {
                     let time = |r: GemmRole| rates.gemm(gm.flops, gm.call_flops, gm.bytes, f[r.index()]);
@@ -442,9 +451,9 @@ impl Template {
             t.attention += f + b;
         }
         for v in &part.vector {
-            let (f, b) = measured.get(&self.key, &v.name).unwrap_or((v.bytes / rates.hbm, v.backward_bytes / rates.hbm));
+            let (f, b) = measured.get(&self.key, &v.name).unwrap_or((v.bytes / rates.hbm, 2.0 * v.bytes / rates.hbm));
             t.fwd += f;
-            t.bwd += b;
+            t.bwd += if v.backward { b } else { 0.0 };
             if let Some(m) = v.module {
                 t.module_fwd[m.index()] += f;
             }

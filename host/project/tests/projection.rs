@@ -487,4 +487,18 @@ fn lora_trains_the_adapters_on_a_frozen_model() {
     assert!(p.breakdown.optimizer < 0.02 * f.breakdown.optimizer);
     // The frozen weights are still held, in BF16.
     assert!((p.memory.weights / f.memory.weights - 1.0).abs() < 0.02, "{} vs {}", p.memory.weights, f.memory.weights);
+    // GPT-3 ties its embedding to the head: on two stages both hold the frozen table,
+    // and neither keeps optimizer state for it.
+    let (_, inner) = common::Native.resolve("gpt3-5b", 2048).unwrap();
+    let mut src = TrainedSource { inner, training: Training::Lora(Lora::default()) };
+    let m = Model::new("gpt3-5b", 2048, &mut src).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &m.graph);
+    let mut lora = Projector::new(m, Box::new(src), Profiles::builtin().get("h100").unwrap().clone(), plan);
+    let mut full = projector("gpt3-5b", 2048, "h100", Recipe::Bf16);
+    let l = layout(1, 2, 1, 1, 4, 1, 64);
+    let (f, p) = (full.project(&l).unwrap(), lora.project(&l).unwrap());
+    assert!(p.memory.optimizer < 0.02 * f.memory.optimizer, "{:?} vs {:?}", p.memory, f.memory);
+    assert!((p.memory.weights / f.memory.weights - 1.0).abs() < 0.02, "{:?} vs {:?}", p.memory, f.memory);
+    // The last stage (the head's, the slowest) updates no copy of the table either.
+    assert!(p.breakdown.optimizer < 0.02 * f.breakdown.optimizer, "{} vs {}", p.breakdown.optimizer, f.breakdown.optimizer);
 }
