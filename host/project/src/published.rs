@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use runner_graph::modules::Modules;
+use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
 use runner_graph::peft::Lora;
@@ -51,6 +51,10 @@ pub struct Point {
     /// `moe_a2a_overlap`). Read from the run's recipe config where it is found; absent:
     /// overlapped, as a performance recipe would run it.
     pub ep_overlap: Option<bool>,
+    /// Megatron's `recompute_modules` where the run's recipe sets them (selective
+    /// recompute of those modules); absent: none, unless the layout needs recompute to
+    /// fit ([`project_fitting`]).
+    pub recompute_modules: Option<Vec<String>>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -97,8 +101,9 @@ impl Point {
 
     /// The layout as the runner spells it: sequence parallelism with TP, the distributed
     /// optimizer and the TP and DP overlaps on (NeMo and Megatron-Bridge performance
-    /// recipes), the EP overlap as the point records it (on where it does not), no
-    /// recompute unless it is needed to fit (see [`project_fitting`]).
+    /// recipes), the EP overlap as the point records it (on where it does not), the
+    /// recipe's selective recompute where the point records its `recompute_modules`,
+    /// otherwise none unless it is needed to fit (see [`project_fitting`]).
     ///
     /// # Errors
     /// What the source leaves out, or degrees that do not multiply to the GPU count.
@@ -117,6 +122,11 @@ impl Point {
         }
         let dp = (u64::from(n) / per) as u32;
         let fsdp = self.fsdp.unwrap_or(0) > 0;
+        let mut modules = Modules::EMPTY;
+        for m in self.recompute_modules.iter().flatten() {
+            modules = modules.with(Module::parse(m).map_err(|e| format!("recompute_modules: {e}"))?);
+        }
+        let selective = modules != Modules::EMPTY;
         Ok(LayoutSpec {
             tp,
             pp,
@@ -129,9 +139,9 @@ impl Point {
             gbs,
             sequence_parallel: tp > 1,
             fsdp,
-            recompute: RecomputePolicy::None,
+            recompute: if selective { RecomputePolicy::Selective } else { RecomputePolicy::None },
             recompute_layers: 0,
-            recompute_modules: Modules::default(),
+            recompute_modules: if selective { modules } else { Modules::default() },
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
             ep_overlap: self.ep.unwrap_or(1) > 1 && self.ep_overlap.unwrap_or(true),
