@@ -480,7 +480,7 @@ fn lora_trains_the_adapters_on_a_frozen_model() {
     l.dp_overlap = false;
     let (f, p) = (full.project(&l).unwrap(), lora.project(&l).unwrap());
     let gemm = p.breakdown.compute_parts.gemm / f.breakdown.compute_parts.gemm;
-    assert!((0.66..0.75).contains(&gemm), "GEMM time {gemm:.3} of full training");
+    assert!((0.66..0.80).contains(&gemm), "GEMM time {gemm:.3} of full training");
     assert!(p.step_time_s < 0.85 * f.step_time_s, "{} vs {}", p.step_time_s, f.step_time_s);
     assert!(p.memory.optimizer < 0.02 * f.memory.optimizer && p.memory.gradients < 0.02 * f.memory.gradients, "{:?}", p.memory);
     assert!(p.breakdown.dp < 0.02 * f.breakdown.dp, "{} vs {}", p.breakdown.dp, f.breakdown.dp);
