@@ -16,11 +16,13 @@
 //! (named after the first of them) and each has its own B, the rows of the fused B: the
 //! same parameters, FLOPs and traffic.
 //!
-//! Tensor parallelism follows Megatron-Bridge's `ParallelLinearAdapter`: on a
-//! column-parallel linear the down-projection A is replicated and the up-projection B
-//! column-parallel like its base; on a row-parallel linear A is row-parallel (its partial
-//! sums reduced like the base's) and B replicated. The adapter's output is added to the
-//! base's by an `add`, which Megatron runs as a separate kernel too.
+//! Tensor parallelism follows Megatron-Bridge's `ParallelLinearAdapter` where it moves
+//! data: on a column-parallel linear the up-projection B is column-parallel like its
+//! base; on a row-parallel linear A is row-parallel (its partial sums reduced like the
+//! base's) and B replicated. On a column-parallel linear Megatron also splits A's rank
+//! over tp and gathers it; here A is replicated on the rank's tokens and its rank-r
+//! output gathered, a difference of a few rank-r rows. The adapter's output is added to
+//! the base's by an `add`, which Megatron runs as a separate kernel too (`LoRALinear`).
 //!
 //! What changes downstream follows from [`TensorKind::Frozen`]: no weight gradient, no
 //! optimizer state or gradient reduction for the base weights (autodiff, sharding),
