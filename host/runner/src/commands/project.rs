@@ -156,7 +156,9 @@ pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     if let Training::Lora(l) = training {
         notes.push(format!(
             "LoRA fine-tune: rank-{} adapters on the attention and MLP linears train {:.1} M of {:.1} B parameters; \
-             the base model is frozen (no weight gradients, optimizer state or gradient reduction for it)",
+             the base model is frozen (no weight gradients, optimizer state or gradient reduction for it); \
+             against NVIDIA's two published LoRA runs (Llama 3 70B, H100) these step times run 15-29 % long \
+             (docs/VALIDATION.md)",
             l.rank,
             model.params.trainable as f64 / 1e6,
             model.params.total as f64 / 1e9
