@@ -65,8 +65,8 @@ impl Default for Lora {
 /// column- and row-parallel linear of the transformer layers.
 ///
 /// # Errors
-/// A rank of 0, a graph with no linear to adapt, or a name the adapter would take that
-/// the graph already uses.
+/// A rank of 0 or above a targeted linear's smaller dimension, a graph with no linear to
+/// adapt, or a name the adapter would take that the graph already uses.
 pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
     let invalid = |problem: String| GraphError::Invalid { op: "(lora)".into(), problem };
     if spec.rank == 0 {
@@ -87,6 +87,28 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
         Ok(name)
     };
     let name = |id: usize| g.tensors[id].name.clone();
+    let target = |op: &Op| {
+        op.kind == OpKind::Linear
+            && op.layer >= 0
+            && matches!(op.role, Role::ColumnParallel | Role::RowParallel)
+            && op.inputs.get(1).is_some_and(|&w| g.tensors[w].shape.len() == 2)
+            && !op.outputs.is_empty()
+    };
+    // Low rank: at most the smaller side of the narrowest adapted linear.
+    if let Some((op, n, k)) = g
+        .ops
+        .iter()
+        .filter(|op| target(op))
+        .map(|op| (op, g.tensors[op.inputs[1]].shape[0], g.tensors[op.inputs[1]].shape[1]))
+        .min_by_key(|&(_, n, k)| n.min(k))
+        && r > n.min(k)
+    {
+        return Err(invalid(format!(
+            "a rank-{r} adapter is not low-rank for '{}' ({n} x {k}), the narrowest linear it adapts: use a rank of at most {}",
+            op.name,
+            n.min(k)
+        )));
+    }
     let mut ops = Vec::with_capacity(g.ops.len());
     let mut adapted = 0usize;
     // The A of the column-parallel linears reading one input: (layer, input) -> its output.
@@ -102,12 +124,11 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
             role: op.role,
         };
         let column = op.role == Role::ColumnParallel;
-        let target = op.kind == OpKind::Linear && op.layer >= 0 && (column || op.role == Role::RowParallel);
         let (Some(&x), Some(&w), Some(&y)) = (op.inputs.first(), op.inputs.get(1), op.outputs.first()) else {
             ops.push(base);
             continue;
         };
-        if !target || g.tensors[w].shape.len() != 2 {
+        if !target(op) {
             ops.push(base);
             continue;
         }
@@ -373,8 +394,11 @@ mod tests {
     fn refuses_rank_zero_and_graphs_without_targets() {
         let err = lora(&mlp(), &Lora { rank: 0 }).unwrap_err().to_string();
         assert!(err.contains("rank"), "{err}");
-        let once = lora(&mlp(), &Lora::default()).unwrap();
-        let err = lora(&once, &Lora::default()).unwrap_err().to_string();
+        let err = lora(&mlp(), &Lora { rank: 9 }).unwrap_err().to_string();
+        assert!(err.contains("not low-rank for 'up' (16 x 8)") && err.contains("at most 8"), "{err}");
+        assert!(lora(&mlp(), &Lora { rank: 8 }).is_ok());
+        let once = lora(&mlp(), &Lora { rank: 2 }).unwrap();
+        let err = lora(&once, &Lora { rank: 2 }).unwrap_err().to_string();
         assert!(err.contains("already a tensor"), "{err}");
     }
 }

@@ -368,6 +368,7 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "qlora"], "invalid value 'qlora'"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "0"], "--lora-rank"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--lora-rank", "8"], "add --peft lora"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "5000"], "use a rank of at most 1024"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute-modules", "mlp"], "add --recompute selective"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute", "selective", "--recompute-modules", "experts"], "unknown recompute module 'experts'"),
         (vec!["--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--precision", "nvfp4"], "no nvfp4"),
