@@ -239,6 +239,21 @@ impl Graph {
         &self.tensors[id]
     }
 
+    /// `op` with its tensors by name again, as [`Graph::new`] takes it (for transforms
+    /// that rebuild a graph).
+    pub fn named(&self, op: &Op) -> NamedOp {
+        let names = |ids: &[TensorId]| ids.iter().map(|&t| self.tensors[t].name.clone()).collect();
+        NamedOp {
+            name: op.name.clone(),
+            kind: op.kind,
+            inputs: names(&op.inputs),
+            outputs: names(&op.outputs),
+            attrs: op.attrs.clone(),
+            layer: op.layer,
+            role: op.role,
+        }
+    }
+
     /// Add a tensor (used by graph transforms); returns its id.
     pub fn add_tensor(&mut self, t: Tensor) -> Result<TensorId, GraphError> {
         if self.index.contains_key(&t.name) {

@@ -33,6 +33,7 @@ use std::collections::{HashMap, HashSet};
 
 use crate::ir::{Attr, Graph, GraphError, NamedOp, Op, Role, Tensor, TensorKind};
 use crate::OpKind;
+use crate::validate::leading_axes;
 
 /// Megatron-Bridge's default LoRA rank (`dim`).
 pub const DEFAULT_RANK: u32 = 32;
@@ -86,7 +87,6 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
         tensors.push(Tensor { name: name.clone(), shape, dtype: like.dtype, kind });
         Ok(name)
     };
-    let name = |id: usize| g.tensors[id].name.clone();
     let target = |op: &Op| {
         op.kind == OpKind::Linear
             && op.layer >= 0
@@ -114,39 +114,21 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
     // The A of the column-parallel linears reading one input: (layer, input) -> its output.
     let mut shared: HashMap<(i32, usize), String> = HashMap::new();
     for op in &g.ops {
-        let base = NamedOp {
-            name: op.name.clone(),
-            kind: op.kind,
-            inputs: op.inputs.iter().map(|&i| name(i)).collect(),
-            outputs: op.outputs.iter().map(|&o| name(o)).collect(),
-            attrs: op.attrs.clone(),
-            layer: op.layer,
-            role: op.role,
-        };
-        let column = op.role == Role::ColumnParallel;
-        let (Some(&x), Some(&w), Some(&y)) = (op.inputs.first(), op.inputs.get(1), op.outputs.first()) else {
-            ops.push(base);
-            continue;
-        };
+        let base = g.named(op);
         if !target(op) {
             ops.push(base);
             continue;
         }
+        let column = op.role == Role::ColumnParallel;
+        let (x, w, y) = (op.inputs[0], op.inputs[1], op.outputs[0]);
         let (xt, wt, yt) = (&g.tensors[x], &g.tensors[w], &g.tensors[y]);
         let (n, k) = (wt.shape[0], wt.shape[1]);
         let p = &op.name;
         let b_w = add(&mut tensors, format!("{p}.lora_b.weight"), vec![n, r], wt, TensorKind::Weight)?;
-        // The input's leading (token) axes, then r: K may span several trailing axes (an
-        // attention output projection reads (B, T, H, D)).
-        let mut lead = xt.shape.len();
-        let mut trailing = 1u64;
-        while lead > 0 && trailing < k {
-            lead -= 1;
-            trailing = trailing.saturating_mul(xt.shape[lead]);
-        }
-        if trailing != k {
+        // The input's leading (token) axes, then r.
+        let Some(lead) = leading_axes(&xt.shape, k) else {
             return Err(invalid(format!("'{p}': input '{}' {:?} has no trailing axes of size {k}", xt.name, xt.shape)));
-        }
+        };
         let mid_shape: Vec<u64> = xt.shape[..lead].iter().copied().chain([r]).collect();
         let out = add(&mut tensors, format!("{p}.lora_out"), yt.shape.clone(), yt, TensorKind::Activation)?;
         let base_out = add(&mut tensors, format!("{p}.base_out"), yt.shape.clone(), yt, TensorKind::Activation)?;
@@ -170,7 +152,7 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
             None => {
                 let a_w = add(&mut tensors, format!("{p}.lora_a.weight"), vec![r, k], wt, TensorKind::Weight)?;
                 let mid = add(&mut tensors, format!("{p}.lora_mid"), mid_shape, yt, TensorKind::Activation)?;
-                ops.push(linear(format!("{p}.lora_a"), vec![name(x), a_w], mid.clone(), a_role, "a"));
+                ops.push(linear(format!("{p}.lora_a"), vec![xt.name.clone(), a_w], mid.clone(), a_role, "a"));
                 if column {
                     shared.insert((op.layer, x), mid.clone());
                 }
@@ -182,7 +164,7 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
             name: format!("{p}.lora_add"),
             kind: OpKind::Add,
             inputs: vec![base_out, out],
-            outputs: vec![name(y)],
+            outputs: vec![yt.name.clone()],
             attrs: Default::default(),
             layer: op.layer,
             role: add_role,
@@ -194,7 +176,7 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
             "the graph has no column- or row-parallel linear in a transformer layer for a LoRA adapter".into(),
         ));
     }
-    Graph::new(tensors, ops, &name(g.loss))
+    Graph::new(tensors, ops, &g.tensors[g.loss].name)
 }
 
 #[cfg(test)]

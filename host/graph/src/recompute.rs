@@ -130,6 +130,11 @@ fn gather_source(producer: &HashMap<TensorId, &Op>, mut id: TensorId) -> TensorI
 }
 
 fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
+    kept_given(g, policy, &input_needs(g))
+}
+
+/// [`kept`] with `need` (per op, which inputs carry a gradient) already worked out.
+fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
     let producer = producers(g);
     let source = |id: TensorId| gather_source(&producer, id);
     let is_act = |id: TensorId| g.tensors.get(id).is_some_and(|t| t.kind == TensorKind::Activation);
@@ -142,7 +147,6 @@ fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<Tensor
             stored.push((id, layer));
         }
     };
-    let need = input_needs(g);
     for (oi, op) in g.ops.iter().enumerate() {
         let needed: Vec<TensorId> = reads(op, &need[oi]).into_iter().map(source).filter(|&t| is_act(t)).collect();
         if policy == RecomputePolicy::Full && op.layer >= 0 {
@@ -212,11 +216,11 @@ pub struct Kept {
 /// the order [`stored_bytes`] counts them, with the ops that keep each (what a precision
 /// recipe needs to know: a low-precision GEMM keeps its own cast copy of its input).
 pub fn kept_by(g: &Graph) -> Vec<Kept> {
-    let (stored, _) = kept(g, RecomputePolicy::None);
+    let need = input_needs(g);
+    let (stored, _) = kept_given(g, RecomputePolicy::None, &need);
     let at: HashMap<TensorId, usize> = stored.iter().enumerate().map(|(i, (t, _))| (*t, i)).collect();
     let mut out: Vec<Kept> = stored.into_iter().map(|(tensor, layer)| Kept { tensor, layer, by: Vec::new() }).collect();
     let producer = producers(g);
-    let need = input_needs(g);
     for (i, op) in g.ops.iter().enumerate() {
         for t in reads(op, &need[i]) {
             let slot = op.inputs.iter().position(|&x| x == t).unwrap_or(usize::MAX);

@@ -101,20 +101,27 @@ fn last(t: &Tensor) -> u64 {
 
 /// Whether some suffix of `shape` multiplies to `n` (the axes a view would merge).
 fn has_suffix_product(shape: &[u64], n: u64) -> bool {
-    let mut p = 1u64;
+    leading_axes(shape, n).is_some()
+}
+
+/// How many leading axes of `shape` come before trailing axes whose product is `n`
+/// (a linear's K may span several: an attention output projection reads (B, T, H, D));
+/// `None` when no trailing run multiplies to `n`.
+pub fn leading_axes(shape: &[u64], n: u64) -> Option<usize> {
     if n == 1 {
-        return true;
+        return Some(shape.len());
     }
-    for &d in shape.iter().rev() {
+    let mut p = 1u64;
+    for (i, &d) in shape.iter().enumerate().rev() {
         p = p.saturating_mul(d);
         if p == n {
-            return true;
+            return Some(i);
         }
         if p > n {
-            return false;
+            return None;
         }
     }
-    false
+    None
 }
 
 impl<'a> Check<'a> {

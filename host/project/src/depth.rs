@@ -197,15 +197,7 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
         let ins: Vec<TensorId> = op.inputs.iter().map(|x| *rename.get(x).unwrap_or(x)).collect();
         used.extend(ins.iter().copied());
         used.extend(op.outputs.iter().copied());
-        ops.push(NamedOp {
-            name: op.name.clone(),
-            kind: op.kind,
-            inputs: ins.iter().map(|&x| g.tensors[x].name.clone()).collect(),
-            outputs: op.outputs.iter().map(|&x| g.tensors[x].name.clone()).collect(),
-            attrs: op.attrs.clone(),
-            layer: op.layer,
-            role: op.role,
-        });
+        ops.push(NamedOp { inputs: ins.iter().map(|&x| g.tensors[x].name.clone()).collect(), ..g.named(op) });
     }
     let tensors = g.tensors.iter().enumerate().filter(|(i, _)| used.contains(i)).map(|(_, t)| t.clone()).collect();
     let out = Graph::new(tensors, ops, &g.tensors[g.loss].name).ok()?;

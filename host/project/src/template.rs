@@ -270,8 +270,8 @@ impl Template {
         // Which ops run a backward, and which backward GEMMs (a fine-tune's frozen
         // weights and the layers before its first adapter drop some).
         let needs = needs_grad(g);
-        let need = |t: Option<&usize>| t.is_some_and(|&t| needs.get(t).copied().unwrap_or(false));
-        let has_backward = |op: &runner_graph::Op| op.inputs.iter().any(|t| need(Some(t)));
+        let need = |t: usize| needs.get(t).copied().unwrap_or(false);
+        let has_backward = |op: &runner_graph::Op| op.inputs.iter().any(|&t| need(t));
         // Where each GEMM op lands: (part, index in its gemms).
         let mut gemm_at: HashMap<usize, (usize, usize)> = HashMap::new();
         let local_experts = |op: &runner_graph::Op| -> f64 {
@@ -295,8 +295,8 @@ impl Template {
                         w: numel(op.inputs.get(1)),
                         y: numel(op.outputs.first()),
                         module: mods.op[i],
-                        dgrad: need(op.inputs.first()),
-                        wgrad: need(op.inputs.get(1)),
+                        dgrad: op.inputs.first().is_some_and(|&t| need(t)),
+                        wgrad: op.inputs.get(1).is_some_and(|&t| need(t)),
                     });
                 }
                 OpKind::Attention => p.attention.push(Core {
