@@ -17,6 +17,7 @@ use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::{ExecOptions, Executor, Input};
 use runner_graph::recompute::RecomputePolicy;
+use runner_graph::pipeline::PipelineSplit;
 use runner_graph::shard::{Layout, RankCoord, shard};
 use runner_graph::{Graph, OpKind};
 
@@ -35,6 +36,11 @@ fn check(g: &Graph, tp: u32, pp: u32, vp: u32, sequence_parallel: bool) {
     check_with(g, tp, pp, vp, sequence_parallel, options());
 }
 
+/// As [`check`], with the layers split over the chunks as `split` says.
+fn check_split(g: &Graph, tp: u32, pp: u32, vp: u32, split: PipelineSplit) {
+    check_layout(g, tp, pp, vp, false, split, options());
+}
+
 /// As [`check`], the ranks run with `rank_options`.
 fn check_with(
     g: &Graph,
@@ -42,6 +48,18 @@ fn check_with(
     pp: u32,
     vp: u32,
     sequence_parallel: bool,
+    rank_options: ExecOptions,
+) {
+    check_layout(g, tp, pp, vp, sequence_parallel, PipelineSplit::default(), rank_options);
+}
+
+fn check_layout(
+    g: &Graph,
+    tp: u32,
+    pp: u32,
+    vp: u32,
+    sequence_parallel: bool,
+    split: PipelineSplit,
     rank_options: ExecOptions,
 ) {
     let data = synthetic_inputs(g, 17);
@@ -55,6 +73,7 @@ fn check_with(
         pp,
         vp,
         sequence_parallel,
+        split,
         // The interleaved schedule wants a multiple of pp micro-batches per step; the
         // executor runs one, which is what a step of one micro-batch per chunk checks.
         ..Layout::single(b, b * pp)
@@ -214,6 +233,9 @@ fn pp2_tp2_matches_unsharded() {
 #[test]
 fn pp2_tied_embedding_gradients_are_summed_across_stages() {
     check(&llama(2, true, true), 1, 2, 1, false);
+    // A replicated (not vocab-parallel) tied table too: its sum was missed until
+    // 2026-12-01, when only vocab-parallel roles marked the embedding and the head.
+    check(&llama(2, true, false), 1, 2, 1, false);
     check(&llama(2, true, true), 2, 2, 1, true);
 }
 
@@ -236,6 +258,25 @@ fn pp2_tp2_with_full_recompute_matches_unsharded() {
         };
         check_with(&llama(4, true, true), 2, 2, 2, true, o);
     }
+}
+
+/// Megatron's accounting of the embedding and the loss as layers: with 2 layers over
+/// pp=2 vp=2 the first chunk holds only the embedding and the last only the head, so
+/// stage 0's first chunk sends the embedding's output and stage 1's last chunk starts
+/// at a receive; the run still equals the unsharded one. With 3 layers over pp=2 and
+/// only the loss counted, the stages hold two layers and one.
+#[test]
+fn pp2_with_the_embedding_and_loss_counted_as_layers_matches_unsharded() {
+    check_split(&llama(2, false, false), 1, 2, 2, PipelineSplit::megatron(true, true));
+    check_split(&llama(2, true, false), 1, 2, 2, PipelineSplit::megatron(true, true));
+    check_split(&llama(3, false, false), 1, 2, 1, PipelineSplit::megatron(false, true));
+    let l = llama(2, false, false);
+    let s = shard(&l, &Layout { pp: 2, vp: 2, split: PipelineSplit::megatron(true, true), ..Layout::single(2, 4) }, RankCoord::default()).unwrap();
+    // Stage 0 runs chunk 0 (the embedding alone) and chunk 2 (layer 1).
+    let layers: std::collections::BTreeSet<i32> = s.graph.ops.iter().map(|o| o.layer).filter(|&l| l >= 0).collect();
+    assert_eq!(layers.into_iter().collect::<Vec<_>>(), vec![1]);
+    let e = Layout { pp: 2, vp: 2, split: PipelineSplit { embedding: 3, loss: 0 }, ..Layout::single(2, 4) }.validate(&l, 2).unwrap_err();
+    assert!(e.contains("the embedding counts as 3 layers"), "{e}");
 }
 
 /// Three layers over pp=3: the middle stage receives and sends.

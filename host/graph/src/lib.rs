@@ -11,12 +11,15 @@
 //! - [`validate::validate`]: shape, dtype, attribute and dataflow checks of a plugin's graph.
 //! - [`count`]: the canonical FLOP/byte/parameter counter and its printed [`count::Convention`].
 //! - [`peft::lora`]: a model's LoRA fine-tuning graph (frozen base, trained adapters).
+//! - [`pipeline::PipelineSplit`]: how the layers split over pipeline chunks (Megatron's
+//!   accounting of the embedding and loss, and its layout strings).
 
 pub mod autodiff;
 pub mod count;
 pub mod ir;
 pub mod modules;
 pub mod peft;
+pub mod pipeline;
 pub mod recompute;
 pub mod shard;
 pub mod validate;

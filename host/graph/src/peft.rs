@@ -340,6 +340,7 @@ mod tests {
                 fsdp: false,
                 micro_batch: 2,
                 global_batch: 4,
+                split: Default::default(),
             };
             let s = shard(&g, &l, RankCoord::default()).unwrap();
             validate(&s.graph).unwrap();

@@ -46,6 +46,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use serde::Serialize;
 
 use crate::ir::{Attr, DType, Graph, NamedOp, Op, OpKind, Role, Tensor, TensorId, TensorKind};
+pub use crate::pipeline::PipelineSplit;
 
 /// A parallel layout: degrees, schedule and batch. GPUs = tp·pp·cp·dp; ep and etp carve
 /// the expert layers out of the tp·cp·dp ranks of one stage (Megatron's MoE folding).
@@ -66,6 +67,8 @@ pub struct Layout {
     pub micro_batch: u32,
     /// Sequences per optimizer step over all data-parallel ranks.
     pub global_batch: u32,
+    /// How the layers split over the pp·vp chunks.
+    pub split: PipelineSplit,
 }
 
 /// Which rank of each parallel group: the graph depends on the pipeline stage (which
@@ -239,6 +242,7 @@ impl Layout {
             fsdp: false,
             micro_batch,
             global_batch,
+            split: PipelineSplit::default(),
         }
     }
 
@@ -332,10 +336,8 @@ impl Layout {
         if self.vp > 1 && self.pp == 1 {
             err.push(format!("vp={} needs pp > 1 (virtual stages interleave pipeline stages); set vp = 1", self.vp));
         }
-        if chunks > layers.max(1) {
-            err.push(format!(
-                "pp·vp = {chunks} pipeline chunks but the graph has {layers} layers; use pp·vp ≤ {layers}"
-            ));
+        if let Err(e) = self.split.starts(layers as usize, chunks as usize) {
+            err.push(e);
         }
         let m = self.micro_batches();
         if self.vp > 1 && self.pp > 1 && !m.is_multiple_of(self.pp) {
@@ -1080,17 +1082,13 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
     let f = facts(g);
     let (places, layers) = partition(g);
     let chunks = (layout.pp * layout.vp) as usize;
-    let per = layers.len() / chunks;
-    let extra = layers.len() % chunks;
-    // Layer position → chunk; the first `extra` chunks hold one layer more.
+    let starts = layout.split.starts(layers.len(), chunks)?;
+    // Layer position → chunk.
     let mut chunk_of_layer: HashMap<i32, usize> = HashMap::new();
-    let mut pos = 0;
     for c in 0..chunks {
-        let n = per + usize::from(c < extra);
-        for &l in &layers[pos..pos + n] {
+        for &l in &layers[starts.start(c)..starts.start(c + 1)] {
             chunk_of_layer.insert(l, c);
         }
-        pos += n;
     }
     let chunk: Vec<usize> = places
         .iter()
@@ -1237,10 +1235,12 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
             OpKind::GroupedLinear => {
                 expert.insert(op.inputs[1]);
             }
-            OpKind::Embedding if op.role == Role::VocabParallel => {
+            // Whatever their roles: a tied table read by the embedding and the head of
+            // a replicated (not vocab-parallel) model is split over pipeline stages too.
+            OpKind::Embedding => {
                 embed.insert(op.inputs[1]);
             }
-            OpKind::Linear if op.role == Role::VocabParallel => {
+            OpKind::Linear => {
                 head.insert(op.inputs[1]);
             }
             _ => {}

@@ -207,6 +207,7 @@ pub fn rank_graph(reduced: &Graph, key: ShardKey) -> Result<Graph, String> {
         fsdp: false,
         micro_batch: key.mbs,
         global_batch: key.mbs * dp,
+        split: Default::default(),
     };
     Ok(shard(reduced, &layout, RankCoord::default())?.graph)
 }

@@ -575,6 +575,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, layout: (u32, u32, u32), 
         fsdp: false,
         micro_batch: cfg.batch as u32,
         global_batch: cfg.batch as u32 * dp,
+        split: Default::default(),
     };
     let coord = RankCoord {
         tp: rank as u32 % tp,

@@ -1,0 +1,290 @@
+//! How a pipeline's transformer layers split over its pp·vp chunks (chunk c runs on
+//! stage c mod pp, Megatron's order): as evenly as possible, or with the embedding and
+//! the loss counted as layers, so that the first and last chunks, which also run the
+//! embedding and the head, hold fewer transformer layers.
+//!
+//! Megatron-LM spells the second kind two ways, both read here:
+//! - `account_for_embedding_in_pipeline_split` / `account_for_loss_in_pipeline_split`
+//!   (`TransformerConfig`): the embedding and the loss each count as one layer;
+//!   Megatron-Bridge's Llama 3.1 405B recipe sets both (126 layers + 2 over 128 chunks).
+//! - `pipeline_model_parallel_layout`, a string of chunks separated by `|`, `E` the
+//!   embedding, `t` a transformer layer, `m` an MTP layer, `L` the loss, `x*n` and
+//!   `(...)*n` repetitions and cosmetic commas (`PipelineParallelLayerLayout` in
+//!   `megatron/core/transformer/pipeline_parallel_layer_layout.py`); Megatron-Bridge's
+//!   DeepSeek-V3 presets use `Et*4|(t*4|)*14tmL`, i.e. the head with its MTP layer
+//!   counts as three layers.
+//!
+//! Sharding and the projection both cut the layers with [`PipelineSplit::starts`], so
+//! what runs and what is costed cannot disagree.
+
+use serde::{Deserialize, Serialize};
+
+/// Layers' worth of work the embedding and the head side count as. Units = layers +
+/// `embedding` + `loss` are split as evenly as possible over the chunks (the first ones
+/// take one more, as with no accounting); the first chunk gives `embedding` of its units
+/// to the embedding and the last chunk `loss` of its units to the head, loss and MTP.
+/// The default (0, 0) is the plain even split.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct PipelineSplit {
+    #[serde(default)]
+    pub embedding: u32,
+    #[serde(default)]
+    pub loss: u32,
+}
+
+/// Where each chunk's layers start, for one split, layer count and chunk count.
+#[derive(Clone, Copy, Debug)]
+pub struct ChunkStarts {
+    layers: usize,
+    chunks: usize,
+    per: usize,
+    extra: usize,
+    embedding: usize,
+}
+
+impl ChunkStarts {
+    /// Index of chunk `c`'s first layer (`c` = chunks gives the layer count).
+    pub fn start(&self, c: usize) -> usize {
+        let units = c * self.per + c.min(self.extra);
+        units.saturating_sub(self.embedding).min(self.layers)
+    }
+
+    /// Transformer layers in chunk `c`.
+    pub fn len(&self, c: usize) -> usize {
+        self.start(c + 1) - self.start(c)
+    }
+
+    /// Layers of the fullest chunk.
+    pub fn max_len(&self) -> usize {
+        (0..self.chunks).map(|c| self.len(c)).max().unwrap_or(0)
+    }
+
+    pub fn chunks(&self) -> usize {
+        self.chunks
+    }
+}
+
+impl PipelineSplit {
+    /// Megatron's two `account_for_*_in_pipeline_split` flags.
+    pub fn megatron(embedding: bool, loss: bool) -> PipelineSplit {
+        PipelineSplit { embedding: u32::from(embedding), loss: u32::from(loss) }
+    }
+
+    pub fn is_even(&self) -> bool {
+        self.embedding == 0 && self.loss == 0
+    }
+
+    /// The split of `layers` over `chunks`.
+    ///
+    /// # Errors
+    /// No chunks, fewer units (layers plus what the embedding and loss count as) than
+    /// chunks (a chunk would be empty), or a first or last chunk whose share is smaller
+    /// than what the embedding or the loss count as.
+    pub fn starts(&self, layers: usize, chunks: usize) -> Result<ChunkStarts, String> {
+        if chunks == 0 {
+            return Err("a pipeline needs at least one chunk".into());
+        }
+        if chunks == 1 {
+            // One chunk holds everything whatever the accounting.
+            return Ok(ChunkStarts { layers, chunks, per: layers, extra: 0, embedding: 0 });
+        }
+        let (e, l) = (self.embedding as usize, self.loss as usize);
+        let units = layers.saturating_add(e).saturating_add(l);
+        let counted = if self.is_even() { String::new() } else { format!(" (with the embedding as {e} and the loss as {l})") };
+        if units < chunks {
+            return Err(format!(
+                "pp·vp = {chunks} pipeline chunks but the {layers} layers{counted} fill only {units}; use pp·vp ≤ {units}"
+            ));
+        }
+        let (per, extra) = (units / chunks, units % chunks);
+        let first = per + usize::from(extra > 0);
+        if first < e {
+            return Err(format!(
+                "the embedding counts as {e} layers but the first of {chunks} chunks holds only {first}; count it as at most {first}"
+            ));
+        }
+        if per < l {
+            return Err(format!(
+                "the loss counts as {l} layers but the last of {chunks} chunks holds only {per}; count it as at most {per}"
+            ));
+        }
+        Ok(ChunkStarts { layers, chunks, per, extra, embedding: e })
+    }
+
+    /// Short form in layout labels: `E1L1` (empty for the even split).
+    pub fn label(&self) -> String {
+        if self.is_even() { String::new() } else { format!("E{}L{}", self.embedding, self.loss) }
+    }
+
+    /// Read Megatron's `pipeline_model_parallel_layout` for a model of `layers`
+    /// transformer layers: the split it describes and its chunk count (pp·vp).
+    ///
+    /// # Errors
+    /// A character other than `E`, `t`, `m`, `L`, `|`, `,`, `(`, `)`, `*` and digits; an
+    /// unbalanced or empty repetition; `E` anywhere but the start of the first chunk, `L`
+    /// anywhere but the end of the last, `m` outside the last chunk (this model runs MTP
+    /// with the head); a transformer layer count other than `layers`; or a layout no
+    /// counting of the embedding and loss reproduces (uneven middle chunks).
+    pub fn from_megatron_layout(layout: &str, layers: usize) -> Result<(PipelineSplit, usize), String> {
+        let flat = expand(layout)?;
+        let chunks: Vec<&str> = flat.split('|').collect();
+        let k = chunks.len();
+        let mut counts = Vec::with_capacity(k);
+        for (c, chunk) in chunks.iter().enumerate() {
+            for (i, ch) in chunk.char_indices() {
+                let ok = match ch {
+                    't' => true,
+                    'E' => c == 0 && i == 0,
+                    'L' => c == k - 1 && i == chunk.len() - 1,
+                    'm' => c == k - 1,
+                    _ => return Err(format!("pipeline layout {layout:?}: unknown layer '{ch}' (E, t, m, L)")),
+                };
+                if !ok {
+                    let (what, rule) = match ch {
+                        'E' => ("E (the embedding)", "must open the first chunk"),
+                        'L' => ("L (the loss)", "must close the last chunk"),
+                        _ => ("m (an MTP layer)", "runs with the head here, in the last chunk (Megatron's standalone MTP chunk is not modelled)"),
+                    };
+                    return Err(format!("pipeline layout {layout:?}: {what} {rule}"));
+                }
+            }
+            counts.push(chunk.chars().filter(|&ch| ch == 't').count());
+        }
+        if !flat.starts_with('E') || !flat.ends_with('L') {
+            return Err(format!("pipeline layout {layout:?}: it must start with E (the embedding) and end with L (the loss)"));
+        }
+        let total: usize = counts.iter().sum();
+        if total != layers {
+            return Err(format!("pipeline layout {layout:?} places {total} transformer layers; the model has {layers}"));
+        }
+        // Several countings can give the same chunks; prefer one that divides evenly
+        // (Megatron's accounting requires it), then the smallest.
+        let most = counts.iter().copied().max().unwrap_or(0);
+        let mut found: Option<PipelineSplit> = None;
+        for e in 0..=most + 1 {
+            for l in 0..=most + 1 {
+                let s = PipelineSplit { embedding: e as u32, loss: l as u32 };
+                if let Ok(st) = s.starts(layers, k)
+                    && (0..k).all(|c| st.len(c) == counts[c])
+                {
+                    if (layers + e + l).is_multiple_of(k) {
+                        return Ok((s, k));
+                    }
+                    found.get_or_insert(s);
+                }
+            }
+        }
+        if let Some(s) = found {
+            return Ok((s, k));
+        }
+        Err(format!(
+            "pipeline layout {layout:?} (layers per chunk {counts:?}) is not an even split with the embedding and the \
+             loss counted as whole layers, the only kind the runner models"
+        ))
+    }
+}
+
+/// Megatron's string with commas dropped and `(...)*n` and `x*n` unrolled.
+fn expand(layout: &str) -> Result<String, String> {
+    // Bounded so that a hostile repetition count cannot exhaust memory.
+    const MAX: usize = 1 << 20;
+    let s: Vec<char> = layout.chars().filter(|&c| c != ',' && !c.is_whitespace()).collect();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < s.len() {
+        let (unit, next) = if s[i] == '(' {
+            let close = s[i..].iter().position(|&c| c == ')').map(|p| i + p)
+                .ok_or_else(|| format!("pipeline layout {layout:?}: '(' without ')'"))?;
+            if s[i + 1..close].contains(&'(') {
+                return Err(format!("pipeline layout {layout:?}: nested parentheses"));
+            }
+            (expand(&s[i + 1..close].iter().collect::<String>())?, close + 1)
+        } else if s[i] == ')' || s[i] == '*' || s[i].is_ascii_digit() {
+            return Err(format!("pipeline layout {layout:?}: unexpected '{}'", s[i]));
+        } else {
+            (s[i].to_string(), i + 1)
+        };
+        let (times, after) = if s.get(next) == Some(&'*') {
+            let digits: String = s[next + 1..].iter().take_while(|c| c.is_ascii_digit()).collect();
+            let n: usize = digits.parse().map_err(|_| format!("pipeline layout {layout:?}: '*' needs a count"))?;
+            (n, next + 1 + digits.len())
+        } else {
+            (1, next)
+        };
+        if unit.is_empty() || out.len().saturating_add(unit.len().saturating_mul(times)) > MAX {
+            return Err(format!("pipeline layout {layout:?}: an empty or oversized repetition"));
+        }
+        out.push_str(&unit.repeat(times));
+        i = after;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lens(s: PipelineSplit, layers: usize, chunks: usize) -> Vec<usize> {
+        let st = s.starts(layers, chunks).unwrap();
+        (0..chunks).map(|c| st.len(c)).collect()
+    }
+
+    #[test]
+    fn even_split_gives_the_first_chunks_one_more() {
+        assert_eq!(lens(PipelineSplit::default(), 10, 4), vec![3, 3, 2, 2]);
+        assert_eq!(lens(PipelineSplit::default(), 80, 40), vec![2; 40]);
+        assert!(PipelineSplit::default().starts(3, 4).unwrap_err().contains("use pp·vp ≤ 3"));
+    }
+
+    #[test]
+    fn megatron_accounting_frees_the_first_and_last_chunk() {
+        // Llama 3.1 405B on PP16 VP8: 126 + 2 units over 128 chunks, the first chunk the
+        // embedding alone and the last the loss alone (Megatron-Bridge 405B recipes).
+        let v = lens(PipelineSplit::megatron(true, true), 126, 128);
+        assert_eq!((v[0], v[127], v.iter().sum::<usize>()), (0, 0, 126));
+        assert!(v[1..127].iter().all(|&n| n == 1));
+        // PP8 VP8: two layers per chunk, one in the first and the last.
+        let v = lens(PipelineSplit::megatron(true, true), 126, 64);
+        assert_eq!((v[0], v[1], v[62], v[63]), (1, 2, 2, 1));
+        // Only the loss counted.
+        assert_eq!(lens(PipelineSplit::megatron(false, true), 7, 4), vec![2, 2, 2, 1]);
+        // A count bigger than the chunk's share is refused, naming it.
+        let e = PipelineSplit { embedding: 0, loss: 5 }.starts(8, 4).unwrap_err();
+        assert!(e.contains("the loss counts as 5 layers") && e.contains("holds only 3"), "{e}");
+    }
+
+    #[test]
+    fn megatron_layout_strings_parse_to_their_split() {
+        // DeepSeek-V3 presets: 61 layers, 16 chunks, the head with MTP as three layers.
+        let (s, k) = PipelineSplit::from_megatron_layout("Et*4|(t*4|)*14tmL", 61).unwrap();
+        assert_eq!((s, k), (PipelineSplit { embedding: 0, loss: 3 }, 16));
+        let v = lens(s, 61, 16);
+        assert_eq!((v[0], v[1], v[15]), (4, 4, 1));
+        // Megatron-Bridge's DeepSeek-V3 PP4 map entry: [E+16, 16, 16, 13+mL].
+        let (s, k) = PipelineSplit::from_megatron_layout("Et*16|t*16|t*16|t*13mL", 61).unwrap();
+        assert_eq!(lens(s, 61, k), vec![16, 16, 16, 13]);
+        // The plain accounting, spelled out, with cosmetic commas.
+        let (s, k) = PipelineSplit::from_megatron_layout("E|(t|)*126,L", 126).unwrap();
+        assert_eq!((k, lens(s, 126, k)[0], lens(s, 126, k)[127]), (128, 0, 0));
+        // The same counts come back whichever (e, l) the search found first.
+        let (s, k) = PipelineSplit::from_megatron_layout("Ett|tt|tt|ttL", 8).unwrap();
+        assert_eq!(lens(s, 8, k), vec![2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn bad_layout_strings_are_refused_with_the_reason() {
+        let err = |s: &str, n: usize| PipelineSplit::from_megatron_layout(s, n).unwrap_err();
+        assert!(err("Et*4|(t*4|)*14tmL", 60).contains("places 61 transformer layers; the model has 60"));
+        assert!(err("Ett|tEt|ttL", 6).contains("E (the embedding) must open the first chunk"));
+        assert!(err("Ett|ttL|tt", 6).contains("L (the loss) must close the last chunk"));
+        assert!(err("Ett|tm|ttL", 5).contains("m (an MTP layer)"));
+        assert!(err("Ett|tx|ttL", 5).contains("unknown layer 'x'"));
+        assert!(err("E(tt|*2L", 4).contains("'(' without ')'"));
+        assert!(err("Et*99999999999|L", 1).contains("oversized"));
+        assert!(err("Et*|L", 1).contains("'*' needs a count"));
+        // Uneven middle chunks are not an accounting of the embedding and loss.
+        assert!(err("Et|ttt|t|tL", 6).contains("not an even split"));
+        // Megatron-Bridge's Llama 3 70B H100 layout puts three layers mid-pipeline.
+        assert!(err("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 80).contains("not an even split"));
+    }
+}
