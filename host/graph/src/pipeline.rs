@@ -32,6 +32,32 @@ pub struct PipelineSplit {
     pub loss: u32,
 }
 
+/// A parsed `pipeline_model_parallel_layout`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MegatronLayout {
+    pub split: PipelineSplit,
+    /// pp·vp.
+    pub chunks: usize,
+    /// Transformer layers placed.
+    pub layers: usize,
+}
+
+impl MegatronLayout {
+    /// Check the layout against a model of `layers` layers run on `chunks` = pp·vp chunks.
+    ///
+    /// # Errors
+    /// Either count differs, named.
+    pub fn check(&self, layers: usize, chunks: usize) -> Result<(), String> {
+        if self.layers != layers {
+            return Err(format!("the pipeline layout places {} transformer layers; the model has {layers}", self.layers));
+        }
+        if self.chunks != chunks {
+            return Err(format!("the pipeline layout has {} chunks; pp·vp = {chunks}", self.chunks));
+        }
+        Ok(())
+    }
+}
+
 /// Where each chunk's layers start, for one split, layer count and chunk count.
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkStarts {
@@ -116,16 +142,17 @@ impl PipelineSplit {
         if self.is_even() { String::new() } else { format!("E{}L{}", self.embedding, self.loss) }
     }
 
-    /// Read Megatron's `pipeline_model_parallel_layout` for a model of `layers`
-    /// transformer layers: the split it describes and its chunk count (pp·vp).
+    /// Read Megatron's `pipeline_model_parallel_layout`: the split it describes, its
+    /// chunk count (pp·vp) and the transformer layers it places (the model's count, which
+    /// the caller checks against the model it projects).
     ///
     /// # Errors
     /// A character other than `E`, `t`, `m`, `L`, `|`, `,`, `(`, `)`, `*` and digits; an
     /// unbalanced or empty repetition; `E` anywhere but the start of the first chunk, `L`
     /// anywhere but the end of the last, `m` outside the last chunk (this model runs MTP
-    /// with the head); a transformer layer count other than `layers`; or a layout no
-    /// counting of the embedding and loss reproduces (uneven middle chunks).
-    pub fn from_megatron_layout(layout: &str, layers: usize) -> Result<(PipelineSplit, usize), String> {
+    /// with the head); or a layout no counting of the embedding and loss reproduces
+    /// (uneven middle chunks).
+    pub fn from_megatron_layout(layout: &str) -> Result<MegatronLayout, String> {
         let flat = expand(layout)?;
         let chunks: Vec<&str> = flat.split('|').collect();
         let k = chunks.len();
@@ -153,10 +180,7 @@ impl PipelineSplit {
         if !flat.starts_with('E') || !flat.ends_with('L') {
             return Err(format!("pipeline layout {layout:?}: it must start with E (the embedding) and end with L (the loss)"));
         }
-        let total: usize = counts.iter().sum();
-        if total != layers {
-            return Err(format!("pipeline layout {layout:?} places {total} transformer layers; the model has {layers}"));
-        }
+        let layers: usize = counts.iter().sum();
         // Several countings can give the same chunks; prefer one that divides evenly
         // (Megatron's accounting requires it), then the smallest.
         let most = counts.iter().copied().max().unwrap_or(0);
@@ -168,14 +192,14 @@ impl PipelineSplit {
                     && (0..k).all(|c| st.len(c) == counts[c])
                 {
                     if (layers + e + l).is_multiple_of(k) {
-                        return Ok((s, k));
+                        return Ok(MegatronLayout { split: s, chunks: k, layers });
                     }
                     found.get_or_insert(s);
                 }
             }
         }
         if let Some(s) = found {
-            return Ok((s, k));
+            return Ok(MegatronLayout { split: s, chunks: k, layers });
         }
         Err(format!(
             "pipeline layout {layout:?} (layers per chunk {counts:?}) is not an even split with the embedding and the \
@@ -256,25 +280,28 @@ mod tests {
     #[test]
     fn megatron_layout_strings_parse_to_their_split() {
         // DeepSeek-V3 presets: 61 layers, 16 chunks, the head with MTP as three layers.
-        let (s, k) = PipelineSplit::from_megatron_layout("Et*4|(t*4|)*14tmL", 61).unwrap();
-        assert_eq!((s, k), (PipelineSplit { embedding: 0, loss: 3 }, 16));
+        let m = PipelineSplit::from_megatron_layout("Et*4|(t*4|)*14tmL").unwrap();
+        let (s, k) = (m.split, m.chunks);
+        assert_eq!((s, k, m.layers), (PipelineSplit { embedding: 0, loss: 3 }, 16, 61));
+        assert!(m.check(61, 16).is_ok());
+        assert!(m.check(60, 16).unwrap_err().contains("places 61 transformer layers; the model has 60"));
+        assert!(m.check(61, 8).unwrap_err().contains("16 chunks; pp·vp = 8"));
         let v = lens(s, 61, 16);
         assert_eq!((v[0], v[1], v[15]), (4, 4, 1));
         // Megatron-Bridge's DeepSeek-V3 PP4 map entry: [E+16, 16, 16, 13+mL].
-        let (s, k) = PipelineSplit::from_megatron_layout("Et*16|t*16|t*16|t*13mL", 61).unwrap();
+        let MegatronLayout { split: s, chunks: k, .. } = PipelineSplit::from_megatron_layout("Et*16|t*16|t*16|t*13mL").unwrap();
         assert_eq!(lens(s, 61, k), vec![16, 16, 16, 13]);
         // The plain accounting, spelled out, with cosmetic commas.
-        let (s, k) = PipelineSplit::from_megatron_layout("E|(t|)*126,L", 126).unwrap();
+        let MegatronLayout { split: s, chunks: k, .. } = PipelineSplit::from_megatron_layout("E|(t|)*126,L").unwrap();
         assert_eq!((k, lens(s, 126, k)[0], lens(s, 126, k)[127]), (128, 0, 0));
         // The same counts come back whichever (e, l) the search found first.
-        let (s, k) = PipelineSplit::from_megatron_layout("Ett|tt|tt|ttL", 8).unwrap();
+        let MegatronLayout { split: s, chunks: k, .. } = PipelineSplit::from_megatron_layout("Ett|tt|tt|ttL").unwrap();
         assert_eq!(lens(s, 8, k), vec![2, 2, 2, 2]);
     }
 
     #[test]
     fn bad_layout_strings_are_refused_with_the_reason() {
-        let err = |s: &str, n: usize| PipelineSplit::from_megatron_layout(s, n).unwrap_err();
-        assert!(err("Et*4|(t*4|)*14tmL", 60).contains("places 61 transformer layers; the model has 60"));
+        let err = |s: &str, _: usize| PipelineSplit::from_megatron_layout(s).unwrap_err();
         assert!(err("Ett|tEt|ttL", 6).contains("E (the embedding) must open the first chunk"));
         assert!(err("Ett|ttL|tt", 6).contains("L (the loss) must close the last chunk"));
         assert!(err("Ett|tm|ttL", 5).contains("m (an MTP layer)"));

@@ -264,7 +264,7 @@ fn invalid_layouts_are_named_never_panic() {
     let cases: Vec<(Layout, u32, &str)> = vec![
         (l(&|l| l.tp = 3), 3, "tp=3 does not divide 32 heads; try 1, 2, 4, 8"),
         (l(&|l| l.tp = 2), 8, "= 2 but the run has 8 GPUs; set dp = 4"),
-        (l(&|l| l.pp = 8), 8, "pp·vp = 8 pipeline chunks but the graph has 4 layers"),
+        (l(&|l| l.pp = 8), 8, "pp·vp = 8 pipeline chunks but the 4 layers fill only 4"),
         (l(&|l| l.vp = 2), 1, "vp=2 needs pp > 1"),
         (l(&|l| l.ep = 2), 1, "no routed experts; set ep = etp = 1"),
         (

@@ -21,6 +21,8 @@ use crate::precision::{Plan, Recipe};
 use crate::profile::Profiles;
 use crate::project::Projector;
 use crate::search;
+use runner_graph::pipeline::PipelineSplit;
+
 use crate::step::{LayoutSpec, Projection};
 
 /// One published run. Absent fields were not stated by the source.
@@ -55,6 +57,14 @@ pub struct Point {
     /// recompute of those modules); absent: none, unless the layout needs recompute to
     /// fit ([`project_fitting`]).
     pub recompute_modules: Option<Vec<String>>,
+    /// Megatron's `account_for_embedding_in_pipeline_split` and
+    /// `account_for_loss_in_pipeline_split` where the run's recipe sets them (the
+    /// embedding and the loss each count as a layer in the pipeline split).
+    pub account_for_embedding_in_pipeline_split: Option<bool>,
+    pub account_for_loss_in_pipeline_split: Option<bool>,
+    /// Megatron's `pipeline_model_parallel_layout` where the run's recipe sets one
+    /// (for example `Et*4|(t*4|)*14tmL`); it replaces the two flags above.
+    pub pipeline_layout: Option<String>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -127,11 +137,26 @@ impl Point {
             modules = modules.with(Module::parse(m).map_err(|e| format!("recompute_modules: {e}"))?);
         }
         let selective = modules != Modules::EMPTY;
+        let vp = self.vp.unwrap_or(1).max(1);
+        let split = match &self.pipeline_layout {
+            Some(text) => {
+                let m = PipelineSplit::from_megatron_layout(text)?;
+                let chunks = u64::from(pp) * u64::from(vp);
+                if m.chunks as u64 != chunks {
+                    return Err(format!("the pipeline layout {text:?} has {} chunks; pp·vp = {chunks}", m.chunks));
+                }
+                m.split
+            }
+            None => PipelineSplit::megatron(
+                self.account_for_embedding_in_pipeline_split.unwrap_or(false),
+                self.account_for_loss_in_pipeline_split.unwrap_or(false),
+            ),
+        };
         Ok(LayoutSpec {
             tp,
             pp,
             cp,
-            vp: self.vp.unwrap_or(1).max(1),
+            vp,
             ep: self.ep.unwrap_or(1).max(1),
             etp: self.etp.unwrap_or(1).max(1),
             dp,
@@ -147,7 +172,14 @@ impl Point {
             ep_overlap: self.ep.unwrap_or(1) > 1 && self.ep_overlap.unwrap_or(true),
             dp_overlap: true,
             grad_fp32: false,
+            split,
         })
+    }
+
+    /// The transformer layers the point's `pipeline_layout` places, if it has one (to
+    /// check against the model's).
+    pub fn layout_layers(&self) -> Option<usize> {
+        self.pipeline_layout.as_deref().and_then(|t| PipelineSplit::from_megatron_layout(t).ok()).map(|m| m.layers)
     }
 }
 
@@ -309,6 +341,11 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
                 out.projectors.len() - 1
             }
         };
+        let layers = out.projectors[at].model.depth.len();
+        if let Some(n) = p.layout_layers().filter(|&n| n != layers) {
+            out.unsupported.push(refuse(format!("the pipeline layout places {n} transformer layers; the model has {layers}")));
+            continue;
+        }
         let mut notes = Vec::new();
         if let Training::Lora(l) = training {
             notes.push(format!("LoRA fine-tune, rank {} on the attention and MLP linears", l.rank));
@@ -341,7 +378,8 @@ pub fn project_fitting(pr: &mut Projector<'_>, layout: &LayoutSpec) -> Result<(P
     if !p.fits {
         return Ok((first, None));
     }
-    let chunk = layers.div_ceil((layout.pp * layout.vp).max(1));
+    let chunks = (layout.pp * layout.vp).max(1);
+    let chunk = layout.split.starts(layers as usize, chunks as usize).map_or(layers.div_ceil(chunks), |s| s.max_len() as u32);
     let what = match p.layout.recompute {
         RecomputePolicy::Selective => format!("selective recompute of {}", p.layout.recompute_modules),
         RecomputePolicy::Full if p.layout.recompute_layers > 0 => {

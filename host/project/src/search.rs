@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use runner_graph::modules::{Module, Modules};
+use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::project::Projector;
@@ -46,6 +47,8 @@ pub struct Space {
     /// With selective recompute fixed: the modules (Megatron's default list, `core_attn`,
     /// when absent).
     pub recompute_modules: Option<Modules>,
+    /// The pipeline split of every layout (even when absent).
+    pub split: Option<PipelineSplit>,
 }
 
 /// Why a family of layouts did not win.
@@ -168,12 +171,20 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                 continue;
                             }
                             let dp = rest / pp;
+                            // With pipelining, also Megatron's balanced split (the embedding
+                            // and the loss counted as layers), unless one is given.
+                            let splits = match space.split {
+                                Some(s) => vec![s],
+                                None if pp > 1 => vec![PipelineSplit::default(), PipelineSplit::megatron(true, true)],
+                                None => vec![PipelineSplit::default()],
+                            };
+                            let units = layers + splits.iter().map(|s| s.embedding + s.loss).max().unwrap_or(0);
                             let vps = pick(
                                 space.vp,
-                                if pp > 1 { (1..=16).filter(|v| pp * v <= layers).collect() } else { vec![1] },
+                                if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
                             );
                             for &vp in &vps {
-                                for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
+                                for (fsdp, split) in space.fsdp.map_or(vec![false, true], |f| vec![f]).into_iter().flat_map(|f| splits.iter().map(move |&s| (f, s))) {
                                     if fsdp && dp * cp == 1 {
                                         continue;
                                     }
@@ -192,6 +203,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         ep_overlap: ep > 1,
                                         dp_overlap: true,
                                         grad_fp32: false,
+                                        split,
                                     };
                                     let r = fitting(costed, sched, layers, space.recompute.is_none(), &mut evaluated);
                                     let t = tracks.entry(fam.clone()).or_default();
@@ -306,7 +318,8 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
             best = Some(p);
         }
     }
-    let chunk = layers.div_ceil(s.pp * s.vp);
+    // Recompute counts run per chunk; the fullest chunk bounds them.
+    let chunk = s.split.starts(layers as usize, (s.pp * s.vp) as usize).map_or(layers.div_ceil(s.pp * s.vp), |st| st.max_len() as u32);
     let at = |n: u32, evaluated: &mut u64| {
         *evaluated += 1;
         let r = RecomputePolicy::Full;

@@ -34,6 +34,8 @@ use runner_graph::OpKind;
 use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
+use runner_graph::pipeline::PipelineSplit;
+
 use crate::comm::Placement;
 use crate::model::Model;
 use crate::precision::{Plan, Recipe};
@@ -65,6 +67,9 @@ pub struct Schedule {
     /// Gradient buffers and their reduction in fp32 (Megatron's grad_reduce_in_fp32);
     /// otherwise BF16, as NVIDIA's performance recipes run.
     pub grad_fp32: bool,
+    /// How the layers split over the pp·vp chunks (the embedding and the loss counted
+    /// as layers or not).
+    pub split: PipelineSplit,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -92,6 +97,10 @@ pub struct LayoutSpec {
     pub ep_overlap: bool,
     pub dp_overlap: bool,
     pub grad_fp32: bool,
+    /// Layers' worth the embedding and the loss count as in the pipeline split
+    /// (Megatron's `account_for_*_in_pipeline_split`; 0 and 0 split the layers evenly).
+    #[serde(default)]
+    pub split: PipelineSplit,
 }
 
 impl LayoutSpec {
@@ -116,6 +125,7 @@ impl LayoutSpec {
             ep_overlap: s.ep_overlap,
             dp_overlap: s.dp_overlap,
             grad_fp32: s.grad_fp32,
+            split: s.split,
         }
     }
 
@@ -138,6 +148,7 @@ impl LayoutSpec {
             ep_overlap: self.ep_overlap,
             dp_overlap: self.dp_overlap,
             grad_fp32: self.grad_fp32,
+            split: self.split,
         }
     }
 
@@ -165,6 +176,9 @@ impl LayoutSpec {
         }
         if long {
             s += &format!(" DP{}", self.dp);
+        }
+        if self.pp > 1 && !self.split.is_even() {
+            s += &format!(" {}", self.split.label());
         }
         s += &format!(" MBS{} GBS{}", self.mbs, self.gbs);
         if self.fsdp {
@@ -489,9 +503,7 @@ impl Costed {
         if vp > 1 && pp == 1 {
             return Err(Reject::Divisibility("vp > 1 needs pp > 1".into()));
         }
-        if chunks > layers.max(1) {
-            return Err(Reject::Divisibility(format!("pp·vp = {chunks} chunks exceed the {layers} layers")));
-        }
+        let starts = s.split.starts(layers, chunks).map_err(Reject::Divisibility)?;
         let per_step = u64::from(key.mbs) * u64::from(dp);
         if s.global_batch == 0 || !u64::from(s.global_batch).is_multiple_of(per_step) {
             return Err(Reject::Divisibility(format!(
@@ -520,8 +532,7 @@ impl Costed {
         };
         let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
         let ov = overlap_index(s);
-        let (per, extra) = (layers / chunks, layers % chunks);
-        let start = |c: usize| c * per + c.min(extra);
+        let start = |c: usize| starts.start(c);
         // Full recompute of the first n layers of each chunk (block method), none for
         // the rest; n = 0 means every layer.
         let partial = s.recompute == RecomputePolicy::Full && s.recompute_layers > 0;

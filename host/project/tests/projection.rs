@@ -502,3 +502,28 @@ fn lora_trains_the_adapters_on_a_frozen_model() {
     // The last stage (the head's, the slowest) updates no copy of the table either.
     assert!(p.breakdown.optimizer < 0.02 * f.breakdown.optimizer, "{} vs {}", p.breakdown.optimizer, f.breakdown.optimizer);
 }
+
+/// The pipeline split moves layers off the stage with the head: Llama 3.1 8B on PP4
+/// puts 8 layers and the head (2.4 layers' worth of GEMM) on the last stage, which sets
+/// the step; counting the loss as 2 layers leaves it 6 and the first two stages 9, a
+/// shorter critical stage. 405B's 126 layers over 128 chunks run only with the
+/// embedding and the loss counted (Megatron-Bridge's 405B recipe).
+#[test]
+fn pipeline_split_moves_layers_off_the_head_stage() {
+    use runner_graph::pipeline::PipelineSplit;
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    let even = layout(1, 4, 1, 1, 2, 1, 64);
+    let moved = LayoutSpec { split: PipelineSplit { embedding: 0, loss: 2 }, ..even };
+    let (a, b) = (pr.project(&even).unwrap(), pr.project(&moved).unwrap());
+    assert!(b.breakdown.compute < 0.97 * a.breakdown.compute, "{} vs {}", b.breakdown.compute, a.breakdown.compute);
+    assert!(b.layout.short().contains("E0L2"), "{}", b.layout.short());
+    // Too much moved: the last stage would hold a negative count.
+    let e = pr.project(&LayoutSpec { split: PipelineSplit { embedding: 0, loss: 12 }, ..even }).unwrap_err();
+    assert!(e.contains("the loss counts as 12 layers"), "{e}");
+    let mut pr = projector("llama3.1-405b", 8192, "gb200", Recipe::Mxfp8);
+    let l = layout(4, 16, 1, 8, 4, 1, 1536);
+    assert!(pr.project(&l).unwrap_err().contains("fill only 126"));
+    let p = pr.project(&LayoutSpec { split: PipelineSplit::megatron(true, true), ..l }).unwrap();
+    assert!(p.step_time_s > 0.0 && p.fits, "{p:?}");
+}
+

@@ -112,6 +112,7 @@ impl LayoutSection {
             fsdp: self.fsdp,
             recompute: self.recompute,
             recompute_modules: None,
+            split: None,
         }
     }
 

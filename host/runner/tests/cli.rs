@@ -376,6 +376,13 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         (vec!["--model", "llama9", "--gpus", "64"], "no installed workload plugin provides 'llama9'"),
         (vec!["--model", "llama3.1-70b", "--gpus", "64", "--precision", "int8"], "unknown precision 'int8'"),
         (vec!["--model", "llama3.1-70b", "--gpus", "48", "--tp", "4", "--pp", "4", "--cp", "2"], "does not divide"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pipeline-layout", "Ett|ttL"], "give --pp"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "4", "--pipeline-layout", "Et*4|(t*4|)*14tmL"], "places 61 transformer layers; the model has 32"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "3", "--pipeline-layout", "Et*8|(t*8|)*2t*8L"], "not a multiple of --pp 3"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--vp", "4", "--pipeline-layout", "Et*16|t*16L"], "that is --vp 1, not 4"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--pipeline-layout", "Et*10|t*22L"], "not an even split"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--pipeline-layout", "Et*16|t*16L", "--account-for-loss-in-pipeline-split"], "cannot be used with"),
+        (vec!["--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536"], "fill only 126; use pp·vp ≤ 126"),
     ] {
         let mut a = vec!["project"];
         a.extend(args);
@@ -383,6 +390,24 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         let (_, err) = text(&o);
         assert!(!o.status.success() && err.contains(want), "{a:?}: {err}");
     }
+}
+
+/// Megatron's pipeline split options: Llama 3.1 405B's 126 layers over PP16 VP8 run
+/// only with the embedding and the loss counted as layers (Megatron-Bridge's 405B
+/// recipe), and DeepSeek-V3's layout string sets vp and takes layers off the last stage.
+#[test]
+fn project_takes_megatrons_pipeline_split() {
+    let dir = scratch("pipeline-split");
+    let base = ["project", "--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--precision", "mxfp8", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536", "--format", "json", "-q"];
+    let o = runner(&dir, &[&base[..], &["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layout"]["split"], serde_json::json!({"embedding": 1, "loss": 1}), "{out}");
+    let o = runner(&dir, &["project", "--model", "deepseek-v3-671b", "--gpu", "gb300", "--gpus", "256", "--precision", "mxfp8", "--tp", "1", "--pp", "4", "--ep", "64", "--mbs", "1", "--gbs", "4096", "--pipeline-layout", "Et*4|(t*4|)*14tmL", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("PP4 VP4") && out.contains("E0L3"), "{out}");
 }
 
 #[test]

@@ -13,6 +13,7 @@ use runner::plugin::Limits;
 use runner::project::{self, PluginResolver};
 use runner::report::Table;
 use runner_graph::modules::{Module, Modules};
+use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::calibrate;
 use runner_project::collectives::{self, CollFit, Tier, fit_collectives};
@@ -66,6 +67,43 @@ pub struct LayoutFlags {
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
     pub recompute_modules: Vec<String>,
+    /// Count the embedding as one pipeline layer: the first stage holds one transformer
+    /// layer fewer (Megatron's account_for_embedding_in_pipeline_split)
+    #[arg(long)]
+    pub account_for_embedding_in_pipeline_split: bool,
+    /// Count the loss (head) as one pipeline layer: the last stage holds one transformer
+    /// layer fewer (Megatron's account_for_loss_in_pipeline_split)
+    #[arg(long)]
+    pub account_for_loss_in_pipeline_split: bool,
+    /// Megatron's pipeline_model_parallel_layout, e.g. "Et*4|(t*4|)*14tmL"
+    /// (Megatron-Bridge's DeepSeek-V3 layout); needs --pp, sets vp = chunks / pp
+    #[arg(long, conflicts_with_all = ["account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"])]
+    pub pipeline_layout: Option<String>,
+}
+
+impl LayoutFlags {
+    /// The pipeline split the flags ask for, checked against a model of `layers`
+    /// layers (a `--pipeline-layout` also fixes vp).
+    fn split(&mut self, layers: usize) -> Result<Option<PipelineSplit>> {
+        let Some(text) = self.pipeline_layout.clone() else {
+            let (e, l) = (self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split);
+            return Ok((e || l).then(|| PipelineSplit::megatron(e, l)));
+        };
+        let m = PipelineSplit::from_megatron_layout(&text).map_err(|e| anyhow::anyhow!("--pipeline-layout: {e}"))?;
+        let pp = self.pp.ok_or_else(|| {
+            anyhow::anyhow!("--pipeline-layout lists {} chunks; give --pp (the chunks are pp·vp)", m.chunks)
+        })? as usize;
+        if pp == 0 || !m.chunks.is_multiple_of(pp) {
+            anyhow::bail!("--pipeline-layout lists {} chunks, not a multiple of --pp {pp}", m.chunks);
+        }
+        let vp = (m.chunks / pp) as u32;
+        if self.vp.is_some_and(|v| v != vp) {
+            anyhow::bail!("--pipeline-layout lists {} chunks: with --pp {pp} that is --vp {vp}, not {}", m.chunks, self.vp.unwrap_or(1));
+        }
+        self.vp = Some(vp);
+        m.check(layers, m.chunks).map_err(|e| anyhow::anyhow!("--pipeline-layout: {e}"))?;
+        Ok(Some(m.split))
+    }
 }
 
 /// What names a projection: model, GPU, precision, sequence, batch.
@@ -254,6 +292,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         flags.mbs.get_or_insert(k.mbs);
         s.projector = s.projector.with_measured(m.file.measured());
     }
+    let split = flags.split(s.projector.model.depth.len())?;
     let flags = &flags;
     let given = u64::from(flags.tp.unwrap_or(1)) * u64::from(flags.pp.unwrap_or(1)) * u64::from(flags.cp.unwrap_or(1));
     if given == 0 || !u64::from(gpus).is_multiple_of(given) {
@@ -294,6 +333,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             ep_overlap: ep > 1,
             dp_overlap: true,
             grad_fp32: false,
+            split: split.unwrap_or_default(),
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
@@ -309,7 +349,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         }
         Some((l, from)) => (s.projector.project(&l).map_err(err)?, from),
         None => {
-            let f = search::search(&mut s.projector, gpus, gbs, &space_of(flags, modules), 1);
+            let f = search::search(&mut s.projector, gpus, gbs, &space_of(flags, modules, split), 1);
             match f.best.into_iter().next() {
                 Some(p) => (p, "the layout search (flags given are kept; no published layout for this GPU count)".into()),
                 None => anyhow::bail!(
@@ -393,7 +433,7 @@ fn project_table(o: &ProjectOut) -> Table {
     t
 }
 
-fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>) -> Space {
+fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<PipelineSplit>) -> Space {
     Space {
         tp: f.tp,
         pp: f.pp,
@@ -405,6 +445,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>) -> Space {
         fsdp: f.fsdp.then_some(true),
         recompute: policy(f.recompute.as_deref()),
         recompute_modules,
+        split,
     }
 }
 
@@ -423,8 +464,11 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     if gpus.is_empty() || gpus.contains(&0) {
         anyhow::bail!("--gpus takes GPU counts of at least 1, e.g. --gpus 64,512");
     }
-    let space = space_of(flags, modules_of(flags)?);
     let mut s = setup(t, global)?;
+    let mut flags = flags.clone();
+    let split = flags.split(s.projector.model.depth.len())?;
+    let flags = &flags;
+    let space = space_of(flags, modules_of(flags)?, split);
     let mut notes = std::mem::take(&mut s.notes);
     let mut all: Vec<Found> = Vec::new();
     let mut table = Table::new(
