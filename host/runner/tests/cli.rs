@@ -380,7 +380,7 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "4", "--pipeline-layout", "Et*4|(t*4|)*14tmL"], "places 61 transformer layers; the model has 32"),
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "3", "--pipeline-layout", "Et*8|(t*8|)*2t*8L"], "not a multiple of --pp 3"),
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--vp", "4", "--pipeline-layout", "Et*16|t*16L"], "that is --vp 1, not 4"),
-        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--pipeline-layout", "Et*10|t*22L"], "not an even split"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "4", "--pipeline-layout", "Et*8|t*10|t*6|t*8L"], "not an even split"),
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--pipeline-layout", "Et*16|t*16L", "--account-for-loss-in-pipeline-split"], "cannot be used with"),
         (vec!["--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536"], "fill only 126; use pp·vp ≤ 126"),
     ] {
