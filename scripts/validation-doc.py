@@ -37,10 +37,11 @@ fm = full[len(full)//2] if len(full)%2 else (full[len(full)//2-1]+full[len(full)
 lora=[c for c in v['checked'] if 'LoRA' in c['family']]
 def verdict(x, target):
     # Met only when the measured figure meets the target; otherwise the gap.
-    return 'met' if x <= target else f"not met ({100*(x-target):.1f} points over)"
+    gap = 100*(x-target)
+    return 'met' if x <= target else f"not met ({gap:.2f} points over)" if gap < 0.1 else f"not met ({gap:.1f} points over)"
 tmpl=open('scripts/validation-doc.template.md').read()
-doc=tmpl.format(n=o['points'],median=pct(o['median']),p90=pct(o['p90']),max=pct(o['max']),
-  median_verdict=verdict(o['median'],0.05), p90_verdict=verdict(o['p90'],0.15), test_verdict=verdict(o['median'],0.08), ndense=len(dense), dense_median=pct(dm), nfull=len(full), full_median=pct(fm), nlora=len(lora), lora_errors=' and '.join(f"{100*c['error']:+.1f} %" for c in lora), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']),
+doc=tmpl.format(n=o['points'],median=f"{100*o['median']:.2f} %",p90=pct(o['p90']),max=pct(o['max']),
+  median_verdict=verdict(o['median'],0.05), p90_verdict=verdict(o['p90'],0.15), test_verdict=verdict(o['median'],0.08), ndense=len(dense), dense_median=pct(dm), nfull=len(full), full_median=f"{100*fm:.2f} %", nlora=len(lora), lora_errors=' and '.join(f"{100*c['error']:+.1f} %" for c in lora), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']),
   cal=cal.strip(), groups="\n".join(groups), hold="\n".join(hold), points="\n".join(points), unsup="\n".join(unsup))
 open('docs/VALIDATION.md','w').write(doc)
 print(o, hmed, hp90, dm)

@@ -134,6 +134,13 @@ impl Plan {
     /// GEMMs of the transformer layers; BF16 for the head and other GEMMs outside them,
     /// the routers, LoRA adapters, and under NVFP4 the last four layers.
     pub fn builtin(recipe: Recipe, g: &Graph) -> Plan {
+        Plan::builtin_with(recipe, g, None)
+    }
+
+    /// [`Plan::builtin`] with the transformer layers kept in BF16 at the start and the end
+    /// stated (Megatron's `num_layers_at_start_in_bf16` / `num_layers_at_end_in_bf16`);
+    /// `None`: the recipe's default (NVFP4 keeps the last four, the others none).
+    pub fn builtin_with(recipe: Recipe, g: &Graph, bf16_layers: Option<(usize, usize)>) -> Plan {
         let low = recipe.format();
         let layers: Vec<i32> = {
             let mut v: Vec<i32> = g.ops.iter().filter(|o| o.layer >= 0).map(|o| o.layer).collect();
@@ -143,7 +150,8 @@ impl Plan {
         };
         // Main transformer layers (MTP modules come after the head and keep the recipe).
         let main = runner_graph::shard::partition(g).1;
-        let last_bf16: Vec<i32> = if recipe == Recipe::Nvfp4 { main.iter().rev().take(4).copied().collect() } else { Vec::new() };
+        let (start, end) = bf16_layers.unwrap_or(if recipe == Recipe::Nvfp4 { (0, 4) } else { (0, 0) });
+        let last_bf16: Vec<i32> = main.iter().take(start).chain(main.iter().rev().take(end)).copied().collect();
         let router_inputs: Vec<usize> =
             g.ops.iter().filter(|o| o.kind == OpKind::Router).filter_map(|o| o.inputs.first().copied()).collect();
         let mut sites = HashMap::new();

@@ -65,6 +65,12 @@ pub struct Point {
     /// Megatron's `pipeline_model_parallel_layout` where the run's recipe sets one
     /// (for example `Et*4|(t*4|)*14tmL`); it replaces the two flags above.
     pub pipeline_layout: Option<String>,
+    /// Transformer layers the run kept in BF16 at the start and the end of the model
+    /// (Megatron's `num_layers_at_start_in_bf16` / `num_layers_at_end_in_bf16` under
+    /// `first_last_layers_bf16`); absent: the precision's built-in default (NVFP4 keeps
+    /// the last four).
+    pub num_layers_at_start_in_bf16: Option<u32>,
+    pub num_layers_at_end_in_bf16: Option<u32>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -269,7 +275,8 @@ pub struct Prepared<'s> {
 /// Resolve models, GPUs, precisions and layouts for `points`.
 pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver, progress: &dyn Fn(&str)) -> Prepared<'s> {
     let mut out = Prepared { projectors: Vec::new(), runs: Vec::new(), unsupported: Vec::new() };
-    let mut by_key: HashMap<(String, u32, String, String, Training), usize> = HashMap::new();
+    type Key = (String, u32, String, String, Training, Option<(usize, usize)>);
+    let mut by_key: HashMap<Key, usize> = HashMap::new();
     let mut families: BTreeMap<String, String> = BTreeMap::new();
     for (i, p) in points.iter().enumerate() {
         let refuse = |reason: String| Unsupported { index: i, label: p.label(), reason, source: p.source.clone() };
@@ -315,7 +322,11 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
             continue;
         }
         let seq = p.seq_len.unwrap_or(0);
-        let key = (p.model.clone(), seq, gpu.name.clone(), recipe.name().to_string(), training);
+        let bf16_layers = match (p.num_layers_at_start_in_bf16, p.num_layers_at_end_in_bf16) {
+            (None, None) => None,
+            (a, b) => Some((a.unwrap_or(0) as usize, b.unwrap_or(0) as usize)),
+        };
+        let key = (p.model.clone(), seq, gpu.name.clone(), recipe.name().to_string(), training, bf16_layers);
         let at = match by_key.get(&key) {
             Some(&at) => at,
             None => {
@@ -335,7 +346,7 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
                     }
                 };
                 families.insert(p.model.clone(), family);
-                let plan = Plan::builtin(recipe, &model.graph);
+                let plan = Plan::builtin_with(recipe, &model.graph, bf16_layers);
                 out.projectors.push(Projector::new(model, source, gpu, plan));
                 by_key.insert(key, out.projectors.len() - 1);
                 out.projectors.len() - 1
