@@ -7,8 +7,9 @@
 //! achieved HBM bandwidth share, the NICs' achieved bandwidth share for rings and trees,
 //! and for the all-to-all (the expert-parallel dispatch and combine) where runs send
 //! one across scale-up domains. It minimises
-//! the robust (Huber) loss of the log step-time errors plus a pull towards the priors,
-//! so a parameter the data cannot see stays where the priors put it. Coordinate descent
+//! a robust (Cauchy) loss of the log step-time errors plus a pull towards the priors,
+//! so a parameter the data cannot see stays where the priors put it. Runs whose GEMM
+//! format keeps an unfitted prior are projected but not fitted to. Coordinate descent
 //! with a golden-section line search on each parameter's logarithm, within bounds.
 //!
 //! [`cross_validate`] refits with each model family left out and predicts it: the error
@@ -21,6 +22,7 @@ use crate::profile::{Efficiency, GemmFormat, GpuProfile};
 use crate::published::{Point, Prepared, Resolver, Stats, prepare, project_fitting};
 use crate::step::LayoutSpec;
 use crate::profile::Profiles;
+use crate::project::Projector;
 
 /// A parameter the fit may move.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -100,12 +102,19 @@ pub struct Fit {
 
 /// Weight of the pull towards the priors, per parameter, in squared log units.
 const PRIOR_WEIGHT: f64 = 0.02;
-/// Huber threshold on the log step-time error.
-const HUBER: f64 = 0.10;
+/// Scale of the robust loss on the log step-time error.
+const SCALE: f64 = 0.10;
 
-fn huber(r: f64) -> f64 {
-    let a = r.abs();
-    if a <= HUBER { 0.5 * r * r } else { HUBER * (a - 0.5 * HUBER) }
+/// The Cauchy (Lorentzian) loss, c²/2 · ln(1 + (r/c)²): r²/2 for errors well under the
+/// scale, like least squares, and an influence that falls for errors far past it: a run
+/// 50 % off that no parameter explains (a framework regression, a recipe the model does
+/// not see) pulls on the chip's efficiencies half as hard as a run 10 % off, one 2x off a
+/// quarter as hard. Under Huber's loss, whose influence stays constant past the scale,
+/// two such runs of
+/// different models outvoted GB200's one well-measured BF16 run and halved its BF16
+/// GEMM efficiency (docs/VALIDATION.md, 2026-12-01).
+fn robust_loss(r: f64) -> f64 {
+    0.5 * SCALE * SCALE * (r / SCALE).mul_add(r / SCALE, 1.0).ln()
 }
 
 /// One supported run: its projector, the layout (recompute to fit already added), the
@@ -142,7 +151,7 @@ impl Runs<'_, '_> {
     }
 
     fn objective(&mut self, gpu: &GpuProfile, prior: &Efficiency, params: &[Param]) -> f64 {
-        let fit: f64 = self.errors(gpu).iter().map(|&r| huber(r)).sum();
+        let fit: f64 = self.errors(gpu).iter().map(|&r| robust_loss(r)).sum();
         let pull: f64 = params.iter().map(|p| (p.get(&gpu.efficiency) / p.get(prior)).ln().powi(2)).sum();
         fit + PRIOR_WEIGHT * pull
     }
@@ -154,6 +163,23 @@ pub const SHARED_MIN_RUNS: usize = 10;
 /// Runs, from at least two model families, a GEMM format needs on a GPU before its
 /// efficiency is fitted: fewer would fit one model's quirks, not the chip.
 pub const FORMAT_MIN_RUNS: usize = 3;
+
+/// The GEMM format a run's efficiency is fitted under: its recipe's, with per-tensor FP8
+/// and MXFP8 as one on a chip that runs them at one peak.
+fn fitted_format(pr: &Projector<'_>) -> GemmFormat {
+    match pr.plan.recipe.format() {
+        GemmFormat::Fp8 if pr.gpu.fp8_datapath_shared() => GemmFormat::Mxfp8,
+        f => f,
+    }
+}
+
+/// The parameter holding the GEMM efficiency of a run's format.
+fn format_param(pr: &Projector<'_>) -> Param {
+    match fitted_format(pr) {
+        GemmFormat::Mxfp8 if pr.gpu.fp8_datapath_shared() => Param::Fp8Datapath,
+        f => Param::Gemm(f),
+    }
+}
 
 /// Which parameters the runs of a GPU can inform: the GEMM efficiency of each format
 /// enough runs of enough models use, and, with enough runs, the shared ones (each NIC
@@ -167,10 +193,7 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     for r in runs {
         let pr = &prep.projectors[r.at];
         tied |= pr.gpu.fp8_datapath_shared();
-        let f = match pr.plan.recipe.format() {
-            GemmFormat::Fp8 if pr.gpu.fp8_datapath_shared() => GemmFormat::Mxfp8,
-            f => f,
-        };
+        let f = fitted_format(pr);
         let e = by_format.entry(f).or_default();
         e.0 += 1;
         e.1.insert(r.family.clone());
@@ -306,9 +329,10 @@ pub fn calibrate(
         progress(&format!("fitting {g} ({} runs)", r.len()));
         let mut gpu = profiles.get(&g)?.clone();
         let own = r.len() >= SHARED_MIN_RUNS;
+        let fitted_here = params_for(&prep, &r);
+        let mut known = fitted_here.clone();
         if let Some(from) = &shared {
             // Start from the best-measured GPU wherever this GPU's runs cannot speak.
-            let fitted_here = params_for(&prep, &r);
             let fp8 = if gpu.fp8_datapath_shared() { Param::Fp8Datapath } else { Param::Gemm(GemmFormat::Fp8) };
             let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8];
             if !own {
@@ -316,7 +340,15 @@ pub fn calibrate(
             }
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
                 p.set(&mut gpu.efficiency, p.get(from));
+                known.push(p);
             }
+        }
+        // A run whose GEMM format keeps its unfitted prior (too few runs or families,
+        // here or on the GPU it borrows from) would push that prior's error into the
+        // shared parameters (attention, HBM): it is projected, not fitted to.
+        let r: Vec<Run> = r.into_iter().filter(|run| known.contains(&format_param(&prep.projectors[run.at]))).collect();
+        if r.is_empty() {
+            continue;
         }
         let fit = fit_runs(&mut prep, &gpu, r, label);
         if own && shared.is_none() {
