@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
 /// to the embedding and the last chunk `loss` of its units to the head, loss and MTP.
 /// The default (0, 0) is the plain even split.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PipelineSplit {
     #[serde(default)]
     pub embedding: u32,
@@ -140,6 +141,21 @@ impl PipelineSplit {
     /// Short form in layout labels: `E1L1` (empty for the even split).
     pub fn label(&self) -> String {
         if self.is_even() { String::new() } else { format!("E{}L{}", self.embedding, self.loss) }
+    }
+
+    /// Read `even` or a label such as `E1L1` (what the embedding and the loss count as).
+    ///
+    /// # Errors
+    /// Anything else, with the accepted forms.
+    pub fn parse(text: &str) -> Result<PipelineSplit, String> {
+        let t = text.trim();
+        if t.eq_ignore_ascii_case("even") {
+            return Ok(PipelineSplit::default());
+        }
+        let bad = || format!("pipeline split {text:?}: use even or E<n>L<m> (E1L1: the embedding and the loss as one layer each)");
+        let rest = t.strip_prefix(['E', 'e']).ok_or_else(bad)?;
+        let (e, l) = rest.split_once(['L', 'l']).ok_or_else(bad)?;
+        Ok(PipelineSplit { embedding: e.parse().map_err(|_| bad())?, loss: l.parse().map_err(|_| bad())? })
     }
 
     /// Read Megatron's `pipeline_model_parallel_layout`: the split it describes, its
@@ -297,6 +313,16 @@ mod tests {
         // The same counts come back whichever (e, l) the search found first.
         let MegatronLayout { split: s, chunks: k, .. } = PipelineSplit::from_megatron_layout("Ett|tt|tt|ttL").unwrap();
         assert_eq!(lens(s, 8, k), vec![2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn labels_read_back() {
+        for s in [PipelineSplit::default(), PipelineSplit::megatron(true, true), PipelineSplit { embedding: 0, loss: 3 }] {
+            let text = if s.is_even() { "even".to_string() } else { s.label() };
+            assert_eq!(PipelineSplit::parse(&text).unwrap(), s);
+        }
+        assert!(PipelineSplit::parse("E1").unwrap_err().contains("use even or E<n>L<m>"));
+        assert!(PipelineSplit::parse("balanced").is_err());
     }
 
     #[test]

@@ -122,6 +122,11 @@ pub struct QuickRun {
     /// Layout search: keep the micro-batch at N sequences
     #[arg(long, value_name = "N")]
     pub mbs: Option<u32>,
+    /// Layout search: keep the pipeline split, `even` or E<n>L<m> (E1L1: the embedding
+    /// and the loss count as a layer each, Megatron's account_for_*_in_pipeline_split);
+    /// default: try both
+    #[arg(long, value_name = "SPLIT", value_parser = runner_graph::pipeline::PipelineSplit::parse)]
+    pub pipeline_split: Option<runner_graph::pipeline::PipelineSplit>,
     /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
     #[arg(long, value_name = "D")]
     pub target_days: Option<f64>,

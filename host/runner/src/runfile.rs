@@ -49,6 +49,7 @@
 
 use std::path::Path;
 
+use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::precision::Recipe;
 use serde::{Deserialize, Serialize};
@@ -96,6 +97,11 @@ pub struct LayoutSection {
     pub fsdp: Option<bool>,
     /// Activation recompute: none, selective or full.
     pub recompute: Option<RecomputePolicy>,
+    /// How the layers split over pipeline chunks: `{ embedding = 1, loss = 1 }` counts
+    /// the embedding and the loss as a layer each (Megatron's
+    /// `account_for_*_in_pipeline_split`), `{ embedding = 0, loss = 0 }` splits evenly;
+    /// absent, the search tries both.
+    pub pipeline_split: Option<PipelineSplit>,
 }
 
 impl LayoutSection {
@@ -112,7 +118,7 @@ impl LayoutSection {
             fsdp: self.fsdp,
             recompute: self.recompute,
             recompute_modules: None,
-            split: None,
+            split: self.pipeline_split,
         }
     }
 
@@ -129,6 +135,9 @@ impl LayoutSection {
         }
         if let Some(r) = self.recompute {
             parts.push(format!("recompute {r:?}").to_lowercase());
+        }
+        if let Some(s) = self.pipeline_split {
+            parts.push(if s.is_even() { "even pipeline split".into() } else { format!("pipeline split {}", s.label()) });
         }
         parts.join(" ")
     }
@@ -441,6 +450,17 @@ mod tests {
             err.contains("partial") && err.contains("selective") && err.contains("line 4"),
             "{err}"
         );
+    }
+
+    /// `[layout] pipeline_split` fixes the split for the search, and a bad one names
+    /// the field.
+    #[test]
+    fn pipeline_split_is_read() {
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { embedding = 1, loss = 1 }\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().split, Some(PipelineSplit::megatron(true, true)));
+        assert!(run.layout.describe().contains("pipeline split E1L1"));
+        let err = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { embedding = 1, los = 1 }\n", "t.toml").unwrap_err();
+        assert!(err.contains("los"), "{err}");
     }
 
     #[test]

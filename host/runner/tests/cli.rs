@@ -408,6 +408,17 @@ fn project_takes_megatrons_pipeline_split() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("PP4 VP4") && out.contains("E0L3"), "{out}");
+    // The search keeps a split given in the labels' notation, and tries both otherwise.
+    let o = runner(&dir, &["search", "--model", "llama3.1-70b", "--gpus", "64", "--pp", "4", "--pipeline-split", "E1L1", "--top", "3", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with("64")).collect();
+    assert!(!rows.is_empty() && rows.iter().all(|l| l.contains("E1L1")), "{out}");
+    let o = runner(&dir, &["explore", "--model", "llama3.1-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--cp", "2", "--vp", "5", "--pipeline-split", "even", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.contains("TP4 PP4 CP2 VP5 ") && !out.contains("E1L1"), "{out}{err}");
+    let o = runner(&dir, &["explore", "--model", "llama3.1-70b", "--gpus", "64", "--pipeline-split", "balanced", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("use even or E<n>L<m>"), "{}", text(&o).1);
 }
 
 #[test]

@@ -79,6 +79,9 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
             *slot = v;
         }
     }
+    if quick.pipeline_split.is_some() {
+        run.layout.pipeline_split = quick.pipeline_split;
+    }
     if quick.target_days.is_some() {
         run.explore.target_days = quick.target_days;
     }

@@ -79,12 +79,21 @@ pub struct LayoutFlags {
     /// (Megatron-Bridge's DeepSeek-V3 layout); needs --pp, sets vp = chunks / pp
     #[arg(long, conflicts_with_all = ["account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split"])]
     pub pipeline_layout: Option<String>,
+    /// The pipeline split as the layout labels write it: `even`, or E<n>L<m> (the
+    /// embedding and the loss count as n and m layers); default: the flags above, or
+    /// for the search both even and E1L1
+    #[arg(long, value_name = "SPLIT", value_parser = PipelineSplit::parse,
+          conflicts_with_all = ["account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split", "pipeline_layout"])]
+    pub pipeline_split: Option<PipelineSplit>,
 }
 
 impl LayoutFlags {
     /// The pipeline split the flags ask for, checked against a model of `layers`
     /// layers (a `--pipeline-layout` also fixes vp).
     fn split(&mut self, layers: usize) -> Result<Option<PipelineSplit>> {
+        if let Some(s) = self.pipeline_split {
+            return Ok(Some(s));
+        }
         let Some(text) = self.pipeline_layout.clone() else {
             let (e, l) = (self.account_for_embedding_in_pipeline_split, self.account_for_loss_in_pipeline_split);
             return Ok((e || l).then(|| PipelineSplit::megatron(e, l)));
