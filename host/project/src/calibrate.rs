@@ -125,6 +125,9 @@ struct Run {
     layout: LayoutSpec,
     measured: f64,
     family: String,
+    /// Whether the objective counts it (its GEMM format's efficiency is fitted or
+    /// borrowed from a fit); every run counts in the before/after figures.
+    fitted: bool,
 }
 
 /// The runs of one GPU type, ready to re-project under new efficiencies.
@@ -135,9 +138,14 @@ struct Runs<'p, 's> {
 
 impl Runs<'_, '_> {
     fn errors(&mut self, gpu: &GpuProfile) -> Vec<f64> {
+        self.errors_of(gpu, false)
+    }
+
+    /// Log step-time errors of every run, or of the fitted ones only.
+    fn errors_of(&mut self, gpu: &GpuProfile, fitted_only: bool) -> Vec<f64> {
         let mut out = Vec::with_capacity(self.runs.len());
         let mut last: Option<usize> = None;
-        for r in &self.runs {
+        for r in self.runs.iter().filter(|r| r.fitted || !fitted_only) {
             let pr = &mut self.prep.projectors[r.at];
             if last != Some(r.at) || pr.gpu.efficiency != gpu.efficiency {
                 pr.set_gpu(gpu.clone());
@@ -151,7 +159,7 @@ impl Runs<'_, '_> {
     }
 
     fn objective(&mut self, gpu: &GpuProfile, prior: &Efficiency, params: &[Param]) -> f64 {
-        let fit: f64 = self.errors(gpu).iter().map(|&r| robust_loss(r)).sum();
+        let fit: f64 = self.errors_of(gpu, true).iter().map(|&r| robust_loss(r)).sum();
         let pull: f64 = params.iter().map(|p| (p.get(&gpu.efficiency) / p.get(prior)).ln().powi(2)).sum();
         fit + PRIOR_WEIGHT * pull
     }
@@ -245,10 +253,11 @@ pub(crate) fn golden(mut f: impl FnMut(f64) -> f64, lo: f64, hi: f64, iters: usi
 /// Fit `gpu` to the runs `prep.runs` selects (already fitted to memory), starting from
 /// its current efficiency table.
 fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &str) -> Fit {
-    let params = params_for(prep, &runs);
+    let informing: Vec<Run> = runs.iter().filter(|r| r.fitted).cloned().collect();
+    let params = params_for(prep, &informing);
     let prior = gpu.efficiency.clone();
     let mut current = gpu.clone();
-    let n = runs.len();
+    let n = informing.len();
     let mut r = Runs { prep, runs };
     let before = Stats::of(r.errors(&current).iter().map(|e| e.exp() - 1.0));
     for _sweep in 0..6 {
@@ -290,7 +299,7 @@ fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Opti
         }
         let Some(measured) = points[i].measured_step() else { continue };
         let Ok((p, _)) = project_fitting(pr, &layout) else { continue };
-        out.push(Run { at, layout: p.layout, measured, family });
+        out.push(Run { at, layout: p.layout, measured, family, fitted: true });
     }
     out
 }
@@ -346,10 +355,10 @@ pub fn calibrate(
         // A run whose GEMM format keeps its unfitted prior (too few runs or families,
         // here or on the GPU it borrows from) would push that prior's error into the
         // shared parameters (attention, HBM): it is projected, not fitted to.
-        let r: Vec<Run> = r.into_iter().filter(|run| known.contains(&format_param(&prep.projectors[run.at]))).collect();
-        if r.is_empty() {
-            continue;
-        }
+        let r: Vec<Run> = r
+            .into_iter()
+            .map(|run| Run { fitted: known.contains(&format_param(&prep.projectors[run.at])), ..run })
+            .collect();
         let fit = fit_runs(&mut prep, &gpu, r, label);
         if own && shared.is_none() {
             shared = Some(fit.efficiency.clone());
