@@ -197,31 +197,58 @@ impl PipelineSplit {
             return Err(format!("pipeline layout {layout:?}: it must start with E (the embedding) and end with L (the loss)"));
         }
         let layers: usize = counts.iter().sum();
-        // Several countings can give the same chunks; prefer one that divides evenly
-        // (Megatron's accounting requires it), then the smallest.
-        let most = counts.iter().copied().max().unwrap_or(0);
-        let mut found: Option<PipelineSplit> = None;
-        for e in 0..=most + 1 {
-            for l in 0..=most + 1 {
-                let s = PipelineSplit { embedding: e as u32, loss: l as u32 };
-                if let Ok(st) = s.starts(layers, k)
-                    && (0..k).all(|c| st.len(c) == counts[c])
-                {
-                    if (layers + e + l).is_multiple_of(k) {
-                        return Ok(MegatronLayout { split: s, chunks: k, layers });
-                    }
-                    found.get_or_insert(s);
-                }
-            }
-        }
-        if let Some(s) = found {
-            return Ok(MegatronLayout { split: s, chunks: k, layers });
+        if let Some(split) = split_for(&counts) {
+            return Ok(MegatronLayout { split, chunks: k, layers });
         }
         Err(format!(
             "pipeline layout {layout:?} (layers per chunk {counts:?}) is not an even split with the embedding and the \
              loss counted as whole layers, the only kind the runner models"
         ))
     }
+}
+
+/// The counting of the embedding and the loss that gives these layers per chunk, if one
+/// does; several can, and one that divides evenly (as Megatron's accounting requires) is
+/// preferred. Worked out from the chunks rather than searched, so a layout of a million
+/// chunks or layers costs one pass.
+fn split_for(counts: &[usize]) -> Option<PipelineSplit> {
+    let k = counts.len();
+    let layers: usize = counts.iter().sum();
+    if k <= 1 {
+        return Some(PipelineSplit::default());
+    }
+    let (first, last) = (counts[0], counts[k - 1]);
+    // Candidate (per, extra): chunk c holds per + (c < extra) units.
+    let mut cands: Vec<(usize, usize)> = Vec::new();
+    if k == 2 {
+        let per = first.max(last);
+        cands.push((per, 0));
+    } else {
+        let mid = &counts[1..k - 1];
+        let m = mid.iter().copied().min().unwrap_or(0);
+        let plus = mid.iter().filter(|&&c| c > m).count();
+        cands.push((m, plus + 1));
+        if plus == 0 {
+            cands.push((m, 0));
+            if m > 0 {
+                cands.push((m - 1, k - 1));
+            }
+        }
+    }
+    let check = |(per, extra): (usize, usize)| -> Option<PipelineSplit> {
+        let units_first = per + usize::from(extra > 0);
+        let e = units_first.checked_sub(first)?;
+        let l = per.checked_sub(last)?;
+        let s = PipelineSplit { embedding: u32::try_from(e).ok()?, loss: u32::try_from(l).ok()? };
+        let st = s.starts(layers, k).ok()?;
+        (0..k).all(|c| st.len(c) == counts[c]).then_some(s)
+    };
+    let valid: Vec<PipelineSplit> = cands.into_iter().filter_map(check).collect();
+    valid
+        .iter()
+        .copied()
+        .find(|s| (layers + s.embedding as usize + s.loss as usize).is_multiple_of(k))
+        .or_else(|| valid.first().copied())
 }
 
 /// Megatron's string with commas dropped and `(...)*n` and `x*n` unrolled.
@@ -335,6 +362,10 @@ mod tests {
         assert!(err("E(tt|*2L", 4).contains("'(' without ')'"));
         assert!(err("Et*99999999999|L", 1).contains("oversized"));
         assert!(err("Et*|L", 1).contains("'*' needs a count"));
+        // A million layers in few chunks, or a million chunks, parse at once.
+        let m = PipelineSplit::from_megatron_layout("Et*300000|t*300000|t*299999L").unwrap();
+        assert_eq!((m.layers, m.chunks), (899_999, 3));
+        assert_eq!(PipelineSplit::from_megatron_layout("E(t|)*400000L").unwrap().chunks, 400_001);
         // Uneven middle chunks are not an accounting of the embedding and loss.
         assert!(err("Et|ttt|t|tL", 6).contains("not an even split"));
         // Megatron-Bridge's Llama 3 70B H100 layout puts three layers mid-pipeline.
