@@ -85,10 +85,6 @@ impl ChunkStarts {
     pub fn max_len(&self) -> usize {
         (0..self.chunks).map(|c| self.len(c)).max().unwrap_or(0)
     }
-
-    pub fn chunks(&self) -> usize {
-        self.chunks
-    }
 }
 
 impl PipelineSplit {
@@ -136,6 +132,13 @@ impl PipelineSplit {
             ));
         }
         Ok(ChunkStarts { layers, chunks, per, extra, embedding: e })
+    }
+
+    /// Layers of the fullest of `chunks` chunks (what a per-chunk recompute count ranges
+    /// over); a split that does not fit falls back to the even split's.
+    pub fn fullest_chunk(&self, layers: u32, chunks: u32) -> u32 {
+        let chunks = chunks.max(1);
+        self.starts(layers as usize, chunks as usize).map_or(layers.div_ceil(chunks), |s| s.max_len() as u32)
     }
 
     /// Short form in layout labels: `E1L1` (empty for the even split).
@@ -197,7 +200,7 @@ impl PipelineSplit {
             return Err(format!("pipeline layout {layout:?}: it must start with E (the embedding) and end with L (the loss)"));
         }
         let layers: usize = counts.iter().sum();
-        if let Some(split) = split_for(&counts) {
+        if let Some(split) = split_for(&counts, layers) {
             return Ok(MegatronLayout { split, chunks: k, layers });
         }
         Err(format!(
@@ -211,9 +214,8 @@ impl PipelineSplit {
 /// does; several can, and one that divides evenly (as Megatron's accounting requires) is
 /// preferred. Worked out from the chunks rather than searched, so a layout of a million
 /// chunks or layers costs one pass.
-fn split_for(counts: &[usize]) -> Option<PipelineSplit> {
+fn split_for(counts: &[usize], layers: usize) -> Option<PipelineSplit> {
     let k = counts.len();
-    let layers: usize = counts.iter().sum();
     if k <= 1 {
         return Some(PipelineSplit::default());
     }

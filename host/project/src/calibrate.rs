@@ -181,10 +181,11 @@ fn fitted_format(pr: &Projector<'_>) -> GemmFormat {
     }
 }
 
-/// The parameter holding the GEMM efficiency of a run's format.
-fn format_param(pr: &Projector<'_>) -> Param {
-    match fitted_format(pr) {
-        GemmFormat::Mxfp8 if pr.gpu.fp8_datapath_shared() => Param::Fp8Datapath,
+/// The parameter holding format `f`'s GEMM efficiency on a GPU (`shared`: one that runs
+/// per-tensor FP8 and MXFP8 at one peak).
+fn format_param(f: GemmFormat, shared: bool) -> Param {
+    match f {
+        GemmFormat::Fp8 | GemmFormat::Mxfp8 if shared => Param::Fp8Datapath,
         f => Param::Gemm(f),
     }
 }
@@ -212,7 +213,7 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut p: Vec<Param> = by_format
         .into_iter()
         .filter(|(_, (n, fams))| *n >= FORMAT_MIN_RUNS && fams.len() >= 2)
-        .map(|(f, _)| if f == GemmFormat::Mxfp8 && tied { Param::Fp8Datapath } else { Param::Gemm(f) })
+        .map(|(f, _)| format_param(f, tied))
         .collect();
     if runs.len() >= SHARED_MIN_RUNS {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
@@ -342,7 +343,7 @@ pub fn calibrate(
         let mut known = fitted_here.clone();
         if let Some(from) = &shared {
             // Start from the best-measured GPU wherever this GPU's runs cannot speak.
-            let fp8 = if gpu.fp8_datapath_shared() { Param::Fp8Datapath } else { Param::Gemm(GemmFormat::Fp8) };
+            let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
             let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
@@ -357,7 +358,10 @@ pub fn calibrate(
         // shared parameters (attention, HBM): it is projected, not fitted to.
         let r: Vec<Run> = r
             .into_iter()
-            .map(|run| Run { fitted: known.contains(&format_param(&prep.projectors[run.at])), ..run })
+            .map(|run| {
+                let pr = &prep.projectors[run.at];
+                Run { fitted: known.contains(&format_param(fitted_format(pr), pr.gpu.fp8_datapath_shared())), ..run }
+            })
             .collect();
         let fit = fit_runs(&mut prep, &gpu, r, label);
         if own && shared.is_none() {

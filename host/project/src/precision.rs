@@ -151,7 +151,7 @@ impl Plan {
         // Main transformer layers (MTP modules come after the head and keep the recipe).
         let main = runner_graph::shard::partition(g).1;
         let (start, end) = bf16_layers.unwrap_or(if recipe == Recipe::Nvfp4 { (0, 4) } else { (0, 0) });
-        let last_bf16: Vec<i32> = main.iter().take(start).chain(main.iter().rev().take(end)).copied().collect();
+        let kept_bf16: Vec<i32> = main.iter().take(start).chain(main.iter().rev().take(end)).copied().collect();
         let router_inputs: Vec<usize> =
             g.ops.iter().filter(|o| o.kind == OpKind::Router).filter_map(|o| o.inputs.first().copied()).collect();
         let mut sites = HashMap::new();
@@ -159,7 +159,7 @@ impl Plan {
             let router = op.outputs.iter().any(|o| router_inputs.contains(o));
             let outside = op.layer < 0 || op.role == Role::VocabParallel || !layers.contains(&op.layer);
             let adapter = runner_graph::peft::is_adapter(op);
-            let f = if recipe == Recipe::Bf16 || router || outside || adapter || last_bf16.contains(&op.layer) {
+            let f = if recipe == Recipe::Bf16 || router || outside || adapter || kept_bf16.contains(&op.layer) {
                 GemmFormat::Bf16
             } else {
                 low

@@ -145,14 +145,8 @@ impl Point {
         let selective = modules != Modules::EMPTY;
         let vp = self.vp.unwrap_or(1).max(1);
         let split = match &self.pipeline_layout {
-            Some(text) => {
-                let m = PipelineSplit::from_megatron_layout(text)?;
-                let chunks = u64::from(pp) * u64::from(vp);
-                if m.chunks as u64 != chunks {
-                    return Err(format!("the pipeline layout {text:?} has {} chunks; pp·vp = {chunks}", m.chunks));
-                }
-                m.split
-            }
+            // Its chunk and layer counts are checked with the model ([`prepare`]).
+            Some(text) => PipelineSplit::from_megatron_layout(text)?.split,
             None => PipelineSplit::megatron(
                 self.account_for_embedding_in_pipeline_split.unwrap_or(false),
                 self.account_for_loss_in_pipeline_split.unwrap_or(false),
@@ -182,10 +176,16 @@ impl Point {
         })
     }
 
-    /// The transformer layers the point's `pipeline_layout` places, if it has one (to
-    /// check against the model's).
-    pub fn layout_layers(&self) -> Option<usize> {
-        self.pipeline_layout.as_deref().and_then(|t| PipelineSplit::from_megatron_layout(t).ok()).map(|m| m.layers)
+    /// Check the point's `pipeline_layout`, if it has one, against a model of `layers`
+    /// layers run on `chunks` = pp·vp chunks.
+    ///
+    /// # Errors
+    /// The layout does not parse, or places another number of layers or chunks.
+    pub fn check_pipeline_layout(&self, layers: usize, chunks: usize) -> Result<(), String> {
+        match self.pipeline_layout.as_deref() {
+            Some(text) => PipelineSplit::from_megatron_layout(text)?.check(layers, chunks),
+            None => Ok(()),
+        }
     }
 }
 
@@ -353,8 +353,8 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
             }
         };
         let layers = out.projectors[at].model.depth.len();
-        if let Some(n) = p.layout_layers().filter(|&n| n != layers) {
-            out.unsupported.push(refuse(format!("the pipeline layout places {n} transformer layers; the model has {layers}")));
+        if let Err(e) = p.check_pipeline_layout(layers, (layout.pp as usize) * (layout.vp as usize)) {
+            out.unsupported.push(refuse(e));
             continue;
         }
         let mut notes = Vec::new();
@@ -389,8 +389,7 @@ pub fn project_fitting(pr: &mut Projector<'_>, layout: &LayoutSpec) -> Result<(P
     if !p.fits {
         return Ok((first, None));
     }
-    let chunks = (layout.pp * layout.vp).max(1);
-    let chunk = layout.split.starts(layers as usize, chunks as usize).map_or(layers.div_ceil(chunks), |s| s.max_len() as u32);
+    let chunk = layout.split.fullest_chunk(layers, layout.pp * layout.vp);
     let what = match p.layout.recompute {
         RecomputePolicy::Selective => format!("selective recompute of {}", p.layout.recompute_modules),
         RecomputePolicy::Full if p.layout.recompute_layers > 0 => {

@@ -178,7 +178,8 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                 None if pp > 1 => vec![PipelineSplit::default(), PipelineSplit::megatron(true, true)],
                                 None => vec![PipelineSplit::default()],
                             };
-                            let units = layers + splits.iter().map(|s| s.embedding + s.loss).max().unwrap_or(0);
+                            // A split given on the command line may count absurdly many units.
+                            let units = splits.iter().map(|s| layers.saturating_add(s.embedding).saturating_add(s.loss)).max().unwrap_or(layers);
                             let vps = pick(
                                 space.vp,
                                 if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
@@ -319,7 +320,7 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         }
     }
     // Recompute counts run per chunk; the fullest chunk bounds them.
-    let chunk = s.split.starts(layers as usize, (s.pp * s.vp) as usize).map_or(layers.div_ceil(s.pp * s.vp), |st| st.max_len() as u32);
+    let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
     let at = |n: u32, evaluated: &mut u64| {
         *evaluated += 1;
         let r = RecomputePolicy::Full;

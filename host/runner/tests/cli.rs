@@ -417,6 +417,9 @@ fn project_takes_megatrons_pipeline_split() {
     let o = runner(&dir, &["explore", "--model", "llama3.1-70b", "--gpus", "64", "--tp", "4", "--pp", "4", "--cp", "2", "--vp", "5", "--pipeline-split", "even", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success() && out.contains("TP4 PP4 CP2 VP5 ") && !out.contains("E1L1"), "{out}{err}");
+    // An absurd split is refused per layout, not a u32 overflow in the search.
+    let o = runner(&dir, &["search", "--model", "llama3.1-8b", "--gpus", "64", "--pipeline-split", "E4294967295L4294967295", "-q"]);
+    assert!(o.status.success() && text(&o).0.contains("counts as 4294967295 layers"), "{}{}", text(&o).0, text(&o).1);
     let o = runner(&dir, &["explore", "--model", "llama3.1-70b", "--gpus", "64", "--pipeline-split", "balanced", "-q"]);
     assert!(!o.status.success() && text(&o).1.contains("use even or E<n>L<m>"), "{}", text(&o).1);
 }

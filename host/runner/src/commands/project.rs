@@ -110,7 +110,7 @@ impl LayoutFlags {
             anyhow::bail!("--pipeline-layout lists {} chunks: with --pp {pp} that is --vp {vp}, not {}", m.chunks, self.vp.unwrap_or(1));
         }
         self.vp = Some(vp);
-        m.check(layers, m.chunks).map_err(|e| anyhow::anyhow!("--pipeline-layout: {e}"))?;
+        m.check(layers, pp * vp as usize).map_err(|e| anyhow::anyhow!("--pipeline-layout: {e}"))?;
         Ok(Some(m.split))
     }
 }
