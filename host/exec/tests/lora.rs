@@ -31,7 +31,7 @@ fn adapters_b(g: &Graph) -> Vec<String> {
 #[test]
 fn starts_at_the_base_model_and_trains_only_the_adapters() {
     let base = base();
-    let g = lora(&base, &Lora { rank: 4 }).unwrap();
+    let g = lora(&base, &Lora { rank: 4, ..Lora::default() }).unwrap();
     let data = synthetic_inputs(&base, 5);
     let mut plain = Executor::new(&base, Cpu::new(), options()).unwrap();
     let w = weights(&plain);
@@ -61,7 +61,7 @@ fn starts_at_the_base_model_and_trains_only_the_adapters() {
 /// a column-parallel base, A split and B replicated on a row-parallel one, with SP the
 /// replicated A's partial gradients summed by the step's tp all-reduce.
 fn check_tp2(sequence_parallel: bool) {
-    let g = lora(&base(), &Lora { rank: 4 }).unwrap();
+    let g = lora(&base(), &Lora { rank: 4, ..Lora::default() }).unwrap();
     let data = synthetic_inputs(&g, 11);
     let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
     // Non-zero up-projections, so every adapter weight gets a gradient.

@@ -313,14 +313,14 @@ pub fn modules(g: &Graph) -> ModuleMap {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::ir::{Attr, DType, Graph, TensorKind};
     use crate::testing::{op_in, t};
 
     /// A dense layer (norm, q/k/v, attention, out, add; norm, gate/up, SwiGLU, down, add)
     /// and an MLA + MoE layer with a shared expert.
-    fn layers() -> Graph {
+    pub(crate) fn layers() -> Graph {
         let a = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Activation);
         let w = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Weight);
         let x = &[1u64, 8, 16][..];

@@ -54,12 +54,79 @@ pub fn is_adapter(op: &Op) -> bool {
 pub struct Lora {
     /// Rank r of every adapter.
     pub rank: u32,
+    /// Which linears of each layer carry an adapter.
+    pub targets: LoraTargets,
 }
 
 impl Default for Lora {
     fn default() -> Lora {
-        Lora { rank: DEFAULT_RANK }
+        Lora { rank: DEFAULT_RANK, targets: LoraTargets::All }
     }
+}
+
+/// The linears a LoRA fine-tune adapts, in Megatron-Bridge's `target_modules` terms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LoraTargets {
+    /// `linear_qkv`, `linear_proj`, `linear_fc1`, `linear_fc2` (the default): every column-
+    /// and row-parallel linear of a transformer layer.
+    #[default]
+    All,
+    /// `linear_qkv` alone: the linears whose outputs become the attention core's q, k and v
+    /// (NVIDIA's LoRA performance configs, e.g. Megatron-Bridge
+    /// `src/megatron/bridge/perf_recipes/llama/h100/llama3.py` at 71eaba6,
+    /// `llama3_70b_lora_8gpu_h100_fp8cs_config`: `cfg.peft.target_modules = ["linear_qkv"]`).
+    Qkv,
+}
+
+impl LoraTargets {
+    /// Megatron-Bridge's module names: `linear_qkv` alone, or the four defaults in any order.
+    pub fn from_modules(modules: &[String]) -> Result<LoraTargets, String> {
+        let mut set: Vec<&str> = modules.iter().map(String::as_str).collect();
+        set.sort_unstable();
+        set.dedup();
+        match set.as_slice() {
+            ["linear_qkv"] => Ok(LoraTargets::Qkv),
+            ["linear_fc1", "linear_fc2", "linear_proj", "linear_qkv"] => Ok(LoraTargets::All),
+            _ => Err(format!(
+                "LoRA target modules {modules:?}: supported are [\"linear_qkv\"] and [\"linear_qkv\", \"linear_proj\", \"linear_fc1\", \"linear_fc2\"]"
+            )),
+        }
+    }
+
+    /// What the adapters sit on, in words.
+    pub fn describe(self) -> &'static str {
+        match self {
+            LoraTargets::All => "the attention and MLP linears",
+            LoraTargets::Qkv => "the q, k and v linears",
+        }
+    }
+}
+
+/// The linears whose outputs reach an attention core's inputs through position encodings
+/// and concatenations only: Megatron's `linear_qkv` (q, k and v here). Under multi-latent
+/// attention these are the up-projections (Megatron's `linear_q_up_proj` and
+/// `linear_kv_up_proj`); the latent down-projections stay without adapters.
+fn qkv_linears(g: &Graph) -> HashSet<usize> {
+    let producer: HashMap<usize, usize> =
+        g.ops.iter().enumerate().flat_map(|(i, op)| op.outputs.iter().map(move |&t| (t, i))).collect();
+    let mut found = HashSet::new();
+    let mut stack: Vec<usize> =
+        g.ops.iter().filter(|op| op.kind == OpKind::Attention).flat_map(|op| op.inputs.iter().copied()).collect();
+    let mut seen = HashSet::new();
+    while let Some(t) = stack.pop() {
+        if !seen.insert(t) {
+            continue;
+        }
+        let Some(&i) = producer.get(&t) else { continue };
+        match g.ops[i].kind {
+            OpKind::Linear => {
+                found.insert(i);
+            }
+            OpKind::Rotary | OpKind::Concat => stack.extend(g.ops[i].inputs.iter().copied()),
+            _ => {}
+        }
+    }
+    found
 }
 
 /// The LoRA fine-tuning graph of `g`: every weight frozen, and an adapter on each
@@ -87,8 +154,13 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
         tensors.push(Tensor { name: name.clone(), shape, dtype: like.dtype, kind });
         Ok(name)
     };
-    let target = |op: &Op| {
-        op.kind == OpKind::Linear
+    let qkv = match spec.targets {
+        LoraTargets::All => None,
+        LoraTargets::Qkv => Some(qkv_linears(g)),
+    };
+    let target = |i: usize, op: &Op| {
+        qkv.as_ref().is_none_or(|set| set.contains(&i))
+            && op.kind == OpKind::Linear
             && op.layer >= 0
             && matches!(op.role, Role::ColumnParallel | Role::RowParallel)
             && op.inputs.get(1).is_some_and(|&w| g.tensors[w].shape.len() == 2)
@@ -98,8 +170,9 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
     if let Some((op, n, k)) = g
         .ops
         .iter()
-        .filter(|op| target(op))
-        .map(|op| (op, g.tensors[op.inputs[1]].shape[0], g.tensors[op.inputs[1]].shape[1]))
+        .enumerate()
+        .filter(|&(i, op)| target(i, op))
+        .map(|(_, op)| (op, g.tensors[op.inputs[1]].shape[0], g.tensors[op.inputs[1]].shape[1]))
         .min_by_key(|&(_, n, k)| n.min(k))
         && r > n.min(k)
     {
@@ -113,9 +186,9 @@ pub fn lora(g: &Graph, spec: &Lora) -> Result<Graph, GraphError> {
     let mut adapted = 0usize;
     // The A of the column-parallel linears reading one input: (layer, input) -> its output.
     let mut shared: HashMap<(i32, usize), String> = HashMap::new();
-    for op in &g.ops {
+    for (i, op) in g.ops.iter().enumerate() {
         let base = g.named(op);
-        if !target(op) {
+        if !target(i, op) {
             ops.push(base);
             continue;
         }
@@ -251,7 +324,7 @@ mod tests {
     fn freezes_the_model_and_adapts_column_and_row_linears() {
         let base = mlp();
         validate(&base).unwrap();
-        let g = lora(&base, &Lora { rank: 2 }).unwrap();
+        let g = lora(&base, &Lora { rank: 2, ..Lora::default() }).unwrap();
         validate(&g).unwrap();
         let kind = |n: &str| g.tensors[g.tensor_id(n).unwrap()].kind;
         let shape = |n: &str| g.tensors[g.tensor_id(n).unwrap()].shape.clone();
@@ -282,7 +355,7 @@ mod tests {
 
     #[test]
     fn only_the_adapters_get_gradients_and_the_embedding_no_backward() {
-        let g = lora(&mlp(), &Lora { rank: 2 }).unwrap();
+        let g = lora(&mlp(), &Lora { rank: 2, ..Lora::default() }).unwrap();
         let plan = backward_plan(&g).unwrap();
         let id = |n: &str| g.tensor_id(n).unwrap();
         for w in ["embed", "gain", "up.weight", "down.weight", "head"] {
@@ -313,7 +386,7 @@ mod tests {
     #[test]
     fn a_frozen_gemm_has_one_backward_gemm() {
         let base = mlp();
-        let g = lora(&base, &Lora { rank: 2 }).unwrap();
+        let g = lora(&base, &Lora { rank: 2, ..Lora::default() }).unwrap();
         let conv = Convention::CAUSAL;
         // Base: every linear 3x forward. LoRA: base linears 2x, adapters 3x.
         let fwd = |n: u64, k: u64| 2.0 * 8.0 * (n * k) as f64;
@@ -326,7 +399,7 @@ mod tests {
 
     #[test]
     fn shards_for_tensor_and_sequence_parallelism_and_reduces_only_adapter_gradients() {
-        let g = lora(&mlp(), &Lora { rank: 2 }).unwrap();
+        let g = lora(&mlp(), &Lora { rank: 2, ..Lora::default() }).unwrap();
         for sp in [false, true] {
             let l = Layout {
                 tp: 2,
@@ -365,7 +438,7 @@ mod tests {
     /// one A; each keeps its B.
     #[test]
     fn linears_reading_one_input_share_the_down_projection() {
-        let l = lora(&mlp_gated(true), &Lora { rank: 2 }).unwrap();
+        let l = lora(&mlp_gated(true), &Lora { rank: 2, ..Lora::default() }).unwrap();
         validate(&l).unwrap();
         assert!(l.tensor_id("up.lora_a.weight").is_some() && l.tensor_id("gate.lora_a.weight").is_none());
         let gate_b = l.ops.iter().find(|o| o.name == "gate.lora_b").unwrap();
@@ -375,13 +448,51 @@ mod tests {
 
     #[test]
     fn refuses_rank_zero_and_graphs_without_targets() {
-        let err = lora(&mlp(), &Lora { rank: 0 }).unwrap_err().to_string();
+        let err = lora(&mlp(), &Lora { rank: 0, ..Lora::default() }).unwrap_err().to_string();
         assert!(err.contains("rank"), "{err}");
-        let err = lora(&mlp(), &Lora { rank: 9 }).unwrap_err().to_string();
+        let err = lora(&mlp(), &Lora { rank: 9, ..Lora::default() }).unwrap_err().to_string();
         assert!(err.contains("not low-rank for 'up' (16 x 8)") && err.contains("at most 8"), "{err}");
-        assert!(lora(&mlp(), &Lora { rank: 8 }).is_ok());
-        let once = lora(&mlp(), &Lora { rank: 2 }).unwrap();
-        let err = lora(&once, &Lora { rank: 2 }).unwrap_err().to_string();
+        assert!(lora(&mlp(), &Lora { rank: 8, ..Lora::default() }).is_ok());
+        let once = lora(&mlp(), &Lora { rank: 2, ..Lora::default() }).unwrap();
+        let err = lora(&once, &Lora { rank: 2, ..Lora::default() }).unwrap_err().to_string();
         assert!(err.contains("already a tensor"), "{err}");
+    }
+
+    /// `linear_qkv` alone adapts the linears that feed the attention core, dense or
+    /// multi-latent, and nothing of the MLP, the output projection or the experts.
+    #[test]
+    fn qkv_targets_adapt_only_the_attention_inputs() {
+        let mut g = crate::modules::tests::layers();
+        for op in &mut g.ops {
+            if op.kind == OpKind::Linear {
+                let row = ["l0.out", "l0.down", "l1.out", "l1.sd"].contains(&op.name.as_str());
+                op.role = if row { Role::RowParallel } else { Role::ColumnParallel };
+            }
+        }
+        let spec = Lora { rank: 2, targets: LoraTargets::Qkv };
+        // (Two layers cut from a model: no embedding or loss, so not a validating graph.)
+        let l = lora(&g, &spec).unwrap();
+        let mut adapted: Vec<&str> =
+            l.ops.iter().filter(|o| o.attrs.get(LORA_ATTR) == Some(&Attr::Text("b".into()))).map(|o| o.name.as_str()).collect();
+        adapted.sort_unstable();
+        assert_eq!(adapted, ["l0.k.lora_b", "l0.q.lora_b", "l0.v.lora_b", "l1.ku.lora_b", "l1.qu.lora_b", "l1.vu.lora_b"]);
+        // q, k and v read one input: one shared down-projection, as Megatron's fused linear_qkv.
+        assert_eq!(l.ops.iter().filter(|o| o.name.starts_with("l0.") && o.name.ends_with(".lora_a")).count(), 1);
+        // The default adapts every column- and row-parallel linear of both layers.
+        let all = lora(&g, &Lora { rank: 2, ..Lora::default() }).unwrap();
+        let n_all = all.ops.iter().filter(|o| o.attrs.get(LORA_ATTR) == Some(&Attr::Text("b".into()))).count();
+        assert!(n_all > adapted.len() + 6, "{n_all}");
+    }
+
+    #[test]
+    fn target_modules_parse_as_megatron_bridge_names_them() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(LoraTargets::from_modules(&names(&["linear_qkv"])), Ok(LoraTargets::Qkv));
+        assert_eq!(
+            LoraTargets::from_modules(&names(&["linear_fc2", "linear_qkv", "linear_fc1", "linear_proj"])),
+            Ok(LoraTargets::All)
+        );
+        let err = LoraTargets::from_modules(&names(&["linear_fc1"])).unwrap_err();
+        assert!(err.contains("linear_fc1") && err.contains("supported"), "{err}");
     }
 }

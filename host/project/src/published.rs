@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
-use runner_graph::peft::Lora;
+use runner_graph::peft::{Lora, LoraTargets};
 
 use crate::model::{GraphSource, Model, TrainedSource, Training};
 use crate::precision::{Plan, Recipe};
@@ -71,6 +71,9 @@ pub struct Point {
     /// the last four).
     pub num_layers_at_start_in_bf16: Option<u32>,
     pub num_layers_at_end_in_bf16: Option<u32>,
+    /// A LoRA run's Megatron-Bridge `peft.target_modules` (`["linear_qkv"]`, or the four
+    /// defaults); absent: the defaults.
+    pub lora_target_modules: Option<Vec<String>>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -282,8 +285,23 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
         let refuse = |reason: String| Unsupported { index: i, label: p.label(), reason, source: p.source.clone() };
         let workload = p.workload.to_ascii_lowercase();
         // LoRA rows: NeMo's and Megatron-Bridge's default adapters (rank 32 on the
-        // attention and MLP linears).
-        let training = if workload.contains("lora") { Training::Lora(Lora::default()) } else { Training::Full };
+        // attention and MLP linears) unless the row names its target modules.
+        let training = if workload.contains("lora") {
+            let targets = match p.lora_target_modules.as_deref().map(LoraTargets::from_modules).transpose() {
+                Ok(t) => t.unwrap_or_default(),
+                Err(e) => {
+                    out.unsupported.push(refuse(e));
+                    continue;
+                }
+            };
+            Training::Lora(Lora { targets, ..Lora::default() })
+        } else {
+            if p.lora_target_modules.is_some() {
+                out.unsupported.push(refuse("lora_target_modules is set on a run that is not a LoRA fine-tune (workload \"finetune_lora\")".into()));
+                continue;
+            }
+            Training::Full
+        };
         if training == Training::Full
             && !workload.is_empty()
             && !workload.starts_with("pretrain")
@@ -359,7 +377,7 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
         }
         let mut notes = Vec::new();
         if let Training::Lora(l) = training {
-            notes.push(format!("LoRA fine-tune, rank {} on the attention and MLP linears", l.rank));
+            notes.push(format!("LoRA fine-tune, rank {} on {}", l.rank, l.targets.describe()));
         }
         if let Some(f) = p.fsdp.filter(|&f| f > 1 && f != layout.dp * layout.cp) {
             notes.push(format!("FSDP group {f} of {} data-parallel ranks modelled as full sharding", layout.dp * layout.cp));
@@ -367,7 +385,7 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
         let note = notes.join("; ");
         // A LoRA fine-tune is grouped (and held out) apart from its model's training runs.
         let family = families.get(&p.model).cloned().unwrap_or_default();
-        let family = if training == Training::Full { family } else { format!("{family} {}", training.label()) };
+        let family = if training == Training::Full { family } else { format!("{family} LoRA") };
         out.runs.push((i, at, layout, family, note));
     }
     out

@@ -12,7 +12,7 @@ use runner_graph::recompute::RecomputePolicy;
 use runner_graph::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
 use runner_project::calibrate;
 use runner_project::depth;
-use runner_graph::peft::Lora;
+use runner_graph::peft::{Lora, LoraTargets};
 use runner_project::model::{GraphSource, Model, TrainedSource, Training};
 use runner_project::precision::{Plan, Recipe};
 use runner_project::profile::{GpuProfile, Profiles};
@@ -139,7 +139,7 @@ fn reduced_depth_costs_as_the_full_graph() {
     for (model, key, training) in [
         ("deepseek-tiny", ShardKey { tp: 2, cp: 1, ep: 2, etp: 1, sp: true, mbs: 2 }, Training::Full),
         ("gpt-oss-tiny", ShardKey { tp: 2, cp: 2, ep: 2, etp: 1, sp: true, mbs: 1 }, Training::Full),
-        ("llama3-tiny", ShardKey { tp: 2, cp: 1, ep: 1, etp: 1, sp: true, mbs: 1 }, Training::Lora(Lora { rank: 4 })),
+        ("llama3-tiny", ShardKey { tp: 2, cp: 1, ep: 1, etp: 1, sp: true, mbs: 1 }, Training::Lora(Lora { rank: 4, ..Lora::default() })),
     ] {
         let (_, inner) = common::Native.resolve(model, 256).unwrap();
         let mut src = TrainedSource { inner, training };
@@ -502,6 +502,31 @@ fn lora_trains_the_adapters_on_a_frozen_model() {
     assert!((p.memory.weights / f.memory.weights - 1.0).abs() < 0.02, "{:?} vs {:?}", p.memory, f.memory);
     // The last stage (the head's, the slowest) updates no copy of the table either.
     assert!(p.breakdown.optimizer < 0.02 * f.breakdown.optimizer, "{} vs {}", p.breakdown.optimizer, f.breakdown.optimizer);
+}
+
+/// LoRA on q, k and v alone (`target_modules = ["linear_qkv"]`, NVIDIA's LoRA performance
+/// configs): a fraction of the default's trained parameters and adapter traffic over the
+/// same frozen GEMMs, so a shorter step whose GEMM time falls by the adapters' own
+/// (rank-32 products, small and far from peak) and no more.
+#[test]
+fn lora_on_qkv_alone_adapts_less_than_every_linear() {
+    let lora = |targets| {
+        let (_, inner) = common::Native.resolve("llama3.1-8b", 4096).unwrap();
+        let mut src = TrainedSource { inner, training: Training::Lora(Lora { targets, ..Lora::default() }) };
+        let m = Model::new("llama3.1-8b", 4096, &mut src).unwrap();
+        let trainable = m.params.trainable;
+        let plan = Plan::builtin(Recipe::Bf16, &m.graph);
+        let mut p = Projector::new(m, Box::new(src), Profiles::builtin().get("h100").unwrap().clone(), plan);
+        (trainable, p.project(&layout(1, 1, 1, 1, 16, 1, 64)).unwrap())
+    };
+    let (n_all, all) = lora(LoraTargets::All);
+    let (n_qkv, qkv) = lora(LoraTargets::Qkv);
+    // Rank 32 per adapter: q, k, v share one A (4096 x 32) and have B's of 4096, 1024, 1024
+    // rows; every linear adds o, gate/up (shared A) and down.
+    assert!(n_qkv > 0 && n_qkv * 4 < n_all, "{n_qkv} vs {n_all}");
+    assert!(qkv.step_time_s < 0.97 * all.step_time_s, "{} vs {}", qkv.step_time_s, all.step_time_s);
+    let gemm = qkv.breakdown.compute_parts.gemm / all.breakdown.compute_parts.gemm;
+    assert!((0.85..0.97).contains(&gemm), "GEMM time x{gemm:.3}");
 }
 
 /// The pipeline split moves layers off the stage with the head: Llama 3.1 8B on PP4
