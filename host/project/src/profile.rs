@@ -196,6 +196,11 @@ pub struct GpuProfile {
     pub scale_up_gbs: f64,
     /// NIC bandwidth per GPU, GB/s.
     pub scale_out_gbs: f64,
+    /// Host link per GPU per direction, GB/s (PCIe on HGX boards, NVLink-C2C to the Grace
+    /// CPU on GB200/GB300): what activation offloading to host memory moves over. Absent:
+    /// unknown, and a layout that offloads is refused on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_link_gbs: Option<f64>,
     pub peak_tflops: Peaks,
     pub efficiency: Efficiency,
     /// Another GPU whose efficiencies this one takes when it has none of its own (the
@@ -255,6 +260,11 @@ impl GpuProfile {
             if !(v.is_finite() && v > 0.0) {
                 return Err(format!("{what} must be a finite number > 0, got {v}"));
             }
+        }
+        if let Some(v) = self.host_link_gbs
+            && !(v.is_finite() && v > 0.0)
+        {
+            return Err(format!("host_link_gbs must be a finite number > 0 (or absent), got {v}"));
         }
         for f in [GemmFormat::Fp8, GemmFormat::Mxfp8, GemmFormat::Nvfp4] {
             if let Some(v) = self.peak_tflops.get(f)

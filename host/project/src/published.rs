@@ -74,6 +74,9 @@ pub struct Point {
     /// A LoRA run's Megatron-Bridge `peft.target_modules` (`["linear_qkv"]`, or the four
     /// defaults); absent: the defaults.
     pub lora_target_modules: Option<Vec<String>>,
+    /// Megatron's `cpu_offloading_num_layers` where the run's recipe sets it: layers whose
+    /// activations go to host memory between forward and backward.
+    pub cpu_offloading_num_layers: Option<u32>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -176,6 +179,7 @@ impl Point {
             dp_overlap: true,
             grad_fp32: false,
             split,
+            offload_layers: self.cpu_offloading_num_layers.unwrap_or(0),
         })
     }
 
@@ -510,6 +514,15 @@ mod tests {
         let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(4), pp: Some(4), cp: Some(2), vp: Some(5), ..Point::default() };
         let l = p.layout().unwrap();
         assert_eq!((l.dp, l.vp, l.sequence_parallel, l.distributed_optimizer), (2, 5, true, true));
+    }
+
+    /// A run's `cpu_offloading_num_layers` becomes its layout's offload, parsed from the file.
+    #[test]
+    fn cpu_offloading_follows_the_point() {
+        let text = "[[point]]\nsource = \"s\"\nmodel = \"m\"\ngpu = \"GB300\"\nprecision = \"FP8\"\nnum_gpus = 64\nseq_len = 8192\ngbs = 256\nmbs = 2\nfsdp = 64\ncpu_offloading_num_layers = 20\n";
+        let p = &parse(text, "t").unwrap()[0];
+        assert_eq!(p.layout().unwrap().offload_layers, 20);
+        assert_eq!(Point { cpu_offloading_num_layers: None, ..p.clone() }.layout().unwrap().offload_layers, 0);
     }
 
     /// The EP overlap follows the point: on by default for an expert-parallel run, off

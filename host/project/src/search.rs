@@ -49,6 +49,8 @@ pub struct Space {
     pub recompute_modules: Option<Modules>,
     /// The pipeline split of every layout (even when absent).
     pub split: Option<PipelineSplit>,
+    /// Layers per chunk whose activations every layout offloads to host memory (0: none).
+    pub offload_layers: u32,
 }
 
 /// Why a family of layouts did not win.
@@ -205,11 +207,12 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         dp_overlap: true,
                                         grad_fp32: false,
                                         split,
+                                        offload_layers: space.offload_layers,
                                     };
                                     let r = fitting(costed, sched, layers, space.recompute.is_none(), &mut evaluated);
                                     let t = tracks.entry(fam.clone()).or_default();
                                     match r {
-                                        Err(Reject::Divisibility(why)) => {
+                                        Err(Reject::Divisibility(why) | Reject::Unsupported(why)) => {
                                             t.reason.get_or_insert(why);
                                         }
                                         Err(Reject::Memory { .. }) => {}

@@ -70,6 +70,10 @@ pub struct Schedule {
     /// How the layers split over the pp·vp chunks (the embedding and the loss counted
     /// as layers or not).
     pub split: PipelineSplit,
+    /// Activations of the first n layers of each pipeline chunk offloaded to host memory
+    /// in the forward and reloaded for the backward (Megatron's
+    /// `cpu_offloading_num_layers`); 0: none.
+    pub offload_layers: u32,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -101,6 +105,10 @@ pub struct LayoutSpec {
     /// (Megatron's `account_for_*_in_pipeline_split`; 0 and 0 split the layers evenly).
     #[serde(default)]
     pub split: PipelineSplit,
+    /// Layers per pipeline chunk whose activations go to host memory between their forward
+    /// and backward (Megatron's `cpu_offloading_num_layers`).
+    #[serde(default)]
+    pub offload_layers: u32,
 }
 
 impl LayoutSpec {
@@ -126,6 +134,7 @@ impl LayoutSpec {
             dp_overlap: s.dp_overlap,
             grad_fp32: s.grad_fp32,
             split: s.split,
+            offload_layers: s.offload_layers,
         }
     }
 
@@ -149,6 +158,7 @@ impl LayoutSpec {
             dp_overlap: self.dp_overlap,
             grad_fp32: self.grad_fp32,
             split: self.split,
+            offload_layers: self.offload_layers,
         }
     }
 
@@ -184,6 +194,9 @@ impl LayoutSpec {
         if self.fsdp {
             s += " FSDP";
         }
+        if self.offload_layers > 0 {
+            s += &format!(" OFFLOAD:{}", self.offload_layers);
+        }
         let full = if long { "RC-full" } else { "RC" };
         match self.recompute {
             RecomputePolicy::None => {}
@@ -216,6 +229,9 @@ pub struct Breakdown {
     /// Pipeline fill and drain.
     pub bubble: f64,
     pub optimizer: f64,
+    /// Activation offload to host memory not hidden behind the layers' compute.
+    #[serde(default)]
+    pub offload: f64,
 }
 
 /// Of a step's compute: the GEMMs (forward, input and weight gradients) and the attention
@@ -229,7 +245,7 @@ pub struct ComputeParts {
 
 impl Breakdown {
     pub fn total(&self) -> f64 {
-        self.compute + self.recompute + self.tp + self.cp + self.ep + self.pp + self.dp + self.bubble + self.optimizer
+        self.compute + self.recompute + self.tp + self.cp + self.ep + self.pp + self.dp + self.bubble + self.optimizer + self.offload
     }
 }
 
@@ -351,6 +367,8 @@ pub struct Costed {
     tied_frozen: f64,
     stage_message_bytes: f64,
     rates: Rates,
+    /// Achieved host-link bytes/s per direction, if the GPU's profile gives the link.
+    host_bps: Option<f64>,
     capacity: f64,
     reserved: f64,
     slack: f64,
@@ -399,6 +417,8 @@ fn prefix(v: impl Iterator<Item = f64>) -> Vec<f64> {
 pub enum Reject {
     /// Degrees that do not divide what they split.
     Divisibility(String),
+    /// A schedule this GPU cannot run (activation offload without a known host link).
+    Unsupported(String),
     /// Needs more memory than the GPU has (GiB needed, GiB available).
     Memory { need_gib: f64, have_gib: f64, stage: u32 },
 }
@@ -406,7 +426,7 @@ pub enum Reject {
 impl std::fmt::Display for Reject {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Reject::Divisibility(m) => f.write_str(m),
+            Reject::Divisibility(m) | Reject::Unsupported(m) => f.write_str(m),
             Reject::Memory { need_gib, have_gib, stage } => {
                 write!(f, "needs {need_gib:.1} GiB per GPU (stage {stage}) but the GPU has {have_gib:.1} GiB")
             }
@@ -462,6 +482,7 @@ impl Costed {
             tied: template.post.tied_params,
             tied_frozen: template.post.tied_frozen_params,
             stage_message_bytes: template.stage_message_bytes,
+            host_bps: gpu.host_link_gbs.map(|g| g * 1e9 * HOST_LINK_EFFICIENCY),
             rates,
             capacity: gpu.memory_gib,
             reserved: gpu.efficiency.reserved_gib,
@@ -524,6 +545,15 @@ impl Costed {
                 key.ep * key.etp
             )));
         }
+        let host_bps = match (s.offload_layers, self.host_bps) {
+            (0, _) => 0.0,
+            (_, Some(b)) => b,
+            (_, None) => {
+                return Err(Reject::Unsupported(
+                    "activation offload needs the GPU's host link bandwidth (host_link_gbs in its profile, --profile FILE)".into(),
+                ));
+            }
+        };
         // Selective recompute: the layers as with none, plus the listed modules' forward
         // repeated and their activations dropped, in every layer.
         let selective: Vec<usize> = match s.recompute {
@@ -547,9 +577,25 @@ impl Costed {
         let mut acts = vec![0.0; pp];
         let mut params = vec![StageParams::default(); pp];
         let mut comp = vec![[0.0f64; COMP]; pp];
+        // Offloaded activations: one layer's stays on the GPU as the copy in flight.
+        let mut offload_buffer = vec![0.0f64; pp];
         for c in 0..chunks {
             let st = c % pp;
             let (a, m_, b) = split(c);
+            // The first layers of the chunk copy their stored activations to the host as
+            // the next layer runs its forward and back ahead of their backward (Megatron's
+            // CPU offloading through Transformer Engine's double-buffered handler): what
+            // the copy takes beyond that layer's compute is exposed.
+            for (j, l) in self.layers[a..(a + s.offload_layers as usize).min(b)].iter().enumerate() {
+                let pol = if a + j < m_ { base } else { rest };
+                let bytes = l.activations[pol] - l.selective(&selective).1;
+                let copy = bytes / host_bps;
+                let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
+                t[st] += exposed;
+                comp[st][OFFLOAD] += exposed;
+                acts[st] -= bytes;
+                offload_buffer[st] = offload_buffer[st].max(bytes);
+            }
             let tp_ = &self.time_prefix;
             t[st] += tp_[base][ov][m_] - tp_[base][ov][a] + tp_[rest][ov][b] - tp_[rest][ov][m_];
             acts[st] += self.act_prefix[base][m_] - self.act_prefix[base][a] + self.act_prefix[rest][b] - self.act_prefix[rest][m_];
@@ -645,6 +691,7 @@ impl Costed {
             dp: dp_exposed,
             bubble,
             optimizer,
+            offload: mf * comp[crit][OFFLOAD],
         };
         let step = breakdown.total();
         // Memory, the most loaded stage.
@@ -676,6 +723,7 @@ impl Costed {
                 w + lw
             };
             let a = self.in_flight(st, pp, vp, m) * acts[st]
+                + offload_buffer[st]
                 + if st == 0 { self.in_flight(0, pp, vp, m) * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
                 + if st == pp - 1 { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
             let a = a * (1.0 + self.slack);
@@ -743,9 +791,14 @@ impl Costed {
     }
 }
 
+/// Share of a host link's rate pinned-memory copies reach (assumed, not fitted: of the
+/// published runs only two offload, both over NVLink-C2C where the copies hide).
+const HOST_LINK_EFFICIENCY: f64 = 0.8;
+
 /// Slots of a stage's breakdown sums: compute, recompute, exposed tp, cp, ep, weight
-/// casts, and of compute the GEMMs and the attention cores.
-const COMP: usize = 8;
+/// casts, and of compute the GEMMs and the attention cores; then exposed offload.
+const COMP: usize = 9;
+const OFFLOAD: usize = 8;
 
 /// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
 /// forward its selective recompute repeats).

@@ -529,6 +529,36 @@ fn lora_on_qkv_alone_adapts_less_than_every_linear() {
     assert!((0.85..0.97).contains(&gemm), "GEMM time x{gemm:.3}");
 }
 
+/// Activation offload (Megatron's `cpu_offloading_num_layers`): the offloaded layers'
+/// activations leave the GPU but for the one in flight, and the copies cost what they take
+/// beyond the layers' own compute, which depends on the host link: PCIe Gen5 on an H100
+/// board (63 GB/s per direction) against NVLink-C2C on GB200 (225).
+#[test]
+fn offloaded_activations_leave_the_gpu_and_cost_what_the_host_link_cannot_hide() {
+    let run = |gpu: &str, n: u32| {
+        let mut pr = projector("llama3.1-8b", 8192, gpu, Recipe::Bf16);
+        pr.project(&LayoutSpec { offload_layers: n, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap()
+    };
+    for gpu in ["h100", "gb200"] {
+        let (none, off) = (run(gpu, 0), run(gpu, 8));
+        // 8 of 32 layers leave; one layer's worth stays as the buffer of the copy.
+        let left = off.memory.activations / none.memory.activations;
+        assert!((0.75..0.80).contains(&left), "{gpu}: activations x{left:.3}");
+        assert!(off.breakdown.offload > 0.0, "{gpu}");
+        assert!((off.step_time_s - none.step_time_s - off.breakdown.offload).abs() < 1e-9, "{gpu}");
+        assert_eq!((off.breakdown.compute, none.breakdown.offload), (none.breakdown.compute, 0.0));
+    }
+    // At MBS1 and 8192 tokens a Llama 3.1 8B layer stores ~1 GB: PCIe takes longer to
+    // move it than the layer computes, NVLink-C2C much less so.
+    let (h, g) = (run("h100", 8), run("gb200", 8));
+    assert!(h.breakdown.offload > 3.0 * g.breakdown.offload, "{} vs {}", h.breakdown.offload, g.breakdown.offload);
+    // A profile without a host link cannot offload.
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    pr.gpu.host_link_gbs = None;
+    let err = pr.project(&LayoutSpec { offload_layers: 8, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap_err();
+    assert!(err.contains("host_link_gbs"), "{err}");
+}
+
 /// The pipeline split moves layers off the stage with the head: Llama 3.1 8B on PP4
 /// puts 8 layers and the head (2.4 layers' worth of GEMM) on the last stage, which sets
 /// the step; counting the loss as 2 layers leaves it 6 and the first two stages 9, a

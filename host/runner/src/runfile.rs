@@ -102,6 +102,9 @@ pub struct LayoutSection {
     /// `account_for_*_in_pipeline_split`), `{ embedding = 0, loss = 0 }` splits evenly;
     /// absent, the search tries both.
     pub pipeline_split: Option<PipelineSplit>,
+    /// Layers per pipeline chunk whose activations go to host memory between forward and
+    /// backward (Megatron's `cpu_offloading_num_layers`); absent: none.
+    pub offload_layers: Option<u32>,
 }
 
 impl LayoutSection {
@@ -119,6 +122,7 @@ impl LayoutSection {
             recompute: self.recompute,
             recompute_modules: None,
             split: self.pipeline_split,
+            offload_layers: self.offload_layers.unwrap_or(0),
         }
     }
 

@@ -63,6 +63,11 @@ pub struct LayoutFlags {
     /// With --recompute full: layers per pipeline chunk recomputed (0: all)
     #[arg(long)]
     pub recompute_layers: Option<u32>,
+    /// Activations of the first N layers of each pipeline chunk offloaded to host memory
+    /// between forward and backward (Megatron's cpu_offloading_num_layers); the copies
+    /// ride the host link (PCIe, or NVLink-C2C on GB200/GB300) behind the layers' compute
+    #[arg(long)]
+    pub offload_layers: Option<u32>,
     /// With --recompute selective: Megatron's recompute modules, comma-separated
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
@@ -354,6 +359,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             dp_overlap: true,
             grad_fp32: false,
             split: split.unwrap_or_default(),
+            offload_layers: flags.offload_layers.unwrap_or(0),
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
@@ -445,6 +451,7 @@ fn project_table(o: &ProjectOut) -> Table {
         ("exposed DP comm", b.dp),
         ("pipeline bubble", b.bubble),
         ("optimizer", b.optimizer),
+        ("exposed activation offload", b.offload),
     ] {
         kv(&format!("  {k}"), format!("{v:.3} s ({:.1} %)", 100.0 * v / p.step_time_s));
     }
@@ -466,6 +473,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         recompute: policy(f.recompute.as_deref()),
         recompute_modules,
         split,
+        offload_layers: f.offload_layers.unwrap_or(0),
     }
 }
 
