@@ -9,7 +9,9 @@
 //! activation recompute: none, or, for a layout that does not fit, the faster of
 //! selective recompute of the fastest of Megatron's module lists that makes it fit
 //! ([`selective_levels`]) and full recompute of the fewest layers per chunk that does
-//! (Megatron's block method; more recompute is never faster) ([`recompute_to_fit`]).
+//! (Megatron's block method; more recompute is never faster) ([`recompute_to_fit`]), or,
+//! on a GPU with a known host link, offloading the activations of the fewest layers per
+//! chunk that makes it fit when that is faster still ([`offload_to_fit`]).
 //! Choices the model shows are never worse are fixed: sequence parallelism with tp,
 //! TP, EP and DP overlap on, BF16 gradient reduction (NVIDIA's performance recipes).
 //! Selective recompute of the attention cores alone (Megatron's default list) is not
@@ -49,8 +51,10 @@ pub struct Space {
     pub recompute_modules: Option<Modules>,
     /// The pipeline split of every layout (even when absent).
     pub split: Option<PipelineSplit>,
-    /// Layers per chunk whose activations every layout offloads to host memory (0: none).
-    pub offload_layers: u32,
+    /// Layers per chunk whose activations every layout offloads to host memory; absent,
+    /// a layout that does not fit may offload the fewest that make it fit (on a GPU whose
+    /// profile gives its host link) when that beats recompute.
+    pub offload_layers: Option<u32>,
 }
 
 /// Why a family of layouts did not win.
@@ -207,9 +211,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         dp_overlap: true,
                                         grad_fp32: false,
                                         split,
-                                        offload_layers: space.offload_layers,
+                                        offload_layers: space.offload_layers.unwrap_or(0),
                                     };
-                                    let r = fitting(costed, sched, layers, space.recompute.is_none(), &mut evaluated);
+                                    let choose = Choose { recompute: space.recompute.is_none(), offload: space.offload_layers.is_none() };
+                                    let r = fitting(costed, sched, layers, choose, &mut evaluated);
                                     let t = tracks.entry(fam.clone()).or_default();
                                     match r {
                                         Err(Reject::Divisibility(why) | Reject::Unsupported(why)) => {
@@ -272,13 +277,51 @@ fn order(v: &Verdict) -> f64 {
 
 /// Project `s`; if it does not fit and recompute is the search's to choose, the fastest
 /// recompute that makes it fit ([`recompute_to_fit`]).
-fn fitting(c: &Costed, s: Schedule, layers: u32, choose: bool, evaluated: &mut u64) -> Result<Projection, Reject> {
+/// What the search may choose for a layout that does not fit.
+#[derive(Clone, Copy)]
+struct Choose {
+    recompute: bool,
+    offload: bool,
+}
+
+fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut u64) -> Result<Projection, Reject> {
     *evaluated += 1;
     let first = c.evaluate(&s)?;
-    if first.fits || !choose {
+    if first.fits || !choose.recompute {
         return Ok(first);
     }
-    recompute_to_fit(c, &s, layers, evaluated)
+    let rc = recompute_to_fit(c, &s, layers, evaluated)?;
+    if !choose.offload || s.offload_layers > 0 || !c.can_offload() {
+        return Ok(rc);
+    }
+    Ok(match offload_to_fit(c, &s, layers, evaluated)? {
+        Some(o) if !rc.fits || o.step_time_s < rc.step_time_s => o,
+        _ => rc,
+    })
+}
+
+/// The fewest layers per chunk whose activations, offloaded to host memory, make schedule
+/// `s` fit without recompute (binary search: memory falls and time grows with every layer
+/// offloaded), or none when offloading every layer is not enough.
+///
+/// # Errors
+/// The schedule does not divide ([`Reject::Divisibility`]), or the GPU has no host link.
+pub fn offload_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Option<Projection>, Reject> {
+    let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
+    let at = |n: u32, evaluated: &mut u64| {
+        *evaluated += 1;
+        c.evaluate(&Schedule { offload_layers: n, ..*s })
+    };
+    let all = at(chunk, evaluated)?;
+    if !all.fits {
+        return Ok(None);
+    }
+    let (mut lo, mut hi) = (0u32, chunk);
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if at(mid, evaluated)?.fits { hi = mid } else { lo = mid }
+    }
+    Ok(Some(if hi == chunk { all } else { at(hi, evaluated)? }))
 }
 
 /// The selective-recompute module lists a layout that does not fit may take: the

@@ -498,6 +498,11 @@ impl Costed {
         })
     }
 
+    /// Whether the GPU's profile gives a host link to offload activations over.
+    pub fn can_offload(&self) -> bool {
+        self.host_bps.is_some()
+    }
+
     /// The modules of `m` this model has: recomputing one it lacks (a dense model's
     /// `moe_act`, a model without MLA's `mla_up_proj`) changes nothing.
     pub fn present(&self, m: Modules) -> Modules {

@@ -559,6 +559,35 @@ fn offloaded_activations_leave_the_gpu_and_cost_what_the_host_link_cannot_hide()
     assert!(err.contains("host_link_gbs"), "{err}");
 }
 
+/// Offloading to fit: the fewest layers per chunk whose activations, on the host, make the
+/// layout fit; the search takes it on GB200 (NVLink-C2C) where it beats recompute, and
+/// keeps recompute on H100 (PCIe) where the copies would be exposed.
+#[test]
+fn a_layout_that_does_not_fit_offloads_the_fewest_layers_that_fit_where_the_link_hides_them() {
+    let l = LayoutSpec { fsdp: true, distributed_optimizer: false, ..layout(1, 1, 1, 1, 64, 2, 256) };
+    let mut gb = projector("llama3.1-70b", 8192, "gb200", Recipe::Fp8);
+    assert!(!gb.project(&l).unwrap().fits);
+    let layers = gb.model.depth.len() as u32;
+    let c = gb.costed(l.key()).unwrap();
+    let p = search::offload_to_fit(c, &l.schedule(), layers, &mut 0).unwrap().expect("offloading every layer fits");
+    let n = p.layout.offload_layers;
+    assert!(p.fits && n > 0 && n < layers, "{}", p.layout.short());
+    assert!(!c.evaluate(&Schedule { offload_layers: n - 1, ..l.schedule() }).unwrap().fits, "{n} is not the fewest");
+    let rc = search::recompute_to_fit(c, &l.schedule(), layers, &mut 0).unwrap();
+    assert!(p.step_time_s < rc.step_time_s, "offload {} vs recompute {}", p.step_time_s, rc.step_time_s);
+    let space = Space { tp: Some(1), pp: Some(1), cp: Some(1), mbs: Some(2), fsdp: Some(true), ..Space::default() };
+    let best = &search::search(&mut gb, 64, 256, &space, 1).best[0];
+    assert_eq!(best.layout.offload_layers, n, "{}", best.layout.short());
+    // The same layout on H100 keeps recompute: PCIe cannot hide the copies.
+    let mut h = projector("llama3.1-70b", 8192, "h100", Recipe::Fp8);
+    let best = &search::search(&mut h, 64, 256, &space, 1).best[0];
+    assert_eq!(best.layout.offload_layers, 0, "{}", best.layout.short());
+    assert_ne!(best.layout.recompute, RecomputePolicy::None, "{}", best.layout.short());
+    // A space that fixes the offload keeps it.
+    let fixed = Space { offload_layers: Some(0), ..space };
+    assert_eq!(search::search(&mut gb, 64, 256, &fixed, 1).best[0].layout.offload_layers, 0);
+}
+
 /// The pipeline split moves layers off the stage with the head: Llama 3.1 8B on PP4
 /// puts 8 layers and the head (2.4 layers' worth of GEMM) on the last stage, which sets
 /// the step; counting the loss as 2 layers leaves it 6 and the first two stages 9, a

@@ -122,7 +122,7 @@ impl LayoutSection {
             recompute: self.recompute,
             recompute_modules: None,
             split: self.pipeline_split,
-            offload_layers: self.offload_layers.unwrap_or(0),
+            offload_layers: self.offload_layers,
         }
     }
 

@@ -473,7 +473,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         recompute: policy(f.recompute.as_deref()),
         recompute_modules,
         split,
-        offload_layers: f.offload_layers.unwrap_or(0),
+        offload_layers: f.offload_layers,
     }
 }
 

@@ -455,9 +455,10 @@ fn charts(o: &Outcome) -> Vec<String> {
                     ("DP comm".into(), part(&|b| b.dp)),
                     ("bubble".into(), part(&|b| b.bubble)),
                     ("optimizer".into(), part(&|b| b.optimizer)),
+                    ("offload".into(), part(&|b| b.offload)),
                 ]
                 .into_iter()
-                // Only what takes time somewhere: eight colours, nine parts.
+                // Only what takes time somewhere: eight colours, ten parts.
                 .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(|x| *x > 0.0))
                 .collect(),
             }
