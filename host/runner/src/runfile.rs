@@ -143,6 +143,9 @@ impl LayoutSection {
         if let Some(s) = self.pipeline_split {
             parts.push(if s.is_even() { "even pipeline split".into() } else { format!("pipeline split {}", s.label()) });
         }
+        if let Some(n) = self.offload_layers {
+            parts.push(format!("{n} layers' activations offloaded per chunk"));
+        }
         parts.join(" ")
     }
 }
@@ -465,6 +468,17 @@ mod tests {
         assert!(run.layout.describe().contains("pipeline split E1L1"));
         let err = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { embedding = 1, los = 1 }\n", "t.toml").unwrap_err();
         assert!(err.contains("los"), "{err}");
+    }
+
+    /// `[layout] offload_layers` fixes the offload for the search (absent: the search may
+    /// offload to fit).
+    #[test]
+    fn offload_layers_are_read() {
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\noffload_layers = 20\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().offload_layers, Some(20));
+        assert!(run.layout.describe().contains("20 layers' activations offloaded"));
+        let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().offload_layers, None);
     }
 
     #[test]
