@@ -23,7 +23,7 @@ use crate::project::Projector;
 use crate::search;
 use runner_graph::pipeline::PipelineSplit;
 
-use crate::step::{LayoutSpec, Projection};
+use crate::step::{LayoutSpec, Optimizer, Projection};
 
 /// One published run. Absent fields were not stated by the source.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -77,6 +77,8 @@ pub struct Point {
     /// Megatron's `cpu_offloading_num_layers` where the run's recipe sets it: layers whose
     /// activations go to host memory between forward and backward.
     pub cpu_offloading_num_layers: Option<u32>,
+    /// The optimizer (`adamw`, the default, or `muon`).
+    pub optimizer: Option<String>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -180,6 +182,10 @@ impl Point {
             grad_fp32: false,
             split,
             offload_layers: self.cpu_offloading_num_layers.unwrap_or(0),
+            optimizer: match &self.optimizer {
+                Some(o) => Optimizer::parse(o)?,
+                None => Optimizer::AdamW,
+            },
         })
     }
 

@@ -31,7 +31,7 @@ use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
 
 use crate::project::Projector;
-use crate::step::{Costed, Projection, Reject, Schedule};
+use crate::step::{Costed, Optimizer, Projection, Reject, Schedule};
 use crate::template::ShardKey;
 
 /// Degrees and choices the caller fixes; `None` lets the search choose.
@@ -55,6 +55,8 @@ pub struct Space {
     /// a layout that does not fit may offload the fewest that make it fit (on a GPU whose
     /// profile gives its host link) when that beats recompute.
     pub offload_layers: Option<u32>,
+    /// The optimizer every layout trains with.
+    pub optimizer: Optimizer,
 }
 
 /// Why a family of layouts did not win.
@@ -212,6 +214,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         grad_fp32: false,
                                         split,
                                         offload_layers: space.offload_layers.unwrap_or(0),
+                                        optimizer: space.optimizer,
                                     };
                                     let choose = Choose { recompute: space.recompute.is_none(), offload: space.offload_layers.is_none() };
                                     let r = fitting(costed, sched, layers, choose, &mut evaluated);

@@ -42,6 +42,33 @@ use crate::precision::{Plan, Recipe};
 use crate::profile::{GIB, GpuProfile};
 use crate::template::{Measured, PartTime, Rates, ShardKey, Stored, Template};
 
+/// The optimizer a run trains with.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// AdamW under Megatron's (element-wise) distributed optimizer or FSDP: fp32 master
+    /// weights and two fp32 moments, 12 bytes per parameter, sharded over data parallelism.
+    #[default]
+    AdamW,
+    /// Muon (Megatron's `dist_muon`, as Megatron-Bridge's Kimi-K2 recipe trains): each 2D
+    /// weight's momentum orthogonalised by Newton-Schulz iterations, under the layer-wise
+    /// distributed optimizer, which gives each data-parallel rank whole weights to update
+    /// (fp32 master and momentum, 8 bytes per parameter), all-reduces the gradients and
+    /// all-gathers the updated weights after the step; the embedding and the output layer
+    /// stay on AdamW.
+    Muon,
+}
+
+impl Optimizer {
+    pub fn parse(s: &str) -> Result<Optimizer, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "adamw" | "adam" => Ok(Optimizer::AdamW),
+            "muon" | "dist_muon" => Ok(Optimizer::Muon),
+            _ => Err(format!("unknown optimizer '{s}': use adamw or muon")),
+        }
+    }
+}
+
 /// What a layout decides beyond the shapes of a rank's layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Schedule {
@@ -74,6 +101,7 @@ pub struct Schedule {
     /// in the forward and reloaded for the backward (Megatron's
     /// `cpu_offloading_num_layers`); 0: none.
     pub offload_layers: u32,
+    pub optimizer: Optimizer,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -109,6 +137,8 @@ pub struct LayoutSpec {
     /// and backward (Megatron's `cpu_offloading_num_layers`).
     #[serde(default)]
     pub offload_layers: u32,
+    #[serde(default)]
+    pub optimizer: Optimizer,
 }
 
 impl LayoutSpec {
@@ -135,6 +165,7 @@ impl LayoutSpec {
             grad_fp32: s.grad_fp32,
             split: s.split,
             offload_layers: s.offload_layers,
+            optimizer: s.optimizer,
         }
     }
 
@@ -159,6 +190,7 @@ impl LayoutSpec {
             grad_fp32: self.grad_fp32,
             split: self.split,
             offload_layers: self.offload_layers,
+            optimizer: self.optimizer,
         }
     }
 
@@ -196,6 +228,9 @@ impl LayoutSpec {
         }
         if self.offload_layers > 0 {
             s += &format!(" OFFLOAD:{}", self.offload_layers);
+        }
+        if self.optimizer == Optimizer::Muon {
+            s += " Muon";
         }
         let full = if long { "RC-full" } else { "RC" };
         match self.recompute {
@@ -305,6 +340,9 @@ struct LayerCost {
     expert: f64,
     frozen: f64,
     low_weights: f64,
+    /// Muon's Newton-Schulz FLOPs over the layer's trained weights: dense, routed experts.
+    ns_dense: f64,
+    ns_expert: f64,
 }
 
 /// A stage's parameter elements: trained dense and routed-expert, frozen, and the
@@ -315,6 +353,9 @@ struct StageParams {
     expert: f64,
     frozen: f64,
     low: f64,
+    /// Muon's Newton-Schulz FLOPs over them (the weights Muon updates).
+    ns_dense: f64,
+    ns_expert: f64,
 }
 
 impl LayerCost {
@@ -335,6 +376,8 @@ impl LayerCost {
             expert: part.expert_params,
             frozen: part.frozen_params,
             low_weights: t.low_precision_weights,
+            ns_dense: part.gemms.iter().filter(|g| !g.expert).map(|g| g.ns_flops).sum(),
+            ns_expert: part.gemms.iter().filter(|g| g.expert).map(|g| g.ns_flops).sum(),
             ..LayerCost::default()
         };
         for ov in 0..4 {
@@ -465,8 +508,11 @@ impl Costed {
             };
             layers.push(cost);
         }
-        let side = |part: &crate::template::Part, names: &[String]| {
-            LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &Template::stored(part, names, plan), &rates)
+        // The embedding and the output layer stay on AdamW under Muon.
+        let side = |part: &crate::template::Part, names: &[String]| LayerCost {
+            ns_dense: 0.0,
+            ns_expert: 0.0,
+            ..LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &Template::stored(part, names, plan), &rates)
         };
         let pre = side(&template.pre, &d.pre_gemms);
         let post = side(&template.post, &d.post_gemms);
@@ -549,6 +595,12 @@ impl Costed {
                 "ep·etp = {} does not divide tp·cp·dp = {stage_gpus}",
                 key.ep * key.etp
             )));
+        }
+        let muon = s.optimizer == Optimizer::Muon;
+        if muon && s.fsdp {
+            return Err(Reject::Unsupported(
+                "Muon runs under Megatron's layer-wise distributed optimizer (whole weights per data-parallel rank), not FSDP".into(),
+            ));
         }
         let host_bps = match (s.offload_layers, self.host_bps) {
             (0, _) => 0.0,
@@ -644,7 +696,7 @@ impl Costed {
             0.0
         };
         // Data parallelism over the critical stage's parameters.
-        let StageParams { dense, expert, frozen, .. } = params[crit];
+        let StageParams { dense, expert, frozen, ns_dense, ns_expert, .. } = params[crit];
         let dpg = Placement { size: dp * key.cp, stride: key.tp };
         let edp = stage_gpus / (key.ep * key.etp);
         let edpg = Placement { size: edp, stride: key.ep * key.etp };
@@ -660,6 +712,16 @@ impl Costed {
             let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
             let layers_here = (self.stage_count(crit, pp, chunks, start)).max(1) as f64;
             mf * (per_mb - t_max).max(0.0) + per_mb / layers_here
+        } else if muon {
+            // The layer-wise distributed optimizer: gradients all-reduced as the backward
+            // produces them, the updated weights all-gathered after the step, unhidden
+            // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon needs
+            // this to be False").
+            let bucket = (40e6f64).max(1e6 * f64::from(dp * key.cp)).min(dense + expert);
+            let ar = grads(OpKind::AllReduce, gb);
+            let tail = fabric.time(OpKind::AllReduce, gb * bucket, dpg);
+            let ar = if s.dp_overlap { (ar - stage_bwd).max(tail) } else { ar };
+            ar + grads(OpKind::AllGather, 2.0)
         } else {
             // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
             // backward produces them; the last bucket's reduction (and the first
@@ -682,8 +744,19 @@ impl Costed {
         // AdamW over the shard: fp32 master, two moments and the gradient read and
         // written (28 B), plus the full gradient buffer zeroed and its norm taken (8 B).
         let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer { n / f64::from(g.max(1)) } else { n };
-        let local = shard(dense, dp * key.cp) + shard(expert, edp);
-        let optimizer = (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm;
+        let optimizer = if muon {
+            // Each rank updates the weights it owns: fp32 master and momentum read and
+            // written, the gradient read and the BF16 weight written (22 B), plus the
+            // full gradient buffer zeroed and its norm taken (8 B); and orthogonalises
+            // their momentum (Newton-Schulz in BF16 GEMMs, `muon_fp32_matmul_prec =
+            // "medium"`).
+            let local = dense / f64::from((dp * key.cp).max(1)) + expert / f64::from(edp.max(1));
+            let ns = ns_dense / f64::from((dp * key.cp).max(1)) + ns_expert / f64::from(edp.max(1));
+            (22.0 * local + 8.0 * (dense + expert)) / self.rates.hbm + self.rates.gemm(ns, ns, 0.0, crate::profile::GemmFormat::Bf16)
+        } else {
+            let local = shard(dense, dp * key.cp) + shard(expert, edp);
+            (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm
+        };
         let casts = comp[crit][5];
         let breakdown = Breakdown {
             compute: mf * comp[crit][0] + casts,
@@ -702,7 +775,7 @@ impl Costed {
         // Memory, the most loaded stage.
         let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
         for (st, p) in params.iter().enumerate() {
-            let StageParams { dense: d, expert: e, frozen: f, low: lw } = *p;
+            let StageParams { dense: d, expert: e, frozen: f, low: lw, .. } = *p;
             let n_dense = f64::from(dp * key.cp);
             let n_exp = f64::from(edp);
             // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
@@ -711,6 +784,9 @@ impl Costed {
                 let big_trained = self.layers.iter().map(|l| l.dense + l.expert).fold(0.0, f64::max);
                 let shard = d / n_dense + e / n_exp;
                 (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
+            } else if muon {
+                // Whole weights owned per rank: fp32 master and momentum, 8 B each.
+                (2.0 * (d + e + f), gb * (d + e), 8.0 * (d / n_dense + e / n_exp))
             } else if s.distributed_optimizer {
                 (2.0 * (d + e + f), gb * (d + e), 12.0 * (d / n_dense + e / n_exp))
             } else {
@@ -721,7 +797,7 @@ impl Costed {
             let w = if s.fsdp {
                 let big = self.layers.iter().map(|l| l.low_weights).fold(0.0, f64::max);
                 w + 2.0 * big
-            } else if s.distributed_optimizer && self.fp8_params {
+            } else if s.distributed_optimizer && !muon && self.fp8_params {
                 // FP8 parameters: the 1-byte FP8 copy (lw) replaces the 2-byte BF16 one.
                 w - lw
             } else {
@@ -820,6 +896,8 @@ fn accumulate(comp: &mut [f64; COMP], params: &mut StageParams, l: &LayerCost, p
     params.expert += l.expert;
     params.frozen += l.frozen;
     params.low += l.low_weights;
+    params.ns_dense += l.ns_dense;
+    params.ns_expert += l.ns_expert;
 }
 
 fn plan_formats_equal(plan: &Plan, a: &[String], b: &[String]) -> bool {

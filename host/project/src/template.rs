@@ -76,6 +76,22 @@ pub struct Gemm {
     /// weights: `runner_graph::peft`).
     pub dgrad: bool,
     pub wgrad: bool,
+    /// Matrix FLOPs Muon's Newton-Schulz orthogonalisation of its trained weight takes (5
+    /// quintic iterations on each local matrix, m ≤ n: 5·(4·m²·n + 2·m³)), and whether
+    /// the weight is a routed expert's.
+    pub ns_flops: f64,
+    pub expert: bool,
+}
+
+/// Muon's Newton-Schulz iterations (Megatron-Bridge's `muon_num_ns_steps` default).
+pub const NS_STEPS: f64 = 5.0;
+
+/// FLOPs of Muon's orthogonalisation of `count` matrices of `a` x `b`: each quintic
+/// Newton-Schulz step forms A = X·Xᵀ (2·m²·n), A² (2·m³) and (bA + cA²)·X (2·m²·n) on the
+/// short side m.
+pub fn newton_schulz_flops(a: u64, b: u64, count: f64) -> f64 {
+    let (m, n) = (a.min(b) as f64, a.max(b) as f64);
+    count * NS_STEPS * (4.0 * m * m * n + 2.0 * m * m * m)
 }
 
 /// A memory-bound op of a layer.
@@ -298,6 +314,12 @@ impl Template {
                         module: mods.op[i],
                         dgrad: op.inputs.first().is_some_and(|&t| need(t)),
                         wgrad: op.inputs.get(1).is_some_and(|&t| need(t)),
+                        ns_flops: match op.inputs.get(1).map(|&w| g.tensors[w].shape.as_slice()) {
+                            Some(&[n, k]) if op.inputs.get(1).is_some_and(|&t| need(t)) => newton_schulz_flops(n, k, 1.0),
+                            Some(&[e, n, k]) if op.inputs.get(1).is_some_and(|&t| need(t)) => newton_schulz_flops(n, k, e as f64),
+                            _ => 0.0,
+                        },
+                        expert: op.kind == OpKind::GroupedLinear,
                     });
                 }
                 OpKind::Attention => p.attention.push(Core {

@@ -19,7 +19,7 @@ use runner_project::profile::{GpuProfile, Profiles};
 use runner_project::project::Projector;
 use runner_project::published::{self, Resolver};
 use runner_project::search::{self, Space, Verdict};
-use runner_project::step::{LayoutSpec, Projection, Schedule};
+use runner_project::step::{LayoutSpec, Optimizer, Projection, Schedule};
 use runner_project::template::{Measured, Rates, ShardKey, Template};
 
 use common::{layout, projector};
@@ -586,6 +586,33 @@ fn a_layout_that_does_not_fit_offloads_the_fewest_layers_that_fit_where_the_link
     // A space that fixes the offload keeps it.
     let fixed = Space { offload_layers: Some(0), ..space };
     assert_eq!(search::search(&mut gb, 64, 256, &fixed, 1).best[0].layout.offload_layers, 0);
+}
+
+/// Muon under the layer-wise distributed optimizer (Megatron's `dist_muon`): 8 bytes of
+/// fp32 state per owned parameter against AdamW's 12, gradients all-reduced and the
+/// updated weights all-gathered unhidden, and the Newton-Schulz GEMMs of the owned
+/// weights on top of the element-wise update; not with FSDP.
+#[test]
+fn muon_keeps_less_state_and_pays_newton_schulz_and_the_weight_gather() {
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    let adam = layout(1, 1, 1, 1, 8, 1, 64);
+    let muon = LayoutSpec { optimizer: Optimizer::Muon, ..adam };
+    let (a, m) = (pr.project(&adam).unwrap(), pr.project(&muon).unwrap());
+    assert!((m.memory.optimizer / a.memory.optimizer - 8.0 / 12.0).abs() < 1e-9, "{:?} vs {:?}", m.memory, a.memory);
+    assert_eq!(m.memory.gradients, a.memory.gradients);
+    assert!(m.breakdown.dp > a.breakdown.dp, "{} vs {}", m.breakdown.dp, a.breakdown.dp);
+    // Newton-Schulz over the weights a rank owns (1/8 of them): per layer q and o 4096 x
+    // 4096, k and v 1024 x 4096, gate and up 14336 x 4096, down 4096 x 14336; 32 layers.
+    let ns = |a: u64, b: u64| runner_project::template::newton_schulz_flops(a, b, 1.0);
+    let per_layer = 2.0 * ns(4096, 4096) + 2.0 * ns(1024, 4096) + 3.0 * ns(14336, 4096);
+    let local = 32.0 * per_layer / 8.0;
+    let peak = pr.gpu.peak_flops(runner_project::profile::GemmFormat::Bf16).unwrap();
+    let extra = m.breakdown.optimizer - a.breakdown.optimizer;
+    assert!(extra > local / peak && extra < 3.0 * local / peak + a.breakdown.optimizer, "NS {extra:.4} s for {local:.3e} FLOPs");
+    assert_eq!(runner_project::template::newton_schulz_flops(3, 2, 1.0), 5.0 * (4.0 * 4.0 * 3.0 + 2.0 * 8.0));
+    assert!(m.layout.short().contains("Muon"));
+    let err = pr.project(&LayoutSpec { fsdp: true, ..muon }).unwrap_err();
+    assert!(err.contains("layer-wise"), "{err}");
 }
 
 /// The pipeline split moves layers off the stage with the head: Llama 3.1 8B on PP4

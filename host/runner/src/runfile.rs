@@ -123,6 +123,7 @@ impl LayoutSection {
             recompute_modules: None,
             split: self.pipeline_split,
             offload_layers: self.offload_layers,
+            optimizer: Default::default(),
         }
     }
 

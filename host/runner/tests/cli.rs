@@ -379,11 +379,21 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert_eq!(off["layout"]["offload_layers"].as_u64(), Some(8), "{out}");
     assert!(off["breakdown"]["offload"].as_f64().unwrap() > 0.0, "{out}");
     assert!(off["memory"]["activations"].as_f64().unwrap() < 0.8 * full["memory"]["activations"].as_f64().unwrap(), "{out}");
+    // Muon: two thirds of AdamW's optimizer state, said in the layout.
+    let o = runner(&dir, &[&base[..], &["--optimizer", "muon"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let muon: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(muon["layout"]["optimizer"].as_str(), Some("muon"), "{out}");
+    let opt = |v: &serde_json::Value| v["memory"]["optimizer"].as_f64().unwrap();
+    assert!((opt(&muon) / opt(&full) - 2.0 / 3.0).abs() < 1e-6, "{out}");
     for (args, want) in [
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "qlora"], "invalid value 'qlora'"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "0"], "--lora-rank"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--lora-rank", "8"], "add --peft lora"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--lora-targets", "qkv"], "add --peft lora"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--optimizer", "sgd"], "invalid value 'sgd'"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--fsdp", "--optimizer", "muon"], "layer-wise"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-targets", "mlp"], "invalid value 'mlp'"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "5000"], "use a rank of at most 1024"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute-modules", "mlp"], "add --recompute selective"),

@@ -11,7 +11,14 @@
 //! / 37B activated parameters excluding the 14B MTP module, 14.8T tokens, seq 4096, peak lr
 //! 2.2e-4. The routing bias (e_score_correction_bias) is not trained by gradient and is
 //! left out; YaRN context extension changes no shape.
-//! Layouts: DGXC Benchmarking and Megatron-Bridge tables (shared/data/calibration.toml).
+//!
+//! Kimi-K2 (`kimi-k2-1t`) is the same architecture at other sizes: Hugging Face
+//! `config.json` of moonshotai/Kimi-K2-Instruct (61 layers, hidden 7168, intermediate
+//! 18432, moe_intermediate 2048, 64 heads, the same MLA ranks, 384 routed experts and 1
+//! shared, 8 per token, first_k_dense_replace 1, sigmoid scoring, vocab 163840, no
+//! next-token-prediction layer); "Kimi K2: Open Agentic Intelligence" (arXiv 2507.20534):
+//! 1.04T total / 32.6B activated parameters, 15.5T tokens at seq 4096, MuonClip.
+//! Layouts: DGXC Benchmarking and Megatron-Bridge performance summaries.
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant, Layout};
 use runner_plugin_sdk::workload::*;
@@ -39,6 +46,13 @@ fn deepseek(base: Hyperparameters, mla: MlaConfig, dense_layers: u32, routed: Mo
         mtp_depth: 1,
         ..base
     }
+}
+
+/// Kimi-K2: DeepSeek-V3's layer with half the heads, 384 routed experts, one dense
+/// leading layer and no MTP module.
+fn kimi_k2() -> Hyperparameters {
+    let mla = MlaConfig { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 };
+    Hyperparameters { mtp_depth: 0, ..deepseek(decoder(61, 7168, 18_432, 64, 64, 163_840), mla, 1, moe(384, 8, 2048)) }
 }
 
 /// The CPU proxy: 4 layers x 256 with 8 heads, MLA ranks scaled down (q latent 128, kv
@@ -74,6 +88,14 @@ impl Guest for DeepSeek {
                     v3(),
                     defaults(4096, 14.8e12, 2.2e-4),
                     layouts,
+                ),
+                variant(
+                    "kimi-k2-1t",
+                    FAMILY,
+                    "Moonshot AI, Kimi K2: Open Agentic Intelligence, arXiv 2507.20534; HF config.json of moonshotai/Kimi-K2-Instruct",
+                    kimi_k2(),
+                    defaults(4096, 15.5e12, 2e-4),
+                    [Layout::new("GB300", 256, 256, "MXFP8").pp(4).vp(4).ep(64).mbs(2).gbs_fixed(4096).source(&format!("{MB} (26.04)"))],
                 ),
                 // CPU proxy with the DeepSeek-V3 architecture (see `tiny`).
                 variant(
@@ -124,6 +146,17 @@ mod tests {
         let mtp = (with_mtp.total - p.total) as f64;
         kit::rel_err("deepseek-v3 MTP module (shared tables)", mtp, 14e9 - 2.0 * 0.927e9);
         assert!((11.0e9..12.5e9).contains(&mtp), "MTP module has {mtp:.3e} params");
+    }
+
+    /// Kimi-K2's published 1.04T total and 32.6B activated parameters (the input table
+    /// counted, as the report does). The config's shapes give 1.026T (60 MoE layers of
+    /// 384 x 3 x 7168 x 2048 is 1.015T alone): the headline figure is rounded up, so the
+    /// total is held to 2 %.
+    #[test]
+    fn kimi_k2_parameters_match_published() {
+        let p = kit::params(DeepSeek::graph, "kimi-k2-1t", 0);
+        kit::assert_close("kimi-k2 params", p.total as f64, 1.04e12, 0.02);
+        kit::assert_close("kimi-k2 active", p.active as f64, 32.6e9, 0.02);
     }
 
     #[test]

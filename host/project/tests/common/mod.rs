@@ -92,5 +92,6 @@ pub fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -
         grad_fp32: false,
         split: Default::default(),
         offload_layers: 0,
+        optimizer: Default::default(),
     }
 }
