@@ -193,6 +193,18 @@ pub enum GraphError {
 }
 
 impl Graph {
+    /// The op that writes each tensor, by tensor id (the last if several do); none for
+    /// parameters and inputs.
+    pub fn producers(&self) -> Vec<Option<usize>> {
+        let mut producer = vec![None; self.tensors.len()];
+        for (i, op) in self.ops.iter().enumerate() {
+            for &o in &op.outputs {
+                producer[o] = Some(i);
+            }
+        }
+        producer
+    }
+
     /// Build a graph, resolving tensor names. Operations reference tensors by name.
     pub fn new(tensors: Vec<Tensor>, ops: Vec<NamedOp>, loss: &str) -> Result<Graph, GraphError> {
         let mut index = HashMap::with_capacity(tensors.len());

@@ -161,12 +161,10 @@ fn is_activation_fn(k: OpKind) -> bool {
 
 /// Find the modules of `g` (a logical or sharded graph).
 pub fn modules(g: &Graph) -> ModuleMap {
-    let mut producer: HashMap<TensorId, usize> = HashMap::new();
+    let producer = g.producers();
+    let made_by = |t: TensorId| producer.get(t).copied().flatten();
     let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::new();
     for (i, op) in g.ops.iter().enumerate() {
-        for &o in &op.outputs {
-            producer.insert(o, i);
-        }
         for &x in &op.inputs {
             consumers.entry(x).or_default().push(i);
         }
@@ -174,7 +172,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
     // The op that made `t`, looking through collectives.
     let origin = |mut t: TensorId| -> Option<usize> {
         loop {
-            let &p = producer.get(&t)?;
+            let p = made_by(t)?;
             if !is_comm(g.ops[p].kind) {
                 return Some(p);
             }
@@ -298,8 +296,8 @@ pub fn modules(g: &Graph) -> ModuleMap {
                 let mut t = x;
                 loop {
                     out.frees.insert(t, Module::MlaUpProj);
-                    match producer.get(&t) {
-                        Some(&p) if is_comm(g.ops[p].kind) => match g.ops[p].inputs.first() {
+                    match made_by(t) {
+                        Some(p) if is_comm(g.ops[p].kind) => match g.ops[p].inputs.first() {
                             Some(&y) => t = y,
                             None => break,
                         },

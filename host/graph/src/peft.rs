@@ -107,8 +107,7 @@ impl LoraTargets {
 /// attention these are the up-projections (Megatron's `linear_q_up_proj` and
 /// `linear_kv_up_proj`); the latent down-projections stay without adapters.
 fn qkv_linears(g: &Graph) -> HashSet<usize> {
-    let producer: HashMap<usize, usize> =
-        g.ops.iter().enumerate().flat_map(|(i, op)| op.outputs.iter().map(move |&t| (t, i))).collect();
+    let producer = g.producers();
     let mut found = HashSet::new();
     let mut stack: Vec<usize> =
         g.ops.iter().filter(|op| op.kind == OpKind::Attention).flat_map(|op| op.inputs.iter().copied()).collect();
@@ -117,7 +116,7 @@ fn qkv_linears(g: &Graph) -> HashSet<usize> {
         if !seen.insert(t) {
             continue;
         }
-        let Some(&i) = producer.get(&t) else { continue };
+        let Some(i) = producer.get(t).copied().flatten() else { continue };
         match g.ops[i].kind {
             OpKind::Linear => {
                 found.insert(i);

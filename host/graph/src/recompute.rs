@@ -362,13 +362,12 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
         .map(|ops| ops.iter().filter_map(|&oi| step_of[oi]).min().unwrap_or(0))
         .collect();
 
-    let mut producer: Vec<Option<usize>> = vec![None; nt];
+    let producer = g.producers();
     let mut last_fwd: Vec<Option<usize>> = vec![None; nt];
     // Segments (other than the producer's) whose ops read each tensor.
     let mut seg_readers: Vec<Vec<usize>> = vec![Vec::new(); nt];
     for (oi, op) in g.ops.iter().enumerate() {
         for &t in &op.outputs {
-            producer[t] = Some(oi);
             last_fwd[t] = Some(oi);
         }
         for &t in &op.inputs {

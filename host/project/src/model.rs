@@ -45,10 +45,10 @@ impl Training {
     pub fn label(&self) -> String {
         match self {
             Training::Full => String::new(),
-            Training::Lora(l) => match l.targets {
-                runner_graph::peft::LoraTargets::All => format!("LoRA r{}", l.rank),
-                runner_graph::peft::LoraTargets::Qkv => format!("LoRA r{} qkv", l.rank),
-            },
+            Training::Lora(l) => {
+                let qkv = if l.targets == runner_graph::peft::LoraTargets::Qkv { " qkv" } else { "" };
+                format!("LoRA r{}{qkv}", l.rank)
+            }
         }
     }
 }

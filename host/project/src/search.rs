@@ -278,8 +278,6 @@ fn order(v: &Verdict) -> f64 {
     }
 }
 
-/// Project `s`; if it does not fit and recompute is the search's to choose, the fastest
-/// recompute that makes it fit ([`recompute_to_fit`]).
 /// What the search may choose for a layout that does not fit.
 #[derive(Clone, Copy)]
 struct Choose {
@@ -287,6 +285,9 @@ struct Choose {
     offload: bool,
 }
 
+/// Project `s`; if it does not fit and recompute is the search's to choose, the fastest
+/// recompute that makes it fit ([`recompute_to_fit`]), or the fewest layers offloaded
+/// that do ([`offload_to_fit`]) where offload is the search's to choose too and faster.
 fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut u64) -> Result<Projection, Reject> {
     *evaluated += 1;
     let first = c.evaluate(&s)?;
@@ -311,20 +312,26 @@ fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut
 /// The schedule does not divide ([`Reject::Divisibility`]), or the GPU has no host link.
 pub fn offload_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Option<Projection>, Reject> {
     let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
-    let at = |n: u32, evaluated: &mut u64| {
+    let at = |n: u32| {
         *evaluated += 1;
         c.evaluate(&Schedule { offload_layers: n, ..*s })
     };
-    let all = at(chunk, evaluated)?;
+    Ok(fewest_that_fit(chunk, at)?.ok())
+}
+
+/// The projection at the fewest n in 1..=`chunk` that fits, where memory falls with n (a
+/// binary search); `Err` with the projection at `chunk` when not even that fits.
+fn fewest_that_fit(chunk: u32, mut at: impl FnMut(u32) -> Result<Projection, Reject>) -> Result<Result<Projection, Projection>, Reject> {
+    let all = at(chunk)?;
     if !all.fits {
-        return Ok(None);
+        return Ok(Err(all));
     }
     let (mut lo, mut hi) = (0u32, chunk);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
-        if at(mid, evaluated)?.fits { hi = mid } else { lo = mid }
+        if at(mid)?.fits { hi = mid } else { lo = mid }
     }
-    Ok(Some(if hi == chunk { all } else { at(hi, evaluated)? }))
+    Ok(Ok(if hi == chunk { all } else { at(hi)? }))
 }
 
 /// The selective-recompute module lists a layout that does not fit may take: the
@@ -370,21 +377,15 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
     }
     // Recompute counts run per chunk; the fullest chunk bounds them.
     let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
-    let at = |n: u32, evaluated: &mut u64| {
+    let at = |n: u32| {
         *evaluated += 1;
         let r = RecomputePolicy::Full;
         c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, recompute_modules: Modules::default(), ..*s })
     };
-    let all = at(chunk, evaluated)?;
-    if !all.fits {
-        return Ok(best.unwrap_or(all));
-    }
-    let (mut lo, mut hi) = (0u32, chunk);
-    while hi - lo > 1 {
-        let mid = (lo + hi) / 2;
-        if at(mid, evaluated)?.fits { hi = mid } else { lo = mid }
-    }
-    let full = if hi == chunk { all } else { at(hi, evaluated)? };
+    let full = match fewest_that_fit(chunk, at)? {
+        Ok(full) => full,
+        Err(all) => return Ok(best.unwrap_or(all)),
+    };
     Ok(match best {
         Some(b) if b.step_time_s <= full.step_time_s => b,
         _ => full,

@@ -712,23 +712,13 @@ impl Costed {
             let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
             let layers_here = (self.stage_count(crit, pp, chunks, start)).max(1) as f64;
             mf * (per_mb - t_max).max(0.0) + per_mb / layers_here
-        } else if muon {
-            // The layer-wise distributed optimizer: gradients all-reduced as the backward
-            // produces them, the updated weights all-gathered after the step, unhidden
-            // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon needs
-            // this to be False").
-            let bucket = (40e6f64).max(1e6 * f64::from(dp * key.cp)).min(dense + expert);
-            let ar = grads(OpKind::AllReduce, gb);
-            let tail = fabric.time(OpKind::AllReduce, gb * bucket, dpg);
-            let ar = if s.dp_overlap { (ar - stage_bwd).max(tail) } else { ar };
-            ar + grads(OpKind::AllGather, 2.0)
         } else {
             // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
             // backward produces them; the last bucket's reduction (and the first
             // bucket's parameter gather) has nothing left to hide behind.
             let bucket = (40e6f64).max(1e6 * f64::from(dp * key.cp)).min(dense + expert);
             let tail = |kind: OpKind, bytes_per: f64| fabric.time(kind, bytes_per * bucket, dpg);
-            if s.distributed_optimizer {
+            if s.distributed_optimizer && !muon {
                 let rs = grads(OpKind::ReduceScatter, gb);
                 let ag = grads(OpKind::AllGather, 2.0);
                 if s.dp_overlap {
@@ -738,23 +728,26 @@ impl Costed {
                 }
             } else {
                 let ar = grads(OpKind::AllReduce, gb);
-                if s.dp_overlap { (ar - stage_bwd).max(tail(OpKind::AllReduce, gb)) } else { ar }
+                let ar = if s.dp_overlap { (ar - stage_bwd).max(tail(OpKind::AllReduce, gb)) } else { ar };
+                // Muon's layer-wise distributed optimizer all-reduces the gradients and
+                // all-gathers the updated weights after the step, unhidden
+                // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon
+                // needs this to be False").
+                if muon { ar + grads(OpKind::AllGather, 2.0) } else { ar }
             }
         };
         // AdamW over the shard: fp32 master, two moments and the gradient read and
         // written (28 B), plus the full gradient buffer zeroed and its norm taken (8 B).
-        let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer { n / f64::from(g.max(1)) } else { n };
+        // Muon: each rank updates the weights it owns, fp32 master and momentum read and
+        // written, the gradient read and the BF16 weight written (22 B), and
+        // orthogonalises their momentum (Newton-Schulz in BF16 GEMMs,
+        // `muon_fp32_matmul_prec = "medium"`).
+        let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer || muon { n / f64::from(g.max(1)) } else { n };
+        let local = shard(dense, dp * key.cp) + shard(expert, edp);
         let optimizer = if muon {
-            // Each rank updates the weights it owns: fp32 master and momentum read and
-            // written, the gradient read and the BF16 weight written (22 B), plus the
-            // full gradient buffer zeroed and its norm taken (8 B); and orthogonalises
-            // their momentum (Newton-Schulz in BF16 GEMMs, `muon_fp32_matmul_prec =
-            // "medium"`).
-            let local = dense / f64::from((dp * key.cp).max(1)) + expert / f64::from(edp.max(1));
-            let ns = ns_dense / f64::from((dp * key.cp).max(1)) + ns_expert / f64::from(edp.max(1));
+            let ns = shard(ns_dense, dp * key.cp) + shard(ns_expert, edp);
             (22.0 * local + 8.0 * (dense + expert)) / self.rates.hbm + self.rates.gemm(ns, ns, 0.0, crate::profile::GemmFormat::Bf16)
         } else {
-            let local = shard(dense, dp * key.cp) + shard(expert, edp);
             (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm
         };
         let casts = comp[crit][5];
@@ -784,11 +777,11 @@ impl Costed {
                 let big_trained = self.layers.iter().map(|l| l.dense + l.expert).fold(0.0, f64::max);
                 let shard = d / n_dense + e / n_exp;
                 (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
-            } else if muon {
-                // Whole weights owned per rank: fp32 master and momentum, 8 B each.
-                (2.0 * (d + e + f), gb * (d + e), 8.0 * (d / n_dense + e / n_exp))
-            } else if s.distributed_optimizer {
-                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d / n_dense + e / n_exp))
+            } else if s.distributed_optimizer || muon {
+                // Muon's layer-wise optimizer owns whole weights per rank: fp32 master and
+                // momentum, 8 B, for AdamW's 12.
+                let state = if muon { 8.0 } else { 12.0 };
+                (2.0 * (d + e + f), gb * (d + e), state * (d / n_dense + e / n_exp))
             } else {
                 (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
             };

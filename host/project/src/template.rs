@@ -302,6 +302,7 @@ impl Template {
                 OpKind::Linear | OpKind::GroupedLinear => {
                     let numel = |k: Option<&usize>| k.map_or(0.0, |&t| g.tensors[t].numel() as f64);
                     let calls = if op.kind == OpKind::GroupedLinear { local_experts(op) } else { 1.0 };
+                    let wgrad = op.inputs.get(1).is_some_and(|&t| need(t));
                     gemm_at.insert(i, (at, p.gemms.len()));
                     p.gemms.push(Gemm {
                         name: op.name.clone(),
@@ -313,10 +314,11 @@ impl Template {
                         y: numel(op.outputs.first()),
                         module: mods.op[i],
                         dgrad: op.inputs.first().is_some_and(|&t| need(t)),
-                        wgrad: op.inputs.get(1).is_some_and(|&t| need(t)),
+                        wgrad,
+                        // Muon updates trained weights only.
                         ns_flops: match op.inputs.get(1).map(|&w| g.tensors[w].shape.as_slice()) {
-                            Some(&[n, k]) if op.inputs.get(1).is_some_and(|&t| need(t)) => newton_schulz_flops(n, k, 1.0),
-                            Some(&[e, n, k]) if op.inputs.get(1).is_some_and(|&t| need(t)) => newton_schulz_flops(n, k, e as f64),
+                            Some(&[n, k]) if wgrad => newton_schulz_flops(n, k, 1.0),
+                            Some(&[e, n, k]) if wgrad => newton_schulz_flops(n, k, e as f64),
                             _ => 0.0,
                         },
                         expert: op.kind == OpKind::GroupedLinear,

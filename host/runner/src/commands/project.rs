@@ -70,8 +70,8 @@ pub struct LayoutFlags {
     pub offload_layers: Option<u32>,
     /// The optimizer: adamw (Megatron's distributed optimizer) or muon (Megatron's
     /// dist_muon under the layer-wise distributed optimizer, as Kimi-K2 trains)
-    #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
-    pub optimizer: String,
+    #[arg(long, default_value = "adamw", value_parser = Optimizer::parse)]
+    pub optimizer: Optimizer,
     /// With --recompute selective: Megatron's recompute modules, comma-separated
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
@@ -364,7 +364,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             grad_fp32: false,
             split: split.unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
-            optimizer: optimizer_of(flags),
+            optimizer: flags.optimizer,
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
@@ -479,13 +479,8 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         recompute_modules,
         split,
         offload_layers: f.offload_layers,
-        optimizer: optimizer_of(f),
+        optimizer: f.optimizer,
     }
-}
-
-fn optimizer_of(f: &LayoutFlags) -> Optimizer {
-    // clap only lets the two names through.
-    Optimizer::parse(&f.optimizer).unwrap_or_default()
 }
 
 fn verdict_text(v: &Verdict) -> String {
