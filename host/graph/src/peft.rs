@@ -79,6 +79,15 @@ pub enum LoraTargets {
 }
 
 impl LoraTargets {
+    /// The command line's spelling: `all` or `qkv`.
+    pub fn parse(s: &str) -> Result<LoraTargets, String> {
+        match s {
+            "all" => Ok(LoraTargets::All),
+            "qkv" => Ok(LoraTargets::Qkv),
+            _ => Err(format!("unknown LoRA targets '{s}': use all or qkv")),
+        }
+    }
+
     /// Megatron-Bridge's module names: `linear_qkv` alone, or the four defaults in any order.
     pub fn from_modules(modules: &[String]) -> Result<LoraTargets, String> {
         let mut set: Vec<&str> = modules.iter().map(String::as_str).collect();

@@ -152,19 +152,18 @@ pub struct Target {
     /// With --peft lora: the linears that carry adapters, as Megatron-Bridge's
     /// `peft.target_modules`: all (linear_qkv, linear_proj, linear_fc1, linear_fc2; the
     /// default) or qkv (linear_qkv alone, as NVIDIA's LoRA performance configs)
-    #[arg(long, value_parser = ["all", "qkv"])]
-    pub lora_targets: Option<String>,
+    #[arg(long, value_parser = LoraTargets::parse)]
+    pub lora_targets: Option<LoraTargets>,
 }
 
 impl Target {
     /// What the step trains.
     fn training(&self) -> Result<Training> {
-        let targets = match self.lora_targets.as_deref() {
-            Some("qkv") => LoraTargets::Qkv,
-            _ => LoraTargets::All,
-        };
-        match (self.peft.as_str(), self.lora_rank, &self.lora_targets) {
-            ("lora", rank, _) => Ok(Training::Lora(Lora { rank: rank.unwrap_or(runner_graph::peft::DEFAULT_RANK), targets })),
+        match (self.peft.as_str(), self.lora_rank, self.lora_targets) {
+            ("lora", rank, targets) => Ok(Training::Lora(Lora {
+                rank: rank.unwrap_or(runner_graph::peft::DEFAULT_RANK),
+                targets: targets.unwrap_or_default(),
+            })),
             (_, Some(_), _) => anyhow::bail!("--lora-rank applies to a LoRA fine-tune; add --peft lora"),
             (_, _, Some(_)) => anyhow::bail!("--lora-targets applies to a LoRA fine-tune; add --peft lora"),
             _ => Ok(Training::Full),
