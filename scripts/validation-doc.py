@@ -44,7 +44,8 @@ def run_error(i): return f"{100*by_index[i]['error']:+.1f} %" if i in by_index e
 nover=sum(1 for c in v['checked'] if abs(c['error'])>0.15)
 tmpl=open('scripts/validation-doc.template.md').read()
 doc=tmpl.format(n=o['points'],median=f"{100*o['median']:.2f} %",p90=pct(o['p90']),max=pct(o['max']),
-  median_verdict=verdict(o['median'],0.05), p90_verdict=verdict(o['p90'],0.15), test_verdict=verdict(o['median'],0.08), ndense=len(dense), dense_median=pct(dm), nfull=len(full), full_median=f"{100*fm:.2f} %", nlora=len(lora), lora_errors=' and '.join(f"{100*c['error']:+.1f} %" for c in lora), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']), r55=run_error(55), r67=run_error(67), r73=run_error(73), nover=nover,
+  median_verdict=verdict(o['median'],0.05), p90_verdict=verdict(o['p90'],0.15), test_verdict=verdict(o['median'],0.08), ndense=len(dense), dense_median=pct(dm), nfull=len(full), full_median=f"{100*fm:.2f} %", nlora=len(lora), lora_errors=' and '.join(f"{100*c['error']:+.1f} %" for c in lora), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']), nover=nover, over_list=', '.join(str(c['index']) for c in v['checked'] if abs(c['error'])>0.15),
+  **{f'r{i}': run_error(i) for i in by_index},
   cal=cal.strip(), groups="\n".join(groups), hold="\n".join(hold), points="\n".join(points), unsup="\n".join(unsup))
 open('docs/VALIDATION.md','w').write(doc)
 print(o, hmed, hp90, dm)

@@ -38,6 +38,8 @@ pub enum Param {
     ScaleOut,
     /// The NICs' achieved share for an all-to-all's remote traffic.
     ScaleOutA2a,
+    /// Routed experts' GEMMs on the unfused path against the dense efficiency.
+    GroupedGemm,
 }
 
 impl Param {
@@ -50,6 +52,7 @@ impl Param {
             Param::Memory => e.memory,
             Param::ScaleOut => e.scale_out,
             Param::ScaleOutA2a => e.scale_out_a2a,
+            Param::GroupedGemm => e.grouped_gemm,
         }
     }
 
@@ -65,6 +68,7 @@ impl Param {
             Param::Memory => e.memory = v,
             Param::ScaleOut => e.scale_out = v,
             Param::ScaleOutA2a => e.scale_out_a2a = v,
+            Param::GroupedGemm => e.grouped_gemm = v,
         }
     }
 
@@ -84,6 +88,7 @@ impl Param {
             Param::Memory => "memory".into(),
             Param::ScaleOut => "scale_out".into(),
             Param::ScaleOutA2a => "scale_out_a2a".into(),
+            Param::GroupedGemm => "grouped_gemm".into(),
         }
     }
 }
@@ -191,16 +196,23 @@ fn format_param(f: GemmFormat, shared: bool) -> Param {
 }
 
 /// Which parameters the runs of a GPU can inform: the GEMM efficiency of each format
-/// enough runs of enough models use, and, with enough runs, the shared ones (each NIC
-/// efficiency only where some run crosses the scale-up domain with that traffic).
+/// enough runs of enough models use, the unfused grouped GEMMs' share where as many
+/// runs of as many models route tokens to experts on that path, and, with enough runs,
+/// the shared ones (each NIC efficiency only where some run crosses the scale-up domain
+/// with that traffic).
 fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut by_format: std::collections::BTreeMap<GemmFormat, (usize, std::collections::BTreeSet<String>)> =
         std::collections::BTreeMap::new();
     let mut network = false;
     let mut a2a = false;
     let mut tied = false;
+    let mut grouped: (usize, std::collections::BTreeSet<String>) = Default::default();
     for r in runs {
         let pr = &prep.projectors[r.at];
+        if pr.model.shape.experts > 0 && !r.layout.fused_grouped_mlp {
+            grouped.0 += 1;
+            grouped.1.insert(r.family.clone());
+        }
         tied |= pr.gpu.fp8_datapath_shared();
         let f = fitted_format(pr);
         let e = by_format.entry(f).or_default();
@@ -215,6 +227,9 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
         .filter(|(_, (n, fams))| *n >= FORMAT_MIN_RUNS && fams.len() >= 2)
         .map(|(f, _)| format_param(f, tied))
         .collect();
+    if grouped.0 >= FORMAT_MIN_RUNS && grouped.1.len() >= 2 {
+        p.push(Param::GroupedGemm);
+    }
     if runs.len() >= SHARED_MIN_RUNS {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
         if network {

@@ -140,6 +140,15 @@ pub struct Efficiency {
     /// dispatchers, so it has an efficiency of its own (the expert-parallel dispatch and
     /// combine).
     pub scale_out_a2a: f64,
+    /// Share of the dense GEMM efficiency a routed expert's GEMMs reach on Megatron's
+    /// default MoE path: Transformer Engine's `GroupedLinear` (one GEMM per local expert,
+    /// the activation and its casts as kernels of their own). The fused path
+    /// (Megatron-Bridge's `cutedsl_fused_grouped_mlp`: Transformer Engine's op fuser with
+    /// CuTe DSL grouped GEMMs that carry the GLU in their epilogue) runs them at the dense
+    /// efficiency and the activation inside them. Fitted where a GPU has runs of both;
+    /// it also takes up whatever else the unfused path costs that no op of the graph
+    /// shows (docs/VALIDATION.md).
+    pub grouped_gemm: f64,
     /// GFLOP per GEMM call at which a GEMM reaches half its asymptotic efficiency
     /// (launch, tail and wave-quantisation losses of small products).
     pub gemm_half_gflop: f64,
@@ -284,6 +293,7 @@ impl GpuProfile {
             ("efficiency.scale_up", e.scale_up),
             ("efficiency.scale_out", e.scale_out),
             ("efficiency.scale_out_a2a", e.scale_out_a2a),
+            ("efficiency.grouped_gemm", e.grouped_gemm),
         ];
         for (what, v) in fractions {
             if !(v.is_finite() && v > 0.0 && v <= 1.0) {

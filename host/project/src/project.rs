@@ -8,7 +8,7 @@ use crate::model::{GraphSource, Model};
 use crate::precision::Plan;
 use crate::profile::GpuProfile;
 use crate::step::{Costed, LayoutSpec, Projection, Reject};
-use crate::template::{Measured, ShardKey};
+use crate::template::{Kernels, Measured, ShardKey};
 
 /// A model, its graph source, a GPU and a plan.
 pub struct Projector<'s> {
@@ -17,7 +17,7 @@ pub struct Projector<'s> {
     pub gpu: GpuProfile,
     pub plan: Plan,
     measured: Measured,
-    costed: HashMap<ShardKey, Result<Costed, String>>,
+    costed: HashMap<(ShardKey, Kernels), Result<Costed, String>>,
 }
 
 impl<'s> Projector<'s> {
@@ -44,20 +44,20 @@ impl<'s> Projector<'s> {
         self.costed.clear();
     }
 
-    /// The timed template for `key`.
+    /// The template for `key`, timed with `kernels`.
     ///
     /// # Errors
     /// The sharding does not fit the model, or the plan needs a format the GPU lacks.
-    pub fn costed(&mut self, key: ShardKey) -> Result<&Costed, String> {
-        if !self.costed.contains_key(&key) {
+    pub fn costed(&mut self, key: ShardKey, kernels: Kernels) -> Result<&Costed, String> {
+        if !self.costed.contains_key(&(key, kernels)) {
             let c = self
                 .model
                 .template(key, self.source.as_mut())
                 .cloned()
-                .and_then(|t| Costed::new(&self.model, &t, &self.plan, &self.gpu, &self.measured));
-            self.costed.insert(key, c);
+                .and_then(|t| Costed::new(&self.model, &t, &self.plan, &self.gpu, &self.measured, kernels));
+            self.costed.insert((key, kernels), c);
         }
-        self.costed[&key].as_ref().map_err(Clone::clone)
+        self.costed[&(key, kernels)].as_ref().map_err(Clone::clone)
     }
 
     /// Rank 0's sharded graph for `key`: the ops a measurement for `key` must name.
@@ -74,7 +74,7 @@ impl<'s> Projector<'s> {
     /// Why the layout cannot run (a layout that runs out of memory is projected with
     /// `fits: false`, not refused).
     pub fn project(&mut self, layout: &LayoutSpec) -> Result<Projection, String> {
-        let c = self.costed(layout.key())?;
+        let c = self.costed(layout.key(), layout.kernels())?;
         c.evaluate(&layout.schedule()).map_err(|r: Reject| r.to_string())
     }
 }

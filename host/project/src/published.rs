@@ -79,6 +79,9 @@ pub struct Point {
     pub cpu_offloading_num_layers: Option<u32>,
     /// The optimizer (`adamw`, the default, or `muon`).
     pub optimizer: Option<String>,
+    /// Megatron-Bridge's `cutedsl_fused_grouped_mlp` where the run's preset sets it: the
+    /// routed experts' MLP as fused grouped GEMMs; absent: Megatron's default, unfused.
+    pub cutedsl_fused_grouped_mlp: Option<bool>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -186,6 +189,7 @@ impl Point {
                 Some(o) => Optimizer::parse(o)?,
                 None => Optimizer::AdamW,
             },
+            fused_grouped_mlp: self.cutedsl_fused_grouped_mlp.unwrap_or(false),
         })
     }
 
@@ -412,7 +416,7 @@ pub fn project_fitting(pr: &mut Projector<'_>, layout: &LayoutSpec) -> Result<(P
         return Ok((first, None));
     }
     let layers = pr.model.depth.len() as u32;
-    let c = pr.costed(layout.key())?;
+    let c = pr.costed(layout.key(), layout.kernels())?;
     let p = search::recompute_to_fit(c, &layout.schedule(), layers, &mut 0).map_err(|r| r.to_string())?;
     if !p.fits {
         return Ok((first, None));

@@ -32,7 +32,7 @@ use runner_graph::recompute::RecomputePolicy;
 
 use crate::project::Projector;
 use crate::step::{Costed, Optimizer, Projection, Reject, Schedule};
-use crate::template::ShardKey;
+use crate::template::{Kernels, ShardKey};
 
 /// Degrees and choices the caller fixes; `None` lets the search choose.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -57,6 +57,8 @@ pub struct Space {
     pub offload_layers: Option<u32>,
     /// The optimizer every layout trains with.
     pub optimizer: Optimizer,
+    /// The kernel choices every layout runs with.
+    pub kernels: Kernels,
 }
 
 /// Why a family of layouts did not win.
@@ -164,7 +166,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                 for &etp in &etps {
                     for &mbs in &mbss {
                         let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
-                        let costed = match pr.costed(key) {
+                        let costed = match pr.costed(key, space.kernels) {
                             Ok(c) => c,
                             Err(e) => {
                                 let fam = family(&key, 1, rest, false);
@@ -212,6 +214,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                         ep_overlap: ep > 1,
                                         dp_overlap: true,
                                         grad_fp32: false,
+                                        fused_grouped_mlp: space.kernels.fused_grouped_mlp,
                                         split,
                                         offload_layers: space.offload_layers.unwrap_or(0),
                                         optimizer: space.optimizer,

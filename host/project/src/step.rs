@@ -40,7 +40,7 @@ use crate::comm::Placement;
 use crate::model::Model;
 use crate::precision::{Plan, Recipe};
 use crate::profile::{GIB, GpuProfile};
-use crate::template::{Measured, PartTime, Rates, ShardKey, Stored, Template};
+use crate::template::{Kernels, Measured, PartTime, Rates, ShardKey, Stored, Template};
 
 /// The optimizer a run trains with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -102,6 +102,8 @@ pub struct Schedule {
     /// `cpu_offloading_num_layers`); 0: none.
     pub offload_layers: u32,
     pub optimizer: Optimizer,
+    /// The routed experts' MLP as fused grouped GEMMs ([`Kernels::fused_grouped_mlp`]).
+    pub fused_grouped_mlp: bool,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -139,6 +141,9 @@ pub struct LayoutSpec {
     pub offload_layers: u32,
     #[serde(default)]
     pub optimizer: Optimizer,
+    /// The routed experts' MLP as fused grouped GEMMs ([`Kernels::fused_grouped_mlp`]).
+    #[serde(default)]
+    pub fused_grouped_mlp: bool,
 }
 
 impl LayoutSpec {
@@ -166,6 +171,7 @@ impl LayoutSpec {
             split: s.split,
             offload_layers: s.offload_layers,
             optimizer: s.optimizer,
+            fused_grouped_mlp: s.fused_grouped_mlp,
         }
     }
 
@@ -191,7 +197,13 @@ impl LayoutSpec {
             split: self.split,
             offload_layers: self.offload_layers,
             optimizer: self.optimizer,
+            fused_grouped_mlp: self.fused_grouped_mlp,
         }
+    }
+
+    /// The kernel choices its ops are timed with.
+    pub fn kernels(&self) -> Kernels {
+        Kernels { fused_grouped_mlp: self.fused_grouped_mlp }
     }
 
     pub fn gpus(&self) -> u64 {
@@ -231,6 +243,9 @@ impl LayoutSpec {
         }
         if self.optimizer == Optimizer::Muon {
             s += " Muon";
+        }
+        if self.fused_grouped_mlp {
+            s += " FUSED-MLP";
         }
         let full = if long { "RC-full" } else { "RC" };
         match self.recompute {
@@ -402,6 +417,7 @@ impl LayerCost {
 /// A template timed on a device under a plan: per model layer, ready for any schedule.
 pub struct Costed {
     pub key: ShardKey,
+    pub kernels: Kernels,
     layers: Vec<LayerCost>,
     pre: LayerCost,
     post: LayerCost,
@@ -478,11 +494,19 @@ impl std::fmt::Display for Reject {
 }
 
 impl Costed {
-    /// Time `template` (built from `model`) on `gpu` under `plan`.
+    /// Time `template` (built from `model`) on `gpu` under `plan` with `kernels`
+    /// (schedules evaluated on it must ask for the same).
     ///
     /// # Errors
     /// The plan uses a format the GPU has no tensor-core path for.
-    pub fn new(model: &Model, template: &Template, plan: &Plan, gpu: &GpuProfile, measured: &Measured) -> Result<Costed, String> {
+    pub fn new(
+        model: &Model,
+        template: &Template,
+        plan: &Plan,
+        gpu: &GpuProfile,
+        measured: &Measured,
+        kernels: Kernels,
+    ) -> Result<Costed, String> {
         for (f, share) in &plan.coverage {
             if *share > 0.0 {
                 gpu.peak_flops(*f)?;
@@ -500,7 +524,7 @@ impl Costed {
                 Some((n, c)) if plan_formats_equal(plan, n, names) => *c,
                 _ => {
                     let part = &template.layers[rep];
-                    let t = template.time_part(part, names, plan, &rates, measured);
+                    let t = template.time_part(part, names, plan, &rates, measured, kernels);
                     let c = LayerCost::new(&t, part, &Template::stored(part, names, plan), &rates);
                     by_rep[rep] = Some((names.clone(), c));
                     c
@@ -512,7 +536,7 @@ impl Costed {
         let side = |part: &crate::template::Part, names: &[String]| LayerCost {
             ns_dense: 0.0,
             ns_expert: 0.0,
-            ..LayerCost::new(&template.time_part(part, names, plan, &rates, measured), part, &Template::stored(part, names, plan), &rates)
+            ..LayerCost::new(&template.time_part(part, names, plan, &rates, measured, kernels), part, &Template::stored(part, names, plan), &rates)
         };
         let pre = side(&template.pre, &d.pre_gemms);
         let post = side(&template.post, &d.post_gemms);
@@ -522,6 +546,7 @@ impl Costed {
         let module_freed_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_freed[m])));
         Ok(Costed {
             key: template.key,
+            kernels,
             layers,
             pre,
             post,
@@ -569,6 +594,9 @@ impl Costed {
     /// A layout that does not fit in memory is still projected, with `fits: false`.
     pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
         let key = self.key;
+        if s.fused_grouped_mlp != self.kernels.fused_grouped_mlp {
+            return Err(Reject::Unsupported("a schedule evaluated on ops timed for other kernels".into()));
+        }
         let layers = self.layers.len();
         let (pp, vp, dp) = (s.pp.max(1) as usize, s.vp.max(1) as usize, s.dp.max(1));
         let chunks = pp * vp;

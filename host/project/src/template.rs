@@ -45,6 +45,17 @@ pub struct ShardKey {
     pub mbs: u32,
 }
 
+/// Kernel choices of a run that change how long a rank's ops take but not its graph.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kernels {
+    /// The routed experts' MLP as fused grouped GEMMs (Megatron-Bridge's
+    /// `cutedsl_fused_grouped_mlp`: Transformer Engine's op fuser with CuTe DSL grouped
+    /// GEMM kernels, the GLU activation and its casts in their epilogue) rather than
+    /// Megatron's default `GroupedLinear` with the activation as kernels of its own.
+    pub fused_grouped_mlp: bool,
+}
+
 /// Which parallel group a collective runs over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Group {
@@ -423,7 +434,12 @@ impl Template {
     /// Time one part with the GEMM formats of the model layer it stands for: `names`
     /// are that layer's GEMM names in op order (the part's own when the part is that
     /// layer), and the part's j-th GEMM takes the plan's formats for `names[j]`.
-    pub fn time_part(&self, part: &Part, names: &[String], plan: &Plan, rates: &Rates, measured: &Measured) -> PartTime {
+    ///
+    /// With `kernels.fused_grouped_mlp` the routed experts' MLP runs fused: their GEMMs at the
+    /// dense efficiency and the activation between them inside the GEMMs; otherwise
+    /// their GEMMs at the profile's `grouped_gemm` share of it and the activation as an
+    /// op of its own.
+    pub fn time_part(&self, part: &Part, names: &[String], plan: &Plan, rates: &Rates, measured: &Measured, kernels: Kernels) -> PartTime {
         let mut t = PartTime::default();
         let cast = plan.recipe.cast_bytes_per_element();
         for (j, gm) in part.gemms.iter().enumerate() {
@@ -435,7 +451,8 @@ impl Template {
                 // input gradient only, taken as half.
                 Some((fwd, bwd)) => (fwd, bwd * (f64::from(u8::from(dgrad)) + f64::from(u8::from(wgrad))) / 2.0),
                 None => {
-                    let time = |r: GemmRole| rates.gemm(gm.flops, gm.call_flops, gm.bytes, f[r.index()]);
+                    let share = if gm.expert && !kernels.fused_grouped_mlp { rates.grouped } else { 1.0 };
+                    let time = |r: GemmRole| rates.gemm_at(gm.flops, gm.call_flops, gm.bytes, f[r.index()], share);
                     let mut fwd = time(GemmRole::Forward);
                     let mut bwd = 0.0;
                     if dgrad {
@@ -476,6 +493,10 @@ impl Template {
             t.attention += f + b;
         }
         for v in &part.vector {
+            if kernels.fused_grouped_mlp && v.module == Some(Module::MoeAct) {
+                // In the fused grouped GEMMs' epilogue (forward) and the dgrad's (backward).
+                continue;
+            }
             let (f, b) = measured.get(&self.key, &v.name).unwrap_or((v.bytes / rates.hbm, 2.0 * v.bytes / rates.hbm));
             t.fwd += f;
             t.bwd += if v.backward { b } else { 0.0 };
@@ -640,6 +661,8 @@ pub struct Rates {
     /// Peak FLOP/s × asymptotic efficiency per format (0: the chip lacks it).
     gemm_rate: [f64; 4],
     half_flops: f64,
+    /// Share of the dense GEMM efficiency unfused routed-expert GEMMs reach.
+    pub grouped: f64,
     attention_rate: f64,
     attention_backward: f64,
     /// Achieved HBM bytes/s.
@@ -670,6 +693,7 @@ impl Rates {
         Rates {
             gemm_rate,
             half_flops: e.gemm_half_gflop * 1e9,
+            grouped: e.grouped_gemm,
             attention_rate: gpu.peak_tflops.bf16 * 1e12 * e.attention,
             attention_backward: e.attention_backward,
             hbm: gpu.hbm_gbs * 1e9 * e.memory,
@@ -690,6 +714,11 @@ impl Rates {
     /// A format the chip lacks runs at the BF16 rate (the caller refuses such plans
     /// before timing them).
     pub fn gemm(&self, flops: f64, call_flops: f64, bytes: f64, f: GemmFormat) -> f64 {
+        self.gemm_at(flops, call_flops, bytes, f, 1.0)
+    }
+
+    /// [`Rates::gemm`] for kernels that reach `share` of the dense efficiency.
+    fn gemm_at(&self, flops: f64, call_flops: f64, bytes: f64, f: GemmFormat, share: f64) -> f64 {
         if flops <= 0.0 {
             return bytes / self.hbm;
         }
@@ -697,7 +726,7 @@ impl Rates {
         if rate <= 0.0 {
             rate = self.gemm_rate[0];
         }
-        (flops / (rate * self.size(call_flops))).max(bytes / self.hbm)
+        (flops / (rate * share * self.size(call_flops))).max(bytes / self.hbm)
     }
 
     pub fn attention_forward(&self, flops: f64, bytes: f64) -> f64 {

@@ -105,6 +105,9 @@ pub struct LayoutSection {
     /// Layers per pipeline chunk whose activations go to host memory between forward and
     /// backward (Megatron's `cpu_offloading_num_layers`); absent: none.
     pub offload_layers: Option<u32>,
+    /// The routed experts' MLP as fused grouped GEMMs (Megatron-Bridge's
+    /// `cutedsl_fused_grouped_mlp`); absent: false, Megatron's default.
+    pub fused_grouped_mlp: Option<bool>,
 }
 
 impl LayoutSection {
@@ -124,6 +127,7 @@ impl LayoutSection {
             split: self.pipeline_split,
             offload_layers: self.offload_layers,
             optimizer: Default::default(),
+            kernels: runner_project::template::Kernels { fused_grouped_mlp: self.fused_grouped_mlp.unwrap_or(false) },
         }
     }
 
@@ -146,6 +150,9 @@ impl LayoutSection {
         }
         if let Some(n) = self.offload_layers {
             parts.push(format!("{n} layers' activations offloaded per chunk"));
+        }
+        if self.fused_grouped_mlp == Some(true) {
+            parts.push("fused grouped MLP".into());
         }
         parts.join(" ")
     }
@@ -480,6 +487,17 @@ mod tests {
         assert!(run.layout.describe().contains("20 layers' activations offloaded"));
         let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
         assert_eq!(run.layout.space().offload_layers, None);
+    }
+
+    /// `[layout] fused_grouped_mlp` picks the fused routed-expert kernels for every
+    /// layout the search tries (absent: Megatron's default, unfused).
+    #[test]
+    fn fused_grouped_mlp_is_read() {
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\nfused_grouped_mlp = true\n", "t.toml").unwrap();
+        assert!(run.layout.space().kernels.fused_grouped_mlp);
+        assert!(run.layout.describe().contains("fused grouped MLP"));
+        let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
+        assert!(!run.layout.space().kernels.fused_grouped_mlp);
     }
 
     #[test]

@@ -387,6 +387,16 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert_eq!(muon["layout"]["optimizer"].as_str(), Some("muon"), "{out}");
     let opt = |v: &serde_json::Value| v["memory"]["optimizer"].as_f64().unwrap();
     assert!((opt(&muon) / opt(&full) - 2.0 / 3.0).abs() < 1e-6, "{out}");
+    // The routed experts' MLP fused (NVIDIA's 26.06 MoE presets): faster, said in the layout.
+    let moe = ["project", "--model", "qwen3-30b-a3b", "--gpu", "b200", "--gpus", "8", "--tp", "1", "--pp", "1", "--ep", "8", "--precision", "mxfp8", "--format", "json", "-q"];
+    let unfused: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &moe)).0).unwrap();
+    let o = runner(&dir, &[&moe[..], &["--fused-grouped-mlp"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let fused: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(fused["layout"]["fused_grouped_mlp"].as_bool(), Some(true), "{out}");
+    assert_eq!(unfused["layout"]["fused_grouped_mlp"].as_bool(), Some(false));
+    assert!(f(&fused, "step_time_s") < f(&unfused, "step_time_s"), "{out}");
     for (args, want) in [
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "qlora"], "invalid value 'qlora'"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "0"], "--lora-rank"),

@@ -26,6 +26,7 @@ use runner_project::project::Projector;
 use runner_project::published::{self, Validation};
 use runner_project::search::{self, Found, Space, Verdict};
 use runner_project::step::{LayoutSpec, Optimizer, Projection};
+use runner_project::template::Kernels;
 
 use super::{emit, progress_line};
 use crate::Global;
@@ -72,6 +73,11 @@ pub struct LayoutFlags {
     /// dist_muon under the layer-wise distributed optimizer, as Kimi-K2 trains)
     #[arg(long, default_value = "adamw", value_parser = Optimizer::parse)]
     pub optimizer: Optimizer,
+    /// Run the routed experts' MLP as fused grouped GEMMs with the activation in their
+    /// epilogue (Megatron-Bridge's cutedsl_fused_grouped_mlp, NVIDIA's 26.06 MoE presets);
+    /// without it, Megatron's default GroupedLinear path
+    #[arg(long)]
+    pub fused_grouped_mlp: bool,
     /// With --recompute selective: Megatron's recompute modules, comma-separated
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
@@ -364,6 +370,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             split: split.unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
             optimizer: flags.optimizer,
+            fused_grouped_mlp: flags.fused_grouped_mlp,
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
@@ -479,6 +486,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         split,
         offload_layers: f.offload_layers,
         optimizer: f.optimizer,
+        kernels: Kernels { fused_grouped_mlp: f.fused_grouped_mlp },
     }
 }
 
