@@ -446,6 +446,91 @@ pub struct Costed {
     /// freed.
     module_rc_prefix: [Vec<f64>; Module::COUNT],
     module_freed_prefix: [Vec<f64>; Module::COUNT],
+    /// Prefix sums over layers of what [`accumulate`] adds per layer, so a stage's
+    /// breakdown costs a few lookups per chunk rather than a pass over its layers.
+    sums: Sums,
+    /// The largest layer's parameter elements (all, trained) and low-precision weight
+    /// elements: what FSDP gathers whole per unit.
+    largest: [f64; 3],
+}
+
+/// One pipeline stage's sums in [`Costed::evaluate`]: time per micro-batch, stored
+/// activations, parameters, the breakdown's parts, and the offloaded activations' buffer
+/// (one layer's stays on the GPU as the copy in flight).
+#[derive(Clone, Copy, Debug, Default)]
+struct Stage {
+    t: f64,
+    acts: f64,
+    params: StageParams,
+    comp: [f64; COMP],
+    offload: f64,
+}
+
+/// Prefix sums over layers of a [`LayerCost`]'s fields (see [`Sums::add`]), one row per
+/// layer boundary so a range reads two rows.
+struct Sums {
+    rows: Vec<[f64; SUM_FIELDS]>,
+}
+
+/// A row of [`Sums`]: compute, GEMMs, attention, weight casts, dense, expert, frozen,
+/// low-precision weights, Newton-Schulz FLOPs dense and expert, forward, backward; then per
+/// overlap setting the recompute per policy (12), then per overlap setting the exposed tp,
+/// cp, ep (12).
+const SUM_FIELDS: usize = 36;
+const FWD: usize = 10;
+const BWD: usize = 11;
+const RECOMPUTE: usize = 12;
+const EXPOSED: usize = 24;
+
+impl Sums {
+    fn new(layers: &[LayerCost]) -> Sums {
+        let mut rows = Vec::with_capacity(layers.len() + 1);
+        let mut acc = [0.0; SUM_FIELDS];
+        rows.push(acc);
+        for l in layers {
+            let plain = [l.compute, l.gemm, l.attention, l.weight_cast, l.dense, l.expert, l.frozen, l.low_weights, l.ns_dense, l.ns_expert, l.fwd, l.bwd];
+            for (i, v) in plain.into_iter().enumerate() {
+                acc[i] += v;
+            }
+            for ov in 0..4 {
+                for k in 0..3 {
+                    acc[RECOMPUTE + 3 * ov + k] += l.recompute[ov][k];
+                    acc[EXPOSED + 3 * ov + k] += l.exposed[ov][k];
+                }
+            }
+            rows.push(acc);
+        }
+        Sums { rows }
+    }
+
+    /// Sum of field `i` over layers `a..b`.
+    fn range(&self, i: usize, a: usize, b: usize) -> f64 {
+        self.rows[b][i] - self.rows[a][i]
+    }
+
+    /// What [`accumulate`] adds for each of layers `a..b` under `pol` and `ov`, but the
+    /// selective modules' forward (the caller adds it from its own prefix sums).
+    fn add(&self, comp: &mut [f64; COMP], params: &mut StageParams, a: usize, b: usize, pol: usize, ov: usize) {
+        if a >= b {
+            return;
+        }
+        let (lo, hi) = (&self.rows[a], &self.rows[b]);
+        let d = |i: usize| hi[i] - lo[i];
+        comp[0] += d(0);
+        comp[6] += d(1);
+        comp[7] += d(2);
+        comp[1] += d(RECOMPUTE + 3 * ov + pol);
+        for i in 0..3 {
+            comp[2 + i] += d(EXPOSED + 3 * ov + i);
+        }
+        comp[5] += d(3);
+        params.dense += d(4);
+        params.expert += d(5);
+        params.frozen += d(6);
+        params.low += d(7);
+        params.ns_dense += d(8);
+        params.ns_expert += d(9);
+    }
 }
 
 /// Index of an overlap setting: bit 0 TP overlap, bit 1 EP overlap.
@@ -544,6 +629,9 @@ impl Costed {
         let act_prefix = std::array::from_fn(|pol| prefix(layers.iter().map(|l| l.activations[pol])));
         let module_rc_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_rc[m])));
         let module_freed_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_freed[m])));
+        let largest = |f: fn(&LayerCost) -> f64| layers.iter().map(f).fold(0.0, f64::max);
+        let largest = [largest(|l| l.dense + l.expert + l.frozen), largest(|l| l.dense + l.expert), largest(|l| l.low_weights)];
+        let sums = Sums::new(&layers);
         Ok(Costed {
             key: template.key,
             kernels,
@@ -566,6 +654,8 @@ impl Costed {
             act_prefix,
             module_rc_prefix,
             module_freed_prefix,
+            sums,
+            largest,
         })
     }
 
@@ -656,16 +746,9 @@ impl Costed {
             if partial { (a, (a + s.recompute_layers as usize).min(b), b) } else { (a, b, b) }
         };
         let rest = if partial { 0 } else { base };
-        // Per stage: time per micro-batch, activations, parameters, and the parts of the
-        // time for the breakdown.
-        let mut t = vec![0.0; pp];
-        let mut acts = vec![0.0; pp];
-        let mut params = vec![StageParams::default(); pp];
-        let mut comp = vec![[0.0f64; COMP]; pp];
-        // Offloaded activations: one layer's stays on the GPU as the copy in flight.
-        let mut offload_buffer = vec![0.0f64; pp];
+        let mut stages = vec![Stage::default(); pp];
         for c in 0..chunks {
-            let st = c % pp;
+            let stage = &mut stages[c % pp];
             let (a, m_, b) = split(c);
             // The first layers of the chunk copy their stored activations to the host as
             // the next layer runs its forward and back ahead of their backward (Megatron's
@@ -676,43 +759,43 @@ impl Costed {
                 let bytes = l.activations[pol] - l.selective(&selective).1;
                 let copy = bytes / host_bps;
                 let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
-                t[st] += exposed;
-                comp[st][OFFLOAD] += exposed;
-                acts[st] -= bytes;
-                offload_buffer[st] = offload_buffer[st].max(bytes);
+                stage.t += exposed;
+                stage.comp[OFFLOAD] += exposed;
+                stage.acts -= bytes;
+                stage.offload = stage.offload.max(bytes);
             }
             let tp_ = &self.time_prefix;
-            t[st] += tp_[base][ov][m_] - tp_[base][ov][a] + tp_[rest][ov][b] - tp_[rest][ov][m_];
-            acts[st] += self.act_prefix[base][m_] - self.act_prefix[base][a] + self.act_prefix[rest][b] - self.act_prefix[rest][m_];
+            stage.t += tp_[base][ov][m_] - tp_[base][ov][a] + tp_[rest][ov][b] - tp_[rest][ov][m_];
+            stage.acts += self.act_prefix[base][m_] - self.act_prefix[base][a] + self.act_prefix[rest][b] - self.act_prefix[rest][m_];
             for &mi in &selective {
-                t[st] += self.module_rc_prefix[mi][b] - self.module_rc_prefix[mi][a];
-                acts[st] -= self.module_freed_prefix[mi][b] - self.module_freed_prefix[mi][a];
+                let rc = self.module_rc_prefix[mi][b] - self.module_rc_prefix[mi][a];
+                stage.t += rc;
+                stage.comp[1] += rc;
+                stage.acts -= self.module_freed_prefix[mi][b] - self.module_freed_prefix[mi][a];
             }
-            for (j, l) in self.layers[a..b].iter().enumerate() {
-                let pol = if a + j < m_ { base } else { rest };
-                accumulate(&mut comp[st], &mut params[st], l, pol, ov, l.selective(&selective).0);
-            }
+            self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
+            self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
         }
-        for (st, pt) in t.iter_mut().enumerate() {
+        for (st, stage) in stages.iter_mut().enumerate() {
             if st == 0 {
                 let rc = self.pre.selective(&selective).0;
-                accumulate(&mut comp[st], &mut params[st], &self.pre, base, ov, rc);
-                *pt += self.pre.time(base, ov) + rc;
+                accumulate(&mut stage.comp, &mut stage.params, &self.pre, base, ov, rc);
+                stage.t += self.pre.time(base, ov) + rc;
             }
             if st == pp - 1 {
                 let rc = self.post.selective(&selective).0;
-                accumulate(&mut comp[st], &mut params[st], &self.post, base, ov, rc);
-                *pt += self.post.time(base, ov) + rc;
+                accumulate(&mut stage.comp, &mut stage.params, &self.post, base, ov, rc);
+                stage.t += self.post.time(base, ov) + rc;
                 if pp > 1 {
-                    params[st].dense += self.tied;
-                    params[st].frozen += self.tied_frozen;
+                    stage.params.dense += self.tied;
+                    stage.params.frozen += self.tied_frozen;
                 }
             }
         }
         let pol = base;
-        let crit = (0..pp).max_by(|&a, &b| t[a].total_cmp(&t[b])).unwrap_or(0);
-        let t_max = t[crit];
-        let t_mean = t.iter().sum::<f64>() / pp as f64;
+        let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
+        let t_max = stages[crit].t;
+        let t_mean = stages.iter().map(|x| x.t).sum::<f64>() / pp as f64;
         let mf = f64::from(m);
         let bubble = (pp as f64 - 1.0) / vp as f64 * t_mean;
         let fabric = &self.rates.fabric;
@@ -724,12 +807,12 @@ impl Costed {
             0.0
         };
         // Data parallelism over the critical stage's parameters.
-        let StageParams { dense, expert, frozen, ns_dense, ns_expert, .. } = params[crit];
+        let StageParams { dense, expert, frozen, ns_dense, ns_expert, .. } = stages[crit].params;
         let dpg = Placement { size: dp * key.cp, stride: key.tp };
         let edp = stage_gpus / (key.ep * key.etp);
         let edpg = Placement { size: edp, stride: key.ep * key.etp };
-        let stage_fwd = self.stage_sum(crit, pp, chunks, start, |l| l.fwd);
-        let stage_bwd = self.stage_sum(crit, pp, chunks, start, |l| l.bwd);
+        let stage_fwd = self.stage_sum(crit, pp, chunks, start, FWD, |l| l.fwd);
+        let stage_bwd = self.stage_sum(crit, pp, chunks, start, BWD, |l| l.bwd);
         let grads = |kind: OpKind, bytes_per: f64| {
             fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
         };
@@ -778,31 +861,31 @@ impl Costed {
         } else {
             (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm
         };
-        let casts = comp[crit][5];
+        let casts = stages[crit].comp[5];
         let breakdown = Breakdown {
-            compute: mf * comp[crit][0] + casts,
-            compute_parts: ComputeParts { gemm: mf * comp[crit][6], attention: mf * comp[crit][7] },
-            recompute: mf * comp[crit][1],
-            tp: mf * comp[crit][2],
-            cp: mf * comp[crit][3],
-            ep: mf * comp[crit][4],
+            compute: mf * stages[crit].comp[0] + casts,
+            compute_parts: ComputeParts { gemm: mf * stages[crit].comp[6], attention: mf * stages[crit].comp[7] },
+            recompute: mf * stages[crit].comp[1],
+            tp: mf * stages[crit].comp[2],
+            cp: mf * stages[crit].comp[3],
+            ep: mf * stages[crit].comp[4],
             pp: pp_exposed,
             dp: dp_exposed,
             bubble,
             optimizer,
-            offload: mf * comp[crit][OFFLOAD],
+            offload: mf * stages[crit].comp[OFFLOAD],
         };
         let step = breakdown.total();
         // Memory, the most loaded stage.
         let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
-        for (st, p) in params.iter().enumerate() {
+        for (st, stage) in stages.iter().enumerate() {
+            let p = &stage.params;
             let StageParams { dense: d, expert: e, frozen: f, low: lw, .. } = *p;
             let n_dense = f64::from(dp * key.cp);
             let n_exp = f64::from(edp);
             // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
             let (w, g, o) = if s.fsdp {
-                let big = self.layers.iter().map(|l| l.dense + l.expert + l.frozen).fold(0.0, f64::max);
-                let big_trained = self.layers.iter().map(|l| l.dense + l.expert).fold(0.0, f64::max);
+                let [big, big_trained, _] = self.largest;
                 let shard = d / n_dense + e / n_exp;
                 (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
             } else if s.distributed_optimizer || muon {
@@ -816,16 +899,15 @@ impl Costed {
             // One cast copy of each low-precision GEMM weight stays resident; under FSDP
             // weights exist whole only per gathered unit, and so do their casts.
             let w = if s.fsdp {
-                let big = self.layers.iter().map(|l| l.low_weights).fold(0.0, f64::max);
-                w + 2.0 * big
+                w + 2.0 * self.largest[2]
             } else if s.distributed_optimizer && !muon && self.fp8_params {
                 // FP8 parameters: the 1-byte FP8 copy (lw) replaces the 2-byte BF16 one.
                 w - lw
             } else {
                 w + lw
             };
-            let a = self.in_flight(st, pp, vp, m) * acts[st]
-                + offload_buffer[st]
+            let a = self.in_flight(st, pp, vp, m) * stages[st].acts
+                + stages[st].offload
                 + if st == 0 { self.in_flight(0, pp, vp, m) * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
                 + if st == pp - 1 { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
             let a = a * (1.0 + self.slack);
@@ -874,10 +956,12 @@ impl Costed {
         ((warmup + 1).min(m * vp)) as f64 / vp as f64
     }
 
-    fn stage_sum(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize, f: impl Fn(&LayerCost) -> f64) -> f64 {
+    /// Field `field` of [`Sums::plain`] over stage `st`'s layers, and `f` of the
+    /// embedding and head sides it holds.
+    fn stage_sum(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize, field: usize, f: impl Fn(&LayerCost) -> f64) -> f64 {
         let mut v = 0.0;
         for c in (st..chunks).step_by(pp) {
-            v += self.layers[start(c)..start(c + 1)].iter().map(&f).sum::<f64>();
+            v += self.sums.range(field, start(c), start(c + 1));
         }
         if st == 0 {
             v += f(&self.pre);
