@@ -357,9 +357,10 @@ pub fn calibrate(
         let fitted_here = params_for(&prep, &r);
         let mut known = fitted_here.clone();
         if let Some(from) = &shared {
-            // Start from the best-measured GPU wherever this GPU's runs cannot speak.
+            // Start from the best-measured GPU wherever this GPU's runs cannot speak (the
+            // unfused MoE path's share included: the same software on another chip).
             let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
-            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8];
+            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }
