@@ -23,6 +23,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("precision.cu", include_str!("../cuda/precision.cu")),
     ("quant.cu", include_str!("../cuda/quant.cu")),
     ("rope.cu", include_str!("../cuda/rope.cu")),
+    ("ssm.cu", include_str!("../cuda/ssm.cu")),
 ];
 
 /// `src` with its `#include "common.cuh"` line replaced by the header.

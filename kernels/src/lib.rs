@@ -1,6 +1,6 @@
 //! `runner-kernels`: the CPU compute kernels of the workload runner.
 //!
-//! Every layer a dense or mixture-of-experts transformer needs for a training step,
+//! Every layer a dense, mixture-of-experts or Mamba-2 model needs for a training step,
 //! written as plain f32 functions over row-major contiguous slices, in the style of
 //! llm.c: each `*_forward` is immediately followed by its `*_backward` (the
 //! vector-Jacobian product), and each forward documents what it saves for backward.
@@ -15,6 +15,8 @@
 //! - [`cpu::cp`]: context parallelism's token layout (which global positions a cp rank's
 //!   rows and the all-gathered K/V rows hold), read by rotary and attention.
 //! - [`cpu::moe`]: top-k router, token dispatch, grouped expert GEMM, weighted combine.
+//! - [`cpu::ssm`]: Mamba-2's mixer: the causal depthwise conv1d with SiLU and the SSD
+//!   selective scan (heads of P channels, B and C in G groups of state size N).
 //! - [`cpu::adamw`]: the optimiser step (PyTorch `AdamW` semantics).
 //! - [`cpu::precision`]: exact bf16 / FP8 storage emulation for precision policies.
 //!

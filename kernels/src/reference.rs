@@ -14,6 +14,7 @@ use crate::cpu::cp::CpShard;
 use crate::cpu::moe::{Router, ScoreFn};
 use crate::cpu::precision::Fp8Format;
 use crate::cpu::rope::Rope;
+use crate::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 /// c (M,N) = op(a) · op(b), a stored (M,K) or (K,M) if `ta`, b stored (K,N) or (N,K) if `tb`.
 pub fn matmul(a: &[f64], b: &[f64], m: usize, n: usize, k: usize, ta: bool, tb: bool) -> Vec<f64> {
@@ -198,6 +199,178 @@ pub fn gelu(x: &[f64]) -> Vec<f64> {
 /// relu(x)².
 pub fn squared_relu(x: &[f64]) -> Vec<f64> {
     x.iter().map(|x| x.max(0.0) * x.max(0.0)).collect()
+}
+
+/// Causal depthwise conv1d with SiLU (causal-conv1d's `activation="silu"`): x (B,T,C),
+/// w (C,K), bias (C); u = bias + Σ_k w[c,k]·x[t−(K−1)+k] (zero before the sequence),
+/// out = u·σ(u).
+pub fn causal_conv1d(x: &[f64], w: &[f64], bias: &[f64], s: &Conv1d) -> Vec<f64> {
+    let (c, k) = (s.c, s.k);
+    let mut out = vec![0.0; x.len()];
+    for b in 0..s.b {
+        for t in 0..s.t {
+            for ch in 0..c {
+                let mut u = bias[ch];
+                for j in 0..k {
+                    if t + j >= k - 1 {
+                        u += w[ch * k + j] * x[(b * s.t + t + j - (k - 1)) * c + ch];
+                    }
+                }
+                out[(b * s.t + t) * c + ch] = u / (1.0 + (-u).exp());
+            }
+        }
+    }
+    out
+}
+
+/// The conv's input, weight and bias gradients for output gradient `dy`, as the adjoint
+/// of [`causal_conv1d`] written as a scatter (each output sends its gradient back to the
+/// inputs it read).
+pub fn causal_conv1d_backward(
+    dy: &[f64],
+    x: &[f64],
+    w: &[f64],
+    bias: &[f64],
+    s: &Conv1d,
+) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (c, k) = (s.c, s.k);
+    let (mut dx, mut dw, mut db) = (vec![0.0; x.len()], vec![0.0; w.len()], vec![0.0; c]);
+    for b in 0..s.b {
+        for t in 0..s.t {
+            for ch in 0..c {
+                let src = |j: usize| (t + j >= k - 1).then(|| (b * s.t + t + j - (k - 1)) * c + ch);
+                let mut u = bias[ch];
+                for j in 0..k {
+                    if let Some(i) = src(j) {
+                        u += w[ch * k + j] * x[i];
+                    }
+                }
+                let sg = 1.0 / (1.0 + (-u).exp());
+                let du = dy[(b * s.t + t) * c + ch] * sg * (1.0 + u * (1.0 - sg));
+                db[ch] += du;
+                for j in 0..k {
+                    if let Some(i) = src(j) {
+                        dw[ch * k + j] += du * x[i];
+                        dx[i] += w[ch * k + j] * du;
+                    }
+                }
+            }
+        }
+    }
+    (dx, dw, db)
+}
+
+/// softplus in f64 without a threshold: max(v, 0) + ln(1 + e^−|v|).
+fn softplus(v: f64) -> f64 {
+    v.max(0.0) + (-v.abs()).exp().ln_1p()
+}
+
+/// Mamba-2's SSD scan step by step (the definition on `runner_kernels::cpu::ssm`):
+/// returns y (B,T,H,P).
+pub fn ssm_scan(i: SsmInputs<&[f64]>, s: &Ssm) -> Vec<f64> {
+    let (p, n, hpg) = (s.p, s.n, s.h / s.g);
+    let mut y = vec![0.0; s.b * s.t * s.h * p];
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let a = -i.a_log[h].exp();
+            let mut st = vec![0.0; p * n];
+            for t in 0..s.t {
+                let row = (b * s.t + t) * s.h + h;
+                let grow = (b * s.t + t) * s.g + h / hpg;
+                let dtv = softplus(i.dt[row] + i.dt_bias[h]);
+                let decay = (dtv * a).exp();
+                for pp in 0..p {
+                    for nn in 0..n {
+                        st[pp * n + nn] =
+                            decay * st[pp * n + nn] + dtv * i.x[row * p + pp] * i.bm[grow * n + nn];
+                    }
+                }
+                for pp in 0..p {
+                    let sc: f64 = (0..n).map(|nn| st[pp * n + nn] * i.cm[grow * n + nn]).sum();
+                    y[row * p + pp] = sc + i.d[h] * i.x[row * p + pp];
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The SSD scan's gradients for output gradient `dy`, by a route other than the CPU
+/// kernel's, the one its CUDA twin takes: a forward sweep gives dC and
+/// q_t = ⟨dy_t c_tᵀ, S_t⟩; a backward sweep carries dS, and the gradient of step t's
+/// log-decay dt'_t·a, ⟨dS_t, exp(dt'_t a) S_{t−1}⟩, is the reverse cumulative sum of
+/// q_s − dt'_s·⟨dS_s, x_s b_sᵀ⟩ over s >= t (Mamba-2's `ddA_cumsum`), so no state is
+/// needed going backwards. dB, dC sum over the heads of a group; the weights over B, T.
+pub fn ssm_scan_backward(dy: &[f64], i: SsmInputs<&[f64]>, s: &Ssm) -> SsmGrads<Vec<f64>> {
+    let (p, n, hpg) = (s.p, s.n, s.h / s.g);
+    let mut gr = SsmGrads {
+        dx: vec![0.0; i.x.len()],
+        ddt: vec![0.0; i.dt.len()],
+        dbm: vec![0.0; i.bm.len()],
+        dcm: vec![0.0; i.cm.len()],
+        da_log: vec![0.0; s.h],
+        dd: vec![0.0; s.h],
+        ddt_bias: vec![0.0; s.h],
+    };
+    for b in 0..s.b {
+        for h in 0..s.h {
+            let a = -i.a_log[h].exp();
+            // Step t: its (b,t,h) and (b,t,g) rows, dt', x_t, b_t, c_t.
+            let step = |t: usize| {
+                let (row, grow) = ((b * s.t + t) * s.h + h, (b * s.t + t) * s.g + h / hpg);
+                let dv = softplus(i.dt[row] + i.dt_bias[h]);
+                let (x, bm, cm) = (
+                    &i.x[row * p..][..p],
+                    &i.bm[grow * n..][..n],
+                    &i.cm[grow * n..][..n],
+                );
+                (row, grow, dv, x, bm, cm)
+            };
+            let mut st = vec![0.0; p * n];
+            let mut q = vec![0.0; s.t];
+            for (t, qt) in q.iter_mut().enumerate() {
+                let (row, grow, dv, x, bm, cm) = step(t);
+                let decay = (dv * a).exp();
+                for pp in 0..p {
+                    for nn in 0..n {
+                        let v = decay * st[pp * n + nn] + dv * x[pp] * bm[nn];
+                        st[pp * n + nn] = v;
+                        gr.dcm[grow * n + nn] += v * dy[row * p + pp];
+                        *qt += dy[row * p + pp] * v * cm[nn];
+                    }
+                }
+            }
+            let mut ds = vec![0.0; p * n];
+            let (mut cum, mut da) = (0.0, 0.0);
+            for t in (0..s.t).rev() {
+                let (row, grow, dv, x, bm, cm) = step(t);
+                let dyt = &dy[row * p..][..p];
+                let mut g1 = 0.0;
+                for pp in 0..p {
+                    let mut r = 0.0;
+                    for nn in 0..n {
+                        ds[pp * n + nn] += dyt[pp] * cm[nn];
+                        r += ds[pp * n + nn] * bm[nn];
+                        gr.dbm[grow * n + nn] += dv * ds[pp * n + nn] * x[pp];
+                    }
+                    gr.dx[row * p + pp] = i.d[h] * dyt[pp] + dv * r;
+                    g1 += x[pp] * r;
+                    gr.dd[h] += dyt[pp] * x[pp];
+                }
+                cum += q[t] - dv * g1;
+                da += dv * cum;
+                let sg = 1.0 / (1.0 + (-(i.dt[row] + i.dt_bias[h])).exp());
+                gr.ddt[row] = (g1 + a * cum) * sg;
+                gr.ddt_bias[h] += gr.ddt[row];
+                let decay = (dv * a).exp();
+                for v in &mut ds {
+                    *v *= decay;
+                }
+            }
+            gr.da_log[h] += da * a;
+        }
+    }
+    gr
 }
 
 /// Softmax cross-entropy per row; returns (losses (N), lse (N), mean over non-ignored rows).

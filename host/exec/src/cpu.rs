@@ -25,6 +25,7 @@ use runner_kernels::cpu::moe::{self, Router};
 use runner_kernels::cpu::precision::{self as prec, Fp8Format};
 use runner_kernels::cpu::quant::{self, QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::{self, Rope};
+use runner_kernels::cpu::ssm::{self, Conv1d, Ssm, SsmGrads, SsmInputs};
 use runner_kernels::cpu::{activation, embedding, loss, norm};
 
 use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
@@ -905,6 +906,46 @@ impl Device for Cpu {
             a,
         )
         .map_err(kerr(k))
+    }
+
+    fn causal_conv1d_forward(&self, out: &mut CpuBuffer, x: &CpuBuffer, w: &CpuBuffer, bias: &CpuBuffer, s: Conv1d) -> Result<(), ExecError> {
+        let k = "causal_conv1d_forward";
+        ssm::causal_conv1d_forward(fm(out, k)?, f(x, k)?, f(w, k)?, f(bias, k)?, s).map_err(kerr(k))
+    }
+
+    fn causal_conv1d_backward(
+        &self,
+        dx: &mut CpuBuffer,
+        dw: &mut CpuBuffer,
+        dbias: &mut CpuBuffer,
+        dout: &CpuBuffer,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        bias: &CpuBuffer,
+        s: Conv1d,
+    ) -> Result<(), ExecError> {
+        let k = "causal_conv1d_backward";
+        ssm::causal_conv1d_backward(fm(dx, k)?, fm(dw, k)?, fm(dbias, k)?, f(dout, k)?, f(x, k)?, f(w, k)?, f(bias, k)?, s)
+            .map_err(kerr(k))
+    }
+
+    fn ssm_scan_forward(&self, y: &mut CpuBuffer, states: &mut CpuBuffer, i: SsmInputs<&CpuBuffer>, s: Ssm) -> Result<(), ExecError> {
+        let k = "ssm_scan_forward";
+        let i = i.try_map(|b| f(b, k))?;
+        ssm::ssm_scan_forward(fm(y, k)?, fm(states, k)?, i, s).map_err(kerr(k))
+    }
+
+    fn ssm_scan_backward(
+        &self,
+        g: SsmGrads<&mut CpuBuffer>,
+        dy: &CpuBuffer,
+        i: SsmInputs<&CpuBuffer>,
+        states: &CpuBuffer,
+        s: Ssm,
+    ) -> Result<(), ExecError> {
+        let k = "ssm_scan_backward";
+        let (g, i) = (g.try_map(|b| fm(b, k))?, i.try_map(|b| f(b, k))?);
+        ssm::ssm_scan_backward(g, f(dy, k)?, i, f(states, k)?, s).map_err(kerr(k))
     }
 
     fn cross_entropy_forward(

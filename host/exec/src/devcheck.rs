@@ -17,6 +17,7 @@ use runner_kernels::cpu::cp::CpShard;
 use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::rope::Rope;
+use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 use crate::cpu::{Cpu, CpuBuffer};
 use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError};
@@ -153,6 +154,7 @@ pub fn compare_kernels<D: Device>(dev: &D) -> Result<Vec<CheckRow>, ExecError> {
     attention(&mut p)?;
     losses(&mut p)?;
     experts(&mut p)?;
+    mamba(&mut p)?;
     Ok(p.rows)
 }
 
@@ -575,7 +577,60 @@ fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// One training step (forward, backward, AdamW) of the toy Llama and the toy MoE on the
+/// Mamba-2's mixer: the causal conv1d (T shorter than K too) and the SSD scan, one
+/// group and several, chunks that do not divide T, Mamba-2's P = 64, N = 128 and a state
+/// past 48 KiB of shared memory. The scan's backward takes another route on a GPU (the
+/// decay gradient as a reverse cumulative sum, kernels/cuda/ssm.cu), so the gradients of
+/// dt and the per-head weights, sums over T of differences, get 1e-3.
+fn mamba<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
+    for (name, s) in [("", Conv1d { b: 2, t: 37, c: 96, k: 4 }), (" (T < K)", Conv1d { b: 3, t: 2, c: 40, k: 4 })] {
+        let n = s.b * s.t * s.c;
+        let (x, w, bias, g) = (p.randf(n)?, p.randf(s.c * s.k)?, p.randf(s.c)?, p.randf(n)?);
+        let mut o = p.out(n)?;
+        p.cpu.causal_conv1d_forward(&mut o.0, &x.0, &w.0, &bias.0, s)?;
+        p.dev.causal_conv1d_forward(&mut o.1, &x.1, &w.1, &bias.1, s)?;
+        p.check(&format!("causal_conv1d_forward{name}"), &o, EW)?;
+        let (mut dx, mut dw, mut db) = (p.out(n)?, p.out(s.c * s.k)?, p.out(s.c)?);
+        p.cpu.causal_conv1d_backward(&mut dx.0, &mut dw.0, &mut db.0, &g.0, &x.0, &w.0, &bias.0, s)?;
+        p.dev.causal_conv1d_backward(&mut dx.1, &mut dw.1, &mut db.1, &g.1, &x.1, &w.1, &bias.1, s)?;
+        p.check(&format!("causal_conv1d_backward dx{name}"), &dx, EW)?;
+        p.check(&format!("causal_conv1d_backward dw{name}"), &dw, RED)?;
+        p.check(&format!("causal_conv1d_backward dbias{name}"), &db, RED)?;
+    }
+    let cases = [
+        ("one group", Ssm { b: 2, t: 33, h: 4, p: 16, g: 1, n: 32, chunk: 8 }),
+        ("two groups, P 64, N 128", Ssm { b: 1, t: 20, h: 4, p: 64, g: 2, n: 128, chunk: 7 }),
+        ("N 40, P 3, a group per head", Ssm { b: 2, t: 9, h: 2, p: 3, g: 2, n: 40, chunk: 16 }),
+        ("state of 64 KiB", Ssm { b: 1, t: 12, h: 2, p: 64, g: 1, n: 256, chunk: 5 }),
+    ];
+    for (name, s) in cases {
+        let [lx, lt, lg, lh, _] = s.lens().map_err(|source| ExecError::Kernel { op: "ssm_scan".into(), source })?;
+        let t: [Two<D::Buffer>; 7] = [p.randf(lx)?, p.randf(lt)?, p.randf(lg)?, p.randf(lg)?, p.randf(lh)?, p.randf(lh)?, p.randf(lh)?];
+        let cpu_in = SsmInputs { x: &t[0].0, dt: &t[1].0, bm: &t[2].0, cm: &t[3].0, a_log: &t[4].0, d: &t[5].0, dt_bias: &t[6].0 };
+        let dev_in = SsmInputs { x: &t[0].1, dt: &t[1].1, bm: &t[2].1, cm: &t[3].1, a_log: &t[4].1, d: &t[5].1, dt_bias: &t[6].1 };
+        let (mut y, mut states) = (p.out(lx)?, p.out(s.states_len())?);
+        p.cpu.ssm_scan_forward(&mut y.0, &mut states.0, cpu_in, s)?;
+        p.dev.ssm_scan_forward(&mut y.1, &mut states.1, dev_in, s)?;
+        p.check(&format!("ssm_scan_forward ({name})"), &y, RED)?;
+        p.check(&format!("ssm_scan_forward states ({name})"), &states, RED)?;
+        let dy = p.randf(lx)?;
+        let mut gr: [Two<D::Buffer>; 7] = [p.out(lx)?, p.out(lt)?, p.out(lg)?, p.out(lg)?, p.out(lh)?, p.out(lh)?, p.out(lh)?];
+        {
+            let [g0, g1, g2, g3, g4, g5, g6] = &mut gr;
+            let cpu_g = SsmGrads { dx: &mut g0.0, ddt: &mut g1.0, dbm: &mut g2.0, dcm: &mut g3.0, da_log: &mut g4.0, dd: &mut g5.0, ddt_bias: &mut g6.0 };
+            p.cpu.ssm_scan_backward(cpu_g, &dy.0, cpu_in, &states.0, s)?;
+            let dev_g = SsmGrads { dx: &mut g0.1, ddt: &mut g1.1, dbm: &mut g2.1, dcm: &mut g3.1, da_log: &mut g4.1, dd: &mut g5.1, ddt_bias: &mut g6.1 };
+            p.dev.ssm_scan_backward(dev_g, &dy.1, dev_in, &states.1, s)?;
+        }
+        for (k, what) in ["dx", "ddt", "dB", "dC", "da_log", "dd", "ddt_bias"].into_iter().enumerate() {
+            let tol = if matches!(what, "ddt" | "da_log" | "ddt_bias") { 1e-3 } else { RED };
+            p.check(&format!("ssm_scan_backward {what} ({name})"), &gr[k], tol)?;
+        }
+    }
+    Ok(())
+}
+
+/// One training step (forward, backward, AdamW) of the toy Llama, MoE and Mamba on the
 /// CPU and on `dev` from the same weights and batch: the losses and every weight
 /// gradient compared.
 ///
@@ -585,8 +640,8 @@ pub fn compare_steps<D: Device + Clone>(dev: D) -> Result<Vec<CheckRow>, ExecErr
     let mut rows = Vec::new();
     let mut moe = toy::ToyConfig::tiny();
     moe.moe = Some((4, 2, 32));
-    for (name, cfg) in [("toy llama", toy::ToyConfig::tiny()), ("toy moe", moe)] {
-        let g = toy::llama(&cfg);
+    let tiny = toy::ToyConfig::tiny();
+    for (name, g) in [("toy llama", toy::llama(&tiny)), ("toy moe", toy::llama(&moe)), ("toy mamba", toy::mamba(&tiny))] {
         let (tokens, targets) = toy::repeating_batch(&g, 11);
         let inputs = [("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))];
         let mut a = Executor::new(&g, Cpu::new(), ExecOptions::default())?;
@@ -642,7 +697,7 @@ mod tests {
             assert_eq!(r.error, 0.0, "{r:?}");
         }
         let steps = compare_steps(Cpu::new()).unwrap();
-        assert_eq!(steps.len(), 4);
+        assert_eq!(steps.len(), 6);
         assert!(steps.iter().all(|r| r.error == 0.0), "{steps:?}");
     }
 }

@@ -40,6 +40,7 @@ use runner_kernels::cpu::moe::Router;
 use runner_kernels::cpu::precision::Fp8Format;
 use runner_kernels::cpu::quant::{QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
+use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 use serde::Serialize;
 
 /// Why execution failed. Nothing in this crate panics on a bad graph or bad input.
@@ -584,6 +585,50 @@ pub trait Device {
         targets: &Self::Buffer,
         v: usize,
         dloss: Option<&Self::Buffer>,
+    ) -> Result<(), ExecError>;
+
+    // ---- Mamba-2 mixer ----------------------------------------------------------------
+
+    /// out (B,T,C) = silu(bias + the causal depthwise convolution of x (B,T,C) with w
+    /// (C,K)); saves nothing.
+    fn causal_conv1d_forward(
+        &self,
+        out: &mut Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        bias: &Self::Buffer,
+        s: Conv1d,
+    ) -> Result<(), ExecError>;
+    /// dx overwritten, dw and dbias add into (the pre-activation recomputed).
+    #[allow(clippy::too_many_arguments)]
+    fn causal_conv1d_backward(
+        &self,
+        dx: &mut Self::Buffer,
+        dw: &mut Self::Buffer,
+        dbias: &mut Self::Buffer,
+        dout: &Self::Buffer,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        bias: &Self::Buffer,
+        s: Conv1d,
+    ) -> Result<(), ExecError>;
+    /// Mamba-2's SSD scan: y (B,T,H,P); saves `states` (B,H,chunks,P,N), the state
+    /// entering each chunk ([`Ssm::states_len`]).
+    fn ssm_scan_forward(
+        &self,
+        y: &mut Self::Buffer,
+        states: &mut Self::Buffer,
+        i: SsmInputs<&Self::Buffer>,
+        s: Ssm,
+    ) -> Result<(), ExecError>;
+    /// dx, ddt, dbm, dcm overwritten; da_log, dd, ddt_bias add into.
+    fn ssm_scan_backward(
+        &self,
+        g: SsmGrads<&mut Self::Buffer>,
+        dy: &Self::Buffer,
+        i: SsmInputs<&Self::Buffer>,
+        states: &Self::Buffer,
+        s: Ssm,
     ) -> Result<(), ExecError>;
 
     // ---- vocab-parallel cross-entropy (Megatron's three row statistics) ----------

@@ -265,7 +265,8 @@ fn elem_of(dtype: DType) -> Elem {
     }
 }
 
-/// How a weight starts: 1 for norm gains, 0 for biases and LoRA up-projections (the
+/// How a weight starts: 1 for norm gains and an SSD scan's skip `d` (mamba_ssm's
+/// `D = ones`), 0 for biases (a causal conv's included) and LoRA up-projections (the
 /// fine-tune starts at the base model), N(0, std²) otherwise.
 fn init_kind(g: &Graph, id: TensorId) -> f32 {
     for op in &g.ops {
@@ -274,8 +275,8 @@ fn init_kind(g: &Graph, id: TensorId) -> f32 {
                 continue;
             }
             match (op.kind, slot) {
-                (OpKind::RmsNorm | OpKind::LayerNorm, 1) => return 1.0,
-                (OpKind::LayerNorm | OpKind::Linear, 2) => return 0.0,
+                (OpKind::RmsNorm | OpKind::LayerNorm, 1) | (OpKind::SsmScan, 5) => return 1.0,
+                (OpKind::LayerNorm | OpKind::Linear | OpKind::CausalConv1d, 2) => return 0.0,
                 (OpKind::Linear, 1) if op.text(runner_graph::peft::LORA_ATTR) == Some("b") => return 0.0,
                 _ => {}
             }

@@ -33,7 +33,7 @@
 //! - [`devcheck`]: every kernel of a device compared with the CPU backend.
 //! - [`bench`]: GEMM throughput, the CPU's theoretical and measured f32 peak, and memory
 //!   bandwidth.
-//! - [`toy`]: small hand-built llama-style and MoE graphs for tests and benches.
+//! - [`toy`]: small hand-built llama-style, MoE and Mamba-2 graphs for tests and benches.
 //!
 //! # Example
 //!

@@ -12,6 +12,7 @@ use runner_graph::{Graph, OpKind, TensorId, TensorKind};
 use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::rope::Rope;
+use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmInputs};
 use runner_kernels::reference as r;
 
 enum Val {
@@ -242,6 +243,38 @@ pub fn loss(
                     }
                 }
                 vec![Val::F(y)]
+            }
+            OpKind::CausalConv1d => {
+                let x = shape(op.inputs[0]);
+                let s = Conv1d {
+                    b: x[0] as usize,
+                    t: x[1] as usize,
+                    c: x[2..].iter().product::<u64>() as usize,
+                    k: shape(op.inputs[1])[1] as usize,
+                };
+                vec![Val::F(r::causal_conv1d(i(0).f(), i(1).f(), i(2).f(), &s))]
+            }
+            OpKind::SsmScan => {
+                let (x, bm) = (shape(op.inputs[0]), shape(op.inputs[2]));
+                let s = Ssm {
+                    b: x[0] as usize,
+                    t: x[1] as usize,
+                    h: x[2] as usize,
+                    p: x[3] as usize,
+                    g: bm[2] as usize,
+                    n: bm[3] as usize,
+                    chunk: op.int("chunk").unwrap() as usize,
+                };
+                let inputs = SsmInputs {
+                    x: i(0).f(),
+                    dt: i(1).f(),
+                    bm: i(2).f(),
+                    cm: i(3).f(),
+                    a_log: i(4).f(),
+                    d: i(5).f(),
+                    dt_bias: i(6).f(),
+                };
+                vec![Val::F(r::ssm_scan(inputs, &s))]
             }
             k => panic!("reference interpreter has no {k:?}"),
         };

@@ -8,6 +8,9 @@
 //!
 //! Shape notation: B batch, T sequence, C hidden, H heads, Hkv kv heads, D head dim,
 //! F ffn width, E experts, k top-k, V vocabulary, N = B*T.
+//!
+//! [`mamba`] is a Mamba-2 decoder of the same embedding and head (`layers.{i}.mixer.*`),
+//! for the causal conv1d and SSD scan ops.
 
 use std::collections::BTreeMap;
 
@@ -368,6 +371,50 @@ fn block(g: &mut Builder, c: &ToyConfig, p: &str, layer: i32, x: &str) -> String
     )
 }
 
+/// The inputs `tokens` and `targets` (B,T), the table `embed.weight` and the lookup
+/// `embed`: (the embedded tokens, the table).
+fn embedding(g: &mut Builder, c: &ToyConfig) -> (String, String) {
+    let (b, t, cc) = (c.batch, c.seq, c.hidden);
+    g.t("tokens", &[b, t], DType::I32, TensorKind::Input);
+    g.t("targets", &[b, t], DType::I32, TensorKind::Input);
+    let table = g.t(
+        "embed.weight",
+        &[c.vocab, cc],
+        DType::BF16,
+        TensorKind::Weight,
+    );
+    let x = g.unary(
+        "embed",
+        OpKind::Embedding,
+        &["tokens", &table],
+        &[b, t, cc],
+        vec![],
+        -1,
+    );
+    (x, table)
+}
+
+/// `final_norm` and `lm_head` over x (the table when tied): (the logits, the head's
+/// weight).
+fn lm_head(g: &mut Builder, c: &ToyConfig, table: &str, x: &str) -> (String, String) {
+    let (b, t, cc, v) = (c.batch, c.seq, c.hidden, c.vocab);
+    let normed = g.norm("final_norm", x, cc, &[b, t, cc], -1);
+    let head = if c.tied {
+        table.to_string()
+    } else {
+        g.t("lm_head.weight", &[v, cc], DType::BF16, TensorKind::Weight)
+    };
+    let logits = g.unary(
+        "lm_head",
+        OpKind::Linear,
+        &[&normed, &head],
+        &[b, t, v],
+        vec![],
+        -1,
+    );
+    (logits, head)
+}
+
 /// The forward graph of a toy llama-style decoder (MoE if `c.moe` is set).
 ///
 /// # Panics
@@ -381,34 +428,11 @@ pub fn llama(c: &ToyConfig) -> Graph {
     let mut g = Builder::default();
     let (b, t, cc, v) = (c.batch, c.seq, c.hidden, c.vocab);
     let out = -1;
-    g.t("tokens", &[b, t], DType::I32, TensorKind::Input);
-    g.t("targets", &[b, t], DType::I32, TensorKind::Input);
-    let table = g.t("embed.weight", &[v, cc], DType::BF16, TensorKind::Weight);
-    let mut x = g.unary(
-        "embed",
-        OpKind::Embedding,
-        &["tokens", &table],
-        &[b, t, cc],
-        vec![],
-        out,
-    );
+    let (mut x, table) = embedding(&mut g, c);
     for i in 0..c.layers {
         x = block(&mut g, c, &format!("layers.{i}"), i as i32, &x);
     }
-    let normed = g.norm("final_norm", &x, cc, &[b, t, cc], out);
-    let head = if c.tied {
-        table.clone()
-    } else {
-        g.t("lm_head.weight", &[v, cc], DType::BF16, TensorKind::Weight)
-    };
-    let logits = g.unary(
-        "lm_head",
-        OpKind::Linear,
-        &[&normed, &head],
-        &[b, t, v],
-        vec![],
-        out,
-    );
+    let (logits, head) = lm_head(&mut g, c, &table, &x);
     let main = if c.mtp == 0 { "loss" } else { "loss.lm" };
     let mut loss = g.t(main, &[], DType::F32, TensorKind::Activation);
     g.op(
@@ -503,6 +527,115 @@ pub fn llama(c: &ToyConfig) -> Graph {
     }
     let loss = loss.clone();
     Graph::new(g.tensors, g.ops, &loss).unwrap_or_else(|e| panic!("toy graph does not build: {e}"))
+}
+
+/// State size N of the toy Mamba mixer's scan.
+pub const MAMBA_STATE: u64 = 8;
+/// Taps K of the toy Mamba mixer's causal convolution.
+pub const MAMBA_CONV: u64 = 4;
+/// The scan's `chunk` attribute in the toy Mamba (4 steps: two chunks of seq 8, uneven
+/// ones of odd lengths).
+pub const MAMBA_CHUNK: i64 = 4;
+
+/// One Mamba-2 mixer block named `p`: x + out(silu(z) ∘ scan(conv(in_x), dt, B, C)), the
+/// projections of the pre-norm input each a linear of their own (Mamba-2's one fused
+/// in_proj split by output), the conv over x's channels only (Mamba-2 convolves x, B and C
+/// together) and the gate without Mamba-2's norm. Names `{p}.mixer_norm`,
+/// `{p}.mixer.{x,z,b,c,dt,conv,scan,gate,out}`, `{p}.residual`.
+fn mamba_block(g: &mut Builder, c: &ToyConfig, p: &str, layer: i32, x: &str) -> String {
+    let (b, t, cc, h, gr) = (c.batch, c.seq, c.hidden, c.heads, c.kv_heads);
+    let (hp, n) = (c.hidden / c.heads, MAMBA_STATE);
+    let xn = g.norm(&format!("{p}.mixer_norm"), x, cc, &[b, t, cc], layer);
+    let m = format!("{p}.mixer");
+    let xin = g.linear(&format!("{m}.x"), &xn, cc, h * hp, &[b, t, h, hp], layer);
+    let z = g.linear(&format!("{m}.z"), &xn, cc, h * hp, &[b, t, h, hp], layer);
+    let bm = g.linear(&format!("{m}.b"), &xn, cc, gr * n, &[b, t, gr, n], layer);
+    let cm = g.linear(&format!("{m}.c"), &xn, cc, gr * n, &[b, t, gr, n], layer);
+    let dt = g.linear(&format!("{m}.dt"), &xn, cc, h, &[b, t, h], layer);
+    let weight = |g: &mut Builder, name: &str, shape: &[u64]| {
+        g.t(
+            &format!("{m}.{name}"),
+            shape,
+            DType::BF16,
+            TensorKind::Weight,
+        )
+    };
+    let cw = weight(g, "conv.weight", &[h * hp, MAMBA_CONV]);
+    let cb = weight(g, "conv.bias", &[h * hp]);
+    let conv = g.unary(
+        &format!("{m}.conv"),
+        OpKind::CausalConv1d,
+        &[&xin, &cw, &cb],
+        &[b, t, h, hp],
+        vec![],
+        layer,
+    );
+    let (a_log, d, dt_bias) = (
+        weight(g, "scan.a_log", &[h]),
+        weight(g, "scan.d", &[h]),
+        weight(g, "scan.dt_bias", &[h]),
+    );
+    let y = g.unary(
+        &format!("{m}.scan"),
+        OpKind::SsmScan,
+        &[&conv, &dt, &bm, &cm, &a_log, &d, &dt_bias],
+        &[b, t, h, hp],
+        vec![("chunk", Attr::Int(MAMBA_CHUNK))],
+        layer,
+    );
+    let gated = g.unary(
+        &format!("{m}.gate"),
+        OpKind::SwiGlu,
+        &[&z, &y],
+        &[b, t, h, hp],
+        vec![],
+        layer,
+    );
+    let out = g.linear(&format!("{m}.out"), &gated, h * hp, cc, &[b, t, cc], layer);
+    g.unary(
+        &format!("{p}.residual"),
+        OpKind::Add,
+        &[x, &out],
+        &[b, t, cc],
+        vec![],
+        layer,
+    )
+}
+
+/// The forward graph of a toy Mamba-2 decoder: `c.layers` mixer blocks
+/// ([`mamba_block`]) between the embedding and the head, `c.heads` SSD heads of
+/// hidden/heads channels whose B and C come in `c.kv_heads` groups, state
+/// [`MAMBA_STATE`], conv [`MAMBA_CONV`] taps, scan chunk [`MAMBA_CHUNK`]; tied if
+/// `c.tied`.
+///
+/// # Panics
+/// If the configuration is inconsistent (hidden not divisible by heads, heads by
+/// groups) or asks for what the toy Mamba lacks (experts, MTP).
+pub fn mamba(c: &ToyConfig) -> Graph {
+    assert!(
+        c.hidden.is_multiple_of(c.heads)
+            && c.heads.is_multiple_of(c.kv_heads)
+            && c.moe.is_none()
+            && c.mtp == 0,
+        "toy mamba config {c:?} is inconsistent"
+    );
+    let mut g = Builder::default();
+    let (mut x, table) = embedding(&mut g, c);
+    for i in 0..c.layers {
+        x = mamba_block(&mut g, c, &format!("layers.{i}"), i as i32, &x);
+    }
+    let (logits, _) = lm_head(&mut g, c, &table, &x);
+    let loss = g.t("loss", &[], DType::F32, TensorKind::Activation);
+    g.op(
+        "loss",
+        OpKind::CrossEntropy,
+        &[&logits, "targets"],
+        &[&loss],
+        vec![],
+        -1,
+    );
+    Graph::new(g.tensors, g.ops, &loss)
+        .unwrap_or_else(|e| panic!("toy mamba graph does not build: {e}"))
 }
 
 /// A fixed batch for every int32 input of `g`: a short repeating token sequence (period

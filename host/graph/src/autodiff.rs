@@ -140,6 +140,18 @@ fn saved_and_aux(g: &Graph, op: &Op, need: &[bool]) -> (Vec<TensorId>, Vec<Aux>)
             aux.push(Aux { name: "lse", elems: q[0] * q[1] * q[2] });
         }
         OpKind::SwiGlu | OpKind::GeGlu => saved.extend([i(0), i(1)]),
+        // The pre-activation is recomputed from x, w and b.
+        OpKind::CausalConv1d => saved.extend([i(0), i(1), i(2)]),
+        // The scan's states are recomputed in the backward from its inputs; each chunk's
+        // entering state (B·H·P·N per chunk) is kept, as the SSD kernels keep them.
+        OpKind::SsmScan => {
+            saved.extend([i(0), i(1), i(2), i(3), i(4), i(5), i(6)]);
+            let x = &g.tensors[i(0)].shape;
+            let n = g.tensors[i(2)].shape.get(3).copied().unwrap_or(1);
+            let q = op.int("chunk").unwrap_or(1).max(1) as u64;
+            let chunks = x.get(1).copied().unwrap_or(0).div_ceil(q);
+            aux.push(Aux { name: "chunk-states", elems: x[0] * chunks * x[2] * x[3] * n });
+        }
         OpKind::Gelu | OpKind::SquaredRelu => saved.push(i(0)),
         OpKind::CrossEntropy => {
             saved.extend([i(0), i(1)]);

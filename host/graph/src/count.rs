@@ -153,6 +153,20 @@ fn attention_flops(g: &Graph, op: &Op, conv: AttentionFlops) -> f64 {
     2.0 * b * h * t * te * (d + dv)
 }
 
+/// Forward matrix FLOPs of Mamba-2's chunked SSD algorithm (Dao and Gu, arXiv
+/// 2405.21060, section 6), as its GPU kernels run it with chunks of Q = `chunk` tokens:
+/// per chunk and group the scores C·Bᵀ (2·Q²·N), per chunk and head the masked scores
+/// times x (2·Q²·P), the chunk's state Bᵀ·x (2·Q·N·P) and the output from the states
+/// entering it (2·Q·N·P); the recurrence over chunk states is negligible.
+pub fn ssm_scan_flops(g: &Graph, op: &Op) -> f64 {
+    let (Some(x), Some(b)) = (input(op, 0), input(op, 2)) else { return 0.0 };
+    let (x, bm) = (dims(g, x), dims(g, b));
+    let (&[bs, t, h, p], &[_, _, gr, n]) = (x, bm) else { return 0.0 };
+    let q = (op.int("chunk").unwrap_or(1).max(1) as u64).min(t.max(1)) as f64;
+    let (bs, t, h, p, gr, n) = (bs as f64, t as f64, h as f64, p as f64, gr as f64, n as f64);
+    bs * (gr * 2.0 * t * q * n + h * (2.0 * t * q * p + 4.0 * t * n * p))
+}
+
 /// Elements an op processes, for vector-FLOP estimates.
 fn out_numel(g: &Graph, op: &Op) -> f64 {
     op.outputs.iter().map(|&o| numel(g, o)).sum()
@@ -189,6 +203,12 @@ pub fn op_cost(g: &Graph, op: &Op, attention: AttentionFlops) -> OpCost {
             OpCost { bwd_flops: if frozen { fwd } else { 2.0 * fwd }, ..matrix(fwd, io_bytes) }
         }
         OpKind::Attention => matrix(attention_flops(g, op, attention), io_bytes),
+        // Depthwise: K multiply-adds per output element, then SiLU.
+        OpKind::CausalConv1d => {
+            let k = input(op, 1).and_then(|w| dims(g, w).get(1).copied()).unwrap_or(1) as f64;
+            vector(2.0 * k + 5.0, out_numel(g, op))
+        }
+        OpKind::SsmScan => matrix(ssm_scan_flops(g, op), io_bytes),
         OpKind::Embedding => {
             // Gathers B*T rows; the rest of the table is never touched.
             let rows = op.outputs.first().map_or(0.0, |&o| bytes_of(g, o));

@@ -101,6 +101,18 @@ pub enum OpKind {
     MoeDispatch,
     GroupedLinear,
     MoeCombine,
+    /// Mamba's depthwise causal convolution along the sequence with SiLU fused
+    /// (`causal_conv1d_fn(x, w, b, activation="silu")`): inputs [x (B,T,..) with Ch
+    /// channels in its trailing axes, w (Ch,K), b (Ch)] -> silu(b + sum_k w[c,k] x[t-K+1+k]),
+    /// the shape of x; positions before the sequence read zero.
+    CausalConv1d,
+    /// Mamba-2's selective state-space scan (SSD): inputs [x (B,T,H,P), dt (B,T,H),
+    /// b (B,T,G,N), c (B,T,G,N), a_log (H), d (H), dt_bias (H)] -> y (B,T,H,P). Per head
+    /// h of group g = h / (H/G), with dt' = softplus(dt + dt_bias) and a = -exp(a_log):
+    /// S_t = exp(dt'_t a) S_{t-1} + dt'_t x_t b_t^T (S is P x N, zero before the sequence),
+    /// y_t = S_t c_t + d x_t. Attribute `chunk`: the chunk length GPU kernels split the
+    /// sequence into (what their work is counted by; the result does not depend on it).
+    SsmScan,
     AllReduce,
     AllGather,
     ReduceScatter,

@@ -87,6 +87,8 @@ fn reads(op: &Op, need: &[bool]) -> Vec<TensorId> {
         OpKind::MoeDispatch => vec![i(1)],
         OpKind::MoeCombine => vec![i(0), i(1), i(2)],
         OpKind::Attention => vec![i(0), i(1), i(2), op.outputs.first().copied()],
+        OpKind::CausalConv1d => vec![i(0)],
+        OpKind::SsmScan => vec![i(0), i(1), i(2), i(3)],
         OpKind::Embedding
         | OpKind::Rotary
         | OpKind::Add

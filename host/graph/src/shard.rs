@@ -138,6 +138,8 @@ struct Facts {
     experts: Option<u64>,
     /// Expert widths (the N of column-like grouped linears).
     expert_widths: BTreeSet<u64>,
+    /// (heads, groups) of each distinct Mamba scan shape.
+    ssm: BTreeSet<(u64, u64)>,
 }
 
 fn facts(g: &Graph) -> Facts {
@@ -173,6 +175,12 @@ fn facts(g: &Graph) -> Facts {
                 if let [e, n, _] = *shape(op.inputs.get(1).copied().unwrap_or(usize::MAX)) {
                     f.experts = Some(e);
                     f.expert_widths.insert(n);
+                }
+            }
+            OpKind::SsmScan => {
+                let (x, b) = (shape(op.inputs[0]), shape(op.inputs.get(2).copied().unwrap_or(usize::MAX)));
+                if x.len() == 4 && b.len() == 4 {
+                    f.ssm.insert((x[2], b[2]));
                 }
             }
             _ => {}
@@ -322,6 +330,17 @@ impl Layout {
                     }).collect::<Vec<_>>().join(", ")
                 ));
             }
+        }
+        for &(h, groups) in &f.ssm {
+            if groups % tp != 0 {
+                err.push(format!(
+                    "tp={tp} does not divide the {groups} groups of a Mamba mixer ({h} heads; Megatron splits whole groups); try {}",
+                    try_list(groups, near)
+                ));
+            }
+        }
+        if !f.ssm.is_empty() && self.cp > 1 {
+            err.push(format!("cp={cp}: context parallelism over Mamba mixers is not supported (the scan runs along the whole sequence); set cp = 1"));
         }
         for (n, op) in &f.widths {
             if n % tp != 0 {
@@ -934,6 +953,51 @@ impl<'a> Pass<'a> {
                 let o = self.output(op.outputs[0], Tok::Full, tp)?;
                 self.cp_attrs(&mut attrs);
                 self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+            }
+            // Mamba's mixer: per channel (the conv) and per head and group (the scan), on
+            // the heads the column-parallel projections left this rank; its weights are
+            // split along their first axis with them.
+            OpKind::CausalConv1d | OpKind::SsmScan => {
+                if self.l.cp > 1 {
+                    return bad("context parallelism over a Mamba mixer is not supported (its scan runs along the whole sequence)".into());
+                }
+                let mut acts: Vec<Local> = Vec::new();
+                for &id in &op.inputs {
+                    if self.logical(id).kind.is_param() {
+                        continue;
+                    }
+                    let l = self.get(id, resid)?;
+                    acts.push(self.full_tokens(id, l, layer)?);
+                }
+                let split = acts.first().map_or(1, |l| l.split);
+                if acts.iter().any(|l| l.split != split) || (split != 1 && split != tp) {
+                    return bad(format!("its inputs must all be split by tp={tp} (from column-parallel projections) or none"));
+                }
+                if op.kind == OpKind::SsmScan && split > 1 {
+                    let groups = self.logical(op.inputs[2]).shape.get(2).copied().unwrap_or(0);
+                    if !groups.is_multiple_of(split) {
+                        return bad(format!("its {groups} groups do not split over tp={split}"));
+                    }
+                }
+                let mut names: Vec<String> = Vec::new();
+                let mut a = acts.into_iter();
+                for &id in &op.inputs {
+                    let t = self.logical(id);
+                    if t.kind.is_param() {
+                        let mut shape = t.shape.clone();
+                        if !shape.is_empty() && !shape[0].is_multiple_of(split) {
+                            return bad(format!("weight '{}' {:?} does not split over tp={split}", t.name, t.shape));
+                        }
+                        if let Some(s0) = shape.first_mut() {
+                            *s0 /= split;
+                        }
+                        names.push(self.weight(id, shape)?);
+                    } else if let Some(l) = a.next() {
+                        names.push(l.name);
+                    }
+                }
+                let o = self.output(op.outputs[0], Tok::Full, split)?;
+                self.emit(&name, op.kind, names, vec![o], attrs, layer, role);
             }
             OpKind::CrossEntropy => {
                 let logits = self.get(op.inputs[0], Tok::Full)?;

@@ -249,6 +249,8 @@ impl<'a> Check<'a> {
                 self.same_numel(i[0], o[0])
             }
             OpKind::Attention => self.attention(),
+            OpKind::CausalConv1d => self.causal_conv1d(),
+            OpKind::SsmScan => self.ssm_scan(),
             OpKind::SwiGlu | OpKind::GeGlu => {
                 let (i, o) = self.arity(&[2], 1)?;
                 self.same_numel(i[0], i[1])?;
@@ -465,6 +467,64 @@ impl<'a> Check<'a> {
         self.flag("causal")?;
         self.int("window", 0)?;
         self.positive_float("scale")?;
+        Ok(())
+    }
+
+    fn causal_conv1d(&self) -> Result<(), GraphError> {
+        let (i, o) = self.arity(&[3], 1)?;
+        let (x, w, b, out) = (i[0], i[1], i[2], o[0]);
+        self.dtype(x, false)?;
+        if x.shape.len() < 3 {
+            return self.fail(format!("input '{}' {:?} must be (B, T, channels..)", x.name, x.shape));
+        }
+        let ch = x.shape[2..].iter().product::<u64>();
+        self.rank(w, 2, "weight")?;
+        if w.shape[0] != ch || w.shape[1] == 0 {
+            return self.fail(format!(
+                "weight '{}' {:?} must be [{ch}, K >= 1] for the {ch} channels of '{}' {:?}",
+                w.name, w.shape, x.name, x.shape
+            ));
+        }
+        if b.shape != [ch] {
+            return self.fail(format!("bias '{}' {:?} must be [{ch}]", b.name, b.shape));
+        }
+        if out.shape != x.shape {
+            return self.fail(format!("output '{}' {:?} must have the shape of '{}' {:?}", out.name, out.shape, x.name, x.shape));
+        }
+        Ok(())
+    }
+
+    fn ssm_scan(&self) -> Result<(), GraphError> {
+        let (i, o) = self.arity(&[7], 1)?;
+        let (x, dt, b, c, a_log, d, dt_bias, y) = (i[0], i[1], i[2], i[3], i[4], i[5], i[6], o[0]);
+        for (t, what) in [(x, "x"), (b, "b"), (c, "c"), (y, "output")] {
+            self.rank(t, 4, what)?;
+        }
+        self.rank(dt, 3, "dt")?;
+        let (bs, t, h, p) = (x.shape[0], x.shape[1], x.shape[2], x.shape[3]);
+        let (g, n) = (b.shape[2], b.shape[3]);
+        if dt.shape != [bs, t, h] {
+            return self.fail(format!("dt '{}' {:?} must be {:?} to match x '{}' {:?}", dt.name, dt.shape, [bs, t, h], x.name, x.shape));
+        }
+        if b.shape[..2] != [bs, t] || c.shape != b.shape || g == 0 || n == 0 {
+            return self.fail(format!(
+                "b '{}' {:?} and c '{}' {:?} must both be (B, T, G, N) with B, T of x '{}' {:?}",
+                b.name, b.shape, c.name, c.shape, x.name, x.shape
+            ));
+        }
+        if h % g != 0 {
+            return self.fail(format!("{h} heads of x '{}' do not split into the {g} groups of b '{}'", x.name, b.name));
+        }
+        for (w, what) in [(a_log, "a_log"), (d, "d"), (dt_bias, "dt_bias")] {
+            if w.shape != [h] {
+                return self.fail(format!("{what} '{}' {:?} must be [{h}], one per head", w.name, w.shape));
+            }
+        }
+        if y.shape != x.shape {
+            return self.fail(format!("output '{}' {:?} must have the shape of x '{}' {:?}", y.name, y.shape, x.name, x.shape));
+        }
+        let _ = p;
+        self.int("chunk", 1)?;
         Ok(())
     }
 

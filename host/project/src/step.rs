@@ -284,9 +284,10 @@ pub struct Breakdown {
     pub offload: f64,
 }
 
-/// Of a step's compute: the GEMMs (forward, input and weight gradients) and the attention
-/// cores; the rest is memory-bound work (norms, activations, rotary, residuals, routing,
-/// the loss) and the recipe's casts.
+/// Of a step's compute: the GEMMs (forward, input and weight gradients) and the
+/// sequence-mixing kernels (attention cores, Mamba-2 scans); the rest is memory-bound
+/// work (norms, activations, rotary, convolutions, residuals, routing, the loss) and the
+/// recipe's casts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ComputeParts {
     pub gemm: f64,

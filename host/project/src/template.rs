@@ -164,6 +164,10 @@ pub struct KeptTensor {
 pub struct Part {
     pub gemms: Vec<Gemm>,
     pub attention: Vec<Core>,
+    /// Mamba-2 scans (SSD): chunked matrix work like an attention core's, timed at the
+    /// attention kernels' efficiency (no published hybrid run is projected yet to fit one
+    /// of their own).
+    pub ssm: Vec<Core>,
     /// Memory-bound ops: norms, activations, rotary, residual adds, embedding gathers,
     /// routing, the loss.
     pub vector: Vec<Vector>,
@@ -335,6 +339,12 @@ impl Template {
                         expert: op.kind == OpKind::GroupedLinear,
                     });
                 }
+                OpKind::SsmScan => p.ssm.push(Core {
+                    name: op.name.clone(),
+                    flops: c.fwd_flops,
+                    bytes: c.bytes,
+                    backward: has_backward(op),
+                }),
                 OpKind::Attention => p.attention.push(Core {
                     name: op.name.clone(),
                     flops: c.fwd_flops,
@@ -492,6 +502,15 @@ impl Template {
             t.module_fwd[Module::CoreAttn.index()] += f;
             t.attention += f + b;
         }
+        for c in &part.ssm {
+            let (f, b) = measured
+                .get(&self.key, &c.name)
+                .unwrap_or_else(|| (rates.attention_forward(c.flops, c.bytes), rates.scan_backward(c.flops, c.bytes)));
+            let b = if c.backward { b } else { 0.0 };
+            t.fwd += f;
+            t.bwd += b;
+            t.attention += f + b;
+        }
         for v in &part.vector {
             if kernels.fused_grouped_mlp && v.module == Some(Module::MoeAct) {
                 // In the fused grouped GEMMs' epilogue (forward) and the dgrad's (backward).
@@ -604,8 +623,9 @@ pub struct PartTime {
     pub bwd: f64,
     /// GEMM time forward and backward (what TP communication overlaps with).
     pub gemm: f64,
-    /// Attention time forward and backward (what CP exchange overlaps with), and forward
-    /// only (what selective recompute repeats).
+    /// Attention cores' and Mamba scans' time forward and backward (the sequence-mixing
+    /// kernels; what CP exchange overlaps with), and the attention cores' forward only (what
+    /// selective recompute of `core_attn` repeats).
     pub attention: f64,
     pub attention_fwd: f64,
     /// Weight casts of a low-precision recipe: once per step, not per micro-batch.
@@ -736,6 +756,12 @@ impl Rates {
     /// The backward kernel recomputes the scores: 2.5x the forward's matrix work.
     pub fn attention_backward(&self, flops: f64, bytes: f64) -> f64 {
         (2.5 * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
+    }
+
+    /// A Mamba-2 scan's backward: twice the forward's matrix work (the states recomputed,
+    /// the gradients of x, dt, B and C), at the attention backward's efficiency.
+    pub fn scan_backward(&self, flops: f64, bytes: f64) -> f64 {
+        (2.0 * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
     }
 
     /// Where a group of `key`'s layout sits (Megatron order: tp, cp; experts etp, ep).

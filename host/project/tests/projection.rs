@@ -746,3 +746,36 @@ fn runs_of_an_unfitted_format_do_not_move_the_fit() {
     assert_eq!(fits[0].points, on(&["fp8", "fp8-cs", "mxfp8"]));
     assert!(!fits[0].params.iter().any(|(n, _, _)| n == "gemm.nvfp4"));
 }
+
+/// A Mamba-2 mixer layer projects: its scan is timed as a sequence-mixing kernel in the
+/// breakdown's attention part (forward at the attention kernels' rate, backward twice
+/// the forward's matrix work), its convolutions and gate as memory-bound ops; tensor
+/// parallelism halves the scan per rank; context parallelism is refused by name.
+#[test]
+fn mamba_mixer_layers_project() {
+    use runner_plugin_testkit::mamba::{Sizes, mamba_graph};
+    let sizes = Sizes { b: 1, t: 4096, c: 2048, heads: 32, p: 64, groups: 8, n: 128, k: 4, chunk: 128 };
+    let graph = move |mb: u32| -> Result<Graph, String> { Ok(mamba_graph(Sizes { b: u64::from(mb), ..sizes })) };
+    let mut source: Box<dyn GraphSource> = Box::new(graph);
+    let model = Model::new("mamba-toy", 4096, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let gpu = Profiles::builtin().get("h100").unwrap().clone();
+    let rates = Rates::new(&gpu);
+    let mut pr = Projector::new(model, source, gpu, plan);
+    let one = pr.project(&layout(1, 1, 1, 1, 8, 1, 8)).unwrap();
+    let two = pr.project(&layout(2, 1, 1, 1, 4, 1, 8)).unwrap();
+    // One micro-batch per rank at tp=1 (GBS 8 over dp 8), two at tp=2 (dp 4).
+    let g = mamba_graph(sizes);
+    let scan = g.ops.iter().find(|o| o.kind == OpKind::SsmScan).unwrap();
+    let c = runner_graph::count::op_flops(&g, scan);
+    let want = rates.attention_forward(c.fwd_flops, c.bytes) + rates.scan_backward(c.fwd_flops, c.bytes);
+    assert!((one.breakdown.compute_parts.attention / want - 1.0).abs() < 1e-9, "{} vs {want}", one.breakdown.compute_parts.attention);
+    // Half the heads and groups per rank: half the work and bytes (at the efficiency of
+    // the smaller call).
+    let half = rates.attention_forward(c.fwd_flops / 2.0, c.bytes / 2.0) + rates.scan_backward(c.fwd_flops / 2.0, c.bytes / 2.0);
+    let per_mb = two.breakdown.compute_parts.attention / 2.0;
+    assert!((per_mb / half - 1.0).abs() < 1e-9, "tp=2 scan per micro-batch {per_mb} vs {half}");
+    assert!(one.fits && one.step_time_s > one.breakdown.compute_parts.attention);
+    let e = pr.project(&LayoutSpec { cp: 2, ..layout(1, 1, 2, 1, 4, 1, 8) }).unwrap_err();
+    assert!(e.contains("context parallelism over Mamba mixers is not supported"), "{e}");
+}

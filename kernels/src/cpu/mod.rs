@@ -27,6 +27,7 @@ pub mod norm;
 pub mod precision;
 pub mod quant;
 pub mod rope;
+pub mod ssm;
 
 /// Elements per rayon task for element-wise kernels: large enough that task overhead
 /// (~1 µs) is negligible, small enough to balance over a handful of cores.

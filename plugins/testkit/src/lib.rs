@@ -8,6 +8,8 @@
 use runner_graph::count::{self, Convention, ParamCount};
 use runner_plugin_sdk::workload as wit;
 
+pub mod mamba;
+
 /// The host's conversion, expanded over the SDK's types: one definition (in
 /// `runner_contract`), so a graph that converts here converts in the host.
 mod convert {

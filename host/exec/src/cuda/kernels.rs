@@ -133,6 +133,7 @@ impl Kernels {
 }
 
 /// A kernel argument: a device pointer, an integer, a float, or a struct.
+#[derive(Clone, Copy)]
 pub(super) enum Arg {
     P(u64),
     I(i64),

@@ -35,6 +35,7 @@ use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::precision::Fp8Format;
 use runner_kernels::cpu::quant::{self, QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
+use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
 use kernels::Arg;
@@ -212,6 +213,11 @@ fn rows_cfg(rows: usize) -> LaunchConfig {
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// A kernel's refusal of its arguments, as the CPU kernel words it.
+fn refused(kernel: &str) -> impl Fn(runner_kernels::KernelError) -> ExecError + '_ {
+    move |source| ExecError::Kernel { op: kernel.into(), source }
 }
 
 fn kerr(kernel: &str, what: String) -> ExecError {
@@ -603,7 +609,14 @@ impl Cuda {
 
     /// Launch an attention kernel with `floats` of dynamic shared memory.
     fn run_attn(&self, name: &str, grid: (u32, u32, u32), floats: usize, args: &[Arg]) -> Result<(), ExecError> {
-        let bytes = (floats * 4) as u32;
+        self.run_shared(name, grid, 128, floats, args)
+    }
+
+    /// Launch `name` with `threads` per block and `floats` of dynamic shared memory (past
+    /// the default 48 KiB the kernel is allowed more; the driver refuses what the device
+    /// lacks).
+    fn run_shared(&self, name: &str, grid: (u32, u32, u32), threads: u32, floats: usize, args: &[Arg]) -> Result<(), ExecError> {
+        let bytes = u32::try_from(floats * 4).map_err(|_| kerr(name, format!("{floats} floats of shared memory")))?;
         let f = self.inner.kernels.get(name)?;
         if bytes > 48 << 10 {
             f.set_attribute(
@@ -614,10 +627,38 @@ impl Cuda {
         }
         let cfg = LaunchConfig {
             grid_dim: grid,
-            block_dim: (128, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: bytes,
         };
         kernels::launch(&self.inner.stream, f, cfg, args).map_err(|e| self.derr(name, e))
+    }
+
+    /// A grid of `blocks` blocks along x.
+    fn grid_x(kernel: &str, blocks: usize) -> Result<(u32, u32, u32), ExecError> {
+        match u32::try_from(blocks) {
+            Ok(b) if b < i32::MAX as u32 => Ok((b, 1, 1)),
+            _ => Err(kerr(kernel, format!("{blocks} thread blocks are more than a grid holds"))),
+        }
+    }
+
+    /// The lengths of a scan's inputs, then of other buffers, against its shape: (what,
+    /// buffer length, which of [`Ssm::lens`]).
+    fn ssm_lens(kernel: &str, s: &Ssm, inputs: SsmInputs<usize>, bufs: &[(&str, usize, usize)]) -> Result<(), ExecError> {
+        s.check_lens("input", inputs).map_err(refused(kernel))?;
+        let want = s.lens().map_err(refused(kernel))?;
+        let checks: Vec<(&str, usize, usize)> = bufs.iter().map(|&(what, got, kind)| (what, got, want[kind])).collect();
+        lens(kernel, &checks)
+    }
+
+    /// The chunk length as the kernels take it: a chunk past the sequence is the
+    /// sequence (the same single chunk).
+    fn chunk_arg(s: &Ssm) -> i32 {
+        s.chunk.min(s.t.max(1)).min(i32::MAX as usize) as i32
+    }
+
+    /// The scan's shape arguments after the buffers: T, H, P, G, N.
+    fn ssm_dims(s: &Ssm) -> [Arg; 5] {
+        [Arg::I(s.t as i64), Arg::I32(s.h as i32), Arg::I32(s.p as i32), Arg::I32(s.g as i32), Arg::I32(s.n as i32)]
     }
 }
 
@@ -1305,6 +1346,97 @@ impl Device for Cuda {
             fk,
             &[self.p(dk), self.p(dv), self.p(dout), self.p(q), self.p(k), self.p(v), self.p(lse), self.p(&delta), Arg::Attn(s)],
         )
+    }
+
+    fn causal_conv1d_forward(&self, out: &mut CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, bias: &CudaBuffer, s: Conv1d) -> Result<(), ExecError> {
+        let kn = "causal_conv1d_forward";
+        s.check_lens(&[("out", out.len), ("x", x.len)], w.len, bias.len).map_err(refused(kn))?;
+        let dims = [Arg::I(s.b as i64), Arg::I(s.t as i64), Arg::I32(s.c as i32), Arg::I32(s.k as i32)];
+        self.ew(kn, out.len, &[&[self.p(out), self.p(x), self.p(w), self.p(bias)][..], &dims].concat())
+    }
+
+    fn causal_conv1d_backward(&self, dx: &mut CudaBuffer, dw: &mut CudaBuffer, dbias: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, bias: &CudaBuffer, s: Conv1d) -> Result<(), ExecError> {
+        let kn = "causal_conv1d_backward";
+        s.check_lens(&[("dx", dx.len), ("dout", dout.len), ("x", x.len)], w.len, bias.len).map_err(refused(kn))?;
+        s.check_lens(&[], dw.len, dbias.len).map_err(refused(kn))?;
+        let n = x.len;
+        if n == 0 {
+            return Ok(());
+        }
+        let dims = [Arg::I(s.b as i64), Arg::I(s.t as i64), Arg::I32(s.c as i32), Arg::I32(s.k as i32)];
+        let du = self.f32_scratch(n)?;
+        self.ew("causal_conv1d_backward_du", n, &[&[self.p(&du), self.p(dout), self.p(x), self.p(w), self.p(bias)][..], &dims].concat())?;
+        self.ew("causal_conv1d_backward_dx", n, &[&[self.p(dx), self.p(&du), self.p(w)][..], &dims].concat())?;
+        // dw in two deterministic stages, as column_sums: per-chunk partials, then the
+        // chunks in order.
+        let rows = s.b * s.t;
+        let per = rows.div_ceil(rows.clamp(1, 128));
+        let chunks = rows.div_ceil(per);
+        let cols = s.c * s.k;
+        let partial = self.f32_scratch(chunks * cols)?;
+        let blocks = cols.div_ceil(BLOCK as usize) as u32;
+        self.run(
+            "causal_conv1d_dw_partials",
+            LaunchConfig { grid_dim: (blocks, chunks as u32, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
+            &[self.p(&partial), self.p(&du), self.p(x), Arg::I(rows as i64), Arg::I(s.t as i64), Arg::I32(s.c as i32), Arg::I32(s.k as i32), Arg::I(per as i64)],
+        )?;
+        self.run(
+            "column_finish",
+            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
+            &[self.p(dw), self.p(&partial), Arg::I32(chunks as i32), Arg::I32(cols as i32)],
+        )?;
+        self.column_sums(dbias, &du, None, None, None, rows, s.c, 0)
+    }
+
+    fn ssm_scan_forward(&self, y: &mut CudaBuffer, states: &mut CudaBuffer, i: SsmInputs<&CudaBuffer>, s: Ssm) -> Result<(), ExecError> {
+        let kn = "ssm_scan_forward";
+        Self::ssm_lens(kn, &s, i.map(|b| b.len), &[("y", y.len, 0), ("states", states.len, 4)])?;
+        if y.len == 0 {
+            return Ok(());
+        }
+        let p = i.try_map(|b| Ok::<_, ExecError>(self.p(b)))?;
+        let warps = s.p.clamp(1, 8) as u32;
+        let args = [&[self.p(y), self.p(states), p.x, p.dt, p.bm, p.cm, p.a_log, p.d, p.dt_bias][..], &Self::ssm_dims(&s), &[Arg::I32(Self::chunk_arg(&s))]].concat();
+        self.run_shared(kn, Self::grid_x(kn, s.b * s.h)?, 32 * warps, s.p * s.n, &args)
+    }
+
+    fn ssm_scan_backward(&self, g: SsmGrads<&mut CudaBuffer>, dy: &CudaBuffer, i: SsmInputs<&CudaBuffer>, states: &CudaBuffer, s: Ssm) -> Result<(), ExecError> {
+        let kn = "ssm_scan_backward";
+        s.check_lens("gradient", g.by_input().map(|b| b.len)).map_err(refused(kn))?;
+        Self::ssm_lens(kn, &s, i.map(|b| b.len), &[("dy", dy.len, 0), ("states", states.len, 4)])?;
+        if i.x.len == 0 {
+            // Nothing flows: every overwritten gradient is zero (dB, dC when P = 0).
+            for buf in [g.dx, g.ddt, g.dbm, g.dcm] {
+                self.zero(buf)?;
+            }
+            return Ok(());
+        }
+        let p = i.try_map(|b| Ok::<_, ExecError>(self.p(b)))?;
+        let dims = Self::ssm_dims(&s);
+        // This head's dC_t and dB_t, (B,T,H,N), before the groups sum them.
+        let (dch, dbh) = (self.f32_scratch(s.b * s.t * s.h * s.n)?, self.f32_scratch(s.b * s.t * s.h * s.n)?);
+        let wpart = self.f32_scratch(s.b * s.h * 3)?;
+        let threads = (s.n.div_ceil(32) * 32).clamp(32, 256) as u32;
+        self.run_shared(
+            "ssm_scan_backward_fwd",
+            Self::grid_x(kn, s.b * s.h * s.chunks())?,
+            threads,
+            s.p * s.n,
+            &[&[self.p(&dch), self.p(dy), self.p(states), p.x, p.dt, p.bm, p.a_log, p.dt_bias][..], &dims, &[Arg::I32(Self::chunk_arg(&s))]].concat(),
+        )?;
+        let warps = s.p.clamp(1, 8);
+        self.run_shared(
+            "ssm_scan_backward_rev",
+            Self::grid_x(kn, s.b * s.h)?,
+            32 * warps as u32,
+            s.p * s.n + warps * s.n + 32,
+            &[&[self.p(g.dx), self.p(g.ddt), self.p(&dbh), self.p(&wpart), self.p(dy), self.p(&dch), p.x, p.dt, p.bm, p.cm, p.a_log, p.d, p.dt_bias][..], &dims].concat(),
+        )?;
+        let (bt, gn) = (s.b * s.t, s.g * s.n);
+        let group = [Arg::I(bt as i64), Arg::I32(s.h as i32), Arg::I32(s.g as i32), Arg::I32(s.n as i32)];
+        self.ew("ssm_scan_group_sum", bt * gn, &[&[self.p(g.dbm), self.p(&dbh)][..], &group].concat())?;
+        self.ew("ssm_scan_group_sum", bt * gn, &[&[self.p(g.dcm), self.p(&dch)][..], &group].concat())?;
+        self.ew("ssm_scan_weights", s.h, &[self.p(g.da_log), self.p(g.dd), self.p(g.ddt_bias), self.p(&wpart), Arg::I(s.b as i64), Arg::I32(s.h as i32)])
     }
 
     fn cross_entropy_forward(&self, loss: &mut CudaBuffer, lse: &mut CudaBuffer, logits: &CudaBuffer, targets: &CudaBuffer, v: usize) -> Result<(), ExecError> {

@@ -18,6 +18,7 @@ use runner_kernels::cpu::cp::CpShard;
 use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
 use runner_kernels::cpu::rope::Rope;
+use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 use runner_kernels::cpu::quant::QuantSpec;
 
@@ -134,6 +135,33 @@ fn router_of(g: &Graph, op: &Op) -> Router {
             ScoreFn::Softmax
         },
         normalize_topk: op.flag("normalize").unwrap_or(true),
+    }
+}
+
+/// The convolution of a causal conv1d op: x (B,T,..) with C channels in its trailing axes,
+/// w (C,K).
+fn conv_of(g: &Graph, op: &Op) -> Conv1d {
+    let x = shape(g, op.inputs[0]);
+    Conv1d {
+        b: x.first().copied().unwrap_or(0) as usize,
+        t: x.get(1).copied().unwrap_or(0) as usize,
+        c: x.iter().skip(2).product::<u64>() as usize,
+        k: shape(g, op.inputs[1]).get(1).copied().unwrap_or(0) as usize,
+    }
+}
+
+/// The scan of an SSD op: x (B,T,H,P), B (B,T,G,N), attribute `chunk`.
+fn ssm_of(g: &Graph, op: &Op) -> Ssm {
+    let (x, bm) = (shape(g, op.inputs[0]), shape(g, op.inputs[2]));
+    let at = |s: &[u64], i: usize| s.get(i).copied().unwrap_or(0) as usize;
+    Ssm {
+        b: at(x, 0),
+        t: at(x, 1),
+        h: at(x, 2),
+        p: at(x, 3),
+        g: at(bm, 2),
+        n: at(bm, 3),
+        chunk: op.int("chunk").unwrap_or(1).max(1) as usize,
     }
 }
 
@@ -389,6 +417,14 @@ fn forward_inner<D: Device>(
             dev.attention_forward(&mut outputs[0], &mut lse, x[0], x[1], x[2], a)?;
             aux.push(lse);
         }
+        OpKind::CausalConv1d => dev.causal_conv1d_forward(&mut outputs[0], x[0], x[1], x[2], conv_of(g, op))?,
+        OpKind::SsmScan => {
+            let s = ssm_of(g, op);
+            let mut states = scratch(dev, s.states_len())?;
+            let i = SsmInputs { x: x[0], dt: x[1], bm: x[2], cm: x[3], a_log: x[4], d: x[5], dt_bias: x[6] };
+            dev.ssm_scan_forward(&mut outputs[0], &mut states, i, s)?;
+            aux.push(states);
+        }
         OpKind::SwiGlu => dev.swiglu_forward(&mut outputs[0], x[0], x[1])?,
         OpKind::GeGlu => dev.geglu_forward(&mut outputs[0], x[0], x[1])?,
         OpKind::Gelu => dev.gelu_forward(&mut outputs[0], x[0])?,
@@ -588,6 +624,59 @@ fn backward_inner<D: Device>(
             let (mut t0, mut t1, mut t2) = (stage(dev, &mut dq)?, stage(dev, &mut dk)?, stage(dev, &mut dv)?);
             dev.attention_backward(t0.out(), t1.out(), t2.out(), dout(0)?, q, k, v, out, lse, a)?;
             for t in [t0, t1, t2] {
+                settle(dev, t)?;
+            }
+        }
+        OpKind::CausalConv1d => {
+            let s = conv_of(g, op);
+            let (x, w, b) = (input(0, "the input")?, input(1, "the weight")?, input(2, "the bias")?);
+            let (mut s0, mut s1, mut s2) = (None, None, None);
+            let mut dwt = target_or_scratch(dev, take(1), w.len(), &mut s1)?;
+            let mut dbt = target_or_scratch(dev, take(2), b.len(), &mut s2)?;
+            zeroed_unless_accumulating(dev, &mut dwt)?;
+            zeroed_unless_accumulating(dev, &mut dbt)?;
+            let mut dxt = target_or_scratch(dev, take(0), x.len(), &mut s0)?;
+            let d = dout(0)?;
+            emit(dev, &mut dxt, |dx| dev.causal_conv1d_backward(dx, dwt.buf, dbt.buf, d, x, w, b, s))?;
+        }
+        OpKind::SsmScan => {
+            let s = ssm_of(g, op);
+            let i = SsmInputs {
+                x: input(0, "x")?,
+                dt: input(1, "dt")?,
+                bm: input(2, "B")?,
+                cm: input(3, "C")?,
+                a_log: input(4, "a_log")?,
+                d: input(5, "d")?,
+                dt_bias: input(6, "dt_bias")?,
+            };
+            let states = saved(0, "the chunk states")?;
+            // Every gradient is written; those nobody needs go to scratch.
+            let mut keep: [Option<D::Buffer>; 7] = Default::default();
+            let [k0, k1, k2, k3, k4, k5, k6] = &mut keep;
+            let n = i.map(|b| b.len());
+            let mut t_dx = target_or_scratch(dev, take(0), n.x, k0)?;
+            let mut t_ddt = target_or_scratch(dev, take(1), n.dt, k1)?;
+            let mut t_dbm = target_or_scratch(dev, take(2), n.bm, k2)?;
+            let mut t_dcm = target_or_scratch(dev, take(3), n.cm, k3)?;
+            let mut t_da = target_or_scratch(dev, take(4), n.a_log, k4)?;
+            let mut t_dd = target_or_scratch(dev, take(5), n.d, k5)?;
+            let mut t_ddtb = target_or_scratch(dev, take(6), n.dt_bias, k6)?;
+            for t in [&mut t_da, &mut t_dd, &mut t_ddtb] {
+                zeroed_unless_accumulating(dev, t)?;
+            }
+            let (mut sx, mut sdt, mut sb, mut sc) = (stage(dev, &mut t_dx)?, stage(dev, &mut t_ddt)?, stage(dev, &mut t_dbm)?, stage(dev, &mut t_dcm)?);
+            let grads = SsmGrads {
+                dx: sx.out(),
+                ddt: sdt.out(),
+                dbm: sb.out(),
+                dcm: sc.out(),
+                da_log: t_da.buf,
+                dd: t_dd.buf,
+                ddt_bias: t_ddtb.buf,
+            };
+            dev.ssm_scan_backward(grads, dout(0)?, i, states, s)?;
+            for t in [sx, sdt, sb, sc] {
                 settle(dev, t)?;
             }
         }

@@ -27,6 +27,15 @@ fn inputs_of(data: &[(String, Vec<u32>, Vec<f32>)]) -> Vec<(&str, Input<'_>)> {
 /// anywhere, is 100x that yet far below what a wrong or missing contribution gives
 /// (O(1) relative).
 fn grad_check(g: &Graph, seed: u64) {
+    grad_check_with(g, seed, |_| ());
+}
+
+/// [`grad_check`] after `prepare` (e.g. setting weights) on the executor; the gradients.
+fn grad_check_with(
+    g: &Graph,
+    seed: u64,
+    prepare: impl FnOnce(&mut Executor<Cpu>),
+) -> HashMap<String, Vec<f32>> {
     let mut ex = Executor::new(
         g,
         Cpu::new(),
@@ -36,6 +45,7 @@ fn grad_check(g: &Graph, seed: u64) {
         },
     )
     .unwrap();
+    prepare(&mut ex);
     let data = synthetic_inputs(g, seed + 1);
     let loss = ex.forward(&inputs_of(&data)).unwrap();
     ex.backward().unwrap();
@@ -105,6 +115,7 @@ fn grad_check(g: &Graph, seed: u64) {
         }
     }
     assert!(checked >= 5 * names.len());
+    grads
 }
 
 fn small() -> ToyConfig {
@@ -142,6 +153,84 @@ fn gradients_match_finite_differences_moe() {
         ..small()
     };
     grad_check(&toy::llama(&cfg), 3);
+}
+
+/// The toy Mamba-2 with weights at scales where every path matters: matrices
+/// N(0, 0.3²) (the default 0.02 leaves the mixer's output a rounding error next to the
+/// residual), a_log and dt_bias N(0, 0.5²) (decays across (0, 1)), d about 1, the conv's
+/// bias nonzero.
+fn mamba_weights(ex: &mut Executor<Cpu>) {
+    let g = ex.graph().clone();
+    let mut rng = SplitMix(99);
+    for t in g.tensors.iter().filter(|t| t.kind == TensorKind::Weight) {
+        let mut v = vec![0f32; t.numel() as usize];
+        let norm = t.name.ends_with("norm.weight");
+        rng.normals(&mut v, if t.shape.len() == 2 { 0.3 } else { 0.5 });
+        if norm || t.name.ends_with(".scan.d") {
+            v.iter_mut().for_each(|x| *x += 1.0);
+        }
+        ex.set_weight(&t.name, &v).unwrap();
+    }
+}
+
+/// Both Mamba ops through the executor, forward (the loss against the f64 interpreter)
+/// and backward (every weight against differences of it): two layers, so the conv and
+/// the scan get their input gradients from a later layer and pass theirs on; T = 5 over
+/// chunks of 4 (uneven), two groups of two heads.
+#[test]
+fn gradients_match_finite_differences_mamba() {
+    let cfg = ToyConfig { seq: 5, ..small() };
+    let g = toy::mamba(&cfg);
+    let grads = grad_check_with(&g, 5, mamba_weights);
+    // The check's absolute term (1e-4 of the largest gradient) must not hide the scan's
+    // and the conv's weights: it stays under 2 % of each one's largest entry (the
+    // smallest, layer 1's d, is 0.8 % of the largest gradient, layer 0's conv weight).
+    let gmax = grads.values().flatten().fold(0f32, |m, &x| m.max(x.abs()));
+    for (name, gr) in &grads {
+        if name.contains(".mixer.scan.") || name.contains(".mixer.conv.") {
+            let m = gr.iter().fold(0f32, |m, &x| m.max(x.abs()));
+            assert!(m >= 5e-3 * gmax, "{name}: largest gradient {m} of {gmax}");
+        }
+    }
+}
+
+/// Gradients that several readers add up, through the Mamba ops' two write modes: layer
+/// 0's gate reads the conv's output as z and layer 1's gate reads the conv's input, so
+/// the scan's dx and the conv's dx add into what the gates wrote (staged); layer 1's conv
+/// and scan read layer 0's weights (layer 0's gradients add into layer 1's); each scan
+/// reads its B as C too (a second gradient of one tensor from one op).
+#[test]
+fn mamba_gradients_accumulate_into_shared_inputs() {
+    use runner_graph::OpKind;
+    let mut g = toy::mamba(&ToyConfig { seq: 5, ..small() });
+    let find = |g: &Graph, name: &str| g.ops.iter().position(|o| o.name == name).unwrap();
+    for l in 0..2 {
+        let scan = find(&g, &format!("layers.{l}.mixer.scan"));
+        assert_eq!(g.ops[scan].kind, OpKind::SsmScan);
+        g.ops[scan].inputs[3] = g.ops[scan].inputs[2];
+    }
+    for op in ["conv", "scan"] {
+        let (a, b) = (
+            find(&g, &format!("layers.0.mixer.{op}")),
+            find(&g, &format!("layers.1.mixer.{op}")),
+        );
+        let first = if op == "conv" { 1 } else { 4 };
+        for slot in first..g.ops[a].inputs.len() {
+            g.ops[b].inputs[slot] = g.ops[a].inputs[slot];
+        }
+    }
+    for (l, z) in [(0, "conv"), (1, "x")] {
+        let gate = find(&g, &format!("layers.{l}.mixer.gate"));
+        g.ops[gate].inputs[0] = g.ops[find(&g, &format!("layers.{l}.mixer.{z}"))].outputs[0];
+    }
+    let grads = grad_check_with(&g, 6, mamba_weights);
+    assert!(
+        grads.contains_key("layers.0.mixer.scan.a_log")
+            && !grads.contains_key("layers.1.mixer.scan.a_log")
+    );
+    for unread in ["layers.0.mixer.c.weight", "layers.0.mixer.z.weight"] {
+        assert!(!grads.contains_key(unread), "{unread} is no longer read");
+    }
 }
 
 #[test]
@@ -234,15 +323,15 @@ fn timing_harness_reports_sane_medians() {
 
 #[test]
 fn peak_memory_within_one_and_a_half_of_live_tensors() {
-    for cfg in [
-        ToyConfig::tiny(),
-        ToyConfig {
+    for g in [
+        toy::llama(&ToyConfig::tiny()),
+        toy::llama(&ToyConfig {
             layers: 1,
             moe: Some((4, 2, 32)),
             ..ToyConfig::tiny()
-        },
+        }),
+        toy::mamba(&ToyConfig::tiny()),
     ] {
-        let g = toy::llama(&cfg);
         let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
         let data = synthetic_inputs(&g, 0);
         ex.step(&inputs_of(&data), &ADAMW_DEFAULT).unwrap();
@@ -510,21 +599,21 @@ fn run_with(
 fn recompute_reruns_what_the_counter_charges_and_changes_no_gradient() {
     use runner_graph::count::{AttentionFlops, op_cost};
     use runner_graph::recompute::recompute_flops;
-    for cfg in [
-        ToyConfig::tiny(),
-        ToyConfig {
+    for g in [
+        toy::llama(&ToyConfig::tiny()),
+        toy::llama(&ToyConfig {
             layers: 1,
             tied: true,
             mtp: 1,
             ..small()
-        },
-        ToyConfig {
+        }),
+        toy::llama(&ToyConfig {
             layers: 2,
             moe: Some((4, 2, 32)),
             ..ToyConfig::tiny()
-        },
+        }),
+        toy::mamba(&ToyConfig::tiny()),
     ] {
-        let g = toy::llama(&cfg);
         let (loss, grads, base) = run_with(&g, RecomputePolicy::None);
         assert!(base.profile().recomputed_ops.is_empty());
         for policy in [RecomputePolicy::Selective, RecomputePolicy::Full] {

@@ -1,0 +1,109 @@
+//! Mamba-2 mixer ops (`CausalConv1d`, `SsmScan`) in the graph: their shape rules, their
+//! counted work against the SSD algorithm's by hand, and tensor parallelism splitting
+//! whole heads and groups as Megatron's Mamba mixer does.
+
+use runner_graph::count::{self, AttentionFlops};
+use runner_graph::shard::{Layout, RankCoord, shard};
+use runner_graph::validate::validate;
+use runner_graph::{Attr, Graph, OpKind};
+use runner_plugin_testkit::mamba::{SMALL, Sizes, mamba_graph};
+
+fn op_named<'g>(g: &'g Graph, name: &str) -> &'g runner_graph::Op {
+    g.ops.iter().find(|o| o.name == name).unwrap_or_else(|| panic!("no op '{name}'"))
+}
+
+fn shape<'g>(g: &'g Graph, name: &str) -> &'g [u64] {
+    &g.tensors.iter().rev().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor '{name}'")).shape
+}
+
+#[test]
+fn mixer_ops_validate_and_bad_shapes_are_named() {
+    validate(&mamba_graph(SMALL)).unwrap();
+    let bad = |edit: &dyn Fn(&mut Graph), want: &str| {
+        let mut g = mamba_graph(SMALL);
+        edit(&mut g);
+        let e = validate(&g).unwrap_err().to_string();
+        assert!(e.contains(want), "'{e}' lacks '{want}'");
+    };
+    let t = |g: &mut Graph, name: &str, s: Vec<u64>| {
+        let i = g.tensors.iter().position(|t| t.name == name).unwrap();
+        g.tensors[i].shape = s;
+    };
+    bad(&|g| t(g, "l0.conv_x.weight", vec![31, 4]), "must be [32, K >= 1]");
+    bad(&|g| t(g, "l0.conv_b.bias", vec![7]), "must be [8]");
+    bad(&|g| t(g, "l0.d", vec![3]), "d 'l0.d' [3] must be [4], one per head");
+    bad(
+        &|g| {
+            t(g, "l0.dt", vec![2, 16, 3]);
+            t(g, "l0.dt.weight", vec![3, 32]);
+        },
+        "dt 'l0.dt' [2, 16, 3] must be [2, 16, 4]",
+    );
+    bad(
+        &|g| {
+            let i = g.ops.iter().position(|o| o.name == "l0.scan").unwrap();
+            g.ops[i].attrs.insert("chunk".into(), Attr::Int(0));
+        },
+        "attribute 'chunk' must be an integer >= 1",
+    );
+    // 4 heads do not split into 3 groups.
+    let e = validate(&mamba_graph(Sizes { groups: 3, ..SMALL })).unwrap_err().to_string();
+    assert!(e.contains("4 heads of x 'l0.xc' do not split into the 3 groups"), "{e}");
+}
+
+/// The SSD algorithm's forward FLOPs by hand (arXiv 2405.21060 §6) for one sequence
+/// batch: per chunk of Q tokens and group the scores C·Bᵀ, per chunk and head the masked
+/// scores times x, the chunk state Bᵀ·x and the output from the entering state; the
+/// backward counted as twice the forward, as for the other matrix ops.
+#[test]
+fn scan_work_is_the_chunked_ssd_algorithm() {
+    let s = Sizes { b: 3, t: 64, c: 32, heads: 8, p: 16, groups: 2, n: 8, k: 4, chunk: 16 };
+    let g = mamba_graph(s);
+    let c = count::op_cost(&g, op_named(&g, "l0.scan"), AttentionFlops::CausalHalved);
+    let (b, t, h, p, gr, n, q) = (3.0, 64.0, 8.0, 16.0, 2.0, 8.0, 16.0);
+    let want = b * (gr * 2.0 * t * q * n + h * (2.0 * t * q * p + 4.0 * t * n * p));
+    assert_eq!(c.fwd_flops, want);
+    assert_eq!(c.bwd_flops, 2.0 * want);
+    assert!(c.matrix);
+    // A chunk longer than the sequence counts the sequence: one chunk.
+    let mut long = s;
+    long.chunk = 1024;
+    let g = mamba_graph(long);
+    let c = count::op_cost(&g, op_named(&g, "l0.scan"), AttentionFlops::CausalHalved);
+    assert_eq!(c.fwd_flops, b * (gr * 2.0 * t * t * n + h * (2.0 * t * t * p + 4.0 * t * n * p)));
+    // The convolution: K multiply-adds and the SiLU per element, memory-bound.
+    let conv = count::op_cost(&g, op_named(&g, "l0.conv_x"), AttentionFlops::CausalHalved);
+    assert!(!conv.matrix);
+    assert_eq!(conv.fwd_flops, (2.0 * 4.0 + 5.0) * 3.0 * 64.0 * 8.0 * 16.0);
+}
+
+/// Tensor parallelism splits whole heads and groups: each rank's scan holds H/tp heads
+/// and G/tp groups, its convolutions H·P/tp and G·N/tp channels, and the per-head and
+/// per-channel weights split with them; the output projection reduces over tp. A tp that
+/// does not divide the groups, and context parallelism, are refused by name.
+#[test]
+fn tensor_parallelism_splits_heads_and_groups() {
+    let g = mamba_graph(SMALL);
+    let l = |tp: u32| Layout { tp, ..Layout::single(2, 2) };
+    for r in 0..2 {
+        let s = shard(&g, &l(2), RankCoord { tp: r, ..RankCoord::default() }).unwrap();
+        validate(&s.graph).unwrap();
+        let sg = &s.graph;
+        let scan = op_named(sg, "l0.scan");
+        let ins: Vec<&[u64]> = scan.inputs.iter().map(|&i| sg.tensors[i].shape.as_slice()).collect();
+        assert_eq!(ins, [&[2, 16, 2, 8][..], &[2, 16, 2], &[2, 16, 1, 4], &[2, 16, 1, 4], &[2], &[2], &[2]]);
+        assert_eq!(shape(sg, "l0.conv_x.weight"), [16, 4]);
+        assert_eq!(shape(sg, "l0.conv_b.bias"), [4]);
+        assert!(sg.ops.iter().any(|o| o.kind == OpKind::AllReduce), "the output projection reduces over tp");
+        // Half the scan's work on each rank.
+        let full = count::op_cost(&g, op_named(&g, "l0.scan"), AttentionFlops::CausalHalved).fwd_flops;
+        let part = count::op_cost(sg, scan, AttentionFlops::CausalHalved).fwd_flops;
+        assert_eq!(2.0 * part, full);
+    }
+    let e = l(4).validate(&g, 4).unwrap_err();
+    assert!(e.contains("tp=4 does not divide the 2 groups of a Mamba mixer"), "{e}");
+    assert!(shard(&g, &l(4), RankCoord::default()).is_err());
+    let cp = Layout { cp: 2, ..Layout::single(2, 2) };
+    let e = cp.validate(&g, 2).unwrap_err();
+    assert!(e.contains("context parallelism over Mamba mixers is not supported"), "{e}");
+}
