@@ -301,3 +301,18 @@ pub struct NamedOp {
     pub layer: i32,
     pub role: Role,
 }
+
+impl NamedOp {
+    /// An operation from borrowed names (hand-written graphs: tests and fixtures).
+    pub fn of(name: &str, kind: OpKind, inputs: &[&str], outputs: &[&str], attrs: &[(&str, Attr)], layer: i32, role: Role) -> NamedOp {
+        NamedOp {
+            name: name.into(),
+            kind,
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            outputs: outputs.iter().map(|s| s.to_string()).collect(),
+            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+            layer,
+            role,
+        }
+    }
+}

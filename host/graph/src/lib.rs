@@ -29,8 +29,6 @@ pub use ir::{Attr, DType, Graph, GraphError, NamedOp, Op, OpKind, Role, Tensor, 
 /// Builders for hand-written test graphs, shared by the unit tests of every module.
 #[cfg(test)]
 pub(crate) mod testing {
-    use std::collections::BTreeMap;
-
     use crate::ir::{Attr, DType, NamedOp, OpKind, Role, Tensor, TensorKind};
 
     pub fn t(name: &str, shape: &[u64], dtype: DType, kind: TensorKind) -> Tensor {
@@ -39,15 +37,7 @@ pub(crate) mod testing {
 
     /// A replicated operation in `layer`.
     pub fn op_in(name: &str, kind: OpKind, i: &[&str], o: &[&str], attrs: &[(&str, Attr)], layer: i32) -> NamedOp {
-        NamedOp {
-            name: name.into(),
-            kind,
-            inputs: i.iter().map(|s| s.to_string()).collect(),
-            outputs: o.iter().map(|s| s.to_string()).collect(),
-            attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
-            layer,
-            role: Role::Replicated,
-        }
+        NamedOp::of(name, kind, i, o, attrs, layer, Role::Replicated)
     }
 
     /// A replicated operation in layer 0.

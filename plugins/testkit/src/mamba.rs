@@ -1,8 +1,6 @@
 //! A hand-built one-layer Mamba-2 hybrid graph in the host's IR, for host tests of the
 //! mixer ops (`CausalConv1d`, `SsmScan`) until a workload plugin builds them.
 
-use std::collections::BTreeMap;
-
 use runner_graph::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
 
 /// The sizes of a one-layer hybrid model: embedding, a Mamba-2 mixer layer (norm,
@@ -70,14 +68,8 @@ pub fn mamba_graph(s: Sizes) -> Graph {
         act("logits", vec![b, t, v]),
         Tensor { name: "loss".into(), shape: vec![], dtype: DType::F32, kind: TensorKind::Activation },
     ];
-    let op = |name: &str, kind: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role, attrs: &[(&str, Attr)]| NamedOp {
-        name: name.into(),
-        kind,
-        inputs: i.iter().map(|s| s.to_string()).collect(),
-        outputs: o.iter().map(|s| s.to_string()).collect(),
-        attrs: attrs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<BTreeMap<_, _>>(),
-        layer,
-        role,
+    let op = |name: &str, kind: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role, attrs: &[(&str, Attr)]| {
+        NamedOp::of(name, kind, i, o, attrs, layer, role)
     };
     let eps = [("eps", Attr::Float(1e-5))];
     let (col, row, heads) = (Role::ColumnParallel, Role::RowParallel, Role::HeadParallel);
