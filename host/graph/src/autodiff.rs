@@ -150,7 +150,9 @@ fn saved_and_aux(g: &Graph, op: &Op, need: &[bool]) -> (Vec<TensorId>, Vec<Aux>)
             let n = g.tensors[i(2)].shape.get(3).copied().unwrap_or(1);
             let q = op.int("chunk").unwrap_or(1).max(1) as u64;
             let chunks = x.get(1).copied().unwrap_or(0).div_ceil(q);
-            aux.push(Aux { name: "chunk-states", elems: x[0] * chunks * x[2] * x[3] * n });
+            // Dimensions of two tensors: their product is not bounded by one's element count.
+            let elems = [chunks, x[2], x[3], n].into_iter().fold(x[0], u64::saturating_mul);
+            aux.push(Aux { name: "chunk-states", elems });
         }
         OpKind::Gelu | OpKind::SquaredRelu => saved.push(i(0)),
         OpKind::CrossEntropy => {

@@ -956,11 +956,9 @@ impl<'a> Pass<'a> {
             }
             // Mamba's mixer: per channel (the conv) and per head and group (the scan), on
             // the heads the column-parallel projections left this rank; its weights are
-            // split along their first axis with them.
+            // split along their first axis with them. `Layout::validate` has refused cp > 1
+            // and a tp that does not divide the scans' groups.
             OpKind::CausalConv1d | OpKind::SsmScan => {
-                if self.l.cp > 1 {
-                    return bad("context parallelism over a Mamba mixer is not supported (its scan runs along the whole sequence)".into());
-                }
                 let mut acts: Vec<Local> = Vec::new();
                 for &id in &op.inputs {
                     if self.logical(id).kind.is_param() {
@@ -972,12 +970,6 @@ impl<'a> Pass<'a> {
                 let split = acts.first().map_or(1, |l| l.split);
                 if acts.iter().any(|l| l.split != split) || (split != 1 && split != tp) {
                     return bad(format!("its inputs must all be split by tp={tp} (from column-parallel projections) or none"));
-                }
-                if op.kind == OpKind::SsmScan && split > 1 {
-                    let groups = self.logical(op.inputs[2]).shape.get(2).copied().unwrap_or(0);
-                    if !groups.is_multiple_of(split) {
-                        return bad(format!("its {groups} groups do not split over tp={split}"));
-                    }
                 }
                 let mut names: Vec<String> = Vec::new();
                 let mut a = acts.into_iter();

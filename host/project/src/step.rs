@@ -440,16 +440,12 @@ pub struct Costed {
     fp8_params: bool,
     flops_per_sequence: f64,
     seq_len: u32,
-    /// Prefix sums over layers: time per (policy, overlap), and activations per policy.
-    time_prefix: [[Vec<f64>; 4]; 3],
-    act_prefix: [Vec<f64>; 3],
-    /// Prefix sums over layers per selective-recompute module: forward repeated, bytes
-    /// freed.
-    module_rc_prefix: [Vec<f64>; Module::COUNT],
-    module_freed_prefix: [Vec<f64>; Module::COUNT],
-    /// Prefix sums over layers of what [`accumulate`] adds per layer, so a stage's
-    /// breakdown costs a few lookups per chunk rather than a pass over its layers.
+    /// Prefix sums over layers of everything a stage adds up, so a stage costs a few
+    /// lookups per chunk rather than a pass over its layers; and the embedding and head
+    /// sides' rows in the same layout.
     sums: Sums,
+    pre_row: Row,
+    post_row: Row,
     /// The largest layer's parameter elements (all, trained) and low-precision weight
     /// elements: what FSDP gathers whole per unit.
     largest: [f64; 3],
@@ -467,37 +463,71 @@ struct Stage {
     offload: f64,
 }
 
-/// Prefix sums over layers of a [`LayerCost`]'s fields (see [`Sums::add`]), one row per
-/// layer boundary so a range reads two rows.
-struct Sums {
-    rows: Vec<[f64; SUM_FIELDS]>,
-}
+/// One layer's figures as [`Costed::evaluate`] adds them up, in the layout the `ROW_*`
+/// offsets name: compute, GEMMs, attention, weight casts, dense, expert, frozen and
+/// low-precision weight elements, Newton-Schulz FLOPs dense and expert, forward, backward
+/// (12); per overlap setting the recompute per policy (12) and the exposed tp, cp, ep
+/// (12); per policy and overlap setting the layer's time (12); per policy the stored
+/// activations (3); per selective-recompute module the forward it repeats and the bytes
+/// it frees.
+type Row = [f64; ROW_FIELDS];
 
-/// A row of [`Sums`]: compute, GEMMs, attention, weight casts, dense, expert, frozen,
-/// low-precision weights, Newton-Schulz FLOPs dense and expert, forward, backward; then per
-/// overlap setting the recompute per policy (12), then per overlap setting the exposed tp,
-/// cp, ep (12).
-const SUM_FIELDS: usize = 36;
 const FWD: usize = 10;
 const BWD: usize = 11;
 const RECOMPUTE: usize = 12;
 const EXPOSED: usize = 24;
+const TIME: usize = 36;
+const ACTS: usize = 48;
+const MODULE_RC: usize = 51;
+const MODULE_FREED: usize = MODULE_RC + Module::COUNT;
+const ROW_FIELDS: usize = MODULE_FREED + Module::COUNT;
+
+impl LayerCost {
+    fn row(&self) -> Row {
+        let mut r = [0.0; ROW_FIELDS];
+        let plain = [
+            self.compute,
+            self.gemm,
+            self.attention,
+            self.weight_cast,
+            self.dense,
+            self.expert,
+            self.frozen,
+            self.low_weights,
+            self.ns_dense,
+            self.ns_expert,
+            self.fwd,
+            self.bwd,
+        ];
+        r[..plain.len()].copy_from_slice(&plain);
+        for ov in 0..4 {
+            for k in 0..3 {
+                r[RECOMPUTE + 3 * ov + k] = self.recompute[ov][k];
+                r[EXPOSED + 3 * ov + k] = self.exposed[ov][k];
+                r[TIME + 4 * k + ov] = self.time(k, ov);
+            }
+        }
+        r[ACTS..ACTS + 3].copy_from_slice(&self.activations);
+        r[MODULE_RC..MODULE_FREED].copy_from_slice(&self.module_rc);
+        r[MODULE_FREED..ROW_FIELDS].copy_from_slice(&self.module_freed);
+        r
+    }
+}
+
+/// Prefix sums over layers of their [`Row`]s, one per layer boundary, so a range of
+/// layers reads two rows.
+struct Sums {
+    rows: Vec<Row>,
+}
 
 impl Sums {
     fn new(layers: &[LayerCost]) -> Sums {
         let mut rows = Vec::with_capacity(layers.len() + 1);
-        let mut acc = [0.0; SUM_FIELDS];
+        let mut acc = [0.0; ROW_FIELDS];
         rows.push(acc);
         for l in layers {
-            let plain = [l.compute, l.gemm, l.attention, l.weight_cast, l.dense, l.expert, l.frozen, l.low_weights, l.ns_dense, l.ns_expert, l.fwd, l.bwd];
-            for (i, v) in plain.into_iter().enumerate() {
-                acc[i] += v;
-            }
-            for ov in 0..4 {
-                for k in 0..3 {
-                    acc[RECOMPUTE + 3 * ov + k] += l.recompute[ov][k];
-                    acc[EXPOSED + 3 * ov + k] += l.exposed[ov][k];
-                }
+            for (a, v) in acc.iter_mut().zip(l.row()) {
+                *a += v;
             }
             rows.push(acc);
         }
@@ -509,28 +539,18 @@ impl Sums {
         self.rows[b][i] - self.rows[a][i]
     }
 
-    /// What [`accumulate`] adds for each of layers `a..b` under `pol` and `ov`, but the
-    /// selective modules' forward (the caller adds it from its own prefix sums).
+    /// Field `i` over all layers.
+    fn total(&self, i: usize) -> f64 {
+        self.rows.last().map_or(0.0, |r| r[i])
+    }
+
+    /// Add layers `a..b` under `pol` and `ov` to a stage's breakdown and parameters
+    /// ([`add_row`]).
     fn add(&self, comp: &mut [f64; COMP], params: &mut StageParams, a: usize, b: usize, pol: usize, ov: usize) {
-        if a >= b {
-            return;
+        if a < b {
+            let (lo, hi) = (&self.rows[a], &self.rows[b]);
+            add_row(comp, params, |i| hi[i] - lo[i], pol, ov);
         }
-        let (lo, hi) = (&self.rows[a], &self.rows[b]);
-        let d = |i: usize| hi[i] - lo[i];
-        comp[0] += d(0);
-        comp[6] += d(1);
-        comp[7] += d(2);
-        comp[1] += d(RECOMPUTE + 3 * ov + pol);
-        for i in 0..3 {
-            comp[2 + i] += d(EXPOSED + 3 * ov + i);
-        }
-        comp[5] += d(3);
-        params.dense += d(4);
-        params.expert += d(5);
-        params.frozen += d(6);
-        params.low += d(7);
-        params.ns_dense += d(8);
-        params.ns_expert += d(9);
     }
 }
 
@@ -545,16 +565,6 @@ fn policy_index(p: RecomputePolicy) -> usize {
         RecomputePolicy::Selective => 1,
         RecomputePolicy::Full => 2,
     }
-}
-
-fn prefix(v: impl Iterator<Item = f64>) -> Vec<f64> {
-    let mut out = vec![0.0];
-    let mut acc = 0.0;
-    for x in v {
-        acc += x;
-        out.push(acc);
-    }
-    out
 }
 
 /// Why a layout cannot run, for the search's rejection report.
@@ -626,13 +636,10 @@ impl Costed {
         };
         let pre = side(&template.pre, &d.pre_gemms);
         let post = side(&template.post, &d.post_gemms);
-        let time_prefix = std::array::from_fn(|pol| std::array::from_fn(|ov| prefix(layers.iter().map(|l| l.time(pol, ov)))));
-        let act_prefix = std::array::from_fn(|pol| prefix(layers.iter().map(|l| l.activations[pol])));
-        let module_rc_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_rc[m])));
-        let module_freed_prefix = std::array::from_fn(|m| prefix(layers.iter().map(|l| l.module_freed[m])));
         let largest = |f: fn(&LayerCost) -> f64| layers.iter().map(f).fold(0.0, f64::max);
         let largest = [largest(|l| l.dense + l.expert + l.frozen), largest(|l| l.dense + l.expert), largest(|l| l.low_weights)];
         let sums = Sums::new(&layers);
+        let (pre_row, post_row) = (pre.row(), post.row());
         Ok(Costed {
             key: template.key,
             kernels,
@@ -651,11 +658,9 @@ impl Costed {
             fp8_params: matches!(plan.recipe, Recipe::Fp8 | Recipe::Fp8Cs),
             flops_per_sequence: model.flops_per_sequence,
             seq_len: model.seq_len,
-            time_prefix,
-            act_prefix,
-            module_rc_prefix,
-            module_freed_prefix,
             sums,
+            pre_row,
+            post_row,
             largest,
         })
     }
@@ -670,10 +675,9 @@ impl Costed {
     pub fn present(&self, m: Modules) -> Modules {
         let has = |x: Module| {
             let i = x.index();
-            let last = |v: &[f64]| v.last().copied().unwrap_or(0.0);
             [&self.pre, &self.post].iter().any(|l| l.module_rc[i] > 0.0 || l.module_freed[i] > 0.0)
-                || last(&self.module_rc_prefix[i]) > 0.0
-                || last(&self.module_freed_prefix[i]) > 0.0
+                || self.sums.total(MODULE_RC + i) > 0.0
+                || self.sums.total(MODULE_FREED + i) > 0.0
         };
         m.iter().filter(|&x| has(x)).fold(Modules::EMPTY, Modules::with)
     }
@@ -765,14 +769,14 @@ impl Costed {
                 stage.acts -= bytes;
                 stage.offload = stage.offload.max(bytes);
             }
-            let tp_ = &self.time_prefix;
-            stage.t += tp_[base][ov][m_] - tp_[base][ov][a] + tp_[rest][ov][b] - tp_[rest][ov][m_];
-            stage.acts += self.act_prefix[base][m_] - self.act_prefix[base][a] + self.act_prefix[rest][b] - self.act_prefix[rest][m_];
+            let sums = &self.sums;
+            stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
+            stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
             for &mi in &selective {
-                let rc = self.module_rc_prefix[mi][b] - self.module_rc_prefix[mi][a];
+                let rc = sums.range(MODULE_RC + mi, a, b);
                 stage.t += rc;
                 stage.comp[1] += rc;
-                stage.acts -= self.module_freed_prefix[mi][b] - self.module_freed_prefix[mi][a];
+                stage.acts -= sums.range(MODULE_FREED + mi, a, b);
             }
             self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
             self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
@@ -780,13 +784,15 @@ impl Costed {
         for (st, stage) in stages.iter_mut().enumerate() {
             if st == 0 {
                 let rc = self.pre.selective(&selective).0;
-                accumulate(&mut stage.comp, &mut stage.params, &self.pre, base, ov, rc);
-                stage.t += self.pre.time(base, ov) + rc;
+                add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], base, ov);
+                stage.comp[1] += rc;
+                stage.t += self.pre_row[TIME + 4 * base + ov] + rc;
             }
             if st == pp - 1 {
                 let rc = self.post.selective(&selective).0;
-                accumulate(&mut stage.comp, &mut stage.params, &self.post, base, ov, rc);
-                stage.t += self.post.time(base, ov) + rc;
+                add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], base, ov);
+                stage.comp[1] += rc;
+                stage.t += self.post_row[TIME + 4 * base + ov] + rc;
                 if pp > 1 {
                     stage.params.dense += self.tied;
                     stage.params.frozen += self.tied_frozen;
@@ -812,8 +818,8 @@ impl Costed {
         let dpg = Placement { size: dp * key.cp, stride: key.tp };
         let edp = stage_gpus / (key.ep * key.etp);
         let edpg = Placement { size: edp, stride: key.ep * key.etp };
-        let stage_fwd = self.stage_sum(crit, pp, chunks, start, FWD, |l| l.fwd);
-        let stage_bwd = self.stage_sum(crit, pp, chunks, start, BWD, |l| l.bwd);
+        let stage_fwd = self.stage_sum(crit, pp, chunks, start, FWD);
+        let stage_bwd = self.stage_sum(crit, pp, chunks, start, BWD);
         let grads = |kind: OpKind, bytes_per: f64| {
             fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
         };
@@ -957,18 +963,18 @@ impl Costed {
         ((warmup + 1).min(m * vp)) as f64 / vp as f64
     }
 
-    /// Field `field` of [`Sums::plain`] over stage `st`'s layers, and `f` of the
-    /// embedding and head sides it holds.
-    fn stage_sum(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize, field: usize, f: impl Fn(&LayerCost) -> f64) -> f64 {
+    /// [`Row`] field `field` over stage `st`'s layers and the embedding and head sides it
+    /// holds.
+    fn stage_sum(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize, field: usize) -> f64 {
         let mut v = 0.0;
         for c in (st..chunks).step_by(pp) {
             v += self.sums.range(field, start(c), start(c + 1));
         }
         if st == 0 {
-            v += f(&self.pre);
+            v += self.pre_row[field];
         }
         if st == pp - 1 {
-            v += f(&self.post);
+            v += self.post_row[field];
         }
         v
     }
@@ -987,23 +993,24 @@ const HOST_LINK_EFFICIENCY: f64 = 0.8;
 const COMP: usize = 9;
 const OFFLOAD: usize = 8;
 
-/// Add one layer's parts to a stage's breakdown and parameter sums (`selective`: the
-/// forward its selective recompute repeats).
-fn accumulate(comp: &mut [f64; COMP], params: &mut StageParams, l: &LayerCost, pol: usize, ov: usize, selective: f64) {
-    comp[0] += l.compute;
-    comp[6] += l.gemm;
-    comp[7] += l.attention;
-    comp[1] += l.recompute[ov][pol] + selective;
+/// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown and
+/// parameter sums under recompute policy `pol` and overlap setting `ov`; the selective
+/// modules' forward is the caller's to add.
+fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -> f64, pol: usize, ov: usize) {
+    comp[0] += d(0);
+    comp[6] += d(1);
+    comp[7] += d(2);
+    comp[1] += d(RECOMPUTE + 3 * ov + pol);
     for i in 0..3 {
-        comp[2 + i] += l.exposed[ov][i];
+        comp[2 + i] += d(EXPOSED + 3 * ov + i);
     }
-    comp[5] += l.weight_cast;
-    params.dense += l.dense;
-    params.expert += l.expert;
-    params.frozen += l.frozen;
-    params.low += l.low_weights;
-    params.ns_dense += l.ns_dense;
-    params.ns_expert += l.ns_expert;
+    comp[5] += d(3);
+    params.dense += d(4);
+    params.expert += d(5);
+    params.frozen += d(6);
+    params.low += d(7);
+    params.ns_dense += d(8);
+    params.ns_expert += d(9);
 }
 
 fn plan_formats_equal(plan: &Plan, a: &[String], b: &[String]) -> bool {

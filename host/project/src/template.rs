@@ -682,7 +682,7 @@ pub struct Rates {
     gemm_rate: [f64; 4],
     half_flops: f64,
     /// Share of the dense GEMM efficiency unfused routed-expert GEMMs reach.
-    pub grouped: f64,
+    grouped: f64,
     attention_rate: f64,
     attention_backward: f64,
     /// Achieved HBM bytes/s.
@@ -755,13 +755,18 @@ impl Rates {
 
     /// The backward kernel recomputes the scores: 2.5x the forward's matrix work.
     pub fn attention_backward(&self, flops: f64, bytes: f64) -> f64 {
-        (2.5 * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
+        self.mixing_backward(2.5, flops, bytes)
     }
 
     /// A Mamba-2 scan's backward: twice the forward's matrix work (the states recomputed,
     /// the gradients of x, dt, B and C), at the attention backward's efficiency.
     pub fn scan_backward(&self, flops: f64, bytes: f64) -> f64 {
-        (2.0 * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
+        self.mixing_backward(2.0, flops, bytes)
+    }
+
+    /// A sequence-mixing kernel's backward doing `work` times its forward's `flops`.
+    fn mixing_backward(&self, work: f64, flops: f64, bytes: f64) -> f64 {
+        (work * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
     }
 
     /// Where a group of `key`'s layout sits (Megatron order: tp, cp; experts etp, ep).
