@@ -20,6 +20,14 @@
 //! - `mlp`: a dense (non-MoE) MLP (normal checkpoint): everything inside it is dropped and
 //!   recomputed from its input.
 //! - `shared_experts`: the shared experts of an MoE layer (normal checkpoint), likewise.
+//! - `moe`: the whole MoE layer (normal checkpoint): router, dispatch, experts, combine,
+//!   LatentMoE's projections and the shared experts; everything inside is dropped,
+//!   including what the all-to-alls delivered, and recomputed from the layer's input. It
+//!   contains `moe_act` and `shared_experts` ([`Module::parent`]): listing it recomputes
+//!   them too, once.
+//!
+//! A Mamba-2 mixer layer (a residual norm whose layer runs an SSM scan) has none of these
+//! modules: Megatron's `MambaLayer` takes no part in `recompute_modules`.
 //!
 //! The graph's op kinds and dataflow identify the modules (names are the plugin's and
 //! never trusted): a residual norm is a norm whose input comes from a residual add or
@@ -43,11 +51,19 @@ pub enum Module {
     MlaUpProj,
     Mlp,
     SharedExperts,
+    Moe,
 }
 
 impl Module {
-    pub const ALL: [Module; 6] =
-        [Module::CoreAttn, Module::Layernorm, Module::MoeAct, Module::MlaUpProj, Module::Mlp, Module::SharedExperts];
+    pub const ALL: [Module; 7] = [
+        Module::CoreAttn,
+        Module::Layernorm,
+        Module::MoeAct,
+        Module::MlaUpProj,
+        Module::Mlp,
+        Module::SharedExperts,
+        Module::Moe,
+    ];
     pub const COUNT: usize = Module::ALL.len();
 
     pub fn index(self) -> usize {
@@ -63,6 +79,17 @@ impl Module {
             Module::MlaUpProj => "mla_up_proj",
             Module::Mlp => "mlp",
             Module::SharedExperts => "shared_experts",
+            Module::Moe => "moe",
+        }
+    }
+
+    /// The module that contains this one: recomputing the parent re-runs it too. Each op
+    /// belongs to its innermost module only, so a set of modules counts an op once
+    /// when it is [`Modules::expanded`].
+    pub fn parent(self) -> Option<Module> {
+        match self {
+            Module::MoeAct | Module::SharedExperts => Some(Module::Moe),
+            _ => None,
         }
     }
 
@@ -111,6 +138,14 @@ impl Modules {
 
     pub fn iter(self) -> impl Iterator<Item = Module> {
         Module::ALL.into_iter().filter(move |m| self.contains(*m))
+    }
+
+    /// The set with every module whose parent it holds: what recomputing it re-runs.
+    pub fn expanded(self) -> Modules {
+        Module::ALL
+            .into_iter()
+            .filter(|m| m.parent().is_some_and(|p| self.contains(p)))
+            .fold(self, Modules::with)
     }
 }
 
@@ -224,8 +259,11 @@ pub fn modules(g: &Graph) -> ModuleMap {
         }
     };
     for &n in &residual {
-        mark(&mut out, n, Module::Layernorm, true);
         let inside = reach(n, &|_| false);
+        if inside.iter().any(|&i| g.ops[i].kind == OpKind::SsmScan) {
+            continue;
+        }
+        mark(&mut out, n, Module::Layernorm, true);
         if inside.iter().any(|&i| g.ops[i].kind == OpKind::Attention) {
             continue;
         }
@@ -240,6 +278,21 @@ pub fn modules(g: &Graph) -> ModuleMap {
         let module = if moe { Module::SharedExperts } else { Module::Mlp };
         for i in reach(n, &routed) {
             mark(&mut out, i, module, true);
+        }
+        if moe {
+            // The rest of the MoE layer (the expert activation is marked `moe_act`
+            // below). What collectives deliver inside it is dropped too.
+            for &i in &inside {
+                if out.op[i].is_none() && !is_comm(g.ops[i].kind) {
+                    mark(&mut out, i, Module::Moe, true);
+                } else if is_comm(g.ops[i].kind) {
+                    for &o in &g.ops[i].outputs {
+                        if g.tensors[o].kind == TensorKind::Activation {
+                            out.frees.entry(o).or_insert(Module::Moe);
+                        }
+                    }
+                }
+            }
         }
     }
     for (i, op) in g.ops.iter().enumerate() {
@@ -471,9 +524,13 @@ pub(crate) mod tests {
             ("l1.qr", Some(Module::MlaUpProj)),
             ("l1.ku", Some(Module::MlaUpProj)),
             ("l1.vu", Some(Module::MlaUpProj)),
-            ("l1.router_logits", None),
-            ("l1.router", None),
-            ("l1.eg", None),
+            ("l1.router_logits", Some(Module::Moe)),
+            ("l1.router", Some(Module::Moe)),
+            ("l1.dispatch", Some(Module::Moe)),
+            ("l1.eg", Some(Module::Moe)),
+            ("l1.combine", Some(Module::Moe)),
+            // The sum of routed and shared outputs and the residual are outside it.
+            ("l1.moe", None),
             ("l1.eact", Some(Module::MoeAct)),
             ("l1.sg", Some(Module::SharedExperts)),
             ("l1.sact", Some(Module::SharedExperts)),
@@ -486,6 +543,7 @@ pub(crate) mod tests {
         assert_eq!(freed(&g, &m, Module::MoeAct), ["eact"]);
         assert_eq!(freed(&g, &m, Module::Mlp), ["act", "d", "g", "u"]);
         assert_eq!(freed(&g, &m, Module::SharedExperts), ["sact", "sd_o", "sg_o", "su_o"]);
+        assert_eq!(freed(&g, &m, Module::Moe), ["comb", "disp", "ed_o", "eg_o", "eu_o", "logits", "ri", "rw"]);
         assert!(freed(&g, &m, Module::CoreAttn).is_empty());
     }
 
@@ -496,6 +554,10 @@ pub(crate) mod tests {
         assert!(s.contains(Module::MoeAct) && !s.contains(Module::Mlp));
         assert_eq!(Modules::default().to_string(), "core_attn");
         assert_eq!(Module::parse("MLA_UP_PROJ"), Ok(Module::MlaUpProj));
+        // `moe` re-runs the expert activation and the shared experts inside it.
+        let moe = Modules::of(&[Module::Moe, Module::CoreAttn]).expanded();
+        assert_eq!(moe.to_string(), "core_attn+moe_act+shared_experts+moe");
+        assert_eq!(s.expanded(), s);
         assert!(Module::parse("experts").unwrap_err().contains("core_attn, layernorm"));
         let json = serde_json::to_string(&s).unwrap();
         assert_eq!(json, r#"["layernorm","moe_act"]"#);

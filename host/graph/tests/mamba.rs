@@ -107,3 +107,15 @@ fn tensor_parallelism_splits_heads_and_groups() {
     let e = cp.validate(&g, 2).unwrap_err();
     assert!(e.contains("context parallelism over Mamba mixers is not supported"), "{e}");
 }
+
+#[test]
+fn a_mixer_layer_has_no_recompute_module() {
+    // Megatron's MambaLayer takes no part in `recompute_modules`: its norm is not the
+    // `layernorm` module and the mixer is not an `mlp`.
+    let g = mamba_graph(SMALL);
+    let m = runner_graph::modules::modules(&g);
+    for (op, module) in g.ops.iter().zip(&m.op) {
+        assert_eq!(*module, None, "{}", op.name);
+    }
+    assert!(m.frees.is_empty());
+}

@@ -737,7 +737,7 @@ impl Costed {
         // Selective recompute: the layers as with none, plus the listed modules' forward
         // repeated and their activations dropped, in every layer.
         let selective: Vec<usize> = match s.recompute {
-            RecomputePolicy::Selective => s.recompute_modules.iter().map(Module::index).collect(),
+            RecomputePolicy::Selective => s.recompute_modules.expanded().iter().map(Module::index).collect(),
             _ => Vec::new(),
         };
         let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };

@@ -355,6 +355,10 @@ fn selective_recompute_frees_exactly_the_named_modules() {
     assert_eq!(f[Module::MlaUpProj.index()], s * 8.0 * (48.0 + 48.0 + 32.0) * 2.0);
     assert_eq!(f[Module::SharedExperts.index()], 3.0 * s * 256.0 * 2.0);
     assert_eq!(f[Module::Mlp.index()], 0.0);
+    // The whole MoE layer (moe), besides its activation and shared expert: the router's
+    // logits (8 experts, BF16), top-2 weights (F32) and indices (I32), the dispatched
+    // tokens and the experts' gate, up and down outputs (512 = 256 tokens x 2, BF16).
+    assert_eq!(f[Module::Moe.index()], s * 8.0 * 2.0 + 2.0 * s * 2.0 * 4.0 + 4.0 * (2.0 * s) * h * 2.0);
 
     // A projected step: memory falls by the freed bytes of every layer (one micro-batch
     // in flight without pipelining), time grows by the norms' forward.
@@ -373,6 +377,17 @@ fn selective_recompute_frees_exactly_the_named_modules() {
     let present: Vec<Modules> = search::selective_levels().iter().map(|&m| c.present(m)).collect();
     let (norms, mlp) = (Modules::of(&[Module::Layernorm]), Modules::of(&[Module::Mlp]));
     assert_eq!(present, [norms, Modules::EMPTY, norms, mlp, norms.with(Module::Mlp)]);
+
+    // `moe` contains `moe_act` and `shared_experts`: listing it frees and repeats them
+    // too, once; listing all three changes nothing more.
+    let mut pr = projector("deepseek-tiny", 256, "h100", Recipe::Bf16);
+    let base = layout(1, 1, 1, 1, 1, 1, 1);
+    let with = |m: &[Module]| LayoutSpec { recompute: RecomputePolicy::Selective, recompute_modules: Modules::of(m), ..base };
+    let moe = pr.project(&with(&[Module::Moe])).unwrap();
+    let all = pr.project(&with(&[Module::Moe, Module::MoeAct, Module::SharedExperts])).unwrap();
+    let inner = pr.project(&with(&[Module::MoeAct, Module::SharedExperts])).unwrap();
+    assert_eq!((moe.memory.activations, moe.step_time_s), (all.memory.activations, all.step_time_s));
+    assert!(moe.memory.activations < inner.memory.activations && moe.breakdown.recompute > inner.breakdown.recompute);
 }
 
 /// Transformer Engine keeps a low-precision GEMM's input as the cast copy its weight
