@@ -46,6 +46,8 @@ fn main() {
         println!("cargo:rerun-if-changed={}", dir.display());
         crates.extend(discover(&dir, test_program));
     }
+    // Source the test programs share (`include!`d, not a crate of its own).
+    println!("cargo:rerun-if-changed={}", root.join("tests/programs/shared").display());
 
     let target_dir = out_dir.join("wasm-target");
     let mut kinds: Vec<(String, bool)> = crates

@@ -1,7 +1,9 @@
-//! Plugins built against the published contract 0.1.0 (tests/programs/contract-v01-*,
-//! built from tests/wit-0.1.0 with no SDK) keep working: the host binds 0.1.0 beside 0.2.0
-//! and adapts their answers, with 0.2 defaults for what 0.1 cannot say.
+//! Plugins built against the published contracts 0.1.0 and 0.2.0 (tests/programs/
+//! contract-v01-* and contract-v02-*, built from tests/wit-0.1.0 and tests/wit-0.2.0 with
+//! no SDK) keep working: the host binds them beside 0.3.0 and adapts their answers, with
+//! defaults for what an older contract cannot say (0.1 -> 0.2 -> 0.3).
 
+use runner::plugin::cost::PriceCaveat;
 use runner::plugin::cost::{LineCategory, PurchaseOption, QuoteRequest};
 use runner::plugin::precision::{
     Action, Dtype, FallbackScope, GemmRole, GemmSite, PlanRequest, ScaleFormat, ScalingRecipe,
@@ -16,7 +18,7 @@ use runner::{explore, runfile};
 use crate::util::{on_demand, program};
 
 #[test]
-fn a_0_1_workload_is_described_and_built_with_0_2_defaults() {
+fn a_0_1_workload_is_described_and_built_with_0_2_and_0_3_defaults() {
     let p = plugin::load(&program("contract_v01_workload.wasm")).unwrap();
     assert_eq!(
         (p.info.kind, p.info.contract.as_str()),
@@ -44,6 +46,7 @@ fn a_0_1_workload_is_described_and_built_with_0_2_defaults() {
     );
     assert_eq!(l.recompute, RecomputeGranularity::None);
     assert!(l.measured.is_none() && !l.distributed_optimizer);
+    assert!(v.hyper.mamba.is_none() && v.hyper.layer_pattern.is_empty());
 
     let g = w
         .graph(&GraphRequest::training("old-tiny", 16, 2, 0))
@@ -207,8 +210,161 @@ fn a_run_of_0_1_plugins_goes_end_to_end_and_names_them_adapted() {
         .count();
     assert_eq!(adapted, 3, "{:#?}", outcome.notes);
     assert!(
-        outcome.notes.iter().any(|n| n.contains("GEMM FLOPs fp8 100.0 %")),
+        outcome
+            .notes
+            .iter()
+            .any(|n| n.contains("GEMM FLOPs fp8 100.0 %")),
         "{:#?}",
         outcome.notes
     );
+}
+
+#[test]
+fn a_0_2_workload_is_described_with_0_3_defaults_and_keeps_its_0_2_fields() {
+    let p = plugin::load(&program("contract_v02_workload.wasm")).unwrap();
+    assert_eq!(
+        (p.info.kind, p.info.contract.as_str()),
+        (Kind::Workload, "0.2.0")
+    );
+    assert!(
+        p.info.provenance().contains("contract 0.2.0, adapted"),
+        "{}",
+        p.info.provenance()
+    );
+    let mut w = p.workload(Limits::default()).unwrap();
+    let info = w.describe().unwrap();
+    let v = &info.variants[0];
+    // What 0.2 cannot say: no Mamba mixer, no layer pattern, experts at hidden width.
+    assert!(v.hyper.mamba.is_none());
+    assert_eq!(v.hyper.layer_pattern, "");
+    let moe = v
+        .hyper
+        .moe
+        .as_ref()
+        .expect("the 0.2 MoE config comes through");
+    assert_eq!(
+        (
+            moe.experts,
+            moe.top_k,
+            moe.expert_ffn,
+            moe.dense_layers,
+            moe.latent
+        ),
+        (4, 2, 16, 1, 0)
+    );
+    // What 0.2 said, unchanged.
+    let (fp8, bf16) = (&v.layouts[0], &v.layouts[1]);
+    assert_eq!(
+        (fp8.precision, bf16.precision),
+        (TrainingPrecision::Fp8Current, TrainingPrecision::Bf16)
+    );
+    assert_eq!(
+        (
+            fp8.sequence_parallel,
+            bf16.sequence_parallel,
+            fp8.seq_len,
+            fp8.ep
+        ),
+        (true, false, 128, 2)
+    );
+    assert_eq!(fp8.recompute, RecomputeGranularity::Selective);
+    assert!(fp8.distributed_optimizer && fp8.overlap_grad_reduce && !fp8.overlap_param_gather);
+    let measured = fp8
+        .measured
+        .as_ref()
+        .expect("the published measurement comes through");
+    assert_eq!(
+        (
+            measured.step_time_s,
+            measured.tokens_per_s_per_gpu,
+            measured.gpus
+        ),
+        (1.5, 1000.0, 8)
+    );
+    assert!(measured.source.ends_with("table 1") && bf16.measured.is_none());
+
+    // The same graph as the 0.1 program builds, through one more adapter step.
+    let request = GraphRequest::training("old-tiny", 16, 2, 0);
+    let g = w.graph(&request).unwrap();
+    let old = plugin::load(&program("contract_v01_workload.wasm"))
+        .unwrap()
+        .workload(Limits::default())
+        .unwrap()
+        .graph(&request)
+        .unwrap();
+    assert_eq!(g.ops.len(), old.ops.len());
+    assert_eq!(
+        runner_graph::count::params(&g),
+        runner_graph::count::params(&old)
+    );
+    // 0.2 has phases: an inference request goes down unchanged and the plugin answers it.
+    let mut decode = request.clone();
+    decode.phase = Phase::Decode(InferenceShape {
+        kv_len: 24,
+        concurrency: 3,
+    });
+    let err = w.graph(&decode).unwrap_err();
+    assert!(
+        matches!(err.failure, Failure::Refused(_))
+            && err.to_string().contains("kv-len 24, concurrency 3"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_0_2_cost_plugin_is_called_with_0_3_types_and_prices_as_it_says() {
+    let p = plugin::load(&program("contract_v02_cost.wasm")).unwrap();
+    assert_eq!(
+        (p.info.kind, p.info.contract.as_str()),
+        (Kind::Cost, "0.2.0")
+    );
+    let mut c = p.cost(Limits::default()).unwrap();
+    assert_eq!(c.provider().unwrap().name, "oldcloud2");
+    let offerings = c.offerings().unwrap();
+    let o = &offerings[0];
+    assert_eq!((o.node_multiple, o.gpus_per_node), (2, 8));
+    let options: Vec<_> = o.prices.iter().map(|p| p.option).collect();
+    assert_eq!(
+        options,
+        [
+            PurchaseOption::OnDemand,
+            PurchaseOption::OneYearPartialUpfront
+        ]
+    );
+    let upfront = &o.prices[1];
+    assert_eq!(
+        (upfront.upfront_usd_per_node, upfront.caveats.as_slice()),
+        (40_000.0, [PriceCaveat::LowerBound].as_slice())
+    );
+    let request = QuoteRequest {
+        hours: 1.5,
+        option: PurchaseOption::OneYearPartialUpfront,
+        storage_gb_months: 100.0,
+        ..on_demand("old.h100x8", "old-1")
+    };
+    let q = c.quote(&request).unwrap();
+    let categories: Vec<_> = q.lines.iter().map(|l| l.category).collect();
+    assert_eq!(
+        categories,
+        [
+            LineCategory::Compute,
+            LineCategory::Upfront,
+            LineCategory::Storage
+        ]
+    );
+    assert!(
+        (q.total - (2.0 * 1.5 * 10.0 + 2.0 * 40_000.0 + 10.0)).abs() < 1e-9,
+        "{}",
+        q.total
+    );
+    assert_eq!(q.warnings, ["a 0.2.0 warning"]);
+    assert_eq!(q.lines[0].caveats, [PriceCaveat::LowerBound]);
+    let spot = QuoteRequest {
+        option: PurchaseOption::Spot,
+        ..request
+    };
+    assert!(matches!(
+        c.quote(&spot).unwrap_err().failure,
+        Failure::Refused(_)
+    ));
 }

@@ -61,6 +61,11 @@ pub mod limits {
     pub const HEADS: u32 = 1 << 16;
     pub const VOCAB: u32 = 1 << 24;
     pub const EXPERTS: u32 = 1 << 16;
+    /// Mamba-2 mixer ceilings: the state per head (d_state: 128 in Mamba-2 and Nemotron-H),
+    /// the causal convolution's width (4) and the SSD scan's chunk (128 to 256).
+    pub const SSM_STATE: u32 = 1 << 12;
+    pub const CONV_KERNEL: u32 = 64;
+    pub const SSM_CHUNK: u32 = 4096;
     pub const SEQ_LEN: u32 = 1 << 24;
     pub const TOKENS: f64 = 1e16;
     pub const GPUS: u32 = 1 << 20;

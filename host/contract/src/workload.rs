@@ -70,14 +70,22 @@ macro_rules! workload_rules {
             Ok(())
         }
 
-        /// Hyperparameters a transformer can be built from: positive sizes under the
-        /// ceilings in [`runner_contract::limits`], heads grouped evenly over kv-heads, MoE
-        /// and MLA settings that agree with each other.
+        /// Hyperparameters a transformer (or a hybrid of Mamba-2, attention, MLP and MoE
+        /// layers) can be built from: positive sizes under the ceilings in
+        /// [`runner_contract::limits`], heads grouped evenly over kv-heads, MoE, MLA and
+        /// Mamba settings that agree with each other and with the layer pattern.
+        ///
+        /// A non-empty `layer-pattern` places every block: it is `layers` characters of
+        /// `M` (needs `mamba`), `*`, `-` (needs `ffn`) and `E` (needs `moe`), and with it
+        /// `moe.dense-layers` must be 0 and `moe.layer-frequency` 1 (those place MoE blocks
+        /// in a classic transformer; two placements could contradict each other). A
+        /// `mamba` or `moe` that no layer of the pattern uses is refused as a likely slip.
         ///
         /// # Errors
         /// The first broken rule, naming the field and its value.
         pub fn validate_hyperparameters(h: &Hyperparameters) -> Result<(), String> {
             use $crate::limits::{EXPERTS, HEADS, LAYERS, VOCAB, WIDTH};
+            use $crate::text;
             let range = |what: &str, v: u32, max: u32| -> Result<(), String> {
                 if v == 0 || v > max {
                     Err(format!("{what} must be in 1..={max}, got {v}"))
@@ -127,10 +135,62 @@ macro_rules! workload_rules {
                 range("mla.kv-lora-rank", m.kv_lora_rank, WIDTH)?;
                 range("mla.v-head-dim", m.v_head_dim, WIDTH)?;
             }
-            // Dense MLPs exist unless every layer is MoE.
-            let needs_dense = h.moe.as_ref().is_none_or(|m| m.dense_layers > 0 || m.layer_frequency > 1);
+            let pattern = h.layer_pattern.as_str();
+            if let Some(c) = pattern.chars().find(|c| !matches!(c, 'M' | '*' | '-' | 'E')) {
+                return Err(format!(
+                    "layer-pattern holds {} ({}); it may hold only M (Mamba-2 mixer), * (attention), \
+                     - (dense MLP) and E (mixture of experts), one per layer",
+                    text::shown(c.encode_utf8(&mut [0; 4])),
+                    text::escape(pattern, 64)
+                ));
+            }
+            // Only ASCII is left: bytes are characters.
+            if !pattern.is_empty() && pattern.len() != h.layers as usize {
+                return Err(format!(
+                    "layer-pattern has {} characters but layers is {}; give one character per layer",
+                    pattern.len(),
+                    h.layers
+                ));
+            }
+            let has = |c: char| pattern.contains(c);
+            match (&h.mamba, has('M')) {
+                (None, true) => {
+                    return Err("layer-pattern has Mamba layers (M) but no mamba sizes are given".into());
+                }
+                (Some(_), false) => {
+                    return Err("mamba sizes are given but layer-pattern has no Mamba layer (M); drop mamba or mark its layers".into());
+                }
+                _ => {}
+            }
+            if !pattern.is_empty() {
+                match &h.moe {
+                    None if has('E') => {
+                        return Err("layer-pattern has MoE layers (E) but no moe config is given".into());
+                    }
+                    Some(_) if !has('E') => {
+                        return Err("moe is given but layer-pattern has no MoE layer (E); drop moe or mark its layers".into());
+                    }
+                    Some(m) if m.dense_layers != 0 || m.layer_frequency != 1 => {
+                        return Err(format!(
+                            "with a layer-pattern, the pattern places the MoE layers: moe.dense-layers must be 0 and \
+                             moe.layer-frequency 1, got {} and {}",
+                            m.dense_layers, m.layer_frequency
+                        ));
+                    }
+                    _ => {}
+                }
+            }
+            // Dense MLPs exist where the pattern has `-`; without a pattern, unless every
+            // layer is MoE.
+            let needs_dense = if pattern.is_empty() {
+                h.moe.as_ref().is_none_or(|m| m.dense_layers > 0 || m.layer_frequency > 1)
+            } else {
+                has('-')
+            };
             if needs_dense {
-                range("ffn", h.ffn, WIDTH)?;
+                range("ffn", h.ffn, WIDTH).map_err(|m| {
+                    if pattern.is_empty() { m } else { format!("{m} (layer-pattern has dense MLP layers, -)") }
+                })?;
             } else if h.ffn > WIDTH {
                 return Err(format!("ffn must be at most {WIDTH}, got {}", h.ffn));
             }
@@ -149,6 +209,31 @@ macro_rules! workload_rules {
                 }
                 if m.dense_layers > h.layers {
                     return Err(format!("moe.dense-layers ({}) exceeds layers ({})", m.dense_layers, h.layers));
+                }
+                if m.latent > WIDTH {
+                    return Err(format!("moe.latent must be at most {WIDTH} (0: experts at hidden width), got {}", m.latent));
+                }
+            }
+            if let Some(m) = &h.mamba {
+                use $crate::limits::{CONV_KERNEL, SSM_CHUNK, SSM_STATE};
+                range("mamba.heads", m.heads, HEADS)?;
+                range("mamba.head-dim", m.head_dim, WIDTH)?;
+                range("mamba.state", m.state, SSM_STATE)?;
+                range("mamba.groups", m.groups, HEADS)?;
+                range("mamba.conv-kernel", m.conv_kernel, CONV_KERNEL)?;
+                range("mamba.chunk", m.chunk, SSM_CHUNK)?;
+                if !m.heads.is_multiple_of(m.groups) {
+                    return Err(format!(
+                        "mamba.groups ({}) must divide mamba.heads ({}): each group's B and C serve whole heads",
+                        m.groups, m.heads
+                    ));
+                }
+                let inner = u64::from(m.heads) * u64::from(m.head_dim);
+                if inner > u64::from(WIDTH) {
+                    return Err(format!(
+                        "the Mamba mixer's inner width mamba.heads x mamba.head-dim = {} x {} = {inner} must be at most {WIDTH}",
+                        m.heads, m.head_dim
+                    ));
                 }
             }
             Ok(())
@@ -205,8 +290,21 @@ macro_rules! workload_rules {
             if l.vp > 1 && l.pp == 1 {
                 return Err(format!("vp {} needs pipeline stages (pp is 1)", l.vp));
             }
-            if !h.heads.is_multiple_of(l.tp) {
+            // Attention heads split over tp only where there are attention layers.
+            let pattern = h.layer_pattern.as_str();
+            if (pattern.is_empty() || pattern.contains('*')) && !h.heads.is_multiple_of(l.tp) {
                 return Err(format!("tp {} does not divide the {} attention heads", l.tp, h.heads));
+            }
+            // Megatron splits a Mamba mixer by whole groups; groups divide heads, so a tp that
+            // divides the groups divides the heads too.
+            if let Some(m) = &h.mamba
+                && pattern.contains('M')
+                && !m.groups.is_multiple_of(l.tp)
+            {
+                return Err(format!(
+                    "tp {} does not divide the {} groups of the Mamba mixer (mamba.groups; {} heads; Megatron splits whole groups)",
+                    l.tp, m.groups, m.heads
+                ));
             }
             match &h.moe {
                 Some(m) if !m.experts.is_multiple_of(l.ep) => {

@@ -9,7 +9,7 @@ use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine};
 
-use crate::bindings::{v1, v2};
+use crate::bindings::{v1, v2, v3};
 use crate::cache::{Cache, CacheOutcome};
 use crate::sandbox::HostState;
 
@@ -40,23 +40,17 @@ pub fn engine() -> &'static Engine {
 }
 
 /// The one linker every plugin is pre-instantiated against, built once: WASI p2 as the
-/// sandbox configures it per store, and the log import of contracts 0.1 and 0.2.
+/// sandbox configures it per store, and the log import of contracts 0.1, 0.2 and 0.3.
+/// (The `types` imports hold types only; wasmtime needs no definition for them.)
 pub fn linker() -> &'static Linker<HostState> {
     static LINKER: OnceLock<Linker<HostState>> = OnceLock::new();
     LINKER.get_or_init(|| {
         let build = || -> wasmtime::Result<Linker<HostState>> {
             let mut linker = Linker::new(engine());
             wasmtime_wasi::p2::add_to_linker_sync(&mut linker)?;
+            v3::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
             v2::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-            v2::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(
-                &mut linker,
-                |s| s,
-            )?;
             v1::workload::runner::plugin::log::add_to_linker::<_, HasSelf<_>>(&mut linker, |s| s)?;
-            v1::workload::runner::plugin::types::add_to_linker::<_, HasSelf<_>>(
-                &mut linker,
-                |s| s,
-            )?;
             Ok(linker)
         };
         build().expect("the host's imports link (fixed at build time)")

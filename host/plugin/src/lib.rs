@@ -8,10 +8,23 @@
 //! ```
 //!
 //! Every supported contract version is bound separately (`bindings.rs`): a plugin built
-//! against 0.2.0 is called directly, one built against 0.1.0 through `adapt.rs`, which
-//! gives the rest of the runner 0.2 values with defaults for what 0.1 cannot say. Every
+//! against 0.3.0 is called directly, one built against 0.2.0 or 0.1.0 through `adapt`,
+//! which gives the rest of the runner 0.3 values with defaults for what an older contract
+//! cannot say (0.1 -> 0.2 -> 0.3, one step at a time). Every
 //! value a plugin returns is validated (the rules of `runner_contract`) before the rest of
 //! the runner sees it, and every string it returns is printable or refused.
+
+/// Match `$instance`, running `$body` with `$s` bound to the sandbox in each of the
+/// `Instance::$alike` variants (worlds called alike: the 0.3 bindings, and the 0.2 ones
+/// bound with 0.3 types), then the remaining `$arm`s.
+macro_rules! alike {
+    ($instance:expr, [$($alike:ident),+] |$s:ident| $body:expr, $($arm:tt)*) => {
+        match $instance {
+            $(Instance::$alike($s) => $body,)+
+            $($arm)*
+        }
+    };
+}
 
 mod adapt;
 mod bindings;
@@ -31,7 +44,7 @@ use serde::Serialize;
 use wasmtime::component::Component;
 use wasmtime::component::types::ComponentItem;
 
-use bindings::{v1, v2};
+use bindings::{v1, v2, v3};
 pub use cache::CacheOutcome;
 pub use engine::{compile_with, sha256_hex};
 pub use error::{Failure, PluginError};
@@ -39,9 +52,10 @@ pub use resolve::{Source, embedded, installed_files, plugin_dirs, test_programs,
 pub use sandbox::{HostState, Limits, MemoryCapExceeded};
 
 /// The contract version this host speaks natively (the WIT package version in `wit/`).
-pub const CONTRACT_VERSION: &str = "0.2.0";
-/// Every contract version this host binds: the current one, and 0.1.0 through the adapter.
-pub const CONTRACT_VERSIONS: [&str; 2] = ["0.1.0", "0.2.0"];
+pub const CONTRACT_VERSION: &str = "0.3.0";
+/// Every contract version this host binds: the current one, and 0.1.0 and 0.2.0 through
+/// the adapter.
+pub const CONTRACT_VERSIONS: [&str; 3] = ["0.1.0", "0.2.0", "0.3.0"];
 const PACKAGE: &str = "runner:plugin";
 
 /// The compiled-component cache directory in use (see [`cache::default_dir`]).
@@ -82,7 +96,7 @@ impl Kind {
 pub struct PluginInfo {
     pub name: String,
     pub kind: Kind,
-    /// The contract version it was built against ("0.1.0" runs through the adapter).
+    /// The contract version it was built against (an older one runs through the adapter).
     pub contract: String,
     pub source: Source,
     pub sha256: String,
@@ -120,10 +134,13 @@ impl PluginInfo {
 /// built once at load, instantiated per sandboxed instance.
 #[derive(Clone)]
 enum Pre {
+    WorkloadV3(v3::workload::WorkloadPluginPre<HostState>),
     WorkloadV2(v2::workload::WorkloadPluginPre<HostState>),
     WorkloadV1(v1::workload::WorkloadPluginPre<HostState>),
+    PrecisionV3(v3::precision::PrecisionPluginPre<HostState>),
     PrecisionV2(v2::precision::PrecisionPluginPre<HostState>),
     PrecisionV1(v1::precision::PrecisionPluginPre<HostState>),
+    CostV3(v3::cost::CostPluginPre<HostState>),
     CostV2(v2::cost::CostPluginPre<HostState>),
     CostV1(v1::cost::CostPluginPre<HostState>),
 }
@@ -217,12 +234,19 @@ fn pre_instantiate(
         )
     };
     let pre = engine::linker().instantiate_pre(component).map_err(err)?;
+    // `check_contract` admitted only the versions in CONTRACT_VERSIONS.
     Ok(match (kind, contract) {
+        (Kind::Workload, "0.3.0") => {
+            Pre::WorkloadV3(v3::workload::WorkloadPluginPre::new(pre).map_err(err)?)
+        }
         (Kind::Workload, "0.2.0") => {
             Pre::WorkloadV2(v2::workload::WorkloadPluginPre::new(pre).map_err(err)?)
         }
         (Kind::Workload, _) => {
             Pre::WorkloadV1(v1::workload::WorkloadPluginPre::new(pre).map_err(err)?)
+        }
+        (Kind::Precision, "0.3.0") => {
+            Pre::PrecisionV3(v3::precision::PrecisionPluginPre::new(pre).map_err(err)?)
         }
         (Kind::Precision, "0.2.0") => {
             Pre::PrecisionV2(v2::precision::PrecisionPluginPre::new(pre).map_err(err)?)
@@ -230,6 +254,7 @@ fn pre_instantiate(
         (Kind::Precision, _) => {
             Pre::PrecisionV1(v1::precision::PrecisionPluginPre::new(pre).map_err(err)?)
         }
+        (Kind::Cost, "0.3.0") => Pre::CostV3(v3::cost::CostPluginPre::new(pre).map_err(err)?),
         (Kind::Cost, "0.2.0") => Pre::CostV2(v2::cost::CostPluginPre::new(pre).map_err(err)?),
         (Kind::Cost, _) => Pre::CostV1(v1::cost::CostPluginPre::new(pre).map_err(err)?),
     })
@@ -284,10 +309,16 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
     };
     if !CONTRACT_VERSIONS.contains(&version.as_str()) {
         let version = runner_contract::text::escape(&version, 32);
+        let older: Vec<String> = CONTRACT_VERSIONS
+            .iter()
+            .filter(|v| **v != CONTRACT_VERSION)
+            .map(|v| format!("{PACKAGE}@{v}"))
+            .collect();
         return Err(err(format!(
             "it was built against contract {PACKAGE}@{version}, but this runner speaks {PACKAGE}@{CONTRACT_VERSION} \
-             (and {PACKAGE}@0.1.0 through an adapter); rebuild the plugin with runner-plugin-sdk {CONTRACT_VERSION}, \
-             or use a runner that speaks {version}"
+             (and {} through an adapter); rebuild the plugin with runner-plugin-sdk {CONTRACT_VERSION}, \
+             or use a runner that speaks {version}",
+            older.join(" and ")
         )));
     }
     let refused: Vec<String> = ty

@@ -1,12 +1,12 @@
 //! Precision-policy plugins seen from the host: a validated plan per GEMM site (runnable
 //! on the device it is asked for), and validated actions for each step.
 
-use crate::bindings::v2::precision::exports::runner::plugin::precision_policy as wit;
-use crate::bindings::{v1, v2};
+use crate::bindings::v3::precision::exports::runner::plugin::precision_policy as wit;
+use crate::bindings::{v1, v2, v3};
 use crate::sandbox::{Limits, Sandboxed};
 use crate::{Failure, Kind, Plugin, PluginError, PluginInfo, Pre, adapt};
 
-pub use crate::bindings::v2::Dtype;
+pub use crate::bindings::v3::Dtype;
 pub use wit::{
     Action, AmaxReduction, BlockShape, DeviceCapabilities, Fallback, FallbackScope, GemmRole,
     GemmSite, GlobalFallback, LayerMetrics, Operand, OperandMetrics, OperandPlan, PlanRequest,
@@ -15,17 +15,20 @@ pub use wit::{
 };
 
 /// The contract's rules for plans and actions (`runner_contract`), expanded over the
-/// host's 0.2 bindings: the same code the SDK runs.
+/// host's 0.3 bindings: the same code the SDK runs.
 mod rules {
     use super::Dtype;
     use super::wit::*;
     runner_contract::precision_rules!();
 }
 pub use rules::{
-    dtype_name, is_low_precision, selects, unscaled, unscaled_operand, validate_operand, validate_plan, validate_step,
+    dtype_name, is_low_precision, selects, unscaled, unscaled_operand, validate_operand,
+    validate_plan, validate_step,
 };
 
 enum Instance {
+    V3(Sandboxed<v3::precision::PrecisionPlugin>),
+    /// Called with the 0.3 types (0.3 kept the precision contract word for word).
     V2(Sandboxed<v2::precision::PrecisionPlugin>),
     V1(Sandboxed<v1::precision::PrecisionPlugin>),
 }
@@ -42,6 +45,7 @@ impl Plugin {
         self.expect_kind(Kind::Precision)?;
         let name = &self.info.name;
         let instance = match &self.pre {
+            Pre::PrecisionV3(pre) => Instance::V3(Sandboxed::new(name, pre.clone(), limits)),
             Pre::PrecisionV2(pre) => Instance::V2(Sandboxed::new(name, pre.clone(), limits)),
             Pre::PrecisionV1(pre) => Instance::V1(Sandboxed::new(name, pre.clone(), limits)),
             _ => unreachable!("the kind was checked against the pre-instantiation"),
@@ -56,32 +60,31 @@ impl Plugin {
 impl PrecisionPolicy {
     /// The policy's name and one-line description (escaped: it is printed).
     pub fn name(&mut self) -> Result<String, PluginError> {
-        let name = match &mut self.instance {
-            Instance::V2(s) => s.call("name", |s, p| {
-                p.runner_plugin_precision_policy().call_name(s)
-            })?,
-            Instance::V1(s) => s.call("name", |s, p| {
-                p.runner_plugin_precision_policy().call_name(s)
-            })?,
-        };
+        let name = alike!(
+            &mut self.instance,
+            [V3, V2, V1]
+                | s
+                | s.call("name", |s, p| {
+                    p.runner_plugin_precision_policy().call_name(s)
+                })?,
+        );
         runner_contract::text::free("the policy name", &name)
             .map_err(|m| PluginError::new(&self.info.name, "name", Failure::Invalid(m)))?;
         Ok(name)
     }
 
     pub fn plan(&mut self, request: &PlanRequest) -> Result<PlanResponse, PluginError> {
-        let r = match &mut self.instance {
-            Instance::V2(s) => s.call("plan", |s, p| {
+        let r = alike!(&mut self.instance, [V3, V2] |s| s.call("plan", |s, p| {
                 p.runner_plugin_precision_policy().call_plan(s, request)
             })?,
             Instance::V1(s) => {
-                let old = adapt::plan_request(request);
+                let old = adapt::v1::plan_request(request);
                 s.call("plan", |s, p| {
                     p.runner_plugin_precision_policy().call_plan(s, &old)
                 })?
-                .map(adapt::plan_response)
+                .map(adapt::v1::plan_response)
             }
-        };
+        );
         let r = r.map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Refused(m)))?;
         validate_plan(request, &r)
             .map_err(|m| PluginError::new(&self.info.name, "plan", Failure::Invalid(m)))?;
@@ -89,18 +92,17 @@ impl PrecisionPolicy {
     }
 
     pub fn on_step(&mut self, metrics: &StepMetrics) -> Result<StepResponse, PluginError> {
-        let r = match &mut self.instance {
-            Instance::V2(s) => s.call("on-step", |s, p| {
+        let r = alike!(&mut self.instance, [V3, V2] |s| s.call("on-step", |s, p| {
                 p.runner_plugin_precision_policy().call_on_step(s, metrics)
             })?,
             Instance::V1(s) => {
-                let old = adapt::step_metrics(metrics);
+                let old = adapt::v1::step_metrics(metrics);
                 s.call("on-step", |s, p| {
                     p.runner_plugin_precision_policy().call_on_step(s, &old)
                 })?
-                .map(adapt::step_response)
+                .map(adapt::v1::step_response)
             }
-        };
+        );
         let r = r.map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Refused(m)))?;
         validate_step(&r)
             .map_err(|m| PluginError::new(&self.info.name, "on-step", Failure::Invalid(m)))?;

@@ -5,10 +5,10 @@
 
 use proptest::prelude::*;
 
-use crate::bindings::v2::Dtype;
-use crate::bindings::v2::cost::exports::runner::plugin::cost_model as c;
-use crate::bindings::v2::precision::exports::runner::plugin::precision_policy as p;
-use crate::bindings::v2::workload::exports::runner::plugin::workload as w;
+use crate::bindings::v3::Dtype;
+use crate::bindings::v3::cost::exports::runner::plugin::cost_model as c;
+use crate::bindings::v3::precision::exports::runner::plugin::precision_policy as p;
+use crate::bindings::v3::workload::exports::runner::plugin::workload as w;
 
 fn count() -> impl Strategy<Value = u32> {
     prop_oneof![
@@ -104,6 +104,7 @@ fn attr() -> impl Strategy<Value = w::Attribute> {
     (
         prop::sample::select(vec![
             "eps", "theta", "rot-dim", "causal", "window", "scale", "top-k", "score", "experts",
+            "chunk",
         ]),
         value,
     )
@@ -133,6 +134,8 @@ fn operation() -> impl Strategy<Value = w::Operation> {
         K::MoeDispatch,
         K::GroupedLinear,
         K::MoeCombine,
+        K::CausalConv1d,
+        K::SsmScan,
     ]);
     let role = prop::sample::select(vec![
         w::ParallelRole::Replicated,
@@ -232,7 +235,7 @@ fn consistent_graph() -> impl Strategy<Value = w::ModelGraph> {
     })
 }
 
-fn hyperparameters() -> impl Strategy<Value = w::Hyperparameters> {
+fn hyperparameters() -> BoxedStrategy<w::Hyperparameters> {
     (
         (
             count(),
@@ -244,14 +247,22 @@ fn hyperparameters() -> impl Strategy<Value = w::Hyperparameters> {
             count(),
         ),
         (real(), real(), any::<bool>(), any::<bool>()),
-        (count(), count(), count(), count()),
+        (count(), count(), count(), count(), count()),
+        (mamba(), layer_pattern(), any::<bool>()),
     )
         .prop_map(
             |(
                 (layers, hidden, ffn, heads, kv_heads, head_dim, vocab),
                 (rope_theta, norm_eps, tied, moe),
-                (experts, top_k, dense, freq),
+                (experts, top_k, dense, freq, latent),
+                (mamba, pattern, fit),
             )| {
+                // Often one character per layer, so the rules past the length are reached.
+                let layer_pattern = if fit && layers <= 64 && !pattern.is_empty() {
+                    pattern.chars().cycle().take(layers as usize).collect()
+                } else {
+                    pattern
+                };
                 w::Hyperparameters {
                     layers,
                     hidden,
@@ -279,14 +290,47 @@ fn hyperparameters() -> impl Strategy<Value = w::Hyperparameters> {
                         layer_frequency: freq,
                         score: w::RouterScore::Softmax,
                         normalize_top_k: true,
+                        latent,
                     }),
                     attention_window: 0,
                     window_every: 0,
                     bias: false,
                     mtp_depth: 0,
+                    mamba,
+                    layer_pattern,
                 }
             },
         )
+        .boxed()
+}
+
+/// Mamba-2 mixer sizes, or none. Boxed, as is `hyperparameters`: the nested strategy
+/// types otherwise overflow a test thread's stack in debug builds.
+fn mamba() -> BoxedStrategy<Option<w::MambaConfig>> {
+    prop::option::of((count(), count(), count(), count(), count(), count()))
+        .prop_map(|m| {
+            m.map(
+                |(heads, head_dim, state, groups, conv_kernel, chunk)| w::MambaConfig {
+                    heads,
+                    head_dim,
+                    state,
+                    groups,
+                    conv_kernel,
+                    chunk,
+                },
+            )
+        })
+        .boxed()
+}
+
+/// Layer patterns: empty (a classic transformer), hybrids of the four block kinds, and
+/// hostile text.
+fn layer_pattern() -> impl Strategy<Value = String> {
+    prop_oneof![
+        2 => Just(String::new()),
+        4 => "[M*E-]{1,12}",
+        1 => "[M*x\u{1b}\u{e9}-]{1,8}",
+    ]
 }
 
 fn layout() -> impl Strategy<Value = w::ReferenceLayout> {

@@ -15,7 +15,7 @@ use wasmtime::{ResourceLimiter, Store, Trap};
 use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
 use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
 
-use crate::bindings::{v1, v2};
+use crate::bindings::{v1, v2, v3};
 use crate::engine::{TICK, engine};
 use crate::error::{Failure, PluginError};
 
@@ -177,10 +177,7 @@ macro_rules! log_import {
     };
 }
 
-log_import!(v1, v2);
-
-impl v2::workload::runner::plugin::types::Host for HostState {}
-impl v1::workload::runner::plugin::types::Host for HostState {}
+log_import!(v1, v2, v3);
 
 fn new_store(plugin: &str, limits: Limits, input: Option<&bytes::Bytes>) -> Store<HostState> {
     let output = MemoryOutputPipe::new(PIPE_CAPACITY);
@@ -236,6 +233,9 @@ macro_rules! world {
 }
 
 world! {
+    v3::workload::WorkloadPlugin => v3::workload::WorkloadPluginPre<HostState>,
+    v3::precision::PrecisionPlugin => v3::precision::PrecisionPluginPre<HostState>,
+    v3::cost::CostPlugin => v3::cost::CostPluginPre<HostState>,
     v2::workload::WorkloadPlugin => v2::workload::WorkloadPluginPre<HostState>,
     v2::precision::PrecisionPlugin => v2::precision::PrecisionPluginPre<HostState>,
     v2::cost::CostPlugin => v2::cost::CostPluginPre<HostState>,

@@ -125,7 +125,7 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
         assert_eq!(cells[col("cost_plugin_sha256")], sha(plugin), "{line}");
     }
     for name in ["llama3.wasm", "bf16.wasm", "aws.wasm"] {
-        let line = format!("{name} (contract 0.2.0): embedded, sha256 {}", sha(name));
+        let line = format!("{name} (contract 0.3.0): embedded, sha256 {}", sha(name));
         assert!(csv.lines().any(|l| l.starts_with("# plugin: ") && l.ends_with(&line)), "{line}\n{csv}");
     }
     // .html: one self-contained page with the charts, every cloud and each price's source.
@@ -281,7 +281,7 @@ fn models_lists_every_variant_with_counts() {
     assert!(out.contains("H100") && out.contains("tp"), "{out}");
     assert!(
         out.contains(
-            "note: plugin: workload plugin llama3.wasm (contract 0.2.0): embedded, sha256 "
+            "note: plugin: workload plugin llama3.wasm (contract 0.3.0): embedded, sha256 "
         ),
         "{out}"
     );
@@ -567,7 +567,7 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
             .clone()
     };
     assert_eq!(entry("oldcloud.wasm", false)["contract"], "0.1.0");
-    assert_eq!(entry("llama3.wasm", true)["contract"], "0.2.0");
+    assert_eq!(entry("llama3.wasm", true)["contract"], "0.3.0");
     assert_eq!(entry("aws.wasm", false)["shadows_embedded"], true);
     assert_eq!(entry("aws.wasm", true)["shadowed"], true);
     let o = runner(&dir, &["plugins", "list"]);
@@ -598,7 +598,7 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
     assert!(o.status.success(), "{err}");
     let out = out.replace("\n  ", " ");
     assert!(
-        out.contains("cost plugin aws.wasm (contract 0.2.0): plugins/dist/aws.wasm, shadowing the embedded plugin"),
+        out.contains("cost plugin aws.wasm (contract 0.3.0): plugins/dist/aws.wasm, shadowing the embedded plugin"),
         "{out}"
     );
     assert!(err.contains("shadows the embedded plugin"), "{err}");

@@ -1,5 +1,5 @@
 //! Test program: a cost plugin built from a copy of the contracts whose package version
-//! is 0.3.0 (see `wit/` beside this crate), newer than any this host binds. It must be refused at load, naming
+//! is 0.4.0 (see `wit/` beside this crate), newer than any this host binds. It must be refused at load, naming
 //! both versions.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
