@@ -172,3 +172,155 @@ fn mamba_mixer(
     );
     g.linear_kn(&format!("{q}.out"), &normed, di, d.c, &[b, t, d.c], false, layer, ParallelRole::RowParallel)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::super::{
+        ActivationKind, AttrValue, Graph, GraphRequest, MoeConfig, OpKind, Phase, TensorKind, decoder, is_moe_layer, moe,
+        transformer_graph,
+    };
+    use super::*;
+
+    fn req(layers: u32) -> GraphRequest {
+        GraphRequest { variant: "t".into(), seq_len: 16, micro_batch: 2, layers, phase: Phase::Training }
+    }
+
+    const MAMBA: MambaConfig = MambaConfig { heads: 4, head_dim: 8, state: 4, groups: 2, conv_kernel: 4, chunk: 8 };
+
+    /// Hidden 64, 4 query heads of 16 over 2 KV heads, SwiGLU MLP of 96, 4 experts of 32
+    /// (top-2), a 4-head Mamba-2 mixer (heads of 8, state 4, 2 groups), vocab 100.
+    fn small(pattern: &str) -> Hyperparameters {
+        Hyperparameters {
+            layers: pattern.chars().count() as u32,
+            layer_pattern: pattern.into(),
+            mamba: Some(MAMBA),
+            moe: Some(moe(4, 2, 32)),
+            ..decoder(1, 64, 96, 4, 2, 100)
+        }
+    }
+
+    fn weights(g: &Graph) -> u64 {
+        g.tensors.iter().filter(|t| t.kind == TensorKind::Weight).map(|t| t.shape.iter().product::<u64>()).sum()
+    }
+
+    fn kinds(g: &Graph, layer: i32) -> BTreeSet<String> {
+        g.operations.iter().filter(|o| o.layer == layer).map(|o| format!("{:?}", o.kind)).collect()
+    }
+
+    fn shape<'g>(g: &'g Graph, name: &str) -> &'g [u64] {
+        &g.tensors.iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor {name}")).shape
+    }
+
+    #[test]
+    fn pattern_builds_one_block_kind_per_layer() {
+        let g = transformer_graph(&small("M*M-ME"), &req(0)).unwrap();
+        let has = |layer: i32, k: OpKind| kinds(&g, layer).contains(&format!("{k:?}"));
+        for (layer, ch) in "M*M-ME".chars().enumerate() {
+            let l = layer as i32;
+            assert_eq!(has(l, OpKind::SsmScan), ch == 'M', "layer {l} ({ch}): scan");
+            assert_eq!(has(l, OpKind::CausalConv1d), ch == 'M', "layer {l} ({ch}): conv");
+            assert_eq!(has(l, OpKind::Attention), ch == '*', "layer {l} ({ch}): attention");
+            assert_eq!(has(l, OpKind::Router), ch == 'E', "layer {l} ({ch}): router");
+            assert_eq!(has(l, OpKind::Swiglu), ch != '*', "layer {l} ({ch}): gate or MLP activation");
+            // One pre-norm and one residual add per layer, whatever its kind.
+            let per_layer = |suffix: &str| g.operations.iter().filter(|o| o.layer == l && o.name.ends_with(suffix)).count();
+            assert_eq!((per_layer("_norm"), per_layer(".residual")), (1, 1), "layer {l} ({ch})");
+        }
+        let conv: Vec<_> = g.operations.iter().filter(|o| o.layer == 0 && o.kind == OpKind::CausalConv1d).collect();
+        assert_eq!(conv.len(), 3, "x, B and C are convolved");
+        // di = 4 x 8 = 32; B and C: 2 groups x state 4; the grouped norm over (B,T,2,16).
+        assert_eq!(shape(&g, "layers.0.mixer.conv_x.weight"), [32, 4]);
+        assert_eq!(shape(&g, "layers.0.mixer.conv_b.weight"), [8, 4]);
+        assert_eq!(shape(&g, "layers.0.mixer.dt"), [2, 16, 4]);
+        assert_eq!(shape(&g, "layers.0.mixer.norm"), [2, 16, 2, 16]);
+        assert_eq!(shape(&g, "layers.0.mixer.out.weight"), [64, 32]);
+        let scan = g.operations.iter().find(|o| o.name == "layers.2.mixer.scan").unwrap();
+        assert_eq!(scan.inputs.len(), 7);
+        assert!(matches!(scan.attrs[..], [ref a] if a.key == "chunk" && matches!(a.value, AttrValue::Int(8))));
+        assert_eq!(g.operations.iter().filter(|o| o.kind == OpKind::Attention).count(), 1);
+    }
+
+    /// embed and head 2 x 100 x 64, final norm 64, and per layer (three M, one each of *, -, E):
+    /// M: norm 64, z and x 2 x 32x64, B and C 2 x 8x64, dt 4x64, convs (32+8+8) x (4+1),
+    ///    A_log/D/dt_bias 3 x 4, grouped norm 16, out 64x32 = 7,756;
+    /// *: norm 64, q 64x64, k and v 2 x 32x64, out 64x64 = 12,352;
+    /// -: norm 64, gate/up/down 3 x 64x96 = 18,496;
+    /// E: norm 64, router 4x64, experts 4 x 3 x 32x64 = 24,896.
+    #[test]
+    fn weights_are_the_hand_count() {
+        let g = transformer_graph(&small("M*M-ME"), &req(0)).unwrap();
+        let mamba = 64 + 2 * 32 * 64 + 2 * 8 * 64 + 4 * 64 + (32 + 8 + 8) * 5 + 3 * 4 + 16 + 64 * 32;
+        assert_eq!(mamba, 7756);
+        assert_eq!(weights(&g), 2 * 6400 + 64 + 3 * mamba + 12_352 + 18_496 + 24_896);
+        // A partial request builds the pattern's first layers.
+        let two = transformer_graph(&small("M*M-ME"), &req(2)).unwrap();
+        assert_eq!(weights(&two), 2 * 6400 + 64 + mamba + 12_352);
+        assert!(!two.operations.iter().any(|o| o.layer >= 2));
+    }
+
+    /// LatentMoE: the router and the shared expert read the hidden state (64); the routed
+    /// experts, dispatch and combine run at the latent width (16), between a C -> L and an
+    /// L -> C replicated projection.
+    #[test]
+    fn latent_moe_runs_routed_experts_at_the_latent_width() {
+        let mut h = small("ME");
+        h.activation = ActivationKind::SquaredRelu;
+        h.moe = Some(MoeConfig { latent: 16, shared_experts: 1, shared_ffn: 48, ..moe(4, 2, 32) });
+        let g = transformer_graph(&h, &req(0)).unwrap();
+        let p = "layers.1.moe";
+        assert_eq!(shape(&g, &format!("{p}.router_logits.weight")), [4, 64]);
+        assert_eq!(shape(&g, &format!("{p}.fc1_latent_proj.weight")), [16, 64]);
+        assert_eq!(shape(&g, &format!("{p}.dispatch")), [2 * 16 * 2, 16]);
+        assert_eq!(shape(&g, &format!("{p}.experts.up.weight")), [4, 32, 16]);
+        assert_eq!(shape(&g, &format!("{p}.experts.down.weight")), [4, 16, 32]);
+        assert_eq!(shape(&g, &format!("{p}.combine")), [2, 16, 16]);
+        assert_eq!(shape(&g, &format!("{p}.fc2_latent_proj.weight")), [64, 16]);
+        assert_eq!(shape(&g, &format!("{p}.shared.up.weight")), [48, 64]);
+        let op = |n: &str| g.operations.iter().find(|o| o.name == n).unwrap();
+        for proj in ["fc1_latent_proj", "fc2_latent_proj"] {
+            assert_eq!(op(&format!("{p}.{proj}")).role, ParallelRole::Replicated, "{proj}");
+        }
+        assert_eq!(op(&format!("{p}.dispatch")).inputs[0], format!("{p}.fc1_latent_proj"));
+        assert_eq!(op(&format!("{p}.router_logits")).inputs[0], "layers.1.mlp_norm");
+        assert_eq!(op(&format!("{p}.out")).inputs, [format!("{p}.fc2_latent_proj"), format!("{p}.shared.down")]);
+        // Without a latent width nothing changes shape or appears.
+        h.moe = Some(MoeConfig { shared_experts: 1, shared_ffn: 48, ..moe(4, 2, 32) });
+        let plain = transformer_graph(&h, &req(0)).unwrap();
+        assert!(!plain.tensors.iter().any(|t| t.name.contains("latent")));
+        assert_eq!(shape(&plain, &format!("{p}.experts.up.weight")), [4, 32, 64]);
+        assert_eq!(weights(&g) + 4 * 32 * (64 - 16) * 2, weights(&plain) + 2 * 16 * 64);
+    }
+
+    #[test]
+    fn moe_layers_and_mtp_follow_the_pattern() {
+        let mut h = small("MEM*E");
+        let moe_layers: Vec<u32> = (0..5).filter(|&i| is_moe_layer(&h, i)).collect();
+        assert_eq!(moe_layers, [1, 4]);
+        h.mtp_depth = 1;
+        let g = transformer_graph(&h, &req(0)).unwrap();
+        // The MTP module is one attention and one MoE layer (Nemotron 3 Super's "*E").
+        let mtp: BTreeSet<_> = g.operations.iter().filter(|o| o.name.starts_with("mtp.0.")).map(|o| o.kind).map(|k| format!("{k:?}")).collect();
+        for k in [OpKind::Attention, OpKind::Router, OpKind::GroupedLinear, OpKind::Concat] {
+            assert!(mtp.contains(&format!("{k:?}")), "{k:?} missing from the MTP module");
+        }
+        assert!(g.operations.iter().filter(|o| o.name.starts_with("mtp.0.")).all(|o| o.layer == 5));
+    }
+
+    #[test]
+    fn bad_patterns_are_named() {
+        let err = |h: Hyperparameters| transformer_graph(&h, &req(0)).unwrap_err();
+        assert!(err(Hyperparameters { layers: 5, ..small("M*M-ME") }).contains("6 characters but layers is 5"));
+        let e = err(small("M*X"));
+        assert!(e.contains("\"X\" at layer 2") && e.contains("M (Mamba-2)"), "{e}");
+        assert!(err(small("*\u{1b}")).contains("\\u{1b}"), "control characters are escaped");
+        assert!(err(Hyperparameters { mamba: None, ..small("*M") }).contains("Mamba-2 mixer (M) at layer 1"));
+        assert!(err(Hyperparameters { moe: None, ..small("ME") }).contains("experts (E) at layer 1"));
+        assert!(err(Hyperparameters { ffn: 0, ..small("M-") }).contains("dense MLP (-) at layer 1 but ffn is 0"));
+        let odd = MambaConfig { groups: 3, ..MAMBA };
+        assert!(err(Hyperparameters { mamba: Some(odd), ..small("M") }).contains("mamba.groups (3) must divide mamba.heads (4)"));
+        let none = MambaConfig { groups: 0, ..MAMBA };
+        assert!(err(Hyperparameters { mamba: Some(none), ..small("M") }).contains("mamba.groups (0)"));
+    }
+}
