@@ -13,7 +13,8 @@
 //!   prediction), and hybrid Mamba-2/attention/MLP/MoE stacks from a layer pattern
 //!   (`hybrid.rs`).
 //! - [`variant`], [`Layout`], [`defaults`], [`decoder`]: shorthands for a plugin's table.
-//! - [`find_variant`], [`graph_for`]: resolve and validate a [`GraphRequest`].
+//! - [`find_variant`], [`graph_for`]: resolve and validate a [`GraphRequest`];
+//!   [`graph_for_with`] for a family whose MTP modules share one set of weights.
 //!
 //! Shape notation: B = micro-batch, T = sequence, C = hidden, H = query heads, Hkv = key/
 //! value heads, D = head dim, F = MLP width, E = routed experts, k = top-k, N = B*T tokens,
@@ -65,6 +66,8 @@ pub struct GraphBuilder {
     tensor_names: BTreeMap<String, usize>,
     op_names: BTreeSet<String>,
     error: Option<String>,
+    /// While set, (from, to): a weight declared as `from...` is the existing `to...`.
+    reuse: Option<(String, String)>,
 }
 
 impl GraphBuilder {
@@ -88,7 +91,28 @@ impl GraphBuilder {
 
     /// A trainable bf16 parameter (logical dtype; the precision policy picks real formats).
     pub fn weight(&mut self, name: &str, shape: &[u64]) -> String {
+        if let Some((from, to)) = &self.reuse
+            && let Some(rest) = name.strip_prefix(from.as_str())
+        {
+            let target = format!("{to}{rest}");
+            if self.shape(&target) == Some(shape) {
+                return target;
+            }
+            if self.error.is_none() {
+                self.error = Some(format!("weight '{name}' should reuse '{target}', which is not declared as {shape:?}"));
+            }
+        }
         self.tensor(name, shape, Dtype::Bf16, TensorKind::Weight)
+    }
+
+    /// Until [`GraphBuilder::own_weights`], weights declared under the name prefix `from`
+    /// are the ones already declared under `to` (a module applied twice).
+    fn reuse_weights(&mut self, from: &str, to: &str) {
+        self.reuse = Some((from.into(), to.into()));
+    }
+
+    fn own_weights(&mut self) {
+        self.reuse = None;
     }
 
     /// An intermediate value of the given dtype.
@@ -464,8 +488,28 @@ pub fn find_variant<'a>(info: &'a ModelInfo, name: &str) -> Result<&'a Variant, 
 /// # Errors
 /// Unknown variant, or a request the variant cannot satisfy (see [`transformer_graph`]).
 pub fn graph_for(info: &ModelInfo, request: &GraphRequest) -> Result<Graph, String> {
+    graph_for_with(info, request, MtpWeights::PerModule)
+}
+
+/// [`graph_for`] for a family whose multi-token-prediction modules hold their weights as
+/// `mtp` says.
+///
+/// # Errors
+/// As [`graph_for`].
+pub fn graph_for_with(info: &ModelInfo, request: &GraphRequest, mtp: MtpWeights) -> Result<Graph, String> {
     let v = find_variant(info, &request.variant)?;
-    transformer_graph(&v.hyper, request).map_err(|e| format!("{}: {e}", v.name))
+    transformer_graph_with(&v.hyper, request, mtp).map_err(|e| format!("{}: {e}", v.name))
+}
+
+/// How the `mtp-depth` multi-token-prediction modules hold their weights. The contract
+/// says only how many there are; the family's plugin knows which kind it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpWeights {
+    /// Each depth has its own module (DeepSeek-V3 §2.2).
+    PerModule,
+    /// One module, applied at every depth (Megatron's `mtp_use_repeated_layer`; Nemotron
+    /// 3 Super trains one `*E` module twice): every depth computes, the weights count once.
+    Repeated,
 }
 
 // ------------------------------------------------------------------------------------
@@ -511,6 +555,15 @@ pub fn is_window_layer(hyper: &Hyperparameters, i: u32) -> bool {
 /// sequence longer than a learned position table, a layer pattern the builder cannot
 /// build, or inconsistent hyperparameters.
 pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Result<Graph, String> {
+    transformer_graph_with(hyper, request, MtpWeights::PerModule)
+}
+
+/// [`transformer_graph`] with the multi-token-prediction modules' weights held as `mtp`
+/// says.
+///
+/// # Errors
+/// As [`transformer_graph`].
+pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, mtp_weights: MtpWeights) -> Result<Graph, String> {
     validate_hyperparameters(hyper)?;
     if !matches!(request.phase, Phase::Training) {
         return Err("only training graphs are built so far (the inference phases are reserved)".into());
@@ -582,6 +635,9 @@ pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Res
     for j in 0..mtp {
         let p = format!("mtp.{j}");
         let layer = (layers + j) as i32;
+        if mtp_weights == MtpWeights::Repeated && j > 0 {
+            g.reuse_weights(&format!("{p}."), "mtp.0.");
+        }
         let tok = g.input(&format!("{p}.tokens"), &[d.b, d.t], Dtype::Int32);
         let tgt = g.input(&format!("{p}.targets"), &[d.b, d.t], Dtype::Int32);
         let emb = g.unary(
@@ -612,6 +668,7 @@ pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Res
         let moe = if hyper.layer_pattern.is_empty() { hyper.moe.as_ref().filter(|_| is_moe_layer(hyper, layers + j)) } else { hyper.moe.as_ref() };
         h = block(&mut g, hyper, &d, &p, layers + j, &proj, moe);
         let n = g.norm(&format!("{p}.final_norm"), &h, hyper.norm, hyper.norm_eps, layer);
+        g.own_weights();
         let lg = g.linear_with(
             &format!("{p}.lm_head"),
             &n,

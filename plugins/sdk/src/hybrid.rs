@@ -178,8 +178,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::super::{
-        ActivationKind, AttrValue, Graph, GraphRequest, MoeConfig, OpKind, Phase, TensorKind, decoder, is_moe_layer, moe,
-        transformer_graph,
+        ActivationKind, AttrValue, Graph, GraphRequest, MoeConfig, MtpWeights, OpKind, Phase, TensorKind, decoder, is_moe_layer,
+        moe, transformer_graph, transformer_graph_with,
     };
     use super::*;
 
@@ -322,5 +322,26 @@ mod tests {
         assert!(err(Hyperparameters { mamba: Some(odd), ..small("M") }).contains("mamba.groups (3) must divide mamba.heads (4)"));
         let none = MambaConfig { groups: 0, ..MAMBA };
         assert!(err(Hyperparameters { mamba: Some(none), ..small("M") }).contains("mamba.groups (0)"));
+    }
+
+    /// Nemotron 3 Super's MTP: one `*E` module applied at depth 1 and 2. Repeated, the
+    /// second depth computes everything the first does but declares no weight of its own.
+    #[test]
+    fn repeated_mtp_shares_one_module() {
+        let h = Hyperparameters { mtp_depth: 2, ..small("MEM*E") };
+        let own = transformer_graph(&h, &req(0)).unwrap();
+        let shared = transformer_graph_with(&h, &req(0), MtpWeights::Repeated).unwrap();
+        let ops = |g: &Graph, p: &str| g.operations.iter().filter(|o| o.name.starts_with(p)).count();
+        assert_eq!(ops(&shared, "mtp.1."), ops(&shared, "mtp.0."));
+        assert_eq!(ops(&shared, "mtp.1."), ops(&own, "mtp.1."));
+        assert!(!shared.tensors.iter().any(|t| t.kind == TensorKind::Weight && t.name.starts_with("mtp.1.")));
+        let module: u64 =
+            own.tensors.iter().filter(|t| t.kind == TensorKind::Weight && t.name.starts_with("mtp.1.")).map(|t| t.shape.iter().product::<u64>()).sum();
+        assert!(module > 0);
+        assert_eq!(weights(&shared) + module, weights(&own));
+        let q = shared.operations.iter().find(|o| o.name == "mtp.1.attn.q").unwrap();
+        assert_eq!((q.inputs[1].as_str(), q.layer), ("mtp.0.attn.q.weight", 6));
+        // Only the MTP modules share: the main stack and the head are as before.
+        assert_eq!(ops(&shared, "layers."), ops(&own, "layers."));
     }
 }
