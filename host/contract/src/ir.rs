@@ -137,6 +137,8 @@ macro_rules! graph_to_ir {
                         OpKind::MoeDispatch => K::MoeDispatch,
                         OpKind::GroupedLinear => K::GroupedLinear,
                         OpKind::MoeCombine => K::MoeCombine,
+                        OpKind::CausalConv1d => K::CausalConv1d,
+                        OpKind::SsmScan => K::SsmScan,
                     },
                     inputs: op.inputs.clone(),
                     outputs: op.outputs.clone(),
