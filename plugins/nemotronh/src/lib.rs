@@ -380,6 +380,16 @@ mod tests {
         }
         let e = l(4).validate(&g, 4).unwrap_err();
         assert!(e.contains("does not divide the 2 groups"), "{e}");
+        // With experts parallel too (Super's GB200 rows: TP 2, EP 64): the latent
+        // projections stay whole on every rank (replicated), the experts split.
+        let ep = Parallel { ep: 2, dp: 2, global_batch: 4, ..l(2) };
+        ep.validate(&g, 4).unwrap();
+        let s = shard(&g, &ep, RankCoord { tp: 1, dp: 1, ..RankCoord::default() }).unwrap();
+        validate(&s.graph).unwrap();
+        let shape = |n: &str| s.graph.tensors.iter().rev().find(|t| t.name == n).unwrap_or_else(|| panic!("no {n}")).shape.clone();
+        assert_eq!(shape("layers.1.moe.fc1_latent_proj.weight"), [128, 256]);
+        assert_eq!(shape("layers.1.moe.fc2_latent_proj.weight"), [256, 128]);
+        assert_eq!(shape("layers.1.moe.experts.up.weight"), [4, 256, 128], "4 of the 8 experts, latent-wide");
         let big = kit::host_graph(NemotronH::graph, "nemotron-h-56b", 256, 1, 2);
         Parallel { tp: 8, sequence_parallel: true, ..Parallel::single(1, 1) }.validate(&big, 8).unwrap();
         assert_eq!(hyper("nemotron-h-56b").mamba.map(|m| m.groups), Some(8));
