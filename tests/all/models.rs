@@ -39,6 +39,9 @@ fn parameter_counts_match_the_published_figures() {
         ("mixtral", "mixtral-8x22b", 141e9, 39.1e9, 0.005),
         ("qwen3", "qwen3-235b-a22b", 235e9, 0.0, 0.005),
         ("gptoss", "gpt-oss-120b", 116.83e9, 0.0, 0.005),
+        // NVIDIA's Nemotron 3 announcement: 31.6B total, 3.6B active with embeddings,
+        // rounded to 0.1B (1.5% on the active figure).
+        ("nemotronh", "nemotron-3-nano-30b", 31.6e9, 3.6e9, 0.015),
     ] {
         // 2048: within every model's position table (GPT-3's learned positions stop there).
         let g = graph(p, v, 2048, 0);
@@ -69,6 +72,9 @@ fn model_flops_per_sample_match_the_published_figures() {
         ("gpt3", "gpt3-175b", 2048, 2.20e15),
         ("nemotron4", "nemotron4-15b", 4096, 3.85e14),
         ("nemotron4", "nemotron4-340b", 4096, 8.62e15),
+        // The DGXC Nemotron-H README (2.816e15); its SSD term assumes chunk 256 where the
+        // mixer trains with 128: the graph counts 0.2% less.
+        ("nemotronh", "nemotron-h-56b", 8192, 2.816e15),
     ] {
         let g = graph(p, v, seq, 0);
         close(

@@ -266,6 +266,9 @@ fn models_lists_every_variant_with_counts() {
         "grok1-314b",
         "llama4-maverick-400b",
         "nemotron4-340b",
+        "nemotron-h-56b",
+        "nemotron-3-nano-30b",
+        "nemotron-3-super-120b",
         "llama3-tiny",
     ] {
         let r = rows

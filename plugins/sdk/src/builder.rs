@@ -8,10 +8,13 @@
 //!   reports the first naming mistake when finished instead of panicking.
 //! - [`transformer_graph`]: the full forward graph of a decoder from [`Hyperparameters`]
 //!   alone (dense/GQA/MHA/MLA attention, MoE with shared experts, dense leading layers and
-//!   layer frequency, sliding windows, learned or rotary positions, biases, LayerNorm or
-//!   RMSNorm, SwiGLU/GeGLU/GeLU/squared-ReLU, tied embeddings, multi-token prediction).
+//!   layer frequency, LatentMoE, sliding windows, learned or rotary positions, biases,
+//!   LayerNorm or RMSNorm, SwiGLU/GeGLU/GeLU/squared-ReLU, tied embeddings, multi-token
+//!   prediction), and hybrid Mamba-2/attention/MLP/MoE stacks from a layer pattern
+//!   (`hybrid.rs`).
 //! - [`variant`], [`Layout`], [`defaults`], [`decoder`]: shorthands for a plugin's table.
-//! - [`find_variant`], [`graph_for`]: resolve and validate a [`GraphRequest`].
+//! - [`find_variant`], [`graph_for`]: resolve and validate a [`GraphRequest`];
+//!   [`graph_for_with`] for a family whose MTP modules share one set of weights.
 //!
 //! Shape notation: B = micro-batch, T = sequence, C = hidden, H = query heads, Hkv = key/
 //! value heads, D = head dim, F = MLP width, E = routed experts, k = top-k, N = B*T tokens,
@@ -22,10 +25,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::{
     ActivationKind, AttentionKind, AttrValue, Attribute, Dtype, Graph, GraphRequest,
-    Hyperparameters, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
+    Hyperparameters, MambaConfig, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
     ParallelRole, Phase, PositionScheme, RecomputeGranularity, ReferenceLayout, RouterScore,
     Tensor, TensorKind, TrainingDefaults, Variant, training_precision, validate_hyperparameters,
 };
+
+#[path = "hybrid.rs"]
+mod hybrid;
 
 /// Layer index of operations outside the transformer stack (embedding, head, loss).
 pub const OUTSIDE: i32 = -1;
@@ -60,6 +66,8 @@ pub struct GraphBuilder {
     tensor_names: BTreeMap<String, usize>,
     op_names: BTreeSet<String>,
     error: Option<String>,
+    /// While set, (from, to): a weight declared as `from...` is the existing `to...`.
+    reuse: Option<(String, String)>,
 }
 
 impl GraphBuilder {
@@ -83,7 +91,28 @@ impl GraphBuilder {
 
     /// A trainable bf16 parameter (logical dtype; the precision policy picks real formats).
     pub fn weight(&mut self, name: &str, shape: &[u64]) -> String {
+        if let Some((from, to)) = &self.reuse
+            && let Some(rest) = name.strip_prefix(from.as_str())
+        {
+            let target = format!("{to}{rest}");
+            if self.shape(&target) == Some(shape) {
+                return target;
+            }
+            if self.error.is_none() {
+                self.error = Some(format!("weight '{name}' should reuse '{target}', which is not declared as {shape:?}"));
+            }
+        }
         self.tensor(name, shape, Dtype::Bf16, TensorKind::Weight)
+    }
+
+    /// Until [`GraphBuilder::own_weights`], weights declared under the name prefix `from`
+    /// are the ones already declared under `to` (a module applied twice).
+    fn reuse_weights(&mut self, from: &str, to: &str) {
+        self.reuse = Some((from.into(), to.into()));
+    }
+
+    fn own_weights(&mut self) {
+        self.reuse = None;
     }
 
     /// An intermediate value of the given dtype.
@@ -269,6 +298,8 @@ pub fn decoder(layers: u32, hidden: u32, ffn: u32, heads: u32, kv_heads: u32, vo
         window_every: 0,
         bias: false,
         mtp_depth: 0,
+        mamba: None,
+        layer_pattern: String::new(),
     }
 }
 
@@ -285,6 +316,7 @@ pub fn moe(experts: u32, top_k: u32, expert_ffn: u32) -> MoeConfig {
         layer_frequency: 1,
         score: RouterScore::Softmax,
         normalize_top_k: true,
+        latent: 0,
     }
 }
 
@@ -456,18 +488,42 @@ pub fn find_variant<'a>(info: &'a ModelInfo, name: &str) -> Result<&'a Variant, 
 /// # Errors
 /// Unknown variant, or a request the variant cannot satisfy (see [`transformer_graph`]).
 pub fn graph_for(info: &ModelInfo, request: &GraphRequest) -> Result<Graph, String> {
+    graph_for_with(info, request, MtpWeights::PerModule)
+}
+
+/// [`graph_for`] for a family whose multi-token-prediction modules hold their weights as
+/// `mtp` says.
+///
+/// # Errors
+/// As [`graph_for`].
+pub fn graph_for_with(info: &ModelInfo, request: &GraphRequest, mtp: MtpWeights) -> Result<Graph, String> {
     let v = find_variant(info, &request.variant)?;
-    transformer_graph(&v.hyper, request).map_err(|e| format!("{}: {e}", v.name))
+    transformer_graph_with(&v.hyper, request, mtp).map_err(|e| format!("{}: {e}", v.name))
+}
+
+/// How the `mtp-depth` multi-token-prediction modules hold their weights. The contract
+/// says only how many there are; the family's plugin knows which kind it has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MtpWeights {
+    /// Each depth has its own module (DeepSeek-V3 §2.2).
+    PerModule,
+    /// One module, applied at every depth (Megatron's `mtp_use_repeated_layer`; Nemotron
+    /// 3 Super trains one `*E` module twice): every depth computes, the weights count once.
+    Repeated,
 }
 
 // ------------------------------------------------------------------------------------
 // The decoder graph
 // ------------------------------------------------------------------------------------
 
-/// Whether transformer layer `i` uses the routed-experts MLP. Dense leading layers first;
-/// then every `layer-frequency`-th layer, counting so that the last of each group is MoE
-/// (frequency 2 gives layers 1, 3, 5, ... as in Llama 4's `interleave_moe_layer_step`).
+/// Whether transformer layer `i` uses the routed-experts MLP. With a layer pattern: the
+/// layers marked `E`. Otherwise dense leading layers first; then every `layer-frequency`-th
+/// layer, counting so that the last of each group is MoE (frequency 2 gives layers 1, 3,
+/// 5, ... as in Llama 4's `interleave_moe_layer_step`).
 pub fn is_moe_layer(hyper: &Hyperparameters, i: u32) -> bool {
+    if !hyper.layer_pattern.is_empty() {
+        return hyper.moe.is_some() && hyper.layer_pattern.as_bytes().get(i as usize) == Some(&b'E');
+    }
     match &hyper.moe {
         None => false,
         Some(m) => {
@@ -488,13 +544,26 @@ pub fn is_window_layer(hyper: &Hyperparameters, i: u32) -> bool {
 /// Layout: `embed` (+ `pos_embed`, `embed.add` for learned positions), then per layer
 /// `layers.{i}.attn_norm`, attention (`.attn.*`), `.residual1`, `.mlp_norm`, the MLP
 /// (`.mlp.*`) or routed experts (`.moe.*`), `.residual2`; then `final_norm`, `lm_head`,
-/// `loss`. Multi-token-prediction modules (`mtp.{j}.*`, layer = layers + j) follow when the
-/// request builds every layer, and their losses are added to the main loss.
+/// `loss`. With a `layer-pattern`, layer i is the single block its character names
+/// (Mamba-2 mixer, attention, MLP or MoE; see `hybrid.rs`), and a partial request builds
+/// the pattern's first `layers` characters. Multi-token-prediction modules (`mtp.{j}.*`,
+/// layer = layers + j) follow when the request builds every layer, and their losses are
+/// added to the main loss.
 ///
 /// # Errors
 /// Zero sequence length or micro-batch, more layers requested than the model has, a
-/// sequence longer than a learned position table, or inconsistent hyperparameters.
+/// sequence longer than a learned position table, a layer pattern the builder cannot
+/// build, or inconsistent hyperparameters.
 pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Result<Graph, String> {
+    transformer_graph_with(hyper, request, MtpWeights::PerModule)
+}
+
+/// [`transformer_graph`] with the multi-token-prediction modules' weights held as `mtp`
+/// says.
+///
+/// # Errors
+/// As [`transformer_graph`].
+pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, mtp_weights: MtpWeights) -> Result<Graph, String> {
     validate_hyperparameters(hyper)?;
     if !matches!(request.phase, Phase::Training) {
         return Err("only training graphs are built so far (the inference phases are reserved)".into());
@@ -514,6 +583,7 @@ pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Res
             request.seq_len, hyper.max_position
         ));
     }
+    let stack = hybrid::stack(hyper)?;
     let layers = if request.layers == 0 { hyper.layers } else { request.layers };
     let d = Dims { b: u64::from(request.micro_batch), t: u64::from(request.seq_len), c: u64::from(hyper.hidden) };
     let mut g = GraphBuilder::new();
@@ -544,8 +614,8 @@ pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Res
         );
         x = g.add("embed.add", &x, &p, OUTSIDE, ParallelRole::Sequence);
     }
-    for i in 0..layers {
-        x = block(&mut g, hyper, &d, &format!("layers.{i}"), i, &x);
+    for (i, &kind) in (0..layers).zip(&stack) {
+        x = hybrid::layer(&mut g, hyper, &d, &format!("layers.{i}"), i, &x, kind);
     }
     let main_hidden = x.clone();
     let normed = g.norm("final_norm", &x, hyper.norm, hyper.norm_eps, OUTSIDE);
@@ -565,6 +635,9 @@ pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Res
     for j in 0..mtp {
         let p = format!("mtp.{j}");
         let layer = (layers + j) as i32;
+        if mtp_weights == MtpWeights::Repeated && j > 0 {
+            g.reuse_weights(&format!("{p}."), "mtp.0.");
+        }
         let tok = g.input(&format!("{p}.tokens"), &[d.b, d.t], Dtype::Int32);
         let tgt = g.input(&format!("{p}.targets"), &[d.b, d.t], Dtype::Int32);
         let emb = g.unary(
@@ -589,8 +662,13 @@ pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Res
         );
         let proj =
             g.linear(&format!("{p}.eh_proj"), &cat, d.c, &[d.b, d.t, d.c], false, layer, ParallelRole::ColumnParallel);
-        h = block(&mut g, hyper, &d, &p, layers + j, &proj);
+        // A hybrid model's MTP module is one attention and one MoE (or MLP) layer
+        // (Nemotron 3 Super's `mtp_hybrid_override_pattern` "*E"): the classic block
+        // with the experts in it whatever the main stack's pattern says.
+        let moe = if hyper.layer_pattern.is_empty() { hyper.moe.as_ref().filter(|_| is_moe_layer(hyper, layers + j)) } else { hyper.moe.as_ref() };
+        h = block(&mut g, hyper, &d, &p, layers + j, &proj, moe);
         let n = g.norm(&format!("{p}.final_norm"), &h, hyper.norm, hyper.norm_eps, layer);
+        g.own_weights();
         let lg = g.linear_with(
             &format!("{p}.lm_head"),
             &n,
@@ -628,21 +706,28 @@ fn head_weight(g: &mut GraphBuilder, hyper: &Hyperparameters, c: u64) -> String 
     }
 }
 
-/// One pre-norm transformer block named `p` (e.g. `layers.3`); returns the block output.
-fn block(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u32, x: &str) -> String {
+/// One pre-norm transformer block named `p` (e.g. `layers.3`): self-attention, then the
+/// routed experts of `moe` or, without it, the dense MLP; returns the block output.
+#[allow(clippy::too_many_arguments, reason = "the block's place in the graph and its MLP choice")]
+fn block(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u32, x: &str, moe: Option<&MoeConfig>) -> String {
     let layer = i as i32;
     let n1 = g.norm(&format!("{p}.attn_norm"), x, h.norm, h.norm_eps, layer);
-    let a = match &h.mla {
-        Some(mla) if h.attention == AttentionKind::Mla => mla_attention(g, h, mla, d, p, i, &n1),
-        _ => attention(g, h, d, p, i, &n1),
-    };
+    let a = self_attention(g, h, d, p, i, &n1);
     let r1 = g.add(&format!("{p}.residual1"), x, &a, layer, ParallelRole::Sequence);
     let n2 = g.norm(&format!("{p}.mlp_norm"), &r1, h.norm, h.norm_eps, layer);
-    let m = match &h.moe {
-        Some(cfg) if is_moe_layer(h, i) => moe_mlp(g, h, cfg, d, p, layer, &n2),
-        _ => mlp(g, h, d, &format!("{p}.mlp"), u64::from(h.ffn), layer, &n2),
+    let m = match moe {
+        Some(cfg) => moe_mlp(g, h, cfg, d, p, layer, &n2),
+        None => mlp(g, h, d, &format!("{p}.mlp"), u64::from(h.ffn), layer, &n2),
     };
     g.add(&format!("{p}.residual2"), &r1, &m, layer, ParallelRole::Sequence)
+}
+
+/// The layer's attention (MLA when configured, else MHA/GQA) over the normalised `x`.
+fn self_attention(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u32, x: &str) -> String {
+    match &h.mla {
+        Some(mla) if h.attention == AttentionKind::Mla => mla_attention(g, h, mla, d, p, i, x),
+        _ => attention(g, h, d, p, i, x),
+    }
 }
 
 /// The attention-core attributes: causal, the window of this layer, and 1/sqrt(qk dim).
@@ -775,6 +860,13 @@ fn act_kind(a: ActivationKind) -> OpKind {
 /// router_logits (N,E) -> router -> weights/indices (N,k); dispatch sorts the k copies of
 /// every token by expert into (N*k, C); the experts run as grouped linears over (E, out, in)
 /// weights; combine scatters back and sums with the router weights into (B,T,C).
+///
+/// LatentMoE (`latent` L > 0, Nemotron 3 Super): the router and the shared experts still
+/// read the hidden state, but the routed experts run at width L: `fc1_latent_proj` (C -> L)
+/// before dispatch, so the all-to-all carries L-wide tokens, and `fc2_latent_proj` (L -> C)
+/// after combine. Megatron-LM builds both as `TELinear(parallel_mode="duplicated")`: whole
+/// on every tensor-parallel rank, hence `Replicated` (megatron/core/transformer/moe/
+/// moe_layer.py@0011998, `MoELayer.__init__`, `router_and_preprocess`, `combine`).
 fn moe_mlp(
     g: &mut GraphBuilder,
     h: &Hyperparameters,
@@ -788,6 +880,14 @@ fn moe_mlp(
     let n = d.b * d.t;
     let ex = ParallelRole::Expert;
     let logits = g.linear(&format!("{p}.moe.router_logits"), x, e, &[d.b, d.t, e], h.bias, layer, ParallelRole::Replicated);
+    // The width the routed experts run at, and their input at that width.
+    let (w, routed_in) = if m.latent > 0 {
+        let l = u64::from(m.latent);
+        let down = g.linear(&format!("{p}.moe.fc1_latent_proj"), x, l, &[d.b, d.t, l], h.bias, layer, ParallelRole::Replicated);
+        (l, down)
+    } else {
+        (d.c, x.to_string())
+    };
     let weights = g.activation(&format!("{p}.moe.router.weights"), &[n, k], Dtype::Fp32);
     let indices = g.activation(&format!("{p}.moe.router.indices"), &[n, k], Dtype::Int32);
     let score = match m.score {
@@ -806,8 +906,8 @@ fn moe_mlp(
     let sorted = g.unary(
         &format!("{p}.moe.dispatch"),
         OpKind::MoeDispatch,
-        &[x, &indices],
-        &[n * k, d.c],
+        &[&routed_in, &indices],
+        &[n * k, w],
         vec![int("experts", i64::from(m.experts))],
         layer,
         ex,
@@ -818,25 +918,28 @@ fn moe_mlp(
     };
     let act = match h.activation {
         ActivationKind::Swiglu | ActivationKind::Geglu => {
-            let gate = grouped(g, "gate", &sorted, f, d.c);
-            let up = grouped(g, "up", &sorted, f, d.c);
+            let gate = grouped(g, "gate", &sorted, f, w);
+            let up = grouped(g, "up", &sorted, f, w);
             g.unary(&format!("{p}.moe.experts.act"), act_kind(h.activation), &[&gate, &up], &[n * k, f], vec![], layer, ex)
         }
         ActivationKind::Gelu | ActivationKind::SquaredRelu => {
-            let up = grouped(g, "up", &sorted, f, d.c);
+            let up = grouped(g, "up", &sorted, f, w);
             g.unary(&format!("{p}.moe.experts.act"), act_kind(h.activation), &[&up], &[n * k, f], vec![], layer, ex)
         }
     };
-    let down = grouped(g, "down", &act, d.c, f);
-    let combined = g.unary(
+    let down = grouped(g, "down", &act, w, f);
+    let mut combined = g.unary(
         &format!("{p}.moe.combine"),
         OpKind::MoeCombine,
         &[&down, &weights, &indices],
-        &[d.b, d.t, d.c],
+        &[d.b, d.t, w],
         vec![],
         layer,
         ex,
     );
+    if m.latent > 0 {
+        combined = g.linear(&format!("{p}.moe.fc2_latent_proj"), &combined, d.c, &[d.b, d.t, d.c], h.bias, layer, ParallelRole::Replicated);
+    }
     let shared_ffn = if m.shared_ffn > 0 { m.shared_ffn } else { m.shared_experts * m.expert_ffn };
     if shared_ffn == 0 {
         return combined;
@@ -889,6 +992,89 @@ mod tests {
         let g = transformer_graph(&h, &req(4, 1, 0)).unwrap();
         assert!(g.operations.iter().any(|o| o.name == "layers.2.moe.experts.down"));
         assert!(g.operations.iter().any(|o| o.name == "layers.1.mlp.down"));
+    }
+
+    /// FNV-1a over every tensor (name, shape, dtype, kind) and operation (name, kind,
+    /// inputs, outputs, layer, role, attributes) of a graph, in order.
+    fn fingerprint(g: &Graph) -> u64 {
+        let mut s = String::new();
+        for t in &g.tensors {
+            s += &format!("T {} {:?} {:?} {:?}\n", t.name, t.shape, t.dtype, t.kind);
+        }
+        for o in &g.operations {
+            s += &format!("O {} {:?} {:?} {:?} {} {:?}", o.name, o.kind, o.inputs, o.outputs, o.layer, o.role);
+            for a in &o.attrs {
+                s += &format!(" {}={:?}", a.key, a.value);
+            }
+            s += "\n";
+        }
+        s += &g.loss;
+        s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3))
+    }
+
+    /// Contract 0.3 (layer patterns, Mamba-2, LatentMoE) changes no classic graph: five
+    /// published shapes covering GQA + RoPE, MLA + MoE with shared experts, dense leading
+    /// layers and MTP, learned positions + LayerNorm + GeLU + biases + tied embeddings,
+    /// sliding windows + biased MoE, and MoE every other layer with squared-ReLU build
+    /// exactly the graphs the 0.2.0 builder (commit 6a24d38) built: operation and tensor
+    /// counts, weight totals and a fingerprint of every name, shape, role and attribute,
+    /// all printed by that commit's builder at seq 64, micro-batch 2.
+    #[test]
+    fn classic_graphs_are_those_of_contract_0_2() {
+        let llama = Hyperparameters { rope_theta: 500_000.0, max_position: 131_072, ..decoder(32, 4096, 14_336, 32, 8, 128_256) };
+        let mla = MlaConfig { q_lora_rank: 1536, kv_lora_rank: 512, qk_nope_head_dim: 128, qk_rope_head_dim: 64, v_head_dim: 128 };
+        let deepseek = Hyperparameters {
+            head_dim: 192,
+            max_position: 163_840,
+            norm_eps: 1e-6,
+            attention: AttentionKind::Mla,
+            mla: Some(mla),
+            moe: Some(MoeConfig { shared_experts: 1, dense_layers: 3, score: RouterScore::Sigmoid, ..moe(256, 8, 2048) }),
+            mtp_depth: 1,
+            ..decoder(61, 7168, 18_432, 128, 128, 129_280)
+        };
+        let gpt3 = Hyperparameters {
+            tied_embeddings: true,
+            position: PositionScheme::Learned,
+            max_position: 2048,
+            norm: NormKind::LayerNorm,
+            activation: ActivationKind::Gelu,
+            bias: true,
+            ..decoder(96, 12_288, 4 * 12_288, 96, 96, 50_257)
+        };
+        let gptoss = Hyperparameters {
+            head_dim: 64,
+            rope_theta: 150_000.0,
+            max_position: 131_072,
+            moe: Some(moe(128, 4, 2880)),
+            attention_window: 128,
+            window_every: 2,
+            bias: true,
+            ..decoder(36, 2880, 0, 64, 8, 201_088)
+        };
+        let interleaved = Hyperparameters {
+            head_dim: 128,
+            moe: Some(MoeConfig {
+                shared_experts: 1,
+                layer_frequency: 2,
+                score: RouterScore::Sigmoid,
+                normalize_top_k: false,
+                ..moe(128, 1, 8192)
+            }),
+            activation: ActivationKind::SquaredRelu,
+            ..decoder(48, 5120, 16_384, 40, 8, 202_048)
+        };
+        for (name, h, ops, tensors, w, fp) in [
+            ("llama3.1-8b", llama, 484, 777, 8_030_261_248, 0x87b6_7f7d_529a_6b6a_u64),
+            ("deepseek-v3", deepseek, 1970, 3206, 682_636_472_320, 0xfe11_bb77_a15e_3c51),
+            ("gpt3-175b", gpt3, 1158, 2701, 174_604_259_328, 0x585d_3372_912a_8db7),
+            ("gpt-oss-120b", gptoss, 688, 1269, 116_789_341_248, 0x55a9_215f_6a5a_0952),
+            ("interleaved-moe", interleaved, 868, 1353, 268_842_931_200, 0xac74_e979_fe9b_6158),
+        ] {
+            let g = transformer_graph(&h, &req(64, 2, 0)).unwrap();
+            assert_eq!((g.operations.len(), g.tensors.len(), weights(&g)), (ops, tensors, w), "{name}");
+            assert_eq!(fingerprint(&g), fp, "{name}: a name, shape, role or attribute changed");
+        }
     }
 
     #[test]

@@ -47,4 +47,4 @@ pub mod cost;
 pub mod log;
 
 /// The contract version this SDK builds plugins against (the WIT package version).
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.3.0";

@@ -4,7 +4,7 @@
 
 pub use crate::bindings::workload::exports::runner::plugin::workload::{
     ActivationKind, AttrValue, Attribute, AttentionKind, GraphRequest, Guest,
-    Hyperparameters, InferenceShape, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind,
+    Hyperparameters, InferenceShape, MambaConfig, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind,
     Operation, ParallelRole, Phase, PositionScheme, PublishedMeasurement,
     RecomputeGranularity, ReferenceLayout, RouterScore, Tensor, TensorKind,
     TrainingDefaults, TrainingPrecision, Variant,
