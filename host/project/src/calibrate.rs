@@ -40,6 +40,8 @@ pub enum Param {
     ScaleOutA2a,
     /// Routed experts' GEMMs on the unfused path against the dense efficiency.
     GroupedGemm,
+    /// Mamba-2's SSD scan.
+    Ssm,
 }
 
 impl Param {
@@ -53,6 +55,7 @@ impl Param {
             Param::ScaleOut => e.scale_out,
             Param::ScaleOutA2a => e.scale_out_a2a,
             Param::GroupedGemm => e.grouped_gemm,
+            Param::Ssm => e.ssm,
         }
     }
 
@@ -69,6 +72,7 @@ impl Param {
             Param::ScaleOut => e.scale_out = v,
             Param::ScaleOutA2a => e.scale_out_a2a = v,
             Param::GroupedGemm => e.grouped_gemm = v,
+            Param::Ssm => e.ssm = v,
         }
     }
 
@@ -89,6 +93,7 @@ impl Param {
             Param::ScaleOut => "scale_out".into(),
             Param::ScaleOutA2a => "scale_out_a2a".into(),
             Param::GroupedGemm => "grouped_gemm".into(),
+            Param::Ssm => "ssm".into(),
         }
     }
 }
@@ -207,11 +212,17 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut a2a = false;
     let mut tied = false;
     let mut grouped: (usize, std::collections::BTreeSet<String>) = Default::default();
+    // Hybrid models: one plugin family holds them all, so their models must differ.
+    let mut scans: (usize, std::collections::BTreeSet<String>) = Default::default();
     for r in runs {
         let pr = &prep.projectors[r.at];
         if pr.model.shape.experts > 0 && !r.layout.fused_grouped_mlp {
             grouped.0 += 1;
             grouped.1.insert(r.family.clone());
+        }
+        if pr.model.shape.scans > 0 {
+            scans.0 += 1;
+            scans.1.insert(pr.model.name.clone());
         }
         tied |= pr.gpu.fp8_datapath_shared();
         let f = fitted_format(pr);
@@ -229,6 +240,9 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
         .collect();
     if grouped.0 >= FORMAT_MIN_RUNS && grouped.1.len() >= 2 {
         p.push(Param::GroupedGemm);
+    }
+    if scans.0 >= FORMAT_MIN_RUNS && scans.1.len() >= 2 {
+        p.push(Param::Ssm);
     }
     if runs.len() >= SHARED_MIN_RUNS {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
@@ -360,7 +374,7 @@ pub fn calibrate(
             // Start from the best-measured GPU wherever this GPU's runs cannot speak (the
             // unfused MoE path's share included: the same software on another chip).
             let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
-            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm];
+            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm, Param::Ssm];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }

@@ -78,6 +78,8 @@ pub struct Shape {
     pub heads: Vec<(u64, u64)>,
     /// Routed experts (0: dense).
     pub experts: u64,
+    /// Mamba-2 scans (a hybrid model's mixer layers).
+    pub scans: u32,
     pub vocab: u64,
 }
 
@@ -131,6 +133,7 @@ impl Model {
                         shape.experts = *e;
                     }
                 }
+                OpKind::SsmScan => shape.scans += 1,
                 _ => {}
             }
         }

@@ -127,6 +127,13 @@ pub struct Efficiency {
     /// Flash-attention forward efficiency against the BF16 peak (the backward kernel
     /// does 2.5x the forward's matrix work at [`Efficiency::attention_backward`] of this).
     pub attention: f64,
+    /// Mamba-2's chunked SSD scan (mamba_ssm's Triton kernels, which Megatron calls)
+    /// forward efficiency against the BF16 peak; its backward does 2x the forward's
+    /// matrix work at [`Efficiency::attention_backward`] of this. Starts from the
+    /// attention prior and is fitted where a GPU has runs of hybrid models; it also takes
+    /// up whatever else a hybrid's Mamba layers cost that no op of the graph shows
+    /// (docs/VALIDATION.md).
+    pub ssm: f64,
     /// Fraction of HBM bandwidth elementwise kernels (norms, activations, casts, the
     /// optimizer) reach.
     pub memory: f64,
@@ -289,6 +296,7 @@ impl GpuProfile {
             ("efficiency.gemm.nvfp4", e.gemm.nvfp4),
             ("efficiency.attention", e.attention),
             ("efficiency.attention_backward", e.attention_backward),
+            ("efficiency.ssm", e.ssm),
             ("efficiency.memory", e.memory),
             ("efficiency.scale_up", e.scale_up),
             ("efficiency.scale_out", e.scale_out),

@@ -505,7 +505,7 @@ impl Template {
         for c in &part.ssm {
             let (f, b) = measured
                 .get(&self.key, &c.name)
-                .unwrap_or_else(|| (rates.attention_forward(c.flops, c.bytes), rates.scan_backward(c.flops, c.bytes)));
+                .unwrap_or_else(|| (rates.scan_forward(c.flops, c.bytes), rates.scan_backward(c.flops, c.bytes)));
             let b = if c.backward { b } else { 0.0 };
             t.fwd += f;
             t.bwd += b;
@@ -685,6 +685,7 @@ pub struct Rates {
     grouped: f64,
     attention_rate: f64,
     attention_backward: f64,
+    ssm_rate: f64,
     /// Achieved HBM bytes/s.
     pub hbm: f64,
     pub fabric: Fabric,
@@ -716,6 +717,7 @@ impl Rates {
             grouped: e.grouped_gemm,
             attention_rate: gpu.peak_tflops.bf16 * 1e12 * e.attention,
             attention_backward: e.attention_backward,
+            ssm_rate: gpu.peak_tflops.bf16 * 1e12 * e.ssm,
             hbm: gpu.hbm_gbs * 1e9 * e.memory,
             fabric: gpu.fabric(),
             tp_overlap: e.tp_overlap,
@@ -750,23 +752,29 @@ impl Rates {
     }
 
     pub fn attention_forward(&self, flops: f64, bytes: f64) -> f64 {
-        (flops / (self.attention_rate * self.size(flops))).max(bytes / self.hbm)
+        self.mixing(self.attention_rate, 1.0, flops, bytes)
     }
 
     /// The backward kernel recomputes the scores: 2.5x the forward's matrix work.
     pub fn attention_backward(&self, flops: f64, bytes: f64) -> f64 {
-        self.mixing_backward(2.5, flops, bytes)
+        self.mixing(self.attention_rate * self.attention_backward, 2.5, flops, 2.0 * bytes)
+    }
+
+    /// A Mamba-2 scan's forward, at the profile's `ssm` efficiency.
+    pub fn scan_forward(&self, flops: f64, bytes: f64) -> f64 {
+        self.mixing(self.ssm_rate, 1.0, flops, bytes)
     }
 
     /// A Mamba-2 scan's backward: twice the forward's matrix work (the states recomputed,
-    /// the gradients of x, dt, B and C), at the attention backward's efficiency.
+    /// the gradients of x, dt, B and C), with the attention backward's relative efficiency.
     pub fn scan_backward(&self, flops: f64, bytes: f64) -> f64 {
-        self.mixing_backward(2.0, flops, bytes)
+        self.mixing(self.ssm_rate * self.attention_backward, 2.0, flops, 2.0 * bytes)
     }
 
-    /// A sequence-mixing kernel's backward doing `work` times its forward's `flops`.
-    fn mixing_backward(&self, work: f64, flops: f64, bytes: f64) -> f64 {
-        (work * flops / (self.attention_rate * self.attention_backward * self.size(flops))).max(2.0 * bytes / self.hbm)
+    /// A sequence-mixing kernel doing `work` times a forward's `flops` at `rate` (less
+    /// for small calls), or moving `bytes` at the HBM rate if that is slower.
+    fn mixing(&self, rate: f64, work: f64, flops: f64, bytes: f64) -> f64 {
+        (work * flops / (rate * self.size(flops))).max(bytes / self.hbm)
     }
 
     /// Where a group of `key`'s layout sits (Megatron order: tp, cp; experts etp, ep).

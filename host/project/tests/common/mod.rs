@@ -27,6 +27,7 @@ pub fn plugins() -> Vec<(Describe, kit::GraphFn)> {
         (gptoss::GptOss::describe, gptoss::GptOss::graph),
         (qwen3::Qwen3::describe, qwen3::Qwen3::graph),
         (mixtral::Mixtral::describe, mixtral::Mixtral::graph),
+        (nemotronh::NemotronH::describe, nemotronh::NemotronH::graph),
     ]
 }
 

@@ -39,7 +39,7 @@ impl Guest for Hostile {
         let hyper = decoder(1, 8, 16, 2, 2, 16);
         ModelInfo {
             family: "hostile".into(),
-            variants: CASES.iter().map(|c| variant(c, "hostile", "test", hyper, defaults(8, 1e6, 1e-3), [])).collect(),
+            variants: CASES.iter().map(|c| variant(c, "hostile", "test", hyper.clone(), defaults(8, 1e6, 1e-3), [])).collect(),
         }
     }
 

@@ -33,14 +33,14 @@ impl Guest for Misbehave {
             tied_embeddings: false, position: PositionScheme::Rope, rope_theta: 10000.0, max_position: 64,
             norm: NormKind::RmsNorm, norm_eps: 1e-5, activation: ActivationKind::Swiglu,
             attention: AttentionKind::Mha, mla: None, moe: None, attention_window: 0, window_every: 0,
-            bias: false, mtp_depth: 0,
+            bias: false, mtp_depth: 0, mamba: None, layer_pattern: String::new(),
         };
         let defaults = TrainingDefaults { seq_len: 8, tokens: 1e6, optimizer: "adamw".into(), learning_rate: 1e-3, weight_decay: 0.0 };
         let variants = ["bad-shape", "unknown-tensor", "duplicate", "nan-attr"]
             .into_iter()
             .map(|name| Variant {
                 name: name.into(), family: "misbehave".into(), citation: "test".into(),
-                hyper, defaults: defaults.clone(), layouts: vec![],
+                hyper: hyper.clone(), defaults: defaults.clone(), layouts: vec![],
             })
             .collect();
         ModelInfo { family: "misbehave".into(), variants }
