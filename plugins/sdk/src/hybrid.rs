@@ -27,41 +27,25 @@ pub(super) enum Block<'a> {
     Moe(&'a MoeConfig),
 }
 
-/// Every layer's block, from the pattern.
+/// Every layer's block, from the pattern. The contract's `validate_hyperparameters`,
+/// which [`super::builder::transformer_graph`] runs first, has checked the pattern (its
+/// length, its characters, the sizes each block kind needs): the rules are written once
+/// there, and this only reads the pattern.
 ///
 /// # Errors
-/// A pattern whose length is not `layers`, a character outside `M*-E`, or a layer kind
-/// whose sizes are missing (`M` without `mamba`, `E` without `moe`, `-` with ffn 0).
+/// Hyperparameters that did not pass those rules.
 pub(super) fn stack(h: &Hyperparameters) -> Result<Vec<Block<'_>>, String> {
     if h.layer_pattern.is_empty() {
         return Ok(vec![Block::Transformer; h.layers as usize]);
     }
-    let n = h.layer_pattern.chars().count();
-    if n != h.layers as usize {
-        return Err(format!("layer-pattern has {n} characters but layers is {}: give one per layer", h.layers));
-    }
     h.layer_pattern
         .chars()
-        .enumerate()
-        .map(|(i, ch)| match ch {
-            'M' => match &h.mamba {
-                // The grouped norm divides the inner width by the groups.
-                Some(m) if m.groups > 0 && m.heads.is_multiple_of(m.groups) => Ok(Block::Mamba(m)),
-                Some(m) => Err(format!("mamba.groups ({}) must divide mamba.heads ({})", m.groups, m.heads)),
-                None => Err(format!("layer-pattern puts a Mamba-2 mixer (M) at layer {i} but no mamba sizes are given")),
-            },
-            '*' => Ok(Block::Attention),
-            '-' if h.ffn > 0 => Ok(Block::Mlp),
-            '-' => Err(format!("layer-pattern puts a dense MLP (-) at layer {i} but ffn is 0")),
-            'E' => h
-                .moe
-                .as_ref()
-                .map(Block::Moe)
-                .ok_or_else(|| format!("layer-pattern puts experts (E) at layer {i} but no moe config is given")),
-            other => Err(format!(
-                "layer-pattern has {:?} at layer {i}: use M (Mamba-2), * (attention), - (MLP) or E (MoE)",
-                other.escape_debug().to_string()
-            )),
+        .map(|ch| match (ch, &h.mamba, &h.moe) {
+            ('M', Some(m), _) => Ok(Block::Mamba(m)),
+            ('*', ..) => Ok(Block::Attention),
+            ('-', ..) => Ok(Block::Mlp),
+            ('E', _, Some(m)) => Ok(Block::Moe(m)),
+            _ => Err("layer-pattern: run validate_hyperparameters before building the stack".to_string()),
         })
         .collect()
 }
@@ -309,9 +293,8 @@ mod tests {
         assert!(g.operations.iter().filter(|o| o.name.starts_with("mtp.0.")).all(|o| o.layer == 5));
     }
 
-    /// Each error names the pattern's fault. The contract's `validate_hyperparameters`
-    /// (which the builder runs first) words some of these its own way, so the checks are
-    /// on what both name: the field, the character, the counts.
+    /// Each error names the pattern's fault: the contract's `validate_hyperparameters`,
+    /// which the builder runs first, reaches a plugin's author through the builder.
     #[test]
     fn bad_patterns_are_named() {
         let err = |h: Hyperparameters| transformer_graph(&h, &req(0)).unwrap_err();
