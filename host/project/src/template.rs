@@ -448,7 +448,11 @@ impl Template {
     /// With `kernels.fused_grouped_mlp` the routed experts' MLP runs fused: their GEMMs at the
     /// dense efficiency and the activation between them inside the GEMMs; otherwise
     /// their GEMMs at the profile's `grouped_gemm` share of it and the activation as an
-    /// op of its own.
+    /// op of its own. On that unfused path an NVFP4 expert GEMM runs at the MXFP8 rate:
+    /// Transformer Engine's `GroupedLinear` quantised and Hadamard-transformed each local
+    /// expert's operands one kernel after another and reached no more than MXFP8's
+    /// throughput (TransformerEngine issue 2281, October 2025), until its grouped NVFP4
+    /// GEMMs (issues 2455 and 2456, TE 2.16).
     pub fn time_part(&self, part: &Part, names: &[String], plan: &Plan, rates: &Rates, measured: &Measured, kernels: Kernels) -> PartTime {
         let mut t = PartTime::default();
         let cast = plan.recipe.cast_bytes_per_element();
@@ -461,8 +465,15 @@ impl Template {
                 // input gradient only, taken as half.
                 Some((fwd, bwd)) => (fwd, bwd * (f64::from(u8::from(dgrad)) + f64::from(u8::from(wgrad))) / 2.0),
                 None => {
-                    let share = if gm.expert && !kernels.fused_grouped_mlp { rates.grouped } else { 1.0 };
-                    let time = |r: GemmRole| rates.gemm_at(gm.flops, gm.call_flops, gm.bytes, f[r.index()], share);
+                    let unfused = gm.expert && !kernels.fused_grouped_mlp;
+                    let share = if unfused { rates.grouped } else { 1.0 };
+                    let time = |r: GemmRole| {
+                        let format = match f[r.index()] {
+                            GemmFormat::Nvfp4 if unfused => GemmFormat::Mxfp8,
+                            other => other,
+                        };
+                        rates.gemm_at(gm.flops, gm.call_flops, gm.bytes, format, share)
+                    };
                     let mut fwd = time(GemmRole::Forward);
                     let mut bwd = 0.0;
                     if dgrad {

@@ -500,6 +500,22 @@ fn unfused_routed_experts_run_at_the_grouped_share() {
     let ratio = gemms(&experts, unfused) / gemms(&experts, fused);
     assert!((ratio - 2.0).abs() < 1e-9, "expert GEMMs unfused / fused: {ratio}");
     assert_eq!(gemms(&dense, unfused), gemms(&dense, fused));
+    // NVFP4 (every layer, as NVIDIA's performance configs run it): unfused, the experts'
+    // GEMMs take the MXFP8 rate (Transformer Engine's GroupedLinear); fused, and for the
+    // dense GEMMs, NVFP4's own.
+    let mut b200 = Profiles::builtin().get("b200").unwrap().clone();
+    b200.hbm_gbs = 1e9;
+    b200.efficiency.grouped_gemm = 0.5;
+    let rates4 = Rates::new(&b200);
+    let at = |recipe: Recipe, gemms: &[Gemm], k: Kernels| {
+        let plan = Plan::builtin_with(recipe, &g, Some((0, 0)));
+        let names: Vec<String> = gemms.iter().map(|gm| gm.name.clone()).collect();
+        t.time_part(&Part { gemms: gemms.to_vec(), ..Default::default() }, &names, &plan, &rates4, &Measured::default(), k).gemm
+    };
+    let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-6;
+    assert!(close(at(Recipe::Nvfp4, &experts, unfused), at(Recipe::Mxfp8, &experts, unfused)));
+    assert!(at(Recipe::Nvfp4, &experts, fused) < 0.8 * at(Recipe::Mxfp8, &experts, fused));
+    assert!(at(Recipe::Nvfp4, &dense, unfused) < 0.8 * at(Recipe::Mxfp8, &dense, unfused));
     // The activation: its bytes at the achieved HBM rate, forward and (twice) backward,
     // unless fused; every other memory-bound op the same.
     let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
