@@ -298,8 +298,11 @@ fn calibration_fits_better_than_its_priors() {
     assert_eq!(f.gpu, "H100");
     assert!(f.after.median < 0.5 * f.before.median, "{:?} -> {:?}", f.before, f.after);
     for (name, _, v) in &f.params {
+        // The SSD scan's kernels reach 13-14 % of the peak at best (the `ssm` prior's
+        // source); every other efficiency sits well above a fifth.
+        let floor = if name == "ssm" { 0.05 } else { 0.2 };
         if name != "gemm_half_gflop" {
-            assert!(*v > 0.2 && *v <= 1.0, "{name} = {v}");
+            assert!(*v > floor && *v <= 1.0, "{name} = {v}");
         }
     }
 }
