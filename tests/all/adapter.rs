@@ -368,3 +368,40 @@ fn a_0_2_cost_plugin_is_called_with_0_3_types_and_prices_as_it_says() {
         Failure::Refused(_)
     ));
 }
+
+#[test]
+fn a_0_2_precision_policy_is_called_with_0_3_types_and_plans_as_it_says() {
+    use runner::plugin::precision::ValueRounding;
+    let p = plugin::load(&program("contract_v02_precision.wasm")).unwrap();
+    assert_eq!((p.info.kind, p.info.contract.as_str()), (Kind::Precision, "0.2.0"));
+    let mut pp = p.precision(Limits::default()).unwrap();
+    assert_eq!(pp.name().unwrap(), "old-nvfp4 (contract 0.2.0)");
+    let site = |layer: i32, name: &str| GemmSite { layer, name: name.into(), role: GemmRole::Forward, m: 64, n: 64, k: 64 };
+    let request = PlanRequest {
+        model: "m".into(),
+        layers: 2,
+        device: device_capabilities("B200"),
+        sites: vec![site(0, "layers.0.up"), site(1, "layers.1.down")],
+        state: vec![1, 2],
+    };
+    // Every field of the 0.2 plan arrives as the plugin wrote it: the 16-wide E4M3 blocks
+    // under an FP32 tensor scale, stochastic rounding and the Hadamard transform on the
+    // gradient only.
+    let plan = pp.plan(&request).unwrap();
+    assert_eq!(plan.sites.len(), 2);
+    let s = &plan.sites[1];
+    assert_eq!((s.weight.format, s.weight.scale_format, s.weight.tensor_scale), (Dtype::Nvfp4, ScaleFormat::E4m3, Some(ScaleFormat::Fp32)));
+    assert_eq!((s.weight.block.rows, s.weight.block.cols, s.weight.hadamard), (1, 16, 0));
+    assert_eq!((s.gradient.value_rounding, s.gradient.hadamard), (ValueRounding::Stochastic, 16));
+    assert_eq!((s.activation.value_rounding, s.output), (ValueRounding::NearestEven, Dtype::Bf16));
+
+    let r = pp.on_step(&healthy_step(9, plan.sites.clone(), vec![3])).unwrap();
+    assert_eq!(r.state, [3, 7]);
+    assert_eq!(r.actions.len(), 4);
+    assert!(matches!(&r.actions[0], Action::Fallback(f)
+        if f.scope == FallbackScope::ForwardOnly && f.to == Dtype::Mxfp8 && f.sites.layers == [1] && f.sites.roles == [GemmRole::InputGradient]));
+    assert!(matches!(&r.actions[1], Action::ChangeRecipe(c)
+        if c.recipe == ScalingRecipe::Current && (c.margin, c.amax_history) == (2, 4)));
+    assert!(matches!(&r.actions[2], Action::ResetAmax(sel) if sel.names == ["*.down"]));
+    assert!(matches!(&r.actions[3], Action::Alert(m) if m == "step 9 of a 0.2 policy"));
+}
