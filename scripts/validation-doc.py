@@ -3,7 +3,7 @@
 
 Run from the repository root after `cargo build --release`:  python3 scripts/validation-doc.py
 """
-import json,subprocess
+import json,math,subprocess
 R='./target/release/runner'
 F='host/project/data/calibration.toml'
 v=json.loads(subprocess.run([R,'validate',F,'-q','--format','json'],capture_output=True,text=True).stdout)
@@ -20,20 +20,21 @@ for c in v['checked']:
 unsup=["| # | run | reason |","|---:|---|---|"]
 for u in v['unsupported']:
     unsup.append(f"| {u['index']} | {u['label']} | {u['reason']} |")
+def median(xs):
+    xs=sorted(xs); n=len(xs)
+    return xs[n//2] if n%2 else (xs[n//2-1]+xs[n//2])/2
+def p90(xs):
+    xs=sorted(xs); return xs[max(1,math.ceil(0.9*len(xs)))-1]
 hold=["| GPU | family held out | runs | median | max |","|---|---|---:|---:|---:|"]
 allv=[]
 for x in h:
-    e=sorted(abs(a) for a in x['errors']); allv+=e
-    med = e[len(e)//2] if len(e)%2 else (e[len(e)//2-1]+e[len(e)//2])/2
-    hold.append(f"| {x['gpu']} | {x['family']} | {len(e)} | {pct(med)} | {pct(max(e))} |")
-allv.sort(); n=len(allv)
-hmed = allv[n//2] if n%2 else (allv[n//2-1]+allv[n//2])/2
-import math
-hp90 = allv[max(1,math.ceil(0.9*n))-1]
+    e=[abs(a) for a in x['errors']]; allv+=e
+    hold.append(f"| {x['gpu']} | {x['family']} | {len(e)} | {pct(median(e))} | {pct(max(e))} |")
+hmed, hp90 = median(allv), p90(allv)
 dense=[c for c in v['checked'] if c['gpu']=='H100' and c['family'] in ('llama2','llama3','gpt3','nemotron4')]
-de=sorted(abs(c['error']) for c in dense); dm = de[len(de)//2] if len(de)%2 else (de[len(de)//2-1]+de[len(de)//2])/2
-full=sorted(abs(c['error']) for c in v['checked'] if 'LoRA' not in c['family'])
-fm = full[len(full)//2] if len(full)%2 else (full[len(full)//2-1]+full[len(full)//2])/2
+dm = median(abs(c['error']) for c in dense)
+full=[abs(c['error']) for c in v['checked'] if 'LoRA' not in c['family']]
+fm = median(full)
 lora=[c for c in v['checked'] if 'LoRA' in c['family']]
 def verdict(x, target):
     # Met only when the measured figure meets the target; otherwise the gap.
@@ -42,11 +43,6 @@ def verdict(x, target):
 by_index={c['index']:c for c in v['checked']}
 def run_error(i): return f"{100*by_index[i]['error']:+.1f} %" if i in by_index else "not projected"
 nover=sum(1 for c in v['checked'] if abs(c['error'])>0.15)
-def median(xs):
-    xs=sorted(xs); n=len(xs)
-    return xs[n//2] if n%2 else (xs[n//2-1]+xs[n//2])/2
-def p90(xs):
-    xs=sorted(xs); return xs[max(1,math.ceil(0.9*len(xs)))-1]
 hyb=[abs(c['error']) for c in v['checked'] if c['family']=='nemotronh']
 rest=[abs(c['error']) for c in v['checked'] if c['family']!='nemotronh']
 tmpl=open('scripts/validation-doc.template.md').read()

@@ -502,11 +502,17 @@ impl Template {
                 t.low_precision_weights += gm.w;
             }
         }
-        for a in &part.attention {
+        // A sequence-mixing core: its measured times, else the roofline's; no backward
+        // where nothing upstream needs a gradient.
+        type Time = fn(&Rates, f64, f64) -> f64;
+        let core = |c: &Core, forward: Time, backward: Time| {
             let (f, b) = measured
-                .get(&self.key, &a.name)
-                .unwrap_or_else(|| (rates.attention_forward(a.flops, a.bytes), rates.attention_backward(a.flops, a.bytes)));
-            let b = if a.backward { b } else { 0.0 };
+                .get(&self.key, &c.name)
+                .unwrap_or_else(|| (forward(rates, c.flops, c.bytes), backward(rates, c.flops, c.bytes)));
+            (f, if c.backward { b } else { 0.0 })
+        };
+        for a in &part.attention {
+            let (f, b) = core(a, Rates::attention_forward, Rates::attention_backward);
             t.fwd += f;
             t.bwd += b;
             t.attention_fwd += f;
@@ -514,10 +520,7 @@ impl Template {
             t.attention += f + b;
         }
         for c in &part.ssm {
-            let (f, b) = measured
-                .get(&self.key, &c.name)
-                .unwrap_or_else(|| (rates.scan_forward(c.flops, c.bytes), rates.scan_backward(c.flops, c.bytes)));
-            let b = if c.backward { b } else { 0.0 };
+            let (f, b) = core(c, Rates::scan_forward, Rates::scan_backward);
             t.fwd += f;
             t.bwd += b;
             t.attention += f + b;

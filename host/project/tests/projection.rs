@@ -465,8 +465,7 @@ fn blackwell_fp8_recipes_share_one_gemm_efficiency() {
     // the scan's efficiency is fitted there, and nowhere without them.
     let ssm = |f: &calibrate::Fit| f.params.iter().any(|(n, _, _)| n == "ssm");
     assert!(ssm(&h100[0]), "{:?}", h100[0].params);
-    let mut dense = points.clone();
-    dense.retain(|p| !p.model.starts_with("nemotron-h") && !p.model.starts_with("nemotron-3"));
+    let dense = common::calibration_without_hybrids();
     let h100 = calibrate::calibrate(&dense, &Profiles::priors(), &mut common::Native, Some(("h100", None)), "test", &|_| {})
         .unwrap();
     assert!(!ssm(&h100[0]), "{:?}", h100[0].params);
@@ -780,8 +779,7 @@ fn bf16_layers_of_a_low_precision_plan_follow_the_run() {
 fn runs_of_an_unfitted_format_do_not_move_the_fit() {
     // The shipped fit's file: the hybrid Mamba runs are checked out of sample (with them,
     // GB300 has NVFP4 runs of two families, Llama 3 and Nemotron 3 Super).
-    let mut points = common::calibration();
-    points.retain(|p| !p.model.starts_with("nemotron-h") && !p.model.starts_with("nemotron-3"));
+    let points = common::calibration_without_hybrids();
     let fits = calibrate::calibrate(&points, &Profiles::priors(), &mut common::Native, Some(("gb300", None)), "test", &|_| {})
         .unwrap();
     let v = published::validate(&points, &Profiles::priors(), &mut common::Native, &|_| {});
