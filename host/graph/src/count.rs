@@ -167,6 +167,30 @@ pub fn ssm_scan_flops(g: &Graph, op: &Op) -> f64 {
     bs * (gr * 2.0 * t * q * n + h * (2.0 * t * q * p + 4.0 * t * n * p))
 }
 
+/// Bytes the chunked SSD kernels pass between themselves through HBM, forward and
+/// backward: the chunk states (B·bs·chunks·H·P·N elements) and the chunk scores C·Bᵀ
+/// (bs·chunks·G·Q² elements), which the op's inputs and outputs do not show. Counted from
+/// mamba_ssm's `_mamba_chunk_scan_combined_fwd` and `_bwd` (state-spaces/mamba,
+/// mamba_ssm/ops/triton/ssd_combined.py at d757aef), which Megatron's Mamba mixer calls:
+/// - forward: `_chunk_state_fwd` writes the states in fp32 (4 bytes), `_state_passing_fwd`
+///   reads them and writes them in the activation dtype (4 + 2), `_chunk_scan_fwd` reads
+///   those (2): 12 bytes per state element; the scores are written and read in fp32 (8);
+/// - backward, which recomputes the forward's states: written in fp32 (4), passed in fp32
+///   (4 + 4), their gradients written in fp32 (4), `_state_passing_bwd` reading both and
+///   writing both in the activation dtype (4 + 4 + 2 + 2), three kernels reading the
+///   gradients or states back (2 + 2 + 2): 34 bytes; the scores written, read by the dx
+///   and ddA kernels, their gradient written and read by two kernels: 24 bytes.
+pub fn ssm_scan_spill(g: &Graph, op: &Op) -> [f64; 2] {
+    let (Some(x), Some(b)) = (input(op, 0), input(op, 2)) else { return [0.0; 2] };
+    let (&[bs, t, h, p], &[_, _, gr, n]) = (dims(g, x), dims(g, b)) else { return [0.0; 2] };
+    let q = (op.int("chunk").unwrap_or(1).max(1) as u64).min(t.max(1));
+    let chunks = t.div_ceil(q.max(1)) as f64;
+    let (bs, h, p, gr, n, q) = (bs as f64, h as f64, p as f64, gr as f64, n as f64, q as f64);
+    let states = bs * chunks * h * p * n;
+    let scores = bs * chunks * gr * q * q;
+    [12.0 * states + 8.0 * scores, 34.0 * states + 24.0 * scores]
+}
+
 /// Elements an op processes, for vector-FLOP estimates.
 fn out_numel(g: &Graph, op: &Op) -> f64 {
     op.outputs.iter().map(|&o| numel(g, o)).sum()

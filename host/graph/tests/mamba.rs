@@ -71,6 +71,18 @@ fn scan_work_is_the_chunked_ssd_algorithm() {
     let g = mamba_graph(long);
     let c = count::op_cost(&g, op_named(&g, "l0.scan"), AttentionFlops::CausalHalved);
     assert_eq!(c.fwd_flops, b * (gr * 2.0 * t * t * n + h * (2.0 * t * t * p + 4.0 * t * n * p)));
+    // What the kernels pass each other through HBM (mamba_ssm's ssd_combined.py): per
+    // chunk the states (H·P·N), 12 bytes each forward and 34 backward, and the scores
+    // (G·Q²), 8 and 24; 4 chunks of 16 here, one of 64 with the long chunk.
+    let spill = |chunks: f64, q: f64| {
+        let (states, scores) = (b * chunks * h * p * n, b * chunks * gr * q * q);
+        [12.0 * states + 8.0 * scores, 34.0 * states + 24.0 * scores]
+    };
+    assert_eq!(count::ssm_scan_spill(&g, op_named(&g, "l0.scan")), spill(1.0, 64.0));
+    let short = mamba_graph(s);
+    assert_eq!(count::ssm_scan_spill(&short, op_named(&short, "l0.scan")), spill(4.0, 16.0));
+    let ragged = mamba_graph(Sizes { t: 56, ..s });
+    assert_eq!(count::ssm_scan_spill(&ragged, op_named(&ragged, "l0.scan")), spill(4.0, 16.0), "a part chunk is a chunk");
     // The convolution: K multiply-adds and the SiLU per element, memory-bound.
     let conv = count::op_cost(&g, op_named(&g, "l0.conv_x"), AttentionFlops::CausalHalved);
     assert!(!conv.matrix);

@@ -129,10 +129,11 @@ pub struct Efficiency {
     pub attention: f64,
     /// Mamba-2's chunked SSD scan (mamba_ssm's Triton kernels, which Megatron calls)
     /// forward efficiency against the BF16 peak; its backward does 2x the forward's
-    /// matrix work at [`Efficiency::attention_backward`] of this. Starts from the
-    /// attention prior and is fitted where a GPU has runs of hybrid models; it also takes
-    /// up whatever else a hybrid's Mamba layers cost that no op of the graph shows
-    /// (docs/VALIDATION.md).
+    /// matrix work at [`Efficiency::attention_backward`] of this; the chunk states its
+    /// kernels pass through HBM are timed at the HBM rate on top. Fitted, after every
+    /// other parameter and from the hybrid runs alone, where a GPU has hybrid runs of
+    /// two models; other GPUs take it at the same TFLOP/s. It also takes up whatever else
+    /// a hybrid's Mamba layers cost that no op of the graph shows (docs/VALIDATION.md).
     pub ssm: f64,
     /// Fraction of HBM bandwidth elementwise kernels (norms, activations, casts, the
     /// optimizer) reach.

@@ -126,6 +126,10 @@ pub struct Core {
     /// Forward FLOPs over unmasked keys.
     pub flops: f64,
     pub bytes: f64,
+    /// Bytes its kernels pass among themselves through HBM, forward and backward (the
+    /// SSD scan's chunk states; none for a flash-attention kernel, which keeps its scores
+    /// on chip).
+    pub spill: [f64; 2],
     /// Whether it has a backward (some input carries a gradient).
     pub backward: bool,
 }
@@ -165,8 +169,7 @@ pub struct Part {
     pub gemms: Vec<Gemm>,
     pub attention: Vec<Core>,
     /// Mamba-2 scans (SSD): chunked matrix work like an attention core's, timed at the
-    /// attention kernels' efficiency (no published hybrid run is projected yet to fit one
-    /// of their own).
+    /// profile's `ssm` efficiency, plus the chunk states their kernels pass through HBM.
     pub ssm: Vec<Core>,
     /// Memory-bound ops: norms, activations, rotary, residual adds, embedding gathers,
     /// routing, the loss.
@@ -343,12 +346,14 @@ impl Template {
                     name: op.name.clone(),
                     flops: c.fwd_flops,
                     bytes: c.bytes,
+                    spill: count::ssm_scan_spill(g, op),
                     backward: has_backward(op),
                 }),
                 OpKind::Attention => p.attention.push(Core {
                     name: op.name.clone(),
                     flops: c.fwd_flops,
                     bytes: c.bytes,
+                    spill: [0.0; 2],
                     backward: has_backward(op),
                 }),
                 OpKind::AllReduce
@@ -502,13 +507,17 @@ impl Template {
                 t.low_precision_weights += gm.w;
             }
         }
-        // A sequence-mixing core: its measured times, else the roofline's; no backward
-        // where nothing upstream needs a gradient.
+        // A sequence-mixing core: its measured times, else the roofline's plus the
+        // round trips of what its kernels pass each other through HBM; no backward where
+        // nothing upstream needs a gradient.
         type Time = fn(&Rates, f64, f64) -> f64;
         let core = |c: &Core, forward: Time, backward: Time| {
-            let (f, b) = measured
-                .get(&self.key, &c.name)
-                .unwrap_or_else(|| (forward(rates, c.flops, c.bytes), backward(rates, c.flops, c.bytes)));
+            let (f, b) = measured.get(&self.key, &c.name).unwrap_or_else(|| {
+                (
+                    forward(rates, c.flops, c.bytes) + c.spill[0] / rates.hbm,
+                    backward(rates, c.flops, c.bytes) + c.spill[1] / rates.hbm,
+                )
+            });
             (f, if c.backward { b } else { 0.0 })
         };
         for a in &part.attention {
