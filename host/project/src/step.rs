@@ -285,13 +285,15 @@ pub struct Breakdown {
 }
 
 /// Of a step's compute: the GEMMs (forward, input and weight gradients) and the
-/// sequence-mixing kernels (attention cores, Mamba-2 scans); the rest is memory-bound
-/// work (norms, activations, rotary, convolutions, residuals, routing, the loss) and the
-/// recipe's casts.
+/// sequence-mixing kernels (attention cores; Mamba-2 scans with their chunk states' HBM
+/// round trips); the rest is memory-bound work (norms, activations, rotary,
+/// convolutions, residuals, routing, the loss) and the recipe's casts.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ComputeParts {
     pub gemm: f64,
     pub attention: f64,
+    #[serde(default)]
+    pub scan: f64,
 }
 
 impl Breakdown {
@@ -338,9 +340,10 @@ pub struct Projection {
 #[derive(Clone, Copy, Debug, Default)]
 struct LayerCost {
     compute: f64,
-    /// Of `compute`: GEMMs and attention cores.
+    /// Of `compute`: GEMMs, attention cores and Mamba scans.
     gemm: f64,
     attention: f64,
+    scan: f64,
     fwd: f64,
     bwd: f64,
     weight_cast: f64,
@@ -381,6 +384,7 @@ impl LayerCost {
             compute: t.fwd + t.bwd,
             gemm: t.gemm,
             attention: t.attention,
+            scan: t.scan,
             fwd: t.fwd,
             bwd: t.bwd,
             weight_cast: t.weight_cast,
@@ -465,8 +469,8 @@ struct Stage {
 
 /// One layer's figures as [`Costed::evaluate`] adds them up, in the layout the `ROW_*`
 /// offsets name: compute, GEMMs, attention, weight casts, dense, expert, frozen and
-/// low-precision weight elements, Newton-Schulz FLOPs dense and expert, forward, backward
-/// (12); per overlap setting the recompute per policy (12) and the exposed tp, cp, ep
+/// low-precision weight elements, Newton-Schulz FLOPs dense and expert, forward, backward,
+/// Mamba scans (13); per overlap setting the recompute per policy (12) and the exposed tp, cp, ep
 /// (12); per policy and overlap setting the layer's time (12); per policy the stored
 /// activations (3); per selective-recompute module the forward it repeats and the bytes
 /// it frees.
@@ -474,11 +478,12 @@ type Row = [f64; ROW_FIELDS];
 
 const FWD: usize = 10;
 const BWD: usize = 11;
-const RECOMPUTE: usize = 12;
-const EXPOSED: usize = 24;
-const TIME: usize = 36;
-const ACTS: usize = 48;
-const MODULE_RC: usize = 51;
+const SCAN: usize = 12;
+const RECOMPUTE: usize = 13;
+const EXPOSED: usize = 25;
+const TIME: usize = 37;
+const ACTS: usize = 49;
+const MODULE_RC: usize = 52;
 const MODULE_FREED: usize = MODULE_RC + Module::COUNT;
 const ROW_FIELDS: usize = MODULE_FREED + Module::COUNT;
 
@@ -498,6 +503,7 @@ impl LayerCost {
             self.ns_expert,
             self.fwd,
             self.bwd,
+            self.scan,
         ];
         r[..plain.len()].copy_from_slice(&plain);
         for ov in 0..4 {
@@ -871,7 +877,11 @@ impl Costed {
         let casts = stages[crit].comp[5];
         let breakdown = Breakdown {
             compute: mf * stages[crit].comp[0] + casts,
-            compute_parts: ComputeParts { gemm: mf * stages[crit].comp[6], attention: mf * stages[crit].comp[7] },
+            compute_parts: ComputeParts {
+                gemm: mf * stages[crit].comp[6],
+                attention: mf * stages[crit].comp[7],
+                scan: mf * stages[crit].comp[8],
+            },
             recompute: mf * stages[crit].comp[1],
             tp: mf * stages[crit].comp[2],
             cp: mf * stages[crit].comp[3],
@@ -989,9 +999,10 @@ impl Costed {
 const HOST_LINK_EFFICIENCY: f64 = 0.8;
 
 /// Slots of a stage's breakdown sums: compute, recompute, exposed tp, cp, ep, weight
-/// casts, and of compute the GEMMs and the attention cores; then exposed offload.
-const COMP: usize = 9;
-const OFFLOAD: usize = 8;
+/// casts, and of compute the GEMMs, the attention cores and the Mamba scans; then exposed
+/// offload.
+const COMP: usize = 10;
+const OFFLOAD: usize = 9;
 
 /// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown and
 /// parameter sums under recompute policy `pol` and overlap setting `ov`; the selective
@@ -1000,6 +1011,7 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
     comp[0] += d(0);
     comp[6] += d(1);
     comp[7] += d(2);
+    comp[8] += d(SCAN);
     comp[1] += d(RECOMPUTE + 3 * ov + pol);
     for i in 0..3 {
         comp[2 + i] += d(EXPOSED + 3 * ov + i);

@@ -532,7 +532,7 @@ impl Template {
             let (f, b) = core(c, Rates::scan_forward, Rates::scan_backward);
             t.fwd += f;
             t.bwd += b;
-            t.attention += f + b;
+            t.scan += f + b;
         }
         for v in &part.vector {
             if kernels.fused_grouped_mlp && v.module == Some(Module::MoeAct) {
@@ -646,11 +646,13 @@ pub struct PartTime {
     pub bwd: f64,
     /// GEMM time forward and backward (what TP communication overlaps with).
     pub gemm: f64,
-    /// Attention cores' and Mamba scans' time forward and backward (the sequence-mixing
-    /// kernels; what CP exchange overlaps with), and the attention cores' forward only (what
-    /// selective recompute of `core_attn` repeats).
+    /// Attention cores' time forward and backward (what CP exchange overlaps with), and
+    /// their forward only (what selective recompute of `core_attn` repeats).
     pub attention: f64,
     pub attention_fwd: f64,
+    /// Mamba-2 scans' time forward and backward, their chunk states' HBM round trips
+    /// included.
+    pub scan: f64,
     /// Weight casts of a low-precision recipe: once per step, not per micro-batch.
     pub weight_cast: f64,
     /// Elements of weights read by low-precision GEMMs (their cast copies stay resident

@@ -340,6 +340,7 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert!((sum - v["step_time_s"].as_f64().unwrap()).abs() < 1e-9);
     let parts = &v["breakdown"]["compute_parts"];
     let inside = parts["gemm"].as_f64().unwrap() + parts["attention"].as_f64().unwrap();
+    assert_eq!(parts["scan"].as_f64(), Some(0.0), "Llama has no Mamba scans: {out}");
     assert!(inside > 0.0 && inside <= v["breakdown"]["compute"].as_f64().unwrap(), "compute_parts: {out}");
     // Explicit flags win; GPU names are case-insensitive.
     let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "16", "--tp", "2", "--pp", "1", "--gbs", "64", "--format", "json", "-q"]);

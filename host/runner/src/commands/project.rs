@@ -449,11 +449,18 @@ fn project_table(o: &ProjectOut) -> Table {
     kv("  weights / grads / optimizer", format!("{:.1} / {:.1} / {:.1} GiB", m.weights, m.gradients, m.optimizer));
     kv("  activations / reserved", format!("{:.1} / {:.1} GiB (stage {})", m.activations, m.reserved, m.stage));
     kv("micro-batches", p.micro_batches.to_string());
+    let parts = &b.compute_parts;
+    let scans = [("  Mamba scans", parts.scan)];
     for (k, v) in [
         ("compute", b.compute),
-        ("  GEMMs", b.compute_parts.gemm),
-        ("  attention", b.compute_parts.attention),
-        ("  memory-bound, casts", b.compute - b.compute_parts.gemm - b.compute_parts.attention),
+        ("  GEMMs", parts.gemm),
+        ("  attention", parts.attention),
+    ]
+    .into_iter()
+    // A model without Mamba layers has no scan line.
+    .chain(scans.into_iter().filter(|s| s.1 > 0.0))
+    .chain([
+        ("  memory-bound, casts", b.compute - parts.gemm - parts.attention - parts.scan),
         ("recompute", b.recompute),
         ("exposed TP comm", b.tp),
         ("exposed CP comm", b.cp),
@@ -463,7 +470,7 @@ fn project_table(o: &ProjectOut) -> Table {
         ("pipeline bubble", b.bubble),
         ("optimizer", b.optimizer),
         ("exposed activation offload", b.offload),
-    ] {
+    ]) {
         kv(&format!("  {k}"), format!("{v:.3} s ({:.1} %)", 100.0 * v / p.step_time_s));
     }
     t.notes = o.notes.clone();
