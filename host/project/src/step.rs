@@ -477,13 +477,13 @@ struct Stage {
 type Row = [f64; ROW_FIELDS];
 
 const FWD: usize = 10;
-const BWD: usize = 11;
-const SCAN: usize = 12;
-const RECOMPUTE: usize = 13;
-const EXPOSED: usize = 25;
-const TIME: usize = 37;
-const ACTS: usize = 49;
-const MODULE_RC: usize = 52;
+const BWD: usize = FWD + 1;
+const SCAN: usize = BWD + 1;
+const RECOMPUTE: usize = SCAN + 1;
+const EXPOSED: usize = RECOMPUTE + 12;
+const TIME: usize = EXPOSED + 12;
+const ACTS: usize = TIME + 12;
+const MODULE_RC: usize = ACTS + 3;
 const MODULE_FREED: usize = MODULE_RC + Module::COUNT;
 const ROW_FIELDS: usize = MODULE_FREED + Module::COUNT;
 
@@ -505,6 +505,7 @@ impl LayerCost {
             self.bwd,
             self.scan,
         ];
+        debug_assert_eq!(plain.len(), RECOMPUTE, "the plain fields end where the recompute ones start");
         r[..plain.len()].copy_from_slice(&plain);
         for ov in 0..4 {
             for k in 0..3 {
