@@ -79,7 +79,7 @@ impl Param {
     /// How hard the fit pulls the parameter towards its prior. The scan's prior is weak
     /// evidence (one forward kernel of another implementation, on another chip, where
     /// Megatron runs mamba_ssm's Triton kernels forward and backward), so it pulls an
-    /// eighth as hard: moving the scan 2.7x off it costs what one run 7 % off does, where
+    /// eighth as hard: moving the scan 2.7x off it costs about what one run 8 % off does, where
     /// at the full weight a chip's three or four hybrid runs could not move it at all.
     fn prior_weight(self) -> f64 {
         match self {
