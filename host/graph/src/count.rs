@@ -159,12 +159,29 @@ fn attention_flops(g: &Graph, op: &Op, conv: AttentionFlops) -> f64 {
 /// times x (2·Q²·P), the chunk's state Bᵀ·x (2·Q·N·P) and the output from the states
 /// entering it (2·Q·N·P); the recurrence over chunk states is negligible.
 pub fn ssm_scan_flops(g: &Graph, op: &Op) -> f64 {
-    let (Some(x), Some(b)) = (input(op, 0), input(op, 2)) else { return 0.0 };
-    let (x, bm) = (dims(g, x), dims(g, b));
-    let (&[bs, t, h, p], &[_, _, gr, n]) = (x, bm) else { return 0.0 };
-    let q = (op.int("chunk").unwrap_or(1).max(1) as u64).min(t.max(1)) as f64;
-    let (bs, t, h, p, gr, n) = (bs as f64, t as f64, h as f64, p as f64, gr as f64, n as f64);
+    let Some(Ssd { bs, t, h, p, gr, n, q, .. }) = ssd(g, op) else { return 0.0 };
     bs * (gr * 2.0 * t * q * n + h * (2.0 * t * q * p + 4.0 * t * n * p))
+}
+
+/// A scan's sizes: batch, tokens, heads, head dim, groups, state, and the chunk `q` (the
+/// op's `chunk`, at most the sequence) with the chunks it makes (a part chunk counts).
+struct Ssd {
+    bs: f64,
+    t: f64,
+    h: f64,
+    p: f64,
+    gr: f64,
+    n: f64,
+    q: f64,
+    chunks: f64,
+}
+
+fn ssd(g: &Graph, op: &Op) -> Option<Ssd> {
+    let (x, b) = (input(op, 0)?, input(op, 2)?);
+    let (&[bs, t, h, p], &[_, _, gr, n]) = (dims(g, x), dims(g, b)) else { return None };
+    let q = (op.int("chunk").unwrap_or(1).max(1) as u64).min(t.max(1));
+    let f = |v: u64| v as f64;
+    Some(Ssd { bs: f(bs), t: f(t), h: f(h), p: f(p), gr: f(gr), n: f(n), q: f(q), chunks: f(t.div_ceil(q)) })
 }
 
 /// Bytes the chunked SSD kernels pass between themselves through HBM, forward and
@@ -181,11 +198,7 @@ pub fn ssm_scan_flops(g: &Graph, op: &Op) -> f64 {
 ///   gradients or states back (2 + 2 + 2): 34 bytes; the scores written, read by the dx
 ///   and ddA kernels, their gradient written and read by two kernels: 24 bytes.
 pub fn ssm_scan_spill(g: &Graph, op: &Op) -> [f64; 2] {
-    let (Some(x), Some(b)) = (input(op, 0), input(op, 2)) else { return [0.0; 2] };
-    let (&[bs, t, h, p], &[_, _, gr, n]) = (dims(g, x), dims(g, b)) else { return [0.0; 2] };
-    let q = (op.int("chunk").unwrap_or(1).max(1) as u64).min(t.max(1));
-    let chunks = t.div_ceil(q.max(1)) as f64;
-    let (bs, h, p, gr, n, q) = (bs as f64, h as f64, p as f64, gr as f64, n as f64, q as f64);
+    let Some(Ssd { bs, h, p, gr, n, q, chunks, .. }) = ssd(g, op) else { return [0.0; 2] };
     let states = bs * chunks * h * p * n;
     let scores = bs * chunks * gr * q * q;
     [12.0 * states + 8.0 * scores, 34.0 * states + 24.0 * scores]

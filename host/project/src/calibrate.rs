@@ -235,7 +235,7 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
             grouped.0 += 1;
             grouped.1.insert(r.family.clone());
         }
-        if pr.model.shape.scans > 0 {
+        if hybrid(prep, r) {
             scans.0 += 1;
             scans.1.insert(pr.model.name.clone());
         }

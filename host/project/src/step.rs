@@ -470,8 +470,8 @@ struct Stage {
 /// One layer's figures as [`Costed::evaluate`] adds them up, in the layout the `ROW_*`
 /// offsets name: compute, GEMMs, attention, weight casts, dense, expert, frozen and
 /// low-precision weight elements, Newton-Schulz FLOPs dense and expert, forward, backward,
-/// Mamba scans (13); per overlap setting the recompute per policy (12) and the exposed tp, cp, ep
-/// (12); per policy and overlap setting the layer's time (12); per policy the stored
+/// Mamba scans (13); per overlap setting the recompute per policy (12) and the exposed
+/// tp, cp, ep (12); per policy and overlap setting the layer's time (12); per policy the stored
 /// activations (3); per selective-recompute module the forward it repeats and the bytes
 /// it frees.
 type Row = [f64; ROW_FIELDS];
