@@ -233,6 +233,9 @@ pub struct Checked {
     pub error: f64,
     pub memory_gib: f64,
     pub fits: bool,
+    /// Where the predicted step goes (the `runner project` breakdown), to see which part
+    /// of the model a large error sits in.
+    pub breakdown: crate::step::Breakdown,
     /// Adjustments made to run it (recompute to fit, FSDP group size differences).
     pub note: String,
     pub source: String,
@@ -469,6 +472,7 @@ pub fn validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolv
                     error: proj.step_time_s / published - 1.0,
                     memory_gib: proj.memory.total,
                     fits: proj.fits,
+                    breakdown: proj.breakdown,
                     note,
                     source: p.source.clone(),
                 });

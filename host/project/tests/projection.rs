@@ -35,6 +35,12 @@ fn published_runs_are_projected_within_the_accuracy_target() {
     assert!(v.unsupported.iter().all(|u| !u.reason.is_empty()));
     assert!(v.checked.len() >= 80, "only {} points projected", v.checked.len());
     assert!(v.overall.median <= 0.08, "median absolute step-time error {:.1} %", 100.0 * v.overall.median);
+    // Each point's breakdown is that of the projection it reports (the recompute-to-fit
+    // one where the published layout needed it), so its parts add up to the prediction.
+    for c in &v.checked {
+        let total = c.breakdown.total();
+        assert!((total / c.predicted_step_s - 1.0).abs() < 1e-9, "#{}: parts {total} s, step {} s", c.index, c.predicted_step_s);
+    }
     // The dense H100 runs, the bulk of the file, are the model's home ground (FP8 at
     // 5.5 % with the shipped tables; the fit over the whole file, the NeMo 24.07 rows
     // included, would take it higher: docs/VALIDATION.md).

@@ -531,6 +531,10 @@ step_time_s = 3.0
     assert_eq!(v["unsupported"][0]["index"], 2);
     assert!(v["unsupported"][0]["reason"].as_str().unwrap().contains("nosuch-7b"));
     assert!(v["overall"]["median"].as_f64().unwrap() < 0.2);
+    // Each projected run carries where its predicted step goes.
+    let c = &v["checked"][0];
+    assert!(c["breakdown"]["compute_parts"]["gemm"].as_f64().unwrap() > 0.0, "{out}");
+    assert!(c["breakdown"]["compute"].as_f64().unwrap() <= c["predicted_step_s"].as_f64().unwrap(), "{out}");
     let o = runner(&dir, &["calibrate", "runs.toml", "--gpu", "h100", "-o", "fitted.toml", "-q"]);
     assert!(o.status.success(), "{}", text(&o).1);
     let fitted = std::fs::read_to_string(dir.join("fitted.toml")).unwrap();
