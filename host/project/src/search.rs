@@ -22,7 +22,7 @@
 //! those is sharded and timed once; the schedules on top are arithmetic over per-layer
 //! prefix sums, which is what makes the search take well under a second.
 
-use std::collections::BTreeMap;
+use std::collections::HashMap;
 
 use serde::Serialize;
 
@@ -123,18 +123,63 @@ struct Track {
     reason: Option<String>,
 }
 
+/// Every family's track, by name (looked up once per pipeline degree, not per layout).
+#[derive(Default)]
+struct Tracks {
+    all: Vec<(String, Track)>,
+    at: HashMap<String, usize>,
+}
+
+impl Tracks {
+    fn index(&mut self, name: &str) -> usize {
+        if let Some(&i) = self.at.get(name) {
+            return i;
+        }
+        self.all.push((name.to_string(), Track::default()));
+        self.at.insert(name.to_string(), self.all.len() - 1);
+        self.all.len() - 1
+    }
+
+    fn get(&mut self, name: &str) -> &mut Track {
+        let i = self.index(name);
+        &mut self.all[i].1
+    }
+}
+
+/// The `k` fastest distinct layouts offered, fastest first; among equal step times the
+/// one offered first ranks first. Recompute variants can coincide in one layout: a layout
+/// already kept is not kept twice.
+struct Top {
+    k: usize,
+    kept: Vec<Projection>,
+}
+
+impl Top {
+    fn new(k: usize) -> Top {
+        Top { k: k.max(1), kept: Vec::new() }
+    }
+
+    fn offer(&mut self, p: Projection) {
+        let at = self.kept.partition_point(|q| q.step_time_s <= p.step_time_s);
+        if at >= self.k || self.kept.iter().any(|q| q.layout == p.layout) {
+            return;
+        }
+        self.kept.insert(at, p);
+        self.kept.truncate(self.k);
+    }
+}
+
 /// Search the layouts of `pr`'s model on `gpus` GPUs at global batch `gbs`.
 pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: usize) -> Found {
     let shape = pr.model.shape.clone();
     let layers = shape.layers;
     let seq = pr.model.seq_len;
     let domain = pr.gpu.scale_up_domain;
-    let mut tracks: BTreeMap<String, Track> = BTreeMap::new();
-    let mut found: Vec<Projection> = Vec::new();
+    let mut tracks = Tracks::default();
+    let mut found = Top::new(top);
     let mut evaluated = 0u64;
-    let note = |tracks: &mut BTreeMap<String, Track>, fam: &str, why: String| {
-        let t = tracks.entry(fam.to_string()).or_default();
-        t.reason.get_or_insert(why);
+    let note = |tracks: &mut Tracks, fam: &str, why: String| {
+        tracks.get(fam).reason.get_or_insert(why);
     };
     let pick = |fixed: Option<u32>, all: Vec<u32>| -> Vec<u32> {
         match fixed {
@@ -181,6 +226,9 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                 continue;
                             }
                             let dp = rest / pp;
+                            // The families this (sharding, pp, dp) falls in, without and with
+                            // FSDP, looked up when a layout of it is first projected.
+                            let mut fams: [Option<usize>; 2] = [None, None];
                             // With pipelining, also Megatron's balanced split (the embedding
                             // and the loss counted as layers), unless one is given.
                             let splits = match space.split {
@@ -199,7 +247,6 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                     if fsdp && dp * cp == 1 {
                                         continue;
                                     }
-                                    let fam = family(&key, pp, dp, fsdp);
                                     let sched = Schedule {
                                         pp,
                                         vp,
@@ -221,7 +268,8 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                     };
                                     let choose = Choose { recompute: space.recompute.is_none(), offload: space.offload_layers.is_none() };
                                     let r = fitting(costed, sched, layers, choose, &mut evaluated);
-                                    let t = tracks.entry(fam.clone()).or_default();
+                                    let i = *fams[usize::from(fsdp)].get_or_insert_with(|| tracks.index(&family(&key, pp, dp, fsdp)));
+                                    let t = &mut tracks.all[i].1;
                                     match r {
                                         Err(Reject::Divisibility(why) | Reject::Unsupported(why)) => {
                                             t.reason.get_or_insert(why);
@@ -231,7 +279,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                             if t.best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
                                                 t.best = Some(p.clone());
                                             }
-                                            found.push(p);
+                                            found.offer(p);
                                         }
                                         Ok(p) => {
                                             if t.least.as_ref().is_none_or(|b| p.memory.total < b.memory.total) {
@@ -247,9 +295,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
             }
         }
     }
-    found.sort_by(|a, b| a.step_time_s.total_cmp(&b.step_time_s));
+    let found = found.kept;
     let winner = found.first().map(|p| p.step_time_s);
     let mut families: Vec<Family> = tracks
+        .all
         .into_iter()
         .map(|(name, t)| {
             let verdict = match (&t.best, &t.least, winner) {
@@ -266,9 +315,6 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         })
         .collect();
     families.sort_by(|a, b| order(&a.verdict).total_cmp(&order(&b.verdict)).then(a.name.cmp(&b.name)));
-    // Keep distinct layouts only (recompute variants can coincide).
-    found.dedup_by(|a, b| a.layout == b.layout);
-    found.truncate(top.max(1));
     Found { gpus, global_batch: gbs, best: found, families, evaluated }
 }
 

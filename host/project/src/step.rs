@@ -465,6 +465,11 @@ struct Stage {
     params: StageParams,
     comp: [f64; COMP],
     offload: f64,
+    /// Its transformer layers' forward and backward (what data-parallel traffic hides
+    /// behind), and how many layers it holds.
+    fwd: f64,
+    bwd: f64,
+    layers: usize,
 }
 
 /// One layer's figures as [`Costed::evaluate`] adds them up, in the layout the `ROW_*`
@@ -749,19 +754,17 @@ impl Costed {
         };
         let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
         let ov = overlap_index(s);
-        let start = |c: usize| starts.start(c);
         // Full recompute of the first n layers of each chunk (block method), none for
         // the rest; n = 0 means every layer.
         let partial = s.recompute == RecomputePolicy::Full && s.recompute_layers > 0;
-        let split = |c: usize| {
-            let (a, b) = (start(c), start(c + 1));
-            if partial { (a, (a + s.recompute_layers as usize).min(b), b) } else { (a, b, b) }
-        };
         let rest = if partial { 0 } else { base };
         let mut stages = vec![Stage::default(); pp];
+        let mut b = starts.start(0);
         for c in 0..chunks {
             let stage = &mut stages[c % pp];
-            let (a, m_, b) = split(c);
+            let a = b;
+            b = starts.start(c + 1);
+            let m_ = if partial { (a + s.recompute_layers as usize).min(b) } else { b };
             // The first layers of the chunk copy their stored activations to the host as
             // the next layer runs its forward and back ahead of their backward (Megatron's
             // CPU offloading through Transformer Engine's double-buffered handler): what
@@ -777,6 +780,9 @@ impl Costed {
                 stage.offload = stage.offload.max(bytes);
             }
             let sums = &self.sums;
+            stage.fwd += sums.range(FWD, a, b);
+            stage.bwd += sums.range(BWD, a, b);
+            stage.layers += b - a;
             stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
             stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
             for &mi in &selective {
@@ -825,8 +831,18 @@ impl Costed {
         let dpg = Placement { size: dp * key.cp, stride: key.tp };
         let edp = stage_gpus / (key.ep * key.etp);
         let edpg = Placement { size: edp, stride: key.ep * key.etp };
-        let stage_fwd = self.stage_sum(crit, pp, chunks, start, FWD);
-        let stage_bwd = self.stage_sum(crit, pp, chunks, start, BWD);
+        // The critical stage's layers and the embedding and head sides it holds.
+        let with_sides = |mut v: f64, field: usize| {
+            if crit == 0 {
+                v += self.pre_row[field];
+            }
+            if crit == pp - 1 {
+                v += self.post_row[field];
+            }
+            v
+        };
+        let stage_fwd = with_sides(stages[crit].fwd, FWD);
+        let stage_bwd = with_sides(stages[crit].bwd, BWD);
         let grads = |kind: OpKind, bytes_per: f64| {
             fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
         };
@@ -835,7 +851,7 @@ impl Costed {
             // FSDP gathers the frozen weights too; only trained ones have gradients.
             let gathers = grads(OpKind::AllGather, 2.0) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
             let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
-            let layers_here = (self.stage_count(crit, pp, chunks, start)).max(1) as f64;
+            let layers_here = stages[crit].layers.max(1) as f64;
             mf * (per_mb - t_max).max(0.0) + per_mb / layers_here
         } else {
             // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
@@ -972,26 +988,6 @@ impl Costed {
         }
         let warmup = ((pp - s - 1) * 2 + (vp - 1) * pp).min(m * vp);
         ((warmup + 1).min(m * vp)) as f64 / vp as f64
-    }
-
-    /// [`Row`] field `field` over stage `st`'s layers and the embedding and head sides it
-    /// holds.
-    fn stage_sum(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize, field: usize) -> f64 {
-        let mut v = 0.0;
-        for c in (st..chunks).step_by(pp) {
-            v += self.sums.range(field, start(c), start(c + 1));
-        }
-        if st == 0 {
-            v += self.pre_row[field];
-        }
-        if st == pp - 1 {
-            v += self.post_row[field];
-        }
-        v
-    }
-
-    fn stage_count(&self, st: usize, pp: usize, chunks: usize, start: impl Fn(usize) -> usize) -> usize {
-        (st..chunks).step_by(pp).map(|c| start(c + 1) - start(c)).sum()
     }
 }
 

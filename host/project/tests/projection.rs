@@ -263,6 +263,11 @@ fn search_ranks_fitting_layouts_and_explains_the_rest() {
         assert_eq!(p.layout.gbs % (p.layout.mbs * p.layout.dp), 0);
     }
     assert_eq!(f.families.iter().filter(|fam| matches!(fam.verdict, Verdict::Best { .. })).count(), 1);
+    // Fewer asked for are the fastest of the same ranking (the search keeps the top as it
+    // goes rather than sorting everything at the end).
+    let f3 = search::search(&mut pr, 1024, 2048, &Space::default(), 3);
+    assert_eq!(f3.best.as_slice(), &f.best[..3.min(f.best.len())]);
+    assert_eq!(f3.evaluated, f.evaluated);
     // Pure data parallelism cannot hold 175B parameters' optimizer state on 80 GB.
     let dp = f.families.iter().find(|fam| fam.name == "DP").expect("a DP family");
     assert!(matches!(dp.verdict, Verdict::Memory { .. }), "{:?}", dp.verdict);
