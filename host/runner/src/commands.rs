@@ -19,8 +19,18 @@ pub mod project;
 
 /// Print in the chosen format; also write to --output when given.
 pub fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<()> {
+    emit_page(global, table, value, None)
+}
+
+/// [`emit`], with `page` as the HTML rendering instead of the table's (a page with
+/// charts).
+pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: Option<&str>) -> Result<()> {
+    let render = |format: OutputFormat| match (format, page) {
+        (OutputFormat::Html, Some(p)) => p.to_string(),
+        _ => report::render(format, table, value),
+    };
     let format = global.format.unwrap_or(OutputFormat::Table);
-    print!("{}", report::render(format, table, value));
+    print!("{}", render(format));
     if let Some(path) = &global.output {
         let file_format =
             global
@@ -31,7 +41,7 @@ pub fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<(
                     Some("html" | "htm") => OutputFormat::Html,
                     _ => OutputFormat::Table,
                 });
-        std::fs::write(path, report::render(file_format, table, value))
+        std::fs::write(path, render(file_format))
             .with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
             eprintln!("wrote {}", path.display());

@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 pub mod chart;
 pub mod explore;
+pub mod validation;
 
 use serde::Serialize;
 

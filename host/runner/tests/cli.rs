@@ -531,6 +531,12 @@ step_time_s = 3.0
     assert_eq!(v["unsupported"][0]["index"], 2);
     assert!(v["unsupported"][0]["reason"].as_str().unwrap().contains("nosuch-7b"));
     assert!(v["overall"]["median"].as_f64().unwrap() < 0.2);
+    // The HTML page charts predicted against published step time before the table.
+    let o = runner(&dir, &["validate", "runs.toml", "--format", "html", "-q"]);
+    let (page, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(page.contains("Predicted against published step time") && page.contains("<table>"), "{page}");
+    assert!(page.find("<svg").unwrap() < page.find("<table>").unwrap());
     // Each projected run carries where its predicted step goes.
     let c = &v["checked"][0];
     assert!(c["breakdown"]["compute_parts"]["gemm"].as_f64().unwrap() > 0.0, "{out}");

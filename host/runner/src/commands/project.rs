@@ -28,7 +28,7 @@ use runner_project::search::{self, Found, Space, Verdict};
 use runner_project::step::{LayoutSpec, Optimizer, Projection};
 use runner_project::template::Kernels;
 
-use super::{emit, progress_line};
+use super::{emit, emit_page, progress_line};
 use crate::Global;
 
 /// The layout flags `project` and `search` share; unset ones are chosen.
@@ -562,7 +562,8 @@ pub fn validate(file: &Path, global: &Global) -> Result<()> {
     let profiles = project::profiles(global.profile.as_deref())?;
     let mut resolver = PluginResolver { limits: Limits::default() };
     let v = published::validate(&points, &profiles, &mut resolver, &|m| progress_line(global, m));
-    emit(global, &validation_table(&v, &file.display().to_string()), &v)
+    let table = validation_table(&v, &file.display().to_string());
+    emit_page(global, &table, &v, Some(&runner::report::validation::html(&v, &table)))
 }
 
 fn pct(x: f64) -> String {

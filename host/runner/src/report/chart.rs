@@ -19,6 +19,8 @@ pub struct Series {
     pub name: String,
     pub points: Vec<(f64, f64)>,
     pub dashed: bool,
+    /// Points only, no line through them (a scatter of independent runs).
+    pub scatter: bool,
 }
 
 /// A point called out with a label (the sweet spot).
@@ -179,28 +181,28 @@ impl LineChart {
             let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|(x, y)| xs.ok(*x) && ys.ok(*y)).collect();
             let path: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y))).collect();
             let dash = if s.dashed { " stroke-dasharray=\"6 4\"" } else { "" };
-            let _ = write!(
-                out,
-                "<g class=\"series\" data-name=\"{}\"><polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2.5\"{dash} points=\"{}\"/>",
-                esc(&s.name),
-                path.join(" ")
-            );
+            let _ = write!(out, "<g class=\"series\" data-name=\"{}\">", esc(&s.name));
+            if !s.scatter {
+                let _ = write!(out, "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2.5\"{dash} points=\"{}\"/>", path.join(" "));
+            }
             for (x, y) in &pts {
                 let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", px(*x), py(*y));
             }
             out.push_str("</g>");
             let ly = TOP + 14.0 + 18.0 * i as f64;
             let lx = LEFT + pw + 12.0;
-            let _ = write!(
-                out,
-                "<line x1=\"{lx:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
-                ly - 4.0,
-                lx + 22.0,
-                ly - 4.0,
-                lx + 28.0,
-                ly,
-                esc(&s.name)
-            );
+            if s.scatter {
+                let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", lx + 11.0, ly - 4.0);
+            } else {
+                let _ = write!(
+                    out,
+                    "<line x1=\"{lx:.1}\" y1=\"{:.1}\" x2=\"{:.1}\" y2=\"{:.1}\" stroke=\"{color}\" stroke-width=\"2.5\"{dash}/>",
+                    ly - 4.0,
+                    lx + 22.0,
+                    ly - 4.0
+                );
+            }
+            let _ = write!(out, "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>", lx + 28.0, ly, esc(&s.name));
         }
         for m in self.marks.iter().filter(|m| xs.ok(m.x) && ys.ok(m.y)) {
             let (x, y) = (px(m.x), py(m.y));
@@ -284,7 +286,13 @@ impl StackedBars {
                     PALETTE[j % PALETTE.len()]
                 );
             }
-            let _ = write!(out, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>", x + bw / 2.0, TOP + ph + 16.0, esc(cat));
+            let (lx, ly) = (x + bw / 2.0, TOP + ph + 16.0);
+            if self.categories.len() > 8 {
+                // Many bars: the labels slant so that neighbours do not overlap.
+                let _ = write!(out, "<text x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"end\" transform=\"rotate(-35 {lx:.1} {ly:.1})\">{}</text>", esc(cat));
+            } else {
+                let _ = write!(out, "<text x=\"{lx:.1}\" y=\"{ly:.1}\" text-anchor=\"middle\">{}</text>", esc(cat));
+            }
         }
         for (j, (name, _)) in self.parts.iter().enumerate() {
             let ly = TOP + 14.0 + 18.0 * j as f64;
@@ -316,8 +324,8 @@ mod tests {
             log_x: true,
             log_y: true,
             series: vec![
-                Series { name: "fp8".into(), points: vec![(64.0, 115.9), (2048.0, 3.8), (128.0, f64::NAN)], dashed: false },
-                Series { name: "bf16".into(), points: vec![(64.0, 161.0), (2048.0, 5.1), (0.0, 1.0)], dashed: true },
+                Series { name: "fp8".into(), points: vec![(64.0, 115.9), (2048.0, 3.8), (128.0, f64::NAN)], dashed: false, scatter: false },
+                Series { name: "bf16".into(), points: vec![(64.0, 161.0), (2048.0, 5.1), (0.0, 1.0)], dashed: true, scatter: false },
             ],
             marks: vec![Mark { x: 512.0, y: 14.0, label: "sweet spot".into() }],
         };

@@ -1,0 +1,143 @@
+//! The HTML page of `runner validate`: predicted against published step time for every
+//! projected run (one colour per GPU type, the diagonal where they agree), what the
+//! model's predicted step is made of for the runs it misses most, then the table and
+//! its notes.
+
+use std::collections::BTreeMap;
+
+use runner_project::published::{Checked, Validation};
+use runner_project::step::Breakdown;
+
+use crate::report::chart::{LineChart, Series, StackedBars};
+use crate::report::{Table, html_page};
+
+/// Error beyond which a run counts as missed (the projection issue's p90 target).
+const MISSED: f64 = 0.15;
+/// Bars in the breakdown chart (its width holds about this many labels).
+const BARS: usize = 16;
+
+/// The page: the charts above `table` (the text table of the same validation).
+pub fn html(v: &Validation, table: &Table) -> String {
+    let mut body = String::new();
+    body.push_str("<div style=\"display:flex;flex-wrap:wrap;gap:1rem\">\n");
+    body.push_str(&parity(&v.checked).svg());
+    body.push('\n');
+    body.push_str(&missed(&v.checked).svg());
+    body.push_str("\n</div>\n");
+    body.push_str(&table.html_fragment());
+    html_page(table.title.lines().next().unwrap_or("runner validate"), &body)
+}
+
+/// Predicted against published step time, log-log, a series per GPU type.
+fn parity(checked: &[Checked]) -> LineChart {
+    let mut by_gpu: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    for c in checked {
+        by_gpu.entry(c.gpu.as_str()).or_default().push((c.published_step_s, c.predicted_step_s));
+    }
+    let finite = |x: f64| x.is_finite() && x > 0.0;
+    let all = checked.iter().flat_map(|c| [c.published_step_s, c.predicted_step_s]).filter(|x| finite(*x));
+    let (lo, hi) = all.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
+    let mut series: Vec<Series> =
+        by_gpu.into_iter().map(|(gpu, points)| Series { name: gpu.to_string(), points, scatter: true, ..Series::default() }).collect();
+    if lo < hi {
+        series.push(Series { name: "predicted = published".into(), points: vec![(lo, lo), (hi, hi)], dashed: true, ..Series::default() });
+    }
+    LineChart {
+        title: "Predicted against published step time".into(),
+        x_label: "published step, s".into(),
+        y_label: "predicted step, s".into(),
+        log_x: true,
+        log_y: true,
+        series,
+        marks: Vec::new(),
+    }
+}
+
+/// The predicted step's parts, as shares of it, for the runs missed by more than
+/// [`MISSED`] (the worst [`BARS`] of them), labelled with their error.
+fn missed(checked: &[Checked]) -> StackedBars {
+    let mut worst: Vec<&Checked> = checked.iter().filter(|c| c.error.abs() > MISSED).collect();
+    worst.sort_by(|a, b| b.error.abs().total_cmp(&a.error.abs()));
+    worst.truncate(BARS);
+    worst.sort_by_key(|c| c.index);
+    let share = |f: &dyn Fn(&Breakdown) -> f64| -> Vec<f64> {
+        worst.iter().map(|c| if c.predicted_step_s > 0.0 { 100.0 * f(&c.breakdown) / c.predicted_step_s } else { 0.0 }).collect()
+    };
+    let parts: Vec<(String, Vec<f64>)> = [
+        ("GEMMs".to_string(), share(&|b| b.compute_parts.gemm)),
+        ("attention, scans".to_string(), share(&|b| b.compute_parts.attention + b.compute_parts.scan)),
+        (
+            "other compute".to_string(),
+            share(&|b| b.compute - b.compute_parts.gemm - b.compute_parts.attention - b.compute_parts.scan),
+        ),
+        ("recompute".to_string(), share(&|b| b.recompute)),
+        ("exposed comm".to_string(), share(&|b| b.tp + b.cp + b.ep + b.pp + b.dp)),
+        ("bubble".to_string(), share(&|b| b.bubble)),
+        ("optimizer, offload".to_string(), share(&|b| b.optimizer + b.offload)),
+    ]
+    .into_iter()
+    .filter(|(_, v)| v.iter().any(|x| *x > 0.0))
+    .collect();
+    StackedBars {
+        title: format!("Runs missed by more than {:.0} %: what the prediction is made of", 100.0 * MISSED),
+        y_label: "% of the predicted step".into(),
+        categories: worst.iter().map(|c| format!("#{} {:+.0}%", c.index, 100.0 * c.error)).collect(),
+        parts,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_project::step::ComputeParts;
+
+    fn run(index: usize, gpu: &str, published: f64, predicted: f64) -> Checked {
+        Checked {
+            index,
+            model: "m<1>".into(),
+            family: "f".into(),
+            gpu: gpu.into(),
+            precision: "bf16".into(),
+            gpus: 8,
+            layout: "TP1".into(),
+            published_step_s: published,
+            predicted_step_s: predicted,
+            published_tokens_per_sec_per_gpu: 1.0,
+            predicted_tokens_per_sec_per_gpu: 1.0,
+            error: predicted / published - 1.0,
+            memory_gib: 1.0,
+            fits: true,
+            breakdown: Breakdown {
+                compute: 0.8 * predicted,
+                compute_parts: ComputeParts { gemm: 0.6 * predicted, attention: 0.1 * predicted, scan: 0.0 },
+                ep: 0.2 * predicted,
+                ..Breakdown::default()
+            },
+            note: String::new(),
+            source: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_page_plots_every_run_and_breaks_down_the_missed_ones() {
+        let checked = vec![run(0, "H100", 10.0, 10.2), run(1, "GB200", 4.0, 3.0), run(2, "H100", 2.0, 2.5), run(3, "GB200", 1.0, f64::NAN)];
+        let v = Validation { checked, unsupported: Vec::new(), overall: Default::default(), groups: Default::default() };
+        let mut table = Table::new("projection vs published <file>", &["#"]);
+        table.rows.push(vec!["0".into()]);
+        let page = html(&v, &table);
+        assert!(page.starts_with("<!DOCTYPE html>") && page.contains("projection vs published &lt;file&gt;"));
+        // Three finite points in two GPU series (no line through them), and the diagonal.
+        let chart = parity(&v.checked).svg();
+        assert_eq!(chart.matches("<polyline").count(), 1, "{chart}");
+        assert!(chart.contains("data-name=\"GB200\"") && chart.contains("data-name=\"H100\""));
+        assert!(!chart.contains("NaN"));
+        // Runs 1 (-25 %) and 2 (+25 %) are missed, run 0 (+2 %) is not; their bars fill 100 %.
+        let bars = missed(&v.checked);
+        assert_eq!(bars.categories, vec!["#1 -25%".to_string(), "#2 +25%".to_string()]);
+        for i in 0..2 {
+            let total: f64 = bars.parts.iter().map(|(_, v)| v[i]).sum();
+            assert!((total - 100.0).abs() < 1e-9, "{total}");
+        }
+        assert!(bars.parts.iter().all(|(name, _)| name != "bubble"), "parts no run has are left out");
+    }
+}
