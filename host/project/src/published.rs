@@ -103,16 +103,43 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
 
 impl Point {
     /// The measured step time: stated, or derived from throughput as the sources define
-    /// it (tokens/s = seq·GBS / step time).
+    /// it (tokens/s = seq·GBS / step time); `None` when the point gives none or a
+    /// figure [`Point::measured`] refuses.
     pub fn measured_step(&self) -> Option<f64> {
-        if let Some(s) = self.step_time_s.filter(|s| s.is_finite() && *s > 0.0) {
-            return Some(s);
+        self.measured().ok()
+    }
+
+    /// The measured step time, or why the point has none to compare with: no figure, or
+    /// one that is not a positive number or gives a step outside [`STEP_RANGE_S`] (a
+    /// unit slip, a typo), which would print as infinities and astronomical errors.
+    ///
+    /// # Errors
+    /// Names the field and the fix.
+    pub fn measured(&self) -> Result<f64, String> {
+        let (lo, hi) = STEP_RANGE_S;
+        let check = |what: String, step: f64| {
+            if step.is_finite() && (lo..=hi).contains(&step) {
+                Ok(step)
+            } else {
+                Err(format!("{what} gives a step of {} s, outside the {lo:e} to {hi:e} s a training step takes: check its units", num(step)))
+            }
+        };
+        let positive = |field: &str, v: f64| {
+            if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("{field} = {} is not a positive number: give the measured figure or leave the field out", num(v))) }
+        };
+        if let Some(s) = self.step_time_s {
+            return check(format!("step_time_s = {}", num(s)), positive("step_time_s", s)?);
         }
-        let (seq, gbs, n) = (f64::from(self.seq_len?), f64::from(self.gbs?), f64::from(self.num_gpus?));
-        if let Some(t) = self.tokens_per_sec_per_gpu.filter(|t| t.is_finite() && *t > 0.0) {
-            return Some(seq * gbs / (t * n));
-        }
-        self.tokens_per_sec_total.filter(|t| t.is_finite() && *t > 0.0).map(|t| seq * gbs / t)
+        let throughput = [("tokens_per_sec_per_gpu", self.tokens_per_sec_per_gpu, true), ("tokens_per_sec_total", self.tokens_per_sec_total, false)];
+        let Some((field, t, per_gpu)) = throughput.into_iter().find_map(|(f, t, g)| t.map(|t| (f, t, g))) else {
+            return Err("the source gives neither a step time nor a throughput to compare with".into());
+        };
+        let t = positive(field, t)?;
+        let (Some(seq), Some(gbs), Some(n)) = (self.seq_len, self.gbs, self.num_gpus) else {
+            return Err(format!("{field} needs seq_len, gbs and num_gpus to give a step time"));
+        };
+        let tokens = f64::from(seq) * f64::from(gbs);
+        check(format!("{field} = {}", num(t)), if per_gpu { tokens / (t * f64::from(n)) } else { tokens / t })
     }
 
     /// One line naming the run.
@@ -214,6 +241,17 @@ pub trait Resolver {
     /// No installed plugin provides `model` (the message says so).
     fn resolve(&mut self, model: &str, seq_len: u32) -> Result<(String, Box<dyn GraphSource>), String>;
 }
+
+/// `v` short: plain where that is short, else in scientific notation (a slipped unit can
+/// make a figure hundreds of digits long).
+fn num(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e6).contains(&v.abs()) { format!("{v:.4e}") } else { format!("{v}") }
+}
+
+/// Seconds a measured training step may take: anything outside is a unit slip or a typo
+/// (a tenth of a millisecond is below one kernel launch per layer; a million seconds is
+/// eleven days).
+pub const STEP_RANGE_S: (f64, f64) = (1e-4, 1e6);
 
 /// One point's outcome.
 #[derive(Clone, Debug, Serialize)]
@@ -334,8 +372,8 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
                 continue;
             }
         };
-        if p.measured_step().is_none() {
-            out.unsupported.push(refuse("the source gives neither a step time nor a throughput to compare with".into()));
+        if let Err(why) = p.measured() {
+            out.unsupported.push(refuse(why));
             continue;
         }
         let gpu = match profiles.get(&p.gpu) {
@@ -517,6 +555,18 @@ mod tests {
         assert!((s - 4096.0 * 1280.0 / (20288.0 * 64.0)).abs() < 1e-12);
         let none = Point { seq_len: Some(4096), ..Point::default() };
         assert!(none.measured_step().is_none());
+        assert!(none.measured().unwrap_err().contains("neither"));
+        // Figures that would print as infinities are refused by name.
+        let zero = Point { step_time_s: Some(0.0), ..Point::default() };
+        assert!(zero.measured().unwrap_err().contains("step_time_s = 0 is not a positive number"));
+        let tiny = Point { step_time_s: Some(1e-300), ..Point::default() };
+        assert!(tiny.measured().unwrap_err().contains("check its units"));
+        let huge = Point { tokens_per_sec_per_gpu: Some(1e308), ..p.clone() };
+        assert!(huge.measured().unwrap_err().contains("tokens_per_sec_per_gpu"));
+        let nan = Point { tokens_per_sec_total: Some(f64::NAN), seq_len: Some(4096), gbs: Some(8), num_gpus: Some(8), ..Point::default() };
+        assert!(nan.measured().unwrap_err().contains("not a positive number"));
+        let partial = Point { tokens_per_sec_per_gpu: Some(1000.0), ..Point::default() };
+        assert!(partial.measured().unwrap_err().contains("needs seq_len"));
     }
 
     #[test]

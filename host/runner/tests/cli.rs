@@ -547,6 +547,14 @@ step_time_s = 3.0
     assert!(fitted.contains("name = \"H100\"") && fitted.contains("[gpu.efficiency.gemm]"), "{fitted}");
     let o = runner(&dir, &["validate", "runs.toml", "--profile", "fitted.toml", "-q"]);
     assert!(o.status.success(), "{}", text(&o).1);
+    // A figure that would print as infinities is refused by name, not projected.
+    let slipped = runs.replace("step_time_s = 3.0", "step_time_s = 3e-9");
+    std::fs::write(dir.join("slipped.toml"), &slipped).unwrap();
+    let o = runner(&dir, &["validate", "slipped.toml", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("step_time_s = 3.0000e-9 gives a step of") && out.contains("check its units"), "{out}");
+    assert!(!out.contains("inf"), "{out}");
     // Bad input is named.
     std::fs::write(dir.join("bad.toml"), "[[point]]\nmodel = 3\n").unwrap();
     let o = runner(&dir, &["validate", "bad.toml"]);

@@ -592,13 +592,17 @@ pub fn validation_table(v: &Validation, origin: &str) -> Table {
             format!("{:.0}", c.predicted_tokens_per_sec_per_gpu),
         ]);
     }
-    t.notes.push(format!(
-        "absolute step-time error over {} points: median {}, p90 {}, max {}",
-        v.overall.points,
-        pct(v.overall.median),
-        pct(v.overall.p90),
-        pct(v.overall.max)
-    ));
+    if v.overall.points == 0 {
+        t.notes.push("no point could be projected: each one's reason is below".into());
+    } else {
+        t.notes.push(format!(
+            "absolute step-time error over {} points: median {}, p90 {}, max {}",
+            v.overall.points,
+            pct(v.overall.median),
+            pct(v.overall.p90),
+            pct(v.overall.max)
+        ));
+    }
     for (k, s) in &v.groups {
         t.notes.push(format!("{k}: {} points, median {}, p90 {}, max {}", s.points, pct(s.median), pct(s.p90), pct(s.max)));
     }
