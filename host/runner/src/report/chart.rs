@@ -21,6 +21,8 @@ pub struct Series {
     pub dashed: bool,
     /// Points only, no line through them (a scatter of independent runs).
     pub scatter: bool,
+    /// A tooltip per point, in `points`' order (none when empty).
+    pub labels: Vec<String>,
 }
 
 /// A point called out with a label (the sweet spot).
@@ -178,15 +180,23 @@ impl LineChart {
         );
         for (i, s) in self.series.iter().enumerate() {
             let color = PALETTE[i % PALETTE.len()];
-            let pts: Vec<(f64, f64)> = s.points.iter().copied().filter(|(x, y)| xs.ok(*x) && ys.ok(*y)).collect();
+            let kept: Vec<usize> = (0..s.points.len()).filter(|&j| xs.ok(s.points[j].0) && ys.ok(s.points[j].1)).collect();
+            let pts: Vec<(f64, f64)> = kept.iter().map(|&j| s.points[j]).collect();
             let path: Vec<String> = pts.iter().map(|(x, y)| format!("{:.1},{:.1}", px(*x), py(*y))).collect();
             let dash = if s.dashed { " stroke-dasharray=\"6 4\"" } else { "" };
             let _ = write!(out, "<g class=\"series\" data-name=\"{}\">", esc(&s.name));
             if !s.scatter {
                 let _ = write!(out, "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2.5\"{dash} points=\"{}\"/>", path.join(" "));
             }
-            for (x, y) in &pts {
-                let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", px(*x), py(*y));
+            for (&j, (x, y)) in kept.iter().zip(&pts) {
+                match s.labels.get(j) {
+                    Some(l) => {
+                        let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"><title>{}</title></circle>", px(*x), py(*y), esc(l));
+                    }
+                    None => {
+                        let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", px(*x), py(*y));
+                    }
+                }
             }
             out.push_str("</g>");
             let ly = TOP + 14.0 + 18.0 * i as f64;
@@ -324,8 +334,8 @@ mod tests {
             log_x: true,
             log_y: true,
             series: vec![
-                Series { name: "fp8".into(), points: vec![(64.0, 115.9), (2048.0, 3.8), (128.0, f64::NAN)], dashed: false, scatter: false },
-                Series { name: "bf16".into(), points: vec![(64.0, 161.0), (2048.0, 5.1), (0.0, 1.0)], dashed: true, scatter: false },
+                Series { name: "fp8".into(), points: vec![(64.0, 115.9), (2048.0, 3.8), (128.0, f64::NAN)], ..Series::default() },
+                Series { name: "bf16".into(), points: vec![(64.0, 161.0), (2048.0, 5.1), (0.0, 1.0)], dashed: true, ..Series::default() },
             ],
             marks: vec![Mark { x: 512.0, y: 14.0, label: "sweet spot".into() }],
         };

@@ -385,7 +385,7 @@ fn charts(o: &Outcome) -> Vec<String> {
         name: s.label(),
         points: s.rows.iter().filter_map(|r| Some((f64::from(r.gpus), value(r)?))).collect(),
         dashed: s.precision == "bf16" && many,
-        scatter: false,
+        ..chart::Series::default()
     };
     let days = |r: &Row| r.days;
     let cost = |r: &Row| r.cheapest_cost().map(|c| c.usd);
@@ -429,8 +429,7 @@ fn charts(o: &Outcome) -> Vec<String> {
                         .map(|&i| chart::Series {
                             name: o.clouds[i].clone(),
                             points: s.rows.iter().filter_map(|r| Some((f64::from(r.gpus), r.costs[i].quote()?.usd))).collect(),
-                            dashed: false,
-                            scatter: false,
+                            ..chart::Series::default()
                         })
                         .collect(),
                     marks: Vec::new(),

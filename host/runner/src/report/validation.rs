@@ -30,15 +30,17 @@ pub fn html(v: &Validation, table: &Table) -> String {
 
 /// Predicted against published step time, log-log, a series per GPU type.
 fn parity(checked: &[Checked]) -> LineChart {
-    let mut by_gpu: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut by_gpu: BTreeMap<&str, (Vec<(f64, f64)>, Vec<String>)> = BTreeMap::new();
     for c in checked {
-        by_gpu.entry(c.gpu.as_str()).or_default().push((c.published_step_s, c.predicted_step_s));
+        let (points, labels) = by_gpu.entry(c.gpu.as_str()).or_default();
+        points.push((c.published_step_s, c.predicted_step_s));
+        labels.push(format!("#{} {} on {} {}, {}: {:+.1} %", c.index, c.model, c.gpus, c.gpu, c.precision, 100.0 * c.error));
     }
     let finite = |x: f64| x.is_finite() && x > 0.0;
     let all = checked.iter().flat_map(|c| [c.published_step_s, c.predicted_step_s]).filter(|x| finite(*x));
     let (lo, hi) = all.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
     let mut series: Vec<Series> =
-        by_gpu.into_iter().map(|(gpu, points)| Series { name: gpu.to_string(), points, scatter: true, ..Series::default() }).collect();
+        by_gpu.into_iter().map(|(gpu, (points, labels))| Series { name: gpu.to_string(), points, labels, scatter: true, ..Series::default() }).collect();
     if lo < hi {
         series.push(Series { name: "predicted = published".into(), points: vec![(lo, lo), (hi, hi)], dashed: true, ..Series::default() });
     }
@@ -131,6 +133,7 @@ mod tests {
         assert_eq!(chart.matches("<polyline").count(), 1, "{chart}");
         assert!(chart.contains("data-name=\"GB200\"") && chart.contains("data-name=\"H100\""));
         assert!(!chart.contains("NaN"));
+        assert!(chart.contains("<title>#1 m&lt;1&gt; on 8 GB200, bf16: -25.0 %</title>"), "each point says which run it is: {chart}");
         // Runs 1 (-25 %) and 2 (+25 %) are missed, run 0 (+2 %) is not; their bars fill 100 %.
         let bars = missed(&v.checked);
         assert_eq!(bars.categories, vec!["#1 -25%".to_string(), "#2 +25%".to_string()]);

@@ -147,7 +147,7 @@ pub fn html(r: &TrainReport) -> String {
         title: format!("training loss (mean of {window} steps)"),
         x_label: "tokens trained".into(),
         y_label: "loss".into(),
-        series: r.runs.iter().map(|run| Series { name: run.policy.clone(), points: smoothed(&run.train, window), dashed: false, scatter: false }).collect(),
+        series: r.runs.iter().map(|run| Series { name: run.policy.clone(), points: smoothed(&run.train, window), ..Series::default() }).collect(),
         ..LineChart::default()
     };
     let eval = LineChart {
@@ -157,7 +157,7 @@ pub fn html(r: &TrainReport) -> String {
         series: r
             .runs
             .iter()
-            .map(|run| Series { name: run.policy.clone(), points: run.eval.iter().map(|p| (p.tokens as f64, p.loss)).collect(), dashed: true, scatter: false })
+            .map(|run| Series { name: run.policy.clone(), points: run.eval.iter().map(|p| (p.tokens as f64, p.loss)).collect(), dashed: true, ..Series::default() })
             .collect(),
         ..LineChart::default()
     };
