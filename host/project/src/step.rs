@@ -297,6 +297,13 @@ pub struct ComputeParts {
 }
 
 impl Breakdown {
+    /// Of `compute`, what is neither GEMMs, attention cores nor scans: the memory-bound
+    /// ops and the recipe's casts.
+    pub fn other_compute(&self) -> f64 {
+        let p = &self.compute_parts;
+        self.compute - p.gemm - p.attention - p.scan
+    }
+
     pub fn total(&self) -> f64 {
         self.compute + self.recompute + self.tp + self.cp + self.ep + self.pp + self.dp + self.bubble + self.optimizer + self.offload
     }
@@ -465,8 +472,8 @@ struct Stage {
     params: StageParams,
     comp: [f64; COMP],
     offload: f64,
-    /// Its transformer layers' forward and backward (what data-parallel traffic hides
-    /// behind), and how many layers it holds.
+    /// Its forward and backward, the embedding and head sides it holds included (what
+    /// data-parallel traffic hides behind), and how many transformer layers it holds.
     fwd: f64,
     bwd: f64,
     layers: usize,
@@ -800,12 +807,16 @@ impl Costed {
                 add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], base, ov);
                 stage.comp[1] += rc;
                 stage.t += self.pre_row[TIME + 4 * base + ov] + rc;
+                stage.fwd += self.pre_row[FWD];
+                stage.bwd += self.pre_row[BWD];
             }
             if st == pp - 1 {
                 let rc = self.post.selective(&selective).0;
                 add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], base, ov);
                 stage.comp[1] += rc;
                 stage.t += self.post_row[TIME + 4 * base + ov] + rc;
+                stage.fwd += self.post_row[FWD];
+                stage.bwd += self.post_row[BWD];
                 if pp > 1 {
                     stage.params.dense += self.tied;
                     stage.params.frozen += self.tied_frozen;
@@ -831,18 +842,7 @@ impl Costed {
         let dpg = Placement { size: dp * key.cp, stride: key.tp };
         let edp = stage_gpus / (key.ep * key.etp);
         let edpg = Placement { size: edp, stride: key.ep * key.etp };
-        // The critical stage's layers and the embedding and head sides it holds.
-        let with_sides = |mut v: f64, field: usize| {
-            if crit == 0 {
-                v += self.pre_row[field];
-            }
-            if crit == pp - 1 {
-                v += self.post_row[field];
-            }
-            v
-        };
-        let stage_fwd = with_sides(stages[crit].fwd, FWD);
-        let stage_bwd = with_sides(stages[crit].bwd, BWD);
+        let (stage_fwd, stage_bwd) = (stages[crit].fwd, stages[crit].bwd);
         let grads = |kind: OpKind, bytes_per: f64| {
             fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
         };

@@ -22,11 +22,11 @@ pub fn emit<T: Serialize>(global: &Global, table: &Table, value: &T) -> Result<(
     emit_page(global, table, value, None)
 }
 
-/// [`emit`], with `page` as the HTML rendering instead of the table's (a page with
-/// charts).
-pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: Option<&str>) -> Result<()> {
+/// [`emit`], with `page` building the HTML rendering instead of the table's (a page with
+/// charts), only when HTML is asked for.
+pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: Option<&dyn Fn() -> String>) -> Result<()> {
     let render = |format: OutputFormat| match (format, page) {
-        (OutputFormat::Html, Some(p)) => p.to_string(),
+        (OutputFormat::Html, Some(p)) => p(),
         _ => report::render(format, table, value),
     };
     let format = global.format.unwrap_or(OutputFormat::Table);

@@ -460,7 +460,7 @@ fn project_table(o: &ProjectOut) -> Table {
     // A model without Mamba layers has no scan line.
     .chain(scans.into_iter().filter(|s| s.1 > 0.0))
     .chain([
-        ("  memory-bound, casts", b.compute - parts.gemm - parts.attention - parts.scan),
+        ("  memory-bound, casts", b.other_compute()),
         ("recompute", b.recompute),
         ("exposed TP comm", b.tp),
         ("exposed CP comm", b.cp),
@@ -563,7 +563,7 @@ pub fn validate(file: &Path, global: &Global) -> Result<()> {
     let mut resolver = PluginResolver { limits: Limits::default() };
     let v = published::validate(&points, &profiles, &mut resolver, &|m| progress_line(global, m));
     let table = validation_table(&v, &file.display().to_string());
-    emit_page(global, &table, &v, Some(&runner::report::validation::html(&v, &table)))
+    emit_page(global, &table, &v, Some(&|| runner::report::validation::html(&v, &table)))
 }
 
 fn pct(x: f64) -> String {

@@ -189,14 +189,8 @@ impl LineChart {
                 let _ = write!(out, "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"2.5\"{dash} points=\"{}\"/>", path.join(" "));
             }
             for (&j, (x, y)) in kept.iter().zip(&pts) {
-                match s.labels.get(j) {
-                    Some(l) => {
-                        let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"><title>{}</title></circle>", px(*x), py(*y), esc(l));
-                    }
-                    None => {
-                        let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\"/>", px(*x), py(*y));
-                    }
-                }
+                let title = s.labels.get(j).map_or(String::new(), |l| format!("<title>{}</title>", esc(l)));
+                let _ = write!(out, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3.5\" fill=\"{color}\">{title}</circle>", px(*x), py(*y));
             }
             out.push_str("</g>");
             let ly = TOP + 14.0 + 18.0 * i as f64;

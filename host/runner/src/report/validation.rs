@@ -30,17 +30,16 @@ pub fn html(v: &Validation, table: &Table) -> String {
 
 /// Predicted against published step time, log-log, a series per GPU type.
 fn parity(checked: &[Checked]) -> LineChart {
-    let mut by_gpu: BTreeMap<&str, (Vec<(f64, f64)>, Vec<String>)> = BTreeMap::new();
+    let mut by_gpu: BTreeMap<&str, Series> = BTreeMap::new();
     for c in checked {
-        let (points, labels) = by_gpu.entry(c.gpu.as_str()).or_default();
-        points.push((c.published_step_s, c.predicted_step_s));
-        labels.push(format!("#{} {} on {} {}, {}: {:+.1} %", c.index, c.model, c.gpus, c.gpu, c.precision, 100.0 * c.error));
+        let s = by_gpu.entry(c.gpu.as_str()).or_insert_with(|| Series { name: c.gpu.clone(), scatter: true, ..Series::default() });
+        s.points.push((c.published_step_s, c.predicted_step_s));
+        s.labels.push(format!("#{} {} on {} {}, {}: {:+.1} %", c.index, c.model, c.gpus, c.gpu, c.precision, 100.0 * c.error));
     }
     let finite = |x: f64| x.is_finite() && x > 0.0;
     let all = checked.iter().flat_map(|c| [c.published_step_s, c.predicted_step_s]).filter(|x| finite(*x));
     let (lo, hi) = all.fold((f64::INFINITY, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)));
-    let mut series: Vec<Series> =
-        by_gpu.into_iter().map(|(gpu, (points, labels))| Series { name: gpu.to_string(), points, labels, scatter: true, ..Series::default() }).collect();
+    let mut series: Vec<Series> = by_gpu.into_values().collect();
     if lo < hi {
         series.push(Series { name: "predicted = published".into(), points: vec![(lo, lo), (hi, hi)], dashed: true, ..Series::default() });
     }
@@ -68,10 +67,7 @@ fn missed(checked: &[Checked]) -> StackedBars {
     let parts: Vec<(String, Vec<f64>)> = [
         ("GEMMs".to_string(), share(&|b| b.compute_parts.gemm)),
         ("attention, scans".to_string(), share(&|b| b.compute_parts.attention + b.compute_parts.scan)),
-        (
-            "other compute".to_string(),
-            share(&|b| b.compute - b.compute_parts.gemm - b.compute_parts.attention - b.compute_parts.scan),
-        ),
+        ("other compute".to_string(), share(&Breakdown::other_compute)),
         ("recompute".to_string(), share(&|b| b.recompute)),
         ("exposed comm".to_string(), share(&|b| b.tp + b.cp + b.ep + b.pp + b.dp)),
         ("bubble".to_string(), share(&|b| b.bubble)),
