@@ -333,13 +333,19 @@ pub(crate) fn golden(mut f: impl FnMut(f64) -> f64, lo: f64, hi: f64, iters: usi
 }
 
 /// Fit `gpu` to the runs `prep.runs` selects (already fitted to memory), starting from
-/// its current efficiency table.
-fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &str) -> Fit {
+/// its current efficiency table. Where the runs cannot fit the scan, `scan_tflops` (the
+/// best-measured GPU's scan rate) sets it: the fitted chips agree in rate (H100 and
+/// GB300 near 55-60 TFLOP/s) where their shares of the peak differ 2.7x
+/// (docs/VALIDATION.md, item 11).
+fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &str, scan_tflops: Option<f64>) -> Fit {
     let informing: Vec<Run> = runs.iter().filter(|r| r.fitted).cloned().collect();
     let (first, ssm) = stages(prep, &informing);
     let hybrids: Vec<bool> = runs.iter().map(|r| hybrid(prep, r)).collect();
-    let prior = gpu.efficiency.clone();
     let mut current = gpu.clone();
+    if let Some(rate) = scan_tflops.filter(|_| !ssm) {
+        current.efficiency.ssm = (rate / gpu.peak_tflops.bf16).min(1.0);
+    }
+    let prior = current.efficiency.clone();
     let n = informing.len();
     let mut r = Runs { prep, runs };
     let before = Stats::of(r.errors(&current).iter().map(|e| e.exp() - 1.0));
@@ -450,14 +456,8 @@ pub fn calibrate(
                 Run { fitted: known.contains(&format_param(fitted_format(pr), pr.gpu.fp8_datapath_shared())), ..run }
             })
             .collect();
-        let informing: Vec<Run> = r.iter().filter(|x| x.fitted).cloned().collect();
-        if let Some((from, peak)) = shared.as_ref().filter(|_| !stages(&prep, &informing).1) {
-            // The scan at the best-measured GPU's TFLOP/s, not its share of the peak: the
-            // fitted chips agree in rate (H100 and GB300 near 55-60 TFLOP/s) where their
-            // shares differ 2.7x (docs/VALIDATION.md, item 11).
-            gpu.efficiency.ssm = (from.ssm * peak / gpu.peak_tflops.bf16).min(1.0);
-        }
-        let fit = fit_runs(&mut prep, &gpu, r, label);
+        let scan_tflops = shared.as_ref().map(|(from, peak)| from.ssm * peak);
+        let fit = fit_runs(&mut prep, &gpu, r, label, scan_tflops);
         if own && shared.is_none() {
             shared = Some((fit.efficiency.clone(), gpu.peak_tflops.bf16));
         }
@@ -491,7 +491,7 @@ pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn 
             continue;
         }
         let Ok(base) = profiles.get(&gpu).cloned() else { continue };
-        let fit = fit_runs(&mut prep, &base, train, "cross-validation");
+        let fit = fit_runs(&mut prep, &base, train, "cross-validation", None);
         let mut g = base.clone();
         g.efficiency = fit.efficiency;
         let mut r = Runs { prep: &mut prep, runs: test };

@@ -31,18 +31,20 @@ pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: 
     };
     let format = global.format.unwrap_or(OutputFormat::Table);
     print!("{}", render(format));
+    write_output(global, &render)
+}
+
+/// Write `render`'s output to --output when given, in --format or else the format the
+/// file's extension names (.json, .csv, .html; a table otherwise).
+pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
     if let Some(path) = &global.output {
-        let file_format =
-            global
-                .format
-                .unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
-                    Some("json") => OutputFormat::Json,
-                    Some("csv") => OutputFormat::Csv,
-                    Some("html" | "htm") => OutputFormat::Html,
-                    _ => OutputFormat::Table,
-                });
-        std::fs::write(path, render(file_format))
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        let format = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
+            Some("json") => OutputFormat::Json,
+            Some("csv") => OutputFormat::Csv,
+            Some("html" | "htm") => OutputFormat::Html,
+            _ => OutputFormat::Table,
+        });
+        std::fs::write(path, render(format)).with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
             eprintln!("wrote {}", path.display());
         }

@@ -3,13 +3,13 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use runner::report::OutputFormat;
 use runner::train::{self, Injection, TrainConfig};
 
 use crate::Global;
-use crate::commands::progress_line;
+use crate::commands::{progress_line, write_output};
 
 /// Flags of `runner train`.
 #[derive(Args, Debug, Clone)]
@@ -103,17 +103,5 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
     };
     let format = global.format.unwrap_or(OutputFormat::Table);
     print!("{}", render(format));
-    if let Some(path) = &global.output {
-        let f = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
-            Some("json") => OutputFormat::Json,
-            Some("csv") => OutputFormat::Csv,
-            Some("html" | "htm") => OutputFormat::Html,
-            _ => OutputFormat::Table,
-        });
-        std::fs::write(path, render(f)).with_context(|| format!("cannot write {}", path.display()))?;
-        if !global.quiet {
-            eprintln!("wrote {}", path.display());
-        }
-    }
-    Ok(())
+    write_output(global, &render)
 }

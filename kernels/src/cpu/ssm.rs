@@ -354,31 +354,29 @@ impl<T> SsmInputs<T> {
 impl<T> SsmGrads<T> {
     /// The gradients in their inputs' places (x's gradient as `x`, ...).
     pub fn by_input(&self) -> SsmInputs<&T> {
-        SsmInputs {
-            x: &self.dx,
-            dt: &self.ddt,
-            bm: &self.dbm,
-            cm: &self.dcm,
-            a_log: &self.da_log,
-            d: &self.dd,
-            dt_bias: &self.ddt_bias,
-        }
+        SsmGrads::<&T> { dx: &self.dx, ddt: &self.ddt, dbm: &self.dbm, dcm: &self.dcm, da_log: &self.da_log, dd: &self.dd, ddt_bias: &self.ddt_bias }.into()
     }
 
     /// Each gradient through `f`, in order.
     ///
     /// # Errors
     /// The first error of `f`.
-    pub fn try_map<U, E>(self, mut f: impl FnMut(T) -> Result<U, E>) -> Result<SsmGrads<U>, E> {
-        Ok(SsmGrads {
-            dx: f(self.dx)?,
-            ddt: f(self.ddt)?,
-            dbm: f(self.dbm)?,
-            dcm: f(self.dcm)?,
-            da_log: f(self.da_log)?,
-            dd: f(self.dd)?,
-            ddt_bias: f(self.ddt_bias)?,
-        })
+    pub fn try_map<U, E>(self, f: impl FnMut(T) -> Result<U, E>) -> Result<SsmGrads<U>, E> {
+        SsmInputs::from(self).try_map(f).map(SsmGrads::from)
+    }
+}
+
+/// Each gradient in its input's place.
+impl<T> From<SsmGrads<T>> for SsmInputs<T> {
+    fn from(g: SsmGrads<T>) -> SsmInputs<T> {
+        SsmInputs { x: g.dx, dt: g.ddt, bm: g.dbm, cm: g.dcm, a_log: g.da_log, d: g.dd, dt_bias: g.ddt_bias }
+    }
+}
+
+/// Each input's place as its gradient.
+impl<T> From<SsmInputs<T>> for SsmGrads<T> {
+    fn from(i: SsmInputs<T>) -> SsmGrads<T> {
+        SsmGrads { dx: i.x, ddt: i.dt, dbm: i.bm, dcm: i.cm, da_log: i.a_log, dd: i.d, ddt_bias: i.dt_bias }
     }
 }
 

@@ -15,6 +15,7 @@ use runner::report::{self, OutputFormat, Table};
 use runner::runfile::{self, RunFile};
 use runner_graph::recompute::RecomputePolicy;
 
+use crate::commands::write_output;
 use crate::{Global, QuickRun};
 
 /// Apply the command line's flags over a run (from a file or the defaults) and check the
@@ -113,27 +114,6 @@ fn command_line() -> String {
         .map(|a| if a.contains([' ', '"', '\'']) { format!("{a:?}") } else { a })
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// Write `text` to --output when given.
-fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
-    if let Some(path) = &global.output {
-        let format = global.format.unwrap_or_else(|| format_of(path));
-        std::fs::write(path, render(format)).with_context(|| format!("cannot write {}", path.display()))?;
-        if !global.quiet {
-            eprintln!("wrote {}", path.display());
-        }
-    }
-    Ok(())
-}
-
-fn format_of(path: &Path) -> OutputFormat {
-    match path.extension().and_then(|e| e.to_str()) {
-        Some("json") => OutputFormat::Json,
-        Some("csv") => OutputFormat::Csv,
-        Some("html" | "htm") => OutputFormat::Html,
-        _ => OutputFormat::Table,
-    }
 }
 
 /// Run the explorer on `run`, keeping it in the history, and print it.
