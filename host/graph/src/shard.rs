@@ -229,9 +229,28 @@ pub fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
     (places, layers)
 }
 
+/// Every divisor of `n`, in order (none for 0). Pairs (d, n/d) up to √n: a degree or a
+/// GPU count of four billion takes 65,536 steps, not four billion.
+pub fn divisors(n: u64) -> Vec<u64> {
+    let mut low = Vec::new();
+    let mut high = Vec::new();
+    let mut d = 1u64;
+    while d.saturating_mul(d) <= n {
+        if n.is_multiple_of(d) {
+            low.push(d);
+            if d != n / d {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low
+}
+
 /// Divisors of `n` up to `max`, as a "try" list.
 fn try_list(n: u64, max: u64) -> String {
-    let d: Vec<String> = (1..=max.min(n)).filter(|d| n.is_multiple_of(*d)).map(|d| d.to_string()).collect();
+    let d: Vec<String> = divisors(n).into_iter().filter(|&d| d <= max).map(|d| d.to_string()).collect();
     d.join(", ")
 }
 

@@ -461,3 +461,18 @@ fn recompute_flops_agree_with_count() {
     assert!(!full.recomputed.is_empty() && full.stored.len() < none.stored.len());
     assert!(recompute::stored_bytes(&g, RecomputePolicy::Full) < recompute::stored_bytes(&g, RecomputePolicy::None));
 }
+
+/// The divisor lists behind the search and the "try" lists of layout errors: each
+/// divisor once, in order, and a four-billion count answered without counting to it.
+#[test]
+fn divisors_are_every_divisor_once_in_order() {
+    for n in 0..=2000u64 {
+        let naive: Vec<u64> = (1..=n).filter(|d| n.is_multiple_of(*d)).collect();
+        assert_eq!(runner_graph::shard::divisors(n), naive, "n = {n}");
+    }
+    let big = u64::from(u32::MAX);
+    let d = runner_graph::shard::divisors(big);
+    assert_eq!(d.len(), 32, "{d:?}");
+    assert!(d.iter().all(|x| big.is_multiple_of(*x)) && d.windows(2).all(|w| w[0] < w[1]), "{d:?}");
+    assert_eq!(runner_graph::shard::divisors(1 << 40).len(), 41);
+}

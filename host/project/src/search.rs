@@ -29,6 +29,7 @@ use serde::Serialize;
 use runner_graph::modules::{Module, Modules};
 use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
+use runner_graph::shard;
 
 use crate::project::Projector;
 use crate::step::{Costed, Optimizer, Projection, Reject, Schedule};
@@ -95,8 +96,9 @@ pub struct Found {
     pub evaluated: u64,
 }
 
+/// The divisors of a GPU count, in order.
 fn divisors(n: u32) -> Vec<u32> {
-    (1..=n).filter(|d| n.is_multiple_of(*d)).collect()
+    shard::divisors(u64::from(n)).into_iter().filter_map(|d| u32::try_from(d).ok()).collect()
 }
 
 fn family(key: &ShardKey, pp: u32, dp: u32, fsdp: bool) -> String {
@@ -200,9 +202,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     let mbss = pick(space.mbs, vec![1, 2, 4, 8]);
     for &tp in &tps {
         for &cp in &cps {
-            if tp * cp == 0 || !gpus.is_multiple_of(tp * cp) {
+            let stage = u64::from(tp) * u64::from(cp);
+            if stage == 0 || !u64::from(gpus).is_multiple_of(stage) {
                 let key = ShardKey { tp, cp, ep: 1, etp: 1, sp: tp > 1, mbs: 1 };
-                note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {} does not divide {gpus} GPUs", tp * cp));
+                note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {stage} does not divide {gpus} GPUs"));
                 continue;
             }
             let rest = gpus / (tp * cp);
@@ -440,3 +443,4 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         _ => full,
     })
 }
+

@@ -731,12 +731,12 @@ impl Costed {
                 "the interleaved schedule needs the {m} micro-batches to be a multiple of pp = {pp}"
             )));
         }
-        let stage_gpus = key.tp * key.cp * dp;
-        if !stage_gpus.is_multiple_of(key.ep * key.etp) {
-            return Err(Reject::Divisibility(format!(
-                "ep·etp = {} does not divide tp·cp·dp = {stage_gpus}",
-                key.ep * key.etp
-            )));
+        // In u64: degrees given on a command line may multiply past u32.
+        let stage_gpus = u64::from(key.tp) * u64::from(key.cp) * u64::from(dp);
+        let expert_ranks = u64::from(key.ep) * u64::from(key.etp);
+        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        if !stage_gpus.is_multiple_of(expert_ranks) {
+            return Err(Reject::Divisibility(format!("ep·etp = {expert_ranks} does not divide tp·cp·dp = {stage_gpus}")));
         }
         let muon = s.optimizer == Optimizer::Muon;
         if muon && s.fsdp {
@@ -832,16 +832,16 @@ impl Costed {
         let fabric = &self.rates.fabric;
         // Pipeline sends: 2 per chunk per micro-batch (activation forward, gradient back).
         let pp_exposed = if pp > 1 {
-            let msg = fabric.time(OpKind::Send, self.stage_message_bytes, Placement { size: 2, stride: stage_gpus });
+            let msg = fabric.time(OpKind::Send, self.stage_message_bytes, Placement { size: 2, stride: saturate(stage_gpus) });
             mf * 2.0 * vp as f64 * msg * (1.0 - self.rates.pp_overlap) + 2.0 * (pp as f64 - 1.0) * msg
         } else {
             0.0
         };
         // Data parallelism over the critical stage's parameters.
         let StageParams { dense, expert, frozen, ns_dense, ns_expert, .. } = stages[crit].params;
-        let dpg = Placement { size: dp * key.cp, stride: key.tp };
-        let edp = stage_gpus / (key.ep * key.etp);
-        let edpg = Placement { size: edp, stride: key.ep * key.etp };
+        let dpg = Placement { size: dp.saturating_mul(key.cp), stride: key.tp };
+        let edp = saturate(stage_gpus / expert_ranks);
+        let edpg = Placement { size: edp, stride: saturate(expert_ranks) };
         let (stage_fwd, stage_bwd) = (stages[crit].fwd, stages[crit].bwd);
         let grads = |kind: OpKind, bytes_per: f64| {
             fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)

@@ -216,10 +216,24 @@ fn policy_index(p: RecomputePolicy) -> usize {
 
 /// The data-parallel size the template shards with: the smallest that lets ep·etp
 /// divide tp·cp·dp (a rank's graph does not otherwise depend on dp).
-fn min_dp(key: &ShardKey) -> u32 {
-    let stage = key.tp * key.cp;
-    let experts = key.ep * key.etp;
-    (1..=experts.max(1)).find(|d| (stage * d).is_multiple_of(experts.max(1))).unwrap_or(experts.max(1))
+fn min_dp(key: &ShardKey) -> Result<u32, String> {
+    let stage = u64::from(key.tp) * u64::from(key.cp);
+    let experts = (u64::from(key.ep) * u64::from(key.etp)).max(1);
+    let gcd = |mut a: u64, mut b: u64| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    // The fewest d with stage·d a multiple of ep·etp.
+    let dp = experts / gcd(stage.max(1), experts);
+    match u32::try_from(dp) {
+        Ok(d) if stage.saturating_mul(dp) <= u64::from(u32::MAX) => Ok(d),
+        _ => Err(format!(
+            "ep·etp = {experts} needs {dp} data-parallel ranks of tp·cp = {stage} GPUs each, more GPUs than a run can \
+             have; ep must divide the routed experts"
+        )),
+    }
 }
 
 /// Rank 0's graph of `reduced` sharded for `key` at one pipeline stage: what
@@ -228,7 +242,7 @@ fn min_dp(key: &ShardKey) -> u32 {
 /// # Errors
 /// The sharding does not fit the graph (`Layout::validate`'s message).
 pub fn rank_graph(reduced: &Graph, key: ShardKey) -> Result<Graph, String> {
-    let dp = min_dp(&key);
+    let dp = min_dp(&key)?;
     let layout = Layout {
         tp: key.tp,
         pp: 1,
@@ -240,7 +254,7 @@ pub fn rank_graph(reduced: &Graph, key: ShardKey) -> Result<Graph, String> {
         sequence_parallel: key.sp,
         fsdp: false,
         micro_batch: key.mbs,
-        global_batch: key.mbs * dp,
+        global_batch: key.mbs.saturating_mul(dp),
         split: Default::default(),
     };
     Ok(shard(reduced, &layout, RankCoord::default())?.graph)

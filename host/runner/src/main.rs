@@ -240,9 +240,9 @@ enum Command {
         /// GPU counts, comma-separated
         #[arg(long, value_delimiter = ',', required = true)]
         gpus: Vec<u32>,
-        /// Layouts to list per GPU count
-        #[arg(long, default_value_t = 5)]
-        top: usize,
+        /// Layouts to list per GPU count (at least 1)
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
+        top: u16,
         #[command(flatten)]
         layout: commands::project::LayoutFlags,
     },
@@ -526,7 +526,7 @@ fn main() -> ExitCode {
             device_bench::measure(&target, [tp, cp, ep, etp, mbs], repeats, &cli.global)
         }
         Some(Command::Search { target, gpus, top, layout }) => {
-            commands::project::search(&target, &gpus, top, &layout, &cli.global)
+            commands::project::search(&target, &gpus, usize::from(top), &layout, &cli.global)
         }
         Some(Command::Validate { file }) => commands::project::validate(&file, &cli.global),
         Some(Command::Calibrate { file: Some(file), holdout: true, .. }) => commands::project::holdout(&file, &cli.global),

@@ -465,6 +465,53 @@ fn project_takes_megatrons_pipeline_split() {
     assert!(!o.status.success() && text(&o).1.contains("use even or E<n>L<m>"), "{}", text(&o).1);
 }
 
+/// Degrees and GPU counts at the top of u32 get an answer or an error naming the flag,
+/// never an overflow panic (these tests run unoptimised, with overflow checks) nor a
+/// loop counting to four billion: the divisor lists took 51 s per search in a release
+/// build before they went by √n, so the ten minutes allowed here only catch a hang.
+#[test]
+fn absurd_degrees_and_gpu_counts_are_answered_not_hung() {
+    let dir = scratch("absurd");
+    let in_time = |args: &[&str]| -> Output {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runner"))
+            .current_dir(&dir)
+            .args(args)
+            .env("XDG_DATA_HOME", dir.join("data"))
+            .env_remove("RUNNER_PLUGIN_PATH")
+            .env_remove("RUNNER_HISTORY")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("runner starts");
+        let start = std::time::Instant::now();
+        while child.try_wait().expect("runner waits").is_none() {
+            if start.elapsed() > std::time::Duration::from_secs(600) {
+                let _ = child.kill();
+                panic!("runner {args:?} still running after 10 minutes");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        child.wait_with_output().expect("runner output")
+    };
+    let o = in_time(&["search", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "4294967295", "--precision", "bf16", "-q"]);
+    let (out, err) = text(&o);
+    assert!(!err.contains("panicked") && (out.contains("4294967295") || err.contains("4294967295")), "{out}{err}");
+    let o = in_time(&["project", "--model", "deepseek-v3-671b", "--gpu", "h100", "--gpus", "1024", "--precision", "fp8", "--ep", "4294967295", "-q"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && !err.contains("panicked") && err.contains("ep must divide the routed experts"), "{err}");
+    let o = in_time(&["project", "--model", "deepseek-v3-671b", "--gpu", "h100", "--gpus", "1024", "--precision", "fp8", "--ep", "65536", "--etp", "65536", "-q"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && !err.contains("panicked") && err.contains("ep·etp = 4294967296"), "{err}");
+    let o = in_time(&["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "64", "--precision", "bf16", "--tp", "65536", "--pp", "65536", "-q"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && !err.contains("panicked") && err.contains("does not divide"), "{err}");
+    for (flag, args) in [("--top", &["search", "--model", "llama3.1-8b", "--gpus", "8", "--top", "0"][..]), ("--tp", &["project", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "0"][..])] {
+        let o = in_time(args);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(&format!("for '{flag}")) && err.contains("0 is not in 1.."), "{err}");
+    }
+}
+
 #[test]
 fn search_lists_the_best_layouts_and_why_families_lost() {
     let dir = scratch("search");

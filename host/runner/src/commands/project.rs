@@ -35,25 +35,25 @@ use crate::Global;
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LayoutFlags {
     /// Tensor parallel size
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub tp: Option<u32>,
     /// Pipeline parallel size
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub pp: Option<u32>,
     /// Context parallel size
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub cp: Option<u32>,
     /// Virtual pipeline chunks per stage (interleaved 1F1B)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub vp: Option<u32>,
     /// Expert parallel size
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub ep: Option<u32>,
     /// Expert tensor parallel size
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub etp: Option<u32>,
     /// Micro-batch size (sequences)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub mbs: Option<u32>,
     /// Shard parameters, gradients and optimizer state (FSDP / ZeRO-3)
     #[arg(long)]
@@ -341,7 +341,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     let pick = |f: Option<u32>, v: u32| f.unwrap_or(v.max(1));
     let from_reference = reference.as_ref().and_then(|r| {
         let (tp, pp, cp) = (pick(flags.tp, r.tp), pick(flags.pp, r.pp), pick(flags.cp, r.cp));
-        let per = tp * pp * cp;
+        let per = u32::try_from(u64::from(tp) * u64::from(pp) * u64::from(cp)).ok()?;
         if per == 0 || !gpus.is_multiple_of(per) {
             return None;
         }
