@@ -127,19 +127,40 @@ impl Point {
         let positive = |field: &str, v: f64| {
             if v.is_finite() && v > 0.0 { Ok(v) } else { Err(format!("{field} = {} is not a positive number: give the measured figure or leave the field out", num(v))) }
         };
-        if let Some(s) = self.step_time_s {
-            return check(format!("step_time_s = {}", num(s)), positive("step_time_s", s)?);
-        }
         let throughput = [("tokens_per_sec_per_gpu", self.tokens_per_sec_per_gpu, true), ("tokens_per_sec_total", self.tokens_per_sec_total, false)];
-        let Some((field, t, per_gpu)) = throughput.into_iter().find_map(|(f, t, g)| t.map(|t| (f, t, g))) else {
+        let given = throughput.into_iter().find_map(|(f, t, g)| t.map(|t| (f, t, g)));
+        // The step a throughput figure gives, where the point has what it takes.
+        let from_throughput = |(field, t, per_gpu): (&str, f64, bool)| -> Result<f64, String> {
+            let t = positive(field, t)?;
+            let (Some(seq), Some(gbs), Some(n)) = (self.seq_len, self.gbs, self.num_gpus) else {
+                return Err(format!("{field} needs seq_len, gbs and num_gpus to give a step time"));
+            };
+            let tokens = f64::from(seq) * f64::from(gbs);
+            Ok(if per_gpu { tokens / (t * f64::from(n)) } else { tokens / t })
+        };
+        if let Some(s) = self.step_time_s {
+            let s = check(format!("step_time_s = {}", num(s)), positive("step_time_s", s)?)?;
+            // Both figures given: published ones agree to rounding (the 118 runs shipped
+            // to 0.05 %); a disagreement is a typo in one of them or in seq_len, gbs or
+            // num_gpus, and the comparison would be with a run that never happened.
+            if let Some((field, t, per_gpu)) = given {
+                if let Ok(other) = from_throughput((field, t, per_gpu)) {
+                    if (other / s - 1.0).abs() > STEP_AGREEMENT {
+                        return Err(format!(
+                            "step_time_s = {} and {field} = {} disagree: with seq_len, gbs and num_gpus the throughput gives a step of {} s; correct whichever figure is wrong",
+                            num(s),
+                            num(t),
+                            derived(other)
+                        ));
+                    }
+                }
+            }
+            return Ok(s);
+        }
+        let Some((field, t, per_gpu)) = given else {
             return Err("the source gives neither a step time nor a throughput to compare with".into());
         };
-        let t = positive(field, t)?;
-        let (Some(seq), Some(gbs), Some(n)) = (self.seq_len, self.gbs, self.num_gpus) else {
-            return Err(format!("{field} needs seq_len, gbs and num_gpus to give a step time"));
-        };
-        let tokens = f64::from(seq) * f64::from(gbs);
-        check(format!("{field} = {}", num(t)), if per_gpu { tokens / (t * f64::from(n)) } else { tokens / t })
+        check(format!("{field} = {}", num(t)), from_throughput((field, t, per_gpu))?)
     }
 
     /// One line naming the run.
@@ -165,7 +186,11 @@ impl Point {
         let n = self.num_gpus.ok_or("the source gives no GPU count")?;
         let seq = self.seq_len.ok_or("the source gives no sequence length")?;
         let gbs = self.gbs.ok_or("the source gives no global batch size")?;
-        let _ = seq;
+        for (field, v) in [("num_gpus", n), ("seq_len", seq), ("gbs", gbs)] {
+            if v == 0 {
+                return Err(format!("{field} = 0: give the run's figure (at least 1)"));
+            }
+        }
         let (tp, pp, cp) = (self.tp.unwrap_or(1), self.pp.unwrap_or(1), self.cp.unwrap_or(1));
         if self.tp.is_none() && self.fsdp.unwrap_or(0) == 0 && self.pp.is_none() {
             return Err("the source gives no parallel layout".into());
@@ -248,10 +273,19 @@ fn num(v: f64) -> String {
     if v != 0.0 && v.is_finite() && !(1e-3..1e6).contains(&v.abs()) { format!("{v:.4e}") } else { format!("{v}") }
 }
 
+/// A derived figure: [`num`] at five significant digits.
+fn derived(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && (1e-3..1e6).contains(&v.abs()) { format!("{}", format!("{v:.4e}").parse::<f64>().unwrap_or(v)) } else { num(v) }
+}
+
 /// Seconds a measured training step may take: anything outside is a unit slip or a typo
 /// (a tenth of a millisecond is below one kernel launch per layer; a million seconds is
 /// eleven days).
 pub const STEP_RANGE_S: (f64, f64) = (1e-4, 1e6);
+
+/// How far a point's step time and the step its throughput gives may differ (a share):
+/// rounding in the published tables is well under it.
+const STEP_AGREEMENT: f64 = 0.05;
 
 /// One point's outcome.
 #[derive(Clone, Debug, Serialize)]
@@ -567,6 +601,28 @@ mod tests {
         assert!(nan.measured().unwrap_err().contains("not a positive number"));
         let partial = Point { tokens_per_sec_per_gpu: Some(1000.0), ..Point::default() };
         assert!(partial.measured().unwrap_err().contains("needs seq_len"));
+        // A step time and a throughput that disagree (here a sequence length mistyped)
+        // are refused; ones that agree to rounding give the step time.
+        let step = 4096.0 * 1280.0 / (20288.0 * 64.0);
+        let both = Point { step_time_s: Some(step * 1.001), ..p.clone() };
+        assert_eq!(both.measured_step(), Some(step * 1.001));
+        let typo = Point { seq_len: Some(40960), ..both.clone() };
+        let e = typo.measured().unwrap_err();
+        assert!(e.contains("disagree") && e.contains("tokens_per_sec_per_gpu = 20288"), "{e}");
+    }
+
+    #[test]
+    fn a_zero_count_is_refused_by_name() {
+        let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(4), ..Point::default() };
+        assert!(p.layout().is_ok());
+        for (field, q) in [
+            ("num_gpus", Point { num_gpus: Some(0), ..p.clone() }),
+            ("seq_len", Point { seq_len: Some(0), ..p.clone() }),
+            ("gbs", Point { gbs: Some(0), ..p.clone() }),
+        ] {
+            let e = q.layout().unwrap_err();
+            assert!(e.starts_with(&format!("{field} = 0")), "{e}");
+        }
     }
 
     #[test]
