@@ -143,17 +143,16 @@ impl Point {
             // Both figures given: published ones agree to rounding (the 118 runs shipped
             // to 0.05 %); a disagreement is a typo in one of them or in seq_len, gbs or
             // num_gpus, and the comparison would be with a run that never happened.
-            if let Some((field, t, per_gpu)) = given {
-                if let Ok(other) = from_throughput((field, t, per_gpu)) {
-                    if (other / s - 1.0).abs() > STEP_AGREEMENT {
-                        return Err(format!(
-                            "step_time_s = {} and {field} = {} disagree: with seq_len, gbs and num_gpus the throughput gives a step of {} s; correct whichever figure is wrong",
-                            num(s),
-                            num(t),
-                            derived(other)
-                        ));
-                    }
-                }
+            if let Some((field, t, per_gpu)) = given
+                && let Ok(other) = from_throughput((field, t, per_gpu))
+                && (other / s - 1.0).abs() > STEP_AGREEMENT
+            {
+                return Err(format!(
+                    "step_time_s = {} and {field} = {} disagree: with seq_len, gbs and num_gpus the throughput gives a step of {} s; correct whichever figure is wrong",
+                    num(s),
+                    num(t),
+                    derived(other)
+                ));
             }
             return Ok(s);
         }

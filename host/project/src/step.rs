@@ -959,7 +959,7 @@ impl Costed {
                 };
             }
         }
-        let gpus = u64::from(stage_gpus) * pp as u64;
+        let gpus = stage_gpus * pp as u64;
         let sequences = f64::from(s.global_batch);
         let n = gpus as f64;
         let tflops = self.flops_per_sequence * sequences / step / n / 1e12;
