@@ -853,7 +853,15 @@ fn nothing_fits(families: &[search::Family]) -> String {
         Some((need, have, layout, fam)) => format!(
             "nothing fits: the least memory any layout needs is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
         ),
-        None => "no layout divides the model and the batch at this GPU count".into(),
+        None => {
+            // Say what stood in the way: the first family's reason (with degrees fixed on
+            // the command line every family fails the same way).
+            let reason = families.iter().find_map(|f| match &f.verdict {
+                Verdict::Divisibility { reason } => Some(format!(" ({}: {reason})", f.name)),
+                _ => None,
+            });
+            format!("no layout divides the model and the batch at this GPU count{}", reason.unwrap_or_default())
+        }
     }
 }
 
@@ -872,6 +880,19 @@ pub fn main_model_params(
 mod tests {
     use super::*;
     use crate::pricing::CloudCost;
+
+    /// A GPU count nothing fits says why: the closest family's memory, or else the rule
+    /// that stood in the way.
+    #[test]
+    fn nothing_fits_names_the_reason() {
+        use search::{Family, Verdict};
+        let divides = |name: &str, reason: &str| Family { name: name.into(), verdict: Verdict::Divisibility { reason: reason.into() } };
+        let why = nothing_fits(&[divides("TP", "tp·cp = 65536 does not divide 64 GPUs"), divides("PP", "pp too large")]);
+        assert_eq!(why, "no layout divides the model and the batch at this GPU count (TP: tp·cp = 65536 does not divide 64 GPUs)");
+        let memory = Family { name: "TP+PP".into(), verdict: Verdict::Memory { layout: "TP8 PP2".into(), need_gib: 95.0, have_gib: 80.0 } };
+        let why = nothing_fits(&[divides("TP", "x"), memory]);
+        assert!(why.starts_with("nothing fits: the least memory any layout needs is 95 GiB per GPU (TP+PP: TP8 PP2)"), "{why}");
+    }
 
     fn quote(usd: f64, caveats: &[&str]) -> CloudPrice {
         CloudPrice::Quoted(CloudCost {
