@@ -208,7 +208,8 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                 note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {stage} does not divide {gpus} GPUs"));
                 continue;
             }
-            let rest = gpus / (tp * cp);
+            // stage divides gpus, so the quotient fits.
+            let rest = (u64::from(gpus) / stage) as u32;
             for &ep in &eps {
                 let etps = pick(space.etp, if tp > 1 && shape.experts > 0 { vec![1, tp] } else { vec![1] });
                 for &etp in &etps {
@@ -225,7 +226,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                         for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers.max(1)).collect()) {
                             if pp == 0 || !rest.is_multiple_of(pp) {
                                 let fam = family(&key, pp, 1, false);
-                                note(&mut tracks, &fam, format!("pp={pp} does not divide the {rest} GPUs tp·cp = {} leaves", tp * cp));
+                                note(&mut tracks, &fam, format!("pp={pp} does not divide the {rest} GPUs tp·cp = {stage} leaves"));
                                 continue;
                             }
                             let dp = rest / pp;
@@ -443,4 +444,3 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         _ => full,
     })
 }
-

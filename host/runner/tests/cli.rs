@@ -4,15 +4,15 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The runner binary in `dir`, with the user's plugin path and history out of reach.
+fn command(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
+    c.current_dir(dir).args(args).env("XDG_DATA_HOME", dir.join("data")).env_remove("RUNNER_PLUGIN_PATH").env_remove("RUNNER_HISTORY");
+    c
+}
+
 fn runner(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_runner"))
-        .current_dir(dir)
-        .args(args)
-        .env("XDG_DATA_HOME", dir.join("data"))
-        .env_remove("RUNNER_PLUGIN_PATH")
-        .env_remove("RUNNER_HISTORY")
-        .output()
-        .expect("runner starts")
+    command(dir, args).output().expect("runner starts")
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -473,12 +473,7 @@ fn project_takes_megatrons_pipeline_split() {
 fn absurd_degrees_and_gpu_counts_are_answered_not_hung() {
     let dir = scratch("absurd");
     let in_time = |args: &[&str]| -> Output {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runner"))
-            .current_dir(&dir)
-            .args(args)
-            .env("XDG_DATA_HOME", dir.join("data"))
-            .env_remove("RUNNER_PLUGIN_PATH")
-            .env_remove("RUNNER_HISTORY")
+        let mut child = command(&dir, args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
