@@ -93,6 +93,15 @@ pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSourc
     Ok(PluginSource { workload, variant: found.variant.name.clone(), seq_len })
 }
 
+/// Why `seq_len` is past the variant's context (its max position), if it is. A model with
+/// learned positions refuses it in its plugin; a RoPE model still builds the graph (the
+/// rotation extends), so a projection there is a context-extension run's, and a published
+/// row there is a typo.
+pub fn beyond_context(variant: &Variant, seq_len: u32) -> Option<String> {
+    let max = variant.hyper.max_position;
+    (max > 0 && seq_len > max).then(|| format!("seq-len {seq_len} is past {}'s context of {max} tokens (its max position)", variant.name))
+}
+
 /// Resolves calibration-file model names through the installed plugins.
 pub struct PluginResolver {
     pub limits: Limits,
@@ -106,6 +115,9 @@ impl Resolver for PluginResolver {
             Ok(f) => f,
             Err(_) => return Err(format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones)")),
         };
+        if let Some(why) = beyond_context(&found.variant, seq_len) {
+            return Err(format!("{why}: no published run trains past it; check the row's seq_len or its model"));
+        }
         let src = source(&found, seq_len, self.limits).map_err(|e| format!("{e:#}"))?;
         Ok((found.family, Box::new(src)))
     }

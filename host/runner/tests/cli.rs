@@ -597,6 +597,21 @@ step_time_s = 3.0
     assert!(o.status.success(), "{err}");
     assert!(out.contains("step_time_s = 3.0000e-9 gives a step of") && out.contains("check its units"), "{out}");
     assert!(!out.contains("inf"), "{out}");
+    // A row past the model's context is a typo, refused by name; a projection there is a
+    // context-extension run's, projected with a note.
+    let long = runs.replacen("seq_len = 8192\ngbs = 128\nmbs = 1\ntp = 1", "seq_len = 1048576\ngbs = 128\nmbs = 1\ntp = 1", 1);
+    assert_ne!(long, runs);
+    std::fs::write(dir.join("long.toml"), &long).unwrap();
+    let o = runner(&dir, &["validate", "long.toml", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["checked"].as_array().unwrap().len(), 1, "{out}");
+    assert!(v["unsupported"][0]["reason"].as_str().unwrap().contains("past llama3.1-8b's context of 131072 tokens"), "{out}");
+    let o = runner(&dir, &["project", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "16384", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(format!("{out}{err}").contains("past llama3-8b's context of 8192 tokens"), "{out}{err}");
     // Bad input is named.
     std::fs::write(dir.join("bad.toml"), "[[point]]\nmodel = 3\n").unwrap();
     let o = runner(&dir, &["validate", "bad.toml"]);

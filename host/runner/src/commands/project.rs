@@ -224,6 +224,9 @@ pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     let model = Model::new(&found.variant.name, seq, &mut source).map_err(anyhow::Error::msg)?;
     let (plan, policy) = project::plan(recipe, &found.variant, &gpu, &model.graph, limits)?;
     let mut notes = vec![format!("plugin: {}", found.info.provenance())];
+    if let Some(why) = project::beyond_context(&found.variant, seq) {
+        notes.push(format!("{why}: projected as a context-extension run would train it"));
+    }
     if let Training::Lora(l) = training {
         notes.push(format!(
             "LoRA fine-tune: rank-{} adapters on {} train {:.1} M of {:.1} B parameters; \
