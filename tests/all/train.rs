@@ -135,6 +135,20 @@ fn a_loss_spike_rolls_back_to_a_checkpoint() {
     assert!(gap.abs() < 0.02, "{:+.2}%", 100.0 * gap);
 }
 
+/// A learning rate the model cannot take: fp8-safe's rules skip or roll back every
+/// step, and the run is stopped as diverged after a few retries, not retried to the
+/// iteration cap (about 3x the steps, as long as the run).
+#[test]
+fn a_learning_rate_that_diverges_is_stopped_not_retried_to_the_cap() {
+    let cfg = TrainConfig { steps: 40, lr: Some(10.0), ..config(&["fp8-safe"], &[]) };
+    let r = train::run(&cfg, &|_| {}).unwrap();
+    let safe = get(&r, "fp8-safe");
+    let why = safe.aborted.as_deref().unwrap_or_default();
+    assert!(why.contains("diverged") && why.contains("--lr"), "{why:?} {:?}", safe.decisions);
+    assert!(safe.iterations <= 30, "stopped after {} iterations", safe.iterations);
+    assert!(safe.steps < 40);
+}
+
 /// Known-bad combinations are refused when the plan loads, naming the device.
 #[test]
 fn nvfp4_is_refused_on_hopper() {

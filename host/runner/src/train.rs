@@ -490,6 +490,14 @@ struct Checkpoint {
 
 /// Checkpoints kept for rollbacks.
 const KEEP: usize = 3;
+/// Steps in a row the policy may skip or roll back before the run is called diverged: a
+/// fault (an injected one, a bad batch) costs one or two; a learning rate the model cannot
+/// take makes every step non-finite, and retrying to the iteration cap would take as long
+/// as the run.
+const REJECTED_IN_A_ROW: u64 = 10;
+/// Rollbacks to one checkpoint before the run is called diverged there: redone steps take
+/// fresh batches, so a transient fault does not bring the run back a third time.
+const ROLLBACKS_TO_ONE_CHECKPOINT: usize = 3;
 
 fn train_one<D: Device + Clone>(
     cfg: &TrainConfig,
@@ -544,6 +552,8 @@ fn train_one<D: Device + Clone>(
     let mut clean_since = 0u64;
     let mut fired: Vec<usize> = Vec::new();
     let mut aborted = None;
+    let mut rejected_in_a_row = 0u64;
+    let mut rolled_back_to: Vec<u64> = Vec::new();
     let started = Instant::now();
     let mut step_seconds = Vec::new();
     eval.push(Point { step: 0, tokens: 0, loss: evaluate(&mut ex, data, cfg.eval_batches)? });
@@ -698,12 +708,35 @@ fn train_one<D: Device + Clone>(
             aborted = Some(m);
             break;
         }
+        if outcome.rollback.is_some() || outcome.skip {
+            rejected_in_a_row += 1;
+            if rejected_in_a_row >= REJECTED_IN_A_ROW {
+                aborted = Some(format!(
+                    "diverged: {rejected_in_a_row} steps in a row were skipped or rolled back (the last: loss {loss}, gradients {}); \
+                     lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
+                    if grads_finite { "finite" } else { "not finite" }
+                ));
+                break;
+            }
+        } else {
+            rejected_in_a_row = 0;
+        }
         if let Some((back, skip)) = outcome.rollback {
             rollbacks += 1;
             let target = applied.saturating_sub(u64::from(back).saturating_sub(1));
             let ck = checkpoints.iter().rev().find(|c| c.step <= target);
             match ck {
                 Some(c) => {
+                    rolled_back_to.push(c.step);
+                    let times = rolled_back_to.iter().filter(|&&s| s == c.step).count();
+                    if times >= ROLLBACKS_TO_ONE_CHECKPOINT {
+                        aborted = Some(format!(
+                            "diverged: rolled back to the checkpoint of step {} {times} times, and each time the run failed again after it \
+                             (the last: loss {loss} at step {applied}); lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
+                            c.step
+                        ));
+                        break;
+                    }
                     ex.restore(&c.snapshot)?;
                     applied = c.step;
                     // Steps after the checkpoint are redone with fresh batches.

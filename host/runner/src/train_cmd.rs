@@ -73,6 +73,11 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         (None, Some(c)) if !c.is_empty() => c.clone(),
         _ => anyhow::bail!("name a policy with --precision POLICY or several with --compare bf16,fp8,fp8-safe"),
     };
+    if let Some(lr) = a.lr
+        && !(lr.is_finite() && lr > 0.0)
+    {
+        anyhow::bail!("--lr {lr} is not a positive learning rate (leave it out for the variant's)");
+    }
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let cfg = TrainConfig {
         variant: a.variant,
