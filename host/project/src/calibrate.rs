@@ -122,6 +122,11 @@ pub struct Fit {
     pub before: Stats,
     pub after: Stats,
     pub efficiency: Efficiency,
+    /// The parameters the file's runs set, here or on the GPU this one borrowed from
+    /// (names as in `params`); every other one of `efficiency` is the prior the fit
+    /// started from, which a written profile leaves out so that it does not override a
+    /// fitted value it knows nothing about.
+    pub from_data: Vec<String>,
 }
 
 /// Weight of the pull towards the priors, per parameter, in squared log units (see
@@ -375,6 +380,7 @@ fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &s
         before,
         after,
         efficiency: current.efficiency,
+        from_data: params.iter().map(|p| p.name()).collect(),
     }
 }
 
@@ -421,7 +427,7 @@ pub fn calibrate(
     runs.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let mut fits: Vec<Fit> = Vec::new();
     // The best-measured GPU's fit and its BF16 peak.
-    let mut shared: Option<(Efficiency, f64)> = None;
+    let mut shared: Option<(Efficiency, f64, Vec<String>)> = None;
     for (g, r) in runs {
         if r.is_empty() {
             continue;
@@ -433,7 +439,8 @@ pub fn calibrate(
         let own = plain.len() >= SHARED_MIN_RUNS;
         let fitted_here = params_for(&prep, &plain);
         let mut known = fitted_here.clone();
-        if let Some((from, _)) = &shared {
+        let mut borrowed: Vec<String> = Vec::new();
+        if let Some((from, _, from_data)) = &shared {
             // Start from the best-measured GPU wherever this GPU's runs cannot speak (the
             // unfused MoE path's share included: the same software on another chip).
             let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
@@ -444,6 +451,18 @@ pub fn calibrate(
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
                 p.set(&mut gpu.efficiency, p.get(from));
                 known.push(p);
+                // The donor names its FP8 efficiency after its own datapath.
+                let fp8 = [Param::Gemm(GemmFormat::Fp8).name(), Param::Fp8Datapath.name()];
+                let donor_fitted = match p {
+                    Param::Gemm(GemmFormat::Fp8) | Param::Fp8Datapath => fp8.iter().any(|n| from_data.contains(n)),
+                    _ => from_data.contains(&p.name()),
+                };
+                if donor_fitted {
+                    borrowed.push(p.name());
+                }
+            }
+            if from_data.contains(&Param::Ssm.name()) {
+                borrowed.push(Param::Ssm.name());
             }
         }
         // A run whose GEMM format keeps its unfitted prior (too few runs or families,
@@ -456,10 +475,15 @@ pub fn calibrate(
                 Run { fitted: known.contains(&format_param(fitted_format(pr), pr.gpu.fp8_datapath_shared())), ..run }
             })
             .collect();
-        let scan_tflops = shared.as_ref().map(|(from, peak)| from.ssm * peak);
-        let fit = fit_runs(&mut prep, &gpu, r, label, scan_tflops);
+        let scan_tflops = shared.as_ref().map(|(from, peak, _)| from.ssm * peak);
+        let mut fit = fit_runs(&mut prep, &gpu, r, label, scan_tflops);
+        for b in borrowed {
+            if !fit.from_data.contains(&b) {
+                fit.from_data.push(b);
+            }
+        }
         if own && shared.is_none() {
-            shared = Some((fit.efficiency.clone(), gpu.peak_tflops.bf16));
+            shared = Some((fit.efficiency.clone(), gpu.peak_tflops.bf16, fit.from_data.clone()));
         }
         fits.push(fit);
     }

@@ -542,7 +542,7 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
         for (f, a) in scales(h) {
             let peak = gpu.peak_flops(f).map_err(|e| format!("{origin}: {e}"))?;
             let e = 1.0 / (a * peak);
-            if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+            if !(e.is_finite() && (crate::profile::MIN_EFFICIENCY..=1.0).contains(&e)) {
                 return Err(format!(
                     "{origin}: the measured {f} GEMMs reach {:.0}% of {}'s {f} peak ({:.0} TFLOP/s): the run was not on this GPU, \
                      or the profile's peak_tflops.{f} is wrong",
@@ -570,7 +570,7 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
         let fr: Vec<(f64, f64, f64)> = mem_rows.iter().map(|&(b, t)| (0.0, b, t)).collect();
         let c = relative_fit(&fr).1;
         let e = 1.0 / (c * hbm);
-        if !(e.is_finite() && e > 0.0 && e <= 1.0) {
+        if !(e.is_finite() && (crate::profile::MIN_EFFICIENCY..=1.0).contains(&e)) {
             return Err(format!(
                 "{origin}: the memory-bound ops move {:.0}% of {}'s HBM bandwidth ({:.0} GB/s): the run was not on this GPU, or \
                  the profile's hbm_gbs is wrong",

@@ -265,29 +265,26 @@ impl GpuProfile {
     /// zero or print nonsense.
     fn check(&self) -> Result<(), String> {
         let e = &self.efficiency;
-        let positive = [
-            ("memory_gib", self.memory_gib),
-            ("hbm_gbs", self.hbm_gbs),
-            ("scale_up_gbs", self.scale_up_gbs),
-            ("scale_out_gbs", self.scale_out_gbs),
-            ("peak_tflops.bf16", self.peak_tflops.bf16),
-            ("efficiency.gemm_half_gflop", e.gemm_half_gflop),
+        // Ranges wide enough for any chip, narrow enough that a slipped unit (1e-300, 1e300)
+        // is refused instead of printing steps hundreds of digits long.
+        let ranged = [
+            ("memory_gib", self.memory_gib, 0.1, 1e6),
+            ("hbm_gbs", self.hbm_gbs, 1.0, 1e6),
+            ("scale_up_gbs", self.scale_up_gbs, 0.01, 1e6),
+            ("scale_out_gbs", self.scale_out_gbs, 0.001, 1e6),
+            ("peak_tflops.bf16", self.peak_tflops.bf16, 0.01, 1e6),
+            ("efficiency.gemm_half_gflop", e.gemm_half_gflop, 1e-3, 1e6),
         ];
-        for (what, v) in positive {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(format!("{what} must be a finite number > 0, got {v}"));
-            }
-        }
-        if let Some(v) = self.host_link_gbs
-            && !(v.is_finite() && v > 0.0)
-        {
-            return Err(format!("host_link_gbs must be a finite number > 0 (or absent), got {v}"));
-        }
-        for f in [GemmFormat::Fp8, GemmFormat::Mxfp8, GemmFormat::Nvfp4] {
-            if let Some(v) = self.peak_tflops.get(f)
-                && !(v.is_finite() && v > 0.0)
-            {
-                return Err(format!("peak_tflops.{f} must be a finite number > 0 (or absent), got {v}"));
+        let optional = [
+            ("host_link_gbs", self.host_link_gbs, 0.01, 1e6),
+            ("peak_tflops.fp8", self.peak_tflops.get(GemmFormat::Fp8), 0.01, 1e6),
+            ("peak_tflops.mxfp8", self.peak_tflops.get(GemmFormat::Mxfp8), 0.01, 1e6),
+            ("peak_tflops.nvfp4", self.peak_tflops.get(GemmFormat::Nvfp4), 0.01, 1e6),
+        ];
+        let given = optional.into_iter().filter_map(|(what, v, lo, hi)| v.map(|v| (what, v, lo, hi)));
+        for (what, v, lo, hi) in ranged.into_iter().chain(given) {
+            if !(v.is_finite() && (lo..=hi).contains(&v)) {
+                return Err(format!("{what} must be between {lo} and {hi:e}, got {}: check its unit", shown(v)));
             }
         }
         let fractions = [
@@ -305,8 +302,8 @@ impl GpuProfile {
             ("efficiency.grouped_gemm", e.grouped_gemm),
         ];
         for (what, v) in fractions {
-            if !(v.is_finite() && v > 0.0 && v <= 1.0) {
-                return Err(format!("{what} must be in (0, 1], got {v}"));
+            if !(v.is_finite() && (MIN_EFFICIENCY..=1.0).contains(&v)) {
+                return Err(format!("{what} must be in [{MIN_EFFICIENCY}, 1], got {}", shown(v)));
             }
         }
         for (what, v) in [("efficiency.tp_overlap", e.tp_overlap), ("efficiency.cp_overlap", e.cp_overlap), ("efficiency.ep_overlap", e.ep_overlap), ("efficiency.pp_overlap", e.pp_overlap), ("efficiency.allocator_slack", e.allocator_slack)] {
@@ -315,12 +312,12 @@ impl GpuProfile {
             }
         }
         for (what, v) in [("efficiency.scale_up_latency_us", e.scale_up_latency_us), ("efficiency.scale_out_latency_us", e.scale_out_latency_us), ("efficiency.reserved_gib", e.reserved_gib)] {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!("{what} must be a finite number >= 0, got {v}"));
+            if !(v.is_finite() && (0.0..=1e6).contains(&v)) {
+                return Err(format!("{what} must be between 0 and 1e6, got {}", shown(v)));
             }
         }
         if e.reserved_gib >= self.memory_gib {
-            return Err(format!("efficiency.reserved_gib ({}) leaves no memory of {} GiB", e.reserved_gib, self.memory_gib));
+            return Err(format!("efficiency.reserved_gib ({}) leaves no memory of {} GiB", shown(e.reserved_gib), shown(self.memory_gib)));
         }
         for (what, v) in [("gpus_per_node", self.gpus_per_node), ("scale_up_domain", self.scale_up_domain)] {
             if v == 0 || v > 1 << 20 {
@@ -338,6 +335,15 @@ impl GpuProfile {
 }
 
 pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
+
+/// The least efficiency a profile may give (a tenth of a percent of a peak): below it a
+/// projected step runs to years, which is a slipped unit, not a chip.
+pub const MIN_EFFICIENCY: f64 = 1e-3;
+
+/// `v` for a message: plain where that is short, else in scientific notation.
+fn shown(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
+}
 
 /// Every known profile.
 #[derive(Clone, Debug, Serialize)]
@@ -504,18 +510,51 @@ impl Profiles {
     }
 
     /// The efficiency tables as a profile file: what `runner calibrate` writes.
-    pub fn efficiency_file(gpus: &[(&str, &Efficiency)]) -> String {
+    pub fn efficiency_file<E: Serialize>(gpus: &[(&str, E)]) -> String {
         #[derive(Serialize)]
-        struct Entry<'a> {
+        struct Entry<'a, E> {
             name: &'a str,
-            efficiency: &'a Efficiency,
+            efficiency: &'a E,
         }
         #[derive(Serialize)]
-        struct Out<'a> {
-            gpu: Vec<Entry<'a>>,
+        struct Out<'a, E> {
+            gpu: Vec<Entry<'a, E>>,
         }
         let out = Out { gpu: gpus.iter().map(|(name, efficiency)| Entry { name, efficiency }).collect() };
         toml::to_string(&out).unwrap_or_default()
+    }
+
+    /// `e` as a profile file's `[gpu.efficiency]` table holding only the parameters
+    /// named (as `runner calibrate` names them: `gemm.bf16`, `gemm.fp8+mxfp8`,
+    /// `attention`, ...) and the `fitted` label: merged over a profile, it overrides
+    /// those and leaves the rest to the profile.
+    pub fn efficiency_only(e: &Efficiency, names: &[String]) -> toml::Table {
+        let Ok(toml::Value::Table(all)) = toml::Value::try_from(e) else { return toml::Table::new() };
+        let mut out = toml::Table::new();
+        let mut gemm = toml::Table::new();
+        for (k, v) in &all {
+            match (k.as_str(), v) {
+                ("fitted", _) => {
+                    out.insert(k.clone(), v.clone());
+                }
+                ("gemm", toml::Value::Table(formats)) => {
+                    for (f, x) in formats {
+                        let shared = matches!(f.as_str(), "fp8" | "mxfp8") && names.iter().any(|n| n == "gemm.fp8+mxfp8");
+                        if shared || names.iter().any(|n| *n == format!("gemm.{f}")) {
+                            gemm.insert(f.clone(), x.clone());
+                        }
+                    }
+                }
+                _ if names.iter().any(|n| n == k) => {
+                    out.insert(k.clone(), v.clone());
+                }
+                _ => {}
+            }
+        }
+        if !gemm.is_empty() {
+            out.insert("gemm".into(), toml::Value::Table(gemm));
+        }
+        out
     }
 }
 
@@ -575,7 +614,13 @@ bf16 = 500.0
         assert_eq!(h.fabric().scale_out_a2a_bps, h.scale_out_gbs * 1e9 * 0.25);
         assert_eq!(h.peak_tflops.bf16, 989.0, "fields not given stay");
         let bad = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nscale_out_a2a = 0.0\n", "bad.toml");
-        assert!(bad.unwrap_err().contains("efficiency.scale_out_a2a must be in (0, 1]"));
+        assert!(bad.unwrap_err().contains("efficiency.scale_out_a2a must be in [0.001, 1]"));
+        // A slipped unit is refused by name, printed short, not projected to a step of
+        // hundreds of digits.
+        for (field, text) in [("attention", "[gpu.efficiency]\nattention = 1e-300"), ("hbm_gbs", "hbm_gbs = 1e-300"), ("memory_gib", "memory_gib = 1e300")] {
+            let e = Profiles::with_overrides(&format!("[[gpu]]\nname = \"h100\"\n{text}\n"), "u.toml").unwrap_err();
+            assert!(e.contains(field) && (e.contains("1e-300") || e.contains("1e300")) && e.len() < 200, "{e}");
+        }
         let x = p.get("x1").unwrap();
         assert_eq!(x.efficiency.fitted, "prior", "a new GPU starts from the file-level defaults");
     }

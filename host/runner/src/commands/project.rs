@@ -143,10 +143,10 @@ pub struct Target {
     #[arg(long, default_value = "bf16")]
     pub precision: String,
     /// Sequence length (default: the variant's)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(runner_contract::limits::SEQ_LEN)))]
     pub seq_len: Option<u32>,
     /// Global batch in sequences (default: the variant's published rule; outside its GPU range, scaled per GPU up to the job's compute-optimal batch)
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub gbs: Option<u32>,
     /// Parameter-efficient fine-tuning: none (train every weight) or lora (frozen model,
     /// adapters on the attention and MLP linears, as Megatron-Bridge's LoRA)
@@ -639,7 +639,26 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
     if fits.is_empty() {
         anyhow::bail!("{} has no supported run to fit{}", file.display(), gpu.map_or(String::new(), |g| format!(" on {g}")));
     }
+    // A GPU too thinly measured to fit anything of its own would write its priors (or
+    // another GPU's fit), which --profile would then put over the shipped fit.
+    let why_none = format!(
+        "a GEMM format's efficiency needs at least {} runs of 2 model families on the GPU type, \
+         the shared parameters (GEMM size curve, attention, HBM, network) {} runs",
+        calibrate::FORMAT_MIN_RUNS,
+        calibrate::SHARED_MIN_RUNS
+    );
+    if fits.iter().all(|f| f.params.is_empty()) {
+        let runs: Vec<String> = fits.iter().map(|f| format!("{} {}", f.gpu, f.points)).collect();
+        anyhow::bail!(
+            "{} has too few runs to fit any parameter (runs that can inform a fit, per GPU type: {}): {why_none}",
+            file.display(),
+            runs.join(", ")
+        );
+    }
     let mut t = Table::new(format!("efficiencies fitted to {}", file.display()), &["GPU", "runs", "parameter", "prior", "fitted"]);
+    for f in fits.iter().filter(|f| f.params.is_empty()) {
+        t.notes.push(format!("{}: its runs fit nothing of its own, and a written profile leaves it out: {why_none}", f.gpu));
+    }
     for f in &fits {
         for (i, (name, prior, fitted)) in f.params.iter().enumerate() {
             t.rows.push(vec![
@@ -659,7 +678,15 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
             pct(f.after.p90)
         ));
     }
-    let toml = runner_project::profile::Profiles::efficiency_file(&fits.iter().map(|f| (f.gpu.as_str(), &f.efficiency)).collect::<Vec<_>>());
+    // Only what the runs set (a GPU's own fit, with what it took from the best-measured
+    // GPU to fit it): a parameter left at its prior would override the shipped fit where
+    // the profile is used.
+    let written: Vec<(&str, toml::Table)> = fits
+        .iter()
+        .filter(|f| !f.params.is_empty())
+        .map(|f| (f.gpu.as_str(), runner_project::profile::Profiles::efficiency_only(&f.efficiency, &f.from_data)))
+        .collect();
+    let toml = runner_project::profile::Profiles::efficiency_file(&written);
     emit_profile(global, t, &toml, &fits)
 }
 
