@@ -498,6 +498,31 @@ fn init_logging(global: &Global) {
         .try_init();
 }
 
+/// The file `-o` names when another argument of the command line names it too (a run
+/// file, a calibration file, a profile, a text): the output would overwrite what the
+/// command reads. Compared by canonical path, so `./x` and `x` are one file; arguments
+/// are read as given, `--flag=PATH` and `-oPATH` included.
+fn output_is_an_input(output: &std::path::Path) -> Option<PathBuf> {
+    let target = std::fs::canonicalize(output).ok()?;
+    let args: Vec<String> = std::env::args_os().skip(1).filter_map(|a| a.into_string().ok()).collect();
+    let names = |a: &str| -> Vec<String> {
+        let mut v = vec![a.to_string()];
+        if let Some((_, p)) = a.split_once('=') {
+            v.push(p.to_string());
+        }
+        if let Some(p) = a.strip_prefix("-o").filter(|p| !p.is_empty() && !a.starts_with("--")) {
+            v.push(p.to_string());
+        }
+        v
+    };
+    let hits: Vec<&String> = args
+        .iter()
+        .filter(|a| names(a).iter().any(|p| std::fs::canonicalize(p).is_ok_and(|c| c == target)))
+        .collect();
+    // One argument is the -o value itself.
+    (hits.len() > 1).then(|| PathBuf::from(hits.iter().find(|a| ***a != output.to_string_lossy()).map_or(hits[0].as_str(), |a| a.as_str())))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.global);
@@ -506,6 +531,12 @@ fn main() -> ExitCode {
         && let Some(why) = runner_exec::select::cuda_unusable(n)
     {
         eprintln!("error: --device cuda:{n}: {why}");
+        return ExitCode::FAILURE;
+    }
+    if let Some(out) = &cli.global.output
+        && let Some(input) = output_is_an_input(out)
+    {
+        eprintln!("error: -o {} is also an input of this command ({}): writing it would destroy it; choose another output file", out.display(), input.display());
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
@@ -544,7 +575,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", runner::report::visible(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -39,17 +39,21 @@ impl Table {
     }
 
     /// Aligned text: numbers (cells starting with a digit, '$' or '-') right-aligned.
+    /// Control characters in any text (a model name from a user's file, a run file's path)
+    /// print as visible escapes, never as terminal sequences.
     pub fn render(&self) -> String {
         let cols = self.headers.len();
-        let mut width: Vec<usize> = self.headers.iter().map(|h| h.chars().count()).collect();
-        for row in &self.rows {
+        let headers: Vec<String> = self.headers.iter().map(|h| visible(h)).collect();
+        let rows: Vec<Vec<String>> = self.rows.iter().map(|r| r.iter().map(|c| visible(c)).collect()).collect();
+        let mut width: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+        for row in &rows {
             for (i, cell) in row.iter().enumerate().take(cols) {
                 width[i] = width[i].max(cell.chars().count());
             }
         }
         let mut out = String::new();
         if !self.title.is_empty() {
-            let _ = writeln!(out, "{}", self.title);
+            let _ = writeln!(out, "{}", visible(&self.title));
         }
         let line = |cells: &[String], out: &mut String| {
             let mut parts = Vec::with_capacity(cols);
@@ -65,7 +69,7 @@ impl Table {
             }
             let _ = writeln!(out, "{}", parts.join("  ").trim_end());
         };
-        line(&self.headers, &mut out);
+        line(&headers, &mut out);
         let _ = writeln!(
             out,
             "{}",
@@ -75,11 +79,11 @@ impl Table {
                 .collect::<Vec<_>>()
                 .join("  ")
         );
-        for row in &self.rows {
+        for row in &rows {
             line(row, &mut out);
         }
         for note in &self.notes {
-            let _ = writeln!(out, "note: {note}");
+            let _ = writeln!(out, "note: {}", visible(note));
         }
         out
     }
@@ -126,6 +130,7 @@ impl Table {
     pub fn csv(&self) -> String {
         let mut out = String::new();
         let esc = |s: &str| {
+            let s = visible(s);
             if s.contains([',', '"', '\n']) {
                 format!("\"{}\"", s.replace('"', "\"\""))
             } else {
@@ -149,10 +154,19 @@ impl Table {
             );
         }
         for note in &self.notes {
-            let _ = writeln!(out, "# {}", note.replace(['\n', '\r'], " "));
+            let _ = writeln!(out, "# {}", visible(&note.replace(['\n', '\r'], " ")));
         }
         out
     }
+}
+
+/// `s` with every character that changes how a terminal shows text (ESC, CR, BEL, the
+/// bidirectional overrides, ...) written as a visible escape (`\u{1b}`); line breaks kept.
+pub fn visible(s: &str) -> String {
+    if !s.chars().any(|c| c != '\n' && runner_contract::text::is_unsafe(c)) {
+        return s.to_string();
+    }
+    s.split('\n').map(|line| runner_contract::text::escape(line, usize::MAX)).collect::<Vec<_>>().join("\n")
 }
 
 /// Text escaped for HTML.
@@ -237,6 +251,22 @@ mod tests {
         );
         t.notes.push("<script>".into());
         assert!(t.html().contains("&lt;script&gt;"), "notes are escaped");
+    }
+
+    /// A model name or path from a user's file carries no terminal sequence to the
+    /// screen: ESC, BEL and CR print as escapes in the table and the CSV, line breaks of
+    /// multi-line titles stay.
+    #[test]
+    fn control_characters_print_as_escapes() {
+        let mut t = Table::new("runs\nof \u{1b}]0;pwned\u{7}", &["model", "value"]);
+        t.rows.push(vec!["llama\u{1b}[31m".into(), "1".into()]);
+        t.notes.push("#3 x\u{1b}[2J: not projected\r".into());
+        for out in [t.render(), t.csv()] {
+            assert!(!out.contains('\u{1b}') && !out.contains('\u{7}') && !out.contains('\r'), "{out:?}");
+        }
+        let text = t.render();
+        assert!(text.starts_with("runs\nof \\u{1b}]0;pwned\\u{7}\n") && text.contains("llama\\u{1b}[31m"), "{text}");
+        assert_eq!(visible("plain\ntext"), "plain\ntext");
     }
 
     #[test]

@@ -583,12 +583,32 @@ step_time_s = 3.0
     let c = &v["checked"][0];
     assert!(c["breakdown"]["compute_parts"]["gemm"].as_f64().unwrap() > 0.0, "{out}");
     assert!(c["breakdown"]["compute"].as_f64().unwrap() <= c["predicted_step_s"].as_f64().unwrap(), "{out}");
+    // Two runs of two formats fit nothing: refused, and no profile of priors is written
+    // (with --profile it would have put them over the shipped fit).
     let o = runner(&dir, &["calibrate", "runs.toml", "--gpu", "h100", "-o", "fitted.toml", "-q"]);
-    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(!o.status.success() && text(&o).1.contains("too few runs to fit any parameter"), "{}", text(&o).1);
+    assert!(!dir.join("fitted.toml").exists());
+    // Three BF16 runs of three families on H100 fit its BF16 GEMM efficiency and nothing
+    // else; the written profile holds only that, and leaves out GB200, whose one run fits
+    // nothing of its own.
+    let shipped = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../project/data/calibration.toml")).unwrap();
+    let points: Vec<&str> = shipped.split("\n[[point]]\n").skip(1).collect();
+    let pick: Vec<String> = [0, 1, 7, 16].iter().map(|&i| format!("[[point]]\n{}\n", points[i])).collect();
+    assert!(pick[3].contains("gpu = \"GB200\"") && pick.iter().all(|p| p.contains("precision = \"BF16\"")), "{pick:?}");
+    std::fs::write(dir.join("fit.toml"), pick.concat()).unwrap();
+    let o = runner(&dir, &["calibrate", "fit.toml", "-o", "fitted.toml", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("GB200: its runs fit nothing of its own"), "{out}");
     let fitted = std::fs::read_to_string(dir.join("fitted.toml")).unwrap();
-    assert!(fitted.contains("name = \"H100\"") && fitted.contains("[gpu.efficiency.gemm]"), "{fitted}");
+    assert!(fitted.contains("name = \"H100\"") && fitted.contains("[gpu.efficiency.gemm]\nbf16 = "), "{fitted}");
+    assert!(!fitted.contains("GB200") && !fitted.contains("fp8") && !fitted.contains("attention"), "{fitted}");
     let o = runner(&dir, &["validate", "runs.toml", "--profile", "fitted.toml", "-q"]);
     assert!(o.status.success(), "{}", text(&o).1);
+    // -o naming the command's own input is refused before anything is written.
+    let o = runner(&dir, &["validate", "runs.toml", "-o", "./runs.toml", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("also an input of this command"), "{}", text(&o).1);
+    assert_eq!(std::fs::read_to_string(dir.join("runs.toml")).unwrap(), runs);
     // A figure that would print as infinities is refused by name, not projected.
     let slipped = runs.replace("step_time_s = 3.0", "step_time_s = 3e-9");
     std::fs::write(dir.join("slipped.toml"), &slipped).unwrap();
