@@ -179,6 +179,11 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nok,H100,8,eu-1,16\nbad,H100,8,eu-1,free\n").unwrap();
     let err = explore::run(&parse(&text("")), &|_, _, _| {}).unwrap_err().to_string();
     assert!(err.contains("our-contract.csv") && err.contains("line 3") && err.contains("'free'"), "{err}");
+    // ... as the user's mistake, one line each, not as a plugin's trap and panic.
+    std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nok,H100,8,eu-1,-16\nbad,H100,8,eu-1,free\n").unwrap();
+    let err = explore::run(&parse(&text("")), &|_, _, _| {}).unwrap_err().to_string();
+    assert!(err.contains("cannot be used:\n  line 2: Price '-16'") && err.contains("\n  line 3: Price 'free'"), "{err}");
+    assert!(!err.contains("trapped") && !err.contains("panicked") && !err.contains("fix the plugin"), "{err}");
 }
 
 /// A journal that keeps pieces in memory and can hand back doctored ones.

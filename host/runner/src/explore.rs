@@ -368,8 +368,13 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             anyhow::bail!("the price file {file} is {size} bytes; a price list is at most {MAX_PRICE_FILE} bytes (is it the right file?)");
         }
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?;
-        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits)
-            .map_err(|e| anyhow::anyhow!("the price file {file} cannot be used: {e}"))?;
+        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits).map_err(|e| {
+            let e = format!("{e:#}");
+            match price_file_problems(&e) {
+                Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
+                None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),
+            }
+        })?;
         // Named after the file (control characters in a file name must not reach a terminal).
         cloud.name = path
             .file_stem()
@@ -874,6 +879,20 @@ pub fn main_model_params(
 ) -> anyhow::Result<count::ParamCount> {
     let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
     Ok(count::params(&g))
+}
+
+/// The bad lines of a price file, from the price-file plugin's stop: `offerings` cannot
+/// return an error, so the plugin panics with every problem named by its line, and the
+/// host shows those lines, not the trap around them (a typo in a price is the user's to
+/// fix, not the plugin's).
+fn price_file_problems(err: &str) -> Option<Vec<String>> {
+    // The plugin's stderr arrives escaped: its line breaks are the two characters `\n`,
+    // and the panic's message is the line after "panicked at FILE:LINE:COL:".
+    let panic = &err[err.find("panicked at ")?..];
+    let message = &panic[panic.find("\\n")? + 2..];
+    let message = &message[..message.find("\\n").unwrap_or(message.len())];
+    let message = message.strip_prefix("price file: ").unwrap_or(message);
+    Some(message.split("; ").map(str::to_string).collect())
 }
 
 #[cfg(test)]

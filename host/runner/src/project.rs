@@ -64,7 +64,26 @@ pub fn installed_specs(kind: Kind) -> Vec<String> {
 /// No installed plugin provides it (the message lists the names that exist), or a
 /// plugin failed to describe itself.
 pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
-    lookup(name, limits)?.map_err(|known| anyhow::anyhow!("no installed workload plugin provides '{name}'; installed models: {}", known.join(", ")))
+    lookup(name, limits)?.map_err(|known| {
+        anyhow::anyhow!("no installed workload plugin provides '{name}'; installed models: {}{}", known.join(", "), broken_plugins())
+    })
+}
+
+/// The plugin files that failed to load, each hiding any plugin of its name after it in
+/// the search order (an embedded one included), as a sentence to add to a "not found".
+fn broken_plugins() -> String {
+    let broken: Vec<String> = plugin::list()
+        .into_iter()
+        .filter_map(|(info, shadowed)| match info {
+            Err(e) if !shadowed => Some(e.to_string()),
+            _ => None,
+        })
+        .collect();
+    if broken.is_empty() {
+        String::new()
+    } else {
+        format!(". These plugin files failed to load and hide any plugin of their name (the embedded ones included): {}", broken.join("; "))
+    }
 }
 
 /// The plugin that provides variant `name`, or the names of every installed variant.
@@ -113,7 +132,7 @@ impl Resolver for PluginResolver {
         // line, and `runner models` lists what is installed.
         let found = match lookup(model, self.limits).map_err(|e| format!("{e:#}"))? {
             Ok(f) => f,
-            Err(_) => return Err(format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones)")),
+            Err(_) => return Err(format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones){}", broken_plugins())),
         };
         if let Some(why) = beyond_context(&found.variant, seq_len) {
             return Err(format!("{why}: no published run trains past it; check the row's seq_len or its model"));
