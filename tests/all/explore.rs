@@ -68,6 +68,19 @@ fn the_default_batch_stops_at_the_jobs_optimal_batch_and_efficiency_falls_past_i
     assert!(drop > 0.01, "tokens/s/GPU from 64 to 2048 GPUs falls by {:.2} %", drop * 100.0);
 }
 
+/// Counts that round up to one whole-node count are one row, with a note: two equal rows
+/// made a sweet spot "no faster" than itself.
+#[test]
+fn counts_rounding_to_one_node_count_are_one_row() {
+    let o = quiet(&parse(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-8b\"\n[cluster]\ngpu = \"H100\"\ngpus = [60, 64, 64, 128]\n\
+         [precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n",
+    ));
+    let counts: Vec<(u32, u32)> = o.series[0].rows.iter().map(|r| (r.requested_gpus, r.gpus)).collect();
+    assert_eq!(counts, [(60, 64), (128, 128)]);
+    assert!(o.notes.iter().any(|n| n.starts_with("64 GPUs are already the row for 60 rounded up to whole nodes of 8")), "{:#?}", o.notes);
+}
+
 #[test]
 fn several_gpus_and_precisions_are_series_with_fp8_against_bf16() {
     let o = quiet(&parse(

@@ -429,6 +429,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let mut projector = Projector::new(model, Box::new(source), plans[0].gpu.clone(), plans[0].plan.clone());
     let mut series = Vec::new();
     let mut gbs_notes = BTreeSet::new();
+    let mut dup_notes = BTreeSet::new();
     let job = project::Job::new(&projector.model, tokens);
     let mut quote_notes = QuoteNotes::default();
     let total = plans.len() * run.cluster.gpus.len();
@@ -438,8 +439,23 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         projector.set_plan(p.plan.clone());
         let node = p.gpu.gpus_per_node.max(1);
         let mut rows = Vec::new();
+        let mut counted: Vec<(u32, u32)> = Vec::new();
         for &asked in &run.cluster.gpus {
             let n = asked.div_ceil(node).saturating_mul(node);
+            // Two asked counts that round to one whole-node count would be two equal rows
+            // (and a sweet spot "no faster" than itself).
+            if let Some(&(first, _)) = counted.iter().find(|&&(_, m)| m == n) {
+                dup_notes.insert(if first == asked {
+                    format!("{asked} GPUs asked more than once: one row")
+                } else if asked == n {
+                    format!("{asked} GPUs are already the row for {first} rounded up to whole nodes of {node} on {}: one row", p.gpu.name)
+                } else {
+                    format!("{asked} GPUs round up to {n} (whole nodes of {node} on {}), already the row for {first}: one row", p.gpu.name)
+                });
+                done += 1;
+                continue;
+            }
+            counted.push((asked, n));
             let key = format!("row/{}/{}/{asked}", p.gpu.name, p.recipe);
             let (gbs, why) = match run.cluster.gbs {
                 Some(g) => (g, format!("GBS {g} from the run")),
@@ -530,6 +546,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let goal = goal.map(|g| answer(g, &series, &cloud_names, &run.cluster.gpus));
 
     notes.extend(gbs_notes);
+    notes.extend(dup_notes);
     notes.extend(quote_notes.finish());
     notes.extend(price_provenance(&series, &cloud_names));
     if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
