@@ -227,7 +227,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         mbs: u32,
         /// Timed samples per op (medians are kept)
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 5)]
         repeats: usize,
     },
     /// Search the layouts per GPU count: the best ones, and why each other family lost
@@ -385,7 +385,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         batch: u64,
         /// Timed steps after two warm-up steps
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 5)]
         repeats: usize,
     },
     /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
@@ -400,16 +400,16 @@ pub enum BenchCommand {
         #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
         maxbytes: String,
         /// Size multiplication factor between steps
-        #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+        #[arg(short = 'f', long = "stepfactor", default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
         stepfactor: u64,
         /// Fixed size increment between steps (instead of -f)
         #[arg(short = 'i', long = "stepbytes")]
         stepbytes: Option<String>,
         /// Ranks (GPUs) run as threads of this process when no launcher started several processes
-        #[arg(short = 'g', long = "ngpus", default_value_t = 1)]
+        #[arg(short = 'g', long = "ngpus", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 1)]
         ngpus: usize,
         /// Timed iterations per size
-        #[arg(short = 'n', long = "iters", default_value_t = 20)]
+        #[arg(short = 'n', long = "iters", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 20)]
         iters: usize,
         /// Warm-up iterations per size
         #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
@@ -436,7 +436,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "tp=2,dp=2")]
         layout: String,
         /// Training steps
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 3)]
         steps: usize,
         /// Run every rank as a thread of this process (the single-process run of the layout)
         #[arg(long)]
@@ -451,7 +451,7 @@ pub enum BenchCommand {
     )]
     Plugins {
         /// Calls to time
-        #[arg(long, default_value_t = 20_000)]
+        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
         calls: u32,
     },
     /// Layout search speed: layouts evaluated per second (cold: sharding and timing the
@@ -467,13 +467,13 @@ pub enum BenchCommand {
         #[arg(long, default_value = "h100")]
         gpu: String,
         /// GPU count
-        #[arg(long, default_value_t = 1024)]
+        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
         gpus: u32,
         /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
         #[arg(long, default_value = "bf16")]
         precision: String,
         /// Warm searches to time
-        #[arg(long, default_value_t = 10)]
+        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..), default_value_t = 10)]
         repeats: usize,
     },
 }

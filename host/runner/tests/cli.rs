@@ -628,6 +628,11 @@ step_time_s = 3.0
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["checked"].as_array().unwrap().len(), 1, "{out}");
     assert!(v["unsupported"][0]["reason"].as_str().unwrap().contains("past llama3.1-8b's context of 131072 tokens"), "{out}");
+    // A file of which no point projects prints every reason and exits non-zero.
+    std::fs::write(dir.join("none.toml"), &runs[runs.rfind("[[point]]").unwrap()..]).unwrap();
+    let o = runner(&dir, &["validate", "none.toml", "-q"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success() && out.contains("nosuch-7b") && err.contains("no point of none.toml could be projected"), "{out}{err}");
     let o = runner(&dir, &["project", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "16384", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");

@@ -566,7 +566,12 @@ pub fn validate(file: &Path, global: &Global) -> Result<()> {
     let mut resolver = PluginResolver { limits: Limits::default() };
     let v = published::validate(&points, &profiles, &mut resolver, &|m| progress_line(global, m));
     let table = validation_table(&v, &file.display().to_string());
-    emit_page(global, &table, &v, Some(&|| runner::report::validation::html(&v, &table)))
+    emit_page(global, &table, &v, Some(&|| runner::report::validation::html(&v, &table)))?;
+    // Printed with every point's reason; the exit status tells a script nothing was checked.
+    if v.checked.is_empty() {
+        anyhow::bail!("no point of {} could be projected (the reasons are above)", file.display());
+    }
+    Ok(())
 }
 
 fn pct(x: f64) -> String {
