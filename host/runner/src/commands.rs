@@ -35,10 +35,11 @@ pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: 
 }
 
 /// Write `render`'s output to --output when given, in --format or else the format the
-/// file's extension names (.json, .csv, .html; a table otherwise).
+/// file's extension names (.json, .csv, .html, in any case; a table otherwise).
 pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
     if let Some(path) = &global.output {
-        let format = global.format.unwrap_or_else(|| match path.extension().and_then(|e| e.to_str()) {
+        let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+        let format = global.format.unwrap_or(match ext.as_deref() {
             Some("json") => OutputFormat::Json,
             Some("csv") => OutputFormat::Csv,
             Some("html" | "htm") => OutputFormat::Html,

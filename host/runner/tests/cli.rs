@@ -628,6 +628,11 @@ step_time_s = 3.0
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["checked"].as_array().unwrap().len(), 1, "{out}");
     assert!(v["unsupported"][0]["reason"].as_str().unwrap().contains("past llama3.1-8b's context of 131072 tokens"), "{out}");
+    // The extension names the format in any case.
+    let o = runner(&dir, &["validate", "runs.toml", "-o", "OUT.JSON", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let written: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("OUT.JSON")).unwrap()).unwrap();
+    assert_eq!(written["checked"].as_array().unwrap().len(), 2);
     // A file of which no point projects prints every reason and exits non-zero.
     std::fs::write(dir.join("none.toml"), &runs[runs.rfind("[[point]]").unwrap()..]).unwrap();
     let o = runner(&dir, &["validate", "none.toml", "-q"]);

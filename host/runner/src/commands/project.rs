@@ -699,7 +699,7 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
 /// the fit itself in that format).
 fn emit_profile<T: Serialize>(global: &Global, mut t: Table, toml: &str, value: &T) -> Result<()> {
     match &global.output {
-        Some(path) if path.extension().is_some_and(|e| e == "toml") => {
+        Some(path) if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml")) => {
             std::fs::write(path, toml).with_context(|| format!("cannot write {}", path.display()))?;
             t.notes.push(format!("wrote {}: use it with --profile {}", path.display(), path.display()));
             let g = Global { output: None, ..global.clone() };
