@@ -227,7 +227,7 @@ enum Command {
         #[arg(long, default_value_t = 1)]
         mbs: u32,
         /// Timed samples per op (medians are kept)
-        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), default_value_t = 5)]
+        #[arg(long, value_parser = count(1000), default_value_t = 5)]
         repeats: usize,
     },
     /// Search the layouts per GPU count: the best ones, and why each other family lost
@@ -385,7 +385,7 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1)]
         batch: u64,
         /// Timed steps after two warm-up steps
-        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), default_value_t = 5)]
+        #[arg(long, value_parser = count(1000), default_value_t = 5)]
         repeats: usize,
     },
     /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
@@ -406,10 +406,10 @@ pub enum BenchCommand {
         #[arg(short = 'i', long = "stepbytes")]
         stepbytes: Option<String>,
         /// Ranks (GPUs) run as threads of this process when no launcher started several processes
-        #[arg(short = 'g', long = "ngpus", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=4096), default_value_t = 1)]
+        #[arg(short = 'g', long = "ngpus", value_parser = count(4096), default_value_t = 1)]
         ngpus: usize,
         /// Timed iterations per size
-        #[arg(short = 'n', long = "iters", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000), default_value_t = 20)]
+        #[arg(short = 'n', long = "iters", value_parser = count(1_000_000), default_value_t = 20)]
         iters: usize,
         /// Warm-up iterations per size
         #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
@@ -436,7 +436,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "tp=2,dp=2")]
         layout: String,
         /// Training steps
-        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), default_value_t = 3)]
+        #[arg(long, value_parser = count(1000), default_value_t = 3)]
         steps: usize,
         /// Run every rank as a thread of this process (the single-process run of the layout)
         #[arg(long)]
@@ -473,9 +473,14 @@ pub enum BenchCommand {
         #[arg(long, default_value = "bf16")]
         precision: String,
         /// Warm searches to time
-        #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1000), default_value_t = 10)]
+        #[arg(long, value_parser = count(1000), default_value_t = 10)]
         repeats: usize,
     },
+}
+
+/// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
+fn count(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max)
 }
 
 fn init_logging(global: &Global) {
