@@ -435,8 +435,8 @@ pub enum BenchCommand {
         /// Parallel layout: tp=N,pp=N,dp=N
         #[arg(long, default_value = "tp=2,dp=2")]
         layout: String,
-        /// Training steps
-        #[arg(long, value_parser = count(1000), default_value_t = 3)]
+        /// Training steps (a long run is how the launch tests kill a rank mid-run)
+        #[arg(long, value_parser = count(1_000_000), default_value_t = 3)]
         steps: usize,
         /// Run every rank as a thread of this process (the single-process run of the layout)
         #[arg(long)]
