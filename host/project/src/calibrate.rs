@@ -448,13 +448,13 @@ pub fn calibrate(
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }
+            // The donor names its FP8 efficiency after its own datapath.
+            let fp8_names = [Param::Gemm(GemmFormat::Fp8).name(), Param::Fp8Datapath.name()];
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
                 p.set(&mut gpu.efficiency, p.get(from));
                 known.push(p);
-                // The donor names its FP8 efficiency after its own datapath.
-                let fp8 = [Param::Gemm(GemmFormat::Fp8).name(), Param::Fp8Datapath.name()];
                 let donor_fitted = match p {
-                    Param::Gemm(GemmFormat::Fp8) | Param::Fp8Datapath => fp8.iter().any(|n| from_data.contains(n)),
+                    Param::Gemm(GemmFormat::Fp8) | Param::Fp8Datapath => fp8_names.iter().any(|n| from_data.contains(n)),
                     _ => from_data.contains(&p.name()),
                 };
                 if donor_fitted {

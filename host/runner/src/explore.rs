@@ -368,12 +368,9 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             anyhow::bail!("the price file {file} is {size} bytes; a price list is at most {MAX_PRICE_FILE} bytes (is it the right file?)");
         }
         let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?;
-        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits).map_err(|e| {
-            let e = format!("{e:#}");
-            match price_file_problems(&e) {
-                Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
-                None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),
-            }
+        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits).map_err(|e| match price_file_problems(&e) {
+            Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
+            None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),
         })?;
         // Named after the file (control characters in a file name must not reach a terminal).
         cloud.name = path
@@ -902,10 +899,11 @@ pub fn main_model_params(
 /// return an error, so the plugin panics with every problem named by its line, and the
 /// host shows those lines, not the trap around them (a typo in a price is the user's to
 /// fix, not the plugin's).
-fn price_file_problems(err: &str) -> Option<Vec<String>> {
+fn price_file_problems(err: &plugin::PluginError) -> Option<Vec<String>> {
+    let plugin::Failure::Trap { stderr, .. } = &err.failure else { return None };
     // The plugin's stderr arrives escaped: its line breaks are the two characters `\n`,
     // and the panic's message is the line after "panicked at FILE:LINE:COL:".
-    let panic = &err[err.find("panicked at ")?..];
+    let panic = &stderr[stderr.find("panicked at ")?..];
     let message = &panic[panic.find("\\n")? + 2..];
     let message = &message[..message.find("\\n").unwrap_or(message.len())];
     let message = message.strip_prefix("price file: ").unwrap_or(message);
