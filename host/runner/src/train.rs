@@ -306,6 +306,15 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     if !(0.0..=1.0).contains(&cfg.max_bf16_share) {
         bail!("--max-bf16-share {}: a fraction in 0..=1", cfg.max_bf16_share);
     }
+    if let Some(lr) = cfg.lr
+        && !(lr.is_finite() && lr > 0.0)
+    {
+        bail!("--lr {lr} is not a positive learning rate (leave it out for the variant's)");
+    }
+    // A fault past the last step would never fire, and the run would read as clean.
+    if let Some(i) = cfg.injections.iter().find(|i| i.step >= cfg.steps) {
+        bail!("--inject at step {} would never fire: the run takes steps 0 to {}; give a step below --steps", i.step, cfg.steps - 1);
+    }
     progress(&format!("loading {}", cfg.model));
     let wp = plugin::load(&cfg.model)?;
     let mut workload = wp.workload(cfg.limits)?;

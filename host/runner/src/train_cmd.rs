@@ -73,16 +73,7 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         (None, Some(c)) if !c.is_empty() => c.clone(),
         _ => anyhow::bail!("name a policy with --precision POLICY or several with --compare bf16,fp8,fp8-safe"),
     };
-    if let Some(lr) = a.lr
-        && !(lr.is_finite() && lr > 0.0)
-    {
-        anyhow::bail!("--lr {lr} is not a positive learning rate (leave it out for the variant's)");
-    }
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
-    // A fault past the last step would never fire, and the run would read as clean.
-    if let Some((spec, i)) = a.inject.iter().zip(&injections).find(|(_, i)| i.step >= a.steps) {
-        anyhow::bail!("--inject {spec} hits step {}, but the run takes steps 0 to {}: give a step below --steps", i.step, a.steps.saturating_sub(1));
-    }
     let cfg = TrainConfig {
         variant: a.variant,
         steps: a.steps,

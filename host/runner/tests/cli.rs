@@ -246,6 +246,13 @@ fn unknown_plugin_says_where_it_looked() {
             && err.contains("llama3.wasm"),
         "{err}"
     );
+    // A broken file that hides the embedded plugin of its name is named where the model
+    // it should have provided is not found.
+    std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
+    std::fs::write(dir.join("plugins/dist/llama3.wasm"), b"not a component").unwrap();
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpus", "8"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("failed to load and hide") && err.contains("'llama3.wasm'"), "{err}");
 }
 
 #[test]
