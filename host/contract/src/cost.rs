@@ -174,7 +174,7 @@ macro_rules! cost_rules {
                 if x.is_finite() && (0.0..=1e9).contains(&x) {
                     Ok(())
                 } else {
-                    Err(format!("{what} must be finite, >= 0 and at most 1e9 USD, got {x}"))
+                    Err(format!("{what} must be finite, >= 0 and at most 1e9 USD, got {}", $crate::text::number(x)))
                 }
             };
             money("usd-per-node-hour", p.usd_per_node_hour)?;

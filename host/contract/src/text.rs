@@ -40,6 +40,12 @@ pub fn shown(s: &str) -> String {
     format!("'{}'", escape(s, 64))
 }
 
+/// A number for an error message: plain where that is short, else in scientific notation
+/// (`{}` of 1e300 is 301 digits: a slipped unit or a hostile value would fill the screen).
+pub fn number(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-3..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
+}
+
 /// A name: non-empty, at most [`MAX_NAME`] bytes, printable.
 ///
 /// # Errors

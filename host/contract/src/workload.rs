@@ -53,11 +53,11 @@ macro_rules! workload_rules {
                 return Err(format!("defaults.seq-len must be in 1..={}, got {}", $crate::limits::SEQ_LEN, d.seq_len));
             }
             if !(d.tokens.is_finite() && d.tokens > 0.0 && d.tokens <= $crate::limits::TOKENS) {
-                return Err(format!("defaults.tokens must be finite, > 0 and <= {:e}, got {}", $crate::limits::TOKENS, d.tokens));
+                return Err(format!("defaults.tokens must be finite, > 0 and <= {:e}, got {}", $crate::limits::TOKENS, $crate::text::number(d.tokens)));
             }
             for (what, x) in [("defaults.learning-rate", d.learning_rate), ("defaults.weight-decay", d.weight_decay)] {
                 if !(x.is_finite() && x >= 0.0) {
-                    return Err(format!("{what} must be finite and >= 0, got {x}"));
+                    return Err(format!("{what} must be finite and >= 0, got {}", $crate::text::number(x)));
                 }
             }
             text::name("defaults.optimizer", &d.optimizer)?;
@@ -103,10 +103,10 @@ macro_rules! workload_rules {
                 return Err(format!("heads ({}) must be a multiple of kv-heads ({})", h.heads, h.kv_heads));
             }
             if !(h.norm_eps.is_finite() && h.norm_eps > 0.0) {
-                return Err(format!("norm-eps must be finite and > 0, got {}", h.norm_eps));
+                return Err(format!("norm-eps must be finite and > 0, got {}", $crate::text::number(h.norm_eps)));
             }
             if h.position == PositionScheme::Rope && !(h.rope_theta.is_finite() && h.rope_theta > 0.0) {
-                return Err(format!("rope-theta must be finite and > 0, got {}", h.rope_theta));
+                return Err(format!("rope-theta must be finite and > 0, got {}", $crate::text::number(h.rope_theta)));
             }
             if h.max_position > $crate::limits::SEQ_LEN || h.attention_window > $crate::limits::SEQ_LEN {
                 return Err(format!(
@@ -337,7 +337,7 @@ macro_rules! workload_rules {
                     ("measured.model-tflops-per-gpu", m.model_tflops_per_gpu),
                 ] {
                     if !(x.is_finite() && x >= 0.0) {
-                        return Err(format!("{what} must be finite and >= 0, got {x}"));
+                        return Err(format!("{what} must be finite and >= 0, got {}", $crate::text::number(x)));
                     }
                 }
                 if m.gpus == 0 || m.gpus > $crate::limits::GPUS {

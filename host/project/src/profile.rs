@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use runner_contract::text::number as shown;
 use serde::{Deserialize, Serialize};
 
 use crate::comm::Fabric;
@@ -340,11 +341,6 @@ pub const GIB: f64 = 1024.0 * 1024.0 * 1024.0;
 /// slipped unit (1e-300) would print steps hundreds of digits long; above it a profile
 /// fitted to a CPU's loopback against a nominal link (about 1e-4 of it) still loads.
 pub const MIN_EFFICIENCY: f64 = 1e-6;
-
-/// `v` for a message: plain where that is short, else in scientific notation.
-fn shown(v: f64) -> String {
-    if v != 0.0 && v.is_finite() && !(1e-3..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
-}
 
 /// Every known profile.
 #[derive(Clone, Debug, Serialize)]

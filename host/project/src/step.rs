@@ -718,6 +718,17 @@ impl Costed {
             return Err(Reject::Divisibility("vp > 1 needs pp > 1".into()));
         }
         let starts = s.split.starts(layers, chunks).map_err(Reject::Divisibility)?;
+        // Offload counts layers per chunk; past the fullest chunk it would be clamped and
+        // the layout label would show a number the step never ran.
+        if s.offload_layers > 0 && s.offload_layers as usize > starts.max_len() {
+            return Err(Reject::Unsupported(format!(
+                "offload of {} layers per chunk is more than this layout's fullest chunk has ({} of the {layers} layers over {chunks} chunk{}): offload at most {}",
+                s.offload_layers,
+                starts.max_len(),
+                if chunks == 1 { "" } else { "s" },
+                starts.max_len()
+            )));
+        }
         let per_step = u64::from(key.mbs) * u64::from(dp);
         if s.global_batch == 0 || !u64::from(s.global_batch).is_multiple_of(per_step) {
             return Err(Reject::Divisibility(format!(

@@ -700,6 +700,12 @@ fn offloaded_activations_leave_the_gpu_and_cost_what_the_host_link_cannot_hide()
     pr.gpu.host_link_gbs = None;
     let err = pr.project(&LayoutSpec { offload_layers: 8, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap_err();
     assert!(err.contains("host_link_gbs"), "{err}");
+    // Every layer of the one chunk may go; one more than it has is refused, not clamped
+    // to 32 under a label that says 33.
+    assert!(run("gb200", 32).breakdown.offload > run("gb200", 31).breakdown.offload);
+    let mut pr = projector("llama3.1-8b", 8192, "gb200", Recipe::Bf16);
+    let err = pr.project(&LayoutSpec { offload_layers: 33, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap_err();
+    assert!(err.contains("33 layers") && err.contains("at most 32"), "{err}");
 }
 
 /// Offloading to fit: the fewest layers per chunk whose activations, on the host, make the

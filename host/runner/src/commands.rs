@@ -58,10 +58,17 @@ pub fn progress_line(global: &Global, msg: &str) {
     if !global.quiet {
         if std::io::stderr().is_terminal() {
             eprint!("\r\x1b[2K{msg}");
-        } else {
+        } else if !msg.is_empty() {
             tracing::info!("{msg}");
         }
     }
+}
+
+/// A spinner with `msg` while one long call runs that cannot report its own progress.
+pub fn busy(global: &Global, msg: &str) -> Option<indicatif::ProgressBar> {
+    let bar = spinner(global)?;
+    bar.set_message(msg.to_string());
+    Some(bar)
 }
 
 /// A spinner on stderr while a session works (only on a terminal, never with -q).
@@ -544,8 +551,17 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if let Some(&bad) = sizes.iter().find(|&&n| n == 0 || n > 16_384) {
                 anyhow::bail!("--sizes: {bad} is outside 1..=16384");
             }
+            let bar = busy(global, "measuring the FMA peak");
             let peak = runner_exec::bench::peak_gflops();
-            let rows = runner_exec::bench::gemm_bench(&sizes);
+            // One size at a time, so a 16384-cube (minutes on two cores) says what it is doing.
+            let mut rows = Vec::new();
+            for (i, &n) in sizes.iter().enumerate() {
+                if let Some(b) = &bar {
+                    b.set_message(format!("GEMM {}/{}: {n}^3", i + 1, sizes.len()));
+                }
+                rows.extend(runner_exec::bench::gemm_bench(&[n]));
+            }
+            bar.inspect(indicatif::ProgressBar::finish_and_clear);
             let mut t = Table::new(
                 format!(
                     "f32 GEMM on {} ({} threads)",
@@ -605,7 +621,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if rows == 0 || cols == 0 || rows.saturating_mul(cols) > 1 << 28 {
                 anyhow::bail!("--rows x --cols: {rows} x {cols} is outside 1..=2^28 elements");
             }
+            let bar = busy(global, &format!("quantising a {rows} x {cols} operand under each recipe, 7 passes each"));
             let rows_out = runner_exec::bench::quant_bench(rows, cols, 7);
+            bar.inspect(indicatif::ProgressBar::finish_and_clear);
             let mut t = Table::new(
                 format!("scaled quantisation of a {rows} x {cols} f32 operand, one thread"),
                 &["recipe", "median GB/s", "best GB/s", "G elements/s", "median time"],

@@ -164,7 +164,12 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ..MeasureOptions::default()
             };
             let chosen = choose(global.device)?;
-            let m = on_device!(chosen, |dev| measure_training_step_on(&g, dev, opts)).context("the layer step")?;
+            // The embedding and the head (128k x 4096 each) come with the layer: gigabytes
+            // in f32 and many seconds on a CPU even at seq 1.
+            let bar = commands::busy(global, &format!("one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed", opts.timing.warmup));
+            let m = on_device!(chosen, |dev| measure_training_step_on(&g, dev, opts)).context("the layer step");
+            bar.inspect(indicatif::ProgressBar::finish_and_clear);
+            let m = m?;
             let mut t = Table::new(
                 format!("Llama 3.1 8B layer, seq {seq} x batch {batch}, f32, on {}", m.timing.device),
                 &["part", "median", "p10", "p90"],

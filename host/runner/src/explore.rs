@@ -361,13 +361,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     }
     if let Some(file) = &run.cost.price_file {
         let path = std::path::Path::new(file);
-        // A catalog of every cloud's every zone is a few MB; far beyond that is a wrong file.
-        const MAX_PRICE_FILE: u64 = 64 << 20;
-        let size = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?.len();
-        if size > MAX_PRICE_FILE {
-            anyhow::bail!("the price file {file} is {size} bytes; a price list is at most {MAX_PRICE_FILE} bytes (is it the right file?)");
-        }
-        let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("cannot read the price file {file}: {e}"))?;
+        let bytes = crate::input::read_bytes(path, "price file", crate::input::PRICE_LIMIT).map_err(anyhow::Error::msg)?;
         let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits).map_err(|e| match price_file_problems(&e) {
             Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
             None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),

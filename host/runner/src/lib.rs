@@ -22,6 +22,7 @@
 pub mod explore;
 pub mod history;
 pub mod local_device;
+pub mod input;
 pub mod measure;
 pub use runner_plugin_host as plugin;
 pub mod pricing;

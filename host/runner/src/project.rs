@@ -6,7 +6,7 @@
 
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 use runner_graph::{Graph, OpKind};
 use runner_project::model::{GraphSource, Model};
@@ -150,7 +150,7 @@ pub fn profiles(file: Option<&Path>) -> Result<Profiles> {
     match file {
         None => Ok(Profiles::builtin()),
         Some(path) => {
-            let text = std::fs::read_to_string(path).with_context(|| format!("cannot read profile file {}", path.display()))?;
+            let text = crate::input::read_text(path, "profile file", crate::input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
             Profiles::with_overrides(&text, &path.display().to_string()).map_err(anyhow::Error::msg)
         }
     }

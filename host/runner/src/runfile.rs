@@ -49,6 +49,7 @@
 
 use std::path::Path;
 
+use runner_contract::text::number;
 use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::precision::Recipe;
@@ -309,8 +310,7 @@ pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
 
 /// Read and parse a run file.
 pub fn load(path: &Path) -> Result<RunFile, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read run file {}: {e}", path.display()))?;
+    let text = crate::input::read_text(path, "run file", crate::input::TEXT_LIMIT)?;
     parse(&text, &path.display().to_string())
 }
 
@@ -349,8 +349,12 @@ fn check(run: &RunFile) -> Result<(), String> {
             run.precision.format.len()
         ));
     }
-    let positive = |name: &str, v: Option<f64>| match v {
-        Some(x) if !(x.is_finite() && x > 0.0) => Err(format!("{name} must be a positive number, got {x}")),
+    // Goals far outside what a training run is (a budget of $1e300, a deadline of 1e-300
+    // days) are slips of the keyboard; refused, they cannot print as hundreds of digits.
+    let within = |name: &str, v: Option<f64>, lo: f64, hi: f64| match v {
+        Some(x) if !(x.is_finite() && (lo..=hi).contains(&x)) => {
+            Err(format!("{name} must be a positive number from {} to {}, got {}", number(lo), number(hi), number(x)))
+        }
         _ => Ok(()),
     };
     use runner_contract::limits::GPUS as MAX_WAY;
@@ -369,9 +373,9 @@ fn check(run: &RunFile) -> Result<(), String> {
             return Err(format!("[layout] {name} must be in 1..={MAX_WAY}, got {v}"));
         }
     }
-    positive("[explore] target_days", run.explore.target_days)?;
-    positive("[explore] budget_usd", run.explore.budget_usd)?;
-    positive("[explore] max_usd_per_day_saved", run.explore.max_usd_per_day_saved)?;
+    within("[explore] target_days", run.explore.target_days, 1e-3, 1e5)?;
+    within("[explore] budget_usd", run.explore.budget_usd, 1.0, 1e12)?;
+    within("[explore] max_usd_per_day_saved", run.explore.max_usd_per_day_saved, 0.01, 1e12)?;
     run.assumptions.check().map_err(|m| format!("[assumptions] {m}"))?;
     if run.cost.price_file.as_deref().is_some_and(|f| f.trim().is_empty()) {
         return Err("[cost] price_file is empty; name a CSV file or leave the key out".into());
@@ -380,7 +384,8 @@ fn check(run: &RunFile) -> Result<(), String> {
         && !(t.is_finite() && t > 0.0 && t <= TOKENS)
     {
         return Err(format!(
-            "[model] tokens must be a positive number up to {TOKENS:e}, got {t}"
+            "[model] tokens must be a positive number up to {TOKENS:e}, got {}",
+            number(t)
         ));
     }
     if let Some(s) = run.model.seq_len
@@ -530,6 +535,10 @@ mod tests {
         assert!(err.contains("twice"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[explore]\ntarget_days = -3\n", "t.toml").unwrap_err();
         assert!(err.contains("target_days must be a positive number"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[explore]\nbudget_usd = 1e300\n", "t.toml").unwrap_err();
+        assert!(err.contains("budget_usd must be a positive number from 1 to 1e12, got 1e300"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[explore]\ntarget_days = 1e-300\n", "t.toml").unwrap_err();
+        assert!(err.contains("from 0.001 to 100000, got 1e-300"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[assumptions]\ncheckpoint_interval_h = 0\n", "t.toml").unwrap_err();
         assert!(err.contains("[assumptions] checkpoint_interval_h"), "{err}");
     }

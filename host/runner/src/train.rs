@@ -341,7 +341,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     let vocab = graph.tensor_id("embed.weight").map_or(variant.hyper.vocab as usize, |id| graph.tensors[id].shape[0] as usize);
 
     let (text_name, text) = match &cfg.text {
-        Some(p) => (p.display().to_string(), std::fs::read_to_string(p).with_context(|| format!("cannot read --text {}", p.display()))?),
+        Some(p) => (p.display().to_string(), crate::input::read_text(p, "--text file", crate::input::CORPUS_LIMIT).map_err(anyhow::Error::msg)?),
         None => ("King James Bible (workloads/text/kjv.txt, public domain)".to_string(), corpus::KJV.to_string()),
     };
     progress(&format!("learning a {vocab}-token BPE on {} bytes of text", text.len()));

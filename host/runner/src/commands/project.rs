@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::{Context, Result};
 use serde::Serialize;
 
+use runner::input;
 use runner::plugin::Limits;
 use runner::project::{self, PluginResolver};
 use runner::report::Table;
@@ -303,7 +304,7 @@ struct MeasuredFile {
 /// names ops of its rank graph.
 fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile> {
     let origin = path.display().to_string();
-    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --measured {origin}"))?;
+    let text = input::read_text(path, "--measured file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
     let file = OpsFile::parse(&text, &origin).map_err(anyhow::Error::msg)?;
     let p = &mut s.projector;
     file.check_target(&origin, model, p.model.seq_len, &p.gpu, s.recipe.name()).map_err(anyhow::Error::msg)?;
@@ -560,7 +561,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
 }
 
 pub fn validate(file: &Path, global: &Global) -> Result<()> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let text = input::read_text(file, "calibration file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
     let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
     let profiles = project::profiles(global.profile.as_deref())?;
     let mut resolver = PluginResolver { limits: Limits::default() };
@@ -624,7 +625,7 @@ pub fn validation_table(v: &Validation, origin: &str) -> Table {
 }
 
 pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global: &Global) -> Result<()> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let text = input::read_text(file, "calibration file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
     let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
     if let Some(p) = precision {
         Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
@@ -743,7 +744,7 @@ pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str
     };
     if let Some(path) = ops {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --ops {origin}"))?;
+        let text = input::read_text(path, "--ops file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
         let file = OpsFile::parse(&text, &origin).map_err(anyhow::Error::msg)?;
         let g = profiles.get(gpu.unwrap_or(&file.gpu)).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone();
         // The file's own statement of the GPU must agree with --gpu.
@@ -775,7 +776,7 @@ pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str
             (None, Some(name)) => profiles.get(name).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone(),
             (None, None) => anyhow::bail!("--collectives {origin}: name the GPU type the sweep ran on with --gpu NAME"),
         };
-        let text = std::fs::read_to_string(path).with_context(|| format!("cannot read --collectives {origin}"))?;
+        let text = input::read_text(path, "--collectives file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
         let rows = collectives::parse(&text, &origin).map_err(anyhow::Error::msg)?;
         let device = rows.first().map_or("", |r| r.device.as_str());
         measured::stands_for(device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
@@ -830,7 +831,7 @@ fn today() -> String {
 
 /// Leave-one-family-out: the error a model family the fit never saw gets.
 pub fn holdout(file: &Path, global: &Global) -> Result<()> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let text = input::read_text(file, "calibration file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
     let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
     let profiles = match global.profile.as_deref() {
         Some(_) => project::profiles(global.profile.as_deref())?,

@@ -1,0 +1,71 @@
+//! Reading the files a user names (run files, calibration and profile files, measured
+//! times, price lists), each with a size limit: a wrong path such as `/dev/zero` or a
+//! multi-gigabyte log must give an error naming the file, not take the machine's memory.
+
+use std::io::Read;
+use std::path::Path;
+
+/// Run files, profiles, calibration and measurement files: a few kB to a few MB.
+pub const TEXT_LIMIT: u64 = 16 << 20;
+
+/// A training text for `runner train` (a small model on the CPU: tens of MB is a lot).
+pub const CORPUS_LIMIT: u64 = 256 << 20;
+
+/// A price list of every cloud's every zone is a few MB.
+pub const PRICE_LIMIT: u64 = 64 << 20;
+
+/// The whole of `path` as bytes; `what` names the file in errors ("run file").
+///
+/// # Errors
+/// The file cannot be read, or holds more than `limit` bytes (it reads at most one byte
+/// past the limit, so a device or a pipe that never ends is refused too).
+pub fn read_bytes(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>, String> {
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {what} {}: {e}", path.display()))?;
+    if bytes.len() as u64 > limit {
+        return Err(format!(
+            "{what} {} is larger than {} MiB, more than any {what} holds: is it the right file?",
+            path.display(),
+            limit >> 20
+        ));
+    }
+    Ok(bytes)
+}
+
+/// The whole of `path` as UTF-8 text, limited as [`read_bytes`].
+///
+/// # Errors
+/// As [`read_bytes`], or the file is not UTF-8.
+pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> {
+    String::from_utf8(read_bytes(path, what, limit)?)
+        .map_err(|e| format!("{what} {} is not UTF-8 text (first bad byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_past_the_limit_is_refused_by_name_and_one_at_it_is_read() {
+        let dir = std::env::temp_dir().join(format!("runner-input-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("run.toml");
+        std::fs::write(&f, vec![b'#'; 2 << 20]).unwrap();
+        assert_eq!(read_text(&f, "run file", 2 << 20).unwrap().len(), 2 << 20);
+        let err = read_text(&f, "run file", 1 << 20).unwrap_err();
+        assert!(err.contains("run file") && err.contains("run.toml") && err.contains("larger than 1 MiB"), "{err}");
+        std::fs::write(&f, [b'a', 0xff, b'b']).unwrap();
+        let err = read_text(&f, "run file", 1 << 20).unwrap_err();
+        assert!(err.contains("not UTF-8") && err.contains("offset 1"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A device that never ends is read to the limit and refused, not to the end of memory.
+    #[cfg(unix)]
+    #[test]
+    fn an_endless_device_is_refused() {
+        let err = read_bytes(Path::new("/dev/zero"), "run file", 1 << 20).unwrap_err();
+        assert!(err.contains("larger than 1 MiB"), "{err}");
+    }
+}
