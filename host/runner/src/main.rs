@@ -504,32 +504,32 @@ fn init_logging(global: &Global) {
 }
 
 /// The file `-o` names when another argument of the command line names it too (a run
-/// file, a calibration file, a profile, a text): the output would overwrite what the
-/// command reads. Compared by canonical path, so `./x` and `x` are one file; arguments
-/// are read as given, `--flag=PATH` and `-oPATH` included.
-fn output_is_an_input(output: &std::path::Path) -> Option<PathBuf> {
+/// file, a calibration file, a profile, a text, a plugin): the output would overwrite
+/// what the command reads. Compared by canonical path, so `./x` and `x` are one file.
+/// Only values that are paths or free text are candidates: `--format json -o json` writes
+/// a file named json, which no argument reads.
+fn output_is_an_input(output: &std::path::Path, matches: &clap::ArgMatches) -> Option<PathBuf> {
     let target = std::fs::canonicalize(output).ok()?;
-    let args: Vec<String> = std::env::args_os().skip(1).filter_map(|a| a.into_string().ok()).collect();
-    let names = |a: &str| -> Vec<String> {
-        let mut v = vec![a.to_string()];
-        if let Some((_, p)) = a.split_once('=') {
-            v.push(p.to_string());
+    let mut values: Vec<PathBuf> = Vec::new();
+    let mut m = Some(matches);
+    while let Some(level) = m {
+        for id in level.ids().map(clap::Id::as_str).filter(|&id| id != "output") {
+            // An argument of another type (an enum, a number, a flag) answers Err.
+            if let Ok(Some(v)) = level.try_get_many::<PathBuf>(id) {
+                values.extend(v.cloned());
+            } else if let Ok(Some(v)) = level.try_get_many::<String>(id) {
+                values.extend(v.map(PathBuf::from));
+            }
         }
-        if let Some(p) = a.strip_prefix("-o").filter(|p| !p.is_empty() && !a.starts_with("--")) {
-            v.push(p.to_string());
-        }
-        v
-    };
-    let hits: Vec<&String> = args
-        .iter()
-        .filter(|a| names(a).iter().any(|p| std::fs::canonicalize(p).is_ok_and(|c| c == target)))
-        .collect();
-    // One argument is the -o value itself.
-    (hits.len() > 1).then(|| PathBuf::from(hits.iter().find(|a| ***a != output.to_string_lossy()).map_or(hits[0].as_str(), |a| a.as_str())))
+        m = level.subcommand().map(|(_, sub)| sub);
+    }
+    values.into_iter().find(|p| std::fs::canonicalize(p).is_ok_and(|c| c == target))
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
+        .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);
     runner::local_device::set_requested(cli.global.device);
     if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
@@ -539,7 +539,7 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     if let Some(out) = &cli.global.output
-        && let Some(input) = output_is_an_input(out)
+        && let Some(input) = output_is_an_input(out, &matches)
     {
         eprintln!("error: -o {} is also an input of this command ({}): writing it would destroy it; choose another output file", out.display(), input.display());
         return ExitCode::FAILURE;

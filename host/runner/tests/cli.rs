@@ -616,6 +616,13 @@ step_time_s = 3.0
     let o = runner(&dir, &["validate", "runs.toml", "-o", "./runs.toml", "-q"]);
     assert!(!o.status.success() && text(&o).1.contains("also an input of this command"), "{}", text(&o).1);
     assert_eq!(std::fs::read_to_string(dir.join("runs.toml")).unwrap(), runs);
+    let o = runner(&dir, &["validate", "runs.toml", "--profile=fitted.toml", "-ofitted.toml", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("(fitted.toml)"), "{}", text(&o).1);
+    // A file named like a flag's value is not an input: `--format json -o json` writes it.
+    std::fs::write(dir.join("json"), "old").unwrap();
+    let o = runner(&dir, &["validate", "runs.toml", "--format", "json", "-o", "json", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(std::fs::read_to_string(dir.join("json")).unwrap().contains("\"checked\""));
     // A figure that would print as infinities is refused by name, not projected.
     let slipped = runs.replace("step_time_s = 3.0", "step_time_s = 3e-9");
     std::fs::write(dir.join("slipped.toml"), &slipped).unwrap();
