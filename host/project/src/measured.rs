@@ -34,6 +34,8 @@ use serde::{Deserialize, Serialize};
 
 use runner_graph::{Graph, OpKind};
 
+use runner_contract::text::number as shown;
+
 use crate::profile::{Efficiency, GemmFormat, GpuProfile};
 use crate::published::Stats;
 use crate::template::{Measured, ShardKey};
@@ -155,10 +157,27 @@ pub struct OpsFile {
 /// than a day is a broken measurement, and would carry the projection to absurd figures.
 pub const MAX_SECONDS: f64 = 86_400.0;
 
-/// A time in seconds: finite, >= 0 (or > 0 where `positive`), at most [`MAX_SECONDS`].
+/// The shortest time a measured kernel may take: no op runs in under a nanosecond, and a
+/// forward of 1e-300 s would carry a projection to a step of nothing.
+pub const MIN_SECONDS: f64 = 1e-9;
+
+/// A time in seconds: finite, at most [`MAX_SECONDS`], and at least [`MIN_SECONDS`] where
+/// `positive` (else >= 0: a backward that launches nothing).
 fn seconds_ok(v: f64, positive: bool) -> bool {
-    v.is_finite() && v <= MAX_SECONDS && if positive { v > 0.0 } else { v >= 0.0 }
+    v.is_finite() && v <= MAX_SECONDS && if positive { v >= MIN_SECONDS } else { v >= 0.0 }
 }
+
+/// `a` at least `b`, up to rounding (a sum written to JSON and read back).
+fn at_least(a: f64, b: f64) -> bool {
+    a >= b * (1.0 - 1e-9)
+}
+
+/// How far above the profile's peak a measured rate may sit before it is a unit slip:
+/// a GEMM cannot beat the tensor cores' dense peak (1.5x leaves room for a profile's
+/// conservative clock), and a memory-bound op on a CPU can run from its caches at some
+/// tens of times the DRAM bandwidth a CPU profile states, never a thousand.
+const GEMM_OVER_PEAK: f64 = 1.5;
+const MEMORY_OVER_PEAK: f64 = 1000.0;
 
 fn finite_nonneg(v: f64) -> bool {
     v.is_finite() && v >= 0.0
@@ -214,6 +233,9 @@ impl OpsFile {
         if self.ops.is_empty() {
             return Err(format!("{origin}: ops is empty: nothing was measured"));
         }
+        if self.repeats == 0 {
+            return Err(format!("{origin}: repeats must be at least 1 (the timed runs each median is of)"));
+        }
         let mut seen = HashSet::new();
         for (i, op) in self.ops.iter().enumerate() {
             let at = format!("{origin}: ops[{i}] ('{}')", op.name);
@@ -223,10 +245,14 @@ impl OpsFile {
             if !seen.insert(op.name.as_str()) {
                 return Err(format!("{at}: the op is listed twice; keep one entry per op"));
             }
-            for (what, v) in [("fwd_s", op.fwd_s), ("bwd_s", op.bwd_s)] {
-                if !seconds_ok(v, false) {
-                    return Err(format!("{at}: {what} must be a number of seconds in 0..={MAX_SECONDS}, got {v}"));
-                }
+            if op.layer < -1 {
+                return Err(format!("{at}: layer must be a layer index, or -1 for an op outside the stack, got {}", op.layer));
+            }
+            if !seconds_ok(op.fwd_s, true) {
+                return Err(format!("{at}: fwd_s must be a number of seconds in {MIN_SECONDS:e}..={MAX_SECONDS}, got {}", shown(op.fwd_s)));
+            }
+            if !seconds_ok(op.bwd_s, false) {
+                return Err(format!("{at}: bwd_s must be a number of seconds in 0..={MAX_SECONDS}, got {}", shown(op.bwd_s)));
             }
             match (op.kind, &op.gemm, &op.memory) {
                 (OpClass::Gemm, Some(g), None) => {
@@ -237,14 +263,38 @@ impl OpsFile {
                         return Err(format!("{at}: gemm.calls must be at least 1"));
                     }
                     if let Some(v) = g.kernel_s.iter().find(|v| !seconds_ok(**v, true)) {
-                        return Err(format!("{at}: gemm.kernel_s must hold three times in seconds, > 0 and <= {MAX_SECONDS}, got {v}"));
+                        return Err(format!(
+                            "{at}: gemm.kernel_s must hold three times in seconds, {MIN_SECONDS:e}..={MAX_SECONDS}, got {}",
+                            shown(*v)
+                        ));
+                    }
+                    // fwd_s and bwd_s are the kernels' times plus the casts (`runner measure`).
+                    if !at_least(op.fwd_s, g.kernel_s[0]) || !at_least(op.bwd_s, g.kernel_s[1] + g.kernel_s[2]) {
+                        return Err(format!(
+                            "{at}: fwd_s and bwd_s must be at least their GEMMs' kernel_s ({} and {} + {}); the file's times \
+                             disagree with each other: measure again",
+                            shown(g.kernel_s[0]),
+                            shown(g.kernel_s[1]),
+                            shown(g.kernel_s[2])
+                        ));
                     }
                 }
                 (OpClass::Memory, None, Some(m)) => {
-                    if !finite_nonneg(m.bytes) || !finite_pos(m.run_bytes) || !seconds_ok(m.run_fwd_s, false) || !seconds_ok(m.run_bwd_s, false) {
+                    if !finite_nonneg(m.bytes) || !finite_pos(m.run_bytes) || !seconds_ok(m.run_fwd_s, true) || !seconds_ok(m.run_bwd_s, false) {
                         return Err(format!(
-                            "{at}: memory.bytes must be finite and >= 0, memory.run_bytes > 0, run_fwd_s and run_bwd_s seconds in \
-                             0..={MAX_SECONDS}"
+                            "{at}: memory.bytes must be finite and >= 0, memory.run_bytes > 0, run_fwd_s seconds in \
+                             {MIN_SECONDS:e}..={MAX_SECONDS} and run_bwd_s in 0..={MAX_SECONDS}"
+                        ));
+                    }
+                    // fwd_s and bwd_s are the run's times scaled by the bytes (`runner measure`).
+                    let scale = m.bytes / m.run_bytes;
+                    let near = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs());
+                    if !near(op.fwd_s, m.run_fwd_s * scale) || !near(op.bwd_s, m.run_bwd_s * scale) {
+                        return Err(format!(
+                            "{at}: fwd_s and bwd_s must be run_fwd_s and run_bwd_s scaled by bytes / run_bytes ({} and {}); \
+                             the file's times disagree with each other: measure again",
+                            shown(m.run_fwd_s * scale),
+                            shown(m.run_bwd_s * scale)
                         ));
                     }
                 }
@@ -296,10 +346,50 @@ impl OpsFile {
     pub fn check_gpu(&self, origin: &str, gpu: &GpuProfile) -> Result<(), String> {
         let named = |n: &str| gpu.name.eq_ignore_ascii_case(n) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(n));
         if named(&self.gpu) {
-            Ok(())
+            self.check_rates(origin, gpu)
         } else {
             Err(format!("{origin} stands for {}, not {}: pass --gpu {} or measure on {}", self.gpu, gpu.name, self.gpu, gpu.name))
         }
+    }
+
+    /// Whether the rates the times imply are ones `gpu` can reach: a GEMM no faster than
+    /// its format's peak, a memory-bound op not a thousand times past its bandwidth (a
+    /// unit slip or a hand-edited file would otherwise project a step of nothing).
+    fn check_rates(&self, origin: &str, gpu: &GpuProfile) -> Result<(), String> {
+        for (i, op) in self.ops.iter().enumerate() {
+            let at = format!("{origin}: ops[{i}] ('{}')", op.name);
+            if let Some(g) = &op.gemm {
+                for (role, (&format, &secs)) in ["forward", "input-gradient", "weight-gradient"].iter().zip(g.formats.iter().zip(&g.kernel_s)) {
+                    let Ok(peak) = gpu.peak_flops(format) else { continue };
+                    let rate = g.flops / secs;
+                    if rate > GEMM_OVER_PEAK * peak {
+                        return Err(format!(
+                            "{at}: the {role} GEMM's {} FLOP in {} s is {:.0} TFLOP/s, past {}'s {} peak of {:.0}: check the file's units, or measure again",
+                            shown(g.flops),
+                            shown(secs),
+                            rate / 1e12,
+                            gpu.name,
+                            format.name(),
+                            peak / 1e12
+                        ));
+                    }
+                }
+            }
+            if let Some(m) = &op.memory {
+                let rate = m.run_bytes / m.run_fwd_s;
+                if rate > MEMORY_OVER_PEAK * gpu.hbm_gbs * 1e9 {
+                    return Err(format!(
+                        "{at}: {} bytes in {} s is {:.0} GB/s, a thousand times past {}'s {:.0} GB/s: check the file's units, or measure again",
+                        shown(m.run_bytes),
+                        shown(m.run_fwd_s),
+                        rate / 1e9,
+                        gpu.name,
+                        gpu.hbm_gbs
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Whether this measurement holds for a layout of sharding `key`.

@@ -97,3 +97,65 @@ fn a_measurement_file_names_only_ops_of_its_rank_graph() {
     let tp2 = model.rank_graph(ShardKey { tp: 2, sp: true, ..TP1 }, src.as_mut()).unwrap();
     assert!(tp2.ops.iter().any(|o| o.name == "layers.0.mlp.gate"));
 }
+
+/// A file whose times cannot be right (zero, 1e-300 s, a forward shorter than its own
+/// kernel, a GEMM past the GPU's peak, a memory op whose times do not follow its bytes)
+/// is refused by name: `project --measured` had projected a step of nothing from it.
+#[test]
+fn a_measurement_file_with_impossible_times_is_refused() {
+    let op = |name: &str, fwd: f64, kernel: f64| OpTime {
+        name: name.into(),
+        kind: OpClass::Gemm,
+        layer: 0,
+        shape: Vec::new(),
+        fwd_s: fwd,
+        bwd_s: 2.0 * kernel,
+        gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops: 1e9, calls: 1, bytes: 1e6, kernel_s: [kernel; 3] }),
+        memory: None,
+    };
+    let file = |ops: Vec<OpTime>| OpsFile {
+        format: runner_project::measured::FORMAT.into(),
+        version: runner_project::measured::VERSION,
+        device: "cpu".into(),
+        measured_at: "2026-12-01T10:00:00Z".into(),
+        gpu: "H100".into(),
+        model: "llama3-tiny".into(),
+        seq_len: 256,
+        precision: "bf16".into(),
+        shard: TP1,
+        repeats: 1,
+        notes: Vec::new(),
+        ops,
+    };
+    let parse = |f: &OpsFile| OpsFile::parse(&serde_json::to_string(f).unwrap(), "ops.json");
+    let h100 = runner_project::profile::Profiles::builtin().get("h100").unwrap().clone();
+    // 1 GFLOP in 1 ms: 1 TFLOP/s, well under H100's BF16 peak.
+    let good = file(vec![op("lm_head", 1.2e-3, 1e-3)]);
+    parse(&good).unwrap().check_gpu("ops.json", &h100).unwrap();
+    for (fwd, kernel, want) in [(0.0, 1e-3, "fwd_s must be"), (1e-300, 1e-3, "fwd_s must be"), (5e-4, 1e-3, "disagree")] {
+        let e = parse(&file(vec![op("lm_head", fwd, kernel)])).unwrap_err();
+        assert!(e.contains("ops[0] ('lm_head')") && e.contains(want), "{fwd}: {e}");
+    }
+    // 1 GFLOP in 10 ns is 100 PFLOP/s: consistent with itself, impossible on an H100.
+    let fast = parse(&file(vec![op("lm_head", 1e-8, 1e-8)])).unwrap();
+    let e = fast.check_gpu("ops.json", &h100).unwrap_err();
+    assert!(e.contains("past H100's bf16 peak") && e.contains("units"), "{e}");
+    let e = parse(&OpsFile { repeats: 0, ..good.clone() }).unwrap_err();
+    assert!(e.contains("repeats must be at least 1"), "{e}");
+    let mut deep = good.clone();
+    deep.ops[0].layer = -5;
+    assert!(parse(&deep).unwrap_err().contains("layer must be"));
+    // A memory op: its times are the run's scaled by the bytes, or the file is refused.
+    let mem = |fwd: f64| OpTime {
+        name: "layers.0.norm1".into(),
+        kind: OpClass::Memory,
+        layer: 0,
+        shape: Vec::new(),
+        fwd_s: fwd,
+        bwd_s: 2e-5,
+        gemm: None,
+        memory: Some(runner_project::measured::MemoryDetail { bytes: 1e6, run_bytes: 2e6, run_fwd_s: 2e-5, run_bwd_s: 4e-5 }),
+    };
+    parse(&file(vec![mem(1e-5)])).unwrap();
+    assert!(parse(&file(vec![mem(1e-9)])).unwrap_err().contains("disagree"));
+}

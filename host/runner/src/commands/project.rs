@@ -313,6 +313,17 @@ fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile
     Ok(MeasuredFile { file, origin })
 }
 
+/// Why the search found nothing, from its closest families (as it ranks them) and a count
+/// of the rest: the full list (40 families for an MoE model) is `runner search`'s.
+fn closest_families(families: &[search::Family]) -> String {
+    const SHOWN: usize = 3;
+    let mut text = families.iter().take(SHOWN).map(|f| format!("{}: {}", f.name, verdict_text(&f.verdict))).collect::<Vec<_>>().join("; ");
+    if families.len() > SHOWN {
+        text += &format!("; and {} more families (`runner search` lists each)", families.len() - SHOWN);
+    }
+    text
+}
+
 pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option<&Path>, global: &Global) -> Result<()> {
     if gpus == 0 {
         anyhow::bail!("--gpus must be at least 1");
@@ -378,26 +389,53 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
-    let gpu_name = s.projector.gpu.name.clone();
-    let err = |e: String| anyhow::anyhow!("{} on {gpus} {gpu_name}: {e}", t.model);
-    let (projection, from) = match from_reference {
-        Some((l, from)) if flags.recompute.is_none() => {
-            let (p, rc) = published::project_fitting(&mut s.projector, &l).map_err(err)?;
-            if let Some(rc) = rc {
-                notes.push(format!("{rc} added to fit in memory"));
+    // The published layout of this GPU count, with the flags given; where it does not
+    // apply (an EP degree the data-parallel ranks cannot hold, a batch the DP degree does
+    // not divide), the search, keeping the flags given, and a note saying why.
+    let mut refused = None;
+    let published = match from_reference {
+        Some((l, from)) => {
+            let p = if flags.recompute.is_none() {
+                published::project_fitting(&mut s.projector, &l).map(|(p, rc)| {
+                    if let Some(rc) = rc {
+                        notes.push(format!("{rc} added to fit in memory"));
+                    }
+                    p
+                })
+            } else {
+                s.projector.project(&l)
+            };
+            match p {
+                Ok(p) => Some((p, from)),
+                Err(e) => {
+                    refused = Some(format!(
+                        "the published layout (TP{} PP{} CP{} EP{} MBS{} at DP{}) does not apply: {e}",
+                        l.tp, l.pp, l.cp, l.ep, l.mbs, l.dp
+                    ));
+                    None
+                }
             }
-            (p, from)
         }
-        Some((l, from)) => (s.projector.project(&l).map_err(err)?, from),
+        None => None,
+    };
+    let (projection, from) = match published {
+        Some(found) => found,
         None => {
             let f = search::search(&mut s.projector, gpus, gbs, &space_of(flags, modules, split), 1);
             match f.best.into_iter().next() {
-                Some(p) => (p, "the layout search (flags given are kept; no published layout for this GPU count)".into()),
+                Some(p) => match refused {
+                    Some(why) => {
+                        notes.push(format!("{why}; searched instead"));
+                        (p, "the layout search (flags given are kept; the published layout does not apply)".into())
+                    }
+                    None => (p, "the layout search (flags given are kept; no published layout for this GPU count)".into()),
+                },
                 None => anyhow::bail!(
-                    "{} does not run on {gpus} {} at GBS {gbs}: {}",
+                    "{} does not run on {gpus} {} at GBS {gbs}: {}{}",
                     t.model,
                     s.projector.gpu.name,
-                    f.families.iter().map(|f| format!("{}: {}", f.name, verdict_text(&f.verdict))).collect::<Vec<_>>().join("; ")
+                    refused.map_or(String::new(), |why| format!("{why}; and the search: ")),
+                    closest_families(&f.families)
                 ),
             }
         }
