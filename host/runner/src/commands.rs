@@ -30,27 +30,49 @@ pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: 
         _ => report::render(format, table, value),
     };
     let format = global.format.unwrap_or(OutputFormat::Table);
-    print!("{}", render(format));
-    write_output(global, &render)
+    write_output(global, &render)?;
+    print_stdout(&render(format))
+}
+
+/// Print a command's result on stdout. The `-o` file is written first ([`write_output`]),
+/// so a stdout that fails loses nothing. A closed pipe (`runner ... | head`) ends quietly,
+/// as `head` users expect; any other failure (`>/dev/full`) is an error, never a panic.
+///
+/// # Errors
+/// Stdout cannot be written (but for a closed pipe).
+pub fn print_stdout(text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        Err(e) => Err(anyhow::anyhow!("cannot write the result to stdout: {e}")),
+    }
 }
 
 /// Write `render`'s output to --output when given, in --format or else the format the
 /// file's extension names (.json, .csv, .html, in any case; a table otherwise).
 pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
-    if let Some(path) = &global.output {
-        let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
-        let format = global.format.unwrap_or(match ext.as_deref() {
-            Some("json") => OutputFormat::Json,
-            Some("csv") => OutputFormat::Csv,
-            Some("html" | "htm") => OutputFormat::Html,
-            _ => OutputFormat::Table,
-        });
+    if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
         std::fs::write(path, render(format)).with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
             eprintln!("wrote {}", path.display());
         }
     }
     Ok(())
+}
+
+/// The format --output is written in (none without --output): --format, else the one
+/// the file's extension names, else a table.
+pub fn output_format(global: &Global) -> Option<OutputFormat> {
+    let path = global.output.as_ref()?;
+    let ext = path.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase);
+    Some(global.format.unwrap_or(match ext.as_deref() {
+        Some("json") => OutputFormat::Json,
+        Some("csv") => OutputFormat::Csv,
+        Some("html" | "htm") => OutputFormat::Html,
+        _ => OutputFormat::Table,
+    }))
 }
 
 /// A progress line on stderr (never with -q): long commands say what they are doing.

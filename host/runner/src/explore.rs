@@ -349,6 +349,19 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     } else {
         run.cost.plugins.clone()
     };
+    let mut stems = BTreeSet::new();
+    for spec in &cost_specs {
+        let stem = plugin_stem(spec);
+        if stem == PRICE_FILE_PLUGIN || stem == "price-file" {
+            anyhow::bail!(
+                "{PRICE_FILE_PLUGIN} is the reader of a price file, with no prices of its own: pass the file with \
+                 --price-file FILE (or [cost] price_file = \"FILE\" in a run file)"
+            );
+        }
+        if !stems.insert(stem) {
+            anyhow::bail!("the cloud {stem} is named twice (--cloud or [cost] plugins): name each cloud once");
+        }
+    }
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"), 0, 0);
         match pricing::load(spec, None, limits) {
@@ -376,6 +389,30 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
         record_plugin(&mut plugins, &mut notes, &cloud.info);
         clouds.push(cloud);
+    }
+    // A region no cloud sells in prices nothing: a typo, refused with the regions there are.
+    let region = run.cost.region.as_str();
+    if !region.is_empty() && !clouds.is_empty() {
+        let (selling, not): (Vec<&pricing::Cloud>, Vec<&pricing::Cloud>) = clouds.iter().partition(|c| c.regions().contains(region));
+        if selling.is_empty() {
+            let listed: Vec<String> = clouds
+                .iter()
+                .map(|c| {
+                    let r: Vec<&str> = c.regions().into_iter().collect();
+                    let more = if r.len() > 8 { format!(", ... ({} in all)", r.len()) } else { String::new() };
+                    format!("{}: {}{more}", c.name, r[..r.len().min(8)].join(", "))
+                })
+                .collect();
+            anyhow::bail!("no cloud sells in region '{}'; the regions are:\n  {}", crate::report::visible(region), listed.join("\n  "));
+        }
+        if !not.is_empty() {
+            notes.push(format!(
+                "region {}: {} sell{} nothing there",
+                crate::report::visible(region),
+                not.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                if not.len() == 1 { "s" } else { "" }
+            ));
+        }
     }
 
     journal.begin(&inputs(run, &profiles), &plugins)?;

@@ -15,12 +15,17 @@ use crate::plugin::PluginInfo;
 pub use runner_store::{Run, Summary, default_path};
 
 /// An explorer run kept in the history as it goes.
+///
+/// A history that cannot be written (a full disk, a file made read-only, any failed write)
+/// never fails the run: the first error is kept ([`StoreJournal::lost`]), nothing more is
+/// written, and the run goes on to print its result.
 pub struct StoreJournal {
     store: Store,
     kind: String,
     command: String,
     run: Option<RunId>,
     kept: HashMap<String, Value>,
+    lost: Option<String>,
     /// Whether `begin` found an unfinished run with the same inputs.
     pub resumed: bool,
 }
@@ -37,11 +42,12 @@ impl StoreJournal {
             command: command.into(),
             run: None,
             kept: HashMap::new(),
+            lost: None,
             resumed: false,
         })
     }
 
-    /// The run's id once it has begun.
+    /// The run's id once it has begun (none once a write has failed: it is not kept).
     pub fn id(&self) -> Option<RunId> {
         self.run
     }
@@ -51,37 +57,60 @@ impl StoreJournal {
         self.kept.len()
     }
 
-    /// Close the run with its result: the outcome and its renderings in every format.
-    ///
-    /// # Errors
-    /// The database cannot be written.
-    pub fn finish(&self, result: &Value) -> anyhow::Result<()> {
-        if let Some(id) = self.run {
-            self.store.finish(id, "done", result)?;
+    /// The first write to the history that failed (it names the file and the error):
+    /// from then on the run is not kept.
+    pub fn lost(&self) -> Option<&str> {
+        self.lost.as_deref()
+    }
+
+    /// A write failed: keep its error and write nothing more.
+    fn lose(&mut self, e: &dyn std::fmt::Display) {
+        if self.lost.is_none() {
+            self.lost = Some(e.to_string());
         }
-        Ok(())
+        self.run = None;
+    }
+
+    /// Close the run with its result: the outcome and its renderings in every format. A
+    /// failed write is kept in [`StoreJournal::lost`].
+    pub fn finish(&mut self, result: &Value) {
+        if let Some(id) = self.run
+            && let Err(e) = self.store.finish(id, "done", result)
+        {
+            self.lose(&e);
+        }
     }
 
     /// Close the run as failed, with the error.
-    pub fn fail(&self, error: &str) {
-        if let Some(id) = self.run {
-            let _ = self.store.finish(id, "failed", &json!({ "error": error }));
+    pub fn fail(&mut self, error: &str) {
+        if let Some(id) = self.run
+            && let Err(e) = self.store.finish(id, "failed", &json!({ "error": error }))
+        {
+            self.lose(&e);
         }
     }
 }
 
 impl Journal for StoreJournal {
+    /// Never fails: a history that cannot be written is kept in [`StoreJournal::lost`].
     fn begin(&mut self, inputs: &Value, plugins: &[PluginInfo]) -> anyhow::Result<()> {
         let plugins: Vec<Value> = plugins
             .iter()
             .map(|p| json!({ "name": p.name, "kind": p.kind, "contract": p.contract, "source": p.source.to_string(), "sha256": p.sha256 }))
             .collect();
-        let (id, resumed) =
-            self.store.begin(&self.kind, &self.command, inputs, &Value::Array(plugins), env!("CARGO_PKG_VERSION"))?;
-        self.run = Some(id);
-        self.resumed = resumed;
-        if resumed {
-            self.kept = self.store.items(id)?.into_iter().collect();
+        match self.store.begin(&self.kind, &self.command, inputs, &Value::Array(plugins), env!("CARGO_PKG_VERSION")) {
+            Ok((id, resumed)) => {
+                self.run = Some(id);
+                self.resumed = resumed;
+                if resumed {
+                    match self.store.items(id) {
+                        Ok(items) => self.kept = items.into_iter().collect(),
+                        // Nothing recalled: the pieces are computed again.
+                        Err(e) => self.lose(&e),
+                    }
+                }
+            }
+            Err(e) => self.lose(&e),
         }
         Ok(())
     }
@@ -90,9 +119,12 @@ impl Journal for StoreJournal {
         self.kept.get(key).cloned()
     }
 
+    /// Never fails: a history that cannot be written is kept in [`StoreJournal::lost`].
     fn record(&mut self, key: &str, value: &Value) -> anyhow::Result<()> {
-        if let Some(id) = self.run {
-            self.store.put_item(id, key, value)?;
+        if let Some(id) = self.run
+            && let Err(e) = self.store.put_item(id, key, value)
+        {
+            self.lose(&e);
         }
         Ok(())
     }

@@ -505,11 +505,12 @@ fn init_logging(global: &Global) {
 
 /// The file `-o` names when another argument of the command line names it too (a run
 /// file, a calibration file, a profile, a text, a plugin): the output would overwrite
-/// what the command reads. Compared by canonical path, so `./x` and `x` are one file.
+/// what the command reads. Compared as files (device and inode on Unix), so `./x`, `x`,
+/// a symbolic link to it and a hard link of it are one file.
 /// Only values that are paths or free text are candidates: `--format json -o json` writes
 /// a file named json, which no argument reads.
 fn output_is_an_input(output: &std::path::Path, matches: &clap::ArgMatches) -> Option<PathBuf> {
-    let target = std::fs::canonicalize(output).ok()?;
+    let target = std::fs::metadata(output).ok()?;
     let mut values: Vec<PathBuf> = Vec::new();
     let mut m = Some(matches);
     while let Some(level) = m {
@@ -523,7 +524,18 @@ fn output_is_an_input(output: &std::path::Path, matches: &clap::ArgMatches) -> O
         }
         m = level.subcommand().map(|(_, sub)| sub);
     }
-    values.into_iter().find(|p| std::fs::canonicalize(p).is_ok_and(|c| c == target))
+    values.into_iter().find(|p| std::fs::metadata(p).is_ok_and(|m| same_file(&m, &target, p, output)))
+}
+
+#[cfg(unix)]
+fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata, _: &std::path::Path, _: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+#[cfg(not(unix))]
+fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata, a: &std::path::Path, b: &std::path::Path) -> bool {
+    std::fs::canonicalize(a).ok().is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
 }
 
 fn main() -> ExitCode {

@@ -174,6 +174,13 @@ pub struct Cloud {
     offerings: Vec<Offering>,
 }
 
+impl Cloud {
+    /// The regions its offerings are priced in.
+    pub fn regions(&self) -> std::collections::BTreeSet<&str> {
+        self.offerings.iter().flat_map(|o| o.prices.iter().map(|p| p.region.as_str())).collect()
+    }
+}
+
 /// Load the cost plugin `spec` (with `input` on its stdin: a user's price file).
 ///
 /// # Errors

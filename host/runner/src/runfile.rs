@@ -309,9 +309,34 @@ pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
 }
 
 /// Read and parse a run file.
+///
+/// Relative paths in it (`[cost] price_file`, `[cluster] profile`, and plugins given as
+/// paths, `dir/x.wasm`) are taken from the run file's directory, so a run file runs the
+/// same from anywhere; plugins named bare (`llama3.wasm`) are found as everywhere else.
 pub fn load(path: &Path) -> Result<RunFile, String> {
     let text = crate::input::read_text(path, "run file", crate::input::TEXT_LIMIT)?;
-    parse(&text, &path.display().to_string())
+    let mut run = parse(&text, &path.display().to_string())?;
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let beside = |p: &mut String| {
+        if !p.is_empty() && Path::new(p.as_str()).is_relative() {
+            *p = dir.join(p.as_str()).display().to_string();
+        }
+    };
+    let is_path = |spec: &str| spec.contains(['/', '\\']);
+    if let Some(p) = run.cost.price_file.as_mut() {
+        beside(p);
+    }
+    if let Some(p) = run.cluster.profile.as_mut() {
+        beside(p);
+    }
+    if is_path(&run.model.plugin) {
+        beside(&mut run.model.plugin);
+    }
+    if let Some(p) = run.precision.plugin.as_mut().filter(|p| is_path(p)) {
+        beside(p);
+    }
+    run.cost.plugins.iter_mut().filter(|p| is_path(p)).for_each(beside);
+    Ok(run)
 }
 
 fn check(run: &RunFile) -> Result<(), String> {

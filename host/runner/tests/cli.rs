@@ -137,6 +137,30 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
     assert!(!html.contains("src=") && !html.contains("href=") && !html.contains("<script"), "self-contained");
 }
 
+/// Clouds asked for by mistake are refused before anything runs: a region no cloud sells
+/// in (it priced nothing, silently), the price-file reader as a cloud of its own (it
+/// trapped), one cloud named twice (two equal columns); a run file's relative paths are
+/// its directory's.
+#[test]
+fn clouds_and_regions_asked_for_by_mistake_are_refused() {
+    let dir = scratch("clouds");
+    let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--no-history", "-q"];
+    for (extra, want) in [
+        (vec!["--cloud", "lambda", "--region", "us-east1"], "no cloud sells in region 'us-east1'; the regions are:\n  lambda: "),
+        (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
+        (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
+    ] {
+        let mut a = explore.to_vec();
+        a.extend(extra);
+        let o = runner(&dir, &a);
+        assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
+    }
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    std::fs::write(dir.join("sub/run.toml"), "[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"ours.csv\"\n").unwrap();
+    let o = runner(&dir, &["run", "sub/run.toml", "--no-history", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("price file sub/ours.csv"), "{}", text(&o).1);
+}
+
 #[test]
 fn run_files_are_parsed_strictly() {
     let dir = scratch("runfile");
@@ -354,6 +378,15 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
     assert_eq!(v["layout"]["tp"].as_u64(), Some(2));
     assert_eq!(v["layout"]["gbs"].as_u64(), Some(64));
+    // A published layout that cannot hold the batch asked for gives way to the search,
+    // which says so (it was refused with the published layout's reason).
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "64", "--gbs", "1", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layout"]["dp"].as_u64(), Some(1), "{out}");
+    assert!(v["layout_from"].as_str().unwrap().contains("search"), "{out}");
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("does not apply: GBS 1")), "{out}");
     // Selective recompute of the modules named as Megatron names them: their forward is
     // repeated in the backward.
     let o = runner(
@@ -430,7 +463,6 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--vp", "4", "--pipeline-layout", "Et*16|t*16L"], "that is --vp 1, not 4"),
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "4", "--pipeline-layout", "Et*8|t*10|t*6|t*8L"], "not an even split"),
         (vec!["--model", "llama3.1-8b", "--gpus", "64", "--pp", "2", "--pipeline-layout", "Et*16|t*16L", "--account-for-loss-in-pipeline-split"], "cannot be used with"),
-        (vec!["--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536"], "fill only 126; use pp·vp ≤ 126"),
     ] {
         let mut a = vec!["project"];
         a.extend(args);
@@ -438,6 +470,14 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         let (_, err) = text(&o);
         assert!(!o.status.success() && err.contains(want), "{a:?}: {err}");
     }
+    // 128 chunks of the 405B's 126 layers at the even split: the search keeps the flags
+    // and counts the embedding and the loss as a layer each, as Megatron-Bridge's recipe.
+    let o = runner(&dir, &["project", "--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["layout"]["pp"].as_u64(), v["layout"]["vp"].as_u64(), v["layout"]["split"]["embedding"].as_u64()), (Some(16), Some(8), Some(1)), "{out}");
+    assert!(v["notes"].to_string().contains("fill only 126"), "{out}");
 }
 
 /// Megatron's pipeline split options: Llama 3.1 405B's 126 layers over PP16 VP8 run
@@ -618,6 +658,14 @@ step_time_s = 3.0
     assert_eq!(std::fs::read_to_string(dir.join("runs.toml")).unwrap(), runs);
     let o = runner(&dir, &["validate", "runs.toml", "--profile=fitted.toml", "-ofitted.toml", "-q"]);
     assert!(!o.status.success() && text(&o).1.contains("(fitted.toml)"), "{}", text(&o).1);
+    // A hard link is the same file under another name.
+    #[cfg(unix)]
+    {
+        std::fs::hard_link(dir.join("runs.toml"), dir.join("linked.json")).unwrap();
+        let o = runner(&dir, &["validate", "runs.toml", "-o", "linked.json", "-q"]);
+        assert!(!o.status.success() && text(&o).1.contains("also an input"), "{}", text(&o).1);
+        assert_eq!(std::fs::read_to_string(dir.join("runs.toml")).unwrap(), runs);
+    }
     // A file named like a flag's value is not an input: `--format json -o json` writes it.
     std::fs::write(dir.join("json"), "old").unwrap();
     let o = runner(&dir, &["validate", "runs.toml", "--format", "json", "-o", "json", "-q"]);
@@ -793,7 +841,25 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
         per_micro_batch += (f + b) * if o["layer"].as_i64() == Some(-1) { 1.0 } else { 4.0 };
         o["fwd_s"] = (2.0 * f).into();
         o["bwd_s"] = (2.0 * b).into();
+        // The details the times are made of double with them (a file whose times
+        // disagree with its details is refused).
+        let double = |v: &mut serde_json::Value| *v = (2.0 * v.as_f64().unwrap()).into();
+        if let Some(k) = o.get_mut("gemm").and_then(|g| g.get_mut("kernel_s")).and_then(serde_json::Value::as_array_mut) {
+            k.iter_mut().for_each(double);
+        }
+        if o["memory"].is_object() {
+            double(&mut o["memory"]["run_fwd_s"]);
+            double(&mut o["memory"]["run_bwd_s"]);
+        }
     }
+    // Only the times doubled, the file contradicts itself.
+    let mut contradicts = ops.clone();
+    for o in contradicts["ops"].as_array_mut().unwrap() {
+        o["fwd_s"] = (0.5 * o["fwd_s"].as_f64().unwrap()).into();
+    }
+    std::fs::write(dir.join("ops-halved.json"), serde_json::to_string(&contradicts).unwrap()).unwrap();
+    let o = run(&["project", "--model", "llama3-tiny", "--gpu", "cpu-box", "--gpus", "1", "--measured", "ops-halved.json"]);
+    assert!(!o.status.success() && text(&o).1.contains("disagree with each other"), "{}", text(&o).1);
     std::fs::write(dir.join("ops2.json"), serde_json::to_string(&doubled).unwrap()).unwrap();
     let twice = step(&["--measured", "ops2.json"]);
     let mb = twice["micro_batches"].as_f64().unwrap();
@@ -881,4 +947,260 @@ fn collectives_on_one_rank_include_sendrecv_to_itself() {
         let r = rows.iter().find(|r| r["op"] == op).unwrap_or_else(|| panic!("{op} missing: {out}"));
         assert_eq!(r["wrong"], 0, "{op}: {r}");
     }
+}
+
+/// A small, fast explorer run (one precision, two counts, one cloud, one measured step).
+const HIST_RUN: [&str; 13] =
+    ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8,16", "--precision", "bf16", "--repeats", "1", "--cloud", "lambda"];
+
+/// `args` with `--history FILE` in front.
+/// Run `statement` on a history database (created by the store first, so its schema
+/// exists): what a crash, an old runner or a full disk leaves behind.
+fn sql(history: &Path, statement: &str) {
+    drop(runner_store::Store::open(history).unwrap());
+    rusqlite::Connection::open(history).unwrap().execute_batch(statement).unwrap();
+}
+
+fn with_history<'a>(history: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["--history", history];
+    v.extend_from_slice(args);
+    v
+}
+
+/// A history that cannot be written (an item insert, the run's insert or its closing
+/// update fails, as on a full disk) does not cost the run: one warning naming the file
+/// and the error, and the result is printed and written to -o. It used to fail with only
+/// "error: history database ...".
+#[test]
+fn a_history_that_cannot_be_written_warns_once_and_the_run_goes_on() {
+    for (case, trigger) in [
+        ("items", "CREATE TRIGGER boom BEFORE INSERT ON items BEGIN SELECT RAISE(FAIL, 'boom'); END;"),
+        ("begin", "CREATE TRIGGER boom BEFORE INSERT ON runs BEGIN SELECT RAISE(FAIL, 'boom'); END;"),
+        ("finish", "CREATE TRIGGER boom BEFORE UPDATE OF result ON runs BEGIN SELECT RAISE(FAIL, 'boom'); END;"),
+    ] {
+        let dir = scratch(&format!("histfail-{case}"));
+        let history = dir.join("h.sqlite");
+        sql(&history, trigger);
+        let h = history.to_str().unwrap();
+        let mut args = with_history(h, &HIST_RUN);
+        args.extend(["-o", "out.json"]);
+        let o = runner(&dir, &args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{case}: {err}");
+        assert!(out.contains("llama3-tiny") && out.contains("H100 bf16"), "{case}: the result is printed: {out}");
+        let file: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("out.json")).unwrap()).unwrap();
+        assert_eq!(file["series"][0]["rows"].as_array().unwrap().len(), 2, "{case}");
+        let warnings: Vec<&str> = err.lines().filter(|l| l.starts_with("warning:")).collect();
+        assert_eq!(warnings.len(), 1, "{case}: one warning: {err}");
+        assert!(warnings[0].contains(h) && warnings[0].contains("boom") && warnings[0].contains("not kept"), "{case}: {err}");
+        assert!(!err.contains("error:") && !err.contains("kept as run"), "{case}: {err}");
+    }
+}
+
+/// A history written before `owner_pid` was recorded (the runs table without it) is
+/// migrated: explore keeps its run there and `history` lists the old runs. It failed
+/// "no such column: owner_pid".
+#[test]
+fn a_history_from_an_older_schema_is_migrated() {
+    let dir = scratch("histold");
+    let history = dir.join("h.sqlite");
+    let h = history.to_str().unwrap();
+    let o = runner(&dir, &with_history(h, &[&HIST_RUN[..], &["-q"]].concat()));
+    assert!(o.status.success(), "{}", text(&o).1);
+    // What an older runner's file looks like: the runs table without owner_pid (dropped
+    // here through a handle that is then closed; opening the file is what migrates it).
+    sql(&history, "ALTER TABLE runs DROP COLUMN owner_pid");
+    let mut args = with_history(h, &HIST_RUN);
+    assert_eq!(args[8], "8,16");
+    args[8] = "8,32";
+    let o = runner(&dir, &args);
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("owner_pid") && !err.contains("warning"), "{err}");
+    assert!(err.contains("kept as run 2"), "{err}");
+    let o = runner(&dir, &["--history", h, "history", "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(runs.as_array().unwrap().len(), 2, "{runs}");
+}
+
+/// An interrupted run is resumed only with the same plugins: the cost plugin at the same
+/// path swapped for another between the runs starts a fresh run, priced by the new
+/// plugin. The resume key held the run file, profiles and price file but not the
+/// plugins' sha256, so the rows priced by the old plugin were reused.
+#[test]
+fn an_interrupted_run_is_not_resumed_with_another_cost_plugin() {
+    let dir = scratch("histplugin");
+    let history = dir.join("h.sqlite");
+    let (h, cloud) = (history.to_str().unwrap().to_string(), dir.join("cloud.wasm"));
+    let mut args = with_history(&h, &HIST_RUN);
+    let cloud_arg = cloud.to_str().unwrap().to_string();
+    *args.last_mut().unwrap() = &cloud_arg;
+    args.extend(["--format", "json"]);
+    let usd = |out: &str| -> Vec<f64> {
+        let v: serde_json::Value = serde_json::from_str(out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        v["series"][0]["rows"].as_array().unwrap().iter().map(|r| r["costs"][0]["usd"].as_f64().unwrap()).collect()
+    };
+    std::fs::write(&cloud, embedded_wasm("aws.wasm")).unwrap();
+    let o = runner(&dir, &args);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && err.contains("kept as run 1"), "{err}");
+    let aws = usd(&out);
+    // Interrupted as a killed runner leaves it.
+    sql(&history, "UPDATE runs SET status = 'running', owner_pid = 0, result = NULL, finished = NULL");
+    std::fs::write(&cloud, embedded_wasm("lambda.wasm")).unwrap();
+    let o = runner(&dir, &args);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!err.contains("resumed") && err.contains("kept as run 2"), "a fresh run: {err}");
+    let lambda = usd(&out);
+    let o = runner(&dir, &[&args[..], &["--no-history"]].concat());
+    assert_eq!(lambda, usd(&text(&o).0), "priced by the plugin now at the path");
+    assert_ne!(lambda, aws, "the two plugins price differently");
+    // The same plugin again resumes the interrupted run it matches.
+    sql(&history, "UPDATE runs SET status = 'running', owner_pid = 0, result = NULL WHERE id = 2");
+    let o = runner(&dir, &args);
+    let (out, err) = text(&o);
+    assert!(err.contains("kept as run 2, resumed"), "{err}");
+    assert_eq!(usd(&out), lambda);
+}
+
+/// stdout closed (`runner show 1 -o y.json | head -c 10`) or full (`>/dev/full`): no
+/// panic, and the -o file is written. A closed pipe ends quietly (exit 0); a full disk
+/// is an error with a message. It panicked "failed printing to stdout" and never wrote
+/// the file.
+#[test]
+fn a_closed_or_full_stdout_neither_panics_nor_loses_the_output_file() {
+    let dir = scratch("histpipe");
+    let history = dir.join("h.sqlite");
+    let h = history.to_str().unwrap();
+    let o = runner(&dir, &with_history(h, &[&HIST_RUN[..], &["-q"]].concat()));
+    assert!(o.status.success(), "{}", text(&o).1);
+    let closed = |args: &[&str]| -> Output {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        command(&dir, args).stdout(writer).output().unwrap()
+    };
+    let cases: [(&str, Vec<&str>); 4] = [
+        ("y.json", vec!["--history", h, "show", "1", "--format", "json", "-o", "y.json"]),
+        ("y.html", vec!["--history", h, "show", "1", "-o", "y.html"]),
+        ("list.csv", vec!["--history", h, "history", "-o", "list.csv"]),
+        ("run.csv", with_history(h, &[&HIST_RUN[..], &["-o", "run.csv"]].concat())),
+    ];
+    for (file, args) in &cases {
+        let _ = std::fs::remove_file(dir.join(file));
+        let o = closed(args);
+        let (_, err) = text(&o);
+        assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(std::fs::metadata(dir.join(file)).unwrap().len() > 0, "{file} written: {err}");
+    }
+    if Path::new("/dev/full").exists() {
+        for (file, args) in &cases {
+            let _ = std::fs::remove_file(dir.join(file));
+            let o = command(&dir, args).stdout(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap()).output().unwrap();
+            let (_, err) = text(&o);
+            assert!(!err.contains("panicked"), "{args:?}: {err}");
+            assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+            assert!(err.contains("error: cannot write the result to stdout"), "{args:?}: {err}");
+            assert!(std::fs::metadata(dir.join(file)).unwrap().len() > 0, "{file} written: {err}");
+        }
+    }
+}
+
+/// `show` answers in the format asked for a failed run too (JSON an object, CSV a row,
+/// HTML escaped), and refuses a stored result it cannot render, naming the run and what
+/// is missing. It printed `run 1 failed: boom <script>` raw in every format (into an
+/// .html file too), and nothing (or `null`) with exit 0 for a result without renderings.
+#[test]
+fn show_renders_failed_and_odd_runs_in_the_format_asked_for() {
+    let dir = scratch("histshow");
+    let history = dir.join("h.sqlite");
+    let h = history.to_str().unwrap();
+    let insert = |status: &str, result: &str| {
+        sql(
+            &history,
+            &format!(
+                "INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, finished, status, result, runner_version)
+                 VALUES ('explore', 'runner explore', '{{}}', 'k', '[]', '2026-01-01T00:00:00Z', '2026-01-01T00:01:00Z', '{status}', '{result}', '0')"
+            ),
+        );
+    };
+    insert("failed", r#"{"error": "boom <script>, \"x\""}"#);
+    insert("done", "[1, 2]");
+    insert("done", r#"{"outcome": {"series": []}}"#);
+    insert("done", r#"{"renderings": {"table": "t"}}"#);
+    let show = |args: &[&str]| runner(&dir, &[&["--history", h, "show"][..], args].concat());
+
+    let o = show(&["1", "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    assert_eq!((v["id"].clone(), v["status"].clone(), v["error"].clone()), (1.into(), "failed".into(), r#"boom <script>, "x""#.into()));
+    let o = show(&["1", "--format", "csv"]);
+    let out = text(&o).0;
+    let header = csv_cells(out.lines().next().unwrap());
+    let row = csv_cells(out.lines().nth(1).unwrap());
+    let error = header.iter().position(|c| c == "error").unwrap();
+    assert_eq!(row[error], r#"boom <script>, "x""#, "{out}");
+    assert_eq!(row[header.iter().position(|c| c == "status").unwrap()], "failed");
+    let o = show(&["1", "-o", "x.html"]);
+    assert!(o.status.success());
+    let html = std::fs::read_to_string(dir.join("x.html")).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("boom &lt;script&gt;") && !html.contains("<script>"), "{html}");
+    assert!(text(&o).0.contains("run 1 failed: boom <script>"), "the terminal still reads a sentence");
+
+    for (id, format, want) in [
+        ("2", "table", "run 2's stored result is not an object"),
+        ("2", "json", "run 2's stored result is not an object"),
+        ("3", "table", "run 3's stored result has no renderings.table"),
+        ("3", "html", "run 3's stored result has no renderings.html"),
+        ("4", "json", "run 4's stored result has no outcome"),
+    ] {
+        let o = show(&[id, "--format", format]);
+        let (out, err) = text(&o);
+        assert!(!o.status.success() && out.is_empty(), "{id} {format}: {out}");
+        assert!(err.contains(want), "{id} {format}: {err}");
+    }
+    // A result that renders in the format shown but not in the -o file's: an error, and
+    // no file.
+    let o = show(&["4", "-o", "four.json"]);
+    assert!(!o.status.success() && text(&o).1.contains("has no outcome"), "{}", text(&o).1);
+    assert!(!dir.join("four.json").exists());
+}
+
+/// `history --limit 0` is refused (it said "no runs yet"); a missing id names the ids
+/// there, gaps included (it said "runs are numbered 1 to N"); a run marked running whose
+/// process is gone reads "interrupted" in `history` and `show` (it read "running").
+#[test]
+fn history_wording_limit_missing_ids_and_interrupted_runs() {
+    let dir = scratch("histwords");
+    let history = dir.join("h.sqlite");
+    let h = history.to_str().unwrap();
+    for (id, status, pid) in [(3, "done", 0), (5, "running", 0), (7, "running", std::process::id())] {
+        sql(
+            &history,
+            &format!(
+                "INSERT INTO runs (id, kind, command, inputs, inputs_sha256, plugins, started, status, runner_version, owner_pid)
+                 VALUES ({id}, 'explore', 'runner explore', '{{}}', 'k{id}', '[]', '2026-01-01T00:00:00Z', '{status}', '0', {pid})"
+            ),
+        );
+    }
+    let o = runner(&dir, &["--history", h, "history", "--limit", "0"]);
+    let (out, err) = text(&o);
+    assert!(!o.status.success() && out.is_empty() && err.contains("--limit 0"), "{out}{err}");
+    assert!(!err.contains("no runs yet"));
+
+    let o = runner(&dir, &["--history", h, "show", "57"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("no run 57") && err.contains("lowest 3") && err.contains("highest 7"), "{err}");
+    assert!(!err.contains("1 to"), "{err}");
+
+    let o = runner(&dir, &["--history", h, "history", "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let status = |id: i64| runs.as_array().unwrap().iter().find(|r| r["id"] == id).unwrap()["status"].as_str().unwrap().to_string();
+    assert_eq!((status(3), status(5), status(7)), ("done".into(), "interrupted".into(), "running".into()), "{runs}");
+    let o = runner(&dir, &["--history", h, "history"]);
+    assert!(text(&o).0.lines().any(|l| l.starts_with("5 ") && l.contains("interrupted")), "{}", text(&o).0);
+    let o = runner(&dir, &["--history", h, "show", "5"]);
+    assert!(text(&o).0.contains("is interrupted"), "{}", text(&o).0);
 }

@@ -60,6 +60,18 @@ pub struct Run {
     /// Items written as the run went (key, value), in order.
     pub items: Vec<(String, Value)>,
     pub runner_version: String,
+    /// The process that runs (or ran) it; 0 where unknown (a history from before it was
+    /// recorded).
+    #[serde(skip)]
+    pub owner_pid: u32,
+}
+
+impl Run {
+    /// The status as it stands now: "interrupted" for a run still marked running whose
+    /// process is gone (killed; started again with the same inputs, it resumes).
+    pub fn state(&self) -> &str {
+        state(&self.status, self.owner_pid)
+    }
 }
 
 /// A run's line in a listing.
@@ -71,6 +83,20 @@ pub struct Summary {
     pub started: String,
     pub status: String,
     pub items: i64,
+    /// The process that runs (or ran) it; 0 where unknown.
+    #[serde(skip)]
+    pub owner_pid: u32,
+}
+
+impl Summary {
+    /// As [`Run::state`].
+    pub fn state(&self) -> &str {
+        state(&self.status, self.owner_pid)
+    }
+}
+
+fn state(status: &str, owner_pid: u32) -> &str {
+    if status == "running" && !process_alive(owner_pid) { "interrupted" } else { status }
 }
 
 const SCHEMA: &str = "
@@ -97,6 +123,47 @@ CREATE TABLE IF NOT EXISTS items (
     PRIMARY KEY (run_id, key)
 );
 ";
+
+/// Columns added to the schema after its first release: (table, column, definition). A
+/// history written before one of them was added gets it on open ([`migrate`]), or every
+/// query naming it would fail ("no such column").
+const ADDED_COLUMNS: &[(&str, &str, &str)] = &[("runs", "owner_pid", "INTEGER NOT NULL DEFAULT 0")];
+
+/// Whether `table` lacks any of [`ADDED_COLUMNS`].
+fn missing_columns(c: &Connection) -> rusqlite::Result<Vec<(&'static str, &'static str, &'static str)>> {
+    let mut out = Vec::new();
+    for &(table, column, definition) in ADDED_COLUMNS {
+        let mut st = c.prepare(&format!("PRAGMA table_info({table})"))?;
+        let names = st.query_map([], |r| r.get::<_, String>(1))?.collect::<rusqlite::Result<Vec<String>>>()?;
+        if !names.iter().any(|n| n == column) {
+            out.push((table, column, definition));
+        }
+    }
+    Ok(out)
+}
+
+/// Bring a history made by an older runner up to [`SCHEMA`]: add the columns it lacks.
+/// Checked and altered under the write lock, so two runners opening the same old file at
+/// once do not both add a column (the second would fail "duplicate column name").
+fn migrate(c: &Connection) -> rusqlite::Result<()> {
+    if missing_columns(c)?.is_empty() {
+        return Ok(());
+    }
+    c.execute_batch("BEGIN IMMEDIATE")?;
+    let altered = (|| {
+        for (table, column, definition) in missing_columns(c)? {
+            c.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {definition}"))?;
+        }
+        Ok(())
+    })();
+    match altered {
+        Ok(()) => c.execute_batch("COMMIT"),
+        Err(e) => {
+            let _ = c.execute_batch("ROLLBACK");
+            Err(e)
+        }
+    }
+}
 
 /// How long a runner waits for another one holding the database.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -135,6 +202,17 @@ pub fn default_path() -> Option<PathBuf> {
     Some(base.join("runner").join("history.sqlite"))
 }
 
+/// What an unfinished run is found by (the `inputs_sha256` column): the sha256 of its
+/// inputs, the name and sha256 of every plugin it used, and the runner's version. Two runs
+/// with equal keys compute equal pieces, so one may resume the other.
+fn resume_key(inputs: &Value, plugins: &Value, version: &str) -> String {
+    let plugins: Vec<Value> = plugins
+        .as_array()
+        .map(|ps| ps.iter().map(|p| serde_json::json!([p.get("name"), p.get("sha256")])).collect())
+        .unwrap_or_else(|| vec![plugins.clone()]);
+    hash(&serde_json::json!({ "inputs": inputs, "plugins": plugins, "runner_version": version }))
+}
+
 /// The sha256 of a JSON value's canonical text (serde_json sorts object keys when
 /// `preserve_order` is off, which it is here).
 pub fn hash(v: &Value) -> String {
@@ -163,7 +241,8 @@ impl Store {
         let setup = |c: &Connection| -> rusqlite::Result<()> {
             c.pragma_update(None, "journal_mode", "WAL")?;
             c.pragma_update(None, "synchronous", "FULL")?;
-            c.execute_batch(SCHEMA)
+            c.execute_batch(SCHEMA)?;
+            migrate(c)
         };
         let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
         let mut pause = Duration::from_millis(2);
@@ -184,33 +263,36 @@ impl Store {
         StoreError(format!("history database {}: {e}", self.path.display()))
     }
 
-    /// Start a run, or resume the newest unfinished one with the same kind and inputs
-    /// (its items are then already there). Returns the id and whether it resumed.
+    /// Start a run, or resume the newest unfinished one with the same kind, inputs, plugins
+    /// (by name and sha256) and runner version (its items are then already there; pieces
+    /// computed by another plugin or another runner are never reused). Returns the id and
+    /// whether it resumed.
     ///
     /// # Errors
     /// A database error.
     pub fn begin(&mut self, kind: &str, command: &str, inputs: &Value, plugins: &Value, version: &str) -> R<(RunId, bool)> {
-        let digest = hash(inputs);
+        let digest = resume_key(inputs, plugins, version);
+        let path = self.path.clone();
+        let err = |e: rusqlite::Error| StoreError(format!("history database {}: {e}", path.display()));
         // IMMEDIATE: take the write lock before reading, or two runners that both read
         // first would deadlock on the upgrade and one would fail "database is locked".
-        let tx = self
-            .conn
-            .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
-            .map_err(|e| StoreError(format!("history database {}: {e}", self.path.display())))?;
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(err)?;
         // An unfinished run whose process is gone (killed) is resumed; one whose process
         // still runs (a second runner with the same inputs) is left to it.
         let me = std::process::id();
         let unfinished: Vec<(RunId, u32)> = {
             let mut st = tx
                 .prepare("SELECT id, owner_pid FROM runs WHERE inputs_sha256 = ?1 AND kind = ?2 AND status = 'running' ORDER BY id DESC")
-                .map_err(|e| StoreError(e.to_string()))?;
-            let rows = st.query_map(params![digest, kind], |r| Ok((r.get(0)?, r.get(1)?))).map_err(|e| StoreError(e.to_string()))?;
-            rows.collect::<Result<_, _>>().map_err(|e| StoreError(e.to_string()))?
+                .map_err(err)?;
+            let rows = st.query_map(params![digest, kind], |r| Ok((r.get(0)?, r.get(1)?))).map_err(err)?;
+            rows.collect::<Result<_, _>>().map_err(err)?
         };
         let existing = unfinished.into_iter().find(|&(_, pid)| pid == me || !process_alive(pid)).map(|(id, _)| id);
         let out = match existing {
             Some(id) => {
-                tx.execute("UPDATE runs SET owner_pid = ?2 WHERE id = ?1", params![id, me]).map_err(|e| StoreError(e.to_string()))?;
+                // The plugins are the same by sha256; where they were loaded from may not be.
+                tx.execute("UPDATE runs SET owner_pid = ?2, plugins = ?3 WHERE id = ?1", params![id, me, plugins.to_string()])
+                    .map_err(err)?;
                 (id, true)
             }
             None => {
@@ -219,11 +301,11 @@ impl Store {
                      VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7, ?8)",
                     params![kind, command, inputs.to_string(), digest, plugins.to_string(), now(), version, me],
                 )
-                .map_err(|e| StoreError(e.to_string()))?;
+                .map_err(err)?;
                 (tx.last_insert_rowid(), false)
             }
         };
-        tx.commit().map_err(|e| self.err(e))?;
+        tx.commit().map_err(err)?;
         Ok(out)
     }
 
@@ -284,13 +366,21 @@ impl Store {
         let mut st = self
             .conn
             .prepare(
-                "SELECT r.id, r.kind, r.command, r.started, r.status, (SELECT COUNT(*) FROM items i WHERE i.run_id = r.id)
+                "SELECT r.id, r.kind, r.command, r.started, r.status, (SELECT COUNT(*) FROM items i WHERE i.run_id = r.id), r.owner_pid
                  FROM runs r ORDER BY r.id DESC LIMIT ?1",
             )
             .map_err(|e| self.err(e))?;
         let rows = st
             .query_map(params![limit as i64], |r| {
-                Ok(Summary { id: r.get(0)?, kind: r.get(1)?, command: r.get(2)?, started: r.get(3)?, status: r.get(4)?, items: r.get(5)? })
+                Ok(Summary {
+                    id: r.get(0)?,
+                    kind: r.get(1)?,
+                    command: r.get(2)?,
+                    started: r.get(3)?,
+                    status: r.get(4)?,
+                    items: r.get(5)?,
+                    owner_pid: r.get(6)?,
+                })
             })
             .map_err(|e| self.err(e))?;
         rows.collect::<Result<_, _>>().map_err(|e| self.err(e))
@@ -304,7 +394,7 @@ impl Store {
         let row = self
             .conn
             .query_row(
-                "SELECT id, kind, command, started, finished, status, inputs, plugins, result, runner_version FROM runs WHERE id = ?1",
+                "SELECT id, kind, command, started, finished, status, inputs, plugins, result, runner_version, owner_pid FROM runs WHERE id = ?1",
                 params![id],
                 |r| {
                     Ok((
@@ -318,16 +408,28 @@ impl Store {
                         r.get::<_, String>(7)?,
                         r.get::<_, Option<String>>(8)?,
                         r.get::<_, String>(9)?,
+                        r.get::<_, u32>(10)?,
                     ))
                 },
             )
             .optional()
             .map_err(|e| self.err(e))?;
-        let Some((id, kind, command, started, finished, status, inputs, plugins, result, runner_version)) = row else {
-            let newest = self.list(1)?.first().map(|s| s.id);
-            return Err(StoreError(match newest {
-                Some(n) => format!("no run {id} in {}; runs are numbered 1 to {n} (`runner history` lists them)", self.path.display()),
-                None => format!("no run {id}: {} holds no runs yet", self.path.display()),
+        let Some((id, kind, command, started, finished, status, inputs, plugins, result, runner_version, owner_pid)) = row else {
+            // Say which ids exist: runs deleted from the file leave gaps, so not "1 to N".
+            let (count, low, high): (i64, Option<RunId>, Option<RunId>) = self
+                .conn
+                .query_row("SELECT COUNT(*), MIN(id), MAX(id) FROM runs", [], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .map_err(|e| self.err(e))?;
+            let path = self.path.display();
+            return Err(StoreError(match (low, high) {
+                (Some(l), Some(h)) if l == h => format!("no run {id} in {path}: it holds run {l} only (`runner history` lists it)"),
+                (Some(l), Some(h)) if h - l + 1 == count => {
+                    format!("no run {id} in {path}: it holds runs {l} to {h} (`runner history` lists them)")
+                }
+                (Some(l), Some(h)) => {
+                    format!("no run {id} in {path}: it holds {count} runs, the lowest {l} and the highest {h} (`runner history` lists them)")
+                }
+                _ => format!("no run {id}: {path} holds no runs yet"),
             }));
         };
         let json = |what: &str, s: &str| serde_json::from_str::<Value>(s).map_err(|e| StoreError(format!("run {id} {what}: {e}")));
@@ -343,6 +445,7 @@ impl Store {
             result: result.as_deref().map(|r| json("result", r)).transpose()?,
             items: self.items(id)?,
             runner_version,
+            owner_pid,
         })
     }
 
@@ -491,6 +594,94 @@ mod tests {
             assert!(r.items.iter().all(|(_, v)| v["writer"] == json!(w)));
         }
         assert_eq!(s.integrity().unwrap(), "ok");
+    }
+
+    /// A history written before `owner_pid` was added (the runs table without it): opened
+    /// by this runner it gains the column, its runs read back, and new runs begin and
+    /// resume. It failed "no such column: owner_pid" on every run.
+    #[test]
+    fn a_history_from_an_older_schema_is_migrated_on_open() {
+        let path = scratch("oldschema");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let old_schema = SCHEMA.replace(",\n    owner_pid INTEGER NOT NULL DEFAULT 0", "");
+        assert!(!old_schema.contains("owner_pid") && old_schema != SCHEMA, "the older schema is the current one less owner_pid");
+        {
+            let c = Connection::open(&path).unwrap();
+            c.execute_batch(&old_schema).unwrap();
+            c.execute(
+                "INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, status, runner_version)
+                 VALUES ('explore', 'runner explore', '{}', 'x', '[]', '2025-01-01T00:00:00Z', 'running', '0.0.1')",
+                [],
+            )
+            .unwrap();
+        }
+        let mut s = Store::open(&path).unwrap();
+        let old = s.get(1).unwrap();
+        assert_eq!((old.owner_pid, old.state()), (0, "interrupted"), "an old unfinished run has no live owner");
+        assert_eq!(s.list(10).unwrap().len(), 1);
+        let inputs = json!({"gpus": [8]});
+        let (id, resumed) = s.begin("explore", "runner explore", &inputs, &json!([]), "0.1.0").unwrap();
+        assert!(!resumed && id == 2);
+        s.put_item(id, "8", &json!(1)).unwrap();
+        s.finish(id, "done", &json!({})).unwrap();
+        drop(s);
+        // Opening it again (already migrated) changes nothing.
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.get(2).unwrap().items.len(), 1);
+        assert_eq!(s.integrity().unwrap(), "ok");
+    }
+
+    /// An unfinished run is resumed only by a run with the same plugins (by sha256) and
+    /// the same runner version: rows priced by another cost plugin are never reused. On
+    /// resume the run records the plugins of the process that finishes it.
+    #[test]
+    fn a_run_with_other_plugins_or_another_version_does_not_resume() {
+        let path = scratch("resumekey");
+        let mut s = Store::open(&path).unwrap();
+        let inputs = json!({"model": "llama3.1-8b"});
+        let aws = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "11", "source": "/a/cloud.wasm"}]);
+        let lambda = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "22", "source": "/a/cloud.wasm"}]);
+        let interrupt = |s: &Store, id: RunId| s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 0 WHERE id = {id}")).unwrap();
+        let (first, _) = s.begin("explore", "c", &inputs, &aws, "0.1.0").unwrap();
+        interrupt(&s, first);
+        let (other, resumed) = s.begin("explore", "c", &inputs, &lambda, "0.1.0").unwrap();
+        assert!(!resumed && other != first, "another cost plugin: a fresh run");
+        interrupt(&s, other);
+        let (newer, resumed) = s.begin("explore", "c", &inputs, &aws, "0.2.0").unwrap();
+        assert!(!resumed && newer != first && newer != other, "another runner version: a fresh run");
+        interrupt(&s, newer);
+        // The same plugins loaded from elsewhere resume, and the run records where.
+        let moved = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "11", "source": "/b/cloud.wasm"}]);
+        let (again, resumed) = s.begin("explore", "c", &inputs, &moved, "0.1.0").unwrap();
+        assert_eq!((again, resumed), (first, true));
+        assert_eq!(s.get(first).unwrap().plugins, moved);
+    }
+
+    /// A missing id is answered with the ids the file holds, gaps included; a run whose
+    /// process is gone reads "interrupted", one whose process runs "running".
+    #[test]
+    fn a_missing_id_names_the_ids_there_and_a_dead_owner_reads_interrupted() {
+        let path = scratch("ids");
+        let mut s = Store::open(&path).unwrap();
+        assert!(s.get(1).unwrap_err().to_string().contains("holds no runs yet"));
+        for w in 0..4 {
+            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").unwrap();
+            s.finish(id, "done", &json!({})).unwrap();
+        }
+        let e = s.get(9).unwrap_err().to_string();
+        assert!(e.contains("no run 9") && e.contains("runs 1 to 4"), "{e}");
+        s.conn.execute_batch("DELETE FROM runs WHERE id IN (1, 3)").unwrap();
+        let e = s.get(3).unwrap_err().to_string();
+        assert!(e.contains("no run 3") && e.contains("2 runs, the lowest 2 and the highest 4") && !e.contains("1 to"), "{e}");
+        s.conn.execute_batch("DELETE FROM runs WHERE id = 2").unwrap();
+        assert!(s.get(1).unwrap_err().to_string().contains("holds run 4 only"));
+
+        let (live, _) = s.begin("x", "t", &json!({"live": 1}), &json!([]), "0").unwrap();
+        assert_eq!(s.get(live).unwrap().state(), "running", "this process owns it");
+        s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 4194305 WHERE id = {live}")).unwrap();
+        assert_eq!(s.get(live).unwrap().state(), "interrupted");
+        assert_eq!(s.list(1).unwrap()[0].state(), "interrupted");
+        assert_eq!(s.list(1).unwrap()[0].status, "running", "the stored status is left as it is");
     }
 
     #[test]

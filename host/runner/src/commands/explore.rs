@@ -15,7 +15,7 @@ use runner::report::{self, OutputFormat, Table};
 use runner::runfile::{self, RunFile};
 use runner_graph::recompute::RecomputePolicy;
 
-use crate::commands::write_output;
+use crate::commands::{output_format, print_stdout, write_output};
 use crate::{Global, QuickRun};
 
 /// Apply the command line's flags over a run (from a file or the defaults) and check the
@@ -157,21 +157,35 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
-            if let Some(j) = &journal {
+            if let Some(j) = &mut journal {
                 j.fail(&format!("{e:#}"));
+                warn_lost(j);
             }
             return Err(e);
         }
     };
-    if let Some(j) = &journal {
-        keep(j, &outcome, global)?;
+    if let Some(j) = &mut journal {
+        keep(j, &outcome, global);
+        warn_lost(j);
     }
-    print!("{}", report::explore::render(&outcome, global.format.unwrap_or(OutputFormat::Table)));
-    write_output(global, &|f| report::explore::render(&outcome, f))
+    // The file first: a stdout that fails (a closed pipe) must not lose it.
+    write_output(global, &|f| report::explore::render(&outcome, f))?;
+    print_stdout(&report::explore::render(&outcome, global.format.unwrap_or(OutputFormat::Table)))
 }
 
-/// Close the run in the history with its outcome, figures and every rendering.
-fn keep(j: &StoreJournal, o: &Outcome, global: &Global) -> Result<()> {
+/// Say once, on stderr, that the history could not be written and the run is not kept.
+fn warn_lost(j: &StoreJournal) {
+    if let Some(e) = j.lost() {
+        eprintln!(
+            "warning: {}; this run is not kept in the history (--history FILE keeps it elsewhere, --no-history keeps nothing)",
+            runner::report::visible(e)
+        );
+    }
+}
+
+/// Close the run in the history with its outcome, figures and every rendering (a failed
+/// write is left in the journal for [`warn_lost`]).
+fn keep(j: &mut StoreJournal, o: &Outcome, global: &Global) {
     let result = json!({
         "outcome": o,
         "figures": history::figures(o),
@@ -181,14 +195,13 @@ fn keep(j: &StoreJournal, o: &Outcome, global: &Global) -> Result<()> {
             "html": report::explore::render(o, OutputFormat::Html),
         },
     });
-    j.finish(&result)?;
+    j.finish(&result);
     if !global.quiet
         && let Some(id) = j.id()
     {
         let resumed = if j.resumed { format!(", resumed with {} pieces already done", j.recalled()) } else { String::new() };
         eprintln!("kept as run {id}{resumed} (`runner show {id}`)");
     }
-    Ok(())
 }
 
 /// `runner` with no command, and `runner explore`: a run from flags over the defaults.
@@ -216,8 +229,16 @@ fn open_store(global: &Global) -> Result<(runner_store::Store, PathBuf)> {
 
 /// `runner history`: the newest runs first.
 pub fn list(limit: usize, global: &Global) -> Result<()> {
+    if limit == 0 {
+        anyhow::bail!("--limit 0 lists no runs: give 1 or more (the newest runs first; 20 when not given)");
+    }
     let (store, path) = open_store(global)?;
-    let runs = store.list(limit)?;
+    let mut runs = store.list(limit)?;
+    // A run still marked running whose process is gone was interrupted (it resumes when
+    // started again with the same inputs).
+    for r in &mut runs {
+        r.status = r.state().to_string();
+    }
     let mut t = Table::new(format!("history: {}", path.display()), &["id", "kind", "started", "status", "pieces", "command"]);
     for r in &runs {
         t.rows.push(vec![r.id.to_string(), r.kind.clone(), r.started.clone(), r.status.clone(), r.items.to_string(), r.command.clone()]);
@@ -228,38 +249,81 @@ pub fn list(limit: usize, global: &Global) -> Result<()> {
     crate::commands::emit(global, &t, &runs)
 }
 
-/// `runner show ID`: a stored run reprinted in any format.
+/// `runner show ID`: a stored run reprinted in any format. A run without a result (still
+/// running, interrupted) or failed is shown in the format asked for too: JSON an object,
+/// CSV a row, HTML escaped. A result that lacks what the format needs is an error.
 pub fn show(id: i64, global: &Global) -> Result<()> {
     let (store, _) = open_store(global)?;
-    let run = store.get(id)?;
+    let mut run = store.get(id)?;
+    run.status = run.state().to_string();
     let format = global.format.unwrap_or(OutputFormat::Table);
-    let render = |f: OutputFormat| -> String {
-        let Some(result) = &run.result else {
-            return match f {
-                OutputFormat::Json => serde_json::to_string_pretty(&run).unwrap_or_default() + "\n",
-                _ => format!(
-                    "run {} ({}) is {}: {} pieces kept; started {} by `{}`\n",
-                    run.id,
-                    run.kind,
-                    run.status,
-                    run.items.len(),
-                    run.started,
-                    run.command
-                ),
-            };
+    let error = run.result.as_ref().and_then(|r| r.get("error")).map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string));
+    if run.result.is_none() || error.is_some() {
+        // No outcome to reprint: the run's record, in the format asked for.
+        let mut t = Table::new(format!("run {} ({})", run.id, run.kind), &["id", "kind", "status", "started", "finished", "pieces", "error", "command"]);
+        t.rows.push(vec![
+            run.id.to_string(),
+            run.kind.clone(),
+            run.status.clone(),
+            run.started.clone(),
+            run.finished.clone().unwrap_or_default(),
+            run.items.len().to_string(),
+            error.clone().unwrap_or_default(),
+            run.command.clone(),
+        ]);
+        let value = match &error {
+            Some(e) => json!({
+                "id": run.id, "kind": run.kind, "status": run.status, "error": e,
+                "started": run.started, "finished": run.finished, "command": run.command,
+            }),
+            None => serde_json::to_value(&run)?,
         };
-        if let Some(e) = result.get("error").and_then(|e| e.as_str()) {
-            return format!("run {} failed: {e}\n", run.id);
-        }
-        match f {
-            OutputFormat::Json => serde_json::to_string_pretty(&result["outcome"]).unwrap_or_default() + "\n",
-            OutputFormat::Table => result["renderings"]["table"].as_str().unwrap_or_default().to_string(),
-            OutputFormat::Csv => result["renderings"]["csv"].as_str().unwrap_or_default().to_string(),
-            OutputFormat::Html => result["renderings"]["html"].as_str().unwrap_or_default().to_string(),
+        let sentence = match &error {
+            Some(e) => format!("run {} failed: {e}\n", run.id),
+            None => format!(
+                "run {} ({}) is {}: {} pieces kept; started {} by `{}`\n",
+                run.id,
+                run.kind,
+                run.status,
+                run.items.len(),
+                run.started,
+                run.command
+            ),
+        };
+        let render = |f: OutputFormat| match f {
+            OutputFormat::Table => report::visible(&sentence),
+            _ => report::render(f, &t, &value),
+        };
+        write_output(global, &render)?;
+        return print_stdout(&render(format));
+    }
+    let result = run.result.as_ref().filter(|r| r.is_object());
+    // What each format reprints, or what the stored result lacks.
+    let render = |f: OutputFormat| -> Result<String> {
+        let Some(result) = result else {
+            anyhow::bail!("run {id}'s stored result is not an object: it cannot be shown (`runner history` lists the runs)");
+        };
+        let (field, name) = match f {
+            OutputFormat::Json => return match result.get("outcome") {
+                Some(o) if !o.is_null() => Ok(serde_json::to_string_pretty(o)? + "\n"),
+                _ => anyhow::bail!("run {id}'s stored result has no outcome: it cannot be shown as JSON"),
+            },
+            OutputFormat::Table => ("table", "a table"),
+            OutputFormat::Csv => ("csv", "CSV"),
+            OutputFormat::Html => ("html", "HTML"),
+        };
+        match result.get("renderings").and_then(|r| r.get(field)).and_then(|v| v.as_str()) {
+            Some(text) => Ok(text.to_string()),
+            None => anyhow::bail!("run {id}'s stored result has no renderings.{field}: it cannot be shown as {name}"),
         }
     };
-    print!("{}", render(format));
-    write_output(global, &render)
+    // Render both first, so an error leaves neither the file nor stdout half done.
+    let shown = render(format)?;
+    if let Some(f) = output_format(global) {
+        let text = render(f)?;
+        write_output(global, &|_| text.clone())?;
+    }
+    print_stdout(&shown)
 }
 
 /// `runner compare A B`: what changed between two runs.
