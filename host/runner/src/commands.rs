@@ -29,9 +29,13 @@ pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: 
         (OutputFormat::Html, Some(p)) => p(),
         _ => report::render(format, table, value),
     };
-    let format = global.format.unwrap_or(OutputFormat::Table);
-    write_output(global, &render)?;
-    print_stdout(&render(format))
+    emit_rendered(global, &render)
+}
+
+/// Print `render`'s output in the chosen format, after writing --output when given.
+pub fn emit_rendered(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
+    write_output(global, render)?;
+    print_stdout(&render(global.format.unwrap_or(OutputFormat::Table)))
 }
 
 /// Print a command's result on stdout. The `-o` file is written first ([`write_output`]),

@@ -489,6 +489,17 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                 Some(g) => (g, format!("GBS {g} from the run")),
                 None => project::default_gbs(variant, &p.gpu, p.recipe, n, job),
             };
+            // A run shorter than one step has no days to speak of (it printed 1e-10 days,
+            // less than the one step it takes).
+            let step_tokens = f64::from(gbs) * f64::from(seq_len);
+            if step_tokens > tokens {
+                anyhow::bail!(
+                    "{} tokens to train are fewer than one step's {} (GBS {gbs} x sequence {seq_len}): train on more tokens \
+                     (--tokens) or take a smaller batch (--gbs)",
+                    runner_contract::text::number(tokens),
+                    runner_contract::text::number(step_tokens)
+                );
+            }
             gbs_notes.insert(why);
             if let Some(row) = journal.recall(&key).and_then(|v| serde_json::from_value::<Row>(v).ok())
                 && row.costs.len() == clouds.len()

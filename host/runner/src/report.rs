@@ -130,11 +130,24 @@ impl Table {
     pub fn csv(&self) -> String {
         let mut out = String::new();
         let esc = |s: &str| {
-            let s = visible(s);
-            if s.contains([',', '"', '\n']) {
+            let mut s = visible(s);
+            // A spreadsheet runs a cell that starts with = or @ (or + or - before other
+            // than a number) as a formula: a price file's instance name must not.
+            let mut c = s.chars();
+            let formula = match (c.next(), c.next()) {
+                (Some('=' | '@'), _) => true,
+                (Some('+' | '-'), Some(n)) => !(n.is_ascii_digit() || n == '.' || n == ' '),
+                _ => false,
+            };
+            if formula {
+                s.insert(0, '\'');
+            }
+            // Quoted: separators, and a leading # (the notes' comment lines start with
+            // one; a reader told comment='#' would drop the row).
+            if s.contains([',', '"', '\n']) || s.starts_with('#') {
                 format!("\"{}\"", s.replace('"', "\"\""))
             } else {
-                s.to_string()
+                s
             }
         };
         let _ = writeln!(
@@ -169,9 +182,11 @@ pub fn visible(s: &str) -> String {
     s.split('\n').map(|line| runner_contract::text::escape(line, usize::MAX)).collect::<Vec<_>>().join("\n")
 }
 
-/// Text escaped for HTML.
+/// Text escaped for HTML, in an element or an attribute of either quote; control
+/// characters (a device name with ESC from a measured-ops file) shown as [`visible`]
+/// escapes, as on a terminal.
 pub fn html_escape(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;")
+    visible(s).replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;").replace('"', "&quot;").replace('\'', "&#39;")
 }
 
 /// A self-contained page (inline CSS only) around `body`.
@@ -267,6 +282,23 @@ mod tests {
         let text = t.render();
         assert!(text.starts_with("runs\nof \\u{1b}]0;pwned\\u{7}\n") && text.contains("llama\\u{1b}[31m"), "{text}");
         assert_eq!(visible("plain\ntext"), "plain\ntext");
+        assert!(!t.html().contains('\u{1b}'), "HTML too");
+        assert_eq!(html_escape("it's \"x\""), "it&#39;s &quot;x&quot;");
+    }
+
+    /// A CSV cell a spreadsheet would run as a formula is neutralised; numbers, negative
+    /// ones included, stay numbers; a leading # is quoted so a comment-aware reader keeps
+    /// the row.
+    #[test]
+    fn csv_cells_are_not_formulas_nor_comments() {
+        let mut t = Table::new("", &["instance", "error"]);
+        for (cell, n) in [("=HYPERLINK(\"x\")", "-23.1 %"), ("@SUM(A1)", "+4.2"), ("-cmd", "-"), ("#box", "-.5")] {
+            t.rows.push(vec![cell.into(), n.into()]);
+        }
+        assert_eq!(
+            t.csv(),
+            "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n"
+        );
     }
 
     #[test]

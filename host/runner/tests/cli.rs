@@ -149,6 +149,7 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
         (vec!["--cloud", "lambda", "--region", "us-east1"], "no cloud sells in region 'us-east1'; the regions are:\n  lambda: "),
         (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
         (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
+        (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's"),
     ] {
         let mut a = explore.to_vec();
         a.extend(extra);

@@ -331,25 +331,43 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     let (store, _) = open_store(global)?;
     let (ra, rb) = (store.get(a)?, store.get(b)?);
     let changes = history::compare(&ra, &rb);
-    let short = |v: &serde_json::Value| -> String {
-        let s = match v {
+    let cell = |v: &serde_json::Value| -> String {
+        match v {
             serde_json::Value::String(s) => s.clone(),
             serde_json::Value::Number(n) => n.as_f64().map_or(n.to_string(), |x| format!("{}", (x * 1e4).round() / 1e4)),
             serde_json::Value::Null => "-".into(),
             other => other.to_string(),
-        };
-        if s.chars().count() > 40 { format!("{}...", s.chars().take(37).collect::<String>()) } else { s }
+        }
     };
-    let mut t = Table::new(format!("run {a} against run {b}"), &["what", "where", &format!("run {a}"), &format!("run {b}")]);
-    for (section, c) in &changes {
-        t.rows.push(vec![section.clone(), c.path.clone(), short(&c.a), short(&c.b)]);
-    }
-    if changes.is_empty() {
-        t.notes.push("same inputs, plugins and results".into());
-    }
-    t.notes.push(format!("run {a}: `{}` ({}, {})", ra.command, ra.started, ra.status));
-    t.notes.push(format!("run {b}: `{}` ({}, {})", rb.command, rb.started, rb.status));
+    // On a terminal a long value keeps its two ends (two plugin paths differ at the end,
+    // two hashes at either); CSV and HTML carry it whole.
+    let short = |s: String| -> String {
+        let n = s.chars().count();
+        if n > 48 {
+            let head: String = s.chars().take(22).collect();
+            let tail: String = s.chars().skip(n - 23).collect();
+            format!("{head}...{tail}")
+        } else {
+            s
+        }
+    };
+    let table = |shorten: bool| {
+        let fit = |v: &serde_json::Value| if shorten { short(cell(v)) } else { cell(v) };
+        let mut t = Table::new(format!("run {a} against run {b}"), &["what", "where", &format!("run {a}"), &format!("run {b}")]);
+        for (section, c) in &changes {
+            t.rows.push(vec![section.clone(), c.path.clone(), fit(&c.a), fit(&c.b)]);
+        }
+        if changes.is_empty() {
+            t.notes.push("same inputs, plugins and results".into());
+        }
+        t.notes.push(format!("run {a}: `{}` ({}, {})", ra.command, ra.started, ra.status));
+        t.notes.push(format!("run {b}: `{}` ({}, {})", rb.command, rb.started, rb.status));
+        t
+    };
     let value: Vec<serde_json::Value> =
         changes.iter().map(|(s, c)| json!({"what": s, "where": c.path, "a": c.a, "b": c.b})).collect();
-    crate::commands::emit(global, &t, &value)
+    let (terminal, whole) = (table(true), table(false));
+    crate::commands::emit_rendered(global, &|format| {
+        report::render(format, if format == OutputFormat::Table { &terminal } else { &whole }, &value)
+    })
 }
