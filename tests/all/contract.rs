@@ -52,11 +52,25 @@ fn not_a_component_is_a_load_error() {
         .err()
         .expect("junk must not load");
     assert!(matches!(err.failure, Failure::Load(_)), "{err}");
-    assert!(
-        err.to_string()
-            .contains("not a valid WebAssembly component"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("not a WebAssembly file (it begins 'this is '): a plugin is a WebAssembly component"), "{err}");
+    // A core module (the header of an empty one) is named as such, with the build that
+    // makes a component; a truncated component gets the compiler's reason.
+    std::fs::write(&path, b"\0asm\x01\0\0\0").unwrap();
+    let err = plugin::load(path.to_str().unwrap()).err().expect("a core module must not load");
+    assert!(matches!(err.failure, Failure::Load(_)) && err.to_string().contains("a core WebAssembly module, not a component"), "{err}");
+    std::fs::write(&path, b"\0asm\x0d\0\x01\0\x01").unwrap();
+    let err = plugin::load(path.to_str().unwrap()).err().expect("a truncated component must not load");
+    assert!(err.to_string().contains("not a valid WebAssembly component"), "{err}");
+    // A directory, or a device, at the path: said so (no plugin has these names).
+    let sub = dir.join("sub.wasm");
+    std::fs::create_dir_all(&sub).unwrap();
+    let err = plugin::load(sub.to_str().unwrap()).err().expect("a directory must not load");
+    assert!(err.to_string().contains("is a directory, not a plugin file"), "{err}");
+    #[cfg(unix)]
+    {
+        let err = plugin::load("/dev/null").err().expect("a device must not load");
+        assert!(err.to_string().contains("not a regular file"), "{err}");
+    }
 }
 
 #[test]

@@ -178,8 +178,30 @@ pub fn load(spec: &str) -> Result<Plugin, PluginError> {
     Ok(plugin)
 }
 
+/// What `bytes` are, if not a WebAssembly component: a file of another kind (text, an
+/// archive) or a core module (built for wasm32-unknown-unknown, or never componentised).
+/// Said before compiling, whose errors for these are a byte dump or a parser's jargon.
+fn not_a_component(bytes: &[u8]) -> Option<String> {
+    const MAGIC: &[u8; 4] = b"\0asm";
+    if bytes.len() < 8 || &bytes[..4] != MAGIC {
+        let start: String = bytes.iter().take(8).map(|&b| if b.is_ascii_graphic() || b == b' ' { b as char } else { '.' }).collect();
+        return Some(format!(
+            "not a WebAssembly file (it begins '{start}'): a plugin is a WebAssembly component (.wasm) built for wasm32-wasip2"
+        ));
+    }
+    // The version field: 1 for a core module; components use another (0x0d, layer 1).
+    (bytes[4..8] == [1, 0, 0, 0]).then(|| {
+        "a core WebAssembly module, not a component: build it for wasm32-wasip2 (`cargo build --target wasm32-wasip2`), \
+         or wrap it with `wasm-tools component new`"
+            .to_string()
+    })
+}
+
 /// Compile and contract-check plugin bytes obtained elsewhere.
 pub fn load_bytes(name: &str, source: Source, bytes: &[u8]) -> Result<Plugin, PluginError> {
+    if let Some(what) = not_a_component(bytes) {
+        return Err(PluginError::new(name, "load", Failure::Load(what)));
+    }
     let sha256 = sha256_hex(bytes);
     let (component, _) = engine::compile(bytes, &sha256).map_err(|m| {
         PluginError::new(

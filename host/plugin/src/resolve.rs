@@ -74,9 +74,19 @@ fn file_name(spec: &str) -> String {
 /// Says every place that was searched and which plugins exist.
 pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
     let path = Path::new(spec);
+    // Something at that path that is not a plugin file; said if no plugin has the name
+    // (from the `plugins/` source tree, `llama3` is a directory and a plugin).
+    let not_a_file = match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Some(format!("'{spec}' is a directory, not a plugin file: name the .wasm in it")),
+        Ok(m) if !m.is_file() => Some(format!("'{spec}' is not a regular file (a device or a pipe): name a .wasm plugin file")),
+        // A path that exists but cannot be followed (a symbolic link loop, no permission).
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound && std::fs::symlink_metadata(path).is_ok() => {
+            Some(format!("cannot read '{spec}': {e}"))
+        }
+        _ => None,
+    };
     if path.is_file() {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        let bytes = read_plugin(path)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -89,14 +99,16 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
         for dir in plugin_dirs() {
             let candidate = dir.join(&name);
             if candidate.is_file() {
-                let bytes = std::fs::read(&candidate)
-                    .map_err(|e| format!("cannot read {}: {e}", candidate.display()))?;
+                let bytes = read_plugin(&candidate)?;
                 return Ok((name, Source::Path(candidate), bytes));
             }
         }
         if let Some((n, _, bytes)) = embedded().iter().find(|(n, _, _)| *n == name) {
             return Ok((n.to_string(), Source::Embedded, bytes.to_vec()));
         }
+    }
+    if let Some(why) = not_a_file {
+        return Err(why);
     }
     let searched: Vec<String> = plugin_dirs()
         .iter()
@@ -110,6 +122,22 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
         known.join(", ")
     ))
 }
+
+/// A plugin file's bytes, refused past [`MAX_PLUGIN_BYTES`] (the largest first-party
+/// plugin is under 2 MB; a multi-gigabyte file is the wrong file).
+fn read_plugin(path: &Path) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut bytes = Vec::new();
+    file.take(MAX_PLUGIN_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_PLUGIN_BYTES {
+        return Err(format!("{} is larger than {} MiB, more than any plugin: is it the right file?", path.display(), MAX_PLUGIN_BYTES >> 20));
+    }
+    Ok(bytes)
+}
+
+/// The largest plugin file read.
+pub const MAX_PLUGIN_BYTES: u64 = 256 << 20;
 
 /// Every `.wasm` in the plugin directories, in search order (earlier shadows later).
 pub fn installed_files() -> Vec<PathBuf> {
