@@ -544,10 +544,25 @@ fn main() -> ExitCode {
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);
     runner::local_device::set_requested(cli.global.device);
+    // Only commands that run on the local device care which one it is (`history
+    // --device cuda:7` has nothing to run there).
+    let on_device = matches!(
+        cli.command,
+        None | Some(Command::Explore { .. } | Command::Run { .. } | Command::Train(_) | Command::Bench(_) | Command::Measure { .. })
+    );
     if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
+        && on_device
         && let Some(why) = runner_exec::select::cuda_unusable(n)
     {
         eprintln!("error: --device cuda:{n}: {why}");
+        return ExitCode::FAILURE;
+    }
+    // A profile named is read by the commands that project; for the others a missing one
+    // would pass unnoticed.
+    if let Some(p) = &cli.global.profile
+        && !p.is_file()
+    {
+        eprintln!("error: --profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display());
         return ExitCode::FAILURE;
     }
     if let Some(out) = &cli.global.output

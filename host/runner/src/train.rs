@@ -236,7 +236,16 @@ impl Data {
     fn new(tokens: Vec<u32>, seq: usize, batch: usize, seed: u64) -> Result<Data> {
         let eval_len = (tokens.len() / 50).max((seq + 1) * batch * 2);
         if tokens.len() < eval_len + (seq + 1) * batch * 4 {
-            bail!("the text has {} tokens, too few for batches of {batch} x {seq}; give a longer --text", tokens.len());
+            // Two batches of windows held out for evaluation and four to train on: 6 x
+            // (seq + 1) x batch at the least (the evaluation share is 1/50 of longer texts).
+            bail!(
+                "the text has {} tokens, too few for batches of {batch} x {seq}: it needs at least {} (six batches of \
+                 {batch} windows of {} tokens: two held out for evaluation, four to train on); give a longer --text, or a \
+                 smaller --micro-batch or --seq-len",
+                tokens.len(),
+                6 * (seq + 1) * batch,
+                seq + 1
+            );
         }
         let split = tokens.len() - eval_len;
         let (train, eval) = (tokens[..split].to_vec(), tokens[split..].to_vec());
@@ -849,6 +858,10 @@ mod tests {
         assert_ne!(Data::new(tokens.clone(), 16, 4, 2).unwrap().batch(3), d.batch(3));
         assert!(d.eval_batch(0).0[0] as usize >= d.train.len());
         assert!(Data::new((0..100).collect(), 16, 4, 1).is_err());
+        // The minimum the message names is the minimum: 6 x 17 x 4 = 408 tokens.
+        let err = Data::new((0..407).collect(), 16, 4, 1).err().unwrap().to_string();
+        assert!(err.contains("has 407 tokens") && err.contains("at least 408"), "{err}");
+        assert!(Data::new((0..408).collect(), 16, 4, 1).is_ok());
         assert_eq!(policy_spec("fp8-safe"), "fp8-safe.wasm");
         assert_eq!(policy_spec("x/y.wasm"), "x/y.wasm");
     }
