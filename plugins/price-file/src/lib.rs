@@ -45,7 +45,35 @@ fn offerings_or_stop() -> &'static [Offering] {
     }
 }
 
-/// Split one CSV line (double quotes may hold commas).
+/// The file's records with the line each starts on: physical lines, but a quoted cell
+/// may hold line breaks (RFC 4180), which join its lines into one record. Blank lines
+/// and `#` comment lines between records are skipped.
+fn records(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut open: Option<(usize, String)> = None;
+    for (i, line) in text.lines().enumerate() {
+        let record = match open.take() {
+            Some((start, mut r)) => {
+                r.push('\n');
+                r.push_str(line);
+                (start, r)
+            }
+            None if line.trim().is_empty() || line.trim_start().starts_with('#') => continue,
+            None => (i + 1, line.to_string()),
+        };
+        // An odd count of quotes leaves a quoted cell open ("" inside one counts two).
+        if record.1.matches('"').count() % 2 == 1 {
+            open = Some(record);
+        } else {
+            out.push(record);
+        }
+    }
+    out.extend(open);
+    out
+}
+
+/// Split one CSV record (double quotes may hold commas and line breaks; a line break in
+/// a cell reads as a space).
 fn cells(line: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut cur = String::new();
@@ -63,7 +91,7 @@ fn cells(line: &str) -> Vec<String> {
         }
     }
     out.push(cur);
-    out.into_iter().map(|c| c.trim().to_string()).collect()
+    out.into_iter().map(|c| c.replace(['\r', '\n'], " ").trim().to_string()).collect()
 }
 
 const KNOWN: [&str; 21] = [
@@ -92,11 +120,11 @@ const KNOWN: [&str; 21] = [
 
 /// Parse a SkyPilot-shaped catalog. Every problem is collected, each naming its line.
 pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
-    let mut lines = text.lines().enumerate().map(|(i, l)| (i + 1, l)).filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'));
+    let mut lines = records(text).into_iter();
     let Some((hl, header)) = lines.next() else {
         return Err("price file is empty: it needs a header row (InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region,...)".into());
     };
-    let cols = cells(header);
+    let cols = cells(&header);
     let mut problems = Vec::new();
     for c in &cols {
         if !KNOWN.contains(&c.as_str()) {
@@ -117,7 +145,7 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     let at = |name: &str| cols.iter().position(|c| c == name);
     let mut offerings: Vec<Offering> = Vec::new();
     for (line, text) in lines {
-        let row = cells(text);
+        let row = cells(&text);
         if row.len() != cols.len() {
             problems.push(format!("line {line}: {} cells but the header has {} columns", row.len(), cols.len()));
             continue;

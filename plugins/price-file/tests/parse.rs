@@ -52,3 +52,18 @@ fn caveats_are_read_and_unknown_ones_named() {
     let e = parse("InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Caveats\nx,H100,8,10,r1,dodgy\n").unwrap_err();
     assert!(e.contains("line 2") && e.contains("'dodgy'"), "{e}");
 }
+
+/// RFC 4180: a quoted cell may hold a line break; the record keeps the line it starts on
+/// (later rows' line numbers stay the file's), and the break reads as a space.
+#[test]
+fn a_quoted_cell_may_span_lines() {
+    let text = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Source\n\
+                gpu_8x_h100,H100,8,24.0,us-east-1,\"our contract,\nsigned 2026-11\"\n\
+                # a comment between records\n\
+                bad,H100,8,-1,us-east-1,x\n";
+    let e = parse(text).unwrap_err();
+    assert!(e.contains("line 5") && !e.contains("line 2") && !e.contains("line 3"), "{e}");
+    let o = parse(&text.replace(",-1,", ",30,")).unwrap();
+    assert_eq!(o.len(), 2);
+    assert!(o[0].prices[0].source.starts_with("our contract, signed 2026-11"), "{}", o[0].prices[0].source);
+}
