@@ -445,10 +445,35 @@ impl Layout {
                         err.push(format!("etp={etp} does not divide the expert width {w}; try {}", try_list(*w, near)));
                     }
                 }
+                if let Err(why) = expert_tensor_parallel_tokens(tp, etp, self.sp()) {
+                    err.push(why);
+                }
             }
         }
         if err.is_empty() { Ok(()) } else { Err(err.join("; ")) }
     }
+}
+
+/// Expert tensor parallelism as the sharded graph runs it: each etp rank applies its
+/// share of every expert's width to its own rows and the partial outputs are summed over
+/// etp, which is right only where the etp ranks hold the same tokens: etp dividing tp,
+/// without sequence parallelism. Megatron all-gathers the tokens over etp before the
+/// experts (and reduce-scatters after), which the sharded graph does not do; elsewhere
+/// each rank would do 1/etp of its experts' work, and a projection would be etp times too
+/// fast. One rule for the layout check and the executor.
+///
+/// # Errors
+/// The layout, with the fix.
+pub fn expert_tensor_parallel_tokens(tp: u64, etp: u64, sequence_parallel: bool) -> Result<(), String> {
+    if etp <= 1 || (!sequence_parallel && tp.is_multiple_of(etp)) {
+        return Ok(());
+    }
+    Err(format!(
+        "etp={etp} needs its ranks to hold the same tokens: etp must divide tp (here {tp}) without sequence \
+         parallelism{}; Megatron all-gathers the tokens over etp first, which the sharded graph does not model: \
+         use etp = 1",
+        if sequence_parallel { " (on)" } else { "" }
+    ))
 }
 
 // ------------------------------------------------------------------------------------

@@ -245,6 +245,27 @@ fn layouts_needing_more_memory_than_the_gpu_are_refused() {
     assert!(f.best.first().is_some_and(|p| p.fits));
 }
 
+/// No layout of an MoE model reaches a model-FLOP rate above what the GPU's GEMMs reach
+/// at best: expert tensor parallelism under sequence parallelism, which did 1/etp of the
+/// experts' work and came out at 98 % MFU (Mixtral) and 129 % (Grok-1), is refused, and
+/// the search's best layouts stay below the BF16 GEMM efficiency.
+#[test]
+fn moe_layouts_never_beat_the_gpus_gemm_rate() {
+    let bf16 = Profiles::builtin().get("h100").unwrap().efficiency.gemm.bf16;
+    for model in ["mixtral-8x7b", "qwen3-30b-a3b"] {
+        let mut pr = projector(model, 4096, "h100", Recipe::Bf16);
+        let f = search::search(&mut pr, 64, 512, &Space::default(), 5);
+        assert!(!f.best.is_empty(), "{model}");
+        for p in &f.best {
+            assert!(p.mfu < bf16, "{model} {}: MFU {:.3} above the GEMM efficiency {bf16:.3}", p.layout.short(), p.mfu);
+            assert_eq!(p.layout.etp, 1, "{model}: {}", p.layout.short());
+        }
+        let etp = LayoutSpec { ep: 8, etp: 8, ..layout(8, 1, 1, 1, 8, 1, 512) };
+        let err = pr.project(&etp).unwrap_err();
+        assert!(err.contains("etp=8 needs its ranks to hold the same tokens"), "{model}: {err}");
+    }
+}
+
 /// The search returns distinct layouts that fit, fastest first, each consistent with
 /// the GPU count, and explains every other family.
 #[test]

@@ -544,14 +544,9 @@ fn main() -> ExitCode {
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);
     runner::local_device::set_requested(cli.global.device);
-    // Only commands that run on the local device care which one it is (`history
-    // --device cuda:7` has nothing to run there).
-    let on_device = matches!(
-        cli.command,
-        None | Some(Command::Explore { .. } | Command::Run { .. } | Command::Train(_) | Command::Bench(_) | Command::Measure { .. })
-    );
+    // An explicit CUDA device that is not there is refused whatever the command, as a
+    // missing --profile is: a global flag means the same to every command.
     if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
-        && on_device
         && let Some(why) = runner_exec::select::cuda_unusable(n)
     {
         eprintln!("error: --device cuda:{n}: {why}");

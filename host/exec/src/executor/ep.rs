@@ -432,18 +432,12 @@ impl<D: Device> Executor<D> {
             .iter()
             .any(|o| o.kind == OpKind::ReduceScatter && o.text("group") == Some("tp"));
         let tp = self.collectives.get("tp").map_or(1, |c| c.size());
-        if sp || !tp.is_multiple_of(etp) {
+        if let Err(why) = runner_graph::shard::expert_tensor_parallel_tokens(tp as u64, etp as u64, sp) {
             return Err(ExecError::Unsupported {
                 op: op.name.clone(),
                 kind: format!("{:?}", op.kind),
                 device: "the in-process collective backend".into(),
-                why: format!(
-                    "expert tensor parallelism sums partial expert outputs over etp={etp}, so \
-                     the etp ranks must hold the same tokens: etp must divide tp (here {tp}) \
-                     without sequence parallelism{}; Megatron all-gathers the tokens over etp \
-                     first, which the sharded graph does not",
-                    if sp { " (on)" } else { "" }
-                ),
+                why,
             });
         }
         Ok(())
