@@ -352,19 +352,39 @@ pub fn batch_cap(job: Job, gpus: u32) -> u32 {
 /// scale (the step's work per GPU never shrinks) and train with a batch no team would.
 pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32, job: Job) -> (u32, String) {
     let in_range = |l: &ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
+    // A published rule counts sequences of its own length: at another length the same
+    // tokens per step (seq 131072 kept 1024 sequences of seq 8192's rule, 16x its tokens).
+    let per_seq = |l: &ReferenceLayout| {
+        let at = if l.seq_len == 0 { variant.defaults.seq_len } else { l.seq_len };
+        (f64::from(at.max(1)) / f64::from(job.seq_len.max(1)), at)
+    };
     if let Some(l) = reference(variant, gpu, recipe, gpus).filter(|l| in_range(l)) {
-        let gbs = reference_gbs(l, gpus);
-        return (gbs, format!("GBS {gbs} at {gpus} GPUs: the published rule ({})", l.source));
+        let (ratio, at) = per_seq(l);
+        let rule = reference_gbs(l, gpus);
+        if at == job.seq_len {
+            return (rule, format!("GBS {rule} at {gpus} GPUs: the published rule ({})", l.source));
+        }
+        let gbs = ((f64::from(rule) * ratio).round().min(f64::from(u32::MAX)) as u32).max(1);
+        return (
+            gbs,
+            format!(
+                "GBS {gbs} at {gpus} GPUs: the published rule's {rule} sequences of {at} tokens ({}), as sequences of {}",
+                l.source, job.seq_len
+            ),
+        );
     }
     let nearest = reference(variant, gpu, recipe, gpus).or_else(|| variant.layouts.first());
     let (per_gpu, why) = match nearest {
         Some(l) => {
-            let per_gpu = if l.gbs_per_gpu > 0.0 {
+            let (ratio, at) = per_seq(l);
+            let published = if l.gbs_per_gpu > 0.0 {
                 l.gbs_per_gpu
             } else {
                 f64::from(reference_gbs(l, l.gpus_min.max(1))) / f64::from(l.gpus_min.max(1))
             };
-            (per_gpu, format!("{per_gpu} sequences per GPU as published for {} GPUs ({})", l.gpus_min, l.source))
+            let per_gpu = published * ratio;
+            let of = if at == job.seq_len { String::new() } else { format!(" of {at} tokens, as sequences of {}", job.seq_len) };
+            (per_gpu, format!("{published} sequences per GPU{of} as published for {} GPUs ({})", l.gpus_min, l.source))
         }
         None => (2.0, format!("2 per GPU (nothing published for {})", variant.name)),
     };

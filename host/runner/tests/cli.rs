@@ -400,6 +400,18 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert_eq!(v["layout"]["dp"].as_u64(), Some(1), "{out}");
     assert!(v["layout_from"].as_str().unwrap().contains("search"), "{out}");
     assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("does not apply: GBS 1")), "{out}");
+    // At 16x the published sequence the published layout (measured at 8192) is not taken
+    // and its batch rule keeps its tokens per step: 1024 sequences become 64.
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "64", "--seq-len", "131072", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layout"]["gbs"].as_u64(), Some(64), "{out}");
+    assert!(v["fits"].as_bool().unwrap() && v["layout_from"].as_str().unwrap().contains("another sequence length"), "{out}");
+    // A published layout that does not fit gives way to a search that finds one.
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "8", "--seq-len", "262144", "--format", "json", "-q"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert!(v["fits"].as_bool().unwrap(), "{}", text(&o).0);
     // Selective recompute of the modules named as Megatron names them: their forward is
     // repeated in the backward.
     let o = runner(

@@ -317,6 +317,9 @@ fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile
 /// of the rest: the full list (40 families for an MoE model) is `runner search`'s.
 fn closest_families(families: &[search::Family]) -> String {
     const SHOWN: usize = 3;
+    if families.is_empty() {
+        return "no layout family applies to the flags given at this GPU count (FSDP, for one, needs dp·cp > 1)".into();
+    }
     let mut text = families.iter().take(SHOWN).map(|f| format!("{}: {}", f.name, verdict_text(&f.verdict))).collect::<Vec<_>>().join("; ");
     if families.len() > SHOWN {
         text += &format!("; and {} more families (`runner search` lists each)", families.len() - SHOWN);
@@ -352,7 +355,25 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     let modules = modules_of(flags)?;
     let mut notes = std::mem::take(&mut s.notes);
     let gbs = gbs_for(&s, t, gpus, &mut notes);
-    let reference = project::reference(&s.found.variant, &s.projector.gpu, s.recipe, gpus).cloned();
+    // A published layout holds at its own sequence length: at another one its memory and
+    // its batch rule are another run's (seq 131072 took seq 8192's layout and 1024 sequences).
+    let seq_len = s.projector.model.seq_len;
+    let default_seq = s.found.variant.defaults.seq_len;
+    let mut other_seq = false;
+    let reference = project::reference(&s.found.variant, &s.projector.gpu, s.recipe, gpus).cloned().filter(|r| {
+        let at = if r.seq_len == 0 { default_seq } else { r.seq_len };
+        let same = at == seq_len;
+        if !same {
+            other_seq = true;
+            notes.push(format!("the published layout is for sequence length {at}, not {seq_len}: searched instead"));
+        }
+        same
+    });
+    if let Some(r) = &reference
+        && !(r.gpus_min..=r.gpus_max).contains(&gpus)
+    {
+        notes.push(format!("the published layout is for {}-{} GPUs, taken at {gpus}", r.gpus_min, r.gpus_max));
+    }
     let pick = |f: Option<u32>, v: u32| f.unwrap_or(v.max(1));
     let from_reference = reference.as_ref().and_then(|r| {
         let (tp, pp, cp) = (pick(flags.tp, r.tp), pick(flags.pp, r.pp), pick(flags.cp, r.cp));
@@ -366,7 +387,8 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             tp,
             pp,
             cp,
-            vp: pick(flags.vp, r.vp),
+            // The published interleaving belongs to its pipeline depth.
+            vp: if flags.pp.is_some_and(|p| p != r.pp.max(1)) { flags.vp.unwrap_or(1) } else { pick(flags.vp, r.vp) },
             ep,
             etp: pick(flags.etp, r.etp),
             dp: gpus / per,
@@ -392,21 +414,33 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     // The published layout of this GPU count, with the flags given; where it does not
     // apply (an EP degree the data-parallel ranks cannot hold, a batch the DP degree does
     // not divide), the search, keeping the flags given, and a note saying why.
+    // One that does not fit gives way to the search too, and is shown only if nothing fits.
     let mut refused = None;
+    let mut unfit = None;
     let published = match from_reference {
         Some((l, from)) => {
             let p = if flags.recompute.is_none() {
-                published::project_fitting(&mut s.projector, &l).map(|(p, rc)| {
+                published::project_fitting(&mut s.projector, &l)
+            } else {
+                s.projector.project(&l).map(|p| (p, None))
+            };
+            match p {
+                Ok((p, rc)) if p.fits => {
                     if let Some(rc) = rc {
                         notes.push(format!("{rc} added to fit in memory"));
                     }
-                    p
-                })
-            } else {
-                s.projector.project(&l)
-            };
-            match p {
-                Ok(p) => Some((p, from)),
+                    Some((p, from))
+                }
+                Ok((p, _)) => {
+                    refused = Some(format!(
+                        "the published layout ({}) does not fit: it needs {:.1} GiB per GPU of {:.0}",
+                        p.layout.short(),
+                        p.memory.total,
+                        p.memory.capacity
+                    ));
+                    unfit = Some((p, from));
+                    None
+                }
                 Err(e) => {
                     refused = Some(format!(
                         "the published layout (TP{} PP{} CP{} EP{} MBS{} at DP{}) does not apply: {e}",
@@ -428,15 +462,22 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                         notes.push(format!("{why}; searched instead"));
                         (p, "the layout search (flags given are kept; the published layout does not apply)".into())
                     }
+                    None if other_seq => (p, "the layout search (flags given are kept; the published layout is for another sequence length)".into()),
                     None => (p, "the layout search (flags given are kept; no published layout for this GPU count)".into()),
                 },
-                None => anyhow::bail!(
-                    "{} does not run on {gpus} {} at GBS {gbs}: {}{}",
-                    t.model,
-                    s.projector.gpu.name,
-                    refused.map_or(String::new(), |why| format!("{why}; and the search: ")),
-                    closest_families(&f.families)
-                ),
+                None => match unfit {
+                    Some(u) => {
+                        notes.push(format!("no layout the search tried fits either: {}", closest_families(&f.families)));
+                        u
+                    }
+                    None => anyhow::bail!(
+                        "{} does not run on {gpus} {} at GBS {gbs}: {}{}",
+                        t.model,
+                        s.projector.gpu.name,
+                        refused.map_or(String::new(), |why| format!("{why}; and the search: ")),
+                        closest_families(&f.families)
+                    ),
+                },
             }
         }
     };
