@@ -522,12 +522,16 @@ pub struct RankResult {
 }
 
 /// The groups rank `r` of a tp·pp·dp mesh belongs to (name, world ranks), those of more
-/// than one rank: Megatron's order, tp fastest, then pp, then dp.
-pub fn mesh_groups(tp: u32, pp: u32, dp: u32, r: usize) -> Vec<(&'static str, Vec<usize>)> {
+/// than one rank: Megatron's order, tp fastest, then pp, then dp. With more tp ranks than
+/// the model's `kv_heads` (a multiple of them), the consecutive tp ranks that share a
+/// replicated kv head form `tp-kv`, which sums that head's gradients.
+pub fn mesh_groups(tp: u32, pp: u32, dp: u32, kv_heads: u32, r: usize) -> Vec<(&'static str, Vec<usize>)> {
     let at = |t: u32, p: u32, d: u32| ((d * pp + p) * tp + t) as usize;
     let (t, p, d) = ((r as u32) % tp, (r as u32) / tp % pp, (r as u32) / (tp * pp));
+    let rep = if kv_heads > 0 && tp > kv_heads && tp.is_multiple_of(kv_heads) { tp / kv_heads } else { 1 };
     let mut out = vec![
         ("tp", (0..tp).map(|x| at(x, p, d)).collect::<Vec<_>>()),
+        ("tp-kv", (0..tp).filter(|x| x / rep == t / rep).map(|x| at(x, p, d)).collect()),
         ("pp", (0..pp).map(|x| at(t, x, d)).collect()),
         ("dp", (0..dp).map(|x| at(t, p, x)).collect()),
     ];
@@ -558,6 +562,11 @@ fn weight_digest<D: Device>(ex: &Executor<D>) -> Result<String> {
 }
 
 /// One rank's training steps.
+/// The toy Llama's kv heads, which decide the `tp-kv` groups of its mesh.
+fn toy_kv_heads() -> u32 {
+    u32::try_from(ToyConfig::tiny().kv_heads).unwrap_or(u32::MAX)
+}
+
 fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, layout: (u32, u32, u32), rank: usize, steps: usize) -> Result<RankResult> {
     let (tp, pp, dp) = layout;
     let mut cfg = ToyConfig::tiny();
@@ -618,7 +627,7 @@ pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, glo
         let mut made: HashMap<(&str, Vec<usize>), Vec<Option<ThreadGroup>>> = HashMap::new();
         let mut handles: Vec<RankGroups<Cpu>> = (0..n).map(|_| Vec::new()).collect();
         for (r, h) in handles.iter_mut().enumerate() {
-            for (name, members) in mesh_groups(tp, pp, dp, r) {
+            for (name, members) in mesh_groups(tp, pp, dp, toy_kv_heads(), r) {
                 let pos = members.iter().position(|&m| m == r).unwrap_or(0);
                 let hs = made
                     .entry((name, members.clone()))
@@ -699,7 +708,7 @@ pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, glo
 fn dist_step<D: Groups>(dev: D, world: &TcpWorld, layout: (u32, u32, u32), r: usize, steps: usize, timeout: Duration) -> Result<RankResult> {
     let (tp, pp, dp) = layout;
     let mut groups = Vec::new();
-    for (name, members) in mesh_groups(tp, pp, dp, r) {
+    for (name, members) in mesh_groups(tp, pp, dp, toy_kv_heads(), r) {
         let g: Box<dyn Collective<D>> = Box::new(dev.group(world, name, &members, timeout)?);
         groups.push((name.to_string(), g));
     }
@@ -741,8 +750,10 @@ mod tests {
 
     #[test]
     fn mesh_groups_match_megatron_order() {
-        assert_eq!(mesh_groups(2, 1, 2, 3), vec![("tp", vec![2, 3]), ("dp", vec![1, 3])]);
-        let g = mesh_groups(1, 2, 1, 1);
+        assert_eq!(mesh_groups(2, 1, 2, 2, 3), vec![("tp", vec![2, 3]), ("dp", vec![1, 3])]);
+        // tp = 4 over 2 kv heads: ranks 0-1 and 2-3 share a kv head each.
+        assert_eq!(mesh_groups(4, 1, 1, 2, 2), vec![("tp", vec![0, 1, 2, 3]), ("tp-kv", vec![2, 3])]);
+        let g = mesh_groups(1, 2, 1, 2, 1);
         assert_eq!(g, vec![("pp", vec![0, 1]), ("pp-embed", vec![0, 1])]);
         assert!(parse_layout("tp=2,dp=2").is_ok() && parse_layout("xp=2").is_err() && parse_layout("tp=0").is_err());
     }

@@ -152,3 +152,15 @@ fn four_process_collectives_check_every_value() {
     let (alg, bus) = (ar["algbw_gbps"].as_f64().unwrap(), ar["busbw_gbps"].as_f64().unwrap());
     assert!((bus / alg - 1.5).abs() < 1e-9, "all-reduce busbw = 2(n-1)/n x algbw");
 }
+
+/// tp = 4 over the toy model's 2 kv heads: each kv head is replicated on two tp ranks,
+/// whose gradients of it are summed over a `tp-kv` group the mesh must provide (the
+/// step failed for want of it).
+#[test]
+fn tp_beyond_the_kv_heads_runs() {
+    let v = in_process(&["--device", "cpu", "bench", "step", "--layout", "tp=4", "--steps", "2", "--format", "json"]);
+    let ranks = v.as_array().unwrap();
+    assert_eq!(ranks.len(), 4);
+    let l = &ranks[0]["losses"];
+    assert!(l[1].as_f64().unwrap() < l[0].as_f64().unwrap(), "{l}");
+}
