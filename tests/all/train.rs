@@ -159,6 +159,18 @@ fn a_bad_learning_rate_and_a_fault_past_the_last_step_are_refused() {
     }
     let e = train::run(&config(&["bf16"], &["nan@40"]), &|_| {}).unwrap_err().to_string();
     assert!(e.contains("--inject at step 40 would never fire: the run takes steps 0 to 39"), "{e}");
+    // A site that is no GEMM of the model is refused before the first step, not when the
+    // fault fires (after all the steps before it).
+    let steps = std::sync::Mutex::new(0);
+    let e = train::run(&config(&["fp8"], &["nan@30:layers.9.mlp.up"]), &|m| {
+        if m.contains("step") {
+            *steps.lock().unwrap() += 1;
+        }
+    })
+    .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("site 'layers.9.mlp.up' is not a GEMM") && e.contains("layers.0.mlp.up"), "{e}");
+    assert_eq!(*steps.lock().unwrap(), 0, "no step ran");
 }
 
 /// Known-bad combinations are refused when the plan loads, naming the device.

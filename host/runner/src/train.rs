@@ -88,6 +88,13 @@ impl Injection {
             None => (rest, None),
         };
         let step = step.parse().map_err(|_| format!("--inject '{s}': '{step}' is not a step number; {usage}"))?;
+        if site.is_some() && matches!(kind, InjectKind::GradSpike | InjectKind::BadBatch) {
+            return Err(format!(
+                "--inject '{s}': {} takes no site (it hits {}); sites are for amax-spike and nan",
+                if kind == InjectKind::GradSpike { "grad-spike" } else { "bad-batch" },
+                if kind == InjectKind::GradSpike { "every weight gradient" } else { "the whole batch" }
+            ));
+        }
         Ok(Injection { kind, step, site })
     }
 }
@@ -390,8 +397,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     let how = match &chosen {
         Chosen::Cpu(_, why) => format!(
             "the CPU{}: low-precision GEMMs are emulated (operands quantised and dequantised exactly as the format \
-             stores them, then an f32 GEMM with f32 accumulation), so FP8 and FP4 give the hardware's numerics but run \
-             slower than BF16 here, not 1.3-1.6x faster as on Hopper and Blackwell tensor cores",
+             stores them, then an f32 GEMM with f32 accumulation), so FP8 and FP4 give the hardware's numerics but not \
+             its speed: their tokens/s here time the emulation (BF16 is rounded in software too), not the 1.3-1.6x \
+             of Hopper and Blackwell tensor cores",
             why.as_ref().map(|w| format!(" ({w})")).unwrap_or_default()
         ),
         #[cfg(feature = "cuda")]
@@ -535,6 +543,23 @@ fn train_one<D: Device + Clone>(
     let indexed = crate::project::gemm_sites(graph);
     let ops: Vec<usize> = indexed.iter().map(|(o, _)| *o).collect();
     let sites: Vec<GemmSite> = indexed.into_iter().map(|(_, s)| s).collect();
+    // A named site must be a GEMM of this graph, checked before the first step (a typo
+    // found when the fault fires would cost the steps before it).
+    for inj in &cfg.injections {
+        if let Some(site) = inj.site.as_deref().filter(|s| *s != "all" || inj.kind != InjectKind::AmaxSpike)
+            && !sites.iter().any(|s| s.name == site)
+        {
+            let mut names: Vec<&str> = sites.iter().map(|s| s.name.as_str()).collect();
+            names.dedup();
+            let shown = names.iter().take(8).copied().collect::<Vec<_>>().join(", ");
+            bail!(
+                "--inject site '{}' is not a GEMM of {}: its sites are {shown}{} (and `all` for amax-spike)",
+                crate::report::visible(site),
+                variant.name,
+                if names.len() > 8 { format!(", ... ({} in all)", names.len()) } else { String::new() }
+            );
+        }
+    }
     let device = pp::device_capabilities(&cfg.plan_for);
     let answer = policy.plan(&PlanRequest {
         model: variant.name.clone(),
@@ -832,6 +857,9 @@ mod tests {
         assert_eq!(Injection::parse("amax-spike@150").unwrap(), Injection { kind: InjectKind::AmaxSpike, step: 150, site: None });
         let i = Injection::parse("nan@7:layers.1.mlp.up").unwrap();
         assert_eq!((i.kind, i.step, i.site.as_deref()), (InjectKind::Nan, 7, Some("layers.1.mlp.up")));
+        // A site on a fault that has none was ignored in silence.
+        let e = Injection::parse("grad-spike@3:foo").unwrap_err();
+        assert!(e.contains("grad-spike takes no site"), "{e}");
         assert!(Injection::parse("grad-spike@x").unwrap_err().contains("not a step number"));
         assert!(Injection::parse("melt@3").unwrap_err().contains("unknown fault"));
         assert!(Injection::parse("nan").unwrap_err().contains("KIND@STEP"));
