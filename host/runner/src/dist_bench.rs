@@ -258,6 +258,7 @@ impl Groups for runner_exec::cuda::Cuda {
 // ---------------------------------------------------------------------------------------
 
 pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
+    let esize = args.dtype.bytes();
     #[cfg(feature = "cuda")]
     if rank_device(global.device, 0)?.is_some()
         && let Some(r) = reexec_for_nccl()
@@ -288,6 +289,11 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     let Some(rows) = results.into_iter().flatten().next() else {
         return Ok(()); // not rank 0: rank 0 prints
     };
+    if rows.is_empty() {
+        bail!(
+            "no size from -b to -e holds one {esize}-byte element per rank: raise -b (and -e)"
+        );
+    }
     let n = rows.first().map_or(1, |r| r.ranks);
     let nodes = rows.first().map_or(1, |r| r.nodes);
     let transport = rows.first().map_or("tcp", |r| r.transport.as_str());
@@ -368,6 +374,9 @@ fn on_ranks<T: Send + 'static>(
 fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollArgs) -> Result<Option<Vec<CollRow>>> {
     let n = world.size();
     let me = world.rank();
+    if D::transport() == "tcp" && a.dtype != Elem::F32 {
+        bail!("-d {}: ranks without GPUs reduce f32 on the host; bfloat16 and half need NCCL (GPU ranks): use -d float", nccl_type_name(a.dtype));
+    }
     let all: Vec<usize> = (0..n).collect();
     let mut g = dev.group(world, "world", &all, a.timeout)?;
     D::batch(&mut g, true);
@@ -469,7 +478,10 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
             rows.push(CollRow {
                 op: op.name().into(),
                 size_bytes: count * esize,
-                count,
+                // nccl-tests prints each rank's own count for these: the send buffer of
+                // an all-gather, the receive buffer of a reduce-scatter, a peer's share of
+                // an all-to-all.
+                count: if matches!(op, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) { count / n as u64 } else { count },
                 dtype: nccl_type_name(a.dtype).into(),
                 redop: if matches!(op, Coll::AllReduce | Coll::ReduceScatter) { "sum" } else { "none" }.into(),
                 root: if op == Coll::Broadcast { 0 } else { -1 },

@@ -972,6 +972,22 @@ fn collectives_on_one_rank_include_sendrecv_to_itself() {
         let r = rows.iter().find(|r| r["op"] == op).unwrap_or_else(|| panic!("{op} missing: {out}"));
         assert_eq!(r["wrong"], 0, "{op}: {r}");
     }
+    // Two ranks: nccl-tests' count is each rank's own for all-gather, reduce-scatter and
+    // all-to-all (half the 4 KiB's 1024 floats), the buffer's for all-reduce.
+    let o = runner(&dir, &["--device", "cpu", "bench", "collectives", "-g", "2", "-b", "4K", "-e", "4K", "-n", "1", "-w", "1", "--format", "json", "-q"]);
+    let rows: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let count = |op: &str| rows.as_array().unwrap().iter().find(|r| r["op"] == op).unwrap()["count"].as_u64();
+    assert_eq!((count("all_reduce"), count("all_gather"), count("reduce_scatter"), count("alltoall")), (Some(1024), Some(512), Some(512), Some(512)));
+    // What the host transport cannot run, and a sweep with nothing in it, are refused.
+    for (args, want) in [(["-d", "bfloat16", "-b", "4K"], "bfloat16 and half need NCCL"), (["-b", "0", "-e", "0"], "raise -b")] {
+        let mut a = vec!["--device", "cpu", "bench", "collectives", "-g", "2", "-n", "1", "-w", "1", "-q"];
+        a.extend(args);
+        if !a.contains(&"-e") {
+            a.extend(["-e", "4K"]);
+        }
+        let o = runner(&dir, &a);
+        assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
+    }
 }
 
 /// A small, fast explorer run (one precision, two counts, one cloud, one measured step).
