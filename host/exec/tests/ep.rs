@@ -442,7 +442,7 @@ fn etp2_over_tp2_matches_unsharded_and_refuses_sequence_parallelism() {
         ..Layout::single(2, 2)
     };
     // Refused by the layout check, so a projection cannot price it either.
-    let err = shard(&g, &layout, runner_graph::shard::RankCoord::default()).err().expect("refused");
+    let err = shard(&g, &layout, runner_graph::shard::RankCoord::default()).expect_err("refused");
     assert!(err.contains("without sequence parallelism (on)"), "{err}");
 }
 
