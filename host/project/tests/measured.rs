@@ -29,6 +29,39 @@ fn table(key: ShardKey, ops: &[(&str, f64, f64)], formats: Option<[GemmFormat; 3
     }
 }
 
+/// A BF16 GEMM entry of 1 GFLOP whose three kernels take `kernel` s each and whose
+/// forward, casts included, takes `fwd` s.
+fn gemm_op(name: &str, fwd: f64, kernel: f64) -> OpTime {
+    OpTime {
+        name: name.into(),
+        kind: OpClass::Gemm,
+        layer: 0,
+        shape: Vec::new(),
+        fwd_s: fwd,
+        bwd_s: 2.0 * kernel,
+        gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops: 1e9, calls: 1, bytes: 1e6, kernel_s: [kernel; 3] }),
+        memory: None,
+    }
+}
+
+/// A measurement of llama3-tiny at seq 256 on H100, BF16, tp 1, holding `ops`.
+fn ops_file(ops: Vec<OpTime>) -> OpsFile {
+    OpsFile {
+        format: runner_project::measured::FORMAT.into(),
+        version: runner_project::measured::VERSION,
+        device: "cpu".into(),
+        measured_at: "2026-12-01T10:00:00Z".into(),
+        gpu: "H100".into(),
+        model: "llama3-tiny".into(),
+        seq_len: 256,
+        precision: "bf16".into(),
+        shard: TP1,
+        repeats: 1,
+        notes: Vec::new(),
+        ops,
+    }
+}
+
 #[test]
 fn a_measured_op_changes_the_step_by_exactly_its_time_difference() {
     let base = step_with(Measured::default());
@@ -61,30 +94,8 @@ fn a_measurement_file_names_only_ops_of_its_rank_graph() {
     let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
     let mut model = Model::new("llama3-tiny", 256, src.as_mut()).unwrap();
     let rank = model.rank_graph(TP1, src.as_mut()).unwrap();
-    let gemm = |name: &str| OpTime {
-        name: name.into(),
-        kind: OpClass::Gemm,
-        layer: 0,
-        shape: Vec::new(),
-        fwd_s: 1e-3,
-        bwd_s: 2e-3,
-        gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops: 1e9, calls: 1, bytes: 1e6, kernel_s: [1e-3; 3] }),
-        memory: None,
-    };
-    let mut file = OpsFile {
-        format: runner_project::measured::FORMAT.into(),
-        version: runner_project::measured::VERSION,
-        device: "cpu".into(),
-        measured_at: "2026-12-01T10:00:00Z".into(),
-        gpu: "H100".into(),
-        model: "llama3-tiny".into(),
-        seq_len: 256,
-        precision: "bf16".into(),
-        shard: TP1,
-        repeats: 1,
-        notes: Vec::new(),
-        ops: vec![gemm("layers.0.mlp.gate"), gemm("lm_head")],
-    };
+    let gemm = |name: &str| gemm_op(name, 1e-3, 1e-3);
+    let mut file = ops_file(vec![gemm("layers.0.mlp.gate"), gemm("lm_head")]);
     file.check_graph("ops.json", &rank).unwrap();
     file.ops.push(gemm("layers.0.mlp.gate_up"));
     let e = file.check_graph("ops.json", &rank).unwrap_err();
@@ -103,41 +114,17 @@ fn a_measurement_file_names_only_ops_of_its_rank_graph() {
 /// is refused by name: `project --measured` had projected a step of nothing from it.
 #[test]
 fn a_measurement_file_with_impossible_times_is_refused() {
-    let op = |name: &str, fwd: f64, kernel: f64| OpTime {
-        name: name.into(),
-        kind: OpClass::Gemm,
-        layer: 0,
-        shape: Vec::new(),
-        fwd_s: fwd,
-        bwd_s: 2.0 * kernel,
-        gemm: Some(GemmDetail { formats: [GemmFormat::Bf16; 3], flops: 1e9, calls: 1, bytes: 1e6, kernel_s: [kernel; 3] }),
-        memory: None,
-    };
-    let file = |ops: Vec<OpTime>| OpsFile {
-        format: runner_project::measured::FORMAT.into(),
-        version: runner_project::measured::VERSION,
-        device: "cpu".into(),
-        measured_at: "2026-12-01T10:00:00Z".into(),
-        gpu: "H100".into(),
-        model: "llama3-tiny".into(),
-        seq_len: 256,
-        precision: "bf16".into(),
-        shard: TP1,
-        repeats: 1,
-        notes: Vec::new(),
-        ops,
-    };
     let parse = |f: &OpsFile| OpsFile::parse(&serde_json::to_string(f).unwrap(), "ops.json");
     let h100 = runner_project::profile::Profiles::builtin().get("h100").unwrap().clone();
     // 1 GFLOP in 1 ms: 1 TFLOP/s, well under H100's BF16 peak.
-    let good = file(vec![op("lm_head", 1.2e-3, 1e-3)]);
+    let good = ops_file(vec![gemm_op("lm_head", 1.2e-3, 1e-3)]);
     parse(&good).unwrap().check_gpu("ops.json", &h100).unwrap();
     for (fwd, kernel, want) in [(0.0, 1e-3, "fwd_s must be"), (1e-300, 1e-3, "fwd_s must be"), (5e-4, 1e-3, "disagree")] {
-        let e = parse(&file(vec![op("lm_head", fwd, kernel)])).unwrap_err();
+        let e = parse(&ops_file(vec![gemm_op("lm_head", fwd, kernel)])).unwrap_err();
         assert!(e.contains("ops[0] ('lm_head')") && e.contains(want), "{fwd}: {e}");
     }
     // 1 GFLOP in 10 ns is 100 PFLOP/s: consistent with itself, impossible on an H100.
-    let fast = parse(&file(vec![op("lm_head", 1e-8, 1e-8)])).unwrap();
+    let fast = parse(&ops_file(vec![gemm_op("lm_head", 1e-8, 1e-8)])).unwrap();
     let e = fast.check_gpu("ops.json", &h100).unwrap_err();
     assert!(e.contains("past H100's bf16 peak") && e.contains("units"), "{e}");
     let e = parse(&OpsFile { repeats: 0, ..good.clone() }).unwrap_err();
@@ -156,6 +143,6 @@ fn a_measurement_file_with_impossible_times_is_refused() {
         gemm: None,
         memory: Some(runner_project::measured::MemoryDetail { bytes: 1e6, run_bytes: 2e6, run_fwd_s: 2e-5, run_bwd_s: 4e-5 }),
     };
-    parse(&file(vec![mem(1e-5)])).unwrap();
-    assert!(parse(&file(vec![mem(1e-9)])).unwrap_err().contains("disagree"));
+    parse(&ops_file(vec![mem(1e-5)])).unwrap();
+    assert!(parse(&ops_file(vec![mem(1e-9)])).unwrap_err().contains("disagree"));
 }
