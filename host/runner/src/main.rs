@@ -53,10 +53,11 @@ pub struct Global {
     /// Device of the local measurement and the device benches: auto (a usable GPU, else the CPU), cpu, cuda or cuda:N
     #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
     pub device: runner_exec::select::DeviceSpec,
-    /// The history database (default: $RUNNER_HISTORY, else ~/.local/share/runner/history.sqlite)
+    /// The history database that explore and run keep their runs in, and history, show and compare read
+    /// (default: $RUNNER_HISTORY, else ~/.local/share/runner/history.sqlite)
     #[arg(long, global = true, value_name = "FILE")]
     pub history: Option<PathBuf>,
-    /// Do not keep this run in the history
+    /// Do not keep this run in the history (explore and run; other commands keep none)
     #[arg(long, global = true)]
     pub no_history: bool,
 }
