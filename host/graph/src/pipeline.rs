@@ -141,6 +141,83 @@ impl PipelineSplit {
         self.starts(layers as usize, chunks as usize).map_or(layers.div_ceil(chunks), |s| s.max_len() as u32)
     }
 
+    /// Whether Megatron-Core builds this split from its plain flags (pp, vp and the two
+    /// `account_for_*_in_pipeline_split` booleans), without a
+    /// `pipeline_model_parallel_layout`: `get_num_layers_to_build` asserts that the
+    /// layers plus the counted embedding and loss divide by pp, and each stage's share by
+    /// vp. The even split of 80 layers over PP2 VP12 is priced, but Megatron refuses it
+    /// unless given the layout string ([`PipelineSplit::megatron_layout`]).
+    ///
+    /// # Errors
+    /// Why the flags cannot build it, naming the counts.
+    pub fn megatron_flags(&self, layers: usize, pp: usize, vp: usize) -> Result<(), String> {
+        if pp <= 1 {
+            return Ok(());
+        }
+        if self.embedding > 1 || self.loss > 1 {
+            return Err(format!(
+                "the embedding counted as {} and the loss as {} layers: Megatron's flags count each as one at most",
+                self.embedding, self.loss
+            ));
+        }
+        let units = layers + self.embedding as usize + self.loss as usize;
+        let counted = if self.is_even() { String::new() } else { format!(" (with {})", self.label()) };
+        if !units.is_multiple_of(pp) {
+            return Err(format!("{units} layers{counted} do not divide by pp={pp}"));
+        }
+        if vp > 1 && !(units / pp).is_multiple_of(vp) {
+            return Err(format!("the {} layers{counted} of each of the {pp} stages do not divide by vp={vp}", units / pp));
+        }
+        Ok(())
+    }
+
+    /// The splits Megatron-Core's flags build for `layers` on pp and vp, the even one
+    /// first: each of the embedding and the loss counted as a layer or not, kept where
+    /// [`PipelineSplit::megatron_flags`] allows it. Empty where none does (80 layers on
+    /// PP7, or on PP2 VP12).
+    pub fn megatron_choices(layers: usize, pp: usize, vp: usize) -> Vec<PipelineSplit> {
+        [(false, false), (true, true), (true, false), (false, true)]
+            .into_iter()
+            .map(|(e, l)| PipelineSplit::megatron(e, l))
+            .filter(|s| s.megatron_flags(layers, pp, vp).is_ok())
+            .collect()
+    }
+
+    /// Megatron's `pipeline_model_parallel_layout` for this split of `layers` over
+    /// `chunks` = pp·vp (in Megatron's chunk order, chunk c on stage c mod pp), with
+    /// `mtp` multi-token-prediction layers beside the head; runs of equal middle chunks
+    /// written `(t*n|)*k`, as Megatron-Bridge's presets write them.
+    ///
+    /// # Errors
+    /// As [`PipelineSplit::starts`].
+    pub fn megatron_layout(&self, layers: usize, chunks: usize, mtp: usize) -> Result<String, String> {
+        let st = self.starts(layers, chunks)?;
+        let t = |n: usize| match n {
+            0 => String::new(),
+            1 => "t".to_string(),
+            n => format!("t*{n}"),
+        };
+        let tail = format!("{}L", "m".repeat(mtp));
+        if chunks == 1 {
+            return Ok(format!("E{}{tail}", t(layers)));
+        }
+        let mut out = format!("E{}|", t(st.len(0)));
+        let mut c = 1;
+        while c < chunks - 1 {
+            let n = st.len(c);
+            let run = (c..chunks - 1).take_while(|&d| st.len(d) == n).count();
+            if run > 1 {
+                out += &format!("({}|)*{run}", t(n));
+            } else {
+                out += &format!("{}|", t(n));
+            }
+            c += run;
+        }
+        out += &t(st.len(chunks - 1));
+        out += &tail;
+        Ok(out)
+    }
+
     /// Short form in layout labels: `E1L1` (empty for the even split).
     pub fn label(&self) -> String {
         if self.is_even() { String::new() } else { format!("E{}L{}", self.embedding, self.loss) }
@@ -342,6 +419,49 @@ mod tests {
         // The same counts come back whichever (e, l) the search found first.
         let MegatronLayout { split: s, chunks: k, .. } = PipelineSplit::from_megatron_layout("Ett|tt|tt|ttL").unwrap();
         assert_eq!(lens(s, 8, k), vec![2, 2, 2, 2]);
+    }
+
+    #[test]
+    fn megatron_flags_follow_its_divisibility_rule() {
+        let even = PipelineSplit::default();
+        let both = PipelineSplit::megatron(true, true);
+        // Llama 3 70B: PP4 VP5 (20 layers a stage, 4 a chunk) builds; PP2 VP12 does not.
+        assert!(even.megatron_flags(80, 4, 5).is_ok());
+        let e = even.megatron_flags(80, 2, 12).unwrap_err();
+        assert!(e.contains("40 layers") && e.contains("vp=12"), "{e}");
+        // Llama 3.1 405B: 126 layers build on PP8 VP8 only with both counted (128 units).
+        assert!(even.megatron_flags(126, 8, 1).unwrap_err().contains("do not divide by pp=8"));
+        assert!(both.megatron_flags(126, 8, 8).is_ok());
+        assert!(PipelineSplit::megatron(true, false).megatron_flags(80, 3, 1).is_ok());
+        // Without a pipeline anything builds; counts above one need a layout string.
+        assert!(even.megatron_flags(7, 1, 1).is_ok());
+        assert!(PipelineSplit { embedding: 0, loss: 3 }.megatron_flags(61, 4, 4).unwrap_err().contains("one at most"));
+        // The choices, the even split first.
+        assert_eq!(PipelineSplit::megatron_choices(80, 3, 1), vec![PipelineSplit::megatron(true, false), PipelineSplit::megatron(false, true)]);
+        assert_eq!(PipelineSplit::megatron_choices(80, 4, 5), vec![PipelineSplit::default()]);
+        assert_eq!(PipelineSplit::megatron_choices(126, 8, 8), vec![PipelineSplit::megatron(true, true)]);
+        assert!(PipelineSplit::megatron_choices(80, 2, 12).is_empty());
+    }
+
+    #[test]
+    fn megatron_layout_strings_reproduce_the_split() {
+        // DeepSeek-V3 on PP4 VP4 as Megatron-Bridge writes it.
+        let ds = PipelineSplit { embedding: 0, loss: 3 };
+        assert_eq!(ds.megatron_layout(61, 16, 1).unwrap(), "Et*4|(t*4|)*14tmL");
+        assert_eq!(PipelineSplit::default().megatron_layout(10, 4, 0).unwrap(), "Et*3|t*3|t*2|t*2L");
+        assert_eq!(PipelineSplit::megatron(true, true).megatron_layout(6, 4, 0).unwrap(), "Et|(t*2|)*2tL");
+        assert_eq!(PipelineSplit::default().megatron_layout(5, 1, 0).unwrap(), "Et*5L");
+        // Every split read back from its string gives the same chunks.
+        for layers in [7usize, 32, 61, 80, 126] {
+            for chunks in [2usize, 3, 5, 8, 16, 24] {
+                for s in [PipelineSplit::default(), PipelineSplit::megatron(true, true), PipelineSplit::megatron(false, true)] {
+                    let Ok(text) = s.megatron_layout(layers, chunks, 0) else { continue };
+                    let back = PipelineSplit::from_megatron_layout(&text).unwrap();
+                    assert_eq!((back.chunks, back.layers), (chunks, layers), "{text}");
+                    assert_eq!(lens(back.split, layers, chunks), lens(s, layers, chunks), "{text}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! Graphs come from a [`GraphSource`]: the runner's is the workload plugin (sandboxed),
 //! tests use the plugin crates natively. The projection never builds a model itself.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use runner_graph::count::{self, Convention, ParamCount};
 use runner_graph::peft::{self, Lora};
@@ -81,6 +81,8 @@ pub struct Shape {
     /// Mamba-2 scans (a hybrid model's mixer layers).
     pub scans: u32,
     pub vocab: u64,
+    /// Multi-token-prediction layers beside the head (layers past the main ones).
+    pub mtp: u32,
 }
 
 /// One model variant at one sequence length.
@@ -111,7 +113,9 @@ impl Model {
         let depth = depth::analyse(&graph);
         let flops_per_sequence = count::model_flops_per_step(&graph, &Convention::CAUSAL);
         let params = count::params(&graph);
-        let mut shape = Shape { layers: depth.len() as u32, ..Shape::default() };
+        let main: HashSet<i32> = depth.layers.iter().copied().collect();
+        let beside: HashSet<i32> = graph.ops.iter().map(|o| o.layer).filter(|l| *l >= 0 && !main.contains(l)).collect();
+        let mut shape = Shape { layers: depth.len() as u32, mtp: beside.len() as u32, ..Shape::default() };
         for op in &graph.ops {
             let dims = |i: usize| op.inputs.get(i).map_or(&[][..], |&t| graph.tensors[t].shape.as_slice());
             match op.kind {

@@ -233,20 +233,24 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                             // The families this (sharding, pp, dp) falls in, without and with
                             // FSDP, looked up when a layout of it is first projected.
                             let mut fams: [Option<usize>; 2] = [None, None];
-                            // With pipelining, also Megatron's balanced split (the embedding
-                            // and the loss counted as layers), unless one is given.
-                            let splits = match space.split {
-                                Some(s) => vec![s],
-                                None if pp > 1 => vec![PipelineSplit::default(), PipelineSplit::megatron(true, true)],
-                                None => vec![PipelineSplit::default()],
-                            };
                             // A split given on the command line may count absurdly many units.
-                            let units = splits.iter().map(|s| layers.saturating_add(s.embedding).saturating_add(s.loss)).max().unwrap_or(layers);
+                            let units = space.split.map_or(layers.saturating_add(2), |s| layers.saturating_add(s.embedding).saturating_add(s.loss));
                             let vps = pick(
                                 space.vp,
                                 if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
                             );
                             for &vp in &vps {
+                                let splits = match megatron_splits(space, layers, pp, vp) {
+                                    Ok(splits) => splits,
+                                    Err(why) => {
+                                        for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
+                                            if !(fsdp && dp * cp == 1) {
+                                                note(&mut tracks, &family(&key, pp, dp, fsdp), why.clone());
+                                            }
+                                        }
+                                        continue;
+                                    }
+                                };
                                 for (fsdp, split) in space.fsdp.map_or(vec![false, true], |f| vec![f]).into_iter().flat_map(|f| splits.iter().map(move |&s| (f, s))) {
                                     if fsdp && dp * cp == 1 {
                                         continue;
@@ -299,7 +303,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
             }
         }
     }
-    let found = found.kept;
+    let mut found = found.kept;
+    for p in &mut found {
+        p.pipeline_model_parallel_layout = p.layout.pipeline_layout_needed(layers, shape.mtp);
+    }
     let winner = found.first().map(|p| p.step_time_s);
     let mut families: Vec<Family> = tracks
         .all
@@ -320,6 +327,37 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         .collect();
     families.sort_by(|a, b| order(&a.verdict).total_cmp(&order(&b.verdict)).then(a.name.cmp(&b.name)));
     Found { gpus, global_batch: gbs, best: found, families, evaluated }
+}
+
+/// The splits of `layers` over pp·vp chunks the search prices: the one given on the
+/// command line, else those Megatron-Core builds from its flags (the embedding and the
+/// loss counted as a layer or not, [`PipelineSplit::megatron_flags`]), so that what it
+/// recommends runs as NeMo and Megatron-Bridge configure it. Where none does and the
+/// user fixed the pipeline (`--pp`, and `--vp` or no interleaving), the even split, which
+/// Megatron runs only from the `pipeline_model_parallel_layout` the output then names.
+///
+/// # Errors
+/// No split builds at this pp and vp, with Megatron's reason.
+fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<PipelineSplit>, String> {
+    if let Some(s) = space.split {
+        return Ok(vec![s]);
+    }
+    if pp <= 1 {
+        return Ok(vec![PipelineSplit::default()]);
+    }
+    let (l, p, v) = (layers as usize, pp as usize, vp as usize);
+    let ok = PipelineSplit::megatron_choices(l, p, v);
+    if !ok.is_empty() {
+        return Ok(ok);
+    }
+    if space.pp.is_some() && (space.vp.is_some() || vp == 1) {
+        return Ok(vec![PipelineSplit::default()]);
+    }
+    let why = PipelineSplit::default().megatron_flags(l, p, v).err().unwrap_or_default();
+    Err(format!(
+        "Megatron-Core's flags build no split at pp={pp} vp={vp}: {why}, nor with the embedding or the loss counted as a layer \
+         (give --pp and --vp to price it with a pipeline_model_parallel_layout)"
+    ))
 }
 
 fn order(v: &Verdict) -> f64 {

@@ -210,6 +210,18 @@ impl LayoutSpec {
         u64::from(self.tp) * u64::from(self.pp) * u64::from(self.cp) * u64::from(self.dp)
     }
 
+    /// Megatron's `pipeline_model_parallel_layout` for this layout's split of `layers`
+    /// (with `mtp` MTP layers by the head), where Megatron-Core's plain flags cannot build
+    /// it (uneven chunks); `None` where they can, or without a pipeline.
+    pub fn pipeline_layout_needed(&self, layers: u32, mtp: u32) -> Option<String> {
+        if self.pp <= 1 {
+            return None;
+        }
+        let (l, pp, vp) = (layers as usize, self.pp as usize, self.vp.max(1) as usize);
+        self.split.megatron_flags(l, pp, vp).err()?;
+        self.split.megatron_layout(l, pp * vp, mtp as usize).ok()
+    }
+
     /// The parallel degrees and batch, for narrow tables: "TP4 PP4 CP2 VP5 MBS1 GBS128".
     pub fn compact(&self) -> String {
         self.spell(false)
@@ -340,6 +352,10 @@ pub struct Projection {
     pub memory: Memory,
     pub breakdown: Breakdown,
     pub micro_batches: u32,
+    /// Megatron's `pipeline_model_parallel_layout` where its pp/vp flags cannot build the
+    /// split ([`LayoutSpec::pipeline_layout_needed`]); filled in for what is shown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline_model_parallel_layout: Option<String>,
 }
 
 /// One model layer's (or side's) costs per micro-batch under every choice the schedule
@@ -986,6 +1002,7 @@ impl Costed {
             memory: worst,
             breakdown,
             micro_batches: m,
+            pipeline_model_parallel_layout: None,
         })
     }
 

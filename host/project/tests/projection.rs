@@ -297,6 +297,45 @@ fn search_ranks_fitting_layouts_and_explains_the_rest() {
     assert!(f.best.iter().all(|p| p.layout.tp == 8));
 }
 
+/// What the search recommends runs as NeMo and Megatron-Bridge configure it: every
+/// pipelined layout splits its layers as Megatron-Core's flags build them (the layers,
+/// with the embedding and the loss counted or not, dividing by pp and each stage's share
+/// by vp), so none needs a layout string; a pipeline fixed on the command line that no
+/// flags build is priced as asked, with the `pipeline_model_parallel_layout` it needs.
+#[test]
+fn the_search_recommends_pipeline_splits_megatron_builds() {
+    use runner_graph::pipeline::PipelineSplit;
+    for (model, seq, layers) in [("llama3.1-70b", 8192, 80u32), ("llama3.1-405b", 8192, 126), ("gpt3-175b", 2048, 96)] {
+        let mut pr = projector(model, seq, "h100", Recipe::Bf16);
+        assert_eq!(pr.model.shape.layers, layers);
+        for pp in [2u32, 4, 8] {
+            let f = search::search(&mut pr, 512, 512, &Space { pp: Some(pp), ..Space::default() }, 40);
+            assert!(!f.best.is_empty(), "{model} pp={pp}");
+            for p in &f.best {
+                let l = &p.layout;
+                assert!(l.split.megatron_flags(layers as usize, pp as usize, l.vp as usize).is_ok(), "{model}: {}", l.short());
+                assert_eq!(p.pipeline_model_parallel_layout, None, "{model}: {}", l.short());
+            }
+        }
+    }
+    // 80 layers on PP2 VP12: no flags build it; searched with vp free it is refused with
+    // Megatron's reason, fixed on the command line it is priced with its layout string.
+    let mut pr = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let free = search::search(&mut pr, 64, 128, &Space { tp: Some(4), vp: Some(12), ..Space::default() }, 3);
+    assert!(free.best.iter().all(|p| p.layout.pp != 2), "{:?}", free.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
+    let why = free.families.iter().find_map(|f| match &f.verdict {
+        Verdict::Divisibility { reason } if reason.contains("pp=2 vp=12") => Some(reason.clone()),
+        _ => None,
+    });
+    assert!(why.as_deref().is_some_and(|w| w.contains("40 layers")), "{:?}", free.families);
+    let fixed = search::search(&mut pr, 64, 128, &Space { tp: Some(4), pp: Some(2), vp: Some(12), ..Space::default() }, 1);
+    let p = fixed.best.first().expect("PP2 VP12 priced when asked for");
+    assert_eq!(p.layout.split, PipelineSplit::default());
+    let text = p.pipeline_model_parallel_layout.as_deref().expect("a layout string");
+    let back = PipelineSplit::from_megatron_layout(text).unwrap();
+    assert_eq!((back.chunks, back.layers), (24, 80), "{text}");
+}
+
 /// FP8's gain comes from the plan: a plan with no FP8 GEMM is exactly as fast as BF16; the
 /// FP8 plan is faster by less than the 2x of the peaks (attention, norms and casts stay);
 /// NVFP4 on a Hopper is refused.

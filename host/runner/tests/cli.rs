@@ -495,14 +495,25 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         let (_, err) = text(&o);
         assert!(!o.status.success() && err.contains(want), "{a:?}: {err}");
     }
-    // 128 chunks of the 405B's 126 layers at the even split: the search keeps the flags
-    // and counts the embedding and the loss as a layer each, as Megatron-Bridge's recipe.
+    // 128 chunks of the 405B's 126 layers: without a split given, the one Megatron's
+    // flags build (the embedding and the loss counted as a layer each, as Megatron-Bridge's
+    // recipe), so no layout string is needed.
     let o = runner(&dir, &["project", "--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536", "--format", "json", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    assert_eq!((v["layout"]["pp"].as_u64(), v["layout"]["vp"].as_u64(), v["layout"]["split"]["embedding"].as_u64()), (Some(16), Some(8), Some(1)), "{out}");
-    assert!(v["notes"].to_string().contains("fill only 126"), "{out}");
+    let split = (v["layout"]["split"]["embedding"].as_u64(), v["layout"]["split"]["loss"].as_u64());
+    assert_eq!((v["layout"]["pp"].as_u64(), v["layout"]["vp"].as_u64(), split), (Some(16), Some(8), (Some(1), Some(1))), "{out}");
+    assert!(v.get("pipeline_model_parallel_layout").is_none(), "{out}");
+    // 80 layers over PP2 VP12 (24 chunks, uneven): priced as asked, with the layout
+    // string Megatron needs for it, which reads back as the same split.
+    let o = runner(&dir, &["project", "--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--tp", "4", "--pp", "2", "--vp", "12", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let layout = v["pipeline_model_parallel_layout"].as_str().unwrap_or_else(|| panic!("no layout string: {out}"));
+    assert_eq!(layout, "Et*4|(t*4|)*7(t*3|)*15t*3L");
+    assert!(v["notes"].to_string().contains("pipeline_model_parallel_layout"), "{out}");
 }
 
 /// Megatron's pipeline split options: Llama 3.1 405B's 126 layers over PP16 VP8 run

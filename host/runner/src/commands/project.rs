@@ -383,12 +383,13 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         }
         let ep = pick(flags.ep, r.ep);
         let fsdp = flags.fsdp || r.fsdp > 0;
+        // The published interleaving belongs to its pipeline depth.
+        let vp = if flags.pp.is_some_and(|p| p != r.pp.max(1)) { flags.vp.unwrap_or(1) } else { pick(flags.vp, r.vp) };
         let layout = LayoutSpec {
             tp,
             pp,
             cp,
-            // The published interleaving belongs to its pipeline depth.
-            vp: if flags.pp.is_some_and(|p| p != r.pp.max(1)) { flags.vp.unwrap_or(1) } else { pick(flags.vp, r.vp) },
+            vp,
             ep,
             etp: pick(flags.etp, r.etp),
             dp: gpus / per,
@@ -404,7 +405,13 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             ep_overlap: ep > 1,
             dp_overlap: true,
             grad_fp32: false,
-            split: split.unwrap_or_default(),
+            // Without a split given, one Megatron's flags build where there is one.
+            split: split
+                .or_else(|| {
+                    let layers = s.projector.model.shape.layers as usize;
+                    PipelineSplit::megatron_choices(layers, pp as usize, vp as usize).first().copied()
+                })
+                .unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
             optimizer: flags.optimizer,
             fused_grouped_mlp: flags.fused_grouped_mlp,
@@ -500,6 +507,12 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             projection.memory.total, projection.memory.capacity
         ));
     }
+    let mut projection = projection;
+    let shape = &s.projector.model.shape;
+    projection.pipeline_model_parallel_layout = projection.layout.pipeline_layout_needed(shape.layers, shape.mtp);
+    if let Some(text) = &projection.pipeline_model_parallel_layout {
+        notes.push(layout_string_note(&projection.layout, text));
+    }
     let out = ProjectOut {
         model: t.model.clone(),
         gpu: s.projector.gpu.name.clone(),
@@ -516,6 +529,17 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         notes,
     };
     emit(global, &project_table(&out), &out)
+}
+
+/// What to tell Megatron for a split its pp/vp flags cannot build.
+fn layout_string_note(layout: &LayoutSpec, text: &str) -> String {
+    format!(
+        "{}: Megatron-Core builds this uneven split of the layers over pp·vp = {} chunks only from \
+         pipeline_model_parallel_layout = \"{text}\" (its flags need the layers, with the embedding and loss \
+         counted or not, to divide by pp and each stage's share by vp)",
+        layout.short(),
+        layout.pp * layout.vp.max(1)
+    )
 }
 
 fn project_table(o: &ProjectOut) -> Table {
@@ -616,6 +640,9 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
             table.rows.push(vec![n.to_string(), "-".into(), "nothing fits".into(), "-".into(), "-".into(), "-".into(), "-".into()]);
         }
         for (i, p) in f.best.iter().enumerate() {
+            if let Some(text) = &p.pipeline_model_parallel_layout {
+                notes.push(format!("{n} GPUs, rank {}: {}", i + 1, layout_string_note(&p.layout, text)));
+            }
             table.rows.push(vec![
                 n.to_string(),
                 (i + 1).to_string(),
