@@ -2,9 +2,10 @@
 //! time among those that fit in memory, with a verdict on each family of layouts that
 //! did not win (memory, divisibility, or speed).
 //!
-//! What is enumerated: tp (dividing the heads, inside one NVLink domain), cp (splitting
-//! the sequence into 2·cp chunks), pp (up to the layers), vp (interleaving, up to 16
-//! chunks per stage, the micro-batches a multiple of pp), ep (dividing the experts) with
+//! What is enumerated: tp (dividing the heads and the kv heads, inside one NVLink
+//! domain), cp (splitting the sequence into 2·cp chunks), pp (up to the layers), vp
+//! (interleaving, up to 16 chunks per stage, the micro-batches a multiple of pp, the
+//! splits Megatron-Core's flags build), ep (dividing the experts) with
 //! etp 1 or tp, mbs (1 to 8, dividing the batch), FSDP or the distributed optimizer, and
 //! activation recompute: none, or, for a layout that does not fit, the faster of
 //! selective recompute of the fastest of Megatron's module lists that makes it fit
@@ -189,9 +190,11 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
             None => all,
         }
     };
-    let heads_ok = |tp: u32| {
-        shape.heads.iter().all(|&(h, kv)| h.is_multiple_of(u64::from(tp)) && (kv.is_multiple_of(u64::from(tp)) || u64::from(tp).is_multiple_of(kv)))
-    };
+    // tp divides the heads and the kv heads: Megatron-Core's attention divides its query
+    // groups by tp (`Attention.__init__`), so a tp past the kv heads, which the executor
+    // runs by replicating them, is not a layout NeMo or Megatron-Bridge can be given. A
+    // tp fixed on the command line is priced as asked.
+    let heads_ok = |tp: u32| shape.heads.iter().all(|&(h, kv)| h.is_multiple_of(u64::from(tp)) && kv.is_multiple_of(u64::from(tp)));
     let tps = pick(space.tp, divisors(gpus).into_iter().filter(|&t| t <= domain && heads_ok(t)).collect());
     let cps = pick(space.cp, [1u32, 2, 4, 8, 16].into_iter().filter(|&c| seq.is_multiple_of(2 * c) || c == 1).collect());
     let eps: Vec<u32> = if shape.experts > 0 {

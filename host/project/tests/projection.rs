@@ -297,6 +297,21 @@ fn search_ranks_fitting_layouts_and_explains_the_rest() {
     assert!(f.best.iter().all(|p| p.layout.tp == 8));
 }
 
+/// Megatron-Core's attention divides its query groups (kv heads) by tp, so the search
+/// offers no tp past them: Qwen3-30B-A3B's 4 kv heads allow tp 1, 2 and 4 of the 8 an
+/// H100 node holds. A tp of 8 asked for on the command line is priced (the executor
+/// replicates the kv heads).
+#[test]
+fn the_search_keeps_tp_within_the_kv_heads() {
+    let mut pr = projector("qwen3-30b-a3b", 4096, "h100", Recipe::Bf16);
+    assert!(pr.model.shape.heads.iter().all(|&(h, kv)| (h, kv) == (32, 4)), "{:?}", pr.model.shape.heads);
+    let f = search::search(&mut pr, 64, 256, &Space::default(), 2000);
+    let tps: std::collections::BTreeSet<u32> = f.best.iter().map(|p| p.layout.tp).collect();
+    assert!(tps.len() > 1 && tps.iter().all(|&t| t <= 4), "{tps:?}");
+    let asked = search::search(&mut pr, 64, 256, &Space { tp: Some(8), ..Space::default() }, 3);
+    assert!(!asked.best.is_empty() && asked.best.iter().all(|p| p.layout.tp == 8));
+}
+
 /// What the search recommends runs as NeMo and Megatron-Bridge configure it: every
 /// pipelined layout splits its layers as Megatron-Core's flags build them (the layers,
 /// with the embedding and the loss counted or not, dividing by pp and each stage's share
