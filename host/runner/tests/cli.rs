@@ -514,6 +514,15 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     let layout = v["pipeline_model_parallel_layout"].as_str().unwrap_or_else(|| panic!("no layout string: {out}"));
     assert_eq!(layout, "Et*4|(t*4|)*7(t*3|)*15t*3L");
     assert!(v["notes"].to_string().contains("pipeline_model_parallel_layout"), "{out}");
+    // tp 8 over Qwen3-30B-A3B's 4 kv heads: priced as asked (kv heads replicated), with a
+    // note that Megatron-Core cannot build it; tp 4 gets no such note.
+    for (tp, warned) in [("8", true), ("4", false)] {
+        let o = runner(&dir, &["project", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "64", "--tp", tp, "--ep", "8", "--gbs", "256", "--format", "json", "-q"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let notes = serde_json::from_str::<serde_json::Value>(&out).unwrap()["notes"].to_string();
+        assert_eq!(notes.contains("exceeds the 4 kv heads") && notes.contains("replicated on 2 tp ranks"), warned, "tp={tp}: {notes}");
+    }
 }
 
 /// Megatron's pipeline split options: Llama 3.1 405B's 126 layers over PP16 VP8 run
@@ -599,6 +608,12 @@ fn search_lists_the_best_layouts_and_why_families_lost() {
     assert!(out.contains("256") && out.contains("1024") && out.contains("TP"), "{out}");
     assert!(out.contains("lost on memory") && out.contains("lost on speed"), "{out}");
     assert!(out.contains("layouts evaluated"), "{out}");
+    // A tp that divides no layout of 64 GPUs: the row says so (not "nothing fits") and the
+    // notes name the reason.
+    let o = runner(&dir, &["search", "--model", "llama3.1-8b", "--gpus", "64", "--tp", "3", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("no valid layout") && !out.contains("nothing fits") && out.contains("tp·cp = 3 does not divide 64 GPUs"), "{out}");
 }
 
 /// `runner validate` projects a calibration-shaped file and lists what it cannot

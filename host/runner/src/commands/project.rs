@@ -513,6 +513,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     if let Some(text) = &projection.pipeline_model_parallel_layout {
         notes.push(layout_string_note(&projection.layout, text));
     }
+    notes.extend(kv_replication_note(projection.layout.tp, &shape.heads));
     let out = ProjectOut {
         model: t.model.clone(),
         gpu: s.projector.gpu.name.clone(),
@@ -529,6 +530,19 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         notes,
     };
     emit(global, &project_table(&out), &out)
+}
+
+/// What to tell a user who asked for a tp past the kv heads: the search never offers it
+/// (search.rs), and Megatron cannot build it; priced as the runner's executor runs it.
+fn kv_replication_note(tp: u32, heads: &[(u64, u64)]) -> Option<String> {
+    let tp = u64::from(tp);
+    let &(_, kv) = heads.iter().find(|&&(_, kv)| kv > 0 && tp > kv && tp.is_multiple_of(kv))?;
+    Some(format!(
+        "tp={tp} exceeds the {kv} kv heads: priced with each kv head replicated on {} tp ranks, as this runner's \
+         executor runs it; Megatron-Core's attention divides the kv heads (num_query_groups) by tp, so NeMo and \
+         Megatron-Bridge cannot run this layout (a tp dividing {kv} can)",
+        tp / kv
+    ))
 }
 
 /// What to tell Megatron for a split its pp/vp flags cannot build.
@@ -630,6 +644,9 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
         format!("layouts of {} on {} ({}), best first", t.model, s.projector.gpu.name, s.recipe),
         &["GPUs", "rank", "layout", "step s", "tok/s/GPU", "MFU", "GiB"],
     );
+    if let Some(tp) = space.tp {
+        notes.extend(kv_replication_note(tp, &s.projector.model.shape.heads));
+    }
     for &n in gpus {
         let gbs = gbs_for(&s, t, n, &mut notes);
         progress_line(global, &format!("searching {n} GPUs"));
@@ -637,7 +654,11 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
         let f = search::search(&mut s.projector, n, gbs, &space, top);
         let took = started.elapsed().as_secs_f64();
         if f.best.is_empty() {
-            table.rows.push(vec![n.to_string(), "-".into(), "nothing fits".into(), "-".into(), "-".into(), "-".into(), "-".into()]);
+            // Memory is the usual reason; where no family got as far as a projection, the
+            // layouts asked for do not exist at this count (the notes say why).
+            let projected = f.families.iter().any(|fam| !matches!(fam.verdict, Verdict::Divisibility { .. }));
+            let why = if projected { "nothing fits" } else { "no valid layout (notes)" };
+            table.rows.push(vec![n.to_string(), "-".into(), why.into(), "-".into(), "-".into(), "-".into(), "-".into()]);
         }
         for (i, p) in f.best.iter().enumerate() {
             if let Some(text) = &p.pipeline_model_parallel_layout {
