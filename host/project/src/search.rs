@@ -95,6 +95,9 @@ pub struct Found {
     pub families: Vec<Family>,
     /// Layouts projected (each schedule of each sharding, recompute variants included).
     pub evaluated: u64,
+    /// Degrees the search left out by rule rather than by projection, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub not_tried: Vec<String>,
 }
 
 /// The divisors of a GPU count, in order.
@@ -196,6 +199,21 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     // tp fixed on the command line is priced as asked.
     let heads_ok = |tp: u32| shape.heads.iter().all(|&(h, kv)| h.is_multiple_of(u64::from(tp)) && kv.is_multiple_of(u64::from(tp)));
     let tps = pick(space.tp, divisors(gpus).into_iter().filter(|&t| t <= domain && heads_ok(t)).collect());
+    let mut not_tried = Vec::new();
+    if space.tp.is_none() {
+        let past_kv: Vec<String> = divisors(gpus)
+            .into_iter()
+            .filter(|&t| t <= domain && !heads_ok(t) && shape.heads.iter().all(|&(h, _)| h.is_multiple_of(u64::from(t))))
+            .map(|t| t.to_string())
+            .collect();
+        if let (false, Some(&(_, kv))) = (past_kv.is_empty(), shape.heads.iter().find(|&&(_, kv)| kv > 0)) {
+            not_tried.push(format!(
+                "tp {} not tried: they divide the attention heads but not the {kv} kv heads, which Megatron-Core's \
+                 attention divides by tp (--tp prices the kv heads replicated, as this runner's executor runs them)",
+                past_kv.join(", ")
+            ));
+        }
+    }
     let cps = pick(space.cp, [1u32, 2, 4, 8, 16].into_iter().filter(|&c| seq.is_multiple_of(2 * c) || c == 1).collect());
     let eps: Vec<u32> = if shape.experts > 0 {
         pick(space.ep, divisors(shape.experts as u32).into_iter().filter(|&e| e <= gpus).collect())
@@ -329,7 +347,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         })
         .collect();
     families.sort_by(|a, b| order(&a.verdict).total_cmp(&order(&b.verdict)).then(a.name.cmp(&b.name)));
-    Found { gpus, global_batch: gbs, best: found, families, evaluated }
+    Found { gpus, global_batch: gbs, best: found, families, evaluated, not_tried }
 }
 
 /// The splits of `layers` over pp·vp chunks the search prices: the one given on the

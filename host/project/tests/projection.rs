@@ -308,8 +308,10 @@ fn the_search_keeps_tp_within_the_kv_heads() {
     let f = search::search(&mut pr, 64, 256, &Space::default(), 2000);
     let tps: std::collections::BTreeSet<u32> = f.best.iter().map(|p| p.layout.tp).collect();
     assert!(tps.len() > 1 && tps.iter().all(|&t| t <= 4), "{tps:?}");
+    assert!(f.not_tried.iter().any(|w| w.starts_with("tp 8 not tried") && w.contains("4 kv heads")), "{:?}", f.not_tried);
     let asked = search::search(&mut pr, 64, 256, &Space { tp: Some(8), ..Space::default() }, 3);
     assert!(!asked.best.is_empty() && asked.best.iter().all(|p| p.layout.tp == 8));
+    assert!(asked.not_tried.is_empty(), "{:?}", asked.not_tried);
 }
 
 /// What the search recommends runs as NeMo and Megatron-Bridge configure it: every

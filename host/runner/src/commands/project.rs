@@ -679,6 +679,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
                 notes.push(format!("{n} GPUs, {} lost on {}", fam.name, verdict_text(&fam.verdict)));
             }
         }
+        notes.extend(f.not_tried.iter().map(|w| format!("{n} GPUs: {w}")));
         notes.push(format!("{n} GPUs: {} layouts evaluated in {:.0} ms (GBS {gbs})", f.evaluated, took * 1e3));
         all.push(f);
     }
