@@ -85,6 +85,21 @@ pub struct Shape {
     pub mtp: u32,
 }
 
+impl Shape {
+    /// The kv heads a tp of this size replicates: `Some(kv)` where tp divides every
+    /// attention shape's query heads and is a multiple past some shape's `kv` kv heads.
+    /// The executor runs such a tp (each kv head on tp/kv ranks); Megatron-Core's
+    /// attention divides the kv heads (`num_query_groups`) by tp and cannot, so the
+    /// search leaves it out and `runner project` says so when it is asked for.
+    pub fn kv_replicated(&self, tp: u32) -> Option<u64> {
+        let tp = u64::from(tp);
+        if !self.heads.iter().all(|&(h, _)| h.is_multiple_of(tp)) {
+            return None;
+        }
+        self.heads.iter().map(|&(_, kv)| kv).find(|&kv| kv > 0 && tp > kv && tp.is_multiple_of(kv))
+    }
+}
+
 /// One model variant at one sequence length.
 pub struct Model {
     pub name: String,

@@ -201,16 +201,14 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     let tps = pick(space.tp, divisors(gpus).into_iter().filter(|&t| t <= domain && heads_ok(t)).collect());
     let mut not_tried = Vec::new();
     if space.tp.is_none() {
-        let past_kv: Vec<String> = divisors(gpus)
-            .into_iter()
-            .filter(|&t| t <= domain && !heads_ok(t) && shape.heads.iter().all(|&(h, _)| h.is_multiple_of(u64::from(t))))
-            .map(|t| t.to_string())
-            .collect();
-        if let (false, Some(&(_, kv))) = (past_kv.is_empty(), shape.heads.iter().find(|&&(_, kv)| kv > 0)) {
+        let past_kv: Vec<(u32, u64)> =
+            divisors(gpus).into_iter().filter(|&t| t <= domain).filter_map(|t| shape.kv_replicated(t).map(|kv| (t, kv))).collect();
+        if let Some(&(_, kv)) = past_kv.first() {
+            let tps: Vec<String> = past_kv.iter().map(|(t, _)| t.to_string()).collect();
             not_tried.push(format!(
                 "tp {} not tried: they divide the attention heads but not the {kv} kv heads, which Megatron-Core's \
                  attention divides by tp (--tp prices the kv heads replicated, as this runner's executor runs them)",
-                past_kv.join(", ")
+                tps.join(", ")
             ));
         }
     }

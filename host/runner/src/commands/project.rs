@@ -20,7 +20,7 @@ use runner_project::calibrate;
 use runner_project::collectives::{self, CollFit, Tier, fit_collectives};
 use runner_graph::peft::{Lora, LoraTargets};
 use runner_project::measured::{self, OpsFile, OpsFit, fit_ops};
-use runner_project::model::{Model, TrainedSource, Training};
+use runner_project::model::{Model, Shape, TrainedSource, Training};
 use runner_project::precision::Recipe;
 use runner_project::profile::{Efficiency, GpuProfile};
 use runner_project::project::Projector;
@@ -513,7 +513,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     if let Some(text) = &projection.pipeline_model_parallel_layout {
         notes.push(layout_string_note(&projection.layout, text));
     }
-    notes.extend(kv_replication_note(projection.layout.tp, &shape.heads));
+    notes.extend(kv_replication_note(projection.layout.tp, shape));
     let out = ProjectOut {
         model: t.model.clone(),
         gpu: s.projector.gpu.name.clone(),
@@ -534,9 +534,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
 
 /// What to tell a user who asked for a tp past the kv heads: the search never offers it
 /// (search.rs), and Megatron cannot build it; priced as the runner's executor runs it.
-fn kv_replication_note(tp: u32, heads: &[(u64, u64)]) -> Option<String> {
+fn kv_replication_note(tp: u32, shape: &Shape) -> Option<String> {
+    let kv = shape.kv_replicated(tp)?;
     let tp = u64::from(tp);
-    let &(_, kv) = heads.iter().find(|&&(_, kv)| kv > 0 && tp > kv && tp.is_multiple_of(kv))?;
     Some(format!(
         "tp={tp} exceeds the {kv} kv heads: priced with each kv head replicated on {} tp ranks, as this runner's \
          executor runs it; Megatron-Core's attention divides the kv heads (num_query_groups) by tp, so NeMo and \
@@ -645,7 +645,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
         &["GPUs", "rank", "layout", "step s", "tok/s/GPU", "MFU", "GiB"],
     );
     if let Some(tp) = space.tp {
-        notes.extend(kv_replication_note(tp, &s.projector.model.shape.heads));
+        notes.extend(kv_replication_note(tp, &s.projector.model.shape));
     }
     for &n in gpus {
         let gbs = gbs_for(&s, t, n, &mut notes);
