@@ -85,7 +85,12 @@ fn reads(op: &Op, need: &[bool]) -> Vec<TensorId> {
         OpKind::SwiGlu | OpKind::GeGlu => vec![i(0), i(1)],
         OpKind::GroupedLinear => vec![i(0).filter(|_| trained(1)), i(2)],
         OpKind::MoeDispatch => vec![i(1)],
-        OpKind::MoeCombine => vec![i(0), i(1), i(2)],
+        // Megatron-Core applies the routing weights inside the experts, to the
+        // activation's output (TEGroupedMLP's bias_act_func,
+        // megatron/core/transformer/moe/experts.py), and the unpermute only sums: the
+        // weights' gradient comes from the activation's input, which the activation
+        // keeps, so nothing keeps the experts' outputs for the combine.
+        OpKind::MoeCombine => vec![i(1), i(2)],
         OpKind::Attention => vec![i(0), i(1), i(2), op.outputs.first().copied()],
         OpKind::CausalConv1d => vec![i(0)],
         OpKind::SsmScan => vec![i(0), i(1), i(2), i(3)],

@@ -400,6 +400,17 @@ fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Opti
     out
 }
 
+/// Whether a fit's runs set `p` (`from_data`, names as in [`Fit::params`]); a donor
+/// names its FP8 efficiency after its own datapath.
+fn donor_fitted(p: Param, from_data: &[String]) -> bool {
+    match p {
+        Param::Gemm(GemmFormat::Fp8) | Param::Fp8Datapath => {
+            [Param::Gemm(GemmFormat::Fp8).name(), Param::Fp8Datapath.name()].iter().any(|n| from_data.contains(n))
+        }
+        _ => from_data.contains(&p.name()),
+    }
+}
+
 /// Fit every GPU type `points` has runs for (or just `only`, optionally one precision).
 pub fn calibrate(
     points: &[Point],
@@ -440,28 +451,30 @@ pub fn calibrate(
         let fitted_here = params_for(&prep, &plain);
         let mut known = fitted_here.clone();
         let mut borrowed: Vec<String> = Vec::new();
-        if let Some((from, _, from_data)) = &shared {
-            // Start from the best-measured GPU wherever this GPU's runs cannot speak (the
-            // unfused MoE path's share included: the same software on another chip).
+        if let Some((best, _, best_data)) = &shared {
+            // Where this GPU's runs cannot speak, take what a fitted sibling's runs set
+            // (the same die or architecture: its kernels, clocks and memory system), else
+            // the best-measured GPU's (the unfused MoE path's share included: the same
+            // software on another chip).
             let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
             let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }
-            // The donor names its FP8 efficiency after its own datapath.
-            let fp8_names = [Param::Gemm(GemmFormat::Fp8).name(), Param::Fp8Datapath.name()];
+            let siblings: Vec<&Fit> =
+                gpu.siblings.iter().filter_map(|s| fits.iter().find(|f| f.gpu.eq_ignore_ascii_case(s))).collect();
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
+                let (from, from_data) = siblings
+                    .iter()
+                    .find(|f| donor_fitted(p, &f.from_data))
+                    .map_or((best, best_data), |f| (&f.efficiency, &f.from_data));
                 p.set(&mut gpu.efficiency, p.get(from));
                 known.push(p);
-                let donor_fitted = match p {
-                    Param::Gemm(GemmFormat::Fp8) | Param::Fp8Datapath => fp8_names.iter().any(|n| from_data.contains(n)),
-                    _ => from_data.contains(&p.name()),
-                };
-                if donor_fitted {
+                if donor_fitted(p, from_data) {
                     borrowed.push(p.name());
                 }
             }
-            if from_data.contains(&Param::Ssm.name()) {
+            if best_data.contains(&Param::Ssm.name()) {
                 borrowed.push(Param::Ssm.name());
             }
         }

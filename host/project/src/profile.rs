@@ -225,6 +225,12 @@ pub struct GpuProfile {
     /// same chip in another package).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency_from: Option<String>,
+    /// The GPUs nearest this one, nearest first (the same die in another package, then
+    /// the same architecture): where this GPU's runs cannot fit a parameter, `runner
+    /// calibrate` takes it from the first of them whose runs fitted it, and only then from
+    /// the best-measured GPU (another architecture's kernels and clocks).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub siblings: Vec<String>,
     #[serde(default, rename = "source")]
     pub sources: Vec<Source>,
 }
@@ -491,6 +497,11 @@ impl Profiles {
             g.check().map_err(|e| format!("{origin}: GPU '{}': {e}", g.name))?;
             gpus.push(g);
         }
+        for g in &gpus {
+            if let Some(s) = g.siblings.iter().find(|s| !gpus.iter().any(|o| o.name.eq_ignore_ascii_case(s))) {
+                return Err(format!("{origin}: GPU '{}': siblings names '{s}', which is not a known GPU", g.name));
+            }
+        }
         Ok(Profiles { gpus, origin: vec![origin.to_string()], default_efficiency: default_eff })
     }
 
@@ -620,6 +631,10 @@ bf16 = 500.0
         }
         let x = p.get("x1").unwrap();
         assert_eq!(x.efficiency.fitted, "prior", "a new GPU starts from the file-level defaults");
+        // Siblings name known GPUs: a typo is refused, not silently skipped by the fit.
+        let e = Profiles::with_overrides("[[gpu]]\nname = \"b200\"\nsiblings = [\"GB20\"]\n", "u.toml").unwrap_err();
+        assert!(e.contains("siblings names 'GB20'") && e.contains("B200"), "{e}");
+        assert_eq!(Profiles::builtin().get("b200").unwrap().siblings[0], "GB200", "the same die first");
     }
 
     #[test]
