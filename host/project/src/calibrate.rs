@@ -127,6 +127,10 @@ pub struct Fit {
     /// started from, which a written profile leaves out so that it does not override a
     /// fitted value it knows nothing about.
     pub from_data: Vec<String>,
+    /// What this GPU's runs were too few to fit and it took from another GPU's fit:
+    /// (parameter, that GPU), a sibling's where one fitted it, else the best-measured
+    /// GPU's.
+    pub borrowed: Vec<(String, String)>,
 }
 
 /// Weight of the pull towards the priors, per parameter, in squared log units (see
@@ -338,8 +342,9 @@ pub(crate) fn golden(mut f: impl FnMut(f64) -> f64, lo: f64, hi: f64, iters: usi
 }
 
 /// Fit `gpu` to the runs `prep.runs` selects (already fitted to memory), starting from
-/// its current efficiency table. Where the runs cannot fit the scan, `scan_tflops` (the
-/// best-measured GPU's scan rate) sets it: the fitted chips agree in rate (H100 and
+/// its current efficiency table. Where the runs cannot fit the scan, `scan_tflops` (a
+/// fitted sibling's scan rate, else the best-measured GPU's) sets it: the fitted chips
+/// agree in rate (H100 and
 /// GB300 near 55-60 TFLOP/s) where their shares of the peak differ 2.7x
 /// (docs/VALIDATION.md, item 11).
 fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &str, scan_tflops: Option<f64>) -> Fit {
@@ -381,6 +386,7 @@ fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &s
         after,
         efficiency: current.efficiency,
         from_data: params.iter().map(|p| p.name()).collect(),
+        borrowed: Vec::new(),
     }
 }
 
@@ -398,6 +404,16 @@ fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Opti
         out.push(Run { at, layout: p.layout, measured, family, fitted: true });
     }
     out
+}
+
+/// The GPU whose runs set `p` where `donor` passed on what it took itself.
+fn origin(p: Param, donor: &str, siblings: &[&Fit]) -> String {
+    let name = p.name();
+    siblings
+        .iter()
+        .find(|f| f.gpu == donor)
+        .and_then(|f| f.borrowed.iter().find(|(n, _)| *n == name))
+        .map_or_else(|| donor.to_string(), |(_, o)| o.clone())
 }
 
 /// Whether a fit's runs set `p` (`from_data`, names as in [`Fit::params`]); a donor
@@ -438,7 +454,7 @@ pub fn calibrate(
     runs.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let mut fits: Vec<Fit> = Vec::new();
     // The best-measured GPU's fit and its BF16 peak.
-    let mut shared: Option<(Efficiency, f64, Vec<String>)> = None;
+    let mut shared: Option<(String, Efficiency, f64, Vec<String>)> = None;
     for (g, r) in runs {
         if r.is_empty() {
             continue;
@@ -450,8 +466,10 @@ pub fn calibrate(
         let own = plain.len() >= SHARED_MIN_RUNS;
         let fitted_here = params_for(&prep, &plain);
         let mut known = fitted_here.clone();
-        let mut borrowed: Vec<String> = Vec::new();
-        if let Some((best, _, best_data)) = &shared {
+        let mut borrowed: Vec<(String, String)> = Vec::new();
+        // The scan's rate in TFLOP/s, where this GPU's hybrid runs cannot fit it.
+        let mut scan_tflops: Option<f64> = None;
+        if let Some((best_name, best, best_peak, best_data)) = &shared {
             // Where this GPU's runs cannot speak, take what a fitted sibling's runs set
             // (the same die or architecture: its kernels, clocks and memory system), else
             // the best-measured GPU's (the unfused MoE path's share included: the same
@@ -464,18 +482,24 @@ pub fn calibrate(
             let siblings: Vec<&Fit> =
                 gpu.siblings.iter().filter_map(|s| fits.iter().find(|f| f.gpu.eq_ignore_ascii_case(s))).collect();
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
-                let (from, from_data) = siblings
+                let (donor, from, from_data) = siblings
                     .iter()
                     .find(|f| donor_fitted(p, &f.from_data))
-                    .map_or((best, best_data), |f| (&f.efficiency, &f.from_data));
+                    .map_or((best_name, best, best_data), |f| (&f.gpu, &f.efficiency, &f.from_data));
                 p.set(&mut gpu.efficiency, p.get(from));
                 known.push(p);
                 if donor_fitted(p, from_data) {
-                    borrowed.push(p.name());
+                    borrowed.push((p.name(), origin(p, donor, &siblings)));
                 }
             }
-            if best_data.contains(&Param::Ssm.name()) {
-                borrowed.push(Param::Ssm.name());
+            let ssm = Param::Ssm.name();
+            let scan_donor = match siblings.iter().find(|f| f.from_data.contains(&ssm)) {
+                Some(f) => Some((f.gpu.clone(), f.efficiency.ssm * profiles.get(&f.gpu)?.peak_tflops.bf16)),
+                None => best_data.contains(&ssm).then(|| (best_name.clone(), best.ssm * best_peak)),
+            };
+            scan_tflops = Some(scan_donor.as_ref().map_or(best.ssm * best_peak, |d| d.1));
+            if let Some((donor, _)) = scan_donor {
+                borrowed.push((ssm, origin(Param::Ssm, &donor, &siblings)));
             }
         }
         // A run whose GEMM format keeps its unfitted prior (too few runs or families,
@@ -488,15 +512,15 @@ pub fn calibrate(
                 Run { fitted: known.contains(&format_param(fitted_format(pr), pr.gpu.fp8_datapath_shared())), ..run }
             })
             .collect();
-        let scan_tflops = shared.as_ref().map(|(from, peak, _)| from.ssm * peak);
         let mut fit = fit_runs(&mut prep, &gpu, r, label, scan_tflops);
-        for b in borrowed {
-            if !fit.from_data.contains(&b) {
-                fit.from_data.push(b);
+        for (name, donor) in borrowed {
+            if !fit.from_data.contains(&name) {
+                fit.from_data.push(name.clone());
+                fit.borrowed.push((name, donor));
             }
         }
         if own && shared.is_none() {
-            shared = Some((fit.efficiency.clone(), gpu.peak_tflops.bf16, fit.from_data.clone()));
+            shared = Some((fit.gpu.clone(), fit.efficiency.clone(), gpu.peak_tflops.bf16, fit.from_data.clone()));
         }
         fits.push(fit);
     }

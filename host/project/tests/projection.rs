@@ -586,6 +586,11 @@ fn a_gpu_with_few_runs_borrows_from_its_sibling_first() {
     assert_eq!((b200.attention, b200.memory), (gb200.attention, gb200.memory));
     // GB200's runs never cross its 72-GPU domain with an all-to-all: B200 takes H100's.
     assert_eq!(b200.scale_out_a2a, h100.scale_out_a2a);
+    // And says where each borrowed parameter came from.
+    let borrowed = &fits.iter().find(|f| f.gpu == "B200").unwrap().borrowed;
+    for (name, from) in [("gemm.bf16", "GB200"), ("attention", "GB200"), ("scale_out_a2a", "H100")] {
+        assert!(borrowed.contains(&(name.to_string(), from.to_string())), "{name} from {from}: {borrowed:?}");
+    }
     let mut lone = Profiles::priors();
     lone.gpus.iter_mut().filter(|g| g.name == "B200").for_each(|g| g.siblings.clear());
     assert_eq!(by(&fit(&lone), "B200").gemm.bf16, h100.gemm.bf16);

@@ -811,6 +811,9 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
             pct(f.before.p90),
             pct(f.after.p90)
         ));
+        if !f.borrowed.is_empty() {
+            t.notes.push(format!("{}: too few runs to fit {}", f.gpu, borrowed_from(&f.borrowed)));
+        }
     }
     // Only what the runs set (a GPU's own fit, with what it took from the best-measured
     // GPU to fit it): a parameter left at its prior would override the shipped fit where
@@ -822,6 +825,24 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
         .collect();
     let toml = runner_project::profile::Profiles::efficiency_file(&written);
     emit_profile(global, t, &toml, &fits)
+}
+
+/// "a and b: taken from X; c: from Y", donors in the order the fit met them.
+fn borrowed_from(borrowed: &[(String, String)]) -> String {
+    let mut donors: Vec<&str> = Vec::new();
+    for (_, d) in borrowed {
+        if !donors.contains(&d.as_str()) {
+            donors.push(d);
+        }
+    }
+    let parts: Vec<String> = donors
+        .iter()
+        .map(|d| {
+            let names: Vec<&str> = borrowed.iter().filter(|(_, x)| x == d).map(|(n, _)| n.as_str()).collect();
+            format!("{} (taken from {d})", names.join(", "))
+        })
+        .collect();
+    parts.join("; ")
 }
 
 /// Print a fit; with `-o FILE.toml` write the fitted profile there (any other `-o` gets
