@@ -63,7 +63,7 @@ fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(
-        ["GPUs", "layout", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
+        ["GPUs", "layout", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().all(|h| out.contains(h)),
         "{out}"
     );
     // BF16 and FP8 by default, each a block, then the two side by side.
@@ -73,7 +73,7 @@ fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     assert!(out.contains("measured:") && out.contains("modelled:"), "says what was measured and what modelled: {out}");
     let wide: Vec<&str> = out.lines().filter(|l| l.chars().count() > 100).collect();
     assert!(wide.is_empty(), "lines over 100 columns: {wide:#?}");
-    let rows: Vec<&str> = out.lines().filter(|l| l.starts_with("8 ") || l.starts_with("64")).collect();
+    let rows: Vec<&str> = out.lines().filter(|l| (l.starts_with("8 ") || l.starts_with("64")) && l.contains(" TP")).collect();
     assert_eq!(rows.len(), 4, "two counts in two precisions: {out}");
     assert_eq!(out.lines().filter(|l| l.starts_with("64*")).count(), 2, "the sweet spot is marked: {out}");
 }

@@ -12,7 +12,7 @@ use crate::report::chart::{self, LineChart, Mark, StackedBars};
 use crate::report::{OutputFormat, Table, si, usd};
 
 /// Clouds shown per series in the terminal.
-const TERMINAL_CLOUDS: usize = 3;
+const TERMINAL_CLOUDS: usize = 2;
 
 /// The terminal page's width: notes are wrapped to it.
 const WIDTH: usize = 100;
@@ -147,9 +147,9 @@ pub(crate) fn days_cell(d: f64) -> String {
 /// One series as a table: `clouds` are the columns priced (indices into the row costs).
 fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table {
     let mut headers: Vec<String> =
-        ["GPUs", "layout", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().map(|h| h.to_string()).collect();
+        ["GPUs", "layout", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().map(|h| h.to_string()).collect();
     if wide {
-        headers.splice(2..2, ["GBS".to_string(), "step s".into(), "GiB".into()]);
+        headers.insert(2, "GBS".to_string());
     }
     headers.extend(clouds.iter().map(|&i| o.clouds[i].chars().take(12).collect::<String>()));
     let mut t = Table { title: format!("{} - {}", s.label(), s.plan), headers, ..Table::default() };
@@ -158,9 +158,9 @@ fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table 
         let mut row = vec![format!("{}{mark}", r.gpus), layout_cell(r)];
         if wide {
             row.push(r.global_batch.to_string());
-            row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.2}", p.step_time_s)));
-            row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.0}", p.memory_per_gpu_gib)));
         }
+        row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.2}", p.step_time_s)));
+        row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.0}", p.memory_per_gpu_gib)));
         match (&r.projection, r.days) {
             (Some(p), Some(days)) => row.extend([
                 days_cell(days),
