@@ -21,7 +21,7 @@
 //! - Bytes: forward reads + writes at each tensor's dtype; an embedding reads only the
 //!   gathered rows; a grouped linear reads every expert's weights.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 
 use crate::ir::{Graph, Op, OpKind, TensorId, TensorKind};
@@ -323,15 +323,15 @@ pub fn vector_flops(g: &Graph) -> f64 {
 
 /// Total, active and embedding parameters.
 pub fn params(g: &Graph) -> ParamCount {
-    let mut producer: HashMap<TensorId, &Op> = HashMap::new();
+    let mut producer: HashMap<TensorId, &Op> = HashMap::default();
     for op in &g.ops {
         for &o in &op.outputs {
             producer.insert(o, op);
         }
     }
     // Fraction of each expert weight one token uses: top-k / E.
-    let mut expert_fraction: HashMap<TensorId, f64> = HashMap::new();
-    let mut embedding: HashSet<TensorId> = HashSet::new();
+    let mut expert_fraction: HashMap<TensorId, f64> = HashMap::default();
+    let mut embedding: HashSet<TensorId> = HashSet::default();
     for op in &g.ops {
         match op.kind {
             OpKind::GroupedLinear => {

@@ -37,7 +37,7 @@
 //! Collectives inside a module are not counted as its ops (re-running them is not
 //! modelled) and are walked through when following the dataflow.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt;
 
 use crate::ir::{Graph, OpKind, TensorId, TensorKind};
@@ -198,7 +198,7 @@ fn is_activation_fn(k: OpKind) -> bool {
 pub fn modules(g: &Graph) -> ModuleMap {
     let producer = g.producers();
     let made_by = |t: TensorId| producer.get(t).copied().flatten();
-    let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::new();
+    let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::default();
     for (i, op) in g.ops.iter().enumerate() {
         for &x in &op.inputs {
             consumers.entry(x).or_default().push(i);
@@ -214,7 +214,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
             t = *g.ops[p].inputs.first()?;
         }
     };
-    let mut out = ModuleMap { op: vec![None; g.ops.len()], frees: HashMap::new() };
+    let mut out = ModuleMap { op: vec![None; g.ops.len()], frees: HashMap::default() };
     let residual: HashSet<usize> = g
         .ops
         .iter()
@@ -231,7 +231,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
     // Ops reachable from `from` within its layer, not past a residual add.
     let reach = |from: usize, stop: &dyn Fn(usize) -> bool| -> Vec<usize> {
         let layer = g.ops[from].layer;
-        let mut seen: HashSet<usize> = HashSet::new();
+        let mut seen: HashSet<usize> = HashSet::default();
         let mut stack: Vec<usize> = g.ops[from].outputs.clone();
         let mut found = Vec::new();
         while let Some(t) = stack.pop() {
@@ -314,7 +314,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
             let mut chain: Vec<usize> = Vec::new();
             let mut up = false;
             let mut stack = vec![x];
-            let mut seen: HashSet<usize> = HashSet::new();
+            let mut seen: HashSet<usize> = HashSet::default();
             while let Some(t) = stack.pop() {
                 let Some(p) = origin(t) else { continue };
                 if !seen.insert(p) {

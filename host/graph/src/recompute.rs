@@ -25,7 +25,8 @@
 //! Key items: [`RecomputePolicy`], [`saved_for_backward`] → [`Saved`],
 //! [`stored_bytes`], [`layer_bytes`], [`activation_bytes`], [`in_flight_micro_batches`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::count::{self, AttentionFlops, Convention, Recompute};
 use crate::autodiff::{BackwardPlan, needs_grad};
@@ -116,7 +117,7 @@ fn input_needs(g: &Graph) -> Vec<Vec<bool>> {
 
 /// Per kept tensor, the layer of the first op that keeps it, in op order.
 fn producers(g: &Graph) -> HashMap<TensorId, &Op> {
-    let mut producer: HashMap<TensorId, &Op> = HashMap::new();
+    let mut producer: HashMap<TensorId, &Op> = HashMap::default();
     for op in &g.ops {
         for &o in &op.outputs {
             producer.insert(o, op);
@@ -147,8 +148,8 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(T
     let is_act = |id: TensorId| g.tensors.get(id).is_some_and(|t| t.kind == TensorKind::Activation);
     let mut stored: Vec<(TensorId, i32)> = Vec::new();
     let mut dropped: Vec<TensorId> = Vec::new();
-    let mut seen: HashSet<TensorId> = HashSet::new();
-    let mut seen_dropped: HashSet<TensorId> = HashSet::new();
+    let mut seen: HashSet<TensorId> = HashSet::default();
+    let mut seen_dropped: HashSet<TensorId> = HashSet::default();
     let mut keep = |id: TensorId, layer: i32, stored: &mut Vec<(TensorId, i32)>| {
         if seen.insert(id) {
             stored.push((id, layer));
@@ -337,7 +338,7 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
     }
     // Segments in forward order; one per layer (Full) or per attention op (Selective).
     let mut segments: Vec<Vec<usize>> = Vec::new();
-    let mut by_layer: HashMap<i32, usize> = HashMap::new();
+    let mut by_layer: HashMap<i32, usize> = HashMap::default();
     for (oi, op) in g.ops.iter().enumerate() {
         if !in_segment(op) {
             continue;

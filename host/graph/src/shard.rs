@@ -41,7 +41,8 @@
 //! Vocabularies tp does not divide are padded up to the next multiple of tp (the padded
 //! rows are extra parameters on the last ranks, as Megatron's padding is).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use serde::Serialize;
 
@@ -1184,7 +1185,7 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
     let chunks = (layout.pp * layout.vp) as usize;
     let starts = layout.split.starts(layers.len(), chunks)?;
     // Layer position → chunk.
-    let mut chunk_of_layer: HashMap<i32, usize> = HashMap::new();
+    let mut chunk_of_layer: HashMap<i32, usize> = HashMap::default();
     for c in 0..chunks {
         for &l in &layers[starts.start(c)..starts.start(c + 1)] {
             chunk_of_layer.insert(l, c);
@@ -1200,8 +1201,8 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
         .collect();
     let owned = |c: usize| c % layout.pp as usize == rank.pp as usize;
     // Producer chunk of each activation, and the chunks that read it.
-    let mut producer: HashMap<TensorId, usize> = HashMap::new();
-    let mut readers: HashMap<TensorId, BTreeSet<usize>> = HashMap::new();
+    let mut producer: HashMap<TensorId, usize> = HashMap::default();
+    let mut readers: HashMap<TensorId, BTreeSet<usize>> = HashMap::default();
     for (i, op) in g.ops.iter().enumerate() {
         for &o in &op.outputs {
             producer.insert(o, chunk[i]);
@@ -1217,11 +1218,11 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
         b: f.b,
         t: f.t,
         tensors: Vec::new(),
-        names: HashSet::new(),
+        names: HashSet::default(),
         ops: Vec::new(),
-        local: HashMap::new(),
-        weights: HashMap::new(),
-        gathered: HashMap::new(),
+        local: HashMap::default(),
+        weights: HashMap::default(),
+        gathered: HashMap::default(),
     };
     let pp = i64::from(layout.pp);
     let mut sent: Vec<String> = Vec::new();
@@ -1327,9 +1328,9 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
 /// accumulate-allreduce-grads-in-fp32); FSDP gathers parameters at their own dtype in
 /// the forward and again in the backward of every micro-batch.
 fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) -> Vec<StepCollective> {
-    let mut expert: HashSet<TensorId> = HashSet::new();
-    let mut embed: HashSet<TensorId> = HashSet::new();
-    let mut head: HashSet<TensorId> = HashSet::new();
+    let mut expert: HashSet<TensorId> = HashSet::default();
+    let mut embed: HashSet<TensorId> = HashSet::default();
+    let mut head: HashSet<TensorId> = HashSet::default();
     for op in &g.ops {
         match op.kind {
             OpKind::GroupedLinear => {
@@ -1455,7 +1456,7 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     // finalize_model_grads). Linears on feature-split data are row-parallel: their
     // weight is split, and their bias is added once, after the reduction.
     if l.tp > 1 {
-        let seq = if l.sp() { p.seq_names() } else { HashSet::new() };
+        let seq = if l.sp() { p.seq_names() } else { HashSet::default() };
         let split = p.split_names();
         let mut names: BTreeSet<String> = BTreeSet::new();
         for op in &p.ops {

@@ -8,7 +8,7 @@
 //! (a (B,T,H,D) tensor may feed a linear with K = H*D), never by exact rank except where
 //! the op needs the axes themselves (attention, rotary).
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::ir::{Attr, DType, Graph, GraphError, Op, OpKind, Tensor, TensorId, TensorKind};
 
@@ -29,7 +29,7 @@ pub fn validate(g: &Graph) -> Result<(), GraphError> {
             return Err(GraphError::BadTensor(t.name.clone(), format!("shape {:?} overflows u64", t.shape)));
         }
     }
-    let mut producer: HashMap<TensorId, usize> = HashMap::new();
+    let mut producer: HashMap<TensorId, usize> = HashMap::default();
     for (i, op) in g.ops.iter().enumerate() {
         let v = Check { g, op };
         for &id in &op.inputs {

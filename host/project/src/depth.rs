@@ -10,7 +10,8 @@
 //! layers to its representative ([`Depth::class`]). A test checks that the composed cost
 //! equals the cost of the full sharded graph.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt::Write as _;
 
 use runner_graph::shard::{Place, partition};
@@ -51,7 +52,7 @@ impl Depth {
 /// first layer receives none from the frozen embedding, so its backward differs). Two
 /// layers with equal signatures shard and cost alike.
 pub fn signature(g: &Graph, ops: &[usize], needs_grad: &[bool]) -> String {
-    let mut local: HashMap<TensorId, usize> = HashMap::new();
+    let mut local: HashMap<TensorId, usize> = HashMap::default();
     let mut s = String::new();
     for (j, &i) in ops.iter().enumerate() {
         let op = &g.ops[i];
@@ -133,7 +134,7 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
         Place::Layer(l) => pos[&l] as i64,
         Place::Post => n as i64,
     };
-    let mut producer: HashMap<TensorId, i64> = HashMap::new();
+    let mut producer: HashMap<TensorId, i64> = HashMap::default();
     for (i, op) in g.ops.iter().enumerate() {
         for &o in &op.outputs {
             producer.insert(o, where_of(i));
@@ -181,7 +182,7 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
     if into_post.len() != into_k.len() {
         return None;
     }
-    let mut rename: HashMap<TensorId, TensorId> = HashMap::new();
+    let mut rename: HashMap<TensorId, TensorId> = HashMap::default();
     for (&a, &b) in into_post.iter().zip(&into_k) {
         let (ta, tb) = (&g.tensors[a], &g.tensors[b]);
         if ta.shape != tb.shape || ta.dtype != tb.dtype {
@@ -190,7 +191,7 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
         rename.insert(a, b);
     }
     let keep: Vec<usize> = (0..g.ops.len()).filter(|&i| where_of(i) < k as i64 || where_of(i) == n as i64).collect();
-    let mut used: HashSet<TensorId> = HashSet::new();
+    let mut used: HashSet<TensorId> = HashSet::default();
     let mut ops = Vec::with_capacity(keep.len());
     for &i in &keep {
         let op = &g.ops[i];

@@ -5,7 +5,7 @@
 //! Graphs come from a [`GraphSource`]: the runner's is the workload plugin (sandboxed),
 //! tests use the plugin crates natively. The projection never builds a model itself.
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use runner_graph::count::{self, Convention, ParamCount};
 use runner_graph::peft::{self, Lora};
@@ -164,8 +164,8 @@ impl Model {
             params,
             shape,
             graph,
-            reduced: HashMap::new(),
-            templates: HashMap::new(),
+            reduced: HashMap::default(),
+            templates: HashMap::default(),
         })
     }
 

@@ -2,7 +2,7 @@
 //! projecting any layout ([`Projector::project`]) with its templates and timings cached
 //! so a search or a calibration fit can ask again and again cheaply.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::model::{GraphSource, Model};
 use crate::precision::Plan;
@@ -22,7 +22,7 @@ pub struct Projector<'s> {
 
 impl<'s> Projector<'s> {
     pub fn new(model: Model, source: Box<dyn GraphSource + 's>, gpu: GpuProfile, plan: Plan) -> Projector<'s> {
-        Projector { model, source, gpu, plan, measured: Measured::default(), costed: HashMap::new() }
+        Projector { model, source, gpu, plan, measured: Measured::default(), costed: HashMap::default() }
     }
 
     /// Use per-op times measured on the target device where they exist.

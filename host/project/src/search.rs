@@ -23,7 +23,7 @@
 //! those is sharded and timed once; the schedules on top are arithmetic over per-layer
 //! prefix sums, which is what makes the search take well under a second.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 
 use serde::Serialize;
 
@@ -182,6 +182,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     let seq = pr.model.seq_len;
     let domain = pr.gpu.scale_up_domain;
     let mut tracks = Tracks::default();
+    let mut split_memo: HashMap<(u32, u32), Result<Vec<PipelineSplit>, String>> = HashMap::default();
     let mut found = Top::new(top);
     let mut evaluated = 0u64;
     let note = |tracks: &mut Tracks, fam: &str, why: String| {
@@ -259,8 +260,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                                 if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
                             );
                             for &vp in &vps {
-                                let splits = match megatron_splits(space, layers, pp, vp) {
-                                    Ok(splits) => splits,
+                                // The splits depend on pp and vp alone: worked out (and a
+                                // refusal worded) once per pair, not once per sharding.
+                                let splits = match split_memo.entry((pp, vp)).or_insert_with(|| megatron_splits(space, layers, pp, vp)) {
+                                    Ok(splits) => splits.clone(),
                                     Err(why) => {
                                         for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
                                             if !(fsdp && dp * cp == 1) {

@@ -18,7 +18,9 @@
 //! casts move bytes at the achieved HBM bandwidth. Times measured on the device replace
 //! the roofline op by op where a [`Measured`] table has them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -271,8 +273,8 @@ impl Template {
         let g = &rank;
         let (places, layers) = partition(g);
         // Layers beyond the model's main ones (MTP modules) belong to the head side.
-        let main: HashSet<i32> = depth_layers.iter().copied().collect();
-        let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
+        let main: FxHashSet<i32> = depth_layers.iter().copied().collect();
+        let pos: FxHashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
         let mut parts: Vec<Part> = vec![Part::default(); layers.len() + 2];
         let post = layers.len() + 1;
         let part_of = |i: usize| -> usize {
@@ -283,9 +285,9 @@ impl Template {
             }
         };
         // Weights: the part of their first reader; expert weights are grouped-linear's.
-        let mut first_reader: HashMap<usize, usize> = HashMap::new();
-        let mut expert: HashSet<usize> = HashSet::new();
-        let mut read_by: HashMap<usize, HashSet<usize>> = HashMap::new();
+        let mut first_reader: FxHashMap<usize, usize> = FxHashMap::default();
+        let mut expert: FxHashSet<usize> = FxHashSet::default();
+        let mut read_by: FxHashMap<usize, FxHashSet<usize>> = FxHashMap::default();
         for (i, op) in g.ops.iter().enumerate() {
             for (j, &x) in op.inputs.iter().enumerate() {
                 if !g.tensors[x].kind.is_param() {
@@ -322,7 +324,7 @@ impl Template {
         let need = |t: usize| needs.get(t).copied().unwrap_or(false);
         let has_backward = |op: &runner_graph::Op| op.inputs.iter().any(|&t| need(t));
         // Where each GEMM op lands: (part, index in its gemms).
-        let mut gemm_at: HashMap<usize, (usize, usize)> = HashMap::new();
+        let mut gemm_at: FxHashMap<usize, (usize, usize)> = FxHashMap::default();
         let local_experts = |op: &runner_graph::Op| -> f64 {
             op.inputs.get(1).and_then(|&w| g.tensors[w].shape.first().copied()).unwrap_or(1).max(1) as f64
         };
@@ -385,8 +387,8 @@ impl Template {
             }
         }
         // Per part: the router's top-k and the routed experts of its dispatch.
-        let mut top_k: HashMap<usize, u32> = HashMap::new();
-        let mut experts: HashMap<usize, u32> = HashMap::new();
+        let mut top_k: FxHashMap<usize, u32> = FxHashMap::default();
+        let mut experts: FxHashMap<usize, u32> = FxHashMap::default();
         for (i, op) in g.ops.iter().enumerate() {
             let v = |key: &str| op.int(key).and_then(|x| u32::try_from(x).ok()).filter(|&x| x > 0);
             match op.kind {
