@@ -1172,6 +1172,19 @@ impl<'a> Pass<'a> {
 /// The layout breaks a rule of [`Layout::validate`] for this graph, the rank is outside
 /// the layout, or the graph is already sharded or uses a role its op cannot have.
 pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, String> {
+    shard_with(g, layout, rank, true)
+}
+
+/// [`shard`]'s graph alone, without working out the step-level collectives (what the
+/// projection's per-sharding templates read; the search builds one per sharding).
+///
+/// # Errors
+/// As [`shard`].
+pub fn shard_graph(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Graph, String> {
+    shard_with(g, layout, rank, false).map(|s| s.graph)
+}
+
+fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> Result<Sharded, String> {
     layout.validate(g, layout.gpus())?;
     for (what, r, n) in
         [("tp", rank.tp, layout.tp), ("pp", rank.pp, layout.pp), ("cp", rank.cp, layout.cp), ("dp", rank.dp, layout.dp)]
@@ -1318,7 +1331,7 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
         );
         loss = sum;
     }
-    let step = step_collectives(g, layout, &p, owned(0), owned(chunks - 1));
+    let step = if with_step { step_collectives(g, layout, &p, owned(0), owned(chunks - 1)) } else { Vec::new() };
     let graph = Graph::new(p.tensors, p.ops, &loss).map_err(|e| e.to_string())?;
     Ok(Sharded { graph, step })
 }

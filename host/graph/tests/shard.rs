@@ -9,7 +9,7 @@ use llama3::Llama3;
 use mixtral::Mixtral;
 use runner_graph::count::{self, AttentionFlops, Convention, Recompute};
 use runner_graph::recompute::{self, RecomputePolicy};
-use runner_graph::shard::{Layout, RankCoord, Sharded, shard};
+use runner_graph::shard::{Layout, RankCoord, Sharded, shard, shard_graph};
 use runner_project::comm::comm_volume;
 use runner_graph::validate::validate;
 use runner_graph::{Graph, OpKind, TensorKind};
@@ -64,6 +64,9 @@ fn sharded(g: &Graph, l: &Layout, r: RankCoord) -> Sharded {
     if let Err(e) = validate(&s.graph) {
         panic!("{l:?} rank {r:?}: sharded graph does not validate: {e}");
     }
+    // The projection's templates take the graph without the step collectives: the same graph.
+    let alone = shard_graph(g, l, r).unwrap();
+    assert_eq!(serde_json::to_string(&alone).unwrap(), serde_json::to_string(&s.graph).unwrap(), "{l:?} rank {r:?}");
     s
 }
 

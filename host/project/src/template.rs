@@ -28,7 +28,7 @@ use runner_graph::autodiff::needs_grad;
 use runner_graph::count::{self, AttentionFlops};
 use runner_graph::modules::{Module, modules};
 use runner_graph::recompute::{RecomputePolicy, kept_by, layer_bytes};
-use runner_graph::shard::{Layout, Place, RankCoord, partition, shard};
+use runner_graph::shard::{Layout, Place, RankCoord, partition, shard_graph};
 use runner_graph::{Graph, OpKind, TensorKind};
 
 use crate::comm::{Fabric, Placement, comm_volume};
@@ -259,7 +259,7 @@ pub fn rank_graph(reduced: &Graph, key: ShardKey) -> Result<Graph, String> {
         global_batch: key.mbs.saturating_mul(dp),
         split: Default::default(),
     };
-    Ok(shard(reduced, &layout, RankCoord::default())?.graph)
+    shard_graph(reduced, &layout, RankCoord::default())
 }
 
 impl Template {
