@@ -183,6 +183,29 @@ impl Model {
         self.templates[&key].as_ref().map_err(Clone::clone)
     }
 
+    /// Build the templates of `keys` not cached yet, in parallel: the reduced graph of each
+    /// micro-batch is read first (the plugin runs one call at a time), then each
+    /// sharding's template is a pure function of its graph and key, so the cache ends as
+    /// [`Model::template`] one key at a time would leave it. A micro-batch whose graph
+    /// cannot be read is left to [`Model::template`] to report.
+    pub fn prebuild(&mut self, keys: &[ShardKey], source: &mut dyn GraphSource) {
+        use rayon::prelude::*;
+        let mut todo: Vec<ShardKey> = keys.iter().copied().filter(|k| !self.templates.contains_key(k)).collect();
+        todo.sort_by_key(|k| (k.mbs, k.tp, k.cp, k.ep, k.etp, k.sp));
+        todo.dedup();
+        let mut mbss: Vec<u32> = todo.iter().map(|k| k.mbs).collect();
+        mbss.dedup();
+        for mbs in mbss {
+            if self.reduced_graph(mbs, source).is_err() {
+                todo.retain(|k| k.mbs != mbs);
+            }
+        }
+        let (reduced, layers) = (&self.reduced, &self.depth.layers);
+        let built: Vec<(ShardKey, Result<Template, String>)> =
+            todo.into_par_iter().map(|k| (k, Template::build(&reduced[&k.mbs], layers, k))).collect();
+        self.templates.extend(built);
+    }
+
     /// Rank 0's sharded graph for `key` (what the template for `key` reads).
     ///
     /// # Errors

@@ -60,6 +60,12 @@ impl<'s> Projector<'s> {
         self.costed[&(key, kernels)].as_ref().map_err(Clone::clone)
     }
 
+    /// Build the templates of `keys` that are not cached yet, on every core (see
+    /// [`Model::prebuild`]); [`Projector::costed`] then finds them.
+    pub fn prebuild(&mut self, keys: &[ShardKey]) {
+        self.model.prebuild(keys, self.source.as_mut());
+    }
+
     /// Rank 0's sharded graph for `key`: the ops a measurement for `key` must name.
     ///
     /// # Errors

@@ -175,6 +175,13 @@ impl Top {
     }
 }
 
+/// One (tp, cp, ep, etp, mbs) the search visits: refused when tp·cp does not divide the
+/// GPUs, else tried with the `rest` of the GPUs for pp and dp.
+enum Sharding {
+    Refused { key: ShardKey, stage: u64 },
+    Tried { key: ShardKey, rest: u32 },
+}
+
 /// Search the layouts of `pr`'s model on `gpus` GPUs at global batch `gbs`.
 pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: usize) -> Found {
     let shape = pr.model.shape.clone();
@@ -220,12 +227,14 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         vec![1]
     };
     let mbss = pick(space.mbs, vec![1, 2, 4, 8]);
+    // Every sharding the search tries, in its order (a tp·cp that does not divide the
+    // GPUs is refused where it falls).
+    let mut shardings: Vec<Sharding> = Vec::new();
     for &tp in &tps {
         for &cp in &cps {
             let stage = u64::from(tp) * u64::from(cp);
             if stage == 0 || !u64::from(gpus).is_multiple_of(stage) {
-                let key = ShardKey { tp, cp, ep: 1, etp: 1, sp: tp > 1, mbs: 1 };
-                note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {stage} does not divide {gpus} GPUs"));
+                shardings.push(Sharding::Refused { key: ShardKey { tp, cp, ep: 1, etp: 1, sp: tp > 1, mbs: 1 }, stage });
                 continue;
             }
             // stage divides gpus, so the quotient fits.
@@ -234,90 +243,104 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                 let etps = pick(space.etp, if tp > 1 && shape.experts > 0 { vec![1, tp] } else { vec![1] });
                 for &etp in &etps {
                     for &mbs in &mbss {
-                        let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
-                        let costed = match pr.costed(key, space.kernels) {
-                            Ok(c) => c,
-                            Err(e) => {
-                                let fam = family(&key, 1, rest, false);
-                                note(&mut tracks, &fam, e);
-                                continue;
+                        shardings.push(Sharding::Tried { key: ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs }, rest });
+                    }
+                }
+            }
+        }
+    }
+    // Their templates (sharding and timing the layers: most of a cold search) are built
+    // on every core first; the walk below finds them cached.
+    pr.prebuild(&shardings.iter().filter_map(|s| match s { Sharding::Tried { key, .. } => Some(*key), Sharding::Refused { .. } => None }).collect::<Vec<_>>());
+    for sharding in shardings {
+        let (key, rest) = match sharding {
+            Sharding::Refused { key, stage } => {
+                note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {stage} does not divide {gpus} GPUs"));
+                continue;
+            }
+            Sharding::Tried { key, rest } => (key, rest),
+        };
+        let (tp, cp, ep) = (key.tp, key.cp, key.ep);
+        let stage = u64::from(tp) * u64::from(cp);
+        let costed = match pr.costed(key, space.kernels) {
+            Ok(c) => c,
+            Err(e) => {
+                let fam = family(&key, 1, rest, false);
+                note(&mut tracks, &fam, e);
+                continue;
+            }
+        };
+        for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers.max(1)).collect()) {
+            if pp == 0 || !rest.is_multiple_of(pp) {
+                let fam = family(&key, pp, 1, false);
+                note(&mut tracks, &fam, format!("pp={pp} does not divide the {rest} GPUs tp·cp = {stage} leaves"));
+                continue;
+            }
+            let dp = rest / pp;
+            // The families this (sharding, pp, dp) falls in, without and with
+            // FSDP, looked up when a layout of it is first projected.
+            let mut fams: [Option<usize>; 2] = [None, None];
+            // A split given on the command line may count absurdly many units.
+            let units = space.split.map_or(layers.saturating_add(2), |s| layers.saturating_add(s.embedding).saturating_add(s.loss));
+            let vps = pick(
+                space.vp,
+                if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
+            );
+            for &vp in &vps {
+                // The splits depend on pp and vp alone: worked out (and a
+                // refusal worded) once per pair, not once per sharding.
+                let splits = match split_memo.entry((pp, vp)).or_insert_with(|| megatron_splits(space, layers, pp, vp)) {
+                    Ok(splits) => splits.clone(),
+                    Err(why) => {
+                        for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
+                            if !(fsdp && dp * cp == 1) {
+                                note(&mut tracks, &family(&key, pp, dp, fsdp), why.clone());
                             }
-                        };
-                        for &pp in &pick(space.pp, divisors(rest).into_iter().filter(|&p| p <= layers.max(1)).collect()) {
-                            if pp == 0 || !rest.is_multiple_of(pp) {
-                                let fam = family(&key, pp, 1, false);
-                                note(&mut tracks, &fam, format!("pp={pp} does not divide the {rest} GPUs tp·cp = {stage} leaves"));
-                                continue;
+                        }
+                        continue;
+                    }
+                };
+                for (fsdp, split) in space.fsdp.map_or(vec![false, true], |f| vec![f]).into_iter().flat_map(|f| splits.iter().map(move |&s| (f, s))) {
+                    if fsdp && dp * cp == 1 {
+                        continue;
+                    }
+                    let sched = Schedule {
+                        pp,
+                        vp,
+                        dp,
+                        global_batch: gbs,
+                        recompute: space.recompute.unwrap_or(RecomputePolicy::None),
+                        recompute_layers: 0,
+                        recompute_modules: space.recompute_modules.unwrap_or_default(),
+                        distributed_optimizer: !fsdp,
+                        fsdp,
+                        tp_overlap: tp > 1,
+                        ep_overlap: ep > 1,
+                        dp_overlap: true,
+                        grad_fp32: false,
+                        fused_grouped_mlp: space.kernels.fused_grouped_mlp,
+                        split,
+                        offload_layers: space.offload_layers.unwrap_or(0),
+                        optimizer: space.optimizer,
+                    };
+                    let choose = Choose { recompute: space.recompute.is_none(), offload: space.offload_layers.is_none() };
+                    let r = fitting(costed, sched, layers, choose, &mut evaluated);
+                    let i = *fams[usize::from(fsdp)].get_or_insert_with(|| tracks.index(&family(&key, pp, dp, fsdp)));
+                    let t = &mut tracks.all[i].1;
+                    match r {
+                        Err(Reject::Divisibility(why) | Reject::Unsupported(why)) => {
+                            t.reason.get_or_insert(why);
+                        }
+                        Err(Reject::Memory { .. }) => {}
+                        Ok(p) if p.fits => {
+                            if t.best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
+                                t.best = Some(p.clone());
                             }
-                            let dp = rest / pp;
-                            // The families this (sharding, pp, dp) falls in, without and with
-                            // FSDP, looked up when a layout of it is first projected.
-                            let mut fams: [Option<usize>; 2] = [None, None];
-                            // A split given on the command line may count absurdly many units.
-                            let units = space.split.map_or(layers.saturating_add(2), |s| layers.saturating_add(s.embedding).saturating_add(s.loss));
-                            let vps = pick(
-                                space.vp,
-                                if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
-                            );
-                            for &vp in &vps {
-                                // The splits depend on pp and vp alone: worked out (and a
-                                // refusal worded) once per pair, not once per sharding.
-                                let splits = match split_memo.entry((pp, vp)).or_insert_with(|| megatron_splits(space, layers, pp, vp)) {
-                                    Ok(splits) => splits.clone(),
-                                    Err(why) => {
-                                        for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
-                                            if !(fsdp && dp * cp == 1) {
-                                                note(&mut tracks, &family(&key, pp, dp, fsdp), why.clone());
-                                            }
-                                        }
-                                        continue;
-                                    }
-                                };
-                                for (fsdp, split) in space.fsdp.map_or(vec![false, true], |f| vec![f]).into_iter().flat_map(|f| splits.iter().map(move |&s| (f, s))) {
-                                    if fsdp && dp * cp == 1 {
-                                        continue;
-                                    }
-                                    let sched = Schedule {
-                                        pp,
-                                        vp,
-                                        dp,
-                                        global_batch: gbs,
-                                        recompute: space.recompute.unwrap_or(RecomputePolicy::None),
-                                        recompute_layers: 0,
-                                        recompute_modules: space.recompute_modules.unwrap_or_default(),
-                                        distributed_optimizer: !fsdp,
-                                        fsdp,
-                                        tp_overlap: tp > 1,
-                                        ep_overlap: ep > 1,
-                                        dp_overlap: true,
-                                        grad_fp32: false,
-                                        fused_grouped_mlp: space.kernels.fused_grouped_mlp,
-                                        split,
-                                        offload_layers: space.offload_layers.unwrap_or(0),
-                                        optimizer: space.optimizer,
-                                    };
-                                    let choose = Choose { recompute: space.recompute.is_none(), offload: space.offload_layers.is_none() };
-                                    let r = fitting(costed, sched, layers, choose, &mut evaluated);
-                                    let i = *fams[usize::from(fsdp)].get_or_insert_with(|| tracks.index(&family(&key, pp, dp, fsdp)));
-                                    let t = &mut tracks.all[i].1;
-                                    match r {
-                                        Err(Reject::Divisibility(why) | Reject::Unsupported(why)) => {
-                                            t.reason.get_or_insert(why);
-                                        }
-                                        Err(Reject::Memory { .. }) => {}
-                                        Ok(p) if p.fits => {
-                                            if t.best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
-                                                t.best = Some(p.clone());
-                                            }
-                                            found.offer(p);
-                                        }
-                                        Ok(p) => {
-                                            if t.least.as_ref().is_none_or(|b| p.memory.total < b.memory.total) {
-                                                t.least = Some(p);
-                                            }
-                                        }
-                                    }
-                                }
+                            found.offer(p);
+                        }
+                        Ok(p) => {
+                            if t.least.as_ref().is_none_or(|b| p.memory.total < b.memory.total) {
+                                t.least = Some(p);
                             }
                         }
                     }

@@ -566,6 +566,25 @@ fn blackwell_fp8_recipes_share_one_gemm_efficiency() {
     assert!(!ssm(&h100[0]), "{:?}", h100[0].params);
 }
 
+/// The search builds its templates on every core before it walks them; a template
+/// built that way projects exactly as one built on first use, and a sharding the graph
+/// refuses is refused the same way.
+#[test]
+fn prebuilt_templates_project_as_built_on_demand() {
+    let mut lazy = projector("mixtral-tiny", 256, "h100", Recipe::Bf16);
+    let mut eager = projector("mixtral-tiny", 256, "h100", Recipe::Bf16);
+    let layouts: Vec<LayoutSpec> = [(1, 1, 1), (2, 1, 2), (1, 2, 4), (2, 2, 1), (3, 1, 1)]
+        .into_iter()
+        .map(|(tp, ep, mbs)| LayoutSpec { ep, ..layout(tp, 1, 1, 1, 4, mbs, 16) })
+        .collect();
+    eager.prebuild(&layouts.iter().map(|l| l.key()).collect::<Vec<_>>());
+    for (i, l) in layouts.iter().enumerate() {
+        let (a, b) = (lazy.project(l), eager.project(l));
+        assert_eq!(a, b, "{}", l.short());
+        assert_eq!(a.is_ok(), i < 4, "{}: {a:?}", l.short());
+    }
+}
+
 /// A GPU whose runs are too few to fit a parameter takes it from its nearest fitted
 /// sibling (B200 from GB200: the same die), not from the best-measured GPU (H100, another
 /// architecture); without siblings it takes H100's.
