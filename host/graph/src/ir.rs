@@ -1,8 +1,7 @@
 //! The graph IR: tensors, operations, attributes. Mirrors the WIT `graph` record, with
 //! tensor references resolved from names to indices.
 
-use std::collections::BTreeMap;
-use rustc_hash::FxHashMap as HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -220,7 +219,7 @@ impl Graph {
 
     /// Build a graph, resolving tensor names. Operations reference tensors by name.
     pub fn new(tensors: Vec<Tensor>, ops: Vec<NamedOp>, loss: &str) -> Result<Graph, GraphError> {
-        let mut index = HashMap::with_capacity_and_hasher(tensors.len(), Default::default());
+        let mut index = HashMap::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
             if index.insert(t.name.clone(), i).is_some() {
                 return Err(GraphError::DuplicateTensor(t.name.clone()));

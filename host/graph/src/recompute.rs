@@ -28,6 +28,8 @@
 use std::collections::BTreeMap;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
+// Tensor ids hash with FxHash; layer numbers, which a plugin chooses, with std's SipHash.
+
 use crate::count::{self, AttentionFlops, Convention, Recompute};
 use crate::autodiff::{BackwardPlan, needs_grad};
 use crate::ir::{Graph, Op, OpKind, TensorId, TensorKind};
@@ -338,7 +340,7 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
     }
     // Segments in forward order; one per layer (Full) or per attention op (Selective).
     let mut segments: Vec<Vec<usize>> = Vec::new();
-    let mut by_layer: HashMap<i32, usize> = HashMap::default();
+    let mut by_layer: std::collections::HashMap<i32, usize> = std::collections::HashMap::new();
     for (oi, op) in g.ops.iter().enumerate() {
         if !in_segment(op) {
             continue;

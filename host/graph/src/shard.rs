@@ -42,7 +42,11 @@
 //! rows are extra parameters on the last ranks, as Megatron's padding is).
 
 use std::collections::{BTreeMap, BTreeSet};
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+// Maps keyed by tensor ids (indices this crate assigns) hash with FxHash; names and
+// layer numbers, which a plugin chooses, keep std's keyed SipHash (no crafted collisions).
+use std::collections::{HashMap, HashSet};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::Serialize;
 
@@ -509,11 +513,11 @@ struct Pass<'a> {
     names: HashSet<String>,
     ops: Vec<NamedOp>,
     /// Logical activation or input → its current local version.
-    local: HashMap<TensorId, Local>,
+    local: FxHashMap<TensorId, Local>,
     /// Logical weight → local shape (a weight read twice must shard the same way).
-    weights: HashMap<TensorId, Vec<u64>>,
+    weights: FxHashMap<TensorId, Vec<u64>>,
     /// Gathered versions already made: (logical id, "tokens" | "features" | "cp").
-    gathered: HashMap<(TensorId, &'static str), Local>,
+    gathered: FxHashMap<(TensorId, &'static str), Local>,
 }
 
 fn attr_text(s: &str) -> Attr {
@@ -1214,8 +1218,8 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         .collect();
     let owned = |c: usize| c % layout.pp as usize == rank.pp as usize;
     // Producer chunk of each activation, and the chunks that read it.
-    let mut producer: HashMap<TensorId, usize> = HashMap::default();
-    let mut readers: HashMap<TensorId, BTreeSet<usize>> = HashMap::default();
+    let mut producer: FxHashMap<TensorId, usize> = FxHashMap::default();
+    let mut readers: FxHashMap<TensorId, BTreeSet<usize>> = FxHashMap::default();
     for (i, op) in g.ops.iter().enumerate() {
         for &o in &op.outputs {
             producer.insert(o, chunk[i]);
@@ -1233,9 +1237,9 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         tensors: Vec::new(),
         names: HashSet::default(),
         ops: Vec::new(),
-        local: HashMap::default(),
-        weights: HashMap::default(),
-        gathered: HashMap::default(),
+        local: FxHashMap::default(),
+        weights: FxHashMap::default(),
+        gathered: FxHashMap::default(),
     };
     let pp = i64::from(layout.pp);
     let mut sent: Vec<String> = Vec::new();
@@ -1341,9 +1345,9 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
 /// accumulate-allreduce-grads-in-fp32); FSDP gathers parameters at their own dtype in
 /// the forward and again in the backward of every micro-batch.
 fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) -> Vec<StepCollective> {
-    let mut expert: HashSet<TensorId> = HashSet::default();
-    let mut embed: HashSet<TensorId> = HashSet::default();
-    let mut head: HashSet<TensorId> = HashSet::default();
+    let mut expert: FxHashSet<TensorId> = FxHashSet::default();
+    let mut embed: FxHashSet<TensorId> = FxHashSet::default();
+    let mut head: FxHashSet<TensorId> = FxHashSet::default();
     for op in &g.ops {
         match op.kind {
             OpKind::GroupedLinear => {

@@ -11,6 +11,7 @@
 //! equals the cost of the full sharded graph.
 
 use std::collections::BTreeMap;
+// Tensor ids hash with FxHash; layer numbers, which a plugin chooses, with std's SipHash.
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 use std::fmt::Write as _;
 
@@ -87,7 +88,7 @@ fn gemm(op: &runner_graph::Op) -> bool {
 /// Classify the layers of logical graph `g`.
 pub fn analyse(g: &Graph) -> Depth {
     let (places, layers) = partition(g);
-    let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
+    let pos: std::collections::HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
     let mut ops_of: Vec<Vec<usize>> = vec![Vec::new(); layers.len()];
     let (mut pre_gemms, mut post_gemms) = (Vec::new(), Vec::new());
     for (i, place) in places.iter().enumerate() {
@@ -128,7 +129,7 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
         return None;
     }
     let (places, _) = partition(g);
-    let pos: HashMap<i32, usize> = d.layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
+    let pos: std::collections::HashMap<i32, usize> = d.layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
     let where_of = |i: usize| match places[i] {
         Place::Pre => -1i64,
         Place::Layer(l) => pos[&l] as i64,

@@ -5,7 +5,7 @@
 //! Graphs come from a [`GraphSource`]: the runner's is the workload plugin (sandboxed),
 //! tests use the plugin crates natively. The projection never builds a model itself.
 
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
 use runner_graph::count::{self, Convention, ParamCount};
 use runner_graph::peft::{self, Lora};
@@ -128,8 +128,9 @@ impl Model {
         let depth = depth::analyse(&graph);
         let flops_per_sequence = count::model_flops_per_step(&graph, &Convention::CAUSAL);
         let params = count::params(&graph);
-        let main: HashSet<i32> = depth.layers.iter().copied().collect();
-        let beside: HashSet<i32> = graph.ops.iter().map(|o| o.layer).filter(|l| *l >= 0 && !main.contains(l)).collect();
+        // Layer numbers are the plugin's: std's SipHash, not FxHash.
+        let main: std::collections::HashSet<i32> = depth.layers.iter().copied().collect();
+        let beside: std::collections::HashSet<i32> = graph.ops.iter().map(|o| o.layer).filter(|l| *l >= 0 && !main.contains(l)).collect();
         let mut shape = Shape { layers: depth.len() as u32, mtp: beside.len() as u32, ..Shape::default() };
         for op in &graph.ops {
             let dims = |i: usize| op.inputs.get(i).map_or(&[][..], |&t| graph.tensors[t].shape.as_slice());

@@ -12,7 +12,7 @@
 //! also keeps the last four transformer layers in BF16 (Megatron-Bridge's NVFP4 recipe,
 //! NVIDIA blog, Feb 2026).
 
-use rustc_hash::FxHashMap as HashMap;
+use std::collections::HashMap;
 use std::fmt;
 
 use serde::Serialize;
@@ -154,7 +154,7 @@ impl Plan {
         let kept_bf16: Vec<i32> = main.iter().take(start).chain(main.iter().rev().take(end)).copied().collect();
         let router_inputs: Vec<usize> =
             g.ops.iter().filter(|o| o.kind == OpKind::Router).filter_map(|o| o.inputs.first().copied()).collect();
-        let mut sites = HashMap::default();
+        let mut sites = HashMap::new();
         for op in g.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
             let router = op.outputs.iter().any(|o| router_inputs.contains(o));
             let outside = op.layer < 0 || op.role == Role::VocabParallel || !layers.contains(&op.layer);
@@ -179,7 +179,7 @@ impl Plan {
         g: &Graph,
         answers: impl IntoIterator<Item = (String, GemmRole, GemmFormat)>,
     ) -> Plan {
-        let mut sites: HashMap<String, SiteFormats> = HashMap::default();
+        let mut sites: HashMap<String, SiteFormats> = HashMap::new();
         for (name, role, f) in answers {
             sites.entry(name).or_insert([GemmFormat::Bf16; 3])[role.index()] = f;
         }
@@ -195,7 +195,7 @@ impl Plan {
 
     /// Share of GEMM FLOPs (linears and experts, forward and backward) per format.
     fn measure_coverage(&self, g: &Graph) -> Vec<(GemmFormat, f64)> {
-        let mut by: HashMap<GemmFormat, f64> = HashMap::default();
+        let mut by: HashMap<GemmFormat, f64> = HashMap::new();
         let mut total = 0.0;
         for op in g.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
             let f = runner_graph::count::op_flops(g, op).fwd_flops;

@@ -18,7 +18,7 @@
 //! casts move bytes at the achieved HBM bandwidth. Times measured on the device replace
 //! the roofline op by op where a [`Measured`] table has them.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -273,8 +273,9 @@ impl Template {
         let g = &rank;
         let (places, layers) = partition(g);
         // Layers beyond the model's main ones (MTP modules) belong to the head side.
-        let main: FxHashSet<i32> = depth_layers.iter().copied().collect();
-        let pos: FxHashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
+        // Layer numbers are the plugin's (std's SipHash); op and tensor indices are ours (FxHash).
+        let main: HashSet<i32> = depth_layers.iter().copied().collect();
+        let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
         let mut parts: Vec<Part> = vec![Part::default(); layers.len() + 2];
         let post = layers.len() + 1;
         let part_of = |i: usize| -> usize {
