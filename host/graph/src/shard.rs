@@ -41,10 +41,9 @@
 //! Vocabularies tp does not divide are padded up to the next multiple of tp (the padded
 //! rows are extra parameters on the last ranks, as Megatron's padding is).
 
-use std::collections::{BTreeMap, BTreeSet};
 // Maps keyed by tensor ids (indices this crate assigns) hash with FxHash; names and
 // layer numbers, which a plugin chooses, keep std's keyed SipHash (no crafted collisions).
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 

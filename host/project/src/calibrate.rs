@@ -406,14 +406,10 @@ fn runs_on(prep: &mut Prepared<'_>, points: &[Point], gpu: &str, precision: Opti
     out
 }
 
-/// The GPU whose runs set `p` where `donor` passed on what it took itself.
-fn origin(p: Param, donor: &str, siblings: &[&Fit]) -> String {
+/// The GPU whose runs set `p`: `donor`, or where it took `p` itself, its own donor.
+fn origin(p: Param, donor: &Fit) -> String {
     let name = p.name();
-    siblings
-        .iter()
-        .find(|f| f.gpu == donor)
-        .and_then(|f| f.borrowed.iter().find(|(n, _)| *n == name))
-        .map_or_else(|| donor.to_string(), |(_, o)| o.clone())
+    donor.borrowed.iter().find(|(n, _)| *n == name).map_or_else(|| donor.gpu.clone(), |(_, o)| o.clone())
 }
 
 /// Whether a fit's runs set `p` (`from_data`, names as in [`Fit::params`]); a donor
@@ -453,8 +449,8 @@ pub fn calibrate(
         gpus.into_iter().map(|g| { let r = runs_on(&mut prep, points, &g, only.and_then(|o| o.1)); (g, r) }).collect();
     runs.sort_by(|a, b| b.1.len().cmp(&a.1.len()).then(a.0.cmp(&b.0)));
     let mut fits: Vec<Fit> = Vec::new();
-    // The best-measured GPU's fit and its BF16 peak.
-    let mut shared: Option<(String, Efficiency, f64, Vec<String>)> = None;
+    // The best-measured GPU: the first fitted with enough runs of its own (in `fits`).
+    let mut best: Option<usize> = None;
     for (g, r) in runs {
         if r.is_empty() {
             continue;
@@ -469,37 +465,31 @@ pub fn calibrate(
         let mut borrowed: Vec<(String, String)> = Vec::new();
         // The scan's rate in TFLOP/s, where this GPU's hybrid runs cannot fit it.
         let mut scan_tflops: Option<f64> = None;
-        if let Some((best_name, best, best_peak, best_data)) = &shared {
+        if let Some(b) = best {
             // Where this GPU's runs cannot speak, take what a fitted sibling's runs set
             // (the same die or architecture: its kernels, clocks and memory system), else
             // the best-measured GPU's (the unfused MoE path's share included: the same
             // software on another chip).
+            let siblings: Vec<&Fit> =
+                gpu.siblings.iter().filter_map(|s| fits.iter().find(|f| f.gpu.eq_ignore_ascii_case(s))).collect();
+            let donor = |p: Param| siblings.iter().copied().find(|f| donor_fitted(p, &f.from_data)).unwrap_or(&fits[b]);
             let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
             let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }
-            let siblings: Vec<&Fit> =
-                gpu.siblings.iter().filter_map(|s| fits.iter().find(|f| f.gpu.eq_ignore_ascii_case(s))).collect();
             for p in take.into_iter().filter(|p| !fitted_here.contains(p)) {
-                let (donor, from, from_data) = siblings
-                    .iter()
-                    .find(|f| donor_fitted(p, &f.from_data))
-                    .map_or((best_name, best, best_data), |f| (&f.gpu, &f.efficiency, &f.from_data));
-                p.set(&mut gpu.efficiency, p.get(from));
+                let d = donor(p);
+                p.set(&mut gpu.efficiency, p.get(&d.efficiency));
                 known.push(p);
-                if donor_fitted(p, from_data) {
-                    borrowed.push((p.name(), origin(p, donor, &siblings)));
+                if donor_fitted(p, &d.from_data) {
+                    borrowed.push((p.name(), origin(p, d)));
                 }
             }
-            let ssm = Param::Ssm.name();
-            let scan_donor = match siblings.iter().find(|f| f.from_data.contains(&ssm)) {
-                Some(f) => Some((f.gpu.clone(), f.efficiency.ssm * profiles.get(&f.gpu)?.peak_tflops.bf16)),
-                None => best_data.contains(&ssm).then(|| (best_name.clone(), best.ssm * best_peak)),
-            };
-            scan_tflops = Some(scan_donor.as_ref().map_or(best.ssm * best_peak, |d| d.1));
-            if let Some((donor, _)) = scan_donor {
-                borrowed.push((ssm, origin(Param::Ssm, &donor, &siblings)));
+            let d = donor(Param::Ssm);
+            scan_tflops = Some(d.efficiency.ssm * profiles.get(&d.gpu)?.peak_tflops.bf16);
+            if donor_fitted(Param::Ssm, &d.from_data) {
+                borrowed.push((Param::Ssm.name(), origin(Param::Ssm, d)));
             }
         }
         // A run whose GEMM format keeps its unfitted prior (too few runs or families,
@@ -519,8 +509,8 @@ pub fn calibrate(
                 fit.borrowed.push((name, donor));
             }
         }
-        if own && shared.is_none() {
-            shared = Some((fit.gpu.clone(), fit.efficiency.clone(), gpu.peak_tflops.bf16, fit.from_data.clone()));
+        if own && best.is_none() {
+            best = Some(fits.len());
         }
         fits.push(fit);
     }

@@ -827,7 +827,8 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
     emit_profile(global, t, &toml, &fits)
 }
 
-/// "a and b: taken from X; c: from Y", donors in the order the fit met them.
+/// "a, b (taken from X); c (taken from Y)": the borrowed parameters grouped by the GPU
+/// whose runs set them, in the order the fit took them.
 fn borrowed_from(borrowed: &[(String, String)]) -> String {
     let mut donors: Vec<&str> = Vec::new();
     for (_, d) in borrowed {
