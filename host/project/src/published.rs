@@ -24,6 +24,7 @@ use crate::search;
 use runner_graph::pipeline::PipelineSplit;
 
 use crate::step::{LayoutSpec, Optimizer, Projection};
+use crate::template::Dispatcher;
 
 /// One published run. Absent fields were not stated by the source.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -82,6 +83,10 @@ pub struct Point {
     /// Megatron-Bridge's `cutedsl_fused_grouped_mlp` where the run's preset sets it: the
     /// routed experts' MLP as fused grouped GEMMs; absent: Megatron's default, unfused.
     pub cutedsl_fused_grouped_mlp: Option<bool>,
+    /// Megatron's `moe_token_dispatcher_type` where the run's recipe sets it (`flex`,
+    /// with DeepEP or HybridEP, or `alltoall`); absent: `flex`, what NVIDIA's MoE presets
+    /// run.
+    pub ep_dispatcher: Option<Dispatcher>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -241,6 +246,7 @@ impl Point {
                 None => Optimizer::AdamW,
             },
             fused_grouped_mlp: self.cutedsl_fused_grouped_mlp.unwrap_or(false),
+            dispatcher: self.ep_dispatcher.unwrap_or_default(),
         })
     }
 

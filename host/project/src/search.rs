@@ -319,6 +319,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                         dp_overlap: true,
                         grad_fp32: false,
                         fused_grouped_mlp: space.kernels.fused_grouped_mlp,
+                        dispatcher: space.kernels.dispatcher,
                         split,
                         offload_layers: space.offload_layers.unwrap_or(0),
                         optimizer: space.optimizer,

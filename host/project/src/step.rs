@@ -40,7 +40,7 @@ use crate::comm::Placement;
 use crate::model::Model;
 use crate::precision::{Plan, Recipe};
 use crate::profile::{GIB, GpuProfile};
-use crate::template::{Kernels, Measured, PartTime, Rates, ShardKey, Stored, Template};
+use crate::template::{Dispatcher, Kernels, Measured, PartTime, Rates, ShardKey, Stored, Template};
 
 /// The optimizer a run trains with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -104,6 +104,8 @@ pub struct Schedule {
     pub optimizer: Optimizer,
     /// The routed experts' MLP as fused grouped GEMMs ([`Kernels::fused_grouped_mlp`]).
     pub fused_grouped_mlp: bool,
+    /// The expert token dispatcher ([`Kernels::dispatcher`]).
+    pub dispatcher: Dispatcher,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -144,6 +146,9 @@ pub struct LayoutSpec {
     /// The routed experts' MLP as fused grouped GEMMs ([`Kernels::fused_grouped_mlp`]).
     #[serde(default)]
     pub fused_grouped_mlp: bool,
+    /// The expert token dispatcher ([`Kernels::dispatcher`]).
+    #[serde(default)]
+    pub dispatcher: Dispatcher,
 }
 
 impl LayoutSpec {
@@ -172,6 +177,7 @@ impl LayoutSpec {
             offload_layers: s.offload_layers,
             optimizer: s.optimizer,
             fused_grouped_mlp: s.fused_grouped_mlp,
+            dispatcher: s.dispatcher,
         }
     }
 
@@ -198,12 +204,13 @@ impl LayoutSpec {
             offload_layers: self.offload_layers,
             optimizer: self.optimizer,
             fused_grouped_mlp: self.fused_grouped_mlp,
+            dispatcher: self.dispatcher,
         }
     }
 
     /// The kernel choices its ops are timed with.
     pub fn kernels(&self) -> Kernels {
-        Kernels { fused_grouped_mlp: self.fused_grouped_mlp }
+        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher }
     }
 
     pub fn gpus(&self) -> u64 {
@@ -258,6 +265,9 @@ impl LayoutSpec {
         }
         if self.fused_grouped_mlp {
             s += " FUSED-MLP";
+        }
+        if self.ep > 1 && self.dispatcher == Dispatcher::AllToAll {
+            s += " A2A-DISPATCH";
         }
         let full = if long { "RC-full" } else { "RC" };
         match self.recompute {
@@ -724,7 +734,7 @@ impl Costed {
     /// A layout that does not fit in memory is still projected, with `fits: false`.
     pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
         let key = self.key;
-        if s.fused_grouped_mlp != self.kernels.fused_grouped_mlp {
+        if s.fused_grouped_mlp != self.kernels.fused_grouped_mlp || s.dispatcher != self.kernels.dispatcher {
             return Err(Reject::Unsupported("a schedule evaluated on ops timed for other kernels".into()));
         }
         let layers = self.layers.len();

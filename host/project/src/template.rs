@@ -56,6 +56,43 @@ pub struct Kernels {
     /// GEMM kernels, the GLU activation and its casts in their epilogue) rather than
     /// Megatron's default `GroupedLinear` with the activation as kernels of its own.
     pub fused_grouped_mlp: bool,
+    /// How the expert-parallel all-to-all moves the routed tokens.
+    pub dispatcher: Dispatcher,
+}
+
+/// Megatron's expert token dispatcher (`moe_token_dispatcher_type`), as far as it changes
+/// what crosses the scale-out network when an expert-parallel group spans scale-up
+/// domains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dispatcher {
+    /// `flex` with DeepEP or HybridEP (`moe_flex_dispatcher_backend`), what NVIDIA's
+    /// current MoE presets run: a token bound for several experts in one remote domain
+    /// crosses the network once and is forwarded over NVLink there
+    /// ([`crate::comm::Fabric::time_routed`]).
+    #[default]
+    Flex,
+    /// `alltoall`: one NCCL all-to-all of the permuted tokens, a copy per routed expert
+    /// (Megatron-Core's `MoEAlltoAllTokenDispatcher`; the only one token dropping with
+    /// capacity padding takes).
+    AllToAll,
+}
+
+impl Dispatcher {
+    pub const NAMES: [&'static str; 2] = ["flex", "alltoall"];
+
+    /// Parse Megatron's name for it (`flex`, `alltoall`; `deepep` and `hybridep`, the flex
+    /// backends, read as `flex`).
+    ///
+    /// # Errors
+    /// Another name, with the ones it takes.
+    pub fn parse(name: &str) -> Result<Dispatcher, String> {
+        match name.to_ascii_lowercase().as_str() {
+            "flex" | "deepep" | "hybridep" => Ok(Dispatcher::Flex),
+            "alltoall" => Ok(Dispatcher::AllToAll),
+            _ => Err(format!("unknown expert dispatcher {name:?}: use flex (DeepEP, HybridEP) or alltoall")),
+        }
+    }
 }
 
 /// Which parallel group a collective runs over.
@@ -571,8 +608,8 @@ impl Template {
                 Group::Ep | Group::Etp => 2,
             };
             let time = |kind: OpKind| match c.routing {
-                Some((k, e)) => rates.fabric.time_routed(kind, c.bytes, p, k, e),
-                None => rates.fabric.time(kind, c.bytes, p),
+                Some((k, e)) if kernels.dispatcher == Dispatcher::Flex => rates.fabric.time_routed(kind, c.bytes, p, k, e),
+                _ => rates.fabric.time(kind, c.bytes, p),
             };
             t.comm_fwd[i] += time(c.kind);
             if let Some(b) = c.backward {

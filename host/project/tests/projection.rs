@@ -20,7 +20,7 @@ use runner_project::project::Projector;
 use runner_project::published::{self, Resolver};
 use runner_project::search::{self, Space, Verdict};
 use runner_project::step::{LayoutSpec, Optimizer, Projection, Schedule};
-use runner_project::template::{Kernels, Measured, Rates, ShardKey, Template};
+use runner_project::template::{Dispatcher, Kernels, Measured, Rates, ShardKey, Template};
 
 use common::{layout, projector};
 
@@ -658,7 +658,7 @@ fn unfused_routed_experts_run_at_the_grouped_share() {
     let part = &t.layers[1];
     let (experts, dense): (Vec<Gemm>, Vec<Gemm>) = part.gemms.iter().cloned().partition(|gm| gm.expert);
     assert!(!experts.is_empty() && !dense.is_empty(), "{:?}", part.gemms);
-    let fused = Kernels { fused_grouped_mlp: true };
+    let fused = Kernels { fused_grouped_mlp: true, ..Kernels::default() };
     let unfused = Kernels::default();
     // Compute-bound GEMMs (a vast HBM), the unfused path at half the dense efficiency.
     let mut gpu = Profiles::builtin().get("h100").unwrap().clone();
@@ -712,6 +712,37 @@ fn unfused_routed_experts_run_at_the_grouped_share() {
     let fused_rows: Vec<usize> =
         points.iter().enumerate().filter(|(_, p)| p.layout().is_ok_and(|l| l.fused_grouped_mlp)).map(|(i, _)| i).collect();
     assert_eq!(fused_rows, [41, 42, 43, 45, 46, 47]);
+}
+
+/// An expert group spanning scale-up domains: the flex dispatchers (DeepEP, HybridEP) send
+/// a token to each remote domain once, Megatron's plain `alltoall` dispatcher once per
+/// routed expert there. Qwen3-30B-A3B (top-8 of 128) over two H100 nodes: per token,
+/// alltoall sends 8 x 8/16 = 4 copies to the other node, flex 1 - C(64,8)/C(128,8)
+/// (0.997), so the network part of the exchange is about 4x; the NVLink part is the same.
+/// Inside one node the two dispatchers time the same.
+#[test]
+fn the_alltoall_dispatcher_sends_a_copy_per_expert_across_domains() {
+    let mut pr = projector("qwen3-30b-a3b", 4096, "h100", Recipe::Bf16);
+    let across = LayoutSpec { ep: 16, ..layout(1, 1, 1, 1, 16, 1, 256) };
+    let plain = LayoutSpec { dispatcher: Dispatcher::AllToAll, ..across };
+    let (flex, a2a) = (pr.project(&across).unwrap(), pr.project(&plain).unwrap());
+    let ratio = a2a.breakdown.ep / flex.breakdown.ep;
+    assert!((2.0..4.0).contains(&ratio), "alltoall / flex exposed EP time over two nodes: {ratio}");
+    assert_eq!(a2a.breakdown.compute, flex.breakdown.compute);
+    assert!(a2a.layout.short().ends_with("A2A-DISPATCH"), "{}", a2a.layout.short());
+    assert!(!flex.layout.short().contains("A2A-DISPATCH"), "{}", flex.layout.short());
+    let mut pr = projector("qwen3-30b-a3b", 4096, "h100", Recipe::Bf16);
+    let inside = LayoutSpec { ep: 8, ..layout(1, 1, 1, 1, 8, 1, 128) };
+    let plain = LayoutSpec { dispatcher: Dispatcher::AllToAll, ..inside };
+    assert_eq!(pr.project(&inside).unwrap().step_time_s, pr.project(&plain).unwrap().step_time_s);
+    // The published rows that record the plain dispatcher: NeMo 25.04's DeepSeek-V3
+    // (token dropping takes no other) and gpt-oss's BF16 presets (no flex backend set).
+    let points = common::calibration();
+    let rows: Vec<usize> =
+        points.iter().enumerate().filter(|(_, p)| p.layout().is_ok_and(|l| l.dispatcher == Dispatcher::AllToAll)).map(|(i, _)| i).collect();
+    assert_eq!(rows, [36, 37, 91, 92, 93, 94]);
+    assert_eq!(Dispatcher::parse("DeepEP"), Ok(Dispatcher::Flex));
+    assert!(Dispatcher::parse("allgather").unwrap_err().contains("flex"));
 }
 
 /// The breakdown splits compute into GEMMs, attention cores and the rest, and the split

@@ -53,6 +53,7 @@ use runner_contract::text::number;
 use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::precision::Recipe;
+use runner_project::template::Dispatcher;
 use serde::{Deserialize, Serialize};
 
 use crate::plugin::Limits;
@@ -109,6 +110,9 @@ pub struct LayoutSection {
     /// The routed experts' MLP as fused grouped GEMMs (Megatron-Bridge's
     /// `cutedsl_fused_grouped_mlp`); absent: false, Megatron's default.
     pub fused_grouped_mlp: Option<bool>,
+    /// The expert token dispatcher, Megatron's `moe_token_dispatcher_type`: `flex`
+    /// (DeepEP or HybridEP) or `alltoall`; absent: flex.
+    pub dispatcher: Option<Dispatcher>,
 }
 
 impl LayoutSection {
@@ -128,7 +132,10 @@ impl LayoutSection {
             split: self.pipeline_split,
             offload_layers: self.offload_layers,
             optimizer: Default::default(),
-            kernels: runner_project::template::Kernels { fused_grouped_mlp: self.fused_grouped_mlp.unwrap_or(false) },
+            kernels: runner_project::template::Kernels {
+                fused_grouped_mlp: self.fused_grouped_mlp.unwrap_or(false),
+                dispatcher: self.dispatcher.unwrap_or_default(),
+            },
         }
     }
 
@@ -154,6 +161,9 @@ impl LayoutSection {
         }
         if self.fused_grouped_mlp == Some(true) {
             parts.push("fused grouped MLP".into());
+        }
+        if self.dispatcher == Some(Dispatcher::AllToAll) {
+            parts.push("alltoall dispatcher".into());
         }
         parts.join(" ")
     }
@@ -528,6 +538,19 @@ mod tests {
         assert!(run.layout.describe().contains("fused grouped MLP"));
         let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
         assert!(!run.layout.space().kernels.fused_grouped_mlp);
+    }
+
+    /// `[layout] dispatcher` picks the expert token dispatcher (absent: flex); a name
+    /// Megatron does not have is refused with the ones it takes.
+    #[test]
+    fn dispatcher_is_read() {
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\ndispatcher = \"alltoall\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().kernels.dispatcher, Dispatcher::AllToAll);
+        assert!(run.layout.describe().contains("alltoall dispatcher"));
+        let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().kernels.dispatcher, Dispatcher::Flex);
+        let e = parse("[model]\nplugin = \"x\"\n[layout]\ndispatcher = \"allgather\"\n", "t.toml").unwrap_err();
+        assert!(e.contains("alltoall") && e.contains("flex"), "{e}");
     }
 
     #[test]

@@ -27,7 +27,7 @@ use runner_project::project::Projector;
 use runner_project::published::{self, Validation};
 use runner_project::search::{self, Found, Space, Verdict};
 use runner_project::step::{LayoutSpec, Optimizer, Projection};
-use runner_project::template::Kernels;
+use runner_project::template::{Dispatcher, Kernels};
 
 use super::{emit, emit_page, progress_line};
 use crate::Global;
@@ -79,6 +79,11 @@ pub struct LayoutFlags {
     /// without it, Megatron's default GroupedLinear path
     #[arg(long)]
     pub fused_grouped_mlp: bool,
+    /// The expert token dispatcher (Megatron's moe_token_dispatcher_type): flex (DeepEP or
+    /// HybridEP: a token crosses to another NVLink domain once, whatever number of its experts
+    /// are there) or alltoall (one NCCL all-to-all, a copy per expert)
+    #[arg(long, default_value = "flex", value_parser = Dispatcher::parse)]
+    pub dispatcher: Dispatcher,
     /// With --recompute selective: Megatron's recompute modules, comma-separated
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
@@ -415,6 +420,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             offload_layers: flags.offload_layers.unwrap_or(0),
             optimizer: flags.optimizer,
             fused_grouped_mlp: flags.fused_grouped_mlp,
+            dispatcher: flags.dispatcher,
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
@@ -614,7 +620,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         split,
         offload_layers: f.offload_layers,
         optimizer: f.optimizer,
-        kernels: Kernels { fused_grouped_mlp: f.fused_grouped_mlp },
+        kernels: Kernels { fused_grouped_mlp: f.fused_grouped_mlp, dispatcher: f.dispatcher },
     }
 }
 
