@@ -43,11 +43,20 @@ fn published_runs_are_projected_within_the_accuracy_target() {
     }
     // The dense H100 runs, the bulk of the file, are the model's home ground (FP8 at
     // 5.5 % with the shipped tables; the fit over the whole file, the NeMo 24.07 rows
-    // included, would take it higher: docs/VALIDATION.md).
-    for (group, bound) in [("H100 / bf16 / llama3", 0.05), ("H100 / fp8 / llama3", 0.055)] {
-        let s = &v.groups[group];
-        assert!(s.median <= bound, "{group}: median {:.1} %", 100.0 * s.median);
-    }
+    // included, would take it higher: docs/VALIDATION.md). FP8 counts both scalings:
+    // NeMo's delayed-scaling rows and Megatron-Bridge's current-scaling ones.
+    let s = &v.groups["H100 / bf16 / llama3"];
+    assert!(s.median <= 0.05, "H100 BF16 Llama 3: median {:.1} %", 100.0 * s.median);
+    let mut fp8: Vec<f64> = v
+        .checked
+        .iter()
+        .filter(|c| c.gpu == "H100" && c.family == "llama3" && (c.precision == "fp8" || c.precision == "fp8-cs"))
+        .map(|c| c.error.abs())
+        .collect();
+    fp8.sort_by(f64::total_cmp);
+    assert!(fp8.len() >= 15, "{} H100 FP8 Llama 3 runs", fp8.len());
+    let median = fp8[fp8.len() / 2];
+    assert!(median <= 0.055, "H100 FP8 Llama 3: median {:.1} %", 100.0 * median);
 }
 
 /// The Performance Explorer's reference scenario (DGXC v25.02 table): Llama 3.1 70B,
