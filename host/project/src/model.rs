@@ -86,6 +86,14 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// Whether Megatron-Core's attention splits over a tp of this size: it divides every
+    /// attention shape's query heads and kv heads (`num_query_groups`). The search tries
+    /// only such tps; [`Shape::kv_replicated`] names the ones past the kv heads.
+    pub fn tp_splits_heads(&self, tp: u32) -> bool {
+        let tp = u64::from(tp);
+        self.heads.iter().all(|&(h, kv)| h.is_multiple_of(tp) && kv.is_multiple_of(tp))
+    }
+
     /// The kv heads a tp of this size replicates: `Some(kv)` where tp divides every
     /// attention shape's query heads and is a multiple past some shape's `kv` kv heads.
     /// The executor runs such a tp (each kv head on tp/kv ranks); Megatron-Core's
@@ -231,5 +239,31 @@ impl Model {
     /// The representative layer position (in the reduced graph) of model layer `p`.
     pub fn rep(&self, p: usize) -> usize {
         self.depth.reps[self.depth.class[p]]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shape;
+
+    fn shape(heads: &[(u64, u64)]) -> Shape {
+        Shape { layers: 1, hidden: 1, heads: heads.to_vec(), experts: 0, scans: 0, vocab: 1, mtp: 0 }
+    }
+
+    /// One rule for a tp and the attention heads: the search's tps split the query and kv
+    /// heads; past the kv heads a tp replicates them (named, not tried); a tp that divides
+    /// neither is neither.
+    #[test]
+    fn a_tp_splits_the_heads_or_replicates_the_kv_heads() {
+        let gqa = shape(&[(64, 8)]);
+        assert!(gqa.tp_splits_heads(8) && gqa.kv_replicated(8).is_none());
+        assert!(!gqa.tp_splits_heads(16) && gqa.kv_replicated(16) == Some(8));
+        assert!(!gqa.tp_splits_heads(3) && gqa.kv_replicated(3).is_none());
+        // Two attention shapes: the narrower kv count decides.
+        let mixed = shape(&[(32, 8), (32, 4)]);
+        assert!(mixed.tp_splits_heads(4));
+        assert!(!mixed.tp_splits_heads(8) && mixed.kv_replicated(8) == Some(4));
+        // No attention (a pure Mamba stack): every tp splits.
+        assert!(shape(&[]).tp_splits_heads(8));
     }
 }

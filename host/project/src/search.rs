@@ -205,8 +205,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     // groups by tp (`Attention.__init__`), so a tp past the kv heads, which the executor
     // runs by replicating them, is not a layout NeMo or Megatron-Bridge can be given. A
     // tp fixed on the command line is priced as asked.
-    let heads_ok = |tp: u32| shape.heads.iter().all(|&(h, kv)| h.is_multiple_of(u64::from(tp)) && kv.is_multiple_of(u64::from(tp)));
-    let tps = pick(space.tp, divisors(gpus).into_iter().filter(|&t| t <= domain && heads_ok(t)).collect());
+    let tps = pick(space.tp, divisors(gpus).into_iter().filter(|&t| t <= domain && shape.tp_splits_heads(t)).collect());
     let mut not_tried = Vec::new();
     if space.tp.is_none() {
         let past_kv: Vec<(u32, u64)> =
