@@ -283,17 +283,22 @@ pub fn layout_recipe(p: TrainingPrecision) -> Recipe {
 }
 
 /// The published layout of `variant` closest to a run on `gpus` GPUs of `gpu` in
-/// `recipe`: same GPU and precision with the count in its range first, then same GPU.
+/// `recipe`, on the same GPU: the same precision with the count in its range first, then
+/// the same GEMM format in range (FP8 with delayed or current scaling: Megatron-Bridge's
+/// tables publish its current-scaling runs as FP8), then either out of range, then any
+/// precision in range.
 pub fn reference<'a>(variant: &'a Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u32) -> Option<&'a ReferenceLayout> {
     let same_gpu = |l: &&ReferenceLayout| gpu.name.eq_ignore_ascii_case(&l.gpu) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&l.gpu));
-    let same_precision = |l: &&ReferenceLayout| layout_recipe(l.precision) == recipe;
-    let in_range = |l: &&ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
-    variant
-        .layouts
-        .iter()
-        .find(|l| same_gpu(l) && same_precision(l) && in_range(l))
-        .or_else(|| variant.layouts.iter().find(|l| same_gpu(l) && same_precision(l)))
-        .or_else(|| variant.layouts.iter().find(|l| same_gpu(l) && in_range(l)))
+    let same_precision = |l: &ReferenceLayout| layout_recipe(l.precision) == recipe;
+    let same_format = |l: &ReferenceLayout| layout_recipe(l.precision).format() == recipe.format();
+    let in_range = |l: &ReferenceLayout| (l.gpus_min..=l.gpus_max).contains(&gpus);
+    let on_gpu = || variant.layouts.iter().filter(same_gpu);
+    on_gpu()
+        .find(|l| same_precision(l) && in_range(l))
+        .or_else(|| on_gpu().find(|l| same_format(l) && in_range(l)))
+        .or_else(|| on_gpu().find(|l| same_precision(l)))
+        .or_else(|| on_gpu().find(|l| same_format(l)))
+        .or_else(|| on_gpu().find(|l| in_range(l)))
 }
 
 /// The global batch a reference layout's rule gives at `gpus` GPUs.

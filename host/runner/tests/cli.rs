@@ -466,6 +466,25 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert_eq!(fused["layout"]["fused_grouped_mlp"].as_bool(), Some(true), "{out}");
     assert_eq!(unfused["layout"]["fused_grouped_mlp"].as_bool(), Some(false));
     assert!(f(&fused, "step_time_s") < f(&unfused, "step_time_s"), "{out}");
+    // The expert dispatcher: across nodes, Megatron's plain alltoall sends a copy per
+    // expert (slower than flex), said in the layout.
+    let across = ["project", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "16", "--tp", "1", "--pp", "1", "--ep", "16", "--precision", "fp8", "--format", "json", "-q"];
+    let flex: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &across)).0).unwrap();
+    let o = runner(&dir, &[&across[..], &["--dispatcher", "alltoall"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let plain: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(plain["layout"]["dispatcher"].as_str(), Some("alltoall"), "{out}");
+    assert_eq!(flex["layout"]["dispatcher"].as_str(), Some("flex"));
+    assert!(f(&plain, "step_time_s") > f(&flex, "step_time_s"), "{out}");
+    // FP8 asked for on 64 H100s takes Llama 3 70B's published Megatron-Bridge layout,
+    // which those tables call FP8 and which runs current scaling (TP4 PP8 VP5), over a
+    // delayed-scaling layout published for another GPU count.
+    let o = runner(&dir, &["project", "--model", "llama3-70b", "--gpu", "h100", "--gpus", "64", "--precision", "fp8", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let l: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((l["layout"]["tp"].as_u64(), l["layout"]["pp"].as_u64(), l["layout"]["vp"].as_u64()), (Some(4), Some(8), Some(5)), "{out}");
     for (args, want) in [
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "qlora"], "invalid value 'qlora'"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "0"], "--lora-rank"),

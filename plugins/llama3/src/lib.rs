@@ -43,12 +43,14 @@ impl Guest for Llama3 {
             variants: vec![
                 v("llama3-8b", llama(32, 4096, 14_336, 32, 8192), 3e-4, vec![
                     Layout::new("H100", 8, 8, "FP8").cp(2).gbs_fixed(128).source(NEMO_2407),
-                    Layout::new("B200", 8, 8, "FP8").mbs(2).gbs_fixed(128).source(&format!("{MB_ARCHIVE} (25.09)")),
+                    // Megatron-Bridge's FP8 presets are current scaling (FP8_CS); its
+                    // summaries say FP8.
+                    Layout::new("B200", 8, 8, "FP8-CS").mbs(2).gbs_fixed(128).source(&format!("{MB_ARCHIVE} (25.09)")),
                     Layout::new("GB200", 8, 8, "FP8-CS").mbs(2).gbs_fixed(128).source("docs.nvidia.com/nemo-framework performance-summary (NeMo 25.07)"),
                 ]),
                 v("llama3-70b", llama(80, 8192, 28_672, 64, 8192), 1.5e-4, vec![
-                    Layout::new("H100", 64, 64, "FP8").tp(4).pp(8).vp(5).gbs_fixed(256).source(&format!("{MB_ARCHIVE} (26.02)")),
-                    Layout::new("GB200", 64, 64, "FP8").fsdp(64).mbs(2).gbs_fixed(256).source(&format!("{MB_ARCHIVE} (26.04)")),
+                    Layout::new("H100", 64, 64, "FP8-CS").tp(4).pp(8).vp(5).gbs_fixed(256).source(&format!("{MB_ARCHIVE} (26.02)")),
+                    Layout::new("GB200", 64, 64, "FP8-CS").fsdp(64).mbs(2).gbs_fixed(256).source(&format!("{MB_ARCHIVE} (26.04)")),
                     Layout::new("H100", 128, 2048, "FP8").fsdp(128).mbs(2).gbs_per_gpu(2.0).source("github:NVIDIA/dgxc-benchmarking/maxtext/README_70b.md@8f5cbb3 (MaxText, JAX 25.01)"),
                 ]),
                 v("llama3.1-8b", llama(32, 4096, 14_336, 32, 131_072), 3e-4, vec![
@@ -71,7 +73,7 @@ impl Guest for Llama3 {
                     Layout::new("H100", 256, 1024, "FP8").tp(8).pp(8).cp(2).vp(8).gbs_fixed(1536).source(&format!("{DGXC_CURRENT}; {MB_ARCHIVE} (26.02, 1024 GPUs)")),
                     Layout::new("GB200", 256, 256, "BF16").tp(4).pp(8).cp(2).vp(8).gbs_per_gpu(0.5).source(DGXC_V2505),
                     Layout::new("GB200", 256, 512, "FP8").tp(4).pp(16).vp(4).gbs_per_gpu(6.0).source(&format!("{DGXC_CURRENT}; {MB_ARCHIVE} (26.04, 256 GPUs)")),
-                    Layout::new("GB300", 256, 256, "FP8").tp(2).pp(8).cp(2).vp(4).gbs_fixed(1536).source(&format!("{MB_ARCHIVE} (26.02.01)")),
+                    Layout::new("GB300", 256, 256, "FP8-CS").tp(2).pp(8).cp(2).vp(4).gbs_fixed(1536).source(&format!("{MB_ARCHIVE} (26.02.01)")),
                 ]),
                 // CPU proxy: shape shared with the PyTorch comparison benchmark.
                 variant(

@@ -173,7 +173,7 @@ impl Guest for NemotronH {
                         nano("B300", 8, "MXFP8", 4, 512, 35_282.0, 786.0, &nano_src(MB_ARCHIVE, "26.04")),
                         // The recipe config is NEMOTRON_3_NANO_PRETRAIN_CONFIG_H100_FP8_CS_V1
                         // (current scaling); the summary says FP8.
-                        nano("H100", 16, "FP8", 1, 1024, 14_507.0, 323.0, &nano_src(MB_ARCHIVE, "26.04")),
+                        nano("H100", 16, "FP8-CS", 1, 1024, 14_507.0, 323.0, &nano_src(MB_ARCHIVE, "26.04")),
                         nano("GB300", 8, "MXFP8", 4, 512, 39_936.0, 901.0, &nano_src(MB_SUMMARY, "26.08")),
                     ],
                 ),

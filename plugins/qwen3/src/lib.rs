@@ -43,8 +43,10 @@ impl Guest for Qwen3 {
             family: FAMILY.into(),
             variants: vec![
                 variant("qwen3-30b-a3b", FAMILY, cite, qwen3(48, 2048, 32, 768), defaults(4096, 36e12, 3e-4), [
-                    Layout::new("H100", 16, 16, "FP8").ep(16).gbs_fixed(1024).source(&format!("{MB} (26.06)")),
-                    Layout::new("H100", 16, 16, "FP8").pp(2).vp(12).ep(8).gbs_fixed(1024).source(&format!("{MB} (26.02)")),
+                    // QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (current scaling); the
+                    // summaries say FP8.
+                    Layout::new("H100", 16, 16, "FP8-CS").ep(16).gbs_fixed(1024).source(&format!("{MB} (26.06)")),
+                    Layout::new("H100", 16, 16, "FP8-CS").pp(2).vp(12).ep(8).gbs_fixed(1024).source(&format!("{MB} (26.02)")),
                     Layout::new("B200", 8, 8, "MXFP8").ep(8).mbs(4).gbs_fixed(512).source(&format!("{MB} (26.02.01)")),
                     Layout::new("GB200", 8, 8, "MXFP8").ep(8).mbs(4).gbs_fixed(512).source(&format!("{MB} (26.02, 26.06)")),
                     Layout::new("B300", 8, 8, "MXFP8").ep(8).mbs(8).gbs_fixed(512).source(&format!("{MB} (26.02.01)")),
