@@ -64,7 +64,7 @@ pub struct Kernels {
 /// what crosses the scale-out network when an expert-parallel group spans scale-up
 /// domains.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum Dispatcher {
     /// `flex` with DeepEP or HybridEP (`moe_flex_dispatcher_backend`), what NVIDIA's
     /// current MoE presets run: a token bound for several experts in one remote domain
@@ -79,10 +79,8 @@ pub enum Dispatcher {
 }
 
 impl Dispatcher {
-    pub const NAMES: [&'static str; 2] = ["flex", "alltoall"];
-
-    /// Parse Megatron's name for it (`flex`, `alltoall`; `deepep` and `hybridep`, the flex
-    /// backends, read as `flex`).
+    /// Parse Megatron's name for it, in files and flags alike (`flex`, `alltoall`;
+    /// `deepep` and `hybridep`, the flex backends, read as `flex`).
     ///
     /// # Errors
     /// Another name, with the ones it takes.
@@ -92,6 +90,14 @@ impl Dispatcher {
             "alltoall" => Ok(Dispatcher::AllToAll),
             _ => Err(format!("unknown expert dispatcher {name:?}: use flex (DeepEP, HybridEP) or alltoall")),
         }
+    }
+}
+
+impl TryFrom<String> for Dispatcher {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Dispatcher, String> {
+        Dispatcher::parse(&name)
     }
 }
 

@@ -551,6 +551,9 @@ mod tests {
         assert_eq!(run.layout.space().kernels.dispatcher, Dispatcher::Flex);
         let e = parse("[model]\nplugin = \"x\"\n[layout]\ndispatcher = \"allgather\"\n", "t.toml").unwrap_err();
         assert!(e.contains("alltoall") && e.contains("flex"), "{e}");
+        // The flex backends' names, as Megatron-Bridge's presets spell them.
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\ndispatcher = \"hybridep\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().kernels.dispatcher, Dispatcher::Flex);
     }
 
     #[test]
