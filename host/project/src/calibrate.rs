@@ -240,7 +240,7 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     let mut scans: (usize, std::collections::BTreeSet<String>) = Default::default();
     for r in runs {
         let pr = &prep.projectors[r.at];
-        if pr.model.shape.experts > 0 && !r.layout.fused_grouped_mlp {
+        if pr.model.shape.experts > 0 && !r.layout.kernels.fused_grouped_mlp {
             grouped.0 += 1;
             grouped.1.insert(r.family.clone());
         }

@@ -80,7 +80,7 @@ impl<'s> Projector<'s> {
     /// Why the layout cannot run (a layout that runs out of memory is projected with
     /// `fits: false`, not refused).
     pub fn project(&mut self, layout: &LayoutSpec) -> Result<Projection, String> {
-        let c = self.costed(layout.key(), layout.kernels())?;
+        let c = self.costed(layout.key(), layout.kernels)?;
         c.evaluate(&layout.schedule()).map_err(|r: Reject| r.to_string())
     }
 }

@@ -24,7 +24,7 @@ use crate::search;
 use runner_graph::pipeline::PipelineSplit;
 
 use crate::step::{LayoutSpec, Optimizer, Projection};
-use crate::template::Dispatcher;
+use crate::template::{Dispatcher, Kernels};
 
 /// One published run. Absent fields were not stated by the source.
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
@@ -245,8 +245,10 @@ impl Point {
                 Some(o) => Optimizer::parse(o)?,
                 None => Optimizer::AdamW,
             },
-            fused_grouped_mlp: self.cutedsl_fused_grouped_mlp.unwrap_or(false),
-            dispatcher: self.ep_dispatcher.unwrap_or_default(),
+            kernels: Kernels {
+                fused_grouped_mlp: self.cutedsl_fused_grouped_mlp.unwrap_or(false),
+                dispatcher: self.ep_dispatcher.unwrap_or_default(),
+            },
         })
     }
 
@@ -496,7 +498,7 @@ pub fn project_fitting(pr: &mut Projector<'_>, layout: &LayoutSpec) -> Result<(P
         return Ok((first, None));
     }
     let layers = pr.model.depth.len() as u32;
-    let c = pr.costed(layout.key(), layout.kernels())?;
+    let c = pr.costed(layout.key(), layout.kernels)?;
     let p = search::recompute_to_fit(c, &layout.schedule(), layers, &mut 0).map_err(|r| r.to_string())?;
     if !p.fits {
         return Ok((first, None));

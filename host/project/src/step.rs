@@ -102,10 +102,8 @@ pub struct Schedule {
     /// `cpu_offloading_num_layers`); 0: none.
     pub offload_layers: u32,
     pub optimizer: Optimizer,
-    /// The routed experts' MLP as fused grouped GEMMs ([`Kernels::fused_grouped_mlp`]).
-    pub fused_grouped_mlp: bool,
-    /// The expert token dispatcher ([`Kernels::dispatcher`]).
-    pub dispatcher: Dispatcher,
+    /// The kernels its ops are timed with.
+    pub kernels: Kernels,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -143,12 +141,10 @@ pub struct LayoutSpec {
     pub offload_layers: u32,
     #[serde(default)]
     pub optimizer: Optimizer,
-    /// The routed experts' MLP as fused grouped GEMMs ([`Kernels::fused_grouped_mlp`]).
-    #[serde(default)]
-    pub fused_grouped_mlp: bool,
-    /// The expert token dispatcher ([`Kernels::dispatcher`]).
-    #[serde(default)]
-    pub dispatcher: Dispatcher,
+    /// The kernels its ops are timed with, as fields of the layout
+    /// (`fused_grouped_mlp`, `dispatcher`).
+    #[serde(flatten)]
+    pub kernels: Kernels,
 }
 
 impl LayoutSpec {
@@ -176,8 +172,7 @@ impl LayoutSpec {
             split: s.split,
             offload_layers: s.offload_layers,
             optimizer: s.optimizer,
-            fused_grouped_mlp: s.fused_grouped_mlp,
-            dispatcher: s.dispatcher,
+            kernels: s.kernels,
         }
     }
 
@@ -203,14 +198,8 @@ impl LayoutSpec {
             split: self.split,
             offload_layers: self.offload_layers,
             optimizer: self.optimizer,
-            fused_grouped_mlp: self.fused_grouped_mlp,
-            dispatcher: self.dispatcher,
+            kernels: self.kernels,
         }
-    }
-
-    /// The kernel choices its ops are timed with.
-    pub fn kernels(&self) -> Kernels {
-        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher }
     }
 
     pub fn gpus(&self) -> u64 {
@@ -263,10 +252,10 @@ impl LayoutSpec {
         if self.optimizer == Optimizer::Muon {
             s += " Muon";
         }
-        if self.fused_grouped_mlp {
+        if self.kernels.fused_grouped_mlp {
             s += " FUSED-MLP";
         }
-        if self.ep > 1 && self.dispatcher == Dispatcher::AllToAll {
+        if self.ep > 1 && self.kernels.dispatcher == Dispatcher::AllToAll {
             s += " A2A-DISPATCH";
         }
         let full = if long { "RC-full" } else { "RC" };
@@ -734,7 +723,7 @@ impl Costed {
     /// A layout that does not fit in memory is still projected, with `fits: false`.
     pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
         let key = self.key;
-        if s.fused_grouped_mlp != self.kernels.fused_grouped_mlp || s.dispatcher != self.kernels.dispatcher {
+        if s.kernels != self.kernels {
             return Err(Reject::Unsupported("a schedule evaluated on ops timed for other kernels".into()));
         }
         let layers = self.layers.len();

@@ -48,8 +48,9 @@ pub struct ShardKey {
 }
 
 /// Kernel choices of a run that change how long a rank's ops take but not its graph.
+/// A layout carries them flattened into its own fields (each absent one at its default).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Kernels {
     /// The routed experts' MLP as fused grouped GEMMs (Megatron-Bridge's
     /// `cutedsl_fused_grouped_mlp`: Transformer Engine's op fuser with CuTe DSL grouped

@@ -475,7 +475,7 @@ fn selective_recompute_frees_exactly_the_named_modules() {
     assert!(b.breakdown.recompute > 0.0 && b.breakdown.recompute < 0.02 * b.step_time_s, "{:?}", b.breakdown);
     assert_eq!(b.layout.short(), "TP1 PP1 DP8 MBS1 GBS64 RC-sel:layernorm");
     // A dense model has no MoE, MLA or shared-expert modules to recompute.
-    let c = pr.costed(none.key(), none.kernels()).unwrap();
+    let c = pr.costed(none.key(), none.kernels).unwrap();
     let present: Vec<Modules> = search::selective_levels().iter().map(|&m| c.present(m)).collect();
     let (norms, mlp) = (Modules::of(&[Module::Layernorm]), Modules::of(&[Module::Mlp]));
     assert_eq!(present, [norms, Modules::EMPTY, norms, mlp, norms.with(Module::Mlp)]);
@@ -522,7 +522,7 @@ fn memory_bound_layouts_take_the_cheapest_recompute_that_fits() {
     l.ep_overlap = true;
     assert!(!pr.project(&l).unwrap().fits);
     let layers = pr.model.depth.len() as u32;
-    let c = pr.costed(l.key(), l.kernels()).unwrap();
+    let c = pr.costed(l.key(), l.kernels).unwrap();
     let p = search::recompute_to_fit(c, &l.schedule(), layers, &mut 0).unwrap();
     assert!(p.fits);
     assert_eq!(p.layout.recompute, RecomputePolicy::Selective, "{}", p.layout.short());
@@ -709,17 +709,17 @@ fn unfused_routed_experts_run_at_the_grouped_share() {
     // A projected step: faster fused, said in the layout; a dense model is unchanged.
     let mut pr = projector("qwen3-30b-a3b", 4096, "b200", Recipe::Mxfp8);
     let l = LayoutSpec { ep: 8, ..layout(1, 1, 1, 1, 8, 4, 512) };
-    let f = LayoutSpec { fused_grouped_mlp: true, ..l };
+    let f = LayoutSpec { kernels: fused, ..l };
     let (slow, fast) = (pr.project(&l).unwrap(), pr.project(&f).unwrap());
     assert!(fast.step_time_s < 0.97 * slow.step_time_s, "{} vs {}", fast.step_time_s, slow.step_time_s);
     assert!(fast.layout.short().ends_with("FUSED-MLP"), "{}", fast.layout.short());
     let mut pr = projector("llama3.1-8b", 8192, "b200", Recipe::Bf16);
     let l = layout(1, 1, 1, 1, 8, 1, 64);
-    assert_eq!(pr.project(&l).unwrap().step_time_s, pr.project(&LayoutSpec { fused_grouped_mlp: true, ..l }).unwrap().step_time_s);
+    assert_eq!(pr.project(&l).unwrap().step_time_s, pr.project(&LayoutSpec { kernels: fused, ..l }).unwrap().step_time_s);
     // The published rows say which runs took the fused path.
     let points = common::calibration();
     let fused_rows: Vec<usize> =
-        points.iter().enumerate().filter(|(_, p)| p.layout().is_ok_and(|l| l.fused_grouped_mlp)).map(|(i, _)| i).collect();
+        points.iter().enumerate().filter(|(_, p)| p.layout().is_ok_and(|l| l.kernels.fused_grouped_mlp)).map(|(i, _)| i).collect();
     assert_eq!(fused_rows, [41, 42, 43, 45, 46, 47]);
 }
 
@@ -733,7 +733,8 @@ fn unfused_routed_experts_run_at_the_grouped_share() {
 fn the_alltoall_dispatcher_sends_a_copy_per_expert_across_domains() {
     let mut pr = projector("qwen3-30b-a3b", 4096, "h100", Recipe::Bf16);
     let across = LayoutSpec { ep: 16, ..layout(1, 1, 1, 1, 16, 1, 256) };
-    let plain = LayoutSpec { dispatcher: Dispatcher::AllToAll, ..across };
+    let alltoall = Kernels { dispatcher: Dispatcher::AllToAll, ..Kernels::default() };
+    let plain = LayoutSpec { kernels: alltoall, ..across };
     let (flex, a2a) = (pr.project(&across).unwrap(), pr.project(&plain).unwrap());
     let ratio = a2a.breakdown.ep / flex.breakdown.ep;
     assert!((2.0..4.0).contains(&ratio), "alltoall / flex exposed EP time over two nodes: {ratio}");
@@ -742,16 +743,26 @@ fn the_alltoall_dispatcher_sends_a_copy_per_expert_across_domains() {
     assert!(!flex.layout.short().contains("A2A-DISPATCH"), "{}", flex.layout.short());
     let mut pr = projector("qwen3-30b-a3b", 4096, "h100", Recipe::Bf16);
     let inside = LayoutSpec { ep: 8, ..layout(1, 1, 1, 1, 8, 1, 128) };
-    let plain = LayoutSpec { dispatcher: Dispatcher::AllToAll, ..inside };
+    let plain = LayoutSpec { kernels: alltoall, ..inside };
     assert_eq!(pr.project(&inside).unwrap().step_time_s, pr.project(&plain).unwrap().step_time_s);
     // The published rows that record the plain dispatcher: NeMo 25.04's DeepSeek-V3
     // (token dropping takes no other) and gpt-oss's BF16 presets (no flex backend set).
     let points = common::calibration();
     let rows: Vec<usize> =
-        points.iter().enumerate().filter(|(_, p)| p.layout().is_ok_and(|l| l.dispatcher == Dispatcher::AllToAll)).map(|(i, _)| i).collect();
+        points.iter().enumerate().filter(|(_, p)| p.layout().is_ok_and(|l| l.kernels.dispatcher == Dispatcher::AllToAll)).map(|(i, _)| i).collect();
     assert_eq!(rows, [36, 37, 91, 92, 93, 94]);
     assert_eq!(Dispatcher::parse("DeepEP"), Ok(Dispatcher::Flex));
     assert!(Dispatcher::parse("allgather").unwrap_err().contains("flex"));
+    // A layout's kernels are fields of its JSON: it reads back as written, and a layout
+    // written before a kernel choice existed reads with that choice at its default.
+    let json = serde_json::to_value(plain).unwrap();
+    assert_eq!(json["dispatcher"], "alltoall");
+    assert_eq!(serde_json::from_value::<LayoutSpec>(json.clone()).unwrap(), plain);
+    let mut old = json;
+    for k in ["dispatcher", "fused_grouped_mlp"] {
+        old.as_object_mut().unwrap().remove(k);
+    }
+    assert_eq!(serde_json::from_value::<LayoutSpec>(old).unwrap(), inside);
 }
 
 /// The breakdown splits compute into GEMMs, attention cores and the rest, and the split
@@ -890,7 +901,7 @@ fn a_layout_that_does_not_fit_offloads_the_fewest_layers_that_fit_where_the_link
     let mut gb = projector("llama3.1-70b", 8192, "gb200", Recipe::Fp8);
     assert!(!gb.project(&l).unwrap().fits);
     let layers = gb.model.depth.len() as u32;
-    let c = gb.costed(l.key(), l.kernels()).unwrap();
+    let c = gb.costed(l.key(), l.kernels).unwrap();
     let p = search::offload_to_fit(c, &l.schedule(), layers, &mut 0).unwrap().expect("offloading every layer fits");
     let n = p.layout.offload_layers;
     assert!(p.fits && n > 0 && n < layers, "{}", p.layout.short());

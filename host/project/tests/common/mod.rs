@@ -102,7 +102,6 @@ pub fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -
         split: Default::default(),
         offload_layers: 0,
         optimizer: Default::default(),
-        fused_grouped_mlp: false,
-        dispatcher: Default::default(),
+        kernels: Default::default(),
     }
 }

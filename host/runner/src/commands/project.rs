@@ -109,6 +109,13 @@ pub struct LayoutFlags {
 }
 
 impl LayoutFlags {
+    /// The kernel choices the flags ask for.
+    fn kernels(&self) -> Kernels {
+        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher }
+    }
+}
+
+impl LayoutFlags {
     /// The pipeline split the flags ask for, checked against a model of `layers`
     /// layers (a `--pipeline-layout` also fixes vp).
     fn split(&mut self, layers: usize) -> Result<Option<PipelineSplit>> {
@@ -419,8 +426,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                 .unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
             optimizer: flags.optimizer,
-            fused_grouped_mlp: flags.fused_grouped_mlp,
-            dispatcher: flags.dispatcher,
+            kernels: flags.kernels(),
         };
         Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
     });
@@ -620,7 +626,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         split,
         offload_layers: f.offload_layers,
         optimizer: f.optimizer,
-        kernels: Kernels { fused_grouped_mlp: f.fused_grouped_mlp, dispatcher: f.dispatcher },
+        kernels: f.kernels(),
     }
 }
 
