@@ -26,9 +26,8 @@
 //! [`stored_bytes`], [`layer_bytes`], [`activation_bytes`], [`in_flight_micro_batches`].
 
 use std::collections::BTreeMap;
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-
 // Tensor ids hash with FxHash; layer numbers, which a plugin chooses, with std's SipHash.
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
 use crate::count::{self, AttentionFlops, Convention, Recompute};
 use crate::autodiff::{BackwardPlan, needs_grad};

@@ -226,6 +226,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         vec![1]
     };
     let mbss = pick(space.mbs, vec![1, 2, 4, 8]);
+    let fsdps = space.fsdp.map_or(vec![false, true], |f| vec![f]);
     // Every sharding the search tries, in its order (a tp·cp that does not divide the
     // GPUs is refused where it falls).
     let mut shardings: Vec<Sharding> = Vec::new();
@@ -291,7 +292,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                 let splits = match split_memo.entry((pp, vp)).or_insert_with(|| megatron_splits(space, layers, pp, vp)) {
                     Ok(splits) => splits.clone(),
                     Err(why) => {
-                        for fsdp in space.fsdp.map_or(vec![false, true], |f| vec![f]) {
+                        for &fsdp in &fsdps {
                             if !(fsdp && dp * cp == 1) {
                                 note(&mut tracks, &family(&key, pp, dp, fsdp), why.clone());
                             }
@@ -299,7 +300,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                         continue;
                     }
                 };
-                for (fsdp, split) in space.fsdp.map_or(vec![false, true], |f| vec![f]).into_iter().flat_map(|f| splits.iter().map(move |&s| (f, s))) {
+                for (fsdp, split) in fsdps.iter().flat_map(|&f| splits.iter().map(move |&s| (f, s))) {
                     if fsdp && dp * cp == 1 {
                         continue;
                     }
