@@ -20,6 +20,8 @@
 #    GPU profile's GEMM and HBM efficiencies fitted to them (runner calibrate --ops)
 # 7. 30 training steps of the tiny Llama in BF16 and FP8 on the device (FP8 linears on
 #    cuBLASLt FP8 GEMMs) against the same run on the CPU (emulated): held-out losses
+# 8. the layer step at seq 32 recorded once as a CUDA graph and replayed, against the
+#    eager step (time, and losses equal bit for bit)
 # and last a short table against the targets (GEMM >= 95 % of PyTorch, memory-bound
 # kernels >= 80 % of copy bandwidth, layer step within 1.3x of PyTorch eager), also
 # written to OUT/summary.md for docs/PERFORMANCE.md.
@@ -80,6 +82,9 @@ step torch-ref 120 python3 scripts/gpu/torch_reference.py --sizes "$SIZES"
 [ -n "${SKIP_LAYER:-}" ] || step layer 180 "$RUNNER" --device "$DEVICE" bench layer --seq 2048 --batch 1 --repeats 5 --format json -o "$OUT/layer.json"
 [ -n "${SKIP_LAYER:-}" ] || step torch-layer 150 python3 host/exec/benches/pytorch_llama_step.py --device cuda --layers 1 --hidden 4096 \
     --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256 --seq 2048 --batch 1 --warmup 2 --repeats 5
+# The same step recorded once as a CUDA graph and replayed, at a small shape where launch
+# overhead counts: eager against graph, and the replays' losses equal the eager ones.
+[ "$DEVICE" != cuda ] || step layer-graph 120 "$RUNNER" --device "$DEVICE" bench layer --seq 32 --batch 1 --repeats 20 --cuda-graph --format json -o "$OUT/layer-graph.json"
 step collectives 90 "$RUNNER" --device "$DEVICE" bench collectives -b 8M -e 256M -f 4 --format json -o "$OUT/collectives.json"
 # The lent machine is an H200; MEASURE_GPU names another GPU's profile.
 for p in bf16 fp8; do
@@ -144,6 +149,13 @@ if l and tl:
     add("Llama 3.1 8B layer step (f32)", f"{ours*1e3:.0f} ms vs torch {theirs*1e3:.0f} ms ({ours/theirs:.2f}x)", "<= 1.3x torch", ours / theirs <= 1.3)
 else:
     add("Llama 3.1 8B layer step (f32)", "did not run (see layer.err / torch-layer.err)", "<= 1.3x torch", False)
+lg = load("layer-graph.json")
+if lg and lg.get("cuda_graph"):
+    e, gr = lg["measured"]["timing"]["step"]["median"], lg["cuda_graph"]["timing"]["step"]["median"]
+    same = lg.get("cuda_graph_losses_equal")
+    add("layer step (seq 32) replayed as one CUDA graph", f"{gr*1e3:.2f} ms vs eager {e*1e3:.2f} ms ({e/gr:.2f}x); losses {'equal' if same else 'DIFFER'}", "losses equal, not slower", bool(same) and gr <= e)
+else:
+    add("layer step (seq 32) replayed as one CUDA graph", "did not run (see layer-graph.err)", "losses equal, not slower", False)
 td, tc = load("train-device.json"), load("train-cpu.json")
 if td and tc:
     for a, b in zip(td["runs"], tc["runs"]):

@@ -626,11 +626,8 @@ pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> R
         let p = crate::device::CastProducer::RmsNorm { out: &mut c, rstd: &mut rstd, x: &a, w: &w, c: 4096, eps: 1e-5 };
         dev.forward_with_cast(p, &mut q, &spec).map(|_| ())
     })?);
-    let mut step = 0;
-    row("adamw", 7.0 * f, device_samples(dev, 7, 3, || {
-        step += 1;
-        dev.adamw(&mut a, &b, &mut c, &mut d, &h, step)
-    })?);
+    let s = crate::device::adamw_scalars(dev, &h, 1)?;
+    row("adamw", 7.0 * f, device_samples(dev, 7, 3, || dev.adamw(&mut a, &b, &mut c, &mut d, &s))?);
     Ok(rows)
 }
 

@@ -18,7 +18,7 @@ use std::time::Instant;
 use moe::DispatchPlan;
 use runner_graph::DType;
 use runner_kernels::KernelError;
-use runner_kernels::cpu::adamw::{AdamW, adamw_step};
+use runner_kernels::cpu::adamw::{Scalars, adamw_with};
 use runner_kernels::cpu::attention::{Attn, attention_backward, attention_forward};
 use runner_kernels::cpu::matmul::{self, Gemm};
 use runner_kernels::cpu::moe::{self, Router};
@@ -28,7 +28,7 @@ use runner_kernels::cpu::rope::{self, Rope};
 use runner_kernels::cpu::ssm::{self, Conv1d, Ssm, SsmGrads, SsmInputs};
 use runner_kernels::cpu::{activation, embedding, loss, norm};
 
-use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
+use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats, NoGraph};
 
 /// Byte accounting shared by every buffer of one [`Cpu`] device, and the pool that
 /// dropped buffers go back to.
@@ -38,6 +38,8 @@ struct Tracker {
     peak: AtomicU64,
     allocations: AtomicU64,
     pool: Mutex<Pool>,
+    /// [`Cpu::host_transfers`].
+    transfers: AtomicU64,
 }
 
 /// Storage of dropped buffers, by (element type, length), for the next allocation of
@@ -203,6 +205,16 @@ impl Cpu {
     pub fn new() -> Cpu {
         Cpu::default()
     }
+
+    /// Host reads, writes, waits and events so far: what a recorded step (a CUDA graph,
+    /// `executor/graph.rs`) may not contain, counted so the tests can check it does not.
+    pub fn host_transfers(&self) -> u64 {
+        self.tracker.transfers.load(Ordering::Relaxed)
+    }
+
+    fn transfer(&self) {
+        self.tracker.transfers.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// Whether fresh buffers are filled with NaN / u32::MAX. Debug and test builds only:
@@ -291,6 +303,7 @@ impl Device for Cpu {
     type Plan = DispatchPlan;
     type Event = Instant;
     type QuantStats = QuantReport;
+    type Graph = NoGraph;
 
     fn name(&self) -> String {
         format!("cpu ({} threads)", rayon::current_num_threads())
@@ -330,6 +343,7 @@ impl Device for Cpu {
     }
 
     fn write_f32(&self, buf: &mut CpuBuffer, data: &[f32]) -> Result<(), ExecError> {
+        self.transfer();
         if buf.len() != data.len() || !buf.elem.is_float() {
             return Err(ExecError::State(format!(
                 "write of {} f32 into a buffer of {} {}",
@@ -365,6 +379,7 @@ impl Device for Cpu {
     }
 
     fn write_u32(&self, buf: &mut CpuBuffer, data: &[u32]) -> Result<(), ExecError> {
+        self.transfer();
         match &mut buf.data {
             CpuData::U32(v) if v.len() == data.len() => {
                 v.copy_from_slice(data);
@@ -380,6 +395,7 @@ impl Device for Cpu {
     }
 
     fn read_f32(&self, buf: &CpuBuffer) -> Result<Vec<f32>, ExecError> {
+        self.transfer();
         match &buf.data {
             CpuData::F32(v) => Ok(v.clone()),
             CpuData::U16(v) if buf.elem == Elem::BF16 => {
@@ -397,6 +413,7 @@ impl Device for Cpu {
     }
 
     fn read_u32(&self, buf: &CpuBuffer) -> Result<Vec<u32>, ExecError> {
+        self.transfer();
         match &buf.data {
             CpuData::U32(v) => Ok(v.clone()),
             _ => Err(ExecError::State(format!(
@@ -482,10 +499,12 @@ impl Device for Cpu {
     }
 
     fn fp8_scale(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
+        self.transfer();
         Ok(buf.scale)
     }
 
     fn fp8_amax(&self, buf: &CpuBuffer) -> Result<f32, ExecError> {
+        self.transfer();
         Ok(if buf.elem.fp8().is_some() { buf.amax } else { 0.0 })
     }
 
@@ -511,6 +530,7 @@ impl Device for Cpu {
     }
 
     fn read_quant(&self, stats: Vec<QuantReport>) -> Result<Vec<QuantReport>, ExecError> {
+        self.transfer();
         Ok(stats)
     }
 
@@ -1089,6 +1109,7 @@ impl Device for Cpu {
     }
 
     fn plan_counts(&self, plan: &DispatchPlan) -> Result<Vec<usize>, ExecError> {
+        self.transfer();
         Ok(plan.offsets.windows(2).map(|w| w[1] - w[0]).collect())
     }
 
@@ -1183,22 +1204,25 @@ impl Device for Cpu {
         grad: &CpuBuffer,
         m: &mut CpuBuffer,
         v: &mut CpuBuffer,
-        h: &AdamW,
-        step: u32,
+        scalars: &CpuBuffer,
     ) -> Result<(), ExecError> {
         let k = "adamw";
-        adamw_step(fm(param, k)?, f(grad, k)?, fm(m, k)?, fm(v, k)?, h, step).map_err(kerr("(optimizer)"))
+        let s = Scalars::from_words(f(scalars, k)?).map_err(kerr("(optimizer)"))?;
+        adamw_with(fm(param, k)?, f(grad, k)?, fm(m, k)?, fm(v, k)?, &s).map_err(kerr("(optimizer)"))
     }
 
     fn record(&self) -> Result<Instant, ExecError> {
+        self.transfer();
         Ok(Instant::now())
     }
 
     fn elapsed_s(&self, start: &Instant, end: &Instant) -> Result<f64, ExecError> {
+        self.transfer();
         Ok(end.saturating_duration_since(*start).as_secs_f64())
     }
 
     fn synchronize(&self) -> Result<(), ExecError> {
+        self.transfer();
         Ok(())
     }
 

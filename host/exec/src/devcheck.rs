@@ -20,7 +20,7 @@ use runner_kernels::cpu::rope::Rope;
 use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 use crate::cpu::{Cpu, CpuBuffer};
-use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError};
+use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, adamw_scalars};
 use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, SplitMix};
 use crate::toy;
 
@@ -242,8 +242,9 @@ fn elementwise<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     let (mut m, mut v) = (p.out(n)?, p.out(n)?);
     let h = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
     for step in 1..=2 {
-        p.cpu.adamw(&mut w.0, &gr.0, &mut m.0, &mut v.0, &h, step)?;
-        p.dev.adamw(&mut w.1, &gr.1, &mut m.1, &mut v.1, &h, step)?;
+        let s = (adamw_scalars(&p.cpu, &h, step)?, adamw_scalars(p.dev, &h, step)?);
+        p.cpu.adamw(&mut w.0, &gr.0, &mut m.0, &mut v.0, &s.0)?;
+        p.dev.adamw(&mut w.1, &gr.1, &mut m.1, &mut v.1, &s.1)?;
     }
     p.check("adamw (param)", &w, EW)?;
     p.check("adamw (second moment)", &v, EW)?;

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 
 use runner_graph::{DType, GraphError, TensorId};
 use runner_kernels::KernelError;
-use runner_kernels::cpu::adamw::AdamW;
+use runner_kernels::cpu::adamw::{AdamW, Scalars, scalars};
 use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::Router;
@@ -42,6 +42,34 @@ use runner_kernels::cpu::quant::{QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
 use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 use serde::Serialize;
+
+/// The recording of a device that cannot record ([`Device::Graph`] of the CPU).
+#[derive(Debug)]
+pub enum NoGraph {}
+
+/// Why `device` cannot record a step.
+pub fn no_graphs(device: &str) -> String {
+    format!("{device} cannot record a CUDA graph: graphs need a GPU (--device cuda); run without --cuda-graph")
+}
+
+/// A buffer holding AdamW's scalars of step `step` ([`Device::adamw`]).
+///
+/// # Errors
+/// `step` is 0, or the device fails.
+pub fn adamw_scalars<D: Device + ?Sized>(dev: &D, h: &AdamW, step: u32) -> Result<D::Buffer, ExecError> {
+    let mut b = dev.alloc(Elem::F32, Scalars::WORDS)?;
+    write_adamw_scalars(dev, &mut b, h, step)?;
+    Ok(b)
+}
+
+/// Write AdamW's scalars of step `step` into `buf` (of [`Scalars::WORDS`] f32).
+///
+/// # Errors
+/// `step` is 0, or the device fails.
+pub fn write_adamw_scalars<D: Device + ?Sized>(dev: &D, buf: &mut D::Buffer, h: &AdamW, step: u32) -> Result<(), ExecError> {
+    let s = scalars(h, step).map_err(|source| ExecError::Kernel { op: "adamw".into(), source })?;
+    dev.write_f32(buf, &s.words())
+}
 
 /// Why execution failed. Nothing in this crate panics on a bad graph or bad input.
 #[derive(Debug, thiserror::Error)]
@@ -232,6 +260,9 @@ pub trait Device {
     /// [`Device::read_quant`] (the CPU: the report itself; CUDA: counters in device
     /// memory), so that quantising a GEMM operand does not wait for the device.
     type QuantStats;
+    /// A recorded sequence of this device's work, replayed by [`Device::launch`] (a CUDA
+    /// graph); [`NoGraph`] on a device that cannot record.
+    type Graph: Send;
 
     /// Human-readable name, e.g. "cpu (2 threads)" or "cuda:0 (NVIDIA H200, sm_90)".
     fn name(&self) -> String;
@@ -772,16 +803,53 @@ pub trait Device {
 
     // ---- optimizer ------------------------------------------------------------------
 
-    /// One AdamW step (`step` counts from 1) on a parameter tensor.
+    /// One AdamW step on a parameter tensor, the step's scalars read from `scalars` (an
+    /// f32 buffer of [`Scalars::words`], [`adamw_scalars`]) on the device: a recorded
+    /// step ([`Device::begin_capture`]) replays with each later step's bias corrections
+    /// once the buffer is rewritten between replays.
     fn adamw(
         &self,
         param: &mut Self::Buffer,
         grad: &Self::Buffer,
         m: &mut Self::Buffer,
         v: &mut Self::Buffer,
-        h: &AdamW,
-        step: u32,
+        scalars: &Self::Buffer,
     ) -> Result<(), ExecError>;
+
+    // ---- recorded steps -------------------------------------------------------------
+
+    /// Start recording: until [`Device::end_capture`], the kernels, copies, allocations
+    /// and frees this thread queues are recorded, not run (CUDA stream capture). Host
+    /// reads and writes, waits and events fail meanwhile, so what is recorded must be
+    /// device work only; buffers allocated before it keep their addresses, which the
+    /// recording bakes in.
+    ///
+    /// # Errors
+    /// The device cannot record (the CPU), or a capture is already open.
+    fn begin_capture(&self) -> Result<(), ExecError> {
+        Err(ExecError::NoCuda(no_graphs(&self.name())))
+    }
+    /// Stop recording and make what was recorded launchable. Ends the capture even when
+    /// it fails, so a failed recording leaves the device usable.
+    ///
+    /// # Errors
+    /// Nothing was being recorded, something recorded was not device work, or a buffer
+    /// allocated while recording outlives it.
+    fn end_capture(&self) -> Result<Self::Graph, ExecError> {
+        Err(ExecError::NoCuda(no_graphs(&self.name())))
+    }
+    /// Queue one replay of `graph` on the stream.
+    ///
+    /// # Errors
+    /// A device error.
+    fn launch(&self, graph: &Self::Graph) -> Result<(), ExecError> {
+        let _ = graph;
+        Err(ExecError::NoCuda(no_graphs(&self.name())))
+    }
+    /// Whether [`Device::begin_capture`] can record here.
+    fn records(&self) -> bool {
+        false
+    }
 
     // ---- clocks and bookkeeping -----------------------------------------------------
 

@@ -29,7 +29,7 @@ use runner_kernels::cpu::adamw::AdamW;
 use serde::Serialize;
 
 use crate::collective::Collective;
-use crate::device::{Device, DeviceBuffer, Elem, ExecError, Plans};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError, Plans, write_adamw_scalars};
 use ops::{BackwardIo, GradTarget};
 
 /// AdamW as most pretraining recipes set it (Llama 3: β2 0.95, weight decay 0.1).
@@ -40,6 +40,10 @@ pub const ADAMW_DEFAULT: AdamW = AdamW {
     eps: 1e-8,
     weight_decay: 0.1,
 };
+
+/// Device bytes an executor holds besides the model's state, inputs and loss: the
+/// constant 1 its backward copies the loss gradient from and AdamW's scalars.
+pub const CONSTANT_BYTES: u64 = 4 * (1 + runner_kernels::cpu::adamw::Scalars::WORDS as u64);
 
 /// Executor settings.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,6 +66,11 @@ pub struct ExecOptions {
     /// The product is the same either way (f32 accumulation of the same values);
     /// `None`: the device's choice ([`Device::native_fp8`]: CUDA yes, CPU no).
     pub native_fp8: Option<bool>,
+    /// Record the whole training step once as a CUDA graph and replay it every step
+    /// after (`executor/graph.rs`): one launch instead of one per kernel, for steps of
+    /// many small ops. Only [`Executor::step`] runs then; what cannot be recorded is
+    /// refused up front ([`Executor::graph_blocker`]).
+    pub cuda_graph: bool,
 }
 
 impl Default for ExecOptions {
@@ -73,6 +82,7 @@ impl Default for ExecOptions {
             emulate_storage: false,
             recompute: RecomputePolicy::None,
             native_fp8: None,
+            cuda_graph: false,
         }
     }
 }
@@ -131,6 +141,9 @@ pub struct StepProfile {
     /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
     /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded.
     pub communication_s: f64,
+    /// Seconds of the last step's launch as a recorded CUDA graph (the phases are not
+    /// timed then); 0 otherwise.
+    pub graph_s: f64,
 }
 
 /// What running one forward op yields: its outputs and the statistics it saves.
@@ -188,6 +201,14 @@ pub struct Executor<D: Device> {
     /// Statistics of the pass's quantisations still on the device, read at the pass's
     /// end (`Executor::settle_quant`).
     quant_stats: Vec<(quant::Key, D::QuantStats)>,
+    /// The constant 1 the backward's loss gradient is copied from on the device.
+    one: D::Buffer,
+    /// AdamW's scalars of the coming step ([`Device::adamw`]), written before it.
+    adam_scalars: D::Buffer,
+    /// A step is being recorded (no events, no host transfers).
+    capturing: bool,
+    /// Graph mode's eager first step, then the recorded step (`executor/graph.rs`).
+    recorded: graph::GraphState<D>,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current
@@ -350,6 +371,9 @@ impl<D: Device> Executor<D> {
         }
         let int_bounds = int_bounds_of(&g);
         let nops = g.ops.len();
+        let mut one = device.alloc(Elem::F32, 1)?;
+        device.write_f32(&mut one, &[1.0])?;
+        let adam_scalars = device.alloc(Elem::F32, runner_kernels::cpu::adamw::Scalars::WORDS)?;
         let native_fp8 = options.native_fp8.unwrap_or_else(|| device.native_fp8());
         let ex = Executor {
             plan,
@@ -384,6 +408,10 @@ impl<D: Device> Executor<D> {
             quant: quant::QuantState::new(native_fp8, &g),
             cast: None,
             quant_stats: Vec::new(),
+            one,
+            adam_scalars,
+            capturing: false,
+            recorded: graph::GraphState::Cold,
             graph: g,
         };
         ex.check_expert_tensor_parallel()?;
@@ -620,23 +648,12 @@ impl<D: Device> Executor<D> {
     /// # Errors
     /// Missing, misshapen or out-of-range inputs (nothing runs then), or a kernel error.
     pub fn forward(&mut self, inputs: &[(&str, Input<'_>)]) -> Result<f32, ExecError> {
-        self.release_activations();
-        self.forward_done = false;
-        self.backward_done = false;
-        self.device.reset_peak();
-        self.begin_comm_step();
-        self.load_inputs(inputs)?;
-        let t0 = self.device.record()?;
-        self.fsdp_gather(fsdp::Pass::Forward)?;
-        for oi in 0..self.graph.ops.len() {
-            let start = self.mark()?;
-            self.forward_op(oi)?;
-            self.fsdp_release(fsdp::Pass::Forward, Some(oi));
-            if let Some(s) = start {
-                self.pending.forward.push((oi, s, self.device.record()?));
-            }
+        if self.options.cuda_graph {
+            return Err(graph::whole_steps_only("forward"));
         }
-        self.fsdp_release(fsdp::Pass::Forward, None);
+        self.begin_step(inputs)?;
+        let t0 = self.device.record()?;
+        self.forward_ops()?;
         let t1 = self.device.record()?;
         self.settle_quant()?;
         let loss_buf = self.vals[self.graph.loss]
@@ -655,6 +672,32 @@ impl<D: Device> Executor<D> {
         self.note_comm()?;
         self.forward_done = true;
         Ok(self.loss)
+    }
+
+    /// What a step does before its first kernel: drop the last step's activations,
+    /// start the peak and communication counts, upload the inputs.
+    fn begin_step(&mut self, inputs: &[(&str, Input<'_>)]) -> Result<(), ExecError> {
+        self.release_activations();
+        self.forward_done = false;
+        self.backward_done = false;
+        self.device.reset_peak();
+        self.begin_comm_step();
+        self.load_inputs(inputs)
+    }
+
+    /// The forward's device work, op by op (no host transfer: a recorded step runs it).
+    fn forward_ops(&mut self) -> Result<(), ExecError> {
+        self.fsdp_gather(fsdp::Pass::Forward)?;
+        for oi in 0..self.graph.ops.len() {
+            let start = self.mark()?;
+            self.forward_op(oi)?;
+            self.fsdp_release(fsdp::Pass::Forward, Some(oi));
+            if let Some(s) = start {
+                self.pending.forward.push((oi, s, self.device.record()?));
+            }
+        }
+        self.fsdp_release(fsdp::Pass::Forward, None);
+        Ok(())
     }
 
     /// A start event for an op's timing when profiling.
@@ -692,7 +735,8 @@ impl<D: Device> Executor<D> {
     }
 
     fn rerun_segment(&mut self, s: usize) -> Result<(), ExecError> {
-        let t0 = self.device.record()?;
+        // No events while a step is recorded: a recording has no clock.
+        let t0 = if self.capturing { None } else { Some(self.device.record()?) };
         for pos in 0..self.sched.segments[s].len() {
             let oi = self.sched.segments[s][pos];
             let start = self.mark()?;
@@ -713,8 +757,10 @@ impl<D: Device> Executor<D> {
             }
             self.profile.recomputed_ops.push(oi);
         }
-        let t1 = self.device.record()?;
-        self.pending.segments.push((t0, t1));
+        if let Some(t0) = t0 {
+            let t1 = self.device.record()?;
+            self.pending.segments.push((t0, t1));
+        }
         Ok(())
     }
 
@@ -813,12 +859,34 @@ impl<D: Device> Executor<D> {
     }
 
     fn backward_pass(&mut self, accumulate: bool) -> Result<(), ExecError> {
+        if self.options.cuda_graph {
+            return Err(graph::whole_steps_only("backward"));
+        }
+        let t0 = self.device.record()?;
+        self.backward_ops(accumulate)?;
+        let t1 = self.device.record()?;
+        self.settle_quant()?;
+        self.profile.backward_s = self.device.elapsed_s(&t0, &t1)?;
+        for (op, s, e) in std::mem::take(&mut self.pending.backward) {
+            self.profile.backward_op_s[op] = self.device.elapsed_s(&s, &e)?;
+        }
+        for (op, s, e) in std::mem::take(&mut self.pending.recompute) {
+            self.profile.recompute_op_s[op] = self.device.elapsed_s(&s, &e)?;
+        }
+        for (s, e) in std::mem::take(&mut self.pending.segments) {
+            self.profile.recompute_s += self.device.elapsed_s(&s, &e)?;
+        }
+        self.note_comm()?;
+        Ok(())
+    }
+
+    /// The backward's device work (no host transfer: a recorded step runs it).
+    fn backward_ops(&mut self, accumulate: bool) -> Result<(), ExecError> {
         if !self.forward_done || self.backward_done {
             return Err(ExecError::State(
                 "backward needs a forward first (once per forward)".into(),
             ));
         }
-        let t0 = self.device.record()?;
         for (id, c) in self.carry.iter_mut().enumerate() {
             *c = accumulate
                 && self.graph.tensors[id].kind == TensorKind::Weight
@@ -827,8 +895,9 @@ impl<D: Device> Executor<D> {
         self.grad_written.iter_mut().for_each(|w| *w = false);
         self.fsdp_gather(fsdp::Pass::Backward)?;
         let loss = self.graph.loss;
+        // d loss / d loss = 1, copied on the device from the constant kept for it.
         let mut seed = self.device.alloc(Elem::F32, 1)?;
-        self.device.write_f32(&mut seed, &[1.0])?;
+        self.device.copy(&mut seed, 0, &self.one, 0, 1)?;
         self.grads[loss] = Some(seed);
         self.profile.recompute_s = 0.0;
         self.profile.recomputed_ops.clear();
@@ -861,19 +930,6 @@ impl<D: Device> Executor<D> {
         }
         self.backward_done = true;
         self.forward_done = false;
-        let t1 = self.device.record()?;
-        self.settle_quant()?;
-        self.profile.backward_s = self.device.elapsed_s(&t0, &t1)?;
-        for (op, s, e) in std::mem::take(&mut self.pending.backward) {
-            self.profile.backward_op_s[op] = self.device.elapsed_s(&s, &e)?;
-        }
-        for (op, s, e) in std::mem::take(&mut self.pending.recompute) {
-            self.profile.recompute_op_s[op] = self.device.elapsed_s(&s, &e)?;
-        }
-        for (s, e) in std::mem::take(&mut self.pending.segments) {
-            self.profile.recompute_s += self.device.elapsed_s(&s, &e)?;
-        }
-        self.note_comm()?;
         Ok(())
     }
 
@@ -1061,6 +1117,25 @@ impl<D: Device> Executor<D> {
     /// No backward before it, step-level collectives not yet run
     /// ([`Executor::reduce_gradients`]: the ranks would drift apart), or a kernel error.
     pub fn optimizer_step(&mut self, h: &AdamW) -> Result<(), ExecError> {
+        if self.options.cuda_graph {
+            return Err(graph::whole_steps_only("optimizer_step"));
+        }
+        write_adamw_scalars(&self.device, &mut self.adam_scalars, h, self.adam_step.saturating_add(1))?;
+        let t0 = self.device.record()?;
+        self.optimizer_ops()?;
+        let t1 = self.device.record()?;
+        self.device.synchronize()?;
+        self.profile.optimizer_s = self.device.elapsed_s(&t0, &t1)?;
+        for (id, s, e) in std::mem::take(&mut self.pending.optimizer) {
+            self.profile.optimizer_tensor_s[id] = self.device.elapsed_s(&s, &e)?;
+        }
+        Ok(())
+    }
+
+    /// AdamW on every weight with a gradient, its scalars read from `adam_scalars`
+    /// (written for this step beforehand); the device work of
+    /// [`Executor::optimizer_step`].
+    fn optimizer_ops(&mut self) -> Result<(), ExecError> {
         if !self.backward_done {
             return Err(ExecError::State(
                 "optimizer_step needs a backward first".into(),
@@ -1071,7 +1146,6 @@ impl<D: Device> Executor<D> {
                 "optimizer_step on a sharded rank needs reduce_gradients first".into(),
             ));
         }
-        let t0 = self.device.record()?;
         self.adam_step += 1;
         for id in 0..self.graph.tensors.len() {
             if !self.grad_written[id] {
@@ -1085,20 +1159,14 @@ impl<D: Device> Executor<D> {
             ) else {
                 continue;
             };
-            self.device.adamw(p, gr, m, v, h, self.adam_step)?;
+            self.device.adamw(p, gr, m, v, &self.adam_scalars)?;
             if let Some(s) = start {
                 self.pending.optimizer.push((id, s, self.device.record()?));
             }
         }
-        self.fsdp_optimizer_step(h)?;
-        let t1 = self.device.record()?;
-        self.device.synchronize()?;
+        self.fsdp_optimizer_step()?;
         self.backward_done = false;
         self.carry.iter_mut().for_each(|c| *c = false);
-        self.profile.optimizer_s = self.device.elapsed_s(&t0, &t1)?;
-        for (id, s, e) in std::mem::take(&mut self.pending.optimizer) {
-            self.profile.optimizer_tensor_s[id] = self.device.elapsed_s(&s, &e)?;
-        }
         Ok(())
     }
 
@@ -1109,6 +1177,9 @@ impl<D: Device> Executor<D> {
     /// As [`Executor::forward`], [`Executor::backward`], [`Executor::reduce_gradients`],
     /// [`Executor::optimizer_step`].
     pub fn step(&mut self, inputs: &[(&str, Input<'_>)], h: &AdamW) -> Result<f32, ExecError> {
+        if self.options.cuda_graph {
+            return self.graph_step(inputs, h);
+        }
         let loss = self.forward(inputs)?;
         self.backward()?;
         self.reduce_gradients()?;
@@ -1412,6 +1483,7 @@ mod comm;
 mod ep;
 mod finalize;
 mod fsdp;
+mod graph;
 mod ops;
 mod quant;
 pub use fsdp::Shard;

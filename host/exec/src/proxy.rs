@@ -39,6 +39,9 @@ pub struct MeasureOptions {
     pub adamw: AdamW,
     /// Activation recomputation of the measured step.
     pub recompute: RecomputePolicy,
+    /// Replay each step as one recorded CUDA graph (`ExecOptions::cuda_graph`): whole
+    /// steps are timed, per-op times are not measured.
+    pub cuda_graph: bool,
 }
 
 impl Default for MeasureOptions {
@@ -55,6 +58,7 @@ impl Default for MeasureOptions {
             convention: Convention::CAUSAL,
             adamw: ADAMW_DEFAULT,
             recompute: RecomputePolicy::None,
+            cuda_graph: false,
         }
     }
 }
@@ -155,6 +159,7 @@ pub fn measure_training_step_on<D: Device>(
         ExecOptions {
             seed: opts.seed,
             recompute: opts.recompute,
+            cuda_graph: opts.cuda_graph,
             ..ExecOptions::default()
         },
     )?;

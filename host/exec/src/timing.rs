@@ -116,7 +116,10 @@ pub fn time_steps<D: Device>(
     if opts.repeats == 0 {
         return Err(ExecError::State("timing needs at least one repeat".into()));
     }
-    ex.set_profile(true);
+    // A recorded step (CUDA graph) has no per-op clock: only whole steps are timed, and
+    // the first two steps (eager, then recorded) are warm-up whatever was asked.
+    ex.set_profile(!ex.cuda_graph());
+    let opts = if ex.cuda_graph() { TimingOptions { warmup: opts.warmup.max(2), ..opts } } else { opts };
     for _ in 0..opts.warmup {
         ex.step(inputs, adamw)?;
     }

@@ -14,7 +14,7 @@ use common::{
 };
 use runner_exec::cpu::Cpu;
 use runner_exec::device::Device;
-use runner_exec::executor::ADAMW_DEFAULT;
+use runner_exec::executor::{ADAMW_DEFAULT, CONSTANT_BYTES};
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::{ExecOptions, Executor, Input, MemoryReport};
@@ -342,7 +342,7 @@ fn fsdp_dp2_reduced_gradient_shards_are_the_full_batch_mean() {
                 let held = |ex: &Executor<Cpu>| {
                     let m = ex.memory();
                     let inputs: u64 = rows.iter().map(|(_, u, _)| 4 * u.len() as u64).sum();
-                    ex.device().memory().current_bytes as i64 - (m.state_bytes + inputs + 4) as i64
+                    ex.device().memory().current_bytes as i64 - (m.state_bytes + inputs + 4 + CONSTANT_BYTES) as i64
                 };
                 let params = ex.memory().param_bytes as i64;
                 let loss = ex.forward(&inputs).unwrap();
@@ -420,7 +420,7 @@ fn fsdp_rank_keeps_half_the_state_and_peaks_lower() {
         );
         assert!(m.peak_bytes >= m.state_bytes, "{m:?}");
         // Between steps only the state, the inputs and the loss scalar remain.
-        assert_eq!(o.held, m.state_bytes + o.input_bytes + 4, "{name}: {m:?}");
+        assert_eq!(o.held, m.state_bytes + o.input_bytes + 4 + CONSTANT_BYTES, "{name}: {m:?}");
     }
     for (p, f) in a.iter().zip(&b) {
         let (p, f) = (p.memory, f.memory);

@@ -153,7 +153,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Layer { seq, batch, repeats } => {
+        BenchCommand::Layer { seq, batch, repeats, cuda_graph } => {
             if seq == 0 || batch == 0 || repeats == 0 || seq > 131_072 {
                 bail!("--seq (1..=131072), --batch and --repeats must be positive");
             }
@@ -164,12 +164,22 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ..MeasureOptions::default()
             };
             let chosen = choose(global.device)?;
+            if cuda_graph && let Chosen::Cpu(cpu, _) = &chosen {
+                bail!("--cuda-graph: {}", runner_exec::device::no_graphs(&cpu.name()));
+            }
             // The embedding and the head (128k x 4096 each) come with the layer: gigabytes
             // in f32 and many seconds on a CPU even at seq 1.
             let bar = commands::busy(global, &format!("one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed", opts.timing.warmup));
-            let m = on_device!(chosen, |dev| measure_training_step_on(&g, dev, opts)).context("the layer step");
+            let m = on_device!(&chosen, |dev| measure_training_step_on(&g, dev.clone(), opts)).context("the layer step");
+            let graphed = if cuda_graph && m.is_ok() {
+                let o = MeasureOptions { cuda_graph: true, ..opts };
+                Some(on_device!(&chosen, |dev| measure_training_step_on(&g, dev.clone(), o)).context("the layer step recorded as a CUDA graph"))
+            } else {
+                None
+            };
             bar.inspect(indicatif::ProgressBar::finish_and_clear);
             let m = m?;
+            let graphed = graphed.transpose()?;
             let mut t = Table::new(
                 format!("Llama 3.1 8B layer, seq {seq} x batch {batch}, f32, on {}", m.timing.device),
                 &["part", "median", "p10", "p90"],
@@ -193,13 +203,38 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 m.convention,
                 si(m.memory.peak_bytes as f64)
             ));
+            let mut same_losses = None;
+            if let Some(gm) = &graphed {
+                let s = gm.timing.step;
+                t.rows.push(vec!["whole step, one CUDA graph".into(), ms(s.median), ms(s.p10), ms(s.p90)]);
+                // Same seed, inputs and kernels: the replayed steps' losses equal the
+                // eager ones bit for bit, or the recording is wrong.
+                let same = m.timing.losses.iter().map(|l| l.to_bits()).eq(gm.timing.losses.iter().map(|l| l.to_bits()));
+                same_losses = Some(same);
+                t.notes.push(format!(
+                    "CUDA graph: step {:.2}x the eager step's speed (eager {} / graph {}); losses of the {} timed steps {}",
+                    m.timing.step.median / s.median,
+                    ms(m.timing.step.median),
+                    ms(s.median),
+                    gm.timing.losses.len(),
+                    if same { "equal to the eager run's, bit for bit".to_string() } else { format!("DIFFER from the eager run's: {:?} vs {:?}", gm.timing.losses, m.timing.losses) }
+                ));
+            }
             #[derive(Serialize)]
             struct Out<'a> {
                 layer_forward_s: f64,
                 layer_backward_s: f64,
                 measured: &'a runner_exec::MeasuredStep,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                cuda_graph: Option<&'a runner_exec::MeasuredStep>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                cuda_graph_losses_equal: Option<bool>,
             }
-            emit(global, &t, &Out { layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m })
+            emit(global, &t, &Out { layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses })?;
+            if same_losses == Some(false) {
+                bail!("the step replayed as a CUDA graph gave other losses than the eager step");
+            }
+            Ok(())
         }
         BenchCommand::Collectives { minbytes, maxbytes, stepfactor, stepbytes, ngpus, iters, warmup, check, datatype, ops, timeout } => {
             let dtype = match datatype.as_str() {

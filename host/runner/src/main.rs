@@ -376,7 +376,7 @@ pub enum BenchCommand {
     Kernels,
     /// Forward + backward + AdamW of one Llama 3.1 8B layer (with embedding, head and loss) on the device
     #[command(
-        after_help = "Examples:\n  runner bench layer --device cuda\n  runner bench layer --device cuda --seq 2048 --batch 2"
+        after_help = "Examples:\n  runner bench layer --device cuda\n  runner bench layer --device cuda --seq 2048 --batch 2\n  runner bench layer --device cuda --seq 128 --cuda-graph   (the step eager and replayed as one CUDA graph)"
     )]
     Layer {
         /// Sequence length
@@ -388,6 +388,9 @@ pub enum BenchCommand {
         /// Timed steps after two warm-up steps
         #[arg(long, value_parser = count(1000), default_value_t = 5)]
         repeats: usize,
+        /// Also time the step recorded once as a CUDA graph and replayed (one launch per step), against the eager step; GPU only
+        #[arg(long)]
+        cuda_graph: bool,
     },
     /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
     #[command(

@@ -34,7 +34,10 @@ pub struct AdamW {
 }
 
 /// The per-step scalars of the update, computed in f64 (Python floats) and rounded once,
-/// shared by every backend so they all update with the same constants.
+/// shared by every backend so they all update with the same constants. A device reads
+/// them from a small buffer ([`Scalars::words`]) rather than as kernel arguments, so a
+/// step recorded once (a CUDA graph) replays with each later step's bias corrections:
+/// only the buffer changes between replays.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Scalars {
     /// 1 − lr·wd (decoupled weight decay).
@@ -43,23 +46,62 @@ pub struct Scalars {
     pub w1: f32,
     /// 1 − β2.
     pub w2: f32,
+    /// β2.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
     /// lr / (1 − β1^step).
     pub step_size: f32,
     /// sqrt(1 − β2^step).
     pub bc2_sqrt: f32,
 }
 
+impl Scalars {
+    /// Words in [`Scalars::words`].
+    pub const WORDS: usize = 7;
+
+    /// The scalars as the f32 words a device buffer holds, in the field order.
+    pub fn words(&self) -> [f32; Self::WORDS] {
+        [self.decay, self.w1, self.w2, self.beta2, self.eps, self.step_size, self.bc2_sqrt]
+    }
+
+    /// The scalars back from [`Scalars::words`].
+    ///
+    /// # Errors
+    /// `ShapeMismatch` unless `w` holds exactly [`Scalars::WORDS`] words.
+    pub fn from_words(w: &[f32]) -> Result<Scalars> {
+        check_len("adamw scalars", w.len(), Self::WORDS)?;
+        Ok(Scalars {
+            decay: w[0],
+            w1: w[1],
+            w2: w[2],
+            beta2: w[3],
+            eps: w[4],
+            step_size: w[5],
+            bc2_sqrt: w[6],
+        })
+    }
+}
+
 /// [`Scalars`] of step `step` (>= 1).
-pub fn scalars(h: &AdamW, step: u32) -> Scalars {
+///
+/// # Errors
+/// `ShapeMismatch` if `step == 0`.
+pub fn scalars(h: &AdamW, step: u32) -> Result<Scalars> {
+    if step == 0 {
+        return shape_err("adamw: step counts from 1");
+    }
     let bc1 = 1.0 - (h.beta1 as f64).powi(step as i32);
     let bc2 = 1.0 - (h.beta2 as f64).powi(step as i32);
-    Scalars {
+    Ok(Scalars {
         decay: (1.0 - h.lr as f64 * h.weight_decay as f64) as f32,
         w1: (1.0 - h.beta1 as f64) as f32,
         w2: (1.0 - h.beta2 as f64) as f32,
+        beta2: h.beta2,
+        eps: h.eps,
         step_size: (h.lr as f64 / bc1) as f32,
         bc2_sqrt: bc2.sqrt() as f32,
-    }
+    })
 }
 
 /// One AdamW step on a flat tensor; `step` >= 1 is this step's number.
@@ -74,20 +116,26 @@ pub fn adamw_step(
     h: &AdamW,
     step: u32,
 ) -> Result<()> {
+    adamw_with(param, grad, m, v, &scalars(h, step)?)
+}
+
+/// One AdamW step on a flat tensor with the step's [`Scalars`].
+///
+/// # Errors
+/// `ShapeMismatch` if the four slices differ in length.
+pub fn adamw_with(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32], s: &Scalars) -> Result<()> {
     check_len("adamw grad", grad.len(), param.len())?;
     check_len("adamw m", m.len(), param.len())?;
     check_len("adamw v", v.len(), param.len())?;
-    if step == 0 {
-        return shape_err("adamw: step counts from 1");
-    }
     let Scalars {
         decay,
         w1,
         w2,
+        beta2: b2,
+        eps,
         step_size,
         bc2_sqrt,
-    } = scalars(h, step);
-    let (b2, eps) = (h.beta2, h.eps);
+    } = *s;
     param
         .par_chunks_mut(ELEM_GRAIN)
         .zip(m.par_chunks_mut(ELEM_GRAIN))
@@ -187,5 +235,29 @@ mod tests {
         assert!(adamw_step(&mut p, &vec![0.0; n], &mut m, &mut v, &h, 0).is_err());
         assert!(adamw_step(&mut p, &vec![0.0; n - 1], &mut m, &mut v, &h, 1).is_err());
         assert!(adamw_step(&mut p, &vec![0.0; n], &mut m[..3], &mut v, &h, 1).is_err());
+    }
+
+    /// The words a device reads its scalars from carry every field, in order, and a step
+    /// run from them equals the step run from the hyper-parameters.
+    #[test]
+    fn scalars_travel_as_words() {
+        let h = AdamW {
+            lr: 3e-4,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+        };
+        let s = scalars(&h, 7).unwrap();
+        assert_eq!(Scalars::from_words(&s.words()).unwrap(), s);
+        assert_ne!(scalars(&h, 8).unwrap().words(), s.words(), "the bias corrections move with the step");
+        assert!(Scalars::from_words(&s.words()[..6]).is_err());
+        let g = [0.5f32, -1.0, 0.25];
+        let (mut p1, mut m1, mut v1) = ([1.0f32, 2.0, -3.0], [0.1f32; 3], [0.2f32; 3]);
+        let (mut p2, mut m2, mut v2) = (p1, m1, v1);
+        adamw_step(&mut p1, &g, &mut m1, &mut v1, &h, 7).unwrap();
+        adamw_with(&mut p2, &g, &mut m2, &mut v2, &Scalars::from_words(&s.words()).unwrap()).unwrap();
+        assert_eq!((p1, m1, v1), (p2, m2, v2));
+        assert!(scalars(&h, 0).is_err());
     }
 }

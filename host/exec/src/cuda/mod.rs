@@ -11,6 +11,10 @@
 //!   device floats [scale, 1/scale, amax, 0] beside its codes, so scales never travel
 //!   through the host.
 //! - Events are CUDA events on the stream ([`Device::record`]).
+//! - A step can be recorded as a CUDA graph (stream capture, [`Device::begin_capture`])
+//!   and replayed with one launch ([`CudaRecording`]); allocations made while recording
+//!   are the graph's own, and buffers from before it that it frees live as long as the
+//!   graph (the executor's side: `executor/graph.rs`).
 //! - MoE routing plans are built on the host from the downloaded indices (one
 //!   synchronisation per MoE layer) and uploaded (order and its inverse).
 //!
@@ -23,12 +27,12 @@ mod gemm;
 pub mod kernels;
 pub mod nccl;
 
-use std::sync::Arc;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaSlice, CudaStream, DevicePtr, LaunchConfig, result as dr};
+use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, result as dr, sys as cu};
 use runner_graph::DType;
-use runner_kernels::cpu::adamw::AdamW;
 use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::matmul::Gemm;
 use runner_kernels::cpu::moe::{Router, ScoreFn};
@@ -133,13 +137,75 @@ pub(crate) struct AttnShape {
 // SAFETY: a plain #[repr(C)] struct of integers and floats, laid out as the C struct.
 unsafe impl cudarc::driver::DeviceRepr for AttnShape {}
 
-/// Byte accounting of one device.
+/// Byte accounting of one device, and the recording open on it.
 #[derive(Debug, Default)]
 struct Tracker {
     current: AtomicU64,
     peak: AtomicU64,
     allocations: AtomicU64,
+    /// Id of the open recording ([`Device::begin_capture`]); 0: none.
+    recording: AtomicU64,
+    /// Ids handed out so far.
+    recordings: AtomicU64,
+    capture: Mutex<Capture>,
 }
+
+/// What the open recording holds.
+#[derive(Debug, Default)]
+struct Capture {
+    /// Buffers allocated while recording and not yet freed: each must be freed before
+    /// the recording ends (the graph owns their memory, and frees it when it runs).
+    born_alive: usize,
+    /// Allocations from before the recording that it freed: the graph still reads or
+    /// writes them, so they live as long as the graph, not just until the free.
+    kept: Vec<CudaSlice<u8>>,
+    kept_meta: Vec<CudaSlice<f32>>,
+}
+
+impl Tracker {
+    fn capture(&self) -> std::sync::MutexGuard<'_, Capture> {
+        self.capture.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Free a buffer's memory, allocated under recording `born` (0: none).
+    fn release(&self, born: u64, mem: CudaSlice<u8>, meta: Option<CudaSlice<f32>>) {
+        let open = self.recording.load(Ordering::Acquire);
+        if born == 0 && open == 0 {
+            return; // dropped here: freed on the stream
+        }
+        if born != 0 && born != open {
+            // Graph memory of a recording that has ended: it failed, or this buffer
+            // outlived it, which `end_capture` refused. The graph owns that memory (or it
+            // never existed): freeing it here would be an error, so the handle is
+            // forgotten. An error path only; it leaks a reference to the stream.
+            std::mem::forget(mem);
+            std::mem::forget(meta);
+            return;
+        }
+        let mut c = self.capture();
+        if born == open {
+            // Allocated and freed inside the recording: a free node of the graph.
+            c.born_alive = c.born_alive.saturating_sub(1);
+            drop(c);
+            return;
+        }
+        c.kept.push(mem);
+        c.kept_meta.extend(meta);
+    }
+}
+
+/// A recorded step ([`Device::end_capture`]): the instantiated CUDA graph, and the
+/// allocations from before the recording that it freed and still uses. Fields drop in
+/// order: the graph before the memory it uses.
+pub struct CudaRecording {
+    graph: CudaGraph,
+    _kept: Vec<CudaSlice<u8>>,
+    _kept_meta: Vec<CudaSlice<f32>>,
+}
+
+// SAFETY: CUDA requires graph objects to be used from one thread at a time, not from a
+// particular thread; a recording is owned by one executor and launched through it.
+unsafe impl Send for CudaRecording {}
 
 /// One open GPU.
 struct Inner {
@@ -161,12 +227,15 @@ pub struct Cuda {
 
 /// A device allocation of `len` elements of `elem`.
 pub struct CudaBuffer {
-    mem: CudaSlice<u8>,
+    /// Taken out on drop (see [`Tracker::release`]).
+    mem: ManuallyDrop<CudaSlice<u8>>,
     len: usize,
     elem: Elem,
     /// FP8: [scale, 1/scale, amax, 0] on the device.
     meta: Option<CudaSlice<f32>>,
     tracker: Arc<Tracker>,
+    /// The recording this buffer was allocated under (0: none).
+    born: u64,
 }
 
 impl Drop for CudaBuffer {
@@ -174,6 +243,9 @@ impl Drop for CudaBuffer {
         self.tracker
             .current
             .fetch_sub((self.len * self.elem.bytes()) as u64, Ordering::Relaxed);
+        // SAFETY: `mem` is taken once, here, and not touched after.
+        let mem = unsafe { ManuallyDrop::take(&mut self.mem) };
+        self.tracker.release(self.born, mem, self.meta.take());
     }
 }
 
@@ -386,6 +458,21 @@ impl Cuda {
     pub(crate) fn ptr(&self, b: &CudaBuffer) -> u64 {
         let (p, _sync) = b.mem.device_ptr(&self.inner.stream);
         p
+    }
+
+    /// An FP8 buffer's scale words set to [1, 1, 0, 0] by two memsets on the stream:
+    /// device work, so a recorded step may allocate FP8 buffers (a copy from host memory
+    /// may not be recorded).
+    fn init_meta(&self, m: &CudaSlice<f32>) -> Result<(), ExecError> {
+        let (p, _s) = m.device_ptr(&self.inner.stream);
+        let st = self.inner.stream.cu_stream();
+        // SAFETY: `m` holds 4 floats: words 0-1 get the bits of 1.0, words 2-3 zero.
+        unsafe {
+            cu::cuMemsetD32Async(p, 1.0f32.to_bits(), 2, st)
+                .result()
+                .and_then(|()| cu::cuMemsetD32Async(p + 8, 0, 2, st).result())
+        }
+        .map_err(|e| self.derr("FP8 scale", e))
     }
 
     fn meta_ptr(&self, b: &CudaBuffer) -> Result<u64, ExecError> {
@@ -672,6 +759,7 @@ impl Device for Cuda {
     type Plan = CudaPlan;
     type Event = CudaEvent;
     type QuantStats = CudaQuantStats;
+    type Graph = CudaRecording;
 
     fn name(&self) -> String {
         self.inner.label.clone()
@@ -683,15 +771,9 @@ impl Device for Cuda {
         let mem = unsafe { self.inner.stream.alloc::<u8>(bytes) }
             .map_err(|e| self.derr(&format!("allocating {bytes} bytes"), e))?;
         let meta = if elem.fp8().is_some() {
-            let mut m = self
-                .inner
-                .stream
-                .alloc_zeros::<f32>(4)
-                .map_err(|e| self.derr("FP8 scale", e))?;
-            self.inner
-                .stream
-                .memcpy_htod(&[1.0f32, 1.0, 0.0, 0.0][..], &mut m)
-                .map_err(|e| self.derr("FP8 scale", e))?;
+            // SAFETY: written at once by init_meta.
+            let m = unsafe { self.inner.stream.alloc::<f32>(4) }.map_err(|e| self.derr("FP8 scale", e))?;
+            self.init_meta(&m)?;
             Some(m)
         } else {
             None
@@ -700,12 +782,17 @@ impl Device for Cuda {
         let now = t.current.fetch_add((len * elem.bytes()) as u64, Ordering::Relaxed) + (len * elem.bytes()) as u64;
         t.peak.fetch_max(now, Ordering::Relaxed);
         t.allocations.fetch_add(1, Ordering::Relaxed);
+        let born = t.recording.load(Ordering::Acquire);
+        if born != 0 {
+            t.capture().born_alive += 1;
+        }
         Ok(CudaBuffer {
-            mem,
+            mem: ManuallyDrop::new(mem),
             len,
             elem,
             meta,
             tracker: t.clone(),
+            born,
         })
     }
 
@@ -717,10 +804,7 @@ impl Device for Cuda {
                 .map_err(|e| self.derr("memset", e))?;
         }
         if let Some(m) = &buf.meta {
-            let (p, _s) = m.device_ptr(&self.inner.stream);
-            let init = [1.0f32, 1.0, 0.0, 0.0];
-            // SAFETY: meta holds 4 floats.
-            unsafe { dr::memcpy_htod_async(p, &init[..], self.inner.stream.cu_stream()) }.map_err(|e| self.derr("FP8 scale", e))?;
+            self.init_meta(m)?;
         }
         Ok(())
     }
@@ -1628,32 +1712,58 @@ impl Device for Cuda {
         )
     }
 
-    fn adamw(&self, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer, h: &AdamW, step: u32) -> Result<(), ExecError> {
+    fn adamw(&self, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer, scalars: &CudaBuffer) -> Result<(), ExecError> {
         let n = param.len;
-        lens("adamw", &[("grad", grad.len, n), ("m", m.len, n), ("v", v.len, n)])?;
-        if step == 0 {
-            return Err(kerr("adamw", "step counts from 1".into()));
+        lens("adamw", &[("grad", grad.len, n), ("m", m.len, n), ("v", v.len, n), ("scalars", scalars.len, runner_kernels::cpu::adamw::Scalars::WORDS)])?;
+        need("adamw", scalars, Elem::F32)?;
+        self.ew("adamw", n, &[self.p(param), self.p(grad), self.p(m), self.p(v), Arg::I(n as i64), self.p(scalars)])
+    }
+
+    fn begin_capture(&self) -> Result<(), ExecError> {
+        let t = &self.inner.tracker;
+        let id = t.recordings.fetch_add(1, Ordering::Relaxed) + 1;
+        // Reset under the lock an allocation takes to count itself, so none is lost.
+        let mut c = t.capture();
+        if t.recording.compare_exchange(0, id, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Err(ExecError::State(format!("{}: a recording is already open", self.name())));
         }
-        // The scalars the CPU uses, computed once on the host.
-        let runner_kernels::cpu::adamw::Scalars { decay, w1, w2, step_size, bc2_sqrt } = runner_kernels::cpu::adamw::scalars(h, step);
-        self.ew(
-            "adamw",
-            n,
-            &[
-                self.p(param),
-                self.p(grad),
-                self.p(m),
-                self.p(v),
-                Arg::I(n as i64),
-                Arg::F(decay),
-                Arg::F(w1),
-                Arg::F(w2),
-                Arg::F(h.beta2),
-                Arg::F(h.eps),
-                Arg::F(step_size),
-                Arg::F(bc2_sqrt),
-            ],
-        )
+        *c = Capture::default();
+        drop(c);
+        // Thread-local mode: this thread may not call what a recording cannot hold
+        // (synchronous copies, waits); other threads are not affected.
+        if let Err(e) = self.inner.stream.begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) {
+            t.recording.store(0, Ordering::Release);
+            return Err(self.derr("starting a recording (stream capture)", e));
+        }
+        Ok(())
+    }
+
+    fn end_capture(&self) -> Result<CudaRecording, ExecError> {
+        let t = &self.inner.tracker;
+        if t.recording.load(Ordering::Acquire) == 0 {
+            return Err(ExecError::State(format!("{}: no recording is open", self.name())));
+        }
+        let ended = self.inner.stream.end_capture(cu::CUgraphInstantiate_flags(0));
+        let cap = std::mem::take(&mut *t.capture());
+        t.recording.store(0, Ordering::Release);
+        let graph = ended
+            .map_err(|e| self.derr("recording the step (something in it was not device work)", e))?
+            .ok_or_else(|| ExecError::State("the recording is empty".into()))?;
+        if cap.born_alive > 0 {
+            return Err(ExecError::State(format!(
+                "{} buffer(s) allocated while recording outlive the recording; the graph would free them at its next launch",
+                cap.born_alive
+            )));
+        }
+        Ok(CudaRecording { graph, _kept: cap.kept, _kept_meta: cap.kept_meta })
+    }
+
+    fn records(&self) -> bool {
+        true
+    }
+
+    fn launch(&self, rec: &CudaRecording) -> Result<(), ExecError> {
+        rec.graph.launch().map_err(|e| self.derr("launching the recorded step", e))
     }
 
     fn record(&self) -> Result<CudaEvent, ExecError> {

@@ -46,7 +46,6 @@ use runner_graph::autodiff::BackwardPlan;
 use runner_graph::recompute::RecomputeSchedule;
 use runner_graph::shard::StepCollective;
 use runner_graph::{Graph, OpKind, TensorId, TensorKind};
-use runner_kernels::cpu::adamw::AdamW;
 
 use super::Executor;
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
@@ -495,15 +494,14 @@ impl<D: Device> Executor<D> {
     }
 
     /// AdamW on this rank's pieces (after [`Executor::fsdp_reduce_scatter`]).
-    pub(super) fn fsdp_optimizer_step(&mut self, h: &AdamW) -> Result<(), ExecError> {
+    pub(super) fn fsdp_optimizer_step(&mut self) -> Result<(), ExecError> {
         for unit in &mut self.fsdp.units {
             for p in &mut unit.pieces {
                 let (Some(g), Some((m, v))) = (p.grad.as_ref(), p.moments.as_mut()) else {
                     continue;
                 };
                 let start = if self.options.profile { Some(self.device.record()?) } else { None };
-                self.device
-                    .adamw(&mut p.param, g, m, v, h, self.adam_step)?;
+                self.device.adamw(&mut p.param, g, m, v, &self.adam_scalars)?;
                 if let Some(s) = start {
                     self.pending.optimizer.push((p.id, s, self.device.record()?));
                 }
