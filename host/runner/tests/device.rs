@@ -47,3 +47,14 @@ fn kernel_check_and_device_gemm_run_on_the_cpu() {
     let o = runner(&["bench", "gemm", "--dtype", "int4"]);
     assert!(!o.status.success() && text(&o).contains("--dtype int4"), "{}", text(&o));
 }
+
+/// `bench layer --cuda-graph` on the CPU stops before the (long) eager measurement with
+/// the reason and the fix.
+#[test]
+fn cuda_graphs_on_the_cpu_say_they_need_a_gpu() {
+    let o = runner(&["--device", "cpu", "bench", "layer", "--seq", "8", "--cuda-graph"]);
+    let t = text(&o);
+    assert!(!o.status.success(), "{t}");
+    assert!(t.contains("cannot record a CUDA graph") && t.contains("--device cuda"), "{t}");
+    assert!(!t.contains("panicked"), "{t}");
+}
