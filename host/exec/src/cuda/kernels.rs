@@ -91,15 +91,81 @@ pub fn arch_of(major: i32, minor: i32) -> Result<&'static str, ExecError> {
 
 /// The compiled kernels of one device, by name.
 pub(super) struct Kernels {
-    functions: HashMap<String, CudaFunction>,
+    functions: HashMap<String, Kernel>,
 }
 
-/// Kernel names each source defines (its `extern "C" __global__` functions).
-fn kernel_names(src: &str) -> Vec<String> {
+/// One loaded kernel and the kinds of its parameters.
+pub(super) struct Kernel {
+    pub(super) f: CudaFunction,
+    params: Vec<Kind>,
+}
+
+/// How a kernel parameter is passed: what an [`Arg`] must be for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Kind {
+    /// A device pointer (`T*`, `const T*`).
+    Ptr,
+    /// `i64`.
+    I64,
+    /// A 4-byte integer (`int`, `u32`).
+    I32,
+    /// `float`.
+    F32,
+    /// Attention's `Shape` struct, by value.
+    Attn,
+}
+
+impl Arg {
+    fn kind(&self) -> Kind {
+        match self {
+            Arg::P(_) => Kind::Ptr,
+            Arg::I(_) => Kind::I64,
+            Arg::I32(_) => Kind::I32,
+            Arg::F(_) => Kind::F32,
+            Arg::Attn(_) => Kind::Attn,
+        }
+    }
+}
+
+/// The kind of one C parameter declaration (`const float* x`, `i64 n`, `Shape s`).
+fn kind_of(decl: &str) -> Result<Kind, String> {
+    if decl.contains('*') {
+        return Ok(Kind::Ptr);
+    }
+    let words: Vec<&str> = decl.split_whitespace().filter(|w| *w != "const").collect();
+    match words.as_slice() {
+        ["i64", _] => Ok(Kind::I64),
+        ["int" | "u32", _] => Ok(Kind::I32),
+        ["float", _] => Ok(Kind::F32),
+        ["Shape", _] => Ok(Kind::Attn),
+        _ => Err(format!("parameter `{decl}`: a type launches do not pass (pointer, i64, int, u32, float, Shape)")),
+    }
+}
+
+/// Each kernel a source defines (its `extern "C" __global__` functions) with the kinds
+/// of its parameters, read from its C signature.
+fn signatures(src: &str) -> Result<Vec<(String, Vec<Kind>)>, String> {
     src.split("extern \"C\" __global__ void ")
         .skip(1)
-        .filter_map(|rest| rest.split('(').next().map(|n| n.trim().to_string()))
+        .map(|rest| {
+            let (name, tail) = rest.split_once('(').ok_or("a kernel without a parameter list")?;
+            let name = name.trim().to_string();
+            let list = tail.split_once(')').ok_or_else(|| format!("{name}: unclosed parameter list"))?.0;
+            let params = list
+                .split(',')
+                .map(str::trim)
+                .filter(|d| !d.is_empty())
+                .map(|d| kind_of(d).map_err(|e| format!("{name}: {e}")))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((name, params))
+        })
         .collect()
+}
+
+/// Kernel names each source defines.
+#[cfg(test)]
+fn kernel_names(src: &str) -> Vec<String> {
+    signatures(src).unwrap_or_default().into_iter().map(|(n, _)| n).collect()
 }
 
 impl Kernels {
@@ -115,17 +181,17 @@ impl Kernels {
                      version"
                 ))
             })?;
-            for name in kernel_names(src) {
+            for (name, params) in signatures(src).map_err(|e| ExecError::NoCuda(format!("{file}: {e}")))? {
                 let f = module.load_function(&name).map_err(|e| {
                     ExecError::NoCuda(format!("kernel {name} of {file} did not load: {e}"))
                 })?;
-                functions.insert(name, f);
+                functions.insert(name, Kernel { f, params });
             }
         }
         Ok(Kernels { functions })
     }
 
-    pub(super) fn get(&self, name: &str) -> Result<&CudaFunction, ExecError> {
+    pub(super) fn get(&self, name: &str) -> Result<&Kernel, ExecError> {
         self.functions
             .get(name)
             .ok_or_else(|| ExecError::State(format!("no CUDA kernel named {name}")))
@@ -142,14 +208,26 @@ pub(super) enum Arg {
     Attn(super::AttnShape),
 }
 
-/// Launch `f` on `stream`.
+impl Kernel {
+    /// Whether `args` are of the kinds the kernel's C signature takes (a mismatch would
+    /// be read as garbage by the kernel).
+    pub(super) fn check(&self, name: &str, args: &[Arg]) -> Result<(), ExecError> {
+        let given: Vec<Kind> = args.iter().map(Arg::kind).collect();
+        if given == self.params {
+            return Ok(());
+        }
+        Err(ExecError::State(format!("kernel {name} takes {:?}, the launch passed {given:?}", self.params)))
+    }
+}
+
+/// Launch kernel `k` on `stream` with `args` ([`Kernel::check`]ed by the caller).
 pub(super) fn launch(
     stream: &Arc<CudaStream>,
-    f: &CudaFunction,
+    k: &Kernel,
     cfg: LaunchConfig,
     args: &[Arg],
 ) -> Result<(), cudarc::driver::DriverError> {
-    let mut b = stream.launch_builder(f);
+    let mut b = stream.launch_builder(&k.f);
     for a in args {
         match a {
             Arg::P(v) => b.arg(v),
@@ -159,8 +237,8 @@ pub(super) fn launch(
             Arg::Attn(v) => b.arg(v),
         };
     }
-    // SAFETY: every launch site passes the argument list of the kernel's C signature in
-    // kernels/cuda (pointers to device buffers the caller checked the lengths of).
+    // SAFETY: the arguments are of the kinds of the kernel's C signature in kernels/cuda
+    // (Kernel::check); pointers are to device buffers the caller checked the lengths of.
     unsafe { b.launch(cfg) }.map(|_| ())
 }
 
@@ -174,6 +252,90 @@ mod tests {
         assert_eq!(names, ["adamw"]);
         let all: usize = runner_kernels::cuda::SOURCES.iter().map(|(_, s)| kernel_names(s).len()).sum();
         assert!(all > 40, "{all}");
+    }
+
+    /// The text up to the bracket that closes the one just before `s`.
+    fn inside(s: &str) -> &str {
+        let mut depth = 0i32;
+        for (i, c) in s.char_indices() {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' if depth == 0 => return &s[..i],
+                ')' | ']' | '}' => depth -= 1,
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// `s` split at its top-level commas, trimmed, empty pieces dropped.
+    fn top_level(s: &str) -> Vec<&str> {
+        let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+        for (i, c) in s.char_indices() {
+            match c {
+                '(' | '[' | '{' => depth += 1,
+                ')' | ']' | '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    out.push(s[start..i].trim());
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        out.push(s[start..].trim());
+        out.retain(|p| !p.is_empty());
+        out
+    }
+
+    /// The kind an argument expression of a launch passes, when it is written out.
+    fn kind_of_arg(e: &str) -> Option<Kind> {
+        [("self.p(", Kind::Ptr), ("Arg::P(", Kind::Ptr), ("Arg::I(", Kind::I64), ("Arg::I32(", Kind::I32), ("Arg::F(", Kind::F32), ("Arg::Attn(", Kind::Attn)]
+            .into_iter()
+            .find(|(p, _)| e.starts_with(p))
+            .map(|(_, k)| k)
+    }
+
+    /// Every launch in `cuda/mod.rs` that names its kernel and writes out its arguments
+    /// passes the kinds of that kernel's C signature: what `Kernel::check` verifies on a
+    /// GPU at run time, checked here without one, so a kernel whose parameters change
+    /// (adamw's scalars moved to a device pointer) cannot drift from its launch.
+    #[test]
+    fn every_written_out_launch_matches_its_kernels_signature() {
+        let sigs: HashMap<String, Vec<Kind>> =
+            runner_kernels::cuda::SOURCES.iter().flat_map(|(f, s)| signatures(s).unwrap_or_else(|e| panic!("{f}: {e}"))).collect();
+        let src = include_str!("mod.rs");
+        let (mut checked, mut unnamed, mut problems) = (0, 0, Vec::new());
+        // Each launch helper and how many of its arguments sit between the kernel's name
+        // and the argument list.
+        for (call, between) in [("self.ew(", 1), ("self.run(", 1), ("self.run_attn(", 2), ("self.run_shared(", 3)] {
+            for (pos, _) in src.match_indices(call) {
+                let parts = top_level(inside(&src[pos + call.len()..]));
+                let line = src[..pos].lines().count();
+                let Some(name) = parts.first().and_then(|n| n.strip_prefix('"')).and_then(|n| n.strip_suffix('"')) else {
+                    unnamed += 1;
+                    continue;
+                };
+                let Some(list) = parts.get(1 + between).and_then(|a| a.strip_prefix("&[")).and_then(|a| a.strip_suffix(']')) else {
+                    unnamed += 1;
+                    continue;
+                };
+                let kinds: Option<Vec<Kind>> = top_level(list).into_iter().map(kind_of_arg).collect();
+                let Some(kinds) = kinds else {
+                    unnamed += 1;
+                    continue;
+                };
+                match sigs.get(name) {
+                    None => problems.push(format!("mod.rs:{line}: no kernel named {name}")),
+                    Some(want) if *want != kinds => problems.push(format!("mod.rs:{line}: {name} takes {want:?}, the launch passes {kinds:?}")),
+                    Some(_) => checked += 1,
+                }
+            }
+        }
+        assert!(problems.is_empty(), "{}", problems.join("\n"));
+        assert!(checked >= 50, "only {checked} launches read ({unnamed} name their kernel or arguments through variables)");
+        assert_eq!(signatures("extern \"C\" __global__ void k(const float* x, i64 n, int c, float a, u32 b, Shape s) {}").unwrap()[0].1,
+            [Kind::Ptr, Kind::I64, Kind::I32, Kind::F32, Kind::I32, Kind::Attn]);
+        assert!(signatures("extern \"C\" __global__ void k(double x) {}").is_err());
     }
 
     /// Every kernel source compiles with the real NVRTC for Hopper and Blackwell. CI

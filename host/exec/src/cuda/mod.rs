@@ -485,8 +485,9 @@ impl Cuda {
     }
 
     fn run(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
-        let f = self.inner.kernels.get(name)?;
-        kernels::launch(&self.inner.stream, f, cfg, args).map_err(|e| self.derr(name, e))
+        let k = self.inner.kernels.get(name)?;
+        k.check(name, args)?;
+        kernels::launch(&self.inner.stream, k, cfg, args).map_err(|e| self.derr(name, e))
     }
 
     /// An element-wise kernel over `n` elements (its last argument is n).
@@ -704,9 +705,10 @@ impl Cuda {
     /// lacks).
     fn run_shared(&self, name: &str, grid: (u32, u32, u32), threads: u32, floats: usize, args: &[Arg]) -> Result<(), ExecError> {
         let bytes = u32::try_from(floats * 4).map_err(|_| kerr(name, format!("{floats} floats of shared memory")))?;
-        let f = self.inner.kernels.get(name)?;
+        let k = self.inner.kernels.get(name)?;
+        k.check(name, args)?;
         if bytes > 48 << 10 {
-            f.set_attribute(
+            k.f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 bytes as i32,
             )
@@ -717,7 +719,7 @@ impl Cuda {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: bytes,
         };
-        kernels::launch(&self.inner.stream, f, cfg, args).map_err(|e| self.derr(name, e))
+        kernels::launch(&self.inner.stream, k, cfg, args).map_err(|e| self.derr(name, e))
     }
 
     /// A grid of `blocks` blocks along x.
