@@ -40,7 +40,8 @@ pub struct MeasureOptions {
     /// Activation recomputation of the measured step.
     pub recompute: RecomputePolicy,
     /// Replay each step as one recorded CUDA graph (`ExecOptions::cuda_graph`): whole
-    /// steps are timed, per-op times are not measured.
+    /// steps are timed, per-op times are not measured, so nothing is composed to the
+    /// full depth (`per_layer_s` is 0 and the projected step is the measured one).
     pub cuda_graph: bool,
 }
 
