@@ -64,7 +64,17 @@ impl Drop for Plan {
 /// The cuBLASLt handle and the plan cache of one device.
 pub(super) struct Lt {
     handle: sys::cublasLtHandle_t,
-    plans: Mutex<HashMap<Key, Plan>>,
+    /// Plans by problem and by the alignment of the A, B, C and D pointers.
+    plans: Mutex<HashMap<(Key, [u32; 4]), Plan>>,
+}
+
+/// The alignment cuBLASLt may assume of device pointer `p`: the largest power of two
+/// dividing it, up to 256. Without being told, cuBLASLt assumes 256-byte-aligned
+/// operands; an expert's rows inside a grouped GEMM's buffer start wherever the rows
+/// before it end (2880 bf16 columns: 5760 bytes per row), so each plan is chosen for the
+/// alignment its pointers have (PyTorch and Transformer Engine do the same).
+pub(super) fn alignment(p: u64) -> u32 {
+    1 << (p | 256).trailing_zeros()
 }
 
 // SAFETY: the handle is used under the device's single stream, and the plan cache is
@@ -135,7 +145,7 @@ impl Lt {
         })
     }
 
-    fn plan(&self, key: Key) -> Result<Plan, String> {
+    fn plan(&self, key: Key, align: [u32; 4]) -> Result<Plan, String> {
         let fp8 = key.a.fp8().is_some();
         let fp8_out = key.c.fp8().is_some();
         let desc = lt::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType::CUDA_R_32F)
@@ -191,6 +201,14 @@ impl Lt {
                 std::mem::size_of::<u64>(),
             )
             .map_err(|e| err("preference attribute", e))?;
+            use sys::cublasLtMatmulPreferenceAttributes_t as P;
+            for (attr, bytes) in [P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES]
+                .into_iter()
+                .zip(align)
+            {
+                lt::set_matmul_pref_attribute(pref, attr, &bytes as *const u32 as *const c_void, std::mem::size_of::<u32>())
+                    .map_err(|e| err("alignment preference", e))?;
+            }
             let h = lt::get_matmul_algo_heuristic(self.handle, desc, la, lb, lc, ld, pref);
             let _ = lt::destroy_matmul_pref(pref);
             h
@@ -222,10 +240,13 @@ impl Lt {
 
     /// Run `key` on `o` (alpha 1, beta 1 when accumulating, else 0).
     pub(super) fn matmul(&self, key: Key, o: &Operands) -> Result<(), String> {
+        let fp8_out = key.c.fp8().is_some();
+        let c_in = if fp8_out { o.c_scratch } else { o.c };
+        let align = [o.a, o.b, c_in, o.c].map(alignment);
         let mut plans = self.plans.lock().map_err(|_| "cuBLASLt plan cache poisoned".to_string())?;
-        let p = match plans.entry(key) {
+        let p = match plans.entry((key, align)) {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key)?),
+            std::collections::hash_map::Entry::Vacant(e) => e.insert(self.plan(key, align)?),
         };
         let (alpha, beta) = (1f32, if key.accumulate { 1f32 } else { 0f32 });
         // SAFETY: the plan's handles are live; the pointers are device buffers whose sizes
@@ -235,12 +256,10 @@ impl Lt {
                 set(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &o.a_scale_inv)?;
                 set(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &o.b_scale_inv)?;
             }
-            let fp8_out = key.c.fp8().is_some();
             if fp8_out {
                 set(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &o.d_scale)?;
                 set(p.desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_AMAX_D_POINTER, &o.d_amax)?;
             }
-            let c_in = if fp8_out { o.c_scratch } else { o.c };
             lt::matmul(
                 self.handle,
                 p.desc,
@@ -266,5 +285,20 @@ impl Lt {
     /// Plans cached so far (for tests and reports).
     pub(super) fn cached(&self) -> usize {
         self.plans.lock().map_or(0, |p| p.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::alignment;
+
+    #[test]
+    fn alignment_is_the_largest_power_of_two_dividing_the_pointer_up_to_256() {
+        assert_eq!(alignment(0x7f00_0000_0000), 256);
+        assert_eq!(alignment(0x7f00_0000_0000 + 5760), 128);
+        assert_eq!(alignment(0x7f00_0000_0000 + 2 * 1408), 256);
+        assert_eq!(alignment(0x7f00_0000_0000 + 1408), 128);
+        assert_eq!(alignment(0x7f00_0000_0000 + 2), 2);
+        assert_eq!(alignment(0x7f00_0000_0000 + 1), 1);
     }
 }

@@ -27,6 +27,7 @@ mod gemm;
 pub mod kernels;
 pub mod nccl;
 
+use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -217,6 +218,9 @@ struct Inner {
     lt: gemm::Lt,
     workspace: CudaSlice<u8>,
     tracker: Arc<Tracker>,
+    /// Concat's shape tables on the device, by their words: uploaded once per distinct
+    /// shape, so a recorded step (which may not copy from the host) finds them there.
+    concat_shapes: Mutex<HashMap<Vec<u32>, CudaSlice<u32>>>,
 }
 
 /// A CUDA device (cheap to clone: the clones share the GPU's context and stream).
@@ -279,9 +283,10 @@ fn ew_cfg(n: usize) -> LaunchConfig {
     }
 }
 
+/// One block per row; no rows, no blocks ([`Cuda::run`] then launches nothing).
 fn rows_cfg(rows: usize) -> LaunchConfig {
     LaunchConfig {
-        grid_dim: (rows.max(1) as u32, 1, 1),
+        grid_dim: (u32::try_from(rows).unwrap_or(u32::MAX), 1, 1),
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -428,6 +433,7 @@ impl Cuda {
                 lt,
                 workspace,
                 tracker: Arc::new(Tracker::default()),
+                concat_shapes: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -475,6 +481,26 @@ impl Cuda {
         .map_err(|e| self.derr("FP8 scale", e))
     }
 
+    /// Host transfers cannot be recorded: one inside a recording is refused by name here
+    /// rather than by the driver's capture error.
+    fn not_recording(&self, what: &str) -> Result<(), ExecError> {
+        if self.inner.tracker.recording.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        Err(ExecError::State(format!("{}: {what} inside a recorded step (a CUDA graph holds device work only)", self.name())))
+    }
+
+    /// An FP8 destination takes its source's scale with its codes.
+    fn copy_meta(&self, dst: &CudaBuffer, src: &CudaBuffer, what: &str) -> Result<(), ExecError> {
+        if let (Some(d), Some(s)) = (&dst.meta, &src.meta) {
+            let (dp, _a) = d.device_ptr(&self.inner.stream);
+            let (sp, _b) = s.device_ptr(&self.inner.stream);
+            // SAFETY: both metas hold 4 floats.
+            unsafe { dr::memcpy_dtod_async(dp, sp, 16, self.inner.stream.cu_stream()) }.map_err(|e| self.derr(what, e))?;
+        }
+        Ok(())
+    }
+
     fn meta_ptr(&self, b: &CudaBuffer) -> Result<u64, ExecError> {
         let m = b
             .meta
@@ -487,6 +513,9 @@ impl Cuda {
     fn run(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
         let k = self.inner.kernels.get(name)?;
         k.check(name, args)?;
+        if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
+            return Ok(());
+        }
         kernels::launch(&self.inner.stream, k, cfg, args).map_err(|e| self.derr(name, e))
     }
 
@@ -511,6 +540,7 @@ impl Cuda {
         if data.is_empty() {
             return Ok(());
         }
+        self.not_recording("a copy from the host")?;
         // SAFETY: the buffer holds at least data.len() f32 (checked by the callers); the
         // copy from pageable memory is staged before the call returns.
         unsafe { dr::memcpy_htod_async(self.ptr(buf), data, self.inner.stream.cu_stream()) }
@@ -518,6 +548,7 @@ impl Cuda {
     }
 
     fn download<T: Default + Clone>(&self, ptr: u64, len: usize) -> Result<Vec<T>, ExecError> {
+        self.not_recording("a read back to the host")?;
         let mut out = vec![T::default(); len];
         if len > 0 {
             // SAFETY: `ptr` addresses at least `len` elements of T; the stream is
@@ -672,7 +703,8 @@ impl Cuda {
             d: a.d as i32,
             dv: a.dv as i32,
             causal: a.causal as i32,
-            window: a.window.unwrap_or(0) as i32,
+            // A window past i32 covers every position there can be: none.
+            window: a.window.map_or(0, |w| i32::try_from(w).unwrap_or(0)),
             scale: a.scale,
             cp: a.cp.map_or(1, |c| c.size as i32),
             cp_rank: a.cp.map_or(0, |c| c.rank as i32),
@@ -707,6 +739,9 @@ impl Cuda {
         let bytes = u32::try_from(floats * 4).map_err(|_| kerr(name, format!("{floats} floats of shared memory")))?;
         let k = self.inner.kernels.get(name)?;
         k.check(name, args)?;
+        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
+            return Ok(());
+        }
         if bytes > 48 << 10 {
             k.f.set_attribute(
                 cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -840,6 +875,7 @@ impl Device for Cuda {
         if data.is_empty() {
             return Ok(());
         }
+        self.not_recording("a copy from the host")?;
         // SAFETY: the buffer holds data.len() 4-byte elements.
         unsafe { dr::memcpy_htod_async(self.ptr(buf), data, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))
     }
@@ -882,13 +918,7 @@ impl Device for Cuda {
             }
             .map_err(|e| self.derr("copy", e))?;
         }
-        if let (Some(d), Some(s)) = (&dst.meta, &src.meta) {
-            let (dp, _a) = d.device_ptr(&self.inner.stream);
-            let (sp, _b) = s.device_ptr(&self.inner.stream);
-            // SAFETY: both metas hold 4 floats.
-            unsafe { dr::memcpy_dtod_async(dp, sp, 16, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("copy", e))?;
-        }
-        Ok(())
+        self.copy_meta(dst, src, "copy")
     }
 
     fn transpose_outer(&self, dst: &mut CudaBuffer, src: &CudaBuffer, a: usize, b: usize, c: usize) -> Result<(), ExecError> {
@@ -907,7 +937,8 @@ impl Device for Cuda {
             2 => "transpose_outer_u16",
             _ => "transpose_outer_u8",
         };
-        self.ew(k, n, &[self.p(dst), self.p(src), Arg::I(a as i64), Arg::I(b as i64), Arg::I(c as i64)])
+        self.ew(k, n, &[self.p(dst), self.p(src), Arg::I(a as i64), Arg::I(b as i64), Arg::I(c as i64)])?;
+        self.copy_meta(dst, src, "transpose_outer")
     }
 
     fn cast(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<(), ExecError> {
@@ -1263,18 +1294,18 @@ impl Device for Cuda {
     }
 
     fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        let (shapes, rank, la, lb) = self.concat_meta(s)?;
+        let (Arg::P(shapes), rank, la, lb) = self.concat_meta(s)? else { return Err(ExecError::State("concat shapes".into())) };
         let lo = la + lb;
         let rows = out.len / lo.max(1);
         self.ew(
             "concat_forward",
             out.len,
-            &[self.p(out), self.p(a), self.p(b), self.p(&shapes), Arg::I32(rank as i32), Arg::I(rows as i64), Arg::I32(la as i32), Arg::I32(lb as i32)],
+            &[self.p(out), self.p(a), self.p(b), Arg::P(shapes), Arg::I32(rank as i32), Arg::I(rows as i64), Arg::I32(la as i32), Arg::I32(lb as i32)],
         )
     }
 
     fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        let (shapes, rank, la, lb) = self.concat_meta(s)?;
+        let (Arg::P(shapes), rank, la, lb) = self.concat_meta(s)? else { return Err(ExecError::State("concat shapes".into())) };
         let lo = la + lb;
         for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
             if let Some(t) = t {
@@ -1285,7 +1316,7 @@ impl Device for Cuda {
                     &[
                         self.p(t),
                         self.p(dout),
-                        self.p(&shapes),
+                        Arg::P(shapes),
                         Arg::I32(rank as i32),
                         Arg::I32(which),
                         Arg::I(rows_src as i64),
@@ -1828,7 +1859,9 @@ impl Cuda {
     }
 
     /// The concat's leading-axis shapes on the device (out, a, b) and its widths.
-    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(CudaBuffer, usize, usize, usize), ExecError> {
+    /// Concat's shape table on the device (uploaded the first time this shape is seen),
+    /// its rank and the two inputs' last dimensions.
+    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(Arg, usize, usize, usize), ExecError> {
         let rank = s.out.len().saturating_sub(1);
         if s.a.len() != s.out.len() || s.b.len() != s.out.len() {
             return Err(kerr("concat", format!("shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
@@ -1842,11 +1875,16 @@ impl Cuda {
                 host.push((d >> 32) as u32);
             }
         }
-        let mut buf = self.alloc(Elem::I32, host.len().max(2))?;
-        if !host.is_empty() {
-            self.write_u32(&mut buf, &host)?;
+        host.resize(host.len().max(2), 0);
+        let mut tables = self.inner.concat_shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !tables.contains_key(&host) {
+            self.not_recording("a concat shape first seen in the recorded step")?;
+            let t = self.inner.stream.clone_htod(&host).map_err(|e| self.derr("concat shapes", e))?;
+            tables.insert(host.clone(), t);
         }
-        Ok((buf, rank, la, lb))
+        let t = tables.get(&host).ok_or_else(|| ExecError::State("concat shapes".into()))?;
+        let (p, _s) = t.device_ptr(&self.inner.stream);
+        Ok((Arg::P(p), rank, la, lb))
     }
 
     fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {

@@ -324,6 +324,19 @@ impl Drop for NcclGroup {
     }
 }
 
+/// NCCL moves f32, bf16, f16 and int32 buffers. FP8 codes are refused: each rank's
+/// codes carry that rank's own scale, which NCCL would not move (a host transport widens
+/// them through the staging copy instead).
+fn movable(what: &str, b: &CudaBuffer) -> Result<(), ExecError> {
+    match b.elem().fp8() {
+        None => Ok(()),
+        Some(_) => Err(ExecError::State(format!(
+            "collective: {what} of {} codes over NCCL: each rank's FP8 codes have their own scale; widen them to bf16 or f32 first",
+            b.elem().name()
+        ))),
+    }
+}
+
 impl Collective<Cuda> for NcclGroup {
     fn rank(&self) -> usize {
         self.rank
@@ -333,6 +346,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_reduce(&self, _dev: &Cuda, buf: &mut CudaBuffer, op: ReduceOp) -> Result<(), ExecError> {
+        movable("all-reduce", buf)?;
         let red = match op {
             ReduceOp::Sum => ns::ncclRedOp_t::ncclSum,
             ReduceOp::Max => ns::ncclRedOp_t::ncclMax,
@@ -344,6 +358,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_gather(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
+        movable("all-gather", input)?;
         self.check("all-gather", output.len(), input.len() * self.size)?;
         // SAFETY: output holds size × input elements.
         let r = unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) };
@@ -351,6 +366,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn reduce_scatter(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
+        movable("reduce-scatter", input)?;
         self.check("reduce-scatter", input.len(), output.len() * self.size)?;
         // SAFETY: input holds size × output elements.
         let r = unsafe {
@@ -360,6 +376,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_to_all(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
+        movable("all-to-all", input)?;
         self.check("all-to-all", output.len(), input.len())?;
         if !input.len().is_multiple_of(self.size) {
             return Err(ExecError::State(format!("collective: all-to-all: {} elements do not split over {} ranks", input.len(), self.size)));
@@ -369,6 +386,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_to_all_v(&self, _dev: &Cuda, input: &CudaBuffer, send: &[usize], output: &mut CudaBuffer, recv: &[usize]) -> Result<(), ExecError> {
+        movable("all-to-all-v", input)?;
         if send.len() != self.size || recv.len() != self.size {
             return Err(ExecError::State(format!("collective: all-to-all-v: counts for {} ranks in a group of {}", send.len(), self.size)));
         }
@@ -378,6 +396,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn broadcast(&self, _dev: &Cuda, buf: &mut CudaBuffer, root: usize) -> Result<(), ExecError> {
+        movable("broadcast", buf)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer.
         let r = unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) };
@@ -385,12 +404,14 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
+        movable("send", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("send", r)
     }
 
     fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
+        movable("recv", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("recv", r)
