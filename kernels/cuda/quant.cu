@@ -139,7 +139,7 @@ extern "C" __global__ void quant_float(float* x, u64* stats, float* amax, i64 n,
 extern "C" __global__ void hadamard_rows(float* x, i64 rows, i64 cols, int h, u32 seed) {
     float v[256];
     i64 groups = rows / h;
-    float norm = rsqrtf((float)h);
+    float norm = 1.0f / sqrtf((float)h);  // correctly rounded, as the CPU's (rsqrtf is approximate)
     FOR_EACH(t, groups * cols) {
         i64 g0 = (t / cols) * h, c = t % cols;
         for (int i = 0; i < h; ++i) {

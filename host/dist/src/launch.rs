@@ -80,10 +80,15 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?)
     } else if let (Some(r), Some(w)) = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?) {
         ("Open MPI mpirun", r, w, num("OMPI_COMM_WORLD_LOCAL_RANK")?)
+    } else if let (Some(r), Some(w)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?)
+        && [(num("PMI_RANK")?, r), (num("PMI_SIZE")?, w)].iter().all(|(p, s)| p.is_none_or(|p| p == *s))
+    {
+        // srun with its pmi2 plugin sets PMI_RANK and PMI_SIZE too, equal to Slurm's;
+        // MPICH's mpiexec inside an allocation sets them to the MPI rank, while the
+        // SLURM_ variables it inherits describe its proxies: there PMI wins (next).
+        ("Slurm srun", r, w, num("SLURM_LOCALID")?)
     } else if let (Some(r), Some(w)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
         ("MPICH mpirun (PMI)", r, w, num("MPI_LOCALRANKID")?)
-    } else if let (Some(r), Some(w)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?) {
-        ("Slurm srun", r, w, num("SLURM_LOCALID")?)
     } else if let Some(r) = num("JOB_COMPLETION_INDEX")? {
         let w = num("WORLD_SIZE")?.ok_or_else(|| {
             "a Kubernetes indexed Job (JOB_COMPLETION_INDEX is set) needs WORLD_SIZE = the Job's completions in its \
@@ -198,6 +203,14 @@ mod tests {
         assert!(l.source.contains("MPICH"));
         let l = detect_from(&env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004],gpu-010"), ("SLURM_JOB_ID", "12345")])).unwrap();
         assert_eq!(l.master, Some(("gpu-003".into(), DEFAULT_PORT + 345)));
+        // srun's pmi2 plugin adds PMI_RANK/PMI_SIZE equal to Slurm's: still srun (its
+        // node list and local rank); MPICH's mpiexec inside an allocation: its own ranks.
+        let pmi2 = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("PMI_RANK", "5"), ("PMI_SIZE", "16")];
+        let l = detect_from(&env(&pmi2)).unwrap();
+        assert_eq!((l.source, l.local_rank, l.master.unwrap().0), ("Slurm srun", 5, "gpu-003".to_string()));
+        let hydra = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("PMI_RANK", "9"), ("PMI_SIZE", "16"), ("MPI_LOCALRANKID", "1"), ("MASTER_ADDR", "h")];
+        let l = detect_from(&env(&hydra)).unwrap();
+        assert_eq!((l.source, l.rank, l.world, l.local_rank), ("MPICH mpirun (PMI)", 9, 16, 1));
         let l = detect_from(&env(&[("JOB_COMPLETION_INDEX", "2"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "train-0.train")])).unwrap();
         assert_eq!((l.rank, l.world, l.local_rank), (2, 4, 0));
         assert_eq!(detect_from(&env(&[])).unwrap(), Launch::single());

@@ -123,6 +123,9 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
     connect_mesh(launch.rank, &addrs, &listener, deadline, timeout)
 }
 
+/// How long rank 0 waits for a connection's hello line.
+const HELLO_WITHIN: Duration = Duration::from_secs(10);
+
 /// Rank 0: accept world − 1 hellos, check them, answer everyone.
 async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Duration) -> Result<Vec<String>, DistError> {
     let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
@@ -146,7 +149,11 @@ async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Durati
         };
         let mut s = BufReader::new(s);
         let mut line = String::new();
-        if s.read_line(&mut line).await.is_err() {
+        // A rank says hello as soon as it connects; anything else that connects and stays
+        // silent (a port scanner, a stopped process) is dropped after a few seconds rather
+        // than holding the rendezvous.
+        let hello_by = until.min(tokio::time::Instant::now() + HELLO_WITHIN.min(left / 4));
+        if !matches!(tokio::time::timeout_at(hello_by, s.read_line(&mut line)).await, Ok(Ok(_))) {
             continue;
         }
         let Ok(h) = serde_json::from_str::<Hello>(&line) else {
@@ -326,6 +333,25 @@ mod tests {
         let e0 = errs[0].as_ref().expect("rank 0 refuses");
         assert!(e0.contains("rank 2 runs something else") && e0.contains("llama3.wasm") && e0.contains("def") && e0.contains("abc"), "{e0}");
         assert!(errs.iter().all(Option::is_some), "{errs:?}");
+    }
+
+    /// A connection that never says hello (a port scanner, a stopped process) does not
+    /// hold the rendezvous: rank 0 drops it and the ranks meet within the timeout.
+    #[test]
+    fn a_silent_connection_does_not_hold_the_rendezvous() {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ()));
+        let silent = loop {
+            match std::net::TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        };
+        std::thread::sleep(Duration::from_millis(100));
+        let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ());
+        assert!(one.is_ok(), "{one:?}");
+        assert!(zero.join().unwrap().is_ok());
+        drop(silent);
     }
 
     #[test]

@@ -490,6 +490,7 @@ impl Device for Cpu {
             _ => return Err(ExecError::State("transpose between storage kinds".into())),
         }
         dst.scale = src.scale;
+        dst.amax = src.amax;
         Ok(())
     }
 

@@ -278,13 +278,19 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     );
     let results = on_ranks(ranks, global.device, move |launch, gpu| {
         let world = rendezvous(&launch, &meta(run.clone()), args.timeout)?;
-        match gpu {
+        let r = match gpu {
             None => coll_rank(&Cpu::new(), &world, launch.local_rank, &args),
             #[cfg(feature = "cuda")]
-            Some(n) => coll_rank(&runner_exec::cuda::Cuda::new(n)?, &world, launch.local_rank, &args),
+            Some(n) => runner_exec::cuda::Cuda::new(n).map_err(|e| anyhow!(e)).and_then(|dev| coll_rank(&dev, &world, launch.local_rank, &args)),
             #[cfg(not(feature = "cuda"))]
-            Some(_) => bail!("built without CUDA"),
+            Some(_) => Err(anyhow!("built without CUDA")),
+        };
+        if r.is_err() {
+            // Tell the others at once (ranks run as threads here: the sockets stay open
+            // until the world is dropped, and the others would wait out the timeout).
+            world.close();
         }
+        r
     })?;
     let Some(rows) = results.into_iter().flatten().next() else {
         return Ok(()); // not rank 0: rank 0 prints

@@ -164,3 +164,21 @@ fn tp_beyond_the_kv_heads_runs() {
     let l = &ranks[0]["losses"];
     assert!(l[1].as_f64().unwrap() < l[0].as_f64().unwrap(), "{l}");
 }
+
+/// The layout of the Slurm example's training step (workloads/slurm-multinode.sbatch,
+/// 2 nodes x 8 GPUs) runs: as 16 CPU ranks in one process here. Its first version asked
+/// for tp = 8 of the toy model's 4 heads, which every rank would have refused.
+#[test]
+fn the_slurm_examples_layout_runs() {
+    let sbatch = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/slurm-multinode.sbatch")).unwrap();
+    let layout = sbatch
+        .lines()
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .find_map(|l| l.split("--layout ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the example runs bench step --layout");
+    let world: usize = layout.split(',').map(|kv| kv.split('=').nth(1).unwrap().parse::<usize>().unwrap()).product();
+    assert_eq!(world, 16, "the example's 2 nodes x 8 tasks");
+    let v = in_process(&["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "1", "--format", "json"]);
+    assert_eq!(v.as_array().unwrap().len(), 16, "{v}");
+}

@@ -148,7 +148,9 @@ impl QuantReport {
     fn merge(self, o: QuantReport) -> QuantReport {
         QuantReport {
             amax: self.amax.max(o.amax),
-            scale: if o.amax > self.amax { o.scale } else { self.scale },
+            // The identity rayon's reduce starts from (no elements, scale 0) never wins:
+            // a tensor of zeros keeps the scale its chunks used.
+            scale: if self.elements == 0 || o.amax > self.amax { o.scale } else { self.scale },
             saturated: self.saturated + o.saturated,
             underflowed: self.underflowed + o.underflowed,
             nonfinite: self.nonfinite + o.nonfinite,
@@ -906,6 +908,24 @@ mod tests {
         assert!(quantize_codes(&mut out, &x, &fp4).is_err());
         assert!(quantize_codes(&mut out, &x, &QuantSpec::Float(FloatFormat::Bf16)).is_err());
         assert!(quantize_codes(&mut out[..3], &x, &QuantSpec::Tensor { format: Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None }).is_err());
+    }
+
+    /// A tensor of zeros keeps the scale it was quantised with (given, or its current
+    /// scale), so its codes decode to zeros, not 0/0: the reduction over chunks starts
+    /// from an empty report whose scale is 0.
+    #[test]
+    fn a_tensor_of_zeros_keeps_its_scale() {
+        let zeros = vec![0.0f32; 100_000];
+        for (scale, want) in [(Some(2.0f32), 2.0f32), (None, tensor_scale(0.0, Format::E4M3, 0))] {
+            let spec = QuantSpec::Tensor { format: Format::E4M3, scale, margin: 0, saturate: true, stochastic: None };
+            let mut codes = vec![0u8; zeros.len()];
+            let r = quantize_codes(&mut codes, &zeros, &spec).unwrap();
+            assert_eq!(r.scale, want, "codes, scale {scale:?}");
+            let mut x = zeros.clone();
+            let n = x.len();
+            assert_eq!(quantize(&mut x, 1, n, &spec).unwrap().scale, want, "quantize, scale {scale:?}");
+        }
+        assert!(tensor_scale(0.0, Format::E4M3, 0) > 0.0);
     }
 
     /// E2M1 rounds to {0, 0.5, 1, 1.5, 2, 3, 4, 6}, ties to even, and clips at 6.

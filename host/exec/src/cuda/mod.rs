@@ -1127,6 +1127,11 @@ impl Device for Cuda {
                 ScaleFrom::Given(1.0)
             }
             QuantSpec::Tensor { format, scale: given, margin, saturate, stochastic } => {
+                if let Some(s) = given
+                    && !(s.is_finite() && s > 0.0)
+                {
+                    return Err(kerr("quantize", format!("scale {s} (finite and > 0)")));
+                }
                 if given.is_none() {
                     self.ew("amax_f32", x.len, &[Arg::P(curp), self.p(x), Arg::I(n)])?;
                 }
@@ -1966,6 +1971,10 @@ impl Cuda {
         let scale_inv = |x: &CudaBuffer| -> Result<u64, ExecError> { if x.elem.fp8().is_some() { Ok(self.meta_ptr(x)? + 4) } else { Ok(0) } };
         let (d_scale, d_amax) = if c.elem.fp8().is_some() {
             let m = self.meta_ptr(c)?;
+            // The output's amax slot starts at 0: it holds the result's amax after, not
+            // the largest of it and what the buffer held before.
+            // SAFETY: the meta holds 4 floats; word 2 is the amax.
+            unsafe { dr::memset_d8_async(m + 8, 0, 4, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("matmul amax", e))?;
             (m, m + 8)
         } else {
             (0, 0)

@@ -97,9 +97,17 @@ pub fn nccl_shim_dir() -> Option<PathBuf> {
         .unwrap_or_else(std::env::temp_dir);
     let dir = base.join("runner").join("nccl-shim");
     std::fs::create_dir_all(&dir).ok()?;
+    // Every rank of a node (and of a shared home) may do this at once: each makes its own
+    // link and renames it over the shared name, which is atomic, so no rank sees the
+    // name missing or fails on another's link.
     let link = dir.join("libnccl.so");
-    let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&target, &link).ok()?;
+    let mine = dir.join(format!("libnccl.so.{}", std::process::id()));
+    let _ = std::fs::remove_file(&mine);
+    std::os::unix::fs::symlink(&target, &mine).ok()?;
+    if std::fs::rename(&mine, &link).is_err() {
+        let _ = std::fs::remove_file(&mine);
+        return None;
+    }
     Some(dir)
 }
 
@@ -290,23 +298,28 @@ impl NcclGroup {
         let t = nccl_type(input.elem());
         let (src, dst) = (self.dev.ptr(input), self.dev.ptr(output));
         let (mut so, mut ro) = (0usize, 0usize);
-        let r = (|| {
-            nr::group_start()?;
-            for j in 0..self.size {
-                // SAFETY: offsets stay inside the buffers (the counts sum to their lengths).
-                unsafe {
-                    if send[j] > 0 {
-                        nr::send((src + (so * w) as u64) as *const c_void, send[j], t, j as i32, self.comm.0, self.stream())?;
+        let r = nr::group_start().and_then(|_| {
+            let posted = (|| {
+                for j in 0..self.size {
+                    // SAFETY: offsets stay inside the buffers (the counts sum to their lengths).
+                    unsafe {
+                        if send[j] > 0 {
+                            nr::send((src + (so * w) as u64) as *const c_void, send[j], t, j as i32, self.comm.0, self.stream())?;
+                        }
+                        if recv[j] > 0 {
+                            nr::recv((dst + (ro * w) as u64) as *mut c_void, recv[j], t, j as i32, self.comm.0, self.stream())?;
+                        }
                     }
-                    if recv[j] > 0 {
-                        nr::recv((dst + (ro * w) as u64) as *mut c_void, recv[j], t, j as i32, self.comm.0, self.stream())?;
-                    }
+                    so += send[j];
+                    ro += recv[j];
                 }
-                so += send[j];
-                ro += recv[j];
-            }
-            nr::group_end()
-        })();
+                Ok(())
+            })();
+            // The group is closed even when a post failed, so this thread's NCCL group
+            // depth is back to zero for any later call.
+            let ended = nr::group_end();
+            posted.and(ended)
+        });
         self.done(what, r)
     }
 }
