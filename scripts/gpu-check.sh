@@ -6,6 +6,12 @@
 #
 #   scripts/gpu-check.sh [RUNNER] [OUT]     (defaults: target/release/runner, ./gpu-check-out)
 #
+# On the lent machine (the device tool brings back at most 8 files and no links), write OUT
+# elsewhere and bring back the bundle and the table:
+#   scripts/gpu-check.sh target/release/runner /tmp/gco && cp /tmp/gco.tgz /tmp/gco/summary.md "$OUT"/
+# The whole script stops its steps by DEADLINE seconds (default 500) so the summary always
+# runs inside the tool's 600-second limit; a step that would start past it is skipped.
+#
 # The release binary is ~37 MB (~29 MB stripped): build it with `cargo build --release`
 # and carry target/release/runner to the GPU machine with the working tree.
 #
@@ -33,6 +39,7 @@ SIZES="${GEMM_SIZES:-4096,8192}"
 # DEVICE=cpu runs the runner's steps on the CPU (a dry run of this script without a GPU;
 # use small GEMM_SIZES and SKIP_LAYER=1 there).
 DEVICE="${DEVICE:-cuda}"
+DEADLINE=$((SECONDS + ${DEADLINE:-500}))
 : > "$OUT/steps.txt"
 
 # The CUDA libraries PyTorch ships (cuBLASLt, NVRTC, NCCL) onto the loader path; NCCL's
@@ -63,10 +70,18 @@ export LD_LIBRARY_PATH="$SHIM:$LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 step() { # name, seconds, command...
     local name="$1" secs="$2"
     shift 2
+    local left=$((DEADLINE - SECONDS))
+    if [ "$left" -lt 10 ]; then
+        echo "$name skipped: the script's deadline has passed" | tee -a "$OUT/steps.txt" >&2
+        return
+    fi
+    [ "$secs" -le "$left" ] || secs=$left
     local t0=$SECONDS
     timeout "$secs" "$@" >"$OUT/$name.out" 2>"$OUT/$name.err"
     local rc=$?
     echo "$name rc=$rc $((SECONDS - t0)) s" | tee -a "$OUT/steps.txt" >&2
+    # Why a step failed reaches the caller even when only stdout comes back.
+    if [ "$rc" -ne 0 ]; then tail -n 5 "$OUT/$name.err" | sed "s/^/  $name: /" >&2; fi
 }
 
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv; } >"$OUT/device.txt" 2>&1
@@ -116,64 +131,96 @@ def last_json(name):
 rows = []
 def add(what, got, target, ok):
     rows.append((what, got, target, "met" if ok else ("FAILED" if ok is False else "n/a")))
-k = load("kernels.json")
-if k:
-    bad = [r["kernel"] for r in k if not r["ok"]]
-    add("kernels vs CPU backend", f"{len(k) - len(bad)}/{len(k)} within tolerance" + (f" (failed: {', '.join(bad[:4])})" if bad else ""), "all", not bad)
-else:
-    add("kernels vs CPU backend", "did not run (see kernels.err)", "all", False)
+def section(name, target):
+    """Run one part of the summary; a missing key or a null figure (a NaN loss is written
+    as null) fails that row, not the table."""
+    def wrap(fn):
+        try:
+            fn()
+        except Exception as e:
+            add(name, f"summary error: {e!r}"[:90], target, False)
+        return fn
+    return wrap
+@section("kernels vs CPU backend", "all")
+def kernels():
+    k = load("kernels.json")
+    if k:
+        bad = [r["kernel"] for r in k if not r["ok"]]
+        add("kernels vs CPU backend", f"{len(k) - len(bad)}/{len(k)} within tolerance" + (f" (failed: {', '.join(bad[:4])})" if bad else ""), "all", not bad)
+    else:
+        add("kernels vs CPU backend", "did not run (see kernels.err)", "all", False)
 ref = last_json("torch-ref.out")
-for dt in ("bf16", "fp8-e4m3", "f32"):
-    g = load(f"gemm-{'fp8' if dt.startswith('fp8') else dt}.json")
-    if isinstance(g, dict):
-        g = g.get("gemm", [])
-    for r in (g or []):
-        r.setdefault("tflops", r.get("gflops", 0.0) / 1e3)
-        t = next((x for x in (ref or {}).get("gemm", []) if x["n"] == r["m"] and x["dtype"] == dt), None)
-        if t:
-            frac = r["tflops"] / t["tflops"]
-            add(f"GEMM {dt} {r['m']}^3", f"{r['tflops']:.0f} vs torch {t['tflops']:.0f} TFLOP/s ({100*frac:.0f}%)", ">= 95% of torch" if dt != "f32" else "info", frac >= 0.95 if dt != "f32" else None)
-        else:
-            add(f"GEMM {dt} {r['m']}^3", f"{r['tflops']:.0f} TFLOP/s (no torch figure)", ">= 95% of torch", None)
-m = load("memory.json")
-if m:
+@section("GEMM vs torch", ">= 95% of torch")
+def gemm():
+    for dt in ("bf16", "fp8-e4m3", "f32"):
+        g = load(f"gemm-{'fp8' if dt.startswith('fp8') else dt}.json")
+        if isinstance(g, dict):
+            g = g.get("gemm", [])
+        for r in (g or []):
+            r.setdefault("tflops", r.get("gflops", 0.0) / 1e3)
+            t = next((x for x in (ref or {}).get("gemm", []) if x["n"] == r["m"] and x["dtype"] == dt), None)
+            if t:
+                frac = r["tflops"] / t["tflops"]
+                add(f"GEMM {dt} {r['m']}^3", f"{r['tflops']:.0f} vs torch {t['tflops']:.0f} TFLOP/s ({100*frac:.0f}%)", ">= 95% of torch" if dt != "f32" else "info", frac >= 0.95 if dt != "f32" else None)
+            else:
+                add(f"GEMM {dt} {r['m']}^3", f"{r['tflops']:.0f} TFLOP/s (no torch figure)", ">= 95% of torch", None)
+@section("HBM copy and memory-bound kernels", ">= 80% of copy")
+def memory():
+    m = load("memory.json")
+    if not m:
+        add("HBM copy and memory-bound kernels", "did not run (see memory.err)", ">= 80% of copy", False)
+        return
     copy = m[0]["gbps"]
     tc = (ref or {}).get("memory", {}).get("gbps")
     add("HBM copy", f"{copy:.0f} GB/s" + (f" (torch {tc:.0f})" if tc else ""), "info", None)
     for r in m[1:]:
         add(r["kernel"], f"{r['gbps']:.0f} GB/s ({100*r['gbps']/copy:.0f}% of copy)", ">= 80% of copy", r["gbps"] / copy >= 0.8)
-l = load("layer.json")
-tl = last_json("torch-layer.out")
-if l and tl:
-    ours, theirs = l["measured"]["timing"]["step"]["median"], tl["step"]["median"]
-    add("Llama 3.1 8B layer step (f32)", f"{ours*1e3:.0f} ms vs torch {theirs*1e3:.0f} ms ({ours/theirs:.2f}x)", "<= 1.3x torch", ours / theirs <= 1.3)
-else:
-    add("Llama 3.1 8B layer step (f32)", "did not run (see layer.err / torch-layer.err)", "<= 1.3x torch", False)
-lg = load("layer-graph.json")
-if lg and lg.get("cuda_graph"):
-    e, gr = lg["measured"]["timing"]["step"]["median"], lg["cuda_graph"]["timing"]["step"]["median"]
-    same = lg.get("cuda_graph_losses_equal")
-    add("layer step (seq 32) replayed as one CUDA graph", f"{gr*1e3:.2f} ms vs eager {e*1e3:.2f} ms ({e/gr:.2f}x); losses {'equal' if same else 'DIFFER'}", "losses equal, not slower", bool(same) and gr <= e)
-else:
-    add("layer step (seq 32) replayed as one CUDA graph", "did not run (see layer-graph.err)", "losses equal, not slower", False)
-td, tc = load("train-device.json"), load("train-cpu.json")
-if td and tc:
-    for a, b in zip(td["runs"], tc["runs"]):
-        d = abs(a["final_eval_loss"] / b["final_eval_loss"] - 1)
-        add(f"train {a['policy']} 30 steps, held-out loss vs CPU", f"{a['final_eval_loss']:.4f} vs {b['final_eval_loss']:.4f} ({100*d:.2f}%)", "<= 1%", d <= 0.01)
-else:
-    add("train bf16/fp8 vs CPU", "did not run (see train-device.err / train-cpu.err)", "<= 1%", False)
-c = load("collectives.json")
-add("NCCL collectives", f"{len(c)} rows" if c else "did not run (see collectives.err)", "runs", bool(c))
-for p in ("bf16", "fp8"):
-    o, f = load(f"ops-{p}.json"), load(f"ops-fit-{p}.json")
-    if o and f and f.get("ops"):
-        fit = f["ops"]
-        params = ", ".join(f"{n} {b:.3g} -> {a:.3g}" for n, b, a in fit["params"])
-        got = f"{len(o['ops'])} ops; {params}; median error {100*fit['before']['median']:.0f}% -> {100*fit['after']['median']:.0f}%"
-        add(f"per-op times, {p} (measure, calibrate --ops)", got, "info", None)
+@section("Llama 3.1 8B layer step (f32)", "<= 1.3x torch")
+def layer():
+    l = load("layer.json")
+    tl = last_json("torch-layer.out")
+    if l and tl:
+        ours, theirs = l["measured"]["timing"]["step"]["median"], tl["step"]["median"]
+        add("Llama 3.1 8B layer step (f32)", f"{ours*1e3:.0f} ms vs torch {theirs*1e3:.0f} ms ({ours/theirs:.2f}x)", "<= 1.3x torch", ours / theirs <= 1.3)
     else:
-        add(f"per-op times, {p} (measure, calibrate --ops)", f"did not run (see measure-{p}.err / calibrate-{p}.err)", "runs", False)
+        add("Llama 3.1 8B layer step (f32)", "did not run (see layer.err / torch-layer.err)", "<= 1.3x torch", False)
+@section("layer step (seq 32) replayed as one CUDA graph", "losses equal, not slower")
+def graph():
+    lg = load("layer-graph.json")
+    if lg and lg.get("cuda_graph"):
+        e, gr = lg["measured"]["timing"]["step"]["median"], lg["cuda_graph"]["timing"]["step"]["median"]
+        same = lg.get("cuda_graph_losses_equal")
+        add("layer step (seq 32) replayed as one CUDA graph", f"{gr*1e3:.2f} ms vs eager {e*1e3:.2f} ms ({e/gr:.2f}x); losses {'equal' if same else 'DIFFER'}", "losses equal, not slower", bool(same) and gr <= e)
+    else:
+        add("layer step (seq 32) replayed as one CUDA graph", "did not run (see layer-graph.err)", "losses equal, not slower", False)
+@section("train bf16/fp8 vs CPU", "<= 1%")
+def train():
+    td, tc = load("train-device.json"), load("train-cpu.json")
+    if td and tc:
+        for a, b in zip(td["runs"], tc["runs"]):
+            x, y = a["final_eval_loss"], b["final_eval_loss"]
+            if x is None or y is None:  # a NaN loss is written as null
+                add(f"train {a['policy']} 30 steps, held-out loss vs CPU", f"{x} vs {y} (not finite)", "<= 1%", False)
+                continue
+            d = abs(x / y - 1)
+            add(f"train {a['policy']} 30 steps, held-out loss vs CPU", f"{x:.4f} vs {y:.4f} ({100*d:.2f}%)", "<= 1%", d <= 0.01)
+    else:
+        add("train bf16/fp8 vs CPU", "did not run (see train-device.err / train-cpu.err)", "<= 1%", False)
+@section("NCCL collectives", "runs")
+def collectives():
+    c = load("collectives.json")
+    add("NCCL collectives", f"{len(c)} rows" if c else "did not run (see collectives.err)", "runs", bool(c))
+for p in ("bf16", "fp8"):
+    @section(f"per-op times, {p} (measure, calibrate --ops)", "runs")
+    def ops():
+        o, f = load(f"ops-{p}.json"), load(f"ops-fit-{p}.json")
+        if o and f and f.get("ops"):
+            fit = f["ops"]
+            params = ", ".join(f"{n} {b:.3g} -> {a:.3g}" for n, b, a in fit["params"])
+            got = f"{len(o['ops'])} ops; {params}; median error {100*fit['before']['median']:.0f}% -> {100*fit['after']['median']:.0f}%"
+            add(f"per-op times, {p} (measure, calibrate --ops)", got, "info", None)
+        else:
+            add(f"per-op times, {p} (measure, calibrate --ops)", f"did not run (see measure-{p}.err / calibrate-{p}.err)", "runs", False)
 dev = open(os.path.join(out, "device.txt")).read().splitlines()
 head = f"GPU check, {datetime.date.today()}, {dev[0] if dev else 'unknown device'}"
 w = [max(len(str(r[i])) for r in rows + [("check", "result", "target", "status")]) for i in range(4)]
@@ -182,3 +229,5 @@ text = "\n".join(lines)
 open(os.path.join(out, "summary.md"), "w").write(text + "\n")
 print(text)
 PY
+# Everything in one file beside OUT, for tools that bring back few files.
+tar czf "$OUT.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")" 2>/dev/null && echo "bundle: $OUT.tgz" >&2

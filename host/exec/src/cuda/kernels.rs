@@ -15,8 +15,11 @@ use cudarc::nvrtc::{CompileError, CompileOptions, Ptx};
 
 use crate::device::ExecError;
 
-/// Options every kernel compiles with: exact division and square root, no fused
-/// contractions beyond what the CPU code does implicitly, C++17.
+/// Options every kernel compiles with: exact division and square root, no flush to zero,
+/// C++17. Multiply-add contraction stays NVRTC's default (on: attention's f32 speed needs
+/// it); the kernels whose results must equal the CPU's bit for bit (conversions, storage
+/// rounding, the scaled quantisation helpers in `common.cuh`) keep their multiplies and
+/// adds apart with the `__fmul_rn` / `__fadd_rn` intrinsics.
 fn options(arch: &'static str, name: &str) -> CompileOptions {
     CompileOptions {
         arch: Some(arch),
