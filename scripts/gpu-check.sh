@@ -103,7 +103,7 @@ step torch-ref 120 python3 scripts/gpu/torch_reference.py --sizes "$SIZES"
 step collectives 90 "$RUNNER" --device "$DEVICE" bench collectives -b 8M -e 256M -f 4 --format json -o "$OUT/collectives.json"
 # The lent machine is an H200; MEASURE_GPU names another GPU's profile.
 for p in bf16 fp8; do
-    step "measure-$p" 120 "$RUNNER" --device "$DEVICE" measure --model llama3.1-8b --gpu "${MEASURE_GPU:-h200}" --precision "$p" \
+    step "measure-$p" 180 "$RUNNER" --device "$DEVICE" measure --model llama3.1-8b --gpu "${MEASURE_GPU:-h200}" --precision "$p" \
         --seq-len 4096 --repeats 5 --format json -o "$OUT/ops-$p.json"
     step "calibrate-$p" 30 "$RUNNER" calibrate --ops "$OUT/ops-$p.json" --format json -o "$OUT/ops-fit-$p.json"
 done

@@ -10,13 +10,17 @@
 //!
 //! A BF16 role multiplies BF16 operands; an FP8 role multiplies E4M3 activations and
 //! weights and E5M2 gradients (Transformer Engine's hybrid recipe), each with a
-//! per-tensor scale. Outputs are BF16, accumulation f32. A low-precision forward or
-//! weight gradient needs x cast to FP8, a low-precision input or weight gradient needs
-//! dy cast: those casts (BF16 in, FP8 out) are timed too, as the projection's roofline
-//! counts them. The executor computes in f32, so these GEMMs are run here on buffers of
-//! their own rather than inside a training step.
+//! per-tensor scale. Outputs are BF16, accumulation f32. FP8 GEMMs take cuBLASLt's TN
+//! layout only, so an FP8 input or weight gradient multiplies transposed copies of its
+//! operands, made once before the timing (Transformer Engine keeps them, made by the
+//! fused cast-transpose): the GEMMs alone are timed, as the projection prices them. A
+//! low-precision forward or weight gradient needs x cast to FP8, a low-precision input or
+//! weight gradient needs dy cast: those casts are timed as the executor's native route
+//! runs them under delayed scaling, one pass from its f32 activations at a known scale
+//! (4 bytes in, 1 out). The executor computes in f32, so these GEMMs are run here on
+//! buffers of their own rather than inside a training step.
 
-use crate::device::{Device, Elem, ExecError};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 use crate::timing::Stat;
 use runner_kernels::cpu::matmul::Gemm;
 
@@ -76,31 +80,45 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
         (dev.alloc(Elem::F8E4M3, 1)?, dev.alloc(Elem::F8E4M3, 1)?)
     };
     let dy8 = if need_dy8 { cast_of(&dy, Elem::F8E5M2, m * n)? } else { dev.alloc(Elem::F8E5M2, 1)? };
-    let shapes = [
-        (Gemm { m, n, k, trans_a: false, trans_b: true }, m * n),
-        (Gemm { m, n: k, k: n, trans_a: false, trans_b: false }, m * k),
-        (Gemm { m: n, n: k, k: m, trans_a: true, trans_b: false }, n * k),
-    ];
+    // Transposed FP8 copies (rows, cols) -> (cols, rows), scale kept, for the TN form of
+    // the gradient GEMMs.
+    let transposed = |src: &D::Buffer, rows: usize, cols: usize| -> Result<_, ExecError> {
+        let mut t = dev.alloc(src.elem(), rows * cols)?;
+        dev.transpose_outer(&mut t, src, rows, cols, 1)?;
+        Ok(t)
+    };
+    let w8t = if fp8(1) { transposed(&w8, n, k)? } else { dev.alloc(Elem::F8E4M3, 1)? };
+    let (dy8t, x8t) = if fp8(2) { (transposed(&dy8, m, n)?, transposed(&x8, m, k)?) } else { (dev.alloc(Elem::F8E5M2, 1)?, dev.alloc(Elem::F8E4M3, 1)?) };
+    let tn = |m: usize, n: usize, k: usize| Gemm { m, n, k, trans_a: false, trans_b: true };
     let mut kernel_s = [0.0; 3];
-    for (r, (g, out_len)) in shapes.into_iter().enumerate() {
+    for r in 0..3 {
         let low = fp8(r);
-        let (a, b) = match r {
-            0 => (if low { &x8 } else { &x }, if low { &w8 } else { &w }),
-            1 => (if low { &dy8 } else { &dy }, if low { &w8 } else { &w }),
-            _ => (if low { &dy8 } else { &dy }, if low { &x8 } else { &x }),
+        // dx (M,K) = dy·w = dy·(wᵀ)ᵀ; dw (N,K) = dyᵀ·x = dyᵀ·(xᵀ)ᵀ.
+        let (a, b, g, out_len) = match (r, low) {
+            (0, _) => (if low { &x8 } else { &x }, if low { &w8 } else { &w }, tn(m, n, k), m * n),
+            (1, true) => (&dy8, &w8t, tn(m, k, n), m * k),
+            (1, false) => (&dy, &w, Gemm { m, n: k, k: n, trans_a: false, trans_b: false }, m * k),
+            (_, true) => (&dy8t, &x8t, tn(n, k, m), n * k),
+            (_, false) => (&dy, &x, Gemm { m: n, n: k, k: m, trans_a: true, trans_b: false }, n * k),
         };
         let mut c = dev.alloc(Elem::BF16, out_len)?;
         kernel_s[r] = median_time(dev, samples, || dev.matmul(&mut c, a, b, g, false))?;
     }
     let mut cast_x_s = 0.0;
     let mut cast_dy_s = 0.0;
+    let one_pass = |elem: Elem, len: usize| -> Result<f64, ExecError> {
+        let mut src = dev.alloc(Elem::F32, len)?;
+        dev.write_f32(&mut src, &fill(len))?;
+        let mut q = dev.alloc(elem, len)?;
+        let format = if elem == Elem::F8E5M2 { runner_kernels::cpu::quant::Format::E5M2 } else { runner_kernels::cpu::quant::Format::E4M3 };
+        let spec = runner_kernels::cpu::quant::QuantSpec::Tensor { format, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
+        median_time(dev, samples, || dev.quantize_fp8_codes(&mut q, &src, &spec).map(|_| ()))
+    };
     if need_x8 {
-        let mut q = dev.alloc(Elem::F8E4M3, m * k)?;
-        cast_x_s = median_time(dev, samples, || dev.cast(&mut q, &x))?;
+        cast_x_s = one_pass(Elem::F8E4M3, m * k)?;
     }
     if need_dy8 {
-        let mut q = dev.alloc(Elem::F8E5M2, m * n)?;
-        cast_dy_s = median_time(dev, samples, || dev.cast(&mut q, &dy))?;
+        cast_dy_s = one_pass(Elem::F8E5M2, m * n)?;
     }
     Ok(LinearTimes { kernel_s, cast_x_s, cast_dy_s })
 }
@@ -129,6 +147,9 @@ mod tests {
         let fp8 = LinearGemms { formats: [Elem::F8E4M3, Elem::F8E4M3, Elem::BF16], ..small };
         let t8 = time_linear(&dev, &fp8, 3).unwrap();
         assert!(t8.cast_x_s > 0.0 && t8.cast_dy_s > 0.0, "{t8:?}");
+        // Every role in FP8: the gradient GEMMs on transposed copies (TN).
+        let all8 = time_linear(&dev, &LinearGemms { formats: [Elem::F8E4M3; 3], ..small }, 3).unwrap();
+        assert!(all8.kernel_s.iter().all(|&s| s > 0.0), "{all8:?}");
         let big = LinearGemms { m: 256, n: 384, k: 256, ..small };
         let tb = time_linear(&dev, &big, 3).unwrap();
         assert!(tb.kernel_s[0] > t.kernel_s[0], "{tb:?} vs {t:?}");

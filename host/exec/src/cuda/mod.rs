@@ -420,6 +420,18 @@ impl Cuda {
         let (major, minor) = ctx.compute_capability().map_err(|e| derr("compute capability", e))?;
         let arch = kernels::arch_of(major, minor)?;
         let kernels = kernels::Kernels::load(&ctx, arch)?;
+        // Stream-ordered allocations come from the device's default pool, which by default
+        // hands freed memory back to the driver at every synchronisation: each timed
+        // sample after an event wait would start by growing the pool again. Keep it.
+        // SAFETY: the context is current (CudaContext::new binds it); `pool` is written by
+        // the driver before it is read, and the attribute takes a u64.
+        unsafe {
+            let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
+            if cu::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == cu::CUresult::CUDA_SUCCESS {
+                let mut keep = u64::MAX;
+                let _ = cu::cuMemPoolSetAttribute(pool, cu::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast());
+            }
+        }
         let lt = gemm::Lt::new().map_err(ExecError::NoCuda)?;
         // SAFETY: the workspace is only written by cuBLASLt.
         let workspace = unsafe { stream.alloc::<u8>(gemm::WORKSPACE_BYTES) }.map_err(|e| derr("workspace", e))?;

@@ -411,7 +411,8 @@ impl<D: Device> Executor<D> {
     }
 
     /// Whether linear `oi`'s GEMM (`dims`: m, n, k) takes its operands, planned `pa` and
-    /// `pb`, as FP8 codes: both per-tensor FP8 under this executor's native route, and a
+    /// `pb`, as FP8 codes: both per-tensor FP8 rounded to nearest (the codes kernels have
+    /// no stochastic rounding) under this executor's native route, and a
     /// pair the device's FP8 GEMM takes (not E5M2 x E5M2, dimensions multiples of 16, as
     /// cuBLASLt asks).
     fn native_pair(&self, oi: usize, pa: &OperandPlan, pb: &OperandPlan, dims: [usize; 3]) -> bool {
@@ -419,6 +420,7 @@ impl<D: Device> Executor<D> {
             matches!(p.format, runner_graph::DType::Fp8E4M3 | runner_graph::DType::Fp8E5M2)
                 && matches!(p.scaling, Scaling::Delayed { .. } | Scaling::Current { .. })
                 && p.hadamard <= 1
+                && !p.stochastic
         };
         self.quant.native
             && self.graph.ops[oi].kind == OpKind::Linear
