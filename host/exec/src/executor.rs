@@ -256,7 +256,27 @@ impl SplitMix {
         ((self.next_u64() >> 11) as f64 + 1.0) / (1u64 << 53) as f64
     }
     /// Standard normals by Box-Muller, two at a time.
+    ///
+    /// Each pair takes the next two draws, and SplitMix's state only advances by a
+    /// constant per draw, so a chunk of pairs can start from its own offset: large
+    /// tensors are filled in parallel with exactly the values one thread would give (a
+    /// model's weights run to billions of values).
     pub(crate) fn normals(&mut self, out: &mut [f32], std: f32) {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 16; // values per parallel chunk (even)
+        let start = self.0;
+        out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
+            // Draws before this chunk: one per value, rounded up to whole pairs.
+            let before = (i * CHUNK) as u64;
+            let mut g = SplitMix(start.wrapping_add(before.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+            g.fill_pairs(chunk, std);
+        });
+        let draws = out.len().div_ceil(2) as u64 * 2;
+        self.0 = start.wrapping_add(draws.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    }
+
+    /// Box-Muller pairs into `out`, one after another.
+    fn fill_pairs(&mut self, out: &mut [f32], std: f32) {
         for pair in out.chunks_mut(2) {
             let (u1, u2) = (self.unit(), self.unit());
             let r = (-2.0 * u1.ln()).sqrt();

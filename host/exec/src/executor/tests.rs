@@ -407,6 +407,22 @@ fn bad_inputs_are_errors_not_panics() {
     assert!(loss.is_finite());
 }
 
+/// Normals filled in parallel chunks equal the one-thread sequence value for value, for
+/// lengths around the chunk size (odd ones included), and the generator continues where
+/// the one-thread fill would.
+#[test]
+fn parallel_normals_equal_the_sequential_stream() {
+    for len in [0usize, 1, 7, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 3 * (1 << 16) + 5] {
+        let (mut par, mut seq) = (SplitMix(42), SplitMix(42));
+        let mut a = vec![0f32; len];
+        par.normals(&mut a, 0.02);
+        let mut b = vec![0f32; len];
+        seq.fill_pairs(&mut b, 0.02);
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()), "len {len}");
+        assert_eq!(par.next_u64(), seq.next_u64(), "len {len}: the stream continues in step");
+    }
+}
+
 #[test]
 fn init_is_deterministic_and_by_name() {
     let a = Executor::new(&toy::llama(&small()), Cpu::new(), ExecOptions::default()).unwrap();
