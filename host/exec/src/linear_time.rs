@@ -91,7 +91,7 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
     let (dy8t, x8t) = if fp8(2) { (transposed(&dy8, m, n)?, transposed(&x8, m, k)?) } else { (dev.alloc(Elem::F8E5M2, 1)?, dev.alloc(Elem::F8E4M3, 1)?) };
     let tn = |m: usize, n: usize, k: usize| Gemm { m, n, k, trans_a: false, trans_b: true };
     let mut kernel_s = [0.0; 3];
-    for r in 0..3 {
+    for (r, time) in kernel_s.iter_mut().enumerate() {
         let low = fp8(r);
         // dx (M,K) = dy·w = dy·(wᵀ)ᵀ; dw (N,K) = dyᵀ·x = dyᵀ·(xᵀ)ᵀ.
         let (a, b, g, out_len) = match (r, low) {
@@ -102,7 +102,7 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
             (_, false) => (&dy, &x, Gemm { m: n, n: k, k: m, trans_a: true, trans_b: false }, n * k),
         };
         let mut c = dev.alloc(Elem::BF16, out_len)?;
-        kernel_s[r] = median_time(dev, samples, || dev.matmul(&mut c, a, b, g, false))?;
+        *time = median_time(dev, samples, || dev.matmul(&mut c, a, b, g, false))?;
     }
     let mut cast_x_s = 0.0;
     let mut cast_dy_s = 0.0;
