@@ -394,7 +394,7 @@ pub enum BenchCommand {
     },
     /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
     #[command(
-        after_help = "Examples:\n  runner --device cuda bench collectives -b 8M -e 1G -f 2 -g 8\n  srun -N 2 --ntasks-per-node 8 runner --device cuda bench collectives -b 1M -e 4G -f 4\n  torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=host MASTER_PORT=29500 runner bench collectives"
+        after_help = "Examples:\n  runner --device cuda bench collectives -b 8M -e 1G -f 2 -g 8\n  srun -N 2 --ntasks-per-node 8 runner --device cuda bench collectives -b 1M -e 4G -f 4\n  torchrun-style: RANK=0 WORLD_SIZE=2 MASTER_ADDR=host MASTER_PORT=29500 runner bench collectives\n\nall_reduce and broadcast run in place, the others out of place: compare each row with the matching column of nccl-tests."
     )]
     Collectives {
         /// Smallest size (bytes; K, M, G suffixes as nccl-tests)
