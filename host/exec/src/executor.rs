@@ -151,6 +151,10 @@ type Produced<B> = (Vec<B>, Vec<B>);
 
 /// One graph's training state on device `D`.
 pub struct Executor<D: Device> {
+    /// Graph mode's eager first step, then the recorded step (`executor/graph.rs`).
+    /// Declared before the device so the recording is destroyed while the device's
+    /// kernels and handles still exist.
+    recorded: graph::GraphState<D>,
     graph: Graph,
     plan: BackwardPlan,
     /// When to free activations and which forward segments the backward re-runs.
@@ -207,8 +211,6 @@ pub struct Executor<D: Device> {
     adam_scalars: D::Buffer,
     /// A step is being recorded (no events, no host transfers).
     capturing: bool,
-    /// Graph mode's eager first step, then the recorded step (`executor/graph.rs`).
-    recorded: graph::GraphState<D>,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current

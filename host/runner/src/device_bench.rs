@@ -204,20 +204,30 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 si(m.memory.peak_bytes as f64)
             ));
             let mut same_losses = None;
+            let mut same_bitwise = None;
             if let Some(gm) = &graphed {
                 let s = gm.timing.step;
                 t.rows.push(vec!["whole step, one CUDA graph".into(), ms(s.median), ms(s.p10), ms(s.p90)]);
                 // Same seed, inputs and kernels: the replayed steps' losses equal the
-                // eager ones bit for bit, or the recording is wrong.
-                let same = m.timing.losses.iter().map(|l| l.to_bits()).eq(gm.timing.losses.iter().map(|l| l.to_bits()));
+                // eager ones, bit for bit except where the embedding gradient's atomic
+                // adds meet in another order (a token repeated in the batch), so within
+                // 1e-5 relative, or the recording is wrong.
+                let (a, b) = (&m.timing.losses, &gm.timing.losses);
+                let bitwise = a.iter().map(|l| l.to_bits()).eq(b.iter().map(|l| l.to_bits()));
+                let same = a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-5 * x.abs().max(y.abs()));
                 same_losses = Some(same);
+                same_bitwise = Some(bitwise);
                 t.notes.push(format!(
                     "CUDA graph: step {:.2}x the eager step's speed (eager {} / graph {}); losses of the {} timed steps {}",
                     m.timing.step.median / s.median,
                     ms(m.timing.step.median),
                     ms(s.median),
                     gm.timing.losses.len(),
-                    if same { "equal to the eager run's, bit for bit".to_string() } else { format!("DIFFER from the eager run's: {:?} vs {:?}", gm.timing.losses, m.timing.losses) }
+                    match (same, same_bitwise) {
+                        (true, Some(true)) => "equal to the eager run's, bit for bit".to_string(),
+                        (true, _) => "equal to the eager run's within 1e-5 (not bit for bit)".to_string(),
+                        _ => format!("DIFFER from the eager run's: {:?} vs {:?}", gm.timing.losses, m.timing.losses),
+                    }
                 ));
             }
             #[derive(Serialize)]
@@ -229,8 +239,10 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 cuda_graph: Option<&'a runner_exec::MeasuredStep>,
                 #[serde(skip_serializing_if = "Option::is_none")]
                 cuda_graph_losses_equal: Option<bool>,
+                #[serde(skip_serializing_if = "Option::is_none")]
+                cuda_graph_losses_bitwise: Option<bool>,
             }
-            emit(global, &t, &Out { layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses })?;
+            emit(global, &t, &Out { layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses, cuda_graph_losses_bitwise: same_bitwise })?;
             if same_losses == Some(false) {
                 bail!("the step replayed as a CUDA graph gave other losses than the eager step");
             }

@@ -1793,10 +1793,15 @@ impl Device for Cuda {
         if t.recording.load(Ordering::Acquire) == 0 {
             return Err(ExecError::State(format!("{}: no recording is open", self.name())));
         }
+        // cudarc checks (and returns) an error stored by an earlier failed call before it
+        // ends the capture: a free that failed inside an invalidated recording would leave
+        // the stream capturing. Take that error first, then end the capture.
+        let stale = self.inner.ctx.check_err();
         let ended = self.inner.stream.end_capture(cu::CUgraphInstantiate_flags(0));
         let cap = std::mem::take(&mut *t.capture());
         t.recording.store(0, Ordering::Release);
         let graph = ended
+            .and_then(|g| stale.map(|()| g))
             .map_err(|e| self.derr("recording the step (something in it was not device work)", e))?
             .ok_or_else(|| ExecError::State("the recording is empty".into()))?;
         if cap.born_alive > 0 {
@@ -1804,6 +1809,16 @@ impl Device for Cuda {
                 "{} buffer(s) allocated while recording outlive the recording; the graph would free them at its next launch",
                 cap.born_alive
             )));
+        }
+        // The eager steps' memory went back to the default pool, which keeps it; the graph
+        // has a pool of its own. Hand the default pool's idle memory back so the step's
+        // memory is not held twice.
+        // SAFETY: the context is current; trimming only releases unused pool memory.
+        unsafe {
+            let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
+            if cu::cuDeviceGetDefaultMemPool(&mut pool, self.inner.ctx.cu_device()) == cu::CUresult::CUDA_SUCCESS {
+                let _ = cu::cuMemPoolTrimTo(pool, 0);
+            }
         }
         Ok(CudaRecording { graph, _kept: cap.kept, _kept_meta: cap.kept_meta })
     }

@@ -117,10 +117,14 @@ impl<D: Device> Executor<D> {
             self.device.launch(graph)?;
             self.adam_step = next;
         } else {
+            let before = self.adam_step;
             let (graph, loss) = self.record().map_err(|e| ExecError::State(format!("recording the step as a CUDA graph: {e}")))?;
             // Recording ran nothing: this launch is the step (adam_step already counts
             // it, as the recorded optimizer did).
-            self.device.launch(&graph)?;
+            if let Err(e) = self.device.launch(&graph) {
+                self.adam_step = before;
+                return Err(e);
+            }
             self.recorded = GraphState::Recorded { graph, loss };
         }
         let t1 = self.device.record()?;
