@@ -141,9 +141,6 @@ pub struct StepProfile {
     /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
     /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded.
     pub communication_s: f64,
-    /// Seconds of the last step's launch as a recorded CUDA graph (the phases are not
-    /// timed then); 0 otherwise.
-    pub graph_s: f64,
 }
 
 /// What running one forward op yields: its outputs and the statistics it saves.

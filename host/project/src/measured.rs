@@ -555,6 +555,9 @@ struct KernelRow {
     time: f64,
 }
 
+/// The most a memory fit may exceed the profile's HBM bandwidth and still be read as 1.
+const MEMORY_OVER_HBM: f64 = 1.25;
+
 /// Fit `gpu`'s GEMM efficiency of each measured format, its GEMM size at half
 /// efficiency and its HBM efficiency to `file` (measured on that GPU:
 /// [`OpsFile::check_target`]'s GPU rule is the caller's). GEMM kernels the profile
@@ -564,9 +567,6 @@ struct KernelRow {
 /// # Errors
 /// Nothing to fit, or a fitted efficiency outside (0, 1] (a profile whose peaks the
 /// device beats: wrong GPU, or wrong peaks).
-/// The most a memory fit may exceed the profile's HBM bandwidth and still be read as 1.
-const MEMORY_OVER_HBM: f64 = 1.25;
-
 pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit, String> {
     let before_eff = gpu.efficiency.clone();
     let hbm = gpu.hbm_gbs * 1e9;

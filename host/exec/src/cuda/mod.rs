@@ -283,6 +283,15 @@ fn ew_cfg(n: usize) -> LaunchConfig {
     }
 }
 
+/// The device's default memory pool, where stream-ordered allocations come from.
+fn default_pool(ctx: &CudaContext) -> Option<cu::CUmemoryPool> {
+    let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: the driver writes `pool` before it is read; the device handle is the
+    // context's own.
+    let r = unsafe { cu::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) };
+    (r == cu::CUresult::CUDA_SUCCESS).then_some(pool)
+}
+
 /// One block per row; no rows, no blocks ([`Cuda::run`] then launches nothing).
 fn rows_cfg(rows: usize) -> LaunchConfig {
     LaunchConfig {
@@ -423,14 +432,10 @@ impl Cuda {
         // Stream-ordered allocations come from the device's default pool, which by default
         // hands freed memory back to the driver at every synchronisation: each timed
         // sample after an event wait would start by growing the pool again. Keep it.
-        // SAFETY: the context is current (CudaContext::new binds it); `pool` is written by
-        // the driver before it is read, and the attribute takes a u64.
-        unsafe {
-            let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
-            if cu::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == cu::CUresult::CUDA_SUCCESS {
-                let mut keep = u64::MAX;
-                let _ = cu::cuMemPoolSetAttribute(pool, cu::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast());
-            }
+        if let Some(pool) = default_pool(&ctx) {
+            let mut keep = u64::MAX;
+            // SAFETY: a live pool; the attribute takes a u64.
+            let _ = unsafe { cu::cuMemPoolSetAttribute(pool, cu::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, (&mut keep as *mut u64).cast()) };
         }
         let lt = gemm::Lt::new().map_err(ExecError::NoCuda)?;
         // SAFETY: the workspace is only written by cuBLASLt.
@@ -1311,7 +1316,7 @@ impl Device for Cuda {
     }
 
     fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        let (Arg::P(shapes), rank, la, lb) = self.concat_meta(s)? else { return Err(ExecError::State("concat shapes".into())) };
+        let (shapes, rank, la, lb) = self.concat_meta(s)?;
         let lo = la + lb;
         let rows = out.len / lo.max(1);
         self.ew(
@@ -1322,7 +1327,7 @@ impl Device for Cuda {
     }
 
     fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        let (Arg::P(shapes), rank, la, lb) = self.concat_meta(s)? else { return Err(ExecError::State("concat shapes".into())) };
+        let (shapes, rank, la, lb) = self.concat_meta(s)?;
         let lo = la + lb;
         for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
             if let Some(t) = t {
@@ -1813,12 +1818,9 @@ impl Device for Cuda {
         // The eager steps' memory went back to the default pool, which keeps it; the graph
         // has a pool of its own. Hand the default pool's idle memory back so the step's
         // memory is not held twice.
-        // SAFETY: the context is current; trimming only releases unused pool memory.
-        unsafe {
-            let mut pool: cu::CUmemoryPool = std::ptr::null_mut();
-            if cu::cuDeviceGetDefaultMemPool(&mut pool, self.inner.ctx.cu_device()) == cu::CUresult::CUDA_SUCCESS {
-                let _ = cu::cuMemPoolTrimTo(pool, 0);
-            }
+        if let Some(pool) = default_pool(&self.inner.ctx) {
+            // SAFETY: a live pool; trimming only releases memory no allocation holds.
+            let _ = unsafe { cu::cuMemPoolTrimTo(pool, 0) };
         }
         Ok(CudaRecording { graph, _kept: cap.kept, _kept_meta: cap.kept_meta })
     }
@@ -1890,10 +1892,10 @@ impl Cuda {
         )
     }
 
-    /// The concat's leading-axis shapes on the device (out, a, b) and its widths.
-    /// Concat's shape table on the device (uploaded the first time this shape is seen),
-    /// its rank and the two inputs' last dimensions.
-    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(Arg, usize, usize, usize), ExecError> {
+    /// The concat's leading-axis shapes (out, a, b) on the device (uploaded the first
+    /// time this shape is seen): its address, the rank and the two inputs' last
+    /// dimensions.
+    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(u64, usize, usize, usize), ExecError> {
         let rank = s.out.len().saturating_sub(1);
         if s.a.len() != s.out.len() || s.b.len() != s.out.len() {
             return Err(kerr("concat", format!("shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
@@ -1909,14 +1911,16 @@ impl Cuda {
         }
         host.resize(host.len().max(2), 0);
         let mut tables = self.inner.concat_shapes.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if !tables.contains_key(&host) {
-            self.not_recording("a concat shape first seen in the recorded step")?;
-            let t = self.inner.stream.clone_htod(&host).map_err(|e| self.derr("concat shapes", e))?;
-            tables.insert(host.clone(), t);
-        }
-        let t = tables.get(&host).ok_or_else(|| ExecError::State("concat shapes".into()))?;
+        let t = match tables.entry(host) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                self.not_recording("a concat shape first seen in the recorded step")?;
+                let t = self.inner.stream.clone_htod(e.key()).map_err(|e| self.derr("concat shapes", e))?;
+                e.insert(t)
+            }
+        };
         let (p, _s) = t.device_ptr(&self.inner.stream);
-        Ok((Arg::P(p), rank, la, lb))
+        Ok((p, rank, la, lb))
     }
 
     fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {

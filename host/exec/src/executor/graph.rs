@@ -25,8 +25,8 @@
 //!
 //! The first step runs eagerly (kernels loaded, GEMM plans chosen, memory pools grown:
 //! none of that may happen inside a recording); the second is recorded, then launched;
-//! each later step uploads and launches. The step's time is measured (events around the launch); its phases and
-//! ops are not. Gradients and activations cannot be read between steps in this mode
+//! each later step uploads and launches. Its phases and ops are not timed (the caller
+//! times whole steps: `timing.rs`). Gradients and activations cannot be read between steps in this mode
 //! (the recording freed them); weights can.
 
 use runner_graph::OpKind;
@@ -112,44 +112,40 @@ impl<D: Device> Executor<D> {
         self.begin_step(inputs)?;
         let next = self.adam_step.checked_add(1).ok_or_else(|| ExecError::State("AdamW's step count overflowed".into()))?;
         write_adamw_scalars(&self.device, &mut self.adam_scalars, h, next)?;
-        let t0 = self.device.record()?;
         if let GraphState::Recorded { graph, .. } = &self.recorded {
             self.device.launch(graph)?;
-            self.adam_step = next;
         } else {
+            // Recording ran nothing: its first launch is the step. On failure AdamW's
+            // count goes back to before it (the recorded optimizer counted the step).
             let before = self.adam_step;
-            let (graph, loss) = self.record().map_err(|e| ExecError::State(format!("recording the step as a CUDA graph: {e}")))?;
-            // Recording ran nothing: this launch is the step (adam_step already counts
-            // it, as the recorded optimizer did).
-            if let Err(e) = self.device.launch(&graph) {
-                self.adam_step = before;
-                return Err(e);
-            }
-            self.recorded = GraphState::Recorded { graph, loss };
+            let recorded = self
+                .record()
+                .map_err(|e| ExecError::State(format!("recording the step as a CUDA graph: {e}")))
+                .and_then(|(graph, loss)| self.device.launch(&graph).map(|()| GraphState::Recorded { graph, loss }));
+            self.adam_step = before;
+            self.recorded = recorded?;
         }
-        let t1 = self.device.record()?;
+        self.adam_step = next;
         let GraphState::Recorded { loss, .. } = &self.recorded else {
             return Err(ExecError::State("graph mode: no recorded step after recording".into()));
         };
         self.loss = self.device.read_f32(loss)?.first().copied().unwrap_or(f32::NAN);
-        let s = self.device.elapsed_s(&t0, &t1)?;
+        // The phases are not timed in one launch: none is reported.
         let p = &mut self.profile;
         (p.forward_s, p.backward_s, p.optimizer_s, p.recompute_s, p.communication_s) = (0.0, 0.0, 0.0, 0.0, 0.0);
-        p.graph_s = s;
         Ok(self.loss)
     }
 
     /// Record the step: the graph, and the buffer it leaves the loss in. On failure the
-    /// executor is as before it (the recording ran nothing).
+    /// executor's passes are as before it (the recording ran nothing); AdamW's count is
+    /// the caller's to put back.
     fn record(&mut self) -> Result<(D::Graph, D::Buffer), ExecError> {
         let mut loss = self.device.alloc(Elem::F32, 1)?;
-        let step = self.adam_step;
         self.device.begin_capture()?;
         let ran = self.record_step(&mut loss);
         // The capture ends whatever happened inside it, so the device stays usable.
         let graph = self.device.end_capture();
         if ran.is_err() || graph.is_err() {
-            self.adam_step = step;
             self.forward_done = false;
             self.backward_done = false;
             self.release_activations();
