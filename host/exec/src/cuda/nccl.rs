@@ -7,13 +7,17 @@
 //!   directory with a `libnccl.so` link to it, which the runner puts on the loader path
 //!   (it re-executes itself with it).
 //! - Communicators: one per group, from a unique id rank 0 of the group makes and sends
-//!   over the TCP control plane (`runner-dist`). `ncclCommInitRank` runs on a helper
-//!   thread so a rank that never joins is a timeout, not a hang.
-//! - Errors and timeouts: after each call the group waits for the stream with a deadline,
-//!   checking NCCL's asynchronous error and the control plane (which knows when another
-//!   rank's process died); any of those aborts the communicator (`ncclCommAbort` unblocks
-//!   the kernels waiting on peers) and fails with the reason, naming the rank when it is
-//!   known. [`NcclGroup::set_blocking`] turns the per-call wait off for benchmarks, which
+//!   over the TCP control plane (`runner-dist`). They are non-blocking (NCCL's config with
+//!   `blocking = 0`): initialisation, and the connections NCCL (2.22 on) makes inside a
+//!   group's first collectives, run in NCCL's own threads while the caller polls
+//!   `ncclCommGetAsyncError` with a deadline ([`settle`]). In blocking mode a rank whose
+//!   peer is alive but never calls would wait inside NCCL, where no deadline reaches.
+//! - Errors and timeouts: after each call the group settles the call and waits for the
+//!   stream with a deadline, checking NCCL's asynchronous error and the control plane
+//!   (which knows when another rank's process died); any of those aborts the communicator
+//!   (`ncclCommAbort` unblocks the kernels waiting on peers and cancels an unfinished
+//!   initialisation) and fails with the reason, naming the rank when it is known.
+//!   [`NcclGroup::set_blocking`] turns the per-call stream wait off for benchmarks, which
 //!   wait once after a batch of calls ([`NcclGroup::wait`]).
 //! - All-to-all (fixed and variable chunks) is a group of sends and receives, as in
 //!   nccl-tests' `alltoall_perf`.
@@ -139,6 +143,80 @@ fn nccl_type(e: Elem) -> ns::ncclDataType_t {
     }
 }
 
+/// NCCL's `ncclConfig_t` as its 2.14 release laid it out, the first with `blocking`.
+/// NCCL copies `size` bytes of the caller's config and gives every field a version older
+/// than its own lacks its default, so this one layout asks any NCCL from 2.14 on for a
+/// non-blocking communicator, whatever release cudarc's bindings were generated from.
+#[repr(C)]
+struct NonBlockingConfig {
+    size: usize,
+    magic: u32,
+    version: u32,
+    blocking: i32,
+    /// Unset (2.17's first field, reset by NCCL for a 2.14 config); named so the struct
+    /// has no padding NCCL would copy.
+    cga_cluster_size: i32,
+}
+
+/// `NCCL_CONFIG_UNDEF_INT`: a field the caller leaves to NCCL.
+const NCCL_CONFIG_UNDEF_INT: i32 = i32::MIN;
+
+impl NonBlockingConfig {
+    fn new() -> NonBlockingConfig {
+        NonBlockingConfig {
+            size: std::mem::size_of::<NonBlockingConfig>(),
+            // NCCL_CONFIG_INITIALIZER's magic and NCCL_VERSION(2, 14, 0).
+            magic: 0xcafe_beef,
+            version: 2 * 10_000 + 14 * 100,
+            blocking: 0,
+            cga_cluster_size: NCCL_CONFIG_UNDEF_INT,
+        }
+    }
+}
+
+/// Waits until a non-blocking NCCL call has finished its work: polls `state` (NCCL's
+/// asynchronous error for the communicator) until it is no longer `ncclInProgress`,
+/// checking `oracle` (a dead rank elsewhere) and `deadline` between polls.
+///
+/// # Errors
+/// Why it did not finish: NCCL's error, the oracle's reason, or `on_timeout`.
+fn settle(
+    mut state: impl FnMut() -> ns::ncclResult_t,
+    oracle: &FailureOracle,
+    deadline: Instant,
+    on_timeout: impl FnOnce() -> String,
+) -> Result<(), String> {
+    let mut pause = Duration::from_micros(20);
+    loop {
+        match state() {
+            ns::ncclResult_t::ncclSuccess => return Ok(()),
+            ns::ncclResult_t::ncclInProgress => {}
+            st => {
+                let more = oracle().map(|w| format!(" ({w})")).unwrap_or_default();
+                return Err(format!("NCCL reported {st:?}{more}"));
+            }
+        }
+        if let Some(why) = oracle() {
+            return Err(why);
+        }
+        if Instant::now() >= deadline {
+            return Err(on_timeout());
+        }
+        // Connections settle in microseconds within a node and in milliseconds across
+        // nodes: poll fast first, then back off to a millisecond.
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
+/// NCCL's asynchronous error (or `ncclInProgress`) for `comm`.
+fn async_state(comm: ns::ncclComm_t) -> ns::ncclResult_t {
+    let mut st = ns::ncclResult_t::ncclSuccess;
+    // SAFETY: a live communicator; `st` is written.
+    let got = unsafe { ns::ncclCommGetAsyncError(comm, &mut st) };
+    if got == ns::ncclResult_t::ncclSuccess { st } else { got }
+}
+
 struct Comm(ns::ncclComm_t);
 // SAFETY: an NCCL communicator may be used from any thread (one at a time: the group
 // owns it).
@@ -167,37 +245,29 @@ impl NcclGroup {
     /// oracle knows one).
     pub fn new(dev: &Cuda, name: &str, rank: usize, size: usize, id: [u8; 128], timeout: Duration, oracle: FailureOracle) -> Result<NcclGroup, ExecError> {
         nccl_library()?;
-        let ctx = dev.inner.ctx.clone();
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let r = ctx.bind_to_thread().map_err(|e| format!("{e}")).and_then(|_| {
-                let mut comm = std::ptr::null_mut();
-                let uid = ns::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
-                // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL's.
-                unsafe { nr::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
-                    .map(|_| comm as usize)
-                    .map_err(|e| format!("{e:?}"))
-            });
-            let _ = tx.send(r);
+        dev.inner.ctx.bind_to_thread().map_err(|e| ExecError::Device { device: dev.name(), what: format!("{e}") })?;
+        let mut comm: ns::ncclComm_t = std::ptr::null_mut();
+        let uid = ns::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
+        let mut config = NonBlockingConfig::new();
+        // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL's; the config
+        // is a valid `ncclConfig_t` prefix whose `size` says how much NCCL may read.
+        let st = unsafe { ns::ncclCommInitRankConfig(&mut comm, size as i32, uid, rank as i32, (&raw mut config).cast()) };
+        let init_failed = |what: String| ExecError::Device { device: dev.name(), what: format!("NCCL init of group '{name}' (rank {rank} of {size}): {what}") };
+        if !matches!(st, ns::ncclResult_t::ncclSuccess | ns::ncclResult_t::ncclInProgress) {
+            return Err(init_failed(format!("{st:?}")));
+        }
+        if comm.is_null() {
+            return Err(init_failed("NCCL returned no communicator".into()));
+        }
+        // The other ranks join inside NCCL's threads; wait for them with the deadline.
+        let joined = settle(|| async_state(comm), &oracle, Instant::now() + timeout, || {
+            format!("timed out after {timeout:?}: a rank of the group never joined")
         });
-        let deadline = Instant::now() + timeout;
-        let comm = loop {
-            match rx.recv_timeout(Duration::from_millis(100)) {
-                Ok(Ok(c)) => break c as ns::ncclComm_t,
-                Ok(Err(e)) => return Err(ExecError::Device { device: dev.name(), what: format!("NCCL init of group '{name}' (rank {rank} of {size}): {e}") }),
-                Err(_) => {
-                    if let Some(why) = oracle() {
-                        return Err(ExecError::State(format!("collective: NCCL init of group '{name}' on rank {rank}: {why}")));
-                    }
-                    if Instant::now() >= deadline {
-                        return Err(ExecError::State(format!(
-                            "collective: NCCL init of group '{name}' on rank {rank} timed out after {timeout:?}: a rank \
-                             of the group never joined"
-                        )));
-                    }
-                }
-            }
-        };
+        if let Err(why) = joined {
+            // SAFETY: abort is allowed on a communicator whose initialisation is unfinished.
+            let _ = unsafe { nr::comm_abort(comm) };
+            return Err(ExecError::State(format!("collective: NCCL init of group '{name}' on rank {rank}: {why}")));
+        }
         Ok(NcclGroup {
             comm: Comm(comm),
             dev: dev.clone(),
@@ -248,9 +318,7 @@ impl NcclGroup {
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(what, format!("CUDA error {e}"))),
             }
-            let mut st = ns::ncclResult_t::ncclSuccess;
-            // SAFETY: live communicator; `st` is written.
-            let _ = unsafe { ns::ncclCommGetAsyncError(self.comm.0, &mut st) };
+            let st = async_state(self.comm.0);
             if st != ns::ncclResult_t::ncclSuccess && st != ns::ncclResult_t::ncclInProgress {
                 let more = (self.oracle)().map(|w| format!(" ({w})")).unwrap_or_default();
                 return Err(self.fail(what, format!("NCCL reported {st:?}{more}")));
@@ -272,8 +340,23 @@ impl NcclGroup {
         if self.broken.load(Ordering::SeqCst) {
             return Err(self.fail(what, "the communicator was aborted by an earlier failure".into()));
         }
-        r.map_err(|e| self.fail(what, format!("{e:?}")))?;
+        let st = r.map_err(|e| self.fail(what, format!("{e:?}")))?;
+        if st == nr::NcclStatus::InProgress {
+            // NCCL is still connecting or enqueueing in its own threads: nothing may be
+            // called on the communicator, nor an event recorded after the call, until
+            // it has finished.
+            self.settle(what)?;
+        }
         if self.blocking { self.wait(what) } else { Ok(()) }
+    }
+
+    /// [`settle`] on this group's communicator with its timeout and oracle.
+    fn settle(&self, what: &str) -> Result<(), ExecError> {
+        let timeout = self.timeout;
+        settle(|| async_state(self.comm.0), &self.oracle, Instant::now() + timeout, || {
+            format!("timed out after {timeout:?}: a rank of the group stopped calling (see the other ranks' errors)")
+        })
+        .map_err(|why| self.fail(what, why))
     }
 
     fn ptr(&self, b: &CudaBuffer) -> *mut c_void {
@@ -329,11 +412,19 @@ impl Drop for NcclGroup {
         if self.broken.load(Ordering::SeqCst) {
             return;
         }
-        // Finish queued work, then destroy; abort if it does not finish.
-        if self.wait("teardown").is_ok() {
-            // SAFETY: the communicator is live and idle.
-            let _ = unsafe { nr::comm_destroy(self.comm.0) };
+        // Finish queued work, then finalize (non-blocking: settled like a call) and
+        // destroy; abort if either does not finish.
+        if self.wait("teardown").is_err() {
+            return;
         }
+        // SAFETY: the communicator is live and idle.
+        let finalized = unsafe { nr::comm_finalize(self.comm.0) };
+        if finalized.is_err() || self.settle("teardown").is_err() {
+            self.abort();
+            return;
+        }
+        // SAFETY: finalized; nothing uses it after this.
+        let _ = unsafe { nr::comm_destroy(self.comm.0) };
     }
 }
 
@@ -428,5 +519,69 @@ impl Collective<Cuda> for NcclGroup {
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("recv", r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_failure() -> FailureOracle {
+        Arc::new(|| None)
+    }
+
+    #[test]
+    fn config_is_the_2_14_layout_without_padding() {
+        let c = NonBlockingConfig::new();
+        // size_t size; unsigned magic; unsigned version; int blocking; int cgaClusterSize
+        assert_eq!(c.size, 24);
+        assert_eq!(std::mem::size_of::<NonBlockingConfig>(), 8 + 4 + 4 + 4 + 4);
+        assert_eq!(std::mem::offset_of!(NonBlockingConfig, blocking), 16);
+        assert_eq!((c.magic, c.version, c.blocking), (0xcafebeef, 21400, 0));
+        // cudarc's generated config starts with the same fields at the same offsets.
+        assert_eq!(std::mem::offset_of!(ns::ncclConfig_t, blocking), 16);
+        assert_eq!(std::mem::offset_of!(ns::ncclConfig_t, cgaClusterSize), 20);
+    }
+
+    #[test]
+    fn settle_waits_while_in_progress_then_succeeds() {
+        let mut left = 5;
+        let r = settle(
+            || {
+                if left == 0 {
+                    ns::ncclResult_t::ncclSuccess
+                } else {
+                    left -= 1;
+                    ns::ncclResult_t::ncclInProgress
+                }
+            },
+            &no_failure(),
+            Instant::now() + Duration::from_secs(30),
+            || unreachable!("no timeout"),
+        );
+        assert_eq!(r, Ok(()));
+        assert_eq!(left, 0, "returned before NCCL finished");
+    }
+
+    #[test]
+    fn settle_times_out_on_a_peer_that_never_calls() {
+        let t0 = Instant::now();
+        let r = settle(|| ns::ncclResult_t::ncclInProgress, &no_failure(), t0 + Duration::from_millis(50), || "timed out".into());
+        assert_eq!(r, Err("timed out".into()));
+        let took = t0.elapsed();
+        assert!(took >= Duration::from_millis(50) && took < Duration::from_secs(5), "{took:?}");
+    }
+
+    #[test]
+    fn settle_reports_nccls_error_and_a_dead_rank() {
+        let dead: FailureOracle = Arc::new(|| Some("rank 2's process exited".into()));
+        let far = Instant::now() + Duration::from_secs(30);
+        let r = settle(|| ns::ncclResult_t::ncclRemoteError, &no_failure(), far, || unreachable!());
+        assert_eq!(r, Err("NCCL reported ncclRemoteError".into()));
+        let r = settle(|| ns::ncclResult_t::ncclRemoteError, &dead, far, || unreachable!());
+        assert_eq!(r, Err("NCCL reported ncclRemoteError (rank 2's process exited)".into()));
+        // Still in progress, but a rank is known dead: fail now, not at the deadline.
+        let r = settle(|| ns::ncclResult_t::ncclInProgress, &dead, far, || unreachable!());
+        assert_eq!(r, Err("rank 2's process exited".into()));
     }
 }
