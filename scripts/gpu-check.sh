@@ -96,7 +96,7 @@ step memory 60 "$RUNNER" --device "$DEVICE" bench memory --format json -o "$OUT/
 step torch-ref 120 python3 scripts/gpu/torch_reference.py --sizes "$SIZES"
 [ -n "${SKIP_LAYER:-}" ] || step layer 180 "$RUNNER" --device "$DEVICE" bench layer --seq 2048 --batch 1 --repeats 5 --format json -o "$OUT/layer.json"
 [ -n "${SKIP_LAYER:-}" ] || step torch-layer 150 python3 host/exec/benches/pytorch_llama_step.py --device cuda --layers 1 --hidden 4096 \
-    --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256 --seq 2048 --batch 1 --warmup 2 --repeats 5
+    --heads 32 --kv-heads 8 --ffn 14336 --vocab 128256 --seq 2048 --batch 1 --warmup 2 --repeats 5 --threads 16
 # The same step recorded once as a CUDA graph and replayed, at a small shape where launch
 # overhead counts: eager against graph, and the replays' losses equal the eager ones
 # (within 1e-5; bit for bit unless the embedding gradient's atomic adds reorder).

@@ -169,7 +169,8 @@ def main():
         args.vocab, args.seq, args.rope_theta,
     ).to(dev)
     params = sum(p.numel() for p in model.parameters())
-    # PyTorch's defaults for CPU tensors (the single-tensor loop adamw.rs mirrors).
+    # PyTorch's defaults: the single-tensor loop adamw.rs mirrors on CPU tensors, the
+    # fused-over-tensors (foreach) path on CUDA ones.
     opt = torch.optim.AdamW(
         model.parameters(), lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
     )

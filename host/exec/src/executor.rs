@@ -52,7 +52,8 @@ pub struct ExecOptions {
     pub seed: u64,
     /// Standard deviation of matrix weights.
     pub init_std: f32,
-    /// Time every op (adds a synchronize per op; free on the CPU).
+    /// Time every op (device events around each op, resolved after the step; free on
+    /// the CPU).
     pub profile: bool,
     /// Store every activation an op writes in its declared format (BF16 activations
     /// rounded to nearest-even after each op), computing in f32 as mixed-precision
