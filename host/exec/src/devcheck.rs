@@ -2,15 +2,21 @@
 //! whole training step of the toy models: what `runner bench kernels --device cuda` and
 //! `scripts/gpu-check.sh` run on a GPU.
 //!
-//! Inputs are seeded normals (indices uniform), uploaded identically to both devices. A
-//! kernel passes when max |device − cpu| ≤ tol · max(1, max |cpu|); tolerances are those
-//! of f32 arithmetic in another order (1e-5 for element-wise work, looser where long sums
-//! or exp/log meet: attention, losses), and 0 for the conversions and the storage
-//! emulation, which must store the same bits.
+//! Inputs are seeded normals (indices uniform), uploaded identically to both devices;
+//! f32 outputs start from the same random values on both, not zeros, so a kernel that
+//! adds into an output it should overwrite (or the reverse), or leaves elements unwritten,
+//! differs. A kernel passes when max |device − cpu| ≤ tol · max(1, max |cpu|) (GEMMs of
+//! small FP8 gradients: relative to max |cpu| alone); tolerances are those of f32
+//! arithmetic in another order (1e-5 for element-wise work, looser where long sums or
+//! exp/log meet: attention, losses). A tolerance of 0 means the same bits (NaN payloads
+//! aside): the conversions, copies and storage emulation. FP8 results of arithmetic are
+//! compared in their own codes: at most one step of the format apart.
 
 use serde::Serialize;
 
 use runner_graph::DType;
+use runner_kernels::cpu::precision::Fp8Format;
+use runner_kernels::cpu::quant::QuantReport;
 use runner_kernels::cpu::adamw::AdamW;
 use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::cp::CpShard;
@@ -38,10 +44,18 @@ pub struct CheckRow {
 /// `error` of `got` against `want`, as [`CheckRow::error`]; a length mismatch or a NaN
 /// where the reference has none is infinite.
 pub fn relative_error(want: &[f32], got: &[f32]) -> f64 {
+    relative_error_over(want, got, 1.0)
+}
+
+/// As [`relative_error`], relative to max(`floor`, max |want|).
+fn relative_error_over(want: &[f32], got: &[f32], floor: f64) -> f64 {
     if want.len() != got.len() {
         return f64::INFINITY;
     }
-    let scale = want.iter().fold(1f64, |m, &x| if x.is_finite() { m.max(f64::from(x).abs()) } else { m });
+    let scale = want.iter().fold(floor, |m, &x| if x.is_finite() { m.max(f64::from(x).abs()) } else { m });
+    if scale == 0.0 {
+        return if want == got { 0.0 } else { f64::INFINITY };
+    }
     let mut worst = 0f64;
     for (&w, &g) in want.iter().zip(got) {
         let e = match (w.is_nan(), g.is_nan()) {
@@ -53,6 +67,50 @@ pub fn relative_error(want: &[f32], got: &[f32]) -> f64 {
         worst = worst.max(e);
     }
     worst / scale
+}
+
+/// Infinite unless every element has the same bits (any NaN equals any NaN): `-0.0`
+/// against `0.0` is a difference here.
+fn bit_error(want: &[f32], got: &[f32]) -> f64 {
+    let same = want.len() == got.len() && want.iter().zip(got).all(|(w, g)| w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()));
+    if same { 0.0 } else { f64::INFINITY }
+}
+
+/// The largest difference between two FP8 tensors of one `scale`, in steps of the format
+/// at the larger value's magnitude (1: neighbouring codes, as rounding two f32 results
+/// that differ in their last bits may give; a NaN or infinity against a number:
+/// infinite).
+pub fn code_steps(want: &[f32], got: &[f32], scale: f32, format: Fp8Format) -> f64 {
+    if want.len() != got.len() {
+        return f64::INFINITY;
+    }
+    // Mantissa bits and the smallest normal exponent (subnormals share its step).
+    let (mantissa, min_exp) = match format {
+        Fp8Format::E4M3 => (3, -6),
+        Fp8Format::E5M2 => (2, -14),
+    };
+    let mut worst = 0f64;
+    for (&w, &g) in want.iter().zip(got) {
+        let e = match (w.is_nan(), g.is_nan()) {
+            (true, true) => 0.0,
+            (false, false) if w == g => 0.0,
+            (false, false) if !(w.is_finite() && g.is_finite()) => f64::INFINITY,
+            (false, false) => {
+                let (a, b) = (f64::from(w) * f64::from(scale), f64::from(g) * f64::from(scale));
+                let top = a.abs().max(b.abs());
+                let exp = (top.log2().floor() as i32).max(min_exp);
+                (a - b).abs() / 2f64.powi(exp - mantissa)
+            }
+            _ => f64::INFINITY,
+        };
+        worst = worst.max(e);
+    }
+    worst
+}
+
+/// A quantisation's counts, compared as they are (saturated, underflowed, non-finite).
+fn counts(r: &QuantReport) -> [f32; 3] {
+    [r.saturated as f32, r.underflowed as f32, r.nonfinite as f32]
 }
 
 /// The two devices and the rows so far.
@@ -93,40 +151,63 @@ impl<D: Device> Pair<'_, D> {
         self.dev.write_u32(&mut d, data)?;
         Ok((c, d))
     }
-    /// Zeroed f32 outputs (kernels that add into theirs start from zero).
+    /// f32 outputs holding the same random values on both devices. The trait's contract
+    /// is that outputs named "adds into" accumulate and every other is overwritten (real
+    /// buffers start uninitialised): zeros would hide a kernel that breaks either way.
     fn out(&mut self, n: usize) -> Result<Two<D::Buffer>, ExecError> {
-        self.outs(Elem::F32, n)
+        self.randf(n)
     }
+    /// Zeroed outputs of another element type (indices, FP8 codes).
     fn outs(&mut self, elem: Elem, n: usize) -> Result<Two<D::Buffer>, ExecError> {
         let (mut c, mut d) = (self.cpu.alloc(elem, n)?, self.dev.alloc(elem, n)?);
         self.cpu.zero(&mut c)?;
         self.dev.zero(&mut d)?;
         Ok((c, d))
     }
-    fn check(&mut self, kernel: &str, x: &Two<D::Buffer>, tol: f64) -> Result<(), ExecError> {
-        let (want, got) = if x.0.elem() == Elem::I32 {
+    fn read(&self, x: &Two<D::Buffer>) -> Result<(Vec<f32>, Vec<f32>), ExecError> {
+        Ok(if x.0.elem() == Elem::I32 {
             let f = |v: Vec<u32>| v.into_iter().map(|i| i as f32).collect::<Vec<_>>();
             (f(self.cpu.read_u32(&x.0)?), f(self.dev.read_u32(&x.1)?))
         } else {
             (self.cpu.read_f32(&x.0)?, self.dev.read_f32(&x.1)?)
-        };
-        let error = relative_error(&want, &got);
+        })
+    }
+    fn push(&mut self, kernel: &str, error: f64, tol: f64) {
         self.rows.push(CheckRow {
             kernel: kernel.into(),
             error,
             tolerance: tol,
             ok: error <= tol,
         });
+    }
+    /// Relative to max(1, max |cpu|); a tolerance of 0 asks for the same bits.
+    fn check(&mut self, kernel: &str, x: &Two<D::Buffer>, tol: f64) -> Result<(), ExecError> {
+        let (want, got) = self.read(x)?;
+        let error = if tol == 0.0 { bit_error(&want, &got) } else { relative_error(&want, &got) };
+        self.push(kernel, error, tol);
         Ok(())
     }
+    /// Relative to max |cpu| alone (results far below 1).
+    fn check_rel(&mut self, kernel: &str, x: &Two<D::Buffer>, tol: f64) -> Result<(), ExecError> {
+        let (want, got) = self.read(x)?;
+        self.push(kernel, relative_error_over(&want, &got, 0.0), tol);
+        Ok(())
+    }
+    /// FP8 results of arithmetic: the same scale, codes at most `steps` apart.
+    fn check_codes(&mut self, kernel: &str, x: &Two<D::Buffer>, steps: f64) -> Result<(), ExecError> {
+        let format = x.0.elem().fp8().ok_or_else(|| ExecError::State(format!("{kernel}: codes of a {} buffer", x.0.elem().name())))?;
+        let (want, got) = self.read(x)?;
+        let (sw, sg) = (self.cpu.fp8_scale(&x.0)?, self.dev.fp8_scale(&x.1)?);
+        let error = if sw.to_bits() == sg.to_bits() { code_steps(&want, &got, sw, format) } else { f64::INFINITY };
+        self.push(kernel, error, steps);
+        Ok(())
+    }
+    fn check_values(&mut self, kernel: &str, want: &[f32], got: &[f32], tol: f64) {
+        let error = if tol == 0.0 { bit_error(want, got) } else { relative_error(want, got) };
+        self.push(kernel, error, tol);
+    }
     fn check_value(&mut self, kernel: &str, want: f32, got: f32, tol: f64) {
-        let error = relative_error(&[want], &[got]);
-        self.rows.push(CheckRow {
-            kernel: kernel.into(),
-            error,
-            tolerance: tol,
-            ok: error <= tol,
-        });
+        self.check_values(kernel, &[want], &[got], tol);
     }
 }
 
@@ -179,6 +260,13 @@ fn elementwise<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     p.cpu.bias_backward(&mut db.0, &a.0)?;
     p.dev.bias_backward(&mut db.1, &a.1)?;
     p.check("bias_backward", &db, EW)?;
+    // Many rows a column: the two-stage column sum's chunks of several rows and its
+    // short last chunk, over more columns than one block.
+    let tall = p.randf(1000 * 300)?;
+    let mut db = p.out(300)?;
+    p.cpu.bias_backward(&mut db.0, &tall.0)?;
+    p.dev.bias_backward(&mut db.1, &tall.1)?;
+    p.check("bias_backward (1000 rows x 300)", &db, RED)?;
     for name in ["swiglu", "geglu", "gelu", "squared_relu"] {
         let mut o = p.out(n)?;
         let (mut d1, mut d2) = (p.out(n)?, p.out(n)?);
@@ -234,6 +322,19 @@ fn elementwise<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     p.cpu.transpose_outer(&mut t.0, &x.0, 2, 3, 5)?;
     p.dev.transpose_outer(&mut t.1, &x.1, 2, 3, 5)?;
     p.check("transpose_outer", &t, 0.0)?;
+    // The 2- and 1-byte layout kernels (BF16 and FP8 buffers; FP8 keeps its scale).
+    for elem in [Elem::BF16, Elem::F8E4M3] {
+        let xv = p.randn(2 * 3 * 5, 1.0);
+        let x = p.put(elem, &xv)?;
+        let mut t = p.outs(elem, 30)?;
+        p.cpu.transpose_outer(&mut t.0, &x.0, 2, 3, 5)?;
+        p.dev.transpose_outer(&mut t.1, &x.1, 2, 3, 5)?;
+        p.check(&format!("transpose_outer {}", elem.name()), &t, 0.0)?;
+        if elem.fp8().is_some() {
+            let (sc, sd) = (p.cpu.fp8_scale(&t.0)?, p.dev.fp8_scale(&t.1)?);
+            p.check_value("transpose_outer fp8-e4m3 scale", sc, sd, 0.0);
+        }
+    }
     p.cpu.copy(&mut t.0, 4, &x.0, 11, 9)?;
     p.dev.copy(&mut t.1, 4, &x.1, 11, 9)?;
     p.check("copy", &t, 0.0)?;
@@ -264,9 +365,26 @@ fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
             p.check(&format!("matmul {} {}{} (+=)", elem.name(), if ta { "T" } else { "N" }, if tb { "T" } else { "N" }), &c, RED)?;
         }
     }
+    // The native route's gradient GEMMs: a small E5M2 gradient times an E4M3 weight or
+    // input in the layouts the input gradient (NN) and the weight gradient (TN) take, and
+    // NT, into f32, written and added into (to a c of the product's size), relative to
+    // the result's own size.
+    for (ta, tb) in [(false, false), (true, false), (false, true)] {
+        let g = Gemm { m, n, k, trans_a: ta, trans_b: tb };
+        let (av, bv) = (p.randn(m * k, 1e-3), p.randn(k * n, 1.0));
+        let (a, b) = (p.put(Elem::F8E5M2, &av)?, p.put(Elem::F8E4M3, &bv)?);
+        for accumulate in [false, true] {
+            let cv = p.randn(m * n, 1e-2);
+            let mut c = p.f(&cv)?;
+            p.cpu.matmul(&mut c.0, &a.0, &b.0, g, accumulate)?;
+            p.dev.matmul(&mut c.1, &a.1, &b.1, g, accumulate)?;
+            let layout = format!("{}{}", if ta { "T" } else { "N" }, if tb { "T" } else { "N" });
+            p.check_rel(&format!("matmul fp8-e5m2 x fp8-e4m3 {layout} -> f32{}", if accumulate { " (+=)" } else { "" }), &c, RED)?;
+        }
+    }
     // FP8 mixed formats into bf16, and an FP8 output with its amax.
     let g = Gemm { m, n, k, trans_a: false, trans_b: true };
-    let (av, bv) = (p.randn(m * k, 1.0), p.randn(k * n, 0.01));
+    let (av, bv) = (p.randn(m * k, 1.0), p.randn(k * n, 0.1));
     let (a, b) = (p.put(Elem::F8E4M3, &av)?, p.put(Elem::F8E5M2, &bv)?);
     let mut c = p.outs(Elem::BF16, m * n)?;
     p.cpu.matmul(&mut c.0, &a.0, &b.0, g, false)?;
@@ -275,7 +393,7 @@ fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     let mut c8 = p.put(Elem::F8E4M3, &p_fill(m * n, 8.0))?;
     p.cpu.matmul(&mut c8.0, &a.0, &b.0, g, false)?;
     p.dev.matmul(&mut c8.1, &a.1, &b.1, g, false)?;
-    p.check("matmul -> fp8-e4m3 (delayed scale)", &c8, 7e-2)?;
+    p.check_codes("matmul -> fp8-e4m3 (delayed scale)", &c8, 1.0)?;
     let (ac, ad) = (p.cpu.fp8_amax(&c8.0)?, p.dev.fp8_amax(&c8.1)?);
     p.check_value("matmul fp8 output amax", ac, ad, RED);
     Ok(())
@@ -313,7 +431,7 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     };
     let specs = [
         ("bf16", QuantSpec::Float(FloatFormat::Bf16)),
-        ("fp8 e4m3 delayed", QuantSpec::Tensor { format: Format::E4M3, scale: Some(3.0), margin: 0, saturate: true, stochastic: None }),
+        ("fp8 e4m3 delayed", QuantSpec::Tensor { format: Format::E4M3, scale: Some(5.0), margin: 0, saturate: true, stochastic: None }),
         ("fp8 e5m2 current", QuantSpec::Tensor { format: Format::E5M2, scale: None, margin: 1, saturate: false, stochastic: None }),
         ("fp8 e4m3 stochastic", QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 0, saturate: true, stochastic: Some(5) }),
         ("mxfp8 1x32", block(Format::E4M3, (1, 32), ScaleFormat::E8M0, ScaleRounding::Pow2Up, false, None)),
@@ -327,25 +445,27 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         let rc = p.cpu.quantize(&mut y.0, 40, 100, &spec)?;
         let rd = p.dev.quantize(&mut y.1, 40, 100, &spec).and_then(|s| p.dev.report(s))?;
         p.check(&format!("quantize {name}"), &y, 0.0)?;
-        let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
-        p.check_value(&format!("quantize {name} counts"), counts(&rc), counts(&rd), 0.0);
+        p.check_values(&format!("quantize {name} counts"), &counts(&rc), &counts(&rd), 0.0);
         p.check_value(&format!("quantize {name} amax"), rc.amax, rd.amax, 0.0);
     }
     // The native route's one-pass cast of an operand to codes (given and current scales,
-    // saturating and not): the same codes, scale and counts.
+    // saturating and not): the same codes, scale and counts. Current scaling on finite
+    // values (the edge cases' infinity would make its amax infinite and its scale 1).
+    let finite = p.f(&v[..4000])?;
     let tensor = |format, scale, saturate| QuantSpec::Tensor { format, scale, margin: 0, saturate, stochastic: None };
-    for (elem, name, spec) in [
-        (Elem::F8E4M3, "e4m3 delayed", tensor(Format::E4M3, Some(3.0), true)),
-        (Elem::F8E4M3, "e4m3 current, not saturating", tensor(Format::E4M3, None, false)),
-        (Elem::F8E5M2, "e5m2 current", tensor(Format::E5M2, None, true)),
-        (Elem::F8E5M2, "e5m2 delayed", tensor(Format::E5M2, Some(0.125), true)),
+    for (elem, name, spec, input) in [
+        (Elem::F8E4M3, "e4m3 delayed", tensor(Format::E4M3, Some(5.0), true), &x),
+        (Elem::F8E4M3, "e4m3 delayed, not saturating", tensor(Format::E4M3, Some(5.0), false), &x),
+        (Elem::F8E4M3, "e4m3 current, not saturating", tensor(Format::E4M3, None, false), &finite),
+        (Elem::F8E5M2, "e5m2 current", tensor(Format::E5M2, None, true), &finite),
+        (Elem::F8E5M2, "e5m2 current, edge cases", tensor(Format::E5M2, None, true), &x),
+        (Elem::F8E5M2, "e5m2 delayed", tensor(Format::E5M2, Some(0.125), true), &x),
     ] {
-        let mut q = p.outs(elem, v.len())?;
-        let rc = p.cpu.quantize_fp8_codes(&mut q.0, &x.0, &spec)?;
-        let rd = p.dev.quantize_fp8_codes(&mut q.1, &x.1, &spec).and_then(|s| p.dev.report(s))?;
+        let mut q = p.outs(elem, input.0.len())?;
+        let rc = p.cpu.quantize_fp8_codes(&mut q.0, &input.0, &spec)?;
+        let rd = p.dev.quantize_fp8_codes(&mut q.1, &input.1, &spec).and_then(|s| p.dev.report(s))?;
         p.check(&format!("quantize_fp8_codes {name}"), &q, 0.0)?;
-        let counts = |r: &runner_kernels::cpu::quant::QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
-        p.check_value(&format!("quantize_fp8_codes {name} counts"), counts(&rc), counts(&rd), 0.0);
+        p.check_values(&format!("quantize_fp8_codes {name} counts"), &counts(&rc), &counts(&rd), 0.0);
         p.check_value(&format!("quantize_fp8_codes {name} scale"), p.cpu.fp8_scale(&q.0)?, p.dev.fp8_scale(&q.1)?, 0.0);
         p.check_value(&format!("quantize_fp8_codes {name} amax"), p.cpu.fp8_amax(&q.0)?, p.dev.fp8_amax(&q.1)?, 0.0);
     }
@@ -356,18 +476,25 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// The fused norm / activation + cast: the output as the unfused kernel's (to its
-/// tolerance against the CPU), and the codes exactly the device's own one-pass cast of
-/// the output it wrote, with the same counts.
+/// The fused norm / activation + cast: the output (and RMSNorm's rstd) as the unfused
+/// kernel's, to its tolerance against the CPU; the codes exactly the device's own
+/// one-pass cast of the output it wrote, with the same counts and amax, and within one
+/// code of the CPU's (the outputs differ in their last bits). E4M3 saturating and E5M2
+/// overflowing to infinity; RMSNorm also over more columns than a block has threads.
 fn fused_casts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
-    use runner_kernels::cpu::quant::{Format, QuantReport, QuantSpec};
-    let (rows, c) = (37, 96);
-    let n = rows * c;
-    let (x, w, up) = (p.randf(n)?, p.randf(c)?, p.randf(n)?);
-    let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(40.0), margin: 0, saturate: true, stochastic: None };
-    let counts = |r: &QuantReport| (r.saturated + 1000 * r.underflowed + 1_000_000 * r.nonfinite) as f32;
+    use runner_kernels::cpu::quant::{Format, QuantSpec};
+    let e4m3 = QuantSpec::Tensor { format: Format::E4M3, scale: Some(40.0), margin: 0, saturate: true, stochastic: None };
+    let e5m2 = QuantSpec::Tensor { format: Format::E5M2, scale: Some(8192.0), margin: 0, saturate: false, stochastic: None };
+    let mut cases = Vec::new();
     for name in ["rmsnorm", "swiglu", "geglu", "gelu", "squared_relu"] {
-        let (mut o, mut rstd, mut q) = (p.out(n)?, p.out(rows)?, p.outs(Elem::F8E4M3, n)?);
+        cases.push((name, 37, 96, Elem::F8E4M3, &e4m3, ""));
+        cases.push((name, 37, 96, Elem::F8E5M2, &e5m2, ", e5m2 not saturating"));
+    }
+    cases.push(("rmsnorm", 8, 4100, Elem::F8E4M3, &e4m3, ", 8 x 4100"));
+    for (name, rows, c, elem, spec, tag) in cases {
+        let n = rows * c;
+        let (x, w, up) = (p.randf(n)?, p.randf(c)?, p.randf(n)?);
+        let (mut o, mut rstd, mut q) = (p.out(n)?, p.out(rows)?, p.outs(elem, n)?);
         let (oc, od) = (&mut o.0, &mut o.1);
         let (cpu, dev): (CastProducer<'_, CpuBuffer>, CastProducer<'_, D::Buffer>) = match name {
             "rmsnorm" => (
@@ -379,42 +506,49 @@ fn fused_casts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
             "gelu" => (CastProducer::Gelu { out: oc, x: &x.0 }, CastProducer::Gelu { out: od, x: &x.1 }),
             _ => (CastProducer::SquaredRelu { out: oc, x: &x.0 }, CastProducer::SquaredRelu { out: od, x: &x.1 }),
         };
-        p.cpu.forward_with_cast(cpu, &mut q.0, &spec)?;
-        let rd = p.dev.forward_with_cast(dev, &mut q.1, &spec).and_then(|s| p.dev.report(s))?;
-        p.check(&format!("forward_with_cast {name} (output)"), &o, EW)?;
-        let mut again = p.dev.alloc(Elem::F8E4M3, n)?;
-        let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, &spec).and_then(|s| p.dev.report(s))?;
+        p.cpu.forward_with_cast(cpu, &mut q.0, spec)?;
+        let rd = p.dev.forward_with_cast(dev, &mut q.1, spec).and_then(|s| p.dev.report(s))?;
+        p.check(&format!("forward_with_cast {name}{tag} (output)"), &o, EW)?;
+        if name == "rmsnorm" {
+            p.check(&format!("forward_with_cast {name}{tag} (rstd)"), &rstd, EW)?;
+        }
+        p.check_codes(&format!("forward_with_cast {name}{tag} (codes against the CPU's)"), &q, 1.0)?;
+        let mut again = p.dev.alloc(elem, n)?;
+        let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, spec).and_then(|s| p.dev.report(s))?;
         let (fused, cast) = (p.dev.read_f32(&q.1)?, p.dev.read_f32(&again)?);
-        let error = relative_error(&cast, &fused);
-        p.rows.push(CheckRow { kernel: format!("forward_with_cast {name} (codes = the cast of its output)"), error, tolerance: 0.0, ok: error == 0.0 });
-        p.check_value(&format!("forward_with_cast {name} (counts)"), counts(&ra), counts(&rd), 0.0);
-        p.check_value(&format!("forward_with_cast {name} (amax)"), ra.amax, rd.amax, 0.0);
+        p.push(&format!("forward_with_cast {name}{tag} (codes = the cast of its output)"), bit_error(&cast, &fused), 0.0);
+        p.check_values(&format!("forward_with_cast {name}{tag} (counts)"), &counts(&ra), &counts(&rd), 0.0);
+        p.check_value(&format!("forward_with_cast {name}{tag} (amax)"), ra.amax, rd.amax, 0.0);
     }
     Ok(())
 }
 
 fn layers<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
-    let (rows, c) = (37, 96);
-    let (x, w, bb, g) = (p.randf(rows * c)?, p.randf(c)?, p.randf(c)?, p.randf(rows * c)?);
-    let (mut o, mut rstd, mut mean) = (p.out(rows * c)?, p.out(rows)?, p.out(rows)?);
-    p.cpu.rmsnorm_forward(&mut o.0, &mut rstd.0, &x.0, &w.0, c, 1e-5)?;
-    p.dev.rmsnorm_forward(&mut o.1, &mut rstd.1, &x.1, &w.1, c, 1e-5)?;
-    p.check("rmsnorm_forward", &o, EW)?;
-    let (mut dx, mut dw, mut dbias) = (p.out(rows * c)?, p.out(c)?, p.out(c)?);
-    p.cpu.rmsnorm_backward(&mut dx.0, &mut dw.0, &g.0, &x.0, &w.0, &rstd.0, c)?;
-    p.dev.rmsnorm_backward(&mut dx.1, &mut dw.1, &g.1, &x.1, &w.1, &rstd.1, c)?;
-    p.check("rmsnorm_backward (dx)", &dx, RED)?;
-    p.check("rmsnorm_backward (dw)", &dw, RED)?;
-    p.cpu.layernorm_forward(&mut o.0, &mut mean.0, &mut rstd.0, &x.0, &w.0, &bb.0, c, 1e-5)?;
-    p.dev.layernorm_forward(&mut o.1, &mut mean.1, &mut rstd.1, &x.1, &w.1, &bb.1, c, 1e-5)?;
-    p.check("layernorm_forward", &o, EW)?;
-    p.cpu.zero(&mut dw.0)?;
-    p.dev.zero(&mut dw.1)?;
-    p.cpu.layernorm_backward(&mut dx.0, &mut dw.0, &mut dbias.0, &g.0, &x.0, &w.0, &mean.0, &rstd.0, c)?;
-    p.dev.layernorm_backward(&mut dx.1, &mut dw.1, &mut dbias.1, &g.1, &x.1, &w.1, &mean.1, &rstd.1, c)?;
-    p.check("layernorm_backward (dx)", &dx, RED)?;
-    p.check("layernorm_backward (dw)", &dw, RED)?;
-    p.check("layernorm_backward (db)", &dbias, RED)?;
+    // Norms: fewer columns than a block's threads; a row's strided loop over more; and
+    // many rows (the column sums of dw, db in chunks of several rows, over more columns
+    // than one block).
+    for (rows, c, tag) in [(37, 96, ""), (8, 4100, " (8 x 4100)"), (1000, 300, " (1000 x 300)")] {
+        let (x, w, bb, g) = (p.randf(rows * c)?, p.randf(c)?, p.randf(c)?, p.randf(rows * c)?);
+        let (mut o, mut rstd, mut mean) = (p.out(rows * c)?, p.out(rows)?, p.out(rows)?);
+        p.cpu.rmsnorm_forward(&mut o.0, &mut rstd.0, &x.0, &w.0, c, 1e-5)?;
+        p.dev.rmsnorm_forward(&mut o.1, &mut rstd.1, &x.1, &w.1, c, 1e-5)?;
+        p.check(&format!("rmsnorm_forward{tag}"), &o, EW)?;
+        p.check(&format!("rmsnorm_forward rstd{tag}"), &rstd, EW)?;
+        let (mut dx, mut dw, mut dbias) = (p.out(rows * c)?, p.out(c)?, p.out(c)?);
+        p.cpu.rmsnorm_backward(&mut dx.0, &mut dw.0, &g.0, &x.0, &w.0, &rstd.0, c)?;
+        p.dev.rmsnorm_backward(&mut dx.1, &mut dw.1, &g.1, &x.1, &w.1, &rstd.1, c)?;
+        p.check(&format!("rmsnorm_backward (dx){tag}"), &dx, RED)?;
+        p.check(&format!("rmsnorm_backward (dw){tag}"), &dw, RED)?;
+        p.cpu.layernorm_forward(&mut o.0, &mut mean.0, &mut rstd.0, &x.0, &w.0, &bb.0, c, 1e-5)?;
+        p.dev.layernorm_forward(&mut o.1, &mut mean.1, &mut rstd.1, &x.1, &w.1, &bb.1, c, 1e-5)?;
+        p.check(&format!("layernorm_forward{tag}"), &o, EW)?;
+        p.check(&format!("layernorm_forward mean{tag}"), &mean, EW)?;
+        p.cpu.layernorm_backward(&mut dx.0, &mut dw.0, &mut dbias.0, &g.0, &x.0, &w.0, &mean.0, &rstd.0, c)?;
+        p.dev.layernorm_backward(&mut dx.1, &mut dw.1, &mut dbias.1, &g.1, &x.1, &w.1, &mean.1, &rstd.1, c)?;
+        p.check(&format!("layernorm_backward (dx){tag}"), &dx, RED)?;
+        p.check(&format!("layernorm_backward (dw){tag}"), &dw, RED)?;
+        p.check(&format!("layernorm_backward (db){tag}"), &dbias, RED)?;
+    }
     // embedding, whole and as a vocab shard
     let (vocab, n, cc) = (50, 70, 24);
     let table = p.randf(vocab * cc)?;
@@ -463,6 +597,8 @@ fn attention<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         ("not causal", Attn { b: 1, t: 40, h: 2, hkv: 2, d: 16, dv: 16, causal: false, window: None, scale: 0.25, cp: None }),
         ("cp rank 0 of 2", Attn { b: 1, t: 32, h: 2, hkv: 1, d: 32, dv: 32, causal: true, window: None, scale: 0.2, cp: Some(CpShard { size: 2, rank: 0 }) }),
         ("head dim 128", Attn { b: 1, t: 64, h: 2, hkv: 1, d: 128, dv: 128, causal: true, window: None, scale: 0.09, cp: None }),
+        ("cp rank 1 of 2", Attn { b: 1, t: 36, h: 2, hkv: 1, d: 32, dv: 32, causal: true, window: None, scale: 0.2, cp: Some(CpShard { size: 2, rank: 1 }) }),
+        ("MLA head dims 192 / 128", Attn { b: 1, t: 70, h: 2, hkv: 2, d: 192, dv: 128, causal: true, window: None, scale: 0.07, cp: None }),
     ];
     for (name, a) in cases {
         let tk = a.kv_len();
@@ -584,7 +720,8 @@ fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
 /// decay gradient as a reverse cumulative sum, kernels/cuda/ssm.cu), so the gradients of
 /// dt and the per-head weights, sums over T of differences, get 1e-3.
 fn mamba<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
-    for (name, s) in [("", Conv1d { b: 2, t: 37, c: 96, k: 4 }), (" (T < K)", Conv1d { b: 3, t: 2, c: 40, k: 4 })] {
+    let convs = [("", Conv1d { b: 2, t: 37, c: 96, k: 4 }), (" (T < K)", Conv1d { b: 3, t: 2, c: 40, k: 4 }), (" (1200 rows)", Conv1d { b: 2, t: 600, c: 40, k: 4 })];
+    for (name, s) in convs {
         let n = s.b * s.t * s.c;
         let (x, w, bias, g) = (p.randf(n)?, p.randf(s.c * s.k)?, p.randf(s.c)?, p.randf(n)?);
         let mut o = p.out(n)?;
@@ -631,9 +768,10 @@ fn mamba<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     Ok(())
 }
 
-/// One training step (forward, backward, AdamW) of the toy Llama, MoE and Mamba on the
-/// CPU and on `dev` from the same weights and batch: the losses and every weight
-/// gradient compared.
+/// One training step's forward and backward of the toy Llama, MoE and Mamba on the CPU
+/// and on `dev` from the same weights and batch: the losses and every weight gradient
+/// compared (AdamW's kernel has its own row; after an update, a gradient near zero whose
+/// sign differs by rounding would move its weight by up to twice the learning rate).
 ///
 /// # Errors
 /// A step that fails on either device.
@@ -686,6 +824,30 @@ mod tests {
         assert_eq!(relative_error(&[1.0], &[f32::NAN]), f64::INFINITY);
         assert_eq!(relative_error(&[f32::NAN], &[f32::NAN]), 0.0);
         assert_eq!(relative_error(&[1.0], &[1.0, 2.0]), f64::INFINITY);
+    }
+
+    #[test]
+    fn bit_error_tells_signed_zeros_apart_but_not_nans() {
+        assert_eq!(bit_error(&[0.0, f32::NAN, 1.5], &[0.0, -f32::NAN, 1.5]), 0.0);
+        assert_eq!(bit_error(&[0.0], &[-0.0]), f64::INFINITY);
+        assert_eq!(bit_error(&[1.0], &[1.0, 1.0]), f64::INFINITY);
+        // Relative to the values alone: 1 % of 0.01, not 1e-4 of 1.
+        assert!((relative_error_over(&[0.01], &[0.0101], 0.0) - 0.01).abs() < 1e-5);
+        assert!((relative_error(&[0.01], &[0.0101]) - 1e-4).abs() < 1e-7);
+    }
+
+    #[test]
+    fn code_steps_counts_fp8_steps_at_the_values_magnitude() {
+        // E4M3 at scale 2: codes 10 and 11 (step 1 in [8, 16)) are one step apart; 10 and 12 two.
+        assert_eq!(code_steps(&[5.0], &[5.5], 2.0, Fp8Format::E4M3), 1.0);
+        assert_eq!(code_steps(&[5.0], &[6.0], 2.0, Fp8Format::E4M3), 2.0);
+        // E5M2: in [256, 512) the step is 64.
+        assert_eq!(code_steps(&[256.0], &[320.0], 1.0, Fp8Format::E5M2), 1.0);
+        // Subnormals share the smallest normal's step (E4M3: 2^-9).
+        assert_eq!(code_steps(&[0.0], &[2f32.powi(-9)], 1.0, Fp8Format::E4M3), 1.0);
+        assert_eq!(code_steps(&[f32::INFINITY], &[f32::INFINITY], 1.0, Fp8Format::E5M2), 0.0);
+        assert_eq!(code_steps(&[f32::INFINITY], &[57344.0], 1.0, Fp8Format::E5M2), f64::INFINITY);
+        assert_eq!(code_steps(&[1.0], &[f32::NAN], 1.0, Fp8Format::E4M3), f64::INFINITY);
     }
 
     /// The CPU against itself: every kernel runs, every row is exact; on a GPU the same
