@@ -379,7 +379,7 @@ fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
             p.cpu.matmul(&mut c.0, &a.0, &b.0, g, accumulate)?;
             p.dev.matmul(&mut c.1, &a.1, &b.1, g, accumulate)?;
             let layout = format!("{}{}", if ta { "T" } else { "N" }, if tb { "T" } else { "N" });
-            p.check_rel(&format!("matmul fp8-e5m2 x fp8-e4m3 {layout} -> f32{}", if accumulate { " (+=)" } else { "" }), &c, RED)?;
+            p.check_rel(&format!("matmul fp8-e5m2 x fp8-e4m3 {layout} -> f32{}, relative", if accumulate { " (+=)" } else { "" }), &c, RED)?;
         }
     }
     // FP8 mixed formats into bf16, and an FP8 output with its amax.
@@ -393,7 +393,7 @@ fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     let mut c8 = p.put(Elem::F8E4M3, &p_fill(m * n, 8.0))?;
     p.cpu.matmul(&mut c8.0, &a.0, &b.0, g, false)?;
     p.dev.matmul(&mut c8.1, &a.1, &b.1, g, false)?;
-    p.check_codes("matmul -> fp8-e4m3 (delayed scale)", &c8, 1.0)?;
+    p.check_codes("matmul -> fp8-e4m3 (delayed scale), in FP8 steps", &c8, 1.0)?;
     let (ac, ad) = (p.cpu.fp8_amax(&c8.0)?, p.dev.fp8_amax(&c8.1)?);
     p.check_value("matmul fp8 output amax", ac, ad, RED);
     Ok(())
@@ -512,7 +512,7 @@ fn fused_casts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         if name == "rmsnorm" {
             p.check(&format!("forward_with_cast {name}{tag} (rstd)"), &rstd, EW)?;
         }
-        p.check_codes(&format!("forward_with_cast {name}{tag} (codes against the CPU's)"), &q, 1.0)?;
+        p.check_codes(&format!("forward_with_cast {name}{tag} (codes against the CPU's), in FP8 steps"), &q, 1.0)?;
         let mut again = p.dev.alloc(elem, n)?;
         let ra = p.dev.quantize_fp8_codes(&mut again, &o.1, spec).and_then(|s| p.dev.report(s))?;
         let (fused, cast) = (p.dev.read_f32(&q.1)?, p.dev.read_f32(&again)?);

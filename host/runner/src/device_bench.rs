@@ -143,7 +143,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ]);
             }
             t.notes.push(format!(
-                "{} checks, {failed} failed; error = max |device - cpu| / max(1, max |cpu|) on seeded inputs{}",
+                "{} checks, {failed} failed, on seeded inputs; error = max |device - cpu| / max(1, max |cpu|), except: \
+                 tolerance 0 asks for the same bits (error inf when any differs), rows ending 'relative' are relative \
+                 to max |cpu| alone, rows 'in FP8 steps' count steps of the format{}",
                 rows.len(),
                 if name.starts_with("cpu") { "; on the CPU this compares the CPU backend with itself" } else { "" }
             ));
