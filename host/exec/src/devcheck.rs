@@ -431,6 +431,8 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     };
     let specs = [
         ("bf16", QuantSpec::Float(FloatFormat::Bf16)),
+        ("f16", QuantSpec::Float(FloatFormat::F16)),
+        ("f32", QuantSpec::Float(FloatFormat::F32)),
         ("fp8 e4m3 delayed", QuantSpec::Tensor { format: Format::E4M3, scale: Some(5.0), margin: 0, saturate: true, stochastic: None }),
         ("fp8 e5m2 current", QuantSpec::Tensor { format: Format::E5M2, scale: None, margin: 1, saturate: false, stochastic: None }),
         ("fp8 e4m3 stochastic", QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 0, saturate: true, stochastic: Some(5) }),
@@ -473,6 +475,10 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     p.cpu.hadamard_rows(&mut h.0, 40, 80, 16, 3)?;
     p.dev.hadamard_rows(&mut h.1, 40, 80, 16, 3)?;
     p.check("hadamard_rows 16", &h, EW)?;
+    let mut h = p.f(&v[..3200])?;
+    p.cpu.hadamard_rows(&mut h.0, 100, 32, 64, 8)?;
+    p.dev.hadamard_rows(&mut h.1, 100, 32, 64, 8)?;
+    p.check("hadamard_rows 64 (a short last group)", &h, EW)?;
     Ok(())
 }
 
@@ -573,9 +579,9 @@ fn layers<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         p.dev.embedding_backward(&mut dt.1, &gy.1, &t.1, cc, start)?;
         p.check(&format!("embedding_backward{}", if start.is_some() { " (vocab shard)" } else { "" }), &dt, EW)?;
     }
-    // rotary, plain and as a cp rank
-    for cp in [None, Some(CpShard { size: 2, rank: 1 })] {
-        let r = Rope { b: 2, t: 12, h: 3, d: 16, rot_dim: 12, theta: 500_000.0, pos_offset: 0, cp };
+    // rotary, plain, as a cp rank, and from a position offset
+    for (cp, pos_offset) in [(None, 0), (Some(CpShard { size: 2, rank: 1 }), 0), (None, 37)] {
+        let r = Rope { b: 2, t: 12, h: 3, d: 16, rot_dim: 12, theta: 500_000.0, pos_offset, cp };
         let n = 2 * 12 * 3 * 16;
         let (x, g) = (p.randf(n)?, p.randf(n)?);
         let (mut o, mut dx) = (p.out(n)?, p.out(n)?);
@@ -583,7 +589,11 @@ fn layers<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         p.dev.rope_forward(&mut o.1, &x.1, r)?;
         p.cpu.rope_backward(&mut dx.0, &g.0, r)?;
         p.dev.rope_backward(&mut dx.1, &g.1, r)?;
-        let tag = if cp.is_some() { " (cp rank 1 of 2)" } else { "" };
+        let tag = match (cp, pos_offset) {
+            (Some(_), _) => " (cp rank 1 of 2)",
+            (None, 0) => "",
+            _ => " (from position 37)",
+        };
         p.check(&format!("rope_forward{tag}"), &o, EW)?;
         p.check(&format!("rope_backward{tag}"), &dx, EW)?;
     }
@@ -635,6 +645,12 @@ fn losses<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     p.cpu.cross_entropy_backward(&mut dl.0, &logits.0, &lse.0, &t.0, v, Some(&dloss.0))?;
     p.dev.cross_entropy_backward(&mut dl.1, &logits.1, &lse.1, &t.1, v, Some(&dloss.1))?;
     p.check("cross_entropy_backward", &dl, RED)?;
+    let mut dl = p.out(n * v)?;
+    p.cpu.cross_entropy_backward(&mut dl.0, &logits.0, &lse.0, &t.0, v, None)?;
+    p.dev.cross_entropy_backward(&mut dl.1, &logits.1, &lse.1, &t.1, v, None)?;
+    // Zeros either sign: (p - 1)·0 is -0 on one device and +0 on another.
+    p.check("cross_entropy_backward (no loss gradient: zeros)", &dl, EW)?;
+    p.check("cross_entropy_forward lse", &lse, RED)?;
     // The vocab-parallel statistics of one shard (classes 100..250).
     let (start, w) = (100, 150);
     let shard = p.randf(n * w)?;
@@ -660,20 +676,22 @@ fn losses<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
 
 fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     let (n, e, k, c, f) = (40, 8, 2, 24, 16);
-    for score in [ScoreFn::Softmax, ScoreFn::Sigmoid] {
-        let r = Router { n, e, k, score, normalize_topk: true };
+    for (score, normalize_topk) in [(ScoreFn::Softmax, true), (ScoreFn::Sigmoid, true), (ScoreFn::Sigmoid, false)] {
+        let r = Router { n, e, k, score, normalize_topk };
         let logits = p.randf(n * e)?;
         let (mut w, mut idx, mut probs) = (p.out(n * k)?, p.outs(Elem::I32, n * k)?, p.out(n * e)?);
         p.cpu.router_forward(&mut w.0, &mut idx.0, &mut probs.0, &logits.0, &r)?;
         p.dev.router_forward(&mut w.1, &mut idx.1, &mut probs.1, &logits.1, &r)?;
-        p.check(&format!("router_forward indices ({score:?})"), &idx, 0.0)?;
-        p.check(&format!("router_forward weights ({score:?})"), &w, EW)?;
+        let score = format!("{score:?}{}", if normalize_topk { "" } else { ", top-k not renormalised" });
+        p.check(&format!("router_forward indices ({score})"), &idx, 0.0)?;
+        p.check(&format!("router_forward weights ({score})"), &w, EW)?;
+        p.check(&format!("router_forward probabilities ({score})"), &probs, EW)?;
         let gw = p.randf(n * k)?;
         let mut dl = p.out(n * e)?;
         p.cpu.router_backward(&mut dl.0, &gw.0, &probs.0, &idx.0, &r)?;
         p.dev.router_backward(&mut dl.1, &gw.1, &probs.1, &idx.1, &r)?;
-        p.check(&format!("router_backward ({score:?})"), &dl, EW)?;
-        if score == ScoreFn::Sigmoid {
+        p.check(&format!("router_backward ({score})"), &dl, EW)?;
+        if r.score == ScoreFn::Sigmoid {
             continue;
         }
         // dispatch → grouped GEMM → combine, and back, on the CPU's indices
