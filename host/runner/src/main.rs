@@ -543,6 +543,11 @@ fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata, a: &std::path::Path, 
 }
 
 fn main() -> ExitCode {
+    // SAFETY: the first statement of main: no other thread exists yet.
+    #[cfg(feature = "cuda")]
+    unsafe {
+        runner_exec::cuda::nccl::eager_connections()
+    };
     let matches = <Cli as clap::CommandFactory>::command().get_matches();
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());

@@ -7,18 +7,23 @@
 //!   directory with a `libnccl.so` link to it, which the runner puts on the loader path
 //!   (it re-executes itself with it).
 //! - Communicators: one per group, from a unique id rank 0 of the group makes and sends
-//!   over the TCP control plane (`runner-dist`). They are non-blocking (NCCL's config with
-//!   `blocking = 0`): initialisation, and the connections NCCL (2.22 on) makes inside a
-//!   group's first collectives, run in NCCL's own threads while the caller polls
-//!   `ncclCommGetAsyncError` with a deadline ([`settle`]). In blocking mode a rank whose
-//!   peer is alive but never calls would wait inside NCCL, where no deadline reaches.
-//! - Errors and timeouts: after each call the group settles the call and waits for the
-//!   stream with a deadline, checking NCCL's asynchronous error and the control plane
-//!   (which knows when another rank's process died); any of those aborts the communicator
-//!   (`ncclCommAbort` unblocks the kernels waiting on peers and cancels an unfinished
-//!   initialisation) and fails with the reason, naming the rank when it is known.
-//!   [`NcclGroup::set_blocking`] turns the per-call stream wait off for benchmarks, which
-//!   wait once after a batch of calls ([`NcclGroup::wait`]).
+//!   over the TCP control plane (`runner-dist`). `ncclCommInitRank` runs on a helper
+//!   thread so a rank that never joins is a timeout, not a hang. Every connection is made
+//!   there too ([`eager_connections`]: `NCCL_RUNTIME_CONNECT=0`): NCCL 2.22+ otherwise
+//!   connects inside a group's first collectives, on the caller's thread, where a peer
+//!   alive but not calling would hold it with no deadline.
+//! - Communicators block (NCCL's default). Non-blocking ones would bound every call, but
+//!   NCCL 2.28 finishes each of their calls on a fresh thread (`ncclInProgress` from every
+//!   collective, polled to completion), host time per call that would inflate small
+//!   messages' latency against nccl-tests. A call that returns `ncclInProgress` anyway
+//!   (`NCCL_COMM_BLOCKING=0` in the environment) is polled with the deadline ([`settle`]).
+//! - Errors and timeouts: after each call the group waits for the stream with a deadline,
+//!   checking NCCL's asynchronous error and the control plane (which knows when another
+//!   rank's process died); any of those aborts the communicator (`ncclCommAbort` unblocks
+//!   the kernels waiting on peers, and frees the communicator: nothing calls NCCL on it
+//!   after) and fails with the reason, naming the rank when it is known.
+//!   [`NcclGroup::set_blocking`] turns the per-call wait off for benchmarks, which wait
+//!   once after a batch of calls ([`NcclGroup::wait`]).
 //! - All-to-all (fixed and variable chunks) is a group of sends and receives, as in
 //!   nccl-tests' `alltoall_perf`.
 
@@ -128,8 +133,13 @@ pub fn unique_id() -> Result<[u8; 128], ExecError> {
 fn nerr(what: &str, e: nr::NcclError) -> ExecError {
     ExecError::Device {
         device: "nccl".into(),
-        what: format!("{what}: {e:?}"),
+        what: format!("{what}: {:?}", e.0),
     }
+}
+
+/// An oracle that knows of no failure.
+fn no_oracle() -> FailureOracle {
+    Arc::new(|| None)
 }
 
 fn nccl_type(e: Elem) -> ns::ncclDataType_t {
@@ -143,38 +153,22 @@ fn nccl_type(e: Elem) -> ns::ncclDataType_t {
     }
 }
 
-/// NCCL's `ncclConfig_t` as its 2.14 release laid it out, the first with `blocking`.
-/// NCCL copies `size` bytes of the caller's config and gives every field a version older
-/// than its own lacks its default, so this one layout asks any NCCL from 2.14 on for a
-/// non-blocking communicator, whatever release cudarc's bindings were generated from.
-#[repr(C)]
-struct NonBlockingConfig {
-    size: usize,
-    magic: u32,
-    version: u32,
-    blocking: i32,
-    /// Unset (2.17's first field, reset by NCCL for a 2.14 config); named so the struct
-    /// has no padding NCCL would copy.
-    cga_cluster_size: i32,
-}
-
-/// `NCCL_CONFIG_UNDEF_INT`: a field the caller leaves to NCCL.
-const NCCL_CONFIG_UNDEF_INT: i32 = i32::MIN;
-
-impl NonBlockingConfig {
-    fn new() -> NonBlockingConfig {
-        NonBlockingConfig {
-            size: std::mem::size_of::<NonBlockingConfig>(),
-            // NCCL_CONFIG_INITIALIZER's magic and NCCL_VERSION(2, 14, 0).
-            magic: 0xcafe_beef,
-            version: 2 * 10_000 + 14 * 100,
-            blocking: 0,
-            cga_cluster_size: NCCL_CONFIG_UNDEF_INT,
-        }
+/// Ask NCCL to make every connection while a communicator initialises (with its
+/// deadline) rather than inside the first collectives (`NCCL_RUNTIME_CONNECT=0`), unless
+/// the environment says otherwise. Call at the start of `main`, before any thread exists:
+/// NCCL reads its environment once, and changing the environment is only sound while no
+/// other thread reads it.
+///
+/// # Safety
+/// No other thread may run (or read the environment) during the call.
+pub unsafe fn eager_connections() {
+    if std::env::var_os("NCCL_RUNTIME_CONNECT").is_none() {
+        // SAFETY: the caller guarantees a single thread.
+        unsafe { std::env::set_var("NCCL_RUNTIME_CONNECT", "0") };
     }
 }
 
-/// Waits until a non-blocking NCCL call has finished its work: polls `state` (NCCL's
+/// Waits until an NCCL call that returned `ncclInProgress` has finished its work: polls `state` (NCCL's
 /// asynchronous error for the communicator) until it is no longer `ncclInProgress`,
 /// checking `oracle` (a dead rank elsewhere) and `deadline` between polls.
 ///
@@ -245,29 +239,51 @@ impl NcclGroup {
     /// oracle knows one).
     pub fn new(dev: &Cuda, name: &str, rank: usize, size: usize, id: [u8; 128], timeout: Duration, oracle: FailureOracle) -> Result<NcclGroup, ExecError> {
         nccl_library()?;
-        dev.inner.ctx.bind_to_thread().map_err(|e| ExecError::Device { device: dev.name(), what: format!("{e}") })?;
-        let mut comm: ns::ncclComm_t = std::ptr::null_mut();
-        let uid = ns::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
-        let mut config = NonBlockingConfig::new();
-        // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL's; the config
-        // is a valid `ncclConfig_t` prefix whose `size` says how much NCCL may read.
-        let st = unsafe { ns::ncclCommInitRankConfig(&mut comm, size as i32, uid, rank as i32, (&raw mut config).cast()) };
-        let init_failed = |what: String| ExecError::Device { device: dev.name(), what: format!("NCCL init of group '{name}' (rank {rank} of {size}): {what}") };
-        if !matches!(st, ns::ncclResult_t::ncclSuccess | ns::ncclResult_t::ncclInProgress) {
-            return Err(init_failed(format!("{st:?}")));
-        }
-        if comm.is_null() {
-            return Err(init_failed("NCCL returned no communicator".into()));
-        }
-        // The other ranks join inside NCCL's threads; wait for them with the deadline.
-        let joined = settle(|| async_state(comm), &oracle, Instant::now() + timeout, || {
-            format!("timed out after {timeout:?}: a rank of the group never joined")
+        let ctx = dev.inner.ctx.clone();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = ctx.bind_to_thread().map_err(|e| format!("{e}")).and_then(|_| {
+                let mut comm = std::ptr::null_mut();
+                let uid = ns::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
+                // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL's.
+                let st = unsafe { ns::ncclCommInitRank(&mut comm, size as i32, uid, rank as i32) };
+                let joined = match st {
+                    ns::ncclResult_t::ncclSuccess => Ok(()),
+                    ns::ncclResult_t::ncclInProgress => settle(|| async_state(comm), &no_oracle(), Instant::now() + timeout, || "timed out".into()),
+                    e => Err(format!("{e:?}")),
+                };
+                match joined {
+                    Ok(()) => Ok(comm as usize),
+                    Err(e) => {
+                        if !comm.is_null() {
+                            // SAFETY: NCCL hands back the communicator of a failed init;
+                            // abort frees it and its threads.
+                            let _ = unsafe { nr::comm_abort(comm) };
+                        }
+                        Err(e)
+                    }
+                }
+            });
+            let _ = tx.send(r);
         });
-        if let Err(why) = joined {
-            // SAFETY: abort is allowed on a communicator whose initialisation is unfinished.
-            let _ = unsafe { nr::comm_abort(comm) };
-            return Err(ExecError::State(format!("collective: NCCL init of group '{name}' on rank {rank}: {why}")));
-        }
+        let deadline = Instant::now() + timeout;
+        let comm = loop {
+            match rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(Ok(c)) => break c as ns::ncclComm_t,
+                Ok(Err(e)) => return Err(ExecError::Device { device: dev.name(), what: format!("NCCL init of group '{name}' (rank {rank} of {size}): {e}") }),
+                Err(_) => {
+                    if let Some(why) = oracle() {
+                        return Err(ExecError::State(format!("collective: NCCL init of group '{name}' on rank {rank}: {why}")));
+                    }
+                    if Instant::now() >= deadline {
+                        return Err(ExecError::State(format!(
+                            "collective: NCCL init of group '{name}' on rank {rank} timed out after {timeout:?}: a rank \
+                             of the group never joined"
+                        )));
+                    }
+                }
+            }
+        };
         Ok(NcclGroup {
             comm: Comm(comm),
             dev: dev.clone(),
@@ -305,6 +321,7 @@ impl NcclGroup {
     /// # Errors
     /// An NCCL error, a dead rank, or the timeout: the communicator is aborted.
     pub fn wait(&self, what: &str) -> Result<(), ExecError> {
+        self.live(what)?;
         let ev = self
             .dev
             .inner
@@ -336,15 +353,24 @@ impl NcclGroup {
         }
     }
 
-    fn done(&self, what: &str, r: Result<nr::NcclStatus, nr::NcclError>) -> Result<(), ExecError> {
+    /// Refuses a call once the communicator was aborted (abort frees it: NCCL must not
+    /// see it again).
+    fn live(&self, what: &str) -> Result<(), ExecError> {
         if self.broken.load(Ordering::SeqCst) {
-            return Err(self.fail(what, "the communicator was aborted by an earlier failure".into()));
+            return Err(ExecError::State(format!(
+                "collective: {what} (group '{}' of {}) on rank {}: the communicator was aborted by an earlier failure",
+                self.name, self.size, self.rank
+            )));
         }
-        let st = r.map_err(|e| self.fail(what, format!("{e:?}")))?;
+        Ok(())
+    }
+
+    fn done(&self, what: &str, r: Result<nr::NcclStatus, nr::NcclError>) -> Result<(), ExecError> {
+        let st = r.map_err(|e| self.fail(what, format!("{:?}", e.0)))?;
         if st == nr::NcclStatus::InProgress {
-            // NCCL is still connecting or enqueueing in its own threads: nothing may be
-            // called on the communicator, nor an event recorded after the call, until
-            // it has finished.
+            // A non-blocking communicator (NCCL_COMM_BLOCKING=0) finishes the call in its
+            // own threads: nothing may be called on it, nor an event recorded after the
+            // call, until it has.
             self.settle(what)?;
         }
         if self.blocking { self.wait(what) } else { Ok(()) }
@@ -412,14 +438,22 @@ impl Drop for NcclGroup {
         if self.broken.load(Ordering::SeqCst) {
             return;
         }
-        // Finish queued work, then finalize (non-blocking: settled like a call) and
-        // destroy; abort if either does not finish.
+        // Finish queued work; then, every rank alive, finalize (which may wait for the
+        // others at a barrier) and destroy; with a rank known dead, abort.
         if self.wait("teardown").is_err() {
             return;
         }
+        if (self.oracle)().is_some() {
+            self.abort();
+            return;
+        }
         // SAFETY: the communicator is live and idle.
-        let finalized = unsafe { nr::comm_finalize(self.comm.0) };
-        if finalized.is_err() || self.settle("teardown").is_err() {
+        let settled = match unsafe { nr::comm_finalize(self.comm.0) } {
+            Ok(nr::NcclStatus::InProgress) => self.settle("teardown").is_ok(),
+            Ok(_) => true,
+            Err(_) => false,
+        };
+        if !settled {
             self.abort();
             return;
         }
@@ -451,6 +485,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn all_reduce(&self, _dev: &Cuda, buf: &mut CudaBuffer, op: ReduceOp) -> Result<(), ExecError> {
         movable("all-reduce", buf)?;
+        self.live("all-reduce")?;
         let red = match op {
             ReduceOp::Sum => ns::ncclRedOp_t::ncclSum,
             ReduceOp::Max => ns::ncclRedOp_t::ncclMax,
@@ -463,6 +498,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn all_gather(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
         movable("all-gather", input)?;
+        self.live("all-gather")?;
         self.check("all-gather", output.len(), input.len() * self.size)?;
         // SAFETY: output holds size × input elements.
         let r = unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) };
@@ -471,6 +507,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn reduce_scatter(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
         movable("reduce-scatter", input)?;
+        self.live("reduce-scatter")?;
         self.check("reduce-scatter", input.len(), output.len() * self.size)?;
         // SAFETY: input holds size × output elements.
         let r = unsafe {
@@ -481,6 +518,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn all_to_all(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
         movable("all-to-all", input)?;
+        self.live("all-to-all")?;
         self.check("all-to-all", output.len(), input.len())?;
         if !input.len().is_multiple_of(self.size) {
             return Err(ExecError::State(format!("collective: all-to-all: {} elements do not split over {} ranks", input.len(), self.size)));
@@ -491,6 +529,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn all_to_all_v(&self, _dev: &Cuda, input: &CudaBuffer, send: &[usize], output: &mut CudaBuffer, recv: &[usize]) -> Result<(), ExecError> {
         movable("all-to-all-v", input)?;
+        self.live("all-to-all-v")?;
         if send.len() != self.size || recv.len() != self.size {
             return Err(ExecError::State(format!("collective: all-to-all-v: counts for {} ranks in a group of {}", send.len(), self.size)));
         }
@@ -501,6 +540,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn broadcast(&self, _dev: &Cuda, buf: &mut CudaBuffer, root: usize) -> Result<(), ExecError> {
         movable("broadcast", buf)?;
+        self.live("broadcast")?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer.
         let r = unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) };
@@ -509,6 +549,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
         movable("send", buf)?;
+        self.live("send")?;
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("send", r)
@@ -516,6 +557,7 @@ impl Collective<Cuda> for NcclGroup {
 
     fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
         movable("recv", buf)?;
+        self.live("recv")?;
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("recv", r)
@@ -525,23 +567,6 @@ impl Collective<Cuda> for NcclGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn no_failure() -> FailureOracle {
-        Arc::new(|| None)
-    }
-
-    #[test]
-    fn config_is_the_2_14_layout_without_padding() {
-        let c = NonBlockingConfig::new();
-        // size_t size; unsigned magic; unsigned version; int blocking; int cgaClusterSize
-        assert_eq!(c.size, 24);
-        assert_eq!(std::mem::size_of::<NonBlockingConfig>(), 8 + 4 + 4 + 4 + 4);
-        assert_eq!(std::mem::offset_of!(NonBlockingConfig, blocking), 16);
-        assert_eq!((c.magic, c.version, c.blocking), (0xcafebeef, 21400, 0));
-        // cudarc's generated config starts with the same fields at the same offsets.
-        assert_eq!(std::mem::offset_of!(ns::ncclConfig_t, blocking), 16);
-        assert_eq!(std::mem::offset_of!(ns::ncclConfig_t, cgaClusterSize), 20);
-    }
 
     #[test]
     fn settle_waits_while_in_progress_then_succeeds() {
@@ -555,7 +580,7 @@ mod tests {
                     ns::ncclResult_t::ncclInProgress
                 }
             },
-            &no_failure(),
+            &no_oracle(),
             Instant::now() + Duration::from_secs(30),
             || unreachable!("no timeout"),
         );
@@ -566,7 +591,7 @@ mod tests {
     #[test]
     fn settle_times_out_on_a_peer_that_never_calls() {
         let t0 = Instant::now();
-        let r = settle(|| ns::ncclResult_t::ncclInProgress, &no_failure(), t0 + Duration::from_millis(50), || "timed out".into());
+        let r = settle(|| ns::ncclResult_t::ncclInProgress, &no_oracle(), t0 + Duration::from_millis(50), || "timed out".into());
         assert_eq!(r, Err("timed out".into()));
         let took = t0.elapsed();
         assert!(took >= Duration::from_millis(50) && took < Duration::from_secs(5), "{took:?}");
@@ -576,7 +601,7 @@ mod tests {
     fn settle_reports_nccls_error_and_a_dead_rank() {
         let dead: FailureOracle = Arc::new(|| Some("rank 2's process exited".into()));
         let far = Instant::now() + Duration::from_secs(30);
-        let r = settle(|| ns::ncclResult_t::ncclRemoteError, &no_failure(), far, || unreachable!());
+        let r = settle(|| ns::ncclResult_t::ncclRemoteError, &no_oracle(), far, || unreachable!());
         assert_eq!(r, Err("NCCL reported ncclRemoteError".into()));
         let r = settle(|| ns::ncclResult_t::ncclRemoteError, &dead, far, || unreachable!());
         assert_eq!(r, Err("NCCL reported ncclRemoteError (rank 2's process exited)".into()));
