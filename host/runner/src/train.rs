@@ -194,6 +194,11 @@ pub struct RunResult {
     /// Why the run stopped early, if it did (`abort`, a non-finite loss that never
     /// recovered is not a stop: the run goes on and the curve shows it).
     pub aborted: Option<String>,
+    /// GEMMs that ran on FP8 codes (the device's FP8 GEMMs: the native route), and of
+    /// their operands those cast by the norm or activation that produced them; 0 where
+    /// every low-precision GEMM was emulated (the CPU, or a shape the route refuses).
+    pub native_fp8_gemms: u64,
+    pub fused_fp8_casts: u64,
 }
 
 /// The gap of one run to the baseline at equal tokens.
@@ -845,6 +850,8 @@ fn train_one<D: Device + Clone>(
         seconds: started.elapsed().as_secs_f64(),
         decisions,
         aborted,
+        native_fp8_gemms: ex.native_fp8_gemms(),
+        fused_fp8_casts: ex.fused_fp8_casts(),
     })
 }
 

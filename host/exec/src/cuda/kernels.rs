@@ -49,6 +49,22 @@ fn compile_one(file: &str, src: &str, arch: &'static str) -> Result<Ptx, String>
         .map_err(|e| describe(file, arch, e))
 }
 
+/// Every source compiled for `arch`, in [`runner_kernels::cuda::SOURCES`]' order, each
+/// on a thread of its own: NVRTC compiles distinct programs concurrently, and a process
+/// opening the device pays for the slowest file rather than the sum (several seconds
+/// per process otherwise; `scripts/gpu-check.sh` starts a dozen).
+fn compile_sources(arch: &'static str) -> Vec<(&'static str, &'static str, Result<Ptx, String>)> {
+    std::thread::scope(|s| {
+        let jobs: Vec<_> = runner_kernels::cuda::SOURCES
+            .iter()
+            .map(|&(file, src)| (file, src, s.spawn(move || compile_one(file, src, arch))))
+            .collect();
+        jobs.into_iter()
+            .map(|(file, src, job)| (file, src, job.join().unwrap_or_else(|_| Err(format!("NVRTC's thread for {file} panicked")))))
+            .collect()
+    })
+}
+
 /// Whether the NVRTC library can be loaded (checked before any NVRTC call: cudarc panics
 /// when it cannot find the library).
 pub fn nvrtc_present() -> bool {
@@ -65,10 +81,7 @@ pub fn compile_all(arch: &'static str) -> Result<Vec<(&'static str, usize)>, Str
     if !nvrtc_present() {
         return Err("the NVRTC library (libnvrtc.so) is not on the loader path".into());
     }
-    runner_kernels::cuda::SOURCES
-        .iter()
-        .map(|(file, src)| compile_one(file, src, arch).map(|p| (*file, p.to_src().len())))
-        .collect()
+    compile_sources(arch).into_iter().map(|(file, _, ptx)| ptx.map(|p| (file, p.to_src().len()))).collect()
 }
 
 /// `compute_XY` for compute capability (X, Y) (a static string, as NVRTC's options take).
@@ -175,8 +188,8 @@ impl Kernels {
     /// Compile every source for `arch` and load it into `ctx`.
     pub(super) fn load(ctx: &Arc<CudaContext>, arch: &'static str) -> Result<Kernels, ExecError> {
         let mut functions = HashMap::new();
-        for (file, src) in runner_kernels::cuda::SOURCES {
-            let ptx = compile_one(file, src, arch).map_err(ExecError::NoCuda)?;
+        for (file, src, ptx) in compile_sources(arch) {
+            let ptx = ptx.map_err(ExecError::NoCuda)?;
             let module = ctx.load_module(ptx).map_err(|e| {
                 ExecError::NoCuda(format!(
                     "the driver refused the PTX of {file} ({e}); a driver older than the NVRTC \

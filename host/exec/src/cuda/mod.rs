@@ -471,9 +471,18 @@ impl Cuda {
     }
 
     fn derr(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
+        let e = e.to_string();
+        // A kernel's fault is sticky and surfaces at the next call on the context, under
+        // that call's name: say so, and how to find the kernel.
+        const STICKY: [&str; 6] = ["ILLEGAL_ADDRESS", "LAUNCH_FAILED", "MISALIGNED_ADDRESS", "ILLEGAL_INSTRUCTION", "HARDWARE_STACK_ERROR", "CUDA_ERROR_ASSERT"];
+        let hint = if STICKY.iter().any(|s| e.contains(s)) {
+            " (a kernel launched earlier faulted, not necessarily this call: rerun with CUDA_LAUNCH_BLOCKING=1 to stop at the kernel)"
+        } else {
+            ""
+        };
         ExecError::Device {
             device: format!("cuda:{}", self.inner.ordinal),
-            what: format!("{what}: {e}"),
+            what: format!("{what}: {e}{hint}"),
         }
     }
 
@@ -483,16 +492,22 @@ impl Cuda {
         p
     }
 
-    /// An FP8 buffer's scale words set to [1, 1, 0, 0] by two memsets on the stream:
-    /// device work, so a recorded step may allocate FP8 buffers (a copy from host memory
-    /// may not be recorded).
+    /// An FP8 buffer's scale words set to [1, 1, 0, 0].
     fn init_meta(&self, m: &CudaSlice<f32>) -> Result<(), ExecError> {
         let (p, _s) = m.device_ptr(&self.inner.stream);
+        self.set_meta(p, 1.0)
+    }
+
+    /// The FP8 meta at `p` set to [scale, 1/scale, 0, 0] by memsets on the stream: device
+    /// work, so it may be recorded, and never waits (a copy from pageable host memory
+    /// may synchronise with the stream).
+    fn set_meta(&self, p: u64, scale: f32) -> Result<(), ExecError> {
         let st = self.inner.stream.cu_stream();
-        // SAFETY: `m` holds 4 floats: words 0-1 get the bits of 1.0, words 2-3 zero.
+        // SAFETY: `p` points at an FP8 buffer's 4 meta words.
         unsafe {
-            cu::cuMemsetD32Async(p, 1.0f32.to_bits(), 2, st)
+            cu::cuMemsetD32Async(p, scale.to_bits(), 1, st)
                 .result()
+                .and_then(|()| cu::cuMemsetD32Async(p + 4, (1.0 / scale).to_bits(), 1, st).result())
                 .and_then(|()| cu::cuMemsetD32Async(p + 8, 0, 2, st).result())
         }
         .map_err(|e| self.derr("FP8 scale", e))
@@ -608,10 +623,7 @@ impl Cuda {
     /// scale when they take a current one); its pointer.
     fn codes_meta(&self, codes: &CudaBuffer, scale: f32) -> Result<u64, ExecError> {
         let meta = self.meta_ptr(codes)?;
-        let host = [scale, 1.0 / scale, 0.0, 0.0];
-        // SAFETY: meta holds 4 floats; the copy from pageable memory is staged before the
-        // call returns.
-        unsafe { dr::memcpy_htod_async(meta, &host[..], self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))?;
+        self.set_meta(meta, scale)?;
         Ok(meta)
     }
 
@@ -1054,15 +1066,33 @@ impl Device for Cuda {
     }
 
     fn read_quant(&self, stats: Vec<CudaQuantStats>) -> Result<Vec<QuantReport>, ExecError> {
-        // Every record's copy queued behind the pass, then one wait for the stream.
-        let mut words = vec![[0u32; STATS_WORDS]; stats.len()];
-        for (w, s) in words.iter_mut().zip(&stats) {
-            // SAFETY: the record holds STATS_WORDS words; `words` outlives the wait below.
-            unsafe { dr::memcpy_dtoh_async(&mut w[..], self.ptr(&s.rec), self.inner.stream.cu_stream()) }
-                .map_err(|e| self.derr("download", e))?;
+        if stats.is_empty() {
+            return Ok(Vec::new());
         }
+        // Every record gathered into one device buffer behind the pass, then one copy
+        // down: a copy into pageable host memory returns only once done, so a copy per
+        // record would wait for the device once per record.
+        let st = self.inner.stream.cu_stream();
+        let all = self.alloc(Elem::I32, stats.len() * STATS_WORDS)?;
+        let base = self.ptr(&all);
+        for (i, s) in stats.iter().enumerate() {
+            // SAFETY: each record holds STATS_WORDS words, and `all` one slot of them per record.
+            unsafe { dr::memcpy_dtod_async(base + (i * 4 * STATS_WORDS) as u64, self.ptr(&s.rec), 4 * STATS_WORDS, st) }
+                .map_err(|e| self.derr("statistics", e))?;
+        }
+        let mut flat = vec![0u32; stats.len() * STATS_WORDS];
+        // SAFETY: `all` holds flat.len() words; the copy is complete when it returns, and
+        // the synchronize below covers any driver that returns earlier.
+        unsafe { dr::memcpy_dtoh_async(&mut flat[..], base, st) }.map_err(|e| self.derr("download", e))?;
         self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
-        Ok(stats.iter().zip(&words).map(|(s, w)| s.report(w)).collect())
+        stats
+            .iter()
+            .zip(flat.chunks_exact(STATS_WORDS))
+            .map(|(s, w)| {
+                let w: &[u32; STATS_WORDS] = w.try_into().map_err(|_| ExecError::State("statistics record of the wrong size".into()))?;
+                Ok(s.report(w))
+            })
+            .collect()
     }
 
     fn native_fp8(&self) -> bool {
