@@ -314,6 +314,11 @@ pub trait Device {
     fn native_fp8(&self) -> bool {
         false
     }
+    /// Bytes of device memory free for new allocations now (`None`: not known, as on
+    /// the CPU, whose budget the caller sets).
+    fn memory_free(&self) -> Option<u64> {
+        None
+    }
     /// The scale stored with an FP8 buffer (`x ≈ decode(q) / scale`); 1 otherwise.
     fn fp8_scale(&self, buf: &Self::Buffer) -> Result<f32, ExecError>;
     /// The amax recorded with an FP8 buffer by its last write (max |x| before

@@ -64,7 +64,8 @@ pub struct ExecOptions {
     pub recompute: RecomputePolicy,
     /// Hand a linear's per-tensor FP8 operands to the device's FP8 GEMM as FP8 codes
     /// (cuBLASLt on tensor cores) instead of multiplying their dequantised f32 copies.
-    /// The product is the same either way (f32 accumulation of the same values);
+    /// The product is the same either way up to accumulation order (f32 accumulation of
+    /// the same values; tensor cores sum in their own order);
     /// `None`: the device's choice ([`Device::native_fp8`]: CUDA yes, CPU no).
     pub native_fp8: Option<bool>,
     /// Record the whole training step once as a CUDA graph and replay it every step

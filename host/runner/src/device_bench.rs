@@ -391,11 +391,16 @@ fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, globa
     }
     let on_cpu = dev.name().starts_with("cpu");
     let bytes = runner::measure::executor_bytes(g).unwrap_or(u64::MAX);
-    if on_cpu && bytes > runner::measure::EXECUTOR_BUDGET_BYTES {
+    // The CPU's budget; a GPU's free memory (an allocation past it would fail mid-step).
+    let limit = if on_cpu { Some((runner::measure::EXECUTOR_BUDGET_BYTES, "budget")) } else { dev.memory_free().map(|f| (f, "free")) };
+    if let Some((limit, what)) = limit
+        && bytes > limit
+    {
         notes.push(format!(
-            "memory-bound ops not measured: the training step would allocate {} on the CPU (budget {}); they keep the roofline",
+            "memory-bound ops not measured: the training step would allocate {} on {} ({what} {}); they keep the roofline",
             runner::report::si(bytes as f64),
-            runner::report::si(runner::measure::EXECUTOR_BUDGET_BYTES as f64)
+            dev.name(),
+            runner::report::si(limit as f64)
         ));
         return Ok(out);
     }

@@ -1099,6 +1099,11 @@ impl Device for Cuda {
         true
     }
 
+    fn memory_free(&self) -> Option<u64> {
+        self.inner.ctx.bind_to_thread().ok()?;
+        dr::mem_get_info().ok().map(|(free, _total)| free as u64)
+    }
+
     fn fp8_scale(&self, buf: &CudaBuffer) -> Result<f32, ExecError> {
         match &buf.meta {
             Some(_) => Ok(self.download::<f32>(self.meta_ptr(buf)?, 1)?[0]),
