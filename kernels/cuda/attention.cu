@@ -56,6 +56,14 @@ __device__ __forceinline__ bool visible(const Shape& s, i64 qp, i64 kp) {
     return kp >= lo && kp < hi;
 }
 
+// Whether any of a warp's query rows (positions qp, -1: past the end) sees key position
+// kp (-1: past the end): the lane's vote on skipping a key tile.
+__device__ __forceinline__ int sees_any(const Shape& s, const i64* qp, i64 kp) {
+    int any = 0;
+    for (int r = 0; r < ROWS_PER_WARP; r++) any |= qp[r] >= 0 && kp >= 0 && visible(s, qp[r], kp);
+    return any;
+}
+
 // Element (b, row, head, dim) of a (B, rows, heads, dims) tensor.
 __device__ __forceinline__ i64 at4(i64 b, i64 rows, i64 row, int heads, int head, int dims, int dim) {
     return ((b * rows + row) * heads + head) * (i64)dims + dim;
@@ -97,12 +105,14 @@ extern "C" __global__ void attention_forward(float* out, float* lse, const float
         qp[r] = row < s.t ? q_pos(s, row) : -1;
     }
     for (i64 k0 = 0; k0 < s.tk; k0 += TILE) {
-        __syncthreads();
+        const i64 kj = k0 + lane;
+        const i64 kp = kj < s.tk ? k_pos(s, kj) : -1;
+        // A key tile no row of the block sees (causal and window masks) is skipped by
+        // every thread alike; the barrier also guards the tiles' reload.
+        if (!__syncthreads_or(sees_any(s, qp, kp))) continue;
         load_rows(ks, k, bi, s.tk, k0, TILE, s.hkv, kvh, s.d);
         load_rows(vs, v, bi, s.tk, k0, TILE, s.hkv, kvh, s.dv);
         __syncthreads();
-        const i64 kj = k0 + lane;
-        const i64 kp = kj < s.tk ? k_pos(s, kj) : -1;
         for (int r = 0; r < ROWS_PER_WARP; r++) {
             if (qp[r] < 0) continue;
             const float* qr = qs + (warp * ROWS_PER_WARP + r) * dp;
@@ -184,12 +194,12 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
         dl[r] = row < s.t ? delta[(bi * s.h + hi) * s.t + row] : 0.0f;
     }
     for (i64 k0 = 0; k0 < s.tk; k0 += TILE) {
-        __syncthreads();
+        const i64 kj = k0 + lane;
+        const i64 kp = kj < s.tk ? k_pos(s, kj) : -1;
+        if (!__syncthreads_or(sees_any(s, qp, kp))) continue;  // as in the forward
         load_rows(ks, k, bi, s.tk, k0, TILE, s.hkv, kvh, s.d);
         load_rows(vs, v, bi, s.tk, k0, TILE, s.hkv, kvh, s.dv);
         __syncthreads();
-        const i64 kj = k0 + lane;
-        const i64 kp = kj < s.tk ? k_pos(s, kj) : -1;
         for (int r = 0; r < ROWS_PER_WARP; r++) {
             if (qp[r] < 0) continue;
             int lr = warp * ROWS_PER_WARP + r;
@@ -252,14 +262,21 @@ extern "C" __global__ void attention_backward_dkdv(float* dk, float* dv, const f
     for (int g = 0; g < group; g++) {
         const int hi = kvh * group + g;
         for (i64 q0 = 0; q0 < s.t; q0 += TILE) {
-            __syncthreads();
+            const i64 qi = q0 + lane;
+            const i64 qp = qi < s.t ? q_pos(s, qi) : -1;
+            // A query tile that sees none of the block's keys is skipped by every thread
+            // alike; the barrier also guards the tiles' reload.
+            int any = 0;
+            for (int r = 0; r < KEYS_PER_WARP; r++) any |= kp[r] >= 0 && qp >= 0 && visible(s, qp, kp[r]);
+            if (!__syncthreads_or(any)) continue;
             load_rows(qs, q, bi, s.t, q0, TILE, s.h, hi, s.d);
             load_rows(gs, dout, bi, s.t, q0, TILE, s.h, hi, s.dv);
             __syncthreads();
-            const i64 qi = q0 + lane;
-            const i64 qp = qi < s.t ? q_pos(s, qi) : -1;
             const float lq = qi < s.t ? lse[(bi * s.h + hi) * s.t + qi] : 0.0f;
             const float dq = qi < s.t ? delta[(bi * s.h + hi) * s.t + qi] : 0.0f;
+            // Unrolled so the accumulators stay in registers (not unrolled, ak, av and kp
+            // went to local memory: a load and a store around every multiply-add).
+#pragma unroll
             for (int r = 0; r < KEYS_PER_WARP; r++) {
                 if (kp[r] < 0) continue;
                 int kr = warp * KEYS_PER_WARP + r;

@@ -23,7 +23,9 @@ extern "C" __global__ void cross_entropy_rows(float* losses, float* lse, const f
         float z = m + logf(s);
         lse[row] = z;
         u32 t = targets[row];
-        losses[row] = t == IGNORE ? 0.0f : z - x[t];
+        // A target past the vocabulary (the executor bounds its inputs; a direct call may
+        // not) is a NaN loss, never a read past the row.
+        losses[row] = t == IGNORE ? 0.0f : (t < (u32)v ? z - x[t] : __int_as_float(0x7fc00000));
     }
 }
 

@@ -121,7 +121,12 @@ struct Runs {
     k: Vec<Run>,
 }
 
-fn check_shape(a: &Attn) -> Result<()> {
+/// The shape rules of an attention call (every backend's: the CUDA one checks with this
+/// too): heads, head dims, window, the cp shard.
+///
+/// # Errors
+/// `ShapeMismatch` naming the rule broken.
+pub fn check_shape(a: &Attn) -> Result<()> {
     if a.hkv == 0 || !a.h.is_multiple_of(a.hkv) {
         return shape_err(format!("attention: hkv {} must divide h {}", a.hkv, a.h));
     }

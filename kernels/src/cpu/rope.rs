@@ -44,7 +44,12 @@ pub struct Rope {
     pub cp: Option<CpShard>,
 }
 
-fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
+/// The shape rules of a rotary call with input length `a` and output length `b` (every
+/// backend's: the CUDA one checks with this too).
+///
+/// # Errors
+/// `ShapeMismatch` naming the rule broken.
+pub fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
     if !r.rot_dim.is_multiple_of(2) || r.rot_dim > r.d {
         return shape_err(format!(
             "rope rot_dim {} must be even and <= d {}",

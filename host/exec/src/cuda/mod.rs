@@ -741,17 +741,15 @@ impl Cuda {
     }
 
     fn attn_check(&self, kernel: &str, a: &Attn) -> Result<(), ExecError> {
-        if a.d == 0 || a.dv == 0 || a.d > 256 || a.dv > 256 || a.hkv == 0 || !a.h.is_multiple_of(a.hkv) {
-            return Err(kerr(
-                kernel,
-                format!(
-                    "attention head dims {} / {} (1..=256) and heads {} over {} kv heads (must divide)",
-                    a.d, a.dv, a.h, a.hkv
-                ),
-            ));
+        // The CPU's rules (heads, dims, window, the cp shard's rank and even T), then the
+        // kernels' own limits: head dims up to 256, and grid y and z (heads, batch) up to
+        // 65535.
+        runner_kernels::cpu::attention::check_shape(a).map_err(|source| ExecError::Kernel { op: kernel.into(), source })?;
+        if a.d > 256 || a.dv > 256 {
+            return Err(kerr(kernel, format!("attention head dims {} / {}: the CUDA kernels take up to 256", a.d, a.dv)));
         }
-        if a.window == Some(0) {
-            return Err(kerr(kernel, "window must be >= 1".into()));
+        if a.h > 65_535 || a.b > 65_535 {
+            return Err(kerr(kernel, format!("attention over {} heads and a batch of {}: the CUDA kernels take up to 65535 of each", a.h, a.b)));
         }
         Ok(())
     }
@@ -1421,14 +1419,14 @@ impl Device for Cuda {
 
     fn rmsnorm_backward(&self, dx: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, rstd: &CudaBuffer, c: usize) -> Result<(), ExecError> {
         let rows = x.len / c.max(1);
-        lens("rmsnorm_backward", &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("rstd", rstd.len, rows)])?;
+        lens("rmsnorm_backward", &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("w", w.len, c), ("rstd", rstd.len, rows), ("x", rows * c, x.len)])?;
         self.run("rmsnorm_backward_dx", rows_cfg(rows), &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(rstd), Arg::I32(c as i32)])?;
         self.column_sums(dw, dout, Some(x), None, Some(rstd), rows, c, 1)
     }
 
     fn layernorm_forward(&self, out: &mut CudaBuffer, mean: &mut CudaBuffer, rstd: &mut CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, b: &CudaBuffer, c: usize, eps: f32) -> Result<(), ExecError> {
         let rows = x.len / c.max(1);
-        lens("layernorm_forward", &[("out", out.len, x.len), ("mean", mean.len, rows), ("rstd", rstd.len, rows), ("w", w.len, c), ("b", b.len, c)])?;
+        lens("layernorm_forward", &[("out", out.len, x.len), ("mean", mean.len, rows), ("rstd", rstd.len, rows), ("w", w.len, c), ("b", b.len, c), ("x", rows * c, x.len)])?;
         self.run(
             "layernorm_forward",
             rows_cfg(rows),
@@ -1438,7 +1436,10 @@ impl Device for Cuda {
 
     fn layernorm_backward(&self, dx: &mut CudaBuffer, dw: &mut CudaBuffer, db: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, mean: &CudaBuffer, rstd: &CudaBuffer, c: usize) -> Result<(), ExecError> {
         let rows = x.len / c.max(1);
-        lens("layernorm_backward", &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("db", db.len, c)])?;
+        lens(
+            "layernorm_backward",
+            &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("db", db.len, c), ("w", w.len, c), ("mean", mean.len, rows), ("rstd", rstd.len, rows), ("x", rows * c, x.len)],
+        )?;
         self.run(
             "layernorm_backward_dx",
             rows_cfg(rows),
@@ -1616,6 +1617,9 @@ impl Device for Cuda {
     fn cross_entropy_forward(&self, loss: &mut CudaBuffer, lse: &mut CudaBuffer, logits: &CudaBuffer, targets: &CudaBuffer, v: usize) -> Result<(), ExecError> {
         need("cross_entropy_forward", targets, Elem::I32)?;
         let rows = targets.len;
+        if v == 0 && rows > 0 {
+            return Err(kerr("cross_entropy_forward", "a vocabulary of 0 classes".into()));
+        }
         lens("cross_entropy_forward", &[("logits", logits.len, rows * v), ("lse", lse.len, rows), ("loss", loss.len, 1)])?;
         let losses = self.f32_scratch(rows)?;
         self.run("cross_entropy_rows", rows_cfg(rows), &[self.p(&losses), self.p(lse), self.p(logits), self.p(targets), Arg::I32(v as i32)])?;
@@ -1902,11 +1906,9 @@ impl Device for Cuda {
 
 impl Cuda {
     fn rope(&self, out: &mut CudaBuffer, x: &CudaBuffer, r: Rope, sign: f32, kernel: &str) -> Result<(), ExecError> {
-        if !r.rot_dim.is_multiple_of(2) || r.rot_dim > r.d || !(r.theta.is_finite() && r.theta > 0.0) {
-            return Err(kerr(kernel, format!("rot_dim {} (even, <= d {}) and theta {} (> 0)", r.rot_dim, r.d, r.theta)));
-        }
+        // The CPU's rules (rot_dim, theta, the cp shard's rank and even T, lengths).
+        runner_kernels::cpu::rope::check(&r, x.len, out.len).map_err(|source| ExecError::Kernel { op: kernel.into(), source })?;
         let n = r.b * r.t * r.h * r.d;
-        lens(kernel, &[("x", x.len, n), ("out", out.len, n)])?;
         self.ew(
             "rope",
             n,
