@@ -1,18 +1,26 @@
-//! The CUDA attention kernels (`cuda/attention.cu` with the real `cuda/common.cuh`),
-//! compiled as C++ under an emulation of a block's threads (`cuda/emulation/emu.h`) and
-//! run against a double-precision reference (`cuda/emulation/attention_check.cpp`): their
-//! index math, masks, context-parallel positions, tile skipping and barriers, checked on
-//! a machine without a GPU. A barrier or full-mask warp shuffle that some thread never
-//! reaches hangs the emulation as it would a GPU (a deadline here), shared memory starts
-//! as NaN and outputs too, and the address and undefined-behaviour sanitizers watch every
-//! buffer where the compiler has them.
+//! The CUDA kernels (`cuda/*.cu` with the real `cuda/common.cuh`), compiled as C++ under
+//! an emulation of a block's threads (`cuda/emulation/emu.h`) and run on the CPU: their
+//! index math, masks, barriers and shuffles, checked on a machine without a GPU. A
+//! barrier or full-mask warp shuffle that some thread never reaches hangs the emulation
+//! as it would a GPU (a deadline here); shared memory starts as NaN, and so do outputs
+//! and scratch buffers; the address and undefined-behaviour sanitizers watch every buffer
+//! where the compiler has them.
 //!
-//! Needs a C++20 compiler (`c++`, or `CXX`); without one the test says so and passes,
+//! - The attention kernels against a double-precision reference
+//!   (`cuda/emulation/attention_check.cpp`).
+//! - Every kernel can be launched from a script (`cuda/emulation/launcher.cpp`, [`Emu`]):
+//!   the tests below replay the CUDA backend's launch sequences (`host/exec/src/cuda`)
+//!   and compare with the CPU kernels (`runner_kernels::cpu`).
+//!
+//! Needs a C++20 compiler (`c++`, or `CXX`); without one the tests say so and pass,
 //! unless `RUNNER_REQUIRE_CXX` is set (CI sets it).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use runner_kernels::cpu::ssm::{Ssm, SsmGrads, SsmInputs};
 
 const CUDA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
 
@@ -22,13 +30,245 @@ fn compiler() -> Option<String> {
     runs.then_some(cxx)
 }
 
-fn build(cxx: &str, dir: &Path, sanitize: bool) -> Output {
+fn build(cxx: &str, dir: &Path, main: &str, sanitize: bool) -> Output {
     let mut c = Command::new(cxx);
-    c.current_dir(dir).args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread", "attention_check.cpp", "-o", "check"]);
+    c.current_dir(dir).args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread", main, "-o", main.trim_end_matches(".cpp")]);
     if sanitize {
         c.arg("-fsanitize=address,undefined");
     }
     c.output().expect("the C++ compiler ran a moment ago")
+}
+
+/// Build `main` in `dir` (with the sanitizers where the compiler has them); the binary.
+fn compile(cxx: &str, dir: &Path, main: &str) -> PathBuf {
+    let mut built = build(cxx, dir, main, true);
+    if !built.status.success() {
+        built = build(cxx, dir, main, false);
+    }
+    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
+    dir.join(main.trim_end_matches(".cpp"))
+}
+
+/// Run `bin` with `args` under a deadline: a barrier or shuffle some thread never reaches
+/// is a failure naming it, not a hung test.
+fn run_with_deadline(bin: &Path, args: &[&Path]) -> (bool, String) {
+    let mut child = Command::new(bin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the emulated kernels did not finish in 600 s: a barrier or warp shuffle that not every thread reaches");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let out = child.wait_with_output().unwrap();
+    (out.status.success(), format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)))
+}
+
+/// A fresh directory for one build.
+fn scratch_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("runner-cuda-emulation-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `extern __shared__ float NAME[];` (a kernel's dynamic shared memory) pointed at the
+/// emulation's block buffer.
+fn point_dynamic_shared(src: &str) -> String {
+    const DECL: &str = "extern __shared__ float ";
+    let mut out = String::new();
+    let mut rest = src;
+    while let Some(at) = rest.find(DECL) {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + DECL.len()..];
+        let end = after.find("[];").expect("a dynamic shared array is declared NAME[];");
+        out.push_str(&format!("float* {} = emu_dynamic_smem;", &after[..end]));
+        rest = &after[end + 3..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The C++ expression passing launch argument `k` as a parameter of C type `ty`.
+fn cast(ty: &str, k: usize) -> String {
+    match ty {
+        t if t.ends_with('*') => format!("({t})a[{k}].p"),
+        "float" => format!("a[{k}].f"),
+        "i64" | "int" | "u32" | "unsigned" | "u64" => format!("({ty})a[{k}].i"),
+        t => format!("*({t}*)a[{k}].raw"),
+    }
+}
+
+/// Every kernel source as one C++ translation unit: each in a namespace with its own
+/// copy of common.cuh (its two lines of PTX made C++), dynamic shared memory pointed at
+/// the emulation's, and a `dispatch` that calls a kernel by name with the launch's
+/// arguments cast to its C signature; then one `dispatch` over them all.
+fn translation_unit() -> String {
+    let f16_out = r#"asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));"#;
+    let f16_in = r#"asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));"#;
+    let common = runner_kernels::cuda::COMMON;
+    assert!(common.contains(f16_out) && common.contains(f16_in), "common.cuh's f16 conversions changed: update the emulation");
+    let common = common.replace(f16_out, "h = emu_f32_to_f16(x);").replace(f16_in, "x = emu_f16_to_f32(h);");
+    let mut tu = String::new();
+    let mut spaces = Vec::new();
+    for (file, src) in runner_kernels::cuda::SOURCES {
+        let space = format!("k_{}", file.trim_end_matches(".cu"));
+        let body = point_dynamic_shared(&src.replacen("#include \"common.cuh\"", "", 1));
+        let mut calls = String::new();
+        for decl in src.split("extern \"C\" __global__ void ").skip(1) {
+            let (name, tail) = decl.split_once('(').unwrap();
+            let params = tail.split_once(')').unwrap().0;
+            let args: Vec<String> = params
+                .split(',')
+                .map(str::trim)
+                .filter(|p| !p.is_empty())
+                .enumerate()
+                .map(|(k, p)| {
+                    let cut = p.rfind([' ', '*']).unwrap();
+                    cast(p[..=cut].trim(), k)
+                })
+                .collect();
+            calls.push_str(&format!(
+                "    if (!strcmp(name, \"{n}\")) {{ {n}({a}); return true; }}\n",
+                n = name.trim(),
+                a = args.join(", ")
+            ));
+        }
+        tu.push_str(&format!(
+            "namespace {space} {{\n{common}\n{body}\nstatic bool dispatch(const char* name, Arg* a) {{\n{calls}    return false;\n}}\n}}\n"
+        ));
+        spaces.push(format!("{space}::dispatch(name, a)"));
+    }
+    tu.push_str(&format!("static bool dispatch(const char* name, Arg* a) {{ return {}; }}\n", spaces.join(" || ")));
+    tu
+}
+
+/// The launcher, built once per test run (`None`: no compiler, and none required).
+fn launcher() -> Option<&'static Path> {
+    static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
+    BIN.get_or_init(|| {
+        let cxx = compiler()?;
+        let dir = scratch_dir("launcher");
+        for file in ["emu.h", "emu_runtime.h", "launcher.cpp"] {
+            std::fs::copy(Path::new(CUDA).join("emulation").join(file), dir.join(file)).unwrap();
+        }
+        std::fs::write(dir.join("kernels_emu.inc"), translation_unit()).unwrap();
+        Some(compile(&cxx, &dir, "launcher.cpp"))
+    })
+    .as_deref()
+}
+
+/// A buffer of an [`Emu`] script.
+#[derive(Clone, Copy)]
+struct Buf(u32);
+
+/// A launch argument, as the CUDA backend's `Arg`.
+enum A {
+    P(Buf),
+    I(i64),
+    I32(i32),
+}
+
+/// A script of buffers and launches for the launcher.
+#[derive(Default)]
+struct Emu {
+    bufs: Vec<Vec<u8>>,
+    launches: Vec<u8>,
+    count: u32,
+}
+
+impl Emu {
+    fn f32s(&mut self, v: &[f32]) -> Buf {
+        self.bufs.push(v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        Buf(self.bufs.len() as u32 - 1)
+    }
+    /// An output or scratch buffer: NaN until a kernel writes it.
+    fn nans(&mut self, n: usize) -> Buf {
+        self.f32s(&vec![f32::NAN; n])
+    }
+    fn launch(&mut self, name: &str, grid: u32, threads: u32, smem_floats: usize, args: &[A]) {
+        let l = &mut self.launches;
+        l.extend((name.len() as u32).to_le_bytes());
+        l.extend(name.as_bytes());
+        for v in [grid, 1, 1, threads] {
+            l.extend(v.to_le_bytes());
+        }
+        l.extend((smem_floats as u64).to_le_bytes());
+        l.extend((args.len() as u32).to_le_bytes());
+        for a in args {
+            match a {
+                A::P(b) => {
+                    l.push(0);
+                    l.extend(b.0.to_le_bytes());
+                    l.extend(0u64.to_le_bytes());
+                }
+                A::I(v) => {
+                    l.push(1);
+                    l.extend(v.to_le_bytes());
+                }
+                A::I32(v) => {
+                    l.push(1);
+                    l.extend(i64::from(*v).to_le_bytes());
+                }
+            }
+        }
+        self.count += 1;
+    }
+    /// Grid-stride element-wise launch, as the backend's `ew` (256 threads, at most 2^20 blocks).
+    fn ew(&mut self, name: &str, n: usize, args: &[A]) {
+        self.launch(name, n.div_ceil(256).clamp(1, 1 << 20) as u32, 256, 0, args);
+    }
+    /// Run the script; every buffer after it, as f32.
+    fn run(self, bin: &Path) -> Vec<Vec<f32>> {
+        let dir = scratch_dir(&format!("script-{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+        let mut script = Vec::new();
+        script.extend((self.bufs.len() as u32).to_le_bytes());
+        for b in &self.bufs {
+            script.extend((b.len() as u64).to_le_bytes());
+            script.extend(b);
+        }
+        script.extend(self.count.to_le_bytes());
+        script.extend(&self.launches);
+        let (input, output) = (dir.join("script"), dir.join("out"));
+        std::fs::write(&input, script).unwrap();
+        let (ok, text) = run_with_deadline(bin, &[&input, &output]);
+        assert!(ok, "{text}");
+        let bytes = std::fs::read(&output).unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
+            at += 8;
+            out.push(bytes[at..at + n].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect());
+            at += n;
+        }
+        out
+    }
+}
+
+/// max |got − want| / max(1, max |want|), infinite for a NaN where `want` has none.
+fn error(want: &[f32], got: &[f32]) -> f64 {
+    assert_eq!(want.len(), got.len());
+    let scale = want.iter().fold(1f64, |m, &x| m.max(f64::from(x).abs()));
+    want.iter()
+        .zip(got)
+        .map(|(&w, &g)| if g.is_nan() != w.is_nan() { f64::INFINITY } else if w.is_nan() { 0.0 } else { (f64::from(w) - f64::from(g)).abs() })
+        .fold(0.0, f64::max)
+        / scale
+}
+
+fn normals(n: usize, seed: u64) -> Vec<f32> {
+    // SplitMix64 and Box-Muller: any fixed values will do.
+    let mut z = seed;
+    let mut next = || {
+        z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut x = z;
+        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        ((x ^ (x >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    };
+    (0..n).map(|_| ((-2.0 * (next() + 1e-12).ln()).sqrt() * (2.0 * std::f64::consts::PI * next()).cos()) as f32).collect()
 }
 
 #[test]
@@ -38,36 +278,103 @@ fn attention_kernels_match_a_double_reference_under_emulation() {
         eprintln!("skipped: no C++ compiler (c++, or CXX); install g++ to check the CUDA kernels under emulation");
         return;
     };
-    let dir = std::env::temp_dir().join(format!("runner-cuda-emulation-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for file in ["emulation/emu.h", "emulation/attention_check.cpp", "common.cuh"] {
+    let dir = scratch_dir("attention");
+    for file in ["emulation/emu.h", "emulation/emu_runtime.h", "emulation/attention_check.cpp", "common.cuh"] {
         let from = Path::new(CUDA).join(file);
         std::fs::copy(&from, dir.join(from.file_name().unwrap())).unwrap();
     }
     let src = std::fs::read_to_string(Path::new(CUDA).join("attention.cu")).unwrap();
-    let dynamic = "extern __shared__ float smem[];";
-    assert_eq!(src.matches(dynamic).count(), 3, "attention.cu's kernels declare their dynamic shared memory so");
-    std::fs::write(dir.join("attention_emu.cu"), src.replace(dynamic, "float* smem = emu_dynamic_smem;")).unwrap();
-
-    // The sanitizers where the compiler has them, else a plain build.
-    let mut built = build(&cxx, &dir, true);
-    if !built.status.success() {
-        built = build(&cxx, &dir, false);
-    }
-    assert!(built.status.success(), "{}", String::from_utf8_lossy(&built.stderr));
-
-    let mut child = Command::new(dir.join("check")).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while child.try_wait().unwrap().is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the emulated attention kernels did not finish in 600 s: a barrier or warp shuffle that not every thread reaches");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let out = child.wait_with_output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    std::fs::write(dir.join("attention_emu.cu"), point_dynamic_shared(&src)).unwrap();
+    let bin = compile(&cxx, &dir, "attention_check.cpp");
+    let (ok, text) = run_with_deadline(&bin, &[]);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(out.status.success(), "{text}");
+    assert!(ok, "{text}");
     assert!(text.contains("\n0 of ") && text.contains("shapes failed") && !text.contains("FAILED"), "{text}");
+}
+
+/// `Some(launcher)`, or `None` after saying why the test is skipped.
+fn launcher_or_skip() -> Option<&'static Path> {
+    let bin = launcher();
+    if bin.is_none() {
+        assert!(std::env::var_os("RUNNER_REQUIRE_CXX").is_none(), "RUNNER_REQUIRE_CXX is set but no C++ compiler runs (c++ or CXX)");
+        eprintln!("skipped: no C++ compiler (c++, or CXX); install g++ to check the CUDA kernels under emulation");
+    }
+    bin
+}
+
+/// Mamba-2's SSD scan, forward and backward, launched as the CUDA backend launches it
+/// (`host/exec/src/cuda/mod.rs`: the chunked forward, the backward's per-chunk pass, its
+/// reverse pass, the group sums of dB and dC and the per-head weight gradients), against
+/// the CPU kernels: the shapes `runner bench kernels` checks, one group and several,
+/// chunks that do not divide T, P = 64 with N = 128, and a 64 KiB state. The weight
+/// gradients add into random values; every other output starts as NaN.
+#[test]
+fn ssm_scan_matches_the_cpu_under_emulation() {
+    let Some(bin) = launcher_or_skip() else { return };
+    use runner_kernels::cpu::ssm::{ssm_scan_backward, ssm_scan_forward};
+    let cases = [
+        Ssm { b: 2, t: 33, h: 4, p: 16, g: 1, n: 32, chunk: 8 },
+        Ssm { b: 1, t: 20, h: 4, p: 64, g: 2, n: 128, chunk: 7 },
+        Ssm { b: 2, t: 9, h: 2, p: 3, g: 2, n: 40, chunk: 16 },
+        Ssm { b: 1, t: 12, h: 2, p: 64, g: 1, n: 256, chunk: 5 },
+    ];
+    for (ci, s) in cases.into_iter().enumerate() {
+        let [lx, lt, lg, lh, _] = s.lens().unwrap();
+        let seed = 100 * ci as u64;
+        let (x, dt, bm, cm) = (normals(lx, seed + 1), normals(lt, seed + 2), normals(lg, seed + 3), normals(lg, seed + 4));
+        let (a_log, d, dt_bias, dy) = (normals(lh, seed + 5), normals(lh, seed + 6), normals(lh, seed + 7), normals(lx, seed + 8));
+        let w0: Vec<Vec<f32>> = (9..12).map(|k| normals(lh, seed + k)).collect();
+        let inputs = SsmInputs { x: &x[..], dt: &dt[..], bm: &bm[..], cm: &cm[..], a_log: &a_log[..], d: &d[..], dt_bias: &dt_bias[..] };
+        let (mut y, mut states) = (vec![0f32; lx], vec![0f32; s.states_len()]);
+        ssm_scan_forward(&mut y, &mut states, inputs, s).unwrap();
+        let (mut gx, mut gdt, mut gbm, mut gcm) = (vec![0f32; lx], vec![0f32; lt], vec![0f32; lg], vec![0f32; lg]);
+        let (mut ga, mut gd, mut gb) = (w0[0].clone(), w0[1].clone(), w0[2].clone());
+        let grads = SsmGrads { dx: &mut gx[..], ddt: &mut gdt[..], dbm: &mut gbm[..], dcm: &mut gcm[..], da_log: &mut ga[..], dd: &mut gd[..], ddt_bias: &mut gb[..] };
+        ssm_scan_backward(grads, &dy, inputs, &states, s).unwrap();
+
+        let mut e = Emu::default();
+        let ins: Vec<Buf> = [&x, &dt, &bm, &cm, &a_log, &d, &dt_bias].iter().map(|v| e.f32s(v)).collect();
+        let (ey, es, edy) = (e.nans(lx), e.nans(s.states_len()), e.f32s(&dy));
+        let (edx, eddt, edbm, edcm) = (e.nans(lx), e.nans(lt), e.nans(lg), e.nans(lg));
+        let (eda, edd, edb) = (e.f32s(&w0[0]), e.f32s(&w0[1]), e.f32s(&w0[2]));
+        let (dch, dbh, wpart) = (e.nans(s.b * s.t * s.h * s.n), e.nans(s.b * s.t * s.h * s.n), e.nans(s.b * s.h * 3));
+        let dims = || [A::I(s.t as i64), A::I32(s.h as i32), A::I32(s.p as i32), A::I32(s.g as i32), A::I32(s.n as i32)];
+        // The backend passes min(chunk, T) (chunk_arg).
+        let chunk = || A::I32(s.chunk.min(s.t.max(1)) as i32);
+        let p = |b: Buf| A::P(b);
+        let warps = s.p.clamp(1, 8) as u32;
+        let mut args: Vec<A> = [ey, es].into_iter().chain(ins.iter().copied()).map(p).collect();
+        args.extend(dims());
+        args.push(chunk());
+        e.launch("ssm_scan_forward", (s.b * s.h) as u32, 32 * warps, s.p * s.n, &args);
+        let mut args: Vec<A> = [dch, edy, es, ins[0], ins[1], ins[2], ins[4], ins[6]].into_iter().map(p).collect();
+        args.extend(dims());
+        args.push(chunk());
+        e.launch("ssm_scan_backward_fwd", (s.b * s.h * s.chunks()) as u32, (s.n.div_ceil(32) * 32).clamp(32, 256) as u32, s.p * s.n, &args);
+        let mut args: Vec<A> = [edx, eddt, dbh, wpart, edy, dch].into_iter().chain(ins.iter().copied()).map(p).collect();
+        args.extend(dims());
+        e.launch("ssm_scan_backward_rev", (s.b * s.h) as u32, 32 * warps, s.p * s.n + warps as usize * s.n + 32, &args);
+        let (bt, gn) = (s.b * s.t, s.g * s.n);
+        for (dst, per_head) in [(edbm, dbh), (edcm, dch)] {
+            e.ew("ssm_scan_group_sum", bt * gn, &[p(dst), p(per_head), A::I(bt as i64), A::I32(s.h as i32), A::I32(s.g as i32), A::I32(s.n as i32)]);
+        }
+        e.ew("ssm_scan_weights", s.h, &[p(eda), p(edd), p(edb), p(wpart), A::I(s.b as i64), A::I32(s.h as i32)]);
+        let out = e.run(bin);
+
+        let checks: [(&str, &[f32], Buf, f64); 9] = [
+            ("y", &y, ey, 1e-4),
+            ("states", &states, es, 1e-4),
+            ("dx", &gx, edx, 1e-4),
+            ("ddt", &gdt, eddt, 1e-3),
+            ("dB", &gbm, edbm, 1e-4),
+            ("dC", &gcm, edcm, 1e-4),
+            ("da_log", &ga, eda, 1e-3),
+            ("dd", &gd, edd, 1e-4),
+            ("ddt_bias", &gb, edb, 1e-3),
+        ];
+        for (what, want, buf, tol) in checks {
+            let err = error(want, &out[buf.0 as usize]);
+            assert!(err <= tol, "{s:?}: {what} off by {err:.2e} (tolerance {tol:.0e})");
+        }
+    }
 }

@@ -37,9 +37,22 @@ unsigned emu_warp_ballot(int predicate);
 inline float __int_as_float(int i) { float f; memcpy(&f, &i, 4); return f; }
 inline float __uint_as_float(unsigned i) { float f; memcpy(&f, &i, 4); return f; }
 inline unsigned __float_as_uint(float f) { unsigned i; memcpy(&i, &f, 4); return i; }
+inline float rsqrtf(float x) { return 1.0f / sqrtf(x); }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+// common.cuh's two lines of PTX (f16 conversions, round to nearest even) become these.
+inline unsigned short emu_f32_to_f16(float x) {
+    _Float16 h = (_Float16)x;
+    unsigned short b;
+    memcpy(&b, &h, 2);
+    return b;
+}
+inline float emu_f16_to_f32(unsigned short b) {
+    _Float16 h;
+    memcpy(&h, &b, 2);
+    return (float)h;
+}
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float __shfl_sync(unsigned, float v, int src) { return emu_warp_exchange(v, src & 31); }
 inline float __shfl_xor_sync(unsigned, float v, int mask) { return emu_warp_exchange(v, (threadIdx.x & 31) ^ mask); }
