@@ -162,11 +162,13 @@ fn launcher() -> Option<&'static Path> {
 #[derive(Clone, Copy)]
 struct Buf(u32);
 
-/// A launch argument, as the CUDA backend's `Arg`.
+/// A launch argument, as the CUDA backend's `Arg` (`P`: a buffer at a byte offset).
 enum A {
     P(Buf),
+    POff(Buf, u64),
     I(i64),
     I32(i32),
+    F(f32),
 }
 
 /// A script of buffers and launches for the launcher.
@@ -186,11 +188,25 @@ impl Emu {
     fn nans(&mut self, n: usize) -> Buf {
         self.f32s(&vec![f32::NAN; n])
     }
+    /// A u32 (indices, token ids) buffer.
+    fn u32s(&mut self, v: &[u32]) -> Buf {
+        self.bufs.push(v.iter().flat_map(|x| x.to_le_bytes()).collect());
+        Buf(self.bufs.len() as u32 - 1)
+    }
+    /// A raw byte buffer (FP8 codes, bf16 words, FP8 meta).
+    fn bytes(&mut self, v: &[u8]) -> Buf {
+        self.bufs.push(v.to_vec());
+        Buf(self.bufs.len() as u32 - 1)
+    }
+    /// Launch `name` on a one-dimensional grid (most of the backend's launches).
     fn launch(&mut self, name: &str, grid: u32, threads: u32, smem_floats: usize, args: &[A]) {
+        self.launch3(name, (grid, 1, 1), threads, smem_floats, args);
+    }
+    fn launch3(&mut self, name: &str, grid: (u32, u32, u32), threads: u32, smem_floats: usize, args: &[A]) {
         let l = &mut self.launches;
         l.extend((name.len() as u32).to_le_bytes());
         l.extend(name.as_bytes());
-        for v in [grid, 1, 1, threads] {
+        for v in [grid.0, grid.1, grid.2, threads] {
             l.extend(v.to_le_bytes());
         }
         l.extend((smem_floats as u64).to_le_bytes());
@@ -201,6 +217,15 @@ impl Emu {
                     l.push(0);
                     l.extend(b.0.to_le_bytes());
                     l.extend(0u64.to_le_bytes());
+                }
+                A::POff(b, off) => {
+                    l.push(0);
+                    l.extend(b.0.to_le_bytes());
+                    l.extend(off.to_le_bytes());
+                }
+                A::F(v) => {
+                    l.push(2);
+                    l.extend(v.to_le_bytes());
                 }
                 A::I(v) => {
                     l.push(1);
@@ -218,8 +243,12 @@ impl Emu {
     fn ew(&mut self, name: &str, n: usize, args: &[A]) {
         self.launch(name, n.div_ceil(256).clamp(1, 1 << 20) as u32, 256, 0, args);
     }
-    /// Run the script; every buffer after it, as f32.
+    /// Run the script; every buffer after it, as f32 (see [`Emu::run_bytes`]).
     fn run(self, bin: &Path) -> Vec<Vec<f32>> {
+        self.run_bytes(bin).into_iter().map(|b| b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()).collect()
+    }
+    /// Run the script; every buffer after it, as bytes.
+    fn run_bytes(self, bin: &Path) -> Vec<Vec<u8>> {
         let dir = scratch_dir(&format!("script-{:?}", std::thread::current().id()).replace(['(', ')'], ""));
         let mut script = Vec::new();
         script.extend((self.bufs.len() as u32).to_le_bytes());
@@ -240,7 +269,7 @@ impl Emu {
         while at < bytes.len() {
             let n = u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap()) as usize;
             at += 8;
-            out.push(bytes[at..at + n].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect());
+            out.push(bytes[at..at + n].to_vec());
             at += n;
         }
         out
@@ -378,3 +407,12 @@ fn ssm_scan_matches_the_cpu_under_emulation() {
         }
     }
 }
+
+// Kernel families replayed under the emulation, a module each (they use this file's
+// `Emu`, `A`, `Buf`, `launcher_or_skip`, `error` and `normals`).
+#[path = "cuda_emulation/loss.rs"]
+mod loss;
+#[path = "cuda_emulation/norm.rs"]
+mod norm;
+#[path = "cuda_emulation/precision.rs"]
+mod precision;
