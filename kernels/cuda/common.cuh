@@ -89,6 +89,11 @@ __device__ __forceinline__ float fp8_max(int fmt) { return fmt == 0 ? 448.0f : 5
 
 __device__ __forceinline__ float pow2f(int e) { return __uint_as_float((u32)(e + 127) << 23); }
 
+// y (a product or quotient of x) with a NaN carrying x's sign: a GPU's arithmetic
+// returns its canonical, positive NaN where the CPU's keeps the operand's, and an FP8
+// code carries the sign (0xFF against 0x7F for a -NaN).
+__device__ __forceinline__ float keep_nan_sign(float y, float x) { return isnan(y) ? copysignf(y, x) : y; }
+
 // RNE encode, rounding before the overflow check; overflow saturates to ±max when
 // `saturate`, else NaN (E4M3) or ±Inf (E5M2). NaN stays NaN; the sign of zero is kept.
 __device__ __forceinline__ u8 fp8_encode(float x, int fmt, bool saturate) {
@@ -223,13 +228,13 @@ __device__ __forceinline__ void qstats(u64* stats, float* amax, float a, int sat
 // One element: y = x·enc, rounded, clipped, then ·dec (or /dec when `div`).
 __device__ __forceinline__ float qdq(float x, float enc, float dec, int div, const QGrid& g, int saturate, int sr,
                                      u32 u, int* sat, int* under) {
-    float y = x * enc;
+    float y = keep_nan_sign(x * enc, x);
     float r = qround(y, g, sr, u);
     int over = fabsf(r) > g.max;
     *sat = over;
     r = over ? copysignf(saturate ? g.max : g.overflow, y) : r;
     *under = (r == 0.0f && x != 0.0f && isfinite(x));
-    return div ? r / dec : r * dec;
+    return keep_nan_sign(div ? r / dec : r * dec, x);
 }
 
 // Transformer Engine's scale from an amax: max / amax / 2^margin (1 for 0 or non-finite).

@@ -41,7 +41,7 @@ extern "C" __global__ void fp8_scale_from_amax(float* meta, int fmt) {
 
 extern "C" __global__ void fp8_quantize(u8* q, const float* x, const float* meta, i64 n, int fmt) {
     float s = meta[0];
-    FOR_EACH(i, n) q[i] = fp8_encode(x[i] * s, fmt, true);
+    FOR_EACH(i, n) q[i] = fp8_encode(keep_nan_sign(x[i] * s, x[i]), fmt, true);
 }
 
 extern "C" __global__ void fp8_dequantize(float* out, const u8* q, const float* meta, i64 n, int fmt) {
@@ -62,7 +62,7 @@ extern "C" __global__ void round_f16(float* x, i64 n) {
 // x = decode(encode(x·scale)) / scale with meta[0] (from amax_f32 + fp8_scale_from_amax).
 extern "C" __global__ void round_fp8(float* x, const float* meta, i64 n, int fmt) {
     float s = meta[0];
-    FOR_EACH(i, n) x[i] = fp8_decode(fp8_encode(x[i] * s, fmt, true), fmt) / s;
+    FOR_EACH(i, n) x[i] = keep_nan_sign(fp8_decode(fp8_encode(keep_nan_sign(x[i] * s, x[i]), fmt, true), fmt) / s, x[i]);
 }
 
 // The E8M0 block scale 2^ceil(log2(amax / 448)) (RCEIL), 1 for a zero or non-finite amax.
@@ -92,7 +92,7 @@ extern "C" __global__ void round_mxfp8(float* x, i64 rows, int row) {
     float a = fabsf(v);
     float amax = warp_max(isnan(a) ? 0.0f : a);
     float s = mx_scale_rceil(amax);
-    if (in) x[r * row + c] = fp8_decode(fp8_encode(v / s, 0, true), 0) * s;
+    if (in) x[r * row + c] = keep_nan_sign(fp8_decode(fp8_encode(keep_nan_sign(v / s, v), 0, true), 0) * s, v);
 }
 
 // dst (cols, rows) = srcᵀ for 1-byte elements (FP8 operands into cuBLASLt's TN layout).
