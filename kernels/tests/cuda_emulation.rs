@@ -410,6 +410,8 @@ fn ssm_scan_matches_the_cpu_under_emulation() {
 
 // Kernel families replayed under the emulation, a module each (they use this file's
 // `Emu`, `A`, `Buf`, `launcher_or_skip`, `error` and `normals`).
+#[path = "cuda_emulation/layout.rs"]
+mod layout;
 #[path = "cuda_emulation/loss.rs"]
 mod loss;
 #[path = "cuda_emulation/norm.rs"]
