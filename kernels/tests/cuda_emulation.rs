@@ -287,6 +287,20 @@ fn error(want: &[f32], got: &[f32]) -> f64 {
         / scale
 }
 
+/// `error` within `tol`, or the same bits for a tolerance of 0 (NaNs of any payload
+/// alike, as devcheck's `bit_error`: -0 is not +0).
+fn check(what: &str, want: &[f32], got: &[f32], tol: f64) {
+    if tol == 0.0 {
+        assert_eq!(want.len(), got.len(), "{what}: lengths");
+        for (k, (w, g)) in want.iter().zip(got).enumerate() {
+            assert!(w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()), "{what}: element {k} is {g}, the CPU's {w}");
+        }
+    } else {
+        let err = error(want, got);
+        assert!(err <= tol, "{what} off by {err:.2e} (tolerance {tol:.0e})");
+    }
+}
+
 fn normals(n: usize, seed: u64) -> Vec<f32> {
     // SplitMix64 and Box-Muller: any fixed values will do.
     let mut z = seed;

@@ -261,22 +261,6 @@ fn len_err(what: &str, got: usize, want: usize) -> ExecError {
     ExecError::State(format!("{what}: {got} elements into a buffer of {want}"))
 }
 
-/// Row index into a source whose leading axes broadcast (size 1) against `out_lead`.
-fn broadcast_row(out_lead: &[u64], src_lead: &[u64], row: usize) -> usize {
-    let (mut r, mut idx, mut stride) = (row, 0usize, 1usize);
-    for ax in (0..out_lead.len()).rev() {
-        let d = out_lead[ax] as usize;
-        let i = r % d;
-        r /= d;
-        let s = src_lead[ax] as usize;
-        if s != 1 {
-            idx += i * stride;
-        }
-        stride *= s;
-    }
-    idx
-}
-
 fn last(s: &[u64]) -> usize {
     s.last().copied().unwrap_or(1) as usize
 }
@@ -701,8 +685,8 @@ impl Device for Cpu {
             return Err(ExecError::State(format!("{k}: shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
         }
         for (row, dst) in o.chunks_mut(lo).enumerate() {
-            let ra = broadcast_row(&s.out[..r], &s.a[..r], row);
-            let rb = broadcast_row(&s.out[..r], &s.b[..r], row);
+            let ra = runner_kernels::cpu::broadcast_row(&s.out[..r], &s.a[..r], row);
+            let rb = runner_kernels::cpu::broadcast_row(&s.out[..r], &s.b[..r], row);
             dst[..la].copy_from_slice(&xa[ra * la..(ra + 1) * la]);
             dst[la..].copy_from_slice(&xb[rb * lb..(rb + 1) * lb]);
         }
@@ -727,7 +711,7 @@ impl Device for Cpu {
                 let dx = fm(t, k)?;
                 // Broadcast leading axes sum their gradient over the copies.
                 for (row, src) in d.chunks(lo).enumerate() {
-                    let rs = broadcast_row(&s.out[..r], &ss[..r], row);
+                    let rs = runner_kernels::cpu::broadcast_row(&s.out[..r], &ss[..r], row);
                     for (a, b) in dx[rs * ls..(rs + 1) * ls].iter_mut().zip(&src[col0..col0 + ls]) {
                         *a += b;
                     }

@@ -33,6 +33,24 @@ pub mod ssm;
 /// (~1 µs) is negligible, small enough to balance over a handful of cores.
 pub(crate) const ELEM_GRAIN: usize = 1 << 15;
 
+/// Row index into a source whose leading axes broadcast (size 1) against `out_lead`: for
+/// row `row` of an output with leading axes `out_lead`, the row of a source with leading
+/// axes `src_lead` it reads (concat's broadcast inputs; every backend's rule).
+pub fn broadcast_row(out_lead: &[u64], src_lead: &[u64], row: usize) -> usize {
+    let (mut r, mut idx, mut stride) = (row, 0usize, 1usize);
+    for ax in (0..out_lead.len()).rev() {
+        let d = out_lead[ax] as usize;
+        let i = r % d;
+        r /= d;
+        let s = src_lead[ax] as usize;
+        if s != 1 {
+            idx += i * stride;
+        }
+        stride *= s;
+    }
+    idx
+}
+
 /// Rows per rayon task for row-wise kernels with row width `c`: aim for about
 /// `ELEM_GRAIN` elements per task, at least one row.
 pub(crate) fn rows_per_task(c: usize) -> usize {

@@ -33,7 +33,7 @@ use runner_kernels::cpu::activation::add_forward;
 use runner_kernels::cpu::moe::{self, DispatchPlan, Router, ScoreFn};
 use runner_kernels::cpu::ssm::{Conv1d, causal_conv1d_backward, causal_conv1d_forward};
 
-use super::{A, Buf, Emu, error, launcher_or_skip, normals};
+use super::{A, Buf, Emu, check, launcher_or_skip, normals};
 
 /// Element-wise tolerance (devcheck's `EW`).
 const EW: f64 = 1e-5;
@@ -44,20 +44,6 @@ const BLOCK: u32 = 256;
 /// What byte outputs start as: NaN in f32, bf16 and E4M3, so an element no kernel
 /// wrote shows.
 const FILL: u8 = 0xFF;
-
-/// `error` within `tol`, or the same bits for a tolerance of 0 (NaNs of any payload
-/// alike, as devcheck's `bit_error`: -0 is not +0).
-fn check(what: &str, want: &[f32], got: &[f32], tol: f64) {
-    if tol == 0.0 {
-        assert_eq!(want.len(), got.len(), "{what}: lengths");
-        for (k, (w, g)) in want.iter().zip(got).enumerate() {
-            assert!(w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()), "{what}: element {k} is {g}, the CPU's {w}");
-        }
-    } else {
-        let err = error(want, got);
-        assert!(err <= tol, "{what} off by {err:.2e} (tolerance {tol:.0e})");
-    }
-}
 
 /// The backend's `column_sums` in mode 0 (plain column sums of `dout`, rows x c, added
 /// into `dst`): per-chunk partials, then the chunks in order.
@@ -103,23 +89,6 @@ fn elementwise_kernels_match_the_cpu_under_emulation() {
     }
 }
 
-/// runner-exec's `broadcast_row` (cpu.rs): the row of a source whose leading axes
-/// broadcast against the output's.
-fn broadcast_row(out_lead: &[u64], src_lead: &[u64], row: usize) -> usize {
-    let (mut r, mut idx, mut stride) = (row, 0usize, 1usize);
-    for ax in (0..out_lead.len()).rev() {
-        let d = out_lead[ax] as usize;
-        let i = r % d;
-        r /= d;
-        let s = src_lead[ax] as usize;
-        if s != 1 {
-            idx += i * stride;
-        }
-        stride *= s;
-    }
-    idx
-}
-
 /// The table `concat_meta` uploads: the leading dimensions of out, a and b, each an i64
 /// as two little-endian u32 words, at least two words.
 fn shape_table(shapes: [&[u64]; 3]) -> Vec<u32> {
@@ -154,7 +123,7 @@ fn concat_matches_the_cpu_under_emulation() {
         // The CPU backend's concat_forward and concat_backward.
         let mut out = vec![0f32; no];
         for (row, dst) in out.chunks_mut(lo).enumerate() {
-            let (ra, rb) = (broadcast_row(&so[..r], &sa[..r], row), broadcast_row(&so[..r], &sb[..r], row));
+            let (ra, rb) = (runner_kernels::cpu::broadcast_row(&so[..r], &sa[..r], row), runner_kernels::cpu::broadcast_row(&so[..r], &sb[..r], row));
             dst[..la].copy_from_slice(&xa[ra * la..(ra + 1) * la]);
             dst[la..].copy_from_slice(&xb[rb * lb..(rb + 1) * lb]);
         }
@@ -162,7 +131,7 @@ fn concat_matches_the_cpu_under_emulation() {
         for (dx, ss, col0) in [(&mut da, sa, 0), (&mut db, sb, la)] {
             let ls = ss[r] as usize;
             for (row, src) in dout.chunks(lo).enumerate() {
-                let rs = broadcast_row(&so[..r], &ss[..r], row);
+                let rs = runner_kernels::cpu::broadcast_row(&so[..r], &ss[..r], row);
                 for (a, b) in dx[rs * ls..(rs + 1) * ls].iter_mut().zip(&src[col0..col0 + ls]) {
                     *a += b;
                 }

@@ -26,7 +26,7 @@ use runner_kernels::cpu::loss::{
 };
 use runner_kernels::cpu::rope::{Rope, rope_backward, rope_forward};
 
-use crate::{A, Buf, Emu, error, launcher_or_skip, normals};
+use crate::{A, Buf, Emu, check, launcher_or_skip, normals};
 
 /// Element-wise tolerance (devcheck's `EW`).
 const EW: f64 = 1e-5;
@@ -43,20 +43,6 @@ fn ids(n: usize, below: u32, seed: u64) -> Vec<u32> {
 
 fn scaled(n: usize, seed: u64, by: f32) -> Vec<f32> {
     normals(n, seed).into_iter().map(|x| by * x).collect()
-}
-
-/// `error` within `tol`, or the same bits for a tolerance of 0 (NaNs of any payload
-/// alike, as devcheck's `bit_error`: -0 is not +0).
-fn check(what: &str, want: &[f32], got: &[f32], tol: f64) {
-    if tol == 0.0 {
-        assert_eq!(want.len(), got.len(), "{what}: lengths");
-        for (k, (w, g)) in want.iter().zip(got).enumerate() {
-            assert!(w.to_bits() == g.to_bits() || (w.is_nan() && g.is_nan()), "{what}: element {k} is {g}, the CPU's {w}");
-        }
-    } else {
-        let err = error(want, got);
-        assert!(err <= tol, "{what} off by {err:.2e} (tolerance {tol:.0e})");
-    }
 }
 
 /// `cross_entropy_mean`'s sum, redone: thread k of 256 adds the valid rows k, k + 256, …
