@@ -168,9 +168,10 @@ pub unsafe fn eager_connections() {
     }
 }
 
-/// Waits until an NCCL call that returned `ncclInProgress` has finished its work: polls `state` (NCCL's
-/// asynchronous error for the communicator) until it is no longer `ncclInProgress`,
-/// checking `oracle` (a dead rank elsewhere) and `deadline` between polls.
+/// Waits until an NCCL call that returned `ncclInProgress` has finished its work: polls
+/// `state` (NCCL's asynchronous error for the communicator) until it is no longer
+/// `ncclInProgress`, checking `oracle` (a dead rank elsewhere) and `deadline` between
+/// polls.
 ///
 /// # Errors
 /// Why it did not finish: NCCL's error, the oracle's reason, or `on_timeout`.
