@@ -400,6 +400,18 @@ pub fn seed32(seed: Option<u64>) -> Option<u32> {
     seed.map(|s| (s ^ (s >> 32)) as u32)
 }
 
+/// A per-tensor scale must be finite and positive (every backend's rule: the CUDA one
+/// checks with this too).
+///
+/// # Errors
+/// `ShapeMismatch` for a scale that is zero, negative or not finite.
+pub fn check_scale(scale: f32) -> Result<()> {
+    if !(scale.is_finite() && scale > 0.0) {
+        return shape_err(format!("quantisation scale {scale} is not finite and positive"));
+    }
+    Ok(())
+}
+
 /// Quantise-dequantise `x` in place with one per-tensor scale (`q = cast(x·scale)`,
 /// `x̂ = q / scale`): the delayed and current FP8 recipes. A scale that is not finite
 /// and positive is refused.
@@ -407,9 +419,7 @@ pub fn seed32(seed: Option<u64>) -> Option<u32> {
 /// # Errors
 /// `ShapeMismatch` for a scale that is zero, negative or not finite.
 pub fn qdq_tensor(x: &mut [f32], f: Format, scale: f32, saturate: bool, stochastic: Option<u64>) -> Result<QuantReport> {
-    if !(scale.is_finite() && scale > 0.0) {
-        return shape_err(format!("quantisation scale {scale} is not finite and positive"));
-    }
+    check_scale(scale)?;
     let g = f.grid();
     let seed = seed32(stochastic);
     Ok(x.par_chunks_mut(ELEM_GRAIN)
@@ -732,9 +742,7 @@ pub fn quantize_codes(out: &mut [u8], x: &[f32], spec: &QuantSpec) -> Result<Qua
     };
     check_len("quantize_codes out", out.len(), x.len())?;
     let s = scale.unwrap_or_else(|| tensor_scale(amax(x), format, margin));
-    if !(s.is_finite() && s > 0.0) {
-        return shape_err(format!("quantisation scale {s} is not finite and positive"));
-    }
+    check_scale(s)?;
     fp8_codes(out, x, s, f, saturate)
 }
 

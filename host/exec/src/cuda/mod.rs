@@ -602,7 +602,7 @@ impl Cuda {
         match *spec {
             QuantSpec::Tensor { format, scale, margin, saturate, stochastic: None }
                 if ((format, fmt) == (quant::Format::E4M3, 0) || (format, fmt) == (quant::Format::E5M2, 1))
-                    && scale.is_none_or(|s| s.is_finite() && s > 0.0) =>
+                    && scale.is_none_or(|s| quant::check_scale(s).is_ok()) =>
             {
                 Ok((fmt, format, scale, margin, saturate))
             }
@@ -744,7 +744,7 @@ impl Cuda {
         // The CPU's rules (heads, dims, window, the cp shard's rank and even T), then the
         // kernels' own limits: head dims up to 256, and grid y and z (heads, batch) up to
         // 65535.
-        runner_kernels::cpu::attention::check_shape(a).map_err(|source| ExecError::Kernel { op: kernel.into(), source })?;
+        runner_kernels::cpu::attention::check_shape(a).map_err(refused(kernel))?;
         if a.d > 256 || a.dv > 256 {
             return Err(kerr(kernel, format!("attention head dims {} / {}: the CUDA kernels take up to 256", a.d, a.dv)));
         }
@@ -1177,10 +1177,8 @@ impl Device for Cuda {
                 ScaleFrom::Given(1.0)
             }
             QuantSpec::Tensor { format, scale: given, margin, saturate, stochastic } => {
-                if let Some(s) = given
-                    && !(s.is_finite() && s > 0.0)
-                {
-                    return Err(kerr("quantize", format!("scale {s} (finite and > 0)")));
+                if let Some(s) = given {
+                    quant::check_scale(s).map_err(refused("quantize"))?;
                 }
                 if given.is_none() {
                     self.ew("amax_f32", x.len, &[Arg::P(curp), self.p(x), Arg::I(n)])?;
@@ -1717,12 +1715,12 @@ impl Device for Cuda {
 
     fn dispatch_plan(&self, indices: &CudaBuffer, n: usize, k: usize, e: usize) -> Result<CudaPlan, ExecError> {
         let host = self.read_u32(indices)?;
-        let plan = runner_kernels::cpu::moe::dispatch_plan(&host, n, k, e).map_err(|source| ExecError::Kernel { op: "dispatch_plan".into(), source })?;
+        let plan = runner_kernels::cpu::moe::dispatch_plan(&host, n, k, e).map_err(refused("dispatch_plan"))?;
         self.upload_plan(plan)
     }
 
     fn presorted_plan(&self, counts: &[usize]) -> Result<CudaPlan, ExecError> {
-        let plan = runner_kernels::cpu::moe::presorted_plan(counts).map_err(|source| ExecError::Kernel { op: "presorted_plan".into(), source })?;
+        let plan = runner_kernels::cpu::moe::presorted_plan(counts).map_err(refused("presorted_plan"))?;
         self.upload_plan(plan)
     }
 
@@ -1907,7 +1905,7 @@ impl Device for Cuda {
 impl Cuda {
     fn rope(&self, out: &mut CudaBuffer, x: &CudaBuffer, r: Rope, sign: f32, kernel: &str) -> Result<(), ExecError> {
         // The CPU's rules (rot_dim, theta, the cp shard's rank and even T, lengths).
-        runner_kernels::cpu::rope::check(&r, x.len, out.len).map_err(|source| ExecError::Kernel { op: kernel.into(), source })?;
+        runner_kernels::cpu::rope::check(&r, x.len, out.len).map_err(refused(kernel))?;
         let n = r.b * r.t * r.h * r.d;
         self.ew(
             "rope",
