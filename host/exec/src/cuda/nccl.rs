@@ -366,6 +366,13 @@ impl NcclGroup {
         Ok(())
     }
 
+    /// What every call checks before NCCL sees it: the buffer's type ([`movable`]) and
+    /// that the communicator is live.
+    fn ready(&self, what: &str, b: &CudaBuffer) -> Result<(), ExecError> {
+        movable(what, b)?;
+        self.live(what)
+    }
+
     fn done(&self, what: &str, r: Result<nr::NcclStatus, nr::NcclError>) -> Result<(), ExecError> {
         let st = r.map_err(|e| self.fail(what, format!("{:?}", e.0)))?;
         if st == nr::NcclStatus::InProgress {
@@ -485,8 +492,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_reduce(&self, _dev: &Cuda, buf: &mut CudaBuffer, op: ReduceOp) -> Result<(), ExecError> {
-        movable("all-reduce", buf)?;
-        self.live("all-reduce")?;
+        self.ready("all-reduce", buf)?;
         let red = match op {
             ReduceOp::Sum => ns::ncclRedOp_t::ncclSum,
             ReduceOp::Max => ns::ncclRedOp_t::ncclMax,
@@ -498,8 +504,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_gather(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
-        movable("all-gather", input)?;
-        self.live("all-gather")?;
+        self.ready("all-gather", input)?;
         self.check("all-gather", output.len(), input.len() * self.size)?;
         // SAFETY: output holds size × input elements.
         let r = unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) };
@@ -507,8 +512,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn reduce_scatter(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
-        movable("reduce-scatter", input)?;
-        self.live("reduce-scatter")?;
+        self.ready("reduce-scatter", input)?;
         self.check("reduce-scatter", input.len(), output.len() * self.size)?;
         // SAFETY: input holds size × output elements.
         let r = unsafe {
@@ -518,8 +522,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_to_all(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
-        movable("all-to-all", input)?;
-        self.live("all-to-all")?;
+        self.ready("all-to-all", input)?;
         self.check("all-to-all", output.len(), input.len())?;
         if !input.len().is_multiple_of(self.size) {
             return Err(ExecError::State(format!("collective: all-to-all: {} elements do not split over {} ranks", input.len(), self.size)));
@@ -529,8 +532,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn all_to_all_v(&self, _dev: &Cuda, input: &CudaBuffer, send: &[usize], output: &mut CudaBuffer, recv: &[usize]) -> Result<(), ExecError> {
-        movable("all-to-all-v", input)?;
-        self.live("all-to-all-v")?;
+        self.ready("all-to-all-v", input)?;
         if send.len() != self.size || recv.len() != self.size {
             return Err(ExecError::State(format!("collective: all-to-all-v: counts for {} ranks in a group of {}", send.len(), self.size)));
         }
@@ -540,8 +542,7 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn broadcast(&self, _dev: &Cuda, buf: &mut CudaBuffer, root: usize) -> Result<(), ExecError> {
-        movable("broadcast", buf)?;
-        self.live("broadcast")?;
+        self.ready("broadcast", buf)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer.
         let r = unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) };
@@ -549,16 +550,14 @@ impl Collective<Cuda> for NcclGroup {
     }
 
     fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
-        movable("send", buf)?;
-        self.live("send")?;
+        self.ready("send", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("send", r)
     }
 
     fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
-        movable("recv", buf)?;
-        self.live("recv")?;
+        self.ready("recv", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
         let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("recv", r)
