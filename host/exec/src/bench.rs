@@ -529,6 +529,19 @@ pub(crate) fn device_samples<D: crate::device::Device>(
     Ok(out)
 }
 
+/// Benchmark operand values (the device GEMM bench, `runner measure`'s GEMMs): seeded
+/// standard normals, as PyTorch's reference draws them (operands that flip few bits draw less power and let a GPU clock
+/// higher, which would flatter the times; finite in every format, and so are the
+/// products). A pool of about a million is tiled over the buffer: its length is prime, so
+/// no row of any shape repeats another, and a head's half-billion values drawn afresh
+/// would cost seconds per linear.
+pub(crate) fn operand(len: usize, seed: u64) -> Vec<f32> {
+    const POOL: usize = 1_048_573; // prime
+    let mut pool = vec![0f32; POOL.min(len)];
+    crate::executor::SplitMix(seed).normals(&mut pool, 1.0);
+    pool.iter().copied().cycle().take(len).collect()
+}
+
 /// The TN GEMM of a linear layer's forward, c (m,n) = a (m,k) · b (n,k)ᵀ, in `elem`, for
 /// each square size: the layout cuBLASLt's FP8 kernels take directly.
 ///
@@ -544,19 +557,14 @@ pub fn device_gemm_bench<D: crate::device::Device>(
     sizes
         .iter()
         .map(|&s| {
-            // Seeded standard normals, as PyTorch's reference draws (`torch.randn`):
-            // operands that flip few bits draw less power and let the chip clock higher
-            // (an H200 ran 894 TFLOP/s on zeros against 788 on random data), which would
-            // flatter the comparison. FP8 takes its current scale from the data (amax at
-            // 448), as the reference scales its operands.
-            let normals = |seed: u64| {
-                let mut v = vec![0f32; s * s];
-                crate::executor::SplitMix(seed).normals(&mut v, 1.0);
-                v
-            };
+            // Normals, as PyTorch's reference draws (`torch.randn`): operands that flip
+            // few bits draw less power and let the chip clock higher (an H200 ran 894
+            // TFLOP/s on zeros against 788 on random data), which would flatter the
+            // comparison. FP8 takes its current scale from the data (amax at 448), as the
+            // reference scales its operands.
             let (mut a, mut b) = (dev.alloc(elem, s * s)?, dev.alloc(elem, s * s)?);
-            dev.write_f32(&mut a, &normals(1))?;
-            dev.write_f32(&mut b, &normals(2))?;
+            dev.write_f32(&mut a, &operand(s * s, 1))?;
+            dev.write_f32(&mut b, &operand(s * s, 2))?;
             let mut c = dev.alloc(out_elem, s * s)?;
             let g = Gemm {
                 m: s,
@@ -645,6 +653,26 @@ mod device_tests {
     use super::*;
     use crate::cpu::Cpu;
     use crate::device::Elem;
+
+    /// Operands are normals, not a short repeating pattern: no row of a large buffer
+    /// repeats the one before it, and the values spread as a standard normal's.
+    #[test]
+    fn operands_are_normals_that_do_not_repeat_by_row() {
+        let k = 4096;
+        let v = operand(3 * 1_048_573, 9);
+        assert_eq!(v.len(), 3 * 1_048_573);
+        assert_eq!(&v[..16], &operand(16, 9)[..], "the same seed gives the same values");
+        assert!((0..700).all(|r| v[r * k..(r + 1) * k] != v[(r + 1) * k..(r + 2) * k]));
+        let mut distinct: Vec<u32> = v[..100_000].iter().map(|x| x.to_bits()).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 99_000, "{} distinct values in 100000", distinct.len());
+        let n = v.len() as f64;
+        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
+        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+        assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.01, "mean {mean}, variance {var}");
+        assert!(v.iter().all(|x| x.is_finite()));
+    }
 
     /// On the CPU backend the device benches run and report positive, consistent rates.
     #[test]

@@ -61,7 +61,7 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
     let fp8 = |r: usize| l.formats[r] == Elem::F8E4M3;
     let bf16 = |len: usize, seed: u64| -> Result<_, ExecError> {
         let mut b = dev.alloc(Elem::BF16, len)?;
-        dev.write_f32(&mut b, &operand(len, seed))?;
+        dev.write_f32(&mut b, &crate::bench::operand(len, seed))?;
         Ok(b)
     };
     let (x, w, dy) = (bf16(m * k, 1)?, bf16(n * k, 2)?, bf16(m * n, 3)?);
@@ -106,7 +106,7 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
     let mut cast_dy_s = 0.0;
     let one_pass = |elem: Elem, len: usize| -> Result<f64, ExecError> {
         let mut src = dev.alloc(Elem::F32, len)?;
-        dev.write_f32(&mut src, &operand(len, 4))?;
+        dev.write_f32(&mut src, &crate::bench::operand(len, 4))?;
         let mut q = dev.alloc(elem, len)?;
         let format = if elem == Elem::F8E5M2 { runner_kernels::cpu::quant::Format::E5M2 } else { runner_kernels::cpu::quant::Format::E4M3 };
         let spec = runner_kernels::cpu::quant::QuantSpec::Tensor { format, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
@@ -121,19 +121,6 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
     Ok(LinearTimes { kernel_s, cast_x_s, cast_dy_s })
 }
 
-/// Operand values: seeded standard normals, as the device GEMM bench and PyTorch's
-/// reference draw them (operands that flip few bits draw less power and let a GPU clock
-/// higher, which would flatter the times; finite in every format, and so are the
-/// products). A pool of about a million is tiled over the buffer: its length is prime, so
-/// no row of any shape repeats another, and a head's half-billion values drawn afresh
-/// would cost seconds per linear.
-fn operand(len: usize, seed: u64) -> Vec<f32> {
-    const POOL: usize = 1_048_573; // prime
-    let mut pool = vec![0f32; POOL.min(len)];
-    crate::executor::SplitMix(seed).normals(&mut pool, 1.0);
-    pool.iter().copied().cycle().take(len).collect()
-}
-
 /// Median seconds of one call of `f`: one call timed to size the samples, then
 /// `samples` samples of enough calls to last about a millisecond.
 fn median_time<D: Device>(dev: &D, samples: usize, mut f: impl FnMut() -> Result<(), ExecError>) -> Result<f64, ExecError> {
@@ -146,26 +133,6 @@ fn median_time<D: Device>(dev: &D, samples: usize, mut f: impl FnMut() -> Result
 mod tests {
     use super::*;
     use crate::cpu::Cpu;
-
-    /// Operands are normals, not a short repeating pattern: no row of a large buffer
-    /// repeats the one before it, and the values spread as a standard normal's.
-    #[test]
-    fn operands_are_normals_that_do_not_repeat_by_row() {
-        let k = 4096;
-        let v = operand(3 * 1_048_573, 9);
-        assert_eq!(v.len(), 3 * 1_048_573);
-        assert_eq!(&v[..16], &operand(16, 9)[..], "the same seed gives the same values");
-        assert!((0..700).all(|r| v[r * k..(r + 1) * k] != v[(r + 1) * k..(r + 2) * k]));
-        let mut distinct: Vec<u32> = v[..100_000].iter().map(|x| x.to_bits()).collect();
-        distinct.sort_unstable();
-        distinct.dedup();
-        assert!(distinct.len() > 99_000, "{} distinct values in 100000", distinct.len());
-        let n = v.len() as f64;
-        let mean = v.iter().map(|&x| x as f64).sum::<f64>() / n;
-        let var = v.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-        assert!(mean.abs() < 0.01 && (var - 1.0).abs() < 0.01, "mean {mean}, variance {var}");
-        assert!(v.iter().all(|x| x.is_finite()));
-    }
 
     /// Each GEMM of a small layer runs on the CPU backend in BF16 and FP8 (the same
     /// calls the CUDA backend gets), and a larger layer takes longer.
