@@ -225,8 +225,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     ms(m.timing.step.median),
                     ms(s.median),
                     gm.timing.losses.len(),
-                    match (same, same_bitwise) {
-                        (true, Some(true)) => "equal to the eager run's, bit for bit".to_string(),
+                    match (same, bitwise) {
+                        (true, true) => "equal to the eager run's, bit for bit".to_string(),
                         (true, _) => "equal to the eager run's within 1e-5 (not bit for bit)".to_string(),
                         _ => format!("DIFFER from the eager run's: {:?} vs {:?}", gm.timing.losses, m.timing.losses),
                     }

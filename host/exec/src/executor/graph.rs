@@ -26,8 +26,8 @@
 //! The first step runs eagerly (kernels loaded, GEMM plans chosen, memory pools grown:
 //! none of that may happen inside a recording); the second is recorded, then launched;
 //! each later step uploads and launches. Its phases and ops are not timed (the caller
-//! times whole steps: `timing.rs`). Gradients and activations cannot be read between steps in this mode
-//! (the recording freed them); weights can.
+//! times whole steps: `timing.rs`). Gradients and activations cannot be read between
+//! steps in this mode (the recording freed them); weights can.
 
 use runner_graph::OpKind;
 use runner_kernels::cpu::adamw::AdamW;
