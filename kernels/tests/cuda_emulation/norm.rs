@@ -206,7 +206,7 @@ fn activations_match_the_cpu_under_emulation() {
         let mut e = Emu::default();
         let (ea, eb, edout) = (e.f32s(&a), e.f32s(&b), e.f32s(&dout));
         let len = || A::I(n as i64);
-        let mut checks: Vec<(&str, Vec<f32>, Buf)> = Vec::new();
+        let mut checks: Vec<(String, Vec<f32>, Buf)> = Vec::new();
 
         let (mut o, mut dg, mut du) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
         activation::swiglu_forward(&mut o, &a, &b).unwrap();
@@ -214,7 +214,7 @@ fn activations_match_the_cpu_under_emulation() {
         let (eo, edg, edu) = (e.nans(n), e.nans(n), e.nans(n));
         e.ew("swiglu_forward", n, &[A::P(eo), A::P(ea), A::P(eb), len()]);
         e.ew("swiglu_backward", n, &[A::P(edg), A::P(edu), A::P(edout), A::P(ea), A::P(eb), len()]);
-        checks.extend([("swiglu out", o, eo), ("swiglu dgate", dg, edg), ("swiglu dup", du, edu)]);
+        checks.extend([("swiglu out".into(), o, eo), ("swiglu dgate".into(), dg, edg), ("swiglu dup".into(), du, edu)]);
 
         // The CPU backend's GeGLU: out = gelu(g)·u; dgate = gelu'(g)·(dout·u), dup = dout·gelu(g).
         let mut o = vec![0f32; n];
@@ -227,26 +227,27 @@ fn activations_match_the_cpu_under_emulation() {
         let (eo, edg, edu) = (e.nans(n), e.nans(n), e.nans(n));
         e.ew("geglu_forward", n, &[A::P(eo), A::P(ea), A::P(eb), len()]);
         e.ew("geglu_backward", n, &[A::P(edg), A::P(edu), A::P(edout), A::P(ea), A::P(eb), len()]);
-        checks.extend([("geglu out", o, eo), ("geglu dgate", dg, edg), ("geglu dup", du, edu)]);
+        checks.extend([("geglu out".into(), o, eo), ("geglu dgate".into(), dg, edg), ("geglu dup".into(), du, edu)]);
 
-        let (mut o, mut dx) = (vec![0f32; n], vec![0f32; n]);
-        activation::gelu_forward(&mut o, &a).unwrap();
-        activation::gelu_backward(&mut dx, &dout, &a).unwrap();
-        let (eo, edx) = (e.nans(n), e.nans(n));
-        e.ew("gelu_forward", n, &[A::P(eo), A::P(ea), len()]);
-        e.ew("gelu_backward", n, &[A::P(edx), A::P(edout), A::P(ea), len()]);
-        checks.extend([("gelu out", o, eo), ("gelu dx", dx, edx)]);
-
-        let (mut o, mut dx) = (vec![0f32; n], vec![0f32; n]);
-        activation::squared_relu_forward(&mut o, &a).unwrap();
-        activation::squared_relu_backward(&mut dx, &dout, &a).unwrap();
-        let (eo, edx) = (e.nans(n), e.nans(n));
-        e.ew("squared_relu_forward", n, &[A::P(eo), A::P(ea), len()]);
-        e.ew("squared_relu_backward", n, &[A::P(edx), A::P(edout), A::P(ea), len()]);
-        checks.extend([("squared_relu out", o, eo), ("squared_relu dx", dx, edx)]);
+        // The one-input activations: forward and backward kernels named after them.
+        type Forward = fn(&mut [f32], &[f32]) -> runner_kernels::Result<()>;
+        type Backward = fn(&mut [f32], &[f32], &[f32]) -> runner_kernels::Result<()>;
+        let unary: [(&str, Forward, Backward); 2] = [
+            ("gelu", activation::gelu_forward, activation::gelu_backward),
+            ("squared_relu", activation::squared_relu_forward, activation::squared_relu_backward),
+        ];
+        for (name, forward, backward) in unary {
+            let (mut o, mut dx) = (vec![0f32; n], vec![0f32; n]);
+            forward(&mut o, &a).unwrap();
+            backward(&mut dx, &dout, &a).unwrap();
+            let (eo, edx) = (e.nans(n), e.nans(n));
+            e.ew(&format!("{name}_forward"), n, &[A::P(eo), A::P(ea), len()]);
+            e.ew(&format!("{name}_backward"), n, &[A::P(edx), A::P(edout), A::P(ea), len()]);
+            checks.extend([(format!("{name} out"), o, eo), (format!("{name} dx"), dx, edx)]);
+        }
 
         let got = e.run(bin);
-        let checks: Vec<(&str, &[f32], Buf, f64)> = checks.iter().map(|(w, v, b)| (*w, &v[..], *b, EW)).collect();
+        let checks: Vec<(&str, &[f32], Buf, f64)> = checks.iter().map(|(w, v, b)| (w.as_str(), &v[..], *b, EW)).collect();
         check(&format!("activations, {n} elements"), &got, &checks);
     }
 }
