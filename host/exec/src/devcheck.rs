@@ -183,8 +183,7 @@ impl<D: Device> Pair<'_, D> {
     /// Relative to max(1, max |cpu|); a tolerance of 0 asks for the same bits.
     fn check(&mut self, kernel: &str, x: &Two<D::Buffer>, tol: f64) -> Result<(), ExecError> {
         let (want, got) = self.read(x)?;
-        let error = if tol == 0.0 { bit_error(&want, &got) } else { relative_error(&want, &got) };
-        self.push(kernel, error, tol);
+        self.check_values(kernel, &want, &got, tol);
         Ok(())
     }
     /// Relative to max |cpu| alone (results far below 1).
@@ -202,6 +201,7 @@ impl<D: Device> Pair<'_, D> {
         self.push(kernel, error, steps);
         Ok(())
     }
+    /// As [`Pair::check`], on values already read.
     fn check_values(&mut self, kernel: &str, want: &[f32], got: &[f32], tol: f64) {
         let error = if tol == 0.0 { bit_error(want, got) } else { relative_error(want, got) };
         self.push(kernel, error, tol);
