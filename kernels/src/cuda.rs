@@ -7,6 +7,8 @@
 //! sources include no CUDA toolkit header, so any machine with the NVRTC library (the
 //! pip wheel `nvidia-cuda-nvrtc` is enough) compiles them.
 
+pub mod emulation;
+
 /// The shared header every source includes.
 pub const COMMON: &str = include_str!("../cuda/common.cuh");
 

@@ -21,14 +21,9 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use runner_kernels::cpu::ssm::{Ssm, SsmGrads, SsmInputs};
+use runner_kernels::cuda::emulation::{self, compiler, point_dynamic_shared};
 
 const CUDA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
-
-fn compiler() -> Option<String> {
-    let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let runs = Command::new(&cxx).arg("--version").output().is_ok_and(|o| o.status.success());
-    runs.then_some(cxx)
-}
 
 fn build(cxx: &str, dir: &Path, main: &str, sanitize: bool) -> Output {
     let mut c = Command::new(cxx);
@@ -72,87 +67,13 @@ fn scratch_dir(what: &str) -> PathBuf {
     dir
 }
 
-/// `extern __shared__ float NAME[];` (a kernel's dynamic shared memory) pointed at the
-/// emulation's block buffer.
-fn point_dynamic_shared(src: &str) -> String {
-    const DECL: &str = "extern __shared__ float ";
-    let mut out = String::new();
-    let mut rest = src;
-    while let Some(at) = rest.find(DECL) {
-        out.push_str(&rest[..at]);
-        let after = &rest[at + DECL.len()..];
-        let end = after.find("[];").expect("a dynamic shared array is declared NAME[];");
-        out.push_str(&format!("float* {} = emu_dynamic_smem;", &after[..end]));
-        rest = &after[end + 3..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// The C++ expression passing launch argument `k` as a parameter of C type `ty`.
-fn cast(ty: &str, k: usize) -> String {
-    match ty {
-        t if t.ends_with('*') => format!("({t})a[{k}].p"),
-        "float" => format!("a[{k}].f"),
-        "i64" | "int" | "u32" | "unsigned" | "u64" => format!("({ty})a[{k}].i"),
-        t => format!("*({t}*)a[{k}].raw"),
-    }
-}
-
-/// Every kernel source as one C++ translation unit: each in a namespace with its own
-/// copy of common.cuh (its two lines of PTX made C++), dynamic shared memory pointed at
-/// the emulation's, and a `dispatch` that calls a kernel by name with the launch's
-/// arguments cast to its C signature; then one `dispatch` over them all.
-fn translation_unit() -> String {
-    let f16_out = r#"asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));"#;
-    let f16_in = r#"asm("cvt.f32.f16 %0, %1;" : "=f"(x) : "h"(h));"#;
-    let common = runner_kernels::cuda::COMMON;
-    assert!(common.contains(f16_out) && common.contains(f16_in), "common.cuh's f16 conversions changed: update the emulation");
-    let common = common.replace(f16_out, "h = emu_f32_to_f16(x);").replace(f16_in, "x = emu_f16_to_f32(h);");
-    let mut tu = String::new();
-    let mut spaces = Vec::new();
-    for (file, src) in runner_kernels::cuda::SOURCES {
-        let space = format!("k_{}", file.trim_end_matches(".cu"));
-        let body = point_dynamic_shared(&src.replacen("#include \"common.cuh\"", "", 1));
-        let mut calls = String::new();
-        for decl in src.split("extern \"C\" __global__ void ").skip(1) {
-            let (name, tail) = decl.split_once('(').unwrap();
-            let params = tail.split_once(')').unwrap().0;
-            let args: Vec<String> = params
-                .split(',')
-                .map(str::trim)
-                .filter(|p| !p.is_empty())
-                .enumerate()
-                .map(|(k, p)| {
-                    let cut = p.rfind([' ', '*']).unwrap();
-                    cast(p[..=cut].trim(), k)
-                })
-                .collect();
-            calls.push_str(&format!(
-                "    if (!strcmp(name, \"{n}\")) {{ {n}({a}); return true; }}\n",
-                n = name.trim(),
-                a = args.join(", ")
-            ));
-        }
-        tu.push_str(&format!(
-            "namespace {space} {{\n{common}\n{body}\nstatic bool dispatch(const char* name, Arg* a) {{\n{calls}    return false;\n}}\n}}\n"
-        ));
-        spaces.push(format!("{space}::dispatch(name, a)"));
-    }
-    tu.push_str(&format!("static bool dispatch(const char* name, Arg* a) {{ return {}; }}\n", spaces.join(" || ")));
-    tu
-}
-
 /// The launcher, built once per test run (`None`: no compiler, and none required).
 fn launcher() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
     BIN.get_or_init(|| {
         let cxx = compiler()?;
         let dir = scratch_dir("launcher");
-        for file in ["emu.h", "emu_runtime.h", "launcher.cpp"] {
-            std::fs::copy(Path::new(CUDA).join("emulation").join(file), dir.join(file)).unwrap();
-        }
-        std::fs::write(dir.join("kernels_emu.inc"), translation_unit()).unwrap();
+        emulation::write_launcher(&dir).unwrap();
         Some(compile(&cxx, &dir, "launcher.cpp"))
     })
     .as_deref()

@@ -225,15 +225,30 @@ pub(super) enum Arg {
 }
 
 impl Kernel {
-    /// Whether `args` are of the kinds the kernel's C signature takes (a mismatch would
-    /// be read as garbage by the kernel).
+    /// Whether `args` are of the kinds the kernel's C signature takes ([`check_args`]).
     pub(super) fn check(&self, name: &str, args: &[Arg]) -> Result<(), ExecError> {
-        let given: Vec<Kind> = args.iter().map(Arg::kind).collect();
-        if given == self.params {
-            return Ok(());
-        }
-        Err(ExecError::State(format!("kernel {name} takes {:?}, the launch passed {given:?}", self.params)))
+        check_args(name, &self.params, args).map_err(ExecError::State)
     }
+}
+
+/// Whether `args` are of the kinds `params` (a kernel's C signature) takes: a mismatch
+/// would be read as garbage by the kernel.
+pub(super) fn check_args(name: &str, params: &[Kind], args: &[Arg]) -> Result<(), String> {
+    let given: Vec<Kind> = args.iter().map(Arg::kind).collect();
+    if given == params {
+        return Ok(());
+    }
+    Err(format!("kernel {name} takes {params:?}, the launch passed {given:?}"))
+}
+
+/// Every kernel of every source with the kinds of its parameters (what [`Kernels::load`]
+/// reads per source), without compiling anything.
+pub(super) fn all_signatures() -> Result<HashMap<String, Vec<Kind>>, String> {
+    let mut all = HashMap::new();
+    for (file, src) in runner_kernels::cuda::SOURCES {
+        all.extend(signatures(src).map_err(|e| format!("{file}: {e}"))?);
+    }
+    Ok(all)
 }
 
 /// Launch kernel `k` on `stream` with `args` ([`Kernel::check`]ed by the caller).

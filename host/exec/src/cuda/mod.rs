@@ -23,6 +23,7 @@
 //! Nothing here has run on a GPU in this repository's CI (none is available there); the
 //! kernels' compilation is checked there, their results by `scripts/gpu-check.sh`.
 
+mod emulated;
 mod gemm;
 pub mod kernels;
 pub mod nccl;
@@ -32,7 +33,7 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, LaunchConfig, result as dr, sys as cu};
+use cudarc::driver::{CudaContext, CudaEvent, CudaGraph, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig, result as dr, sys as cu};
 use runner_graph::DType;
 use runner_kernels::cpu::attention::Attn;
 use runner_kernels::cpu::matmul::Gemm;
@@ -139,7 +140,7 @@ pub(crate) struct AttnShape {
 unsafe impl cudarc::driver::DeviceRepr for AttnShape {}
 
 /// Byte accounting of one device, and the recording open on it.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Tracker {
     current: AtomicU64,
     peak: AtomicU64,
@@ -152,15 +153,14 @@ struct Tracker {
 }
 
 /// What the open recording holds.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Capture {
     /// Buffers allocated while recording and not yet freed: each must be freed before
     /// the recording ends (the graph owns their memory, and frees it when it runs).
     born_alive: usize,
     /// Allocations from before the recording that it freed: the graph still reads or
     /// writes them, so they live as long as the graph, not just until the free.
-    kept: Vec<CudaSlice<u8>>,
-    kept_meta: Vec<CudaSlice<f32>>,
+    kept: Vec<Mem>,
 }
 
 impl Tracker {
@@ -169,7 +169,7 @@ impl Tracker {
     }
 
     /// Free a buffer's memory, allocated under recording `born` (0: none).
-    fn release(&self, born: u64, mem: CudaSlice<u8>, meta: Option<CudaSlice<f32>>) {
+    fn release(&self, born: u64, mem: Mem, meta: Option<Mem>) {
         let open = self.recording.load(Ordering::Acquire);
         if born == 0 && open == 0 {
             return; // dropped here: freed on the stream
@@ -191,7 +191,7 @@ impl Tracker {
             return;
         }
         c.kept.push(mem);
-        c.kept_meta.extend(meta);
+        c.kept.extend(meta);
     }
 }
 
@@ -200,27 +200,68 @@ impl Tracker {
 /// order: the graph before the memory it uses.
 pub struct CudaRecording {
     graph: CudaGraph,
-    _kept: Vec<CudaSlice<u8>>,
-    _kept_meta: Vec<CudaSlice<f32>>,
+    _kept: Vec<Mem>,
+}
+
+/// A point in the stream's work ([`Device::record`]): a CUDA event, or on the emulated
+/// device the host clock (its work is done when queued).
+pub enum CudaStamp {
+    Event(CudaEvent),
+    Host(std::time::Instant),
 }
 
 // SAFETY: CUDA requires graph objects to be used from one thread at a time, not from a
 // particular thread; a recording is owned by one executor and launched through it.
 unsafe impl Send for CudaRecording {}
 
-/// One open GPU.
+/// One open device.
 struct Inner {
     ordinal: usize,
     label: String,
+    engine: Engine,
+    tracker: Arc<Tracker>,
+    /// Concat's shape tables on the device, by their words: uploaded once per distinct
+    /// shape, so a recorded step (which may not copy from the host) finds them there.
+    concat_shapes: Mutex<HashMap<Vec<u32>, Mem>>,
+}
+
+/// What runs the work: a GPU, or the kernels emulated on the CPU ([`Cuda::emulated`]).
+enum Engine {
+    Gpu(Gpu),
+    Emulated(Arc<emulated::Emulator>),
+}
+
+/// A GPU's context, its one stream, its compiled kernels and cuBLASLt.
+struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: kernels::Kernels,
     lt: gemm::Lt,
     workspace: CudaSlice<u8>,
-    tracker: Arc<Tracker>,
-    /// Concat's shape tables on the device, by their words: uploaded once per distinct
-    /// shape, so a recorded step (which may not copy from the host) finds them there.
-    concat_shapes: Mutex<HashMap<Vec<u32>, CudaSlice<u32>>>,
+}
+
+impl Gpu {
+    /// The stream's handle for a raw driver call, with the device's context made current
+    /// on the calling thread first: cudarc's own calls do that, raw ones do not, and a
+    /// `Cuda` may be used from a thread that has never touched the device.
+    fn raw_stream(&self) -> Result<cu::CUstream, DriverError> {
+        self.ctx.bind_to_thread()?;
+        Ok(self.stream.cu_stream())
+    }
+}
+
+/// Device memory: a CUDA allocation, or (emulated device) host memory.
+struct Mem {
+    /// The address kernels and copies use.
+    ptr: u64,
+    _owner: Owner,
+}
+
+/// What frees the memory when dropped (held, never read).
+#[allow(dead_code)]
+enum Owner {
+    Gpu(CudaSlice<u8>),
+    Host(Vec<u128>),
 }
 
 /// A CUDA device (cheap to clone: the clones share the GPU's context and stream).
@@ -232,11 +273,11 @@ pub struct Cuda {
 /// A device allocation of `len` elements of `elem`.
 pub struct CudaBuffer {
     /// Taken out on drop (see [`Tracker::release`]).
-    mem: ManuallyDrop<CudaSlice<u8>>,
+    mem: ManuallyDrop<Mem>,
     len: usize,
     elem: Elem,
     /// FP8: [scale, 1/scale, amax, 0] on the device.
-    meta: Option<CudaSlice<f32>>,
+    meta: Option<Mem>,
     tracker: Arc<Tracker>,
     /// The recording this buffer was allocated under (0: none).
     born: u64,
@@ -440,19 +481,33 @@ impl Cuda {
         let lt = gemm::Lt::new().map_err(ExecError::NoCuda)?;
         // SAFETY: the workspace is only written by cuBLASLt.
         let workspace = unsafe { stream.alloc::<u8>(gemm::WORKSPACE_BYTES) }.map_err(|e| derr("workspace", e))?;
-        Ok(Cuda {
+        Ok(Cuda::open(ordinal, format!("cuda:{ordinal} ({}, sm_{major}{minor})", info.name), Engine::Gpu(Gpu { ctx, stream, kernels, lt, workspace })))
+    }
+
+    /// The CUDA backend with no GPU: the kernels of `kernels/cuda` built for the CPU
+    /// (a C++20 compiler runs, once per process) and run on host memory, GEMMs computed
+    /// as cuBLASLt's contract reads ([`emulated`]). Everything above the driver is the
+    /// backend's own code, so the kernel check and training steps on it check the
+    /// backend's launches without a GPU. Slow (a thread per CUDA thread); no CUDA
+    /// graphs, no NCCL, no timing that means anything.
+    ///
+    /// # Errors
+    /// [`ExecError::NoCuda`]: no C++ compiler, or the kernels do not build.
+    pub fn emulated() -> Result<Cuda, ExecError> {
+        let emu = emulated::Emulator::get().map_err(|e| ExecError::NoCuda(format!("the emulated CUDA device: {e}")))?;
+        Ok(Cuda::open(0, "cuda-emulated (the CUDA backend, its kernels emulated on the CPU)".into(), Engine::Emulated(emu)))
+    }
+
+    fn open(ordinal: usize, label: String, engine: Engine) -> Cuda {
+        Cuda {
             inner: Arc::new(Inner {
                 ordinal,
-                label: format!("cuda:{ordinal} ({}, sm_{major}{minor})", info.name),
-                ctx,
-                stream,
-                kernels,
-                lt,
-                workspace,
+                label,
+                engine,
                 tracker: Arc::new(Tracker::default()),
                 concat_shapes: Mutex::new(HashMap::new()),
             }),
-        })
+        }
     }
 
     /// The GPU's ordinal.
@@ -460,14 +515,150 @@ impl Cuda {
         self.inner.ordinal
     }
 
-    /// The device's stream (NCCL enqueues on it).
-    pub fn stream(&self) -> &Arc<CudaStream> {
-        &self.inner.stream
+    /// The GPU, for what only a GPU does (graphs, NCCL, events); an error naming `what`
+    /// on the emulated device.
+    fn gpu(&self, what: &str) -> Result<&Gpu, ExecError> {
+        match &self.inner.engine {
+            Engine::Gpu(g) => Ok(g),
+            Engine::Emulated(_) => Err(ExecError::State(format!("{what} needs a GPU: {} runs no CUDA driver", self.inner.label))),
+        }
     }
 
     /// cuBLASLt plans cached so far.
     pub fn gemm_plans(&self) -> usize {
-        self.inner.lt.cached()
+        match &self.inner.engine {
+            Engine::Gpu(g) => g.lt.cached(),
+            Engine::Emulated(_) => 0,
+        }
+    }
+
+    /// `bytes` of device memory (at least one), uninitialised.
+    fn mem(&self, bytes: usize) -> Result<Mem, ExecError> {
+        let bytes = bytes.max(1);
+        match &self.inner.engine {
+            Engine::Gpu(g) => {
+                // SAFETY: the memory is uninitialised; every kernel writes what it reads back.
+                let slice = unsafe { g.stream.alloc::<u8>(bytes) }.map_err(|e| self.derr(&format!("allocating {bytes} bytes"), e))?;
+                let ptr = slice.device_ptr(&g.stream).0;
+                Ok(Mem { ptr, _owner: Owner::Gpu(slice) })
+            }
+            Engine::Emulated(_) => {
+                let host = emulated::host_alloc(bytes);
+                Ok(Mem { ptr: host.as_ptr() as u64, _owner: Owner::Host(host) })
+            }
+        }
+    }
+
+    /// Zero `bytes` at `p`, in stream order.
+    ///
+    /// # Safety
+    /// `p` addresses `bytes` of this device's memory.
+    unsafe fn memset(&self, p: u64, bytes: usize) -> Result<(), DriverError> {
+        match &self.inner.engine {
+            // SAFETY: the caller's.
+            Engine::Gpu(g) => unsafe { dr::memset_d8_async(p, 0, bytes, g.raw_stream()?) },
+            Engine::Emulated(_) => {
+                // SAFETY: the caller's; host memory.
+                unsafe { std::ptr::write_bytes(p as *mut u8, 0, bytes) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Set the 4-byte words at `p` to `words`, in stream order.
+    ///
+    /// # Safety
+    /// `p` addresses `words.len()` words of this device's memory.
+    unsafe fn set_words(&self, p: u64, words: &[u32]) -> Result<(), DriverError> {
+        match &self.inner.engine {
+            Engine::Gpu(g) => {
+                let st = g.raw_stream()?;
+                for (i, &w) in words.iter().enumerate() {
+                    // SAFETY: the caller's: word i is inside the range.
+                    unsafe { cu::cuMemsetD32Async(p + 4 * i as u64, w, 1, st) }.result()?;
+                }
+                Ok(())
+            }
+            Engine::Emulated(_) => {
+                // SAFETY: the caller's; host memory.
+                unsafe { std::ptr::copy_nonoverlapping(words.as_ptr(), p as *mut u32, words.len()) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copy `bytes` from `src` to `dst` on the device, in stream order.
+    ///
+    /// # Safety
+    /// Both address `bytes` of this device's memory, not overlapping.
+    unsafe fn dtod(&self, dst: u64, src: u64, bytes: usize) -> Result<(), DriverError> {
+        match &self.inner.engine {
+            // SAFETY: the caller's.
+            Engine::Gpu(g) => unsafe { dr::memcpy_dtod_async(dst, src, bytes, g.raw_stream()?) },
+            Engine::Emulated(_) => {
+                // SAFETY: the caller's; host memory.
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copy `data` from the host to `p`, in stream order (staged before this returns).
+    ///
+    /// # Safety
+    /// `p` addresses `data.len()` elements of T of this device's memory.
+    unsafe fn htod<T: Copy>(&self, p: u64, data: &[T]) -> Result<(), DriverError> {
+        match &self.inner.engine {
+            // SAFETY: the caller's; pageable memory is staged before the call returns.
+            Engine::Gpu(g) => unsafe { dr::memcpy_htod_async(p, data, g.raw_stream()?) },
+            Engine::Emulated(_) => {
+                // SAFETY: the caller's; host memory.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), p as *mut T, data.len()) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Copy from `p` into `out` on the host, and wait for the stream.
+    ///
+    /// # Safety
+    /// `p` addresses `out.len()` elements of T of this device's memory.
+    unsafe fn dtoh<T: Copy>(&self, p: u64, out: &mut [T]) -> Result<(), DriverError> {
+        match &self.inner.engine {
+            Engine::Gpu(g) => {
+                if !out.is_empty() {
+                    // SAFETY: the caller's; the stream is synchronised before `out` is read.
+                    unsafe { dr::memcpy_dtoh_async(out, p, g.raw_stream()?) }?;
+                }
+                g.stream.synchronize()
+            }
+            Engine::Emulated(_) => {
+                // SAFETY: the caller's; host memory.
+                unsafe { std::ptr::copy_nonoverlapping(p as *const T, out.as_mut_ptr(), out.len()) };
+                Ok(())
+            }
+        }
+    }
+
+    /// Launch kernel `name` (its arguments checked against its C signature; an empty
+    /// grid launches nothing).
+    fn launch_kernel(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
+        let g = match &self.inner.engine {
+            Engine::Gpu(g) => g,
+            Engine::Emulated(e) => return e.launch(name, cfg, args).map_err(|e| kerr(name, e)),
+        };
+        let k = g.kernels.get(name)?;
+        k.check(name, args)?;
+        if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
+            return Ok(());
+        }
+        if cfg.shared_mem_bytes > 48 << 10 {
+            // Past the default 48 KiB the kernel must be allowed more; the driver refuses
+            // what the device lacks.
+            k.f.set_attribute(cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg.shared_mem_bytes as i32)
+                .map_err(|e| self.derr(&format!("{name}: {} bytes of shared memory", cfg.shared_mem_bytes), e))?;
+        }
+        kernels::launch(&g.stream, k, cfg, args).map_err(|e| self.derr(name, e))
     }
 
     fn derr(&self, what: &str, e: impl std::fmt::Display) -> ExecError {
@@ -488,29 +679,20 @@ impl Cuda {
 
     /// The device address of a buffer.
     pub(crate) fn ptr(&self, b: &CudaBuffer) -> u64 {
-        let (p, _sync) = b.mem.device_ptr(&self.inner.stream);
-        p
+        b.mem.ptr
     }
 
     /// An FP8 buffer's scale words set to [1, 1, 0, 0].
-    fn init_meta(&self, m: &CudaSlice<f32>) -> Result<(), ExecError> {
-        let (p, _s) = m.device_ptr(&self.inner.stream);
-        self.set_meta(p, 1.0)
+    fn init_meta(&self, m: &Mem) -> Result<(), ExecError> {
+        self.set_meta(m.ptr, 1.0)
     }
 
     /// The FP8 meta at `p` set to [scale, 1/scale, 0, 0] by memsets on the stream: device
     /// work, so it may be recorded, and never waits (a copy from pageable host memory
     /// may synchronise with the stream).
     fn set_meta(&self, p: u64, scale: f32) -> Result<(), ExecError> {
-        let st = self.inner.stream.cu_stream();
         // SAFETY: `p` points at an FP8 buffer's 4 meta words.
-        unsafe {
-            cu::cuMemsetD32Async(p, scale.to_bits(), 1, st)
-                .result()
-                .and_then(|()| cu::cuMemsetD32Async(p + 4, (1.0 / scale).to_bits(), 1, st).result())
-                .and_then(|()| cu::cuMemsetD32Async(p + 8, 0, 2, st).result())
-        }
-        .map_err(|e| self.derr("FP8 scale", e))
+        unsafe { self.set_words(p, &[scale.to_bits(), (1.0 / scale).to_bits(), 0, 0]) }.map_err(|e| self.derr("FP8 scale", e))
     }
 
     /// Host transfers cannot be recorded: one inside a recording is refused by name here
@@ -525,10 +707,8 @@ impl Cuda {
     /// An FP8 destination takes its source's scale with its codes.
     fn copy_meta(&self, dst: &CudaBuffer, src: &CudaBuffer, what: &str) -> Result<(), ExecError> {
         if let (Some(d), Some(s)) = (&dst.meta, &src.meta) {
-            let (dp, _a) = d.device_ptr(&self.inner.stream);
-            let (sp, _b) = s.device_ptr(&self.inner.stream);
             // SAFETY: both metas hold 4 floats.
-            unsafe { dr::memcpy_dtod_async(dp, sp, 16, self.inner.stream.cu_stream()) }.map_err(|e| self.derr(what, e))?;
+            unsafe { self.dtod(d.ptr, s.ptr, 16) }.map_err(|e| self.derr(what, e))?;
         }
         Ok(())
     }
@@ -538,17 +718,11 @@ impl Cuda {
             .meta
             .as_ref()
             .ok_or_else(|| ExecError::State(format!("a {} buffer has no FP8 scale", b.elem.name())))?;
-        let (p, _sync) = m.device_ptr(&self.inner.stream);
-        Ok(p)
+        Ok(m.ptr)
     }
 
     fn run(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
-        let k = self.inner.kernels.get(name)?;
-        k.check(name, args)?;
-        if cfg.grid_dim.0 == 0 || cfg.grid_dim.1 == 0 || cfg.grid_dim.2 == 0 {
-            return Ok(());
-        }
-        kernels::launch(&self.inner.stream, k, cfg, args).map_err(|e| self.derr(name, e))
+        self.launch_kernel(name, cfg, args)
     }
 
     /// An element-wise kernel over `n` elements (its last argument is n).
@@ -575,20 +749,14 @@ impl Cuda {
         self.not_recording("a copy from the host")?;
         // SAFETY: the buffer holds at least data.len() f32 (checked by the callers); the
         // copy from pageable memory is staged before the call returns.
-        unsafe { dr::memcpy_htod_async(self.ptr(buf), data, self.inner.stream.cu_stream()) }
-            .map_err(|e| self.derr("upload", e))
+        unsafe { self.htod(self.ptr(buf), data) }.map_err(|e| self.derr("upload", e))
     }
 
-    fn download<T: Default + Clone>(&self, ptr: u64, len: usize) -> Result<Vec<T>, ExecError> {
+    fn download<T: Default + Copy>(&self, ptr: u64, len: usize) -> Result<Vec<T>, ExecError> {
         self.not_recording("a read back to the host")?;
         let mut out = vec![T::default(); len];
-        if len > 0 {
-            // SAFETY: `ptr` addresses at least `len` elements of T; the stream is
-            // synchronised before `out` is read.
-            unsafe { dr::memcpy_dtoh_async(&mut out, ptr, self.inner.stream.cu_stream()) }
-                .map_err(|e| self.derr("download", e))?;
-        }
-        self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+        // SAFETY: `ptr` addresses at least `len` elements of T.
+        unsafe { self.dtoh(ptr, &mut out) }.map_err(|e| self.derr("download", e))?;
         Ok(out)
     }
 
@@ -614,7 +782,7 @@ impl Cuda {
     fn stats_record(&self) -> Result<CudaBuffer, ExecError> {
         let rec = self.alloc(Elem::I32, STATS_WORDS)?;
         // SAFETY: the record holds STATS_WORDS 4-byte words.
-        unsafe { dr::memset_d8_async(self.ptr(&rec), 0, 4 * STATS_WORDS, self.inner.stream.cu_stream()) }
+        unsafe { self.memset(self.ptr(&rec), 4 * STATS_WORDS) }
             .map_err(|e| self.derr("memset", e))?;
         Ok(rec)
     }
@@ -632,7 +800,7 @@ impl Cuda {
     fn keep_amax(&self, rec: &CudaBuffer, meta: u64) -> Result<(), ExecError> {
         // SAFETY: 4 bytes from meta[2] into the record's amax word; both live on this
         // stream until the copy has run.
-        unsafe { dr::memcpy_dtod_async(self.ptr(rec) + STATS_AMAX, meta + 8, 4, self.inner.stream.cu_stream()) }
+        unsafe { self.dtod(self.ptr(rec) + STATS_AMAX, meta + 8, 4) }
             .map_err(|e| self.derr("copy", e))
     }
 
@@ -642,7 +810,7 @@ impl Cuda {
         let fmt = fmt_code(q.elem.fp8().ok_or_else(|| ExecError::State("quantize into a non-FP8 buffer".into()))?);
         let meta = self.meta_ptr(q)?;
         // SAFETY: meta holds 4 floats; zero them, amax accumulates into meta[2].
-        unsafe { dr::memset_d8_async(meta, 0, 16, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("memset", e))?;
+        unsafe { self.memset(meta, 16) }.map_err(|e| self.derr("memset", e))?;
         let n = x.len;
         self.ew("amax_f32", n, &[Arg::P(meta + 8), self.p(x), Arg::I(n as i64)])?;
         self.run("fp8_scale_from_amax", LaunchConfig::for_num_elems(1), &[Arg::P(meta), Arg::I32(fmt)])?;
@@ -764,24 +932,12 @@ impl Cuda {
     /// lacks).
     fn run_shared(&self, name: &str, grid: (u32, u32, u32), threads: u32, floats: usize, args: &[Arg]) -> Result<(), ExecError> {
         let bytes = u32::try_from(floats * 4).map_err(|_| kerr(name, format!("{floats} floats of shared memory")))?;
-        let k = self.inner.kernels.get(name)?;
-        k.check(name, args)?;
-        if grid.0 == 0 || grid.1 == 0 || grid.2 == 0 {
-            return Ok(());
-        }
-        if bytes > 48 << 10 {
-            k.f.set_attribute(
-                cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                bytes as i32,
-            )
-            .map_err(|e| self.derr(&format!("{name}: {bytes} bytes of shared memory"), e))?;
-        }
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (threads, 1, 1),
             shared_mem_bytes: bytes,
         };
-        kernels::launch(&self.inner.stream, k, cfg, args).map_err(|e| self.derr(name, e))
+        self.launch_kernel(name, cfg, args)
     }
 
     /// A grid of `blocks` blocks along x.
@@ -821,7 +977,7 @@ const ATT_TILE: usize = 32;
 impl Device for Cuda {
     type Buffer = CudaBuffer;
     type Plan = CudaPlan;
-    type Event = CudaEvent;
+    type Event = CudaStamp;
     type QuantStats = CudaQuantStats;
     type Graph = CudaRecording;
 
@@ -830,13 +986,10 @@ impl Device for Cuda {
     }
 
     fn alloc(&self, elem: Elem, len: usize) -> Result<CudaBuffer, ExecError> {
-        let bytes = (len * elem.bytes()).max(1);
-        // SAFETY: the memory is uninitialised; every kernel writes what it reads back.
-        let mem = unsafe { self.inner.stream.alloc::<u8>(bytes) }
-            .map_err(|e| self.derr(&format!("allocating {bytes} bytes"), e))?;
+        let mem = self.mem(len * elem.bytes())?;
         let meta = if elem.fp8().is_some() {
-            // SAFETY: written at once by init_meta.
-            let m = unsafe { self.inner.stream.alloc::<f32>(4) }.map_err(|e| self.derr("FP8 scale", e))?;
+            // Written at once by init_meta.
+            let m = self.mem(16)?;
             self.init_meta(&m)?;
             Some(m)
         } else {
@@ -864,7 +1017,7 @@ impl Device for Cuda {
         let bytes = buf.len * buf.elem.bytes();
         if bytes > 0 {
             // SAFETY: the allocation holds `bytes`.
-            unsafe { dr::memset_d8_async(self.ptr(buf), 0, bytes, self.inner.stream.cu_stream()) }
+            unsafe { self.memset(self.ptr(buf), bytes) }
                 .map_err(|e| self.derr("memset", e))?;
         }
         if let Some(m) = &buf.meta {
@@ -904,7 +1057,7 @@ impl Device for Cuda {
         }
         self.not_recording("a copy from the host")?;
         // SAFETY: the buffer holds data.len() 4-byte elements.
-        unsafe { dr::memcpy_htod_async(self.ptr(buf), data, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("upload", e))
+        unsafe { self.htod(self.ptr(buf), data) }.map_err(|e| self.derr("upload", e))
     }
 
     fn read_f32(&self, buf: &CudaBuffer) -> Result<Vec<f32>, ExecError> {
@@ -935,15 +1088,8 @@ impl Device for Cuda {
         let w = src.elem.bytes();
         if len > 0 {
             // SAFETY: both ranges are inside their allocations (checked above).
-            unsafe {
-                dr::memcpy_dtod_async(
-                    self.ptr(dst) + (dst_at * w) as u64,
-                    self.ptr(src) + (src_at * w) as u64,
-                    len * w,
-                    self.inner.stream.cu_stream(),
-                )
-            }
-            .map_err(|e| self.derr("copy", e))?;
+            unsafe { self.dtod(self.ptr(dst) + (dst_at * w) as u64, self.ptr(src) + (src_at * w) as u64, len * w) }
+                .map_err(|e| self.derr("copy", e))?;
         }
         self.copy_meta(dst, src, "copy")
     }
@@ -1070,19 +1216,16 @@ impl Device for Cuda {
         // Every record gathered into one device buffer behind the pass, then one copy
         // down: a copy into pageable host memory returns only once done, so a copy per
         // record would wait for the device once per record.
-        let st = self.inner.stream.cu_stream();
         let all = self.alloc(Elem::I32, stats.len() * STATS_WORDS)?;
         let base = self.ptr(&all);
         for (i, s) in stats.iter().enumerate() {
             // SAFETY: each record holds STATS_WORDS words, and `all` one slot of them per record.
-            unsafe { dr::memcpy_dtod_async(base + (i * 4 * STATS_WORDS) as u64, self.ptr(&s.rec), 4 * STATS_WORDS, st) }
+            unsafe { self.dtod(base + (i * 4 * STATS_WORDS) as u64, self.ptr(&s.rec), 4 * STATS_WORDS) }
                 .map_err(|e| self.derr("statistics", e))?;
         }
         let mut flat = vec![0u32; stats.len() * STATS_WORDS];
-        // SAFETY: `all` holds flat.len() words; the copy is complete when it returns, and
-        // the synchronize below covers any driver that returns earlier.
-        unsafe { dr::memcpy_dtoh_async(&mut flat[..], base, st) }.map_err(|e| self.derr("download", e))?;
-        self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+        // SAFETY: `all` holds flat.len() words.
+        unsafe { self.dtoh(base, &mut flat[..]) }.map_err(|e| self.derr("download", e))?;
         stats
             .iter()
             .zip(flat.chunks_exact(STATS_WORDS))
@@ -1098,7 +1241,8 @@ impl Device for Cuda {
     }
 
     fn memory_free(&self) -> Option<u64> {
-        self.inner.ctx.bind_to_thread().ok()?;
+        let Engine::Gpu(g) = &self.inner.engine else { return None };
+        g.ctx.bind_to_thread().ok()?;
         dr::mem_get_info().ok().map(|(free, _total)| free as u64)
     }
 
@@ -1126,7 +1270,7 @@ impl Device for Cuda {
                 let fmt = if dtype == DType::Fp8E4M3 { 0 } else { 1 };
                 let meta = self.f32_scratch(4)?;
                 // SAFETY: 4 floats.
-                unsafe { dr::memset_d8_async(self.ptr(&meta), 0, 16, self.inner.stream.cu_stream()) }
+                unsafe { self.memset(self.ptr(&meta), 16) }
                     .map_err(|e| self.derr("memset", e))?;
                 let mp = self.ptr(&meta);
                 self.ew("amax_f32", buf.len, &[Arg::P(mp + 8), self.p(buf), Arg::I(n)])?;
@@ -1212,7 +1356,7 @@ impl Device for Cuda {
                 let bamax = self.f32_scratch(nb.max(1))?;
                 let tamax = self.f32_scratch(1)?;
                 // SAFETY: 4 bytes.
-                unsafe { dr::memset_d8_async(self.ptr(&tamax), 0, 4, self.inner.stream.cu_stream()) }
+                unsafe { self.memset(self.ptr(&tamax), 4) }
                     .map_err(|e| self.derr("memset", e))?;
                 if b.tensor_scale {
                     self.ew("amax_f32", x.len, &[self.p(&tamax), self.p(x), Arg::I(n)])?;
@@ -1812,6 +1956,7 @@ impl Device for Cuda {
     }
 
     fn begin_capture(&self) -> Result<(), ExecError> {
+        let g = self.gpu("a recorded step (CUDA graph)")?;
         let t = &self.inner.tracker;
         let id = t.recordings.fetch_add(1, Ordering::Relaxed) + 1;
         // Reset under the lock an allocation takes to count itself, so none is lost.
@@ -1823,7 +1968,7 @@ impl Device for Cuda {
         drop(c);
         // Thread-local mode: this thread may not call what a recording cannot hold
         // (synchronous copies, waits); other threads are not affected.
-        if let Err(e) = self.inner.stream.begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) {
+        if let Err(e) = g.stream.begin_capture(cu::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) {
             t.recording.store(0, Ordering::Release);
             return Err(self.derr("starting a recording (stream capture)", e));
         }
@@ -1831,6 +1976,7 @@ impl Device for Cuda {
     }
 
     fn end_capture(&self) -> Result<CudaRecording, ExecError> {
+        let g = self.gpu("a recorded step (CUDA graph)")?;
         let t = &self.inner.tracker;
         if t.recording.load(Ordering::Acquire) == 0 {
             return Err(ExecError::State(format!("{}: no recording is open", self.name())));
@@ -1838,8 +1984,8 @@ impl Device for Cuda {
         // cudarc checks (and returns) an error stored by an earlier failed call before it
         // ends the capture: a free that failed inside an invalidated recording would leave
         // the stream capturing. Take that error first, then end the capture.
-        let stale = self.inner.ctx.check_err();
-        let ended = self.inner.stream.end_capture(cu::CUgraphInstantiate_flags(0));
+        let stale = g.ctx.check_err();
+        let ended = g.stream.end_capture(cu::CUgraphInstantiate_flags(0));
         let cap = std::mem::take(&mut *t.capture());
         t.recording.store(0, Ordering::Release);
         let graph = ended
@@ -1855,36 +2001,48 @@ impl Device for Cuda {
         // The eager steps' memory went back to the default pool, which keeps it; the graph
         // has a pool of its own. Hand the default pool's idle memory back so the step's
         // memory is not held twice.
-        if let Some(pool) = default_pool(&self.inner.ctx) {
+        if let Some(pool) = default_pool(&g.ctx) {
             // SAFETY: a live pool; trimming only releases memory no allocation holds.
             let _ = unsafe { cu::cuMemPoolTrimTo(pool, 0) };
         }
-        Ok(CudaRecording { graph, _kept: cap.kept, _kept_meta: cap.kept_meta })
+        Ok(CudaRecording { graph, _kept: cap.kept })
     }
 
     fn records(&self) -> bool {
-        true
+        matches!(self.inner.engine, Engine::Gpu(_))
     }
 
     fn launch(&self, rec: &CudaRecording) -> Result<(), ExecError> {
+        self.gpu("a recorded step (CUDA graph)")?;
         rec.graph.launch().map_err(|e| self.derr("launching the recorded step", e))
     }
 
-    fn record(&self) -> Result<CudaEvent, ExecError> {
-        self.inner
-            .stream
-            .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .map_err(|e| self.derr("event", e))
+    fn record(&self) -> Result<CudaStamp, ExecError> {
+        match &self.inner.engine {
+            Engine::Gpu(g) => g
+                .stream
+                .record_event(Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT))
+                .map(CudaStamp::Event)
+                .map_err(|e| self.derr("event", e)),
+            Engine::Emulated(_) => Ok(CudaStamp::Host(std::time::Instant::now())),
+        }
     }
 
-    fn elapsed_s(&self, start: &CudaEvent, end: &CudaEvent) -> Result<f64, ExecError> {
-        end.synchronize().map_err(|e| self.derr("event", e))?;
-        start.elapsed_ms(end).map(|ms| ms as f64 / 1e3).map_err(|e| self.derr("event", e))
+    fn elapsed_s(&self, start: &CudaStamp, end: &CudaStamp) -> Result<f64, ExecError> {
+        match (start, end) {
+            (CudaStamp::Event(start), CudaStamp::Event(end)) => {
+                end.synchronize().map_err(|e| self.derr("event", e))?;
+                start.elapsed_ms(end).map(|ms| ms as f64 / 1e3).map_err(|e| self.derr("event", e))
+            }
+            (CudaStamp::Host(start), CudaStamp::Host(end)) => Ok(end.duration_since(*start).as_secs_f64()),
+            _ => Err(ExecError::State("elapsed time between a CUDA event and a host clock reading".into())),
+        }
     }
 
     fn synchronize(&self) -> Result<(), ExecError> {
-        self.inner.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
-        self.inner.ctx.check_err().map_err(|e| self.derr("asynchronous error", e))
+        let Engine::Gpu(g) = &self.inner.engine else { return Ok(()) };
+        g.stream.synchronize().map_err(|e| self.derr("synchronize", e))?;
+        g.ctx.check_err().map_err(|e| self.derr("asynchronous error", e))
     }
 
     fn memory(&self) -> MemStats {
@@ -1950,12 +2108,13 @@ impl Cuda {
             std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
             std::collections::hash_map::Entry::Vacant(e) => {
                 self.not_recording("a concat shape first seen in the recorded step")?;
-                let t = self.inner.stream.clone_htod(e.key()).map_err(|e| self.derr("concat shapes", e))?;
+                let t = self.mem(4 * e.key().len())?;
+                // SAFETY: the table holds the key's words.
+                unsafe { self.htod(t.ptr, e.key()) }.map_err(|e| self.derr("concat shapes", e))?;
                 e.insert(t)
             }
         };
-        let (p, _s) = t.device_ptr(&self.inner.stream);
-        Ok((p, rank, la, lb))
+        Ok((t.ptr, rank, la, lb))
     }
 
     fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {
@@ -2040,12 +2199,11 @@ impl Cuda {
             // The output's amax slot starts at 0: it holds the result's amax after, not
             // the largest of it and what the buffer held before.
             // SAFETY: the meta holds 4 floats; word 2 is the amax.
-            unsafe { dr::memset_d8_async(m + 8, 0, 4, self.inner.stream.cu_stream()) }.map_err(|e| self.derr("matmul amax", e))?;
+            unsafe { self.memset(m + 8, 4) }.map_err(|e| self.derr("matmul amax", e))?;
             (m, m + 8)
         } else {
             (0, 0)
         };
-        let (ws, _sync) = self.inner.workspace.device_ptr(&self.inner.stream);
         let ops = gemm::Operands {
             a: b_ptr,
             b: a_ptr,
@@ -2055,10 +2213,19 @@ impl Cuda {
             d_scale,
             d_amax,
             c_scratch: c_scratch.as_ref().map_or(0, |s| self.ptr(s)),
-            workspace: ws,
-            stream: self.inner.stream.cu_stream(),
+            workspace: 0,
+            stream: std::ptr::null_mut(),
         };
-        self.inner.lt.matmul(key, &ops).map_err(|e| self.derr("matmul", e))?;
+        match &self.inner.engine {
+            Engine::Gpu(g) => {
+                let (workspace, _sync) = g.workspace.device_ptr(&g.stream);
+                let stream = g.raw_stream().map_err(|e| self.derr("matmul", e))?;
+                g.lt.matmul(key, &gemm::Operands { workspace, stream, ..ops }).map_err(|e| self.derr("matmul", e))?;
+            }
+            // SAFETY: the operands are this device's buffers, checked against the shape
+            // by the callers; the scale and amax pointers address FP8 metas.
+            Engine::Emulated(_) => unsafe { emulated::matmul(key, &ops) },
+        }
         drop(keep);
         Ok(())
     }

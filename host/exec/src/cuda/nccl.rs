@@ -33,6 +33,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use cudarc::driver::CudaStream;
 use cudarc::nccl::{result as nr, sys as ns};
 
 use super::{Cuda, CudaBuffer};
@@ -222,6 +223,8 @@ unsafe impl Sync for Comm {}
 pub struct NcclGroup {
     comm: Comm,
     dev: Cuda,
+    /// The device's stream: collectives are ordered with its kernels.
+    stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
     name: String,
@@ -240,7 +243,8 @@ impl NcclGroup {
     /// oracle knows one).
     pub fn new(dev: &Cuda, name: &str, rank: usize, size: usize, id: [u8; 128], timeout: Duration, oracle: FailureOracle) -> Result<NcclGroup, ExecError> {
         nccl_library()?;
-        let ctx = dev.inner.ctx.clone();
+        let gpu = dev.gpu("NCCL")?;
+        let (ctx, stream) = (gpu.ctx.clone(), gpu.stream.clone());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let r = ctx.bind_to_thread().map_err(|e| format!("{e}")).and_then(|_| {
@@ -288,6 +292,7 @@ impl NcclGroup {
         Ok(NcclGroup {
             comm: Comm(comm),
             dev: dev.clone(),
+            stream,
             rank,
             size,
             name: name.into(),
@@ -324,8 +329,6 @@ impl NcclGroup {
     pub fn wait(&self, what: &str) -> Result<(), ExecError> {
         self.live(what)?;
         let ev = self
-            .dev
-            .inner
             .stream
             .record_event(None)
             .map_err(|e| self.fail(what, format!("event: {e}")))?;
@@ -398,7 +401,7 @@ impl NcclGroup {
     }
 
     fn stream(&self) -> ns::cudaStream_t {
-        self.dev.inner.stream.cu_stream() as ns::cudaStream_t
+        self.stream.cu_stream() as ns::cudaStream_t
     }
 
     fn check(&self, what: &str, got: usize, want: usize) -> Result<(), ExecError> {
