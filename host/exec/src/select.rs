@@ -1,9 +1,11 @@
-//! Which device a run uses: `--device auto|cpu|cuda[:N]`.
+//! Which device a run uses: `--device auto|cpu|cuda[:N]|cuda-emulated`.
 //!
 //! `auto` (the default) takes GPU 0 when one is usable (driver, device, cuBLASLt and
 //! NVRTC all present) and otherwise the CPU, saying why; an explicit `cuda` without a
 //! usable GPU is an error naming what is missing. A binary built without the `cuda`
-//! feature says so.
+//! feature says so. `cuda-emulated` is the CUDA backend with its kernels built for the
+//! CPU by a C++ compiler (`Cuda::emulated`): slow, for checking the backend and a new
+//! kernel without a GPU.
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,15 +22,18 @@ pub enum DeviceSpec {
     Cpu,
     /// GPU `ordinal`.
     Cuda(usize),
+    /// The CUDA backend on the CPU, its kernels emulated.
+    CudaEmulated,
 }
 
 impl FromStr for DeviceSpec {
     type Err = String;
     fn from_str(s: &str) -> Result<DeviceSpec, String> {
-        let bad = || format!("device '{s}': use auto, cpu, cuda or cuda:N (N the GPU index, e.g. cuda:0)");
+        let bad = || format!("device '{s}': use auto, cpu, cuda, cuda:N (N the GPU index, e.g. cuda:0) or cuda-emulated");
         match s.trim() {
             "auto" => Ok(DeviceSpec::Auto),
             "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda-emulated" => Ok(DeviceSpec::CudaEmulated),
             "cuda" | "gpu" => Ok(DeviceSpec::Cuda(0)),
             t => match t.strip_prefix("cuda:") {
                 Some(n) => n.parse().map(DeviceSpec::Cuda).map_err(|_| bad()),
@@ -44,6 +49,7 @@ impl fmt::Display for DeviceSpec {
             DeviceSpec::Auto => write!(f, "auto"),
             DeviceSpec::Cpu => write!(f, "cpu"),
             DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceSpec::CudaEmulated => write!(f, "cuda-emulated"),
         }
     }
 }
@@ -101,6 +107,21 @@ pub fn choose(spec: DeviceSpec) -> Result<Chosen, ExecError> {
             ExecError::NoCuda(why) => ExecError::NoCuda(format!("--device cuda:{n}: {why}")),
             other => other,
         }),
+        DeviceSpec::CudaEmulated => open_emulated().map_err(|e| match e {
+            ExecError::NoCuda(why) => ExecError::NoCuda(format!("--device cuda-emulated: {why}")),
+            other => other,
+        }),
+    }
+}
+
+fn open_emulated() -> Result<Chosen, ExecError> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::cuda::Cuda::emulated().map(Chosen::Cuda)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Err(ExecError::NoCuda(BUILT_WITHOUT.into()))
     }
 }
 
@@ -126,6 +147,8 @@ mod tests {
         assert_eq!("cpu".parse(), Ok(DeviceSpec::Cpu));
         assert_eq!("cuda".parse(), Ok(DeviceSpec::Cuda(0)));
         assert_eq!("cuda:3".parse(), Ok(DeviceSpec::Cuda(3)));
+        assert_eq!("cuda-emulated".parse(), Ok(DeviceSpec::CudaEmulated));
+        assert_eq!(DeviceSpec::CudaEmulated.to_string().parse(), Ok(DeviceSpec::CudaEmulated));
         let e = "cuda:x".parse::<DeviceSpec>().unwrap_err();
         assert!(e.contains("cuda:N"), "{e}");
         assert!("tpu".parse::<DeviceSpec>().is_err());

@@ -56,7 +56,7 @@ fn cpu_only(spec: DeviceSpec) -> bool {
     match spec {
         DeviceSpec::Cpu => true,
         DeviceSpec::Auto => runner_exec::select::cuda_unusable(0).is_some(),
-        DeviceSpec::Cuda(_) => false,
+        DeviceSpec::Cuda(_) | DeviceSpec::CudaEmulated => false,
     }
 }
 

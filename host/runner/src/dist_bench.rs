@@ -167,6 +167,7 @@ fn rank_device(spec: DeviceSpec, local_rank: usize) -> Result<Option<usize>> {
     match spec {
         DeviceSpec::Cpu => Ok(None),
         DeviceSpec::Cuda(n) => Ok(Some(n + local_rank)),
+        DeviceSpec::CudaEmulated => bail!("--device cuda-emulated runs no NCCL: collectives need GPUs (or --device cpu for the TCP backend)"),
         DeviceSpec::Auto => Ok(runner_exec::select::cuda_unusable(local_rank).is_none().then_some(local_rank)),
     }
 }
