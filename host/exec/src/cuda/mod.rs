@@ -18,6 +18,10 @@
 //! - MoE routing plans are built on the host from the downloaded indices (one
 //!   synchronisation per MoE layer) and uploaded (order and its inverse).
 //!
+//! - [`Cuda::emulated`] is the same backend with no GPU: its kernels built for the CPU
+//!   and run on host memory ([`emulated`]); every raw driver call goes through one helper
+//!   per operation (`mem`, `memset`, `dtod`, ...) that picks the GPU or the host.
+//!
 //! Opening a device first checks that the driver, cuBLASLt and NVRTC libraries load and
 //! that the device exists ([`probe`]), because cudarc panics when a library is missing.
 //! Nothing here has run on a GPU in this repository's CI (none is available there); the
@@ -573,9 +577,11 @@ impl Cuda {
         match &self.inner.engine {
             Engine::Gpu(g) => {
                 let st = g.raw_stream()?;
-                for (i, &w) in words.iter().enumerate() {
-                    // SAFETY: the caller's: word i is inside the range.
-                    unsafe { cu::cuMemsetD32Async(p + 4 * i as u64, w, 1, st) }.result()?;
+                let mut at = 0;
+                for run in words.chunk_by(|a, b| a == b) {
+                    // SAFETY: the caller's: the run's words are inside the range.
+                    unsafe { cu::cuMemsetD32Async(p + 4 * at as u64, run[0], run.len(), st) }.result()?;
+                    at += run.len();
                 }
                 Ok(())
             }
@@ -642,7 +648,7 @@ impl Cuda {
 
     /// Launch kernel `name` (its arguments checked against its C signature; an empty
     /// grid launches nothing).
-    fn launch_kernel(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
+    fn run(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
         let g = match &self.inner.engine {
             Engine::Gpu(g) => g,
             Engine::Emulated(e) => return e.launch(name, cfg, args).map_err(|e| kerr(name, e)),
@@ -719,10 +725,6 @@ impl Cuda {
             .as_ref()
             .ok_or_else(|| ExecError::State(format!("a {} buffer has no FP8 scale", b.elem.name())))?;
         Ok(m.ptr)
-    }
-
-    fn run(&self, name: &str, cfg: LaunchConfig, args: &[Arg]) -> Result<(), ExecError> {
-        self.launch_kernel(name, cfg, args)
     }
 
     /// An element-wise kernel over `n` elements (its last argument is n).
@@ -937,7 +939,7 @@ impl Cuda {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: bytes,
         };
-        self.launch_kernel(name, cfg, args)
+        self.run(name, cfg, args)
     }
 
     /// A grid of `blocks` blocks along x.
@@ -2013,7 +2015,6 @@ impl Device for Cuda {
     }
 
     fn launch(&self, rec: &CudaRecording) -> Result<(), ExecError> {
-        self.gpu("a recorded step (CUDA graph)")?;
         rec.graph.launch().map_err(|e| self.derr("launching the recorded step", e))
     }
 
