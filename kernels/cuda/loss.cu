@@ -13,12 +13,22 @@ extern "C" __global__ void cross_entropy_rows(float* losses, float* lse, const f
     __shared__ float scratch[32];
     i64 row = blockIdx.x;
     const float* x = logits + row * v;
-    float m = -INFINITY;
-    for (int i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, x[i]);
-    m = block_max(m, scratch);
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < v; i += blockDim.x) s += expf(x[i] - m);
-    s = block_sum(s, scratch);
+    // One pass over the row (a vocabulary row is too large to stay in cache for a second):
+    // each thread keeps its running max m and the sum s of exp(x - m), rescaling s when
+    // the max grows; then the block's max, and the threads' sums rescaled to it.
+    float m = -INFINITY, s = 0.0f;
+    for (int i = threadIdx.x; i < v; i += blockDim.x) {
+        float xi = x[i];
+        if (xi > m) {
+            s = s * expf(m - xi) + 1.0f;
+            m = xi;
+        } else if (xi != -INFINITY) {  // a masked logit adds nothing, even before a finite max
+            s += expf(xi - m);         // a NaN logit makes the sum NaN, as it should
+        }
+    }
+    float mb = block_max(m, scratch);
+    s = block_sum(m == -INFINITY ? s : s * expf(m - mb), scratch);
+    m = mb;
     if (threadIdx.x == 0) {
         float z = m + logf(s);
         lse[row] = z;

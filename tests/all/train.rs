@@ -149,13 +149,18 @@ fn a_learning_rate_that_diverges_is_stopped_not_retried_to_the_cap() {
     assert!(safe.steps < 40);
 }
 
-/// A learning rate that is not a positive number, and a fault past the last step (it
-/// would never fire and the run would read as clean), are refused before anything runs.
+/// A learning rate that is not a positive number, a held-out loss over no batches (NaN),
+/// and a fault past the last step (it would never fire and the run would read as clean),
+/// are refused before anything runs.
 #[test]
 fn a_bad_learning_rate_and_a_fault_past_the_last_step_are_refused() {
     for lr in [f64::NAN, 0.0, -1.0, f64::INFINITY] {
         let e = train::run(&TrainConfig { lr: Some(lr), ..config(&["bf16"], &[]) }, &|_| {}).unwrap_err().to_string();
         assert!(e.contains("is not a positive learning rate"), "{lr}: {e}");
+    }
+    for n in [0, 10_001] {
+        let e = train::run(&TrainConfig { eval_batches: n, ..config(&["bf16"], &[]) }, &|_| {}).unwrap_err().to_string();
+        assert!(e.contains(&format!("--eval-batches {n}: use 1..=10000")), "{n}: {e}");
     }
     let e = train::run(&config(&["bf16"], &["nan@40"]), &|_| {}).unwrap_err().to_string();
     assert!(e.contains("--inject at step 40 would never fire: the run takes steps 0 to 39"), "{e}");

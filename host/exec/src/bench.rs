@@ -593,22 +593,22 @@ pub fn device_gemm_bench<D: crate::device::Device>(
 
 /// The copy bandwidth and the memory-bound kernels of a training step on `elems`-element
 /// f32 arrays (rows of 4096 for RMSNorm), each as GB/s of the bytes it must move, reads
-/// and writes: element-wise add, SwiGLU forward, RMSNorm forward, the f32→bf16 cast and
-/// AdamW.
+/// and writes: element-wise add, SwiGLU forward, RMSNorm forward, the f32→bf16 cast, the
+/// FP8 casts (alone and fused), the loss over Llama 3's vocabulary (forward and backward)
+/// and AdamW.
 ///
 /// # Errors
 /// Out of device memory, or a device error.
 pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> Result<Vec<MemRow>, crate::device::ExecError> {
     use crate::device::Elem;
     let n = elems / 4096 * 4096;
-    let buf = || -> Result<_, crate::device::ExecError> {
-        let mut b = dev.alloc(Elem::F32, n)?;
+    let sized = |e: Elem, len: usize| -> Result<_, crate::device::ExecError> {
+        let mut b = dev.alloc(e, len)?;
         dev.zero(&mut b)?;
         Ok(b)
     };
-    let (mut a, mut b, mut c, mut d) = (buf()?, buf()?, buf()?, buf()?);
-    let mut w = dev.alloc(Elem::F32, 4096)?;
-    dev.zero(&mut w)?;
+    let (mut a, mut b, mut c, mut d) = (sized(Elem::F32, n)?, sized(Elem::F32, n)?, sized(Elem::F32, n)?, sized(Elem::F32, n)?);
+    let w = sized(Elem::F32, 4096)?;
     let mut rstd = dev.alloc(Elem::F32, n / 4096)?;
     let mut half = dev.alloc(Elem::BF16, n)?;
     let h = crate::executor::ADAMW_DEFAULT;
@@ -642,6 +642,18 @@ pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> R
     row("rmsnorm + FP8 cast (fused, C 4096)", 2.25 * f, device_samples(dev, 7, 3, || {
         let p = crate::device::CastProducer::RmsNorm { out: &mut c, rstd: &mut rstd, x: &a, w: &w, c: 4096, eps: 1e-5 };
         dev.forward_with_cast(p, &mut q, &spec).map(|_| ())
+    })?);
+    // The loss over rows of Llama 3's 128256 logits: the forward reads each row once (a
+    // row, 500 kB, is too large to read twice from cache), the backward reads it and
+    // writes its gradient.
+    let v = 128_256.min(n);
+    let ce_rows = n / v;
+    let (logits, mut dlogits, targets) = (sized(Elem::F32, ce_rows * v)?, sized(Elem::F32, ce_rows * v)?, sized(Elem::I32, ce_rows)?);
+    let (mut loss, mut lse) = (sized(Elem::F32, 1)?, sized(Elem::F32, ce_rows)?);
+    let logits_bytes = 4.0 * (ce_rows * v) as f64;
+    row(&format!("cross-entropy forward (V {v})"), logits_bytes, device_samples(dev, 7, 3, || dev.cross_entropy_forward(&mut loss, &mut lse, &logits, &targets, v))?);
+    row(&format!("cross-entropy backward (V {v})"), 2.0 * logits_bytes, device_samples(dev, 7, 3, || {
+        dev.cross_entropy_backward(&mut dlogits, &logits, &lse, &targets, v, Some(&loss))
     })?);
     let s = crate::device::adamw_scalars(dev, &h, 1)?;
     row("adamw", 7.0 * f, device_samples(dev, 7, 3, || dev.adamw(&mut a, &b, &mut c, &mut d, &s))?);
@@ -681,8 +693,8 @@ mod device_tests {
         let rows = device_gemm_bench(&dev, &[32, 64], Elem::BF16).unwrap();
         assert_eq!(rows.len(), 2);
         assert!(rows.iter().all(|r| r.tflops > 0.0 && r.best_tflops >= r.tflops && r.dtype == "bf16"));
-        let rows = device_memory_bench(&dev, 1 << 16).unwrap();
-        assert_eq!(rows.len(), 9);
+        let rows = device_memory_bench(&dev, 1 << 17).unwrap();
+        assert_eq!(rows.len(), 11);
         assert!(rows.iter().all(|r| r.gbps > 0.0), "{rows:?}");
     }
 }

@@ -1,15 +1,103 @@
 //! The CUDA backend with its kernels emulated on the CPU (`Cuda::emulated`) against the
 //! CPU backend: every row of the kernel check (`runner bench kernels`, the GPU check's
 //! correctness half) and training steps through the executor. The backend's own launch
-//! sequences, scratch and FP8 scale handling run here as they would on a GPU; a kernel
-//! that faults crashes this test binary (its own, so no other test goes with it).
+//! sequences, scratch and FP8 scale handling run here as they would on a GPU.
 //!
-//! Needs a C++20 compiler (`c++`, or `CXX`); without one the tests say so and pass,
-//! unless `RUNNER_REQUIRE_CXX` is set (CI sets it).
+//! Each test runs in a child process of this binary started with the address sanitizer's
+//! run time preloaded: the emulated kernels are then built under the address and
+//! undefined-behaviour sanitizers, and every buffer the backend allocates has guarded
+//! edges, so a launch whose grid, arguments or scratch size lets a kernel read or write
+//! past a buffer fails with the sanitizer's report (on a GPU: an illegal address, or
+//! silently wrong values). A kernel that faults fails its test, not the binary.
+//!
+//! Needs a C++20 compiler (`c++`, or `CXX`) with its sanitizer run time; without them the
+//! tests say so and pass (without a sanitizer: run in this process), unless
+//! `RUNNER_REQUIRE_CXX` is set (CI sets it).
 #![cfg(feature = "cuda")]
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use runner_exec::cuda::Cuda;
 use runner_exec::devcheck;
+
+/// Set in the child process a test starts: run the test's body here.
+const CHILD: &str = "RUNNER_EMULATED_CUDA_SANITIZED_CHILD";
+
+/// The compiler's address sanitizer run time (`libasan.so`), when it has one.
+fn asan_runtime() -> Option<PathBuf> {
+    let cxx = runner_kernels::cuda::emulation::compiler()?;
+    let out = Command::new(cxx).arg("-print-file-name=libasan.so").output().ok()?;
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    (path.is_absolute() && path.exists()).then_some(path)
+}
+
+/// Run this binary's test `name` again in a child process under the sanitizers (see the
+/// module doc) and fail with its report if it fails. `false` when the caller should run
+/// the test's body itself: this process is that child, or there is no sanitizer run time
+/// (said so; a failure when `RUNNER_REQUIRE_CXX` is set).
+fn ran_under_sanitizer(name: &str) -> bool {
+    if std::env::var_os(CHILD).is_some() {
+        // The child must really be sanitized, or this test checks less than it says.
+        // SAFETY: looking a symbol up in the running program runs no code.
+        let asan = unsafe { libloading::os::unix::Library::this().get::<unsafe extern "C" fn()>(b"__asan_init\0") };
+        assert!(asan.is_ok(), "{CHILD} is set but the address sanitizer's run time is not loaded");
+        return false;
+    }
+    let Some(asan) = asan_runtime() else {
+        assert!(std::env::var_os("RUNNER_REQUIRE_CXX").is_none(), "RUNNER_REQUIRE_CXX is set but the C++ compiler has no libasan.so");
+        eprintln!("no address sanitizer run time: running {name} unsanitized");
+        return false;
+    };
+    let log_path = std::env::temp_dir().join(format!("runner-emulated-cuda-{name}-{}.log", std::process::id()));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+        .env("LD_PRELOAD", &asan)
+        .env("ASAN_OPTIONS", "detect_leaks=0:print_legend=0")
+        .env(CHILD, "1")
+        .stdout(Stdio::from(log.try_clone().unwrap()))
+        .stderr(Stdio::from(log))
+        .spawn()
+        .unwrap();
+    // Generous: CI's two cores, and the sanitizers' cost (about 1.7x here).
+    let deadline = Instant::now() + Duration::from_secs(2400);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // The child keeps its sanitized library for the reports' sake; it is not needed now.
+    let prefix = format!("runner-emulated-cuda-{}-", child.id());
+    for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
+    let out = std::fs::read_to_string(&log_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&log_path);
+    // The sanitizer's report (its first lines name the access and the kernel), else the
+    // output's end.
+    let lines: Vec<&str> = out.lines().collect();
+    let report = match lines.iter().position(|l| l.contains("ERROR: AddressSanitizer") || l.contains("runtime error:")) {
+        Some(at) => lines[at..].iter().take(40).copied().collect::<Vec<_>>(),
+        None => lines[lines.len().saturating_sub(60)..].to_vec(),
+    };
+    let Some(status) = status else { panic!("{name} under the sanitizers did not finish in 2400 s:\n{}", report.join("\n")) };
+    assert!(
+        status.success() && out.contains("test result: ok. 1 passed"),
+        "{name} under the address and undefined-behaviour sanitizers ({status}):\n{}",
+        report.join("\n")
+    );
+    true
+}
 
 /// `Some(device)`, or `None` after saying why the test is skipped (no C++ compiler,
 /// and `RUNNER_REQUIRE_CXX` unset).
@@ -33,6 +121,9 @@ fn failures(rows: &[devcheck::CheckRow]) -> Vec<String> {
 /// against the CPU backend: the GPU check's correctness half, run without a GPU.
 #[test]
 fn every_kernel_check_passes_on_the_emulated_cuda_backend() {
+    if ran_under_sanitizer("every_kernel_check_passes_on_the_emulated_cuda_backend") {
+        return;
+    }
     let Some(dev) = emulated() else { return };
     let rows = devcheck::compare_kernels(&dev).unwrap_or_else(|e| panic!("{e}"));
     let failed = failures(&rows);
@@ -44,6 +135,9 @@ fn every_kernel_check_passes_on_the_emulated_cuda_backend() {
 /// emulated CUDA backend: losses and gradients as the CPU backend's.
 #[test]
 fn training_steps_match_the_cpu_on_the_emulated_cuda_backend() {
+    if ran_under_sanitizer("training_steps_match_the_cpu_on_the_emulated_cuda_backend") {
+        return;
+    }
     let Some(dev) = emulated() else { return };
     let rows = devcheck::compare_steps(dev).unwrap_or_else(|e| panic!("{e}"));
     let failed = failures(&rows);

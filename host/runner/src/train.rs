@@ -118,6 +118,7 @@ pub struct TrainConfig {
     pub lr: Option<f64>,
     /// Evaluate on the held-out text every this many steps (and at the end).
     pub eval_every: u64,
+    /// Batches in each held-out loss.
     pub eval_batches: usize,
     /// A UTF-8 text file instead of the shipped King James Bible.
     pub text: Option<PathBuf>,
@@ -324,6 +325,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     if cfg.seq_len == 0 || cfg.micro_batch == 0 || u64::from(cfg.seq_len) * u64::from(cfg.micro_batch) > 1 << 20 {
         bail!("--seq-len x --micro-batch {} x {}: each at least 1, at most 2^20 tokens a step", cfg.seq_len, cfg.micro_batch);
     }
+    if cfg.eval_batches == 0 || cfg.eval_batches > 10_000 {
+        bail!("--eval-batches {}: use 1..=10000", cfg.eval_batches);
+    }
     if !(0.0..=1.0).contains(&cfg.max_bf16_share) {
         bail!("--max-bf16-share {}: a fraction in 0..=1", cfg.max_bf16_share);
     }
@@ -505,12 +509,12 @@ fn xrole(r: GemmRole) -> XRole {
 /// Held-out loss: the mean over the eval batches, numerics discarded.
 fn evaluate<D: Device>(ex: &mut Executor<D>, data: &Data, batches: usize) -> Result<f64> {
     let mut sum = 0.0;
-    for b in 0..batches.max(1) {
+    for b in 0..batches {
         let (tokens, targets) = data.eval_batch(b);
         sum += f64::from(ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))])?);
     }
     ex.discard_precision_step();
-    Ok(sum / batches.max(1) as f64)
+    Ok(sum / batches as f64)
 }
 
 /// A known-good checkpoint (taken after a clean step).

@@ -47,6 +47,9 @@ pub struct TrainArgs {
     /// Held-out loss every N steps (default: a tenth of the steps)
     #[arg(long, default_value_t = 0)]
     pub eval_every: u64,
+    /// Batches (each --micro-batch x --seq-len tokens) in each held-out loss
+    #[arg(long, default_value_t = 8)]
+    pub eval_batches: usize,
     /// Train on this UTF-8 text instead of the shipped King James Bible
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
@@ -83,6 +86,7 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         layers: a.layers,
         lr: a.lr,
         eval_every: a.eval_every,
+        eval_batches: a.eval_batches,
         text: a.text,
         plan_for: a.plan_for,
         injections,

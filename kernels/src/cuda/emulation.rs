@@ -118,18 +118,24 @@ pub fn write_launcher(dir: &Path) -> Result<(), String> {
 }
 
 /// The launcher built into `dir` as a shared library (`libemu_kernels.so`) exporting
-/// `emu_launch` (see launcher.cpp), optimised and without sanitizers (a library loaded
-/// into a process that was not started under them cannot have them).
+/// `emu_launch` (see launcher.cpp), optimised. With `sanitize`, under the address and
+/// undefined-behaviour sanitizers: only for a process started with the address
+/// sanitizer's run time preloaded (a library cannot bring it in later), where every
+/// allocation, the backend's buffers included, then has guarded edges.
 ///
 /// # Errors
 /// No C++ compiler, or the compiler's message.
-pub fn build_library(dir: &Path) -> Result<PathBuf, String> {
+pub fn build_library(dir: &Path, sanitize: bool) -> Result<PathBuf, String> {
     let cxx = compiler().ok_or("no C++ compiler runs (c++, or the one CXX names); install g++")?;
     write_launcher(dir)?;
     let lib = dir.join("libemu_kernels.so");
-    let out = Command::new(&cxx)
-        .current_dir(dir)
-        .args(["-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-DEMU_LIBRARY", "launcher.cpp", "-o"])
+    let mut cmd = Command::new(&cxx);
+    cmd.current_dir(dir).args(["-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-DEMU_LIBRARY"]);
+    if sanitize {
+        cmd.args(["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]);
+    }
+    let out = cmd
+        .args(["launcher.cpp", "-o"])
         .arg(&lib)
         .output()
         .map_err(|e| format!("running {cxx}: {e}"))?;

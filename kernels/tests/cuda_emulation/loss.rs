@@ -76,15 +76,25 @@ fn ce_backward(e: &mut Emu, logits: Buf, lse: Buf, targets: Buf, dloss: Option<B
 /// Forward (per-row losses, lse, the mean) and both backwards of the whole-vocabulary
 /// loss: devcheck's 45 × 300 with an ignored target, a row of 5000 classes (20 strides of
 /// the block), 300 rows (the mean's per-thread partials hold more than one row) and a
-/// batch with every target ignored (loss 0, no gradient).
+/// batch with every target ignored (loss 0, no gradient); and for the one-pass softmax's
+/// running max, a row rising from start to end (the max grows at every element) and a
+/// row whose first 300 logits are -inf (masked: they add nothing, even before a thread
+/// has seen a finite one).
 #[test]
 fn cross_entropy_matches_the_cpu_under_emulation() {
     let Some(bin) = launcher_or_skip() else { return };
-    let cases: [(usize, usize, &[usize]); 4] = [(45, 300, &[3]), (1, 5000, &[]), (300, 6, &[0, 257, 299]), (3, 7, &[0, 1, 2])];
+    let cases: [(usize, usize, &[usize]); 5] = [(45, 300, &[3]), (1, 5000, &[]), (300, 6, &[0, 257, 299]), (3, 7, &[0, 1, 2]), (2, 700, &[])];
     for (ci, (n, v, ignored)) in cases.into_iter().enumerate() {
         let seed = 1000 + 10 * ci as u64;
-        let logits = scaled(n * v, seed, 3.0);
+        let mut logits = scaled(n * v, seed, 3.0);
         let mut targets = ids(n, v as u32, seed);
+        if ci == 4 {
+            for (i, x) in logits[..v].iter_mut().enumerate() {
+                *x = -20.0 + 0.06 * i as f32;
+            }
+            logits[v..v + 300].fill(f32::NEG_INFINITY);
+            targets[1] = 650;
+        }
         for &r in ignored {
             targets[r] = IGNORE_INDEX;
         }

@@ -30,10 +30,12 @@ struct EmuArg {
     p: u64,
     i: i64,
     f: f32,
+    /// Aligns `raw` to 8 bytes, as the attention shape it carries needs.
+    _pad: u32,
     raw: [u8; 128],
 }
 
-const _: () = assert!(std::mem::size_of::<EmuArg>() == 152);
+const _: () = assert!(std::mem::size_of::<EmuArg>() == 152 && std::mem::offset_of!(EmuArg, raw) == 24);
 
 type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, u32, u64, *mut EmuArg) -> i32;
 
@@ -59,7 +61,8 @@ impl Emulator {
     fn build() -> Result<Emulator, String> {
         let params = kernels::all_signatures()?;
         let dir = private_dir()?;
-        let loaded = runner_kernels::cuda::emulation::build_library(&dir).and_then(|lib| {
+        let sanitize = under_address_sanitizer();
+        let loaded = runner_kernels::cuda::emulation::build_library(&dir, sanitize).and_then(|lib| {
             // SAFETY: the library was built just now from the kernel sources in a
             // directory only this process writes; loading runs no initialiser of ours
             // beyond the C++ runtime's.
@@ -68,7 +71,12 @@ impl Emulator {
             let launch = unsafe { lib.get::<LaunchFn>(b"emu_launch\0") }.map(|f| *f).map_err(|e| format!("emu_launch: {e}"))?;
             Ok(Emulator { launch, params, _lib: lib })
         });
-        let _ = std::fs::remove_dir_all(&dir);
+        if sanitize && loaded.is_ok() {
+            // The sanitizer's reports name a kernel only while its library can be read.
+            eprintln!("emulated CUDA kernels under the address sanitizer: {} (kept for its reports; remove it afterwards)", dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
         loaded
     }
 
@@ -87,7 +95,7 @@ impl Emulator {
         let mut packed: Vec<EmuArg> = args
             .iter()
             .map(|a| {
-                let mut e = EmuArg { p: 0, i: 0, f: 0.0, raw: [0; 128] };
+                let mut e = EmuArg { p: 0, i: 0, f: 0.0, _pad: 0, raw: [0; 128] };
                 match *a {
                     Arg::P(p) => e.p = p,
                     Arg::I(v) => e.i = v,
@@ -119,6 +127,21 @@ impl Emulator {
 
 const _: () = assert!(std::mem::size_of::<super::AttnShape>() <= 128);
 
+/// Whether this process runs with the address sanitizer's run time (started with
+/// `LD_PRELOAD` naming libasan): then the library is built under the sanitizers, and a
+/// kernel reading or writing past a buffer the backend allocated stops the process with
+/// the sanitizer's report (`scripts/emulated-asan.sh`; the emulated-backend tests run so).
+fn under_address_sanitizer() -> bool {
+    #[cfg(unix)]
+    {
+        // SAFETY: looking a symbol up in the running program runs no code.
+        let this = libloading::os::unix::Library::this();
+        unsafe { this.get::<unsafe extern "C" fn()>(b"__asan_init\0") }.is_ok()
+    }
+    #[cfg(not(unix))]
+    false
+}
+
 /// A fresh directory only this process uses.
 fn private_dir() -> Result<PathBuf, String> {
     use std::hash::{BuildHasher, Hasher};
@@ -131,11 +154,47 @@ fn private_dir() -> Result<PathBuf, String> {
     Ok(dir)
 }
 
-/// Host memory standing in for a device allocation: 16-byte aligned, and every 4-byte
-/// word a NaN until written (a kernel that reads what nothing wrote shows it).
-pub(super) fn host_alloc(bytes: usize) -> Vec<u128> {
-    let nan = u128::from(f32::NAN.to_bits());
-    vec![nan | nan << 32 | nan << 64 | nan << 96; bytes.div_ceil(16).max(1)]
+/// Host memory standing in for a device allocation: exactly the bytes asked for (so
+/// the address sanitizer guards a buffer's very end), 256-byte aligned as the driver's
+/// allocations are, and every 4-byte word a NaN until written (a kernel that reads what
+/// nothing wrote shows it).
+pub(super) struct HostMem {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: an owned allocation, written only through the backend's launches and copies,
+// which the backend orders as it orders a stream's.
+unsafe impl Send for HostMem {}
+// SAFETY: as for Send; `&HostMem` only hands out the address.
+unsafe impl Sync for HostMem {}
+
+impl HostMem {
+    /// `bytes` (at least one) of host memory, or why not.
+    pub(super) fn new(bytes: usize) -> Result<HostMem, String> {
+        let layout = std::alloc::Layout::from_size_align(bytes.max(1), 256).map_err(|e| format!("{bytes} bytes: {e}"))?;
+        // SAFETY: the layout's size is non-zero.
+        let ptr = std::ptr::NonNull::new(unsafe { std::alloc::alloc(layout) }).ok_or_else(|| format!("out of host memory for {bytes} bytes"))?;
+        let nan = f32::NAN.to_le_bytes();
+        // SAFETY: `ptr` addresses `layout.size()` bytes just allocated.
+        let words = unsafe { std::slice::from_raw_parts_mut(ptr.as_ptr(), layout.size()) };
+        for (k, b) in words.iter_mut().enumerate() {
+            *b = nan[k % 4];
+        }
+        Ok(HostMem { ptr, layout })
+    }
+
+    /// The allocation's address, as a device pointer.
+    pub(super) fn addr(&self) -> u64 {
+        self.ptr.as_ptr() as u64
+    }
+}
+
+impl Drop for HostMem {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
 }
 
 /// Element `i` of an `e` array at `base`, as f32.

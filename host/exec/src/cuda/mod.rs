@@ -265,7 +265,7 @@ struct Mem {
 #[allow(dead_code)]
 enum Owner {
     Gpu(CudaSlice<u8>),
-    Host(Vec<u128>),
+    Host(emulated::HostMem),
 }
 
 /// A CUDA device (cheap to clone: the clones share the GPU's context and stream).
@@ -547,8 +547,8 @@ impl Cuda {
                 Ok(Mem { ptr, _owner: Owner::Gpu(slice) })
             }
             Engine::Emulated(_) => {
-                let host = emulated::host_alloc(bytes);
-                Ok(Mem { ptr: host.as_ptr() as u64, _owner: Owner::Host(host) })
+                let host = emulated::HostMem::new(bytes).map_err(|e| self.derr(&format!("allocating {bytes} bytes"), e))?;
+                Ok(Mem { ptr: host.addr(), _owner: Owner::Host(host) })
             }
         }
     }
