@@ -1,10 +1,11 @@
 //! The CUDA kernels (`cuda/*.cu` with the real `cuda/common.cuh`), compiled as C++ under
 //! an emulation of a block's threads (`cuda/emulation/emu.h`) and run on the CPU: their
 //! index math, masks, barriers and shuffles, checked on a machine without a GPU. A
-//! barrier or full-mask warp shuffle that some thread never reaches hangs the emulation
-//! as it would a GPU (a deadline here); shared memory starts as NaN, and so do outputs
-//! and scratch buffers; the address and undefined-behaviour sanitizers watch every buffer
-//! where the compiler has them.
+//! barrier or full-mask warp shuffle that some thread never reaches stops the emulation
+//! with a report of where each thread waits (on a GPU: a hang; a kernel that loops
+//! forever still hangs, so a deadline here); shared memory starts as NaN, and so do
+//! outputs and scratch buffers; the address and undefined-behaviour sanitizers watch every
+//! buffer where the compiler has them.
 //!
 //! - The attention kernels against a double-precision reference
 //!   (`cuda/emulation/attention_check.cpp`).
@@ -44,15 +45,15 @@ fn compile(cxx: &str, dir: &Path, main: &str) -> PathBuf {
     dir.join(main.trim_end_matches(".cpp"))
 }
 
-/// Run `bin` with `args` under a deadline: a barrier or shuffle some thread never reaches
-/// is a failure naming it, not a hung test.
+/// Run `bin` with `args` under a deadline: a kernel that never finishes is a failure,
+/// not a hung test.
 fn run_with_deadline(bin: &Path, args: &[&Path]) -> (bool, String) {
     let mut child = Command::new(bin).args(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(600);
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > deadline {
             let _ = child.kill();
-            panic!("the emulated kernels did not finish in 600 s: a barrier or warp shuffle that not every thread reaches");
+            panic!("the emulated kernels did not finish in 600 s: a loop some thread never leaves");
         }
         std::thread::sleep(Duration::from_millis(20));
     }

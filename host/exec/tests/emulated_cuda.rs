@@ -83,10 +83,10 @@ fn ran_under_sanitizer(name: &str) -> bool {
     }
     let out = std::fs::read_to_string(&log_path).unwrap_or_default();
     let _ = std::fs::remove_file(&log_path);
-    // The sanitizer's report (its first lines name the access and the kernel), else the
-    // output's end.
+    // The sanitizer's or the emulation's report (its first lines name the kernel), else
+    // the output's end.
     let lines: Vec<&str> = out.lines().collect();
-    let report = match lines.iter().position(|l| l.contains("ERROR: AddressSanitizer") || l.contains("runtime error:")) {
+    let report = match lines.iter().position(|l| l.contains("ERROR: AddressSanitizer") || l.contains("runtime error:") || l.starts_with("emulated kernel ")) {
         Some(at) => lines[at..].iter().take(40).copied().collect::<Vec<_>>(),
         None => lines[lines.len().saturating_sub(60)..].to_vec(),
     };

@@ -1,16 +1,18 @@
 // CUDA C compiled as C++ for a check of the kernels' logic on a machine without a GPU
-// (kernels/tests/cuda_emulation.rs). Each CUDA thread of a block is an std::thread;
-// blocks run one after another. __syncthreads is a barrier of the block's threads and a
-// warp shuffle or ballot one of the warp's 32, so a barrier or a full-mask shuffle that
-// some thread of the block (or lane of the warp) never reaches hangs here as it would on
-// a GPU. Dynamic shared memory starts as NaN, so a read before a write shows.
+// (kernels/tests/cuda_emulation.rs, runner-exec's emulated CUDA device). Each CUDA
+// thread of a block is a fiber (emu_runtime.h); blocks run one after another.
+// __syncthreads is a barrier of the block's threads and a warp shuffle or ballot one of
+// the warp's 32, so a barrier or a full-mask shuffle that some thread of the block (or
+// lane of the warp) never reaches stops the run with a report naming the kernel, the
+// block and where each thread waits (on a GPU: a hang). Dynamic shared memory starts as
+// NaN, so a read before a write shows.
 //
-// What it cannot show: timing, memory-model races between threads that a barrier does
-// not order (the barriers here also order memory), and anything of the real compiler.
+// What it cannot show: timing, memory-model races between threads (a thread runs until
+// its next barrier, shuffle or return before another runs), and anything of the real
+// compiler.
 #include <math.h>
 #include <string.h>
 #include <atomic>
-#include <barrier>
 #include <cstdint>
 
 #define __device__
@@ -22,7 +24,7 @@
 struct Dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
-extern thread_local Dim3 threadIdx, blockIdx;
+extern Dim3 threadIdx, blockIdx;
 extern Dim3 blockDim, gridDim;
 // The running block's dynamic shared memory (`extern __shared__ float smem[]` is
 // rewritten to point here).

@@ -58,9 +58,10 @@ fn cast(ty: &str, k: usize) -> String {
 
 /// Every kernel source as one C++ translation unit (the launcher's `kernels_emu.inc`):
 /// each in a namespace with its own copy of common.cuh (its two lines of PTX made C++),
-/// dynamic shared memory pointed at the emulation's, and a `dispatch` that calls a kernel
-/// by name with the launch's arguments cast to its C signature; then one `dispatch` over
-/// them all.
+/// dynamic shared memory pointed at the emulation's, a wrapper per kernel that calls it
+/// with the launch's arguments cast to its C signature, and a `find` from a kernel's name
+/// to its wrapper; then one `find` over them all (looked up once per launch, not by each
+/// thread).
 ///
 /// # Errors
 /// common.cuh's PTX lines are not the ones the emulation replaces, or a kernel's
@@ -78,7 +79,7 @@ pub fn translation_unit() -> Result<String, String> {
     for (file, src) in super::SOURCES {
         let space = format!("k_{}", file.trim_end_matches(".cu"));
         let body = point_dynamic_shared(&src.replacen("#include \"common.cuh\"", "", 1));
-        let mut calls = String::new();
+        let (mut wrappers, mut calls) = (String::new(), String::new());
         for decl in src.split("extern \"C\" __global__ void ").skip(1) {
             let unreadable = || format!("{file}: a kernel signature the emulation cannot read");
             let (name, tail) = decl.split_once('(').ok_or_else(unreadable)?;
@@ -90,18 +91,16 @@ pub fn translation_unit() -> Result<String, String> {
                 .enumerate()
                 .map(|(k, p)| p.rfind([' ', '*']).map(|cut| cast(p[..=cut].trim(), k)).ok_or_else(unreadable))
                 .collect::<Result<Vec<_>, _>>()?;
-            calls.push_str(&format!(
-                "    if (!strcmp(name, \"{n}\")) {{ {n}({a}); return true; }}\n",
-                n = name.trim(),
-                a = args.join(", ")
-            ));
+            let name = name.trim();
+            wrappers.push_str(&format!("static void call_{name}(Arg* a) {{ {name}({}); }}\n", args.join(", ")));
+            calls.push_str(&format!("    if (!strcmp(name, \"{name}\")) return call_{name};\n"));
         }
         tu.push_str(&format!(
-            "namespace {space} {{\n{common}\n{body}\nstatic bool dispatch(const char* name, Arg* a) {{\n{calls}    return false;\n}}\n}}\n"
+            "namespace {space} {{\n{common}\n{body}\n{wrappers}static Kernel find(const char* name) {{\n{calls}    return nullptr;\n}}\n}}\n"
         ));
-        spaces.push(format!("{space}::dispatch(name, a)"));
+        spaces.push(format!("    if (Kernel k = {space}::find(name)) return k;\n"));
     }
-    tu.push_str(&format!("static bool dispatch(const char* name, Arg* a) {{ return {}; }}\n", spaces.join(" || ")));
+    tu.push_str(&format!("static Kernel find(const char* name) {{\n{}    return nullptr;\n}}\n", spaces.concat()));
     Ok(tu)
 }
 

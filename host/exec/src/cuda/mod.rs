@@ -492,8 +492,9 @@ impl Cuda {
     /// (a C++20 compiler runs, once per process) and run on host memory, GEMMs computed
     /// as cuBLASLt's contract reads ([`emulated`]). Everything above the driver is the
     /// backend's own code, so the kernel check and training steps on it check the
-    /// backend's launches without a GPU. Slow (a thread per CUDA thread); no CUDA
-    /// graphs, no NCCL, no timing that means anything.
+    /// backend's launches without a GPU. Slow (one CPU thread runs every CUDA thread in
+    /// turn; GEMMs are plain loops); no CUDA graphs, no NCCL, no timing that means
+    /// anything.
     ///
     /// # Errors
     /// [`ExecError::NoCuda`]: no C++ compiler, or the kernels do not build.
