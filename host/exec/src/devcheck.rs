@@ -827,7 +827,63 @@ pub fn compare_steps<D: Device + Clone>(dev: D) -> Result<Vec<CheckRow>, ExecErr
             ok: worst.0 <= 1e-3,
         });
     }
+    // The FP8 training route: every linear of the toy Llama per-tensor FP8 (E4M3 forward,
+    // E5M2 gradients) under delayed scaling, three steps with AdamW. A device with FP8
+    // GEMMs (CUDA) takes the native route: operands cast to codes in one pass, from the
+    // second step by the norm or activation that produces them, into cuBLASLt's FP8 GEMM
+    // with scale pointers; the CPU emulates the same values. Accumulation order differs
+    // (and an FP8 code can round the other way after it), so losses agree closely, not
+    // bit for bit.
+    let g = toy::llama(&tiny);
+    let (cpu, device) = (fp8_steps(&g, Cpu::new())?, fp8_steps(&g, dev.clone())?);
+    let e = relative_error(&cpu.losses, &device.losses);
+    rows.push(CheckRow { kernel: "toy llama FP8 steps (delayed scaling): losses of 3 steps".into(), error: e, tolerance: 1e-3, ok: e <= 1e-3 });
+    if dev.native_fp8() {
+        // Every linear's three GEMMs of each step on codes (the toy's dimensions are
+        // multiples of 16), and from the second step each SwiGLU and the final norm cast
+        // their own output: 2 steps x (2 layers + 1).
+        let gemms = 3 * 3 * g.ops.iter().filter(|o| o.kind == runner_graph::OpKind::Linear).count() as u64;
+        let missing = gemms.abs_diff(device.native_gemms) + 6u64.abs_diff(device.fused_casts);
+        rows.push(CheckRow {
+            kernel: format!("toy llama FP8 steps: native route ({} of {gemms} GEMMs on codes, {} of 6 fused casts)", device.native_gemms, device.fused_casts),
+            error: missing as f64,
+            tolerance: 0.0,
+            ok: missing == 0,
+        });
+    }
     Ok(rows)
+}
+
+/// What [`fp8_steps`] reports.
+struct Fp8Steps {
+    losses: Vec<f32>,
+    native_gemms: u64,
+    fused_casts: u64,
+}
+
+/// Three training steps of `g` on `dev` with every linear planned per-tensor FP8 under
+/// delayed scaling (see [`compare_steps`]).
+fn fp8_steps<D: Device>(g: &runner_graph::Graph, dev: D) -> Result<Fp8Steps, ExecError> {
+    use crate::precision::{AmaxReduction, GemmRole, OperandPlan, Scaling, SitePlan};
+    let scaling = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
+    let operand = |format| OperandPlan { format, scaling, saturate: true, stochastic: false, hadamard: 0 };
+    let plan = SitePlan { activation: operand(DType::Fp8E4M3), weight: operand(DType::Fp8E4M3), gradient: operand(DType::Fp8E5M2), output: DType::BF16 };
+    let sites: Vec<_> = g
+        .ops
+        .iter()
+        .filter(|o| o.kind == runner_graph::OpKind::Linear)
+        .flat_map(|o| GemmRole::ALL.map(|r| (o.name.clone(), r, plan)))
+        .collect();
+    let mut ex = Executor::new(g, dev, ExecOptions { seed: 3, ..ExecOptions::default() })?;
+    ex.set_precision(&sites)?;
+    let h = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
+    let mut losses = Vec::new();
+    for step in 0..3 {
+        let (tokens, targets) = toy::repeating_batch(g, 11 + step);
+        losses.push(ex.step(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))], &h)?);
+        ex.end_precision_step();
+    }
+    Ok(Fp8Steps { losses, native_gemms: ex.native_fp8_gemms(), fused_casts: ex.fused_fp8_casts() })
 }
 
 #[cfg(test)]
@@ -878,7 +934,7 @@ mod tests {
             assert_eq!(r.error, 0.0, "{r:?}");
         }
         let steps = compare_steps(Cpu::new()).unwrap();
-        assert_eq!(steps.len(), 6);
+        assert_eq!(steps.len(), 7);
         assert!(steps.iter().all(|r| r.error == 0.0), "{steps:?}");
     }
 }
