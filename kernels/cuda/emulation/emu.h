@@ -7,9 +7,10 @@
 // block and where each thread waits (on a GPU: a hang). Dynamic shared memory starts as
 // NaN, so a read before a write shows.
 //
-// What it cannot show: timing, memory-model races between threads (a thread runs until
-// its next barrier, shuffle or return before another runs), and anything of the real
-// compiler.
+// What it cannot show: timing, races between threads of one warp or of one phase that
+// a barrier does not separate (each thread runs until its next barrier, shuffle or
+// return before another runs; warps in the order emu_runtime.h describes), and anything
+// of the real compiler.
 #include <math.h>
 #include <string.h>
 #include <atomic>

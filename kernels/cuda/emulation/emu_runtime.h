@@ -204,18 +204,29 @@ static void run_block(unsigned threads) {
         f.waiting = nullptr;
         f.done = false;
     }
-    for (;;) {
-        bool all_done = true, progressed = false;
-        for (unsigned t = 0; t < threads; t++) {
-            Fiber& f = fibers[t];
-            if (f.done) continue;
-            all_done = false;
-            if (f.waiting && f.waiting->generation == f.generation) continue;
-            f.waiting = nullptr;
-            resume(t);
-            progressed = true;
+    // Each warp runs as far as it can (to a __syncthreads, or its end) before the next
+    // warp runs, and the order of the warps alternates, phase by phase and block by
+    // block: the warp that runs first reads what the others have not written yet and
+    // overwrites what they have not read yet, so a missing __syncthreads shows whichever
+    // side of it the warps are on. Lanes of a warp take turns between its shuffles.
+    auto runnable = [](const Fiber& f) { return !f.done && (!f.waiting || f.waiting->generation != f.generation); };
+    const unsigned warps = threads / 32;
+    bool reverse = (blockIdx.x + blockIdx.y + blockIdx.z) % 2 == 1;
+    for (;; reverse = !reverse) {
+        bool progressed = false;
+        for (unsigned k = 0; k < warps; k++) {
+            const unsigned w = reverse ? warps - 1 - k : k;
+            for (bool again = true; again;) {
+                again = false;
+                for (unsigned t = 32 * w; t < 32 * w + 32; t++) {
+                    if (!runnable(fibers[t])) continue;
+                    fibers[t].waiting = nullptr;
+                    resume(t);
+                    again = progressed = true;
+                }
+            }
         }
-        if (all_done) return;
+        if (std::all_of(fibers.begin(), fibers.begin() + threads, [](const Fiber& f) { return f.done; })) return;
         if (!progressed) deadlock(threads);
     }
 }
