@@ -114,6 +114,21 @@ pub fn choose(spec: DeviceSpec) -> Result<Chosen, ExecError> {
     }
 }
 
+/// [`choose`] for a command that times the device (`what` names it): the emulated
+/// device is refused, since it computes what a GPU would but not at a GPU's speed.
+///
+/// # Errors
+/// As [`choose`]; [`ExecError::NoCuda`] for `--device cuda-emulated`.
+pub fn choose_timed(spec: DeviceSpec, what: &str) -> Result<Chosen, ExecError> {
+    if spec == DeviceSpec::CudaEmulated {
+        return Err(ExecError::NoCuda(format!(
+            "--device cuda-emulated computes what a GPU would, not how fast: {what} times the device, so it needs a GPU \
+             (--device cuda) or the CPU (--device cpu); the emulated device is for `bench kernels` and `train`"
+        )));
+    }
+    choose(spec)
+}
+
 fn open_emulated() -> Result<Chosen, ExecError> {
     #[cfg(feature = "cuda")]
     {

@@ -16,7 +16,7 @@ use runner_exec::device::Elem;
 use runner_exec::devcheck::{CheckRow, compare_kernels, compare_steps};
 use runner_exec::linear_time::{LinearGemms, time_linear};
 use runner_exec::proxy::{MeasureOptions, measure_training_step_on};
-use runner_exec::select::{Chosen, DeviceSpec, choose};
+use runner_exec::select::{Chosen, DeviceSpec, choose, choose_timed};
 use runner_exec::timing::TimingOptions;
 use runner_exec::toy::{ToyConfig, llama};
 use runner_graph::count::{AttentionFlops, op_cost};
@@ -70,7 +70,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if let Some(&bad) = sizes.iter().find(|&&n| n == 0 || n > 32_768) {
                 bail!("--sizes: {bad} is outside 1..=32768");
             }
-            let chosen = choose(global.device)?;
+            let chosen = choose_timed(global.device, "bench gemm")?;
             let name = chosen.name();
             let rows = on_device!(chosen, |dev| device_gemm_bench(&dev, &sizes, elem))?;
             let mut t = Table::new(
@@ -94,7 +94,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             emit(global, &t, &rows)
         }
         BenchCommand::Memory if !cpu_only(global.device) => {
-            let chosen = choose(global.device)?;
+            let chosen = choose_timed(global.device, "bench memory")?;
             let name = chosen.name();
             let rows = on_device!(chosen, |dev| device_memory_bench(&dev, 1 << 28))?;
             let copy = rows.first().map_or(f64::NAN, |r| r.gbps);
@@ -165,7 +165,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 full_layers: Some(32),
                 ..MeasureOptions::default()
             };
-            let chosen = choose(global.device)?;
+            let chosen = choose_timed(global.device, "bench layer")?;
             if cuda_graph && let Chosen::Cpu(cpu, _) = &chosen {
                 bail!("--cuda-graph: {}", runner_exec::device::no_graphs(&cpu.name()));
             }
@@ -453,7 +453,7 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
     let mut s = commands::project::setup(target, global)?;
     let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
     let gpu = s.projector.gpu.clone();
-    let chosen = choose(global.device)?;
+    let chosen = choose_timed(global.device, "measure")?;
     let device = chosen.name();
     measured::stands_for(&device, &gpu, Profiles::builtin().get(&gpu.name).is_ok()).map_err(|e| anyhow!("--gpu {}: {e}", target.gpu))?;
     let rank = s

@@ -50,7 +50,7 @@ pub struct Global {
     /// `runner calibrate -o FILE.toml` writes one)
     #[arg(long, global = true, value_name = "FILE")]
     pub profile: Option<PathBuf>,
-    /// Device of the local measurement and the device benches: auto (a usable GPU, else the CPU), cpu, cuda or cuda:N
+    /// Device of the local measurement and the device benches: auto (a usable GPU, else the CPU), cpu, cuda or cuda:N, or cuda-emulated (the CUDA backend with its kernels run on the CPU, for `bench kernels` and `train` without a GPU)
     #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
     pub device: runner_exec::select::DeviceSpec,
     /// The history database that explore and run keep their runs in, and history, show and compare read

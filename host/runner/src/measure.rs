@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use runner_exec::proxy::{MeasureOptions, MeasuredStep, measure_training_step_on};
-use runner_exec::select::{Chosen, choose};
+use runner_exec::select::{Chosen, choose_timed};
 use runner_exec::timing::TimingOptions;
 use runner_graph::count::{self, Convention};
 use runner_graph::recompute::RecomputePolicy;
@@ -92,7 +92,7 @@ pub fn measure(
     variant: &Variant,
     settings: &MeasureSection,
 ) -> anyhow::Result<LocalMeasurement> {
-    let device = choose(crate::local_device::requested())?;
+    let device = choose_timed(crate::local_device::requested(), "a run file's [measure] section")?;
     let on_gpu = !matches!(device, Chosen::Cpu(..));
     let (budget, max_seq, tokens) = if on_gpu {
         (GPU_PARAM_BUDGET_BYTES, GPU_MAX_SEQ, GPU_TOKENS)

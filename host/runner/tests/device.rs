@@ -58,3 +58,21 @@ fn cuda_graphs_on_the_cpu_say_they_need_a_gpu() {
     assert!(t.contains("cannot record a CUDA graph") && t.contains("--device cuda"), "{t}");
     assert!(!t.contains("panicked"), "{t}");
 }
+
+/// The emulated CUDA device computes a GPU's results, not its speed: every command that
+/// times the device refuses it (before building anything) and says what it is for.
+#[test]
+fn timing_commands_refuse_the_emulated_device() {
+    for args in [
+        &["--device", "cuda-emulated", "bench", "memory"][..],
+        &["--device", "cuda-emulated", "bench", "gemm", "--dtype", "bf16", "--sizes", "64"],
+        &["--device", "cuda-emulated", "bench", "layer", "--seq", "8"],
+        &["--device", "cuda-emulated", "measure", "--model", "llama3.1-8b", "--gpu", "h100"],
+    ] {
+        let o = runner(args);
+        let t = text(&o);
+        assert!(!o.status.success(), "{args:?}: {t}");
+        assert!(t.contains("--device cuda-emulated computes what a GPU would, not how fast") && t.contains("bench kernels"), "{args:?}: {t}");
+        assert!(!t.contains("panicked"), "{t}");
+    }
+}
