@@ -82,23 +82,25 @@ extern "C" __global__ void count_valid(float* count, const u32* targets, i64 n) 
 
 // dlogits (N, v) of the classes start..start+v: dloss · (exp(x − lse) − onehot) / valid,
 // zero rows for ignored targets. dloss: one element, or null for zero; count from
-// count_valid. Element-wise over N·v.
+// count_valid. A block per row (rows beyond the grid taken in turn): the row's target
+// and lse are read once, and no element's row and column come from a 64-bit division.
 extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* logits, const float* lse,
                                                   const u32* targets, const float* dloss, const float* count,
                                                   i64 rows, int v, i64 start) {
     float c = count[0];
     float scale = (c == 0.0f || dloss == 0) ? 0.0f : dloss[0] / c;
-    FOR_EACH(i, rows * v) {
-        i64 r = i / v;
-        int j = (int)(i % v);
+    for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
         u32 t = targets[r];
-        if (t == IGNORE) {
-            dlogits[i] = 0.0f;
-            continue;
+        float z = lse[r];
+        const float* x = logits + r * v;
+        float* d = dlogits + r * v;
+        // The target's column in this shard, or -1 (ignored, or another shard's class).
+        i64 tj = t == IGNORE ? -1 : (i64)t - start;
+        for (int j = threadIdx.x; j < v; j += blockDim.x) {
+            float g = t == IGNORE ? 0.0f : expf(x[j] - z) * scale;
+            if (j == tj) g -= scale;
+            d[j] = g;
         }
-        float d = expf(logits[i] - lse[r]) * scale;
-        if ((i64)t - start == j) d -= scale;
-        dlogits[i] = d;
     }
 }
 

@@ -69,7 +69,7 @@ fn ce_backward(e: &mut Emu, logits: Buf, lse: Buf, targets: Buf, dloss: Option<B
     let dlogits = e.nans(rows * v);
     let dl = dloss.map_or(A::I(0), A::P);
     let args = [A::P(dlogits), A::P(logits), A::P(lse), A::P(targets), dl, A::P(count), A::I(rows as i64), A::I32(v as i32), A::I(start as i64)];
-    e.ew("cross_entropy_backward", rows * v, &args);
+    e.launch("cross_entropy_backward", rows as u32, ROW_THREADS, 0, &args);
     (dlogits, count)
 }
 

@@ -1810,9 +1810,9 @@ impl Device for Cuda {
         let count = self.f32_scratch(1)?;
         self.run("count_valid", rows_cfg(1), &[self.p(&count), self.p(targets), Arg::I(rows as i64)])?;
         let dl = dloss.map_or(Arg::P(0), |b| self.p(b));
-        self.ew(
+        self.run(
             "cross_entropy_backward",
-            rows * v,
+            rows_cfg(rows),
             &[self.p(dlogits), self.p(logits), self.p(lse), self.p(targets), dl, self.p(&count), Arg::I(rows as i64), Arg::I32(v as i32), Arg::I(start as i64)],
         )
     }
