@@ -9,8 +9,8 @@
 // order). D, Dv <= 256.
 //
 // Layout of the work: a warp is 32 lanes; in score phases lane j owns key j of a 32-key
-// tile (one dot product each, rows in shared memory padded by one float against bank
-// conflicts); in accumulation phases lane l owns dims l, l+32, ... of a row. Each block
+// tile (one dot product each, rows in shared memory at an odd stride, d | 1 floats, so
+// the 32 lanes reading one column each hit 32 different banks); in accumulation phases lane l owns dims l, l+32, ... of a row. Each block
 // has 4 warps.
 //
 // Backward, in two deterministic kernels (no atomics): attention_backward_dq walks key
@@ -70,10 +70,10 @@ __device__ __forceinline__ i64 at4(i64 b, i64 rows, i64 row, int heads, int head
 }
 
 // Rows r0..r0+n of head `head` of a (B, rows, heads, dims) tensor into shared memory
-// with a pitch of dims + 1 floats (against bank conflicts); rows past the end read zero.
+// with an odd pitch of dims | 1 floats (against bank conflicts); rows past the end read zero.
 __device__ __forceinline__ void load_rows(float* dst, const float* src, i64 b, i64 rows, i64 r0, int n, int heads,
                                           int head, int dims) {
-    const int pitch = dims + 1;
+    const int pitch = dims | 1;
     for (int idx = threadIdx.x; idx < n * dims; idx += blockDim.x) {
         int r = idx / dims, c = idx % dims;
         dst[r * pitch + c] = r0 + r < rows ? src[at4(b, rows, r0 + r, heads, head, dims, c)] : 0.0f;
@@ -82,11 +82,11 @@ __device__ __forceinline__ void load_rows(float* dst, const float* src, i64 b, i
 
 // ---- forward --------------------------------------------------------------------------
 // grid (ceil(T/QROWS), H, B), block WARPS·32, dynamic shared memory
-// (QROWS·(D+1) + TILE·(D+1) + TILE·(Dv+1)) floats.
+// (QROWS·(D|1) + TILE·(D|1) + TILE·(Dv|1)) floats.
 extern "C" __global__ void attention_forward(float* out, float* lse, const float* q, const float* k,
                                              const float* v, Shape s) {
     extern __shared__ float smem[];
-    const int dp = s.d + 1, vp = s.dv + 1;
+    const int dp = s.d | 1, vp = s.dv | 1;
     float* qs = smem;
     float* ks = qs + QROWS * dp;
     float* vs = ks + TILE * dp;
@@ -170,11 +170,11 @@ extern "C" __global__ void attention_backward_delta(float* delta, const float* d
 }
 
 // dq = scale · Σ_j p_ij (dP_ij − delta_i) k_j, dP = dO·vᵀ. Same grid as the forward;
-// shared memory (QROWS·(D+1) + QROWS·(Dv+1) + TILE·(D+1) + TILE·(Dv+1)) floats.
+// shared memory (QROWS·(D|1) + QROWS·(Dv|1) + TILE·(D|1) + TILE·(Dv|1)) floats.
 extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, const float* q, const float* k,
                                                  const float* v, const float* lse, const float* delta, Shape s) {
     extern __shared__ float smem[];
-    const int dp = s.d + 1, vp = s.dv + 1;
+    const int dp = s.d | 1, vp = s.dv | 1;
     float* qs = smem;
     float* gs = qs + QROWS * dp;
     float* ks = gs + QROWS * vp;
@@ -236,13 +236,13 @@ extern "C" __global__ void attention_backward_dq(float* dq, const float* dout, c
 
 // dv_j = Σ_i p_ij dO_i, dk_j = scale · Σ_i p_ij (dP_ij − delta_i) q_i, over the query
 // heads of kv head j's group and every query tile. grid (ceil(Tk/KROWS), Hkv, B);
-// shared memory (TILE·(D+1) + TILE·(Dv+1) + KROWS·(D+1) + KROWS·(Dv+1)) floats. In the
+// shared memory (TILE·(D|1) + TILE·(Dv|1) + KROWS·(D|1) + KROWS·(Dv|1)) floats. In the
 // score phase lane i owns query i of the 32-query tile.
 extern "C" __global__ void attention_backward_dkdv(float* dk, float* dv, const float* dout, const float* q,
                                                    const float* k, const float* v, const float* lse,
                                                    const float* delta, Shape s) {
     extern __shared__ float smem[];
-    const int dp = s.d + 1, vp = s.dv + 1;
+    const int dp = s.d | 1, vp = s.dv | 1;
     float* qs = smem;
     float* gs = qs + TILE * dp;
     float* ks = gs + TILE * vp;

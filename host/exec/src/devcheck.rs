@@ -609,6 +609,8 @@ fn attention<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         ("head dim 128", Attn { b: 1, t: 64, h: 2, hkv: 1, d: 128, dv: 128, causal: true, window: None, scale: 0.09, cp: None }),
         ("cp rank 1 of 2", Attn { b: 1, t: 36, h: 2, hkv: 1, d: 32, dv: 32, causal: true, window: None, scale: 0.2, cp: Some(CpShard { size: 2, rank: 1 }) }),
         ("MLA head dims 192 / 128", Attn { b: 1, t: 70, h: 2, hkv: 2, d: 192, dv: 128, causal: true, window: None, scale: 0.07, cp: None }),
+        // Odd head dims: the tiles' rows sit at an odd pitch (d | 1), not d + 1.
+        ("odd head dims 33 / 31", Attn { b: 1, t: 40, h: 2, hkv: 1, d: 33, dv: 31, causal: true, window: None, scale: 0.17, cp: None }),
     ];
     for (name, a) in cases {
         let tk = a.kv_len();

@@ -104,7 +104,7 @@ static int run(const Case& a) {
     std::vector<float> o(out.size(), NAN), l(lse.size(), NAN), gq(q.size(), NAN), gk(k.size(), NAN), gv(v.size(), NAN),
         delta(lse.size(), NAN);
     const unsigned qt = (unsigned)((a.t + 15) / 16), kt = (unsigned)((tk + 15) / 16), H = a.h, Hkv = a.hkv, B = a.b;
-    const size_t dp = a.d + 1, vp = a.dv + 1;
+    const size_t dp = a.d | 1, vp = a.dv | 1;
     launch({qt, H, B}, 128, 16 * dp + 32 * dp + 32 * vp, [&] { attention_forward(o.data(), l.data(), q.data(), k.data(), v.data(), s); });
     launch({(unsigned)std::max<i64>(1, (a.b * a.t * a.h + 3) / 4), 1, 1}, 128, 0,
            [&] { attention_backward_delta(delta.data(), go.data(), o.data(), s); });

@@ -1617,7 +1617,7 @@ impl Device for Cuda {
             ],
         )?;
         let s = self.attn_shape(&a);
-        let floats = ATT_QROWS * (a.d + 1) + ATT_TILE * (a.d + 1) + ATT_TILE * (a.dv + 1);
+        let floats = ATT_QROWS * (a.d | 1) + ATT_TILE * (a.d | 1) + ATT_TILE * (a.dv | 1);
         let grid = (a.t.div_ceil(ATT_QROWS) as u32, a.h as u32, a.b as u32);
         self.run_attn(kn, grid, floats, &[self.p(out), self.p(lse), self.p(q), self.p(k), self.p(v), Arg::Attn(s)])
     }
@@ -1652,14 +1652,14 @@ impl Device for Cuda {
             },
             &[self.p(&delta), self.p(dout), self.p(out), Arg::Attn(s)],
         )?;
-        let fq = ATT_QROWS * (a.d + 1) + ATT_QROWS * (a.dv + 1) + ATT_TILE * (a.d + 1) + ATT_TILE * (a.dv + 1);
+        let fq = ATT_QROWS * (a.d | 1) + ATT_QROWS * (a.dv | 1) + ATT_TILE * (a.d | 1) + ATT_TILE * (a.dv | 1);
         self.run_attn(
             "attention_backward_dq",
             (a.t.div_ceil(ATT_QROWS) as u32, a.h as u32, a.b as u32),
             fq,
             &[self.p(dq), self.p(dout), self.p(q), self.p(k), self.p(v), self.p(lse), self.p(&delta), Arg::Attn(s)],
         )?;
-        let fk = ATT_TILE * (a.d + 1) + ATT_TILE * (a.dv + 1) + ATT_KROWS * (a.d + 1) + ATT_KROWS * (a.dv + 1);
+        let fk = ATT_TILE * (a.d | 1) + ATT_TILE * (a.dv | 1) + ATT_KROWS * (a.d | 1) + ATT_KROWS * (a.dv | 1);
         self.run_attn(
             "attention_backward_dkdv",
             (tk.div_ceil(ATT_KROWS) as u32, a.hkv as u32, a.b as u32),
