@@ -12,6 +12,8 @@
 //! - Every kernel can be launched from a script (`cuda/emulation/launcher.cpp`, [`Emu`]):
 //!   the tests below replay the CUDA backend's launch sequences (`host/exec/src/cuda`)
 //!   and compare with the CPU kernels (`runner_kernels::cpu`).
+//! - The emulation's own promises, on kernels written to break them: a deadlock is
+//!   reported, a missing barrier changes what other warps read.
 //!
 //! Needs a C++20 compiler (`c++`, or `CXX`); without one the tests say so and pass,
 //! unless `RUNNER_REQUIRE_CXX` is set (CI sets it).
@@ -354,3 +356,77 @@ mod loss;
 mod norm;
 #[path = "cuda_emulation/precision.rs"]
 mod precision;
+
+/// The emulation's own promises, on two kernels written to break them: a barrier that
+/// thread 5 never reaches stops the run with where each thread is (not a hang), and a
+/// missing write-after-read barrier between two phases of a block reduction changes what
+/// the other warps read (the same kernel with the barrier reads the right values).
+#[test]
+fn the_emulation_reports_a_deadlock_and_shows_a_missing_barrier() {
+    const PROGRAM: &str = r#"
+#include "emu.h"
+#include <cstdio>
+#include <cstring>
+#include "emu_runtime.h"
+
+// Each warp's leader publishes 1, every thread sums the 8 slots (8) and trades its sum
+// with a neighbour lane (a warp shuffle, as a block reduction does), then the leaders
+// publish 2 for a second sum. Without the barrier before the second publish, a warp
+// that runs ahead overwrites a slot another warp has not read yet; with every thread in
+// lockstep, all reads would land before the first shuffle and the race would not show.
+static void two_sums(float* out, bool barrier) {
+    __shared__ float slots[8];
+    const unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) slots[warp] = 1.0f;
+    __syncthreads();
+    float first = 0.0f;
+    for (int w = 0; w < 8; w++) first += slots[w];
+    first = __shfl_xor_sync(0xffffffffu, first, 1);
+    if (barrier) __syncthreads();
+    if (lane == 0) slots[warp] = 2.0f;
+    __syncthreads();
+    out[threadIdx.x] = first;
+}
+
+static void early_return() {
+    if (threadIdx.x == 5) return;
+    __syncthreads();
+}
+
+int main(int argc, char** argv) {
+    if (argc > 1 && !strcmp(argv[1], "deadlock")) {
+        emu_kernel_name = "early_return";
+        launch({1, 1, 1}, 64, 0, [] { early_return(); });
+        return 0;
+    }
+    for (bool barrier : {true, false}) {
+        float out[256];
+        launch({1, 1, 1}, 256, 0, [&] { two_sums(out, barrier); });
+        int wrong = 0;
+        for (float x : out) wrong += x != 8.0f;
+        printf("barrier %d: %d of 256 threads read a wrong sum\n", barrier, wrong);
+    }
+    return 0;
+}
+"#;
+    let Some(cxx) = compiler() else {
+        assert!(std::env::var_os("RUNNER_REQUIRE_CXX").is_none(), "RUNNER_REQUIRE_CXX is set but no C++ compiler runs (c++ or CXX)");
+        eprintln!("skipped: no C++ compiler (c++, or CXX)");
+        return;
+    };
+    let dir = scratch_dir("runtime");
+    std::fs::write(dir.join("emu.h"), emulation::EMU_H).unwrap();
+    std::fs::write(dir.join("emu_runtime.h"), emulation::EMU_RUNTIME_H).unwrap();
+    std::fs::write(dir.join("runtime_check.cpp"), PROGRAM).unwrap();
+    let bin = compile(&cxx, &dir, "runtime_check.cpp");
+    let (ok, races) = run_with_deadline(&bin, &[]);
+    let (deadlocked, report) = run_with_deadline(&bin, &[Path::new("deadlock")]);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(ok, "{races}");
+    assert!(races.contains("barrier 1: 0 of 256 threads read a wrong sum"), "{races}");
+    assert!(races.contains("barrier 0: ") && !races.contains("barrier 0: 0 of"), "the missing barrier went unseen:\n{races}");
+    assert!(!deadlocked, "{report}");
+    for line in ["emulated kernel early_return, block (0, 0, 0): no thread can go on", "threads 0-4: wait at __syncthreads", "thread 5: returned", "threads 6-63: wait at __syncthreads"] {
+        assert!(report.contains(line), "missing '{line}' in:\n{report}");
+    }
+}
