@@ -30,7 +30,7 @@ const CUDA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda");
 
 fn build(cxx: &str, dir: &Path, main: &str, sanitize: bool) -> Output {
     let mut c = Command::new(cxx);
-    c.current_dir(dir).args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread", main, "-o", main.trim_end_matches(".cpp")]);
+    c.current_dir(dir).args(["-std=c++20", "-O1", "-ffp-contract=off", main, "-o", main.trim_end_matches(".cpp")]);
     if sanitize {
         c.arg("-fsanitize=address,undefined");
     }

@@ -40,9 +40,7 @@ fn asan_runtime() -> Option<PathBuf> {
 fn ran_under_sanitizer(name: &str) -> bool {
     if std::env::var_os(CHILD).is_some() {
         // The child must really be sanitized, or this test checks less than it says.
-        // SAFETY: looking a symbol up in the running program runs no code.
-        let asan = unsafe { libloading::os::unix::Library::this().get::<unsafe extern "C" fn()>(b"__asan_init\0") };
-        assert!(asan.is_ok(), "{CHILD} is set but the address sanitizer's run time is not loaded");
+        assert!(runner_exec::cuda::under_address_sanitizer(), "{CHILD} is set but the address sanitizer's run time is not loaded");
         return false;
     }
     let Some(asan) = asan_runtime() else {

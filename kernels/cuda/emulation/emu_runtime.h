@@ -196,8 +196,9 @@ static void resume(unsigned t) {
 
 // One block: every thread from the start of the kernel to its return.
 static void run_block(unsigned threads) {
+    const unsigned warps = threads / 32;
     block_barrier = {threads, 0, 0};
-    for (unsigned w = 0; w < threads / 32; w++) warp_barriers[w] = {32, 0, 0};
+    for (unsigned w = 0; w < warps; w++) warp_barriers[w] = {32, 0, 0};
     for (unsigned t = 0; t < threads; t++) {
         Fiber& f = fibers[t];
         context_init(f.ctx, f.stack, STACK, fiber_main);
@@ -210,7 +211,6 @@ static void run_block(unsigned threads) {
     // overwrites what they have not read yet, so a missing __syncthreads shows whichever
     // side of it the warps are on. Lanes of a warp take turns between its shuffles.
     auto runnable = [](const Fiber& f) { return !f.done && (!f.waiting || f.waiting->generation != f.generation); };
-    const unsigned warps = threads / 32;
     bool reverse = (blockIdx.x + blockIdx.y + blockIdx.z) % 2 == 1;
     for (;; reverse = !reverse) {
         bool progressed = false;

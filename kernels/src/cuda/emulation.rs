@@ -129,7 +129,7 @@ pub fn build_library(dir: &Path, sanitize: bool) -> Result<PathBuf, String> {
     write_launcher(dir)?;
     let lib = dir.join("libemu_kernels.so");
     let mut cmd = Command::new(&cxx);
-    cmd.current_dir(dir).args(["-std=c++20", "-O2", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-DEMU_LIBRARY"]);
+    cmd.current_dir(dir).args(["-std=c++20", "-O2", "-ffp-contract=off", "-shared", "-fPIC", "-DEMU_LIBRARY"]);
     if sanitize {
         cmd.args(["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer", "-g"]);
     }

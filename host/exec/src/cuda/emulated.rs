@@ -131,7 +131,7 @@ const _: () = assert!(std::mem::size_of::<super::AttnShape>() <= 128);
 /// `LD_PRELOAD` naming libasan): then the library is built under the sanitizers, and a
 /// kernel reading or writing past a buffer the backend allocated stops the process with
 /// the sanitizer's report (`scripts/emulated-asan.sh`; the emulated-backend tests run so).
-fn under_address_sanitizer() -> bool {
+pub fn under_address_sanitizer() -> bool {
     #[cfg(unix)]
     {
         // SAFETY: looking a symbol up in the running program runs no code.

@@ -28,6 +28,7 @@
 //! kernels' compilation is checked there, their results by `scripts/gpu-check.sh`.
 
 mod emulated;
+pub use emulated::under_address_sanitizer;
 mod gemm;
 pub mod kernels;
 pub mod nccl;
