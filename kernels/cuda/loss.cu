@@ -7,15 +7,12 @@
 
 #define IGNORE 0xffffffffu
 
-// losses (N), lse (N) from logits (N, v).
-extern "C" __global__ void cross_entropy_rows(float* losses, float* lse, const float* logits, const u32* targets,
-                                              int v) {
-    __shared__ float scratch[32];
-    i64 row = blockIdx.x;
-    const float* x = logits + row * v;
-    // One pass over the row (a vocabulary row is too large to stay in cache for a second):
-    // each thread keeps its running max m and the sum s of exp(x - m), rescaling s when
-    // the max grows; then the block's max, and the threads' sums rescaled to it.
+// The block's max m of row x (v elements) and the sum s of exp(x - m), in one pass (a
+// vocabulary row is too large to stay in cache for a second): each thread keeps its
+// running max and the sum of exp(x - max), rescaling the sum when the max grows; then
+// the block's max, and the threads' sums rescaled to it. Every thread gets both. A row
+// of -inf only gives (-inf, 0).
+__device__ void row_online_softmax(const float* x, int v, float* scratch, float& m_out, float& s_out) {
     float m = -INFINITY, s = 0.0f;
     for (int i = threadIdx.x; i < v; i += blockDim.x) {
         float xi = x[i];
@@ -27,8 +24,18 @@ extern "C" __global__ void cross_entropy_rows(float* losses, float* lse, const f
         }
     }
     float mb = block_max(m, scratch);
-    s = block_sum(m == -INFINITY ? s : s * expf(m - mb), scratch);
-    m = mb;
+    s_out = block_sum(m == -INFINITY ? s : s * expf(m - mb), scratch);
+    m_out = mb;
+}
+
+// losses (N), lse (N) from logits (N, v).
+extern "C" __global__ void cross_entropy_rows(float* losses, float* lse, const float* logits, const u32* targets,
+                                              int v) {
+    __shared__ float scratch[32];
+    i64 row = blockIdx.x;
+    const float* x = logits + row * v;
+    float m, s;
+    row_online_softmax(x, v, scratch, m, s);
     if (threadIdx.x == 0) {
         float z = m + logf(s);
         lse[row] = z;
@@ -106,22 +113,25 @@ extern "C" __global__ void cross_entropy_backward(float* dlogits, const float* l
 
 // ---- vocab-parallel statistics ------------------------------------------------------
 
-extern "C" __global__ void row_max(float* out, const float* x, int v) {
+// max (N), sumexp (N) of a shard's rows (N, v) in one pass: the shard's own max, and the
+// sum against it, which sumexp_rescale moves onto the max reduced over the shards.
+extern "C" __global__ void row_max_sumexp(float* max, float* sumexp, const float* x, int v) {
     __shared__ float scratch[32];
     i64 row = blockIdx.x;
-    float m = -INFINITY;
-    for (int i = threadIdx.x; i < v; i += blockDim.x) m = fmaxf(m, x[row * v + i]);
-    m = block_max(m, scratch);
-    if (threadIdx.x == 0) out[row] = m;
+    float m, s;
+    row_online_softmax(x + row * v, v, scratch, m, s);
+    if (threadIdx.x == 0) {
+        max[row] = m;
+        sumexp[row] = s;
+    }
 }
 
-extern "C" __global__ void row_sumexp(float* out, const float* x, const float* max, int v) {
-    __shared__ float scratch[32];
-    i64 row = blockIdx.x;
-    float m = max[row], s = 0.0f;
-    for (int i = threadIdx.x; i < v; i += blockDim.x) s += expf(x[row * v + i] - m);
-    s = block_sum(s, scratch);
-    if (threadIdx.x == 0) out[row] = s;
+// sumexp *= exp(local_max - max), for a shard of -inf only: 0.
+extern "C" __global__ void sumexp_rescale(float* sumexp, const float* local_max, const float* max, i64 rows) {
+    FOR_EACH(r, rows) {
+        float l = local_max[r];
+        sumexp[r] = l == -INFINITY ? 0.0f : sumexp[r] * expf(l - max[r]);
+    }
 }
 
 extern "C" __global__ void target_logit(float* out, const float* x, const u32* targets, i64 rows, int v, i64 start) {

@@ -991,14 +991,14 @@ impl Device for Cpu {
             .map_err(kerr(k))
     }
 
-    fn row_max(&self, out: &mut CpuBuffer, x: &CpuBuffer, v: usize) -> Result<(), ExecError> {
-        let k = "row_max";
-        loss::row_max(fm(out, k)?, f(x, k)?, v).map_err(kerr(k))
+    fn row_max_sumexp(&self, max: &mut CpuBuffer, sumexp: &mut CpuBuffer, x: &CpuBuffer, v: usize) -> Result<(), ExecError> {
+        let k = "row_max_sumexp";
+        loss::row_max_sumexp(fm(max, k)?, fm(sumexp, k)?, f(x, k)?, v).map_err(kerr(k))
     }
 
-    fn row_sumexp(&self, out: &mut CpuBuffer, x: &CpuBuffer, max: &CpuBuffer, v: usize) -> Result<(), ExecError> {
-        let k = "row_sumexp";
-        loss::row_sumexp(fm(out, k)?, f(x, k)?, f(max, k)?, v).map_err(kerr(k))
+    fn sumexp_rescale(&self, sumexp: &mut CpuBuffer, local_max: &CpuBuffer, max: &CpuBuffer) -> Result<(), ExecError> {
+        let k = "sumexp_rescale";
+        loss::sumexp_rescale(fm(sumexp, k)?, f(local_max, k)?, f(max, k)?).map_err(kerr(k))
     }
 
     fn target_logit(

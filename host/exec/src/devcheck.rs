@@ -657,12 +657,17 @@ fn losses<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     let (start, w) = (100, 150);
     let shard = p.randf(n * w)?;
     let (mut mx, mut se, mut tl) = (p.out(n)?, p.out(n)?, p.out(n)?);
-    p.cpu.row_max(&mut mx.0, &shard.0, w)?;
-    p.dev.row_max(&mut mx.1, &shard.1, w)?;
-    p.check("row_max", &mx, 0.0)?;
-    p.cpu.row_sumexp(&mut se.0, &shard.0, &mx.0, w)?;
-    p.dev.row_sumexp(&mut se.1, &shard.1, &mx.1, w)?;
-    p.check("row_sumexp", &se, RED)?;
+    p.cpu.row_max_sumexp(&mut mx.0, &mut se.0, &shard.0, w)?;
+    p.dev.row_max_sumexp(&mut mx.1, &mut se.1, &shard.1, w)?;
+    p.check("row_max_sumexp (max)", &mx, 0.0)?;
+    p.check("row_max_sumexp (sum)", &se, RED)?;
+    // The max reduced over shards: another shard's larger one on two rows in three.
+    let reduced: Vec<f32> = p.cpu.read_f32(&mx.0)?.iter().enumerate().map(|(r, m)| m + (r % 3) as f32 * 0.75).collect();
+    let gm = p.f(&reduced)?;
+    p.cpu.sumexp_rescale(&mut se.0, &mx.0, &gm.0)?;
+    p.dev.sumexp_rescale(&mut se.1, &mx.1, &gm.1)?;
+    p.check("sumexp_rescale", &se, RED)?;
+    let mx = gm;
     p.cpu.target_logit(&mut tl.0, &shard.0, &t.0, start, w)?;
     p.dev.target_logit(&mut tl.1, &shard.1, &t.1, start, w)?;
     p.check("target_logit", &tl, 0.0)?;

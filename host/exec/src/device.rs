@@ -669,16 +669,22 @@ pub trait Device {
 
     // ---- vocab-parallel cross-entropy (Megatron's three row statistics) ----------
 
-    /// out (N) = max of each row of x (N, v).
-    fn row_max(&self, out: &mut Self::Buffer, x: &Self::Buffer, v: usize)
-    -> Result<(), ExecError>;
-    /// out (N) = Σ_j exp(x[r, j] − max[r]).
-    fn row_sumexp(
+    /// max (N) = max of each row of x (N, v); sumexp (N) = Σ_j exp(x[r, j] − max[r]), in
+    /// one pass over x.
+    fn row_max_sumexp(
         &self,
-        out: &mut Self::Buffer,
+        max: &mut Self::Buffer,
+        sumexp: &mut Self::Buffer,
         x: &Self::Buffer,
-        max: &Self::Buffer,
         v: usize,
+    ) -> Result<(), ExecError>;
+    /// sumexp (N) ·= exp(local_max − max): a shard's sum against its own max moved onto
+    /// the max reduced over the shards.
+    fn sumexp_rescale(
+        &self,
+        sumexp: &mut Self::Buffer,
+        local_max: &Self::Buffer,
+        max: &Self::Buffer,
     ) -> Result<(), ExecError>;
     /// out (N) = x[r, target[r] − start] when this shard (classes start..start+v) holds
     /// the target, else 0.

@@ -99,6 +99,27 @@ impl Injection {
     }
 }
 
+/// The defaults of a training run: [`TrainConfig::new`]'s, and the flags' of `runner
+/// train` (which name these, so the two cannot drift apart).
+pub mod defaults {
+    pub const MODEL: &str = "llama3.wasm";
+    pub const STEPS: u64 = 300;
+    pub const SEED: u64 = 0;
+    pub const SEQ_LEN: u32 = 128;
+    pub const MICRO_BATCH: u32 = 8;
+    /// 0: the variant's.
+    pub const LAYERS: u32 = 0;
+    /// 0: a tenth of the steps.
+    pub const EVAL_EVERY: u64 = 0;
+    pub const EVAL_BATCHES: usize = 8;
+    /// `cpu` emulates every format.
+    pub const PLAN_FOR: &str = "cpu";
+    pub const MAX_BF16_SHARE: f64 = 0.5;
+    pub const CHECKPOINT_EVERY: u64 = 25;
+    /// 0: off.
+    pub const CLIP_GRAD: f64 = 0.0;
+}
+
 /// A training run (or a comparison of policies).
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
@@ -139,20 +160,20 @@ impl TrainConfig {
             model: model.into(),
             variant: None,
             policies,
-            steps: 300,
-            seed: 0,
-            seq_len: 128,
-            micro_batch: 8,
-            layers: 0,
+            steps: defaults::STEPS,
+            seed: defaults::SEED,
+            seq_len: defaults::SEQ_LEN,
+            micro_batch: defaults::MICRO_BATCH,
+            layers: defaults::LAYERS,
             lr: None,
-            eval_every: 0,
-            eval_batches: 8,
+            eval_every: defaults::EVAL_EVERY,
+            eval_batches: defaults::EVAL_BATCHES,
             text: None,
-            plan_for: "cpu".into(),
+            plan_for: defaults::PLAN_FOR.into(),
             injections: Vec::new(),
-            max_bf16_share: 0.5,
-            checkpoint_every: 25,
-            clip_grad: 0.0,
+            max_bf16_share: defaults::MAX_BF16_SHARE,
+            checkpoint_every: defaults::CHECKPOINT_EVERY,
+            clip_grad: defaults::CLIP_GRAD,
             limits: Limits::default(),
         }
     }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use runner::report::OutputFormat;
-use runner::train::{self, Injection, TrainConfig};
+use runner::train::{self, Injection, TrainConfig, defaults};
 
 use crate::Global;
 use crate::commands::{progress_line, write_output};
@@ -15,7 +15,7 @@ use crate::commands::{progress_line, write_output};
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
     /// Workload plugin (a path, or a name in the plugin directories or embedded)
-    #[arg(long, default_value = "llama3.wasm")]
+    #[arg(long, default_value = defaults::MODEL)]
     pub plugin: String,
     /// Model variant (default: the plugin's -tiny variant)
     #[arg(long)]
@@ -27,46 +27,46 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',')]
     pub compare: Option<Vec<String>>,
     /// Optimizer steps
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = defaults::STEPS)]
     pub steps: u64,
     /// Seed of the weights and of the batch order
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults::SEED)]
     pub seed: u64,
     /// Sequence length
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = defaults::SEQ_LEN)]
     pub seq_len: u32,
     /// Sequences per step
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = defaults::MICRO_BATCH)]
     pub micro_batch: u32,
     /// Transformer layers (default: the variant's)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults::LAYERS)]
     pub layers: u32,
     /// Peak learning rate (default: the variant's)
     #[arg(long)]
     pub lr: Option<f64>,
     /// Held-out loss every N steps (default: a tenth of the steps)
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults::EVAL_EVERY)]
     pub eval_every: u64,
     /// Batches (each --micro-batch x --seq-len tokens) in each held-out loss
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = defaults::EVAL_BATCHES)]
     pub eval_batches: usize,
     /// Train on this UTF-8 text instead of the shipped King James Bible
     #[arg(long, value_name = "FILE")]
     pub text: Option<PathBuf>,
     /// Plan for this GPU's formats (H100, B200, ...) instead of the CPU's (which emulates every format)
-    #[arg(long, default_value = "cpu", value_name = "GPU")]
+    #[arg(long, default_value = defaults::PLAN_FOR, value_name = "GPU")]
     pub plan_for: String,
     /// Inject a fault: amax-spike@STEP, nan@STEP, grad-spike@STEP or bad-batch@STEP (optionally :SITE); repeatable or comma-separated
     #[arg(long, value_delimiter = ',')]
     pub inject: Vec<String>,
     /// Most of the low-precision layers that per-layer fallbacks may put in BF16 at once
-    #[arg(long, default_value_t = 0.5)]
+    #[arg(long, default_value_t = defaults::MAX_BF16_SHARE)]
     pub max_bf16_share: f64,
     /// Checkpoint every N steps (rollbacks return to the newest known-good one)
-    #[arg(long, default_value_t = 25)]
+    #[arg(long, default_value_t = defaults::CHECKPOINT_EVERY)]
     pub checkpoint_every: u64,
     /// Clip the gradient norm to this (0: off, so a gradient spike reaches the optimizer unless a policy stops it)
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = defaults::CLIP_GRAD)]
     pub clip_grad: f64,
 }
 

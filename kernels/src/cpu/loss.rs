@@ -137,33 +137,39 @@ pub fn cross_entropy_backward(
 // Each tp rank holds the logits of classes `start..start + v`. Three (N) row
 // statistics, each all-reduced over tp between these kernels, give the loss: the row
 // max, the row sum of exp(x − max) (with the reduced max) and the target's logit (from
-// the rank that holds it, zero elsewhere).
+// the rank that holds it, zero elsewhere). Megatron reads its shard twice for the first
+// two (max, then the sum with the reduced max); here one pass gives the shard's max and
+// its sum against it ([`row_max_sumexp`]), and once the max is reduced
+// [`sumexp_rescale`] moves that sum onto it: Σ exp(x − M) = e^(m − M) Σ exp(x − m).
 
-/// out (N) = max of each row of x (N, v).
+/// max (N) = max of each row of x (N, v); sumexp (N) = Σ_j exp(x[r, j] − max[r]) (0 for a
+/// row of −∞ only).
 ///
 /// # Errors
 /// `ShapeMismatch` for inconsistent lengths.
-pub fn row_max(out: &mut [f32], x: &[f32], v: usize) -> Result<()> {
-    let n = rows_of("row_max x", x.len(), v)?;
-    check_len("row_max out", out.len(), n)?;
-    out.par_iter_mut().enumerate().for_each(|(r, o)| {
-        *o = x[r * v..(r + 1) * v].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+pub fn row_max_sumexp(max_out: &mut [f32], sumexp: &mut [f32], x: &[f32], v: usize) -> Result<()> {
+    let n = rows_of("row_max_sumexp x", x.len(), v)?;
+    check_len("row_max_sumexp max", max_out.len(), n)?;
+    check_len("row_max_sumexp sumexp", sumexp.len(), n)?;
+    max_out.par_iter_mut().zip(sumexp.par_iter_mut()).enumerate().for_each(|(r, (m, s))| {
+        let row = &x[r * v..(r + 1) * v];
+        *m = max(row);
+        *s = if *m == f32::NEG_INFINITY { 0.0 } else { sum_exp(row, *m) };
     });
     Ok(())
 }
 
-/// out (N) = Σ_j exp(x[r, j] − max[r]).
+/// sumexp[r] ·= exp(local_max[r] − max[r]): a shard's sum against its own max
+/// ([`row_max_sumexp`]) moved onto the reduced max (a shard of −∞ only stays 0).
 ///
 /// # Errors
 /// `ShapeMismatch` for inconsistent lengths.
-pub fn row_sumexp(out: &mut [f32], x: &[f32], max: &[f32], v: usize) -> Result<()> {
-    let n = rows_of("row_sumexp x", x.len(), v)?;
-    check_len("row_sumexp out", out.len(), n)?;
-    check_len("row_sumexp max", max.len(), n)?;
-    out.par_iter_mut().enumerate().for_each(|(r, o)| {
-        let m = max[r];
-        *o = x[r * v..(r + 1) * v].iter().map(|&a| (a - m).exp()).sum();
-    });
+pub fn sumexp_rescale(sumexp: &mut [f32], local_max: &[f32], max: &[f32]) -> Result<()> {
+    check_len("sumexp_rescale local max", local_max.len(), sumexp.len())?;
+    check_len("sumexp_rescale max", max.len(), sumexp.len())?;
+    for ((s, &l), &m) in sumexp.iter_mut().zip(local_max).zip(max) {
+        *s = if l == f32::NEG_INFINITY { 0.0 } else { *s * (l - m).exp() };
+    }
     Ok(())
 }
 
@@ -350,16 +356,16 @@ mod tests {
             (0..n).flat_map(|r| x[r * v + s * w..r * v + (s + 1) * w].to_vec()).collect()
         };
         let (mut m, mut se, mut tl) = (vec![f32::NEG_INFINITY; n], vec![0.0; n], vec![0.0; n]);
-        for s in 0..tp {
-            let mut o = vec![0.0; n];
-            row_max(&mut o, &shard(s), w).unwrap();
-            m.iter_mut().zip(&o).for_each(|(a, b)| *a = a.max(*b));
+        let mut local = vec![(vec![0.0; n], vec![0.0; n]); tp];
+        for (s, (lm, ls)) in local.iter_mut().enumerate() {
+            row_max_sumexp(lm, ls, &shard(s), w).unwrap();
+            m.iter_mut().zip(lm.iter()).for_each(|(a, b)| *a = a.max(*b));
         }
-        for s in 0..tp {
-            let (mut o, mut p) = (vec![0.0; n], vec![0.0; n]);
-            row_sumexp(&mut o, &shard(s), &m, w).unwrap();
+        for (s, (lm, ls)) in local.iter_mut().enumerate() {
+            let mut p = vec![0.0; n];
+            sumexp_rescale(ls, lm, &m).unwrap();
             target_logit(&mut p, &shard(s), &t, s * w, w).unwrap();
-            se.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            se.iter_mut().zip(ls.iter()).for_each(|(a, b)| *a += b);
             tl.iter_mut().zip(&p).for_each(|(a, b)| *a += b);
         }
         let mut lse2 = vec![0.0; n];

@@ -9,8 +9,9 @@
 //!   kernel's fixed f64 order, to the bit), the backward with a loss gradient and with
 //!   none; an ignored target, a row of 5000 classes, more rows than a block has threads,
 //!   and a batch with every target ignored.
-//! - Megatron's vocab-parallel statistics of one shard (row max, sum of exp, target
-//!   logit), the loss from them and the shard's backward.
+//! - Megatron's vocab-parallel statistics of one shard (row max and sum of exp in one
+//!   pass, the sum moved onto a larger reduced max, the target logit), the loss from them
+//!   and the shard's backward; a shard row of masked (−∞) logits only.
 //! - Embedding lookup and scatter-add backward, whole and as a vocab shard; the backward
 //!   adds into random values, with atomics, so it matches to rounding.
 //! - Rotary forward and backward: plain, from a position offset, as cp rank 1 of 2.
@@ -21,8 +22,8 @@ use runner_kernels::cpu::adamw::{AdamW, adamw_with, scalars};
 use runner_kernels::cpu::cp::CpShard;
 use runner_kernels::cpu::embedding::{embedding_backward, embedding_forward, embedding_shard_backward, embedding_shard_forward};
 use runner_kernels::cpu::loss::{
-    IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward, cross_entropy_from_stats, cross_entropy_shard_backward, row_max, row_sumexp,
-    target_logit,
+    IGNORE_INDEX, cross_entropy_backward, cross_entropy_forward, cross_entropy_from_stats, cross_entropy_shard_backward, row_max_sumexp,
+    sumexp_rescale, target_logit,
 };
 use runner_kernels::cpu::rope::{Rope, rope_backward, rope_forward};
 
@@ -147,20 +148,26 @@ fn vocab_parallel_cross_entropy_matches_the_cpu_under_emulation() {
         targets[1] = (start + w) as u32;
         let dloss = 1.7f32;
         let (mut mx, mut se, mut tl, mut lse) = (vec![0f32; n], vec![0f32; n], vec![0f32; n], vec![0f32; n]);
-        row_max(&mut mx, &shard, w).unwrap();
-        row_sumexp(&mut se, &shard, &mx, w).unwrap();
+        row_max_sumexp(&mut mx, &mut se, &shard, w).unwrap();
+        let local_se = se.clone();
+        // The max reduced over the shards: another shard's larger one on two rows in three.
+        let reduced: Vec<f32> = mx.iter().enumerate().map(|(r, m)| m + (r % 3) as f32 * 0.75).collect();
+        sumexp_rescale(&mut se, &mx, &reduced).unwrap();
         target_logit(&mut tl, &shard, &targets, start, w).unwrap();
-        let mean = cross_entropy_from_stats(&mut lse, &mx, &se, &tl, &targets).unwrap();
+        let mean = cross_entropy_from_stats(&mut lse, &reduced, &se, &tl, &targets).unwrap();
         let mut ds = vec![0f32; n * w];
         cross_entropy_shard_backward(&mut ds, &shard, &lse, &targets, start, w, dloss).unwrap();
 
         let mut e = Emu::default();
         let (ex, et) = (e.f32s(&shard), e.u32s(&targets));
         let (emx, ese, etl, e_lse, eloss, elosses) = (e.nans(n), e.nans(n), e.nans(n), e.nans(n), e.nans(1), e.nans(n));
-        e.launch("row_max", n as u32, ROW_THREADS, 0, &[A::P(emx), A::P(ex), A::I32(w as i32)]);
-        e.launch("row_sumexp", n as u32, ROW_THREADS, 0, &[A::P(ese), A::P(ex), A::P(emx), A::I32(w as i32)]);
+        // The one-pass statistics twice: kept as they are, and rescaled in place.
+        let (ered, emx_local, ese_local) = (e.f32s(&reduced), e.nans(n), e.nans(n));
+        e.launch("row_max_sumexp", n as u32, ROW_THREADS, 0, &[A::P(emx_local), A::P(ese_local), A::P(ex), A::I32(w as i32)]);
+        e.launch("row_max_sumexp", n as u32, ROW_THREADS, 0, &[A::P(emx), A::P(ese), A::P(ex), A::I32(w as i32)]);
+        e.ew("sumexp_rescale", n, &[A::P(ese), A::P(emx), A::P(ered), A::I(n as i64)]);
         e.ew("target_logit", n, &[A::P(etl), A::P(ex), A::P(et), A::I(n as i64), A::I32(w as i32), A::I(start as i64)]);
-        let stats = [A::P(elosses), A::P(e_lse), A::P(emx), A::P(ese), A::P(etl), A::P(et), A::I(n as i64)];
+        let stats = [A::P(elosses), A::P(e_lse), A::P(ered), A::P(ese), A::P(etl), A::P(et), A::I(n as i64)];
         e.ew("cross_entropy_stats_rows", n, &stats);
         e.launch("cross_entropy_mean", 1, ROW_THREADS, 0, &[A::P(eloss), A::P(elosses), A::P(et), A::I(n as i64)]);
         let edloss = e.f32s(&[dloss]);
@@ -168,13 +175,38 @@ fn vocab_parallel_cross_entropy_matches_the_cpu_under_emulation() {
         let out = e.run(bin);
 
         let case = format!("vocab shard {start}..{} of {vocab}, {n} rows", start + w);
-        check(&format!("{case}: row_max"), &mx, &out[emx.0 as usize], 0.0);
-        check(&format!("{case}: row_sumexp"), &se, &out[ese.0 as usize], RED);
+        check(&format!("{case}: row max"), &mx, &out[emx_local.0 as usize], 0.0);
+        check(&format!("{case}: row sum of exp"), &local_se, &out[ese_local.0 as usize], RED);
+        check(&format!("{case}: row sum of exp rescaled"), &se, &out[ese.0 as usize], RED);
         check(&format!("{case}: target_logit"), &tl, &out[etl.0 as usize], 0.0);
         check(&format!("{case}: lse from the statistics"), &lse, &out[e_lse.0 as usize], RED);
         check(&format!("{case}: loss from the statistics"), &[mean], &out[eloss.0 as usize], RED);
         check(&format!("{case}: shard backward"), &ds, &out[eds.0 as usize], RED);
     }
+    // Masked logits: row 1 of the shard is −∞ throughout (its max stays −∞ and its sum
+    // 0, rescaled or not, not NaN), row 2 in every other class.
+    let (n, w) = (3, 300);
+    let mut shard = normals(n * w, 2100);
+    shard[w..2 * w].fill(f32::NEG_INFINITY);
+    shard[2 * w..].iter_mut().step_by(2).for_each(|x| *x = f32::NEG_INFINITY);
+    let (mut mx, mut se) = (vec![0f32; n], vec![0f32; n]);
+    row_max_sumexp(&mut mx, &mut se, &shard, w).unwrap();
+    assert_eq!((mx[1], se[1]), (f32::NEG_INFINITY, 0.0), "the CPU's statistics of a masked row");
+    let reduced = [mx[0], 2.0, mx[2] + 0.5];
+    let mut rescaled = se.clone();
+    sumexp_rescale(&mut rescaled, &mx, &reduced).unwrap();
+    let mut e = Emu::default();
+    let ex = e.f32s(&shard);
+    let (emx, ese, ered) = (e.nans(n), e.nans(n), e.f32s(&reduced));
+    let (emx2, erescaled) = (e.nans(n), e.nans(n));
+    e.launch("row_max_sumexp", n as u32, ROW_THREADS, 0, &[A::P(emx), A::P(ese), A::P(ex), A::I32(w as i32)]);
+    e.launch("row_max_sumexp", n as u32, ROW_THREADS, 0, &[A::P(emx2), A::P(erescaled), A::P(ex), A::I32(w as i32)]);
+    e.ew("sumexp_rescale", n, &[A::P(erescaled), A::P(emx2), A::P(ered), A::I(n as i64)]);
+    let out = e.run(bin);
+    check("masked rows: row max", &mx, &out[emx.0 as usize], 0.0);
+    check("masked rows: row sum of exp", &se, &out[ese.0 as usize], RED);
+    check("masked rows: row sum of exp rescaled", &rescaled, &out[erescaled.0 as usize], RED);
+    assert_eq!(out[erescaled.0 as usize][1], 0.0, "a masked row's rescaled sum");
 }
 
 /// devcheck's lookup (50 ids × 24 channels, 70 tokens) whole and as the shard of ids

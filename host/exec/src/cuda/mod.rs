@@ -1776,14 +1776,15 @@ impl Device for Cuda {
         self.cross_entropy_shard_backward(dlogits, logits, lse, targets, 0, v, dloss)
     }
 
-    fn row_max(&self, out: &mut CudaBuffer, x: &CudaBuffer, v: usize) -> Result<(), ExecError> {
-        lens("row_max", &[("x", x.len, out.len * v)])?;
-        self.run("row_max", rows_cfg(out.len), &[self.p(out), self.p(x), Arg::I32(v as i32)])
+    fn row_max_sumexp(&self, max: &mut CudaBuffer, sumexp: &mut CudaBuffer, x: &CudaBuffer, v: usize) -> Result<(), ExecError> {
+        lens("row_max_sumexp", &[("x", x.len, max.len * v), ("sumexp", sumexp.len, max.len)])?;
+        self.run("row_max_sumexp", rows_cfg(max.len), &[self.p(max), self.p(sumexp), self.p(x), Arg::I32(v as i32)])
     }
 
-    fn row_sumexp(&self, out: &mut CudaBuffer, x: &CudaBuffer, max: &CudaBuffer, v: usize) -> Result<(), ExecError> {
-        lens("row_sumexp", &[("x", x.len, out.len * v), ("max", max.len, out.len)])?;
-        self.run("row_sumexp", rows_cfg(out.len), &[self.p(out), self.p(x), self.p(max), Arg::I32(v as i32)])
+    fn sumexp_rescale(&self, sumexp: &mut CudaBuffer, local_max: &CudaBuffer, max: &CudaBuffer) -> Result<(), ExecError> {
+        let rows = sumexp.len;
+        lens("sumexp_rescale", &[("local max", local_max.len, rows), ("max", max.len, rows)])?;
+        self.ew("sumexp_rescale", rows, &[self.p(sumexp), self.p(local_max), self.p(max), Arg::I(rows as i64)])
     }
 
     fn target_logit(&self, out: &mut CudaBuffer, x: &CudaBuffer, targets: &CudaBuffer, start: usize, v: usize) -> Result<(), ExecError> {

@@ -241,6 +241,10 @@ fn from_rank_major<D: Device>(
     dev.transpose_outer(out, x, n, outer, c)
 }
 
+/// The row-stats key of a shard's sum of exp(x − max) against the reduced max, made with
+/// the max and all-reduced into "sumexp".
+const SHARD_SUMEXP: &str = "shard-sumexp";
+
 /// The vocab-parallel row statistics, by the name a `row-stats` op gives them.
 fn row_stat_name(op: &Op) -> Result<&'static str, ExecError> {
     match op.text("reduce") {
@@ -401,7 +405,9 @@ impl<D: Device> Executor<D> {
     /// holds it; the targets are those of the loss reading these logits). Each is one
     /// (B,T) all-reduce, as in Megatron's vocab-parallel cross-entropy, made once per
     /// forward: by the `row-stats` op that stands for it in the graph (and in
-    /// `comm_volume`), else by the loss.
+    /// `comm_volume`), else by the loss. The shard is read once for the first two
+    /// (Megatron reads it twice): its own max and its sum against that max, which is
+    /// moved onto the reduced max before the sum is all-reduced.
     fn row_stat(&self, logits: TensorId, stat: &'static str, op: &Op) -> Result<(), ExecError> {
         if self.comm.row_stats.borrow().contains_key(&(logits, stat)) {
             return Ok(());
@@ -412,21 +418,25 @@ impl<D: Device> Executor<D> {
         let v = self.graph.tensors[logits].shape.last().copied().unwrap_or(1).max(1) as usize;
         let x = self.val(logits, op)?;
         let dev = &self.device;
-        let mut out = dev.alloc(Elem::F32, x.len() / v)?;
+        let rows = x.len() / v;
+        let mut out = dev.alloc(Elem::F32, rows)?;
         match stat {
             "max" => {
-                dev.row_max(&mut out, x, v)?;
+                let (mut local, mut sumexp) = (dev.alloc(Elem::F32, rows)?, dev.alloc(Elem::F32, rows)?);
+                dev.row_max_sumexp(&mut local, &mut sumexp, x, v)?;
+                dev.copy(&mut out, 0, &local, 0, rows)?;
                 c.all_reduce(&mut out, ReduceOp::Max)?;
+                dev.sumexp_rescale(&mut sumexp, &local, &out)?;
+                self.comm.row_stats.borrow_mut().insert((logits, SHARD_SUMEXP), sumexp);
             }
             "sumexp" => {
                 self.row_stat(logits, "max", op)?;
-                {
-                    let stats = self.comm.row_stats.borrow();
-                    let m = stats
-                        .get(&(logits, "max"))
-                        .ok_or_else(|| ExecError::State("row max vanished".into()))?;
-                    dev.row_sumexp(&mut out, x, m, v)?;
-                }
+                out = self
+                    .comm
+                    .row_stats
+                    .borrow_mut()
+                    .remove(&(logits, SHARD_SUMEXP))
+                    .ok_or_else(|| ExecError::State("the shard's row sums vanished".into()))?;
                 c.all_reduce(&mut out, ReduceOp::Sum)?;
             }
             _ => {
