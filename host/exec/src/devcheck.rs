@@ -800,7 +800,7 @@ fn mamba<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
 ///
 /// # Errors
 /// A step that fails on either device.
-pub fn compare_steps<D: Device + Clone>(dev: D) -> Result<Vec<CheckRow>, ExecError> {
+pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Result<Vec<CheckRow>, ExecError> {
     let mut rows = Vec::new();
     let mut moe = toy::ToyConfig::tiny();
     moe.moe = Some((4, 2, 32));
@@ -834,6 +834,30 @@ pub fn compare_steps<D: Device + Clone>(dev: D) -> Result<Vec<CheckRow>, ExecErr
             ok: worst.0 <= 1e-3,
         });
     }
+    // The toy Llama at tp=2, vocab-parallel with sequence parallelism: two ranks as
+    // threads on each device joined by in-process groups (host transports: the device's
+    // buffers go through them as they would through NCCL's), so the sharded paths'
+    // kernels run in a real step (the vocab-parallel embedding and loss statistics, the
+    // shard backward, the layout copies around reduce-scatter and all-gather).
+    let (cpu, device) = (tp2_step(Cpu::new())?, tp2_step(dev.clone())?);
+    for (r, (a, b)) in cpu.iter().zip(&device).enumerate() {
+        let e = relative_error(&[a.0], &[b.0]);
+        rows.push(CheckRow { kernel: format!("toy llama tp=2 (vocab-parallel, SP) rank {r}: loss"), error: e, tolerance: RED, ok: e <= RED });
+        let mut worst = (0f64, String::new());
+        for (w, ga) in &a.1 {
+            let gb = b.1.iter().find(|(n, _)| n == w).map(|x| x.1.as_slice()).unwrap_or_default();
+            let e = relative_error(ga, gb);
+            if e >= worst.0 {
+                worst = (e, w.clone());
+            }
+        }
+        rows.push(CheckRow {
+            kernel: format!("toy llama tp=2 rank {r}: worst gradient ({})", worst.1),
+            error: worst.0,
+            tolerance: 1e-3,
+            ok: worst.0 <= 1e-3,
+        });
+    }
     // The FP8 training route: every linear of the toy Llama per-tensor FP8 (E4M3 forward,
     // E5M2 gradients) under delayed scaling, three steps with AdamW. A device with FP8
     // GEMMs (CUDA) takes the native route: operands cast to codes in one pass, from the
@@ -859,6 +883,49 @@ pub fn compare_steps<D: Device + Clone>(dev: D) -> Result<Vec<CheckRow>, ExecErr
         });
     }
     Ok(rows)
+}
+
+/// Each rank's loss and weight gradients (by name) of one forward and backward of the
+/// toy Llama at tp=2 (vocab-parallel, sequence parallel) on `dev`, the ranks threads of
+/// this process from the executors' seeded weights.
+fn tp2_step<D: Device + Clone + Send>(dev: D) -> Result<Vec<(f32, Vec<(String, Vec<f32>)>)>, ExecError> {
+    use runner_graph::shard::{Layout, RankCoord, shard};
+    let g = toy::with_roles(toy::llama(&toy::ToyConfig::tiny()), true);
+    let (tokens, targets) = toy::repeating_batch(&g, 11);
+    let b = g.tensors[g.tensor_id("tokens").ok_or_else(|| ExecError::State("the toy has no tokens".into()))?].shape[0] as u32;
+    let layout = Layout { tp: 2, sequence_parallel: true, ..Layout::single(b, b) };
+    let groups = crate::collective::ThreadGroup::new(2);
+    std::thread::scope(|sc| {
+        let runs: Vec<_> = groups
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let (g, layout, dev, tokens, targets) = (&g, &layout, dev.clone(), &tokens, &targets);
+                sc.spawn(move || -> Result<_, ExecError> {
+                    let coord = RankCoord { tp: r as u32, pp: 0, cp: 0, dp: 0 };
+                    let s = shard(g, layout, coord).map_err(|e| ExecError::State(format!("sharding the toy at tp=2: {e}")))?;
+                    let groups: Vec<(String, Box<dyn crate::collective::Collective<D>>)> = vec![("tp".into(), Box::new(h))];
+                    let mut ex = Executor::for_rank(&s, dev, ExecOptions::default(), groups)?;
+                    // The seeded weights are drawn per name and shape, so both ranks' shards
+                    // would hold the same values (and each vocabulary shard the same row
+                    // maxima): each rank's are moved by noise of its own.
+                    for (i, w) in ex.trainable().into_iter().enumerate() {
+                        let mut v = ex.weight(&w)?;
+                        let mut noise = vec![0f32; v.len()];
+                        SplitMix(0x7e2 + 1000 * r as u64 + i as u64).normals(&mut noise, 0.05);
+                        v.iter_mut().zip(&noise).for_each(|(a, b)| *a += b);
+                        ex.set_weight(&w, &v)?;
+                    }
+                    let inputs = [("tokens", Input::U32(tokens)), ("targets", Input::U32(targets))];
+                    let loss = ex.forward(&inputs)?;
+                    ex.backward()?;
+                    let grads = ex.trainable().into_iter().map(|w| ex.grad(&w).map(|x| (w, x.unwrap_or_default()))).collect::<Result<_, _>>()?;
+                    Ok((loss, grads))
+                })
+            })
+            .collect();
+        runs.into_iter().map(|h| h.join().map_err(|_| ExecError::State("a tp=2 rank panicked".into()))?).collect()
+    })
 }
 
 /// What [`fp8_steps`] reports.
@@ -944,7 +1011,7 @@ mod tests {
             assert_eq!(r.error, 0.0, "{r:?}");
         }
         let steps = compare_steps(Cpu::new()).unwrap();
-        assert_eq!(steps.len(), 7);
+        assert_eq!(steps.len(), 11);
         assert!(steps.iter().all(|r| r.error == 0.0), "{steps:?}");
     }
 }
