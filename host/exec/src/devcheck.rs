@@ -885,10 +885,13 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Result<Vec<CheckRow>, 
     Ok(rows)
 }
 
+/// A rank's loss and its weight gradients by name.
+type RankStep = (f32, Vec<(String, Vec<f32>)>);
+
 /// Each rank's loss and weight gradients (by name) of one forward and backward of the
 /// toy Llama at tp=2 (vocab-parallel, sequence parallel) on `dev`, the ranks threads of
-/// this process from the executors' seeded weights.
-fn tp2_step<D: Device + Clone + Send>(dev: D) -> Result<Vec<(f32, Vec<(String, Vec<f32>)>)>, ExecError> {
+/// this process, each from its part of the unsharded model's seeded weights.
+fn tp2_step<D: Device + Clone + Send>(dev: D) -> Result<Vec<RankStep>, ExecError> {
     use runner_graph::shard::{Layout, RankCoord, shard};
     let g = toy::with_roles(toy::llama(&toy::ToyConfig::tiny()), true);
     let (tokens, targets) = toy::repeating_batch(&g, 11);
@@ -906,16 +909,6 @@ fn tp2_step<D: Device + Clone + Send>(dev: D) -> Result<Vec<(f32, Vec<(String, V
                     let s = shard(g, layout, coord).map_err(|e| ExecError::State(format!("sharding the toy at tp=2: {e}")))?;
                     let groups: Vec<(String, Box<dyn crate::collective::Collective<D>>)> = vec![("tp".into(), Box::new(h))];
                     let mut ex = Executor::for_rank(&s, dev, ExecOptions::default(), groups)?;
-                    // The seeded weights are drawn per name and shape, so both ranks' shards
-                    // would hold the same values (and each vocabulary shard the same row
-                    // maxima): each rank's are moved by noise of its own.
-                    for (i, w) in ex.trainable().into_iter().enumerate() {
-                        let mut v = ex.weight(&w)?;
-                        let mut noise = vec![0f32; v.len()];
-                        SplitMix(0x7e2 + 1000 * r as u64 + i as u64).normals(&mut noise, 0.05);
-                        v.iter_mut().zip(&noise).for_each(|(a, b)| *a += b);
-                        ex.set_weight(&w, &v)?;
-                    }
                     let inputs = [("tokens", Input::U32(tokens)), ("targets", Input::U32(targets))];
                     let loss = ex.forward(&inputs)?;
                     ex.backward()?;

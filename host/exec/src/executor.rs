@@ -18,12 +18,17 @@
 //! Weight initialisation is deterministic and independent of graph order: each weight's
 //! stream is seeded from the run seed and a hash of its name, so a 2-layer proxy and the
 //! full model start `layers.0.*` identically. Matrices draw from N(0, 0.02²); norm gains
-//! are 1 and biases 0 (recognised by the op slot that reads them).
+//! are 1 and biases 0 (recognised by the op slot that reads them). A rank of a sharded
+//! graph ([`Executor::for_rank`]) fills each weight it holds a part of with that part of
+//! the unsharded weight's stream (the stream is counter-based, so a part is drawn without
+//! the rest), so tp, ep and etp ranks start as the unsharded model would, as Megatron
+//! slices a master weight, rather than every rank from the same values.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use runner_graph::autodiff::{BackwardPlan, backward_plan};
 use runner_graph::recompute::{RecomputePolicy, RecomputeSchedule, schedule};
 use runner_graph::validate::validate;
+use runner_graph::shard::WeightSplit;
 use runner_graph::{DType, Graph, OpKind, TensorId, TensorKind};
 use runner_kernels::cpu::adamw::AdamW;
 use serde::Serialize;
@@ -267,13 +272,55 @@ impl SplitMix {
         const CHUNK: usize = 1 << 16; // values per parallel chunk (even)
         let start = self.0;
         out.par_chunks_mut(CHUNK).enumerate().for_each(|(i, chunk)| {
-            // Draws before this chunk: one per value, rounded up to whole pairs.
-            let before = (i * CHUNK) as u64;
-            let mut g = SplitMix(start.wrapping_add(before.wrapping_mul(0x9E37_79B9_7F4A_7C15)));
-            g.fill_pairs(chunk, std);
+            SplitMix(start).normals_from(chunk, (i * CHUNK) as u64, std);
         });
         let draws = out.len().div_ceil(2) as u64 * 2;
         self.0 = start.wrapping_add(draws.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    }
+
+    /// Values `first..first + out.len()` of the stream [`SplitMix::normals`] draws from
+    /// this state (the state is not advanced): value k is the cosine (k even) or sine
+    /// (k odd) half of pair k / 2, which takes draws k − k % 2 and the one after.
+    fn normals_from(&self, out: &mut [f32], first: u64, std: f32) {
+        const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+        let at = |draw: u64| SplitMix(self.0.wrapping_add(draw.wrapping_mul(GAMMA)));
+        let (mut rest, mut k) = (out, first);
+        if k % 2 == 1 {
+            let Some((head, tail)) = rest.split_first_mut() else { return };
+            let mut pair = [0f32; 2];
+            at(k - 1).fill_pairs(&mut pair, std);
+            *head = pair[1];
+            (rest, k) = (tail, k + 1);
+        }
+        at(k).fill_pairs(rest, std);
+    }
+
+    /// A block of a tensor of shape `full` (row-major) filled as [`SplitMix::normals`]
+    /// fills the whole: the block of shape `local` starting at index `start`, into
+    /// `out` (row-major, `local`'s size). Indices past `full` along the first axis (a
+    /// padded vocabulary) continue the stream.
+    pub(crate) fn normals_block(&self, out: &mut [f32], full: &[u64], start: &[u64], local: &[u64], std: f32) {
+        use rayon::prelude::*;
+        let n = local.len();
+        let Some(&run) = local.last() else { return };
+        if run == 0 || full.len() != n || start.len() != n {
+            return;
+        }
+        // Row-major strides of the full tensor.
+        let mut stride = vec![1u64; n];
+        for a in (0..n.saturating_sub(1)).rev() {
+            stride[a] = stride[a + 1].saturating_mul(full[a + 1]);
+        }
+        out.par_chunks_mut(run as usize).enumerate().for_each(|(j, chunk)| {
+            // Run j's index along the leading axes of `local`, last leading axis fastest.
+            let (mut rem, mut first) = (j as u64, start[n - 1]);
+            for a in (0..n - 1).rev() {
+                let i = rem % local[a];
+                rem /= local[a];
+                first = first.wrapping_add((start[a] + i).wrapping_mul(stride[a]));
+            }
+            self.normals_from(chunk, first, std);
+        });
     }
 
     /// Box-Muller pairs into `out`, one after another.
@@ -288,6 +335,41 @@ impl SplitMix {
             }
         }
     }
+}
+
+/// Where this rank's part (shape `local`) of weight `name` starts in the unsharded
+/// weight: along each split axis, part `rank / (size / parts)` of the group's ranks
+/// ([`WeightSplit`]).
+///
+/// # Errors
+/// A split axis whose group has no handle here, or whose size the parts do not divide.
+fn weight_origin<D: Device>(
+    name: &str,
+    local: &[u64],
+    split: &WeightSplit,
+    groups: &[(String, Box<dyn Collective<D>>)],
+) -> Result<Vec<u64>, ExecError> {
+    let mut start = vec![0u64; local.len()];
+    for a in &split.axes {
+        let (axis, group) = (a.axis, a.group);
+        let (Some(&l), Some(&f)) = (local.get(axis), split.full.get(axis)) else {
+            return Err(ExecError::State(format!("weight '{name}': split axis {axis} is outside its shape {local:?}")));
+        };
+        let (rank, size) = groups
+            .iter()
+            .find(|(n, _)| n == group)
+            .map(|(_, c)| (c.rank() as u64, c.size() as u64))
+            .unwrap_or((0, 1));
+        let parts = if a.per_rank { size } else { f / l.max(1) };
+        if parts == 0 || size % parts != 0 || l.saturating_mul(parts) < f {
+            return Err(ExecError::State(format!(
+                "weight '{name}' holds {l} of {f} along axis {axis}, split over group '{group}', which has {size} \
+                 rank(s) here; pass this rank's handle on '{group}' to Executor::for_rank"
+            )));
+        }
+        start[axis] = rank / (size / parts) * l;
+    }
+    Ok(start)
 }
 
 /// FNV-1a of a name, to give every weight its own random stream.
@@ -347,8 +429,9 @@ impl<D: Device> Executor<D> {
     /// `ep`: a dropless token exchange whose received rows follow the routing).
     /// [`Executor::for_rank`] also takes the rank's step-level gradient collectives,
     /// FSDP's included (the rank then keeps only its shard of the covered weights, their
-    /// gradients and moments between steps; `executor/fsdp.rs`). Every weight starts
-    /// whole here.
+    /// gradients and moments between steps; `executor/fsdp.rs`). Here each weight
+    /// starts from its own name's stream at the rank graph's shape; [`Executor::for_rank`]
+    /// starts a rank's parts of split weights as their parts of the unsharded weights.
     ///
     /// # Errors
     /// As [`Executor::new`].
@@ -357,6 +440,18 @@ impl<D: Device> Executor<D> {
         device: D,
         options: ExecOptions,
         groups: Vec<(String, Box<dyn Collective<D>>)>,
+    ) -> Result<Executor<D>, ExecError> {
+        Self::build(graph, device, options, groups, &BTreeMap::new())
+    }
+
+    /// [`Executor::with_collectives`], the weights of `splits` initialised as this
+    /// rank's part of the unsharded weight (see [`weight_origin`]).
+    pub(super) fn build(
+        graph: &Graph,
+        device: D,
+        options: ExecOptions,
+        groups: Vec<(String, Box<dyn Collective<D>>)>,
+        splits: &BTreeMap<String, WeightSplit>,
     ) -> Result<Executor<D>, ExecError> {
         validate(graph)?;
         let plan = backward_plan(graph)?;
@@ -372,12 +467,17 @@ impl<D: Device> Executor<D> {
             }
             let n = t.numel() as usize;
             let mut host = vec![0f32; n];
-            match init_kind(&g, id) {
-                v if v.is_nan() => {
-                    SplitMix(options.seed ^ name_hash(&t.name))
-                        .normals(&mut host, options.init_std);
+            let stream = SplitMix(options.seed ^ name_hash(&t.name));
+            match (init_kind(&g, id), splits.get(&t.name)) {
+                (v, Some(split)) if v.is_nan() => {
+                    let start = weight_origin(&t.name, &t.shape, split, &groups)?;
+                    stream.normals_block(&mut host, &split.full, &start, &t.shape, options.init_std);
                 }
-                v => host.fill(v),
+                (v, None) if v.is_nan() => {
+                    let mut stream = stream;
+                    stream.normals(&mut host, options.init_std);
+                }
+                (v, _) => host.fill(v),
             }
             let mut buf = device.alloc(elem_of(t.dtype), n)?;
             device.write_f32(&mut buf, &host)?;

@@ -568,3 +568,45 @@ fn ep_rank_graph_keeps_balanced_shapes_and_input_checks() {
         .to_string();
     assert!(err.contains("id 64"), "{err}");
 }
+
+/// Every rank starts from its part of the unsharded model's initial weights: at tp = 2,
+/// ep = 2, etp = 2 over dp = 2, each expert weight is its ep rank's experts cut to its
+/// etp rank's width, each dense weight its tp rank's part, bit for bit.
+#[test]
+fn ranks_start_from_their_part_of_the_unsharded_weights() {
+    let g = toy_moe(2);
+    let full = weights(&Executor::new(&g, Cpu::new(), options()).unwrap());
+    let layout = Layout { tp: 2, ep: 2, etp: 2, dp: 2, ..Layout::single(2, 4) };
+    let mut experts = 0;
+    for m in expert_mesh(2, 1, 2, 2, 2) {
+        let s = shard(&g, &layout, m.coord).unwrap();
+        let (etr, er, _) = expert_coord(m.coord, 2, 2, 2);
+        let ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+        for t in s.graph.tensors.iter().filter(|t| t.kind.is_param()) {
+            let fshape = &g.tensors[g.tensor_id(&t.name).unwrap()].shape;
+            let mut want = full[&t.name].clone();
+            let mut shape = fshape.clone();
+            for axis in 0..shape.len() {
+                let parts = (shape[axis] / t.shape[axis]) as usize;
+                let r = match (is_expert(&t.name), axis) {
+                    (true, 0) => er as usize,
+                    (true, _) => etr as usize,
+                    (false, _) => m.coord.tp as usize * parts / 2,
+                };
+                if parts > 1 {
+                    want = slice(&want, &shape, axis, r, parts);
+                    shape[axis] = t.shape[axis];
+                }
+            }
+            experts += usize::from(is_expert(&t.name));
+            let got = ex.weight(&t.name).unwrap();
+            assert!(
+                got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "rank {:?}: '{}' is not its part of the unsharded weight",
+                m.coord,
+                t.name
+            );
+        }
+    }
+    assert!(experts >= 8, "{experts} expert weights checked");
+}

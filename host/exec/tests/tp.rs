@@ -664,3 +664,49 @@ fn tp2_sequence_parallel_all_to_all_matches_unsharded() {
     let out = run_ranks_with(&g, &layout, groups, &data, &w0);
     check_ranks(&g, &out, loss, &want);
 }
+
+/// A tp rank starts from its part of the unsharded model's initial weights (as
+/// Megatron slices a master weight), not from the same values on every rank: at tp=2,
+/// at tp=4 (the kv heads then shared by pairs of ranks), and at tp=4 with a vocabulary
+/// of 62 padded to 64 (the last rank's rows 62 and 63 continue the weight's stream, as
+/// the rows of a 64-row table would be), vocab-parallel, every weight of every rank
+/// equals its part of the unsharded executor's, bit for bit.
+#[test]
+fn tp_ranks_start_from_their_part_of_the_unsharded_weights() {
+    let toy = |vocab| with_roles(toy::llama(&ToyConfig { vocab, ..ToyConfig::tiny() }), true);
+    // The 64-row tables hold the 62-row ones' values and their continuation.
+    let reference = toy(64);
+    let full = weights(&Executor::new(&reference, Cpu::new(), options()).unwrap());
+    for (vocab, tp) in [(64, 2u32), (64, 4), (62, 4)] {
+        let g = toy(vocab);
+        let layout = Layout { tp, ..Layout::single(2, 2) };
+        let mut split = 0;
+        for (r, h) in ThreadGroup::new(tp as usize).into_iter().enumerate() {
+            let coord = RankCoord { tp: r as u32, ..RankCoord::default() };
+            let s = shard(&g, &layout, coord).unwrap();
+            // Its handle on tp is all a rank's weight origins need (tp-kv's gradient sum,
+            // whose handles are left out, does not run here).
+            let mut step = s.step.clone();
+            step.retain(|c| c.group != "tp-kv");
+            let ex = Executor::for_rank(
+                &runner_graph::shard::Sharded { step, ..s.clone() },
+                Cpu::new(),
+                options(),
+                vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)],
+            )
+            .unwrap();
+            for t in s.graph.tensors.iter().filter(|t| t.kind.is_param()) {
+                let rshape = &reference.tensors[reference.tensor_id(&t.name).unwrap()].shape;
+                let want = common::part_of(&full[&t.name], rshape, &t.shape, r, tp as usize);
+                let got = ex.weight(&t.name).unwrap();
+                split += usize::from(rshape != &t.shape);
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()) && got.len() == want.len(),
+                    "vocab {vocab}, tp={tp} rank {r}: '{}' is not its part of the unsharded weight",
+                    t.name
+                );
+            }
+        }
+        assert!(split >= 2 * tp as usize * 7, "tp={tp}: only {split} split weights over the ranks");
+    }
+}

@@ -121,6 +121,31 @@ pub struct StepCollective {
 pub struct Sharded {
     pub graph: Graph,
     pub step: Vec<StepCollective>,
+    /// The weights this rank holds a part of, by name: where that part lies in the
+    /// unsharded weight (so a rank can start from its part of the unsharded model's
+    /// initialisation, as Megatron slices a master weight).
+    pub splits: BTreeMap<String, WeightSplit>,
+}
+
+/// A rank's part of a weight: the unsharded shape, and each split axis with the group
+/// whose ranks divide it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WeightSplit {
+    pub full: Vec<u64>,
+    pub axes: Vec<SplitAxis>,
+}
+
+/// One split axis of a [`WeightSplit`]. Along it the rank holds part `rank` of its
+/// group's ranks when `per_rank` (a vocabulary: each rank its `⌈full / size⌉` rows,
+/// the last ones past the unsharded extent when the vocabulary was padded to the group),
+/// else part `rank / (size / parts)` of `parts = full / local` (consecutive ranks share
+/// a part when the group is larger: kv heads replicated over tp).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SplitAxis {
+    pub axis: usize,
+    /// `tp`, or `ep` and `etp` for expert weights.
+    pub group: &'static str,
+    pub per_rank: bool,
 }
 
 // ------------------------------------------------------------------------------------
@@ -1335,8 +1360,38 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         loss = sum;
     }
     let step = if with_step { step_collectives(g, layout, &p, owned(0), owned(chunks - 1)) } else { Vec::new() };
+    let splits = weight_splits(g, &p.weights);
     let graph = Graph::new(p.tensors, p.ops, &loss).map_err(|e| e.to_string())?;
-    Ok(Sharded { graph, step })
+    Ok(Sharded { graph, step, splits })
+}
+
+/// The weights held at a shape other than their unsharded one, and which group splits
+/// each axis: an expert weight's (E, n, k) is split over `ep` along the experts and over
+/// `etp` along n or k; every other weight over `tp`, a vocabulary-parallel embedding
+/// table or head one part per rank (the `vocab-start` the ops are given).
+fn weight_splits(g: &Graph, local: &FxHashMap<TensorId, Vec<u64>>) -> BTreeMap<String, WeightSplit> {
+    let read_as_weight = |id: TensorId, f: &dyn Fn(&Op) -> bool| g.ops.iter().any(|o| f(o) && o.inputs.get(1) == Some(&id));
+    local
+        .iter()
+        .filter_map(|(&id, shape)| {
+            let t = &g.tensors[id];
+            let expert = read_as_weight(id, &|o| o.kind == OpKind::GroupedLinear);
+            let vocab = read_as_weight(id, &|o| o.role == Role::VocabParallel);
+            let axes: Vec<SplitAxis> = t
+                .shape
+                .iter()
+                .zip(shape)
+                .enumerate()
+                .filter(|(_, (f, l))| f != l)
+                .map(|(axis, _)| SplitAxis {
+                    axis,
+                    group: if !expert { "tp" } else if axis == 0 { "ep" } else { "etp" },
+                    per_rank: vocab && !expert,
+                })
+                .collect();
+            (!axes.is_empty()).then(|| (t.name.clone(), WeightSplit { full: t.shape.clone(), axes }))
+        })
+        .collect()
 }
 
 /// Gradient reduction (and FSDP parameter gathers) for the weights this rank holds.

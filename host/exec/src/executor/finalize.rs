@@ -35,7 +35,9 @@ impl<D: Device> Executor<D> {
     /// plus its step-level collectives ([`Executor::reduce_gradients`], which
     /// [`Executor::step`] runs). `groups` must hold a handle for every group the graph's
     /// ops and the step collectives name (`tp`, `pp`, `dp`, `pp-embed`, `ep`, `edp`, ...),
-    /// but none for a step collective over one rank (which only divides). A layout with
+    /// but none for a step collective over one rank (which only divides). Each weight the
+    /// rank holds a part of starts as that part of the unsharded weight
+    /// (`sharded.splits`, placed by the rank's handles on `tp`, `ep` and `etp`). A layout with
     /// `fsdp: true` shards the weights its FSDP collectives cover over their group as
     /// the executor is made (see [`Executor::set_step_collectives`]).
     ///
@@ -47,7 +49,7 @@ impl<D: Device> Executor<D> {
         options: ExecOptions,
         groups: Vec<(String, Box<dyn Collective<D>>)>,
     ) -> Result<Executor<D>, ExecError> {
-        let mut ex = Self::with_collectives(&sharded.graph, device, options, groups)?;
+        let mut ex = Self::build(&sharded.graph, device, options, groups, &sharded.splits)?;
         ex.set_step_collectives(sharded.step.clone())?;
         Ok(ex)
     }

@@ -423,6 +423,37 @@ fn parallel_normals_equal_the_sequential_stream() {
     }
 }
 
+/// A block of a tensor, filled on its own, holds the values the whole tensor's fill
+/// puts there: blocks along either axis of a matrix, at odd and even offsets (a value
+/// is half of a Box-Muller pair), a 3-d block, and rows past the first axis's end (a
+/// padded vocabulary) continuing the stream.
+#[test]
+fn a_block_of_the_stream_equals_that_block_of_the_whole() {
+    let (full, rows, cols) = ([7u64, 5, 9], 7usize, 45usize);
+    let mut whole = vec![0f32; 9 * cols];
+    SplitMix(7).normals(&mut whole, 0.02);
+    let at = |r: usize, c: usize| whole[r * cols + c];
+    // (start, local) as 2-d blocks of the (rows + 2, 45) view: the whole, column halves
+    // at even and odd offsets, one odd-width column, row blocks, two rows past the end.
+    for (start, local) in [([0u64, 0], [7u64, 45]), ([0, 0], [7, 22]), ([0, 23], [7, 22]), ([0, 17], [7, 1]), ([3, 0], [4, 45]), ([6, 5], [3, 11])] {
+        let mut got = vec![f32::NAN; (local[0] * local[1]) as usize];
+        SplitMix(7).normals_block(&mut got, &[rows as u64, cols as u64], &start, &local, 0.02);
+        for r in 0..local[0] as usize {
+            for c in 0..local[1] as usize {
+                let want = at(start[0] as usize + r, start[1] as usize + c);
+                assert_eq!(got[r * local[1] as usize + c].to_bits(), want.to_bits(), "block {start:?}+{local:?} at ({r}, {c})");
+            }
+        }
+    }
+    // (7, 5, 9): the block [2..5, 1..4, 3..8].
+    let mut got = vec![f32::NAN; 3 * 3 * 5];
+    SplitMix(7).normals_block(&mut got, &full, &[2, 1, 3], &[3, 3, 5], 0.02);
+    for (i, g) in got.iter().enumerate() {
+        let (a, b, c) = (2 + i / 15, 1 + i / 5 % 3, 3 + i % 5);
+        assert_eq!(g.to_bits(), whole[(a * 5 + b) * 9 + c].to_bits(), "3-d block at ({a}, {b}, {c})");
+    }
+}
+
 #[test]
 fn init_is_deterministic_and_by_name() {
     let a = Executor::new(&toy::llama(&small()), Cpu::new(), ExecOptions::default()).unwrap();
