@@ -794,9 +794,8 @@ fn mamba<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
 }
 
 /// One training step's forward and backward of the toy Llama, MoE and Mamba on the CPU
-/// and on `dev` from the same weights and batch: the losses and every weight gradient
-/// compared (AdamW's kernel has its own row; after an update, a gradient near zero whose
-/// sign differs by rounding would move its weight by up to twice the learning rate).
+/// and on `dev` from the same weights and batch, and of the toy Llama at tp=2: the
+/// losses and every weight gradient compared ([`step_rows`]); and three FP8 steps.
 ///
 /// # Errors
 /// A step that fails on either device.
@@ -811,28 +810,9 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Result<Vec<CheckRow>, 
         let mut a = Executor::new(&g, Cpu::new(), ExecOptions::default())?;
         let mut b = Executor::new(&g, dev.clone(), ExecOptions::default())?;
         let (la, lb) = (a.forward(&inputs)?, b.forward(&inputs)?);
-        rows.push(CheckRow {
-            kernel: format!("{name} step: loss"),
-            error: relative_error(&[la], &[lb]),
-            tolerance: RED,
-            ok: relative_error(&[la], &[lb]) <= RED,
-        });
         a.backward()?;
         b.backward()?;
-        let mut worst = (0f64, String::new());
-        for w in a.trainable() {
-            let (ga, gb) = (a.grad(&w)?.unwrap_or_default(), b.grad(&w)?.unwrap_or_default());
-            let e = relative_error(&ga, &gb);
-            if e >= worst.0 {
-                worst = (e, w);
-            }
-        }
-        rows.push(CheckRow {
-            kernel: format!("{name} step: worst gradient ({})", worst.1),
-            error: worst.0,
-            tolerance: 1e-3,
-            ok: worst.0 <= 1e-3,
-        });
+        step_rows(&mut rows, &format!("{name} step"), &step_of(&a, la)?, &step_of(&b, lb)?);
     }
     // The toy Llama at tp=2, vocab-parallel with sequence parallelism: two ranks as
     // threads on each device joined by in-process groups (host transports: the device's
@@ -841,22 +821,7 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Result<Vec<CheckRow>, 
     // shard backward, the layout copies around reduce-scatter and all-gather).
     let (cpu, device) = (tp2_step(Cpu::new())?, tp2_step(dev.clone())?);
     for (r, (a, b)) in cpu.iter().zip(&device).enumerate() {
-        let e = relative_error(&[a.0], &[b.0]);
-        rows.push(CheckRow { kernel: format!("toy llama tp=2 (vocab-parallel, SP) rank {r}: loss"), error: e, tolerance: RED, ok: e <= RED });
-        let mut worst = (0f64, String::new());
-        for (w, ga) in &a.1 {
-            let gb = b.1.iter().find(|(n, _)| n == w).map(|x| x.1.as_slice()).unwrap_or_default();
-            let e = relative_error(ga, gb);
-            if e >= worst.0 {
-                worst = (e, w.clone());
-            }
-        }
-        rows.push(CheckRow {
-            kernel: format!("toy llama tp=2 rank {r}: worst gradient ({})", worst.1),
-            error: worst.0,
-            tolerance: 1e-3,
-            ok: worst.0 <= 1e-3,
-        });
+        step_rows(&mut rows, &format!("toy llama tp=2 (vocab-parallel, SP) rank {r}"), a, b);
     }
     // The FP8 training route: every linear of the toy Llama per-tensor FP8 (E4M3 forward,
     // E5M2 gradients) under delayed scaling, three steps with AdamW. A device with FP8
@@ -885,8 +850,32 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Result<Vec<CheckRow>, 
     Ok(rows)
 }
 
-/// A rank's loss and its weight gradients by name.
+/// A step's loss and its weight gradients by name.
 type RankStep = (f32, Vec<(String, Vec<f32>)>);
+
+/// `ex`'s step after a forward (its loss) and backward.
+fn step_of<D: Device>(ex: &Executor<D>, loss: f32) -> Result<RankStep, ExecError> {
+    let grads = ex.trainable().into_iter().map(|w| ex.grad(&w).map(|x| (w, x.unwrap_or_default()))).collect::<Result<_, _>>()?;
+    Ok((loss, grads))
+}
+
+/// Rows for step `got` against `want`: the loss, and the worst weight gradient (a
+/// weight `got` lacks compares as empty, an infinite error). AdamW's kernel has its own
+/// row: after an update, a gradient near zero whose sign differs by rounding would move
+/// its weight by up to twice the learning rate.
+fn step_rows(rows: &mut Vec<CheckRow>, name: &str, want: &RankStep, got: &RankStep) {
+    let e = relative_error(&[want.0], &[got.0]);
+    rows.push(CheckRow { kernel: format!("{name}: loss"), error: e, tolerance: RED, ok: e <= RED });
+    let mut worst = (0f64, String::new());
+    for (w, ga) in &want.1 {
+        let gb = got.1.iter().find(|(n, _)| n == w).map(|x| x.1.as_slice()).unwrap_or_default();
+        let e = relative_error(ga, gb);
+        if e >= worst.0 {
+            worst = (e, w.clone());
+        }
+    }
+    rows.push(CheckRow { kernel: format!("{name}: worst gradient ({})", worst.1), error: worst.0, tolerance: 1e-3, ok: worst.0 <= 1e-3 });
+}
 
 /// Each rank's loss and weight gradients (by name) of one forward and backward of the
 /// toy Llama at tp=2 (vocab-parallel, sequence parallel) on `dev`, the ranks threads of
@@ -912,8 +901,7 @@ fn tp2_step<D: Device + Clone + Send>(dev: D) -> Result<Vec<RankStep>, ExecError
                     let inputs = [("tokens", Input::U32(tokens)), ("targets", Input::U32(targets))];
                     let loss = ex.forward(&inputs)?;
                     ex.backward()?;
-                    let grads = ex.trainable().into_iter().map(|w| ex.grad(&w).map(|x| (w, x.unwrap_or_default()))).collect::<Result<_, _>>()?;
-                    Ok((loss, grads))
+                    step_of(&ex, loss)
                 })
             })
             .collect();
