@@ -338,17 +338,21 @@ impl SplitMix {
 }
 
 /// Where this rank's part (shape `local`) of weight `name` starts in the unsharded
-/// weight: along each split axis, part `rank / (size / parts)` of the group's ranks
-/// ([`WeightSplit`]).
+/// weight: along each split axis, the part the rank's handle on the axis's group picks
+/// ([`runner_graph::shard::SplitAxis`]).
 ///
 /// # Errors
-/// A split axis whose group has no handle here, or whose size the parts do not divide.
+/// A split that does not fit the weight's shape, or a split axis whose group has no
+/// handle here, or whose size the parts do not divide.
 fn weight_origin<D: Device>(
     name: &str,
     local: &[u64],
     split: &WeightSplit,
     groups: &[(String, Box<dyn Collective<D>>)],
 ) -> Result<Vec<u64>, ExecError> {
+    if split.full.len() != local.len() {
+        return Err(ExecError::State(format!("weight '{name}' {local:?} is split from a weight of shape {:?}", split.full)));
+    }
     let mut start = vec![0u64; local.len()];
     for a in &split.axes {
         let (axis, group) = (a.axis, a.group);
