@@ -655,6 +655,15 @@ pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> R
     row(&format!("cross-entropy backward (V {v})"), 2.0 * logits_bytes, device_samples(dev, 7, 3, || {
         dev.cross_entropy_backward(&mut dlogits, &logits, &lse, &targets, v, Some(&loss))
     })?);
+    // Vocab-parallel (Megatron's tp = 8 split of the same logits): each rank's row max
+    // and sum of exp of its shard, in one read of the shard.
+    let (shard, shard_rows) = (v / 8, ce_rows * 8);
+    if shard > 0 {
+        let (mut mx, mut se) = (sized(Elem::F32, shard_rows)?, sized(Elem::F32, shard_rows)?);
+        row(&format!("vocab-parallel row max + sum of exp (shard {shard} of V {v})"), logits_bytes, device_samples(dev, 7, 3, || {
+            dev.row_max_sumexp(&mut mx, &mut se, &logits, shard)
+        })?);
+    }
     let s = crate::device::adamw_scalars(dev, &h, 1)?;
     row("adamw", 7.0 * f, device_samples(dev, 7, 3, || dev.adamw(&mut a, &b, &mut c, &mut d, &s))?);
     Ok(rows)
@@ -694,7 +703,8 @@ mod device_tests {
         assert_eq!(rows.len(), 2);
         assert!(rows.iter().all(|r| r.tflops > 0.0 && r.best_tflops >= r.tflops && r.dtype == "bf16"));
         let rows = device_memory_bench(&dev, 1 << 17).unwrap();
-        assert_eq!(rows.len(), 11);
+        assert_eq!(rows.len(), 12);
         assert!(rows.iter().all(|r| r.gbps > 0.0), "{rows:?}");
+        assert!(rows.iter().any(|r| r.kernel == "vocab-parallel row max + sum of exp (shard 16032 of V 128256)"), "{rows:?}");
     }
 }
