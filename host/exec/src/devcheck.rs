@@ -1003,6 +1003,20 @@ mod tests {
         assert_eq!(code_steps(&[1.0], &[f32::NAN], 1.0, Fp8Format::E4M3), f64::INFINITY);
     }
 
+    /// A part of `compare_steps` that failed is one failed row naming it and the error;
+    /// one that ran adds none.
+    #[test]
+    fn a_step_that_fails_to_run_is_a_failed_row() {
+        let mut rows = Vec::new();
+        failed_to_run(&mut rows, "toy llama tp=2 step", Ok(()));
+        assert!(rows.is_empty());
+        failed_to_run(&mut rows, "toy llama tp=2 step", Err(ExecError::State("a rank panicked".into())));
+        assert_eq!(rows.len(), 1);
+        let r = &rows[0];
+        assert!(!r.ok && r.error.is_infinite(), "{r:?}");
+        assert!(r.kernel.starts_with("toy llama tp=2 step: did not run") && r.kernel.contains("a rank panicked"), "{r:?}");
+    }
+
     /// The CPU against itself: every kernel runs, every row is exact; on a GPU the same
     /// harness is the correctness check.
     #[test]
