@@ -250,8 +250,11 @@ impl<E> Default for Pending<E> {
 pub(crate) struct SplitMix(pub(crate) u64);
 
 impl SplitMix {
+    /// What the state advances by per draw.
+    const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
+
     pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        self.0 = self.0.wrapping_add(Self::GAMMA);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
@@ -275,15 +278,14 @@ impl SplitMix {
             SplitMix(start).normals_from(chunk, (i * CHUNK) as u64, std);
         });
         let draws = out.len().div_ceil(2) as u64 * 2;
-        self.0 = start.wrapping_add(draws.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        self.0 = start.wrapping_add(draws.wrapping_mul(Self::GAMMA));
     }
 
     /// Values `first..first + out.len()` of the stream [`SplitMix::normals`] draws from
     /// this state (the state is not advanced): value k is the cosine (k even) or sine
     /// (k odd) half of pair k / 2, which takes draws k − k % 2 and the one after.
     fn normals_from(&self, out: &mut [f32], first: u64, std: f32) {
-        const GAMMA: u64 = 0x9E37_79B9_7F4A_7C15;
-        let at = |draw: u64| SplitMix(self.0.wrapping_add(draw.wrapping_mul(GAMMA)));
+        let at = |draw: u64| SplitMix(self.0.wrapping_add(draw.wrapping_mul(Self::GAMMA)));
         let (mut rest, mut k) = (out, first);
         if k % 2 == 1 {
             let Some((head, tail)) = rest.split_first_mut() else { return };
@@ -471,16 +473,13 @@ impl<D: Device> Executor<D> {
             }
             let n = t.numel() as usize;
             let mut host = vec![0f32; n];
-            let stream = SplitMix(options.seed ^ name_hash(&t.name));
+            let mut stream = SplitMix(options.seed ^ name_hash(&t.name));
             match (init_kind(&g, id), splits.get(&t.name)) {
                 (v, Some(split)) if v.is_nan() => {
                     let start = weight_origin(&t.name, &t.shape, split, &groups)?;
                     stream.normals_block(&mut host, &split.full, &start, &t.shape, options.init_std);
                 }
-                (v, None) if v.is_nan() => {
-                    let mut stream = stream;
-                    stream.normals(&mut host, options.init_std);
-                }
+                (v, None) if v.is_nan() => stream.normals(&mut host, options.init_std),
                 (v, _) => host.fill(v),
             }
             let mut buf = device.alloc(elem_of(t.dtype), n)?;

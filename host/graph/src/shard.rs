@@ -1203,8 +1203,9 @@ pub fn shard(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Sharded, Str
     shard_with(g, layout, rank, true)
 }
 
-/// [`shard`]'s graph alone, without working out the step-level collectives (what the
-/// projection's per-sharding templates read; the search builds one per sharding).
+/// [`shard`]'s graph alone, without working out the step-level collectives or the
+/// weight splits (what the projection's per-sharding templates read; the search builds
+/// one per sharding).
 ///
 /// # Errors
 /// As [`shard`].
@@ -1360,7 +1361,7 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         loss = sum;
     }
     let step = if with_step { step_collectives(g, layout, &p, owned(0), owned(chunks - 1)) } else { Vec::new() };
-    let splits = weight_splits(g, &p.weights);
+    let splits = if with_step { weight_splits(g, &p.weights) } else { BTreeMap::new() };
     let graph = Graph::new(p.tensors, p.ops, &loss).map_err(|e| e.to_string())?;
     Ok(Sharded { graph, step, splits })
 }
@@ -1370,13 +1371,23 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
 /// `etp` along n or k; every other weight over `tp`, a vocabulary-parallel embedding
 /// table or head one part per rank (the `vocab-start` the ops are given).
 fn weight_splits(g: &Graph, local: &FxHashMap<TensorId, Vec<u64>>) -> BTreeMap<String, WeightSplit> {
-    let read_as_weight = |id: TensorId, f: &dyn Fn(&Op) -> bool| g.ops.iter().any(|o| f(o) && o.inputs.get(1) == Some(&id));
+    // The weights (input 1) of grouped linears and of vocabulary-parallel ops, in one pass.
+    let (mut experts, mut vocabs) = (FxHashSet::default(), FxHashSet::default());
+    for o in &g.ops {
+        if let Some(&w) = o.inputs.get(1) {
+            if o.kind == OpKind::GroupedLinear {
+                experts.insert(w);
+            }
+            if o.role == Role::VocabParallel {
+                vocabs.insert(w);
+            }
+        }
+    }
     local
         .iter()
         .filter_map(|(&id, shape)| {
             let t = &g.tensors[id];
-            let expert = read_as_weight(id, &|o| o.kind == OpKind::GroupedLinear);
-            let vocab = read_as_weight(id, &|o| o.role == Role::VocabParallel);
+            let (expert, vocab) = (experts.contains(&id), vocabs.contains(&id));
             let axes: Vec<SplitAxis> = t
                 .shape
                 .iter()

@@ -419,25 +419,28 @@ impl<D: Device> Executor<D> {
         let x = self.val(logits, op)?;
         let dev = &self.device;
         let rows = x.len() / v;
-        let mut out = dev.alloc(Elem::F32, rows)?;
-        match stat {
+        let out = match stat {
             "max" => {
                 let (mut local, mut sumexp) = (dev.alloc(Elem::F32, rows)?, dev.alloc(Elem::F32, rows)?);
                 dev.row_max_sumexp(&mut local, &mut sumexp, x, v)?;
+                let mut out = dev.alloc(Elem::F32, rows)?;
                 dev.copy(&mut out, 0, &local, 0, rows)?;
                 c.all_reduce(&mut out, ReduceOp::Max)?;
                 dev.sumexp_rescale(&mut sumexp, &local, &out)?;
                 self.comm.row_stats.borrow_mut().insert((logits, SHARD_SUMEXP), sumexp);
+                out
             }
             "sumexp" => {
+                // The shard's sums, made with the max and already on the reduced max.
                 self.row_stat(logits, "max", op)?;
-                out = self
+                let mut out = self
                     .comm
                     .row_stats
                     .borrow_mut()
                     .remove(&(logits, SHARD_SUMEXP))
                     .ok_or_else(|| ExecError::State("the shard's row sums vanished".into()))?;
                 c.all_reduce(&mut out, ReduceOp::Sum)?;
+                out
             }
             _ => {
                 let loss = self
@@ -447,10 +450,12 @@ impl<D: Device> Executor<D> {
                     .find(|o| o.kind == OpKind::CrossEntropy && o.inputs[0] == logits)
                     .ok_or_else(|| unsupported(op, "no cross-entropy reads these logits"))?;
                 let targets = self.val(loss.inputs[1], op)?;
+                let mut out = dev.alloc(Elem::F32, rows)?;
                 dev.target_logit(&mut out, x, targets, c.rank() * v, v)?;
                 c.all_reduce(&mut out, ReduceOp::Sum)?;
+                out
             }
-        }
+        };
         self.comm.row_stats.borrow_mut().insert((logits, stat), out);
         Ok(())
     }
