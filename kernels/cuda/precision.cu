@@ -95,10 +95,13 @@ extern "C" __global__ void round_mxfp8(float* x, i64 rows, int row) {
     if (in) x[r * row + c] = keep_nan_sign(fp8_decode(fp8_encode(keep_nan_sign(v / s, v), 0, true), 0) * s, v);
 }
 
-// dst (cols, rows) = srcᵀ for 1-byte elements (FP8 operands into cuBLASLt's TN layout).
-extern "C" __global__ void transpose_u8(u8* dst, const u8* src, i64 rows, i64 cols) {
-    FOR_EACH(i, rows * cols) {
-        i64 r = i / cols, c = i % cols;
-        dst[c * rows + r] = src[i];
+// dst (rows, k_pad) from 1-byte src (FP8 operands into cuBLASLt's TN layout): src is
+// (rows, k), or (k, rows) when `transposed`; columns k..k_pad are zero (an FP8 GEMM's
+// contraction padded to a multiple of 16). One thread per element of dst, so the
+// writes are contiguous.
+extern "C" __global__ void pack_u8(u8* dst, const u8* src, i64 rows, i64 k, i64 k_pad, int transposed) {
+    FOR_EACH(i, rows * k_pad) {
+        i64 r = i / k_pad, c = i % k_pad;
+        dst[i] = c < k ? src[transposed ? c * rows + r : r * k + c] : (u8)0;
     }
 }

@@ -635,7 +635,7 @@ pub fn device_memory_bench<D: crate::device::Device>(dev: &D, elems: usize) -> R
     use runner_kernels::cpu::quant::{Format, QuantSpec};
     let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
     let mut q = dev.alloc(Elem::F8E4M3, n)?;
-    row("FP8 cast to codes", 1.25 * f, device_samples(dev, 7, 3, || dev.quantize_fp8_codes(&mut q, &a, &spec).map(|_| ()))?);
+    row("FP8 cast to codes", 1.25 * f, device_samples(dev, 7, 3, || dev.quantize_fp8_codes(&mut q, &a, 0, &spec).map(|_| ()))?);
     row("swiglu + FP8 cast (fused)", 3.25 * f, device_samples(dev, 7, 3, || {
         dev.forward_with_cast(crate::device::CastProducer::SwiGlu { out: &mut c, gate: &a, up: &b }, &mut q, &spec).map(|_| ())
     })?);

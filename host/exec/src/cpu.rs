@@ -28,7 +28,7 @@ use runner_kernels::cpu::rope::{self, Rope};
 use runner_kernels::cpu::ssm::{self, Conv1d, Ssm, SsmGrads, SsmInputs};
 use runner_kernels::cpu::{activation, embedding, loss, norm};
 
-use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats, NoGraph};
+use crate::device::{ConcatShapes, Device, DeviceBuffer, Elem, ExecError, ExpertWeights, MemStats, NoGraph};
 
 /// Byte accounting shared by every buffer of one [`Cpu`] device, and the pool that
 /// dropped buffers go back to.
@@ -280,6 +280,20 @@ impl Cpu {
             _ => self.read_f32(b).map(std::borrow::Cow::Owned),
         }
     }
+
+    /// A grouped linear's expert weights as one f32 (E, n, k) tensor.
+    fn widen_experts<'a>(&self, w: ExpertWeights<'a, CpuBuffer>) -> Result<std::borrow::Cow<'a, [f32]>, ExecError> {
+        match w {
+            ExpertWeights::Stacked(b) => self.widen(b),
+            ExpertWeights::Each(bs) => {
+                let mut all = Vec::with_capacity(w.len());
+                for b in bs {
+                    all.extend_from_slice(&self.widen(b)?);
+                }
+                Ok(std::borrow::Cow::Owned(all))
+            }
+        }
+    }
 }
 
 impl Device for Cpu {
@@ -519,13 +533,16 @@ impl Device for Cpu {
         Ok(stats)
     }
 
-    fn quantize_fp8_codes(&self, dst: &mut CpuBuffer, src: &CpuBuffer, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
+    fn quantize_fp8_codes(&self, dst: &mut CpuBuffer, src: &CpuBuffer, src_at: usize, spec: &QuantSpec) -> Result<QuantReport, ExecError> {
         let k = "quantize_fp8_codes";
         let fmt = dst.elem.fp8().ok_or_else(|| ExecError::State(format!("{k}: into a {} buffer", dst.elem.name())))?;
         if !matches!((spec, fmt), (QuantSpec::Tensor { format: quant::Format::E4M3, .. }, Fp8Format::E4M3) | (QuantSpec::Tensor { format: quant::Format::E5M2, .. }, Fp8Format::E5M2)) {
             return Err(ExecError::State(format!("{k}: {spec:?} into a {} buffer", dst.elem.name())));
         }
         let x = f(src, k)?;
+        let x = src_at.checked_add(dst.len()).and_then(|end| x.get(src_at..end)).ok_or_else(|| {
+            ExecError::State(format!("{k}: {} codes from element {src_at} of a {}-element source", dst.len(), x.len()))
+        })?;
         let CpuData::U8(q) = &mut dst.data else {
             return Err(ExecError::State(format!("{k}: an FP8 buffer without bytes")));
         };
@@ -1112,13 +1129,14 @@ impl Device for Cpu {
         &self,
         out: &mut CpuBuffer,
         x_sorted: &CpuBuffer,
-        w: &CpuBuffer,
+        w: ExpertWeights<'_, CpuBuffer>,
         plan: &DispatchPlan,
         k_in: usize,
         n_out: usize,
     ) -> Result<(), ExecError> {
         let k = "grouped_matmul_forward";
-        moe::grouped_matmul_forward(fm(out, k)?, f(x_sorted, k)?, f(w, k)?, plan, k_in, n_out).map_err(kerr(k))
+        let (x, w) = (self.widen(x_sorted)?, self.widen_experts(w)?);
+        moe::grouped_matmul_forward(fm(out, k)?, &x, &w, plan, k_in, n_out).map_err(kerr(k))
     }
 
     fn grouped_matmul_backward(
@@ -1128,19 +1146,20 @@ impl Device for Cpu {
         dout: &CpuBuffer,
         dout_w: &CpuBuffer,
         x_sorted: &CpuBuffer,
-        w: &CpuBuffer,
+        w: ExpertWeights<'_, CpuBuffer>,
         plan: &DispatchPlan,
         k_in: usize,
         n_out: usize,
     ) -> Result<(), ExecError> {
         let k = "grouped_matmul_backward";
+        let (d, dw_in, x, w) = (self.widen(dout)?, self.widen(dout_w)?, self.widen(x_sorted)?, self.widen_experts(w)?);
         moe::grouped_matmul_backward(
             fm(dx_sorted, k)?,
             fm(dw, k)?,
-            f(dout, k)?,
-            f(dout_w, k)?,
-            f(x_sorted, k)?,
-            f(w, k)?,
+            &d,
+            &dw_in,
+            &x,
+            &w,
             plan,
             k_in,
             n_out,

@@ -184,6 +184,36 @@ pub enum CastProducer<'a, B> {
     SquaredRelu { out: &'a mut B, x: &'a B },
 }
 
+/// A grouped linear's expert weights (E, n, k), as its GEMMs read them: one stacked
+/// tensor, or one tensor per expert (the native FP8 route's codes: each expert's matrix
+/// its own FP8 tensor with its own scale, as Transformer Engine keeps one FP8 weight per
+/// expert).
+pub enum ExpertWeights<'a, B> {
+    Stacked(&'a B),
+    Each(&'a [B]),
+}
+
+impl<'a, B: DeviceBuffer> ExpertWeights<'a, B> {
+    /// Expert `e`'s (n, k) matrix of `per` = n·k elements: its buffer and the element
+    /// where it starts (`None`: no such expert).
+    pub fn expert(&self, e: usize, per: usize) -> Option<(&'a B, usize)> {
+        match *self {
+            ExpertWeights::Stacked(b) => (per.checked_mul(e + 1)? <= b.len()).then_some((b, e * per)),
+            ExpertWeights::Each(bs) => bs.get(e).filter(|b| b.len() == per).map(|b| (b, 0)),
+        }
+    }
+    /// Elements over all experts.
+    pub fn len(&self) -> usize {
+        match *self {
+            ExpertWeights::Stacked(b) => b.len(),
+            ExpertWeights::Each(bs) => bs.iter().map(DeviceBuffer::len).sum(),
+        }
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// What the executor needs to know of a device buffer.
 pub trait DeviceBuffer {
     /// Elements held.
@@ -363,8 +393,9 @@ pub trait Device {
     /// of that copy's values, in one pass over `src` and no f32 copy
     /// (`runner_kernels::cpu::quant::quantize_codes` is the reference). The native FP8
     /// route's cast of a GEMM operand (a given scale: delayed scaling, the values encode
-    /// exactly on that scale's grid).
-    fn quantize_fp8_codes(&self, dst: &mut Self::Buffer, src: &Self::Buffer, spec: &QuantSpec) -> Result<Self::QuantStats, ExecError>;
+    /// exactly on that scale's grid). The codes are of `src`'s `dst.len()` elements from
+    /// element `src_at` on (0 but for one expert's matrix of a grouped linear's weights).
+    fn quantize_fp8_codes(&self, dst: &mut Self::Buffer, src: &Self::Buffer, src_at: usize, spec: &QuantSpec) -> Result<Self::QuantStats, ExecError>;
     /// Run `producer` and cast its f32 output also to the FP8 codes of `codes` under
     /// per-tensor `spec` with a given scale (delayed scaling, so known before the producer
     /// runs), keeping what [`Device::quantize_fp8_codes`] of the output would. The
@@ -394,7 +425,7 @@ pub trait Device {
                 out
             }
         };
-        self.quantize_fp8_codes(codes, out, spec)
+        self.quantize_fp8_codes(codes, out, 0, spec)
     }
     /// The random Hadamard transform along the rows of an f32 (rows, cols) buffer, in
     /// groups of `h` rows (`runner_kernels::cpu::quant::hadamard_rows`).
@@ -766,18 +797,23 @@ pub trait Device {
         plan: &Self::Plan,
         c: usize,
     ) -> Result<(), ExecError>;
+    /// out = x · Wᵀ per expert, over each expert's rows of `x_sorted`. The operands are
+    /// f32, or (the native FP8 route) FP8 codes: `x_sorted` one tensor, the weights one
+    /// per expert; the contraction over an expert's rows (the weight gradient's) is then
+    /// padded with zeros to the FP8 GEMM's multiple of 16.
     fn grouped_matmul_forward(
         &self,
         out: &mut Self::Buffer,
         x_sorted: &Self::Buffer,
-        w: &Self::Buffer,
+        w: ExpertWeights<'_, Self::Buffer>,
         plan: &Self::Plan,
         k_in: usize,
         n_out: usize,
     ) -> Result<(), ExecError>;
-    /// dx = dout · W per expert, overwritten; dw += dout_wᵀ · x per expert. `dout_w` is
-    /// `dout` unless a precision plan quantises the output gradient differently for the
-    /// input-gradient and weight-gradient GEMMs.
+    /// dx = dout · W per expert, overwritten; dw (f32) += dout_wᵀ · x per expert.
+    /// `dout_w` is `dout` unless a precision plan quantises the output gradient
+    /// differently for the input-gradient and weight-gradient GEMMs. Operand types as
+    /// [`Device::grouped_matmul_forward`]'s.
     #[allow(clippy::too_many_arguments)]
     fn grouped_matmul_backward(
         &self,
@@ -786,7 +822,7 @@ pub trait Device {
         dout: &Self::Buffer,
         dout_w: &Self::Buffer,
         x_sorted: &Self::Buffer,
-        w: &Self::Buffer,
+        w: ExpertWeights<'_, Self::Buffer>,
         plan: &Self::Plan,
         k_in: usize,
         n_out: usize,

@@ -933,9 +933,13 @@ impl<D: Device> Executor<D> {
             if let Some(z) = &zero_bias {
                 ins[2] = z;
             }
+            let mut experts = None;
             if let Some((qx, qw, _)) = &quantised {
                 ins[0] = qx;
-                ins[1] = qw;
+                match qw {
+                    quant::Quantised::One(w) => ins[1] = w,
+                    quant::Quantised::PerExpert(ws) => experts = Some(ws.as_slice()),
+                }
             }
             match fused {
                 Some((key, spec, elem)) => {
@@ -944,7 +948,7 @@ impl<D: Device> Executor<D> {
                     let stats = ops::forward_with_cast(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut codes, &spec)?;
                     self.cast = Some(quant::Cast { tensor, key, codes, stats });
                 }
-                None => ops::forward(&self.device, &self.graph, oi, &ins, &mut outs, &mut aux, &mut self.plans)?,
+                None => ops::forward(&self.device, &self.graph, oi, &ins, experts, &mut outs, &mut aux, &mut self.plans)?,
             }
             if let Some((_, _, output)) = quantised {
                 let row = self.graph.tensors[op.outputs[0]].shape.last().copied().unwrap_or(1) as usize;

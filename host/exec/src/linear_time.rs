@@ -110,7 +110,7 @@ pub fn time_linear<D: Device>(dev: &D, l: &LinearGemms, samples: usize) -> Resul
         let mut q = dev.alloc(elem, len)?;
         let format = if elem == Elem::F8E5M2 { runner_kernels::cpu::quant::Format::E5M2 } else { runner_kernels::cpu::quant::Format::E4M3 };
         let spec = runner_kernels::cpu::quant::QuantSpec::Tensor { format, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
-        median_time(dev, samples, || dev.quantize_fp8_codes(&mut q, &src, &spec).map(|_| ()))
+        median_time(dev, samples, || dev.quantize_fp8_codes(&mut q, &src, 0, &spec).map(|_| ()))
     };
     if need_x8 {
         cast_x_s = one_pass(Elem::F8E4M3, m * k)?;

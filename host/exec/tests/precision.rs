@@ -607,6 +607,54 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
     assert_eq!(native.0, emulated.0);
 }
 
+/// A MoE model's expert linears (grouped GEMMs) take the native route too: the routed
+/// tokens cast to one FP8 tensor, each expert's weights to their own (with their own
+/// scale under current scaling, as the emulated route quantises them), with the
+/// emulated route's losses, weights and numerics bit for bit over three steps under
+/// current and delayed scaling. Under delayed scaling the experts' SwiGLU casts its
+/// output for the down projection as it runs. The toy's router (4 outputs) stays in f32,
+/// as Transformer Engine keeps routers.
+#[test]
+fn expert_linears_take_fp8_codes_with_a_scale_per_expert() {
+    let g = toy::llama(&ToyConfig { layers: 1, moe: Some((4, 2, 32)), ..ToyConfig::tiny() });
+    let gemms: Vec<String> = g
+        .ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear) && !o.name.contains("router"))
+        .map(|o| o.name.clone())
+        .collect();
+    assert_eq!(g.ops.iter().filter(|o| o.kind == OpKind::GroupedLinear && gemms.contains(&o.name)).count(), 3, "gate, up and down experts planned");
+    let h = AdamW { lr: 1e-2, ..runner_exec::executor::ADAMW_DEFAULT };
+    let train = |scaling: Scaling, native: bool| {
+        let options = ExecOptions { seed: 3, native_fp8: Some(native), ..ExecOptions::default() };
+        let mut ex = Executor::new(&g, Cpu::new(), options).unwrap();
+        let sites: Vec<_> = gemms.iter().flat_map(|n| GemmRole::ALL.map(|r| (n.clone(), r, hybrid(scaling)))).collect();
+        ex.set_precision(&sites).unwrap();
+        let (mut losses, mut numerics) = (Vec::new(), Vec::new());
+        for step in 0..3 {
+            losses.push(run(&mut ex, &g, step));
+            ex.reduce_gradients().unwrap();
+            ex.optimizer_step(&h).unwrap();
+            numerics.push(ex.precision_numerics());
+            ex.end_precision_step();
+        }
+        let w = ex.weight("layers.0.moe.experts.down.weight").unwrap();
+        (losses, w, numerics, ex.native_fp8_gemms(), ex.fused_fp8_casts())
+    };
+    let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
+    for scaling in [Scaling::Current { margin: 0 }, delayed] {
+        let (emulated, native) = (train(scaling, false), train(scaling, true));
+        assert_eq!(emulated.3, 0, "{scaling:?}: the emulated route encodes nothing");
+        assert_eq!(native.3, 3 * 3 * gemms.len() as u64, "{scaling:?}: every planned GEMM of three steps ran on codes, the experts' too");
+        assert_eq!(native.0, emulated.0, "{scaling:?}: losses");
+        assert_eq!(native.1, emulated.1, "{scaling:?}: the down experts after three updates");
+        assert_eq!(native.2, emulated.2, "{scaling:?}: amaxes, scales and counts of every operand");
+        // From the second step: the experts' SwiGLU (for experts.down) and the final
+        // RMSNorm (for the head).
+        assert_eq!(native.4, if scaling == delayed { 4 } else { 0 }, "{scaling:?}: fused casts");
+    }
+}
+
 /// An MLP alone, x -> fc1 -> activation -> fc2 -> cross-entropy, with `act` one of GELU,
 /// squared ReLU (fc1 alone) or GeGLU (fc1 and a second up projection); x is a weight so
 /// every GEMM has gradients. Dimensions are multiples of 16 (the native route's).

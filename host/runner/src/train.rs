@@ -396,8 +396,8 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     let bytes_per_token = text.len() as f64 / tokens.len().max(1) as f64;
     let data = Data::new(tokens, cfg.seq_len as usize, cfg.micro_batch as usize, cfg.seed)?;
 
-    // `--device`: on a GPU, per-tensor FP8 linears run on its FP8 GEMMs (the executor's
-    // native route); the CPU emulates every format.
+    // `--device`: on a GPU, per-tensor FP8 linears and expert linears run on its FP8
+    // GEMMs (the executor's native route); the CPU emulates every format.
     let chosen = choose(crate::local_device::requested())?;
     let device_name = chosen.name();
     let mut runs = Vec::new();

@@ -240,10 +240,22 @@ unsafe fn store(e: Elem, base: u64, i: usize, v: f32) {
 /// 1/scale words their scale pointers address; an FP8 D multiplied by its scale, its amax
 /// (before the scale) written. Accumulates in f64.
 ///
+/// FP8 problems are refused as cuBLASLt refuses them, so the emulated device catches a
+/// call the real one would fail: the "TN" layout (A transposed, B not), k and m
+/// multiples of 16, and A and B 16-byte aligned (cuBLASLt's FP8 requirements; PyTorch's
+/// `_scaled_mm` checks the same of its row-major operands).
+///
 /// # Safety
 /// The operands address host memory of the sizes `key` implies.
-pub(super) unsafe fn matmul(key: gemm::Key, o: &gemm::Operands) {
+pub(super) unsafe fn matmul(key: gemm::Key, o: &gemm::Operands) -> Result<(), String> {
     let (m, n, k) = (key.m as usize, key.n as usize, key.k as usize);
+    if key.a.fp8().is_some() && !(key.ta && !key.tb && k.is_multiple_of(16) && m.is_multiple_of(16) && o.a.is_multiple_of(16) && o.b.is_multiple_of(16)) {
+        return Err(format!(
+            "cuBLASLt refuses an FP8 GEMM of {m}x{n}x{k} with op {}{} (it needs TN, k and m multiples of 16, A and B 16-byte aligned)",
+            if key.ta { "T" } else { "N" },
+            if key.tb { "T" } else { "N" }
+        ));
+    }
     // SAFETY: the caller's: scale pointers address an FP8 buffer's meta words.
     let (sa, sb) = unsafe {
         if key.a.fp8().is_some() { (*(o.a_scale_inv as *const f32), *(o.b_scale_inv as *const f32)) } else { (1.0, 1.0) }
@@ -277,4 +289,5 @@ pub(super) unsafe fn matmul(key: gemm::Key, o: &gemm::Operands) {
         // SAFETY: the amax pointer addresses the FP8 meta's amax word.
         unsafe { *(o.d_amax as *mut f32) = amax };
     }
+    Ok(())
 }

@@ -48,7 +48,7 @@ use runner_kernels::cpu::quant::{self, QuantReport, QuantSpec};
 use runner_kernels::cpu::rope::Rope;
 use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
-use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, MemStats};
+use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, ExpertWeights, MemStats};
 use kernels::Arg;
 
 /// What [`probe`] found: a usable device.
@@ -367,6 +367,12 @@ fn lens(kernel: &str, checks: &[(&str, usize, usize)]) -> Result<(), ExecError> 
         }
     }
     Ok(())
+}
+
+/// Expert `e`'s matrix of `per` elements in a grouped GEMM's weights: its buffer and
+/// the element where it starts.
+fn expert_weight<'a>(kernel: &str, w: &ExpertWeights<'a, CudaBuffer>, e: usize, per: usize) -> Result<(&'a CudaBuffer, usize), ExecError> {
+    w.expert(e, per).ok_or_else(|| kerr(kernel, format!("no {per}-element weight matrix for expert {e}")))
 }
 
 fn need(kernel: &str, b: &CudaBuffer, e: Elem) -> Result<(), ExecError> {
@@ -1140,27 +1146,30 @@ impl Device for Cuda {
         }
     }
 
-    fn quantize_fp8_codes(&self, dst: &mut CudaBuffer, src: &CudaBuffer, spec: &QuantSpec) -> Result<CudaQuantStats, ExecError> {
+    fn quantize_fp8_codes(&self, dst: &mut CudaBuffer, src: &CudaBuffer, src_at: usize, spec: &QuantSpec) -> Result<CudaQuantStats, ExecError> {
         let k = "quantize_fp8_codes";
         need(k, src, Elem::F32)?;
         let (fmt, format, given, margin, saturate) = self.codes_spec(k, dst, spec)?;
-        lens(k, &[("dst", dst.len, src.len)])?;
+        if src_at.checked_add(dst.len).is_none_or(|end| end > src.len) {
+            return Err(kerr(k, format!("{} codes from element {src_at} of a {}-element source", dst.len, src.len)));
+        }
         let rec = self.stats_record()?;
         let meta = self.codes_meta(dst, given.unwrap_or(1.0))?;
         let scale = match given {
             Some(s) => ScaleFrom::Given(s),
             None => ScaleFrom::Current { format, margin },
         };
-        if src.len > 0 {
-            let n = src.len as i64;
+        if dst.len > 0 {
+            let n = dst.len as i64;
+            let from = Arg::P(self.ptr(src) + (src_at * 4) as u64);
             let cur = self.ptr(&rec) + STATS_CUR;
             if given.is_none() {
-                self.ew("amax_f32", src.len, &[Arg::P(cur), self.p(src), Arg::I(n)])?;
+                self.ew("amax_f32", dst.len, &[Arg::P(cur), from, Arg::I(n)])?;
             }
             let args = [
                 self.p(dst),
                 Arg::P(meta),
-                self.p(src),
+                from,
                 Arg::P(cur),
                 self.p(&rec),
                 Arg::I(n),
@@ -1169,10 +1178,10 @@ impl Device for Cuda {
                 Arg::I32(margin),
                 Arg::I32(i32::from(saturate)),
             ];
-            self.ew("quant_tensor_codes", src.len, &args)?;
+            self.ew("quant_tensor_codes", dst.len, &args)?;
             self.keep_amax(&rec, meta)?;
         }
-        Ok(CudaQuantStats { rec, scale, elements: src.len })
+        Ok(CudaQuantStats { rec, scale, elements: dst.len })
     }
 
     fn forward_with_cast(&self, producer: CastProducer<'_, CudaBuffer>, codes: &mut CudaBuffer, spec: &QuantSpec) -> Result<CudaQuantStats, ExecError> {
@@ -1889,27 +1898,28 @@ impl Device for Cuda {
         self.ew("dispatch_backward", tokens * c, &[self.p(dx), self.p(dx_sorted), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
     }
 
-    fn grouped_matmul_forward(&self, out: &mut CudaBuffer, x_sorted: &CudaBuffer, w: &CudaBuffer, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
+    fn grouped_matmul_forward(&self, out: &mut CudaBuffer, x_sorted: &CudaBuffer, w: ExpertWeights<'_, CudaBuffer>, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
         let rows = plan.order.len;
         let e = plan.offsets.len() - 1;
-        lens("grouped_matmul_forward", &[("x_sorted", x_sorted.len, rows * k_in), ("w", w.len, e * n_out * k_in), ("out", out.len, rows * n_out)])?;
+        lens("grouped_matmul_forward", &[("x_sorted", x_sorted.len, rows * k_in), ("w", w.len(), e * n_out * k_in), ("out", out.len, rows * n_out)])?;
         for ex in 0..e {
             let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
             if r1 == r0 {
                 continue;
             }
+            let (we, w_at) = expert_weight("grouped_matmul_forward", &w, ex, n_out * k_in)?;
             let g = Gemm { m: r1 - r0, n: n_out, k: k_in, trans_a: false, trans_b: true };
-            self.gemm_at(out, r0 * n_out, x_sorted, r0 * k_in, w, ex * n_out * k_in, g, false)?;
+            self.gemm_at(out, r0 * n_out, x_sorted, r0 * k_in, we, w_at, g, false)?;
         }
         Ok(())
     }
 
-    fn grouped_matmul_backward(&self, dx_sorted: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, dout_w: &CudaBuffer, x_sorted: &CudaBuffer, w: &CudaBuffer, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
+    fn grouped_matmul_backward(&self, dx_sorted: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, dout_w: &CudaBuffer, x_sorted: &CudaBuffer, w: ExpertWeights<'_, CudaBuffer>, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
         let rows = plan.order.len;
         let e = plan.offsets.len() - 1;
         lens(
             "grouped_matmul_backward",
-            &[("x_sorted", x_sorted.len, rows * k_in), ("dx_sorted", dx_sorted.len, rows * k_in), ("w", w.len, e * n_out * k_in), ("dw", dw.len, w.len), ("dout", dout.len, rows * n_out), ("dout_w", dout_w.len, rows * n_out)],
+            &[("x_sorted", x_sorted.len, rows * k_in), ("dx_sorted", dx_sorted.len, rows * k_in), ("w", w.len(), e * n_out * k_in), ("dw", dw.len, w.len()), ("dout", dout.len, rows * n_out), ("dout_w", dout_w.len, rows * n_out)],
         )?;
         for ex in 0..e {
             let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
@@ -1917,8 +1927,10 @@ impl Device for Cuda {
                 continue;
             }
             let m = r1 - r0;
+            let (we, w_at) = expert_weight("grouped_matmul_backward", &w, ex, n_out * k_in)?;
             let gx = Gemm { m, n: k_in, k: n_out, trans_a: false, trans_b: false };
-            self.gemm_at(dx_sorted, r0 * k_in, dout, r0 * n_out, w, ex * n_out * k_in, gx, false)?;
+            self.gemm_at(dx_sorted, r0 * k_in, dout, r0 * n_out, we, w_at, gx, false)?;
+            // On FP8 codes the contraction over the expert's m rows is padded to 16.
             let gw = Gemm { m: n_out, n: k_in, k: m, trans_a: true, trans_b: false };
             self.gemm_at(dw, ex * n_out * k_in, dout_w, r0 * n_out, x_sorted, r0 * k_in, gw, true)?;
         }
@@ -2164,23 +2176,27 @@ impl Cuda {
         if c.elem.fp8().is_some() && (accumulate || !fp8) {
             return Err(kerr("matmul", "an FP8 output needs FP8 operands and no accumulation".into()));
         }
-        // FP8 wants cuBLASLt's TN: our b used transposed (trans_b) and a not transposed.
-        // Other layouts transpose the FP8 operand into scratch first.
+        // FP8 wants cuBLASLt's TN (our b used transposed, a not) and a contraction that
+        // is a multiple of 16. An FP8 operand in another layout is packed into scratch
+        // first, transposed, and an odd contraction (an expert's rows, in its weight
+        // gradient) padded with zeros, which add nothing (Transformer Engine and
+        // Megatron pad each expert's tokens to 16 for the same reason).
         let mut keep = Vec::new();
         let (mut a_ptr, mut b_ptr) = (self.ptr(a) + (a_at * a.elem.bytes()) as u64, self.ptr(b) + (b_at * b.elem.bytes()) as u64);
         let (mut ta, mut tb) = (g.trans_a, g.trans_b);
-        if fp8 && g.trans_a {
-            // a stored (k, m): make it (m, k).
-            let t = self.alloc(a.elem, g.m * g.k)?;
-            self.ew("transpose_u8", g.m * g.k, &[self.p(&t), Arg::P(a_ptr), Arg::I(g.k as i64), Arg::I(g.m as i64)])?;
+        let k = if fp8 { g.k.next_multiple_of(16) } else { g.k };
+        if fp8 && (g.trans_a || k != g.k) {
+            // a stored (k, m) (or (m, k) with an odd k): make it (m, k padded).
+            let t = self.alloc(a.elem, g.m * k)?;
+            self.ew("pack_u8", g.m * k, &[self.p(&t), Arg::P(a_ptr), Arg::I(g.m as i64), Arg::I(g.k as i64), Arg::I(k as i64), Arg::I32(i32::from(g.trans_a))])?;
             a_ptr = self.ptr(&t);
             ta = false;
             keep.push(t);
         }
-        if fp8 && !g.trans_b {
-            // b stored (k, n): make it (n, k).
-            let t = self.alloc(b.elem, g.k * g.n)?;
-            self.ew("transpose_u8", g.k * g.n, &[self.p(&t), Arg::P(b_ptr), Arg::I(g.k as i64), Arg::I(g.n as i64)])?;
+        if fp8 && (!g.trans_b || k != g.k) {
+            // b stored (k, n) (or (n, k) with an odd k): make it (n, k padded).
+            let t = self.alloc(b.elem, g.n * k)?;
+            self.ew("pack_u8", g.n * k, &[self.p(&t), Arg::P(b_ptr), Arg::I(g.n as i64), Arg::I(g.k as i64), Arg::I(k as i64), Arg::I32(i32::from(!g.trans_b))])?;
             b_ptr = self.ptr(&t);
             tb = true;
             keep.push(t);
@@ -2188,7 +2204,7 @@ impl Cuda {
         let key = gemm::Key {
             m: g.n as u64,
             n: g.m as u64,
-            k: g.k as u64,
+            k: k as u64,
             ta: tb,
             tb: ta,
             a: b.elem,
@@ -2228,7 +2244,7 @@ impl Cuda {
             }
             // SAFETY: the operands are this device's buffers, checked against the shape
             // by the callers; the scale and amax pointers address FP8 metas.
-            Engine::Emulated(_) => unsafe { emulated::matmul(key, &ops) },
+            Engine::Emulated(_) => unsafe { emulated::matmul(key, &ops) }.map_err(|e| kerr("matmul", e))?,
         }
         drop(keep);
         Ok(())

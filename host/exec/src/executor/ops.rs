@@ -22,7 +22,7 @@ use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 use runner_kernels::cpu::quant::QuantSpec;
 
-use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, Plans};
+use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, ExpertWeights, Plans};
 
 /// Gradient output of a backward step: the buffer and whether to add into it.
 pub(super) struct GradTarget<'a, B> {
@@ -315,18 +315,22 @@ pub(super) fn plan_for<'p, D: Device>(
 /// Run forward op `oi` of `g` on `dev`: read `inputs` (one per op input), overwrite
 /// `outputs` (one per op output, allocated by the caller), push the statistics the
 /// backward needs onto `aux` (in the order of the plan's
-/// [`runner_graph::autodiff::Aux`]) and record routing plans in `plans`.
+/// [`runner_graph::autodiff::Aux`]) and record routing plans in `plans`. `experts`: a
+/// grouped linear's weights as one FP8 tensor per expert (the native FP8 route), read
+/// instead of its weight input.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn forward<D: Device>(
     dev: &D,
     g: &Graph,
     oi: usize,
     inputs: &[&D::Buffer],
+    experts: Option<&[D::Buffer]>,
     outputs: &mut [D::Buffer],
     aux: &mut Vec<D::Buffer>,
     plans: &mut Plans<D::Plan>,
 ) -> Result<(), ExecError> {
     let op = &g.ops[oi];
-    forward_inner(dev, g, op, inputs, outputs, aux, plans).map_err(named(op))
+    forward_inner(dev, g, op, inputs, experts, outputs, aux, plans).map_err(named(op))
 }
 
 /// [`forward`] of an RMSNorm or MLP activation op `oi` whose output is also cast to the FP8
@@ -367,11 +371,13 @@ fn rmsnorm_of(g: &Graph, op: &Op) -> (usize, usize, f32) {
     (c, numel(g, op.inputs[0]) / c.max(1), f32_attr(op, "eps", 1e-5))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn forward_inner<D: Device>(
     dev: &D,
     g: &Graph,
     op: &Op,
     x: &[&D::Buffer],
+    experts: Option<&[D::Buffer]>,
     outputs: &mut [D::Buffer],
     aux: &mut Vec<D::Buffer>,
     plans: &mut Plans<D::Plan>,
@@ -467,7 +473,8 @@ fn forward_inner<D: Device>(
             } else {
                 plan_for(dev, g, op.inputs[2], x[2], e, plans)?
             };
-            dev.grouped_matmul_forward(&mut outputs[0], x[0], x[1], plan, k_in, n_out)?;
+            let w = experts.map_or(ExpertWeights::Stacked(x[1]), ExpertWeights::Each);
+            dev.grouped_matmul_forward(&mut outputs[0], x[0], w, plan, k_in, n_out)?;
         }
         OpKind::MoeCombine => {
             let c = last(g, op.inputs[0]);
@@ -547,6 +554,7 @@ fn backward_inner<D: Device>(
                 match linear.and_then(|l| l.dgrad.as_ref()) {
                     // Quantised operands; the result rounded to the plan's output format.
                     Some((qdy, qw, output)) => emit(dev, &mut t, |dx| {
+                        let qw = qw.one().ok_or_else(|| state(op, "a linear's weight quantised per expert"))?;
                         dev.matmul(dx, qdy, qw, dgrad, false)?;
                         dev.round_to_storage(dx, *output, k)
                     })?,
@@ -770,7 +778,7 @@ fn backward_inner<D: Device>(
             // result is rounded to its plan's output format before it joins a sum.
             let dgrad = linear.and_then(|l| l.dgrad.as_ref());
             let wgrad = linear.and_then(|l| l.wgrad.as_ref());
-            let (dy_d, w_d) = dgrad.map_or((d, wv), |(g, w, _)| (g, w));
+            let (dy_d, w_d) = dgrad.map_or((d, ExpertWeights::Stacked(wv)), |(g, w, _)| (g, w.experts()));
             let (dy_w, x_w) = wgrad.map_or((d, xs), |(g, x, _)| (g, x));
             let (mut s0, mut s1, mut s2) = (None, None, None);
             let mut dwt = target_or_scratch(dev, take(1), wv.len(), &mut s1)?;

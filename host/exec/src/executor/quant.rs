@@ -34,7 +34,7 @@ use runner_graph::{OpKind, TensorId};
 use runner_kernels::cpu::quant::{QuantSpec, tensor_scale};
 
 use super::Executor;
-use crate::device::{Device, DeviceBuffer, Elem, ExecError};
+use crate::device::{Device, DeviceBuffer, Elem, ExecError, ExpertWeights};
 use crate::precision::{
     AmaxReduction, Fault, FaultKind, GemmRole, Operand, OperandNumerics, OperandPlan, Scaling, SiteNumerics, SitePlan,
 };
@@ -43,7 +43,31 @@ use crate::precision::{
 pub(super) type Key = (usize, GemmRole, Operand);
 
 /// Quantised GEMM inputs (A, B) and the format of the GEMM's result.
-pub(super) type Operands<B> = (B, B, runner_graph::DType);
+pub(super) type Operands<B> = (B, Quantised<B>, runner_graph::DType);
+
+/// A quantised GEMM input: one tensor, or (a grouped linear's weights on the native FP8
+/// route) one FP8 tensor per expert, each with its own scale.
+pub(super) enum Quantised<B> {
+    One(B),
+    PerExpert(Vec<B>),
+}
+
+impl<B: DeviceBuffer> Quantised<B> {
+    /// As a grouped GEMM reads it as its weights.
+    pub(super) fn experts(&self) -> ExpertWeights<'_, B> {
+        match self {
+            Quantised::One(b) => ExpertWeights::Stacked(b),
+            Quantised::PerExpert(bs) => ExpertWeights::Each(bs),
+        }
+    }
+    /// The one tensor (`None`: per expert).
+    pub(super) fn one(&self) -> Option<&B> {
+        match self {
+            Quantised::One(b) => Some(b),
+            Quantised::PerExpert(_) => None,
+        }
+    }
+}
 
 /// Plans, histories and this step's numerics.
 #[derive(Clone, Debug, Default)]
@@ -97,7 +121,7 @@ pub(super) struct LinearBackward<B> {
     /// (dY, W) quantised for dX, and dX's format.
     pub(super) dgrad: Option<Operands<B>>,
     /// (dY, X) quantised (Hadamard-transformed when planned) for dW, and dW's format.
-    pub(super) wgrad: Option<Operands<B>>,
+    pub(super) wgrad: Option<(B, B, runner_graph::DType)>,
 }
 
 /// One operand of a GEMM: value (`grad: false`) or gradient `id`, seen as (rows, cols).
@@ -410,38 +434,49 @@ impl<D: Device> Executor<D> {
         ))
     }
 
-    /// Whether linear `oi`'s GEMM (`dims`: m, n, k) takes its operands, planned `pa` and
-    /// `pb`, as FP8 codes: both per-tensor FP8 rounded to nearest (the codes kernels have
-    /// no stochastic rounding) under this executor's native route, and a
-    /// pair the device's FP8 GEMM takes (not E5M2 x E5M2, dimensions multiples of 16, as
-    /// cuBLASLt asks).
-    fn native_pair(&self, oi: usize, pa: &OperandPlan, pb: &OperandPlan, dims: [usize; 3]) -> bool {
+    /// Whether linear or grouped linear `oi`'s GEMMs take their operands, planned `pa`
+    /// and `pb`, as FP8 codes: both per-tensor FP8 rounded to nearest (the codes kernels
+    /// have no stochastic rounding) under this executor's native route, and a pair the
+    /// device's FP8 GEMM takes (not E5M2 x E5M2; the weight's two dimensions multiples of
+    /// 16, as cuBLASLt asks of an FP8 GEMM's columns and contraction; the token count is
+    /// the free dimension, or a contraction the device pads with zeros).
+    fn native_pair(&self, oi: usize, pa: &OperandPlan, pb: &OperandPlan) -> bool {
         let per_tensor = |p: &OperandPlan| {
             matches!(p.format, runner_graph::DType::Fp8E4M3 | runner_graph::DType::Fp8E5M2)
                 && matches!(p.scaling, Scaling::Delayed { .. } | Scaling::Current { .. })
                 && p.hadamard <= 1
                 && !p.stochastic
         };
+        let (_, n, k) = self.weight_shape(oi);
         self.quant.native
-            && self.graph.ops[oi].kind == OpKind::Linear
+            && matches!(self.graph.ops[oi].kind, OpKind::Linear | OpKind::GroupedLinear)
             && per_tensor(pa)
             && per_tensor(pb)
             && !(pa.format == runner_graph::DType::Fp8E5M2 && pb.format == runner_graph::DType::Fp8E5M2)
-            && dims.iter().all(|d| d % 16 == 0)
+            && n % 16 == 0
+            && k % 16 == 0
     }
 
-    /// The two operands of GEMM op `oi` of `role` (`dims`: m, n, k) as the GEMM reads
-    /// them. On the native route ([`Executor::native_pair`]) each tensor is cast straight
-    /// to its FP8 codes ([`Device::quantize_fp8_codes`]: one pass, no f32 copy), holding
-    /// the values the emulated route's quantised copies hold; otherwise (and while a
-    /// fault waits to be injected into either, which edits a copy) the quantised f32
-    /// copies.
-    fn gemm_operands(&mut self, oi: usize, role: GemmRole, plan: &SitePlan, a: Side, b: Side, dims: [usize; 3]) -> Result<(D::Buffer, D::Buffer), ExecError> {
+    /// The two operands of GEMM op `oi` of `role` as the GEMM reads them. On the native
+    /// route ([`Executor::native_pair`]) each tensor is cast straight to its FP8 codes
+    /// ([`Device::quantize_fp8_codes`]: one pass, no f32 copy), a grouped linear's
+    /// weights expert by expert, holding the values the emulated route's quantised
+    /// copies hold; otherwise (and while a fault waits to be injected into either, which
+    /// edits a copy) the quantised f32 copies.
+    fn gemm_operands(&mut self, oi: usize, role: GemmRole, plan: &SitePlan, a: Side, b: Side) -> Result<(D::Buffer, Quantised<D::Buffer>), ExecError> {
         let (pa, pb) = (*plan.operand(a.operand), *plan.operand(b.operand));
         let pending = |o: Operand| self.fault_waits(oi, role, Some(o));
-        if self.native_pair(oi, &pa, &pb, dims) && !pending(a.operand) && !pending(b.operand) {
+        if self.native_pair(oi, &pa, &pb) && !pending(a.operand) && !pending(b.operand) {
             let qa = self.codes_tensor(a, (oi, role, a.operand), &pa)?;
-            let qb = self.codes_tensor(b, (oi, role, b.operand), &pb)?;
+            let key = (oi, role, b.operand);
+            let qb = match self.weight_groups(oi) {
+                Some(groups) if b.operand == Operand::Weight => {
+                    let per = groups.get(1).map_or(0, |n| n * b.cols);
+                    let codes = (0..groups.len().saturating_sub(1)).map(|e| self.codes_of(b, key, &pb, e * per, Some(per))).collect::<Result<_, _>>()?;
+                    Quantised::PerExpert(codes)
+                }
+                _ => Quantised::One(self.codes_tensor(b, key, &pb)?),
+            };
             self.quant.native_gemms += 1;
             return Ok((qa, qb));
         }
@@ -458,7 +493,7 @@ impl<D: Device> Executor<D> {
         };
         let qa = copy(a, &pa)?;
         let qb = copy(b, &pb)?;
-        Ok((qa, qb))
+        Ok((qa, Quantised::One(qb)))
     }
 
     /// Value or gradient `s.id` cast to the FP8 codes of operand `key` under per-tensor
@@ -474,12 +509,19 @@ impl<D: Device> Executor<D> {
             self.keep_stats(key, c.stats);
             return Ok(c.codes);
         }
+        self.codes_of(s, key, plan, 0, None)
+    }
+
+    /// `len` elements (`None`: all) of value or gradient `s.id` from element `at` on,
+    /// cast to FP8 codes as [`Executor::codes_tensor`] casts them: one expert's matrix of
+    /// a grouped linear's weights, or the whole tensor.
+    fn codes_of(&mut self, s: Side, key: Key, plan: &OperandPlan, at: usize, len: Option<usize>) -> Result<D::Buffer, ExecError> {
         let spec = self.next_spec(key, plan)?;
         let elem = Elem::of(plan.format).ok_or_else(|| ExecError::State(format!("{} has no FP8 buffer", plan.format.name())))?;
         let store = if s.grad { &self.grads } else { &self.vals };
         let src = store[s.id].as_ref().ok_or_else(|| self.not_live(key.0, s.id, s.grad))?;
-        let mut q = self.device.alloc(elem, src.len())?;
-        let stats = self.device.quantize_fp8_codes(&mut q, src, &spec)?;
+        let mut q = self.device.alloc(elem, len.unwrap_or(src.len().saturating_sub(at)))?;
+        let stats = self.device.quantize_fp8_codes(&mut q, src, at, &spec)?;
         self.keep_stats(key, stats);
         Ok(q)
     }
@@ -497,7 +539,8 @@ impl<D: Device> Executor<D> {
 
     /// The FP8 cast forward op `oi` can fuse: an RMSNorm or MLP activation (SwiGLU,
     /// GeGLU, GELU, squared ReLU) whose output only a
-    /// linear reads, as X, on the native route (both operands per-tensor FP8, see
+    /// linear or grouped linear (an expert's down projection) reads, as X, on the native
+    /// route (both operands per-tensor FP8, see
     /// [`Executor::native_pair`]), under delayed scaling with a history (the scale is
     /// known before the op runs; a current scale needs the output's amax first, which
     /// is the unfused route's pass anyway), no stochastic rounding, and no fault waiting
@@ -510,7 +553,7 @@ impl<D: Device> Executor<D> {
         }
         let t = *op.outputs.first()?;
         let c = (*self.quant.reader.get(t)?)?;
-        if self.graph.ops[c].kind != OpKind::Linear || self.graph.ops[c].inputs.first() != Some(&t) {
+        if !matches!(self.graph.ops[c].kind, OpKind::Linear | OpKind::GroupedLinear) || self.graph.ops[c].inputs.first() != Some(&t) {
             return None;
         }
         let plan = self.quant.sites.get(&(c, GemmRole::Forward))?;
@@ -519,9 +562,7 @@ impl<D: Device> Executor<D> {
             return None;
         }
         let key = (c, GemmRole::Forward, Operand::Activation);
-        let (_, n, k) = self.weight_shape(c);
-        let m = self.numel_of(t) / k.max(1);
-        if !self.native_pair(c, pa, &plan.weight, [m, n, k]) {
+        if !self.native_pair(c, pa, &plan.weight) {
             return None;
         }
         let spec = pa.spec(Some(self.delayed_scale(key, pa)?), self.quant.draws).ok()?;
@@ -603,7 +644,7 @@ impl<D: Device> Executor<D> {
         let m = self.numel_of(xid) / k.max(1);
         let x = Side { id: xid, grad: false, rows: m, cols: k, operand: Operand::Activation };
         let w = Side { id: wid, grad: false, rows: e * n, cols: k, operand: Operand::Weight };
-        let (qx, qw) = self.gemm_operands(oi, GemmRole::Forward, &plan, x, w, [m, n, k])?;
+        let (qx, qw) = self.gemm_operands(oi, GemmRole::Forward, &plan, x, w)?;
         Ok(Some((qx, qw, plan.output)))
     }
 
@@ -622,7 +663,7 @@ impl<D: Device> Executor<D> {
         if let Some(p) = dplan {
             let g = Side { id: dy, grad: true, rows: m, cols: n, operand: Operand::Gradient };
             let w = Side { id: wid, grad: false, rows: e * n, cols: k, operand: Operand::Weight };
-            let (g, w) = self.gemm_operands(oi, GemmRole::InputGradient, &p, g, w, [m, k, n])?;
+            let (g, w) = self.gemm_operands(oi, GemmRole::InputGradient, &p, g, w)?;
             out.dgrad = Some((g, w, p.output));
         }
         if let Some(p) = wplan
@@ -630,7 +671,10 @@ impl<D: Device> Executor<D> {
         {
             let g = Side { id: dy, grad: true, rows: m, cols: n, operand: Operand::Gradient };
             let x = Side { id: xid, grad: false, rows: m, cols: k, operand: Operand::Activation };
-            let (g, x) = self.gemm_operands(oi, GemmRole::WeightGradient, &p, g, x, [n, k, m])?;
+            let (g, x) = self.gemm_operands(oi, GemmRole::WeightGradient, &p, g, x)?;
+            let Quantised::One(x) = x else {
+                return Err(ExecError::State(format!("operation '{}': its input quantised per expert", self.graph.ops[oi].name)));
+            };
             out.wgrad = Some((g, x, p.output));
         }
         Ok(Some(out))
