@@ -382,6 +382,22 @@ fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
             p.check_rel(&format!("matmul fp8-e5m2 x fp8-e4m3 {layout} -> f32{}, relative", if accumulate { " (+=)" } else { "" }), &c, RED)?;
         }
     }
+    // A token count that is not a multiple of 16 (37): the free dimension of the forward
+    // (NT) and input-gradient (NN) GEMMs, and the weight gradient's (TN) contraction,
+    // which the device pads with zeros to cuBLASLt's multiple of 16.
+    let odd = [
+        (Gemm { m: 37, n, k, trans_a: false, trans_b: true }, "NT, m = 37"),
+        (Gemm { m: 37, n, k, trans_a: false, trans_b: false }, "NN, m = 37"),
+        (Gemm { m: n, n: k, k: 37, trans_a: true, trans_b: false }, "TN, k = 37"),
+    ];
+    for (g, name) in odd {
+        let (av, bv) = (p.randn(g.m * g.k, 1.0), p.randn(g.k * g.n, 1.0));
+        let (a, b) = (p.put(Elem::F8E4M3, &av)?, p.put(Elem::F8E4M3, &bv)?);
+        let mut c = p.randf(g.m * g.n)?;
+        p.cpu.matmul(&mut c.0, &a.0, &b.0, g, false)?;
+        p.dev.matmul(&mut c.1, &a.1, &b.1, g, false)?;
+        p.check(&format!("matmul fp8-e4m3 {name} -> f32"), &c, RED)?;
+    }
     // FP8 mixed formats into bf16, and an FP8 output with its amax.
     let g = Gemm { m, n, k, trans_a: false, trans_b: true };
     let (av, bv) = (p.randn(m * k, 1.0), p.randn(k * n, 0.1));
