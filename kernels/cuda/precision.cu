@@ -97,11 +97,30 @@ extern "C" __global__ void round_mxfp8(float* x, i64 rows, int row) {
 
 // dst (rows, k_pad) from 1-byte src (FP8 operands into cuBLASLt's TN layout): src is
 // (rows, k), or (k, rows) when `transposed`; columns k..k_pad are zero (an FP8 GEMM's
-// contraction padded to a multiple of 16). One thread per element of dst, so the
-// writes are contiguous.
+// contraction padded to a multiple of 16). One block of 256 threads per 32 x 32 tile of
+// dst (tiles row-major, ceil(k_pad / 32) per row of tiles): a transposed source goes
+// through shared memory, so reads and writes are both along rows (coalesced), the
+// 33-wide tile keeping the column reads off one bank.
 extern "C" __global__ void pack_u8(u8* dst, const u8* src, i64 rows, i64 k, i64 k_pad, int transposed) {
-    FOR_EACH(i, rows * k_pad) {
-        i64 r = i / k_pad, c = i % k_pad;
-        dst[i] = c < k ? src[transposed ? c * rows + r : r * k + c] : (u8)0;
+    __shared__ u8 tile[32][33];
+    const i64 tiles_c = (k_pad + 31) / 32;
+    const i64 r0 = ((i64)blockIdx.x / tiles_c) * 32, c0 = ((i64)blockIdx.x % tiles_c) * 32;
+    const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    if (transposed) {
+        // src (k, rows): tile row j is source row c0 + j, read along rows r0..r0 + 32.
+        for (int j = ty; j < 32; j += 8) {
+            i64 c = c0 + j, r = r0 + tx;
+            tile[j][tx] = (c < k && r < rows) ? src[c * rows + r] : (u8)0;
+        }
+        __syncthreads();
+        for (int j = ty; j < 32; j += 8) {
+            i64 r = r0 + j, c = c0 + tx;
+            if (r < rows && c < k_pad) dst[r * k_pad + c] = tile[tx][j];
+        }
+    } else {
+        for (int j = ty; j < 32; j += 8) {
+            i64 r = r0 + j, c = c0 + tx;
+            if (r < rows && c < k_pad) dst[r * k_pad + c] = c < k ? src[r * k + c] : (u8)0;
+        }
     }
 }

@@ -2159,6 +2159,20 @@ impl Cuda {
         self.gemm_at(c, 0, a, 0, b, 0, g, accumulate)
     }
 
+    /// FP8 codes at `src` into `dst` as (rows, k_pad): from (rows, k), or from (k, rows)
+    /// when `transposed`, the columns past k zero (`pack_u8`: one block per 32 x 32 tile).
+    fn pack_u8(&self, dst: &CudaBuffer, src: u64, rows: usize, k: usize, k_pad: usize, transposed: bool) -> Result<(), ExecError> {
+        lens("pack_u8", &[("dst", dst.len, rows * k_pad)])?;
+        let tiles = rows.div_ceil(32) * k_pad.div_ceil(32);
+        if tiles == 0 {
+            return Ok(());
+        }
+        // A grid's x dimension holds up to 2^31 - 1 blocks.
+        let grid = i32::try_from(tiles).map_err(|_| kerr("pack_u8", format!("{rows} x {k_pad} is more tiles than a grid holds")))? as u32;
+        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        self.run("pack_u8", cfg, &[self.p(dst), Arg::P(src), Arg::I(rows as i64), Arg::I(k as i64), Arg::I(k_pad as i64), Arg::I32(i32::from(transposed))])
+    }
+
     /// A GEMM on element offsets of its buffers (the grouped GEMMs' expert slices).
     #[allow(clippy::too_many_arguments)]
     fn gemm_at(&self, c: &CudaBuffer, c_at: usize, a: &CudaBuffer, a_at: usize, b: &CudaBuffer, b_at: usize, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
@@ -2188,7 +2202,7 @@ impl Cuda {
         if fp8 && (g.trans_a || k != g.k) {
             // a stored (k, m) (or (m, k) with an odd k): make it (m, k padded).
             let t = self.alloc(a.elem, g.m * k)?;
-            self.ew("pack_u8", g.m * k, &[self.p(&t), Arg::P(a_ptr), Arg::I(g.m as i64), Arg::I(g.k as i64), Arg::I(k as i64), Arg::I32(i32::from(g.trans_a))])?;
+            self.pack_u8(&t, a_ptr, g.m, g.k, k, g.trans_a)?;
             a_ptr = self.ptr(&t);
             ta = false;
             keep.push(t);
@@ -2196,7 +2210,7 @@ impl Cuda {
         if fp8 && (!g.trans_b || k != g.k) {
             // b stored (k, n) (or (n, k) with an odd k): make it (n, k padded).
             let t = self.alloc(b.elem, g.n * k)?;
-            self.ew("pack_u8", g.n * k, &[self.p(&t), Arg::P(b_ptr), Arg::I(g.n as i64), Arg::I(g.k as i64), Arg::I(k as i64), Arg::I32(i32::from(!g.trans_b))])?;
+            self.pack_u8(&t, b_ptr, g.n, g.k, k, !g.trans_b)?;
             b_ptr = self.ptr(&t);
             tb = true;
             keep.push(t);
