@@ -15,10 +15,11 @@ use common::{
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
+use runner_exec::precision::{GemmRole, OperandPlan, Scaling, SitePlan};
 use runner_exec::{ExecOptions, Executor, Input};
 use runner_graph::recompute::RecomputePolicy;
 use runner_graph::shard::{Layout, shard};
-use runner_graph::{Graph, OpKind, TensorKind};
+use runner_graph::{DType, Graph, OpKind, TensorKind};
 
 /// Experts, top-k, expert width of the toy MoE.
 const MOE: (u64, u64, u64) = (4, 2, 32);
@@ -65,6 +66,8 @@ struct Out {
     shapes: HashMap<String, Vec<u64>>,
     /// Rows each MoE layer's dispatch all-to-all received.
     rows: Vec<(String, usize)>,
+    /// GEMMs that ran on FP8 codes (the native route).
+    native_gemms: u64,
 }
 
 /// How a test drives one rank.
@@ -74,6 +77,20 @@ enum Drive {
     Gradients,
     /// `n` AdamW steps.
     Train(usize),
+    /// `n` AdamW steps with every GEMM but the router's per-tensor FP8 ([`fp8_sites`]).
+    TrainFp8(usize),
+}
+
+/// Every linear and expert linear of `g` but the router, all three GEMMs in per-tensor
+/// FP8 (E4M3, E5M2 gradients) under current scaling.
+fn fp8_sites(g: &Graph) -> Vec<(String, GemmRole, SitePlan)> {
+    let operand = |format| OperandPlan { format, scaling: Scaling::Current { margin: 0 }, saturate: true, stochastic: false, hadamard: 0 };
+    let plan = SitePlan { activation: operand(DType::Fp8E4M3), weight: operand(DType::Fp8E4M3), gradient: operand(DType::Fp8E5M2), output: DType::BF16 };
+    g.ops
+        .iter()
+        .filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear) && !o.name.contains("router"))
+        .flat_map(|o| GemmRole::ALL.map(|r| (o.name.clone(), r, plan)))
+        .collect()
 }
 
 /// Shard `g` (the micro-batch graph) at `layout`, give every rank the unsharded weights
@@ -136,6 +153,17 @@ fn on_ranks_with(
                         (vec![l], gr)
                     }
                     Drive::Train(n) => (train(&mut ex, &d, n), Grads::new()),
+                    Drive::TrainFp8(n) => {
+                        ex.set_precision(&fp8_sites(&s.graph)).unwrap();
+                        let losses = (0..n)
+                            .map(|_| {
+                                let l = train(&mut ex, &d, 1)[0];
+                                ex.end_precision_step();
+                                l
+                            })
+                            .collect();
+                        (losses, Grads::new())
+                    }
                 };
                 Out {
                     ep_rank: er as usize,
@@ -151,6 +179,7 @@ fn on_ranks_with(
                         .map(|t| (t.name.clone(), t.shape.clone()))
                         .collect(),
                     rows: ex.expert_rows(),
+                    native_gemms: ex.native_fp8_gemms(),
                 }
             })
         })
@@ -384,6 +413,31 @@ fn ep2_training_steps_track_unsharded() {
                 o.ep_rank
             );
         }
+    }
+}
+
+/// Expert parallelism under FP8 on the native route: each rank casts its own experts'
+/// weights to one FP8 tensor per expert and the rows its all-to-all received to one,
+/// and its losses and weights after two steps equal the emulated route's bit for bit,
+/// with every planned GEMM of every rank on codes.
+#[test]
+fn ep2_fp8_native_route_matches_the_emulated_route() {
+    let (g, gfull) = (toy_moe(2), toy_moe(4));
+    let data = synthetic_inputs(&gfull, 7);
+    let w0 = initial_weights();
+    let layout = ep_dp_layout(2, 2);
+    let train_in = |native: bool| {
+        let opts = ExecOptions { native_fp8: Some(native), ..options() };
+        on_ranks_with(&g, &gfull, &layout, &w0, &data, Drive::TrainFp8(2), &opts)
+    };
+    let (emulated, native) = (train_in(false), train_in(true));
+    let planned = 2 * fp8_sites(&g).len() as u64;
+    assert!(planned > 0);
+    for (e, n) in emulated.iter().zip(&native) {
+        assert_eq!(e.native_gemms, 0, "the emulated route encodes nothing");
+        assert_eq!(n.native_gemms, planned, "ep rank {}: every planned GEMM of two steps on codes", n.ep_rank);
+        assert_eq!(n.losses, e.losses, "ep rank {}: losses", n.ep_rank);
+        assert_eq!(n.weights, e.weights, "ep rank {}: weights after two steps", n.ep_rank);
     }
 }
 
