@@ -613,7 +613,9 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
 /// emulated route's losses, weights and numerics bit for bit over three steps under
 /// current and delayed scaling. Under delayed scaling the experts' SwiGLU casts its
 /// output for the down projection as it runs. The toy's router (4 outputs) stays in f32,
-/// as Transformer Engine keeps routers.
+/// as Transformer Engine keeps routers. The head's gradient is rounded stochastically
+/// (so the head stays on the emulated route), which holds the draws of every cast
+/// before it to the emulated route's count.
 #[test]
 fn expert_linears_take_fp8_codes_with_a_scale_per_expert() {
     let g = toy::llama(&ToyConfig { layers: 1, moe: Some((4, 2, 32)), ..ToyConfig::tiny() });
@@ -628,7 +630,12 @@ fn expert_linears_take_fp8_codes_with_a_scale_per_expert() {
     let train = |scaling: Scaling, native: bool| {
         let options = ExecOptions { seed: 3, native_fp8: Some(native), ..ExecOptions::default() };
         let mut ex = Executor::new(&g, Cpu::new(), options).unwrap();
-        let sites: Vec<_> = gemms.iter().flat_map(|n| GemmRole::ALL.map(|r| (n.clone(), r, hybrid(scaling)))).collect();
+        let plan = |n: &str| {
+            let mut p = hybrid(scaling);
+            p.gradient.stochastic = n == "lm_head";
+            p
+        };
+        let sites: Vec<_> = gemms.iter().flat_map(|n| GemmRole::ALL.map(|r| (n.clone(), r, plan(n)))).collect();
         ex.set_precision(&sites).unwrap();
         let (mut losses, mut numerics) = (Vec::new(), Vec::new());
         for step in 0..3 {
@@ -645,7 +652,8 @@ fn expert_linears_take_fp8_codes_with_a_scale_per_expert() {
     for scaling in [Scaling::Current { margin: 0 }, delayed] {
         let (emulated, native) = (train(scaling, false), train(scaling, true));
         assert_eq!(emulated.3, 0, "{scaling:?}: the emulated route encodes nothing");
-        assert_eq!(native.3, 3 * 3 * gemms.len() as u64, "{scaling:?}: every planned GEMM of three steps ran on codes, the experts' too");
+        // All but the head's two gradient GEMMs (its dY is stochastically rounded).
+        assert_eq!(native.3, 3 * (3 * gemms.len() as u64 - 2), "{scaling:?}: every planned GEMM of three steps ran on codes, the experts' too");
         assert_eq!(native.0, emulated.0, "{scaling:?}: losses");
         assert_eq!(native.1, emulated.1, "{scaling:?}: the down experts after three updates");
         assert_eq!(native.2, emulated.2, "{scaling:?}: amaxes, scales and counts of every operand");
