@@ -1250,6 +1250,32 @@ impl Device for Cpu {
 mod tests {
     use super::*;
 
+    /// A grouped GEMM's expert weights: expert e of a stacked (E, n, k) tensor starts at
+    /// e·n·k; per-expert tensors are each their own; an expert past the stack, or a
+    /// tensor of another size, is `None` (the kernels' error, not an out-of-bounds read),
+    /// and quantize_fp8_codes refuses a range past its source.
+    #[test]
+    fn expert_weights_name_each_experts_matrix_or_none() {
+        let dev = Cpu::new();
+        let stacked = dev.alloc(Elem::F32, 3 * 8).unwrap();
+        let w = ExpertWeights::Stacked(&stacked);
+        assert_eq!(w.expert(2, 8).map(|(_, at)| at), Some(16));
+        assert!(w.expert(3, 8).is_none());
+        assert!(w.expert(usize::MAX, 8).is_none());
+        let each = [dev.alloc(Elem::F8E4M3, 8).unwrap(), dev.alloc(Elem::F8E4M3, 7).unwrap()];
+        let w = ExpertWeights::Each(&each);
+        assert_eq!(w.len(), 15);
+        assert_eq!(w.expert(0, 8).map(|(_, at)| at), Some(0));
+        assert!(w.expert(1, 8).is_none(), "a 7-element expert where 8 are asked for");
+        assert!(w.expert(2, 8).is_none());
+        let spec = QuantSpec::Tensor { format: quant::Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
+        let mut q = dev.alloc(Elem::F8E4M3, 8).unwrap();
+        assert!(dev.quantize_fp8_codes(&mut q, &stacked, 16, &spec).is_ok());
+        let e = dev.quantize_fp8_codes(&mut q, &stacked, 17, &spec).unwrap_err().to_string();
+        assert!(e.contains("from element 17"), "{e}");
+        assert!(dev.quantize_fp8_codes(&mut q, &stacked, usize::MAX, &spec).is_err());
+    }
+
     /// Every narrow type stores what its conversion rounds to, and reads back exactly
     /// that; FP8 keeps the tensor's current scale.
     #[test]

@@ -198,7 +198,7 @@ impl<'a, B: DeviceBuffer> ExpertWeights<'a, B> {
     /// where it starts (`None`: no such expert).
     pub fn expert(&self, e: usize, per: usize) -> Option<(&'a B, usize)> {
         match *self {
-            ExpertWeights::Stacked(b) => (per.checked_mul(e + 1)? <= b.len()).then_some((b, e * per)),
+            ExpertWeights::Stacked(b) => (per.checked_mul(e.checked_add(1)?)? <= b.len()).then_some((b, e * per)),
             ExpertWeights::Each(bs) => bs.get(e).filter(|b| b.len() == per).map(|b| (b, 0)),
         }
     }
