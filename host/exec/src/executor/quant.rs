@@ -8,9 +8,10 @@
 //! copies with f32 accumulation, and its result is rounded to the plan's output format.
 //! What each quantisation did is merged per (op, role, operand) until
 //! [`Executor::end_precision_step`] moves the amaxes into the histories. On the native
-//! FP8 route (a linear whose operands are both per-tensor FP8, on a device with FP8
-//! GEMMs) each operand is instead cast straight to FP8 codes in one pass
-//! (`Device::quantize_fp8_codes`), which holds the same values and reports the same.
+//! FP8 route (a linear or grouped linear whose operands are both per-tensor FP8, on a
+//! device with FP8 GEMMs) each operand is instead cast straight to FP8 codes in one pass
+//! (`Device::quantize_fp8_codes`; a grouped linear's weights one tensor per expert),
+//! which holds the same values and reports the same.
 //!
 //! A grouped linear (MoE experts: X (rows, k) sorted by expert, W (E, n, k)) is quantised
 //! as Transformer Engine's grouped GEMM is: the weights expert by expert (TE keeps one FP8
