@@ -394,11 +394,13 @@ fn gemms<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     }
     // A token count that is not a multiple of 16 (37): the free dimension of the forward
     // (NT) and input-gradient (NN) GEMMs, and the weight gradient's (TN) contraction,
-    // which the device pads with zeros to cuBLASLt's multiple of 16.
+    // which the device pads with zeros to cuBLASLt's multiple of 16; and an odd
+    // contraction in the NT layout, whose operands are padded without a transpose.
     let odd = [
         (Gemm { m: 37, n, k, trans_a: false, trans_b: true }, "NT, m = 37"),
         (Gemm { m: 37, n, k, trans_a: false, trans_b: false }, "NN, m = 37"),
         (Gemm { m: n, n: k, k: 37, trans_a: true, trans_b: false }, "TN, k = 37"),
+        (Gemm { m, n, k: 40, trans_a: false, trans_b: true }, "NT, k = 40"),
     ];
     for (g, name) in odd {
         let (av, bv) = (p.randn(g.m * g.k, 1.0), p.randn(g.k * g.n, 1.0));
