@@ -772,19 +772,14 @@ fn experts<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
 /// experts' weights decades apart, so a GEMM reading another expert's scale fails), the
 /// experts' row counts not multiples of 16 (on a GPU the weight gradient's contraction
 /// over them is padded with zeros). The codes are the CPU's exactly; the GEMMs differ by
-/// accumulation order. The routing is a softmax router's top-2 of 8 experts over 40
-/// tokens.
+/// accumulation order. The routing sends each of 40 tokens to 2 of 8 experts, drawn at
+/// random.
 fn fp8_grouped<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     use runner_kernels::cpu::quant::{Format, QuantSpec};
     let (n, e, top, c, f) = (40, 8, 2, 32, 16);
-    let r = Router { n, e, k: top, score: ScoreFn::Softmax, normalize_topk: true };
-    let logits = p.randf(n * e)?;
-    let (mut w, mut idx, mut probs) = (p.out(n * top)?, p.outs(Elem::I32, n * top)?, p.out(n * e)?);
-    p.cpu.router_forward(&mut w.0, &mut idx.0, &mut probs.0, &logits.0, &r)?;
-    p.dev.router_forward(&mut w.1, &mut idx.1, &mut probs.1, &logits.1, &r)?;
-    // Both devices route by the CPU's indices.
-    let ids = p.cpu.read_u32(&idx.0)?;
-    p.dev.write_u32(&mut idx.1, &ids)?;
+    let (first, step) = (p.ints(n, e as u32), p.ints(n, e as u32 - 1));
+    let ids: Vec<u32> = first.iter().zip(&step).flat_map(|(&a, &s)| [a, (a + 1 + s) % e as u32]).collect();
+    let idx = p.ids(&ids)?;
     let (plan_c, plan_d) = (p.cpu.dispatch_plan(&idx.0, n, top, e)?, p.dev.dispatch_plan(&idx.1, n, top, e)?);
     let (plan_c, plan_d) = (&plan_c, &plan_d);
     let rows = n * top;
@@ -929,35 +924,33 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Vec<CheckRow> {
     // read codes or quantised f32 copies (the toy Llama's: 1.8e-4); a wrong expert scale
     // fails the grouped FP8 kernel rows far above their tolerance.
     for (name, g, tol) in [("toy llama", toy::llama(&tiny), 1e-3), ("toy moe", toy::llama(&moe), 2e-3)] {
-        let (cpu, device) = match fp8_steps(&g, Cpu::new()).and_then(|c| Ok((c, fp8_steps(&g, dev.clone())?))) {
-            Ok(two) => two,
-            Err(e) => {
-                failed_to_run(&mut rows, &format!("{name} FP8 steps"), Err(e));
-                continue;
+        let ran = (|| {
+            let (cpu, device) = (fp8_steps(&g, Cpu::new())?, fp8_steps(&g, dev.clone())?);
+            let e = relative_error(&cpu.losses, &device.losses);
+            rows.push(CheckRow { kernel: format!("{name} FP8 steps (delayed scaling): losses of 3 steps"), error: e, tolerance: tol, ok: e <= tol });
+            if dev.native_fp8() {
+                // Every planned GEMM on codes (the toys' weights' dimensions are multiples
+                // of 16), and from the second step each (expert) SwiGLU and the final norm
+                // cast their own output: 2 steps x (2 layers + 1).
+                let (gemms, fused) = (device.planned_gemms, 6u64);
+                let missing = gemms.abs_diff(device.native_gemms) + fused.abs_diff(device.fused_casts);
+                rows.push(CheckRow {
+                    kernel: format!("{name} FP8 steps: native route ({} of {gemms} GEMMs on codes, {} of {fused} fused casts)", device.native_gemms, device.fused_casts),
+                    error: missing as f64,
+                    tolerance: 0.0,
+                    ok: missing == 0,
+                });
             }
-        };
-        let e = relative_error(&cpu.losses, &device.losses);
-        rows.push(CheckRow { kernel: format!("{name} FP8 steps (delayed scaling): losses of 3 steps"), error: e, tolerance: tol, ok: e <= tol });
-        if dev.native_fp8() {
-            // Every planned GEMM on codes (the toys' weights' dimensions are multiples
-            // of 16), and from the second step each (expert) SwiGLU and the final norm
-            // cast their own output: 2 steps x (2 layers + 1).
-            let (gemms, fused) = (device.planned_gemms, 6u64);
-            let missing = gemms.abs_diff(device.native_gemms) + fused.abs_diff(device.fused_casts);
-            rows.push(CheckRow {
-                kernel: format!("{name} FP8 steps: native route ({} of {gemms} GEMMs on codes, {} of {fused} fused casts)", device.native_gemms, device.fused_casts),
-                error: missing as f64,
-                tolerance: 0.0,
-                ok: missing == 0,
-            });
-        }
+            Ok(())
+        })();
+        failed_to_run(&mut rows, &format!("{name} FP8 steps"), ran);
     }
     rows
 }
 
-/// A failed row for a part of [`compare_steps`] that did not run to the end, naming the
-/// error: the parts after it still run (on a GPU lent for minutes, one failing step must
-/// not hide the others' results).
+/// A failed row for a part of [`compare_kernels`] or [`compare_steps`] that did not run
+/// to the end, naming the error: the parts after it still run (on a GPU lent for
+/// minutes, one failing part must not hide the others' results).
 fn failed_to_run(rows: &mut Vec<CheckRow>, part: &str, ran: Result<(), ExecError>) {
     if let Err(e) = ran {
         rows.push(CheckRow { kernel: format!("{part}: did not run ({e})"), error: f64::INFINITY, tolerance: 0.0, ok: false });

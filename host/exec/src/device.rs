@@ -798,8 +798,8 @@ pub trait Device {
         c: usize,
     ) -> Result<(), ExecError>;
     /// out = x · Wᵀ per expert, over each expert's rows of `x_sorted`. The operands are
-    /// f32, or (the native FP8 route) FP8 codes: `x_sorted` one tensor, the weights one
-    /// per expert; the contraction over an expert's rows (the weight gradient's) is then
+    /// f32, or (the native FP8 route) FP8 codes: `x_sorted` one tensor, the weights
+    /// stacked (one scale) or one per expert (a scale each); the contraction over an expert's rows (the weight gradient's) is then
     /// padded with zeros to the FP8 GEMM's multiple of 16.
     fn grouped_matmul_forward(
         &self,

@@ -3,7 +3,7 @@
 //! amax history; faults show up in the numerics; snapshots restore the training state.
 
 use runner_exec::cpu::Cpu;
-use runner_exec::precision::{AmaxReduction, Fault, FaultKind, GemmRole, Operand, OperandPlan, Scaling, SitePlan};
+use runner_exec::precision::{AmaxReduction, Fault, FaultKind, GemmRole, Operand, OperandPlan, Scaling, SiteNumerics, SitePlan};
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::{AdamW, ExecOptions, Executor, Input};
 use runner_graph::recompute::RecomputePolicy;
@@ -42,6 +42,25 @@ fn run(ex: &mut Executor<Cpu>, g: &Graph, seed: u32) -> f32 {
     let loss = ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))]).unwrap();
     ex.backward().unwrap();
     loss
+}
+
+/// Three training steps of `ex` on `g`'s toy batches, `fault` injected before the
+/// second: each step's loss and numerics.
+fn three_steps(ex: &mut Executor<Cpu>, g: &Graph, h: &AdamW, fault: Option<Fault>) -> (Vec<f32>, Vec<Vec<SiteNumerics>>) {
+    let (mut losses, mut numerics) = (Vec::new(), Vec::new());
+    for step in 0..3 {
+        if step == 1
+            && let Some(f) = fault.clone()
+        {
+            ex.inject(f).unwrap();
+        }
+        losses.push(run(ex, g, step));
+        ex.reduce_gradients().unwrap();
+        ex.optimizer_step(h).unwrap();
+        numerics.push(ex.precision_numerics());
+        ex.end_precision_step();
+    }
+    (losses, numerics)
 }
 
 fn executor(g: &Graph) -> Executor<Cpu> {
@@ -543,19 +562,7 @@ fn fp8_codes_into_the_fp8_gemm_give_the_emulated_route_bit_for_bit() {
         let options = ExecOptions { seed: 3, native_fp8: Some(native), recompute, ..ExecOptions::default() };
         let mut ex = Executor::new(&g, Cpu::new(), options).unwrap();
         ex.set_precision(&every_site(&g, plan)).unwrap();
-        let (mut losses, mut numerics) = (Vec::new(), Vec::new());
-        for step in 0..3 {
-            if step == 1
-                && let Some(f) = fault.clone()
-            {
-                ex.inject(f).unwrap();
-            }
-            losses.push(run(&mut ex, &g, step));
-            ex.reduce_gradients().unwrap();
-            ex.optimizer_step(&h).unwrap();
-            numerics.push(ex.precision_numerics());
-            ex.end_precision_step();
-        }
+        let (losses, numerics) = three_steps(&mut ex, &g, &h, fault);
         let w = ex.weight("layers.1.mlp.down.weight").unwrap();
         (losses, w, ex.native_fp8_gemms(), numerics, ex.fused_fp8_casts())
     };
@@ -637,14 +644,7 @@ fn expert_linears_take_fp8_codes_with_a_scale_per_expert() {
         };
         let sites: Vec<_> = gemms.iter().flat_map(|n| GemmRole::ALL.map(|r| (n.clone(), r, plan(n)))).collect();
         ex.set_precision(&sites).unwrap();
-        let (mut losses, mut numerics) = (Vec::new(), Vec::new());
-        for step in 0..3 {
-            losses.push(run(&mut ex, &g, step));
-            ex.reduce_gradients().unwrap();
-            ex.optimizer_step(&h).unwrap();
-            numerics.push(ex.precision_numerics());
-            ex.end_precision_step();
-        }
+        let (losses, numerics) = three_steps(&mut ex, &g, &h, None);
         let w = ex.weight("layers.0.moe.experts.down.weight").unwrap();
         (losses, w, numerics, ex.native_fp8_gemms(), ex.fused_fp8_casts())
     };

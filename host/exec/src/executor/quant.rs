@@ -470,21 +470,19 @@ impl<D: Device> Executor<D> {
         if self.native_pair(oi, &pa, &pb) && !pending(a.operand) && !pending(b.operand) {
             let qa = self.codes_tensor(a, (oi, role, a.operand), &pa)?;
             let key = (oi, role, b.operand);
-            let qb = match self.weight_groups(oi) {
+            let qb = if b.operand != Operand::Weight || self.graph.ops[oi].kind != OpKind::GroupedLinear {
+                Quantised::One(self.codes_tensor(b, key, &pb)?)
+            } else if self.delayed_scale(key, &pb).is_some() {
                 // Under delayed scaling with a history every expert takes the op's one
                 // scale, so one cast of the whole stack holds what the casts expert by
                 // expert would (merged numerics alike), in one pass instead of E; the
                 // draws those casts would take are taken.
-                Some(groups) if b.operand == Operand::Weight && self.delayed_scale(key, &pb).is_none() => {
-                    let per = groups.get(1).map_or(0, |n| n * b.cols);
-                    let codes = (0..groups.len().saturating_sub(1)).map(|e| self.codes_of(b, key, &pb, e * per, Some(per))).collect::<Result<_, _>>()?;
-                    Quantised::PerExpert(codes)
-                }
-                Some(groups) if b.operand == Operand::Weight => {
-                    self.quant.draws += groups.len().saturating_sub(2) as u64;
-                    Quantised::One(self.codes_of(b, key, &pb, 0, None)?)
-                }
-                _ => Quantised::One(self.codes_tensor(b, key, &pb)?),
+                let (e, _, _) = self.weight_shape(oi);
+                self.quant.draws += e.saturating_sub(1) as u64;
+                Quantised::One(self.codes_of(b, key, &pb, 0, None)?)
+            } else {
+                let (e, n, k) = self.weight_shape(oi);
+                Quantised::PerExpert((0..e).map(|ex| self.codes_of(b, key, &pb, ex * n * k, Some(n * k))).collect::<Result<_, _>>()?)
             };
             self.quant.native_gemms += 1;
             return Ok((qa, qb));
