@@ -104,6 +104,17 @@ pub trait Collective<D: Device = Cpu>: Send {
     /// `peer` outside the group; it left without sending; the wait timed out; a message
     /// of another length.
     fn recv(&self, dev: &D, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError>;
+    /// Send `send` to rank `peer` and receive `recv` from it as one call, both in flight
+    /// at once (NCCL: one group; Megatron's `send_forward_recv_backward`). Two stages that
+    /// each send to the other before receiving would wait on each other forever where a
+    /// send waits for its receive; paired, they cannot.
+    ///
+    /// # Errors
+    /// As [`Collective::send`] and [`Collective::recv`].
+    fn send_recv(&self, dev: &D, peer: usize, send: &D::Buffer, recv: &mut D::Buffer) -> Result<(), ExecError> {
+        self.send(dev, peer, send)?;
+        self.recv(dev, peer, recv)
+    }
 }
 
 /// The calls of [`Collective`] on host memory, for transports that move host data
@@ -127,10 +138,16 @@ pub trait HostCollective: Send {
     -> Result<Vec<f32>, ExecError>;
     /// Rank `root`'s `data` (every rank passes a buffer of the same length).
     fn broadcast(&self, data: &[f32], root: usize) -> Result<Vec<f32>, ExecError>;
-    /// Queue `data` for rank `peer` (does not wait for the receive).
+    /// Queue `data` for rank `peer` (does not wait for the receive, unless the
+    /// transport says so: [`ThreadGroup::rendezvous`]).
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError>;
     /// The next message rank `peer` sent here (waits for it).
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError>;
+    /// As [`Collective::send_recv`]: `data` to `peer`, and the next message from it.
+    fn send_recv(&self, peer: usize, data: &[f32]) -> Result<Vec<f32>, ExecError> {
+        self.send(peer, data)?;
+        self.recv(peer)
+    }
 }
 
 /// The element-wise reduction of every rank's part, `parts` in rank order, accumulated in
@@ -232,17 +249,27 @@ impl<D: Device, H: HostCollective> Collective<D> for H {
     }
     fn recv(&self, dev: &D, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
         let got = HostCollective::recv(self, peer)?;
-        if got.len() != buf.len() {
-            return Err(ExecError::State(format!(
-                "collective: recv on rank {} from rank {peer}: received {} elements, expected \
-                 {} (the ranks disagree on the message: different layouts, or calls out of order)",
-                HostCollective::rank(self),
-                got.len(),
-                buf.len()
-            )));
-        }
+        received(HostCollective::rank(self), peer, &got, buf)?;
         stage_in(dev, buf, &got, "recv")
     }
+    fn send_recv(&self, dev: &D, peer: usize, send: &D::Buffer, recv: &mut D::Buffer) -> Result<(), ExecError> {
+        let got = HostCollective::send_recv(self, peer, &stage_out(dev, send)?)?;
+        received(HostCollective::rank(self), peer, &got, recv)?;
+        stage_in(dev, recv, &got, "recv")
+    }
+}
+
+/// A received message's length against the buffer waiting for it.
+fn received<B: DeviceBuffer>(me: usize, peer: usize, got: &[f32], buf: &B) -> Result<(), ExecError> {
+    if got.len() != buf.len() {
+        return Err(ExecError::State(format!(
+            "collective: recv on rank {me} from rank {peer}: received {} elements, expected \
+             {} (the ranks disagree on the message: different layouts, or calls out of order)",
+            got.len(),
+            buf.len()
+        )));
+    }
+    Ok(())
 }
 
 /// How long a [`ThreadGroup`] waits for the other ranks before failing, unless
@@ -281,6 +308,10 @@ struct State {
     next: Vec<u64>,
     /// Point-to-point queues, indexed `src * n + dst`.
     queues: Vec<VecDeque<Vec<f32>>>,
+    /// Messages ever queued and ever received on each queue (a rendezvous send waits
+    /// until its number is received).
+    posted: Vec<u64>,
+    delivered: Vec<u64>,
     /// Per rank: its handle was dropped.
     left: Vec<bool>,
     /// Set by a timeout: the ranks no longer agree on the call sequence.
@@ -290,6 +321,8 @@ struct State {
 struct Shared {
     n: usize,
     timeout: Duration,
+    /// Sends wait for their receive ([`ThreadGroup::rendezvous`]).
+    rendezvous: bool,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -310,14 +343,30 @@ impl ThreadGroup {
 
     /// Handles for `n` ranks whose waits fail after `timeout`.
     pub fn with_timeout(n: usize, timeout: Duration) -> Vec<ThreadGroup> {
+        Self::build(n, timeout, false)
+    }
+
+    /// As [`ThreadGroup::with_timeout`], but each send returns only once the peer has
+    /// received it, as NCCL's do (a send is a kernel that waits for its peer's receive),
+    /// where this transport otherwise queues sends. Schedules tried on it show on the
+    /// CPU whether their order of sends and receives would hang ranks on GPUs: such an
+    /// order times out here, naming the send.
+    pub fn rendezvous(n: usize, timeout: Duration) -> Vec<ThreadGroup> {
+        Self::build(n, timeout, true)
+    }
+
+    fn build(n: usize, timeout: Duration, rendezvous: bool) -> Vec<ThreadGroup> {
         let n = n.max(1);
         let shared = Arc::new(Shared {
             n,
             timeout,
+            rendezvous,
             state: Mutex::new(State {
                 rounds: BTreeMap::new(),
                 next: vec![0; n],
                 queues: (0..n * n).map(|_| VecDeque::new()).collect(),
+                posted: vec![0; n * n],
+                delivered: vec![0; n * n],
                 left: vec![false; n],
                 broken: None,
             }),
@@ -475,6 +524,58 @@ impl ThreadGroup {
     }
 }
 
+impl ThreadGroup {
+    /// Queue `data` for `peer`; its number on that queue.
+    fn post(&self, peer: usize, data: &[f32]) -> Result<u64, ExecError> {
+        self.peer(peer)?;
+        let q = self.rank * self.shared.n + peer;
+        let mut st = self.lock();
+        if st.left[peer] {
+            return Err(err(format!(
+                "send from rank {} to rank {peer}: rank {peer} has left the group (it returned \
+                 an error, panicked or finished); see its error",
+                self.rank
+            )));
+        }
+        st.queues[q].push_back(data.to_vec());
+        st.posted[q] += 1;
+        self.shared.changed.notify_all();
+        Ok(st.posted[q])
+    }
+
+    /// On a rendezvous group, wait until `peer` has received message `seq` this rank
+    /// sent it.
+    fn received_by(&self, peer: usize, seq: u64) -> Result<(), ExecError> {
+        if !self.shared.rendezvous {
+            return Ok(());
+        }
+        let (me, q) = (self.rank, self.rank * self.shared.n + peer);
+        let mut st = self.lock();
+        let deadline = Instant::now() + self.shared.timeout;
+        loop {
+            if st.delivered[q] >= seq {
+                return Ok(());
+            }
+            if st.left[peer] {
+                return Err(err(format!(
+                    "send from rank {me} to rank {peer}: rank {peer} left the group without \
+                     receiving it; see its error"
+                )));
+            }
+            if Instant::now() >= deadline {
+                return Err(err(format!(
+                    "send from rank {me} to rank {peer} timed out after {:?}: rank {peer} never \
+                     received it (a send waits for its receive here, as on NCCL: two ranks that \
+                     each send to the other before receiving wait forever; pair them with \
+                     send_recv)",
+                    self.shared.timeout
+                )));
+            }
+            st = self.wait(st, deadline);
+        }
+    }
+}
+
 impl Drop for ThreadGroup {
     /// Mark this rank as gone and wake every waiter, so nobody waits for it.
     fn drop(&mut self) {
@@ -570,19 +671,15 @@ impl HostCollective for ThreadGroup {
     }
 
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError> {
-        self.peer(peer)?;
-        let n = self.shared.n;
-        let mut st = self.lock();
-        if st.left[peer] {
-            return Err(err(format!(
-                "send from rank {} to rank {peer}: rank {peer} has left the group (it returned \
-                 an error, panicked or finished); see its error",
-                self.rank
-            )));
-        }
-        st.queues[self.rank * n + peer].push_back(data.to_vec());
-        self.shared.changed.notify_all();
-        Ok(())
+        let seq = self.post(peer, data)?;
+        self.received_by(peer, seq)
+    }
+
+    fn send_recv(&self, peer: usize, data: &[f32]) -> Result<Vec<f32>, ExecError> {
+        let seq = self.post(peer, data)?;
+        let got = HostCollective::recv(self, peer)?;
+        self.received_by(peer, seq)?;
+        Ok(got)
     }
 
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError> {
@@ -592,6 +689,8 @@ impl HostCollective for ThreadGroup {
         let deadline = Instant::now() + self.shared.timeout;
         loop {
             if let Some(m) = st.queues[peer * n + me].pop_front() {
+                st.delivered[peer * n + me] += 1;
+                self.shared.changed.notify_all();
                 return Ok(m);
             }
             if st.left[peer] {

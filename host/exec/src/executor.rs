@@ -78,6 +78,9 @@ pub struct ExecOptions {
     /// many small ops. Only [`Executor::step`] runs then; what cannot be recorded is
     /// refused up front ([`Executor::graph_blocker`]).
     pub cuda_graph: bool,
+    /// The order of a pipeline stage's passes over several micro-batches
+    /// ([`Executor::step_micro_batches`]; `executor/pipeline.rs`): 1F1B by default.
+    pub pipeline_schedule: PipelineSchedule,
 }
 
 impl Default for ExecOptions {
@@ -90,6 +93,7 @@ impl Default for ExecOptions {
             recompute: RecomputePolicy::None,
             native_fp8: None,
             cuda_graph: false,
+            pipeline_schedule: PipelineSchedule::OneFOneB,
         }
     }
 }
@@ -123,6 +127,10 @@ pub struct MemoryReport {
     /// when every weight trains and nothing is sharded; on an FSDP rank, this rank's
     /// pieces of the sharded weights (about 1/n of them) plus the others whole.
     pub state_bytes: u64,
+    /// Micro-batches the last step held between their forward and their backward at
+    /// once (a 1F1B pipeline stage: up to its distance to the last stage, plus one);
+    /// `required_bytes` counts what each of the others keeps for its backward.
+    pub micro_batches_in_flight: u64,
 }
 
 /// Wall time of each op and phase of the last step (filled when profiling).
@@ -215,6 +223,11 @@ pub struct Executor<D: Device> {
     adam_scalars: D::Buffer,
     /// A step is being recorded (no events, no host transfers).
     capturing: bool,
+    /// A forward of a step's later micro-batch is running: the step's peak and
+    /// communication counts go on (`pipeline.rs`).
+    mid_step: bool,
+    /// Micro-batches the last step held between their passes at once.
+    in_flight: u64,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current
@@ -535,6 +548,8 @@ impl<D: Device> Executor<D> {
             one,
             adam_scalars,
             capturing: false,
+            mid_step: false,
+            in_flight: 1,
             recorded: graph::GraphState::Cold,
             graph: g,
         };
@@ -804,8 +819,11 @@ impl<D: Device> Executor<D> {
         self.release_activations();
         self.forward_done = false;
         self.backward_done = false;
-        self.device.reset_peak();
-        self.begin_comm_step();
+        if !self.mid_step {
+            self.device.reset_peak();
+            self.in_flight = 1;
+        }
+        self.begin_comm_step(!self.mid_step);
         self.load_inputs(inputs)
     }
 
@@ -1320,8 +1338,10 @@ impl<D: Device> Executor<D> {
     /// each, weight gradients summed, then divided by the micro-batch count (each loss is
     /// a mean over its micro-batch, so the result is the mean over all of them, as
     /// Megatron scales the loss by 1/num_microbatches), the step's gradient reduction and
-    /// AdamW. Returns the mean loss. The micro-batches run one after another on this
-    /// rank; a pipeline's ranks run them in the same order.
+    /// AdamW. Returns the mean loss. A pipeline stage runs its passes in 1F1B order
+    /// ([`ExecOptions::pipeline_schedule`], `executor/pipeline.rs`); any other rank runs
+    /// each micro-batch's forward and backward before the next. The backwards run in
+    /// micro-batch order either way, so the gradients are the same bits.
     ///
     /// # Errors
     /// No micro-batch, or as [`Executor::step`].
@@ -1333,15 +1353,8 @@ impl<D: Device> Executor<D> {
         if batches.is_empty() {
             return Err(ExecError::Input("a step needs at least one micro-batch".into()));
         }
-        let mut total = 0f64;
-        for (i, inputs) in batches.iter().enumerate() {
-            total += f64::from(self.forward(inputs)?);
-            if i == 0 {
-                self.backward()?;
-            } else {
-                self.backward_accumulate()?;
-            }
-        }
+        let order = self.pass_order(batches.len());
+        let total = self.run_passes(&order, batches)?;
         let m = batches.len();
         if m > 1 {
             let inv = 1.0 / m as f32;
@@ -1368,7 +1381,10 @@ impl<D: Device> Executor<D> {
         );
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
-            required_bytes: l.peak,
+            // The active micro-batch peaks as alone; each other one in flight keeps what
+            // its backward needs (`pipeline.rs`).
+            required_bytes: l.peak + self.in_flight.saturating_sub(1) * l.held,
+            micro_batches_in_flight: self.in_flight,
             param_bytes: l.params,
             keep_everything_bytes: l.all,
             state_bytes: l.state,
@@ -1462,6 +1478,9 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
 /// What [`walk_live`] finds.
 struct Live {
     peak: u64,
+    /// What one micro-batch keeps from its forward to its backward: its inputs, the
+    /// activations still live and the saved statistics.
+    held: u64,
     all: u64,
     params: u64,
     state: u64,
@@ -1481,7 +1500,7 @@ fn walk_live(
     let covered = |id: TensorId| fsdp.is_some_and(|f| f.covers(id));
     let mut params = 0;
     let mut state = 0;
-    let mut base = 0;
+    let mut inputs = 0;
     for (id, t) in g.tensors.iter().enumerate() {
         match t.kind {
             TensorKind::Weight | TensorKind::Frozen => {
@@ -1493,11 +1512,11 @@ fn walk_live(
                 // value, gradient and two AdamW moments
                 state += rest * if plan.needs_grad[id] { 4 } else { 1 };
             }
-            TensorKind::Input => base += bytes(id),
+            TensorKind::Input => inputs += bytes(id),
             TensorKind::Activation => {}
         }
     }
-    base += state;
+    let base = inputs + state;
     // The whole weights a pass gathers (those it reads), and those it frees after op or
     // step `at`.
     let gathered = |pass: fsdp::Pass, at: Option<usize>| -> u64 {
@@ -1565,6 +1584,12 @@ fn walk_live(
         free(&sched.free_after_forward[oi], &mut live, &mut val_live);
         live -= gathered(fsdp::Pass::Forward, Some(oi));
     }
+    let held = inputs
+        + (0..g.tensors.len())
+            .filter(|&id| val_live[id] && g.tensors[id].kind == TensorKind::Activation)
+            .map(bytes)
+            .sum::<u64>()
+        + aux_live.iter().sum::<u64>();
     let mut has_grad: HashSet<TensorId> = HashSet::new();
     live += 4; // the loss seed
     live += gathered(fsdp::Pass::Backward, None);
@@ -1601,6 +1626,7 @@ fn walk_live(
     }
     Live {
         peak,
+        held,
         all,
         params,
         state,
@@ -1613,8 +1639,10 @@ mod finalize;
 mod fsdp;
 mod graph;
 mod ops;
+mod pipeline;
 mod quant;
 pub use fsdp::Shard;
+pub use pipeline::{Pass, PipelineSchedule, in_flight, in_order, one_f_one_b};
 pub use quant::Snapshot;
 #[cfg(test)]
 mod tests;

@@ -9,12 +9,13 @@ mod common;
 use std::collections::HashMap;
 
 use common::{
-    Data, Grads, close, gather, grads, load_weights, mesh, options, rank_inputs, run, split_axis,
-    train, weights, with_roles,
+    Data, Grads, close, gather, grads, load_weights, mesh, mesh_rendezvous, options, rank_inputs, run,
+    split_axis, train, weights, with_roles,
 };
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
+use runner_exec::executor::PipelineSchedule;
 use runner_exec::{ExecOptions, Executor, Input};
 use runner_graph::recompute::RecomputePolicy;
 use runner_graph::pipeline::PipelineSplit;
@@ -480,6 +481,94 @@ fn pp2_step_over_two_micro_batches_matches_the_full_batch_step() {
                 .map(|(p, q)| (p - q).abs())
                 .fold(0f32, f32::max);
             assert!(worst <= 1e-6, "{name}: {worst:e} from the full-batch step");
+        }
+    }
+}
+
+/// What one rank of [`pipeline_steps`] reports.
+struct StageRun {
+    coord: RankCoord,
+    last: bool,
+    losses: Vec<f32>,
+    weights: Grads,
+    memory: runner_exec::executor::MemoryReport,
+}
+
+/// Two optimizer steps of `m` micro-batches of `g` over a tp × pp mesh whose sends wait
+/// for their receive (NCCL's semantics: an unpaired order times out), the stages'
+/// passes in `schedule`'s order.
+fn pipeline_steps(g: &Graph, tp: u32, pp: u32, sp: bool, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
+    let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
+    let layout = Layout {
+        tp,
+        pp,
+        sequence_parallel: sp,
+        ..Layout::single(b, b * m as u32)
+    };
+    let micro: Vec<Data> = (0..2 * m).map(|k| synthetic_inputs(g, 40 + k as u64)).collect();
+    let hs: Vec<_> = mesh_rendezvous(tp, pp, 1, std::time::Duration::from_secs(30))
+        .into_iter()
+        .map(|r| {
+            let s = shard(g, &layout, r.coord).unwrap();
+            let (g, micro) = (g.clone(), micro.clone());
+            std::thread::spawn(move || {
+                let o = ExecOptions { pipeline_schedule: schedule, ..options() };
+                let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
+                let t = r.coord.tp as usize;
+                let mine: Vec<Data> = micro.iter().map(|d| rank_inputs(&g, &s.graph, d, t, tp as usize)).collect();
+                let batches: Vec<Vec<(&str, Input<'_>)>> = mine
+                    .iter()
+                    .map(|d| d.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect())
+                    .collect();
+                let losses = batches
+                    .chunks(m)
+                    .map(|step| ex.step_micro_batches(step, &runner_exec::executor::ADAMW_DEFAULT).unwrap())
+                    .collect();
+                StageRun {
+                    coord: r.coord,
+                    last: s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy),
+                    losses,
+                    weights: weights(&ex),
+                    memory: ex.memory(),
+                }
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+/// 1F1B (Megatron's pipeline schedule) against running each micro-batch's passes in
+/// order: the same losses and weights bit for bit over two steps, each stage holding
+/// up to its distance to the last stage plus one micro-batch at once (stage 0 of 4: 4
+/// of 6), with the memory account covering them. The sends wait for their receives as
+/// on NCCL, so an unpaired send (a forward's send to the next stage not taken along by
+/// the next backward's receive from it) hangs the stages and times out.
+#[test]
+fn one_f_one_b_matches_the_in_order_schedule_over_sends_that_wait_for_their_receive() {
+    for (g, tp, pp, sp, m) in [(llama(4, false, false), 1, 4, false, 6), (llama(2, true, true), 2, 2, true, 3)] {
+        let what = format!("tp={tp} pp={pp} sp={sp}, {m} micro-batches");
+        let want = pipeline_steps(&g, tp, pp, sp, m, PipelineSchedule::InOrder);
+        let got = pipeline_steps(&g, tp, pp, sp, m, PipelineSchedule::OneFOneB);
+        for (a, b) in want.iter().zip(&got) {
+            assert_eq!(a.coord, b.coord);
+            let stage = b.coord.pp as usize;
+            if b.last {
+                assert_eq!(a.losses, b.losses, "{what}: stage {stage}'s losses");
+            }
+            assert_eq!(a.weights, b.weights, "{what}: stage {stage}'s weights differ between the schedules");
+            assert_eq!(a.memory.micro_batches_in_flight, 1, "{what}");
+            let held = (pp as usize - stage).min(m) as u64;
+            assert_eq!(b.memory.micro_batches_in_flight, held, "{what}: stage {stage}");
+            if held > 1 {
+                assert!(b.memory.peak_bytes > a.memory.peak_bytes, "{what}: stage {stage} held nothing more: {:?} vs {:?}", b.memory, a.memory);
+                assert!(b.memory.required_bytes > a.memory.required_bytes, "{what}: stage {stage}");
+            }
+            for r in [&a.memory, &b.memory] {
+                assert!(
+                    r.peak_bytes as f64 <= 1.5 * r.required_bytes as f64 && r.required_bytes as f64 <= 1.5 * r.peak_bytes as f64,
+                    "{what}: stage {stage}: {r:?}"
+                );
+            }
         }
     }
 }

@@ -565,6 +565,23 @@ impl Collective<Cuda> for NcclGroup {
         let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
         self.done("recv", r)
     }
+
+    fn send_recv(&self, _dev: &Cuda, peer: usize, send: &CudaBuffer, recv: &mut CudaBuffer) -> Result<(), ExecError> {
+        self.ready("send-recv", send)?;
+        self.ready("send-recv", recv)?;
+        let (src, dst) = (self.ptr(send), self.ptr(recv));
+        let r = nr::group_start().and_then(|_| {
+            // SAFETY: live buffers of their lengths.
+            let posted = unsafe {
+                nr::send(src, send.len(), nccl_type(send.elem()), peer as i32, self.comm.0, self.stream())
+                    .and_then(|_| nr::recv(dst, recv.len(), nccl_type(recv.elem()), peer as i32, self.comm.0, self.stream()))
+            };
+            // Closed even when a post failed (as in `exchange`).
+            let ended = nr::group_end();
+            posted.and(ended)
+        });
+        self.done("send-recv", r)
+    }
 }
 
 #[cfg(test)]

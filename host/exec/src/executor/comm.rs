@@ -87,7 +87,14 @@ pub(super) struct CommState<D: Device> {
     spans: RefCell<Vec<(D::Event, D::Event)>>,
     /// The vocab-parallel loss's row statistics of this forward, all-reduced, by
     /// (logits, statistic): made once, by the `row-stats` op or else by the loss.
-    row_stats: RefCell<HashMap<(TensorId, &'static str), D::Buffer>>,
+    pub(super) row_stats: RefCell<HashMap<(TensorId, &'static str), D::Buffer>>,
+    /// Hold each pipeline send until this stage's next pipeline call (a 1F1B step,
+    /// `pipeline.rs`): a receive from the same peer then takes it along as one
+    /// `send_recv`, Megatron's `send_forward_recv_backward` and
+    /// `send_backward_recv_forward`.
+    pub(super) defer_sends: bool,
+    /// The send held back: (group, peer, a copy of the data).
+    deferred: RefCell<Option<(String, usize, D::Buffer)>>,
 }
 
 impl<D: Device> Default for CommState<D> {
@@ -98,6 +105,8 @@ impl<D: Device> Default for CommState<D> {
             busy_s: 0.0,
             spans: RefCell::new(Vec::new()),
             row_stats: RefCell::new(HashMap::new()),
+            defer_sends: false,
+            deferred: RefCell::new(None),
         }
     }
 }
@@ -150,6 +159,9 @@ impl<D: Device> Timed<'_, D> {
     }
     fn recv(&self, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
         self.time(|c, d| c.recv(d, peer, buf))
+    }
+    fn send_recv(&self, peer: usize, send: &D::Buffer, recv: &mut D::Buffer) -> Result<(), ExecError> {
+        self.time(|c, d| c.send_recv(d, peer, send, recv))
     }
 }
 
@@ -256,13 +268,17 @@ fn row_stat_name(op: &Op) -> Result<&'static str, ExecError> {
 }
 
 impl<D: Device> Executor<D> {
-    /// Start the communication account of a new step (called as a forward begins).
-    pub(super) fn begin_comm_step(&mut self) {
-        self.comm.busy_s = 0.0;
-        self.comm.spans.borrow_mut().clear();
-        self.comm.reduced = false;
+    /// Start the communication account of a forward: a new step's (`new_step`), or a
+    /// later micro-batch's, whose calls count on in its step's.
+    pub(super) fn begin_comm_step(&mut self, new_step: bool) {
         self.comm.row_stats.borrow_mut().clear();
-        self.profile.communication_s = 0.0;
+        if new_step {
+            self.comm.busy_s = 0.0;
+            self.comm.spans.borrow_mut().clear();
+            self.comm.reduced = false;
+            *self.comm.deferred.borrow_mut() = None;
+            self.profile.communication_s = 0.0;
+        }
     }
 
     /// Add the collective calls timed so far to the communication time (waits for the
@@ -325,15 +341,53 @@ impl<D: Device> Executor<D> {
         }
     }
 
-    /// A receive into `buf`, its failures naming the op and what it carried.
+    /// A pipeline receive into `buf` (a recv's forward, a send's backward), its failures
+    /// naming the op and what it carried. A send held back for `peer` goes with it as one
+    /// `send_recv`; one held for another peer goes first.
     fn recv_for(&self, op: &Op, what: &str, c: &Timed<'_, D>, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
-        c.recv(peer, buf).map_err(|e| match e {
+        let held = self.comm.deferred.borrow_mut().take();
+        let r = match held {
+            Some((g, p, sent)) if p == peer && op.text("group") == Some(g.as_str()) => c.send_recv(peer, &sent, buf),
+            Some((g, p, sent)) => self.send_held(&g, p, &sent).and_then(|()| c.recv(peer, buf)),
+            None => c.recv(peer, buf),
+        };
+        r.map_err(|e| match e {
             ExecError::State(m) => ExecError::State(format!(
                 "operation '{}' receiving {what} from rank {peer}: {m}",
                 op.name
             )),
             other => other,
         })
+    }
+
+    /// A pipeline send of `buf` to `peer` (a send's forward, a recv's backward): now, or
+    /// in a 1F1B step held back (a copy) for this stage's next pipeline call.
+    fn send_for(&self, op: &Op, c: &Timed<'_, D>, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
+        self.flush_deferred_send()?;
+        if !self.comm.defer_sends {
+            return c.send(peer, buf);
+        }
+        let mut copy = self.device.alloc(buf.elem(), buf.len())?;
+        self.device.copy(&mut copy, 0, buf, 0, buf.len())?;
+        let group = op.text("group").unwrap_or("").to_string();
+        *self.comm.deferred.borrow_mut() = Some((group, peer, copy));
+        Ok(())
+    }
+
+    /// Send what a pipeline send held back, if anything (a 1F1B step calls this after its
+    /// last pass, before the step's gradient reduction).
+    pub(super) fn flush_deferred_send(&self) -> Result<(), ExecError> {
+        match self.comm.deferred.borrow_mut().take() {
+            Some((g, p, sent)) => self.send_held(&g, p, &sent),
+            None => Ok(()),
+        }
+    }
+
+    fn send_held(&self, group: &str, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
+        let c = self
+            .timed(group)
+            .ok_or_else(|| ExecError::State(format!("a held pipeline send: no collective handle for group '{group}'")))?;
+        c.send(peer, buf)
     }
 
     /// The live value of tensor `id`, read by `op`.
@@ -538,7 +592,7 @@ impl<D: Device> Executor<D> {
             OpKind::Send => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                c.send(peer, self.val(op.inputs[0], op)?)?;
+                self.send_for(op, &c, peer, self.val(op.inputs[0], op)?)?;
                 dev.zero(&mut outs[0])?;
             }
             OpKind::Recv => {
@@ -678,7 +732,7 @@ impl<D: Device> Executor<D> {
             OpKind::Recv => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                c.send(peer, dout()?.get())?;
+                self.send_for(op, &c, peer, dout()?.get())?;
                 return Ok(CommBackward::Done);
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {

@@ -177,6 +177,17 @@ pub struct MeshRank {
 }
 
 pub fn mesh(tp: u32, pp: u32, dp: u32) -> Vec<MeshRank> {
+    mesh_of(tp, pp, dp, ThreadGroup::new)
+}
+
+/// [`mesh`] whose sends wait for their receive, as NCCL's do
+/// ([`ThreadGroup::rendezvous`]): an order of pipeline sends that would hang GPUs times
+/// out after `timeout` instead.
+pub fn mesh_rendezvous(tp: u32, pp: u32, dp: u32, timeout: std::time::Duration) -> Vec<MeshRank> {
+    mesh_of(tp, pp, dp, move |n| ThreadGroup::rendezvous(n, timeout))
+}
+
+fn mesh_of(tp: u32, pp: u32, dp: u32, group: impl Fn(usize) -> Vec<ThreadGroup>) -> Vec<MeshRank> {
     let at = |t: u32, p: u32, d: u32| ((d * pp + p) * tp + t) as usize;
     let n = (tp * pp * dp) as usize;
     let mut ranks: Vec<MeshRank> = (0..n)
@@ -197,7 +208,7 @@ pub fn mesh(tp: u32, pp: u32, dp: u32) -> Vec<MeshRank> {
         if members.len() < 2 {
             return;
         }
-        for (m, h) in members.iter().zip(ThreadGroup::new(members.len())) {
+        for (m, h) in members.iter().zip(group(members.len())) {
             ranks[*m].groups.push((name.to_string(), Box::new(h)));
         }
     };
