@@ -275,8 +275,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             crate::dist_bench::collectives(args, global)
         }
-        BenchCommand::Step { layout, steps, in_process, timeout } => {
-            crate::dist_bench::step(&layout, steps, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
+        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, timeout } => {
+            let run = crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?;
+            crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
         }
         other => commands::bench(other, global),
     }

@@ -22,7 +22,7 @@ use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
-use runner_exec::executor::ADAMW_DEFAULT;
+use runner_exec::executor::{ADAMW_DEFAULT, PipelineSchedule};
 use runner_exec::select::DeviceSpec;
 use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
 use runner_exec::{ExecError, ExecOptions, Executor, Input, ThreadGroup};
@@ -536,8 +536,68 @@ pub struct RankResult {
     pub coord: (u32, u32, u32),
     /// Loss of each step (0 on pipeline stages without the loss).
     pub losses: Vec<f32>,
+    /// Wall seconds of each step on this rank.
+    pub step_s: Vec<f64>,
+    /// Micro-batches this rank held between their forward and backward at once (a 1F1B
+    /// stage: its distance to the last stage plus one, at most the micro-batches).
+    pub micro_batches_in_flight: u64,
+    /// The device's peak bytes in the last step.
+    pub peak_bytes: u64,
     /// sha256 of every weight's bits after the steps, by name order.
     pub weights_sha256: String,
+}
+
+/// What `bench step` runs: the layout, the steps, the micro-batches of each and their
+/// schedule, and the toy model (its layers scaled with the pipeline stages).
+#[derive(Clone, Debug)]
+pub struct StepRun {
+    pub tp: u32,
+    pub pp: u32,
+    pub dp: u32,
+    pub steps: usize,
+    pub micro_batches: usize,
+    pub schedule: PipelineSchedule,
+    pub toy: ToyConfig,
+    /// The `--toy` name of `toy`.
+    pub toy_name: &'static str,
+}
+
+impl StepRun {
+    /// From the command line's words (`--schedule 1f1b|in-order`, `--toy tiny|bench`).
+    pub fn new(layout: &str, steps: usize, micro_batches: usize, schedule: &str, toy: &str) -> Result<StepRun> {
+        let (tp, pp, dp) = parse_layout(layout)?;
+        if steps == 0 || micro_batches == 0 {
+            bail!("--steps and --micro-batches must be positive");
+        }
+        let schedule = match schedule {
+            "1f1b" => PipelineSchedule::OneFOneB,
+            "in-order" => PipelineSchedule::InOrder,
+            s => bail!("--schedule {s}: use 1f1b or in-order"),
+        };
+        let (mut toy, per_stage, toy_name) = match toy {
+            "tiny" => (ToyConfig::tiny(), 2, "tiny"),
+            "bench" => (ToyConfig::bench(), 4, "bench"),
+            t => bail!("--toy {t}: use tiny or bench"),
+        };
+        toy.layers = per_stage * pp;
+        Ok(StepRun { tp, pp, dp, steps, micro_batches, schedule, toy, toy_name })
+    }
+
+    fn ranks(&self) -> usize {
+        (self.tp * self.pp * self.dp) as usize
+    }
+
+    /// The run as the flags that say it (what the ranks compare at the rendezvous).
+    fn flags(&self) -> String {
+        let s = match self.schedule {
+            PipelineSchedule::OneFOneB => "1f1b",
+            PipelineSchedule::InOrder => "in-order",
+        };
+        format!(
+            "--layout tp={},pp={},dp={} --steps {} --micro-batches {} --schedule {s} --toy {}",
+            self.tp, self.pp, self.dp, self.steps, self.micro_batches, self.toy_name
+        )
+    }
 }
 
 /// The groups rank `r` of a tp·pp·dp mesh belongs to (name, world ranks), those of more
@@ -586,11 +646,10 @@ fn toy_kv_heads() -> u32 {
     u32::try_from(ToyConfig::tiny().kv_heads).unwrap_or(u32::MAX)
 }
 
-fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, layout: (u32, u32, u32), rank: usize, steps: usize) -> Result<RankResult> {
-    let (tp, pp, dp) = layout;
-    let mut cfg = ToyConfig::tiny();
-    cfg.layers = 2 * pp;
-    let g = with_roles(llama(&cfg), true);
+fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usize) -> Result<RankResult> {
+    let (tp, pp, dp, m) = (run.tp, run.pp, run.dp, run.micro_batches);
+    let cfg = &run.toy;
+    let g = with_roles(llama(cfg), true);
     let l = Layout {
         tp,
         pp,
@@ -602,7 +661,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, layout: (u32, u32, u32), 
         sequence_parallel: false,
         fsdp: false,
         micro_batch: cfg.batch as u32,
-        global_batch: cfg.batch as u32 * dp,
+        global_batch: cfg.batch as u32 * dp * m as u32,
         split: Default::default(),
     };
     let coord = RankCoord {
@@ -612,34 +671,44 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, layout: (u32, u32, u32), 
         dp: rank as u32 / (tp * pp),
     };
     let sharded = shard(&g, &l, coord).map_err(|e| anyhow!("sharding the toy model for {l:?}: {e}"))?;
-    let mut ex = Executor::for_rank(&sharded, dev, ExecOptions { seed: 3, ..ExecOptions::default() }, groups)?;
-    // Each dp rank its own batch; every tp rank and stage of it the same.
-    let data = batch_inputs(&g, 7 + coord.dp);
-    let inputs: Vec<(&str, Input<'_>)> = data
+    let options = ExecOptions { seed: 3, pipeline_schedule: run.schedule, ..ExecOptions::default() };
+    let mut ex = Executor::for_rank(&sharded, dev, options, groups)?;
+    // Each dp rank and micro-batch its own batch; every tp rank and stage of it the same.
+    let data: Vec<Vec<(String, Vec<u32>)>> = (0..m as u32).map(|k| batch_inputs(&g, 7 + coord.dp + k * dp)).collect();
+    let batches: Vec<Vec<(&str, Input<'_>)>> = data
         .iter()
-        .filter(|(n, _)| sharded.graph.tensor_id(n).is_some())
-        .map(|(n, v)| (n.as_str(), Input::U32(v)))
+        .map(|d| {
+            d.iter()
+                .filter(|(n, _)| sharded.graph.tensor_id(n).is_some())
+                .map(|(n, v)| (n.as_str(), Input::U32(v)))
+                .collect()
+        })
         .collect();
-    let mut losses = Vec::with_capacity(steps);
-    for k in 0..steps {
-        let loss = ex.step(&inputs, &ADAMW_DEFAULT).with_context(|| format!("rank {rank}, step {k}"))?;
-        eprintln!("rank {rank}: step {k} loss {loss:.6}");
+    let (mut losses, mut step_s) = (Vec::with_capacity(run.steps), Vec::with_capacity(run.steps));
+    for k in 0..run.steps {
+        let t0 = std::time::Instant::now();
+        let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).with_context(|| format!("rank {rank}, step {k}"))?;
+        ex.device().synchronize()?;
+        let dt = t0.elapsed().as_secs_f64();
+        eprintln!("rank {rank}: step {k} loss {loss:.6} ({:.1} ms)", dt * 1e3);
         losses.push(loss);
+        step_s.push(dt);
     }
+    let mem = ex.memory();
     Ok(RankResult {
         rank,
         coord: (coord.tp, coord.pp, coord.dp),
         losses,
+        step_s,
+        micro_batches_in_flight: mem.micro_batches_in_flight,
+        peak_bytes: mem.peak_bytes,
         weights_sha256: weight_digest(&ex)?,
     })
 }
 
-pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, global: &Global) -> Result<()> {
-    let (tp, pp, dp) = parse_layout(layout)?;
-    let n = (tp * pp * dp) as usize;
-    if steps == 0 {
-        bail!("--steps must be positive");
-    }
+pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) -> Result<()> {
+    let (tp, pp, dp) = (run.tp, run.pp, run.dp);
+    let n = run.ranks();
     let launch = runner_dist::detect().map_err(|e| anyhow!(e))?;
     let results: Vec<RankResult> = if in_process || (launch.world == 1 && n > 1) {
         // The single-process run of the layout: every rank a thread, ThreadGroup handles.
@@ -658,14 +727,17 @@ pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, glo
         let hs: Vec<_> = handles
             .into_iter()
             .enumerate()
-            .map(|(r, groups)| std::thread::spawn(move || step_rank(Cpu::new(), groups, (tp, pp, dp), r, steps)))
+            .map(|(r, groups)| {
+                let run = run.clone();
+                std::thread::spawn(move || step_rank(Cpu::new(), groups, &run, r))
+            })
             .collect();
         hs.into_iter()
             .map(|h| h.join().map_err(|_| anyhow!("a rank thread panicked"))?)
             .collect::<Result<_>>()?
     } else {
         if launch.world != n {
-            bail!("--layout {layout} needs {n} ranks, the launcher started {} ({})", launch.world, launch.source);
+            bail!("--layout tp={tp},pp={pp},dp={dp} needs {n} ranks, the launcher started {} ({})", launch.world, launch.source);
         }
         #[cfg(feature = "cuda")]
         if rank_device(global.device, launch.local_rank)?.is_some()
@@ -673,12 +745,12 @@ pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, glo
         {
             return r;
         }
-        let world = rendezvous(&launch, &meta(format!("bench step --layout tp={tp},pp={pp},dp={dp} --steps {steps}")), timeout)?;
+        let world = rendezvous(&launch, &meta(format!("bench step {}", run.flags())), timeout)?;
         let r = launch.rank;
         let mine = match rank_device(global.device, launch.local_rank)? {
-            None => dist_step(Cpu::new(), &world, (tp, pp, dp), r, steps, timeout),
+            None => dist_step(Cpu::new(), &world, &run, r, timeout),
             #[cfg(feature = "cuda")]
-            Some(g) => dist_step(runner_exec::cuda::Cuda::new(g)?, &world, (tp, pp, dp), r, steps, timeout),
+            Some(g) => dist_step(runner_exec::cuda::Cuda::new(g)?, &world, &run, r, timeout),
             #[cfg(not(feature = "cuda"))]
             Some(_) => bail!("built without CUDA"),
         };
@@ -708,30 +780,47 @@ pub fn step(layout: &str, steps: usize, in_process: bool, timeout: Duration, glo
             })
             .collect::<Result<_>>()?
     };
-    let mut t = Table::new(format!("toy Llama, tp={tp} pp={pp} dp={dp}, {steps} step(s)"), &["rank", "(tp, pp, dp)", "losses", "weights sha256"]);
+    let mut t = Table::new(
+        format!("toy Llama ({} layers, width {}), {}", run.toy.layers, run.toy.hidden, run.flags()),
+        &["rank", "(tp, pp, dp)", "losses", "step ms (median)", "in flight", "peak MiB", "weights sha256"],
+    );
     for r in &results {
         t.rows.push(vec![
             r.rank.to_string(),
             format!("{:?}", r.coord),
             r.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>().join(" "),
+            format!("{:.1}", median_after_first(&r.step_s) * 1e3),
+            r.micro_batches_in_flight.to_string(),
+            format!("{:.1}", r.peak_bytes as f64 / f64::from(1u32 << 20)),
             r.weights_sha256[..16].to_string(),
         ]);
     }
     t.notes.push(format!(
-        "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights",
+        "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights; \
+         step times are each rank's wall time, the median of the steps after the first (the first, alone, when there is one)",
         results.len()
     ));
     emit(global, &t, &results)
 }
 
-fn dist_step<D: Groups>(dev: D, world: &TcpWorld, layout: (u32, u32, u32), r: usize, steps: usize, timeout: Duration) -> Result<RankResult> {
-    let (tp, pp, dp) = layout;
+/// The median of `xs` after its first entry (warm-up), or the first when alone.
+fn median_after_first(xs: &[f64]) -> f64 {
+    let mut v: Vec<f64> = xs.iter().skip(usize::from(xs.len() > 1)).copied().collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeout: Duration) -> Result<RankResult> {
     let mut groups = Vec::new();
-    for (name, members) in mesh_groups(tp, pp, dp, toy_kv_heads(), r) {
+    for (name, members) in mesh_groups(run.tp, run.pp, run.dp, toy_kv_heads(), r) {
         let g: Box<dyn Collective<D>> = Box::new(dev.group(world, name, &members, timeout)?);
         groups.push((name.to_string(), g));
     }
-    step_rank(dev, groups, layout, r, steps)
+    step_rank(dev, groups, run, r)
 }
 
 #[cfg(test)]

@@ -431,9 +431,9 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 300)]
         timeout: u64,
     },
-    /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses and weight digest
+    /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
     #[command(
-        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
     )]
     Step {
         /// Parallel layout: tp=N,pp=N,dp=N
@@ -442,6 +442,18 @@ pub enum BenchCommand {
         /// Training steps (a long run is how the launch tests kill a rank mid-run)
         #[arg(long, value_parser = count(1_000_000), default_value_t = 3)]
         steps: usize,
+        /// Micro-batches per step and data-parallel rank (Megatron's num_microbatches:
+        /// global batch / (micro-batch x dp)), their gradients accumulated
+        #[arg(long, value_parser = count(4096), default_value_t = 1)]
+        micro_batches: usize,
+        /// Order of a pipeline stage's passes: 1f1b (Megatron's) or in-order (each
+        /// micro-batch there and back before the next: the stages take turns)
+        #[arg(long, default_value = "1f1b", value_parser = ["1f1b", "in-order"])]
+        schedule: String,
+        /// The toy model: tiny (2 layers per stage, width 32) or bench (4 layers per
+        /// stage, width 256, 8 x 256 tokens a micro-batch)
+        #[arg(long, default_value = "tiny", value_parser = ["tiny", "bench"])]
+        toy: String,
         /// Run every rank as a thread of this process (the single-process run of the layout)
         #[arg(long)]
         in_process: bool,

@@ -50,10 +50,22 @@ fn in_process(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// `bench step`'s JSON without what the clock and the allocator decide (step times,
+/// peak bytes).
+fn results(mut v: serde_json::Value) -> serde_json::Value {
+    for r in v.as_array_mut().unwrap() {
+        let r = r.as_object_mut().unwrap();
+        assert!(r.remove("step_s").is_some() && r.remove("peak_bytes").is_some(), "{r:?}");
+    }
+    v
+}
+
+/// The pipeline layout runs 3 micro-batches a step, so its stages run 1F1B across
+/// processes (TCP) as across threads.
 #[test]
 fn four_processes_train_exactly_as_one() {
-    for layout in ["tp=2,dp=2", "pp=2,dp=2"] {
-        let args = ["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "3", "--timeout", "60", "--format", "json"];
+    for (layout, m) in [("tp=2,dp=2", "1"), ("pp=2,dp=2", "3")] {
+        let args = ["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "3", "--micro-batches", m, "--timeout", "60", "--format", "json"];
         let dir = scratch(&layout.replace(['=', ','], "_"));
         let port = free_port();
         let kids: Vec<Child> = (0..4).map(|r| rank(&dir, r, 4, port, &args)).collect();
@@ -61,8 +73,8 @@ fn four_processes_train_exactly_as_one() {
             let st = k.wait().unwrap();
             assert!(st.success(), "{layout} rank {r}: {}", read(&dir, &format!("err{r}")));
         }
-        let multi: serde_json::Value = serde_json::from_str(&read(&dir, "out0")).unwrap();
-        let single = in_process(&args);
+        let multi = results(serde_json::from_str(&read(&dir, "out0")).unwrap());
+        let single = results(in_process(&args));
         assert_eq!(multi, single, "{layout}: four processes differ from the single-process run");
         let ranks = multi.as_array().unwrap();
         assert_eq!(ranks.len(), 4);
@@ -76,6 +88,26 @@ fn four_processes_train_exactly_as_one() {
             assert!(read(&dir, &format!("out{r}")).trim().is_empty(), "only rank 0 prints the results");
             assert!(read(&dir, &format!("err{r}")).contains(&format!("rank {r}: step 2 loss")));
         }
+    }
+}
+
+/// `--schedule`: 1F1B and the in-order schedule make the same weights bit for bit; under
+/// 1F1B the first of two stages holds two of the three micro-batches at once.
+#[test]
+fn both_pipeline_schedules_make_the_same_weights() {
+    let run = |schedule: &str| -> Vec<(String, u64)> {
+        let v = in_process(&["--device", "cpu", "bench", "step", "--layout", "pp=2", "--steps", "2", "--micro-batches", "3", "--schedule", schedule, "--format", "json"]);
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["weights_sha256"].as_str().unwrap().to_string(), r["micro_batches_in_flight"].as_u64().unwrap()))
+            .collect()
+    };
+    let (a, b) = (run("in-order"), run("1f1b"));
+    assert_eq!(a.iter().map(|r| r.1).collect::<Vec<_>>(), [1, 1]);
+    assert_eq!(b.iter().map(|r| r.1).collect::<Vec<_>>(), [2, 1]);
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.0, y.0, "the schedules' weights differ");
     }
 }
 
