@@ -42,6 +42,8 @@ pub enum Param {
     GroupedGemm,
     /// Mamba-2's SSD scan.
     Ssm,
+    /// The spread of a rank's step time, which a synchronous step waits on at scale.
+    Straggler,
 }
 
 impl Param {
@@ -56,6 +58,7 @@ impl Param {
             Param::ScaleOutA2a => e.scale_out_a2a,
             Param::GroupedGemm => e.grouped_gemm,
             Param::Ssm => e.ssm,
+            Param::Straggler => e.straggler,
         }
     }
 
@@ -73,6 +76,7 @@ impl Param {
             Param::ScaleOutA2a => e.scale_out_a2a = v,
             Param::GroupedGemm => e.grouped_gemm = v,
             Param::Ssm => e.ssm = v,
+            Param::Straggler => e.straggler = v,
         }
     }
 
@@ -84,6 +88,10 @@ impl Param {
     fn prior_weight(self) -> f64 {
         match self {
             Param::Ssm => PRIOR_WEIGHT / 8.0,
+            // No measurement stands behind the straggler spread's prior: the weak-scaling
+            // runs move it a few percent of a step at most, so at the full weight the
+            // prior would decide it.
+            Param::Straggler => PRIOR_WEIGHT / 64.0,
             _ => PRIOR_WEIGHT,
         }
     }
@@ -93,6 +101,8 @@ impl Param {
             Param::GemmHalf => (0.1, 200.0),
             // The fitted chips put the scan at 2-6 % of their BF16 peaks.
             Param::Ssm => (0.01, 1.0),
+            // From next to nothing to a tenth of a step.
+            Param::Straggler => (0.0005, 0.1),
             _ => (0.05, 1.0),
         }
     }
@@ -108,6 +118,7 @@ impl Param {
             Param::ScaleOutA2a => "scale_out_a2a".into(),
             Param::GroupedGemm => "grouped_gemm".into(),
             Param::Ssm => "ssm".into(),
+            Param::Straggler => "straggler".into(),
         }
     }
 }
@@ -192,6 +203,21 @@ impl Runs<'_, '_> {
         out
     }
 
+    /// Each run's log step-time error, in run order (`None` where it does not project).
+    fn errors_aligned(&mut self, gpu: &GpuProfile) -> Vec<Option<f64>> {
+        let mut out = Vec::with_capacity(self.runs.len());
+        let mut last: Option<usize> = None;
+        for r in &self.runs {
+            let pr = &mut self.prep.projectors[r.at];
+            if last != Some(r.at) || pr.gpu.efficiency != gpu.efficiency {
+                pr.set_gpu(gpu.clone());
+            }
+            last = Some(r.at);
+            out.push(pr.project(&r.layout).ok().map(|p| (p.step_time_s / r.measured).ln()));
+        }
+        out
+    }
+
     fn objective(&mut self, gpu: &GpuProfile, prior: &Efficiency, params: &[Param]) -> f64 {
         let fit: f64 = self.errors_of(gpu, true).iter().map(|&r| robust_loss(r)).sum();
         let pull: f64 = params.iter().map(|p| p.prior_weight() * (p.get(&gpu.efficiency) / p.get(prior)).ln().powi(2)).sum();
@@ -268,6 +294,9 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
     if scans.0 >= FORMAT_MIN_RUNS && scans.1.len() >= 2 {
         p.push(Param::Ssm);
     }
+    if weak_scaling_runs(prep, runs) >= FORMAT_MIN_RUNS {
+        p.push(Param::Straggler);
+    }
     if runs.len() >= SHARED_MIN_RUNS {
         p.extend([Param::GemmHalf, Param::Attention, Param::Memory]);
         if network {
@@ -278,6 +307,69 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
         }
     }
     p
+}
+
+/// GPU counts apart two runs of one layout must be for their difference to measure the
+/// wait for stragglers.
+const WEAK_SCALING_SPAN: u64 = 4;
+
+/// Each run's weak-scaling series, if it is in one: the runs of one layout per GPU (model,
+/// recipe, tp, pp, cp, vp, ep, etp, micro-batch) at GPU counts of which some two are at
+/// least [`WEAK_SCALING_SPAN`] apart. Within a series only the wait for stragglers (and
+/// the little data-parallel traffic a larger count adds) differs, so the series pin the
+/// straggler spread whatever the other parameters are.
+fn weak_scaling_series(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Option<usize>> {
+    type Key = (String, String, u32, u32, u32, u32, u32, u32, u32);
+    let key = |r: &Run| -> Key {
+        let (pr, l) = (&prep.projectors[r.at], &r.layout);
+        (pr.model.name.clone(), pr.plan.recipe.name().to_string(), l.tp, l.pp, l.cp, l.vp, l.ep, l.etp, l.mbs)
+    };
+    let mut groups: std::collections::BTreeMap<Key, (u64, u64)> = std::collections::BTreeMap::new();
+    for r in runs {
+        let g = groups.entry(key(r)).or_insert((u64::MAX, 0));
+        *g = (g.0.min(r.layout.gpus()), g.1.max(r.layout.gpus()));
+    }
+    let ids: Vec<Key> = groups.iter().filter(|(_, (lo, hi))| *hi >= WEAK_SCALING_SPAN * *lo).map(|(k, _)| k.clone()).collect();
+    runs.iter().map(|r| ids.iter().position(|k| *k == key(r))).collect()
+}
+
+fn weak_scaling_runs(prep: &Prepared<'_>, runs: &[Run]) -> usize {
+    weak_scaling_series(prep, runs).iter().flatten().count()
+}
+
+/// Fit the straggler spread alone to the weak-scaling series: each run's log error less
+/// its series' mean, so how fast the step grows with the GPU count decides it, not how
+/// far every run of a series sits from its measurement (which the other parameters set).
+fn fit_spread(r: &mut Runs<'_, '_>, current: &mut GpuProfile, prior: &Efficiency, series: &[Option<usize>]) {
+    let p = Param::Straggler;
+    let (lo, hi) = p.bounds();
+    let mut trial = current.clone();
+    let best = golden(
+        |x| {
+            p.set(&mut trial.efficiency, x.exp());
+            let e = r.errors_aligned(&trial);
+            let mut sums: std::collections::HashMap<usize, (f64, usize)> = std::collections::HashMap::new();
+            for (s, e) in series.iter().zip(&e) {
+                if let (Some(s), Some(e)) = (s, e) {
+                    let t = sums.entry(*s).or_default();
+                    *t = (t.0 + e, t.1 + 1);
+                }
+            }
+            let fit: f64 = series
+                .iter()
+                .zip(&e)
+                .filter_map(|(s, e)| {
+                    let (sum, n) = sums.get(&(*s)?)?;
+                    Some(robust_loss(e.as_ref()? - sum / *n as f64))
+                })
+                .sum();
+            fit + p.prior_weight() * (p.get(&trial.efficiency) / p.get(prior)).ln().powi(2)
+        },
+        lo.ln(),
+        hi.ln(),
+        30,
+    );
+    p.set(&mut current.efficiency, best.exp());
 }
 
 /// Whether a run's model has Mamba-2 scans (a hybrid).
@@ -366,8 +458,22 @@ fn fit_runs(prep: &mut Prepared<'_>, gpu: &GpuProfile, runs: Vec<Run>, label: &s
         }
     };
     count(&mut r, false);
-    descend(&mut r, &mut current, &prior, &first);
+    // The straggler spread from the weak-scaling series alone, around the others' fit.
+    let spread = first.contains(&Param::Straggler);
+    let first: Vec<Param> = first.into_iter().filter(|p| *p != Param::Straggler).collect();
+    // Hybrid runs inform the scan alone, here too.
+    let series: Vec<Option<usize>> =
+        weak_scaling_series(r.prep, &r.runs).into_iter().zip(&hybrids).map(|(s, &h)| s.filter(|_| !h)).collect();
+    for _ in 0..if spread { 2 } else { 1 } {
+        if spread {
+            fit_spread(&mut r, &mut current, &prior, &series);
+        }
+        descend(&mut r, &mut current, &prior, &first);
+    }
     let mut params = first;
+    if spread {
+        params.push(Param::Straggler);
+    }
     if ssm {
         count(&mut r, true);
         descend(&mut r, &mut current, &prior, &[Param::Ssm]);
@@ -474,7 +580,7 @@ pub fn calibrate(
                 gpu.siblings.iter().filter_map(|s| fits.iter().find(|f| f.gpu.eq_ignore_ascii_case(s))).collect();
             let donor = |p: Param| siblings.iter().copied().find(|f| donor_fitted(p, &f.from_data)).unwrap_or(&fits[b]);
             let fp8 = format_param(GemmFormat::Fp8, gpu.fp8_datapath_shared());
-            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm];
+            let mut take = vec![Param::Gemm(GemmFormat::Bf16), fp8, Param::GroupedGemm, Param::Straggler];
             if !own {
                 take.extend([Param::GemmHalf, Param::Attention, Param::Memory, Param::ScaleOut, Param::ScaleOutA2a]);
             }

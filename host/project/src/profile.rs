@@ -117,6 +117,11 @@ impl GemmEfficiency {
     }
 }
 
+/// The straggler spread's prior, 1 % of a step: a start the weak-scaling runs move.
+fn default_straggler() -> f64 {
+    0.01
+}
+
 /// How close kernels and collectives get to the hardware: the performance model's
 /// parameters. The first five are what `runner calibrate` fits; the rest are set from
 /// published microbenchmarks and framework defaults.
@@ -182,6 +187,15 @@ pub struct Efficiency {
     pub reserved_gib: f64,
     /// Extra activation memory the caching allocator holds (fragmentation), as a share.
     pub allocator_slack: f64,
+    /// Spread of one rank's step time about the mean (standard deviation, as a share of
+    /// the step): clocks and thermals, the OS, the network. A synchronous step waits for
+    /// its slowest rank, so n ranks take σ times the expected largest of n standard
+    /// normal draws longer; the other parameters are fitted to runs of a node and more,
+    /// so the projection adds what n GPUs wait beyond one 8-GPU node's wait
+    /// ([`crate::step::straggler_excess`]). Fitted where a GPU's runs repeat a layout at
+    /// GPU counts 4x apart (weak scaling); other GPUs take it from there.
+    #[serde(default = "default_straggler")]
+    pub straggler: f64,
     /// What set these values (a calibration run, or "prior" for untouched defaults).
     #[serde(default)]
     pub fitted: String,
@@ -308,6 +322,9 @@ impl GpuProfile {
             ("efficiency.scale_out_a2a", e.scale_out_a2a),
             ("efficiency.grouped_gemm", e.grouped_gemm),
         ];
+        if !(e.straggler.is_finite() && (0.0..=0.5).contains(&e.straggler)) {
+            return Err(format!("efficiency.straggler must be in [0, 0.5], got {}", shown(e.straggler)));
+        }
         for (what, v) in fractions {
             if !(v.is_finite() && (MIN_EFFICIENCY..=1.0).contains(&v)) {
                 return Err(format!("{what} must be in [{MIN_EFFICIENCY:e}, 1], got {}", shown(v)));

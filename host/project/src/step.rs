@@ -293,6 +293,10 @@ pub struct Breakdown {
     /// Activation offload to host memory not hidden behind the layers' compute.
     #[serde(default)]
     pub offload: f64,
+    /// Waiting for the slowest rank beyond what one node waits
+    /// ([`crate::profile::Efficiency::straggler`]).
+    #[serde(default)]
+    pub straggler: f64,
 }
 
 /// Of a step's compute: the GEMMs (forward, input and weight gradients) and the
@@ -317,6 +321,7 @@ impl Breakdown {
 
     pub fn total(&self) -> f64 {
         self.compute + self.recompute + self.tp + self.cp + self.ep + self.pp + self.dp + self.bubble + self.optimizer + self.offload
+            + self.straggler
     }
 }
 
@@ -458,6 +463,8 @@ pub struct Costed {
     capacity: f64,
     reserved: f64,
     slack: f64,
+    /// The spread of a rank's step time ([`crate::profile::Efficiency::straggler`]).
+    straggler: f64,
     peak: f64,
     /// Per-tensor FP8 recipes keep the weights of their FP8 GEMMs as FP8 parameters
     /// (Megatron's `fp8_param_gather`, on in Megatron-Bridge's and NeMo's FP8 delayed
@@ -688,6 +695,7 @@ impl Costed {
             capacity: gpu.memory_gib,
             reserved: gpu.efficiency.reserved_gib,
             slack: gpu.efficiency.allocator_slack,
+            straggler: gpu.efficiency.straggler,
             peak: gpu.peak_flops(plan.recipe.format())?,
             fp8_params: matches!(plan.recipe, Recipe::Fp8 | Recipe::Fp8Cs),
             flops_per_sequence: model.flops_per_sequence,
@@ -918,7 +926,7 @@ impl Costed {
             (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm
         };
         let casts = stages[crit].comp[5];
-        let breakdown = Breakdown {
+        let mut breakdown = Breakdown {
             compute: mf * stages[crit].comp[0] + casts,
             compute_parts: ComputeParts {
                 gemm: mf * stages[crit].comp[6],
@@ -934,7 +942,10 @@ impl Costed {
             bubble,
             optimizer,
             offload: mf * stages[crit].comp[OFFLOAD],
+            straggler: 0.0,
         };
+        let gpus = stage_gpus * pp as u64;
+        breakdown.straggler = self.straggler * straggler_excess(gpus) * breakdown.total();
         let step = breakdown.total();
         // Memory, the most loaded stage.
         let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
@@ -985,7 +996,6 @@ impl Costed {
                 };
             }
         }
-        let gpus = stage_gpus * pp as u64;
         let sequences = f64::from(s.global_batch);
         let n = gpus as f64;
         let tflops = self.flops_per_sequence * sequences / step / n / 1e12;
@@ -1051,4 +1061,65 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
 
 fn plan_formats_equal(plan: &Plan, a: &[String], b: &[String]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| plan.formats(x) == plan.formats(y))
+}
+
+/// GPUs of the node the efficiencies hold at: the straggler term counts the wait beyond
+/// theirs.
+const STRAGGLER_BASE_GPUS: u64 = 8;
+
+/// How many standard deviations of a rank's step time `gpus` ranks wait for their slowest,
+/// beyond what [`STRAGGLER_BASE_GPUS`] wait (0 at or below them): E[max of n standard
+/// normal draws], the expected largest of n, grows like √(2 ln n) (n = 8: 1.42, 64: 2.41,
+/// 1,024: 3.24, 16,384: 3.95). Memoised per count: the search asks for the same few.
+pub fn straggler_excess(gpus: u64) -> f64 {
+    thread_local! {
+        static SEEN: std::cell::RefCell<std::collections::HashMap<u64, f64>> = Default::default();
+    }
+    if gpus <= STRAGGLER_BASE_GPUS {
+        return 0.0;
+    }
+    SEEN.with(|m| {
+        *m.borrow_mut()
+            .entry(gpus)
+            .or_insert_with(|| expected_max_normal(gpus) - expected_max_normal(STRAGGLER_BASE_GPUS))
+    })
+}
+
+/// E[max of `n` independent standard normal draws]: the sum of x over the change of
+/// Φ(x)ⁿ on a fine grid (Φ by the trapezoid rule on the same grid), over ±12.
+pub fn expected_max_normal(n: u64) -> f64 {
+    const H: f64 = 1e-3;
+    const LO: f64 = -12.0;
+    let steps = (24.0 / H) as usize;
+    let pdf = |x: f64| (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    let nf = n.max(1) as f64;
+    let (mut cdf, mut prev_pow, mut sum) = (0.0f64, 0.0f64, 0.0f64);
+    for i in 0..steps {
+        let x0 = LO + i as f64 * H;
+        cdf = (cdf + 0.5 * H * (pdf(x0) + pdf(x0 + H))).min(1.0);
+        let pow = cdf.powf(nf);
+        sum += (x0 + 0.5 * H) * (pow - prev_pow);
+        prev_pow = pow;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{expected_max_normal, straggler_excess};
+
+    /// Against the tabulated expected largest of n standard normal draws (Harter, 1961;
+    /// n = 2 is 1/√π exactly).
+    #[test]
+    fn the_expected_largest_normal_draw_matches_the_tables() {
+        for (n, want) in [(1, 0.0), (2, 0.564190), (3, 0.846284), (5, 1.162964), (10, 1.538753), (100, 2.507594), (1000, 3.241436)] {
+            let got = expected_max_normal(n);
+            assert!((got - want).abs() < 1e-4, "n = {n}: {got} vs {want}");
+        }
+        assert_eq!(straggler_excess(8), 0.0);
+        assert_eq!(straggler_excess(1), 0.0);
+        let (a, b, c) = (straggler_excess(64), straggler_excess(1024), straggler_excess(16384));
+        assert!(0.0 < a && a < b && b < c, "{a} {b} {c}");
+        assert!((b - (expected_max_normal(1024) - expected_max_normal(8))).abs() < 1e-12);
+    }
 }

@@ -603,6 +603,7 @@ fn project_table(o: &ProjectOut) -> Table {
         ("pipeline bubble", b.bubble),
         ("optimizer", b.optimizer),
         ("exposed activation offload", b.offload),
+        ("waiting for stragglers", b.straggler),
     ]) {
         kv(&format!("  {k}"), format!("{v:.3} s ({:.1} %)", 100.0 * v / p.step_time_s));
     }

@@ -457,9 +457,10 @@ fn charts(o: &Outcome) -> Vec<String> {
                     ("bubble".into(), part(&|b| b.bubble)),
                     ("optimizer".into(), part(&|b| b.optimizer)),
                     ("offload".into(), part(&|b| b.offload)),
+                    ("stragglers".into(), part(&|b| b.straggler)),
                 ]
                 .into_iter()
-                // Only what takes time somewhere: eight colours, ten parts.
+                // Only what takes time somewhere: eight colours, eleven parts.
                 .filter(|(_, v): &(String, Vec<f64>)| v.iter().any(|x| *x > 0.0))
                 .collect(),
             }

@@ -71,7 +71,7 @@ fn missed(checked: &[Checked]) -> StackedBars {
         ("recompute".to_string(), share(&|b| b.recompute)),
         ("exposed comm".to_string(), share(&|b| b.tp + b.cp + b.ep + b.pp + b.dp)),
         ("bubble".to_string(), share(&|b| b.bubble)),
-        ("optimizer, offload".to_string(), share(&|b| b.optimizer + b.offload)),
+        ("optimizer, offload, stragglers".to_string(), share(&|b| b.optimizer + b.offload + b.straggler)),
     ]
     .into_iter()
     .filter(|(_, v)| v.iter().any(|x| *x > 0.0))
