@@ -494,19 +494,27 @@ struct StageRun {
     memory: runner_exec::executor::MemoryReport,
 }
 
-/// Two optimizer steps of `m` micro-batches of `g` over a tp × pp mesh whose sends wait
-/// for their receive (NCCL's semantics: an unpaired order times out), the stages'
+/// How [`pipeline_steps`] shards: tp, pp, dp (every dp rank the same data), sequence
+/// parallelism, FSDP.
+#[derive(Clone, Copy)]
+struct Mesh(u32, u32, u32, bool, bool);
+
+/// Two optimizer steps of `m` micro-batches of `g` over a tp × pp × dp mesh whose sends
+/// wait for their receive (NCCL's semantics: an unpaired order times out), the stages'
 /// passes in `schedule`'s order.
-fn pipeline_steps(g: &Graph, tp: u32, pp: u32, sp: bool, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
+fn pipeline_steps(g: &Graph, mesh: Mesh, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
+    let Mesh(tp, pp, dp, sp, fsdp) = mesh;
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
         tp,
         pp,
+        dp,
         sequence_parallel: sp,
-        ..Layout::single(b, b * m as u32)
+        fsdp,
+        ..Layout::single(b, b * m as u32 * dp)
     };
     let micro: Vec<Data> = (0..2 * m).map(|k| synthetic_inputs(g, 40 + k as u64)).collect();
-    let hs: Vec<_> = mesh_rendezvous(tp, pp, 1, std::time::Duration::from_secs(30))
+    let hs: Vec<_> = mesh_rendezvous(tp, pp, dp, std::time::Duration::from_secs(30))
         .into_iter()
         .map(|r| {
             let s = shard(g, &layout, r.coord).unwrap();
@@ -528,7 +536,7 @@ fn pipeline_steps(g: &Graph, tp: u32, pp: u32, sp: bool, m: usize, schedule: Pip
                     coord: r.coord,
                     last: s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy),
                     losses,
-                    weights: weights(&ex),
+                    weights: if fsdp { ex.gather_weights().unwrap() } else { weights(&ex) },
                     memory: ex.memory(),
                 }
             })
@@ -542,13 +550,20 @@ fn pipeline_steps(g: &Graph, tp: u32, pp: u32, sp: bool, m: usize, schedule: Pip
 /// up to its distance to the last stage plus one micro-batch at once (stage 0 of 4: 4
 /// of 6), with the memory account covering them. The sends wait for their receives as
 /// on NCCL, so an unpaired send (a forward's send to the next stage not taken along by
-/// the next backward's receive from it) hangs the stages and times out.
+/// the next backward's receive from it) hangs the stages and times out. With FSDP too
+/// (each pass gathers the stage's weights over dp between the pipeline's calls).
 #[test]
 fn one_f_one_b_matches_the_in_order_schedule_over_sends_that_wait_for_their_receive() {
-    for (g, tp, pp, sp, m) in [(llama(4, false, false), 1, 4, false, 6), (llama(2, true, true), 2, 2, true, 3)] {
-        let what = format!("tp={tp} pp={pp} sp={sp}, {m} micro-batches");
-        let want = pipeline_steps(&g, tp, pp, sp, m, PipelineSchedule::InOrder);
-        let got = pipeline_steps(&g, tp, pp, sp, m, PipelineSchedule::OneFOneB);
+    let cases = [
+        (llama(4, false, false), Mesh(1, 4, 1, false, false), 6),
+        (llama(2, true, true), Mesh(2, 2, 1, true, false), 3),
+        (llama(2, true, false), Mesh(1, 2, 2, false, true), 3),
+    ];
+    for (g, mesh, m) in cases {
+        let Mesh(tp, pp, dp, sp, fsdp) = mesh;
+        let what = format!("tp={tp} pp={pp} dp={dp} sp={sp} fsdp={fsdp}, {m} micro-batches");
+        let want = pipeline_steps(&g, mesh, m, PipelineSchedule::InOrder);
+        let got = pipeline_steps(&g, mesh, m, PipelineSchedule::OneFOneB);
         for (a, b) in want.iter().zip(&got) {
             assert_eq!(a.coord, b.coord);
             let stage = b.coord.pp as usize;
