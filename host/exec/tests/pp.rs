@@ -9,8 +9,8 @@ mod common;
 use std::collections::HashMap;
 
 use common::{
-    Data, Grads, close, gather, grads, load_weights, mesh, mesh_rendezvous, options, rank_inputs, run,
-    split_axis, train, weights, with_roles,
+    Data, Grads, close, gather, grads, load_weights, mesh, options, rank_inputs, run, split_axis,
+    train, weights, with_roles,
 };
 use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
@@ -499,11 +499,11 @@ struct StageRun {
 #[derive(Clone, Copy)]
 struct Mesh(u32, u32, u32, bool, bool);
 
-/// Two optimizer steps of `m` micro-batches of `g` over a tp × pp × dp mesh whose sends
-/// wait for their receive (NCCL's semantics: an unpaired order times out), the stages'
+/// Two optimizer steps of `m` micro-batches of `g` over a tp × pp × dp mesh (whose sends
+/// wait for their receive, NCCL's semantics: an unpaired order times out), the stages'
 /// passes in `schedule`'s order.
-fn pipeline_steps(g: &Graph, mesh: Mesh, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
-    let Mesh(tp, pp, dp, sp, fsdp) = mesh;
+fn pipeline_steps(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
+    let Mesh(tp, pp, dp, sp, fsdp) = shape;
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
         tp,
@@ -514,7 +514,7 @@ fn pipeline_steps(g: &Graph, mesh: Mesh, m: usize, schedule: PipelineSchedule) -
         ..Layout::single(b, b * m as u32 * dp)
     };
     let micro: Vec<Data> = (0..2 * m).map(|k| synthetic_inputs(g, 40 + k as u64)).collect();
-    let hs: Vec<_> = mesh_rendezvous(tp, pp, dp, std::time::Duration::from_secs(30))
+    let hs: Vec<_> = mesh(tp, pp, dp)
         .into_iter()
         .map(|r| {
             let s = shard(g, &layout, r.coord).unwrap();
@@ -559,11 +559,11 @@ fn one_f_one_b_matches_the_in_order_schedule_over_sends_that_wait_for_their_rece
         (llama(2, true, true), Mesh(2, 2, 1, true, false), 3),
         (llama(2, true, false), Mesh(1, 2, 2, false, true), 3),
     ];
-    for (g, mesh, m) in cases {
-        let Mesh(tp, pp, dp, sp, fsdp) = mesh;
+    for (g, shape, m) in cases {
+        let Mesh(tp, pp, dp, sp, fsdp) = shape;
         let what = format!("tp={tp} pp={pp} dp={dp} sp={sp} fsdp={fsdp}, {m} micro-batches");
-        let want = pipeline_steps(&g, mesh, m, PipelineSchedule::InOrder);
-        let got = pipeline_steps(&g, mesh, m, PipelineSchedule::OneFOneB);
+        let want = pipeline_steps(&g, shape, m, PipelineSchedule::InOrder);
+        let got = pipeline_steps(&g, shape, m, PipelineSchedule::OneFOneB);
         for (a, b) in want.iter().zip(&got) {
             assert_eq!(a.coord, b.coord);
             let stage = b.coord.pp as usize;
