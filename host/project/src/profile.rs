@@ -648,6 +648,10 @@ bf16 = 500.0
         }
         let x = p.get("x1").unwrap();
         assert_eq!(x.efficiency.fitted, "prior", "a new GPU starts from the file-level defaults");
+        // The straggler spread is a share of a step: a percentage typed as 2 is refused.
+        assert_eq!(x.efficiency.straggler, 0.01);
+        let e = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nstraggler = 2.0\n", "u.toml").unwrap_err();
+        assert!(e.contains("efficiency.straggler must be in [0, 0.5], got 2"), "{e}");
         // Siblings name known GPUs: a typo is refused, not silently skipped by the fit.
         let e = Profiles::with_overrides("[[gpu]]\nname = \"b200\"\nsiblings = [\"GB20\"]\n", "u.toml").unwrap_err();
         assert!(e.contains("siblings names 'GB20'") && e.contains("B200"), "{e}");
