@@ -66,6 +66,22 @@ fn the_default_batch_stops_at_the_jobs_optimal_batch_and_efficiency_falls_past_i
     let per_gpu = |r: &explore::Row| r.projection.as_ref().unwrap().tokens_per_sec_per_gpu;
     let drop = 1.0 - per_gpu(&rows[1]) / per_gpu(&rows[0]);
     assert!(drop > 0.01, "tokens/s/GPU from 64 to 2048 GPUs falls by {:.2} %", drop * 100.0);
+    // Within the published runs' GPU counts, no caveat on the straggler wait.
+    assert!(!o.notes.iter().any(|n| n.contains("straggler")), "{:#?}", o.notes);
+}
+
+/// Past 2,048 GPUs, the largest published runs, the explorer says the wait for the slowest
+/// rank is extrapolated, with its share of the largest row's step.
+#[test]
+fn counts_past_the_published_runs_say_the_straggler_wait_is_extrapolated() {
+    let o = quiet(&parse(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-8b\"\n[cluster]\ngpu = \"H100\"\ngpus = [1024, 4096]\n\
+         [precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n",
+    ));
+    let p = o.series[0].rows[1].projection.as_ref().unwrap();
+    let share = format!("{:.1} % of the step at 4096 GPUs", 100.0 * p.breakdown.straggler / p.step_time_s);
+    assert!(p.breakdown.straggler > 0.0);
+    assert!(o.notes.iter().any(|n| n.starts_with("beyond 2048 GPUs") && n.contains(&share)), "{share}: {:#?}", o.notes);
 }
 
 /// Counts that round up to one whole-node count are one row, with a note: two equal rows

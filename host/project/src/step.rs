@@ -1067,6 +1067,11 @@ fn plan_formats_equal(plan: &Plan, a: &[String], b: &[String]) -> bool {
 /// theirs.
 const STRAGGLER_BASE_GPUS: u64 = 8;
 
+/// The largest GPU count among the published runs the straggler spread is fitted to
+/// (`data/calibration.toml`: DGX Cloud's 2,048-H100 rows); past it the term is its law
+/// carried beyond the data, which the explorer says.
+pub const STRAGGLER_FITTED_UP_TO: u64 = 2048;
+
 /// How many standard deviations of a rank's step time `gpus` ranks wait for their slowest,
 /// beyond what [`STRAGGLER_BASE_GPUS`] wait (0 at or below them): E[max of n standard
 /// normal draws], the expected largest of n, grows like √(2 ln n) (n = 8: 1.42, 64: 2.41,

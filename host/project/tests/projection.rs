@@ -1092,6 +1092,8 @@ fn the_straggler_spread_takes_up_the_weak_scaling_drift() {
     let points = common::calibration();
     let drift = |profiles: &Profiles| -> f64 {
         let v = published::validate(&points, profiles, &mut common::Native, &|_| {});
+        // The explorer's caveat past the fitted range names the largest projected run.
+        assert_eq!(v.checked.iter().map(|c| u64::from(c.gpus)).max(), Some(runner_project::step::STRAGGLER_FITTED_UP_TO));
         let mut series: std::collections::BTreeMap<String, Vec<(u64, f64)>> = Default::default();
         for c in &v.checked {
             let per_gpu: Vec<&str> = c.layout.split(' ').filter(|t| !t.starts_with("DP") && !t.starts_with("GBS")).collect();

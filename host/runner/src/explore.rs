@@ -591,6 +591,22 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
         notes.push("GPU counts rounded up to whole nodes, as they are billed".into());
     }
+    // The straggler wait is fitted to runs of at most this many GPUs; past it, say so.
+    let widest = series
+        .iter()
+        .flat_map(|s| &s.rows)
+        .filter(|r| u64::from(r.gpus) > runner_project::step::STRAGGLER_FITTED_UP_TO)
+        .filter_map(|r| r.projection.as_ref())
+        .max_by_key(|p| p.gpus);
+    if let Some(p) = widest {
+        notes.push(format!(
+            "beyond {} GPUs, the largest published runs the straggler spread was fitted to, the wait for the slowest \
+             rank follows its law without data: {:.1} % of the step at {} GPUs",
+            runner_project::step::STRAGGLER_FITTED_UP_TO,
+            100.0 * p.breakdown.straggler / p.step_time_s,
+            p.gpus
+        ));
+    }
     let gpus_used: BTreeSet<String> = series.iter().map(|s| format!("{} ({})", s.gpu.name, s.gpu.efficiency.fitted)).collect();
     notes.push(format!(
         "modelled: the best layout per GPU count from the layout search over the sharded per-rank graph \
