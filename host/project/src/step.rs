@@ -1075,19 +1075,30 @@ pub const STRAGGLER_FITTED_UP_TO: u64 = 2048;
 /// How many standard deviations of a rank's step time `gpus` ranks wait for their slowest,
 /// beyond what [`STRAGGLER_BASE_GPUS`] wait (0 at or below them): E[max of n standard
 /// normal draws], the expected largest of n, grows like √(2 ln n) (n = 8: 1.42, 64: 2.41,
-/// 1,024: 3.24, 16,384: 3.95). Memoised per count: the search asks for the same few.
+/// 1,024: 3.24, 16,384: 3.95). Memoised per count for the process (each quadrature takes
+/// about half a millisecond), and each thread checks the count it asked for last first: a
+/// search asks for one count hundreds of thousands of times.
 pub fn straggler_excess(gpus: u64) -> f64 {
+    static SEEN: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<u64, f64>>> = std::sync::OnceLock::new();
     thread_local! {
-        static SEEN: std::cell::RefCell<std::collections::HashMap<u64, f64>> = Default::default();
+        static LAST: std::cell::Cell<(u64, f64)> = const { std::cell::Cell::new((0, 0.0)) };
     }
     if gpus <= STRAGGLER_BASE_GPUS {
         return 0.0;
     }
-    SEEN.with(|m| {
-        *m.borrow_mut()
-            .entry(gpus)
-            .or_insert_with(|| expected_max_normal(gpus) - expected_max_normal(STRAGGLER_BASE_GPUS))
-    })
+    let (n, x) = LAST.get();
+    if n == gpus {
+        return x;
+    }
+    let seen = SEEN.get_or_init(Default::default);
+    let known = seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&gpus).copied();
+    let x = known.unwrap_or_else(|| {
+        let x = expected_max_normal(gpus) - expected_max_normal(STRAGGLER_BASE_GPUS);
+        seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(gpus, x);
+        x
+    });
+    LAST.set((gpus, x));
+    x
 }
 
 /// E[max of `n` independent standard normal draws]: the sum of x over the change of
