@@ -16,11 +16,12 @@ use runner_exec::cpu::Cpu;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::executor::PipelineSchedule;
+use runner_exec::precision::{AmaxReduction, GemmRole, OperandPlan, Scaling, SitePlan};
 use runner_exec::{ExecOptions, Executor, Input};
 use runner_graph::recompute::RecomputePolicy;
 use runner_graph::pipeline::PipelineSplit;
 use runner_graph::shard::{Layout, RankCoord, shard};
-use runner_graph::{Graph, OpKind};
+use runner_graph::{DType, Graph, OpKind};
 
 /// What one rank reports: its coordinates, loss, weight gradients and local shapes.
 struct Out {
@@ -499,10 +500,22 @@ struct StageRun {
 #[derive(Clone, Copy)]
 struct Mesh(u32, u32, u32, bool, bool);
 
+/// A per-tensor FP8 plan for every role of every linear (E4M3 forward operands, E5M2
+/// gradients), round to nearest.
+fn fp8_plan(scaling: Scaling) -> SitePlan {
+    let op = |format| OperandPlan { format, scaling, saturate: true, stochastic: false, hadamard: 0 };
+    SitePlan { activation: op(DType::Fp8E4M3), weight: op(DType::Fp8E4M3), gradient: op(DType::Fp8E5M2), output: DType::BF16 }
+}
+
 /// Two optimizer steps of `m` micro-batches of `g` over a tp × pp × dp mesh (whose sends
 /// wait for their receive, NCCL's semantics: an unpaired order times out), the stages'
 /// passes in `schedule`'s order.
 fn pipeline_steps(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
+    pipeline_steps_planned(g, shape, m, schedule, None)
+}
+
+/// As [`pipeline_steps`], every linear of each stage under `plan`.
+fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule, plan: Option<SitePlan>) -> Vec<StageRun> {
     let Mesh(tp, pp, dp, sp, fsdp) = shape;
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
@@ -522,6 +535,16 @@ fn pipeline_steps(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule) 
             std::thread::spawn(move || {
                 let o = ExecOptions { pipeline_schedule: schedule, ..options() };
                 let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
+                if let Some(p) = plan {
+                    let sites: Vec<(String, GemmRole, SitePlan)> = s
+                        .graph
+                        .ops
+                        .iter()
+                        .filter(|o| o.kind == OpKind::Linear)
+                        .flat_map(|o| GemmRole::ALL.map(|r| (o.name.clone(), r, p)))
+                        .collect();
+                    ex.set_precision(&sites).unwrap();
+                }
                 let t = r.coord.tp as usize;
                 let mine: Vec<Data> = micro.iter().map(|d| rank_inputs(&g, &s.graph, d, t, tp as usize)).collect();
                 let batches: Vec<Vec<(&str, Input<'_>)>> = mine
@@ -584,6 +607,35 @@ fn one_f_one_b_matches_the_in_order_schedule_over_sends_that_wait_for_their_rece
                     "{what}: stage {stage}: {r:?}"
                 );
             }
+        }
+    }
+}
+
+/// Under FP8 plans the schedules still agree bit for bit: each GEMM role keeps its own
+/// scales and amax history (the backward's weight-gradient cast of X is its own site, not
+/// the forward's), so running a later micro-batch's forward before an earlier one's
+/// backward changes no scale a pass reads. Current scaling and delayed scaling with a
+/// history, pp = 2 over 3 micro-batches, two steps.
+#[test]
+fn one_f_one_b_matches_the_in_order_schedule_under_fp8_plans() {
+    let g = llama(2, false, false);
+    let plain = pipeline_steps(&g, Mesh(1, 2, 1, false, false), 3, PipelineSchedule::InOrder);
+    let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
+    for scaling in [Scaling::Current { margin: 0 }, delayed] {
+        let plan = Some(fp8_plan(scaling));
+        let shape = Mesh(1, 2, 1, false, false);
+        let want = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::InOrder, plan);
+        let got = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::OneFOneB, plan);
+        // The plans take effect on every stage.
+        for (a, p) in want.iter().zip(&plain) {
+            assert_ne!(a.weights, p.weights, "{scaling:?}: stage {} trained as without a plan", a.coord.pp);
+        }
+        for (a, b) in want.iter().zip(&got) {
+            assert_eq!(b.memory.micro_batches_in_flight, (2 - b.coord.pp as u64).min(3));
+            if b.last {
+                assert_eq!(a.losses, b.losses, "{scaling:?}");
+            }
+            assert_eq!(a.weights, b.weights, "{scaling:?}: stage {}", b.coord.pp);
         }
     }
 }
