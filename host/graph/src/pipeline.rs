@@ -366,9 +366,36 @@ fn expand(layout: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// Forwards stage `stage` of `stages` runs before its first backward under 1F1B, over
+/// `micro_batches` (Megatron's `num_warmup_microbatches` in
+/// `forward_backward_pipelining_without_interleaving`,
+/// megatron/core/pipeline_parallel/schedules.py): the executor's pass order and the
+/// projection's activation memory (each stage then holds one more) both follow it.
+pub fn warmup_forwards(stages: usize, stage: usize, micro_batches: usize) -> usize {
+    stages.saturating_sub(stage + 1).min(micro_batches)
+}
+
+/// As [`warmup_forwards`] for the interleaved schedule over `vp` chunks per stage, in
+/// chunk forwards (Megatron's `forward_backward_pipelining_with_interleaving`):
+/// (pp − s − 1)·2 + (vp − 1)·pp, at most every chunk forward of the step.
+pub fn warmup_chunk_forwards(stages: usize, stage: usize, vp: usize, micro_batches: usize) -> usize {
+    (stages.saturating_sub(stage + 1) * 2 + vp.saturating_sub(1) * stages).min(micro_batches * vp)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Megatron's warm-up counts: pp − s − 1 forwards (at most the micro-batches); with
+    /// vp chunks, (pp − s − 1)·2 + (vp − 1)·pp chunk forwards (at most all of them).
+    #[test]
+    fn warmups_follow_megatrons_schedules() {
+        assert_eq!((0..4).map(|s| warmup_forwards(4, s, 8)).collect::<Vec<_>>(), [3, 2, 1, 0]);
+        assert_eq!((0..4).map(|s| warmup_forwards(4, s, 2)).collect::<Vec<_>>(), [2, 2, 1, 0]);
+        assert_eq!((0..4).map(|s| warmup_chunk_forwards(4, s, 2, 8)).collect::<Vec<_>>(), [10, 8, 6, 4]);
+        assert_eq!(warmup_chunk_forwards(4, 0, 2, 3), 6, "at most every chunk forward");
+        assert_eq!((warmup_forwards(1, 0, 5), warmup_chunk_forwards(1, 0, 1, 5)), (0, 0));
+    }
 
     fn lens(s: PipelineSplit, layers: usize, chunks: usize) -> Vec<usize> {
         let st = s.starts(layers, chunks).unwrap();

@@ -1019,12 +1019,12 @@ impl Costed {
     /// pp−s on stage s, or with interleaving Megatron's warm-up count of chunks plus
     /// one, in stage units (never more than the step has).
     fn in_flight(&self, s: usize, pp: usize, vp: usize, m: u32) -> f64 {
+        use runner_graph::pipeline::{warmup_chunk_forwards, warmup_forwards};
         let m = m as usize;
         if vp <= 1 {
-            return (pp - s).min(m) as f64;
+            return (warmup_forwards(pp, s, m) + 1).min(m) as f64;
         }
-        let warmup = ((pp - s - 1) * 2 + (vp - 1) * pp).min(m * vp);
-        ((warmup + 1).min(m * vp)) as f64 / vp as f64
+        ((warmup_chunk_forwards(pp, s, vp, m) + 1).min(m * vp)) as f64 / vp as f64
     }
 }
 

@@ -60,7 +60,7 @@ pub fn in_order(micro_batches: usize) -> Vec<Pass> {
 /// non-interleaved schedule): `stages - stage - 1` warm-up forwards (at most every
 /// micro-batch), one forward and one backward in turn, then the backwards left.
 pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Vec<Pass> {
-    let warmup = stages.saturating_sub(stage + 1).min(micro_batches);
+    let warmup = runner_graph::pipeline::warmup_forwards(stages, stage, micro_batches);
     let mut order: Vec<Pass> = (0..warmup).map(Pass::Forward).collect();
     for i in 0..micro_batches - warmup {
         order.push(Pass::Forward(warmup + i));
