@@ -188,26 +188,19 @@ impl Runs<'_, '_> {
 
     /// Log step-time errors of every run, or of the fitted ones only.
     fn errors_of(&mut self, gpu: &GpuProfile, fitted_only: bool) -> Vec<f64> {
-        let mut out = Vec::with_capacity(self.runs.len());
-        let mut last: Option<usize> = None;
-        for r in self.runs.iter().filter(|r| r.fitted || !fitted_only) {
-            let pr = &mut self.prep.projectors[r.at];
-            if last != Some(r.at) || pr.gpu.efficiency != gpu.efficiency {
-                pr.set_gpu(gpu.clone());
-            }
-            last = Some(r.at);
-            if let Ok(p) = pr.project(&r.layout) {
-                out.push((p.step_time_s / r.measured).ln());
-            }
-        }
-        out
+        self.errors_where(gpu, |_, r| r.fitted || !fitted_only).into_iter().flatten().collect()
     }
 
-    /// Each run's log step-time error, in run order (`None` where it does not project).
-    fn errors_aligned(&mut self, gpu: &GpuProfile) -> Vec<Option<f64>> {
+    /// Each run's log step-time error, in run order: `None` where it does not project, or
+    /// is not one `keep` (its index, the run) asks for, which is not projected at all.
+    fn errors_where(&mut self, gpu: &GpuProfile, keep: impl Fn(usize, &Run) -> bool) -> Vec<Option<f64>> {
         let mut out = Vec::with_capacity(self.runs.len());
         let mut last: Option<usize> = None;
-        for r in &self.runs {
+        for (i, r) in self.runs.iter().enumerate() {
+            if !keep(i, r) {
+                out.push(None);
+                continue;
+            }
             let pr = &mut self.prep.projectors[r.at];
             if last != Some(r.at) || pr.gpu.efficiency != gpu.efficiency {
                 pr.set_gpu(gpu.clone());
@@ -347,7 +340,8 @@ fn fit_spread(r: &mut Runs<'_, '_>, current: &mut GpuProfile, prior: &Efficiency
     let best = golden(
         |x| {
             p.set(&mut trial.efficiency, x.exp());
-            let e = r.errors_aligned(&trial);
+            // Only the series' runs: the others do not enter the loss.
+            let e = r.errors_where(&trial, |i, _| series[i].is_some());
             let mut sums: std::collections::HashMap<usize, (f64, usize)> = std::collections::HashMap::new();
             for (s, e) in series.iter().zip(&e) {
                 if let (Some(s), Some(e)) = (s, e) {

@@ -25,7 +25,7 @@ use runner_exec::device::{Device, Elem};
 use runner_exec::executor::{ADAMW_DEFAULT, PipelineSchedule};
 use runner_exec::select::DeviceSpec;
 use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
-use runner_exec::{ExecError, ExecOptions, Executor, Input, ThreadGroup};
+use runner_exec::{ExecError, ExecOptions, Executor, Input, Stat, ThreadGroup};
 use runner_graph::shard::{Layout, RankCoord, shard};
 use runner_project::collectives::CollRow;
 
@@ -789,7 +789,8 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             r.rank.to_string(),
             format!("{:?}", r.coord),
             r.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>().join(" "),
-            format!("{:.1}", median_after_first(&r.step_s) * 1e3),
+            // The first step, alone when there is one, warms up.
+            format!("{:.1}", Stat::of(&r.step_s[usize::from(r.step_s.len() > 1)..]).median * 1e3),
             r.micro_batches_in_flight.to_string(),
             format!("{:.1}", r.peak_bytes as f64 / f64::from(1u32 << 20)),
             r.weights_sha256[..16].to_string(),
@@ -801,17 +802,6 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
         results.len()
     ));
     emit(global, &t, &results)
-}
-
-/// The median of `xs` after its first entry (warm-up), or the first when alone.
-fn median_after_first(xs: &[f64]) -> f64 {
-    let mut v: Vec<f64> = xs.iter().skip(usize::from(xs.len() > 1)).copied().collect();
-    v.sort_by(f64::total_cmp);
-    match v.len() {
-        0 => f64::NAN,
-        n if n % 2 == 1 => v[n / 2],
-        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
-    }
 }
 
 fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeout: Duration) -> Result<RankResult> {
