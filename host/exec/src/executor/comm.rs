@@ -87,7 +87,7 @@ pub(super) struct CommState<D: Device> {
     spans: RefCell<Vec<(D::Event, D::Event)>>,
     /// The vocab-parallel loss's row statistics of this forward, all-reduced, by
     /// (logits, statistic): made once, by the `row-stats` op or else by the loss.
-    pub(super) row_stats: RefCell<HashMap<(TensorId, &'static str), D::Buffer>>,
+    row_stats: RefCell<HashMap<(TensorId, &'static str), D::Buffer>>,
     /// Hold each pipeline send until this stage's next pipeline call (a 1F1B step,
     /// `pipeline.rs`): a receive from the same peer then takes it along as one
     /// `send_recv`, Megatron's `send_forward_recv_backward` and
