@@ -104,16 +104,23 @@ pub trait Collective<D: Device = Cpu>: Send {
     /// `peer` outside the group; it left without sending; the wait timed out; a message
     /// of another length.
     fn recv(&self, dev: &D, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError>;
-    /// Send `send` to rank `peer` and receive `recv` from it as one call, both in flight
-    /// at once (NCCL: one group; Megatron's `send_forward_recv_backward`). Two stages that
-    /// each send to the other before receiving would wait on each other forever where a
-    /// send waits for its receive; paired, they cannot.
+    /// Every send of `sends` and receive of `recvs` (each to or from a rank of the group)
+    /// as one call, all in flight at once: NCCL's one group, PyTorch's
+    /// `batch_isend_irecv`, what Megatron's pipeline schedules post between passes. Where
+    /// a send waits for its receive, stages that each sent before receiving would wait on
+    /// each other forever; posted together, they cannot. A receive from a peer that is
+    /// also sent to takes that peer's next message, as [`Collective::recv`] does.
     ///
     /// # Errors
     /// As [`Collective::send`] and [`Collective::recv`].
-    fn send_recv(&self, dev: &D, peer: usize, send: &D::Buffer, recv: &mut D::Buffer) -> Result<(), ExecError> {
-        self.send(dev, peer, send)?;
-        self.recv(dev, peer, recv)
+    fn batch_send_recv(&self, dev: &D, sends: &[(usize, &D::Buffer)], recvs: &mut [(usize, &mut D::Buffer)]) -> Result<(), ExecError> {
+        for &(peer, buf) in sends {
+            self.send(dev, peer, buf)?;
+        }
+        for (peer, buf) in recvs.iter_mut() {
+            self.recv(dev, *peer, buf)?;
+        }
+        Ok(())
     }
 }
 
@@ -143,10 +150,13 @@ pub trait HostCollective: Send {
     fn send(&self, peer: usize, data: &[f32]) -> Result<(), ExecError>;
     /// The next message rank `peer` sent here (waits for it).
     fn recv(&self, peer: usize) -> Result<Vec<f32>, ExecError>;
-    /// As [`Collective::send_recv`]: `data` to `peer`, and the next message from it.
-    fn send_recv(&self, peer: usize, data: &[f32]) -> Result<Vec<f32>, ExecError> {
-        self.send(peer, data)?;
-        self.recv(peer)
+    /// As [`Collective::batch_send_recv`]: each of `sends` to its peer, and the next
+    /// message from each peer of `recvs`, in that order.
+    fn batch_send_recv(&self, sends: &[(usize, &[f32])], recvs: &[usize]) -> Result<Vec<Vec<f32>>, ExecError> {
+        for &(peer, data) in sends {
+            self.send(peer, data)?;
+        }
+        recvs.iter().map(|&peer| self.recv(peer)).collect()
     }
 }
 
@@ -252,10 +262,16 @@ impl<D: Device, H: HostCollective> Collective<D> for H {
         received(HostCollective::rank(self), peer, &got, buf)?;
         stage_in(dev, buf, &got, "recv")
     }
-    fn send_recv(&self, dev: &D, peer: usize, send: &D::Buffer, recv: &mut D::Buffer) -> Result<(), ExecError> {
-        let got = HostCollective::send_recv(self, peer, &stage_out(dev, send)?)?;
-        received(HostCollective::rank(self), peer, &got, recv)?;
-        stage_in(dev, recv, &got, "recv")
+    fn batch_send_recv(&self, dev: &D, sends: &[(usize, &D::Buffer)], recvs: &mut [(usize, &mut D::Buffer)]) -> Result<(), ExecError> {
+        let staged: Vec<(usize, Vec<f32>)> = sends.iter().map(|&(p, b)| Ok((p, stage_out(dev, b)?))).collect::<Result<_, ExecError>>()?;
+        let sends: Vec<(usize, &[f32])> = staged.iter().map(|(p, d)| (*p, d.as_slice())).collect();
+        let peers: Vec<usize> = recvs.iter().map(|(p, _)| *p).collect();
+        let got = HostCollective::batch_send_recv(self, &sends, &peers)?;
+        for ((peer, buf), data) in recvs.iter_mut().zip(&got) {
+            received(HostCollective::rank(self), *peer, data, *buf)?;
+            stage_in(dev, buf, data, "recv")?;
+        }
+        Ok(())
     }
 }
 
@@ -566,8 +582,8 @@ impl ThreadGroup {
                 return Err(err(format!(
                     "send from rank {me} to rank {peer} timed out after {:?}: rank {peer} never \
                      received it (a send waits for its receive here, as on NCCL: two ranks that \
-                     each send to the other before receiving wait forever; pair them with \
-                     send_recv)",
+                     each send to the other before receiving wait forever; post them together \
+                     with batch_send_recv)",
                     self.shared.timeout
                 )));
             }
@@ -675,10 +691,12 @@ impl HostCollective for ThreadGroup {
         self.received_by(peer, seq)
     }
 
-    fn send_recv(&self, peer: usize, data: &[f32]) -> Result<Vec<f32>, ExecError> {
-        let seq = self.post(peer, data)?;
-        let got = HostCollective::recv(self, peer)?;
-        self.received_by(peer, seq)?;
+    fn batch_send_recv(&self, sends: &[(usize, &[f32])], recvs: &[usize]) -> Result<Vec<Vec<f32>>, ExecError> {
+        let posted: Vec<(usize, u64)> = sends.iter().map(|&(peer, data)| Ok((peer, self.post(peer, data)?))).collect::<Result<_, ExecError>>()?;
+        let got = recvs.iter().map(|&peer| HostCollective::recv(self, peer)).collect::<Result<Vec<_>, _>>()?;
+        for (peer, seq) in posted {
+            self.received_by(peer, seq)?;
+        }
         Ok(got)
     }
 

@@ -25,6 +25,7 @@
 //! slices a master weight, rather than every rank from the same values.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::ops::Range;
 use runner_graph::autodiff::{BackwardPlan, backward_plan};
 use runner_graph::recompute::{RecomputePolicy, RecomputeSchedule, schedule};
 use runner_graph::validate::validate;
@@ -226,8 +227,10 @@ pub struct Executor<D: Device> {
     /// A forward of a step's later micro-batch is running: the step's peak and
     /// communication counts go on (`pipeline.rs`).
     mid_step: bool,
-    /// Micro-batches the last step held between their passes at once.
+    /// Pipeline chunk forwards the last step held before their backward at once, and
+    /// the chunks of a micro-batch on this rank (1 but on an interleaved pipeline).
     in_flight: u64,
+    chunks: u64,
 }
 
 /// Device events around the ops, backward steps and optimizer updates of the current
@@ -550,6 +553,7 @@ impl<D: Device> Executor<D> {
             capturing: false,
             mid_step: false,
             in_flight: 1,
+            chunks: 1,
             recorded: graph::GraphState::Cold,
             graph: g,
         };
@@ -790,21 +794,38 @@ impl<D: Device> Executor<D> {
         if self.options.cuda_graph {
             return Err(graph::whole_steps_only("forward"));
         }
-        self.begin_step(inputs)?;
+        self.forward_pass(Some(inputs), 0..self.graph.ops.len(), true)
+    }
+
+    /// Forward ops `ops` of a micro-batch: a new one from `inputs`, or (`None`) the one
+    /// in the store, whose earlier ops ran (a later pipeline chunk, `pipeline.rs`).
+    /// `read_loss`: the range ends the graph; the loss is read and returned.
+    pub(super) fn forward_pass(&mut self, inputs: Option<&[(&str, Input<'_>)]>, ops: Range<usize>, read_loss: bool) -> Result<f32, ExecError> {
+        match inputs {
+            Some(inputs) => self.begin_step(inputs)?,
+            None => self.forget_row_stats(),
+        }
         let t0 = self.device.record()?;
-        self.forward_ops()?;
+        self.forward_ops_in(ops)?;
         let t1 = self.device.record()?;
         self.settle_quant()?;
-        let loss_buf = self.vals[self.graph.loss]
-            .as_ref()
-            .ok_or_else(|| ExecError::State("loss not produced".into()))?;
-        self.loss = self
-            .device
-            .read_f32(loss_buf)?
-            .first()
-            .copied()
-            .unwrap_or(f32::NAN);
-        self.profile.forward_s = self.device.elapsed_s(&t0, &t1)?;
+        if read_loss {
+            let loss_buf = self.vals[self.graph.loss]
+                .as_ref()
+                .ok_or_else(|| ExecError::State("loss not produced".into()))?;
+            self.loss = self
+                .device
+                .read_f32(loss_buf)?
+                .first()
+                .copied()
+                .unwrap_or(f32::NAN);
+        }
+        let dt = self.device.elapsed_s(&t0, &t1)?;
+        if inputs.is_some() {
+            self.profile.forward_s = dt;
+        } else {
+            self.profile.forward_s += dt;
+        }
         for (oi, s, e) in std::mem::take(&mut self.pending.forward) {
             self.profile.forward_op_s[oi] = self.device.elapsed_s(&s, &e)?;
         }
@@ -821,7 +842,7 @@ impl<D: Device> Executor<D> {
         self.backward_done = false;
         if !self.mid_step {
             self.device.reset_peak();
-            self.in_flight = 1;
+            (self.in_flight, self.chunks) = (1, 1);
         }
         self.begin_comm_step(!self.mid_step);
         self.load_inputs(inputs)
@@ -829,8 +850,12 @@ impl<D: Device> Executor<D> {
 
     /// The forward's device work, op by op (no host transfer: a recorded step runs it).
     fn forward_ops(&mut self) -> Result<(), ExecError> {
+        self.forward_ops_in(0..self.graph.ops.len())
+    }
+
+    fn forward_ops_in(&mut self, ops: Range<usize>) -> Result<(), ExecError> {
         self.fsdp_gather(fsdp::Pass::Forward)?;
-        for oi in 0..self.graph.ops.len() {
+        for oi in ops {
             let start = self.mark()?;
             self.forward_op(oi)?;
             self.fsdp_release(fsdp::Pass::Forward, Some(oi));
@@ -1008,11 +1033,24 @@ impl<D: Device> Executor<D> {
         if self.options.cuda_graph {
             return Err(graph::whole_steps_only("backward"));
         }
+        self.backward_steps(accumulate, 0..self.plan.steps.len())
+    }
+
+    /// Backward steps `steps` of the micro-batch in the store: all of them, or one
+    /// pipeline chunk's (`pipeline.rs`; the chunks' ranges run last to first, the first
+    /// seeding the loss gradient and the last finishing the micro-batch's backward).
+    pub(super) fn backward_steps(&mut self, accumulate: bool, steps: Range<usize>) -> Result<(), ExecError> {
+        let first = steps.start == 0;
         let t0 = self.device.record()?;
-        self.backward_ops(accumulate)?;
+        self.backward_ops_in(accumulate, steps)?;
         let t1 = self.device.record()?;
         self.settle_quant()?;
-        self.profile.backward_s = self.device.elapsed_s(&t0, &t1)?;
+        let dt = self.device.elapsed_s(&t0, &t1)?;
+        if first {
+            self.profile.backward_s = dt;
+        } else {
+            self.profile.backward_s += dt;
+        }
         for (op, s, e) in std::mem::take(&mut self.pending.backward) {
             self.profile.backward_op_s[op] = self.device.elapsed_s(&s, &e)?;
         }
@@ -1028,6 +1066,11 @@ impl<D: Device> Executor<D> {
 
     /// The backward's device work (no host transfer: a recorded step runs it).
     fn backward_ops(&mut self, accumulate: bool) -> Result<(), ExecError> {
+        self.backward_ops_in(accumulate, 0..self.plan.steps.len())
+    }
+
+    fn backward_ops_in(&mut self, accumulate: bool, steps: Range<usize>) -> Result<(), ExecError> {
+        let (first, last) = (steps.start == 0, steps.end == self.plan.steps.len());
         if !self.forward_done || self.backward_done {
             return Err(ExecError::State(
                 "backward needs a forward first (once per forward)".into(),
@@ -1041,17 +1084,19 @@ impl<D: Device> Executor<D> {
         self.grad_written.iter_mut().for_each(|w| *w = false);
         self.fsdp_gather(fsdp::Pass::Backward)?;
         let loss = self.graph.loss;
-        // d loss / d loss = 1, copied on the device from the constant kept for it.
-        let mut seed = self.device.alloc(Elem::F32, 1)?;
-        self.device.copy(&mut seed, 0, &self.one, 0, 1)?;
-        self.grads[loss] = Some(seed);
-        self.profile.recompute_s = 0.0;
-        self.profile.recomputed_ops.clear();
-        self.profile
-            .recompute_op_s
-            .iter_mut()
-            .for_each(|s| *s = 0.0);
-        for si in 0..self.plan.steps.len() {
+        if first {
+            // d loss / d loss = 1, copied on the device from the constant kept for it.
+            let mut seed = self.device.alloc(Elem::F32, 1)?;
+            self.device.copy(&mut seed, 0, &self.one, 0, 1)?;
+            self.grads[loss] = Some(seed);
+            self.profile.recompute_s = 0.0;
+            self.profile.recomputed_ops.clear();
+            self.profile
+                .recompute_op_s
+                .iter_mut()
+                .for_each(|s| *s = 0.0);
+        }
+        for si in steps {
             if let Some(s) = self.sched.rerun_before_step[si] {
                 self.rerun(s)?;
             }
@@ -1069,13 +1114,15 @@ impl<D: Device> Executor<D> {
         }
         self.grads[loss] = None;
         self.fsdp_release(fsdp::Pass::Backward, None);
-        self.plans.clear();
-        // A weight an earlier micro-batch reached keeps its gradient in the step.
+        // A weight an earlier pass reached keeps its gradient in the step.
         for (w, c) in self.grad_written.iter_mut().zip(&self.carry) {
             *w |= *c;
         }
-        self.backward_done = true;
-        self.forward_done = false;
+        if last {
+            self.plans.clear();
+            self.backward_done = true;
+            self.forward_done = false;
+        }
         Ok(())
     }
 
@@ -1353,8 +1400,8 @@ impl<D: Device> Executor<D> {
         if batches.is_empty() {
             return Err(ExecError::Input("a step needs at least one micro-batch".into()));
         }
-        let order = self.pass_order(batches.len());
-        let total = self.run_passes(&order, batches)?;
+        let plan = self.pass_plan(batches.len());
+        let total = self.run_passes(&plan, batches)?;
         let m = batches.len();
         if m > 1 {
             let inv = 1.0 / m as f32;
@@ -1381,10 +1428,10 @@ impl<D: Device> Executor<D> {
         );
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
-            // The active micro-batch peaks as alone; each other one in flight keeps what
-            // its backward needs (`pipeline.rs`).
-            required_bytes: l.peak + self.in_flight.saturating_sub(1) * l.held,
-            micro_batches_in_flight: self.in_flight,
+            // The active micro-batch peaks as alone; each other chunk forward in flight
+            // keeps its share of what the micro-batch's backward needs (`pipeline.rs`).
+            required_bytes: l.peak + self.in_flight.saturating_sub(self.chunks) * l.held / self.chunks.max(1),
+            micro_batches_in_flight: self.in_flight.div_ceil(self.chunks.max(1)),
             param_bytes: l.params,
             keep_everything_bytes: l.all,
             state_bytes: l.state,
@@ -1642,7 +1689,7 @@ mod ops;
 mod pipeline;
 mod quant;
 pub use fsdp::Shard;
-pub use pipeline::{Pass, PipelineSchedule, in_flight, in_order, one_f_one_b};
+pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;
 #[cfg(test)]
 mod tests;

@@ -496,9 +496,9 @@ struct StageRun {
 }
 
 /// How [`pipeline_steps`] shards: tp, pp, dp (every dp rank the same data), sequence
-/// parallelism, FSDP.
+/// parallelism, FSDP, and the pipeline chunks per stage (vp).
 #[derive(Clone, Copy)]
-struct Mesh(u32, u32, u32, bool, bool);
+struct Mesh(u32, u32, u32, bool, bool, u32);
 
 /// A per-tensor FP8 plan for every role of every linear (E4M3 forward operands, E5M2
 /// gradients), round to nearest.
@@ -516,11 +516,12 @@ fn pipeline_steps(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule) 
 
 /// As [`pipeline_steps`], every linear of each stage under `plan`.
 fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule, plan: Option<SitePlan>) -> Vec<StageRun> {
-    let Mesh(tp, pp, dp, sp, fsdp) = shape;
+    let Mesh(tp, pp, dp, sp, fsdp, vp) = shape;
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
         tp,
         pp,
+        vp,
         dp,
         sequence_parallel: sp,
         fsdp,
@@ -578,12 +579,12 @@ fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSc
 #[test]
 fn one_f_one_b_matches_the_in_order_schedule_over_sends_that_wait_for_their_receive() {
     let cases = [
-        (llama(4, false, false), Mesh(1, 4, 1, false, false), 6),
-        (llama(2, true, true), Mesh(2, 2, 1, true, false), 3),
-        (llama(2, true, false), Mesh(1, 2, 2, false, true), 3),
+        (llama(4, false, false), Mesh(1, 4, 1, false, false, 1), 6),
+        (llama(2, true, true), Mesh(2, 2, 1, true, false, 1), 3),
+        (llama(2, true, false), Mesh(1, 2, 2, false, true, 1), 3),
     ];
     for (g, shape, m) in cases {
-        let Mesh(tp, pp, dp, sp, fsdp) = shape;
+        let Mesh(tp, pp, dp, sp, fsdp, _) = shape;
         let what = format!("tp={tp} pp={pp} dp={dp} sp={sp} fsdp={fsdp}, {m} micro-batches");
         let want = pipeline_steps(&g, shape, m, PipelineSchedule::InOrder);
         let got = pipeline_steps(&g, shape, m, PipelineSchedule::OneFOneB);
@@ -619,11 +620,11 @@ fn one_f_one_b_matches_the_in_order_schedule_over_sends_that_wait_for_their_rece
 #[test]
 fn one_f_one_b_matches_the_in_order_schedule_under_fp8_plans() {
     let g = llama(2, false, false);
-    let plain = pipeline_steps(&g, Mesh(1, 2, 1, false, false), 3, PipelineSchedule::InOrder);
+    let plain = pipeline_steps(&g, Mesh(1, 2, 1, false, false, 1), 3, PipelineSchedule::InOrder);
     let delayed = Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 0 };
     for scaling in [Scaling::Current { margin: 0 }, delayed] {
         let plan = Some(fp8_plan(scaling));
-        let shape = Mesh(1, 2, 1, false, false);
+        let shape = Mesh(1, 2, 1, false, false, 1);
         let want = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::InOrder, plan);
         let got = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::OneFOneB, plan);
         // The plans take effect on every stage.
@@ -636,6 +637,58 @@ fn one_f_one_b_matches_the_in_order_schedule_under_fp8_plans() {
                 assert_eq!(a.losses, b.losses, "{scaling:?}");
             }
             assert_eq!(a.weights, b.weights, "{scaling:?}: stage {}", b.coord.pp);
+        }
+    }
+}
+
+/// The interleaved schedule (stage s of p holding chunks s, s + p, ...; Megatron's
+/// `forward_backward_pipelining_with_interleaving`) against running each micro-batch's
+/// chunks in order: the same losses and weights bit for bit over two steps, over sends
+/// that wait for their receive (the batched sends and receives between the schedule's
+/// iterations are what keeps the ring of stages from hanging). Stage 0 of p holds
+/// p·vp + p - 1 chunk forwards at once (p = 2, vp = 2: 5 chunks, 3 micro-batches'
+/// worth); with exactly p micro-batches every forward comes first. Over tp = 2 with a
+/// vocabulary-parallel loss, whose row statistics a later micro-batch's pass must not
+/// reuse; over FSDP, whose passes gather the stage's weights between the pipeline's
+/// calls.
+#[test]
+fn interleaved_one_f_one_b_matches_the_in_order_schedule() {
+    let cases = [
+        (llama(4, false, false), Mesh(1, 2, 1, false, false, 2), 4, vec![3, 2]),
+        (llama(6, false, false), Mesh(1, 3, 1, false, false, 2), 6, vec![4, 3, 2]),
+        (llama(4, true, true), Mesh(2, 2, 1, true, false, 2), 2, vec![2, 2]),
+        (llama(4, true, false), Mesh(1, 2, 2, false, true, 2), 4, vec![3, 2]),
+    ];
+    for (g, shape, m, held) in cases {
+        let Mesh(tp, pp, dp, sp, fsdp, vp) = shape;
+        let what = format!("tp={tp} pp={pp} vp={vp} dp={dp} sp={sp} fsdp={fsdp}, {m} micro-batches");
+        let want = pipeline_steps(&g, shape, m, PipelineSchedule::InOrder);
+        let got = pipeline_steps(&g, shape, m, PipelineSchedule::OneFOneB);
+        for (a, b) in want.iter().zip(&got) {
+            assert_eq!(a.coord, b.coord);
+            let stage = b.coord.pp as usize;
+            if b.last {
+                assert_eq!(a.losses, b.losses, "{what}: stage {stage}'s losses");
+                assert!(b.losses.iter().all(|l| l.is_finite() && *l > 0.0), "{what}: {:?}", b.losses);
+            }
+            let differ: Vec<(&String, f32)> = a
+                .weights
+                .iter()
+                .filter(|(n, w)| b.weights.get(*n) != Some(*w))
+                .map(|(n, w)| (n, w.iter().zip(&b.weights[n]).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max)))
+                .collect();
+            assert!(differ.is_empty(), "{what}: stage {stage}'s weights differ between the schedules (largest difference): {differ:?}");
+            assert_eq!(a.memory.micro_batches_in_flight, 1, "{what}");
+            assert_eq!(b.memory.micro_batches_in_flight, held[stage], "{what}: stage {stage}");
+            if held[stage] > 1 {
+                assert!(b.memory.peak_bytes > a.memory.peak_bytes, "{what}: stage {stage} held nothing more: {:?} vs {:?}", b.memory, a.memory);
+            }
+            for r in [&a.memory, &b.memory] {
+                assert!(
+                    r.peak_bytes as f64 <= 1.5 * r.required_bytes as f64 && r.required_bytes as f64 <= 1.5 * r.peak_bytes as f64,
+                    "{what}: stage {stage}: {r:?}"
+                );
+            }
         }
     }
 }

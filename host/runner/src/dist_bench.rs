@@ -511,19 +511,23 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
 // ---------------------------------------------------------------------------------------
 
 /// A tp·pp·dp layout from `tp=2,pp=1,dp=2`.
-pub fn parse_layout(s: &str) -> Result<(u32, u32, u32)> {
-    let (mut tp, mut pp, mut dp) = (1, 1, 1);
+pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32)> {
+    let (mut tp, mut pp, mut dp, mut vp) = (1, 1, 1, 1);
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N"))?;
+        let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N,vp=N"))?;
         let v: u32 = v.trim().parse().ok().filter(|&v| v > 0).ok_or_else(|| anyhow!("--layout {s}: {k} must be a positive integer"))?;
         match k.trim() {
             "tp" => tp = v,
             "pp" => pp = v,
             "dp" => dp = v,
-            other => bail!("--layout {s}: '{other}' is not tp, pp or dp"),
+            "vp" => vp = v,
+            other => bail!("--layout {s}: '{other}' is not tp, pp, dp or vp"),
         }
     }
-    Ok((tp, pp, dp))
+    if vp > 1 && pp == 1 {
+        bail!("--layout {s}: vp (pipeline chunks per stage) needs pp > 1");
+    }
+    Ok((tp, pp, dp, vp))
 }
 
 /// A rank's collective handles, by group name.
@@ -554,6 +558,8 @@ pub struct StepRun {
     pub tp: u32,
     pub pp: u32,
     pub dp: u32,
+    /// Pipeline chunks per stage (Megatron's virtual pipeline size).
+    pub vp: u32,
     pub steps: usize,
     pub micro_batches: usize,
     pub schedule: PipelineSchedule,
@@ -565,7 +571,7 @@ pub struct StepRun {
 impl StepRun {
     /// From the command line's words (`--schedule 1f1b|in-order`, `--toy tiny|bench`).
     pub fn new(layout: &str, steps: usize, micro_batches: usize, schedule: &str, toy: &str) -> Result<StepRun> {
-        let (tp, pp, dp) = parse_layout(layout)?;
+        let (tp, pp, dp, vp) = parse_layout(layout)?;
         if steps == 0 || micro_batches == 0 {
             bail!("--steps and --micro-batches must be positive");
         }
@@ -579,8 +585,14 @@ impl StepRun {
             "bench" => (ToyConfig::bench(), 4, "bench"),
             t => bail!("--toy {t}: use tiny or bench"),
         };
+        if !u32::is_multiple_of(per_stage, vp) {
+            bail!("--layout {layout}: the {toy_name} toy has {per_stage} layers per stage, which vp={vp} chunks cannot share");
+        }
+        if vp > 1 && !micro_batches.is_multiple_of(pp as usize) {
+            bail!("--layout {layout}: the interleaved schedule needs --micro-batches a multiple of pp={pp} (Megatron's rule)");
+        }
         toy.layers = per_stage * pp;
-        Ok(StepRun { tp, pp, dp, steps, micro_batches, schedule, toy, toy_name })
+        Ok(StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name })
     }
 
     fn ranks(&self) -> usize {
@@ -594,8 +606,8 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={} --steps {} --micro-batches {} --schedule {s} --toy {}",
-            self.tp, self.pp, self.dp, self.steps, self.micro_batches, self.toy_name
+            "--layout tp={},pp={},dp={},vp={} --steps {} --micro-batches {} --schedule {s} --toy {}",
+            self.tp, self.pp, self.dp, self.vp, self.steps, self.micro_batches, self.toy_name
         )
     }
 }
@@ -657,7 +669,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         ep: 1,
         etp: 1,
         dp,
-        vp: 1,
+        vp: run.vp,
         sequence_parallel: false,
         fsdp: false,
         micro_batch: cfg.batch as u32,
@@ -854,5 +866,7 @@ mod tests {
         let g = mesh_groups(1, 2, 1, 2, 1);
         assert_eq!(g, vec![("pp", vec![0, 1]), ("pp-embed", vec![0, 1])]);
         assert!(parse_layout("tp=2,dp=2").is_ok() && parse_layout("xp=2").is_err() && parse_layout("tp=0").is_err());
+        assert_eq!(parse_layout("pp=2,vp=2").unwrap(), (1, 2, 1, 2));
+        assert!(parse_layout("vp=2").is_err(), "vp without a pipeline");
     }
 }

@@ -433,10 +433,10 @@ pub enum BenchCommand {
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
     #[command(
-        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
     )]
     Step {
-        /// Parallel layout: tp=N,pp=N,dp=N
+        /// Parallel layout: tp=N,pp=N,dp=N[,vp=N] (vp: pipeline chunks per stage)
         #[arg(long, default_value = "tp=2,dp=2")]
         layout: String,
         /// Training steps (a long run is how the launch tests kill a rank mid-run)
@@ -446,8 +446,9 @@ pub enum BenchCommand {
         /// global batch / (micro-batch x dp)), their gradients accumulated
         #[arg(long, value_parser = count(4096), default_value_t = 1)]
         micro_batches: usize,
-        /// Order of a pipeline stage's passes: 1f1b (Megatron's) or in-order (each
-        /// micro-batch there and back before the next: the stages take turns)
+        /// Order of a pipeline stage's passes: 1f1b (Megatron's; interleaved over the
+        /// chunks when vp > 1) or in-order (each micro-batch there and back before the
+        /// next: the stages take turns)
         #[arg(long, default_value = "1f1b", value_parser = ["1f1b", "in-order"])]
         schedule: String,
         /// The toy model: tiny (2 layers per stage, width 32) or bench (4 layers per

@@ -60,11 +60,11 @@ fn results(mut v: serde_json::Value) -> serde_json::Value {
     v
 }
 
-/// The pipeline layout runs 3 micro-batches a step, so its stages run 1F1B across
-/// processes (TCP) as across threads.
+/// The pipeline layouts run 3 and 4 micro-batches a step, so their stages run 1F1B and
+/// interleaved 1F1B (two chunks a stage) across processes (TCP) as across threads.
 #[test]
 fn four_processes_train_exactly_as_one() {
-    for (layout, m) in [("tp=2,dp=2", "1"), ("pp=2,dp=2", "3")] {
+    for (layout, m) in [("tp=2,dp=2", "1"), ("pp=2,dp=2", "3"), ("pp=2,dp=2,vp=2", "4")] {
         let args = ["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "3", "--micro-batches", m, "--timeout", "60", "--format", "json"];
         let dir = scratch(&layout.replace(['=', ','], "_"));
         let port = free_port();
@@ -92,22 +92,26 @@ fn four_processes_train_exactly_as_one() {
 }
 
 /// `--schedule`: 1F1B and the in-order schedule make the same weights bit for bit; under
-/// 1F1B the first of two stages holds two of the three micro-batches at once.
+/// 1F1B the first of two stages holds two of the three micro-batches at once, and
+/// interleaved over two chunks a stage, five chunk forwards (three micro-batches' worth)
+/// of four.
 #[test]
 fn both_pipeline_schedules_make_the_same_weights() {
-    let run = |schedule: &str| -> Vec<(String, u64)> {
-        let v = in_process(&["--device", "cpu", "bench", "step", "--layout", "pp=2", "--steps", "2", "--micro-batches", "3", "--schedule", schedule, "--format", "json"]);
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|r| (r["weights_sha256"].as_str().unwrap().to_string(), r["micro_batches_in_flight"].as_u64().unwrap()))
-            .collect()
-    };
-    let (a, b) = (run("in-order"), run("1f1b"));
-    assert_eq!(a.iter().map(|r| r.1).collect::<Vec<_>>(), [1, 1]);
-    assert_eq!(b.iter().map(|r| r.1).collect::<Vec<_>>(), [2, 1]);
-    for (x, y) in a.iter().zip(&b) {
-        assert_eq!(x.0, y.0, "the schedules' weights differ");
+    for (layout, m, held) in [("pp=2", "3", [2, 1]), ("pp=2,vp=2", "4", [3, 2])] {
+        let run = |schedule: &str| -> Vec<(String, u64)> {
+            let v = in_process(&["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "2", "--micro-batches", m, "--schedule", schedule, "--format", "json"]);
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|r| (r["weights_sha256"].as_str().unwrap().to_string(), r["micro_batches_in_flight"].as_u64().unwrap()))
+                .collect()
+        };
+        let (a, b) = (run("in-order"), run("1f1b"));
+        assert_eq!(a.iter().map(|r| r.1).collect::<Vec<_>>(), [1, 1], "{layout}");
+        assert_eq!(b.iter().map(|r| r.1).collect::<Vec<_>>(), held, "{layout}");
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.0, y.0, "{layout}: the schedules' weights differ");
+        }
     }
 }
 

@@ -566,21 +566,29 @@ impl Collective<Cuda> for NcclGroup {
         self.done("recv", r)
     }
 
-    fn send_recv(&self, _dev: &Cuda, peer: usize, send: &CudaBuffer, recv: &mut CudaBuffer) -> Result<(), ExecError> {
-        self.ready("send-recv", send)?;
-        self.ready("send-recv", recv)?;
-        let (src, dst) = (self.ptr(send), self.ptr(recv));
+    fn batch_send_recv(&self, _dev: &Cuda, sends: &[(usize, &CudaBuffer)], recvs: &mut [(usize, &mut CudaBuffer)]) -> Result<(), ExecError> {
+        for (_, b) in sends {
+            self.ready("batched send", b)?;
+        }
+        for (_, b) in recvs.iter() {
+            self.ready("batched recv", b)?;
+        }
         let r = nr::group_start().and_then(|_| {
-            // SAFETY: live buffers of their lengths.
-            let posted = unsafe {
-                nr::send(src, send.len(), nccl_type(send.elem()), peer as i32, self.comm.0, self.stream())
-                    .and_then(|_| nr::recv(dst, recv.len(), nccl_type(recv.elem()), peer as i32, self.comm.0, self.stream()))
-            };
+            let mut posted = Ok(());
+            for &(peer, b) in sends {
+                // SAFETY: a live buffer of b.len() elements.
+                posted = posted.and_then(|_| unsafe { nr::send(self.ptr(b), b.len(), nccl_type(b.elem()), peer as i32, self.comm.0, self.stream()) }.map(|_| ()));
+            }
+            for (peer, b) in recvs.iter_mut() {
+                let (p, n, t) = (self.ptr(b), b.len(), nccl_type(b.elem()));
+                // SAFETY: a live buffer of n elements.
+                posted = posted.and_then(|_| unsafe { nr::recv(p, n, t, *peer as i32, self.comm.0, self.stream()) }.map(|_| ()));
+            }
             // Closed even when a post failed (as in `exchange`).
             let ended = nr::group_end();
             posted.and(ended)
         });
-        self.done("send-recv", r)
+        self.done("batched send-recv", r)
     }
 }
 

@@ -88,13 +88,26 @@ pub(super) struct CommState<D: Device> {
     /// The vocab-parallel loss's row statistics of this forward, all-reduced, by
     /// (logits, statistic): made once, by the `row-stats` op or else by the loss.
     row_stats: RefCell<HashMap<(TensorId, &'static str), D::Buffer>>,
-    /// Hold each pipeline send until this stage's next pipeline call (a 1F1B step,
-    /// `pipeline.rs`): a receive from the same peer then takes it along as one
-    /// `send_recv`, Megatron's `send_forward_recv_backward` and
-    /// `send_backward_recv_forward`.
-    pub(super) defer_sends: bool,
-    /// The send held back: (group, peer, a copy of the data).
-    deferred: RefCell<Option<(String, usize, D::Buffer)>>,
+    /// The pipeline's sends and receives while a schedule drives them (`pipeline.rs`):
+    /// `None` outside a scheduled step, when each send and receive happens as its op runs.
+    pub(super) mailbox: RefCell<Option<Mailbox<D::Buffer>>>,
+}
+
+/// A pipeline stage's point-to-point traffic under a schedule (Megatron's
+/// `batch_isend_irecv` between passes): what the coming passes receive, posted before
+/// they run, and what the passes since the last call sent, posted with the next one.
+pub(super) struct Mailbox<B> {
+    /// Received data by (forward pass?, op index): a recv op's output in the forward, the
+    /// gradient of a send op's input in the backward.
+    pub(super) inbox: HashMap<(bool, usize), B>,
+    /// (peer, a copy of the data) of each send since the last call.
+    pub(super) outbox: Vec<(usize, B)>,
+}
+
+impl<B> Default for Mailbox<B> {
+    fn default() -> Self {
+        Mailbox { inbox: HashMap::new(), outbox: Vec::new() }
+    }
 }
 
 impl<D: Device> Default for CommState<D> {
@@ -105,8 +118,7 @@ impl<D: Device> Default for CommState<D> {
             busy_s: 0.0,
             spans: RefCell::new(Vec::new()),
             row_stats: RefCell::new(HashMap::new()),
-            defer_sends: false,
-            deferred: RefCell::new(None),
+            mailbox: RefCell::new(None),
         }
     }
 }
@@ -159,9 +171,6 @@ impl<D: Device> Timed<'_, D> {
     }
     fn recv(&self, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
         self.time(|c, d| c.recv(d, peer, buf))
-    }
-    fn send_recv(&self, peer: usize, send: &D::Buffer, recv: &mut D::Buffer) -> Result<(), ExecError> {
-        self.time(|c, d| c.send_recv(d, peer, send, recv))
     }
 }
 
@@ -271,14 +280,19 @@ impl<D: Device> Executor<D> {
     /// Start the communication account of a forward: a new step's (`new_step`), or a
     /// later micro-batch's, whose calls count on in its step's.
     pub(super) fn begin_comm_step(&mut self, new_step: bool) {
-        self.comm.row_stats.borrow_mut().clear();
+        self.forget_row_stats();
         if new_step {
             self.comm.busy_s = 0.0;
             self.comm.spans.borrow_mut().clear();
             self.comm.reduced = false;
-            *self.comm.deferred.borrow_mut() = None;
             self.profile.communication_s = 0.0;
         }
+    }
+
+    /// Drop the vocab-parallel row statistics: a forward pass (a micro-batch's, or one
+    /// pipeline chunk's of it) makes its own. Another micro-batch's pass may have run since.
+    pub(super) fn forget_row_stats(&self) {
+        self.comm.row_stats.borrow_mut().clear();
     }
 
     /// Add the collective calls timed so far to the communication time (waits for the
@@ -341,14 +355,25 @@ impl<D: Device> Executor<D> {
         }
     }
 
-    /// A pipeline receive into `buf` (a recv's forward, a send's backward), its failures
-    /// naming the op and what it carried. A send held back for `peer` goes with it as one
-    /// `send_recv`; one held for another peer goes first.
-    fn recv_for(&self, op: &Op, what: &str, c: &Timed<'_, D>, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
-        let held = self.comm.deferred.borrow_mut().take();
-        let r = match held {
-            Some((g, p, sent)) if p == peer && op.text("group") == Some(g.as_str()) => c.send_recv(peer, &sent, buf),
-            Some((g, p, sent)) => self.send_held(&g, p, &sent).and_then(|()| c.recv(peer, buf)),
+    /// A pipeline receive into `buf` (a recv's forward, a send's backward: `key` in the
+    /// mailbox), its failures naming the op and what it carried. Under a schedule the
+    /// data came before the pass began; otherwise it is received now.
+    fn recv_for(&self, op: &Op, key: (bool, usize), what: &str, c: &Timed<'_, D>, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
+        let r = match self.comm.mailbox.borrow_mut().as_mut() {
+            Some(m) => match m.inbox.remove(&key) {
+                Some(got) if got.len() == buf.len() && got.elem() == buf.elem() => {
+                    *buf = got;
+                    Ok(())
+                }
+                Some(got) => Err(ExecError::State(format!(
+                    "the schedule received {} {} elements, the op expects {} {}",
+                    got.len(),
+                    got.elem().name(),
+                    buf.len(),
+                    buf.elem().name()
+                ))),
+                None => Err(ExecError::State("the schedule posted no receive for this pass".into())),
+            },
             None => c.recv(peer, buf),
         };
         r.map_err(|e| match e {
@@ -361,33 +386,33 @@ impl<D: Device> Executor<D> {
     }
 
     /// A pipeline send of `buf` to `peer` (a send's forward, a recv's backward): now, or
-    /// in a 1F1B step held back (a copy) for this stage's next pipeline call.
-    fn send_for(&self, op: &Op, c: &Timed<'_, D>, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
-        self.flush_deferred_send()?;
-        if !self.comm.defer_sends {
-            return c.send(peer, buf);
-        }
-        let mut copy = self.device.alloc(buf.elem(), buf.len())?;
-        self.device.copy(&mut copy, 0, buf, 0, buf.len())?;
-        let group = op.text("group").unwrap_or("").to_string();
-        *self.comm.deferred.borrow_mut() = Some((group, peer, copy));
-        Ok(())
-    }
-
-    /// Send what a pipeline send held back, if anything (a 1F1B step calls this after its
-    /// last pass, before the step's gradient reduction).
-    pub(super) fn flush_deferred_send(&self) -> Result<(), ExecError> {
-        match self.comm.deferred.borrow_mut().take() {
-            Some((g, p, sent)) => self.send_held(&g, p, &sent),
-            None => Ok(()),
+    /// under a schedule a copy held for its next batched call.
+    fn send_for(&self, c: &Timed<'_, D>, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
+        match self.comm.mailbox.borrow_mut().as_mut() {
+            Some(m) => {
+                let mut copy = self.device.alloc(buf.elem(), buf.len())?;
+                self.device.copy(&mut copy, 0, buf, 0, buf.len())?;
+                m.outbox.push((peer, copy));
+                Ok(())
+            }
+            None => c.send(peer, buf),
         }
     }
 
-    fn send_held(&self, group: &str, peer: usize, buf: &D::Buffer) -> Result<(), ExecError> {
+    /// Post `sends` and `recvs` on the pipeline group as one call (`pipeline.rs`).
+    pub(super) fn pipeline_exchange(&self, sends: &[(usize, D::Buffer)], recvs: &mut [(usize, D::Buffer)]) -> Result<(), ExecError> {
+        if sends.is_empty() && recvs.is_empty() {
+            return Ok(());
+        }
         let c = self
-            .timed(group)
-            .ok_or_else(|| ExecError::State(format!("a held pipeline send: no collective handle for group '{group}'")))?;
-        c.send(peer, buf)
+            .timed("pp")
+            .ok_or_else(|| ExecError::State("pipeline schedule: no collective handle for group 'pp'".into()))?;
+        let sends: Vec<(usize, &D::Buffer)> = sends.iter().map(|(p, b)| (*p, b)).collect();
+        let mut recvs: Vec<(usize, &mut D::Buffer)> = recvs.iter_mut().map(|(p, b)| (*p, b)).collect();
+        c.time(|c, d| c.batch_send_recv(d, &sends, &mut recvs)).map_err(|e| match e {
+            ExecError::State(m) => ExecError::State(format!("pipeline stage {} of {}: {m}", c.rank(), c.size())),
+            other => other,
+        })
     }
 
     /// The live value of tensor `id`, read by `op`.
@@ -592,14 +617,14 @@ impl<D: Device> Executor<D> {
             OpKind::Send => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                self.send_for(op, &c, peer, self.val(op.inputs[0], op)?)?;
+                self.send_for(&c, peer, self.val(op.inputs[0], op)?)?;
                 dev.zero(&mut outs[0])?;
             }
             OpKind::Recv => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
                 let what = format!("'{}'", self.graph.tensors[op.outputs[0]].name);
-                self.recv_for(op, &what, &c, peer, &mut outs[0])?;
+                self.recv_for(op, (true, oi), &what, &c, peer, &mut outs[0])?;
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {
                 let start = op.int("vocab-start").unwrap_or(0).max(0) as usize;
@@ -726,13 +751,13 @@ impl<D: Device> Executor<D> {
                 let peer = self.peer(op, &c)?;
                 let what = format!("the gradient of '{}'", self.graph.tensors[op.inputs[0]].name);
                 let mut d = fresh(op.inputs[0])?;
-                self.recv_for(op, &what, &c, peer, &mut d)?;
+                self.recv_for(op, (false, step.op), &what, &c, peer, &mut d)?;
                 d
             }
             OpKind::Recv => {
                 let c = self.group(op)?;
                 let peer = self.peer(op, &c)?;
-                self.send_for(op, &c, peer, dout()?.get())?;
+                self.send_for(&c, peer, dout()?.get())?;
                 return Ok(CommBackward::Done);
             }
             OpKind::Embedding if op.int("vocab-start").is_some() => {

@@ -1,5 +1,6 @@
-//! The order of a step's forward and backward passes over several micro-batches, and
-//! the micro-batches set aside between their two passes.
+//! The order of a step's forward and backward passes over several micro-batches, the
+//! micro-batches set aside between their passes, and the pipeline's sends and receives
+//! between passes.
 //!
 //! A pipeline stage that ran each micro-batch's forward and backward before the next
 //! micro-batch's forward would wait, for every micro-batch, for the whole pipeline to
@@ -13,30 +14,47 @@
 //! `p - s` micro-batches between their forward and their backward (their activations,
 //! saved statistics and inputs): [`one_f_one_b`] and [`in_flight`].
 //!
-//! The executor keeps one micro-batch's activations in its tensor store; the others wait
-//! here ([`Parked`]). Sends and receives between stages keep Megatron's pairing: in the
-//! steady state a forward's send to the next stage goes with the next backward's
-//! receive from it as one call, and a backward's send to the previous stage with the
-//! next forward's receive (`comm.rs`, `defer_sends`), since on NCCL a send waits for its
-//! receive and two stages sending to each other first would wait forever.
+//! A rank that holds several pipeline chunks (virtual stages: stage `s` of `p` runs
+//! chunks `s`, `s + p`, ... of the model, so a micro-batch goes round the stages `vp`
+//! times) runs Megatron's interleaved schedule
+//! (`forward_backward_pipelining_with_interleaving`, Narayanan et al. 2021, section
+//! 2.2): its passes are one chunk's forward or backward of one micro-batch, taken `p`
+//! micro-batches of a chunk at a time, after `(p - s - 1)·2 + (vp - 1)·p` warm-up chunk
+//! forwards ([`interleaved`]). The bubble shrinks `vp`-fold, and stage 0 holds
+//! `p + (p - 1)/vp` micro-batches' activations instead of `p`.
 //!
-//! The weight gradients come out bit for bit as the in-order schedule's: the backwards
-//! still run in micro-batch order, so each gradient sums the same values in the same
-//! order. A rank whose graph holds several pipeline chunks (virtual pipeline stages,
-//! which receive in the middle of their forward) runs the micro-batches in order; the
-//! interleaved schedule would need its passes cut at the chunks.
+//! The executor keeps one micro-batch's activations in its tensor store; the others wait
+//! here ([`Parked`]). The pipeline's sends and receives do not happen as their ops run:
+//! the schedule posts them between its iterations as one batched call
+//! (`Collective::batch_send_recv`, Megatron's `batch_isend_irecv`), the sends of the
+//! iteration before with the receives of the iteration after. An iteration is one pass,
+//! as in Megatron's 1F1B (`send_forward_recv_backward` between a forward and the next
+//! backward, `send_backward_recv_forward` after it), or under interleaving a forward and
+//! a backward of the steady state, whose sends go with the next two passes' receives
+//! (`send_forward_backward_recv_forward_backward`). On NCCL a send waits for its
+//! receive: stages that each sent before receiving would wait on each other forever;
+//! interleaved, so would stages that receive one pass ahead, through the ring of stages.
+//!
+//! The weight gradients come out bit for bit as the in-order schedule's: each chunk's
+//! backwards run in micro-batch order, so each gradient sums the same values in the
+//! same order.
+
+use std::ops::Range;
 
 use runner_graph::{OpKind, TensorId, TensorKind};
 
-use super::{Executor, Input};
-use crate::device::{Device, ExecError, Plans};
+use super::comm::Mailbox;
+use super::{Executor, Input, elem_of};
+use crate::device::{Device, Elem, ExecError, Plans};
 
 /// How [`Executor::step_micro_batches`] orders the passes of a pipeline stage's
 /// micro-batches.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum PipelineSchedule {
     /// Megatron's 1F1B (the default): warm-up forwards, then one forward and one
-    /// backward in turn, then the backwards left.
+    /// backward in turn, then the backwards left; interleaved over the chunks of a rank
+    /// that holds several (when the micro-batches are a multiple of the stages, as
+    /// Megatron requires; in order otherwise).
     #[default]
     OneFOneB,
     /// Each micro-batch's forward and backward before the next one's forward: the stages
@@ -44,51 +62,203 @@ pub enum PipelineSchedule {
     InOrder,
 }
 
-/// One pass of a step: the forward or the backward of micro-batch `i`.
+/// One pass of a step: the forward or the backward of pipeline chunk `.1` (0 on a rank
+/// of one chunk) of micro-batch `.0`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pass {
-    Forward(usize),
-    Backward(usize),
+    Forward(usize, usize),
+    Backward(usize, usize),
 }
 
-/// Each micro-batch's forward, then its backward, in micro-batch order.
-pub fn in_order(micro_batches: usize) -> Vec<Pass> {
-    (0..micro_batches).flat_map(|i| [Pass::Forward(i), Pass::Backward(i)]).collect()
+impl Pass {
+    fn micro_batch(self) -> usize {
+        match self {
+            Pass::Forward(i, _) | Pass::Backward(i, _) => i,
+        }
+    }
+}
+
+/// A schedule: its iterations in order, each one pass, or a forward and a backward (the
+/// interleaved schedule's steady state). The pipeline's traffic is posted between them:
+/// the sends of the iteration before with the receives of the iteration after.
+pub type Schedule = Vec<Vec<Pass>>;
+
+/// The passes of `schedule` in order.
+pub fn passes(schedule: &Schedule) -> Vec<Pass> {
+    schedule.iter().flatten().copied().collect()
+}
+
+/// Each micro-batch's forward, then its backward, in micro-batch order (over its
+/// `chunks` in order forward, in reverse backward); one pass per iteration.
+pub fn in_order(micro_batches: usize, chunks: usize) -> Schedule {
+    (0..micro_batches)
+        .flat_map(|i| (0..chunks).map(move |c| Pass::Forward(i, c)).chain((0..chunks).rev().map(move |c| Pass::Backward(i, c))))
+        .map(|p| vec![p])
+        .collect()
+}
+
+/// `warmup` forwards alone, then forward `warmup + k` with backward `k`, then the
+/// backwards left alone: the shape of both of Megatron's 1F1B schedules, given the
+/// k-th forward and backward.
+fn warm_steady_cool(total: usize, warmup: usize, forward: impl Fn(usize) -> Pass, backward: impl Fn(usize) -> Pass) -> Schedule {
+    let mut s: Schedule = (0..warmup).map(|k| vec![forward(k)]).collect();
+    s.extend((0..total - warmup).map(|k| vec![forward(warmup + k), backward(k)]));
+    s.extend((total - warmup..total).map(|k| vec![backward(k)]));
+    s
 }
 
 /// The 1F1B order of stage `stage` of `stages` over `micro_batches` (Megatron's
 /// non-interleaved schedule): `stages - stage - 1` warm-up forwards (at most every
-/// micro-batch), one forward and one backward in turn, then the backwards left.
-pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Vec<Pass> {
+/// micro-batch), one forward and one backward in turn, then the backwards left. Each
+/// pass is an iteration of its own: Megatron posts a forward's send with the next
+/// backward's receive between the two (`send_forward_recv_backward`), so a stage runs
+/// its next forward while the next stage works out the gradient; receiving that
+/// gradient before the forward, as the interleaved schedule's pairs do, would make the
+/// stages take turns again (measured: `docs/PERFORMANCE.md`).
+pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Schedule {
     let warmup = runner_graph::pipeline::warmup_forwards(stages, stage, micro_batches);
-    let mut order: Vec<Pass> = (0..warmup).map(Pass::Forward).collect();
-    for i in 0..micro_batches - warmup {
-        order.push(Pass::Forward(warmup + i));
-        order.push(Pass::Backward(i));
-    }
-    order.extend((micro_batches - warmup..micro_batches).map(Pass::Backward));
-    order
+    let s = warm_steady_cool(micro_batches, warmup, |k| Pass::Forward(k, 0), |k| Pass::Backward(k, 0));
+    passes(&s).into_iter().map(|p| vec![p]).collect()
 }
 
-/// The most micro-batches `order` holds between their forward and their backward at
-/// once.
+/// Megatron's interleaved 1F1B order of stage `stage` of `stages` holding `chunks`
+/// chunks, over `micro_batches` (`forward_backward_pipelining_with_interleaving`):
+/// chunk forwards taken `stages` micro-batches of one chunk at a time (chunk 0 of
+/// micro-batches 0..p, chunk 1 of the same, ..., then the next p micro-batches),
+/// backwards likewise from the last chunk; `(p - s - 1)·2 + (vp - 1)·p` warm-up chunk
+/// forwards, all of them when there are exactly `p` micro-batches. `None` when the
+/// micro-batches are not a multiple of the stages (Megatron refuses them).
+pub fn interleaved(stages: usize, stage: usize, chunks: usize, micro_batches: usize) -> Option<Schedule> {
+    if stages == 0 || chunks == 0 || !micro_batches.is_multiple_of(stages) || micro_batches == 0 {
+        return None;
+    }
+    let total = micro_batches * chunks;
+    let warmup = if micro_batches == stages {
+        total
+    } else {
+        runner_graph::pipeline::warmup_chunk_forwards(stages, stage, chunks, micro_batches)
+    };
+    // The k-th chunk pass: its micro-batch and its place among the chunks.
+    let group = stages * chunks;
+    let at = |k: usize| ((k / group) * stages + k % stages, (k % group) / stages);
+    Some(warm_steady_cool(
+        total,
+        warmup,
+        |k| {
+            let (i, c) = at(k);
+            Pass::Forward(i, c)
+        },
+        |k| {
+            let (i, c) = at(k);
+            Pass::Backward(i, chunks - 1 - c)
+        },
+    ))
+}
+
+/// The most chunk forwards `order` holds before their backward at once (micro-batches,
+/// on a rank of one chunk).
 pub fn in_flight(order: &[Pass]) -> usize {
     let (mut now, mut most) = (0usize, 0usize);
     for p in order {
         match p {
-            Pass::Forward(_) => {
+            Pass::Forward(..) => {
                 now += 1;
                 most = most.max(now);
             }
-            Pass::Backward(_) => now = now.saturating_sub(1),
+            Pass::Backward(..) => now = now.saturating_sub(1),
         }
     }
     most
 }
 
-/// A micro-batch between its forward and its backward, set aside while others run:
-/// its inputs, activations and activation gradients (by tensor), the statistics its ops
-/// saved, its GEMM plans and its expert-parallel routing.
+/// Where a rank graph's pipeline chunks lie: each chunk's forward ops and backward steps
+/// (ranges of op and step indices), and the ops whose data the schedule receives for
+/// each chunk's forward (recv ops) and backward (send ops, whose gradient comes back).
+pub(super) struct Chunks {
+    ops: Vec<Range<usize>>,
+    steps: Vec<Range<usize>>,
+    forward_recvs: Vec<Vec<usize>>,
+    backward_recvs: Vec<Vec<usize>>,
+}
+
+impl Chunks {
+    fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The chunks of `ex`'s graph as `runner_graph::shard` lays a pipeline rank out
+    /// (each chunk: its receives, its ops, its sends; then the objective summing the
+    /// loss and the send tokens), or `None` when the graph cannot be cut there: an
+    /// activation read across chunks other than through a send and receive, backward
+    /// steps or a recompute segment out of chunk order, or a send or receive outside
+    /// the `pp` group.
+    fn of<D: Device>(ex: &Executor<D>) -> Option<Chunks> {
+        let (g, plan, sched) = (&ex.graph, &ex.plan, &ex.sched);
+        let is = |oi: usize, k: OpKind| g.ops[oi].kind == k;
+        if g.ops.iter().any(|o| matches!(o.kind, OpKind::Send | OpKind::Recv) && o.text("group") != Some("pp")) {
+            return None;
+        }
+        // A chunk starts at the first of a run of receives (or at op 0).
+        let mut starts = vec![0];
+        for oi in 1..g.ops.len() {
+            if is(oi, OpKind::Recv) && !is(oi - 1, OpKind::Recv) {
+                starts.push(oi);
+            }
+        }
+        let mut chunk_of = vec![0usize; g.ops.len()];
+        let mut ops = Vec::new();
+        for (c, &s) in starts.iter().enumerate() {
+            let e = starts.get(c + 1).copied().unwrap_or(g.ops.len());
+            chunk_of[s..e].iter_mut().for_each(|x| *x = c);
+            ops.push(s..e);
+        }
+        let mut producer: Vec<Option<usize>> = vec![None; g.tensors.len()];
+        for (oi, op) in g.ops.iter().enumerate() {
+            for &o in &op.outputs {
+                producer[o] = Some(oi);
+            }
+        }
+        // Activations stay in their chunk; a send's token is read by the objective.
+        for (oi, op) in g.ops.iter().enumerate() {
+            for &x in &op.inputs {
+                if let Some(p) = producer[x]
+                    && g.tensors[x].kind == TensorKind::Activation
+                    && chunk_of[p] != chunk_of[oi]
+                    && !is(p, OpKind::Send)
+                {
+                    return None;
+                }
+            }
+        }
+        // Backward steps run the chunks last to first, each chunk's steps together, and
+        // a recompute segment re-runs ops of its step's chunk.
+        let mut steps = vec![0..0; ops.len()];
+        let mut prev = ops.len();
+        for (si, st) in plan.steps.iter().enumerate() {
+            let c = chunk_of[st.op];
+            if c > prev || (c < prev && !steps[c].is_empty()) {
+                return None;
+            }
+            if let Some(seg) = sched.rerun_before_step[si]
+                && sched.segments[seg].iter().any(|&oi| chunk_of[oi] != c)
+            {
+                return None;
+            }
+            steps[c] = if steps[c].is_empty() { si..si + 1 } else { steps[c].start..si + 1 };
+            prev = c;
+        }
+        let forward_recvs = ops.iter().map(|r| r.clone().filter(|&oi| is(oi, OpKind::Recv)).collect()).collect();
+        let backward_recvs = steps
+            .iter()
+            .map(|r| r.clone().map(|si| plan.steps[si].op).filter(|&oi| is(oi, OpKind::Send)).collect())
+            .collect();
+        Some(Chunks { ops, steps, forward_recvs, backward_recvs })
+    }
+}
+
+/// A micro-batch between its passes, set aside while others run: its inputs,
+/// activations and activation gradients (by tensor), the statistics its ops saved, its
+/// GEMM plans and its expert-parallel routing.
 pub(super) struct Parked<D: Device> {
     vals: Vec<(TensorId, D::Buffer)>,
     grads: Vec<(TensorId, D::Buffer)>,
@@ -97,67 +267,149 @@ pub(super) struct Parked<D: Device> {
     ep: super::ep::EpState,
 }
 
+/// How a step runs its passes: the schedule, the chunks they cut the graph at, and
+/// whether the schedule posts the pipeline's traffic (else each send and receive runs
+/// with its op).
+pub(super) struct PassPlan {
+    schedule: Schedule,
+    chunks: Chunks,
+    driven: bool,
+}
+
 impl<D: Device> Executor<D> {
-    /// This rank's (stage, stages) when its graph is one pipeline stage that receives
-    /// only at its start and sends only at its end (no virtual chunks), so 1F1B applies.
-    pub(super) fn pipeline_stage(&self) -> Option<(usize, usize)> {
+    /// This rank's (stage, stages) on a pipeline of more than one stage.
+    fn pipeline_stage(&self) -> Option<(usize, usize)> {
         let c = self.collectives.get("pp").filter(|c| c.size() > 1)?;
-        let ops = &self.graph.ops;
-        let count = |k: OpKind| ops.iter().filter(|o| o.kind == k && o.text("group") == Some("pp")).count();
-        (count(OpKind::Send) <= 1 && count(OpKind::Recv) <= 1).then(|| (c.rank(), c.size()))
+        Some((c.rank(), c.size()))
     }
 
-    /// The order of this step's passes over `micro_batches`.
-    pub(super) fn pass_order(&self, micro_batches: usize) -> Vec<Pass> {
-        match (self.options.pipeline_schedule, self.pipeline_stage()) {
-            (PipelineSchedule::OneFOneB, Some((stage, stages))) => one_f_one_b(stages, stage, micro_batches),
-            _ => in_order(micro_batches),
-        }
+    /// How this step runs its passes over `micro_batches`.
+    pub(super) fn pass_plan(&self, micro_batches: usize) -> PassPlan {
+        let whole = || Chunks {
+            ops: std::iter::once(0..self.graph.ops.len()).collect(),
+            steps: std::iter::once(0..self.plan.steps.len()).collect(),
+            forward_recvs: vec![Vec::new()],
+            backward_recvs: vec![Vec::new()],
+        };
+        let (Some((stage, stages)), Some(chunks)) = (self.pipeline_stage(), Chunks::of(self)) else {
+            return PassPlan { schedule: in_order(micro_batches, 1), chunks: whole(), driven: false };
+        };
+        let n = chunks.len();
+        let schedule = match self.options.pipeline_schedule {
+            PipelineSchedule::OneFOneB if n == 1 => one_f_one_b(stages, stage, micro_batches),
+            PipelineSchedule::OneFOneB => interleaved(stages, stage, n, micro_batches).unwrap_or_else(|| in_order(micro_batches, n)),
+            PipelineSchedule::InOrder => in_order(micro_batches, n),
+        };
+        PassPlan { schedule, chunks, driven: true }
     }
 
-    /// Run `order`'s passes over `batches`, parking each micro-batch whose forward is done
+    /// Run `plan`'s passes over `batches`, parking each micro-batch between its passes
     /// while another one runs; returns the sum of the forwards' losses.
-    pub(super) fn run_passes(&mut self, order: &[Pass], batches: &[Vec<(&str, Input<'_>)>]) -> Result<f64, ExecError> {
+    pub(super) fn run_passes(&mut self, plan: &PassPlan, batches: &[Vec<(&str, Input<'_>)>]) -> Result<f64, ExecError> {
+        if self.options.cuda_graph {
+            return Err(super::graph::whole_steps_only("step_micro_batches"));
+        }
         let mut parked: Vec<Option<Parked<D>>> = (0..batches.len()).map(|_| None).collect();
         // The micro-batch whose activations are in the tensor store.
         let mut active: Option<usize> = None;
         let mut total = 0f64;
-        self.comm.defer_sends = order != in_order(batches.len()).as_slice();
+        let last = plan.chunks.len() - 1;
+        *self.comm.mailbox.borrow_mut() = plan.driven.then(Mailbox::default);
         let r = (|| {
-            for (k, pass) in order.iter().enumerate() {
-                match *pass {
-                    Pass::Forward(i) => {
+            let mut started = false;
+            let mut backwards = 0usize;
+            for iteration in &plan.schedule {
+                if plan.driven {
+                    self.post_pipeline(iteration, &plan.chunks)?;
+                }
+                for &pass in iteration {
+                    let i = pass.micro_batch();
+                    if active != Some(i) {
                         if let Some(a) = active.take() {
                             parked[a] = Some(self.park());
                         }
-                        self.mid_step = k > 0;
-                        total += f64::from(self.forward(&batches[i])?);
-                        active = Some(i);
-                    }
-                    Pass::Backward(i) => {
-                        if active != Some(i) {
-                            if let Some(a) = active.take() {
-                                parked[a] = Some(self.park());
-                            }
-                            let p = parked[i].take().ok_or_else(|| {
-                                ExecError::State(format!("schedule: backward of micro-batch {i} before its forward"))
-                            })?;
+                        if let Some(p) = parked[i].take() {
                             self.resume(p);
+                            active = Some(i);
                         }
-                        self.backward_pass(i > 0)?;
-                        active = None;
+                    }
+                    match pass {
+                        Pass::Forward(i, c) => {
+                            let fresh = c == 0;
+                            if fresh == (active == Some(i)) {
+                                return Err(ExecError::State(format!("schedule: forward of chunk {c} of micro-batch {i} out of order")));
+                            }
+                            self.mid_step = started;
+                            started = true;
+                            let loss = self.forward_pass(fresh.then(|| batches[i].as_slice()), plan.chunks.ops[c].clone(), c == last)?;
+                            if c == last {
+                                total += f64::from(loss);
+                            }
+                            active = Some(i);
+                        }
+                        Pass::Backward(i, c) => {
+                            if active != Some(i) {
+                                return Err(ExecError::State(format!("schedule: backward of micro-batch {i} before its forward")));
+                            }
+                            self.backward_steps(backwards > 0, plan.chunks.steps[c].clone())?;
+                            backwards += 1;
+                            if c == 0 {
+                                active = None;
+                            }
+                        }
                     }
                 }
             }
-            self.flush_deferred_send()
+            // The last iteration's sends.
+            if plan.driven {
+                self.post_pipeline(&[], &plan.chunks)?;
+            }
+            Ok(())
         })();
-        self.comm.defer_sends = false;
+        *self.comm.mailbox.borrow_mut() = None;
         self.mid_step = false;
-        self.in_flight = in_flight(order).max(1) as u64;
+        self.in_flight = in_flight(&passes(&plan.schedule)).max(1) as u64;
+        self.chunks = plan.chunks.len() as u64;
         r.map(|()| total)
     }
 
-    /// Move the active micro-batch's state out of the tensor store (after its forward).
+    /// Post, as one call on the pipeline group, what the passes since the last call sent
+    /// and what `iteration`'s passes will receive (into the mailbox, by op).
+    fn post_pipeline(&mut self, iteration: &[Pass], chunks: &Chunks) -> Result<(), ExecError> {
+        let sends = self.comm.mailbox.borrow_mut().as_mut().map(|m| std::mem::take(&mut m.outbox)).unwrap_or_default();
+        let size = self.pipeline_stage().map_or(1, |(_, n)| n);
+        let mut keys = Vec::new();
+        let mut recvs = Vec::new();
+        for &pass in iteration {
+            let (forward, ops) = match pass {
+                Pass::Forward(_, c) => (true, &chunks.forward_recvs[c]),
+                Pass::Backward(_, c) => (false, &chunks.backward_recvs[c]),
+            };
+            for &oi in ops {
+                let op = &self.graph.ops[oi];
+                let peer = op.int("peer").filter(|&p| p >= 0 && (p as usize) < size).ok_or_else(|| {
+                    ExecError::State(format!("operation '{}': peer {:?} is not a rank of the pipeline's {size}", op.name, op.int("peer")))
+                })? as usize;
+                // What the op will take: a recv's output as stored, a send's input's
+                // gradient in f32.
+                let buf = if forward {
+                    let o = op.outputs[0];
+                    self.device.alloc(elem_of(self.graph.tensors[o].dtype), self.numel_of(o))?
+                } else {
+                    self.device.alloc(Elem::F32, self.numel_of(op.inputs[0]))?
+                };
+                keys.push((forward, oi));
+                recvs.push((peer, buf));
+            }
+        }
+        self.pipeline_exchange(&sends, &mut recvs)?;
+        if let Some(m) = self.comm.mailbox.borrow_mut().as_mut() {
+            m.inbox.extend(keys.into_iter().zip(recvs.into_iter().map(|(_, b)| b)));
+        }
+        Ok(())
+    }
+
+    /// Move the active micro-batch's state out of the tensor store (between its passes).
     fn park(&mut self) -> Parked<D> {
         let mut p = Parked {
             vals: Vec::new(),
@@ -185,7 +437,7 @@ impl<D: Device> Executor<D> {
         p
     }
 
-    /// Put a parked micro-batch back, ready for its backward; the store holds no other.
+    /// Put a parked micro-batch back, ready for its next pass; the store holds no other.
     fn resume(&mut self, p: Parked<D>) {
         self.release_activations();
         for (id, b) in p.vals {
@@ -207,20 +459,46 @@ impl<D: Device> Executor<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Pass::{Backward as B, Forward as F};
 
-    fn check(stages: usize, m: usize) {
-        for s in 0..stages {
-            let o = one_f_one_b(stages, s, m);
-            // Every micro-batch once each way, its forward first, the backwards in order.
-            let f: Vec<usize> = o.iter().filter_map(|p| if let Pass::Forward(i) = p { Some(*i) } else { None }).collect();
-            let b: Vec<usize> = o.iter().filter_map(|p| if let Pass::Backward(i) = p { Some(*i) } else { None }).collect();
-            assert_eq!(f, (0..m).collect::<Vec<_>>(), "stage {s} of {stages}, {m} micro-batches: {o:?}");
-            assert_eq!(b, (0..m).collect::<Vec<_>>(), "stage {s} of {stages}, {m} micro-batches: {o:?}");
-            for i in 0..m {
-                let at = |p: Pass| o.iter().position(|q| *q == p).unwrap();
-                assert!(at(Pass::Forward(i)) < at(Pass::Backward(i)), "{o:?}");
+    fn forwards(o: &[Pass]) -> Vec<(usize, usize)> {
+        o.iter().filter_map(|p| if let F(i, c) = p { Some((*i, *c)) } else { None }).collect()
+    }
+
+    fn backwards(o: &[Pass]) -> Vec<(usize, usize)> {
+        o.iter().filter_map(|p| if let B(i, c) = p { Some((*i, *c)) } else { None }).collect()
+    }
+
+    fn at(o: &[Pass], p: Pass) -> usize {
+        o.iter().position(|q| *q == p).unwrap()
+    }
+
+    /// What any schedule must be: every chunk of every micro-batch once each way, a
+    /// micro-batch's chunks forward in order and backward in reverse, its forwards done
+    /// before its backwards, and each chunk's backwards in micro-batch order (so the
+    /// gradients sum as in order). Iterations are one pass, or a forward and a backward.
+    fn valid(s: &Schedule, m: usize, chunks: usize, what: &str) {
+        let o = passes(s);
+        let mut f = forwards(&o);
+        let mut b = backwards(&o);
+        f.sort();
+        b.sort();
+        let all: Vec<(usize, usize)> = (0..m).flat_map(|i| (0..chunks).map(move |c| (i, c))).collect();
+        assert_eq!((f, b), (all.clone(), all), "{what}: {o:?}");
+        for i in 0..m {
+            for c in 1..chunks {
+                assert!(at(&o, F(i, c - 1)) < at(&o, F(i, c)), "{what}: {o:?}");
+                assert!(at(&o, B(i, c)) < at(&o, B(i, c - 1)), "{what}: {o:?}");
             }
-            assert_eq!(in_flight(&o), (stages - s).min(m), "stage {s} of {stages}, {m}: {o:?}");
+            assert!(at(&o, F(i, chunks - 1)) < at(&o, B(i, chunks - 1)), "{what}: {o:?}");
+        }
+        for c in 0..chunks {
+            let order: Vec<usize> = backwards(&o).into_iter().filter(|p| p.1 == c).map(|p| p.0).collect();
+            assert_eq!(order, (0..m).collect::<Vec<_>>(), "{what}: chunk {c}'s backwards: {o:?}");
+        }
+        for it in s {
+            assert!(matches!(it.as_slice(), [_] | [F(..), B(..)]), "{what}: iteration {it:?}");
+            assert!(chunks > 1 || it.len() == 1, "{what}: 1F1B posts between every two passes: {it:?}");
         }
     }
 
@@ -228,16 +506,55 @@ mod tests {
     fn each_stage_warms_up_then_alternates_and_holds_at_most_its_distance_to_the_end() {
         for stages in 1..=5 {
             for m in 1..=9 {
-                check(stages, m);
+                for s in 0..stages {
+                    let o = one_f_one_b(stages, s, m);
+                    valid(&o, m, 1, &format!("stage {s} of {stages}, {m} micro-batches"));
+                    assert_eq!(in_flight(&passes(&o)), (stages - s).min(m), "stage {s} of {stages}, {m}");
+                }
             }
         }
-        use Pass::{Backward as B, Forward as F};
         // Megatron's picture for 4 stages and 6 micro-batches, stages 0 and 3.
         assert_eq!(
-            one_f_one_b(4, 0, 6),
-            vec![F(0), F(1), F(2), F(3), B(0), F(4), B(1), F(5), B(2), B(3), B(4), B(5)]
+            passes(&one_f_one_b(4, 0, 6)),
+            vec![F(0, 0), F(1, 0), F(2, 0), F(3, 0), B(0, 0), F(4, 0), B(1, 0), F(5, 0), B(2, 0), B(3, 0), B(4, 0), B(5, 0)]
         );
-        assert_eq!(one_f_one_b(4, 3, 6), in_order(6));
-        assert_eq!(in_flight(&in_order(6)), 1);
+        assert_eq!(passes(&one_f_one_b(4, 3, 6)), passes(&in_order(6, 1)));
+        assert_eq!(in_flight(&passes(&in_order(6, 1))), 1);
+        assert_eq!(in_flight(&passes(&in_order(6, 3))), 3);
+        valid(&in_order(4, 3), 4, 3, "in order over 3 chunks");
+    }
+
+    /// Megatron's interleaved schedule: chunk forwards p micro-batches of a chunk at a
+    /// time, (p - s - 1)·2 + (vp - 1)·p warm-up forwards on stage s, and stage 0 holding
+    /// p·vp + p - 1 chunk forwards at once (p + (p - 1)/vp micro-batches' worth).
+    #[test]
+    fn interleaving_takes_the_stages_micro_batches_a_chunk_at_a_time() {
+        for stages in 2..=5 {
+            for chunks in 2..=4 {
+                for m in [stages, 2 * stages, 3 * stages] {
+                    for s in 0..stages {
+                        let o = interleaved(stages, s, chunks, m).unwrap();
+                        let what = format!("stage {s} of {stages}, {chunks} chunks, {m} micro-batches");
+                        valid(&o, m, chunks, &what);
+                        let warmup = o.iter().take_while(|it| it.len() == 1 && matches!(it[0], F(..))).count();
+                        let want = if m == stages { m * chunks } else { (stages - s - 1) * 2 + (chunks - 1) * stages };
+                        assert_eq!(warmup, want.min(m * chunks), "{what}");
+                        if m > stages {
+                            assert_eq!(in_flight(&passes(&o)), want + 1, "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        // pp = 2, vp = 2, 4 micro-batches, stage 0 (worked by hand from schedules.py).
+        assert_eq!(
+            passes(&interleaved(2, 0, 2, 4).unwrap()),
+            vec![
+                F(0, 0), F(1, 0), F(0, 1), F(1, 1),
+                F(2, 0), B(0, 1), F(3, 0), B(1, 1), F(2, 1), B(0, 0), F(3, 1), B(1, 0),
+                B(2, 1), B(3, 1), B(2, 0), B(3, 0),
+            ]
+        );
+        assert_eq!(interleaved(4, 0, 2, 6), None, "6 micro-batches over 4 stages");
     }
 }
