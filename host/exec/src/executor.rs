@@ -129,7 +129,8 @@ pub struct MemoryReport {
     /// pieces of the sharded weights (about 1/n of them) plus the others whole.
     pub state_bytes: u64,
     /// Micro-batches the last step held between their forward and their backward at
-    /// once (a 1F1B pipeline stage: up to its distance to the last stage, plus one);
+    /// once (a 1F1B pipeline stage: up to its distance to the last stage, plus one; an
+    /// interleaved one: the chunk forwards held over the chunks per stage, rounded up);
     /// `required_bytes` counts what each of the others keeps for its backward.
     pub micro_batches_in_flight: u64,
 }
@@ -157,6 +158,15 @@ pub struct StepProfile {
     /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
     /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded.
     pub communication_s: f64,
+}
+
+/// Which backward steps a backward pass runs (all, or one pipeline chunk's:
+/// `pipeline.rs`), and whether it begins the micro-batch's backward (seeding the loss
+/// gradient) and ends it (the chunks run last to first).
+pub(super) struct BackwardSpan {
+    pub(super) steps: Range<usize>,
+    pub(super) begins: bool,
+    pub(super) ends: bool,
 }
 
 /// What running one forward op yields: its outputs and the statistics it saves.
@@ -1033,16 +1043,19 @@ impl<D: Device> Executor<D> {
         if self.options.cuda_graph {
             return Err(graph::whole_steps_only("backward"));
         }
-        self.backward_steps(accumulate, 0..self.plan.steps.len())
+        self.backward_steps(accumulate, self.whole_backward())
     }
 
-    /// Backward steps `steps` of the micro-batch in the store: all of them, or one
-    /// pipeline chunk's (`pipeline.rs`; the chunks' ranges run last to first, the first
-    /// seeding the loss gradient and the last finishing the micro-batch's backward).
-    pub(super) fn backward_steps(&mut self, accumulate: bool, steps: Range<usize>) -> Result<(), ExecError> {
-        let first = steps.start == 0;
+    /// Every backward step, beginning and ending the micro-batch's backward.
+    fn whole_backward(&self) -> BackwardSpan {
+        BackwardSpan { steps: 0..self.plan.steps.len(), begins: true, ends: true }
+    }
+
+    /// The backward steps `span` names of the micro-batch in the store.
+    pub(super) fn backward_steps(&mut self, accumulate: bool, span: BackwardSpan) -> Result<(), ExecError> {
+        let first = span.begins;
         let t0 = self.device.record()?;
-        self.backward_ops_in(accumulate, steps)?;
+        self.backward_ops_in(accumulate, span)?;
         let t1 = self.device.record()?;
         self.settle_quant()?;
         let dt = self.device.elapsed_s(&t0, &t1)?;
@@ -1066,11 +1079,11 @@ impl<D: Device> Executor<D> {
 
     /// The backward's device work (no host transfer: a recorded step runs it).
     fn backward_ops(&mut self, accumulate: bool) -> Result<(), ExecError> {
-        self.backward_ops_in(accumulate, 0..self.plan.steps.len())
+        self.backward_ops_in(accumulate, self.whole_backward())
     }
 
-    fn backward_ops_in(&mut self, accumulate: bool, steps: Range<usize>) -> Result<(), ExecError> {
-        let (first, last) = (steps.start == 0, steps.end == self.plan.steps.len());
+    fn backward_ops_in(&mut self, accumulate: bool, span: BackwardSpan) -> Result<(), ExecError> {
+        let BackwardSpan { steps, begins: first, ends: last } = span;
         if !self.forward_done || self.backward_done {
             return Err(ExecError::State(
                 "backward needs a forward first (once per forward)".into(),

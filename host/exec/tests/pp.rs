@@ -511,11 +511,12 @@ fn fp8_plan(scaling: Scaling) -> SitePlan {
 /// wait for their receive, NCCL's semantics: an unpaired order times out), the stages'
 /// passes in `schedule`'s order.
 fn pipeline_steps(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule) -> Vec<StageRun> {
-    pipeline_steps_planned(g, shape, m, schedule, None)
+    pipeline_steps_planned(g, shape, m, schedule, None, PipelineSplit::default())
 }
 
-/// As [`pipeline_steps`], every linear of each stage under `plan`.
-fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule, plan: Option<SitePlan>) -> Vec<StageRun> {
+/// As [`pipeline_steps`], every linear of each stage under `plan`, the layers cut into
+/// stages by `split`.
+fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule, plan: Option<SitePlan>, split: PipelineSplit) -> Vec<StageRun> {
     let Mesh(tp, pp, dp, sp, fsdp, vp) = shape;
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
@@ -525,6 +526,7 @@ fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSc
         dp,
         sequence_parallel: sp,
         fsdp,
+        split,
         ..Layout::single(b, b * m as u32 * dp)
     };
     let micro: Vec<Data> = (0..2 * m).map(|k| synthetic_inputs(g, 40 + k as u64)).collect();
@@ -625,8 +627,8 @@ fn one_f_one_b_matches_the_in_order_schedule_under_fp8_plans() {
     for scaling in [Scaling::Current { margin: 0 }, delayed] {
         let plan = Some(fp8_plan(scaling));
         let shape = Mesh(1, 2, 1, false, false, 1);
-        let want = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::InOrder, plan);
-        let got = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::OneFOneB, plan);
+        let want = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::InOrder, plan, PipelineSplit::default());
+        let got = pipeline_steps_planned(&g, shape, 3, PipelineSchedule::OneFOneB, plan, PipelineSplit::default());
         // The plans take effect on every stage.
         for (a, p) in want.iter().zip(&plain) {
             assert_ne!(a.weights, p.weights, "{scaling:?}: stage {} trained as without a plan", a.coord.pp);
@@ -647,7 +649,7 @@ fn one_f_one_b_matches_the_in_order_schedule_under_fp8_plans() {
 /// that wait for their receive (the batched sends and receives between the schedule's
 /// iterations are what keeps the ring of stages from hanging). Stage 0 of p holds
 /// p·vp + p - 1 chunk forwards at once (p = 2, vp = 2: 5 chunks, 3 micro-batches'
-/// worth); with exactly p micro-batches every forward comes first. Over tp = 2 with a
+/// worth; with exactly p micro-batches stage 0 runs every forward first). Over tp = 2 with a
 /// vocabulary-parallel loss, whose row statistics a later micro-batch's pass must not
 /// reuse; over FSDP, whose passes gather the stage's weights between the pipeline's
 /// calls.
@@ -690,5 +692,26 @@ fn interleaved_one_f_one_b_matches_the_in_order_schedule() {
                 );
             }
         }
+    }
+}
+
+/// A chunk without a backward: LoRA freezes the embedding, and Megatron's split counting
+/// it as a layer gives it a chunk of its own (pp = 2, vp = 2: stage 0's chunk 0), which
+/// sends its output and receives no gradient back. The interleaved schedule still ends
+/// each micro-batch's backward there and trains the adapters as the in-order one does.
+#[test]
+fn interleaving_with_a_frozen_chunk_matches_the_in_order_schedule() {
+    let g = runner_graph::peft::lora(&llama(2, false, false), &runner_graph::peft::Lora { rank: 4, ..Default::default() }).unwrap();
+    let shape = Mesh(1, 2, 1, false, false, 2);
+    let split = PipelineSplit::megatron(true, true);
+    let want = pipeline_steps_planned(&g, shape, 4, PipelineSchedule::InOrder, None, split);
+    let got = pipeline_steps_planned(&g, shape, 4, PipelineSchedule::OneFOneB, None, split);
+    for (a, b) in want.iter().zip(&got) {
+        if b.last {
+            assert_eq!(a.losses, b.losses);
+        }
+        assert!(a.weights.keys().all(|n| n.contains(".lora_")), "{:?}", a.weights.keys());
+        assert_eq!(a.weights, b.weights, "stage {}", b.coord.pp);
+        assert_eq!(b.memory.micro_batches_in_flight, [3, 2][b.coord.pp as usize]);
     }
 }

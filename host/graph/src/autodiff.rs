@@ -195,8 +195,8 @@ fn saved_and_aux(g: &Graph, op: &Op, need: &[bool]) -> (Vec<TensorId>, Vec<Aux>)
 }
 
 /// Per tensor: whether it carries a gradient, i.e. it is a float tensor that depends on
-/// a trained weight (a `recv` output counts: it carries the earlier stages') and the
-/// loss depends on it. Frozen weights ([`TensorKind::Frozen`]) start no gradient: the
+/// a trained weight (a `recv` output counts: it carries the earlier stages', unless the
+/// sharder marked it `no-grad` because none of theirs trains) and the loss depends on it. Frozen weights ([`TensorKind::Frozen`]) start no gradient: the
 /// embedding and layer inputs of a LoRA fine-tune before its first adapter carry none.
 /// Tensor ids must be in range (as [`backward_plan`] checks).
 pub fn needs_grad(g: &Graph) -> Vec<bool> {
@@ -208,7 +208,8 @@ pub fn needs_grad(g: &Graph) -> Vec<bool> {
     }
     for op in &g.ops {
         // A received activation carries the earlier stages' weights.
-        if op.kind == OpKind::Recv || op.inputs.iter().any(|&i| depends.get(i).copied().unwrap_or(false)) {
+        let carried = op.kind == OpKind::Recv && op.flag("no-grad") != Some(true);
+        if carried || op.inputs.iter().any(|&i| depends.get(i).copied().unwrap_or(false)) {
             for &o in &op.outputs {
                 if o < nt {
                     depends[o] = float(o);

@@ -1267,6 +1267,10 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         gathered: FxHashMap::default(),
     };
     let pp = i64::from(layout.pp);
+    // Which activations carry a gradient back: a receive of one that carries none (every
+    // weight before it frozen, as the embedding of a LoRA fine-tune) sends nothing back,
+    // as its sender's send, which sees the frozen weights, receives nothing.
+    let carries = crate::autodiff::needs_grad(g);
     let mut sent: Vec<String> = Vec::new();
     let mut i = 0;
     while i < g.ops.len() {
@@ -1294,6 +1298,9 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
                     a.insert("group-size".into(), Attr::Int(pp));
                     a.insert("tensor".into(), attr_text(&t.name));
                     a.insert("peer".into(), Attr::Int((pc % layout.pp as usize) as i64));
+                    if !carries[x] {
+                        a.insert("no-grad".into(), Attr::Flag(true));
+                    }
                     p.emit(
                         &format!("{name}.recv"),
                         OpKind::Recv,

@@ -723,7 +723,9 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
     let n = run.ranks();
     let launch = runner_dist::detect().map_err(|e| anyhow!(e))?;
     let results: Vec<RankResult> = if in_process || (launch.world == 1 && n > 1) {
-        // The single-process run of the layout: every rank a thread, ThreadGroup handles.
+        // The single-process run of the layout: every rank a thread, ThreadGroup handles
+        // whose sends wait for their receive as NCCL's do, so an order of pipeline sends
+        // and receives that would hang GPUs fails here too.
         let mut made: HashMap<(&str, Vec<usize>), Vec<Option<ThreadGroup>>> = HashMap::new();
         let mut handles: Vec<RankGroups<Cpu>> = (0..n).map(|_| Vec::new()).collect();
         for (r, h) in handles.iter_mut().enumerate() {
@@ -731,7 +733,7 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
                 let pos = members.iter().position(|&m| m == r).unwrap_or(0);
                 let hs = made
                     .entry((name, members.clone()))
-                    .or_insert_with(|| ThreadGroup::with_timeout(members.len(), timeout).into_iter().map(Some).collect());
+                    .or_insert_with(|| ThreadGroup::rendezvous(members.len(), timeout).into_iter().map(Some).collect());
                 let mine = hs[pos].take().ok_or_else(|| anyhow!("group {name} handed out twice"))?;
                 h.push((name.to_string(), Box::new(mine)));
             }

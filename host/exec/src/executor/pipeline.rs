@@ -44,7 +44,7 @@ use std::ops::Range;
 use runner_graph::{OpKind, TensorId, TensorKind};
 
 use super::comm::Mailbox;
-use super::{Executor, Input, elem_of};
+use super::{BackwardSpan, Executor, Input, elem_of};
 use crate::device::{Device, Elem, ExecError, Plans};
 
 /// How [`Executor::step_micro_batches`] orders the passes of a pipeline stage's
@@ -126,18 +126,15 @@ pub fn one_f_one_b(stages: usize, stage: usize, micro_batches: usize) -> Schedul
 /// chunk forwards taken `stages` micro-batches of one chunk at a time (chunk 0 of
 /// micro-batches 0..p, chunk 1 of the same, ..., then the next p micro-batches),
 /// backwards likewise from the last chunk; `(p - s - 1)·2 + (vp - 1)·p` warm-up chunk
-/// forwards, all of them when there are exactly `p` micro-batches. `None` when the
-/// micro-batches are not a multiple of the stages (Megatron refuses them).
+/// forwards, at most all of them (the Megatron of 2025; earlier ones ran every forward
+/// first whenever the micro-batches were exactly `p`). `None` when the micro-batches are
+/// not a multiple of the stages (Megatron refuses them).
 pub fn interleaved(stages: usize, stage: usize, chunks: usize, micro_batches: usize) -> Option<Schedule> {
     if stages == 0 || chunks == 0 || !micro_batches.is_multiple_of(stages) || micro_batches == 0 {
         return None;
     }
     let total = micro_batches * chunks;
-    let warmup = if micro_batches == stages {
-        total
-    } else {
-        runner_graph::pipeline::warmup_chunk_forwards(stages, stage, chunks, micro_batches)
-    };
+    let warmup = runner_graph::pipeline::warmup_chunk_forwards(stages, stage, chunks, micro_batches);
     // The k-th chunk pass: its micro-batch and its place among the chunks.
     let group = stages * chunks;
     let at = |k: usize| ((k / group) * stages + k % stages, (k % group) / stages);
@@ -351,7 +348,8 @@ impl<D: Device> Executor<D> {
                             if active != Some(i) {
                                 return Err(ExecError::State(format!("schedule: backward of micro-batch {i} before its forward")));
                             }
-                            self.backward_steps(backwards > 0, plan.chunks.steps[c].clone())?;
+                            let span = BackwardSpan { steps: plan.chunks.steps[c].clone(), begins: c == last, ends: c == 0 };
+                            self.backward_steps(backwards > 0, span)?;
                             backwards += 1;
                             if c == 0 {
                                 active = None;
@@ -525,8 +523,9 @@ mod tests {
     }
 
     /// Megatron's interleaved schedule: chunk forwards p micro-batches of a chunk at a
-    /// time, (p - s - 1)·2 + (vp - 1)·p warm-up forwards on stage s, and stage 0 holding
-    /// p·vp + p - 1 chunk forwards at once (p + (p - 1)/vp micro-batches' worth).
+    /// time, (p - s - 1)·2 + (vp - 1)·p warm-up forwards on stage s (at most all), and
+    /// stage 0 holding p·vp + p - 1 chunk forwards at once (p + (p - 1)/vp micro-batches'
+    /// worth) when the step has that many.
     #[test]
     fn interleaving_takes_the_stages_micro_batches_a_chunk_at_a_time() {
         for stages in 2..=5 {
@@ -537,11 +536,9 @@ mod tests {
                         let what = format!("stage {s} of {stages}, {chunks} chunks, {m} micro-batches");
                         valid(&o, m, chunks, &what);
                         let warmup = o.iter().take_while(|it| it.len() == 1 && matches!(it[0], F(..))).count();
-                        let want = if m == stages { m * chunks } else { (stages - s - 1) * 2 + (chunks - 1) * stages };
-                        assert_eq!(warmup, want.min(m * chunks), "{what}");
-                        if m > stages {
-                            assert_eq!(in_flight(&passes(&o)), want + 1, "{what}");
-                        }
+                        let want = ((stages - s - 1) * 2 + (chunks - 1) * stages).min(m * chunks);
+                        assert_eq!(warmup, want, "{what}");
+                        assert_eq!(in_flight(&passes(&o)), (want + 1).min(m * chunks), "{what}");
                     }
                 }
             }
