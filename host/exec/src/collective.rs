@@ -981,6 +981,39 @@ mod tests {
         assert!(out[1].2.contains("received 2 elements, expected 3"), "{}", out[1].2);
     }
 
+    /// A batched call of sends and receives on ranks whose sends wait for their receive
+    /// (NCCL's semantics): a ring of three ranks each sending to the next and receiving
+    /// from the one before completes when posted as one call, with each message where it
+    /// belongs, and times out when each rank sends before it receives.
+    #[test]
+    fn batched_sends_and_receives_complete_a_ring_that_separate_ones_hang() {
+        let ring = |batched: bool| {
+            let hs: Vec<_> = ThreadGroup::rendezvous(3, Duration::from_secs(2))
+                .into_iter()
+                .map(|g| {
+                    std::thread::spawn(move || {
+                        let (r, n) = (g.rank(), g.size());
+                        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                        let mine = [r as f32, 10.0 + r as f32];
+                        if batched {
+                            g.batch_send_recv(&[(next, &mine[..1]), (prev, &mine[1..])], &[prev, next])
+                        } else {
+                            g.send(next, &mine).and_then(|()| g.recv(prev).map(|m| vec![m]))
+                        }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        };
+        for (r, got) in ring(true).into_iter().enumerate() {
+            let (prev, next) = ((r + 2) % 3, (r + 1) % 3);
+            assert_eq!(got.unwrap(), vec![vec![prev as f32], vec![10.0 + next as f32]], "rank {r}");
+        }
+        let apart = ring(false);
+        assert!(apart.iter().all(Result::is_err), "{apart:?}");
+        assert!(apart.iter().any(|r| r.as_ref().is_err_and(|e| e.to_string().contains("timed out"))), "{apart:?}");
+    }
+
     fn g_peer_checked() -> bool {
         let g = ThreadGroup::new(1).pop().unwrap();
         g.send(1, &[0.0]).is_err() && g.recv(5).is_err()
