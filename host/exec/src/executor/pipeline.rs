@@ -33,7 +33,7 @@
 //! a backward of the steady state, whose sends go with the next two passes' receives
 //! (`send_forward_backward_recv_forward_backward`). On NCCL a send waits for its
 //! receive: stages that each sent before receiving would wait on each other forever;
-//! interleaved, so would stages that receive one pass ahead, through the ring of stages.
+//! interleaved stages that posted pass by pass would too, through the ring of stages.
 //!
 //! The weight gradients come out bit for bit as the in-order schedule's: each chunk's
 //! backwards run in micro-batch order, so each gradient sums the same values in the
