@@ -195,6 +195,11 @@ fn llama(layers: u32, tied: bool, vocab_parallel: bool) -> Graph {
     )
 }
 
+/// The toy of `c`, with roles.
+fn toy_graph(c: ToyConfig) -> Graph {
+    with_roles(toy::llama(&c), false)
+}
+
 /// The 2-layer toy with one sequence per batch (half of [`llama`]'s two).
 fn half_llama(tied: bool, vocab_parallel: bool) -> Graph {
     with_roles(
@@ -619,7 +624,10 @@ fn same_training(want: &[StageRun], got: &[StageRun], held: &[u64], what: &str) 
 ///
 /// Over tp = 2 with SP and a tied vocabulary-parallel head, whose row statistics a later
 /// micro-batch's pass must not reuse; over FSDP, whose passes gather the stage's weights
-/// over dp between the pipeline's calls.
+/// over dp between the pipeline's calls; and interleaved over MoE layers (routing plans
+/// parked with their micro-batch), a multi-token-prediction head and Mamba layers, so
+/// each of those rank graphs is cut into its chunks (a rank graph that could not be
+/// would run in order and hold one micro-batch).
 #[test]
 fn pipeline_schedules_match_the_in_order_schedule_over_sends_that_wait_for_their_receive() {
     let cases = [
@@ -630,6 +638,9 @@ fn pipeline_schedules_match_the_in_order_schedule_over_sends_that_wait_for_their
         (llama(6, false, false), Mesh(1, 3, 1, false, false, 2), 6, vec![4, 3, 2]),
         (llama(4, true, true), Mesh(2, 2, 1, true, false, 2), 2, vec![2, 2]),
         (llama(4, true, false), Mesh(1, 2, 2, false, true, 2), 4, vec![3, 2]),
+        (toy_graph(ToyConfig { layers: 4, moe: Some((4, 2, 32)), ..ToyConfig::tiny() }), Mesh(1, 2, 1, false, false, 2), 4, vec![3, 2]),
+        (toy_graph(ToyConfig { layers: 4, mtp: 1, ..ToyConfig::tiny() }), Mesh(1, 2, 1, false, false, 2), 4, vec![3, 2]),
+        (with_roles(toy::mamba(&ToyConfig { layers: 4, ..ToyConfig::tiny() }), false), Mesh(1, 2, 1, false, false, 2), 4, vec![3, 2]),
     ];
     for (g, shape, m, held) in cases {
         let Mesh(tp, pp, dp, sp, fsdp, vp) = shape;
