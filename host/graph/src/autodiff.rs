@@ -196,8 +196,9 @@ fn saved_and_aux(g: &Graph, op: &Op, need: &[bool]) -> (Vec<TensorId>, Vec<Aux>)
 
 /// Per tensor: whether it carries a gradient, i.e. it is a float tensor that depends on
 /// a trained weight (a `recv` output counts: it carries the earlier stages', unless the
-/// sharder marked it `no-grad` because none of theirs trains) and the loss depends on it. Frozen weights ([`TensorKind::Frozen`]) start no gradient: the
-/// embedding and layer inputs of a LoRA fine-tune before its first adapter carry none.
+/// sharder marked it `no-grad` because none of theirs trains) and the loss depends on
+/// it. Frozen weights ([`TensorKind::Frozen`]) start no gradient: the embedding and
+/// layer inputs of a LoRA fine-tune before its first adapter carry none.
 /// Tensor ids must be in range (as [`backward_plan`] checks).
 pub fn needs_grad(g: &Graph) -> Vec<bool> {
     let nt = g.tensors.len();

@@ -510,7 +510,7 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
 // bench step
 // ---------------------------------------------------------------------------------------
 
-/// A tp·pp·dp layout from `tp=2,pp=1,dp=2`.
+/// A tp·pp·dp layout with vp chunks per stage from `tp=2,pp=1,dp=2` or `pp=2,vp=2`.
 pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32)> {
     let (mut tp, mut pp, mut dp, mut vp) = (1, 1, 1, 1);
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
@@ -523,9 +523,6 @@ pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32)> {
             "vp" => vp = v,
             other => bail!("--layout {s}: '{other}' is not tp, pp, dp or vp"),
         }
-    }
-    if vp > 1 && pp == 1 {
-        bail!("--layout {s}: vp (pipeline chunks per stage) needs pp > 1");
     }
     Ok((tp, pp, dp, vp))
 }
@@ -585,14 +582,37 @@ impl StepRun {
             "bench" => (ToyConfig::bench(), 4, "bench"),
             t => bail!("--toy {t}: use tiny or bench"),
         };
-        if !u32::is_multiple_of(per_stage, vp) {
-            bail!("--layout {layout}: the {toy_name} toy has {per_stage} layers per stage, which vp={vp} chunks cannot share");
-        }
-        if vp > 1 && !micro_batches.is_multiple_of(pp as usize) {
-            bail!("--layout {layout}: the interleaved schedule needs --micro-batches a multiple of pp={pp} (Megatron's rule)");
-        }
         toy.layers = per_stage * pp;
-        Ok(StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name })
+        let run = StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name };
+        // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
+        // micro-batches the interleaved schedule refuses), before any rank starts.
+        run.layout()
+            .validate(&run.graph(), tp * pp * dp)
+            .map_err(|e| anyhow!("--layout {layout} with the {toy_name} toy ({} layers) and --micro-batches {micro_batches}: {e}", run.toy.layers))?;
+        Ok(run)
+    }
+
+    /// The toy model, with its tensor-parallel roles.
+    fn graph(&self) -> runner_graph::Graph {
+        with_roles(llama(&self.toy), true)
+    }
+
+    /// The layout the ranks shard the toy for.
+    fn layout(&self) -> Layout {
+        Layout {
+            tp: self.tp,
+            pp: self.pp,
+            cp: 1,
+            ep: 1,
+            etp: 1,
+            dp: self.dp,
+            vp: self.vp,
+            sequence_parallel: false,
+            fsdp: false,
+            micro_batch: self.toy.batch as u32,
+            global_batch: self.toy.batch as u32 * self.dp * self.micro_batches as u32,
+            split: Default::default(),
+        }
     }
 
     fn ranks(&self) -> usize {
@@ -660,22 +680,8 @@ fn toy_kv_heads() -> u32 {
 
 fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usize) -> Result<RankResult> {
     let (tp, pp, dp, m) = (run.tp, run.pp, run.dp, run.micro_batches);
-    let cfg = &run.toy;
-    let g = with_roles(llama(cfg), true);
-    let l = Layout {
-        tp,
-        pp,
-        cp: 1,
-        ep: 1,
-        etp: 1,
-        dp,
-        vp: run.vp,
-        sequence_parallel: false,
-        fsdp: false,
-        micro_batch: cfg.batch as u32,
-        global_batch: cfg.batch as u32 * dp * m as u32,
-        split: Default::default(),
-    };
+    let g = run.graph();
+    let l = run.layout();
     let coord = RankCoord {
         tp: rank as u32 % tp,
         pp: rank as u32 / tp % pp,
@@ -869,6 +875,13 @@ mod tests {
         assert_eq!(g, vec![("pp", vec![0, 1]), ("pp-embed", vec![0, 1])]);
         assert!(parse_layout("tp=2,dp=2").is_ok() && parse_layout("xp=2").is_err() && parse_layout("tp=0").is_err());
         assert_eq!(parse_layout("pp=2,vp=2").unwrap(), (1, 2, 1, 2));
-        assert!(parse_layout("vp=2").is_err(), "vp without a pipeline");
+        // The sharder's rules, before any rank starts.
+        let bad = |layout: &str, m: usize| StepRun::new(layout, 1, m, "1f1b", "tiny").unwrap_err().to_string();
+        assert!(bad("vp=2", 1).contains("needs pp > 1"), "{}", bad("vp=2", 1));
+        assert!(StepRun::new("pp=2,vp=2", 1, 4, "1f1b", "tiny").is_ok());
+        let odd = bad("pp=2,vp=2", 3);
+        assert!(odd.contains("(m = 3) to be a multiple of pp=2"), "{odd}");
+        let chunks = bad("pp=2,vp=3", 3 * 2);
+        assert!(chunks.contains("6 pipeline chunks but the 4 layers"), "{chunks}");
     }
 }

@@ -172,6 +172,19 @@ impl<D: Device> Timed<'_, D> {
     fn recv(&self, peer: usize, buf: &mut D::Buffer) -> Result<(), ExecError> {
         self.time(|c, d| c.recv(d, peer, buf))
     }
+    /// `sends` and `recvs` as one call (a pipeline schedule's, `pipeline.rs`), its
+    /// failures naming this stage.
+    pub(super) fn batch_send_recv(&self, sends: &[(usize, D::Buffer)], recvs: &mut [(usize, D::Buffer)]) -> Result<(), ExecError> {
+        if sends.is_empty() && recvs.is_empty() {
+            return Ok(());
+        }
+        let sends: Vec<(usize, &D::Buffer)> = sends.iter().map(|(p, b)| (*p, b)).collect();
+        let mut recvs: Vec<(usize, &mut D::Buffer)> = recvs.iter_mut().map(|(p, b)| (*p, b)).collect();
+        self.time(|c, d| c.batch_send_recv(d, &sends, &mut recvs)).map_err(|e| match e {
+            ExecError::State(m) => ExecError::State(format!("pipeline stage {} of {}: {m}", self.rank(), self.size())),
+            other => other,
+        })
+    }
 }
 
 /// A buffer borrowed from the executor's store or made for the call.
@@ -341,7 +354,7 @@ impl<D: Device> Executor<D> {
     }
 
     /// The `peer` attribute of a send or recv, checked against the group.
-    fn peer(&self, op: &Op, c: &Timed<'_, D>) -> Result<usize, ExecError> {
+    pub(super) fn peer(&self, op: &Op, c: &Timed<'_, D>) -> Result<usize, ExecError> {
         match op.int("peer") {
             Some(p) if p >= 0 && (p as usize) < c.size() && p as usize != c.rank() => {
                 Ok(p as usize)
@@ -397,22 +410,6 @@ impl<D: Device> Executor<D> {
             }
             None => c.send(peer, buf),
         }
-    }
-
-    /// Post `sends` and `recvs` on the pipeline group as one call (`pipeline.rs`).
-    pub(super) fn pipeline_exchange(&self, sends: &[(usize, D::Buffer)], recvs: &mut [(usize, D::Buffer)]) -> Result<(), ExecError> {
-        if sends.is_empty() && recvs.is_empty() {
-            return Ok(());
-        }
-        let c = self
-            .timed("pp")
-            .ok_or_else(|| ExecError::State("pipeline schedule: no collective handle for group 'pp'".into()))?;
-        let sends: Vec<(usize, &D::Buffer)> = sends.iter().map(|(p, b)| (*p, b)).collect();
-        let mut recvs: Vec<(usize, &mut D::Buffer)> = recvs.iter_mut().map(|(p, b)| (*p, b)).collect();
-        c.time(|c, d| c.batch_send_recv(d, &sends, &mut recvs)).map_err(|e| match e {
-            ExecError::State(m) => ExecError::State(format!("pipeline stage {} of {}: {m}", c.rank(), c.size())),
-            other => other,
-        })
     }
 
     /// The live value of tensor `id`, read by `op`.

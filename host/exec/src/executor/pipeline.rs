@@ -375,7 +375,9 @@ impl<D: Device> Executor<D> {
     /// and what `iteration`'s passes will receive (into the mailbox, by op).
     fn post_pipeline(&mut self, iteration: &[Pass], chunks: &Chunks) -> Result<(), ExecError> {
         let sends = self.comm.mailbox.borrow_mut().as_mut().map(|m| std::mem::take(&mut m.outbox)).unwrap_or_default();
-        let size = self.pipeline_stage().map_or(1, |(_, n)| n);
+        let pp = self
+            .timed("pp")
+            .ok_or_else(|| ExecError::State("pipeline schedule: no collective handle for group 'pp'".into()))?;
         let mut keys = Vec::new();
         let mut recvs = Vec::new();
         for &pass in iteration {
@@ -385,9 +387,7 @@ impl<D: Device> Executor<D> {
             };
             for &oi in ops {
                 let op = &self.graph.ops[oi];
-                let peer = op.int("peer").filter(|&p| p >= 0 && (p as usize) < size).ok_or_else(|| {
-                    ExecError::State(format!("operation '{}': peer {:?} is not a rank of the pipeline's {size}", op.name, op.int("peer")))
-                })? as usize;
+                let peer = self.peer(op, &pp)?;
                 // What the op will take: a recv's output as stored, a send's input's
                 // gradient in f32.
                 let buf = if forward {
@@ -400,7 +400,7 @@ impl<D: Device> Executor<D> {
                 recvs.push((peer, buf));
             }
         }
-        self.pipeline_exchange(&sends, &mut recvs)?;
+        pp.batch_send_recv(&sends, &mut recvs)?;
         if let Some(m) = self.comm.mailbox.borrow_mut().as_mut() {
             m.inbox.extend(keys.into_iter().zip(recvs.into_iter().map(|(_, b)| b)));
         }
