@@ -14,6 +14,14 @@
 //! Every reduction sums (or takes the max) in rank order on every rank, so all ranks get
 //! bit-identical results and nothing depends on thread timing.
 //!
+//! An all-reduce can also be started and finished later
+//! ([`Collective::start_all_reduce`]), so that it runs while the rank computes: the
+//! executor reduces each bucket of data-parallel gradients this way as soon as the
+//! backward has finished it (PyTorch DDP's buckets, Megatron's `overlap_grad_reduce`).
+//! NCCL runs it on a second stream; a [`ThreadGroup`] on a thread of its own, over a
+//! second lane of the group; other host transports run it at once (no overlap, same
+//! result).
+//!
 //! Axis handling (gathering along a non-leading axis) is the caller's:
 //! [`Collective::all_gather`] writes the ranks' buffers concatenated in rank order.
 //!
@@ -23,7 +31,9 @@
 //! ([`ThreadGroup::with_timeout`], [`DEFAULT_TIMEOUT`] otherwise) with an error naming
 //! the call and the ranks that did not arrive; the group is unusable after a timeout.
 
+use std::any::Any;
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -122,6 +132,80 @@ pub trait Collective<D: Device = Cpu>: Send {
         }
         Ok(())
     }
+    /// Start an all-reduce of `buf` (as [`Collective::all_reduce`]) that runs while this
+    /// rank goes on computing; [`Collective::finish_all_reduce`] gives the buffer back
+    /// reduced. Every rank starts the same all-reduces in the same order. Several may be
+    /// in flight; the caller makes no other call on this group until it has finished
+    /// them all. NCCL runs them on a second stream, after the work queued so far; the
+    /// default runs each at once.
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce`], for what is checked (or run) at the start.
+    fn start_all_reduce(&self, dev: &D, buf: D::Buffer, op: ReduceOp) -> Result<InFlight<D::Buffer>, ExecError> {
+        let mut buf = buf;
+        self.all_reduce(dev, &mut buf, op)?;
+        Ok(InFlight::done(buf))
+    }
+    /// The buffer of an all-reduce this group started, reduced; work queued on `dev`
+    /// after this call is ordered after the reduction.
+    ///
+    /// # Errors
+    /// As [`Collective::all_reduce`]; an [`InFlight`] another group started.
+    fn finish_all_reduce(&self, _dev: &D, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
+        match f.into_parts() {
+            (buf, None) => Ok(buf),
+            (_, Some(_)) => Err(foreign()),
+        }
+    }
+}
+
+/// An all-reduce [`Collective::start_all_reduce`] started: the buffer, and what the group
+/// needs to finish it (none when it already ran).
+pub struct InFlight<B> {
+    buf: B,
+    pending: Option<Box<dyn Any + Send>>,
+}
+
+impl<B> InFlight<B> {
+    /// An all-reduce that already ran.
+    pub fn done(buf: B) -> Self {
+        InFlight { buf, pending: None }
+    }
+    /// An all-reduce still running; `pending` is the group's own record of it.
+    pub fn running(buf: B, pending: Box<dyn Any + Send>) -> Self {
+        InFlight { buf, pending: Some(pending) }
+    }
+    /// The buffer and the group's record, for the group that finishes it.
+    pub fn into_parts(self) -> (B, Option<Box<dyn Any + Send>>) {
+        (self.buf, self.pending)
+    }
+}
+
+fn foreign() -> ExecError {
+    err("finish_all_reduce of an all-reduce another group started".into())
+}
+
+/// A host transport's started all-reduce ([`HostCollective::start_all_reduce`]).
+pub enum HostInFlight {
+    /// It already ran: the reduced data.
+    Done(Vec<f32>),
+    /// It runs elsewhere; the reduced data (or the error) arrives here.
+    Running(mpsc::Receiver<Result<Vec<f32>, ExecError>>),
+}
+
+impl HostInFlight {
+    /// The reduced data, once it is there.
+    ///
+    /// # Errors
+    /// The all-reduce failed, or what ran it ended without answering.
+    pub fn wait(self) -> Result<Vec<f32>, ExecError> {
+        match self {
+            HostInFlight::Done(d) => Ok(d),
+            HostInFlight::Running(rx) => rx.recv().unwrap_or_else(|_| {
+                Err(err("a started all-reduce: the thread running it ended without an answer".into()))
+            }),
+        }
+    }
 }
 
 /// The calls of [`Collective`] on host memory, for transports that move host data
@@ -157,6 +241,15 @@ pub trait HostCollective: Send {
             self.send(peer, data)?;
         }
         recvs.iter().map(|&peer| self.recv(peer)).collect()
+    }
+    /// As [`Collective::start_all_reduce`]; the default runs it at once.
+    ///
+    /// # Errors
+    /// As [`HostCollective::all_reduce`].
+    fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
+        let mut data = data;
+        self.all_reduce(&mut data, op)?;
+        Ok(HostInFlight::Done(data))
     }
 }
 
@@ -273,6 +366,18 @@ impl<D: Device, H: HostCollective> Collective<D> for H {
         }
         Ok(())
     }
+    fn start_all_reduce(&self, dev: &D, buf: D::Buffer, op: ReduceOp) -> Result<InFlight<D::Buffer>, ExecError> {
+        reducible(&buf, "all-reduce")?;
+        let h = HostCollective::start_all_reduce(self, dev.read_f32(&buf)?, op)?;
+        Ok(InFlight::running(buf, Box::new(h)))
+    }
+    fn finish_all_reduce(&self, dev: &D, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
+        let (mut buf, pending) = f.into_parts();
+        let Some(pending) = pending else { return Ok(buf) };
+        let h = pending.downcast::<HostInFlight>().map_err(|_| foreign())?;
+        stage_in(dev, &mut buf, &h.wait()?, "all-reduce")?;
+        Ok(buf)
+    }
 }
 
 /// A received message's length against the buffer waiting for it.
@@ -346,10 +451,25 @@ struct Shared {
 /// A group of ranks that are threads of this process. [`ThreadGroup::new`] returns one
 /// handle per rank; move each to its thread. Dropping a handle tells the others that
 /// rank has left (see the module notes).
+///
+/// Started all-reduces ([`HostCollective::start_all_reduce`]) run on a second lane of
+/// the group (its own call sequence), one thread per rank, started by the rank's first
+/// one: calls the rank makes meanwhile on the group itself cannot be matched with them.
 pub struct ThreadGroup {
     rank: usize,
     shared: Arc<Shared>,
+    lane: Mutex<Lane>,
 }
+
+/// A rank's side of its group's second lane.
+enum Lane {
+    /// Not used yet: this rank's handle on the lane (none: this is a lane's handle).
+    Idle(Option<Box<ThreadGroup>>),
+    /// Its thread runs each all-reduce sent here, in order, and answers on the channel.
+    Running(mpsc::Sender<LaneJob>),
+}
+
+type LaneJob = (Vec<f32>, ReduceOp, mpsc::Sender<Result<Vec<f32>, ExecError>>);
 
 impl ThreadGroup {
     /// Handles for `n` ranks (index = rank), waiting at most [`DEFAULT_TIMEOUT`].
@@ -373,7 +493,21 @@ impl ThreadGroup {
 
     fn build(n: usize, timeout: Duration, rendezvous: bool) -> Vec<ThreadGroup> {
         let n = n.max(1);
-        let shared = Arc::new(Shared {
+        let (shared, lane) = (Self::shared(n, timeout, rendezvous), Self::shared(n, timeout, rendezvous));
+        (0..n)
+            .map(|rank| {
+                let on_lane = ThreadGroup { rank, shared: Arc::clone(&lane), lane: Mutex::new(Lane::Idle(None)) };
+                ThreadGroup {
+                    rank,
+                    shared: Arc::clone(&shared),
+                    lane: Mutex::new(Lane::Idle(Some(Box::new(on_lane)))),
+                }
+            })
+            .collect()
+    }
+
+    fn shared(n: usize, timeout: Duration, rendezvous: bool) -> Arc<Shared> {
+        Arc::new(Shared {
             n,
             timeout,
             rendezvous,
@@ -387,13 +521,7 @@ impl ThreadGroup {
                 broken: None,
             }),
             changed: Condvar::new(),
-        });
-        (0..n)
-            .map(|rank| ThreadGroup {
-                rank,
-                shared: Arc::clone(&shared),
-            })
-            .collect()
+        })
     }
 
     /// The state, whatever a panicking rank left behind: every update under the lock is
@@ -614,6 +742,40 @@ impl HostCollective for ThreadGroup {
         let parts: Vec<&[f32]> = all.iter().map(Vec::as_slice).collect();
         buf.copy_from_slice(&reduce_in_rank_order(&parts, op));
         Ok(())
+    }
+
+    fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
+        let mut lane = self.lane.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let jobs = match &mut *lane {
+            Lane::Running(jobs) => jobs.clone(),
+            Lane::Idle(handle) => {
+                let Some(on_lane) = handle.take() else {
+                    // A lane's own handle: nothing to overlap with.
+                    drop(lane);
+                    let mut data = data;
+                    HostCollective::all_reduce(self, &mut data, op)?;
+                    return Ok(HostInFlight::Done(data));
+                };
+                let (jobs, todo) = mpsc::channel::<LaneJob>();
+                std::thread::Builder::new()
+                    .name(format!("all-reduce lane, rank {}", self.rank))
+                    .spawn(move || {
+                        // Ends when the rank's handle (the sender) is dropped; dropping
+                        // `on_lane` then tells the other ranks' lanes this rank left.
+                        for (mut data, op, answer) in todo {
+                            let r = HostCollective::all_reduce(&*on_lane, &mut data, op).map(|()| data);
+                            let _ = answer.send(r);
+                        }
+                    })
+                    .map_err(|e| err(format!("all-reduce on rank {}: cannot start its thread: {e}", self.rank)))?;
+                *lane = Lane::Running(jobs.clone());
+                jobs
+            }
+        };
+        let (answer, result) = mpsc::channel();
+        jobs.send((data, op, answer))
+            .map_err(|_| err(format!("all-reduce on rank {}: the thread of started all-reduces ended", self.rank)))?;
+        Ok(HostInFlight::Running(result))
     }
 
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
@@ -881,6 +1043,54 @@ mod tests {
         );
         assert_eq!(*queued, [7.0]);
         assert!(rv.contains("rank 2 left the group without sending"), "{rv}");
+    }
+
+    /// Started all-reduces run on the group's second lane while the rank makes other
+    /// calls on the group, and give the same bits as all-reduces made in place; several
+    /// in flight come back each with its own data.
+    #[test]
+    fn started_all_reduces_overlap_other_calls_and_match() {
+        let out = on_ranks(3, |g| {
+            let r = g.rank() as f32;
+            let data: Vec<Vec<f32>> = (0..3).map(|k| vec![0.1 * (r + 1.0) + k as f32, r * 1e-3, -r]).collect();
+            let started: Vec<_> = data.iter().map(|d| g.start_all_reduce(d.clone(), ReduceOp::Sum).unwrap()).collect();
+            // The group itself stays usable meanwhile (its own call sequence).
+            let gathered = g.all_gather(&[r]).unwrap();
+            let got: Vec<Vec<f32>> = started.into_iter().map(|s| s.wait().unwrap()).collect();
+            let mut want = data.clone();
+            for w in &mut want {
+                g.all_reduce(w, ReduceOp::Sum).unwrap();
+            }
+            (got, want, gathered)
+        });
+        for (got, want, gathered) in &out {
+            let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(got), bits(want));
+            assert_eq!(bits(got), bits(&out[0].0), "identical on every rank");
+            assert_eq!(*gathered, [0.0, 1.0, 2.0]);
+        }
+        assert!((out[0].0[2][0] - 6.6).abs() < 1e-5, "{:?}", out[0].0);
+    }
+
+    /// A rank that leaves with all-reduces started elsewhere fails them at once, naming
+    /// it, instead of leaving them to wait.
+    #[test]
+    fn a_rank_that_leaves_fails_the_started_all_reduces() {
+        let t0 = Instant::now();
+        let out = on_ranks(2, |g| {
+            if g.rank() == 1 {
+                // Starts one (so its lane thread runs), then leaves before the second.
+                let first = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+                let _ = first.wait();
+                return String::new();
+            }
+            let first = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+            assert_eq!(first.wait().unwrap(), [2.0]);
+            let second = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+            second.wait().unwrap_err().to_string()
+        });
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+        assert!(out[0].contains("all-reduce") && out[0].contains("rank(s) 1 left the group"), "{}", out[0]);
     }
 
     fn on_ranks_catching<T: Send + 'static>(

@@ -82,6 +82,13 @@ pub struct ExecOptions {
     /// The order of a pipeline stage's passes over several micro-batches
     /// ([`Executor::step_micro_batches`]; `executor/pipeline.rs`): 1F1B by default.
     pub pipeline_schedule: PipelineSchedule,
+    /// Start the data-parallel gradient all-reduces during the backward, a bucket at a
+    /// time as its gradients are final (`executor/overlap.rs`; Megatron's
+    /// `overlap_grad_reduce`). The same bits either way; on by default.
+    pub overlap_grad_reduce: bool,
+    /// Gradient elements per bucket of the overlapped reduction (a bucket closes once it
+    /// holds at least this many): Megatron's 40M by default.
+    pub grad_bucket_elems: usize,
 }
 
 impl Default for ExecOptions {
@@ -95,6 +102,8 @@ impl Default for ExecOptions {
             native_fp8: None,
             cuda_graph: false,
             pipeline_schedule: PipelineSchedule::OneFOneB,
+            overlap_grad_reduce: true,
+            grad_bucket_elems: overlap::DEFAULT_BUCKET_ELEMS,
         }
     }
 }
@@ -156,8 +165,13 @@ pub struct StepProfile {
     pub optimizer_s: f64,
     /// Seconds inside collective calls since the forward began: the graph's collective
     /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
-    /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded.
+    /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded. Of an
+    /// overlapped bucket ([`ExecOptions::overlap_grad_reduce`]) it counts the start and
+    /// the wait for the end, not the time it ran beside the backward.
     pub communication_s: f64,
+    /// The buckets of the last step's overlapped gradient reduction, in the order they
+    /// started (empty when it did not overlap).
+    pub grad_buckets: Vec<GradBucket>,
 }
 
 /// Which backward steps a backward pass runs (all, or one pipeline chunk's:
@@ -209,6 +223,8 @@ pub struct Executor<D: Device> {
     collectives: HashMap<String, Box<dyn Collective<D>>>,
     /// Step-level collectives and communication time (`executor/comm.rs`).
     comm: comm::CommState<D>,
+    /// The overlapped data-parallel reduction's buckets (`executor/overlap.rs`).
+    buckets: overlap::Buckets<D::Buffer>,
     /// Device events of the per-op timings not yet resolved (profiling).
     pending: Pending<D::Event>,
     /// Expert-parallel exchanges and the data-dependent rows they set (`executor/ep.rs`).
@@ -551,6 +567,7 @@ impl<D: Device> Executor<D> {
             int_bounds,
             collectives: groups.into_iter().collect(),
             comm: comm::CommState::default(),
+            buckets: overlap::Buckets::default(),
             pending: Pending::default(),
             ep: ep::EpState::default(),
             pending_partials: HashMap::new(),
@@ -1115,6 +1132,7 @@ impl<D: Device> Executor<D> {
             }
             let start = self.mark()?;
             self.backward_step(si)?;
+            self.bucket_step_done(si)?;
             self.fsdp_release(fsdp::Pass::Backward, Some(si));
             if let Some(s) = start {
                 let op = self.plan.steps[si].op;
@@ -1386,6 +1404,7 @@ impl<D: Device> Executor<D> {
         if self.options.cuda_graph {
             return self.graph_step(inputs, h);
         }
+        self.arm_buckets(1);
         let loss = self.forward(inputs)?;
         self.backward()?;
         self.reduce_gradients()?;
@@ -1414,6 +1433,7 @@ impl<D: Device> Executor<D> {
             return Err(ExecError::Input("a step needs at least one micro-batch".into()));
         }
         let plan = self.pass_plan(batches.len());
+        self.arm_buckets(batches.len());
         let total = self.run_passes(&plan, batches)?;
         let m = batches.len();
         if m > 1 {
@@ -1699,9 +1719,11 @@ mod finalize;
 mod fsdp;
 mod graph;
 mod ops;
+mod overlap;
 mod pipeline;
 mod quant;
 pub use fsdp::Shard;
+pub use overlap::{DEFAULT_BUCKET_ELEMS, GradBucket};
 pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;
 #[cfg(test)]

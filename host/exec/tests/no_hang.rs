@@ -65,6 +65,37 @@ fn a_rank_that_errors_out_fails_the_others_promptly() {
     assert!(errs[0].contains("rank(s) 1 left the group"), "{}", errs[0]);
 }
 
+/// dp=2 with the gradient reduction overlapped, one weight per bucket: rank 1 leaves
+/// after its forward; rank 0's step starts its buckets during the backward and fails at
+/// once when it waits for them, naming rank 1.
+#[test]
+fn a_rank_that_leaves_fails_the_overlapped_gradient_reduction_promptly() {
+    let g = tiny();
+    let layout = Layout { dp: 2, ..Layout::single(2, 4) };
+    let t0 = Instant::now();
+    let hs: Vec<_> = mesh(1, 1, 2)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&g, &layout, m.coord).unwrap();
+            let g = g.clone();
+            std::thread::spawn(move || {
+                let o = runner_exec::ExecOptions { grad_bucket_elems: 1, ..options() };
+                let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
+                let d = rank_inputs(&g, &s.graph, &synthetic_inputs(&g, 1), 0, 1);
+                let inputs: Vec<(&str, Input<'_>)> = d.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+                if m.coord.dp == 1 {
+                    ex.forward(&inputs).unwrap();
+                    return String::new();
+                }
+                ex.step(&inputs, &runner_exec::executor::ADAMW_DEFAULT).unwrap_err().to_string()
+            })
+        })
+        .collect();
+    let errs: Vec<String> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    assert!(t0.elapsed() < Duration::from_millis(900), "{:?}", t0.elapsed());
+    assert!(errs[0].contains("all-reduce") && errs[0].contains("rank(s) 1 left the group"), "{}", errs[0]);
+}
+
 /// pp=2: stage 0 panics before sending; stage 1's receive fails at once, naming it.
 #[test]
 fn a_stage_that_panics_fails_the_next_stage_promptly() {

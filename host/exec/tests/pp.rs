@@ -498,6 +498,8 @@ struct StageRun {
     losses: Vec<f32>,
     weights: Grads,
     memory: runner_exec::executor::MemoryReport,
+    /// The last step's overlapped gradient buckets.
+    buckets: Vec<runner_exec::executor::GradBucket>,
 }
 
 /// How [`pipeline_steps`] shards: tp, pp, dp (every dp rank the same data), sequence
@@ -522,6 +524,12 @@ fn pipeline_steps(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule) 
 /// As [`pipeline_steps`], every linear of each stage under `plan`, the layers cut into
 /// stages by `split`.
 fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSchedule, plan: Option<SitePlan>, split: PipelineSplit) -> Vec<StageRun> {
+    mesh_steps(g, shape, m, ExecOptions { pipeline_schedule: schedule, ..options() }, plan, split, false)
+}
+
+/// As [`pipeline_steps_planned`], under options `o`; with `own_data`, each dp rank
+/// trains on micro-batches of its own.
+fn mesh_steps(g: &Graph, shape: Mesh, m: usize, o: ExecOptions, plan: Option<SitePlan>, split: PipelineSplit, own_data: bool) -> Vec<StageRun> {
     let Mesh(tp, pp, dp, sp, fsdp, vp) = shape;
     let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
     let layout = Layout {
@@ -534,14 +542,14 @@ fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSc
         split,
         ..Layout::single(b, b * m as u32 * dp)
     };
-    let micro: Vec<Data> = (0..2 * m).map(|k| synthetic_inputs(g, 40 + k as u64)).collect();
     let hs: Vec<_> = mesh(tp, pp, dp)
         .into_iter()
         .map(|r| {
             let s = shard(g, &layout, r.coord).unwrap();
-            let (g, micro) = (g.clone(), micro.clone());
+            let seed = if own_data { 40 + 1000 * r.coord.dp as u64 } else { 40 };
+            let micro: Vec<Data> = (0..2 * m).map(|k| synthetic_inputs(g, seed + k as u64)).collect();
+            let (g, o) = (g.clone(), o.clone());
             std::thread::spawn(move || {
-                let o = ExecOptions { pipeline_schedule: schedule, ..options() };
                 let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
                 if let Some(p) = plan {
                     let sites: Vec<(String, GemmRole, SitePlan)> = s
@@ -569,6 +577,7 @@ fn pipeline_steps_planned(g: &Graph, shape: Mesh, m: usize, schedule: PipelineSc
                     losses,
                     weights: if fsdp { ex.gather_weights().unwrap() } else { weights(&ex) },
                     memory: ex.memory(),
+                    buckets: ex.profile().grad_buckets.clone(),
                 }
             })
         })
@@ -648,6 +657,60 @@ fn pipeline_schedules_match_the_in_order_schedule_over_sends_that_wait_for_their
         let want = pipeline_steps(&g, shape, m, PipelineSchedule::InOrder);
         let got = pipeline_steps(&g, shape, m, PipelineSchedule::OneFOneB);
         same_training(&want, &got, &held, &what);
+    }
+}
+
+/// The data-parallel gradient reduction overlapped with the backward, a bucket at a time
+/// (Megatron's `overlap_grad_reduce`), against the reduction after the backward: the
+/// same losses and weights bit for bit over two steps, each dp rank on data of its own,
+/// with one weight per bucket and with one bucket for all; and the first bucket started
+/// while backward steps were still to run. Over gradient accumulation (3 micro-batches:
+/// the 1/3 scaling happens on the bucket's copy), a 1F1B and an interleaved pipeline
+/// (each chunk's buckets start after its last micro-batch's backward), tp = 2 with SP (the
+/// tp reduction stays after the backward) and FSDP (its reduce-scatters stay after the
+/// backward: no bucket).
+#[test]
+fn overlapped_gradient_reduction_trains_as_the_reduction_after_the_backward() {
+    let cases = [
+        (llama(2, false, false), Mesh(1, 1, 2, false, false, 1), 3),
+        (llama(2, false, false), Mesh(1, 2, 2, false, false, 1), 4),
+        (llama(4, false, false), Mesh(1, 2, 2, false, false, 2), 4),
+        (llama(2, true, true), Mesh(2, 1, 2, true, false, 1), 2),
+        (llama(2, false, false), Mesh(1, 1, 2, false, true, 1), 2),
+    ];
+    for (g, shape, m) in cases {
+        let Mesh(tp, pp, dp, sp, fsdp, vp) = shape;
+        let what = format!("tp={tp} pp={pp} vp={vp} dp={dp} sp={sp} fsdp={fsdp}, {m} micro-batches");
+        let run = |overlap: bool, elems: usize| {
+            let o = ExecOptions { overlap_grad_reduce: overlap, grad_bucket_elems: elems, ..options() };
+            mesh_steps(&g, shape, m, o, None, PipelineSplit::default(), true)
+        };
+        let after = run(false, 1);
+        for elems in [1, usize::MAX] {
+            let over = run(true, elems);
+            for (a, b) in after.iter().zip(&over) {
+                let stage = b.coord.pp;
+                if b.last {
+                    assert_eq!(a.losses, b.losses, "{what}, buckets of {elems}: stage {stage}'s losses");
+                }
+                assert!(a.weights == b.weights, "{what}, buckets of {elems}: stage {stage}'s weights differ");
+                assert!(a.buckets.is_empty(), "{what}: {:?}", a.buckets);
+                if fsdp {
+                    assert!(b.buckets.is_empty(), "{what}: {:?}", b.buckets);
+                    continue;
+                }
+                assert!(b.buckets.iter().all(|k| k.group == "dp"), "{what}: {:?}", b.buckets);
+                let total: usize = b.buckets.iter().map(|k| k.elems).sum();
+                let dense: usize = b.weights.values().map(Vec::len).sum();
+                assert_eq!(total, dense, "{what}: every weight of the stage in one bucket");
+                if elems == 1 {
+                    assert_eq!(b.buckets.len(), b.weights.len(), "{what}");
+                    assert!(b.buckets[0].steps_left > 0, "{what}: the first bucket started after the backward: {:?}", b.buckets);
+                } else {
+                    assert_eq!(b.buckets.len(), 1, "{what}");
+                }
+            }
+        }
     }
 }
 

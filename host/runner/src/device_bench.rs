@@ -275,8 +275,12 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             crate::dist_bench::collectives(args, global)
         }
-        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, timeout } => {
-            let run = crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?;
+        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, ddp_bucket_size, timeout } => {
+            let run = crate::dist_bench::StepRun {
+                overlap: overlap_grad_reduce == "on",
+                bucket: ddp_bucket_size,
+                ..crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?
+            };
             crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
         }
         other => commands::bench(other, global),

@@ -544,6 +544,13 @@ pub struct RankResult {
     pub micro_batches_in_flight: u64,
     /// The device's peak bytes in the last step.
     pub peak_bytes: u64,
+    /// Seconds of each step inside collective calls: the graph's, and the gradient
+    /// reduction's start and wait (not what an overlapped bucket ran beside the backward).
+    pub comm_s: Vec<f64>,
+    /// The last step's overlapped gradient buckets, and those of them started while
+    /// backward steps were still to run.
+    pub buckets: usize,
+    pub buckets_in_backward: usize,
     /// sha256 of every weight's bits after the steps, by name order.
     pub weights_sha256: String,
 }
@@ -563,6 +570,10 @@ pub struct StepRun {
     pub toy: ToyConfig,
     /// The `--toy` name of `toy`.
     pub toy_name: &'static str,
+    /// Overlap the data-parallel gradient reduction with the backward
+    /// ([`ExecOptions::overlap_grad_reduce`]), in buckets of at least `bucket` elements.
+    pub overlap: bool,
+    pub bucket: usize,
 }
 
 impl StepRun {
@@ -583,7 +594,8 @@ impl StepRun {
             t => bail!("--toy {t}: use tiny or bench"),
         };
         toy.layers = per_stage * pp;
-        let run = StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name };
+        let (overlap, bucket) = (true, runner_exec::executor::DEFAULT_BUCKET_ELEMS);
+        let run = StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket };
         // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
         // micro-batches the interleaved schedule refuses), before any rank starts.
         run.layout()
@@ -626,8 +638,16 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={},vp={} --steps {} --micro-batches {} --schedule {s} --toy {}",
-            self.tp, self.pp, self.dp, self.vp, self.steps, self.micro_batches, self.toy_name
+            "--layout tp={},pp={},dp={},vp={} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --ddp-bucket-size {}",
+            self.tp,
+            self.pp,
+            self.dp,
+            self.vp,
+            self.steps,
+            self.micro_batches,
+            self.toy_name,
+            if self.overlap { "on" } else { "off" },
+            self.bucket
         )
     }
 }
@@ -689,7 +709,13 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         dp: rank as u32 / (tp * pp),
     };
     let sharded = shard(&g, &l, coord).map_err(|e| anyhow!("sharding the toy model for {l:?}: {e}"))?;
-    let options = ExecOptions { seed: 3, pipeline_schedule: run.schedule, ..ExecOptions::default() };
+    let options = ExecOptions {
+        seed: 3,
+        pipeline_schedule: run.schedule,
+        overlap_grad_reduce: run.overlap,
+        grad_bucket_elems: run.bucket,
+        ..ExecOptions::default()
+    };
     let mut ex = Executor::for_rank(&sharded, dev, options, groups)?;
     // Each dp rank and micro-batch its own batch; every tp rank and stage of it the same.
     let data: Vec<Vec<(String, Vec<u32>)>> = (0..m as u32).map(|k| batch_inputs(&g, 7 + coord.dp + k * dp)).collect();
@@ -702,7 +728,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
                 .collect()
         })
         .collect();
-    let (mut losses, mut step_s) = (Vec::with_capacity(run.steps), Vec::with_capacity(run.steps));
+    let (mut losses, mut step_s, mut comm_s) = (Vec::new(), Vec::new(), Vec::new());
     for k in 0..run.steps {
         let t0 = std::time::Instant::now();
         let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).with_context(|| format!("rank {rank}, step {k}"))?;
@@ -711,8 +737,10 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         eprintln!("rank {rank}: step {k} loss {loss:.6} ({:.1} ms)", dt * 1e3);
         losses.push(loss);
         step_s.push(dt);
+        comm_s.push(ex.profile().communication_s);
     }
     let mem = ex.memory();
+    let buckets = &ex.profile().grad_buckets;
     Ok(RankResult {
         rank,
         coord: (coord.tp, coord.pp, coord.dp),
@@ -720,6 +748,9 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         step_s,
         micro_batches_in_flight: mem.micro_batches_in_flight,
         peak_bytes: mem.peak_bytes,
+        comm_s,
+        buckets: buckets.len(),
+        buckets_in_backward: buckets.iter().filter(|b| b.steps_left > 0).count(),
         weights_sha256: weight_digest(&ex)?,
     })
 }
@@ -802,15 +833,18 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
     };
     let mut t = Table::new(
         format!("toy Llama ({} layers, width {}), {}", run.toy.layers, run.toy.hidden, run.flags()),
-        &["rank", "(tp, pp, dp)", "losses", "step ms (median)", "in flight", "peak MiB", "weights sha256"],
+        &["rank", "(tp, pp, dp)", "losses", "step ms (median)", "comm ms", "buckets (in backward)", "in flight", "peak MiB", "weights sha256"],
     );
     for r in &results {
+        // The first step, alone when there is one, warms up.
+        let median = |s: &[f64]| Stat::of(&s[usize::from(s.len() > 1)..]).median * 1e3;
         t.rows.push(vec![
             r.rank.to_string(),
             format!("{:?}", r.coord),
             r.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>().join(" "),
-            // The first step, alone when there is one, warms up.
-            format!("{:.1}", Stat::of(&r.step_s[usize::from(r.step_s.len() > 1)..]).median * 1e3),
+            format!("{:.1}", median(&r.step_s)),
+            format!("{:.1}", median(&r.comm_s)),
+            format!("{} ({})", r.buckets, r.buckets_in_backward),
             r.micro_batches_in_flight.to_string(),
             format!("{:.1}", r.peak_bytes as f64 / f64::from(1u32 << 20)),
             r.weights_sha256[..16].to_string(),
@@ -818,7 +852,9 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
     }
     t.notes.push(format!(
         "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights; \
-         step times are each rank's wall time, the median of the steps after the first (the first, alone, when there is one)",
+         step times are each rank's wall time, the median of the steps after the first (the first, alone, when there is one); \
+         comm ms: time inside collective calls, the overlapped gradient buckets' start and wait only (buckets: the data-parallel \
+         all-reduces, started during the backward where in backward; --ddp-bucket-size sets their size)",
         results.len()
     ));
     emit(global, &t, &results)

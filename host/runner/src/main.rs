@@ -458,6 +458,15 @@ pub enum BenchCommand {
         /// Run every rank as a thread of this process (the single-process run of the layout)
         #[arg(long)]
         in_process: bool,
+        /// Start the data-parallel gradient all-reduces during the backward, a bucket at
+        /// a time as its gradients are final (Megatron's overlap_grad_reduce; the same
+        /// bits either way)
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        overlap_grad_reduce: String,
+        /// Gradient elements per bucket of the overlapped reduction (Megatron's
+        /// --ddp-bucket-size)
+        #[arg(long, value_parser = count(1 << 40), default_value_t = runner_exec::executor::DEFAULT_BUCKET_ELEMS)]
+        ddp_bucket_size: usize,
         /// Seconds a rank waits for the others before failing
         #[arg(long, default_value_t = 300)]
         timeout: u64,

@@ -55,7 +55,7 @@ fn in_process(args: &[&str]) -> serde_json::Value {
 fn results(mut v: serde_json::Value) -> serde_json::Value {
     for r in v.as_array_mut().unwrap() {
         let r = r.as_object_mut().unwrap();
-        assert!(r.remove("step_s").is_some() && r.remove("peak_bytes").is_some(), "{r:?}");
+        assert!(r.remove("step_s").is_some() && r.remove("peak_bytes").is_some() && r.remove("comm_s").is_some(), "{r:?}");
     }
     v
 }

@@ -26,6 +26,14 @@
 //!   once after a batch of calls ([`NcclGroup::wait`]).
 //! - All-to-all (fixed and variable chunks) is a group of sends and receives, as in
 //!   nccl-tests' `alltoall_perf`.
+//! - Started all-reduces ([`Collective::start_all_reduce`]: the overlapped gradient
+//!   buckets) run on a second stream of the group, after an event on the device's stream
+//!   (so after the kernels that wrote the bucket); finishing one makes the device's
+//!   stream wait for its end event, and in blocking mode first waits for that event on
+//!   the host with the deadline, as every other call does. Two communicators' kernels
+//!   then run at once (a data-parallel reduction beside a tensor-parallel one), as in
+//!   Megatron with `overlap_grad_reduce`; every rank issues each communicator's calls
+//!   in the same order.
 
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -33,11 +41,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{result as nr, sys as ns};
 
 use super::{Cuda, CudaBuffer};
-use crate::collective::{Collective, ReduceOp};
+use crate::collective::{Collective, InFlight, ReduceOp};
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// Reports a failure elsewhere in the run (a dead rank), when the control plane knows one.
@@ -143,6 +151,13 @@ fn no_oracle() -> FailureOracle {
     Arc::new(|| None)
 }
 
+fn nccl_op(op: ReduceOp) -> ns::ncclRedOp_t {
+    match op {
+        ReduceOp::Sum => ns::ncclRedOp_t::ncclSum,
+        ReduceOp::Max => ns::ncclRedOp_t::ncclMax,
+    }
+}
+
 fn nccl_type(e: Elem) -> ns::ncclDataType_t {
     match e {
         Elem::F32 => ns::ncclDataType_t::ncclFloat32,
@@ -225,6 +240,8 @@ pub struct NcclGroup {
     dev: Cuda,
     /// The device's stream: collectives are ordered with its kernels.
     stream: Arc<CudaStream>,
+    /// The stream of started all-reduces, which overlap the device's kernels.
+    side: Arc<CudaStream>,
     rank: usize,
     size: usize,
     name: String,
@@ -245,6 +262,9 @@ impl NcclGroup {
         nccl_library()?;
         let gpu = dev.gpu("NCCL")?;
         let (ctx, stream) = (gpu.ctx.clone(), gpu.stream.clone());
+        let side = ctx
+            .new_stream()
+            .map_err(|e| ExecError::Device { device: dev.name(), what: format!("a stream for group '{name}': {e}") })?;
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let r = ctx.bind_to_thread().map_err(|e| format!("{e}")).and_then(|_| {
@@ -293,6 +313,7 @@ impl NcclGroup {
             comm: Comm(comm),
             dev: dev.clone(),
             stream,
+            side,
             rank,
             size,
             name: name.into(),
@@ -328,10 +349,16 @@ impl NcclGroup {
     /// An NCCL error, a dead rank, or the timeout: the communicator is aborted.
     pub fn wait(&self, what: &str) -> Result<(), ExecError> {
         self.live(what)?;
-        let ev = self
-            .stream
-            .record_event(None)
-            .map_err(|e| self.fail(what, format!("event: {e}")))?;
+        let ev = self.event(&self.stream, what)?;
+        self.wait_for(&ev, what)
+    }
+
+    fn event(&self, stream: &CudaStream, what: &str) -> Result<CudaEvent, ExecError> {
+        stream.record_event(None).map_err(|e| self.fail(what, format!("event: {e}")))
+    }
+
+    /// Wait on the host for `ev`, with the timeout, as [`NcclGroup::wait`].
+    fn wait_for(&self, ev: &CudaEvent, what: &str) -> Result<(), ExecError> {
         let deadline = Instant::now() + self.timeout;
         loop {
             match ev.try_is_complete() {
@@ -449,9 +476,10 @@ impl Drop for NcclGroup {
         if self.broken.load(Ordering::SeqCst) {
             return;
         }
-        // Finish queued work; then, every rank alive, finalize (which may wait for the
-        // others at a barrier) and destroy; with a rank known dead, abort.
-        if self.wait("teardown").is_err() {
+        // Finish queued work (on both streams); then, every rank alive, finalize (which
+        // may wait for the others at a barrier) and destroy; with a rank known dead, abort.
+        let side = self.event(&self.side, "teardown");
+        if self.wait("teardown").is_err() || side.and_then(|ev| self.wait_for(&ev, "teardown")).is_err() {
             return;
         }
         if (self.oracle)().is_some() {
@@ -496,14 +524,43 @@ impl Collective<Cuda> for NcclGroup {
 
     fn all_reduce(&self, _dev: &Cuda, buf: &mut CudaBuffer, op: ReduceOp) -> Result<(), ExecError> {
         self.ready("all-reduce", buf)?;
-        let red = match op {
-            ReduceOp::Sum => ns::ncclRedOp_t::ncclSum,
-            ReduceOp::Max => ns::ncclRedOp_t::ncclMax,
-        };
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer of buf.len() elements.
-        let r = unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), red, self.comm.0, self.stream()) };
+        let r = unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), nccl_op(op), self.comm.0, self.stream()) };
         self.done("all-reduce", r)
+    }
+
+    fn start_all_reduce(&self, _dev: &Cuda, buf: CudaBuffer, op: ReduceOp) -> Result<InFlight<CudaBuffer>, ExecError> {
+        let what = "started all-reduce";
+        self.ready(what, &buf)?;
+        // The side stream takes the buffer once the kernels queued so far wrote it.
+        let written = self.event(&self.stream, what)?;
+        self.side.wait(&written).map_err(|e| self.fail(what, format!("stream wait: {e}")))?;
+        let p = self.ptr(&buf);
+        let side = self.side.cu_stream() as ns::cudaStream_t;
+        // SAFETY: in place on a live buffer of buf.len() elements, which the InFlight
+        // keeps alive until finish_all_reduce orders the device's stream after it.
+        let r = unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), nccl_op(op), self.comm.0, side) };
+        if r.map_err(|e| self.fail(what, format!("{:?}", e.0)))? == nr::NcclStatus::InProgress {
+            self.settle(what)?;
+        }
+        let end = self.event(&self.side, what)?;
+        Ok(InFlight::running(buf, Box::new(end)))
+    }
+
+    fn finish_all_reduce(&self, _dev: &Cuda, f: InFlight<CudaBuffer>) -> Result<CudaBuffer, ExecError> {
+        let what = "started all-reduce";
+        let (buf, pending) = f.into_parts();
+        let Some(pending) = pending else { return Ok(buf) };
+        let end = pending.downcast::<CudaEvent>().map_err(|_| {
+            ExecError::State(format!("collective: {what} (group '{}'): finished on a group that did not start it", self.name))
+        })?;
+        self.live(what)?;
+        if self.blocking {
+            self.wait_for(&end, what)?;
+        }
+        self.stream.wait(&end).map_err(|e| self.fail(what, format!("stream wait: {e}")))?;
+        Ok(buf)
     }
 
     fn all_gather(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {

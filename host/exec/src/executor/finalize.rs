@@ -126,6 +126,7 @@ impl<D: Device> Executor<D> {
         }
         self.shard_fsdp(&step)?;
         self.comm.step = step;
+        self.plan_buckets();
         Ok(())
     }
 
@@ -160,9 +161,11 @@ impl<D: Device> Executor<D> {
     }
 
     fn run_step_collectives(&mut self, step: &[StepCollective]) -> Result<(), ExecError> {
+        // The overlapped buckets first (`overlap.rs`): their all-reduces are under way.
+        let overlapped = self.finish_buckets()?;
         // The all-reduces sum whole gradients, so they run before FSDP keeps a chunk of
         // them (sums and the mean commute: the order changes only rounding).
-        for sc in step.iter().filter(|sc| sc.kind == OpKind::AllReduce) {
+        for (_, sc) in step.iter().enumerate().filter(|(i, sc)| sc.kind == OpKind::AllReduce && !overlapped.contains(i)) {
             let ids = sc
                 .weights
                 .iter()

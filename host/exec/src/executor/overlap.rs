@@ -1,0 +1,233 @@
+//! The data-parallel gradient reduction overlapped with the backward (Megatron's
+//! `overlap_grad_reduce`, PyTorch DDP's gradient buckets).
+//!
+//! The weights of each `dp` and `edp` all-reduce of the step ([`StepCollective`]) are cut
+//! into buckets of about [`ExecOptions::grad_bucket_elems`] elements, in the order the
+//! backward finishes their gradients (the last backward step that writes each). While a
+//! step runs ([`Executor::step`], [`Executor::step_micro_batches`]) the executor counts
+//! the passes of each backward step; once every step writing a bucket's weights has run
+//! for every micro-batch (in a pipeline's chunk passes too), the bucket's gradients are
+//! final: they are copied into one buffer and its all-reduce is started
+//! ([`crate::Collective::start_all_reduce`]), to run while the backward goes on.
+//! [`Executor::reduce_gradients`] starts what is left, finishes them all, divides by
+//! `mean_over` and copies the results back.
+//!
+//! The result is the same bits as the reduction after the backward: each element is
+//! summed in rank order either way, and the division by the micro-batch count happens on
+//! the bucket's copy, the same multiply the whole-step path does on the gradient itself.
+//!
+//! Only `dp` and `edp` overlap: their ranks run the same rank graph, so every rank forms
+//! the same buckets and starts them in the same order, and no op of the graph calls
+//! those groups (a call on a group between a start and its finish could not be matched).
+//! Not with FSDP on the group (its reduce-scatters stay after the backward), and not in
+//! a recorded CUDA-graph step. The `pp-embed` and `tp` reductions run after the backward
+//! as before, as in Megatron's `finalize_model_grads`.
+
+use runner_graph::OpKind;
+use runner_graph::TensorId;
+use runner_graph::shard::StepCollective;
+use serde::Serialize;
+
+use super::Executor;
+use crate::collective::{InFlight, ReduceOp};
+use crate::device::{Device, Elem, ExecError};
+
+/// Megatron's default bucket size in parameters (`DistributedDataParallelConfig`,
+/// `bucket_size`: 40M), [`ExecOptions::grad_bucket_elems`]'s default.
+///
+/// [`ExecOptions::grad_bucket_elems`]: super::ExecOptions::grad_bucket_elems
+pub const DEFAULT_BUCKET_ELEMS: usize = 40_000_000;
+
+/// One overlapped bucket of the last step, for the profile.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GradBucket {
+    /// The group it was all-reduced over (`dp`, `edp`).
+    pub group: String,
+    /// Gradient elements in it.
+    pub elems: usize,
+    /// Backward steps the rank still had to run when its all-reduce started (0: after
+    /// the backward).
+    pub steps_left: usize,
+}
+
+/// A rank's buckets and their state in the step under way.
+pub(super) struct Buckets<B> {
+    list: Vec<Bucket>,
+    /// Passes each backward step has run in this step.
+    runs: Vec<u32>,
+    /// The step's micro-batches, while a step overlaps its reduction.
+    armed: Option<u32>,
+    /// The next bucket to start (they start in order).
+    next: usize,
+    in_flight: Vec<(usize, InFlight<B>)>,
+    report: Vec<GradBucket>,
+}
+
+impl<B> Default for Buckets<B> {
+    fn default() -> Self {
+        Buckets { list: Vec::new(), runs: Vec::new(), armed: None, next: 0, in_flight: Vec::new(), report: Vec::new() }
+    }
+}
+
+struct Bucket {
+    /// Index of its step collective.
+    sc: usize,
+    weights: Vec<TensorId>,
+    elems: usize,
+    /// The backward steps that write its weights' gradients.
+    writers: Vec<usize>,
+}
+
+impl<D: Device> Executor<D> {
+    /// Cut the overlappable step collectives' weights into buckets (after
+    /// [`Executor::set_step_collectives`]).
+    pub(super) fn plan_buckets(&mut self) {
+        let fsdp: Vec<&str> = self
+            .comm
+            .step
+            .iter()
+            .filter(|sc| sc.kind != OpKind::AllReduce)
+            .map(|sc| sc.group.as_str())
+            .collect();
+        let used = |g: &str| self.graph.ops.iter().any(|op| op.text("group") == Some(g));
+        let overlaps = |sc: &StepCollective| {
+            sc.kind == OpKind::AllReduce
+                && matches!(sc.group.as_str(), "dp" | "edp")
+                && sc.group_size > 1
+                && self.collectives.contains_key(&sc.group)
+                && !fsdp.contains(&sc.group.as_str())
+                && !used(&sc.group)
+        };
+        let mut writers: Vec<Vec<usize>> = vec![Vec::new(); self.graph.tensors.len()];
+        for (si, step) in self.plan.steps.iter().enumerate() {
+            for go in &step.grads_out {
+                writers[go.tensor].push(si);
+            }
+        }
+        let cap = self.options.grad_bucket_elems.max(1);
+        let mut list = Vec::new();
+        for (i, sc) in self.comm.step.iter().enumerate().filter(|(_, sc)| overlaps(sc)) {
+            // By the backward step that finishes each gradient; weights no step writes
+            // (frozen this step) last.
+            let mut ids: Vec<TensorId> = sc.weights.iter().filter_map(|w| self.graph.tensor_id(w)).collect();
+            ids.sort_by_key(|&id| writers[id].iter().max().copied().unwrap_or(usize::MAX));
+            let mut b = Bucket { sc: i, weights: Vec::new(), elems: 0, writers: Vec::new() };
+            for id in ids {
+                b.elems += self.graph.tensors[id].numel() as usize;
+                b.weights.push(id);
+                b.writers.extend(&writers[id]);
+                if b.elems >= cap {
+                    list.push(std::mem::replace(&mut b, Bucket { sc: i, weights: Vec::new(), elems: 0, writers: Vec::new() }));
+                }
+            }
+            if !b.weights.is_empty() {
+                list.push(b);
+            }
+        }
+        // Across collectives too, in the order they become ready.
+        list.sort_by_key(|b| b.writers.iter().max().copied().unwrap_or(usize::MAX));
+        for b in &mut list {
+            b.writers.sort_unstable();
+            b.writers.dedup();
+        }
+        self.buckets = Buckets { list, runs: vec![0; self.plan.steps.len()], ..Buckets::default() };
+    }
+
+    /// Overlap the coming step's reduction with its backward passes over
+    /// `micro_batches` micro-batches (when there are buckets and the options allow).
+    pub(super) fn arm_buckets(&mut self, micro_batches: usize) {
+        let b = &mut self.buckets;
+        b.armed = (self.options.overlap_grad_reduce && !b.list.is_empty()).then_some(micro_batches.max(1) as u32);
+        b.runs.iter_mut().for_each(|r| *r = 0);
+        b.next = 0;
+        b.in_flight.clear();
+        b.report.clear();
+    }
+
+    /// Backward step `si` ran: start every bucket it made ready.
+    pub(super) fn bucket_step_done(&mut self, si: usize) -> Result<(), ExecError> {
+        let Some(m) = self.buckets.armed else { return Ok(()) };
+        self.buckets.runs[si] += 1;
+        while let Some(b) = self.buckets.list.get(self.buckets.next) {
+            if b.writers.iter().any(|&w| self.buckets.runs[w] < m) {
+                break;
+            }
+            self.start_bucket(self.buckets.next, m)?;
+            self.buckets.next += 1;
+        }
+        Ok(())
+    }
+
+    fn start_bucket(&mut self, k: usize, m: u32) -> Result<(), ExecError> {
+        let b = &self.buckets.list[k];
+        let sc = &self.comm.step[b.sc];
+        let dev = &self.device;
+        let mut flat = dev.alloc(Elem::F32, b.elems)?;
+        // A weight without a gradient this step contributes zeros (every rank passes
+        // the same length), as in the reduction after the backward.
+        let has = |id: TensorId| (self.grad_written[id] || self.carry[id]) && self.grads[id].is_some();
+        if b.weights.iter().any(|&id| !has(id)) {
+            dev.zero(&mut flat)?;
+        }
+        let mut at = 0;
+        for &id in &b.weights {
+            let n = self.graph.tensors[id].numel() as usize;
+            if let (true, Some(g)) = (has(id), &self.grads[id]) {
+                dev.copy(&mut flat, at, g, 0, n)?;
+            }
+            at += n;
+        }
+        if m > 1 {
+            // Exactly the scaling `step_micro_batches` gives each gradient.
+            dev.scale(&mut flat, 1.0 / m as f32)?;
+        }
+        let c = self
+            .timed(&sc.group)
+            .ok_or_else(|| ExecError::State(format!("no handle for group '{}'", sc.group)))?;
+        let started = c.start_all_reduce(flat, ReduceOp::Sum)?;
+        let total = m as usize * self.plan.steps.len();
+        let run: usize = self.buckets.runs.iter().map(|&r| r as usize).sum();
+        self.buckets.report.push(GradBucket { group: sc.group.clone(), elems: b.elems, steps_left: total.saturating_sub(run) });
+        self.buckets.in_flight.push((k, started));
+        Ok(())
+    }
+
+    /// Start the buckets not started yet, finish them all and put the reduced gradients
+    /// back; returns the step collectives they covered (none when the step did not
+    /// overlap).
+    pub(super) fn finish_buckets(&mut self) -> Result<Vec<usize>, ExecError> {
+        let Some(m) = self.buckets.armed.take() else {
+            self.profile.grad_buckets.clear();
+            return Ok(Vec::new());
+        };
+        while self.buckets.next < self.buckets.list.len() {
+            self.start_bucket(self.buckets.next, m)?;
+            self.buckets.next += 1;
+        }
+        for (k, started) in std::mem::take(&mut self.buckets.in_flight) {
+            let b = &self.buckets.list[k];
+            let sc = &self.comm.step[b.sc];
+            let c = self
+                .timed(&sc.group)
+                .ok_or_else(|| ExecError::State(format!("no handle for group '{}'", sc.group)))?;
+            let mut flat = c.finish_all_reduce(started)?;
+            if sc.mean_over > 1 {
+                self.device.scale(&mut flat, 1.0 / sc.mean_over as f32)?;
+            }
+            let mut at = 0;
+            for &id in &b.weights {
+                let n = self.graph.tensors[id].numel() as usize;
+                if let Some(g) = self.grads[id].as_mut() {
+                    self.device.copy(g, 0, &flat, at, n)?;
+                    self.grad_written[id] = true;
+                }
+                at += n;
+            }
+        }
+        self.profile.grad_buckets = std::mem::take(&mut self.buckets.report);
+        let mut covered: Vec<usize> = self.buckets.list.iter().map(|b| b.sc).collect();
+        covered.sort_unstable();
+        covered.dedup();
+        Ok(covered)
+    }
+}
