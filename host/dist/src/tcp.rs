@@ -9,7 +9,9 @@
 //! kind) queues, so a send never waits for the receiver and two ranks sending to each
 //! other cannot deadlock. Sub-groups (`tp`, `dp`, ...) share the connections; each frame
 //! carries its group's id and the call number, so ranks that make different calls get an
-//! error naming both calls instead of mixing data.
+//! error naming both calls instead of mixing data. A group's started all-reduces (the
+//! overlapped gradient buckets) run on its [`Lane`]: a second group of the same ranks
+//! (`<name>, overlapped`), on a thread of its own.
 //!
 //! Failure: a connection that closes marks its rank dead; every wait that needs it fails
 //! at once naming it ("rank 2 closed its connection: its process exited or was killed"),
@@ -25,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use runner_exec::collective::reduce_in_rank_order;
-use runner_exec::{ExecError, HostCollective, ReduceOp};
+use runner_exec::{ExecError, HostCollective, HostInFlight, Lane, ReduceOp};
 
 const MAGIC: u32 = 0x524E_5231; // "RNR1"
 const HEADER: usize = 32;
@@ -252,19 +254,26 @@ impl TcpWorld {
         if let Some(&bad) = members.iter().find(|&&m| m >= self.size()) {
             return Err(format!("group '{name}': rank {bad} outside a world of {}", self.size()));
         }
+        let overlapped = format!("{name}, overlapped");
+        let lane = self.member(&overlapped, members, me, Lane::none());
+        Ok(self.member(name, members, me, Lane::new(lane)))
+    }
+
+    fn member(&self, name: &str, members: &[usize], me: usize, lane: Lane<TcpGroup>) -> TcpGroup {
         // FNV-1a of the name and members: the same on every member.
         let mut id = 0xcbf2_9ce4_8422_2325u64;
         for b in name.bytes().chain(members.iter().flat_map(|m| (*m as u64).to_le_bytes())) {
             id = (id ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
         }
-        Ok(TcpGroup {
+        TcpGroup {
             shared: self.shared.clone(),
             name: name.into(),
             members: members.to_vec(),
             me,
             id,
             seq: AtomicU64::new(0),
-        })
+            lane,
+        }
     }
 
     /// Every rank of the world, as a group.
@@ -307,6 +316,8 @@ pub struct TcpGroup {
     me: usize,
     id: u64,
     seq: AtomicU64,
+    /// Where started all-reduces run.
+    lane: Lane<TcpGroup>,
 }
 
 fn err(what: String) -> ExecError {
@@ -497,6 +508,10 @@ impl HostCollective for TcpGroup {
         Ok(())
     }
 
+    fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
+        self.lane.start(self, data, op)
+    }
+
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
         Ok(self.exchange_same(Op::AllGather, input)?.concat())
     }
@@ -676,6 +691,38 @@ mod tests {
         assert_eq!(out[3].0, [5.0]);
         assert_eq!(out[1].1, [4.0]);
         assert_eq!(out[3].2, [102.0, 200.0]);
+    }
+
+    /// Started all-reduces run on the group's second lane, beside calls on the group
+    /// itself, with the bits of an all-reduce in place; one whose peer died fails,
+    /// naming it.
+    #[test]
+    fn started_all_reduces_run_beside_the_group_and_fail_on_a_dead_rank() {
+        let out = on_ranks(3, |w| {
+            let g = w.group("dp", &[0, 1, 2]).unwrap();
+            let r = g.rank() as f32;
+            let data = vec![0.1 * (r + 1.0), r];
+            let started = g.start_all_reduce(data.clone(), ReduceOp::Sum).unwrap();
+            let gathered = g.all_gather(&[r]).unwrap();
+            let got = started.wait().unwrap();
+            let mut want = data;
+            g.all_reduce(&mut want, ReduceOp::Sum).unwrap();
+            let dead = if g.rank() == 2 {
+                w.close();
+                String::new()
+            } else {
+                let s = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+                s.wait().unwrap_err().to_string()
+            };
+            (got, want, gathered, dead)
+        });
+        for (got, want, gathered, _) in &out {
+            assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+            assert_eq!(*gathered, [0.0, 1.0, 2.0]);
+        }
+        for (_, _, _, dead) in &out[..2] {
+            assert!(dead.contains("rank 2") && dead.contains("dp, overlapped"), "{dead}");
+        }
     }
 
     /// A rank that goes away (its connections close) fails the others at once, naming

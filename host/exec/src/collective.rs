@@ -18,9 +18,9 @@
 //! ([`Collective::start_all_reduce`]), so that it runs while the rank computes: the
 //! executor reduces each bucket of data-parallel gradients this way as soon as the
 //! backward has finished it (PyTorch DDP's buckets, Megatron's `overlap_grad_reduce`).
-//! NCCL runs it on a second stream; a [`ThreadGroup`] on a thread of its own, over a
-//! second lane of the group; other host transports run it at once (no overlap, same
-//! result).
+//! NCCL runs it on a second stream; a host transport with a [`Lane`] (a [`ThreadGroup`],
+//! the TCP group of `runner-dist`) on a thread of its own, over a second group of the
+//! same ranks; another host transport at once (no overlap, same result).
 //!
 //! Axis handling (gathering along a non-leading axis) is the caller's:
 //! [`Collective::all_gather`] writes the ranks' buffers concatenated in rank order.
@@ -452,24 +452,79 @@ struct Shared {
 /// handle per rank; move each to its thread. Dropping a handle tells the others that
 /// rank has left (see the module notes).
 ///
-/// Started all-reduces ([`HostCollective::start_all_reduce`]) run on a second lane of
-/// the group (its own call sequence), one thread per rank, started by the rank's first
-/// one: calls the rank makes meanwhile on the group itself cannot be matched with them.
+/// Started all-reduces ([`HostCollective::start_all_reduce`]) run on its [`Lane`].
 pub struct ThreadGroup {
     rank: usize,
     shared: Arc<Shared>,
-    lane: Mutex<Lane>,
+    lane: Lane<ThreadGroup>,
 }
 
-/// A rank's side of its group's second lane.
-enum Lane {
-    /// Not used yet: this rank's handle on the lane (none: this is a lane's handle).
-    Idle(Option<Box<ThreadGroup>>),
+/// A host group's second lane, where its started all-reduces
+/// ([`HostCollective::start_all_reduce`]) run: a handle of this rank on a second group
+/// of the same ranks (its own call sequence, so calls the rank makes meanwhile on the
+/// group itself are not matched with them), moved at the first start to a thread that
+/// runs them in order. Dropping the lane ends the thread, which drops the handle: the
+/// other ranks' lanes see this rank leave.
+pub struct Lane<H> {
+    state: Mutex<LaneState<H>>,
+}
+
+enum LaneState<H> {
+    /// Not started: this rank's handle on the second group (none: no lane, run at once).
+    Idle(Option<Box<H>>),
     /// Its thread runs each all-reduce sent here, in order, and answers on the channel.
     Running(mpsc::Sender<LaneJob>),
 }
 
 type LaneJob = (Vec<f32>, ReduceOp, mpsc::Sender<Result<Vec<f32>, ExecError>>);
+
+impl<H: HostCollective + 'static> Lane<H> {
+    /// A lane over `on_lane`, this rank's handle on the second group.
+    pub fn new(on_lane: H) -> Self {
+        Lane { state: Mutex::new(LaneState::Idle(Some(Box::new(on_lane)))) }
+    }
+
+    /// No lane: [`Lane::start`] runs each all-reduce at once (the lane's own handle).
+    pub fn none() -> Self {
+        Lane { state: Mutex::new(LaneState::Idle(None)) }
+    }
+
+    /// Start an all-reduce of `data` on the lane (on `me`, the group itself, at once
+    /// when there is none).
+    ///
+    /// # Errors
+    /// The thread cannot start or has ended; as `me`'s all-reduce where it runs at once.
+    pub fn start(&self, me: &dyn HostCollective, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let jobs = match &mut *state {
+            LaneState::Running(jobs) => jobs.clone(),
+            LaneState::Idle(handle) => {
+                let Some(on_lane) = handle.take() else {
+                    drop(state);
+                    let mut data = data;
+                    me.all_reduce(&mut data, op)?;
+                    return Ok(HostInFlight::Done(data));
+                };
+                let (jobs, todo) = mpsc::channel::<LaneJob>();
+                std::thread::Builder::new()
+                    .name(format!("all-reduce lane, rank {}", me.rank()))
+                    .spawn(move || {
+                        for (mut data, op, answer) in todo {
+                            let r = on_lane.all_reduce(&mut data, op).map(|()| data);
+                            let _ = answer.send(r);
+                        }
+                    })
+                    .map_err(|e| err(format!("all-reduce on rank {}: cannot start its thread: {e}", me.rank())))?;
+                *state = LaneState::Running(jobs.clone());
+                jobs
+            }
+        };
+        let (answer, result) = mpsc::channel();
+        jobs.send((data, op, answer))
+            .map_err(|_| err(format!("all-reduce on rank {}: the thread of started all-reduces ended", me.rank())))?;
+        Ok(HostInFlight::Running(result))
+    }
+}
 
 impl ThreadGroup {
     /// Handles for `n` ranks (index = rank), waiting at most [`DEFAULT_TIMEOUT`].
@@ -496,12 +551,8 @@ impl ThreadGroup {
         let (shared, lane) = (Self::shared(n, timeout, rendezvous), Self::shared(n, timeout, rendezvous));
         (0..n)
             .map(|rank| {
-                let on_lane = ThreadGroup { rank, shared: Arc::clone(&lane), lane: Mutex::new(Lane::Idle(None)) };
-                ThreadGroup {
-                    rank,
-                    shared: Arc::clone(&shared),
-                    lane: Mutex::new(Lane::Idle(Some(Box::new(on_lane)))),
-                }
+                let on_lane = ThreadGroup { rank, shared: Arc::clone(&lane), lane: Lane::none() };
+                ThreadGroup { rank, shared: Arc::clone(&shared), lane: Lane::new(on_lane) }
             })
             .collect()
     }
@@ -745,37 +796,7 @@ impl HostCollective for ThreadGroup {
     }
 
     fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
-        let mut lane = self.lane.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let jobs = match &mut *lane {
-            Lane::Running(jobs) => jobs.clone(),
-            Lane::Idle(handle) => {
-                let Some(on_lane) = handle.take() else {
-                    // A lane's own handle: nothing to overlap with.
-                    drop(lane);
-                    let mut data = data;
-                    HostCollective::all_reduce(self, &mut data, op)?;
-                    return Ok(HostInFlight::Done(data));
-                };
-                let (jobs, todo) = mpsc::channel::<LaneJob>();
-                std::thread::Builder::new()
-                    .name(format!("all-reduce lane, rank {}", self.rank))
-                    .spawn(move || {
-                        // Ends when the rank's handle (the sender) is dropped; dropping
-                        // `on_lane` then tells the other ranks' lanes this rank left.
-                        for (mut data, op, answer) in todo {
-                            let r = HostCollective::all_reduce(&*on_lane, &mut data, op).map(|()| data);
-                            let _ = answer.send(r);
-                        }
-                    })
-                    .map_err(|e| err(format!("all-reduce on rank {}: cannot start its thread: {e}", self.rank)))?;
-                *lane = Lane::Running(jobs.clone());
-                jobs
-            }
-        };
-        let (answer, result) = mpsc::channel();
-        jobs.send((data, op, answer))
-            .map_err(|_| err(format!("all-reduce on rank {}: the thread of started all-reduces ended", self.rank)))?;
-        Ok(HostInFlight::Running(result))
+        self.lane.start(self, data, op)
     }
 
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {

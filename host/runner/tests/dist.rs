@@ -65,7 +65,9 @@ fn results(mut v: serde_json::Value) -> serde_json::Value {
 #[test]
 fn four_processes_train_exactly_as_one() {
     for (layout, m) in [("tp=2,dp=2", "1"), ("pp=2,dp=2", "3"), ("pp=2,dp=2,vp=2", "4")] {
-        let args = ["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "3", "--micro-batches", m, "--timeout", "60", "--format", "json"];
+        // Small gradient buckets: several overlapped all-reduces a step, on the dp groups'
+        // second lanes (a thread per rank over TCP, as over shared memory).
+        let args = ["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "3", "--micro-batches", m, "--ddp-bucket-size", "2000", "--timeout", "60", "--format", "json"];
         let dir = scratch(&layout.replace(['=', ','], "_"));
         let port = free_port();
         let kids: Vec<Child> = (0..4).map(|r| rank(&dir, r, 4, port, &args)).collect();
@@ -78,6 +80,10 @@ fn four_processes_train_exactly_as_one() {
         assert_eq!(multi, single, "{layout}: four processes differ from the single-process run");
         let ranks = multi.as_array().unwrap();
         assert_eq!(ranks.len(), 4);
+        for r in ranks {
+            let started = r["buckets_in_backward"].as_u64().unwrap();
+            assert!(started >= 1 && started <= r["buckets"].as_u64().unwrap(), "{layout}: {r}");
+        }
         // The loss falls, and the data-parallel replicas end with the same weights.
         let l = &ranks[0]["losses"];
         if layout.starts_with("tp") {
