@@ -87,8 +87,9 @@ pub struct ExecOptions {
     /// `overlap_grad_reduce`). The same bits either way; on by default.
     pub overlap_grad_reduce: bool,
     /// Gradient elements per bucket of the overlapped reduction (a bucket closes once it
-    /// holds at least this many): Megatron's 40M by default.
-    pub grad_bucket_elems: usize,
+    /// holds at least this many); `None`: Megatron's max(40M, 1M·ranks) for each group
+    /// ([`runner_graph::shard::ddp_bucket_elems`]).
+    pub grad_bucket_elems: Option<usize>,
 }
 
 impl Default for ExecOptions {
@@ -103,7 +104,7 @@ impl Default for ExecOptions {
             cuda_graph: false,
             pipeline_schedule: PipelineSchedule::OneFOneB,
             overlap_grad_reduce: true,
-            grad_bucket_elems: overlap::DEFAULT_BUCKET_ELEMS,
+            grad_bucket_elems: None,
         }
     }
 }
@@ -1723,7 +1724,7 @@ mod overlap;
 mod pipeline;
 mod quant;
 pub use fsdp::Shard;
-pub use overlap::{DEFAULT_BUCKET_ELEMS, GradBucket};
+pub use overlap::GradBucket;
 pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;
 #[cfg(test)]

@@ -79,7 +79,7 @@ fn a_rank_that_leaves_fails_the_overlapped_gradient_reduction_promptly() {
             let s = shard(&g, &layout, m.coord).unwrap();
             let g = g.clone();
             std::thread::spawn(move || {
-                let o = runner_exec::ExecOptions { grad_bucket_elems: 1, ..options() };
+                let o = runner_exec::ExecOptions { grad_bucket_elems: Some(1), ..options() };
                 let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
                 let d = rank_inputs(&g, &s.graph, &synthetic_inputs(&g, 1), 0, 1);
                 let inputs: Vec<(&str, Input<'_>)> = d.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();

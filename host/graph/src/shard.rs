@@ -116,6 +116,15 @@ pub struct StepCollective {
     pub weights: Vec<String>,
 }
 
+/// Megatron's gradient bucket for a data-parallel group of `ranks`: max(40M, 1M·ranks)
+/// elements (Megatron-LM `DistributedDataParallelConfig.bucket_size`'s default; larger
+/// groups get larger buckets so their collectives do not turn latency-bound). The
+/// projection prices the last bucket's reduction as exposed; the executor cuts its
+/// overlapped reduction into buckets of this size unless told otherwise.
+pub fn ddp_bucket_elems(ranks: u32) -> u64 {
+    40_000_000u64.max(1_000_000 * u64::from(ranks))
+}
+
 /// One rank's graph and its step-level collectives.
 #[derive(Clone, Debug)]
 pub struct Sharded {

@@ -891,7 +891,7 @@ impl Costed {
             // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
             // backward produces them; the last bucket's reduction (and the first
             // bucket's parameter gather) has nothing left to hide behind.
-            let bucket = (40e6f64).max(1e6 * f64::from(dp * key.cp)).min(dense + expert);
+            let bucket = (runner_graph::shard::ddp_bucket_elems(dp * key.cp) as f64).min(dense + expert);
             let tail = |kind: OpKind, bytes_per: f64| fabric.time(kind, bytes_per * bucket, dpg);
             if s.distributed_optimizer && !muon {
                 let rs = grads(OpKind::ReduceScatter, gb);

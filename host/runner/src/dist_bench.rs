@@ -571,9 +571,10 @@ pub struct StepRun {
     /// The `--toy` name of `toy`.
     pub toy_name: &'static str,
     /// Overlap the data-parallel gradient reduction with the backward
-    /// ([`ExecOptions::overlap_grad_reduce`]), in buckets of at least `bucket` elements.
+    /// ([`ExecOptions::overlap_grad_reduce`]), in buckets of at least `bucket` elements
+    /// (none: Megatron's size for the group).
     pub overlap: bool,
-    pub bucket: usize,
+    pub bucket: Option<usize>,
 }
 
 impl StepRun {
@@ -594,7 +595,7 @@ impl StepRun {
             t => bail!("--toy {t}: use tiny or bench"),
         };
         toy.layers = per_stage * pp;
-        let (overlap, bucket) = (true, runner_exec::executor::DEFAULT_BUCKET_ELEMS);
+        let (overlap, bucket) = (true, None);
         let run = StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket };
         // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
         // micro-batches the interleaved schedule refuses), before any rank starts.
@@ -647,7 +648,7 @@ impl StepRun {
             self.micro_batches,
             self.toy_name,
             if self.overlap { "on" } else { "off" },
-            self.bucket
+            self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string())
         )
     }
 }

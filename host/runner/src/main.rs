@@ -464,9 +464,9 @@ pub enum BenchCommand {
         #[arg(long, default_value = "on", value_parser = ["on", "off"])]
         overlap_grad_reduce: String,
         /// Gradient elements per bucket of the overlapped reduction (Megatron's
-        /// --ddp-bucket-size)
-        #[arg(long, value_parser = count(1 << 40), default_value_t = runner_exec::executor::DEFAULT_BUCKET_ELEMS)]
-        ddp_bucket_size: usize,
+        /// --ddp-bucket-size; default: its max(40M, 1M x dp))
+        #[arg(long, value_parser = count(1 << 40))]
+        ddp_bucket_size: Option<usize>,
         /// Seconds a rank waits for the others before failing
         #[arg(long, default_value_t = 300)]
         timeout: u64,

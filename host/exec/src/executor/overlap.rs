@@ -2,7 +2,8 @@
 //! `overlap_grad_reduce`, PyTorch DDP's gradient buckets).
 //!
 //! The weights of each `dp` and `edp` all-reduce of the step ([`StepCollective`]) are cut
-//! into buckets of about [`ExecOptions::grad_bucket_elems`] elements, in the order the
+//! into buckets of at least [`ExecOptions::grad_bucket_elems`] elements (Megatron's
+//! max(40M, 1M·ranks) by default: [`ddp_bucket_elems`]), in the order the
 //! backward finishes their gradients (the last backward step that writes each). While a
 //! step runs ([`Executor::step`], [`Executor::step_micro_batches`]) the executor counts
 //! the passes of each backward step; once every step writing a bucket's weights has run
@@ -25,18 +26,12 @@
 
 use runner_graph::OpKind;
 use runner_graph::TensorId;
-use runner_graph::shard::StepCollective;
+use runner_graph::shard::{StepCollective, ddp_bucket_elems};
 use serde::Serialize;
 
 use super::Executor;
 use crate::collective::{InFlight, ReduceOp};
 use crate::device::{Device, Elem, ExecError};
-
-/// Megatron's default bucket size in parameters (`DistributedDataParallelConfig`,
-/// `bucket_size`: 40M), [`ExecOptions::grad_bucket_elems`]'s default.
-///
-/// [`ExecOptions::grad_bucket_elems`]: super::ExecOptions::grad_bucket_elems
-pub const DEFAULT_BUCKET_ELEMS: usize = 40_000_000;
 
 /// One overlapped bucket of the last step, for the profile.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -104,9 +99,13 @@ impl<D: Device> Executor<D> {
                 writers[go.tensor].push(si);
             }
         }
-        let cap = self.options.grad_bucket_elems.max(1);
         let mut list = Vec::new();
         for (i, sc) in self.comm.step.iter().enumerate().filter(|(_, sc)| overlaps(sc)) {
+            let cap = self
+                .options
+                .grad_bucket_elems
+                .unwrap_or_else(|| usize::try_from(ddp_bucket_elems(sc.group_size)).unwrap_or(usize::MAX))
+                .max(1);
             // By the backward step that finishes each gradient; weights no step writes
             // (frozen this step) last.
             let mut ids: Vec<TensorId> = sc.weights.iter().filter_map(|w| self.graph.tensor_id(w)).collect();
