@@ -21,7 +21,8 @@
 # 3. HBM copy bandwidth and the memory-bound kernels as a fraction of it
 # 4. a Llama 3.1 8B layer's training step (forward, backward, AdamW; with embedding,
 #    head and loss), runner against PyTorch eager, f32 both
-# 5. NCCL through the runner's collective bench on the local GPU(s)
+# 5. NCCL through the runner's collective bench on the local GPU(s) (its all-reduce check a
+#    started one: the overlapped gradient buckets' second stream)
 # 6. per-op times of Llama 3.1 8B's rank graph in BF16 and FP8 (runner measure), and the
 #    GPU profile's GEMM and HBM efficiencies fitted to them (runner calibrate --ops)
 # 7. 30 training steps of the tiny Llama in BF16 and FP8 on the device (FP8 linears on
@@ -233,10 +234,11 @@ def train():
             add(f"train {a['policy']} 30 steps, held-out loss vs CPU", f"{x:.4f} vs {y:.4f} ({100*d:.2f}%)", "<= 1%", d <= 0.01)
     else:
         add("train bf16/fp8 vs CPU", "did not run (see train-device.err / train-cpu.err)", "<= 1%", False)
-@section("NCCL collectives", "runs")
+@section("NCCL collectives", "runs, 0 wrong")
 def collectives():
     c = load("collectives.json")
-    add("NCCL collectives", f"{len(c)} rows" if c else "did not run (see collectives.err)", "runs", bool(c))
+    wrong = sum(r["wrong"] for r in c) if c else 0
+    add("NCCL collectives", f"{len(c)} rows, {wrong} wrong values (all-reduce checked as started: second stream)" if c else "did not run (see collectives.err)", "runs, 0 wrong", bool(c) and wrong == 0)
 for p in ("bf16", "fp8"):
     @section(f"per-op times, {p} (measure, calibrate --ops)", "runs")
     def ops():

@@ -455,10 +455,18 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
             HostCollective::all_reduce(&ctl, &mut secs, ReduceOp::Sum)?;
             let time = f64::from(secs[0]) / n as f64;
             // Check: fresh inputs, one call, every element against its expected value.
+            // The all-reduce's check is a started one (the overlapped gradient buckets'
+            // path: NCCL's second stream, a host transport's second lane).
             let mut wrong = 0u64;
             for _ in 0..a.check {
                 dev.write_f32(&mut input, &host)?;
-                call(&mut input, &mut output)?;
+                if op == Coll::AllReduce {
+                    let fresh = dev.alloc(a.dtype, in_len)?;
+                    let started = g.start_all_reduce(dev, std::mem::replace(&mut input, fresh), ReduceOp::Sum)?;
+                    input = g.finish_all_reduce(dev, started)?;
+                } else {
+                    call(&mut input, &mut output)?;
+                }
                 D::finish(&g)?;
                 let got = match op {
                     Coll::AllReduce | Coll::Broadcast => dev.read_f32(&input)?,
