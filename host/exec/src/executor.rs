@@ -882,8 +882,8 @@ impl<D: Device> Executor<D> {
     }
 
     fn forward_ops_in(&mut self, ops: Range<usize>) -> Result<(), ExecError> {
-        self.fsdp_gather(fsdp::Pass::Forward)?;
         for oi in ops {
+            self.fsdp_gather_before(fsdp::Pass::Forward, oi)?;
             let start = self.mark()?;
             self.forward_op(oi)?;
             self.fsdp_release(fsdp::Pass::Forward, Some(oi));
@@ -1113,7 +1113,6 @@ impl<D: Device> Executor<D> {
                 && (*c || self.grad_written[id]);
         }
         self.grad_written.iter_mut().for_each(|w| *w = false);
-        self.fsdp_gather(fsdp::Pass::Backward)?;
         let loss = self.graph.loss;
         if first {
             // d loss / d loss = 1, copied on the device from the constant kept for it.
@@ -1128,6 +1127,7 @@ impl<D: Device> Executor<D> {
                 .for_each(|s| *s = 0.0);
         }
         for si in steps {
+            self.fsdp_gather_before(fsdp::Pass::Backward, si)?;
             if let Some(s) = self.sched.rerun_before_step[si] {
                 self.rerun(s)?;
             }
@@ -1598,16 +1598,13 @@ fn walk_live(
         }
     }
     let base = inputs + state;
-    // The whole weights a pass gathers (those it reads), and those it frees after op or
-    // step `at`.
-    let gathered = |pass: fsdp::Pass, at: Option<usize>| -> u64 {
-        fsdp.map_or(0, |f| {
-            let ids = match at {
-                Some(at) => f.freed_after(pass, at),
-                None => f.gathered(pass),
-            };
-            ids.iter().map(|&id| bytes(id)).sum()
-        })
+    // The whole weights a pass gathers right before op or step `at` (a unit at its
+    // first reader), and those it frees after it.
+    let gathered = |pass: fsdp::Pass, at: usize| -> u64 {
+        fsdp.map_or(0, |f| f.gathered_before(pass, at).iter().map(|&id| bytes(id)).sum())
+    };
+    let freed = |pass: fsdp::Pass, at: usize| -> u64 {
+        fsdp.map_or(0, |f| f.freed_after(pass, at).iter().map(|&id| bytes(id)).sum())
     };
     let aux_of = |oi: usize| -> u64 {
         plan.steps
@@ -1619,7 +1616,7 @@ fn walk_live(
     };
     let mut val_live = vec![false; g.tensors.len()];
     let mut aux_live = vec![0u64; g.ops.len()];
-    let mut live = base + gathered(fsdp::Pass::Forward, None);
+    let mut live = base;
     let mut peak = live;
     let mut all = live;
     // One op's outputs and statistics appear; outputs already live are discarded (a
@@ -1654,6 +1651,7 @@ fn walk_live(
         }
     };
     for oi in 0..g.ops.len() {
+        live += gathered(fsdp::Pass::Forward, oi);
         all += run_op(
             oi,
             sched.keep_aux[oi],
@@ -1663,7 +1661,7 @@ fn walk_live(
             &mut aux_live,
         );
         free(&sched.free_after_forward[oi], &mut live, &mut val_live);
-        live -= gathered(fsdp::Pass::Forward, Some(oi));
+        live -= freed(fsdp::Pass::Forward, oi);
     }
     let held = inputs
         + (0..g.tensors.len())
@@ -1673,9 +1671,9 @@ fn walk_live(
         + aux_live.iter().sum::<u64>();
     let mut has_grad: HashSet<TensorId> = HashSet::new();
     live += 4; // the loss seed
-    live += gathered(fsdp::Pass::Backward, None);
     peak = peak.max(live);
     for (si, s) in plan.steps.iter().enumerate() {
+        live += gathered(fsdp::Pass::Backward, si);
         if let Some(seg) = sched.rerun_before_step[si] {
             for (pos, &oi) in sched.segments[seg].iter().enumerate() {
                 run_op(
@@ -1703,7 +1701,7 @@ fn walk_live(
             .sum::<u64>();
         free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
         live -= std::mem::take(&mut aux_live[s.op]);
-        live -= gathered(fsdp::Pass::Backward, Some(si));
+        live -= freed(fsdp::Pass::Backward, si);
     }
     Live {
         peak,

@@ -1,23 +1,27 @@
-//! FSDP (ZeRO-3: PyTorch FSDP with one wrap unit, Megatron's distributed optimizer with
+//! FSDP (ZeRO-3: PyTorch FSDP wrapping each layer, Megatron's distributed optimizer with
 //! parameter sharding) for the weights a pair of FSDP step collectives covers (a
 //! `ReduceScatter` of the fp32 gradients and an `AllGather` of the parameters over the
 //! same group, `dp` or `edp`, from [`runner_graph::shard`] with `fsdp: true`).
 //!
-//! - **Layout.** Each pair is one unit: its weights, in the collective's `weights` order
-//!   (sorted names, the same on every rank of the group), are flattened into one buffer,
-//!   padded with zeros to a multiple of the group size n; rank r owns chunk r. A weight
+//! - **Layout.** Each pair is cut into units, one per layer (the layer of each weight's
+//!   first reader; a weight outside the layers, as the embedding or the head, is a unit
+//!   of its own): a unit's weights, in the collective's `weights` order (sorted names,
+//!   the same on every rank of the group), are flattened into one buffer, padded with
+//!   zeros to a multiple of the group size n; rank r owns chunk r. A weight
 //!   lies in one or two (or more, for a big one) chunks: this rank stores the piece of
 //!   each weight inside its chunk as its own device buffer (a parameter piece, a gradient
 //!   piece and two AdamW moment pieces), so the optimizer still runs per tensor and the
 //!   padding takes no device memory.
 //! - **At rest** (between steps) a rank holds only those pieces: a covered weight has no
 //!   whole value, gradient or moments ([`Executor::weight`] refuses it then).
-//! - **Forward and backward.** Each pass starts with one all-gather per unit (the whole
-//!   model at once, not per layer) that materialises the weights the pass reads, and
-//!   frees each one right after the last op of the pass that reads it (in the backward,
-//!   its last backward step or re-run of a recomputed segment), so the gathered
-//!   parameters drain layer by layer. That is the step collective's count 2·m: a
-//!   forward and a backward gather per micro-batch.
+//! - **Forward and backward.** Right before an op (a backward step, or the re-run of a
+//!   recomputed segment before it) reads a weight that is not whole, the pass
+//!   all-gathers that weight's unit and materialises the unit's weights it reads; each
+//!   is freed right after the last op of the pass that reads it. So a pass holds about
+//!   one layer's parameters at a time (PyTorch FSDP without prefetch), and gathers
+//!   every weight once: the step collective's count 2·m, a forward and a backward
+//!   gather of the model per micro-batch, in one call per unit. A pipeline chunk's pass
+//!   gathers what its own ops read.
 //! - **Gradients.** The backward writes whole gradients (summed over micro-batches under
 //!   [`Executor::step_micro_batches`]); [`Executor::reduce_gradients`] runs the step's
 //!   all-reduces first (`tp`, `tp-kv`, `pp-embed`: they sum whole gradients), then each
@@ -39,7 +43,7 @@
 //! order); [`Executor::weight_shard`] and [`Executor::grad_shard`] read this rank's piece.
 //! [`Executor::set_weight`] takes the whole tensor and keeps this rank's piece.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 
 use runner_graph::autodiff::BackwardPlan;
@@ -115,6 +119,12 @@ pub(super) struct Resting {
     /// or step (backward) those it frees after it (from [`Resting::index`]).
     gathers: [Vec<TensorId>; 2],
     frees: [Vec<Vec<TensorId>>; 2],
+    /// Per pass, per op (forward) or step (backward, with the re-run before it): the
+    /// covered weights whole passes gather right before it (its units' first reader).
+    before: [Vec<Vec<TensorId>>; 2],
+    /// Per pass: the ops each forward op, or backward step, runs (the step's re-run
+    /// segment first), whose parameter inputs must be gathered first.
+    readers: [Vec<Vec<usize>>; 2],
 }
 
 impl Resting {
@@ -129,17 +139,20 @@ impl Resting {
             }
         }
         let mut last_backward = vec![None; nt];
+        let mut step_ops = Vec::with_capacity(plan.steps.len());
         for (si, s) in plan.steps.iter().enumerate() {
             let rerun = sched.rerun_before_step[si]
                 .map(|seg| sched.segments[seg].as_slice())
                 .unwrap_or_default();
-            for &oi in rerun.iter().chain(std::iter::once(&s.op)) {
+            let ops: Vec<usize> = rerun.iter().copied().chain(std::iter::once(s.op)).collect();
+            for &oi in &ops {
                 for &i in &g.ops[oi].inputs {
                     if g.tensors[i].kind.is_param() {
                         last_backward[i] = Some(si);
                     }
                 }
             }
+            step_ops.push(ops);
         }
         Resting {
             kept: vec![None; nt],
@@ -150,6 +163,40 @@ impl Resting {
                 vec![Vec::new(); g.ops.len()],
                 vec![Vec::new(); plan.steps.len()],
             ],
+            before: [
+                vec![Vec::new(); g.ops.len()],
+                vec![Vec::new(); plan.steps.len()],
+            ],
+            readers: [(0..g.ops.len()).map(|oi| vec![oi]).collect(), step_ops],
+        }
+    }
+
+    /// Which covered weights a whole pass gathers before each op or step: walking it as
+    /// the passes run ([`Executor::fsdp_gather_before`]), a unit is gathered when a
+    /// reader needs one of its weights that is not whole, and each weight freed after
+    /// its last reader.
+    fn plan_gathers(&mut self, g: &Graph, unit_of: &HashMap<TensorId, usize>, units: &[Vec<TensorId>]) {
+        for p in [Pass::Forward, Pass::Backward] {
+            let mut whole = vec![false; self.kept.len()];
+            for at in 0..self.readers[p as usize].len() {
+                for &oi in &self.readers[p as usize][at] {
+                    for &i in &g.ops[oi].inputs {
+                        if whole[i] {
+                            continue;
+                        }
+                        let Some(&u) = unit_of.get(&i) else { continue };
+                        for &id in &units[u] {
+                            if self.reads(p, id) && !whole[id] {
+                                whole[id] = true;
+                                self.before[p as usize][at].push(id);
+                            }
+                        }
+                    }
+                }
+                for &id in &self.frees[p as usize][at] {
+                    whole[id] = false;
+                }
+            }
         }
     }
 
@@ -185,6 +232,12 @@ impl Resting {
     /// it reads last.
     pub(super) fn freed_after(&self, pass: Pass, at: usize) -> &[TensorId] {
         &self.frees[pass as usize][at]
+    }
+
+    /// The covered weights a whole `pass` gathers right before op (forward) or step
+    /// (backward) `at`.
+    pub(super) fn gathered_before(&self, pass: Pass, at: usize) -> &[TensorId] {
+        &self.before[pass as usize][at]
     }
 
     /// Whether `id` is covered.
@@ -273,82 +326,96 @@ impl<D: Device> Executor<D> {
                 Some(c) => (c.size(), c.rank()),
                 None => (1, 0),
             };
-            let ids = sc
-                .weights
-                .iter()
-                .map(|w| self.id(w))
-                .collect::<Result<Vec<_>, _>>()?;
-            let mut offsets = Vec::with_capacity(ids.len());
-            let mut total = 0usize;
-            for &id in &ids {
-                offsets.push(total);
-                total += self.graph.tensors[id].numel() as usize;
+            // One unit per layer (the layer of the weight's first reader; a weight
+            // outside the layers, as the embedding or the head, alone): a pass gathers a
+            // layer's weights right before it needs them.
+            let mut by_layer: BTreeMap<(i32, usize), Vec<TensorId>> = BTreeMap::new();
+            for w in &sc.weights {
+                let id = self.id(w)?;
+                let first = self.graph.ops.iter().enumerate().find(|(_, op)| op.inputs.contains(&id));
+                let key = match first {
+                    Some((_, op)) if op.layer >= 0 => (op.layer, 0),
+                    Some((oi, op)) => (op.layer, oi),
+                    None => (i32::MAX, 0),
+                };
+                by_layer.entry(key).or_default().push(id);
             }
-            let chunk = total.div_ceil(n);
-            let mine = rank * chunk..(rank + 1) * chunk;
-            let ui = self.fsdp.units.len();
-            let mut pieces = Vec::new();
-            for (&id, &off) in ids.iter().zip(&offsets) {
-                let numel = self.graph.tensors[id].numel() as usize;
-                let lo = off.max(mine.start);
-                let hi = (off + numel).min(mine.end);
-                let piece = if lo < hi {
-                    let range = lo - off..hi - off;
-                    let cut = |b: &D::Buffer, dev: &D| -> Result<D::Buffer, ExecError> {
-                        let mut p = dev.alloc(Elem::F32, range.len())?;
-                        dev.copy(&mut p, 0, b, range.start, range.len())?;
-                        Ok(p)
-                    };
-                    let whole = self.vals[id].as_ref().ok_or_else(|| {
-                        ExecError::State(format!(
-                            "weight '{}' has no buffer to shard",
-                            self.graph.tensors[id].name
-                        ))
-                    })?;
-                    let param = cut(whole, &self.device)?;
-                    let moments = match &self.moments[id] {
-                        Some((m, v)) => Some((cut(m, &self.device)?, cut(v, &self.device)?)),
-                        None => None,
-                    };
-                    let grad = if self.plan.needs_grad[id] {
-                        let mut g = self.device.alloc(Elem::F32, range.len())?;
-                        self.device.zero(&mut g)?;
-                        Some(g)
+            for ids in by_layer.into_values() {
+                let mut offsets = Vec::with_capacity(ids.len());
+                let mut total = 0usize;
+                for &id in &ids {
+                    offsets.push(total);
+                    total += self.graph.tensors[id].numel() as usize;
+                }
+                let chunk = total.div_ceil(n);
+                let mine = rank * chunk..(rank + 1) * chunk;
+                let ui = self.fsdp.units.len();
+                let mut pieces = Vec::new();
+                for (&id, &off) in ids.iter().zip(&offsets) {
+                    let numel = self.graph.tensors[id].numel() as usize;
+                    let lo = off.max(mine.start);
+                    let hi = (off + numel).min(mine.end);
+                    let piece = if lo < hi {
+                        let range = lo - off..hi - off;
+                        let cut = |b: &D::Buffer, dev: &D| -> Result<D::Buffer, ExecError> {
+                            let mut p = dev.alloc(Elem::F32, range.len())?;
+                            dev.copy(&mut p, 0, b, range.start, range.len())?;
+                            Ok(p)
+                        };
+                        let whole = self.vals[id].as_ref().ok_or_else(|| {
+                            ExecError::State(format!(
+                                "weight '{}' has no buffer to shard",
+                                self.graph.tensors[id].name
+                            ))
+                        })?;
+                        let param = cut(whole, &self.device)?;
+                        let moments = match &self.moments[id] {
+                            Some((m, v)) => Some((cut(m, &self.device)?, cut(v, &self.device)?)),
+                            None => None,
+                        };
+                        let grad = if self.plan.needs_grad[id] {
+                            let mut g = self.device.alloc(Elem::F32, range.len())?;
+                            self.device.zero(&mut g)?;
+                            Some(g)
+                        } else {
+                            None
+                        };
+                        pieces.push(Piece {
+                            id,
+                            at: lo - mine.start,
+                            range,
+                            param,
+                            grad,
+                            moments,
+                        });
+                        Some(pieces.len() - 1)
                     } else {
                         None
                     };
-                    pieces.push(Piece {
-                        id,
-                        at: lo - mine.start,
-                        range,
-                        param,
-                        grad,
-                        moments,
-                    });
-                    Some(pieces.len() - 1)
-                } else {
-                    None
-                };
-                resting.kept[id] = Some((hi.saturating_sub(lo)) as u64);
-                self.fsdp.owner.insert(id, (ui, piece));
-                self.vals[id] = None;
-                self.grads[id] = None;
-                self.moments[id] = None;
-                self.grad_written[id] = false;
-                self.carry[id] = false;
+                    resting.kept[id] = Some((hi.saturating_sub(lo)) as u64);
+                    self.fsdp.owner.insert(id, (ui, piece));
+                    self.vals[id] = None;
+                    self.grads[id] = None;
+                    self.moments[id] = None;
+                    self.grad_written[id] = false;
+                    self.carry[id] = false;
+                }
+                self.fsdp.units.push(Unit {
+                    group: sc.group.clone(),
+                    n,
+                    rank,
+                    mean_over: sc.mean_over,
+                    ids,
+                    offsets,
+                    chunk,
+                    pieces,
+                });
             }
-            self.fsdp.units.push(Unit {
-                group: sc.group.clone(),
-                n,
-                rank,
-                mean_over: sc.mean_over,
-                ids,
-                offsets,
-                chunk,
-                pieces,
-            });
         }
         resting.index();
+        let unit_of: HashMap<TensorId, usize> = self.fsdp.owner.iter().map(|(&id, &(u, _))| (id, u)).collect();
+        let weights: Vec<Vec<TensorId>> = self.fsdp.units.iter().map(|u| u.ids.clone()).collect();
+        resting.plan_gathers(&self.graph, &unit_of, &weights);
         self.fsdp.resting = Some(resting);
         Ok(())
     }
@@ -405,22 +472,35 @@ impl<D: Device> Executor<D> {
         Ok(all)
     }
 
-    /// All-gather every unit and materialise the weights `pass` reads.
-    pub(super) fn fsdp_gather(&mut self, pass: Pass) -> Result<(), ExecError> {
+    /// Before op (forward) or step (backward) `at` of `pass`: all-gather each unit one of
+    /// whose weights its ops read and is not whole, and materialise the unit's weights
+    /// the pass reads.
+    pub(super) fn fsdp_gather_before(&mut self, pass: Pass, at: usize) -> Result<(), ExecError> {
         let Some(resting) = self.fsdp.resting.take() else {
             return Ok(());
         };
-        let r = self.gather_for(&resting, pass);
+        let r = self.gather_for(&resting, pass, at);
         self.fsdp.resting = Some(resting);
         r
     }
 
-    fn gather_for(&mut self, resting: &Resting, pass: Pass) -> Result<(), ExecError> {
-        for u in 0..self.fsdp.units.len() {
+    fn gather_for(&mut self, resting: &Resting, pass: Pass, at: usize) -> Result<(), ExecError> {
+        let mut units: Vec<usize> = Vec::new();
+        for &oi in &resting.readers[pass as usize][at] {
+            for &i in &self.graph.ops[oi].inputs {
+                if let Some(&(u, _)) = self.fsdp.owner.get(&i)
+                    && self.vals[i].is_none()
+                    && !units.contains(&u)
+                {
+                    units.push(u);
+                }
+            }
+        }
+        for u in units {
             let flat = self.gather_unit(u, false, true)?;
             let unit = &self.fsdp.units[u];
             for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
-                if !resting.reads(pass, id) {
+                if !resting.reads(pass, id) || self.vals[id].is_some() {
                     continue;
                 }
                 let n = self.graph.tensors[id].numel() as usize;
