@@ -518,21 +518,26 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
 // bench step
 // ---------------------------------------------------------------------------------------
 
-/// A tp·pp·dp layout with vp chunks per stage from `tp=2,pp=1,dp=2` or `pp=2,vp=2`.
-pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32)> {
-    let (mut tp, mut pp, mut dp, mut vp) = (1, 1, 1, 1);
+/// A tp·pp·dp layout with vp chunks per stage, and whether dp shards the weights (FSDP),
+/// from `tp=2,pp=1,dp=2`, `pp=2,vp=2` or `dp=2,fsdp`.
+pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32, bool)> {
+    let (mut tp, mut pp, mut dp, mut vp, mut fsdp) = (1, 1, 1, 1, false);
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N,vp=N"))?;
+        if part == "fsdp" {
+            fsdp = true;
+            continue;
+        }
+        let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N,vp=N[,fsdp]"))?;
         let v: u32 = v.trim().parse().ok().filter(|&v| v > 0).ok_or_else(|| anyhow!("--layout {s}: {k} must be a positive integer"))?;
         match k.trim() {
             "tp" => tp = v,
             "pp" => pp = v,
             "dp" => dp = v,
             "vp" => vp = v,
-            other => bail!("--layout {s}: '{other}' is not tp, pp, dp or vp"),
+            other => bail!("--layout {s}: '{other}' is not tp, pp, dp, vp or fsdp"),
         }
     }
-    Ok((tp, pp, dp, vp))
+    Ok((tp, pp, dp, vp, fsdp))
 }
 
 /// A rank's collective handles, by group name.
@@ -572,6 +577,8 @@ pub struct StepRun {
     pub dp: u32,
     /// Pipeline chunks per stage (Megatron's virtual pipeline size).
     pub vp: u32,
+    /// The dp ranks shard the weights, gradients and AdamW moments (FSDP).
+    pub fsdp: bool,
     pub steps: usize,
     pub micro_batches: usize,
     pub schedule: PipelineSchedule,
@@ -588,7 +595,7 @@ pub struct StepRun {
 impl StepRun {
     /// From the command line's words (`--schedule 1f1b|in-order`, `--toy tiny|bench`).
     pub fn new(layout: &str, steps: usize, micro_batches: usize, schedule: &str, toy: &str) -> Result<StepRun> {
-        let (tp, pp, dp, vp) = parse_layout(layout)?;
+        let (tp, pp, dp, vp, fsdp) = parse_layout(layout)?;
         if steps == 0 || micro_batches == 0 {
             bail!("--steps and --micro-batches must be positive");
         }
@@ -604,7 +611,7 @@ impl StepRun {
         };
         toy.layers = per_stage * pp;
         let (overlap, bucket) = (true, None);
-        let run = StepRun { tp, pp, dp, vp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket };
+        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket };
         // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
         // micro-batches the interleaved schedule refuses), before any rank starts.
         run.layout()
@@ -629,7 +636,7 @@ impl StepRun {
             dp: self.dp,
             vp: self.vp,
             sequence_parallel: false,
-            fsdp: false,
+            fsdp: self.fsdp,
             micro_batch: self.toy.batch as u32,
             global_batch: self.toy.batch as u32 * self.dp * self.micro_batches as u32,
             split: Default::default(),
@@ -647,11 +654,12 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={},vp={} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --ddp-bucket-size {}",
+            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --ddp-bucket-size {}",
             self.tp,
             self.pp,
             self.dp,
             self.vp,
+            if self.fsdp { ",fsdp" } else { "" },
             self.steps,
             self.micro_batches,
             self.toy_name,
@@ -691,10 +699,16 @@ fn weight_digest<D: Device>(ex: &Executor<D>) -> Result<String> {
         .map(|t| t.name.clone())
         .collect();
     names.sort();
+    // An FSDP rank holds pieces: the whole weights are gathered (every rank calls this).
+    let gathered = if ex.fsdp_sharded() { Some(ex.gather_weights()?) } else { None };
     let mut h = Sha256::new();
     for n in names {
         h.update(n.as_bytes());
-        for x in ex.weight(&n)? {
+        let w = match &gathered {
+            Some(all) => all.get(&n).cloned().ok_or_else(|| anyhow!("weight '{n}' was not gathered"))?,
+            None => ex.weight(&n)?,
+        };
+        for x in w {
             h.update(x.to_bits().to_le_bytes());
         }
     }
@@ -919,7 +933,8 @@ mod tests {
         let g = mesh_groups(1, 2, 1, 2, 1);
         assert_eq!(g, vec![("pp", vec![0, 1]), ("pp-embed", vec![0, 1])]);
         assert!(parse_layout("tp=2,dp=2").is_ok() && parse_layout("xp=2").is_err() && parse_layout("tp=0").is_err());
-        assert_eq!(parse_layout("pp=2,vp=2").unwrap(), (1, 2, 1, 2));
+        assert_eq!(parse_layout("pp=2,vp=2").unwrap(), (1, 2, 1, 2, false));
+        assert_eq!(parse_layout("dp=2,fsdp").unwrap(), (1, 1, 2, 1, true));
         // The sharder's rules, before any rank starts.
         let bad = |layout: &str, m: usize| StepRun::new(layout, 1, m, "1f1b", "tiny").unwrap_err().to_string();
         assert!(bad("vp=2", 1).contains("needs pp > 1"), "{}", bad("vp=2", 1));

@@ -436,7 +436,8 @@ pub enum BenchCommand {
         after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
     )]
     Step {
-        /// Parallel layout: tp=N,pp=N,dp=N[,vp=N] (vp: pipeline chunks per stage)
+        /// Parallel layout: tp=N,pp=N,dp=N[,vp=N][,fsdp] (vp: pipeline chunks per stage;
+        /// fsdp: the dp ranks shard the weights, gradients and AdamW moments)
         #[arg(long, default_value = "tp=2,dp=2")]
         layout: String,
         /// Training steps (a long run is how the launch tests kill a rank mid-run)
