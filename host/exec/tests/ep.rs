@@ -68,6 +68,8 @@ struct Out {
     rows: Vec<(String, usize)>,
     /// GEMMs that ran on FP8 codes (the native route).
     native_gemms: u64,
+    /// The group of each overlapped gradient bucket of the last step.
+    buckets: Vec<String>,
 }
 
 /// How a test drives one rank.
@@ -180,6 +182,7 @@ fn on_ranks_with(
                         .collect(),
                     rows: ex.expert_rows(),
                     native_gemms: ex.native_fp8_gemms(),
+                    buckets: ex.profile().grad_buckets.iter().map(|b| b.group.clone()).collect(),
                 }
             })
         })
@@ -413,6 +416,32 @@ fn ep2_training_steps_track_unsharded() {
                 o.ep_rank
             );
         }
+    }
+}
+
+/// The overlapped gradient reduction over expert parallelism: ep = 2 over dp = 4, so the
+/// dense weights reduce over dp (4 ranks) and the experts over edp (2 ranks, divided by
+/// all 4), each a bucket per weight started during the backward. The same losses and
+/// weights bit for bit as the reduction after the backward, over two steps.
+#[test]
+fn overlapped_reduction_over_dp_and_edp_trains_as_after_the_backward() {
+    let (g, gfull) = (toy_moe(2), toy_moe(8));
+    let data = synthetic_inputs(&gfull, 13);
+    let w0 = initial_weights();
+    let layout = ep_dp_layout(2, 4);
+    let run = |overlap: bool| {
+        let o = ExecOptions { overlap_grad_reduce: overlap, grad_bucket_elems: Some(1), ..options() };
+        on_ranks_with(&g, &gfull, &layout, &w0, &data, Drive::Train(2), &o)
+    };
+    let (after, over) = (run(false), run(true));
+    for (a, b) in after.iter().zip(&over) {
+        assert_eq!(a.losses, b.losses);
+        assert!(a.weights == b.weights, "ep rank {}: the weights differ", b.ep_rank);
+        assert!(a.buckets.is_empty());
+        let dense = b.buckets.iter().filter(|g| *g == "dp").count();
+        let expert = b.buckets.iter().filter(|g| *g == "edp").count();
+        assert!(dense > 0 && expert > 0 && dense + expert == b.buckets.len(), "{:?}", b.buckets);
+        assert!(b.losses.iter().all(|l| l.is_finite()));
     }
 }
 
