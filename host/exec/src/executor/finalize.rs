@@ -23,7 +23,7 @@
 //! all-reduces first (on whole gradients), then the reduce-scatters (summed, divided by
 //! `mean_over`, this rank's chunk kept).
 
-use runner_graph::OpKind;
+use runner_graph::{OpKind, TensorId};
 use runner_graph::shard::{Sharded, StepCollective};
 
 use super::{ExecOptions, Executor};
@@ -171,22 +171,9 @@ impl<D: Device> Executor<D> {
                 .iter()
                 .map(|w| self.id(w))
                 .collect::<Result<Vec<_>, _>>()?;
-            // A weight without a gradient this step contributes zeros, so every rank
-            // passes the same length.
-            let dev = &self.device;
             let total: usize = ids.iter().map(|&id| self.graph.tensors[id].numel() as usize).sum();
-            let mut flat = dev.alloc(Elem::F32, total)?;
-            if ids.iter().any(|&id| !(self.grad_written[id] && self.grads[id].is_some())) {
-                dev.zero(&mut flat)?;
-            }
-            let mut at = 0;
-            for &id in &ids {
-                let n = self.graph.tensors[id].numel() as usize;
-                if let (true, Some(b)) = (self.grad_written[id], &self.grads[id]) {
-                    dev.copy(&mut flat, at, b, 0, n)?;
-                }
-                at += n;
-            }
+            let mut flat = self.flat_grads(&ids, total)?;
+            let dev = &self.device;
             if sc.group_size > 1 {
                 let c = self.timed(&sc.group).ok_or_else(|| {
                     ExecError::State(format!("no handle for group '{}'", sc.group))
@@ -196,16 +183,46 @@ impl<D: Device> Executor<D> {
             if sc.mean_over > 1 {
                 dev.scale(&mut flat, 1.0 / sc.mean_over as f32)?;
             }
-            let mut at = 0;
-            for &id in &ids {
-                let n = self.graph.tensors[id].numel() as usize;
-                if let Some(b) = self.grads[id].as_mut() {
-                    self.device.copy(b, 0, &flat, at, n)?;
-                    self.grad_written[id] = true;
-                }
-                at += n;
-            }
+            self.unflat_grads(&ids, &flat)?;
         }
         self.fsdp_reduce_scatter()
+    }
+
+    /// The gradients of weights `ids`, end to end, in a new f32 buffer of `len` elements
+    /// (at least theirs; the rest zero): what a step-level collective moves. A weight
+    /// without a gradient this step contributes zeros, so every rank passes the same
+    /// length.
+    pub(super) fn flat_grads(&self, ids: &[TensorId], len: usize) -> Result<D::Buffer, ExecError> {
+        let dev = &self.device;
+        let has = |id: TensorId| (self.grad_written[id] || self.carry[id]) && self.grads[id].is_some();
+        let total: usize = ids.iter().map(|&id| self.graph.tensors[id].numel() as usize).sum();
+        let mut flat = dev.alloc(Elem::F32, len)?;
+        if len > total || ids.iter().any(|&id| !has(id)) {
+            dev.zero(&mut flat)?;
+        }
+        let mut at = 0;
+        for &id in ids {
+            let n = self.graph.tensors[id].numel() as usize;
+            if let (true, Some(g)) = (has(id), &self.grads[id]) {
+                dev.copy(&mut flat, at, g, 0, n)?;
+            }
+            at += n;
+        }
+        Ok(flat)
+    }
+
+    /// Put `flat`, laid out as [`Executor::flat_grads`] lays it, back into the gradients
+    /// of `ids`.
+    pub(super) fn unflat_grads(&mut self, ids: &[TensorId], flat: &D::Buffer) -> Result<(), ExecError> {
+        let mut at = 0;
+        for &id in ids {
+            let n = self.graph.tensors[id].numel() as usize;
+            if let Some(g) = self.grads[id].as_mut() {
+                self.device.copy(g, 0, flat, at, n)?;
+                self.grad_written[id] = true;
+            }
+            at += n;
+        }
+        Ok(())
     }
 }

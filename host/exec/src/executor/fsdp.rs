@@ -537,14 +537,8 @@ impl<D: Device> Executor<D> {
         for u in 0..self.fsdp.units.len() {
             let unit = &self.fsdp.units[u];
             let dev = &self.device;
-            let mut flat = dev.alloc(Elem::F32, unit.chunk * unit.n)?;
-            dev.zero(&mut flat)?;
-            // A weight without a gradient this step contributes zeros.
-            for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
-                if let (true, Some(b)) = (self.grad_written[id], &self.grads[id]) {
-                    dev.copy(&mut flat, off, b, 0, b.len())?;
-                }
-            }
+            // Padded with zeros to the group's chunks.
+            let flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
             let mut mine = if unit.n > 1 {
                 let mut mine = dev.alloc(Elem::F32, unit.chunk)?;
                 self.timed(&unit.group)

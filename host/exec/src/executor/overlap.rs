@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use super::Executor;
 use crate::collective::{InFlight, ReduceOp};
-use crate::device::{Device, Elem, ExecError};
+use crate::device::{Device, ExecError};
 
 /// One overlapped bucket of the last step, for the profile.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -160,25 +160,10 @@ impl<D: Device> Executor<D> {
     fn start_bucket(&mut self, k: usize, m: u32) -> Result<(), ExecError> {
         let b = &self.buckets.list[k];
         let sc = &self.comm.step[b.sc];
-        let dev = &self.device;
-        let mut flat = dev.alloc(Elem::F32, b.elems)?;
-        // A weight without a gradient this step contributes zeros (every rank passes
-        // the same length), as in the reduction after the backward.
-        let has = |id: TensorId| (self.grad_written[id] || self.carry[id]) && self.grads[id].is_some();
-        if b.weights.iter().any(|&id| !has(id)) {
-            dev.zero(&mut flat)?;
-        }
-        let mut at = 0;
-        for &id in &b.weights {
-            let n = self.graph.tensors[id].numel() as usize;
-            if let (true, Some(g)) = (has(id), &self.grads[id]) {
-                dev.copy(&mut flat, at, g, 0, n)?;
-            }
-            at += n;
-        }
+        let mut flat = self.flat_grads(&b.weights, b.elems)?;
         if m > 1 {
             // Exactly the scaling `step_micro_batches` gives each gradient.
-            dev.scale(&mut flat, 1.0 / m as f32)?;
+            self.device.scale(&mut flat, 1.0 / m as f32)?;
         }
         let c = self
             .timed(&sc.group)
@@ -213,15 +198,8 @@ impl<D: Device> Executor<D> {
             if sc.mean_over > 1 {
                 self.device.scale(&mut flat, 1.0 / sc.mean_over as f32)?;
             }
-            let mut at = 0;
-            for &id in &b.weights {
-                let n = self.graph.tensors[id].numel() as usize;
-                if let Some(g) = self.grads[id].as_mut() {
-                    self.device.copy(g, 0, &flat, at, n)?;
-                    self.grad_written[id] = true;
-                }
-                at += n;
-            }
+            let weights = b.weights.clone();
+            self.unflat_grads(&weights, &flat)?;
         }
         self.profile.grad_buckets = std::mem::take(&mut self.buckets.report);
         let mut covered: Vec<usize> = self.buckets.list.iter().map(|b| b.sc).collect();
