@@ -27,7 +27,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use runner_exec::collective::reduce_in_rank_order;
-use runner_exec::{ExecError, HostCollective, HostInFlight, Lane, ReduceOp};
+use runner_exec::{ExecError, HostCollective, HostInFlight, Lane, ReduceOp, Started};
 
 const MAGIC: u32 = 0x524E_5231; // "RNR1"
 const HEADER: usize = 32;
@@ -508,8 +508,8 @@ impl HostCollective for TcpGroup {
         Ok(())
     }
 
-    fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
-        self.lane.start(self, data, op)
+    fn start(&self, what: Started, data: Vec<f32>) -> Result<HostInFlight, ExecError> {
+        self.lane.start(self, what, data)
     }
 
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
@@ -693,25 +693,27 @@ mod tests {
         assert_eq!(out[3].2, [102.0, 200.0]);
     }
 
-    /// Started all-reduces run on the group's second lane, beside calls on the group
-    /// itself, with the bits of an all-reduce in place; one whose peer died fails,
-    /// naming it.
+    /// Started collectives run on the group's second lane, beside calls on the group
+    /// itself, with the bits of the calls in place; one whose peer died fails, naming
+    /// it.
     #[test]
-    fn started_all_reduces_run_beside_the_group_and_fail_on_a_dead_rank() {
+    fn started_collectives_run_beside_the_group_and_fail_on_a_dead_rank() {
         let out = on_ranks(3, |w| {
             let g = w.group("dp", &[0, 1, 2]).unwrap();
             let r = g.rank() as f32;
-            let data = vec![0.1 * (r + 1.0), r];
-            let started = g.start_all_reduce(data.clone(), ReduceOp::Sum).unwrap();
+            let data = vec![0.1 * (r + 1.0), r, 2.0 * r];
+            let started = g.start(Started::AllReduce(ReduceOp::Sum), data.clone()).unwrap();
+            let scattered = g.start(Started::ReduceScatter, data.clone()).unwrap();
             let gathered = g.all_gather(&[r]).unwrap();
-            let got = started.wait().unwrap();
-            let mut want = data;
+            let got = [started.wait().unwrap(), scattered.wait().unwrap()].concat();
+            let mut want = data.clone();
             g.all_reduce(&mut want, ReduceOp::Sum).unwrap();
+            want.extend(g.reduce_scatter(&data).unwrap());
             let dead = if g.rank() == 2 {
                 w.close();
                 String::new()
             } else {
-                let s = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+                let s = g.start(Started::AllGather, vec![1.0]).unwrap();
                 s.wait().unwrap_err().to_string()
             };
             (got, want, gathered, dead)

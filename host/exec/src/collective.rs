@@ -14,13 +14,16 @@
 //! Every reduction sums (or takes the max) in rank order on every rank, so all ranks get
 //! bit-identical results and nothing depends on thread timing.
 //!
-//! An all-reduce can also be started and finished later
-//! ([`Collective::start_all_reduce`]), so that it runs while the rank computes: the
-//! executor reduces each bucket of data-parallel gradients this way as soon as the
-//! backward has finished it (PyTorch DDP's buckets, Megatron's `overlap_grad_reduce`).
-//! NCCL runs it on a second stream; a host transport with a [`Lane`] (a [`ThreadGroup`],
-//! the TCP group of `runner-dist`) on a thread of its own, over a second group of the
-//! same ranks; another host transport at once (no overlap, same result).
+//! An all-reduce, all-gather or reduce-scatter can also be started and finished later
+//! ([`Collective::start`]), so that it runs while the rank computes: the executor
+//! reduces each bucket of data-parallel gradients this way as soon as the backward has
+//! finished it (PyTorch DDP's buckets, Megatron's `overlap_grad_reduce`), and FSDP
+//! prefetches the next layer's parameters and reduce-scatters each layer's gradients
+//! during the backward. NCCL runs them on a second stream, in the order they were
+//! started (PyTorch's process group runs every collective of a communicator on one
+//! stream of its own); a host transport with a [`Lane`] (a [`ThreadGroup`], the TCP
+//! group of `runner-dist`) on a thread of its own, over a second group of the same
+//! ranks; another host transport at once (no overlap, same result).
 //!
 //! Axis handling (gathering along a non-leading axis) is the caller's:
 //! [`Collective::all_gather`] writes the ranks' buffers concatenated in rank order.
@@ -132,77 +135,157 @@ pub trait Collective<D: Device = Cpu>: Send {
         }
         Ok(())
     }
-    /// Start an all-reduce of `buf` (as [`Collective::all_reduce`]) that runs while this
-    /// rank goes on computing; [`Collective::finish_all_reduce`] gives the buffer back
-    /// reduced. Every rank starts the same all-reduces in the same order. Several may be
-    /// in flight; the caller makes no other call on this group until it has finished
-    /// them all. NCCL runs them on a second stream, after the work queued so far; the
-    /// default runs each at once.
+    /// Start collective `what` on `buf` (the input), to run while this rank goes on
+    /// computing; [`Collective::finish`] gives its result: the buffer reduced (an
+    /// all-reduce), every rank's buffer concatenated in rank order (an all-gather), or
+    /// this rank's chunk of the sum (a reduce-scatter). Every rank starts the same
+    /// collectives in the same order. Several may be in flight, and they run in the
+    /// order they were started; the caller makes no other call on this group until it
+    /// has finished them all. NCCL runs them on a second stream, after the work queued
+    /// so far; the default runs each at once.
     ///
     /// # Errors
-    /// As [`Collective::all_reduce`], for what is checked (or run) at the start.
-    fn start_all_reduce(&self, dev: &D, buf: D::Buffer, op: ReduceOp) -> Result<InFlight<D::Buffer>, ExecError> {
-        let mut buf = buf;
-        self.all_reduce(dev, &mut buf, op)?;
-        Ok(InFlight::done(buf))
+    /// As the collective's own call, for what is checked (or run) at the start; a
+    /// reduce-scatter of a buffer that does not split over the group.
+    fn start(&self, dev: &D, what: Started, buf: D::Buffer) -> Result<InFlight<D::Buffer>, ExecError> {
+        run_started(self, dev, what, buf)
     }
-    /// The buffer of an all-reduce this group started, reduced; work queued on `dev`
-    /// after this call is ordered after the reduction.
+    /// The result of a collective this group started ([`Collective::start`]); work
+    /// queued on `dev` after this call is ordered after it.
     ///
     /// # Errors
-    /// As [`Collective::all_reduce`]; an [`InFlight`] another group started.
-    fn finish_all_reduce(&self, _dev: &D, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
+    /// As the collective's own call; an [`InFlight`] another group started.
+    fn finish(&self, _dev: &D, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
         match f.into_parts() {
-            (buf, None) => Ok(buf),
-            (_, Some(_)) => Err(foreign()),
+            (buf, _, None) => Ok(buf),
+            (_, _, Some(_)) => Err(foreign()),
         }
     }
 }
 
-/// An all-reduce [`Collective::start_all_reduce`] started: the buffer, and what the group
-/// needs to finish it (none when it already ran).
+/// A collective that can be started and finished later ([`Collective::start`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Started {
+    /// In place: the buffer comes back reduced.
+    AllReduce(ReduceOp),
+    /// Every rank's buffer, concatenated in rank order (group size × its length).
+    AllGather,
+    /// This rank's chunk of the sum of every rank's buffer (its length / group size).
+    ReduceScatter,
+}
+
+impl Started {
+    /// Its name in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Started::AllReduce(_) => "all-reduce",
+            Started::AllGather => "all-gather",
+            Started::ReduceScatter => "reduce-scatter",
+        }
+    }
+
+    /// Elements of the result for an input of `len` elements over `n` ranks.
+    ///
+    /// # Errors
+    /// A reduce-scatter input that does not split into `n` equal chunks.
+    pub fn out_len(self, len: usize, n: usize) -> Result<usize, ExecError> {
+        match self {
+            Started::AllReduce(_) => Ok(len),
+            Started::AllGather => Ok(len * n),
+            Started::ReduceScatter if n > 0 && len.is_multiple_of(n) => Ok(len / n),
+            Started::ReduceScatter => Err(err(format!("reduce-scatter: {len} elements do not split over {n} ranks"))),
+        }
+    }
+}
+
+/// Run started collective `what` at once with `c`'s own calls (what [`Collective::start`]
+/// does by default). The input stays allocated until the finish, as where it runs
+/// later, so device memory follows the same course on every transport.
+fn run_started<D: Device, C: Collective<D> + ?Sized>(c: &C, dev: &D, what: Started, buf: D::Buffer) -> Result<InFlight<D::Buffer>, ExecError> {
+    let mut buf = buf;
+    let len = what.out_len(buf.len(), c.size())?;
+    match what {
+        Started::AllReduce(op) => {
+            c.all_reduce(dev, &mut buf, op)?;
+            Ok(InFlight::done(buf))
+        }
+        Started::AllGather => {
+            let mut out = dev.alloc(buf.elem(), len)?;
+            c.all_gather(dev, &buf, &mut out)?;
+            Ok(InFlight { buf: out, input: Some(buf), pending: None })
+        }
+        Started::ReduceScatter => {
+            let mut out = dev.alloc(buf.elem(), len)?;
+            c.reduce_scatter(dev, &buf, &mut out)?;
+            Ok(InFlight { buf: out, input: Some(buf), pending: None })
+        }
+    }
+}
+
+/// What a host transport's started collective runs (the default of
+/// [`HostCollective::start`], and a [`Lane`]'s thread).
+fn run_started_on_host<H: HostCollective + ?Sized>(h: &H, what: Started, data: Vec<f32>) -> Result<Vec<f32>, ExecError> {
+    match what {
+        Started::AllReduce(op) => {
+            let mut data = data;
+            h.all_reduce(&mut data, op)?;
+            Ok(data)
+        }
+        Started::AllGather => h.all_gather(&data),
+        Started::ReduceScatter => h.reduce_scatter(&data),
+    }
+}
+
+/// A collective [`Collective::start`] started: its result's buffer (or the input,
+/// for a host transport), and what the group needs to finish it (none when it already
+/// ran).
 pub struct InFlight<B> {
     buf: B,
+    /// The input, when the result has a buffer of its own: it stays allocated until the
+    /// finish, as the collective may still read it.
+    input: Option<B>,
     pending: Option<Box<dyn Any + Send>>,
 }
 
 impl<B> InFlight<B> {
-    /// An all-reduce that already ran.
+    /// A collective that already ran: its result.
     pub fn done(buf: B) -> Self {
-        InFlight { buf, pending: None }
+        InFlight { buf, input: None, pending: None }
     }
-    /// An all-reduce still running; `pending` is the group's own record of it.
-    pub fn running(buf: B, pending: Box<dyn Any + Send>) -> Self {
-        InFlight { buf, pending: Some(pending) }
+    /// A collective still running into `buf`, reading `input` (none: in place);
+    /// `pending` is the group's own record of it.
+    pub fn running(buf: B, input: Option<B>, pending: Box<dyn Any + Send>) -> Self {
+        InFlight { buf, input, pending: Some(pending) }
     }
-    /// The buffer and the group's record, for the group that finishes it.
-    pub fn into_parts(self) -> (B, Option<Box<dyn Any + Send>>) {
-        (self.buf, self.pending)
+    /// The result's buffer, the input and the group's record, for the group that
+    /// finishes it (which frees the input once the collective no longer reads it).
+    pub fn into_parts(self) -> (B, Option<B>, Option<Box<dyn Any + Send>>) {
+        (self.buf, self.input, self.pending)
     }
 }
 
 fn foreign() -> ExecError {
-    err("finish_all_reduce of an all-reduce another group started".into())
+    err("finish of a collective another group started".into())
 }
 
-/// A host transport's started all-reduce ([`HostCollective::start_all_reduce`]).
+/// A host transport's started collective ([`HostCollective::start`]).
 pub enum HostInFlight {
-    /// It already ran: the reduced data.
+    /// It already ran: the result.
     Done(Vec<f32>),
-    /// It runs elsewhere; the reduced data (or the error) arrives here.
+    /// It runs elsewhere; the result (or the error) arrives here.
     Running(mpsc::Receiver<Result<Vec<f32>, ExecError>>),
 }
 
 impl HostInFlight {
-    /// The reduced data, once it is there.
+    /// The result, once it is there.
     ///
     /// # Errors
-    /// The all-reduce failed, or what ran it ended without answering.
+    /// The collective failed, or what ran it ended without answering.
     pub fn wait(self) -> Result<Vec<f32>, ExecError> {
         match self {
             HostInFlight::Done(d) => Ok(d),
             HostInFlight::Running(rx) => rx.recv().unwrap_or_else(|_| {
-                Err(err("a started all-reduce: the thread running it ended without an answer".into()))
+                Err(err("a started collective: the thread running it ended without an answer".into()))
             }),
         }
     }
@@ -242,14 +325,12 @@ pub trait HostCollective: Send {
         }
         recvs.iter().map(|&peer| self.recv(peer)).collect()
     }
-    /// As [`Collective::start_all_reduce`]; the default runs it at once.
+    /// As [`Collective::start`]; the default runs it at once.
     ///
     /// # Errors
-    /// As [`HostCollective::all_reduce`].
-    fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
-        let mut data = data;
-        self.all_reduce(&mut data, op)?;
-        Ok(HostInFlight::Done(data))
+    /// As the collective's own call.
+    fn start(&self, what: Started, data: Vec<f32>) -> Result<HostInFlight, ExecError> {
+        run_started_on_host(self, what, data).map(HostInFlight::Done)
     }
 }
 
@@ -366,16 +447,25 @@ impl<D: Device, H: HostCollective> Collective<D> for H {
         }
         Ok(())
     }
-    fn start_all_reduce(&self, dev: &D, buf: D::Buffer, op: ReduceOp) -> Result<InFlight<D::Buffer>, ExecError> {
-        reducible(&buf, "all-reduce")?;
-        let h = HostCollective::start_all_reduce(self, dev.read_f32(&buf)?, op)?;
-        Ok(InFlight::running(buf, Box::new(h)))
+    fn start(&self, dev: &D, what: Started, buf: D::Buffer) -> Result<InFlight<D::Buffer>, ExecError> {
+        if what != Started::AllGather {
+            reducible(&buf, what.name())?;
+        }
+        let len = what.out_len(buf.len(), HostCollective::size(self))?;
+        let h = HostCollective::start(self, what, stage_out(dev, &buf)?)?;
+        // Device memory as on NCCL: the result's buffer from the start (an all-reduce's
+        // is its input), the input until the finish.
+        Ok(match what {
+            Started::AllReduce(_) => InFlight::running(buf, None, Box::new((h, what))),
+            _ => InFlight::running(dev.alloc(buf.elem(), len)?, Some(buf), Box::new((h, what))),
+        })
     }
-    fn finish_all_reduce(&self, dev: &D, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
-        let (mut buf, pending) = f.into_parts();
+    fn finish(&self, dev: &D, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
+        let (mut buf, input, pending) = f.into_parts();
         let Some(pending) = pending else { return Ok(buf) };
-        let h = pending.downcast::<HostInFlight>().map_err(|_| foreign())?;
-        stage_in(dev, &mut buf, &h.wait()?, "all-reduce")?;
+        let (h, what) = *pending.downcast::<(HostInFlight, Started)>().map_err(|_| foreign())?;
+        stage_in(dev, &mut buf, &h.wait()?, what.name())?;
+        drop(input);
         Ok(buf)
     }
 }
@@ -452,15 +542,15 @@ struct Shared {
 /// handle per rank; move each to its thread. Dropping a handle tells the others that
 /// rank has left (see the module notes).
 ///
-/// Started all-reduces ([`HostCollective::start_all_reduce`]) run on its [`Lane`].
+/// Started collectives ([`HostCollective::start`]) run on its [`Lane`].
 pub struct ThreadGroup {
     rank: usize,
     shared: Arc<Shared>,
     lane: Lane<ThreadGroup>,
 }
 
-/// A host group's second lane, where its started all-reduces
-/// ([`HostCollective::start_all_reduce`]) run: a handle of this rank on a second group
+/// A host group's second lane, where its started collectives
+/// ([`HostCollective::start`]) run: a handle of this rank on a second group
 /// of the same ranks (its own call sequence, so calls the rank makes meanwhile on the
 /// group itself are not matched with them), moved at the first start to a thread that
 /// runs them in order. Dropping the lane ends the thread, which drops the handle: the
@@ -472,11 +562,11 @@ pub struct Lane<H> {
 enum LaneState<H> {
     /// Not started: this rank's handle on the second group (none: no lane, run at once).
     Idle(Option<Box<H>>),
-    /// Its thread runs each all-reduce sent here, in order, and answers on the channel.
+    /// Its thread runs each collective sent here, in order, and answers on the channel.
     Running(mpsc::Sender<LaneJob>),
 }
 
-type LaneJob = (Vec<f32>, ReduceOp, mpsc::Sender<Result<Vec<f32>, ExecError>>);
+type LaneJob = (Vec<f32>, Started, mpsc::Sender<Result<Vec<f32>, ExecError>>);
 
 impl<H: HostCollective + 'static> Lane<H> {
     /// A lane over `on_lane`, this rank's handle on the second group.
@@ -484,44 +574,41 @@ impl<H: HostCollective + 'static> Lane<H> {
         Lane { state: Mutex::new(LaneState::Idle(Some(Box::new(on_lane)))) }
     }
 
-    /// No lane: [`Lane::start`] runs each all-reduce at once (the lane's own handle).
+    /// No lane: [`Lane::start`] runs each collective at once (the lane's own handle).
     pub fn none() -> Self {
         Lane { state: Mutex::new(LaneState::Idle(None)) }
     }
 
-    /// Start an all-reduce of `data` on the lane (on `me`, the group itself, at once
-    /// when there is none).
+    /// Start collective `what` on `data` on the lane (on `me`, the group itself, at
+    /// once when there is none).
     ///
     /// # Errors
-    /// The thread cannot start or has ended; as `me`'s all-reduce where it runs at once.
-    pub fn start(&self, me: &dyn HostCollective, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
+    /// The thread cannot start or has ended; as `me`'s call where it runs at once.
+    pub fn start(&self, me: &dyn HostCollective, what: Started, data: Vec<f32>) -> Result<HostInFlight, ExecError> {
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let jobs = match &mut *state {
             LaneState::Running(jobs) => jobs.clone(),
             LaneState::Idle(handle) => {
                 let Some(on_lane) = handle.take() else {
                     drop(state);
-                    let mut data = data;
-                    me.all_reduce(&mut data, op)?;
-                    return Ok(HostInFlight::Done(data));
+                    return run_started_on_host(me, what, data).map(HostInFlight::Done);
                 };
                 let (jobs, todo) = mpsc::channel::<LaneJob>();
                 std::thread::Builder::new()
-                    .name(format!("all-reduce lane, rank {}", me.rank()))
+                    .name(format!("collective lane, rank {}", me.rank()))
                     .spawn(move || {
-                        for (mut data, op, answer) in todo {
-                            let r = on_lane.all_reduce(&mut data, op).map(|()| data);
-                            let _ = answer.send(r);
+                        for (data, what, answer) in todo {
+                            let _ = answer.send(run_started_on_host(&*on_lane, what, data));
                         }
                     })
-                    .map_err(|e| err(format!("all-reduce on rank {}: cannot start its thread: {e}", me.rank())))?;
+                    .map_err(|e| err(format!("{} on rank {}: cannot start its thread: {e}", what.name(), me.rank())))?;
                 *state = LaneState::Running(jobs.clone());
                 jobs
             }
         };
         let (answer, result) = mpsc::channel();
-        jobs.send((data, op, answer))
-            .map_err(|_| err(format!("all-reduce on rank {}: the thread of started all-reduces ended", me.rank())))?;
+        jobs.send((data, what, answer))
+            .map_err(|_| err(format!("{} on rank {}: the thread of started collectives ended", what.name(), me.rank())))?;
         Ok(HostInFlight::Running(result))
     }
 }
@@ -795,8 +882,8 @@ impl HostCollective for ThreadGroup {
         Ok(())
     }
 
-    fn start_all_reduce(&self, data: Vec<f32>, op: ReduceOp) -> Result<HostInFlight, ExecError> {
-        self.lane.start(self, data, op)
+    fn start(&self, what: Started, data: Vec<f32>) -> Result<HostInFlight, ExecError> {
+        self.lane.start(self, what, data)
     }
 
     fn all_gather(&self, input: &[f32]) -> Result<Vec<f32>, ExecError> {
@@ -915,7 +1002,7 @@ impl HostCollective for ThreadGroup {
 
 #[cfg(test)]
 mod tests {
-    use super::{HostCollective, ReduceOp, ThreadGroup};
+    use super::{Cpu, Device, Elem, HostCollective, ReduceOp, Started, ThreadGroup};
     use std::sync::Arc;
     use std::time::{Duration, Instant};
 
@@ -1066,31 +1153,61 @@ mod tests {
         assert!(rv.contains("rank 2 left the group without sending"), "{rv}");
     }
 
-    /// Started all-reduces run on the group's second lane while the rank makes other
-    /// calls on the group, and give the same bits as all-reduces made in place; several
-    /// in flight come back each with its own data.
+    /// Started collectives run on the group's second lane while the rank makes other
+    /// calls on the group, and give the same bits as the calls made in place; several
+    /// in flight, of every kind, come back each with its own result.
     #[test]
-    fn started_all_reduces_overlap_other_calls_and_match() {
+    fn started_collectives_overlap_other_calls_and_match() {
         let out = on_ranks(3, |g| {
             let r = g.rank() as f32;
             let data: Vec<Vec<f32>> = (0..3).map(|k| vec![0.1 * (r + 1.0) + k as f32, r * 1e-3, -r]).collect();
-            let started: Vec<_> = data.iter().map(|d| g.start_all_reduce(d.clone(), ReduceOp::Sum).unwrap()).collect();
+            let kinds = [Started::AllReduce(ReduceOp::Sum), Started::ReduceScatter, Started::AllGather];
+            let started: Vec<_> = data.iter().zip(kinds).map(|(d, k)| HostCollective::start(&g, k, d.clone()).unwrap()).collect();
             // The group itself stays usable meanwhile (its own call sequence).
             let gathered = g.all_gather(&[r]).unwrap();
             let got: Vec<Vec<f32>> = started.into_iter().map(|s| s.wait().unwrap()).collect();
-            let mut want = data.clone();
-            for w in &mut want {
-                g.all_reduce(w, ReduceOp::Sum).unwrap();
-            }
+            let mut sum = data[0].clone();
+            g.all_reduce(&mut sum, ReduceOp::Sum).unwrap();
+            let want = vec![sum, g.reduce_scatter(&data[1]).unwrap(), g.all_gather(&data[2]).unwrap()];
             (got, want, gathered)
         });
         for (got, want, gathered) in &out {
             let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
             assert_eq!(bits(got), bits(want));
-            assert_eq!(bits(got), bits(&out[0].0), "identical on every rank");
+            let shared = |v: &Vec<Vec<f32>>| bits(&vec![v[0].clone(), v[2].clone()]);
+            assert_eq!(shared(got), shared(&out[0].0), "identical on every rank");
             assert_eq!(*gathered, [0.0, 1.0, 2.0]);
         }
-        assert!((out[0].0[2][0] - 6.6).abs() < 1e-5, "{:?}", out[0].0);
+        assert!((out[0].0[0][0] - 0.6).abs() < 1e-5, "{:?}", out[0].0);
+        assert_eq!(out[1].0[1].len(), 1, "a reduce-scatter keeps a third");
+        assert_eq!(out[1].0[2].len(), 9, "an all-gather brings all three");
+    }
+
+    /// Started on a device buffer (the CPU's), each kind gives the result of its
+    /// in-place call in a buffer of the result's length; a reduce-scatter that does not
+    /// split over the group is refused at the start.
+    #[test]
+    fn started_collectives_on_device_buffers() {
+        let out = on_ranks(2, |g| {
+            let dev = Cpu::new();
+            let r = g.rank() as f32;
+            let buf = |v: &[f32]| {
+                let mut b = dev.alloc(Elem::F32, v.len()).unwrap();
+                dev.write_f32(&mut b, v).unwrap();
+                b
+            };
+            let c: &dyn super::Collective<Cpu> = &g;
+            let mut got = Vec::new();
+            for k in [Started::AllGather, Started::ReduceScatter, Started::AllReduce(ReduceOp::Max)] {
+                let f = c.start(&dev, k, buf(&[r, 10.0 + r])).unwrap();
+                got.push(dev.read_f32(&c.finish(&dev, f).unwrap()).unwrap());
+            }
+            let odd = c.start(&dev, Started::ReduceScatter, buf(&[1.0, 2.0, 3.0])).err().unwrap().to_string();
+            (got, odd)
+        });
+        assert_eq!(out[0].0, [vec![0.0, 10.0, 1.0, 11.0], vec![1.0], vec![1.0, 11.0]]);
+        assert_eq!(out[1].0[1], [21.0]);
+        assert!(out[0].1.contains("3 elements do not split over 2 ranks"), "{}", out[0].1);
     }
 
     /// A rank that leaves with all-reduces started elsewhere fails them at once, naming
@@ -1101,13 +1218,13 @@ mod tests {
         let out = on_ranks(2, |g| {
             if g.rank() == 1 {
                 // Starts one (so its lane thread runs), then leaves before the second.
-                let first = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+                let first = HostCollective::start(&g, Started::AllReduce(ReduceOp::Sum), vec![1.0]).unwrap();
                 let _ = first.wait();
                 return String::new();
             }
-            let first = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+            let first = HostCollective::start(&g, Started::AllReduce(ReduceOp::Sum), vec![1.0]).unwrap();
             assert_eq!(first.wait().unwrap(), [2.0]);
-            let second = g.start_all_reduce(vec![1.0], ReduceOp::Sum).unwrap();
+            let second = HostCollective::start(&g, Started::AllReduce(ReduceOp::Sum), vec![1.0]).unwrap();
             second.wait().unwrap_err().to_string()
         });
         assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());

@@ -90,6 +90,11 @@ pub struct ExecOptions {
     /// holds at least this many); `None`: Megatron's max(40M, 1M·ranks) for each group
     /// ([`runner_graph::shard::ddp_bucket_elems`]).
     pub grad_bucket_elems: Option<usize>,
+    /// FSDP passes start the next layer's parameter all-gather as soon as they have
+    /// gathered one (PyTorch FSDP's forward and backward prefetch), so it runs while the
+    /// layer computes; at most one is in flight (`executor/fsdp.rs`). The same bits
+    /// either way; on by default.
+    pub fsdp_prefetch: bool,
 }
 
 impl Default for ExecOptions {
@@ -105,6 +110,7 @@ impl Default for ExecOptions {
             pipeline_schedule: PipelineSchedule::OneFOneB,
             overlap_grad_reduce: true,
             grad_bucket_elems: None,
+            fsdp_prefetch: true,
         }
     }
 }
@@ -882,8 +888,9 @@ impl<D: Device> Executor<D> {
     }
 
     fn forward_ops_in(&mut self, ops: Range<usize>) -> Result<(), ExecError> {
+        let end = ops.end;
         for oi in ops {
-            self.fsdp_gather_before(fsdp::Pass::Forward, oi)?;
+            self.fsdp_gather_before(fsdp::Pass::Forward, oi, end)?;
             let start = self.mark()?;
             self.forward_op(oi)?;
             self.fsdp_release(fsdp::Pass::Forward, Some(oi));
@@ -1126,8 +1133,9 @@ impl<D: Device> Executor<D> {
                 .iter_mut()
                 .for_each(|s| *s = 0.0);
         }
+        let end = steps.end;
         for si in steps {
-            self.fsdp_gather_before(fsdp::Pass::Backward, si)?;
+            self.fsdp_gather_before(fsdp::Pass::Backward, si, end)?;
             if let Some(s) = self.sched.rerun_before_step[si] {
                 self.rerun(s)?;
             }
@@ -1600,9 +1608,8 @@ fn walk_live(
     let base = inputs + state;
     // The whole weights a pass gathers right before op or step `at` (a unit at its
     // first reader), and those it frees after it.
-    let gathered = |pass: fsdp::Pass, at: usize| -> u64 {
-        fsdp.map_or(0, |f| f.gathered_before(pass, at).iter().map(|&id| bytes(id)).sum())
-    };
+    // FSDP's gathers and reduce-scatters (`fsdp.rs` walks them).
+    let mut in_flight = fsdp::InFlightUnits::default();
     let freed = |pass: fsdp::Pass, at: usize| -> u64 {
         fsdp.map_or(0, |f| f.freed_after(pass, at).iter().map(|&id| bytes(id)).sum())
     };
@@ -1651,7 +1658,9 @@ fn walk_live(
         }
     };
     for oi in 0..g.ops.len() {
-        live += gathered(fsdp::Pass::Forward, oi);
+        if let Some(f) = fsdp {
+            f.walk_gathers(fsdp::Pass::Forward, oi, bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
+        }
         all += run_op(
             oi,
             sched.keep_aux[oi],
@@ -1673,7 +1682,9 @@ fn walk_live(
     live += 4; // the loss seed
     peak = peak.max(live);
     for (si, s) in plan.steps.iter().enumerate() {
-        live += gathered(fsdp::Pass::Backward, si);
+        if let Some(f) = fsdp {
+            f.walk_gathers(fsdp::Pass::Backward, si, bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
+        }
         if let Some(seg) = sched.rerun_before_step[si] {
             for (pos, &oi) in sched.segments[seg].iter().enumerate() {
                 run_op(
@@ -1701,6 +1712,9 @@ fn walk_live(
             .sum::<u64>();
         free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
         live -= std::mem::take(&mut aux_live[s.op]);
+        if let Some(f) = fsdp {
+            f.walk_scatters(si, bytes, &mut has_grad, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
+        }
         live -= freed(fsdp::Pass::Backward, si);
     }
     Live {

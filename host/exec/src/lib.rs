@@ -64,7 +64,7 @@ mod reference;
 pub mod timing;
 pub mod toy;
 
-pub use collective::{Collective, HostCollective, HostInFlight, InFlight, Lane, ReduceOp, ThreadGroup};
+pub use collective::{Collective, HostCollective, HostInFlight, InFlight, Lane, ReduceOp, Started, ThreadGroup};
 pub use device::{Device, DeviceBuffer, Elem, ExecError, MemStats};
 pub use executor::{ExecOptions, Executor, Input, MemoryReport};
 pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step, measure_training_step_on};

@@ -19,7 +19,7 @@ use sha2::{Digest, Sha256};
 
 use runner::report::Table;
 use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous};
-use runner_exec::collective::{Collective, HostCollective, ReduceOp};
+use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
 use runner_exec::executor::{ADAMW_DEFAULT, PipelineSchedule};
@@ -462,8 +462,8 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
                 dev.write_f32(&mut input, &host)?;
                 if op == Coll::AllReduce {
                     let fresh = dev.alloc(a.dtype, in_len)?;
-                    let started = g.start_all_reduce(dev, std::mem::replace(&mut input, fresh), ReduceOp::Sum)?;
-                    input = g.finish_all_reduce(dev, started)?;
+                    let started = g.start(dev, Started::AllReduce(ReduceOp::Sum), std::mem::replace(&mut input, fresh))?;
+                    input = g.finish(dev, started)?;
                 } else {
                     call(&mut input, &mut output)?;
                 }
@@ -590,6 +590,8 @@ pub struct StepRun {
     /// (none: Megatron's size for the group).
     pub overlap: bool,
     pub bucket: Option<usize>,
+    /// FSDP passes prefetch the next layer's gather ([`ExecOptions::fsdp_prefetch`]).
+    pub prefetch: bool,
 }
 
 impl StepRun {
@@ -610,8 +612,8 @@ impl StepRun {
             t => bail!("--toy {t}: use tiny or bench"),
         };
         toy.layers = per_stage * pp;
-        let (overlap, bucket) = (true, None);
-        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket };
+        let (overlap, bucket, prefetch) = (true, None, true);
+        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket, prefetch };
         // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
         // micro-batches the interleaved schedule refuses), before any rank starts.
         run.layout()
@@ -654,7 +656,7 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --ddp-bucket-size {}",
+            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --ddp-bucket-size {}",
             self.tp,
             self.pp,
             self.dp,
@@ -664,6 +666,7 @@ impl StepRun {
             self.micro_batches,
             self.toy_name,
             if self.overlap { "on" } else { "off" },
+            if self.prefetch { "on" } else { "off" },
             self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string())
         )
     }
@@ -737,6 +740,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         pipeline_schedule: run.schedule,
         overlap_grad_reduce: run.overlap,
         grad_bucket_elems: run.bucket,
+        fsdp_prefetch: run.prefetch,
         ..ExecOptions::default()
     };
     let mut ex = Executor::for_rank(&sharded, dev, options, groups)?;
@@ -877,7 +881,8 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
         "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights; \
          step times are each rank's wall time, the median of the steps after the first (the first, alone, when there is one); \
          comm ms: time inside collective calls, the overlapped gradient buckets' start and wait only (buckets: the data-parallel \
-         all-reduces, started during the backward where in backward; --ddp-bucket-size sets their size)",
+         all-reduces, or under FSDP the layers' reduce-scatters, started during the backward where in backward; \
+         --ddp-bucket-size sets the all-reduces' size)",
         results.len()
     ));
     emit(global, &t, &results)

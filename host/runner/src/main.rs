@@ -433,7 +433,7 @@ pub enum BenchCommand {
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
     #[command(
-        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
     )]
     Step {
         /// Parallel layout: tp=N,pp=N,dp=N[,vp=N][,fsdp] (vp: pipeline chunks per stage;
@@ -460,10 +460,14 @@ pub enum BenchCommand {
         #[arg(long)]
         in_process: bool,
         /// Start the data-parallel gradient all-reduces during the backward, a bucket at
-        /// a time as its gradients are final (Megatron's overlap_grad_reduce; the same
-        /// bits either way)
+        /// a time as its gradients are final (Megatron's overlap_grad_reduce), and under
+        /// FSDP each layer's reduce-scatter (the same bits either way)
         #[arg(long, default_value = "on", value_parser = ["on", "off"])]
         overlap_grad_reduce: String,
+        /// Under FSDP, start the next layer's parameter all-gather as soon as one is
+        /// gathered (PyTorch FSDP's prefetch; the same bits either way)
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        fsdp_prefetch: String,
         /// Gradient elements per bucket of the overlapped reduction (Megatron's
         /// --ddp-bucket-size; default: its max(40M, 1M x dp))
         #[arg(long, value_parser = count(1 << 40))]

@@ -26,14 +26,19 @@
 //!   once after a batch of calls ([`NcclGroup::wait`]).
 //! - All-to-all (fixed and variable chunks) is a group of sends and receives, as in
 //!   nccl-tests' `alltoall_perf`.
-//! - Started all-reduces ([`Collective::start_all_reduce`]: the overlapped gradient
-//!   buckets) run on a second stream of the group, after an event on the device's stream
-//!   (so after the kernels that wrote the bucket); finishing one makes the device's
-//!   stream wait for its end event, and in blocking mode first waits for that event on
-//!   the host with the deadline, as every other call does. Two communicators' kernels
-//!   then run at once (a data-parallel reduction beside a tensor-parallel one), as in
-//!   Megatron with `overlap_grad_reduce`; every rank issues each communicator's calls
-//!   in the same order.
+//! - Started collectives ([`Collective::start`]: the overlapped gradient buckets' all-
+//!   reduces, FSDP's prefetched all-gathers and overlapped reduce-scatters) run on a
+//!   second stream of the group, in the order they were started, after an event on the
+//!   device's stream (so after the kernels that wrote their input); finishing one makes
+//!   the device's stream wait for its end event, and in blocking mode first waits for
+//!   that event on the host with the deadline, as every other call does. The input of an
+//!   all-gather or reduce-scatter stays alive until then (its result has a buffer of
+//!   its own). Two communicators' kernels then run at once (a data-parallel reduction
+//!   beside a tensor-parallel one), as in Megatron with `overlap_grad_reduce`; every
+//!   rank issues each communicator's calls in the same order, and while any is started
+//!   the caller makes no call on the group's own stream (the communicator runs on one
+//!   stream at a time, as PyTorch's process group runs all of one communicator's
+//!   collectives on its own stream).
 
 use std::ffi::c_void;
 use std::path::PathBuf;
@@ -45,7 +50,7 @@ use cudarc::driver::{CudaEvent, CudaStream};
 use cudarc::nccl::{result as nr, sys as ns};
 
 use super::{Cuda, CudaBuffer};
-use crate::collective::{Collective, InFlight, ReduceOp};
+use crate::collective::{Collective, InFlight, ReduceOp, Started};
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// Reports a failure elsewhere in the run (a dead rank), when the control plane knows one.
@@ -229,6 +234,11 @@ fn async_state(comm: ns::ncclComm_t) -> ns::ncclResult_t {
 }
 
 struct Comm(ns::ncclComm_t);
+
+/// A collective started on the side stream: its end event.
+struct SideCall {
+    end: CudaEvent,
+}
 // SAFETY: an NCCL communicator may be used from any thread (one at a time: the group
 // owns it).
 unsafe impl Send for Comm {}
@@ -530,36 +540,57 @@ impl Collective<Cuda> for NcclGroup {
         self.done("all-reduce", r)
     }
 
-    fn start_all_reduce(&self, _dev: &Cuda, buf: CudaBuffer, op: ReduceOp) -> Result<InFlight<CudaBuffer>, ExecError> {
-        let what = "started all-reduce";
-        self.ready(what, &buf)?;
-        // The side stream takes the buffer once the kernels queued so far wrote it.
-        let written = self.event(&self.stream, what)?;
-        self.side.wait(&written).map_err(|e| self.fail(what, format!("stream wait: {e}")))?;
-        let p = self.ptr(&buf);
+    fn start(&self, dev: &Cuda, what: Started, buf: CudaBuffer) -> Result<InFlight<CudaBuffer>, ExecError> {
+        let name = format!("started {}", what.name());
+        let name = name.as_str();
+        self.ready(name, &buf)?;
+        let len = what.out_len(buf.len(), self.size)?;
+        // The result's buffer (none: in place), allocated on the device's stream before
+        // the event the side stream waits for.
+        let out = match what {
+            Started::AllReduce(_) => None,
+            _ => Some(dev.alloc(buf.elem(), len)?),
+        };
+        // The side stream takes the input once the kernels queued so far wrote it.
+        let written = self.event(&self.stream, name)?;
+        self.side.wait(&written).map_err(|e| self.fail(name, format!("stream wait: {e}")))?;
         let side = self.side.cu_stream() as ns::cudaStream_t;
-        // SAFETY: in place on a live buffer of buf.len() elements, which the InFlight
-        // keeps alive until finish_all_reduce orders the device's stream after it.
-        let r = unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), nccl_op(op), self.comm.0, side) };
-        if r.map_err(|e| self.fail(what, format!("{:?}", e.0)))? == nr::NcclStatus::InProgress {
-            self.settle(what)?;
+        let (p, q) = (self.ptr(&buf), out.as_ref().map_or(self.ptr(&buf), |o| self.ptr(o)));
+        let ty = nccl_type(buf.elem());
+        // SAFETY: `p` holds buf.len() elements and `q` the result's `len` (in place for
+        // an all-reduce); the InFlight keeps both alive until finish orders the device's
+        // stream after the side stream's work.
+        let r = unsafe {
+            match what {
+                Started::AllReduce(op) => nr::all_reduce(p, q, len, ty, nccl_op(op), self.comm.0, side),
+                Started::AllGather => nr::all_gather(p, q, buf.len(), ty, self.comm.0, side),
+                Started::ReduceScatter => nr::reduce_scatter(p, q, len, ty, ns::ncclRedOp_t::ncclSum, self.comm.0, side),
+            }
+        };
+        if r.map_err(|e| self.fail(name, format!("{:?}", e.0)))? == nr::NcclStatus::InProgress {
+            self.settle(name)?;
         }
-        let end = self.event(&self.side, what)?;
-        Ok(InFlight::running(buf, Box::new(end)))
+        let end = self.event(&self.side, name)?;
+        Ok(match out {
+            None => InFlight::running(buf, None, Box::new(SideCall { end })),
+            Some(out) => InFlight::running(out, Some(buf), Box::new(SideCall { end })),
+        })
     }
 
-    fn finish_all_reduce(&self, _dev: &Cuda, f: InFlight<CudaBuffer>) -> Result<CudaBuffer, ExecError> {
-        let what = "started all-reduce";
-        let (buf, pending) = f.into_parts();
+    fn finish(&self, _dev: &Cuda, f: InFlight<CudaBuffer>) -> Result<CudaBuffer, ExecError> {
+        let what = "started collective";
+        let (buf, input, pending) = f.into_parts();
         let Some(pending) = pending else { return Ok(buf) };
-        let end = pending.downcast::<CudaEvent>().map_err(|_| {
+        let started = pending.downcast::<SideCall>().map_err(|_| {
             ExecError::State(format!("collective: {what} (group '{}'): finished on a group that did not start it", self.name))
         })?;
         self.live(what)?;
         if self.blocking {
-            self.wait_for(&end, what)?;
+            self.wait_for(&started.end, what)?;
         }
-        self.stream.wait(&end).map_err(|e| self.fail(what, format!("stream wait: {e}")))?;
+        self.stream.wait(&started.end).map_err(|e| self.fail(what, format!("stream wait: {e}")))?;
+        // An input freed now is freed on the device's stream, after the wait.
+        drop(input);
         Ok(buf)
     }
 

@@ -73,7 +73,7 @@ use runner_graph::shard::{StepCollective, all_gather_backward_reduces};
 use runner_graph::{Op, OpKind, Role, TensorId};
 
 use super::Executor;
-use crate::collective::{Collective, InFlight, ReduceOp};
+use crate::collective::{Collective, InFlight, ReduceOp, Started};
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// A rank's communication state beyond its handles: the step-level collectives it runs
@@ -148,11 +148,11 @@ impl<D: Device> Timed<'_, D> {
     pub(super) fn all_reduce(&self, buf: &mut D::Buffer, op: ReduceOp) -> Result<(), ExecError> {
         self.time(|c, d| c.all_reduce(d, buf, op))
     }
-    pub(super) fn start_all_reduce(&self, buf: D::Buffer, op: ReduceOp) -> Result<InFlight<D::Buffer>, ExecError> {
-        self.time(|c, d| c.start_all_reduce(d, buf, op))
+    pub(super) fn start(&self, what: Started, buf: D::Buffer) -> Result<InFlight<D::Buffer>, ExecError> {
+        self.time(|c, d| c.start(d, what, buf))
     }
-    pub(super) fn finish_all_reduce(&self, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
-        self.time(|c, d| c.finish_all_reduce(d, f))
+    pub(super) fn finish(&self, f: InFlight<D::Buffer>) -> Result<D::Buffer, ExecError> {
+        self.time(|c, d| c.finish(d, f))
     }
     pub(super) fn all_gather(&self, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
         self.time(|c, d| c.all_gather(d, input, output))

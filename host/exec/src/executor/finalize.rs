@@ -163,6 +163,7 @@ impl<D: Device> Executor<D> {
     fn run_step_collectives(&mut self, step: &[StepCollective]) -> Result<(), ExecError> {
         // The overlapped buckets first (`overlap.rs`): their all-reduces are under way.
         let overlapped = self.finish_buckets()?;
+        self.fsdp_finish_scatters()?;
         // The all-reduces sum whole gradients, so they run before FSDP keeps a chunk of
         // them (sums and the mean commute: the order changes only rounding).
         for (_, sc) in step.iter().enumerate().filter(|(i, sc)| sc.kind == OpKind::AllReduce && !overlapped.contains(i)) {

@@ -23,11 +23,23 @@
 //!   gather of the model per micro-batch, in one call per unit. A pipeline chunk's pass
 //!   gathers what its own ops read.
 //! - **Gradients.** The backward writes whole gradients (summed over micro-batches under
-//!   [`Executor::step_micro_batches`]); [`Executor::reduce_gradients`] runs the step's
-//!   all-reduces first (`tp`, `tp-kv`, `pp-embed`: they sum whole gradients), then each
-//!   unit's reduce-scatter: summed over the group, divided by the collective's
-//!   `mean_over` (as the `dp` all-reduce divides), this rank's chunk kept in its gradient
-//!   pieces, and the whole gradients freed.
+//!   [`Executor::step_micro_batches`]). Each unit's reduce-scatter sums them over the
+//!   group, divides by the collective's `mean_over` (as the `dp` all-reduce divides) and
+//!   keeps this rank's chunk in its gradient pieces; the whole gradients are freed.
+//!   - During the backward (PyTorch FSDP's post-backward reduce-scatter, on by default
+//!     with [`super::ExecOptions::overlap_grad_reduce`], in a step armed as the
+//!     overlapped buckets are: `overlap.rs`): once every backward step writing a unit's
+//!     gradients has run for every micro-batch, they are copied into one buffer (scaled
+//!     by 1/m as the step scales each gradient), freed, and the unit's reduce-scatter
+//!     starts ([`crate::Collective::start`]). The one started before it is finished
+//!     first (it had a layer's backward to run), so at most one is in flight and the
+//!     whole gradients of the model never all live at once.
+//!   - After the backward, [`Executor::reduce_gradients`] finishes the one in flight,
+//!     runs the step's all-reduces (`tp`, `tp-kv`, `pp-embed`: they sum whole
+//!     gradients), then the reduce-scatter of every unit not started yet: those whose
+//!     weights one of those all-reduces also sums (so the bits stay those of the order
+//!     all-reduce, then reduce-scatter), and all of them in a step that does not
+//!     overlap.
 //! - **Optimizer.** AdamW updates the pieces (parameter, gradient, moments). It is
 //!   elementwise, so the result equals the unsharded update of the same elements.
 //! - **Memory.** At rest about 1/n of the covered state ([`super::MemoryReport`]'s
@@ -43,7 +55,7 @@
 //! order); [`Executor::weight_shard`] and [`Executor::grad_shard`] read this rank's piece.
 //! [`Executor::set_weight`] takes the whole tensor and keeps this rank's piece.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 
 use runner_graph::autodiff::BackwardPlan;
@@ -52,6 +64,7 @@ use runner_graph::shard::StepCollective;
 use runner_graph::{Graph, OpKind, TensorId, TensorKind};
 
 use super::Executor;
+use crate::collective::{InFlight, Started};
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// A rank's part of a weight (or of its gradient): the element range of the flattened
@@ -91,6 +104,10 @@ pub(super) struct FsdpState<B> {
     owner: HashMap<TensorId, (usize, Option<usize>)>,
     /// When the passes free the gathered weights (also what [`super::live_bytes`] walks).
     pub(super) resting: Option<Resting>,
+    /// The reduce-scatters started during the backward.
+    scatters: Scatters<B>,
+    /// The unit whose all-gather a pass started ahead (prefetch), and the call.
+    prefetched: Option<(usize, InFlight<B>)>,
 }
 
 impl<B> Default for FsdpState<B> {
@@ -99,8 +116,22 @@ impl<B> Default for FsdpState<B> {
             units: Vec::new(),
             owner: HashMap::new(),
             resting: None,
+            scatters: Scatters { order: Vec::new(), next: 0, in_flight: None, started: Vec::new() },
+            prefetched: None,
         }
     }
+}
+
+/// The units whose reduce-scatter may start during the backward, and this step's state.
+struct Scatters<B> {
+    /// (unit, the backward steps writing its gradients), in the order they become
+    /// ready: units over more than one rank whose weights no all-reduce sums.
+    order: Vec<(usize, Vec<usize>)>,
+    /// The next of `order` to start.
+    next: usize,
+    in_flight: Option<(usize, InFlight<B>)>,
+    /// Per unit: started this step.
+    started: Vec<bool>,
 }
 
 /// Where the covered weights are at rest and when the passes free their gathered copy,
@@ -120,11 +151,23 @@ pub(super) struct Resting {
     gathers: [Vec<TensorId>; 2],
     frees: [Vec<Vec<TensorId>>; 2],
     /// Per pass, per op (forward) or step (backward, with the re-run before it): the
-    /// covered weights whole passes gather right before it (its units' first reader).
-    before: [Vec<Vec<TensorId>>; 2],
+    /// units whole passes gather right before it (its units' first reader), each with
+    /// the weights of it the pass reads.
+    before: [Vec<Vec<UnitGather>>; 2],
+    /// Per pass, per op or step: the unit whose gather starts after those (the next
+    /// one the pass gathers), when passes prefetch.
+    prefetch_after: [Vec<Option<usize>>; 2],
+    /// Whether the passes prefetch ([`super::ExecOptions::fsdp_prefetch`]).
+    prefetch: bool,
     /// Per pass: the ops each forward op, or backward step, runs (the step's re-run
     /// segment first), whose parameter inputs must be gathered first.
     readers: [Vec<Vec<usize>>; 2],
+    /// Per backward step: the units whose reduce-scatter starts after it (in a step
+    /// that overlaps its reduction).
+    pub(super) scatter_after: Vec<Vec<usize>>,
+    /// Per unit: its weights, and the elements of its padded flat buffer and of one
+    /// rank's chunk of it.
+    pub(super) units: Vec<(Vec<TensorId>, u64, u64)>,
 }
 
 impl Resting {
@@ -167,17 +210,23 @@ impl Resting {
                 vec![Vec::new(); g.ops.len()],
                 vec![Vec::new(); plan.steps.len()],
             ],
+            prefetch_after: [vec![None; g.ops.len()], vec![None; plan.steps.len()]],
+            prefetch: false,
             readers: [(0..g.ops.len()).map(|oi| vec![oi]).collect(), step_ops],
+            scatter_after: vec![Vec::new(); plan.steps.len()],
+            units: Vec::new(),
         }
     }
 
-    /// Which covered weights a whole pass gathers before each op or step: walking it as
-    /// the passes run ([`Executor::fsdp_gather_before`]), a unit is gathered when a
-    /// reader needs one of its weights that is not whole, and each weight freed after
-    /// its last reader.
-    fn plan_gathers(&mut self, g: &Graph, unit_of: &HashMap<TensorId, usize>, units: &[Vec<TensorId>]) {
+    /// Which units a whole pass gathers before each op or step: walking it as the
+    /// passes run ([`Executor::fsdp_gather_before`]), a unit is gathered when a reader
+    /// needs one of its weights that is not whole, and each weight freed after its last
+    /// reader; with `prefetch`, each gather but the last starts the next one's.
+    fn plan_gathers(&mut self, g: &Graph, unit_of: &HashMap<TensorId, usize>, units: &[Vec<TensorId>], prefetch: bool) {
+        self.prefetch = prefetch;
         for p in [Pass::Forward, Pass::Backward] {
             let mut whole = vec![false; self.kept.len()];
+            let mut last: Option<usize> = None;
             for at in 0..self.readers[p as usize].len() {
                 for &oi in &self.readers[p as usize][at] {
                     for &i in &g.ops[oi].inputs {
@@ -185,13 +234,24 @@ impl Resting {
                             continue;
                         }
                         let Some(&u) = unit_of.get(&i) else { continue };
+                        let mut reads = Vec::new();
                         for &id in &units[u] {
                             if self.reads(p, id) && !whole[id] {
                                 whole[id] = true;
-                                self.before[p as usize][at].push(id);
+                                reads.push(id);
                             }
                         }
+                        if !reads.is_empty() {
+                            self.before[p as usize][at].push((u, reads));
+                        }
                     }
+                }
+                if let Some(&(u, _)) = self.before[p as usize][at].first() {
+                    let shared = self.units[u].1 > self.units[u].2;
+                    if let Some(l) = last.filter(|_| prefetch && shared) {
+                        self.prefetch_after[p as usize][l] = Some(u);
+                    }
+                    last = Some(at);
                 }
                 for &id in &self.frees[p as usize][at] {
                     whole[id] = false;
@@ -234,10 +294,52 @@ impl Resting {
         &self.frees[pass as usize][at]
     }
 
-    /// The covered weights a whole `pass` gathers right before op (forward) or step
-    /// (backward) `at`.
-    pub(super) fn gathered_before(&self, pass: Pass, at: usize) -> &[TensorId] {
-        &self.before[pass as usize][at]
+    /// Walk the gathers a whole `pass` makes right before op (forward) or step
+    /// (backward) `at`, for the memory account ([`super::walk_live`]): for each unit,
+    /// its own chunk and the gathered flat buffer (allocated when its gather started:
+    /// here, or at the gather before when it was prefetched), the chunk freed at the
+    /// finish, the weights the pass reads copied out, the flat buffer freed; then the
+    /// prefetch of the next unit starts.
+    pub(super) fn walk_gathers(&self, pass: Pass, at: usize, bytes: impl Fn(TensorId) -> u64, mut w: Walk<'_>) {
+        for (u, reads) in &self.before[pass as usize][at] {
+            let (_, flat, chunk) = self.units[*u];
+            // A unit over one rank: its chunk is the whole (no call, no second buffer).
+            let solo = flat == chunk;
+            if w.in_flight.prefetched.take_if(|p| p == u).is_none() {
+                w.add(if solo { chunk * 4 } else { (flat + chunk) * 4 });
+            }
+            if !solo {
+                w.sub(chunk * 4);
+            }
+            w.add(reads.iter().map(|&id| bytes(id)).sum());
+            w.sub(flat * 4);
+        }
+        if let Some(next) = self.prefetch_after[pass as usize][at]
+            && w.in_flight.prefetched.is_none()
+        {
+            w.add((self.units[next].1 + self.units[next].2) * 4);
+            w.in_flight.prefetched = Some(next);
+        }
+    }
+
+    /// Walk the reduce-scatters started after backward step `si` (in a step that
+    /// overlaps them): the one in flight finished (its flat input and chunk freed), the
+    /// unit's gradients (those `grads` holds) copied into its flat buffer and freed, its
+    /// chunk allocated.
+    pub(super) fn walk_scatters(&self, si: usize, bytes: impl Fn(TensorId) -> u64, grads: &mut HashSet<TensorId>, mut w: Walk<'_>) {
+        for &u in &self.scatter_after[si] {
+            if let Some(p) = w.in_flight.scattering.replace(u) {
+                w.sub((self.units[p].1 + self.units[p].2) * 4);
+            }
+            let (ids, flat, chunk) = &self.units[u];
+            w.add(flat * 4);
+            for id in ids {
+                if grads.remove(id) {
+                    w.sub(bytes(*id));
+                }
+            }
+            w.add(chunk * 4);
+        }
     }
 
     /// Whether `id` is covered.
@@ -245,6 +347,35 @@ impl Resting {
         self.kept[id].is_some()
     }
 }
+
+/// Device bytes live and at most, as [`super::walk_live`] walks a step, and the FSDP
+/// gather prefetched and reduce-scatter in flight there.
+pub(super) struct Walk<'a> {
+    pub(super) live: &'a mut u64,
+    pub(super) peak: &'a mut u64,
+    pub(super) in_flight: &'a mut InFlightUnits,
+}
+
+/// The units whose gather (prefetched) and reduce-scatter are in flight, in a walk.
+#[derive(Default)]
+pub(super) struct InFlightUnits {
+    prefetched: Option<usize>,
+    scattering: Option<usize>,
+}
+
+impl Walk<'_> {
+    /// `b` more bytes live.
+    fn add(&mut self, b: u64) {
+        *self.live += b;
+        *self.peak = (*self.peak).max(*self.live);
+    }
+    fn sub(&mut self, b: u64) {
+        *self.live -= b;
+    }
+}
+
+/// A unit a pass gathers, and the weights of it the pass reads.
+type UnitGather = (usize, Vec<TensorId>);
 
 /// The two passes that gather parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -415,8 +546,125 @@ impl<D: Device> Executor<D> {
         resting.index();
         let unit_of: HashMap<TensorId, usize> = self.fsdp.owner.iter().map(|(&id, &(u, _))| (id, u)).collect();
         let weights: Vec<Vec<TensorId>> = self.fsdp.units.iter().map(|u| u.ids.clone()).collect();
-        resting.plan_gathers(&self.graph, &unit_of, &weights);
+        resting.units = self.fsdp.units.iter().map(|u| (u.ids.clone(), (u.chunk * u.n) as u64, u.chunk as u64)).collect();
+        resting.plan_gathers(&self.graph, &unit_of, &weights, self.options.fsdp_prefetch);
+        self.plan_scatters(step, &mut resting);
         self.fsdp.resting = Some(resting);
+        Ok(())
+    }
+
+    /// Which units' reduce-scatters may start during the backward, and when (see the
+    /// module doc): a unit over more than one rank, whose weights no all-reduce of
+    /// `step` sums, once the last backward step writing its gradients ran.
+    fn plan_scatters(&mut self, step: &[StepCollective], resting: &mut Resting) {
+        let summed: Vec<TensorId> = step
+            .iter()
+            .filter(|sc| sc.kind == OpKind::AllReduce)
+            .flat_map(|sc| sc.weights.iter().filter_map(|w| self.graph.tensor_id(w)))
+            .collect();
+        let mut writers: Vec<Vec<usize>> = vec![Vec::new(); self.graph.tensors.len()];
+        for (si, s) in self.plan.steps.iter().enumerate() {
+            for go in &s.grads_out {
+                writers[go.tensor].push(si);
+            }
+        }
+        let mut order = Vec::new();
+        for (u, unit) in self.fsdp.units.iter().enumerate() {
+            if unit.n <= 1 || unit.ids.iter().any(|id| summed.contains(id)) {
+                continue;
+            }
+            let mut w: Vec<usize> = unit.ids.iter().flat_map(|&id| writers[id].iter().copied()).collect();
+            w.sort_unstable();
+            w.dedup();
+            if let Some(&last) = w.last() {
+                order.push((u, w));
+                if self.options.overlap_grad_reduce {
+                    resting.scatter_after[last].push(u);
+                }
+            }
+        }
+        order.sort_by_key(|(_, w)| w.last().copied());
+        self.fsdp.scatters = Scatters { order, next: 0, in_flight: None, started: vec![false; self.fsdp.units.len()] };
+    }
+
+    /// Whether some unit's reduce-scatter can start during the backward.
+    pub(super) fn fsdp_overlaps(&self) -> bool {
+        !self.fsdp.scatters.order.is_empty()
+    }
+
+    /// A new step starts (armed or not): nothing of the last one is in flight.
+    pub(super) fn fsdp_arm(&mut self) {
+        self.fsdp.prefetched = None;
+        let sc = &mut self.fsdp.scatters;
+        sc.next = 0;
+        sc.in_flight = None;
+        sc.started.iter_mut().for_each(|s| *s = false);
+    }
+
+    /// In an armed step over `m` micro-batches whose backward steps have run `runs`
+    /// times each: start the reduce-scatter of every unit they made ready, in order.
+    pub(super) fn fsdp_scatter_ready(&mut self, runs: &[u32], m: u32) -> Result<Vec<(String, usize)>, ExecError> {
+        let mut started = Vec::new();
+        while let Some((u, w)) = self.fsdp.scatters.order.get(self.fsdp.scatters.next) {
+            if w.iter().any(|&si| runs[si] < m) {
+                break;
+            }
+            let u = *u;
+            self.start_scatter(u, m)?;
+            self.fsdp.scatters.next += 1;
+            let unit = &self.fsdp.units[u];
+            started.push((unit.group.clone(), unit.chunk * unit.n));
+        }
+        Ok(started)
+    }
+
+    /// Finish the reduce-scatter in flight, copy unit `u`'s gradients (scaled by 1/`m`)
+    /// into one buffer, free them and start this one's.
+    fn start_scatter(&mut self, u: usize, m: u32) -> Result<(), ExecError> {
+        // First, so that its buffers are free before this one's is made.
+        if let Some((p, f)) = self.fsdp.scatters.in_flight.take() {
+            self.finish_scatter(p, f)?;
+        }
+        let unit = &self.fsdp.units[u];
+        let mut flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
+        if m > 1 {
+            // Exactly the scaling `step_micro_batches` gives each gradient.
+            self.device.scale(&mut flat, 1.0 / m as f32)?;
+        }
+        for &id in &unit.ids {
+            self.grads[id] = None;
+            self.grad_written[id] = false;
+            self.carry[id] = false;
+        }
+        let f = self.fsdp_group(u)?.start(Started::ReduceScatter, flat)?;
+        self.fsdp.scatters.in_flight = Some((u, f));
+        self.fsdp.scatters.started[u] = true;
+        Ok(())
+    }
+
+    fn finish_scatter(&mut self, u: usize, f: InFlight<D::Buffer>) -> Result<(), ExecError> {
+        let mine = self.fsdp_group(u)?.finish(f)?;
+        self.keep_scattered(u, mine)
+    }
+
+    /// The timed handle of unit `u`'s group.
+    fn fsdp_group(&self, u: usize) -> Result<super::comm::Timed<'_, D>, ExecError> {
+        let group = &self.fsdp.units[u].group;
+        self.timed(group).ok_or_else(|| ExecError::State(format!("no handle for FSDP group '{group}'")))
+    }
+
+    /// Unit `u`'s reduce-scattered chunk `mine`: divided by `mean_over`, into this
+    /// rank's gradient pieces.
+    fn keep_scattered(&mut self, u: usize, mut mine: D::Buffer) -> Result<(), ExecError> {
+        let unit = &mut self.fsdp.units[u];
+        if unit.mean_over > 1 {
+            self.device.scale(&mut mine, 1.0 / unit.mean_over as f32)?;
+        }
+        for p in &mut unit.pieces {
+            if let Some(g) = p.grad.as_mut() {
+                self.device.copy(g, 0, &mine, p.at, p.range.len())?;
+            }
+        }
         Ok(())
     }
 
@@ -457,34 +705,39 @@ impl<D: Device> Executor<D> {
         if unit.n <= 1 {
             return Ok(mine);
         }
+        if timed {
+            // Started and finished: in a step a reduce-scatter or a prefetch may be in
+            // flight on the group, and calls on it then go the same way, in order.
+            let g = self.fsdp_group(u)?;
+            let f = g.start(Started::AllGather, mine)?;
+            return g.finish(f);
+        }
         let missing = || ExecError::State(format!("no handle for FSDP group '{}'", unit.group));
         let mut all = self.device.alloc(Elem::F32, unit.chunk * unit.n)?;
-        if timed {
-            self.timed(&unit.group)
-                .ok_or_else(missing)?
-                .all_gather(&mine, &mut all)?;
-        } else {
-            self.collectives
-                .get(&unit.group)
-                .ok_or_else(missing)?
-                .all_gather(&self.device, &mine, &mut all)?;
-        }
+        self.collectives
+            .get(&unit.group)
+            .ok_or_else(missing)?
+            .all_gather(&self.device, &mine, &mut all)?;
         Ok(all)
     }
 
-    /// Before op (forward) or step (backward) `at` of `pass`: all-gather each unit one of
-    /// whose weights its ops read and is not whole, and materialise the unit's weights
-    /// the pass reads.
-    pub(super) fn fsdp_gather_before(&mut self, pass: Pass, at: usize) -> Result<(), ExecError> {
+    /// Before op (forward) or step (backward) `at` of `pass` (whose ops or steps end
+    /// before `end`): all-gather each unit one of whose weights its ops read and is not
+    /// whole (finish it, when it was prefetched), and materialise the unit's weights the
+    /// pass reads; then, with [`super::ExecOptions::fsdp_prefetch`], start the gather of
+    /// the next unit the pass will need.
+    pub(super) fn fsdp_gather_before(&mut self, pass: Pass, at: usize, end: usize) -> Result<(), ExecError> {
         let Some(resting) = self.fsdp.resting.take() else {
             return Ok(());
         };
-        let r = self.gather_for(&resting, pass, at);
+        let r = self.gather_for(&resting, pass, at, end);
         self.fsdp.resting = Some(resting);
         r
     }
 
-    fn gather_for(&mut self, resting: &Resting, pass: Pass, at: usize) -> Result<(), ExecError> {
+    /// The units op (forward) or step (backward) `at` of `pass` needs gathered: those of
+    /// the covered weights its ops read that are not whole.
+    fn units_needed(&self, resting: &Resting, pass: Pass, at: usize) -> Vec<usize> {
         let mut units: Vec<usize> = Vec::new();
         for &oi in &resting.readers[pass as usize][at] {
             for &i in &self.graph.ops[oi].inputs {
@@ -496,8 +749,22 @@ impl<D: Device> Executor<D> {
                 }
             }
         }
-        for u in units {
-            let flat = self.gather_unit(u, false, true)?;
+        units
+    }
+
+    fn gather_for(&mut self, resting: &Resting, pass: Pass, at: usize, end: usize) -> Result<(), ExecError> {
+        let units = self.units_needed(resting, pass, at);
+        if units.is_empty() {
+            return Ok(());
+        }
+        for &u in &units {
+            let flat = match self.fsdp.prefetched.take() {
+                Some((p, f)) if p == u => self.fsdp_group(u)?.finish(f)?,
+                other => {
+                    self.fsdp.prefetched = other;
+                    self.gather_unit(u, false, true)?
+                }
+            };
             let unit = &self.fsdp.units[u];
             for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
                 if !resting.reads(pass, id) || self.vals[id].is_some() {
@@ -510,6 +777,15 @@ impl<D: Device> Executor<D> {
                 };
                 let buf = self.vals[id].insert(buf);
                 self.device.copy(buf, 0, &flat, off, n)?;
+            }
+        }
+        // The next unit this pass gathers: the first needed at a later op or step.
+        if resting.prefetch && self.fsdp.prefetched.is_none() {
+            let next = (at + 1..end).find_map(|a| self.units_needed(resting, pass, a).first().copied());
+            if let Some(next) = next.filter(|&u| self.fsdp.units[u].n > 1) {
+                let mine = self.own_chunk(next, false)?;
+                let f = self.fsdp_group(next)?.start(Started::AllGather, mine)?;
+                self.fsdp.prefetched = Some((next, f));
             }
         }
         Ok(())
@@ -530,36 +806,35 @@ impl<D: Device> Executor<D> {
         }
     }
 
-    /// The reduce-scatter of every unit: the whole gradients of the last backward summed
-    /// over the group and divided by `mean_over`; this rank's chunk goes to its gradient
-    /// pieces and the whole gradients are freed.
+    /// Finish the reduce-scatter the backward left in flight (before the step's
+    /// all-reduces: nothing else may run on its group meanwhile).
+    pub(super) fn fsdp_finish_scatters(&mut self) -> Result<(), ExecError> {
+        match self.fsdp.scatters.in_flight.take() {
+            Some((u, f)) => self.finish_scatter(u, f),
+            None => Ok(()),
+        }
+    }
+
+    /// The reduce-scatter of every unit the backward did not start: the whole gradients
+    /// of the last backward summed over the group and divided by `mean_over`; this
+    /// rank's chunk goes to its gradient pieces and the whole gradients are freed.
     pub(super) fn fsdp_reduce_scatter(&mut self) -> Result<(), ExecError> {
         for u in 0..self.fsdp.units.len() {
+            if std::mem::take(&mut self.fsdp.scatters.started[u]) {
+                continue;
+            }
             let unit = &self.fsdp.units[u];
-            let dev = &self.device;
             // Padded with zeros to the group's chunks.
             let flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
-            let mut mine = if unit.n > 1 {
-                let mut mine = dev.alloc(Elem::F32, unit.chunk)?;
-                self.timed(&unit.group)
-                    .ok_or_else(|| {
-                        ExecError::State(format!("no handle for FSDP group '{}'", unit.group))
-                    })?
-                    .reduce_scatter(&flat, &mut mine)?;
+            let mine = if unit.n > 1 {
+                let mut mine = self.device.alloc(Elem::F32, unit.chunk)?;
+                self.fsdp_group(u)?.reduce_scatter(&flat, &mut mine)?;
                 mine
             } else {
                 flat
             };
-            if unit.mean_over > 1 {
-                dev.scale(&mut mine, 1.0 / unit.mean_over as f32)?;
-            }
-            let unit = &mut self.fsdp.units[u];
-            for p in &mut unit.pieces {
-                if let Some(g) = p.grad.as_mut() {
-                    self.device.copy(g, 0, &mine, p.at, p.range.len())?;
-                }
-            }
-            for &id in &unit.ids {
+            self.keep_scattered(u, mine)?;
+            for &id in &self.fsdp.units[u].ids {
                 self.grads[id] = None;
                 self.grad_written[id] = false;
             }

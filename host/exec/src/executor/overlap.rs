@@ -9,7 +9,7 @@
 //! the passes of each backward step; once every step writing a bucket's weights has run
 //! for every micro-batch (in a pipeline's chunk passes too), the bucket's gradients are
 //! final: they are copied into one buffer and its all-reduce is started
-//! ([`crate::Collective::start_all_reduce`]), to run while the backward goes on.
+//! ([`crate::Collective::start`]), to run while the backward goes on.
 //! [`Executor::reduce_gradients`] starts what is left, finishes them all, divides by
 //! `mean_over` and copies the results back.
 //!
@@ -30,7 +30,7 @@ use runner_graph::shard::{StepCollective, ddp_bucket_elems};
 use serde::Serialize;
 
 use super::Executor;
-use crate::collective::{InFlight, ReduceOp};
+use crate::collective::{InFlight, ReduceOp, Started};
 use crate::device::{Device, ExecError};
 
 /// One overlapped bucket of the last step, for the profile.
@@ -135,15 +135,18 @@ impl<D: Device> Executor<D> {
     /// Overlap the coming step's reduction with its backward passes over
     /// `micro_batches` micro-batches (when there are buckets and the options allow).
     pub(super) fn arm_buckets(&mut self, micro_batches: usize) {
+        self.fsdp_arm();
+        let fsdp = self.fsdp_overlaps();
         let b = &mut self.buckets;
-        b.armed = (self.options.overlap_grad_reduce && !b.list.is_empty()).then_some(micro_batches.max(1) as u32);
+        b.armed = (self.options.overlap_grad_reduce && (!b.list.is_empty() || fsdp)).then_some(micro_batches.max(1) as u32);
         b.runs.iter_mut().for_each(|r| *r = 0);
         b.next = 0;
         b.in_flight.clear();
         b.report.clear();
     }
 
-    /// Backward step `si` ran: start every bucket it made ready.
+    /// Backward step `si` ran: start every bucket it made ready, and every FSDP
+    /// reduce-scatter (`fsdp.rs`).
     pub(super) fn bucket_step_done(&mut self, si: usize) -> Result<(), ExecError> {
         let Some(m) = self.buckets.armed else { return Ok(()) };
         self.buckets.runs[si] += 1;
@@ -154,7 +157,20 @@ impl<D: Device> Executor<D> {
             self.start_bucket(self.buckets.next, m)?;
             self.buckets.next += 1;
         }
+        let runs = std::mem::take(&mut self.buckets.runs);
+        let started = self.fsdp_scatter_ready(&runs, m);
+        self.buckets.runs = runs;
+        for (group, elems) in started? {
+            self.note_started(group, elems, m);
+        }
         Ok(())
+    }
+
+    /// Report a reduction started during the backward of a step over `m` micro-batches.
+    fn note_started(&mut self, group: String, elems: usize, m: u32) {
+        let total = m as usize * self.plan.steps.len();
+        let run: usize = self.buckets.runs.iter().map(|&r| r as usize).sum();
+        self.buckets.report.push(GradBucket { group, elems, steps_left: total.saturating_sub(run) });
     }
 
     fn start_bucket(&mut self, k: usize, m: u32) -> Result<(), ExecError> {
@@ -168,11 +184,10 @@ impl<D: Device> Executor<D> {
         let c = self
             .timed(&sc.group)
             .ok_or_else(|| ExecError::State(format!("no handle for group '{}'", sc.group)))?;
-        let started = c.start_all_reduce(flat, ReduceOp::Sum)?;
-        let total = m as usize * self.plan.steps.len();
-        let run: usize = self.buckets.runs.iter().map(|&r| r as usize).sum();
-        self.buckets.report.push(GradBucket { group: sc.group.clone(), elems: b.elems, steps_left: total.saturating_sub(run) });
+        let started = c.start(Started::AllReduce(ReduceOp::Sum), flat)?;
+        let (group, elems) = (sc.group.clone(), b.elems);
         self.buckets.in_flight.push((k, started));
+        self.note_started(group, elems, m);
         Ok(())
     }
 
@@ -194,7 +209,7 @@ impl<D: Device> Executor<D> {
             let c = self
                 .timed(&sc.group)
                 .ok_or_else(|| ExecError::State(format!("no handle for group '{}'", sc.group)))?;
-            let mut flat = c.finish_all_reduce(started)?;
+            let mut flat = c.finish(started)?;
             if sc.mean_over > 1 {
                 self.device.scale(&mut flat, 1.0 / sc.mean_over as f32)?;
             }
