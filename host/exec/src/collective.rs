@@ -135,6 +135,15 @@ pub trait Collective<D: Device = Cpu>: Send {
         }
         Ok(())
     }
+    /// A failure found since this group's last call, outside any call (NCCL's watchdog:
+    /// a call that timed out, an asynchronous NCCL error, a dead rank); the executor
+    /// checks it at the end of each phase. Host transports fail at the call itself.
+    ///
+    /// # Errors
+    /// That failure.
+    fn health(&self) -> Result<(), ExecError> {
+        Ok(())
+    }
     /// Start collective `what` on `buf` (the input), to run while this rank goes on
     /// computing; [`Collective::finish`] gives its result: the buffer reduced (an
     /// all-reduce), every rank's buffer concatenated in rank order (an all-gather), or

@@ -173,11 +173,13 @@ pub struct StepProfile {
     /// Seconds inside collective calls since the forward began: the graph's collective
     /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
     /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded. Of an
-    /// overlapped bucket ([`ExecOptions::overlap_grad_reduce`]) it counts the start and
-    /// the wait for the end, not the time it ran beside the backward.
+    /// overlapped bucket ([`ExecOptions::overlap_grad_reduce`]), or of an FSDP
+    /// prefetched gather or reduce-scatter, it counts the start and the wait for the
+    /// end, not the time it ran beside the compute.
     pub communication_s: f64,
     /// The buckets of the last step's overlapped gradient reduction, in the order they
-    /// started (empty when it did not overlap).
+    /// started: the `dp`/`edp` all-reduces' buckets, and under FSDP each unit's
+    /// reduce-scatter started during the backward (empty when it did not overlap).
     pub grad_buckets: Vec<GradBucket>,
 }
 

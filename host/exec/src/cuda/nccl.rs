@@ -17,21 +17,27 @@
 //!   collective, polled to completion), host time per call that would inflate small
 //!   messages' latency against nccl-tests. A call that returns `ncclInProgress` anyway
 //!   (`NCCL_COMM_BLOCKING=0` in the environment) is polled with the deadline ([`settle`]).
-//! - Errors and timeouts: after each call the group waits for the stream with a deadline,
-//!   checking NCCL's asynchronous error and the control plane (which knows when another
-//!   rank's process died); any of those aborts the communicator (`ncclCommAbort` unblocks
-//!   the kernels waiting on peers, and frees the communicator: nothing calls NCCL on it
-//!   after) and fails with the reason, naming the rank when it is known.
-//!   [`NcclGroup::set_blocking`] turns the per-call wait off for benchmarks, which wait
-//!   once after a batch of calls ([`NcclGroup::wait`]).
+//! - Errors and timeouts: no call waits on the host for its completion (so the host keeps
+//!   queueing kernels while NCCL runs, as PyTorch's process group does). Each call's end
+//!   event goes to the group's watchdog thread (PyTorch's NCCL watchdog), which watches
+//!   the calls oldest first: each must complete within the timeout of being queued, and
+//!   meanwhile it checks NCCL's asynchronous error and the control plane (which knows
+//!   when another rank's process died). Any of those makes it abort the communicator
+//!   (`ncclCommAbort` unblocks the kernels waiting on peers, so the device's stream and
+//!   every host wait on it go on) and keep the reason, naming the rank when it is known;
+//!   the group's next call, and [`Collective::health`] (which the executor checks after
+//!   each step's synchronisation), fail with it. Abort frees the communicator: every
+//!   NCCL call holds the read side of a lock whose write side the abort takes, so it
+//!   never runs under one, and nothing calls NCCL on the communicator after.
+//!   [`NcclGroup::set_blocking`] (false) takes the calls off the watchdog for
+//!   benchmarks, which wait once after a batch of calls ([`NcclGroup::wait`]).
 //! - All-to-all (fixed and variable chunks) is a group of sends and receives, as in
 //!   nccl-tests' `alltoall_perf`.
 //! - Started collectives ([`Collective::start`]: the overlapped gradient buckets' all-
 //!   reduces, FSDP's prefetched all-gathers and overlapped reduce-scatters) run on a
 //!   second stream of the group, in the order they were started, after an event on the
 //!   device's stream (so after the kernels that wrote their input); finishing one makes
-//!   the device's stream wait for its end event, and in blocking mode first waits for
-//!   that event on the host with the deadline, as every other call does. The input of an
+//!   the device's stream wait for its end event (the watchdog watches it). The input of an
 //!   all-gather or reduce-scatter stays alive until then (its result has a buffer of
 //!   its own). Two communicators' kernels then run at once (a data-parallel reduction
 //!   beside a tensor-parallel one), as in Megatron with `overlap_grad_reduce`; every
@@ -42,8 +48,9 @@
 
 use std::ffi::c_void;
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -233,6 +240,80 @@ fn async_state(comm: ns::ncclComm_t) -> ns::ncclResult_t {
     if got == ns::ncclResult_t::ncclSuccess { st } else { got }
 }
 
+/// Abort `comm` (once; `health` then keeps `why`). Waits for the NCCL calls under way on
+/// it (they hold `health`'s read side): abort frees the communicator.
+fn abort(comm: &Comm, health: &RwLock<Option<String>>, why: String) {
+    let mut h = health.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if h.is_none() {
+        // SAFETY: the communicator is live (no abort yet) and no call runs on it.
+        let _ = unsafe { nr::comm_abort(comm.0) };
+        *h = Some(why);
+    }
+}
+
+/// The watchdog's loop (PyTorch's NCCL watchdog): takes calls `(end, deadline, what)`
+/// from `calls` and watches them oldest first (a stream's work completes in order), each
+/// until `complete` says its end event is reached. While one is pending it checks
+/// `nccl_error` (the communicator's asynchronous error), the oracle (a dead rank) and
+/// the call's deadline, polling fast at first and then every millisecond. Returns the
+/// first failure, naming the call, or `None` once `calls` is closed and every call
+/// completed.
+fn watch<E>(
+    calls: &mpsc::Receiver<(E, Instant, String)>,
+    complete: impl Fn(&E) -> Result<bool, String>,
+    nccl_error: impl Fn() -> Option<String>,
+    oracle: &FailureOracle,
+) -> Option<String> {
+    let mut pending: VecDeque<(E, Instant, String)> = VecDeque::new();
+    let mut pause = Duration::from_micros(20);
+    let mut open = true;
+    loop {
+        if pending.is_empty() {
+            if !open {
+                return None;
+            }
+            // Nothing to watch: sleep until a call comes (or the group ends).
+            match calls.recv() {
+                Ok(c) => pending.push_back(c),
+                Err(_) => return None,
+            }
+        }
+        loop {
+            match calls.try_recv() {
+                Ok(c) => pending.push_back(c),
+                Err(mpsc::TryRecvError::Empty) => break,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        while let Some((end, _, what)) = pending.front() {
+            match complete(end) {
+                Ok(true) => {
+                    pending.pop_front();
+                    pause = Duration::from_micros(20);
+                }
+                Ok(false) => break,
+                Err(e) => return Some(format!("{what}: {e}")),
+            }
+        }
+        let Some((_, deadline, what)) = pending.front() else { continue };
+        if let Some(e) = nccl_error() {
+            let more = oracle().map(|w| format!(" ({w})")).unwrap_or_default();
+            return Some(format!("{what}: {e}{more}"));
+        }
+        if let Some(why) = oracle() {
+            return Some(format!("{what}: {why}"));
+        }
+        if Instant::now() >= *deadline {
+            return Some(format!("{what}: timed out: a rank of the group stopped calling (see the other ranks' errors)"));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}
+
 struct Comm(ns::ncclComm_t);
 
 /// A collective started on the side stream: its end event.
@@ -257,9 +338,17 @@ pub struct NcclGroup {
     name: String,
     timeout: Duration,
     oracle: FailureOracle,
-    blocking: bool,
-    broken: AtomicBool,
+    /// Whether the watchdog watches each call (off: the caller waits, [`NcclGroup::wait`]).
+    watched: bool,
+    /// `Some(why)` once the communicator was aborted. NCCL calls hold the read side; the
+    /// abort takes the write side.
+    health: Arc<RwLock<Option<String>>>,
+    /// The watchdog's queue of calls (end event, deadline, what), and its thread.
+    watchdog: Option<(mpsc::Sender<Watched>, std::thread::JoinHandle<()>)>,
 }
+
+/// A call the watchdog watches: its end event, its deadline, what it was.
+type Watched = (CudaEvent, Instant, String);
 
 impl NcclGroup {
     /// Join the communicator of `size` ranks that `id` names, as `rank`, on `dev`;
@@ -319,6 +408,31 @@ impl NcclGroup {
                 }
             }
         };
+        let health: Arc<RwLock<Option<String>>> = Arc::new(RwLock::new(None));
+        let (calls, queued) = mpsc::channel::<Watched>();
+        let thread = {
+            let (health, oracle, comm) = (Arc::clone(&health), Arc::clone(&oracle), Comm(comm));
+            let ctx = gpu.ctx.clone();
+            let what = format!("group '{name}' of {size} on rank {rank}");
+            std::thread::Builder::new()
+                .name(format!("nccl watchdog, {what}"))
+                .spawn(move || {
+                    let _ = ctx.bind_to_thread();
+                    let nccl_error = || {
+                        let live = health.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+                        match (&*live, async_state(comm.0)) {
+                            (Some(_), _) => None,
+                            (None, ns::ncclResult_t::ncclSuccess | ns::ncclResult_t::ncclInProgress) => None,
+                            (None, st) => Some(format!("NCCL reported {st:?}")),
+                        }
+                    };
+                    let complete = |ev: &CudaEvent| ev.try_is_complete().map_err(|e| format!("CUDA error {e}"));
+                    if let Some(why) = watch(&queued, complete, nccl_error, &oracle) {
+                        abort(&comm, &health, format!("collective: {why} ({what})"));
+                    }
+                })
+                .map_err(|e| ExecError::Device { device: dev.name(), what: format!("the NCCL watchdog of group '{name}': {e}") })?
+        };
         Ok(NcclGroup {
             comm: Comm(comm),
             dev: dev.clone(),
@@ -329,27 +443,63 @@ impl NcclGroup {
             name: name.into(),
             timeout,
             oracle,
-            blocking: true,
-            broken: AtomicBool::new(false),
+            watched: true,
+            health,
+            watchdog: Some((calls, thread)),
         })
     }
 
-    /// Whether each call waits for its completion (true: errors and dead ranks surface
-    /// at the call). Benchmarks turn it off and [`NcclGroup::wait`] after a batch.
+    /// Whether the watchdog watches each call (true, the default: errors and dead ranks
+    /// surface at the next call, or at [`Collective::health`]). Benchmarks turn it off
+    /// and [`NcclGroup::wait`] after a batch.
     pub fn set_blocking(&mut self, on: bool) {
-        self.blocking = on;
-    }
-
-    fn abort(&self) {
-        if !self.broken.swap(true, Ordering::SeqCst) {
-            // SAFETY: the communicator is live; abort is allowed at any time.
-            let _ = unsafe { nr::comm_abort(self.comm.0) };
-        }
+        self.watched = on;
     }
 
     fn fail(&self, what: &str, why: String) -> ExecError {
-        self.abort();
-        ExecError::State(format!("collective: {what} (group '{}' of {}) on rank {}: {why}", self.name, self.size, self.rank))
+        let why = format!("collective: {what} (group '{}' of {}) on rank {}: {why}", self.name, self.size, self.rank);
+        abort(&self.comm, &self.health, why.clone());
+        ExecError::State(why)
+    }
+
+    /// A hold on the live communicator, for one NCCL call (the abort waits for it).
+    ///
+    /// # Errors
+    /// It was aborted.
+    fn enter(&self, what: &str) -> Result<RwLockReadGuard<'_, Option<String>>, ExecError> {
+        let live = self.health.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &*live {
+            None => Ok(live),
+            Some(why) => Err(self.aborted(what, why)),
+        }
+    }
+
+    fn aborted(&self, what: &str, why: &str) -> ExecError {
+        ExecError::State(format!(
+            "collective: {what} (group '{}' of {}) on rank {}: the communicator was aborted by an earlier failure: {why}",
+            self.name, self.size, self.rank
+        ))
+    }
+
+    /// NCCL's asynchronous state of the live communicator (an error once aborted).
+    fn state(&self) -> ns::ncclResult_t {
+        match self.enter("state") {
+            Ok(_live) => async_state(self.comm.0),
+            Err(_) => ns::ncclResult_t::ncclInternalError,
+        }
+    }
+
+    /// Hand the end of the work queued so far on `stream` to the watchdog.
+    fn watch(&self, stream: &CudaStream, what: &str) -> Result<(), ExecError> {
+        if !self.watched {
+            return Ok(());
+        }
+        let end = self.event(stream, what)?;
+        if let Some((calls, _)) = &self.watchdog {
+            // Its thread ends only after an abort, which the next call reports.
+            let _ = calls.send((end, Instant::now() + self.timeout, what.to_string()));
+        }
+        Ok(())
     }
 
     /// Wait for every call queued so far, with the timeout; checks NCCL's asynchronous
@@ -376,7 +526,8 @@ impl NcclGroup {
                 Ok(false) => {}
                 Err(e) => return Err(self.fail(what, format!("CUDA error {e}"))),
             }
-            let st = async_state(self.comm.0);
+            self.live(what)?;
+            let st = self.state();
             if st != ns::ncclResult_t::ncclSuccess && st != ns::ncclResult_t::ncclInProgress {
                 let more = (self.oracle)().map(|w| format!(" ({w})")).unwrap_or_default();
                 return Err(self.fail(what, format!("NCCL reported {st:?}{more}")));
@@ -397,13 +548,7 @@ impl NcclGroup {
     /// Refuses a call once the communicator was aborted (abort frees it: NCCL must not
     /// see it again).
     fn live(&self, what: &str) -> Result<(), ExecError> {
-        if self.broken.load(Ordering::SeqCst) {
-            return Err(ExecError::State(format!(
-                "collective: {what} (group '{}' of {}) on rank {}: the communicator was aborted by an earlier failure",
-                self.name, self.size, self.rank
-            )));
-        }
-        Ok(())
+        self.enter(what).map(|_| ())
     }
 
     /// What every call checks before NCCL sees it: the buffer's type ([`movable`]) and
@@ -421,13 +566,13 @@ impl NcclGroup {
             // call, until it has.
             self.settle(what)?;
         }
-        if self.blocking { self.wait(what) } else { Ok(()) }
+        self.watch(&self.stream, what)
     }
 
     /// [`settle`] on this group's communicator with its timeout and oracle.
     fn settle(&self, what: &str) -> Result<(), ExecError> {
         let timeout = self.timeout;
-        settle(|| async_state(self.comm.0), &self.oracle, Instant::now() + timeout, || {
+        settle(|| self.state(), &self.oracle, Instant::now() + timeout, || {
             format!("timed out after {timeout:?}: a rank of the group stopped calling (see the other ranks' errors)")
         })
         .map_err(|why| self.fail(what, why))
@@ -455,6 +600,7 @@ impl NcclGroup {
         let t = nccl_type(input.elem());
         let (src, dst) = (self.dev.ptr(input), self.dev.ptr(output));
         let (mut so, mut ro) = (0usize, 0usize);
+        let live = self.enter(what)?;
         let r = nr::group_start().and_then(|_| {
             let posted = (|| {
                 for j in 0..self.size {
@@ -477,23 +623,28 @@ impl NcclGroup {
             let ended = nr::group_end();
             posted.and(ended)
         });
+        drop(live);
         self.done(what, r)
     }
 }
 
 impl Drop for NcclGroup {
     fn drop(&mut self) {
-        if self.broken.load(Ordering::SeqCst) {
-            return;
-        }
         // Finish queued work (on both streams); then, every rank alive, finalize (which
         // may wait for the others at a barrier) and destroy; with a rank known dead, abort.
         let side = self.event(&self.side, "teardown");
-        if self.wait("teardown").is_err() || side.and_then(|ev| self.wait_for(&ev, "teardown")).is_err() {
+        let finished = self.wait("teardown").is_ok() && side.and_then(|ev| self.wait_for(&ev, "teardown")).is_ok();
+        // Then the watchdog: every call it watches is complete (or the communicator is
+        // aborted), so it ends at once, and never sees the communicator destroyed.
+        if let Some((calls, thread)) = self.watchdog.take() {
+            drop(calls);
+            let _ = thread.join();
+        }
+        if !finished || self.live("teardown").is_err() {
             return;
         }
         if (self.oracle)().is_some() {
-            self.abort();
+            abort(&self.comm, &self.health, "teardown: a rank of the run died".into());
             return;
         }
         // SAFETY: the communicator is live and idle.
@@ -503,7 +654,7 @@ impl Drop for NcclGroup {
             Err(_) => false,
         };
         if !settled {
-            self.abort();
+            abort(&self.comm, &self.health, "teardown: finalize failed".into());
             return;
         }
         // SAFETY: finalized; nothing uses it after this.
@@ -528,6 +679,10 @@ impl Collective<Cuda> for NcclGroup {
     fn rank(&self) -> usize {
         self.rank
     }
+
+    fn health(&self) -> Result<(), ExecError> {
+        self.live("a call the watchdog watched")
+    }
     fn size(&self) -> usize {
         self.size
     }
@@ -536,7 +691,10 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("all-reduce", buf)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer of buf.len() elements.
-        let r = unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), nccl_op(op), self.comm.0, self.stream()) };
+        let r = {
+            let _live = self.enter("all-reduce")?;
+            unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), nccl_op(op), self.comm.0, self.stream()) }
+        };
         self.done("all-reduce", r)
     }
 
@@ -560,17 +718,21 @@ impl Collective<Cuda> for NcclGroup {
         // SAFETY: `p` holds buf.len() elements and `q` the result's `len` (in place for
         // an all-reduce); the InFlight keeps both alive until finish orders the device's
         // stream after the side stream's work.
-        let r = unsafe {
-            match what {
-                Started::AllReduce(op) => nr::all_reduce(p, q, len, ty, nccl_op(op), self.comm.0, side),
-                Started::AllGather => nr::all_gather(p, q, buf.len(), ty, self.comm.0, side),
-                Started::ReduceScatter => nr::reduce_scatter(p, q, len, ty, ns::ncclRedOp_t::ncclSum, self.comm.0, side),
+        let r = {
+            let _live = self.enter(name)?;
+            unsafe {
+                match what {
+                    Started::AllReduce(op) => nr::all_reduce(p, q, len, ty, nccl_op(op), self.comm.0, side),
+                    Started::AllGather => nr::all_gather(p, q, buf.len(), ty, self.comm.0, side),
+                    Started::ReduceScatter => nr::reduce_scatter(p, q, len, ty, ns::ncclRedOp_t::ncclSum, self.comm.0, side),
+                }
             }
         };
         if r.map_err(|e| self.fail(name, format!("{:?}", e.0)))? == nr::NcclStatus::InProgress {
             self.settle(name)?;
         }
         let end = self.event(&self.side, name)?;
+        self.watch(&self.side, name)?;
         Ok(match out {
             None => InFlight::running(buf, None, Box::new(SideCall { end })),
             Some(out) => InFlight::running(out, Some(buf), Box::new(SideCall { end })),
@@ -585,9 +747,6 @@ impl Collective<Cuda> for NcclGroup {
             ExecError::State(format!("collective: {what} (group '{}'): finished on a group that did not start it", self.name))
         })?;
         self.live(what)?;
-        if self.blocking {
-            self.wait_for(&started.end, what)?;
-        }
         self.stream.wait(&started.end).map_err(|e| self.fail(what, format!("stream wait: {e}")))?;
         // An input freed now is freed on the device's stream, after the wait.
         drop(input);
@@ -598,7 +757,10 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("all-gather", input)?;
         self.check("all-gather", output.len(), input.len() * self.size)?;
         // SAFETY: output holds size × input elements.
-        let r = unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) };
+        let r = {
+            let _live = self.enter("all-gather")?;
+            unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) }
+        };
         self.done("all-gather", r)
     }
 
@@ -606,8 +768,11 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("reduce-scatter", input)?;
         self.check("reduce-scatter", input.len(), output.len() * self.size)?;
         // SAFETY: input holds size × output elements.
-        let r = unsafe {
-            nr::reduce_scatter(self.ptr(input), self.ptr(output), output.len(), nccl_type(input.elem()), ns::ncclRedOp_t::ncclSum, self.comm.0, self.stream())
+        let r = {
+            let _live = self.enter("reduce-scatter")?;
+            unsafe {
+                nr::reduce_scatter(self.ptr(input), self.ptr(output), output.len(), nccl_type(input.elem()), ns::ncclRedOp_t::ncclSum, self.comm.0, self.stream())
+            }
         };
         self.done("reduce-scatter", r)
     }
@@ -636,21 +801,30 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("broadcast", buf)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer.
-        let r = unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) };
+        let r = {
+            let _live = self.enter("broadcast")?;
+            unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) }
+        };
         self.done("broadcast", r)
     }
 
     fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
         self.ready("send", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
-        let r = unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
+        let r = {
+            let _live = self.enter("send")?;
+            unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) }
+        };
         self.done("send", r)
     }
 
     fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
         self.ready("recv", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
-        let r = unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) };
+        let r = {
+            let _live = self.enter("recv")?;
+            unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) }
+        };
         self.done("recv", r)
     }
 
@@ -661,6 +835,7 @@ impl Collective<Cuda> for NcclGroup {
         for (_, b) in recvs.iter() {
             self.ready("batched recv", b)?;
         }
+        let live = self.enter("batched send-recv")?;
         let r = nr::group_start().and_then(|_| {
             let mut posted = Ok(());
             for &(peer, b) in sends {
@@ -676,6 +851,7 @@ impl Collective<Cuda> for NcclGroup {
             let ended = nr::group_end();
             posted.and(ended)
         });
+        drop(live);
         self.done("batched send-recv", r)
     }
 }
@@ -683,6 +859,71 @@ impl Collective<Cuda> for NcclGroup {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fake end event: reached once its flag is set.
+    type Flag = Arc<std::sync::atomic::AtomicBool>;
+
+    fn reached(f: &Flag) -> Result<bool, String> {
+        Ok(f.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    fn flag(on: bool) -> Flag {
+        Arc::new(std::sync::atomic::AtomicBool::new(on))
+    }
+
+    #[test]
+    fn the_watchdog_lets_calls_complete_and_ends_with_the_group() {
+        let (tx, rx) = mpsc::channel();
+        let far = Instant::now() + Duration::from_secs(30);
+        let flags: Vec<Flag> = (0..3).map(|_| flag(false)).collect();
+        for (k, f) in flags.iter().enumerate() {
+            tx.send((f.clone(), far, format!("call {k}"))).unwrap();
+        }
+        // Already past its deadline but reached: not a failure.
+        tx.send((flag(true), Instant::now(), "done late".into())).unwrap();
+        let setter = std::thread::spawn(move || {
+            for f in flags {
+                std::thread::sleep(Duration::from_millis(5));
+                f.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            drop(tx);
+        });
+        assert_eq!(watch(&rx, reached, || None, &no_oracle()), None);
+        setter.join().unwrap();
+    }
+
+    #[test]
+    fn the_watchdog_times_out_a_call_that_never_completes() {
+        let (tx, rx) = mpsc::channel();
+        let t0 = Instant::now();
+        tx.send((flag(true), t0, "all-gather".to_string())).unwrap();
+        tx.send((flag(false), t0 + Duration::from_millis(50), "all-reduce".to_string())).unwrap();
+        let why = watch(&rx, reached, || None, &no_oracle()).unwrap();
+        let took = t0.elapsed();
+        assert!(why.starts_with("all-reduce: timed out"), "{why}");
+        assert!(took >= Duration::from_millis(50) && took < Duration::from_secs(5), "{took:?}");
+        drop(tx);
+    }
+
+    #[test]
+    fn the_watchdog_reports_nccls_error_and_a_dead_rank_at_once() {
+        let far = Instant::now() + Duration::from_secs(30);
+        let (tx, rx) = mpsc::channel();
+        tx.send((flag(false), far, "send".to_string())).unwrap();
+        let dead: FailureOracle = Arc::new(|| Some("rank 3's process exited".into()));
+        let t0 = Instant::now();
+        let why = watch(&rx, reached, || Some("NCCL reported ncclRemoteError".into()), &dead).unwrap();
+        assert_eq!(why, "send: NCCL reported ncclRemoteError (rank 3's process exited)");
+        tx.send((flag(false), far, "recv".to_string())).unwrap();
+        let why = watch(&rx, reached, || None, &dead).unwrap();
+        assert_eq!(why, "recv: rank 3's process exited");
+        assert!(t0.elapsed() < Duration::from_secs(5));
+        // A CUDA error on the event is a failure too.
+        let (tx, rx) = mpsc::channel();
+        tx.send((flag(false), far, "broadcast".to_string())).unwrap();
+        let why = watch(&rx, |_: &Flag| Err("CUDA error 700".to_string()), || None, &no_oracle()).unwrap();
+        assert_eq!(why, "broadcast: CUDA error 700");
+    }
 
     #[test]
     fn settle_waits_while_in_progress_then_succeeds() {

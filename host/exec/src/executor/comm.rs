@@ -322,6 +322,11 @@ impl<D: Device> Executor<D> {
             self.comm.busy_s += self.device.elapsed_s(start, end)?;
         }
         self.profile.communication_s = self.comm.busy_s;
+        // The phase's work is done (its events reached): a failure a group's watchdog
+        // found meanwhile surfaces here at the latest.
+        for c in self.collectives.values() {
+            c.health()?;
+        }
         Ok(())
     }
 

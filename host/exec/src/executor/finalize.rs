@@ -19,9 +19,10 @@
 //! FSDP (`fsdp: true` in the layout: a `ReduceScatter` of the gradients and an
 //! `AllGather` of the parameters over `dp` or `edp` instead of the all-reduce) runs in
 //! `fsdp.rs`: the rank keeps 1/n of those weights, their gradients and moments, the
-//! passes gather the parameters, and [`Executor::reduce_gradients`] runs the step's
-//! all-reduces first (on whole gradients), then the reduce-scatters (summed, divided by
-//! `mean_over`, this rank's chunk kept).
+//! passes gather the parameters, the backward starts each unit's reduce-scatter once its
+//! gradients are final, and [`Executor::reduce_gradients`] finishes the one in flight,
+//! runs the step's all-reduces (on whole gradients), then the reduce-scatters not
+//! started (summed, divided by `mean_over`, this rank's chunk kept).
 
 use runner_graph::{OpKind, TensorId};
 use runner_graph::shard::{Sharded, StepCollective};

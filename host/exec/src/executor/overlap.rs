@@ -20,8 +20,8 @@
 //! Only `dp` and `edp` overlap: their ranks run the same rank graph, so every rank forms
 //! the same buckets and starts them in the same order, and no op of the graph calls
 //! those groups (a call on a group between a start and its finish could not be matched).
-//! Not with FSDP on the group (its reduce-scatters stay after the backward), and not in
-//! a recorded CUDA-graph step. The `pp-embed` and `tp` reductions run after the backward
+//! Not with FSDP on the group (its units' reduce-scatters start in the backward instead,
+//! the same way: `fsdp.rs`), and not in a recorded CUDA-graph step. The `pp-embed` and `tp` reductions run after the backward
 //! as before, as in Megatron's `finalize_model_grads`.
 
 use runner_graph::OpKind;
@@ -33,7 +33,8 @@ use super::Executor;
 use crate::collective::{InFlight, ReduceOp, Started};
 use crate::device::{Device, ExecError};
 
-/// One overlapped bucket of the last step, for the profile.
+/// One overlapped bucket of the last step, for the profile: an all-reduce's bucket, or
+/// an FSDP unit's reduce-scatter (its padded flat buffer).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct GradBucket {
     /// The group it was all-reduced over (`dp`, `edp`).
