@@ -95,6 +95,13 @@ pub struct ExecOptions {
     /// layer computes; at most one is in flight (`executor/fsdp.rs`). The same bits
     /// either way; on by default.
     pub fsdp_prefetch: bool,
+    /// FSDP keeps gradients sharded across micro-batches: each micro-batch's
+    /// reduce-scatter runs as its backward finishes a unit (PyTorch FSDP's default), so
+    /// no whole gradient outlives its unit's backward. Off: micro-batches accumulate
+    /// whole gradients and one reduce-scatter a step runs (PyTorch's `no_sync`), the
+    /// sums bit for bit plain data parallelism's. The same at one micro-batch; on by
+    /// default (`executor/fsdp.rs`).
+    pub fsdp_sharded_grads: bool,
 }
 
 impl Default for ExecOptions {
@@ -111,6 +118,7 @@ impl Default for ExecOptions {
             overlap_grad_reduce: true,
             grad_bucket_elems: None,
             fsdp_prefetch: true,
+            fsdp_sharded_grads: true,
         }
     }
 }
@@ -1469,6 +1477,7 @@ impl<D: Device> Executor<D> {
             &self.plan,
             &self.sched,
             self.fsdp.resting.as_ref(),
+            &self.fsdp_carried(),
         );
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
@@ -1562,7 +1571,7 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
 /// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes (without
 /// FSDP; an FSDP rank's [`Executor::memory`] walks its shards and gathers).
 pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
-    let l = walk_live(g, plan, sched, None);
+    let l = walk_live(g, plan, sched, None, &[]);
     (l.peak, l.all, l.params)
 }
 
@@ -1586,6 +1595,7 @@ fn walk_live(
     plan: &BackwardPlan,
     sched: &RecomputeSchedule,
     fsdp: Option<&fsdp::Resting>,
+    carried: &[TensorId],
 ) -> Live {
     let bytes = |id: TensorId| g.tensors[id].numel() * 4;
     let covered = |id: TensorId| fsdp.is_some_and(|f| f.covers(id));
@@ -1607,10 +1617,10 @@ fn walk_live(
             TensorKind::Activation => {}
         }
     }
-    let base = inputs + state;
-    // The whole weights a pass gathers right before op or step `at` (a unit at its
-    // first reader), and those it frees after it.
-    // FSDP's gathers and reduce-scatters (`fsdp.rs` walks them).
+    // FSDP's whole gradients an earlier micro-batch left (they live through this one).
+    let base = inputs + state + carried.iter().map(|&id| bytes(id)).sum::<u64>();
+    // FSDP's gathers and reduce-scatters (`fsdp.rs` walks them), and the whole weights
+    // a pass frees after op or step `at`.
     let mut in_flight = fsdp::InFlightUnits::default();
     let freed = |pass: fsdp::Pass, at: usize| -> u64 {
         fsdp.map_or(0, |f| f.freed_after(pass, at).iter().map(|&id| bytes(id)).sum())
@@ -1680,7 +1690,7 @@ fn walk_live(
             .map(bytes)
             .sum::<u64>()
         + aux_live.iter().sum::<u64>();
-    let mut has_grad: HashSet<TensorId> = HashSet::new();
+    let mut has_grad: HashSet<TensorId> = carried.iter().copied().collect();
     live += 4; // the loss seed
     peak = peak.max(live);
     for (si, s) in plan.steps.iter().enumerate() {

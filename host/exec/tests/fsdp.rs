@@ -359,7 +359,7 @@ fn fsdp_gathers_a_layer_at_a_time() {
     let g = with_roles(toy::llama(&ToyConfig { layers: 4, batch: 1, ..ToyConfig::tiny() }), true);
     let layout = Layout { dp: 2, fsdp: true, ..Layout::single(1, 2) };
     let data = synthetic_inputs(&g, 5);
-    let run = |overlap: bool, prefetch: bool| {
+    let run = |overlap: bool, prefetch: bool, sharded: bool| {
         mesh(1, 1, 2)
             .into_iter()
             .map(|m| {
@@ -372,7 +372,7 @@ fn fsdp_gathers_a_layer_at_a_time() {
                         .into_iter()
                         .map(|(n, h)| (n, Box::new(Gathers { inner: h, seen: seen.clone() }) as Box<dyn Collective>))
                         .collect();
-                    let o = ExecOptions { overlap_grad_reduce: overlap, fsdp_prefetch: prefetch, ..options() };
+                    let o = ExecOptions { overlap_grad_reduce: overlap, fsdp_prefetch: prefetch, fsdp_sharded_grads: sharded, ..options() };
                     let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
                     let d = rank_inputs(&g, &s.graph, &data, 0, 1);
                     train(&mut ex, &d, 1);
@@ -385,9 +385,13 @@ fn fsdp_gathers_a_layer_at_a_time() {
             .map(|h| h.join().unwrap())
             .collect::<Vec<_>>()
     };
-    let after = run(false, false);
-    let ahead = run(true, true);
-    for (((rank_g, gathers, mem), (_, _, mem_after)), (_, gathers_ahead, mem_ahead)) in run(true, false).into_iter().zip(after).zip(ahead) {
+    // After the backward; in it, started; in it, at once; and prefetching.
+    let after = run(false, false, false);
+    let waiting = run(false, false, true);
+    let ahead = run(true, true, true);
+    for ((((rank_g, gathers, mem), (_, _, mem_after)), (_, _, mem_waiting)), (_, gathers_ahead, mem_ahead)) in
+        run(true, false, true).into_iter().zip(after).zip(waiting).zip(ahead)
+    {
         assert_eq!(gathers, gathers_ahead, "the same gathers, prefetched");
         // Parameters by the layer of their first reader (-1: outside the layers).
         let mut by_layer: HashMap<i32, usize> = HashMap::new();
@@ -408,7 +412,7 @@ fn fsdp_gathers_a_layer_at_a_time() {
         assert!(sum >= 2 * total && sum <= 2 * (total + gathers.len()), "{sum} for {total}: {gathers:?}");
         // Within 10 % (the gathers' transient flat buffers): gathering the whole model
         // at the start of each pass would peak about 25 % above it.
-        for m in [&mem, &mem_after, &mem_ahead] {
+        for m in [&mem, &mem_after, &mem_waiting, &mem_ahead] {
             assert!(m.peak_bytes as f64 <= 1.01 * m.required_bytes as f64 && m.required_bytes <= m.peak_bytes, "{m:?}");
         }
         // A unit's flat buffer and chunk: largest + largest / 2 elements at dp = 2.
@@ -618,8 +622,13 @@ fn fsdp_composes_with_pipeline_stages_and_recompute() {
 }
 
 /// Two micro-batches per dp rank (the all-gather's count 2·m = 4): forward and
-/// backward gather each time, the whole gradients accumulate, one reduce-scatter per
-/// step; the update equals the unsharded step over the whole batch of four.
+/// backward gather each time; the update equals the unsharded step over the whole batch
+/// of four either way the gradients go:
+/// - sharded (the default): each micro-batch's reduce-scatter per unit (the
+///   reduce-scatter's count m = 2), its chunk added to the rank's gradient pieces, so
+///   no whole gradient outlives its micro-batch's unit: a lower peak, within the account;
+/// - accumulated whole over the micro-batches (PyTorch's `no_sync`), one reduce-scatter
+///   per unit and step.
 #[test]
 fn fsdp_step_over_two_micro_batches_matches_the_full_batch_step() {
     let (full_g, micro_g) = (llama(4, false), llama(1, false));
@@ -630,46 +639,58 @@ fn fsdp_step_over_two_micro_batches_matches_the_full_batch_step() {
         fsdp: true,
         ..Layout::single(1, 4)
     };
-    let hs: Vec<_> = mesh(1, 1, 2)
-        .into_iter()
-        .map(|m| {
-            let s = shard(&micro_g, &layout, m.coord).unwrap();
-            let gathers = s.step.iter().find(|c| c.kind == OpKind::AllGather).unwrap();
-            assert_eq!(gathers.count, 4);
-            let rows = dp_rows(&data, m.coord.dp as usize, 2);
-            let micro: Vec<Data> = (0..2).map(|k| dp_rows(&rows, k, 2)).collect();
-            let (g, w0) = (micro_g.clone(), w0.clone());
-            std::thread::spawn(move || {
-                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
-                let batches: Vec<Vec<(&str, Input<'_>)>> = micro
-                    .iter()
-                    .map(|d| {
-                        d.iter()
-                            .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
-                            .collect()
-                    })
-                    .collect();
-                let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
-                (loss, ex.gather_weights().unwrap())
+    let run = |sharded: bool| {
+        let hs: Vec<_> = mesh(1, 1, 2)
+            .into_iter()
+            .map(|m| {
+                let s = shard(&micro_g, &layout, m.coord).unwrap();
+                let count = |k: OpKind| s.step.iter().find(|c| c.kind == k).unwrap().count;
+                assert_eq!((count(OpKind::AllGather), count(OpKind::ReduceScatter)), (4, 2));
+                let rows = dp_rows(&data, m.coord.dp as usize, 2);
+                let micro: Vec<Data> = (0..2).map(|k| dp_rows(&rows, k, 2)).collect();
+                let (g, w0) = (micro_g.clone(), w0.clone());
+                std::thread::spawn(move || {
+                    let o = ExecOptions { fsdp_sharded_grads: sharded, ..options() };
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
+                    load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
+                    let batches: Vec<Vec<(&str, Input<'_>)>> = micro
+                        .iter()
+                        .map(|d| {
+                            d.iter()
+                                .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
+                                .collect()
+                        })
+                        .collect();
+                    let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+                    let scatters = ex.profile().grad_buckets.len();
+                    (loss, ex.gather_weights().unwrap(), ex.memory(), scatters)
+                })
             })
-        })
-        .collect();
-    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-    let mean = (out[0].0 + out[1].0) / 2.0;
-    assert!(
-        (mean - want[0]).abs() <= 1e-5 * want[0],
-        "{mean} vs {}",
-        want[0]
-    );
-    for (d, (_, w)) in out.iter().enumerate() {
-        for (name, v) in &w1 {
-            let e = worst(&w[name], v);
-            assert!(
-                e <= 1e-6,
-                "{name} (dp rank {d}): {e:e} from the full-batch step"
-            );
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    };
+    let (sharded, whole) = (run(true), run(false));
+    for out in [&sharded, &whole] {
+        let mean = (out[0].0 + out[1].0) / 2.0;
+        assert!(
+            (mean - want[0]).abs() <= 1e-5 * want[0],
+            "{mean} vs {}",
+            want[0]
+        );
+        for (d, (_, w, mem, _)) in out.iter().enumerate() {
+            for (name, v) in &w1 {
+                let e = worst(&w[name], v);
+                assert!(
+                    e <= 1e-6,
+                    "{name} (dp rank {d}): {e:e} from the full-batch step"
+                );
+            }
+            assert!(mem.required_bytes <= mem.peak_bytes && mem.peak_bytes as f64 <= 1.01 * mem.required_bytes as f64, "sharded {}: {mem:?}", std::ptr::eq(out, &sharded));
         }
+    }
+    for (s, w) in sharded.iter().zip(&whole) {
+        assert_eq!(s.3, 2 * w.3, "a reduce-scatter per unit and micro-batch");
+        assert!(s.2.peak_bytes < w.2.peak_bytes, "{:?} against {:?}", s.2, w.2);
     }
 }
 

@@ -668,8 +668,9 @@ fn pipeline_schedules_match_the_in_order_schedule_over_sends_that_wait_for_their
 /// the 1/3 scaling happens on the bucket's copy), a 1F1B and an interleaved pipeline
 /// (each chunk's buckets start after its last micro-batch's backward), tp = 2 with SP (the
 /// tp reduction stays after the backward) and FSDP, alone and under both pipeline
-/// schedules (each layer's reduce-scatter starts once its gradients are final, as PyTorch
-/// FSDP's post-backward hook; it has no buckets: each unit is one).
+/// schedules (each layer's reduce-scatter, one per micro-batch, starts once its
+/// gradients are final, as PyTorch FSDP's post-backward hook, instead of running at
+/// once; it has no buckets: each unit is one).
 #[test]
 fn overlapped_gradient_reduction_trains_as_the_reduction_after_the_backward() {
     let cases = [
@@ -700,12 +701,12 @@ fn overlapped_gradient_reduction_trains_as_the_reduction_after_the_backward() {
                 assert!(a.buckets.is_empty(), "{what}: {:?}", a.buckets);
                 assert!(b.buckets.iter().all(|k| k.group == "dp"), "{what}: {:?}", b.buckets);
                 if fsdp {
-                    // A reduce-scatter per unit (padded to the group), the bucket size
-                    // aside; the first while backward steps were left. Without a
-                    // pipeline every unit's; with one, a tied embedding's (summed over
-                    // pp-embed first) runs after the backward.
+                    // A reduce-scatter per unit and micro-batch (padded to the group),
+                    // the bucket size aside; the first while backward steps were left.
+                    // Without a pipeline every unit's; with one, a tied embedding's
+                    // (summed over pp-embed first) runs after the backward.
                     let total: usize = b.buckets.iter().map(|k| k.elems).sum();
-                    let dense: usize = b.weights.values().map(Vec::len).sum();
+                    let dense = m * b.weights.values().map(Vec::len).sum::<usize>();
                     assert!(total <= dense + 2 * b.buckets.len() && (pp > 1 || total >= dense), "{what}: {total} for {dense}: {:?}", b.buckets);
                     assert!(!b.buckets.is_empty() && b.buckets[0].steps_left > 0, "{what}: {:?}", b.buckets);
                     continue;

@@ -1506,7 +1506,8 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
         // one moves nothing and only divides (expert parallelism over all the dp ranks).
         if l.fsdp && n > 1 {
             if grads > 0.0 {
-                out.push(reduce(OpKind::ReduceScatter, names.clone()));
+                // Each micro-batch's (PyTorch FSDP's default: the gradients stay sharded).
+                out.push(StepCollective { count: m, ..reduce(OpKind::ReduceScatter, names.clone()) });
             }
             let mut gathered = names;
             gathered.extend(frozen);

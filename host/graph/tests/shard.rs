@@ -376,7 +376,9 @@ fn data_parallel_gradients_are_step_collectives() {
     assert_eq!(ar.bytes, 4.0 * local, "fp32 gradients");
     let f = sharded(&g, &Layout { fsdp: true, ..l.clone() }, rank(0, 0));
     let kinds: Vec<_> = f.step.iter().map(|c| (c.kind, c.count)).collect();
-    assert_eq!(kinds, [(OpKind::ReduceScatter, 1), (OpKind::AllGather, 2 * l.micro_batches())]);
+    // FSDP reduce-scatters each micro-batch (the gradients stay sharded) and gathers
+    // the parameters for each forward and backward.
+    assert_eq!(kinds, [(OpKind::ReduceScatter, l.micro_batches()), (OpKind::AllGather, 2 * l.micro_batches())]);
 }
 
 /// With sequence parallelism the replicated weights (here the norm gains: embedding and

@@ -275,10 +275,11 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             crate::dist_bench::collectives(args, global)
         }
-        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, ddp_bucket_size, timeout } => {
+        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, timeout } => {
             let run = crate::dist_bench::StepRun {
                 overlap: overlap_grad_reduce == "on",
                 prefetch: fsdp_prefetch == "on",
+                sharded_grads: fsdp_sharded_grads == "on",
                 bucket: ddp_bucket_size,
                 ..crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?
             };

@@ -592,6 +592,8 @@ pub struct StepRun {
     pub bucket: Option<usize>,
     /// FSDP passes prefetch the next layer's gather ([`ExecOptions::fsdp_prefetch`]).
     pub prefetch: bool,
+    /// FSDP reduce-scatters each micro-batch ([`ExecOptions::fsdp_sharded_grads`]).
+    pub sharded_grads: bool,
 }
 
 impl StepRun {
@@ -612,8 +614,8 @@ impl StepRun {
             t => bail!("--toy {t}: use tiny or bench"),
         };
         toy.layers = per_stage * pp;
-        let (overlap, bucket, prefetch) = (true, None, true);
-        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket, prefetch };
+        let (overlap, bucket, prefetch, sharded_grads) = (true, None, true, true);
+        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket, prefetch, sharded_grads };
         // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
         // micro-batches the interleaved schedule refuses), before any rank starts.
         run.layout()
@@ -656,7 +658,7 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --ddp-bucket-size {}",
+            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --fsdp-sharded-grads {} --ddp-bucket-size {}",
             self.tp,
             self.pp,
             self.dp,
@@ -667,6 +669,7 @@ impl StepRun {
             self.toy_name,
             if self.overlap { "on" } else { "off" },
             if self.prefetch { "on" } else { "off" },
+            if self.sharded_grads { "on" } else { "off" },
             self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string())
         )
     }
@@ -741,6 +744,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         overlap_grad_reduce: run.overlap,
         grad_bucket_elems: run.bucket,
         fsdp_prefetch: run.prefetch,
+        fsdp_sharded_grads: run.sharded_grads,
         ..ExecOptions::default()
     };
     let mut ex = Executor::for_rank(&sharded, dev, options, groups)?;

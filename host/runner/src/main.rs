@@ -468,6 +468,11 @@ pub enum BenchCommand {
         /// gathered (PyTorch FSDP's prefetch; the same bits either way)
         #[arg(long, default_value = "on", value_parser = ["on", "off"])]
         fsdp_prefetch: String,
+        /// Under FSDP, reduce-scatter each micro-batch's gradients so they stay sharded
+        /// (PyTorch FSDP's default); off: accumulate whole gradients over the
+        /// micro-batches and reduce-scatter once a step (PyTorch's no_sync)
+        #[arg(long, default_value = "on", value_parser = ["on", "off"])]
+        fsdp_sharded_grads: String,
         /// Gradient elements per bucket of the overlapped reduction (Megatron's
         /// --ddp-bucket-size; default: its max(40M, 1M x dp))
         #[arg(long, value_parser = count(1 << 40))]

@@ -22,32 +22,37 @@
 //!   every weight once: the step collective's count 2·m, a forward and a backward
 //!   gather of the model per micro-batch, in one call per unit. A pipeline chunk's pass
 //!   gathers what its own ops read.
-//! - **Gradients.** The backward writes whole gradients (summed over micro-batches under
-//!   [`Executor::step_micro_batches`]). Each unit's reduce-scatter sums them over the
-//!   group, divides by the collective's `mean_over` (as the `dp` all-reduce divides) and
-//!   keeps this rank's chunk in its gradient pieces; the whole gradients are freed.
-//!   - During the backward (PyTorch FSDP's post-backward reduce-scatter, on by default
-//!     with [`super::ExecOptions::overlap_grad_reduce`], in a step armed as the
-//!     overlapped buckets are: `overlap.rs`): once every backward step writing a unit's
-//!     gradients has run for every micro-batch, they are copied into one buffer (scaled
-//!     by 1/m as the step scales each gradient), freed, and the unit's reduce-scatter
-//!     starts ([`crate::Collective::start`]). The one started before it is finished
-//!     first (it had a layer's backward to run), so at most one is in flight and the
-//!     whole gradients of the model never all live at once.
+//! - **Gradients.** The backward writes whole gradients. A unit's reduce-scatter sums
+//!   them over the group, divides by the collective's `mean_over` (as the `dp`
+//!   all-reduce divides) and adds this rank's chunk to its gradient pieces; the whole
+//!   gradients are freed. When it runs:
+//!   - Each micro-batch (PyTorch FSDP's default; [`super::ExecOptions::fsdp_sharded_grads`],
+//!     on by default): in a step ([`Executor::step`], [`Executor::step_micro_batches`]:
+//!     armed as the overlapped buckets are, `overlap.rs`), once every backward step
+//!     writing a unit's gradients has run for the k-th micro-batch, they are copied into
+//!     one buffer (scaled by 1/m as the step scales each gradient), freed, and the unit's
+//!     k-th reduce-scatter runs: started ([`crate::Collective::start`]) to run beside
+//!     the backward with [`super::ExecOptions::overlap_grad_reduce`] (PyTorch FSDP's
+//!     post-backward reduce-scatter), the one started before it finished first (it had
+//!     a layer's backward to run) so at most one is in flight; at once without. No
+//!     whole gradient outlives its unit's backward, at any micro-batch count.
+//!   - Without sharded gradients (PyTorch's `no_sync`), micro-batches accumulate whole
+//!     gradients and each unit's one reduce-scatter runs after the last micro-batch's
+//!     backward steps for it (during the backward, with `overlap_grad_reduce`): the
+//!     sums are then plain data parallelism's, bit for bit.
 //!   - After the backward, [`Executor::reduce_gradients`] finishes the one in flight,
 //!     runs the step's all-reduces (`tp`, `tp-kv`, `pp-embed`: they sum whole
-//!     gradients), then the reduce-scatter of every unit not started yet: those whose
+//!     gradients), then the reduce-scatter of every unit not reduced yet: those whose
 //!     weights one of those all-reduces also sums (so the bits stay those of the order
-//!     all-reduce, then reduce-scatter), and all of them in a step that does not
-//!     overlap.
+//!     all-reduce, then reduce-scatter; their whole gradients accumulate), and every
+//!     unit outside a step.
 //! - **Optimizer.** AdamW updates the pieces (parameter, gradient, moments). It is
 //!   elementwise, so the result equals the unsharded update of the same elements.
 //! - **Memory.** At rest about 1/n of the covered state ([`super::MemoryReport`]'s
 //!   `state_bytes`); during a pass, plus the gathered weights not yet past their last
-//!   reader; from the backward to the reduce-scatter, plus the whole gradients (one
-//!   reduce-scatter per step, the collective's count 1, so micro-batches accumulate
-//!   whole gradients; PyTorch FSDP reduce-scatters each micro-batch instead).
-//!   [`Executor::memory`] walks exactly these allocations. The collectives run through
+//!   reader; plus each unit's whole gradients from its backward steps to its
+//!   reduce-scatter, and the one in flight. [`Executor::memory`] walks exactly these
+//!   allocations. The collectives run through
 //!   host copies, as the rest of the in-process backend does.
 //!
 //! Inspection: [`Executor::gather_weights`] and [`Executor::gather_grads`] return whole
@@ -108,6 +113,8 @@ pub(super) struct FsdpState<B> {
     scatters: Scatters<B>,
     /// The unit whose all-gather a pass started ahead (prefetch), and the call.
     prefetched: Option<(usize, InFlight<B>)>,
+    /// Micro-batches of the last step.
+    micro_batches: u32,
 }
 
 impl<B> Default for FsdpState<B> {
@@ -116,22 +123,25 @@ impl<B> Default for FsdpState<B> {
             units: Vec::new(),
             owner: HashMap::new(),
             resting: None,
-            scatters: Scatters { order: Vec::new(), next: 0, in_flight: None, started: Vec::new() },
+            scatters: Scatters { writers: Vec::new(), by_step: Vec::new(), done: Vec::new(), in_flight: None },
             prefetched: None,
+            micro_batches: 1,
         }
     }
 }
 
-/// The units whose reduce-scatter may start during the backward, and this step's state.
+/// The units whose reduce-scatters may run during the backward, and this step's state.
 struct Scatters<B> {
-    /// (unit, the backward steps writing its gradients), in the order they become
-    /// ready: units over more than one rank whose weights no all-reduce sums.
-    order: Vec<(usize, Vec<usize>)>,
-    /// The next of `order` to start.
-    next: usize,
-    in_flight: Option<(usize, InFlight<B>)>,
-    /// Per unit: started this step.
-    started: Vec<bool>,
+    /// Per unit: the backward steps writing its gradients, for units over more than one
+    /// rank whose weights no all-reduce sums (empty for the others).
+    writers: Vec<Vec<usize>>,
+    /// Per backward step: the units it writes (of those with writers).
+    by_step: Vec<Vec<usize>>,
+    /// Per unit: the reduce-scatters run (or started) this step.
+    done: Vec<u32>,
+    /// The one started and not finished: its unit, whether it is the unit's first this
+    /// step (its chunk replaces the pieces' gradients; later ones add to them).
+    in_flight: Option<(usize, bool, InFlight<B>)>,
 }
 
 /// Where the covered weights are at rest and when the passes free their gathered copy,
@@ -162,9 +172,10 @@ pub(super) struct Resting {
     /// Per pass: the ops each forward op, or backward step, runs (the step's re-run
     /// segment first), whose parameter inputs must be gathered first.
     readers: [Vec<Vec<usize>>; 2],
-    /// Per backward step: the units whose reduce-scatter starts after it (in a step
-    /// that overlaps its reduction).
+    /// Per backward step: the units whose reduce-scatter runs after it (in a step);
+    /// at once (`scatter_waits`) or started.
     pub(super) scatter_after: Vec<Vec<usize>>,
+    scatter_waits: bool,
     /// Per unit: its weights, and the elements of its padded flat buffer and of one
     /// rank's chunk of it.
     pub(super) units: Vec<(Vec<TensorId>, u64, u64)>,
@@ -214,6 +225,7 @@ impl Resting {
             prefetch: false,
             readers: [(0..g.ops.len()).map(|oi| vec![oi]).collect(), step_ops],
             scatter_after: vec![Vec::new(); plan.steps.len()],
+            scatter_waits: false,
             units: Vec::new(),
         }
     }
@@ -322,13 +334,13 @@ impl Resting {
         }
     }
 
-    /// Walk the reduce-scatters started after backward step `si` (in a step that
-    /// overlaps them): the one in flight finished (its flat input and chunk freed), the
-    /// unit's gradients (those `grads` holds) copied into its flat buffer and freed, its
-    /// chunk allocated.
+    /// Walk the reduce-scatters run after backward step `si` (in a step): the one in
+    /// flight finished (its flat input and chunk freed), the unit's gradients (those
+    /// `grads` holds) copied into its flat buffer and freed, its chunk allocated (and,
+    /// run at once, both freed).
     pub(super) fn walk_scatters(&self, si: usize, bytes: impl Fn(TensorId) -> u64, grads: &mut HashSet<TensorId>, mut w: Walk<'_>) {
         for &u in &self.scatter_after[si] {
-            if let Some(p) = w.in_flight.scattering.replace(u) {
+            if let Some(p) = w.in_flight.scattering.take() {
                 w.sub((self.units[p].1 + self.units[p].2) * 4);
             }
             let (ids, flat, chunk) = &self.units[u];
@@ -339,6 +351,11 @@ impl Resting {
                 }
             }
             w.add(chunk * 4);
+            if self.scatter_waits {
+                w.sub((flat + chunk) * 4);
+            } else {
+                w.in_flight.scattering = Some(u);
+            }
         }
     }
 
@@ -553,9 +570,10 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
-    /// Which units' reduce-scatters may start during the backward, and when (see the
+    /// Which units' reduce-scatters may run during the backward, and when (see the
     /// module doc): a unit over more than one rank, whose weights no all-reduce of
-    /// `step` sums, once the last backward step writing its gradients ran.
+    /// `step` sums, once the last backward step writing its gradients ran (for the
+    /// micro-batch, or for the last).
     fn plan_scatters(&mut self, step: &[StepCollective], resting: &mut Resting) {
         let summed: Vec<TensorId> = step
             .iter()
@@ -568,7 +586,13 @@ impl<D: Device> Executor<D> {
                 writers[go.tensor].push(si);
             }
         }
-        let mut order = Vec::new();
+        let mut sc = Scatters {
+            writers: vec![Vec::new(); self.fsdp.units.len()],
+            by_step: vec![Vec::new(); self.plan.steps.len()],
+            done: vec![0; self.fsdp.units.len()],
+            in_flight: None,
+        };
+        let in_backward = self.fsdp_scatters_in_backward();
         for (u, unit) in self.fsdp.units.iter().enumerate() {
             if unit.n <= 1 || unit.ids.iter().any(|id| summed.contains(id)) {
                 continue;
@@ -577,54 +601,93 @@ impl<D: Device> Executor<D> {
             w.sort_unstable();
             w.dedup();
             if let Some(&last) = w.last() {
-                order.push((u, w));
-                if self.options.overlap_grad_reduce {
+                for &si in &w {
+                    sc.by_step[si].push(u);
+                }
+                sc.writers[u] = w;
+                if in_backward {
                     resting.scatter_after[last].push(u);
                 }
             }
         }
-        order.sort_by_key(|(_, w)| w.last().copied());
-        self.fsdp.scatters = Scatters { order, next: 0, in_flight: None, started: vec![false; self.fsdp.units.len()] };
+        resting.scatter_waits = !self.options.overlap_grad_reduce;
+        self.fsdp.scatters = sc;
     }
 
-    /// Whether some unit's reduce-scatter can start during the backward.
+    /// Whether reduce-scatters run during the backward: each micro-batch's (sharded
+    /// gradients), or the last one's started beside it (overlapped).
+    fn fsdp_scatters_in_backward(&self) -> bool {
+        self.options.fsdp_sharded_grads || self.options.overlap_grad_reduce
+    }
+
+    /// The covered weights whose whole gradients the last step's micro-batches
+    /// accumulated (each one after the first starts with them): every trained one
+    /// without sharded gradients, else those of units reduced after the backward.
+    pub(super) fn fsdp_carried(&self) -> Vec<TensorId> {
+        if self.fsdp.micro_batches <= 1 {
+            return Vec::new();
+        }
+        let sharded = self.options.fsdp_sharded_grads;
+        let sc = &self.fsdp.scatters;
+        self.fsdp
+            .units
+            .iter()
+            .enumerate()
+            .filter(|&(u, _)| !(sharded && sc.writers.get(u).is_some_and(|w| !w.is_empty())))
+            .flat_map(|(_, unit)| unit.ids.iter().copied())
+            .filter(|&id| self.plan.needs_grad[id])
+            .collect()
+    }
+
+    /// Whether a step tracks its backward steps for FSDP's reduce-scatters.
     pub(super) fn fsdp_overlaps(&self) -> bool {
-        !self.fsdp.scatters.order.is_empty()
+        self.fsdp_scatters_in_backward() && self.fsdp.scatters.writers.iter().any(|w| !w.is_empty())
     }
 
-    /// A new step starts (armed or not): nothing of the last one is in flight.
-    pub(super) fn fsdp_arm(&mut self) {
+    /// A step over `m` micro-batches starts: nothing of the last one is in flight.
+    pub(super) fn fsdp_arm(&mut self, m: u32) {
+        self.fsdp.micro_batches = m;
         self.fsdp.prefetched = None;
         let sc = &mut self.fsdp.scatters;
-        sc.next = 0;
         sc.in_flight = None;
-        sc.started.iter_mut().for_each(|s| *s = false);
+        sc.done.iter_mut().for_each(|d| *d = 0);
     }
 
-    /// In an armed step over `m` micro-batches whose backward steps have run `runs`
-    /// times each: start the reduce-scatter of every unit they made ready, in order.
-    pub(super) fn fsdp_scatter_ready(&mut self, runs: &[u32], m: u32) -> Result<Vec<(String, usize)>, ExecError> {
+    /// In an armed step over `m` micro-batches, backward step `si` ran (each step has
+    /// run `runs` times): run the reduce-scatter of each unit it made ready, in unit
+    /// order (the same on every rank of the group). Returns those started to run beside
+    /// the backward (group, elements).
+    pub(super) fn fsdp_scatter_ready(&mut self, si: usize, runs: &[u32], m: u32) -> Result<Vec<(String, usize)>, ExecError> {
         let mut started = Vec::new();
-        while let Some((u, w)) = self.fsdp.scatters.order.get(self.fsdp.scatters.next) {
-            if w.iter().any(|&si| runs[si] < m) {
-                break;
+        if !self.fsdp_scatters_in_backward() {
+            return Ok(started);
+        }
+        let sharded = self.options.fsdp_sharded_grads;
+        for k in 0..self.fsdp.scatters.by_step.get(si).map_or(0, Vec::len) {
+            let u = self.fsdp.scatters.by_step[si][k];
+            let done = self.fsdp.scatters.done[u];
+            // The micro-batch whose gradients this reduce-scatter would carry.
+            let (due, needs) = if sharded { (done < m, done + 1) } else { (done == 0, m) };
+            if !due || self.fsdp.scatters.writers[u].iter().any(|&w| runs[w] < needs) {
+                continue;
             }
-            let u = *u;
-            self.start_scatter(u, m)?;
-            self.fsdp.scatters.next += 1;
-            let unit = &self.fsdp.units[u];
-            started.push((unit.group.clone(), unit.chunk * unit.n));
+            self.run_scatter(u, m)?;
+            if self.options.overlap_grad_reduce {
+                let unit = &self.fsdp.units[u];
+                started.push((unit.group.clone(), unit.chunk * unit.n));
+            }
         }
         Ok(started)
     }
 
     /// Finish the reduce-scatter in flight, copy unit `u`'s gradients (scaled by 1/`m`)
-    /// into one buffer, free them and start this one's.
-    fn start_scatter(&mut self, u: usize, m: u32) -> Result<(), ExecError> {
+    /// into one buffer, free them and run this one's (started, with
+    /// `overlap_grad_reduce`; else at once).
+    fn run_scatter(&mut self, u: usize, m: u32) -> Result<(), ExecError> {
         // First, so that its buffers are free before this one's is made.
-        if let Some((p, f)) = self.fsdp.scatters.in_flight.take() {
-            self.finish_scatter(p, f)?;
-        }
+        self.fsdp_finish_scatters()?;
+        let first = self.fsdp.scatters.done[u] == 0;
+        self.fsdp.scatters.done[u] += 1;
         let unit = &self.fsdp.units[u];
         let mut flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
         if m > 1 {
@@ -637,14 +700,11 @@ impl<D: Device> Executor<D> {
             self.carry[id] = false;
         }
         let f = self.fsdp_group(u)?.start(Started::ReduceScatter, flat)?;
-        self.fsdp.scatters.in_flight = Some((u, f));
-        self.fsdp.scatters.started[u] = true;
+        self.fsdp.scatters.in_flight = Some((u, first, f));
+        if !self.options.overlap_grad_reduce {
+            self.fsdp_finish_scatters()?;
+        }
         Ok(())
-    }
-
-    fn finish_scatter(&mut self, u: usize, f: InFlight<D::Buffer>) -> Result<(), ExecError> {
-        let mine = self.fsdp_group(u)?.finish(f)?;
-        self.keep_scattered(u, mine)
     }
 
     /// The timed handle of unit `u`'s group.
@@ -654,15 +714,21 @@ impl<D: Device> Executor<D> {
     }
 
     /// Unit `u`'s reduce-scattered chunk `mine`: divided by `mean_over`, into this
-    /// rank's gradient pieces.
-    fn keep_scattered(&mut self, u: usize, mut mine: D::Buffer) -> Result<(), ExecError> {
+    /// rank's gradient pieces (`first`: in place of what they hold; else added).
+    fn keep_scattered(&mut self, u: usize, mut mine: D::Buffer, first: bool) -> Result<(), ExecError> {
         let unit = &mut self.fsdp.units[u];
         if unit.mean_over > 1 {
             self.device.scale(&mut mine, 1.0 / unit.mean_over as f32)?;
         }
         for p in &mut unit.pieces {
             if let Some(g) = p.grad.as_mut() {
-                self.device.copy(g, 0, &mine, p.at, p.range.len())?;
+                if first {
+                    self.device.copy(g, 0, &mine, p.at, p.range.len())?;
+                } else {
+                    let mut part = self.device.alloc(Elem::F32, p.range.len())?;
+                    self.device.copy(&mut part, 0, &mine, p.at, p.range.len())?;
+                    self.device.add_assign(g, &part)?;
+                }
             }
         }
         Ok(())
@@ -810,17 +876,20 @@ impl<D: Device> Executor<D> {
     /// all-reduces: nothing else may run on its group meanwhile).
     pub(super) fn fsdp_finish_scatters(&mut self) -> Result<(), ExecError> {
         match self.fsdp.scatters.in_flight.take() {
-            Some((u, f)) => self.finish_scatter(u, f),
+            Some((u, first, f)) => {
+                let mine = self.fsdp_group(u)?.finish(f)?;
+                self.keep_scattered(u, mine, first)
+            }
             None => Ok(()),
         }
     }
 
-    /// The reduce-scatter of every unit the backward did not start: the whole gradients
+    /// The reduce-scatter of every unit the backward did not reduce: the whole gradients
     /// of the last backward summed over the group and divided by `mean_over`; this
     /// rank's chunk goes to its gradient pieces and the whole gradients are freed.
     pub(super) fn fsdp_reduce_scatter(&mut self) -> Result<(), ExecError> {
         for u in 0..self.fsdp.units.len() {
-            if std::mem::take(&mut self.fsdp.scatters.started[u]) {
+            if self.fsdp.scatters.done.get_mut(u).map(std::mem::take).unwrap_or(0) > 0 {
                 continue;
             }
             let unit = &self.fsdp.units[u];
@@ -833,7 +902,7 @@ impl<D: Device> Executor<D> {
             } else {
                 flat
             };
-            self.keep_scattered(u, mine)?;
+            self.keep_scattered(u, mine, true)?;
             for &id in &self.fsdp.units[u].ids {
                 self.grads[id] = None;
                 self.grad_written[id] = false;

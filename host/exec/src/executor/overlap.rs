@@ -51,8 +51,11 @@ pub(super) struct Buckets<B> {
     list: Vec<Bucket>,
     /// Passes each backward step has run in this step.
     runs: Vec<u32>,
-    /// The step's micro-batches, while a step overlaps its reduction.
+    /// The step's micro-batches, while a step tracks its backward steps (to overlap its
+    /// buckets, or for FSDP's reduce-scatters).
     armed: Option<u32>,
+    /// Whether the step overlaps its buckets.
+    overlapping: bool,
     /// The next bucket to start (they start in order).
     next: usize,
     in_flight: Vec<(usize, InFlight<B>)>,
@@ -61,7 +64,7 @@ pub(super) struct Buckets<B> {
 
 impl<B> Default for Buckets<B> {
     fn default() -> Self {
-        Buckets { list: Vec::new(), runs: Vec::new(), armed: None, next: 0, in_flight: Vec::new(), report: Vec::new() }
+        Buckets { list: Vec::new(), runs: Vec::new(), armed: None, overlapping: false, next: 0, in_flight: Vec::new(), report: Vec::new() }
     }
 }
 
@@ -136,10 +139,11 @@ impl<D: Device> Executor<D> {
     /// Overlap the coming step's reduction with its backward passes over
     /// `micro_batches` micro-batches (when there are buckets and the options allow).
     pub(super) fn arm_buckets(&mut self, micro_batches: usize) {
-        self.fsdp_arm();
+        self.fsdp_arm(micro_batches.max(1) as u32);
         let fsdp = self.fsdp_overlaps();
         let b = &mut self.buckets;
-        b.armed = (self.options.overlap_grad_reduce && (!b.list.is_empty() || fsdp)).then_some(micro_batches.max(1) as u32);
+        b.overlapping = self.options.overlap_grad_reduce && !b.list.is_empty();
+        b.armed = (b.overlapping || fsdp).then_some(micro_batches.max(1) as u32);
         b.runs.iter_mut().for_each(|r| *r = 0);
         b.next = 0;
         b.in_flight.clear();
@@ -151,7 +155,7 @@ impl<D: Device> Executor<D> {
     pub(super) fn bucket_step_done(&mut self, si: usize) -> Result<(), ExecError> {
         let Some(m) = self.buckets.armed else { return Ok(()) };
         self.buckets.runs[si] += 1;
-        while let Some(b) = self.buckets.list.get(self.buckets.next) {
+        while let Some(b) = self.buckets.list.get(self.buckets.next).filter(|_| self.buckets.overlapping) {
             if b.writers.iter().any(|&w| self.buckets.runs[w] < m) {
                 break;
             }
@@ -159,7 +163,7 @@ impl<D: Device> Executor<D> {
             self.buckets.next += 1;
         }
         let runs = std::mem::take(&mut self.buckets.runs);
-        let started = self.fsdp_scatter_ready(&runs, m);
+        let started = self.fsdp_scatter_ready(si, &runs, m);
         self.buckets.runs = runs;
         for (group, elems) in started? {
             self.note_started(group, elems, m);
@@ -196,8 +200,10 @@ impl<D: Device> Executor<D> {
     /// back; returns the step collectives they covered (none when the step did not
     /// overlap).
     pub(super) fn finish_buckets(&mut self) -> Result<Vec<usize>, ExecError> {
-        let Some(m) = self.buckets.armed.take() else {
-            self.profile.grad_buckets.clear();
+        let m = self.buckets.armed.take();
+        let Some(m) = m.filter(|_| self.buckets.overlapping) else {
+            // FSDP's reduce-scatters started in the backward, if any.
+            self.profile.grad_buckets = std::mem::take(&mut self.buckets.report);
             return Ok(Vec::new());
         };
         while self.buckets.next < self.buckets.list.len() {
