@@ -10,7 +10,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use common::{
-    Data, Grads, close, expert_coord, expert_mesh, gather, load_weights, mesh, options,
+    Data, Grads, close, expert_coord, expert_mesh, gather, inputs, load_weights, mesh, options,
     rank_inputs, run, slice, split_axis, train, weights, with_roles,
 };
 use runner_exec::collective::{Collective, ReduceOp};
@@ -653,14 +653,7 @@ fn fsdp_step_over_two_micro_batches_matches_the_full_batch_step() {
                     let o = ExecOptions { fsdp_sharded_grads: sharded, ..options() };
                     let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
                     load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
-                    let batches: Vec<Vec<(&str, Input<'_>)>> = micro
-                        .iter()
-                        .map(|d| {
-                            d.iter()
-                                .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
-                                .collect()
-                        })
-                        .collect();
+                    let batches: Vec<_> = micro.iter().map(inputs).collect();
                     let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
                     let scatters = ex.profile().grad_buckets.len();
                     (loss, ex.gather_weights().unwrap(), ex.memory(), scatters)

@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::{
-    Data, Grads, close, gather, grads, load_weights, mesh, options, rank_inputs, run, split_axis,
+    Data, Grads, close, gather, grads, inputs, load_weights, mesh, options, rank_inputs, run, split_axis,
     train, weights, with_roles,
 };
 use runner_exec::cpu::Cpu;
@@ -459,14 +459,7 @@ fn pp2_step_over_two_micro_batches_matches_the_full_batch_step() {
                     .iter()
                     .map(|d| rank_inputs(&g, &s.graph, d, 0, 1))
                     .collect();
-                let batches: Vec<Vec<(&str, Input<'_>)>> = micro
-                    .iter()
-                    .map(|d| {
-                        d.iter()
-                            .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
-                            .collect()
-                    })
-                    .collect();
+                let batches: Vec<_> = micro.iter().map(inputs).collect();
                 let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
                 let loss = ex
                     .step_micro_batches(&batches, &runner_exec::executor::ADAMW_DEFAULT)

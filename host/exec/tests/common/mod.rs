@@ -33,7 +33,8 @@ pub fn options() -> ExecOptions {
     }
 }
 
-fn inputs(data: &Data) -> Vec<(&str, Input<'_>)> {
+/// `data` as the executor's named inputs.
+pub fn inputs(data: &Data) -> Vec<(&str, Input<'_>)> {
     data.iter()
         .map(|(n, u, _)| (n.as_str(), Input::U32(u)))
         .collect()
