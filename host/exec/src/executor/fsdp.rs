@@ -233,8 +233,9 @@ impl Resting {
     /// Which units a whole pass gathers before each op or step: walking it as the
     /// passes run ([`Executor::fsdp_gather_before`]), a unit is gathered when a reader
     /// needs one of its weights that is not whole, and each weight freed after its last
-    /// reader; with `prefetch`, each gather but the last starts the next one's.
-    fn plan_gathers(&mut self, g: &Graph, unit_of: &HashMap<TensorId, usize>, units: &[Vec<TensorId>], prefetch: bool) {
+    /// reader; with `prefetch`, each gather but the last starts the next one's. Needs
+    /// `units`.
+    fn plan_gathers(&mut self, g: &Graph, unit_of: &HashMap<TensorId, usize>, prefetch: bool) {
         self.prefetch = prefetch;
         for p in [Pass::Forward, Pass::Backward] {
             let mut whole = vec![false; self.kept.len()];
@@ -247,7 +248,7 @@ impl Resting {
                         }
                         let Some(&u) = unit_of.get(&i) else { continue };
                         let mut reads = Vec::new();
-                        for &id in &units[u] {
+                        for &id in &self.units[u].0 {
                             if self.reads(p, id) && !whole[id] {
                                 whole[id] = true;
                                 reads.push(id);
@@ -562,9 +563,8 @@ impl<D: Device> Executor<D> {
         }
         resting.index();
         let unit_of: HashMap<TensorId, usize> = self.fsdp.owner.iter().map(|(&id, &(u, _))| (id, u)).collect();
-        let weights: Vec<Vec<TensorId>> = self.fsdp.units.iter().map(|u| u.ids.clone()).collect();
         resting.units = self.fsdp.units.iter().map(|u| (u.ids.clone(), (u.chunk * u.n) as u64, u.chunk as u64)).collect();
-        resting.plan_gathers(&self.graph, &unit_of, &weights, self.options.fsdp_prefetch);
+        resting.plan_gathers(&self.graph, &unit_of, self.options.fsdp_prefetch);
         self.plan_scatters(step, &mut resting);
         self.fsdp.resting = Some(resting);
         Ok(())
@@ -580,12 +580,7 @@ impl<D: Device> Executor<D> {
             .filter(|sc| sc.kind == OpKind::AllReduce)
             .flat_map(|sc| sc.weights.iter().filter_map(|w| self.graph.tensor_id(w)))
             .collect();
-        let mut writers: Vec<Vec<usize>> = vec![Vec::new(); self.graph.tensors.len()];
-        for (si, s) in self.plan.steps.iter().enumerate() {
-            for go in &s.grads_out {
-                writers[go.tensor].push(si);
-            }
-        }
+        let writers = self.grad_writers();
         let mut sc = Scatters {
             writers: vec![Vec::new(); self.fsdp.units.len()],
             by_step: vec![Vec::new(); self.plan.steps.len()],
@@ -640,7 +635,7 @@ impl<D: Device> Executor<D> {
     }
 
     /// Whether a step tracks its backward steps for FSDP's reduce-scatters.
-    pub(super) fn fsdp_overlaps(&self) -> bool {
+    pub(super) fn fsdp_tracks_backward(&self) -> bool {
         self.fsdp_scatters_in_backward() && self.fsdp.scatters.writers.iter().any(|w| !w.is_empty())
     }
 
@@ -688,16 +683,10 @@ impl<D: Device> Executor<D> {
         self.fsdp_finish_scatters()?;
         let first = self.fsdp.scatters.done[u] == 0;
         self.fsdp.scatters.done[u] += 1;
-        let unit = &self.fsdp.units[u];
-        let mut flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
+        let mut flat = self.take_unit_grads(u)?;
         if m > 1 {
             // Exactly the scaling `step_micro_batches` gives each gradient.
             self.device.scale(&mut flat, 1.0 / m as f32)?;
-        }
-        for &id in &unit.ids {
-            self.grads[id] = None;
-            self.grad_written[id] = false;
-            self.carry[id] = false;
         }
         let f = self.fsdp_group(u)?.start(Started::ReduceScatter, flat)?;
         self.fsdp.scatters.in_flight = Some((u, first, f));
@@ -705,6 +694,19 @@ impl<D: Device> Executor<D> {
             self.fsdp_finish_scatters()?;
         }
         Ok(())
+    }
+
+    /// Unit `u`'s whole gradients, laid end to end and padded with zeros to the group's
+    /// chunks (what its reduce-scatter moves), and freed.
+    fn take_unit_grads(&mut self, u: usize) -> Result<D::Buffer, ExecError> {
+        let unit = &self.fsdp.units[u];
+        let flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
+        for &id in &unit.ids {
+            self.grads[id] = None;
+            self.grad_written[id] = false;
+            self.carry[id] = false;
+        }
+        Ok(flat)
     }
 
     /// The timed handle of unit `u`'s group.
@@ -892,21 +894,16 @@ impl<D: Device> Executor<D> {
             if self.fsdp.scatters.done.get_mut(u).map(std::mem::take).unwrap_or(0) > 0 {
                 continue;
             }
-            let unit = &self.fsdp.units[u];
-            // Padded with zeros to the group's chunks.
-            let flat = self.flat_grads(&unit.ids, unit.chunk * unit.n)?;
-            let mine = if unit.n > 1 {
-                let mut mine = self.device.alloc(Elem::F32, unit.chunk)?;
+            let flat = self.take_unit_grads(u)?;
+            let (n, chunk) = (self.fsdp.units[u].n, self.fsdp.units[u].chunk);
+            let mine = if n > 1 {
+                let mut mine = self.device.alloc(Elem::F32, chunk)?;
                 self.fsdp_group(u)?.reduce_scatter(&flat, &mut mine)?;
                 mine
             } else {
                 flat
             };
             self.keep_scattered(u, mine, true)?;
-            for &id in &self.fsdp.units[u].ids {
-                self.grads[id] = None;
-                self.grad_written[id] = false;
-            }
         }
         Ok(())
     }

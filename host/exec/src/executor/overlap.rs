@@ -97,12 +97,7 @@ impl<D: Device> Executor<D> {
                 && !fsdp.contains(&sc.group.as_str())
                 && !used(&sc.group)
         };
-        let mut writers: Vec<Vec<usize>> = vec![Vec::new(); self.graph.tensors.len()];
-        for (si, step) in self.plan.steps.iter().enumerate() {
-            for go in &step.grads_out {
-                writers[go.tensor].push(si);
-            }
-        }
+        let writers = self.grad_writers();
         let mut list = Vec::new();
         for (i, sc) in self.comm.step.iter().enumerate().filter(|(_, sc)| overlaps(sc)) {
             let cap = self
@@ -136,11 +131,23 @@ impl<D: Device> Executor<D> {
         self.buckets = Buckets { list, runs: vec![0; self.plan.steps.len()], ..Buckets::default() };
     }
 
+    /// Per tensor, the backward steps that write its gradient (in step order): when a
+    /// bucket, or an FSDP unit, has its gradients final.
+    pub(super) fn grad_writers(&self) -> Vec<Vec<usize>> {
+        let mut writers: Vec<Vec<usize>> = vec![Vec::new(); self.graph.tensors.len()];
+        for (si, step) in self.plan.steps.iter().enumerate() {
+            for go in &step.grads_out {
+                writers[go.tensor].push(si);
+            }
+        }
+        writers
+    }
+
     /// Overlap the coming step's reduction with its backward passes over
     /// `micro_batches` micro-batches (when there are buckets and the options allow).
     pub(super) fn arm_buckets(&mut self, micro_batches: usize) {
         self.fsdp_arm(micro_batches.max(1) as u32);
-        let fsdp = self.fsdp_overlaps();
+        let fsdp = self.fsdp_tracks_backward();
         let b = &mut self.buckets;
         b.overlapping = self.options.overlap_grad_reduce && !b.list.is_empty();
         b.armed = (b.overlapping || fsdp).then_some(micro_batches.max(1) as u32);
