@@ -56,7 +56,7 @@ hyb=[abs(c['error']) for c in v['checked'] if c['family']=='nemotronh']
 rest=[abs(c['error']) for c in v['checked'] if c['family']!='nemotronh']
 tmpl=open('scripts/validation-doc.template.md').read()
 doc=tmpl.format(n=o['points'],median=f"{100*o['median']:.2f} %",p90=pct(o['p90']),max=pct(o['max']),
-  median_verdict=verdict(o['median'],0.05), p90_verdict=verdict(o['p90'],0.15), test_verdict=verdict(o['median'],0.08), ndense=len(dense), dense_median=pct(dm), nfull=len(full), full_median=f"{100*fm:.2f} %", nlora=len(lora), lora_errors=' and '.join(f"{100*c['error']:+.1f} %" for c in lora), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']), nover=nover, hybrid_median=pct(median(hyb)), rest_median=f"{100*median(rest):.2f} %", rest_p90=pct(p90(rest)), over_list=', '.join(str(c['index']) for c in v['checked'] if abs(c['error'])>0.15),
+  median_verdict=verdict(o['median'],0.05), p90_verdict=verdict(o['p90'],0.15), ndense=len(dense), dense_median=pct(dm), nfull=len(full), full_median=f"{100*fm:.2f} %", nlora=len(lora), lora_errors=' and '.join(f"{100*c['error']:+.1f} %" for c in lora), hmed=pct(hmed), hp90=pct(hp90), nunsup=len(v['unsupported']), nover=nover, hybrid_median=pct(median(hyb)), rest_median=f"{100*median(rest):.2f} %", rest_p90=pct(p90(rest)), over_list=', '.join(str(c['index']) for c in v['checked'] if abs(c['error'])>0.15),
   **{f'r{i}': run_error(i) for i in by_index},
   cal=cal.strip(), over_table="\n".join(over), groups="\n".join(groups), hold="\n".join(hold), points="\n".join(points), unsup="\n".join(unsup))
 open('docs/VALIDATION.md','w').write(doc)

@@ -23,14 +23,17 @@ fn every_workload_file_runs() {
         }
         assert!(outcome.model.flops_per_token > 0.0);
         // Every row is either a projected layout that fits on exactly that many GPUs,
-        // whose days follow from its throughput, or says why nothing fits.
+        // whose days are its steps (tokens over the global batch's tokens) times its step
+        // time, or says why nothing fits.
         for (s, r) in outcome.series.iter().flat_map(|s| s.rows.iter().map(move |r| (s, r))) {
             match (&r.projection, r.days) {
                 (Some(p), Some(days)) => {
                     assert!(p.fits, "{}: {} GPUs", path.display(), r.gpus);
                     assert_eq!(p.layout.gpus(), u64::from(r.gpus), "{}", path.display());
-                    let want = outcome.model.tokens / (p.tokens_per_sec_per_gpu * f64::from(r.gpus)) / 86_400.0;
-                    assert!((days / want - 1.0).abs() < 1e-9, "{}", path.display());
+                    assert_eq!(p.layout.gbs, r.global_batch, "{}", path.display());
+                    let steps = outcome.model.tokens / (f64::from(r.global_batch) * f64::from(outcome.model.seq_len));
+                    let want = steps * p.step_time_s / 86_400.0;
+                    assert!((days / want - 1.0).abs() < 1e-9, "{}: {days} days, {want} from the steps", path.display());
                     assert_eq!(r.gpus % s.gpu.gpus_per_node, 0, "whole nodes");
                 }
                 (None, None) => assert!(r.why_not.as_deref().is_some_and(|w| !w.is_empty())),

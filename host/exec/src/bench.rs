@@ -467,23 +467,32 @@ pub fn quant_bench(rows: usize, cols: usize, samples: usize) -> Vec<QuantRow> {
 mod tests {
     use super::*;
 
+    /// The rates count what the tools they are compared with count: 2·M·N·K FLOPs per
+    /// GEMM (cuBLAS, PyTorch), STREAM's bytes (copy reads and writes each element: 2
+    /// arrays; triad 3), and a quantiser's f32 input.
     #[test]
-    fn gemm_and_memory_rows_are_sane() {
+    fn gemm_and_memory_rows_count_as_the_reference_tools() {
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
         let rows = gemm_bench(&[64]);
         assert_eq!(rows.len(), 1);
-        assert!(
-            rows[0].gflops > 0.1 && rows[0].gflops.is_finite(),
-            "{rows:?}"
-        );
+        let r = &rows[0];
+        assert_eq!((r.m, r.n, r.k), (64, 64, 64));
+        assert!(r.time.median > 0.0 && r.time.min <= r.time.median, "{rows:?}");
+        assert!(close(r.gflops, 2.0 * 64f64.powi(3) / r.time.median / 1e9), "{rows:?}");
+        assert!(close(r.best_gflops, 2.0 * 64f64.powi(3) / r.time.min / 1e9), "{rows:?}");
         let q = quant_bench(64, 256, 2);
         assert_eq!(q.len(), 9);
-        assert!(q.iter().all(|r| r.gbps > 0.0 && r.gbps.is_finite() && r.threads == 1), "{q:?}");
-        let mem = memory_bench_with(1 << 16, 3);
-        assert_eq!(mem.len(), 2);
-        assert!(
-            mem.iter().all(|r| r.gbps > 0.1 && r.gbps.is_finite()),
-            "{mem:?}"
-        );
+        for r in &q {
+            assert_eq!((r.elements, r.threads), (64 * 256, 1), "{r:?}");
+            assert!(close(r.gbps, (r.elements * 4) as f64 / r.time.median / 1e9), "{r:?}");
+        }
+        let elems = 1 << 16;
+        let mem = memory_bench_with(elems, 3);
+        let kinds: Vec<(&str, u64)> = mem.iter().map(|r| (r.kernel.as_str(), r.bytes)).collect();
+        assert_eq!(kinds, [("copy", 2 * 4 * elems as u64), ("triad", 3 * 4 * elems as u64)]);
+        for r in &mem {
+            assert!(r.time.median > 0.0 && close(r.gbps, r.bytes as f64 / r.time.median / 1e9), "{r:?}");
+        }
     }
 }
 

@@ -127,8 +127,12 @@ fn plans_change_gradients_by_their_precision() {
     };
     let bf16 = rel(&grads(Some(SitePlan::float(DType::BF16))));
     let f8 = rel(&grads(Some(hybrid(Scaling::Current { margin: 0 }))));
-    assert!(bf16 > 0.0 && bf16 < 0.02, "bf16 gradient error {bf16}");
-    assert!(f8 > 2.0 * bf16 && f8 < 0.5, "fp8 gradient error {f8} vs bf16 {bf16}");
+    // Measured: 0.60 % and 9.8 %. BF16 stays within four of its unit roundoffs (2^-8)
+    // after two steps through the toy's linears; FP8 lies between E4M3's unit roundoff
+    // (2^-5: below it, most operands were not quantised) and E5M2's (2^-3, the
+    // gradients' format: above it, more error than the coarsest format explains).
+    assert!(bf16 > 2f64.powi(-11) && bf16 < 4.0 * 2f64.powi(-8), "bf16 gradient error {bf16}");
+    assert!(f8 > 2f64.powi(-5) && f8 < 2f64.powi(-3), "fp8 gradient error {f8}");
 }
 
 /// Delayed scaling: the first step takes the current amax (no cold start); later steps

@@ -24,17 +24,20 @@ use runner_project::template::{Dispatcher, Kernels, Measured, Rates, ShardKey, T
 
 use common::{layout, projector};
 
-/// The accuracy target of the projection issue, as a test: every published point is
-/// projected or listed as unsupported with its reason, and the median absolute step-time
-/// error stays under 8 % (docs/VALIDATION.md has the table and the 5 % / 15 % targets).
+/// The accuracy targets of the projection issue, as a test: every published point is
+/// projected or listed as unsupported with its reason, at least the 113 projected today
+/// stay projected, and the absolute step-time error is at most 5 % at the median and 15 %
+/// at p90 (docs/VALIDATION.md has the table; a change that breaks either target fails
+/// here rather than in the page).
 #[test]
 fn published_runs_are_projected_within_the_accuracy_target() {
     let points = common::calibration();
     let v = published::validate(&points, &Profiles::builtin(), &mut common::Native, &|_| {});
     assert_eq!(v.checked.len() + v.unsupported.len(), points.len(), "no point may be dropped");
     assert!(v.unsupported.iter().all(|u| !u.reason.is_empty()));
-    assert!(v.checked.len() >= 80, "only {} points projected", v.checked.len());
-    assert!(v.overall.median <= 0.08, "median absolute step-time error {:.1} %", 100.0 * v.overall.median);
+    assert!(v.checked.len() >= 113, "only {} points projected", v.checked.len());
+    assert!(v.overall.median <= 0.05, "median absolute step-time error {:.2} %", 100.0 * v.overall.median);
+    assert!(v.overall.p90 <= 0.15, "p90 absolute step-time error {:.1} %", 100.0 * v.overall.p90);
     // Each point's breakdown is that of the projection it reports (the recompute-to-fit
     // one where the published layout needed it), so its parts add up to the prediction.
     for c in &v.checked {

@@ -78,15 +78,22 @@ pub fn flops_per_sample(graph: GraphFn, variant: &str, seq: u32, layers: u32, co
     count::model_flops_per_step(&host_graph(graph, variant, seq, 1, layers), conv)
 }
 
-/// Relative error of `got` against `want`, printed for the test log.
-pub fn rel_err(what: &str, got: f64, want: f64) -> f64 {
-    let e = (got - want) / want;
-    println!("{what}: {got:.4e} vs published {want:.4e} ({:+.3}%)", 100.0 * e);
-    e
+/// Assert that counting causal attention as T/2 keys saves exactly half the attention
+/// scores of `layers` layers at `seq`: forward, and backward twice over, of Q·Kᵀ
+/// (2·T²·`qk_width` FLOPs) and P·V (2·T²·`v_width`), where a width is heads × head dim.
+/// Catches an attention op built without its causal flag, with the wrong head count or
+/// dims, or missing from some layers.
+pub fn assert_causal_halves_scores(graph: GraphFn, variant: &str, seq: u32, layers: u32, qk_width: u32, v_width: u32) {
+    let full = flops_per_sample(graph, variant, seq, 0, &Convention::FULL);
+    let causal = flops_per_sample(graph, variant, seq, 0, &Convention::CAUSAL);
+    let t2 = f64::from(seq) * f64::from(seq);
+    let scores = 3.0 * 2.0 * t2 * f64::from(qk_width + v_width) * f64::from(layers);
+    assert_close(&format!("{variant} FLOPs/sample, full less causal"), full - causal, scores / 2.0, 1e-9);
 }
 
-/// Assert `got` is within `tol` (fraction) of `want`.
+/// Assert `got` is within `tol` (fraction) of `want` (printed for the test log either way).
 pub fn assert_close(what: &str, got: f64, want: f64, tol: f64) {
-    let e = rel_err(what, got, want);
+    let e = (got - want) / want;
+    println!("{what}: {got:.4e} vs {want:.4e} ({:+.3}%)", 100.0 * e);
     assert!(e.abs() <= tol, "{what}: {got:.4e} is {:+.3}% from {want:.4e} (tolerance {:.2}%)", 100.0 * e, 100.0 * tol);
 }
