@@ -233,6 +233,11 @@ pub struct GpuProfile {
     /// unknown, and a layout that offloads is refused on this GPU.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_link_gbs: Option<f64>,
+    /// Host memory per GPU, GiB (the node's system memory over its GPUs; a Grace CPU's
+    /// over the two GPUs it serves): what offloaded activations must fit in. Absent:
+    /// unknown, and a layout that offloads is refused on this GPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_memory_gib: Option<f64>,
     pub peak_tflops: Peaks,
     pub efficiency: Efficiency,
     /// Another GPU whose efficiencies this one takes when it has none of its own (the
@@ -298,6 +303,7 @@ impl GpuProfile {
         ];
         let optional = [
             ("host_link_gbs", self.host_link_gbs, 0.01, 1e6),
+            ("host_memory_gib", self.host_memory_gib, 0.1, 1e7),
             ("peak_tflops.fp8", self.peak_tflops.get(GemmFormat::Fp8), 0.01, 1e6),
             ("peak_tflops.mxfp8", self.peak_tflops.get(GemmFormat::Mxfp8), 0.01, 1e6),
             ("peak_tflops.nvfp4", self.peak_tflops.get(GemmFormat::Nvfp4), 0.01, 1e6),

@@ -532,8 +532,8 @@ pub fn validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolv
                     let add = format!("{rc} to fit in memory");
                     note = if note.is_empty() { add } else { format!("{note}; {add}") };
                 }
-                if !proj.fits {
-                    let add = format!("does not fit: needs {:.1} GiB of {:.0}", proj.memory.total, proj.memory.capacity);
+                if let Some(short) = proj.memory.shortfall() {
+                    let add = format!("does not fit: {short}");
                     note = if note.is_empty() { add } else { format!("{note}; {add}") };
                 }
                 checked.push(Checked {

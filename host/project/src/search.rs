@@ -73,6 +73,9 @@ pub enum Verdict {
     Speed { layout: String, step_time_s: f64, slower: f64 },
     /// Every layout of the family that divides evenly needs more memory than the GPU has.
     Memory { layout: String, need_gib: f64, have_gib: f64 },
+    /// Its layouts fit the GPU only by offloading more activations than host memory
+    /// holds (GiB per GPU).
+    HostMemory { layout: String, need_gib: f64, have_gib: f64 },
     /// No layout of the family divides the model and the batch.
     Divisibility { reason: String },
 }
@@ -364,6 +367,9 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                 (Some(b), _, Some(w)) => {
                     Verdict::Speed { layout: b.layout.short(), step_time_s: b.step_time_s, slower: b.step_time_s / w }
                 }
+                (None, Some(l), _) if l.memory.gpu_fits() => {
+                    Verdict::HostMemory { layout: l.layout.short(), need_gib: l.memory.host_offload, have_gib: l.memory.host_capacity }
+                }
                 (None, Some(l), _) => Verdict::Memory { layout: l.layout.short(), need_gib: l.memory.total, have_gib: l.memory.capacity },
                 _ => Verdict::Divisibility { reason: t.reason.unwrap_or_else(|| "no layout of this family divides the model and batch".into()) },
             };
@@ -409,7 +415,8 @@ fn order(v: &Verdict) -> f64 {
     match v {
         Verdict::Best { .. } => 0.0,
         Verdict::Speed { slower, .. } => *slower,
-        Verdict::Memory { need_gib, .. } => 1e6 + need_gib,
+        Verdict::HostMemory { need_gib, .. } => 1e6 + need_gib / 1e3,
+        Verdict::Memory { need_gib, .. } => 2e6 + need_gib,
         Verdict::Divisibility { .. } => 1e12,
     }
 }
@@ -435,39 +442,47 @@ fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut
         return Ok(rc);
     }
     Ok(match offload_to_fit(c, &s, layers, evaluated)? {
-        Some(o) if !rc.fits || o.step_time_s < rc.step_time_s => o,
+        Ok(o) if !rc.fits || o.step_time_s < rc.step_time_s => o,
+        // Nothing fits, and offload fits the GPU but not the host: the closer miss, and
+        // the one that says what stands in the way.
+        Err(o) if !rc.fits && o.memory.gpu_fits() => o,
         _ => rc,
     })
 }
 
 /// The fewest layers per chunk whose activations, offloaded to host memory, make schedule
-/// `s` fit without recompute (binary search: memory falls and time grows with every layer
-/// offloaded), or none when offloading every layer is not enough.
+/// `s` fit without recompute (binary search: GPU memory falls and time grows with every
+/// layer offloaded); `Err` with the closest miss when offloading every layer is not enough
+/// for the GPU, or the fewest that are enough need more host memory than there is.
 ///
 /// # Errors
-/// The schedule does not divide ([`Reject::Divisibility`]), or the GPU has no host link.
-pub fn offload_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Option<Projection>, Reject> {
+/// The schedule does not divide ([`Reject::Divisibility`]), or the GPU's profile gives no
+/// host link or host memory.
+pub fn offload_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Result<Projection, Projection>, Reject> {
     let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
     let at = |n: u32| {
         *evaluated += 1;
         c.evaluate(&Schedule { offload_layers: n, ..*s })
     };
-    Ok(fewest_that_fit(chunk, at)?.ok())
+    fewest_that_fit(chunk, at)
 }
 
-/// The projection at the fewest n in 1..=`chunk` that fits, where memory falls with n (a
-/// binary search); `Err` with the projection at `chunk` when not even that fits.
+/// The projection at the fewest n in 1..=`chunk` whose GPU memory fits, where GPU memory
+/// falls with n (a binary search); `Err` with the projection at `chunk` when not even that
+/// fits the GPU, or with the one found when it does not fit the host (offloaded
+/// activations grow with n, so no larger n fits the host either).
 fn fewest_that_fit(chunk: u32, mut at: impl FnMut(u32) -> Result<Projection, Reject>) -> Result<Result<Projection, Projection>, Reject> {
     let all = at(chunk)?;
-    if !all.fits {
+    if !all.memory.gpu_fits() {
         return Ok(Err(all));
     }
     let (mut lo, mut hi) = (0u32, chunk);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
-        if at(mid)?.fits { hi = mid } else { lo = mid }
+        if at(mid)?.memory.gpu_fits() { hi = mid } else { lo = mid }
     }
-    Ok(Ok(if hi == chunk { all } else { at(hi)? }))
+    let fewest = if hi == chunk { all } else { at(hi)? };
+    Ok(if fewest.fits { Ok(fewest) } else { Err(fewest) })
 }
 
 /// The selective-recompute module lists a layout that does not fit may take: the

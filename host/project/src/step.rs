@@ -338,6 +338,40 @@ pub struct Memory {
     pub capacity: f64,
     /// The pipeline stage it is on.
     pub stage: u32,
+    /// Activations offloaded to host memory per GPU, GiB (the most loaded stage's: not
+    /// part of `total`); 0 without offload.
+    #[serde(default)]
+    pub host_offload: f64,
+    /// Host memory per GPU, GiB (0: unknown, and then nothing offloads).
+    #[serde(default)]
+    pub host_capacity: f64,
+}
+
+impl Memory {
+    /// Whether the GPU holds its part.
+    pub fn gpu_fits(&self) -> bool {
+        self.total <= self.capacity
+    }
+
+    /// Whether the host holds the offloaded activations.
+    pub fn host_fits(&self) -> bool {
+        self.host_offload <= self.host_capacity
+    }
+
+    pub fn fits(&self) -> bool {
+        self.gpu_fits() && self.host_fits()
+    }
+
+    /// What does not fit, in words; `None` when everything does.
+    pub fn shortfall(&self) -> Option<String> {
+        if !self.gpu_fits() {
+            Some(format!("needs {:.1} GiB per GPU of {:.0}", self.total, self.capacity))
+        } else if !self.host_fits() {
+            Some(format!("offloads {:.0} GiB of activations per GPU to {:.0} GiB of host memory", self.host_offload, self.host_capacity))
+        } else {
+            None
+        }
+    }
 }
 
 /// A projected step.
@@ -458,8 +492,8 @@ pub struct Costed {
     tied_frozen: f64,
     stage_message_bytes: f64,
     rates: Rates,
-    /// Achieved host-link bytes/s per direction, if the GPU's profile gives the link.
-    host_bps: Option<f64>,
+    /// The host side of activation offload, if the GPU's profile gives it.
+    host: Option<Host>,
     capacity: f64,
     reserved: f64,
     slack: f64,
@@ -484,6 +518,15 @@ pub struct Costed {
     largest: [f64; 3],
 }
 
+/// What activation offload goes over and into.
+#[derive(Clone, Copy, Debug)]
+struct Host {
+    /// Achieved host-link bytes/s per direction.
+    bps: f64,
+    /// Host memory per GPU, GiB.
+    capacity: f64,
+}
+
 /// One pipeline stage's sums in [`Costed::evaluate`]: time per micro-batch, stored
 /// activations, parameters, the breakdown's parts, and the offloaded activations' buffer
 /// (one layer's stays on the GPU as the copy in flight).
@@ -494,6 +537,8 @@ struct Stage {
     params: StageParams,
     comp: [f64; COMP],
     offload: f64,
+    /// Activations of one micro-batch it offloads to host memory.
+    host: f64,
     /// Its forward and backward, the embedding and head sides it holds included (what
     /// data-parallel traffic hides behind), and how many transformer layers it holds.
     fwd: f64,
@@ -690,7 +735,7 @@ impl Costed {
             tied: template.post.tied_params,
             tied_frozen: template.post.tied_frozen_params,
             stage_message_bytes: template.stage_message_bytes,
-            host_bps: gpu.host_link_gbs.map(|g| g * 1e9 * HOST_LINK_EFFICIENCY),
+            host: gpu.host_link_gbs.zip(gpu.host_memory_gib).map(|(gbs, gib)| Host { bps: gbs * 1e9 * HOST_LINK_EFFICIENCY, capacity: gib }),
             rates,
             capacity: gpu.memory_gib,
             reserved: gpu.efficiency.reserved_gib,
@@ -707,9 +752,10 @@ impl Costed {
         })
     }
 
-    /// Whether the GPU's profile gives a host link to offload activations over.
+    /// Whether the GPU's profile gives a host link to offload activations over, and host
+    /// memory to hold them.
     pub fn can_offload(&self) -> bool {
-        self.host_bps.is_some()
+        self.host.is_some()
     }
 
     /// The modules of `m` this model has: recomputing one it lacks (a dense model's
@@ -778,12 +824,12 @@ impl Costed {
                 "Muon runs under Megatron's layer-wise distributed optimizer (whole weights per data-parallel rank), not FSDP".into(),
             ));
         }
-        let host_bps = match (s.offload_layers, self.host_bps) {
+        let host_bps = match (s.offload_layers, self.host) {
             (0, _) => 0.0,
-            (_, Some(b)) => b,
+            (_, Some(h)) => h.bps,
             (_, None) => {
                 return Err(Reject::Unsupported(
-                    "activation offload needs the GPU's host link bandwidth (host_link_gbs in its profile, --profile FILE)".into(),
+                    "activation offload needs the GPU's host link bandwidth and host memory (host_link_gbs and host_memory_gib in its profile, --profile FILE)".into(),
                 ));
             }
         };
@@ -818,6 +864,7 @@ impl Costed {
                 stage.t += exposed;
                 stage.comp[OFFLOAD] += exposed;
                 stage.acts -= bytes;
+                stage.host += bytes;
                 stage.offload = stage.offload.max(bytes);
             }
             let sums = &self.sums;
@@ -949,6 +996,11 @@ impl Costed {
         let step = breakdown.total();
         // Memory, the most loaded stage.
         let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
+        // Offloaded activations wait in host memory for their backward, for every
+        // micro-batch in flight, as they would have on the GPU.
+        let host_gib = (0..pp)
+            .map(|st| self.in_flight(st, pp, vp, m) * stages[st].host * (1.0 + self.slack) / GIB)
+            .fold(0.0, f64::max);
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
             let StageParams { dense: d, expert: e, frozen: f, low: lw, .. } = *p;
@@ -993,9 +1045,12 @@ impl Costed {
                     total,
                     capacity: self.capacity,
                     stage: st as u32,
+                    ..Memory::default()
                 };
             }
         }
+        worst.host_offload = host_gib;
+        worst.host_capacity = self.host.map_or(0.0, |h| h.capacity);
         let sequences = f64::from(s.global_batch);
         let n = gpus as f64;
         let tflops = self.flops_per_sequence * sequences / step / n / 1e12;
@@ -1007,7 +1062,7 @@ impl Costed {
             model_tflops_per_gpu: tflops,
             mfu: tflops * 1e12 / self.peak,
             memory_per_gpu_gib: worst.total,
-            fits: worst.total <= worst.capacity,
+            fits: worst.fits(),
             memory: worst,
             breakdown,
             micro_batches: m,

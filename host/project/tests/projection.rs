@@ -885,7 +885,26 @@ fn offloaded_activations_leave_the_gpu_and_cost_what_the_host_link_cannot_hide()
         assert!(off.breakdown.offload > 0.0, "{gpu}");
         assert!((off.step_time_s - none.step_time_s - off.breakdown.offload).abs() < 1e-9, "{gpu}");
         assert_eq!((off.breakdown.compute, none.breakdown.offload), (none.breakdown.compute, 0.0));
+        // The 8 layers' activations wait in host memory (one micro-batch in flight
+        // without a pipeline); 7 of them are what the GPU saves, the 8th's room it keeps
+        // for the copy.
+        assert_eq!(none.memory.host_offload, 0.0);
+        let saved = none.memory.activations - off.memory.activations;
+        assert!((off.memory.host_offload / saved - 8.0 / 7.0).abs() < 1e-9, "{gpu}: {} GiB on the host, {saved} saved", off.memory.host_offload);
+        assert!(off.fits && off.memory.host_offload < off.memory.host_capacity, "{gpu}");
     }
+    // The host has to hold them: a node with less host memory refuses the layout and
+    // says why.
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    pr.gpu.host_memory_gib = Some(5.0);
+    let small = pr.project(&LayoutSpec { offload_layers: 8, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap();
+    assert!(small.memory.gpu_fits() && !small.fits, "{:?}", small.memory);
+    let why = small.memory.shortfall().unwrap();
+    assert!(why.contains("offloads 9 GiB of activations per GPU to 5 GiB of host memory"), "{why}");
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    pr.gpu.host_memory_gib = None;
+    let err = pr.project(&LayoutSpec { offload_layers: 8, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap_err();
+    assert!(err.contains("host_memory_gib"), "{err}");
     // At MBS1 and 8192 tokens a Llama 3.1 8B layer stores ~1 GB: PCIe takes longer to
     // move it than the layer computes, NVLink-C2C much less so.
     let (h, g) = (run("h100", 8), run("gb200", 8));
@@ -913,7 +932,7 @@ fn a_layout_that_does_not_fit_offloads_the_fewest_layers_that_fit_where_the_link
     assert!(!gb.project(&l).unwrap().fits);
     let layers = gb.model.depth.len() as u32;
     let c = gb.costed(l.key(), l.kernels).unwrap();
-    let p = search::offload_to_fit(c, &l.schedule(), layers, &mut 0).unwrap().expect("offloading every layer fits");
+    let p = search::offload_to_fit(c, &l.schedule(), layers, &mut 0).unwrap().expect("offloading enough layers fits");
     let n = p.layout.offload_layers;
     assert!(p.fits && n > 0 && n < layers, "{}", p.layout.short());
     assert!(!c.evaluate(&Schedule { offload_layers: n - 1, ..l.schedule() }).unwrap().fits, "{n} is not the fewest");
@@ -930,6 +949,25 @@ fn a_layout_that_does_not_fit_offloads_the_fewest_layers_that_fit_where_the_link
     // A space that fixes the offload keeps it.
     let fixed = Space { offload_layers: Some(0), ..space };
     assert_eq!(search::search(&mut gb, 64, 256, &fixed, 1).best[0].layout.offload_layers, 0);
+    // With less host memory than the fewest offloaded layers take, offload is out: the
+    // search recomputes instead, and held to those layers without recompute says the
+    // host is short.
+    let mut small = projector("llama3.1-70b", 8192, "gb200", Recipe::Fp8);
+    small.gpu.host_memory_gib = Some(0.99 * p.memory.host_offload);
+    let c = small.costed(l.key(), l.kernels).unwrap();
+    let miss = search::offload_to_fit(c, &l.schedule(), layers, &mut 0).unwrap().unwrap_err();
+    assert_eq!(miss.layout.offload_layers, n);
+    assert!(miss.memory.gpu_fits() && !miss.memory.host_fits());
+    let best = &search::search(&mut small, 64, 256, &space, 1).best[0];
+    assert_eq!(best.layout.offload_layers, 0, "{}", best.layout.short());
+    let none = Space { recompute: Some(RecomputePolicy::None), offload_layers: Some(n), ..space };
+    let found = search::search(&mut small, 64, 256, &none, 1);
+    assert!(found.best.is_empty());
+    assert!(
+        found.families.iter().any(|f| matches!(&f.verdict, Verdict::HostMemory { need_gib, have_gib, .. } if need_gib > have_gib)),
+        "{:?}",
+        found.families
+    );
 }
 
 /// Muon under the layer-wise distributed optimizer (Megatron's `dist_muon`): 8 bytes of

@@ -926,6 +926,19 @@ fn nothing_fits(families: &[search::Family]) -> String {
             _ => None,
         })
         .min_by(|a, b| a.0.total_cmp(b.0));
+    // A family that fits the GPU by offloading came closer than any that does not.
+    let host = families
+        .iter()
+        .filter_map(|f| match &f.verdict {
+            Verdict::HostMemory { layout, need_gib, have_gib } => Some((need_gib, have_gib, layout, &f.name)),
+            _ => None,
+        })
+        .min_by(|a, b| a.0.total_cmp(b.0));
+    if let Some((need, have, layout, fam)) = host {
+        return format!(
+            "nothing fits: the GPU holds a layout only by offloading activations, and the least host memory that takes is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
+        );
+    }
     match closest {
         Some((need, have, layout, fam)) => format!(
             "nothing fits: the least memory any layout needs is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
@@ -982,8 +995,11 @@ mod tests {
         let why = nothing_fits(&[divides("TP", "tp·cp = 65536 does not divide 64 GPUs"), divides("PP", "pp too large")]);
         assert_eq!(why, "no layout divides the model and the batch at this GPU count (TP: tp·cp = 65536 does not divide 64 GPUs)");
         let memory = Family { name: "TP+PP".into(), verdict: Verdict::Memory { layout: "TP8 PP2".into(), need_gib: 95.0, have_gib: 80.0 } };
-        let why = nothing_fits(&[divides("TP", "x"), memory]);
+        let why = nothing_fits(&[divides("TP", "x"), memory.clone()]);
         assert!(why.starts_with("nothing fits: the least memory any layout needs is 95 GiB per GPU (TP+PP: TP8 PP2)"), "{why}");
+        let host = Family { name: "TP".into(), verdict: Verdict::HostMemory { layout: "TP1 OFFLOAD:32".into(), need_gib: 580.0, have_gib: 256.0 } };
+        let why = nothing_fits(&[memory, host]);
+        assert!(why.contains("least host memory that takes is 580 GiB per GPU (TP: TP1 OFFLOAD:32) of 256 GiB"), "{why}");
     }
 
     fn quote(usd: f64, caveats: &[&str]) -> CloudPrice {

@@ -452,10 +452,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                 }
                 Ok((p, _)) => {
                     refused = Some(format!(
-                        "the published layout ({}) does not fit: it needs {:.1} GiB per GPU of {:.0}",
+                        "the published layout ({}) does not fit: it {}",
                         p.layout.short(),
-                        p.memory.total,
-                        p.memory.capacity
+                        p.memory.shortfall().unwrap_or_default()
                     ));
                     unfit = Some((p, from));
                     None
@@ -513,11 +512,8 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         ));
         notes.extend(m.file.notes.iter().map(|n| format!("{}: {n}", m.origin)));
     }
-    if !projection.fits {
-        notes.push(format!(
-            "does not fit: needs {:.1} GiB per GPU of {:.0} (try --recompute full, more pp or tp, or --fsdp)",
-            projection.memory.total, projection.memory.capacity
-        ));
+    if let Some(short) = projection.memory.shortfall() {
+        notes.push(format!("does not fit: {short} (try --recompute full, more pp or tp, or --fsdp)"));
     }
     let mut projection = projection;
     let shape = &s.projector.model.shape;
@@ -581,6 +577,9 @@ fn project_table(o: &ProjectOut) -> Table {
     kv("memory/GPU", format!("{:.1} of {:.0} GiB ({})", m.total, m.capacity, if p.fits { "fits" } else { "does not fit" }));
     kv("  weights / grads / optimizer", format!("{:.1} / {:.1} / {:.1} GiB", m.weights, m.gradients, m.optimizer));
     kv("  activations / reserved", format!("{:.1} / {:.1} GiB (stage {})", m.activations, m.reserved, m.stage));
+    if m.host_offload > 0.0 {
+        kv("  offloaded to host", format!("{:.1} of {:.0} GiB host memory per GPU", m.host_offload, m.host_capacity));
+    }
     kv("micro-batches", p.micro_batches.to_string());
     let parts = &b.compute_parts;
     let scans = [("  Mamba scans", parts.scan)];
@@ -637,6 +636,9 @@ fn verdict_text(v: &Verdict) -> String {
         Verdict::Speed { layout, slower, .. } => format!("speed: {slower:.2}x slower at best ({layout})"),
         Verdict::Memory { layout, need_gib, have_gib } => {
             format!("memory: needs at least {need_gib:.0} GiB of {have_gib:.0} ({layout})")
+        }
+        Verdict::HostMemory { layout, need_gib, have_gib } => {
+            format!("host memory: fits the GPU only by offloading {need_gib:.0} GiB of activations per GPU to {have_gib:.0} GiB of host memory ({layout})")
         }
         Verdict::Divisibility { reason } => format!("divisibility: {reason}"),
     }
