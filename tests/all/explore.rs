@@ -123,6 +123,25 @@ fn several_gpus_and_precisions_are_series_with_fp8_against_bf16() {
     }
 }
 
+/// FP8 against BF16 compares one job: where the published rules differ by precision
+/// (Llama 3.1 405B on GB200: 0.5 sequences per GPU for BF16, 6 for FP8), every precision
+/// takes BF16's batch, and says so; alone, FP8 keeps its own rule.
+#[test]
+fn precisions_on_one_gpu_compare_at_one_global_batch() {
+    let run = |formats: &str| {
+        quiet(&parse(&format!(
+            "[model]\nplugin = \"llama3\"\nvariant = \"llama3.1-405b\"\ntokens = 1e12\n[cluster]\ngpu = [\"GB200\"]\ngpus = [64]\n\
+             [precision]\nformat = [{formats}]\n[cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n"
+        )))
+    };
+    let both = run("\"bf16\", \"fp8\"");
+    let batches: Vec<u32> = both.series.iter().map(|s| s.rows[0].global_batch).collect();
+    assert_eq!(batches, [32, 32]);
+    assert!(both.notes.iter().any(|n| n.contains("GB200 fp8 at 64 GPUs trains with bf16's GBS 32") && n.contains("384")), "{:#?}", both.notes);
+    let fp8 = run("\"fp8\"");
+    assert_eq!(fp8.series[0].rows[0].global_batch, 384);
+}
+
 #[test]
 fn goals_answer_with_the_cheapest_in_time_the_fastest_in_budget_or_the_nearest() {
     let base = "[model]\nplugin = \"llama3\"\nvariant = \"llama3.1-8b\"\ntokens = 1e11\n[cluster]\ngpus = [8, 16, 32, 64, 128]\n\

@@ -487,7 +487,23 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             let key = format!("row/{}/{}/{asked}", p.gpu.name, p.recipe);
             let (gbs, why) = match run.cluster.gbs {
                 Some(g) => (g, format!("GBS {g} from the run")),
-                None => project::default_gbs(variant, &p.gpu, p.recipe, n, job),
+                None => {
+                    // Every precision on a GPU trains with one batch, so that FP8 against
+                    // BF16 compares the same job: BF16's rule where it runs, else the
+                    // first precision's. Published rules can differ by precision (taken
+                    // from different releases of a table).
+                    let base = plans.iter().filter(|q| q.gpu.name == p.gpu.name).map(|q| q.recipe).find(|&r| r == Recipe::Bf16);
+                    let base = base.unwrap_or_else(|| plans.iter().find(|q| q.gpu.name == p.gpu.name).map_or(p.recipe, |q| q.recipe));
+                    let (g, why) = project::default_gbs(variant, &p.gpu, base, n, job);
+                    let own = project::default_gbs(variant, &p.gpu, p.recipe, n, job).0;
+                    if own != g {
+                        gbs_notes.insert(format!(
+                            "{} {} at {n} GPUs trains with {base}'s GBS {g}, to compare one job (its own rule gives {own})",
+                            p.gpu.name, p.recipe
+                        ));
+                    }
+                    (g, why)
+                }
             };
             // A run shorter than one step has no days to speak of (it printed 1e-10 days,
             // less than the one step it takes).
