@@ -121,14 +121,19 @@ impl PipelineSplit {
         }
         let (per, extra) = (units / chunks, units % chunks);
         let first = per + usize::from(extra > 0);
+        // What counting more shifts grows the units too: the first chunk holds
+        // ceil((layers + e + l) / chunks) ≥ e exactly while e·(chunks - 1) ≤ layers + l +
+        // chunks - 1, and the last floor(...) ≥ l while l·(chunks - 1) ≤ layers + e.
         if first < e {
+            let most = (layers + l + chunks - 1) / (chunks - 1);
             return Err(format!(
-                "the embedding counts as {e} layers but the first of {chunks} chunks holds only {first}; count it as at most {first}"
+                "the embedding counts as {e} layers but the first of {chunks} chunks holds only {first}; count it as at most {most}"
             ));
         }
         if per < l {
+            let most = (layers + e) / (chunks - 1);
             return Err(format!(
-                "the loss counts as {l} layers but the last of {chunks} chunks holds only {per}; count it as at most {per}"
+                "the loss counts as {l} layers but the last of {chunks} chunks holds only {per}; count it as at most {most}"
             ));
         }
         Ok(ChunkStarts { layers, chunks, per, extra, embedding: e })
@@ -424,6 +429,18 @@ mod tests {
         // A count bigger than the chunk's share is refused, naming it.
         let e = PipelineSplit { embedding: 0, loss: 5 }.starts(8, 4).unwrap_err();
         assert!(e.contains("the loss counts as 5 layers") && e.contains("holds only 3"), "{e}");
+        // The bound it names is the largest count that fits, for every shape: one more is
+        // refused, and it is not (the bound once moved with each retry: 66, then 49, 36).
+        for (layers, chunks) in [(32usize, 2usize), (8, 4), (126, 16), (5, 3)] {
+            let embedding: fn(u32) -> PipelineSplit = |n| PipelineSplit { embedding: n, loss: 0 };
+            let loss: fn(u32) -> PipelineSplit = |n| PipelineSplit { embedding: 0, loss: n };
+            for (which, split) in [("embedding", embedding), ("loss", loss)] {
+                let err = split(1000).starts(layers, chunks).unwrap_err();
+                let most: u32 = err.rsplit("at most ").next().unwrap().parse().unwrap();
+                assert!(split(most).starts(layers, chunks).is_ok(), "{which} {most} of {layers} over {chunks}: {err}");
+                assert!(split(most + 1).starts(layers, chunks).is_err(), "{which} {most} of {layers} over {chunks} is not the most");
+            }
+        }
     }
 
     #[test]

@@ -369,6 +369,9 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                 record_plugin(&mut plugins, &mut notes, &cloud.info);
                 clouds.push(cloud);
             }
+            // A cloud asked for by name that cannot be used stops the run (a typo must not
+            // leave a table without prices); one of the installed set is skipped.
+            Err(e) if !run.cost.plugins.is_empty() => anyhow::bail!("the cloud {spec} cannot be used: {e}"),
             Err(e) => notes.push(format!("skipped a cloud: {e}")),
         }
     }
@@ -460,7 +463,11 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let mut dup_notes = BTreeSet::new();
     let job = project::Job::new(&projector.model, tokens);
     let mut quote_notes = QuoteNotes::default();
-    let total = plans.len() * run.cluster.gpus.len();
+    // Rows walk up the GPU counts whatever order they were asked in: the speedup, the
+    // relative cost and the sweet spot all read a series from its smallest count.
+    let mut counts = run.cluster.gpus.clone();
+    counts.sort_unstable();
+    let total = plans.len() * counts.len();
     let mut done = 0;
     for p in &plans {
         projector.set_gpu(p.gpu.clone());
@@ -468,7 +475,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         let node = p.gpu.gpus_per_node.max(1);
         let mut rows = Vec::new();
         let mut counted: Vec<(u32, u32)> = Vec::new();
-        for &asked in &run.cluster.gpus {
+        for &asked in &counts {
             let n = asked.div_ceil(node).saturating_mul(node);
             // Two asked counts that round to one whole-node count would be two equal rows
             // (and a sweet spot "no faster" than itself).

@@ -590,7 +590,7 @@ fn main() -> ExitCode {
     if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
         && let Some(why) = runner_exec::select::cuda_unusable(n)
     {
-        eprintln!("error: --device cuda:{n}: {why}");
+        eprintln!("error: {}", runner::report::visible(&format!("--device cuda:{n}: {why}")));
         return ExitCode::FAILURE;
     }
     // A profile named is read by the commands that project; for the others a missing one
@@ -598,13 +598,28 @@ fn main() -> ExitCode {
     if let Some(p) = &cli.global.profile
         && !p.is_file()
     {
-        eprintln!("error: --profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display());
+        eprintln!("error: {}", runner::report::visible(&format!("--profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display())));
         return ExitCode::FAILURE;
     }
     if let Some(out) = &cli.global.output
         && let Some(input) = output_is_an_input(out, &matches)
     {
-        eprintln!("error: -o {} is also an input of this command ({}): writing it would destroy it; choose another output file", out.display(), input.display());
+        eprintln!(
+            "error: {}",
+            runner::report::visible(&format!(
+                "-o {} is also an input of this command ({}): writing it would destroy it; choose another output file",
+                out.display(),
+                input.display()
+            ))
+        );
+        return ExitCode::FAILURE;
+    }
+    // A result that takes minutes to compute is not thrown away for want of a place to
+    // write it: the output's directory is checked first.
+    if let Some(out) = &cli.global.output
+        && let Err(why) = runner::report::writable(out)
+    {
+        eprintln!("error: {}", runner::report::visible(&why));
         return ExitCode::FAILURE;
     }
     let result = match cli.command {

@@ -216,6 +216,33 @@ pub fn render<T: Serialize>(format: OutputFormat, table: &Table, value: &T) -> S
     }
 }
 
+/// Whether `path` can be written: its directory exists and takes a new file, and the path
+/// is not a directory or a read-only file. Checked before a long run, not after it.
+pub fn writable(path: &std::path::Path) -> Result<(), String> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    let shown = path.display();
+    if !dir.is_dir() {
+        return Err(format!("-o {shown}: the directory {} does not exist; create it or write elsewhere", dir.display()));
+    }
+    if path.is_dir() {
+        return Err(format!("-o {shown} is a directory; name a file in it"));
+    }
+    if path.exists() {
+        return std::fs::OpenOptions::new().append(true).open(path).map(drop).map_err(|e| format!("-o {shown} cannot be written: {e}"));
+    }
+    let probe = dir.join(format!(".runner-write-check-{}", std::process::id()));
+    match std::fs::File::create(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        Err(e) => Err(format!("-o {shown}: cannot create a file in {}: {e}", dir.display())),
+    }
+}
+
 /// Human number with SI suffix: 8.03B, 4.74e14 stays scientific for FLOPs.
 pub fn si(v: f64) -> String {
     let a = v.abs();
@@ -234,7 +261,13 @@ pub fn si(v: f64) -> String {
 
 /// US dollars, rounded to what matters at the scale.
 pub fn usd(v: f64) -> String {
-    if v >= 1e6 {
+    if v >= 1e15 {
+        format!("${v:.2e}")
+    } else if v >= 1e12 {
+        format!("${:.2}T", v / 1e12)
+    } else if v >= 1e9 {
+        format!("${:.2}B", v / 1e9)
+    } else if v >= 1e6 {
         format!("${:.2}M", v / 1e6)
     } else if v >= 1e3 {
         format!("${:.1}K", v / 1e3)
@@ -304,6 +337,9 @@ mod tests {
     #[test]
     fn money_and_si() {
         assert_eq!(usd(1_234_567.0), "$1.23M");
+        assert_eq!(usd(1.36708579e12), "$1.37T");
+        assert_eq!(usd(4.2e9), "$4.20B");
+        assert_eq!(usd(3.1e18), "$3.10e18");
         assert_eq!(usd(12.5), "$12.50");
         assert_eq!(si(8.03e9), "8.03B");
     }

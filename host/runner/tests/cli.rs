@@ -705,6 +705,10 @@ step_time_s = 3.0
     let o = runner(&dir, &["calibrate", "runs.toml", "--gpu", "h100", "-o", "fitted.toml", "-q"]);
     assert!(!o.status.success() && text(&o).1.contains("too few runs to fit any parameter"), "{}", text(&o).1);
     assert!(!dir.join("fitted.toml").exists());
+    // Held out, one family leaves nothing to fit the rest on: refused, not "0 points,
+    // median 0.0 %".
+    let o = runner(&dir, &["calibrate", "runs.toml", "--holdout", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("no model family could be held out"), "{}", text(&o).1);
     // Three BF16 runs of three families on H100 fit its BF16 GEMM efficiency and nothing
     // else; the written profile holds only that, and leaves out GB200, whose one run fits
     // nothing of its own.
@@ -1289,4 +1293,26 @@ fn history_wording_limit_missing_ids_and_interrupted_runs() {
     assert!(text(&o).0.lines().any(|l| l.starts_with("5 ") && l.contains("interrupted")), "{}", text(&o).0);
     let o = runner(&dir, &["--history", h, "show", "5"]);
     assert!(text(&o).0.contains("is interrupted"), "{}", text(&o).0);
+}
+
+/// Mistakes a long run would only find at its end are refused at its start: an output in
+/// a directory that does not exist, a cloud named that is not installed (a typo once gave
+/// a table without prices and a note among thirty). Neither leaves a file behind, and a
+/// control character in a name reaches the terminal escaped.
+#[test]
+fn an_unwritable_output_or_an_unknown_cloud_is_refused_before_the_run() {
+    let dir = scratch("refused-early");
+    let started = std::time::Instant::now();
+    let o = runner(&dir, &["explore", "--model", "llama3.1-8b", "--gpus", "8", "--no-history", "-q", "-o", "missing/x.json"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("the directory missing does not exist"), "{err}");
+    let o = runner(&dir, &["explore", "--model", "llama3.1-8b", "--gpus", "8", "--no-history", "-q", "-o", "."]);
+    assert!(!o.status.success() && text(&o).1.contains("is a directory"), "{}", text(&o).1);
+    let o = runner(&dir, &["explore", "--model", "llama3.1-8b", "--gpus", "8", "--no-history", "-q", "--cloud", "aws,nosuch\u{1b}[2J"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("the cloud nosuch\\u{1b}[2J cannot be used") && err.contains("no plugin"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    assert!(started.elapsed().as_secs() < 60, "refused before measuring");
+    let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(left.iter().all(|n| n == "data"), "{left:?}");
 }

@@ -1005,6 +1005,13 @@ pub fn holdout(file: &Path, global: &Global) -> Result<()> {
     let mut resolver = PluginResolver { limits: Limits::default() };
     progress_line(global, "fitting with each family held out");
     let held = calibrate::cross_validate(&points, &profiles, &mut resolver);
+    if held.iter().all(|h| h.errors.is_empty()) {
+        anyhow::bail!(
+            "{}: no model family could be held out: each needs runs of at least one other family on the same GPU to fit              without it ({} runs in the file); add runs of more families, or fit them all with `runner calibrate FILE`",
+            file.display(),
+            points.len()
+        );
+    }
     let mut t = Table::new(
         format!("held-out error per model family ({}): fit on the other families of the same GPU", file.display()),
         &["GPU", "family held out", "runs", "median", "max"],
