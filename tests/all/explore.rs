@@ -217,6 +217,10 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     let q = o.series[0].rows[0].costs[i].quote().unwrap();
     assert_eq!(q.caveats, ["resale"]);
     assert!(runner::report::explore::text(&o).contains('!'), "the cell is marked");
+    // A row whose GPU is no known type is said, not dropped in silence.
+    std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nours,H100,8,eu-1,16.00\nx,ZZ9,8,eu-1,10\n").unwrap();
+    let o = quiet(&parse(&text("")));
+    assert!(o.notes.iter().any(|n| n.contains("x (ZZ9) match no GPU type and are never priced") && n.contains("H100")), "{:#?}", o.notes);
     // Spot: billed hours are the run's hours inflated by the interruption assumption.
     std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nours,H100,8,eu-1,16.00,6.00\n").unwrap();
     let o = quiet(&parse(&text("option = \"spot\"\n")));

@@ -390,18 +390,30 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             cloud.name = format!("{} (price file)", cloud.name);
         }
         notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
+        // Its rows are the user's own: one that can never be priced is said, not dropped.
+        let unknown = cloud.unknown_gpus(&profiles.gpus);
+        if !unknown.is_empty() {
+            let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+            let rows: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
+            let more = if unknown.len() > 8 { format!(" and {} more", unknown.len() - 8) } else { String::new() };
+            notes.push(format!(
+                "price file {file}: {}{more} match no GPU type and are never priced (AcceleratorName must be one of {}, or an alias)",
+                rows.join(", "),
+                known.join(", ")
+            ));
+        }
         record_plugin(&mut plugins, &mut notes, &cloud.info);
         clouds.push(cloud);
     }
     // A region no cloud sells in prices nothing: a typo, refused with the regions there are.
     let region = run.cost.region.as_str();
     if !region.is_empty() && !clouds.is_empty() {
-        let (selling, not): (Vec<&pricing::Cloud>, Vec<&pricing::Cloud>) = clouds.iter().partition(|c| c.regions().contains(region));
+        let (selling, not): (Vec<&pricing::Cloud>, Vec<&pricing::Cloud>) = clouds.iter().partition(|c| c.sells_in(region));
         if selling.is_empty() {
             let listed: Vec<String> = clouds
                 .iter()
                 .map(|c| {
-                    let r: Vec<&str> = c.regions().into_iter().collect();
+                    let r: Vec<&str> = c.regions().into_iter().map(|r| if r == pricing::ANY_REGION { "* (every region)" } else { r }).collect();
                     let more = if r.len() > 8 { format!(", ... ({} in all)", r.len()) } else { String::new() };
                     format!("{}: {}{more}", c.name, r[..r.len().min(8)].join(", "))
                 })

@@ -100,7 +100,7 @@ pub struct QuickRun {
     #[arg(long)]
     pub region: Option<String>,
     /// Tokens to train (default: the variant's)
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub tokens: Option<f64>,
     /// Sequence length (default: the variant's)
     #[arg(long)]
@@ -129,13 +129,13 @@ pub struct QuickRun {
     #[arg(long, value_name = "SPLIT", value_parser = runner_graph::pipeline::PipelineSplit::parse)]
     pub pipeline_split: Option<runner_graph::pipeline::PipelineSplit>,
     /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
-    #[arg(long, value_name = "D")]
+    #[arg(long, allow_negative_numbers = true, value_name = "D")]
     pub target_days: Option<f64>,
     /// Goal: the fastest run that costs at most USD
-    #[arg(long, value_name = "USD", conflicts_with = "target_days")]
+    #[arg(long, allow_negative_numbers = true, value_name = "USD", conflicts_with = "target_days")]
     pub budget: Option<f64>,
     /// Sweet spot: the largest count whose extra cost per day saved stays under USD (default: 1 % of the cheapest run)
-    #[arg(long, value_name = "USD")]
+    #[arg(long, allow_negative_numbers = true, value_name = "USD")]
     pub max_usd_per_day_saved: Option<f64>,
     /// Timed CPU training steps after one warm-up (more: tighter figures, longer run)
     #[arg(long)]

@@ -174,10 +174,29 @@ pub struct Cloud {
     offerings: Vec<Offering>,
 }
 
+/// A price's region for "the same price in every region" (Lambda's list).
+pub const ANY_REGION: &str = "*";
+
+/// Whether a price in `priced` applies to a run asked in `asked` (empty: any region).
+fn in_region(priced: &str, asked: &str) -> bool {
+    asked.is_empty() || priced == asked || priced == ANY_REGION
+}
+
 impl Cloud {
-    /// The regions its offerings are priced in.
+    /// The regions its offerings are priced in ([`ANY_REGION`] among them when a price
+    /// holds in all).
     pub fn regions(&self) -> std::collections::BTreeSet<&str> {
         self.offerings.iter().flat_map(|o| o.prices.iter().map(|p| p.region.as_str())).collect()
+    }
+
+    /// Its instances whose GPU is none of `gpus` (by name or alias): never priced.
+    pub fn unknown_gpus<'a>(&'a self, gpus: &[GpuProfile]) -> Vec<(&'a str, &'a str)> {
+        self.offerings.iter().filter(|o| !gpus.iter().any(|g| matches_gpu(o, g))).map(|o| (o.instance.as_str(), o.gpu.as_str())).collect()
+    }
+
+    /// Whether it sells in `region`.
+    pub fn sells_in(&self, region: &str) -> bool {
+        self.offerings.iter().flat_map(|o| &o.prices).any(|p| in_region(&p.region, region))
     }
 }
 
@@ -284,7 +303,7 @@ impl Cloud {
             let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
                 continue;
             };
-            for p in o.prices.iter().filter(|p| p.option == ask.option && (ask.region.is_empty() || p.region == ask.region)) {
+            for p in o.prices.iter().filter(|p| p.option == ask.option && in_region(&p.region, ask.region)) {
                 any = true;
                 if asked == MAX_QUOTES {
                     notes.push(format!("{}: stopped after {MAX_QUOTES} quotes for {} GPUs", self.name, ask.gpus));

@@ -357,6 +357,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     {
         bail!("--lr {lr} is not a positive learning rate (leave it out for the variant's)");
     }
+    if !(cfg.clip_grad.is_finite() && cfg.clip_grad >= 0.0) {
+        bail!("--clip-grad {}: a gradient norm of 0 (off) or more", cfg.clip_grad);
+    }
     // A fault past the last step would never fire, and the run would read as clean.
     if let Some(i) = cfg.injections.iter().find(|i| i.step >= cfg.steps) {
         bail!("--inject at step {} would never fire: the run takes steps 0 to {}; give a step below --steps", i.step, cfg.steps - 1);

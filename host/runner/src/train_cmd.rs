@@ -42,7 +42,7 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = defaults::LAYERS)]
     pub layers: u32,
     /// Peak learning rate (default: the variant's)
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// Held-out loss every N steps (default: a tenth of the steps)
     #[arg(long, default_value_t = defaults::EVAL_EVERY)]
@@ -60,13 +60,13 @@ pub struct TrainArgs {
     #[arg(long, value_delimiter = ',')]
     pub inject: Vec<String>,
     /// Most of the low-precision layers that per-layer fallbacks may put in BF16 at once
-    #[arg(long, default_value_t = defaults::MAX_BF16_SHARE)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = defaults::MAX_BF16_SHARE)]
     pub max_bf16_share: f64,
     /// Checkpoint every N steps (rollbacks return to the newest known-good one)
     #[arg(long, default_value_t = defaults::CHECKPOINT_EVERY)]
     pub checkpoint_every: u64,
     /// Clip the gradient norm to this (0: off, so a gradient spike reaches the optimizer unless a policy stops it)
-    #[arg(long, default_value_t = defaults::CLIP_GRAD)]
+    #[arg(long, allow_negative_numbers = true, default_value_t = defaults::CLIP_GRAD)]
     pub clip_grad: f64,
 }
 

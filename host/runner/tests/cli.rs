@@ -146,7 +146,7 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
     let dir = scratch("clouds");
     let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--no-history", "-q"];
     for (extra, want) in [
-        (vec!["--cloud", "lambda", "--region", "us-east1"], "no cloud sells in region 'us-east1'; the regions are:\n  lambda: "),
+        (vec!["--cloud", "aws", "--region", "us-east1"], "no cloud sells in region 'us-east1'; the regions are:\n  aws: "),
         (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
         (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
         (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's"),
@@ -156,6 +156,16 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
         let o = runner(&dir, &a);
         assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
     }
+    // Lambda's one price holds in every region (`*`): a region AWS names prices both.
+    let mut a = explore.to_vec();
+    a.extend(["--cloud", "lambda,aws", "--region", "us-east-1", "--format", "json"]);
+    let o = runner(&dir, &a);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let costs = v["series"][0]["rows"][0]["costs"].as_array().unwrap();
+    assert_eq!(costs.len(), 2, "{out}");
+    assert!(costs.iter().all(|c| c.get("Quoted").is_some() || c["usd"].is_number()), "{costs:?}");
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     std::fs::write(dir.join("sub/run.toml"), "[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"ours.csv\"\n").unwrap();
     let o = runner(&dir, &["run", "sub/run.toml", "--no-history", "-q"]);

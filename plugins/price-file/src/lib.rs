@@ -120,6 +120,9 @@ const KNOWN: [&str; 21] = [
 
 /// Parse a SkyPilot-shaped catalog. Every problem is collected, each naming its line.
 pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
+    // Excel's "CSV UTF-8" starts with a byte-order mark, which would read as part of the
+    // first column's name.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let mut lines = records(text).into_iter();
     let Some((hl, header)) = lines.next() else {
         return Err("price file is empty: it needs a header row (InstanceType,AcceleratorName,AcceleratorCount,Price,SpotPrice,Region,...)".into());
@@ -245,7 +248,7 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             }
         }
         if prices.is_empty() {
-            bad(format!("instance '{instance}' in {region} has no price"));
+            bad(format!("instance '{instance}' in {region} has no price (every price column is empty or NaN)"));
             continue;
         }
         match offerings.iter_mut().find(|o| o.instance == instance) {

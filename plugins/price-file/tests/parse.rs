@@ -22,6 +22,10 @@ fn skypilot_aws_and_lambda_orders_both_parse() {
     assert_eq!(r.effective_date, "2026-11-01");
     assert!(r.source.starts_with("our contract #42") && r.source.contains("line 2"));
     assert!(r.minimum_charge_s >= 365 * 24 * 3600, "a committed term bills the whole term");
+    // Saved from Excel as "CSV UTF-8": a byte-order mark before the header.
+    let bom = format!("\u{feff}{lambda}");
+    let b = parse(&bom).unwrap();
+    assert_eq!((b.len(), b[0].instance.as_str(), b[0].prices.len()), (1, "gpu_8x_h100", o[0].prices.len()));
 }
 
 #[test]
