@@ -91,6 +91,22 @@ impl Recipe {
     }
 }
 
+impl Recipe {
+    /// Bytes per element of a low-precision GEMM weight's casts kept through the step:
+    /// the row-wise copy the forward reads and the column-wise (transposed) one the
+    /// input gradient reads, both cached across micro-batches (Transformer Engine keeps
+    /// the FP8 transpose on Hopper, and both MXFP8/NVFP4 layouts with their block scales
+    /// on Blackwell). Zero for BF16.
+    pub fn resident_cast_bytes_per_element(self) -> f64 {
+        match self {
+            Recipe::Bf16 => 0.0,
+            Recipe::Fp8 | Recipe::Fp8Cs => 2.0 * 1.0,
+            Recipe::Mxfp8 => 2.0 * (1.0 + 1.0 / 32.0),
+            Recipe::Nvfp4 => 2.0 * (0.5 + 1.0 / 16.0),
+        }
+    }
+}
+
 impl fmt::Display for Recipe {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())

@@ -500,11 +500,16 @@ pub struct Costed {
     /// The spread of a rank's step time ([`crate::profile::Efficiency::straggler`]).
     straggler: f64,
     peak: f64,
-    /// Per-tensor FP8 recipes keep the weights of their FP8 GEMMs as FP8 parameters
-    /// (Megatron's `fp8_param_gather`, on in Megatron-Bridge's and NeMo's FP8 delayed
-    /// and current-scaling precision configs): with the distributed optimizer no BF16
-    /// copy of those weights stays resident, the fp32 master weights hold the precision.
+    /// Per-tensor FP8 and MXFP8 recipes keep the weights of their low-precision GEMMs
+    /// as FP8 parameters (Megatron's `fp8_param_gather`, on in Megatron-Bridge's FP8
+    /// delayed, current-scaling and MXFP8 precision configs, off in its NVFP4 one:
+    /// github:NVIDIA-NeMo/Megatron-Bridge/src/megatron/bridge/training/mixed_precision.py
+    /// @d9f7643, and in NeMo's FP8 ones): with the distributed optimizer no BF16 copy of
+    /// those weights stays resident, the fp32 master weights hold the precision.
     fp8_params: bool,
+    /// Bytes per low-precision weight element of the casts kept through the step
+    /// ([`Recipe::resident_cast_bytes_per_element`]).
+    cast_bytes: f64,
     flops_per_sequence: f64,
     seq_len: u32,
     /// Prefix sums over layers of everything a stage adds up, so a stage costs a few
@@ -742,7 +747,8 @@ impl Costed {
             slack: gpu.efficiency.allocator_slack,
             straggler: gpu.efficiency.straggler,
             peak: gpu.peak_flops(plan.recipe.format())?,
-            fp8_params: matches!(plan.recipe, Recipe::Fp8 | Recipe::Fp8Cs),
+            fp8_params: matches!(plan.recipe, Recipe::Fp8 | Recipe::Fp8Cs | Recipe::Mxfp8),
+            cast_bytes: plan.recipe.resident_cast_bytes_per_element(),
             flops_per_sequence: model.flops_per_sequence,
             seq_len: model.seq_len,
             sums,
@@ -1019,15 +1025,18 @@ impl Costed {
             } else {
                 (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
             };
-            // One cast copy of each low-precision GEMM weight stays resident; under FSDP
-            // weights exist whole only per gathered unit, and so do their casts.
+            // The casts of each low-precision GEMM weight (row-wise and transposed) stay
+            // resident; under FSDP weights exist whole only per gathered unit (the one
+            // in use and the one prefetched), and so do their casts.
+            let cast = self.cast_bytes;
             let w = if s.fsdp {
-                w + 2.0 * self.largest[2]
+                w + 2.0 * cast * self.largest[2]
             } else if s.distributed_optimizer && !muon && self.fp8_params {
-                // FP8 parameters: the 1-byte FP8 copy (lw) replaces the 2-byte BF16 one.
-                w - lw
+                // FP8 parameters: the low-precision copy and its transpose replace the
+                // BF16 one.
+                w - 2.0 * lw + cast * lw
             } else {
-                w + lw
+                w + cast * lw
             };
             let a = self.in_flight(st, pp, vp, m) * stages[st].acts
                 + stages[st].offload
@@ -1129,8 +1138,8 @@ pub const STRAGGLER_FITTED_UP_TO: u64 = 2048;
 
 /// How many standard deviations of a rank's step time `gpus` ranks wait for their slowest,
 /// beyond what [`STRAGGLER_BASE_GPUS`] wait (0 at or below them): E[max of n standard
-/// normal draws], the expected largest of n, grows like √(2 ln n) (n = 8: 1.42, 64: 2.41,
-/// 1,024: 3.24, 16,384: 3.95). Memoised per count for the process (each quadrature takes
+/// normal draws], the expected largest of n, grows like √(2 ln n) (n = 8: 1.42, 64: 2.34,
+/// 1,024: 3.25, 16,384: 3.97). Memoised per count for the process (each quadrature takes
 /// about half a millisecond), and each thread checks the count it asked for last first: a
 /// search asks for one count hundreds of thousands of times.
 pub fn straggler_excess(gpus: u64) -> f64 {

@@ -1168,3 +1168,26 @@ fn the_straggler_spread_takes_up_the_weak_scaling_drift() {
     let want = sigma * (runner_project::step::expected_max_normal(1024) - runner_project::step::expected_max_normal(8));
     assert!((b.breakdown.straggler / rest - want).abs() < 1e-12, "{} vs {want}", b.breakdown.straggler / rest);
 }
+
+/// A low-precision GEMM weight keeps two casts through the step, the row-wise one the
+/// forward reads and the transposed one the input gradient reads (Transformer Engine's
+/// FP8 transpose on Hopper, MXFP8's two block layouts on Blackwell): 2 bytes per element
+/// in FP8, 2·(1 + 1/32) in MXFP8, beside the BF16 weight. With FP8 parameters under the
+/// distributed optimizer, the FP8 copy and its transpose replace the BF16 weight (2 bytes
+/// for 2).
+#[test]
+fn low_precision_weights_keep_their_row_wise_and_transposed_casts() {
+    let l = LayoutSpec { distributed_optimizer: false, ..layout(2, 1, 1, 1, 4, 1, 64) };
+    let weights = |recipe: Recipe, l: &LayoutSpec| projector("llama3.1-8b", 8192, "b200", recipe).project(l).unwrap().memory.weights;
+    let bf16 = weights(Recipe::Bf16, &l);
+    let fp8 = weights(Recipe::Fp8Cs, &l) - bf16;
+    let mxfp8 = weights(Recipe::Mxfp8, &l) - bf16;
+    assert!(fp8 > 0.5, "{fp8} GiB of casts");
+    assert!((mxfp8 / fp8 - 1.0 - 1.0 / 32.0).abs() < 1e-9, "MXFP8 {mxfp8} GiB against FP8 {fp8}");
+    // FP8 casts cover the GEMM weights of every layer: each FP8 element holds 2 bytes.
+    let p = projector("llama3.1-8b", 8192, "b200", Recipe::Fp8Cs);
+    let elems = p.model.depth.len() as f64 * 4096.0 * (4096.0 + 2.0 * 1024.0 + 4096.0 + 3.0 * 14_336.0) / 2.0;
+    assert!((fp8 * 1024f64.powi(3) / (2.0 * elems) - 1.0).abs() < 0.01, "{fp8} GiB for {elems} elements per GPU");
+    let dist = LayoutSpec { distributed_optimizer: true, ..l };
+    assert!((weights(Recipe::Fp8Cs, &dist) - weights(Recipe::Bf16, &dist)).abs() < 1e-9, "FP8 parameters: 2 bytes for 2");
+}
