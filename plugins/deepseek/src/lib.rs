@@ -119,7 +119,6 @@ runner_plugin_sdk::export_workload!(DeepSeek);
 
 #[cfg(test)]
 mod tests {
-    use runner_graph::count::Convention;
     use runner_graph::OpKind as HostOp;
     use runner_plugin_testkit as kit;
 
