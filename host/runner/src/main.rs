@@ -20,7 +20,7 @@ use runner::report::OutputFormat;
     long_about = "Measures a model's training step on the local device, projects it onto a GPU \
 cluster, and prices the run on every installed cloud. Models, precision policies and \
 price lists are sandboxed WASM plugins.",
-    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file our-contract.csv -o report.html\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024\n  runner --device cuda measure --model llama3.1-8b --gpu h100 -o ops.json"
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file workloads/our-contract.csv -o report.html\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024\n  runner --device cuda measure --model llama3.1-8b --gpu h100 -o ops.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -150,7 +150,7 @@ pub struct QuickRun {
 enum Command {
     /// Time and cost to train against GPU count, GPU type, precision and cloud (the default command)
     #[command(
-        after_help = "Examples:\n  runner explore --model llama3.1-70b --tokens 1e12 --gpus 64,128,256,512,1024,2048 --precision fp8\n  runner explore --model llama3.1-70b --gpu h100,h200,b200 --precision bf16,fp8\n  runner explore --model llama3.1-405b --target-days 30\n  runner explore --model llama3.1-8b --budget 50000 --option spot\n  runner explore --model llama3.1-70b --price-file our-contract.csv --format html -o report.html"
+        after_help = "Examples:\n  runner explore --model llama3.1-70b --tokens 1e12 --gpus 64,128,256,512,1024,2048 --precision fp8\n  runner explore --model llama3.1-70b --gpu h100,h200,b200 --precision bf16,fp8\n  runner explore --model llama3.1-405b --target-days 30\n  runner explore --model llama3.1-8b --budget 50000 --option spot\n  runner explore --model llama3.1-70b --price-file workloads/our-contract.csv --format html -o report.html"
     )]
     Explore {
         #[command(flatten)]
@@ -252,7 +252,7 @@ enum Command {
         after_help = "Examples:\n  runner validate host/project/data/calibration.toml\n  runner validate runs.toml --format csv -o validation.csv\n  runner validate runs.toml --profile fitted.toml"
     )]
     Validate {
-        /// A TOML file of [[point]] tables (model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, ep_overlap, ep_dispatcher, recompute_modules, account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split, pipeline_layout, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, lora_target_modules, workload ("pretrain", "finetune_sft" or "finetune_lora"), step_time_s or tokens_per_sec_per_gpu)
+        /// A TOML file of [[point]] tables (source (required: where the run was published), model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, ep_overlap, ep_dispatcher, recompute_modules, account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split, pipeline_layout, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, lora_target_modules, workload ("pretrain", "finetune_sft" or "finetune_lora"), step_time_s or tokens_per_sec_per_gpu)
         file: PathBuf,
     },
     /// Fit a GPU type's efficiency parameters to published runs, or to local measurements
@@ -266,7 +266,8 @@ enum Command {
         /// Fit only this GPU type (with --ops/--collectives: the GPU they ran on)
         #[arg(long)]
         gpu: Option<String>,
-        /// Fit only runs of this precision
+        /// Fit only runs of this precision (with --gpu: a precision's GEMM efficiency is
+        /// fitted per GPU type)
         #[arg(long, requires = "gpu")]
         precision: Option<String>,
         /// Instead of fitting once: for each GPU and model family, fit on the other

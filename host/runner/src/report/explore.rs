@@ -1,5 +1,5 @@
-//! The explorer's outcome for people and machines: a terminal page that fits 100 columns
-//! (one block per GPU type and precision, the three cheapest clouds), a long-format CSV
+//! The explorer's outcome for people and machines: a terminal page whose notes wrap at 100
+//! columns (one block per GPU type and precision, the two cheapest clouds), a long-format CSV
 //! (one line per row and cloud, every figure with its plugin and price row), and a
 //! self-contained HTML page with charts (days and cost against GPU count, the sweet spot,
 //! the step-time breakdown) and every cloud. JSON is the outcome itself.
