@@ -133,15 +133,26 @@ fn ranked_clouds(s: &Series) -> Vec<usize> {
     idx
 }
 
-/// Days to a useful precision: 115.5, 3.57, 0.021.
+/// Days to a useful precision: 115.5, 3.57, 0.021, 0.00034.
 pub(crate) fn days_cell(d: f64) -> String {
     if d >= 10.0 {
         format!("{d:.1}")
     } else if d >= 0.1 {
         format!("{d:.2}")
     } else {
-        format!("{d:.3}")
+        fixed_or_significant(d, 3)
     }
+}
+
+/// `x` with `decimals` decimals, or two significant digits where those would show none
+/// (a CPU proxy's 0.0042 s step printed as 0.00).
+pub(crate) fn fixed_or_significant(x: f64, decimals: usize) -> String {
+    let shown = 10f64.powi(-(decimals as i32));
+    if x == 0.0 || !x.is_finite() || x.abs() >= shown {
+        return format!("{x:.decimals$}");
+    }
+    let digits = (1 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.digits$}")
 }
 
 /// One series as a table: `clouds` are the columns priced (indices into the row costs).
@@ -159,8 +170,8 @@ fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table 
         if wide {
             row.push(r.global_batch.to_string());
         }
-        row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.2}", p.step_time_s)));
-        row.push(r.projection.as_ref().map_or("-".into(), |p| format!("{:.0}", p.memory_per_gpu_gib)));
+        row.push(r.projection.as_ref().map_or("-".into(), |p| fixed_or_significant(p.step_time_s, 2)));
+        row.push(r.projection.as_ref().map_or("-".into(), |p| fixed_or_significant(p.memory_per_gpu_gib, 0)));
         match (&r.projection, r.days) {
             (Some(p), Some(days)) => row.extend([
                 days_cell(days),
@@ -625,6 +636,20 @@ pub fn html(o: &Outcome) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Figures too small for their column's decimals keep two significant digits
+    /// instead of printing as zero; the rest keep the column's decimals.
+    #[test]
+    fn small_figures_are_not_printed_as_zero() {
+        assert_eq!(fixed_or_significant(0.0042, 2), "0.0042");
+        assert_eq!(fixed_or_significant(12.345, 2), "12.35");
+        assert_eq!(fixed_or_significant(0.042, 2), "0.04");
+        assert_eq!(fixed_or_significant(0.3, 0), "0.30");
+        assert_eq!(fixed_or_significant(74.6, 0), "75");
+        assert_eq!(fixed_or_significant(0.0, 2), "0.00");
+        assert_eq!(days_cell(0.000_34), "0.00034");
+        assert_eq!(days_cell(3.571), "3.57");
+    }
 
     #[test]
     fn notes_wrap_at_the_margin_and_long_words_are_cut() {
