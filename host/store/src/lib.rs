@@ -168,6 +168,26 @@ fn migrate(c: &Connection) -> rusqlite::Result<()> {
 /// How long a runner waits for another one holding the database.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A database error in words, with the fix where there is one: a damaged file (a crash
+/// mid-write on a filesystem that lies about syncs, a copy taken while a run wrote it) or a
+/// file that is some other program's database.
+fn explain(path: &Path, e: &dyn std::fmt::Display, code: Option<rusqlite::ErrorCode>) -> StoreError {
+    let p = path.display();
+    let fix = match code {
+        Some(rusqlite::ErrorCode::DatabaseCorrupt) => format!(
+            ": the file is damaged; move it aside to start a new history (mv {p} {p}.damaged), or recover what it holds \
+             with `sqlite3 {p}.damaged .recover | sqlite3 {p}`"
+        ),
+        Some(rusqlite::ErrorCode::NotADatabase) => ": not an SQLite database; point --history (or RUNNER_HISTORY) at a runner history file".into(),
+        _ => String::new(),
+    };
+    StoreError(format!("history database {p}: {e}{fix}"))
+}
+
+fn sqlite_code(e: &rusqlite::Error) -> Option<rusqlite::ErrorCode> {
+    e.sqlite_error_code()
+}
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(e.sqlite_error_code(), Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked))
 }
@@ -228,6 +248,7 @@ impl Store {
     /// The directory cannot be created or the file is not a runner history database.
     pub fn open(path: &Path) -> R<Store> {
         let err = |e: &dyn std::fmt::Display| StoreError(format!("history database {}: {e}", path.display()));
+        let db_err = |e: rusqlite::Error| explain(path, &e, sqlite_code(&e));
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
         }
@@ -253,14 +274,29 @@ impl Store {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(100));
                 }
-                Err(e) => return Err(err(&e)),
+                Err(e) if e.to_string().contains("no such column") || e.to_string().contains("no such table") => {
+                    // SQLite appends the whole schema statement: the first clause is the news.
+                    let what = e.to_string();
+                    let what = what.split(" in ").next().unwrap_or(&what).to_string();
+                    return Err(StoreError(format!(
+                        "history database {}: its tables are not a runner history's ({what}); point --history (or RUNNER_HISTORY) \
+                         at a runner history file, or at a new path to start one",
+                        path.display()
+                    )));
+                }
+                Err(e) => return Err(db_err(e)),
             }
+        }
+        // A damaged file is said at once, not after a run was "kept" in it.
+        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(db_err)?;
+        if check != "ok" {
+            return Err(explain(path, &format!("integrity check: {check}"), Some(rusqlite::ErrorCode::DatabaseCorrupt)));
         }
         Ok(Store { conn, path: path.to_path_buf() })
     }
 
     fn err(&self, e: rusqlite::Error) -> StoreError {
-        StoreError(format!("history database {}: {e}", self.path.display()))
+        explain(&self.path, &e, sqlite_code(&e))
     }
 
     /// Start a run, or resume the newest unfinished one with the same kind, inputs, plugins
@@ -273,7 +309,7 @@ impl Store {
     pub fn begin(&mut self, kind: &str, command: &str, inputs: &Value, plugins: &Value, version: &str) -> R<(RunId, bool)> {
         let digest = resume_key(inputs, plugins, version);
         let path = self.path.clone();
-        let err = |e: rusqlite::Error| StoreError(format!("history database {}: {e}", path.display()));
+        let err = |e: rusqlite::Error| explain(&path, &e, sqlite_code(&e));
         // IMMEDIATE: take the write lock before reading, or two runners that both read
         // first would deadlock on the upgrade and one would fail "database is locked".
         let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(err)?;
@@ -528,6 +564,33 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("runner-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir.join("h.sqlite")
+    }
+
+    /// A damaged file is refused when opened, with the way out, before any run is "kept"
+    /// in it; another program's SQLite file is named as such, not with its SQL.
+    #[test]
+    fn a_damaged_or_foreign_database_is_refused_with_the_fix() {
+        let path = scratch("damaged");
+        let mut s = Store::open(&path).unwrap();
+        for i in 0..40 {
+            let (id, _) = s.begin("explore", "runner explore", &json!({ "i": i, "pad": "x".repeat(2000) }), &json!([]), "0.1.0").unwrap();
+            s.finish(id, "done", &json!({ "rows": i })).unwrap();
+        }
+        drop(s);
+        let mut bytes = std::fs::read(&path).unwrap();
+        assert!(bytes.len() > 5 * 4096, "{} bytes", bytes.len());
+        bytes[2 * 4096..3 * 4096].fill(0xAB);
+        std::fs::write(&path, bytes).unwrap();
+        let e = Store::open(&path).err().expect("a damaged file is refused").to_string();
+        assert!(e.contains("the file is damaged; move it aside") && e.contains(".recover"), "{e}");
+
+        let path = scratch("foreign");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE runs (name TEXT); INSERT INTO runs VALUES ('not ours');").unwrap();
+        drop(c);
+        let e = Store::open(&path).err().expect("a foreign database is refused").to_string();
+        assert!(e.contains("not a runner history's") && !e.contains("CREATE"), "{e}");
     }
 
     #[test]
