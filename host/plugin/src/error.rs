@@ -49,6 +49,9 @@ impl fmt::Display for PluginError {
             Failure::Contract(m) => write!(f, "plugin '{plugin}' is incompatible: {m}"),
             Failure::Trap { message, stderr } => {
                 write!(f, "plugin '{plugin}' trapped in `{call}`: {message}")?;
+                // Rust's hint to set RUST_BACKTRACE means nothing inside the sandbox.
+                let kept: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("note: run with `RUST_BACKTRACE=")).collect();
+                let stderr = kept.join("\n");
                 let stderr = stderr.trim();
                 if !stderr.is_empty() {
                     write!(f, "\n  plugin stderr: {}", stderr.replace('\n', "\n    "))?;
@@ -84,3 +87,19 @@ impl fmt::Display for PluginError {
 }
 
 impl std::error::Error for PluginError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A panicking plugin's message keeps where and why it panicked, without Rust's hint
+    /// to set an environment variable the sandbox does not pass.
+    #[test]
+    fn a_trap_shows_the_panic_without_the_backtrace_hint() {
+        let stderr = "\nthread '<unnamed>' panicked at src/lib.rs:12:5:\nno price for x\nnote: run with `RUST_BACKTRACE=1` environment variable to display a backtrace\n";
+        let e = PluginError::new("aws.wasm", "quote", Failure::Trap { message: "wasm trap: unreachable".into(), stderr: stderr.into() });
+        let text = e.to_string();
+        assert!(text.contains("panicked at src/lib.rs:12:5:\n    no price for x"), "{text}");
+        assert!(!text.contains("RUST_BACKTRACE"), "{text}");
+    }
+}
