@@ -620,6 +620,13 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     for s in &mut series {
         derive(s, &rule);
     }
+    // Layout flags that no count can divide are a mistake to say, not a table of "nothing
+    // fits" (--tp 3 on 8-GPU nodes).
+    let rows = || series.iter().flat_map(|s| &s.rows);
+    if !fixed.is_empty() && rows().all(|r| r.why_not.as_deref().is_some_and(|w| w.starts_with("no layout divides"))) {
+        let why = rows().next().and_then(|r| r.why_not.clone()).unwrap_or_default();
+        anyhow::bail!("the layout fixed by the run ({fixed}) divides none of the GPU counts: {why}");
+    }
     let comparisons = compare(&series);
     let goal = goal.map(|g| answer(g, &series, &cloud_names, &run.cluster.gpus));
 

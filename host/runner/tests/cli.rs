@@ -150,6 +150,7 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
         (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
         (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
         (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's"),
+        (vec!["--cloud", "aws", "--tp", "3"], "the layout fixed by the run (TP3) divides none of the GPU counts"),
     ] {
         let mut a = explore.to_vec();
         a.extend(extra);
