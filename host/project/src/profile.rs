@@ -290,6 +290,10 @@ impl GpuProfile {
     /// Every rule a profile must follow, so a user's file cannot make the model divide by
     /// zero or print nonsense.
     fn check(&self) -> Result<(), String> {
+        // The name titles every table and is what --gpu finds the profile by.
+        if self.name.trim().is_empty() || self.name.chars().any(char::is_control) {
+            return Err("name must be a visible GPU name, e.g. name = \"H100\"".into());
+        }
         let e = &self.efficiency;
         // Ranges wide enough for any chip, narrow enough that a slipped unit (1e-300, 1e300)
         // is refused instead of printing steps hundreds of digits long.
@@ -662,6 +666,10 @@ bf16 = 500.0
         let e = Profiles::with_overrides("[[gpu]]\nname = \"b200\"\nsiblings = [\"GB20\"]\n", "u.toml").unwrap_err();
         assert!(e.contains("siblings names 'GB20'") && e.contains("B200"), "{e}");
         assert_eq!(Profiles::builtin().get("b200").unwrap().siblings[0], "GB200", "the same die first");
+        // A new GPU needs a name to title its tables with.
+        let nameless = text.split("\n[[gpu]]\n").nth(2).unwrap().replace("name = \"X1\"", "name = \" \"");
+        let e = Profiles::with_overrides(&format!("[[gpu]]\n{nameless}"), "u.toml").unwrap_err();
+        assert!(e.contains("name must be a visible GPU name"), "{e}");
     }
 
     #[test]

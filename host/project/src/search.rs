@@ -223,10 +223,12 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         }
     }
     let cps = pick(space.cp, [1u32, 2, 4, 8, 16].into_iter().filter(|&c| seq.is_multiple_of(2 * c) || c == 1).collect());
+    // A dense model runs at ep 1; an ep it was given stays, so the sharding refuses it by
+    // name ("no routed experts") rather than the search dropping it unsaid.
     let eps: Vec<u32> = if shape.experts > 0 {
         pick(space.ep, divisors(shape.experts as u32).into_iter().filter(|&e| e <= gpus).collect())
     } else {
-        vec![1]
+        vec![space.ep.unwrap_or(1)]
     };
     let mbss = pick(space.mbs, vec![1, 2, 4, 8]);
     let fsdps = space.fsdp.map_or(vec![false, true], |f| vec![f]);

@@ -793,8 +793,17 @@ impl Costed {
             return Err(Reject::Divisibility("vp > 1 needs pp > 1".into()));
         }
         let starts = s.split.starts(layers, chunks).map_err(Reject::Divisibility)?;
-        // Offload counts layers per chunk; past the fullest chunk it would be clamped and
-        // the layout label would show a number the step never ran.
+        // Offload and full recompute count layers per chunk; past the fullest chunk they
+        // would be clamped and the layout label would show a number the step never ran.
+        if s.recompute == RecomputePolicy::Full && s.recompute_layers as usize > starts.max_len() {
+            return Err(Reject::Unsupported(format!(
+                "full recompute of {} layers per chunk is more than this layout's fullest chunk has ({} of the {layers} layers over {chunks} chunk{}): recompute at most {} (or every layer: leave the count out)",
+                s.recompute_layers,
+                starts.max_len(),
+                if chunks == 1 { "" } else { "s" },
+                starts.max_len()
+            )));
+        }
         if s.offload_layers > 0 && s.offload_layers as usize > starts.max_len() {
             return Err(Reject::Unsupported(format!(
                 "offload of {} layers per chunk is more than this layout's fullest chunk has ({} of the {layers} layers over {chunks} chunk{}): offload at most {}",

@@ -920,6 +920,10 @@ fn offloaded_activations_leave_the_gpu_and_cost_what_the_host_link_cannot_hide()
     let mut pr = projector("llama3.1-8b", 8192, "gb200", Recipe::Bf16);
     let err = pr.project(&LayoutSpec { offload_layers: 33, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap_err();
     assert!(err.contains("33 layers") && err.contains("at most 32"), "{err}");
+    // So is full recompute of more layers than the chunk has (it printed RC-full:999).
+    let err = pr.project(&LayoutSpec { recompute: RecomputePolicy::Full, recompute_layers: 33, ..layout(1, 1, 1, 1, 8, 1, 64) }).unwrap_err();
+    assert!(err.contains("full recompute of 33 layers") && err.contains("at most 32"), "{err}");
+    assert!(pr.project(&LayoutSpec { recompute: RecomputePolicy::Full, recompute_layers: 32, ..layout(1, 1, 1, 1, 8, 1, 64) }).is_ok());
 }
 
 /// Offloading to fit: the fewest layers per chunk whose activations, on the host, make the
