@@ -85,14 +85,32 @@ pub fn progress_line(global: &Global, msg: &str) {
         if std::io::stderr().is_terminal() {
             eprint!("\r\x1b[2K{msg}");
         } else if !msg.is_empty() {
-            tracing::info!("{msg}");
+            // A log (CI, nohup, a pipe) gets a line at most every PROGRESS_EVERY, so a
+            // run of minutes is seen to move without a line per step.
+            static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+            let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
+                *last = Some(std::time::Instant::now());
+                eprintln!("{}", runner::report::visible(msg));
+            } else {
+                tracing::info!("{msg}");
+            }
         }
     }
 }
 
+/// How often progress reaches a non-terminal stderr.
+const PROGRESS_EVERY: Duration = Duration::from_secs(15);
+
 /// A spinner with `msg` while one long call runs that cannot report its own progress.
 pub fn busy(global: &Global, msg: &str) -> Option<indicatif::ProgressBar> {
-    let bar = spinner(global)?;
+    let Some(bar) = spinner(global) else {
+        // No terminal to spin on: the log says once what the wait is for.
+        if !global.quiet {
+            eprintln!("{}...", runner::report::visible(msg));
+        }
+        return None;
+    };
     bar.set_message(msg.to_string());
     Some(bar)
 }
