@@ -347,29 +347,31 @@ fn models_lists_every_variant_with_counts() {
 
 #[test]
 fn every_subcommand_has_help_with_examples() {
+    // Walked from the binary's own help, so a subcommand added later is covered too.
     let dir = scratch("help");
-    for args in [
-        vec!["--help"],
-        vec!["run", "--help"],
-        vec!["explore", "--help"],
-        vec!["history", "--help"],
-        vec!["show", "--help"],
-        vec!["compare", "--help"],
-        vec!["plugins", "list", "--help"],
-        vec!["plugins", "inspect", "--help"],
-        vec!["plugins", "validate", "--help"],
-        vec!["models", "--help"],
-        vec!["bench", "plugins", "--help"],
-        vec!["project", "--help"],
-        vec!["search", "--help"],
-        vec!["validate", "--help"],
-        vec!["calibrate", "--help"],
-        vec!["measure", "--help"],
-    ] {
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    let mut seen = 0;
+    while let Some(path) = todo.pop() {
+        let mut args: Vec<&str> = path.iter().map(String::as_str).collect();
+        args.push("--help");
         let o = runner(&dir, &args);
-        assert!(o.status.success(), "{args:?}");
-        assert!(text(&o).0.contains("Examples:"), "{args:?} has no examples");
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(out.contains("Examples:"), "{args:?} has no examples");
+        seen += 1;
+        let Some(start) = out.find("\nCommands:\n") else { continue };
+        for line in out[start + 11..].lines().take_while(|l| !l.trim().is_empty()) {
+            // A command's line starts two spaces in; its description's wrapped lines further.
+            if let Some(name) = line.strip_prefix("  ").filter(|l| !l.starts_with(' ')).and_then(|l| l.split_whitespace().next())
+                && name != "help"
+            {
+                let mut next = path.clone();
+                next.push(name.to_string());
+                todo.push(next);
+            }
+        }
     }
+    assert!(seen >= 25, "only {seen} commands walked");
 }
 
 /// `runner project`'s JSON object carries the fields scripts read, fills omitted layout
