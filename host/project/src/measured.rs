@@ -649,10 +649,12 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
         }
         params.push(("gemm_half_gflop".into(), before_eff.gemm_half_gflop, h / 1e9));
         eff.gemm_half_gflop = h / 1e9;
-        // The profile's own law before and after, per row.
+        // The projection's own law (`Rates::gemm`, the one the fit's linear form above
+        // rewrites: flops / (rate · call/(call + half)) = (flops + half · calls) / rate),
+        // before and after, per row. Rows carry no bytes: the HBM floor is not in play.
         let law = |e: &Efficiency, r: &KernelRow| {
-            let peak = gpu.peak_tflops.get(r.format).unwrap_or(gpu.peak_tflops.bf16) * 1e12;
-            (r.flops + e.gemm_half_gflop * 1e9 * r.calls) / (peak * e.gemm.get(r.format)) / r.time - 1.0
+            let rates = crate::template::Rates::new(&GpuProfile { efficiency: e.clone(), ..gpu.clone() });
+            rates.gemm(r.flops, r.flops / r.calls.max(1.0), 0.0, r.format) / r.time - 1.0
         };
         before.extend(rows.iter().map(|r| law(&before_eff, r)));
         after.extend(rows.iter().map(|r| law(&eff, r)));
