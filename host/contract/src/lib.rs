@@ -27,6 +27,26 @@ pub mod workload;
 /// Bounds on what a plugin may return. Each is far above any real model or price list
 /// (Llama 3.1 405B's training graph has ~2,000 operations; a cloud lists ~100 instances),
 /// and far below what would make the host slow or its arithmetic overflow.
+/// What the local measurement of a training step runs (`host/runner/src/measure.rs`), so
+/// a model plugin's tests check its CPU proxy against the host's own budget.
+pub mod measurement {
+    /// Transformer layers run; the rest is composed from the per-layer time.
+    pub const LAYERS_RUN: u32 = 2;
+    /// f32 weights, gradients and two AdamW moments.
+    pub const BYTES_PER_PARAM: u64 = 16;
+    /// On the CPU: the layers' parameters at [`BYTES_PER_PARAM`] fit in 1 GiB (the default
+    /// run stays well inside a 24 GiB, 2-core CI machine and under a minute), at sequences
+    /// up to 256 and 2048 tokens a step.
+    pub const CPU_PARAM_BUDGET_BYTES: u64 = 1 << 30;
+    pub const CPU_MAX_SEQ: u32 = 256;
+    pub const CPU_TOKENS: u32 = 2048;
+    /// On a GPU: a budget an 80 GiB device holds with room for activations, the variant's
+    /// own sequence up to 4096, 8192 tokens a step.
+    pub const GPU_PARAM_BUDGET_BYTES: u64 = 24 << 30;
+    pub const GPU_MAX_SEQ: u32 = 4096;
+    pub const GPU_TOKENS: u32 = 8192;
+}
+
 pub mod limits {
     /// Variants per workload plugin, layouts per variant.
     pub const VARIANTS: usize = 1024;

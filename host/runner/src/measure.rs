@@ -19,19 +19,12 @@ use crate::plugin::PluginError;
 use crate::plugin::workload::{GraphRequest, ModelInfo, Variant, Workload};
 use crate::runfile::MeasureSection;
 
-/// f32 weights, gradients and two AdamW moments: 16 bytes per parameter. The budget keeps
-/// the default run well inside a 24 GiB, 2-core CI machine and under a minute.
-const PARAM_BUDGET_BYTES: f64 = 1.0 * (1u64 << 30) as f64;
-/// Tokens per measured step: sequence x micro-batch.
-const MAX_SEQ: u32 = 256;
-const TOKENS: u32 = 2048;
-/// On a GPU: a budget an 80 GiB device holds with room for activations, and the
-/// variant's own sequence up to 4096.
-const GPU_PARAM_BUDGET_BYTES: f64 = 24.0 * (1u64 << 30) as f64;
-const GPU_MAX_SEQ: u32 = 4096;
-const GPU_TOKENS: u32 = 8192;
-/// Layers actually run; the rest is composed from the per-layer time.
-const LAYERS_RUN: u32 = 2;
+// The budget of the measured step (what it runs on the CPU and on a GPU), shared with the
+// model plugins' tests of their CPU proxies.
+use runner_contract::measurement::{
+    BYTES_PER_PARAM, CPU_MAX_SEQ as MAX_SEQ, CPU_PARAM_BUDGET_BYTES, CPU_TOKENS as TOKENS, GPU_MAX_SEQ, GPU_PARAM_BUDGET_BYTES,
+    GPU_TOKENS, LAYERS_RUN,
+};
 
 /// What the measured step may allocate at most.
 pub const EXECUTOR_BUDGET_BYTES: u64 = 8 << 30;
@@ -95,9 +88,9 @@ pub fn measure(
     let device = choose_timed(crate::local_device::requested(), "a run file's [measure] section")?;
     let on_gpu = !matches!(device, Chosen::Cpu(..));
     let (budget, max_seq, tokens) = if on_gpu {
-        (GPU_PARAM_BUDGET_BYTES, GPU_MAX_SEQ, GPU_TOKENS)
+        (GPU_PARAM_BUDGET_BYTES as f64, GPU_MAX_SEQ, GPU_TOKENS)
     } else {
-        (PARAM_BUDGET_BYTES, MAX_SEQ, TOKENS)
+        (CPU_PARAM_BUDGET_BYTES as f64, MAX_SEQ, TOKENS)
     };
     let fits = |v: &Variant, w: &mut Workload| -> Result<(bool, f64), PluginError> {
         let g = w.graph(&GraphRequest::training(
@@ -106,7 +99,7 @@ pub fn measure(
             1,
             LAYERS_RUN.min(v.hyper.layers),
         ))?;
-        let bytes = count::params(&g).total as f64 * 16.0;
+        let bytes = count::params(&g).total as f64 * BYTES_PER_PARAM as f64;
         Ok((bytes <= budget, bytes))
     };
     let (own_fits, own_bytes) = fits(variant, workload)?;

@@ -175,9 +175,7 @@ mod tests {
         let v = info.variants.last().unwrap();
         assert_eq!(v.name, "deepseek-tiny");
         assert_eq!((v.hyper.attention, v.hyper.head_dim), (AttentionKind::Mla, 48));
-        let p2 = kit::params(DeepSeek::graph, "deepseek-tiny", 2);
-        assert!(p2.total * 16 < 1 << 30, "2 layers: {} params", p2.total);
-        let g = kit::host_graph(DeepSeek::graph, "deepseek-tiny", 256, 8, 2);
+        let (g, p2) = kit::measured_graph(DeepSeek::graph, "deepseek-tiny", 2);
         let count = |k: HostOp| g.ops.iter().filter(|o| o.kind == k).count();
         assert_eq!(count(HostOp::Concat), 4, "q and k rope/nope concat per layer");
         assert!(g.ops.iter().any(|o| o.name == "layers.0.attn.q_a_norm") && g.ops.iter().any(|o| o.name == "layers.1.attn.kv_norm"));

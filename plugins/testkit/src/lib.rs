@@ -67,6 +67,23 @@ pub fn check_all_variants(info: &wit::ModelInfo, graph: GraphFn) {
     assert!(err.contains(&info.variants[0].name), "error should list known variants: {err}");
 }
 
+/// The graph the host measures of `variant` on a CPU, and the parameters of its measured
+/// layers: asserts that those fit the host's budget
+/// ([`runner_contract::measurement`]: 2 layers at 16 bytes per parameter in 1 GiB), and
+/// builds it at the measured size (sequence 256, 2048 tokens a step) with `layers` layers
+/// (0: the whole model).
+pub fn measured_graph(graph: GraphFn, variant: &str, layers: u32) -> (runner_graph::Graph, ParamCount) {
+    use runner_contract::measurement::{BYTES_PER_PARAM, CPU_MAX_SEQ, CPU_PARAM_BUDGET_BYTES, CPU_TOKENS, LAYERS_RUN};
+    let measured = params(graph, variant, LAYERS_RUN);
+    assert!(
+        measured.total * BYTES_PER_PARAM < CPU_PARAM_BUDGET_BYTES,
+        "{variant}: {LAYERS_RUN} layers of {} params need {} bytes, past the CPU measurement's {CPU_PARAM_BUDGET_BYTES}",
+        measured.total,
+        measured.total * BYTES_PER_PARAM
+    );
+    (host_graph(graph, variant, CPU_MAX_SEQ, CPU_TOKENS / CPU_MAX_SEQ, layers), measured)
+}
+
 /// Parameters of `variant` (`layers` = 0: the whole model including MTP modules; the
 /// model's layer count: without them).
 pub fn params(graph: GraphFn, variant: &str, layers: u32) -> ParamCount {
