@@ -100,9 +100,7 @@ impl Recipe {
     pub fn resident_cast_bytes_per_element(self) -> f64 {
         match self {
             Recipe::Bf16 => 0.0,
-            Recipe::Fp8 | Recipe::Fp8Cs => 2.0 * 1.0,
-            Recipe::Mxfp8 => 2.0 * (1.0 + 1.0 / 32.0),
-            Recipe::Nvfp4 => 2.0 * (0.5 + 1.0 / 16.0),
+            _ => 2.0 * self.format().element_bytes(),
         }
     }
 }

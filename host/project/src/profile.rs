@@ -50,12 +50,14 @@ impl GemmFormat {
     /// Bytes per element of an operand stored in this format, its block scales included
     /// (MXFP8: one E8M0 byte per 32 elements; NVFP4: one E4M3 byte per 16).
     pub fn element_bytes(self) -> f64 {
+        use runner_graph::DType;
         match self {
-            GemmFormat::Bf16 => 2.0,
-            GemmFormat::Fp8 => 1.0,
-            GemmFormat::Mxfp8 => 1.0 + 1.0 / 32.0,
-            GemmFormat::Nvfp4 => 0.5 + 1.0 / 16.0,
+            GemmFormat::Bf16 => DType::BF16,
+            GemmFormat::Fp8 => DType::Fp8E4M3,
+            GemmFormat::Mxfp8 => DType::MxFp8,
+            GemmFormat::Nvfp4 => DType::NvFp4,
         }
+        .bytes()
     }
 }
 

@@ -73,11 +73,11 @@ pub enum Fp8Format {
 }
 
 impl Fp8Format {
-    /// Largest finite value: 448 or 57344.
+    /// Largest finite value: 448 or 57344 (the quantiser's [`super::quant::Format::max`]).
     pub fn max_finite(self) -> f32 {
         match self {
-            Fp8Format::E4M3 => 448.0,
-            Fp8Format::E5M2 => 57344.0,
+            Fp8Format::E4M3 => super::quant::Format::E4M3.max(),
+            Fp8Format::E5M2 => super::quant::Format::E5M2.max(),
         }
     }
 

@@ -42,6 +42,13 @@ pub enum Format {
     E2M1,
 }
 
+/// NVFP4's second-level, per-tensor scale: amax / (E4M3 max × the element format's max),
+/// so every block scale, stored in E4M3, stays in range (Transformer Engine's
+/// `global_amax / (fp8_max * fp4_max)`). `kernels/cuda/quant.cu` computes the same.
+pub fn tensor_scale_of_blocks(amax: f32, element: Format) -> f32 {
+    amax / (Format::E4M3.max() * element.max())
+}
+
 impl Format {
     /// Largest finite value.
     pub fn max(self) -> f32 {
@@ -498,7 +505,7 @@ pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Res
         return Ok(QuantReport::default());
     }
     let g = s.format.grid();
-    let global = if s.tensor_scale { amax(x) / (448.0 * s.format.max()) } else { 1.0 };
+    let global = if s.tensor_scale { tensor_scale_of_blocks(amax(x), s.format) } else { 1.0 };
     let seed = seed32(s.stochastic);
     let strip = br * cols;
     let per_task = (ELEM_GRAIN / strip).max(1);

@@ -442,7 +442,7 @@ impl CudaQuantStats {
             ScaleFrom::Given(s) => s,
             ScaleFrom::Current { format, margin } => quant::tensor_scale(f32::from_bits(w[7]), format, margin),
             ScaleFrom::Blocks(b) => {
-                let global = if b.tensor_scale { amax / (448.0 * b.format.max()) } else { 1.0 };
+                let global = if b.tensor_scale { quant::tensor_scale_of_blocks(amax, b.format) } else { 1.0 };
                 if b.tensor_scale {
                     if global > 0.0 { 1.0 / global } else { 1.0 }
                 } else {
