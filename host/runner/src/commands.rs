@@ -655,6 +655,19 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                         .into(),
                 );
             }
+            let over: Vec<String> = rows
+                .iter()
+                .filter(|r| r.paired_fraction_of_peak.is_some_and(|f| f > 1.0) || r.window_peak_gflops.is_some_and(|p| r.best_gflops > p))
+                .map(|r| r.m.to_string())
+                .collect();
+            if !over.is_empty() {
+                t.notes.push(format!(
+                    "over 100 % at {}: the FMA loop of those moments ran slower than the GEMM beside it (another job took the \
+                     cores in between), so those pairs measure the machine's noise, not a GEMM past the chip's peak; rerun on \
+                     a quiet machine",
+                    over.join(", ")
+                ));
+            }
             emit(
                 global,
                 &t,
