@@ -47,7 +47,9 @@ pub struct Point {
     pub vp: Option<u32>,
     pub ep: Option<u32>,
     pub etp: Option<u32>,
-    /// > 0: FSDP (the sharding group size); 0 or absent: DDP with the distributed optimizer.
+    /// > 0: FSDP; above 1 the sharding group size, 1 the flag of the tables that mark FSDP
+    /// on (NeMo 25.07's "FSDP: 1" where 25.09 gives the group of the same run, 64); 0 or
+    /// absent: DDP with the distributed optimizer.
     pub fsdp: Option<u32>,
     /// Whether the run overlapped the expert all-to-all with another micro-batch's compute
     /// (Megatron's `overlap_moe_expert_parallel_comm`, set by Megatron-Bridge's
@@ -475,8 +477,14 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
         if let Training::Lora(l) = training {
             notes.push(format!("LoRA fine-tune, rank {} on {}", l.rank, l.targets.describe()));
         }
-        if let Some(f) = p.fsdp.filter(|&f| f > 1 && f != layout.dp * layout.cp) {
-            notes.push(format!("FSDP group {f} of {} data-parallel ranks modelled as full sharding", layout.dp * layout.cp));
+        match p.fsdp {
+            Some(1) if layout.dp * layout.cp > 1 => {
+                notes.push(format!("fsdp = 1 read as the table's FSDP flag: full sharding over {} ranks", layout.dp * layout.cp));
+            }
+            Some(f) if f > 1 && f != layout.dp * layout.cp => {
+                notes.push(format!("FSDP group {f} of {} data-parallel ranks modelled as full sharding", layout.dp * layout.cp));
+            }
+            _ => {}
         }
         let note = notes.join("; ");
         // A LoRA fine-tune is grouped (and held out) apart from its model's training runs.
