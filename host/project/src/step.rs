@@ -795,23 +795,19 @@ impl Costed {
         let starts = s.split.starts(layers, chunks).map_err(Reject::Divisibility)?;
         // Offload and full recompute count layers per chunk; past the fullest chunk they
         // would be clamped and the layout label would show a number the step never ran.
-        if s.recompute == RecomputePolicy::Full && s.recompute_layers as usize > starts.max_len() {
-            return Err(Reject::Unsupported(format!(
-                "full recompute of {} layers per chunk is more than this layout's fullest chunk has ({} of the {layers} layers over {chunks} chunk{}): recompute at most {} (or every layer: leave the count out)",
-                s.recompute_layers,
-                starts.max_len(),
-                if chunks == 1 { "" } else { "s" },
-                starts.max_len()
-            )));
+        let most = starts.max_len();
+        let past_chunk = |what: &str, n: u32, fix: &str| {
+            Reject::Unsupported(format!(
+                "{what} of {n} layers per chunk is more than this layout's fullest chunk has ({most} of the {layers} layers over \
+                 {chunks} chunk{}): {fix} at most {most}",
+                if chunks == 1 { "" } else { "s" }
+            ))
+        };
+        if s.recompute == RecomputePolicy::Full && s.recompute_layers as usize > most {
+            return Err(past_chunk("full recompute", s.recompute_layers, "leave the count out for every layer, or recompute"));
         }
-        if s.offload_layers > 0 && s.offload_layers as usize > starts.max_len() {
-            return Err(Reject::Unsupported(format!(
-                "offload of {} layers per chunk is more than this layout's fullest chunk has ({} of the {layers} layers over {chunks} chunk{}): offload at most {}",
-                s.offload_layers,
-                starts.max_len(),
-                if chunks == 1 { "" } else { "s" },
-                starts.max_len()
-            )));
+        if s.offload_layers as usize > most {
+            return Err(past_chunk("offload", s.offload_layers, "offload"));
         }
         let per_step = u64::from(key.mbs) * u64::from(dp);
         if s.global_batch == 0 || !u64::from(s.global_batch).is_multiple_of(per_step) {

@@ -970,21 +970,20 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
 /// Why no layout fits: the family that came closest.
 fn nothing_fits(families: &[search::Family]) -> String {
     use search::Verdict;
-    let closest = families
-        .iter()
-        .filter_map(|f| match &f.verdict {
-            Verdict::Memory { layout, need_gib, have_gib } => Some((need_gib, have_gib, layout, &f.name)),
-            _ => None,
-        })
-        .min_by(|a, b| a.0.total_cmp(b.0));
+    // The family needing the least (GPU memory, or host memory for what it offloads).
+    let least = |host: bool| {
+        families
+            .iter()
+            .filter_map(|f| match &f.verdict {
+                Verdict::Memory { layout, need_gib, have_gib } if !host => Some((need_gib, have_gib, layout, &f.name)),
+                Verdict::HostMemory { layout, need_gib, have_gib } if host => Some((need_gib, have_gib, layout, &f.name)),
+                _ => None,
+            })
+            .min_by(|a, b| a.0.total_cmp(b.0))
+    };
+    let closest = least(false);
     // A family that fits the GPU by offloading came closer than any that does not.
-    let host = families
-        .iter()
-        .filter_map(|f| match &f.verdict {
-            Verdict::HostMemory { layout, need_gib, have_gib } => Some((need_gib, have_gib, layout, &f.name)),
-            _ => None,
-        })
-        .min_by(|a, b| a.0.total_cmp(b.0));
+    let host = least(true);
     if let Some((need, have, layout, fam)) = host {
         return format!(
             "nothing fits: the GPU holds a layout only by offloading activations, and the least host memory that takes is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
