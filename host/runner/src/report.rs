@@ -7,6 +7,8 @@ pub mod chart;
 pub mod explore;
 pub mod validation;
 
+pub use explore::fixed_or_significant;
+
 use serde::Serialize;
 
 

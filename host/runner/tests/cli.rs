@@ -561,6 +561,22 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
 /// only with the embedding and the loss counted as layers (Megatron-Bridge's 405B
 /// recipe), and DeepSeek-V3's layout string sets vp and takes layers off the last stage.
 #[test]
+fn a_tiny_models_table_shows_its_figures_not_zeros() {
+    // A tiny model's step is a fraction of a millisecond and its weights a few MiB: fixed
+    // decimals would print every row as 0.000 s and 0.0 GiB.
+    let dir = scratch("project-tiny");
+    let o = runner(&dir, &["project", "--model", "llama3-tiny", "--gpu", "b300", "--gpus", "8"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let row = |name: &str| out.lines().find(|l| l.trim_start().starts_with(name)).unwrap_or_else(|| panic!("no {name} row in {out}")).to_string();
+    for name in ["step time", "weights / grads / optimizer", "compute", "GEMMs"] {
+        let r = row(name);
+        let shown: Vec<f64> = r.split(|c: char| !(c.is_ascii_digit() || c == '.')).filter_map(|w| w.parse().ok()).collect();
+        assert!(!shown.is_empty() && shown.iter().all(|&x| x > 0.0), "{name}: {r}");
+    }
+}
+
+#[test]
 fn project_takes_megatrons_pipeline_split() {
     let dir = scratch("pipeline-split");
     let base = ["project", "--model", "llama3.1-405b", "--gpu", "gb200", "--gpus", "256", "--precision", "mxfp8", "--tp", "4", "--pp", "16", "--vp", "8", "--mbs", "1", "--gbs", "1536", "--format", "json", "-q"];

@@ -12,7 +12,7 @@ use serde::Serialize;
 use runner::input;
 use runner::plugin::Limits;
 use runner::project::{self, PluginResolver};
-use runner::report::Table;
+use runner::report::{Table, fixed_or_significant as sig};
 use runner_graph::modules::{Module, Modules};
 use runner_graph::pipeline::PipelineSplit;
 use runner_graph::recompute::RecomputePolicy;
@@ -570,15 +570,15 @@ fn project_table(o: &ProjectOut) -> Table {
     let m = &p.memory;
     let mut t = Table::new(format!("{} on {} {}, {}: {}", o.model, p.gpus, o.gpu, o.precision, p.layout.short()), &["", "value"]);
     let mut kv = |k: &str, v: String| t.rows.push(vec![k.to_string(), v]);
-    kv("step time", format!("{:.3} s", p.step_time_s));
+    kv("step time", format!("{} s", sig(p.step_time_s, 3)));
     kv("tokens/s/GPU", format!("{:.0}", p.tokens_per_sec_per_gpu));
-    kv("model TFLOP/s/GPU", format!("{:.1}", p.model_tflops_per_gpu));
+    kv("model TFLOP/s/GPU", sig(p.model_tflops_per_gpu, 1));
     kv("MFU", format!("{:.1} %", 100.0 * p.mfu));
-    kv("memory/GPU", format!("{:.1} of {:.0} GiB ({})", m.total, m.capacity, if p.fits { "fits" } else { "does not fit" }));
-    kv("  weights / grads / optimizer", format!("{:.1} / {:.1} / {:.1} GiB", m.weights, m.gradients, m.optimizer));
-    kv("  activations / reserved", format!("{:.1} / {:.1} GiB (stage {})", m.activations, m.reserved, m.stage));
+    kv("memory/GPU", format!("{} of {:.0} GiB ({})", sig(m.total, 1), m.capacity, if p.fits { "fits" } else { "does not fit" }));
+    kv("  weights / grads / optimizer", format!("{} / {} / {} GiB", sig(m.weights, 1), sig(m.gradients, 1), sig(m.optimizer, 1)));
+    kv("  activations / reserved", format!("{} / {} GiB (stage {})", sig(m.activations, 1), sig(m.reserved, 1), m.stage));
     if m.host_offload > 0.0 {
-        kv("  offloaded to host", format!("{:.1} of {:.0} GiB host memory per GPU", m.host_offload, m.host_capacity));
+        kv("  offloaded to host", format!("{} of {:.0} GiB host memory per GPU", sig(m.host_offload, 1), m.host_capacity));
     }
     kv("micro-batches", p.micro_batches.to_string());
     let parts = &b.compute_parts;
@@ -604,7 +604,7 @@ fn project_table(o: &ProjectOut) -> Table {
         ("exposed activation offload", b.offload),
         ("waiting for stragglers", b.straggler),
     ]) {
-        kv(&format!("  {k}"), format!("{v:.3} s ({:.1} %)", 100.0 * v / p.step_time_s));
+        kv(&format!("  {k}"), format!("{} s ({:.1} %)", sig(v, 3), 100.0 * v / p.step_time_s));
     }
     t.notes = o.notes.clone();
     t.notes.insert(0, format!("layout from {}", o.layout_from));
@@ -683,10 +683,10 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
                 n.to_string(),
                 (i + 1).to_string(),
                 p.layout.short(),
-                format!("{:.3}", p.step_time_s),
+                sig(p.step_time_s, 3),
                 format!("{:.0}", p.tokens_per_sec_per_gpu),
                 format!("{:.1}%", 100.0 * p.mfu),
-                format!("{:.1}", p.memory_per_gpu_gib),
+                sig(p.memory_per_gpu_gib, 1),
             ]);
         }
         for fam in &f.families {

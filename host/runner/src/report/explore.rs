@@ -146,7 +146,7 @@ pub(crate) fn days_cell(d: f64) -> String {
 
 /// `x` with `decimals` decimals, or two significant digits where those would show none
 /// (a CPU proxy's 0.0042 s step printed as 0.00).
-pub(crate) fn fixed_or_significant(x: f64, decimals: usize) -> String {
+pub fn fixed_or_significant(x: f64, decimals: usize) -> String {
     let shown = 10f64.powi(-(decimals as i32));
     if x == 0.0 || !x.is_finite() || x.abs() >= shown {
         return format!("{x:.decimals$}");
