@@ -424,6 +424,19 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                 .collect();
             anyhow::bail!("no cloud sells in region '{}'; the regions are:\n  {}", crate::report::visible(region), listed.join("\n  "));
         }
+        // A region only the every-region prices answer may be a typo: say which named ones exist.
+        let named: std::collections::BTreeSet<&str> =
+            clouds.iter().flat_map(|c| c.regions()).filter(|&r| r != pricing::ANY_REGION).collect();
+        if !named.is_empty() && !named.contains(region) {
+            let shown: Vec<&str> = named.iter().take(8).copied().collect();
+            let more = if named.len() > 8 { format!(", ... ({} in all)", named.len()) } else { String::new() };
+            notes.push(format!(
+                "region {}: no cloud names it, so only the every-region prices of {} apply; the named regions are {}{more}",
+                crate::report::visible(region),
+                selling.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                shown.join(", ")
+            ));
+        }
         if !not.is_empty() {
             notes.push(format!(
                 "region {}: {} sell{} nothing there",

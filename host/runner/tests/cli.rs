@@ -167,6 +167,14 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
     let costs = v["series"][0]["rows"][0]["costs"].as_array().unwrap();
     assert_eq!(costs.len(), 2, "{out}");
     assert!(costs.iter().all(|c| c.get("Quoted").is_some() || c["usd"].is_number()), "{costs:?}");
+    assert!(!out.contains("no cloud names it"), "{out}");
+    // A region only the every-region price answers is priced, and said so: it may be a typo.
+    let mut a = explore.to_vec();
+    a.extend(["--cloud", "lambda,aws", "--region", "us-eest-1", "--format", "json"]);
+    let o = runner(&dir, &a);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("region us-eest-1: no cloud names it, so only the every-region prices of lambda apply; the named regions are "), "{out}");
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     std::fs::write(dir.join("sub/run.toml"), "[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"ours.csv\"\n").unwrap();
     let o = runner(&dir, &["run", "sub/run.toml", "--no-history", "-q"]);
