@@ -1,7 +1,8 @@
 //! Plugins that misbehave inside otherwise valid calls (tests/programs/hostile-*,
 //! nonsense-*, misbehave-cost): each class is refused or contained with a message naming
 //! the plugin, the call and the field; nothing from a plugin reaches the terminal raw; a
-//! plugin is checked on every call, and one that leaks memory across calls keeps working.
+//! plugin is checked on every call, and one that leaks memory or prints across calls keeps
+//! working.
 
 use std::time::{Duration, Instant};
 
@@ -297,6 +298,22 @@ fn a_plugin_that_leaks_across_calls_is_recycled_before_it_hits_the_cap() {
     };
     for call in 0..40 {
         c.quote(&leak)
+            .unwrap_or_else(|e| panic!("call {call}: {e}"));
+    }
+}
+
+#[test]
+fn a_plugin_that_prints_on_every_call_keeps_working() {
+    // 230 bytes printed per call fill the 64 KiB the host captures after ~285 calls; a
+    // print past it fails and Rust's println! panics, unless the instance is recycled.
+    let mut c = cost("misbehave_cost.wasm", Limits::default());
+    c.offerings().unwrap();
+    let chatty = QuoteRequest {
+        region: "test-1".into(),
+        ..request("chatty")
+    };
+    for call in 0..600 {
+        c.quote(&chatty)
             .unwrap_or_else(|e| panic!("call {call}: {e}"));
     }
 }

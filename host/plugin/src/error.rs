@@ -50,7 +50,18 @@ impl fmt::Display for PluginError {
             Failure::Trap { message, stderr } => {
                 write!(f, "plugin '{plugin}' trapped in `{call}`: {message}")?;
                 // Rust's hint to set RUST_BACKTRACE means nothing inside the sandbox.
-                let kept: Vec<&str> = stderr.lines().filter(|l| !l.starts_with("note: run with `RUST_BACKTRACE=")).collect();
+                // The sandbox escapes what the plugin printed: its line breaks read `\n`.
+                let mut kept: Vec<String> = stderr
+                    .lines()
+                    .flat_map(|l| l.split("\\n"))
+                    .filter(|l| !l.starts_with("note: run with `RUST_BACKTRACE="))
+                    .map(str::to_string)
+                    .collect();
+                // A plugin that printed in a loop: its first lines and its last (the panic).
+                if kept.len() > 30 {
+                    let left_out = kept.len() - 25;
+                    kept.splice(5..kept.len() - 20, [format!("[{left_out} lines left out]")]);
+                }
                 let stderr = kept.join("\n");
                 let stderr = stderr.trim();
                 if !stderr.is_empty() {
@@ -101,5 +112,19 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("panicked at src/lib.rs:12:5:\n    no price for x"), "{text}");
         assert!(!text.contains("RUST_BACKTRACE"), "{text}");
+
+        // As the sandbox hands it over: escaped, its line breaks the two characters `\n`.
+        let escaped = runner_contract::text::escape(stderr, usize::MAX);
+        let e = PluginError::new("aws.wasm", "quote", Failure::Trap { message: "wasm trap: unreachable".into(), stderr: escaped });
+        let text = e.to_string();
+        assert!(text.contains("panicked at src/lib.rs:12:5:\n    no price for x"), "{text}");
+        assert!(!text.contains("RUST_BACKTRACE"), "{text}");
+
+        // A plugin that printed in a loop: the first lines and the last, the panic with them.
+        let spam: String = (0..100).map(|i| format!("line {i}\\n")).collect::<String>() + "boom";
+        let e = PluginError::new("x.wasm", "graph", Failure::Trap { message: "unreachable".into(), stderr: spam });
+        let text = e.to_string();
+        assert!(text.contains("line 4\n    [76 lines left out]\n    line 81"), "{text}");
+        assert!(text.contains("line 99\n    boom") && !text.contains("line 5\n"), "{text}");
     }
 }

@@ -168,7 +168,17 @@ pub fn load(spec: &str) -> Result<Plugin, PluginError> {
     let (name, source, bytes) =
         resolve::resolve(spec).map_err(|m| PluginError::new(spec, "load", Failure::Load(m)))?;
     let plugin = load_bytes(&name, source, &bytes)?;
-    if plugin.info.shadows_embedded {
+    // Once per file and process: a run loads its workload more than once.
+    static WARNED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let first = |source: &str| {
+        let mut warned = WARNED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let new = !warned.iter().any(|s| s == source);
+        if new {
+            warned.push(source.to_string());
+        }
+        new
+    };
+    if plugin.info.shadows_embedded && first(&plugin.info.source.to_string()) {
         tracing::warn!(
             "{} from {} shadows the embedded plugin of that name",
             plugin.info.name,
@@ -315,7 +325,9 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
                 .collect();
             return Err(err(format!(
                 "it exports none of {PACKAGE}/workload, /precision-policy or /cost-model (it exports: {}); \
-                 build it with runner-plugin-sdk and one of its features",
+                 build it with runner-plugin-sdk and one of its features, and end the crate with that \
+                 feature's export macro (`runner_plugin_sdk::export_workload!(MyModel);`, `export_precision!`, \
+                 `export_cost!`)",
                 if exports.is_empty() {
                     "nothing".into()
                 } else {
@@ -338,8 +350,8 @@ fn check_contract(name: &str, component: &Component) -> Result<(Kind, String), P
             .collect();
         return Err(err(format!(
             "it was built against contract {PACKAGE}@{version}, but this runner speaks {PACKAGE}@{CONTRACT_VERSION} \
-             (and {} through an adapter); rebuild the plugin with runner-plugin-sdk {CONTRACT_VERSION}, \
-             or use a runner that speaks {version}",
+             (and {} through an adapter); rebuild the plugin against this runner's own SDK \
+             (`plugins/sdk` of its source, which speaks {CONTRACT_VERSION}), or use a runner that speaks {version}",
             older.join(" and ")
         )));
     }

@@ -214,6 +214,44 @@ fn new_store(plugin: &str, limits: Limits, input: Option<&bytes::Bytes>) -> Stor
     store
 }
 
+/// What a trapped plugin printed, for its error, escaped (line breaks read `\n`, as the
+/// price-file reader in the runner expects): all of it up to 4 KiB, else its first and last
+/// 2 KiB (a panic message comes last); and, where the capture was full, why a print then
+/// trapped.
+fn captured_output(bytes: &[u8]) -> String {
+    const SHOWN: usize = 4096;
+    let text = String::from_utf8_lossy(bytes);
+    let escape = |s: &str| runner_contract::text::escape(s, usize::MAX);
+    let mut out = if text.len() <= SHOWN {
+        escape(&text)
+    } else {
+        let mut head = SHOWN / 2;
+        while !text.is_char_boundary(head) {
+            head -= 1;
+        }
+        let mut tail = text.len() - SHOWN / 2;
+        while !text.is_char_boundary(tail) {
+            tail += 1;
+        }
+        format!(
+            "{} [{} bytes left out] {}",
+            escape(&text[..head]),
+            tail - head,
+            escape(&text[tail..])
+        )
+    };
+    // A write that does not fit is refused whole, so a full capture may stop short of it.
+    if bytes.len() + SHOWN > PIPE_CAPACITY {
+        out.push_str(&format!(
+            "\\n[stdout and stderr filled the {} KiB the host captures per instance, and a print past that \
+             fails (Rust's print! then panics): print less, or log through runner_plugin_sdk::log, which is \
+             capped and never fails]",
+            PIPE_CAPACITY >> 10
+        ));
+    }
+    out
+}
+
 /// Generated bindings that can be instantiated from a pre-instantiation (built once per
 /// plugin at load).
 pub trait World: Sized {
@@ -301,7 +339,12 @@ impl<W: World> Sandboxed<W> {
                 // A plugin is a pure function: an instance whose memory has grown past half
                 // its cap (a slow leak) is replaced before it can fail a later call.
                 let state = store.data();
-                if state.limiter.memory > state.limiter.memory_cap / 2 {
+                // So is one whose captured stdout/stderr is half full: a write past the
+                // capacity fails (Rust's `println!` then panics), so a plugin that prints a
+                // line per call would otherwise trap after some thousands of calls.
+                if state.limiter.memory > state.limiter.memory_cap / 2
+                    || state.output.contents().len() > PIPE_CAPACITY / 2
+                {
                     tracing::debug!(
                         "[{}] recycling an instance grown to {} bytes",
                         self.name,
@@ -320,8 +363,7 @@ impl<W: World> Sandboxed<W> {
 
     fn classify(&self, call: &str, e: wasmtime::Error, store: &Store<HostState>) -> PluginError {
         let state = store.data();
-        let output =
-            runner_contract::text::escape(&String::from_utf8_lossy(&state.output.contents()), 4096);
+        let output = captured_output(&state.output.contents());
         let failure = if state.limiter.hit || e.downcast_ref::<MemoryCapExceeded>().is_some() {
             Failure::OutOfMemory {
                 limit_mib: self.limits.memory_mib,
@@ -342,5 +384,26 @@ impl<W: World> Sandboxed<W> {
             }
         };
         PluginError::new(&self.name, call, failure)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn captured_output_keeps_the_panic_at_the_end_and_says_why_a_full_capture_traps() {
+        let panic = "\nthread '<unnamed>' panicked at src/lib.rs:3:5:\nboom \u{1b}[31m\n";
+        let shown = captured_output(panic.as_bytes());
+        assert_eq!(shown, "\\nthread '<unnamed>' panicked at src/lib.rs:3:5:\\nboom \\u{1b}[31m\\n");
+
+        let spam = "x".repeat(100) + "\n";
+        let mut full = spam.repeat(PIPE_CAPACITY / spam.len());
+        full.push_str("last line");
+        let shown = captured_output(full.as_bytes());
+        assert!(shown.contains(&format!(" [{} bytes left out] ", full.len() - 4096)), "{shown}");
+        assert!(shown.contains("last line"), "{shown}");
+        assert!(shown.contains("filled the 64 KiB"), "{shown}");
+        assert!(!captured_output(spam.as_bytes()).contains("filled"));
     }
 }

@@ -77,7 +77,8 @@ pub fn measured_graph(graph: GraphFn, variant: &str, layers: u32) -> (runner_gra
     let measured = params(graph, variant, LAYERS_RUN);
     assert!(
         measured.total * BYTES_PER_PARAM < CPU_PARAM_BUDGET_BYTES,
-        "{variant}: {LAYERS_RUN} layers of {} params need {} bytes, past the CPU measurement's {CPU_PARAM_BUDGET_BYTES}",
+        "{variant}: {LAYERS_RUN} layers of {} params need {} bytes, past the CPU measurement's {CPU_PARAM_BUDGET_BYTES}; \
+         give the family a smaller proxy variant (a small hidden size and vocabulary, as llama3-tiny)",
         measured.total,
         measured.total * BYTES_PER_PARAM
     );

@@ -1,7 +1,8 @@
 //! Test program: a valid cost plugin, except that `quote` misbehaves when the requested
 //! instance names a behaviour: `trap` panics, `spin` loops forever, `hog` allocates
 //! without end, `nan` returns a non-finite total, `wrong-total` returns lines that do
-//! not add up, `leak` leaks 8 MiB per call, `later` quotes honestly three times and then
+//! not add up, `leak` leaks 8 MiB per call, `chatty` prints a 230-byte line per
+//! call (the host's capture of stdout fills after some hundreds), `later` quotes honestly three times and then
 //! answers $0. Any other instance is quoted normally. The host must survive every one.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
@@ -29,7 +30,7 @@ impl Guest for Misbehave {
     }
 
     fn offerings() -> Vec<Offering> {
-        ["good", "trap", "spin", "hog", "nan", "wrong-total", "leak", "later"].into_iter().map(offering).collect()
+        ["good", "trap", "spin", "hog", "nan", "wrong-total", "leak", "chatty", "later"].into_iter().map(offering).collect()
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
@@ -65,6 +66,10 @@ impl Guest for Misbehave {
             }),
             "leak" => {
                 std::mem::forget(std::hint::black_box(vec![1u8; 8 << 20]));
+                standard_quote(&Self::offerings(), &request)
+            }
+            "chatty" => {
+                println!("quoting {} in {}: {}", request.instance, request.region, "-".repeat(200));
                 standard_quote(&Self::offerings(), &request)
             }
             "later" if LATER_CALLS.fetch_add(1, Ordering::Relaxed) >= 3 => {
