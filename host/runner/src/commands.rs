@@ -335,11 +335,29 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             let mut c = p.cost(limits)?;
             check("provider", c.provider().map(|p| p.display_name));
             let offerings = c.offerings();
+            // An offering on a GPU no profile describes is valid but never quoted.
+            let profiles = runner::project::profiles(global.profile.as_deref())?;
             check(
                 "offerings",
                 offerings
                     .as_ref()
-                    .map(|o| format!("{} instances", o.len()))
+                    .map(|o| {
+                        let unknown = runner::pricing::unknown_gpus(o, &profiles.gpus);
+                        if unknown.is_empty() {
+                            format!("{} instances", o.len())
+                        } else {
+                            let shown: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
+                            let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+                            format!(
+                                "{} instances, {} never quoted, on GPUs no profile describes: {}{} (an offering's gpu must be one of {}, or an alias)",
+                                o.len(),
+                                unknown.len(),
+                                shown.join(", "),
+                                if unknown.len() > 8 { ", ..." } else { "" },
+                                known.join(", ")
+                            )
+                        }
+                    })
                     .map_err(Clone::clone),
             );
             if let Some(o) = offerings.ok().and_then(|o| o.into_iter().next())

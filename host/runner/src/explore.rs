@@ -369,7 +369,37 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     for spec in &cost_specs {
         progress(&format!("loading prices from {spec}"), 0, 0);
         match pricing::load(spec, None, limits) {
+            // Two files under one provider name would show as two columns of one cloud (a
+            // plugin passing itself off as another): the file named after the provider keeps
+            // it (a user's aws.wasm shadows the embedded one), else the first loaded.
+            Ok(cloud) if let Some(at) = clouds.iter().position(|c| c.name == cloud.name) => {
+                let owns = |c: &pricing::Cloud| plugin_stem(&c.info.name) == c.name;
+                let (kept, dropped) = if owns(&cloud) && !owns(&clouds[at]) {
+                    let dropped = std::mem::replace(&mut clouds[at], cloud);
+                    (&clouds[at], dropped)
+                } else {
+                    (&clouds[at], cloud)
+                };
+                let why = format!(
+                    "the cost plugins {} and {} both call themselves '{}': {} prices it, and {} is left out \
+                     (a cloud is priced by one plugin: to replace a cloud's prices, give your file its plugin's name)",
+                    kept.info.name,
+                    dropped.info.name,
+                    crate::report::visible(&kept.name),
+                    kept.info.name,
+                    dropped.info.name
+                );
+                if run.cost.plugins.is_empty() {
+                    notes.push(format!("skipped a cloud: {why}"));
+                } else {
+                    anyhow::bail!("{why}");
+                }
+            }
             Ok(cloud) => {
+                // An offering on a GPU with no profile is never quoted: a cloud that sells
+                // only such GPUs would vanish from the table without a word.
+                let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+                notes.extend(never_priced(&cloud.name, &cloud.info.name, &cloud.unknown_gpus(&profiles.gpus), cloud.offering_count(), &known));
                 record_plugin(&mut plugins, &mut notes, &cloud.info);
                 clouds.push(cloud);
             }
@@ -980,6 +1010,21 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
     }
 }
 
+/// A note for a cloud (`name`, from `plugin`) whose every one of its `offered` instances is
+/// on a GPU no profile describes (`unknown`: instance and GPU; `known`: the profiles), so
+/// that it is never priced; none while one instance can be.
+fn never_priced(name: &str, plugin: &str, unknown: &[(&str, &str)], offered: usize, known: &[&str]) -> Option<String> {
+    if unknown.is_empty() || unknown.len() < offered {
+        return None;
+    }
+    let gpus: BTreeSet<&str> = unknown.iter().map(|&(_, g)| g).collect();
+    Some(format!(
+        "{name} ({plugin}) sells only GPUs no profile describes ({}): never priced (an offering's gpu must be one of {}, or an alias)",
+        gpus.into_iter().take(8).collect::<Vec<_>>().join(", "),
+        known.join(", ")
+    ))
+}
+
 /// Why no layout fits: the family that came closest.
 fn nothing_fits(families: &[search::Family]) -> String {
     use search::Verdict;
@@ -1051,6 +1096,18 @@ mod tests {
 
     /// A GPU count nothing fits says why: the closest family's memory, or else the rule
     /// that stood in the way.
+    #[test]
+    fn a_cloud_is_said_never_priced_only_when_no_instance_can_be() {
+        let known = ["H100", "B200"];
+        assert_eq!(never_priced("acme", "acme.wasm", &[], 3, &known), None);
+        assert_eq!(never_priced("acme", "acme.wasm", &[("x1", "H1000")], 2, &known), None);
+        let note = never_priced("acme", "acme.wasm", &[("x1", "H1000"), ("x2", "H1000"), ("x3", "MI300X")], 3, &known).unwrap();
+        assert_eq!(
+            note,
+            "acme (acme.wasm) sells only GPUs no profile describes (H1000, MI300X): never priced (an offering's gpu must be one of H100, B200, or an alias)"
+        );
+    }
+
     #[test]
     fn nothing_fits_names_the_reason() {
         use search::{Family, Verdict};

@@ -191,7 +191,12 @@ impl Cloud {
 
     /// Its instances whose GPU is none of `gpus` (by name or alias): never priced.
     pub fn unknown_gpus<'a>(&'a self, gpus: &[GpuProfile]) -> Vec<(&'a str, &'a str)> {
-        self.offerings.iter().filter(|o| !gpus.iter().any(|g| matches_gpu(o, g))).map(|o| (o.instance.as_str(), o.gpu.as_str())).collect()
+        unknown_gpus(&self.offerings, gpus)
+    }
+
+    /// How many instances it offers.
+    pub fn offering_count(&self) -> usize {
+        self.offerings.len()
     }
 
     /// Whether it sells in `region`.
@@ -389,6 +394,12 @@ impl Cloud {
             (None, None) => CloudPrice::NotSold,
         }
     }
+}
+
+/// The instances (and their GPU) of `offerings` whose GPU is none of `gpus` (by name or
+/// alias): never priced.
+pub fn unknown_gpus<'a>(offerings: &'a [Offering], gpus: &[GpuProfile]) -> Vec<(&'a str, &'a str)> {
+    offerings.iter().filter(|o| !gpus.iter().any(|g| matches_gpu(o, g))).map(|o| (o.instance.as_str(), o.gpu.as_str())).collect()
 }
 
 fn matches_gpu(o: &Offering, gpu: &GpuProfile) -> bool {

@@ -288,6 +288,36 @@ fn plugins_validate_reports_each_call() {
     let o = runner(&dir, &["plugins", "validate", "llama3"]);
     assert!(o.status.success(), "{}", text(&o).1);
     assert!(text(&o).0.contains("graph llama3.1-405b"));
+    // An offering on a GPU no profile describes is valid, but never quoted: said.
+    let misbehave = runner::plugin::test_programs().iter().find(|(n, _)| *n == "misbehave_cost.wasm").map(|(_, p)| *p).unwrap();
+    let o = runner(&dir, &["plugins", "validate", misbehave]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("ok: 10 instances, 1 never quoted, on GPUs no profile describes: exotic (H1000)"), "{out}");
+    assert!(!runner(&dir, &["plugins", "validate", "cloud.wasm"]).stdout.windows(5).any(|w| w == b"never"));
+}
+
+/// A plugin that calls itself another cloud is not shown as a second column of that cloud.
+#[test]
+fn two_cost_plugins_under_one_provider_name_are_refused() {
+    let dir = scratch("impostor");
+    std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
+    std::fs::write(dir.join("plugins/dist/cheapaws.wasm"), embedded_wasm("aws.wasm")).unwrap();
+    let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--no-history", "-q"];
+    let mut a = explore.to_vec();
+    a.extend(["--cloud", "aws,cheapaws"]);
+    let o = runner(&dir, &a);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("the cost plugins aws.wasm and cheapaws.wasm both call themselves 'aws'"), "{err}");
+    // Among the installed clouds, the second is skipped with a note.
+    let mut a = explore.to_vec();
+    a.extend(["--format", "json"]);
+    let o = runner(&dir, &a);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    // The embedded aws.wasm keeps the name, though the plugin directory's file loads first.
+    assert!(out.contains("skipped a cloud: the cost plugins aws.wasm and cheapaws.wasm both call themselves 'aws': aws.wasm prices it, and cheapaws.wasm is left out"), "{out}");
+    assert!(!out.contains("\"plugin\": \"cheapaws.wasm\""), "{out}");
 }
 
 #[test]
