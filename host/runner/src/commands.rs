@@ -459,6 +459,8 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     let mut rows = Vec::new();
     let mut found = Vec::new();
     let mut used: Vec<PluginInfo> = Vec::new();
+    // A plugin that fails is left out with a note: one broken file must not hide the rest.
+    let mut skipped: Vec<String> = Vec::new();
     for (info, shadowed) in plugin::list() {
         let Ok(info) = info else { continue };
         if shadowed || info.kind != Kind::Workload {
@@ -468,43 +470,50 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             plugin::Source::Path(p) => p.display().to_string(),
             plugin::Source::Embedded => info.name.clone(),
         };
-        let mut w = plugin::load(&spec)?.workload(limits)?;
-        let described = w.describe()?;
-        for v in described.variants {
-            if name.is_some_and(|n| n != v.name) {
-                continue;
+        let mut list = |rows: &mut Vec<ModelRow>| -> Result<()> {
+            let mut w = plugin::load(&spec)?.workload(limits)?;
+            let described = w.describe()?;
+            for v in described.variants {
+                if name.is_some_and(|n| n != v.name) {
+                    continue;
+                }
+                let seq = v.defaults.seq_len;
+                let graph = w.graph(&plugin::workload::GraphRequest::training(
+                    &v.name, seq, 1, 0,
+                ))?;
+                let params = runner::explore::main_model_params(&mut w, &v)?;
+                rows.push(ModelRow {
+                    name: v.name.clone(),
+                    family: v.family.clone(),
+                    plugin: info.name.clone(),
+                    params_total: params.total,
+                    params_active: params.active,
+                    default_seq_len: seq,
+                    flops_per_token: count::model_flops_per_step(&graph, &convention) / f64::from(seq),
+                });
+                found.push(v);
+                if used.last().is_none_or(|u| u.sha256 != info.sha256) {
+                    used.push(info.clone());
+                }
             }
-            let seq = v.defaults.seq_len;
-            let graph = w.graph(&plugin::workload::GraphRequest::training(
-                &v.name, seq, 1, 0,
-            ))?;
-            let params = runner::explore::main_model_params(&mut w, &v)?;
-            rows.push(ModelRow {
-                name: v.name.clone(),
-                family: v.family.clone(),
-                plugin: info.name.clone(),
-                params_total: params.total,
-                params_active: params.active,
-                default_seq_len: seq,
-                flops_per_token: count::model_flops_per_step(&graph, &convention) / f64::from(seq),
-            });
-            found.push(v);
-            if used.last().is_none_or(|u| u.sha256 != info.sha256) {
-                used.push(info.clone());
-            }
+            Ok(())
+        };
+        if let Err(e) = list(&mut rows) {
+            skipped.push(format!("left out {}: {e:#}", info.name));
         }
     }
-    let provenance = used.iter().map(|i| format!("plugin: {}", i.provenance()));
+    let provenance: Vec<String> = used.iter().map(|i| format!("plugin: {}", i.provenance())).chain(skipped.iter().cloned()).collect();
     if let Some(n) = name {
         let Some(v) = found.first() else {
             let all: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
             anyhow::bail!(
-                "no installed variant is called '{n}'{}; run `runner models` to list them",
+                "no installed variant is called '{n}'{}; run `runner models` to list them{}",
                 if all.is_empty() {
                     String::new()
                 } else {
                     format!(" ({})", all.join(", "))
-                }
+                },
+                skipped.iter().map(|s| format!("\n  {s}")).collect::<String>()
             );
         };
         let r = &rows[0];

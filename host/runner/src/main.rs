@@ -575,6 +575,19 @@ fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata, a: &std::path::Path, 
     std::fs::canonicalize(a).ok().is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
 }
 
+/// The first of the default run's own flags (not a global one) given before a
+/// subcommand, if any.
+fn run_flag_before(matches: &clap::ArgMatches) -> Option<String> {
+    let run = <QuickRun as clap::Args>::augment_args(clap::Command::new("run"));
+    run.get_arguments()
+        .map(|a| a.get_id().as_str())
+        .find(|id| matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine))
+        .map(|id| {
+            let arg = run.get_arguments().find(|a| a.get_id() == id);
+            arg.and_then(|a| a.get_long()).unwrap_or(id).to_string()
+        })
+}
+
 fn main() -> ExitCode {
     // SAFETY: the first statement of main: no other thread exists yet.
     #[cfg(feature = "cuda")]
@@ -585,6 +598,24 @@ fn main() -> ExitCode {
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);
+    // The default run's flags before a subcommand would be dropped without a word.
+    if let Some((sub, _)) = matches.subcommand()
+        && let Some(flag) = run_flag_before(&matches)
+    {
+        let fix = if sub == "explore" {
+            format!("put it after `explore`: `runner explore --{flag} ...`")
+        } else if flag == "plugin" {
+            format!(
+                "`runner {sub}` finds models among the installed plugins: copy the plugin into a plugin directory \
+                 (`runner plugins list` names them) or set RUNNER_PLUGIN_PATH to its folder; its variants then show in \
+                 `runner models`"
+            )
+        } else {
+            format!("see `runner {sub} --help` for its options")
+        };
+        eprintln!("error: {}", runner::report::visible(&format!("--{flag} before `{sub}` is an option of the default run, not of `{sub}`: {fix}")));
+        return ExitCode::FAILURE;
+    }
     runner::local_device::set_requested(cli.global.device);
     // An explicit CUDA device that is not there is refused whatever the command, as a
     // missing --profile is: a global flag means the same to every command.

@@ -86,19 +86,33 @@ fn broken_plugins() -> String {
     }
 }
 
-/// The plugin that provides variant `name`, or the names of every installed variant.
+/// The plugin that provides variant `name`, or the names of every installed variant and
+/// the plugins that failed to describe theirs (one broken plugin must not hide the others'
+/// models).
 fn lookup(name: &str, limits: Limits) -> Result<std::result::Result<Found, Vec<String>>> {
     let mut known = Vec::new();
+    let mut failed = Vec::new();
     for spec in installed_specs(Kind::Workload) {
-        let p = plugin::load(&spec)?;
-        let mut w = p.workload(limits)?;
-        let info = w.describe()?;
+        let described = plugin::load(&spec).and_then(|p| {
+            let info = p.workload(limits)?.describe()?;
+            Ok((p, info))
+        });
+        let (p, info) = match described {
+            Ok(d) => d,
+            Err(e) => {
+                failed.push(e.to_string());
+                continue;
+            }
+        };
         for v in info.variants {
             if v.name == name {
                 return Ok(Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v }));
             }
             known.push(v.name);
         }
+    }
+    if !failed.is_empty() {
+        known.push(format!("and none of what these plugins would list, which failed: {}", failed.join("; ")));
     }
     Ok(Err(known))
 }

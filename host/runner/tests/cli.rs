@@ -297,6 +297,41 @@ fn plugins_validate_reports_each_call() {
     assert!(!runner(&dir, &["plugins", "validate", "cloud.wasm"]).stdout.windows(5).any(|w| w == b"never"));
 }
 
+/// A model plugin that fails (here: its first `describe` answers a TP of 3 on 8 GPUs) is
+/// left out with its error, and every other plugin's models stay usable.
+#[test]
+fn a_broken_model_plugin_hides_no_other_model() {
+    let dir = scratch("broken-model");
+    std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
+    let nonsense = runner::plugin::test_programs().iter().find(|(n, _)| *n == "nonsense_workload.wasm").map(|(_, p)| *p).unwrap();
+    std::fs::copy(nonsense, dir.join("plugins/dist/nonsense_workload.wasm")).unwrap();
+    let o = runner(&dir, &["models"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("llama3-tiny") && out.contains("left out nonsense_workload.wasm: ") && out.contains("tp"), "{out}");
+    let o = runner(&dir, &["project", "--model", "llama3-tiny", "--gpus", "8", "--format", "json", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let o = runner(&dir, &["project", "--model", "no-such-model", "--gpus", "8"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("llama3-tiny") && err.contains("which failed: plugin 'nonsense_workload.wasm'"), "{err}");
+}
+
+/// The default run's flags before a subcommand are refused, not dropped.
+#[test]
+fn run_flags_before_a_subcommand_are_refused() {
+    let dir = scratch("flag-before");
+    for (args, want) in [
+        (&["--plugin", "llama3.wasm", "models"][..], "--plugin before `models` is an option of the default run, not of `models`: `runner models` finds models among the installed plugins"),
+        (&["--gpus", "8", "project", "--model", "llama3-tiny", "--gpus", "8"][..], "--gpus before `project`"),
+        (&["--variant", "llama3-tiny", "explore"][..], "put it after `explore`: `runner explore --variant ...`"),
+    ] {
+        let o = runner(&dir, args);
+        assert!(!o.status.success() && text(&o).1.contains(want), "{args:?}: {}", text(&o).1);
+    }
+    // Global flags are not the run's: they go anywhere.
+    assert!(runner(&dir, &["-q", "models", "llama3-tiny"]).status.success());
+}
+
 /// A plugin that calls itself another cloud is not shown as a second column of that cloud.
 #[test]
 fn two_cost_plugins_under_one_provider_name_are_refused() {
