@@ -316,7 +316,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
             check(
                 "describe",
                 info.as_ref()
-                    .map(|i| format!("{} variants of {}", i.variants.len(), i.family))
+                    .map(|i| format!("{} variant{} of {}", i.variants.len(), if i.variants.len() == 1 { "" } else { "s" }, i.family))
                     .map_err(Clone::clone),
             );
             if let Ok(info) = info {

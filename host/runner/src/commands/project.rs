@@ -633,6 +633,10 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
 fn verdict_text(v: &Verdict) -> String {
     match v {
         Verdict::Best { layout, step_time_s } => format!("best ({layout}, {step_time_s:.2} s)"),
+        // A near tie in percent: "1.00x slower" reads as no loss.
+        Verdict::Speed { layout, slower, .. } if *slower < 1.1 => {
+            format!("speed: {} % slower at best ({layout})", sig(100.0 * (slower - 1.0), 1))
+        }
         Verdict::Speed { layout, slower, .. } => format!("speed: {slower:.2}x slower at best ({layout})"),
         Verdict::Memory { layout, need_gib, have_gib } => {
             format!("memory: needs at least {need_gib:.0} GiB of {have_gib:.0} ({layout})")
