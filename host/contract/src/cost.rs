@@ -127,7 +127,7 @@ macro_rules! cost_rules {
                     return Err(format!("instance {name}: node-multiple must be in 1..=1024, got {}", o.node_multiple));
                 }
                 if !(o.interconnect_gbps.is_finite() && (0.0..=1e6).contains(&o.interconnect_gbps)) {
-                    return Err(format!("instance {name}: interconnect-gbps {} is not a bandwidth", o.interconnect_gbps));
+                    return Err(format!("instance {name}: interconnect-gbps {} is not a bandwidth", text::number(o.interconnect_gbps)));
                 }
                 if o.prices.is_empty() {
                     return Err(format!("instance {name} has no prices"));
@@ -152,10 +152,11 @@ macro_rules! cost_rules {
                         let hourly = p.usd_per_node_hour + term_hours(p.option).map_or(0.0, |h| p.upfront_usd_per_node / h);
                         if hourly > od.usd_per_node_hour * (1.0 + 1e-9) {
                             return Err(format!(
-                                "instance {name} in {}: {} costs {hourly} USD/node-hour, more than on-demand ({})",
+                                "instance {name} in {}: {} costs {} USD/node-hour, more than on-demand ({})",
                                 text::shown(&p.region),
                                 option_name(p.option),
-                                od.usd_per_node_hour
+                                text::number(hourly),
+                                text::number(od.usd_per_node_hour)
                             ));
                         }
                     }
@@ -249,29 +250,29 @@ macro_rules! cost_rules {
                 text::name("unit", &l.unit).map_err(|m| format!("line {item}: {m}"))?;
                 text::at_most("caveats", l.caveats.len(), $crate::limits::CAVEATS)?;
                 if !(l.quantity.is_finite() && l.quantity >= 0.0) {
-                    return Err(format!("line {item} has a non-finite or negative quantity ({})", l.quantity));
+                    return Err(format!("line {item} has a non-finite or negative quantity ({})", text::number(l.quantity)));
                 }
                 let discount = l.category == LineCategory::Discount;
                 if !l.amount.is_finite() || l.amount.abs() > 1e15 || (l.amount < 0.0 && !discount) || (l.amount > 0.0 && discount) {
                     return Err(format!(
                         "line {item} has the amount {} {}; amounts are finite, and negative only on discount lines",
-                        l.amount, q.currency
+                        text::number(l.amount), q.currency
                     ));
                 }
                 sum += l.amount;
             }
             if !(q.total.is_finite() && q.total > 0.0) {
-                return Err(format!("the total ({} {}) is not a price above zero", q.total, q.currency));
+                return Err(format!("the total ({} {}) is not a price above zero", text::number(q.total), q.currency));
             }
             if (sum - q.total).abs() > 1e-6 * sum.abs().max(1.0) {
-                return Err(format!("the total ({}) is not the sum of the lines ({sum})", q.total));
+                return Err(format!("the total ({}) is not the sum of the lines ({})", text::number(q.total), text::number(sum)));
             }
             if q.currency == "USD"
                 && let Some(floor) = list_price_floor(request, offerings)
                 && q.total < floor * (1.0 - 1e-9) - 1e-9
             {
                 // Cents hide the gap on a short request; six decimals show it.
-                let usd = |x: f64| if x >= 1.0 { format!("{x:.2}") } else { format!("{x:.6}") };
+                let usd = |x: f64| if x >= 1e6 { text::number(x) } else if x >= 1.0 { format!("{x:.2}") } else { format!("{x:.6}") };
                 return Err(format!(
                     "the total ({} USD) is below the list price of what was asked for ({} USD: {} nodes of {} for {} h, {}); \
                      put discounts in the price list",

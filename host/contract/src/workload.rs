@@ -321,13 +321,14 @@ macro_rules! workload_rules {
                     l.seq_len, l.recompute_layers
                 ));
             }
-            if !(l.gbs_per_gpu.is_finite() && (0.0..=1e6).contains(&l.gbs_per_gpu))
-                || (l.gbs_per_gpu == 0.0 && l.gbs_fixed == 0)
-            {
+            if !(l.gbs_per_gpu.is_finite() && (0.0..=1e6).contains(&l.gbs_per_gpu)) {
                 return Err(format!(
-                    "the global batch rule gives no batch (gbs-per-gpu {}, gbs-fixed {})",
-                    l.gbs_per_gpu, l.gbs_fixed
+                    "gbs-per-gpu must be finite, >= 0 and at most 1e6 sequences per GPU, got {}",
+                    text::number(l.gbs_per_gpu)
                 ));
+            }
+            if l.gbs_per_gpu == 0.0 && l.gbs_fixed == 0 {
+                return Err("the global batch rule gives no batch (gbs-per-gpu 0 and gbs-fixed 0): give either".into());
             }
             if let Some(m) = &l.measured {
                 text::free("measured.source", &m.source)?;

@@ -518,6 +518,9 @@ fn clear(message: &str) -> Result<(), TestCaseError> {
         !message.chars().any(runner_contract::text::is_unsafe),
         "unsafe text: {message:?}"
     );
+    // A plugin's 1e300 is shown as 1e300, not as 301 digits.
+    let longest = message.split(|c: char| !c.is_ascii_digit()).map(str::len).max().unwrap_or(0);
+    prop_assert!(longest <= 24, "a {longest}-digit number: {message:?}");
     Ok(())
 }
 
