@@ -47,7 +47,7 @@ pub struct Point {
     pub vp: Option<u32>,
     pub ep: Option<u32>,
     pub etp: Option<u32>,
-    /// > 0: FSDP; above 1 the sharding group size, 1 the flag of the tables that mark FSDP
+    /// Above 0: FSDP; above 1 the sharding group size, 1 the flag of the tables that mark FSDP
     /// on (NeMo 25.07's "FSDP: 1" where 25.09 gives the group of the same run, 64); 0 or
     /// absent: DDP with the distributed optimizer.
     pub fsdp: Option<u32>,

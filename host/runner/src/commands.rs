@@ -58,12 +58,58 @@ pub fn print_stdout(text: &str) -> Result<()> {
 /// file's extension names (.json, .csv, .html, in any case; a table otherwise).
 pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
     if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
-        std::fs::write(path, render(format)).with_context(|| format!("cannot write {}", path.display()))?;
+        write_atomic(path, render(format).as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
             eprintln!("wrote {}", path.display());
         }
     }
     Ok(())
+}
+
+/// Write `bytes` to `path` whole or not at all: into a temporary file beside it, then
+/// renamed over it, so a run stopped mid-write (Ctrl-C, a full disk) or a reader at the
+/// same moment never sees half a report, and an older report stays as it was until the
+/// new one is complete. A path that is not a regular file (`/dev/stdout`, a FIFO) is
+/// written in place; a symbolic link's target is replaced, not the link.
+///
+/// # Errors
+/// The file or its temporary sibling cannot be written or renamed.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let target = if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+        std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+    } else {
+        path.to_path_buf()
+    };
+    let existing = std::fs::metadata(&target).ok();
+    if existing.as_ref().is_some_and(|m| !m.is_file()) {
+        return std::fs::write(&target, bytes);
+    }
+    let dir = match target.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => std::path::PathBuf::from("."),
+    };
+    let name = target.file_name().map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    // A file that may be written in a directory that may not (no room for the
+    // temporary sibling) is written in place, as `writable` promised it could be.
+    let mut f = match std::fs::File::create(&tmp) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && existing.is_some() => return std::fs::write(&target, bytes),
+        Err(e) => return Err(e),
+    };
+    let written = (|| {
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        if let Some(m) = &existing {
+            std::fs::set_permissions(&tmp, m.permissions())?;
+        }
+        std::fs::rename(&tmp, &target)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// The format --output is written in (none without --output): --format, else the one
@@ -872,5 +918,37 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             emit(global, &t, &rows)
         }
         other => anyhow::bail!("bench {other:?} runs on a device (device_bench.rs)"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::write_atomic;
+
+    /// The report replaces the old one whole, keeps its permissions, leaves no temporary
+    /// file behind, writes through a symbolic link to its target, and writes a
+    /// non-file (`/dev/null`) in place.
+    #[test]
+    fn reports_are_written_whole_through_a_rename() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = std::env::temp_dir().join(format!("runner-atomic-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("r.json");
+        std::fs::write(&f, "old, and longer than the new one").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_atomic(&f, b"new").unwrap();
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "new");
+        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o640);
+        let link = dir.join("link.json");
+        std::os::unix::fs::symlink(&f, &link).unwrap();
+        write_atomic(&link, b"via link").unwrap();
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        assert_eq!(std::fs::read_to_string(&f).unwrap(), "via link");
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        write_atomic(std::path::Path::new("/dev/null"), b"x").unwrap();
+        assert!(write_atomic(&dir.join("missing/r.json"), b"x").is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

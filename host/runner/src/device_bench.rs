@@ -80,8 +80,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             for r in &rows {
                 t.rows.push(vec![
                     r.m.to_string(),
-                    format!("{:.1}", r.tflops),
-                    format!("{:.1}", r.best_tflops),
+                    // A CPU's 0.04 TFLOP/s is not 0.0.
+                    runner::report::fixed_or_significant(r.tflops, 1),
+                    runner::report::fixed_or_significant(r.best_tflops, 1),
                     format!("{:.3} ms", r.time.median * 1e3),
                 ]);
             }
@@ -171,7 +172,19 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             // The embedding and the head (128k x 4096 each) come with the layer: gigabytes
             // in f32 and many seconds on a CPU even at seq 1.
-            let bar = commands::busy(global, &format!("one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed", opts.timing.warmup));
+            let on_cpu = if matches!(chosen, Chosen::Cpu(..)) {
+                // What a CPU run costs, said before it starts: it measured 57 s and 20 GB
+                // resident at --seq 16 --repeats 1 on two cores, and gave no sign for
+                // minutes at the default --seq 2048.
+                "; on a CPU: minutes, and some 20 GB of memory (weights, gradients and AdamW moments of 1.3B \
+                 parameters with the 128k-token embedding and head); --seq 128 --repeats 1 for a quick look"
+            } else {
+                ""
+            };
+            let bar = commands::busy(
+                global,
+                &format!("one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed{on_cpu}", opts.timing.warmup),
+            );
             let m = on_device!(&chosen, |dev| measure_training_step_on(&g, dev.clone(), opts)).context("the layer step");
             let graphed = if cuda_graph && m.is_ok() {
                 let o = MeasureOptions { cuda_graph: true, ..opts };
@@ -199,11 +212,13 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let layer_b: f64 = m.timing.ops.iter().filter(|o| o.layer >= 0).map(|o| o.backward.median).sum();
             t.rows.push(vec!["layer forward (ops of layer 0)".into(), ms(layer_f), String::new(), String::new()]);
             t.rows.push(vec!["layer backward (ops of layer 0)".into(), ms(layer_b), String::new(), String::new()]);
+            // Three significant figures (a CPU's 0.05 TFLOP/s printed as 0.0), and the
+            // memory in GiB (`si` wrote 20.32e9 bytes as "20.32B").
             t.notes.push(format!(
-                "{:.1} model TFLOP/s over the step ({}); peak memory {}",
-                m.achieved_tflops,
+                "{} model TFLOP/s over the step ({}); peak memory {:.2} GiB",
+                runner::report::fixed_or_significant(m.achieved_tflops, 1),
                 m.convention,
-                si(m.memory.peak_bytes as f64)
+                m.memory.peak_bytes as f64 / f64::from(1u32 << 30)
             ));
             let mut same_losses = None;
             let mut same_bitwise = None;
@@ -270,6 +285,9 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ops: ops.iter().map(|o| crate::dist_bench::Coll::parse(o)).collect::<Result<_>>()?,
                 timeout: std::time::Duration::from_secs(timeout.max(1)),
             };
+            if args.stepbytes == Some(0) {
+                bail!("-i 0: a zero increment never reaches -e; give a positive one (e.g. -i 1M), or drop -i for the -f factor");
+            }
             if args.maxbytes < args.minbytes || args.maxbytes > 64 << 30 {
                 bail!("-e must be at least -b and at most 64G");
             }

@@ -268,21 +268,26 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     }
     let ranks = local_ranks(args.ngpus)?;
     let run = format!(
-        "bench collectives -b {} -e {} -f {} -n {} -w {} -d {} ops {:?}",
+        "bench collectives -b {} -e {} -f {} -i {:?} -n {} -w {} -d {} ops {:?}",
         args.minbytes,
         args.maxbytes,
         args.stepfactor,
+        args.stepbytes,
         args.iters,
         args.warmup,
         nccl_type_name(args.dtype),
         args.ops
     );
+    let g = global.clone();
     let results = on_ranks(ranks, global.device, move |launch, gpu| {
         let world = rendezvous(&launch, &meta(run.clone()), args.timeout)?;
+        let progress = |m: &str| crate::commands::progress_line(&g, m);
         let r = match gpu {
-            None => coll_rank(&Cpu::new(), &world, launch.local_rank, &args),
+            None => coll_rank(&Cpu::new(), &world, launch.local_rank, &args, &progress),
             #[cfg(feature = "cuda")]
-            Some(n) => runner_exec::cuda::Cuda::new(n).map_err(|e| anyhow!(e)).and_then(|dev| coll_rank(&dev, &world, launch.local_rank, &args)),
+            Some(n) => runner_exec::cuda::Cuda::new(n)
+                .map_err(|e| anyhow!(e))
+                .and_then(|dev| coll_rank(&dev, &world, launch.local_rank, &args, &progress)),
             #[cfg(not(feature = "cuda"))]
             Some(_) => Err(anyhow!("built without CUDA")),
         };
@@ -293,6 +298,9 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
         }
         r
     })?;
+    if !global.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        crate::commands::progress_line(global, "");
+    }
     let Some(rows) = results.into_iter().flatten().next() else {
         return Ok(()); // not rank 0: rank 0 prints
     };
@@ -378,7 +386,9 @@ fn on_ranks<T: Send + 'static>(
 }
 
 /// One rank's sweep; rank 0 returns the rows.
-fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollArgs) -> Result<Option<Vec<CollRow>>> {
+/// Rank 0 reports each size as it completes through `progress` (a sweep of large sizes
+/// takes minutes; nccl-tests prints each line as it goes).
+fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollArgs, progress: &dyn Fn(&str)) -> Result<Option<Vec<CollRow>>> {
     let n = world.size();
     let me = world.rank();
     if D::transport() == "tcp" && a.dtype != Elem::F32 {
@@ -393,8 +403,12 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
     let nodes = HostCollective::all_gather(&ctl, &[local_rank as f32])?.iter().filter(|&&l| l == 0.0).count().max(1);
     let esize = a.dtype.bytes() as u64;
     let mut rows = Vec::new();
+    let sizes = a.sizes();
+    let total = a.ops.len() * sizes.len();
+    let mut done = 0usize;
     for &op in &a.ops {
-        for size in a.sizes() {
+        for &size in &sizes {
+            done += 1;
             // nccl-tests' count: elements of the size, rounded down to split over the ranks.
             let mut count = size / esize;
             if matches!(op, Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll) {
@@ -509,6 +523,9 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
                 transport: D::transport().into(),
                 device: dev.name(),
             });
+            if me == 0 {
+                progress(&format!("{done}/{total}: {} {} B: {:.2} us, busbw {:.2} GB/s", op.name(), count * esize, time * 1e6, algbw * op.bus_factor(n)));
+            }
         }
     }
     Ok((me == 0).then_some(rows))

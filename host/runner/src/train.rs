@@ -853,6 +853,10 @@ fn train_one<D: Device + Clone>(
             let l = evaluate(&mut ex, data, cfg.eval_batches)?;
             eval.push(Point { step: applied, tokens: applied * tokens_per_step, loss: l });
             progress(&format!("{spec}: step {applied}/{} train loss {loss:.4} held-out {l:.4}", cfg.steps));
+        } else {
+            // Every step, not only the evaluations: a run of long steps (a long --seq-len,
+            // a rare --eval-every) is seen to move.
+            progress(&format!("{spec}: step {applied}/{} train loss {loss:.4}", cfg.steps));
         }
     }
     let tail = (train.len() / 10).max(1);

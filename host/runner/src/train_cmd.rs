@@ -9,7 +9,7 @@ use runner::report::OutputFormat;
 use runner::train::{self, Injection, TrainConfig, defaults};
 
 use crate::Global;
-use crate::commands::{progress_line, write_output};
+use crate::commands::{print_stdout, progress_line, write_output};
 
 /// Flags of `runner train`.
 #[derive(Args, Debug, Clone)]
@@ -76,6 +76,15 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         (None, Some(c)) if !c.is_empty() => c.clone(),
         _ => anyhow::bail!("name a policy with --precision POLICY or several with --compare bf16,fp8,fp8-safe"),
     };
+    for (i, p) in policies.iter().enumerate() {
+        if p.trim().is_empty() {
+            let flag = if a.compare.is_some() { "--compare" } else { "--precision" };
+            anyhow::bail!("{flag} '{}': an empty policy name; name policies separated by single commas (bf16,fp8,fp8-safe)", policies.join(","));
+        }
+        if policies[..i].contains(p) {
+            anyhow::bail!("--compare names {p} twice: each policy runs once on the same text, seed and batches; list it once");
+        }
+    }
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let cfg = TrainConfig {
         variant: a.variant,
@@ -106,6 +115,8 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
     };
     let format = global.format.unwrap_or(OutputFormat::Table);
-    print!("{}", render(format));
-    write_output(global, &render)
+    // The -o file first, so a stdout that fails (`>/dev/full`) loses nothing and is an
+    // error, not a panic of `print!`.
+    write_output(global, &render)?;
+    print_stdout(&render(format))
 }

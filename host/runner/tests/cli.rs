@@ -1139,6 +1139,35 @@ fn collectives_on_one_rank_include_sendrecv_to_itself() {
         let o = runner(&dir, &a);
         assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
     }
+    // A zero -i never reaches -e: refused, not a sweep of one-byte steps.
+    let o = runner(&dir, &["--device", "cpu", "bench", "collectives", "-b", "1K", "-e", "4K", "-i", "0", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("-i 0"), "{}", text(&o).1);
+}
+
+/// `train` with stdout full: an error, not a panic of `print!`, and the -o file written
+/// (it printed first and panicked "failed printing to stdout" before writing -o). A
+/// policy named twice, or an empty one, is refused before the run.
+#[test]
+fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
+    let dir = scratch("trainfull");
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/text/kjv.txt");
+    let text_file = dir.join("t.txt");
+    std::fs::write(&text_file, &std::fs::read(kjv).unwrap()[..200_000]).unwrap();
+    let t = text_file.to_str().unwrap();
+    let base = ["--device", "cpu", "train", "--steps", "1", "--seq-len", "16", "--micro-batch", "2", "--text", t];
+    if Path::new("/dev/full").exists() {
+        let args = [&base[..], &["--precision", "bf16", "-q", "-o", "t.json"]].concat();
+        let o = command(&dir, &args).stdout(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap()).output().unwrap();
+        let (_, err) = text(&o);
+        assert!(!err.contains("panicked"), "{err}");
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(err.contains("cannot write the result to stdout"), "{err}");
+        assert!(std::fs::metadata(dir.join("t.json")).unwrap().len() > 0, "{err}");
+    }
+    for (extra, want) in [(["--compare", "bf16,bf16"], "bf16 twice"), (["--compare", "bf16,"], "empty policy name")] {
+        let o = runner(&dir, &[&base[..], &extra[..]].concat());
+        assert!(!o.status.success() && text(&o).1.contains(want), "{extra:?}: {}", text(&o).1);
+    }
 }
 
 /// A small, fast explorer run (one precision, two counts, one cloud, one measured step).

@@ -870,7 +870,7 @@ fn borrowed_from(borrowed: &[(String, String)]) -> String {
 fn emit_profile<T: Serialize>(global: &Global, mut t: Table, toml: &str, value: &T) -> Result<()> {
     match &global.output {
         Some(path) if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml")) => {
-            std::fs::write(path, toml).with_context(|| format!("cannot write {}", path.display()))?;
+            crate::commands::write_atomic(path, toml.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
             t.notes.push(format!("wrote {}: use it with --profile {}", path.display(), path.display()));
             let g = Global { output: None, ..global.clone() };
             emit(&g, &t, value)

@@ -61,6 +61,11 @@ pub fn summary(r: &TrainReport) -> Table {
             g.baseline, g.tokens
         ));
     }
+    t.notes.push(format!(
+        "tokens/s: {} tokens a step over the median optimizer step's wall time (forward, backward, policy, AdamW; \
+         the held-out evaluations not included, so steps x tokens / the run's seconds in JSON is lower)",
+        r.tokens_per_step
+    ));
     for run in &r.runs {
         t.notes.push(format!("{}: {}; {}", run.policy, run.description, run.plugin.provenance()));
         if let Some(a) = &run.aborted {
