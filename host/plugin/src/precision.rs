@@ -168,12 +168,19 @@ pub fn device_capabilities(name: &str) -> DeviceCapabilities {
     }
 }
 
+/// Whether [`device_capabilities`] knows `name` (any other is planned as a GPU of the
+/// high-precision formats only).
+pub fn known_device(name: &str) -> bool {
+    name.eq_ignore_ascii_case("cpu") || device_capabilities(name).compute_capability > 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn devices_offer_what_their_tensor_cores_run() {
+        assert!(known_device("cpu") && known_device("gb300") && known_device("A100-40GB") && !known_device("H1000"));
         let has = |gpu: &str, d: Dtype| {
             let c = device_capabilities(gpu);
             c.native_formats.contains(&d) || c.emulated_formats.contains(&d)

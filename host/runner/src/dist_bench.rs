@@ -331,9 +331,18 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
         ]);
     }
     let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
-    let avg = rows.iter().map(|r| r.busbw_gbps).sum::<f64>() / rows.len().max(1) as f64;
     t.notes.push(format!("Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" }));
-    t.notes.push(format!("Avg bus bandwidth    : {avg:.3}"));
+    // nccl-tests runs one collective per binary and averages its sizes: one line per op.
+    let mut ops: Vec<&str> = Vec::new();
+    for r in &rows {
+        if !ops.contains(&r.op.as_str()) {
+            ops.push(&r.op);
+        }
+    }
+    for op in ops {
+        let bw: Vec<f64> = rows.iter().filter(|r| r.op == op).map(|r| r.busbw_gbps).collect();
+        t.notes.push(format!("Avg bus bandwidth    : {:.3} ({op})", bw.iter().sum::<f64>() / bw.len() as f64));
+    }
     t.notes.push(
         "nccl-tests conventions: size = the S of each collective's *GetBw (all_gather: the gathered output, \
          reduce_scatter and alltoall: the per-rank input), algbw = S / time, busbw = algbw x its factor (all_reduce \

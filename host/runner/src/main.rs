@@ -405,7 +405,7 @@ pub enum BenchCommand {
         #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
         maxbytes: String,
         /// Size multiplication factor between steps
-        #[arg(short = 'f', long = "stepfactor", default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+        #[arg(short = 'f', long = "stepfactor", default_value_t = 2, value_parser = step_factor)]
         stepfactor: u64,
         /// Fixed size increment between steps (instead of -f)
         #[arg(short = 'i', long = "stepbytes")]
@@ -573,6 +573,15 @@ fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata, _: &std::path::Path, 
 #[cfg(not(unix))]
 fn same_file(_: &std::fs::Metadata, _: &std::fs::Metadata, a: &std::path::Path, b: &std::path::Path) -> bool {
     std::fs::canonicalize(a).ok().is_some_and(|a| std::fs::canonicalize(b).is_ok_and(|b| a == b))
+}
+
+/// nccl-tests' -f: a factor that grows the size (1 would never reach -e).
+fn step_factor(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(f) if f >= 2 => Ok(f),
+        Ok(f) => Err(format!("{f} never grows the size: give a factor of at least 2, or a fixed increment with -i BYTES")),
+        Err(e) => Err(format!("{s:?} is not a whole factor ({e}): -f 2 doubles the size each step")),
+    }
 }
 
 /// The first of the default run's own flags (not a global one) given before a

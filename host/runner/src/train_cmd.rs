@@ -85,6 +85,13 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
             anyhow::bail!("--compare names {p} twice: each policy runs once on the same text, seed and batches; list it once");
         }
     }
+    // An unknown device would be planned with the high-precision formats alone, silently.
+    if !runner::plugin::precision::known_device(&a.plan_for) {
+        anyhow::bail!(
+            "--plan-for {}: no such device; name a GPU (H100, H200, B200, B300, GB200, GB300, A100-80GB, L40S, ...) or cpu",
+            runner::report::visible(&a.plan_for)
+        );
+    }
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     let cfg = TrainConfig {
         variant: a.variant,

@@ -1073,6 +1073,10 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
 
     let o = run(&["bench", "collectives", "-g", "4", "-b", "4K", "-e", "256K", "-f", "4", "-n", "2", "-w", "1", "--ops", "all_reduce,all_gather", "-o", "coll.json", "-q"]);
     assert!(o.status.success(), "{}", text(&o).1);
+    // One average per collective, as nccl-tests prints one per binary.
+    let out = text(&o).0;
+    let averages: Vec<&str> = out.lines().filter(|l| l.contains("Avg bus bandwidth")).collect();
+    assert!(averages.len() == 2 && averages[0].ends_with(" (all_reduce)") && averages[1].ends_with(" (all_gather)"), "{out}");
     let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("coll.json")).unwrap()).unwrap();
     assert_eq!((rows[0]["nodes"].as_u64(), rows[0]["ranks"].as_u64()), (Some(1), Some(4)));
     let o = run(&["calibrate", "--collectives", "coll.json", "--gpu", "cpu-box", "-o", "net.toml", "-q"]);
@@ -1164,7 +1168,11 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
         assert!(err.contains("cannot write the result to stdout"), "{err}");
         assert!(std::fs::metadata(dir.join("t.json")).unwrap().len() > 0, "{err}");
     }
-    for (extra, want) in [(["--compare", "bf16,bf16"], "bf16 twice"), (["--compare", "bf16,"], "empty policy name")] {
+    for (extra, want) in [
+        (&["--compare", "bf16,bf16"][..], "bf16 twice"),
+        (&["--compare", "bf16,"][..], "empty policy name"),
+        (&["--precision", "bf16", "--plan-for", "H1000"][..], "--plan-for H1000: no such device"),
+    ] {
         let o = runner(&dir, &[&base[..], &extra[..]].concat());
         assert!(!o.status.success() && text(&o).1.contains(want), "{extra:?}: {}", text(&o).1);
     }

@@ -249,6 +249,13 @@ impl Store {
     pub fn open(path: &Path) -> R<Store> {
         let err = |e: &dyn std::fmt::Display| StoreError(format!("history database {}: {e}", path.display()));
         let db_err = |e: rusqlite::Error| explain(path, &e, sqlite_code(&e));
+        if path.is_dir() {
+            return Err(StoreError(format!(
+                "history database {}: is a directory; point --history (or RUNNER_HISTORY) at a file in it ({})",
+                path.display(),
+                path.join("history.sqlite").display()
+            )));
+        }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
         }
@@ -265,11 +272,28 @@ impl Store {
             c.execute_batch(SCHEMA)?;
             migrate(c)
         };
+        // Another program's database (tables, none of them ours) is left as it is: the
+        // set-up would switch it to WAL and add our tables to it.
+        let foreign = |c: &Connection| -> rusqlite::Result<Vec<String>> {
+            let mut st = c.prepare("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' ORDER BY name")?;
+            let names = st.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<String>>>()?;
+            Ok(if names.iter().any(|n| n == "runs") { Vec::new() } else { names })
+        };
         let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
         let mut pause = Duration::from_millis(2);
         loop {
-            match setup(&conn) {
-                Ok(()) => break,
+            match foreign(&conn).and_then(|names| if names.is_empty() { setup(&conn).map(|()| names) } else { Ok(names) }) {
+                Ok(names) if !names.is_empty() => {
+                    let shown: Vec<&str> = names.iter().take(5).map(String::as_str).collect();
+                    return Err(StoreError(format!(
+                        "history database {}: another program's database (tables {}{}), not a runner history; point --history \
+                         (or RUNNER_HISTORY) at a runner history file, or at a new path to start one",
+                        path.display(),
+                        shown.join(", "),
+                        if names.len() > 5 { ", ..." } else { "" }
+                    )));
+                }
+                Ok(_) => break,
                 Err(e) if is_busy(&e) && std::time::Instant::now() < deadline => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(100));
@@ -591,6 +615,24 @@ mod tests {
         drop(c);
         let e = Store::open(&path).err().expect("a foreign database is refused").to_string();
         assert!(e.contains("not a runner history's") && !e.contains("CREATE"), "{e}");
+
+        // Tables, none of them ours: refused and left untouched (no WAL, no tables added).
+        let path = scratch("other-program");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE notes (text TEXT); CREATE TABLE tags (name TEXT);").unwrap();
+        drop(c);
+        let e = Store::open(&path).err().expect("another program's database is refused").to_string();
+        assert!(e.contains("another program's database (tables notes, tags), not a runner history"), "{e}");
+        let c = Connection::open(&path).unwrap();
+        let tables: i64 = c.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |r| r.get(0)).unwrap();
+        let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+        assert_eq!((tables, mode.as_str()), (2, "delete"));
+
+        let dir = scratch("a-directory");
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = Store::open(&dir).err().expect("a directory is refused").to_string();
+        assert!(e.contains("is a directory; point --history (or RUNNER_HISTORY) at a file in it"), "{e}");
     }
 
     #[test]

@@ -9,7 +9,12 @@ use crate::report::chart::{LineChart, Series};
 use crate::report::{Table, html_page};
 
 fn pct(v: f64) -> String {
-    if v.is_finite() { format!("{:+.2}%", 100.0 * v) } else { "n/a".into() }
+    if !v.is_finite() {
+        return "n/a".into();
+    }
+    let shown = format!("{:+.2}%", 100.0 * v);
+    // A gap that rounds to nothing has no sign.
+    if shown == "-0.00%" || shown == "+0.00%" { "0.00%".into() } else { shown }
 }
 
 fn loss(v: f64) -> String {
@@ -172,4 +177,16 @@ pub fn html(r: &TrainReport) -> String {
     let _ = writeln!(body, "{}", curves(r).html_fragment());
     let _ = writeln!(body, "{}", decisions(r).html_fragment());
     html_page(&format!("runner train: {}", r.variant), &body)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_gap_that_rounds_to_nothing_has_no_sign() {
+        assert_eq!(super::pct(-0.00001), "0.00%");
+        assert_eq!(super::pct(0.00001), "0.00%");
+        assert_eq!(super::pct(-0.0123), "-1.23%");
+        assert_eq!(super::pct(0.0123), "+1.23%");
+        assert_eq!(super::pct(f64::NAN), "n/a");
+    }
 }
