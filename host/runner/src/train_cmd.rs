@@ -11,6 +11,15 @@ use runner::train::{self, Injection, TrainConfig, defaults};
 use crate::Global;
 use crate::commands::{print_stdout, progress_line, write_output};
 
+/// --checkpoint-every: a step count of at least one (0 read as every step before).
+fn checkpoint_interval(s: &str) -> Result<u64, String> {
+    match s.parse::<u64>() {
+        Ok(0) => Err("0 steps: rollbacks return to a checkpoint, so one is kept every N >= 1 steps (a large N keeps few)".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?} is not a step count ({e})")),
+    }
+}
+
 /// Flags of `runner train`.
 #[derive(Args, Debug, Clone)]
 pub struct TrainArgs {
@@ -63,7 +72,7 @@ pub struct TrainArgs {
     #[arg(long, allow_negative_numbers = true, default_value_t = defaults::MAX_BF16_SHARE)]
     pub max_bf16_share: f64,
     /// Checkpoint every N steps (rollbacks return to the newest known-good one)
-    #[arg(long, default_value_t = defaults::CHECKPOINT_EVERY)]
+    #[arg(long, default_value_t = defaults::CHECKPOINT_EVERY, value_parser = checkpoint_interval)]
     pub checkpoint_every: u64,
     /// Clip the gradient norm to this (0: off, so a gradient spike reaches the optimizer unless a policy stops it)
     #[arg(long, allow_negative_numbers = true, default_value_t = defaults::CLIP_GRAD)]

@@ -1172,6 +1172,7 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
         (&["--compare", "bf16,bf16"][..], "bf16 twice"),
         (&["--compare", "bf16,"][..], "empty policy name"),
         (&["--precision", "bf16", "--plan-for", "H1000"][..], "--plan-for H1000: no such device"),
+        (&["--precision", "bf16", "--checkpoint-every", "0"][..], "0 steps: rollbacks return to a checkpoint"),
     ] {
         let o = runner(&dir, &[&base[..], &extra[..]].concat());
         assert!(!o.status.success() && text(&o).1.contains(want), "{extra:?}: {}", text(&o).1);
