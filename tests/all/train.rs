@@ -51,6 +51,10 @@ fn every_recipe_trains_close_to_bf16() {
     for run in &r.runs {
         assert!(run.final_eval_loss.is_finite() && run.final_eval_loss < 8.0, "{}: {}", run.policy, run.final_eval_loss);
         assert_eq!((run.steps, run.skipped, run.rollbacks), (40, 0, 0), "{}", run.policy);
+        // tokens/s is one step's tokens over the median step, which the whole run's time
+        // (evaluations and the slowest steps included) bounds from above.
+        assert!((run.tokens_per_s * run.median_step_seconds - r.tokens_per_step as f64).abs() < 1e-6 * r.tokens_per_step as f64, "{}", run.policy);
+        assert!(run.median_step_seconds > 0.0 && run.median_step_seconds * run.steps as f64 <= run.seconds * 1.5, "{}", run.policy);
     }
     assert_eq!(get(&r, "bf16").planned_coverage, 0.0);
     for (p, lo, hi) in [("fp8", 0.5, 0.65), ("fp8-cs", 0.5, 0.65), ("mxfp8", 0.5, 0.65), ("nvfp4", 0.3, 0.5), ("fp8-safe", 0.2, 0.35)] {

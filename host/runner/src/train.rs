@@ -210,7 +210,12 @@ pub struct RunResult {
     /// Share of GEMM FLOPs in low precision, as planned and averaged over the steps run.
     pub planned_coverage: f64,
     pub effective_coverage: f64,
+    /// Tokens of a step over [`RunResult::median_step_seconds`].
     pub tokens_per_s: f64,
+    /// The median optimizer step's wall time (forward, backward, policy, AdamW; the
+    /// held-out evaluations not included).
+    pub median_step_seconds: f64,
+    /// The whole run's wall time, evaluations included.
     pub seconds: f64,
     pub decisions: Vec<Decision>,
     /// Why the run stopped early, if it did (`abort`, a non-finite loss that never
@@ -879,6 +884,7 @@ fn train_one<D: Device + Clone>(
         planned_coverage,
         effective_coverage: coverage_sum / iteration.max(1) as f64,
         tokens_per_s: tokens_per_step as f64 / median,
+        median_step_seconds: median,
         seconds: started.elapsed().as_secs_f64(),
         decisions,
         aborted,

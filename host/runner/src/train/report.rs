@@ -68,7 +68,7 @@ pub fn summary(r: &TrainReport) -> Table {
     }
     t.notes.push(format!(
         "tokens/s: {} tokens a step over the median optimizer step's wall time (forward, backward, policy, AdamW; \
-         the held-out evaluations not included, so steps x tokens / the run's seconds in JSON is lower)",
+         the held-out evaluations not included: median_step_seconds in JSON; steps x tokens / its seconds, the whole run's, is lower)",
         r.tokens_per_step
     ));
     for run in &r.runs {
