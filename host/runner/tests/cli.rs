@@ -123,6 +123,10 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
         assert_eq!(cells.len(), header.len(), "{line}");
         let plugin = &cells[col("cost_plugin")];
         assert_eq!(cells[col("cost_plugin_sha256")], sha(plugin), "{line}");
+        // The numbers as computed, as JSON has them, not as the table rounds them.
+        let gpus: u64 = cells[col("gpus")].parse().unwrap();
+        let row = rows.iter().find(|r| r["gpus"].as_u64() == Some(gpus)).unwrap();
+        assert_eq!(cells[col("days")].parse::<f64>().unwrap(), row["days"].as_f64().unwrap(), "{line}");
     }
     for name in ["llama3.wasm", "bf16.wasm", "aws.wasm"] {
         let line = format!("{name} (contract 0.3.0): embedded, sha256 {}", sha(name));

@@ -288,7 +288,8 @@ pub fn text(o: &Outcome) -> String {
 }
 
 /// Long-format CSV: one line per series, GPU count and cloud (a row nothing fits, or no
-/// cloud prices, has one line with empty cloud fields); notes as `# ` lines.
+/// cloud prices, has one line with empty cloud fields); notes as `# ` lines after the data
+/// (pandas: `read_csv(f, comment="#")`).
 pub fn csv(o: &Outcome) -> String {
     let mut t = Table::new(
         "",
@@ -300,6 +301,8 @@ pub fn csv(o: &Outcome) -> String {
         ],
     );
     let workload = o.plugins.first();
+    // Numbers as computed (shortest round-trip form), not as the table rounds them: a
+    // tiny model's 0.00004 days must not read 0.0000 in a spreadsheet.
     for s in &o.series {
         for r in &s.rows {
             let p = r.projection.as_ref();
@@ -310,13 +313,13 @@ pub fn csv(o: &Outcome) -> String {
                 r.requested_gpus.to_string(),
                 p.map_or(String::new(), |p| p.layout.short()),
                 r.global_batch.to_string(),
-                p.map_or(String::new(), |p| format!("{:.6}", p.step_time_s)),
-                p.map_or(String::new(), |p| format!("{:.3}", p.tokens_per_sec_per_gpu)),
-                p.map_or(String::new(), |p| format!("{:.5}", p.mfu)),
-                p.map_or(String::new(), |p| format!("{:.2}", p.memory_per_gpu_gib)),
-                r.days.map_or(String::new(), |d| format!("{d:.4}")),
-                r.speedup.map_or(String::new(), |x| format!("{x:.4}")),
-                r.relative_cost.map_or(String::new(), |x| format!("{x:.4}")),
+                p.map_or(String::new(), |p| p.step_time_s.to_string()),
+                p.map_or(String::new(), |p| p.tokens_per_sec_per_gpu.to_string()),
+                p.map_or(String::new(), |p| p.mfu.to_string()),
+                p.map_or(String::new(), |p| p.memory_per_gpu_gib.to_string()),
+                r.days.map_or(String::new(), |d| d.to_string()),
+                r.speedup.map_or(String::new(), |x| x.to_string()),
+                r.relative_cost.map_or(String::new(), |x| x.to_string()),
                 r.sweet.to_string(),
             ];
             let tail = [
@@ -331,13 +334,13 @@ pub fn csv(o: &Outcome) -> String {
                 line.push((r.cheapest == Some(i)).to_string());
                 match c {
                     CloudPrice::Quoted(q) => line.extend([
-                        format!("{:.2}", q.usd),
+                        q.usd.to_string(),
                         q.currency.clone(),
                         q.instance.clone(),
                         q.region.clone(),
                         q.option.clone(),
                         q.nodes.to_string(),
-                        format!("{:.3}", q.hours),
+                        q.hours.to_string(),
                         q.price_date.clone(),
                         q.price_source.clone(),
                         q.caveats.join(";"),
