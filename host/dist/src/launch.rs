@@ -8,7 +8,7 @@
 //! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` | `MASTER_ADDR`:`MASTER_PORT` |
 //! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `MASTER_ADDR` (pass `-x MASTER_ADDR`) |
 //! | MPICH / Hydra | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` | `MASTER_ADDR` |
-//! | Slurm `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `MASTER_ADDR`, else the first host of `SLURM_JOB_NODELIST` |
+//! | Slurm `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `MASTER_ADDR`, else the first host of `SLURM_STEP_NODELIST` (the step's, else the job's) |
 //! | Kubernetes indexed Job | `JOB_COMPLETION_INDEX` | `WORLD_SIZE` | 0 | `MASTER_ADDR` (pod 0's stable name) |
 //!
 //! The port is `MASTER_PORT`, else 29500 (torchrun's default); under Slurm without
@@ -59,8 +59,9 @@ impl fmt::Display for Launch {
 /// The launch this process's environment describes.
 ///
 /// # Errors
-/// Inconsistent variables (a rank beyond the world, an unparsable number, a multi-rank
-/// launch without rank 0's address), each named with the fix.
+/// Inconsistent variables (a rank beyond the world, an unparsable number, a rank without
+/// its world size or the reverse, a multi-rank launch without rank 0's address), each
+/// named with the fix.
 pub fn detect() -> Result<Launch, String> {
     detect_from(&std::env::vars().collect())
 }
@@ -97,6 +98,18 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         })?;
         ("Kubernetes indexed Job", r, w, Some(0))
     } else {
+        // Half a launcher's variables is a launch gone wrong, not a single process: run
+        // alone, every rank would print its own results. (SLURM_PROCID alone, as in a
+        // batch script submitted without a task count, stays a single process.)
+        for (r, w) in [("RANK", "WORLD_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"), ("PMI_RANK", "PMI_SIZE")] {
+            match (get(r), num(w)?) {
+                (Some(v), None) => return Err(format!("{r}={v} is set but {w} is not: set both (or neither, for one process)")),
+                (None, Some(n)) if n > 1 => {
+                    return Err(format!("{w}={n} is set but {r} is not: set both (or neither, for one process)"));
+                }
+                _ => {}
+            }
+        }
         return Ok(Launch::single());
     };
     if world == 0 || rank >= world {
@@ -122,8 +135,10 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
     let host = match get("MASTER_ADDR") {
         Some(h) => h.to_string(),
         None if source == "Slurm srun" => {
-            let list = get("SLURM_JOB_NODELIST").or_else(|| get("SLURM_NODELIST")).ok_or_else(|| {
-                "Slurm srun: neither MASTER_ADDR nor SLURM_JOB_NODELIST says where rank 0 runs".to_string()
+            // The step's nodes, not the job's: `srun -N1 -w node02` in a two-node job
+            // runs its task 0 on node02.
+            let list = get("SLURM_STEP_NODELIST").or_else(|| get("SLURM_JOB_NODELIST")).or_else(|| get("SLURM_NODELIST")).ok_or_else(|| {
+                "Slurm srun: neither MASTER_ADDR nor SLURM_STEP_NODELIST / SLURM_JOB_NODELIST says where rank 0 runs".to_string()
             })?;
             first_host(list)?
         }
@@ -203,6 +218,9 @@ mod tests {
         assert!(l.source.contains("MPICH"));
         let l = detect_from(&env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004],gpu-010"), ("SLURM_JOB_ID", "12345")])).unwrap();
         assert_eq!(l.master, Some(("gpu-003".into(), DEFAULT_PORT + 345)));
+        // A step on some of the job's nodes: its task 0 runs on the step's first node.
+        let l = detect_from(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "8"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("SLURM_STEP_NODELIST", "gpu-004")])).unwrap();
+        assert_eq!(l.master.unwrap().0, "gpu-004");
         // srun's pmi2 plugin adds PMI_RANK/PMI_SIZE equal to Slurm's: still srun (its
         // node list and local rank); MPICH's mpiexec inside an allocation: its own ranks.
         let pmi2 = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("PMI_RANK", "5"), ("PMI_SIZE", "16")];
@@ -231,6 +249,23 @@ mod tests {
         assert!(e.contains("MASTER_PORT"), "{e}");
         let e = detect_from(&env(&[("JOB_COMPLETION_INDEX", "0")])).unwrap_err();
         assert!(e.contains("WORLD_SIZE"), "{e}");
+        // Half a launch is refused, not run as one process that prints on every rank.
+        for (kv, want) in [
+            (vec![("RANK", "1")], "RANK=1 is set but WORLD_SIZE is not"),
+            (vec![("RANK", "0"), ("MASTER_ADDR", "h")], "RANK=0 is set but WORLD_SIZE"),
+            (vec![("WORLD_SIZE", "4")], "WORLD_SIZE=4 is set but RANK is not"),
+            (vec![("RANK", ""), ("WORLD_SIZE", "2")], "WORLD_SIZE=2 is set but RANK"),
+            (vec![("OMPI_COMM_WORLD_RANK", "1")], "OMPI_COMM_WORLD_SIZE is not"),
+            (vec![("PMI_SIZE", "8")], "PMI_RANK is not"),
+        ] {
+            let e = detect_from(&env(&kv)).unwrap_err();
+            assert!(e.contains(want), "{kv:?}: {e}");
+        }
+        // A world of one, a lone LOCAL_RANK and a Slurm batch script without a task
+        // count are single processes.
+        for kv in [vec![("WORLD_SIZE", "1")], vec![("LOCAL_RANK", "3")], vec![("SLURM_PROCID", "0")]] {
+            assert_eq!(detect_from(&env(&kv)).unwrap(), Launch::single(), "{kv:?}");
+        }
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl RunMeta {
             .plugins
             .iter()
             .find(|(n, _)| !self.plugins.iter().any(|(m, _)| m == n))
-            .map(|(n, h)| format!("plugin {n} (sha256 {h}) that rank 0 does not load"))
+            .map(|(n, h)| format!("plugin {n} (sha256 {h}) that rank 0 does not have"))
     }
 }
 
@@ -111,12 +111,16 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
             // Rank 0 names the ranks that never came when its own wait ends.
             return serve(launch, &host, port, hello, left).await;
         }
-        match tokio::time::timeout(left, join(&host, port, hello)).await {
+        // The last connection error (an address that does not resolve, a refused
+        // connection) goes into the message when the wait ends.
+        let last = std::cell::RefCell::new(None);
+        match tokio::time::timeout(left, join(&host, port, hello, &last)).await {
             Ok(r) => r,
             Err(_) => Err(rv(format!(
-                "rank {} gave up after {timeout:?} waiting at {host}:{port} (is rank 0 running, MASTER_ADDR right and \
-                 the port open?)",
-                launch.rank
+                "rank {} gave up after {timeout:.0?} (--timeout) waiting at {host}:{port}{} (is rank 0 running, \
+                 MASTER_ADDR right and the port open?)",
+                launch.rank,
+                last.borrow().as_ref().map_or_else(String::new, |e| format!(": {e}"))
             ))),
         }
     })?;
@@ -130,7 +134,10 @@ const HELLO_WITHIN: Duration = Duration::from_secs(10);
 async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Duration) -> Result<Vec<String>, DistError> {
     let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
         .await
-        .map_err(|e| rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port)")))?;
+        .map_err(|e| {
+            let dup = if e.kind() == std::io::ErrorKind::AddrInUse { "; or two processes claim rank 0" } else { "" };
+            rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port{dup})"))
+        })?;
     let n = launch.world;
     let mut seen: Vec<Option<tokio::net::TcpStream>> = (0..n).map(|_| None).collect();
     let mut addrs = vec![String::new(); n];
@@ -144,7 +151,10 @@ async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Durati
             Err(_) if refuse.is_some() => break,
             Err(_) => {
                 let missing: Vec<usize> = (1..n).filter(|&r| seen[r].is_none()).collect();
-                return Err(rv(format!("rank 0 waited {left:?} for rank(s) {missing:?}, which never connected")));
+                return Err(rv(format!(
+                    "rank 0 waited {left:.0?} (--timeout) for rank(s) {missing:?}, which never connected to port {port}: \
+                     were they started, with MASTER_ADDR={host} and MASTER_PORT={port}?"
+                )));
             }
         };
         let mut s = BufReader::new(s);
@@ -195,13 +205,17 @@ async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Durati
 
 /// Any other rank: connect to rank 0 (retrying until it listens), say hello, read the
 /// answer.
-async fn join(host: &str, port: u16, hello: Hello) -> Result<Vec<String>, DistError> {
+async fn join(host: &str, port: u16, hello: Hello, last: &std::cell::RefCell<Option<String>>) -> Result<Vec<String>, DistError> {
     let s = loop {
         match tokio::net::TcpStream::connect((host, port)).await {
             Ok(s) => break s,
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => {
+                *last.borrow_mut() = Some(e.to_string());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     };
+    *last.borrow_mut() = Some("connected, but rank 0 did not answer".into());
     let mut s = BufReader::new(s);
     let text = serde_json::to_string(&hello).map_err(|e| rv(e.to_string()))? + "\n";
     s.get_mut().write_all(text.as_bytes()).await.map_err(|e| rv(format!("hello to rank 0: {e}")))?;
@@ -222,10 +236,13 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
     let n = addrs.len();
     let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     for (j, addr) in addrs.iter().enumerate().take(rank) {
-        let target: SocketAddr = addr
-            .to_socket_addrs()
-            .map_err(|e| rv(format!("rank {j}'s address {addr}: {e}")))?
-            .next()
+        // The listeners are IPv4 (0.0.0.0): of a name's addresses, an IPv4 one (glibc
+        // lists ::1 first for `localhost`, and a dual-stack name its IPv6 address first).
+        let all: Vec<SocketAddr> = addr.to_socket_addrs().map_err(|e| rv(format!("rank {j}'s address {addr}: {e}")))?.collect();
+        let target = *all
+            .iter()
+            .find(|a| a.is_ipv4())
+            .or_else(|| all.first())
             .ok_or_else(|| rv(format!("rank {j}'s address {addr} does not resolve")))?;
         let mut s = loop {
             match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
@@ -256,7 +273,7 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {
                     let missing: Vec<usize> = (rank + 1..n).filter(|&r| streams[r].is_none()).collect();
-                    return Err(rv(format!("rank {rank}: rank(s) {missing:?} never connected to the mesh")));
+                    return Err(rv(format!("rank {rank}: rank(s) {missing:?} never connected to the mesh within {timeout:.0?} (--timeout)")));
                 }
                 std::thread::sleep(Duration::from_millis(20));
             }
@@ -354,13 +371,46 @@ mod tests {
         drop(silent);
     }
 
+    /// Rank 0 named rather than numbered (MASTER_ADDR=localhost, a node's name): the mesh
+    /// connects to the name's IPv4 address, where the listeners are, also where the name
+    /// resolves to ::1 or an IPv6 address first (glibc's order for `localhost` on most
+    /// distributions, a dual-stack cluster's names). RUNNER_TEST_DUAL_STACK_NAME names a
+    /// host with both addresses to check that here.
+    #[test]
+    fn a_named_rank_0_is_reached_over_ipv4() {
+        let name = std::env::var("RUNNER_TEST_DUAL_STACK_NAME").unwrap_or_else(|_| "localhost".into());
+        let port = free_port();
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                let name = name.clone();
+                std::thread::spawn(move || {
+                    let l = Launch { master: Some((name, port)), ..launch(r, 2, port) };
+                    let w = rendezvous(&l, &meta("abc"), Duration::from_secs(10)).unwrap();
+                    let mut x = vec![1.0f32];
+                    w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    x[0]
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), 2.0);
+        }
+    }
+
     #[test]
     fn a_missing_rank_is_named_after_the_timeout() {
         let port = free_port();
         let e = rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
-        assert!(e.contains("rank(s) [1]") && e.contains("never connected"), "{e}");
+        assert!(e.contains("rank(s) [1]") && e.contains("never connected") && e.contains("--timeout") && e.contains("300ms"), "{e}");
         let e = rendezvous(&launch(1, 2, free_port()), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
-        assert!(e.contains("gave up") && e.contains("MASTER_ADDR"), "{e}");
+        assert!(e.contains("gave up") && e.contains("MASTER_ADDR") && e.contains("--timeout"), "{e}");
+        // Why the connection failed: here nothing listens.
+        assert!(e.contains("refused"), "{e}");
+        // A second rank 0 on the same port is told that it may be one.
+        let first = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+        let e = rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
+        assert!(e.contains("MASTER_PORT") && e.contains("two processes claim rank 0"), "{e}");
+        drop(first);
     }
 
     #[test]

@@ -155,11 +155,19 @@ fn local_ranks(n: usize) -> Result<Vec<Launch>> {
 }
 
 fn meta(run: String) -> RunMeta {
-    RunMeta {
-        version: env!("CARGO_PKG_VERSION").into(),
-        run,
-        plugins: Vec::new(),
-    }
+    // Every plugin a rank would find (embedded and dropped in), not only those this
+    // command loads: two builds of the runner, or one node with a stray plugin, differ
+    // here. A file that fails to load counts as unloadable.
+    let mut plugins: Vec<(String, String)> = runner::plugin::list()
+        .into_iter()
+        .filter(|(_, shadowed)| !shadowed)
+        .map(|(info, _)| match info {
+            Ok(i) => (i.name, i.sha256),
+            Err(e) => (e.plugin.clone(), "unloadable".into()),
+        })
+        .collect();
+    plugins.sort();
+    RunMeta { version: env!("CARGO_PKG_VERSION").into(), run, plugins }
 }
 
 /// Whether this rank computes on a GPU, and which.

@@ -157,6 +157,42 @@ fn a_rank_killed_mid_run_fails_every_other_rank_naming_it() {
     assert!(killed.elapsed() < Duration::from_secs(30));
 }
 
+/// A node with a plugin the others lack (or another build of the runner, with other
+/// embedded plugins) is refused at the rendezvous, naming the plugin, on every rank.
+#[test]
+fn ranks_with_different_plugins_are_refused() {
+    let dir = scratch("plugins");
+    let extra = dir.join("extra");
+    std::fs::create_dir_all(&extra).unwrap();
+    let misbehave = runner::plugin::test_programs().iter().find(|(n, _)| *n == "misbehave_cost.wasm").map(|(_, p)| *p).unwrap();
+    std::fs::copy(misbehave, extra.join("stray.wasm")).unwrap();
+    let port = free_port();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
+            c.args(["--device", "cpu", "bench", "collectives", "-b", "4K", "-e", "4K", "--ops", "all_reduce", "--timeout", "30"])
+                .current_dir(&dir)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_RANK", r.to_string())
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env_remove("RUNNER_PLUGIN_PATH")
+                .stdout(std::fs::File::create(dir.join(format!("out{r}"))).unwrap())
+                .stderr(std::fs::File::create(dir.join(format!("err{r}"))).unwrap());
+            if r == 1 {
+                c.env("RUNNER_PLUGIN_PATH", &extra);
+            }
+            c.spawn().expect("runner starts")
+        })
+        .collect();
+    for (r, mut k) in kids.into_iter().enumerate() {
+        assert!(!k.wait().unwrap().success(), "rank {r} was not refused");
+        let err = read(&dir, &format!("err{r}"));
+        assert!(err.contains("plugin stray.wasm (sha256 ") && err.contains("that rank 0 does not have"), "rank {r}: {err}");
+    }
+}
+
 #[test]
 fn ranks_that_run_different_things_are_refused() {
     let dir = scratch("refuse");
