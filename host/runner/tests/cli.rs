@@ -1178,7 +1178,7 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
         (&["--precision", "bf16", "--plan-for", "H1000"][..], "--plan-for H1000: no such device"),
         (&["--precision", "bf16", "--checkpoint-every", "0"][..], "0 steps: rollbacks return to a checkpoint"),
     ] {
-        let o = runner(&dir, &[&base[..], &extra[..]].concat());
+        let o = runner(&dir, &[&base[..], extra].concat());
         assert!(!o.status.success() && text(&o).1.contains(want), "{extra:?}: {}", text(&o).1);
     }
 }
