@@ -287,6 +287,10 @@ enum Command {
         /// spanning nodes): scale-up or scale-out
         #[arg(long, requires = "collectives")]
         tier: Option<String>,
+        /// Runs of FILE to leave out of the fit, by the numbers `runner validate` gives them
+        /// (from 0), comma-separated, ranges allowed: 40,54,104-108
+        #[arg(long, value_name = "RUNS", requires = "file", conflicts_with = "holdout")]
+        leave_out: Option<String>,
     },
     /// Runs kept in the history, newest first
     #[command(after_help = "Examples:\n  runner history\n  runner history --limit 100 --format json")]
@@ -685,8 +689,8 @@ fn main() -> ExitCode {
         }
         Some(Command::Validate { file }) => commands::project::validate(&file, &cli.global),
         Some(Command::Calibrate { file: Some(file), holdout: true, .. }) => commands::project::holdout(&file, &cli.global),
-        Some(Command::Calibrate { file: Some(file), gpu, precision, .. }) => {
-            commands::project::calibrate(&file, gpu.as_deref(), precision.as_deref(), &cli.global)
+        Some(Command::Calibrate { file: Some(file), gpu, precision, leave_out, .. }) => {
+            commands::project::calibrate(&file, gpu.as_deref(), precision.as_deref(), leave_out.as_deref(), &cli.global)
         }
         Some(Command::Calibrate { file: None, gpu, ops, collectives, tier, .. }) => commands::project::calibrate_local(
             ops.as_deref(),

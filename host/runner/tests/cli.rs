@@ -320,6 +320,16 @@ fn a_broken_model_plugin_hides_no_other_model() {
     assert!(!o.status.success() && err.contains("llama3-tiny") && err.contains("which failed: plugin 'nonsense_workload.wasm'"), "{err}");
 }
 
+#[test]
+fn leave_out_names_runs_it_cannot_take() {
+    let dir = scratch("leave-out");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../host/project/data/calibration.toml");
+    for (spec, want) in [("9999", "run 9999 is past the file's last run (117)"), ("5-3", "the range 5-3 runs backwards"), ("x", "'x' is not a run number")] {
+        let o = runner(&dir, &["calibrate", file.to_str().unwrap(), "--leave-out", spec]);
+        assert!(!o.status.success() && text(&o).1.contains(want), "{spec}: {}", text(&o).1);
+    }
+}
+
 /// The default run's flags before a subcommand are refused, not dropped.
 #[test]
 fn run_flags_before_a_subcommand_are_refused() {
@@ -334,6 +344,45 @@ fn run_flags_before_a_subcommand_are_refused() {
     }
     // Global flags are not the run's: they go anywhere.
     assert!(runner(&dir, &["-q", "models", "llama3-tiny"]).status.success());
+}
+
+/// The shipped efficiency tables are what the command their header names writes: a change
+/// to the model or the data that moves the fit fails here until the tables are refitted.
+#[test]
+fn the_shipped_efficiencies_are_the_fit_their_header_names() {
+    let dir = scratch("refit");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let shipped_text = std::fs::read_to_string(root.join("host/project/data/efficiency.toml")).unwrap();
+    assert!(shipped_text.contains("runner calibrate host/project/data/calibration.toml --leave-out 40,54,104-108"), "{shipped_text}");
+    let o = runner(
+        &root,
+        &["calibrate", "host/project/data/calibration.toml", "--leave-out", "40,54,104-108", "-o", dir.join("fit.toml").to_str().unwrap(), "-q"],
+    );
+    assert!(o.status.success(), "{}", text(&o).1);
+    let shipped: toml::Table = shipped_text.parse().unwrap();
+    let fitted: toml::Table = std::fs::read_to_string(dir.join("fit.toml")).unwrap().parse().unwrap();
+    // Every number alike to 1e-4 (another CPU's SIMD may move the last bits), the
+    // labels aside.
+    fn same(a: &toml::Value, b: &toml::Value, at: &str) {
+        match (a, b) {
+            (toml::Value::Table(x), toml::Value::Table(y)) => {
+                let (kx, ky): (Vec<_>, Vec<_>) = (x.keys().filter(|k| *k != "fitted").collect(), y.keys().filter(|k| *k != "fitted").collect());
+                assert_eq!(kx, ky, "{at}");
+                for k in kx {
+                    same(&x[k], &y[k], &format!("{at}.{k}"));
+                }
+            }
+            (toml::Value::Array(x), toml::Value::Array(y)) => {
+                assert_eq!(x.len(), y.len(), "{at}");
+                for (i, (p, q)) in x.iter().zip(y).enumerate() {
+                    same(p, q, &format!("{at}[{i}]"));
+                }
+            }
+            (toml::Value::Float(x), toml::Value::Float(y)) => assert!((x - y).abs() <= 1e-4 * x.abs().max(1e-9), "{at}: shipped {x}, refitted {y}"),
+            _ => assert_eq!(a, b, "{at}"),
+        }
+    }
+    same(&toml::Value::Table(shipped), &toml::Value::Table(fitted), "efficiency.toml");
 }
 
 /// A plugin that calls itself another cloud is not shown as a second column of that cloud.

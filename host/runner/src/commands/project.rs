@@ -771,9 +771,16 @@ pub fn validation_table(v: &Validation, origin: &str) -> Table {
     t
 }
 
-pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global: &Global) -> Result<()> {
+pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_out: Option<&str>, global: &Global) -> Result<()> {
     let text = input::read_text(file, "calibration file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
-    let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
+    let mut points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
+    let left_out = match leave_out {
+        Some(spec) => run_numbers(spec, points.len()).map_err(|e| anyhow::anyhow!("--leave-out {spec}: {e}"))?,
+        None => Vec::new(),
+    };
+    if !left_out.is_empty() {
+        points = points.into_iter().enumerate().filter(|(i, _)| !left_out.contains(i)).map(|(_, p)| p).collect();
+    }
     if let Some(p) = precision {
         Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
     }
@@ -784,7 +791,10 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
     };
     let mut resolver = PluginResolver { limits: Limits::default() };
     let today = today();
-    let label = format!("runner calibrate {} on {today}", file.display());
+    let label = match leave_out {
+        Some(spec) if !left_out.is_empty() => format!("runner calibrate {} --leave-out {spec} on {today}", file.display()),
+        _ => format!("runner calibrate {} on {today}", file.display()),
+    };
     let fits = calibrate::calibrate(&points, &profiles, &mut resolver, gpu.map(|g| (g, precision)), &label, &|m| {
         progress_line(global, m)
     })
@@ -844,6 +854,28 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, global
         .collect();
     let toml = runner_project::profile::Profiles::efficiency_file(&written);
     emit_profile(global, t, &toml, &fits)
+}
+
+/// Run numbers (from 0) in `spec`, "40,54,104-108", each below `runs`, sorted.
+fn run_numbers(spec: &str, runs: usize) -> Result<Vec<usize>, String> {
+    let mut out = Vec::new();
+    for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let num = |s: &str| s.trim().parse::<usize>().map_err(|_| format!("'{s}' is not a run number (runs are numbered from 0, as `runner validate` lists them)"));
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => (num(part)?, num(part)?),
+        };
+        if a > b {
+            return Err(format!("the range {part} runs backwards"));
+        }
+        if b >= runs {
+            return Err(format!("run {b} is past the file's last run ({})", runs.saturating_sub(1)));
+        }
+        out.extend(a..=b);
+    }
+    out.sort_unstable();
+    out.dedup();
+    Ok(out)
 }
 
 /// "a, b (taken from X); c (taken from Y)": the borrowed parameters grouped by the GPU
