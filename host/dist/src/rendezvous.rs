@@ -109,7 +109,13 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
         let left = deadline.saturating_duration_since(Instant::now());
         if launch.rank == 0 {
             // Rank 0 names the ranks that never came when its own wait ends.
-            return serve(launch, &host, port, hello, left).await;
+            let (addrs, l) = serve(launch, &host, port, hello, left).await?;
+            // A process that comes after the world is complete (a rank started twice)
+            // is told so at once, not left to wait out its timeout.
+            if let Ok(l) = l.into_std() {
+                refuse_latecomers(l, launch.world);
+            }
+            return Ok(addrs);
         }
         // The last connection error (an address that does not resolve, a refused
         // connection) goes into the message when the wait ends.
@@ -130,8 +136,42 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
 /// How long rank 0 waits for a connection's hello line.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
-/// Rank 0: accept world − 1 hellos, check them, answer everyone.
-async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Duration) -> Result<Vec<String>, DistError> {
+/// Rank 0 after the rendezvous: answer every later hello on the rendezvous port with a
+/// refusal, for as long as the process runs (a detached thread that only accepts).
+fn refuse_latecomers(l: std::net::TcpListener, world: usize) {
+    if l.set_nonblocking(false).is_err() {
+        return;
+    }
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten() {
+            let _ = s.set_read_timeout(Some(HELLO_WITHIN));
+            let mut r = std::io::BufReader::new(&s);
+            let mut line = String::new();
+            if std::io::BufRead::read_line(&mut r, &mut line).is_err() {
+                continue;
+            }
+            let Ok(h) = serde_json::from_str::<Hello>(&line) else { continue };
+            let why = format!(
+                "rank {} came after all {world} ranks had met and the run had begun: two processes claim rank {} \
+                 (check the launcher's task count), or this one was started late",
+                h.rank, h.rank
+            );
+            if let Ok(text) = serde_json::to_string(&Answer::Refuse(why)) {
+                let _ = std::io::Write::write_all(&mut &s, (text + "\n").as_bytes());
+            }
+        }
+    });
+}
+
+/// Rank 0: accept world − 1 hellos, check them, answer everyone; the rendezvous listener
+/// comes back with the addresses.
+async fn serve(
+    launch: &Launch,
+    host: &str,
+    port: u16,
+    mine: Hello,
+    left: Duration,
+) -> Result<(Vec<String>, tokio::net::TcpListener), DistError> {
     let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
         .await
         .map_err(|e| {
@@ -199,7 +239,7 @@ async fn serve(launch: &Launch, host: &str, port: u16, mine: Hello, left: Durati
     }
     match refuse {
         Some(why) => Err(DistError::Refused { rank: 0, why }),
-        None => Ok(addrs),
+        None => Ok((addrs, l)),
     }
 }
 
@@ -395,6 +435,30 @@ mod tests {
         for h in hs {
             assert_eq!(h.join().unwrap(), 2.0);
         }
+    }
+
+    /// A rank started twice: the copy that comes after the world met is refused at once,
+    /// naming the rank, while the run goes on.
+    #[test]
+    fn a_rank_that_comes_after_the_world_met_is_refused_at_once() {
+        let port = free_port();
+        let hs: Vec<_> = (0..2)
+            .map(|r| {
+                std::thread::spawn(move || {
+                    let w = rendezvous(&launch(r, 2, port), &meta("abc"), Duration::from_secs(10)).unwrap();
+                    let mut x = vec![1.0f32];
+                    w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    x[0]
+                })
+            })
+            .collect();
+        for h in hs {
+            assert_eq!(h.join().unwrap(), 2.0);
+        }
+        let start = Instant::now();
+        let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
+        assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
+        assert!(e.to_string().contains("rank 1 came after all 2 ranks had met") && e.to_string().contains("two processes claim rank 1"), "{e}");
     }
 
     #[test]
