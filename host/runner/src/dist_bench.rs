@@ -170,6 +170,12 @@ fn meta(run: String) -> RunMeta {
     RunMeta { version: env!("CARGO_PKG_VERSION").into(), run, plugins }
 }
 
+/// How a rank on `gpu` (or the CPU) talks to the others, for the rendezvous to compare: a
+/// node whose GPU `--device auto` could not use would otherwise join NCCL ranks over TCP.
+fn transport_of(gpu: Option<usize>) -> &'static str {
+    if gpu.is_some() { "on GPUs (NCCL)" } else { "on CPUs (TCP)" }
+}
+
 /// Whether this rank computes on a GPU, and which.
 fn rank_device(spec: DeviceSpec, local_rank: usize) -> Result<Option<usize>> {
     match spec {
@@ -288,7 +294,7 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     );
     let g = global.clone();
     let results = on_ranks(ranks, global.device, move |launch, gpu| {
-        let world = rendezvous(&launch, &meta(run.clone()), args.timeout)?;
+        let world = rendezvous(&launch, &meta(format!("{run} {}", transport_of(gpu))), args.timeout)?;
         let progress = |m: &str| crate::commands::progress_line(&g, m);
         let r = match gpu {
             None => coll_rank(&Cpu::new(), &world, launch.local_rank, &args, &progress),
@@ -861,9 +867,10 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
         {
             return r;
         }
-        let world = rendezvous(&launch, &meta(format!("bench step {}", run.flags())), timeout)?;
+        let device = rank_device(global.device, launch.local_rank)?;
+        let world = rendezvous(&launch, &meta(format!("bench step {} {}", run.flags(), transport_of(device))), timeout)?;
         let r = launch.rank;
-        let mine = match rank_device(global.device, launch.local_rank)? {
+        let mine = match device {
             None => dist_step(Cpu::new(), &world, &run, r, timeout),
             #[cfg(feature = "cuda")]
             Some(g) => dist_step(runner_exec::cuda::Cuda::new(g)?, &world, &run, r, timeout),
