@@ -350,25 +350,29 @@ mod tests {
         }
     }
 
-    /// Four ranks started in reverse order meet and all-reduce over the mesh.
-    #[test]
-    fn ranks_meet_in_any_order_and_talk() {
-        let port = free_port();
-        let hs: Vec<_> = (0..4)
-            .rev()
-            .map(|r| {
+    /// Start a thread per launch (in the order given), meet, and all-reduce each rank's
+    /// number: what each rank got.
+    fn meet_and_sum_ranks(launches: Vec<Launch>) -> Vec<f32> {
+        let hs: Vec<_> = launches
+            .into_iter()
+            .map(|l| {
                 std::thread::spawn(move || {
-                    let w = rendezvous(&launch(r, 4, port), &meta("abc"), Duration::from_secs(20)).unwrap();
-                    let g = w.everyone().unwrap();
-                    let mut x = vec![r as f32];
-                    g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    let w = rendezvous(&l, &meta("abc"), Duration::from_secs(20)).unwrap();
+                    let mut x = vec![l.rank as f32];
+                    w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
                     x[0]
                 })
             })
             .collect();
-        for h in hs {
-            assert_eq!(h.join().unwrap(), 6.0);
-        }
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    /// Four ranks started in reverse order meet and all-reduce over the mesh.
+    #[test]
+    fn ranks_meet_in_any_order_and_talk() {
+        let port = free_port();
+        let sums = meet_and_sum_ranks((0..4).rev().map(|r| launch(r, 4, port)).collect());
+        assert_eq!(sums, [6.0; 4]);
     }
 
     /// A rank whose plugin differs is refused on every rank, naming the plugin and both
@@ -420,21 +424,8 @@ mod tests {
     fn a_named_rank_0_is_reached_over_ipv4() {
         let name = std::env::var("RUNNER_TEST_DUAL_STACK_NAME").unwrap_or_else(|_| "localhost".into());
         let port = free_port();
-        let hs: Vec<_> = (0..2)
-            .map(|r| {
-                let name = name.clone();
-                std::thread::spawn(move || {
-                    let l = Launch { master: Some((name, port)), ..launch(r, 2, port) };
-                    let w = rendezvous(&l, &meta("abc"), Duration::from_secs(10)).unwrap();
-                    let mut x = vec![1.0f32];
-                    w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
-                    x[0]
-                })
-            })
-            .collect();
-        for h in hs {
-            assert_eq!(h.join().unwrap(), 2.0);
-        }
+        let sums = meet_and_sum_ranks((0..2).map(|r| Launch { master: Some((name.clone(), port)), ..launch(r, 2, port) }).collect());
+        assert_eq!(sums, [1.0; 2]);
     }
 
     /// A rank started twice: the copy that comes after the world met is refused at once,
@@ -442,19 +433,7 @@ mod tests {
     #[test]
     fn a_rank_that_comes_after_the_world_met_is_refused_at_once() {
         let port = free_port();
-        let hs: Vec<_> = (0..2)
-            .map(|r| {
-                std::thread::spawn(move || {
-                    let w = rendezvous(&launch(r, 2, port), &meta("abc"), Duration::from_secs(10)).unwrap();
-                    let mut x = vec![1.0f32];
-                    w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
-                    x[0]
-                })
-            })
-            .collect();
-        for h in hs {
-            assert_eq!(h.join().unwrap(), 2.0);
-        }
+        assert_eq!(meet_and_sum_ranks((0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
         let start = Instant::now();
         let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
         assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
