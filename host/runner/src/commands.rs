@@ -516,7 +516,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             plugin::Source::Path(p) => p.display().to_string(),
             plugin::Source::Embedded => info.name.clone(),
         };
-        let mut list = |rows: &mut Vec<ModelRow>| -> Result<()> {
+        let mut list = || -> Result<()> {
             let mut w = plugin::load(&spec)?.workload(limits)?;
             let described = w.describe()?;
             for v in described.variants {
@@ -544,7 +544,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             }
             Ok(())
         };
-        if let Err(e) = list(&mut rows) {
+        if let Err(e) = list() {
             skipped.push(format!("left out {}: {e:#}", info.name));
         }
     }

@@ -64,8 +64,8 @@ pub fn installed_specs(kind: Kind) -> Vec<String> {
 /// No installed plugin provides it (the message lists the names that exist), or a
 /// plugin failed to describe itself.
 pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
-    lookup(name, limits)?.map_err(|known| {
-        anyhow::anyhow!("no installed workload plugin provides '{name}'; installed models: {}{}", known.join(", "), broken_plugins())
+    lookup(name, limits).map_err(|m| {
+        anyhow::anyhow!("no installed workload plugin provides '{name}'; installed models: {}{}", m.known.join(", "), m.failures())
     })
 }
 
@@ -86,10 +86,28 @@ fn broken_plugins() -> String {
     }
 }
 
-/// The plugin that provides variant `name`, or the names of every installed variant and
-/// the plugins that failed to describe theirs (one broken plugin must not hide the others'
-/// models).
-fn lookup(name: &str, limits: Limits) -> Result<std::result::Result<Found, Vec<String>>> {
+/// Why no installed plugin provides a variant: the variants there are, and the plugins
+/// that failed to describe theirs.
+struct Missing {
+    known: Vec<String>,
+    failed: Vec<String>,
+}
+
+impl Missing {
+    /// The plugins that failed (to load, or to describe their models) as a sentence to
+    /// add to a "not found"; empty when none did.
+    fn failures(&self) -> String {
+        let mut s = broken_plugins();
+        if !self.failed.is_empty() {
+            s += &format!("; and none of what these plugins would list, which failed: {}", self.failed.join("; "));
+        }
+        s
+    }
+}
+
+/// The plugin that provides variant `name`, or what is there instead (one broken plugin
+/// must not hide the others' models).
+fn lookup(name: &str, limits: Limits) -> std::result::Result<Found, Missing> {
     let mut known = Vec::new();
     let mut failed = Vec::new();
     for spec in installed_specs(Kind::Workload) {
@@ -106,15 +124,12 @@ fn lookup(name: &str, limits: Limits) -> Result<std::result::Result<Found, Vec<S
         };
         for v in info.variants {
             if v.name == name {
-                return Ok(Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v }));
+                return Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v });
             }
             known.push(v.name);
         }
     }
-    if !failed.is_empty() {
-        known.push(format!("and none of what these plugins would list, which failed: {}", failed.join("; ")));
-    }
-    Ok(Err(known))
+    Err(Missing { known, failed })
 }
 
 /// A graph source for a found variant.
@@ -144,10 +159,9 @@ impl Resolver for PluginResolver {
     fn resolve(&mut self, model: &str, seq_len: u32) -> Result<(String, Box<dyn GraphSource>), String> {
         // Many points of one file may name the same missing model: each says so in a
         // line, and `runner models` lists what is installed.
-        let found = match lookup(model, self.limits).map_err(|e| format!("{e:#}"))? {
-            Ok(f) => f,
-            Err(_) => return Err(format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones){}", broken_plugins())),
-        };
+        let found = lookup(model, self.limits).map_err(|m| {
+            format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones){}", m.failures())
+        })?;
         if let Some(why) = beyond_context(&found.variant, seq_len) {
             return Err(format!("{why}: no published run trains past it; check the row's seq_len or its model"));
         }
