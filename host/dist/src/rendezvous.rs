@@ -109,7 +109,7 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
         let left = deadline.saturating_duration_since(Instant::now());
         if launch.rank == 0 {
             // Rank 0 names the ranks that never came when its own wait ends.
-            let (addrs, l) = serve(launch, &host, port, hello, left).await?;
+            let (addrs, l) = serve(launch, &host, port, hello, left, timeout).await?;
             // A process that comes after the world is complete (a rank started twice)
             // is told so at once, not left to wait out its timeout.
             if let Ok(l) = l.into_std() {
@@ -163,14 +163,16 @@ fn refuse_latecomers(l: std::net::TcpListener, world: usize) {
     });
 }
 
-/// Rank 0: accept world − 1 hellos, check them, answer everyone; the rendezvous listener
-/// comes back with the addresses.
+/// Rank 0: accept world − 1 hellos within `left` (what remains of `timeout`, the limit
+/// its message names), check them, answer everyone; the rendezvous listener comes back
+/// with the addresses.
 async fn serve(
     launch: &Launch,
     host: &str,
     port: u16,
     mine: Hello,
     left: Duration,
+    timeout: Duration,
 ) -> Result<(Vec<String>, tokio::net::TcpListener), DistError> {
     let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
         .await
@@ -192,7 +194,7 @@ async fn serve(
             Err(_) => {
                 let missing: Vec<usize> = (1..n).filter(|&r| seen[r].is_none()).collect();
                 return Err(rv(format!(
-                    "rank 0 waited {left:.0?} (--timeout) for rank(s) {missing:?}, which never connected to port {port}: \
+                    "rank 0 waited {timeout:.0?} (--timeout) for rank(s) {missing:?}, which never connected to port {port}: \
                      were they started, with MASTER_ADDR={host} and MASTER_PORT={port}?"
                 )));
             }
