@@ -12,7 +12,9 @@
 //! | Kubernetes indexed Job | `JOB_COMPLETION_INDEX` | `WORLD_SIZE` | 0 | `MASTER_ADDR` (pod 0's stable name) |
 //!
 //! The port is `MASTER_PORT`, else 29500 (torchrun's default); under Slurm without
-//! `MASTER_PORT`, 29500 + the job id mod 1000, so two jobs on a node do not collide.
+//! `MASTER_PORT`, [`slurm_port`]: 29500 + the job id mod 1000 for a job's first step, a
+//! thousand lower for each later one (mod 10), so two jobs on a node, or two steps of one
+//! job running at once, do not collide.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -128,7 +130,8 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
             .filter(|&p| p > 0)
             .ok_or_else(|| format!("MASTER_PORT={p} is not a port number"))?,
         None => match num("SLURM_JOB_ID")? {
-            Some(job) if source == "Slurm srun" => DEFAULT_PORT + (job % 1000) as u16,
+            // A batch script's own step has no number ("batch", or 4294967294).
+            Some(job) if source == "Slurm srun" => slurm_port(job, get("SLURM_STEP_ID").and_then(|s| s.parse().ok()).unwrap_or(0)),
             _ => DEFAULT_PORT,
         },
     };
@@ -157,6 +160,14 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         master: Some((host, port)),
         source,
     })
+}
+
+/// The rendezvous port of a Slurm job's step: `29500 + job mod 1000` for step 0, a
+/// thousand lower per step after it (steps 10 apart share a port). Every port stays in
+/// 20500..=30499, below Linux's ephemeral range (32768 up), where an outgoing connection
+/// could hold it.
+pub fn slurm_port(job: usize, step: u64) -> u16 {
+    DEFAULT_PORT - 1000 * (step % 10) as u16 + (job % 1000) as u16
 }
 
 /// The first host of a Slurm node list (`node[01-04,07],gpu5` → `node01`).
@@ -218,6 +229,14 @@ mod tests {
         assert!(l.source.contains("MPICH"));
         let l = detect_from(&env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004],gpu-010"), ("SLURM_JOB_ID", "12345")])).unwrap();
         assert_eq!(l.master, Some(("gpu-003".into(), DEFAULT_PORT + 345)));
+        // Two steps of one job running at once (`srun ... &` twice) meet on different
+        // ports; a batch step's non-number is step 0.
+        let step = |id: &str| {
+            let l = detect_from(&env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n1"), ("SLURM_JOB_ID", "12345"), ("SLURM_STEP_ID", id)])).unwrap();
+            l.master.unwrap().1
+        };
+        assert_eq!((step("0"), step("batch"), step("1"), step("9"), step("10")), (29845, 29845, 28845, 20845, 29845));
+        assert_eq!((slurm_port(999, 9), slurm_port(0, 0)), (21499, 29500));
         // A step on some of the job's nodes: its task 0 runs on the step's first node.
         let l = detect_from(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "8"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("SLURM_STEP_NODELIST", "gpu-004")])).unwrap();
         assert_eq!(l.master.unwrap().0, "gpu-004");
