@@ -154,6 +154,15 @@ fn local_ranks(n: usize) -> Result<Vec<Launch>> {
         .collect())
 }
 
+/// Which launcher started the ranks and where they met, for the report: a run that
+/// read the wrong launcher's variables is seen at once.
+fn launch_note(l: &Launch) -> String {
+    match &l.master {
+        Some((host, port)) => format!("launch: {}, rendezvous at {host}:{port}", l.source),
+        None => format!("launch: {}", l.source),
+    }
+}
+
 fn meta(run: String) -> RunMeta {
     // Every plugin a rank would find (embedded and dropped in), not only those this
     // command loads: two builds of the runner, or one node with a stray plugin, differ
@@ -281,6 +290,7 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
         return r;
     }
     let ranks = local_ranks(args.ngpus)?;
+    let launched = launch_note(&ranks[0]);
     let run = format!(
         "bench collectives -b {} -e {} -f {} -i {:?} -n {} -w {} -d {} ops {:?}",
         args.minbytes,
@@ -367,6 +377,7 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     if transport == "tcp" {
         t.notes.push("TCP backend (ranks without GPUs): for tests and development, not a network benchmark".into());
     }
+    t.notes.push(launched);
     t.notes.push("fit the projection's network tier to it: -o FILE.json, then runner calibrate --collectives FILE.json --gpu NAME".into());
     emit(global, &t, &rows)?;
     if wrong > 0 {
@@ -930,6 +941,9 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
          --ddp-bucket-size sets the all-reduces' size)",
         results.len()
     ));
+    if !in_process && launch.world > 1 {
+        t.notes.push(launch_note(&launch));
+    }
     emit(global, &t, &results)
 }
 

@@ -231,6 +231,22 @@ fn four_process_collectives_check_every_value() {
     assert!((bus / alg - 1.5).abs() < 1e-9, "all-reduce busbw = 2(n-1)/n x algbw");
 }
 
+/// The table says which launcher's variables the ranks read and where they met, so a
+/// run that picked up a stray RANK from a wrapper script is seen in its report.
+#[test]
+fn the_report_names_the_launch() {
+    let dir = scratch("launch-note");
+    let port = free_port();
+    let args = ["--device", "cpu", "bench", "collectives", "-b", "1K", "-e", "1K", "--ops", "all_reduce", "-n", "1", "-w", "1", "-q"];
+    let kids: Vec<Child> = (0..2).map(|r| rank(&dir, r, 2, port, &args)).collect();
+    for (r, mut k) in kids.into_iter().enumerate() {
+        assert!(k.wait().unwrap().success(), "rank {r}: {}", read(&dir, &format!("err{r}")));
+    }
+    let out = read(&dir, "out0");
+    assert!(out.contains(&format!("launch: torchrun environment (RANK, WORLD_SIZE), rendezvous at 127.0.0.1:{port}")), "{out}");
+    assert_eq!(read(&dir, "out1"), "", "only rank 0 prints");
+}
+
 /// tp = 4 over the toy model's 2 kv heads: each kv head is replicated on two tp ranks,
 /// whose gradients of it are summed over a `tp-kv` group the mesh must provide (the
 /// step failed for want of it). The ranks start from their parts of the unsharded
