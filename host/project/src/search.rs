@@ -48,6 +48,9 @@ pub struct Space {
     pub mbs: Option<u32>,
     pub fsdp: Option<bool>,
     pub recompute: Option<RecomputePolicy>,
+    /// With full recompute fixed: layers per pipeline chunk recomputed (0 or absent: all);
+    /// a layout whose fullest chunk has fewer is refused, not clamped.
+    pub recompute_layers: Option<u32>,
     /// With selective recompute fixed: the modules (Megatron's default list, `core_attn`,
     /// when absent).
     pub recompute_modules: Option<Modules>,
@@ -315,7 +318,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                         dp,
                         global_batch: gbs,
                         recompute: space.recompute.unwrap_or(RecomputePolicy::None),
-                        recompute_layers: 0,
+                        recompute_layers: space.recompute_layers.unwrap_or(0),
                         recompute_modules: space.recompute_modules.unwrap_or_default(),
                         distributed_optimizer: !fsdp,
                         fsdp,

@@ -379,6 +379,30 @@ fn the_search_recommends_pipeline_splits_megatron_builds() {
     assert_eq!((back.chunks, back.layers), (24, 80), "{text}");
 }
 
+/// A full-recompute layer count fixed by the caller is what every layout the search
+/// returns runs (it was dropped: `--recompute full --recompute-layers 5` came back as
+/// full recompute of every layer), and a pipeline whose chunks hold fewer layers than
+/// that is refused by name rather than clamped.
+#[test]
+fn the_search_keeps_a_fixed_full_recompute_layer_count() {
+    let mut pr = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let space = Space { recompute: Some(RecomputePolicy::Full), recompute_layers: Some(5), ..Space::default() };
+    let f = search::search(&mut pr, 64, 128, &space, 5);
+    assert!(!f.best.is_empty());
+    for p in &f.best {
+        assert_eq!((p.layout.recompute, p.layout.recompute_layers), (RecomputePolicy::Full, 5), "{}", p.layout.short());
+    }
+    // PP8 VP10 leaves one layer per chunk: five per chunk cannot be recomputed there.
+    let deep = Space { pp: Some(8), vp: Some(10), ..space };
+    let f = search::search(&mut pr, 64, 128, &deep, 1);
+    assert!(f.best.is_empty(), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
+    assert!(
+        f.families.iter().any(|fam| matches!(&fam.verdict, Verdict::Divisibility { reason } if reason.contains("full recompute of 5 layers per chunk"))),
+        "{:?}",
+        f.families
+    );
+}
+
 /// FP8's gain comes from the plan: a plan with no FP8 GEMM is exactly as fast as BF16; the
 /// FP8 plan is faster by less than the 2x of the peaks (attention, norms and casts stay);
 /// NVFP4 on a Hopper is refused.

@@ -128,6 +128,7 @@ impl LayoutSection {
             mbs: self.mbs,
             fsdp: self.fsdp,
             recompute: self.recompute,
+            recompute_layers: None,
             recompute_modules: None,
             split: self.pipeline_split,
             offload_layers: self.offload_layers,

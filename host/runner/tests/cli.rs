@@ -634,6 +634,8 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-targets", "mlp"], "invalid value 'mlp'"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--peft", "lora", "--lora-rank", "5000"], "use a rank of at most 1024"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute-modules", "mlp"], "add --recompute selective"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute-layers", "2"], "add --recompute full"),
+        (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute", "selective", "--recompute-layers", "2"], "add --recompute full"),
         (vec!["--model", "llama3.1-8b", "--gpus", "8", "--recompute", "selective", "--recompute-modules", "experts"], "unknown recompute module 'experts'"),
         (vec!["--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--precision", "nvfp4"], "no nvfp4"),
         (vec!["--model", "llama3.1-70b", "--gpu", "v100", "--gpus", "64"], "unknown GPU 'v100'"),

@@ -192,6 +192,10 @@ impl Target {
 
 /// The modules `--recompute-modules` names, if any.
 fn modules_of(f: &LayoutFlags) -> Result<Option<Modules>> {
+    // Without full recompute a layer count would be dropped unsaid.
+    if f.recompute_layers.is_some() && f.recompute.as_deref() != Some("full") {
+        anyhow::bail!("--recompute-layers counts the layers of full recompute; add --recompute full");
+    }
     if f.recompute_modules.is_empty() {
         return Ok(None);
     }
@@ -622,6 +626,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         mbs: f.mbs,
         fsdp: f.fsdp.then_some(true),
         recompute: policy(f.recompute.as_deref()),
+        recompute_layers: f.recompute_layers,
         recompute_modules,
         split,
         offload_layers: f.offload_layers,
