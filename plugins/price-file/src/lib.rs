@@ -236,10 +236,11 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             ("Reserved3yPrice", PurchaseOption::ThreeYearNoUpfront),
         ] {
             if let Some(usd) = money(col, &mut bad) {
-                let term = term_hours(option).map_or(0, |h| (h * 3600.0) as u32);
+                // A committed term is billed in whole terms, whatever the file's increment.
+                let term = term_hours(option).map(|h| (h * 3600.0) as u32);
                 prices.push(Price {
-                    billing_increment_s: increment,
-                    minimum_charge_s: minimum.max(term),
+                    billing_increment_s: term.unwrap_or(increment),
+                    minimum_charge_s: term.unwrap_or(minimum),
                     effective_date: date.to_string(),
                     source: source.clone(),
                     caveats: caveats.clone(),

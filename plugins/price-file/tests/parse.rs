@@ -21,7 +21,7 @@ fn skypilot_aws_and_lambda_orders_both_parse() {
     let r = o[0].prices.iter().find(|p| p.option == PurchaseOption::OneYearNoUpfront).unwrap();
     assert_eq!(r.effective_date, "2026-11-01");
     assert!(r.source.starts_with("our contract #42") && r.source.contains("line 2"));
-    assert!(r.minimum_charge_s >= 365 * 24 * 3600, "a committed term bills the whole term");
+    assert_eq!((r.billing_increment_s, r.minimum_charge_s), (8760 * 3600, 8760 * 3600), "a committed term bills whole terms");
     // Saved from Excel as "CSV UTF-8": a byte-order mark before the header.
     let bom = format!("\u{feff}{lambda}");
     let b = parse(&bom).unwrap();

@@ -129,7 +129,8 @@ pub const GB_PER_GIB: f64 = 1.073_741_824;
 
 /// How a cloud bills node time: one rule for every purchase option but those listed in
 /// `per_option` (AWS Capacity Blocks are bought by the day). Whatever the rule, a committed
-/// term bills at least the whole term ([`term_hours`], the contract's rule).
+/// term bills whole terms ([`term_hours`], the contract's rule): a run of 13 months on
+/// 1-year terms pays for two years.
 #[derive(Clone, Copy, Debug)]
 pub struct Billing {
     pub increment_s: u32,
@@ -160,9 +161,12 @@ impl Billing {
             Some(r) => (r.increment_s, r.minimum_s, format!("{}; {}", self.note, r.note)),
             None => (self.increment_s, self.minimum_s, self.note.to_string()),
         };
-        // A committed term is billed for the whole term, used or not.
-        let minimum = term_hours(option).map_or(minimum, |h| (h * 3600.0) as u32);
-        (increment, minimum, note)
+        // A committed term is billed whole, used or not, and a run longer than one term
+        // takes another (a term cannot be bought in part).
+        match term_hours(option) {
+            Some(h) => ((h * 3600.0) as u32, (h * 3600.0) as u32, note),
+            None => (increment, minimum, note),
+        }
     }
 }
 
@@ -264,12 +268,14 @@ pub fn standard_quote_with(
         caveats: price.caveats.clone(),
     }];
     if price.upfront_usd_per_node > 0.0 {
+        // Each term bought is paid up front: a run over two terms pays twice.
+        let terms = term_hours(request.option).map_or(1.0, |t| (billed_h / t - 1e-9).ceil().max(1.0));
         lines.push(QuoteLine {
             item: format!("upfront payment for {} x {} ({})", request.nodes, offering.instance, option_name(request.option)),
             category: LineCategory::Upfront,
-            quantity: nodes,
-            unit: "node".into(),
-            amount: nodes * price.upfront_usd_per_node,
+            quantity: nodes * terms,
+            unit: "node-term".into(),
+            amount: nodes * terms * price.upfront_usd_per_node,
             estimate: guessed,
             caveats: price.caveats.clone(),
         });
@@ -316,7 +322,7 @@ pub fn standard_quote_with(
 
 /// The price columns a price-list CSV may have, USD per node-hour; an empty cell means
 /// "not sold that way there". Reserved columns are committed terms with no upfront payment,
-/// billed (as such terms are) for the whole term at least.
+/// billed (as such terms are) in whole terms.
 const PRICE_COLUMNS: [(&str, PurchaseOption); 5] = [
     ("on_demand", PurchaseOption::OnDemand),
     ("spot", PurchaseOption::Spot),
@@ -342,7 +348,7 @@ const OTHER_COLUMNS: [&str; 10] = [
 /// options, where options differ in date or source), grouped into one offering per instance
 /// (in first-seen order). Each price carries its row's date, source and caveats, and the
 /// billing rule of its option (whose note is appended to the source); committed terms bill
-/// the whole term at least.
+/// whole terms.
 ///
 /// The first non-comment line names the columns, in any order: `instance`, `gpu`,
 /// `gpus_per_node`, `region` and `source` are required; `scale_up_domain` (default: the
@@ -619,7 +625,7 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
         assert_eq!(big.prices[2].caveats, vec![PriceCaveat::LowerBound]);
         let reserved = &big.prices[3];
         assert_eq!(reserved.option, PurchaseOption::OneYearNoUpfront);
-        assert_eq!(reserved.minimum_charge_s, 8760 * 3600, "a 1-year term bills the year");
+        assert_eq!((reserved.billing_increment_s, reserved.minimum_charge_s), (8760 * 3600, 8760 * 3600), "a 1-year term bills whole years");
         let block = &big.prices[4];
         assert_eq!(block.option, PurchaseOption::CapacityBlock);
         assert_eq!((block.billing_increment_s, block.minimum_charge_s), (86_400, 86_400));
@@ -686,6 +692,23 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
         r.option = PurchaseOption::OneYearNoUpfront;
         let q = standard_quote(&offerings, &r).unwrap();
         assert!((q.total - 2.0 * 8760.0 * 9.0).abs() < 1e-6, "{}", q.total);
+        // 13 months on 1-year terms buys two years (a term cannot be bought in part).
+        r.hours = 8760.0 * 13.0 / 12.0;
+        let q = standard_quote(&offerings, &r).unwrap();
+        assert!((q.total - 2.0 * 2.0 * 8760.0 * 9.0).abs() < 1e-6, "{}", q.total);
+        validate_quote(&r, &q, &offerings).unwrap();
+        // Each of those terms is paid up front where the option has an upfront part.
+        let term = |option, usd, upfront| Price { upfront_usd_per_node: upfront, ..Price::hourly("r", option, usd) };
+        let partial = vec![Offering::nodes(
+            "u",
+            "H100",
+            8,
+            vec![term(PurchaseOption::OnDemand, 10.0, 0.0), term(PurchaseOption::OneYearPartialUpfront, 4.0, 1000.0)],
+        )];
+        let mut r = request("u", "r", 8760.0 * 13.0 / 12.0);
+        r.option = PurchaseOption::OneYearPartialUpfront;
+        let q = standard_quote(&partial, &r).unwrap();
+        assert_eq!((q.lines[1].quantity, q.lines[1].amount), (4.0, 4000.0), "2 nodes x 2 terms");
     }
 
     #[test]
