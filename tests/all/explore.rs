@@ -231,6 +231,12 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     let i = o.clouds.iter().position(|c| c == "our-contract").unwrap();
     let q = r.costs[i].quote().unwrap();
     assert!(q.hours > r.days.unwrap() * 24.0 && q.hours < r.days.unwrap() * 24.0 * 1.01, "{} h for {} days", q.hours, r.days.unwrap());
+    // ... and the checkpoints and data are stored for as long: storage grows with the hours.
+    let storage = |q: &runner::pricing::CloudCost| q.lines.iter().find(|l| l.category == "storage").map(|l| l.quantity).unwrap();
+    let on_demand = quiet(&parse(&text("")));
+    let od = on_demand.series[0].rows[0].costs[on_demand.clouds.iter().position(|c| c == "our-contract").unwrap()].quote().unwrap().clone();
+    let (ratio, stretch) = (storage(q) / storage(&od), q.hours / od.hours);
+    assert!(stretch > 1.0 && (ratio - stretch).abs() < 1e-9, "storage x{ratio}, hours x{stretch}");
     assert!(o.notes.iter().any(|n| n.contains("interrupted 0.033 times per node-day")), "the assumption is stated");
     // A bad row stops the run, naming the file and the line.
     std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nok,H100,8,eu-1,16\nbad,H100,8,eu-1,free\n").unwrap();

@@ -329,6 +329,9 @@ impl Cloud {
                 } else {
                     ask.hours
                 };
+                // Checkpoints and data are kept for as long as the run takes: a spot run's
+                // interruptions lengthen it, and its storage with it.
+                let storage_gb_months = if ask.hours > 0.0 { ask.storage_gb_months * hours / ask.hours } else { ask.storage_gb_months };
                 let request = QuoteRequest {
                     instance: o.instance.clone(),
                     gpus: ask.gpus,
@@ -337,7 +340,7 @@ impl Cloud {
                     region: p.region.clone(),
                     option: ask.option,
                     start_date: String::new(),
-                    storage_gb_months: ask.storage_gb_months,
+                    storage_gb_months,
                     egress_gb: ask.egress_gb,
                 };
                 match self.model.quote(&request) {
