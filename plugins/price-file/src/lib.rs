@@ -13,12 +13,15 @@
 //! `EffectiveDate` (YYYY-MM-DD), `Source`, `BillingIncrementS`, `MinimumChargeS`
 //! (defaults: per second, 60 s minimum), `Caveats` (`lower-bound`, `resale`, `suspect`,
 //! separated by `;`: the host then prefers other prices and marks these). Rows of one instance and region in several
-//! zones keep the lowest spot price. A row with an empty `InstanceType` (SkyPilot's GCP
-//! GPU-only rows, to be added to a host row) is refused: give the all-in node price.
+//! zones (`AvailabilityZone`) keep the lowest spot price; two rows of one instance, region
+//! and zone are refused. A row with an empty `InstanceType` (SkyPilot's GCP
+//! GPU-only rows, to be added to a host row) is refused: give the all-in node price. So is
+//! `A100` (SkyPilot's name for the 40 GB part): write `A100-40GB` or `A100-80GB`.
 //!
-//! Every bad row is named by its line; the plugin then stops (a trap whose message the
-//! host shows), so a price file never prices with rows silently dropped.
+//! Every bad row is named by its line, with how to write it; the plugin then stops (a trap
+//! whose message the host shows), so a price file never prices with rows silently dropped.
 
+use std::collections::HashMap;
 use std::sync::OnceLock;
 
 use runner_plugin_sdk::cost::*;
@@ -31,7 +34,7 @@ fn parsed() -> &'static Result<Vec<Offering>, String> {
         use std::io::Read as _;
         match std::io::stdin().read_to_string(&mut text) {
             Ok(_) => parse(&text),
-            Err(e) => Err(format!("price file: not UTF-8 text ({e})")),
+            Err(e) => Err(format!("price file: not UTF-8 text ({e}): save it as UTF-8 (Excel: CSV UTF-8)")),
         }
     })
 }
@@ -129,10 +132,25 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     };
     let cols = cells(&header);
     let mut problems = Vec::new();
+    if cols.len() == 1 && (header.contains(';') || header.contains('\t')) {
+        return Err(format!(
+            "line {hl}: the header is one column, as if separated by {}: save it with commas (Excel: CSV UTF-8)",
+            if header.contains(';') { "semicolons" } else { "tabs" }
+        ));
+    }
+    let mut unknown = false;
     for c in &cols {
-        if !KNOWN.contains(&c.as_str()) {
-            problems.push(format!("line {hl}: unknown column '{c}' (known: {})", KNOWN.join(", ")));
+        if KNOWN.contains(&c.as_str()) {
+            continue;
         }
+        unknown = true;
+        match KNOWN.iter().find(|k| k.eq_ignore_ascii_case(c)) {
+            Some(k) => problems.push(format!("line {hl}: unknown column '{c}': write '{k}' (column names are case-sensitive)")),
+            None => problems.push(format!("line {hl}: unknown column '{c}'")),
+        }
+    }
+    if unknown {
+        problems.push(format!("the known columns are {}", KNOWN.join(", ")));
     }
     for required in ["InstanceType", "AcceleratorName", "AcceleratorCount", "Region"] {
         if !cols.iter().any(|c| c == required) {
@@ -147,26 +165,44 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     }
     let at = |name: &str| cols.iter().position(|c| c == name);
     let mut offerings: Vec<Offering> = Vec::new();
+    // The line each (instance, region, zone) was priced on, and each price's line: a
+    // second row for one of them is a mistake to name, not a price to drop in silence.
+    let mut seen: HashMap<(String, String, String), usize> = HashMap::new();
+    let mut price_lines: HashMap<(String, String, &'static str), usize> = HashMap::new();
+    let mut rows_read = 0;
     for (line, text) in lines {
+        rows_read += 1;
+        if text.matches('"').count() % 2 == 1 {
+            problems.push(format!("line {line}: a quoted cell opens here and is never closed: add the closing \""));
+            continue;
+        }
         let row = cells(&text);
         if row.len() != cols.len() {
-            problems.push(format!("line {line}: {} cells but the header has {} columns", row.len(), cols.len()));
+            let hint = if row.len() > cols.len() { " (a cell that holds a comma must be in double quotes: \"3,50\" is not a price; write 3.50)" } else { "" };
+            problems.push(format!("line {line}: {} cells but the header has {} columns{hint}", row.len(), cols.len()));
             continue;
         }
         let cell = |name: &str| at(name).map_or("", |i| row[i].as_str());
+        let mut bad_money = false;
         let mut bad = |what: String| problems.push(format!("line {line}: {what}"));
-        let money = |name: &str, bad: &mut dyn FnMut(String)| -> Option<f64> {
+        let mut money = |name: &str, bad: &mut dyn FnMut(String)| -> Option<f64> {
             let s = cell(name);
+            // SkyPilot's catalogs write NaN where an instance is not sold that way.
             if s.is_empty() || s.eq_ignore_ascii_case("nan") {
                 return None;
             }
-            match s.parse::<f64>() {
-                Ok(v) if v.is_finite() && v > 0.0 => Some(v),
-                _ => {
-                    bad(format!("{name} '{s}' is not a price in USD per node-hour above zero"));
-                    None
+            let problem = match s.parse::<f64>() {
+                Ok(v) if v.is_finite() && v > 0.0 && v <= MAX_PRICE => return Some(v),
+                Ok(v) if v.is_finite() && v > MAX_PRICE => {
+                    format!("is above {MAX_PRICE:e} USD per node-hour: give the price of one node for one hour")
                 }
-            }
+                Ok(v) if v.is_finite() => "is not above zero: a price is above zero; leave the cell empty where the instance is not sold that way".to_string(),
+                Ok(_) => "is not a finite number: write the price of one node for one hour, e.g. 24.50".to_string(),
+                Err(_) => money_fix(s),
+            };
+            bad_money = true;
+            bad(format!("{name} '{s}' {problem}"));
+            None
         };
         let whole = |name: &str, default: u32, bad: &mut dyn FnMut(String)| -> u32 {
             match cell(name) {
@@ -187,6 +223,12 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             bad(format!("instance '{instance}' has no AcceleratorName (a CPU-only instance cannot train)"));
             continue;
         }
+        // SkyPilot's catalogs call the 40 GB part "A100" (p4d.24xlarge, a2-highgpu); the
+        // runner's "a100" alias is the 80 GB one. Either guess prices some rows wrong.
+        if gpu.eq_ignore_ascii_case("A100") {
+            bad(format!("AcceleratorName '{gpu}' of '{instance}' does not say which A100: write A100-40GB or A100-80GB (SkyPilot's catalogs mean the 40 GB one by A100)"));
+            continue;
+        }
         let region = cell("Region");
         if region.is_empty() {
             bad(format!("instance '{instance}' has no Region"));
@@ -201,9 +243,8 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             }
         };
         let date = cell("EffectiveDate");
-        let iso_date = date.len() == 10 && date.as_bytes()[4] == b'-' && date.as_bytes()[7] == b'-' && date.chars().filter(char::is_ascii_digit).count() == 8;
-        if !date.is_empty() && !iso_date {
-            bad(format!("EffectiveDate '{date}' is not YYYY-MM-DD"));
+        if runner_contract::text::date("EffectiveDate", date).is_err() {
+            bad(format!("EffectiveDate '{date}' is not a date written YYYY-MM-DD (e.g. 2026-11-15)"));
         }
         let increment = whole("BillingIncrementS", 1, &mut bad);
         let minimum = match cell("MinimumChargeS") {
@@ -248,9 +289,23 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
                 });
             }
         }
+        if bad_money {
+            continue;
+        }
         if prices.is_empty() {
             bad(format!("instance '{instance}' in {region} has no price (every price column is empty or NaN)"));
             continue;
+        }
+        let zone = cell("AvailabilityZone").to_string();
+        if let Some(first) = seen.insert((instance.to_string(), region.to_string(), zone.clone()), line) {
+            let zone = if zone.is_empty() { String::new() } else { format!(", zone {zone}") };
+            bad(format!(
+                "instance '{instance}' in {region}{zone} is already priced on line {first}: keep one row (rows of one region differ by AvailabilityZone)"
+            ));
+            continue;
+        }
+        for p in &prices {
+            price_lines.entry((instance.to_string(), region.to_string(), option_name(p.option))).or_insert(line);
         }
         match offerings.iter_mut().find(|o| o.instance == instance) {
             Some(o) => {
@@ -277,6 +332,25 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             }),
         }
     }
+    // A spot or committed price above on-demand is a swapped column or a typo, on its line.
+    for o in &offerings {
+        for p in o.prices.iter().filter(|p| p.option != PurchaseOption::OnDemand) {
+            if let Some(od) = find_price(o, &p.region, PurchaseOption::OnDemand)
+                && p.usd_per_node_hour > od.usd_per_node_hour
+            {
+                let line = price_lines.get(&(o.instance.clone(), p.region.clone(), option_name(p.option))).copied().unwrap_or(0);
+                let column = match p.option {
+                    PurchaseOption::Spot => "SpotPrice",
+                    PurchaseOption::OneYearNoUpfront => "Reserved1yPrice",
+                    _ => "Reserved3yPrice",
+                };
+                problems.push(format!(
+                    "line {line}: {column} {} is above the on-demand Price {} of '{}' in {}: a spot or committed price is at most on-demand (are the columns swapped?)",
+                    p.usd_per_node_hour, od.usd_per_node_hour, o.instance, p.region
+                ));
+            }
+        }
+    }
     if !problems.is_empty() {
         let n = problems.len();
         problems.truncate(20);
@@ -284,10 +358,31 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
         return Err(format!("price file: {}{more}", problems.join("; ")));
     }
     if offerings.is_empty() {
-        return Err("price file: no priced rows".into());
+        let why = if rows_read == 0 { "the file has a header and no rows: add one row per instance and region" } else { "no priced rows" };
+        return Err(format!("price file: line {hl}: {why}"));
     }
     validate_offerings(&offerings).map_err(|e| format!("price file: {e}"))?;
     Ok(offerings)
+}
+
+/// The highest price a price list may hold, USD per node-hour (the contract's limit).
+const MAX_PRICE: f64 = 1e9;
+
+/// How to write a price cell that is not a number ("$3.50", "3,50", "24 USD").
+fn money_fix(s: &str) -> String {
+    let digits: String = s.chars().filter(|c| c.is_ascii_digit() || matches!(c, '.' | ',')).collect();
+    let plain = match (digits.matches(',').count(), digits.contains('.')) {
+        // "3,50": a decimal comma.
+        (1, false) if digits.len() - digits.find(',').unwrap_or(0) <= 3 => digits.replace(',', "."),
+        // "1,234.50" or "1,234": thousands separators.
+        _ => digits.replace(',', ""),
+    };
+    match plain.parse::<f64>() {
+        Ok(v) if !plain.is_empty() && v > 0.0 => {
+            format!("is not a plain number: write {plain} (USD per node-hour, a decimal point, no currency sign or thousands separator)")
+        }
+        _ => "is not a number: write the price of one node for one hour in USD, e.g. 24.50".to_string(),
+    }
 }
 
 /// The generic pricing plugin.

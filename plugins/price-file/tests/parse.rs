@@ -71,3 +71,45 @@ fn a_quoted_cell_may_span_lines() {
     assert_eq!(o.len(), 2);
     assert!(o[0].prices[0].source.starts_with("our contract, signed 2026-11"), "{}", o[0].prices[0].source);
 }
+
+/// Each malformed file a provider or a spreadsheet writes names its line and how to write
+/// it instead; none prices with a row dropped or a second price picked in silence.
+#[test]
+fn malformed_files_name_the_line_and_the_fix() {
+    const H: &str = "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice,EffectiveDate,Source\n";
+    let err = |rows: &str| parse(&format!("{H}{rows}")).unwrap_err();
+    // Money as people write it: the plain number it should be, one problem per cell.
+    let e = err("x,H100,8,r1,$3.50,,2026-01-01,src\n");
+    assert!(e.contains("line 2: Price '$3.50' is not a plain number: write 3.50"), "{e}");
+    assert!(!e.contains("has no price"), "one problem, said once: {e}");
+    assert!(err("x,H100,8,r1,\"3,50\",,2026-01-01,src\n").contains("Price '3,50' is not a plain number: write 3.50"));
+    assert!(err("x,H100,8,r1,\"1,234.50\",,2026-01-01,src\n").contains("write 1234.50"));
+    assert!(err("x,H100,8,r1,24 USD,,2026-01-01,src\n").contains("write 24 "));
+    assert!(err("x,H100,8,r1,0,,2026-01-01,src\n").contains("line 2: Price '0' is not above zero"));
+    assert!(err("x,H100,8,r1,inf,,2026-01-01,src\n").contains("Price 'inf' is not a finite number"));
+    assert!(err("x,H100,8,r1,1e300,,2026-01-01,src\n").contains("line 2: Price '1e300' is above 1e9 USD per node-hour"));
+    // An unquoted decimal comma shifts the cells: the spot price then reads above on-demand.
+    let e = err("x,H100,8,r1,3,50,2026-01-01,src\n");
+    assert!(e.contains("line 2: SpotPrice 50 is above the on-demand Price 3") && e.contains("swapped"), "{e}");
+    assert!(err("x,H100,8,r1,20,,2026-01-01,src,more\n").contains("must be in double quotes"));
+    // Dates that are not dates, on their line.
+    assert!(err("x,H100,8,r1,20,,2026-02-30,src\n").contains("line 2: EffectiveDate '2026-02-30' is not a date written YYYY-MM-DD"));
+    // A quote never closed swallows the rest of the file: refused, not read as one cell.
+    let e = err("x,H100,8,r1,20,,2026-01-01,\"our contract\ny,H100,8,r2,30,,2026-01-01,src\n");
+    assert!(e.contains("line 2: a quoted cell opens here and is never closed"), "{e}");
+    // Two rows for one instance and region: which price holds is the user's to say.
+    let e = err("x,H100,8,r1,20,,2026-01-01,src\nx,H100,8,r1,18,,2026-01-01,src\n");
+    assert!(e.contains("line 3: instance 'x' in r1 is already priced on line 2"), "{e}");
+    // SkyPilot's "A100" is the 40 GB part; the runner's alias the 80 GB one.
+    assert!(err("p4d.24xlarge,A100,8,r1,20,,2026-01-01,src\n").contains("write A100-40GB or A100-80GB"));
+    // Headers: a case slip names the right spelling; a semicolon file says to save with commas.
+    let e = parse("instancetype,AcceleratorName,AcceleratorCount,Region,Price\nx,H100,8,r1,20\n").unwrap_err();
+    assert!(e.contains("unknown column 'instancetype': write 'InstanceType'"), "{e}");
+    assert_eq!(e.matches("the known columns are").count(), 1, "{e}");
+    let e = parse("InstanceType;AcceleratorName;AcceleratorCount;Region;Price\nx;H100;8;r1;20\n").unwrap_err();
+    assert!(e.contains("separated by semicolons: save it with commas"), "{e}");
+    assert!(parse(H).unwrap_err().contains("line 1: the file has a header and no rows"));
+    // What stays accepted: Windows line ends after a byte-order mark, a quoted comma.
+    let o = parse(&format!("\u{feff}{}x,H100,8,r1,20,,2026-01-01,\"contract, schedule B\"\r\n", H.replace('\n', "\r\n"))).unwrap();
+    assert_eq!((o[0].prices[0].usd_per_node_hour, o[0].prices[0].source.starts_with("contract, schedule B")), (20.0, true));
+}
