@@ -416,13 +416,8 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
             None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),
         })?;
-        // Named after the file (control characters in a file name must not reach a terminal).
-        cloud.name = path
-            .file_stem()
-            .map_or("price-file".into(), |s| s.to_string_lossy().chars().map(|c| if c.is_control() { '?' } else { c }).collect());
-        if clouds.iter().any(|c| c.name == cloud.name) {
-            cloud.name = format!("{} (price file)", cloud.name);
-        }
+        let taken: Vec<&str> = clouds.iter().map(|c| c.name.as_str()).collect();
+        cloud.name = price_file_cloud_name(path, &taken);
         notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
         // Its rows are the user's own: one that can never be priced is said, not dropped.
         let unknown = cloud.unknown_gpus(&profiles.gpus);
@@ -1074,6 +1069,18 @@ pub fn main_model_params(
     Ok(count::params(&g))
 }
 
+/// The cloud name a price file is priced under: its file stem ("our-contract"), or, where a
+/// cloud already has that name, its file name ("aws.csv"): short enough for a table's
+/// column header, which cut "aws (price file)" to "aws (price f". Control characters in a
+/// file name must not reach a terminal.
+fn price_file_cloud_name(path: &std::path::Path, taken: &[&str]) -> String {
+    let clean = |s: &std::ffi::OsStr| -> String { s.to_string_lossy().chars().map(|c| if c.is_control() { '?' } else { c }).collect() };
+    let stem = path.file_stem().map_or_else(|| "price-file".to_string(), clean);
+    let candidates = [stem.clone(), path.file_name().map_or_else(String::new, clean), format!("{stem}-price-file")];
+    let free = |n: &&String| !n.is_empty() && !taken.contains(&n.as_str());
+    candidates.iter().find(free).cloned().unwrap_or_else(|| format!("{stem}-price-file-{}", taken.len()))
+}
+
 /// The bad lines of a price file, from the price-file plugin's stop: `offerings` cannot
 /// return an error, so the plugin panics with every problem named by its line, and the
 /// host shows those lines, not the trap around them (a typo in a price is the user's to
@@ -1229,6 +1236,17 @@ mod tests {
         let a = answer(Goal::Budget(5e5), &series, &clouds, &[64, 128, 256]);
         assert!(!a.met);
         assert_eq!(a.best.as_ref().unwrap().gpus, 64, "the cheapest is the nearest feasible");
+    }
+
+    #[test]
+    fn a_price_file_is_named_after_its_file_and_readably_apart_from_a_cloud_of_that_name() {
+        let p = std::path::Path::new;
+        assert_eq!(price_file_cloud_name(p("/x/our-contract.csv"), &["aws", "lambda"]), "our-contract");
+        // Named like an installed cloud: the file name, not "acme (price file)", which a
+        // 12-character column header showed as "acme (price".
+        assert_eq!(price_file_cloud_name(p("/x/acme.csv"), &["acme", "aws"]), "acme.csv");
+        assert_eq!(price_file_cloud_name(p("acme"), &["acme"]), "acme-price-file");
+        assert_eq!(price_file_cloud_name(p("a\x1b.csv"), &[]), "a?");
     }
 
     #[test]

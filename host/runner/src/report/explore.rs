@@ -155,6 +155,20 @@ pub fn fixed_or_significant(x: f64, decimals: usize) -> String {
     format!("{x:.digits$}")
 }
 
+/// Longest cloud name a terminal column header shows whole.
+const CLOUD_HEADER: usize = 16;
+
+/// A cloud's terminal column header: its name, or one cut short with a visible "~" so a
+/// cut name does not pass for another cloud's (the notes and the other formats give it whole).
+fn cloud_header(name: &str) -> String {
+    if name.chars().count() <= CLOUD_HEADER {
+        return name.to_string();
+    }
+    let mut cut: String = name.chars().take(CLOUD_HEADER - 1).collect();
+    cut.push('~');
+    cut
+}
+
 /// One series as a table: `clouds` are the columns priced (indices into the row costs).
 fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table {
     let mut headers: Vec<String> =
@@ -162,7 +176,7 @@ fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table 
     if wide {
         headers.insert(2, "GBS".to_string());
     }
-    headers.extend(clouds.iter().map(|&i| o.clouds[i].chars().take(12).collect::<String>()));
+    headers.extend(clouds.iter().map(|&i| if wide { o.clouds[i].clone() } else { cloud_header(&o.clouds[i]) }));
     let mut t = Table { title: format!("{} - {}", s.label(), s.plan), headers, ..Table::default() };
     for r in &s.rows {
         let mark = if r.sweet { "*" } else { "" };
@@ -652,6 +666,13 @@ mod tests {
         assert_eq!(fixed_or_significant(0.0, 2), "0.00");
         assert_eq!(days_cell(0.000_34), "0.00034");
         assert_eq!(days_cell(3.571), "3.57");
+    }
+
+    #[test]
+    fn cloud_headers_keep_names_whole_up_to_sixteen_characters() {
+        assert_eq!(cloud_header("hyperstack"), "hyperstack");
+        assert_eq!(cloud_header("our-contract.csv"), "our-contract.csv");
+        assert_eq!(cloud_header("negotiated-2027-contract"), "negotiated-2027~");
     }
 
     #[test]
