@@ -263,19 +263,19 @@ pub fn si(v: f64) -> String {
 
 /// US dollars, rounded to what matters at the scale.
 pub fn usd(v: f64) -> String {
-    if v >= 1e15 {
-        format!("${v:.2e}")
-    } else if v >= 1e12 {
-        format!("${:.2}T", v / 1e12)
-    } else if v >= 1e9 {
-        format!("${:.2}B", v / 1e9)
-    } else if v >= 1e6 {
-        format!("${:.2}M", v / 1e6)
-    } else if v >= 1e3 {
-        format!("${:.1}K", v / 1e3)
-    } else {
-        format!("${v:.2}")
+    // The largest unit the value still reads at least 1 in once rounded: $999,960 is
+    // $1.00M, not $1000.0K.
+    let shown = |scale: f64, decimals: usize| format!("{:.decimals$}", v / scale);
+    if v >= 1e15 || shown(1e12, 2).parse::<f64>().is_ok_and(|x| x >= 1000.0) {
+        return format!("${v:.2e}");
     }
+    for (scale, unit, decimals) in [(1e12, "T", 2), (1e9, "B", 2), (1e6, "M", 2), (1e3, "K", 1)] {
+        let x = shown(scale, decimals);
+        if x.parse::<f64>().is_ok_and(|x| x >= 1.0) {
+            return format!("${x}{unit}");
+        }
+    }
+    format!("${v:.2}")
 }
 
 #[cfg(test)]
@@ -343,6 +343,13 @@ mod tests {
         assert_eq!(usd(4.2e9), "$4.20B");
         assert_eq!(usd(3.1e18), "$3.10e18");
         assert_eq!(usd(12.5), "$12.50");
+        // Rounding that reaches the next unit reads in it.
+        assert_eq!(usd(999_960.0), "$1.00M");
+        assert_eq!(usd(999.996), "$1.0K");
+        assert_eq!(usd(999_995_000.0), "$1.00B");
+        assert_eq!(usd(999_996e6), "$1.00T");
+        assert_eq!(usd(999.999e12), "$1.00e15");
+        assert_eq!(usd(994_000.0), "$994.0K");
         assert_eq!(si(8.03e9), "8.03B");
     }
 }
