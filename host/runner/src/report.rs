@@ -144,9 +144,10 @@ impl Table {
             if formula {
                 s.insert(0, '\'');
             }
-            // Quoted: separators, and a leading # (the notes' comment lines start with
-            // one; a reader told comment='#' would drop the row).
-            if s.contains([',', '"', '\n']) || s.starts_with('#') {
+            // Quoted: separators, and any # (the notes' comment lines start with one; a
+            // reader told comment='#', as pandas, drops the rest of the line from an
+            // unquoted # on: a price source's URL#fragment lost its row's other cells).
+            if s.contains([',', '"', '\n', '#']) {
                 format!("\"{}\"", s.replace('"', "\"\""))
             } else {
                 s
@@ -322,17 +323,17 @@ mod tests {
     }
 
     /// A CSV cell a spreadsheet would run as a formula is neutralised; numbers, negative
-    /// ones included, stay numbers; a leading # is quoted so a comment-aware reader keeps
-    /// the row.
+    /// ones included, stay numbers; a cell with a # anywhere is quoted so a comment-aware
+    /// reader keeps the row whole.
     #[test]
     fn csv_cells_are_not_formulas_nor_comments() {
         let mut t = Table::new("", &["instance", "error"]);
-        for (cell, n) in [("=HYPERLINK(\"x\")", "-23.1 %"), ("@SUM(A1)", "+4.2"), ("-cmd", "-"), ("#box", "-.5")] {
+        for (cell, n) in [("=HYPERLINK(\"x\")", "-23.1 %"), ("@SUM(A1)", "+4.2"), ("-cmd", "-"), ("#box", "-.5"), ("aws.amazon.com/ec2/pricing/#p5", "1")] {
             t.rows.push(vec![cell.into(), n.into()]);
         }
         assert_eq!(
             t.csv(),
-            "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n"
+            "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n\"aws.amazon.com/ec2/pricing/#p5\",1\n"
         );
     }
 
