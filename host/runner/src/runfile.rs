@@ -314,9 +314,116 @@ impl Default for CostSection {
 /// # Errors
 /// The TOML error (with line and column) or the rule the file breaks, and how to fix it.
 pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
-    let run: RunFile = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
-    check(&run).map_err(|m| format!("{origin}: {m}"))?;
+    let run: RunFile = toml::from_str(text).map_err(|e| match hint(e.message()) {
+        Some(h) => format!("{origin}: {}\nhelp: {h}", e.to_string().trim_end()),
+        None => format!("{origin}: {e}"),
+    })?;
+    check(&run).map_err(|m| format!("{origin}: {}{m}", snippet(text, &m)))?;
     Ok(run)
+}
+
+/// The run the command line's flags make (a run file's values with the flags over them,
+/// as TOML), checked as a run file is; its errors name the key, not a line of a file the
+/// user never wrote.
+pub fn parse_flags(text: &str) -> Result<RunFile, String> {
+    let run: RunFile = toml::from_str(text).map_err(|e| format!("command line: {e}"))?;
+    check(&run).map_err(|m| format!("command line: {m}"))?;
+    Ok(run)
+}
+
+/// Where a rule [`check`] found broken sits in the file, as TOML's own errors show it
+/// (line, column, the line and a caret), or nothing when the key is not in the text.
+/// Every message of `check` starts with `[section] key`, which is what is looked up; a key
+/// left at its default (not in the file) points at its section's header.
+fn snippet(text: &str, message: &str) -> String {
+    let Some((section, rest)) = message.strip_prefix('[').and_then(|m| m.split_once("] ")) else {
+        return String::new();
+    };
+    let key: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    let Ok(doc) = toml::de::DeTable::parse(text) else {
+        return String::new();
+    };
+    let Some((name, value)) = doc.get_ref().iter().find(|(k, _)| k.get_ref() == section) else {
+        return String::new();
+    };
+    let span = match value.get_ref() {
+        toml::de::DeValue::Table(t) => t.iter().find(|(k, _)| k.get_ref() == key.as_str()).map_or(name.span(), |(_, v)| v.span()),
+        _ => name.span(),
+    };
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+    let line = text[line_start..line_end].trim_end_matches('\r');
+    let number = text[..start].matches('\n').count() + 1;
+    let column = text[line_start..start].chars().count();
+    let width = text[start..span.end.clamp(start, line_end)].chars().count().max(1);
+    let gutter = " ".repeat(number.to_string().len());
+    format!(
+        "line {number}, column {}\n{gutter} |\n{number} | {}\n{gutter} | {}{}\n",
+        column + 1,
+        crate::report::visible(line),
+        " ".repeat(column),
+        "^".repeat(width)
+    )
+}
+
+/// What to do about a TOML error a user can fix by spelling: an unknown key gets the
+/// nearest known keys of its table (`gpuz`: `gpu` or `gpus`), or the section it belongs in
+/// (`gpus` under `[model]`: `[cluster]`); a file without `[model]` gets the lines to start
+/// with.
+fn hint(error: &str) -> Option<String> {
+    if error.contains("missing field `model`") || error.contains("missing field `plugin`") {
+        return Some("a run file names its workload plugin first:\n[model]\nplugin = \"llama3.wasm\"\n(workloads/*.toml are examples)".into());
+    }
+    let unknown = error.split("unknown field `").nth(1)?.split('`').next()?.to_string();
+    let expected: Vec<&str> = error.split("expected").nth(1)?.split('`').skip(1).step_by(2).collect();
+    let distance = |a: &str, b: &str| -> usize {
+        let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for i in 1..=a.len() {
+            let mut diagonal = row[0];
+            row[0] = i;
+            for j in 1..=b.len() {
+                let next = (row[j] + 1).min(row[j - 1] + 1).min(diagonal + usize::from(a[i - 1] != b[j - 1]));
+                diagonal = row[j];
+                row[j] = next;
+            }
+        }
+        row[b.len()]
+    };
+    let best = expected.iter().map(|k| distance(&unknown, k)).min()?;
+    if best <= 2.max(unknown.chars().count() / 3) {
+        let near: Vec<String> = expected.iter().filter(|k| distance(&unknown, k) == best).map(|k| format!("`{k}`")).collect();
+        return Some(format!("did you mean {}?", near.join(" or ")));
+    }
+    // A key of another section: where it goes.
+    let home = SECTIONS.iter().find(|(_, keys)| keys().contains(&unknown))?;
+    Some(format!("`{unknown}` goes in [{}]", home.0))
+}
+
+/// A section's keys.
+type Keys = fn() -> Vec<String>;
+
+/// Each section and its keys, for [`hint`].
+const SECTIONS: &[(&str, Keys)] = &[
+    ("model", keys::<ModelSection>),
+    ("cluster", keys::<ClusterSection>),
+    ("precision", keys::<PrecisionSection>),
+    ("cost", keys::<CostSection>),
+    ("limits", keys::<Limits>),
+    ("measure", keys::<MeasureSection>),
+    ("layout", keys::<LayoutSection>),
+    ("explore", keys::<ExploreSection>),
+    ("assumptions", keys::<Assumptions>),
+];
+
+/// A section's keys, as its deserializer lists them when it meets one it does not know
+/// (every section denies unknown keys), so the list never drifts from the struct.
+fn keys<T: serde::de::DeserializeOwned>() -> Vec<String> {
+    match toml::from_str::<T>("zz_not_a_key = 0") {
+        Err(e) => e.message().split("expected").nth(1).unwrap_or("").split('`').skip(1).step_by(2).map(str::to_string).collect(),
+        Ok(_) => Vec::new(),
+    }
 }
 
 /// Read and parse a run file.
@@ -487,6 +594,48 @@ mod tests {
         let err = parse("[model]\nplugin = \"x\"\nvarient = \"y\"\n", "t.toml").unwrap_err();
         assert!(err.contains("varient"), "{err}");
         assert!(err.contains("line 3"), "{err}");
+    }
+
+    /// A misspelt key is answered with the nearest keys of its table, a key in the wrong
+    /// table with the one it goes in, a file without [model] with the lines to start with.
+    /// Each said only which keys the table has.
+    #[test]
+    fn unknown_keys_name_the_nearest_key_or_their_section() {
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpuz = [8]\n", "t.toml").unwrap_err();
+        assert!(err.contains("line 4") && err.ends_with("help: did you mean `gpu` or `gpus`?"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[clustr]\ngpus = [8]\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("help: did you mean `cluster`?"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[limits]\nmemory_mb = 3\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("help: did you mean `memory_mib`?"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\ngpus = [8]\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("help: `gpus` goes in [cluster]"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\nnodes = 4\n", "t.toml").unwrap_err();
+        assert!(!err.contains("help:"), "nothing near: {err}");
+        for text in ["", "[cluster]\ngpus = [8]\n", "[model]\nvariant = \"x\"\n"] {
+            let err = parse(text, "t.toml").unwrap_err();
+            assert!(err.contains("help: a run file names its workload plugin first:\n[model]\nplugin = \"llama3.wasm\""), "{err}");
+        }
+    }
+
+    /// A value TOML reads but the run refuses (out of range, unknown name) points at its
+    /// line and column as TOML's own errors do; a rule broken by a default points at the
+    /// section. They named the key only.
+    #[test]
+    fn a_refused_value_names_its_line() {
+        let err = parse("[model]\nplugin = \"x\"\n\n[measure]\nrepeats =  0\n", "t.toml").unwrap_err();
+        assert_eq!(err, "t.toml: line 5, column 12\n  |\n5 | repeats =  0\n  |            ^\n[measure] repeats must be in 1..=1000, got 0");
+        let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = \"H100\"\ngpus = [8, 0]\n", "t.toml").unwrap_err();
+        assert!(err.starts_with("t.toml: line 5, column 8\n") && err.contains("5 | gpus = [8, 0]\n  |        ^^^^^^\n"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[cost]\noption = \"spotty\"\n", "t.toml").unwrap_err();
+        assert!(err.starts_with("t.toml: line 4, column 10\n") && err.contains("[cost] option 'spotty'"), "{err}");
+        // Set in an inline table, and a rule no key of the file breaks: the section.
+        let err = parse("model = { plugin = \"x\", seq_len = 0 }\n", "t.toml").unwrap_err();
+        assert!(err.starts_with("t.toml: line 1, column 35\n"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[precision]\nplugin = \"p.wasm\"\n", "t.toml").unwrap_err();
+        assert!(err.starts_with("t.toml: line 4, column 10\n") && err.contains("one format with a plugin"), "{err}");
+        // The flags' run has no file: the key is named, no line.
+        let err = parse_flags("[model]\nplugin = \"x\"\n[measure]\nrepeats = 0\n").unwrap_err();
+        assert_eq!(err, "command line: [measure] repeats must be in 1..=1000, got 0");
     }
 
     #[test]

@@ -104,7 +104,7 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     }
     // Re-check the merged run exactly as a run file would be checked.
     let text = toml::to_string(run).context("serialising the run")?;
-    *run = runfile::parse(&text, "command line").map_err(anyhow::Error::msg)?;
+    *run = runfile::parse_flags(&text).map_err(anyhow::Error::msg)?;
     Ok(())
 }
 
