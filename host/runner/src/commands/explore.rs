@@ -189,7 +189,10 @@ fn keep(j: &mut StoreJournal, o: &Outcome, global: &Global) {
     let result = json!({
         "outcome": o,
         "figures": history::figures(o),
+        // JSON too, as printed: the outcome read back from the store has its keys sorted
+        // and its floats parsed to the nearest 17 digits, not the run's own.
         "renderings": {
+            "json": report::explore::render(o, OutputFormat::Json),
             "table": report::explore::render(o, OutputFormat::Table),
             "csv": report::explore::render(o, OutputFormat::Csv),
             "html": report::explore::render(o, OutputFormat::Html),
@@ -304,10 +307,14 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
             anyhow::bail!("run {id}'s stored result is not an object: it cannot be shown (`runner history` lists the runs)");
         };
         let (field, name) = match f {
-            OutputFormat::Json => return match result.get("outcome") {
-                Some(o) if !o.is_null() => Ok(serde_json::to_string_pretty(o)? + "\n"),
-                _ => anyhow::bail!("run {id}'s stored result has no outcome: it cannot be shown as JSON"),
-            },
+            // A run kept before its JSON was: the stored outcome, keys sorted.
+            OutputFormat::Json if result.get("renderings").and_then(|r| r.get("json")).is_none() => {
+                return match result.get("outcome") {
+                    Some(o) if !o.is_null() => Ok(serde_json::to_string_pretty(o)? + "\n"),
+                    _ => anyhow::bail!("run {id}'s stored result has no outcome: it cannot be shown as JSON"),
+                };
+            }
+            OutputFormat::Json => ("json", "JSON"),
             OutputFormat::Table => ("table", "a table"),
             OutputFormat::Csv => ("csv", "CSV"),
             OutputFormat::Html => ("html", "HTML"),
