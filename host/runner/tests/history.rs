@@ -169,3 +169,55 @@ fn two_runners_writing_at_once_both_land_and_show_and_compare_read_them() {
     let o = run(&dir, &["show", "99"]);
     assert!(text(&o).1.contains("no run 99"), "{}", text(&o).1);
 }
+
+/// A history the user may read but not write (another user's, in a directory they cannot
+/// write, so SQLite cannot make the -shm it reads a WAL file with): `history`, `show` and
+/// `compare` read it and change nothing. They failed "attempt to write a readonly
+/// database". As root (whom permissions do not stop) the commands run as `nobody`.
+#[cfg(unix)]
+#[test]
+fn a_history_that_cannot_be_written_is_still_listed_shown_and_compared() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = scratch("readonly");
+    let shared = dir.join("shared");
+    std::fs::create_dir_all(&shared).unwrap();
+    let path = shared.join("h.sqlite");
+    {
+        let mut s = runner_store::Store::open(&path).unwrap();
+        for gpus in [8, 16] {
+            let (id, _) = s.begin("explore", "runner explore", &serde_json::json!({ "gpus": gpus }), &serde_json::json!([]), "0").unwrap();
+            let table = format!("the table of run {id}\n");
+            s.finish(id, "done", &serde_json::json!({ "renderings": { "table": table }, "figures": { "gpus": gpus } })).unwrap();
+        }
+    }
+    assert!(!shared.join("h.sqlite-wal").exists(), "closed cleanly");
+    let before = std::fs::read(&path).unwrap();
+    for (p, mode) in [(&dir, 0o755), (&shared, 0o555), (&path, 0o444)] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));
+    let as_user = |args: &[&str]| -> Output {
+        let history = path.to_str().unwrap();
+        let mut c = if root {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups", env!("CARGO_BIN_EXE_runner")]);
+            c
+        } else {
+            Command::new(env!("CARGO_BIN_EXE_runner"))
+        };
+        c.current_dir(&dir).args(["--history", history]).args(args).env("HOME", &dir).env_remove("RUNNER_HISTORY");
+        c.output().expect("runner starts (as root: setpriv, from util-linux)")
+    };
+    let o = as_user(&["history"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert_eq!(out.lines().filter(|l| l.contains(" done ")).count(), 2, "{out}");
+    let o = as_user(&["show", "2"]);
+    assert_eq!(text(&o), ("the table of run 2\n".to_string(), String::new()));
+    let o = as_user(&["compare", "1", "2", "--format", "json"]);
+    let changes: Vec<serde_json::Value> = serde_json::from_str(&text(&o).0).unwrap_or_else(|e| panic!("{e}: {:?}", text(&o)));
+    assert_eq!(changes, [serde_json::json!({"what": "inputs", "where": "gpus", "a": 8, "b": 16}), serde_json::json!({"what": "results", "where": "gpus", "a": 8, "b": 16})]);
+    assert_eq!(std::fs::read(&path).unwrap(), before, "the file is left as it was");
+    assert!(!shared.join("h.sqlite-wal").exists() && !shared.join("h.sqlite-shm").exists());
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+}

@@ -222,6 +222,20 @@ pub fn default_path() -> Option<PathBuf> {
     Some(base.join("runner").join("history.sqlite"))
 }
 
+/// `path` as the path of an SQLite `file:` URI: every byte but unreserved ones and `/`
+/// percent-encoded (a `?` or `#` in a directory name must not start the query).
+fn uri_path(path: &Path) -> String {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut out = String::new();
+    for b in absolute.as_os_str().as_encoded_bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' | b'/' => out.push(*b as char),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
 /// What an unfinished run is found by (the `inputs_sha256` column): the sha256 of its
 /// inputs, the name and sha256 of every plugin it used, and the runner's version. Two runs
 /// with equal keys compute equal pieces, so one may resume the other.
@@ -312,6 +326,55 @@ impl Store {
             }
         }
         // A damaged file is said at once, not after a run was "kept" in it.
+        let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(db_err)?;
+        if check != "ok" {
+            return Err(explain(path, &format!("integrity check: {check}"), Some(rusqlite::ErrorCode::DatabaseCorrupt)));
+        }
+        Ok(Store { conn, path: path.to_path_buf() })
+    }
+
+    /// Open an existing history to read it only, changing nothing (no tables created, no
+    /// journal mode switched, no columns added): what `runner history`, `show` and
+    /// `compare` fall back on when [`Store::open`] cannot write the file (another user's
+    /// history, a read-only mount). A history from before a column was added needs one
+    /// opening that can write.
+    ///
+    /// # Errors
+    /// The file cannot be read, is damaged, or is not a current runner history.
+    pub fn open_read_only(path: &Path) -> R<Store> {
+        use rusqlite::OpenFlags;
+        let db_err = |e: rusqlite::Error| explain(path, &e, sqlite_code(&e));
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let probe = |uri: &str| -> rusqlite::Result<(Connection, Vec<String>)> {
+            let c = Connection::open_with_flags(uri, flags)?;
+            c.busy_timeout(BUSY_TIMEOUT)?;
+            let tables = {
+                let mut st = c.prepare("SELECT name FROM sqlite_master WHERE type = 'table'")?;
+                st.query_map([], |r| r.get::<_, String>(0))?.collect::<rusqlite::Result<Vec<String>>>()?
+            };
+            Ok((c, tables))
+        };
+        if !path.is_file() {
+            return Err(StoreError(format!("history database {}: not a file", path.display())));
+        }
+        let uri = format!("file:{}?mode=ro", uri_path(path));
+        // A WAL database read by one who cannot create its -shm beside it (a directory it
+        // may not write) is refused as "readonly"; with no -wal there, no runner has it
+        // open, so the file alone is the whole history and may be read as immutable.
+        let wal = path.with_file_name(format!("{}-wal", path.file_name().unwrap_or_default().to_string_lossy()));
+        let (conn, tables) = match probe(&uri) {
+            Err(e) if !wal.exists() && matches!(sqlite_code(&e), Some(rusqlite::ErrorCode::ReadOnly | rusqlite::ErrorCode::CannotOpen)) => {
+                probe(&format!("{uri}&immutable=1")).map_err(db_err)?
+            }
+            other => other.map_err(db_err)?,
+        };
+        if !tables.iter().any(|t| t == "runs") || !missing_columns(&conn).map_err(db_err)?.is_empty() {
+            return Err(StoreError(format!(
+                "history database {}: not a current runner history, and it cannot be written here to bring it up to date; \
+                 open it once as a user who may write it, or point --history (or RUNNER_HISTORY) at another file",
+                path.display()
+            )));
+        }
         let check: String = conn.query_row("PRAGMA quick_check", [], |r| r.get(0)).map_err(db_err)?;
         if check != "ok" {
             return Err(explain(path, &format!("integrity check: {check}"), Some(rusqlite::ErrorCode::DatabaseCorrupt)));

@@ -227,7 +227,10 @@ fn open_store(global: &Global) -> Result<(runner_store::Store, PathBuf)> {
     if !path.exists() {
         anyhow::bail!("no history at {} yet: runs are kept there as they run (or give --history FILE)", path.display());
     }
-    Ok((runner_store::Store::open(&path)?, path))
+    // A history this user may read but not write (another user's, a read-only mount) is
+    // still listed, shown and compared; where it cannot be read either, the first error.
+    let store = runner_store::Store::open(&path).or_else(|e| runner_store::Store::open_read_only(&path).map_err(|_| e))?;
+    Ok((store, path))
 }
 
 /// `runner history`: the newest runs first.
