@@ -179,6 +179,12 @@ fn explain(path: &Path, e: &dyn std::fmt::Display, code: Option<rusqlite::ErrorC
              with `sqlite3 {p}.damaged .recover | sqlite3 {p}`"
         ),
         Some(rusqlite::ErrorCode::NotADatabase) => ": not an SQLite database; point --history (or RUNNER_HISTORY) at a runner history file".into(),
+        // After the busy timeout: another process kept the lock all that time.
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => format!(
+            ": another process held it for over {} s (a runner writing a long run, or a program with it open: \
+             `lsof {p}` names it); try again once it is done, or give --history FILE",
+            BUSY_TIMEOUT.as_secs()
+        ),
         _ => String::new(),
     };
     StoreError(format!("history database {p}: {e}{fix}"))
@@ -696,6 +702,21 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let e = Store::open(&dir).err().expect("a directory is refused").to_string();
         assert!(e.contains("is a directory; point --history (or RUNNER_HISTORY) at a file in it"), "{e}");
+    }
+
+    /// A history another process keeps locked past the busy timeout is said as such,
+    /// with what to do; it read "database is locked" and no more.
+    #[test]
+    fn a_history_locked_past_the_timeout_says_by_whom_and_what_to_do() {
+        let path = scratch("locked");
+        Store::open(&path).unwrap();
+        let holder = Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let waiter = Connection::open(&path).unwrap();
+        waiter.busy_timeout(Duration::ZERO).unwrap();
+        let e = waiter.execute_batch("BEGIN IMMEDIATE").unwrap_err();
+        let e = explain(&path, &e, sqlite_code(&e)).to_string();
+        assert!(e.contains("database is locked: another process held it for over 30 s") && e.contains("give --history FILE"), "{e}");
     }
 
     #[test]
