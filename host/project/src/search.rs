@@ -14,7 +14,8 @@
 //! on a GPU with a known host link, offloading the activations of the fewest layers per
 //! chunk that makes it fit when that is faster still ([`offload_to_fit`]).
 //! Choices the model shows are never worse are fixed: sequence parallelism with tp,
-//! TP, EP and DP overlap on, BF16 gradient reduction (NVIDIA's performance recipes).
+//! TP, EP (unless the caller turns it off) and DP overlap on, BF16 gradient reduction
+//! (NVIDIA's performance recipes).
 //! Selective recompute of the attention cores alone (Megatron's default list) is not
 //! searched: with flash attention it stores what no recompute stores, so it only costs
 //! time.
@@ -60,6 +61,9 @@ pub struct Space {
     /// a layout that does not fit may offload the fewest that make it fit (on a GPU whose
     /// profile gives its host link) when that beats recompute.
     pub offload_layers: Option<u32>,
+    /// Whether the expert all-to-all overlaps another micro-batch's compute (Megatron's
+    /// `overlap_moe_expert_parallel_comm`); absent: on, the faster.
+    pub ep_overlap: Option<bool>,
     /// The optimizer every layout trains with.
     pub optimizer: Optimizer,
     /// The kernel choices every layout runs with.
@@ -323,7 +327,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                         distributed_optimizer: !fsdp,
                         fsdp,
                         tp_overlap: tp > 1,
-                        ep_overlap: ep > 1,
+                        ep_overlap: ep > 1 && space.ep_overlap.unwrap_or(true),
                         dp_overlap: true,
                         grad_fp32: false,
                         kernels: space.kernels,

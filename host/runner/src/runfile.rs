@@ -130,6 +130,7 @@ impl LayoutSection {
             recompute: self.recompute,
             recompute_layers: None,
             recompute_modules: None,
+            ep_overlap: None,
             split: self.pipeline_split,
             offload_layers: self.offload_layers,
             optimizer: Default::default(),

@@ -616,6 +616,36 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert_eq!(plain["layout"]["dispatcher"].as_str(), Some("alltoall"), "{out}");
     assert_eq!(flex["layout"]["dispatcher"].as_str(), Some("flex"));
     assert!(f(&plain, "step_time_s") > f(&flex, "step_time_s"), "{out}");
+    // The all-to-all exposed (Megatron's default, which project could not ask for) is
+    // slower than overlapped, in project and in the search alike.
+    let o = runner(&dir, &[&across[..], &["--no-ep-overlap"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let exposed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((exposed["layout"]["ep_overlap"].as_bool(), flex["layout"]["ep_overlap"].as_bool()), (Some(false), Some(true)), "{out}");
+    assert!(f(&exposed, "step_time_s") > f(&flex, "step_time_s"), "{out}");
+    let o = runner(&dir, &["search", "--model", "qwen3-30b-a3b", "--gpu", "h100", "--gpus", "16", "--ep", "16", "--no-ep-overlap", "--top", "3", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let found: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let best = found[0]["best"].as_array().unwrap();
+    assert!(!best.is_empty() && best.iter().all(|p| p["layout"]["ep_overlap"] == false), "{out}");
+    // NeMo 25.04's DeepSeek-V3 run on 1024 H100s (calibration row 36): its published layout
+    // alone is priced with flex and the overlap, and says so; with the run's dispatcher,
+    // overlap and split given, project gives the step `runner validate` projects for it.
+    let dsv3 = ["project", "--model", "deepseek-v3-671b", "--gpu", "h100", "--gpus", "1024", "--format", "json", "-q"];
+    let (out, _) = text(&runner(&dir, &dsv3));
+    assert!(out.contains("gives no token dispatcher or expert all-to-all overlap"), "{out}");
+    let o = runner(&dir, &[&dsv3[..], &["--dispatcher", "alltoall", "--no-ep-overlap", "--pp", "16", "--pipeline-layout", "Et*3|(t*4|)*14t*2mL"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let run: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../host/project/data/calibration.toml");
+    let (out, err) = text(&runner(&dir, &["validate", file.to_str().unwrap(), "--format", "json", "-q"]));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {err}"));
+    let row = v["checked"].as_array().unwrap().iter().find(|c| c["index"] == 36).expect("row 36 projected");
+    let (a, b) = (f(&run, "step_time_s"), f(row, "predicted_step_s"));
+    assert!((a / b - 1.0).abs() < 1e-9, "project {a} s, validate {b} s");
     // FP8 asked for on 64 H100s takes Llama 3 70B's published Megatron-Bridge layout,
     // which those tables call FP8 and which runs current scaling (TP4 PP8 VP5), over a
     // delayed-scaling layout published for another GPU count.

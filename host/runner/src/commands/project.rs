@@ -70,6 +70,11 @@ pub struct LayoutFlags {
     /// ride the host link (PCIe, or NVLink-C2C on GB200/GB300) behind the layers' compute
     #[arg(long)]
     pub offload_layers: Option<u32>,
+    /// Expose the expert all-to-all instead of overlapping it with another micro-batch's
+    /// compute (Megatron's overlap_moe_expert_parallel_comm off, its default; NeMo 25.04's
+    /// DeepSeek-V3 runs had it off). Without it, layouts with ep > 1 overlap
+    #[arg(long)]
+    pub no_ep_overlap: bool,
     /// The optimizer: adamw (Megatron's distributed optimizer) or muon (Megatron's
     /// dist_muon under the layer-wise distributed optimizer, as Kimi-K2 trains)
     #[arg(long, default_value = "adamw", value_parser = Optimizer::parse)]
@@ -418,7 +423,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             recompute_modules: modules.unwrap_or_default(),
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
-            ep_overlap: ep > 1,
+            ep_overlap: ep > 1 && !flags.no_ep_overlap,
             dp_overlap: true,
             grad_fp32: false,
             // Without a split given, one Megatron's flags build where there is one.
@@ -451,6 +456,16 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                 Ok((p, rc)) if p.fits => {
                     if let Some(rc) = rc {
                         notes.push(format!("{rc} added to fit in memory"));
+                    }
+                    // A model's published layouts record neither: the run may have used
+                    // others (NeMo 25.04's DeepSeek-V3 runs: alltoall, no overlap).
+                    if p.layout.ep > 1 {
+                        notes.push(format!(
+                            "the published layout gives no token dispatcher or expert all-to-all overlap: priced with {} and the \
+                             all-to-all {} (--dispatcher, --no-ep-overlap; `runner validate` projects the published runs as configured)",
+                            if p.layout.kernels.dispatcher == Dispatcher::AllToAll { "the alltoall dispatcher" } else { "the flex dispatcher" },
+                            if p.layout.ep_overlap { "overlapped" } else { "exposed" }
+                        ));
                     }
                     Some((p, from))
                 }
@@ -628,6 +643,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         recompute: policy(f.recompute.as_deref()),
         recompute_layers: f.recompute_layers,
         recompute_modules,
+        ep_overlap: f.no_ep_overlap.then_some(false),
         split,
         offload_layers: f.offload_layers,
         optimizer: f.optimizer,
