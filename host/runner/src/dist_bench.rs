@@ -154,6 +154,34 @@ fn local_ranks(n: usize) -> Result<Vec<Launch>> {
         .collect())
 }
 
+/// This rank's host, as `HOST_WORDS` floats for an all-gather: whether the host name
+/// was read, 48 bits of its FNV-1a hash in three exact 16-bit pieces, and the local rank.
+fn host_words(local_rank: usize) -> [f32; HOST_WORDS] {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok().or_else(|| std::env::var("HOSTNAME").ok());
+    let name = name.as_deref().map(str::trim).filter(|n| !n.is_empty());
+    let hash = name.map_or(0, |n| n.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)));
+    let piece = |k: u32| ((hash >> (16 * k)) & 0xffff) as f32;
+    [f32::from(u8::from(name.is_some())), piece(0), piece(1), piece(2), local_rank as f32]
+}
+
+const HOST_WORDS: usize = 5;
+
+/// The nodes among the ranks whose [`host_words`] are `all`: distinct host names, or
+/// where a rank could not read its own, the ranks of local rank 0 (each node's launcher
+/// numbers its ranks from 0; a launch without local ranks counts every rank then).
+fn count_nodes(all: &[f32]) -> usize {
+    let ranks: Vec<&[f32]> = all.chunks_exact(HOST_WORDS).collect();
+    let n = if ranks.iter().all(|w| w[0] == 1.0) {
+        let mut hosts: Vec<[u32; 3]> = ranks.iter().map(|w| [w[1], w[2], w[3]].map(|x| x as u32)).collect();
+        hosts.sort_unstable();
+        hosts.dedup();
+        hosts.len()
+    } else {
+        ranks.iter().filter(|w| w[4] == 0.0).count()
+    };
+    n.max(1)
+}
+
 /// Which launcher started the ranks and where they met, for the report: a run that
 /// read the wrong launcher's variables is seen at once.
 fn launch_note(l: &Launch) -> String {
@@ -432,9 +460,8 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
     let mut g = dev.group(world, "world", &all, a.timeout)?;
     D::batch(&mut g, true);
     let ctl = world.everyone().map_err(|e| anyhow!(e))?;
-    // Each node's launcher numbers its ranks from 0: the nodes are the local ranks 0
-    // (what `runner calibrate --collectives` reads the network tier from).
-    let nodes = HostCollective::all_gather(&ctl, &[local_rank as f32])?.iter().filter(|&&l| l == 0.0).count().max(1);
+    // What `runner calibrate --collectives` reads the network tier from.
+    let nodes = count_nodes(&HostCollective::all_gather(&ctl, &host_words(local_rank))?);
     let esize = a.dtype.bytes() as u64;
     let mut rows = Vec::new();
     let sizes = a.sizes();
@@ -959,6 +986,21 @@ fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Nodes are distinct host names: ranks on one host whose launcher gave no local
+    /// ranks (each local 0) are one node, two hosts whose launcher did are two.
+    #[test]
+    fn nodes_are_hosts() {
+        let w = |named: bool, h: [f32; 3], local: f32| [f32::from(u8::from(named)), h[0], h[1], h[2], local];
+        let (a, b) = ([1.0, 2.0, 65535.0], [1.0, 2.0, 65534.0]);
+        assert_eq!(count_nodes(&[w(true, a, 0.0), w(true, a, 0.0), w(true, a, 0.0)].concat()), 1);
+        assert_eq!(count_nodes(&[w(true, a, 0.0), w(true, a, 1.0), w(true, b, 0.0), w(true, b, 1.0)].concat()), 2);
+        // A rank without a host name: local ranks 0 count.
+        assert_eq!(count_nodes(&[w(true, a, 0.0), w(false, [0.0; 3], 0.0), w(true, a, 1.0)].concat()), 2);
+        let me = host_words(3);
+        assert_eq!((me[0], me[4]), (1.0, 3.0), "this Linux host's name is read");
+        assert!(me[1..4].iter().all(|&x| x.fract() == 0.0 && (0.0..65536.0).contains(&x)));
+    }
 
     #[test]
     fn sizes_and_flags_follow_nccl_tests() {

@@ -238,11 +238,22 @@ fn the_report_names_the_launch() {
     let dir = scratch("launch-note");
     let port = free_port();
     let args = ["--device", "cpu", "bench", "collectives", "-b", "1K", "-e", "1K", "--ops", "all_reduce", "-n", "1", "-w", "1", "-q"];
-    let kids: Vec<Child> = (0..2).map(|r| rank(&dir, r, 2, port, &args)).collect();
+    let kids: Vec<Child> = (0..2)
+        .map(|r| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
+            c.args(args).env("RANK", r.to_string()).env("WORLD_SIZE", "2").env_remove("LOCAL_RANK");
+            c.env("MASTER_ADDR", "127.0.0.1").env("MASTER_PORT", port.to_string());
+            c.stdout(std::fs::File::create(dir.join(format!("out{r}"))).unwrap());
+            c.stderr(std::fs::File::create(dir.join(format!("err{r}"))).unwrap());
+            c.spawn().expect("runner starts")
+        })
+        .collect();
     for (r, mut k) in kids.into_iter().enumerate() {
         assert!(k.wait().unwrap().success(), "rank {r}: {}", read(&dir, &format!("err{r}")));
     }
     let out = read(&dir, "out0");
+    // The ranks set no LOCAL_RANK here: both are local rank 0, yet on one host.
+    assert!(out.contains("collectives over 2 rank(s) on 1 node(s), tcp"), "{out}");
     assert!(out.contains(&format!("launch: torchrun environment (RANK, WORLD_SIZE), rendezvous at 127.0.0.1:{port}")), "{out}");
     assert_eq!(read(&dir, "out1"), "", "only rank 0 prints");
 }
