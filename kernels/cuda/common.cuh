@@ -193,6 +193,8 @@ __device__ __forceinline__ u32 qhash(u32 seed, u32 i) {
 }
 
 // |y| onto the grid, sign restored, before the overflow check (cpu/quant.rs round_grid).
+// NaN passes through unrounded: the GPU's canonical NaN 0x7FFFFFFF plus the rounding
+// increment carries through the exponent into the sign bit, which read as -0.
 __device__ __forceinline__ float qround(float y, const QGrid& g, int sr, u32 u) {
     float a = fabsf(y);
     u32 b = __float_as_uint(a);
@@ -201,12 +203,12 @@ __device__ __forceinline__ float qround(float y, const QGrid& g, int sr, u32 u) 
         u32 lsb = (b >> (23 - g.mbits)) & 1u;
         float n = __uint_as_float((b + g.half_ulp + lsb) & g.mask);
         float s = __fsub_rn(__fadd_rn(__fmul_rn(a, g.sub_mul), 12582912.0f), 12582912.0f) * g.sub_inv;
-        r = a < g.min_normal ? s : n;
+        r = isnan(a) ? a : (a < g.min_normal ? s : n);
     } else {
         float n = __uint_as_float((b + (u >> (9 + g.mbits))) & g.mask);
         float frac = (float)(u >> 8) * (1.0f / 16777216.0f);
         float s = floorf(__fadd_rn(__fmul_rn(a, g.sub_mul), frac)) * g.sub_inv;
-        r = a < g.min_normal ? s : n;
+        r = isnan(a) ? a : (a < g.min_normal ? s : n);
     }
     return copysignf(r, y);
 }

@@ -222,7 +222,9 @@ fn round_grid(y: f32, g: &Grid, rand: Option<u32>) -> f32 {
             (n, s)
         }
     };
-    let r = if a < g.min_normal { sub } else { normal };
+    // A NaN's bits plus the increment can carry through the exponent into the sign bit
+    // (0x7FFFFFFF, a GPU's canonical NaN, became -0): NaN passes through unrounded.
+    let r = if a.is_nan() { a } else if a < g.min_normal { sub } else { normal };
     r.copysign(y)
 }
 
@@ -859,6 +861,9 @@ mod tests {
                 }
             }
             xs.extend([0.0, -0.0, f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 1e-45, 464.0, 464.01, 61440.0, 1e30]);
+            // NaNs whose payload is all ones (a GPU's canonical NaN, 0x7FFFFFFF) or has
+            // the mantissa's top bits set: rounding their bits must not carry them into zero.
+            xs.extend([0x7FFF_FFFF, 0xFFFF_FFFF, 0x7FF8_0000, 0x7FC0_0001].map(f32::from_bits));
             for _ in 0..50_000 {
                 xs.push(rng.random_range(-1.0f32..1.0) * 2f32.powi(rng.random_range(-30..20)));
             }
@@ -972,6 +977,32 @@ mod tests {
             qdq_tensor(&mut w, Format::E4M3, 1.0, true, Some(7)).unwrap();
             assert_eq!(v, w, "the same seed replays");
         }
+    }
+
+    /// NaN in gives NaN out on every path that rounds on bits (per tensor, blocks, nearest
+    /// and stochastic), whatever its payload: 0x7FFFFFFF (a GPU's canonical NaN) once
+    /// rounded into -0 and vanished from the GEMM's operand; the counts still see it.
+    #[test]
+    fn nan_payloads_stay_nan() {
+        let nans = [0x7FFF_FFFFu32, 0xFFFF_FFFF, 0x7FF8_0000, 0x7FC0_0000].map(f32::from_bits);
+        let mut x = vec![1.0f32; 64];
+        x[..4].copy_from_slice(&nans);
+        for (f, sr) in [(Format::E4M3, None), (Format::E5M2, None), (Format::E5M2, Some(3)), (Format::E2M1, Some(3))] {
+            let mut y = x.clone();
+            let r = qdq_tensor(&mut y, f, 1.0, true, sr).unwrap();
+            assert!(y[..4].iter().all(|v| v.is_nan()), "{f:?} sr={sr:?}: {:?}", &y[..4]);
+            assert_eq!(r.nonfinite, 4);
+        }
+        let mx = BlockSpec { format: Format::E4M3, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        let nv = BlockSpec { format: Format::E2M1, block: (1, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: true, saturate: true, stochastic: Some(5) };
+        for s in [mx, nv] {
+            let mut y = x.clone();
+            qdq_blocks(&mut y, 2, 32, &s).unwrap();
+            assert!(y[..4].iter().all(|v| v.is_nan()), "{s:?}: {:?}", &y[..4]);
+        }
+        let mut codes = vec![0u8; 64];
+        quantize_codes(&mut codes, &x, &QuantSpec::Tensor { format: Format::E4M3, scale: Some(1.0), margin: 0, saturate: true, stochastic: None }).unwrap();
+        assert_eq!(codes[..4], [0x7F, 0xFF, 0x7F, 0x7F]);
     }
 
     /// Blocks against a plain per-block loop: amax, scale by the rule, scalar encode.

@@ -74,6 +74,11 @@ fn inputs() -> Vec<f32> {
         f32::NEG_INFINITY,
         f32::NAN,
         -f32::NAN,
+        // NaNs with the payload's top bits set, as a GPU's canonical NaN (0x7FFFFFFF) is:
+        // rounding their bits carried them into the sign bit, so they were stored as -0.
+        f32::from_bits(0x7FFF_FFFF),
+        f32::from_bits(0xFFFF_FFFF),
+        f32::from_bits(0x7FF8_0000),
         1.0 + p2(-8),
         1.0 + 3.0 * p2(-8),
         1.0 + p2(-11),
