@@ -539,6 +539,12 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     assert_eq!(v["layout"]["dp"].as_u64(), Some(1), "{out}");
     assert!(v["layout_from"].as_str().unwrap().contains("search"), "{out}");
     assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().contains("does not apply: GBS 1")), "{out}");
+    // Flags that make the published layout not fit are named as the user's, not as the
+    // published layout (TP1 PP1 of Llama 70B on 80 GB needs some 367 GiB).
+    let o = runner(&dir, &["project", "--model", "llama3.1-70b", "--gpu", "h100", "--gpus", "64", "--tp", "1", "--pp", "1", "--format", "json", "-q"]);
+    let out = text(&o).0;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("the published layout with the flags given (TP1 PP1")), "{out}");
     // At 16x the published sequence the published layout (measured at 8192) is not taken
     // and its batch rule keeps its tokens per step: 1024 sequences become 64.
     let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "64", "--seq-len", "131072", "--format", "json", "-q"]);

@@ -445,6 +445,12 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     // One that does not fit gives way to the search too, and is shown only if nothing fits.
     let mut refused = None;
     let mut unfit = None;
+    // What the refusal names: the user's own flags are not the published layout.
+    let named = if [flags.tp, flags.pp, flags.cp, flags.vp, flags.ep, flags.etp, flags.mbs].iter().any(Option::is_some) || flags.fsdp {
+        "the published layout with the flags given"
+    } else {
+        "the published layout"
+    };
     let published = match from_reference {
         Some((l, from)) => {
             let p = if flags.recompute.is_none() {
@@ -471,7 +477,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                 }
                 Ok((p, _)) => {
                     refused = Some(format!(
-                        "the published layout ({}) does not fit: it {}",
+                        "{named} ({}) does not fit: it {}",
                         p.layout.short(),
                         p.memory.shortfall().unwrap_or_default()
                     ));
@@ -480,7 +486,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                 }
                 Err(e) => {
                     refused = Some(format!(
-                        "the published layout (TP{} PP{} CP{} EP{} MBS{} at DP{}) does not apply: {e}",
+                        "{named} (TP{} PP{} CP{} EP{} MBS{} at DP{}) does not apply: {e}",
                         l.tp, l.pp, l.cp, l.ep, l.mbs, l.dp
                     ));
                     None
