@@ -513,7 +513,14 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     }
     let mut projector = Projector::new(model, Box::new(source), plans[0].gpu.clone(), plans[0].plan.clone());
     let mut series = Vec::new();
-    let mut gbs_notes = BTreeSet::new();
+    // In the order the rows meet them (GPU counts upward), each once: sorted as text they
+    // read 1024, 128, 16, ...
+    let mut gbs_notes: Vec<String> = Vec::new();
+    let mut gbs_note = |n: String| {
+        if !gbs_notes.contains(&n) {
+            gbs_notes.push(n);
+        }
+    };
     let mut dup_notes = BTreeSet::new();
     let job = project::Job::new(&projector.model, tokens);
     let mut quote_notes = QuoteNotes::default();
@@ -558,7 +565,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                     let (g, why) = project::default_gbs(variant, &p.gpu, base, n, job);
                     let own = project::default_gbs(variant, &p.gpu, p.recipe, n, job).0;
                     if own != g {
-                        gbs_notes.insert(format!(
+                        gbs_note(format!(
                             "{} {} at {n} GPUs trains with {base}'s GBS {g}, to compare one job (its own rule gives {own})",
                             p.gpu.name, p.recipe
                         ));
@@ -577,7 +584,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                     runner_contract::text::number(step_tokens)
                 );
             }
-            gbs_notes.insert(why);
+            gbs_note(why);
             if let Some(row) = journal.recall(&key).and_then(|v| serde_json::from_value::<Row>(v).ok())
                 && row.costs.len() == clouds.len()
             {

@@ -1274,6 +1274,21 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
 const HIST_RUN: [&str; 13] =
     ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8,16", "--precision", "bf16", "--repeats", "1", "--cloud", "lambda"];
 
+/// The batch notes follow the rows, GPU counts upward (sorted as text they read 128,
+/// 16, 8).
+#[test]
+fn batch_notes_follow_the_gpu_counts() {
+    let dir = scratch("gbs-notes");
+    let mut args = HIST_RUN.to_vec();
+    args[6] = "128,8,16";
+    args.extend(["--format", "json", "-q"]);
+    let o = runner(&dir, &args);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let gbs: Vec<&str> = v["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).filter(|n| n.starts_with("GBS ")).collect();
+    let at: Vec<&str> = gbs.iter().map(|n| n.split(" GPUs").next().unwrap().rsplit(' ').next().unwrap()).collect();
+    assert_eq!(at, ["8", "16", "128"], "{gbs:?}");
+}
+
 /// `args` with `--history FILE` in front.
 /// Run `statement` on a history database (created by the store first, so its schema
 /// exists): what a crash, an old runner or a full disk leaves behind.
