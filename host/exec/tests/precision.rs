@@ -170,6 +170,36 @@ fn delayed_scaling_follows_the_amax_history() {
     assert_eq!(n.scale, tensor_scale(n.amax, Format::E4M3, 1), "after a reset the step's own amax");
 }
 
+/// An operand whose amax is 0 for a step (a zeroed weight, an all-zero gradient) keeps
+/// the previous delayed scale, as Transformer Engine does (`scale` is kept where `amax`
+/// is 0 or not finite): under most-recent reduction with a history of one, the zero
+/// step's amax once gave scale 1 the step after, which flushes small values to zero.
+#[test]
+fn a_zero_amax_keeps_the_previous_delayed_scale() {
+    let g = graph();
+    let mut ex = executor(&g);
+    let delayed = Scaling::Delayed { history: 1, reduction: AmaxReduction::MostRecent, margin: 0 };
+    ex.set_precision(&every_site(&g, hybrid(delayed))).unwrap();
+    let name = "layers.0.mlp.down.weight";
+    let w = ex.weight(name).unwrap();
+    let weight_scale = |ex: &Executor<Cpu>| {
+        ex.precision_numerics().into_iter().find(|s| s.name == "layers.0.mlp.down" && s.role == GemmRole::Forward && s.operand == Operand::Weight).unwrap().numerics
+    };
+    run(&mut ex, &g, 0);
+    let first = weight_scale(&ex);
+    assert_eq!(first.scale, tensor_scale(first.amax, Format::E4M3, 0));
+    ex.end_precision_step();
+    ex.set_weight(name, &vec![0.0; w.len()]).unwrap();
+    run(&mut ex, &g, 1);
+    assert_eq!(weight_scale(&ex).amax, 0.0);
+    ex.end_precision_step();
+    ex.set_weight(name, &w).unwrap();
+    run(&mut ex, &g, 2);
+    let n = weight_scale(&ex);
+    assert_eq!(n.scale, first.scale, "the scale before the zero step, not {}", tensor_scale(0.0, Format::E4M3, 0));
+    assert_eq!(n.underflowed, first.underflowed);
+}
+
 /// Faults reach the numerics: an outlier raises the amax by its factor, a NaN is counted
 /// and makes the loss non-finite; each fires once.
 #[test]

@@ -261,7 +261,8 @@ impl<D: Device> Executor<D> {
     }
 
     /// Close a training step for the precision plans: each delayed-scaled operand's amax
-    /// of this step enters its history (the oldest leaves), and the step's numerics are
+    /// of this step enters its history (the oldest leaves) unless it is 0 or not finite
+    /// (its scale then stays the previous one, as Transformer Engine keeps it), and the step's numerics are
     /// cleared. Call once per step, whether or not the update was applied: the amax
     /// was seen (Transformer Engine rotates its histories every step).
     pub fn end_precision_step(&mut self) {
@@ -270,8 +271,13 @@ impl<D: Device> Executor<D> {
             let Some(plan) = q.sites.get(&(key.0, key.1)) else { continue };
             if let Scaling::Delayed { history, .. } = plan.operand(key.2).scaling {
                 let h = q.history.entry(key).or_default();
-                // A non-finite amax (a NaN step) would poison the history for its length.
-                if n.amax.is_finite() {
+                // Transformer Engine keeps the previous scale when the amax is 0 or not
+                // finite; leaving such an amax out of the history does that (the newest
+                // entry stays the one the previous scale came from), and a NaN step does
+                // not poison the history for its length. An amax of 0 entered as such
+                // gave scale 1 next step under most-recent: a small tensor's values all
+                // flushed to zero.
+                if n.amax.is_finite() && n.amax > 0.0 {
                     h.push_front(n.amax);
                 }
                 h.truncate(history.max(1) as usize);
