@@ -458,6 +458,27 @@ pub fn load(path: &Path) -> Result<RunFile, String> {
     Ok(run)
 }
 
+/// The plugins the run file at `path` names (as loaded) that are not installed: each
+/// refused with its line, before anything loads. `run` is the run after the command
+/// line's flags: a plugin a flag replaced is not the file's to answer for.
+///
+/// # Errors
+/// The first plugin no directory, path or embedded plugin provides, where the file
+/// names it, and what was searched.
+pub fn check_plugins(path: &Path, file: &RunFile, run: &RunFile) -> Result<(), String> {
+    let model = [("model", "plugin", &file.model.plugin, run.model.plugin == file.model.plugin)];
+    let precision = file.precision.plugin.iter().map(|p| ("precision", "plugin", p, run.precision.plugin.as_ref() == Some(p)));
+    let cost = file.cost.plugins.iter().map(|p| ("cost", "plugins", p, run.cost.plugins.contains(p)));
+    for (section, key, spec, kept) in model.into_iter().chain(precision).chain(cost) {
+        if let (true, Err(m)) = (kept, crate::plugin::resolve(spec)) {
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            let at = format!("[{section}] {key}");
+            return Err(format!("{}: {}{at}: {m}", path.display(), snippet(&text, &at)));
+        }
+    }
+    Ok(())
+}
+
 fn check(run: &RunFile) -> Result<(), String> {
     if run.model.plugin.trim().is_empty() {
         return Err(
@@ -637,6 +658,28 @@ mod tests {
         // The flags' run has no file: the key is named, no line.
         let err = parse_flags("[model]\nplugin = \"x\"\n[measure]\nrepeats = 0\n").unwrap_err();
         assert_eq!(err, "command line: [measure] repeats must be in 1..=1000, got 0");
+    }
+
+    /// A plugin the file names that is not installed is refused at its line before
+    /// anything loads; one a flag replaced is not the file's error.
+    #[test]
+    fn a_missing_plugin_names_its_line() {
+        let dir = std::env::temp_dir().join(format!("runfile-plugins-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.toml");
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\n\n[cost]\nplugins = [\"lambda\", \"acme-cloud\"]\n").unwrap();
+        let file = load(&path).unwrap();
+        let err = check_plugins(&path, &file, &file).unwrap_err();
+        assert!(err.contains("line 5, column 11\n") && err.contains("5 | plugins = [\"lambda\", \"acme-cloud\"]"), "{err}");
+        assert!(err.contains("[cost] plugins: no plugin 'acme-cloud'"), "{err}");
+        let mut flags = file.clone();
+        flags.cost.plugins = vec!["lambda".into()];
+        assert_eq!(check_plugins(&path, &file, &flags), Ok(()));
+        std::fs::write(&path, "[model]\nplugin = \"llama9\"\n").unwrap();
+        let file = load(&path).unwrap();
+        let err = check_plugins(&path, &file, &file).unwrap_err();
+        assert!(err.contains("line 2, column 10\n") && err.contains("[model] plugin: no plugin 'llama9'"), "{err}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]

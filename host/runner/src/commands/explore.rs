@@ -217,8 +217,10 @@ pub fn quick_run(quick: &QuickRun, global: &Global) -> Result<()> {
 
 /// `runner run FILE`.
 pub fn run_file(path: &Path, quick: &QuickRun, global: &Global) -> Result<()> {
-    let mut run = runfile::load(path).map_err(anyhow::Error::msg)?;
+    let file = runfile::load(path).map_err(anyhow::Error::msg)?;
+    let mut run = file.clone();
     apply_overrides(&mut run, quick, global)?;
+    runfile::check_plugins(path, &file, &run).map_err(anyhow::Error::msg)?;
     execute(&run, global)
 }
 
