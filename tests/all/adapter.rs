@@ -399,7 +399,7 @@ fn a_0_2_precision_policy_is_called_with_0_3_types_and_plans_as_it_says() {
     assert_eq!(r.state, [3, 7]);
     assert_eq!(r.actions.len(), 4);
     assert!(matches!(&r.actions[0], Action::Fallback(f)
-        if f.scope == FallbackScope::ForwardOnly && f.to == Dtype::Mxfp8 && f.sites.layers == [1] && f.sites.roles == [GemmRole::InputGradient]));
+        if f.scope == FallbackScope::ForwardOnly && f.to == Dtype::Fp16 && f.sites.layers == [1] && f.sites.roles == [GemmRole::InputGradient]));
     assert!(matches!(&r.actions[1], Action::ChangeRecipe(c)
         if c.recipe == ScalingRecipe::Current && (c.margin, c.amax_history) == (2, 4)));
     assert!(matches!(&r.actions[2], Action::ResetAmax(sel) if sel.names == ["*.down"]));

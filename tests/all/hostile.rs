@@ -247,6 +247,9 @@ fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
         "e8m0 scales are powers of two",
         "nvfp4 is neither native nor emulated on H100 (compute capability 90)",
         "1 sites were asked for but 0 plans came back",
+        "activation: block 0x16: both sides are 0 (per tensor) or both in 1..=4096",
+        "weight: block 4294967295x4294967295: both sides are 0",
+        "gradient: delayed scaling needs an amax history of 1..=65536, got 0",
     ] {
         refused(&p.plan(&request).unwrap_err(), "plan", expect);
     }
@@ -257,6 +260,8 @@ fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
         "re-promotion to bf16, which is not a low-precision format",
         "int32 is not a format to run GEMMs in",
         "100000 actions in one step (at most 1024)",
+        "a fallback to fp8-e4m3, which needs a scaling recipe",
+        "a fallback to nvfp4, which needs a scaling recipe",
     ] {
         refused(&p.on_step(&metrics).unwrap_err(), "on-step", expect);
     }

@@ -176,7 +176,8 @@ macro_rules! precision_rules {
         }
 
         /// Actions a host can carry out: bounded in number and size, rollbacks that move
-        /// back, fallbacks to a floating-point format, re-promotions to a low-precision one.
+        /// back, fallbacks to an unscaled floating-point format (fp32, bf16, fp16),
+        /// re-promotions to a low-precision one.
         ///
         /// # Errors
         /// The first broken rule, naming the action.
@@ -190,8 +191,21 @@ macro_rules! precision_rules {
                 text::at_most("selector roles", s.roles.len(), 3 * $crate::limits::SELECTOR)?;
                 s.names.iter().try_for_each(|n| text::name("a selector pattern", n))
             };
+            // A fallback's sites get every operand in `to` with no scale, which only a
+            // 16/32-bit float can run: an FP8/FP4 target used to pass here and stop the run
+            // later, when the executor refused the unscaled plan.
             let float = |d: Dtype| -> Result<(), String> {
-                if d == Dtype::Int32 { Err("int32 is not a format to run GEMMs in".into()) } else { Ok(()) }
+                if d == Dtype::Int32 {
+                    Err("int32 is not a format to run GEMMs in".into())
+                } else if is_low_precision(d) {
+                    Err(format!(
+                        "a fallback to {}, which needs a scaling recipe: fall back to fp32, bf16 or fp16 (re-planning gives \
+                         other low-precision recipes)",
+                        dtype_name(d)
+                    ))
+                } else {
+                    Ok(())
+                }
             };
             for a in &r.actions {
                 match a {

@@ -49,7 +49,7 @@ impl Guest for Old {
     fn on_step(metrics: StepMetrics) -> Result<StepResponse, String> {
         let sites = SiteSelector { layers: vec![1], names: vec!["*.down".into()], roles: vec![GemmRole::InputGradient] };
         let actions = vec![
-            Action::Fallback(Fallback { sites: sites.clone(), scope: FallbackScope::ForwardOnly, to: Dtype::Mxfp8 }),
+            Action::Fallback(Fallback { sites: sites.clone(), scope: FallbackScope::ForwardOnly, to: Dtype::Fp16 }),
             Action::ChangeRecipe(RecipeChange { sites: sites.clone(), recipe: ScalingRecipe::Current, margin: 2, amax_history: 4 }),
             Action::ResetAmax(sites),
             Action::Alert(format!("step {} of a 0.2 policy", metrics.step)),

@@ -1,9 +1,11 @@
 //! Test program: a precision policy whose `plan` answers one nonsense plan per call, in
 //! this order: an int32 GEMM operand, MXFP8 in 1x128 blocks, NVFP4 without its FP32 tensor
 //! scale, both operands of a GEMM in 2-D blocks, E8M0 scales that are not powers of two,
-//! NVFP4 on a device that has none, one plan too few; then sound FP8 plans. Its `on-step`
-//! answers a rollback of zero steps, a re-promotion to BF16, a fallback to int32 and
-//! 100,000 actions, then nothing.
+//! NVFP4 on a device that has none, one plan too few, blocks of 0x16 and of
+//! 4294967295x4294967295, delayed scaling without an amax history; then sound FP8 plans. Its `on-step`
+//! answers a rollback of zero steps, a re-promotion to BF16, a fallback to int32,
+//! 100,000 actions, a fallback to FP8 and a global one to NVFP4 (formats that need a
+//! scale the fallback cannot give), then nothing.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
 
@@ -71,6 +73,9 @@ impl Guest for Nonsense {
                 }
             }
             6 => count = count.saturating_sub(1),
+            7 => plan.activation = scaled(Dtype::Fp8E4m3, ScalingRecipe::Block, 0, 16, ScaleFormat::Fp32),
+            8 => plan.weight = scaled(Dtype::Fp8E4m3, ScalingRecipe::Block, u32::MAX, u32::MAX, ScaleFormat::Fp32),
+            9 => plan.gradient.amax_history = 0,
             _ => {}
         }
         Ok(PlanResponse { sites: vec![plan; count], state: request.state })
@@ -83,6 +88,8 @@ impl Guest for Nonsense {
             1 => vec![Action::Repromote(Repromotion { sites: any, to: Dtype::Bf16 })],
             2 => vec![Action::Fallback(Fallback { sites: any, scope: FallbackScope::AllGemms, to: Dtype::Int32 })],
             3 => vec![Action::SkipStep; 100_000],
+            4 => vec![Action::Fallback(Fallback { sites: any, scope: FallbackScope::AllGemms, to: Dtype::Fp8E4m3 })],
+            5 => vec![Action::FallbackGlobal(GlobalFallback { scope: FallbackScope::BackwardOnly, to: Dtype::Nvfp4 })],
             _ => Vec::new(),
         };
         Ok(StepResponse { actions, state: metrics.state })
