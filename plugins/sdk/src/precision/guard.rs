@@ -9,7 +9,7 @@
 //! | non-finite | NaN/Inf in the loss, the gradients, or any operand of a layer | skip the step; the low-precision layer the NaN starts in (the first whose forward operands hold one, else the last whose gradients do) falls back to BF16 |
 //! | amax jump | after the warm-up, an FP8 activation or weight's amax exceeds `amax_jump` x its previous one | skip the step, forget that layer's amax history (a delayed scale would carry the outlier for the history's length); a second jump demotes the layer |
 //! | saturation | more than `saturation_rate` of an operand clips for `saturation_steps` steps in a row, after the warm-up (amaxes grow fast in the first steps) | delayed scaling switches to current scaling with one binade of margin; already current: the layer falls back |
-//! | underflow | more than `underflow_rate` of a gradient operand flushes to zero | the layer's backward falls back to BF16 |
+//! | underflow | more than `underflow_rate` of a gradient operand flushes to zero, in a layer without an amax jump this step | the layer's backward falls back to BF16 |
 //! | loss spike | z-score of the loss against its EMA above `loss_z` for `loss_z_steps` steps, above `loss_z_now` once, or above `loss_spike_factor` x the largest loss (Megatron) | roll back to the last known-good checkpoint and skip batches; a second spike within `rollback_cooldown` steps falls back globally |
 //! | gradient-norm spike | the gradient norm above `grad_norm_ratio` x its EMA | skip the step |
 //!
@@ -483,6 +483,12 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     underflow.sort_by_key(|x| x.0);
     underflow.dedup_by_key(|x| x.0);
     for (l, rate) in underflow {
+        // An amax jump's outlier sets a scale that flushes the rest of the layer's
+        // gradients: the jump's rule (skip, reset; demote on the second) answers it, as
+        // it does saturation. Demoting here made one spike demote the layer.
+        if jump_layers.contains(&l) {
+            continue;
+        }
         s.demote(l, FallbackScope::BackwardOnly, &format!("{:.0}% of a gradient operand flushed to zero", 100.0 * rate));
     }
 

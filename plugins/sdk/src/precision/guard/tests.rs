@@ -125,6 +125,29 @@ fn an_amax_jump_skips_and_resets_then_demotes_on_the_second() {
     assert!(has_fallback(&r.actions, 1, FallbackScope::AllGemms), "{:?}", r.actions);
 }
 
+/// One outlier raises a layer's activation amax and, through the scale it sets, flushes
+/// most of that layer's gradients: the jump's rule answers (skip, reset the history), not
+/// the underflow rule, so a single spike does not demote the layer (`runner train
+/// --inject amax-spike@30` demoted layer 2's backward at step 30: "32% of a gradient
+/// operand flushed to zero").
+#[test]
+fn an_amax_jump_with_underflow_in_its_layer_only_resets() {
+    let rules = Rules::default();
+    let state = healthy(&rules, fresh(), 0, 25);
+    let spike = |l: i32, o: Operand, m: &mut OperandMetrics| {
+        if l == 1 && o == Operand::Activation {
+            m.amax = 1000.0;
+        }
+        if l == 1 && o == Operand::Gradient {
+            m.underflow_rate = 0.4;
+        }
+    };
+    let r = on_step(&rules, &metrics(25, 3.0, 1.0, state, spike)).unwrap();
+    assert!(matches!(r.actions[0], Action::SkipStep));
+    assert!(r.actions.iter().any(|a| matches!(a, Action::ResetAmax(s) if s.layers == [1])), "{:?}", r.actions);
+    assert!(!r.actions.iter().any(|a| matches!(a, Action::Fallback(_))), "{:?}", r.actions);
+}
+
 #[test]
 fn saturation_switches_delayed_to_current_scaling() {
     let rules = Rules::default();
