@@ -826,6 +826,17 @@ fn search_lists_the_best_layouts_and_why_families_lost() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("no valid layout") && !out.contains("nothing fits") && out.contains("tp·cp = 3 does not divide 64 GPUs"), "{out}");
+    // --no-fsdp keeps the search to Megatron's distributed optimizer (Llama 3 8B's best
+    // layouts at 2048 GPUs shard with FSDP otherwise); with --fsdp it is refused.
+    let fsdp = |extra: &[&str]| -> Vec<bool> {
+        let o = runner(&dir, &[&["search", "--model", "llama3-8b", "--gpus", "2048", "--format", "json", "-q"][..], extra].concat());
+        let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+        v[0]["best"].as_array().unwrap().iter().map(|b| b["layout"]["fsdp"].as_bool().unwrap()).collect()
+    };
+    assert!(fsdp(&[])[0], "FSDP wins by default");
+    assert!(fsdp(&["--no-fsdp"]).iter().all(|&f| !f));
+    let o = runner(&dir, &["search", "--model", "llama3-8b", "--gpus", "64", "--fsdp", "--no-fsdp"]);
+    assert!(!o.status.success() && text(&o).1.contains("cannot be used with"), "{}", text(&o).1);
 }
 
 /// `runner validate` projects a calibration-shaped file and lists what it cannot

@@ -59,6 +59,10 @@ pub struct LayoutFlags {
     /// Shard parameters, gradients and optimizer state (FSDP / ZeRO-3)
     #[arg(long)]
     pub fsdp: bool,
+    /// No FSDP: every data-parallel rank holds the whole weights, the optimizer state
+    /// sharded by Megatron's distributed optimizer (without either flag both are tried)
+    #[arg(long, conflicts_with = "fsdp")]
+    pub no_fsdp: bool,
     /// Activation recompute
     #[arg(long, value_parser = ["none", "selective", "full"])]
     pub recompute: Option<String>,
@@ -403,7 +407,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             return None;
         }
         let ep = pick(flags.ep, r.ep);
-        let fsdp = flags.fsdp || r.fsdp > 0;
+        let fsdp = flags.fsdp || (r.fsdp > 0 && !flags.no_fsdp);
         // The published interleaving belongs to its pipeline depth.
         let vp = if flags.pp.is_some_and(|p| p != r.pp.max(1)) { flags.vp.unwrap_or(1) } else { pick(flags.vp, r.vp) };
         let layout = LayoutSpec {
@@ -446,7 +450,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     let mut refused = None;
     let mut unfit = None;
     // What the refusal names: the user's own flags are not the published layout.
-    let named = if [flags.tp, flags.pp, flags.cp, flags.vp, flags.ep, flags.etp, flags.mbs].iter().any(Option::is_some) || flags.fsdp {
+    let named = if [flags.tp, flags.pp, flags.cp, flags.vp, flags.ep, flags.etp, flags.mbs].iter().any(Option::is_some) || flags.fsdp || flags.no_fsdp {
         "the published layout with the flags given"
     } else {
         "the published layout"
@@ -645,7 +649,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         ep: f.ep,
         etp: f.etp,
         mbs: f.mbs,
-        fsdp: f.fsdp.then_some(true),
+        fsdp: if f.fsdp { Some(true) } else { f.no_fsdp.then_some(false) },
         recompute: policy(f.recompute.as_deref()),
         recompute_layers: f.recompute_layers,
         recompute_modules,
