@@ -273,7 +273,9 @@ impl PlanState {
                 }
                 Action::ResetAmax(sel) => {
                     let hit: Vec<usize> = (0..self.sites.len()).filter(|&i| selects(sel, &self.sites[i])).collect();
-                    log("reset-amax", format!("{} site(s): {}", hit.len(), describe(sel)), !hit.is_empty());
+                    // Selector first, as the other actions' details: a detail that starts with
+                    // a digit is right-aligned by the table.
+                    log("reset-amax", format!("{}: {} site(s)", describe(sel), hit.len()), !hit.is_empty());
                     out.reset.extend(hit);
                 }
                 Action::Fallback(f) => {
@@ -507,6 +509,9 @@ mod tests {
         assert!(o.skip && o.checkpoint && o.replan && !o.changed);
         assert_eq!(o.rollback, Some((2, 3)));
         assert_eq!(o.reset, [3, 4, 5]);
+        let mut details = Vec::new();
+        st.apply(&[Action::ResetAmax(layer(2))], |_, d, _| details.push(d));
+        assert_eq!(details, ["layers [2]: 3 site(s)"], "left-aligned in the decisions table, like the other details");
         assert_eq!(o.abort.as_deref(), Some("stop"));
     }
 
