@@ -565,7 +565,10 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     if s.mem.global_since != NONE && step.saturating_sub(s.mem.global_since) >= rules.promote_after {
         s.mem.global_since = NONE;
         let layers: Vec<i32> = s.mem.layers.iter().filter(|l| l.scope == 0).map(|l| l.layer).collect();
-        s.actions.push(Action::Repromote(Repromotion { sites: layer_selector(layers), to: Dtype::Fp8E4m3 }));
+        // Every layer still demoted: nothing returns (an empty selector matches every site).
+        if !layers.is_empty() {
+            s.actions.push(Action::Repromote(Repromotion { sites: layer_selector(layers), to: Dtype::Fp8E4m3 }));
+        }
         s.alert(format!("step {step}: the global BF16 fallback ends"));
     }
     let mut actions = std::mem::take(&mut s.actions);

@@ -295,3 +295,21 @@ fn memory_round_trips_and_refuses_foreign_or_short_blobs() {
     longer.push(0);
     assert!(Memory::decode(&longer).unwrap_err().contains("trailing"));
 }
+
+/// The global fallback ends while every low-precision layer is pinned in BF16: nothing
+/// returns to FP8 (an empty selector would have matched every site, the pinned layers
+/// and the plan's BF16 ones with them).
+#[test]
+fn the_global_fallback_ending_with_every_layer_pinned_promotes_nothing() {
+    let rules = Rules { max_bf16_share: 1.0, ..Rules::default() };
+    let (sites, plans) = setup();
+    let mut mem = Memory::for_plan(&sites, &plans);
+    for l in &mut mem.layers {
+        l.scope = scope_code(FallbackScope::AllGemms);
+        l.pinned = true;
+    }
+    mem.global_since = 100;
+    let r = on_step(&rules, &metrics(100 + rules.promote_after, 3.0, 1.0, mem.encode(), |_, _, _| {})).unwrap();
+    assert!(!r.actions.iter().any(|a| matches!(a, Action::Repromote(_))), "{:?}", r.actions);
+    assert!(r.actions.iter().any(|a| matches!(a, Action::Alert(m) if m.contains("global BF16 fallback ends"))), "{:?}", r.actions);
+}
