@@ -27,10 +27,54 @@ const BILLING: Billing = Billing {
         minimum_s: 86_400,
         note: "capacity blocks: reserved in 1-day steps up to 14 days and 7-day steps up to 182 \
                days, paid up front at booking (AWS EC2 User Guide, 'Find and purchase Capacity \
-               Blocks', read 2026-12-01); quoted in 1-day steps, so a block over 14 days comes \
-               out low by up to 6 days",
+               Blocks', read 2026-12-01); a run's whole days are quoted as consecutive blocks of \
+               lengths sold: 182-day blocks, then one in 7-day steps, then one of 1 to 14 days",
     }],
 };
+
+/// The longest Capacity Block AWS sells, and the longest sold in 1-day steps (longer ones
+/// come in 7-day steps), in days.
+const BLOCK_MAX_DAYS: f64 = 182.0;
+const BLOCK_DAILY_DAYS: f64 = 14.0;
+
+/// The consecutive Capacity Blocks that buy `days` whole days, as (how many, days each):
+/// as many 182-day blocks as fit, then the rest in whole weeks (14 to 175 days; a block
+/// over 14 days comes in 7-day steps), then the last 1 to 6 days (or all of a rest of at
+/// most 14 days in one block). They add up to `days` exactly: a run pays for no day it does
+/// not use, and no block is one AWS does not sell.
+pub fn capacity_blocks(days: f64) -> Vec<(f64, f64)> {
+    let mut blocks = Vec::new();
+    let full = (days / BLOCK_MAX_DAYS).floor();
+    if full > 0.0 {
+        blocks.push((full, BLOCK_MAX_DAYS));
+    }
+    let rest = days - full * BLOCK_MAX_DAYS;
+    let weeks = if rest > BLOCK_DAILY_DAYS { (rest / 7.0).floor() * 7.0 } else { 0.0 };
+    for length in [weeks, rest - weeks] {
+        if length > 0.0 {
+            blocks.push((1.0, length));
+        }
+    }
+    blocks
+}
+
+/// A standard quote, its compute line split into the Capacity Blocks that buy the time
+/// (a line per block length), so no line stands for a block AWS does not sell.
+fn capacity_block_quote(mut q: Quote, nodes: u32) -> Quote {
+    let Some(at) = q.lines.iter().position(|l| l.category == LineCategory::Compute) else { return q };
+    let line = q.lines.remove(at);
+    let nodes = f64::from(nodes.max(1));
+    // Whole days: the price's 1-day increment billed them.
+    let days = (line.quantity / nodes / 24.0).round();
+    let rate = if line.quantity > 0.0 { line.amount / line.quantity } else { 0.0 };
+    for (i, (count, length)) in capacity_blocks(days).into_iter().enumerate() {
+        let quantity = nodes * count * length * 24.0;
+        let blocks = if count == 1.0 { format!("1 block of {length} days") } else { format!("{count} blocks of {length} days") };
+        q.lines.insert(at + i, QuoteLine { item: format!("{}: {blocks}", line.item), quantity, amount: quantity * rate, ..line.clone() });
+    }
+    q.total = q.lines.iter().map(|l| l.amount).sum();
+    q
+}
 
 // Neither rate is AWS's own page: both are estimates.
 const EXTRAS: ExtraRates = ExtraRates {
@@ -59,7 +103,11 @@ impl Guest for Aws {
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, EXTRAS)
+        let q = standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, EXTRAS)?;
+        Ok(match request.option {
+            PurchaseOption::CapacityBlock => capacity_block_quote(q, request.nodes),
+            _ => q,
+        })
     }
 }
 

@@ -96,6 +96,38 @@ fn capacity_blocks_bill_whole_days_and_are_flagged_suspect() {
     assert!(close(q.total, 2.0 * 24.0 * 43.26), "{}", q.total);
 }
 
+/// AWS sells Capacity Blocks of 1 to 14 days, and of 7-day steps up to 182 days: a longer
+/// run is several consecutive blocks, never one block of its length (a 200-day run was one
+/// line of 200 days; 20 days were one block of 20, which AWS does not sell).
+#[test]
+fn a_run_is_bought_as_consecutive_capacity_blocks_that_aws_sells() {
+    let sold = |days: f64| (1.0..=14.0).contains(&days) || (days % 7.0 == 0.0 && (14.0..=182.0).contains(&days));
+    for (days, expect) in [
+        (3.0, vec![(1.0, 3.0)]),
+        (14.0, vec![(1.0, 14.0)]),
+        (20.0, vec![(1.0, 14.0), (1.0, 6.0)]),
+        (21.0, vec![(1.0, 21.0)]),
+        (182.0, vec![(1.0, 182.0)]),
+        (200.0, vec![(1.0, 182.0), (1.0, 14.0), (1.0, 4.0)]),
+        (777.0, vec![(4.0, 182.0), (1.0, 49.0)]),
+    ] {
+        let blocks = aws::capacity_blocks(days);
+        assert_eq!(blocks, expect, "{days} days");
+        assert!(blocks.iter().all(|&(_, d)| sold(d)), "{days} days: {blocks:?}");
+    }
+    // A 200-day run on two nodes: a compute line per block length, adding up to the run's
+    // whole days at the block rate, and a total the host accepts.
+    let r = request("p5.48xlarge", "us-east-2", PurchaseOption::CapacityBlock, 200.0 * 24.0 - 5.0);
+    let q = Aws::quote(r.clone()).unwrap();
+    let compute: Vec<&QuoteLine> = q.lines.iter().filter(|l| l.category == LineCategory::Compute).collect();
+    let days: Vec<f64> = compute.iter().map(|l| l.quantity / 2.0 / 24.0).collect();
+    assert_eq!(days, [182.0, 14.0, 4.0], "{:?}", compute.iter().map(|l| &l.item).collect::<Vec<_>>());
+    assert!(compute[0].item.ends_with(": 1 block of 182 days") && compute[2].item.ends_with(": 1 block of 4 days"), "{}", compute[0].item);
+    assert!(close(q.total, 2.0 * 200.0 * 24.0 * 39.33), "{}", q.total);
+    let offerings = Aws::offerings();
+    validate_quote(&r, &q, &offerings).unwrap();
+}
+
 #[test]
 fn rounds_up_to_the_second_after_a_one_minute_minimum() {
     let hourly = 2.0 * 55.04 / 3600.0; // USD per second for two nodes
