@@ -16,7 +16,8 @@
 //! zones (`AvailabilityZone`) keep the lowest spot price; two rows of one instance, region
 //! and zone are refused. A row with an empty `InstanceType` (SkyPilot's GCP
 //! GPU-only rows, to be added to a host row) is refused: give the all-in node price. So is
-//! `A100` (SkyPilot's name for the 40 GB part): write `A100-40GB` or `A100-80GB`.
+//! `A100` (SkyPilot's name for the 40 GB part): write `A100-40GB` or `A100-80GB`. SkyPilot's
+//! `H100-MEGA` (GCP's a3-megagpu-8g) is priced as H100 and `A100-80GB-SXM` as A100-80GB.
 //!
 //! Every bad row is named by its line, with how to write it; the plugin then stops (a trap
 //! whose message the host shows), so a price file never prices with rows silently dropped.
@@ -229,6 +230,7 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             bad(format!("AcceleratorName '{gpu}' of '{instance}' does not say which A100: write A100-40GB or A100-80GB (SkyPilot's catalogs mean the 40 GB one by A100)"));
             continue;
         }
+        let gpu = runner_gpu(gpu);
         let region = cell("Region");
         if region.is_empty() {
             bad(format!("instance '{instance}' has no Region"));
@@ -363,6 +365,16 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     }
     validate_offerings(&offerings).map_err(|e| format!("price file: {e}"))?;
     Ok(offerings)
+}
+
+/// The runner's GPU name for a SkyPilot catalog's `AcceleratorName` that names the same
+/// chip as one of the runner's GPU types under another name: `H100-MEGA` (GCP's
+/// a3-megagpu-8g, eight H100 SXM 80 GB with more network bandwidth) and `A100-80GB-SXM`
+/// (RunPod's A100 SXM4 80 GB). Other names pass unchanged: `H100-SXM` is an alias already,
+/// and `H100-NVL` (a 94 GB PCIe part) is another GPU, as are the ones no profile describes.
+fn runner_gpu(name: &str) -> &str {
+    const SKYPILOT: [(&str, &str); 2] = [("H100-MEGA", "H100"), ("A100-80GB-SXM", "A100-80GB")];
+    SKYPILOT.iter().find(|(sky, _)| sky.eq_ignore_ascii_case(name)).map_or(name, |(_, ours)| ours)
 }
 
 /// The highest price a price list may hold, USD per node-hour (the contract's limit).

@@ -113,3 +113,19 @@ fn malformed_files_name_the_line_and_the_fix() {
     let o = parse(&format!("\u{feff}{}x,H100,8,r1,20,,2026-01-01,\"contract, schedule B\"\r\n", H.replace('\n', "\r\n"))).unwrap();
     assert_eq!((o[0].prices[0].usd_per_node_hour, o[0].prices[0].source.starts_with("contract, schedule B")), (20.0, true));
 }
+
+/// SkyPilot's names for a runner GPU under another name are priced as that GPU (GCP's
+/// a3-megagpu-8g is `H100-MEGA` in SkyPilot's catalog: its rows matched no GPU type and were
+/// never priced); a different part keeps its own name.
+#[test]
+fn skypilot_gpu_names_of_known_chips_are_priced_as_them() {
+    let csv = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region\n\
+               a3-megagpu-8g,H100-MEGA,8.0,92.21,us-central1\n\
+               runpod-8x-a100,A100-80GB-SXM,8,14.0,CA\n\
+               a3-highgpu-8g,H100,8,88.0,us-central1\n\
+               sxm-node,H100-SXM,8,30.0,r1\n\
+               nvl-node,H100-NVL,8,25.0,r1\n";
+    let gpus: Vec<(String, String)> = parse(csv).unwrap().into_iter().map(|o| (o.instance, o.gpu)).collect();
+    let expect = [("a3-megagpu-8g", "H100"), ("runpod-8x-a100", "A100-80GB"), ("a3-highgpu-8g", "H100"), ("sxm-node", "H100-SXM"), ("nvl-node", "H100-NVL")];
+    assert_eq!(gpus, expect.map(|(i, g)| (i.to_string(), g.to_string())));
+}
