@@ -220,6 +220,15 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     let q = o.series[0].rows[0].costs[i].quote().unwrap();
     assert_eq!(q.caveats, ["resale"]);
     assert!(runner::report::explore::text(&o).contains('!'), "the cell is marked");
+    // Cheaper, but resale: every listing of the clouds puts the clean price first, JSON's
+    // `clouds` (and the CSV's lines with it) as the table's columns (JSON put the resale first).
+    assert_eq!(o.clouds, ["aws", "our-contract"]);
+    let table = runner::report::explore::text(&o);
+    let header = table.lines().find(|l| l.starts_with("GPUs ")).unwrap();
+    assert!(header.find("aws").unwrap() < header.find("our-contract").unwrap(), "{header}");
+    let csv = runner::report::explore::csv(&o);
+    let clouds: Vec<&str> = csv.lines().skip(1).filter(|l| !l.starts_with('#')).map(|l| l.split(',').nth(14).unwrap()).collect();
+    assert_eq!(clouds, ["aws", "our-contract"], "{csv}");
     // A row whose GPU is no known type is said, not dropped in silence.
     std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nours,H100,8,eu-1,16.00\nx,ZZ9,8,eu-1,10\n").unwrap();
     let o = quiet(&parse(&text("")));
@@ -247,6 +256,45 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     let err = explore::run(&parse(&text("")), &|_, _, _| {}).unwrap_err().to_string();
     assert!(err.contains("cannot be used:\n  line 2: Price '-16'") && err.contains("\n  line 3: Price 'free'"), "{err}");
     assert!(!err.contains("trapped") && !err.contains("panicked") && !err.contains("fix the plugin"), "{err}");
+}
+
+/// Billed hours are what the quote's compute lines bill, not the run's hours: a 1-year
+/// term bills 8760 hours per node for a run of minutes, hourly billing a whole hour. The CSV's
+/// `billed_hours` and the HTML's "h billed" showed the run's hours.
+#[test]
+fn billed_hours_are_the_hours_the_quote_bills() {
+    let dir = scratch("billed");
+    let file = dir.join("ours.csv");
+    std::fs::write(
+        &file,
+        "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,Reserved1yPrice,BillingIncrementS,Source\n\
+         ours-8xh100,H100,8,eu-1,16.00,10.00,3600,contract 42\n",
+    )
+    .unwrap();
+    let run = |option: &str| {
+        quiet(&parse(&format!(
+            "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n\
+             [cost]\nplugins = [\"aws\"]\nprice_file = {:?}\noption = {option:?}\n[measure]\nrepeats = 1\n",
+            file.display().to_string()
+        )))
+    };
+    for (option, usd_per_node_hour, billed) in [("reserved-1y", 10.0, 8760.0), ("on-demand", 16.0, 1.0)] {
+        let o = run(option);
+        let q = o.series[0].rows[0].costs[o.clouds.iter().position(|c| c == "ours").unwrap()].quote().unwrap();
+        assert!(q.hours < 1.0, "a run of minutes: {} h", q.hours);
+        assert_eq!(q.billed_hours, Some(billed), "{option}");
+        let compute: f64 = q.lines.iter().filter(|l| l.category == "compute").map(|l| l.amount).sum();
+        assert!((billed * usd_per_node_hour * f64::from(q.nodes) - compute).abs() < 1e-6, "{option}: {compute}");
+        let csv = runner::report::explore::csv(&o);
+        let mut lines = csv.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+        let row: Vec<&str> = lines.map(|l| l.split(',').collect::<Vec<_>>()).find(|r| r[at("cloud")] == "ours").unwrap();
+        let cell = |name: &str| row[at(name)];
+        assert_eq!((cell("billed_hours"), cell("run_hours")), (billed.to_string().as_str(), q.hours.to_string().as_str()), "{option}");
+        let html = runner::report::explore::html(&o);
+        assert!(html.contains(&format!("{billed:.1} h billed per node")), "{option}");
+    }
 }
 
 /// A journal that keeps pieces in memory and can hand back doctored ones.

@@ -181,6 +181,24 @@ fn a_cloud_whose_quotes_all_fail_is_reported_failed_not_as_not_selling() {
     assert!((1..=20).contains(&skipped), "{skipped} notes");
 }
 
+/// A cloud that quotes a GPU only in another currency is not priced in a USD table, and
+/// its cell says why: the reason read "no quote came back", the currency only in the notes.
+#[test]
+fn a_cloud_that_quotes_only_in_euros_says_so_in_its_cell() {
+    let text = format!(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpu = \"B200\"\ngpus = [8]\n\
+         [precision]\nformat = \"bf16\"\n[cost]\nplugins = [{:?}]\n[measure]\nrepeats = 1\n",
+        program("hostile_money.wasm")
+    );
+    let outcome = explore::run(&runfile::parse(&text, "euro").unwrap(), &|_, _, _| {})
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let price = &outcome.series[0].rows[0].costs[0];
+    let runner::pricing::CloudPrice::QuoteFailed { reason } = price else { panic!("{price:?}") };
+    assert_eq!(reason, "hostile-money: its quotes were in EUR, and the table compares USD (no exchange rate is applied)");
+    let csv = runner::report::explore::csv(&outcome);
+    assert!(csv.lines().any(|l| l.contains(",failed,") && l.contains("quotes were in EUR")), "{csv}");
+}
+
 #[test]
 fn nonsense_layouts_and_hyperparameters_are_refused_on_every_call() {
     let mut w = plugin::load(&program("nonsense_workload.wasm"))

@@ -168,7 +168,8 @@ pub struct GoalAnswer {
 pub struct Outcome {
     pub model: ModelSummary,
     pub series: Vec<Series>,
-    /// Every cloud priced, cheapest first; each row's `costs` follows this order.
+    /// Every cloud priced, clean prices before caveated ones, each cheapest first (as the
+    /// tables rank them: `pricing::rank_clouds`); each row's `costs` follows this order.
     pub clouds: Vec<String>,
     /// None where nothing could be measured here (the reason is in the notes).
     pub measurement: Option<LocalMeasurement>,
@@ -646,13 +647,9 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     }
     progress("comparing", total, total);
 
-    // Clouds cheapest first (by their cheapest quote of the first series' first priced
-    // row; clouds that price nothing last), so tables read left to right from the best.
-    let mut order: Vec<usize> = (0..clouds.len()).collect();
-    let first_cost = |i: usize| {
-        series.iter().flat_map(|s| &s.rows).find_map(|r| r.costs[i].quote()).map_or(f64::INFINITY, |c| c.usd)
-    };
-    order.sort_by(|&a, &b| first_cost(a).total_cmp(&first_cost(b)));
+    // Clouds in the tables' order (pricing::rank_clouds: clean prices first, each cheapest
+    // first), each by its quote of the first row it prices; clouds that price nothing last.
+    let order = pricing::rank_clouds(0..clouds.len(), |i| series.iter().flat_map(|s| &s.rows).find_map(|r| r.costs[i].quote()));
     for s in &mut series {
         for row in &mut s.rows {
             let mut costs = std::mem::take(&mut row.costs);
@@ -1151,6 +1148,7 @@ mod tests {
             currency: "USD".into(),
             usd,
             hours: 1.0,
+            billed_hours: Some(1.0),
             lines: Vec::new(),
             warnings: Vec::new(),
         })

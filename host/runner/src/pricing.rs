@@ -43,8 +43,14 @@ pub struct CloudCost {
     pub caveats: Vec<String>,
     pub currency: String,
     pub usd: f64,
-    /// Hours billed for the GPUs (spot: inflated by the interruption assumption).
+    /// Hours of use the quote was asked for: the run's (spot: inflated by the interruption
+    /// assumption), before the cloud's billing rounds them.
     pub hours: f64,
+    /// Hours billed per node, from the quote's compute lines: rounded to the billing
+    /// increment, at least the minimum, whole days of capacity blocks, whole terms of a
+    /// commitment. None where the lines do not say (a unit other than node- or GPU-hours).
+    #[serde(default)]
+    pub billed_hours: Option<f64>,
     pub lines: Vec<Line>,
     pub warnings: Vec<String>,
 }
@@ -303,6 +309,9 @@ impl Cloud {
         let mut asked = 0;
         let mut failure = None;
         let mut any = false;
+        // Currencies other than USD that quotes came back in: a cloud that quotes only in
+        // them is not one whose quotes failed for no reason.
+        let mut currencies = std::collections::BTreeSet::new();
         let offerings = self.offerings.clone();
         'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu)) {
             let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
@@ -346,6 +355,7 @@ impl Cloud {
                 match self.model.quote(&request) {
                     Ok(q) if q.currency != "USD" => {
                         notes.push(format!("{}: a quote in {} is not compared with USD quotes", self.name, q.currency));
+                        currencies.insert(q.currency);
                     }
                     Ok(q) => {
                         let caveats: Vec<String> = p.caveats.iter().map(|c| caveat_name(*c).to_string()).collect();
@@ -365,6 +375,7 @@ impl Cloud {
                                 currency: q.currency.clone(),
                                 usd: q.total,
                                 hours,
+                                billed_hours: billed_hours(&q.lines, nodes, ask.gpus),
                                 lines: q
                                     .lines
                                     .iter()
@@ -392,11 +403,55 @@ impl Cloud {
         let [clean, caveated] = best;
         match (clean.or(caveated), failure) {
             (Some(c), _) => CloudPrice::Quoted(c),
+            (None, failure) if !currencies.is_empty() => {
+                let other = failure.map_or(String::new(), |f| format!("; another was refused: {f}"));
+                CloudPrice::QuoteFailed { reason: foreign_currency(&self.name, &currencies) + &other }
+            }
             (None, Some(reason)) => CloudPrice::QuoteFailed { reason },
             (None, None) if any => CloudPrice::QuoteFailed { reason: format!("{}: no quote came back", self.name) },
             (None, None) => CloudPrice::NotSold,
         }
     }
+}
+
+/// Why a cloud whose quotes all came back in other currencies has no price in the table.
+fn foreign_currency(cloud: &str, currencies: &std::collections::BTreeSet<String>) -> String {
+    let list: Vec<&str> = currencies.iter().map(String::as_str).collect();
+    format!(
+        "{cloud}: its quotes were in {}, and the table compares USD (no exchange rate is applied)",
+        list.join(" and ")
+    )
+}
+
+/// Hours billed per node by a quote's compute lines: node-hours over the nodes, GPU-hours
+/// over the GPUs, summed over the lines (a run bought as several blocks has a line each).
+/// None where there is no compute line or one is in another unit.
+fn billed_hours(lines: &[crate::plugin::cost::QuoteLine], nodes: u32, gpus: u32) -> Option<f64> {
+    let mut hours = None;
+    for l in lines.iter().filter(|l| l.category == LineCategory::Compute) {
+        let per = match l.unit.to_ascii_lowercase().as_str() {
+            "node-hour" | "node-hours" => f64::from(nodes),
+            "gpu-hour" | "gpu-hours" => f64::from(gpus),
+            _ => return None,
+        };
+        *hours.get_or_insert(0.0) += l.quantity / per.max(1.0);
+    }
+    hours
+}
+
+/// The order clouds are listed in, wherever they are (the terminal's columns, JSON's
+/// `clouds` and with it the CSV's lines, the HTML's columns): clean prices before ones their
+/// source marks lower-bound, resale or suspect, each cheapest first, then clouds without a
+/// quote (in the order given). `quote(i)` is the quote that stands for cloud `i`. The first
+/// is the price relative cost and the goals use.
+pub fn rank_clouds<'a>(clouds: impl IntoIterator<Item = usize>, quote: impl Fn(usize) -> Option<&'a CloudCost>) -> Vec<usize> {
+    let key = |i: usize| quote(i).map_or((2, f64::INFINITY), |q| (u8::from(!q.caveats.is_empty()), q.usd));
+    let mut order: Vec<usize> = clouds.into_iter().collect();
+    order.sort_by(|&a, &b| {
+        let (x, y) = (key(a), key(b));
+        x.0.cmp(&y.0).then(x.1.total_cmp(&y.1))
+    });
+    order
 }
 
 /// The instances (and their GPU) of `offerings` whose GPU is none of `gpus` (by name or
@@ -423,5 +478,49 @@ mod tests {
         let lost = 256.0 / 30.0 / 24.0 * 0.75;
         assert!((many - 100.0 / (1.0 - lost)).abs() < 1e-9, "{many}");
         assert!(a.spot_hours(100.0, 2000).is_none());
+    }
+
+    #[test]
+    fn billed_hours_come_from_the_compute_lines_in_node_or_gpu_hours() {
+        use crate::plugin::cost::QuoteLine;
+        let line = |category, quantity, unit: &str| QuoteLine {
+            item: "x".into(),
+            category,
+            quantity,
+            unit: unit.into(),
+            amount: 1.0,
+            estimate: false,
+            caveats: Vec::new(),
+        };
+        // Two blocks on 4 nodes (32 GPUs), and a storage line that is not time.
+        let blocks = [line(LineCategory::Compute, 4.0 * 182.0 * 24.0, "node-hour"), line(LineCategory::Compute, 4.0 * 48.0, "node-hour"), line(LineCategory::Storage, 9e9, "GB-month")];
+        assert_eq!(billed_hours(&blocks, 4, 32), Some(182.0 * 24.0 + 48.0));
+        assert_eq!(billed_hours(&[line(LineCategory::Compute, 32.0 * 10.0, "GPU-hour")], 4, 32), Some(10.0));
+        assert_eq!(billed_hours(&[line(LineCategory::Compute, 5.0, "node-month")], 4, 32), None, "a unit it cannot read");
+        assert_eq!(billed_hours(&blocks[2..], 4, 32), None, "no compute line");
+    }
+
+    #[test]
+    fn clouds_rank_clean_prices_first_each_cheapest_first_then_the_unpriced() {
+        let cost = |usd: f64, caveat: bool| CloudCost {
+            cloud: "c".into(),
+            plugin: "c.wasm".into(),
+            plugin_sha256: "00".into(),
+            instance: "i".into(),
+            region: "r".into(),
+            option: "on-demand".into(),
+            nodes: 1,
+            price_date: String::new(),
+            price_source: "s".into(),
+            caveats: if caveat { vec!["resale".into()] } else { Vec::new() },
+            currency: "USD".into(),
+            usd,
+            hours: 1.0,
+            billed_hours: Some(1.0),
+            lines: Vec::new(),
+            warnings: Vec::new(),
+        };
+        let quotes = [None, Some(cost(5.0, true)), Some(cost(30.0, false)), Some(cost(20.0, false)), Some(cost(1.0, true)), None];
+        assert_eq!(rank_clouds(0..quotes.len(), |i| quotes[i].as_ref()), [3, 2, 4, 1, 0, 5]);
     }
 }

@@ -7,7 +7,7 @@
 use std::fmt::Write as _;
 
 use crate::explore::{Choice, Goal, Outcome, Row, Series};
-use crate::pricing::CloudPrice;
+use crate::pricing::{CloudCost, CloudPrice, rank_clouds};
 use crate::report::chart::{self, LineChart, Mark, StackedBars};
 use crate::report::{OutputFormat, Table, si, usd};
 
@@ -117,18 +117,9 @@ fn cost_cell(c: &CloudPrice) -> String {
 fn ranked_clouds(s: &Series) -> Vec<usize> {
     let Some(first) = s.rows.first() else { return Vec::new() };
     let anchor = s.rows.iter().find(|r| r.sweet).or_else(|| s.rows.iter().find(|r| r.cheapest.is_some()));
-    // Clean prices first, then caveated ones, each cheapest first: the first column is
-    // the price the row's relative cost and the goals use.
-    let at = |i: usize| {
-        anchor.and_then(|a| a.costs[i].quote()).map_or((true, f64::INFINITY), |q| (!q.caveats.is_empty(), q.usd))
-    };
     let priced = |i: usize| s.rows.iter().any(|r| r.costs[i].quote().is_some());
     let failed = |i: usize| s.rows.iter().any(|r| matches!(r.costs[i], CloudPrice::QuoteFailed { .. }));
-    let mut idx: Vec<usize> = (0..first.costs.len()).filter(|&i| priced(i)).collect();
-    idx.sort_by(|&a, &b| {
-        let (x, y) = (at(a), at(b));
-        x.0.cmp(&y.0).then(x.1.total_cmp(&y.1))
-    });
+    let mut idx = rank_clouds((0..first.costs.len()).filter(|&i| priced(i)), |i| anchor.and_then(|a| a.costs[i].quote()));
     idx.extend((0..first.costs.len()).filter(|&i| !priced(i) && failed(i)));
     idx
 }
@@ -310,7 +301,7 @@ pub fn csv(o: &Outcome) -> String {
         &[
             "gpu", "precision", "gpus", "requested_gpus", "layout", "global_batch", "step_s", "tokens_per_s_per_gpu",
             "mfu", "memory_gib", "days", "speedup", "relative_cost", "sweet_spot", "cloud", "cheapest", "usd",
-            "currency", "instance", "region", "option", "nodes", "billed_hours", "price_date", "price_source",
+            "currency", "instance", "region", "option", "nodes", "run_hours", "billed_hours", "price_date", "price_source",
             "caveats", "cost_plugin", "cost_plugin_sha256", "workload_plugin", "workload_sha256", "plan",
         ],
     );
@@ -355,6 +346,7 @@ pub fn csv(o: &Outcome) -> String {
                         q.option.clone(),
                         q.nodes.to_string(),
                         q.hours.to_string(),
+                        q.billed_hours.map_or(String::new(), |h| h.to_string()),
                         q.price_date.clone(),
                         q.price_source.clone(),
                         q.caveats.join(";"),
@@ -365,10 +357,10 @@ pub fn csv(o: &Outcome) -> String {
                         if r.days.is_none() {
                             continue;
                         }
-                        line.extend(["not-sold".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 11)));
+                        line.extend(["not-sold".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 12)));
                     }
                     CloudPrice::QuoteFailed { reason } => {
-                        line.extend(["failed".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 7)));
+                        line.extend(["failed".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 8)));
                         line.extend([String::new(), reason.clone(), String::new(), String::new()]);
                     }
                 }
@@ -378,7 +370,7 @@ pub fn csv(o: &Outcome) -> String {
             }
             if !any {
                 let mut line = base;
-                line.extend(std::iter::repeat_n(String::new(), 14));
+                line.extend(std::iter::repeat_n(String::new(), 15));
                 line.extend(tail.iter().cloned());
                 t.rows.push(line);
             }
@@ -522,12 +514,12 @@ fn series_html(o: &Outcome, s: &Series, footnotes: &mut Vec<String>) -> String {
             match &r.costs[i] {
                 CloudPrice::Quoted(q) => {
                     let source = format!(
-                        "{} sha256 {}; {}; {} node(s), {:.1} h billed; source: {}{}",
+                        "{} sha256 {}; {}; {} node(s), {}; source: {}{}",
                         q.plugin,
                         q.plugin_sha256,
                         q.row(),
                         q.nodes,
-                        q.hours,
+                        hours_text(q),
                         q.price_source,
                         if q.caveats.is_empty() { String::new() } else { format!("; caveats: {}", q.caveats.join(", ")) }
                     );
@@ -559,6 +551,15 @@ fn series_html(o: &Outcome, s: &Series, footnotes: &mut Vec<String>) -> String {
     out
 }
 
+/// A quote's hours: the run's as asked (spot: inflated), and the hours billed per node where
+/// its compute lines say (increments, minimums, whole days or terms round them up).
+fn hours_text(q: &CloudCost) -> String {
+    match q.billed_hours {
+        Some(b) => format!("{} h run, {} h billed per node", fixed_or_significant(q.hours, 1), fixed_or_significant(b, 1)),
+        None => format!("{} h run (the quote does not say the hours billed)", fixed_or_significant(q.hours, 1)),
+    }
+}
+
 /// Each series' cheapest quote at its sweet spot, line by line: what is a list price and
 /// what an estimate, in which currency, from which dated price row.
 fn quotes_html(o: &Outcome) -> String {
@@ -567,14 +568,14 @@ fn quotes_html(o: &Outcome) -> String {
         let Some((r, q)) = s.rows.iter().find(|r| r.sweet).and_then(|r| Some((r, r.cheapest_cost()?))) else { continue };
         let _ = writeln!(
             out,
-            "<h4>{} at {} GPUs: {} on {} ({}; {} node(s); {:.1} h billed; {})</h4>",
+            "<h4>{} at {} GPUs: {} on {} ({}; {} node(s); {}; {})</h4>",
             esc(&s.label()),
             r.gpus,
             esc(&usd(q.usd)),
             esc(&q.cloud),
             esc(&q.row()),
             q.nodes,
-            q.hours,
+            esc(&hours_text(q)),
             esc(&q.currency)
         );
         let mut t = Table::new("", &["item", "category", "quantity", "unit", "amount", "kind"]);

@@ -1,7 +1,8 @@
 //! Test program: a cost plugin whose money is hostile. Quotes, by instance: `nan` (a NaN
 //! total), `inf` (an infinite line), `zero` (a $0 quote with no lines), `negative` (a
 //! negative compute line), `below-list` (half its own list price), `lowercase` (currency
-//! "usd"), `euro` (a well-formed quote in EUR). `offerings` lists them all with honest
+//! "usd"), `euro` (a well-formed quote in EUR). `euro-b200`, its only B200 offering, quotes
+//! in EUR too: a cloud that quotes B200 only in EUR. `offerings` lists them all with honest
 //! prices on its first call, then a $0 price, a negative price, and a NaN price on the
 //! next three calls.
 
@@ -50,7 +51,9 @@ impl Guest for Hostile {
             3 => f64::NAN,
             _ => 10.0,
         };
-        CASES.into_iter().map(|c| offering(c, price)).collect()
+        let mut all: Vec<Offering> = CASES.into_iter().map(|c| offering(c, price)).collect();
+        all.push(Offering { gpu: "B200".into(), ..offering("euro-b200", price) });
+        all
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
@@ -62,7 +65,7 @@ impl Guest for Hostile {
             "negative" => quote("USD", vec![line(-5.0)], -5.0),
             "below-list" => quote("USD", vec![line(list / 2.0)], list / 2.0),
             "lowercase" => quote("usd", vec![line(list)], list),
-            "euro" => quote("EUR", vec![line(list)], list),
+            "euro" | "euro-b200" => quote("EUR", vec![line(list)], list),
             other => return Err(format!("unknown instance '{other}'")),
         })
     }
