@@ -625,20 +625,51 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
     let mut before = Vec::new();
     let mut after = Vec::new();
     if !rows.is_empty() {
-        let objective = |lnh: f64| {
-            let r: f64 = residuals(lnh.exp()).iter().map(|x| x * x).sum();
-            r + HALF_PRIOR_WEIGHT * (lnh - h0.ln()).powi(2)
+        // The size at half efficiency shows only as a rate that changes with the size:
+        // with one call size per format, any size fits once the efficiency absorbs it,
+        // so the size keeps its value and the efficiency is fitted at it.
+        let sizes = |f: GemmFormat| {
+            let mut s: Vec<f64> = rows.iter().filter(|r| r.format == f).map(|r| r.flops / r.calls).collect();
+            s.sort_by(f64::total_cmp);
+            s.dedup();
+            s
         };
-        // Wider than the published-run fit's bounds: a device's own GEMMs can show a
-        // half-efficiency size far below a GPU's (a CPU's is a few MFLOP).
-        let h = crate::calibrate::golden(objective, (1e6f64).ln(), (200e9f64).ln(), 80).exp();
+        let one_size = formats.iter().all(|&f| sizes(f).len() < 2);
+        let h = if one_size {
+            notes.push(format!(
+                "the GEMMs measured have one size per format ({}): their size at half efficiency cannot be told from their \
+                 efficiency, so gemm_half_gflop keeps its value ({} GFLOP) and the efficiency is fitted at it; measure GEMMs \
+                 of several sizes (`runner measure` times every GEMM of the rank graph) to fit both",
+                formats.iter().map(|&f| format!("{f}: {} FLOP per call", shown(sizes(f)[0]))).collect::<Vec<_>>().join(", "),
+                shown(h0 / 1e9)
+            ));
+            h0
+        } else {
+            let objective = |lnh: f64| {
+                let r: f64 = residuals(lnh.exp()).iter().map(|x| x * x).sum();
+                r + HALF_PRIOR_WEIGHT * (lnh - h0.ln()).powi(2)
+            };
+            // Wider than the published-run fit's bounds: a device's own GEMMs can show a
+            // half-efficiency size far below a GPU's (a CPU's is a few MFLOP).
+            crate::calibrate::golden(objective, (1e6f64).ln(), (200e9f64).ln(), 80).exp()
+        };
         for (f, a) in scales(h) {
             let peak = gpu.peak_flops(f).map_err(|e| format!("{origin}: {e}"))?;
             let e = 1.0 / (a * peak);
             if !(e.is_finite() && (crate::profile::MIN_EFFICIENCY..=1.0).contains(&e)) {
+                let why = if one_size && e > 1.0 {
+                    format!(
+                        "at the profile's GEMM size at half efficiency ({} GFLOP), which GEMMs of one size ({} FLOP per call) \
+                         cannot fit: measure GEMMs of several sizes (`runner measure` times every GEMM of the rank graph), or set \
+                         gemm_half_gflop in the profile",
+                        shown(h0 / 1e9),
+                        shown(sizes(f)[0])
+                    )
+                } else {
+                    format!("the run was not on this GPU, or the profile's peak_tflops.{f} is wrong")
+                };
                 return Err(format!(
-                    "{origin}: the measured {f} GEMMs reach {:.0}% of {}'s {f} peak ({:.0} TFLOP/s): the run was not on this GPU, \
-                     or the profile's peak_tflops.{f} is wrong",
+                    "{origin}: the measured {f} GEMMs reach {:.0}% of {}'s {f} peak ({:.0} TFLOP/s): {why}",
                     100.0 * e,
                     gpu.name,
                     peak / 1e12
@@ -647,8 +678,10 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
             params.push((format!("gemm.{f}"), before_eff.gemm.get(f), e));
             eff.gemm.set(f, e);
         }
-        params.push(("gemm_half_gflop".into(), before_eff.gemm_half_gflop, h / 1e9));
-        eff.gemm_half_gflop = h / 1e9;
+        if !one_size {
+            params.push(("gemm_half_gflop".into(), before_eff.gemm_half_gflop, h / 1e9));
+            eff.gemm_half_gflop = h / 1e9;
+        }
         // The projection's own law (`Rates::gemm`, the one the fit's linear form above
         // rewrites: flops / (rate · call/(call + half)) = (flops + half · calls) / rate),
         // before and after, per row. Rows carry no bytes: the HBM floor is not in play.
@@ -788,6 +821,29 @@ mod tests {
         assert!(f.notes.iter().any(|n| n.contains("stayed in the cache")), "{:?}", f.notes);
         let e = fit_ops(&synthetic(&gpu, 0.6, 7.5, 1.5), &gpu, "ops.json").unwrap_err();
         assert!(e.contains("HBM bandwidth"), "{e}");
+    }
+
+    /// GEMMs of one size cannot separate the size at half efficiency from the
+    /// efficiency: the size keeps its value, and where the efficiency it leaves is past
+    /// the peak the error says so (it blamed the GPU or its peaks: a CPU's 256x256x256
+    /// GEMMs of a hand-trimmed `runner measure` file read "765% of peak").
+    #[test]
+    fn gemms_of_one_size_keep_the_size_at_half_efficiency() {
+        let gpu = h100();
+        let keep = |f: &OpsFile, name: &str| OpsFile { ops: f.ops.iter().filter(|o| o.name == name || o.memory.is_some()).cloned().collect(), ..f.clone() };
+        // Small GEMMs (1 GFLOP) with a small true size at half efficiency: the prior's
+        // 2 GFLOP would take them past the peak. (HBM raised so that the profile does
+        // not call them bound by memory and leave them out.)
+        let fast = GpuProfile { hbm_gbs: 1e5, ..gpu.clone() };
+        let e = fit_ops(&keep(&synthetic(&fast, 0.6, 0.01, 0.7), "g1"), &fast, "ops.json").unwrap_err();
+        assert!(e.contains("ops.json") && e.contains("one size") && e.contains("several sizes") && !e.contains("not on this GPU"), "{e}");
+        // Large GEMMs of one size: the efficiency is fitted at the kept size, which the
+        // table does not list as fitted.
+        let f = fit_ops(&keep(&synthetic(&gpu, 0.62, 7.5, 0.7), "g2"), &gpu, "ops.json").unwrap();
+        assert_eq!(f.efficiency.gemm_half_gflop, gpu.efficiency.gemm_half_gflop);
+        assert!(f.params.iter().all(|p| p.0 != "gemm_half_gflop"), "{:?}", f.params);
+        assert!((f.efficiency.gemm.bf16 - 0.62).abs() < 5e-3, "{:?}", f.params);
+        assert!(f.notes.iter().any(|n| n.contains("one size per format")), "{:?}", f.notes);
     }
 
     #[test]
