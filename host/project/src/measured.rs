@@ -37,6 +37,7 @@ use runner_graph::{Graph, OpKind};
 use runner_contract::text::number as shown;
 
 use crate::profile::{Efficiency, GemmFormat, GpuProfile};
+use crate::precision::Plan;
 use crate::published::Stats;
 use crate::template::{Measured, ShardKey};
 
@@ -421,11 +422,28 @@ impl OpsFile {
     }
 
     /// Whether every measured op is an op of `rank` (rank 0's graph at the file's
-    /// sharding) of the kind the file says.
+    /// sharding) of the kind the file says, and every GEMM ran at the formats `plan`
+    /// gives it (the projection uses a GEMM's times only at those: a GEMM of other
+    /// formats, an edited file or another plan's, would be listed as measured and not be).
     ///
     /// # Errors
-    /// The first op the graph lacks or times differently.
-    pub fn check_graph(&self, origin: &str, rank: &Graph) -> Result<(), String> {
+    /// The first op the graph lacks or times differently, or a GEMM of other formats.
+    pub fn check_graph(&self, origin: &str, rank: &Graph, plan: &Plan) -> Result<(), String> {
+        let formats = |f: &[GemmFormat; 3]| f.iter().map(|f| f.name()).collect::<Vec<_>>().join("/");
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Some(g) = &op.gemm
+                && g.formats != plan.formats(&op.name)
+            {
+                return Err(format!(
+                    "{origin}: ops[{i}] '{}' ran at {} but the {} plan runs it at {}: the file was edited or comes from \
+                     another precision plan; measure again with this plan",
+                    op.name,
+                    formats(&g.formats),
+                    self.precision,
+                    formats(&plan.formats(&op.name))
+                ));
+            }
+        }
         let by_name: HashMap<&str, OpKind> = rank.ops.iter().map(|o| (o.name.as_str(), o.kind)).collect();
         for (i, op) in self.ops.iter().enumerate() {
             match by_name.get(op.name.as_str()).copied().map(OpClass::of) {
@@ -450,6 +468,25 @@ impl OpsFile {
             }
         }
         Ok(())
+    }
+
+    /// The ops of `rank` this file does not list though `runner measure` times ops of
+    /// their kind: every GEMM, and the memory-bound ops where the file has any (a sharded
+    /// rank's are not measured). They keep the roofline, and a step that mixes them with
+    /// measured ones is off by what they miss, so the projection names them.
+    pub fn unmeasured<'g>(&self, rank: &'g Graph) -> Vec<&'g str> {
+        let listed: HashSet<&str> = self.ops.iter().map(|o| o.name.as_str()).collect();
+        let memory = self.ops.iter().any(|o| o.kind == OpClass::Memory);
+        rank.ops
+            .iter()
+            .filter(|o| match OpClass::of(o.kind) {
+                Some(OpClass::Gemm) => true,
+                Some(OpClass::Memory) => memory,
+                _ => false,
+            })
+            .map(|o| o.name.as_str())
+            .filter(|n| !listed.contains(n))
+            .collect()
     }
 
     /// The table the projection looks measured ops up in: at this file's sharding, each

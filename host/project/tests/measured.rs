@@ -94,16 +94,26 @@ fn a_measurement_file_names_only_ops_of_its_rank_graph() {
     let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
     let mut model = Model::new("llama3-tiny", 256, src.as_mut()).unwrap();
     let rank = model.rank_graph(TP1, src.as_mut()).unwrap();
+    let plan = projector("llama3-tiny", 256, "h100", Recipe::Bf16).plan;
     let gemm = |name: &str| gemm_op(name, 1e-3, 1e-3);
     let mut file = ops_file(vec![gemm("layers.0.mlp.gate"), gemm("lm_head")]);
-    file.check_graph("ops.json", &rank).unwrap();
+    file.check_graph("ops.json", &rank, &plan).unwrap();
     file.ops.push(gemm("layers.0.mlp.gate_up"));
-    let e = file.check_graph("ops.json", &rank).unwrap_err();
+    let e = file.check_graph("ops.json", &rank, &plan).unwrap_err();
     assert!(e.contains("ops[2]") && e.contains("gate_up") && e.contains("rank graph"), "{e}");
     file.ops.pop();
     file.ops.push(gemm("layers.0.residual1"));
-    let e = file.check_graph("ops.json", &rank).unwrap_err();
+    let e = file.check_graph("ops.json", &rank, &plan).unwrap_err();
     assert!(e.contains("listed as gemm") && e.contains("memory"), "{e}");
+    // A GEMM at formats the plan does not give it would be listed as measured and keep
+    // the roofline: refused (an edited file set an op to fp8 under the bf16 plan, and
+    // the projection said the op replaced the roofline).
+    file.ops.pop();
+    let mut fp8 = gemm("layers.0.attn.q");
+    fp8.gemm.as_mut().unwrap().formats = [GemmFormat::Fp8; 3];
+    file.ops.push(fp8);
+    let e = file.check_graph("ops.json", &rank, &plan).unwrap_err();
+    assert!(e.contains("ops[2] 'layers.0.attn.q' ran at fp8/fp8/fp8") && e.contains("runs it at bf16/bf16/bf16"), "{e}");
     // Sharded for tp = 2, the same names exist (shapes changed): only the key tells.
     let tp2 = model.rank_graph(ShardKey { tp: 2, sp: true, ..TP1 }, src.as_mut()).unwrap();
     assert!(tp2.ops.iter().any(|o| o.name == "layers.0.mlp.gate"));
@@ -145,4 +155,35 @@ fn a_measurement_file_with_impossible_times_is_refused() {
     };
     parse(&ops_file(vec![mem(1e-5)])).unwrap();
     assert!(parse(&ops_file(vec![mem(1e-9)])).unwrap_err().contains("disagree"));
+}
+
+/// The ops a file leaves out keep the roofline, and the projection names them: every
+/// GEMM of the rank graph, and the memory-bound ops once the file times any; never the
+/// attention cores or the collectives, which `runner measure` leaves to the model.
+#[test]
+fn the_ops_a_file_leaves_out_are_named() {
+    let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
+    let mut model = Model::new("llama3-tiny", 256, src.as_mut()).unwrap();
+    let rank = model.rank_graph(TP1, src.as_mut()).unwrap();
+    let gemms: Vec<&str> = rank.ops.iter().filter(|o| OpClass::of(o.kind) == Some(OpClass::Gemm)).map(|o| o.name.as_str()).collect();
+    assert_eq!(gemms.len(), 8, "{gemms:?}");
+    let all = ops_file(gemms.iter().map(|n| gemm_op(n, 1e-3, 1e-3)).collect());
+    assert!(all.unmeasured(&rank).is_empty(), "{:?}", all.unmeasured(&rank));
+    let mut some = all.clone();
+    some.ops.retain(|o| o.name != "layers.0.mlp.gate");
+    assert_eq!(some.unmeasured(&rank), ["layers.0.mlp.gate"]);
+    let norm = OpTime {
+        name: "layers.0.attn_norm".into(),
+        kind: OpClass::Memory,
+        layer: 0,
+        shape: Vec::new(),
+        fwd_s: 1e-5,
+        bwd_s: 2e-5,
+        gemm: None,
+        memory: Some(runner_project::measured::MemoryDetail { bytes: 1e6, run_bytes: 2e6, run_fwd_s: 2e-5, run_bwd_s: 4e-5 }),
+    };
+    some.ops.push(norm);
+    let left = some.unmeasured(&rank);
+    assert!(left.contains(&"layers.0.mlp.gate") && left.contains(&"layers.0.mlp_norm") && !left.contains(&"layers.0.attn_norm"), "{left:?}");
+    assert!(!left.iter().any(|n| n.contains("core")), "attention is never measured: {left:?}");
 }

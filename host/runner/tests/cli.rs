@@ -1103,7 +1103,14 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     let roofline = step(&[]);
     let measured = step(&["--measured", "ops.json"]);
     assert!(measured["notes"].to_string().contains("replace the roofline"), "{}", measured["notes"]);
+    assert!(!measured["notes"].to_string().contains(" lacks "), "a whole measurement leaves out nothing: {}", measured["notes"]);
     assert!(roofline.get("measured").is_none());
+    // An op taken out of the file keeps the roofline, and the projection says which.
+    let mut trimmed = ops.clone();
+    trimmed["ops"].as_array_mut().unwrap().retain(|o| o["name"] != "layers.0.mlp.gate");
+    std::fs::write(dir.join("ops-trimmed.json"), serde_json::to_string(&trimmed).unwrap()).unwrap();
+    let notes = step(&["--measured", "ops-trimmed.json"])["notes"].to_string();
+    assert!(notes.contains("ops-trimmed.json lacks 1 op(s) of the rank graph that `runner measure` times: layers.0.mlp.gate;"), "{notes}");
     let names: Vec<&str> = measured["measured"]["ops"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
     assert_eq!(names.len(), ops["ops"].as_array().unwrap().len());
     assert!(names.contains(&"layers.0.mlp.gate") && !names.contains(&"layers.0.attn.core"), "{names:?}");

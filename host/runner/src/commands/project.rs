@@ -323,6 +323,8 @@ struct MeasuredOut {
 struct MeasuredFile {
     file: OpsFile,
     origin: String,
+    /// Ops of the rank graph of a kind the file times that it does not list.
+    unmeasured: Vec<String>,
 }
 
 /// Read `path` and check it stands for `s`'s model, sequence, GPU and precision and
@@ -334,8 +336,9 @@ fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile
     let p = &mut s.projector;
     file.check_target(&origin, model, p.model.seq_len, &p.gpu, s.recipe.name()).map_err(anyhow::Error::msg)?;
     let rank = p.rank_graph(file.shard).map_err(|e| anyhow::anyhow!("{origin}: {model} at {}: {e}", measured::key_text(&file.shard)))?;
-    file.check_graph(&origin, &rank).map_err(anyhow::Error::msg)?;
-    Ok(MeasuredFile { file, origin })
+    file.check_graph(&origin, &rank, &p.plan).map_err(anyhow::Error::msg)?;
+    let unmeasured = file.unmeasured(&rank).into_iter().map(String::from).collect();
+    Ok(MeasuredFile { file, origin, unmeasured })
 }
 
 /// Why the search found nothing, from its closest families (as it ranks them) and a count
@@ -539,6 +542,18 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             m.file.ops.len(),
             counts.join(", ")
         ));
+        if !m.unmeasured.is_empty() {
+            const SHOWN: usize = 5;
+            let more = m.unmeasured.len().saturating_sub(SHOWN);
+            notes.push(format!(
+                "{} lacks {} op(s) of the rank graph that `runner measure` times: {}{}; they keep the roofline, so the step mixes \
+                 measured and modelled times: measure again to time them all",
+                m.origin,
+                m.unmeasured.len(),
+                m.unmeasured[..m.unmeasured.len().min(SHOWN)].join(", "),
+                if more > 0 { format!(" and {more} more") } else { String::new() }
+            ));
+        }
         notes.extend(m.file.notes.iter().map(|n| format!("{}: {n}", m.origin)));
     }
     if let Some(short) = projection.memory.shortfall() {
