@@ -1220,6 +1220,8 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
         let o = run(&args);
         assert!(!o.status.success() && text(&o).1.contains(want), "{args:?}: {}", text(&o).1);
     }
+    let o = runner(&dir, &["calibrate", "--ops", "ops.json"]);
+    assert!(!o.status.success() && text(&o).1.contains("ops.json stands for GPU 'cpu-box'") && text(&o).1.contains("pass the --profile FILE"), "{}", text(&o).1);
 }
 
 /// One rank alone (a single-GPU check machine) runs every collective, send/recv to

@@ -993,7 +993,14 @@ pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str
         let origin = path.display().to_string();
         let text = input::read_text(path, "--ops file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
         let file = OpsFile::parse(&text, &origin).map_err(anyhow::Error::msg)?;
-        let g = profiles.get(gpu.unwrap_or(&file.gpu)).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone();
+        let g = match gpu {
+            Some(name) => profiles.get(name).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?,
+            // The file's own GPU: one a --profile file added needs that file again.
+            None => profiles.get(&file.gpu).map_err(|e| {
+                anyhow::anyhow!("{origin} stands for GPU '{}' (its `gpu` field): {e}; pass the --profile FILE it was measured with", file.gpu)
+            })?,
+        }
+        .clone();
         // The file's own statement of the GPU must agree with --gpu.
         file.check_gpu(&origin, &g).map_err(anyhow::Error::msg)?;
         measured::stands_for(&file.device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
