@@ -148,6 +148,118 @@ pub fn progress_line(global: &Global, msg: &str) {
 /// How often progress reaches a non-terminal stderr.
 const PROGRESS_EVERY: Duration = Duration::from_secs(15);
 
+/// Progress through a known number of steps of unknown length (`runner measure`'s
+/// GEMMs: a CPU's lm_head of a full-size vocabulary runs a minute). On a terminal a bar
+/// with the elapsed time; on a log the step when it starts, at most every
+/// [`PROGRESS_EVERY`], and while one step runs longer the step again with the seconds
+/// so far every [`PROGRESS_EVERY`], so the log is never silent longer; nothing with -q.
+/// Dropping it clears the bar and ends the log's clock.
+pub struct Steps {
+    bar: Option<indicatif::ProgressBar>,
+    log: Option<(std::sync::Arc<Shared>, std::thread::JoinHandle<()>)>,
+}
+
+/// A log's state, and the signal that a step began or the steps ended.
+type Shared = (std::sync::Mutex<StepsLog>, std::sync::Condvar);
+
+/// A log's progress: the steps begun, the current one's name and start, the last line's
+/// time and the step it named.
+struct StepsLog {
+    len: usize,
+    every: Duration,
+    sink: Box<dyn std::io::Write + Send>,
+    pos: usize,
+    msg: String,
+    began: Instant,
+    last: Option<Instant>,
+    shown: usize,
+    done: bool,
+}
+
+impl StepsLog {
+    /// A line if none was written for `every`: the step, and its seconds so far where
+    /// the last line named it already.
+    fn line_if_due(&mut self) {
+        use std::io::Write as _;
+        if self.pos == 0 || self.last.is_some_and(|t| t.elapsed() < self.every) {
+            return;
+        }
+        let (pos, len, msg) = (self.pos, self.len, &self.msg);
+        let line = if pos == self.shown { format!("{pos}/{len} {msg} ({} s so far)", self.began.elapsed().as_secs()) } else { format!("{pos}/{len} {msg}") };
+        let _ = writeln!(self.sink, "{}", runner::report::visible(&line));
+        self.shown = pos;
+        self.last = Some(Instant::now());
+    }
+}
+
+impl Steps {
+    pub fn new(global: &Global, len: usize) -> Steps {
+        if global.quiet {
+            return Steps { bar: None, log: None };
+        }
+        if std::io::stderr().is_terminal() {
+            let bar = indicatif::ProgressBar::new(len as u64);
+            if let Ok(style) = indicatif::ProgressStyle::with_template("{bar:30} {pos}/{len} {msg} [{elapsed}]") {
+                bar.set_style(style);
+            }
+            // Ticks keep the elapsed time moving through a long step.
+            bar.enable_steady_tick(Duration::from_millis(200));
+            return Steps { bar: Some(bar), log: None };
+        }
+        Steps::log(len, PROGRESS_EVERY, Box::new(std::io::stderr()))
+    }
+
+    /// The log form, writing to `sink` at most and at least every `every`.
+    fn log(len: usize, every: Duration, sink: Box<dyn std::io::Write + Send>) -> Steps {
+        let state = StepsLog { len, every, sink, pos: 0, msg: String::new(), began: Instant::now(), last: None, shown: 0, done: false };
+        let shared: std::sync::Arc<Shared> = std::sync::Arc::new((std::sync::Mutex::new(state), std::sync::Condvar::new()));
+        let clock = {
+            let shared = std::sync::Arc::clone(&shared);
+            std::thread::spawn(move || {
+                let (lock, changed) = &*shared;
+                let mut g = lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                while !g.done {
+                    g.line_if_due();
+                    let wait = g.last.map_or(every, |t| every.saturating_sub(t.elapsed()).max(Duration::from_millis(1)));
+                    g = changed.wait_timeout(g, wait).unwrap_or_else(std::sync::PoisonError::into_inner).0;
+                }
+            })
+        };
+        Steps { bar: None, log: Some((shared, clock)) }
+    }
+
+    /// The next step begins.
+    pub fn step(&self, msg: &str) {
+        if let Some(bar) = &self.bar {
+            if bar.position() > 0 || !bar.message().is_empty() {
+                bar.inc(1);
+            }
+            bar.set_message(msg.to_string());
+        }
+        if let Some((shared, _)) = &self.log {
+            let mut g = shared.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            g.pos += 1;
+            g.msg = msg.to_string();
+            g.began = Instant::now();
+            g.line_if_due();
+            shared.1.notify_all();
+        }
+    }
+}
+
+impl Drop for Steps {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+        if let Some((shared, clock)) = self.log.take() {
+            shared.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner).done = true;
+            shared.1.notify_all();
+            let _ = clock.join();
+        }
+    }
+}
+
 /// A spinner with `msg` while one long call runs that cannot report its own progress.
 pub fn busy(global: &Global, msg: &str) -> Option<indicatif::ProgressBar> {
     let Some(bar) = spinner(global) else {
@@ -924,6 +1036,40 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::write_atomic;
+
+    /// A log hears of a step when it starts and, while it runs, every interval: a step
+    /// longer than the interval is never silent (`runner measure` printed nothing for the
+    /// 65 s of one CPU GEMM), and steps quicker than it are not each printed.
+    #[test]
+    fn a_log_hears_of_a_long_step_every_interval() {
+        #[derive(Clone, Default)]
+        struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let every = std::time::Duration::from_millis(200);
+        let steps = super::Steps::log(3, every, Box::new(sink.clone()));
+        steps.step("quick");
+        steps.step("long");
+        std::thread::sleep(every * 7 / 2);
+        steps.step("last");
+        drop(steps);
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.first(), Some(&"1/3 quick"), "{text}");
+        // "2/3 long" at 200 ms, then "(0 s so far)" at 400 and 600 (fewer on a loaded machine).
+        let long = lines.iter().filter(|l| l.starts_with("2/3 long")).count();
+        assert!((2..=4).contains(&long), "the long step, about every 200 ms of its 700: {text}");
+        assert!(lines.iter().any(|l| l.contains("long (0 s so far)")), "{text}");
+        assert!(lines.len() <= 5, "steps quicker than the interval are not each printed: {text}");
+    }
 
     /// The report replaces the old one whole, keeps its permissions, leaves no temporary
     /// file behind, writes through a symbolic link to its target, and writes a

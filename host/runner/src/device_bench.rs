@@ -27,7 +27,7 @@ use runner_project::profile::{GemmFormat, Profiles};
 use runner_project::template::ShardKey;
 
 use crate::commands::project::Target;
-use crate::commands::{self, emit, progress_line};
+use crate::commands::{self, emit};
 use crate::{BenchCommand, Global};
 
 /// Run `$body` with `$dev` bound to the chosen device, whatever its type.
@@ -381,8 +381,10 @@ fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, globa
             );
         }
     }
-    for (i, op) in gemms.iter().enumerate() {
-        progress_line(global, &format!("GEMM {}/{}: {}", i + 1, gemms.len(), op.name));
+    // One step per GEMM and one for the training step of the memory-bound ops.
+    let steps = commands::Steps::new(global, gemms.len() + 1);
+    for op in &gemms {
+        steps.step(&format!("GEMM {}", op.name));
         let formats = plan.formats(&op.name);
         let elems = [operand_elem(formats[0])?, operand_elem(formats[1])?, operand_elem(formats[2])?];
         let (m, n, k, calls) = gemm_shape(g, op)?;
@@ -429,7 +431,7 @@ fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, globa
         ));
         return Ok(out);
     }
-    progress_line(global, "training step: memory-bound ops");
+    steps.step("training step: memory-bound ops");
     let opts = MeasureOptions { timing: TimingOptions { warmup: 1, repeats }, ..MeasureOptions::default() };
     let m = measure_training_step_on(g, dev, opts).context("the training step of the memory-bound ops")?;
     let timed: HashMap<&str, &runner_exec::timing::OpTiming> = m.timing.ops.iter().map(|o| (o.name.as_str(), o)).collect();
