@@ -88,7 +88,11 @@ pub fn bus_factor_of(op: &str, n: usize) -> Result<f64, String> {
 /// different runs; each names the row and the fix.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
     let rows: Vec<CollRow> = serde_json::from_str(text).map_err(|e| {
-        let hint = if text.contains(crate::measured::FORMAT) { " (a `runner measure` file: use it with --ops)" } else { "" };
+        let hint = if text.contains(crate::measured::FORMAT) {
+            " (a `runner measure` file: use it with --ops)"
+        } else {
+            crate::measured::not_a_number_hint(text, e.line(), e.column())
+        };
         format!(
             "{origin}: line {} column {}: {e}{hint}; write the file with `runner bench collectives ... -o FILE.json` (this version)",
             e.line(),
@@ -267,13 +271,15 @@ fn line(op: &str, rows: &[&Modelled]) -> Result<LineFit, String> {
     let mut sizes: Vec<f64> = rows.iter().map(|r| r.size).collect();
     sizes.sort_by(f64::total_cmp);
     sizes.dedup();
+    // The pooled line's "all" is no op name a user wrote.
+    let rows_of = if op == "all" { "the rows".to_string() } else { format!("the {op} rows") };
     if sizes.len() < 2 {
-        return Err(format!("{op}: one size only: α and β need a sweep (e.g. -b 1M -e 1G -f 4)"));
+        return Err(format!("{rows_of} have one size only: α and β need a sweep (e.g. -b 1M -e 1G -f 4)"));
     }
     let fr: Vec<(f64, f64, f64)> = rows.iter().map(|r| (r.steps, r.x, r.y)).collect();
     let (a, b) = relative_fit(&fr);
     if !(b.is_finite() && b > 0.0) {
-        return Err(format!("{op}: the times do not grow with size: sweep into the bandwidth regime (e.g. -b 1M -e 1G -f 2)"));
+        return Err(format!("{rows_of}' times do not grow with size: sweep into the bandwidth regime (e.g. -b 1M -e 1G -f 2)"));
     }
     let model = |r: &Modelled| r.t - r.y + a * r.steps + b * r.x;
     let max_error = rows.iter().map(|r| (model(r) / r.t - 1.0).abs()).fold(0.0, f64::max);
@@ -619,6 +625,11 @@ mod tests {
         assert!(e.contains("scale_up_gbs"), "{e}");
         // One size cannot separate α from β.
         let one: Vec<CollRow> = good.iter().filter(|r| r.size_bytes == 1 << 20).cloned().collect();
-        assert!(fit_collectives(&one, &h100(), None, "coll.json").unwrap_err().contains("one size"));
+        let e = fit_collectives(&one, &h100(), None, "coll.json").unwrap_err();
+        assert!(e.contains("coll.json: the rows have one size only"), "{e}");
+        // JSON has no NaN: serde says "expected value", the hint says why.
+        let at = text.find("\"time_us\":").unwrap() + "\"time_us\":".len();
+        let end = at + text[at..].find(',').unwrap();
+        bad(&format!("{}NaN{}", &text[..at], &text[end..]), "NaN and Infinity are not JSON numbers");
     }
 }

@@ -188,6 +188,19 @@ fn finite_pos(v: f64) -> bool {
     v.is_finite() && v > 0.0
 }
 
+/// What a JSON error at `line`:`column` of `text` means where a hand or another tool
+/// wrote NaN or Infinity there (JSON has neither; serde says only "expected value").
+pub(crate) fn not_a_number_hint(text: &str, line: usize, column: usize) -> &'static str {
+    let at = text.lines().nth(line.saturating_sub(1)).unwrap_or_default();
+    let from = at.char_indices().nth(column.saturating_sub(1)).map_or(at.len(), |(i, _)| i);
+    let rest = at[from..].trim_start().trim_start_matches('-').to_ascii_lowercase();
+    if ["nan", "inf"].iter().any(|w| rest.starts_with(w)) {
+        " (NaN and Infinity are not JSON numbers: the value is a broken measurement; measure again)"
+    } else {
+        ""
+    }
+}
+
 /// `tp=1 cp=1 ep=1 etp=1 sp=off mbs=1`.
 pub fn key_text(k: &ShardKey) -> String {
     format!("tp={} cp={} ep={} etp={} sp={} mbs={}", k.tp, k.cp, k.ep, k.etp, if k.sp { "on" } else { "off" }, k.mbs)
@@ -204,7 +217,7 @@ impl OpsFile {
             let hint = if text.trim_start().starts_with('[') {
                 " (an array: is it a `bench collectives` file? use it with --collectives)"
             } else {
-                ""
+                not_a_number_hint(text, e.line(), e.column())
             };
             format!("{origin}: line {} column {}: {e}{hint}; write the file with `runner measure ... -o FILE.json`", e.line(), e.column())
         })?;
@@ -913,6 +926,10 @@ mod tests {
         bad(&good.replacen("\"measured_at\": \"2026-12-01T10:00:00Z\"", "\"measured_at\": \"\"", 1), "measured_at");
         bad(&good.replacen(",\n  \"measured_at\": \"2026-12-01T10:00:00Z\"", "", 1), "missing field `measured_at`");
         bad("[{\"op\": \"all_reduce\"}]", "--collectives");
+        // JSON has no NaN: serde says "expected value", the hint says why.
+        for v in ["NaN", "-Infinity", "Infinity"] {
+            bad(&good.replacen("\"repeats\": 3", &format!("\"repeats\": {v}"), 1), "NaN and Infinity are not JSON numbers");
+        }
     }
 
     /// NaN, negative, zero and huge values give an error or a finite fit, never a panic;
