@@ -1103,7 +1103,6 @@ fn price_file_problems(err: &plugin::PluginError) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pricing::CloudCost;
 
     /// A GPU count nothing fits says why: the closest family's memory, or else the rule
     /// that stood in the way.
@@ -1134,24 +1133,7 @@ mod tests {
     }
 
     fn quote(usd: f64, caveats: &[&str]) -> CloudPrice {
-        CloudPrice::Quoted(CloudCost {
-            cloud: "c".into(),
-            plugin: "c.wasm".into(),
-            plugin_sha256: "00".into(),
-            instance: "i".into(),
-            region: "r".into(),
-            option: "on-demand".into(),
-            nodes: 1,
-            price_date: String::new(),
-            price_source: "s".into(),
-            caveats: caveats.iter().map(|c| c.to_string()).collect(),
-            currency: "USD".into(),
-            usd,
-            hours: 1.0,
-            billed_hours: Some(1.0),
-            lines: Vec::new(),
-            warnings: Vec::new(),
-        })
+        CloudPrice::Quoted(crate::pricing::tests::quote(usd, caveats))
     }
 
     fn row(gpus: u32, days: f64, usd: f64) -> Row {

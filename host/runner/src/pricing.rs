@@ -465,7 +465,7 @@ fn matches_gpu(o: &Offering, gpu: &GpuProfile) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -500,9 +500,9 @@ mod tests {
         assert_eq!(billed_hours(&blocks[2..], 4, 32), None, "no compute line");
     }
 
-    #[test]
-    fn clouds_rank_clean_prices_first_each_cheapest_first_then_the_unpriced() {
-        let cost = |usd: f64, caveat: bool| CloudCost {
+    /// A one-node, one-hour USD quote of `usd` with `caveats`.
+    pub(crate) fn quote(usd: f64, caveats: &[&str]) -> CloudCost {
+        CloudCost {
             cloud: "c".into(),
             plugin: "c.wasm".into(),
             plugin_sha256: "00".into(),
@@ -512,14 +512,19 @@ mod tests {
             nodes: 1,
             price_date: String::new(),
             price_source: "s".into(),
-            caveats: if caveat { vec!["resale".into()] } else { Vec::new() },
+            caveats: caveats.iter().map(|c| c.to_string()).collect(),
             currency: "USD".into(),
             usd,
             hours: 1.0,
             billed_hours: Some(1.0),
             lines: Vec::new(),
             warnings: Vec::new(),
-        };
+        }
+    }
+
+    #[test]
+    fn clouds_rank_clean_prices_first_each_cheapest_first_then_the_unpriced() {
+        let cost = |usd: f64, caveat: bool| quote(usd, if caveat { &["resale"] } else { &[] });
         let quotes = [None, Some(cost(5.0, true)), Some(cost(30.0, false)), Some(cost(20.0, false)), Some(cost(1.0, true)), None];
         assert_eq!(rank_clouds(0..quotes.len(), |i| quotes[i].as_ref()), [3, 2, 4, 1, 0, 5]);
     }
