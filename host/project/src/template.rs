@@ -622,6 +622,13 @@ impl Template {
             if let Some(b) = c.backward {
                 t.comm_bwd[i] += time(b);
             }
+            // Context parallelism saves only the rank's own K/V chunk for the backward:
+            // Transformer Engine's attention gathers K and V again before reduce-scattering
+            // their gradients (cp_comm_type all_gather), or passes them around the ring
+            // again beside dK/dV (p2p), so its backward moves twice the forward's bytes.
+            if c.group == Group::Cp && c.kind == OpKind::AllGather && c.backward.is_some() {
+                t.comm_bwd[i] += time(OpKind::AllGather);
+            }
         }
         t
     }

@@ -1,0 +1,90 @@
+//! The communication side of a projection checked by hand: each parallel dimension's
+//! bytes per micro-batch written out from the model's shapes (Megatron-LM's collectives,
+//! nccl-tests' bus factors) and timed at the profile's bandwidths and latencies, against
+//! the breakdown of a real model's projection.
+
+mod common;
+
+use runner_graph::recompute::RecomputePolicy;
+use runner_project::precision::Recipe;
+use runner_project::profile::GpuProfile;
+use runner_project::step::LayoutSpec;
+
+use common::{layout, projector};
+
+/// Achieved NVLink and NIC bytes/s of a profile, and its latencies per step.
+struct Links {
+    up: f64,
+    out: f64,
+    up_lat: f64,
+    out_lat: f64,
+}
+
+fn links(g: &GpuProfile) -> Links {
+    let e = &g.efficiency;
+    Links {
+        up: g.scale_up_gbs * 1e9 * e.scale_up,
+        out: g.scale_out_gbs * 1e9 * e.scale_out,
+        up_lat: e.scale_up_latency_us * 1e-6,
+        out_lat: e.scale_out_latency_us * 1e-6,
+    }
+}
+
+fn close(what: &str, got: f64, want: f64) {
+    assert!((got / want - 1.0).abs() < 1e-9, "{what}: {got} vs {want} by hand");
+}
+
+/// Llama 3.1 70B (h 8192, 8 kv heads of 128) at seq 8192 on 64 H100 at TP4 PP4 CP2 VP5
+/// DP2, GBS 128, MBS 1: 64 micro-batches, 20 layers per stage.
+/// - TP with SP: per layer an all-gather and a reduce-scatter of s/cp·h BF16 before and
+///   after attention and the MLP, the same four in the backward; inside one node.
+/// - CP: K and V gathered over 2 ranks tp apart (inside the node) in the forward; the
+///   backward gathers them again and reduce-scatters dK and dV (Transformer Engine keeps
+///   only the local chunk), so twice the forward.
+/// - PP: s/(tp·cp)·h BF16 per send, 2·vp sends per micro-batch, over one NIC (the next
+///   stage is tp·cp·dp = 16 ranks away), hidden but for (1 − pp_overlap) and the fill and
+///   drain's 2(pp − 1) sends.
+#[test]
+fn llama_70b_tp_cp_pp_volumes_by_hand() {
+    let mut pr = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let g = pr.gpu.clone();
+    let (e, l) = (&g.efficiency, links(&g));
+    let p = pr.project(&layout(4, 4, 2, 5, 2, 1, 128)).unwrap();
+    assert_eq!(p.micro_batches, 64);
+    let (m, layers) = (64.0, 20.0);
+    let act = 4096.0 * 8192.0 * 2.0;
+    let ring = |s: f64, n: f64| (n.log2().ceil()) * l.up_lat + s * (n - 1.0) / n / l.up;
+    let tp_layer = 8.0 * ring(act, 4.0);
+    // The last stage adds the final norm's gather (and its backward) and the
+    // vocab-parallel loss's three all-reduces of one fp32 per token; the first, the
+    // embedding's reduce-scatter and its backward.
+    let ar = |s: f64| 2.0 * l.up_lat + s * 2.0 * 3.0 / 4.0 / l.up;
+    let last = m * (layers * tp_layer + 2.0 * ring(act, 4.0) + 3.0 * ar(4096.0 * 4.0));
+    let first = m * (layers * tp_layer + 2.0 * ring(act, 4.0));
+    let tp = p.breakdown.tp / (1.0 - e.tp_overlap);
+    assert!((tp / last - 1.0).abs() < 1e-9 || (tp / first - 1.0).abs() < 1e-9, "TP {tp} vs {last} or {first} by hand");
+    let kv = 8192.0 * 2.0 * 128.0 * 2.0; // gathered K (or V): all tokens, 8/tp heads
+    let cp_fwd = 2.0 * ring(kv, 2.0);
+    close("CP", p.breakdown.cp, (1.0 - e.cp_overlap) * m * layers * 3.0 * cp_fwd);
+    let msg = 8192.0 / 8.0 * 8192.0 * 2.0;
+    let send = l.out_lat + msg / l.out;
+    close("PP", p.breakdown.pp, m * 2.0 * 5.0 * send * (1.0 - e.pp_overlap) + 2.0 * 3.0 * send);
+}
+
+/// Mixtral 8x7B (h 4096, top-2 of 8 experts) at seq 4096 on 64 H100 at NeMo's published
+/// layout TP1 PP4 VP8 EP8 DP16, GBS 256: per MoE layer a dispatch and a combine
+/// all-to-all of tokens·top-k·h BF16 over the 8 GPUs of a node, and the same two in the
+/// backward; exposed with the overlap off.
+#[test]
+fn mixtral_expert_all_to_all_by_hand() {
+    let mut pr = projector("mixtral-8x7b", 4096, "h100", Recipe::Bf16);
+    let l = links(&pr.gpu);
+    let lay = LayoutSpec { ep: 8, ep_overlap: false, recompute: RecomputePolicy::None, ..layout(1, 4, 1, 8, 16, 1, 256) };
+    let p = pr.project(&lay).unwrap();
+    assert_eq!(p.micro_batches, 16);
+    let s = 4096.0 * 2.0 * 4096.0 * 2.0;
+    let a2a = 3.0 * l.up_lat + s * 7.0 / 8.0 / l.up;
+    close("EP", p.breakdown.ep, 16.0 * 8.0 * 4.0 * a2a);
+    let on = pr.project(&LayoutSpec { ep_overlap: true, ..lay }).unwrap();
+    close("EP overlapped", on.breakdown.ep, (1.0 - pr.gpu.efficiency.ep_overlap) * 16.0 * 8.0 * 4.0 * a2a);
+}
