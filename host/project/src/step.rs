@@ -40,7 +40,7 @@ use crate::comm::Placement;
 use crate::model::Model;
 use crate::precision::{Plan, Recipe};
 use crate::profile::{GIB, GpuProfile};
-use crate::template::{Dispatcher, Kernels, Measured, PartTime, Rates, ShardKey, Stored, Template};
+use crate::template::{Dispatcher, Group, Kernels, Measured, PartTime, Rates, ShardKey, Stored, Template};
 
 /// The optimizer a run trains with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -374,6 +374,61 @@ impl Memory {
     }
 }
 
+/// The link a parallel group's collectives run over (named as `runner calibrate
+/// --collectives` names its tiers).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Link {
+    /// Every member in one scale-up (NVLink) domain.
+    #[default]
+    ScaleUp,
+    /// Members in several domains: what crosses them goes through the NICs.
+    ScaleOut,
+}
+
+/// A parallel group of a layout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum GroupName {
+    Tp,
+    Cp,
+    Ep,
+    Etp,
+    /// A pipeline stage and the next (the ranks of a send).
+    Pp,
+    /// The dense weights' data-parallel group (dp·cp ranks).
+    Dp,
+    /// The expert weights' data-parallel group (tp·cp·dp / (ep·etp) ranks).
+    Edp,
+}
+
+/// Where one group's ranks sit ([`crate::comm::Placement`]) and the link that gives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPlace {
+    pub group: GroupName,
+    /// Ranks in the group (for `pp`, the stages).
+    pub ranks: u32,
+    /// Global ranks between two members (Megatron's rank order).
+    pub stride: u32,
+    pub fabric: Link,
+    /// Members that share one scale-up domain.
+    pub per_domain: u32,
+}
+
+/// A step's communication, seconds per part whether hidden or not (the breakdown has what
+/// the step waits for), and where each group of more than one rank sits. Expert tensor
+/// parallelism counts under `ep`, expert gradients under `dp`, as in the breakdown; `pp` is
+/// the critical stage's own sends.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Communication {
+    pub tp: f64,
+    pub cp: f64,
+    pub ep: f64,
+    pub pp: f64,
+    pub dp: f64,
+    pub groups: Vec<GroupPlace>,
+}
+
 /// A projected step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Projection {
@@ -389,6 +444,9 @@ pub struct Projection {
     pub fits: bool,
     pub memory: Memory,
     pub breakdown: Breakdown,
+    /// All of the step's communication and the links of its groups.
+    #[serde(default)]
+    pub comm: Communication,
     pub micro_batches: u32,
     /// Megatron's `pipeline_model_parallel_layout` where its pp/vp flags cannot build the
     /// split ([`LayoutSpec::pipeline_layout_needed`]); filled in for what is shown.
@@ -412,6 +470,8 @@ struct LayerCost {
     recompute: [[f64; 3]; 4],
     /// Exposed tp, cp, ep per overlap setting.
     exposed: [[f64; 3]; 4],
+    /// Their collectives' seconds, forward and backward, hidden or not.
+    comm: [f64; 3],
     activations: [f64; 3],
     /// Per selective-recompute module: the forward it repeats, the bytes it frees.
     module_rc: [f64; Module::COUNT],
@@ -453,6 +513,7 @@ impl LayerCost {
             activations: [stored.none, stored.none - stored.freed[attn], part.activations[2]],
             module_rc: t.module_fwd,
             module_freed: stored.freed,
+            comm: [0, 1, 2].map(|i| t.comm_fwd[i] + t.comm_bwd[i]),
             dense: part.dense_params,
             expert: part.expert_params,
             frozen: part.frozen_params,
@@ -557,7 +618,7 @@ struct Stage {
 /// Mamba scans (13); per overlap setting the recompute per policy (12) and the exposed
 /// tp, cp, ep (12); per policy and overlap setting the layer's time (12); per policy the stored
 /// activations (3); per selective-recompute module the forward it repeats and the bytes
-/// it frees.
+/// it frees; the tp, cp, ep collectives' seconds, hidden or not (3).
 type Row = [f64; ROW_FIELDS];
 
 const FWD: usize = 10;
@@ -569,7 +630,8 @@ const TIME: usize = EXPOSED + 12;
 const ACTS: usize = TIME + 12;
 const MODULE_RC: usize = ACTS + 3;
 const MODULE_FREED: usize = MODULE_RC + Module::COUNT;
-const ROW_FIELDS: usize = MODULE_FREED + Module::COUNT;
+const COMM: usize = MODULE_FREED + Module::COUNT;
+const ROW_FIELDS: usize = COMM + 3;
 
 impl LayerCost {
     fn row(&self) -> Row {
@@ -600,7 +662,8 @@ impl LayerCost {
         }
         r[ACTS..ACTS + 3].copy_from_slice(&self.activations);
         r[MODULE_RC..MODULE_FREED].copy_from_slice(&self.module_rc);
-        r[MODULE_FREED..ROW_FIELDS].copy_from_slice(&self.module_freed);
+        r[MODULE_FREED..COMM].copy_from_slice(&self.module_freed);
+        r[COMM..ROW_FIELDS].copy_from_slice(&self.comm);
         r
     }
 }
@@ -923,11 +986,13 @@ impl Costed {
         let bubble = (pp as f64 - 1.0) / vp as f64 * t_mean;
         let fabric = &self.rates.fabric;
         // Pipeline sends: 2 per chunk per micro-batch (activation forward, gradient back).
-        let pp_exposed = if pp > 1 {
-            let msg = fabric.time(OpKind::Send, self.stage_message_bytes, Placement { size: 2, stride: saturate(stage_gpus) });
-            mf * 2.0 * vp as f64 * msg * (1.0 - self.rates.pp_overlap) + 2.0 * (pp as f64 - 1.0) * msg
+        let ppg = Placement { size: 2, stride: saturate(stage_gpus) };
+        let (pp_total, pp_exposed) = if pp > 1 {
+            let msg = fabric.time(OpKind::Send, self.stage_message_bytes, ppg);
+            let sends = mf * 2.0 * vp as f64 * msg;
+            (sends, sends * (1.0 - self.rates.pp_overlap) + 2.0 * (pp as f64 - 1.0) * msg)
         } else {
-            0.0
+            (0.0, 0.0)
         };
         // Data parallelism over the critical stage's parameters.
         let StageParams { dense, expert, frozen, ns_dense, ns_expert, .. } = stages[crit].params;
@@ -939,12 +1004,12 @@ impl Costed {
             fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
         };
         let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
-        let dp_exposed = if s.fsdp {
+        let (dp_total, dp_exposed) = if s.fsdp {
             // FSDP gathers the frozen weights too; only trained ones have gradients.
             let gathers = grads(OpKind::AllGather, 2.0) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
             let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
             let layers_here = stages[crit].layers.max(1) as f64;
-            mf * (per_mb - t_max).max(0.0) + per_mb / layers_here
+            (mf * per_mb, mf * (per_mb - t_max).max(0.0) + per_mb / layers_here)
         } else {
             // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
             // backward produces them; the last bucket's reduction (and the first
@@ -955,18 +1020,19 @@ impl Costed {
                 let rs = grads(OpKind::ReduceScatter, gb);
                 let ag = grads(OpKind::AllGather, 2.0);
                 if s.dp_overlap {
-                    (rs - stage_bwd).max(tail(OpKind::ReduceScatter, gb)) + (ag - stage_fwd).max(tail(OpKind::AllGather, 2.0))
+                    (rs + ag, (rs - stage_bwd).max(tail(OpKind::ReduceScatter, gb)) + (ag - stage_fwd).max(tail(OpKind::AllGather, 2.0)))
                 } else {
-                    rs + ag
+                    (rs + ag, rs + ag)
                 }
             } else {
-                let ar = grads(OpKind::AllReduce, gb);
-                let ar = if s.dp_overlap { (ar - stage_bwd).max(tail(OpKind::AllReduce, gb)) } else { ar };
+                let all = grads(OpKind::AllReduce, gb);
+                let ar = if s.dp_overlap { (all - stage_bwd).max(tail(OpKind::AllReduce, gb)) } else { all };
                 // Muon's layer-wise distributed optimizer all-reduces the gradients and
                 // all-gathers the updated weights after the step, unhidden
                 // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon
                 // needs this to be False").
-                if muon { ar + grads(OpKind::AllGather, 2.0) } else { ar }
+                let gather = if muon { grads(OpKind::AllGather, 2.0) } else { 0.0 };
+                (all + gather, ar + gather)
             }
         };
         // AdamW over the shard: fp32 master, two moments and the gradient read and
@@ -1001,6 +1067,39 @@ impl Costed {
             optimizer,
             offload: mf * stages[crit].comp[OFFLOAD],
             straggler: 0.0,
+        };
+        let rates = &self.rates;
+        let has_experts = stages[crit].params.expert > 0.0;
+        let groups = [
+            (GroupName::Tp, rates.placement(&key, Group::Tp)),
+            (GroupName::Cp, rates.placement(&key, Group::Cp)),
+            (GroupName::Ep, rates.placement(&key, Group::Ep)),
+            (GroupName::Etp, rates.placement(&key, Group::Etp)),
+            // A send runs between a stage and the next, wherever the other stages are.
+            (GroupName::Pp, ppg),
+            (GroupName::Dp, dpg),
+            (GroupName::Edp, edpg),
+        ]
+        .into_iter()
+        .filter_map(|(group, p)| {
+            let ranks = if group == GroupName::Pp { s.pp } else { p.size };
+            // A model without routed experts has no expert groups to show.
+            let expert_group = matches!(group, GroupName::Ep | GroupName::Etp | GroupName::Edp);
+            if ranks <= 1 || (expert_group && !has_experts) {
+                return None;
+            }
+            let (per_domain, inside) = fabric.members_per_domain(p);
+            let fabric = if inside { Link::ScaleUp } else { Link::ScaleOut };
+            Some(GroupPlace { group, ranks, stride: p.stride, fabric, per_domain })
+        })
+        .collect();
+        let comm = Communication {
+            tp: mf * stages[crit].comp[COMM_SLOTS],
+            cp: mf * stages[crit].comp[COMM_SLOTS + 1],
+            ep: mf * stages[crit].comp[COMM_SLOTS + 2],
+            pp: pp_total,
+            dp: dp_total,
+            groups,
         };
         let gpus = stage_gpus * pp as u64;
         breakdown.straggler = self.straggler * straggler_excess(gpus) * breakdown.total();
@@ -1079,6 +1178,7 @@ impl Costed {
             fits: worst.fits(),
             memory: worst,
             breakdown,
+            comm,
             micro_batches: m,
             pipeline_model_parallel_layout: None,
         })
@@ -1103,9 +1203,10 @@ const HOST_LINK_EFFICIENCY: f64 = 0.8;
 
 /// Slots of a stage's breakdown sums: compute, recompute, exposed tp, cp, ep, weight
 /// casts, and of compute the GEMMs, the attention cores and the Mamba scans; then exposed
-/// offload.
-const COMP: usize = 10;
+/// offload; then the tp, cp, ep collectives' seconds, hidden or not.
+const COMP: usize = 13;
 const OFFLOAD: usize = 9;
+const COMM_SLOTS: usize = 10;
 
 /// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown and
 /// parameter sums under recompute policy `pol` and overlap setting `ov`; the selective
@@ -1118,6 +1219,7 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
     comp[1] += d(RECOMPUTE + 3 * ov + pol);
     for i in 0..3 {
         comp[2 + i] += d(EXPOSED + 3 * ov + i);
+        comp[COMM_SLOTS + i] += d(COMM + i);
     }
     comp[5] += d(3);
     params.dense += d(4);

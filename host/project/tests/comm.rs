@@ -8,7 +8,7 @@ mod common;
 use runner_graph::recompute::RecomputePolicy;
 use runner_project::precision::Recipe;
 use runner_project::profile::GpuProfile;
-use runner_project::step::LayoutSpec;
+use runner_project::step::{GroupName, LayoutSpec, Link};
 
 use common::{layout, projector};
 
@@ -87,4 +87,31 @@ fn mixtral_expert_all_to_all_by_hand() {
     close("EP", p.breakdown.ep, 16.0 * 8.0 * 4.0 * a2a);
     let on = pr.project(&LayoutSpec { ep_overlap: true, ..lay }).unwrap();
     close("EP overlapped", on.breakdown.ep, (1.0 - pr.gpu.efficiency.ep_overlap) * 16.0 * 8.0 * 4.0 * a2a);
+}
+
+/// Each group's link: a TP group of 16 on 8-GPU H100 nodes rides the NICs (8 members per
+/// node), an expert group of 64 stays in one GB200 NVL72 domain but spans eight H100
+/// nodes, and a data-parallel group tp·cp apart crosses nodes.
+#[test]
+fn each_group_names_the_link_it_runs_over() {
+    let place = |p: &runner_project::step::Projection, g: GroupName| p.comm.groups.iter().find(|x| x.group == g).copied();
+    let mut h100 = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let full = |l: LayoutSpec| LayoutSpec { recompute: RecomputePolicy::Full, ..l };
+    let p = h100.project(&full(layout(16, 1, 1, 1, 8, 1, 128))).unwrap();
+    let tp = place(&p, GroupName::Tp).unwrap();
+    assert_eq!((tp.ranks, tp.fabric, tp.per_domain), (16, Link::ScaleOut, 8));
+    let dp = place(&p, GroupName::Dp).unwrap();
+    assert_eq!((dp.ranks, dp.stride, dp.fabric, dp.per_domain), (8, 16, Link::ScaleOut, 1));
+    let p = h100.project(&full(layout(8, 1, 1, 1, 16, 1, 128))).unwrap();
+    assert_eq!(place(&p, GroupName::Tp).unwrap().fabric, Link::ScaleUp);
+    // A dense model has no expert groups to show; a layout without pp no pipeline group.
+    assert!(place(&p, GroupName::Edp).is_none() && place(&p, GroupName::Pp).is_none());
+    let moe = LayoutSpec { ep: 64, ep_overlap: false, ..layout(1, 1, 1, 1, 128, 1, 256) };
+    for (gpu, link, per_domain) in [("gb200", Link::ScaleUp, 64), ("h100", Link::ScaleOut, 8)] {
+        let mut pr = projector("qwen3-30b-a3b", 4096, gpu, Recipe::Bf16);
+        let p = pr.project(&moe).unwrap();
+        let ep = place(&p, GroupName::Ep).unwrap();
+        assert_eq!((ep.ranks, ep.fabric, ep.per_domain), (64, link, per_domain), "{gpu}");
+        assert!(p.comm.ep > 0.0 && (p.comm.ep - p.breakdown.ep).abs() < 1e-12, "{gpu}: without overlap all of it is exposed");
+    }
 }

@@ -26,7 +26,7 @@ use runner_project::profile::{Efficiency, GpuProfile};
 use runner_project::project::Projector;
 use runner_project::published::{self, Validation};
 use runner_project::search::{self, Found, Space, Verdict};
-use runner_project::step::{LayoutSpec, Optimizer, Projection};
+use runner_project::step::{GroupName, LayoutSpec, Link, Optimizer, Projection};
 use runner_project::template::{Dispatcher, Kernels};
 
 use super::{emit, emit_page, progress_line};
@@ -649,6 +649,33 @@ fn project_table(o: &ProjectOut) -> Table {
         ("waiting for stragglers", b.straggler),
     ]) {
         kv(&format!("  {k}"), format!("{} s ({:.1} %)", sig(v, 3), 100.0 * v / p.step_time_s));
+    }
+    // Each group's traffic in all (the breakdown shows what is exposed) and its link.
+    let c = &p.comm;
+    if !c.groups.is_empty() {
+        kv("communication in all", String::new());
+    }
+    for g in &c.groups {
+        let (name, all) = match g.group {
+            GroupName::Tp => ("TP", Some(c.tp)),
+            GroupName::Cp => ("CP", Some(c.cp)),
+            GroupName::Ep => ("EP", Some(c.ep)),
+            GroupName::Etp => ("ETP", None),
+            GroupName::Pp => ("PP", Some(c.pp)),
+            GroupName::Dp => ("DP", Some(c.dp)),
+            GroupName::Edp => ("expert DP", None),
+        };
+        let link = match g.fabric {
+            Link::ScaleUp => "NVLink".to_string(),
+            Link::ScaleOut => format!("NICs ({} per NVLink domain)", g.per_domain),
+        };
+        let time = match (all, g.group) {
+            (Some(all), _) => format!("{} s", sig(all, 3)),
+            (None, GroupName::Etp) => "in EP's".into(),
+            (None, _) => "in DP's".into(),
+        };
+        let ranks = if g.group == GroupName::Pp { format!("{} stages", g.ranks) } else { format!("{} GPUs", g.ranks) };
+        kv(&format!("  {name} ({ranks})"), format!("{time}, {link}"));
     }
     t.notes = o.notes.clone();
     t.notes.insert(0, format!("layout from {}", o.layout_from));
