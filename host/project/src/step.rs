@@ -1009,13 +1009,21 @@ impl Costed {
             let gathers = grads(OpKind::AllGather, 2.0) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
             let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
             let layers_here = stages[crit].layers.max(1) as f64;
-            (mf * per_mb, mf * (per_mb - t_max).max(0.0) + per_mb / layers_here)
+            // What a micro-batch's compute cannot hide, plus one layer's share the first
+            // gather waits for; never more than the whole step's traffic.
+            (mf * per_mb, (mf * (per_mb - t_max).max(0.0) + per_mb / layers_here).min(mf * per_mb))
         } else {
             // Megatron reduces gradients in buckets of max(40M, 1M·dp) elements as the
             // backward produces them; the last bucket's reduction (and the first
-            // bucket's parameter gather) has nothing left to hide behind.
-            let bucket = (runner_graph::shard::ddp_bucket_elems(dp * key.cp) as f64).min(dense + expert);
-            let tail = |kind: OpKind, bytes_per: f64| fabric.time(kind, bytes_per * bucket, dpg);
+            // bucket's parameter gather) has nothing left to hide behind. Dense and expert
+            // parameters sit in buffers of their own, each bucketed for and reduced over
+            // its own group, so the tail is the slower of the two last buckets (never more
+            // than the whole reduction: a group of one moves nothing).
+            let dense_bucket = (runner_graph::shard::ddp_bucket_elems(dp * key.cp) as f64).min(dense);
+            let expert_bucket = (runner_graph::shard::ddp_bucket_elems(edp) as f64).min(expert);
+            let tail = |kind: OpKind, bytes_per: f64| {
+                fabric.time(kind, bytes_per * dense_bucket, dpg).max(fabric.time(kind, bytes_per * expert_bucket, edpg))
+            };
             if s.distributed_optimizer && !muon {
                 let rs = grads(OpKind::ReduceScatter, gb);
                 let ag = grads(OpKind::AllGather, 2.0);

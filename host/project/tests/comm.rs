@@ -115,3 +115,44 @@ fn each_group_names_the_link_it_runs_over() {
         assert!(p.comm.ep > 0.0 && (p.comm.ep - p.breakdown.ep).abs() < 1e-12, "{gpu}: without overlap all of it is exposed");
     }
 }
+
+/// What the step waits for of a group's traffic is never negative and never more than the
+/// traffic (the pipeline's fill and drain sends, counted in full, aside: with fewer
+/// micro-batches than stages they are more than the stage's own sends). Among the
+/// layouts: a MoE whose expert-data-parallel group is one rank (its gradients move
+/// nowhere, yet the last bucket was priced as if they crossed the dense group), and FSDP
+/// with one micro-batch (whose gather ahead of the first layer was added on top of all of
+/// the traffic its compute could not hide).
+#[test]
+fn exposed_communication_is_never_more_than_the_communication() {
+    let moe = |ep: u32, dp: u32, gbs: u32| LayoutSpec { ep, ep_overlap: true, ..layout(1, 1, 1, 1, dp, 1, gbs) };
+    let cases: Vec<(&str, u32, &str, LayoutSpec)> = vec![
+        ("llama3.1-70b", 8192, "h100", layout(4, 4, 2, 5, 2, 1, 128)),
+        ("llama3.1-70b", 8192, "h100", LayoutSpec { dp_overlap: false, ..layout(4, 4, 2, 5, 2, 1, 128) }),
+        ("llama3.1-8b", 8192, "h100", LayoutSpec { fsdp: true, distributed_optimizer: false, ..layout(1, 1, 1, 1, 64, 1, 64) }),
+        ("mixtral-tiny", 256, "h100", moe(8, 8, 64)),
+        ("mixtral-8x7b", 4096, "h100", LayoutSpec { ep: 8, ..layout(1, 4, 1, 8, 16, 1, 256) }),
+        ("qwen3-30b-a3b", 4096, "gb200", moe(64, 128, 256)),
+    ];
+    // The last: FSDP with one micro-batch over a network slower than the compute.
+    let slow = cases.len();
+    let cases = cases.into_iter().chain([("llama3-tiny", 256, "h100", LayoutSpec { fsdp: true, distributed_optimizer: false, ..layout(1, 1, 1, 1, 64, 1, 64) })]);
+    for (i, (model, seq, gpu, l)) in cases.enumerate() {
+        let mut pr = projector(model, seq, gpu, Recipe::Bf16);
+        if i == slow {
+            let mut g = pr.gpu.clone();
+            g.scale_out_gbs = 0.1;
+            pr.set_gpu(g);
+        }
+        let p = pr.project(&l).unwrap();
+        let (b, c) = (&p.breakdown, &p.comm);
+        let what = format!("{model} on {gpu} {}", l.short());
+        let mut parts = vec![("tp", b.tp, c.tp), ("cp", b.cp, c.cp), ("ep", b.ep, c.ep), ("dp", b.dp, c.dp)];
+        if p.micro_batches >= l.pp {
+            parts.push(("pp", b.pp, c.pp));
+        }
+        for (name, exposed, all) in parts {
+            assert!(exposed >= 0.0 && exposed <= all * (1.0 + 1e-12), "{what}: {name} exposed {exposed} of {all}");
+        }
+    }
+}
