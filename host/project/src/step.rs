@@ -86,7 +86,8 @@ pub struct Schedule {
     pub fsdp: bool,
     /// Megatron's TP communication overlap (userbuffers).
     pub tp_overlap: bool,
-    /// Expert-parallel all-to-all overlapped with another micro-batch's compute.
+    /// Expert-parallel all-to-all overlapped with another micro-batch's compute, where
+    /// Megatron can ([`Costed::evaluate`] prices it exposed elsewhere).
     pub ep_overlap: bool,
     /// Gradient reduce-scatter (and parameter all-gather) overlapped with the backward
     /// (and forward).
@@ -885,6 +886,12 @@ impl Costed {
                 "the interleaved schedule needs the {m} micro-batches to be a multiple of pp = {pp}"
             )));
         }
+        // Megatron overlaps the expert all-to-all with another micro-batch's compute only
+        // in its combined 1F1B schedule, which needs a virtual pipeline when pp > 1 and
+        // no full recompute (TransformerConfig asserts both), and a second micro-batch to
+        // overlap with; elsewhere the all-to-all is exposed, and the layout says so.
+        let overlap_runs = (pp == 1 || vp > 1) && s.recompute != RecomputePolicy::Full && m > 1;
+        let s = &Schedule { ep_overlap: s.ep_overlap && overlap_runs, ..*s };
         // In u64: degrees given on a command line may multiply past u32.
         let stage_gpus = u64::from(key.tp) * u64::from(key.cp) * u64::from(dp);
         let expert_ranks = u64::from(key.ep) * u64::from(key.etp);

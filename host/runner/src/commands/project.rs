@@ -76,7 +76,8 @@ pub struct LayoutFlags {
     pub offload_layers: Option<u32>,
     /// Expose the expert all-to-all instead of overlapping it with another micro-batch's
     /// compute (Megatron's overlap_moe_expert_parallel_comm off, its default; NeMo 25.04's
-    /// DeepSeek-V3 runs had it off). Without it, layouts with ep > 1 overlap
+    /// DeepSeek-V3 runs had it off). Without it, layouts with ep > 1 overlap where Megatron
+    /// can: pp = 1 or a virtual pipeline, no full recompute, more than one micro-batch
     #[arg(long)]
     pub no_ep_overlap: bool,
     /// The optimizer: adamw (Megatron's distributed optimizer) or muon (Megatron's
