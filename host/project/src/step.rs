@@ -16,7 +16,8 @@
 //! - Data-parallel gradients (BF16 as NVIDIA's performance recipes reduce them, or fp32
 //!   with `grad_fp32`) over the dp·cp ranks holding the same dense weights, and the expert-data-parallel ranks for experts: an all-reduce,
 //!   or with the distributed optimizer a reduce-scatter plus an all-gather of the BF16
-//!   parameters, hidden behind one micro-batch's backward (and forward) when overlapped
+//!   parameters (the FP8 and MXFP8 recipes' low-precision weights in their format, as
+//!   `fp8_param_gather` gathers them), hidden behind one micro-batch's backward (and forward) when overlapped
 //!   except for the last gradient bucket (Megatron's max(40M, 1M·dp) elements);
 //!   FSDP gathers parameters twice and reduce-scatters gradients every micro-batch,
 //!   hidden behind that micro-batch's compute.
@@ -481,6 +482,8 @@ struct LayerCost {
     expert: f64,
     frozen: f64,
     low_weights: f64,
+    /// Of them, the trained ones: dense, routed-expert.
+    low_trained: [f64; 2],
     /// Muon's Newton-Schulz FLOPs over the layer's trained weights: dense, routed experts.
     ns_dense: f64,
     ns_expert: f64,
@@ -494,6 +497,8 @@ struct StageParams {
     expert: f64,
     frozen: f64,
     low: f64,
+    /// Trained weight elements of low-precision GEMMs: dense, routed-expert.
+    low_trained: [f64; 2],
     /// Muon's Newton-Schulz FLOPs over them (the weights Muon updates).
     ns_dense: f64,
     ns_expert: f64,
@@ -519,6 +524,7 @@ impl LayerCost {
             expert: part.expert_params,
             frozen: part.frozen_params,
             low_weights: t.low_precision_weights,
+            low_trained: t.low_precision_trained,
             ns_dense: part.gemms.iter().filter(|g| !g.expert).map(|g| g.ns_flops).sum(),
             ns_expert: part.gemms.iter().filter(|g| g.expert).map(|g| g.ns_flops).sum(),
             ..LayerCost::default()
@@ -569,6 +575,9 @@ pub struct Costed {
     /// @d9f7643, and in NeMo's FP8 ones): with the distributed optimizer no BF16 copy of
     /// those weights stays resident, the fp32 master weights hold the precision.
     fp8_params: bool,
+    /// Bytes per element of such an FP8 parameter as the distributed optimizer gathers
+    /// it (one row-wise copy, MXFP8 with its block scales).
+    fp8_param_bytes: f64,
     /// Bytes per low-precision weight element of the casts kept through the step
     /// ([`Recipe::resident_cast_bytes_per_element`]).
     cast_bytes: f64,
@@ -619,7 +628,8 @@ struct Stage {
 /// Mamba scans (13); per overlap setting the recompute per policy (12) and the exposed
 /// tp, cp, ep (12); per policy and overlap setting the layer's time (12); per policy the stored
 /// activations (3); per selective-recompute module the forward it repeats and the bytes
-/// it frees; the tp, cp, ep collectives' seconds, hidden or not (3).
+/// it frees; the tp, cp, ep collectives' seconds, hidden or not (3); trained weight
+/// elements of low-precision GEMMs, dense and expert (2).
 type Row = [f64; ROW_FIELDS];
 
 const FWD: usize = 10;
@@ -632,7 +642,8 @@ const ACTS: usize = TIME + 12;
 const MODULE_RC: usize = ACTS + 3;
 const MODULE_FREED: usize = MODULE_RC + Module::COUNT;
 const COMM: usize = MODULE_FREED + Module::COUNT;
-const ROW_FIELDS: usize = COMM + 3;
+const LOW_TRAINED: usize = COMM + 3;
+const ROW_FIELDS: usize = LOW_TRAINED + 2;
 
 impl LayerCost {
     fn row(&self) -> Row {
@@ -664,7 +675,8 @@ impl LayerCost {
         r[ACTS..ACTS + 3].copy_from_slice(&self.activations);
         r[MODULE_RC..MODULE_FREED].copy_from_slice(&self.module_rc);
         r[MODULE_FREED..COMM].copy_from_slice(&self.module_freed);
-        r[COMM..ROW_FIELDS].copy_from_slice(&self.comm);
+        r[COMM..LOW_TRAINED].copy_from_slice(&self.comm);
+        r[LOW_TRAINED..ROW_FIELDS].copy_from_slice(&self.low_trained);
         r
     }
 }
@@ -812,6 +824,7 @@ impl Costed {
             straggler: gpu.efficiency.straggler,
             peak: gpu.peak_flops(plan.recipe.format())?,
             fp8_params: matches!(plan.recipe, Recipe::Fp8 | Recipe::Fp8Cs | Recipe::Mxfp8),
+            fp8_param_bytes: plan.recipe.format().element_bytes(),
             cast_bytes: plan.recipe.resident_cast_bytes_per_element(),
             flops_per_sequence: model.flops_per_sequence,
             seq_len: model.seq_len,
@@ -1002,19 +1015,26 @@ impl Costed {
             (0.0, 0.0)
         };
         // Data parallelism over the critical stage's parameters.
-        let StageParams { dense, expert, frozen, ns_dense, ns_expert, .. } = stages[crit].params;
+        let StageParams { dense, expert, frozen, ns_dense, ns_expert, low_trained, .. } = stages[crit].params;
         let dpg = Placement { size: dp.saturating_mul(key.cp), stride: key.tp };
         let edp = saturate(stage_gpus / expert_ranks);
         let edpg = Placement { size: edp, stride: saturate(expert_ranks) };
         let (stage_fwd, stage_bwd) = (stages[crit].fwd, stages[crit].bwd);
-        let grads = |kind: OpKind, bytes_per: f64| {
-            fabric.time(kind, bytes_per * dense, dpg) + fabric.time(kind, bytes_per * expert, edpg)
+        // Bytes per element over the dense and the expert group.
+        let grads = |kind: OpKind, (on_dense, on_expert): (f64, f64)| {
+            fabric.time(kind, on_dense * dense, dpg) + fabric.time(kind, on_expert * expert, edpg)
         };
+        // The distributed optimizer gathers FP8 parameters in their format (Megatron's
+        // fp8_param_gather): one byte per element of a trained low-precision GEMM weight
+        // (MXFP8 with its block scales), BF16 for the rest.
+        let gathered = |n: f64, low: f64| if n > 0.0 { 2.0 - (2.0 - self.fp8_param_bytes) * low.min(n) / n } else { 2.0 };
+        let params = if self.fp8_params { (gathered(dense, low_trained[0]), gathered(expert, low_trained[1])) } else { (2.0, 2.0) };
         let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
+        let grad_bytes = (gb, gb);
         let (dp_total, dp_exposed) = if s.fsdp {
             // FSDP gathers the frozen weights too; only trained ones have gradients.
-            let gathers = grads(OpKind::AllGather, 2.0) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
-            let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, gb);
+            let gathers = grads(OpKind::AllGather, (2.0, 2.0)) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
+            let per_mb = 2.0 * gathers + grads(OpKind::ReduceScatter, grad_bytes);
             let layers_here = stages[crit].layers.max(1) as f64;
             // What a micro-batch's compute cannot hide, plus one layer's share the first
             // gather waits for; never more than the whole step's traffic.
@@ -1028,25 +1048,25 @@ impl Costed {
             // than the whole reduction: a group of one moves nothing).
             let dense_bucket = (runner_graph::shard::ddp_bucket_elems(dp * key.cp) as f64).min(dense);
             let expert_bucket = (runner_graph::shard::ddp_bucket_elems(edp) as f64).min(expert);
-            let tail = |kind: OpKind, bytes_per: f64| {
-                fabric.time(kind, bytes_per * dense_bucket, dpg).max(fabric.time(kind, bytes_per * expert_bucket, edpg))
+            let tail = |kind: OpKind, (on_dense, on_expert): (f64, f64)| {
+                fabric.time(kind, on_dense * dense_bucket, dpg).max(fabric.time(kind, on_expert * expert_bucket, edpg))
             };
             if s.distributed_optimizer && !muon {
-                let rs = grads(OpKind::ReduceScatter, gb);
-                let ag = grads(OpKind::AllGather, 2.0);
+                let rs = grads(OpKind::ReduceScatter, grad_bytes);
+                let ag = grads(OpKind::AllGather, params);
                 if s.dp_overlap {
-                    (rs + ag, (rs - stage_bwd).max(tail(OpKind::ReduceScatter, gb)) + (ag - stage_fwd).max(tail(OpKind::AllGather, 2.0)))
+                    (rs + ag, (rs - stage_bwd).max(tail(OpKind::ReduceScatter, grad_bytes)) + (ag - stage_fwd).max(tail(OpKind::AllGather, params)))
                 } else {
                     (rs + ag, rs + ag)
                 }
             } else {
-                let all = grads(OpKind::AllReduce, gb);
-                let ar = if s.dp_overlap { (all - stage_bwd).max(tail(OpKind::AllReduce, gb)) } else { all };
+                let all = grads(OpKind::AllReduce, grad_bytes);
+                let ar = if s.dp_overlap { (all - stage_bwd).max(tail(OpKind::AllReduce, grad_bytes)) } else { all };
                 // Muon's layer-wise distributed optimizer all-reduces the gradients and
                 // all-gathers the updated weights after the step, unhidden
                 // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon
                 // needs this to be False").
-                let gather = if muon { grads(OpKind::AllGather, 2.0) } else { 0.0 };
+                let gather = if muon { grads(OpKind::AllGather, (2.0, 2.0)) } else { 0.0 };
                 (all + gather, ar + gather)
             }
         };
@@ -1241,6 +1261,8 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
     params.expert += d(5);
     params.frozen += d(6);
     params.low += d(7);
+    params.low_trained[0] += d(LOW_TRAINED);
+    params.low_trained[1] += d(LOW_TRAINED + 1);
     params.ns_dense += d(8);
     params.ns_expert += d(9);
 }

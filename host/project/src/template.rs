@@ -566,6 +566,9 @@ impl Template {
             if low(GemmRole::Forward) || low(GemmRole::InputGradient) {
                 t.weight_cast += gm.w * cast / rates.hbm;
                 t.low_precision_weights += gm.w;
+                if gm.wgrad {
+                    t.low_precision_trained[usize::from(gm.expert)] += gm.w;
+                }
             }
         }
         // A sequence-mixing core: its measured times, else the roofline's plus the
@@ -726,6 +729,9 @@ pub struct PartTime {
     /// Elements of weights read by low-precision GEMMs (their cast copies stay resident
     /// between micro-batches, as Transformer Engine caches them).
     pub low_precision_weights: f64,
+    /// Of them, the trained ones (what the distributed optimizer gathers), dense and
+    /// routed-expert.
+    pub low_precision_trained: [f64; 2],
     /// Collective time forward and backward: tp, cp, ep (with etp).
     pub comm_fwd: [f64; 3],
     pub comm_bwd: [f64; 3],

@@ -184,3 +184,26 @@ fn the_expert_all_to_all_overlaps_only_where_megatron_can() {
         }
     }
 }
+
+/// Under the FP8 and MXFP8 recipes the distributed optimizer gathers the weights of the
+/// low-precision GEMMs in their format (Megatron's fp8_param_gather, on in
+/// Megatron-Bridge's FP8 configs): Llama 3.1 70B at TP4 PP4 CP2 VP5 DP2 gathers its
+/// stage's 20 layers of linear weights (213,909,504 elements a layer per tp rank) at one
+/// byte instead of two (MXFP8: 1 + 1/32), over a data-parallel group of 4 with 2 members
+/// per node; the gradients' reduce-scatter is BF16 in every recipe.
+#[test]
+fn fp8_parameters_are_gathered_in_fp8() {
+    let lay = LayoutSpec { dp_overlap: false, ..layout(4, 4, 2, 5, 2, 1, 128) };
+    let dp = |gpu: &str, r: Recipe| {
+        let mut pr = projector("llama3.1-70b", 8192, gpu, r);
+        let p = pr.project(&lay).unwrap();
+        assert_eq!(p.comm.dp, p.breakdown.dp);
+        (p.comm.dp, links(&pr.gpu))
+    };
+    let linear = 20.0 * 213_909_504.0;
+    for (gpu, r, bytes) in [("h100", Recipe::Fp8, 1.0), ("h100", Recipe::Fp8Cs, 1.0), ("b200", Recipe::Mxfp8, 1.0 + 1.0 / 32.0)] {
+        let (bf16, l) = dp(gpu, Recipe::Bf16);
+        let saved = linear * (2.0 - bytes) * 3.0 / 4.0 / l.up.min(2.0 * l.out);
+        close(&format!("{r} on {gpu}: DP gather"), bf16 - dp(gpu, r).0, saved);
+    }
+}
