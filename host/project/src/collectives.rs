@@ -348,8 +348,13 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
         (None, None) => return Err(format!("{origin}: no all_reduce, all_gather, reduce_scatter or alltoall rows to fit")),
     };
     let mut per_op = Vec::new();
-    let mut ops: Vec<&str> = modelled.iter().map(|m| m.op.as_str()).collect();
-    ops.dedup();
+    // Each op once, in the order of its first row: rows sorted by size interleave them.
+    let mut ops: Vec<&str> = Vec::new();
+    for m in &modelled {
+        if !ops.contains(&m.op.as_str()) {
+            ops.push(&m.op);
+        }
+    }
     for op in ops {
         let these: Vec<&Modelled> = modelled.iter().filter(|m| m.op == op).collect();
         match line(op, &these) {
@@ -500,6 +505,11 @@ mod tests {
         assert_eq!(f.efficiency.scale_out, h100().efficiency.scale_out, "the other tier is untouched");
         assert!(f.notes.iter().any(|n| n.contains("broadcast")), "{:?}", f.notes);
         assert_eq!(f.per_op.len(), 4);
+        // Rows in size order, the ops interleaved: still one line per op.
+        let mut by_size = r.clone();
+        by_size.sort_by_key(|r| r.size_bytes);
+        let f = fit_collectives(&by_size, &h100(), None, "coll.json").unwrap();
+        assert_eq!(f.per_op.iter().map(|l| l.op.as_str()).collect::<Vec<_>>(), ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]);
     }
 
     /// Across nodes: 8 ranks per node share the rails (all-reduce and friends), an
