@@ -136,7 +136,8 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         },
     };
     let host = match get("MASTER_ADDR") {
-        Some(h) => h.to_string(),
+        // An IPv6 address may come in URL brackets ([::1]).
+        Some(h) => h.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(h).to_string(),
         None if source == "Slurm srun" => {
             // The step's nodes, not the job's: `srun -N1 -w node02` in a two-node job
             // runs its task 0 on node02.
@@ -223,6 +224,10 @@ mod tests {
         let l = detect_from(&env(&[("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "1234")])).unwrap();
         assert_eq!((l.rank, l.world, l.local_rank, l.master.clone()), (3, 4, 1, Some(("10.0.0.1".into(), 1234))));
         assert!(l.source.contains("torchrun"));
+        for addr in ["::1", "[::1]"] {
+            let l = detect_from(&env(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", addr)])).unwrap();
+            assert_eq!(l.master.unwrap().0, "::1");
+        }
         let l = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("MASTER_ADDR", "h")])).unwrap();
         assert_eq!((l.rank, l.local_rank, l.master.unwrap().1), (1, 1, DEFAULT_PORT));
         let l = detect_from(&env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MASTER_ADDR", "h")])).unwrap();

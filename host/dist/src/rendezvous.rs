@@ -8,8 +8,12 @@
 //!
 //! Ranks may start in any order: they retry the connection to rank 0 until the timeout;
 //! rank 0 waits that long for the others and names the ranks that never came.
+//!
+//! The run is IPv4 unless rank 0's address resolves to IPv6 addresses only
+//! (`MASTER_ADDR=::1`, a v6-only host): then rank 0 listens on IPv6, and every rank's
+//! mesh listener takes the family of its own connection to rank 0.
 
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -93,29 +97,27 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
         return TcpWorld::new(0, vec![None], timeout).map_err(rv);
     };
     let deadline = Instant::now() + timeout;
-    let listener = TcpListener::bind("0.0.0.0:0").map_err(|e| rv(format!("mesh listener: {e}")))?;
-    let data_port = listener.local_addr().map_err(|e| rv(e.to_string()))?.port();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| rv(format!("tokio runtime: {e}")))?;
-    let addrs = rt.block_on(async {
-        let hello = Hello {
-            rank: launch.rank,
-            world: launch.world,
-            meta: meta.clone(),
-            port: data_port,
-        };
+    let hello = Hello {
+        rank: launch.rank,
+        world: launch.world,
+        meta: meta.clone(),
+        port: 0,
+    };
+    let (addrs, listener) = rt.block_on(async {
         let left = deadline.saturating_duration_since(Instant::now());
         if launch.rank == 0 {
             // Rank 0 names the ranks that never came when its own wait ends.
-            let (addrs, l) = serve(launch, &host, port, hello, left, timeout).await?;
+            let (addrs, l, mesh) = serve(launch, &host, port, hello, left, timeout).await?;
             // A process that comes after the world is complete (a rank started twice)
             // is told so at once, not left to wait out its timeout.
             if let Ok(l) = l.into_std() {
                 refuse_latecomers(l, launch.world);
             }
-            return Ok(addrs);
+            return Ok((addrs, mesh));
         }
         // The last connection error (an address that does not resolve, a refused
         // connection) goes into the message when the wait ends.
@@ -123,14 +125,54 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
         match tokio::time::timeout(left, join(&host, port, hello, &last)).await {
             Ok(r) => r,
             Err(_) => Err(rv(format!(
-                "rank {} gave up after {timeout:.0?} (--timeout) waiting at {host}:{port}{} (is rank 0 running, \
+                "rank {} gave up after {timeout:.0?} (--timeout) waiting at {}{} (is rank 0 running, \
                  MASTER_ADDR right and the port open?)",
                 launch.rank,
+                host_port(&host, port),
                 last.borrow().as_ref().map_or_else(String::new, |e| format!(": {e}"))
             ))),
         }
     })?;
     connect_mesh(launch.rank, &addrs, &listener, deadline, timeout)
+}
+
+/// Whether `host` resolves to IPv6 addresses only (rank 0 then listens on IPv6). A name
+/// that does not resolve (yet) counts as IPv4, as before IPv6 was supported.
+fn v6_only(host: &str, port: u16) -> bool {
+    let all: Vec<SocketAddr> = (host, port).to_socket_addrs().map(Iterator::collect).unwrap_or_default();
+    !all.is_empty() && all.iter().all(SocketAddr::is_ipv6)
+}
+
+/// This rank's mesh listener, on every address of the family (IPv6 or IPv4).
+fn mesh_listener(v6: bool) -> Result<TcpListener, DistError> {
+    let any: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
+    TcpListener::bind((any, 0)).map_err(|e| rv(format!("mesh listener: {e}")))
+}
+
+/// `host:port`, an IPv6 literal in brackets.
+fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
+}
+
+/// A second rank 0, whose rendezvous port is taken on this host: say "rank 0" to whoever
+/// holds it, so that a runner's rank 0 there fails its rendezvous at once, naming the
+/// duplicate, rather than wait out its timeout for ranks that met this one's launcher.
+/// Its answer (a refusal) comes back; `None` when the holder is not a runner or stays
+/// silent for `within`.
+async fn claim_rank_0_there(v6: bool, port: u16, hello: &Hello, within: Duration) -> Option<String> {
+    let lo: IpAddr = if v6 { Ipv6Addr::LOCALHOST.into() } else { Ipv4Addr::LOCALHOST.into() };
+    let ask = async {
+        let mut s = BufReader::new(tokio::net::TcpStream::connect((lo, port)).await.ok()?);
+        let text = serde_json::to_string(hello).ok()? + "\n";
+        s.get_mut().write_all(text.as_bytes()).await.ok()?;
+        let mut line = String::new();
+        s.read_line(&mut line).await.ok()?;
+        match serde_json::from_str::<Answer>(&line).ok()? {
+            Answer::Refuse(why) => Some(why),
+            Answer::Welcome(_) => None,
+        }
+    };
+    tokio::time::timeout(within, ask).await.ok().flatten()
 }
 
 /// How long rank 0 waits for a connection's hello line.
@@ -170,21 +212,34 @@ async fn serve(
     launch: &Launch,
     host: &str,
     port: u16,
-    mine: Hello,
+    mut mine: Hello,
     left: Duration,
     timeout: Duration,
-) -> Result<(Vec<String>, tokio::net::TcpListener), DistError> {
-    let l = tokio::net::TcpListener::bind(("0.0.0.0", port))
-        .await
-        .map_err(|e| {
-            let dup = if e.kind() == std::io::ErrorKind::AddrInUse { "; or two processes claim rank 0" } else { "" };
-            rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port{dup})"))
-        })?;
+) -> Result<(Vec<String>, tokio::net::TcpListener, TcpListener), DistError> {
+    let v6 = v6_only(host, port);
+    let mesh = mesh_listener(v6)?;
+    mine.port = mesh.local_addr().map_err(|e| rv(e.to_string()))?.port();
+    let any: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
+    let l = match tokio::net::TcpListener::bind((any, port)).await {
+        Ok(l) => l,
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            // The first rank 0 answers once its last ranks had a moment to hear why.
+            return Err(match claim_rank_0_there(v6, port, &mine, left.min(Duration::from_secs(6))).await {
+                Some(why) => DistError::Refused {
+                    rank: 0,
+                    why: format!("{why} (this process found port {port} held by the other rank 0)"),
+                },
+                None => rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port; or two processes claim rank 0)")),
+            });
+        }
+        Err(e) => return Err(rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port)"))),
+    };
     let n = launch.world;
     let mut seen: Vec<Option<tokio::net::TcpStream>> = (0..n).map(|_| None).collect();
     let mut addrs = vec![String::new(); n];
-    addrs[0] = format!("{host}:{}", mine.port);
+    addrs[0] = host_port(host, mine.port);
     let mut refuse: Option<String> = None;
+    let mut second_zero = Vec::new();
     let mut until = tokio::time::Instant::now() + left;
     while seen.iter().skip(1).any(Option::is_none) {
         let (s, peer) = match tokio::time::timeout_at(until, l.accept()).await {
@@ -211,16 +266,26 @@ async fn serve(
         let Ok(h) = serde_json::from_str::<Hello>(&line) else {
             continue; // not a runner: ignore it
         };
-        let why = if h.world != n {
+        let why = if h.rank == 0 {
+            Some(format!(
+                "two processes claim rank 0 of {n}: a second one found rank 0's port {port} taken on this host \
+                 (give each process its own rank: check the launcher's task count and RANK)"
+            ))
+        } else if h.world != n {
             Some(format!("rank {} was launched with a world of {}, rank 0 with {n}", h.rank, h.world))
-        } else if h.rank == 0 || h.rank >= n || seen[h.rank].is_some() {
+        } else if h.rank >= n || seen[h.rank].is_some() {
             Some(format!("two processes claim rank {} of {n}", h.rank))
         } else {
             mine.meta.difference(&h.meta).map(|d| format!("rank {} runs something else than rank 0: {d}", h.rank))
         };
         let slot = (1..n).find(|&r| r == h.rank && seen[r].is_none()).or_else(|| (1..n).find(|&r| seen[r].is_none()));
-        if let Some(r) = slot {
-            addrs[r] = format!("{}:{}", peer.ip(), h.port);
+        if h.rank == 0 {
+            // A second rank 0 takes no rank's place: the real ranks that come in the
+            // next seconds still hear why.
+            second_zero.push(s.into_inner());
+        } else if let Some(r) = slot {
+            // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d.
+            addrs[r] = SocketAddr::new(peer.ip().to_canonical(), h.port).to_string();
             seen[r] = Some(s.into_inner());
         }
         if let Some(w) = why
@@ -236,18 +301,18 @@ async fn serve(
         None => Answer::Welcome(addrs.clone()),
     };
     let text = serde_json::to_string(&answer).map_err(|e| rv(e.to_string()))? + "\n";
-    for s in seen.iter_mut().flatten() {
+    for s in seen.iter_mut().flatten().chain(&mut second_zero) {
         let _ = s.write_all(text.as_bytes()).await;
     }
     match refuse {
         Some(why) => Err(DistError::Refused { rank: 0, why }),
-        None => Ok((addrs, l)),
+        None => Ok((addrs, l, mesh)),
     }
 }
 
-/// Any other rank: connect to rank 0 (retrying until it listens), say hello, read the
-/// answer.
-async fn join(host: &str, port: u16, hello: Hello, last: &std::cell::RefCell<Option<String>>) -> Result<Vec<String>, DistError> {
+/// Any other rank: connect to rank 0 (retrying until it listens), open the mesh listener
+/// on the family of that connection, say hello, read the answer.
+async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell<Option<String>>) -> Result<(Vec<String>, TcpListener), DistError> {
     let s = loop {
         match tokio::net::TcpStream::connect((host, port)).await {
             Ok(s) => break s,
@@ -258,13 +323,15 @@ async fn join(host: &str, port: u16, hello: Hello, last: &std::cell::RefCell<Opt
         }
     };
     *last.borrow_mut() = Some("connected, but rank 0 did not answer".into());
+    let mesh = mesh_listener(s.local_addr().map_err(|e| rv(e.to_string()))?.is_ipv6())?;
+    hello.port = mesh.local_addr().map_err(|e| rv(e.to_string()))?.port();
     let mut s = BufReader::new(s);
     let text = serde_json::to_string(&hello).map_err(|e| rv(e.to_string()))? + "\n";
     s.get_mut().write_all(text.as_bytes()).await.map_err(|e| rv(format!("hello to rank 0: {e}")))?;
     let mut line = String::new();
     s.read_line(&mut line).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
     match serde_json::from_str::<Answer>(&line) {
-        Ok(Answer::Welcome(addrs)) => Ok(addrs),
+        Ok(Answer::Welcome(addrs)) => Ok((addrs, mesh)),
         Ok(Answer::Refuse(why)) => Err(DistError::Refused { rank: hello.rank, why }),
         Err(_) => Err(rv(format!(
             "rank {}: rank 0 closed the rendezvous without an answer (it failed: see its error)",
@@ -278,8 +345,9 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
     let n = addrs.len();
     let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     for (j, addr) in addrs.iter().enumerate().take(rank) {
-        // The listeners are IPv4 (0.0.0.0): of a name's addresses, an IPv4 one (glibc
-        // lists ::1 first for `localhost`, and a dual-stack name its IPv6 address first).
+        // The listeners are IPv4 unless rank 0's address is IPv6 only: of a name's
+        // addresses, an IPv4 one (glibc lists ::1 first for `localhost`, and a dual-stack
+        // name its IPv6 address first).
         let all: Vec<SocketAddr> = addr.to_socket_addrs().map_err(|e| rv(format!("rank {j}'s address {addr}: {e}")))?.collect();
         let target = *all
             .iter()
@@ -440,6 +508,44 @@ mod tests {
         let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
         assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
         assert!(e.to_string().contains("rank 1 came after all 2 ranks had met") && e.to_string().contains("two processes claim rank 1"), "{e}");
+        // So is a second rank 0, which finds the port taken and asks.
+        let Err(e) = rendezvous(&launch(0, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 0 was let in") };
+        assert!(e.to_string().contains("rank 0 came after all 2 ranks had met") && e.to_string().contains("two processes claim rank 0"), "{e}");
+    }
+
+    /// Two processes started as rank 0 on one host: the second finds the port taken and
+    /// says so to the first, so both fail at once naming the duplicate rank 0, rather than
+    /// the first waiting out its timeout for a rank 1 that never comes.
+    #[test]
+    fn a_second_rank_0_fails_both_at_once() {
+        let port = free_port();
+        let start = Instant::now();
+        let first = std::thread::spawn(move || rendezvous(&launch(0, 3, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // A real rank that comes meanwhile hears why too.
+        let one = std::thread::spawn(move || rendezvous(&launch(1, 3, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let Err(e) = rendezvous(&launch(0, 3, port), &meta("a"), Duration::from_secs(20)) else { panic!("a second rank 0 met") };
+        assert!(e.to_string().contains("two processes claim rank 0 of 3") && e.to_string().contains(&format!("port {port}")), "{e}");
+        for (r, h) in [(0, first), (1, one)] {
+            let Err(e) = h.join().unwrap() else { panic!("rank {r} met") };
+            assert!(e.to_string().contains("two processes claim rank 0 of 3"), "rank {r}: {e}");
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    }
+
+    /// Rank 0's address only IPv6 (MASTER_ADDR=::1, a v6-only host): rank 0 listens on
+    /// IPv6 and the mesh runs over it.
+    #[test]
+    fn ranks_meet_over_ipv6() {
+        if TcpListener::bind("[::1]:0").is_err() {
+            eprintln!("no IPv6 loopback here: skipped");
+            return;
+        }
+        let port = free_port();
+        let sums = meet_and_sum_ranks((0..3).map(|r| Launch { master: Some(("::1".into(), port)), ..launch(r, 3, port) }).collect());
+        assert_eq!(sums, [3.0; 3]);
     }
 
     #[test]
