@@ -67,6 +67,6 @@ pub mod toy;
 pub use collective::{Collective, HostCollective, HostInFlight, InFlight, Lane, ReduceOp, Started, ThreadGroup};
 pub use device::{Device, DeviceBuffer, Elem, ExecError, MemStats};
 pub use executor::{ExecOptions, Executor, Input, MemoryReport};
-pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step, measure_training_step_on};
+pub use proxy::{MeasureOptions, MeasuredStep, measure_training_step, measure_training_step_on, measure_training_step_with};
 pub use runner_kernels::cpu::adamw::AdamW;
 pub use timing::{Stat, StepTiming, TimingOptions};

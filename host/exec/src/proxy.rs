@@ -154,6 +154,21 @@ pub fn measure_training_step_on<D: Device>(
     device: D,
     opts: MeasureOptions,
 ) -> Result<MeasuredStep, ExecError> {
+    measure_training_step_with(graph, device, opts, &mut |_, _, _| {})
+}
+
+/// [`measure_training_step_on`], calling `on_step(step, steps, warmup)` as each step
+/// begins ([`time_steps`]): a layer of a full-size model takes tens of seconds a step
+/// on a CPU, and the caller shows where it is.
+///
+/// # Errors
+/// An invalid graph, or a kernel error.
+pub fn measure_training_step_with<D: Device>(
+    graph: &Graph,
+    device: D,
+    opts: MeasureOptions,
+    on_step: &mut dyn FnMut(usize, usize, bool),
+) -> Result<MeasuredStep, ExecError> {
     let mut ex = Executor::new(
         graph,
         device,
@@ -178,7 +193,7 @@ pub fn measure_training_step_on<D: Device>(
             )
         })
         .collect();
-    let timing = time_steps(&mut ex, &inputs, &opts.adamw, opts.timing)?;
+    let timing = time_steps(&mut ex, &inputs, &opts.adamw, opts.timing, on_step)?;
     let memory = ex.memory();
     let recompute_s = timing.recompute.median;
 
@@ -376,5 +391,17 @@ mod tests {
         assert!(m.per_layer_s > 0.0 && m.per_layer_s < m.step_s);
         assert!(m.projected_full_step_s > m.step_s);
         assert!(m.achieved_tflops > 0.0 && m.convention.contains("causal"));
+    }
+
+    /// The hook hears of every step as it begins, warm-up ones first and marked, so
+    /// `runner bench layer` can show a step of a minute on the CPU as it comes.
+    #[test]
+    fn each_step_is_announced_as_it_begins() {
+        let g = llama(&ToyConfig { hidden: 16, ffn: 32, ..ToyConfig::tiny() });
+        let mut heard = Vec::new();
+        let opts = MeasureOptions { timing: TimingOptions { warmup: 2, repeats: 3 }, ..MeasureOptions::default() };
+        let m = measure_training_step_with(&g, Cpu::new(), opts, &mut |step, steps, warmup| heard.push((step, steps, warmup))).unwrap();
+        assert_eq!(heard, [(1, 5, true), (2, 5, true), (3, 5, false), (4, 5, false), (5, 5, false)]);
+        assert_eq!(m.timing.losses.len(), 3);
     }
 }

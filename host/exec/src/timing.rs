@@ -103,7 +103,9 @@ impl Default for TimingOptions {
 }
 
 /// Run `opts.warmup` untimed and `opts.repeats` timed training steps of `ex` on the
-/// same `inputs`, with per-op profiling on.
+/// same `inputs`, with per-op profiling on. `on_step(step, steps, warmup)` is called as
+/// each step begins (`step` from 1 of `steps` in all, `warmup` for an untimed one), so a
+/// caller can show progress through steps that may each take a minute on a CPU.
 ///
 /// # Errors
 /// Whatever a step returns; `repeats == 0`.
@@ -112,6 +114,7 @@ pub fn time_steps<D: Device>(
     inputs: &[(&str, Input<'_>)],
     adamw: &AdamW,
     opts: TimingOptions,
+    on_step: &mut dyn FnMut(usize, usize, bool),
 ) -> Result<StepTiming, ExecError> {
     if opts.repeats == 0 {
         return Err(ExecError::State("timing needs at least one repeat".into()));
@@ -120,7 +123,9 @@ pub fn time_steps<D: Device>(
     // the first two steps (eager, then recorded) are warm-up whatever was asked.
     ex.set_profile(!ex.cuda_graph());
     let opts = if ex.cuda_graph() { TimingOptions { warmup: opts.warmup.max(2), ..opts } } else { opts };
-    for _ in 0..opts.warmup {
+    let steps = opts.warmup + opts.repeats;
+    for i in 0..opts.warmup {
+        on_step(i + 1, steps, true);
         ex.step(inputs, adamw)?;
     }
     let nops = ex.graph().ops.len();
@@ -133,7 +138,8 @@ pub fn time_steps<D: Device>(
     let mut rec = Vec::new();
     let mut per_w = vec![Vec::new(); nt];
     let mut losses = Vec::new();
-    for _ in 0..opts.repeats {
+    for i in 0..opts.repeats {
+        on_step(opts.warmup + i + 1, steps, false);
         let t0 = std::time::Instant::now();
         losses.push(ex.step(inputs, adamw)?);
         ex.device().synchronize()?;

@@ -48,7 +48,7 @@ use bindings::{v1, v2, v3};
 pub use cache::CacheOutcome;
 pub use engine::{compile_with, sha256_hex};
 pub use error::{Failure, PluginError};
-pub use resolve::{Source, embedded, installed_files, plugin_dirs, resolve, test_programs, user_data_dir};
+pub use resolve::{Source, embedded, installed_files, locate, plugin_dirs, resolve, test_programs, user_data_dir};
 pub use sandbox::{HostState, Limits, MemoryCapExceeded};
 
 /// The contract version this host speaks natively (the WIT package version in `wit/`).

@@ -71,8 +71,23 @@ fn file_name(spec: &str) -> String {
 /// Resolve `spec` to (file name, source, bytes).
 ///
 /// # Errors
-/// Says every place that was searched and which plugins exist.
+/// Says every place that was searched and which plugins exist, or why the file found
+/// cannot be read.
 pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
+    let (name, source) = locate(spec)?;
+    let bytes = match &source {
+        Source::Path(path) => read_plugin(path)?,
+        Source::Embedded => embedded_bytes(&name).map(<[u8]>::to_vec).unwrap_or_default(),
+    };
+    Ok((name, source, bytes))
+}
+
+/// Where `spec` resolves to (file name, source), without reading the plugin: what a
+/// check that a run's plugins are installed needs before anything loads.
+///
+/// # Errors
+/// Says every place that was searched and which plugins exist.
+pub fn locate(spec: &str) -> Result<(String, Source), String> {
     let path = Path::new(spec);
     // Something at that path that is not a plugin file; said if no plugin has the name
     // (from the `plugins/` source tree, `llama3` is a directory and a plugin).
@@ -86,12 +101,11 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
         _ => None,
     };
     if path.is_file() {
-        let bytes = read_plugin(path)?;
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_else(|| spec.into());
-        return Ok((name, Source::Path(path.to_path_buf()), bytes));
+        return Ok((name, Source::Path(path.to_path_buf())));
     }
     let name = file_name(spec);
     let looks_like_path = spec.contains('/') || spec.contains(std::path::MAIN_SEPARATOR);
@@ -99,12 +113,11 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
         for dir in plugin_dirs() {
             let candidate = dir.join(&name);
             if candidate.is_file() {
-                let bytes = read_plugin(&candidate)?;
-                return Ok((name, Source::Path(candidate), bytes));
+                return Ok((name, Source::Path(candidate)));
             }
         }
-        if let Some((n, _, bytes)) = embedded().iter().find(|(n, _, _)| *n == name) {
-            return Ok((n.to_string(), Source::Embedded, bytes.to_vec()));
+        if embedded_bytes(&name).is_some() {
+            return Ok((name, Source::Embedded));
         }
     }
     if let Some(why) = not_a_file {
@@ -121,6 +134,11 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
         searched.join(", "),
         known.join(", ")
     ))
+}
+
+/// The embedded plugin file `name`'s bytes.
+fn embedded_bytes(name: &str) -> Option<&'static [u8]> {
+    embedded().iter().find(|(n, _, _)| *n == name).map(|(_, _, bytes)| *bytes)
 }
 
 /// A plugin file's bytes, refused past [`MAX_PLUGIN_BYTES`] (the largest first-party
@@ -155,4 +173,29 @@ pub fn installed_files() -> Vec<PathBuf> {
         files.extend(found);
     }
     files
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Locating a plugin reads none of it: a file past the size limit is found by
+    /// `locate` (a run file's check that its plugins are installed) and refused only when
+    /// `resolve` reads it for loading.
+    #[test]
+    fn locate_finds_a_file_it_does_not_read() {
+        let dir = std::env::temp_dir().join(format!("runner-locate-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("huge.wasm");
+        // Sparse: no disk is written for the hole.
+        std::fs::File::create(&path).unwrap().set_len(MAX_PLUGIN_BYTES + 1).unwrap();
+        let spec = path.to_str().unwrap();
+        let located = locate(spec);
+        let resolved = resolve(spec);
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(located, Ok(("huge.wasm".to_string(), Source::Path(path))));
+        assert!(resolved.unwrap_err().contains("larger than"));
+        assert_eq!(locate("bf16"), Ok(("bf16.wasm".to_string(), Source::Embedded)));
+        assert_eq!(resolve("bf16").unwrap().2, embedded_bytes("bf16.wasm").unwrap());
+    }
 }

@@ -236,11 +236,28 @@ impl Steps {
             }
             bar.set_message(msg.to_string());
         }
+        self.log_begins(None, msg);
+    }
+
+    /// Step `pos` (from 1) begins, where the caller counts the steps: `runner train`
+    /// redoes steps after a rollback.
+    pub fn at(&self, pos: usize, msg: &str) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(pos.saturating_sub(1) as u64);
+            bar.set_message(msg.to_string());
+        }
+        self.log_begins(Some(pos), msg);
+    }
+
+    /// The log's side of a step beginning: step `pos`, or the next.
+    fn log_begins(&self, pos: Option<usize>, msg: &str) {
         if let Some((shared, _)) = &self.log {
             let mut g = shared.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-            g.pos += 1;
+            g.pos = pos.unwrap_or(g.pos + 1);
             g.msg = msg.to_string();
             g.began = Instant::now();
+            // A step redone is a new step to the clock: its seconds so far count from now.
+            g.shown = 0;
             g.line_if_due();
             shared.1.notify_all();
         }
@@ -1069,6 +1086,38 @@ mod tests {
         assert!((2..=4).contains(&long), "the long step, about every 200 ms of its 700: {text}");
         assert!(lines.iter().any(|l| l.contains("long (0 s so far)")), "{text}");
         assert!(lines.len() <= 5, "steps quicker than the interval are not each printed: {text}");
+    }
+
+    /// A step the caller numbers (`runner train` redoes one after a rollback) is logged
+    /// as it begins, and a step redone starts its seconds so far again.
+    #[test]
+    fn a_log_hears_of_steps_numbered_by_the_caller() {
+        #[derive(Clone, Default)]
+        struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Sink {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let sink = Sink::default();
+        let every = std::time::Duration::from_millis(200);
+        let steps = super::Steps::log(4, every, Box::new(sink.clone()));
+        steps.at(1, "first");
+        std::thread::sleep(every * 3 / 2);
+        steps.at(1, "again");
+        std::thread::sleep(every * 3 / 2);
+        drop(steps);
+        let text = String::from_utf8(sink.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.first(), Some(&"1/4 first"), "{text}");
+        assert!(lines.contains(&"1/4 first (0 s so far)"), "{text}");
+        // The redone step is named afresh before its seconds so far.
+        let again = lines.iter().position(|l| l.starts_with("1/4 again")).unwrap_or_else(|| panic!("{text}"));
+        assert_eq!(lines[again], "1/4 again", "{text}");
     }
 
     /// The report replaces the old one whole, keeps its permissions, leaves no temporary

@@ -15,7 +15,7 @@ use runner_exec::bench::{device_gemm_bench, device_memory_bench};
 use runner_exec::device::Elem;
 use runner_exec::devcheck::{CheckRow, compare_kernels, compare_steps};
 use runner_exec::linear_time::{LinearGemms, time_linear};
-use runner_exec::proxy::{MeasureOptions, measure_training_step_on};
+use runner_exec::proxy::{MeasureOptions, measure_training_step_on, measure_training_step_with};
 use runner_exec::select::{Chosen, DeviceSpec, choose, choose_timed};
 use runner_exec::timing::TimingOptions;
 use runner_exec::toy::{ToyConfig, llama};
@@ -181,18 +181,36 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             } else {
                 ""
             };
-            let bar = commands::busy(
-                global,
-                &format!("one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed{on_cpu}", opts.timing.warmup),
-            );
-            let m = on_device!(&chosen, |dev| measure_training_step_on(&g, dev.clone(), opts)).context("the layer step");
+            if !global.quiet {
+                eprintln!(
+                    "{}",
+                    runner::report::visible(&format!(
+                        "one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed{}{on_cpu}",
+                        opts.timing.warmup,
+                        if cuda_graph { ", eager then as a CUDA graph" } else { "" }
+                    ))
+                );
+            }
+            // Each step takes tens of seconds on a CPU: a bar through them (on a log, the
+            // step and its seconds so far at least every 15 s). Two warm-up steps, as
+            // the CUDA graph's run needs (eager, then recorded), so both runs take as many.
+            let per_run = opts.timing.warmup + repeats;
+            let bar = commands::Steps::new(global, per_run * if cuda_graph { 2 } else { 1 });
+            let announce = |run: &'static str| {
+                let steps = &bar;
+                move |_, _, warmup: bool| steps.step(&format!("{run}{} step", if warmup { "warm-up" } else { "timed" }))
+            };
+            let m = on_device!(&chosen, |dev| measure_training_step_with(&g, dev.clone(), opts, &mut announce(""))).context("the layer step");
             let graphed = if cuda_graph && m.is_ok() {
                 let o = MeasureOptions { cuda_graph: true, ..opts };
-                Some(on_device!(&chosen, |dev| measure_training_step_on(&g, dev.clone(), o)).context("the layer step recorded as a CUDA graph"))
+                Some(
+                    on_device!(&chosen, |dev| measure_training_step_with(&g, dev.clone(), o, &mut announce("CUDA graph: ")))
+                        .context("the layer step recorded as a CUDA graph"),
+                )
             } else {
                 None
             };
-            bar.inspect(indicatif::ProgressBar::finish_and_clear);
+            drop(bar);
             let m = m?;
             let graphed = graphed.transpose()?;
             let mut t = Table::new(

@@ -470,7 +470,7 @@ pub fn check_plugins(path: &Path, file: &RunFile, run: &RunFile) -> Result<(), S
     let precision = file.precision.plugin.iter().map(|p| ("precision", "plugin", p, run.precision.plugin.as_ref() == Some(p)));
     let cost = file.cost.plugins.iter().map(|p| ("cost", "plugins", p, run.cost.plugins.contains(p)));
     for (section, key, spec, kept) in model.into_iter().chain(precision).chain(cost) {
-        if let (true, Err(m)) = (kept, crate::plugin::resolve(spec)) {
+        if let (true, Err(m)) = (kept, crate::plugin::locate(spec)) {
             let text = std::fs::read_to_string(path).unwrap_or_default();
             let at = format!("[{section}] {key}");
             return Err(format!("{}: {}{at}: {m}", path.display(), snippet(&text, &at)));

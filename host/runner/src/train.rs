@@ -336,12 +336,23 @@ pub fn policy_spec(s: &str) -> String {
     if s.ends_with(".wasm") || s.contains('/') { s.to_string() } else { format!("{s}.wasm") }
 }
 
+/// What [`run`] reports as it goes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Progress<'a> {
+    /// A stage of the setup, or a policy's run beginning.
+    Stage(&'a str),
+    /// Training step `step` (from 1, again after a rollback or a skipped update) of
+    /// `steps` begins; `last` is where the run stands. Said as the step begins, so a
+    /// caller can show a long one running (a bar's clock, a log's seconds so far).
+    Step { step: u64, steps: u64, last: &'a str },
+}
+
 /// Run the training(s).
 ///
 /// # Errors
 /// Plugins that cannot be loaded or plan, a plan the executor or the host's guardrails
 /// refuse (named), a text too short, an executor error.
-pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
+pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainReport> {
     if cfg.policies.is_empty() {
         bail!("no precision policy: give --precision or --compare");
     }
@@ -369,7 +380,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     if let Some(i) = cfg.injections.iter().find(|i| i.step >= cfg.steps) {
         bail!("--inject at step {} would never fire: the run takes steps 0 to {}; give a step below --steps", i.step, cfg.steps - 1);
     }
-    progress(&format!("loading {}", cfg.model));
+    progress(Progress::Stage(&format!("loading {}", cfg.model)));
     let wp = plugin::load(&cfg.model)?;
     let mut workload = wp.workload(cfg.limits)?;
     let info = workload.describe()?;
@@ -398,7 +409,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
         Some(p) => (p.display().to_string(), crate::input::read_text(p, "--text file", crate::input::CORPUS_LIMIT).map_err(anyhow::Error::msg)?),
         None => ("King James Bible (workloads/text/kjv.txt, public domain)".to_string(), corpus::KJV.to_string()),
     };
-    progress(&format!("learning a {vocab}-token BPE on {} bytes of text", text.len()));
+    progress(Progress::Stage(&format!("learning a {vocab}-token BPE on {} bytes of text", text.len())));
     let bpe = Bpe::learn(&text, vocab);
     let tokens = bpe.encode(&text);
     let bytes_per_token = text.len() as f64 / tokens.len().max(1) as f64;
@@ -410,7 +421,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(&str)) -> Result<TrainReport> {
     let device_name = chosen.name();
     let mut runs = Vec::new();
     for spec in &cfg.policies {
-        progress(&format!("training under {spec} on {device_name}"));
+        progress(Progress::Stage(&format!("training under {spec} on {device_name}")));
         let spec_path = policy_spec(spec);
         let r = match &chosen {
             Chosen::Cpu(cpu, _) => train_one(cfg, &graph, &variant, &data, &spec_path, cpu, progress),
@@ -570,7 +581,7 @@ fn train_one<D: Device + Clone>(
     data: &Data,
     spec: &str,
     dev: &D,
-    progress: &dyn Fn(&str),
+    progress: &dyn Fn(Progress<'_>),
 ) -> Result<RunResult> {
     let p = plugin::load(spec)?;
     if p.info.kind != Kind::Precision {
@@ -638,8 +649,10 @@ fn train_one<D: Device + Clone>(
     let started = Instant::now();
     let mut step_seconds = Vec::new();
     eval.push(Point { step: 0, tokens: 0, loss: evaluate(&mut ex, data, cfg.eval_batches)? });
+    let mut last = format!("{spec}: held-out loss {:.4}", eval[0].loss);
 
     while applied < cfg.steps {
+        progress(Progress::Step { step: applied + 1, steps: cfg.steps, last: &last });
         if iteration >= 3 * cfg.steps + 100 {
             aborted = Some(format!("stopped after {iteration} iterations with {applied} of {} steps applied", cfg.steps));
             break;
@@ -857,11 +870,9 @@ fn train_one<D: Device + Clone>(
         if applied % eval_every == 0 || applied == cfg.steps {
             let l = evaluate(&mut ex, data, cfg.eval_batches)?;
             eval.push(Point { step: applied, tokens: applied * tokens_per_step, loss: l });
-            progress(&format!("{spec}: step {applied}/{} train loss {loss:.4} held-out {l:.4}", cfg.steps));
+            last = format!("{spec}: train loss {loss:.4} held-out {l:.4}");
         } else {
-            // Every step, not only the evaluations: a run of long steps (a long --seq-len,
-            // a rare --eval-every) is seen to move.
-            progress(&format!("{spec}: step {applied}/{} train loss {loss:.4}", cfg.steps));
+            last = format!("{spec}: train loss {loss:.4}");
         }
     }
     let tail = (train.len() / 10).max(1);

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::Args;
 use runner::report::OutputFormat;
-use runner::train::{self, Injection, TrainConfig, defaults};
+use runner::train::{self, Injection, Progress, TrainConfig, defaults};
 
 use crate::Global;
-use crate::commands::{print_stdout, progress_line, write_output};
+use crate::commands::{Steps, print_stdout, progress_line, write_output};
 
 /// --checkpoint-every: a step count of at least one (0 read as every step before).
 fn checkpoint_interval(s: &str) -> Result<u64, String> {
@@ -120,10 +120,27 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         clip_grad: a.clip_grad,
         ..TrainConfig::new(&a.plugin, policies)
     };
-    let report = train::run(&cfg, &|m| progress_line(global, m))?;
-    if !global.quiet && std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        eprintln!();
-    }
+    // Each policy's steps through a bar (on a log, the step and, while a long one runs,
+    // its seconds so far at least every 15 s); the stages between as progress lines.
+    let steps: std::cell::RefCell<Option<Steps>> = std::cell::RefCell::new(None);
+    let report = train::run(&cfg, &|p| match p {
+        Progress::Stage(m) => {
+            steps.borrow_mut().take();
+            progress_line(global, m);
+        }
+        Progress::Step { step, steps: of, last } => {
+            let mut s = steps.borrow_mut();
+            let bar = s.get_or_insert_with(|| {
+                // The bar starts on a clean line, not after the stage's.
+                progress_line(global, "");
+                Steps::new(global, of as usize)
+            });
+            bar.at(step as usize, last);
+        }
+    });
+    drop(steps.take());
+    progress_line(global, "");
+    let report = report?;
     let render = |f: OutputFormat| match f {
         OutputFormat::Table => train::report::text(&report),
         OutputFormat::Csv => train::report::summary(&report).csv(),

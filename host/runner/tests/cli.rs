@@ -1290,6 +1290,24 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
     }
 }
 
+/// `train` on a log (stderr not a terminal) names each step as it begins, with where the
+/// run stands, so a step of minutes is seen running; it printed a step once it ended,
+/// and nothing at all while the first ran.
+#[test]
+fn train_on_a_log_names_the_step_it_begins() {
+    let dir = scratch("trainsteps");
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/text/kjv.txt");
+    let text_file = dir.join("t.txt");
+    std::fs::write(&text_file, &std::fs::read(kjv).unwrap()[..200_000]).unwrap();
+    let args = ["--device", "cpu", "train", "--steps", "2", "--seq-len", "16", "--micro-batch", "2", "--precision", "bf16", "--text", text_file.to_str().unwrap()];
+    let o = runner(&dir, &args);
+    let (_, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(err.lines().any(|l| l.starts_with("1/2 bf16.wasm: held-out loss ")), "{err}");
+    let o = runner(&dir, &[&args[..], &["-q"]].concat());
+    assert_eq!(text(&o).1, "", "-q");
+}
+
 /// A small, fast explorer run (one precision, two counts, one cloud, one measured step).
 const HIST_RUN: [&str; 13] =
     ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8,16", "--precision", "bf16", "--repeats", "1", "--cloud", "lambda"];

@@ -298,6 +298,7 @@ fn timing_harness_reports_sane_medians() {
             warmup: 1,
             repeats: 3,
         },
+        &mut |_, _, _| {},
     )
     .unwrap();
     for s in [t.step, t.forward, t.backward, t.optimizer] {
