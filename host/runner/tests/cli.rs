@@ -545,6 +545,13 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     let out = text(&o).0;
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("the published layout with the flags given (TP1 PP1")), "{out}");
+    // So is any other flag that stops it fitting: `--recompute none` keeps the layernorm
+    // recompute the 405B's published layout needs at 256 H100s from being added (the flags
+    // were once listed by hand, without --recompute).
+    let o = runner(&dir, &["project", "--model", "llama3.1-405b", "--gpu", "h100", "--gpus", "256", "--recompute", "none", "--format", "json", "-q"]);
+    let out = text(&o).0;
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("the published layout with the flags given (TP8 PP8 CP2 VP8")), "{out}");
     // At 16x the published sequence the published layout (measured at 8192) is not taken
     // and its batch rule keeps its tokens per step: 1024 sequences become 64.
     let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "64", "--seq-len", "131072", "--format", "json", "-q"]);

@@ -404,7 +404,8 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         notes.push(format!("the published layout is for {}-{} GPUs, taken at {gpus}", r.gpus_min, r.gpus_max));
     }
     let pick = |f: Option<u32>, v: u32| f.unwrap_or(v.max(1));
-    let from_reference = reference.as_ref().and_then(|r| {
+    // The published layout with the flags `flags` (split and modules parsed from them).
+    let with_flags = |flags: &LayoutFlags, split: Option<PipelineSplit>, modules: Option<Modules>| reference.as_ref().and_then(|r| {
         let (tp, pp, cp) = (pick(flags.tp, r.tp), pick(flags.pp, r.pp), pick(flags.cp, r.cp));
         let per = u32::try_from(u64::from(tp) * u64::from(pp) * u64::from(cp)).ok()?;
         if per == 0 || !gpus.is_multiple_of(per) {
@@ -445,8 +446,10 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             optimizer: flags.optimizer,
             kernels: flags.kernels(),
         };
-        Some((layout, format!("the published layout ({}), flags given on the command line kept", r.source)))
+        Some(layout)
     });
+    let from_reference = with_flags(flags, split, modules).zip(reference.as_ref())
+        .map(|(l, r)| (l, format!("the published layout ({}), flags given on the command line kept", r.source)));
     // The published layout of this GPU count, with the flags given; where it does not
     // apply (an EP degree the data-parallel ranks cannot hold, a batch the DP degree does
     // not divide), the search, keeping the flags given, and a note saying why.
@@ -454,7 +457,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     let mut refused = None;
     let mut unfit = None;
     // What the refusal names: the user's own flags are not the published layout.
-    let named = if [flags.tp, flags.pp, flags.cp, flags.vp, flags.ep, flags.etp, flags.mbs].iter().any(Option::is_some) || flags.fsdp || flags.no_fsdp {
+    // Any flag that changes the layout built (compared, not listed, so a new flag counts),
+    // or a --recompute, which also stops recompute being added to make it fit.
+    let named = if from_reference.as_ref().map(|(l, _)| *l) != with_flags(&LayoutFlags::default(), None, None) || flags.recompute.is_some() {
         "the published layout with the flags given"
     } else {
         "the published layout"
