@@ -8,7 +8,7 @@
 //! | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` | `MASTER_ADDR`:`MASTER_PORT` |
 //! | Open MPI | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` | `MASTER_ADDR` (pass `-x MASTER_ADDR`) |
 //! | MPICH / Hydra | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` | `MASTER_ADDR` |
-//! | Slurm `srun` | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `MASTER_ADDR`, else the first host of `SLURM_STEP_NODELIST` (the step's, else the job's) |
+//! | Slurm `srun` (a step: `SLURM_STEP_ID` set) | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` | `MASTER_ADDR`, else the first host of `SLURM_STEP_NODELIST` (the step's, else the job's) |
 //! | Kubernetes indexed Job | `JOB_COMPLETION_INDEX` | `WORLD_SIZE` | 0 | `MASTER_ADDR` (pod 0's stable name) |
 //!
 //! The port is `MASTER_PORT`, else 29500 (torchrun's default); under Slurm without
@@ -79,11 +79,19 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
             .map(|v| v.parse::<usize>().map_err(|_| format!("{k}={v} is not a non-negative integer")))
             .transpose()
     };
+    // srun sets SLURM_STEP_ID (and SLURM_STEPID) in its tasks' environment; sbatch's
+    // batch script gets SLURM_PROCID=0 and SLURM_NTASKS but no step id: the OUTPUT
+    // ENVIRONMENT VARIABLES of srun(1) and sbatch(1), https://slurm.schedmd.com/srun.html
+    // and https://slurm.schedmd.com/sbatch.html (checked in Slurm 20.11's man pages). A
+    // step id that names the batch step ("batch", 4294967294 = SLURM_BATCH_SCRIPT) counts
+    // as none.
+    let srun_step = ["SLURM_STEP_ID", "SLURM_STEPID"].iter().any(|k| get(k).is_some_and(|v| v != "batch" && v != "4294967294"));
     let (source, rank, world, local) = if let (Some(r), Some(w)) = (num("RANK")?, num("WORLD_SIZE")?) {
         ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?)
     } else if let (Some(r), Some(w)) = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?) {
         ("Open MPI mpirun", r, w, num("OMPI_COMM_WORLD_LOCAL_RANK")?)
     } else if let (Some(r), Some(w)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?)
+        && srun_step
         && [(num("PMI_RANK")?, r), (num("PMI_SIZE")?, w)].iter().all(|(p, s)| p.is_none_or(|p| p == *s))
     {
         // srun with its pmi2 plugin sets PMI_RANK and PMI_SIZE too, equal to Slurm's;
@@ -100,6 +108,17 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         })?;
         ("Kubernetes indexed Job", r, w, Some(0))
     } else {
+        // The batch script of a job of several tasks, not an srun step: alone there, rank 0
+        // would wait for ranks that nothing starts.
+        if let (Some(_), Some(n)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?)
+            && n > 1
+            && !srun_step
+        {
+            return Err(format!(
+                "this is a Slurm job's batch script (SLURM_NTASKS={n}, no SLURM_STEP_ID), not one of its tasks: launch the \
+                 runner with srun (`srun --mpi=none runner ...`, one task per GPU), or unset SLURM_NTASKS to run one process"
+            ));
+        }
         // Half a launcher's variables is a launch gone wrong, not a single process: run
         // alone, every rank would print its own results. (SLURM_PROCID alone, as in a
         // batch script submitted without a task count, stays a single process.)
@@ -130,8 +149,9 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
             .filter(|&p| p > 0)
             .ok_or_else(|| format!("MASTER_PORT={p} is not a port number"))?,
         None => match num("SLURM_JOB_ID")? {
-            // A batch script's own step has no number ("batch", or 4294967294).
-            Some(job) if source == "Slurm srun" => slurm_port(job, get("SLURM_STEP_ID").and_then(|s| s.parse().ok()).unwrap_or(0)),
+            Some(job) if source == "Slurm srun" => {
+                slurm_port(job, get("SLURM_STEP_ID").or_else(|| get("SLURM_STEPID")).and_then(|s| s.parse().ok()).unwrap_or(0))
+            }
             _ => DEFAULT_PORT,
         },
     };
@@ -232,22 +252,22 @@ mod tests {
         assert_eq!((l.rank, l.local_rank, l.master.unwrap().1), (1, 1, DEFAULT_PORT));
         let l = detect_from(&env(&[("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MASTER_ADDR", "h")])).unwrap();
         assert!(l.source.contains("MPICH"));
-        let l = detect_from(&env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004],gpu-010"), ("SLURM_JOB_ID", "12345")])).unwrap();
+        let l = detect_from(&env(&[("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004],gpu-010"), ("SLURM_JOB_ID", "12345"), ("SLURM_STEP_ID", "0")])).unwrap();
         assert_eq!(l.master, Some(("gpu-003".into(), DEFAULT_PORT + 345)));
         // Two steps of one job running at once (`srun ... &` twice) meet on different
-        // ports; a batch step's non-number is step 0.
+        // ports.
         let step = |id: &str| {
             let l = detect_from(&env(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n1"), ("SLURM_JOB_ID", "12345"), ("SLURM_STEP_ID", id)])).unwrap();
             l.master.unwrap().1
         };
-        assert_eq!((step("0"), step("batch"), step("1"), step("9"), step("10")), (29845, 29845, 28845, 20845, 29845));
+        assert_eq!((step("0"), step("1"), step("9"), step("10")), (29845, 28845, 20845, 29845));
         assert_eq!((slurm_port(999, 9), slurm_port(0, 0)), (21499, 29500));
         // A step on some of the job's nodes: its task 0 runs on the step's first node.
-        let l = detect_from(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "8"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("SLURM_STEP_NODELIST", "gpu-004")])).unwrap();
+        let l = detect_from(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "8"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("SLURM_STEP_NODELIST", "gpu-004"), ("SLURM_STEPID", "1")])).unwrap();
         assert_eq!(l.master.unwrap().0, "gpu-004");
         // srun's pmi2 plugin adds PMI_RANK/PMI_SIZE equal to Slurm's: still srun (its
         // node list and local rank); MPICH's mpiexec inside an allocation: its own ranks.
-        let pmi2 = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("PMI_RANK", "5"), ("PMI_SIZE", "16")];
+        let pmi2 = [("SLURM_PROCID", "5"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "5"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("SLURM_STEP_ID", "0"), ("PMI_RANK", "5"), ("PMI_SIZE", "16")];
         let l = detect_from(&env(&pmi2)).unwrap();
         assert_eq!((l.source, l.local_rank, l.master.unwrap().0), ("Slurm srun", 5, "gpu-003".to_string()));
         let hydra = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("PMI_RANK", "9"), ("PMI_SIZE", "16"), ("MPI_LOCALRANKID", "1"), ("MASTER_ADDR", "h")];
@@ -285,9 +305,19 @@ mod tests {
             let e = detect_from(&env(&kv)).unwrap_err();
             assert!(e.contains(want), "{kv:?}: {e}");
         }
+        // The batch script of a job of 16 tasks (no step id, or the batch step's) is told
+        // to use srun, at once; MPICH's mpiexec run there is MPICH's, its rank 0 too.
+        for step in [None, Some("batch"), Some("4294967294")] {
+            let mut kv = vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "16"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_NODELIST", "gpu-[003-004]"), ("SLURM_JOB_ID", "12345")];
+            kv.extend(step.map(|s| ("SLURM_STEP_ID", s)));
+            let e = detect_from(&env(&kv)).unwrap_err();
+            assert!(e.contains("batch script") && e.contains("srun"), "{step:?}: {e}");
+            kv.extend([("PMI_RANK", "0"), ("PMI_SIZE", "16"), ("MASTER_ADDR", "h")]);
+            assert_eq!(detect_from(&env(&kv)).unwrap().source, "MPICH mpirun (PMI)");
+        }
         // A world of one, a lone LOCAL_RANK and a Slurm batch script without a task
         // count are single processes.
-        for kv in [vec![("WORLD_SIZE", "1")], vec![("LOCAL_RANK", "3")], vec![("SLURM_PROCID", "0")]] {
+        for kv in [vec![("WORLD_SIZE", "1")], vec![("LOCAL_RANK", "3")], vec![("SLURM_PROCID", "0")], vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]] {
             assert_eq!(detect_from(&env(&kv)).unwrap(), Launch::single(), "{kv:?}");
         }
     }
