@@ -172,7 +172,7 @@ fn a_bad_learning_rate_and_a_fault_past_the_last_step_are_refused() {
     // fault fires (after all the steps before it).
     let steps = std::sync::Mutex::new(0);
     let e = train::run(&config(&["fp8"], &["nan@30:layers.9.mlp.up"]), &|m| {
-        if m.contains("step") {
+        if matches!(m, train::Progress::Step { .. }) {
             *steps.lock().unwrap() += 1;
         }
     })
