@@ -8,6 +8,7 @@ mod explore;
 mod hostile;
 mod models;
 mod sandbox;
+mod sources;
 mod train;
 mod training;
 mod util;

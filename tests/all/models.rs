@@ -62,7 +62,8 @@ fn parameter_counts_match_the_published_figures() {
 
 #[test]
 fn model_flops_per_sample_match_the_published_figures() {
-    // dgxc.md §3.2: the DGXC READMEs count attention over all keys (no causal halving).
+    // The DGXC Benchmarking READMEs (github:NVIDIA/dgxc-benchmarking, e.g.
+    // llama3.1/README_70b.md@8f5cbb3) count attention over all keys (no causal halving).
     // Llama 3.1 405B: the README prints 2.17e16 but its own formula gives 2.1507e16, which
     // we reproduce; hence 1% there.
     for (p, v, seq, want) in [

@@ -3,7 +3,7 @@
 //! backward repeats (the same figure [`count::hardware_flops_per_step`] adds, by
 //! construction).
 //!
-//! Conventions (Korthikanti et al. 2022, modeling.md §2.5):
+//! Conventions (Korthikanti et al. 2022, arXiv 2205.05198, §4 and Table 2):
 //! - What an op keeps is Megatron's: a linear its input (for the weight gradient), a norm
 //!   its input, an activation function its input(s), attention q, k, v and its output
 //!   (flash-style backward), cross-entropy its logits, a router its logits, MoE dispatch

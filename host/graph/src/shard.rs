@@ -3,7 +3,8 @@
 //! costs the very same per-rank graph.
 //!
 //! The pass reads the parallel role each plugin op carries and applies Megatron-LM's
-//! decomposition (modeling.md §2):
+//! decomposition (Shoeybi et al. 2019, arXiv 1909.08053; Narayanan et al. SC'21,
+//! arXiv 2104.04473; Korthikanti et al. 2022, arXiv 2205.05198):
 //! - TP: column-parallel linears split N, row-parallel linears split K and their partial
 //!   sums are all-reduced (or, with sequence parallelism, reduce-scattered onto a sequence
 //!   shard and all-gathered again before the next column-parallel block); attention keeps

@@ -1,7 +1,7 @@
 //! Sharding and recomputation against real model graphs: Llama 3.1 8B and Mixtral 8x7B
 //! from their plugins, plus builder-made GPT-style, MLA/MoE/MTP and learned-position
 //! decoders, checked against Megatron's volumes and Korthikanti's activation formulas
-//! (modeling.md §2.4, §2.5).
+//! (Korthikanti et al. 2022, arXiv 2205.05198, §4 and Table 2).
 
 use std::collections::BTreeSet;
 
@@ -122,7 +122,7 @@ fn kv_heads_replicate_when_tp_exceeds_them() {
     assert_eq!(q.shape, [1, 64, 1, 32]);
 }
 
-/// modeling.md §2.4: 2 all-reduces forward + 2 backward of b·s·h per layer per
+/// Megatron's tensor parallelism (Korthikanti et al. 2022, §4.2.2): 2 all-reduces forward + 2 backward of b·s·h per layer per
 /// micro-batch, 8·b·s·h·(t−1)/t elements on the wire; SP's RS+AG move the same.
 #[test]
 fn tp_communication_matches_megatron() {
@@ -413,7 +413,7 @@ fn sequence_parallel_replicated_gradients_are_a_tp_step_collective() {
     assert_eq!(d.weights, all.into_iter().collect::<Vec<_>>());
 }
 
-/// modeling.md §2.5 (Korthikanti Table 2) less the two 1-byte dropout masks our graphs
+/// Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 less the two 1-byte dropout masks our graphs
 /// do not have, flash attention (no 5as/h term), bf16 activations: per layer
 /// none 32·sbh, TP 8·sbh + 24·sbh/t, TP+SP 32·sbh/t, full 2·sbh (2·sbh/t with SP).
 #[test]

@@ -1,7 +1,7 @@
 //! Communication: what each collective of a sharded graph moves ([`comm_volume`], in
 //! nccl-tests' conventions) and how long it takes on a cluster ([`Fabric::time`]).
 //!
-//! Sizes follow nccl-tests (modeling.md §3.2): S is the buffer for all-reduce, the
+//! Sizes follow nccl-tests (github:NVIDIA/nccl-tests doc/PERFORMANCE.md): S is the buffer for all-reduce, the
 //! gathered output for all-gather, the full input for reduce-scatter, the per-rank send
 //! total for all-to-all and the message for send/recv; bus bytes = S × the bus factor
 //! (AR 2(n−1)/n, AG/RS/A2A (n−1)/n, send/recv 1).
@@ -9,7 +9,7 @@
 //! Time is an α–β model per tier. A group whose ranks all sit in one scale-up (NVLink)
 //! domain runs at the domain's per-GPU bandwidth. A group that spans domains runs NCCL's
 //! flat rings, one per NIC (rail-optimised fabric), so its bus bandwidth is
-//! min(NVLink, members-per-domain × NIC) (SimAI's `calbusbw`, modeling.md §3.4). An
+//! min(NVLink, members-per-domain × NIC) (SimAI's `calbusbw`, github:aliyun/SimAI). An
 //! all-to-all has no ring to spread over the NICs: the share of its bytes bound for other
 //! domains leaves through the rank's own NIC, at the all-to-all's own achieved NIC rate
 //! (many peers at once and incast at each receiver reach less of the link than a ring).

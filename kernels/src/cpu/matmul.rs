@@ -1,8 +1,7 @@
 //! Dense GEMM: `c = op(a) · op(b) [+ c]`, the workhorse of every Linear layer.
 //!
 //! This is the one kernel that is not hand-written: it routes through faer's
-//! `linalg::matmul::matmul` (measured ~190 GFLOP/s on 2 cores at 1024³, see
-//! `shared/notes/rust-stack.md` §3), viewing the row-major slices as faer matrices
+//! `linalg::matmul::matmul` (measured ~190 GFLOP/s on 2 cores at 1024³), viewing the row-major slices as faer matrices
 //! with strides, so transposes cost nothing. Small products run on the calling thread
 //! (rayon dispatch would cost more than the work). Larger ones are cut into blocks of
 //! [`BLOCK`] rows or columns of c (along the longer side), each a single-threaded faer

@@ -4,7 +4,9 @@
 //! Precision-policy plugins decide which tensors are stored in bf16 or FP8; the CPU
 //! executor emulates that by rounding f32 values exactly as the hardware cast would,
 //! so a CPU run shows the same quantisation effects (loss deltas, under/overflow) as
-//! a GPU run. Bit-level rules follow `shared/notes/fp8.md` §6:
+//! a GPU run. Bit-level rules follow the OCP 8-bit floating point
+//! specification (Micikevicius et al., arXiv 2209.05433) and PyTorch's casts
+//! (its `Float8_e4m3fn.h` and `Float8_e5m2.h`):
 //!
 //! - round to nearest, ties to even, subnormals included; round first, then check
 //!   overflow;
@@ -589,13 +591,13 @@ mod tests {
         assert_eq!(fp8_current_scale(0.0, E4M3), 1.0);
         assert_eq!(fp8_current_scale(f32::INFINITY, E4M3), 1.0);
         assert_eq!(fp8_current_scale(1e-45, E4M3), f32::MAX);
-        // fp8.md's worked example: amax 3, margin 0 → 448/3.
+        // Transformer Engine's current scaling: scale = max / amax (margin 0), 448/3 at amax 3.
         assert_eq!(fp8_current_scale(3.0, E4M3), 448.0 / 3.0);
     }
 
     #[test]
     fn mxfp8_blocks_use_rceil_power_of_two_scales() {
-        // fp8.md: amax 1000 gives X = 4 under RCEIL (FLOOR would give 2 and overflow).
+        // amax 1000 gives X = 4 under RCEIL (FLOOR would give 2 and overflow).
         assert_eq!(mx_scale_rceil(1000.0, E4M3), 4.0);
         assert_eq!(mx_scale_rceil(448.0, E4M3), 1.0);
         assert_eq!(mx_scale_rceil(448.1, E4M3), 2.0);

@@ -8,7 +8,8 @@
 //! 20B: 44x6144, 48 heads; FFN 4h); Megatron pads the 50,257-token GPT-2 vocabulary to
 //! 51,200, the V every published GPT-3 FLOP formula uses, and ties the output head to the
 //! input embedding. Learning rates for 5B/20B follow the paper's 6.7B/13B rows.
-//! Layouts: DGXC Benchmarking and NeMo 24.07 tables (shared/data/calibration.toml).
+//! Layouts: DGXC Benchmarking (github:NVIDIA/dgxc-benchmarking/nemo_megatron/README_175b.md)
+//! and NeMo 24.07's performance summary (github:NVIDIA/NeMo docs/source/performance/performance_summary.md@r2.1.1).
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
 use runner_plugin_sdk::workload::*;

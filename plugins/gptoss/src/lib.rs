@@ -11,7 +11,8 @@
 //! 116.83B total, 5.13B active parameters. Not representable in the primitive set and left
 //! out: expert biases (39.8M), attention sinks (64 per layer), the clamped SwiGLU variant
 //! (same FLOPs), YaRN. Training tokens are not published (1e12 is the runner default).
-//! Layouts: Megatron-Bridge tables (shared/data/calibration.toml).
+//! Layouts: Megatron-Bridge performance summaries
+//! (github:NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md@067f987).
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant, Layout};
 use runner_plugin_sdk::workload::*;

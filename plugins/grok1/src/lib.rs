@@ -8,8 +8,8 @@
 //! sequence 8192, gelu-gated experts, output through the embedding's transpose); xAI's
 //! "Open Release of Grok-1" (314B parameters). Grok-1's extra post-attention/post-MLP
 //! RMSNorms (2 x 6144 weights a layer) are not modelled. Training tokens are not published.
-//! notes/dgxc.md §4 records DGXC's H100 layout (TP4 PP8 CP2 EP8 VP8) without GPU counts or
-//! GBS, so no reference layout is listed.
+//! DGXC Benchmarking (github:NVIDIA/dgxc-benchmarking, grok1 recipe) gives an H100 layout
+//! (TP4 PP8 CP2 EP8 VP8) without GPU counts or GBS, so no reference layout is listed.
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant, Layout};
 use runner_plugin_sdk::workload::*;

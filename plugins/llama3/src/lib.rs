@@ -9,7 +9,8 @@
 //! Table 3 (peak learning rates 3e-4 / 1.5e-4 / 8e-5) and §3.1 (15T+ training tokens).
 //! Llama 3.1's "llama3" RoPE frequency scaling changes no shape or FLOP and is not modelled.
 //! Layouts: DGXC Benchmarking (github:NVIDIA/dgxc-benchmarking) and Megatron-Bridge
-//! performance summaries as transcribed in shared/data/calibration.toml and notes/dgxc.md §4.
+//! performance summaries (github:NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md@067f987),
+//! as the calibration rows in host/project/data/calibration.toml cite them.
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
 use runner_plugin_sdk::workload::*;
@@ -137,7 +138,7 @@ mod tests {
         }
     }
 
-    /// modeling.md §2.2: Megatron-Bridge tables imply 5.147e10, 4.492e11, 2.524e12
+    /// Megatron-Bridge's performance summaries (docs/performance-summary.md@067f987) imply 5.147e10, 4.492e11, 2.524e12
     /// FLOPs per token, which is the causal-halved convention.
     #[test]
     fn causal_convention_matches_megatron_bridge_tables() {

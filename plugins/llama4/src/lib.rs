@@ -97,7 +97,8 @@ mod tests {
         kit::assert_close("llama4-maverick active", p.active as f64, 17e9, 0.015);
     }
 
-    /// notes/dgxc.md §3.2 quotes 8.92e14 FLOPs/sample: the causal-halved convention at
+    /// DGXC Benchmarking's Llama 4 Maverick README (github:NVIDIA/dgxc-benchmarking) quotes
+    /// 8.92e14 FLOPs/sample: the causal-halved convention at
     /// sequence 8192 (non-causal would be +11%).
     #[test]
     fn model_flops_match_dgxc() {

@@ -18,7 +18,8 @@
 //! (see the tests). Peak learning rates are the NeMo recipes' defaults (`nemotron3_8b`
 //! 3e-4, `nemotron4_22b` 1e-4); no training-token count is published for either, so the
 //! default budget is Nemotron-4 15B's 8T.
-//! Layouts: DGXC Benchmarking (shared/data/calibration.toml, notes/dgxc.md §4).
+//! Layouts: DGXC Benchmarking (github:NVIDIA/dgxc-benchmarking, nemotron/README_15b.md and
+//! README_340b.md), as the calibration rows in host/project/data/calibration.toml cite them.
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
 use runner_plugin_sdk::workload::*;
@@ -28,7 +29,7 @@ const DGXC_15B: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README_15b.md@8
 const DGXC_V25041: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README.md@85380ff (v25.04.01, NeMo 25.02.01)";
 const NEMO_2407: &str = "github:NVIDIA/NeMo/docs/source/performance/performance_summary.md@9c4726d (NeMo 24.07)";
 const NEMO_CONFIG: &str = "NVIDIA NeMo Nemotron3Config8B / Nemotron3Config22B, github:NVIDIA/NeMo/nemo/collections/llm/gpt/model/nemotron.py@c341fb3";
-const DGXC_340B: &str = "notes/dgxc.md §4: DGXC Benchmarking H100 history (S2), Nemotron-4 340B TP8 PP8 VP12 GBS=GPUs/4 (PP per launch.sh, PR #44)";
+const DGXC_340B: &str = "github:NVIDIA/dgxc-benchmarking/nemotron/README_340b.md@143b90d (NeMo 24.11): TP8 PP8 VP12 MBS1, GBS = 2 x nodes = GPUs/4";
 
 fn nemotron(layers: u32, hidden: u32, heads: u32, kv_heads: u32, vocab: u32) -> Hyperparameters {
     Hyperparameters {

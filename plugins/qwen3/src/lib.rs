@@ -8,7 +8,8 @@
 //! (94 layers, hidden 4096, 64 heads, moe_intermediate_size 1536); "Qwen3 Technical
 //! Report" (arXiv 2505.09388): 36T pretraining tokens, 30.5B/3.3B and 235B/22B parameters.
 //! The per-head q/k RMSNorms (256 weights a layer) are not in the primitive set and are
-//! left out. Layouts: Megatron-Bridge performance summaries (shared/data/calibration.toml).
+//! left out. Layouts: Megatron-Bridge performance summaries
+//! (github:NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md@067f987).
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, moe, variant, Layout};
 use runner_plugin_sdk::workload::*;
