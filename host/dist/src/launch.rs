@@ -27,8 +27,12 @@ pub const DEFAULT_PORT: u16 = 29500;
 pub struct Launch {
     pub rank: usize,
     pub world: usize,
-    /// Rank among the processes of this node (the GPU it drives).
+    /// Rank among the processes of this node (the GPU it drives, see [`gpu_of_rank`]).
     pub local_rank: usize,
+    /// How many ranks run on this node, where the launcher says (`LOCAL_WORLD_SIZE`,
+    /// `OMPI_COMM_WORLD_LOCAL_SIZE`, `MPI_LOCALNRANKS`, Slurm's step tasks per node when
+    /// every node has as many).
+    pub local_world: Option<usize>,
     /// Where rank 0 listens for the rendezvous (host, port); `None` for a single process.
     pub master: Option<(String, u16)>,
     /// Which launcher's variables were read.
@@ -42,6 +46,7 @@ impl Launch {
             rank: 0,
             world: 1,
             local_rank: 0,
+            local_world: Some(1),
             master: None,
             source: "single process",
         }
@@ -86,10 +91,10 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
     // step id that names the batch step ("batch", 4294967294 = SLURM_BATCH_SCRIPT) counts
     // as none.
     let srun_step = ["SLURM_STEP_ID", "SLURM_STEPID"].iter().any(|k| get(k).is_some_and(|v| v != "batch" && v != "4294967294"));
-    let (source, rank, world, local) = if let (Some(r), Some(w)) = (num("RANK")?, num("WORLD_SIZE")?) {
-        ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?)
+    let (source, rank, world, local, local_world) = if let (Some(r), Some(w)) = (num("RANK")?, num("WORLD_SIZE")?) {
+        ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?, num("LOCAL_WORLD_SIZE")?)
     } else if let (Some(r), Some(w)) = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?) {
-        ("Open MPI mpirun", r, w, num("OMPI_COMM_WORLD_LOCAL_RANK")?)
+        ("Open MPI mpirun", r, w, num("OMPI_COMM_WORLD_LOCAL_RANK")?, num("OMPI_COMM_WORLD_LOCAL_SIZE")?)
     } else if let (Some(r), Some(w)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?)
         && srun_step
         && [(num("PMI_RANK")?, r), (num("PMI_SIZE")?, w)].iter().all(|(p, s)| p.is_none_or(|p| p == *s))
@@ -97,16 +102,16 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         // srun with its pmi2 plugin sets PMI_RANK and PMI_SIZE too, equal to Slurm's;
         // MPICH's mpiexec inside an allocation sets them to the MPI rank, while the
         // SLURM_ variables it inherits describe its proxies: there PMI wins (next).
-        ("Slurm srun", r, w, num("SLURM_LOCALID")?)
+        ("Slurm srun", r, w, num("SLURM_LOCALID")?, get("SLURM_STEP_TASKS_PER_NODE").and_then(uniform_tasks_per_node))
     } else if let (Some(r), Some(w)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
-        ("MPICH mpirun (PMI)", r, w, num("MPI_LOCALRANKID")?)
+        ("MPICH mpirun (PMI)", r, w, num("MPI_LOCALRANKID")?, num("MPI_LOCALNRANKS")?)
     } else if let Some(r) = num("JOB_COMPLETION_INDEX")? {
         let w = num("WORLD_SIZE")?.ok_or_else(|| {
             "a Kubernetes indexed Job (JOB_COMPLETION_INDEX is set) needs WORLD_SIZE = the Job's completions in its \
              env"
                 .to_string()
         })?;
-        ("Kubernetes indexed Job", r, w, Some(0))
+        ("Kubernetes indexed Job", r, w, Some(0), Some(1))
     } else {
         // The batch script of a job of several tasks, not an srun step: alone there, rank 0
         // would wait for ranks that nothing starts.
@@ -178,9 +183,49 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         rank,
         world,
         local_rank: local.unwrap_or(0),
+        local_world,
         master: Some((host, port)),
         source,
     })
+}
+
+/// Slurm's tasks per node (`8(x2)`, `4,4`: srun(1), SLURM_STEP_TASKS_PER_NODE) where every
+/// node runs as many; `None` where they differ or the text is not Slurm's.
+fn uniform_tasks_per_node(list: &str) -> Option<usize> {
+    let counts: Vec<usize> = list.split(',').map(|item| item.split('(').next()?.trim().parse().ok()).collect::<Option<_>>()?;
+    counts.iter().all(|&c| c == counts[0]).then(|| counts[0])
+}
+
+/// The GPU a rank drives, of the `visible` ones (CUDA's ordinals), from its place on the
+/// node; `None` where it sees none (it runs on the CPU). `assigned`: the launcher or the
+/// user chose this process's GPUs (CUDA_VISIBLE_DEVICES is set).
+///
+/// Every rank sees the node's GPUs: local rank `r` drives GPU `r`. A rank that sees one GPU
+/// it was assigned (Slurm's `--gpus-per-task=1` or `--gpu-bind=single:1`, one
+/// CUDA_VISIBLE_DEVICES per rank) drives that one, whatever its local rank. Anything else
+/// (more local ranks than GPUs, a local rank beyond several GPUs it sees: shared or its
+/// own, no rank can tell) is an error naming the counts and the fixes, not a silent fall
+/// to the CPU beside ranks on GPUs.
+///
+/// # Errors
+/// As above.
+pub fn gpu_of_rank(visible: usize, local_rank: usize, local_world: Option<usize>, assigned: bool) -> Result<Option<usize>, String> {
+    if visible == 0 {
+        return Ok(None);
+    }
+    if local_rank < visible && local_world.is_none_or(|w| w <= visible) {
+        return Ok(Some(local_rank));
+    }
+    if visible == 1 && assigned {
+        return Ok(Some(0));
+    }
+    let ranks = local_world.map_or_else(|| format!("local rank {local_rank}"), |w| format!("local rank {local_rank} of {w} on this node"));
+    Err(format!(
+        "{ranks} sees {visible} GPU(s){}: one GPU per rank is needed. Give every rank its own GPU (Slurm \
+         --gpus-per-task=1, or one CUDA_VISIBLE_DEVICES per rank), or every rank all of the node's GPUs with at most \
+         one rank per GPU; or run on CPUs with --device cpu",
+        if assigned { "" } else { " (CUDA_VISIBLE_DEVICES unset: the node's GPUs)" }
+    ))
 }
 
 /// The rendezvous port of a Slurm job's step: `29500 + job mod 1000` for step 0, a
@@ -320,6 +365,38 @@ mod tests {
         for kv in [vec![("WORLD_SIZE", "1")], vec![("LOCAL_RANK", "3")], vec![("SLURM_PROCID", "0")], vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]] {
             assert_eq!(detect_from(&env(&kv)).unwrap(), Launch::single(), "{kv:?}");
         }
+    }
+
+    /// Which GPU a rank drives under each way of handing out GPUs. Slurm's
+    /// --gpus-per-task=1 gives every task one GPU, as CUDA device 0: local ranks 1..7 fell to
+    /// the CPU (their local rank is no device they see).
+    #[test]
+    fn the_gpu_of_each_rank() {
+        // Every rank sees the node's 8 GPUs: GPU = local rank.
+        assert_eq!((0..8).map(|r| gpu_of_rank(8, r, Some(8), false).unwrap()).collect::<Vec<_>>(), (0..8).map(Some).collect::<Vec<_>>());
+        assert_eq!(gpu_of_rank(8, 3, None, true).unwrap(), Some(3));
+        // One GPU each, assigned by the launcher: that one, whatever the local rank.
+        for r in 0..8 {
+            assert_eq!(gpu_of_rank(1, r, Some(8), true).unwrap(), Some(0), "local rank {r}");
+            assert_eq!(gpu_of_rank(1, r, None, true).unwrap(), Some(0), "local rank {r}");
+        }
+        // No GPU: the CPU.
+        assert_eq!(gpu_of_rank(0, 5, Some(8), false).unwrap(), None);
+        assert_eq!(gpu_of_rank(1, 0, Some(1), false).unwrap(), Some(0));
+        // Ambiguous or short: an error on every rank, never the CPU beside GPU ranks.
+        for (visible, r, w, assigned) in [(1, 1, Some(2), false), (1, 0, Some(2), false), (4, 1, Some(8), false), (4, 6, None, false), (2, 3, Some(8), true), (2, 0, Some(8), true)] {
+            let e = gpu_of_rank(visible, r, w, assigned).unwrap_err();
+            assert!(e.contains(&format!("local rank {r}")) && e.contains(&format!("sees {visible} GPU(s)")) && e.contains("--gpus-per-task=1") && e.contains("--device cpu"), "{e}");
+        }
+        // Each launcher's count of ranks on the node.
+        let lw = |kv: &[(&str, &str)]| detect_from(&env(kv)).unwrap().local_world;
+        assert_eq!(lw(&[("RANK", "1"), ("WORLD_SIZE", "16"), ("LOCAL_WORLD_SIZE", "8"), ("MASTER_ADDR", "h")]), Some(8));
+        assert_eq!(lw(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "16"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "8"), ("MASTER_ADDR", "h")]), Some(8));
+        assert_eq!(lw(&[("PMI_RANK", "1"), ("PMI_SIZE", "16"), ("MPI_LOCALNRANKS", "8"), ("MASTER_ADDR", "h")]), Some(8));
+        let slurm = |tpn: &str| lw(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "16"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_NODELIST", "n[1-2]"), ("SLURM_STEP_TASKS_PER_NODE", tpn)]);
+        assert_eq!((slurm("8(x2)"), slurm("8,8"), slurm("8(x1),7"), slurm("x")), (Some(8), Some(8), None, None));
+        assert_eq!(lw(&[("JOB_COMPLETION_INDEX", "1"), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "h")]), Some(1));
+        assert_eq!(lw(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "h")]), None);
     }
 
     #[test]

@@ -407,6 +407,7 @@ mod tests {
             rank,
             world,
             local_rank: rank,
+            local_world: None,
             master: Some(("127.0.0.1".into(), port)),
             source: "test",
         }

@@ -148,6 +148,7 @@ fn local_ranks(n: usize) -> Result<Vec<Launch>> {
             rank: r,
             world: n,
             local_rank: r,
+            local_world: Some(n),
             master: Some(("127.0.0.1".into(), port)),
             source: "threads of one process (-g)",
         })
@@ -213,13 +214,32 @@ fn transport_of(gpu: Option<usize>) -> &'static str {
     if gpu.is_some() { "on GPUs (NCCL)" } else { "on CPUs (TCP)" }
 }
 
-/// Whether this rank computes on a GPU, and which.
-fn rank_device(spec: DeviceSpec, local_rank: usize) -> Result<Option<usize>> {
+/// Whether this rank computes on a GPU, and which: [`runner_dist::launch::gpu_of_rank`]
+/// of the GPUs this process sees, for `auto` and `cuda` (`cuda:N`, N > 0, is GPU N + the
+/// local rank).
+fn rank_device(spec: DeviceSpec, local_rank: usize, local_world: Option<usize>) -> Result<Option<usize>> {
+    let assigned = std::env::var_os("CUDA_VISIBLE_DEVICES").is_some();
+    let mine = || runner_dist::launch::gpu_of_rank(visible_gpus(), local_rank, local_world, assigned).map_err(|e| anyhow!(e));
     match spec {
         DeviceSpec::Cpu => Ok(None),
+        // No GPU seen: opening the local rank's names why (no driver, none visible).
+        DeviceSpec::Cuda(0) => Ok(Some(mine()?.unwrap_or(local_rank))),
         DeviceSpec::Cuda(n) => Ok(Some(n + local_rank)),
         DeviceSpec::CudaEmulated => bail!("--device cuda-emulated runs no NCCL: collectives need GPUs (or --device cpu for the TCP backend)"),
-        DeviceSpec::Auto => Ok(runner_exec::select::cuda_unusable(local_rank).is_none().then_some(local_rank)),
+        DeviceSpec::Auto => Ok(mine()?.filter(|&g| runner_exec::select::cuda_unusable(g).is_none())),
+    }
+}
+
+/// How many GPUs this process sees: 0 without a CUDA build, a driver or a device (or
+/// the libraries the CUDA backend loads, as `--device auto` has always counted them).
+fn visible_gpus() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        runner_exec::cuda::probe(0).map_or(0, |i| i.devices)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
     }
 }
 
@@ -312,7 +332,7 @@ impl Groups for runner_exec::cuda::Cuda {
 pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     let esize = args.dtype.bytes();
     #[cfg(feature = "cuda")]
-    if rank_device(global.device, 0)?.is_some()
+    if rank_device(global.device, 0, None)?.is_some()
         && let Some(r) = reexec_for_nccl()
     {
         return r;
@@ -424,7 +444,7 @@ fn on_ranks<T: Send + 'static>(
     let f = std::sync::Arc::new(f);
     let mut hs = Vec::new();
     for l in ranks {
-        let gpu = rank_device(spec, l.local_rank)?;
+        let gpu = rank_device(spec, l.local_rank, l.local_world)?;
         let f = f.clone();
         hs.push(std::thread::spawn(move || f(l, gpu)));
     }
@@ -900,12 +920,12 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             bail!("--layout tp={tp},pp={pp},dp={dp} needs {n} ranks, the launcher started {} ({})", launch.world, launch.source);
         }
         #[cfg(feature = "cuda")]
-        if rank_device(global.device, launch.local_rank)?.is_some()
+        if rank_device(global.device, launch.local_rank, launch.local_world)?.is_some()
             && let Some(r) = reexec_for_nccl()
         {
             return r;
         }
-        let device = rank_device(global.device, launch.local_rank)?;
+        let device = rank_device(global.device, launch.local_rank, launch.local_world)?;
         let world = rendezvous(&launch, &meta(format!("bench step {} {}", run.flags(), transport_of(device))), timeout)?;
         let r = launch.rank;
         let mine = match device {
