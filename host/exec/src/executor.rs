@@ -838,6 +838,8 @@ impl<D: Device> Executor<D> {
         if self.options.cuda_graph {
             return Err(graph::whole_steps_only("forward"));
         }
+        // Outside a step: `memory` must not count the last step's micro-batches.
+        self.fsdp_by_hand();
         self.forward_pass(Some(inputs), 0..self.graph.ops.len(), true)
     }
 
@@ -1424,7 +1426,7 @@ impl<D: Device> Executor<D> {
             return self.graph_step(inputs, h);
         }
         self.arm_buckets(1);
-        let loss = self.forward(inputs)?;
+        let loss = self.forward_pass(Some(inputs), 0..self.graph.ops.len(), true)?;
         self.backward()?;
         self.reduce_gradients()?;
         self.optimizer_step(h)?;
@@ -1478,6 +1480,7 @@ impl<D: Device> Executor<D> {
             &self.sched,
             self.fsdp.resting.as_ref(),
             &self.fsdp_carried(),
+            self.fsdp_in_a_step(),
         );
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
@@ -1571,7 +1574,7 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
 /// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes (without
 /// FSDP; an FSDP rank's [`Executor::memory`] walks its shards and gathers).
 pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
-    let l = walk_live(g, plan, sched, None, &[]);
+    let l = walk_live(g, plan, sched, None, &[], false);
     (l.peak, l.all, l.params)
 }
 
@@ -1596,6 +1599,7 @@ fn walk_live(
     sched: &RecomputeSchedule,
     fsdp: Option<&fsdp::Resting>,
     carried: &[TensorId],
+    scatters_in_backward: bool,
 ) -> Live {
     let bytes = |id: TensorId| g.tensors[id].numel() * 4;
     let covered = |id: TensorId| fsdp.is_some_and(|f| f.covers(id));
@@ -1724,7 +1728,7 @@ fn walk_live(
             .sum::<u64>();
         free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
         live -= std::mem::take(&mut aux_live[s.op]);
-        if let Some(f) = fsdp {
+        if let Some(f) = fsdp.filter(|_| scatters_in_backward) {
             f.walk_scatters(si, bytes, &mut has_grad, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
         live -= freed(fsdp::Pass::Backward, si);

@@ -687,6 +687,57 @@ fn fsdp_step_over_two_micro_batches_matches_the_full_batch_step() {
     }
 }
 
+/// A forward and backward called by hand after a step over two micro-batches are one
+/// micro-batch: `memory` reports what they held, not the whole gradients the step's
+/// second micro-batch carried (it counted them from the step's micro-batch count:
+/// 388100 bytes required against a 322020 peak), nor the reduce-scatters a step's
+/// backward starts (none by hand: 327044); a second one accumulated by hand carries the
+/// first's gradients.
+#[test]
+fn memory_after_a_forward_and_backward_by_hand_counts_no_carried_gradients() {
+    let (full_g, micro_g) = (llama(4, false), llama(1, false));
+    let data = synthetic_inputs(&full_g, 37);
+    let layout = Layout { dp: 2, fsdp: true, ..Layout::single(1, 4) };
+    let hs: Vec<_> = mesh(1, 1, 2)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&micro_g, &layout, m.coord).unwrap();
+            let rows = dp_rows(&data, m.coord.dp as usize, 2);
+            let micro: Vec<Data> = (0..2).map(|k| dp_rows(&rows, k, 2)).collect();
+            std::thread::spawn(move || {
+                let o = ExecOptions { fsdp_sharded_grads: false, ..options() };
+                let mut ex = Executor::for_rank(&s, Cpu::new(), o, m.groups).unwrap();
+                let batches: Vec<_> = micro.iter().map(inputs).collect();
+                ex.forward(&batches[0]).unwrap();
+                ex.backward().unwrap();
+                let fresh = ex.memory();
+                ex.reduce_gradients().unwrap();
+                ex.optimizer_step(&ADAMW_DEFAULT).unwrap();
+                ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+                let step = ex.memory();
+                ex.forward(&batches[0]).unwrap();
+                ex.backward().unwrap();
+                let by_hand = ex.memory();
+                // Accumulated by hand: the second micro-batch carries the first's.
+                ex.forward(&batches[1]).unwrap();
+                ex.backward_accumulate().unwrap();
+                (fresh, step, by_hand, ex.memory())
+            })
+        })
+        .collect();
+    for h in hs {
+        let (fresh, step, by_hand, accumulated) = h.join().unwrap();
+        // By hand, no reduce-scatter runs in the backward: the whole gradients stay to
+        // the end (counted as the step's scatter buffers, 1.5 % over the peak).
+        for m in [&fresh, &step, &by_hand, &accumulated] {
+            assert!(m.required_bytes <= m.peak_bytes && m.peak_bytes as f64 <= 1.01 * m.required_bytes as f64, "{m:?}");
+        }
+        assert_eq!(by_hand, fresh, "by hand after a step as before it");
+        assert!(by_hand.required_bytes < step.required_bytes, "{by_hand:?} against the step's {step:?}");
+        assert!(accumulated.required_bytes > by_hand.required_bytes, "{accumulated:?} carries {by_hand:?}'s gradients");
+    }
+}
+
 /// FSDP collectives that do not pair up, or a second set on a sharded rank, are refused.
 #[test]
 fn unpaired_or_repeated_fsdp_collectives_are_refused() {

@@ -113,8 +113,9 @@ pub(super) struct FsdpState<B> {
     scatters: Scatters<B>,
     /// The unit whose all-gather a pass started ahead (prefetch), and the call.
     prefetched: Option<(usize, InFlight<B>)>,
-    /// Micro-batches of the last step.
-    micro_batches: u32,
+    /// Micro-batches of the last step; `None` when the last forward was called by
+    /// hand ([`Executor::forward`]), outside a step.
+    micro_batches: Option<u32>,
 }
 
 impl<B> Default for FsdpState<B> {
@@ -125,7 +126,7 @@ impl<B> Default for FsdpState<B> {
             resting: None,
             scatters: Scatters { writers: Vec::new(), by_step: Vec::new(), done: Vec::new(), in_flight: None },
             prefetched: None,
-            micro_batches: 1,
+            micro_batches: None,
         }
     }
 }
@@ -619,7 +620,12 @@ impl<D: Device> Executor<D> {
     /// accumulated (each one after the first starts with them): every trained one
     /// without sharded gradients, else those of units reduced after the backward.
     pub(super) fn fsdp_carried(&self) -> Vec<TensorId> {
-        if self.fsdp.micro_batches <= 1 {
+        let Some(m) = self.fsdp.micro_batches else {
+            // Called by hand: the gradients the last backward added to
+            // (`backward_accumulate`), whatever the last step's micro-batches were.
+            return self.fsdp.units.iter().flat_map(|unit| unit.ids.iter().copied()).filter(|&id| self.carry[id] && self.plan.needs_grad[id]).collect();
+        };
+        if m <= 1 {
             return Vec::new();
         }
         let sharded = self.options.fsdp_sharded_grads;
@@ -639,9 +645,20 @@ impl<D: Device> Executor<D> {
         self.fsdp_scatters_in_backward() && self.fsdp.scatters.writers.iter().any(|w| !w.is_empty())
     }
 
+    /// A forward called by hand begins, outside any step.
+    pub(super) fn fsdp_by_hand(&mut self) {
+        self.fsdp.micro_batches = None;
+    }
+
+    /// Whether the last forward and backward ran in a step, whose backward may start
+    /// reduce-scatters (by hand, the whole gradients stay to `reduce_gradients`).
+    pub(super) fn fsdp_in_a_step(&self) -> bool {
+        self.fsdp.micro_batches.is_some()
+    }
+
     /// A step over `m` micro-batches starts: nothing of the last one is in flight.
     pub(super) fn fsdp_arm(&mut self, m: u32) {
-        self.fsdp.micro_batches = m;
+        self.fsdp.micro_batches = Some(m);
         self.fsdp.prefetched = None;
         let sc = &mut self.fsdp.scatters;
         sc.in_flight = None;
