@@ -541,6 +541,17 @@ impl Profiles {
     pub fn get(&self, name: &str) -> Result<&GpuProfile, String> {
         let hit = |g: &&GpuProfile| g.name.eq_ignore_ascii_case(name) || g.aliases.iter().any(|a| a.eq_ignore_ascii_case(name));
         self.gpus.iter().find(hit).ok_or_else(|| {
+            // SkyPilot's accelerator:count ("H100:8"): the type is known, the count is not its place.
+            if let Some((gpu, n)) = name.split_once(':')
+                && n.trim().parse::<u32>().is_ok()
+                && let Ok(g) = self.get(gpu.trim())
+            {
+                return format!(
+                    "GPU '{name}' carries a count (SkyPilot's accelerator:count): name the type alone ({}) and give the count as the GPU count (--gpus {}, or [cluster] gpus)",
+                    g.name.to_lowercase(),
+                    n.trim()
+                );
+            }
             let names: Vec<String> = self.gpus.iter().map(|g| g.name.to_lowercase()).collect();
             format!("unknown GPU '{name}'; known: {} (or add one with --profile FILE)", names.join(", "))
         })
@@ -672,6 +683,22 @@ bf16 = 500.0
         let nameless = text.split("\n[[gpu]]\n").nth(2).unwrap().replace("name = \"X1\"", "name = \" \"");
         let e = Profiles::with_overrides(&format!("[[gpu]]\n{nameless}"), "u.toml").unwrap_err();
         assert!(e.contains("name must be a visible GPU name"), "{e}");
+    }
+
+    /// The names clouds give the GPUs find them (GCP's accelerator types); SkyPilot's
+    /// accelerator:count is refused with the type and the count apart, not "unknown GPU".
+    #[test]
+    fn gpus_by_the_names_clouds_give_them() {
+        let p = Profiles::builtin();
+        for (name, gpu) in [("nvidia-h100-80gb", "H100"), ("NVIDIA-H200-141GB", "H200"), ("nvidia-tesla-a100", "A100-40GB"), ("nvidia-a100-80gb", "A100-80GB"), ("nvidia-b200", "B200")] {
+            assert_eq!(p.get(name).map(|g| g.name.as_str()), Ok(gpu), "{name}");
+        }
+        let e = p.get("H100:8").unwrap_err();
+        assert!(e.contains("name the type alone (h100)") && e.contains("--gpus 8"), "{e}");
+        let e = p.get("H100:x").unwrap_err();
+        assert!(e.starts_with("unknown GPU 'H100:x'"), "{e}");
+        let e = p.get("X9:8").unwrap_err();
+        assert!(e.starts_with("unknown GPU 'X9:8'"), "{e}");
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub struct QuickRun {
     #[arg(long, value_delimiter = ',')]
     pub gpu: Option<Vec<String>>,
     /// GPU counts, comma-separated (rounded up to whole nodes)
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', value_parser = gpu_count)]
     pub gpus: Option<Vec<u32>>,
     /// Precisions, comma-separated: bf16, fp8, fp8-cs, mxfp8, nvfp4 (default bf16,fp8)
     #[arg(long, value_delimiter = ',')]
@@ -99,8 +99,8 @@ pub struct QuickRun {
     /// Only this region (default: each cloud's cheapest)
     #[arg(long)]
     pub region: Option<String>,
-    /// Tokens to train (default: the variant's)
-    #[arg(long, allow_negative_numbers = true)]
+    /// Tokens to train, e.g. 15T, 300B or 1.5e12 (default: the variant's)
+    #[arg(long, allow_negative_numbers = true, value_parser = quantity)]
     pub tokens: Option<f64>,
     /// Sequence length (default: the variant's)
     #[arg(long)]
@@ -131,8 +131,8 @@ pub struct QuickRun {
     /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
     #[arg(long, allow_negative_numbers = true, value_name = "D")]
     pub target_days: Option<f64>,
-    /// Goal: the fastest run that costs at most USD
-    #[arg(long, allow_negative_numbers = true, value_name = "USD", conflicts_with = "target_days")]
+    /// Goal: the fastest run that costs at most USD (e.g. 2e6, 2M, $500K)
+    #[arg(long, allow_negative_numbers = true, value_name = "USD", conflicts_with = "target_days", value_parser = quantity)]
     pub budget: Option<f64>,
     /// Sweet spot: the largest count whose extra cost per day saved stays under USD (default: 1 % of the cheapest run)
     #[arg(long, allow_negative_numbers = true, value_name = "USD")]
@@ -239,7 +239,7 @@ enum Command {
         #[command(flatten)]
         target: commands::project::Target,
         /// GPU counts, comma-separated
-        #[arg(long, value_delimiter = ',', required = true)]
+        #[arg(long, value_delimiter = ',', required = true, value_parser = gpu_count)]
         gpus: Vec<u32>,
         /// Layouts to list per GPU count (at least 1)
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u16).range(1..))]
@@ -520,6 +520,36 @@ pub enum BenchCommand {
 }
 
 /// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
+/// A number as people write token counts and budgets: 1.5e12, 15T, 300B, 2M, $500K
+/// (K, M, B or G, T: thousand, million, billion, trillion; a leading $ ignored).
+fn quantity(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_prefix('$').unwrap_or(t);
+    if let Ok(v) = t.parse::<f64>() {
+        return Ok(v);
+    }
+    let scale = |c: char| match c.to_ascii_uppercase() {
+        'K' => Some(1e3),
+        'M' => Some(1e6),
+        'B' | 'G' => Some(1e9),
+        'T' => Some(1e12),
+        _ => None,
+    };
+    let parsed = t.chars().next_back().and_then(|c| Some((scale(c)?, t[..t.len() - c.len_utf8()].trim().parse::<f64>().ok()?)));
+    match parsed {
+        Some((k, v)) => Ok(v * k),
+        None => Err(format!("'{s}' is not a number: write it as 1.5e12, or with a suffix K, M, B (or G) or T, e.g. 15T")),
+    }
+}
+
+/// One of the comma-separated GPU counts of --gpus.
+fn gpu_count(s: &str) -> Result<u32, String> {
+    s.trim().parse::<u32>().map_err(|_| {
+        let hint = if s.contains('-') || s.contains("..") { " (ranges are not taken: list each count)" } else { "" };
+        format!("'{s}' is not a GPU count: give whole numbers, comma-separated, e.g. --gpus 64,512,2048{hint}")
+    })
+}
+
 fn count(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max)
 }
@@ -706,5 +736,29 @@ fn main() -> ExitCode {
             eprintln!("error: {}", runner::report::visible(&format!("{e:#}")));
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{gpu_count, quantity};
+
+    #[test]
+    fn quantities_take_the_suffixes_people_write() {
+        for (s, v) in [("1.5e12", 1.5e12), ("15T", 15e12), ("15t", 15e12), ("300B", 300e9), ("300G", 300e9), ("2M", 2e6), ("$500K", 5e5), (" 1.5 T", 1.5e12), ("-1", -1.0)] {
+            assert_eq!(quantity(s), Ok(v), "{s}");
+        }
+        for s in ["15X", "T", "", "1e12T12", "$"] {
+            let e = quantity(s).unwrap_err();
+            assert!(e.contains("is not a number") && e.contains("15T"), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_gpu_count_that_is_not_one_says_how_to_write_them() {
+        assert_eq!(gpu_count("64"), Ok(64));
+        assert!(gpu_count("8x").unwrap_err().contains("e.g. --gpus 64,512,2048"));
+        assert!(gpu_count("8-64").unwrap_err().contains("ranges are not taken"));
+        assert!(gpu_count("").unwrap_err().contains("'' is not a GPU count"));
     }
 }
