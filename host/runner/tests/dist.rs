@@ -309,3 +309,54 @@ fn the_slurm_examples_layout_runs() {
     let v = in_process(&["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "1", "--format", "json"]);
     assert_eq!(v.as_array().unwrap().len(), 16, "{v}");
 }
+
+/// The launch mistakes the launch path catches at once, through the binary: two processes
+/// started as rank 0 both fail within seconds naming the duplicate (the first waited out
+/// its --timeout for rank 1); a Slurm batch script's own environment (no srun step) is told
+/// to use srun rather than wait for ranks nothing starts; and rank 0 at an IPv6 address
+/// (MASTER_ADDR=::1) is met.
+#[test]
+fn launch_mistakes_fail_at_once_and_ipv6_meets() {
+    let dir = scratch("launch-mistakes");
+    let args = ["--device", "cpu", "bench", "collectives", "-b", "1K", "-e", "1K", "--ops", "all_reduce", "-n", "1", "-w", "1", "-q", "--timeout", "60"];
+    let start = |name: &str, env: &[(&str, String)]| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_runner"));
+        c.args(args).env_remove("LOCAL_RANK").env_remove("RANK").env_remove("WORLD_SIZE");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.stdout(std::fs::File::create(dir.join(format!("out-{name}"))).unwrap());
+        c.stderr(std::fs::File::create(dir.join(format!("err-{name}"))).unwrap());
+        c.spawn().expect("runner starts")
+    };
+    let torchrun = |r: usize, addr: &str, port: u16| vec![("RANK", r.to_string()), ("WORLD_SIZE", "2".into()), ("MASTER_ADDR", addr.into()), ("MASTER_PORT", port.to_string())];
+
+    let t0 = Instant::now();
+    let port = free_port();
+    let first = start("first", &torchrun(0, "127.0.0.1", port));
+    std::thread::sleep(Duration::from_millis(500));
+    let second = start("second", &torchrun(0, "127.0.0.1", port));
+    for (name, mut k) in [("first", first), ("second", second)] {
+        assert!(!k.wait().unwrap().success(), "the {name} rank 0 ran");
+        let err = read(&dir, &format!("err-{name}"));
+        assert!(err.contains("two processes claim rank 0 of 2"), "{name}: {err}");
+    }
+    assert!(t0.elapsed() < Duration::from_secs(20), "took {:?} (--timeout 60)", t0.elapsed());
+
+    let t0 = Instant::now();
+    let batch = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_ID", "7"), ("SLURM_JOB_NODELIST", "localhost")];
+    let mut k = start("batch", &batch.map(|(k, v)| (k, v.to_string())));
+    assert!(!k.wait().unwrap().success());
+    let err = read(&dir, "err-batch");
+    assert!(err.contains("batch script") && err.contains("srun"), "{err}");
+    assert!(t0.elapsed() < Duration::from_secs(10), "took {:?}", t0.elapsed());
+
+    if std::net::TcpListener::bind("[::1]:0").is_ok() {
+        let port = free_port();
+        let kids: Vec<Child> = (0..2).map(|r| start(&format!("v6-{r}"), &torchrun(r, "::1", port))).collect();
+        for (r, mut k) in kids.into_iter().enumerate() {
+            assert!(k.wait().unwrap().success(), "rank {r} over IPv6: {}", read(&dir, &format!("err-v6-{r}")));
+        }
+        assert!(read(&dir, "out-v6-0").contains(&format!("rendezvous at ::1:{port}")), "{}", read(&dir, "out-v6-0"));
+    }
+}
