@@ -17,8 +17,13 @@
 //!   with `grad_fp32`) over the dp·cp ranks holding the same dense weights, and the expert-data-parallel ranks for experts: an all-reduce,
 //!   or with the distributed optimizer a reduce-scatter plus an all-gather of the BF16
 //!   parameters (the FP8 and MXFP8 recipes' low-precision weights in their format, as
-//!   `fp8_param_gather` gathers them), hidden behind one micro-batch's backward (and forward) when overlapped
-//!   except for the last gradient bucket (Megatron's max(40M, 1M·dp) elements);
+//!   `fp8_param_gather` gathers them). Overlapped, the parameter gather hides behind one
+//!   micro-batch's forward but for the first bucket (Megatron's max(40M, 1M·dp) elements),
+//!   and the gradients' reduction goes where Megatron's schedules launch it: on the first
+//!   stage bucket by bucket during the last backward (all but the last bucket hidden), on
+//!   later stages whole after their last backward, in the pipeline's drain; with a virtual
+//!   pipeline chunk by chunk as each chunk's backward ends, so all but the last chunk's
+//!   hide behind the chunks still running;
 //!   FSDP gathers parameters twice and reduce-scatters gradients every micro-batch,
 //!   hidden behind that micro-batch's compute.
 //! - The optimizer (AdamW, fp32 master weights and moments) is memory-bound over the
@@ -904,7 +909,15 @@ impl Costed {
         // no full recompute (TransformerConfig asserts both), and a second micro-batch to
         // overlap with; elsewhere the all-to-all is exposed, and the layout says so.
         let overlap_runs = (pp == 1 || vp > 1) && s.recompute != RecomputePolicy::Full && m > 1;
-        let s = &Schedule { ep_overlap: s.ep_overlap && overlap_runs, ..*s };
+        // TP communication overlap runs on Transformer Engine's userbuffers, which map the
+        // tensor-parallel ranks' buffers into each other's memory through CUDA IPC or, on
+        // multi-node NVLink, fabric handles: one NVLink domain per TP group
+        // (github:NVIDIA/TransformerEngine transformer_engine/pytorch/module/base.py
+        // `initialize_ub`, which colours the domains by host; common/comm_gemm_overlap/
+        // userbuffers/userbuffers-host.cpp). A TP group across domains (TP16 on 8-GPU
+        // nodes) runs its collectives through NCCL, exposed, and the layout says so.
+        let tp_inside = key.tp <= 1 || self.rates.fabric.members_per_domain(self.rates.placement(&key, Group::Tp)).1;
+        let s = &Schedule { ep_overlap: s.ep_overlap && overlap_runs, tp_overlap: s.tp_overlap && tp_inside, ..*s };
         // In u64: degrees given on a command line may multiply past u32.
         let stage_gpus = u64::from(key.tp) * u64::from(key.cp) * u64::from(dp);
         let expert_ranks = u64::from(key.ep) * u64::from(key.etp);
@@ -1019,7 +1032,7 @@ impl Costed {
         let dpg = Placement { size: dp.saturating_mul(key.cp), stride: key.tp };
         let edp = saturate(stage_gpus / expert_ranks);
         let edpg = Placement { size: edp, stride: saturate(expert_ranks) };
-        let (stage_fwd, stage_bwd) = (stages[crit].fwd, stages[crit].bwd);
+        let stage_fwd = stages[crit].fwd;
         // Bytes per element over the dense and the expert group.
         let grads = |kind: OpKind, (on_dense, on_expert): (f64, f64)| {
             fabric.time(kind, on_dense * dense, dpg) + fabric.time(kind, on_expert * expert, edpg)
@@ -1046,22 +1059,57 @@ impl Costed {
             // parameters sit in buffers of their own, each bucketed for and reduced over
             // its own group, so the tail is the slower of the two last buckets (never more
             // than the whole reduction: a group of one moves nothing).
-            let dense_bucket = (runner_graph::shard::ddp_bucket_elems(dp * key.cp) as f64).min(dense);
-            let expert_bucket = (runner_graph::shard::ddp_bucket_elems(edp) as f64).min(expert);
-            let tail = |kind: OpKind, (on_dense, on_expert): (f64, f64)| {
-                fabric.time(kind, on_dense * dense_bucket, dpg).max(fabric.time(kind, on_expert * expert_bucket, edpg))
+            let buckets = [runner_graph::shard::ddp_bucket_elems(dp * key.cp) as f64, runner_graph::shard::ddp_bucket_elems(edp) as f64];
+            let tail_of = |kind: OpKind, (on_dense, on_expert): (f64, f64), d: f64, e: f64| {
+                fabric.time(kind, on_dense * buckets[0].min(d), dpg).max(fabric.time(kind, on_expert * buckets[1].min(e), edpg))
+            };
+            let tail = |kind: OpKind, bytes: (f64, f64)| tail_of(kind, bytes, dense, expert);
+            // What the step waits for of the gradients' reduction (`kind` at `bytes`), the
+            // most any stage leaves exposed. NeMo 2 and Megatron-Bridge both hand Megatron's
+            // schedules a grad_sync_func per model chunk (github:NVIDIA/NeMo
+            // nemo/lightning/megatron_parallel.py `extract_ddp_funcs`;
+            // github:NVIDIA-NeMo/Megatron-Bridge src/megatron/bridge/training/setup.py
+            // `_update_model_config_funcs`, align_grad_reduce on by default), and then
+            // (github:NVIDIA/Megatron-LM megatron/core/pipeline_parallel/schedules.py):
+            // - without a virtual pipeline, the first stage (and pp = 1) reduces bucket by
+            //   bucket during its last micro-batch's backward; every other stage launches its
+            //   whole reduction after its last backward, "during pipeline bubble": stage s
+            //   has the drain, the last backward of the s stages before it, to hide it in;
+            // - with one, each chunk's reduction is launched whole once its last micro-batch's
+            //   backward is done, at the same time on every stage, so the c-th chunk from the
+            //   end has c groups of pp chunk-backwards left to hide behind, the reductions
+            //   queue on the one data-parallel communicator, and the last chunk's, launched
+            //   at the stage's own end, is exposed but for the drain.
+            let exposed_reduction = |kind: OpKind, bytes: (f64, f64)| {
+                let mut drain = 0.0;
+                let mut worst = 0.0f64;
+                for (i, st) in stages.iter().enumerate() {
+                    let (d, e) = (st.params.dense, st.params.expert);
+                    let all = fabric.time(kind, bytes.0 * d, dpg) + fabric.time(kind, bytes.1 * e, edpg);
+                    let exposed = if vp > 1 {
+                        let (a, b) = (all / vp as f64, st.bwd / vp as f64);
+                        (1..vp).map(|c| (c + 1) as f64 * a - (c * pp) as f64 * b).fold((a - drain / vp as f64).max(0.0), f64::max)
+                    } else if i == 0 {
+                        (all - st.bwd).max(tail_of(kind, bytes, d, e))
+                    } else {
+                        (all - drain).max(0.0)
+                    };
+                    worst = worst.max(exposed);
+                    drain += st.bwd;
+                }
+                worst
             };
             if s.distributed_optimizer && !muon {
                 let rs = grads(OpKind::ReduceScatter, grad_bytes);
                 let ag = grads(OpKind::AllGather, params);
                 if s.dp_overlap {
-                    (rs + ag, (rs - stage_bwd).max(tail(OpKind::ReduceScatter, grad_bytes)) + (ag - stage_fwd).max(tail(OpKind::AllGather, params)))
+                    (rs + ag, exposed_reduction(OpKind::ReduceScatter, grad_bytes) + (ag - stage_fwd).max(tail(OpKind::AllGather, params)))
                 } else {
                     (rs + ag, rs + ag)
                 }
             } else {
                 let all = grads(OpKind::AllReduce, grad_bytes);
-                let ar = if s.dp_overlap { (all - stage_bwd).max(tail(OpKind::AllReduce, grad_bytes)) } else { all };
+                let ar = if s.dp_overlap { exposed_reduction(OpKind::AllReduce, grad_bytes) } else { all };
                 // Muon's layer-wise distributed optimizer all-reduces the gradients and
                 // all-gathers the updated weights after the step, unhidden
                 // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon

@@ -207,3 +207,60 @@ fn fp8_parameters_are_gathered_in_fp8() {
         close(&format!("{r} on {gpu}: DP gather"), bf16 - dp(gpu, r).0, saved);
     }
 }
+
+/// Where Megatron's schedules launch the gradients' reduction (NeMo 2 and Megatron-Bridge
+/// both set grad_sync_func per model chunk): with a virtual pipeline each chunk's
+/// reduce-scatter goes out whole once its backward is done, so only the last chunk's,
+/// launched at the first stage's end, is left with nothing to hide behind; without one the
+/// first stage reduces bucket by bucket during its last backward. Llama 3.1 70B at TP4 PP4
+/// CP2 DP2 on H100: the first stage holds 20 layers of 213,909,504 linear and 16,384 norm
+/// elements per tp rank and the embedding's 128,256/4 × 8,192, reduce-scattered over a
+/// data-parallel group of 4 with 2 members per node. Gradients in fp32 rather than BF16
+/// add 2 bytes per element to that reduce-scatter (the parameter gather does not change):
+/// at VP5 the step waits for a fifth of it (the last of five chunks; the compute hides the
+/// other four), without a virtual pipeline and a network slow enough that nothing hides it,
+/// for all of it. Priced behind one micro-batch's backward of the slowest (last) stage, a
+/// bucket of 40M elements was exposed at VP5 and the last stage's reduce-scatter at VP1.
+#[test]
+fn the_gradient_reduction_is_exposed_where_megatron_launches_it() {
+    let first_stage = 20.0 * (213_909_504.0 + 16_384.0) + 128_256.0 / 4.0 * 8192.0;
+    let dp = |pr: &mut runner_project::project::Projector<'static>, l: LayoutSpec| {
+        let bf16 = pr.project(&l).unwrap().breakdown.dp;
+        let fp32 = pr.project(&LayoutSpec { grad_fp32: true, ..l }).unwrap().breakdown.dp;
+        fp32 - bf16
+    };
+    let mut pr = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let l = links(&pr.gpu);
+    let extra = first_stage * 2.0 * 3.0 / 4.0 / l.up.min(2.0 * l.out);
+    close("VP5: the last chunk's reduce-scatter", dp(&mut pr, layout(4, 4, 2, 5, 2, 1, 128)), extra / 5.0);
+    let mut g = pr.gpu.clone();
+    g.scale_out_gbs = 0.1;
+    pr.set_gpu(g);
+    let l = links(&pr.gpu);
+    let extra = first_stage * 2.0 * 3.0 / 4.0 / l.up.min(2.0 * l.out);
+    close("VP1 over a slow network: the first stage's reduce-scatter", dp(&mut pr, layout(4, 4, 2, 1, 2, 1, 128)), extra);
+}
+
+/// Transformer Engine's userbuffers, which Megatron's TP communication overlap runs on,
+/// share the tensor-parallel ranks' buffers inside one NVLink domain (CUDA IPC, or fabric
+/// handles on multi-node NVLink): TP16 over two 8-GPU H100 nodes cannot overlap, and all
+/// of its TP traffic is exposed (it hid 70 % as if on NVLink); TP8 on one node and TP16
+/// inside a GB200 NVL72 domain overlap as before.
+#[test]
+fn tp_overlap_needs_the_tp_group_in_one_nvlink_domain() {
+    let full = |l: LayoutSpec| LayoutSpec { recompute: RecomputePolicy::Full, ..l };
+    for (gpu, tp, dp, overlaps) in [("h100", 16, 8, false), ("h100", 8, 16, true), ("gb200", 16, 8, true)] {
+        let mut pr = projector("llama3.1-70b", 8192, gpu, Recipe::Bf16);
+        let l = full(layout(tp, 1, 1, 1, dp, 1, 128));
+        assert!(l.tp_overlap);
+        let p = pr.project(&l).unwrap();
+        let what = format!("TP{tp} on {gpu}");
+        assert_eq!(p.layout.tp_overlap, overlaps, "{what}");
+        let exposed = p.breakdown.tp / p.comm.tp;
+        if overlaps {
+            assert!(exposed < 1.0 - 1e-9, "{what}: {exposed} of the TP traffic exposed");
+        } else {
+            assert!((exposed - 1.0).abs() < 1e-12, "{what}: {exposed} of the TP traffic exposed");
+        }
+    }
+}
