@@ -577,8 +577,14 @@ pub struct Costed {
     /// as FP8 parameters (Megatron's `fp8_param_gather`, on in Megatron-Bridge's FP8
     /// delayed, current-scaling and MXFP8 precision configs, off in its NVFP4 one:
     /// github:NVIDIA-NeMo/Megatron-Bridge/src/megatron/bridge/training/mixed_precision.py
-    /// @d9f7643, and in NeMo's FP8 ones): with the distributed optimizer no BF16 copy of
-    /// those weights stays resident, the fp32 master weights hold the precision.
+    /// @d9f7643; in NeMo 2's FP8 delayed and current-scaling ones, which its performance
+    /// scripts take, github:NVIDIA/NeMo nemo/collections/llm/recipes/precision/
+    /// mixed_precision.py and scripts/performance/helpers.py `set_precision_configs`, off
+    /// in its MXFP8 one, which no published run here used; and passed as
+    /// `+model.fp8_params` by DGX Cloud's NeMo 24.09 and 24.12 Llama 3.1 runs,
+    /// github:NVIDIA/dgxc-benchmarking llama3.1/configure.sh): with the distributed
+    /// optimizer no BF16 copy of those weights stays resident, the fp32 master weights
+    /// hold the precision.
     fp8_params: bool,
     /// Bytes per element of such an FP8 parameter as the distributed optimizer gathers
     /// it (one row-wise copy, MXFP8 with its block scales).
