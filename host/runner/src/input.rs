@@ -42,6 +42,32 @@ pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> 
         .map_err(|e| format!("{what} {} is not UTF-8 text (first bad byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
 }
 
+/// A number as people write token counts and budgets: 1.5e12, 15T, 300B, 2M, $500K
+/// (K, M, B or G, T: thousand, million, billion, trillion; a leading $ ignored): the
+/// command line's --tokens and --budget and a run file's tokens and budget_usd.
+///
+/// # Errors
+/// Says how to write one.
+pub fn quantity(s: &str) -> Result<f64, String> {
+    let t = s.trim();
+    let t = t.strip_prefix('$').unwrap_or(t);
+    if let Ok(v) = t.parse::<f64>() {
+        return Ok(v);
+    }
+    let scale = |c: char| match c.to_ascii_uppercase() {
+        'K' => Some(1e3),
+        'M' => Some(1e6),
+        'B' | 'G' => Some(1e9),
+        'T' => Some(1e12),
+        _ => None,
+    };
+    let parsed = t.chars().next_back().and_then(|c| Some((scale(c)?, t[..t.len() - c.len_utf8()].trim().parse::<f64>().ok()?)));
+    match parsed {
+        Some((k, v)) => Ok(v * k),
+        None => Err(format!("'{s}' is not a number: write it as 1.5e12, or with a suffix K, M, B (or G) or T, e.g. 15T")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

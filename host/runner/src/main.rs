@@ -100,7 +100,7 @@ pub struct QuickRun {
     #[arg(long)]
     pub region: Option<String>,
     /// Tokens to train, e.g. 15T, 300B or 1.5e12 (default: the variant's)
-    #[arg(long, allow_negative_numbers = true, value_parser = quantity)]
+    #[arg(long, allow_negative_numbers = true, value_parser = runner::input::quantity)]
     pub tokens: Option<f64>,
     /// Sequence length (default: the variant's)
     #[arg(long)]
@@ -132,7 +132,7 @@ pub struct QuickRun {
     #[arg(long, allow_negative_numbers = true, value_name = "D")]
     pub target_days: Option<f64>,
     /// Goal: the fastest run that costs at most USD (e.g. 2e6, 2M, $500K)
-    #[arg(long, allow_negative_numbers = true, value_name = "USD", conflicts_with = "target_days", value_parser = quantity)]
+    #[arg(long, allow_negative_numbers = true, value_name = "USD", conflicts_with = "target_days", value_parser = runner::input::quantity)]
     pub budget: Option<f64>,
     /// Sweet spot: the largest count whose extra cost per day saved stays under USD (default: 1 % of the cheapest run)
     #[arg(long, allow_negative_numbers = true, value_name = "USD")]
@@ -520,28 +520,6 @@ pub enum BenchCommand {
 }
 
 /// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
-/// A number as people write token counts and budgets: 1.5e12, 15T, 300B, 2M, $500K
-/// (K, M, B or G, T: thousand, million, billion, trillion; a leading $ ignored).
-fn quantity(s: &str) -> Result<f64, String> {
-    let t = s.trim();
-    let t = t.strip_prefix('$').unwrap_or(t);
-    if let Ok(v) = t.parse::<f64>() {
-        return Ok(v);
-    }
-    let scale = |c: char| match c.to_ascii_uppercase() {
-        'K' => Some(1e3),
-        'M' => Some(1e6),
-        'B' | 'G' => Some(1e9),
-        'T' => Some(1e12),
-        _ => None,
-    };
-    let parsed = t.chars().next_back().and_then(|c| Some((scale(c)?, t[..t.len() - c.len_utf8()].trim().parse::<f64>().ok()?)));
-    match parsed {
-        Some((k, v)) => Ok(v * k),
-        None => Err(format!("'{s}' is not a number: write it as 1.5e12, or with a suffix K, M, B (or G) or T, e.g. 15T")),
-    }
-}
-
 /// One of the comma-separated GPU counts of --gpus.
 fn gpu_count(s: &str) -> Result<u32, String> {
     s.trim().parse::<u32>().map_err(|_| {
@@ -741,7 +719,8 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{gpu_count, quantity};
+    use super::gpu_count;
+    use runner::input::quantity;
 
     #[test]
     fn quantities_take_the_suffixes_people_write() {

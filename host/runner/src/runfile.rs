@@ -6,6 +6,7 @@
 //! [model]
 //! plugin = "llama3.wasm"
 //! variant = "llama3.1-70b"
+//! tokens = "15T"         # or 1.5e13; default: the variant's
 //!
 //! [cluster]
 //! gpu = "H100"            # or several: ["H100", "H200", "B200"]
@@ -31,7 +32,7 @@
 //!
 //! [explore]
 //! target_days = 30               # the cheapest run that finishes in 30 days
-//! budget_usd = 2e6               # the fastest run within $2M
+//! budget_usd = 2e6               # the fastest run within $2M (or "2M")
 //! max_usd_per_day_saved = 50000  # sweet-spot rule; default 1 % of the cheapest run's cost
 //!
 //! [assumptions]                  # what quotes assume beyond the price lists
@@ -177,7 +178,8 @@ impl LayoutSection {
 pub struct ExploreSection {
     /// The cheapest run (GPU type, count, layout, precision, cloud) finishing within this many days.
     pub target_days: Option<f64>,
-    /// The fastest run costing at most this many US dollars.
+    /// The fastest run costing at most this many US dollars (a number, or a string such as "2M").
+    #[serde(deserialize_with = "quantity")]
     pub budget_usd: Option<f64>,
     /// Sweet spot: the largest GPU count whose extra cost per day saved (against the next
     /// smaller count) stays under this; default 1 % of the series' cheapest run per day.
@@ -196,6 +198,23 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
         Ok(OneOrMany::One(s)) => Ok(vec![s]),
         Ok(OneOrMany::Many(v)) => Ok(v),
         Err(_) => Err(serde::de::Error::custom("expected a name or a list of names, e.g. \"H100\" or [\"H100\", \"B200\"]")),
+    }
+}
+
+/// A number, or a string with a suffix as [`crate::input::quantity`] reads it ("15T").
+fn quantity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Quantity {
+        Float(f64),
+        Int(i64),
+        Text(String),
+    }
+    match Quantity::deserialize(d) {
+        Ok(Quantity::Float(v)) => Ok(Some(v)),
+        Ok(Quantity::Int(v)) => Ok(Some(v as f64)),
+        Ok(Quantity::Text(s)) => crate::input::quantity(&s).map(Some).map_err(serde::de::Error::custom),
+        Err(_) => Err(serde::de::Error::custom("expected a number, e.g. 1.5e12, or a string with a suffix, e.g. \"15T\"")),
     }
 }
 
@@ -229,7 +248,9 @@ pub struct ModelSection {
     pub variant: Option<String>,
     /// Sequence length; default: the variant's training default.
     pub seq_len: Option<u32>,
-    /// Tokens to train; default: the variant's training default.
+    /// Tokens to train (a number, or a string such as "15T"); default: the variant's
+    /// training default.
+    #[serde(default, deserialize_with = "quantity")]
     pub tokens: Option<f64>,
 }
 
@@ -658,6 +679,23 @@ mod tests {
         // The flags' run has no file: the key is named, no line.
         let err = parse_flags("[model]\nplugin = \"x\"\n[measure]\nrepeats = 0\n").unwrap_err();
         assert_eq!(err, "command line: [measure] repeats must be in 1..=1000, got 0");
+    }
+
+    /// Tokens and budgets as people write them, in the file as on the command line.
+    #[test]
+    fn tokens_and_budget_take_suffixes() {
+        let dir = std::env::temp_dir().join(format!("runfile-quantity-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("run.toml");
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\ntokens = \"15T\"\n\n[explore]\nbudget_usd = \"$2M\"\n").unwrap();
+        let file = load(&path).unwrap();
+        assert_eq!((file.model.tokens, file.explore.budget_usd), (Some(15e12), Some(2e6)));
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\ntokens = 1000000\n").unwrap();
+        assert_eq!(load(&path).unwrap().model.tokens, Some(1e6));
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\ntokens = \"15 trillion\"\n").unwrap();
+        let err = load(&path).unwrap_err();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(err.contains("line 3") && err.contains("'15 trillion' is not a number") && err.contains("e.g. 15T"), "{err}");
     }
 
     /// A plugin the file names that is not installed is refused at its line before
