@@ -20,7 +20,9 @@
 //! - Errors and timeouts: no call waits on the host for its completion (so the host keeps
 //!   queueing kernels while NCCL runs, as PyTorch's process group does). Each call's end
 //!   event goes to the group's watchdog thread (PyTorch's NCCL watchdog), which watches
-//!   the calls oldest first: each must complete within the timeout of being queued, and
+//!   the calls oldest first: each must complete within the timeout of starting (an event
+//!   recorded right before it is reached; not of being queued, since the host queues
+//!   ahead of the device and a call may wait behind this rank's own kernels), and
 //!   meanwhile it checks NCCL's asynchronous error and the control plane (which knows
 //!   when another rank's process died). Any of those makes it abort the communicator
 //!   (`ncclCommAbort` unblocks the kernels waiting on peers, so the device's stream and
@@ -251,22 +253,34 @@ fn abort(comm: &Comm, health: &RwLock<Option<String>>, why: String) {
     }
 }
 
-/// The watchdog's loop (PyTorch's NCCL watchdog): takes calls `(end, deadline, what)`
-/// from `calls` and watches them oldest first (a stream's work completes in order), each
-/// until `complete` says its end event is reached. While one is pending it checks
-/// `nccl_error` (the communicator's asynchronous error), the oracle (a dead rank) and
-/// the call's deadline, polling fast at first and then every millisecond. Returns the
-/// first failure, naming the call, or `None` once `calls` is closed and every call
-/// completed.
+/// A call the watchdog watches: the events right before and after it on its stream, how
+/// long it may take once it started, what it was.
+struct Call<E> {
+    start: E,
+    end: E,
+    timeout: Duration,
+    what: String,
+}
+
+/// The watchdog's loop (PyTorch's NCCL watchdog): takes [`Call`]s from `calls` and
+/// watches them oldest first (a stream's work completes in order), each until `complete`
+/// says its end event is reached. While one is pending it checks `nccl_error` (the
+/// communicator's asynchronous error), the oracle (a dead rank) and the call's timeout,
+/// counted from when it was first seen started (its start event reached, the front call),
+/// polling fast at first and then every millisecond. Returns the first failure, naming
+/// the call, or `None` once `calls` is closed and every call completed.
 fn watch<E>(
-    calls: &mpsc::Receiver<(E, Instant, String)>,
+    calls: &mpsc::Receiver<Call<E>>,
     complete: impl Fn(&E) -> Result<bool, String>,
     nccl_error: impl Fn() -> Option<String>,
     oracle: &FailureOracle,
 ) -> Option<String> {
-    let mut pending: VecDeque<(E, Instant, String)> = VecDeque::new();
+    let mut pending: VecDeque<Call<E>> = VecDeque::new();
     let mut pause = Duration::from_micros(20);
     let mut open = true;
+    // When the front call was seen started: a call queued behind this rank's own long
+    // kernels is not a rank that stopped calling.
+    let mut started: Option<Instant> = None;
     loop {
         if pending.is_empty() {
             if !open {
@@ -288,17 +302,25 @@ fn watch<E>(
                 }
             }
         }
-        while let Some((end, _, what)) = pending.front() {
-            match complete(end) {
+        while let Some(c) = pending.front() {
+            match complete(&c.end) {
                 Ok(true) => {
                     pending.pop_front();
+                    started = None;
                     pause = Duration::from_micros(20);
                 }
                 Ok(false) => break,
+                Err(e) => return Some(format!("{}: {e}", c.what)),
+            }
+        }
+        let Some(Call { start, timeout, what, .. }) = pending.front() else { continue };
+        if started.is_none() {
+            match complete(start) {
+                Ok(true) => started = Some(Instant::now()),
+                Ok(false) => {}
                 Err(e) => return Some(format!("{what}: {e}")),
             }
         }
-        let Some((_, deadline, what)) = pending.front() else { continue };
         if let Some(e) = nccl_error() {
             let more = oracle().map(|w| format!(" ({w})")).unwrap_or_default();
             return Some(format!("{what}: {e}{more}"));
@@ -306,7 +328,7 @@ fn watch<E>(
         if let Some(why) = oracle() {
             return Some(format!("{what}: {why}"));
         }
-        if Instant::now() >= *deadline {
+        if started.is_some_and(|t| t.elapsed() >= *timeout) {
             return Some(format!("{what}: timed out: a rank of the group stopped calling (see the other ranks' errors)"));
         }
         std::thread::sleep(pause);
@@ -343,12 +365,9 @@ pub struct NcclGroup {
     /// `Some(why)` once the communicator was aborted. NCCL calls hold the read side; the
     /// abort takes the write side.
     health: Arc<RwLock<Option<String>>>,
-    /// The watchdog's queue of calls (end event, deadline, what), and its thread.
-    watchdog: Option<(mpsc::Sender<Watched>, std::thread::JoinHandle<()>)>,
+    /// The watchdog's queue of calls, and its thread.
+    watchdog: Option<(mpsc::Sender<Call<CudaEvent>>, std::thread::JoinHandle<()>)>,
 }
-
-/// A call the watchdog watches: its end event, its deadline, what it was.
-type Watched = (CudaEvent, Instant, String);
 
 impl NcclGroup {
     /// Join the communicator of `size` ranks that `id` names, as `rank`, on `dev`;
@@ -409,7 +428,7 @@ impl NcclGroup {
             }
         };
         let health: Arc<RwLock<Option<String>>> = Arc::new(RwLock::new(None));
-        let (calls, queued) = mpsc::channel::<Watched>();
+        let (calls, queued) = mpsc::channel::<Call<CudaEvent>>();
         let thread = {
             let (health, oracle, comm) = (Arc::clone(&health), Arc::clone(&oracle), Comm(comm));
             let ctx = gpu.ctx.clone();
@@ -489,15 +508,19 @@ impl NcclGroup {
         }
     }
 
-    /// Hand the end of the work queued so far on `stream` to the watchdog.
-    fn watch(&self, stream: &CudaStream, what: &str) -> Result<(), ExecError> {
-        if !self.watched {
-            return Ok(());
-        }
+    /// The start of a call about to be queued on `stream`, for the watchdog (none when
+    /// unwatched: benchmarks keep their host time per call).
+    fn began(&self, stream: &CudaStream, what: &str) -> Result<Option<CudaEvent>, ExecError> {
+        if self.watched { self.event(stream, what).map(Some) } else { Ok(None) }
+    }
+
+    /// Hand the call queued on `stream` since `start` to the watchdog.
+    fn watch(&self, stream: &CudaStream, start: Option<CudaEvent>, what: &str) -> Result<(), ExecError> {
+        let Some(start) = start.filter(|_| self.watched) else { return Ok(()) };
         let end = self.event(stream, what)?;
         if let Some((calls, _)) = &self.watchdog {
             // Its thread ends only after an abort, which the next call reports.
-            let _ = calls.send((end, Instant::now() + self.timeout, what.to_string()));
+            let _ = calls.send(Call { start, end, timeout: self.timeout, what: what.to_string() });
         }
         Ok(())
     }
@@ -558,7 +581,7 @@ impl NcclGroup {
         self.live(what)
     }
 
-    fn done(&self, what: &str, r: Result<nr::NcclStatus, nr::NcclError>) -> Result<(), ExecError> {
+    fn done(&self, what: &str, start: Option<CudaEvent>, r: Result<nr::NcclStatus, nr::NcclError>) -> Result<(), ExecError> {
         let st = r.map_err(|e| self.fail(what, format!("{:?}", e.0)))?;
         if st == nr::NcclStatus::InProgress {
             // A non-blocking communicator (NCCL_COMM_BLOCKING=0) finishes the call in its
@@ -566,7 +589,7 @@ impl NcclGroup {
             // call, until it has.
             self.settle(what)?;
         }
-        self.watch(&self.stream, what)
+        self.watch(&self.stream, start, what)
     }
 
     /// [`settle`] on this group's communicator with its timeout and oracle.
@@ -600,6 +623,7 @@ impl NcclGroup {
         let t = nccl_type(input.elem());
         let (src, dst) = (self.dev.ptr(input), self.dev.ptr(output));
         let (mut so, mut ro) = (0usize, 0usize);
+        let start = self.began(&self.stream, what)?;
         let live = self.enter(what)?;
         let r = nr::group_start().and_then(|_| {
             let posted = (|| {
@@ -624,7 +648,7 @@ impl NcclGroup {
             posted.and(ended)
         });
         drop(live);
-        self.done(what, r)
+        self.done(what, start, r)
     }
 }
 
@@ -691,11 +715,12 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("all-reduce", buf)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer of buf.len() elements.
+        let start = self.began(&self.stream, "all-reduce")?;
         let r = {
             let _live = self.enter("all-reduce")?;
             unsafe { nr::all_reduce(p, p, buf.len(), nccl_type(buf.elem()), nccl_op(op), self.comm.0, self.stream()) }
         };
-        self.done("all-reduce", r)
+        self.done("all-reduce", start, r)
     }
 
     fn start(&self, dev: &Cuda, what: Started, buf: CudaBuffer) -> Result<InFlight<CudaBuffer>, ExecError> {
@@ -718,6 +743,7 @@ impl Collective<Cuda> for NcclGroup {
         // SAFETY: `p` holds buf.len() elements and `q` the result's `len` (in place for
         // an all-reduce); the InFlight keeps both alive until finish orders the device's
         // stream after the side stream's work.
+        let start = self.began(&self.side, name)?;
         let r = {
             let _live = self.enter(name)?;
             unsafe {
@@ -732,7 +758,7 @@ impl Collective<Cuda> for NcclGroup {
             self.settle(name)?;
         }
         let end = self.event(&self.side, name)?;
-        self.watch(&self.side, name)?;
+        self.watch(&self.side, start, name)?;
         Ok(match out {
             None => InFlight::running(buf, None, Box::new(SideCall { end })),
             Some(out) => InFlight::running(out, Some(buf), Box::new(SideCall { end })),
@@ -757,24 +783,26 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("all-gather", input)?;
         self.check("all-gather", output.len(), input.len() * self.size)?;
         // SAFETY: output holds size × input elements.
+        let start = self.began(&self.stream, "all-gather")?;
         let r = {
             let _live = self.enter("all-gather")?;
             unsafe { nr::all_gather(self.ptr(input), self.ptr(output), input.len(), nccl_type(input.elem()), self.comm.0, self.stream()) }
         };
-        self.done("all-gather", r)
+        self.done("all-gather", start, r)
     }
 
     fn reduce_scatter(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
         self.ready("reduce-scatter", input)?;
         self.check("reduce-scatter", input.len(), output.len() * self.size)?;
         // SAFETY: input holds size × output elements.
+        let start = self.began(&self.stream, "reduce-scatter")?;
         let r = {
             let _live = self.enter("reduce-scatter")?;
             unsafe {
                 nr::reduce_scatter(self.ptr(input), self.ptr(output), output.len(), nccl_type(input.elem()), ns::ncclRedOp_t::ncclSum, self.comm.0, self.stream())
             }
         };
-        self.done("reduce-scatter", r)
+        self.done("reduce-scatter", start, r)
     }
 
     fn all_to_all(&self, _dev: &Cuda, input: &CudaBuffer, output: &mut CudaBuffer) -> Result<(), ExecError> {
@@ -801,31 +829,34 @@ impl Collective<Cuda> for NcclGroup {
         self.ready("broadcast", buf)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer.
+        let start = self.began(&self.stream, "broadcast")?;
         let r = {
             let _live = self.enter("broadcast")?;
             unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) }
         };
-        self.done("broadcast", r)
+        self.done("broadcast", start, r)
     }
 
     fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
         self.ready("send", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
+        let start = self.began(&self.stream, "send")?;
         let r = {
             let _live = self.enter("send")?;
             unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) }
         };
-        self.done("send", r)
+        self.done("send", start, r)
     }
 
     fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
         self.ready("recv", buf)?;
         // SAFETY: a live buffer of buf.len() elements.
+        let start = self.began(&self.stream, "recv")?;
         let r = {
             let _live = self.enter("recv")?;
             unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) }
         };
-        self.done("recv", r)
+        self.done("recv", start, r)
     }
 
     fn batch_send_recv(&self, _dev: &Cuda, sends: &[(usize, &CudaBuffer)], recvs: &mut [(usize, &mut CudaBuffer)]) -> Result<(), ExecError> {
@@ -835,6 +866,7 @@ impl Collective<Cuda> for NcclGroup {
         for (_, b) in recvs.iter() {
             self.ready("batched recv", b)?;
         }
+        let start = self.began(&self.stream, "batched send-recv")?;
         let live = self.enter("batched send-recv")?;
         let r = nr::group_start().and_then(|_| {
             let mut posted = Ok(());
@@ -852,7 +884,7 @@ impl Collective<Cuda> for NcclGroup {
             posted.and(ended)
         });
         drop(live);
-        self.done("batched send-recv", r)
+        self.done("batched send-recv", start, r)
     }
 }
 
@@ -871,16 +903,21 @@ mod tests {
         Arc::new(std::sync::atomic::AtomicBool::new(on))
     }
 
+    /// A call that started (its start event reached) and ends when `end` is set.
+    fn call(end: Flag, timeout: Duration, what: &str) -> Call<Flag> {
+        Call { start: flag(true), end, timeout, what: what.to_string() }
+    }
+
     #[test]
     fn the_watchdog_lets_calls_complete_and_ends_with_the_group() {
         let (tx, rx) = mpsc::channel();
-        let far = Instant::now() + Duration::from_secs(30);
+        let far = Duration::from_secs(30);
         let flags: Vec<Flag> = (0..3).map(|_| flag(false)).collect();
         for (k, f) in flags.iter().enumerate() {
-            tx.send((f.clone(), far, format!("call {k}"))).unwrap();
+            tx.send(call(f.clone(), far, &format!("call {k}"))).unwrap();
         }
         // Already past its deadline but reached: not a failure.
-        tx.send((flag(true), Instant::now(), "done late".into())).unwrap();
+        tx.send(call(flag(true), Duration::ZERO, "done late")).unwrap();
         let setter = std::thread::spawn(move || {
             for f in flags {
                 std::thread::sleep(Duration::from_millis(5));
@@ -896,8 +933,8 @@ mod tests {
     fn the_watchdog_times_out_a_call_that_never_completes() {
         let (tx, rx) = mpsc::channel();
         let t0 = Instant::now();
-        tx.send((flag(true), t0, "all-gather".to_string())).unwrap();
-        tx.send((flag(false), t0 + Duration::from_millis(50), "all-reduce".to_string())).unwrap();
+        tx.send(call(flag(true), Duration::ZERO, "all-gather")).unwrap();
+        tx.send(call(flag(false), Duration::from_millis(50), "all-reduce")).unwrap();
         let why = watch(&rx, reached, || None, &no_oracle()).unwrap();
         let took = t0.elapsed();
         assert!(why.starts_with("all-reduce: timed out"), "{why}");
@@ -905,22 +942,56 @@ mod tests {
         drop(tx);
     }
 
+    /// A call queued behind this rank's own kernels for longer than the timeout is not
+    /// a rank that stopped calling: its time counts from its start (it counted from
+    /// when it was queued, and this one timed out at 50 ms of its 160). One that starts
+    /// and then hangs still times out, the timeout after its start.
+    #[test]
+    fn the_watchdog_counts_a_call_from_its_start_not_from_its_queueing() {
+        let set = |f: &Flag| f.store(true, std::sync::atomic::Ordering::SeqCst);
+        for hangs in [false, true] {
+            let (tx, rx) = mpsc::channel();
+            let t0 = Instant::now();
+            let (start, end) = (flag(false), flag(false));
+            tx.send(Call { start: start.clone(), end: end.clone(), timeout: Duration::from_millis(50), what: "all-reduce".into() }).unwrap();
+            let kernels = std::thread::spawn(move || {
+                // 150 ms of kernels before the all-reduce, which then takes 10 ms.
+                std::thread::sleep(Duration::from_millis(150));
+                set(&start);
+                if !hangs {
+                    std::thread::sleep(Duration::from_millis(10));
+                    set(&end);
+                    drop(tx);
+                }
+            });
+            let why = watch(&rx, reached, || None, &no_oracle());
+            let took = t0.elapsed();
+            kernels.join().unwrap();
+            if hangs {
+                assert!(why.as_deref().is_some_and(|w| w.starts_with("all-reduce: timed out")), "{why:?}");
+                assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(5), "{took:?}");
+            } else {
+                assert_eq!(why, None, "after {took:?}");
+            }
+        }
+    }
+
     #[test]
     fn the_watchdog_reports_nccls_error_and_a_dead_rank_at_once() {
-        let far = Instant::now() + Duration::from_secs(30);
+        let far = Duration::from_secs(30);
         let (tx, rx) = mpsc::channel();
-        tx.send((flag(false), far, "send".to_string())).unwrap();
+        tx.send(call(flag(false), far, "send")).unwrap();
         let dead: FailureOracle = Arc::new(|| Some("rank 3's process exited".into()));
         let t0 = Instant::now();
         let why = watch(&rx, reached, || Some("NCCL reported ncclRemoteError".into()), &dead).unwrap();
         assert_eq!(why, "send: NCCL reported ncclRemoteError (rank 3's process exited)");
-        tx.send((flag(false), far, "recv".to_string())).unwrap();
+        tx.send(call(flag(false), far, "recv")).unwrap();
         let why = watch(&rx, reached, || None, &dead).unwrap();
         assert_eq!(why, "recv: rank 3's process exited");
         assert!(t0.elapsed() < Duration::from_secs(5));
         // A CUDA error on the event is a failure too.
         let (tx, rx) = mpsc::channel();
-        tx.send((flag(false), far, "broadcast".to_string())).unwrap();
+        tx.send(call(flag(false), far, "broadcast")).unwrap();
         let why = watch(&rx, |_: &Flag| Err("CUDA error 700".to_string()), || None, &no_oracle()).unwrap();
         assert_eq!(why, "broadcast: CUDA error 700");
     }
