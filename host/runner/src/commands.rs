@@ -1054,22 +1054,25 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
 mod tests {
     use super::write_atomic;
 
+    /// A log kept in memory.
+    #[derive(Clone, Default)]
+    struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
     /// A log hears of a step when it starts and, while it runs, every interval: a step
     /// longer than the interval is never silent (`runner measure` printed nothing for the
     /// 65 s of one CPU GEMM), and steps quicker than it are not each printed.
     #[test]
     fn a_log_hears_of_a_long_step_every_interval() {
-        #[derive(Clone, Default)]
-        struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let sink = Sink::default();
         let every = std::time::Duration::from_millis(200);
         let steps = super::Steps::log(3, every, Box::new(sink.clone()));
@@ -1092,17 +1095,6 @@ mod tests {
     /// as it begins, and a step redone starts its seconds so far again.
     #[test]
     fn a_log_hears_of_steps_numbered_by_the_caller() {
-        #[derive(Clone, Default)]
-        struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
-        impl std::io::Write for Sink {
-            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(b);
-                Ok(b.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
         let sink = Sink::default();
         let every = std::time::Duration::from_millis(200);
         let steps = super::Steps::log(4, every, Box::new(sink.clone()));
