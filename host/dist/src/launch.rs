@@ -56,10 +56,18 @@ impl Launch {
 impl fmt::Display for Launch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "rank {} of {} (local {}, {})", self.rank, self.world, self.local_rank, self.source)?;
-        if let Some((h, p)) = &self.master {
-            write!(f, ", rendezvous at {h}:{p}")?;
+        if let Some(at) = self.rendezvous() {
+            write!(f, ", rendezvous at {at}")?;
         }
         Ok(())
+    }
+}
+
+impl Launch {
+    /// Rank 0's rendezvous address as one writes it: `host:port`, an IPv6 address in
+    /// brackets (`[::1]:29500`, not the ambiguous `::1:29500`).
+    pub fn rendezvous(&self) -> Option<String> {
+        self.master.as_ref().map(|(h, p)| if h.contains(':') && !h.starts_with('[') { format!("[{h}]:{p}") } else { format!("{h}:{p}") })
     }
 }
 
@@ -290,8 +298,11 @@ mod tests {
         assert_eq!((l.rank, l.world, l.local_rank, l.master.clone()), (3, 4, 1, Some(("10.0.0.1".into(), 1234))));
         assert!(l.source.contains("torchrun"));
         for addr in ["::1", "[::1]"] {
-            let l = detect_from(&env(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", addr)])).unwrap();
-            assert_eq!(l.master.unwrap().0, "::1");
+            let l = detect_from(&env(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", addr), ("MASTER_PORT", "1234")])).unwrap();
+            assert_eq!(l.master.clone().unwrap().0, "::1");
+            // Written back with brackets: "::1:1234" reads as an address of its own.
+            assert_eq!(l.rendezvous().as_deref(), Some("[::1]:1234"));
+            assert!(l.to_string().ends_with("rendezvous at [::1]:1234"), "{l}");
         }
         let l = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("MASTER_ADDR", "h")])).unwrap();
         assert_eq!((l.rank, l.local_rank, l.master.unwrap().1), (1, 1, DEFAULT_PORT));

@@ -186,8 +186,8 @@ fn count_nodes(all: &[f32]) -> usize {
 /// Which launcher started the ranks and where they met, for the report: a run that
 /// read the wrong launcher's variables is seen at once.
 fn launch_note(l: &Launch) -> String {
-    match &l.master {
-        Some((host, port)) => format!("launch: {}, rendezvous at {host}:{port}", l.source),
+    match l.rendezvous() {
+        Some(at) => format!("launch: {}, rendezvous at {at}", l.source),
         None => format!("launch: {}", l.source),
     }
 }
