@@ -1479,6 +1479,7 @@ impl<D: Device> Executor<D> {
             &self.plan,
             &self.sched,
             self.fsdp.resting.as_ref(),
+            &self.fsdp.pass_ends,
             &self.fsdp_carried(),
             self.fsdp_in_a_step(),
         );
@@ -1574,7 +1575,7 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
 /// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes (without
 /// FSDP; an FSDP rank's [`Executor::memory`] walks its shards and gathers).
 pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
-    let l = walk_live(g, plan, sched, None, &[], false);
+    let l = walk_live(g, plan, sched, None, &[Vec::new(), Vec::new()], &[], false);
     (l.peak, l.all, l.params)
 }
 
@@ -1592,12 +1593,15 @@ struct Live {
 /// [`live_bytes`], with the FSDP shards of `fsdp` (if any): a covered weight holds its
 /// pieces at rest; each pass gathers the whole weights it reads at its start and frees
 /// each after its last reader; the backward writes their whole gradients, which stay
-/// to the end of the pass (the reduce-scatter frees them).
+/// to the end of the pass (the reduce-scatter frees them). `pass_ends`: where the
+/// step's forward and backward passes ended, when they ran a pipeline chunk at a time
+/// (no prefetch crosses a chunk's end).
 fn walk_live(
     g: &Graph,
     plan: &BackwardPlan,
     sched: &RecomputeSchedule,
     fsdp: Option<&fsdp::Resting>,
+    pass_ends: &[Vec<usize>; 2],
     carried: &[TensorId],
     scatters_in_backward: bool,
 ) -> Live {
@@ -1626,6 +1630,8 @@ fn walk_live(
     // FSDP's gathers and reduce-scatters (`fsdp.rs` walks them), and the whole weights
     // a pass frees after op or step `at`.
     let mut in_flight = fsdp::InFlightUnits::default();
+    // The end of the pass that runs op (forward) or step (backward) `at`.
+    let end_of = |pass: fsdp::Pass, at: usize| pass_ends[pass as usize].iter().copied().find(|&e| e > at).unwrap_or(usize::MAX);
     let freed = |pass: fsdp::Pass, at: usize| -> u64 {
         fsdp.map_or(0, |f| f.freed_after(pass, at).iter().map(|&id| bytes(id)).sum())
     };
@@ -1675,7 +1681,7 @@ fn walk_live(
     };
     for oi in 0..g.ops.len() {
         if let Some(f) = fsdp {
-            f.walk_gathers(fsdp::Pass::Forward, oi, bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
+            f.walk_gathers(fsdp::Pass::Forward, oi, end_of(fsdp::Pass::Forward, oi), bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
         all += run_op(
             oi,
@@ -1699,7 +1705,7 @@ fn walk_live(
     peak = peak.max(live);
     for (si, s) in plan.steps.iter().enumerate() {
         if let Some(f) = fsdp {
-            f.walk_gathers(fsdp::Pass::Backward, si, bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
+            f.walk_gathers(fsdp::Pass::Backward, si, end_of(fsdp::Pass::Backward, si), bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
         if let Some(seg) = sched.rerun_before_step[si] {
             for (pos, &oi) in sched.segments[seg].iter().enumerate() {

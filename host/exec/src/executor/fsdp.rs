@@ -21,7 +21,7 @@
 //!   one layer's parameters at a time (PyTorch FSDP without prefetch), and gathers
 //!   every weight once: the step collective's count 2·m, a forward and a backward
 //!   gather of the model per micro-batch, in one call per unit. A pipeline chunk's pass
-//!   gathers what its own ops read.
+//!   gathers what its own ops read (and prefetches within the chunk only).
 //! - **Gradients.** The backward writes whole gradients. A unit's reduce-scatter sums
 //!   them over the group, divides by the collective's `mean_over` (as the `dp`
 //!   all-reduce divides) and adds this rank's chunk to its gradient pieces; the whole
@@ -116,6 +116,11 @@ pub(super) struct FsdpState<B> {
     /// Micro-batches of the last step; `None` when the last forward was called by
     /// hand ([`Executor::forward`]), outside a step.
     micro_batches: Option<u32>,
+    /// Per pass (forward ops, backward steps): where the last step's passes ended,
+    /// when they ran a pipeline chunk at a time; empty when each ran the whole graph.
+    /// A pass prefetches only within its own range (`gather_for`), and the memory
+    /// walk follows.
+    pub(super) pass_ends: [Vec<usize>; 2],
 }
 
 impl<B> Default for FsdpState<B> {
@@ -127,6 +132,7 @@ impl<B> Default for FsdpState<B> {
             scatters: Scatters { writers: Vec::new(), by_step: Vec::new(), done: Vec::new(), in_flight: None },
             prefetched: None,
             micro_batches: None,
+            pass_ends: [Vec::new(), Vec::new()],
         }
     }
 }
@@ -166,8 +172,9 @@ pub(super) struct Resting {
     /// the weights of it the pass reads.
     before: [Vec<Vec<UnitGather>>; 2],
     /// Per pass, per op or step: the unit whose gather starts after those (the next
-    /// one the pass gathers), when passes prefetch.
-    prefetch_after: [Vec<Option<usize>>; 2],
+    /// one the pass gathers) and the op or step it is gathered before, when passes
+    /// prefetch.
+    prefetch_after: [Vec<Option<(usize, usize)>>; 2],
     /// Whether the passes prefetch ([`super::ExecOptions::fsdp_prefetch`]).
     prefetch: bool,
     /// Per pass: the ops each forward op, or backward step, runs (the step's re-run
@@ -263,7 +270,7 @@ impl Resting {
                 if let Some(&(u, _)) = self.before[p as usize][at].first() {
                     let shared = self.units[u].1 > self.units[u].2;
                     if let Some(l) = last.filter(|_| prefetch && shared) {
-                        self.prefetch_after[p as usize][l] = Some(u);
+                        self.prefetch_after[p as usize][l] = Some((u, at));
                     }
                     last = Some(at);
                 }
@@ -313,8 +320,9 @@ impl Resting {
     /// its own chunk and the gathered flat buffer (allocated when its gather started:
     /// here, or at the gather before when it was prefetched), the chunk freed at the
     /// finish, the weights the pass reads copied out, the flat buffer freed; then the
-    /// prefetch of the next unit starts.
-    pub(super) fn walk_gathers(&self, pass: Pass, at: usize, bytes: impl Fn(TensorId) -> u64, mut w: Walk<'_>) {
+    /// prefetch of the next unit starts, if it is gathered before `end`: a pass that
+    /// runs one pipeline chunk ([`Executor::fsdp_passes`]) prefetches nothing past it.
+    pub(super) fn walk_gathers(&self, pass: Pass, at: usize, end: usize, bytes: impl Fn(TensorId) -> u64, mut w: Walk<'_>) {
         for (u, reads) in &self.before[pass as usize][at] {
             let (_, flat, chunk) = self.units[*u];
             // A unit over one rank: its chunk is the whole (no call, no second buffer).
@@ -328,7 +336,8 @@ impl Resting {
             w.add(reads.iter().map(|&id| bytes(id)).sum());
             w.sub(flat * 4);
         }
-        if let Some(next) = self.prefetch_after[pass as usize][at]
+        if let Some((next, before)) = self.prefetch_after[pass as usize][at]
+            && before < end
             && w.in_flight.prefetched.is_none()
         {
             w.add((self.units[next].1 + self.units[next].2) * 4);
@@ -648,6 +657,16 @@ impl<D: Device> Executor<D> {
     /// A forward called by hand begins, outside any step.
     pub(super) fn fsdp_by_hand(&mut self) {
         self.fsdp.micro_batches = None;
+        self.fsdp.pass_ends = [Vec::new(), Vec::new()];
+    }
+
+    /// The coming step's passes each run one pipeline chunk (or, on a rank of one,
+    /// the whole graph): forward ops ending at each of `ops`, backward steps at each of
+    /// `steps`, in any order (what [`Executor::memory`] walks).
+    pub(super) fn fsdp_passes(&mut self, mut ops: Vec<usize>, mut steps: Vec<usize>) {
+        ops.sort_unstable();
+        steps.sort_unstable();
+        self.fsdp.pass_ends = [ops, steps];
     }
 
     /// Whether the last forward and backward ran in a step, whose backward may start
@@ -659,6 +678,7 @@ impl<D: Device> Executor<D> {
     /// A step over `m` micro-batches starts: nothing of the last one is in flight.
     pub(super) fn fsdp_arm(&mut self, m: u32) {
         self.fsdp.micro_batches = Some(m);
+        self.fsdp.pass_ends = [Vec::new(), Vec::new()];
         self.fsdp.prefetched = None;
         let sc = &mut self.fsdp.scatters;
         sc.in_flight = None;
