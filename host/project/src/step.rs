@@ -425,7 +425,9 @@ pub struct GroupPlace {
 /// A step's communication, seconds per part whether hidden or not (the breakdown has what
 /// the step waits for), and where each group of more than one rank sits. Expert tensor
 /// parallelism counts under `ep`, expert gradients under `dp`, as in the breakdown; `pp` is
-/// the critical stage's own sends.
+/// the critical stage's own sends; `dp` the critical stage's, but with the distributed
+/// optimizer's gradient reduction overlapped, the largest stage's reduction (the stage the
+/// step waits for need not be the slowest).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Communication {
     pub tp: f64,
@@ -1086,9 +1088,10 @@ impl Costed {
             //   end has c groups of pp chunk-backwards left to hide behind, the reductions
             //   queue on the one data-parallel communicator, and the last chunk's, launched
             //   at the stage's own end, is exposed but for the drain.
+            // Also the largest stage's reduction, the traffic that exposure is part of.
             let exposed_reduction = |kind: OpKind, bytes: (f64, f64)| {
                 let mut drain = 0.0;
-                let mut worst = 0.0f64;
+                let (mut worst, mut largest) = (0.0f64, 0.0f64);
                 for (i, st) in stages.iter().enumerate() {
                     let (d, e) = (st.params.dense, st.params.expert);
                     let all = fabric.time(kind, bytes.0 * d, dpg) + fabric.time(kind, bytes.1 * e, edpg);
@@ -1101,21 +1104,28 @@ impl Costed {
                         (all - drain).max(0.0)
                     };
                     worst = worst.max(exposed);
+                    largest = largest.max(all);
                     drain += st.bwd;
                 }
-                worst
+                (worst, largest)
             };
             if s.distributed_optimizer && !muon {
                 let rs = grads(OpKind::ReduceScatter, grad_bytes);
                 let ag = grads(OpKind::AllGather, params);
                 if s.dp_overlap {
-                    (rs + ag, exposed_reduction(OpKind::ReduceScatter, grad_bytes) + (ag - stage_fwd).max(tail(OpKind::AllGather, params)))
+                    let (exposed, largest) = exposed_reduction(OpKind::ReduceScatter, grad_bytes);
+                    (largest + ag, exposed + (ag - stage_fwd).max(tail(OpKind::AllGather, params)))
                 } else {
                     (rs + ag, rs + ag)
                 }
             } else {
-                let all = grads(OpKind::AllReduce, grad_bytes);
-                let ar = if s.dp_overlap { exposed_reduction(OpKind::AllReduce, grad_bytes) } else { all };
+                let (all, ar) = if s.dp_overlap {
+                    let (exposed, largest) = exposed_reduction(OpKind::AllReduce, grad_bytes);
+                    (largest, exposed)
+                } else {
+                    let all = grads(OpKind::AllReduce, grad_bytes);
+                    (all, all)
+                };
                 // Muon's layer-wise distributed optimizer all-reduces the gradients and
                 // all-gathers the updated weights after the step, unhidden
                 // (Megatron-Bridge's Kimi-K2 recipe: overlap_param_gather False, "Muon
