@@ -197,6 +197,7 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
         &file,
         "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice,EffectiveDate,Source,Caveats\n\
          broker-8xh100,H100,8,eu-1,8.00,,2026-11-20,resale listing,resale\n\
+         dear-8xh100,H100,8,eu-1,20.00,,2026-11-15,contract 41,\n\
          ours-8xh100,H100,8,eu-1,16.00,6.00,2026-11-15,contract 42,\n",
     )
     .unwrap();
@@ -210,7 +211,7 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     let o = quiet(&parse(&text("")));
     let i = o.clouds.iter().position(|c| c == "our-contract").expect("the file is a cloud named after it");
     let q = o.series[0].rows[0].costs[i].quote().unwrap();
-    assert_eq!((q.instance.as_str(), q.price_date.as_str()), ("ours-8xh100", "2026-11-15"), "the clean price, not the resale one");
+    assert_eq!((q.instance.as_str(), q.price_date.as_str()), ("ours-8xh100", "2026-11-15"), "the cheapest clean price, not the resale one");
     assert!(q.caveats.is_empty() && q.price_source.starts_with("contract 42"), "{q:?}");
     assert!(o.plugins.iter().any(|p| p.name == "price_file.wasm"));
     // Only the caveated row left: it is chosen, and says so.
@@ -246,6 +247,14 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
     let od = on_demand.series[0].rows[0].costs[on_demand.clouds.iter().position(|c| c == "our-contract").unwrap()].quote().unwrap().clone();
     let (ratio, stretch) = (storage(q) / storage(&od), q.hours / od.hours);
     assert!(stretch > 1.0 && (ratio - stretch).abs() < 1e-9, "storage x{ratio}, hours x{stretch}");
+    // Storage holds two checkpoints of 14 bytes per parameter and the data set at 4 bytes
+    // per token for the run's days (months of 365.25 / 12 days); egress is the BF16 weights.
+    let m = &on_demand.model;
+    let months = on_demand.series[0].rows[0].days.unwrap() / (365.25 / 12.0);
+    let gb_months = (2.0 * 14.0 * m.params_total as f64 + 4.0 * m.tokens) / 1e9 * months;
+    assert!((storage(&od) / gb_months - 1.0).abs() < 1e-9, "{} GB-months, not {gb_months}", storage(&od));
+    let egress = od.lines.iter().find(|l| l.category == "egress").map(|l| l.quantity).unwrap();
+    assert!((egress / (2.0 * m.params_total as f64 / 1e9) - 1.0).abs() < 1e-9, "{egress} GB");
     assert!(o.notes.iter().any(|n| n.contains("interrupted 0.033 times per node-day")), "the assumption is stated");
     // A bad row stops the run, naming the file and the line.
     std::fs::write(&file, "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nok,H100,8,eu-1,16\nbad,H100,8,eu-1,free\n").unwrap();

@@ -1242,4 +1242,50 @@ mod tests {
         assert_eq!(plugin_stem("price_file"), PRICE_FILE_PLUGIN);
         assert_eq!(plugin_stem("aws.wasm"), "aws");
     }
+
+    /// The default threshold is 1 % of the series' cheapest run, not of its dearest: a step
+    /// costing $12,000 per day saved is over 1 % of $1.0M, though under 1 % of $1.6M.
+    #[test]
+    fn the_default_threshold_is_a_share_of_the_cheapest_run() {
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.6e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(64), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.contains("$12.0K per day saved, over the $10.0K threshold"), "{}", s.sweet_spot_why);
+    }
+
+    /// A row's cheapest quote is the cheapest cloud's, whichever column it is in; the
+    /// relative cost and a goal's answer (and the cloud it names) follow it.
+    #[test]
+    fn a_rows_cheapest_quote_is_found_in_any_column_and_named_by_the_goal() {
+        let two = |gpus: u32, days: f64, a: f64, b: f64| Row { costs: vec![quote(a, &[]), quote(b, &[])], ..row(gpus, days, a) };
+        let mut s = series(vec![two(64, 100.0, 1.0e6, 0.8e6), two(128, 50.0, 1.2e6, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.rows.iter().map(|r| r.cheapest).collect::<Vec<_>>(), [Some(1), Some(1)]);
+        assert!((s.rows[1].relative_cost.unwrap() - 1.25).abs() < 1e-12, "$1.0M against $0.8M");
+        let clouds = ["a".to_string(), "b".to_string()];
+        let a = answer(Goal::TargetDays(60.0), &[s], &clouds, &[64, 128]);
+        let best = a.best.unwrap();
+        assert_eq!((best.gpus, best.usd, best.cloud.as_deref()), (128, Some(1.0e6), Some("b")));
+    }
+
+    /// A budget nothing meets answers with the cheapest run wherever it stands in the
+    /// series (here not the smallest count); a goal many runs meet lists four runners-up
+    /// (EXPLORER.md), in the goal's order.
+    #[test]
+    fn the_nearest_run_to_a_budget_is_the_cheapest_and_four_runners_up_follow_the_best() {
+        let mut s = series(vec![row(64, 100.0, 1.2e6), row(128, 50.0, 1.1e6), row(256, 25.0, 1.3e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let clouds = ["c".to_string()];
+        let a = answer(Goal::Budget(5e5), &[s], &clouds, &[64, 128, 256]);
+        assert!(!a.met);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 128, "{}", a.why);
+        assert!(a.why.ends_with("the cheapest costs $1.10M"), "{}", a.why);
+        let counts = [8, 16, 32, 64, 128, 256];
+        let usd = [6.0e5, 5.0e5, 4.0e5, 3.0e5, 2.0e5, 1.0e5];
+        let mut s = series(counts.iter().zip(usd).map(|(&n, u)| row(n, 800.0 / f64::from(n), u)).collect());
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let a = answer(Goal::TargetDays(1000.0), &[s], &clouds, &counts);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 256);
+        assert_eq!(a.runners_up.iter().map(|c| c.gpus).collect::<Vec<_>>(), [128, 64, 32, 16]);
+    }
 }

@@ -528,4 +528,30 @@ pub(crate) mod tests {
         let quotes = [None, Some(cost(5.0, true)), Some(cost(30.0, false)), Some(cost(20.0, false)), Some(cost(1.0, true)), None];
         assert_eq!(rank_clouds(0..quotes.len(), |i| quotes[i].as_ref()), [3, 2, 4, 1, 0, 5]);
     }
+
+    #[test]
+    fn billed_hours_are_unknown_when_one_compute_line_is_in_a_unit_it_cannot_read() {
+        use crate::plugin::cost::QuoteLine;
+        let line = |quantity, unit: &str| QuoteLine {
+            item: "x".into(),
+            category: LineCategory::Compute,
+            quantity,
+            unit: unit.into(),
+            amount: 1.0,
+            estimate: false,
+            caveats: Vec::new(),
+        };
+        // 4 nodes for 10 h, and a month more on a line it cannot read: not 10 h.
+        assert_eq!(billed_hours(&[line(40.0, "node-hour"), line(4.0, "node-month")], 4, 32), None);
+        assert_eq!(billed_hours(&[line(4.0, "node-month"), line(40.0, "node-hours")], 4, 32), None);
+    }
+
+    /// A price for every region ("*", Lambda's flat list) applies to a run asked in any
+    /// region; a named region's price only to that region.
+    #[test]
+    fn an_every_region_price_applies_in_the_region_asked() {
+        assert!(in_region(ANY_REGION, "us-east-1"));
+        assert!(in_region("us-east-1", "us-east-1") && in_region("us-east-1", ""));
+        assert!(!in_region("us-west-2", "us-east-1"));
+    }
 }
