@@ -647,6 +647,9 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
         assert!(err.contains("unknown column 'ondemand'"), "{err}");
         let bad = "instance,gpu,gpus_per_node,region,on_demand,source\nx,H100,8,east,-1,page\n";
         assert!(offerings_from_csv(bad, BILLING).unwrap_err().contains("must be positive"));
+        let free = "instance,gpu,gpus_per_node,region,on_demand,source\nx,H100,8,east,0,page\n";
+        let err = offerings_from_csv(free, BILLING).unwrap_err();
+        assert!(err.contains("line 2, column on_demand: price 0 must be positive"), "{err}");
         let bad = "instance,gpu,gpus_per_node,region,on_demand,source,caveats\nx,H100,8,east,1,page,cheap\n";
         assert!(offerings_from_csv(bad, BILLING).unwrap_err().contains("'cheap'"));
     }
@@ -806,5 +809,58 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
         let list = "instance,gpu,gpus_per_node,region,on_demand,spot,source\nx,A100,8,central,10,11,page\n";
         let err = validate_offerings(&offerings_from_csv(list, BILLING).unwrap()).unwrap_err();
         assert!(err.contains("spot costs 11") && err.contains("more than on-demand (10)"), "{err}");
+    }
+
+    #[test]
+    fn a_suspect_price_is_an_estimate_like_a_lower_bound_but_a_resale_one_is_not() {
+        let priced = |caveat| {
+            let p = Price { caveats: vec![caveat], ..Price::hourly("r", PurchaseOption::OnDemand, 10.0) };
+            let q = standard_quote(&[Offering::nodes("x", "H100", 8, vec![p])], &request("x", "r", 1.0)).unwrap();
+            q.lines[0].estimate
+        };
+        assert!(priced(PriceCaveat::Suspect), "a doubted number is not the price billed");
+        assert!(priced(PriceCaveat::LowerBound));
+        assert!(!priced(PriceCaveat::Resale), "a resale listing is billed as listed");
+    }
+
+    /// The host refuses a quote below the list price of what was asked for, the upfront
+    /// part of a term included: 2 nodes on a 1-year partial-upfront term at 4 USD/node-hour
+    /// and 1000 USD up front cost at least 2 x (8760 x 4 + 1000) = 72,080 USD.
+    #[test]
+    fn a_quote_that_leaves_out_the_upfront_payment_is_below_the_list_price() {
+        // Billed in whole years, as offerings_from_csv and the price-file plugin bill terms.
+        let year = 8760 * 3600;
+        let term = |option, usd, upfront| Price {
+            upfront_usd_per_node: upfront,
+            billing_increment_s: year,
+            minimum_charge_s: year,
+            ..Price::hourly("r", option, usd)
+        };
+        let offerings = vec![Offering::nodes(
+            "u",
+            "H100",
+            8,
+            vec![term(PurchaseOption::OnDemand, 10.0, 0.0), term(PurchaseOption::OneYearPartialUpfront, 4.0, 1000.0)],
+        )];
+        let mut r = request("u", "r", 100.0);
+        r.option = PurchaseOption::OneYearPartialUpfront;
+        let mut q = standard_quote(&offerings, &r).unwrap();
+        assert_eq!(q.total, 72_080.0);
+        validate_quote(&r, &q, &offerings).unwrap();
+        q.lines.truncate(1);
+        q.total = q.lines[0].amount;
+        assert_eq!(q.total, 70_080.0);
+        let err = validate_quote(&r, &q, &offerings).unwrap_err();
+        assert!(err.contains("below the list price") && err.contains("72080.00 USD"), "{err}");
+    }
+
+    #[test]
+    fn a_quote_line_of_infinite_quantity_is_refused() {
+        let offerings = offerings();
+        let r = request("big", "east", 1.0);
+        let mut q = standard_quote(&offerings, &r).unwrap();
+        q.lines[0].quantity = f64::INFINITY;
+        let err = validate_quote(&r, &q, &offerings).unwrap_err();
+        assert!(err.contains("non-finite or negative quantity"), "{err}");
     }
 }
