@@ -251,6 +251,14 @@ fn layouts_needing_more_memory_than_the_gpu_are_refused() {
     assert!(f.best.is_empty(), "405B fits on 8 H100? {:?}", f.best.first().map(|p| p.layout.short()));
     assert!(f.families.iter().any(|fam| matches!(fam.verdict, Verdict::Memory { .. })));
     assert!(f.families.iter().all(|fam| matches!(fam.verdict, Verdict::Memory { .. } | Verdict::Divisibility { .. })));
+    // A family that does not fit reports the least memory its layouts need (what the
+    // explorer's "nothing fits" names): no more than TP8 at one micro-batch with every
+    // layer recomputed, one of them.
+    let least = pr.project(&LayoutSpec { recompute: RecomputePolicy::Full, ..layout(8, 1, 1, 1, 1, 1, 16) }).unwrap();
+    match &f.families.iter().find(|fam| fam.name == "TP").expect("a TP family").verdict {
+        Verdict::Memory { need_gib, .. } => assert!(*need_gib <= least.memory.total * (1.0 + 1e-9), "{need_gib} GiB, more than {} for {}", least.memory.total, least.layout.short()),
+        v => panic!("{v:?}"),
+    }
     let p = pr.project(&layout(8, 1, 1, 1, 1, 1, 16)).unwrap();
     assert!(!p.fits && p.memory.total > p.memory.capacity, "{:?}", p.memory);
     // 16 nodes are enough.
@@ -322,6 +330,16 @@ fn search_ranks_fitting_layouts_and_explains_the_rest() {
     // Fixing a degree restricts the search to it.
     let f = search::search(&mut pr, 1024, 2048, &Space { tp: Some(8), ..Space::default() }, 3);
     assert!(f.best.iter().all(|p| p.layout.tp == 8));
+}
+
+/// TP stays inside one NVLink domain: GPT-3's 96 heads divide by 16 and 32, but on
+/// 8-GPU H100 nodes no layout the search returns spreads TP across nodes.
+#[test]
+fn the_search_keeps_tp_inside_the_nvlink_domain() {
+    let mut pr = projector("gpt3-175b", 2048, "h100", Recipe::Bf16);
+    let f = search::search(&mut pr, 64, 128, &Space::default(), 2000);
+    let tps: std::collections::BTreeSet<u32> = f.best.iter().map(|p| p.layout.tp).collect();
+    assert!(tps.len() > 1 && tps.iter().all(|&t| t <= 8), "{tps:?}");
 }
 
 /// Megatron-Core's attention divides its query groups (kv heads) by tp, so the search
