@@ -17,8 +17,9 @@
 //!   with `grad_fp32`) over the dp·cp ranks holding the same dense weights, and the expert-data-parallel ranks for experts: an all-reduce,
 //!   or with the distributed optimizer a reduce-scatter plus an all-gather of the BF16
 //!   parameters (the FP8 and MXFP8 recipes' low-precision weights in their format, as
-//!   `fp8_param_gather` gathers them). Overlapped, the parameter gather hides behind one
-//!   micro-batch's forward but for the first bucket (Megatron's max(40M, 1M·dp) elements),
+//!   `fp8_param_gather` gathers them). Overlapped, the parameter gather hides behind the
+//!   first micro-batch's forward but for the first bucket (Megatron's max(40M, 1M·dp)
+//!   elements), with a virtual pipeline chunk by chunk ahead of each chunk's first forward,
 //!   and the gradients' reduction goes where Megatron's schedules launch it: on the first
 //!   stage bucket by bucket during the last backward (all but the last bucket hidden), on
 //!   later stages whole after their last backward, in the pipeline's drain; with a virtual
@@ -1072,6 +1073,7 @@ impl Costed {
                 fabric.time(kind, on_dense * buckets[0].min(d), dpg).max(fabric.time(kind, on_expert * buckets[1].min(e), edpg))
             };
             let tail = |kind: OpKind, bytes: (f64, f64)| tail_of(kind, bytes, dense, expert);
+            let ag_crit = || grads(OpKind::AllGather, params);
             // What the step waits for of the gradients' reduction (`kind` at `bytes`), the
             // most any stage leaves exposed. NeMo 2 and Megatron-Bridge both hand Megatron's
             // schedules a grad_sync_func per model chunk (github:NVIDIA/NeMo
@@ -1109,12 +1111,47 @@ impl Costed {
                 }
                 (worst, largest)
             };
+            // The same for the parameters' all-gather. Without a virtual pipeline Megatron
+            // dispatches a bucket's gather at the forward pre-hook that needs it and
+            // prefetches the next, so the first micro-batch's forward hides all but the first
+            // bucket. With one, NeMo and Megatron-Bridge turn on align_param_gather (pp > 1,
+            // vp > 1, dp > 1: github:NVIDIA-NeMo/Megatron-Bridge
+            // src/megatron/bridge/training/comm_overlap.py), and the schedule dispatches the
+            // first two chunks' gathers whole as the step starts and each later chunk's as the
+            // group of pp micro-batches before it begins (schedules.py
+            // `forward_step_helper_preprocess`, aligned across stages); they queue on the one
+            // communicator, and chunk c is needed, bucket by bucket, through its first
+            // forward after c groups, the stage's fill later on later stages.
+            let exposed_gather = || {
+                if vp <= 1 {
+                    return ((ag_crit() - stage_fwd).max(tail(OpKind::AllGather, params)), ag_crit());
+                }
+                let (mut fill, mut worst, mut largest) = (0.0, 0.0f64, 0.0f64);
+                for (i, st) in stages.iter().enumerate() {
+                    let (d, e, low) = (st.params.dense, st.params.expert, st.params.low_trained);
+                    let bytes = if self.fp8_params { (gathered(d, low[0]), gathered(e, low[1])) } else { (2.0, 2.0) };
+                    let all = fabric.time(OpKind::AllGather, bytes.0 * d, dpg) + fabric.time(OpKind::AllGather, bytes.1 * e, edpg);
+                    let (a, f, start) = (all / vp as f64, st.fwd / vp as f64, fill / vp as f64);
+                    let group = pp as f64 * f;
+                    let first = if i == 0 { tail_of(OpKind::AllGather, bytes, d, e) } else { 0.0 };
+                    let (mut done, mut exposed) = (a, (a - f - start).max(first));
+                    for c in 1..vp {
+                        done = if c == 1 { done + a } else { done.max((c - 1) as f64 * group) + a };
+                        exposed = exposed.max(done - c as f64 * group - f - start);
+                    }
+                    worst = worst.max(exposed);
+                    largest = largest.max(all);
+                    fill += st.fwd;
+                }
+                (worst, largest)
+            };
             if s.distributed_optimizer && !muon {
                 let rs = grads(OpKind::ReduceScatter, grad_bytes);
-                let ag = grads(OpKind::AllGather, params);
+                let ag = ag_crit();
                 if s.dp_overlap {
                     let (exposed, largest) = exposed_reduction(OpKind::ReduceScatter, grad_bytes);
-                    (largest + ag, exposed + (ag - stage_fwd).max(tail(OpKind::AllGather, params)))
+                    let (exposed_ag, largest_ag) = exposed_gather();
+                    (largest + largest_ag, exposed + exposed_ag)
                 } else {
                     (rs + ag, rs + ag)
                 }

@@ -254,6 +254,32 @@ fn the_gradient_reduction_is_exposed_where_megatron_launches_it() {
     close("VP1 over a slow network: the first stage's reduce-scatter", dp(&mut pr, layout(4, 4, 2, 1, 2, 1, 128)), extra);
 }
 
+/// With a virtual pipeline (and NeMo's and Megatron-Bridge's align_param_gather) the
+/// schedule gathers each chunk's parameters whole ahead of the chunk's first forward, the
+/// first chunk's as the step starts: over a network on which a chunk's gather takes longer
+/// than a chunk's forward but less than the pp micro-batches of one chunk before the next
+/// chunk is needed, the step waits for the first chunk's gather less its forward. Llama 3.1
+/// 70B BF16 at TP4 PP4 CP2 VP5 DP2 on H100 with 25 and 20 GB/s NICs: the first stage's
+/// gather and reduce-scatter (the same bytes) each take 25 % longer on the slower NICs, and
+/// the step waits for a fifth of that difference in each, the last chunk's reduce-scatter
+/// and the first chunk's gather. The gather was priced behind one micro-batch's whole
+/// forward, the stage's five chunks at once: five times the difference.
+#[test]
+fn the_parameter_gather_is_exposed_where_megatron_launches_it() {
+    let first_stage = 20.0 * (213_909_504.0 + 16_384.0) + 128_256.0 / 4.0 * 8192.0;
+    let mut pr = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let mut at = |gbs: f64| {
+        let mut g = pr.gpu.clone();
+        g.scale_out_gbs = gbs;
+        pr.set_gpu(g);
+        let l = links(&pr.gpu);
+        let p = pr.project(&layout(4, 4, 2, 5, 2, 1, 128)).unwrap();
+        (p.breakdown.dp, first_stage * 2.0 * 3.0 / 4.0 / l.up.min(2.0 * l.out))
+    };
+    let ((fast, one_fast), (slow, one_slow)) = (at(25.0), at(20.0));
+    close("VP5: the last chunk's reduce-scatter and the first chunk's gather", slow - fast, 2.0 * (one_slow - one_fast) / 5.0);
+}
+
 /// Transformer Engine's userbuffers, which Megatron's TP communication overlap runs on,
 /// share the tensor-parallel ranks' buffers inside one NVLink domain (CUDA IPC, or fabric
 /// handles on multi-node NVLink): TP16 over two 8-GPU H100 nodes cannot overlap, and all
