@@ -1479,7 +1479,7 @@ impl<D: Device> Executor<D> {
             &self.plan,
             &self.sched,
             self.fsdp.resting.as_ref(),
-            &self.fsdp.pass_ends,
+            &self.fsdp.passes,
             &self.fsdp_carried(),
             self.fsdp_in_a_step(),
         );
@@ -1575,7 +1575,7 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
 /// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes (without
 /// FSDP; an FSDP rank's [`Executor::memory`] walks its shards and gathers).
 pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
-    let l = walk_live(g, plan, sched, None, &[Vec::new(), Vec::new()], &[], false);
+    let l = walk_live(g, plan, sched, None, &fsdp::StepPasses::default(), &[], false);
     (l.peak, l.all, l.params)
 }
 
@@ -1593,15 +1593,16 @@ struct Live {
 /// [`live_bytes`], with the FSDP shards of `fsdp` (if any): a covered weight holds its
 /// pieces at rest; each pass gathers the whole weights it reads at its start and frees
 /// each after its last reader; the backward writes their whole gradients, which stay
-/// to the end of the pass (the reduce-scatter frees them). `pass_ends`: where the
-/// step's forward and backward passes ended, when they ran a pipeline chunk at a time
-/// (no prefetch crosses a chunk's end).
+/// to the end of the pass (the reduce-scatter frees them). `passes`: where the step's
+/// forward and backward passes ended, when they ran a pipeline chunk at a time (no
+/// prefetch crosses a chunk's end), and the reduce-scatter an earlier micro-batch's
+/// backward left in flight into the forward.
 fn walk_live(
     g: &Graph,
     plan: &BackwardPlan,
     sched: &RecomputeSchedule,
     fsdp: Option<&fsdp::Resting>,
-    pass_ends: &[Vec<usize>; 2],
+    passes: &fsdp::StepPasses,
     carried: &[TensorId],
     scatters_in_backward: bool,
 ) -> Live {
@@ -1631,7 +1632,7 @@ fn walk_live(
     // a pass frees after op or step `at`.
     let mut in_flight = fsdp::InFlightUnits::default();
     // The end of the pass that runs op (forward) or step (backward) `at`.
-    let end_of = |pass: fsdp::Pass, at: usize| pass_ends[pass as usize].iter().copied().find(|&e| e > at).unwrap_or(usize::MAX);
+    let end_of = |pass: fsdp::Pass, at: usize| passes.ends[pass as usize].iter().copied().find(|&e| e > at).unwrap_or(usize::MAX);
     let freed = |pass: fsdp::Pass, at: usize| -> u64 {
         fsdp.map_or(0, |f| f.freed_after(pass, at).iter().map(|&id| bytes(id)).sum())
     };
@@ -1648,6 +1649,9 @@ fn walk_live(
     let mut live = base;
     let mut peak = live;
     let mut all = live;
+    if let (Some(f), Some(u)) = (fsdp, passes.scatter_left) {
+        f.walk_scatter_left(u, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
+    }
     // One op's outputs and statistics appear; outputs already live are discarded (a
     // re-run of an op whose outputs the forward kept).
     let run_op = |oi: usize,

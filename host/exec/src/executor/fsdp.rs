@@ -51,8 +51,9 @@
 //! - **Memory.** At rest about 1/n of the covered state ([`super::MemoryReport`]'s
 //!   `state_bytes`); during a pass, plus the gathered weights not yet past their last
 //!   reader; plus each unit's whole gradients from its backward steps to its
-//!   reduce-scatter, and the one in flight. [`Executor::memory`] walks exactly these
-//!   allocations. The collectives run through
+//!   reduce-scatter, and the one in flight (the last one a backward started stays in
+//!   flight through the forwards run before the next one starts: 1F1B's last stage,
+//!   micro-batches in order). [`Executor::memory`] walks exactly these allocations. The collectives run through
 //!   host copies, as the rest of the in-process backend does.
 //!
 //! Inspection: [`Executor::gather_weights`] and [`Executor::gather_grads`] return whole
@@ -116,11 +117,22 @@ pub(super) struct FsdpState<B> {
     /// Micro-batches of the last step; `None` when the last forward was called by
     /// hand ([`Executor::forward`]), outside a step.
     micro_batches: Option<u32>,
-    /// Per pass (forward ops, backward steps): where the last step's passes ended,
-    /// when they ran a pipeline chunk at a time; empty when each ran the whole graph.
-    /// A pass prefetches only within its own range (`gather_for`), and the memory
-    /// walk follows.
-    pub(super) pass_ends: [Vec<usize>; 2],
+    /// How the last step ran its passes (what the memory walk follows).
+    pub(super) passes: StepPasses,
+}
+
+/// How a step ran its forward and backward passes, as far as the memory walk
+/// ([`super::walk_live`]) needs it; the default: whole-graph passes, one micro-batch.
+#[derive(Default)]
+pub(super) struct StepPasses {
+    /// Per pass (forward ops, backward steps): where the passes ended, when they ran a
+    /// pipeline chunk at a time; empty when each ran the whole graph. A pass
+    /// prefetches only within its own range (`gather_for`).
+    pub(super) ends: [Vec<usize>; 2],
+    /// The unit whose reduce-scatter a backward left in flight as a later forward of
+    /// the step started (the largest such): the runtime waits for one started beside
+    /// the backward only as the next one starts, so it stays through that forward.
+    pub(super) scatter_left: Option<usize>,
 }
 
 impl<B> Default for FsdpState<B> {
@@ -132,7 +144,7 @@ impl<B> Default for FsdpState<B> {
             scatters: Scatters { writers: Vec::new(), by_step: Vec::new(), done: Vec::new(), in_flight: None },
             prefetched: None,
             micro_batches: None,
-            pass_ends: [Vec::new(), Vec::new()],
+            passes: StepPasses::default(),
         }
     }
 }
@@ -343,6 +355,14 @@ impl Resting {
             w.add((self.units[next].1 + self.units[next].2) * 4);
             w.in_flight.prefetched = Some(next);
         }
+    }
+
+    /// Start the walk with unit `u`'s reduce-scatter in flight (as an earlier
+    /// micro-batch's backward left it into the forward: [`StepPasses::scatter_left`]):
+    /// its flat input and chunk live until the next reduce-scatter starts.
+    pub(super) fn walk_scatter_left(&self, u: usize, mut w: Walk<'_>) {
+        w.add((self.units[u].1 + self.units[u].2) * 4);
+        w.in_flight.scattering = Some(u);
     }
 
     /// Walk the reduce-scatters run after backward step `si` (in a step): the one in
@@ -657,16 +677,46 @@ impl<D: Device> Executor<D> {
     /// A forward called by hand begins, outside any step.
     pub(super) fn fsdp_by_hand(&mut self) {
         self.fsdp.micro_batches = None;
-        self.fsdp.pass_ends = [Vec::new(), Vec::new()];
+        self.fsdp.passes = StepPasses::default();
     }
 
-    /// The coming step's passes each run one pipeline chunk (or, on a rank of one,
-    /// the whole graph): forward ops ending at each of `ops`, backward steps at each of
-    /// `steps`, in any order (what [`Executor::memory`] walks).
-    pub(super) fn fsdp_passes(&mut self, mut ops: Vec<usize>, mut steps: Vec<usize>) {
+    /// The coming step runs `order`'s passes, each over one pipeline chunk (or, on a
+    /// rank of one, the whole graph): forward ops ending at each of `ops`, backward
+    /// steps `steps[c]` for chunk c (what [`Executor::memory`] walks).
+    pub(super) fn fsdp_passes(&mut self, mut ops: Vec<usize>, steps: &[Range<usize>], order: &[super::pipeline::Pass]) {
         ops.sort_unstable();
-        steps.sort_unstable();
-        self.fsdp.pass_ends = [ops, steps];
+        let mut ends: Vec<usize> = steps.iter().map(|r| r.end).collect();
+        ends.sort_unstable();
+        self.fsdp.passes = StepPasses { ends: [ops, ends], scatter_left: self.scatter_left(steps, order) };
+    }
+
+    /// The unit whose reduce-scatter is still in flight as a forward of `order` starts
+    /// (the largest over its forwards), if any: one started beside a backward pass
+    /// (`overlap_grad_reduce`) finishes only as the next one starts, so the last one a
+    /// backward starts is in flight through any forward run before the next backward
+    /// that starts one (1F1B's steady state, or micro-batches in order). Each
+    /// micro-batch's backward starts them with sharded gradients; only the last one's
+    /// without.
+    fn scatter_left(&self, steps: &[Range<usize>], order: &[super::pipeline::Pass]) -> Option<usize> {
+        use super::pipeline::Pass as Run;
+        let r = self.fsdp.resting.as_ref().filter(|r| !r.scatter_waits)?;
+        let m = self.fsdp.micro_batches? as usize;
+        let size = |u: usize| r.units[u].1 + r.units[u].2;
+        let (mut last, mut most) = (None, None);
+        for &p in order {
+            match p {
+                Run::Backward(i, c) if self.options.fsdp_sharded_grads || i + 1 == m => {
+                    last = steps[c].clone().flat_map(|si| r.scatter_after[si].iter().copied()).last().or(last);
+                }
+                Run::Forward(..) => {
+                    if let Some(u) = last.filter(|&u| most.is_none_or(|b| size(u) > size(b))) {
+                        most = Some(u);
+                    }
+                }
+                Run::Backward(..) => {}
+            }
+        }
+        most
     }
 
     /// Whether the last forward and backward ran in a step, whose backward may start
@@ -678,7 +728,7 @@ impl<D: Device> Executor<D> {
     /// A step over `m` micro-batches starts: nothing of the last one is in flight.
     pub(super) fn fsdp_arm(&mut self, m: u32) {
         self.fsdp.micro_batches = Some(m);
-        self.fsdp.pass_ends = [Vec::new(), Vec::new()];
+        self.fsdp.passes = StepPasses::default();
         self.fsdp.prefetched = None;
         let sc = &mut self.fsdp.scatters;
         sc.in_flight = None;

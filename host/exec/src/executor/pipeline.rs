@@ -311,7 +311,7 @@ impl<D: Device> Executor<D> {
         let mut active: Option<usize> = None;
         let mut total = 0f64;
         let last = plan.chunks.len() - 1;
-        self.fsdp_passes(plan.chunks.ops.iter().map(|r| r.end).collect(), plan.chunks.steps.iter().map(|r| r.end).collect());
+        self.fsdp_passes(plan.chunks.ops.iter().map(|r| r.end).collect(), &plan.chunks.steps, &passes(&plan.schedule));
         *self.comm.mailbox.borrow_mut() = plan.driven.then(Mailbox::default);
         let r = (|| {
             let mut started = false;
