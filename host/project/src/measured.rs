@@ -542,8 +542,13 @@ pub fn stands_for(device: &str, gpu: &GpuProfile, builtin: bool) -> Result<(), S
         ));
     }
     let tokens: HashSet<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|t| !t.is_empty()).collect();
-    // "a100-80gb" is an A100: the model is the name's first part.
-    let model_of = |n: &str| n.to_ascii_lowercase().split(|c: char| !c.is_ascii_alphanumeric()).next().unwrap_or_default().to_string();
+    // "a100-80gb" is an A100: the model is the name's first part, past the vendor and
+    // family words of GCP's names ("nvidia-tesla-a100"), which every NVIDIA device shares.
+    let model_of = |n: &str| {
+        let lower = n.to_ascii_lowercase();
+        let mut parts = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|t| !t.is_empty());
+        parts.find(|t| !matches!(*t, "nvidia" | "tesla")).unwrap_or_default().to_string()
+    };
     let names: Vec<String> = std::iter::once(&gpu.name).chain(&gpu.aliases).map(|n| model_of(n)).collect();
     if names.iter().any(|n| tokens.contains(n.as_str())) {
         Ok(())
@@ -990,6 +995,9 @@ mod tests {
         let h100 = p.get("h100").unwrap();
         assert!(stands_for("cuda:0 (NVIDIA H100 80GB HBM3, sm_90)", h100, true).is_ok());
         assert!(stands_for("cuda:0 (NVIDIA A100-SXM4-80GB, sm_80)", p.get("a100-80gb").unwrap(), true).is_ok());
+        assert!(stands_for("cuda:0 (NVIDIA H200, sm_90)", p.get("nvidia-h200-141gb").unwrap(), true).is_ok());
+        assert!(stands_for("cuda:0 (Tesla A100-SXM4-40GB, sm_80)", p.get("nvidia-tesla-a100").unwrap(), true).is_ok());
+        // GCP's names start with "nvidia", which every NVIDIA device's name holds.
         let e = stands_for("cuda:0 (NVIDIA GH200 480GB, sm_90)", p.get("h200").unwrap(), true).unwrap_err();
         assert!(e.contains("--gpu"), "{e}");
         let e = stands_for("cpu (2 threads)", h100, true).unwrap_err();

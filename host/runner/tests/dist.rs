@@ -357,6 +357,6 @@ fn launch_mistakes_fail_at_once_and_ipv6_meets() {
         for (r, mut k) in kids.into_iter().enumerate() {
             assert!(k.wait().unwrap().success(), "rank {r} over IPv6: {}", read(&dir, &format!("err-v6-{r}")));
         }
-        assert!(read(&dir, "out-v6-0").contains(&format!("rendezvous at ::1:{port}")), "{}", read(&dir, "out-v6-0"));
+        assert!(read(&dir, "out-v6-0").contains(&format!("rendezvous at [::1]:{port}")), "{}", read(&dir, "out-v6-0"));
     }
 }
