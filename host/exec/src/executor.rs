@@ -1474,20 +1474,28 @@ impl<D: Device> Executor<D> {
     /// rank: the shards at rest, the gathered parameters and the whole gradients while
     /// the passes hold them).
     pub fn memory(&self) -> MemoryReport {
-        let l = walk_live(
-            &self.graph,
-            &self.plan,
-            &self.sched,
-            self.fsdp.resting.as_ref(),
-            &self.fsdp.passes,
-            &self.fsdp_carried(),
-            self.fsdp_in_a_step(),
-        );
+        let carried = self.fsdp_carried();
+        let walk = |around: Around<'_>| walk_live(&self.graph, &self.plan, &self.sched, self.fsdp.resting.as_ref(), &self.fsdp.passes, around);
+        let l = walk(Around { carried: &carried, scatters: self.fsdp_in_a_step(), left: self.fsdp.passes.scatter_left });
+        // A rank of one chunk follows the order its passes ran: each peaks as alone
+        // with what it finds around it, and each other micro-batch in flight keeps
+        // what its backward needs (`pipeline.rs`).
+        let mut walked: Vec<(fsdp::PassWalk, Live)> = Vec::new();
+        let mut by_pass = 0;
+        for p in self.fsdp_pass_walks() {
+            let key = fsdp::PassWalk { backward: false, others: 0, ..p };
+            if !walked.iter().any(|(k, _)| *k == key) {
+                let carried = if p.carried { carried.as_slice() } else { &[] };
+                walked.push((key, walk(Around { carried, scatters: p.scatters, left: p.left })));
+            }
+            let w = &walked.iter().find(|(k, _)| *k == key).expect("walked").1;
+            by_pass = by_pass.max(p.others * w.held + if p.backward { w.backward } else { w.forward });
+        }
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
-            // The active micro-batch peaks as alone; each other chunk forward in flight
-            // keeps its share of what the micro-batch's backward needs (`pipeline.rs`).
-            required_bytes: l.peak + self.in_flight.saturating_sub(self.chunks) * l.held / self.chunks.max(1),
+            // Several chunks: the active micro-batch peaks as alone; each other chunk
+            // forward in flight keeps its share of what the micro-batch's backward needs.
+            required_bytes: if walked.is_empty() { l.peak + self.in_flight.saturating_sub(self.chunks) * l.held / self.chunks.max(1) } else { by_pass },
             micro_batches_in_flight: self.in_flight.div_ceil(self.chunks.max(1)),
             param_bytes: l.params,
             keep_everything_bytes: l.all,
@@ -1575,13 +1583,27 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
 /// store f32/u32. Walks exactly the allocations and frees [`Executor`] makes (without
 /// FSDP; an FSDP rank's [`Executor::memory`] walks its shards and gathers).
 pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> (u64, u64, u64) {
-    let l = walk_live(g, plan, sched, None, &fsdp::StepPasses::default(), &[], false);
+    let l = walk_live(g, plan, sched, None, &fsdp::StepPasses::default(), Around::default());
     (l.peak, l.all, l.params)
+}
+
+/// What an FSDP micro-batch's walk ([`walk_live`]) finds around its own passes.
+#[derive(Clone, Copy, Default)]
+struct Around<'a> {
+    /// The whole gradients earlier micro-batches left (they live through this one).
+    carried: &'a [TensorId],
+    /// Its backward runs the reduce-scatters (in a step).
+    scatters: bool,
+    /// The unit whose reduce-scatter an earlier backward left in flight into it.
+    left: Option<usize>,
 }
 
 /// What [`walk_live`] finds.
 struct Live {
     peak: u64,
+    /// The peak through the forward, and through the backward.
+    forward: u64,
+    backward: u64,
     /// What one micro-batch keeps from its forward to its backward: its inputs, the
     /// activations still live and the saved statistics.
     held: u64,
@@ -1595,17 +1617,16 @@ struct Live {
 /// each after its last reader; the backward writes their whole gradients, which stay
 /// to the end of the pass (the reduce-scatter frees them). `passes`: where the step's
 /// forward and backward passes ended, when they ran a pipeline chunk at a time (no
-/// prefetch crosses a chunk's end), and the reduce-scatter an earlier micro-batch's
-/// backward left in flight into the forward.
+/// prefetch crosses a chunk's end); `around`: what earlier micro-batches left.
 fn walk_live(
     g: &Graph,
     plan: &BackwardPlan,
     sched: &RecomputeSchedule,
     fsdp: Option<&fsdp::Resting>,
     passes: &fsdp::StepPasses,
-    carried: &[TensorId],
-    scatters_in_backward: bool,
+    around: Around<'_>,
 ) -> Live {
+    let Around { carried, scatters: scatters_in_backward, left } = around;
     let bytes = |id: TensorId| g.tensors[id].numel() * 4;
     let covered = |id: TensorId| fsdp.is_some_and(|f| f.covers(id));
     let mut params = 0;
@@ -1649,7 +1670,7 @@ fn walk_live(
     let mut live = base;
     let mut peak = live;
     let mut all = live;
-    if let (Some(f), Some(u)) = (fsdp, passes.scatter_left) {
+    if let (Some(f), Some(u)) = (fsdp, left) {
         f.walk_scatter_left(u, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
     }
     // One op's outputs and statistics appear; outputs already live are discarded (a
@@ -1705,8 +1726,9 @@ fn walk_live(
             .sum::<u64>()
         + aux_live.iter().sum::<u64>();
     let mut has_grad: HashSet<TensorId> = carried.iter().copied().collect();
+    let forward = peak;
     live += 4; // the loss seed
-    peak = peak.max(live);
+    let mut peak = live;
     for (si, s) in plan.steps.iter().enumerate() {
         if let Some(f) = fsdp {
             f.walk_gathers(fsdp::Pass::Backward, si, end_of(fsdp::Pass::Backward, si), bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
@@ -1744,7 +1766,9 @@ fn walk_live(
         live -= freed(fsdp::Pass::Backward, si);
     }
     Live {
-        peak,
+        peak: forward.max(peak),
+        forward,
+        backward: peak,
         held,
         all,
         params,

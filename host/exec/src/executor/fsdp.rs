@@ -53,8 +53,12 @@
 //!   reader; plus each unit's whole gradients from its backward steps to its
 //!   reduce-scatter, and the one in flight (the last one a backward started stays in
 //!   flight through the forwards run before the next one starts: 1F1B's last stage,
-//!   micro-batches in order). [`Executor::memory`] walks exactly these allocations. The collectives run through
-//!   host copies, as the rest of the in-process backend does.
+//!   micro-batches in order). [`Executor::memory`] walks exactly these allocations; over
+//!   micro-batches on a rank of one pipeline chunk, pass by pass in the order they ran
+//!   ([`Executor::fsdp_pass_walks`]): whole gradients accumulated live from the first
+//!   backward on (stage 0 of 1F1B runs its warm-up forwards and first backward without
+//!   them), and only the last micro-batch's backward frees them by its reduce-scatters.
+//!   The collectives run through host copies, as the rest of the in-process backend does.
 //!
 //! Inspection: [`Executor::gather_weights`] and [`Executor::gather_grads`] return whole
 //! tensors (collective calls: every rank of each FSDP group must make them, in the same
@@ -132,7 +136,27 @@ pub(super) struct StepPasses {
     /// The unit whose reduce-scatter a backward left in flight as a later forward of
     /// the step started (the largest such): the runtime waits for one started beside
     /// the backward only as the next one starts, so it stays through that forward.
+    /// What a rank of several chunks walks; a rank of one follows `order`.
     pub(super) scatter_left: Option<usize>,
+    /// The step's passes in the order they ran (empty: one whole-graph forward and
+    /// backward).
+    pub(super) order: Vec<super::pipeline::Pass>,
+}
+
+/// How one pass of a step's order finds the rank, for the memory account
+/// ([`Executor::fsdp_pass_walks`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct PassWalk {
+    /// A backward pass (else a forward).
+    pub(super) backward: bool,
+    /// The other micro-batches between their forward and their backward meanwhile.
+    pub(super) others: u64,
+    /// An earlier backward left whole gradients that live through this pass.
+    pub(super) carried: bool,
+    /// Its backward runs reduce-scatters.
+    pub(super) scatters: bool,
+    /// The unit whose reduce-scatter an earlier backward left in flight.
+    pub(super) left: Option<usize>,
 }
 
 impl<B> Default for FsdpState<B> {
@@ -687,7 +711,44 @@ impl<D: Device> Executor<D> {
         ops.sort_unstable();
         let mut ends: Vec<usize> = steps.iter().map(|r| r.end).collect();
         ends.sort_unstable();
-        self.fsdp.passes = StepPasses { ends: [ops, ends], scatter_left: self.scatter_left(steps, order) };
+        self.fsdp.passes = StepPasses { ends: [ops, ends], scatter_left: self.scatter_left(steps, order), order: order.to_vec() };
+    }
+
+    /// Each pass of the last step in the order it ran, on a rank of one pipeline chunk
+    /// (empty otherwise, and for a whole-graph step): the micro-batches parked
+    /// meanwhile; the whole gradients `fsdp_carried` names, live from the first
+    /// backward on (accumulated: none before it, as stage 0 of 1F1B runs its warm-up
+    /// forwards and the first backward); whether the backward runs the reduce-scatters
+    /// (each micro-batch's with sharded gradients, else only the last's, and only with
+    /// `overlap_grad_reduce`); and the one the last backward that started one left in
+    /// flight (the runtime waits for it only as the next one starts).
+    pub(super) fn fsdp_pass_walks(&self) -> Vec<PassWalk> {
+        use super::pipeline::Pass as Run;
+        let order = &self.fsdp.passes.order;
+        if order.iter().any(|p| matches!(p, Run::Forward(_, c) | Run::Backward(_, c) if *c > 0)) {
+            return Vec::new();
+        }
+        let m = self.fsdp.micro_batches.unwrap_or(1) as usize;
+        let r = self.fsdp.resting.as_ref();
+        let in_backward = self.fsdp_in_a_step() && self.fsdp_scatters_in_backward();
+        let started = r.filter(|r| !r.scatter_waits).and_then(|r| r.scatter_after.iter().flatten().last().copied());
+        let (mut others, mut backwards, mut left) = (0u64, 0, None);
+        order
+            .iter()
+            .map(|&p| {
+                let backward = matches!(p, Run::Backward(..));
+                others = others.saturating_sub(u64::from(backward));
+                let scatters = backward && in_backward && (self.options.fsdp_sharded_grads || matches!(p, Run::Backward(i, _) if i + 1 == m));
+                let w = PassWalk { backward, others, carried: backwards > 0, scatters, left };
+                if backward {
+                    backwards += 1;
+                    left = started.filter(|_| scatters).or(left);
+                } else {
+                    others += 1;
+                }
+                w
+            })
+            .collect()
     }
 
     /// The unit whose reduce-scatter is still in flight as a forward of `order` starts
