@@ -1607,3 +1607,24 @@ fn an_unwritable_output_or_an_unknown_cloud_is_refused_before_the_run() {
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.iter().all(|n| n == "data"), "{left:?}");
 }
+
+/// The goal and sweet-spot flags reach the run: --max-usd-per-day-saved is the threshold the
+/// report states, --target-days the goal it answers, and a goal without --gpus walks the
+/// goal's GPU counts (8 to 16,384).
+#[test]
+fn goal_and_sweet_spot_flags_reach_the_run() {
+    let dir = scratch("goal-flags");
+    let base = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--precision", "bf16", "--cloud", "aws", "--no-history", "--format", "json", "-q"];
+    let json = |extra: &[&str]| {
+        let o = runner(&dir, &[&base[..], extra].concat());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let v = json(&["--gpus", "8,16", "--max-usd-per-day-saved", "1234", "--target-days", "1000"]);
+    assert!(v["sweet_spot_rule"].as_str().unwrap().contains("stays under $1.2K per day"), "{}", v["sweet_spot_rule"]);
+    assert_eq!(v["goal"]["goal"], serde_json::json!({"target-days": 1000.0}));
+    let v = json(&["--budget", "1e9"]);
+    let counts: Vec<u64> = v["series"][0]["rows"].as_array().unwrap().iter().map(|r| r["requested_gpus"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]);
+}
