@@ -280,7 +280,7 @@ macro_rules! cost_rules {
                     usd(floor),
                     request.nodes,
                     text::escape(&request.instance, 64),
-                    request.hours,
+                    text::number(request.hours),
                     option_name(request.option)
                 ));
             }

@@ -125,3 +125,152 @@ impl CostModel {
         PluginError::new(&self.info.name, call, Failure::Invalid(rule))
     }
 }
+
+/// The contract's price-list and quote rules at their edges, each named by the mutation of
+/// a hand audit that the other tests let through (the rule deleted or its bound moved).
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn price(region: &str, option: PurchaseOption, usd: f64, upfront: f64) -> Price {
+        Price {
+            region: region.into(),
+            option,
+            usd_per_node_hour: usd,
+            upfront_usd_per_node: upfront,
+            billing_increment_s: 1,
+            minimum_charge_s: 60,
+            effective_date: "2026-11-01".into(),
+            source: "test".into(),
+            caveats: Vec::new(),
+        }
+    }
+
+    fn offering(instance: &str, prices: Vec<Price>) -> Offering {
+        Offering {
+            instance: instance.into(),
+            gpu: "H100".into(),
+            gpus_per_node: 8,
+            scale_up_domain: 8,
+            node_multiple: 1,
+            interconnect_gbps: 3200.0,
+            prices,
+        }
+    }
+
+    fn on_demand(usd: f64) -> Offering {
+        offering("p5", vec![price("us-east-1", PurchaseOption::OnDemand, usd, 0.0)])
+    }
+
+    #[track_caller]
+    fn refused(offerings: &[Offering], word: &str) {
+        let m = validate_offerings(offerings).expect_err("must be refused");
+        assert!(m.contains(word), "{word:?} not in: {m}");
+    }
+
+    #[test]
+    fn price_lists_are_refused_at_each_rule() {
+        assert_eq!(validate_offerings(&[on_demand(98.32)]), Ok(()));
+        refused(&[on_demand(98.32), on_demand(90.0)], "instance 'p5' is listed twice");
+
+        let mut big = on_demand(98.32);
+        (big.gpus_per_node, big.scale_up_domain) = (1024, 1024);
+        assert_eq!(validate_offerings(&[big.clone()]), Ok(()));
+        (big.gpus_per_node, big.scale_up_domain) = (1025, 1025);
+        refused(&[big], "gpus-per-node must be in 1..=1024, got 1025");
+
+        assert_eq!(validate_offerings(&[on_demand(1e9)]), Ok(()));
+        refused(&[on_demand(2e9)], "usd-per-node-hour must be finite, >= 0 and at most 1e9 USD, got 2e9");
+        refused(&[on_demand(0.0)], "the price is zero");
+
+        let upfront = |usd| offering("p5", vec![price("us-east-1", PurchaseOption::OneYearAllUpfront, 0.0, usd)]);
+        assert_eq!(validate_offerings(&[upfront(100_000.0)]), Ok(()));
+        let mut none = upfront(0.0);
+        none.prices[0].usd_per_node_hour = 50.0;
+        refused(&[none], "an upfront option without an upfront payment");
+    }
+
+    /// A spot or term price is checked against the on-demand price of its region, or
+    /// against one that holds in every region (`*`) where the region has none.
+    #[test]
+    fn a_discount_dearer_than_an_every_region_on_demand_price_is_refused() {
+        let list = |spot| {
+            offering(
+                "bm.gpu.h100.8",
+                vec![
+                    price(runner_contract::cost::ANY_REGION, PurchaseOption::OnDemand, 80.0, 0.0),
+                    price("us-ashburn-1", PurchaseOption::Spot, spot, 0.0),
+                ],
+            )
+        };
+        assert_eq!(validate_offerings(&[list(40.0)]), Ok(()));
+        refused(&[list(90.0)], "spot costs 90 USD/node-hour, more than on-demand (80)");
+    }
+
+    fn line(category: LineCategory, amount: f64) -> QuoteLine {
+        QuoteLine {
+            item: "compute".into(),
+            category,
+            quantity: 6.0,
+            unit: "node-hour".into(),
+            amount,
+            estimate: false,
+            caveats: Vec::new(),
+        }
+    }
+
+    fn quote(lines: Vec<QuoteLine>, total: f64) -> Quote {
+        Quote { currency: "USD".into(), lines, total, warnings: Vec::new() }
+    }
+
+    fn request() -> QuoteRequest {
+        QuoteRequest {
+            instance: "p5".into(),
+            gpus: 16,
+            nodes: 2,
+            hours: 3.0,
+            region: "us-east-1".into(),
+            option: PurchaseOption::OnDemand,
+            start_date: String::new(),
+            storage_gb_months: 0.0,
+            egress_gb: 0.0,
+        }
+    }
+
+    #[test]
+    fn quotes_are_refused_at_each_rule() {
+        // 2 nodes x 3 h x 100 USD: a list price of 600 USD.
+        let offerings = [on_demand(100.0)];
+        let check = |q: &Quote| validate_quote(&request(), q, &offerings);
+        let refused = |q: &Quote, word: &str| {
+            let m = check(q).expect_err("must be refused");
+            assert!(m.contains(word), "{word:?} not in: {m}");
+        };
+        assert_eq!(check(&quote(vec![line(LineCategory::Compute, 600.0)], 600.0)), Ok(()));
+        let discounted = vec![line(LineCategory::Compute, 700.0), line(LineCategory::Discount, -100.0)];
+        assert_eq!(check(&quote(discounted, 600.0)), Ok(()));
+
+        refused(
+            &quote(vec![line(LineCategory::Compute, 700.0), line(LineCategory::Other, -100.0)], 600.0),
+            "amounts are finite, and negative only on discount lines",
+        );
+        refused(
+            &quote(vec![line(LineCategory::Compute, 600.0), line(LineCategory::Discount, 100.0)], 700.0),
+            "amounts are finite, and negative only on discount lines",
+        );
+        refused(&quote(vec![line(LineCategory::Compute, 2e15)], 2e15), "has the amount 2e15 USD");
+        refused(&quote(Vec::new(), 0.0), "the total (0 USD) is not a price above zero");
+        refused(&quote(vec![line(LineCategory::Compute, 600.0)], 650.0), "is not the sum of the lines (600)");
+        // Half a percent under the list price is under it.
+        refused(&quote(vec![line(LineCategory::Compute, 597.0)], 597.0), "is below the list price");
+    }
+
+    /// The refusal of a quote below the list price names the request's hours as every
+    /// other figure: 1e300 as `1e300`, not 301 digits (the property test found it).
+    #[test]
+    fn a_below_list_refusal_shows_astronomical_hours_short() {
+        let request = QuoteRequest { hours: 1e300, ..request() };
+        let m = validate_quote(&request, &quote(vec![line(LineCategory::Compute, 600.0)], 600.0), &[on_demand(100.0)]).unwrap_err();
+        assert!(m.contains("2 nodes of p5 for 1e300 h, on-demand"), "{m}");
+    }
+}
