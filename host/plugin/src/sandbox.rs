@@ -142,11 +142,9 @@ impl HostState {
     /// A log line from the plugin, escaped (no terminal sequences, no forged lines), cut to
     /// length, and counted against the per-call budget.
     fn log(&mut self, level: tracing::Level, message: &str) {
-        self.logged += 1;
-        if self.logged > MAX_LOG_LINES {
+        let Some(message) = admit_log_line(&mut self.logged, message) else {
             return;
-        }
-        let message = runner_contract::text::escape(message, MAX_LOG_LINE);
+        };
         let plugin = &self.plugin;
         match level {
             tracing::Level::TRACE => tracing::trace!(target: "plugin", "[{plugin}] {message}"),
@@ -156,6 +154,13 @@ impl HostState {
             tracing::Level::ERROR => tracing::error!(target: "plugin", "[{plugin}] {message}"),
         }
     }
+}
+
+/// The line a plugin's log message becomes, escaped and cut to [`MAX_LOG_LINE`] bytes;
+/// `None` once `logged` (this call's count, which it advances) is past [`MAX_LOG_LINES`].
+fn admit_log_line(logged: &mut usize, message: &str) -> Option<String> {
+    *logged += 1;
+    (*logged <= MAX_LOG_LINES).then(|| runner_contract::text::escape(message, MAX_LOG_LINE))
 }
 
 /// The log import of each contract version: the same function, the version's own types.
@@ -405,5 +410,34 @@ mod tests {
         assert!(shown.contains("last line"), "{shown}");
         assert!(shown.contains("filled the 64 KiB"), "{shown}");
         assert!(!captured_output(spam.as_bytes()).contains("filled"));
+    }
+
+    /// The cap refuses the first byte past it, and says so by type (a mutation audit found
+    /// a cap four times too large passed every test: the hog plugin grows without end).
+    #[test]
+    fn the_memory_cap_refuses_the_first_byte_past_it() {
+        let cap = 64 << 20;
+        let mut limiter = Limiter { memory_cap: cap, memory: 0, hit: false };
+        assert!(limiter.memory_growing(0, cap, None).unwrap());
+        assert_eq!((limiter.memory, limiter.hit), (cap, false));
+        let e = limiter.memory_growing(cap, cap + 1, None).unwrap_err();
+        let refused = e.downcast_ref::<MemoryCapExceeded>().expect("typed");
+        assert_eq!((refused.requested, refused.cap), (cap + 1, cap));
+        assert!(limiter.hit && limiter.memory == cap);
+    }
+
+    /// A plugin's log lines are escaped, cut, and counted: the first MAX_LOG_LINES of a call
+    /// are kept, the rest dropped (no test looked at what reaches the log before).
+    #[test]
+    fn log_lines_are_escaped_cut_and_capped_per_call() {
+        let mut logged = 0;
+        assert_eq!(admit_log_line(&mut logged, "a\u{1b}[2J\nforged").as_deref(), Some("a\\u{1b}[2J\\nforged"));
+        let long = admit_log_line(&mut logged, &"x".repeat(MAX_LOG_LINE + 10)).unwrap();
+        assert!(long.starts_with(&"x".repeat(MAX_LOG_LINE)) && long.ends_with(" [10 more bytes]"), "{}", &long[MAX_LOG_LINE..]);
+        for _ in 2..MAX_LOG_LINES {
+            assert!(admit_log_line(&mut logged, "line").is_some());
+        }
+        assert_eq!(logged, MAX_LOG_LINES);
+        assert_eq!(admit_log_line(&mut logged, "one too many"), None);
     }
 }
