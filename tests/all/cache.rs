@@ -105,3 +105,60 @@ fn a_cache_directory_others_can_write_to_is_refused() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What the entry format and the key file are checked for, each found missing by a hand
+/// mutation audit: an entry's tag binds it to the wasm hash and to the engine (an entry moved
+/// to another engine's name is refused), an entry of another format version (its magic) is
+/// refused even with a valid tag, and the key must be exactly 32 bytes of this user's.
+#[test]
+fn an_entry_is_bound_to_its_hash_engine_and_format_and_the_key_is_exactly_ours() {
+    let dir = scratch("bind");
+    let cache = Cache::open(&dir).unwrap();
+    let sha = "ab".repeat(32);
+    cache.put(&sha, "engine-a", b"compiled code");
+    assert_eq!(cache.get(&sha, "engine-a"), Ok(Some(b"compiled code".to_vec())));
+    assert_eq!(cache.get(&sha, "engine-b"), Ok(None));
+    let path = |sha: &str, engine: &str| dir.join(format!("{sha}-{engine}.cwasm"));
+    std::fs::copy(path(&sha, "engine-a"), path(&sha, "engine-b")).unwrap();
+    assert_eq!(cache.get(&sha, "engine-b"), Err(()), "another engine's entry");
+    let other = "cd".repeat(32);
+    std::fs::copy(path(&sha, "engine-a"), path(&other, "engine-a")).unwrap();
+    assert_eq!(cache.get(&other, "engine-a"), Err(()), "another wasm's entry");
+    // Another format version: same tag and code, another magic.
+    let mut bytes = std::fs::read(path(&sha, "engine-a")).unwrap();
+    bytes[7] = b'0';
+    std::fs::write(path(&sha, "engine-a"), &bytes).unwrap();
+    assert_eq!(cache.get(&sha, "engine-a"), Err(()), "another format's entry");
+
+    // A key of 33 bytes is not the key this runner wrote.
+    let key = dir.join("key");
+    let mut k = std::fs::read(&key).unwrap();
+    k.push(0);
+    std::fs::write(&key, &k).unwrap();
+    let err = Cache::open(&dir).err().expect("refused");
+    assert!(err.contains("not a private 32-byte file"), "{err}");
+    k.pop();
+    std::fs::write(&key, &k).unwrap();
+    Cache::open(&dir).unwrap();
+    // Someone else's key (only checkable where this test may give files away).
+    if std::os::unix::fs::chown(&key, Some(65534), None).is_ok() {
+        let err = Cache::open(&dir).err().expect("refused");
+        assert!(err.contains("not a private 32-byte file"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A symlink where the cache directory should be is refused: whoever can change the link
+/// chooses the code that runs.
+#[test]
+fn a_cache_path_that_is_a_symlink_is_refused() {
+    let dir = scratch("link");
+    let target = scratch("link-target");
+    std::fs::create_dir_all(&target).unwrap();
+    std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&target, &dir).unwrap();
+    let err = Cache::open(&dir).err().expect("refused");
+    assert!(err.contains("is not a directory (a symlink or a file)"), "{err}");
+    let _ = std::fs::remove_file(&dir);
+    let _ = std::fs::remove_dir_all(&target);
+}
