@@ -519,8 +519,8 @@ pub enum BenchCommand {
     },
 }
 
-/// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
-/// One of the comma-separated GPU counts of --gpus.
+/// One of the comma-separated GPU counts of --gpus (0 and counts past the contract's
+/// ceiling are refused by the command that takes them: the run file's check for explore).
 fn gpu_count(s: &str) -> Result<u32, String> {
     s.trim().parse::<u32>().map_err(|_| {
         let hint = if s.contains('-') || s.contains("..") { " (ranges are not taken: list each count)" } else { "" };
@@ -528,6 +528,7 @@ fn gpu_count(s: &str) -> Result<u32, String> {
     })
 }
 
+/// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
 fn count(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max)
 }
@@ -736,6 +737,8 @@ mod tests {
     #[test]
     fn a_gpu_count_that_is_not_one_says_how_to_write_them() {
         assert_eq!(gpu_count("64"), Ok(64));
+        // `--gpus "64, 512"`: the space after a comma is how people write lists.
+        assert_eq!(gpu_count(" 512"), Ok(512));
         assert!(gpu_count("8x").unwrap_err().contains("e.g. --gpus 64,512,2048"));
         assert!(gpu_count("8-64").unwrap_err().contains("ranges are not taken"));
         assert!(gpu_count("").unwrap_err().contains("'' is not a GPU count"));
