@@ -351,6 +351,220 @@ mod tests {
         assert_eq!(validate_layout(&layout(4), &h), Ok(()));
     }
 
+    /// A classic transformer with MoE in every layer (no pattern, no Mamba).
+    fn classic() -> Hyperparameters {
+        Hyperparameters {
+            mamba: None,
+            layer_pattern: String::new(),
+            position: PositionScheme::Rope,
+            rope_theta: 500_000.0,
+            ..hybrid()
+        }
+    }
+
+    fn variant(name: &str, hyper: Hyperparameters) -> Variant {
+        Variant {
+            name: name.into(),
+            family: "f".into(),
+            citation: String::new(),
+            hyper,
+            defaults: TrainingDefaults {
+                seq_len: 4096,
+                tokens: 1e12,
+                optimizer: "adamw".into(),
+                learning_rate: 3e-4,
+                weight_decay: 0.1,
+            },
+            layouts: vec![layout(1)],
+        }
+    }
+
+    /// `v` is refused with a message holding `word`.
+    #[track_caller]
+    fn variant_refused(v: &Variant, word: &str) {
+        let m = validate_variant(v).expect_err("must be refused");
+        assert!(m.contains(word), "{word:?} not in: {m}");
+    }
+
+    /// Checks a mutation audit could delete or move with every test still passing: two
+    /// variants of one name, training defaults past their ceilings or infinite.
+    #[test]
+    fn a_family_names_each_variant_once_and_its_defaults_are_bounded() {
+        let info = |variants| ModelInfo { family: "f".into(), variants };
+        assert_eq!(validate_model_info(&info(vec![variant("a", classic()), variant("b", classic())])), Ok(()));
+        let m = validate_model_info(&info(vec![variant("a", classic()), variant("a", classic())])).unwrap_err();
+        assert!(m.contains("variant name 'a' appears twice"), "{m}");
+
+        let max = runner_contract::limits::SEQ_LEN;
+        let mut v = variant("a", classic());
+        v.defaults.seq_len = max;
+        assert_eq!(validate_variant(&v), Ok(()));
+        v.defaults.seq_len = max + 1;
+        variant_refused(&v, &format!("defaults.seq-len must be in 1..={max}, got {}", max + 1));
+
+        let mut v = variant("a", classic());
+        v.defaults.tokens = 1e16;
+        assert_eq!(validate_variant(&v), Ok(()));
+        v.defaults.tokens = 2e16;
+        variant_refused(&v, "defaults.tokens must be finite, > 0 and <= 1e16, got 2e16");
+
+        for inf in [f64::INFINITY, -1.0] {
+            let mut v = variant("a", classic());
+            v.defaults.learning_rate = inf;
+            variant_refused(&v, "defaults.learning-rate must be finite and >= 0");
+            let mut v = variant("a", classic());
+            v.defaults.weight_decay = inf;
+            variant_refused(&v, "defaults.weight-decay must be finite and >= 0");
+        }
+        let mut v = variant("a", classic());
+        v.defaults.weight_decay = 0.0;
+        assert_eq!(validate_variant(&v), Ok(()), "no weight decay is a setting");
+    }
+
+    /// Each hyperparameter rule at its edge: the value that passes and the one past it.
+    #[test]
+    fn classic_hyperparameters_are_refused_at_each_rule() {
+        assert_eq!(validate_hyperparameters(&classic()), Ok(()));
+        let mut h = classic();
+        h.kv_heads = 3;
+        refused(&h, &["heads (4) must be a multiple of kv-heads (3)"]);
+        let mut h = classic();
+        h.norm_eps = 0.0;
+        refused(&h, &["norm-eps must be finite and > 0, got 0"]);
+        for theta in [0.0, f64::NAN, f64::INFINITY] {
+            let mut h = classic();
+            h.rope_theta = theta;
+            refused(&h, &["rope-theta must be finite and > 0"]);
+            h.position = PositionScheme::None;
+            assert_eq!(validate_hyperparameters(&h), Ok(()), "no rotary embedding, no theta");
+        }
+        let mut h = classic();
+        h.mtp_depth = 16;
+        assert_eq!(validate_hyperparameters(&h), Ok(()));
+        h.mtp_depth = 17;
+        refused(&h, &["mtp-depth must be at most 16, got 17"]);
+        let mut h = classic();
+        h.attention = AttentionKind::Mla;
+        refused(&h, &["attention is mla but no mla ranks"]);
+        let mut h = classic();
+        h.moe.as_mut().unwrap().top_k = 9;
+        refused(&h, &["moe.top-k must be in 1..=8, got 9"]);
+        let mut h = classic();
+        h.moe.as_mut().unwrap().dense_layers = 8;
+        assert_eq!(validate_hyperparameters(&h), Ok(()));
+        h.moe.as_mut().unwrap().dense_layers = 9;
+        refused(&h, &["moe.dense-layers (9) exceeds layers (8)"]);
+    }
+
+    /// Each layout rule at its edge, on the classic model (4 heads, 8 experts, 8 layers).
+    #[test]
+    fn layouts_are_refused_at_each_rule() {
+        let h = classic();
+        let refused = |l: &ReferenceLayout, word: &str| {
+            let m = validate_layout(l, &h).expect_err("must be refused");
+            assert!(m.contains(word), "{word:?} not in: {m}");
+        };
+        assert_eq!(validate_layout(&layout(1), &h), Ok(()));
+        let mut l = layout(1);
+        (l.gpus_min, l.gpus_max) = (16, 8);
+        refused(&l, "the GPU range 16..=8 is empty");
+        // ep x etp x pp = 16 does not divide 8 GPUs, though ep divides the 8 experts.
+        let mut l = layout(1);
+        (l.ep, l.etp) = (4, 4);
+        refused(&l, "ep x etp x pp = 4 x 4 x 1 = 16 does not divide 8 GPUs");
+        // ep 3 divides 12 GPUs but not the 8 experts.
+        let mut l = layout(1);
+        (l.gpus_min, l.gpus_max, l.ep) = (12, 12, 3);
+        refused(&l, "ep 3 does not divide the 8 experts");
+        let mut l = layout(1);
+        (l.gbs_per_gpu, l.gbs_fixed) = (0.0, 0);
+        refused(&l, "the global batch rule gives no batch");
+        l.gbs_fixed = 1024;
+        assert_eq!(validate_layout(&l, &h), Ok(()));
+        let mut l = layout(1);
+        l.recompute_layers = 8;
+        assert_eq!(validate_layout(&l, &h), Ok(()));
+        l.recompute_layers = 9;
+        refused(&l, "recompute-layers 9 is out of range");
+        let mut l = layout(1);
+        let measured = PublishedMeasurement {
+            step_time_s: 1.0,
+            tokens_per_s_per_gpu: 0.0,
+            model_tflops_per_gpu: 0.0,
+            gpus: 8,
+            source: "test".into(),
+        };
+        l.measured = Some(measured.clone());
+        assert_eq!(validate_layout(&l, &h), Ok(()));
+        l.measured = Some(PublishedMeasurement { gpus: 0, ..measured.clone() });
+        refused(&l, "measured.gpus must be in 1..=");
+        l.measured = Some(PublishedMeasurement { step_time_s: f64::INFINITY, ..measured });
+        refused(&l, "measured.step-time-s must be finite");
+    }
+
+    /// One linear op `op` reading `x` into `y`, with `attrs`; tensors `x` and `y` of `shape`.
+    fn linear_graph(shape: Vec<u64>, attrs: Vec<wit::Attribute>) -> wit::ModelGraph {
+        let tensor = |name: &str| wit::Tensor {
+            name: name.into(),
+            shape: shape.clone(),
+            dtype: crate::bindings::v3::Dtype::Bf16,
+            kind: wit::TensorKind::Activation,
+        };
+        wit::ModelGraph {
+            tensors: vec![tensor("x"), tensor("y")],
+            operations: vec![wit::Operation {
+                name: "op".into(),
+                kind: wit::OpKind::Add,
+                inputs: vec!["x".into()],
+                outputs: vec!["y".into()],
+                attrs,
+                layer: 0,
+                role: wit::ParallelRole::Replicated,
+            }],
+            loss: "y".into(),
+        }
+    }
+
+    #[track_caller]
+    fn graph_refused(g: &wit::ModelGraph, word: &str) {
+        let m = graph_to_ir(g).expect_err("must be refused");
+        assert!(m.contains(word), "{word:?} not in: {m}");
+    }
+
+    /// The graph conversion's own checks at their edges (a hand mutation audit found each
+    /// could go with the other tests passing): infinite attributes (NaN was tested, inf was
+    /// not), a key given twice, an operation named twice, a tensor of 9 axes, and the
+    /// element bounds exactly at 2^50 per tensor and 2^56 per graph.
+    #[test]
+    fn graphs_are_refused_at_each_conversion_rule() {
+        let attr = |key: &str, value| wit::Attribute { key: key.into(), value };
+        assert!(graph_to_ir(&linear_graph(vec![4, 4], vec![attr("scale", wit::AttrValue::Float(0.5))])).is_ok());
+        for v in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
+            graph_refused(&linear_graph(vec![4], vec![attr("scale", wit::AttrValue::Float(v))]), "attribute 'scale' is not finite");
+        }
+        let twice = vec![attr("k", wit::AttrValue::Int(1)), attr("k", wit::AttrValue::Int(2))];
+        graph_refused(&linear_graph(vec![4], twice), "operation 'op': attribute 'k' given twice");
+        let mut g = linear_graph(vec![4], Vec::new());
+        g.operations.push(g.operations[0].clone());
+        graph_refused(&g, "operation name 'op' appears twice");
+
+        assert!(graph_to_ir(&linear_graph(vec![1; 8], Vec::new())).is_ok());
+        graph_refused(&linear_graph(vec![1; 9], Vec::new()), "tensor 'x' has 9 axes (at most 8)");
+
+        // 2^50 elements in one tensor (two of them: 2^51 in all) pass the bounds; one more does not.
+        assert!(graph_to_ir(&linear_graph(vec![1 << 25, 1 << 25], Vec::new())).is_ok());
+        graph_refused(&linear_graph(vec![1 << 25, (1 << 25) + 1], Vec::new()), "tensor 'x': shape");
+        // 64 tensors of 2^50 make 2^56; a 65th is past the graph's bound.
+        let mut g = linear_graph(vec![1 << 25, 1 << 25], Vec::new());
+        let first = g.tensors[0].clone();
+        let extra = |i| wit::Tensor { name: format!("w{i}"), kind: wit::TensorKind::Weight, ..first.clone() };
+        let extras: Vec<_> = (0..62).map(extra).collect();
+        g.tensors.extend(extras);
+        assert!(graph_to_ir(&g).is_ok(), "64 tensors of 2^50 elements");
+        g.tensors.push(extra(62));
+        graph_refused(&g, "the graph's tensors hold more than 2^56 elements together");
+    }
+
     #[test]
     fn the_mamba_operations_map_to_the_ir() {
         use runner_graph::OpKind as K;
