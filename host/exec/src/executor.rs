@@ -1474,28 +1474,41 @@ impl<D: Device> Executor<D> {
     /// rank: the shards at rest, the gathered parameters and the whole gradients while
     /// the passes hold them).
     pub fn memory(&self) -> MemoryReport {
-        let carried = self.fsdp_carried();
         let walk = |around: Around<'_>| walk_live(&self.graph, &self.plan, &self.sched, self.fsdp.resting.as_ref(), &self.fsdp.passes, around);
-        let l = walk(Around { carried: &carried, scatters: self.fsdp_in_a_step(), left: self.fsdp.passes.scatter_left });
-        // A rank of one chunk follows the order its passes ran: each peaks as alone
-        // with what it finds around it, and each other micro-batch in flight keeps
-        // what its backward needs (`pipeline.rs`).
-        let mut walked: Vec<(fsdp::PassWalk, Live)> = Vec::new();
+        let by_chunk = self.fsdp_carried_by_chunk();
+        // The whole gradients carried of the chunks `mask` names.
+        let carried = |mask: &[bool]| {
+            let mut ids: Vec<TensorId> = by_chunk.iter().zip(mask).filter(|(_, c)| **c).flat_map(|(ids, _)| ids.iter().copied()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let every = vec![true; by_chunk.len()];
+        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None });
+        // A step's passes in the order they ran: each peaks with what it finds around
+        // it, besides what each other micro-batch parked holds after its last pass
+        // (`pipeline.rs`) and the pipeline's mailbox keeps for the other passes of its
+        // iteration.
+        let mut walked: Vec<(fsdp::AroundKey, Live)> = Vec::new();
         let mut by_pass = 0;
         for p in self.fsdp_pass_walks() {
-            let key = fsdp::PassWalk { backward: false, others: 0, ..p };
-            if !walked.iter().any(|(k, _)| *k == key) {
-                let carried = if p.carried { carried.as_slice() } else { &[] };
-                walked.push((key, walk(Around { carried, scatters: p.scatters, left: p.left })));
-            }
-            let w = &walked.iter().find(|(k, _)| *k == key).expect("walked").1;
-            by_pass = by_pass.max(p.others * w.held + if p.backward { w.backward } else { w.forward });
+            let w = match walked.iter().position(|(k, _)| *k == p.around) {
+                Some(w) => w,
+                None => {
+                    let l = walk(Around { carried: &carried(&p.around.carried), scatters: &p.around.scatters, left: p.around.left });
+                    walked.push((p.around.clone(), l));
+                    walked.len() - 1
+                }
+            };
+            let l = &walked[w].1;
+            let parked: u64 = p.others.iter().map(|&(backward, c)| l.held[usize::from(backward)].get(c).copied().unwrap_or(0)).sum();
+            let own = if p.backward { &l.backward } else { &l.forward };
+            by_pass = by_pass.max(parked + p.mailbox + own.get(p.chunk).copied().unwrap_or(l.peak));
         }
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
-            // Several chunks: the active micro-batch peaks as alone; each other chunk
-            // forward in flight keeps its share of what the micro-batch's backward needs.
-            required_bytes: if walked.is_empty() { l.peak + self.in_flight.saturating_sub(self.chunks) * l.held / self.chunks.max(1) } else { by_pass },
+            // A whole-graph step runs one micro-batch's passes.
+            required_bytes: if walked.is_empty() { l.peak } else { by_pass },
             micro_batches_in_flight: self.in_flight.div_ceil(self.chunks.max(1)),
             param_bytes: l.params,
             keep_everything_bytes: l.all,
@@ -1592,8 +1605,9 @@ pub fn live_bytes(g: &Graph, plan: &BackwardPlan, sched: &RecomputeSchedule) -> 
 struct Around<'a> {
     /// The whole gradients earlier micro-batches left (they live through this one).
     carried: &'a [TensorId],
-    /// Its backward runs the reduce-scatters (in a step).
-    scatters: bool,
+    /// Per pipeline chunk (one: the whole graph): its backward runs the
+    /// reduce-scatters (in a step).
+    scatters: &'a [bool],
     /// The unit whose reduce-scatter an earlier backward left in flight into it.
     left: Option<usize>,
 }
@@ -1601,12 +1615,14 @@ struct Around<'a> {
 /// What [`walk_live`] finds.
 struct Live {
     peak: u64,
-    /// The peak through the forward, and through the backward.
-    forward: u64,
-    backward: u64,
-    /// What one micro-batch keeps from its forward to its backward: its inputs, the
-    /// activations still live and the saved statistics.
-    held: u64,
+    /// Per pipeline chunk (one: the whole graph): the peak through its forward, and
+    /// through its backward.
+    forward: Vec<u64>,
+    backward: Vec<u64>,
+    /// What one micro-batch holds between its passes (its inputs, the activations
+    /// and activation gradients still live, the statistics saved): per chunk, once
+    /// its forwards ran up to that chunk's, and once its backwards ran down to it.
+    held: [Vec<u64>; 2],
     all: u64,
     params: u64,
     state: u64,
@@ -1626,7 +1642,12 @@ fn walk_live(
     passes: &fsdp::StepPasses,
     around: Around<'_>,
 ) -> Live {
-    let Around { carried, scatters: scatters_in_backward, left } = around;
+    let Around { carried, scatters, left } = around;
+    // The pipeline chunk of op (forward) or step (backward) `at`, and the end of its
+    // range.
+    let chunk_of = |pass: fsdp::Pass, at: usize| passes.chunks[pass as usize].iter().position(|r| r.contains(&at));
+    let end_of = |pass: fsdp::Pass, at: usize| chunk_of(pass, at).map_or(usize::MAX, |c| passes.chunks[pass as usize][c].end);
+    let n = passes.chunks[0].len().max(1);
     let bytes = |id: TensorId| g.tensors[id].numel() * 4;
     let covered = |id: TensorId| fsdp.is_some_and(|f| f.covers(id));
     let mut params = 0;
@@ -1652,8 +1673,6 @@ fn walk_live(
     // FSDP's gathers and reduce-scatters (`fsdp.rs` walks them), and the whole weights
     // a pass frees after op or step `at`.
     let mut in_flight = fsdp::InFlightUnits::default();
-    // The end of the pass that runs op (forward) or step (backward) `at`.
-    let end_of = |pass: fsdp::Pass, at: usize| passes.ends[pass as usize].iter().copied().find(|&e| e > at).unwrap_or(usize::MAX);
     let freed = |pass: fsdp::Pass, at: usize| -> u64 {
         fsdp.map_or(0, |f| f.freed_after(pass, at).iter().map(|&id| bytes(id)).sum())
     };
@@ -1704,7 +1723,24 @@ fn walk_live(
             }
         }
     };
+    // Each chunk's peak: the window moves on as the walk enters the next chunk.
+    let (mut forward, mut backward) = (vec![0u64; n], vec![0u64; n]);
+    let mut at_chunk = 0;
+    // What the micro-batch holds when it is parked (`pipeline.rs`).
+    let mut held = [vec![0u64; n], vec![0u64; n]];
+    let mut grad_live = vec![false; g.tensors.len()];
+    let activation = |id: TensorId| g.tensors[id].kind == TensorKind::Activation;
+    let kept = |val_live: &[bool], aux_live: &[u64], grad_live: &[bool]| -> u64 {
+        let live = |l: &[bool]| (0..g.tensors.len()).filter(|&id| l[id] && activation(id)).map(bytes).sum::<u64>();
+        inputs + live(val_live) + live(grad_live) + aux_live.iter().sum::<u64>()
+    };
     for oi in 0..g.ops.len() {
+        let c = chunk_of(fsdp::Pass::Forward, oi).unwrap_or(0);
+        if c != at_chunk {
+            forward[at_chunk] = forward[at_chunk].max(peak);
+            held[0][at_chunk] = kept(&val_live, &aux_live, &grad_live);
+            (peak, at_chunk) = (live, c);
+        }
         if let Some(f) = fsdp {
             f.walk_gathers(fsdp::Pass::Forward, oi, end_of(fsdp::Pass::Forward, oi), bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
@@ -1719,17 +1755,22 @@ fn walk_live(
         free(&sched.free_after_forward[oi], &mut live, &mut val_live);
         live -= freed(fsdp::Pass::Forward, oi);
     }
-    let held = inputs
-        + (0..g.tensors.len())
-            .filter(|&id| val_live[id] && g.tensors[id].kind == TensorKind::Activation)
-            .map(bytes)
-            .sum::<u64>()
-        + aux_live.iter().sum::<u64>();
+    forward[at_chunk] = forward[at_chunk].max(peak);
+    held[0][at_chunk] = kept(&val_live, &aux_live, &grad_live);
     let mut has_grad: HashSet<TensorId> = carried.iter().copied().collect();
-    let forward = peak;
     live += 4; // the loss seed
     let mut peak = live;
+    at_chunk = usize::MAX;
     for (si, s) in plan.steps.iter().enumerate() {
+        let c = chunk_of(fsdp::Pass::Backward, si).unwrap_or(0);
+        if c != at_chunk {
+            if let Some(b) = backward.get_mut(at_chunk) {
+                *b = (*b).max(peak);
+                held[1][at_chunk] = kept(&val_live, &aux_live, &grad_live);
+                peak = live;
+            }
+            at_chunk = c;
+        }
         if let Some(f) = fsdp {
             f.walk_gathers(fsdp::Pass::Backward, si, end_of(fsdp::Pass::Backward, si), bytes, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
@@ -1751,24 +1792,29 @@ fn walk_live(
             if fresh && has_grad.insert(go.tensor) {
                 live += bytes(go.tensor);
                 all += bytes(go.tensor);
+                grad_live[go.tensor] = true;
             }
         }
         peak = peak.max(live);
-        live -= plan.free_grads_after_step[si]
-            .iter()
-            .map(|&t| bytes(t))
-            .sum::<u64>();
+        for &t in &plan.free_grads_after_step[si] {
+            live -= bytes(t);
+            grad_live[t] = false;
+        }
         free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
         live -= std::mem::take(&mut aux_live[s.op]);
-        if let Some(f) = fsdp.filter(|_| scatters_in_backward) {
+        if let Some(f) = fsdp.filter(|_| scatters.get(c).copied().unwrap_or(false)) {
             f.walk_scatters(si, bytes, &mut has_grad, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
         live -= freed(fsdp::Pass::Backward, si);
     }
+    if let Some(b) = backward.get_mut(at_chunk) {
+        *b = (*b).max(peak);
+        held[1][at_chunk] = kept(&val_live, &aux_live, &grad_live);
+    }
     Live {
-        peak: forward.max(peak),
+        peak: forward.iter().chain(&backward).copied().max().unwrap_or(peak).max(peak),
         forward,
-        backward: peak,
+        backward,
         held,
         all,
         params,

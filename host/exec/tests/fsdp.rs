@@ -430,8 +430,8 @@ fn fsdp_gathers_a_layer_at_a_time() {
 /// A step over micro-batches runs a chunk per pass, so a pass prefetches only within its
 /// chunk; `step` runs the whole rank graph as one pass, whose prefetch crosses the
 /// chunks. The memory account walks each as it ran, within 1 % of the measured peak as
-/// over one chunk, over every FSDP option (one micro-batch: what the interleaved
-/// schedule's others keep between their passes is an estimate). The walk used to plan
+/// over one chunk, over every FSDP option (one micro-batch; over several,
+/// `fsdp_memory_walk_keeps_the_last_reduce_scatter_in_flight_into_the_next_forward`). The walk used to plan
 /// the prefetch over the whole graph either way: a chunk per pass, with the
 /// reduce-scatters run at once, stage 0 required 309480 bytes against a 268232-byte peak
 /// (`step`'s, prefetching across, is 309512); with whole gradients accumulated, 297000
@@ -483,25 +483,35 @@ fn fsdp_memory_walk_prefetches_within_each_pipeline_chunk() {
 /// layers: the runtime waits for it only as the next reduce-scatter starts. The walk
 /// started each micro-batch with nothing in flight: with the default options, 310628
 /// bytes required against a 316640-byte peak (-1.9 %), a layout predicted to fit that
-/// does not; now 316608. The account follows the order the passes ran, so over every
-/// FSDP option and stage, also over three micro-batches and on four stages, the
-/// measured peak is the walk's plus the executor's constants: never more, never 1 %
-/// less. With whole gradients accumulated it added the parked micro-batches to a walk
-/// that carries the first's whole gradients from the start: stage 0 runs F0 F1 B0 B1,
-/// where the two never coexist (398280 bytes against a 371268-byte peak, +7.3 %; +5.3 %
-/// on stage 0 of four); and it let the last micro-batch's reduce-scatters free them in
-/// every backward, where the ones before keep them to the end (stage 1 of two over three
-/// micro-batches, overlapped: 363492 against 371652, -2.2 %; stage 3 of four, -3.6 %).
+/// does not; now 316608.
+///
+/// The account follows the passes in the order they ran, each with what it finds
+/// around it, so over every FSDP option and stage, on two and four stages, one and two
+/// chunks each, over two to four micro-batches, the measured peak is the walk's plus the
+/// executor's constants: never more, never 1 % less. With whole gradients accumulated
+/// it added the parked micro-batches to a walk carrying whole gradients from the start:
+/// stage 0 runs F0 F1 B0 B1, where the two never coexist (398280 bytes against a
+/// 371268-byte peak, +7.3 %; +5.3 % on stage 0 of four); and it let the last
+/// micro-batch's reduce-scatters free them in every backward, where those before keep
+/// them to the end (stage 1 of two over three micro-batches, overlapped: 363492 against
+/// 371652, -2.2 %; stage 3 of four, -3.6 %). With two chunks a stage, each other chunk
+/// forward in flight counted an equal share of a micro-batch's activations, whatever
+/// the chunk and whether its backward had begun, and the mailbox's buffers for the
+/// other pass of an iteration not at all (four micro-batches on two stages, stage 1:
+/// 326230 against 338768, -3.7 %; two, stage 0 with whole gradients accumulated:
+/// 377676 against 337156, +12.0 %).
 #[test]
 fn fsdp_memory_walk_keeps_the_last_reduce_scatter_in_flight_into_the_next_forward() {
-    let g = with_roles(toy::llama(&ToyConfig { layers: 4, batch: 1, ..ToyConfig::tiny() }), true);
-    for (pp, micro_batches) in [(2, 2), (2, 3), (4, 4)] {
-        let layout = Layout { dp: 2, pp, fsdp: true, ..Layout::single(1, 4) };
-        let data: Vec<Data> = (0..micro_batches).map(|k| synthetic_inputs(&g, 5 + k)).collect();
+    for (pp, vp, micro_batches) in [(2, 1, 2), (2, 1, 3), (4, 1, 4), (2, 2, 2), (2, 2, 4), (4, 2, 4)] {
+        // A layer per chunk at least; the interleaved schedule needs the micro-batches a
+        // multiple of pp.
+        let g = with_roles(toy::llama(&ToyConfig { layers: (pp * vp).max(4), batch: 1, ..ToyConfig::tiny() }), true);
+        let layout = Layout { dp: 2, pp, vp, fsdp: true, ..Layout::single(1, 2 * micro_batches) };
+        let data: Vec<Data> = (0..micro_batches).map(|k| synthetic_inputs(&g, 5 + u64::from(k))).collect();
         for prefetch in [true, false] {
             for overlap in [true, false] {
                 for sharded in [true, false] {
-                    let what = format!("pp {pp}, {micro_batches} micro-batches, prefetch {prefetch}, overlap {overlap}, sharded gradients {sharded}");
+                    let what = format!("pp {pp}, vp {vp}, {micro_batches} micro-batches, prefetch {prefetch}, overlap {overlap}, sharded gradients {sharded}");
                     let hs: Vec<_> = mesh(1, pp, 2)
                         .into_iter()
                         .map(|r| {

@@ -53,12 +53,15 @@
 //!   reader; plus each unit's whole gradients from its backward steps to its
 //!   reduce-scatter, and the one in flight (the last one a backward started stays in
 //!   flight through the forwards run before the next one starts: 1F1B's last stage,
-//!   micro-batches in order). [`Executor::memory`] walks exactly these allocations; over
-//!   micro-batches on a rank of one pipeline chunk, pass by pass in the order they ran
-//!   ([`Executor::fsdp_pass_walks`]): whole gradients accumulated live from the first
-//!   backward on (stage 0 of 1F1B runs its warm-up forwards and first backward without
-//!   them), and only the last micro-batch's backward frees them by its reduce-scatters.
-//!   The collectives run through host copies, as the rest of the in-process backend does.
+//!   micro-batches in order). [`Executor::memory`] walks exactly these allocations, over
+//!   micro-batches pass by pass in the order they ran ([`Executor::fsdp_pass_walks`]),
+//!   each pipeline chunk's apart: a chunk's whole gradients accumulated live from its
+//!   first backward on (stage 0 of 1F1B runs its warm-up forwards and first backward
+//!   without them), and only the last micro-batch's backward frees them by its
+//!   reduce-scatters; each other micro-batch parked holds what it held after its last
+//!   pass, and the pipeline's mailbox the buffers of an interleaved iteration's other
+//!   pass. The collectives run through host copies, as the rest of the in-process
+//!   backend does.
 //!
 //! Inspection: [`Executor::gather_weights`] and [`Executor::gather_grads`] return whole
 //! tensors (collective calls: every rank of each FSDP group must make them, in the same
@@ -129,32 +132,42 @@ pub(super) struct FsdpState<B> {
 /// ([`super::walk_live`]) needs it; the default: whole-graph passes, one micro-batch.
 #[derive(Default)]
 pub(super) struct StepPasses {
-    /// Per pass (forward ops, backward steps): where the passes ended, when they ran a
-    /// pipeline chunk at a time; empty when each ran the whole graph. A pass
-    /// prefetches only within its own range (`gather_for`).
-    pub(super) ends: [Vec<usize>; 2],
-    /// The unit whose reduce-scatter a backward left in flight as a later forward of
-    /// the step started (the largest such): the runtime waits for one started beside
-    /// the backward only as the next one starts, so it stays through that forward.
-    /// What a rank of several chunks walks; a rank of one follows `order`.
-    pub(super) scatter_left: Option<usize>,
+    /// Per pass (forward ops, backward steps): the range each pipeline chunk ran, by
+    /// chunk, when the passes ran a chunk at a time; empty when each ran the whole
+    /// graph. A pass prefetches only within its own range (`gather_for`).
+    pub(super) chunks: [Vec<Range<usize>>; 2],
     /// The step's passes in the order they ran (empty: one whole-graph forward and
-    /// backward).
+    /// backward), and per pass the bytes the others of its iteration keep in the
+    /// pipeline's mailbox meanwhile.
     pub(super) order: Vec<super::pipeline::Pass>,
+    pub(super) mailbox: Vec<u64>,
 }
 
 /// How one pass of a step's order finds the rank, for the memory account
 /// ([`Executor::fsdp_pass_walks`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(super) struct PassWalk {
-    /// A backward pass (else a forward).
+    /// The pass: a forward or backward of pipeline chunk `.1` (0 on a rank of one).
     pub(super) backward: bool,
-    /// The other micro-batches between their forward and their backward meanwhile.
-    pub(super) others: u64,
-    /// An earlier backward left whole gradients that live through this pass.
-    pub(super) carried: bool,
-    /// Its backward runs reduce-scatters.
-    pub(super) scatters: bool,
+    pub(super) chunk: usize,
+    /// The other micro-batches between their first forward and their last backward
+    /// meanwhile, each by the last pass it ran: a forward (`false`) or a backward
+    /// (`true`) of a chunk.
+    pub(super) others: Vec<(bool, usize)>,
+    /// What the pipeline's mailbox holds for the other passes of its iteration.
+    pub(super) mailbox: u64,
+    /// What the walk of this micro-batch starts with and does besides its own passes.
+    pub(super) around: AroundKey,
+}
+
+/// What a micro-batch's walk finds around it ([`PassWalk`]): the same for many passes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct AroundKey {
+    /// Per chunk: its weights' whole gradients (those `fsdp_carried` names) an earlier
+    /// backward left live.
+    pub(super) carried: Vec<bool>,
+    /// Per chunk: its backward runs the reduce-scatters.
+    pub(super) scatters: Vec<bool>,
     /// The unit whose reduce-scatter an earlier backward left in flight.
     pub(super) left: Option<usize>,
 }
@@ -382,7 +395,7 @@ impl Resting {
     }
 
     /// Start the walk with unit `u`'s reduce-scatter in flight (as an earlier
-    /// micro-batch's backward left it into the forward: [`StepPasses::scatter_left`]):
+    /// micro-batch's backward left it into the forward: [`Executor::fsdp_pass_walks`]):
     /// its flat input and chunk live until the next reduce-scatter starts.
     pub(super) fn walk_scatter_left(&self, u: usize, mut w: Walk<'_>) {
         w.add((self.units[u].1 + self.units[u].2) * 4);
@@ -705,79 +718,93 @@ impl<D: Device> Executor<D> {
     }
 
     /// The coming step runs `order`'s passes, each over one pipeline chunk (or, on a
-    /// rank of one, the whole graph): forward ops ending at each of `ops`, backward
-    /// steps `steps[c]` for chunk c (what [`Executor::memory`] walks).
-    pub(super) fn fsdp_passes(&mut self, mut ops: Vec<usize>, steps: &[Range<usize>], order: &[super::pipeline::Pass]) {
-        ops.sort_unstable();
-        let mut ends: Vec<usize> = steps.iter().map(|r| r.end).collect();
-        ends.sort_unstable();
-        self.fsdp.passes = StepPasses { ends: [ops, ends], scatter_left: self.scatter_left(steps, order), order: order.to_vec() };
+    /// rank of one, the whole graph): forward ops `ops[c]` and backward steps
+    /// `steps[c]` for chunk c (what [`Executor::memory`] walks).
+    pub(super) fn fsdp_passes(&mut self, ops: &[Range<usize>], steps: &[Range<usize>], order: &[super::pipeline::Pass], mailbox: Vec<u64>) {
+        self.fsdp.passes = StepPasses { chunks: [ops.to_vec(), steps.to_vec()], order: order.to_vec(), mailbox };
     }
 
-    /// Each pass of the last step in the order it ran, on a rank of one pipeline chunk
-    /// (empty otherwise, and for a whole-graph step): the micro-batches parked
-    /// meanwhile; the whole gradients `fsdp_carried` names, live from the first
-    /// backward on (accumulated: none before it, as stage 0 of 1F1B runs its warm-up
-    /// forwards and the first backward); whether the backward runs the reduce-scatters
-    /// (each micro-batch's with sharded gradients, else only the last's, and only with
-    /// `overlap_grad_reduce`); and the one the last backward that started one left in
-    /// flight (the runtime waits for it only as the next one starts).
+    /// Each pass of the last step in the order it ran (empty for a whole-graph step):
+    /// the micro-batches parked meanwhile, each by the last pass it ran; what the
+    /// pipeline's mailbox holds meanwhile; the chunks whose whole gradients
+    /// (those `fsdp_carried` names) an earlier backward left (accumulated: none before
+    /// a chunk's first backward, as stage 0 of 1F1B runs its warm-up forwards and its
+    /// first backward without them); which chunks' backwards run the reduce-scatters
+    /// (each micro-batch's with sharded gradients; else, with `overlap_grad_reduce`,
+    /// only the last micro-batch's, which frees them); and the reduce-scatter the last
+    /// backward that started one left in flight (the runtime waits for it only as the
+    /// next one starts).
     pub(super) fn fsdp_pass_walks(&self) -> Vec<PassWalk> {
         use super::pipeline::Pass as Run;
         let order = &self.fsdp.passes.order;
-        if order.iter().any(|p| matches!(p, Run::Forward(_, c) | Run::Backward(_, c) if *c > 0)) {
-            return Vec::new();
-        }
+        let n = self.fsdp.passes.chunks[1].len().max(1);
         let m = self.fsdp.micro_batches.unwrap_or(1) as usize;
         let r = self.fsdp.resting.as_ref();
-        let in_backward = self.fsdp_in_a_step() && self.fsdp_scatters_in_backward();
-        let started = r.filter(|r| !r.scatter_waits).and_then(|r| r.scatter_after.iter().flatten().last().copied());
-        let (mut others, mut backwards, mut left) = (0u64, 0, None);
-        order
-            .iter()
-            .map(|&p| {
-                let backward = matches!(p, Run::Backward(..));
-                others = others.saturating_sub(u64::from(backward));
-                let scatters = backward && in_backward && (self.options.fsdp_sharded_grads || matches!(p, Run::Backward(i, _) if i + 1 == m));
-                let w = PassWalk { backward, others, carried: backwards > 0, scatters, left };
-                if backward {
-                    backwards += 1;
-                    left = started.filter(|_| scatters).or(left);
-                } else {
-                    others += 1;
-                }
-                w
+        let in_backward = r.is_some() && self.fsdp_in_a_step() && self.fsdp_scatters_in_backward();
+        let sharded = self.options.fsdp_sharded_grads;
+        // The chunks with whole gradients to carry (none but on an FSDP rank).
+        let carries: Vec<bool> = self.fsdp_carried_by_chunk().iter().map(|ids| !ids.is_empty()).collect();
+        // The last reduce-scatter each chunk's backward starts (overlapped).
+        let started: Vec<Option<usize>> = (0..n)
+            .map(|c| {
+                let r = r.filter(|r| !r.scatter_waits)?;
+                let steps = self.fsdp.passes.chunks[1].get(c).cloned().unwrap_or(0..r.scatter_after.len());
+                r.scatter_after.get(steps)?.iter().flatten().last().copied()
             })
-            .collect()
-    }
-
-    /// The unit whose reduce-scatter is still in flight as a forward of `order` starts
-    /// (the largest over its forwards), if any: one started beside a backward pass
-    /// (`overlap_grad_reduce`) finishes only as the next one starts, so the last one a
-    /// backward starts is in flight through any forward run before the next backward
-    /// that starts one (1F1B's steady state, or micro-batches in order). Each
-    /// micro-batch's backward starts them with sharded gradients; only the last one's
-    /// without.
-    fn scatter_left(&self, steps: &[Range<usize>], order: &[super::pipeline::Pass]) -> Option<usize> {
-        use super::pipeline::Pass as Run;
-        let r = self.fsdp.resting.as_ref().filter(|r| !r.scatter_waits)?;
-        let m = self.fsdp.micro_batches? as usize;
-        let size = |u: usize| r.units[u].1 + r.units[u].2;
-        let (mut last, mut most) = (None, None);
-        for &p in order {
-            match p {
-                Run::Backward(i, c) if self.options.fsdp_sharded_grads || i + 1 == m => {
-                    last = steps[c].clone().flat_map(|si| r.scatter_after[si].iter().copied()).last().or(last);
-                }
-                Run::Forward(..) => {
-                    if let Some(u) = last.filter(|&u| most.is_none_or(|b| size(u) > size(b))) {
-                        most = Some(u);
-                    }
-                }
-                Run::Backward(..) => {}
+            .collect();
+        // Per micro-batch: the last pass it ran, while it has not run them all.
+        let mut open: Vec<Option<(bool, usize)>> = vec![None; m.max(1)];
+        let (mut ran, mut last_ran) = (vec![false; n], vec![false; n]);
+        let mut left = None;
+        let mut out = Vec::with_capacity(order.len());
+        for (at, &p) in order.iter().enumerate() {
+            let (backward, i, c) = match p {
+                Run::Forward(i, c) => (false, i, c),
+                Run::Backward(i, c) => (true, i, c),
+            };
+            if i >= open.len() || c >= n {
+                return Vec::new();
+            }
+            let others = open.iter().enumerate().filter(|&(j, _)| j != i).filter_map(|(_, o)| *o).collect();
+            let scatters_in = |k: usize| in_backward && (sharded || last_ran[k] || (k == c && i + 1 == m));
+            let around = AroundKey {
+                carried: (0..n).map(|k| carries.get(k) == Some(&true) && ran[k] && (sharded || !in_backward || !last_ran[k])).collect(),
+                // A backward walks the chunks after its own first (this micro-batch's
+                // backwards of them ran).
+                scatters: (0..n).map(|k| backward && k >= c && scatters_in(k)).collect(),
+                left,
+            };
+            let mailbox = self.fsdp.passes.mailbox.get(at).copied().unwrap_or(0);
+            out.push(PassWalk { backward, chunk: c, others, mailbox, around });
+            open[i] = Some((backward, c)).filter(|_| !(backward && c == 0));
+            if backward {
+                let scatters = scatters_in(c);
+                ran[c] = true;
+                last_ran[c] |= i + 1 == m;
+                left = started[c].filter(|_| scatters).or(left);
             }
         }
-        most
+        out
+    }
+
+    /// The covered weights `fsdp_carried` names, by the pipeline chunk whose backward
+    /// writes their gradients (one chunk on a rank of one; a weight two chunks write
+    /// is in both).
+    pub(super) fn fsdp_carried_by_chunk(&self) -> Vec<Vec<TensorId>> {
+        let carried = self.fsdp_carried();
+        let chunks = &self.fsdp.passes.chunks[1];
+        if chunks.len() <= 1 {
+            return vec![carried];
+        }
+        chunks
+            .iter()
+            .map(|steps| {
+                let mut ids: Vec<TensorId> = steps.clone().flat_map(|si| self.plan.steps[si].grads_out.iter().map(|g| g.tensor)).filter(|id| carried.contains(id)).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            })
+            .collect()
     }
 
     /// Whether the last forward and backward ran in a step, whose backward may start

@@ -311,7 +311,7 @@ impl<D: Device> Executor<D> {
         let mut active: Option<usize> = None;
         let mut total = 0f64;
         let last = plan.chunks.len() - 1;
-        self.fsdp_passes(plan.chunks.ops.iter().map(|r| r.end).collect(), &plan.chunks.steps, &passes(&plan.schedule));
+        self.fsdp_passes(&plan.chunks.ops, &plan.chunks.steps, &passes(&plan.schedule), self.mailbox_bytes(plan));
         *self.comm.mailbox.borrow_mut() = plan.driven.then(Mailbox::default);
         let r = (|| {
             let mut started = false;
@@ -370,6 +370,39 @@ impl<D: Device> Executor<D> {
         self.in_flight = in_flight(&passes(&plan.schedule)).max(1) as u64;
         self.chunks = plan.chunks.len() as u64;
         r.map(|()| total)
+    }
+
+    /// Per pass of `plan`'s order: the bytes the other passes of its iteration keep in
+    /// the mailbox while it runs (what the memory account adds to its walk): the
+    /// receives of those after it, posted before the iteration, and the sends of those
+    /// before it, held to the next post. One pass per iteration (1F1B, in order): none.
+    fn mailbox_bytes(&self, plan: &PassPlan) -> Vec<u64> {
+        let bytes = |id: TensorId| 4 * self.graph.tensors[id].numel();
+        let (g, c) = (&self.graph, &plan.chunks);
+        // A pass's receives and sends: a forward receives its recvs' outputs and sends
+        // its sends' inputs; a backward receives the gradients of its sends' inputs and
+        // sends those of its recvs' outputs.
+        let traffic = |p: Pass| -> (u64, u64) {
+            match p {
+                Pass::Forward(_, k) => (
+                    c.forward_recvs[k].iter().map(|&oi| bytes(g.ops[oi].outputs[0])).sum(),
+                    c.ops[k].clone().filter(|&oi| g.ops[oi].kind == OpKind::Send).map(|oi| bytes(g.ops[oi].inputs[0])).sum(),
+                ),
+                Pass::Backward(_, k) => (
+                    c.backward_recvs[k].iter().map(|&oi| bytes(g.ops[oi].inputs[0])).sum(),
+                    c.forward_recvs[k].iter().map(|&oi| bytes(g.ops[oi].outputs[0])).sum(),
+                ),
+            }
+        };
+        let mut out = Vec::new();
+        for iteration in &plan.schedule {
+            for k in 0..iteration.len() {
+                let before: u64 = iteration[..k].iter().map(|&p| traffic(p).1).sum();
+                let after: u64 = iteration[k + 1..].iter().map(|&p| traffic(p).0).sum();
+                out.push(if plan.driven { before + after } else { 0 });
+            }
+        }
+        out
     }
 
     /// Post, as one call on the pipeline group, what the passes since the last call sent
