@@ -198,4 +198,95 @@ mod tests {
             "an unknown GPU is not assumed to emulate"
         );
     }
+
+    /// FP8 E4M3 under delayed scaling, per tensor: a valid operand to vary one rule at a time.
+    fn fp8() -> OperandPlan {
+        OperandPlan {
+            format: Dtype::Fp8E4m3,
+            recipe: ScalingRecipe::Delayed,
+            amax_history: 1024,
+            amax_reduction: AmaxReduction::Max,
+            ..unscaled_operand(Dtype::Fp8E4m3)
+        }
+    }
+
+    #[track_caller]
+    fn operand_refused(p: &OperandPlan, word: &str) {
+        let m = validate_operand(p).expect_err("must be refused");
+        assert!(m.contains(word), "{word:?} not in: {m}");
+    }
+
+    /// Each operand rule at its edge, named by the mutation of a hand audit that the other
+    /// tests let through (the rule deleted or its bound moved).
+    #[test]
+    fn operands_are_refused_at_each_rule() {
+        assert_eq!(validate_operand(&fp8()), Ok(()));
+        operand_refused(
+            &OperandPlan { hadamard: 16, ..unscaled_operand(Dtype::Bf16) },
+            "bf16 is not scaled: recipe none, no blocks, no tensor scale, no Hadamard transform",
+        );
+        let block = |rows, cols| OperandPlan {
+            recipe: ScalingRecipe::Block,
+            block: BlockShape { rows, cols },
+            ..fp8()
+        };
+        assert_eq!(validate_operand(&block(4096, 4096)), Ok(()));
+        operand_refused(&block(4097, 128), "block 4097x128: both sides are 0 (per tensor) or both in 1..=4096");
+        operand_refused(&block(128, 4097), "block 128x4097");
+        for margin in [-64, 64] {
+            assert_eq!(validate_operand(&OperandPlan { margin, ..fp8() }), Ok(()));
+        }
+        operand_refused(&OperandPlan { margin: 65, ..fp8() }, "margin 65 is outside -64..=64");
+        operand_refused(&OperandPlan { margin: -65, ..fp8() }, "margin -65 is outside -64..=64");
+        assert_eq!(validate_operand(&OperandPlan { hadamard: 256, ..fp8() }), Ok(()));
+        operand_refused(&OperandPlan { hadamard: 512, ..fp8() }, "hadamard size 512 is not 0 or a power of two up to 256");
+        operand_refused(&OperandPlan { hadamard: 48, ..fp8() }, "hadamard size 48");
+        operand_refused(&OperandPlan { amax_history: 65_537, ..fp8() }, "amax history of 1..=65536, got 65537");
+        operand_refused(
+            &OperandPlan { recipe: ScalingRecipe::Current, amax_history: 65_537, ..fp8() },
+            "amax-history 65537 is larger than 65536",
+        );
+    }
+
+    #[test]
+    fn a_plan_with_an_integer_output_or_oversized_state_is_refused() {
+        let site = GemmSite { layer: 0, name: "layers.0.mlp.up".into(), role: GemmRole::Forward, m: 64, n: 64, k: 64 };
+        let request = PlanRequest {
+            model: "m".into(),
+            layers: 1,
+            device: device_capabilities("H100"),
+            sites: vec![site],
+            state: Vec::new(),
+        };
+        let plan = |output, state: usize| PlanResponse {
+            sites: vec![SitePlan { output, ..unscaled(Dtype::Bf16) }],
+            state: vec![0; state],
+        };
+        let max = runner_contract::limits::STATE_BYTES;
+        assert_eq!(validate_plan(&request, &plan(Dtype::Bf16, max)), Ok(()));
+        let m = validate_plan(&request, &plan(Dtype::Int32, 0)).unwrap_err();
+        assert!(m.contains("the output format int32 is not a GEMM result format"), "{m}");
+        let m = validate_plan(&request, &plan(Dtype::Bf16, max + 1)).unwrap_err();
+        assert!(m.contains("bytes of state"), "{m}");
+    }
+
+    #[test]
+    fn steps_are_refused_at_each_rule() {
+        let step = |actions, state: usize| StepResponse { actions, state: vec![0; state] };
+        let max = runner_contract::limits::STATE_BYTES;
+        assert_eq!(validate_step(&step(Vec::new(), max)), Ok(()));
+        let m = validate_step(&step(Vec::new(), max + 1)).unwrap_err();
+        assert!(m.contains("bytes of state"), "{m}");
+        let sites = SiteSelector { layers: Vec::new(), names: Vec::new(), roles: Vec::new() };
+        let change = |margin, amax_history| {
+            step(vec![Action::ChangeRecipe(RecipeChange { sites: sites.clone(), recipe: ScalingRecipe::Current, margin, amax_history })], 0)
+        };
+        assert_eq!(validate_step(&change(64, 65_536)), Ok(()));
+        for (margin, history) in [(65, 16), (-65, 16), (0, 65_537)] {
+            let m = validate_step(&change(margin, history)).unwrap_err();
+            assert!(m.contains(&format!("recipe change with margin {margin} / amax-history {history}")), "{m}");
+        }
+        let m = validate_step(&step(vec![Action::Alert("a\u{1b}[2J".into())], 0)).unwrap_err();
+        assert!(m.contains("a message") && m.contains("U+001B"), "{m}");
+    }
 }
