@@ -200,6 +200,36 @@ mod tests {
         }
         assert!(currency("USD").is_ok() && currency("usd").is_err() && currency("US$").is_err());
     }
+
+    /// The bounds themselves (a mutation audit found each could move unnoticed): a name of
+    /// exactly MAX_NAME bytes passes and one byte more does not; a day 00, a year before
+    /// 1970 and a 29 February of a century that is not a leap year are no dates; a currency
+    /// is three letters, not four.
+    #[test]
+    fn bounds_hold_at_the_edge() {
+        assert!(name("gpu", &"H".repeat(MAX_NAME)).is_ok());
+        assert!(name("gpu", &"H".repeat(MAX_NAME + 1)).unwrap_err().contains("257 bytes"));
+        assert!(free("source", &"s".repeat(MAX_TEXT)).is_ok());
+        assert!(free("source", &"s".repeat(MAX_TEXT + 1)).is_err());
+        for bad in ["2026-11-00", "1969-12-31", "2100-02-29", "1900-02-29"] {
+            assert!(date("d", bad).is_err(), "{bad}");
+        }
+        for ok in ["1970-01-01", "2000-02-29", "2026-12-31"] {
+            assert!(date("d", ok).is_ok(), "{ok}");
+        }
+        assert!(currency("USDX").is_err() && currency("EU").is_err());
+    }
+
+    /// The bidirectional isolates (U+2066..U+2069) reorder text as the overrides do.
+    #[test]
+    fn bidi_isolates_are_unsafe_too() {
+        for c in ['\u{2066}', '\u{2067}', '\u{2068}', '\u{2069}', '\u{202a}', '\u{202e}'] {
+            assert!(is_unsafe(c), "{c:?}");
+            assert!(name("region", &format!("us{c}east")).is_err(), "{c:?}");
+        }
+        assert_eq!(escape("a\u{2067}b", 100), "a\\u{2067}b");
+        assert!(!is_unsafe('\u{2065}') && !is_unsafe('\u{202f}'));
+    }
 }
 
 /// Whether `text` matches `pattern`, a glob where `*` matches any run of characters
