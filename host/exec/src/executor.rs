@@ -139,7 +139,9 @@ pub struct MemoryReport {
     pub peak_bytes: u64,
     /// Peak of the sum of the tensors the graph needs live at once, under the plan's
     /// liveness: parameters, gradients, AdamW moments, inputs, live activations, saved
-    /// activations and statistics, live activation gradients (4 bytes per element).
+    /// activations and statistics, live activation gradients (4 bytes per element),
+    /// and the flat copies the step's gradient reduction makes (its all-reduces', an
+    /// overlapped bucket's from the backward step that starts it).
     /// Tensors whose rows follow the expert routing (expert parallelism) count at their
     /// graph shape, the balanced routing's.
     pub required_bytes: u64,
@@ -1484,31 +1486,52 @@ impl<D: Device> Executor<D> {
             ids
         };
         let every = vec![true; by_chunk.len()];
-        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None });
+        // The data-parallel reduction's flat buffers: the overlapped buckets the last
+        // micro-batch's backward starts, and what the reduction holds at its most.
+        let (started, reduction) = self.bucket_flats();
+        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None, buckets: &started });
         // A step's passes in the order they ran: each peaks with what it finds around
         // it, besides what each other micro-batch parked holds after its last pass
         // (`pipeline.rs`) and the pipeline's mailbox keeps for the other passes of its
         // iteration.
-        let mut walked: Vec<(fsdp::AroundKey, Live)> = Vec::new();
+        // A pass's walk by what it finds around it and the buckets it starts.
+        type Key = (fsdp::AroundKey, Vec<(usize, u64)>);
+        let mut walked: Vec<(Key, Live)> = Vec::new();
         let mut by_pass = 0;
-        for p in self.fsdp_pass_walks() {
-            let w = match walked.iter().position(|(k, _)| *k == p.around) {
+        let last = self.fsdp.passes.order.iter().map(|&(pipeline::Pass::Forward(i, _) | pipeline::Pass::Backward(i, _))| i).max().unwrap_or(0);
+        // The buckets earlier passes started (in flight through the later ones).
+        let mut flying = 0;
+        for (p, run) in self.fsdp_pass_walks().into_iter().zip(&self.fsdp.passes.order) {
+            // The last micro-batch's backward of a chunk starts the buckets its steps
+            // finish.
+            let steps = self.fsdp.passes.chunks[1].get(p.chunk).cloned().unwrap_or(0..self.plan.steps.len());
+            let starts: Vec<(usize, u64)> = match *run {
+                pipeline::Pass::Backward(i, _) if i == last => started.iter().copied().filter(|b| steps.contains(&b.0)).collect(),
+                _ => Vec::new(),
+            };
+            let key = (p.around, starts);
+            let w = match walked.iter().position(|(k, _)| *k == key) {
                 Some(w) => w,
                 None => {
-                    let l = walk(Around { carried: &carried(&p.around.carried), scatters: &p.around.scatters, left: p.around.left });
-                    walked.push((p.around.clone(), l));
+                    let l = walk(Around { carried: &carried(&key.0.carried), scatters: &key.0.scatters, left: key.0.left, buckets: &key.1 });
+                    walked.push((key.clone(), l));
                     walked.len() - 1
                 }
             };
             let l = &walked[w].1;
             let parked: u64 = p.others.iter().map(|&(backward, c)| l.held[usize::from(backward)].get(c).copied().unwrap_or(0)).sum();
             let own = if p.backward { &l.backward } else { &l.forward };
-            by_pass = by_pass.max(parked + p.mailbox + own.get(p.chunk).copied().unwrap_or(l.peak));
+            by_pass = by_pass.max(flying + parked + p.mailbox + own.get(p.chunk).copied().unwrap_or(l.peak));
+            flying += key.1.iter().map(|b| b.1).sum::<u64>();
         }
+        // The reduction after the passes (not walked on an FSDP rank: its whole
+        // gradients' reduce-scatters are `fsdp.rs`'s): the state at rest, one
+        // micro-batch's inputs, the loss, and the reduction's flat buffers.
+        let reduced = if self.fsdp.resting.is_none() && reduction > 0 { l.state + l.inputs + 4 + reduction } else { 0 };
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
             // A whole-graph step runs one micro-batch's passes.
-            required_bytes: if walked.is_empty() { l.peak } else { by_pass },
+            required_bytes: if walked.is_empty() { l.peak } else { by_pass }.max(reduced),
             micro_batches_in_flight: self.in_flight.div_ceil(self.chunks.max(1)),
             param_bytes: l.params,
             keep_everything_bytes: l.all,
@@ -1610,6 +1633,10 @@ struct Around<'a> {
     scatters: &'a [bool],
     /// The unit whose reduce-scatter an earlier backward left in flight into it.
     left: Option<usize>,
+    /// The overlapped data-parallel buckets this micro-batch's backward starts: the
+    /// backward step after which each starts, and its flat buffer's bytes (held to the
+    /// reduction).
+    buckets: &'a [(usize, u64)],
 }
 
 /// What [`walk_live`] finds.
@@ -1626,6 +1653,8 @@ struct Live {
     all: u64,
     params: u64,
     state: u64,
+    /// One micro-batch's inputs.
+    inputs: u64,
 }
 
 /// [`live_bytes`], with the FSDP shards of `fsdp` (if any): a covered weight holds its
@@ -1642,7 +1671,7 @@ fn walk_live(
     passes: &fsdp::StepPasses,
     around: Around<'_>,
 ) -> Live {
-    let Around { carried, scatters, left } = around;
+    let Around { carried, scatters, left, buckets } = around;
     // The pipeline chunk of op (forward) or step (backward) `at`, and the end of its
     // range.
     let chunk_of = |pass: fsdp::Pass, at: usize| passes.chunks[pass as usize].iter().position(|r| r.contains(&at));
@@ -1726,6 +1755,8 @@ fn walk_live(
     // Each chunk's peak: the window moves on as the walk enters the next chunk.
     let (mut forward, mut backward) = (vec![0u64; n], vec![0u64; n]);
     let mut at_chunk = 0;
+    // The copies a backward pass's pipeline sends hold for the mailbox.
+    let mut outbox = 0;
     // What the micro-batch holds when it is parked (`pipeline.rs`).
     let mut held = [vec![0u64; n], vec![0u64; n]];
     let mut grad_live = vec![false; g.tensors.len()];
@@ -1767,6 +1798,7 @@ fn walk_live(
             if let Some(b) = backward.get_mut(at_chunk) {
                 *b = (*b).max(peak);
                 held[1][at_chunk] = kept(&val_live, &aux_live, &grad_live);
+                live -= std::mem::take(&mut outbox);
                 peak = live;
             }
             at_chunk = c;
@@ -1795,6 +1827,12 @@ fn walk_live(
                 grad_live[go.tensor] = true;
             }
         }
+        // A pipeline send's copy for the mailbox (a receive's backward), while the
+        // gradient it copies is still live; it stays to the end of the pass.
+        if passes.driven && g.ops[s.op].kind == OpKind::Recv {
+            let copy: u64 = g.ops[s.op].outputs.iter().map(|&o| bytes(o)).sum();
+            (live, outbox) = (live + copy, outbox + copy);
+        }
         peak = peak.max(live);
         for &t in &plan.free_grads_after_step[si] {
             live -= bytes(t);
@@ -1802,6 +1840,8 @@ fn walk_live(
         }
         free(&sched.free_saved_after_step[si], &mut live, &mut val_live);
         live -= std::mem::take(&mut aux_live[s.op]);
+        live += buckets.iter().filter(|b| b.0 == si).map(|b| b.1).sum::<u64>();
+        peak = peak.max(live);
         if let Some(f) = fsdp.filter(|_| scatters.get(c).copied().unwrap_or(false)) {
             f.walk_scatters(si, bytes, &mut has_grad, fsdp::Walk { live: &mut live, peak: &mut peak, in_flight: &mut in_flight });
         }
@@ -1819,6 +1859,7 @@ fn walk_live(
         all,
         params,
         state,
+        inputs,
     }
 }
 

@@ -141,6 +141,10 @@ pub(super) struct StepPasses {
     /// pipeline's mailbox meanwhile.
     pub(super) order: Vec<super::pipeline::Pass>,
     pub(super) mailbox: Vec<u64>,
+    /// Whether a pipeline schedule drove the passes: each pipeline send then copies its
+    /// buffer into the mailbox, held to the next batched call (the walk counts a
+    /// receive's backward's copy, besides the gradient it copies, to the pass's end).
+    pub(super) driven: bool,
 }
 
 /// How one pass of a step's order finds the rank, for the memory account
@@ -721,7 +725,7 @@ impl<D: Device> Executor<D> {
     /// rank of one, the whole graph): forward ops `ops[c]` and backward steps
     /// `steps[c]` for chunk c (what [`Executor::memory`] walks).
     pub(super) fn fsdp_passes(&mut self, ops: &[Range<usize>], steps: &[Range<usize>], order: &[super::pipeline::Pass], mailbox: Vec<u64>) {
-        self.fsdp.passes = StepPasses { chunks: [ops.to_vec(), steps.to_vec()], order: order.to_vec(), mailbox };
+        self.fsdp.passes = StepPasses { chunks: [ops.to_vec(), steps.to_vec()], order: order.to_vec(), mailbox, driven: false };
     }
 
     /// Each pass of the last step in the order it ran (empty for a whole-graph step):

@@ -60,11 +60,14 @@ pub(super) struct Buckets<B> {
     next: usize,
     in_flight: Vec<(usize, InFlight<B>)>,
     report: Vec<GradBucket>,
+    /// Whether the last reduction's buckets ran overlapped (what the memory account
+    /// walks: [`Executor::bucket_flats`]).
+    overlapped: bool,
 }
 
 impl<B> Default for Buckets<B> {
     fn default() -> Self {
-        Buckets { list: Vec::new(), runs: Vec::new(), armed: None, overlapping: false, next: 0, in_flight: Vec::new(), report: Vec::new() }
+        Buckets { list: Vec::new(), runs: Vec::new(), armed: None, overlapping: false, next: 0, in_flight: Vec::new(), report: Vec::new(), overlapped: false }
     }
 }
 
@@ -208,6 +211,7 @@ impl<D: Device> Executor<D> {
     /// overlap).
     pub(super) fn finish_buckets(&mut self) -> Result<Vec<usize>, ExecError> {
         let m = self.buckets.armed.take();
+        self.buckets.overlapped = m.is_some() && self.buckets.overlapping;
         let Some(m) = m.filter(|_| self.buckets.overlapping) else {
             // FSDP's reduce-scatters started in the backward, if any.
             self.profile.grad_buckets = std::mem::take(&mut self.buckets.report);
@@ -235,5 +239,29 @@ impl<D: Device> Executor<D> {
         covered.sort_unstable();
         covered.dedup();
         Ok(covered)
+    }
+
+    /// The flat buffers of the last step's reduction, for the memory account: each
+    /// overlapped bucket that started in the backward, by the backward step whose last
+    /// run (the last micro-batch's) started it, with its bytes (it stays until the
+    /// reduction finishes it); and the most the reduction itself holds at once: every
+    /// bucket in flight, or one all-reduce's flat copy of its gradients (they run one
+    /// after the other).
+    pub(super) fn bucket_flats(&self) -> (Vec<(usize, u64)>, u64) {
+        let b = &self.buckets;
+        let bytes = |elems: usize| elems as u64 * 4;
+        let overlapped: Vec<&Bucket> = if b.overlapped { b.list.iter().collect() } else { Vec::new() };
+        let started = overlapped.iter().filter_map(|k| Some((*k.writers.iter().max()?, bytes(k.elems)))).collect();
+        let covered: Vec<usize> = overlapped.iter().map(|k| k.sc).collect();
+        let one = self
+            .comm
+            .step
+            .iter()
+            .enumerate()
+            .filter(|(i, sc)| sc.kind == OpKind::AllReduce && !covered.contains(i))
+            .map(|(_, sc)| bytes(sc.weights.iter().filter_map(|w| self.graph.tensor_id(w)).map(|id| self.graph.tensors[id].numel() as usize).sum()))
+            .max()
+            .unwrap_or(0);
+        (started, one.max(overlapped.iter().map(|k| bytes(k.elems)).sum()))
     }
 }

@@ -312,6 +312,7 @@ impl<D: Device> Executor<D> {
         let mut total = 0f64;
         let last = plan.chunks.len() - 1;
         self.fsdp_passes(&plan.chunks.ops, &plan.chunks.steps, &passes(&plan.schedule), self.mailbox_bytes(plan));
+        self.fsdp.passes.driven = plan.driven;
         *self.comm.mailbox.borrow_mut() = plan.driven.then(Mailbox::default);
         let r = (|| {
             let mut started = false;
