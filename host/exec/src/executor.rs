@@ -1526,8 +1526,9 @@ impl<D: Device> Executor<D> {
         }
         // The reduction after the passes (not walked on an FSDP rank: its whole
         // gradients' reduce-scatters are `fsdp.rs`'s): the state at rest, one
-        // micro-batch's inputs, the loss, and the reduction's flat buffers.
-        let reduced = if self.fsdp.resting.is_none() && reduction > 0 { l.state + l.inputs + 4 + reduction } else { 0 };
+        // micro-batch's inputs and row statistics, the loss, and the reduction's flat
+        // buffers.
+        let reduced = if self.fsdp.resting.is_none() && reduction > 0 { l.state + l.inputs + l.row_stats + 4 + reduction } else { 0 };
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
             // A whole-graph step runs one micro-batch's passes.
@@ -1655,6 +1656,8 @@ struct Live {
     state: u64,
     /// One micro-batch's inputs.
     inputs: u64,
+    /// The vocab-parallel loss's row statistics (held to the next forward).
+    row_stats: u64,
 }
 
 /// [`live_bytes`], with the FSDP shards of `fsdp` (if any): a covered weight holds its
@@ -1745,8 +1748,16 @@ fn walk_live(
         }
         produced
     };
+    // The vocab-parallel loss's row statistics stay with the executor to the next
+    // forward pass (`comm.rs`), past their last reader.
+    let mut row_stat = vec![false; g.tensors.len()];
+    for o in g.ops.iter().filter(|o| o.kind == OpKind::AllReduce && o.flag("row-stats") == Some(true)) {
+        for &t in &o.outputs {
+            row_stat[t] = true;
+        }
+    }
     let free = |ts: &[TensorId], live: &mut u64, val_live: &mut [bool]| {
-        for &t in ts {
+        for &t in ts.iter().filter(|&&t| !row_stat[t]) {
             if std::mem::take(&mut val_live[t]) {
                 *live -= bytes(t);
             }
@@ -1860,6 +1871,7 @@ fn walk_live(
         params,
         state,
         inputs,
+        row_stats: row_stat.iter().enumerate().filter(|(_, r)| **r).map(|(t, _)| bytes(t)).sum(),
     }
 }
 

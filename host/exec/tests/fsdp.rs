@@ -938,3 +938,60 @@ fn fsdp_moe_expert_weights_shard_over_edp() {
         }
     }
 }
+
+/// FSDP ranks whose step all-reduces whole gradients before the reduce-scatters: tp = 2
+/// (the `tp` all-reduce of the replicated norm gains; with sequence parallelism and
+/// without), on one stage and two, and a tied embedding across two stages (`pp-embed`),
+/// over one and two micro-batches, every FSDP option (and plain dp, whose reduction
+/// after the passes `pp_memory.rs` checks at tp = 1). The vocab-parallel loss's row
+/// statistics (max, sum of exponentials, target logit: 3 x 8 tokens) stay with the
+/// executor to the next forward, where the walk freed them after the loss: every tp = 2
+/// rank holding the loss peaked 96 bytes above the account (FSDP, tp 2 on one stage,
+/// prefetch and overlap: 278788 bytes required against a 278916-byte peak; plain dp,
+/// in its reduction, the same 96); now every rank is 32 bytes (the executor's
+/// constants) under it. The all-reduces' flat copies (after the
+/// passes, beside the whole gradients they sum) are never the peak here.
+#[test]
+fn fsdp_memory_walk_with_tp_and_a_tied_embedding_across_stages() {
+    for (tp, pp, tied, sequence_parallel, micro_batches) in [
+        (2u32, 1u32, false, true, 1u32),
+        (2, 1, false, true, 2),
+        (2, 1, false, false, 1),
+        (2, 2, false, true, 2),
+        (1, 2, true, false, 1),
+        (1, 2, true, false, 2),
+        (2, 2, true, true, 2),
+    ] {
+        let g = with_roles(toy::llama(&ToyConfig { layers: 4, batch: 1, tied, ..ToyConfig::tiny() }), true);
+        let data: Vec<Data> = (0..micro_batches).map(|k| synthetic_inputs(&g, 5 + u64::from(k))).collect();
+        for (fsdp, prefetch) in [(true, true), (true, false), (false, true)] {
+            let layout = Layout { dp: 2, tp, pp, sequence_parallel, fsdp, ..Layout::single(1, 2 * micro_batches) };
+            for overlap in [true, false] {
+                for sharded in [true, false] {
+                    let what = format!("fsdp {fsdp}, tp {tp}, pp {pp}, tied {tied}, sp {sequence_parallel}, {micro_batches} micro-batches, prefetch {prefetch}, overlap {overlap}, sharded gradients {sharded}");
+                    let hs: Vec<_> = mesh(tp, pp, 2)
+                        .into_iter()
+                        .map(|r| {
+                            let s = shard(&g, &layout, r.coord).unwrap();
+                            let (t, n) = (r.coord.tp as usize, tp as usize);
+                            let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, t, n)).collect();
+                            std::thread::spawn(move || {
+                                let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
+                                let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
+                                let batches: Vec<_> = d.iter().map(inputs).collect();
+                                ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+                                (r.coord, ex.memory())
+                            })
+                        })
+                        .collect();
+                    for h in hs {
+                        let (coord, m) = h.join().unwrap();
+                        let at = format!("{what}, tp rank {}, stage {} (dp rank {}): {m:?}", coord.tp, coord.pp, coord.dp);
+                        assert!(m.peak_bytes <= m.required_bytes + CONSTANT_BYTES, "under-counted: {at}");
+                        assert!(m.required_bytes <= m.peak_bytes && m.peak_bytes as f64 <= 1.01 * m.required_bytes as f64, "{at}");
+                    }
+                }
+            }
+        }
+    }
+}
