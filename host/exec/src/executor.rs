@@ -1558,7 +1558,7 @@ pub fn int_bounds_of(g: &Graph) -> HashMap<TensorId, (u64, String)> {
         match op.kind {
             // A vocab-parallel shard reads ids of the whole (padded) vocabulary: its rows
             // times the ranks of the collective that sums the shards' outputs.
-            OpKind::Embedding if op.int("vocab-start").is_some() => {
+            OpKind::Embedding if comm::is_vocab_parallel_embedding(op) => {
                 let table = &g.tensors[op.inputs[1]];
                 let shards = g
                     .ops
@@ -1844,7 +1844,10 @@ fn walk_live(
             let copy: u64 = g.ops[s.op].outputs.iter().map(|&o| bytes(o)).sum();
             (live, outbox) = (live + copy, outbox + copy);
         }
-        peak = peak.max(live);
+        // A vocab-parallel embedding's table gradient, made apart from the store
+        // (`comm.rs`) and added into it.
+        let beside = if comm::is_vocab_parallel_embedding(&g.ops[s.op]) { s.grads_out.iter().map(|go| bytes(go.tensor)).sum() } else { 0 };
+        peak = peak.max(live + beside);
         for &t in &plan.free_grads_after_step[si] {
             live -= bytes(t);
             grad_live[t] = false;
