@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 
 use common::{
     Data, Grads, close, expert_coord, expert_mesh, gather, inputs, load_weights, mesh, options,
-    rank_inputs, run, slice, split_axis, train, weights, with_roles,
+    rank_inputs, run, slice, split_axis, step_memories, train, weights, with_roles,
 };
 use runner_exec::collective::{Collective, ReduceOp};
 use runner_exec::cpu::{Cpu, CpuBuffer};
@@ -512,22 +512,8 @@ fn fsdp_memory_walk_keeps_the_last_reduce_scatter_in_flight_into_the_next_forwar
             for overlap in [true, false] {
                 for sharded in [true, false] {
                     let what = format!("pp {pp}, vp {vp}, {micro_batches} micro-batches, prefetch {prefetch}, overlap {overlap}, sharded gradients {sharded}");
-                    let hs: Vec<_> = mesh(1, pp, 2)
-                        .into_iter()
-                        .map(|r| {
-                            let s = shard(&g, &layout, r.coord).unwrap();
-                            let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, 0, 1)).collect();
-                            std::thread::spawn(move || {
-                                let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
-                                let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
-                                let batches: Vec<_> = d.iter().map(inputs).collect();
-                                ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
-                                (r.coord, ex.memory())
-                            })
-                        })
-                        .collect();
-                    for h in hs {
-                        let (coord, m) = h.join().unwrap();
+                    let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
+                    for (coord, m) in step_memories(&g, &layout, &data, &o) {
                         let at = format!("{what}, stage {} (dp rank {}): {m:?}", coord.pp, coord.dp);
                         assert!(m.peak_bytes <= m.required_bytes + CONSTANT_BYTES, "under-counted: {at}");
                         assert!(m.required_bytes <= m.peak_bytes && m.peak_bytes as f64 <= 1.01 * m.required_bytes as f64, "{at}");
@@ -982,23 +968,8 @@ fn fsdp_memory_walk_with_tp_and_a_tied_embedding_across_stages() {
             for overlap in [true, false] {
                 for sharded in [true, false] {
                     let what = format!("vocab {vocab}, fsdp {fsdp}, tp {tp}, pp {pp}, tied {tied}, sp {sequence_parallel}, {micro_batches} micro-batches, prefetch {prefetch}, overlap {overlap}, sharded gradients {sharded}");
-                    let hs: Vec<_> = mesh(tp, pp, 2)
-                        .into_iter()
-                        .map(|r| {
-                            let s = shard(&g, &layout, r.coord).unwrap();
-                            let (t, n) = (r.coord.tp as usize, tp as usize);
-                            let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, t, n)).collect();
-                            std::thread::spawn(move || {
-                                let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
-                                let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
-                                let batches: Vec<_> = d.iter().map(inputs).collect();
-                                ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
-                                (r.coord, ex.memory())
-                            })
-                        })
-                        .collect();
-                    for h in hs {
-                        let (coord, m) = h.join().unwrap();
+                    let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
+                    for (coord, m) in step_memories(&g, &layout, &data, &o) {
                         let at = format!("{what}, tp rank {}, stage {} (dp rank {}): {m:?}", coord.tp, coord.pp, coord.dp);
                         assert!(m.peak_bytes <= m.required_bytes + CONSTANT_BYTES, "under-counted: {at}");
                         assert!(m.required_bytes <= m.peak_bytes && m.peak_bytes as f64 <= 1.01 * m.required_bytes as f64, "{at}");

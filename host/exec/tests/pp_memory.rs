@@ -3,13 +3,12 @@
 
 mod common;
 
-use common::{Data, inputs, mesh, options, rank_inputs, with_roles};
-use runner_exec::cpu::Cpu;
-use runner_exec::executor::{ADAMW_DEFAULT, CONSTANT_BYTES};
+use common::{Data, options, step_memories, with_roles};
+use runner_exec::executor::CONSTANT_BYTES;
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
-use runner_exec::{ExecOptions, Executor};
-use runner_graph::shard::{Layout, shard};
+use runner_exec::ExecOptions;
+use runner_graph::shard::Layout;
 
 /// The data-parallel reduction's flat buffers count. The `dp` all-reduce copies the
 /// rank's gradients into one buffer as large as its parameters (the `pp-embed` one of a
@@ -41,22 +40,8 @@ fn dp_pipeline_memory_walk_counts_the_gradient_reduction_buffers() {
                 // (a few weights each), started through the backward; or not overlapped.
                 for (overlap, bucket) in [(true, None), (true, Some(2048)), (false, None)] {
                     let what = format!("pp {pp}, vp {vp}, {micro_batches} micro-batches, tied {tied}, overlap {overlap}, buckets of {bucket:?} elements");
-                    let hs: Vec<_> = mesh(1, pp, 2)
-                        .into_iter()
-                        .map(|r| {
-                            let s = shard(&g, &layout, r.coord).unwrap();
-                            let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, 0, 1)).collect();
-                            std::thread::spawn(move || {
-                                let o = ExecOptions { overlap_grad_reduce: overlap, grad_bucket_elems: bucket, ..options() };
-                                let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
-                                let batches: Vec<_> = d.iter().map(inputs).collect();
-                                ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
-                                (r.coord, ex.memory())
-                            })
-                        })
-                        .collect();
-                    for h in hs {
-                        let (coord, m) = h.join().unwrap();
+                    let o = ExecOptions { overlap_grad_reduce: overlap, grad_bucket_elems: bucket, ..options() };
+                    for (coord, m) in step_memories(&g, &layout, &data, &o) {
                         let at = format!("{what}, stage {} (dp rank {}): {m:?}", coord.pp, coord.dp);
                         assert!(m.peak_bytes <= m.required_bytes + CONSTANT_BYTES, "under-counted: {at}");
                         assert!(m.peak_bytes as f64 >= 0.99 * m.required_bytes as f64, "over-counted: {at}");

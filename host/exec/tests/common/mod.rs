@@ -1,6 +1,7 @@
-//! Helpers shared by the sharded-execution tests (`tp.rs`, `pp.rs`, `no_hang.rs`): the
-//! toy Llama with Megatron's parallel roles, a mesh of thread-group handles, loading a
-//! rank's part of the unsharded weights and inputs, and gradient comparison.
+//! Helpers shared by the sharded-execution tests (`tp.rs`, `pp.rs`, `fsdp.rs`,
+//! `pp_memory.rs`, ...): the toy Llama with Megatron's parallel roles, a mesh of
+//! thread-group handles, loading a rank's part of the unsharded weights and inputs, a
+//! step on every rank with its memory report, and gradient comparison.
 
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
@@ -11,8 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use runner_exec::collective::{Collective, ReduceOp, ThreadGroup};
 use runner_exec::cpu::{Cpu, CpuBuffer};
 use runner_exec::DeviceBuffer;
-use runner_exec::{ExecError, ExecOptions, Executor, Input};
-use runner_graph::shard::RankCoord;
+use runner_exec::executor::ADAMW_DEFAULT;
+use runner_exec::{ExecError, ExecOptions, Executor, Input, MemoryReport};
+use runner_graph::shard::{Layout, RankCoord, shard};
 use runner_project::comm::comm_volume;
 use runner_graph::{Graph, OpKind};
 
@@ -224,6 +226,28 @@ pub fn mesh(tp: u32, pp: u32, dp: u32) -> Vec<MeshRank> {
         }
     }
     ranks
+}
+
+/// One step of `layout` over `data`'s micro-batches on every rank of its tp × pp × dp
+/// mesh, each on its own thread with options `o`: each rank's coordinates and its memory
+/// report after the step (what the memory-account tests compare, walked against measured).
+pub fn step_memories(g: &Graph, layout: &Layout, data: &[Data], o: &ExecOptions) -> Vec<(RankCoord, MemoryReport)> {
+    let hs: Vec<_> = mesh(layout.tp, layout.pp, layout.dp)
+        .into_iter()
+        .map(|r| {
+            let s = shard(g, layout, r.coord).unwrap();
+            let (t, n) = (r.coord.tp as usize, layout.tp as usize);
+            let d: Vec<Data> = data.iter().map(|d| rank_inputs(g, &s.graph, d, t, n)).collect();
+            let o = o.clone();
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), o, r.groups).unwrap();
+                let batches: Vec<_> = d.iter().map(inputs).collect();
+                ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+                (r.coord, ex.memory())
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 /// Stage-local expert coordinates of a rank of [`mesh`] (Megatron's expert layout: the
