@@ -60,7 +60,7 @@ pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) ->
     if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
         write_atomic(path, render(format).as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
-            eprintln!("wrote {}", path.display());
+            elog!("wrote {}", path.display());
         }
     }
     Ok(())
@@ -129,7 +129,7 @@ pub fn output_format(global: &Global) -> Option<OutputFormat> {
 pub fn progress_line(global: &Global, msg: &str) {
     if !global.quiet {
         if std::io::stderr().is_terminal() {
-            eprint!("\r\x1b[2K{msg}");
+            let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("\r\x1b[2K{msg}"));
         } else if !msg.is_empty() {
             // A log (CI, nohup, a pipe) gets a line at most every PROGRESS_EVERY, so a
             // run of minutes is seen to move without a line per step.
@@ -137,7 +137,7 @@ pub fn progress_line(global: &Global, msg: &str) {
             let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 *last = Some(std::time::Instant::now());
-                eprintln!("{}", runner::report::visible(msg));
+                elog!("{}", runner::report::visible(msg));
             } else {
                 tracing::info!("{msg}");
             }
@@ -282,7 +282,7 @@ pub fn busy(global: &Global, msg: &str) -> Option<indicatif::ProgressBar> {
     let Some(bar) = spinner(global) else {
         // No terminal to spin on: the log says once what the wait is for.
         if !global.quiet {
-            eprintln!("{}...", runner::report::visible(msg));
+            elog!("{}...", runner::report::visible(msg));
         }
         return None;
     };

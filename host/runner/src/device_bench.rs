@@ -182,7 +182,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ""
             };
             if !global.quiet {
-                eprintln!(
+                elog!(
                     "{}",
                     runner::report::visible(&format!(
                         "one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed{}{on_cpu}",

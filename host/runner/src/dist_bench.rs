@@ -863,7 +863,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).with_context(|| format!("rank {rank}, step {k}"))?;
         ex.device().synchronize()?;
         let dt = t0.elapsed().as_secs_f64();
-        eprintln!("rank {rank}: step {k} loss {loss:.6} ({:.1} ms)", dt * 1e3);
+        elog!("rank {rank}: step {k} loss {loss:.6} ({:.1} ms)", dt * 1e3);
         losses.push(loss);
         step_s.push(dt);
         comm_s.push(ex.profile().communication_s);

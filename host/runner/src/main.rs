@@ -1,6 +1,15 @@
 //! The `runner` command line: parse arguments, build a run (from a run file or flags),
 //! dispatch to a command. No benchmark logic lives here.
 
+/// `eprintln!` that never panics: a stderr that cannot be written (a closed pipe, as in
+/// `runner ... 2>&1 | head`) loses the line, not the run; `eprintln!` panicked there.
+macro_rules! elog {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod commands;
 mod device_bench;
 mod dist_bench;
@@ -635,7 +644,7 @@ fn main() -> ExitCode {
         } else {
             format!("see `runner {sub} --help` for its options")
         };
-        eprintln!("error: {}", runner::report::visible(&format!("--{flag} before `{sub}` is an option of the default run, not of `{sub}`: {fix}")));
+        elog!("error: {}", runner::report::visible(&format!("--{flag} before `{sub}` is an option of the default run, not of `{sub}`: {fix}")));
         return ExitCode::FAILURE;
     }
     runner::local_device::set_requested(cli.global.device);
@@ -644,7 +653,7 @@ fn main() -> ExitCode {
     if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
         && let Some(why) = runner_exec::select::cuda_unusable(n)
     {
-        eprintln!("error: {}", runner::report::visible(&format!("--device cuda:{n}: {why}")));
+        elog!("error: {}", runner::report::visible(&format!("--device cuda:{n}: {why}")));
         return ExitCode::FAILURE;
     }
     // A profile named is read by the commands that project; for the others a missing one
@@ -652,13 +661,13 @@ fn main() -> ExitCode {
     if let Some(p) = &cli.global.profile
         && !p.is_file()
     {
-        eprintln!("error: {}", runner::report::visible(&format!("--profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display())));
+        elog!("error: {}", runner::report::visible(&format!("--profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display())));
         return ExitCode::FAILURE;
     }
     if let Some(out) = &cli.global.output
         && let Some(input) = output_is_an_input(out, &matches)
     {
-        eprintln!(
+        elog!(
             "error: {}",
             runner::report::visible(&format!(
                 "-o {} is also an input of this command ({}): writing it would destroy it; choose another output file",
@@ -673,7 +682,7 @@ fn main() -> ExitCode {
     if let Some(out) = &cli.global.output
         && let Err(why) = runner::report::writable(out)
     {
-        eprintln!("error: {}", runner::report::visible(&why));
+        elog!("error: {}", runner::report::visible(&why));
         return ExitCode::FAILURE;
     }
     let result = match cli.command {
@@ -712,7 +721,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", runner::report::visible(&format!("{e:#}")));
+            elog!("error: {}", runner::report::visible(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }

@@ -1445,7 +1445,7 @@ fn an_interrupted_run_is_not_resumed_with_another_cost_plugin() {
     assert_eq!(usd(&out), lambda);
 }
 
-/// stdout closed (`runner show 1 -o y.json | head -c 10`) or full (`>/dev/full`): no
+/// stdout closed (`runner show 1 -o y.json | head -c 10`), with stderr or alone, or full (`>/dev/full`): no
 /// panic, and the -o file is written. A closed pipe ends quietly (exit 0); a full disk
 /// is an error with a message. It panicked "failed printing to stdout" and never wrote
 /// the file.
@@ -1474,6 +1474,16 @@ fn a_closed_or_full_stdout_neither_panics_nor_loses_the_output_file() {
         assert!(!err.contains("panicked") && !err.contains("Broken pipe"), "{args:?}: {err}");
         assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
         assert!(std::fs::metadata(dir.join(file)).unwrap().len() > 0, "{file} written: {err}");
+    }
+    // stderr closed too (`runner ... 2>&1 | head`): its lines ("wrote FILE", the notes) are
+    // lost, not the run; eprintln! panicked there (exit 101).
+    for (file, args) in &cases {
+        let _ = std::fs::remove_file(dir.join(file));
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = command(&dir, args).stdout(writer.try_clone().unwrap()).stderr(writer).output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+        assert!(std::fs::metadata(dir.join(file)).unwrap().len() > 0, "{file} written");
     }
     if Path::new("/dev/full").exists() {
         for (file, args) in &cases {

@@ -126,7 +126,7 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
             Ok(j) => Some(j),
             Err(e) => {
                 // A history that cannot be written must not cost the user the run.
-                eprintln!("warning: not kept in the history: {e:#} (--history FILE or --no-history)");
+                elog!("warning: not kept in the history: {e:#} (--history FILE or --no-history)");
                 None
             }
         }
@@ -144,7 +144,7 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
         } else if !global.quiet && !tty && total > 0 && last.get() != done {
             // Periodic lines when stderr is not a terminal (CI logs, pipes).
             last.set(done);
-            eprintln!("[{done}/{total}] {msg}");
+            elog!("[{done}/{total}] {msg}");
         }
     };
     let outcome = match journal.as_mut() {
@@ -176,7 +176,7 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
 /// Say once, on stderr, that the history could not be written and the run is not kept.
 fn warn_lost(j: &StoreJournal) {
     if let Some(e) = j.lost() {
-        eprintln!(
+        elog!(
             "warning: {}; this run is not kept in the history (--history FILE keeps it elsewhere, --no-history keeps nothing)",
             runner::report::visible(e)
         );
@@ -203,7 +203,7 @@ fn keep(j: &mut StoreJournal, o: &Outcome, global: &Global) {
         && let Some(id) = j.id()
     {
         let resumed = if j.resumed { format!(", resumed with {} pieces already done", j.recalled()) } else { String::new() };
-        eprintln!("kept as run {id}{resumed} (`runner show {id}`)");
+        elog!("kept as run {id}{resumed} (`runner show {id}`)");
     }
 }
 
