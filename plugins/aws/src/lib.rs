@@ -28,7 +28,9 @@ const BILLING: Billing = Billing {
         note: "capacity blocks: reserved in 1-day steps up to 14 days and 7-day steps up to 182 \
                days, paid up front at booking (AWS EC2 User Guide, 'Find and purchase Capacity \
                Blocks', read 2026-12-01); a run's whole days are quoted as consecutive blocks of \
-               lengths sold: 182-day blocks, then one in 7-day steps, then one of 1 to 14 days",
+               lengths sold: 182-day blocks, then one in 7-day steps, then one of 1 to 14 days; \
+               at most 64 instances a block (more are bought as blocks side by side) and 256 \
+               across an account's Capacity Blocks (same page, read 2026-12-05)",
     }],
 };
 
@@ -36,6 +38,23 @@ const BILLING: Billing = Billing {
 /// come in 7-day steps), in days.
 const BLOCK_MAX_DAYS: f64 = 182.0;
 const BLOCK_DAILY_DAYS: f64 = 14.0;
+
+/// The most instances one Capacity Block holds, and the most an account may hold across
+/// its Capacity Blocks (AWS EC2 User Guide, 'Find and purchase Capacity Blocks': "Each
+/// Capacity Block can have up to 64 instances, and you can have up to 256 instances across
+/// Capacity Blocks", read 2026-12-05).
+pub const BLOCK_MAX_INSTANCES: u32 = 64;
+pub const ACCOUNT_MAX_INSTANCES: u32 = 256;
+
+/// The instance counts of the blocks bought side by side for `nodes` instances: as many
+/// blocks of 64 as fit, then one of the rest.
+pub fn blocks_side_by_side(nodes: u32) -> Vec<u32> {
+    let mut counts = vec![BLOCK_MAX_INSTANCES; (nodes / BLOCK_MAX_INSTANCES) as usize];
+    if !nodes.is_multiple_of(BLOCK_MAX_INSTANCES) {
+        counts.push(nodes % BLOCK_MAX_INSTANCES);
+    }
+    counts
+}
 
 /// The consecutive Capacity Blocks that buy `days` whole days, as (how many, days each):
 /// as many 182-day blocks as fit, then the rest in whole weeks (14 to 175 days; a block
@@ -59,10 +78,29 @@ pub fn capacity_blocks(days: f64) -> Vec<(f64, f64)> {
 }
 
 /// A standard quote, its compute line split into the Capacity Blocks that buy the time
-/// (a line per block length), so no line stands for a block AWS does not sell.
-fn capacity_block_quote(mut q: Quote, nodes: u32) -> Quote {
-    let Some(at) = q.lines.iter().position(|l| l.category == LineCategory::Compute) else { return q };
+/// (a line per block length), so no line stands for a block AWS does not sell; more than
+/// 64 instances are blocks side by side (the line says how many), and more than an
+/// account may hold are refused.
+fn capacity_block_quote(mut q: Quote, offering: &Offering, nodes: u32) -> Result<Quote, String> {
+    if nodes > ACCOUNT_MAX_INSTANCES {
+        return Err(format!(
+            "{nodes} {} instances cannot be bought as Capacity Blocks: AWS lets an account hold at most \
+             {ACCOUNT_MAX_INSTANCES} instances across its Capacity Blocks (EC2 User Guide, 'Find and purchase Capacity \
+             Blocks'); price the run on-demand or reserved, or on at most {} GPUs",
+            offering.instance,
+            ACCOUNT_MAX_INSTANCES * offering.gpus_per_node
+        ));
+    }
+    let Some(at) = q.lines.iter().position(|l| l.category == LineCategory::Compute) else { return Ok(q) };
     let line = q.lines.remove(at);
+    let side = blocks_side_by_side(nodes.max(1));
+    let side_by_side = match side.as_slice() {
+        [_] => String::new(),
+        counts => {
+            let list: Vec<String> = counts.iter().map(u32::to_string).collect();
+            format!(", as {} blocks side by side ({} instances)", counts.len(), list.join(" + "))
+        }
+    };
     let nodes = f64::from(nodes.max(1));
     // Whole days: the price's 1-day increment billed them.
     let days = (line.quantity / nodes / 24.0).round();
@@ -70,10 +108,10 @@ fn capacity_block_quote(mut q: Quote, nodes: u32) -> Quote {
     for (i, (count, length)) in capacity_blocks(days).into_iter().enumerate() {
         let quantity = nodes * count * length * 24.0;
         let blocks = if count == 1.0 { format!("1 block of {length} days") } else { format!("{count} blocks of {length} days") };
-        q.lines.insert(at + i, QuoteLine { item: format!("{}: {blocks}", line.item), quantity, amount: quantity * rate, ..line.clone() });
+        q.lines.insert(at + i, QuoteLine { item: format!("{}: {blocks}{side_by_side}", line.item), quantity, amount: quantity * rate, ..line.clone() });
     }
     q.total = q.lines.iter().map(|l| l.amount).sum();
-    q
+    Ok(q)
 }
 
 // Neither rate is AWS's own page: both are estimates.
@@ -103,11 +141,12 @@ impl Guest for Aws {
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        let q = standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, EXTRAS)?;
-        Ok(match request.option {
-            PurchaseOption::CapacityBlock => capacity_block_quote(q, request.nodes),
-            _ => q,
-        })
+        let offerings = offerings_from_csv(PRICES, BILLING)?;
+        let q = standard_quote_with(&offerings, &request, EXTRAS)?;
+        match (request.option, offerings.iter().find(|o| o.instance == request.instance)) {
+            (PurchaseOption::CapacityBlock, Some(o)) => capacity_block_quote(q, o, request.nodes),
+            _ => Ok(q),
+        }
     }
 }
 

@@ -128,6 +128,34 @@ fn a_run_is_bought_as_consecutive_capacity_blocks_that_aws_sells() {
     validate_quote(&r, &q, &offerings).unwrap();
 }
 
+/// A Capacity Block holds at most 64 instances and an account at most 256 across its
+/// blocks (EC2 User Guide): 100 nodes are two blocks side by side at the same rate, 256
+/// are four, 257 cannot be bought that way (they were quoted as if one block held them).
+#[test]
+fn capacity_blocks_hold_64_instances_and_an_account_256() {
+    assert_eq!(aws::blocks_side_by_side(64), [64]);
+    assert_eq!(aws::blocks_side_by_side(100), [64, 36]);
+    assert_eq!(aws::blocks_side_by_side(256), [64, 64, 64, 64]);
+    let at = |nodes: u32, days: f64| {
+        let r = QuoteRequest { gpus: 8 * nodes, nodes, ..request("p5.48xlarge", "us-east-2", PurchaseOption::CapacityBlock, days * 24.0) };
+        Aws::quote(r.clone()).map(|q| (r, q))
+    };
+    let (r, q) = at(100, 20.0).unwrap();
+    let items: Vec<&str> = q.lines.iter().filter(|l| l.category == LineCategory::Compute).map(|l| l.item.as_str()).collect();
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert!(items.iter().all(|i| i.ends_with(", as 2 blocks side by side (64 + 36 instances)")), "{items:?}");
+    assert!(close(q.total, 100.0 * 20.0 * 24.0 * 39.33), "{}", q.total);
+    validate_quote(&r, &q, &Aws::offerings()).unwrap();
+    let (_, q) = at(64, 3.0).unwrap();
+    assert!(q.lines[0].item.ends_with(": 1 block of 3 days"), "{}", q.lines[0].item);
+    assert!(at(256, 3.0).is_ok());
+    let err = at(257, 3.0).unwrap_err();
+    assert!(err.contains("257 p5.48xlarge") && err.contains("at most 256 instances") && err.contains("at most 2048 GPUs"), "{err}");
+    // Other purchase options have no such limit.
+    let r = QuoteRequest { gpus: 8 * 257, nodes: 257, ..request("p5.48xlarge", "us-east-1", PurchaseOption::OnDemand, 72.0) };
+    assert!(Aws::quote(r).is_ok());
+}
+
 #[test]
 fn rounds_up_to_the_second_after_a_one_minute_minimum() {
     let hourly = 2.0 * 55.04 / 3600.0; // USD per second for two nodes
