@@ -202,6 +202,11 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 /// records and what other records (a measurement file) are dated with.
 pub fn now() -> String {
     let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
+    rfc3339_utc(secs)
+}
+
+/// `secs` since the Unix epoch as [`now`] writes a time.
+fn rfc3339_utc(secs: i64) -> String {
     let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
     // Civil date from days since the epoch (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -219,12 +224,15 @@ pub fn now() -> String {
 /// The default database: `$RUNNER_HISTORY`, else `$XDG_DATA_HOME/runner/history.sqlite`,
 /// else `~/.local/share/runner/history.sqlite`.
 pub fn default_path() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("RUNNER_HISTORY") {
+    path_from(|name| std::env::var_os(name))
+}
+
+/// [`default_path`] from the environment variables `var` gives.
+fn path_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
+    if let Some(p) = var("RUNNER_HISTORY") {
         return Some(PathBuf::from(p));
     }
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
+    let base = var("XDG_DATA_HOME").map(PathBuf::from).or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
     Some(base.join("runner").join("history.sqlite"))
 }
 
@@ -881,6 +889,159 @@ mod tests {
         let paths: Vec<&str> = d.iter().map(|c| c.path.as_str()).collect();
         assert_eq!(paths, vec!["days", "inputs.gpus[1]", "inputs.tokens"]);
         assert_eq!(d[2].a, Value::Null);
+    }
+
+    /// What a hand mutation audit of this file let through, each rule at its edge: the
+    /// clock's civil date (a month, the leap day, the year of January, the seconds), the
+    /// default path's variables, durability (WAL, a synchronous commit), a file that is
+    /// no SQLite database, and the listing's limit.
+    #[test]
+    fn times_paths_pragmas_and_plain_files_are_as_documented() {
+        assert_eq!(rfc3339_utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339_utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339_utc(1_798_761_599), "2026-12-31T23:59:59Z");
+        assert_eq!(rfc3339_utc(1_767_225_600 + 59), "2026-01-01T00:00:59Z");
+        assert_eq!(rfc3339_utc(4_107_542_400), "2100-03-01T00:00:00Z", "2100 is no leap year");
+
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| std::ffi::OsString::from(v))
+        };
+        assert_eq!(path_from(env(&[("RUNNER_HISTORY", "/h.db"), ("HOME", "/home/a")])), Some(PathBuf::from("/h.db")));
+        assert_eq!(path_from(env(&[("XDG_DATA_HOME", "/x"), ("HOME", "/home/a")])), Some(PathBuf::from("/x/runner/history.sqlite")));
+        assert_eq!(path_from(env(&[("HOME", "/home/a")])), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
+        assert_eq!(path_from(env(&[])), None);
+
+        let path = scratch("pragmas");
+        let s = Store::open(&path).unwrap();
+        let mode: String = s.conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+        let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
+        assert_eq!((mode.as_str(), sync), ("wal", 2), "WAL, FULL (2) sync");
+        let mut s = s;
+        for w in 0..3 {
+            let (id, _) = s.begin("x", "t", &json!({ "w": w }), &json!([]), "0").unwrap();
+            s.finish(id, "done", &json!({})).unwrap();
+        }
+        assert_eq!(s.list(2).unwrap().iter().map(|r| r.id).collect::<Vec<_>>(), [3, 2]);
+        let finished = s.get(1).unwrap().finished.expect("a finished run has its time");
+        assert!(finished.len() == 20 && finished.ends_with('Z'), "{finished}");
+
+        let path = scratch("plain-file");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, "model,gpus\nllama,64\n".repeat(300)).unwrap();
+        let e = Store::open(&path).err().expect("a text file is refused").to_string();
+        assert!(e.contains("not an SQLite database; point --history (or RUNNER_HISTORY) at a runner history file"), "{e}");
+
+        // Another program's database with many tables: five named, then "...".
+        let path = scratch("six-tables");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let c = Connection::open(&path).unwrap();
+        c.execute_batch(&(1..=6).map(|i| format!("CREATE TABLE t{i} (x);")).collect::<String>()).unwrap();
+        drop(c);
+        let e = Store::open(&path).err().unwrap().to_string();
+        assert!(e.contains("(tables t1, t2, t3, t4, t5, ...)"), "{e}");
+    }
+
+    /// Items read back in the order they were first written (not by key), a key written
+    /// again keeps its place; the newest of two unfinished runs is the one resumed, and
+    /// it is then owned by this process; a zero value equals a zero, and an array that
+    /// grew is a change.
+    #[test]
+    fn items_keep_their_order_and_the_newest_unfinished_run_resumes() {
+        let path = scratch("order");
+        let mut s = Store::open(&path).unwrap();
+        let (id, _) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0").unwrap();
+        for k in ["512", "1024", "64"] {
+            s.put_item(id, k, &json!(k)).unwrap();
+        }
+        s.put_item(id, "1024", &json!("again")).unwrap();
+        let keys: Vec<String> = s.items(id).unwrap().into_iter().map(|(k, _)| k).collect();
+        assert_eq!(keys, ["512", "1024", "64"]);
+        assert_eq!(s.items(id).unwrap()[1].1, json!("again"));
+
+        // Two unfinished runs of the same key, both owners gone: the newer one resumes.
+        s.conn
+            .execute_batch(&format!(
+                "UPDATE runs SET owner_pid = 0 WHERE id = {id};
+                 INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, status, runner_version, owner_pid)
+                 SELECT kind, command, inputs, inputs_sha256, plugins, started, status, runner_version, 0 FROM runs WHERE id = {id};"
+            ))
+            .unwrap();
+        let (again, resumed) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0").unwrap();
+        assert_eq!((again, resumed), (id + 1, true));
+        assert_eq!(s.get(again).unwrap().owner_pid, std::process::id());
+
+        assert!(diff(&json!({"a": 0.0, "b": [0]}), &json!({"a": 0, "b": [0.0]})).is_empty());
+        let d = diff(&json!({"g": [64, 128]}), &json!({"g": [64, 128, 256]}));
+        assert_eq!((d.len(), d[0].path.as_str(), &d[0].b), (1, "g[2]", &json!(256)));
+    }
+
+    /// A history opened to read only: a missing path, another program's database and one
+    /// from before a column was added are refused (it cannot be brought up to date
+    /// without writing); a path with `?` and `#` in it opens (they would start the URI's
+    /// query and fragment).
+    #[test]
+    fn a_history_opened_read_only_is_a_current_runner_history_at_its_own_path() {
+        let dir = std::env::temp_dir().join(format!("runner-store-ro?mode=rw#x-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("h.sqlite");
+        let mut s = Store::open(&path).unwrap();
+        let (id, _) = s.begin("x", "t", &json!({}), &json!([]), "0").unwrap();
+        s.finish(id, "done", &json!({"ok": 1})).unwrap();
+        drop(s);
+        let r = Store::open_read_only(&path).unwrap();
+        assert_eq!(r.get(id).unwrap().result, Some(json!({"ok": 1})));
+        drop(r);
+        let _ = std::fs::remove_dir_all(&dir);
+
+        let e = Store::open_read_only(&scratch("ro-missing")).err().unwrap().to_string();
+        assert!(e.ends_with(": not a file"), "{e}");
+        let path = scratch("ro-foreign");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        Connection::open(&path).unwrap().execute_batch("CREATE TABLE notes (text TEXT);").unwrap();
+        let e = Store::open_read_only(&path).err().unwrap().to_string();
+        assert!(e.contains("not a current runner history"), "{e}");
+        let path = scratch("ro-old");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        Connection::open(&path).unwrap().execute_batch(&SCHEMA.replace(",\n    owner_pid INTEGER NOT NULL DEFAULT 0", "")).unwrap();
+        let e = Store::open_read_only(&path).err().unwrap().to_string();
+        assert!(e.contains("not a current runner history, and it cannot be written here"), "{e}");
+    }
+
+    /// A new file another connection holds locked while it is created (no WAL yet:
+    /// switching to WAL needs the file to itself, and SQLite answers "locked" at once,
+    /// without its busy handler): the opening waits and retries until the lock goes.
+    #[test]
+    fn opening_a_new_file_locked_by_another_waits_for_it() {
+        let path = scratch("held");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let holder = Connection::open(&path).unwrap();
+        holder.execute_batch("CREATE TABLE runs_placeholder (x); DROP TABLE runs_placeholder; BEGIN EXCLUSIVE").unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            holder.execute_batch("COMMIT").unwrap();
+        });
+        let opened = Store::open(&path);
+        release.join().unwrap();
+        let mut s = opened.unwrap();
+        assert!(s.begin("x", "t", &json!({}), &json!([]), "0").is_ok());
+    }
+
+    /// A process that has exited but is not yet reaped (a zombie) is gone: its run reads
+    /// interrupted and resumes.
+    #[test]
+    fn a_zombie_owner_is_gone() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let stat = format!("/proc/{}/stat", child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&stat).is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z')) {
+            assert!(std::time::Instant::now() < deadline, "the child did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        if Path::new(&stat).exists() {
+            assert!(!process_alive(child.id()), "a zombie is not alive");
+        }
+        assert!(process_alive(std::process::id()));
+        child.wait().unwrap();
     }
 
     /// Four runners creating the same new database at once (the first run on a machine
