@@ -31,6 +31,8 @@ use runner_exec::{ExecError, HostCollective, HostInFlight, Lane, ReduceOp, Start
 
 const MAGIC: u32 = 0x524E_5231; // "RNR1"
 const HEADER: usize = 32;
+/// The most a reader allocates for a frame before its bytes arrive.
+const MAX_UPFRONT: usize = 1 << 20;
 
 /// What a frame is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -156,10 +158,18 @@ fn reader(shared: Arc<Shared>, peer: usize, mut s: TcpStream) {
         if u32::from_le_bytes([h[0], h[1], h[2], h[3]]) != MAGIC {
             break "sent a frame this protocol does not know (another program on the port?)".into();
         }
-        let (kind, op, group, seq, len) = (h[4], h[5], word(8..16), word(16..24), word(24..32) as usize);
-        let mut bytes = vec![0u8; len];
-        if let Err(e) = s.read_exact(&mut bytes) {
-            break format!("its connection failed mid-message ({e})");
+        let (kind, op, group, seq, len) = (h[4], h[5], word(8..16), word(16..24), word(24..32));
+        if kind > Kind::Abort as u8 || !len.is_multiple_of(4) {
+            break format!("sent a malformed frame (kind {kind}, {len} bytes): another program on the port, or another runner version?");
+        }
+        // The length comes from the wire: the buffer grows with the bytes that arrive, so
+        // a frame that claims 2^60 bytes costs what its sender actually sends, not an
+        // allocation of its claim.
+        let mut bytes = Vec::with_capacity(usize::try_from(len).unwrap_or(usize::MAX).min(MAX_UPFRONT));
+        match (&mut s).take(len).read_to_end(&mut bytes) {
+            Ok(got) if got as u64 == len => {}
+            Ok(got) => break format!("its connection closed mid-message ({got} of {len} bytes): its process exited or was killed"),
+            Err(e) => break format!("its connection failed mid-message ({e})"),
         }
         let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_bits(u32::from_le_bytes([c[0], c[1], c[2], c[3]]))).collect();
         let mut inbox = shared.lock();
@@ -253,6 +263,9 @@ impl TcpWorld {
             .ok_or_else(|| format!("rank {} is not in group '{name}' {members:?}", self.rank()))?;
         if let Some(&bad) = members.iter().find(|&&m| m >= self.size()) {
             return Err(format!("group '{name}': rank {bad} outside a world of {}", self.size()));
+        }
+        if let Some(dup) = members.iter().enumerate().find_map(|(i, m)| members[..i].contains(m).then_some(m)) {
+            return Err(format!("group '{name}' {members:?}: rank {dup} appears twice (every member once)"));
         }
         let overlapped = format!("{name}, overlapped");
         let lane = self.member(&overlapped, members, me, Lane::none());
@@ -475,7 +488,9 @@ impl TcpGroup {
         if !input.len().is_multiple_of(self.n()) {
             return Err(err(format!("{}: {} elements do not split over {} ranks", op.name(), input.len(), self.n())));
         }
-        Ok(input.chunks(input.len() / self.n().max(1)).collect())
+        // Slices, not `chunks`: an empty input is n empty parts (chunks(0) panics).
+        let c = input.len() / self.n();
+        Ok((0..self.n()).map(|j| &input[j * c..(j + 1) * c]).collect())
     }
 
     /// Wait until every member reached this call.
@@ -539,7 +554,7 @@ impl HostCollective for TcpGroup {
 
     fn all_to_all_v(&self, input: &[f32], send: &[usize], recv: &[usize]) -> Result<Vec<f32>, ExecError> {
         let n = self.n();
-        if send.len() != n || recv.len() != n || send.iter().sum::<usize>() != input.len() {
+        if send.len() != n || recv.len() != n || send.iter().try_fold(0usize, |a, &c| a.checked_add(c)) != Some(input.len()) {
             return Err(err(format!(
                 "all-to-all-v on rank {}: counts {send:?} / {recv:?} for {} elements over {n} ranks",
                 self.shared.rank,
@@ -750,6 +765,92 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
         for e in &errs[..2] {
             assert!(e.contains("rank 2"), "{e}");
+        }
+    }
+
+    /// Rank 0 of a world of two whose rank 1 is a raw socket this test writes to.
+    fn with_raw_peer(timeout: Duration) -> (TcpWorld, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let raw = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mine, _) = l.accept().unwrap();
+        (TcpWorld::new(0, vec![None, Some(mine)], timeout).unwrap(), raw)
+    }
+
+    fn header(kind: u8, op: u8, group: u64, seq: u64, len: u64) -> Vec<u8> {
+        let mut h = vec![0u8; HEADER];
+        h[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        h[4] = kind;
+        h[5] = op;
+        h[8..16].copy_from_slice(&group.to_le_bytes());
+        h[16..24].copy_from_slice(&seq.to_le_bytes());
+        h[24..32].copy_from_slice(&len.to_le_bytes());
+        h
+    }
+
+    /// What rank 0's all-reduce says when rank 1 sends `bytes` (then closes when `close`).
+    fn all_reduce_against(bytes: &[u8], close: bool, timeout: Duration) -> String {
+        let (w, mut raw) = with_raw_peer(timeout);
+        raw.write_all(bytes).unwrap();
+        if close {
+            raw.shutdown(std::net::Shutdown::Both).unwrap();
+        }
+        let g = w.everyone().unwrap();
+        let e = g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string();
+        drop(raw);
+        e
+    }
+
+    /// A peer's frame header is not trusted: a length of 2^60 allocates what arrives
+    /// (before: `vec![0; 2^60]`, an abort of the whole process), half a frame then a
+    /// close, a length that is no whole number of floats, a kind nobody reads, another
+    /// program's bytes, silence: each an error naming rank 1, within the timeout.
+    #[test]
+    fn a_hostile_peer_is_an_error_not_an_abort_or_a_hang() {
+        let t = Duration::from_millis(300);
+        let world = TcpWorld::new(0, vec![None, None], t).unwrap();
+        let id = world.everyone().unwrap().id;
+        let start = Instant::now();
+        let frame = |kind: u8, len: u64, body: usize| [header(kind, Op::AllReduce as u8, id, 0, len), vec![0; body]].concat();
+        let cases: Vec<(Vec<u8>, bool, String)> = vec![
+            (frame(0, 1 << 60, 8), true, "rank 1 its connection closed mid-message (8 of 1152921504606846976 bytes)".into()),
+            (frame(0, 8, 4), true, "rank 1 its connection closed mid-message (4 of 8 bytes)".into()),
+            (frame(0, 3, 3), false, "rank 1 sent a malformed frame (kind 0, 3 bytes)".into()),
+            (frame(3, 4, 4), false, "rank 1 sent a malformed frame (kind 3, 4 bytes)".into()),
+            (frame(255, 0, 0), false, "rank 1 sent a malformed frame (kind 255, 0 bytes)".into()),
+            (b"GET / HTTP/1.1\r\nHost: example.com\r\n\r\n".to_vec(), false, "rank 1 sent a frame this protocol does not know".into()),
+            (vec![], false, "timed out after 300ms: rank 1 did not arrive".into()),
+        ];
+        // In parallel: each lost peer waits half a second for a root cause.
+        let hs: Vec<_> = cases.into_iter().map(|(bytes, close, want)| std::thread::spawn(move || (all_reduce_against(&bytes, close, t), want))).collect();
+        for h in hs {
+            let (e, want) = h.join().unwrap();
+            assert!(e.contains(&want), "want '{want}': {e}");
+        }
+        // A whole frame of the right call is taken.
+        let (w, mut raw) = with_raw_peer(t);
+        raw.write_all(&[header(0, Op::AllReduce as u8, id, 0, 4), 2.5f32.to_le_bytes().to_vec()].concat()).unwrap();
+        let mut x = [1.0];
+        w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
+        assert_eq!(x, [3.5]);
+        assert!(start.elapsed() < Duration::from_secs(5), "{:?}", start.elapsed());
+    }
+
+    /// Empty inputs split into empty parts (before: `chunks(0)` panicked); counts that
+    /// overflow and groups that name a rank twice are errors.
+    #[test]
+    fn empty_inputs_and_bad_counts_are_not_panics() {
+        let out = on_ranks(2, |w| {
+            let g = w.everyone().unwrap();
+            let rs = g.reduce_scatter(&[]).unwrap();
+            let a2a = g.all_to_all(&[]).unwrap();
+            let over = g.all_to_all_v(&[1.0], &[usize::MAX, 2], &[0, 0]).unwrap_err().to_string();
+            let dup = w.group("tp", &[0, 0, 1]).err().unwrap_or_default();
+            (rs, a2a, over, dup)
+        });
+        for (rs, a2a, over, dup) in &out {
+            assert!(rs.is_empty() && a2a.is_empty());
+            assert!(over.contains("counts [18446744073709551615, 2]"), "{over}");
+            assert!(dup.contains("rank 0 appears twice"), "{dup}");
         }
     }
 
