@@ -22,6 +22,11 @@ use std::fmt;
 /// Torchrun's default rendezvous port.
 pub const DEFAULT_PORT: u16 = 29500;
 
+/// The largest world a launch may claim: far above any run (a rank keeps a connection to
+/// every other), low enough that the rendezvous's per-rank tables stay small when a
+/// variable is wrong (WORLD_SIZE=2^40 would allocate terabytes).
+pub const MAX_WORLD: usize = 1 << 20;
+
 /// This process's place in the run.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
@@ -99,10 +104,18 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
     // step id that names the batch step ("batch", 4294967294 = SLURM_BATCH_SCRIPT) counts
     // as none.
     let srun_step = ["SLURM_STEP_ID", "SLURM_STEPID"].iter().any(|k| get(k).is_some_and(|v| v != "batch" && v != "4294967294"));
-    let (source, rank, world, local, local_world) = if let (Some(r), Some(w)) = (num("RANK")?, num("WORLD_SIZE")?) {
-        ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?, num("LOCAL_WORLD_SIZE")?)
+    // (source, rank, world, local rank, ranks on the node, the variables of those four)
+    let (source, rank, world, local, local_world, names) = if let (Some(r), Some(w)) = (num("RANK")?, num("WORLD_SIZE")?) {
+        ("torchrun environment (RANK, WORLD_SIZE)", r, w, num("LOCAL_RANK")?, num("LOCAL_WORLD_SIZE")?, ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])
     } else if let (Some(r), Some(w)) = (num("OMPI_COMM_WORLD_RANK")?, num("OMPI_COMM_WORLD_SIZE")?) {
-        ("Open MPI mpirun", r, w, num("OMPI_COMM_WORLD_LOCAL_RANK")?, num("OMPI_COMM_WORLD_LOCAL_SIZE")?)
+        (
+            "Open MPI mpirun",
+            r,
+            w,
+            num("OMPI_COMM_WORLD_LOCAL_RANK")?,
+            num("OMPI_COMM_WORLD_LOCAL_SIZE")?,
+            ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"],
+        )
     } else if let (Some(r), Some(w)) = (num("SLURM_PROCID")?, num("SLURM_NTASKS")?)
         && srun_step
         && [(num("PMI_RANK")?, r), (num("PMI_SIZE")?, w)].iter().all(|(p, s)| p.is_none_or(|p| p == *s))
@@ -110,16 +123,23 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         // srun with its pmi2 plugin sets PMI_RANK and PMI_SIZE too, equal to Slurm's;
         // MPICH's mpiexec inside an allocation sets them to the MPI rank, while the
         // SLURM_ variables it inherits describe its proxies: there PMI wins (next).
-        ("Slurm srun", r, w, num("SLURM_LOCALID")?, get("SLURM_STEP_TASKS_PER_NODE").and_then(uniform_tasks_per_node))
+        (
+            "Slurm srun",
+            r,
+            w,
+            num("SLURM_LOCALID")?,
+            get("SLURM_STEP_TASKS_PER_NODE").and_then(uniform_tasks_per_node),
+            ["SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE"],
+        )
     } else if let (Some(r), Some(w)) = (num("PMI_RANK")?, num("PMI_SIZE")?) {
-        ("MPICH mpirun (PMI)", r, w, num("MPI_LOCALRANKID")?, num("MPI_LOCALNRANKS")?)
+        ("MPICH mpirun (PMI)", r, w, num("MPI_LOCALRANKID")?, num("MPI_LOCALNRANKS")?, ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"])
     } else if let Some(r) = num("JOB_COMPLETION_INDEX")? {
         let w = num("WORLD_SIZE")?.ok_or_else(|| {
             "a Kubernetes indexed Job (JOB_COMPLETION_INDEX is set) needs WORLD_SIZE = the Job's completions in its \
              env"
                 .to_string()
         })?;
-        ("Kubernetes indexed Job", r, w, Some(0), Some(1))
+        ("Kubernetes indexed Job", r, w, Some(0), Some(1), ["JOB_COMPLETION_INDEX", "WORLD_SIZE", "", ""])
     } else {
         // The batch script of a job of several tasks, not an srun step: alone there, rank 0
         // would wait for ranks that nothing starts.
@@ -146,8 +166,24 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
         }
         return Ok(Launch::single());
     };
+    let [rank_var, world_var, local_var, local_world_var] = names;
     if world == 0 || rank >= world {
-        return Err(format!("{source}: rank {rank} is not below the world size {world}"));
+        return Err(format!("{source}: rank {rank} ({rank_var}) is not below the world size {world} ({world_var}): the launcher's variables disagree"));
+    }
+    if world > MAX_WORLD {
+        return Err(format!("{source}: {world_var}={world} ranks is more than this runner takes ({MAX_WORLD}): is the variable right?"));
+    }
+    match (local, local_world) {
+        (_, Some(lw)) if lw == 0 || lw > world => {
+            return Err(format!("{source}: {local_world_var}={lw} ranks on this node, in a world of {world}: set it to 1..={world}"));
+        }
+        (Some(l), Some(lw)) if l >= lw => {
+            return Err(format!("{source}: local rank {l} ({local_var}) is not below the node's {lw} ranks ({local_world_var})"));
+        }
+        (Some(l), _) if l >= world => {
+            return Err(format!("{source}: local rank {l} ({local_var}) is not below the world size {world}"));
+        }
+        _ => {}
     }
     if world == 1 {
         return Ok(Launch {
@@ -160,13 +196,14 @@ pub fn detect_from(env: &HashMap<String, String>) -> Result<Launch, String> {
             .parse::<u16>()
             .ok()
             .filter(|&p| p > 0)
-            .ok_or_else(|| format!("MASTER_PORT={p} is not a port number"))?,
-        None => match num("SLURM_JOB_ID")? {
-            Some(job) if source == "Slurm srun" => {
-                slurm_port(job, get("SLURM_STEP_ID").or_else(|| get("SLURM_STEPID")).and_then(|s| s.parse().ok()).unwrap_or(0))
-            }
-            _ => DEFAULT_PORT,
+            .ok_or_else(|| format!("MASTER_PORT={p} is not a port number: set it to a free port in 1..=65535 (or unset it: {DEFAULT_PORT})"))?,
+        // Slurm's job id only under srun: another launcher inside an allocation has its
+        // own port.
+        None if source == "Slurm srun" => match num("SLURM_JOB_ID")? {
+            Some(job) => slurm_port(job, get("SLURM_STEP_ID").or_else(|| get("SLURM_STEPID")).and_then(|s| s.parse().ok()).unwrap_or(0)),
+            None => DEFAULT_PORT,
         },
+        None => DEFAULT_PORT,
     };
     let host = match get("MASTER_ADDR") {
         // An IPv6 address may come in URL brackets ([::1]).
@@ -376,6 +413,84 @@ mod tests {
         for kv in [vec![("WORLD_SIZE", "1")], vec![("LOCAL_RANK", "3")], vec![("SLURM_PROCID", "0")], vec![("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")]] {
             assert_eq!(detect_from(&env(&kv)).unwrap(), Launch::single(), "{kv:?}");
         }
+    }
+
+    /// Hostile or broken environments: every one an error naming the variable, never a
+    /// launch that allocates by a wrong world size or a local rank beyond its node.
+    #[test]
+    fn hostile_environments_are_named_errors() {
+        let t = |kv: &[(&str, &str)]| detect_from(&env(kv));
+        let torch = |r: &str, w: &str, more: &[(&'static str, &'static str)]| {
+            let mut kv = vec![("RANK", r.to_string()), ("WORLD_SIZE", w.to_string()), ("MASTER_ADDR", "h".to_string())];
+            kv.extend(more.iter().map(|(k, v)| (*k, v.to_string())));
+            detect_from(&kv.into_iter().map(|(k, v)| (k.to_string(), v)).collect())
+        };
+        for (r, w, want) in [
+            ("0", "0", "rank 0 (RANK) is not below the world size 0 (WORLD_SIZE)"),
+            ("3", "2", "rank 3 (RANK) is not below the world size 2"),
+            ("0", "1099511627776", "WORLD_SIZE=1099511627776 ranks is more than this runner takes (1048576)"),
+            ("0", "18446744073709551616", "WORLD_SIZE=18446744073709551616 is not a non-negative integer"),
+            ("-1", "2", "RANK=-1 is not a non-negative integer"),
+            ("1.0", "2", "RANK=1.0 is not"),
+        ] {
+            let e = torch(r, w, &[]).unwrap_err();
+            assert!(e.contains(want), "RANK={r} WORLD_SIZE={w}: {e}");
+        }
+        // The largest world taken, and one more.
+        assert_eq!(torch("0", &MAX_WORLD.to_string(), &[]).unwrap().world, MAX_WORLD);
+        assert!(torch("0", &(MAX_WORLD + 1).to_string(), &[]).unwrap_err().contains("more than this runner takes"));
+        for p in ["0", "70000", "65536", "-1", "http", "29500x"] {
+            let e = torch("0", "2", &[("MASTER_PORT", p)]).unwrap_err();
+            assert!(e.contains(&format!("MASTER_PORT={p} is not a port number")) && e.contains("1..=65535"), "{p}: {e}");
+        }
+        assert_eq!(torch("0", "2", &[("MASTER_PORT", "65535")]).unwrap().master.unwrap().1, 65535);
+        assert_eq!(torch("0", "2", &[("MASTER_PORT", "1")]).unwrap().master.unwrap().1, 1);
+        // Local ranks beyond their node or the world.
+        for (more, want) in [
+            (&[("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2")][..], "local rank 2 (LOCAL_RANK) is not below the node's 2 ranks (LOCAL_WORLD_SIZE)"),
+            (&[("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "0")][..], "LOCAL_WORLD_SIZE=0 ranks on this node"),
+            (&[("LOCAL_WORLD_SIZE", "3")][..], "LOCAL_WORLD_SIZE=3 ranks on this node, in a world of 2"),
+            (&[("LOCAL_RANK", "2")][..], "local rank 2 (LOCAL_RANK) is not below the world size 2"),
+            (&[("LOCAL_RANK", "x")][..], "LOCAL_RANK=x is not a non-negative integer"),
+        ] {
+            let e = torch("1", "2", more).unwrap_err();
+            assert!(e.contains(want), "{more:?}: {e}");
+        }
+        let l = torch("1", "2", &[("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")]).unwrap();
+        assert_eq!((l.local_rank, l.local_world), (1, Some(2)));
+        assert_eq!(torch("1", "2", &[("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")]).unwrap().local_world, Some(1));
+        // Each launcher's own variables, named.
+        let slurm = [("SLURM_NTASKS", "4"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_NODELIST", "n1")];
+        for (kv, want) in [
+            (vec![("SLURM_PROCID", "abc")], "SLURM_PROCID=abc is not a non-negative integer"),
+            (vec![("SLURM_PROCID", "4")], "rank 4 (SLURM_PROCID) is not below the world size 4 (SLURM_NTASKS)"),
+            (vec![("SLURM_PROCID", "1"), ("SLURM_LOCALID", "2"), ("SLURM_STEP_TASKS_PER_NODE", "2(x2)")], "local rank 2 (SLURM_LOCALID) is not below the node's 2 ranks (SLURM_STEP_TASKS_PER_NODE)"),
+            (vec![("SLURM_PROCID", "1"), ("SLURM_STEP_TASKS_PER_NODE", "0")], "SLURM_STEP_TASKS_PER_NODE=0 ranks"),
+            (vec![("SLURM_PROCID", "1"), ("SLURM_JOB_ID", "j1")], "SLURM_JOB_ID=j1 is not"),
+        ] {
+            let mut kv = kv;
+            kv.extend(slurm);
+            let e = t(&kv).unwrap_err();
+            assert!(e.contains(want), "{kv:?}: {e}");
+        }
+        for (kv, want) in [
+            (vec![("OMPI_COMM_WORLD_RANK", "1e3"), ("OMPI_COMM_WORLD_SIZE", "2")], "OMPI_COMM_WORLD_RANK=1e3 is not"),
+            (vec![("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "2")], "rank 2 (OMPI_COMM_WORLD_RANK) is not below the world size 2 (OMPI_COMM_WORLD_SIZE)"),
+            (vec![("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "1")], "(OMPI_COMM_WORLD_LOCAL_RANK) is not below the node's 1 ranks (OMPI_COMM_WORLD_LOCAL_SIZE)"),
+            (vec![("PMI_RANK", "0"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "2")], "local rank 2 (MPI_LOCALRANKID) is not below the world size 2"),
+            (vec![("JOB_COMPLETION_INDEX", "x"), ("WORLD_SIZE", "4")], "JOB_COMPLETION_INDEX=x is not"),
+            (vec![("JOB_COMPLETION_INDEX", "4"), ("WORLD_SIZE", "4")], "rank 4 (JOB_COMPLETION_INDEX) is not below the world size 4 (WORLD_SIZE)"),
+            (vec![("JOB_COMPLETION_INDEX", "0"), ("WORLD_SIZE", "0")], "is not below the world size 0"),
+        ] {
+            let mut kv = kv;
+            kv.push(("MASTER_ADDR", "h"));
+            let e = t(&kv).unwrap_err();
+            assert!(e.contains(want), "{kv:?}: {e}");
+        }
+        // Slurm's job id is read under srun only: torchrun inside an allocation whose
+        // SLURM_JOB_ID some wrapper set oddly keeps its own port.
+        assert_eq!(torch("0", "2", &[("SLURM_JOB_ID", "12345_7")]).unwrap().master.unwrap().1, DEFAULT_PORT);
+        assert_eq!(torch("0", "2", &[("SLURM_JOB_ID", "12345")]).unwrap().master.unwrap().1, DEFAULT_PORT);
     }
 
     /// Which GPU a rank drives under each way of handing out GPUs. Slurm's
