@@ -17,7 +17,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, T
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 use crate::launch::Launch;
 use crate::tcp::TcpWorld;
@@ -37,10 +37,10 @@ impl RunMeta {
     /// How `other` differs from `self`, in words; `None` when equal.
     pub fn difference(&self, other: &RunMeta) -> Option<String> {
         if self.version != other.version {
-            return Some(format!("runner {} vs {}", other.version, self.version));
+            return Some(format!("runner {} vs rank 0's {}", other.version, self.version));
         }
         if self.run != other.run {
-            return Some(format!("run '{}' vs '{}'", other.run, self.run));
+            return Some(format!("run '{}' vs rank 0's '{}'", other.run, self.run));
         }
         for (name, hash) in &self.plugins {
             match other.plugins.iter().find(|(n, _)| n == name) {
@@ -49,11 +49,17 @@ impl RunMeta {
                 _ => {}
             }
         }
-        other
-            .plugins
-            .iter()
-            .find(|(n, _)| !self.plugins.iter().any(|(m, _)| m == n))
-            .map(|(n, h)| format!("plugin {n} (sha256 {h}) that rank 0 does not have"))
+        if let Some((n, h)) = other.plugins.iter().find(|(n, _)| !self.plugins.iter().any(|(m, _)| m == n)) {
+            return Some(format!("plugin {n} (sha256 {h}) that rank 0 does not have"));
+        }
+        // Every name found with rank 0's hash, yet the lists differ: a name twice on one
+        // side (with another hash, or once more).
+        let sorted = |p: &[(String, String)]| {
+            let mut p = p.to_vec();
+            p.sort();
+            p
+        };
+        (sorted(&self.plugins) != sorted(&other.plugins)).then(|| format!("plugins {:?} vs rank 0's {:?}", other.plugins, self.plugins))
     }
 }
 
@@ -86,6 +92,24 @@ fn rv(what: impl Into<String>) -> DistError {
     DistError::Rendezvous(what.into())
 }
 
+/// The longest hello line rank 0 reads: a run's description and its plugins' hashes
+/// take a few kilobytes.
+const MAX_HELLO: u64 = 1 << 20;
+
+/// The longest answer line a rank reads from rank 0 for a world of `n`: every rank's
+/// address (at most 50 bytes in JSON, an IPv6 one in brackets with its port), or a
+/// refusal.
+fn max_answer(n: usize) -> u64 {
+    MAX_HELLO + 64 * n as u64
+}
+
+/// One line of at most `max` bytes from `r` into `line`: `Ok(false)` where the peer
+/// closed before a newline or sent more than `max` bytes without one (not a runner).
+async fn read_line_max(r: &mut (impl AsyncBufRead + Unpin), line: &mut String, max: u64) -> std::io::Result<bool> {
+    r.take(max).read_line(line).await?;
+    Ok(line.ends_with('\n'))
+}
+
 /// Meet the other ranks of `launch` and connect to every one; the collectives of the
 /// returned world fail after `timeout`.
 ///
@@ -93,7 +117,13 @@ fn rv(what: impl Into<String>) -> DistError {
 /// Rank 0 unreachable, ranks missing, different worlds or runs (the message names the
 /// rank and the difference), within `timeout`.
 pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<TcpWorld, DistError> {
+    if launch.rank >= launch.world {
+        return Err(rv(format!("rank {} is not below the world size {}", launch.rank, launch.world)));
+    }
     let Some((host, port)) = launch.master.clone() else {
+        if launch.world > 1 {
+            return Err(rv(format!("{} ranks but no address for rank 0's rendezvous (MASTER_ADDR)", launch.world)));
+        }
         return TcpWorld::new(0, vec![None], timeout).map_err(rv);
     };
     let deadline = Instant::now() + timeout;
@@ -166,7 +196,7 @@ async fn claim_rank_0_there(v6: bool, port: u16, hello: &Hello, within: Duration
         let text = serde_json::to_string(hello).ok()? + "\n";
         s.get_mut().write_all(text.as_bytes()).await.ok()?;
         let mut line = String::new();
-        s.read_line(&mut line).await.ok()?;
+        read_line_max(&mut s, &mut line, MAX_HELLO).await.ok()?;
         match serde_json::from_str::<Answer>(&line).ok()? {
             Answer::Refuse(why) => Some(why),
             Answer::Welcome(_) => None,
@@ -186,23 +216,44 @@ fn refuse_latecomers(l: std::net::TcpListener, world: usize) {
     }
     std::thread::spawn(move || {
         for s in l.incoming().flatten() {
-            let _ = s.set_read_timeout(Some(HELLO_WITHIN));
-            let mut r = std::io::BufReader::new(&s);
-            let mut line = String::new();
-            if std::io::BufRead::read_line(&mut r, &mut line).is_err() {
-                continue;
-            }
-            let Ok(h) = serde_json::from_str::<Hello>(&line) else { continue };
-            let why = format!(
-                "rank {} came after all {world} ranks had met and the run had begun: two processes claim rank {} \
-                 (check the launcher's task count), or this one was started late",
-                h.rank, h.rank
-            );
-            if let Ok(text) = serde_json::to_string(&Answer::Refuse(why)) {
-                let _ = std::io::Write::write_all(&mut &s, (text + "\n").as_bytes());
-            }
+            // A thread each: a connection that stays silent holds only its own.
+            std::thread::spawn(move || refuse_latecomer(&s, world));
         }
     });
+}
+
+/// Refuse one connection that came after the rendezvous, naming the rank it claims.
+fn refuse_latecomer(s: &TcpStream, world: usize) {
+    let Some(line) = read_line_within(s, HELLO_WITHIN, MAX_HELLO) else { return };
+    let Ok(h) = serde_json::from_str::<Hello>(&line) else { return };
+    let why = format!(
+        "rank {} came after all {world} ranks had met and the run had begun: two processes claim rank {} \
+         (check the launcher's task count), or this one was started late",
+        h.rank, h.rank
+    );
+    if let Ok(text) = serde_json::to_string(&Answer::Refuse(why)) {
+        let _ = std::io::Write::write_all(&mut &*s, (text + "\n").as_bytes());
+    }
+}
+
+/// One line from `s` within `within` (all reads together, so that a peer sending a byte
+/// now and then cannot hold the caller) and `max` bytes; `None` otherwise.
+fn read_line_within(mut s: &TcpStream, within: Duration, max: u64) -> Option<String> {
+    let deadline = Instant::now() + within;
+    let mut line = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !line.ends_with(b"\n") {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() || line.len() as u64 >= max {
+            return None;
+        }
+        s.set_read_timeout(Some(left)).ok()?;
+        match std::io::Read::read(&mut s, &mut buf) {
+            Ok(0) | Err(_) => return None,
+            Ok(k) => line.extend_from_slice(&buf[..k]),
+        }
+    }
+    String::from_utf8(line).ok()
 }
 
 /// Rank 0: accept world − 1 hellos within `left` (what remains of `timeout`, the limit
@@ -260,7 +311,7 @@ async fn serve(
         // silent (a port scanner, a stopped process) is dropped after a few seconds rather
         // than holding the rendezvous.
         let hello_by = until.min(tokio::time::Instant::now() + HELLO_WITHIN.min(left / 4));
-        if !matches!(tokio::time::timeout_at(hello_by, s.read_line(&mut line)).await, Ok(Ok(_))) {
+        if !matches!(tokio::time::timeout_at(hello_by, read_line_max(&mut s, &mut line, MAX_HELLO)).await, Ok(Ok(true))) {
             continue;
         }
         let Ok(h) = serde_json::from_str::<Hello>(&line) else {
@@ -273,7 +324,9 @@ async fn serve(
             ))
         } else if h.world != n {
             Some(format!("rank {} was launched with a world of {}, rank 0 with {n}", h.rank, h.world))
-        } else if h.rank >= n || seen[h.rank].is_some() {
+        } else if h.rank >= n {
+            Some(format!("rank {} is not below the world size {n} (check the launcher's rank variables)", h.rank))
+        } else if seen[h.rank].is_some() {
             Some(format!("two processes claim rank {} of {n}", h.rank))
         } else {
             mine.meta.difference(&h.meta).map(|d| format!("rank {} runs something else than rank 0: {d}", h.rank))
@@ -329,14 +382,27 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
     let text = serde_json::to_string(&hello).map_err(|e| rv(e.to_string()))? + "\n";
     s.get_mut().write_all(text.as_bytes()).await.map_err(|e| rv(format!("hello to rank 0: {e}")))?;
     let mut line = String::new();
-    s.read_line(&mut line).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
-    match serde_json::from_str::<Answer>(&line) {
-        Ok(Answer::Welcome(addrs)) => Ok((addrs, mesh)),
-        Ok(Answer::Refuse(why)) => Err(DistError::Refused { rank: hello.rank, why }),
-        Err(_) => Err(rv(format!(
-            "rank {}: rank 0 closed the rendezvous without an answer (it failed: see its error)",
-            hello.rank
+    let whole = read_line_max(&mut s, &mut line, max_answer(hello.world)).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
+    if line.is_empty() {
+        return Err(rv(format!("rank {}: rank 0 closed the rendezvous without an answer (it failed: see its error)", hello.rank)));
+    }
+    let not_runner = || {
+        rv(format!(
+            "rank {}: port {port} of {host} answered with something that is not a runner's rendezvous{}: is another program \
+             listening there? Set MASTER_PORT to a free port",
+            hello.rank,
+            if whole { "" } else { " (a line too long, or cut short)" }
+        ))
+    };
+    match serde_json::from_str::<Answer>(&line).map_err(|_| not_runner())? {
+        Answer::Welcome(addrs) if addrs.len() == hello.world => Ok((addrs, mesh)),
+        Answer::Welcome(addrs) => Err(rv(format!(
+            "rank {}: rank 0 answered with {} addresses for a world of {}",
+            hello.rank,
+            addrs.len(),
+            hello.world
         ))),
+        Answer::Refuse(why) => Err(DistError::Refused { rank: hello.rank, why }),
     }
 }
 
@@ -366,11 +432,18 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
     }
     listener.set_nonblocking(true).map_err(|e| rv(e.to_string()))?;
     while streams.iter().skip(rank + 1).any(Option::is_none) {
+        let missing = || (rank + 1..n).filter(|&r| streams[r].is_none()).collect::<Vec<usize>>();
+        // Checked at every turn: connections that stay silent must not hold the wait
+        // past the deadline.
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(rv(format!("rank {rank}: rank(s) {:?} never connected to the mesh within {timeout:.0?} (--timeout)", missing())));
+        }
         match listener.accept() {
             Ok((mut s, _)) => {
                 s.set_nonblocking(false).map_err(|e| rv(e.to_string()))?;
                 let mut id = [0u8; 8];
-                s.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| rv(e.to_string()))?;
+                s.set_read_timeout(Some(left.min(Duration::from_secs(5)))).map_err(|e| rv(e.to_string()))?;
                 if std::io::Read::read_exact(&mut s, &mut id).is_err() {
                     continue;
                 }
@@ -380,13 +453,7 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
                     streams[from] = Some(s);
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<usize> = (rank + 1..n).filter(|&r| streams[r].is_none()).collect();
-                    return Err(rv(format!("rank {rank}: rank(s) {missing:?} never connected to the mesh within {timeout:.0?} (--timeout)")));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
             Err(e) => return Err(rv(format!("mesh accept: {e}"))),
         }
     }
@@ -572,6 +639,170 @@ mod tests {
         assert!(d.contains("llama3.wasm has sha256 b vs rank 0's a"), "{d}");
         let mut m = meta("a");
         m.run = "other".into();
-        assert!(meta("a").difference(&m).unwrap().contains("run 'other'"));
+        assert_eq!(meta("a").difference(&m).unwrap(), "run 'other' vs rank 0's 'test'");
+        let mut m = meta("a");
+        m.version = "0.2.0".into();
+        assert_eq!(meta("a").difference(&m).unwrap(), "runner 0.2.0 vs rank 0's 0.1.0");
+        // A plugin rank 0 has and this rank lacks, and the reverse.
+        let none = RunMeta { plugins: vec![], ..meta("a") };
+        assert_eq!(meta("a").difference(&none).unwrap(), "plugin llama3.wasm missing (rank 0 has sha256 a)");
+        assert_eq!(none.difference(&meta("a")).unwrap(), "plugin llama3.wasm (sha256 a) that rank 0 does not have");
+        // A name twice on one side, once with rank 0's hash: still a difference, both
+        // ways; the order of the list is not.
+        let twice = RunMeta { plugins: vec![("llama3.wasm".into(), "a".into()), ("llama3.wasm".into(), "b".into())], ..meta("a") };
+        let d = meta("a").difference(&twice).unwrap();
+        assert!(d.contains("(\"llama3.wasm\", \"b\")") && d.contains("vs rank 0's [(\"llama3.wasm\", \"a\")]"), "{d}");
+        assert!(twice.difference(&meta("a")).is_some());
+        let two = |a: &str, b: &str| RunMeta { plugins: vec![(a.into(), "1".into()), (b.into(), "2".into())], ..meta("a") };
+        assert_eq!(two("x", "y").difference(&RunMeta { plugins: vec![("y".into(), "2".into()), ("x".into(), "1".into())], ..meta("a") }), None);
+        assert!(two("x", "y").difference(&two("x", "z")).unwrap().contains("plugin y missing"));
+    }
+
+    /// Rank 0 fed by hand: a raw connection that sends `hello` (a line) and what rank 0
+    /// answers it, with rank 0's own result.
+    fn hello_to_rank_0(world: usize, hello: String) -> (String, Result<(), String>) {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, world, port), &meta("a"), Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string()));
+        let mut s = connect_until_up(port);
+        std::io::Write::write_all(&mut s, hello.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut s, &mut answer);
+        (answer, zero.join().unwrap())
+    }
+
+    fn connect_until_up(port: u16) -> TcpStream {
+        loop {
+            match TcpStream::connect(("127.0.0.1", port)) {
+                Ok(s) => break s,
+                Err(_) => std::thread::sleep(Duration::from_millis(10)),
+            }
+        }
+    }
+
+    fn hello_json(rank: usize, world: usize) -> String {
+        serde_json::to_string(&Hello { rank, world, meta: meta("a"), port: 1 }).unwrap() + "\n"
+    }
+
+    /// A hello naming a rank beyond the world is refused as that, not as a duplicate.
+    #[test]
+    fn a_rank_beyond_the_world_is_named() {
+        let (answer, zero) = hello_to_rank_0(2, hello_json(5, 2));
+        assert!(answer.contains("rank 5 is not below the world size 2"), "{answer}");
+        assert!(zero.unwrap_err().contains("rank 5 is not below the world size 2"));
+        let (answer, zero) = hello_to_rank_0(2, hello_json(1, 3));
+        assert!(answer.contains("rank 1 was launched with a world of 3, rank 0 with 2"), "{answer}");
+        assert!(zero.is_err());
+        // A launch no detect() makes: an error, not an index out of bounds.
+        for (rank, world) in [(0, 0), (2, 2)] {
+            let e = rendezvous(&launch(rank, world, 1), &meta("a"), Duration::from_millis(100)).unwrap_err().to_string();
+            assert!(e.contains(&format!("rank {rank} is not below the world size {world}")), "{e}");
+        }
+        let e = rendezvous(&Launch { master: None, ..launch(1, 2, 1) }, &meta("a"), Duration::from_millis(100)).unwrap_err();
+        assert!(e.to_string().contains("2 ranks but no address"), "{e}");
+    }
+
+    /// A hello line longer than any runner's is dropped once rank 0 has read its limit,
+    /// not read on (into memory) until the hello wait ends; the real rank then meets.
+    #[test]
+    fn an_endless_hello_is_cut_at_its_limit() {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let mut flood = connect_until_up(port);
+        let start = Instant::now();
+        // Rank 0 hangs up after MAX_HELLO bytes: a write fails, or the read sees the end.
+        let chunk = vec![b'x'; 1 << 16];
+        let cut = (0..64).any(|_| std::io::Write::write_all(&mut flood, &chunk).is_err()) || {
+            flood.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+            matches!(std::io::Read::read(&mut flood, &mut [0u8; 16]), Ok(0) | Err(_)) && start.elapsed() < Duration::from_secs(3)
+        };
+        // Rank 0 waits 5 s (a quarter of its timeout) for a silent or slow hello.
+        assert!(cut && start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+        let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ());
+        assert!(one.is_ok() && zero.join().unwrap().is_ok(), "{one:?}");
+    }
+
+    /// What rank 1 says when "rank 0" (a raw listener here) answers `answer` and closes
+    /// (or stays silent when `None`).
+    fn rank_1_hears(answer: Option<&'static [u8]>) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+            let mut hello = String::new();
+            std::io::BufRead::read_line(&mut r, &mut hello).unwrap();
+            match answer {
+                Some(a) => std::io::Write::write_all(&mut s, a).unwrap(),
+                None => std::thread::sleep(Duration::from_millis(600)),
+            }
+        });
+        let e = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
+        fake.join().unwrap();
+        e
+    }
+
+    /// Another program on the port, an answer cut short, a wrong number of addresses, a
+    /// silent rank 0: each said as such.
+    #[test]
+    fn a_rank_names_what_rank_0_answered() {
+        let e = rank_1_hears(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n"));
+        assert!(e.contains("answered with something that is not a runner's rendezvous: is another program"), "{e}");
+        let e = rank_1_hears(Some(b"{\"Welcome\":[\"127.0"));
+        assert!(e.contains("not a runner's rendezvous (a line too long, or cut short)"), "{e}");
+        let e = rank_1_hears(Some(b"{\"Welcome\":[\"127.0.0.1:1\"]}\n"));
+        assert!(e.contains("rank 0 answered with 1 addresses for a world of 2"), "{e}");
+        let e = rank_1_hears(Some(b""));
+        assert!(e.contains("rank 0 closed the rendezvous without an answer"), "{e}");
+        let e = rank_1_hears(Some(b"{\"Refuse\":\"because\"}\n"));
+        assert_eq!(e, "rank 1: because");
+        let e = rank_1_hears(None);
+        assert!(e.contains("gave up after 300ms") && e.contains("connected, but rank 0 did not answer"), "{e}");
+    }
+
+    /// After the world met, a silent connection to rank 0's port holds only its own
+    /// thread: a rank started twice behind it is still refused at once.
+    #[test]
+    fn a_silent_latecomer_does_not_hold_the_refusals() {
+        let port = free_port();
+        assert_eq!(meet_and_sum_ranks((0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
+        let silent = connect_until_up(port);
+        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
+        assert!(start.elapsed() < Duration::from_secs(3) && e.to_string().contains("rank 1 came after"), "{:?}: {e}", start.elapsed());
+        drop(silent);
+    }
+
+    /// The mesh's accept loop ends at its deadline even while connections that never
+    /// say their rank (or claim one that is not to come here) keep it busy; the rank
+    /// that does say is taken.
+    #[test]
+    fn the_mesh_wait_ends_at_its_deadline() {
+        let mesh = mesh_listener(false).unwrap();
+        let at = mesh.local_addr().unwrap();
+        let addrs = vec![format!("127.0.0.1:{}", at.port()), "127.0.0.1:1".into(), "127.0.0.1:1".into()];
+        let mut two = TcpStream::connect(at).unwrap();
+        std::io::Write::write_all(&mut two, &2u64.to_le_bytes()).unwrap();
+        let mut strays = Vec::new();
+        for id in [0u64, 3, 1 << 40] {
+            let mut s = TcpStream::connect(at).unwrap();
+            std::io::Write::write_all(&mut s, &id.to_le_bytes()).unwrap();
+            strays.push(s);
+        }
+        let silent = TcpStream::connect(at).unwrap();
+        let start = Instant::now();
+        let timeout = Duration::from_millis(300);
+        let e = connect_mesh(0, &addrs, &mesh, start + timeout, timeout).unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(e.contains("rank(s) [1] never connected to the mesh within 300ms"), "{e}");
+        drop((silent, strays, two));
+        // Ranks 1 and 2 both say theirs: the mesh is whole.
+        let mut one = TcpStream::connect(at).unwrap();
+        std::io::Write::write_all(&mut one, &1u64.to_le_bytes()).unwrap();
+        let mut two = TcpStream::connect(at).unwrap();
+        std::io::Write::write_all(&mut two, &2u64.to_le_bytes()).unwrap();
+        let w = connect_mesh(0, &addrs, &mesh, Instant::now() + timeout, timeout).unwrap();
+        assert_eq!((w.rank(), w.size()), (0, 3));
+        drop((one, two));
     }
 }
