@@ -668,6 +668,12 @@ mod tests {
             let rs = g.reduce_scatter(&[1.0, 2.0, 3.0 + r, 4.0, 5.0, 6.0]).unwrap();
             let a2a = g.all_to_all(&[10.0 * r, 10.0 * r + 1.0, 10.0 * r + 2.0]).unwrap();
             let bc = g.broadcast(&[r, r], 2).unwrap();
+            // Rank order, not any other: (1 + 1e8) - 1e8 = 0 in f32, (-1e8 + 1e8) + 1 = 1.
+            let x = [1.0f32, 1e8, -1e8][g.rank()];
+            let mut o = vec![x];
+            g.all_reduce(&mut o, ReduceOp::Sum).unwrap();
+            let o_rs = g.reduce_scatter(&[x; 3]).unwrap();
+            assert_eq!((o[0], o_rs[0]), (0.0, 0.0), "rank {r}");
             (s, m, ag, rs, a2a, bc)
         });
         for (s, m, ag, _, _, bc) in &out {
@@ -813,6 +819,8 @@ mod tests {
         let frame = |kind: u8, len: u64, body: usize| [header(kind, Op::AllReduce as u8, id, 0, len), vec![0; body]].concat();
         let cases: Vec<(Vec<u8>, bool, String)> = vec![
             (frame(0, 1 << 60, 8), true, "rank 1 its connection closed mid-message (8 of 1152921504606846976 bytes)".into()),
+            ([header(0, Op::AllReduce as u8, id, 5, 4), vec![0; 4]].concat(), false, "rank 1 made all-reduce (call 5) here".into()),
+            ([header(0, Op::Broadcast as u8, id, 0, 4), vec![0; 4]].concat(), false, "rank 1 made broadcast (call 0) here".into()),
             (frame(0, 8, 4), true, "rank 1 its connection closed mid-message (4 of 8 bytes)".into()),
             (frame(0, 3, 3), false, "rank 1 sent a malformed frame (kind 0, 3 bytes)".into()),
             (frame(3, 4, 4), false, "rank 1 sent a malformed frame (kind 3, 4 bytes)".into()),
@@ -822,10 +830,17 @@ mod tests {
         ];
         // In parallel: each lost peer waits half a second for a root cause.
         let hs: Vec<_> = cases.into_iter().map(|(bytes, close, want)| std::thread::spawn(move || (all_reduce_against(&bytes, close, t), want))).collect();
+        // Silence ends at the timeout, not later.
+        let silent = std::thread::spawn(|| {
+            let t = Instant::now();
+            (all_reduce_against(&[], false, Duration::from_secs(1)), t.elapsed())
+        });
         for h in hs {
             let (e, want) = h.join().unwrap();
             assert!(e.contains(&want), "want '{want}': {e}");
         }
+        let (e, took) = silent.join().unwrap();
+        assert!(e.contains("timed out after 1s") && took >= Duration::from_secs(1) && took < Duration::from_secs(2), "{took:?}: {e}");
         // A whole frame of the right call is taken.
         let (w, mut raw) = with_raw_peer(t);
         raw.write_all(&[header(0, Op::AllReduce as u8, id, 0, 4), 2.5f32.to_le_bytes().to_vec()].concat()).unwrap();
@@ -852,6 +867,185 @@ mod tests {
             assert!(over.contains("counts [18446744073709551615, 2]"), "{over}");
             assert!(dup.contains("rank 0 appears twice"), "{dup}");
         }
+    }
+
+    /// Every local check of a call's arguments, made the same way on both ranks (so the
+    /// calls stay in step), and all-to-all-v's data in its places.
+    #[test]
+    fn each_call_checks_its_arguments() {
+        let out = on_ranks(2, |w| {
+            let g = w.everyone().unwrap();
+            let r = g.rank();
+            let e = |x: Result<Vec<f32>, ExecError>| x.map(|_| ()).unwrap_err().to_string();
+            let split = e(g.reduce_scatter(&[1.0, 2.0, 3.0]));
+            let a2a_split = e(g.all_to_all(&[1.0, 2.0, 3.0]));
+            // Lengths that split, but differ between the ranks.
+            let rs_len = e(g.reduce_scatter(&vec![1.0; 2 + 2 * r]));
+            let a2a_len = e(g.all_to_all(&vec![1.0; 2 + 2 * r]));
+            let input: Vec<f32> = if r == 0 { vec![1.0, 2.0, 3.0] } else { vec![10.0, 20.0, 30.0, 40.0] };
+            let send: &[usize] = if r == 0 { &[1, 2] } else { &[3, 1] };
+            let recv: &[usize] = if r == 0 { &[1, 3] } else { &[2, 1] };
+            let v = g.all_to_all_v(&input, send, recv).unwrap();
+            // One count for two ranks, however well it sums.
+            let short_send = e(g.all_to_all_v(&input, &[input.len()], recv));
+            let short_recv = e(g.all_to_all_v(&input, send, &recv[..1]));
+            // Rank 0 expects one more from rank 1 than it sends; rank 1 one more from rank 0.
+            let more: Vec<usize> = if r == 0 { vec![1, 4] } else { vec![3, 1] };
+            let disagree = e(g.all_to_all_v(&input, send, &more));
+            let root = e(g.broadcast(&[1.0], 2));
+            let bc_len = g.broadcast(&vec![1.0; 1 + r], 0).err().map(|e| e.to_string()).unwrap_or_default();
+            let to_self = g.send(r, &[1.0]).unwrap_err().to_string();
+            let from_beyond = e(g.recv(2));
+            let outside = w.group("x", &[0, 2]).err().unwrap_or_default();
+            (split, a2a_split, rs_len, a2a_len, v, short_send, short_recv, disagree, root, bc_len, to_self, from_beyond, outside)
+        });
+        let (split, a2a_split, rs_len, a2a_len, v, short_send, short_recv, disagree, root, _, to_self, from_beyond, outside) = &out[0];
+        assert!(split.contains("reduce-scatter: 3 elements do not split over 2 ranks"), "{split}");
+        assert!(a2a_split.contains("all-to-all: 3 elements do not split over 2 ranks"), "{a2a_split}");
+        assert!(rs_len.contains("reduce-scatter on rank 0: the ranks passed different lengths"), "{rs_len}");
+        assert!(a2a_len.contains("all-to-all on rank 0: the ranks passed different lengths"), "{a2a_len}");
+        assert_eq!(*v, [1.0, 10.0, 20.0, 30.0]);
+        assert_eq!(out[1].4, [2.0, 3.0, 40.0]);
+        assert!(short_send.contains("counts [3] / [1, 3]") && short_recv.contains("counts [1, 2] / [1]"), "{short_send} | {short_recv}");
+        assert!(disagree.contains("rank 1 sends 3 elements to rank 0, which expects 4"), "{disagree}");
+        assert!(out[1].7.contains("rank 0 sends 2 elements to rank 1, which expects 3"), "{}", out[1].7);
+        assert!(root.contains("broadcast from rank 2 in a group of 2"), "{root}");
+        assert!(out[1].9.contains("broadcast: rank 0 sent 1 elements, rank 1 expects 2"), "{}", out[1].9);
+        assert!(to_self.contains("send to rank 0 of a group of 2 from rank 0"), "{to_self}");
+        assert!(from_beyond.contains("recv from rank 2 of a group of 2 on rank 0"), "{from_beyond}");
+        assert!(outside.contains("group 'x': rank 2 outside a world of 2"), "{outside}");
+    }
+
+    /// Two groups of one name over different members keep their calls apart on the
+    /// connection they share (the group id hashes the members too).
+    #[test]
+    fn groups_of_one_name_and_other_members_do_not_mix() {
+        let out = on_ranks(3, |w| {
+            let r = w.rank();
+            let three = w.group("g", &[0, 1, 2]).unwrap();
+            if r == 2 {
+                return (three.broadcast(&[0.0], 1).unwrap(), vec![]);
+            }
+            let two = w.group("g", &[0, 1]).unwrap();
+            let mut b = vec![(r + 1) as f32];
+            // Rank 1's broadcast (it does not wait) reaches rank 0 before its all-reduce
+            // of the other group: rank 0's all-reduce must take the all-reduce.
+            if r == 1 {
+                let got = three.broadcast(&[20.0], 1).unwrap();
+                two.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+                (got, b)
+            } else {
+                two.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+                (three.broadcast(&[0.0], 1).unwrap(), b)
+            }
+        });
+        assert_eq!(out.iter().map(|o| o.0[0]).collect::<Vec<_>>(), [20.0; 3]);
+        assert_eq!((out[0].1.clone(), out[1].1.clone()), (vec![3.0], vec![3.0]));
+    }
+
+    /// Who says what when a rank fails: a rank that times out tells the others; a rank
+    /// that loses a peer waits briefly for another rank's report of the root cause and
+    /// gives that, else names the peer and tells the others; the first report is kept.
+    #[test]
+    fn failures_reach_every_rank_with_their_root_cause() {
+        // Rank 0 times out waiting on rank 1: rank 1's next call learns it.
+        let worlds = mesh(2, Duration::from_millis(200));
+        let hs: Vec<_> = worlds
+            .into_iter()
+            .map(|w| {
+                std::thread::spawn(move || {
+                    let g = w.everyone().unwrap();
+                    if w.rank() == 0 {
+                        g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string()
+                    } else {
+                        std::thread::sleep(Duration::from_millis(400));
+                        let _ = g.all_reduce(&mut [1.0], ReduceOp::Sum);
+                        g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string()
+                    }
+                })
+            })
+            .collect();
+        let errs: Vec<String> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(errs[0].contains("timed out after 200ms: rank 1 did not arrive"), "{}", errs[0]);
+        assert!(errs[1].contains("the run was aborted: ") && errs[1].contains("timed out after 200ms") && errs[1].contains("(reported by rank 0)"), "{}", errs[1]);
+
+        // Rank 2 dies; rank 1, which needed it, names it and tells rank 0, which waits
+        // on rank 1 only; then rank 0's world reports the failure.
+        let worlds = mesh(3, Duration::from_secs(10));
+        let t0 = Instant::now();
+        let hs: Vec<_> = worlds
+            .into_iter()
+            .map(|w| {
+                std::thread::spawn(move || match w.rank() {
+                    2 => {
+                        w.close();
+                        (String::new(), None)
+                    }
+                    1 => {
+                        let g = w.group("b", &[1, 2]).unwrap();
+                        (g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string(), None)
+                    }
+                    _ => {
+                        let g = w.group("a", &[0, 1]).unwrap();
+                        let e = g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string();
+                        (e, w.failure())
+                    }
+                })
+            })
+            .collect();
+        let out: Vec<(String, Option<String>)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        assert!(out[1].0.contains("rank 2 closed its connection"), "{}", out[1].0);
+        assert!(out[0].0.contains("the run was aborted: ") && out[0].0.contains("rank 2 closed its connection") && out[0].0.contains("(reported by rank 1)"), "{}", out[0].0);
+        assert!(out[0].1.as_deref().is_some_and(|f| f.contains("(reported by rank 1)")), "{:?}", out[0].1);
+
+        // Rank 2 dies without a word while rank 1 reports the root cause a moment later:
+        // rank 0, waiting on rank 2, gives rank 1's cause.
+        let worlds = mesh(3, Duration::from_secs(10));
+        let hs: Vec<_> = worlds
+            .into_iter()
+            .map(|w| {
+                std::thread::spawn(move || match w.rank() {
+                    2 => {
+                        w.close();
+                        String::new()
+                    }
+                    1 => {
+                        std::thread::sleep(Duration::from_millis(100));
+                        w.shared.abort_all("rank 1 ran out of memory");
+                        String::new()
+                    }
+                    _ => {
+                        let g = w.group("a", &[0, 2]).unwrap();
+                        g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string()
+                    }
+                })
+            })
+            .collect();
+        let errs: Vec<String> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert!(errs[0].contains("the run was aborted: rank 1 ran out of memory (reported by rank 1)"), "{}", errs[0]);
+
+        // A world with nothing wrong reports nothing; a dead peer is named; of two
+        // reports, the first.
+        let (w, raw) = with_raw_peer(Duration::from_secs(1));
+        assert_eq!(w.failure(), None);
+        drop(raw);
+        let (w2, mut raw2) = with_raw_peer(Duration::from_secs(1));
+        let report = |text: &str| {
+            let words: Vec<u8> = text.bytes().flat_map(|b| f32::from_bits(u32::from(b)).to_le_bytes()).collect();
+            [header(Kind::Abort as u8, 0, 0, 0, words.len() as u64), words].concat()
+        };
+        raw2.write_all(&[report("first"), report("second")].concat()).unwrap();
+        drop(raw2);
+        let t = Instant::now();
+        // Both reports read once the reader saw the connection end.
+        while (w.failure().is_none() || w2.shared.lock().dead[1].is_none()) && t.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(w.failure().as_deref(), Some("rank 1 closed its connection: its process exited or was killed"));
+        assert_eq!(w2.failure().as_deref(), Some("first (reported by rank 1)"));
+        let e = w2.everyone().unwrap().all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string();
+        assert!(e.contains("the run was aborted: first (reported by rank 1)"), "{e}");
     }
 
     #[test]
