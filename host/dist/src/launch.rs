@@ -487,6 +487,11 @@ mod tests {
             let e = t(&kv).unwrap_err();
             assert!(e.contains(want), "{kv:?}: {e}");
         }
+        // A world of one is one process, whatever the launcher, without rank 0's address.
+        assert_eq!(torch("0", "1", &[]).unwrap(), Launch { source: "torchrun environment (RANK, WORLD_SIZE)", ..Launch::single() });
+        assert_eq!(t(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap().master, None);
+        // No local rank from the launcher: 0.
+        assert_eq!(t(&[("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MASTER_ADDR", "h")]).unwrap().local_rank, 0);
         // Slurm's job id is read under srun only: torchrun inside an allocation whose
         // SLURM_JOB_ID some wrapper set oddly keeps its own port.
         assert_eq!(torch("0", "2", &[("SLURM_JOB_ID", "12345_7")]).unwrap().master.unwrap().1, DEFAULT_PORT);
@@ -510,7 +515,7 @@ mod tests {
         assert_eq!(gpu_of_rank(0, 5, Some(8), false).unwrap(), None);
         assert_eq!(gpu_of_rank(1, 0, Some(1), false).unwrap(), Some(0));
         // Ambiguous or short: an error on every rank, never the CPU beside GPU ranks.
-        for (visible, r, w, assigned) in [(1, 1, Some(2), false), (1, 0, Some(2), false), (4, 1, Some(8), false), (4, 6, None, false), (2, 3, Some(8), true), (2, 0, Some(8), true)] {
+        for (visible, r, w, assigned) in [(1, 1, Some(2), false), (1, 0, Some(2), false), (2, 2, None, false), (4, 1, Some(8), false), (4, 6, None, false), (2, 3, Some(8), true), (2, 0, Some(8), true)] {
             let e = gpu_of_rank(visible, r, w, assigned).unwrap_err();
             assert!(e.contains(&format!("local rank {r}")) && e.contains(&format!("sees {visible} GPU(s)")) && e.contains("--gpus-per-task=1") && e.contains("--device cpu"), "{e}");
         }
@@ -534,5 +539,7 @@ mod tests {
         assert!(first_host("").is_err());
         assert!(first_host("n[").is_err());
         assert!(first_host("n[a-b]").is_err());
+        assert!(first_host("n[]").is_err());
+        assert!(first_host("n[-3]").is_err());
     }
 }

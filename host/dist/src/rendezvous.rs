@@ -497,7 +497,13 @@ mod tests {
                 std::thread::spawn(move || {
                     let w = rendezvous(&l, &meta("abc"), Duration::from_secs(20)).unwrap();
                     let mut x = vec![l.rank as f32];
-                    w.everyone().unwrap().all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    let g = w.everyone().unwrap();
+                    g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    // Every connection is to another rank and stays up (none to itself,
+                    // which would end with its listener).
+                    g.barrier().unwrap();
+                    std::thread::sleep(Duration::from_millis(100));
+                    assert_eq!(w.failure(), None, "rank {}", l.rank);
                     x[0]
                 })
             })
@@ -683,12 +689,52 @@ mod tests {
         serde_json::to_string(&Hello { rank, world, meta: meta("a"), port: 1 }).unwrap() + "\n"
     }
 
+    /// Rank 0 reading hellos by hand: a rank claimed twice is refused as such; a hello
+    /// cut short by its connection's end (valid JSON, no newline) is not seated, so the
+    /// real rank that comes next meets.
+    #[test]
+    fn rank_0_seats_whole_hellos_of_distinct_ranks() {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 3, port), &meta("a"), Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string()));
+        let answers: Vec<String> = (0..2)
+            .map(|_| {
+                let mut s = connect_until_up(port);
+                std::io::Write::write_all(&mut s, hello_json(1, 3).as_bytes()).unwrap();
+                s
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|mut s| {
+                let mut a = String::new();
+                let _ = std::io::Read::read_to_string(&mut s, &mut a);
+                a
+            })
+            .collect();
+        for a in answers.iter().chain([&zero.join().unwrap().unwrap_err()]) {
+            assert!(a.contains("two processes claim rank 1 of 3"), "{a}");
+        }
+
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ()));
+        let mut cut = connect_until_up(port);
+        std::io::Write::write_all(&mut cut, hello_json(1, 2).trim_end().as_bytes()).unwrap();
+        cut.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut rest = String::new();
+        let _ = std::io::Read::read_to_string(&mut cut, &mut rest);
+        assert_eq!(rest, "", "rank 0 answered a cut hello");
+        let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ());
+        assert!(one.is_ok() && zero.join().unwrap().is_ok(), "{one:?}");
+    }
+
     /// A hello naming a rank beyond the world is refused as that, not as a duplicate.
     #[test]
     fn a_rank_beyond_the_world_is_named() {
-        let (answer, zero) = hello_to_rank_0(2, hello_json(5, 2));
-        assert!(answer.contains("rank 5 is not below the world size 2"), "{answer}");
-        assert!(zero.unwrap_err().contains("rank 5 is not below the world size 2"));
+        for rank in [2, 5] {
+            let (answer, zero) = hello_to_rank_0(2, hello_json(rank, 2));
+            let want = format!("rank {rank} is not below the world size 2");
+            assert!(answer.contains(&want), "{answer}");
+            assert!(zero.unwrap_err().contains(&want));
+        }
         let (answer, zero) = hello_to_rank_0(2, hello_json(1, 3));
         assert!(answer.contains("rank 1 was launched with a world of 3, rank 0 with 2"), "{answer}");
         assert!(zero.is_err());
@@ -771,6 +817,15 @@ mod tests {
         let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
         assert!(start.elapsed() < Duration::from_secs(3) && e.to_string().contains("rank 1 came after"), "{:?}: {e}", start.elapsed());
         drop(silent);
+        // A line without end is hung up on at its limit, not read for the whole wait.
+        let mut flood = connect_until_up(port);
+        let start = Instant::now();
+        let chunk = vec![b'x'; 1 << 16];
+        let cut = (0..64).any(|_| std::io::Write::write_all(&mut flood, &chunk).is_err()) || {
+            flood.set_read_timeout(Some(Duration::from_secs(4))).unwrap();
+            matches!(std::io::Read::read(&mut flood, &mut [0u8; 16]), Ok(0) | Err(_))
+        };
+        assert!(cut && start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
     }
 
     /// The mesh's accept loop ends at its deadline even while connections that never
@@ -796,13 +851,23 @@ mod tests {
         assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
         assert!(e.contains("rank(s) [1] never connected to the mesh within 300ms"), "{e}");
         drop((silent, strays, two));
-        // Ranks 1 and 2 both say theirs: the mesh is whole.
-        let mut one = TcpStream::connect(at).unwrap();
-        std::io::Write::write_all(&mut one, &1u64.to_le_bytes()).unwrap();
-        let mut two = TcpStream::connect(at).unwrap();
-        std::io::Write::write_all(&mut two, &2u64.to_le_bytes()).unwrap();
+        // Ranks 1 and 2 both say theirs: the mesh is whole. Around them, one that claims
+        // this rank's own id (and leaves) and a second rank 2: neither is kept.
+        let says = |id: u64| {
+            let mut s = TcpStream::connect(at).unwrap();
+            std::io::Write::write_all(&mut s, &id.to_le_bytes()).unwrap();
+            s
+        };
+        drop(says(0));
+        let (mut two, mut two_again, one) = (says(2), says(2), says(1));
         let w = connect_mesh(0, &addrs, &mesh, Instant::now() + timeout, timeout).unwrap();
         assert_eq!((w.rank(), w.size()), (0, 3));
-        drop((one, two));
+        two_again.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+        assert!(matches!(std::io::Read::read(&mut two_again, &mut [0u8; 1]), Ok(0)), "the second rank 2 was kept");
+        two.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        assert!(std::io::Read::read(&mut two, &mut [0u8; 1]).is_err(), "the first rank 2 was dropped");
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(w.failure(), None, "a connection claiming rank 0 was taken for a peer");
+        drop((one, two, two_again));
     }
 }
