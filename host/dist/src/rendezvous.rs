@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
-use crate::launch::Launch;
+use crate::launch::{Launch, MAX_WORLD};
 use crate::tcp::TcpWorld;
 
 /// What must be the same on every rank.
@@ -100,7 +100,7 @@ const MAX_HELLO: u64 = 1 << 20;
 /// address (at most 50 bytes in JSON, an IPv6 one in brackets with its port), or a
 /// refusal.
 fn max_answer(n: usize) -> u64 {
-    MAX_HELLO + 64 * n as u64
+    MAX_HELLO.saturating_add((n as u64).saturating_mul(64))
 }
 
 /// One line of at most `max` bytes from `r` into `line`: `Ok(false)` where the peer
@@ -119,6 +119,10 @@ async fn read_line_max(r: &mut (impl AsyncBufRead + Unpin), line: &mut String, m
 pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<TcpWorld, DistError> {
     if launch.rank >= launch.world {
         return Err(rv(format!("rank {} is not below the world size {}", launch.rank, launch.world)));
+    }
+    // As detect() refuses: rank 0 keeps a slot and an address per rank.
+    if launch.world > MAX_WORLD {
+        return Err(rv(format!("a world of {} ranks is more than this runner takes ({MAX_WORLD})", launch.world)));
     }
     let Some((host, port)) = launch.master.clone() else {
         if launch.world > 1 {
@@ -743,6 +747,12 @@ mod tests {
             let e = rendezvous(&launch(rank, world, 1), &meta("a"), Duration::from_millis(100)).unwrap_err().to_string();
             assert!(e.contains(&format!("rank {rank} is not below the world size {world}")), "{e}");
         }
+        // Nor a world whose tables would not fit (before: rank 0 aborted allocating them).
+        for world in [MAX_WORLD + 1, 1 << 40] {
+            let e = rendezvous(&launch(0, world, free_port()), &meta("a"), Duration::from_millis(100)).unwrap_err().to_string();
+            assert!(e.contains(&format!("a world of {world} ranks is more than this runner takes (1048576)")), "{e}");
+        }
+        assert_eq!(max_answer(usize::MAX), u64::MAX);
         let e = rendezvous(&Launch { master: None, ..launch(1, 2, 1) }, &meta("a"), Duration::from_millis(100)).unwrap_err();
         assert!(e.to_string().contains("2 ranks but no address"), "{e}");
     }
