@@ -889,10 +889,8 @@ mod tests {
         let absolute = std::env::temp_dir().join("elsewhere.csv").display().to_string();
         std::fs::write(
             &path,
-            format!(
-                "[model]\nplugin = \"llama3.wasm\"\n[cluster]\nprofile = \"gpus.toml\"\n[precision]\nformat = \"fp8\"\nplugin = \"p/fp8.wasm\"\n\
-                 [cost]\nplugins = [\"c/aws.wasm\", \"gcp.wasm\"]\nprice_file = \"ours.csv\"\n"
-            ),
+            "[model]\nplugin = \"llama3.wasm\"\n[cluster]\nprofile = \"gpus.toml\"\n[precision]\nformat = \"fp8\"\nplugin = \"p/fp8.wasm\"\n\
+             [cost]\nplugins = [\"c/aws.wasm\", \"gcp.wasm\"]\nprice_file = \"ours.csv\"\n",
         )
         .unwrap();
         let run = load(&path).unwrap();
