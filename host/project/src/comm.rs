@@ -303,6 +303,33 @@ mod tests {
         assert_eq!(f.time(OpKind::AllToAll, 8e6, Placement { size: 8, stride: 1 }), 7e6 / 450e9);
     }
 
+    /// Latency: one step per doubling of the ranks, ⌈log2 n⌉ (the α term of the module's
+    /// α–β model), at the domain's latency inside it and the network's across domains;
+    /// an empty buffer costs nothing.
+    #[test]
+    fn latency_grows_with_log2_of_the_ranks() {
+        let f = Fabric { scale_up_bps: f64::INFINITY, scale_out_bps: f64::INFINITY, scale_out_a2a_bps: f64::INFINITY, scale_up_latency_s: 1e-6, scale_out_latency_s: 1e-5, ..h100() };
+        for (n, steps) in [(2u32, 1.0), (3, 2.0), (4, 2.0), (5, 3.0), (8, 3.0)] {
+            assert_eq!(f.time(OpKind::AllReduce, 1e6, Placement { size: n, stride: 1 }), steps * 1e-6, "{n} ranks in a node");
+        }
+        // 16 ranks, one per node: 4 steps over the network.
+        assert_eq!(f.time(OpKind::AllGather, 1e6, Placement { size: 16, stride: 8 }), 4.0 * 1e-5);
+        assert_eq!(f.time(OpKind::AllReduce, 0.0, Placement { size: 8, stride: 1 }), 0.0);
+    }
+
+    /// Across domains a ring per NIC (rail) carries the bus bytes at members-per-domain x
+    /// the NIC rate, but never faster than a GPU's NVLink feeds it (SimAI's `calbusbw`,
+    /// github:aliyun/SimAI): with 100 GB/s NICs, 8 members per node would reach 800 GB/s,
+    /// above NVLink's 450, which bounds them; 2 per node reach 200.
+    #[test]
+    fn rings_across_domains_are_bound_by_nvlink_or_the_nics() {
+        let f = Fabric { scale_out_bps: 100e9, ..h100() };
+        let t = f.time(OpKind::AllReduce, 1e9, Placement { size: 16, stride: 1 });
+        assert!((t - 2.0 * 15.0 / 16.0 * 1e9 / 450e9).abs() < 1e-12, "{t}");
+        let t = f.time(OpKind::AllReduce, 1e9, Placement { size: 16, stride: 4 });
+        assert!((t - 2.0 * 15.0 / 16.0 * 1e9 / 200e9).abs() < 1e-12, "{t}");
+    }
+
     #[test]
     fn a_group_of_one_moves_nothing() {
         assert_eq!(h100().time(OpKind::AllReduce, 1e9, Placement { size: 1, stride: 4 }), 0.0);
