@@ -539,6 +539,28 @@ mod tests {
         }
     }
 
+    /// Rank counts that are not powers of two: the fit counts ⌈log2 n⌉ latency steps per
+    /// call, as the projection's α–β law does (comm.rs), so a sweep of 6 ranks on a node
+    /// (3 steps) or of 24 over 3 nodes (5 steps) is fitted back to the true per-step
+    /// latency, not to 3/2 or 5/4 of it.
+    #[test]
+    fn rank_counts_between_powers_of_two_keep_the_per_step_latency() {
+        let truth = with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+            e.scale_out = 0.61;
+            e.scale_out_latency_us = 11.0;
+        });
+        let f = fit_collectives(&rows(&truth, 6, 1, &["all_reduce", "all_gather"]), &h100(), None, "coll.json").unwrap();
+        assert_eq!((f.tier, f.local), (Tier::ScaleUp, 6));
+        assert!((f.efficiency.scale_up_latency_us - 4.2).abs() < 1e-6, "{:?}", f.params);
+        assert!((f.efficiency.scale_up - 0.73).abs() < 1e-9, "{:?}", f.params);
+        let f = fit_collectives(&rows(&truth, 24, 3, &["all_reduce", "reduce_scatter"]), &h100(), None, "coll.json").unwrap();
+        assert_eq!((f.tier, f.local), (Tier::ScaleOut, 8));
+        assert!((f.efficiency.scale_out_latency_us - 11.0).abs() < 1e-3, "{:?}", f.params);
+        assert!((f.efficiency.scale_out - 0.61).abs() < 1e-6, "{:?}", f.params);
+    }
+
     /// Real sweeps are noisy: with every time off by up to ±5 % (a fixed pattern, no
     /// seed to drift), the fit still lands within 1.5 % of the true bandwidth efficiency
     /// and 3 % of the true per-step latency, on one node and across nodes (measured:
@@ -624,6 +646,14 @@ mod tests {
         bad(&text.replacen("\"op\":\"all_reduce\"", "\"op\":\"allreduce2\"", 1), "allreduce2");
         bad(&text.replacen("\"ranks\":8", "\"ranks\":4", 1), "bus factor");
         bad(&text.replacen(",\"nodes\":1", "", 1), "nodes");
+        // nccl-tests prints busbw to two decimals: a rounded value is the row as written, a
+        // value 3 % off is an edited row (the check allows 1 %).
+        let mut rounded = good.clone();
+        rounded[1].busbw_gbps = (rounded[1].busbw_gbps * 100.0).round() / 100.0;
+        assert!(parse(&serde_json::to_string(&rounded).unwrap(), "coll.json").is_ok());
+        let mut edited = good.clone();
+        edited[1].busbw_gbps *= 1.03;
+        bad(&serde_json::to_string(&edited).unwrap(), "busbw_gbps");
         let mut mixed = good.clone();
         mixed[2].device = "cuda:0 (NVIDIA B200)".into();
         bad(&serde_json::to_string(&mixed).unwrap(), "mixes runs");
