@@ -14,7 +14,7 @@ use runner_project::calibrate;
 use runner_project::depth;
 use runner_graph::peft::{Lora, LoraTargets};
 use runner_project::model::{GraphSource, Model, TrainedSource, Training};
-use runner_project::precision::{Plan, Recipe};
+use runner_project::precision::{Plan, Recipe, SiteFormats};
 use runner_project::profile::{GpuProfile, Profiles};
 use runner_project::project::Projector;
 use runner_project::published::{self, Resolver};
@@ -1251,4 +1251,45 @@ fn low_precision_weights_keep_their_row_wise_and_transposed_casts() {
     assert!((fp8 * 1024f64.powi(3) / (2.0 * elems) - 1.0).abs() < 0.01, "{fp8} GiB for {elems} elements per GPU");
     let dist = LayoutSpec { distributed_optimizer: true, ..l };
     assert!((weights(Recipe::Fp8Cs, &dist) - weights(Recipe::Bf16, &dist)).abs() < 1e-9, "FP8 parameters: 2 bytes for 2");
+}
+
+/// The built-in plans run every linear inside the transformer layers in the recipe's
+/// format and keep in BF16 what Transformer Engine and Megatron's recipes keep there:
+/// the embedding and every vocabulary-parallel output head (the MTP module's too), and
+/// the MoE routers' GEMMs (DeepSeek-V3 report §3.3); NVFP4 also keeps the last four
+/// transformer layers (Megatron-Bridge's NVFP4 recipe), not the first.
+#[test]
+fn builtin_plans_keep_heads_routers_and_the_nvfp4_tail_in_bf16() {
+    use runner_project::profile::GemmFormat;
+    let (_, mut src) = common::Native.resolve("deepseek-tiny", 256).unwrap();
+    let g = src.graph(1).unwrap();
+    let router_inputs: Vec<usize> = g.ops.iter().filter(|o| o.kind == OpKind::Router).map(|o| o.inputs[0]).collect();
+    let gemms: Vec<_> = g.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)).collect();
+    let is_router = |o: &&runner_graph::Op| o.outputs.iter().any(|t| router_inputs.contains(t));
+    let is_head = |o: &&runner_graph::Op| o.role == Role::VocabParallel;
+    assert!(gemms.iter().any(is_router), "the case the test means: a router GEMM");
+    assert!(gemms.iter().any(|o| is_head(o) && o.layer >= 0), "the case the test means: an MTP head");
+    let fp8 = Plan::builtin(Recipe::Fp8, &g);
+    for o in &gemms {
+        let want = if is_router(o) || is_head(o) || o.layer < 0 { GemmFormat::Bf16 } else { GemmFormat::Fp8 };
+        assert_eq!(fp8.formats(&o.name), [want; 3], "{} (layer {})", o.name, o.layer);
+    }
+    // NVFP4 over Llama 3.1 8B's 32 layers.
+    let (_, mut src) = common::Native.resolve("llama3.1-8b", 256).unwrap();
+    let g = src.graph(1).unwrap();
+    let d = depth::analyse(&g);
+    let nvfp4 = Plan::builtin(Recipe::Nvfp4, &g);
+    let layer_format = |p: usize| {
+        let names = &d.gemm_names[p];
+        assert!(!names.is_empty());
+        let f: Vec<SiteFormats> = names.iter().map(|n| nvfp4.formats(n)).collect();
+        assert!(f.windows(2).all(|w| w[0] == w[1]), "layer {p}: {f:?}");
+        f[0][0]
+    };
+    let n = d.len();
+    assert!(n > 4, "{n} layers");
+    for p in 0..n {
+        let want = if p + 4 >= n { GemmFormat::Bf16 } else { GemmFormat::Nvfp4 };
+        assert_eq!(layer_format(p), want, "layer {p} of {n}");
+    }
 }
