@@ -41,6 +41,11 @@ fn graph_v(n: usize, v: u64) -> impl FnMut(u32) -> Result<Graph, String> {
 /// The toy graph with `n` layers over a vocabulary of `v`, the head reading the
 /// embedding's table where `tied`.
 fn graph_with(n: usize, v: u64, tied: bool) -> impl FnMut(u32) -> Result<Graph, String> {
+    graph_frozen(n, v, tied, 0)
+}
+
+/// The toy graph whose first `frozen` layers' weights are frozen (a fine-tune's).
+fn graph_frozen(n: usize, v: u64, tied: bool, frozen: usize) -> impl FnMut(u32) -> Result<Graph, String> {
     move |mb: u32| -> Result<Graph, String> {
         let b = u64::from(mb);
         let ten = |name: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: name.into(), shape: s, dtype: d, kind: k };
@@ -67,7 +72,8 @@ fn graph_with(n: usize, v: u64, tied: bool) -> impl FnMut(u32) -> Result<Graph, 
         let mut ops = vec![op("embed", OpKind::Embedding, &["tokens", "table"], &["x0"], -1, Role::VocabParallel)];
         for i in 0..n {
             let (w, x, y) = (format!("w{i}"), format!("x{i}"), format!("x{}", i + 1));
-            tensors.push(ten(&w, vec![C, C], DType::BF16, TensorKind::Weight));
+            let kind = if i < frozen { TensorKind::Frozen } else { TensorKind::Weight };
+            tensors.push(ten(&w, vec![C, C], DType::BF16, kind));
             tensors.push(ten(&y, vec![b, T, C], DType::BF16, TensorKind::Activation));
             ops.push(op(&format!("layers.{i}.fc"), OpKind::Linear, &[&x, &w], &[&y], i as i32, Role::ColumnParallel));
         }
@@ -192,6 +198,12 @@ fn memory_per_parameter_follows_mixed_precision_adam() {
     close(p.memory.weights * GIB, 2.0 * n, "weights");
     close(p.memory.gradients * GIB, 2.0 * n, "gradients");
     close(p.memory.optimizer * GIB, 12.0 * n, "optimizer state");
+    // The total adds the activations and what the profile reserves (context, NCCL,
+    // workspaces) to the model state.
+    let reserved = gpu(1e12).efficiency.reserved_gib;
+    assert!(reserved > 0.0);
+    let m = &p.memory;
+    close(m.total, m.weights + m.gradients + m.optimizer + m.activations + reserved, "total");
     let mut l = plain(1, 1, 2, 8);
     l.grad_fp32 = true;
     let p = pr.project(&l).unwrap();
@@ -500,4 +512,52 @@ fn offloaded_activations_cost_what_the_host_link_cannot_hide() {
     assert_eq!((without.memory.stage, p.memory.stage), (0, 0));
     close(p.memory.activations * GIB, without.memory.activations * GIB - 2.0 * bytes + bytes, "two micro-batches' layer leave, one copy stays");
     close(p.memory.host_offload * GIB, 2.0 * bytes, "the host holds the two in flight");
+}
+
+
+/// Frozen weights (a fine-tune's) have no gradient and no optimizer state, only their
+/// BF16 values; FSDP still shards and gathers them with the trained ones (twice per
+/// micro-batch) but reduce-scatters only the trained ones' gradients. One of four layers
+/// frozen, dp = 2, m = 4.
+#[test]
+fn frozen_weights_are_gathered_but_never_reduced() {
+    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let frozen = (C * C) as f64;
+    let trained = params(4) - frozen;
+    let p = pr.project(&plain(1, 1, 2, 8)).unwrap();
+    close(p.memory.weights * GIB, 2.0 * (trained + frozen), "weights");
+    close(p.memory.gradients * GIB, 2.0 * trained, "gradients");
+    close(p.memory.optimizer * GIB, 12.0 * trained, "optimizer state");
+    close(p.comm.dp, ring(true, 2, 2.0 * trained, LINK), "the all-reduce of the trained gradients");
+    let mut l = plain(1, 1, 2, 8);
+    l.fsdp = true;
+    let p = pr.project(&l).unwrap();
+    let gathers = ring(false, 2, 2.0 * trained, LINK) + ring(false, 2, 2.0 * frozen, LINK);
+    close(p.comm.dp, 4.0 * (2.0 * gathers + ring(false, 2, 2.0 * trained, LINK)), "FSDP traffic");
+}
+
+/// Full recompute of the first k layers of each pipeline chunk (Megatron's block method,
+/// recompute_num_layers) repeats those layers' forward in the backward, one more layer's
+/// forward per micro-batch for each layer more: over four layers on one stage, m = 4,
+/// recomputing every layer repeats three layers' forwards more than recomputing one, and
+/// two more than recomputing two. (Differences only: they leave out whatever the head
+/// side adds under full recompute.)
+#[test]
+fn partial_full_recompute_repeats_the_first_layers_of_each_chunk() {
+    use runner_graph::recompute::RecomputePolicy;
+    let mut pr = toy(4, 1e12);
+    let (m, fwd) = (4.0, layer_s() / 3.0);
+    let mut recompute = |k: u32| {
+        let mut l = plain(1, 1, 1, 4);
+        l.recompute = RecomputePolicy::Full;
+        l.recompute_layers = k;
+        pr.project(&l).unwrap().breakdown.recompute
+    };
+    let (every, one, two) = (recompute(0), recompute(1), recompute(2));
+    close(every - one, m * 3.0 * fwd, "every layer against the first one");
+    close(every - two, m * 2.0 * fwd, "every layer against the first two");
+    close(recompute(4), every, "all four layers of the chunk");
 }
