@@ -510,6 +510,9 @@ struct StageParams {
     /// Muon's Newton-Schulz FLOPs over them (the weights Muon updates).
     ns_dense: f64,
     ns_expert: f64,
+    /// Trained dense weights of the embedding and the output layer (and a tied copy):
+    /// AdamW's under Muon, whose 2D-matrix updates are for the layers' weights.
+    side: f64,
 }
 
 impl LayerCost {
@@ -998,24 +1001,33 @@ impl Costed {
             self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
             self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
         }
+        // The embedding and the output layer with the loss sit outside the layers full
+        // recompute checkpoints (Megatron-Core's TransformerBlock checkpoints its layers;
+        // the GPTModel's embedding and output_layer run once): their forward is never
+        // repeated, and their stored activations are counted so (`runner_graph::recompute`
+        // keeps what no layer owns). Selective recompute's modules are added apart.
+        let edge = policy_index(RecomputePolicy::None);
         for (st, stage) in stages.iter_mut().enumerate() {
             if st == 0 {
                 let rc = self.pre.selective(&selective).0;
-                add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], base, ov);
+                add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], edge, ov);
+                stage.params.side += self.pre.dense;
                 stage.comp[1] += rc;
-                stage.t += self.pre_row[TIME + 4 * base + ov] + rc;
+                stage.t += self.pre_row[TIME + 4 * edge + ov] + rc;
                 stage.fwd += self.pre_row[FWD];
                 stage.bwd += self.pre_row[BWD];
             }
             if st == pp - 1 {
                 let rc = self.post.selective(&selective).0;
-                add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], base, ov);
+                add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], edge, ov);
+                stage.params.side += self.post.dense;
                 stage.comp[1] += rc;
-                stage.t += self.post_row[TIME + 4 * base + ov] + rc;
+                stage.t += self.post_row[TIME + 4 * edge + ov] + rc;
                 stage.fwd += self.post_row[FWD];
                 stage.bwd += self.post_row[BWD];
                 if pp > 1 {
                     stage.params.dense += self.tied;
+                    stage.params.side += self.tied;
                     stage.params.frozen += self.tied_frozen;
                 }
             }
@@ -1037,7 +1049,7 @@ impl Costed {
             (0.0, 0.0)
         };
         // Data parallelism over the critical stage's parameters.
-        let StageParams { dense, expert, frozen, ns_dense, ns_expert, low_trained, .. } = stages[crit].params;
+        let StageParams { dense, expert, frozen, ns_dense, ns_expert, low_trained, side, .. } = stages[crit].params;
         let dpg = Placement { size: dp.saturating_mul(key.cp), stride: key.tp };
         let edp = saturate(stage_gpus / expert_ranks);
         let edpg = Placement { size: edp, stride: saturate(expert_ranks) };
@@ -1176,12 +1188,15 @@ impl Costed {
         // Muon: each rank updates the weights it owns, fp32 master and momentum read and
         // written, the gradient read and the BF16 weight written (22 B), and
         // orthogonalises their momentum (Newton-Schulz in BF16 GEMMs,
-        // `muon_fp32_matmul_prec = "medium"`).
+        // `muon_fp32_matmul_prec = "medium"`); the embedding and the output layer take
+        // AdamW's 28 B.
         let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer || muon { n / f64::from(g.max(1)) } else { n };
         let local = shard(dense, dp * key.cp) + shard(expert, edp);
         let optimizer = if muon {
             let ns = shard(ns_dense, dp * key.cp) + shard(ns_expert, edp);
-            (22.0 * local + 8.0 * (dense + expert)) / self.rates.hbm + self.rates.gemm(ns, ns, 0.0, crate::profile::GemmFormat::Bf16)
+            let adamw = shard(side, dp * key.cp);
+            (22.0 * (local - adamw) + 28.0 * adamw + 8.0 * (dense + expert)) / self.rates.hbm
+                + self.rates.gemm(ns, ns, 0.0, crate::profile::GemmFormat::Bf16)
         } else {
             (28.0 * local + 8.0 * (dense + expert)) / self.rates.hbm
         };
@@ -1249,7 +1264,7 @@ impl Costed {
             .fold(0.0, f64::max);
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
-            let StageParams { dense: d, expert: e, frozen: f, low: lw, .. } = *p;
+            let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
             let n_dense = f64::from(dp * key.cp);
             let n_exp = f64::from(edp);
             // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
@@ -1259,9 +1274,10 @@ impl Costed {
                 (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
             } else if s.distributed_optimizer || muon {
                 // Muon's layer-wise optimizer owns whole weights per rank: fp32 master and
-                // momentum, 8 B, for AdamW's 12.
-                let state = if muon { 8.0 } else { 12.0 };
-                (2.0 * (d + e + f), gb * (d + e), state * (d / n_dense + e / n_exp))
+                // momentum, 8 B, for AdamW's 12, which the embedding and the output layer
+                // keep.
+                let o = if muon { 8.0 * ((d - side) / n_dense + e / n_exp) + 12.0 * side / n_dense } else { 12.0 * (d / n_dense + e / n_exp) };
+                (2.0 * (d + e + f), gb * (d + e), o)
             } else {
                 (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
             };

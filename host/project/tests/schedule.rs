@@ -542,9 +542,11 @@ fn frozen_weights_are_gathered_but_never_reduced() {
 /// Full recompute of the first k layers of each pipeline chunk (Megatron's block method,
 /// recompute_num_layers) repeats those layers' forward in the backward, one more layer's
 /// forward per micro-batch for each layer more: over four layers on one stage, m = 4,
-/// recomputing every layer repeats three layers' forwards more than recomputing one, and
-/// two more than recomputing two. (Differences only: they leave out whatever the head
-/// side adds under full recompute.)
+/// recomputing every layer repeats four layers' forwards per micro-batch, one layer one.
+/// The head (and the embedding) sit outside the checkpointed layers (Megatron-Core's
+/// TransformerBlock checkpoints its layers; GPTModel's output_layer and loss run once):
+/// their forward is never repeated (it was: every layer charged 12 layer-forwards per
+/// micro-batch here, the head being worth 8).
 #[test]
 fn partial_full_recompute_repeats_the_first_layers_of_each_chunk() {
     use runner_graph::recompute::RecomputePolicy;
@@ -557,6 +559,8 @@ fn partial_full_recompute_repeats_the_first_layers_of_each_chunk() {
         pr.project(&l).unwrap().breakdown.recompute
     };
     let (every, one, two) = (recompute(0), recompute(1), recompute(2));
+    close(every, m * 4.0 * fwd, "every layer, and not the head");
+    close(one, m * fwd, "the first layer");
     close(every - one, m * 3.0 * fwd, "every layer against the first one");
     close(every - two, m * 2.0 * fwd, "every layer against the first two");
     close(recompute(4), every, "all four layers of the chunk");
