@@ -233,8 +233,11 @@ pub fn kept_by(g: &Graph) -> Vec<Kept> {
     for (i, op) in g.ops.iter().enumerate() {
         for t in reads(op, &need[i]) {
             let slot = op.inputs.iter().position(|&x| x == t).unwrap_or(usize::MAX);
+            // Ops come in order, so this op's entries are the list's last: only those can
+            // repeat (an op reading one tensor twice). Scanning the whole list made a
+            // tensor read by n ops cost n^2.
             if let Some(&k) = at.get(&gather_source(&producer, t))
-                && !out[k].by.contains(&(i, slot))
+                && !out[k].by.iter().rev().take_while(|&&(j, _)| j == i).any(|&e| e == (i, slot))
             {
                 out[k].by.push((i, slot));
             }

@@ -244,6 +244,9 @@ pub enum Place {
 pub fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
     let mut places = Vec::with_capacity(g.ops.len());
     let mut layers = Vec::new();
+    // Layers met so far: a plugin numbers layers as it likes (a million ops each in its
+    // own layer took a scan of the list per op, 5·10^11 comparisons: a hang).
+    let mut listed: FxHashSet<i32> = FxHashSet::default();
     let mut seen_layer = false;
     let mut post = false;
     for op in &g.ops {
@@ -258,7 +261,7 @@ pub fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
             }
         } else {
             seen_layer = true;
-            if layers.last() != Some(&op.layer) && !layers.contains(&op.layer) {
+            if listed.insert(op.layer) {
                 layers.push(op.layer);
             }
             Place::Layer(op.layer)
