@@ -471,4 +471,114 @@ mod tests {
         assert!(Convention::FULL.to_string().contains("non-causal"));
         assert!(Convention::CAUSAL.to_string().contains("causal T/2"));
     }
+
+    /// Attention FLOPs by hand, 2·B·H·T·T_eff·(D + Dv), under each convention: B 1, H 2,
+    /// D 4, Dv 8. A non-causal op counts every key under either convention (a window's
+    /// keys when windowed); under context parallelism q holds T/cp tokens and the keys are
+    /// the gathered T, of which a causal query sees T/2 on average (load-balanced cp).
+    #[test]
+    fn attention_flops_by_convention_by_hand() {
+        let attn = |tq: u64, tk: u64, causal: Option<bool>, window: i64, cp: i64| {
+            let mut attrs = vec![("window", Attr::Int(window)), ("scale", Attr::Float(0.5)), ("cp", Attr::Int(cp))];
+            if let Some(c) = causal {
+                attrs.push(("causal", Attr::Flag(c)));
+            }
+            let g = Graph::new(
+                vec![
+                    t("q", &[1, tq, 2, 4], BF16, Input),
+                    t("k", &[1, tk, 2, 4], BF16, Input),
+                    t("v", &[1, tk, 2, 8], BF16, Input),
+                    t("o", &[1, tq, 2, 8], BF16, Activation),
+                ],
+                vec![op("a", OpKind::Attention, &["q", "k", "v"], &["o"], &attrs, 0)],
+                "o",
+            )
+            .unwrap();
+            if causal.is_some() {
+                let e = crate::validate::validate(&g).unwrap_err().to_string();
+                assert!(e.contains("(loss)"), "the op is valid, the graph has no loss: {e}");
+            }
+            let f = |c| op_cost(&g, &g.ops[0], c).fwd_flops;
+            (f(AttentionFlops::Full), f(AttentionFlops::CausalHalved))
+        };
+        let hand = |tq: f64, te: f64| 2.0 * 2.0 * tq * te * (4.0 + 8.0);
+        assert_eq!(attn(8, 8, Some(true), 0, 1), (hand(8.0, 8.0), hand(8.0, 4.0)));
+        assert_eq!(attn(8, 8, Some(false), 0, 1), (hand(8.0, 8.0), hand(8.0, 8.0)), "non-causal: every key");
+        assert_eq!(attn(8, 8, Some(false), 4, 1), (hand(8.0, 4.0), hand(8.0, 4.0)), "non-causal window: w keys");
+        assert_eq!(attn(8, 8, Some(true), 8, 1), (hand(8.0, 8.0), hand(8.0, 4.0)), "a window of T is no window");
+        assert_eq!(attn(4, 8, Some(true), 0, 2), (hand(4.0, 8.0), hand(4.0, 4.0)), "cp 2: T/2 of the gathered 8 keys");
+        assert_eq!(attn(8, 8, None, 0, 1).1, hand(8.0, 4.0), "causal unless flagged otherwise");
+        // Backward twice the forward (dQ, dK, dV, dP): a step is 3x.
+        let g = graph(0);
+        let c = op_cost(&g, &g.ops[1], AttentionFlops::Full);
+        assert_eq!((c.bwd_flops, c.matrix), (2.0 * c.fwd_flops, true));
+    }
+
+    /// A frozen weight (a LoRA fine-tune's base) has no weight gradient: its GEMM's
+    /// backward is the input gradient alone, 1x the forward (the 2/3-of-training
+    /// convention of NeMo's LoRA MFU), and it counts in the total parameters but not the
+    /// trainable ones. An embedding costs no FLOPs, reads its token ids and the gathered
+    /// rows and writes them (never the rest of the table), and its table counts as
+    /// embedding parameters.
+    #[test]
+    fn frozen_gemms_and_embeddings_by_hand() {
+        let g = Graph::new(
+            vec![
+                t("tok", &[2, 3], I32, Input),
+                t("tgt", &[2, 3], I32, Input),
+                t("table", &[100, 8], BF16, Weight),
+                t("e", &[2, 3, 8], BF16, Activation),
+                t("wf", &[5, 8], BF16, Frozen),
+                t("y", &[2, 3, 5], BF16, Activation),
+                t("wt", &[10, 5], BF16, Weight),
+                t("logits", &[2, 3, 10], BF16, Activation),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("embed", OpKind::Embedding, &["tok", "table"], &["e"], &[], -1),
+                op("frozen", OpKind::Linear, &["e", "wf"], &["y"], &[], 0),
+                op("head", OpKind::Linear, &["y", "wt"], &["logits"], &[], -1),
+                op("loss", OpKind::CrossEntropy, &["logits", "tgt"], &["loss"], &[], -1),
+            ],
+            "loss",
+        )
+        .unwrap();
+        crate::validate::validate(&g).unwrap();
+        let fwd = 2.0 * 6.0 * 5.0 * 8.0;
+        let c = op_flops(&g, &g.ops[1]);
+        assert_eq!((c.fwd_flops, c.bwd_flops), (fwd, fwd));
+        let c = op_flops(&g, &g.ops[2]);
+        assert_eq!((c.fwd_flops, c.bwd_flops), (2.0 * 6.0 * 10.0 * 5.0, 2.0 * 2.0 * 6.0 * 10.0 * 5.0));
+        let e = op_flops(&g, &g.ops[0]);
+        assert_eq!((e.fwd_flops, e.bwd_flops, e.matrix), (0.0, 0.0, false));
+        assert_eq!(e.bytes, 6.0 * 4.0 + 2.0 * 6.0 * 8.0 * 2.0, "token ids, then 6 rows of 8 bf16 read and written");
+        let p = params(&g);
+        assert_eq!((p.total, p.trainable, p.embedding, p.active), (800 + 40 + 50, 800 + 50, 800, 800 + 40 + 50));
+        // The loss's work is per logit: twice the vocabulary, twice the cross-entropy's.
+        let ce = op_flops(&g, &g.ops[3]).fwd_flops;
+        let mut wide = g.clone();
+        wide.tensors[7].shape = vec![2, 3, 20];
+        wide.tensors[6].shape = vec![20, 5];
+        assert_eq!(op_flops(&wide, &wide.ops[3]).fwd_flops, 2.0 * ce);
+    }
+
+    /// A token uses at most every expert: indices that name 8 experts per token of an
+    /// expert weight of 4 (a graph input, no router's top-k to read) make the whole weight
+    /// active, never twice it.
+    #[test]
+    fn active_params_are_at_most_all() {
+        let g = Graph::new(
+            vec![
+                t("xs", &[24, 8], BF16, Input),
+                t("idx", &[3, 8], I32, Input),
+                t("ew", &[4, 6, 8], BF16, Weight),
+                t("ys", &[24, 6], BF16, Activation),
+            ],
+            vec![op("experts", OpKind::GroupedLinear, &["xs", "ew", "idx"], &["ys"], &[], 0)],
+            "ys",
+        )
+        .unwrap();
+        let p = params(&g);
+        assert_eq!((p.total, p.active), (192, 192));
+    }
 }

@@ -477,8 +477,13 @@ mod tests {
         assert!(even.megatron_flags(126, 8, 1).unwrap_err().contains("do not divide by pp=8"));
         assert!(both.megatron_flags(126, 8, 8).is_ok());
         assert!(PipelineSplit::megatron(true, false).megatron_flags(80, 3, 1).is_ok());
-        // Without a pipeline anything builds; counts above one need a layout string.
+        // Without a pipeline anything builds (nothing is split, whatever is counted);
+        // counts above one need a layout string.
         assert!(even.megatron_flags(7, 1, 1).is_ok());
+        assert!(PipelineSplit { embedding: 0, loss: 3 }.megatron_flags(61, 1, 1).is_ok());
+        // Each stage's share divides by vp, vp = 2 included: 12 layers on PP4 are 3 a stage.
+        assert!(even.megatron_flags(12, 4, 2).unwrap_err().contains("the 3 layers of each of the 4 stages do not divide by vp=2"));
+        assert!(even.megatron_flags(16, 4, 2).is_ok());
         assert!(PipelineSplit { embedding: 0, loss: 3 }.megatron_flags(61, 4, 4).unwrap_err().contains("one at most"));
         // The choices, the even split first.
         assert_eq!(PipelineSplit::megatron_choices(80, 3, 1), vec![PipelineSplit::megatron(true, false), PipelineSplit::megatron(false, true)]);
@@ -536,5 +541,12 @@ mod tests {
         assert!(err("Et|ttt|t|tL", 6).contains("not an even split"));
         // Megatron-Bridge's Llama 3 70B H100 layout puts three layers mid-pipeline.
         assert!(err("Et*2|(t*2|)*34,t*3|(t*2|)*3,tL", 80).contains("not an even split"));
+        // The grammar of PipelineParallelLayerLayout: the loss closes the last chunk (an L
+        // before its end is refused, also when another L closes it), the layout ends
+        // with L, repetitions do not nest and repeat something.
+        assert!(err("Et|tLL", 2).contains("L (the loss) must close the last chunk"));
+        assert!(err("Et|tt", 3).contains("must start with E (the embedding) and end with L (the loss)"));
+        assert!(err("E(t(t|)*2)*2L", 0).contains("nested parentheses"));
+        assert!(err("E()*3|tL", 1).contains("an empty or oversized repetition"));
     }
 }

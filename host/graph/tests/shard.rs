@@ -570,3 +570,68 @@ fn an_activation_kept_by_many_ops_is_listed_in_one_pass() {
     assert_eq!((by[0], by[n - 1]), ((2, 0), (2 * n, 0)), "(op, input slot) in op order");
     assert!(took.as_secs_f64() < 2.0, "kept_by of {n} readers took {took:?}");
 }
+
+/// What a Llama-style layer keeps for the backward with no recompute, by the list of
+/// recompute.rs (Korthikanti et al. 2022 §4, flash attention, no dropout): the norm its
+/// input, each GEMM its input (q, k, v share theirs; the output projection's is the
+/// attention output), attention q, k, v and its output, SwiGLU both inputs, the loss its
+/// logits; the residual adds and the weights nothing. B 1, T 2, C 4, 2 heads of 2, FFN 8,
+/// V 16, bf16: 8 + 8 + 3·8 + 8 + 8 + 16 + 16 + 16 + 8 + 32 = 144 elements, 288 bytes.
+#[test]
+fn a_swiglu_layer_keeps_korthikantis_tensors() {
+    use runner_graph::{Attr, DType, NamedOp, Role, Tensor};
+    let t = |name: &str, shape: &[u64], kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype: DType::BF16, kind };
+    let (w, a) = (TensorKind::Weight, TensorKind::Activation);
+    let tensors = vec![
+        Tensor { dtype: DType::I32, ..t("tok", &[1, 2], TensorKind::Input) },
+        Tensor { dtype: DType::I32, ..t("tgt", &[1, 2], TensorKind::Input) },
+        t("emb.w", &[16, 4], w), t("e", &[1, 2, 4], a), t("nw", &[4], w), t("n", &[1, 2, 4], a),
+        t("wq", &[4, 4], w), t("wk", &[4, 4], w), t("wv", &[4, 4], w),
+        t("q", &[1, 2, 2, 2], a), t("k", &[1, 2, 2, 2], a), t("v", &[1, 2, 2, 2], a), t("att", &[1, 2, 2, 2], a),
+        t("wo", &[4, 4], w), t("y", &[1, 2, 4], a), t("r", &[1, 2, 4], a),
+        t("wg", &[8, 4], w), t("wu", &[8, 4], w), t("g", &[1, 2, 8], a), t("u", &[1, 2, 8], a), t("s", &[1, 2, 8], a),
+        t("wd", &[4, 8], w), t("d", &[1, 2, 4], a), t("h", &[1, 2, 4], a),
+        t("wh", &[16, 4], w), t("logits", &[1, 2, 16], a), Tensor { dtype: DType::F32, ..t("loss", &[], a) },
+    ];
+    let op = |name: &str, kind, i: &[&str], o: &[&str], attrs: &[(&str, Attr)], layer| NamedOp::of(name, kind, i, o, attrs, layer, Role::Replicated);
+    let attn = [("causal", Attr::Flag(true)), ("window", Attr::Int(0)), ("scale", Attr::Float(0.5))];
+    let ops = vec![
+        op("embed", OpKind::Embedding, &["tok", "emb.w"], &["e"], &[], -1),
+        op("norm", OpKind::RmsNorm, &["e", "nw"], &["n"], &[("eps", Attr::Float(1e-5))], 0),
+        op("q", OpKind::Linear, &["n", "wq"], &["q"], &[], 0),
+        op("k", OpKind::Linear, &["n", "wk"], &["k"], &[], 0),
+        op("v", OpKind::Linear, &["n", "wv"], &["v"], &[], 0),
+        op("attn", OpKind::Attention, &["q", "k", "v"], &["att"], &attn, 0),
+        op("o", OpKind::Linear, &["att", "wo"], &["y"], &[], 0),
+        op("res1", OpKind::Add, &["e", "y"], &["r"], &[], 0),
+        op("gate", OpKind::Linear, &["r", "wg"], &["g"], &[], 0),
+        op("up", OpKind::Linear, &["r", "wu"], &["u"], &[], 0),
+        op("act", OpKind::SwiGlu, &["g", "u"], &["s"], &[], 0),
+        op("down", OpKind::Linear, &["s", "wd"], &["d"], &[], 0),
+        op("res2", OpKind::Add, &["r", "d"], &["h"], &[], 0),
+        op("head", OpKind::Linear, &["h", "wh"], &["logits"], &[], -1),
+        op("ce", OpKind::CrossEntropy, &["logits", "tgt"], &["loss"], &[], -1),
+    ];
+    let g = Graph::new(tensors, ops, "loss").unwrap();
+    validate(&g).unwrap();
+    assert_eq!(recompute::stored_bytes(&g, RecomputePolicy::None), 288.0);
+    let kept = recompute::kept_by(&g);
+    let names: BTreeSet<&str> = kept.iter().map(|k| g.tensor(k.tensor).name.as_str()).collect();
+    assert_eq!(names, ["e", "n", "q", "k", "v", "att", "r", "g", "u", "s", "h", "logits"].into_iter().collect());
+    // The attention output is kept by attention itself (an output: slot usize::MAX) and by
+    // the output projection (its input 0).
+    let att = kept.iter().find(|k| g.tensor(k.tensor).name == "att").unwrap();
+    assert_eq!(att.by, [(5, usize::MAX), (6, 0)]);
+}
+
+/// Micro-batches the first stage holds under 1F1B (Megatron's theoretical_memory_usage.py):
+/// pp of them, times the interleaving penalty 1 + (pp − 1)/(pp·vp), times m/pp when there
+/// are fewer micro-batches than stages.
+#[test]
+fn in_flight_micro_batches_follow_megatrons_memory_model() {
+    let l = |pp: u32, vp: u32, m: u32| Layout { pp, vp, global_batch: m, ..Layout::single(1, m) };
+    assert_eq!(recompute::in_flight_micro_batches(&l(1, 1, 8)), 1.0);
+    assert_eq!(recompute::in_flight_micro_batches(&l(4, 1, 8)), 4.0);
+    assert_eq!(recompute::in_flight_micro_batches(&l(4, 2, 8)), 4.0 * (1.0 + 3.0 / 8.0));
+    assert_eq!(recompute::in_flight_micro_batches(&l(4, 1, 2)), 2.0);
+}
