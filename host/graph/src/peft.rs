@@ -464,6 +464,17 @@ mod tests {
         let once = lora(&mlp(), &Lora { rank: 2, ..Lora::default() }).unwrap();
         let err = lora(&once, &Lora { rank: 2, ..Lora::default() }).unwrap_err().to_string();
         assert!(err.contains("already a tensor"), "{err}");
+        // Nothing to adapt: every linear replicated (no tensor-parallel role), or outside
+        // the transformer layers (layer -1: embedding, head and loss).
+        for (role, layer) in [(Role::Replicated, 0), (Role::ColumnParallel, -1)] {
+            let mut g = mlp();
+            for op in &mut g.ops {
+                op.role = role;
+                op.layer = layer;
+            }
+            let err = lora(&g, &Lora { rank: 2, ..Lora::default() }).unwrap_err().to_string();
+            assert!(err.contains("no column- or row-parallel linear in a transformer layer"), "{role:?} {layer}: {err}");
+        }
     }
 
     /// `linear_qkv` alone adapts the linears that feed the attention core, dense or
