@@ -202,6 +202,15 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// An integer attribute in `min..=max`: one that sizes a buffer (a kernel allocates
+    /// a count per expert) is bounded before anything allocates by it.
+    fn int_in(&self, key: &str, min: i64, max: i64) -> Result<i64, GraphError> {
+        match self.attr(key)? {
+            Attr::Int(v) if (min..=max).contains(v) => Ok(*v),
+            other => self.fail(format!("attribute '{key}' must be an integer in {min}..={max}, is {other:?}")),
+        }
+    }
+
     fn flag(&self, key: &str) -> Result<bool, GraphError> {
         match self.attr(key)? {
             Attr::Flag(v) => Ok(*v),
@@ -296,7 +305,9 @@ impl<'a> Check<'a> {
                 let (x, idx, out) = (i[0], i[1], o[0]);
                 self.dtype(idx, true)?;
                 self.rank(idx, 2, "indices")?;
-                self.int("experts", 1)?;
+                // The dispatch plan counts tokens per expert: 2^62 experts passed and
+                // aborted the process allocating the counts.
+                self.int_in("experts", 1, i64::from(runner_contract::limits::EXPERTS))?;
                 // x may be declared (B,T,C) or as any other view of (N,C); the output fixes C.
                 let (n, c) = (idx.shape[0], last(out));
                 if out.shape != [numel(idx), c] || numel(x) != n.saturating_mul(c) || !has_suffix_product(&x.shape, c) {
@@ -835,6 +846,14 @@ mod tests {
         check("dispatch tokens", disp(&[4, 4, 4], true), Some("holding 6 tokens of C"));
         check("dispatch C not trailing", disp(&[3, 8], true), Some("holding 6 tokens of C"));
         check("dispatch experts", disp(&[2, 3, 4], false), Some("missing attribute 'experts'"));
+        let experts = |e: i64| {
+            let ts: [Decl; 3] = [("x", &[2, 3, 4], BF16, Input), ("idx", &[6, 2], I32, Input), ("xs", &[12, 4], BF16, Activation)];
+            one(&ts, OpKind::MoeDispatch, &["x", "idx"], &["xs"], &[("experts", Attr::Int(e))])
+        };
+        check("dispatch experts at the contract's ceiling", experts(1 << 16), None);
+        check("dispatch experts past it", experts((1 << 16) + 1), Some("attribute 'experts' must be an integer in 1..=65536, is Int(65537)"));
+        check("dispatch experts 2^62", experts(1 << 62), Some("must be an integer in 1..=65536"));
+        check("dispatch experts 0", experts(0), Some("must be an integer in 1..=65536"));
 
         // Grouped linear: x (N·k, K), w (E, Nout, K), indices (N, k) -> (N·k, Nout).
         let grouped = |x: &[u64], y: &[u64]| {
