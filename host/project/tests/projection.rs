@@ -5,11 +5,10 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 
 use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
-use runner_graph::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
+use runner_graph::{DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
 use runner_project::calibrate;
 use runner_project::depth;
 use runner_graph::peft::{Lora, LoraTargets};
@@ -86,15 +85,7 @@ fn hand_computed_step_and_all_reduce() {
     let graph = move |mb: u32| -> Result<Graph, String> {
         let b = u64::from(mb);
         let ten = |n: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: n.into(), shape: s, dtype: d, kind: k };
-        let op = |n: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp {
-            name: n.into(),
-            kind: k,
-            inputs: i.iter().map(|s| s.to_string()).collect(),
-            outputs: o.iter().map(|s| s.to_string()).collect(),
-            attrs: BTreeMap::<String, Attr>::new(),
-            layer,
-            role,
-        };
+        let op = |n: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(n, k, i, o, &[], layer, role);
         Graph::new(
             vec![
                 ten("tokens", vec![b, t], DType::I32, TensorKind::Input),

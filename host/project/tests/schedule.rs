@@ -7,9 +7,8 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 
-use runner_graph::{Attr, DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
+use runner_graph::{DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
 use runner_project::model::{GraphSource, Model};
 use runner_project::precision::{Plan, Recipe};
 use runner_project::profile::{GIB, GpuProfile, Profiles};
@@ -49,15 +48,7 @@ fn graph_frozen(n: usize, v: u64, tied: bool, frozen: usize) -> impl FnMut(u32) 
     move |mb: u32| -> Result<Graph, String> {
         let b = u64::from(mb);
         let ten = |name: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: name.into(), shape: s, dtype: d, kind: k };
-        let op = |name: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp {
-            name: name.into(),
-            kind: k,
-            inputs: i.iter().map(|s| s.to_string()).collect(),
-            outputs: o.iter().map(|s| s.to_string()).collect(),
-            attrs: BTreeMap::<String, Attr>::new(),
-            layer,
-            role,
-        };
+        let op = |name: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(name, k, i, o, &[], layer, role);
         let mut tensors = vec![
             ten("tokens", vec![b, T], DType::I32, TensorKind::Input),
             ten("targets", vec![b, T], DType::I32, TensorKind::Input),
