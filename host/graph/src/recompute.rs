@@ -376,7 +376,9 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
 
     let producer = g.producers();
     let mut last_fwd: Vec<Option<usize>> = vec![None; nt];
-    // Segments (other than the producer's) whose ops read each tensor.
+    // Segments (other than the producer's) whose ops read each tensor, each once: listed
+    // as met, then sorted and deduplicated (a search of the list per reader was quadratic
+    // in a tensor read by many layers).
     let mut seg_readers: Vec<Vec<usize>> = vec![Vec::new(); nt];
     for (oi, op) in g.ops.iter().enumerate() {
         for &t in &op.outputs {
@@ -385,11 +387,15 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
         for &t in &op.inputs {
             last_fwd[t] = Some(oi);
             if let Some(s) = seg_of[oi]
-                && !seg_readers[t].contains(&s)
+                && seg_readers[t].last() != Some(&s)
             {
                 seg_readers[t].push(s);
             }
         }
+    }
+    for readers in &mut seg_readers {
+        readers.sort_unstable();
+        readers.dedup();
     }
     let mut bwd_readers: Vec<Vec<usize>> = vec![Vec::new(); nt];
     for (si, s) in plan.steps.iter().enumerate() {
@@ -457,13 +463,22 @@ pub fn schedule(g: &Graph, plan: &BackwardPlan, policy: RecomputePolicy) -> Reco
         .zip(&trigger_of)
         .map(|(ops, &trigger)| {
             let mut free = vec![Vec::new(); ops.len()];
+            // Each tensor's last reader in the segment, in one pass: a backward scan of
+            // the segment per output was quadratic in a layer's operations (a plugin may
+            // put 60,000 in one layer: 7 s).
+            let mut last_read: std::collections::HashMap<TensorId, usize> = std::collections::HashMap::new();
+            for (pos, &oi) in ops.iter().enumerate() {
+                for &t in &g.ops[oi].inputs {
+                    last_read.insert(t, pos);
+                }
+            }
             for (pos, &oi) in ops.iter().enumerate() {
                 for &t in &g.ops[oi].outputs {
                     let live = !is_dropped[t] && freed_after[t].is_some_and(|si| si >= trigger);
                     if live || is_dropped[t] || t == g.loss {
                         continue;
                     }
-                    let last = ops.iter().rposition(|&r| g.ops[r].inputs.contains(&t)).unwrap_or(pos).max(pos);
+                    let last = last_read.get(&t).copied().unwrap_or(pos).max(pos);
                     free[last].push(t);
                 }
             }
