@@ -196,10 +196,7 @@ impl<'a> Check<'a> {
     }
 
     fn int(&self, key: &str, min: i64) -> Result<i64, GraphError> {
-        match self.attr(key)? {
-            Attr::Int(v) if *v >= min => Ok(*v),
-            other => self.fail(format!("attribute '{key}' must be an integer >= {min}, is {other:?}")),
-        }
+        self.int_in(key, min, i64::MAX)
     }
 
     /// An integer attribute in `min..=max`: one that sizes a buffer (a kernel allocates
@@ -207,6 +204,7 @@ impl<'a> Check<'a> {
     fn int_in(&self, key: &str, min: i64, max: i64) -> Result<i64, GraphError> {
         match self.attr(key)? {
             Attr::Int(v) if (min..=max).contains(v) => Ok(*v),
+            other if max == i64::MAX => self.fail(format!("attribute '{key}' must be an integer >= {min}, is {other:?}")),
             other => self.fail(format!("attribute '{key}' must be an integer in {min}..={max}, is {other:?}")),
         }
     }
