@@ -293,6 +293,8 @@ pub struct Breakdown {
     pub tp: f64,
     pub cp: f64,
     pub ep: f64,
+    /// Pipeline sends, and a tied embedding's gradient all-reduce between the first and
+    /// the last stage.
     pub pp: f64,
     pub dp: f64,
     /// Pipeline fill and drain.
@@ -426,7 +428,8 @@ pub struct GroupPlace {
 /// A step's communication, seconds per part whether hidden or not (the breakdown has what
 /// the step waits for), and where each group of more than one rank sits. Expert tensor
 /// parallelism counts under `ep`, expert gradients under `dp`, as in the breakdown; `pp` is
-/// the critical stage's own sends; `dp` the critical stage's, but with the distributed
+/// the critical stage's own sends and a tied embedding's gradient all-reduce between the
+/// first and the last stage; `dp` the critical stage's, but with the distributed
 /// optimizer's gradient reduction overlapped, the largest stage's reduction (the stage the
 /// step waits for need not be the slowest).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -1065,6 +1068,17 @@ impl Costed {
         let params = if self.fp8_params { (gathered(dense, low_trained[0]), gathered(expert, low_trained[1])) } else { (2.0, 2.0) };
         let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
         let grad_bytes = (gb, gb);
+        // A tied embedding is one weight on two stages: Megatron all-reduces its gradient
+        // between the first and the last stage once the data-parallel reduction is done,
+        // before the optimizer step, so nothing hides it (github:NVIDIA/Megatron-LM
+        // megatron/core/distributed/finalize_model_grads.py `_allreduce_word_embedding_grads`,
+        // the whole gradient, at the gradient buffer's precision).
+        let tied_sync = if pp > 1 && self.tied > 0.0 {
+            let ends = Placement { size: 2, stride: saturate(stage_gpus.saturating_mul(pp as u64 - 1)) };
+            fabric.time(OpKind::AllReduce, gb * self.tied, ends)
+        } else {
+            0.0
+        };
         let (dp_total, dp_exposed) = if s.fsdp {
             // FSDP gathers the frozen weights too; only trained ones have gradients.
             let gathers = grads(OpKind::AllGather, (2.0, 2.0)) + fabric.time(OpKind::AllGather, 2.0 * frozen, dpg);
@@ -1212,7 +1226,7 @@ impl Costed {
             tp: mf * stages[crit].comp[2],
             cp: mf * stages[crit].comp[3],
             ep: mf * stages[crit].comp[4],
-            pp: pp_exposed,
+            pp: pp_exposed + tied_sync,
             dp: dp_exposed,
             bubble,
             optimizer,
@@ -1248,7 +1262,7 @@ impl Costed {
             tp: mf * stages[crit].comp[COMM_SLOTS],
             cp: mf * stages[crit].comp[COMM_SLOTS + 1],
             ep: mf * stages[crit].comp[COMM_SLOTS + 2],
-            pp: pp_total,
+            pp: pp_total + tied_sync,
             dp: dp_total,
             groups,
         };

@@ -431,6 +431,17 @@ fn a_tied_embedding_is_held_at_both_ends_of_the_pipeline() {
     close(p.memory.weights * GIB, 2.0 * last, "the last stage's weights");
     close(p.memory.gradients * GIB, 2.0 * last, "the last stage's gradients");
     close(p.memory.optimizer * GIB, 12.0 * last, "the last stage's optimizer state");
+    // The two copies' gradients are all-reduced between the first and the last stage
+    // after the backward, nothing left to hide it (Megatron's finalize_model_grads): one
+    // ring step over the table's BF16 gradient, on top of the exposed sends (m = 1: the
+    // one forward and one backward send, neither hidden by another micro-batch).
+    let msg = ALPHA + (2 * T * C) as f64 / LINK;
+    let sends = 2.0 * msg * (1.0 - 0.25) + 2.0 * msg;
+    close(p.breakdown.pp, sends + ring(true, 2, 2.0 * table, LINK), "exposed sends and the tied gradient's all-reduce");
+    close(p.comm.pp, 2.0 * msg + ring(true, 2, 2.0 * table, LINK), "all sends and the tied gradient's all-reduce");
+    // Untied, the same layout has the sends only.
+    let p = toy(4, 1e12).project(&plain(2, 1, 1, 1)).unwrap();
+    close(p.breakdown.pp, sends, "untied: the exposed sends only");
 }
 
 /// Seconds of one layer's backward: the input and the weight gradient, 2 x 2·T·C² FLOPs.
