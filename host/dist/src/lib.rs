@@ -16,5 +16,5 @@ pub mod rendezvous;
 pub mod tcp;
 
 pub use launch::{Launch, detect};
-pub use rendezvous::{DistError, RunMeta, rendezvous};
+pub use rendezvous::{DistError, RunMeta, rendezvous, rendezvous_on};
 pub use tcp::{TcpGroup, TcpWorld};

@@ -14,10 +14,12 @@
 //! mesh listener takes the family of its own connection to rank 0.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::task::JoinSet;
 
 use crate::launch::{Launch, MAX_WORLD};
 use crate::tcp::TcpWorld;
@@ -117,6 +119,26 @@ async fn read_line_max(r: &mut (impl AsyncBufRead + Unpin), line: &mut String, m
 /// Rank 0 unreachable, ranks missing, different worlds or runs (the message names the
 /// rank and the difference), within `timeout`.
 pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<TcpWorld, DistError> {
+    meet(launch, meta, timeout, None)
+}
+
+/// [`rendezvous`] for rank 0 on `listener`, bound and held by the caller: ranks that run
+/// as threads of one process (`bench collectives -g N`) meet on a port the OS picked
+/// (bound to port 0). Held from then on, the port cannot be taken by another process (a
+/// second such run) before rank 0 listens, as a port found free and let go could be.
+/// `launch` is rank 0's, its port the listener's.
+///
+/// # Errors
+/// As [`rendezvous`]; `launch` not rank 0's.
+pub fn rendezvous_on(listener: TcpListener, launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<TcpWorld, DistError> {
+    if launch.rank != 0 {
+        return Err(rv(format!("rank {} was handed rank 0's rendezvous listener", launch.rank)));
+    }
+    meet(launch, meta, timeout, Some(listener))
+}
+
+/// [`rendezvous`], rank 0 on `held` where given.
+fn meet(launch: &Launch, meta: &RunMeta, timeout: Duration, held: Option<TcpListener>) -> Result<TcpWorld, DistError> {
     if launch.rank >= launch.world {
         return Err(rv(format!("rank {} is not below the world size {}", launch.rank, launch.world)));
     }
@@ -131,50 +153,104 @@ pub fn rendezvous(launch: &Launch, meta: &RunMeta, timeout: Duration) -> Result<
         return TcpWorld::new(0, vec![None], timeout).map_err(rv);
     };
     let deadline = Instant::now() + timeout;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| rv(format!("tokio runtime: {e}")))?;
     let hello = Hello {
         rank: launch.rank,
         world: launch.world,
         meta: meta.clone(),
         port: 0,
     };
-    let (addrs, listener) = rt.block_on(async {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if launch.rank == 0 {
-            // Rank 0 names the ranks that never came when its own wait ends.
-            let (addrs, l, mesh) = serve(launch, &host, port, hello, left, timeout).await?;
-            // A process that comes after the world is complete (a rank started twice)
-            // is told so at once, not left to wait out its timeout.
-            if let Ok(l) = l.into_std() {
-                refuse_latecomers(l, launch.world);
+    let (addrs, listener) = if launch.rank == 0 {
+        // Rank 0 names the ranks that never came when its own wait ends.
+        rank_0(launch.world, &host, port, hello, timeout, held)?
+    } else {
+        runtime()?.block_on(async {
+            // The last connection error (an address that does not resolve, a refused
+            // connection) goes into the message when the wait ends.
+            let last = std::cell::RefCell::new(None);
+            match tokio::time::timeout_at(deadline.into(), join(&host, port, hello, &last)).await {
+                Ok(r) => r,
+                Err(_) => Err(rv(format!(
+                    "rank {} gave up after {timeout:.0?} (--timeout) waiting at {}{} (is rank 0 running, \
+                     MASTER_ADDR right and the port open?)",
+                    launch.rank,
+                    host_port(&host, port),
+                    last.borrow().as_ref().map_or_else(String::new, |e| format!(": {e}"))
+                ))),
             }
-            return Ok((addrs, mesh));
-        }
-        // The last connection error (an address that does not resolve, a refused
-        // connection) goes into the message when the wait ends.
-        let last = std::cell::RefCell::new(None);
-        match tokio::time::timeout(left, join(&host, port, hello, &last)).await {
-            Ok(r) => r,
-            Err(_) => Err(rv(format!(
-                "rank {} gave up after {timeout:.0?} (--timeout) waiting at {}{} (is rank 0 running, \
-                 MASTER_ADDR right and the port open?)",
-                launch.rank,
-                host_port(&host, port),
-                last.borrow().as_ref().map_or_else(String::new, |e| format!(": {e}"))
-            ))),
-        }
-    })?;
+        })?
+    };
     connect_mesh(launch.rank, &addrs, &listener, deadline, timeout)
 }
 
-/// Whether `host` resolves to IPv6 addresses only (rank 0 then listens on IPv6). A name
-/// that does not resolve (yet) counts as IPv4, as before IPv6 was supported.
-fn v6_only(host: &str, port: u16) -> bool {
-    let all: Vec<SocketAddr> = (host, port).to_socket_addrs().map(Iterator::collect).unwrap_or_default();
-    !all.is_empty() && all.iter().all(SocketAddr::is_ipv6)
+fn runtime() -> Result<tokio::runtime::Runtime, DistError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| rv(format!("tokio runtime: {e}")))
+}
+
+/// Rank 0: meet the other ranks ([`serve`]) on a thread of its own, which then stays, for
+/// as long as the process runs, to refuse every later hello on the rendezvous port: a
+/// process that comes after the world is complete (a rank started twice) is told so at
+/// once, not left to wait out its timeout. Every rank's mesh address and this rank's mesh
+/// listener come back.
+fn rank_0(world: usize, host: &str, port: u16, hello: Hello, timeout: Duration, held: Option<TcpListener>) -> Result<(Vec<String>, TcpListener), DistError> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let host = host.to_string();
+    let server = move || {
+        let rt = match runtime() {
+            Ok(rt) => rt,
+            Err(e) => return drop(tx.send(Err(e))),
+        };
+        rt.block_on(async {
+            match serve(world, &host, port, hello, timeout, held).await {
+                Ok((addrs, l, mesh, reading)) => {
+                    // The caller may be gone (a send that fails): the refusals go on.
+                    let _ = tx.send(Ok((addrs, mesh)));
+                    refuse_latecomers(&l, reading, world).await;
+                }
+                Err(e) => drop(tx.send(Err(e))),
+            }
+        });
+    };
+    std::thread::Builder::new()
+        .name("rendezvous".into())
+        .spawn(server)
+        .map_err(|e| rv(format!("rank 0's rendezvous thread: {e}")))?;
+    rx.recv().unwrap_or_else(|_| Err(rv("rank 0's rendezvous thread ended without an answer")))
+}
+
+/// How long rank 0 keeps trying to resolve its own address (`MASTER_ADDR`): a tenth of
+/// the timeout (30 s of the default 300 s). A cluster's DNS may publish a name a moment
+/// after its host starts (a Kubernetes pod's own record), so one failure is not final;
+/// but a name that stays unresolved (a typo) fails here, naming it, rather than after the
+/// whole wait for ranks that cannot resolve it either.
+fn resolve_within(timeout: Duration) -> Duration {
+    timeout / 10
+}
+
+/// Rank 0's own address `host` resolved, retried for `within`.
+async fn resolve_rank_0(host: &str, port: u16, within: Duration) -> Result<Vec<SocketAddr>, DistError> {
+    let until = tokio::time::Instant::now() + within;
+    loop {
+        let why = match tokio::net::lookup_host((host, port)).await {
+            Ok(all) => {
+                let all: Vec<SocketAddr> = all.collect();
+                if !all.is_empty() {
+                    return Ok(all);
+                }
+                "no addresses".to_string()
+            }
+            Err(e) => e.to_string(),
+        };
+        if tokio::time::Instant::now() >= until {
+            return Err(rv(format!(
+                "rank 0's address {host} does not resolve ({why}; tried for {within:.0?}): set MASTER_ADDR to rank 0's \
+                 host as every rank reaches it (its IP address, or a name in DNS or /etc/hosts)"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// This rank's mesh listener, on every address of the family (IPv6 or IPv4).
@@ -212,70 +288,113 @@ async fn claim_rank_0_there(v6: bool, port: u16, hello: &Hello, within: Duration
 /// How long rank 0 waits for a connection's hello line.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
-/// Rank 0 after the rendezvous: answer every later hello on the rendezvous port with a
-/// refusal, for as long as the process runs (a detached thread that only accepts).
-fn refuse_latecomers(l: std::net::TcpListener, world: usize) {
-    if l.set_nonblocking(false).is_err() {
-        return;
+/// How many connections rank 0 reads hellos from at once. A rank says hello as soon as it
+/// connects, so a rank's hello takes milliseconds; the bound is for connections that stay
+/// silent or send slowly (a port scanner, a stopped process, a flood): each holds a task
+/// and up to [`MAX_HELLO`] bytes until its wait ends, 64 MiB in all at most. Beyond it rank
+/// 0 accepts no more until one ends: later connections wait in the kernel's accept queue.
+const HELLOS_AT_ONCE: usize = 64;
+
+/// A connection's hello line, read by a task of its own: the connection, its peer and the
+/// line; `None` (the connection dropped) where it ended, stayed silent or sent more than
+/// [`MAX_HELLO`] bytes without a newline.
+type Greeting = Option<(tokio::net::TcpStream, SocketAddr, String)>;
+
+/// Read `s`'s hello line by `by` (a task of [`serve`]'s or [`refuse_latecomers`]' set).
+async fn read_hello(s: tokio::net::TcpStream, peer: SocketAddr, by: tokio::time::Instant) -> Greeting {
+    let mut s = BufReader::new(s);
+    let mut line = String::new();
+    match tokio::time::timeout_at(by, read_line_max(&mut s, &mut line, MAX_HELLO)).await {
+        Ok(Ok(true)) => Some((s.into_inner(), peer, line)),
+        _ => None,
     }
-    std::thread::spawn(move || {
-        for s in l.incoming().flatten() {
-            // A thread each: a connection that stays silent holds only its own.
-            std::thread::spawn(move || refuse_latecomer(&s, world));
-        }
-    });
 }
 
-/// Refuse one connection that came after the rendezvous, naming the rank it claims.
-fn refuse_latecomer(s: &TcpStream, world: usize) {
-    let Some(line) = read_line_within(s, HELLO_WITHIN, MAX_HELLO) else { return };
-    let Ok(h) = serde_json::from_str::<Hello>(&line) else { return };
+/// What rank 0 waits for: a connection, or a hello read.
+enum Next {
+    Accepted(std::io::Result<(tokio::net::TcpStream, SocketAddr)>),
+    Read(Greeting),
+}
+
+/// The next hello read by `reading`, or the next connection to `l` while fewer than
+/// [`HELLOS_AT_ONCE`] are being read, whichever comes first.
+async fn next(l: &tokio::net::TcpListener, reading: &mut JoinSet<Greeting>) -> Next {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(Some(r)) = reading.poll_join_next(cx) {
+            return Poll::Ready(Next::Read(r.ok().flatten()));
+        }
+        if reading.len() < HELLOS_AT_ONCE
+            && let Poll::Ready(r) = l.poll_accept(cx)
+        {
+            return Poll::Ready(Next::Accepted(r));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Rank 0 after the rendezvous, for as long as the process runs: answer every later hello
+/// on the rendezvous port with a refusal. Hellos are read as during the rendezvous (the
+/// reads still going on then, `reading`, go on here), at most [`HELLOS_AT_ONCE`] at a time
+/// on this one thread: a flood of connections holds a bounded number of tasks (an OS
+/// thread each was spawned before), and a connection that stays silent holds only its own.
+async fn refuse_latecomers(l: &tokio::net::TcpListener, mut reading: JoinSet<Greeting>, world: usize) {
+    loop {
+        match next(l, &mut reading).await {
+            Next::Accepted(Ok((s, peer))) => {
+                reading.spawn(read_hello(s, peer, tokio::time::Instant::now() + HELLO_WITHIN));
+            }
+            // Out of file descriptors, say: try again when some may have closed, rather
+            // than spin.
+            Next::Accepted(Err(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Next::Read(None) => {}
+            Next::Read(Some((s, _, line))) => refuse_latecomer(s, &line, world).await,
+        }
+    }
+}
+
+/// Refuse one connection that came after the rendezvous, naming the rank its hello claims.
+async fn refuse_latecomer(mut s: tokio::net::TcpStream, line: &str, world: usize) {
+    let Ok(h) = serde_json::from_str::<Hello>(line) else { return };
     let why = format!(
         "rank {} came after all {world} ranks had met and the run had begun: two processes claim rank {} \
          (check the launcher's task count), or this one was started late",
         h.rank, h.rank
     );
     if let Ok(text) = serde_json::to_string(&Answer::Refuse(why)) {
-        let _ = std::io::Write::write_all(&mut &*s, (text + "\n").as_bytes());
+        // A line into an empty send buffer; bounded all the same, so that a peer that
+        // reads nothing cannot hold the refusals.
+        let _ = tokio::time::timeout(Duration::from_secs(1), s.write_all((text + "\n").as_bytes())).await;
     }
 }
 
-/// One line from `s` within `within` (all reads together, so that a peer sending a byte
-/// now and then cannot hold the caller) and `max` bytes; `None` otherwise.
-fn read_line_within(mut s: &TcpStream, within: Duration, max: u64) -> Option<String> {
-    let deadline = Instant::now() + within;
-    let mut line = Vec::new();
-    let mut buf = [0u8; 4096];
-    while !line.ends_with(b"\n") {
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() || line.len() as u64 >= max {
-            return None;
-        }
-        s.set_read_timeout(Some(left)).ok()?;
-        match std::io::Read::read(&mut s, &mut buf) {
-            Ok(0) | Err(_) => return None,
-            Ok(k) => line.extend_from_slice(&buf[..k]),
-        }
-    }
-    String::from_utf8(line).ok()
-}
-
-/// Rank 0: accept world − 1 hellos within `left` (what remains of `timeout`, the limit
-/// its message names), check them, answer everyone; the rendezvous listener comes back
-/// with the addresses.
+/// Rank 0: accept `n` − 1 hellos within `timeout` (on `held` where given, else on `port`
+/// of every address of the family), check them, answer everyone; the rendezvous listener
+/// comes back with the addresses, this rank's mesh listener and the hellos still being
+/// read (for [`refuse_latecomers`]).
 async fn serve(
-    launch: &Launch,
+    n: usize,
     host: &str,
     port: u16,
     mut mine: Hello,
-    left: Duration,
     timeout: Duration,
-) -> Result<(Vec<String>, tokio::net::TcpListener, TcpListener), DistError> {
-    let v6 = v6_only(host, port);
+    held: Option<TcpListener>,
+) -> Result<(Vec<String>, tokio::net::TcpListener, TcpListener, JoinSet<Greeting>), DistError> {
+    let mut until = tokio::time::Instant::now() + timeout;
+    // The run is IPv6 where rank 0's address resolves to IPv6 addresses only.
+    let v6 = match &held {
+        Some(l) => l.local_addr().map_err(|e| rv(e.to_string()))?.is_ipv6(),
+        None => resolve_rank_0(host, port, resolve_within(timeout)).await?.iter().all(SocketAddr::is_ipv6),
+    };
     let mesh = mesh_listener(v6)?;
     mine.port = mesh.local_addr().map_err(|e| rv(e.to_string()))?.port();
     let any: IpAddr = if v6 { Ipv6Addr::UNSPECIFIED.into() } else { Ipv4Addr::UNSPECIFIED.into() };
-    let l = match tokio::net::TcpListener::bind((any, port)).await {
+    let left = until.saturating_duration_since(tokio::time::Instant::now());
+    let bound = match held {
+        Some(l) => l.set_nonblocking(true).and_then(|()| tokio::net::TcpListener::from_std(l)),
+        None => tokio::net::TcpListener::bind((any, port)).await,
+    };
+    let l = match bound {
         Ok(l) => l,
         Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
             // The first rank 0 answers once its last ranks had a moment to hear why.
@@ -289,17 +408,26 @@ async fn serve(
         }
         Err(e) => return Err(rv(format!("rank 0 cannot listen on port {port}: {e} (set MASTER_PORT to a free port)"))),
     };
-    let n = launch.world;
     let mut seen: Vec<Option<tokio::net::TcpStream>> = (0..n).map(|_| None).collect();
     let mut addrs = vec![String::new(); n];
     addrs[0] = host_port(host, mine.port);
     let mut refuse: Option<String> = None;
     let mut second_zero = Vec::new();
-    let mut until = tokio::time::Instant::now() + left;
+    // Each connection's hello is read by a task of its own, so that one that stays silent
+    // delays no other.
+    let mut reading = JoinSet::new();
     while seen.iter().skip(1).any(Option::is_none) {
-        let (s, peer) = match tokio::time::timeout_at(until, l.accept()).await {
-            Ok(Ok(x)) => x,
-            Ok(Err(e)) => return Err(rv(format!("rank 0 accept: {e}"))),
+        let (s, peer, line) = match tokio::time::timeout_at(until, next(&l, &mut reading)).await {
+            Ok(Next::Accepted(Ok((s, peer)))) => {
+                // A rank says hello as soon as it connects; anything else that connects
+                // and stays silent (a port scanner, a stopped process) is dropped after a
+                // few seconds.
+                reading.spawn(read_hello(s, peer, tokio::time::Instant::now() + HELLO_WITHIN.min(left / 4)));
+                continue;
+            }
+            Ok(Next::Accepted(Err(e))) => return Err(rv(format!("rank 0 accept: {e}"))),
+            Ok(Next::Read(None)) => continue,
+            Ok(Next::Read(Some(greeting))) => greeting,
             Err(_) if refuse.is_some() => break,
             Err(_) => {
                 let missing: Vec<usize> = (1..n).filter(|&r| seen[r].is_none()).collect();
@@ -309,15 +437,6 @@ async fn serve(
                 )));
             }
         };
-        let mut s = BufReader::new(s);
-        let mut line = String::new();
-        // A rank says hello as soon as it connects; anything else that connects and stays
-        // silent (a port scanner, a stopped process) is dropped after a few seconds rather
-        // than holding the rendezvous.
-        let hello_by = until.min(tokio::time::Instant::now() + HELLO_WITHIN.min(left / 4));
-        if !matches!(tokio::time::timeout_at(hello_by, read_line_max(&mut s, &mut line, MAX_HELLO)).await, Ok(Ok(true))) {
-            continue;
-        }
         let Ok(h) = serde_json::from_str::<Hello>(&line) else {
             continue; // not a runner: ignore it
         };
@@ -339,11 +458,11 @@ async fn serve(
         if h.rank == 0 {
             // A second rank 0 takes no rank's place: the real ranks that come in the
             // next seconds still hear why.
-            second_zero.push(s.into_inner());
+            second_zero.push(s);
         } else if let Some(r) = slot {
             // A dual-stack listener sees IPv4 peers as ::ffff:a.b.c.d.
             addrs[r] = SocketAddr::new(peer.ip().to_canonical(), h.port).to_string();
-            seen[r] = Some(s.into_inner());
+            seen[r] = Some(s);
         }
         if let Some(w) = why
             && refuse.is_none()
@@ -363,7 +482,7 @@ async fn serve(
     }
     match refuse {
         Some(why) => Err(DistError::Refused { rank: 0, why }),
-        None => Ok((addrs, l, mesh)),
+        None => Ok((addrs, l, mesh, reading)),
     }
 }
 
@@ -611,6 +730,142 @@ mod tests {
             assert!(e.to_string().contains("two processes claim rank 0 of 3"), "rank {r}: {e}");
         }
         assert!(start.elapsed() < Duration::from_secs(10), "took {:?}", start.elapsed());
+    }
+
+    /// Connections that connect and stay silent are read beside the ranks' hellos, not
+    /// ahead of them: with three open before rank 1 comes, the ranks meet at once. (Read
+    /// one at a time, each held rank 0 for a quarter of the timeout: 3 × 5 s here.)
+    #[test]
+    fn silent_connections_do_not_delay_the_ranks() {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let silent: Vec<TcpStream> = (0..3).map(|_| connect_until_up(port)).collect();
+        std::thread::sleep(Duration::from_millis(50));
+        let start = Instant::now();
+        let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ());
+        let took = start.elapsed();
+        assert!(one.is_ok() && zero.join().unwrap().is_ok(), "{one:?}");
+        assert!(took < Duration::from_secs(3), "the ranks met after {took:?}");
+        drop(silent);
+    }
+
+    /// More silent connections than rank 0 reads at once, held open: each is dropped
+    /// when its hello wait ends (a quarter of the timeout, 1 s here), and rank 1, queued
+    /// behind them, meets then. (Read one at a time, they held rank 0 for 65 × 1 s, past
+    /// its timeout.)
+    #[test]
+    fn a_flood_of_silent_connections_delays_the_ranks_by_one_hello_wait() {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ()));
+        let silent: Vec<TcpStream> = (0..HELLOS_AT_ONCE + 1).map(|_| connect_until_up(port)).collect();
+        let start = Instant::now();
+        let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ());
+        let took = start.elapsed();
+        assert!(one.is_ok() && zero.join().unwrap().is_ok(), "{one:?}");
+        assert!(took < Duration::from_millis(2500), "the ranks met after {took:?}");
+        drop(silent);
+    }
+
+    async fn within(ms: u64, l: &tokio::net::TcpListener, reading: &mut JoinSet<Greeting>) -> Result<Next, tokio::time::error::Elapsed> {
+        tokio::time::timeout(Duration::from_millis(ms), next(l, reading)).await
+    }
+
+    /// With [`HELLOS_AT_ONCE`] hellos being read, rank 0 accepts no other connection
+    /// until one of them ends; then it takes the one that waited.
+    #[test]
+    fn rank_0_reads_at_most_hellos_at_once() {
+        runtime().unwrap().block_on(async {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let at = l.local_addr().unwrap();
+            let mut reading = JoinSet::new();
+            let mut peers = Vec::new();
+            for _ in 0..HELLOS_AT_ONCE {
+                peers.push(tokio::net::TcpStream::connect(at).await.unwrap());
+                let Ok(Next::Accepted(Ok((s, peer)))) = within(1000, &l, &mut reading).await else { panic!("not accepted") };
+                reading.spawn(read_hello(s, peer, tokio::time::Instant::now() + Duration::from_secs(60)));
+            }
+            peers.push(tokio::net::TcpStream::connect(at).await.unwrap());
+            assert!(within(200, &l, &mut reading).await.is_err(), "a connection beyond the bound was accepted");
+            drop(peers.swap_remove(0));
+            assert!(matches!(within(1000, &l, &mut reading).await, Ok(Next::Read(None))), "a hung-up connection was not dropped");
+            assert!(matches!(within(1000, &l, &mut reading).await, Ok(Next::Accepted(Ok(_)))), "the waiting connection was not taken");
+        });
+    }
+
+    /// A connection opened before the world met, whose hello (a rank started twice)
+    /// comes after: still read once the ranks met, and refused as a latecomer.
+    #[test]
+    fn a_hello_begun_before_the_world_met_is_refused_after() {
+        let port = free_port();
+        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let mut twice = connect_until_up(port);
+        std::thread::sleep(Duration::from_millis(50));
+        let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ());
+        assert!(one.is_ok() && zero.join().unwrap().is_ok(), "{one:?}");
+        std::io::Write::write_all(&mut twice, hello_json(1, 2).as_bytes()).unwrap();
+        twice.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut answer = String::new();
+        let _ = std::io::Read::read_to_string(&mut twice, &mut answer);
+        assert!(answer.contains("rank 1 came after all 2 ranks had met"), "{answer:?}");
+    }
+
+    /// Rank 0's own address not resolving (a typo in MASTER_ADDR) fails after a tenth of
+    /// the timeout, naming the address and the fix, not after the whole wait for ranks
+    /// that cannot reach it either.
+    #[test]
+    fn an_unresolvable_rank_0_address_fails_early() {
+        let l = Launch { master: Some(("no-such-host.invalid".into(), free_port())), ..launch(0, 2, 1) };
+        let start = Instant::now();
+        let e = rendezvous(&l, &meta("a"), Duration::from_secs(3)).unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_millis(1500), "failed after {:?}", start.elapsed());
+        assert!(e.contains("no-such-host.invalid does not resolve") && e.contains("set MASTER_ADDR"), "{e}");
+    }
+
+    /// Rank 0 on a listener its caller bound and holds (ranks as threads of one
+    /// process): the ranks meet on it; another rank handed it is refused.
+    #[test]
+    fn rank_0_meets_on_a_held_listener() {
+        let held = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = held.local_addr().unwrap().port();
+        let e = rendezvous_on(held.try_clone().unwrap(), &launch(1, 2, port), &meta("a"), Duration::from_secs(4)).unwrap_err();
+        assert!(e.to_string().contains("rank 1 was handed rank 0's rendezvous listener"), "{e}");
+        let one = std::thread::spawn(move || rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(4)).map(|w| w.size()));
+        let zero = rendezvous_on(held, &launch(0, 2, port), &meta("a"), Duration::from_secs(4)).unwrap();
+        assert_eq!((zero.size(), one.join().unwrap().unwrap()), (2, 2));
+    }
+
+    /// After the world met, a flood of connections to rank 0's port is read by a bounded
+    /// number of tasks, not an OS thread each; once it ends, a late rank is refused at
+    /// once. (Before: 150 connections, 150 more threads.)
+    #[test]
+    fn a_flood_of_latecomers_spawns_no_thread_each() {
+        // Threads are counted in a process of its own: the tests that run beside this one
+        // start threads of their own.
+        if std::env::var_os("RUNNER_DIST_TEST_ALONE").is_none() {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--exact", "rendezvous::tests::a_flood_of_latecomers_spawns_no_thread_each", "--nocapture"])
+                .env("RUNNER_DIST_TEST_ALONE", "1")
+                .output()
+                .unwrap();
+            let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success() && said.contains("1 passed"), "{said}");
+            return;
+        }
+        let port = free_port();
+        assert_eq!(meet_and_sum_ranks((0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
+        // This process's threads (Linux; elsewhere 0 and the check passes).
+        let threads = || std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count);
+        let before = threads();
+        // 150: the connections rank 0 reads (64) and those its accept queue holds (128)
+        // connect at once; more would wait for a slot (the kernel drops their SYNs).
+        let flood: Vec<TcpStream> = (0..150).map(|_| connect_until_up(port)).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let grew = threads().saturating_sub(before);
+        assert!(grew < 20, "{grew} more threads for 150 connections");
+        drop(flood);
+        let start = Instant::now();
+        let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
+        assert!(start.elapsed() < Duration::from_secs(3) && e.to_string().contains("rank 1 came after"), "{:?}: {e}", start.elapsed());
     }
 
     /// Rank 0's address only IPv6 (MASTER_ADDR=::1, a v6-only host): rank 0 listens on
