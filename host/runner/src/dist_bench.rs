@@ -18,7 +18,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use runner::report::Table;
-use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous};
+use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
@@ -133,17 +133,21 @@ fn nccl_type_name(e: Elem) -> &'static str {
 }
 
 /// The ranks to run here: this process's own (from the launcher), or `n` threads of it
-/// meeting on loopback when nothing launched several processes.
-fn local_ranks(n: usize) -> Result<Vec<Launch>> {
+/// meeting on loopback when nothing launched several processes. For the threads, rank 0's
+/// rendezvous listener too, on a port the OS picked, held until rank 0 serves on it
+/// ([`rendezvous_on`]): a port found free and let go (as before) could be taken meanwhile
+/// by another run's rank 0, two `-g` runs started at once, failing one of them.
+fn local_ranks(n: usize) -> Result<(Vec<Launch>, Option<std::net::TcpListener>)> {
     let l = runner_dist::detect().map_err(|e| anyhow!(e))?;
     if l.world > 1 || n <= 1 {
         if n > 1 {
             bail!("-g {n}: one GPU per process under a launcher ({}); launch one rank per GPU", l.source);
         }
-        return Ok(vec![l]);
+        return Ok((vec![l], None));
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    Ok((0..n)
+    let held = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = held.local_addr()?.port();
+    let ranks = (0..n)
         .map(|r| Launch {
             rank: r,
             world: n,
@@ -152,7 +156,8 @@ fn local_ranks(n: usize) -> Result<Vec<Launch>> {
             master: Some(("127.0.0.1".into(), port)),
             source: "threads of one process (-g)",
         })
-        .collect())
+        .collect();
+    Ok((ranks, Some(held)))
 }
 
 /// This rank's host, as `HOST_WORDS` floats for an all-gather: whether the host name
@@ -337,7 +342,8 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     {
         return r;
     }
-    let ranks = local_ranks(args.ngpus)?;
+    let (ranks, held) = local_ranks(args.ngpus)?;
+    let held = std::sync::Mutex::new(held);
     let launched = launch_note(&ranks[0]);
     let run = format!(
         "bench collectives -b {} -e {} -f {} -i {:?} -n {} -w {} -d {} ops {:?}",
@@ -352,7 +358,12 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     );
     let g = global.clone();
     let results = on_ranks(ranks, global.device, move |launch, gpu| {
-        let world = rendezvous(&launch, &meta(format!("{run} {}", transport_of(gpu))), args.timeout)?;
+        let meta = meta(format!("{run} {}", transport_of(gpu)));
+        let held = if launch.rank == 0 { held.lock().ok().and_then(|mut h| h.take()) } else { None };
+        let world = match held {
+            Some(l) => rendezvous_on(l, &launch, &meta, args.timeout)?,
+            None => rendezvous(&launch, &meta, args.timeout)?,
+        };
         let progress = |m: &str| crate::commands::progress_line(&g, m);
         let r = match gpu {
             None => coll_rank(&Cpu::new(), &world, launch.local_rank, &args, &progress),
@@ -1020,6 +1031,25 @@ mod tests {
         let me = host_words(3);
         assert_eq!((me[0], me[4]), (1.0, 3.0), "this Linux host's name is read");
         assert!(me[1..4].iter().all(|&x| x.fract() == 0.0 && (0.0..65536.0).contains(&x)));
+    }
+
+    /// Threads of one process (-g 2) meet on a port held from the moment it is picked:
+    /// no other process can take it before rank 0 listens (a second -g run started at
+    /// once; before, the port was let go, and rank 0 bound it again later or failed).
+    #[test]
+    fn threads_meet_on_a_port_held_from_the_start() {
+        let (ranks, held) = local_ranks(2).unwrap();
+        let port = ranks[0].master.as_ref().unwrap().1;
+        for at in ["127.0.0.1", "0.0.0.0"] {
+            assert!(std::net::TcpListener::bind((at, port)).is_err(), "another process could take port {port} on {at}");
+        }
+        let meta = RunMeta::default();
+        let one = {
+            let (l, m) = (ranks[1].clone(), meta.clone());
+            std::thread::spawn(move || rendezvous(&l, &m, Duration::from_secs(10)).map(|w| w.size()))
+        };
+        let zero = rendezvous_on(held.unwrap(), &ranks[0], &meta, Duration::from_secs(10)).unwrap();
+        assert_eq!((zero.size(), one.join().unwrap().unwrap()), (2, 2));
     }
 
     #[test]
