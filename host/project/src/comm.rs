@@ -228,6 +228,8 @@ mod tests {
         assert_eq!(bus_factor(OpKind::AllGather, 4), 0.75);
         assert_eq!(bus_factor(OpKind::AllToAll, 2), 0.5);
         assert_eq!(bus_factor(OpKind::Send, 2), 1.0);
+        // No ranks count as one: nothing crosses the bus, not a negative or infinite factor.
+        assert_eq!(bus_factor(OpKind::AllReduce, 0), 0.0);
     }
 
     #[test]
@@ -330,8 +332,36 @@ mod tests {
         assert!((t - 2.0 * 15.0 / 16.0 * 1e9 / 200e9).abs() < 1e-12, "{t}");
     }
 
+    /// A group of one waits for no peer: no bytes and no latency step, wherever its one
+    /// rank sits and whatever the collective.
     #[test]
     fn a_group_of_one_moves_nothing() {
-        assert_eq!(h100().time(OpKind::AllReduce, 1e9, Placement { size: 1, stride: 4 }), 0.0);
+        let f = Fabric { scale_up_latency_s: 1e-6, scale_out_latency_s: 1e-5, ..h100() };
+        for stride in [1, 4, 8, 16] {
+            let one = Placement { size: 1, stride };
+            for kind in [OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::AllToAll, OpKind::Send] {
+                assert_eq!(f.time(kind, 1e9, one), 0.0, "{kind:?} at stride {stride}");
+            }
+            assert_eq!(f.time_routed(OpKind::AllToAll, 1e9, one, 8, 256), 0.0);
+        }
+    }
+
+    /// An expert-parallel group that fills one 8-GPU node and half the next (12 ranks):
+    /// 8 members share a domain and the group touches two. Top-1 is the plain
+    /// all-to-all, 7/12 of S over NVLink and the 4/12 bound for the other node over the
+    /// NIC; top-8 of 256 experts still crosses to the other node, once per token that
+    /// reaches it, so less than a copy per remote peer but more than nothing.
+    #[test]
+    fn routed_all_to_all_over_a_partly_filled_domain() {
+        let f = h100();
+        let p = Placement { size: 12, stride: 1 };
+        assert_eq!(f.members_per_domain(p), (8, false));
+        let s = 12e6;
+        let near = 7e6 / 450e9;
+        let plain = near + 4e6 / 50e9;
+        assert!((f.time(OpKind::AllToAll, s, p) - plain).abs() < 1e-15);
+        assert!((f.time_routed(OpKind::AllToAll, s, p, 1, 64) - plain).abs() < 1e-15, "top-1 is the plain all-to-all");
+        let routed = f.time_routed(OpKind::AllToAll, s, p, 8, 256);
+        assert!(routed > near + 1e6 / 50e9 && routed < plain, "{routed} vs NVLink alone {near}, a copy per peer {plain}");
     }
 }
