@@ -714,6 +714,119 @@ bf16 = 500.0
         let q = Profiles::with_overrides("[[gpu]]\nname = \"h200\"\n[gpu.efficiency]\nmemory = 0.5\n", "u.toml").unwrap();
         assert_eq!(q.get("h200").unwrap().efficiency.memory, 0.5);
         assert_eq!(q.get("h200").unwrap().efficiency.gemm, p.get("h200").unwrap().efficiency.gemm);
+        // A [[gpu]] named by an alias overrides that GPU; it adds none.
+        let q = Profiles::with_overrides("[[gpu]]\nname = \"nvidia-h100-80gb\"\n[gpu.efficiency]\nmemory = 0.5\n", "u.toml").unwrap();
+        assert_eq!(q.get("h100").unwrap().efficiency.memory, 0.5);
+        assert_eq!(q.gpus.len(), p.gpus.len());
+    }
+
+    /// What `runner calibrate` writes for a GPU holds the parameters it fitted and the
+    /// label, nothing else, so the rest stays the profile's; FP8's shared fit writes both
+    /// FP8 efficiencies.
+    #[test]
+    fn efficiency_only_keeps_the_named_parameters_and_the_label() {
+        let e = test_h100().efficiency;
+        let keys = |t: &toml::Table| t.keys().cloned().collect::<Vec<_>>();
+        let t = Profiles::efficiency_only(&e, &["gemm.fp8+mxfp8".into(), "attention".into()]);
+        assert_eq!(keys(&t), ["attention", "fitted", "gemm"]);
+        let gemm = t["gemm"].as_table().unwrap();
+        assert_eq!(keys(gemm), ["fp8", "mxfp8"]);
+        assert_eq!((gemm["fp8"].as_float(), gemm["mxfp8"].as_float()), (Some(e.gemm.fp8), Some(e.gemm.mxfp8)));
+        assert_eq!((t["attention"].as_float(), t["fitted"].as_str()), (Some(e.attention), Some(e.fitted.as_str())));
+        let t = Profiles::efficiency_only(&e, &["gemm.bf16".into(), "scale_out_a2a".into()]);
+        assert_eq!(keys(&t), ["fitted", "gemm", "scale_out_a2a"]);
+        assert_eq!(keys(t["gemm"].as_table().unwrap()), ["bf16"]);
+    }
+
+    /// Each format reads and writes its own peak and efficiency, and stores its operands
+    /// in its own bytes per element, block scales included: BF16 2, FP8 1, MXFP8 1 + 1/32
+    /// (an E8M0 scale per 32 elements), NVFP4 1/2 + 1/16 (an E4M3 scale per 16).
+    #[test]
+    fn each_format_has_its_own_peak_efficiency_and_bytes() {
+        let bytes: Vec<f64> = GemmFormat::ALL.iter().map(|f| f.element_bytes()).collect();
+        assert_eq!(bytes, [2.0, 1.0, 1.03125, 0.5625]);
+        let peaks = Peaks { bf16: 1.0, fp8: Some(2.0), mxfp8: Some(3.0), nvfp4: Some(4.0) };
+        let mut e = GemmEfficiency { bf16: 0.0, fp8: 0.0, mxfp8: 0.0, nvfp4: 0.0 };
+        for (f, v) in GemmFormat::ALL.into_iter().zip([0.1, 0.2, 0.3, 0.4]) {
+            e.set(f, v);
+        }
+        assert_eq!(e, GemmEfficiency { bf16: 0.1, fp8: 0.2, mxfp8: 0.3, nvfp4: 0.4 });
+        for (f, (peak, eff)) in GemmFormat::ALL.into_iter().zip([(1.0, 0.1), (2.0, 0.2), (3.0, 0.3), (4.0, 0.4)]) {
+            assert_eq!((peaks.get(f), e.get(f)), (Some(peak), eff), "{f}");
+        }
+    }
+
+    /// One efficiency serves per-tensor FP8 and MXFP8 only where both run at one peak
+    /// (Blackwell); Hopper runs FP8 and no MXFP8, Ampere neither.
+    #[test]
+    fn fp8_and_mxfp8_share_an_efficiency_only_at_one_peak() {
+        let p = Profiles::builtin();
+        assert!(p.get("b200").unwrap().fp8_datapath_shared());
+        assert!(!p.get("h100").unwrap().fp8_datapath_shared());
+        assert!(!p.get("a100-80gb").unwrap().fp8_datapath_shared());
+    }
+
+    /// What the model may use: the card's GiB less the reserved GiB, 2^30 bytes each.
+    #[test]
+    fn usable_memory_is_the_card_less_the_reserve_in_gib() {
+        let mut g = test_h100();
+        g.memory_gib = 80.0;
+        g.efficiency.reserved_gib = 4.5;
+        assert_eq!(g.usable_bytes(), 81_067_507_712.0);
+    }
+
+    /// Every number a profile gives is checked against its range, NaN and infinity
+    /// included, and the message names the field; the counts must divide one another
+    /// either way round.
+    #[test]
+    fn every_field_out_of_its_range_is_refused_by_name() {
+        type Set = fn(&mut GpuProfile, f64);
+        let cases: [(&str, Set, f64); 26] = [
+            ("memory_gib", |g, v| g.memory_gib = v, f64::INFINITY),
+            ("hbm_gbs", |g, v| g.hbm_gbs = v, f64::NAN),
+            ("scale_up_gbs", |g, v| g.scale_up_gbs = v, 0.0),
+            ("scale_out_gbs", |g, v| g.scale_out_gbs = v, 0.0),
+            ("peak_tflops.bf16", |g, v| g.peak_tflops.bf16 = v, 0.0),
+            ("efficiency.gemm_half_gflop", |g, v| g.efficiency.gemm_half_gflop = v, 0.0),
+            ("host_link_gbs", |g, v| g.host_link_gbs = Some(v), 0.0),
+            ("host_memory_gib", |g, v| g.host_memory_gib = Some(v), 1e300),
+            ("peak_tflops.fp8", |g, v| g.peak_tflops.fp8 = Some(v), f64::NAN),
+            ("peak_tflops.mxfp8", |g, v| g.peak_tflops.mxfp8 = Some(v), 1e300),
+            ("peak_tflops.nvfp4", |g, v| g.peak_tflops.nvfp4 = Some(v), -1.0),
+            ("efficiency.gemm.nvfp4", |g, v| g.efficiency.gemm.nvfp4 = v, 0.0),
+            ("efficiency.attention_backward", |g, v| g.efficiency.attention_backward = v, f64::NAN),
+            ("efficiency.ssm", |g, v| g.efficiency.ssm = v, 0.0),
+            ("efficiency.grouped_gemm", |g, v| g.efficiency.grouped_gemm = v, 1.5),
+            ("efficiency.scale_up", |g, v| g.efficiency.scale_up = v, 2.0),
+            ("efficiency.tp_overlap", |g, v| g.efficiency.tp_overlap = v, 1.5),
+            ("efficiency.cp_overlap", |g, v| g.efficiency.cp_overlap = v, -0.1),
+            ("efficiency.ep_overlap", |g, v| g.efficiency.ep_overlap = v, f64::NAN),
+            ("efficiency.pp_overlap", |g, v| g.efficiency.pp_overlap = v, 1.01),
+            ("efficiency.allocator_slack", |g, v| g.efficiency.allocator_slack = v, f64::NAN),
+            ("efficiency.scale_up_latency_us", |g, v| g.efficiency.scale_up_latency_us = v, f64::INFINITY),
+            ("efficiency.scale_out_latency_us", |g, v| g.efficiency.scale_out_latency_us = v, -1.0),
+            ("efficiency.reserved_gib", |g, v| g.efficiency.reserved_gib = v, -1.0),
+            ("efficiency.reserved_gib", |g, v| g.efficiency.reserved_gib = v, 80.0),
+            ("efficiency.straggler", |g, v| g.efficiency.straggler = v, 0.6),
+        ];
+        let mut h = test_h100();
+        h.memory_gib = 80.0;
+        assert_eq!(h.check(), Ok(()));
+        for (field, set, bad) in cases {
+            let mut g = h.clone();
+            set(&mut g, bad);
+            let e = g.check().unwrap_err();
+            assert!(e.contains(field), "{field} = {bad}: {e}");
+        }
+        let counts = |gpus_per_node: u32, scale_up_domain: u32| GpuProfile { gpus_per_node, scale_up_domain, ..h.clone() }.check();
+        assert_eq!(counts(8, 12), Err("scale_up_domain (12) and gpus_per_node (8) must divide one another".into()));
+        assert_eq!(counts(8, 4), Ok(()), "a domain of half a node");
+        assert_eq!(counts(4, 72), Ok(()));
+        assert!(counts(0, 8).unwrap_err().contains("gpus_per_node must be in 1..=1048576"));
+        assert!(counts(1, 1 << 21).unwrap_err().contains("scale_up_domain must be in 1..=1048576"));
+        let mut g = h.clone();
+        g.name = "H100\u{1b}[2J".into();
+        assert!(g.check().unwrap_err().contains("visible GPU name"));
     }
 
     #[test]
