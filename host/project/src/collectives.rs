@@ -672,4 +672,125 @@ mod tests {
         let end = at + text[at..].find(',').unwrap();
         bad(&format!("{}NaN{}", &text[..at], &text[end..]), "NaN and Infinity are not JSON numbers");
     }
+
+    /// nccl-tests' names map to the projection's collectives; broadcast and send/recv,
+    /// which it does not model, keep nccl-tests' bus factor of 1. The tier's names are
+    /// read in any case.
+    #[test]
+    fn op_and_tier_names() {
+        assert_eq!(kind_of("reduce_scatter"), Ok(Some(OpKind::ReduceScatter)));
+        assert_eq!(kind_of("all_gather"), Ok(Some(OpKind::AllGather)));
+        for op in ["broadcast", "sendrecv"] {
+            assert_eq!(kind_of(op), Ok(None));
+            assert_eq!(bus_factor_of(op, 8), Ok(1.0));
+        }
+        assert_eq!(bus_factor_of("all_reduce", 8), Ok(1.75));
+        for (s, t) in [("scale-up", Tier::ScaleUp), ("NVLink", Tier::ScaleUp), ("Scale-Out", Tier::ScaleOut), ("network", Tier::ScaleOut)] {
+            assert_eq!(Tier::parse(s), Ok(t), "{s}");
+        }
+        assert!(Tier::parse("pcie").is_err());
+    }
+
+    /// Rows no run writes are refused, each naming why: an empty buffer, more nodes than
+    /// ranks or none, any wrong value, a busbw that does not follow from size and time (too
+    /// low as much as too high), rows of another run (ranks, nodes, transport).
+    #[test]
+    fn rows_no_run_writes_are_refused() {
+        let good = rows(&h100(), 8, 1, &["all_reduce"]);
+        let refused = |edit: &dyn Fn(&mut CollRow), want: &str| {
+            let mut r = good.clone();
+            edit(&mut r[1]);
+            let e = parse(&serde_json::to_string(&r).unwrap(), "coll.json").unwrap_err();
+            assert!(e.contains(want), "want '{want}': {e}");
+        };
+        refused(
+            &|r| {
+                r.size_bytes = 0;
+                r.algbw_gbps = 0.0;
+                r.busbw_gbps = 0.0;
+            },
+            "size_bytes > 0",
+        );
+        refused(&|r| r.nodes = 16, "nodes at most ranks");
+        refused(&|r| r.nodes = 0, "must be at least 1");
+        refused(&|r| r.wrong = 1, "1 wrong values");
+        refused(&|r| r.busbw_gbps *= 0.97, "busbw_gbps");
+        refused(&|r| r.nodes = 2, "nodes is 2 but row 0's is 1");
+        refused(&|r| r.transport = "tcp".into(), "transport is tcp but row 0's is nccl");
+        refused(
+            &|r| {
+                r.ranks = 4;
+                r.busbw_gbps = r.algbw_gbps * 1.5;
+            },
+            "ranks is 4 but row 0's is 8",
+        );
+    }
+
+    /// A run over nodes forced into an NVLink domain of one node is refused; across
+    /// nodes, a domain smaller than the node bounds the members per domain.
+    #[test]
+    fn a_forced_tier_and_a_domain_smaller_than_the_node() {
+        let e = tier_of(8, 2, &h100(), Some(Tier::ScaleUp)).unwrap_err();
+        assert!(e.contains("spans 2 nodes"), "{e}");
+        let mut pairs = h100();
+        pairs.scale_up_domain = 4;
+        assert_eq!(tier_of(16, 2, &pairs, None).unwrap(), (Tier::ScaleOut, 4));
+    }
+
+    /// What comes with the fitted parameters. Inside a domain the pooled line holds every
+    /// row; across domains only the rings', and they alone set the tier's latency (here
+    /// the all-to-all rows carry 30 µs a step, the rings 11). The transfer share is the
+    /// largest size's under the fit, β·X / (⌈log2 n⌉·α + β·X): for 1 GiB all-reduced over
+    /// 8 ranks, X = 7/4 GiB at 0.73 of the NVLink rate against 3 steps of 4.2 µs. A sweep
+    /// that stops at 1 MiB is latency-bound and says so; an op of one size is noted, not
+    /// fitted; TCP ranks are named; 8 ranks a node carrying 8 x 30.5 GB/s across nodes
+    /// cannot be bound by the NICs on a profile whose NVLink carries at most 100 GB/s.
+    #[test]
+    fn the_pooled_line_its_transfer_share_and_the_notes() {
+        let truth = with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+            e.scale_out = 0.61;
+        });
+        let ops = ["all_reduce", "all_gather", "reduce_scatter", "alltoall"];
+        let f = fit_collectives(&rows(&truth, 8, 1, &ops), &h100(), None, "coll.json").unwrap();
+        assert_eq!((f.pooled.op.as_str(), f.pooled.rows), ("all", 20));
+        // The fit takes the all-to-all's NVLink share at the profile's rate: leave it be.
+        let net = with(&h100(), |e| {
+            e.scale_out = 0.61;
+            e.scale_out_a2a = 0.27;
+            e.scale_out_latency_us = 11.0;
+        });
+        let slow_a2a = with(&net, |e| e.scale_out_latency_us = 30.0);
+        let mut r = rows(&net, 16, 2, &ops[..3]);
+        r.extend(rows(&slow_a2a, 16, 2, &["alltoall"]));
+        let f = fit_collectives(&r, &h100(), None, "coll.json").unwrap();
+        assert_eq!((f.pooled.op.as_str(), f.pooled.rows), ("all", 15));
+        assert!((f.efficiency.scale_out_latency_us - 11.0).abs() < 1e-3, "{:?}", f.params);
+        assert!((f.efficiency.scale_out_a2a - 0.27).abs() < 1e-6, "{:?}", f.params);
+
+        let ar = rows(&truth, 8, 1, &["all_reduce"]);
+        let f = fit_collectives(&ar, &h100(), None, "coll.json").unwrap();
+        let transfer = 1.75 * 2f64.powi(30) / (truth.scale_up_gbs * 1e9 * 0.73);
+        let share = transfer / (3.0 * 4.2e-6 + transfer);
+        assert!((f.pooled.transfer_share - share).abs() < 1e-9, "{} vs {share}", f.pooled.transfer_share);
+        assert!(f.notes.is_empty(), "{:?}", f.notes);
+        let small: Vec<CollRow> = ar.iter().filter(|r| r.size_bytes <= 1 << 20).cloned().collect();
+        let f = fit_collectives(&small, &h100(), None, "coll.json").unwrap();
+        assert!(f.notes.iter().any(|n| n.contains("poorly determined")), "{:?}", f.notes);
+
+        let mut r = ar.clone();
+        r.extend(rows(&truth, 8, 1, &["all_gather"]).into_iter().filter(|r| r.size_bytes == 1 << 20));
+        let f = fit_collectives(&r, &h100(), None, "coll.json").unwrap();
+        assert_eq!(f.per_op.len(), 1);
+        assert!(f.notes.iter().any(|n| n.contains("the all_gather rows have one size only")), "{:?}", f.notes);
+        let tcp: Vec<CollRow> = ar.iter().map(|r| CollRow { transport: "tcp".into(), ..r.clone() }).collect();
+        let f = fit_collectives(&tcp, &h100(), None, "coll.json").unwrap();
+        assert!(f.notes.iter().any(|n| n.contains("TCP transport")), "{:?}", f.notes);
+
+        let mut thin = h100();
+        thin.scale_up_gbs = 100.0;
+        let e = fit_collectives(&rows(&truth, 16, 2, &["all_reduce"]), &thin, None, "coll.json").unwrap_err();
+        assert!(e.contains("not bound by the NICs"), "{e}");
+    }
 }
