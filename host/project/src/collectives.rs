@@ -5,9 +5,10 @@
 //!
 //! Which tier a run measures follows from where its ranks sat: all on one node, the
 //! NVLink domain (scale-up); spread over nodes, the NICs (scale-out), with the run's
-//! ranks per node as the members per domain that share the rails. Where the profile's
-//! NVLink domain spans nodes (NVL72), a multi-node run could be either, and the caller
-//! must say ([`Tier`]).
+//! ranks per node as the members per domain that share the rails (a node of several
+//! NVLink domains whose run spans them is scale-out too, as the projection prices such a
+//! group). Where the profile's NVLink domain spans nodes (NVL72), a multi-node run could
+//! be either, and the caller must say ([`Tier`]).
 //!
 //! The fit: per row, the projection's time is steps·α + X·β, with steps = ⌈log2 n⌉ and
 //! X the bytes the tier's bandwidth carries (the bus bytes S·factor inside a domain;
@@ -187,8 +188,14 @@ pub fn tier_of(ranks: usize, nodes: usize, gpu: &GpuProfile, forced: Option<Tier
     let per_node = u32::try_from(ranks / nodes).unwrap_or(u32::MAX);
     let n = u32::try_from(ranks).unwrap_or(u32::MAX);
     let spans_nodes = gpu.scale_up_domain > gpu.gpus_per_node;
+    // A node of several NVLink domains (scale_up_domain below gpus_per_node: NVLink
+    // pairs, or PCIe alone) whose run spans them crossed domains without leaving the
+    // node: the projection prices such a group on the scale-out tier, so it is fitted
+    // there.
+    let across_in_node = nodes == 1 && n > gpu.scale_up_domain && n <= gpu.gpus_per_node;
     let tier = match forced {
         Some(t) => t,
+        None if across_in_node => Tier::ScaleOut,
         None if nodes == 1 => Tier::ScaleUp,
         None if spans_nodes => {
             return Err(format!(
@@ -209,7 +216,7 @@ pub fn tier_of(ranks: usize, nodes: usize, gpu: &GpuProfile, forced: Option<Tier
             gpu.name
         )),
         Tier::ScaleUp => Ok((Tier::ScaleUp, n)),
-        Tier::ScaleOut if nodes == 1 => Err(
+        Tier::ScaleOut if nodes == 1 && !across_in_node => Err(
             "every rank ran on one node: the run never left NVLink; sweep across nodes (one or more ranks per node) to fit the network"
                 .into(),
         ),
@@ -735,6 +742,25 @@ mod tests {
         let mut pairs = h100();
         pairs.scale_up_domain = 4;
         assert_eq!(tier_of(16, 2, &pairs, None).unwrap(), (Tier::ScaleOut, 4));
+        // On one node of two such domains, 8 ranks crossed between them, as a group of 8
+        // on it does in the projection (4 members a domain, the two domains joined over the
+        // scale-out tier): fitted there, not refused as scale-up ("fit it as scale-out")
+        // and then as scale-out ("never left NVLink"). 4 ranks stayed in one domain.
+        assert_eq!(pairs.fabric().members_per_domain(Placement { size: 8, stride: 1 }), (4, false));
+        assert_eq!(tier_of(8, 1, &pairs, None).unwrap(), (Tier::ScaleOut, 4));
+        assert_eq!(tier_of(8, 1, &pairs, Some(Tier::ScaleOut)).unwrap(), (Tier::ScaleOut, 4));
+        assert!(tier_of(8, 1, &pairs, Some(Tier::ScaleUp)).unwrap_err().contains("fit it as scale-out"));
+        assert_eq!(tier_of(4, 1, &pairs, None).unwrap(), (Tier::ScaleUp, 4));
+        assert!(tier_of(4, 1, &pairs, Some(Tier::ScaleOut)).unwrap_err().contains("never left NVLink"));
+        // A single-node sweep on such a node is fitted back to the NIC tier it prices.
+        let truth = with(&pairs, |e| {
+            e.scale_out = 0.61;
+            e.scale_out_latency_us = 11.0;
+        });
+        let f = fit_collectives(&rows(&truth, 8, 1, &["all_reduce", "all_gather"]), &pairs, None, "coll.json").unwrap();
+        assert_eq!((f.tier, f.local), (Tier::ScaleOut, 4));
+        assert!((f.efficiency.scale_out - 0.61).abs() < 1e-6, "{:?}", f.params);
+        assert!((f.efficiency.scale_out_latency_us - 11.0).abs() < 1e-3, "{:?}", f.params);
     }
 
     /// What comes with the fitted parameters. Inside a domain the pooled line holds every
