@@ -769,8 +769,10 @@ mod tests {
     /// largest size's under the fit, β·X / (⌈log2 n⌉·α + β·X): for 1 GiB all-reduced over
     /// 8 ranks, X = 7/4 GiB at 0.73 of the NVLink rate against 3 steps of 4.2 µs. A sweep
     /// that stops at 1 MiB is latency-bound and says so; an op of one size is noted, not
-    /// fitted; TCP ranks are named; 8 ranks a node carrying 8 x 30.5 GB/s across nodes
-    /// cannot be bound by the NICs on a profile whose NVLink carries at most 100 GB/s.
+    /// fitted, and two ops of one size each fit nothing; the ops not fitted are named once;
+    /// the run's errors name its file; TCP ranks are named; 8 ranks a node carrying
+    /// 8 x 30.5 GB/s across nodes cannot be bound by the NICs on a profile whose NVLink
+    /// carries at most 100 GB/s.
     #[test]
     fn the_pooled_line_its_transfer_share_and_the_notes() {
         let truth = with(&h100(), |e| {
@@ -810,6 +812,15 @@ mod tests {
         let f = fit_collectives(&r, &h100(), None, "coll.json").unwrap();
         assert_eq!(f.per_op.len(), 1);
         assert!(f.notes.iter().any(|n| n.contains("the all_gather rows have one size only")), "{:?}", f.notes);
+        // Two ops at one size each are still one size: α and β are not told apart.
+        let one: Vec<CollRow> = rows(&truth, 8, 1, &["all_reduce", "all_gather"]).into_iter().filter(|r| r.size_bytes == 1 << 20).collect();
+        let e = fit_collectives(&one, &h100(), None, "coll.json").unwrap_err();
+        assert!(e.contains("the rows have one size only"), "{e}");
+        // The ops the bench shows and the projection does not use, each named once.
+        let f = fit_collectives(&rows(&truth, 8, 1, &["all_reduce", "broadcast", "sendrecv"]), &h100(), None, "coll.json").unwrap();
+        assert_eq!(f.notes, ["broadcast, sendrecv shown by the bench but not fitted: the projection does not use them"]);
+        let e = fit_collectives(&ar, &h100(), Some(Tier::ScaleOut), "coll.json").unwrap_err();
+        assert!(e.starts_with("coll.json: every rank ran on one node"), "{e}");
         let tcp: Vec<CollRow> = ar.iter().map(|r| CollRow { transport: "tcp".into(), ..r.clone() }).collect();
         let f = fit_collectives(&tcp, &h100(), None, "coll.json").unwrap();
         assert!(f.notes.iter().any(|n| n.contains("TCP transport")), "{:?}", f.notes);
