@@ -87,6 +87,12 @@ fn a_measurement_holds_only_at_its_sharding_and_formats() {
     let fp8 = [GemmFormat::Fp8; 3];
     assert_eq!(step_with(table(TP1, &[("layers.0.mlp.gate", 1.0, 1.0)], Some(fp8))), base, "FP8 times were applied to a BF16 GEMM");
     assert!(step_with(table(TP1, &[("layers.0.mlp.gate", 1.0, 1.0)], Some([GemmFormat::Bf16; 3]))) > base + 7.9);
+    // A file's table carries each GEMM's formats: its BF16 times stand for the BF16
+    // plan's GEMM, not the FP8 plan's GEMM of that name.
+    let file = ops_file(vec![gemm_op("layers.0.mlp.gate", 1.0, 1.0)]);
+    let fp8 = |m: Measured| projector("llama3-tiny", 256, "h100", Recipe::Fp8).with_measured(m).project(&layout(1, 1, 1, 1, 1, 1, 1)).unwrap().step_time_s;
+    assert_eq!(fp8(file.measured()), fp8(Measured::default()), "BF16 times were applied to an FP8 GEMM");
+    assert!(step_with(file.measured()) > base + 7.9);
 }
 
 #[test]
