@@ -650,3 +650,19 @@ pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn 
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The line search returns the better of the two points it ends between: with no
+    /// narrowing, the golden points of [0, 1] (0.382 and 0.618), the one nearer the minimum.
+    #[test]
+    fn golden_returns_the_better_of_its_last_two_points() {
+        let g = (5f64.sqrt() - 1.0) / 2.0;
+        assert_eq!(golden(|x| (x - 0.7) * (x - 0.7), 0.0, 1.0, 0), g);
+        assert_eq!(golden(|x| (x - 0.3) * (x - 0.3), 0.0, 1.0, 0), 1.0 - g);
+        let x = golden(|x| (x - 0.3) * (x - 0.3), 0.0, 1.0, 40);
+        assert!((x - 0.3).abs() < 1e-7, "{x}");
+    }
+}
