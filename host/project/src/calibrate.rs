@@ -96,6 +96,15 @@ impl Param {
         }
     }
 
+    /// The pull of value `v` towards the prior, in squared log units, from the prior or,
+    /// where the prior lies below the bounds, from the least value the fit may take: a
+    /// profile may put the straggler spread at 0, where ln(v / 0) is infinite for every
+    /// `v` and the line search, finding no value better than another, walked to the upper
+    /// bound (a tenth of a step).
+    fn pull(self, v: f64, prior: &Efficiency) -> f64 {
+        self.prior_weight() * (v / self.get(prior).max(self.bounds().0)).ln().powi(2)
+    }
+
     fn bounds(self) -> (f64, f64) {
         match self {
             Param::GemmHalf => (0.1, 200.0),
@@ -213,7 +222,7 @@ impl Runs<'_, '_> {
 
     fn objective(&mut self, gpu: &GpuProfile, prior: &Efficiency, params: &[Param]) -> f64 {
         let fit: f64 = self.errors_of(gpu, true).iter().map(|&r| robust_loss(r)).sum();
-        let pull: f64 = params.iter().map(|p| p.prior_weight() * (p.get(&gpu.efficiency) / p.get(prior)).ln().powi(2)).sum();
+        let pull: f64 = params.iter().map(|p| p.pull(p.get(&gpu.efficiency), prior)).sum();
         fit + pull
     }
 }
@@ -357,7 +366,7 @@ fn fit_spread(r: &mut Runs<'_, '_>, current: &mut GpuProfile, prior: &Efficiency
                     Some(robust_loss(e.as_ref()? - sum / *n as f64))
                 })
                 .sum();
-            fit + p.prior_weight() * (p.get(&trial.efficiency) / p.get(prior)).ln().powi(2)
+            fit + p.pull(p.get(&trial.efficiency), prior)
         },
         lo.ln(),
         hi.ln(),

@@ -259,6 +259,24 @@ fn a_fit_of_one_gpu_and_precision_takes_only_those_runs() {
     assert!(e.contains("no supported run on B200"), "{e}");
 }
 
+/// A profile may put the straggler spread at 0 (no wait for stragglers); refitted from it
+/// to runs that show none, the spread stays at the least the fit allows, not at the most
+/// (the pull towards a prior of 0 was infinite for every value, so the line search
+/// walked to the upper bound, a tenth of a step).
+#[test]
+fn a_prior_of_no_straggler_spread_is_a_prior_like_any_other() {
+    let mut truth = truth();
+    truth.gpus.iter_mut().for_each(|g| g.efficiency.straggler = 0.0);
+    let mut priors = Profiles::priors();
+    priors.gpus.iter_mut().for_each(|g| g.efficiency.straggler = 0.0);
+    let points = measured(&twelve("H100"), &truth, |_| 1.0);
+    let fits = calibrate::calibrate(&points, &priors, &mut common::Native, None, "test", &|_| {}).unwrap();
+    let f = &fits[0];
+    assert!(names(f).contains(&"straggler"), "{:?}", f.params);
+    assert!(f.efficiency.straggler < 0.001 && f.after.max < 0.002, "{:?} {:?}", f.params, f.after);
+}
+
+
 /// Hybrid runs of two models fit the scan's efficiency, from those runs alone and after
 /// the rest: measured under a scan at 0.05 of the peak (its prior 0.14, pulled an eighth as
 /// hard as the others'), the fit finds it within 3 %, and leaves every other parameter
