@@ -146,8 +146,9 @@ impl Assumptions {
 
     /// Wall-clock hours a spot run of `hours` needs on `nodes` nodes: each interruption
     /// (any node's) loses half a checkpoint interval plus the restart; interruptions
-    /// arrive at nodes x the per-node rate. `None` when interruptions come faster than
-    /// the work they lose can be redone (the run would never finish).
+    /// arrive at nodes x the per-node rate. `None` when the interruptions take nine tenths
+    /// of the time or more: a run ten times as long as its work, or one that never finishes
+    /// (all of it lost), is not quoted.
     pub fn spot_hours(&self, hours: f64, nodes: u32) -> Option<f64> {
         let rate = f64::from(nodes) * self.spot_interruptions_per_node_day / 24.0;
         let lost = rate * (self.checkpoint_interval_h / 2.0 + self.restart_h);
@@ -305,112 +306,125 @@ impl Cloud {
     /// The cheapest quote for `ask`: among clean prices first; among caveated ones (the
     /// quote then carries the caveats) only when there is no clean one.
     pub fn cheapest(&mut self, ask: &Ask<'_>, assumptions: &Assumptions, notes: &mut QuoteNotes) -> CloudPrice {
-        let mut best: [Option<CloudCost>; 2] = [None, None];
-        let mut asked = 0;
-        let mut failure = None;
-        let mut any = false;
-        // Currencies other than USD that quotes came back in: a cloud that quotes only in
-        // them is not one whose quotes failed for no reason.
-        let mut currencies = std::collections::BTreeSet::new();
-        let offerings = self.offerings.clone();
-        'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu)) {
-            let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
-                continue;
+        let Cloud { name, info, model, offerings } = self;
+        cheapest_of(name, info, offerings, ask, assumptions, notes, |request| model.quote(request))
+    }
+}
+
+/// [`Cloud::cheapest`] over `offerings`, each quote asked of `quote` (the cloud's plugin; a
+/// test's stand-in).
+fn cheapest_of(
+    name: &str,
+    info: &PluginInfo,
+    offerings: &[Offering],
+    ask: &Ask<'_>,
+    assumptions: &Assumptions,
+    notes: &mut QuoteNotes,
+    mut quote: impl FnMut(&QuoteRequest) -> Result<crate::plugin::cost::Quote, plugin::PluginError>,
+) -> CloudPrice {
+    let mut best: [Option<CloudCost>; 2] = [None, None];
+    let mut asked = 0;
+    let mut failure = None;
+    let mut any = false;
+    // Currencies other than USD that quotes came back in: a cloud that quotes only in
+    // them is not one whose quotes failed for no reason.
+    let mut currencies = std::collections::BTreeSet::new();
+    'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu)) {
+        let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
+            continue;
+        };
+        for p in o.prices.iter().filter(|p| p.option == ask.option && in_region(&p.region, ask.region)) {
+            any = true;
+            if asked == MAX_QUOTES {
+                notes.push(format!("{name}: stopped after {MAX_QUOTES} quotes for {} GPUs", ask.gpus));
+                break 'offerings;
+            }
+            asked += 1;
+            let hours = if ask.option == PurchaseOption::Spot {
+                match assumptions.spot_hours(ask.hours, nodes) {
+                    Some(h) => h,
+                    None => {
+                        notes.push(format!(
+                            "{name}: spot on {nodes} nodes is interrupted faster than it checkpoints; not quoted"
+                        ));
+                        continue;
+                    }
+                }
+            } else {
+                ask.hours
             };
-            for p in o.prices.iter().filter(|p| p.option == ask.option && in_region(&p.region, ask.region)) {
-                any = true;
-                if asked == MAX_QUOTES {
-                    notes.push(format!("{}: stopped after {MAX_QUOTES} quotes for {} GPUs", self.name, ask.gpus));
-                    break 'offerings;
+            // Checkpoints and data are kept for as long as the run takes: a spot run's
+            // interruptions lengthen it, and its storage with it.
+            let storage_gb_months = if ask.hours > 0.0 { ask.storage_gb_months * hours / ask.hours } else { ask.storage_gb_months };
+            let request = QuoteRequest {
+                instance: o.instance.clone(),
+                gpus: ask.gpus,
+                nodes,
+                hours,
+                region: p.region.clone(),
+                option: ask.option,
+                start_date: String::new(),
+                storage_gb_months,
+                egress_gb: ask.egress_gb,
+            };
+            match quote(&request) {
+                Ok(q) if q.currency != "USD" => {
+                    notes.push(format!("{name}: a quote in {} is not compared with USD quotes", q.currency));
+                    currencies.insert(q.currency);
                 }
-                asked += 1;
-                let hours = if ask.option == PurchaseOption::Spot {
-                    match assumptions.spot_hours(ask.hours, nodes) {
-                        Some(h) => h,
-                        None => {
-                            notes.push(format!(
-                                "{}: spot on {nodes} nodes is interrupted faster than it checkpoints; not quoted",
-                                self.name
-                            ));
-                            continue;
-                        }
+                Ok(q) => {
+                    let caveats: Vec<String> = p.caveats.iter().map(|c| caveat_name(*c).to_string()).collect();
+                    let slot = usize::from(!caveats.is_empty());
+                    if best[slot].as_ref().is_none_or(|b| q.total < b.usd) {
+                        best[slot] = Some(CloudCost {
+                            cloud: name.to_string(),
+                            plugin: info.name.clone(),
+                            plugin_sha256: info.sha256.clone(),
+                            instance: o.instance.clone(),
+                            region: p.region.clone(),
+                            option: crate::plugin::cost::option_name(ask.option).to_string(),
+                            nodes,
+                            price_date: p.effective_date.clone(),
+                            price_source: p.source.clone(),
+                            caveats,
+                            currency: q.currency.clone(),
+                            usd: q.total,
+                            hours,
+                            billed_hours: billed_hours(&q.lines, nodes, ask.gpus),
+                            lines: q
+                                .lines
+                                .iter()
+                                .map(|l| Line {
+                                    item: l.item.clone(),
+                                    category: category(l.category).into(),
+                                    quantity: l.quantity,
+                                    unit: l.unit.clone(),
+                                    amount: l.amount,
+                                    estimate: l.estimate,
+                                })
+                                .collect(),
+                            warnings: q.warnings.clone(),
+                        });
                     }
-                } else {
-                    ask.hours
-                };
-                // Checkpoints and data are kept for as long as the run takes: a spot run's
-                // interruptions lengthen it, and its storage with it.
-                let storage_gb_months = if ask.hours > 0.0 { ask.storage_gb_months * hours / ask.hours } else { ask.storage_gb_months };
-                let request = QuoteRequest {
-                    instance: o.instance.clone(),
-                    gpus: ask.gpus,
-                    nodes,
-                    hours,
-                    region: p.region.clone(),
-                    option: ask.option,
-                    start_date: String::new(),
-                    storage_gb_months,
-                    egress_gb: ask.egress_gb,
-                };
-                match self.model.quote(&request) {
-                    Ok(q) if q.currency != "USD" => {
-                        notes.push(format!("{}: a quote in {} is not compared with USD quotes", self.name, q.currency));
-                        currencies.insert(q.currency);
-                    }
-                    Ok(q) => {
-                        let caveats: Vec<String> = p.caveats.iter().map(|c| caveat_name(*c).to_string()).collect();
-                        let slot = usize::from(!caveats.is_empty());
-                        if best[slot].as_ref().is_none_or(|b| q.total < b.usd) {
-                            best[slot] = Some(CloudCost {
-                                cloud: self.name.clone(),
-                                plugin: self.info.name.clone(),
-                                plugin_sha256: self.info.sha256.clone(),
-                                instance: o.instance.clone(),
-                                region: p.region.clone(),
-                                option: crate::plugin::cost::option_name(ask.option).to_string(),
-                                nodes,
-                                price_date: p.effective_date.clone(),
-                                price_source: p.source.clone(),
-                                caveats,
-                                currency: q.currency.clone(),
-                                usd: q.total,
-                                hours,
-                                billed_hours: billed_hours(&q.lines, nodes, ask.gpus),
-                                lines: q
-                                    .lines
-                                    .iter()
-                                    .map(|l| Line {
-                                        item: l.item.clone(),
-                                        category: category(l.category).into(),
-                                        quantity: l.quantity,
-                                        unit: l.unit.clone(),
-                                        amount: l.amount,
-                                        estimate: l.estimate,
-                                    })
-                                    .collect(),
-                                warnings: q.warnings.clone(),
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        let line = format!("skipped a quote: {e}");
-                        failure.get_or_insert_with(|| line.clone());
-                        notes.push(line);
-                    }
+                }
+                Err(e) => {
+                    let line = format!("skipped a quote: {e}");
+                    failure.get_or_insert_with(|| line.clone());
+                    notes.push(line);
                 }
             }
         }
-        let [clean, caveated] = best;
-        match (clean.or(caveated), failure) {
-            (Some(c), _) => CloudPrice::Quoted(c),
-            (None, failure) if !currencies.is_empty() => {
-                let other = failure.map_or(String::new(), |f| format!("; another was refused: {f}"));
-                CloudPrice::QuoteFailed { reason: foreign_currency(&self.name, &currencies) + &other }
-            }
-            (None, Some(reason)) => CloudPrice::QuoteFailed { reason },
-            (None, None) if any => CloudPrice::QuoteFailed { reason: format!("{}: no quote came back", self.name) },
-            (None, None) => CloudPrice::NotSold,
+    }
+    let [clean, caveated] = best;
+    match (clean.or(caveated), failure) {
+        (Some(c), _) => CloudPrice::Quoted(c),
+        (None, failure) if !currencies.is_empty() => {
+            let other = failure.map_or(String::new(), |f| format!("; another was refused: {f}"));
+            CloudPrice::QuoteFailed { reason: foreign_currency(name, &currencies) + &other }
         }
+        (None, Some(reason)) => CloudPrice::QuoteFailed { reason },
+        (None, None) if any => CloudPrice::QuoteFailed { reason: format!("{name}: no quote came back") },
+        (None, None) => CloudPrice::NotSold,
     }
 }
 
@@ -553,5 +567,244 @@ pub(crate) mod tests {
         assert!(in_region(ANY_REGION, "us-east-1"));
         assert!(in_region("us-east-1", "us-east-1") && in_region("us-east-1", ""));
         assert!(!in_region("us-west-2", "us-east-1"));
+    }
+
+    use crate::plugin::cost::{Price, Quote, QuoteLine};
+
+    fn h100() -> GpuProfile {
+        runner_project::profile::Profiles::builtin().get("H100").unwrap().clone()
+    }
+
+    fn price(region: &str, option: PurchaseOption, usd_per_node_hour: f64, caveats: &[PriceCaveat]) -> Price {
+        Price {
+            region: region.into(),
+            option,
+            usd_per_node_hour,
+            upfront_usd_per_node: 0.0,
+            billing_increment_s: 1,
+            minimum_charge_s: 0,
+            effective_date: "2026-11-01".into(),
+            source: format!("list of {usd_per_node_hour}"),
+            caveats: caveats.to_vec(),
+        }
+    }
+
+    /// An 8-GPU node of `gpu` sold at one price.
+    fn offering(instance: &str, gpu: &str, price: Price) -> Offering {
+        Offering {
+            instance: instance.into(),
+            gpu: gpu.into(),
+            gpus_per_node: 8,
+            scale_up_domain: 8,
+            node_multiple: 1,
+            interconnect_gbps: 0.0,
+            prices: vec![price],
+        }
+    }
+
+    fn ask<'a>(gpu: &'a GpuProfile, gpus: u32, hours: f64, region: &'a str, option: PurchaseOption) -> Ask<'a> {
+        Ask { gpu, gpus, hours, region, option, storage_gb_months: 3.0, egress_gb: 7.0 }
+    }
+
+    /// `ask` priced over `offerings` by a stand-in for the plugin that answers `answer`
+    /// (None: the list price of the offering's price, node-hours billed as asked, $0.10
+    /// per GB-month stored and $0.05 per GB out, in USD): the price, the requests it was
+    /// asked, and the notes.
+    fn priced(
+        offerings: &[Offering],
+        ask: &Ask<'_>,
+        assumptions: &Assumptions,
+        answer: impl Fn(&QuoteRequest) -> Option<Result<Quote, plugin::PluginError>>,
+    ) -> (CloudPrice, Vec<QuoteRequest>, Vec<String>) {
+        let info = PluginInfo {
+            name: "c.wasm".into(),
+            kind: plugin::Kind::Cost,
+            contract: "0.3.0".into(),
+            source: plugin::Source::Embedded,
+            sha256: "00".into(),
+            bytes: 0,
+            shadows_embedded: false,
+        };
+        let mut requests = Vec::new();
+        let mut notes = QuoteNotes::default();
+        let got = cheapest_of("c", &info, offerings, ask, assumptions, &mut notes, |r| {
+            requests.push(r.clone());
+            answer(r).unwrap_or_else(|| {
+                let o = offerings.iter().find(|o| o.instance == r.instance).unwrap();
+                let line = |category, quantity, unit: &str, rate: f64| QuoteLine {
+                    item: unit.into(),
+                    category,
+                    quantity,
+                    unit: unit.into(),
+                    amount: quantity * rate,
+                    estimate: false,
+                    caveats: Vec::new(),
+                };
+                let lines = vec![
+                    line(LineCategory::Compute, f64::from(r.nodes) * r.hours, "node-hour", o.prices[0].usd_per_node_hour),
+                    line(LineCategory::Storage, r.storage_gb_months, "GB-month", 0.10),
+                    line(LineCategory::Egress, r.egress_gb, "GB", 0.05),
+                ];
+                let total = lines.iter().map(|l| l.amount).sum();
+                Ok(Quote { currency: "USD".into(), lines, total, warnings: Vec::new() })
+            })
+        });
+        (got, requests, notes.finish())
+    }
+
+    fn refused(message: &str) -> Option<Result<Quote, plugin::PluginError>> {
+        Some(Err(plugin::PluginError::new("c.wasm", "quote", plugin::Failure::Refused(message.into()))))
+    }
+
+    /// Each cloud's cheapest quote is among its clean prices in the region and option
+    /// asked (a price for every region counts in any); a price its source marks lower-bound,
+    /// resale or suspect is taken only when no clean one is quoted, and then says so.
+    #[test]
+    fn a_cloud_quotes_its_cheapest_clean_price_in_the_region_and_option_asked() {
+        use PurchaseOption::{OnDemand, Spot};
+        let gpu = h100();
+        let offerings = [
+            offering("dear", "H100", price("us-east-1", OnDemand, 100.0, &[])),
+            offering("resale", "H100", price("us-east-1", OnDemand, 60.0, &[PriceCaveat::Resale])),
+            offering("flat", "H100", price(ANY_REGION, OnDemand, 80.0, &[])),
+            offering("spot", "H100", price("us-east-1", Spot, 10.0, &[])),
+            offering("elsewhere", "H100", price("eu-west-1", OnDemand, 50.0, &[])),
+            offering("alias", "nvidia-h100-80gb", price("us-east-1", OnDemand, 90.0, &[])),
+            offering("a100", "A100-80GB", price("us-east-1", OnDemand, 1.0, &[])),
+        ];
+        // 16 GPUs: 2 nodes for 10 h, 3 GB-months stored and 7 GB out.
+        let (got, requests, _) = priced(&offerings, &ask(&gpu, 16, 10.0, "us-east-1", OnDemand), &Assumptions::default(), |_| None);
+        let asked: Vec<(&str, &str)> = requests.iter().map(|r| (r.instance.as_str(), r.region.as_str())).collect();
+        assert_eq!(asked, [("dear", "us-east-1"), ("resale", "us-east-1"), ("flat", "*"), ("alias", "us-east-1")]);
+        assert!(requests.iter().all(|r| (r.nodes, r.hours, r.storage_gb_months, r.egress_gb) == (2, 10.0, 3.0, 7.0)), "{requests:?}");
+        let CloudPrice::Quoted(q) = got else { panic!("{got:?}") };
+        // 2 nodes x 10 h x $80, $0.30 stored, $0.35 out.
+        assert_eq!((q.instance.as_str(), q.region.as_str(), q.nodes, q.hours), ("flat", "*", 2, 10.0));
+        assert!((q.usd - 1600.65).abs() < 1e-9, "{}", q.usd);
+        assert!(q.caveats.is_empty() && q.price_source == "list of 80" && q.cloud == "c" && q.plugin == "c.wasm");
+        assert_eq!(q.billed_hours, Some(10.0), "node-hours over the nodes");
+        // Asked in no region, every region's prices count.
+        let (got, _, _) = priced(&offerings, &ask(&gpu, 16, 10.0, "", OnDemand), &Assumptions::default(), |_| None);
+        assert_eq!(got.quote().map(|q| q.instance.as_str()), Some("elsewhere"));
+        // Only caveated prices: the cheapest of them, carrying its caveat.
+        let caveated = [
+            offering("resale", "H100", price("us-east-1", OnDemand, 60.0, &[PriceCaveat::Resale])),
+            offering("guess", "H100", price("us-east-1", OnDemand, 70.0, &[PriceCaveat::LowerBound])),
+        ];
+        let (got, _, _) = priced(&caveated, &ask(&gpu, 16, 10.0, "us-east-1", OnDemand), &Assumptions::default(), |_| None);
+        let q = got.quote().unwrap();
+        assert_eq!((q.instance.as_str(), q.caveats.as_slice()), ("resale", ["resale".to_string()].as_slice()));
+    }
+
+    /// Spot hours are the run's hours stretched by the interruptions (each losing half a
+    /// checkpoint interval and a restart), and the storage with them; egress is once.
+    #[test]
+    fn a_spot_quote_asks_for_the_stretched_hours_and_storage() {
+        let gpu = h100();
+        let offerings = [offering("s", "H100", price("r", PurchaseOption::Spot, 10.0, &[]))];
+        // 5 nodes at 2.4 interruptions per node-day: one every 2 h, each losing 1 h of a
+        // 2 h interval and a 0.5 h restart, so a quarter of each hour does work: 10 h -> 40 h.
+        let a = Assumptions { spot_interruptions_per_node_day: 2.4, checkpoint_interval_h: 2.0, restart_h: 0.5, ..Assumptions::default() };
+        assert!((a.spot_hours(10.0, 5).unwrap() - 40.0).abs() < 1e-9);
+        let (got, requests, _) = priced(&offerings, &ask(&gpu, 40, 10.0, "r", PurchaseOption::Spot), &a, |_| None);
+        let r = &requests[0];
+        assert_eq!(r.nodes, 5);
+        assert!((r.hours - 40.0).abs() < 1e-9 && (r.storage_gb_months - 12.0).abs() < 1e-9 && r.egress_gb == 7.0, "{r:?}");
+        let q = got.quote().unwrap();
+        assert!((q.hours - 40.0).abs() < 1e-9 && q.option == "spot", "{q:?}");
+        // 8 nodes: interrupted every 1.25 h, losing 1.5 h each time: never finishes.
+        assert!(a.spot_hours(10.0, 8).is_none());
+        let (got, requests, notes) = priced(&offerings, &ask(&gpu, 64, 10.0, "r", PurchaseOption::Spot), &a, |_| None);
+        assert!(requests.is_empty());
+        assert!(matches!(&got, CloudPrice::QuoteFailed { reason } if reason == "c: no quote came back"), "{got:?}");
+        assert_eq!(notes, ["c: spot on 8 nodes is interrupted faster than it checkpoints; not quoted"]);
+        // Refused from nine tenths of the time lost: 19 nodes at 2.4 a day, each interruption
+        // losing half of a 1 h interval, lose 0.95 of every hour; 17 lose 0.85, and 10 h of
+        // work take 10 / 0.15 h.
+        let b = Assumptions { checkpoint_interval_h: 1.0, restart_h: 0.0, ..a };
+        assert!(b.spot_hours(10.0, 19).is_none());
+        assert!((b.spot_hours(10.0, 17).unwrap() - 10.0 / 0.15).abs() < 1e-9);
+    }
+
+    /// Nodes are whole and sold in the offering's multiples: 20 GPUs on 8-GPU nodes sold
+    /// in pairs are 4 nodes, quoted and reported as such.
+    #[test]
+    fn a_quote_is_for_whole_nodes_in_the_offerings_multiples() {
+        let gpu = h100();
+        let mut rack = offering("pair", "H100", price("r", PurchaseOption::OnDemand, 10.0, &[]));
+        rack.node_multiple = 2;
+        let (got, requests, _) = priced(&[rack], &ask(&gpu, 20, 1.0, "r", PurchaseOption::OnDemand), &Assumptions::default(), |_| None);
+        assert_eq!((requests[0].nodes, requests[0].gpus), (4, 20));
+        assert_eq!(got.quote().map(|q| q.nodes), Some(4));
+    }
+
+    /// A cloud that does not sell the GPU there is not one whose quotes failed: refused
+    /// quotes give the first refusal, quotes only in other currencies say so, and a quote
+    /// in USD is taken over a cheaper-looking one in another currency.
+    #[test]
+    fn no_price_says_whether_the_gpu_is_not_sold_or_its_quotes_failed() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        let offerings = [
+            offering("a", "H100", price("r", OnDemand, 10.0, &[])),
+            offering("b", "H100", price("r", OnDemand, 20.0, &[])),
+        ];
+        let on = |region| ask(&gpu, 8, 1.0, region, OnDemand);
+        let (got, _, _) = priced(&offerings, &on("elsewhere"), &Assumptions::default(), |_| None);
+        assert!(matches!(got, CloudPrice::NotSold), "{got:?}");
+        let (got, _, _) = priced(&offerings[..0], &on("r"), &Assumptions::default(), |_| None);
+        assert!(matches!(got, CloudPrice::NotSold), "{got:?}");
+        let (got, _, notes) = priced(&offerings, &on("r"), &Assumptions::default(), |r| refused(&format!("no {}", r.instance)));
+        let CloudPrice::QuoteFailed { reason } = got else { panic!("{got:?}") };
+        assert!(reason.starts_with("skipped a quote: ") && reason.ends_with("no a"), "{reason}");
+        assert_eq!(notes.len(), 2, "{notes:?}");
+        let euros = |r: &QuoteRequest| {
+            (r.instance == "a").then(|| Ok(Quote { currency: "EUR".into(), lines: Vec::new(), total: 1.0, warnings: Vec::new() }))
+        };
+        let (got, _, _) = priced(&offerings, &on("r"), &Assumptions::default(), euros);
+        assert_eq!(got.quote().map(|q| (q.instance.as_str(), q.currency.as_str())), Some(("b", "USD")));
+        let (got, _, _) = priced(&offerings[..1], &on("r"), &Assumptions::default(), euros);
+        let CloudPrice::QuoteFailed { reason } = got else { panic!("{got:?}") };
+        assert_eq!(reason, "c: its quotes were in EUR, and the table compares USD (no exchange rate is applied)");
+    }
+
+    /// At most 256 quotes per cloud and row, and the notes say where it stopped.
+    #[test]
+    fn a_cloud_is_asked_at_most_256_quotes_for_a_row() {
+        let gpu = h100();
+        let mut many = offering("m", "H100", price("r0", PurchaseOption::OnDemand, 10.0, &[]));
+        many.prices = (0..300).map(|i| price(&format!("r{i}"), PurchaseOption::OnDemand, 10.0, &[])).collect();
+        let (got, requests, notes) = priced(&[many], &ask(&gpu, 8, 1.0, "", PurchaseOption::OnDemand), &Assumptions::default(), |_| None);
+        assert_eq!(requests.len(), 256);
+        assert!(got.quote().is_some());
+        assert_eq!(notes, ["c: stopped after 256 quotes for 8 GPUs"]);
+    }
+
+    /// A note is said once, and past 20 the rest are counted.
+    #[test]
+    fn quote_notes_are_said_once_and_at_most_twenty() {
+        let mut notes = QuoteNotes::default();
+        notes.push("x".into());
+        notes.push("x".into());
+        assert_eq!(notes.finish(), ["x"]);
+        let mut notes = QuoteNotes::default();
+        for i in 0..25 {
+            notes.push(format!("n{i}"));
+        }
+        let lines = notes.finish();
+        assert_eq!((lines.len(), lines[19].as_str(), lines[20].as_str()), (21, "n19", "... and 5 more quote failures"));
+    }
+
+    /// The ranges `check` states are inclusive at "at most".
+    #[test]
+    fn assumptions_are_checked_against_their_stated_ranges() {
+        let ok = |a: Assumptions| a.check();
+        assert_eq!(ok(Assumptions { spot_interruptions_per_node_day: 24.0, ..Assumptions::default() }), Ok(()));
+        assert_eq!(ok(Assumptions { checkpoints_kept: 1000, ..Assumptions::default() }), Ok(()));
+        assert_eq!(ok(Assumptions { restart_h: 0.0, ..Assumptions::default() }), Ok(()));
+        let err = ok(Assumptions { spot_interruptions_per_node_day: 24.5, ..Assumptions::default() }).unwrap_err();
+        assert_eq!(err, "spot_interruptions_per_node_day is 24.5; it must be at least 0 and at most 24");
+        assert!(ok(Assumptions { checkpoints_kept: 1001, ..Assumptions::default() }).is_err());
+        assert!(ok(Assumptions { checkpoint_interval_h: 0.0, ..Assumptions::default() }).unwrap_err().contains("above 0"));
     }
 }
