@@ -1288,4 +1288,137 @@ mod tests {
         assert_eq!(a.best.as_ref().unwrap().gpus, 256);
         assert_eq!(a.runners_up.iter().map(|c| c.gpus).collect::<Vec<_>>(), [128, 64, 32, 16]);
     }
+
+    fn unpriced(mut r: Row) -> Row {
+        r.costs = vec![CloudPrice::NotSold];
+        r
+    }
+
+    fn unfit(gpus: u32) -> Row {
+        Row { days: None, why_not: Some("nothing fits".into()), ..unpriced(row(gpus, 0.0, 0.0)) }
+    }
+
+    fn labelled(gpu: &str, precision: &str, share: f64, rows: Vec<Row>) -> Series {
+        let profiles = runner_project::profile::Profiles::builtin();
+        Series { gpu: profiles.get(gpu).unwrap().clone(), precision: precision.into(), low_precision_share: share, ..series(rows) }
+    }
+
+    /// Speedup is against the series' first row that fits, relative cost against its first
+    /// row that is priced, and the sweet-spot walk starts at the first priced row.
+    #[test]
+    fn speedup_counts_from_the_first_row_that_fits_and_cost_from_the_first_priced() {
+        let rows = vec![unfit(32), unpriced(row(64, 100.0, 0.0)), row(128, 50.0, 1.0e6), row(256, 25.0, 1.5e6)];
+        let mut s = series(rows);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.rows.iter().map(|r| r.speedup).collect::<Vec<_>>(), [None, Some(1.0), Some(2.0), Some(4.0)]);
+        assert_eq!(s.rows.iter().map(|r| r.relative_cost).collect::<Vec<_>>(), [None, None, Some(1.0), Some(1.5)]);
+        // 128 -> 256 saves 25 days for $0.5M: $20K per day, over 1 % of $1.0M.
+        assert_eq!(s.sweet_spot, Some(128), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.starts_with("128 GPUs: going to 256 saves 25.00 days"), "{}", s.sweet_spot_why);
+        let mut s = series(vec![unfit(32), unpriced(row(64, 100.0, 0.0)), row(128, 50.0, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot_why, "128 GPUs: the smallest count priced");
+        assert_eq!(s.rows.iter().filter(|r| r.sweet).map(|r| r.gpus).collect::<Vec<_>>(), [128]);
+    }
+
+    /// Each step is weighed on its own (extra money over days saved against the count
+    /// before it), not averaged from the first row: a free step does not pay for a dear one.
+    /// A step costing exactly the threshold is taken (at most, as the reason says), and
+    /// deriving again marks one sweet spot only.
+    #[test]
+    fn the_sweet_spot_weighs_each_step_against_the_one_before() {
+        // 64 -> 128 is free; 128 -> 256 saves 25 days for $0.3M: $12K per day, over the
+        // $10K threshold (from 64 it would average $4K per day).
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.0e6), row(256, 25.0, 1.3e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(128), "{}", s.sweet_spot_why);
+        // $0.25M for 25 days: $10K per day, exactly the threshold.
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.0e6), row(256, 25.0, 1.25e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(10_000.0) });
+        assert_eq!(s.sweet_spot, Some(256), "{}", s.sweet_spot_why);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(100.0) });
+        assert_eq!(s.rows.iter().filter(|r| r.sweet).map(|r| r.gpus).collect::<Vec<_>>(), [128]);
+    }
+
+    /// The default threshold is 1 % of the cheapest run, wherever it stands: here the second
+    /// row ($1.0M, so $10K), not the first ($1.2M) nor the dearest ($1.275M).
+    #[test]
+    fn the_default_threshold_follows_the_cheapest_run_wherever_it_is() {
+        // 64 -> 128 is faster and cheaper; 128 -> 256 saves 25 days for $275K: $11K per day.
+        let mut s = series(vec![row(64, 100.0, 1.2e6), row(128, 50.0, 1.0e6), row(256, 25.0, 1.275e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(128), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.ends_with("$11.0K per day saved, over the $10.0K threshold"), "{}", s.sweet_spot_why);
+    }
+
+    /// FP8 against BF16 on the same GPU type, count by count where both fit: BF16 days
+    /// over FP8 days, each side's own cheapest quote, and the FP8 plan's coverage.
+    #[test]
+    fn low_precision_is_compared_with_bf16_of_the_same_gpu_at_each_count_both_fit() {
+        let mut series = [
+            labelled("B200", "bf16", 0.0, vec![row(64, 30.0, 0.5e6), row(128, 15.0, 0.5e6)]),
+            labelled("H100", "bf16", 0.0, vec![row(64, 100.0, 1.0e6), unfit(128)]),
+            labelled("H100", "fp8", 0.8, vec![row(64, 80.0, 0.9e6), row(128, 40.0, 0.95e6)]),
+        ];
+        for s in &mut series {
+            derive(s, &SweetSpotRule { max_usd_per_day_saved: None });
+        }
+        let c = compare(&series);
+        assert_eq!(c.len(), 1, "{c:#?}");
+        let c = &c[0];
+        assert_eq!((c.gpu.as_str(), c.precision.as_str(), c.gpus), ("H100", "fp8", 64));
+        assert_eq!((c.days_bf16, c.days, c.speedup), (100.0, 80.0, 1.25));
+        assert_eq!((c.usd_bf16, c.usd, c.coverage), (Some(1.0e6), Some(0.9e6), 0.8));
+    }
+
+    /// A goal's bounds are inclusive ("within" so many days, "at most" so many dollars);
+    /// ties go to the faster (target) or the cheaper (budget) run; a row no cloud prices
+    /// is no answer; and the largest count asked is said whatever order they were asked in.
+    #[test]
+    fn goals_are_inclusive_break_ties_and_answer_only_with_priced_rows() {
+        let clouds = ["c".to_string()];
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.1e6), row(256, 25.0, 1.3e6), unpriced(row(512, 10.0, 0.0))]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let s = [s];
+        let a = answer(Goal::TargetDays(50.0), &s, &clouds, &[256, 64, 512, 128]);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 128);
+        assert_eq!(a.runners_up.iter().map(|c| c.gpus).collect::<Vec<_>>(), [256]);
+        let a = answer(Goal::Budget(1.1e6), &s, &clouds, &[256, 64, 512, 128]);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 128);
+        let a = answer(Goal::TargetDays(5.0), &s, &clouds, &[256, 64, 512, 128]);
+        assert!(!a.met);
+        let best = a.best.unwrap();
+        assert_eq!((best.gpus, best.usd), (256, Some(1.3e6)), "the fastest priced run");
+        assert!(a.why.contains("the fastest takes 25.0 days. The largest count asked was 512"), "{}", a.why);
+        // Equal cost: the faster; equal days: the cheaper (here on another GPU type).
+        let mut same = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.0e6)]);
+        derive(&mut same, &SweetSpotRule { max_usd_per_day_saved: None });
+        let mut b200 = labelled("B200", "bf16", 0.0, vec![row(64, 50.0, 0.9e6)]);
+        derive(&mut b200, &SweetSpotRule { max_usd_per_day_saved: None });
+        let both = [same, b200];
+        let a = answer(Goal::TargetDays(200.0), &both[..1], &clouds, &[64, 128]);
+        assert_eq!(a.best.as_ref().unwrap().gpus, 128);
+        let a = answer(Goal::Budget(2e6), &both, &clouds, &[64, 128]);
+        let best = a.best.unwrap();
+        assert_eq!((best.gpu.as_str(), best.gpus), ("B200", 64));
+    }
+
+    /// Each cloud's price rows, once each, under that cloud; a caveated row says so.
+    #[test]
+    fn price_provenance_names_each_clouds_rows_and_their_caveats() {
+        let mut clean = crate::pricing::tests::quote(1.0, &[]);
+        clean.instance = "p5".into();
+        let mut resale = crate::pricing::tests::quote(2.0, &["resale"]);
+        (resale.cloud, resale.plugin, resale.instance) = ("b".into(), "b.wasm".into(), "x8".into());
+        let r = |gpus| Row { costs: vec![CloudPrice::Quoted(clean.clone()), CloudPrice::Quoted(resale.clone())], ..row(gpus, 1.0, 1.0) };
+        let s = series(vec![r(8), r(16)]);
+        let notes = price_provenance(&[s], &["a".to_string(), "b".to_string()]);
+        assert_eq!(
+            notes,
+            [
+                "a prices from c.wasm sha256 00: H100 p5 r on-demand undated: s",
+                "b prices from b.wasm sha256 00: H100 x8 r on-demand undated: s [resale: no clean price for this GPU]"
+            ]
+        );
+    }
 }
