@@ -315,16 +315,21 @@ fn params_for(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Param> {
 /// wait for stragglers.
 const WEAK_SCALING_SPAN: u64 = 4;
 
-/// Each run's weak-scaling series, if it is in one: the runs of one layout per GPU (model,
-/// recipe, tp, pp, cp, vp, ep, etp, micro-batch) at GPU counts of which some two are at
-/// least [`WEAK_SCALING_SPAN`] apart. Within a series only the wait for stragglers (and
-/// the little data-parallel traffic a larger count adds) differs, so the series pin the
-/// straggler spread whatever the other parameters are.
+/// Each run's weak-scaling series, if it is in one: the runs of one layout per GPU (model
+/// and sequence length, recipe, tp, pp, cp, vp, ep, etp, micro-batch, micro-batches per
+/// step) at GPU counts of which some two are at least [`WEAK_SCALING_SPAN`] apart. Within
+/// a series only the wait for stragglers (and the little data-parallel traffic a larger
+/// count adds) differs, so the series pin the straggler spread whatever the other
+/// parameters are; runs at another sequence length or batch per GPU would differ by the
+/// efficiencies' errors as well. Recompute is not part of the key: where a run does not
+/// publish it, the layout resolved for it may recompute a few layers more at one count
+/// than at another to fit memory (the MaxText Llama 3 70B pair), the same run otherwise.
 fn weak_scaling_series(prep: &Prepared<'_>, runs: &[Run]) -> Vec<Option<usize>> {
-    type Key = (String, String, u32, u32, u32, u32, u32, u32, u32);
+    type Key = (String, u32, String, [u32; 7], u64);
     let key = |r: &Run| -> Key {
         let (pr, l) = (&prep.projectors[r.at], &r.layout);
-        (pr.model.name.clone(), pr.plan.recipe.name().to_string(), l.tp, l.pp, l.cp, l.vp, l.ep, l.etp, l.mbs)
+        let per_step = u64::from(l.gbs) / (u64::from(l.dp) * u64::from(l.mbs)).max(1);
+        (pr.model.name.clone(), pr.model.seq_len, pr.plan.recipe.name().to_string(), [l.tp, l.pp, l.cp, l.vp, l.ep, l.etp, l.mbs], per_step)
     };
     let mut groups: std::collections::BTreeMap<Key, (u64, u64)> = std::collections::BTreeMap::new();
     for r in runs {

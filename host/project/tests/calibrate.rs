@@ -129,7 +129,7 @@ fn a_run_far_off_barely_moves_the_fit() {
 /// families, not of 1; the shared parameters with 10 runs, not 9; the network only where
 /// a run spans more GPUs than the 8 of an NVLink domain; the straggler spread where runs
 /// of one layout per GPU span 4x the GPUs (2 to 8), not where only the tensor
-/// parallelism differs.
+/// parallelism, the batch per GPU or the sequence length differs.
 #[test]
 fn a_fit_takes_each_parameter_from_enough_runs() {
     let truth = truth();
@@ -146,6 +146,12 @@ fn a_fit_takes_each_parameter_from_enough_runs() {
         .collect();
     assert_eq!(params(ten.clone()), ["gemm.bf16", "gemm_half_gflop", "attention", "memory", "straggler"]);
     assert_eq!(params(ten[..9].to_vec()), ["gemm.bf16", "straggler"]);
+    // The same counts at another batch per GPU (the 8-GPU runs at 16 sequences a GPU, not
+    // 32), or at another sequence length, are not one layout per GPU: no series.
+    let other_batch: Vec<Point> = ten[..9].iter().map(|p| if p.num_gpus == Some(8) { Point { gbs: Some(128), ..p.clone() } } else { p.clone() }).collect();
+    assert_eq!(params(other_batch), ["gemm.bf16"]);
+    let other_seq: Vec<Point> = ten[..9].iter().map(|p| if p.num_gpus == Some(8) { Point { seq_len: Some(1024), ..p.clone() } } else { p.clone() }).collect();
+    assert_eq!(params(other_seq), ["gemm.bf16"]);
     // 1 GPU at tp 1 and 8 at tp 2: another layout per GPU, not a series.
     let no_series: Vec<Point> = DENSE.iter().flat_map(|m| [run(m, "H100", 1, 1, 32), run(m, "H100", 8, 2, 128)]).collect();
     assert_eq!(params(no_series), ["gemm.bf16"]);
