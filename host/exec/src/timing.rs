@@ -208,4 +208,85 @@ mod tests {
         assert!((s.p10 - 1.4).abs() < 1e-12 && (s.p90 - 4.6).abs() < 1e-12);
         assert_eq!(Stat::of(&[]).n, 0);
     }
+
+    /// An even count: the median is halfway between the middle two, and p10/p90 sit at
+    /// p·(n−1) between order statistics. Skewed values, so a mean is not a median.
+    #[test]
+    fn median_of_an_even_count_is_halfway_between_the_middle_two() {
+        let s = Stat::of(&[10.0, 1.0, 4.0, 2.0]);
+        // Sorted 1 2 4 10. Median at 1.5: (2 + 4) / 2 = 3. p10 at 0.3: 1 + 0.3 × 1 = 1.3.
+        // p90 at 2.7: 4 + 0.7 × 6 = 8.2.
+        assert!((s.median - 3.0).abs() < 1e-12, "{s:?}");
+        assert!((s.p10 - 1.3).abs() < 1e-12 && (s.p90 - 8.2).abs() < 1e-12, "{s:?}");
+        assert_eq!((s.min, s.max, s.n), (1.0, 10.0, 4));
+        let one = Stat::of(&[7.0]);
+        assert_eq!((one.median, one.p10, one.p90, one.min, one.max, one.n), (7.0, 7.0, 7.0, 7.0, 7.0, 1));
+    }
+
+    fn toy_executor() -> (runner_graph::Graph, Executor<crate::cpu::Cpu>) {
+        let g = crate::toy::llama(&crate::toy::ToyConfig { hidden: 16, ffn: 32, ..crate::toy::ToyConfig::tiny() });
+        let ex = Executor::new(&g, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default()).unwrap();
+        (g, ex)
+    }
+
+    fn run(ex: &mut Executor<crate::cpu::Cpu>, g: &runner_graph::Graph, warmup: usize, repeats: usize) -> Result<StepTiming, ExecError> {
+        let data = crate::proxy::synthetic_inputs(g, 0);
+        let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+        time_steps(ex, &inputs, &crate::executor::ADAMW_DEFAULT, TimingOptions { warmup, repeats }, &mut |_, _, _| {})
+    }
+
+    /// Warm-up steps are real training steps (they update the weights) that are not
+    /// timed: after two warm-up steps the one timed step is the third step of the same
+    /// run, the one whose loss a run of three timed steps from the same start reports
+    /// last. No repeats is an error, not an empty timing.
+    #[test]
+    fn warm_up_steps_train_but_are_not_timed() {
+        let (g, mut ex) = toy_executor();
+        let warm = run(&mut ex, &g, 2, 1).unwrap();
+        assert_eq!((warm.warmup, warm.repeats, warm.step.n, warm.losses.len()), (2, 1, 1, 1));
+        let (_, mut ex) = toy_executor();
+        let cold = run(&mut ex, &g, 0, 3).unwrap();
+        assert_eq!((cold.warmup, cold.repeats, cold.step.n), (0, 3, 3));
+        assert!(cold.losses[0] != cold.losses[2], "{:?}", cold.losses);
+        assert_eq!(warm.losses[0], cold.losses[2], "{:?} vs {:?}", warm.losses, cold.losses);
+        assert!(run(&mut ex, &g, 1, 0).is_err());
+    }
+
+    /// Each op's row is that op's (name, layer) with its own forward and backward clocks:
+    /// a phase encloses its ops' kernels in every step, so the fastest phase is at least
+    /// the sum of its ops' fastest runs. Without recompute nothing is re-run. The AdamW
+    /// times are one per weight, under the weight's own name.
+    #[test]
+    fn op_and_weight_rows_are_their_own() {
+        let (g, mut ex) = toy_executor();
+        let t = run(&mut ex, &g, 1, 3).unwrap();
+        let rows: Vec<(&str, i32)> = t.ops.iter().map(|o| (o.name.as_str(), o.layer)).collect();
+        let want: Vec<(&str, i32)> = g.ops.iter().map(|o| (o.name.as_str(), o.layer)).collect();
+        assert_eq!(rows, want);
+        assert!(g.ops.iter().any(|o| o.layer < 0));
+        let fwd_ops: f64 = t.ops.iter().map(|o| o.forward.min).sum();
+        let bwd_ops: f64 = t.ops.iter().map(|o| o.backward.min).sum();
+        assert!(t.forward.min >= fwd_ops - 1e-9, "forward {:?} vs ops {fwd_ops}", t.forward);
+        assert!(t.backward.min >= bwd_ops - 1e-9, "backward {:?} vs ops {bwd_ops}", t.backward);
+        assert_eq!(t.recompute.max, 0.0);
+        assert!(t.ops.iter().all(|o| o.recompute.max == 0.0));
+        let names: Vec<&str> = t.optimizer_by_weight.iter().map(|(n, _)| n.as_str()).collect();
+        let weights: Vec<&str> = g.tensors.iter().filter(|t| t.kind == runner_graph::TensorKind::Weight).map(|t| t.name.as_str()).collect();
+        assert_eq!(names, weights);
+    }
+
+    /// Under full recompute the backward phase runs each op's backward and, before it,
+    /// the layer's re-run forward, each on its own clock: in every step the phase is at
+    /// least the sum of both, so its fastest step is at least the sum of the ops' fastest
+    /// backward and re-run times. Only the layers' ops are re-run.
+    #[test]
+    fn the_backward_phase_encloses_its_ops_and_their_re_runs() {
+        let g = crate::toy::llama(&crate::toy::ToyConfig { hidden: 16, ffn: 32, ..crate::toy::ToyConfig::tiny() });
+        let opts = crate::executor::ExecOptions { recompute: runner_graph::recompute::RecomputePolicy::Full, ..Default::default() };
+        let mut ex = Executor::new(&g, crate::cpu::Cpu::new(), opts).unwrap();
+        let t = run(&mut ex, &g, 1, 3).unwrap();
+        let ops: f64 = t.ops.iter().map(|o| o.backward.min + o.recompute.min).sum();
+        assert!(t.backward.min >= ops - 1e-9, "backward {:?} vs its ops and re-runs {ops}", t.backward);
+        assert!(t.ops.iter().all(|o| (o.recompute.min > 0.0) == (o.layer >= 0)), "{:?}", t.ops);
+    }
 }
