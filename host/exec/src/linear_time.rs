@@ -154,4 +154,32 @@ mod tests {
         let e = time_linear(&dev, &LinearGemms { formats: [Elem::F32; 3], ..small }, 1).unwrap_err();
         assert!(e.to_string().contains("bf16 or fp8"), "{e}");
     }
+
+    /// Each role in FP8 alone: a low-precision forward casts x only, an input gradient
+    /// dy only, a weight gradient both (dyᵀ·x).
+    #[test]
+    fn each_fp8_role_casts_its_own_operands() {
+        let dev = Cpu::new();
+        let l = |formats| LinearGemms { m: 32, n: 48, k: 16, formats };
+        let (b, f) = (Elem::BF16, Elem::F8E4M3);
+        let casts = |formats| {
+            let t = time_linear(&dev, &l(formats), 1).unwrap();
+            (t.cast_x_s > 0.0, t.cast_dy_s > 0.0)
+        };
+        assert_eq!(casts([f, b, b]), (true, false));
+        assert_eq!(casts([b, f, b]), (false, true));
+        assert_eq!(casts([b, b, f]), (true, true));
+    }
+
+    /// A zero dimension is an error, and zero samples still time one.
+    #[test]
+    fn zero_dimensions_are_errors_and_zero_samples_time_one() {
+        let dev = Cpu::new();
+        for (m, n, k) in [(0, 48, 16), (32, 0, 16), (32, 48, 0)] {
+            let e = time_linear(&dev, &LinearGemms { m, n, k, formats: [Elem::BF16; 3] }, 1).unwrap_err();
+            assert!(e.to_string().contains("at least 1"), "{e}");
+        }
+        let t = time_linear(&dev, &LinearGemms { m: 32, n: 48, k: 16, formats: [Elem::BF16; 3] }, 0).unwrap();
+        assert!(t.kernel_s.iter().all(|&s| s > 0.0), "{t:?}");
+    }
 }
