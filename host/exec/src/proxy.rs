@@ -404,4 +404,70 @@ mod tests {
         assert_eq!(heard, [(1, 5, true), (2, 5, true), (3, 5, false), (4, 5, false), (5, 5, false)]);
         assert_eq!(m.timing.losses.len(), 3);
     }
+
+    /// A layer's re-run forward segments (recompute) are the layer's time; a weight a
+    /// layer shares with an op outside the stack (as a tied embedding is) has its AdamW
+    /// update counted outside the layers, not as a layer's.
+    #[test]
+    fn recompute_is_a_layers_and_a_shared_weights_update_is_not() {
+        let mut g = llama(&ToyConfig { hidden: 16, ffn: 32, ..ToyConfig::tiny() });
+        let shared = g.tensors.iter().position(|t| t.kind == TensorKind::Weight && t.name.starts_with("layers.0.")).unwrap();
+        let outside = g.ops.iter().position(|o| o.layer < 0).unwrap();
+        g.ops[outside].inputs.push(shared);
+        let layer_ops = g.ops.iter().filter(|o| o.layer >= 0).count() as f64;
+        let layer_weights = g.tensors.iter().filter(|t| t.kind == TensorKind::Weight && t.name.starts_with("layers.")).count() as f64;
+        let other_ops = g.ops.len() as f64 - layer_ops;
+        let other_weights = g.tensors.iter().filter(|t| t.kind == TensorKind::Weight).count() as f64 - layer_weights;
+
+        let mut t = known_timing(&g, 0.25);
+        for o in t.ops.iter_mut().filter(|o| o.layer >= 0) {
+            o.recompute = stat(4e-3);
+        }
+        t.step = stat(t.step.median + layer_ops * 4e-3);
+        let c = Composition::of(&g, &t, Some(32));
+        // Each layer op 1 + 2 + 4 ms; every layer weight but the shared one 0.1 ms.
+        let per_layer = (layer_ops * 7e-3 + (layer_weights - 1.0) * 1e-4) / 2.0;
+        let rest = other_ops * 3e-2 + other_weights * 5e-3 + 1e-4 + 0.25;
+        assert!((c.per_layer_s - per_layer).abs() < 1e-12, "{} vs {per_layer}", c.per_layer_s);
+        assert!((c.non_layer_s - rest).abs() < 1e-12, "{} vs {rest}", c.non_layer_s);
+        assert!((c.projected_full_step_s - (rest + 32.0 * per_layer)).abs() < 1e-12);
+    }
+
+    /// The figures of a measured step are the median step's: tokens per second of the
+    /// measured and of the projected step, achieved TFLOP/s (1e12 FLOP/s) under the
+    /// convention asked for, and the backward's recompute under the policy asked for.
+    #[test]
+    fn a_measured_steps_figures_follow_its_median_step_and_options() {
+        let g = llama(&ToyConfig { hidden: 16, ffn: 32, ..ToyConfig::tiny() });
+        let opts = MeasureOptions { convention: Convention::FULL, recompute: RecomputePolicy::Selective, full_layers: Some(8), ..MeasureOptions::default() };
+        let m = measure_training_step(&g, opts).unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * b.abs();
+        // Batch 2 of 8 tokens.
+        assert_eq!(m.tokens_per_step, 16);
+        assert_eq!(m.step_s, m.timing.step.median);
+        assert!(close(m.tokens_per_s, 16.0 / m.step_s), "{m:?}");
+        assert!(close(m.projected_tokens_per_s, 16.0 / m.projected_full_step_s), "{m:?}");
+        let full = model_flops_per_step(&g, &Convention::FULL);
+        assert!(full > model_flops_per_step(&g, &Convention::CAUSAL));
+        assert_eq!(m.model_flops_per_step, full);
+        assert!(close(m.achieved_tflops, full / m.step_s / 1e12), "{m:?}");
+        assert_eq!(m.convention, Convention::FULL.to_string());
+        assert_eq!(m.recompute, RecomputePolicy::Selective);
+        assert!(m.recompute_s > 0.0 && m.recompute_s == m.timing.recompute.median, "{:?}", m.timing.recompute);
+    }
+
+    /// The seed is the weights' and the synthetic inputs': the measured steps train on
+    /// `synthetic_inputs(graph, seed)` from weights of that seed (the same losses as an
+    /// executor of that seed timed on those inputs).
+    #[test]
+    fn the_seed_seeds_weights_and_inputs() {
+        let g = llama(&ToyConfig { hidden: 16, ffn: 32, ..ToyConfig::tiny() });
+        let m = measure_training_step(&g, MeasureOptions { seed: 3, ..MeasureOptions::default() }).unwrap();
+        let mut ex = Executor::new(&g, Cpu::new(), ExecOptions { seed: 3, ..ExecOptions::default() }).unwrap();
+        let data = synthetic_inputs(&g, 3);
+        let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+        let t = time_steps(&mut ex, &inputs, &ADAMW_DEFAULT, MeasureOptions::default().timing, &mut |_, _, _| {}).unwrap();
+        assert_eq!(m.timing.losses, t.losses);
+        assert_ne!(synthetic_inputs(&g, 0), data);
+    }
 }
