@@ -380,7 +380,8 @@ async fn serve(
     timeout: Duration,
     held: Option<TcpListener>,
 ) -> Result<(Vec<String>, tokio::net::TcpListener, TcpListener, JoinSet<Greeting>), DistError> {
-    let mut until = tokio::time::Instant::now() + timeout;
+    let start_until = tokio::time::Instant::now() + timeout;
+    let mut until = start_until;
     // The run is IPv6 where rank 0's address resolves to IPv6 addresses only.
     let v6 = match &held {
         Some(l) => l.local_addr().map_err(|e| rv(e.to_string()))?.is_ipv6(),
@@ -477,13 +478,48 @@ async fn serve(
         None => Answer::Welcome(addrs.clone()),
     };
     let text = serde_json::to_string(&answer).map_err(|e| rv(e.to_string()))? + "\n";
-    for s in seen.iter_mut().flatten().chain(&mut second_zero) {
-        let _ = s.write_all(text.as_bytes()).await;
-    }
+    // The ranks have until the rendezvous' end to take the answer, and a few seconds
+    // at least where the last of them came near it.
+    let answering = tokio::time::Instant::now();
+    let by = start_until.max(answering + HELLO_WITHIN.min(timeout / 4));
+    let to = seen.into_iter().enumerate().filter_map(|(r, s)| Some((r, s?)));
+    let untaken = answer_all(to.chain(second_zero.into_iter().map(|s| (0, s))), text.clone(), by).await;
     match refuse {
         Some(why) => Err(DistError::Refused { rank: 0, why }),
+        None if !untaken.is_empty() => Err(rv(format!(
+            "rank(s) {untaken:?} did not take rank 0's answer (the {n} ranks' addresses, {} bytes) within {:.0?} \
+             (--timeout): their processes exited, or stopped reading (suspended, hung); the other ranks were answered",
+            text.len(),
+            answering.elapsed()
+        ))),
         None => Ok((addrs, l, mesh, reading)),
     }
+}
+
+/// Write `text` to every `(rank, connection)` of `to` at once, by `by`: the ranks that
+/// had not taken it all then, sorted. One after another, a rank that never reads (its
+/// process stopped, with the answer more than the sockets' buffers hold: a world of
+/// thousands of addresses) held rank 0, and so every rank after it, for good.
+async fn answer_all(to: impl Iterator<Item = (usize, tokio::net::TcpStream)>, text: String, by: tokio::time::Instant) -> Vec<usize> {
+    let text: std::sync::Arc<str> = text.into();
+    let mut writing = JoinSet::new();
+    for (r, mut s) in to {
+        let text = text.clone();
+        writing.spawn(async move {
+            let taken = matches!(tokio::time::timeout_at(by, s.write_all(text.as_bytes())).await, Ok(Ok(())));
+            // A write cut by the deadline leaves the rank half an answer: closed here
+            // (`s` dropped), it reads a line cut short rather than wait on.
+            (r, taken)
+        });
+    }
+    let mut untaken = Vec::new();
+    while let Some(done) = writing.join_next().await {
+        if let Ok((r, false)) = done {
+            untaken.push(r);
+        }
+    }
+    untaken.sort_unstable();
+    untaken
 }
 
 /// Any other rank: connect to rank 0 (retrying until it listens), open the mesh listener
@@ -946,6 +982,53 @@ mod tests {
 
     fn hello_json(rank: usize, world: usize) -> String {
         serde_json::to_string(&Hello { rank, world, meta: meta("a"), port: 1 }).unwrap() + "\n"
+    }
+
+    /// A seated rank that never reads its answer (its process stopped), the answer more
+    /// than the sockets' buffers hold (a world of 1000 here, the buffers shrunk): every
+    /// other rank is answered at once, and rank 0 fails at the rendezvous' end naming the
+    /// rank. (Before: rank 0 wrote the answers one after another, blocked on rank 1's for
+    /// good, and no rank after it heard anything.)
+    #[test]
+    fn a_rank_that_does_not_take_its_answer_holds_no_other() {
+        let n = 1000;
+        let rt = runtime().unwrap();
+        // Small send buffers on rank 0's listener (its connections inherit them), a small
+        // receive buffer on the rank that does not read: the answer (14 kB) fills both.
+        let held = rt.block_on(async {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_send_buffer_size(4096).unwrap();
+            s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            s.listen(2048).unwrap().into_std().unwrap()
+        });
+        let at = held.local_addr().unwrap();
+        let start = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || drop(tx.send(rendezvous_on(held, &launch(0, n, at.port()), &meta("a"), Duration::from_secs(2)).map(|_| ()))));
+        let mut stopped = rt.block_on(async {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_recv_buffer_size(2048).unwrap();
+            s.connect(at).await.unwrap().into_std().unwrap()
+        });
+        stopped.set_nonblocking(false).unwrap();
+        std::io::Write::write_all(&mut stopped, hello_json(1, n).as_bytes()).unwrap();
+        let mut others: Vec<TcpStream> = (2..n)
+            .map(|r| {
+                let mut s = TcpStream::connect(at).unwrap();
+                std::io::Write::write_all(&mut s, hello_json(r, n).as_bytes()).unwrap();
+                s
+            })
+            .collect();
+        for (r, s) in others.iter_mut().enumerate() {
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut line = String::new();
+            let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(s), &mut line);
+            assert!(line.starts_with("{\"Welcome\"") && line.len() > 10_000, "rank {}: {line:?}", r + 2);
+        }
+        let e = rx.recv_timeout(Duration::from_secs(10)).expect("rank 0 hung on the rank that does not read").unwrap_err().to_string();
+        assert!(e.contains("rank(s) [1] did not take rank 0's answer (the 1000 ranks' addresses"), "{e}");
+        assert!(start.elapsed() < Duration::from_secs(6), "{:?}", start.elapsed());
+        drop(stopped);
     }
 
     /// Rank 0 reading hellos by hand: a rank claimed twice is refused as such; a hello
