@@ -4,7 +4,9 @@
 //! that the ranks are distinct, agree on the world size and run exactly the same thing,
 //! and answers every rank with the address of every other rank's data port, or with the
 //! reason it refuses (a plugin hash that differs names the plugin and both hashes, on
-//! every rank). The ranks then connect pairwise into the [`TcpWorld`] mesh.
+//! every rank). The ranks then connect pairwise into the [`TcpWorld`] mesh, each
+//! connection opening with the run's token from rank 0's answer, so that a mesh listener
+//! takes no connection of another run's (or a stray process's) for one of its ranks.
 //!
 //! Ranks may start in any order: they retry the connection to rank 0 until the timeout;
 //! rank 0 waits that long for the others and names the ranks that never came.
@@ -76,9 +78,50 @@ struct Hello {
 
 #[derive(Serialize, Deserialize)]
 enum Answer {
-    /// Every rank's mesh address, by rank.
-    Welcome(Vec<String>),
+    Welcome {
+        /// Every rank's mesh address, by rank.
+        addrs: Vec<String>,
+        /// This run's [`Token`].
+        token: Token,
+    },
     Refuse(String),
+}
+
+/// What every connection of a run's mesh says after its rank: drawn by rank 0 for the
+/// run and sent in its welcome, so that a mesh listener takes only this run's ranks, not
+/// a stray process or a rank of another run on the same hosts (whose welcome named a
+/// port that is now this run's) saying a rank number. Not a secret against someone who
+/// can read the rendezvous: a tag that keeps runs apart. A hello and its answer change
+/// only with the runner's version, which rank 0 checks first (`RunMeta::version`), so
+/// ranks of one run speak the same mesh greeting.
+type Token = u128;
+
+/// A fresh [`Token`] for a run of `addrs`: std's per-process random hash keys (the OS's
+/// randomness, without a dependency for it), the process id, the clock and the addresses.
+fn run_token(addrs: &[String]) -> Token {
+    use std::hash::{BuildHasher, Hasher};
+    let half = |salt: u64| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(salt);
+        h.write_u32(std::process::id());
+        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+        for a in addrs {
+            h.write(a.as_bytes());
+        }
+        h.finish()
+    };
+    (u128::from(half(0)) << 64) | u128::from(half(1))
+}
+
+/// The greeting that opens a mesh connection: the connecting rank (u64) and the run's
+/// [`Token`], little-endian.
+const MESH_GREETING: usize = 8 + 16;
+
+fn mesh_greeting(rank: usize, token: Token) -> [u8; MESH_GREETING] {
+    let mut g = [0u8; MESH_GREETING];
+    g[..8].copy_from_slice(&(rank as u64).to_le_bytes());
+    g[8..].copy_from_slice(&token.to_le_bytes());
+    g
 }
 
 /// Why the rendezvous failed.
@@ -159,7 +202,7 @@ fn meet(launch: &Launch, meta: &RunMeta, timeout: Duration, held: Option<TcpList
         meta: meta.clone(),
         port: 0,
     };
-    let (addrs, listener) = if launch.rank == 0 {
+    let (addrs, token, listener) = if launch.rank == 0 {
         // Rank 0 names the ranks that never came when its own wait ends.
         rank_0(launch.world, &host, port, hello, timeout, held)?
     } else {
@@ -179,7 +222,7 @@ fn meet(launch: &Launch, meta: &RunMeta, timeout: Duration, held: Option<TcpList
             }
         })?
     };
-    connect_mesh(launch.rank, &addrs, &listener, deadline, timeout)
+    connect_mesh(launch.rank, &addrs, token, &listener, deadline, timeout)
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime, DistError> {
@@ -194,7 +237,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, DistError> {
 /// process that comes after the world is complete (a rank started twice) is told so at
 /// once, not left to wait out its timeout. Every rank's mesh address and this rank's mesh
 /// listener come back.
-fn rank_0(world: usize, host: &str, port: u16, hello: Hello, timeout: Duration, held: Option<TcpListener>) -> Result<(Vec<String>, TcpListener), DistError> {
+fn rank_0(world: usize, host: &str, port: u16, hello: Hello, timeout: Duration, held: Option<TcpListener>) -> Result<(Vec<String>, Token, TcpListener), DistError> {
     let (tx, rx) = std::sync::mpsc::channel();
     let host = host.to_string();
     let server = move || {
@@ -204,9 +247,9 @@ fn rank_0(world: usize, host: &str, port: u16, hello: Hello, timeout: Duration, 
         };
         rt.block_on(async {
             match serve(world, &host, port, hello, timeout, held).await {
-                Ok((addrs, l, mesh, reading)) => {
+                Ok((addrs, token, l, mesh, reading)) => {
                     // The caller may be gone (a send that fails): the refusals go on.
-                    let _ = tx.send(Ok((addrs, mesh)));
+                    let _ = tx.send(Ok((addrs, token, mesh)));
                     refuse_latecomers(&l, reading, world).await;
                 }
                 Err(e) => drop(tx.send(Err(e))),
@@ -279,7 +322,7 @@ async fn claim_rank_0_there(v6: bool, port: u16, hello: &Hello, within: Duration
         read_line_max(&mut s, &mut line, MAX_HELLO).await.ok()?;
         match serde_json::from_str::<Answer>(&line).ok()? {
             Answer::Refuse(why) => Some(why),
-            Answer::Welcome(_) => None,
+            Answer::Welcome { .. } => None,
         }
     };
     tokio::time::timeout(within, ask).await.ok().flatten()
@@ -379,7 +422,7 @@ async fn serve(
     mut mine: Hello,
     timeout: Duration,
     held: Option<TcpListener>,
-) -> Result<(Vec<String>, tokio::net::TcpListener, TcpListener, JoinSet<Greeting>), DistError> {
+) -> Result<(Vec<String>, Token, tokio::net::TcpListener, TcpListener, JoinSet<Greeting>), DistError> {
     let start_until = tokio::time::Instant::now() + timeout;
     let mut until = start_until;
     // The run is IPv6 where rank 0's address resolves to IPv6 addresses only.
@@ -473,9 +516,10 @@ async fn serve(
             until = until.min(tokio::time::Instant::now() + Duration::from_secs(3));
         }
     }
+    let token = run_token(&addrs);
     let answer = match &refuse {
         Some(why) => Answer::Refuse(why.clone()),
-        None => Answer::Welcome(addrs.clone()),
+        None => Answer::Welcome { addrs: addrs.clone(), token },
     };
     let text = serde_json::to_string(&answer).map_err(|e| rv(e.to_string()))? + "\n";
     // The ranks have until the rendezvous' end to take the answer, and a few seconds
@@ -492,7 +536,7 @@ async fn serve(
             text.len(),
             answering.elapsed()
         ))),
-        None => Ok((addrs, l, mesh, reading)),
+        None => Ok((addrs, token, l, mesh, reading)),
     }
 }
 
@@ -524,7 +568,7 @@ async fn answer_all(to: impl Iterator<Item = (usize, tokio::net::TcpStream)>, te
 
 /// Any other rank: connect to rank 0 (retrying until it listens), open the mesh listener
 /// on the family of that connection, say hello, read the answer.
-async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell<Option<String>>) -> Result<(Vec<String>, TcpListener), DistError> {
+async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell<Option<String>>) -> Result<(Vec<String>, Token, TcpListener), DistError> {
     let s = loop {
         match tokio::net::TcpStream::connect((host, port)).await {
             Ok(s) => break s,
@@ -554,8 +598,8 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
         ))
     };
     match serde_json::from_str::<Answer>(&line).map_err(|_| not_runner())? {
-        Answer::Welcome(addrs) if addrs.len() == hello.world => Ok((addrs, mesh)),
-        Answer::Welcome(addrs) => Err(rv(format!(
+        Answer::Welcome { addrs, token } if addrs.len() == hello.world => Ok((addrs, token, mesh)),
+        Answer::Welcome { addrs, .. } => Err(rv(format!(
             "rank {}: rank 0 answered with {} addresses for a world of {}",
             hello.rank,
             addrs.len(),
@@ -565,8 +609,10 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
     }
 }
 
-/// Connect to every lower rank and accept every higher one.
-fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline: Instant, timeout: Duration) -> Result<TcpWorld, DistError> {
+/// Connect to every lower rank and accept every higher one: a connection is taken as
+/// the rank its greeting names only with this run's `token`; one without it (a stray
+/// process, a rank of another run) is closed, and the wait goes on.
+fn connect_mesh(rank: usize, addrs: &[String], token: Token, listener: &TcpListener, deadline: Instant, timeout: Duration) -> Result<TcpWorld, DistError> {
     let n = addrs.len();
     let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
     for (j, addr) in addrs.iter().enumerate().take(rank) {
@@ -586,7 +632,7 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
         };
-        std::io::Write::write_all(&mut s, &(rank as u64).to_le_bytes()).map_err(|e| rv(format!("to rank {j}: {e}")))?;
+        std::io::Write::write_all(&mut s, &mesh_greeting(rank, token)).map_err(|e| rv(format!("to rank {j}: {e}")))?;
         streams[j] = Some(s);
     }
     listener.set_nonblocking(true).map_err(|e| rv(e.to_string()))?;
@@ -601,13 +647,13 @@ fn connect_mesh(rank: usize, addrs: &[String], listener: &TcpListener, deadline:
         match listener.accept() {
             Ok((mut s, _)) => {
                 s.set_nonblocking(false).map_err(|e| rv(e.to_string()))?;
-                let mut id = [0u8; 8];
+                let mut greeting = [0u8; MESH_GREETING];
                 s.set_read_timeout(Some(left.min(Duration::from_secs(5)))).map_err(|e| rv(e.to_string()))?;
-                if std::io::Read::read_exact(&mut s, &mut id).is_err() {
+                if std::io::Read::read_exact(&mut s, &mut greeting).is_err() || greeting[8..] != token.to_le_bytes() {
                     continue;
                 }
                 s.set_read_timeout(None).map_err(|e| rv(e.to_string()))?;
-                let from = u64::from_le_bytes(id) as usize;
+                let from = usize::try_from(u64::from_le_bytes(greeting[..8].try_into().unwrap_or([0xff; 8]))).unwrap_or(usize::MAX);
                 if from > rank && from < n && streams[from].is_none() {
                     streams[from] = Some(s);
                 }
@@ -1141,9 +1187,9 @@ mod tests {
     fn a_rank_names_what_rank_0_answered() {
         let e = rank_1_hears(Some(b"HTTP/1.1 400 Bad Request\r\n\r\n"));
         assert!(e.contains("answered with something that is not a runner's rendezvous: is another program"), "{e}");
-        let e = rank_1_hears(Some(b"{\"Welcome\":[\"127.0"));
+        let e = rank_1_hears(Some(b"{\"Welcome\":{\"addrs\":[\"127.0"));
         assert!(e.contains("not a runner's rendezvous (a line too long, or cut short)"), "{e}");
-        let e = rank_1_hears(Some(b"{\"Welcome\":[\"127.0.0.1:1\"]}\n"));
+        let e = rank_1_hears(Some(b"{\"Welcome\":{\"addrs\":[\"127.0.0.1:1\"],\"token\":1}}\n"));
         assert!(e.contains("rank 0 answered with 1 addresses for a world of 2"), "{e}");
         let e = rank_1_hears(Some(b""));
         assert!(e.contains("rank 0 closed the rendezvous without an answer"), "{e}");
@@ -1184,31 +1230,32 @@ mod tests {
         let mesh = mesh_listener(false).unwrap();
         let at = mesh.local_addr().unwrap();
         let addrs = vec![format!("127.0.0.1:{}", at.port()), "127.0.0.1:1".into(), "127.0.0.1:1".into()];
+        let token = run_token(&addrs);
         let mut two = TcpStream::connect(at).unwrap();
-        std::io::Write::write_all(&mut two, &2u64.to_le_bytes()).unwrap();
+        std::io::Write::write_all(&mut two, &mesh_greeting(2, token)).unwrap();
         let mut strays = Vec::new();
-        for id in [0u64, 3, 1 << 40] {
+        for id in [0, 3, 1 << 40, usize::MAX] {
             let mut s = TcpStream::connect(at).unwrap();
-            std::io::Write::write_all(&mut s, &id.to_le_bytes()).unwrap();
+            std::io::Write::write_all(&mut s, &mesh_greeting(id, token)).unwrap();
             strays.push(s);
         }
         let silent = TcpStream::connect(at).unwrap();
         let start = Instant::now();
         let timeout = Duration::from_millis(300);
-        let e = connect_mesh(0, &addrs, &mesh, start + timeout, timeout).unwrap_err().to_string();
+        let e = connect_mesh(0, &addrs, token, &mesh, start + timeout, timeout).unwrap_err().to_string();
         assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
         assert!(e.contains("rank(s) [1] never connected to the mesh within 300ms"), "{e}");
         drop((silent, strays, two));
         // Ranks 1 and 2 both say theirs: the mesh is whole. Around them, one that claims
         // this rank's own id (and leaves) and a second rank 2: neither is kept.
-        let says = |id: u64| {
+        let says = |id: usize| {
             let mut s = TcpStream::connect(at).unwrap();
-            std::io::Write::write_all(&mut s, &id.to_le_bytes()).unwrap();
+            std::io::Write::write_all(&mut s, &mesh_greeting(id, token)).unwrap();
             s
         };
         drop(says(0));
         let (mut two, mut two_again, one) = (says(2), says(2), says(1));
-        let w = connect_mesh(0, &addrs, &mesh, Instant::now() + timeout, timeout).unwrap();
+        let w = connect_mesh(0, &addrs, token, &mesh, Instant::now() + timeout, timeout).unwrap();
         assert_eq!((w.rank(), w.size()), (0, 3));
         two_again.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
         assert!(matches!(std::io::Read::read(&mut two_again, &mut [0u8; 1]), Ok(0)), "the second rank 2 was kept");
@@ -1217,5 +1264,48 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(w.failure(), None, "a connection claiming rank 0 was taken for a peer");
         drop((one, two, two_again));
+    }
+
+    /// A connection to a rank's mesh listener that names a rank without this run's token
+    /// (a rank of another run on the same hosts, a stray process, or a rank number alone)
+    /// is closed, not taken as that rank; the real ranks, which come after, meet and
+    /// all-reduce right. (Before: a rank number was enough; the stray was taken as rank
+    /// 2, the real rank 2 dropped, and rank 0's all-reduce waited on the stray.)
+    #[test]
+    fn a_mesh_connection_without_the_runs_token_is_not_a_rank() {
+        let listeners: Vec<TcpListener> = (0..3).map(|_| mesh_listener(false).unwrap()).collect();
+        let addrs: Vec<String> = listeners.iter().map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port())).collect();
+        let token = run_token(&addrs);
+        assert_ne!(token, run_token(&addrs), "two runs drew the same token");
+        // At rank 0's listener ahead of the ranks: rank 2 with another run's token, and
+        // rank 1's number alone (the connection then ends).
+        let mut other_run = TcpStream::connect(&addrs[0]).unwrap();
+        std::io::Write::write_all(&mut other_run, &mesh_greeting(2, token ^ 1)).unwrap();
+        let mut bare = TcpStream::connect(&addrs[0]).unwrap();
+        std::io::Write::write_all(&mut bare, &1u64.to_le_bytes()).unwrap();
+        bare.shutdown(std::net::Shutdown::Write).unwrap();
+        let timeout = Duration::from_secs(5);
+        let deadline = Instant::now() + timeout;
+        let hs: Vec<_> = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(r, l)| {
+                let addrs = addrs.clone();
+                std::thread::spawn(move || {
+                    let w = connect_mesh(r, &addrs, token, &l, deadline, timeout).unwrap();
+                    let g = w.everyone().unwrap();
+                    let mut x = [(r + 1) as f32];
+                    g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
+                    g.barrier().unwrap();
+                    (x[0], w.failure())
+                })
+            })
+            .collect();
+        let out: Vec<(f32, Option<String>)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        assert_eq!(out, vec![(6.0, None); 3]);
+        for mut s in [other_run, bare] {
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
+            assert!(matches!(std::io::Read::read(&mut s, &mut [0u8; 1]), Ok(0)), "a stray was kept");
+        }
     }
 }
