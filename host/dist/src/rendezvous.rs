@@ -670,8 +670,54 @@ mod tests {
     use super::*;
     use runner_exec::{HostCollective, ReduceOp};
 
+    /// Rank 0's rendezvous listener, held from here on (for [`rendezvous_on`]), and its
+    /// port. A port found free and let go (bound to port 0, then dropped) is one the OS
+    /// may hand out again before rank 0 binds it: to another test's bind to port 0 or
+    /// the local end of its connection, a rare failure of tests run in parallel.
+    fn held_port() -> (TcpListener, u16) {
+        let l = TcpListener::bind("0.0.0.0:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        (l, port)
+    }
+
+    /// Rank 0 of `world` on `held`.
+    fn rank_0_on(held: TcpListener, world: usize, port: u16, meta: &RunMeta, timeout: Duration) -> Result<TcpWorld, DistError> {
+        rendezvous_on(held, &launch(0, world, port), meta, timeout)
+    }
+
+    /// A port for the tests whose rank 0 binds its own (its binding, or its own address,
+    /// is what they test), or where nothing listens: below the OS's ephemeral range
+    /// (Linux's is 32768-60999), from which come the ports of a bind to port 0 and the
+    /// local ends of connections, so no other test takes it meanwhile; another at each
+    /// call (a counter from a start the process id picks, so two test processes differ),
+    /// and free when picked.
     fn free_port() -> u16 {
-        TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        loop {
+            let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let port = 20_000 + (std::process::id().wrapping_mul(97).wrapping_add(next) % 12_000) as u16;
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+                return port;
+            }
+        }
+    }
+
+    /// [`free_port`]'s ports are outside the OS's ephemeral range (where the OS would
+    /// hand them to another test's connection) and differ from call to call. (Before:
+    /// a port bound to 0 and let go, always in that range.)
+    #[test]
+    fn test_ports_are_not_the_oss_to_hand_out() {
+        let Some((lo, hi)) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_once(char::is_whitespace).map(|(a, b)| (a.trim().parse::<u16>().ok(), b.trim().parse::<u16>().ok())))
+            .and_then(|(a, b)| a.zip(b))
+        else {
+            eprintln!("no ephemeral port range here: skipped");
+            return;
+        };
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        assert!(ports.iter().all(|p| !(lo..=hi).contains(p)), "{ports:?} in {lo}-{hi}");
+        assert!(ports.iter().enumerate().all(|(i, p)| !ports[..i].contains(p)), "{ports:?}");
     }
 
     fn launch(rank: usize, world: usize, port: u16) -> Launch {
@@ -693,14 +739,20 @@ mod tests {
         }
     }
 
-    /// Start a thread per launch (in the order given), meet, and all-reduce each rank's
-    /// number: what each rank got.
-    fn meet_and_sum_ranks(launches: Vec<Launch>) -> Vec<f32> {
+    /// Start a thread per launch (in the order given; rank 0 on `held` where given),
+    /// meet, and all-reduce each rank's number: what each rank got.
+    fn meet_and_sum_ranks(held: Option<TcpListener>, launches: Vec<Launch>) -> Vec<f32> {
+        let mut held = held;
         let hs: Vec<_> = launches
             .into_iter()
             .map(|l| {
+                let held = if l.rank == 0 { held.take() } else { None };
                 std::thread::spawn(move || {
-                    let w = rendezvous(&l, &meta("abc"), Duration::from_secs(20)).unwrap();
+                    let w = match held {
+                        Some(h) => rendezvous_on(h, &l, &meta("abc"), Duration::from_secs(20)),
+                        None => rendezvous(&l, &meta("abc"), Duration::from_secs(20)),
+                    }
+                    .unwrap();
                     let mut x = vec![l.rank as f32];
                     let g = w.everyone().unwrap();
                     g.all_reduce(&mut x, ReduceOp::Sum).unwrap();
@@ -719,8 +771,9 @@ mod tests {
     /// Four ranks started in reverse order meet and all-reduce over the mesh.
     #[test]
     fn ranks_meet_in_any_order_and_talk() {
+        // Rank 0 binds its own port, last: the others retry until it listens.
         let port = free_port();
-        let sums = meet_and_sum_ranks((0..4).rev().map(|r| launch(r, 4, port)).collect());
+        let sums = meet_and_sum_ranks(None, (0..4).rev().map(|r| launch(r, 4, port)).collect());
         assert_eq!(sums, [6.0; 4]);
     }
 
@@ -728,12 +781,19 @@ mod tests {
     /// hashes.
     #[test]
     fn a_different_plugin_hash_is_refused_everywhere() {
-        let port = free_port();
+        let (held, port) = held_port();
+        let mut held = Some(held);
         let hs: Vec<_> = (0..3)
             .map(|r| {
+                let held = held.take_if(|_| r == 0);
                 std::thread::spawn(move || {
                     let m = meta(if r == 2 { "def" } else { "abc" });
-                    rendezvous(&launch(r, 3, port), &m, Duration::from_secs(20)).err().map(|e| e.to_string())
+                    match held {
+                        Some(h) => rank_0_on(h, 3, port, &m, Duration::from_secs(20)),
+                        None => rendezvous(&launch(r, 3, port), &m, Duration::from_secs(20)),
+                    }
+                    .err()
+                    .map(|e| e.to_string())
                 })
             })
             .collect();
@@ -749,8 +809,8 @@ mod tests {
     /// hold the rendezvous: rank 0 drops it and the ranks meet within the timeout.
     #[test]
     fn a_silent_connection_does_not_hold_the_rendezvous() {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 2, port, &meta("a"), Duration::from_secs(4)).map(|_| ()));
         let silent = loop {
             match std::net::TcpStream::connect(("127.0.0.1", port)) {
                 Ok(s) => break s,
@@ -773,7 +833,7 @@ mod tests {
     fn a_named_rank_0_is_reached_over_ipv4() {
         let name = std::env::var("RUNNER_TEST_DUAL_STACK_NAME").unwrap_or_else(|_| "localhost".into());
         let port = free_port();
-        let sums = meet_and_sum_ranks((0..2).map(|r| Launch { master: Some((name.clone(), port)), ..launch(r, 2, port) }).collect());
+        let sums = meet_and_sum_ranks(None, (0..2).map(|r| Launch { master: Some((name.clone(), port)), ..launch(r, 2, port) }).collect());
         assert_eq!(sums, [1.0; 2]);
     }
 
@@ -781,8 +841,8 @@ mod tests {
     /// naming the rank, while the run goes on.
     #[test]
     fn a_rank_that_comes_after_the_world_met_is_refused_at_once() {
-        let port = free_port();
-        assert_eq!(meet_and_sum_ranks((0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
+        let (held, port) = held_port();
+        assert_eq!(meet_and_sum_ranks(Some(held), (0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
         let start = Instant::now();
         let Err(e) = rendezvous(&launch(1, 2, port), &meta("abc"), Duration::from_secs(20)) else { panic!("a late rank 1 was let in") };
         assert!(start.elapsed() < Duration::from_secs(5), "took {:?}", start.elapsed());
@@ -797,9 +857,9 @@ mod tests {
     /// the first waiting out its timeout for a rank 1 that never comes.
     #[test]
     fn a_second_rank_0_fails_both_at_once() {
-        let port = free_port();
+        let (held, port) = held_port();
         let start = Instant::now();
-        let first = std::thread::spawn(move || rendezvous(&launch(0, 3, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let first = std::thread::spawn(move || rank_0_on(held, 3, port, &meta("a"), Duration::from_secs(20)).map(|_| ()));
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -819,8 +879,8 @@ mod tests {
     /// one at a time, each held rank 0 for a quarter of the timeout: 3 × 5 s here.)
     #[test]
     fn silent_connections_do_not_delay_the_ranks() {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 2, port, &meta("a"), Duration::from_secs(20)).map(|_| ()));
         let silent: Vec<TcpStream> = (0..3).map(|_| connect_until_up(port)).collect();
         std::thread::sleep(Duration::from_millis(50));
         let start = Instant::now();
@@ -837,8 +897,8 @@ mod tests {
     /// its timeout.)
     #[test]
     fn a_flood_of_silent_connections_delays_the_ranks_by_one_hello_wait() {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 2, port, &meta("a"), Duration::from_secs(4)).map(|_| ()));
         let silent: Vec<TcpStream> = (0..HELLOS_AT_ONCE + 1).map(|_| connect_until_up(port)).collect();
         let start = Instant::now();
         let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ());
@@ -878,8 +938,8 @@ mod tests {
     /// comes after: still read once the ranks met, and refused as a latecomer.
     #[test]
     fn a_hello_begun_before_the_world_met_is_refused_after() {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 2, port, &meta("a"), Duration::from_secs(20)).map(|_| ()));
         let mut twice = connect_until_up(port);
         std::thread::sleep(Duration::from_millis(50));
         let one = rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ());
@@ -933,8 +993,8 @@ mod tests {
             assert!(out.status.success() && said.contains("1 passed"), "{said}");
             return;
         }
-        let port = free_port();
-        assert_eq!(meet_and_sum_ranks((0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
+        let (held, port) = held_port();
+        assert_eq!(meet_and_sum_ranks(Some(held), (0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
         // This process's threads (Linux; elsewhere 0 and the check passes).
         let threads = || std::fs::read_dir("/proc/self/task").map_or(0, Iterator::count);
         let before = threads();
@@ -959,21 +1019,21 @@ mod tests {
             return;
         }
         let port = free_port();
-        let sums = meet_and_sum_ranks((0..3).map(|r| Launch { master: Some(("::1".into(), port)), ..launch(r, 3, port) }).collect());
+        let sums = meet_and_sum_ranks(None, (0..3).map(|r| Launch { master: Some(("::1".into(), port)), ..launch(r, 3, port) }).collect());
         assert_eq!(sums, [3.0; 3]);
     }
 
     #[test]
     fn a_missing_rank_is_named_after_the_timeout() {
-        let port = free_port();
-        let e = rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
+        let (held, port) = held_port();
+        let e = rank_0_on(held, 2, port, &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
         assert!(e.contains("rank(s) [1]") && e.contains("never connected") && e.contains("--timeout") && e.contains("300ms"), "{e}");
         let e = rendezvous(&launch(1, 2, free_port()), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
         assert!(e.contains("gave up") && e.contains("MASTER_ADDR") && e.contains("--timeout"), "{e}");
         // Why the connection failed: here nothing listens.
         assert!(e.contains("refused"), "{e}");
         // A second rank 0 on the same port is told that it may be one.
-        let first = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+        let (first, port) = held_port();
         let e = rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
         assert!(e.contains("MASTER_PORT") && e.contains("two processes claim rank 0"), "{e}");
         drop(first);
@@ -1008,8 +1068,8 @@ mod tests {
     /// Rank 0 fed by hand: a raw connection that sends `hello` (a line) and what rank 0
     /// answers it, with rank 0's own result.
     fn hello_to_rank_0(world: usize, hello: String) -> (String, Result<(), String>) {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, world, port), &meta("a"), Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, world, port, &meta("a"), Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string()));
         let mut s = connect_until_up(port);
         std::io::Write::write_all(&mut s, hello.as_bytes()).unwrap();
         let mut answer = String::new();
@@ -1082,8 +1142,8 @@ mod tests {
     /// real rank that comes next meets.
     #[test]
     fn rank_0_seats_whole_hellos_of_distinct_ranks() {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 3, port), &meta("a"), Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 3, port, &meta("a"), Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string()));
         let answers: Vec<String> = (0..2)
             .map(|_| {
                 let mut s = connect_until_up(port);
@@ -1102,8 +1162,8 @@ mod tests {
             assert!(a.contains("two processes claim rank 1 of 3"), "{a}");
         }
 
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(4)).map(|_| ()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 2, port, &meta("a"), Duration::from_secs(4)).map(|_| ()));
         let mut cut = connect_until_up(port);
         std::io::Write::write_all(&mut cut, hello_json(1, 2).trim_end().as_bytes()).unwrap();
         cut.shutdown(std::net::Shutdown::Write).unwrap();
@@ -1145,8 +1205,8 @@ mod tests {
     /// not read on (into memory) until the hello wait ends; the real rank then meets.
     #[test]
     fn an_endless_hello_is_cut_at_its_limit() {
-        let port = free_port();
-        let zero = std::thread::spawn(move || rendezvous(&launch(0, 2, port), &meta("a"), Duration::from_secs(20)).map(|_| ()));
+        let (held, port) = held_port();
+        let zero = std::thread::spawn(move || rank_0_on(held, 2, port, &meta("a"), Duration::from_secs(20)).map(|_| ()));
         let mut flood = connect_until_up(port);
         let start = Instant::now();
         // Rank 0 hangs up after MAX_HELLO bytes: a write fails, or the read sees the end.
@@ -1203,8 +1263,8 @@ mod tests {
     /// thread: a rank started twice behind it is still refused at once.
     #[test]
     fn a_silent_latecomer_does_not_hold_the_refusals() {
-        let port = free_port();
-        assert_eq!(meet_and_sum_ranks((0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
+        let (held, port) = held_port();
+        assert_eq!(meet_and_sum_ranks(Some(held), (0..2).map(|r| launch(r, 2, port)).collect()), [1.0; 2]);
         let silent = connect_until_up(port);
         std::thread::sleep(Duration::from_millis(50));
         let start = Instant::now();
