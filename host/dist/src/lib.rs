@@ -14,6 +14,8 @@
 pub mod launch;
 pub mod rendezvous;
 pub mod tcp;
+#[doc(hidden)]
+pub mod testing;
 
 pub use launch::{Launch, detect};
 pub use rendezvous::{DistError, RunMeta, rendezvous, rendezvous_on};

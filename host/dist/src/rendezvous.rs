@@ -685,22 +685,7 @@ mod tests {
         rendezvous_on(held, &launch(0, world, port), meta, timeout)
     }
 
-    /// A port for the tests whose rank 0 binds its own (its binding, or its own address,
-    /// is what they test), or where nothing listens: below the OS's ephemeral range
-    /// (Linux's is 32768-60999), from which come the ports of a bind to port 0 and the
-    /// local ends of connections, so no other test takes it meanwhile; another at each
-    /// call (a counter from a start the process id picks, so two test processes differ),
-    /// and free when picked.
-    fn free_port() -> u16 {
-        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        loop {
-            let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let port = 20_000 + (std::process::id().wrapping_mul(97).wrapping_add(next) % 12_000) as u16;
-            if TcpListener::bind(("0.0.0.0", port)).is_ok() {
-                return port;
-            }
-        }
-    }
+    use crate::testing::free_port;
 
     /// [`free_port`]'s ports are outside the OS's ephemeral range (where the OS would
     /// hand them to another test's connection) and differ from call to call. (Before:

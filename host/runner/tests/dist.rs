@@ -9,23 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-/// A port for rank 0's rendezvous (a process of its own binds it): below the OS's
-/// ephemeral range (Linux's is 32768-60999), from which come the ports of a bind to port
-/// 0 and the local ends of connections, so that no other test's connection takes it
-/// between now and rank 0's bind (a port found by binding port 0 and let go could be, a
-/// rare failure of tests run in parallel); another at each call (a counter from a start
-/// the process id picks, so that test processes run side by side differ), and free when
-/// picked.
-fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    loop {
-        let next = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let port = 20_000 + (std::process::id().wrapping_mul(97).wrapping_add(next) % 12_000) as u16;
-        if std::net::TcpListener::bind(("0.0.0.0", port)).is_ok() {
-            return port;
-        }
-    }
-}
+// Ports for rank 0's rendezvous (a process of its own binds it).
+use runner_dist::testing::free_port;
 
 fn scratch(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("runner-dist-{name}-{}", std::process::id()));
