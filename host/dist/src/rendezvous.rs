@@ -331,17 +331,20 @@ async fn claim_rank_0_there(v6: bool, port: u16, hello: &Hello, within: Duration
 /// How long rank 0 waits for a connection's hello line.
 const HELLO_WITHIN: Duration = Duration::from_secs(10);
 
-/// How many connections rank 0 reads hellos from at once. A rank says hello as soon as it
-/// connects, so a rank's hello takes milliseconds; the bound is for connections that stay
-/// silent or send slowly (a port scanner, a stopped process, a flood): each holds a task
-/// and up to [`MAX_HELLO`] bytes until its wait ends, 64 MiB in all at most. Beyond it rank
-/// 0 accepts no more until one ends: later connections wait in the kernel's accept queue.
+/// How many connections rank 0 reads hellos from at once (and a rank's mesh listener
+/// reads greetings from, [`connect_mesh`]). A rank says hello as soon as it connects, so a
+/// rank's hello takes milliseconds; the bound is for connections that stay silent or send
+/// slowly (a port scanner, a stopped process, a flood): each holds a task and up to
+/// [`MAX_HELLO`] bytes until its wait ends, 64 MiB in all at most. Beyond it rank 0
+/// accepts no more until one ends: later connections wait in the kernel's accept queue.
 const HELLOS_AT_ONCE: usize = 64;
 
 /// A connection's hello line, read by a task of its own: the connection, its peer and the
 /// line; `None` (the connection dropped) where it ended, stayed silent or sent more than
 /// [`MAX_HELLO`] bytes without a newline.
-type Greeting = Option<(tokio::net::TcpStream, SocketAddr, String)>;
+type Greeting = Option<Said>;
+/// A hello read: the connection, its peer and the line.
+type Said = (tokio::net::TcpStream, SocketAddr, String);
 
 /// Read `s`'s hello line by `by` (a task of [`serve`]'s or [`refuse_latecomers`]' set).
 async fn read_hello(s: tokio::net::TcpStream, peer: SocketAddr, by: tokio::time::Instant) -> Greeting {
@@ -353,15 +356,17 @@ async fn read_hello(s: tokio::net::TcpStream, peer: SocketAddr, by: tokio::time:
     }
 }
 
-/// What rank 0 waits for: a connection, or a hello read.
-enum Next {
+/// What a listener waits for: a connection, or what a task read from one (`None`: the
+/// connection was dropped).
+enum Next<T> {
     Accepted(std::io::Result<(tokio::net::TcpStream, SocketAddr)>),
-    Read(Greeting),
+    Read(Option<T>),
 }
 
-/// The next hello read by `reading`, or the next connection to `l` while fewer than
+/// The next greeting read by `reading` (a hello on rank 0's rendezvous port, a rank's
+/// greeting on a mesh listener), or the next connection to `l` while fewer than
 /// [`HELLOS_AT_ONCE`] are being read, whichever comes first.
-async fn next(l: &tokio::net::TcpListener, reading: &mut JoinSet<Greeting>) -> Next {
+async fn next<T: 'static>(l: &tokio::net::TcpListener, reading: &mut JoinSet<Option<T>>) -> Next<T> {
     std::future::poll_fn(|cx| {
         if let Poll::Ready(Some(r)) = reading.poll_join_next(cx) {
             return Poll::Ready(Next::Read(r.ok().flatten()));
@@ -611,7 +616,10 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
 
 /// Connect to every lower rank and accept every higher one: a connection is taken as
 /// the rank its greeting names only with this run's `token`; one without it (a stray
-/// process, a rank of another run) is closed, and the wait goes on.
+/// process, a rank of another run) is closed, and the wait goes on. The greetings are
+/// read at once, at most [`HELLOS_AT_ONCE`] at a time (as rank 0 reads hellos), so that
+/// connections that stay silent cost one greeting wait together, not one each (before,
+/// read one after another, each held the mesh up to 5 s).
 fn connect_mesh(rank: usize, addrs: &[String], token: Token, listener: &TcpListener, deadline: Instant, timeout: Duration) -> Result<TcpWorld, DistError> {
     let n = addrs.len();
     let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
@@ -635,34 +643,62 @@ fn connect_mesh(rank: usize, addrs: &[String], token: Token, listener: &TcpListe
         std::io::Write::write_all(&mut s, &mesh_greeting(rank, token)).map_err(|e| rv(format!("to rank {j}: {e}")))?;
         streams[j] = Some(s);
     }
-    listener.set_nonblocking(true).map_err(|e| rv(e.to_string()))?;
-    while streams.iter().skip(rank + 1).any(Option::is_none) {
-        let missing = || (rank + 1..n).filter(|&r| streams[r].is_none()).collect::<Vec<usize>>();
-        // Checked at every turn: connections that stay silent must not hold the wait
-        // past the deadline.
-        let left = deadline.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            return Err(rv(format!("rank {rank}: rank(s) {:?} never connected to the mesh within {timeout:.0?} (--timeout)", missing())));
-        }
-        match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false).map_err(|e| rv(e.to_string()))?;
-                let mut greeting = [0u8; MESH_GREETING];
-                s.set_read_timeout(Some(left.min(Duration::from_secs(5)))).map_err(|e| rv(e.to_string()))?;
-                if std::io::Read::read_exact(&mut s, &mut greeting).is_err() || greeting[8..] != token.to_le_bytes() {
-                    continue;
-                }
-                s.set_read_timeout(None).map_err(|e| rv(e.to_string()))?;
-                let from = usize::try_from(u64::from_le_bytes(greeting[..8].try_into().unwrap_or([0xff; 8]))).unwrap_or(usize::MAX);
-                if from > rank && from < n && streams[from].is_none() {
-                    streams[from] = Some(s);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
-            Err(e) => return Err(rv(format!("mesh accept: {e}"))),
-        }
+    if rank + 1 < n {
+        runtime()?.block_on(accept_mesh(rank, token, listener, deadline, timeout, &mut streams))?;
     }
     TcpWorld::new(rank, streams, timeout).map_err(rv)
+}
+
+/// [`connect_mesh`]'s listening half: take every higher rank's connection on `listener`
+/// by `deadline`, into `streams`.
+async fn accept_mesh(
+    rank: usize,
+    token: Token,
+    listener: &TcpListener,
+    deadline: Instant,
+    timeout: Duration,
+    streams: &mut [Option<TcpStream>],
+) -> Result<(), DistError> {
+    let n = streams.len();
+    let l = listener
+        .try_clone()
+        .and_then(|l| l.set_nonblocking(true).map(|()| l))
+        .and_then(tokio::net::TcpListener::from_std)
+        .map_err(|e| rv(format!("mesh listener: {e}")))?;
+    let until = tokio::time::Instant::from_std(deadline);
+    let mut reading = JoinSet::new();
+    while streams.iter().skip(rank + 1).any(Option::is_none) {
+        let (from, s) = match tokio::time::timeout_at(until, next(&l, &mut reading)).await {
+            Ok(Next::Accepted(Ok((s, _)))) => {
+                reading.spawn(read_mesh_greeting(s, token, until.min(tokio::time::Instant::now() + Duration::from_secs(5))));
+                continue;
+            }
+            Ok(Next::Accepted(Err(e))) => return Err(rv(format!("mesh accept: {e}"))),
+            Ok(Next::Read(None)) => continue,
+            Ok(Next::Read(Some(greeted))) => greeted,
+            Err(_) => {
+                let missing: Vec<usize> = (rank + 1..n).filter(|&r| streams[r].is_none()).collect();
+                return Err(rv(format!("rank {rank}: rank(s) {missing:?} never connected to the mesh within {timeout:.0?} (--timeout)")));
+            }
+        };
+        if from <= rank || from >= n || streams[from].is_some() {
+            continue;
+        }
+        let s = s.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)).map_err(|e| rv(e.to_string()))?;
+        streams[from] = Some(s);
+    }
+    Ok(())
+}
+
+/// A mesh connection's greeting, read by `by`: the rank it names and the connection, or
+/// `None` (dropped) where it ended, stayed silent or had another run's token.
+async fn read_mesh_greeting(mut s: tokio::net::TcpStream, token: Token, by: tokio::time::Instant) -> Option<(usize, tokio::net::TcpStream)> {
+    let mut g = [0u8; MESH_GREETING];
+    if !matches!(tokio::time::timeout_at(by, s.read_exact(&mut g)).await, Ok(Ok(_))) || g[8..] != token.to_le_bytes() {
+        return None;
+    }
+    let from = usize::try_from(u64::from_le_bytes(g[..8].try_into().ok()?)).ok()?;
+    Some((from, s))
 }
 
 #[cfg(test)]
@@ -893,7 +929,7 @@ mod tests {
         drop(silent);
     }
 
-    async fn within(ms: u64, l: &tokio::net::TcpListener, reading: &mut JoinSet<Greeting>) -> Result<Next, tokio::time::error::Elapsed> {
+    async fn within(ms: u64, l: &tokio::net::TcpListener, reading: &mut JoinSet<Greeting>) -> Result<Next<Said>, tokio::time::error::Elapsed> {
         tokio::time::timeout(Duration::from_millis(ms), next(l, reading)).await
     }
 
@@ -1292,50 +1328,41 @@ mod tests {
         assert!(e.contains("rank(s) [1] never connected to the mesh within 300ms"), "{e}");
         drop((silent, strays, two));
         // Ranks 1 and 2 both say theirs: the mesh is whole. Around them, one that claims
-        // this rank's own id (and leaves) and a second rank 2: neither is kept.
+        // this rank's own id (and leaves) and a second rank 2: neither is kept. A rank
+        // kept hears nothing; one not kept, the end.
         let says = |id: usize| {
             let mut s = TcpStream::connect(at).unwrap();
             std::io::Write::write_all(&mut s, &mesh_greeting(id, token)).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
             s
         };
         drop(says(0));
-        let (mut two, mut two_again, one) = (says(2), says(2), says(1));
+        let (two, two_again, one) = (says(2), says(2), says(1));
         let w = connect_mesh(0, &addrs, token, &mesh, Instant::now() + timeout, timeout).unwrap();
         assert_eq!((w.rank(), w.size()), (0, 3));
-        two_again.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
-        assert!(matches!(std::io::Read::read(&mut two_again, &mut [0u8; 1]), Ok(0)), "the second rank 2 was kept");
-        two.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
-        assert!(std::io::Read::read(&mut two, &mut [0u8; 1]).is_err(), "the first rank 2 was dropped");
+        let (mut kept, mut dropped) = (Vec::new(), 0);
+        for mut s in [two, two_again] {
+            match std::io::Read::read(&mut s, &mut [0u8; 1]) {
+                Ok(0) => dropped += 1,
+                Ok(_) => panic!("a rank 2 heard something"),
+                Err(_) => kept.push(s),
+            }
+        }
+        assert!(kept.len() == 1 && dropped == 1, "{} kept, {dropped} dropped", kept.len());
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(w.failure(), None, "a connection claiming rank 0 was taken for a peer");
-        drop((one, two, two_again));
+        drop((one, kept));
     }
 
-    /// A connection to a rank's mesh listener that names a rank without this run's token
-    /// (a rank of another run on the same hosts, a stray process, or a rank number alone)
-    /// is closed, not taken as that rank; the real ranks, which come after, meet and
-    /// all-reduce right. (Before: a rank number was enough; the stray was taken as rank
-    /// 2, the real rank 2 dropped, and rank 0's all-reduce waited on the stray.)
-    #[test]
-    fn a_mesh_connection_without_the_runs_token_is_not_a_rank() {
-        let listeners: Vec<TcpListener> = (0..3).map(|_| mesh_listener(false).unwrap()).collect();
-        let addrs: Vec<String> = listeners.iter().map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port())).collect();
-        let token = run_token(&addrs);
-        assert_ne!(token, run_token(&addrs), "two runs drew the same token");
-        // At rank 0's listener ahead of the ranks: rank 2 with another run's token, and
-        // rank 1's number alone (the connection then ends).
-        let mut other_run = TcpStream::connect(&addrs[0]).unwrap();
-        std::io::Write::write_all(&mut other_run, &mesh_greeting(2, token ^ 1)).unwrap();
-        let mut bare = TcpStream::connect(&addrs[0]).unwrap();
-        std::io::Write::write_all(&mut bare, &1u64.to_le_bytes()).unwrap();
-        bare.shutdown(std::net::Shutdown::Write).unwrap();
-        let timeout = Duration::from_secs(5);
+    /// Ranks on `listeners` at `addrs` connect their mesh and all-reduce each rank's
+    /// number + 1: what each rank got, and its world's failure after a barrier.
+    fn mesh_and_sum_ranks(listeners: Vec<TcpListener>, addrs: &[String], token: Token, timeout: Duration) -> Vec<(f32, Option<String>)> {
         let deadline = Instant::now() + timeout;
         let hs: Vec<_> = listeners
             .into_iter()
             .enumerate()
             .map(|(r, l)| {
-                let addrs = addrs.clone();
+                let addrs = addrs.to_vec();
                 std::thread::spawn(move || {
                     let w = connect_mesh(r, &addrs, token, &l, deadline, timeout).unwrap();
                     let g = w.everyone().unwrap();
@@ -1346,8 +1373,48 @@ mod tests {
                 })
             })
             .collect();
-        let out: Vec<(f32, Option<String>)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        assert_eq!(out, vec![(6.0, None); 3]);
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    /// Three mesh listeners, their addresses and a token for the run.
+    fn mesh_of_3() -> (Vec<TcpListener>, Vec<String>, Token) {
+        let listeners: Vec<TcpListener> = (0..3).map(|_| mesh_listener(false).unwrap()).collect();
+        let addrs: Vec<String> = listeners.iter().map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port())).collect();
+        let token = run_token(&addrs);
+        (listeners, addrs, token)
+    }
+
+    /// Connections to a rank's mesh listener that connect and stay silent are read beside
+    /// the ranks' greetings: with four open ahead of the ranks at rank 0's, the mesh is
+    /// whole at once. (Read one after another, each held rank 0's listener 5 s: 4 × 5 s,
+    /// past the 10 s timeout here.)
+    #[test]
+    fn silent_connections_do_not_delay_the_mesh() {
+        let (listeners, addrs, token) = mesh_of_3();
+        let silent: Vec<TcpStream> = (0..4).map(|_| TcpStream::connect(&addrs[0]).unwrap()).collect();
+        let start = Instant::now();
+        assert_eq!(mesh_and_sum_ranks(listeners, &addrs, token, Duration::from_secs(10)), vec![(6.0, None); 3]);
+        assert!(start.elapsed() < Duration::from_secs(3), "the mesh was whole after {:?}", start.elapsed());
+        drop(silent);
+    }
+
+    /// A connection to a rank's mesh listener that names a rank without this run's token
+    /// (a rank of another run on the same hosts, a stray process, or a rank number alone)
+    /// is closed, not taken as that rank; the real ranks, which come after, meet and
+    /// all-reduce right. (Before: a rank number was enough; the stray was taken as rank
+    /// 2, the real rank 2 dropped, and rank 0's all-reduce waited on the stray.)
+    #[test]
+    fn a_mesh_connection_without_the_runs_token_is_not_a_rank() {
+        let (listeners, addrs, token) = mesh_of_3();
+        assert_ne!(token, run_token(&addrs), "two runs drew the same token");
+        // At rank 0's listener ahead of the ranks: rank 2 with another run's token, and
+        // rank 1's number alone (the connection then ends).
+        let mut other_run = TcpStream::connect(&addrs[0]).unwrap();
+        std::io::Write::write_all(&mut other_run, &mesh_greeting(2, token ^ 1)).unwrap();
+        let mut bare = TcpStream::connect(&addrs[0]).unwrap();
+        std::io::Write::write_all(&mut bare, &1u64.to_le_bytes()).unwrap();
+        bare.shutdown(std::net::Shutdown::Write).unwrap();
+        assert_eq!(mesh_and_sum_ranks(listeners, &addrs, token, Duration::from_secs(5)), vec![(6.0, None); 3]);
         for mut s in [other_run, bare] {
             s.set_read_timeout(Some(Duration::from_secs(1))).unwrap();
             assert!(matches!(std::io::Read::read(&mut s, &mut [0u8; 1]), Ok(0)), "a stray was kept");
