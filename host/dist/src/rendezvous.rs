@@ -6,7 +6,9 @@
 //! reason it refuses (a plugin hash that differs names the plugin and both hashes, on
 //! every rank). The ranks then connect pairwise into the [`TcpWorld`] mesh, each
 //! connection opening with the run's token from rank 0's answer, so that a mesh listener
-//! takes no connection of another run's (or a stray process's) for one of its ranks.
+//! takes no connection of another run's (or a stray process's) for one of its ranks, and
+//! answered with the listener's rank and the token, so that neither does a connecting rank
+//! take another process at the address for the rank it wants.
 //!
 //! Ranks may start in any order: they retry the connection to rank 0 until the timeout;
 //! rank 0 waits that long for the others and names the ranks that never came.
@@ -619,7 +621,10 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
 /// process, a rank of another run) is closed, and the wait goes on. The greetings are
 /// read at once, at most [`HELLOS_AT_ONCE`] at a time (as rank 0 reads hellos), so that
 /// connections that stay silent cost one greeting wait together, not one each (before,
-/// read one after another, each held the mesh up to 5 s).
+/// read one after another, each held the mesh up to 5 s). A rank taken is answered with
+/// the listener's own greeting (its rank and the token), which each connecting rank
+/// checks once its own listener is done: it too knows that it reached its own run's rank,
+/// not whatever now listens at that address.
 fn connect_mesh(rank: usize, addrs: &[String], token: Token, listener: &TcpListener, deadline: Instant, timeout: Duration) -> Result<TcpWorld, DistError> {
     let n = addrs.len();
     let mut streams: Vec<Option<TcpStream>> = (0..n).map(|_| None).collect();
@@ -646,11 +651,41 @@ fn connect_mesh(rank: usize, addrs: &[String], token: Token, listener: &TcpListe
     if rank + 1 < n {
         runtime()?.block_on(accept_mesh(rank, token, listener, deadline, timeout, &mut streams))?;
     }
+    // The lower ranks answer once they accept: each is at its listener by now, or failed.
+    for (j, s) in streams.iter_mut().enumerate().take(rank) {
+        let Some(s) = s else { continue };
+        let addr = &addrs[j];
+        let mut ack = [0u8; MESH_GREETING];
+        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+        s.set_read_timeout(Some(left)).map_err(|e| rv(e.to_string()))?;
+        match std::io::Read::read_exact(s, &mut ack) {
+            Ok(()) if ack == mesh_greeting(j, token) => {}
+            Ok(()) => {
+                return Err(rv(format!(
+                    "rank {rank}: {addr}, rank {j}'s mesh address, answered without this run's token: another process listens \
+                     there (a rank of another run, or a program that took the port)"
+                )));
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                return Err(rv(format!(
+                    "rank {rank}: {addr}, rank {j}'s mesh address, did not answer with this run's token within {timeout:.0?} \
+                     (--timeout): rank {j} stopped (suspended, hung), or another process listens there"
+                )));
+            }
+            Err(e) => {
+                return Err(rv(format!(
+                    "rank {rank}: {addr}, rank {j}'s mesh address, closed the connection without this run's token ({e}): \
+                     rank {j} failed (see its error), or another process listens there (a rank of another run)"
+                )));
+            }
+        }
+        s.set_read_timeout(None).map_err(|e| rv(e.to_string()))?;
+    }
     TcpWorld::new(rank, streams, timeout).map_err(rv)
 }
 
 /// [`connect_mesh`]'s listening half: take every higher rank's connection on `listener`
-/// by `deadline`, into `streams`.
+/// by `deadline`, into `streams`, and answer each with this rank's greeting.
 async fn accept_mesh(
     rank: usize,
     token: Token,
@@ -668,7 +703,7 @@ async fn accept_mesh(
     let until = tokio::time::Instant::from_std(deadline);
     let mut reading = JoinSet::new();
     while streams.iter().skip(rank + 1).any(Option::is_none) {
-        let (from, s) = match tokio::time::timeout_at(until, next(&l, &mut reading)).await {
+        let (from, mut s) = match tokio::time::timeout_at(until, next(&l, &mut reading)).await {
             Ok(Next::Accepted(Ok((s, _)))) => {
                 reading.spawn(read_mesh_greeting(s, token, until.min(tokio::time::Instant::now() + Duration::from_secs(5))));
                 continue;
@@ -682,6 +717,10 @@ async fn accept_mesh(
             }
         };
         if from <= rank || from >= n || streams[from].is_some() {
+            continue;
+        }
+        // 24 bytes into a fresh connection's empty buffer: bounded all the same.
+        if !matches!(tokio::time::timeout_at(until, s.write_all(&mesh_greeting(rank, token))).await, Ok(Ok(()))) {
             continue;
         }
         let s = s.into_std().and_then(|s| s.set_nonblocking(false).map(|()| s)).map_err(|e| rv(e.to_string()))?;
@@ -1329,7 +1368,7 @@ mod tests {
         drop((silent, strays, two));
         // Ranks 1 and 2 both say theirs: the mesh is whole. Around them, one that claims
         // this rank's own id (and leaves) and a second rank 2: neither is kept. A rank
-        // kept hears nothing; one not kept, the end.
+        // kept hears rank 0's greeting, and then nothing; one not kept, the end.
         let says = |id: usize| {
             let mut s = TcpStream::connect(at).unwrap();
             std::io::Write::write_all(&mut s, &mesh_greeting(id, token)).unwrap();
@@ -1337,18 +1376,23 @@ mod tests {
             s
         };
         drop(says(0));
-        let (two, two_again, one) = (says(2), says(2), says(1));
+        let (two, two_again, mut one) = (says(2), says(2), says(1));
         let w = connect_mesh(0, &addrs, token, &mesh, Instant::now() + timeout, timeout).unwrap();
         assert_eq!((w.rank(), w.size()), (0, 3));
+        let mut ack = [0u8; MESH_GREETING];
+        std::io::Read::read_exact(&mut one, &mut ack).unwrap();
+        assert_eq!(ack, mesh_greeting(0, token));
         let (mut kept, mut dropped) = (Vec::new(), 0);
         for mut s in [two, two_again] {
-            match std::io::Read::read(&mut s, &mut [0u8; 1]) {
-                Ok(0) => dropped += 1,
-                Ok(_) => panic!("a rank 2 heard something"),
-                Err(_) => kept.push(s),
+            match std::io::Read::read_exact(&mut s, &mut ack) {
+                Ok(()) => kept.push((ack, s)),
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => dropped += 1,
+                Err(e) => panic!("a rank 2 heard nothing: {e}"),
             }
         }
-        assert!(kept.len() == 1 && dropped == 1, "{} kept, {dropped} dropped", kept.len());
+        assert!(kept.len() == 1 && dropped == 1 && kept[0].0 == mesh_greeting(0, token), "{} kept, {dropped} dropped", kept.len());
+        kept[0].1.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+        assert!(std::io::Read::read(&mut kept[0].1, &mut [0u8; 1]).is_err(), "the rank 2 kept was dropped");
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(w.failure(), None, "a connection claiming rank 0 was taken for a peer");
         drop((one, kept));
@@ -1396,6 +1440,50 @@ mod tests {
         assert_eq!(mesh_and_sum_ranks(listeners, &addrs, token, Duration::from_secs(10)), vec![(6.0, None); 3]);
         assert!(start.elapsed() < Duration::from_secs(3), "the mesh was whole after {:?}", start.elapsed());
         drop(silent);
+    }
+
+    /// A rank that reaches a lower rank's mesh address and is not answered with that
+    /// rank's greeting and this run's token (something else listens there now: a rank of
+    /// another run, which closes, or a program, which answers otherwise or echoes) fails
+    /// at once naming the address, rather than take it for the rank. (Before: the
+    /// connecting rank took whatever accepted its connection.)
+    #[test]
+    fn a_mesh_address_that_does_not_answer_with_the_token_is_refused() {
+        let token: Token = 0x1234_5678_9abc_def0_1122_3344_5566_7788;
+        let cases: [(Option<[u8; MESH_GREETING]>, &str); 5] = [
+            (Some(mesh_greeting(0, token)), ""),
+            (Some(mesh_greeting(0, token ^ 1)), "answered without this run's token: another process listens there"),
+            // An echo: the connecting rank's own greeting.
+            (Some(mesh_greeting(1, token)), "answered without this run's token"),
+            (None, "closed the connection without this run's token"),
+            (Some([0; MESH_GREETING]), "answered without this run's token"),
+        ];
+        for (answer, want) in cases {
+            let other = TcpListener::bind("127.0.0.1:0").unwrap();
+            let at = other.local_addr().unwrap();
+            let fake = std::thread::spawn(move || {
+                let (mut s, _) = other.accept().unwrap();
+                let mut g = [0u8; MESH_GREETING];
+                std::io::Read::read_exact(&mut s, &mut g).unwrap();
+                if let Some(a) = answer {
+                    std::io::Write::write_all(&mut s, &a).unwrap();
+                }
+                g
+            });
+            let mine = mesh_listener(false).unwrap();
+            let addrs = vec![at.to_string(), format!("127.0.0.1:{}", mine.local_addr().unwrap().port())];
+            let start = Instant::now();
+            let timeout = Duration::from_secs(5);
+            let got = connect_mesh(1, &addrs, token, &mine, start + timeout, timeout).map(|w| w.size()).map_err(|e| e.to_string());
+            assert_eq!(fake.join().unwrap(), mesh_greeting(1, token));
+            assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+            if want.is_empty() {
+                assert_eq!(got, Ok(2));
+            } else {
+                let e = got.unwrap_err();
+                assert!(e.contains(&format!("rank 1: {at}, rank 0's mesh address, {want}")), "{e}");
+            }
+        }
     }
 
     /// A connection to a rank's mesh listener that names a rank without this run's token
