@@ -87,6 +87,11 @@ enum Answer {
         token: Token,
     },
     Refuse(String),
+    /// After a welcome, once every rank took its own: the ranks may build the mesh. Where
+    /// a rank did not take its welcome, a `Refuse` naming it comes instead, so that the
+    /// others fail then, with the cause, rather than wait out their timeout in the mesh for
+    /// rank 0 (which fails) and that rank.
+    Begin,
 }
 
 /// What every connection of a run's mesh says after its rank: drawn by rank 0 for the
@@ -324,7 +329,7 @@ async fn claim_rank_0_there(v6: bool, port: u16, hello: &Hello, within: Duration
         read_line_max(&mut s, &mut line, MAX_HELLO).await.ok()?;
         match serde_json::from_str::<Answer>(&line).ok()? {
             Answer::Refuse(why) => Some(why),
-            Answer::Welcome { .. } => None,
+            Answer::Welcome { .. } | Answer::Begin => None,
         }
     };
     tokio::time::timeout(within, ask).await.ok().flatten()
@@ -419,7 +424,8 @@ async fn refuse_latecomer(mut s: tokio::net::TcpStream, line: &str, world: usize
 }
 
 /// Rank 0: accept `n` − 1 hellos within `timeout` (on `held` where given, else on `port`
-/// of every address of the family), check them, answer everyone; the rendezvous listener
+/// of every address of the family), check them, answer everyone (a welcome, then, once
+/// every rank took its own, [`Answer::Begin`] or why not); the rendezvous listener
 /// comes back with the addresses, this rank's mesh listener and the hellos still being
 /// read (for [`refuse_latecomers`]).
 async fn serve(
@@ -534,24 +540,38 @@ async fn serve(
     let answering = tokio::time::Instant::now();
     let by = start_until.max(answering + HELLO_WITHIN.min(timeout / 4));
     let to = seen.into_iter().enumerate().filter_map(|(r, s)| Some((r, s?)));
-    let untaken = answer_all(to.chain(second_zero.into_iter().map(|s| (0, s))), text.clone(), by).await;
-    match refuse {
-        Some(why) => Err(DistError::Refused { rank: 0, why }),
-        None if !untaken.is_empty() => Err(rv(format!(
+    let (taken, mut untaken) = answer_all(to.chain(second_zero.into_iter().map(|s| (0, s))), text.clone(), by).await;
+    if let Some(why) = refuse {
+        return Err(DistError::Refused { rank: 0, why });
+    }
+    let why = |untaken: &[usize]| {
+        format!(
             "rank(s) {untaken:?} did not take rank 0's answer (the {n} ranks' addresses, {} bytes) within {:.0?} \
-             (--timeout): their processes exited, or stopped reading (suspended, hung); the other ranks were answered",
+             (--timeout): their processes exited, or stopped reading (suspended, hung)",
             text.len(),
             answering.elapsed()
-        ))),
-        None => Ok((addrs, token, l, mesh, reading)),
-    }
+        )
+    };
+    // Then the word to go on, or why not. A line into buffers that the welcome left, as a
+    // rule, empty; bounded all the same.
+    let then = if untaken.is_empty() { Answer::Begin } else { Answer::Refuse(why(&untaken)) };
+    let then = serde_json::to_string(&then).map_err(|e| rv(e.to_string()))? + "\n";
+    let (_, late) = answer_all(taken.into_iter(), then, by.max(tokio::time::Instant::now() + Duration::from_secs(1))).await;
+    untaken.extend(late);
+    untaken.sort_unstable();
+    if untaken.is_empty() { Ok((addrs, token, l, mesh, reading)) } else { Err(rv(why(&untaken))) }
 }
 
 /// Write `text` to every `(rank, connection)` of `to` at once, by `by`: the ranks that
-/// had not taken it all then, sorted. One after another, a rank that never reads (its
-/// process stopped, with the answer more than the sockets' buffers hold: a world of
-/// thousands of addresses) held rank 0, and so every rank after it, for good.
-async fn answer_all(to: impl Iterator<Item = (usize, tokio::net::TcpStream)>, text: String, by: tokio::time::Instant) -> Vec<usize> {
+/// took it all then, with their connections, and those that had not, sorted. One after
+/// another, a rank that never reads (its process stopped, with the answer more than the
+/// sockets' buffers hold: a world of thousands of addresses) held rank 0, and so every
+/// rank after it, for good.
+async fn answer_all(
+    to: impl Iterator<Item = (usize, tokio::net::TcpStream)>,
+    text: String,
+    by: tokio::time::Instant,
+) -> (Vec<(usize, tokio::net::TcpStream)>, Vec<usize>) {
     let text: std::sync::Arc<str> = text.into();
     let mut writing = JoinSet::new();
     for (r, mut s) in to {
@@ -560,17 +580,19 @@ async fn answer_all(to: impl Iterator<Item = (usize, tokio::net::TcpStream)>, te
             let taken = matches!(tokio::time::timeout_at(by, s.write_all(text.as_bytes())).await, Ok(Ok(())));
             // A write cut by the deadline leaves the rank half an answer: closed here
             // (`s` dropped), it reads a line cut short rather than wait on.
-            (r, taken)
+            (r, taken.then_some(s))
         });
     }
-    let mut untaken = Vec::new();
+    let (mut taken, mut untaken) = (Vec::new(), Vec::new());
     while let Some(done) = writing.join_next().await {
-        if let Ok((r, false)) = done {
-            untaken.push(r);
+        match done {
+            Ok((r, Some(s))) => taken.push((r, s)),
+            Ok((r, None)) => untaken.push(r),
+            Err(_) => {}
         }
     }
     untaken.sort_unstable();
-    untaken
+    (taken, untaken)
 }
 
 /// Any other rank: connect to rank 0 (retrying until it listens), open the mesh listener
@@ -605,7 +627,24 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
         ))
     };
     match serde_json::from_str::<Answer>(&line).map_err(|_| not_runner())? {
-        Answer::Welcome { addrs, token } if addrs.len() == hello.world => Ok((addrs, token, mesh)),
+        Answer::Welcome { addrs, token } if addrs.len() == hello.world => {
+            *last.borrow_mut() = Some("rank 0 answered, but did not say that every rank took its answer".into());
+            let mut line = String::new();
+            let whole = read_line_max(&mut s, &mut line, MAX_HELLO).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
+            match serde_json::from_str::<Answer>(&line) {
+                Ok(Answer::Begin) => Ok((addrs, token, mesh)),
+                Ok(Answer::Refuse(why)) => Err(DistError::Refused { rank: hello.rank, why }),
+                _ if line.is_empty() => Err(rv(format!(
+                    "rank {}: rank 0 closed the rendezvous after its answer, before every rank took theirs (it failed: see its error)",
+                    hello.rank
+                ))),
+                _ => Err(rv(format!(
+                    "rank {}: rank 0's answer was followed by something that is not a runner's{}",
+                    hello.rank,
+                    if whole { "" } else { " (a line too long, or cut short)" }
+                ))),
+            }
+        }
         Answer::Welcome { addrs, .. } => Err(rv(format!(
             "rank {}: rank 0 answered with {} addresses for a world of {}",
             hello.rank,
@@ -613,6 +652,7 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
             hello.world
         ))),
         Answer::Refuse(why) => Err(DistError::Refused { rank: hello.rank, why }),
+        Answer::Begin => Err(not_runner()),
     }
 }
 
@@ -1153,8 +1193,11 @@ mod tests {
     /// A seated rank that never reads its answer (its process stopped), the answer more
     /// than the sockets' buffers hold (a world of 1000 here, the buffers shrunk): every
     /// other rank is answered at once, and rank 0 fails at the rendezvous' end naming the
-    /// rank. (Before: rank 0 wrote the answers one after another, blocked on rank 1's for
-    /// good, and no rank after it heard anything.)
+    /// rank, and tells the others so: a rank (2, a real one) fails then too, with the
+    /// cause. (Before: rank 0 wrote the answers one after another, blocked on rank 1's for
+    /// good, and no rank after it heard anything; then, with the answers written at once,
+    /// rank 2 went on to the mesh and failed only at its own timeout, 8 s here, "cannot
+    /// reach rank 1".)
     #[test]
     fn a_rank_that_does_not_take_its_answer_holds_no_other() {
         let n = 1000;
@@ -1178,7 +1221,11 @@ mod tests {
         });
         stopped.set_nonblocking(false).unwrap();
         std::io::Write::write_all(&mut stopped, hello_json(1, n).as_bytes()).unwrap();
-        let mut others: Vec<TcpStream> = (2..n)
+        let two = std::thread::spawn(move || {
+            let e = rendezvous(&launch(2, n, at.port()), &meta("a"), Duration::from_secs(8)).map(|_| ()).unwrap_err().to_string();
+            (e, start.elapsed())
+        });
+        let mut others: Vec<TcpStream> = (3..n)
             .map(|r| {
                 let mut s = TcpStream::connect(at).unwrap();
                 std::io::Write::write_all(&mut s, hello_json(r, n).as_bytes()).unwrap();
@@ -1189,11 +1236,13 @@ mod tests {
             s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
             let mut line = String::new();
             let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(s), &mut line);
-            assert!(line.starts_with("{\"Welcome\"") && line.len() > 10_000, "rank {}: {line:?}", r + 2);
+            assert!(line.starts_with("{\"Welcome\"") && line.len() > 10_000, "rank {}: {line:?}", r + 3);
         }
         let e = rx.recv_timeout(Duration::from_secs(10)).expect("rank 0 hung on the rank that does not read").unwrap_err().to_string();
         assert!(e.contains("rank(s) [1] did not take rank 0's answer (the 1000 ranks' addresses"), "{e}");
         assert!(start.elapsed() < Duration::from_secs(6), "{:?}", start.elapsed());
+        let (e, took) = two.join().unwrap();
+        assert!(e.starts_with("rank 2: rank(s) [1] did not take rank 0's answer") && took < Duration::from_secs(5), "{took:?}: {e}");
         drop(stopped);
     }
 
@@ -1283,7 +1332,8 @@ mod tests {
 
     /// What rank 1 says when "rank 0" (a raw listener here) answers `answer` and closes
     /// (or stays silent when `None`).
-    fn rank_1_hears(answer: Option<&'static [u8]>) -> String {
+    fn rank_1_hears(answer: Option<&[u8]>) -> String {
+        let answer = answer.map(<[u8]>::to_vec);
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let fake = std::thread::spawn(move || {
@@ -1292,7 +1342,7 @@ mod tests {
             let mut hello = String::new();
             std::io::BufRead::read_line(&mut r, &mut hello).unwrap();
             match answer {
-                Some(a) => std::io::Write::write_all(&mut s, a).unwrap(),
+                Some(a) => std::io::Write::write_all(&mut s, &a).unwrap(),
                 None => std::thread::sleep(Duration::from_millis(600)),
             }
         });
@@ -1317,6 +1367,17 @@ mod tests {
         assert_eq!(e, "rank 1: because");
         let e = rank_1_hears(None);
         assert!(e.contains("gave up after 300ms") && e.contains("connected, but rank 0 did not answer"), "{e}");
+        // A welcome, then: rank 0's word that a rank did not take its own, its end, other
+        // bytes; a word to go on without a welcome.
+        const WELCOME: &str = "{\"Welcome\":{\"addrs\":[\"127.0.0.1:1\",\"127.0.0.1:1\"],\"token\":1}}\n";
+        let e = rank_1_hears(Some(format!("{WELCOME}{{\"Refuse\":\"rank(s) [3] did not take rank 0's answer\"}}\n").as_bytes()));
+        assert_eq!(e, "rank 1: rank(s) [3] did not take rank 0's answer");
+        let e = rank_1_hears(Some(WELCOME.as_bytes()));
+        assert!(e.contains("rank 0 closed the rendezvous after its answer, before every rank took theirs"), "{e}");
+        let e = rank_1_hears(Some(format!("{WELCOME}HTTP/1.1 400 Bad Request\r\n").as_bytes()));
+        assert!(e.contains("rank 0's answer was followed by something that is not a runner's"), "{e}");
+        let e = rank_1_hears(Some(b"\"Begin\"\n"));
+        assert!(e.contains("not a runner's rendezvous"), "{e}");
     }
 
     /// After the world met, a silent connection to rank 0's port holds only its own
