@@ -745,7 +745,10 @@ async fn accept_mesh(
     while streams.iter().skip(rank + 1).any(Option::is_none) {
         let (from, mut s) = match tokio::time::timeout_at(until, next(&l, &mut reading)).await {
             Ok(Next::Accepted(Ok((s, _)))) => {
-                reading.spawn(read_mesh_greeting(s, token, until.min(tokio::time::Instant::now() + Duration::from_secs(5))));
+                // A rank greets as soon as it connects: a connection silent for a few
+                // seconds (a quarter of the timeout where that is less) gives up its slot.
+                let by = tokio::time::Instant::now() + Duration::from_secs(5).min(timeout / 4);
+                reading.spawn(read_mesh_greeting(s, token, until.min(by)));
                 continue;
             }
             Ok(Next::Accepted(Err(e))) => return Err(rv(format!("mesh accept: {e}"))),
@@ -1503,6 +1506,20 @@ mod tests {
         drop(silent);
     }
 
+    /// More silent connections at rank 0's mesh listener than it reads at once, held open:
+    /// each is dropped when its greeting wait ends (a quarter of the timeout, 1 s here),
+    /// and the ranks, queued behind them, meet then. (Each held for the whole wait, the
+    /// ranks never got a slot.)
+    #[test]
+    fn a_flood_of_silent_connections_delays_the_mesh_by_one_greeting_wait() {
+        let (listeners, addrs, token) = mesh_of_3();
+        let silent: Vec<TcpStream> = (0..HELLOS_AT_ONCE + 1).map(|_| TcpStream::connect(&addrs[0]).unwrap()).collect();
+        let start = Instant::now();
+        assert_eq!(mesh_and_sum_ranks(listeners, &addrs, token, Duration::from_secs(4)), vec![(6.0, None); 3]);
+        assert!(start.elapsed() < Duration::from_millis(2500), "the mesh was whole after {:?}", start.elapsed());
+        drop(silent);
+    }
+
     /// A rank that reaches a lower rank's mesh address and is not answered with that
     /// rank's greeting and this run's token (something else listens there now: a rank of
     /// another run, which closes, or a program, which answers otherwise or echoes) fails
@@ -1545,6 +1562,13 @@ mod tests {
                 assert!(e.contains(&format!("rank 1: {at}, rank 0's mesh address, {want}")), "{e}");
             }
         }
+        // Something that takes the connection and says nothing: named at the deadline.
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mine = mesh_listener(false).unwrap();
+        let addrs = vec![silent.local_addr().unwrap().to_string(), format!("127.0.0.1:{}", mine.local_addr().unwrap().port())];
+        let timeout = Duration::from_millis(300);
+        let e = connect_mesh(1, &addrs, token, &mine, Instant::now() + timeout, timeout).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains(&format!("rank 1: {}, rank 0's mesh address, did not answer with this run's token within 300ms", addrs[0])), "{e}");
     }
 
     /// A connection to a rank's mesh listener that names a rank without this run's token
