@@ -206,3 +206,201 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
     runner_graph::validate::validate(&out).ok()?;
     Some(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_graph::{DType, Role, Tensor, TensorKind};
+
+    const T: u64 = 8;
+    const C: u64 = 4;
+    const V: u64 = 16;
+
+    /// How one layer of the test graph differs from the plain one: `h = fc(x)`,
+    /// `x' = x + h` (and with `side`, `s' = s + h`).
+    #[derive(Clone, Copy, PartialEq)]
+    enum L {
+        Plain,
+        /// `x' = h + x`: the same ops, shapes and dtypes, wired the other way round.
+        Swapped,
+        /// `h` in F32 (only a produced tensor's dtype differs).
+        WideH,
+        /// Its weight a graph input (no gradient, as a frozen weight has none, but no
+        /// parameter either).
+        InputWeight,
+        Frozen,
+        /// Its GEMM carrying an attribute.
+        Tagged,
+    }
+
+    /// What the head reads: the last layer's x; x and a layer position's side stream s
+    /// (in that order, or s first); the last x twice.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Head {
+        X,
+        Xs(usize),
+        Sx(usize),
+        Xx,
+    }
+
+    /// Embedding (plus a pre-side projection where `proj`), the layers, then the head
+    /// reading the last layer's `x` and, where `head_s` names a layer position, that
+    /// layer's side stream `s` (every layer carries one where `side`).
+    fn net(layers: &[L], proj: bool, side: bool, head: Head) -> Graph {
+        net_s(layers, proj, side, head, DType::BF16, [1, T, C])
+    }
+
+    /// [`net`] with the side stream at dtype `sd` and shape `ss`.
+    fn net_s(layers: &[L], proj: bool, side: bool, head: Head, sd: DType, ss: [u64; 3]) -> Graph {
+        let mut tensors = Vec::new();
+        let mut ten = |name: &str, s: Vec<u64>, d: DType, k: TensorKind| tensors.push(Tensor { name: name.into(), shape: s, dtype: d, kind: k });
+        let act = |n: &str| (n.to_string(), vec![1, T, C]);
+        let mut ops = Vec::new();
+        let op = |name: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32| NamedOp::of(name, k, i, o, &[], layer, Role::Replicated);
+        let tagged = |name: &str, i: &[&str], o: &[&str], layer: i32| NamedOp::of(name, OpKind::Linear, i, o, &[("tag", runner_graph::Attr::Int(1))], layer, Role::Replicated);
+        ten("tokens", vec![1, T], DType::I32, TensorKind::Input);
+        ten("targets", vec![1, T], DType::I32, TensorKind::Input);
+        ten("table", vec![V, C], DType::BF16, TensorKind::Weight);
+        ten("head", vec![V, C], DType::BF16, TensorKind::Weight);
+        ten("logits", vec![1, T, V], DType::BF16, TensorKind::Activation);
+        ten("loss", vec![], DType::F32, TensorKind::Activation);
+        for n in ["e0", "x0", "z"] {
+            let (n, s) = act(n);
+            ten(&n, s, DType::BF16, TensorKind::Activation);
+        }
+        ten("s0", ss.to_vec(), sd, TensorKind::Activation);
+        ten("wp", vec![C, C], DType::BF16, TensorKind::Weight);
+        ops.push(op("embed", OpKind::Embedding, &["tokens", "table"], &[if proj { "e0" } else { "x0" }], -1));
+        if proj {
+            ops.push(op("proj", OpKind::Linear, &["e0", "wp"], &["x0"], -1));
+        }
+        if side {
+            ops.push(op("side", OpKind::Add, &["x0", "x0"], &["s0"], -1));
+        }
+        for (p, &l) in layers.iter().enumerate() {
+            let (x, h, w, y, s, s1) = (format!("x{p}"), format!("h{p}"), format!("w{p}"), format!("x{}", p + 1), format!("s{p}"), format!("s{}", p + 1));
+            let wk = match l {
+                L::InputWeight => TensorKind::Input,
+                L::Frozen => TensorKind::Frozen,
+                _ => TensorKind::Weight,
+            };
+            ten(&w, vec![C, C], DType::BF16, wk);
+            ten(&h, vec![1, T, C], if l == L::WideH { DType::F32 } else { DType::BF16 }, TensorKind::Activation);
+            ten(&y, vec![1, T, C], DType::BF16, TensorKind::Activation);
+            let layer = 10 + p as i32;
+            ops.push(if l == L::Tagged { tagged(&format!("fc{p}"), &[&x, &w], &[&h], layer) } else { op(&format!("fc{p}"), OpKind::Linear, &[&x, &w], &[&h], layer) });
+            let ins: [&str; 2] = if l == L::Swapped { [&h, &x] } else { [&x, &h] };
+            ops.push(op(&format!("add{p}"), OpKind::Add, &ins, &[&y], layer));
+            if side {
+                ten(&s1, ss.to_vec(), sd, TensorKind::Activation);
+                ops.push(op(&format!("sadd{p}"), OpKind::Add, &[&s, &h], &[&s1], layer));
+            }
+        }
+        let last = format!("x{}", layers.len());
+        match head {
+            Head::X => ops.push(op("head", OpKind::Linear, &[&last, "head"], &["logits"], -1)),
+            Head::Xs(_) | Head::Sx(_) | Head::Xx => {
+                let s = match head {
+                    Head::Xs(q) | Head::Sx(q) => format!("s{}", q + 1),
+                    _ => last.clone(),
+                };
+                let ins: [&str; 2] = if matches!(head, Head::Sx(_)) { [&s, &last] } else { [&last, &s] };
+                ops.push(op("mix", OpKind::Add, &ins, &["z"], -1));
+                ops.push(op("head", OpKind::Linear, &["z", "head"], &["logits"], -1));
+            }
+        }
+        ops.push(op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], -1));
+        let g = Graph::new(tensors, ops, "loss").unwrap();
+        runner_graph::validate::validate(&g).unwrap();
+        g
+    }
+
+    fn names(g: &Graph) -> Vec<&str> {
+        g.ops.iter().map(|o| o.name.as_str()).collect()
+    }
+
+    /// Four alike layers are one class: the reduced graph keeps the first, and the head
+    /// reads its output. GEMM names fall on their side: a pre-side projection's on the
+    /// embedding side, the head's on the head side, each layer's its own.
+    #[test]
+    fn alike_layers_are_one_class_and_the_reduced_graph_keeps_the_first() {
+        let g = net(&[L::Plain; 4], true, false, Head::X);
+        let d = analyse(&g);
+        assert_eq!(d.layers, vec![10, 11, 12, 13]);
+        assert_eq!((d.class.clone(), d.reps.clone(), d.prefix), (vec![0; 4], vec![0], 1));
+        assert_eq!(d.pre_gemms, vec!["proj".to_string()]);
+        assert_eq!(d.post_gemms, vec!["head".to_string()]);
+        for p in 0..4 {
+            assert_eq!(d.gemm_names[p], vec![format!("fc{p}")]);
+        }
+        let r = reduce(&g, &d).expect("reducible");
+        assert_eq!(names(&r), ["embed", "proj", "fc0", "add0", "head", "loss"]);
+        let head = &r.ops[4];
+        assert_eq!(r.tensors[head.inputs[0]].name, "x1");
+    }
+
+    /// Layers that differ only in which earlier op feeds an input, in one produced
+    /// tensor's dtype, or in what kind of tensor an outside input is, are classes of
+    /// their own: the shortest prefix holding each is kept.
+    #[test]
+    fn wiring_an_inner_dtype_or_an_inputs_kind_make_a_class() {
+        for (one, other, what) in [
+            (L::Plain, L::Swapped, "wiring"),
+            (L::Plain, L::WideH, "inner dtype"),
+            (L::Plain, L::Tagged, "an attribute"),
+            (L::Frozen, L::InputWeight, "outside input's kind"),
+        ] {
+            let g = net(&[one, other, one, other, one], false, false, Head::X);
+            let d = analyse(&g);
+            assert_eq!((d.class.clone(), d.reps.clone(), d.prefix), (vec![0, 1, 0, 1, 0], vec![0, 1], 2), "{what}");
+            let r = reduce(&g, &d).expect("reducible");
+            assert_eq!(names(&r), ["embed", "fc0", "add0", "fc1", "add1", "head", "loss"], "{what}");
+        }
+        // A frozen first layer (no gradient into the embedding side either way) is a
+        // class apart from trained ones.
+        let d = analyse(&net(&[L::Frozen, L::Plain, L::Plain], false, false, Head::X));
+        assert_eq!((d.class, d.reps, d.prefix), (vec![0, 1, 1], vec![0, 1], 2));
+    }
+
+    /// Every layer a class of its own keeps all of them: nothing to reduce.
+    #[test]
+    fn no_repeat_no_reduction() {
+        let g = net(&[L::Frozen, L::Plain], false, false, Head::X);
+        let d = analyse(&g);
+        assert_eq!(d.prefix, 2);
+        assert!(reduce(&g, &d).is_none());
+    }
+
+    /// Two streams between layers (x and s): the head reading both of the last layer's
+    /// is rewired to the kept layer's; the head reading a stream of a removed layer
+    /// other than the last, or fewer streams than a layer passes on, is not reduced.
+    #[test]
+    fn the_head_is_rewired_only_where_its_interface_is_a_layers() {
+        let layers = [L::Plain; 4];
+        let g = net(&layers, false, true, Head::Xs(3));
+        let d = analyse(&g);
+        assert_eq!((d.reps.clone(), d.prefix), (vec![0], 1));
+        let r = reduce(&g, &d).expect("reducible");
+        assert_eq!(names(&r), ["embed", "side", "fc0", "add0", "sadd0", "mix", "head", "loss"]);
+        let mix = &r.ops[5];
+        let read: Vec<&str> = mix.inputs.iter().map(|&t| r.tensors[t].name.as_str()).collect();
+        assert_eq!(read, ["x1", "s1"]);
+        // The head reads layer 2's side stream (a removed layer, not the last).
+        let g = net(&layers, false, true, Head::Xs(2));
+        assert!(reduce(&g, &analyse(&g)).is_none());
+        // The head reads x alone, where layer 1 reads x and s from layer 0.
+        let g = net(&layers, false, true, Head::X);
+        assert!(reduce(&g, &analyse(&g)).is_none());
+        // The head reads the last x twice: one tensor of the interface.
+        let g = net(&layers, false, false, Head::Xx);
+        let r = reduce(&g, &analyse(&g)).expect("reducible");
+        assert_eq!(names(&r), ["embed", "fc0", "add0", "mix", "head", "loss"]);
+        // The head reads s then x, where a layer reads x then s: with s in F32 the
+        // interfaces pair a BF16 tensor with an F32 one, with s of shape (1, C, T) a
+        // (1, T, C) one with a (1, C, T) one (as many elements): not reduced.
+        let g = net_s(&layers, false, true, Head::Sx(3), DType::F32, [1, T, C]);
+        assert!(reduce(&g, &analyse(&g)).is_none());
+        let g = net_s(&layers, false, true, Head::Sx(3), DType::BF16, [1, C, T]);
+        assert!(reduce(&g, &analyse(&g)).is_none());
+    }
+}

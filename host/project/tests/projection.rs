@@ -190,6 +190,31 @@ fn reduced_depth_costs_as_the_full_graph() {
     }
 }
 
+/// A precision plan names a layer's GEMMs by the layer's own op names: DeepSeek's proxy
+/// lists each layer's linear and grouped-linear (routed expert) ops in op order, the ops
+/// before the first layer on the embedding side and the ones after the last (head, MTP)
+/// on the head side, read off the graph here op by op.
+#[test]
+fn each_layers_gemm_names_are_its_linear_and_expert_ops() {
+    let (_, mut src) = common::Native.resolve("deepseek-tiny", 256).unwrap();
+    let g = src.graph(1).unwrap();
+    let d = depth::analyse(&g);
+    let gemm = |k: OpKind| matches!(k, OpKind::Linear | OpKind::GroupedLinear);
+    let mut grouped = 0;
+    for (p, &l) in d.layers.iter().enumerate() {
+        let want: Vec<String> = g.ops.iter().filter(|o| o.layer == l && gemm(o.kind)).map(|o| o.name.clone()).collect();
+        grouped += g.ops.iter().filter(|o| o.layer == l && o.kind == OpKind::GroupedLinear).count();
+        assert_eq!(d.gemm_names[p], want, "layer {l}");
+    }
+    assert!(grouped > 0, "the proxy routes experts");
+    let first = g.ops.iter().position(|o| o.layer >= 0).unwrap();
+    let last = g.ops.iter().rposition(|o| d.layers.contains(&o.layer)).unwrap();
+    let side = |ops: &[runner_graph::Op]| -> Vec<String> { ops.iter().filter(|o| gemm(o.kind)).map(|o| o.name.clone()).collect() };
+    assert_eq!(d.pre_gemms, side(&g.ops[..first]));
+    assert_eq!(d.post_gemms, side(&g.ops[last + 1..]));
+    assert!(!d.post_gemms.is_empty());
+}
+
 fn share(p: &Projection, part: f64) -> f64 {
     part / p.step_time_s
 }
