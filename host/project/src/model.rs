@@ -244,7 +244,7 @@ impl Model {
 
 #[cfg(test)]
 mod tests {
-    use super::Shape;
+    use super::{Shape, Training};
 
     fn shape(heads: &[(u64, u64)]) -> Shape {
         Shape { layers: 1, hidden: 1, heads: heads.to_vec(), experts: 0, scans: 0, vocab: 1, mtp: 0 }
@@ -265,5 +265,24 @@ mod tests {
         assert!(!mixed.tp_splits_heads(8) && mixed.kv_replicated(8) == Some(4));
         // No attention (a pure Mamba stack): every tp splits.
         assert!(shape(&[]).tp_splits_heads(8));
+    }
+
+    /// A tp that divides the kv heads but not the query heads, or that the kv heads do
+    /// not divide, replicates nothing: it is no tp of this model at all.
+    #[test]
+    fn kv_replication_needs_the_query_heads_split_and_whole_copies() {
+        assert_eq!(shape(&[(24, 8)]).kv_replicated(16), None);
+        assert_eq!(shape(&[(48, 8)]).kv_replicated(12), None);
+        assert_eq!(shape(&[(48, 8)]).kv_replicated(16), Some(8));
+    }
+
+    /// Reports name a LoRA fine-tune by its rank and, on the attention's qkv alone, say
+    /// so; full training has no label.
+    #[test]
+    fn training_labels() {
+        use runner_graph::peft::{Lora, LoraTargets};
+        assert_eq!(Training::Full.label(), "");
+        assert_eq!(Training::Lora(Lora { rank: 32, targets: LoraTargets::All }).label(), "LoRA r32");
+        assert_eq!(Training::Lora(Lora { rank: 8, targets: LoraTargets::Qkv }).label(), "LoRA r8 qkv");
     }
 }

@@ -567,3 +567,35 @@ fn partial_full_recompute_repeats_the_first_layers_of_each_chunk() {
     close(every - two, m * 2.0 * fwd, "every layer against the first two");
     close(recompute(4), every, "all four layers of the chunk");
 }
+
+/// The search's shape facts come off the graph: the toy's layers, width and vocabulary
+/// as built, no multi-token-prediction layers, experts, scans or attention.
+#[test]
+fn the_shape_is_read_off_the_graph() {
+    let p = toy(6, 0.0);
+    let s = &p.model.shape;
+    assert_eq!((s.layers, s.hidden, s.vocab, s.mtp, s.experts, s.scans), (6, C, V, 0, 0, 0));
+    assert!(s.heads.is_empty());
+}
+
+/// A micro-batch whose graph the source cannot give is reported for that micro-batch
+/// alone (building the others' templates ahead goes on), and a graph whose layer pattern
+/// changes with the micro-batch is refused by name.
+#[test]
+fn a_micro_batch_the_source_fails_or_reshapes_is_reported_alone() {
+    let key = |mbs: u32| runner_project::template::ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs };
+    let mut build = graph(4);
+    let mut deeper = graph(5);
+    let mut source = move |mb: u32| match mb {
+        2 => Err("no graph at micro-batch 2".to_string()),
+        3 => deeper(mb),
+        _ => build(mb),
+    };
+    let mut model = Model::new("toy", T as u32, &mut source).unwrap();
+    model.prebuild(&[key(1), key(2), key(4)], &mut source);
+    assert_eq!(model.template(key(2), &mut source).err().as_deref(), Some("no graph at micro-batch 2"));
+    assert_eq!(model.template(key(1), &mut source).unwrap().layers.len(), 1);
+    assert_eq!(model.template(key(4), &mut source).unwrap().key, key(4));
+    let e = model.template(key(3), &mut source).err().unwrap();
+    assert!(e.contains("layer pattern changes with the micro-batch"), "{e}");
+}
