@@ -673,4 +673,125 @@ mod tests {
         let dense = Point { ep: None, ep_overlap: Some(true), ..moe };
         assert!(!dense.layout().unwrap().ep_overlap);
     }
+
+    /// Every field of a point reaches its layout, written out by hand: an MoE run with
+    /// FSDP's table flag, selective recompute, the embedding counted in the pipeline
+    /// split, offloading, Muon, the fused grouped MLP and the all-to-all dispatcher; a
+    /// dense run with pp alone and the loss counted.
+    #[test]
+    fn a_points_fields_become_its_layout() {
+        let moe = Point {
+            num_gpus: Some(128),
+            seq_len: Some(4096),
+            gbs: Some(512),
+            mbs: Some(2),
+            tp: Some(2),
+            pp: Some(4),
+            cp: Some(2),
+            vp: Some(3),
+            ep: Some(8),
+            etp: Some(2),
+            fsdp: Some(1),
+            recompute_modules: Some(vec!["core_attn".into(), "mlp".into()]),
+            account_for_embedding_in_pipeline_split: Some(true),
+            account_for_loss_in_pipeline_split: Some(false),
+            cpu_offloading_num_layers: Some(3),
+            optimizer: Some("muon".into()),
+            cutedsl_fused_grouped_mlp: Some(true),
+            ep_dispatcher: Some(Dispatcher::AllToAll),
+            ..Point::default()
+        };
+        let want = LayoutSpec {
+            tp: 2,
+            pp: 4,
+            cp: 2,
+            vp: 3,
+            ep: 8,
+            etp: 2,
+            dp: 8,
+            mbs: 2,
+            gbs: 512,
+            sequence_parallel: true,
+            fsdp: true,
+            recompute: RecomputePolicy::Selective,
+            recompute_layers: 0,
+            recompute_modules: Modules::of(&[Module::CoreAttn, Module::Mlp]),
+            distributed_optimizer: false,
+            tp_overlap: true,
+            ep_overlap: true,
+            dp_overlap: true,
+            grad_fp32: false,
+            split: PipelineSplit::megatron(true, false),
+            offload_layers: 3,
+            optimizer: Optimizer::Muon,
+            kernels: Kernels { fused_grouped_mlp: true, dispatcher: Dispatcher::AllToAll },
+        };
+        assert_eq!(moe.layout().unwrap(), want);
+        let dense = Point {
+            num_gpus: Some(16),
+            seq_len: Some(8192),
+            gbs: Some(64),
+            pp: Some(2),
+            ep_overlap: Some(true),
+            account_for_loss_in_pipeline_split: Some(true),
+            ..Point::default()
+        };
+        let want = LayoutSpec {
+            tp: 1,
+            pp: 2,
+            cp: 1,
+            vp: 1,
+            ep: 1,
+            etp: 1,
+            dp: 8,
+            mbs: 1,
+            gbs: 64,
+            sequence_parallel: false,
+            fsdp: false,
+            recompute: RecomputePolicy::None,
+            recompute_layers: 0,
+            recompute_modules: Modules::default(),
+            distributed_optimizer: true,
+            tp_overlap: false,
+            ep_overlap: false,
+            dp_overlap: true,
+            grad_fp32: false,
+            split: PipelineSplit::megatron(false, true),
+            offload_layers: 0,
+            optimizer: Optimizer::AdamW,
+            kernels: Kernels::default(),
+        };
+        assert_eq!(dense.layout().unwrap(), want);
+        // FSDP alone is a parallel layout (its group over the 16 GPUs); nothing is none.
+        let fsdp = Point { pp: None, fsdp: Some(16), ..dense.clone() };
+        assert_eq!(fsdp.layout().map(|l| (l.dp, l.fsdp)), Ok((16, true)));
+        let none = Point { pp: None, ..dense };
+        assert_eq!(none.layout().unwrap_err(), "the source gives no parallel layout");
+    }
+
+    /// The step range holds at both ends; a per-GPU throughput, where the total is given
+    /// too, gives the step; a step time twice the throughput's is refused as one half of it.
+    #[test]
+    fn measured_step_bounds_precedence_and_agreement() {
+        let (lo, hi) = STEP_RANGE_S;
+        for s in [lo, hi] {
+            assert_eq!(Point { step_time_s: Some(s), ..Point::default() }.measured(), Ok(s));
+        }
+        assert!(Point { step_time_s: Some(hi * 1.001), ..Point::default() }.measured().is_err());
+        // 8 GPUs, 4096 x 16 tokens a step: 1000 tokens/s per GPU is 8.192 s; a total
+        // figure that disagrees is not the one read.
+        let both = Point { seq_len: Some(4096), gbs: Some(16), num_gpus: Some(8), tokens_per_sec_per_gpu: Some(1000.0), tokens_per_sec_total: Some(1.0), ..Point::default() };
+        assert_eq!(both.measured(), Ok(8.192));
+        for s in [8.192 * 2.0, 8.192 / 2.0] {
+            let e = Point { step_time_s: Some(s), ..both.clone() }.measured().unwrap_err();
+            assert!(e.contains("disagree"), "{s}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_point_is_named_by_model_gpu_count_and_precision() {
+        let p = Point { model: "llama3-70b".into(), gpu: "H100".into(), num_gpus: Some(64), precision: "FP8".into(), ..Point::default() };
+        assert_eq!(p.label(), "llama3-70b H100 x64 FP8");
+        assert_eq!(Point { num_gpus: None, ..p }.label(), "llama3-70b H100 x? FP8");
+    }
 }
