@@ -886,3 +886,216 @@ impl Rates {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profile::Profiles;
+
+    fn key(tp: u32, cp: u32, ep: u32, etp: u32) -> ShardKey {
+        ShardKey { tp, cp, ep, etp, sp: false, mbs: 1 }
+    }
+
+    /// The fewest data-parallel ranks for ep·etp to divide tp·cp·dp, by hand; a stage of
+    /// exactly 2^32 - 1 GPUs is still a run, one more GPU than that is not.
+    #[test]
+    fn min_dp_is_the_fewest_ranks_experts_need() {
+        assert_eq!(min_dp(&key(2, 1, 8, 1)), Ok(4));
+        assert_eq!(min_dp(&key(2, 2, 4, 2)), Ok(2));
+        assert_eq!(min_dp(&key(4, 2, 8, 1)), Ok(1));
+        assert_eq!(min_dp(&key(65535, 65537, 1, 1)), Ok(1));
+        assert!(min_dp(&key(65535, 65537, 2, 1)).is_err());
+    }
+
+    /// Muon's Newton-Schulz FLOPs on the short side: two 3 x 5 matrices (or 5 x 3) take
+    /// 2 · 5 · (4·9·5 + 2·27) = 2340.
+    #[test]
+    fn newton_schulz_flops_by_hand() {
+        assert_eq!(newton_schulz_flops(3, 5, 2.0), 2340.0);
+        assert_eq!(newton_schulz_flops(5, 3, 2.0), 2340.0);
+    }
+
+    /// Megatron's dispatcher names, any case; DeepEP and HybridEP are flex's backends.
+    #[test]
+    fn dispatcher_names() {
+        for (name, d) in [("flex", Dispatcher::Flex), ("DeepEP", Dispatcher::Flex), ("hybridep", Dispatcher::Flex), ("AllToAll", Dispatcher::AllToAll)] {
+            assert_eq!(Dispatcher::parse(name), Ok(d), "{name}");
+        }
+        assert!(Dispatcher::parse("nccl").unwrap_err().contains("use flex"));
+    }
+
+    /// Where each group sits in Megatron's order: tp innermost, cp over tp, etp innermost
+    /// of the experts, ep over etp.
+    #[test]
+    fn group_placements() {
+        let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
+        let k = key(2, 4, 8, 2);
+        let at = |g| {
+            let p = rates.placement(&k, g);
+            (p.size, p.stride)
+        };
+        assert_eq!([at(Group::Tp), at(Group::Cp), at(Group::Etp), at(Group::Ep)], [(2, 1), (4, 2), (2, 1), (8, 2)]);
+    }
+
+    /// Overlapped communication hides up to the compute beside it and at most its
+    /// overlap share: TP behind the GEMMs, CP behind attention (always on), EP behind
+    /// the whole layer's compute; by hand with shares of 0.8.
+    #[test]
+    fn exposed_communication_by_hand() {
+        let mut rates = Rates::new(Profiles::builtin().get("h100").unwrap());
+        (rates.tp_overlap, rates.cp_overlap, rates.ep_overlap) = (0.8, 0.8, 0.8);
+        let t = PartTime { fwd: 1.0, bwd: 2.0, gemm: 0.5, attention: 3.0, comm_fwd: [1.0, 1.0, 2.0], comm_bwd: [1.0, 1.0, 2.0], ..PartTime::default() };
+        // tp 2 behind 0.5 of GEMMs: 1.5 left; cp 2 behind 3 of attention: 20 % of it
+        // left, 0.4; ep 4 behind 3 of compute: 1.
+        let e = t.exposed(&rates, true, true);
+        let want = [1.5, 0.4, 1.0];
+        for i in 0..3 {
+            assert!((e[i] - want[i]).abs() < 1e-12, "{e:?}");
+        }
+        assert_eq!(t.exposed(&rates, false, false)[0], 2.0);
+        assert_eq!(t.exposed(&rates, false, false)[2], 4.0);
+        assert!((t.exposed(&rates, false, false)[1] - 0.4).abs() < 1e-12);
+    }
+
+    /// What recompute repeats: nothing; the attention cores' forward; the whole forward
+    /// with the forward's share of the exposed communication (here 1 of 4 seconds).
+    #[test]
+    fn recompute_repeats_by_hand() {
+        let mut t = PartTime { fwd: 2.0, attention: 5.0, attention_fwd: 1.5, comm_fwd: [1.0, 0.0, 0.0], comm_bwd: [3.0, 0.0, 0.0], ..PartTime::default() };
+        t.module_fwd[Module::CoreAttn.index()] = 1.5;
+        assert_eq!(t.recompute(RecomputePolicy::None, [4.0, 0.0, 0.0]), 0.0);
+        assert_eq!(t.recompute(RecomputePolicy::Selective, [4.0, 0.0, 0.0]), 1.5);
+        assert_eq!(t.recompute(RecomputePolicy::Full, [4.0, 0.0, 0.0]), 3.0);
+    }
+
+    /// A GEMM's time: its FLOPs at the format's achieved rate times the size factor
+    /// call/(call + half), or its bytes at HBM if slower; a GEMM of no FLOPs moves bytes
+    /// only, one in a format the chip lacks runs at BF16's rate; attention's backward
+    /// does 2.5 times the forward's matrix work at its relative efficiency and twice its
+    /// bytes; a scan's twice.
+    #[test]
+    fn roofline_by_hand() {
+        let gpu = Profiles::builtin().get("h100").unwrap().clone();
+        let r = Rates::new(&gpu);
+        let e = &gpu.efficiency;
+        let rate = gpu.peak_tflops.bf16 * 1e12 * e.gemm.bf16;
+        let half = e.gemm_half_gflop * 1e9;
+        let hbm = gpu.hbm_gbs * 1e9 * e.memory;
+        let (f, call) = (1e12, 2.5e11);
+        let want = f / (rate * call / (call + half));
+        assert!((r.gemm(f, call, 1.0, GemmFormat::Bf16) / want - 1.0).abs() < 1e-12);
+        assert!((r.gemm(f, call, 1e12, GemmFormat::Bf16) / (1e12 / hbm) - 1.0).abs() < 1e-12);
+        assert!((r.gemm(0.0, 0.0, 1e6, GemmFormat::Bf16) / (1e6 / hbm) - 1.0).abs() < 1e-12);
+        // H100 has no NVFP4: such a GEMM is timed at the BF16 rate.
+        assert_eq!(r.gemm(f, call, 1.0, GemmFormat::Nvfp4), r.gemm(f, call, 1.0, GemmFormat::Bf16));
+        let att = gpu.peak_tflops.bf16 * 1e12 * e.attention;
+        let size = f / (f + half);
+        assert!((r.attention_backward(f, 1.0) / (2.5 * f / (att * e.attention_backward * size)) - 1.0).abs() < 1e-12);
+        assert!((r.attention_backward(1.0, 1e12) / (2e12 / hbm) - 1.0).abs() < 1e-12);
+        let ssm = gpu.peak_tflops.bf16 * 1e12 * e.ssm;
+        assert!((r.scan_forward(f, 1.0) / (f / (ssm * size)) - 1.0).abs() < 1e-12);
+        assert!((r.scan_backward(f, 1.0) / (2.0 * f / (ssm * e.attention_backward * size)) - 1.0).abs() < 1e-12);
+        assert!((r.scan_backward(1.0, 1e12) / (2e12 / hbm) - 1.0).abs() < 1e-12);
+    }
+
+    fn one_gemm(dgrad: bool, wgrad: bool) -> Part {
+        let gemm = Gemm { name: "g".into(), flops: 0.0, call_flops: 0.0, bytes: 0.0, x: 1000.0, w: 2000.0, y: 3000.0, module: None, dgrad, wgrad, ns_flops: 0.0, expert: false };
+        Part { gemms: vec![gemm], ..Part::default() }
+    }
+
+    fn plan(sites: &[(&str, GemmFormat, GemmFormat, GemmFormat)]) -> Plan {
+        let g = runner_graph::Graph::new(
+            vec![runner_graph::Tensor { name: "l".into(), shape: vec![], dtype: runner_graph::DType::F32, kind: TensorKind::Activation }],
+            vec![],
+            "l",
+        )
+        .unwrap();
+        let answers = sites.iter().flat_map(|&(n, f, i, w)| {
+            [(n.to_string(), GemmRole::Forward, f), (n.to_string(), GemmRole::InputGradient, i), (n.to_string(), GemmRole::WeightGradient, w)]
+        });
+        Plan::from_sites(crate::precision::Recipe::Fp8, "test", &g, answers)
+    }
+
+    /// Each role's format decides its casts (a GEMM of no FLOPs and no bytes, so the
+    /// casts are all its time; FP8's cast moves 4 bytes an element): a low weight
+    /// gradient casts the input in the forward (x, 1000) and the output gradient in the
+    /// backward (y, 3000) but not the weight; a low input gradient casts the output
+    /// gradient and the weight (w, 2000, once per step, resident).
+    #[test]
+    fn each_roles_format_decides_its_casts() {
+        use GemmFormat::{Bf16, Fp8};
+        let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
+        let t = Template { key: key(1, 1, 1, 1), pre: Part::default(), layers: vec![], post: Part::default(), stage_message_bytes: 0.0 };
+        let time = |part: &Part, p: &Plan| t.time_part(part, &[], p, &rates, &Measured::default(), Kernels::default());
+        let hbm = rates.hbm;
+        let trained = one_gemm(true, true);
+        let w = time(&trained, &plan(&[("g", Bf16, Bf16, Fp8)]));
+        assert_eq!((w.fwd, w.bwd, w.weight_cast, w.low_precision_weights), (1000.0 * 4.0 / hbm, 3000.0 * 4.0 / hbm, 0.0, 0.0));
+        let i = time(&trained, &plan(&[("g", Bf16, Fp8, Bf16)]));
+        assert_eq!((i.fwd, i.bwd, i.weight_cast, i.low_precision_weights), (0.0, 3000.0 * 4.0 / hbm, 2000.0 * 4.0 / hbm, 2000.0));
+        assert_eq!(i.low_precision_trained, [2000.0, 0.0]);
+        let none = time(&trained, &plan(&[]));
+        assert_eq!((none.fwd, none.bwd, none.weight_cast), (0.0, 0.0, 0.0));
+        // A frozen weight under a low weight gradient: no weight gradient runs, no casts
+        // for it.
+        let frozen = time(&one_gemm(true, false), &plan(&[("g", Bf16, Bf16, Fp8)]));
+        assert_eq!((frozen.fwd, frozen.bwd), (0.0, 0.0));
+    }
+
+    /// A tensor kept only by GEMMs whose weight gradients are all low precision is
+    /// stored as their cast copy (FP8: 1 byte an element); kept by one such GEMM and one
+    /// in BF16 (or by another op as well), as it is and cast; by none, as it is.
+    #[test]
+    fn a_kept_tensor_is_stored_cast_where_only_low_precision_gemms_keep_it() {
+        use GemmFormat::Fp8;
+        let mut part = one_gemm(true, true);
+        part.gemms.push(Gemm { name: "h".into(), ..part.gemms[0].clone() });
+        let kept = KeptTensor { elements: 100.0, bytes: 200.0, gemms: vec![0, 1], other: false, module: Some(Module::Mlp) };
+        part.kept = vec![kept.clone()];
+        let stored = |part: &Part, p: &Plan| Template::stored(part, &[], p);
+        let both = plan(&[("g", Fp8, Fp8, Fp8), ("h", Fp8, Fp8, Fp8)]);
+        assert_eq!(stored(&part, &both).none, 100.0);
+        assert_eq!(stored(&part, &both).freed[Module::Mlp.index()], 100.0);
+        assert_eq!(stored(&part, &plan(&[("g", Fp8, Fp8, Fp8)])).none, 300.0);
+        assert_eq!(stored(&part, &plan(&[])).none, 200.0);
+        part.kept = vec![KeptTensor { other: true, ..kept }];
+        assert_eq!(stored(&part, &both).none, 300.0);
+    }
+
+    /// Each group's collectives land in its own share: tp's, cp's, and the experts' (ep
+    /// and etp together), forward and backward.
+    #[test]
+    fn collectives_land_in_their_groups_share() {
+        let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
+        let t = Template { key: key(2, 2, 2, 2), pre: Part::default(), layers: vec![], post: Part::default(), stage_message_bytes: 0.0 };
+        for (group, at) in [(Group::Tp, 0), (Group::Cp, 1), (Group::Ep, 2), (Group::Etp, 2)] {
+            let comm = Comm { group, kind: OpKind::AllReduce, bytes: 1e6, backward: Some(OpKind::AllReduce), routing: None };
+            let part = Part { comm: vec![comm], ..Part::default() };
+            let pt = t.time_part(&part, &[], &plan(&[]), &rates, &Measured::default(), Kernels::default());
+            for i in 0..3 {
+                assert_eq!(pt.comm_fwd[i] > 0.0, i == at, "{group:?}");
+                assert_eq!(pt.comm_bwd[i] > 0.0, i == at, "{group:?}");
+            }
+        }
+    }
+
+    /// Each selective-recompute module's forward time is that of its ops: a GEMM of the
+    /// MLP, the attention core, a norm (what recomputing each repeats).
+    #[test]
+    fn module_forward_times() {
+        let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
+        let t = Template { key: key(1, 1, 1, 1), pre: Part::default(), layers: vec![], post: Part::default(), stage_message_bytes: 0.0 };
+        let mut part = one_gemm(true, true);
+        (part.gemms[0].flops, part.gemms[0].call_flops, part.gemms[0].module) = (1e9, 1e9, Some(Module::Mlp));
+        part.attention = vec![Core { name: "a".into(), flops: 1e9, bytes: 0.0, spill: [0.0; 2], backward: true }];
+        part.vector = vec![Vector { name: "n".into(), bytes: 1e6, module: Some(Module::Layernorm), backward: true }];
+        let pt = t.time_part(&part, &[], &plan(&[]), &rates, &Measured::default(), Kernels::default());
+        let (gemm, attn, norm) = (rates.gemm(1e9, 1e9, 0.0, GemmFormat::Bf16), rates.attention_forward(1e9, 0.0), 1e6 / rates.hbm);
+        assert!(gemm > 0.0 && attn > 0.0);
+        assert_eq!(pt.module_fwd[Module::Mlp.index()], gemm);
+        assert_eq!(pt.module_fwd[Module::CoreAttn.index()], attn);
+        assert_eq!(pt.attention_fwd, attn);
+        assert_eq!(pt.module_fwd[Module::Layernorm.index()], norm);
+        assert!((pt.fwd - (gemm + attn + norm)).abs() < 1e-15);
+    }
+}

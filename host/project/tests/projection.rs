@@ -351,6 +351,93 @@ fn validate_recomputes_to_fit_where_that_fits_and_says_so() {
     assert!(short.note.starts_with("does not fit: needs "), "{}", short.note);
 }
 
+/// A template's parts hold their own GEMMs: DeepSeek's proxy sharded at tp 2, ep 2 has
+/// a part per main layer with that layer's GEMMs, and its MTP module's GEMMs with the
+/// head's on the head side (the depth analysis names each side's GEMMs op by op).
+#[test]
+fn template_parts_hold_their_sides_gemms() {
+    let (_, mut src) = common::Native.resolve("deepseek-tiny", 256).unwrap();
+    let g = src.graph(1).unwrap();
+    let d = depth::analyse(&g);
+    assert!(g.ops.iter().any(|o| o.layer >= 0 && !d.layers.contains(&o.layer)), "the proxy has an MTP module");
+    let t = Template::build(&g, &d.layers, ShardKey { tp: 2, cp: 1, ep: 2, etp: 1, sp: true, mbs: 1 }).unwrap();
+    let names = |p: &runner_project::template::Part| p.gemms.iter().map(|x| x.name.clone()).collect::<Vec<_>>();
+    assert_eq!(t.layers.len(), d.len());
+    for p in 0..d.len() {
+        assert_eq!(names(&t.layers[p]), d.gemm_names[p], "layer {p}");
+    }
+    assert_eq!(names(&t.pre), d.pre_gemms);
+    assert_eq!(names(&t.post), d.post_gemms);
+    // Unsharded, each trained GEMM's Newton-Schulz FLOPs come off its weight's shape by
+    // hand: 5 steps of 4·m²·n + 2·m³ on the short side m, once per routed expert.
+    let t = Template::build(&g, &d.layers, ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 }).unwrap();
+    let mut experts = 0;
+    for part in t.layers.iter().chain([&t.pre, &t.post]) {
+        for x in &part.gemms {
+            let op = g.ops.iter().find(|o| o.name == x.name).unwrap();
+            let shape = &g.tensors[op.inputs[1]].shape;
+            let (count, a, b) = match shape[..] {
+                [e, a, b] => (e as f64, a as f64, b as f64),
+                [a, b] => (1.0, a as f64, b as f64),
+                _ => panic!("{shape:?}"),
+            };
+            experts += usize::from(shape.len() == 3 && count > 1.0);
+            let (m, n) = (a.min(b), a.max(b));
+            assert_eq!(x.ns_flops, count * 5.0 * (4.0 * m * m * n + 2.0 * m * m * m), "{}", x.name);
+        }
+    }
+    assert!(experts > 0);
+    // A kept tensor is listed with a part's GEMM only as that GEMM's input (what its
+    // weight gradient reads), never as its weight or its expert indices.
+    let mut by_gemm = 0;
+    for part in t.layers.iter().chain([&t.post]) {
+        for k in &part.kept {
+            for &j in &k.gemms {
+                assert_eq!(k.elements, part.gemms[j].x, "{}", part.gemms[j].name);
+                by_gemm += 1;
+            }
+        }
+    }
+    assert!(by_gemm > 0);
+}
+
+/// Under LoRA the embedding is frozen, so the first layer's GEMMs that read the
+/// embedding's stream (through the norm) have no input gradient to compute; from the
+/// second layer on every GEMM's input carries one (the first layer's adapters are
+/// trained). Every frozen base weight has no weight gradient; every adapter has one.
+#[test]
+fn lora_gemms_run_the_backward_their_inputs_and_weights_need() {
+    let (_, inner) = common::Native.resolve("llama3-tiny", 256).unwrap();
+    let mut src = TrainedSource { inner, training: Training::Lora(Lora::default()) };
+    let g = src.graph(1).unwrap();
+    let d = depth::analyse(&g);
+    let t = Template::build(&g, &d.layers, ShardKey { tp: 1, cp: 1, ep: 1, etp: 1, sp: false, mbs: 1 }).unwrap();
+    let frozen = |name: &str| {
+        let op = g.ops.iter().find(|o| o.name == name).unwrap();
+        g.tensors[op.inputs[1]].kind == TensorKind::Frozen
+    };
+    assert!(t.layers[0].gemms.iter().any(|x| !x.dgrad), "{:?}", t.layers[0].gemms.iter().map(|x| (&x.name, x.dgrad)).collect::<Vec<_>>());
+    for p in 1..d.len() {
+        assert!(t.layers[p].gemms.iter().all(|x| x.dgrad), "layer {p}");
+    }
+    for p in 0..d.len() {
+        for x in &t.layers[p].gemms {
+            assert_eq!(x.wgrad, !frozen(&x.name), "{}", x.name);
+        }
+    }
+    // Nor do the embedding and the first norm run a backward; every memory-bound op of
+    // the second layer does. At tp 2 with SP, the first layer's gather of the normed
+    // stream has no backward either, where the second layer's has.
+    assert!(t.pre.vector.iter().all(|v| !v.backward));
+    assert!(t.layers[0].vector.iter().any(|v| !v.backward));
+    assert!(t.layers[1].vector.iter().all(|v| v.backward));
+    let t = Template::build(&g, &d.layers, ShardKey { tp: 2, cp: 1, ep: 1, etp: 1, sp: true, mbs: 1 }).unwrap();
+    let back = |p: usize| t.layers[p].comm.iter().map(|c| c.backward.is_some()).collect::<Vec<_>>();
+    assert_eq!(back(0).len(), back(1).len());
+    assert!(back(1).iter().all(|&b| b));
+    assert!(back(0).iter().any(|&b| !b), "{:?}", back(0));
+}
+
 fn share(p: &Projection, part: f64) -> f64 {
     part / p.step_time_s
 }
