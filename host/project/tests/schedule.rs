@@ -572,7 +572,7 @@ fn partial_full_recompute_repeats_the_first_layers_of_each_chunk() {
 /// as built, no multi-token-prediction layers, experts, scans or attention.
 #[test]
 fn the_shape_is_read_off_the_graph() {
-    let p = toy(6, 0.0);
+    let p = toy(6, 1e12);
     let s = &p.model.shape;
     assert_eq!((s.layers, s.hidden, s.vocab, s.mtp, s.experts, s.scans), (6, C, V, 0, 0, 0));
     assert!(s.heads.is_empty());
@@ -598,4 +598,21 @@ fn a_micro_batch_the_source_fails_or_reshapes_is_reported_alone() {
     assert_eq!(model.template(key(4), &mut source).unwrap().key, key(4));
     let e = model.template(key(3), &mut source).err().unwrap();
     assert!(e.contains("layer pattern changes with the micro-batch"), "{e}");
+}
+
+/// Measured op times given to a projector that has already costed a layout replace the
+/// roofline from then on: the toy's one layer timed at 1 s forward and 2 s backward
+/// (both its GEMMs) stands for each of its 4 alike layers, so the step grows by
+/// 4 x (3 s - the layer's roofline).
+#[test]
+fn measured_times_given_later_replace_the_cached_costing() {
+    let mut p = toy(4, 1e12);
+    let l = layout(1, 1, 1, 1, 1, 1, 1);
+    let before = p.project(&l).unwrap().step_time_s;
+    let mut m = runner_project::template::Measured::default();
+    m.ops.insert("layers.0.fc".into(), (1.0, 2.0));
+    let mut p = p.with_measured(m);
+    let after = p.project(&l).unwrap().step_time_s;
+    let want = 4.0 * (3.0 - layer_s());
+    assert!(((after - before) / want - 1.0).abs() < 1e-9, "{} against {want}", after - before);
 }
