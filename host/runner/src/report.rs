@@ -282,6 +282,7 @@ pub fn usd(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::path::Path;
 
     #[test]
     fn table_aligns_and_csv_escapes() {
@@ -335,6 +336,82 @@ mod tests {
             t.csv(),
             "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n\"aws.amazon.com/ec2/pricing/#p5\",1\n"
         );
+    }
+
+    /// Numbers (digits, '$', '-', '~' first) are right-aligned in every column but the
+    /// first; widths count characters, not bytes; no line ends in padding.
+    #[test]
+    fn numbers_right_align_by_characters_and_lines_carry_no_trailing_spaces() {
+        let mut t = Table::new("", &["name", "delta", "approx", "note"]);
+        t.rows.push(vec!["é".into(), "-5".into(), "~3".into(), "x".into()]);
+        t.rows.push(vec!["Zürich".into(), "-123".into(), "~100".into(), "".into()]);
+        t.rows.push(vec!["-1".into(), "1".into(), "".into(), "".into()]);
+        // Widths: name 6 ("Zürich" is 6 characters, 7 bytes), delta 5, approx 6, note 4.
+        assert_eq!(
+            t.render(),
+            "name    delta  approx  note\n------  -----  ------  ----\né          -5      ~3  x\nZürich   -123    ~100\n-1          1\n"
+        );
+        let html = t.html_fragment();
+        assert!(html.contains("<td class=\"n\">~3</td>") && html.contains("<td class=\"n\">-123</td>") && html.contains("<td>x</td>"), "{html}");
+    }
+
+    /// Every piece of text that reaches an HTML page is escaped: title, headers, cells,
+    /// notes and the page's <title>.
+    #[test]
+    fn html_escapes_title_headers_cells_and_notes() {
+        let mut t = Table::new("<i>a</i> & b\nsecond <line>", &["<h>"]);
+        t.rows.push(vec!["<td>".into()]);
+        t.notes.push("<n>".into());
+        let page = t.html();
+        assert!(page.contains("<title>&lt;i&gt;a&lt;/i&gt; &amp; b</title>"), "the first line: {page}");
+        assert!(page.contains("<h2>second &lt;line&gt;</h2>"), "{page}");
+        for raw in ["<i>", "<h>", "<td><td>", "<n>", "<line>"] {
+            assert!(!page.contains(raw), "{raw} unescaped: {page}");
+        }
+        assert!(html_page("x</title><script>", "").contains("<title>x&lt;/title&gt;&lt;script&gt;</title>"));
+    }
+
+    /// A note with a line break stays one comment line: a reader skipping '#' lines must
+    /// not take its second line for a row.
+    #[test]
+    fn a_csv_note_with_line_breaks_stays_one_comment_line() {
+        let mut t = Table::new("", &["a"]);
+        t.rows.push(vec!["x\ny".into()]);
+        t.notes.push("first\nsecond,1\r\nthird".into());
+        assert_eq!(t.csv(), "a\n\"x\ny\"\n# first second,1  third\n");
+    }
+
+    /// `-o` is checked before a long run: a missing directory and a directory are named;
+    /// a bare file name is in the working directory; the check leaves no file behind and
+    /// an existing file as it was.
+    #[test]
+    fn writable_names_what_is_wrong_and_leaves_nothing_behind() {
+        let dir = std::env::temp_dir().join(format!("runner-writable-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = writable(&dir.join("no/such/out.csv")).unwrap_err();
+        assert!(e.contains("the directory") && e.contains("does not exist"), "{e}");
+        let e = writable(&dir).unwrap_err();
+        assert!(e.ends_with("is a directory; name a file in it"), "{e}");
+        assert_eq!(writable(&dir.join("new.csv")), Ok(()));
+        std::fs::write(dir.join("old.csv"), "kept").unwrap();
+        assert_eq!(writable(&dir.join("old.csv")), Ok(()));
+        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(left, vec![std::ffi::OsString::from("old.csv")], "no probe left, no new.csv made");
+        assert_eq!(std::fs::read_to_string(dir.join("old.csv")).unwrap(), "kept");
+        std::fs::remove_dir_all(&dir).unwrap();
+        // A bare name: its directory is the working one (Path::parent gives "").
+        assert_eq!(writable(Path::new("runner-writable-bare-name.csv")), Ok(()));
+    }
+
+    #[test]
+    fn si_switches_unit_at_each_thousand() {
+        assert_eq!(si(999.0), "999");
+        assert_eq!(si(1e3), "1.0K");
+        assert_eq!(si(2.5e6), "2.5M");
+        assert_eq!(si(1e9), "1.00B");
+        assert_eq!(si(2e12), "2.00T");
+        assert_eq!(si(-2e12), "-2.00T");
+        assert_eq!(si(-1.5e6), "-1.5M");
     }
 
     #[test]
