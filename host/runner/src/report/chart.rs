@@ -355,12 +355,119 @@ mod tests {
         assert!(!svg.contains("inf"));
     }
 
+    /// The `y="..."` of every `<rect class="bar"` in `svg`, and its height.
+    fn bars(svg: &str) -> Vec<(String, String)> {
+        svg.split("<rect class=\"bar\"")
+            .skip(1)
+            .map(|r| {
+                let attr = |name: &str| r.split(&format!(" {name}=\"")).nth(1).unwrap().split('"').next().unwrap().to_string();
+                (attr("y"), attr("height"))
+            })
+            .collect()
+    }
+
+    /// Points at infinity, one GPU count alone on a log axis, all-zero values on a linear
+    /// one: nothing is drawn at a coordinate that is not a number.
+    #[test]
+    fn degenerate_data_draws_no_nonsense_coordinates() {
+        for (log, points) in [
+            (false, vec![(1.0, 1.0), (2.0, f64::INFINITY), (f64::NEG_INFINITY, 3.0)]),
+            (true, vec![(64.0, 5.0)]),
+            (false, vec![(0.0, 0.0)]),
+        ] {
+            let c = LineChart { log_x: log, log_y: log, series: vec![Series { name: "s".into(), points, ..Series::default() }], ..LineChart::default() };
+            let svg = c.svg();
+            assert!(!svg.contains("NaN") && !svg.contains("inf"), "{svg}");
+            assert_eq!(svg.matches("<circle").count(), 1, "{svg}");
+        }
+    }
+
+    /// A linear axis starts at zero and leaves room above the highest point; a log axis
+    /// spanning 2^0..2^16 ticks every other power of two.
+    #[test]
+    fn axes_start_at_zero_with_headroom_and_log_ticks_thin_out() {
+        let a = Axis::new([5.0, 9.0].into_iter(), false).unwrap();
+        assert!(a.lo == 0.0 && (a.hi - 9.45).abs() < 1e-12, "{} {}", a.lo, a.hi);
+        let c = LineChart { series: vec![Series { name: "s".into(), points: vec![(1.0, 5.0), (2.0, 10.0)], ..Series::default() }], ..LineChart::default() };
+        // y of 10 on an axis to 10.5: 36 + (1 - 10/10.5) * 276 = 49.1.
+        assert!(c.svg().contains("cy=\"49.1\""), "{}", c.svg());
+        let log = Axis::new([1.0, 65536.0].into_iter(), true).unwrap();
+        let powers: Vec<f64> = (0..=8).map(|e| 4f64.powi(e)).collect();
+        assert_eq!(log.ticks(), powers);
+        // Five round steps: 10 / 5 = 2 exactly is a step, and the last tick is the top.
+        assert_eq!(Axis { lo: 0.0, hi: 10.0, log: false }.ticks(), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+    }
+
+    /// Every label is escaped: titles, axis labels, series names (legend and data-name),
+    /// tooltips, marks, categories and parts.
+    #[test]
+    fn every_label_is_escaped() {
+        let c = LineChart {
+            title: "<t>".into(),
+            x_label: "<x>".into(),
+            y_label: "<y>".into(),
+            series: vec![Series { name: "<s>".into(), points: vec![(1.0, 1.0)], labels: vec!["<l>".into()], ..Series::default() }],
+            marks: vec![Mark { x: 1.0, y: 1.0, label: "<m>".into() }],
+            ..LineChart::default()
+        };
+        let b = StackedBars { title: "<t>".into(), y_label: "<y>".into(), categories: vec!["<c>".into()], parts: vec![("<p>".into(), vec![1.0])] };
+        for svg in [c.svg(), b.svg()] {
+            for raw in ["<t>", "<x>", "<y>", "<s>", "<l>", "<m>", "<c>", "<p>"] {
+                assert!(!svg.contains(raw), "{raw}: {svg}");
+            }
+        }
+        assert_eq!(c.svg().matches("&lt;s&gt;").count(), 2, "legend and data-name");
+        assert_eq!(c.svg().matches("&lt;t&gt;").count(), 2, "<title> and heading");
+        assert_eq!(b.svg().matches("&lt;t&gt;").count(), 2, "<title> and heading");
+    }
+
+    /// Each series its colour and dash; a tooltip stays with its point when an earlier
+    /// point is left out; a mark off a log axis is not drawn.
+    #[test]
+    fn series_keep_their_colour_dash_and_tooltips() {
+        let c = LineChart {
+            log_x: true,
+            log_y: true,
+            series: vec![
+                Series { name: "a".into(), points: vec![(0.0, 1.0), (2.0, 2.0)], labels: vec!["first".into(), "second".into()], ..Series::default() },
+                Series { name: "b".into(), points: vec![(4.0, 4.0)], dashed: true, ..Series::default() },
+            ],
+            marks: vec![Mark { x: 0.0, y: 1.0, label: "off".into() }],
+            ..LineChart::default()
+        };
+        let svg = c.svg();
+        assert!(svg.contains(&format!("fill=\"{}\"><title>second</title>", PALETTE[0])) && !svg.contains("first"), "{svg}");
+        assert!(svg.contains(&format!("stroke=\"{}\" stroke-width=\"2.5\" stroke-dasharray", PALETTE[1])), "{svg}");
+        assert_eq!(svg.matches("stroke-dasharray").count(), 2, "line and legend of b: {svg}");
+        assert!(!svg.contains("class=\"mark\""), "{svg}");
+    }
+
+    /// Bars stack from zero part on part (the axis to the total + 5 %); a negative part
+    /// is neither drawn nor taken off the total; bars are at most 60 px wide; past eight
+    /// categories the labels slant; all-zero data says so.
+    #[test]
+    fn bars_stack_from_zero_and_skip_what_takes_no_time() {
+        let b = StackedBars { categories: vec!["8".into()], parts: vec![("a".into(), vec![2.0]), ("b".into(), vec![3.0]), ("c".into(), vec![-4.0])], ..StackedBars::default() };
+        let svg = b.svg();
+        // Axis 0..5.25 over 276 px from y = 36: 2 s at 206.9 (105.1 high), 5 s at 49.1.
+        assert_eq!(bars(&svg), vec![("206.9".to_string(), "105.1".to_string()), ("49.1".to_string(), "157.7".to_string())], "{svg}");
+        assert!(svg.contains("width=\"60.0\""), "{svg}");
+        assert!(!svg.contains("rotate(-35"));
+        let many = |n: usize| StackedBars { categories: (0..n).map(|i| i.to_string()).collect(), parts: vec![("a".into(), vec![1.0; n])], ..StackedBars::default() };
+        assert!(!many(8).svg().contains("rotate(-35") && many(9).svg().matches("rotate(-35").count() == 9);
+        let zero = StackedBars { categories: vec!["8".into()], parts: vec![("a".into(), vec![0.0])], ..StackedBars::default() };
+        assert!(zero.svg().contains("no data to draw"));
+    }
+
     #[test]
     fn ticks_are_round() {
         assert_eq!(short(1500.5), "1.50K");
         assert_eq!(short(2048.0), "2048");
         assert_eq!(short(2.5e6), "2.50M");
         assert_eq!(short(64.0), "64");
+        assert_eq!(short(5e5), "500K");
+        assert_eq!(short(1e9), "1B");
+        assert_eq!(short(12_500.5), "12.5K");
         let a = Axis::new([0.0, 9.3].into_iter(), false).unwrap();
         assert_eq!(a.ticks(), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
     }
