@@ -116,6 +116,55 @@ mod tests {
         }
     }
 
+    /// Past sixteen missed runs the bars show the sixteen missed most, in run order.
+    #[test]
+    fn the_breakdown_keeps_the_worst_sixteen_in_run_order() {
+        // Run i is off by 20 + i %: runs 4..19 are the worst sixteen.
+        let checked: Vec<Checked> = (0..20).map(|i| run(i, "H100", 1.0, 1.2 + 0.01 * i as f64)).collect();
+        let bars = missed(&checked);
+        let want: Vec<String> = (4..20).map(|i| format!("#{i} +{}%", 20 + i)).collect();
+        assert_eq!(bars.categories, want);
+    }
+
+    /// Published step on x, predicted on y; the diagonal spans the smallest to the
+    /// largest positive time, and is left out when there is only one.
+    #[test]
+    fn parity_puts_published_on_x_and_spans_the_diagonal_over_positive_times() {
+        let chart = parity(&[run(0, "H100", 2.0, 3.0), run(1, "H100", 0.0, 5.0)]);
+        assert_eq!(chart.series[0].points, vec![(2.0, 3.0), (0.0, 5.0)]);
+        assert_eq!(chart.series[1].points, vec![(2.0, 2.0), (5.0, 5.0)], "0 s is not on a log axis");
+        assert_eq!(parity(&[run(0, "H100", 2.0, 2.0)]).series.len(), 1, "one time: no diagonal");
+    }
+
+    /// Every part of the breakdown lands in a bar: the shares of a run's predicted step
+    /// sum to 100 % with data-parallel communication and stragglers in it.
+    #[test]
+    fn every_part_of_the_step_is_in_the_bars() {
+        let mut c = run(0, "H100", 1.0, 2.0);
+        c.breakdown = Breakdown {
+            compute: 0.5,
+            compute_parts: ComputeParts { gemm: 0.3, attention: 0.1, scan: 0.0 },
+            recompute: 0.1,
+            tp: 0.1,
+            dp: 0.4,
+            bubble: 0.2,
+            optimizer: 0.1,
+            offload: 0.1,
+            straggler: 0.5,
+            ..Breakdown::default()
+        };
+        let bars = missed(&[c]);
+        let share = |name: &str| bars.parts.iter().find(|(n, _)| n == name).map(|(_, v)| v[0]);
+        // (0.1 + 0.4) / 2 and (0.1 + 0.1 + 0.5) / 2 of the step.
+        assert!((share("exposed comm").unwrap() - 25.0).abs() < 1e-9);
+        assert!((share("optimizer, offload, stragglers").unwrap() - 35.0).abs() < 1e-9);
+        let total: f64 = bars.parts.iter().map(|(_, v)| v[0]).sum();
+        assert!((total - 100.0).abs() < 1e-9, "{total}");
+        let t = Table::new("first line\nsecond line", &["#"]);
+        let v = Validation { checked: Vec::new(), unsupported: Vec::new(), overall: Default::default(), groups: Default::default() };
+        assert!(html(&v, &t).contains("<title>first line</title>"));
+    }
+
     #[test]
     fn the_page_plots_every_run_and_breaks_down_the_missed_ones() {
         let checked = vec![run(0, "H100", 10.0, 10.2), run(1, "GB200", 4.0, 3.0), run(2, "H100", 2.0, 2.5), run(3, "GB200", 1.0, f64::NAN)];
