@@ -652,8 +652,131 @@ pub fn html(o: &Outcome) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use crate::explore::{Comparison, GoalAnswer, ModelSummary};
+    use crate::pricing::Assumptions;
+
+    /// A one-node USD quote of `usd` by `cloud`, its price row from `source`.
+    pub(crate) fn priced(cloud: &str, usd: f64, caveats: &[&str], source: &str) -> CloudPrice {
+        let mut q = crate::pricing::tests::quote(usd, caveats);
+        q.cloud = cloud.into();
+        q.price_source = source.into();
+        CloudPrice::Quoted(q)
+    }
+
+    /// A row of `gpus` GPUs that nothing was projected for but `days`, priced `costs`.
+    pub(crate) fn row(gpus: u32, days: Option<f64>, costs: Vec<CloudPrice>) -> Row {
+        Row { requested_gpus: gpus, gpus, global_batch: gpus, projection: None, why_not: None, days, costs, speedup: None, relative_cost: None, cheapest: None, sweet: false }
+    }
+
+    pub(crate) fn outcome(precision: &str, rows: Vec<Row>, clouds: &[&str]) -> Outcome {
+        let gpu = runner_project::profile::Profiles::builtin().get("H100").unwrap().clone();
+        let series = Series { gpu, precision: precision.into(), plan: precision.into(), low_precision_share: 0.0, rows, sweet_spot: None, sweet_spot_why: "why".into() };
+        Outcome {
+            model: ModelSummary {
+                plugin: "llama3".into(),
+                variant: "llama3-8b".into(),
+                family: "llama3".into(),
+                params_total: 8_000_000_000,
+                params_active: 8_000_000_000,
+                seq_len: 8192,
+                tokens: 1e12,
+                flops_per_token: 4.8e10,
+                flop_convention: "causal".into(),
+            },
+            series: vec![series],
+            clouds: clouds.iter().map(|c| c.to_string()).collect(),
+            measurement: None,
+            comparisons: Vec::new(),
+            goal: None,
+            sweet_spot_rule: "rule".into(),
+            assumptions: Assumptions::default(),
+            plugins: Vec::new(),
+            notes: Vec::new(),
+        }
+    }
+
+    /// Three clouds at 8 GPUs (a clean quote, a cheaper caveated one, a refused one, the
+    /// first the cheapest and the sweet spot), and 16 GPUs where nothing fits and no
+    /// cloud sells the GPU.
+    fn three_clouds(clouds: &[&str]) -> Outcome {
+        let mut eight = row(8, Some(10.0), vec![priced(clouds[0], 10.0, &[], "s"), priced(clouds[1], 5.0, &["resale", "suspect"], "s"), CloudPrice::QuoteFailed { reason: "refused".into() }]);
+        eight.cheapest = Some(0);
+        eight.sweet = true;
+        let sixteen = row(16, None, vec![CloudPrice::NotSold, CloudPrice::NotSold, CloudPrice::NotSold]);
+        outcome("bf16", vec![eight, sixteen], clouds)
+    }
+
+    /// The terminal shows the two best clouds (a caveated price marked '!'), counts the
+    /// refused one among the rest, marks the sweet spot, keeps a 16-character name whole
+    /// whatever its bytes, numbers the runners-up from 1 and says what FP8 saves.
+    #[test]
+    fn the_terminal_page_shows_two_clouds_and_counts_the_rest() {
+        let mut o = three_clouds(&["zürich-cloud-ünï", "b-cloud", "c-cloud"]);
+        let choice = |gpus: u32| crate::explore::Choice { gpu: "H100".into(), precision: "bf16".into(), gpus, layout: "TP8".into(), days: 10.0, usd: None, cloud: None, price_row: None };
+        o.goal = Some(GoalAnswer { goal: Goal::Budget(1e6), met: true, best: Some(choice(8)), runners_up: vec![choice(16)], why: String::new() });
+        o.comparisons.push(Comparison { gpu: "H100".into(), precision: "fp8".into(), gpus: 8, days_bf16: 10.0, days: 8.0, speedup: 1.25, usd_bf16: Some(100.0), usd: Some(80.0), coverage: 0.9 });
+        let page = text(&o);
+        assert!(page.contains("zürich-cloud-ünï  b-cloud"), "{page}");
+        assert!(page.contains("$10.00") && page.contains("$5.00!"), "{page}");
+        assert!(page.contains("\n8*  "), "{page}");
+        assert!(page.contains("1 more clouds price H100"), "{page}");
+        assert!(page.contains("  runner-up 1: 16 x H100 bf16"), "{page}");
+        assert!(page.contains("$80.00   20.0%"), "{page}");
+    }
+
+    /// Every CSV line has the header's 32 fields; a row nothing fits that no cloud sells
+    /// is one line; the cheapest cloud is flagged; caveats are joined by ';'.
+    #[test]
+    fn csv_lines_keep_their_columns() {
+        let out = csv(&three_clouds(&["a", "b", "c"]));
+        let lines: Vec<Vec<&str>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(',').collect()).collect();
+        assert!(lines.iter().all(|l| l.len() == 32), "{out}");
+        let field = |gpus: &str, cloud: &str, col: usize| lines.iter().find(|l| l[2] == gpus && l[14] == cloud).map(|l| l[col].to_string());
+        assert_eq!(lines.len(), 1 + 3 + 1, "{out}");
+        assert_eq!(field("16", "", 16).as_deref(), Some(""), "{out}");
+        assert_eq!((field("8", "a", 15), field("8", "b", 15), field("8", "c", 15)), (Some("true".into()), Some("false".into()), Some("false".into())));
+        assert_eq!(field("8", "b", 26).as_deref(), Some("resale;suspect"));
+        assert_eq!((field("8", "c", 16), field("8", "c", 26)), (Some("failed".into()), Some("refused".into())));
+    }
+
+    /// Plugin-supplied text (a price source, a refusal, a note, the model's name, a goal's
+    /// reason) is escaped; one source is one footnote; the cheapest cell is bold; a lone
+    /// BF16 series is drawn solid.
+    #[test]
+    fn the_html_page_escapes_plugin_text_and_numbers_each_source_once() {
+        let mut eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "\"<src>\""), CloudPrice::QuoteFailed { reason: "<refused>".into() }]);
+        eight.cheapest = Some(0);
+        let sixteen = row(16, Some(6.0), vec![priced("a", 12.0, &[], "\"<src>\""), CloudPrice::NotSold]);
+        let mut o = outcome("bf16", vec![eight, sixteen], &["a", "b"]);
+        o.model.variant = "<v>".into();
+        o.notes.push("<note>".into());
+        o.goal = Some(GoalAnswer { goal: Goal::TargetDays(5.0), met: false, best: None, runners_up: Vec::new(), why: "<why>".into() });
+        let page = html(&o);
+        for raw in ["<src>", "\"<src", "<refused>", "<note>", "<v>", "<why>"] {
+            assert!(!page.contains(raw), "{raw}: {page}");
+        }
+        assert!(page.contains("<title>&lt;v&gt; (8.00B params"), "{page}");
+        assert_eq!(page.matches("<sup>1</sup>").count(), 2, "{page}");
+        assert!(!page.contains("<sup>2</sup>"), "{page}");
+        assert_eq!(page.matches("class=\"n best\"").count(), 1, "{page}");
+        let best = page.split("class=\"n best\"").nth(1).unwrap();
+        assert!(best.split("</td>").next().unwrap().ends_with(">$10.00<sup>1</sup>"), "the 8-GPU row's quote: {page}");
+        assert!(!page.contains("stroke-dasharray"), "{page}");
+    }
+
+    #[test]
+    fn notes_fill_the_line_to_the_margin_exactly() {
+        let fits = format!("a {}", "x".repeat(92));
+        assert_eq!(wrapped("note: ", &fits), format!("note: {fits}\n"), "100 columns fit");
+        let over = format!("a {}", "x".repeat(99));
+        assert_eq!(wrapped("note: ", &over), format!("note: a {}\n  {}\n", "x".repeat(92), "x".repeat(7)));
+        assert_eq!(days_cell(10.0), "10.0");
+        assert_eq!(days_cell(0.5), "0.50");
+        assert_eq!(fixed_or_significant(-12.5, 2), "-12.50");
+        assert_eq!(fixed_or_significant(-0.0042, 2), "-0.0042");
+    }
 
     /// Figures too small for their column's decimals keep two significant digits
     /// instead of printing as zero; the rest keep the column's decimals.
