@@ -194,3 +194,128 @@ pub fn compare(a: &Run, b: &Run) -> Vec<(String, Change)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::explore::tests::{outcome, priced, row};
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("runner-history-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir.join("h.sqlite")
+    }
+
+    /// A run left unfinished is resumed by the next with the same inputs, which recalls
+    /// its pieces and closes it; a failed run keeps its error.
+    #[test]
+    fn an_unfinished_run_is_resumed_with_its_pieces_and_closed() {
+        let path = scratch("resume");
+        let mut a = StoreJournal::open(&path, "explore", "runner run a.toml").unwrap();
+        a.begin(&json!({ "gpus": 8 }), &[]).unwrap();
+        assert!(!a.resumed);
+        let id = a.id().unwrap();
+        a.record("row 8", &json!({ "days": 3 })).unwrap();
+        let mut b = StoreJournal::open(&path, "explore", "runner run a.toml").unwrap();
+        b.begin(&json!({ "gpus": 8 }), &[]).unwrap();
+        assert!(b.resumed);
+        assert_eq!((b.id(), b.recalled()), (Some(id), 1));
+        assert_eq!((b.recall("row 8"), b.recall("row 16")), (Some(json!({ "days": 3 })), None));
+        b.finish(&json!({ "figures": 1 }));
+        let mut c = StoreJournal::open(&path, "explore", "runner run b.toml").unwrap();
+        c.begin(&json!({ "gpus": 16 }), &[]).unwrap();
+        c.fail("no plugin");
+        let store = Store::open(&path).unwrap();
+        let run = store.get(id).unwrap();
+        assert_eq!((run.status.as_str(), run.result), ("done", Some(json!({ "figures": 1 }))));
+        let run = store.get(c.id().unwrap()).unwrap();
+        assert_eq!((run.status.as_str(), run.result), ("failed", Some(json!({ "error": "no plugin" }))));
+        assert!(a.lost().is_none() && b.lost().is_none() && c.lost().is_none());
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    /// A write that fails is kept as the reason the run is lost, never as an error of the
+    /// run, and nothing more is written, even once writes would work again.
+    #[test]
+    fn a_failed_write_loses_the_run_and_writes_nothing_more() {
+        let path = scratch("lost");
+        let mut j = StoreJournal::open(&path, "explore", "runner run a.toml").unwrap();
+        j.begin(&json!({ "gpus": 8 }), &[]).unwrap();
+        let id = j.id().unwrap();
+        j.record("a", &json!(1)).unwrap();
+        let sql = rusqlite::Connection::open(&path).unwrap();
+        sql.execute_batch("CREATE TRIGGER boom BEFORE INSERT ON items BEGIN SELECT RAISE(FAIL, 'boom'); END;").unwrap();
+        j.record("b", &json!(2)).unwrap();
+        assert!(j.lost().is_some_and(|e| e.contains("boom")), "{:?}", j.lost());
+        assert_eq!(j.id(), None);
+        sql.execute_batch("DROP TRIGGER boom;").unwrap();
+        j.record("c", &json!(3)).unwrap();
+        j.finish(&json!({}));
+        let run = Store::open(&path).unwrap().get(id).unwrap();
+        assert_eq!(run.items, vec![("a".to_string(), json!(1))]);
+        assert_eq!(run.status, "running");
+        drop(sql);
+        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
+    }
+
+    fn stored(inputs: Value, plugins: Value, result: Value) -> Run {
+        Run {
+            id: 1,
+            kind: "explore".into(),
+            command: String::new(),
+            started: String::new(),
+            finished: None,
+            status: "done".into(),
+            inputs,
+            plugins,
+            result: Some(result),
+            items: Vec::new(),
+            runner_version: "0".into(),
+            owner_pid: 0,
+        }
+    }
+
+    /// Inputs, plugins by name (their sha256 and where they were loaded from, in any
+    /// order) and the figures are compared; renderings are not.
+    #[test]
+    fn compare_reads_inputs_plugins_by_name_and_figures() {
+        let a = stored(
+            json!({ "gpus": 8 }),
+            json!([{ "name": "llama3", "kind": "workload", "sha256": "aa", "source": "builtin" }, { "name": "aws", "sha256": "bb", "source": "/x/aws.wasm" }]),
+            json!({ "figures": { "x": 1 }, "renderings": { "table": "A" } }),
+        );
+        let b = stored(
+            json!({ "gpus": 16 }),
+            json!([{ "name": "aws", "sha256": "cc", "source": "/x/aws.wasm" }, { "name": "llama3", "kind": "other", "sha256": "aa", "source": "/y/llama3.wasm" }]),
+            json!({ "figures": { "x": 2 }, "renderings": { "table": "B" } }),
+        );
+        let change = |what: &str, path: &str, a: Value, b: Value| (what.to_string(), Change { path: path.into(), a, b });
+        assert_eq!(
+            compare(&a, &b),
+            vec![
+                change("inputs", "gpus", json!(8), json!(16)),
+                change("plugins", "aws.sha256", json!("bb"), json!("cc")),
+                change("plugins", "llama3.source", json!("builtin"), json!("/y/llama3.wasm")),
+                change("results", "x", json!(1), json!(2)),
+            ]
+        );
+        let dir = std::env::temp_dir();
+        assert_eq!(path(Some(&dir.join("given.sqlite"))).unwrap(), dir.join("given.sqlite"));
+    }
+
+    /// A comparison's figures: per series and GPU count the days and the cheapest quote
+    /// (not the first cloud's), and the series' sweet spot.
+    #[test]
+    fn figures_take_the_cheapest_quote_and_the_sweet_spot() {
+        let mut eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "s"), priced("b", 5.0, &[], "s")]);
+        eight.cheapest = Some(1);
+        let mut o = outcome("bf16", vec![eight], &["a", "b"]);
+        o.series[0].sweet_spot = Some(8);
+        let f = figures(&o);
+        assert_eq!((&f["model"], &f["tokens"]), (&json!("llama3-8b"), &json!(1e12)));
+        let s = &f["series"]["H100 bf16"];
+        assert_eq!((&s["8"]["usd"], &s["8"]["cloud"], &s["8"]["days"]), (&json!(5.0), &json!("b"), &json!(10.0)));
+        assert_eq!(s["sweet_spot"], json!(8));
+    }
+}
