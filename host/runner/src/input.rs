@@ -87,6 +87,17 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    #[test]
+    fn quantities_take_the_suffixes_people_write() {
+        for (s, v) in [("1.5e12", 1.5e12), ("15T", 15e12), ("15t", 15e12), ("300B", 300e9), ("300G", 300e9), ("300g", 300e9), ("2M", 2e6), ("$500K", 5e5), ("2k", 2e3), (" 1.5 T", 1.5e12), ("-1", -1.0)] {
+            assert_eq!(quantity(s), Ok(v), "{s}");
+        }
+        for s in ["15X", "T", "", "1e12T12", "$", "15€"] {
+            let e = quantity(s).unwrap_err();
+            assert!(e.contains("is not a number") && e.contains("15T"), "{s}: {e}");
+        }
+    }
+
     /// A device that never ends is read to the limit and refused, not to the end of memory.
     #[cfg(unix)]
     #[test]
