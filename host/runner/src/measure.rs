@@ -244,3 +244,68 @@ impl LocalMeasurement {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_graph::{DType, Graph, Tensor, TensorKind};
+
+    fn graph(tensors: &[(&str, &[u64], TensorKind)]) -> Graph {
+        let tensors = tensors.iter().map(|(name, shape, kind)| Tensor { name: name.to_string(), shape: shape.to_vec(), dtype: DType::F32, kind: *kind }).collect();
+        Graph::new(tensors, Vec::new(), "loss").unwrap()
+    }
+
+    /// 8 bytes (value and gradient) per element, 16 for a weight (two AdamW moments more);
+    /// a size past 2^64 bytes is None, never a wrapped small number.
+    #[test]
+    fn executor_bytes_count_gradients_and_moments_and_refuse_overflow() {
+        let g = graph(&[("w", &[3, 4], TensorKind::Weight), ("x", &[2, 5], TensorKind::Input), ("loss", &[1], TensorKind::Activation)]);
+        assert_eq!(executor_bytes(&g), Some(12 * 16 + 10 * 8 + 8));
+        let huge = graph(&[("w", &[1 << 32, 1 << 32], TensorKind::Weight), ("loss", &[1], TensorKind::Activation)]);
+        assert_eq!(executor_bytes(&huge), None, "2^64 elements");
+        let bytes = graph(&[("w", &[1 << 30, 1 << 30], TensorKind::Weight), ("loss", &[1], TensorKind::Activation)]);
+        assert_eq!(executor_bytes(&bytes), None, "2^60 elements of 16 bytes");
+        let sum = graph(&[("a", &[1 << 60], TensorKind::Input), ("b", &[1 << 60], TensorKind::Input), ("loss", &[1], TensorKind::Activation)]);
+        assert_eq!(executor_bytes(&sum), None, "two tensors of 2^63 bytes");
+    }
+
+    #[test]
+    fn the_summary_says_what_ran_where_and_how_long() {
+        let mut m = LocalMeasurement {
+            device: "cpu".into(),
+            variant: "tiny".into(),
+            layers_run: 2,
+            full_layers: 32,
+            seq_len: 256,
+            micro_batch: 4,
+            step_s: 0.5,
+            step_p10_s: 0.4,
+            step_p90_s: 0.7,
+            forward_s: 0.1,
+            backward_s: 0.3,
+            optimizer_s: 0.05,
+            per_layer_s: 0.2,
+            projected_full_step_s: 6.4,
+            tokens_per_s: 2048.0,
+            achieved_gflops: 12.34,
+            peak_memory_bytes: 300 << 20,
+            convention: "causal".into(),
+            recompute: RecomputePolicy::None,
+            recompute_s: 0.0,
+            why_this_size: "tiny itself".into(),
+            device_note: None,
+        };
+        assert_eq!(
+            m.summary(),
+            "measured: a real training step (forward, backward, AdamW) of tiny on cpu: 2 of 32 layers, seq 256 x batch 4, \
+             median 0.500 s (p10 0.400, p90 0.700; fwd 0.100, bwd 0.300, opt 0.050), 2048 tokens/s, 12.3 model GFLOP/s; \
+             composed to 32 layers: 6.40 s/step; peak memory 300 MiB. Chosen because: tiny itself"
+        );
+        m.recompute = RecomputePolicy::Full;
+        m.recompute_s = 0.125;
+        m.device_note = Some("no GPU".into());
+        let s = m.summary();
+        assert!(s.contains("peak memory 300 MiB; full activation recompute (0.125 s of the backward re-runs the forward)"), "{s}");
+        assert!(s.ends_with("Chosen because: tiny itself. Device: no GPU"), "{s}");
+    }
+}
