@@ -106,16 +106,19 @@ pub struct CollArgs {
 }
 
 impl CollArgs {
-    /// The sizes of the sweep: min, ×factor (or +step) up to max, as nccl-tests.
+    /// The sizes of the sweep: min, ×factor (or +step) up to max, as nccl-tests; it ends
+    /// where the next size would pass u64::MAX (`-e 18446744073709551615`).
     pub fn sizes(&self) -> Vec<u64> {
         let mut v = Vec::new();
         let mut s = self.minbytes.max(1);
         while s <= self.maxbytes {
             v.push(s);
-            s = match self.stepbytes {
-                Some(b) => s + b.max(1),
-                None => s.saturating_mul(self.stepfactor.max(2)),
+            let next = match self.stepbytes {
+                Some(b) => s.checked_add(b.max(1)),
+                None => s.checked_mul(self.stepfactor.max(2)),
             };
+            let Some(next) = next else { break };
+            s = next;
         }
         v
     }
@@ -1099,5 +1102,84 @@ mod tests {
         assert!(odd.contains("(m = 3) to be a multiple of pp=2"), "{odd}");
         let chunks = bad("pp=2,vp=3", 3 * 2);
         assert!(chunks.contains("6 pipeline chunks but the 4 layers"), "{chunks}");
+    }
+
+    /// Sizes from 0 start at 1 byte, a step factor under 2 doubles, a step of 0 bytes
+    /// adds 1: the sweep always ends. Sizes take k as K and spaces; a size past 2^64 is refused.
+    #[test]
+    fn sweeps_always_end_and_sizes_read_as_written() {
+        let a = CollArgs {
+            minbytes: 0,
+            maxbytes: 4,
+            stepfactor: 1,
+            stepbytes: None,
+            ngpus: 1,
+            iters: 1,
+            warmup: 0,
+            check: 1,
+            dtype: Elem::F32,
+            ops: vec![Coll::AllReduce],
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(a.sizes(), [1, 2, 4]);
+        assert_eq!(CollArgs { stepbytes: Some(0), maxbytes: 3, ..a }.sizes(), [1, 2, 3]);
+        assert_eq!(parse_size("64k").unwrap(), 65536);
+        assert_eq!(parse_size(" 64 K").unwrap(), 65536);
+        assert_eq!(parse_size("2G").unwrap(), 2 << 30);
+        assert_eq!(parse_size("17179869183G").unwrap(), ((1 << 34) - 1) << 30);
+        assert!(parse_size("17179869184G").is_err(), "2^64 bytes");
+    }
+
+    /// A sweep up to the largest size there is ends: the next size would not fit in a
+    /// u64 (it saturated at u64::MAX and was pushed again for ever, taking all memory).
+    #[test]
+    fn a_sweep_to_the_largest_size_ends() {
+        let a = CollArgs {
+            minbytes: 1 << 62,
+            maxbytes: u64::MAX,
+            stepfactor: 2,
+            stepbytes: None,
+            ngpus: 1,
+            iters: 1,
+            warmup: 0,
+            check: 1,
+            dtype: Elem::F32,
+            ops: vec![Coll::AllReduce],
+            timeout: Duration::from_secs(1),
+        };
+        assert_eq!(a.sizes(), [1 << 62, 1 << 63]);
+        assert_eq!(CollArgs { minbytes: u64::MAX - 1, stepbytes: Some(1 << 20), ..a }.sizes(), [u64::MAX - 1]);
+    }
+
+    /// Without every host name, the ranks of local rank 0 are the nodes (at least one);
+    /// with them all, the distinct names.
+    #[test]
+    fn nodes_without_every_host_name_are_local_ranks_zero() {
+        let w = |named: bool, h: f32, local: f32| [f32::from(u8::from(named)), h, 0.0, 0.0, local];
+        assert_eq!(count_nodes(&[w(true, 7.0, 0.0), w(true, 7.0, 1.0), w(false, 0.0, 1.0)].concat()), 1);
+        assert_eq!(count_nodes(&[w(false, 0.0, 0.0), w(false, 0.0, 1.0), w(false, 0.0, 2.0)].concat()), 1);
+        assert_eq!(count_nodes(&w(false, 0.0, 1.0)), 1, "at least one node");
+        // tp = 8 over 3 kv heads (not a multiple): no rank shares a kv head.
+        assert_eq!(mesh_groups(8, 1, 1, 3, 0), vec![("tp", (0..8).collect::<Vec<_>>())]);
+    }
+
+    /// The layout's words as people write them (spaces, an empty part); zero steps or
+    /// micro-batches refused; the flags the ranks compare say the whole run.
+    #[test]
+    fn step_runs_read_their_words_and_say_them_back() {
+        assert_eq!(parse_layout("tp = 2,, dp= 2").unwrap(), (2, 1, 2, 1, false));
+        for (steps, micro_batches) in [(0, 1), (1, 0)] {
+            let e = StepRun::new("dp=2", steps, micro_batches, "1f1b", "tiny").unwrap_err().to_string();
+            assert_eq!(e, "--steps and --micro-batches must be positive");
+        }
+        let a = StepRun::new("dp=2,fsdp", 3, 2, "in-order", "tiny").unwrap();
+        assert_eq!(
+            a.flags(),
+            "--layout tp=1,pp=1,dp=2,vp=1,fsdp --steps 3 --micro-batches 2 --schedule in-order --toy tiny \
+             --overlap-grad-reduce on --fsdp-prefetch on --fsdp-sharded-grads on --ddp-bucket-size megatron"
+        );
+        let b = StepRun { bucket: Some(1000), ..StepRun::new("pp=2,vp=2", 1, 4, "1f1b", "tiny").unwrap() };
+        assert!(b.flags().starts_with("--layout tp=1,pp=2,dp=1,vp=2 --steps 1 --micro-batches 4 --schedule 1f1b"), "{}", b.flags());
+        assert!(b.flags().ends_with("--ddp-bucket-size 1000"), "{}", b.flags());
     }
 }
