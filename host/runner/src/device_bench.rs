@@ -555,3 +555,76 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
     t.notes.push("use it with: runner project ... --measured FILE.json, or runner calibrate --ops FILE.json -o fitted.toml".into());
     emit(global, &t, &file)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use runner_graph::{NamedOp, Role, Tensor, TensorKind};
+
+    /// A graph of one `kind` op reading `x` and the weight `w`.
+    fn one_op(kind: OpKind, x: &[u64], w: &[u64]) -> Graph {
+        let t = |name: &str, shape: &[u64], dtype: DType, kind: TensorKind| Tensor { name: name.into(), shape: shape.to_vec(), dtype, kind };
+        let mut y = x.to_vec();
+        *y.last_mut().unwrap() = w[w.len() - 2];
+        let tensors = vec![
+            t("x", x, DType::BF16, TensorKind::Input),
+            t("w", w, DType::BF16, TensorKind::Weight),
+            t("y", &y, DType::BF16, TensorKind::Activation),
+            t("ids", &[4], DType::I32, TensorKind::Input),
+        ];
+        let op = NamedOp {
+            name: "proj".into(),
+            kind,
+            inputs: vec!["x".into(), "w".into()],
+            outputs: vec!["y".into()],
+            attrs: Default::default(),
+            layer: 0,
+            role: Role::Replicated,
+        };
+        Graph::new(tensors, vec![op], "y").unwrap()
+    }
+
+    /// Rows per call, N, K and calls: a linear's rows are every leading dimension; a
+    /// grouped linear shares its routed rows evenly (rounded up) over its experts; no rows
+    /// is one.
+    #[test]
+    fn gemm_shapes_split_rows_over_experts() {
+        let g = one_op(OpKind::Linear, &[4, 6, 8], &[16, 8]);
+        assert_eq!(gemm_shape(&g, &g.ops[0]).unwrap(), (24, 16, 8, 1));
+        let g = one_op(OpKind::Linear, &[0, 8], &[16, 8]);
+        assert_eq!(gemm_shape(&g, &g.ops[0]).unwrap(), (1, 16, 8, 1));
+        let g = one_op(OpKind::GroupedLinear, &[10, 8], &[3, 16, 8]);
+        assert_eq!(gemm_shape(&g, &g.ops[0]).unwrap(), (4, 16, 8, 3));
+        let g = one_op(OpKind::Linear, &[10, 8], &[3, 16, 8]);
+        assert!(gemm_shape(&g, &g.ops[0]).unwrap_err().to_string().contains("proj: a Linear op whose weight is not a matrix"));
+    }
+
+    #[test]
+    fn formats_read_as_written_and_integers_stay_integers() {
+        for (s, e) in [("f32", Elem::F32), ("fp32", Elem::F32), ("bf16", Elem::BF16), ("f16", Elem::F16), ("fp16", Elem::F16), ("fp8", Elem::F8E4M3), ("e4m3", Elem::F8E4M3), ("fp8-e4m3", Elem::F8E4M3)] {
+            assert_eq!(elem_of(s).unwrap(), e, "{s}");
+        }
+        assert!(elem_of("int8").is_err());
+        assert_eq!((operand_elem(GemmFormat::Bf16).unwrap(), operand_elem(GemmFormat::Fp8).unwrap()), (Elem::BF16, Elem::F8E4M3));
+        assert!(operand_elem(GemmFormat::Mxfp8).is_err());
+        let g = as_f32(&one_op(OpKind::Linear, &[2, 8], &[16, 8]));
+        let dtypes: Vec<DType> = g.tensors.iter().map(|t| t.dtype).collect();
+        assert_eq!(dtypes, [DType::F32, DType::F32, DType::F32, DType::I32]);
+    }
+
+    /// A GEMM too big for the CPU is refused before anything runs, with its work: a
+    /// 65536 x 4096 x 4096 linear is 2 * 2^40 = 2.2 TFLOP forward; its three kernels run
+    /// 1 + 3 times: 12 * 2^41 = 26.4 TFLOP, 7 minutes at 60 GFLOP/s, past the 20 TFLOP limit.
+    #[test]
+    fn a_gemm_too_big_for_the_cpu_is_refused_up_front() {
+        let g = one_op(OpKind::Linear, &[65536, 4096], &[4096, 4096]);
+        let plan = Plan::builtin(runner_project::precision::Recipe::Bf16, &g);
+        let global = <crate::Cli as clap::Parser>::parse_from(["runner", "-q", "--device", "cpu"]).global;
+        let mut notes = Vec::new();
+        let e = measure_rank(&g, runner_exec::cpu::Cpu::new(), &plan, 1, &global, &mut notes).unwrap_err().to_string();
+        assert!(
+            e.starts_with("measuring this rank's GEMMs on the CPU would take 26.4 TFLOP of work (about 7 minutes at 60 GFLOP/s; the limit is 20.0 TFLOP)"),
+            "{e}"
+        );
+    }
+}
