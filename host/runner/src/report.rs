@@ -133,12 +133,14 @@ impl Table {
         let mut out = String::new();
         let esc = |s: &str| {
             let mut s = visible(s);
-            // A spreadsheet runs a cell that starts with = or @ (or + or - before other
-            // than a number) as a formula: a price file's instance name must not.
-            let mut c = s.chars();
-            let formula = match (c.next(), c.next()) {
-                (Some('=' | '@'), _) => true,
-                (Some('+' | '-'), Some(n)) => !(n.is_ascii_digit() || n == '.' || n == ' '),
+            // A spreadsheet runs a cell that starts with = or @, or with + or - and more
+            // than a figure, as a formula: a price file's instance name must not. A figure
+            // ("-23.1 %", "+4.2", "-$1.5K", "1.48x") keeps its sign; "-2+3+cmd|'/C calc'!A0"
+            // (OWASP's CSV injection), whose sign a digit follows, does not pass for one.
+            let figure = |rest: &str| rest.chars().all(|c| c.is_ascii_digit() || " .,%$~xKMBTeE".contains(c));
+            let formula = match s.chars().next() {
+                Some('=' | '@') => true,
+                Some('+' | '-') => !figure(&s[1..]),
                 _ => false,
             };
             if formula {
@@ -329,12 +331,12 @@ mod tests {
     #[test]
     fn csv_cells_are_not_formulas_nor_comments() {
         let mut t = Table::new("", &["instance", "error"]);
-        for (cell, n) in [("=HYPERLINK(\"x\")", "-23.1 %"), ("@SUM(A1)", "+4.2"), ("-cmd", "-"), ("#box", "-.5"), ("aws.amazon.com/ec2/pricing/#p5", "1")] {
+        for (cell, n) in [("=HYPERLINK(\"x\")", "-23.1 %"), ("@SUM(A1)", "+4.2"), ("-cmd", "-"), ("#box", "-.5"), ("-2+3+cmd|' /C calc'!A0", "-$1.5K"), ("+A1", "- 2.0 %"), ("aws.amazon.com/ec2/pricing/#p5", "1")] {
             t.rows.push(vec![cell.into(), n.into()]);
         }
         assert_eq!(
             t.csv(),
-            "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n\"aws.amazon.com/ec2/pricing/#p5\",1\n"
+            "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n'-2+3+cmd|' /C calc'!A0,-$1.5K\n'+A1,- 2.0 %\n\"aws.amazon.com/ec2/pricing/#p5\",1\n"
         );
     }
 
