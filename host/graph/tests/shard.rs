@@ -661,3 +661,302 @@ fn in_flight_micro_batches_follow_megatrons_memory_model() {
     assert_eq!(recompute::in_flight_micro_batches(&l(4, 2, 8)), 4.0 * (1.0 + 3.0 / 8.0));
     assert_eq!(recompute::in_flight_micro_batches(&l(4, 1, 2)), 2.0);
 }
+
+/// The logical op named `name` and its sharded counterpart (the pass keeps op names).
+fn op_named<'g>(g: &'g Graph, name: &str) -> &'g runner_graph::Op {
+    g.ops.iter().find(|o| o.name == name).unwrap_or_else(|| panic!("no op '{name}'"))
+}
+
+/// A vocabulary tp does not divide is padded up: 101 rows over tp = 2 are 51 per rank
+/// (rank 1 holds rows 51..102, one past the table), over tp = 4 26 per rank, rank r
+/// starting at 26·r; the embedding, the head and its logits agree, and the rank's part
+/// of the unsharded table is one block per rank along the rows.
+#[test]
+fn a_padded_vocabulary_gives_each_rank_the_ceiling_of_its_share() {
+    let g = built(&decoder(1, 64, 256, 4, 4, 101), 32, 1);
+    for (tp, rows) in [(2u32, 51u64), (4, 26)] {
+        for r in 0..tp {
+            let s = sharded(&g, &layout(tp, 1, 1, 1, false, 1), rank(r, 0));
+            let sg = &s.graph;
+            assert_eq!(sg.tensor(sg.tensor_id("embed.weight").unwrap()).shape, [rows, 64], "tp={tp}");
+            assert_eq!(sg.tensor(sg.tensor_id("lm_head.weight").unwrap()).shape, [rows, 64], "tp={tp}");
+            let start = i64::from(r) * rows as i64;
+            assert_eq!(op_named(sg, "embed").int("vocab-start"), Some(start), "tp={tp} rank {r}");
+            assert_eq!(op_named(sg, "lm_head").int("vocab-start"), Some(start), "tp={tp} rank {r}");
+            assert_eq!(sg.tensor(op_named(sg, "lm_head").outputs[0]).shape, [1, 32, rows]);
+            let split = &s.splits["embed.weight"];
+            assert_eq!(split.full, [101, 64]);
+            assert_eq!(split.axes, [runner_graph::shard::SplitAxis { axis: 0, group: "tp", per_rank: true }]);
+        }
+    }
+}
+
+/// Sequence parallelism over one tp rank splits nothing: the graph is the one without
+/// it, with no collective (a group of one is never emitted).
+#[test]
+fn sequence_parallelism_at_tp_1_is_no_sequence_parallelism() {
+    let g = llama(2, 128, 1);
+    for (pp, stage) in [(1, 0), (2, 0), (2, 1)] {
+        let on = sharded(&g, &layout(1, pp, 1, 1, true, 1), rank(0, stage));
+        let off = sharded(&g, &layout(1, pp, 1, 1, false, 1), rank(0, stage));
+        assert_eq!(serde_json::to_string(&on.graph).unwrap(), serde_json::to_string(&off.graph).unwrap(), "pp={pp}");
+        assert!(comm_volume(&on.graph).iter().all(|c| c.group == "pp"), "pp={pp}");
+        assert_eq!(on.step, off.step);
+    }
+}
+
+/// m = global / (micro·dp): 64 sequences of 2 over 4 data-parallel ranks are 8 each.
+#[test]
+fn micro_batches_count_every_data_parallel_rank() {
+    let l = Layout { dp: 4, ..Layout::single(2, 64) };
+    assert_eq!(l.micro_batches(), 8);
+}
+
+/// Rules whose wrong variant admits a layout the right one refuses: the load-balanced CP
+/// split needs 2·cp chunks (66 tokens split by cp = 2 but not into 4 chunks), ep·etp
+/// (not ep alone) must divide tp·cp·dp, and etp needs its ranks to hold the same tokens.
+#[test]
+fn layouts_that_only_half_a_rule_admits_are_refused() {
+    // The MLP width (not the per-head q/k/v widths, which tp divides) is what tp = 4 fails.
+    let g = built(&decoder(1, 64, 250, 4, 4, 100), 32, 1);
+    let e = layout(4, 1, 1, 1, false, 1).validate(&g, 4).unwrap_err();
+    assert!(e.contains("tp=4 does not divide the 250-wide"), "{e}");
+    let g = llama(2, 66, 1);
+    let e = layout(1, 1, 2, 1, false, 1).validate(&g, 2).unwrap_err();
+    assert!(e.contains("sequence 66 must split into 2·cp = 4 equal chunks"), "{e}");
+    let m = kit::host_graph(Mixtral::graph, "mixtral-8x7b", 64, 1, 1);
+    let e = Layout { ep: 4, etp: 2, ..layout(2, 1, 1, 2, false, 1) }.validate(&m, 4).unwrap_err();
+    assert!(e.contains("ep·etp = 8 does not divide tp·cp·dp = 4"), "{e}");
+    use runner_graph::shard::expert_tensor_parallel_tokens as etp_ok;
+    assert!(etp_ok(2, 2, false).is_ok());
+    assert!(etp_ok(4, 1, true).is_ok());
+    assert!(etp_ok(2, 2, true).unwrap_err().contains("(on)"));
+    assert!(etp_ok(2, 4, false).is_err());
+}
+
+/// Expert tensor parallelism (Mixtral, tp = dp = ep = etp = 2): each expert's width
+/// 14336 splits over etp (gate/up along N, down along K), the down projection's partial
+/// output is all-reduced over etp once per MoE layer, and the expert gradients reduce
+/// over tp·cp·dp/(ep·etp) = 1 rank with the mean over tp·cp·dp/etp = 2 copies of each
+/// token: 3 weights × 4 experts × 7168 × 4096 × 2 layers, 4 bytes each.
+#[test]
+fn expert_tensor_parallelism_splits_widths_and_reduces_over_etp() {
+    let g = kit::host_graph(Mixtral::graph, "mixtral-8x7b", 64, 1, 2);
+    let l = Layout { ep: 2, etp: 2, ..layout(2, 1, 1, 2, false, 1) };
+    let s = sharded(&g, &l, rank(1, 0));
+    let sg = &s.graph;
+    let shape = |n: &str| sg.tensor(sg.tensor_id(n).unwrap()).shape.clone();
+    assert_eq!(shape("layers.0.moe.experts.gate.weight"), [4, 7168, 4096]);
+    assert_eq!(shape("layers.0.moe.experts.up.weight"), [4, 7168, 4096]);
+    assert_eq!(shape("layers.0.moe.experts.down.weight"), [4, 4096, 7168]);
+    let etp: Vec<_> = sg.ops.iter().filter(|o| o.text("group") == Some("etp")).collect();
+    assert_eq!(etp.len(), 2, "one per MoE layer");
+    assert!(etp.iter().all(|o| o.kind == OpKind::AllReduce && o.int("group-size") == Some(2)));
+    assert!(etp.iter().all(|o| sg.tensor(o.outputs[0]).shape == [64 * 2, 4096]), "N·k rows of C");
+    let edp = s.step.iter().find(|c| c.group == "edp").unwrap();
+    assert_eq!((edp.kind, edp.group_size, edp.mean_over), (OpKind::AllReduce, 1, 2));
+    assert_eq!(edp.bytes, 4.0 * (3 * 4 * 7168 * 4096 * 2) as f64);
+    use runner_graph::shard::SplitAxis;
+    let ax = |axis, group| SplitAxis { axis, group, per_rank: false };
+    assert_eq!(s.splits["layers.0.moe.experts.gate.weight"].axes, [ax(0, "ep"), ax(1, "etp")]);
+    assert_eq!(s.splits["layers.1.moe.experts.down.weight"].axes, [ax(0, "ep"), ax(2, "etp")]);
+    // Each dispatch is told the ep group it feeds.
+    assert!(sg.ops.iter().filter(|o| o.kind == OpKind::MoeDispatch).all(|o| o.int("ep") == Some(2)));
+}
+
+/// A rank outside the layout is refused, the last valid one sharded.
+#[test]
+fn ranks_outside_the_layout_are_refused() {
+    let g = llama(2, 128, 1);
+    let l = layout(2, 2, 1, 1, false, 1);
+    assert!(shard(&g, &l, rank(1, 1)).is_ok());
+    assert!(shard(&g, &l, rank(2, 0)).unwrap_err().contains("rank tp=2 is outside the layout's tp=2"));
+    assert!(shard(&g, &l, rank(0, 2)).unwrap_err().contains("rank pp=2 is outside"));
+}
+
+/// Interleaved pipeline (pp = 4, vp = 2): every chunk sends to the next stage and
+/// receives from the previous one, around the ring (stage 3's first chunk sends to
+/// stage 0's second).
+#[test]
+fn pipeline_peers_are_the_neighbouring_stages() {
+    let g = llama(8, 64, 1);
+    let l = Layout { vp: 2, ..layout(1, 4, 1, 1, false, 1) };
+    for stage in 0..4u32 {
+        let sg = sharded(&g, &l, rank(0, stage)).graph;
+        let (next, prev) = (i64::from((stage + 1) % 4), i64::from((stage + 3) % 4));
+        for o in sg.ops.iter().filter(|o| o.kind == OpKind::Send) {
+            assert_eq!(o.int("peer"), Some(next), "stage {stage} {}", o.name);
+        }
+        for o in sg.ops.iter().filter(|o| o.kind == OpKind::Recv) {
+            assert_eq!(o.int("peer"), Some(prev), "stage {stage} {}", o.name);
+        }
+    }
+}
+
+/// GPT with biases at tp = 2: the column-parallel linears split their biases with their
+/// columns, the row-parallel ones keep theirs whole (added once, after the all-reduce);
+/// without sequence parallelism every rank sees all tokens, so no replicated weight (the
+/// row biases included) needs a tp sum of its gradient. The ranks' weights sum to the
+/// model's with the replicated ones once.
+#[test]
+fn tensor_parallel_biases_split_with_columns_and_stay_whole_after_rows() {
+    let (h, layers) = (64u64, 2u64);
+    let g = gpt(64, 4, 2, 32, 2);
+    let total = count::params(&g).total;
+    let mut split = 0;
+    for r in 0..2 {
+        let s = sharded(&g, &layout(2, 1, 1, 1, false, 2), rank(r, 0));
+        let sg = &s.graph;
+        for o in sg.ops.iter().filter(|o| o.kind == OpKind::Linear && o.layer >= 0) {
+            let bias = sg.tensor(o.inputs[2]).shape.clone();
+            let w = sg.tensor(o.inputs[1]).shape.clone();
+            match o.role {
+                runner_graph::Role::RowParallel => assert_eq!(bias, [h], "{}", o.name),
+                _ => assert_eq!(bias, [w[0]], "{}", o.name),
+            }
+        }
+        assert!(s.step.iter().all(|c| c.group != "tp"), "{:?}", s.step);
+        let mut repl = 0;
+        for t in weights(sg) {
+            if g.tensor(g.tensor_id(&t.name).unwrap()).shape == t.shape {
+                repl += t.numel();
+            } else {
+                split += t.numel();
+            }
+        }
+        // Per layer two LayerNorms (gain and bias) and two row biases, plus the final
+        // LayerNorm: 6·h·layers + 2·h.
+        assert_eq!(repl, 6 * h * layers + 2 * h, "rank {r}");
+        if r == 1 {
+            assert_eq!(split + repl, total);
+        }
+    }
+}
+
+/// KV heads replicated over tp (llama3-tiny: 2 kv heads of 32, hidden 256): at tp = 8
+/// each kv head is on 4 ranks, which sum the k and v projections' gradients, 2 × 32 ×
+/// 256 fp32 per layer; at tp = 2 each rank has its own kv head and nothing is summed.
+#[test]
+fn replicated_kv_heads_sum_their_projection_gradients() {
+    let g = kit::host_graph(Llama3::graph, "llama3-tiny", 64, 1, 1);
+    let s = sharded(&g, &layout(8, 1, 1, 1, false, 1), rank(5, 0));
+    let kv: Vec<_> = s.step.iter().filter(|c| c.group.starts_with("tp-kv")).collect();
+    assert_eq!(kv.len(), 1, "{:?}", s.step);
+    assert_eq!((kv[0].group.as_str(), kv[0].group_size, kv[0].kind), ("tp-kv", 4, OpKind::AllReduce));
+    assert_eq!(kv[0].weights, ["layers.0.attn.k.weight", "layers.0.attn.v.weight"]);
+    assert_eq!(kv[0].bytes, 4.0 * (2 * 32 * 256) as f64);
+    let s = sharded(&g, &layout(2, 1, 1, 1, false, 1), rank(1, 0));
+    assert!(s.step.iter().all(|c| !c.group.starts_with("tp-kv")), "{:?}", s.step);
+}
+
+/// An all-gather's backward reduces when every reader leaves a partial gradient:
+/// column-parallel linears reading the SP gather, attention reading the CP gathers as
+/// keys and values; a gather read by one such reader and a replicated op, or as the
+/// queries, keeps its part.
+#[test]
+fn all_gather_backward_reduces_only_under_partial_readers() {
+    use runner_graph::shard::all_gather_backward_reduces as reduces;
+    use runner_graph::{DType, NamedOp, Role, Tensor};
+    let g = llama(1, 128, 1);
+    let sp = sharded(&g, &layout(2, 1, 1, 1, true, 1), rank(0, 0)).graph;
+    let cp = sharded(&g, &layout(1, 1, 2, 1, false, 1), rank(0, 0)).graph;
+    for (sg, group) in [(&sp, "tp"), (&cp, "cp")] {
+        let gathers: Vec<_> = sg.ops.iter().filter(|o| o.kind == OpKind::AllGather && o.text("group") == Some(group)).collect();
+        assert!(!gathers.is_empty());
+        assert!(gathers.iter().all(|o| reduces(sg, o)), "{group}");
+        // Along the tokens of (B,T,..): axis 1.
+        assert!(gathers.iter().all(|o| o.int("axis") == Some(1)), "{group}");
+    }
+    let t = |name: &str, shape: &[u64], kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype: DType::BF16, kind };
+    let (a, w) = (TensorKind::Activation, TensorKind::Weight);
+    let ag = [("group", runner_graph::Attr::Text("tp".into())), ("group-size", runner_graph::Attr::Int(2))];
+    let mixed = Graph::new(
+        vec![t("x", &[1, 4, 8], TensorKind::Input), t("y", &[1, 8, 8], a), t("w", &[4, 8], w), t("z", &[1, 8, 4], a), t("s", &[1, 8, 8], a)],
+        vec![
+            NamedOp::of("ag", OpKind::AllGather, &["x"], &["y"], &ag, 0, Role::Replicated),
+            NamedOp::of("lin", OpKind::Linear, &["y", "w"], &["z"], &[], 0, Role::ColumnParallel),
+            NamedOp::of("add", OpKind::Add, &["y", "y"], &["s"], &[], 0, Role::Replicated),
+        ],
+        "s",
+    )
+    .unwrap();
+    assert!(!reduces(&mixed, &mixed.ops[0]), "a replicated reader holds the whole gradient");
+    let q = Graph::new(
+        vec![
+            t("x", &[1, 4, 2, 4], TensorKind::Input),
+            t("q", &[1, 8, 2, 4], a),
+            t("k", &[1, 8, 2, 4], TensorKind::Input),
+            t("o", &[1, 8, 2, 4], a),
+        ],
+        vec![
+            NamedOp::of("ag", OpKind::AllGather, &["x"], &["q"], &ag, 0, Role::Replicated),
+            NamedOp::of("attn", OpKind::Attention, &["q", "k", "k"], &["o"], &[], 0, Role::HeadParallel),
+        ],
+        "o",
+    )
+    .unwrap();
+    assert!(!reduces(&q, &q.ops[0]), "gathered queries");
+}
+
+/// Megatron's gradient bucket: 40M elements, or 1M per rank past 40 ranks.
+#[test]
+fn ddp_buckets_grow_with_the_group_past_40_ranks() {
+    use runner_graph::shard::ddp_bucket_elems;
+    assert_eq!(ddp_bucket_elems(8), 40_000_000);
+    assert_eq!(ddp_bucket_elems(40), 40_000_000);
+    assert_eq!(ddp_bucket_elems(64), 64_000_000);
+}
+
+/// The tp sum of replicated weights' gradients lists weights that every tp rank holds
+/// whole: a Mamba mixer's conv and scan weights, split with their heads, are not in it.
+#[test]
+fn the_tp_gradient_sum_lists_only_whole_weights() {
+    use runner_plugin_testkit::mamba::{SMALL, mamba_graph};
+    let m = mamba_graph(SMALL);
+    let l = llama(1, 128, 1);
+    for (g, sp) in [(&m, false), (&m, true), (&l, true)] {
+        let s = sharded(g, &layout(2, 1, 1, 1, sp, g.tensors[g.ops[0].inputs[0]].shape[0] as u32), rank(1, 0));
+        for c in s.step.iter().filter(|c| c.group == "tp") {
+            for w in &c.weights {
+                let local = s.graph.tensor(s.graph.tensor_id(w).unwrap()).shape.clone();
+                assert_eq!(local, g.tensor(g.tensor_id(w).unwrap()).shape, "sp={sp}: '{w}' is split");
+            }
+        }
+    }
+}
+
+/// A replicated op reading a head-split (B,T,H,D) tensor (a norm over the head dim)
+/// gathers it whole along the head axis, 2: an all-gather over tp, or with sequence
+/// parallelism an all-to-all that trades the heads for a sequence shard.
+#[test]
+fn a_head_split_tensor_gathers_along_its_head_axis() {
+    use runner_graph::{DType, NamedOp, Role, Tensor};
+    let t = |name: &str, shape: &[u64], kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype: DType::BF16, kind };
+    let (a, w) = (TensorKind::Activation, TensorKind::Weight);
+    let g = Graph::new(
+        vec![
+            Tensor { dtype: DType::I32, ..t("tok", &[1, 4], TensorKind::Input) },
+            t("emb", &[16, 8], w),
+            t("e", &[1, 4, 8], a),
+            t("wq", &[8, 8], w),
+            t("q", &[1, 4, 2, 4], a),
+            t("nw", &[4], w),
+            t("qn", &[1, 4, 2, 4], a),
+        ],
+        vec![
+            NamedOp::of("embed", OpKind::Embedding, &["tok", "emb"], &["e"], &[], -1, Role::Replicated),
+            NamedOp::of("q", OpKind::Linear, &["e", "wq"], &["q"], &[], 0, Role::ColumnParallel),
+            NamedOp::of("norm", OpKind::RmsNorm, &["q", "nw"], &["qn"], &[], 0, Role::Replicated),
+        ],
+        "qn",
+    )
+    .unwrap();
+    for (sp, kind, shape) in [(false, OpKind::AllGather, [1u64, 4, 2, 4]), (true, OpKind::AllToAll, [1, 2, 2, 4])] {
+        let s = shard(&g, &layout(2, 1, 1, 1, sp, 1), rank(1, 0)).unwrap().graph;
+        let gathers: Vec<_> = s.ops.iter().filter(|o| o.kind == kind).collect();
+        assert_eq!(gathers.len(), 1, "sp={sp}");
+        assert_eq!(gathers[0].int("axis"), Some(2), "sp={sp}");
+        assert_eq!(s.tensor(gathers[0].outputs[0]).shape, shape, "sp={sp}");
+        assert_eq!(s.tensor(gathers[0].inputs[0]).shape, [1, 4, 1, 4], "sp={sp}");
+    }
+}
