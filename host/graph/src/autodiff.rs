@@ -453,4 +453,144 @@ mod tests {
         .unwrap();
         assert!(backward_plan(&g).unwrap_err().to_string().contains("does not depend on any weight"));
     }
+
+    /// What each step keeps, by the op's backward formulas, on a graph of B 2, T 3, C 8:
+    /// LayerNorm its input and gain (x̂ needs x; the bias gradient needs only dy) with a
+    /// mean and an rstd per row (6 each); GeLU its input; SwiGLU both inputs (once when
+    /// they are one tensor); a linear whose input carries no gradient only that input
+    /// (for dW), the head its weight and its input; the loss its logits, targets and one
+    /// lse per row. A branch that does not reach the loss gets no step; a tensor kept by
+    /// two steps is freed after the later one; the loss is never freed.
+    #[test]
+    fn each_step_keeps_what_its_backward_reads() {
+        let g = Graph::new(
+            vec![
+                t("x", &[2, 3, 8], F32, Input),
+                t("lw", &[8], F32, Weight),
+                t("lb", &[8], F32, Weight),
+                t("h", &[2, 3, 8], F32, Activation),
+                t("a", &[2, 3, 8], F32, Activation),
+                t("wx", &[8, 8], F32, Weight),
+                t("p", &[2, 3, 8], F32, Activation),
+                t("s", &[2, 3, 8], F32, Activation),
+                t("r", &[2, 3, 8], F32, Activation),
+                t("r2", &[2, 3, 8], F32, Activation),
+                t("w3", &[4, 8], F32, Weight),
+                t("dead", &[2, 3, 4], F32, Activation),
+                t("w2", &[5, 8], F32, Weight),
+                t("logits", &[2, 3, 5], F32, Activation),
+                t("y", &[2, 3], I32, Input),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("ln", OpKind::LayerNorm, &["x", "lw", "lb"], &["h"], &[("eps", Attr::Float(1e-5))]),
+                op("gelu", OpKind::Gelu, &["h"], &["a"], &[]),
+                op("px", OpKind::Linear, &["x", "wx"], &["p"], &[]),
+                op("sw1", OpKind::SwiGlu, &["a", "h"], &["s"], &[]),
+                op("sum", OpKind::Add, &["s", "p"], &["r"], &[]),
+                op("sw2", OpKind::SwiGlu, &["r", "r"], &["r2"], &[]),
+                op("dead", OpKind::Linear, &["a", "w3"], &["dead"], &[]),
+                op("head", OpKind::Linear, &["r2", "w2"], &["logits"], &[]),
+                op("ce", OpKind::CrossEntropy, &["logits", "y"], &["loss"], &[]),
+            ],
+            "loss",
+        )
+        .unwrap();
+        crate::validate::validate(&g).unwrap();
+        let id = |n: &str| g.tensor_id(n).unwrap();
+        let ids = |ns: &[&str]| ns.iter().map(|n| id(n)).collect::<Vec<_>>();
+        let p = backward_plan(&g).unwrap();
+        let names: Vec<&str> = p.steps.iter().map(|s| g.ops[s.op].name.as_str()).collect();
+        assert_eq!(names, ["ce", "head", "sw2", "sum", "sw1", "px", "gelu", "ln"]);
+        assert!(!p.needs_grad[id("dead")], "does not reach the loss");
+        let step = |n: &str| p.steps.iter().find(|s| g.ops[s.op].name == n).unwrap();
+        assert_eq!(step("ce").saved, ids(&["logits", "y"]));
+        assert_eq!(step("ce").aux, [Aux { name: "lse", elems: 6 }]);
+        assert_eq!(step("head").saved, ids(&["w2", "r2"]));
+        assert_eq!(step("sw2").saved, ids(&["r"]));
+        assert_eq!(
+            step("sw2").grads_out,
+            [GradOut { slot: 0, tensor: id("r"), accumulate: false }, GradOut { slot: 1, tensor: id("r"), accumulate: true }]
+        );
+        assert!(step("sum").saved.is_empty());
+        assert_eq!(step("sw1").saved, ids(&["a", "h"]));
+        assert_eq!(step("px").saved, ids(&["x"]));
+        assert_eq!(step("px").grads_out, [GradOut { slot: 1, tensor: id("wx"), accumulate: false }]);
+        assert_eq!(step("gelu").saved, ids(&["h"]));
+        assert_eq!(step("ln").saved, ids(&["x", "lw"]));
+        assert_eq!(step("ln").aux, [Aux { name: "mean", elems: 6 }, Aux { name: "rstd", elems: 6 }]);
+        assert_eq!(p.aux_elems(), 18);
+        // h is read by sw1's step (4) and gelu's (6): freed after gelu's.
+        let freed_at = |t: TensorId| p.free_saved_after_step.iter().position(|f| f.contains(&t));
+        assert_eq!(freed_at(id("h")), Some(6));
+        assert_eq!(freed_at(id("logits")), Some(0));
+        let all_freed: Vec<TensorId> = p.free_after_forward.iter().chain(&p.free_saved_after_step).flatten().copied().collect();
+        assert!(!all_freed.contains(&id("loss")), "the loss is the caller's");
+        assert!(p.free_after_forward[6].contains(&id("dead")));
+    }
+
+    /// The MoE and attention steps of the modules' test layers (B 1, T 8, C 16, 2 heads of
+    /// 8, 4 experts, top-2): attention keeps q, k, v and its output and one lse per query
+    /// row and head (8·2); the router its indices and the probabilities over all experts
+    /// (8·4), writing no gradient for the integer indices; the dispatch the indices and
+    /// its plan (8·2 entries); a grouped linear the indices, its weight and its input; the
+    /// combine the experts' output, the routing weights and the indices; an RMSNorm its
+    /// input and gain and an rstd per row (8).
+    #[test]
+    fn attention_and_moe_steps_keep_their_statistics() {
+        let g = crate::modules::tests::layers();
+        let id = |n: &str| g.tensor_id(n).unwrap();
+        let ids = |ns: &[&str]| ns.iter().map(|n| id(n)).collect::<Vec<_>>();
+        let p = backward_plan(&g).unwrap();
+        let step = |n: &str| p.steps.iter().find(|s| g.ops[s.op].name == n).unwrap();
+        assert_eq!(step("l0.core").saved, ids(&["q", "k", "v", "o"]));
+        assert_eq!(step("l0.core").aux, [Aux { name: "lse", elems: 16 }]);
+        assert!(!p.needs_grad[id("ri")]);
+        assert_eq!(step("l1.router").grads_in, [Some(id("rw")), None]);
+        assert_eq!(step("l1.router").saved, ids(&["ri"]));
+        assert_eq!(step("l1.router").aux, [Aux { name: "probs", elems: 32 }]);
+        assert_eq!(step("l1.dispatch").saved, ids(&["ri"]));
+        assert_eq!(step("l1.dispatch").aux, [Aux { name: "plan", elems: 16 }]);
+        assert_eq!(step("l1.eg").saved, ids(&["ri", "eg", "disp"]));
+        assert_eq!(step("l1.combine").saved, ids(&["ed_o", "rw", "ri"]));
+        assert_eq!(step("l0.n1").saved, ids(&["x", "n1"]));
+        assert_eq!(step("l0.n1").aux, [Aux { name: "rstd", elems: 8 }]);
+    }
+
+    /// A received activation whose stages train nothing (`no-grad`) carries no gradient:
+    /// the head writes none for it and the recv gets no step.
+    #[test]
+    fn a_no_grad_recv_carries_no_gradient() {
+        let attrs = [("group", Attr::Text("pp".into())), ("peer", Attr::Int(0)), ("no-grad", Attr::Flag(true))];
+        let g = Graph::new(
+            vec![
+                t("h", &[2, 4], F32, Activation),
+                t("w2", &[5, 4], F32, Weight),
+                t("logits", &[2, 5], F32, Activation),
+                t("y", &[2], I32, Input),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("h.recv", OpKind::Recv, &[], &["h"], &attrs),
+                op("head", OpKind::Linear, &["h", "w2"], &["logits"], &[]),
+                op("loss", OpKind::CrossEntropy, &["logits", "y"], &["loss"], &[]),
+            ],
+            "loss",
+        )
+        .unwrap();
+        let p = backward_plan(&g).unwrap();
+        assert!(!p.needs_grad[g.tensor_id("h").unwrap()]);
+        let names: Vec<&str> = p.steps.iter().map(|s| g.ops[s.op].name.as_str()).collect();
+        assert_eq!(names, ["loss", "head"]);
+        assert_eq!(p.steps[1].grads_out, [GradOut { slot: 1, tensor: g.tensor_id("w2").unwrap(), accumulate: false }]);
+    }
+
+    /// The embedding's backward scatters into the rows its indices name: it keeps them.
+    #[test]
+    fn the_embedding_keeps_its_indices() {
+        let g = tied_residual();
+        let p = backward_plan(&g).unwrap();
+        let embed = p.steps.iter().find(|s| g.ops[s.op].name == "embed").unwrap();
+        assert_eq!(embed.saved, [g.tensor_id("tokens").unwrap()]);
+    }
 }

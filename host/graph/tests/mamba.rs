@@ -131,3 +131,22 @@ fn a_mixer_layer_has_no_recompute_module() {
     }
     assert!(m.frees.is_empty());
 }
+
+/// The mixer's backward keeps what the SSD kernels keep: the conv its input, weight and
+/// bias (the pre-activation is recomputed), the scan its seven inputs and the state
+/// entering each chunk, B·⌈T/Q⌉·H·P·N: with T = 20 in chunks of 8 that is 2·3·4·8·4 =
+/// 768 elements (the last chunk is partial but has its state).
+#[test]
+fn the_mixers_backward_keeps_inputs_and_chunk_states() {
+    let g = mamba_graph(Sizes { t: 20, ..SMALL });
+    validate(&g).unwrap();
+    let p = runner_graph::autodiff::backward_plan(&g).unwrap();
+    let step = |n: &str| p.steps.iter().find(|s| g.ops[s.op].name == n).unwrap();
+    let ids = |ns: &[&str]| ns.iter().map(|n| g.tensor_id(n).unwrap()).collect::<Vec<_>>();
+    assert_eq!(step("l0.conv_x").saved, ids(&["l0.xp", "l0.conv_x.weight", "l0.conv_x.bias"]));
+    assert!(step("l0.conv_x").aux.is_empty());
+    let scan = step("l0.scan");
+    assert_eq!(scan.saved, ids(&["l0.xc", "l0.dt", "l0.bc", "l0.cc", "l0.a_log", "l0.d", "l0.dt_bias"]));
+    assert_eq!(scan.aux.len(), 1);
+    assert_eq!((scan.aux[0].name, scan.aux[0].elems), ("chunk-states", 2 * 3 * 4 * 8 * 4));
+}
