@@ -563,4 +563,38 @@ pub(crate) mod tests {
         assert_eq!(json, r#"["layernorm","moe_act"]"#);
         assert_eq!(serde_json::from_str::<Modules>(&json).unwrap(), s);
     }
+
+    /// Megatron's list is read case- and space-insensitively.
+    #[test]
+    fn module_names_parse_with_spaces_and_capitals() {
+        assert_eq!(Module::parse(" moe "), Ok(Module::Moe));
+        assert_eq!(Module::parse("Shared_Experts\n"), Ok(Module::SharedExperts));
+        assert_eq!(Modules::of(&[Module::SharedExperts]).expanded(), Modules::of(&[Module::SharedExperts]));
+        assert_eq!(Modules::of(&[Module::Moe]).expanded().to_string(), "moe_act+shared_experts+moe");
+    }
+
+    /// Experts with a single-input activation (squared ReLU, as Nemotron's; GeLU): the
+    /// activation after the grouped linear is `moe_act` and drops its output.
+    #[test]
+    fn single_input_expert_activations_are_moe_act() {
+        for kind in [OpKind::SquaredRelu, OpKind::Gelu] {
+            let g = layers();
+            let ops = g
+                .ops
+                .iter()
+                .map(|o| {
+                    let mut n = g.named(o);
+                    if o.name == "l1.eact" {
+                        n.kind = kind;
+                        n.inputs.truncate(1);
+                    }
+                    n
+                })
+                .collect();
+            let g = Graph::new(g.tensors.clone(), ops, "s2").unwrap();
+            let m = modules(&g);
+            assert_eq!(module_of(&g, &m, "l1.eact"), Some(Module::MoeAct), "{kind:?}");
+            assert_eq!(freed(&g, &m, Module::MoeAct), ["eact"], "{kind:?}");
+        }
+    }
 }

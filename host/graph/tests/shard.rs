@@ -925,6 +925,43 @@ fn the_tp_gradient_sum_lists_only_whole_weights() {
     }
 }
 
+/// The modules of a sharded graph are its logical graph's: every op keeps its module
+/// (collectives have none), and every tensor a module drops is dropped under the same
+/// module, gathered copies with the shard they came from; the final norm, head and loss
+/// are in none.
+#[test]
+fn sharding_keeps_the_recompute_modules() {
+    use runner_graph::modules::modules;
+    let ds = Hyperparameters {
+        attention: AttentionKind::Mla,
+        mla: Some(MlaConfig { q_lora_rank: 32, kv_lora_rank: 16, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16 }),
+        moe: Some(MoeConfig { shared_experts: 1, dense_layers: 1, ..moe(4, 2, 32) }),
+        ..decoder(3, 64, 160, 4, 4, 100)
+    };
+    let g = built(&ds, 32, 2);
+    let want = modules(&g);
+    for name in ["final_norm", "lm_head", "loss"] {
+        assert_eq!(want.op[g.ops.iter().position(|o| o.name == name).unwrap()], None, "{name}");
+    }
+    for (tp, cp, ep, sp) in [(2u32, 1u32, 1u32, true), (1, 2, 1, false), (2, 1, 2, false), (2, 2, 4, true)] {
+        let l = Layout { ep, ..layout(tp, 1, cp, 4 / (tp * cp).min(4), sp, 2) };
+        let sg = sharded(&g, &l, RankCoord { tp: tp - 1, cp: cp - 1, ..RankCoord::default() }).graph;
+        let got = modules(&sg);
+        for (i, o) in sg.ops.iter().enumerate() {
+            let logical = g.ops.iter().position(|x| x.name == o.name).map(|j| want.op[j]);
+            match logical {
+                Some(m) => assert_eq!(got.op[i], m, "{l:?}: '{}'", o.name),
+                None => assert_eq!(got.op[i], None, "{l:?}: collective '{}'", o.name),
+            }
+        }
+        for (&t, &m) in &want.frees {
+            let name = &g.tensor(t).name;
+            let local = sg.tensor_id(name).unwrap_or_else(|| panic!("{name}"));
+            assert_eq!(got.frees.get(&local), Some(&m), "{l:?}: '{name}'");
+        }
+    }
+}
+
 /// A replicated op reading a head-split (B,T,H,D) tensor (a norm over the head dim)
 /// gathers it whole along the head axis, 2: an all-gather over tp, or with sequence
 /// parallelism an all-to-all that trades the heads for a sequence shard.
