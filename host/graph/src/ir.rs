@@ -316,3 +316,42 @@ impl NamedOp {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{op, t};
+
+    /// Storage per element: MXFP8 one 8-bit scale per 32 elements (1 + 1/32 bytes),
+    /// NVFP4 4 bits plus one 8-bit scale per 16 (0.5 + 1/16); names as the WIT spells them.
+    #[test]
+    fn dtype_bytes_and_names() {
+        let all = [DType::F32, DType::BF16, DType::F16, DType::Fp8E4M3, DType::Fp8E5M2, DType::MxFp8, DType::NvFp4, DType::I32];
+        let bytes: Vec<f64> = all.iter().map(|d| d.bytes()).collect();
+        assert_eq!(bytes, [4.0, 2.0, 2.0, 1.0, 1.0, 1.03125, 0.5625, 4.0]);
+        let names: Vec<&str> = all.iter().map(|d| d.name()).collect();
+        assert_eq!(names, ["fp32", "bf16", "fp16", "fp8-e4m3", "fp8-e5m2", "mxfp8", "nvfp4", "int32"]);
+    }
+
+    #[test]
+    fn graph_building_resolves_names_and_refuses_duplicates() {
+        let f = |n: &str, s: &[u64]| t(n, s, DType::F32, TensorKind::Activation);
+        let dup = Graph::new(vec![f("a", &[1]), f("a", &[2])], vec![], "a");
+        assert_eq!(dup.unwrap_err(), GraphError::DuplicateTensor("a".into()));
+        let attrs = [("eps", Attr::Int(2)), ("on", Attr::Flag(false))];
+        let mut g = Graph::new(
+            vec![f("x", &[2, 3]), f("y", &[2, 3]), f("loss", &[])],
+            vec![op("a", OpKind::Add, &["x", "x"], &["y"], &attrs), op("b", OpKind::Add, &["y", "y"], &["y"], &[])],
+            "loss",
+        )
+        .unwrap();
+        // The last writer is the producer.
+        assert_eq!(g.producers(), [None, Some(1), None]);
+        assert_eq!(g.tensor(g.loss).numel(), 1, "a scalar has one element");
+        assert_eq!(g.tensor(0).numel(), 6);
+        assert_eq!((g.ops[0].float("eps"), g.ops[0].int("eps"), g.ops[0].flag("on")), (Some(2.0), Some(2), Some(false)));
+        assert_eq!(g.add_tensor(f("x", &[1])).unwrap_err(), GraphError::DuplicateTensor("x".into()));
+        assert_eq!(g.add_tensor(f("z", &[1])), Ok(3));
+        assert_eq!(g.tensor_id("z"), Some(3));
+    }
+}
