@@ -997,3 +997,113 @@ fn a_head_split_tensor_gathers_along_its_head_axis() {
         assert_eq!(s.tensor(gathers[0].inputs[0]).shape, [1, 4, 1, 4], "sp={sp}");
     }
 }
+
+/// A tied table (embedding and head read the same weight) on a first and a last stage:
+/// its gradients are summed over the two, fp32: 100 × 64 × 4 bytes, or 50 rows per rank
+/// at tp = 2. An untied model's embedding and head sync nothing.
+#[test]
+fn only_a_tied_table_is_summed_between_the_first_and_last_stage() {
+    let tied = built(&Hyperparameters { tied_embeddings: true, ..decoder(2, 64, 256, 4, 4, 100) }, 32, 1);
+    for (tp, rows) in [(1u32, 100.0), (2, 50.0)] {
+        for stage in [0, 1] {
+            let s = sharded(&tied, &layout(tp, 2, 1, 1, false, 1), rank(0, stage));
+            let e: Vec<_> = s.step.iter().filter(|c| c.group == "pp-embed").collect();
+            assert_eq!(e.len(), 1, "tp={tp} stage {stage}: {:?}", s.step);
+            assert_eq!((e[0].kind, e[0].group_size, e[0].weights.as_slice()), (OpKind::AllReduce, 2, &["embed.weight".to_string()][..]));
+            assert_eq!(e[0].bytes, rows * 64.0 * 4.0, "tp={tp}");
+        }
+    }
+    let untied = built(&decoder(2, 64, 256, 4, 4, 100), 32, 1);
+    for stage in [0, 1] {
+        let s = sharded(&untied, &layout(1, 2, 1, 1, false, 1), rank(0, stage));
+        assert!(s.step.iter().all(|c| c.group != "pp-embed"), "stage {stage}: {:?}", s.step);
+    }
+}
+
+/// FSDP of a LoRA fine-tune: the trained adapters' gradients are reduce-scattered, and
+/// every parameter, the frozen base included, is sharded and gathered.
+#[test]
+fn fsdp_gathers_frozen_weights_and_reduces_only_trained_ones() {
+    use runner_graph::peft::{Lora, lora};
+    let g = lora(&llama(1, 128, 1), &Lora::default()).unwrap();
+    let s = sharded(&g, &Layout { fsdp: true, ..layout(1, 1, 1, 2, false, 1) }, rank(0, 0));
+    let names = |kind: TensorKind| -> Vec<String> {
+        s.graph.tensors.iter().filter(|t| t.kind == kind).map(|t| t.name.clone()).collect::<BTreeSet<_>>().into_iter().collect()
+    };
+    let (trained, frozen) = (names(TensorKind::Weight), names(TensorKind::Frozen));
+    assert!(!trained.is_empty() && !frozen.is_empty());
+    let rs = s.step.iter().find(|c| c.kind == OpKind::ReduceScatter).unwrap();
+    assert_eq!(rs.weights, trained);
+    let ag = s.step.iter().find(|c| c.kind == OpKind::AllGather).unwrap();
+    let all: BTreeSet<String> = trained.into_iter().chain(frozen).collect();
+    assert_eq!(ag.weights, all.into_iter().collect::<Vec<_>>());
+}
+
+/// The dense gradients of a cp·dp = 2·2 layout are reduced over the 4 ranks that hold the
+/// same weights and averaged over them (each cp rank's loss covers its own tokens).
+#[test]
+fn context_parallel_ranks_join_the_gradient_reduction() {
+    let g = llama(1, 128, 1);
+    let s = sharded(&g, &layout(1, 1, 2, 2, false, 1), RankCoord { cp: 1, dp: 1, ..RankCoord::default() });
+    let dp = s.step.iter().find(|c| c.group == "dp").unwrap();
+    assert_eq!((dp.kind, dp.group_size, dp.mean_over), (OpKind::AllReduce, 4, 4));
+}
+
+/// KV heads replicated over tp with biased projections (8 heads, 2 kv heads of 8, tp 4):
+/// the k and v biases are summed over the 2 ranks sharing a kv head with their weights,
+/// one head each: 4 × (2·8·64 + 2·8) bytes.
+#[test]
+fn replicated_kv_heads_sum_their_biases_too() {
+    let g = built(&Hyperparameters { bias: true, ..decoder(1, 64, 128, 8, 2, 100) }, 32, 1);
+    let s = sharded(&g, &layout(4, 1, 1, 1, false, 1), rank(2, 0));
+    let kv = s.step.iter().find(|c| c.group == "tp-kv").unwrap();
+    assert_eq!(kv.group_size, 2);
+    assert_eq!(
+        kv.weights,
+        ["layers.0.attn.k.bias", "layers.0.attn.k.weight", "layers.0.attn.v.bias", "layers.0.attn.v.weight"]
+    );
+    assert_eq!(kv.bytes, 4.0 * (2 * 8 * 64 + 2 * 8) as f64);
+}
+
+/// The interleaved schedule needs m a multiple of pp, not of vp: pp = 2, vp = 3 and m = 3
+/// is refused.
+#[test]
+fn the_interleaved_schedule_needs_micro_batches_in_multiples_of_pp() {
+    let g = llama(6, 64, 1);
+    let l = Layout { vp: 3, global_batch: 3, ..layout(1, 2, 1, 1, false, 1) };
+    let e = l.validate(&g, 2).unwrap_err();
+    assert!(e.contains("multiple of pp=2"), "{e}");
+    assert!(Layout { global_batch: 4, ..l }.validate(&g, 2).is_ok());
+}
+
+/// A replicated concatenation of a column-parallel output (tokens whole, features split)
+/// and the residual stream (a sequence shard under SP): the residual is gathered over tp
+/// first, so both inputs hold the rank's 4 tokens.
+#[test]
+fn inputs_on_different_token_splits_are_gathered_first() {
+    use runner_graph::{DType, NamedOp, Role, Tensor};
+    let t = |name: &str, shape: &[u64], kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype: DType::BF16, kind };
+    let (a, w) = (TensorKind::Activation, TensorKind::Weight);
+    let g = Graph::new(
+        vec![
+            Tensor { dtype: DType::I32, ..t("tok", &[1, 4], TensorKind::Input) },
+            t("emb", &[16, 8], w),
+            t("e", &[1, 4, 8], a),
+            t("wq", &[4, 8], w),
+            t("q", &[1, 4, 4], a),
+            t("cat", &[1, 4, 12], a),
+        ],
+        vec![
+            NamedOp::of("embed", OpKind::Embedding, &["tok", "emb"], &["e"], &[], -1, Role::Replicated),
+            NamedOp::of("q", OpKind::Linear, &["e", "wq"], &["q"], &[], 0, Role::ColumnParallel),
+            NamedOp::of("cat", OpKind::Concat, &["q", "e"], &["cat"], &[], 0, Role::Replicated),
+        ],
+        "cat",
+    )
+    .unwrap();
+    let s = shard(&g, &layout(2, 1, 1, 1, true, 1), rank(0, 0)).unwrap().graph;
+    let cat = op_named(&s, "cat");
+    let shapes: Vec<_> = cat.inputs.iter().map(|&i| s.tensor(i).shape.clone()).collect();
+    assert_eq!(shapes, [vec![1, 4, 2], vec![1, 4, 8]]);
+    assert_eq!(s.tensor(cat.outputs[0]).shape, [1, 4, 10]);
+}
