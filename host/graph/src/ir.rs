@@ -354,4 +354,20 @@ mod tests {
         assert_eq!(g.add_tensor(f("z", &[1])), Ok(3));
         assert_eq!(g.tensor_id("z"), Some(3));
     }
+
+    /// A name the graph does not declare, as an op's tensor or as the loss, is an error;
+    /// an attribute is read only as its own type.
+    #[test]
+    fn unknown_names_are_errors_and_attributes_keep_their_type() {
+        let f = |n: &str| t(n, &[1], DType::F32, TensorKind::Activation);
+        let e = Graph::new(vec![f("x")], vec![], "loss").unwrap_err();
+        assert_eq!(e, GraphError::UnknownTensor { op: "(loss)".into(), tensor: "loss".into() });
+        let e = Graph::new(vec![f("x")], vec![op("a", OpKind::Add, &["x", "y"], &["x"], &[])], "x").unwrap_err();
+        assert_eq!(e, GraphError::UnknownTensor { op: "a".into(), tensor: "y".into() });
+        let attrs = [("scale", Attr::Float(0.5)), ("name", Attr::Text("tp".into()))];
+        let g = Graph::new(vec![f("x")], vec![op("a", OpKind::Add, &["x", "x"], &["x"], &attrs)], "x").unwrap();
+        let a = &g.ops[0];
+        assert_eq!((a.int("scale"), a.float("scale"), a.text("scale")), (None, Some(0.5), None));
+        assert_eq!((a.text("name"), a.int("name"), a.flag("name")), (Some("tp"), None, None));
+    }
 }
