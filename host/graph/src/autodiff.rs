@@ -443,6 +443,21 @@ mod tests {
         assert!(p.free_grads_after_step[p.steps.len() - 1].contains(&id(&second, "h")));
     }
 
+    /// A graph whose ids run past its tensors (a transform's bug) is an error, not a panic.
+    #[test]
+    fn ids_beyond_the_graph_are_errors() {
+        let n = tied_residual().tensors.len();
+        let mut g = tied_residual();
+        g.ops[2].inputs[0] = n;
+        assert!(backward_plan(&g).unwrap_err().to_string().contains(&format!("refers to tensor id {n}, beyond the graph")));
+        let mut g = tied_residual();
+        g.ops[5].outputs[0] = n;
+        assert!(backward_plan(&g).is_err());
+        let mut g = tied_residual();
+        g.loss = n;
+        assert!(backward_plan(&g).unwrap_err().to_string().contains("is not a tensor of the graph"));
+    }
+
     #[test]
     fn loss_without_weights_is_an_error() {
         let g = Graph::new(
