@@ -564,6 +564,21 @@ pub(crate) mod tests {
         assert_eq!(serde_json::from_str::<Modules>(&json).unwrap(), s);
     }
 
+    /// Every module's spelling parses back to it; a list with an unknown name is refused;
+    /// the empty set is empty and Megatron's default is not.
+    #[test]
+    fn every_module_name_round_trips() {
+        for m in Module::ALL {
+            assert_eq!(Module::parse(m.name()), Ok(m));
+        }
+        let names: Vec<&str> = Module::ALL.iter().map(|m| m.name()).collect();
+        assert_eq!(names, ["core_attn", "layernorm", "moe_act", "mla_up_proj", "mlp", "shared_experts", "moe"]);
+        assert!(serde_json::from_str::<Modules>(r#"["mlp","experts"]"#).is_err());
+        assert_eq!(serde_json::from_str::<Modules>(r#"["mlp"]"#).unwrap(), Modules::of(&[Module::Mlp]));
+        assert!(Modules::EMPTY.is_empty() && Modules::of(&[]).is_empty());
+        assert!(!Modules::default().is_empty() && !Modules::of(&[Module::CoreAttn]).is_empty());
+    }
+
     /// Megatron's list is read case- and space-insensitively.
     #[test]
     fn module_names_parse_with_spaces_and_capitals() {
