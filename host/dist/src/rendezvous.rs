@@ -681,6 +681,15 @@ fn connect_mesh(rank: usize, addrs: &[String], token: Token, listener: &TcpListe
         let mut s = loop {
             match TcpStream::connect_timeout(&target, Duration::from_secs(1)) {
                 Ok(s) => break s,
+                // Every rank opened its mesh listener before its hello, and rank 0 said
+                // Begin after the last hello: a refusal now is not a rank still starting
+                // (a full accept queue drops, it does not refuse), so it is not retried.
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                    return Err(rv(format!(
+                        "rank {rank}: rank {j}'s mesh listener at {addr} refused the connection ({e}): rank {j} exited after the \
+                         rendezvous (see its error), or a firewall rejects the port"
+                    )));
+                }
                 Err(e) if Instant::now() >= deadline => return Err(rv(format!("rank {rank} cannot reach rank {j} at {addr}: {e}"))),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
             }
@@ -1562,6 +1571,15 @@ mod tests {
                 assert!(e.contains(&format!("rank 1: {at}, rank 0's mesh address, {want}")), "{e}");
             }
         }
+        // Nothing listens there any more (the rank exited after the rendezvous): said at
+        // once, not retried until the deadline.
+        let gone = format!("127.0.0.1:{}", crate::testing::free_port());
+        let mine = mesh_listener(false).unwrap();
+        let addrs = vec![gone.clone(), format!("127.0.0.1:{}", mine.local_addr().unwrap().port())];
+        let (start, timeout) = (Instant::now(), Duration::from_secs(5));
+        let e = connect_mesh(1, &addrs, token, &mine, start + timeout, timeout).map(|_| ()).unwrap_err().to_string();
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}: {e}", start.elapsed());
+        assert!(e.contains(&format!("rank 1: rank 0's mesh listener at {gone} refused the connection")), "{e}");
         // Something that takes the connection and says nothing: named at the deadline.
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
         let mine = mesh_listener(false).unwrap();
