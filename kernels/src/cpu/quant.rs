@@ -1146,4 +1146,108 @@ mod tests {
         assert_eq!(tensor_scale(3.0, Format::E4M3, 1), 448.0 / 3.0 / 2.0);
         assert_eq!(tensor_scale(0.0, Format::E4M3, 0), 1.0);
     }
+
+    /// RCEIL at exact powers of two: amax / max = 2^k takes the scale 2^k, not 2^(k+1)
+    /// (2^ceil(log2(amax / max)), and the ceiling of an integer is itself): 448 / 448,
+    /// 896 / 448, 7 / 448 = 2^-6, 57344 / 57344, 6 / 6, 0.75 / 6 = 2^-3; a ratio that is
+    /// an f32 subnormal takes the smallest normal scale, 2^-126. A block whose amax is
+    /// the format's max comes back unchanged (its other values on the E4M3 grid).
+    #[test]
+    fn rceil_keeps_exact_powers_of_two() {
+        let up = |format| BlockSpec { format, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        for (a, f, x) in [
+            (448.0f32, Format::E4M3, 1.0f32), (896.0, Format::E4M3, 2.0), (7.0, Format::E4M3, 0.015625),
+            (57344.0, Format::E5M2, 1.0), (6.0, Format::E2M1, 1.0), (0.75, Format::E2M1, 0.125),
+        ] {
+            assert_eq!(block_scale(a, &up(f), 1.0), (1.0 / x, x), "amax {a} {f:?}");
+        }
+        assert_eq!(block_scale(1e-40, &up(Format::E4M3), 1.0), (2f32.powi(126), f32::MIN_POSITIVE));
+        let mut b: Vec<f32> = (0..32).map(|i| if i == 5 { -448.0 } else { 2f32.powi(i % 10 - 5) * (1.0 + (i % 8) as f32 / 8.0) }).collect();
+        let want = b.clone();
+        let r = qdq_blocks(&mut b, 1, 32, &up(Format::E4M3)).unwrap();
+        assert_eq!(b, want);
+        assert_eq!((r.scale, r.saturated), (1.0, 0));
+    }
+
+    /// OCP FLOOR with an amax that is an f32 subnormal (2^-130): 2^(floor(log2 amax) -
+    /// emax) = 2^-138 is below E8M0's range and is held at 2^-126 (both multipliers
+    /// finite and non-zero), so 2^-130 and -2^-133 scale to 2^-4 and -2^-7, both exact in
+    /// E4M3, and come back unchanged.
+    #[test]
+    fn floor_scale_of_a_subnormal_block_stays_in_range() {
+        let s = BlockSpec { format: Format::E4M3, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Down, tensor_scale: false, saturate: true, stochastic: None };
+        let (p130, p133) = (f32::from_bits(1 << 19), f32::from_bits(1 << 16));
+        assert_eq!(block_scale(p130, &s, 1.0), (2f32.powi(126), f32::MIN_POSITIVE));
+        let mut x = vec![0f32; 32];
+        (x[0], x[1]) = (p130, -p133);
+        let want = x.clone();
+        let r = qdq_blocks(&mut x, 1, 32, &s).unwrap();
+        assert_eq!(x, want);
+        assert_eq!((r.underflowed, r.saturated), (0, 0));
+    }
+
+    /// E4M3 block scales: without the per-tensor scale the `global` argument is not used
+    /// (amax / 6 rounded to E4M3: 12 / 6 = 2, 10 / 6 = 1.667 -> 1.625 on a step of
+    /// 0.125); with it, a block whose scale rounds to E4M3 zero decodes to zeros (the
+    /// stored scale code is 0), counted as underflowed: block 1 below, amax 1 under a
+    /// tensor amax of 1e6, has 1 / 6 / (1e6 / 2688) = 4.5e-4 < 2^-10, half E4M3's least
+    /// subnormal. Block 0's fifteen ones (scale 448 · 1e6 / 2688) round to zero as well:
+    /// 31 underflows.
+    #[test]
+    fn e4m3_block_scales_ignore_an_unused_global_and_underflow_to_zero() {
+        let mut s = BlockSpec { format: Format::E2M1, block: (1, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: false, saturate: true, stochastic: None };
+        assert_eq!(block_scale(12.0, &s, 5.0), (0.5, 2.0));
+        assert_eq!(block_scale(10.0, &s, 5.0), (1.0 / 1.625, 1.625));
+        s.tensor_scale = true;
+        let mut x = vec![1.0f32; 32];
+        x[0] = 1e6;
+        let r = qdq_blocks(&mut x, 1, 32, &s).unwrap();
+        assert!(x[16..].iter().all(|&v| v == 0.0), "{:?}", &x[16..]);
+        assert_eq!(r.underflowed, 31);
+    }
+
+    /// Current scaling reads the amax of the whole tensor (here its last element):
+    /// scale 448 / 3, so -3 is not clipped.
+    #[test]
+    fn current_scaling_takes_the_amax_of_the_whole_tensor() {
+        let mut y = vec![0.001f32, 0.5, 0.25, -3.0];
+        let spec = QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 0, saturate: true, stochastic: None };
+        let r = quantize(&mut y, 2, 2, &spec).unwrap();
+        assert_eq!((r.scale, r.saturated, r.amax), (448.0 / 3.0, 0, 3.0));
+        assert!((y[3] + 3.0).abs() < 1e-6, "{}", y[3]);
+    }
+
+    /// Stochastic rounding draws from the element's index in the whole operand and the
+    /// whole 64-bit seed: the two ELEM_GRAIN chunks of a tensor of equal values, and the
+    /// equal rows of a block operand (one task, one strip per row), do not replay each
+    /// other's draws; seeds that differ only in their high 32 bits draw differently.
+    #[test]
+    fn stochastic_draws_follow_the_element_index_and_the_whole_seed() {
+        let mut v = vec![1.1f32; 2 * ELEM_GRAIN];
+        qdq_tensor(&mut v, Format::E4M3, 1.0, true, Some(7)).unwrap();
+        assert_ne!(v[..ELEM_GRAIN], v[ELEM_GRAIN..]);
+        let mut w = vec![1.1f32; 4096];
+        qdq_tensor(&mut w, Format::E4M3, 1.0, true, Some(7 | 1 << 32)).unwrap();
+        assert_ne!(w[..], v[..4096]);
+        let row: Vec<f32> = (0..16).map(|i| 0.3 + 0.37 * i as f32).collect();
+        let mut y = row.repeat(64);
+        let s = BlockSpec { format: Format::E2M1, block: (1, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: true, saturate: true, stochastic: Some(3) };
+        qdq_blocks(&mut y, 64, 16, &s).unwrap();
+        assert!(y.chunks(16).any(|r| r != &y[..16]), "every row drew the same");
+    }
+
+    /// The transform's random signs: a column constant over a group of 16 is spread over
+    /// the group (H·1 / 4 alone would put all of it, 4 times the value, in the first row),
+    /// its norm kept.
+    #[test]
+    fn hadamard_signs_spread_a_constant_column() {
+        for seed in [1, 5, 9] {
+            let mut x = vec![1.0f32; 16];
+            hadamard_rows(&mut x, 16, 1, 16, seed).unwrap();
+            let top = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            assert!(top < 3.9, "seed {seed}: {x:?}");
+            let n2: f32 = x.iter().map(|v| v * v).sum();
+            assert!((n2 - 16.0).abs() < 1e-4, "seed {seed}: {n2}");
+        }
+    }
 }
