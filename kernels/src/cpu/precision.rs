@@ -624,4 +624,55 @@ mod tests {
             }
         }
     }
+
+    /// A NaN keeps its sign in the scalar encoder, as in the vector cast
+    /// (`quant::fp8_codes`, which gives 0xFF for -NaN): S.1111.111 (E4M3) and
+    /// S.11111.11 (E5M2) are NaN of either sign in OCP FP8.
+    #[test]
+    fn fp8_nan_codes_keep_the_sign() {
+        for f in [E4M3, E5M2] {
+            for sat in [true, false] {
+                assert_eq!(fp8_encode(f32::NAN, f, sat), 0x7F, "{f:?}");
+                assert_eq!(fp8_encode(-f32::NAN, f, sat), 0xFF, "{f:?}");
+                let mut q = [0u8; 2];
+                fp8_quantize(&mut q, &[f32::NAN, -f32::NAN], 1.0, f, sat).unwrap();
+                assert_eq!(q, [0x7F, 0xFF], "{f:?} sat={sat}");
+            }
+        }
+    }
+
+    /// Current scaling saturates, as documented: an Inf makes the amax Inf, so the scale
+    /// is 1 (TE's edge case) and the Inf lands on ±448 (E4M3's satfinite cast), not NaN;
+    /// NaN stays NaN.
+    #[test]
+    fn current_scaling_saturates_an_inf() {
+        let mut x = [1.0f32, f32::INFINITY, -2.0, f32::NEG_INFINITY, f32::NAN];
+        assert_eq!(round_to_fp8_current(&mut x, E4M3), 1.0);
+        assert_eq!(x[..4], [1.0, 448.0, -2.0, -448.0]);
+        assert!(x[4].is_nan());
+    }
+
+    /// MXFP8 over a buffer that ends in a partial row: the whole rows are rounded (a
+    /// block of 32 and one of 8 each) and the trailing elements are left as they are.
+    /// Block of 32: amax 1000, RCEIL X = 4; 1000 / 4 = 250 -> 256 (E4M3 step 16 in
+    /// [128, 256)) -> 1024, 250 / 4 = 62.5 -> 64 (step 4 in [32, 64)) -> 256. Block of 8: amax 3, X = 2^ceil(log2(3 / 448)) = 2^-7, 1.1 · 128
+    /// = 140.8 -> 144 (step 16 in [128, 256)) -> 1.125; 3 · 128 = 384 exact.
+    #[test]
+    fn mxfp8_rounds_the_whole_rows_of_a_buffer_with_a_partial_row() {
+        let row = 40;
+        let mut x = vec![0f32; 2 * row + 5];
+        for r in 0..2 {
+            x[r * row] = 1000.0;
+            x[r * row + 1] = -250.0;
+            x[r * row + 32] = 3.0;
+            x[r * row + 33] = -1.1;
+        }
+        x[2 * row..].fill(1.1);
+        round_to_mxfp8(&mut x, row);
+        for r in 0..2 {
+            assert_eq!(x[r * row..r * row + 2], [1024.0, -256.0], "row {r}");
+            assert_eq!(x[r * row + 32..r * row + 34], [3.0, -1.125], "row {r}");
+        }
+        assert!(x[2 * row..].iter().all(|&v| v == 1.1));
+    }
 }
