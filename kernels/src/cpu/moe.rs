@@ -878,4 +878,19 @@ mod tests {
         let rt = Router { k: 1, ..rt };
         assert!(router_backward(&mut [0.0; 4], &[0.0; 2], &[0.0; 4], &[0, 2], &rt).is_err());
     }
+
+    /// Softmax scores of large logits: the row max is taken out before exp, so logits
+    /// near 1000 (exp overflows f32 past 88.7) score as softmax([2, 1, 0]) =
+    /// [e^2, e, 1] / (e^2 + e + 1) = [0.665241, 0.244728, 0.090031], not NaN.
+    #[test]
+    fn softmax_router_survives_large_logits() {
+        let rt = Router { n: 1, e: 3, k: 2, score: ScoreFn::Softmax, normalize_topk: false };
+        let (mut w, mut idx, mut p) = ([0f32; 2], [0u32; 2], [0f32; 3]);
+        router_forward(&mut w, &mut idx, &mut p, &[1000.0, 999.0, 998.0], &rt).unwrap();
+        for (g, want) in p.iter().zip([0.665_241f32, 0.244_728, 0.090_031]) {
+            assert!((g - want).abs() < 1e-5, "{p:?}");
+        }
+        assert_eq!(idx, [0, 1]);
+        assert!((w[0] - 0.665_241).abs() < 1e-5 && (w[1] - 0.244_728).abs() < 1e-5, "{w:?}");
+    }
 }
