@@ -382,4 +382,18 @@ mod tests {
             }
         }
     }
+
+    /// Logits near 1000 (exp overflows f32 past 88.7): the row max comes out before exp,
+    /// so lse = 998 + ln(e^2 + e + 1) = 1000.407606 and the loss of target 1 is
+    /// 1.407606 (hand values), not Inf / NaN. A shard row of -inf only has sumexp 0, as
+    /// documented (exp(-inf - -inf) would be NaN).
+    #[test]
+    fn large_logits_and_an_all_masked_shard_row() {
+        let (mut loss, mut lse) = ([0f32; 1], [0f32; 1]);
+        let l = cross_entropy_forward(&mut loss, &mut lse, &[1000.0, 999.0, 998.0], &[1], 3).unwrap();
+        assert!((l - 1.407_606).abs() < 1e-3 && (lse[0] - 1_000.407_6).abs() < 1e-3, "{l} {lse:?}");
+        let (mut m, mut s) = ([0f32; 2], [0f32; 2]);
+        row_max_sumexp(&mut m, &mut s, &[f32::NEG_INFINITY, f32::NEG_INFINITY, 0.0, 0.0], 2).unwrap();
+        assert_eq!((m, s), ([f32::NEG_INFINITY, 0.0], [0.0, 2.0]));
+    }
 }
