@@ -260,4 +260,17 @@ mod tests {
         assert_eq!((p1, m1, v1), (p2, m2, v2));
         assert!(scalars(&h, 0).is_err());
     }
+
+    /// eps is added to the bias-corrected sqrt(v̂), as in PyTorch's AdamW, whose update
+    /// is lr · m̂ / (sqrt(v̂) + eps), not before the correction. With eps comparable to
+    /// sqrt(v̂), step 1 of a gradient of 1e-3 (lr 0.1, betas 0.9 and 0.999, eps 1e-2)
+    /// has m̂ = 1e-3 and sqrt(v̂) = 1e-3, so the update is 0.1 · 1e-3 / 0.011 = 0.0090909
+    /// (hand values; 3.2e-4 with eps inside the correction).
+    #[test]
+    fn eps_is_added_after_the_bias_correction() {
+        let h = AdamW { lr: 0.1, beta1: 0.9, beta2: 0.999, eps: 1e-2, weight_decay: 0.0 };
+        let (mut p, mut m, mut v) = ([1.0f32], [0.0f32], [0.0f32]);
+        adamw_step(&mut p, &[1e-3], &mut m, &mut v, &h, 1).unwrap();
+        assert!((p[0] - (1.0 - 0.1 * 1e-3 / 0.011)).abs() < 1e-6, "{}", p[0]);
+    }
 }
