@@ -1371,6 +1371,108 @@ mod tests {
         assert!(apart.iter().any(|r| r.as_ref().is_err_and(|e| e.to_string().contains("timed out"))), "{apart:?}");
     }
 
+    /// Sums in rank order on every rank, even where the order changes the bits:
+    /// (1e8 + 1) - 1e8 is 0 in f32, (1e8 - 1e8) + 1 is 1. Kills accumulating the ranks
+    /// after the first in reverse order.
+    #[test]
+    fn all_reduce_sums_in_rank_order_where_order_matters() {
+        let out = on_ranks(3, |g| {
+            let mut b = vec![[1e8f32, 1.0, -1e8][g.rank()]];
+            g.all_reduce(&mut b, ReduceOp::Sum).unwrap();
+            b[0]
+        });
+        assert_eq!(out, [0.0, 0.0, 0.0]);
+    }
+
+    /// Broadcast takes the root's data, whichever rank the root is; a root outside the
+    /// group is refused before any exchange.
+    #[test]
+    fn broadcast_takes_the_roots_data() {
+        let out = on_ranks(3, |g| {
+            let r = g.rank() as f32;
+            let from1 = g.broadcast(&[r, 10.0 + r], 1).unwrap();
+            let from2 = g.broadcast(&[r], 2).unwrap();
+            let bad = g.broadcast(&[r], 3).unwrap_err().to_string();
+            (from1, from2, bad)
+        });
+        for (from1, from2, bad) in &out {
+            assert_eq!(*from1, [1.0, 11.0]);
+            assert_eq!(*from2, [2.0]);
+            assert!(bad.contains("peer 3 outside a group of 3"), "{bad}");
+        }
+    }
+
+    /// All-to-all-v refuses counts that are not one per rank, and send counts that do
+    /// not sum to the data passed, naming the fault (every rank makes the same bad call).
+    #[test]
+    fn all_to_all_v_refuses_bad_counts() {
+        let out = on_ranks(2, |g| {
+            let few = g.all_to_all_v(&[1.0], &[1], &[1, 0]).unwrap_err().to_string();
+            let short = g.all_to_all_v(&[1.0, 2.0], &[1, 2], &[1, 2]).unwrap_err().to_string();
+            (few, short)
+        });
+        for (few, short) in &out {
+            assert!(few.contains("1 send and 2 receive counts for a group of 2"), "{few}");
+            assert!(short.contains("do not sum to the 2 elements"), "{short}");
+        }
+    }
+
+    /// A send to a rank that has left fails at once; on a rendezvous group a send whose
+    /// peer leaves without receiving fails at once too (not after the timeout), and a
+    /// batched send waits for its receive like a single one (times out when the peer
+    /// never receives).
+    #[test]
+    fn sends_to_ranks_that_left_or_never_receive_fail() {
+        let mut hs = ThreadGroup::new(2);
+        drop(hs.pop());
+        let e = hs[0].send(1, &[1.0]).unwrap_err().to_string();
+        assert!(e.contains("rank 1 has left the group"), "{e}");
+
+        let mut hs = ThreadGroup::rendezvous(2, Duration::from_secs(5));
+        let late = hs.pop().unwrap();
+        let t0 = Instant::now();
+        let leaver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            drop(late);
+        });
+        let e = hs[0].send(1, &[1.0]).unwrap_err().to_string();
+        leaver.join().unwrap();
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}: {e}", t0.elapsed());
+        assert!(e.contains("left the group") || e.contains("has left"), "{e}");
+
+        let hs = ThreadGroup::rendezvous(2, Duration::from_millis(50));
+        let e = hs[0].batch_send_recv(&[(1, &[1.0][..])], &[]).unwrap_err().to_string();
+        assert!(e.contains("timed out") && e.contains("never received it"), "{e}");
+        drop(hs);
+    }
+
+    /// Started on a device buffer of int32 ids, an all-reduce or reduce-scatter is
+    /// refused (it would add bit patterns as floats); an all-gather carries them bit for
+    /// bit.
+    #[test]
+    fn started_reductions_refuse_int32_buffers() {
+        let out = on_ranks(2, |g| {
+            let dev = Cpu::new();
+            let ids = |v: &[u32]| {
+                let mut b = dev.alloc(Elem::I32, v.len()).unwrap();
+                dev.write_u32(&mut b, v).unwrap();
+                b
+            };
+            let c: &dyn super::Collective<Cpu> = &g;
+            let r = g.rank() as u32;
+            let sum = c.start(&dev, Started::AllReduce(ReduceOp::Sum), ids(&[r, 7])).err().unwrap().to_string();
+            let rs = c.start(&dev, Started::ReduceScatter, ids(&[r, 7])).err().unwrap().to_string();
+            let f = c.start(&dev, Started::AllGather, ids(&[r, 0x7FC0_0001])).unwrap();
+            let all = dev.read_u32(&c.finish(&dev, f).unwrap()).unwrap();
+            (sum, rs, all)
+        });
+        for (sum, rs, all) in &out {
+            assert!(sum.contains("all-reduce") && sum.contains("int32"), "{sum}");
+            assert!(rs.contains("reduce-scatter") && rs.contains("int32"), "{rs}");
+            assert_eq!(*all, [0, 0x7FC0_0001, 1, 0x7FC0_0001]);
+        }
+    }
+
     fn g_peer_checked() -> bool {
         let g = ThreadGroup::new(1).pop().unwrap();
         g.send(1, &[0.0]).is_err() && g.recv(5).is_err()
