@@ -168,6 +168,19 @@ mod tests {
         assert!(e.contains("cuda:N"), "{e}");
         assert!("tpu".parse::<DeviceSpec>().is_err());
         assert_eq!(DeviceSpec::Cuda(2).to_string(), "cuda:2");
+        // Aliases and surrounding blanks.
+        assert_eq!("gpu".parse(), Ok(DeviceSpec::Cuda(0)));
+        assert_eq!(" cpu\n".parse(), Ok(DeviceSpec::Cpu));
+    }
+
+    /// `--device cpu` is the CPU with no note; a timed command refuses the emulated
+    /// device (it computes what a GPU would, not how fast), before trying to open it.
+    #[test]
+    fn cpu_has_no_note_and_timed_commands_refuse_the_emulated_device() {
+        assert!(matches!(choose(DeviceSpec::Cpu), Ok(Chosen::Cpu(_, None))));
+        assert!(matches!(choose_timed(DeviceSpec::Cpu, "bench"), Ok(Chosen::Cpu(_, None))));
+        let e = choose_timed(DeviceSpec::CudaEmulated, "bench").err().expect("refused").to_string();
+        assert!(e.contains("cuda-emulated computes what a GPU would") && e.contains("bench times the device"), "{e}");
     }
 
     /// On a machine without a GPU (CI, the development machines) `auto` falls back to
