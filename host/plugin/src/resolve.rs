@@ -42,21 +42,34 @@ pub fn test_programs() -> &'static [(&'static str, &'static str)] {
 
 /// The plugin directories, in search order.
 pub fn plugin_dirs() -> Vec<PathBuf> {
+    dirs_from(std::env::var_os("RUNNER_PLUGIN_PATH").as_deref(), user_data_dir())
+}
+
+/// `./plugins/dist`, each entry of `path` (`$RUNNER_PLUGIN_PATH`), then `data`. An empty
+/// entry (`a::b`, a trailing `:`) is no directory: read as one, it would be the working
+/// directory, whose `.wasm` files would then load without being asked for.
+fn dirs_from(path: Option<&std::ffi::OsStr>, data: Option<PathBuf>) -> Vec<PathBuf> {
     let mut dirs = vec![PathBuf::from("plugins/dist")];
-    if let Some(path) = std::env::var_os("RUNNER_PLUGIN_PATH") {
-        dirs.extend(std::env::split_paths(&path).filter(|p| !p.as_os_str().is_empty()));
+    if let Some(path) = path {
+        dirs.extend(std::env::split_paths(path).filter(|p| !p.as_os_str().is_empty()));
     }
-    if let Some(data) = user_data_dir() {
-        dirs.push(data);
-    }
+    dirs.extend(data);
     dirs
 }
 
 /// `$XDG_DATA_HOME/runner/plugins`, else `~/.local/share/runner/plugins`.
 pub fn user_data_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_DATA_HOME")
+    data_dir_from(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
+}
+
+/// The user data dir from `$XDG_DATA_HOME` and `$HOME`. The XDG base directory spec
+/// ignores an empty or relative `$XDG_DATA_HOME`, as this does: read as given, an empty
+/// one would make `runner/plugins` under the working directory a plugin directory.
+fn data_dir_from(xdg: Option<std::ffi::OsString>, home: Option<std::ffi::OsString>) -> Option<PathBuf> {
+    let base = xdg
         .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
+        .filter(|p| p.is_absolute())
+        .or_else(|| home.map(|h| PathBuf::from(h).join(".local/share")))?;
     Some(base.join("runner").join("plugins"))
 }
 
@@ -88,6 +101,11 @@ pub fn resolve(spec: &str) -> Result<(String, Source, Vec<u8>), String> {
 /// # Errors
 /// Says every place that was searched and which plugins exist.
 pub fn locate(spec: &str) -> Result<(String, Source), String> {
+    locate_in(spec, &plugin_dirs())
+}
+
+/// [`locate`] with the plugin directories `dirs`.
+fn locate_in(spec: &str, dirs: &[PathBuf]) -> Result<(String, Source), String> {
     let path = Path::new(spec);
     // Something at that path that is not a plugin file; said if no plugin has the name
     // (from the `plugins/` source tree, `llama3` is a directory and a plugin).
@@ -110,7 +128,7 @@ pub fn locate(spec: &str) -> Result<(String, Source), String> {
     let name = file_name(spec);
     let looks_like_path = spec.contains('/') || spec.contains(std::path::MAIN_SEPARATOR);
     if !looks_like_path {
-        for dir in plugin_dirs() {
+        for dir in dirs {
             let candidate = dir.join(&name);
             if candidate.is_file() {
                 return Ok((name, Source::Path(candidate)));
@@ -123,7 +141,7 @@ pub fn locate(spec: &str) -> Result<(String, Source), String> {
     if let Some(why) = not_a_file {
         return Err(why);
     }
-    let searched: Vec<String> = plugin_dirs()
+    let searched: Vec<String> = dirs
         .iter()
         .map(|d| d.display().to_string())
         .collect();
@@ -143,15 +161,20 @@ fn embedded_bytes(name: &str) -> Option<&'static [u8]> {
 
 /// A plugin file's bytes, refused past [`MAX_PLUGIN_BYTES`] (the largest first-party
 /// plugin is under 2 MB; a multi-gigabyte file is the wrong file).
-fn read_plugin(path: &Path) -> Result<Vec<u8>, String> {
-    use std::io::Read;
+pub(crate) fn read_plugin(path: &Path) -> Result<Vec<u8>, String> {
     let file = std::fs::File::open(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    read_at_most(file, MAX_PLUGIN_BYTES)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .ok_or_else(|| format!("{} is larger than {} MiB, more than any plugin: is it the right file?", path.display(), MAX_PLUGIN_BYTES >> 20))
+}
+
+/// All of `reader` if it holds at most `max` bytes, else `None`, reading at most one byte
+/// past `max` (a named pipe or a huge file is never read to its end).
+fn read_at_most(reader: impl std::io::Read, max: u64) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
     let mut bytes = Vec::new();
-    file.take(MAX_PLUGIN_BYTES + 1).read_to_end(&mut bytes).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    if bytes.len() as u64 > MAX_PLUGIN_BYTES {
-        return Err(format!("{} is larger than {} MiB, more than any plugin: is it the right file?", path.display(), MAX_PLUGIN_BYTES >> 20));
-    }
-    Ok(bytes)
+    reader.take(max + 1).read_to_end(&mut bytes)?;
+    Ok((bytes.len() as u64 <= max).then_some(bytes))
 }
 
 /// The largest plugin file read.
@@ -159,9 +182,14 @@ pub const MAX_PLUGIN_BYTES: u64 = 256 << 20;
 
 /// Every `.wasm` in the plugin directories, in search order (earlier shadows later).
 pub fn installed_files() -> Vec<PathBuf> {
+    wasm_files_in(&plugin_dirs())
+}
+
+/// Every `.wasm` file in `dirs`, in order, each directory's sorted by name.
+fn wasm_files_in(dirs: &[PathBuf]) -> Vec<PathBuf> {
     let mut files = Vec::new();
-    for dir in plugin_dirs() {
-        let Ok(entries) = std::fs::read_dir(&dir) else {
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else {
             continue;
         };
         let mut found: Vec<PathBuf> = entries
@@ -197,5 +225,115 @@ mod tests {
         assert!(resolved.unwrap_err().contains("larger than"));
         assert_eq!(locate("bf16"), Ok(("bf16.wasm".to_string(), Source::Embedded)));
         assert_eq!(resolve("bf16").unwrap().2, embedded_bytes("bf16.wasm").unwrap());
+    }
+
+    /// A fresh scratch directory.
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("runner-resolve-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    /// Zeros without end, refusing to be read past `left` bytes: reading it all would
+    /// never finish.
+    struct Endless {
+        left: usize,
+    }
+
+    impl std::io::Read for Endless {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = buf.len().min(self.left);
+            if n == 0 {
+                return Err(std::io::Error::other("read past the bound"));
+            }
+            buf[..n].fill(0);
+            self.left -= n;
+            Ok(n)
+        }
+    }
+
+    /// The size bound at its edge: `max` bytes are read whole, `max + 1` refused, and an
+    /// endless source is read only one byte past `max` (a read without the bound, or with
+    /// the comparison moved by one, fails here; the plugin-sized files above do not tell).
+    #[test]
+    fn a_plugin_file_is_read_to_its_bound_and_no_further() {
+        let read = |bytes: &[u8]| read_at_most(bytes, 16).unwrap();
+        assert_eq!(read(&[7; 16]), Some(vec![7; 16]));
+        assert_eq!(read(&[7; 17]), None);
+        assert_eq!(read(&[]), Some(Vec::new()));
+        assert_eq!(read_at_most(Endless { left: 17 }, 16).unwrap(), None);
+    }
+
+    /// `$RUNNER_PLUGIN_PATH`'s entries in order between `./plugins/dist` and the user data
+    /// dir, its empty entries dropped (not the working directory); `$XDG_DATA_HOME` before
+    /// `$HOME`, unless empty or relative (the XDG base directory rule).
+    #[cfg(unix)]
+    #[test]
+    fn the_plugin_directories_are_in_order_and_never_the_working_directory() {
+        use std::ffi::{OsStr, OsString};
+        let dirs = dirs_from(Some(OsStr::new("/x::/y:")), Some(PathBuf::from("/d")));
+        assert_eq!(dirs, ["plugins/dist", "/x", "/y", "/d"].map(PathBuf::from));
+        assert_eq!(dirs_from(None, None), [PathBuf::from("plugins/dist")]);
+        let home = || Some(OsString::from("/home/u"));
+        let data = |xdg: Option<&str>| data_dir_from(xdg.map(OsString::from), home());
+        assert_eq!(data(Some("/xdg")), Some(PathBuf::from("/xdg/runner/plugins")));
+        let fallback = Some(PathBuf::from("/home/u/.local/share/runner/plugins"));
+        assert_eq!(data(None), fallback);
+        assert_eq!(data(Some("")), fallback, "an empty XDG_DATA_HOME is unset");
+        assert_eq!(data(Some("rel")), fallback, "a relative XDG_DATA_HOME is ignored");
+        assert_eq!(data_dir_from(None, None), None);
+    }
+
+    /// The search order at each step: a plugin directory before the embedded plugins, an
+    /// earlier directory before a later one, an entry named like a plugin that is no file
+    /// skipped; the embedded plugin of exactly the name given (not one whose name begins
+    /// with it); a spec that looks like a path is not looked up in the directories.
+    #[test]
+    fn plugin_directories_are_searched_in_order_before_the_embedded_plugins() {
+        let (a, b) = (scratch("order-a"), scratch("order-b"));
+        std::fs::write(a.join("mine.wasm"), b"a").unwrap();
+        std::fs::write(b.join("mine.wasm"), b"b").unwrap();
+        std::fs::create_dir(a.join("bf16.wasm")).unwrap();
+        std::fs::write(b.join("bf16.wasm"), b"b").unwrap();
+        let dirs = [a.clone(), b.clone()];
+        let path = |p: PathBuf, name: &str| Ok((name.to_string(), Source::Path(p.join(name))));
+        assert_eq!(locate_in("mine", &dirs), path(a.clone(), "mine.wasm"));
+        assert_eq!(locate_in("bf16.wasm", &dirs), path(b.clone(), "bf16.wasm"));
+        assert_eq!(locate_in("bf16", &[]), Ok(("bf16.wasm".to_string(), Source::Embedded)));
+        assert!(locate_in("bf1", &dirs).unwrap_err().starts_with("no plugin 'bf1'"));
+        // An absolute spec without the extension names no file; `b.join` of it would.
+        let spec = a.join("mine");
+        let spec = spec.to_str().unwrap();
+        assert!(locate_in(spec, std::slice::from_ref(&b)).unwrap_err().starts_with("no plugin"), "{spec}");
+        let files = wasm_files_in(&[b.clone(), a.join("missing"), a.clone()]);
+        std::fs::remove_dir_all(&a).unwrap();
+        std::fs::remove_dir_all(&b).unwrap();
+        assert_eq!(files, [b.join("bf16.wasm"), b.join("mine.wasm"), a.join("mine.wasm")]);
+    }
+
+    /// Only `.wasm` files are installed plugins, each directory's sorted by name.
+    #[test]
+    fn installed_files_are_the_wasm_files_sorted() {
+        let d = scratch("files");
+        for name in ["c.wasm", "a.wasm", "notes.txt", "d.wasm", "b.wasm"] {
+            std::fs::write(d.join(name), b"").unwrap();
+        }
+        std::fs::create_dir(d.join("e.wasm")).unwrap();
+        let files = wasm_files_in(std::slice::from_ref(&d));
+        std::fs::remove_dir_all(&d).unwrap();
+        assert_eq!(files, ["a.wasm", "b.wasm", "c.wasm", "d.wasm"].map(|n| d.join(n)));
+    }
+
+    /// A symbolic link loop at the path is said to be unreadable, not "no plugin".
+    #[cfg(unix)]
+    #[test]
+    fn a_link_loop_is_named_as_unreadable() {
+        let d = scratch("loop");
+        let link = d.join("loop.wasm");
+        std::os::unix::fs::symlink(&link, &link).unwrap();
+        let m = locate_in(link.to_str().unwrap(), &[]).unwrap_err();
+        std::fs::remove_dir_all(&d).unwrap();
+        assert!(m.starts_with("cannot read"), "{m}");
     }
 }
