@@ -395,27 +395,31 @@ impl Plugin {
 /// Everything installed: plugins in the plugin directories (in search order), then the
 /// embedded ones; `shadowed` is true where an earlier plugin of the same name wins.
 pub fn list() -> Vec<(Result<PluginInfo, PluginError>, bool)> {
+    list_of(installed_files(), embedded())
+}
+
+/// [`list`] of the plugin files `files` and the embedded plugins `embedded`. A file is
+/// read as `resolve` reads it: a file past [`resolve::MAX_PLUGIN_BYTES`] is refused
+/// unread, not read whole into memory.
+fn list_of(
+    files: Vec<std::path::PathBuf>,
+    embedded: &[(&str, &str, &[u8])],
+) -> Vec<(Result<PluginInfo, PluginError>, bool)> {
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
-    for path in installed_files() {
+    for path in files {
         let name = path
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         let shadowed = !seen.insert(name.clone());
-        let info = std::fs::read(&path)
-            .map_err(|e| {
-                PluginError::new(
-                    &name,
-                    "load",
-                    Failure::Load(format!("cannot read {}: {e}", path.display())),
-                )
-            })
+        let info = resolve::read_plugin(&path)
+            .map_err(|m| PluginError::new(&name, "load", Failure::Load(m)))
             .and_then(|bytes| load_bytes(&name, Source::Path(path.clone()), &bytes))
             .map(|p| p.info);
         out.push((info, shadowed));
     }
-    for (name, _, bytes) in embedded() {
+    for (name, _, bytes) in embedded {
         let shadowed = !seen.insert(name.to_string());
         out.push((
             load_bytes(name, Source::Embedded, bytes).map(|p| p.info),
@@ -423,4 +427,55 @@ pub fn list() -> Vec<(Result<PluginInfo, PluginError>, bool)> {
         ));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Files too short to hold a component's header (a truncated download: the magic and
+    /// part of the version) are not WebAssembly, never indexed past their end; bytes that
+    /// are not printable are shown as dots.
+    #[test]
+    fn short_and_binary_files_are_named_without_a_panic_or_raw_bytes() {
+        let header = b"\0asm\x0d\0\x01\0";
+        for n in 0..8 {
+            let m = not_a_component(&header[..n]).expect("too short to be a component");
+            assert!(m.starts_with("not a WebAssembly file"), "{n}: {m}");
+        }
+        assert_eq!(not_a_component(header), None);
+        let m = not_a_component(b"\x1b[2J\x07a b\xffz").unwrap();
+        assert!(m.contains("(it begins '.[2J.a b')"), "{m}");
+    }
+
+    /// A plugin file shadows an embedded plugin when it has its name (and only then); the
+    /// embedded plugin shadows nothing; `list` marks every later plugin of a name seen
+    /// before as shadowed, and refuses a file past the size bound without reading it.
+    #[test]
+    fn a_file_of_an_embedded_name_shadows_it_and_is_listed_first() {
+        let dir = std::env::temp_dir().join(format!("runner-list-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (_, kind, bytes) = *embedded().iter().find(|(n, _, _)| *n == "bf16.wasm").unwrap();
+        let (copy, other) = (dir.join("bf16.wasm"), dir.join("mine.wasm"));
+        std::fs::write(&copy, bytes).unwrap();
+        std::fs::write(&other, bytes).unwrap();
+        let huge = dir.join("huge.wasm");
+        // Sparse: no disk is written for the hole.
+        std::fs::File::create(&huge).unwrap().set_len(resolve::MAX_PLUGIN_BYTES + 1).unwrap();
+
+        let listed = list_of(vec![copy.clone(), other.clone(), huge], &[("bf16.wasm", kind, bytes)]);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let shown: Vec<_> = listed
+            .iter()
+            .map(|(info, shadowed)| (info.as_ref().map(|i| (i.source.clone(), i.shadows_embedded)).map_err(|e| e.to_string()), *shadowed))
+            .collect();
+        assert_eq!(shown[0], (Ok((Source::Path(copy), true)), false));
+        assert_eq!(shown[1], (Ok((Source::Path(other), false)), false));
+        assert!(matches!(&shown[2], (Err(m), false) if m.contains("larger than 256 MiB")), "{:?}", shown[2]);
+        assert_eq!(shown[3], (Ok((Source::Embedded, false)), true));
+        assert_eq!(shown.len(), 4);
+        let info = listed[0].0.as_ref().unwrap();
+        assert!(info.provenance().contains("shadowing the embedded plugin"), "{}", info.provenance());
+    }
 }
