@@ -356,3 +356,183 @@ pub fn step_response(r: p1::StepResponse) -> p3::StepResponse {
         state: r.state,
     }
 }
+
+/// Each default and mapping of the 0.1 adapter at the values the 0.1 test programs never
+/// send (three-year and spot prices, egress lines, NVFP4 and MXFP8 operands, per-operand
+/// metrics, layouts with a fixed batch): a hand mutation audit changed each with every
+/// test passing.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn old_offering() -> c1::Offering {
+        let price = |option| c1::Price { region: "r".into(), option, usd_per_node_hour: 10.0 };
+        c1::Offering {
+            instance: "i".into(),
+            gpu: "H100".into(),
+            gpus_per_node: 8,
+            scale_up_domain: 8,
+            interconnect_gbps: 3200.0,
+            prices: vec![
+                price(c1::PurchaseOption::Spot),
+                price(c1::PurchaseOption::ReservedThreeYear),
+                price(c1::PurchaseOption::CapacityBlock),
+            ],
+            billing_increment_s: 60,
+            minimum_charge_s: 600,
+            effective_date: "2026-01-15".into(),
+            source: "s".into(),
+        }
+    }
+
+    #[test]
+    fn every_0_1_purchase_option_goes_up_and_down_to_its_term() {
+        let options: Vec<_> = offering(old_offering()).prices.iter().map(|p| p.option).collect();
+        use c3::PurchaseOption as P;
+        assert_eq!(options, [P::Spot, P::ThreeYearNoUpfront, P::CapacityBlock]);
+        let request = |option| c3::QuoteRequest {
+            instance: "i".into(),
+            gpus: 16,
+            nodes: 2,
+            hours: 1.5,
+            region: "r".into(),
+            option,
+            start_date: String::new(),
+            storage_gb_months: 3.0,
+            egress_gb: 4.0,
+        };
+        let down = |option| quote_request(&request(option)).option;
+        use c1::PurchaseOption as O;
+        assert_eq!(
+            [P::Spot, P::ThreeYearAllUpfront, P::ThreeYearPartialUpfront, P::OneYearAllUpfront, P::CapacityBlock].map(down),
+            [O::Spot, O::ReservedThreeYear, O::ReservedThreeYear, O::ReservedOneYear, O::CapacityBlock]
+        );
+        let r = quote_request(&request(P::OnDemand));
+        assert_eq!((r.nodes, r.hours, r.storage_gb_months, r.egress_gb), (2, 1.5, 3.0, 4.0));
+    }
+
+    #[test]
+    fn a_0_1_quote_line_gets_the_category_of_its_unit_and_keeps_its_sign() {
+        let line = |unit: &str, usd| c1::QuoteLine { item: "x".into(), quantity: 1.0, unit: unit.into(), usd, estimate: false };
+        let q = quote(c1::ItemisedQuote {
+            lines: vec![line("node-hour", 5.0), line("GB-month", 1.0), line("GB", 2.0), line("kWh", -1.0)],
+            total_usd: 7.0,
+        });
+        let got: Vec<_> = q.lines.iter().map(|l| (l.category, l.amount)).collect();
+        use c3::LineCategory as L;
+        assert_eq!(got, [(L::Compute, 5.0), (L::Storage, 1.0), (L::Egress, 2.0), (L::Other, -1.0)]);
+        assert_eq!((q.currency.as_str(), q.total), ("USD", 7.0));
+    }
+
+    fn site_plan(format: v1::Dtype, recipe: p1::ScalingRecipe) -> p1::SitePlan {
+        p1::SitePlan {
+            format,
+            grad_format: v1::Dtype::Bf16,
+            recipe,
+            block_size: 32,
+            amax_history: 4,
+            amax_reduction: p1::AmaxReduction::MostRecent,
+            margin: 2,
+            saturate: false,
+        }
+    }
+
+    #[test]
+    fn block_formats_get_their_scales_and_every_field_comes_through() {
+        let plan = |format, recipe| {
+            let r = plan_response(p1::PlanResponse { sites: vec![site_plan(format, recipe)], state: vec![9] });
+            assert_eq!(r.state, [9]);
+            r.sites.into_iter().next().unwrap()
+        };
+        let nv = plan(v1::Dtype::Nvfp4, p1::ScalingRecipe::Block).weight;
+        assert_eq!((nv.scale_format, nv.scale_rounding, nv.tensor_scale), (p3::ScaleFormat::E4m3, p3::ScaleRounding::Exact, Some(p3::ScaleFormat::Fp32)));
+        assert_eq!((nv.block.rows, nv.block.cols), (1, 32));
+        let mx = plan(v1::Dtype::Mxfp8, p1::ScalingRecipe::Block).activation;
+        assert_eq!((mx.scale_format, mx.scale_rounding, mx.tensor_scale), (p3::ScaleFormat::E8m0, p3::ScaleRounding::PowerOfTwoUp, None));
+        let fp8 = plan(v1::Dtype::Fp8E4m3, p1::ScalingRecipe::Current);
+        let a = fp8.activation;
+        assert_eq!((a.block.rows, a.block.cols, a.scale_format, a.scale_rounding), (0, 0, p3::ScaleFormat::Fp32, p3::ScaleRounding::Exact));
+        assert_eq!((a.amax_history, a.amax_reduction, a.margin, a.saturate, a.hadamard), (4, p3::AmaxReduction::MostRecent, 2, false, 0));
+        assert_eq!((fp8.gradient.format, fp8.output), (v3::Dtype::Bf16, v3::Dtype::Bf16));
+        assert_eq!(plan(v1::Dtype::Fp32, p1::ScalingRecipe::None).output, v3::Dtype::Fp32);
+    }
+
+    #[test]
+    fn a_0_1_site_hears_the_largest_amax_and_rates_of_its_operands() {
+        let operand = |operand, amax, scale, saturation_rate, underflow_rate| p3::OperandMetrics {
+            operand,
+            amax,
+            scale,
+            saturation_rate,
+            underflow_rate,
+            nonfinite: false,
+        };
+        let sites = vec![
+            p3::SiteMetrics {
+                site: 3,
+                operands: vec![
+                    operand(p3::Operand::Activation, 1.0, 0.5, 0.1, 0.4),
+                    operand(p3::Operand::Weight, 8.0, 0.25, 0.3, 0.2),
+                ],
+            },
+            p3::SiteMetrics { site: 4, operands: Vec::new() },
+        ];
+        let metrics = p3::StepMetrics {
+            step: 7,
+            tokens: 0,
+            loss: 2.0,
+            grad_norm: 1.0,
+            learning_rate: 1e-4,
+            loss_finite: true,
+            grads_finite: false,
+            layers: Vec::new(),
+            sites,
+            plan: Vec::new(),
+            state: vec![1],
+        };
+        let old = step_metrics(&metrics);
+        let s = &old.sites[0];
+        assert_eq!((s.site, s.amax, s.scale, s.saturation_rate, s.underflow_rate), (3, 8.0, 0.5, 0.3, 0.4));
+        let none = &old.sites[1];
+        assert_eq!((none.site, none.amax, none.scale, none.saturation_rate, none.underflow_rate), (4, 0.0, 1.0, 0.0, 0.0));
+        assert_eq!((old.step, old.grads_finite, old.state.as_slice()), (7, false, [1].as_slice()));
+    }
+
+    #[test]
+    fn selectors_keep_their_roles_and_global_fallbacks_their_scope() {
+        let r = step_response(p1::StepResponse {
+            actions: vec![
+                p1::Action::FallbackGlobal(p1::FallbackScope::WeightGradientOnly),
+                p1::Action::Repromote(p1::SiteSelector { layers: vec![1], names: vec!["n".into()], roles: vec![p1::GemmRole::WeightGradient] }),
+            ],
+            state: Vec::new(),
+        });
+        assert!(matches!(&r.actions[0], p3::Action::FallbackGlobal(g) if g.scope == p3::FallbackScope::WeightGradientOnly));
+        assert!(matches!(&r.actions[1], p3::Action::Repromote(p) if p.sites.roles == [p3::GemmRole::WeightGradient] && p.sites.layers == [1]));
+    }
+
+    #[test]
+    fn a_0_1_layout_keeps_its_batch_and_a_request_its_layers() {
+        let l = w1::ReferenceLayout {
+            gpu: "H100".into(),
+            gpus_min: 8,
+            gpus_max: 16,
+            precision: "BF16".into(),
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            vp: 1,
+            ep: 1,
+            etp: 1,
+            fsdp: 0,
+            mbs: 2,
+            gbs_per_gpu: 0.0,
+            gbs_fixed: 512,
+            source: "s".into(),
+        };
+        let up = layout(l).unwrap();
+        assert_eq!((up.mbs, up.gbs_per_gpu, up.gbs_fixed, up.gpus_max), (2, 0.0, 512, 16));
+        let r = graph_request(&w2::GraphRequest { variant: "v".into(), seq_len: 8, micro_batch: 2, layers: 3, phase: w2::Phase::Training }).unwrap();
+        assert_eq!((r.seq_len, r.micro_batch, r.layers), (8, 2, 3));
+    }
+}
