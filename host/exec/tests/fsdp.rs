@@ -979,3 +979,28 @@ fn fsdp_memory_walk_with_tp_and_a_tied_embedding_across_stages() {
         }
     }
 }
+
+/// FSDP over three ranks: the toy's units do not split evenly over 3 (a layer holds two
+/// norms of 32, q and o of 32x32, k and v of 16x32 and three 64x32 MLP matrices: 9280
+/// numbers, padded to 9282), so the last rank's chunk
+/// holds the padding and a chunk of total / 3 would drop a weight's tail. Every other FSDP
+/// test runs dp = 2, where every unit's size is even. Training matches the unsharded
+/// model, and the three pieces partition every weight.
+#[test]
+fn fsdp_dp3_units_that_do_not_split_evenly_match_unsharded() {
+    let (full_g, third_g) = (llama(3, false), llama(1, false));
+    let data = synthetic_inputs(&full_g, 31);
+    let (w0, want, w3) = unsharded(&full_g, &data, 3);
+    let layout = Layout {
+        dp: 3,
+        fsdp: true,
+        ..Layout::single(1, 3)
+    };
+    let b = train_mesh(&third_g, &layout, &data, &w0, 3, &options());
+    losses_match(&mean_losses(&b, 3), &want, "fsdp dp3 vs unsharded");
+    weights_match(&b, &full_g, &w3, 1e-5, "fsdp dp3 vs unsharded");
+    for (name, v) in &w3 {
+        let held: usize = b.iter().map(|o| o.shards[name].len()).sum();
+        assert_eq!(held, v.len(), "{name}: the three pieces hold {held} of {}", v.len());
+    }
+}
