@@ -1055,16 +1055,12 @@ mod tests {
         assert_eq!((zero.size(), one.join().unwrap().unwrap()), (2, 2));
     }
 
-    #[test]
-    fn sizes_and_flags_follow_nccl_tests() {
-        assert_eq!(parse_size("8").unwrap(), 8);
-        assert_eq!(parse_size("64K").unwrap(), 65536);
-        assert_eq!(parse_size("32M").unwrap(), 32 << 20);
-        assert!(parse_size("3X").is_err());
-        let a = CollArgs {
-            minbytes: 8,
-            maxbytes: 128,
-            stepfactor: 4,
+    /// A one-rank all-reduce sweep from `minbytes` to `maxbytes` by `stepfactor`.
+    fn sweep(minbytes: u64, maxbytes: u64, stepfactor: u64) -> CollArgs {
+        CollArgs {
+            minbytes,
+            maxbytes,
+            stepfactor,
             stepbytes: None,
             ngpus: 1,
             iters: 1,
@@ -1073,7 +1069,16 @@ mod tests {
             dtype: Elem::F32,
             ops: vec![Coll::AllReduce],
             timeout: Duration::from_secs(1),
-        };
+        }
+    }
+
+    #[test]
+    fn sizes_and_flags_follow_nccl_tests() {
+        assert_eq!(parse_size("8").unwrap(), 8);
+        assert_eq!(parse_size("64K").unwrap(), 65536);
+        assert_eq!(parse_size("32M").unwrap(), 32 << 20);
+        assert!(parse_size("3X").is_err());
+        let a = sweep(8, 128, 4);
         assert_eq!(a.sizes(), [8, 32, 128]);
         let a = CollArgs { stepbytes: Some(40), ..a };
         assert_eq!(a.sizes(), [8, 48, 88, 128]);
@@ -1108,19 +1113,7 @@ mod tests {
     /// adds 1: the sweep always ends. Sizes take k as K and spaces; a size past 2^64 is refused.
     #[test]
     fn sweeps_always_end_and_sizes_read_as_written() {
-        let a = CollArgs {
-            minbytes: 0,
-            maxbytes: 4,
-            stepfactor: 1,
-            stepbytes: None,
-            ngpus: 1,
-            iters: 1,
-            warmup: 0,
-            check: 1,
-            dtype: Elem::F32,
-            ops: vec![Coll::AllReduce],
-            timeout: Duration::from_secs(1),
-        };
+        let a = sweep(0, 4, 1);
         assert_eq!(a.sizes(), [1, 2, 4]);
         assert_eq!(CollArgs { stepbytes: Some(0), maxbytes: 3, ..a }.sizes(), [1, 2, 3]);
         assert_eq!(parse_size("64k").unwrap(), 65536);
@@ -1134,19 +1127,7 @@ mod tests {
     /// u64 (it saturated at u64::MAX and was pushed again for ever, taking all memory).
     #[test]
     fn a_sweep_to_the_largest_size_ends() {
-        let a = CollArgs {
-            minbytes: 1 << 62,
-            maxbytes: u64::MAX,
-            stepfactor: 2,
-            stepbytes: None,
-            ngpus: 1,
-            iters: 1,
-            warmup: 0,
-            check: 1,
-            dtype: Elem::F32,
-            ops: vec![Coll::AllReduce],
-            timeout: Duration::from_secs(1),
-        };
+        let a = sweep(1 << 62, u64::MAX, 2);
         assert_eq!(a.sizes(), [1 << 62, 1 << 63]);
         assert_eq!(CollArgs { minbytes: u64::MAX - 1, stepbytes: Some(1 << 20), ..a }.sizes(), [u64::MAX - 1]);
     }
