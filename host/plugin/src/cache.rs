@@ -42,16 +42,15 @@ pub struct Cache {
     key: [u8; 32],
 }
 
-/// Where compiled components are cached: `$RUNNER_CACHE_DIR`, else
-/// `$XDG_CACHE_HOME/runner/components`, else `~/.cache/runner/components`.
+/// Where compiled components are cached: `$RUNNER_CACHE_DIR`, else `runner/components` in
+/// the user's cache directory (on Linux `$XDG_CACHE_HOME`, else `~/.cache`; an empty or
+/// relative `$XDG_CACHE_HOME` is ignored, as the XDG spec says, so the cache is never
+/// under the working directory).
 pub fn default_dir() -> Option<PathBuf> {
     if let Some(dir) = std::env::var_os("RUNNER_CACHE_DIR") {
         return Some(PathBuf::from(dir));
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("runner").join("components"))
+    Some(dirs::cache_dir()?.join("runner").join("components"))
 }
 
 impl Cache {

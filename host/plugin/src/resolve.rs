@@ -57,20 +57,13 @@ fn dirs_from(path: Option<&std::ffi::OsStr>, data: Option<PathBuf>) -> Vec<PathB
     dirs
 }
 
-/// `$XDG_DATA_HOME/runner/plugins`, else `~/.local/share/runner/plugins`.
+/// `runner/plugins` in the user's data directory: on Linux `$XDG_DATA_HOME/runner/plugins`,
+/// else `~/.local/share/runner/plugins`. The `dirs` crate applies the XDG base directory
+/// rule that an empty or relative `$XDG_DATA_HOME` is ignored (read as given, an empty one
+/// would make `runner/plugins` under the working directory a plugin directory); the
+/// component cache, the history store and the NCCL shim take their directories from it too.
 pub fn user_data_dir() -> Option<PathBuf> {
-    data_dir_from(std::env::var_os("XDG_DATA_HOME"), std::env::var_os("HOME"))
-}
-
-/// The user data dir from `$XDG_DATA_HOME` and `$HOME`. The XDG base directory spec
-/// ignores an empty or relative `$XDG_DATA_HOME`, as this does: read as given, an empty
-/// one would make `runner/plugins` under the working directory a plugin directory.
-fn data_dir_from(xdg: Option<std::ffi::OsString>, home: Option<std::ffi::OsString>) -> Option<PathBuf> {
-    let base = xdg
-        .map(PathBuf::from)
-        .filter(|p| p.is_absolute())
-        .or_else(|| home.map(|h| PathBuf::from(h).join(".local/share")))?;
-    Some(base.join("runner").join("plugins"))
+    Some(dirs::data_dir()?.join("runner").join("plugins"))
 }
 
 fn file_name(spec: &str) -> String {
@@ -266,23 +259,14 @@ mod tests {
     }
 
     /// `$RUNNER_PLUGIN_PATH`'s entries in order between `./plugins/dist` and the user data
-    /// dir, its empty entries dropped (not the working directory); `$XDG_DATA_HOME` before
-    /// `$HOME`, unless empty or relative (the XDG base directory rule).
+    /// dir, its empty entries dropped (not the working directory).
     #[cfg(unix)]
     #[test]
     fn the_plugin_directories_are_in_order_and_never_the_working_directory() {
-        use std::ffi::{OsStr, OsString};
+        use std::ffi::OsStr;
         let dirs = dirs_from(Some(OsStr::new("/x::/y:")), Some(PathBuf::from("/d")));
         assert_eq!(dirs, ["plugins/dist", "/x", "/y", "/d"].map(PathBuf::from));
         assert_eq!(dirs_from(None, None), [PathBuf::from("plugins/dist")]);
-        let home = || Some(OsString::from("/home/u"));
-        let data = |xdg: Option<&str>| data_dir_from(xdg.map(OsString::from), home());
-        assert_eq!(data(Some("/xdg")), Some(PathBuf::from("/xdg/runner/plugins")));
-        let fallback = Some(PathBuf::from("/home/u/.local/share/runner/plugins"));
-        assert_eq!(data(None), fallback);
-        assert_eq!(data(Some("")), fallback, "an empty XDG_DATA_HOME is unset");
-        assert_eq!(data(Some("rel")), fallback, "a relative XDG_DATA_HOME is ignored");
-        assert_eq!(data_dir_from(None, None), None);
     }
 
     /// The search order at each step: a plugin directory before the embedded plugins, an

@@ -1646,3 +1646,26 @@ fn goal_and_sweet_spot_flags_reach_the_run() {
     let counts: Vec<u64> = v["series"][0]["rows"].as_array().unwrap().iter().map(|r| r["requested_gpus"].as_u64().unwrap()).collect();
     assert_eq!(counts, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]);
 }
+
+/// An empty `$XDG_DATA_HOME` or `$XDG_CACHE_HOME` is unset and a relative one is ignored
+/// (the XDG base directory rule): the history and the compiled-plugin cache go under
+/// `$HOME`, never under the working directory, where the empty value put `runner/`.
+#[test]
+fn empty_or_relative_xdg_directories_fall_back_to_home_not_the_working_directory() {
+    let dir = scratch("xdg");
+    let home = dir.join("home");
+    let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--cloud", "lambda", "-q"];
+    // One run (each compiles the plugins into a fresh cache): an empty data home, a
+    // relative cache home.
+    let o = command(&dir, &explore)
+        .env("HOME", &home)
+        .env("XDG_DATA_HOME", "")
+        .env("XDG_CACHE_HOME", "rel")
+        .env_remove("RUNNER_CACHE_DIR")
+        .output()
+        .expect("runner starts");
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(home.join(".local/share/runner/history.sqlite").is_file(), "an empty XDG_DATA_HOME: the history is under HOME");
+    assert!(home.join(".cache/runner/components").is_dir(), "a relative XDG_CACHE_HOME: the cache is under HOME");
+    assert!(!dir.join("runner").exists() && !dir.join("rel").exists(), "nothing under the working directory");
+}

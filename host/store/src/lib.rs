@@ -221,19 +221,19 @@ fn rfc3339_utc(secs: i64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
-/// The default database: `$RUNNER_HISTORY`, else `$XDG_DATA_HOME/runner/history.sqlite`,
-/// else `~/.local/share/runner/history.sqlite`.
+/// The default database: `$RUNNER_HISTORY`, else `runner/history.sqlite` in the user's
+/// data directory (on Linux `$XDG_DATA_HOME`, else `~/.local/share`; an empty or relative
+/// `$XDG_DATA_HOME` is ignored, as the XDG spec says).
 pub fn default_path() -> Option<PathBuf> {
-    path_from(|name| std::env::var_os(name))
+    path_from(std::env::var_os("RUNNER_HISTORY"), dirs::data_dir())
 }
 
-/// [`default_path`] from the environment variables `var` gives.
-fn path_from(var: impl Fn(&str) -> Option<std::ffi::OsString>) -> Option<PathBuf> {
-    if let Some(p) = var("RUNNER_HISTORY") {
-        return Some(PathBuf::from(p));
+/// [`default_path`] from `$RUNNER_HISTORY` and the user's data directory.
+fn path_from(history: Option<std::ffi::OsString>, data_dir: Option<PathBuf>) -> Option<PathBuf> {
+    match history {
+        Some(p) => Some(PathBuf::from(p)),
+        None => Some(data_dir?.join("runner").join("history.sqlite")),
     }
-    let base = var("XDG_DATA_HOME").map(PathBuf::from).or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".local/share")))?;
-    Some(base.join("runner").join("history.sqlite"))
 }
 
 /// `path` as the path of an SQLite `file:` URI: every byte but unreserved ones and `/`
@@ -903,13 +903,11 @@ mod tests {
         assert_eq!(rfc3339_utc(1_767_225_600 + 59), "2026-01-01T00:00:59Z");
         assert_eq!(rfc3339_utc(4_107_542_400), "2100-03-01T00:00:00Z", "2100 is no leap year");
 
-        let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |name: &str| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| std::ffi::OsString::from(v))
-        };
-        assert_eq!(path_from(env(&[("RUNNER_HISTORY", "/h.db"), ("HOME", "/home/a")])), Some(PathBuf::from("/h.db")));
-        assert_eq!(path_from(env(&[("XDG_DATA_HOME", "/x"), ("HOME", "/home/a")])), Some(PathBuf::from("/x/runner/history.sqlite")));
-        assert_eq!(path_from(env(&[("HOME", "/home/a")])), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
-        assert_eq!(path_from(env(&[])), None);
+        let data = || Some(PathBuf::from("/home/a/.local/share"));
+        assert_eq!(path_from(Some("/h.db".into()), data()), Some(PathBuf::from("/h.db")));
+        assert_eq!(path_from(Some("/h.db".into()), None), Some(PathBuf::from("/h.db")));
+        assert_eq!(path_from(None, data()), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
+        assert_eq!(path_from(None, None), None);
 
         let path = scratch("pragmas");
         let s = Store::open(&path).unwrap();

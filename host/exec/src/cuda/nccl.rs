@@ -123,10 +123,9 @@ pub fn nccl_library() -> Result<(), ExecError> {
 /// path; `None` when there is no `libnccl.so.2` or the link cannot be made.
 pub fn nccl_shim_dir() -> Option<PathBuf> {
     let target = find_nccl_so2()?;
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(std::env::temp_dir);
+    // The user's cache directory (an empty or relative $XDG_CACHE_HOME ignored, as the
+    // XDG spec says: the link never lands under the working directory).
+    let base = dirs::cache_dir().unwrap_or_else(std::env::temp_dir);
     let dir = base.join("runner").join("nccl-shim");
     std::fs::create_dir_all(&dir).ok()?;
     // Every rank of a node (and of a shared home) may do this at once: each makes its own
