@@ -183,8 +183,34 @@ pub fn reduce(g: &Graph, d: &Depth) -> Option<Graph> {
     if into_post.len() != into_k.len() {
         return None;
     }
+    // Which stream is which: where in its layer a tensor is made (the op's place among
+    // the layer's ops, the output's slot).
+    let mut made_at: HashMap<TensorId, (usize, usize)> = HashMap::default();
+    let mut ops_seen = vec![0usize; n];
+    for (i, op) in g.ops.iter().enumerate() {
+        if let Place::Layer(l) = places[i] {
+            let p = pos[&l];
+            for (slot, &o) in op.outputs.iter().enumerate() {
+                made_at.insert(o, (ops_seen[p], slot));
+            }
+            ops_seen[p] += 1;
+        }
+    }
+    // Where the last layer and layer k-1 are alike, each stream the head reads takes the
+    // one made at the same place in layer k-1: paired by order of first read instead, a
+    // head reading s before x where layer k reads x before s would cross them. Layers of
+    // different classes have no such correspondence; their streams pair in order, and
+    // the shape and dtype check below refuses what cannot be.
+    let pairs: Vec<(TensorId, TensorId)> = if d.class[n - 1] == d.class[k - 1] {
+        into_post
+            .iter()
+            .map(|a| into_k.iter().find(|&b| made_at.get(b) == made_at.get(a)).map(|&b| (*a, b)))
+            .collect::<Option<_>>()?
+    } else {
+        into_post.iter().copied().zip(into_k.iter().copied()).collect()
+    };
     let mut rename: HashMap<TensorId, TensorId> = HashMap::default();
-    for (&a, &b) in into_post.iter().zip(&into_k) {
+    for &(a, b) in &pairs {
         let (ta, tb) = (&g.tensors[a], &g.tensors[b]);
         if ta.shape != tb.shape || ta.dtype != tb.dtype {
             return None;
@@ -395,12 +421,15 @@ mod tests {
         let g = net(&layers, false, false, Head::Xx);
         let r = reduce(&g, &analyse(&g)).expect("reducible");
         assert_eq!(names(&r), ["embed", "fc0", "add0", "mix", "head", "loss"]);
-        // The head reads s then x, where a layer reads x then s: with s in F32 the
-        // interfaces pair a BF16 tensor with an F32 one, with s of shape (1, C, T) a
-        // (1, T, C) one with a (1, C, T) one (as many elements): not reduced.
-        let g = net_s(&layers, false, true, Head::Sx(3), DType::F32, [1, T, C]);
-        assert!(reduce(&g, &analyse(&g)).is_none());
-        let g = net_s(&layers, false, true, Head::Sx(3), DType::BF16, [1, C, T]);
-        assert!(reduce(&g, &analyse(&g)).is_none());
+        // The head reads s then x, where a layer reads x then s: each stream pairs with
+        // its own (s4 with s1, x4 with x1), not by order of reading, whether s is like x
+        // (where order would cross them silently) or differs in dtype or shape (where it
+        // would refuse to reduce).
+        for (sd, ss) in [(DType::BF16, [1, T, C]), (DType::F32, [1, T, C]), (DType::BF16, [1, C, T])] {
+            let g = net_s(&layers, false, true, Head::Sx(3), sd, ss);
+            let r = reduce(&g, &analyse(&g)).expect("reducible");
+            let mix = &r.ops[5];
+            assert_eq!((mix.name.as_str(), r.tensors[mix.inputs[0]].name.as_str(), r.tensors[mix.inputs[1]].name.as_str()), ("mix", "s1", "x1"), "{sd:?} {ss:?}");
+        }
     }
 }
