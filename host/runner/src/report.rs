@@ -264,8 +264,13 @@ pub fn si(v: f64) -> String {
     }
 }
 
-/// US dollars, rounded to what matters at the scale.
+/// US dollars, rounded to what matters at the scale; "n/a" for a value that is no amount
+/// (the host refuses non-finite quotes, so none should reach here: this keeps "$NaN" and
+/// "$inf" out of a table if one ever did).
 pub fn usd(v: f64) -> String {
+    if !v.is_finite() {
+        return "n/a".into();
+    }
     // The largest unit the value still reads at least 1 in once rounded: $999,960 is
     // $1.00M, not $1000.0K.
     let shown = |scale: f64, decimals: usize| format!("{:.decimals$}", v / scale);
@@ -430,6 +435,7 @@ mod tests {
         assert_eq!(usd(999_996e6), "$1.00T");
         assert_eq!(usd(999.999e12), "$1.00e15");
         assert_eq!(usd(994_000.0), "$994.0K");
+        assert_eq!([usd(f64::NAN), usd(f64::INFINITY), usd(f64::NEG_INFINITY)], ["n/a"; 3]);
         assert_eq!(si(8.03e9), "8.03B");
     }
 }
