@@ -1089,4 +1089,149 @@ mod tests {
         assert!(!proxy.operations.iter().any(|o| o.name.starts_with("mtp.")));
         assert_eq!(proxy.loss, "loss");
     }
+
+    /// The builder reports the first naming mistake at `finish` instead of panicking: a
+    /// duplicate tensor, a duplicate operation, an undeclared input or output, an
+    /// undeclared loss, and a reused weight declared with another shape; the first error
+    /// wins over later ones.
+    #[test]
+    fn builder_mistakes_surface_at_finish() {
+        let base = || {
+            let mut g = GraphBuilder::new();
+            let x = g.input("x", &[2, 4], Dtype::Int32);
+            let w = g.weight("w", &[4]);
+            (g, x, w)
+        };
+        let (mut g, ..) = base();
+        g.activation("x", &[2, 4], Dtype::Bf16);
+        g.op("other", OpKind::Add, &["nowhere"], &["x"], vec![], 0, ParallelRole::Sequence);
+        assert_eq!(g.finish("x").unwrap_err(), "tensor 'x' declared twice");
+        let (mut g, x, w) = base();
+        g.unary("y", OpKind::Add, &[&x, &w], &[2, 4], vec![], 0, ParallelRole::Sequence);
+        g.op("y", OpKind::Add, &[&x, &w], &["y"], vec![], 0, ParallelRole::Sequence);
+        assert_eq!(g.finish("y").unwrap_err(), "operation 'y' declared twice");
+        let (mut g, x, _) = base();
+        g.op("a", OpKind::Add, &[&x, "ghost"], &["x"], vec![], 0, ParallelRole::Sequence);
+        assert_eq!(g.finish("x").unwrap_err(), "operation 'a' uses undeclared tensor 'ghost'");
+        let (mut g, x, w) = base();
+        g.op("a", OpKind::Add, &[&x, &w], &["out"], vec![], 0, ParallelRole::Sequence);
+        assert_eq!(g.finish("x").unwrap_err(), "operation 'a' uses undeclared tensor 'out'");
+        let (g, ..) = base();
+        assert_eq!(g.finish("loss").unwrap_err(), "loss tensor 'loss' is not declared");
+        // Reuse: the same shape maps to the existing weight, another shape is an error.
+        let (mut g, ..) = base();
+        g.weight("m0.w", &[4, 4]);
+        g.reuse_weights("m1.", "m0.");
+        assert_eq!(g.weight("m1.w", &[4, 4]), "m0.w");
+        assert_eq!(g.weight("m1.w", &[4, 2]), "m1.w");
+        g.own_weights();
+        assert_eq!(g.finish("x").unwrap_err(), "weight 'm1.w' should reuse 'm0.w', which is not declared as [4, 2]");
+    }
+
+    /// Every setter of [`Layout`] writes its own field (and only it), the defaults are a
+    /// layout of one GPU per degree and one sequence per GPU, and GBS is either per GPU or
+    /// fixed, never both.
+    #[test]
+    fn layout_setters_write_their_fields() {
+        let base = Layout::new("H100", 8, 64, "BF16").0;
+        assert_eq!((base.tp, base.pp, base.cp, base.vp, base.ep, base.etp, base.fsdp, base.mbs), (1, 1, 1, 1, 1, 1, 0, 1));
+        assert_eq!((base.gbs_per_gpu, base.gbs_fixed, base.seq_len), (1.0, 0, 0));
+        assert!(!base.sequence_parallel && !base.distributed_optimizer && !base.overlap_grad_reduce && !base.overlap_param_gather);
+        let m = super::super::PublishedMeasurement { step_time_s: 1.5, tokens_per_s_per_gpu: 0.0, model_tflops_per_gpu: 0.0, gpus: 8, source: "s".into() };
+        let l = Layout::new("H100", 8, 64, "FP8")
+            .tp(2)
+            .pp(3)
+            .cp(4)
+            .vp(5)
+            .ep(6)
+            .etp(7)
+            .fsdp(8)
+            .mbs(9)
+            .sp()
+            .distributed_optimizer()
+            .recompute(RecomputeGranularity::Selective, 11)
+            .seq_len(4096)
+            .gbs_per_gpu(2.5)
+            .measured(m)
+            .source("src")
+            .0;
+        assert_eq!((l.tp, l.pp, l.cp, l.vp, l.ep, l.etp, l.fsdp, l.mbs), (2, 3, 4, 5, 6, 7, 8, 9));
+        assert!(l.sequence_parallel && l.distributed_optimizer && l.overlap_grad_reduce && l.overlap_param_gather);
+        assert_eq!((l.recompute, l.recompute_layers, l.seq_len), (RecomputeGranularity::Selective, 11, 4096));
+        assert_eq!((l.gbs_per_gpu, l.gbs_fixed, l.source.as_str()), (2.5, 0, "src"));
+        assert_eq!(l.measured.map(|m| (m.step_time_s, m.gpus)), Some((1.5, 8)));
+        let fixed = Layout::new("H100", 8, 64, "BF16").gbs_per_gpu(2.0).gbs_fixed(512).0;
+        assert_eq!((fixed.gbs_per_gpu, fixed.gbs_fixed), (0.0, 512));
+        let per_gpu = Layout::new("H100", 8, 64, "BF16").gbs_fixed(512).gbs_per_gpu(2.0).0;
+        assert_eq!((per_gpu.gbs_per_gpu, per_gpu.gbs_fixed), (2.0, 0));
+        let d = defaults(4096, 1e12, 3e-4);
+        assert_eq!((d.optimizer.as_str(), d.weight_decay, d.seq_len, d.learning_rate), ("adamw", 0.1, 4096, 3e-4));
+    }
+
+    /// `graph_for` builds one MTP module per depth (its own weights), `graph_for_with`
+    /// `Repeated` one set of weights; a request error names the variant.
+    #[test]
+    fn graph_for_resolves_the_variant_and_its_mtp_weights() {
+        let h = Hyperparameters { mtp_depth: 2, ..decoder(2, 64, 160, 4, 4, 100) };
+        let info = ModelInfo {
+            family: "fam".into(),
+            variants: vec![
+                variant("a", "fam", "c", decoder(2, 64, 160, 4, 4, 100), defaults(8, 1e9, 1e-4), []),
+                variant("b", "fam", "c", h, defaults(8, 1e9, 1e-4), [Layout::new("H100", 8, 8, "BF16")]),
+            ],
+        };
+        assert_eq!(info.variants[1].layouts.len(), 1);
+        let mut r = req(8, 1, 0);
+        r.variant = "b".into();
+        let own = graph_for(&info, &r).unwrap();
+        assert!(own.tensors.iter().any(|t| t.name == "mtp.1.attn.q.weight"));
+        let shared = graph_for_with(&info, &r, MtpWeights::Repeated).unwrap();
+        assert!(!shared.tensors.iter().any(|t| t.name == "mtp.1.attn.q.weight"));
+        assert!(weights(&shared) < weights(&own));
+        r.seq_len = 0;
+        assert_eq!(graph_for(&info, &r).unwrap_err(), "b: seq-len must be positive");
+        r.variant = "zz".into();
+        assert_eq!(graph_for(&info, &r).unwrap_err(), "unknown fam variant 'zz'; known variants: a, b");
+    }
+
+    /// Requests the builder refuses: an inference phase, and a sequence longer than a
+    /// learned position table (at the table's length it builds).
+    #[test]
+    fn inference_phases_and_long_learned_positions_are_refused() {
+        let h = decoder(2, 64, 160, 4, 4, 100);
+        let prefill = GraphRequest { phase: Phase::Prefill(super::super::InferenceShape { kv_len: 8, concurrency: 1 }), ..req(8, 1, 0) };
+        assert!(transformer_graph(&h, &prefill).unwrap_err().contains("only training graphs"));
+        let learned = Hyperparameters { position: PositionScheme::Learned, max_position: 16, ..h };
+        assert!(transformer_graph(&learned, &req(16, 1, 0)).is_ok());
+        assert!(transformer_graph(&learned, &req(17, 1, 0)).unwrap_err().contains("seq-len 17 exceeds the learned position table (16"));
+    }
+
+    /// Paths no shipped family takes: a gated dense MLP with biases (each of gate, up and
+    /// down has one), two shared experts without a shared width (2 x expert width), MLA
+    /// sizes given with GQA attention (the `attention` field decides), a pattern's `E`
+    /// without a MoE config (never a MoE layer), GeGLU's own op, and `decoder`'s MHA/GQA.
+    #[test]
+    fn biased_gated_mlp_shared_experts_and_attention_choice() {
+        let biased = Hyperparameters { bias: true, ..decoder(1, 64, 160, 4, 4, 100) };
+        let g = transformer_graph(&biased, &req(8, 1, 0)).unwrap();
+        for n in ["gate", "up", "down"] {
+            assert!(g.tensors.iter().any(|t| t.name == format!("layers.0.mlp.{n}.bias")), "mlp.{n}.bias");
+        }
+        let mut h = decoder(1, 64, 160, 4, 4, 100);
+        h.moe = Some(MoeConfig { shared_experts: 2, ..moe(4, 2, 32) });
+        let g = transformer_graph(&h, &req(8, 1, 0)).unwrap();
+        let up = g.tensors.iter().find(|t| t.name == "layers.0.moe.shared.up.weight").unwrap();
+        assert_eq!(up.shape, [64, 64]);
+        let mla = MlaConfig { q_lora_rank: 0, kv_lora_rank: 16, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16 };
+        let gqa = Hyperparameters { mla: Some(mla), ..decoder(1, 64, 160, 4, 2, 100) };
+        let g = transformer_graph(&gqa, &req(8, 1, 0)).unwrap();
+        assert!(g.tensors.iter().any(|t| t.name == "layers.0.attn.k.weight"));
+        assert!(!g.operations.iter().any(|o| o.name.contains("kv_norm")));
+        let pattern = Hyperparameters { layer_pattern: "*E".into(), layers: 2, ..decoder(2, 64, 160, 4, 4, 100) };
+        assert!(!is_moe_layer(&pattern, 1));
+        let geglu = Hyperparameters { activation: ActivationKind::Geglu, ..decoder(1, 64, 160, 4, 4, 100) };
+        let g = transformer_graph(&geglu, &req(8, 1, 0)).unwrap();
+        assert_eq!(g.operations.iter().find(|o| o.name == "layers.0.mlp.act").unwrap().kind, OpKind::Geglu);
+        assert_eq!((decoder(1, 64, 160, 4, 4, 100).attention, decoder(1, 64, 160, 4, 2, 100).attention), (AttentionKind::Mha, AttentionKind::Gqa));
+    }
 }
