@@ -332,4 +332,30 @@ mod tests {
         // Only the MTP modules share: the main stack and the head are as before.
         assert_eq!(ops(&shared, "layers."), ops(&own, "layers."));
     }
+
+    /// The mixer's wiring, which parameter and FLOP counts cannot see: the scan reads
+    /// x, dt, B, C in that order (B and C have one shape), the gate is silu(z)·y (z first),
+    /// the grouped norm has the model's epsilon, the projections to z, x, B, C and dt split
+    /// by columns, the convolutions by heads like the scan, out_proj by rows, and the
+    /// residual add is a sequence-parallel op like every other layer's.
+    #[test]
+    fn mixer_wiring_roles_and_attributes() {
+        let h = Hyperparameters { norm_eps: 1e-4, ..small("M") };
+        let g = transformer_graph(&h, &req(0)).unwrap();
+        let op = |n: &str| g.operations.iter().find(|o| o.name == n).unwrap_or_else(|| panic!("no op {n}"));
+        let q = "layers.0.mixer";
+        let scan: Vec<String> = ["conv_x", "dt", "conv_b", "conv_c", "scan.a_log", "scan.d", "scan.dt_bias"].iter().map(|n| format!("{q}.{n}")).collect();
+        assert_eq!(op(&format!("{q}.scan")).inputs, scan);
+        assert_eq!(op(&format!("{q}.gate")).inputs, [format!("{q}.z"), format!("{q}.scan")]);
+        assert!(matches!(op(&format!("{q}.norm")).attrs[..], [ref a] if a.key == "eps" && matches!(a.value, AttrValue::Float(e) if e == 1e-4)));
+        for proj in ["z", "x", "b", "c", "dt"] {
+            assert_eq!(op(&format!("{q}.{proj}")).role, ParallelRole::ColumnParallel, "{proj}");
+        }
+        assert_eq!(op(&format!("{q}.out")).role, ParallelRole::RowParallel);
+        for conv in ["conv_x", "conv_b", "conv_c"] {
+            assert_eq!(op(&format!("{q}.{conv}")).role, ParallelRole::HeadParallel, "{conv}");
+        }
+        assert_eq!(op("layers.0.residual").role, ParallelRole::Sequence);
+        assert_eq!(op("layers.0.residual").inputs, ["embed", "layers.0.mixer.out"]);
+    }
 }
