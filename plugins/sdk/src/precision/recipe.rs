@@ -280,4 +280,54 @@ mod tests {
         assert!(e.contains("H100") && e.contains("compute capability 90"), "{e}");
         assert!(plan_with(&request("H100"), "fp8", |s| hybrid(s, delayed), |_| false).is_ok());
     }
+
+    /// Each recipe's operands as its library states them, role by role: delayed scaling
+    /// keeps TE's 1024-step history reduced by max; HYBRID is E4M3 for activations and
+    /// weights; blockwise FP8 is 1x128 activation and gradient blocks along the reduction
+    /// axis and 128x128 weight tiles, all with power-of-two scales; NVFP4 has 16x16 weight
+    /// tiles whatever the role, and its Hadamard transform is on the weight-gradient GEMM's
+    /// two inputs only (never on the weight).
+    #[test]
+    fn recipe_operands_per_role() {
+        let d = delayed(Dtype::Fp8E4m3);
+        assert_eq!((d.amax_history, d.amax_reduction, d.recipe), (1024, AmaxReduction::Max, ScalingRecipe::Delayed));
+        let shape = |b: BlockShape| (b.rows, b.cols);
+        for role in [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient] {
+            let s = site(0, role);
+            let h = hybrid(&s, current);
+            assert_eq!((h.activation.format, h.weight.format, h.gradient.format), (Dtype::Fp8E4m3, Dtype::Fp8E4m3, Dtype::Fp8E5m2));
+            let b = blockwise(&s);
+            let one_d = if role == GemmRole::WeightGradient { (128, 1) } else { (1, 128) };
+            assert_eq!((shape(b.activation.block), shape(b.gradient.block), shape(b.weight.block)), (one_d, one_d, (128, 128)), "{role:?}");
+            for o in [b.activation, b.weight, b.gradient] {
+                assert_eq!((o.scale_format, o.scale_rounding), (ScaleFormat::Fp32, ScaleRounding::PowerOfTwoUp), "{role:?}");
+            }
+            let n = nvfp4(&s);
+            let rht = if role == GemmRole::WeightGradient { 16 } else { 0 };
+            assert_eq!((n.activation.hadamard, n.gradient.hadamard, n.weight.hadamard), (rht, rht, 0), "{role:?}");
+            assert_eq!(shape(n.weight.block), (16, 16), "{role:?}");
+        }
+    }
+
+    /// A device that runs a plan runs each of its three operands' formats (a weight in
+    /// MXFP8 on Hopper is not run), and counts emulated formats as run; the sample request
+    /// carries the head (layer -1) beside four linears per layer, three roles each.
+    #[test]
+    fn runs_checks_every_operand_and_the_sample_has_the_head() {
+        let hopper = request("H100").device;
+        let mut p = hybrid(&site(0, GemmRole::Forward), delayed);
+        assert!(runs(&hopper, &p));
+        p.weight = blocks(Dtype::Mxfp8, 1, 32, ScaleFormat::E8m0, ScaleRounding::PowerOfTwoUp);
+        assert!(!runs(&hopper, &p));
+        let emulating = DeviceCapabilities { native_formats: vec![Dtype::Fp32], emulated_formats: vec![Dtype::Mxfp8], ..hopper };
+        assert!(runs(&emulating, &mxfp8(&site(0, GemmRole::Forward))));
+        let sample = sample_request("H100", 2);
+        assert_eq!(sample.sites.len(), 3 * (2 * 4 + 1));
+        assert_eq!(sample.sites.iter().filter(|s| s.layer == -1 && s.name == "lm_head").count(), 3);
+        assert!(!sample.device.native_formats.contains(&Dtype::Mxfp8));
+        assert!(sample_request("cpu", 1).device.emulated_formats.contains(&Dtype::Nvfp4));
+        // The caller's `high` keeps a site BF16 too.
+        let kept = plan_with(&request("B200"), "fp8", |s| hybrid(s, delayed), |s| s.layer == 1).unwrap();
+        assert!(request("B200").sites.iter().zip(&kept).all(|(s, p)| is_low_precision(p.activation.format) == (s.layer == 0)));
+    }
 }
