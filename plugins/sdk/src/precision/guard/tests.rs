@@ -313,3 +313,288 @@ fn the_global_fallback_ending_with_every_layer_pinned_promotes_nothing() {
     assert!(!r.actions.iter().any(|a| matches!(a, Action::Repromote(_))), "{:?}", r.actions);
     assert!(r.actions.iter().any(|a| matches!(a, Action::Alert(m) if m.contains("global BF16 fallback ends"))), "{:?}", r.actions);
 }
+
+/// The defaults are the numbers docs/PLUGINS.md ("Fallback rules") documents: warm-up 20
+/// steps, loss EMA alpha 0.1, z > 6 for 2 steps or > 10 once, 10x the largest loss, 5x the
+/// gradient-norm EMA, 0.1 % saturated for 3 steps, amax x16, 25 % underflow, 50 clean steps
+/// to return, the third demotion pins, at most half the layers demoted, roll back 1 step
+/// and skip 2 batches, a second spike within 50 steps goes global.
+#[test]
+fn the_defaults_are_the_documented_ones() {
+    let want = Rules {
+        warmup_steps: 20,
+        ema_alpha: 0.1,
+        loss_z: 6.0,
+        loss_z_steps: 2,
+        loss_z_now: 10.0,
+        loss_spike_factor: 10.0,
+        grad_norm_ratio: 5.0,
+        saturation_rate: 1e-3,
+        saturation_steps: 3,
+        amax_jump: 16.0,
+        underflow_rate: 0.25,
+        promote_after: 50,
+        max_demotions: 3,
+        max_bf16_share: 0.5,
+        rollback_steps: 1,
+        skip_batches: 2,
+        rollback_cooldown: 50,
+    };
+    assert_eq!(Rules::default(), want);
+}
+
+fn skipped(r: &StepResponse) -> bool {
+    matches!(r.actions.first(), Some(Action::SkipStep))
+}
+
+/// Each non-finite signal alone skips the step: the loss flag (a finite value with the
+/// flag down), the gradients flag, one operand's flag, and a layer's flag; the origin
+/// skips the BF16 head (layer -1), a NaN in the input-gradient GEMM's weight counts as
+/// backward (the last such layer is blamed), a layer flag alone blames the first flagged,
+/// and the alert lists the layers.
+#[test]
+fn each_non_finite_signal_skips_and_blames_its_origin() {
+    let rules = Rules::default();
+    let state = healthy(&rules, fresh(), 0, 3);
+    let mut m = metrics(3, 3.0, 1.0, state.clone(), |_, _, _| {});
+    m.loss_finite = false;
+    assert!(skipped(&on_step(&rules, &m).unwrap()));
+    let mut m = metrics(3, 3.0, 1.0, state.clone(), |_, _, _| {});
+    m.grads_finite = false;
+    assert!(skipped(&on_step(&rules, &m).unwrap()));
+    // Forward operands in layers -1 and 2: layer 2 is the low-precision origin.
+    let r = on_step(&rules, &metrics(3, 3.0, 1.0, state.clone(), |l, o, m| m.nonfinite = (l == -1 || l == 2) && o == Operand::Activation)).unwrap();
+    assert!(skipped(&r));
+    assert!(has_fallback(&r.actions, 2, FallbackScope::AllGemms), "{:?}", r.actions);
+    assert!(r.actions.iter().any(|a| matches!(a, Action::Alert(m) if m.contains("(layers [-1, 2])"))), "{:?}", r.actions);
+    // The weight operand of the input-gradient GEMMs (site role 1) of layers 1 and 2.
+    let mut m = metrics(3, 3.0, 1.0, state.clone(), |l, o, m| m.nonfinite = (l == 1 || l == 2) && o == Operand::Weight);
+    for (i, s) in m.sites.iter_mut().enumerate() {
+        if i % 3 != 1 {
+            s.operands.iter_mut().for_each(|o| o.nonfinite = false);
+        }
+    }
+    let r = on_step(&rules, &m).unwrap();
+    assert!(has_fallback(&r.actions, 2, FallbackScope::AllGemms), "{:?}", r.actions);
+    // Only layer flags.
+    let mut m = metrics(3, 3.0, 1.0, state, |_, _, _| {});
+    for l in &mut m.layers {
+        l.nonfinite = l.layer >= 1;
+    }
+    let r = on_step(&rules, &m).unwrap();
+    assert!(skipped(&r));
+    assert!(has_fallback(&r.actions, 1, FallbackScope::AllGemms), "{:?}", r.actions);
+}
+
+/// The amax-jump rule's edges: it counts from the step the warm-up ends (seen ==
+/// warmup_steps), ignores BF16 operands (the head) and gradients, keeps the amax from
+/// before the outlier (the same outlier next step is a second jump, which demotes),
+/// reports the largest ratio of the layer, and names the GEMM's role.
+#[test]
+fn amax_jump_edges() {
+    let rules = Rules::default();
+    let at_warm = healthy(&rules, fresh(), 0, rules.warmup_steps);
+    let act = |layer: i32, amax: f64| move |l: i32, o: Operand, m: &mut OperandMetrics| {
+        if l == layer && o == Operand::Activation {
+            m.amax = amax;
+        }
+    };
+    let r = on_step(&rules, &metrics(20, 3.0, 1.0, at_warm.clone(), act(1, 1000.0))).unwrap();
+    assert!(r.actions.iter().any(|a| matches!(a, Action::ResetAmax(s) if s.layers == [1])), "{:?}", r.actions);
+    let r2 = on_step(&rules, &metrics(21, 3.0, 1.0, r.state, act(1, 1000.0))).unwrap();
+    assert!(has_fallback(&r2.actions, 1, FallbackScope::AllGemms), "the outlier again is a second jump: {:?}", r2.actions);
+    // BF16 operands (layer -1) and gradients do not jump.
+    let r = on_step(&rules, &metrics(20, 3.0, 1.0, at_warm.clone(), act(-1, 1000.0))).unwrap();
+    assert!(r.actions.is_empty(), "{:?}", r.actions);
+    let grad = |l: i32, o: Operand, m: &mut OperandMetrics| {
+        if l == 1 && o == Operand::Gradient {
+            m.amax = 1000.0;
+        }
+    };
+    assert!(on_step(&rules, &metrics(20, 3.0, 1.0, at_warm.clone(), grad)).unwrap().actions.is_empty());
+    // Two operands jump x100 and x20: the alert reports x100, in the input-gradient GEMM.
+    let mut m = metrics(20, 3.0, 1.0, at_warm, |_, _, _| {});
+    m.sites[2 * 3 + 1].operands[1].amax = 100.0; // layer 1's input-gradient weight
+    m.sites[2 * 3].operands[0].amax = 20.0; // layer 1's forward activation
+    let r = on_step(&rules, &m).unwrap();
+    assert!(
+        r.actions.iter().any(|a| matches!(a, Action::Alert(s) if s.contains("x100 in layer 1 (weight of the input-gradient GEMM"))),
+        "{:?}",
+        r.actions
+    );
+}
+
+/// Saturation acts on a run of saturated steps only: a clean step restarts the count, the
+/// warm-up never acts however long the run, and a layer whose amax jumps that step is
+/// left to the jump's rule.
+#[test]
+fn saturation_counts_runs_after_the_warm_up_outside_jumps() {
+    let rules = Rules::default();
+    let sat = |l: i32, o: Operand, m: &mut OperandMetrics| {
+        if l == 3 && o == Operand::Gradient {
+            m.saturation_rate = 0.01;
+        }
+    };
+    let changed = |r: &StepResponse| r.actions.iter().any(|a| matches!(a, Action::ChangeRecipe(_)));
+    let mut state = fresh();
+    for step in 0..5 {
+        let r = on_step(&rules, &metrics(step, 3.0, 1.0, state, sat)).unwrap();
+        assert!(r.actions.is_empty(), "warm-up step {step}: {:?}", r.actions);
+        state = r.state;
+    }
+    let warm = healthy(&rules, fresh(), 0, 25);
+    let mut state = warm.clone();
+    for (step, saturated) in [(25, true), (26, true), (27, false), (28, true), (29, true)] {
+        let r = on_step(&rules, &metrics(step, 3.0, 1.0, state, if saturated { sat } else { |_: i32, _: Operand, _: &mut OperandMetrics| {} })).unwrap();
+        assert!(!changed(&r), "step {step}: {:?}", r.actions);
+        state = r.state;
+    }
+    assert!(changed(&on_step(&rules, &metrics(30, 3.0, 1.0, state, sat)).unwrap()));
+    // The third saturated step brings an amax jump in the same layer: only the jump's rule.
+    let mut state = warm;
+    for step in 25..27 {
+        state = on_step(&rules, &metrics(step, 3.0, 1.0, state, sat)).unwrap().state;
+    }
+    let both = |l: i32, o: Operand, m: &mut OperandMetrics| {
+        sat(l, o, m);
+        if l == 3 && o == Operand::Activation {
+            m.amax = 1000.0;
+        }
+    };
+    let r = on_step(&rules, &metrics(27, 3.0, 1.0, state, both)).unwrap();
+    assert!(r.actions.iter().any(|a| matches!(a, Action::ResetAmax(s) if s.layers == [3])), "{:?}", r.actions);
+    assert!(!changed(&r), "{:?}", r.actions);
+}
+
+/// Underflow counts on gradients only; it never narrows a layer already in BF16 for all
+/// GEMMs to its backward; and a demoted layer that underflows again starts its clean count
+/// over.
+#[test]
+fn underflow_edges() {
+    let rules = Rules { promote_after: 4, ..Rules::default() };
+    let under = |o_want: Operand| move |l: i32, o: Operand, m: &mut OperandMetrics| {
+        if l == 0 && o == o_want {
+            m.underflow_rate = 0.9;
+        }
+    };
+    assert!(on_step(&rules, &metrics(2, 3.0, 1.0, fresh(), under(Operand::Activation))).unwrap().actions.is_empty());
+    let nan = on_step(&rules, &metrics(2, f64::NAN, 1.0, fresh(), |l, o, m| m.nonfinite = l == 0 && o == Operand::Weight)).unwrap();
+    assert!(has_fallback(&nan.actions, 0, FallbackScope::AllGemms));
+    let r = on_step(&rules, &metrics(3, 3.0, 1.0, nan.state, under(Operand::Gradient))).unwrap();
+    assert!(!r.actions.iter().any(|a| matches!(a, Action::Fallback(_))), "{:?}", r.actions);
+    // Backward demoted at step 0; clean 1..=3; underflow again at 4; back 4 clean steps later.
+    let mut state = on_step(&rules, &metrics(0, 3.0, 1.0, fresh(), under(Operand::Gradient))).unwrap().state;
+    let mut back = Vec::new();
+    for step in 1..10 {
+        let r = if step == 4 {
+            on_step(&rules, &metrics(step, 3.0, 1.0, state, under(Operand::Gradient))).unwrap()
+        } else {
+            on_step(&rules, &metrics(step, 3.0, 1.0, state, |_, _, _| {})).unwrap()
+        };
+        if r.actions.iter().any(|a| matches!(a, Action::Repromote(p) if p.sites.layers == [0])) {
+            back.push(step);
+        }
+        state = r.state;
+    }
+    assert_eq!(back, [8]);
+}
+
+/// The loss-spike rule's parts, each alone: z above `loss_z` on the second step in a row
+/// (not the first; the run restarts after a rollback), above the largest loss times
+/// `loss_spike_factor` (not the mean's), no rollback on a step already skipped, a second
+/// spike 50 steps after the first (the cooldown) only rolls back, and a third within the
+/// cooldown does not start a second global fallback.
+#[test]
+fn loss_spike_edges() {
+    let rules = Rules::default();
+    let base = healthy(&rules, fresh(), 0, 30);
+    let rolled = |r: &StepResponse| r.actions.iter().any(|a| matches!(a, Action::Rollback(_)));
+    let global = |r: &StepResponse| r.actions.iter().any(|a| matches!(a, Action::FallbackGlobal(_)));
+    let z8 = |state: &[u8]| {
+        let m = Memory::decode(state).unwrap();
+        m.loss_mean + 8.0 * m.loss_var.sqrt()
+    };
+    let r30 = on_step(&rules, &metrics(30, z8(&base), 1.0, base.clone(), |_, _, _| {})).unwrap();
+    assert!(!rolled(&r30), "one step at z 8: {:?}", r30.actions);
+    let r31 = on_step(&rules, &metrics(31, z8(&r30.state), 1.0, r30.state.clone(), |_, _, _| {})).unwrap();
+    assert!(rolled(&r31), "two steps at z 8: {:?}", r31.actions);
+    let r32 = on_step(&rules, &metrics(32, z8(&r31.state), 1.0, r31.state, |_, _, _| {})).unwrap();
+    assert!(!rolled(&r32), "the run restarts after a rollback: {:?}", r32.actions);
+    // The factor rule alone (z rules off): above 10x the largest loss, not 10x the mean.
+    let factor = Rules { loss_z: 1e9, loss_z_now: 1e9, ..Rules::default() };
+    let state = healthy(&factor, fresh(), 0, 30);
+    let m = Memory::decode(&state).unwrap();
+    let between = 10.0 * m.max_loss - 0.05;
+    assert!(between > 10.0 * m.loss_mean, "max {} mean {}", m.max_loss, m.loss_mean);
+    assert!(!rolled(&on_step(&factor, &metrics(30, between, 1.0, state.clone(), |_, _, _| {})).unwrap()));
+    assert!(rolled(&on_step(&factor, &metrics(30, 10.0 * m.max_loss + 0.05, 1.0, state, |_, _, _| {})).unwrap()));
+    // A spike on a step an amax jump already skips: no rollback.
+    let jump = |l: i32, o: Operand, m: &mut OperandMetrics| {
+        if l == 1 && o == Operand::Activation {
+            m.amax = 1000.0;
+        }
+    };
+    let r = on_step(&rules, &metrics(30, 3.5, 1.0, base.clone(), jump)).unwrap();
+    assert!(skipped(&r) && !rolled(&r), "{:?}", r.actions);
+    // Spikes at 30 and 80 (50 steps apart): two rollbacks, no global fallback.
+    let first = on_step(&rules, &metrics(30, 3.5, 1.0, base.clone(), |_, _, _| {})).unwrap();
+    let state = healthy(&rules, first.state.clone(), 31, 49);
+    let r = on_step(&rules, &metrics(80, 3.5, 1.0, state, |_, _, _| {})).unwrap();
+    assert!(rolled(&r) && !global(&r), "{:?}", r.actions);
+    // Spikes at 30, 36 (global) and 38: the third rolls back without a second global.
+    let state = healthy(&rules, first.state, 31, 5);
+    let second = on_step(&rules, &metrics(36, 4.0, 1.0, state, |_, _, _| {})).unwrap();
+    assert!(global(&second));
+    let state = healthy(&rules, second.state, 37, 1);
+    let third = on_step(&rules, &metrics(38, 4.0, 1.0, state, |_, _, _| {})).unwrap();
+    assert!(rolled(&third) && !global(&third), "{:?}", third.actions);
+}
+
+/// A list length just past what the blob holds is refused as such (before reading it),
+/// and a policy without rules alerts on non-finite gradients as on a non-finite loss.
+#[test]
+fn short_lists_and_no_fallback_gradients() {
+    let mut short = TAG.to_vec();
+    short.extend_from_slice(&13u64.to_le_bytes());
+    assert!(Memory::decode(&short).unwrap_err().contains("a list of 13 entries in 12 bytes"));
+    let r = no_fallback("fp8", &metrics(5, 3.0, f64::NAN, vec![0], |_, _, _| {}));
+    assert_eq!(r.state, [1]);
+    assert!(matches!(&r.actions[..], [Action::Alert(m)] if m.contains("fp8 has no fallback rules")), "{:?}", r.actions);
+    // The next non-finite step of the run: no second alert.
+    let r = no_fallback("fp8", &metrics(6, f64::NAN, 1.0, r.state, |_, _, _| {}));
+    assert_eq!((r.actions.len(), r.state), (0, vec![1]));
+}
+
+/// A demoted layer's clean count restarts when saturation in its low-precision part
+/// changes its recipe (it was implicated that step): backward demoted at step 25 with
+/// re-promotion after 4 clean steps, its forward activation saturated at 26..=28 (recipe
+/// changed at 28): back at 32, not 29.
+#[test]
+fn saturation_in_a_demoted_layer_restarts_its_clean_count() {
+    let rules = Rules { promote_after: 4, ..Rules::default() };
+    let mut state = healthy(&rules, fresh(), 0, 25);
+    let mut back = Vec::new();
+    let mut changed = Vec::new();
+    for step in 25..34 {
+        let r = on_step(&rules, &metrics(step, 3.0, 1.0, state, |l, o, m| {
+            if l == 3 && o == Operand::Gradient && step == 25 {
+                m.underflow_rate = 0.9;
+            }
+            if l == 3 && o == Operand::Activation && (26..=28).contains(&step) {
+                m.saturation_rate = 0.01;
+            }
+        }))
+        .unwrap();
+        if step == 25 {
+            assert!(has_fallback(&r.actions, 3, FallbackScope::BackwardOnly), "{:?}", r.actions);
+        }
+        if r.actions.iter().any(|a| matches!(a, Action::ChangeRecipe(c) if c.sites.layers == [3])) {
+            changed.push(step);
+        }
+        if r.actions.iter().any(|a| matches!(a, Action::Repromote(p) if p.sites.layers == [3])) {
+            back.push(step);
+        }
+        state = r.state;
+    }
+    assert_eq!((changed, back), (vec![28], vec![32]));
+}
