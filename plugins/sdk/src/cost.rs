@@ -863,4 +863,78 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
         let err = validate_quote(&r, &q, &offerings).unwrap_err();
         assert!(err.contains("non-finite or negative quantity"), "{err}");
     }
+
+    /// The CSV reader's cell rules: `""` inside quotes is a quote, an unterminated quote
+    /// and a row short of the header's columns are errors at their line, cells are
+    /// trimmed, every `;`-separated caveat counts, an empty region is refused, and rows of
+    /// one instance that disagree on the interconnect are refused like other hardware.
+    #[test]
+    fn csv_cells_quotes_caveats_and_rows() {
+        let head = "instance,gpu,gpus_per_node,region,on_demand,source,caveats,interconnect_gbps\n";
+        let one = |row: &str| offerings_from_csv(&format!("{head}{row}\n"), BILLING);
+        let o = one(" x , H100 ,8,east,1,\"page \"\"A\"\", [SUSPECT: odd] [LOWER BOUND: from]\",lower-bound; suspect,400").unwrap();
+        assert_eq!((o[0].instance.as_str(), o[0].gpu.as_str()), ("x", "H100"));
+        assert_eq!(o[0].prices[0].source, "page \"A\", [SUSPECT: odd] [LOWER BOUND: from] | billing: test");
+        assert_eq!(o[0].prices[0].caveats, [PriceCaveat::LowerBound, PriceCaveat::Suspect]);
+        assert_eq!(o[0].interconnect_gbps, 400.0);
+        assert_eq!(one("x,H100,8,east,1,\"page,").unwrap_err(), "price list line 2: unterminated quote");
+        assert_eq!(one("x,H100,8,east,1,page").unwrap_err(), "price list line 2: 6 cells, but the header names 8 columns");
+        assert!(one("x,H100,8,,1,page,,").unwrap_err().contains("line 2: instance and region must not be empty"));
+        let two = format!("{head}x,H100,8,east,1,page,,400\nx,H100,8,west,1,page,,200\n");
+        assert!(offerings_from_csv(&two, BILLING).unwrap_err().contains("line 3: x differs in hardware"));
+    }
+
+    /// The shorthands' defaults (a node is its own NVLink domain, sold one at a time; a
+    /// price billed per second without minimum), an option's own minimum under a cloud
+    /// without a note, and the audit: it runs the host's rules first, wants a source on
+    /// every price and a reason for a resale one, and sizes GB300 trays like GB200's.
+    #[test]
+    fn shorthand_defaults_option_rules_and_the_audit() {
+        let p = Price::hourly("r", PurchaseOption::OnDemand, 10.0);
+        assert_eq!((p.billing_increment_s, p.minimum_charge_s, p.upfront_usd_per_node), (1, 0, 0.0));
+        let o = Offering::nodes("x", "H100", 8, vec![p.clone()]);
+        assert_eq!((o.scale_up_domain, o.node_multiple), (8, 1));
+        let quiet = Billing { note: "", ..BILLING };
+        let csv = "instance,gpu,gpus_per_node,region,capacity_block,source\nx,H100,8,east,7,page\n";
+        let block = &offerings_from_csv(csv, quiet).unwrap()[0].prices[0];
+        assert_eq!((block.billing_increment_s, block.minimum_charge_s, block.source.as_str()), (86_400, 86_400, "page | capacity blocks: whole days"));
+        let dated = |source: &str, caveats: Vec<PriceCaveat>| Price { effective_date: "2026-01-01".into(), source: source.into(), caveats, ..p.clone() };
+        let audit = |gpu: &str, per_node: u32, domain: u32, price: Price| {
+            audit_price_list(&[Offering { scale_up_domain: domain, ..Offering::nodes("x", gpu, per_node, vec![price]) }])
+        };
+        assert!(audit("H100", 8, 8, dated(" ", vec![])).unwrap_err().contains("x in r (on-demand): no source"));
+        assert!(audit("H100", 8, 8, dated("page", vec![PriceCaveat::Resale])).unwrap_err().contains("caveated RESALE"));
+        audit("H100", 8, 8, dated("page [RESALE: a marketplace]", vec![PriceCaveat::Resale])).unwrap();
+        assert!(audit("GB300", 8, 8, dated("page", vec![])).unwrap_err().contains("4-GPU tray in a 72-GPU"));
+        audit("GB300", 4, 72, dated("page", vec![])).unwrap();
+        let free = Price { usd_per_node_hour: 0.0, ..dated("page", vec![]) };
+        assert!(audit("H100", 8, 8, free).unwrap_err().contains("the price is zero"));
+    }
+
+    /// A quote's edges: infinite hours are refused, the upfront line of a caveated price
+    /// is an estimate carrying the caveats, a run starting on the price's own date gets no
+    /// "took effect after" warning, and storage or egress not asked for get no line.
+    #[test]
+    fn quote_edges_hours_upfront_caveats_and_start_date() {
+        let offerings = offerings();
+        assert!(standard_quote(&offerings, &request("big", "east", f64::INFINITY)).unwrap_err().contains("hours must be a finite"));
+        let mut r = request("big", "east", 1.0);
+        r.start_date = "2026-09-20".into();
+        let q = standard_quote(&offerings, &r).unwrap();
+        assert!(q.warnings.is_empty());
+        assert_eq!(q.lines.len(), 1, "no storage or egress asked: no line for them");
+        let term = |option, usd, upfront| Price { upfront_usd_per_node: upfront, caveats: vec![PriceCaveat::LowerBound], ..Price::hourly("r", option, usd) };
+        let partial = vec![Offering::nodes(
+            "u",
+            "H100",
+            8,
+            vec![term(PurchaseOption::OnDemand, 10.0, 0.0), term(PurchaseOption::OneYearPartialUpfront, 4.0, 1000.0)],
+        )];
+        let mut r = request("u", "r", 10.0);
+        r.option = PurchaseOption::OneYearPartialUpfront;
+        let q = standard_quote(&partial, &r).unwrap();
+        assert_eq!(q.lines[1].category, LineCategory::Upfront);
+        assert!(q.lines[1].estimate);
+        assert_eq!(q.lines[1].caveats, [PriceCaveat::LowerBound]);
+    }
 }
