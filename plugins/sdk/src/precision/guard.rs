@@ -355,7 +355,9 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     // Non-finite values: skip; demote the low-precision layer they start in. A NaN
     // spreads forward through the later layers and backward into every gradient, so the
     // origin is the first layer whose forward operands hold one, else the last layer
-    // whose gradients do, else the first layer flagged.
+    // whose gradients do, else the first layer flagged. A layer already partly in BF16
+    // (its backward after underflow, say) widens to all GEMMs: left as it was, each such
+    // step was skipped and its clean count never moved, so it stayed stuck.
     let mut forward_bad: Vec<i32> = Vec::new();
     let mut backward_bad: Vec<i32> = Vec::new();
     for sm in &metrics.sites {
@@ -382,7 +384,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     if !loss_ok || !metrics.grads_finite || !bad_layers.is_empty() {
         s.skip = true;
         if let Some(l) = origin
-            && s.mem.layers.iter().any(|x| x.layer == l && x.scope == 0)
+            && s.mem.layers.iter().any(|x| x.layer == l && x.scope != scope_code(FallbackScope::AllGemms))
         {
             s.demote(l, FallbackScope::AllGemms, "non-finite values start in its GEMM operands");
         }

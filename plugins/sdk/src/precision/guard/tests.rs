@@ -197,6 +197,15 @@ fn gradient_underflow_demotes_the_backward() {
     }))
     .unwrap();
     assert!(has_fallback(&r.actions, 0, FallbackScope::BackwardOnly), "{:?}", r.actions);
+    // Then a NaN starts in layer 0's forward (still FP8): the layer widens to all GEMMs,
+    // where it stayed backward-only and every such step was skipped.
+    let nan = |l: i32, o: Operand, m: &mut OperandMetrics| m.nonfinite = o == Operand::Gradient || (l >= 0 && o == Operand::Activation);
+    let r = on_step(&rules, &metrics(3, f64::NAN, f64::NAN, r.state, nan)).unwrap();
+    assert!(matches!(r.actions[0], Action::SkipStep));
+    assert!(has_fallback(&r.actions, 0, FallbackScope::AllGemms), "{:?}", r.actions);
+    // Already in BF16 for every GEMM: nothing left to widen, the step is skipped alone.
+    let r = on_step(&rules, &metrics(4, f64::NAN, f64::NAN, r.state, nan)).unwrap();
+    assert!(matches!(r.actions[0], Action::SkipStep) && !r.actions.iter().any(|a| matches!(a, Action::Fallback(_))), "{:?}", r.actions);
 }
 
 #[test]
