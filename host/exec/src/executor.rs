@@ -624,6 +624,10 @@ impl<D: Device> Executor<D> {
     pub fn set_profile(&mut self, on: bool) {
         self.options.profile = on;
     }
+    /// Whether per-op timing is on ([`Executor::set_profile`], [`ExecOptions::profile`]).
+    pub fn profiling(&self) -> bool {
+        self.options.profile
+    }
     /// Timings of the last forward, backward and optimizer step.
     pub fn profile(&self) -> &StepProfile {
         &self.profile

@@ -103,7 +103,8 @@ impl Default for TimingOptions {
 }
 
 /// Run `opts.warmup` untimed and `opts.repeats` timed training steps of `ex` on the
-/// same `inputs`, with per-op profiling on. `on_step(step, steps, warmup)` is called as
+/// same `inputs`, with per-op profiling on (and after them, failed or not, as the
+/// executor had it: [`Executor::profiling`]). `on_step(step, steps, warmup)` is called as
 /// each step begins (`step` from 1 of `steps` in all, `warmup` for an untimed one), so a
 /// caller can show progress through steps that may each take a minute on a CPU.
 ///
@@ -120,8 +121,23 @@ pub fn time_steps<D: Device>(
         return Err(ExecError::State("timing needs at least one repeat".into()));
     }
     // A recorded step (CUDA graph) has no per-op clock: only whole steps are timed, and
-    // the first two steps (eager, then recorded) are warm-up whatever was asked.
+    // the first two steps (eager, then recorded) are warm-up whatever was asked. The
+    // executor's own setting comes back after, whether the steps ran or one failed.
+    let was = ex.profiling();
     ex.set_profile(!ex.cuda_graph());
+    let r = timed_steps(ex, inputs, adamw, opts, on_step);
+    ex.set_profile(was);
+    r
+}
+
+/// [`time_steps`] with profiling set as it wants.
+fn timed_steps<D: Device>(
+    ex: &mut Executor<D>,
+    inputs: &[(&str, Input<'_>)],
+    adamw: &AdamW,
+    opts: TimingOptions,
+    on_step: &mut dyn FnMut(usize, usize, bool),
+) -> Result<StepTiming, ExecError> {
     let opts = if ex.cuda_graph() { TimingOptions { warmup: opts.warmup.max(2), ..opts } } else { opts };
     let steps = opts.warmup + opts.repeats;
     for i in 0..opts.warmup {
@@ -159,7 +175,6 @@ pub fn time_steps<D: Device>(
             w.push(s);
         }
     }
-    ex.set_profile(false);
     let g = ex.graph();
     let ops = g
         .ops
@@ -250,6 +265,31 @@ mod tests {
         assert!(cold.losses[0] != cold.losses[2], "{:?}", cold.losses);
         assert_eq!(warm.losses[0], cold.losses[2], "{:?} vs {:?}", warm.losses, cold.losses);
         assert!(run(&mut ex, &g, 1, 0).is_err());
+    }
+
+    /// Timing turns per-op profiling on for its steps and puts the executor's own setting
+    /// back after them, also when a step fails (it was left on, so every later step of
+    /// the executor paid for per-op events) and when it was on before (it was turned off).
+    #[test]
+    fn timing_puts_the_profiling_setting_back_on_every_path() {
+        let (g, mut ex) = toy_executor();
+        assert!(!ex.profiling());
+        let missing = time_steps(&mut ex, &[], &crate::executor::ADAMW_DEFAULT, TimingOptions { warmup: 0, repeats: 1 }, &mut |_, _, _| {});
+        assert!(missing.is_err(), "a step without its inputs fails");
+        assert!(!ex.profiling(), "a failed step left per-op profiling on");
+        run(&mut ex, &g, 0, 1).unwrap();
+        assert!(!ex.profiling());
+        for fails in [false, true] {
+            let opts = crate::executor::ExecOptions { profile: true, ..Default::default() };
+            let mut ex = Executor::new(&g, crate::cpu::Cpu::new(), opts).unwrap();
+            let r = if fails {
+                time_steps(&mut ex, &[], &crate::executor::ADAMW_DEFAULT, TimingOptions::default(), &mut |_, _, _| {}).map(|_| ())
+            } else {
+                run(&mut ex, &g, 0, 1).map(|_| ())
+            };
+            assert_eq!(r.is_err(), fails);
+            assert!(ex.profiling(), "profiling was on before timing (step fails: {fails})");
+        }
     }
 
     /// Each op's row is that op's (name, layer) with its own forward and backward clocks:
