@@ -837,7 +837,8 @@ fn memory_after_a_forward_and_backward_by_hand_counts_no_carried_gradients() {
     }
 }
 
-/// FSDP collectives that do not pair up, or a second set on a sharded rank, are refused.
+/// FSDP collectives that do not pair up, that shard a weight twice, or a second set on a
+/// sharded rank, are refused.
 #[test]
 fn unpaired_or_repeated_fsdp_collectives_are_refused() {
     let g = llama(1, false);
@@ -860,6 +861,23 @@ fn unpaired_or_repeated_fsdp_collectives_are_refused() {
     let mut one = s.step.clone();
     for c in &mut one {
         c.group_size = 1;
+    }
+    // A weight sharded by two pairs, over another group or twice over the same one, is
+    // refused (each pair alone is fine): a rank would keep two pieces of it, and its
+    // gradient would be reduce-scattered twice.
+    let mut other = one.clone();
+    for c in &mut other {
+        c.group = "dp2".into();
+    }
+    for (twice, group) in [(other, "'dp' and 'dp2'"), (one.clone(), "'dp' and 'dp'")] {
+        let mut ex = Executor::new(&s.graph, Cpu::new(), options()).unwrap();
+        ex.set_step_collectives(twice.clone()).unwrap();
+        let mut both = one.clone();
+        both.extend(twice);
+        let mut ex = Executor::new(&s.graph, Cpu::new(), options()).unwrap();
+        let e = ex.set_step_collectives(both).unwrap_err().to_string();
+        assert!(e.contains("is sharded by two FSDP groups") && e.contains(group), "{e}");
+        assert!(!ex.fsdp_sharded(), "refused before sharding anything");
     }
     ex.set_step_collectives(one.clone()).unwrap();
     assert!(ex.fsdp_sharded());
