@@ -13,7 +13,7 @@ use common::{
     Data, Grads, close, expert_coord, expert_mesh, gather, inputs, load_weights, mesh, options,
     rank_inputs, run, slice, split_axis, step_memories, train, weights, with_roles,
 };
-use runner_exec::collective::{Collective, ReduceOp};
+use runner_exec::collective::{Collective, InFlight, ReduceOp, Started};
 use runner_exec::cpu::{Cpu, CpuBuffer};
 use runner_exec::device::{Device, DeviceBuffer, ExecError};
 use runner_exec::executor::{ADAMW_DEFAULT, CONSTANT_BYTES};
@@ -342,6 +342,153 @@ impl Collective<Cpu> for Gathers {
     }
     fn recv(&self, dev: &Cpu, peer: usize, buf: &mut CpuBuffer) -> Result<(), ExecError> {
         self.inner.recv(dev, peer, buf)
+    }
+}
+
+/// A handle that holds the ranks to [`Collective::start`]'s contract, no call of its
+/// own on the group while a collective started on it is unfinished (on NCCL that call
+/// would run on the compute stream beside the started one, out of the group's order),
+/// and records each all-gather, started or not, by its input (on `dp`, this rank's chunk
+/// of a unit: which unit, at which values), in the order the rank made them.
+struct Strict {
+    inner: Box<dyn Collective>,
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Where its gathers go (none: not recorded).
+    gathers: Option<Prints>,
+}
+
+/// All-gather inputs, each by (length, fingerprint of its values).
+type Prints = Arc<Mutex<Vec<(usize, u64)>>>;
+
+impl Strict {
+    fn idle(&self, what: &str) -> Result<(), ExecError> {
+        match self.in_flight.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => Ok(()),
+            n => Err(ExecError::State(format!("{what} on a group with {n} started collective(s) unfinished"))),
+        }
+    }
+    fn gathered(&self, dev: &Cpu, input: &CpuBuffer) -> Result<(), ExecError> {
+        if let Some(gathers) = &self.gathers {
+            let v = dev.read_f32(input)?;
+            let print = v.iter().fold(v.len() as u64, |h, x| h.wrapping_mul(1_000_003).wrapping_add(u64::from(x.to_bits())));
+            gathers.lock().unwrap().push((v.len(), print));
+        }
+        Ok(())
+    }
+}
+
+impl Collective<Cpu> for Strict {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce(&self, dev: &Cpu, buf: &mut CpuBuffer, op: ReduceOp) -> Result<(), ExecError> {
+        self.idle("all-reduce")?;
+        self.inner.all_reduce(dev, buf, op)
+    }
+    fn all_gather(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.idle("all-gather")?;
+        self.gathered(dev, input)?;
+        self.inner.all_gather(dev, input, output)
+    }
+    fn reduce_scatter(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.idle("reduce-scatter")?;
+        self.inner.reduce_scatter(dev, input, output)
+    }
+    fn all_to_all(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.idle("all-to-all")?;
+        self.inner.all_to_all(dev, input, output)
+    }
+    fn all_to_all_v(&self, dev: &Cpu, input: &CpuBuffer, send: &[usize], output: &mut CpuBuffer, recv: &[usize]) -> Result<(), ExecError> {
+        self.idle("all-to-all-v")?;
+        self.inner.all_to_all_v(dev, input, send, output, recv)
+    }
+    fn broadcast(&self, dev: &Cpu, buf: &mut CpuBuffer, root: usize) -> Result<(), ExecError> {
+        self.idle("broadcast")?;
+        self.inner.broadcast(dev, buf, root)
+    }
+    fn send(&self, dev: &Cpu, peer: usize, buf: &CpuBuffer) -> Result<(), ExecError> {
+        self.idle("send")?;
+        self.inner.send(dev, peer, buf)
+    }
+    fn recv(&self, dev: &Cpu, peer: usize, buf: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.idle("recv")?;
+        self.inner.recv(dev, peer, buf)
+    }
+    fn start(&self, dev: &Cpu, what: Started, buf: CpuBuffer) -> Result<InFlight<CpuBuffer>, ExecError> {
+        if what == Started::AllGather {
+            self.gathered(dev, &buf)?;
+        }
+        let f = self.inner.start(dev, what, buf)?;
+        self.in_flight.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(f)
+    }
+    fn finish(&self, dev: &Cpu, f: InFlight<CpuBuffer>) -> Result<CpuBuffer, ExecError> {
+        let b = self.inner.finish(dev, f)?;
+        self.in_flight.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(b)
+    }
+}
+
+/// Prefetching changes when a unit's all-gather starts, never which: over a step of two
+/// micro-batches (4 layers, dp = 2), with the reduce-scatters started beside the
+/// backward or run at once, per micro-batch or after the last, each rank gathers the
+/// same units with the same values in the same order with prefetch as without, so each
+/// prefetch is the next unit the pass needs (the next-but-one, or the unit just
+/// gathered again, are other orders). And no rank makes a call of its own on a group
+/// while a collective started on it (a prefetch, a reduce-scatter) is unfinished: a
+/// gather runs behind the reduce-scatter in flight, never beside it; and at tp = 2 with
+/// sequence parallelism, where the layers' units are reduce-scattered after the step's
+/// tp all-reduce of their norm gains, those reduce-scatters wait for the one the
+/// backward left in flight.
+#[test]
+fn fsdp_prefetch_gathers_the_next_unit_and_no_call_overtakes_a_started_one() {
+    let g = with_roles(toy::llama(&ToyConfig { layers: 4, batch: 1, ..ToyConfig::tiny() }), true);
+    let data: Vec<Data> = (0..2).map(|k| synthetic_inputs(&g, 11 + k)).collect();
+    let run = |tp: u32, prefetch: bool, overlap: bool, sharded: bool| {
+        let layout = Layout { dp: 2, tp, sequence_parallel: tp > 1, fsdp: true, ..Layout::single(1, 4) };
+        let hs: Vec<_> = mesh(tp, 1, 2)
+            .into_iter()
+            .map(|m| {
+                let s = shard(&g, &layout, m.coord).unwrap();
+                let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, m.coord.tp as usize, tp as usize)).collect();
+                std::thread::spawn(move || {
+                    let seen = Arc::new(Mutex::new(Vec::new()));
+                    let groups = m
+                        .groups
+                        .into_iter()
+                        .map(|(n, h)| {
+                            let gathers = (n == "dp").then(|| seen.clone());
+                            (n, Box::new(Strict { inner: h, in_flight: 0.into(), gathers }) as Box<dyn Collective>)
+                        })
+                        .collect();
+                    let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
+                    let batches: Vec<_> = d.iter().map(inputs).collect();
+                    let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+                    let got = seen.lock().unwrap().clone();
+                    (loss, got)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    };
+    for tp in [1, 2] {
+        for overlap in [true, false] {
+            for sharded in [true, false] {
+                let ahead = run(tp, true, overlap, sharded);
+                for (r, (want, got)) in run(tp, false, overlap, sharded).iter().zip(&ahead).enumerate() {
+                    let what = format!("tp {tp}, rank {r}, overlap {overlap}, sharded gradients {sharded}");
+                    // Seven units over dp (the embedding, four layers, the final norm, the
+                    // head), gathered by each micro-batch's forward and backward.
+                    assert_eq!(want.1.len(), 2 * 2 * 7, "{what}: {:?}", want.1);
+                    assert_eq!(got.1, want.1, "{what}: the gathers, prefetched");
+                    assert_eq!(got.0, want.0, "{what}: the loss");
+                }
+            }
+        }
     }
 }
 
