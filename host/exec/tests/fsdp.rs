@@ -492,6 +492,123 @@ fn fsdp_prefetch_gathers_the_next_unit_and_no_call_overtakes_a_started_one() {
     }
 }
 
+/// A handle whose every call takes `nap` longer (a start and a finish each count as
+/// one), counting them.
+struct Slow {
+    inner: Box<dyn Collective>,
+    nap: std::time::Duration,
+    calls: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Slow {
+    fn nap(&self) {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::thread::sleep(self.nap);
+    }
+}
+
+impl Collective<Cpu> for Slow {
+    fn rank(&self) -> usize {
+        self.inner.rank()
+    }
+    fn size(&self) -> usize {
+        self.inner.size()
+    }
+    fn all_reduce(&self, dev: &Cpu, buf: &mut CpuBuffer, op: ReduceOp) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.all_reduce(dev, buf, op)
+    }
+    fn all_gather(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.all_gather(dev, input, output)
+    }
+    fn reduce_scatter(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.reduce_scatter(dev, input, output)
+    }
+    fn all_to_all(&self, dev: &Cpu, input: &CpuBuffer, output: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.all_to_all(dev, input, output)
+    }
+    fn all_to_all_v(&self, dev: &Cpu, input: &CpuBuffer, send: &[usize], output: &mut CpuBuffer, recv: &[usize]) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.all_to_all_v(dev, input, send, output, recv)
+    }
+    fn broadcast(&self, dev: &Cpu, buf: &mut CpuBuffer, root: usize) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.broadcast(dev, buf, root)
+    }
+    fn send(&self, dev: &Cpu, peer: usize, buf: &CpuBuffer) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.send(dev, peer, buf)
+    }
+    fn recv(&self, dev: &Cpu, peer: usize, buf: &mut CpuBuffer) -> Result<(), ExecError> {
+        self.nap();
+        self.inner.recv(dev, peer, buf)
+    }
+    fn start(&self, dev: &Cpu, what: Started, buf: CpuBuffer) -> Result<InFlight<CpuBuffer>, ExecError> {
+        self.nap();
+        self.inner.start(dev, what, buf)
+    }
+    fn finish(&self, dev: &Cpu, f: InFlight<CpuBuffer>) -> Result<CpuBuffer, ExecError> {
+        self.nap();
+        self.inner.finish(dev, f)
+    }
+}
+
+/// A step's communication time (`StepProfile::communication_s`) is the time inside its
+/// collective calls, each counted once: over FSDP steps of two micro-batches (gathers,
+/// reduce-scatters started beside the backward and finished later, or run at once),
+/// where every call takes 5 ms longer, it is at least 5 ms per call the step made (a
+/// call, a start or a finish left out, or the first micro-batch's calls dropped by the
+/// second, is short of it) and at most the step's wall time, which holds every call
+/// once (a phase's calls counted again at a later phase's end, or the last step's
+/// carried into this one, exceed it: the calls are most of the step).
+#[test]
+fn communication_time_counts_each_collective_call_of_the_step_once() {
+    let g = with_roles(toy::llama(&ToyConfig { layers: 2, batch: 1, ..ToyConfig::tiny() }), true);
+    let layout = Layout { dp: 2, fsdp: true, ..Layout::single(1, 4) };
+    let data: Vec<Data> = (0..2).map(|k| synthetic_inputs(&g, 3 + k)).collect();
+    let nap = std::time::Duration::from_millis(5);
+    for (overlap, sharded) in [(true, true), (false, false)] {
+        let hs: Vec<_> = mesh(1, 1, 2)
+            .into_iter()
+            .map(|m| {
+                let s = shard(&g, &layout, m.coord).unwrap();
+                let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, 0, 1)).collect();
+                std::thread::spawn(move || {
+                    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+                    let groups = m
+                        .groups
+                        .into_iter()
+                        .map(|(n, h)| (n, Box::new(Slow { inner: h, nap, calls: calls.clone() }) as Box<dyn Collective>))
+                        .collect();
+                    let o = ExecOptions { overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
+                    let batches: Vec<_> = d.iter().map(inputs).collect();
+                    (0..2)
+                        .map(|_| {
+                            calls.store(0, std::sync::atomic::Ordering::SeqCst);
+                            let t0 = std::time::Instant::now();
+                            ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+                            let wall = t0.elapsed().as_secs_f64();
+                            (calls.load(std::sync::atomic::Ordering::SeqCst), ex.profile().communication_s, wall)
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for (d, h) in hs.into_iter().enumerate() {
+            for (step, (calls, comm, wall)) in h.join().unwrap().into_iter().enumerate() {
+                let what = format!("overlap {overlap}, sharded gradients {sharded}, dp rank {d}, step {step}: {calls} calls, {comm} s of {wall} s");
+                assert!(calls >= 20, "{what}");
+                assert!(comm >= calls as f64 * nap.as_secs_f64(), "{what}");
+                assert!(comm <= wall, "{what}");
+            }
+        }
+    }
+}
+
 /// FSDP gathers a layer at a time: each pass all-gathers one unit per layer (and one for
 /// each weight outside the layers) right before its first reader, so no call gathers
 /// more than the largest layer, every weight is gathered once per pass, and the rank's
