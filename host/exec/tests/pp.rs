@@ -784,3 +784,94 @@ fn interleaving_with_a_frozen_chunk_matches_the_in_order_schedule() {
     }
     same_training(&want, &got, &[3, 2], "LoRA, pp=2 vp=2, the embedding a chunk");
 }
+
+/// The rank graphs of a two-stage pipeline of the two-layer toy (one sequence per
+/// micro-batch), and two micro-batches of data.
+fn two_stages() -> (Graph, Vec<runner_graph::shard::Sharded>, Vec<Data>) {
+    let g = half_llama(false, false);
+    let layout = Layout { pp: 2, ..Layout::single(1, 2) };
+    let stages = (0..2).map(|p| shard(&g, &layout, RankCoord { pp: p, ..RankCoord::default() }).unwrap()).collect();
+    let data = (0..2).map(|k| synthetic_inputs(&g, 50 + k)).collect();
+    (g, stages, data)
+}
+
+/// A pipeline send or receive whose peer is not another rank of the `pp` group (rank 2
+/// of two, or the stage itself) is refused, naming the op and the peer, by a step and
+/// by a scheduled step over micro-batches (which posts the receives before the pass:
+/// the check is there too), before any call that would wait on a rank that is not
+/// there: the other stage never runs.
+#[test]
+fn a_pipeline_peer_outside_the_group_or_the_stage_itself_is_refused() {
+    use runner_graph::Attr;
+    let (g, stages, data) = two_stages();
+    for (stage, kind, peer) in [(0usize, OpKind::Send, 2i64), (1, OpKind::Recv, 1), (1, OpKind::Recv, -1)] {
+        let mut s = stages[stage].clone();
+        let op = s.graph.ops.iter_mut().find(|o| o.kind == kind).unwrap();
+        op.attrs.insert("peer".into(), Attr::Int(peer));
+        let name = op.name.clone();
+        let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, 0, 1)).collect();
+        let batches: Vec<_> = d.iter().map(inputs).collect();
+        for scheduled in [false, true] {
+            let h = runner_exec::collective::ThreadGroup::rendezvous(2, std::time::Duration::from_secs(2)).swap_remove(stage);
+            let groups: Vec<(String, Box<dyn runner_exec::collective::Collective>)> = vec![("pp".into(), Box::new(h))];
+            let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+            let e = if scheduled {
+                ex.step_micro_batches(&batches, &runner_exec::executor::ADAMW_DEFAULT)
+            } else {
+                ex.step(&batches[0], &runner_exec::executor::ADAMW_DEFAULT)
+            }
+            .unwrap_err()
+            .to_string();
+            let want = format!("'{name}': peer Some({peer}) is not another rank of its group of 2 (this rank is {stage})");
+            assert!(e.contains(&want), "stage {stage}, scheduled {scheduled}: {e}");
+        }
+    }
+}
+
+/// The schedule posts the pipeline's traffic on the `pp` group: a rank graph whose
+/// sends and receives name another group (here `x`, the same two stages in the other
+/// order, so each op's peer is the other stage's rank there, which on `pp` is the stage
+/// itself) is not scheduled. Its sends and receives run with their ops, over `x`, one
+/// micro-batch at a time, and train as the same pipeline over `pp` does, bit for bit.
+#[test]
+fn sends_and_receives_over_another_group_run_with_their_ops() {
+    use runner_graph::Attr;
+    let (g, stages, data) = two_stages();
+    let run = |over_x: bool| {
+        let x = runner_exec::collective::ThreadGroup::rendezvous(2, std::time::Duration::from_secs(20));
+        let pp = runner_exec::collective::ThreadGroup::rendezvous(2, std::time::Duration::from_secs(20));
+        let hs: Vec<_> = stages
+            .iter()
+            .cloned()
+            .zip(x.into_iter().rev())
+            .zip(pp)
+            .enumerate()
+            .map(|(stage, ((mut s, x), pp))| {
+                if over_x {
+                    for op in s.graph.ops.iter_mut().filter(|o| matches!(o.kind, OpKind::Send | OpKind::Recv)) {
+                        op.attrs.insert("group".into(), Attr::Text("x".into()));
+                        // The other stage is rank `stage` of `x`.
+                        op.attrs.insert("peer".into(), Attr::Int(stage as i64));
+                    }
+                }
+                let d: Vec<Data> = data.iter().map(|d| rank_inputs(&g, &s.graph, d, 0, 1)).collect();
+                std::thread::spawn(move || {
+                    let groups: Vec<(String, Box<dyn runner_exec::collective::Collective>)> = vec![("pp".into(), Box::new(pp)), ("x".into(), Box::new(x))];
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                    let batches: Vec<_> = d.iter().map(inputs).collect();
+                    let losses: Vec<f32> = (0..2).map(|_| ex.step_micro_batches(&batches, &runner_exec::executor::ADAMW_DEFAULT).unwrap()).collect();
+                    (losses, weights(&ex), ex.memory().micro_batches_in_flight)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    };
+    let (over_pp, over_x) = (run(false), run(true));
+    assert_eq!(over_pp[0].2, 2, "stage 0 of 2 holds two micro-batches under 1F1B");
+    for (stage, (a, b)) in over_pp.iter().zip(&over_x).enumerate() {
+        assert_eq!(b.2, 1, "stage {stage}: over another group, one micro-batch at a time");
+        assert_eq!(a.0, b.0, "stage {stage}: losses");
+        assert_eq!(a.1, b.1, "stage {stage}: weights");
+    }
+}
+
