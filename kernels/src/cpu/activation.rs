@@ -255,14 +255,36 @@ mod tests {
         }
     }
 
+    /// Every kernel refuses a slice one shorter than the rest, whichever argument it is
+    /// (the loops zip, so a short input would leave the output's tail unwritten), and
+    /// writes nothing then. Each argument in turn: dropping any one length from a
+    /// kernel's check fails here.
     #[test]
-    fn activations_reject_mismatched_lengths() {
-        let mut o = vec![0.0; 3];
-        assert!(swiglu_forward(&mut o, &[0.0; 3], &[0.0; 2]).is_err());
-        assert!(gelu_forward(&mut o, &[0.0; 4]).is_err());
-        assert!(squared_relu_backward(&mut o, &[0.0; 3], &[0.0; 2]).is_err());
-        assert!(add_forward(&mut o, &[0.0; 3], &[0.0; 3]).is_ok());
-        let mut o2 = vec![0.0; 2];
-        assert!(swiglu_backward(&mut o, &mut o2, &[0.0; 3], &[0.0; 3], &[0.0; 3]).is_err());
+    fn activations_reject_any_argument_of_another_length() {
+        let n = 3;
+        let v = |i: usize, short: usize| vec![0.5f32; if i == short { n - 1 } else { n }];
+        let untouched = |o: &[f32]| o.iter().all(|&x| x == 0.5);
+        for s in 0..3 {
+            let (mut o, a, b) = (v(0, s), v(1, s), v(2, s));
+            assert!(swiglu_forward(&mut o, &a, &b).is_err(), "swiglu, argument {s}");
+            assert!(add_forward(&mut o, &a, &b).is_err(), "add, argument {s}");
+            assert!(gelu_backward(&mut o, &a, &b).is_err(), "gelu backward, argument {s}");
+            assert!(squared_relu_backward(&mut o, &a, &b).is_err(), "squared_relu backward, argument {s}");
+            assert!(untouched(&o), "argument {s}");
+        }
+        for s in 0..2 {
+            let (mut o, a) = (v(0, s), v(1, s));
+            assert!(gelu_forward(&mut o, &a).is_err(), "gelu, argument {s}");
+            assert!(squared_relu_forward(&mut o, &a).is_err(), "squared_relu, argument {s}");
+            assert!(untouched(&o), "argument {s}");
+        }
+        for s in 0..5 {
+            let (mut dg, mut du) = (v(0, s), v(1, s));
+            assert!(swiglu_backward(&mut dg, &mut du, &v(2, s), &v(3, s), &v(4, s)).is_err(), "swiglu backward, argument {s}");
+            assert!(untouched(&dg) && untouched(&du), "argument {s}");
+        }
+        let mut o = vec![0.0; n];
+        assert!(add_forward(&mut o, &[1.0; 3], &[2.0; 3]).is_ok());
+        assert_eq!(o, [3.0; 3]);
     }
 }

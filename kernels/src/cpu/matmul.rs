@@ -425,6 +425,30 @@ mod tests {
         }
     }
 
+    /// Batched products with an empty dimension: M or N of 0 is an empty c (and no
+    /// chunks of length 0 to cut it into, which would panic); K of 0 is c = 0, or c kept
+    /// when accumulating.
+    #[test]
+    fn matmul_batched_handles_empty_dimensions() {
+        let batch = 3;
+        for (m, n, k) in [(0, 4, 3), (3, 0, 4), (3, 4, 0)] {
+            let g = Gemm {
+                m,
+                n,
+                k,
+                trans_a: false,
+                trans_b: true,
+            };
+            let (a, b) = (vec![1.0; batch * m * k], vec![1.0; batch * k * n]);
+            let mut c = vec![f32::NAN; batch * m * n];
+            matmul_batched(&mut c, &a, &b, g, batch, false).unwrap();
+            assert!(c.iter().all(|&x| x == 0.0), "{m}x{n}x{k}");
+            let mut c = vec![2.5; batch * m * n];
+            matmul_batched(&mut c, &a, &b, g, batch, true).unwrap();
+            assert!(c.iter().all(|&x| x == 2.5), "{m}x{n}x{k}");
+        }
+    }
+
     #[test]
     fn matmul_rejects_bad_lengths() {
         let g = Gemm {
