@@ -518,7 +518,7 @@ impl Device for Cpu {
             DType::Fp8E5M2 => {
                 prec::round_to_fp8_current(x, Fp8Format::E5M2);
             }
-            DType::MxFp8 => prec::round_to_mxfp8(x, row),
+            DType::MxFp8 => prec::round_to_mxfp8(x, row).map_err(kerr("round_to_storage"))?,
             DType::F32 | DType::NvFp4 | DType::I32 => {}
         }
         Ok(())

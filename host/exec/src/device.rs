@@ -358,7 +358,8 @@ pub trait Device {
     /// emulating that storage exactly while computing in f32: BF16 and F16 directly; FP8
     /// E4M3/E5M2 with a per-tensor current scale (Transformer Engine's
     /// `Float8CurrentScaling`: fp8_max / amax of this tensor); MXFP8 with one E8M0 scale
-    /// (RCEIL) per 32 elements of each row of length `row` (the last dimension). F32,
+    /// (RCEIL) per 32 elements of each row of length `row` (the last dimension; a buffer
+    /// that is not whole rows is refused, untouched). F32,
     /// integers and NVFP4 (whose two-level scales belong to the precision policy) are left
     /// as they are.
     fn round_to_storage(

@@ -145,3 +145,22 @@ fn training_steps_match_the_cpu_on_the_emulated_cuda_backend() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
+
+/// The CUDA backend refuses to round a buffer that is not whole MXFP8 rows, as the CPU
+/// backend does (both take the rows from `precision::mx_rows`), and leaves it as it was;
+/// its launch used to cover the whole rows and silently skip the tail.
+#[test]
+fn mxfp8_rounding_of_a_ragged_buffer_is_refused_on_the_emulated_cuda_backend() {
+    use runner_exec::device::{Device, Elem};
+    if ran_under_sanitizer("mxfp8_rounding_of_a_ragged_buffer_is_refused_on_the_emulated_cuda_backend") {
+        return;
+    }
+    let Some(dev) = emulated() else { return };
+    let mut b = dev.alloc(Elem::F32, 6).unwrap();
+    dev.write_f32(&mut b, &[1.1; 6]).unwrap();
+    let e = dev.round_to_storage(&mut b, runner_graph::DType::MxFp8, 4).unwrap_err().to_string();
+    assert!(e.contains("6 elements are not whole rows of 4"), "{e}");
+    assert_eq!(dev.read_f32(&b).unwrap(), [1.1; 6]);
+    dev.round_to_storage(&mut b, runner_graph::DType::MxFp8, 3).unwrap();
+    assert_eq!(dev.read_f32(&b).unwrap(), [1.125; 6]);
+}

@@ -291,8 +291,15 @@ pub const MX_BLOCK: usize = 32;
 
 /// The E8M0 block scale of an MX block whose max |x| is `amax`, by the RCEIL rule that
 /// cuBLAS and Transformer Engine use: `2^ceil(log2(amax / fp8_max))`, which never
-/// overflows the element format. 1 for an all-zero (or non-finite) block; the exponent
-/// is clamped to E8M0's range 2^−127..2^127.
+/// overflows the element format. 1 for an all-zero (or non-finite) block.
+///
+/// The exponent needs no clamp to E8M0's range 2^−127..2^127: for a finite amax,
+/// r = amax / fp8_max is at most f32::MAX / 448 < 2^120, so the exponent is at most 120
+/// (113 for E5M2); and an r below 2^−126 (an f32 subnormal, or 0 after underflow) takes
+/// 2^−126, so it is at least −126. The scale is thus always a normal f32. 2^−126 is the
+/// floor `quant`'s block scales keep too (both multipliers normal), which
+/// [`round_to_mxfp8`] uses; E8M0 could hold 2^−127, which Transformer Engine's software
+/// path gives an r ≤ 2^−127: blocks whose amax is below 448·2^−127 ≈ 2.6e-36.
 pub fn mx_scale_rceil(amax: f32, f: Fp8Format) -> f32 {
     if !amax.is_finite() || amax == 0.0 {
         return 1.0;
@@ -300,19 +307,25 @@ pub fn mx_scale_rceil(amax: f32, f: Fp8Format) -> f32 {
     let r = amax / f.max_finite();
     let bits = r.to_bits();
     let (exp, mant) = ((bits >> 23) as i32 - 127, bits & 0x7F_FFFF);
-    // ceil(log2 r): r's exponent, plus one unless r is a power of two; an f32
-    // subnormal r is below 2^−126, so at most the floor of the E8M0 range.
+    // ceil(log2 r): r's exponent, plus one unless r is a power of two; a subnormal r
+    // (exponent field 0) is below 2^−126 and takes that floor.
     let e = if exp == -127 { -126 } else if mant == 0 { exp } else { exp + 1 };
-    let e = e.clamp(-127, 127);
-    if e >= -126 { pow2(e) } else { f32::from_bits(1 << 22) }
+    pow2(e)
 }
 
 /// Rounds `x` in place to what an MXFP8 tensor (E4M3 elements, one E8M0 scale per 32
 /// consecutive elements of each row of length `row`) holds. A row whose length is not
-/// a multiple of 32 ends in a shorter block.
-pub fn round_to_mxfp8(x: &mut [f32], row: usize) {
+/// a multiple of 32 ends in a shorter block with its own scale, from the elements it
+/// holds (as if padded with zeros to 32).
+///
+/// # Errors
+/// `ShapeMismatch` unless `x` is whole rows ([`mx_rows`]); `x` is then untouched.
+pub fn round_to_mxfp8(x: &mut [f32], row: usize) -> Result<()> {
     use super::quant::{BlockSpec, Format, ScaleFormat, ScaleRounding, qdq_blocks};
-    let row = row.max(1);
+    let rows = mx_rows(x.len(), row)?;
+    if rows == 0 {
+        return Ok(());
+    }
     let spec = BlockSpec {
         format: Format::E4M3,
         block: (1, MX_BLOCK),
@@ -322,10 +335,27 @@ pub fn round_to_mxfp8(x: &mut [f32], row: usize) {
         saturate: true,
         stochastic: None,
     };
-    // Whole rows only (the caller passes the last dimension); a ragged tail would be a
-    // caller bug, left as it is.
-    let whole = x.len() / row * row;
-    let _ = qdq_blocks(&mut x[..whole], whole / row, row, &spec);
+    qdq_blocks(x, rows, row, &spec).map(|_| ())
+}
+
+/// The rows of `row` elements in an MXFP8 buffer of `len` elements, for the CPU's
+/// [`round_to_mxfp8`] and the CUDA backend's launch alike.
+///
+/// Every caller passes the tensor's last dimension, so a buffer that is not whole rows
+/// is a caller's bug: its whole rows used to be rounded and the ragged tail silently
+/// left as it was. Refusing names the bug instead.
+///
+/// # Errors
+/// `ShapeMismatch` unless `len` is a multiple of `row` (a `row` of 0 only for `len` 0).
+pub fn mx_rows(len: usize, row: usize) -> Result<usize> {
+    if len == 0 {
+        return Ok(0);
+    }
+    // (a row of 0 divides only a length of 0)
+    if !len.is_multiple_of(row) {
+        return crate::shape_err(format!("mxfp8: {len} elements are not whole rows of {row}"));
+    }
+    Ok(len / row)
 }
 
 #[cfg(test)]
@@ -609,7 +639,7 @@ mod tests {
             .map(|i| rng.random_range(-1.0f32..1.0) * 2f32.powi((i / 16 % 9) as i32 * 3 - 12))
             .collect();
         let mut got = x.clone();
-        round_to_mxfp8(&mut got, row);
+        round_to_mxfp8(&mut got, row).unwrap();
         for (r, (xr, gr)) in x.chunks(row).zip(got.chunks(row)).enumerate() {
             for (xb, gb) in xr.chunks(MX_BLOCK).zip(gr.chunks(MX_BLOCK)) {
                 let amax = xb.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -652,27 +682,61 @@ mod tests {
         assert!(x[4].is_nan());
     }
 
-    /// MXFP8 over a buffer that ends in a partial row: the whole rows are rounded (a
-    /// block of 32 and one of 8 each) and the trailing elements are left as they are.
+    /// MXFP8 rows of 40 are a block of 32 and a short one of 8, each with its own scale; a
+    /// buffer that ends in a partial row is refused and left as it is (its whole rows
+    /// used to be rounded, the tail silently not).
     /// Block of 32: amax 1000, RCEIL X = 4; 1000 / 4 = 250 -> 256 (E4M3 step 16 in
     /// [128, 256)) -> 1024, 250 / 4 = 62.5 -> 64 (step 4 in [32, 64)) -> 256. Block of 8: amax 3, X = 2^ceil(log2(3 / 448)) = 2^-7, 1.1 · 128
     /// = 140.8 -> 144 (step 16 in [128, 256)) -> 1.125; 3 · 128 = 384 exact.
     #[test]
-    fn mxfp8_rounds_the_whole_rows_of_a_buffer_with_a_partial_row() {
+    fn mxfp8_rounds_short_final_blocks_and_refuses_a_partial_row() {
         let row = 40;
-        let mut x = vec![0f32; 2 * row + 5];
+        let mut x = vec![0f32; 2 * row];
         for r in 0..2 {
             x[r * row] = 1000.0;
             x[r * row + 1] = -250.0;
             x[r * row + 32] = 3.0;
             x[r * row + 33] = -1.1;
         }
-        x[2 * row..].fill(1.1);
-        round_to_mxfp8(&mut x, row);
+        let orig = x.clone();
+        round_to_mxfp8(&mut x, row).unwrap();
         for r in 0..2 {
             assert_eq!(x[r * row..r * row + 2], [1024.0, -256.0], "row {r}");
             assert_eq!(x[r * row + 32..r * row + 34], [3.0, -1.125], "row {r}");
         }
-        assert!(x[2 * row..].iter().all(|&v| v == 1.1));
+        let mut y = orig.clone();
+        y.extend([1.1; 5]);
+        let e = round_to_mxfp8(&mut y, row).unwrap_err().to_string();
+        assert!(e.contains("85 elements are not whole rows of 40"), "{e}");
+        assert_eq!(y[..2 * row], orig[..], "untouched");
+        assert!(y[2 * row..].iter().all(|&v| v == 1.1));
+        // A row of 0 holds nothing: only an empty buffer is whole rows of it.
+        assert!(round_to_mxfp8(&mut y, 0).is_err());
+        assert_eq!(mx_rows(0, 0), Ok(0));
+        assert_eq!(mx_rows(80, 40), Ok(2));
+        assert!(mx_rows(80, 30).is_err());
+    }
+
+    /// The RCEIL scale of any finite amax is a normal power of two from 2^−126 (an
+    /// amax / 448 below that, subnormal or 0 after underflow) to 2^120 (f32::MAX / 448 <
+    /// 2^120), so it needs no clamp; and it is the scale `round_to_mxfp8` uses at both
+    /// ends (values 2^−126·{100, 50, …}: amax / 448 subnormal).
+    #[test]
+    fn mx_scale_rceil_spans_2_pow_minus_126_to_2_pow_120() {
+        assert_eq!(mx_scale_rceil(f32::MAX, E4M3), p2(120));
+        assert_eq!(mx_scale_rceil(f32::MAX, E5M2), p2(113));
+        assert_eq!(mx_scale_rceil(448.0 * p2(-126), E4M3), p2(-126));
+        assert_eq!(mx_scale_rceil(448.0 * p2(-126) * 1.5, E4M3), p2(-125));
+        assert_eq!(mx_scale_rceil(100.0 * p2(-126), E4M3), p2(-126));
+        assert_eq!(mx_scale_rceil(f32::from_bits(1), E4M3), p2(-126));
+        for (amax, s) in [(100.0 * p2(-126), p2(-126)), (3e38, p2(120))] {
+            let x: Vec<f32> = (0..MX_BLOCK).map(|i| amax / (1 + i % 7) as f32 * if i % 2 == 0 { 1.0 } else { -1.0 }).collect();
+            let mut got = x.clone();
+            round_to_mxfp8(&mut got, MX_BLOCK).unwrap();
+            for (&v, &g) in x.iter().zip(&got) {
+                let want = fp8_decode(fp8_encode(v / s, E4M3, true), E4M3) * s;
+                assert_eq!(g.to_bits(), want.to_bits(), "amax {amax:e}: {v:e}");
+            }
+        }
     }
 }

@@ -253,8 +253,11 @@ fn casts_and_storage_rounding_store_the_cpus_bits_under_emulation() {
             prec::round_to_fp8_current(&mut want, f);
             same_f32(&format!("{case}: round_to_storage {f:?}"), &xs, &want, &as_f32(got(r)));
         }
+        // The launch above covers the n / MX_ROW whole rows, and so does the CPU's
+        // rounding here (which refuses a buffer that is not whole rows, as the backend
+        // does); the tail stays as it was in both.
         let mut want = xs.clone();
-        prec::round_to_mxfp8(&mut want, MX_ROW);
+        prec::round_to_mxfp8(&mut want[..n / MX_ROW * MX_ROW], MX_ROW).unwrap();
         same_f32(&format!("{case}: round_to_storage MXFP8"), &xs, &want, &as_f32(got(rm)));
     }
 }

@@ -1291,8 +1291,7 @@ impl Device for Cuda {
                 self.ew("round_fp8", buf.len, &[self.p(buf), Arg::P(mp), Arg::I(n), Arg::I32(fmt)])
             }
             DType::MxFp8 => {
-                let row = row.max(1);
-                let rows = buf.len / row;
+                let rows = runner_kernels::cpu::precision::mx_rows(buf.len, row).map_err(refused("round_to_storage"))?;
                 let warps = rows * row.div_ceil(32);
                 if warps == 0 {
                     return Ok(());
