@@ -1354,4 +1354,207 @@ mod tests {
         dev.transpose_outer(&mut d, &s, 2, 3, 2).unwrap();
         assert_eq!(d.f32(), [0.0, 1.0, 6.0, 7.0, 2.0, 3.0, 8.0, 9.0, 4.0, 5.0, 10.0, 11.0]);
     }
+
+    fn put(dev: &Cpu, v: &[f32]) -> CpuBuffer {
+        let mut b = dev.alloc(Elem::F32, v.len()).unwrap();
+        dev.write_f32(&mut b, v).unwrap();
+        b
+    }
+
+    fn put_ids(dev: &Cpu, v: &[u32]) -> CpuBuffer {
+        let mut b = dev.alloc(Elem::I32, v.len()).unwrap();
+        dev.write_u32(&mut b, v).unwrap();
+        b
+    }
+
+    /// n distinct values in (-1, 1), a different sequence per `seed`.
+    fn vals(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + 1.0) * seed).sin()).collect()
+    }
+
+    /// An FP8 buffer's values are its codes and its scale together: a copy carries the
+    /// scale and amax, zeroing resets them to a fresh buffer's (1, 0), and a write
+    /// saturates an Inf to ±448 (current scaling: the amax is Inf, so the scale is 1), as
+    /// `round_to_storage` does. A copy between two types of one storage kind (f16 into
+    /// bf16) is refused.
+    #[test]
+    fn fp8_copies_carry_the_scale_and_zero_resets_it() {
+        let dev = Cpu::new();
+        let mut a = dev.alloc(Elem::F8E4M3, 3).unwrap();
+        dev.write_f32(&mut a, &[2.0, -1.0, 0.5]).unwrap();
+        let mut b = dev.alloc(Elem::F8E4M3, 3).unwrap();
+        dev.copy(&mut b, 0, &a, 0, 3).unwrap();
+        assert_eq!(dev.read_f32(&b).unwrap(), [2.0, -1.0, 0.5]);
+        assert_eq!((dev.fp8_scale(&b).unwrap(), dev.fp8_amax(&b).unwrap()), (224.0, 2.0));
+        dev.zero(&mut b).unwrap();
+        assert_eq!((dev.fp8_scale(&b).unwrap(), dev.fp8_amax(&b).unwrap()), (1.0, 0.0));
+        assert_eq!(dev.read_f32(&b).unwrap(), [0.0; 3]);
+        dev.write_f32(&mut a, &[1.0, f32::INFINITY, f32::NEG_INFINITY]).unwrap();
+        assert_eq!(dev.read_f32(&a).unwrap(), [1.0, 448.0, -448.0]);
+        let (h, mut bf) = (dev.alloc(Elem::F16, 3).unwrap(), dev.alloc(Elem::BF16, 3).unwrap());
+        assert!(dev.copy(&mut bf, 0, &h, 0, 3).is_err());
+    }
+
+    /// Mismatched lengths, shapes and types are errors, not truncated loops or panics.
+    #[test]
+    fn mismatched_arguments_are_refused() {
+        let dev = Cpu::new();
+        let zeros = |n: usize| put(&dev, &vec![0.0; n]);
+        let (x6, x5, x4) = (put(&dev, &[1.0; 6]), put(&dev, &[1.0; 5]), put(&dev, &[1.0; 4]));
+        assert!(dev.add_assign(&mut zeros(6), &x5).is_err());
+        assert!(dev.add_bias(&mut zeros(6), &x4).is_err());
+        assert!(dev.add_bias(&mut zeros(6), &zeros(0)).is_err());
+        assert!(dev.bias_backward(&mut zeros(4), &x6).is_err());
+        assert!(dev.bias_backward(&mut zeros(0), &x6).is_err());
+        assert!(dev.geglu_forward(&mut zeros(6), &x6, &x5).is_err());
+        let s = ConcatShapes { out: &[2, 4], a: &[2, 2], b: &[2, 1] };
+        assert!(dev.concat_forward(&mut zeros(8), &x4, &put(&dev, &[1.0; 2]), s).is_err());
+        // GEMM operands of two types (two FP8 formats excepted), E5M2 x E5M2, and an FP8
+        // output of f32 operands.
+        let g = Gemm { m: 2, n: 2, k: 2, trans_a: false, trans_b: false };
+        let typed = |elem| {
+            let mut b = dev.alloc(elem, 4).unwrap();
+            dev.write_f32(&mut b, &[1.0; 4]).unwrap();
+            b
+        };
+        let mm = |a: Elem, b: Elem, c: Elem| dev.matmul(&mut dev.alloc(c, 4).unwrap(), &typed(a), &typed(b), g, false);
+        assert!(mm(Elem::BF16, Elem::F16, Elem::F32).is_err());
+        assert!(mm(Elem::F8E5M2, Elem::F8E5M2, Elem::F32).is_err());
+        assert!(mm(Elem::F8E4M3, Elem::F8E5M2, Elem::F32).is_ok());
+        assert!(mm(Elem::F32, Elem::F32, Elem::F8E4M3).is_err());
+        // A loss into an empty buffer.
+        let (logits, targets) = (put(&dev, &vals(6, 0.3)), put_ids(&dev, &[0, 2]));
+        assert!(dev.cross_entropy_forward(&mut zeros(0), &mut zeros(2), &logits, &targets, 3).is_err());
+        // FP8 codes of the other format.
+        let spec = QuantSpec::Tensor { format: quant::Format::E5M2, scale: Some(1.0), margin: 0, saturate: true, stochastic: None };
+        assert!(dev.quantize_fp8_codes(&mut dev.alloc(Elem::F8E4M3, 4).unwrap(), &x4, 0, &spec).is_err());
+        // MXFP8 rounding of a buffer that is not whole rows (6 elements, rows of 4).
+        let mut y = put(&dev, &[1.1; 6]);
+        let e = dev.round_to_storage(&mut y, DType::MxFp8, 4).unwrap_err().to_string();
+        assert!(e.contains("not whole rows of 4"), "{e}");
+        assert_eq!(y.f32(), [1.1; 6]);
+    }
+
+    /// Each method calls its kernel with the arguments in their places: the device's
+    /// results equal the kernel's own on inputs that tell every argument apart
+    /// (dout vs x, dw vs db, dout vs dout_w, a shard's start, ...).
+    #[test]
+    fn methods_pass_their_arguments_to_the_kernels_in_order() {
+        let dev = Cpu::new();
+        let (n, c) = (3, 4);
+        let (x, d, w, bias) = (vals(n * c, 0.7), vals(n * c, 1.3), vals(c, 0.4), vals(c, 2.1));
+
+        let mut dx = put(&dev, &vec![0.0; n * c]);
+        dev.squared_relu_backward(&mut dx, &put(&dev, &d), &put(&dev, &x)).unwrap();
+        let mut want = vec![0.0; n * c];
+        activation::squared_relu_backward(&mut want, &d, &x).unwrap();
+        assert_eq!(dx.f32(), want, "squared_relu_backward");
+
+        let (mut out, mut mean, mut rstd) = (vec![0.0; n * c], vec![0.0; n], vec![0.0; n]);
+        norm::layernorm_forward(&mut out, &mut mean, &mut rstd, &x, &w, &bias, c, 1e-5).unwrap();
+        let (mut dx, mut dw, mut db) = (put(&dev, &vec![0.0; n * c]), put(&dev, &[0.0; 4]), put(&dev, &[0.0; 4]));
+        let buf = |v: &[f32]| put(&dev, v);
+        dev.layernorm_backward(&mut dx, &mut dw, &mut db, &buf(&d), &buf(&x), &buf(&w), &buf(&mean), &buf(&rstd), c).unwrap();
+        let (mut wdx, mut wdw, mut wdb) = (vec![0.0; n * c], vec![0.0; c], vec![0.0; c]);
+        norm::layernorm_backward(&mut wdx, &mut wdw, &mut wdb, &d, &x, &w, &mean, &rstd, c).unwrap();
+        assert_eq!((dx.f32(), dw.f32(), db.f32()), (&wdx[..], &wdw[..], &wdb[..]), "layernorm_backward");
+
+        // A vocabulary shard of 3 rows from row 2 of 6; tokens in and out of it.
+        let (tokens, start) = ([1u32, 2, 4], 2);
+        let mut dt = put(&dev, &vec![0.0; 3 * c]);
+        dev.embedding_backward(&mut dt, &buf(&d), &put_ids(&dev, &tokens), c, Some(start)).unwrap();
+        let mut want = vec![0.0; 3 * c];
+        embedding::embedding_shard_backward(&mut want, &d, &tokens, c, start).unwrap();
+        assert_eq!(dt.f32(), want, "embedding_backward of a shard");
+
+        let (v, logits, lse) = (c, x.clone(), vals(n, 0.9));
+        let mut got = put(&dev, &vec![0.0; n * v]);
+        let ids = put_ids(&dev, &tokens);
+        dev.cross_entropy_shard_backward(&mut got, &buf(&logits), &buf(&lse), &ids, start, v, Some(&buf(&[0.5]))).unwrap();
+        let mut want = vec![0.0; n * v];
+        loss::cross_entropy_shard_backward(&mut want, &logits, &lse, &tokens, start, v, 0.5).unwrap();
+        assert_eq!(got.f32(), want, "cross_entropy_shard_backward");
+        // No gradient of the loss is a zero gradient (the Device doc).
+        dev.cross_entropy_backward(&mut got, &buf(&logits), &buf(&lse), &put_ids(&dev, &[0, 1, 3]), v, None).unwrap();
+        assert!(got.f32().iter().all(|&g| g == 0.0), "cross_entropy_backward without dloss");
+
+        let mut got = put(&dev, &[0.0; 3]);
+        dev.target_logit(&mut got, &buf(&logits), &ids, start, v).unwrap();
+        let mut want = vec![0.0; 3];
+        loss::target_logit(&mut want, &logits, &tokens, start, v).unwrap();
+        assert_eq!(got.f32(), want, "target_logit");
+
+        let (s0, local, max) = (vals(3, 0.2), vec![1.0, -2.0, 0.5], vec![1.5, 0.0, 0.5]);
+        let mut got = buf(&s0);
+        dev.sumexp_rescale(&mut got, &buf(&local), &buf(&max)).unwrap();
+        let mut want = s0.clone();
+        loss::sumexp_rescale(&mut want, &local, &max).unwrap();
+        assert_eq!(got.f32(), want, "sumexp_rescale");
+
+        // Concat backward into b alone: b's columns of dout, after a's.
+        let s = ConcatShapes { out: &[3, 4], a: &[3, 1], b: &[3, 3] };
+        let mut db = put(&dev, &[0.0; 9]);
+        dev.concat_backward(None, Some(&mut db), &buf(&d), s).unwrap();
+        let want: Vec<f32> = d.chunks(4).flat_map(|r| r[1..].to_vec()).collect();
+        assert_eq!(db.f32(), want, "concat_backward of b alone");
+
+        // Grouped GEMM backward, two experts of 2 and 1 rows (k_in 2, n_out 3).
+        let plan = dev.presorted_plan(&[2, 1]).unwrap();
+        assert_eq!(dev.plan_counts(&plan).unwrap(), [2, 1]);
+        let (xs, ws, dy, dyw) = (vals(6, 0.5), vals(12, 0.8), vals(9, 1.7), vals(9, 0.6));
+        let (mut gdx, mut gdw) = (put(&dev, &[0.0; 6]), put(&dev, &[0.0; 12]));
+        let wb = buf(&ws);
+        dev.grouped_matmul_backward(&mut gdx, &mut gdw, &buf(&dy), &buf(&dyw), &buf(&xs), ExpertWeights::Stacked(&wb), &plan, 2, 3).unwrap();
+        let (mut wdx, mut wdw) = (vec![0.0; 6], vec![0.0; 12]);
+        moe::grouped_matmul_backward(&mut wdx, &mut wdw, &dy, &dyw, &xs, &ws, &plan, 2, 3).unwrap();
+        assert_eq!((gdx.f32(), gdw.f32()), (&wdx[..], &wdw[..]), "grouped_matmul_backward");
+
+        // A bf16 output accumulates: c = bf16(c + a·b).
+        let g = Gemm { m: 2, n: 2, k: 2, trans_a: false, trans_b: false };
+        let mut cb = dev.alloc(Elem::BF16, 4).unwrap();
+        dev.write_f32(&mut cb, &[1.0, 2.0, 3.0, 4.0]).unwrap();
+        dev.matmul(&mut cb, &buf(&[1.0, 0.0, 0.0, 1.0]), &buf(&[0.5, 0.25, 8.0, 16.0]), g, true).unwrap();
+        assert_eq!(dev.read_f32(&cb).unwrap(), [1.5, 2.25, 11.0, 20.0]);
+
+        // FP8 codes at a given scale keep it: they read back as the rounded values.
+        let spec = QuantSpec::Tensor { format: quant::Format::E4M3, scale: Some(2.0), margin: 0, saturate: true, stochastic: None };
+        let mut q = dev.alloc(Elem::F8E4M3, 4).unwrap();
+        dev.quantize_fp8_codes(&mut q, &buf(&[1.0, -3.0, 0.25, 96.0]), 0, &spec).unwrap();
+        assert_eq!(dev.fp8_scale(&q).unwrap(), 2.0);
+        assert_eq!(dev.read_f32(&q).unwrap(), [1.0, -3.0, 0.25, 96.0]);
+
+        // MXFP8 rounds blocks of 32 within rows of 40 (the last block of each row 8
+        // long), which differ from the blocks of one row of 80.
+        let xs: Vec<f32> = (0..80i32).map(|i| (i as f32 * 0.37).sin() * 2f32.powi(i / 8 % 5 * 3)).collect();
+        let mut got = buf(&xs);
+        dev.round_to_storage(&mut got, DType::MxFp8, 40).unwrap();
+        let (mut want, mut flat) = (xs.clone(), xs.clone());
+        prec::round_to_mxfp8(&mut want, 40).unwrap();
+        prec::round_to_mxfp8(&mut flat, 80).unwrap();
+        assert_eq!(got.f32(), want, "round_to_storage MXFP8");
+        assert_ne!(want, flat);
+    }
+
+    /// Memory statistics: `reset_peak` brings the peak down to what is live; a buffer
+    /// from the pool comes back poisoned, as a fresh one is, in debug builds (what
+    /// shows a kernel reading an output it has not written).
+    #[test]
+    fn pooled_buffers_come_back_poisoned_and_reset_peak_drops_to_live() {
+        let dev = Cpu::new();
+        let n = POOL_MIN_BYTES / 4;
+        let keep = dev.alloc(Elem::F32, 10).unwrap();
+        let mut a = dev.alloc(Elem::F32, n).unwrap();
+        assert_eq!(a.f32()[0].is_nan(), cfg!(debug_assertions));
+        dev.write_f32(&mut a, &vec![1.0; n]).unwrap();
+        drop(a);
+        assert_eq!(dev.memory().current_bytes, 40);
+        assert_eq!(dev.memory().peak_bytes, 40 + 4 * n as u64);
+        dev.reset_peak();
+        assert_eq!(dev.memory().peak_bytes, 40);
+        let b = dev.alloc(Elem::F32, n).unwrap();
+        if cfg!(debug_assertions) {
+            assert!(b.f32().iter().all(|x| x.is_nan()), "a pooled buffer not poisoned");
+        }
+        drop((keep, b));
+    }
 }
