@@ -265,6 +265,27 @@ fn last(s: &[u64]) -> usize {
     s.last().copied().unwrap_or(1) as usize
 }
 
+/// A concat's shapes checked against its buffers' lengths (`None`: a gradient not asked
+/// for), since [`Device`] promises an error where the row loops would panic on a slice
+/// or read a wrong row: one rank, the last axes adding up, every leading axis of an
+/// input 1 (broadcast) or the output's, and each buffer holding its shape's elements.
+/// The last axes (a, b, out).
+fn concat_dims(k: &str, s: ConcatShapes<'_>, out: usize, a: Option<usize>, b: Option<usize>) -> Result<(usize, usize, usize), ExecError> {
+    let (la, lb, lo) = (last(s.a), last(s.b), last(s.out));
+    let r = s.out.len().saturating_sub(1);
+    let broadcasts = |x: &[u64]| x.len() == s.out.len() && x[..r].iter().zip(&s.out[..r]).all(|(&d, &o)| d == 1 || d == o);
+    let holds = |sh: &[u64], len: Option<usize>| {
+        len.is_none_or(|n| sh.iter().try_fold(1u64, |p, &d| p.checked_mul(d)) == Some(n as u64))
+    };
+    if la + lb != lo || !broadcasts(s.a) || !broadcasts(s.b) || !holds(s.out, Some(out)) || !holds(s.a, a) || !holds(s.b, b) {
+        return Err(ExecError::State(format!(
+            "{k}: shapes {:?} + {:?} -> {:?} over buffers of {a:?} + {b:?} -> {out} elements",
+            s.a, s.b, s.out
+        )));
+    }
+    Ok((la, lb, lo))
+}
+
 /// Element-wise loops share the kernels' grain (2^15 elements per task).
 const GRAIN: usize = 1 << 15;
 
@@ -694,13 +715,10 @@ impl Device for Cpu {
 
     fn concat_forward(&self, out: &mut CpuBuffer, a: &CpuBuffer, b: &CpuBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
         let k = "concat_forward";
-        let (la, lb, lo) = (last(s.a), last(s.b), last(s.out));
+        let (la, lb, lo) = concat_dims(k, s, out.len(), Some(a.len()), Some(b.len()))?;
         let r = s.out.len().saturating_sub(1);
         let (xa, xb) = (f(a, k)?, f(b, k)?);
         let o = fm(out, k)?;
-        if la + lb != lo || s.a.len() != s.out.len() || s.b.len() != s.out.len() {
-            return Err(ExecError::State(format!("{k}: shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
-        }
         for (row, dst) in o.chunks_mut(lo).enumerate() {
             let ra = runner_kernels::cpu::broadcast_row(&s.out[..r], &s.a[..r], row);
             let rb = runner_kernels::cpu::broadcast_row(&s.out[..r], &s.b[..r], row);
@@ -718,8 +736,9 @@ impl Device for Cpu {
         s: ConcatShapes<'_>,
     ) -> Result<(), ExecError> {
         let k = "concat_backward";
+        let lens = (da.as_ref().map(|t| t.len()), db.as_ref().map(|t| t.len()));
+        let (_, _, lo) = concat_dims(k, s, dout.len(), lens.0, lens.1)?;
         let d = f(dout, k)?;
-        let lo = last(s.out);
         let r = s.out.len().saturating_sub(1);
         let mut col0 = 0;
         for (t, ss) in [(da, s.a), (db, s.b)] {
@@ -1409,6 +1428,18 @@ mod tests {
         assert!(dev.geglu_forward(&mut zeros(6), &x6, &x5).is_err());
         let s = ConcatShapes { out: &[2, 4], a: &[2, 2], b: &[2, 1] };
         assert!(dev.concat_forward(&mut zeros(8), &x4, &put(&dev, &[1.0; 2]), s).is_err());
+        // Concat buffers that disagree with their shapes (these used to panic on a slice
+        // or, for a leading axis neither 1 nor the output's, read past a row).
+        let s = ConcatShapes { out: &[2, 4], a: &[2, 2], b: &[1, 2] };
+        assert!(dev.concat_forward(&mut zeros(8), &x4, &x4, s).is_err(), "b of 4 for a [1, 2]");
+        assert!(dev.concat_forward(&mut zeros(8), &x5, &put(&dev, &[1.0; 2]), s).is_err(), "a of 5 for a [2, 2]");
+        assert!(dev.concat_forward(&mut zeros(6), &x4, &put(&dev, &[1.0; 2]), s).is_err(), "out of 6 for a [2, 4]");
+        assert!(dev.concat_forward(&mut zeros(8), &x4, &put(&dev, &[1.0; 2]), s).is_ok());
+        let s3 = ConcatShapes { out: &[2, 4], a: &[3, 2], b: &[1, 2] };
+        assert!(dev.concat_forward(&mut zeros(8), &x6, &put(&dev, &[1.0; 2]), s3).is_err(), "a leading axis of 3 against 2");
+        assert!(dev.concat_backward(Some(&mut zeros(4)), None, &x6, s).is_err(), "dout of 6 for a [2, 4]");
+        assert!(dev.concat_backward(None, Some(&mut zeros(4)), &put(&dev, &[1.0; 8]), s).is_err(), "db of 4 for a [1, 2]");
+        assert!(dev.concat_backward(Some(&mut zeros(4)), Some(&mut zeros(2)), &put(&dev, &[1.0; 8]), s).is_ok());
         // GEMM operands of two types (two FP8 formats excepted), E5M2 x E5M2, and an FP8
         // output of f32 operands.
         let g = Gemm { m: 2, n: 2, k: 2, trans_a: false, trans_b: false };
