@@ -265,27 +265,6 @@ fn last(s: &[u64]) -> usize {
     s.last().copied().unwrap_or(1) as usize
 }
 
-/// A concat's shapes checked against its buffers' lengths (`None`: a gradient not asked
-/// for), since [`Device`] promises an error where the row loops would panic on a slice
-/// or read a wrong row: one rank, the last axes adding up, every leading axis of an
-/// input 1 (broadcast) or the output's, and each buffer holding its shape's elements.
-/// The last axes (a, b, out).
-fn concat_dims(k: &str, s: ConcatShapes<'_>, out: usize, a: Option<usize>, b: Option<usize>) -> Result<(usize, usize, usize), ExecError> {
-    let (la, lb, lo) = (last(s.a), last(s.b), last(s.out));
-    let r = s.out.len().saturating_sub(1);
-    let broadcasts = |x: &[u64]| x.len() == s.out.len() && x[..r].iter().zip(&s.out[..r]).all(|(&d, &o)| d == 1 || d == o);
-    let holds = |sh: &[u64], len: Option<usize>| {
-        len.is_none_or(|n| sh.iter().try_fold(1u64, |p, &d| p.checked_mul(d)) == Some(n as u64))
-    };
-    if la + lb != lo || !broadcasts(s.a) || !broadcasts(s.b) || !holds(s.out, Some(out)) || !holds(s.a, a) || !holds(s.b, b) {
-        return Err(ExecError::State(format!(
-            "{k}: shapes {:?} + {:?} -> {:?} over buffers of {a:?} + {b:?} -> {out} elements",
-            s.a, s.b, s.out
-        )));
-    }
-    Ok((la, lb, lo))
-}
-
 /// Element-wise loops share the kernels' grain (2^15 elements per task).
 const GRAIN: usize = 1 << 15;
 
@@ -715,7 +694,7 @@ impl Device for Cpu {
 
     fn concat_forward(&self, out: &mut CpuBuffer, a: &CpuBuffer, b: &CpuBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
         let k = "concat_forward";
-        let (la, lb, lo) = concat_dims(k, s, out.len(), Some(a.len()), Some(b.len()))?;
+        let (la, lb, lo) = s.dims(k, out.len(), Some(a.len()), Some(b.len()))?;
         let r = s.out.len().saturating_sub(1);
         let (xa, xb) = (f(a, k)?, f(b, k)?);
         let o = fm(out, k)?;
@@ -737,7 +716,7 @@ impl Device for Cpu {
     ) -> Result<(), ExecError> {
         let k = "concat_backward";
         let lens = (da.as_ref().map(|t| t.len()), db.as_ref().map(|t| t.len()));
-        let (_, _, lo) = concat_dims(k, s, dout.len(), lens.0, lens.1)?;
+        let (_, _, lo) = s.dims(k, dout.len(), lens.0, lens.1)?;
         let d = f(dout, k)?;
         let r = s.out.len().saturating_sub(1);
         let mut col0 = 0;

@@ -274,6 +274,33 @@ pub struct ConcatShapes<'a> {
     pub b: &'a [u64],
 }
 
+impl ConcatShapes<'_> {
+    /// The shapes checked against the buffers' element counts (`None`: a gradient not
+    /// asked for), one rule for every backend, since [`Device`] promises an error where a
+    /// row loop would panic on a slice or read a wrong row (on a GPU: out of bounds): one
+    /// rank, the last axes adding up, every leading axis of an input 1 (broadcast) or the
+    /// output's, each buffer holding its shape's elements. Returns the last axes (a, b, out).
+    ///
+    /// # Errors
+    /// [`ExecError::State`] naming kernel `k`, the shapes and the buffers' lengths.
+    pub fn dims(&self, k: &str, out: usize, a: Option<usize>, b: Option<usize>) -> Result<(usize, usize, usize), ExecError> {
+        let last = |s: &[u64]| s.last().copied().unwrap_or(1) as usize;
+        let (la, lb, lo) = (last(self.a), last(self.b), last(self.out));
+        let r = self.out.len().saturating_sub(1);
+        let broadcasts = |x: &[u64]| x.len() == self.out.len() && x[..r].iter().zip(&self.out[..r]).all(|(&d, &o)| d == 1 || d == o);
+        let holds = |sh: &[u64], len: Option<usize>| {
+            len.is_none_or(|n| sh.iter().try_fold(1u64, |p, &d| p.checked_mul(d)) == Some(n as u64))
+        };
+        if la.checked_add(lb) != Some(lo) || !broadcasts(self.a) || !broadcasts(self.b) || !holds(self.out, Some(out)) || !holds(self.a, a) || !holds(self.b, b) {
+            return Err(ExecError::State(format!(
+                "{k}: shapes {:?} + {:?} -> {:?} over buffers of {a:?} + {b:?} -> {out} elements",
+                self.a, self.b, self.out
+            )));
+        }
+        Ok((la, lb, lo))
+    }
+}
+
 /// A compute backend: memory, kernels, clocks.
 ///
 /// Errors: every method returns [`ExecError`] instead of panicking; a kernel refusing

@@ -164,3 +164,32 @@ fn mxfp8_rounding_of_a_ragged_buffer_is_refused_on_the_emulated_cuda_backend() {
     dev.round_to_storage(&mut b, runner_graph::DType::MxFp8, 3).unwrap();
     assert_eq!(dev.read_f32(&b).unwrap(), [1.125; 6]);
 }
+
+/// Concat buffers that disagree with their shapes are refused by the CUDA backend with
+/// the CPU's rule (`ConcatShapes::dims`): its launch trusted the shapes, so a short
+/// buffer was read or written out of bounds on a GPU (only the ranks were checked).
+#[test]
+fn concat_buffers_that_disagree_with_their_shapes_are_refused_on_the_emulated_cuda_backend() {
+    use runner_exec::device::{ConcatShapes, Device, Elem};
+    if ran_under_sanitizer("concat_buffers_that_disagree_with_their_shapes_are_refused_on_the_emulated_cuda_backend") {
+        return;
+    }
+    let Some(dev) = emulated() else { return };
+    let buf = |n: usize| {
+        let mut b = dev.alloc(Elem::F32, n).unwrap();
+        dev.write_f32(&mut b, &vec![1.0; n]).unwrap();
+        b
+    };
+    let s = ConcatShapes { out: &[2, 4], a: &[2, 2], b: &[1, 2] };
+    let e = dev.concat_forward(&mut buf(8), &buf(4), &buf(4), s).unwrap_err().to_string();
+    assert!(e.contains("concat_forward: shapes [2, 2] + [1, 2] -> [2, 4]"), "{e}");
+    assert!(dev.concat_forward(&mut buf(6), &buf(4), &buf(2), s).is_err(), "out of 6 for a [2, 4]");
+    let s3 = ConcatShapes { out: &[2, 5], a: &[2, 2], b: &[1, 2] };
+    assert!(dev.concat_forward(&mut buf(10), &buf(4), &buf(2), s3).is_err(), "last axes 2 + 2 for 5");
+    assert!(dev.concat_backward(Some(&mut buf(4)), None, &buf(6), s).is_err(), "dout of 6 for a [2, 4]");
+    assert!(dev.concat_backward(None, Some(&mut buf(4)), &buf(8), s).is_err(), "db of 4 for a [1, 2]");
+    let mut out = buf(8);
+    dev.concat_forward(&mut out, &buf(4), &buf(2), s).unwrap();
+    assert_eq!(dev.read_f32(&out).unwrap(), [1.0; 8]);
+    dev.concat_backward(Some(&mut buf(4)), Some(&mut buf(2)), &buf(8), s).unwrap();
+}

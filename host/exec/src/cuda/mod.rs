@@ -1503,6 +1503,7 @@ impl Device for Cuda {
     }
 
     fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
+        s.dims("concat_forward", out.len, Some(a.len), Some(b.len))?;
         let (shapes, rank, la, lb) = self.concat_meta(s)?;
         let lo = la + lb;
         let rows = out.len / lo.max(1);
@@ -1514,6 +1515,7 @@ impl Device for Cuda {
     }
 
     fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
+        s.dims("concat_backward", dout.len, da.as_ref().map(|t| t.len), db.as_ref().map(|t| t.len))?;
         let (shapes, rank, la, lb) = self.concat_meta(s)?;
         let lo = la + lb;
         for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
@@ -2104,10 +2106,8 @@ impl Cuda {
     /// time this shape is seen): its address, the rank and the two inputs' last
     /// dimensions.
     fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(u64, usize, usize, usize), ExecError> {
+        // The shapes were checked against the buffers by ConcatShapes::dims.
         let rank = s.out.len().saturating_sub(1);
-        if s.a.len() != s.out.len() || s.b.len() != s.out.len() {
-            return Err(kerr("concat", format!("shapes {:?} + {:?} -> {:?}", s.a, s.b, s.out)));
-        }
         let (la, lb) = (*s.a.last().unwrap_or(&1) as usize, *s.b.last().unwrap_or(&1) as usize);
         let mut host: Vec<u32> = Vec::with_capacity(6 * rank);
         for sh in [s.out, s.a, s.b] {
