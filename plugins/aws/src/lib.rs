@@ -13,6 +13,8 @@
 use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
+/// Parsed once per instance: every quote reads it.
+static LIST: PriceList = PriceList::new(PRICES, BILLING);
 
 // Linux instances bill per second after the first minute. The source is secondary (study
 // notes), so the note says so rather than sound official. Capacity Blocks are bought by the
@@ -137,12 +139,12 @@ impl Guest for Aws {
     }
 
     fn offerings() -> Vec<Offering> {
-        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        let offerings = offerings_from_csv(PRICES, BILLING)?;
-        let q = standard_quote_with(&offerings, &request, EXTRAS)?;
+        let offerings = LIST.offerings()?;
+        let q = standard_quote_with(offerings, &request, EXTRAS)?;
         match (request.option, offerings.iter().find(|o| o.instance == request.instance)) {
             (PurchaseOption::CapacityBlock, Some(o)) => capacity_block_quote(q, o, request.nodes),
             _ => Ok(q),

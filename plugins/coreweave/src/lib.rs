@@ -11,6 +11,8 @@
 use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
+/// Parsed once per instance: every quote reads it.
+static LIST: PriceList = PriceList::new(PRICES, BILLING);
 
 const BILLING: Billing = Billing {
     increment_s: 60,
@@ -42,11 +44,11 @@ impl Guest for CoreWeave {
     }
 
     fn offerings() -> Vec<Offering> {
-        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, EXTRAS)
+        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
     }
 }
 

@@ -13,6 +13,8 @@
 use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
+/// Parsed once per instance: every quote reads it.
+static LIST: PriceList = PriceList::new(PRICES, BILLING);
 
 // The bundled Local SSD of a3/a2-ultra shapes is billed but absent from the catalog's
 // rows (SkyPilot issue #3281), so every node price here is low by that much.
@@ -43,11 +45,11 @@ impl Guest for Gcp {
     }
 
     fn offerings() -> Vec<Offering> {
-        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, EXTRAS)
+        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
     }
 }
 

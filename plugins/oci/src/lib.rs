@@ -12,6 +12,8 @@
 use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
+/// Parsed once per instance: every quote reads it.
+static LIST: PriceList = PriceList::new(PRICES, BILLING);
 
 // No source for OCI's billing granularity was found; pro rata per second adds nothing the
 // price list does not say, and the note keeps the gap visible in every report.
@@ -32,12 +34,12 @@ impl Guest for Oci {
     }
 
     fn offerings() -> Vec<Offering> {
-        offerings_from_csv(PRICES, BILLING).expect("prices.csv parses (checked by the tests)")
+        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
     }
 
     fn quote(request: QuoteRequest) -> Result<Quote, String> {
         // No OCI storage or egress prices were found.
-        standard_quote_with(&offerings_from_csv(PRICES, BILLING)?, &request, UNKNOWN_EXTRAS)
+        standard_quote_with(LIST.offerings()?, &request, UNKNOWN_EXTRAS)
     }
 }
 

@@ -344,6 +344,38 @@ const OTHER_COLUMNS: [&str; 10] = [
     "caveats",
 ];
 
+/// A price list parsed once per plugin instance, for a `static`: `offerings` and every
+/// `quote` read it from there. Parsing the CSV on each quote was nearly all of a quote's
+/// time (about 125 us of AWS's, native), and a run asks for one quote per row, cloud and
+/// purchase option.
+///
+/// ```ignore
+/// static LIST: PriceList = PriceList::new(include_str!("prices.csv"), BILLING);
+/// fn quote(request: QuoteRequest) -> Result<Quote, String> {
+///     standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+/// }
+/// ```
+pub struct PriceList {
+    csv: &'static str,
+    billing: Billing,
+    parsed: std::sync::OnceLock<Result<Vec<Offering>, String>>,
+}
+
+impl PriceList {
+    /// The list in `csv` under `billing`, parsed on first use.
+    pub const fn new(csv: &'static str, billing: Billing) -> PriceList {
+        PriceList { csv, billing, parsed: std::sync::OnceLock::new() }
+    }
+
+    /// The offerings, as [`offerings_from_csv`] gives them.
+    ///
+    /// # Errors
+    /// What [`offerings_from_csv`] says of the list (the same message on every call).
+    pub fn offerings(&self) -> Result<&[Offering], String> {
+        self.parsed.get_or_init(|| offerings_from_csv(self.csv, self.billing)).as_deref().map_err(Clone::clone)
+    }
+}
+
 /// Parse a price list: one row per instance and region (or per instance, region and set of
 /// options, where options differ in date or source), grouped into one offering per instance
 /// (in first-seen order). Each price carries its row's date, source and caveats, and the
@@ -609,6 +641,22 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
 
     fn offerings() -> Vec<Offering> {
         offerings_from_csv(LIST, BILLING).unwrap()
+    }
+
+    /// A `PriceList` gives what parsing its CSV under its billing gives, on every call,
+    /// and a list that does not parse gives the parser's error each time.
+    #[test]
+    fn a_price_list_is_its_csv_parsed_once() {
+        static PARSED: PriceList = PriceList::new(LIST, BILLING);
+        for _ in 0..2 {
+            assert_eq!(format!("{:?}", PARSED.offerings().unwrap()), format!("{:?}", offerings()));
+        }
+        static BAD: PriceList = PriceList::new("instance,gpu,colour\nx,H100,red\n", BILLING);
+        let want = offerings_from_csv("instance,gpu,colour\nx,H100,red\n", BILLING).unwrap_err();
+        assert!(want.contains("unknown column 'colour'"), "{want}");
+        for _ in 0..2 {
+            assert_eq!(BAD.offerings().unwrap_err(), want);
+        }
     }
 
     #[test]
