@@ -153,6 +153,34 @@ fn non_finite_zero_negative_and_below_list_money_is_refused() {
     }
 }
 
+/// A quote with no list price to check it against is never asked for: the plugin's 1e-300
+/// USD for an instance it never lists, or half its list price in a region it does not list
+/// (or before any list), would pass every other rule. Listed, the floor refuses it.
+#[test]
+fn a_quote_below_any_list_price_off_the_price_list_is_refused() {
+    let mut c = cost("hostile_money.wasm", Limits::default());
+    let unlisted = |err: PluginError, expect: &str| {
+        assert!(matches!(err.failure, Failure::Unlisted(_)), "{err}");
+        refused(&err, "quote", expect);
+    };
+    unlisted(c.quote(&request("hidden")).unwrap_err(), "list the offerings first");
+    unlisted(c.quote(&request("below-list")).unwrap_err(), "list the offerings first");
+    c.offerings().unwrap();
+    unlisted(
+        c.quote(&request("hidden")).unwrap_err(),
+        "instance 'hidden' is not in its price list",
+    );
+    unlisted(
+        c.quote(&on_demand("below-list", "elsewhere")).unwrap_err(),
+        "no on-demand price for instance 'below-list' in region 'elsewhere'",
+    );
+    refused(
+        &c.quote(&request("below-list")).unwrap_err(),
+        "quote",
+        "below the list price of what was asked for (60.00 USD",
+    );
+}
+
 #[test]
 fn a_cloud_whose_quotes_all_fail_is_reported_failed_not_as_not_selling() {
     let text = format!(

@@ -13,11 +13,14 @@ fn request(instance: &str) -> QuoteRequest {
     on_demand(instance, "test-1")
 }
 
+/// The misbehaving cloud, its price list asked for (the host quotes only what it lists).
 fn misbehaving(limits: Limits) -> runner::plugin::cost::CostModel {
-    plugin::load(&program("misbehave_cost.wasm"))
+    let mut cost = plugin::load(&program("misbehave_cost.wasm"))
         .unwrap()
         .cost(limits)
-        .unwrap()
+        .unwrap();
+    cost.offerings().unwrap();
+    cost
 }
 
 #[test]
@@ -85,9 +88,44 @@ fn nonsense_values_are_rejected_by_name() {
 #[test]
 fn plugin_errors_are_passed_on_as_refusals() {
     let mut cost = misbehaving(Limits::default());
-    let err = cost.quote(&request("no-such-instance")).unwrap_err();
+    // 17 GPUs do not fit the 2 nodes of 8 asked for: the plugin's own refusal.
+    let err = cost.quote(&QuoteRequest { gpus: 17, ..request("good") }).unwrap_err();
     assert!(matches!(err.failure, Failure::Refused(_)), "{err}");
-    assert!(err.to_string().contains("no-such-instance"), "{err}");
+    assert!(err.to_string().contains("refused `quote`: 2 node(s) of good for 17 GPUs"), "{err}");
+}
+
+/// A quote the plugin did not list is refused by the host and never reaches the plugin:
+/// `trap` would panic if it were called (before the price list, or in a region it does not
+/// sell in), and the refusal says what to do.
+#[test]
+fn a_quote_of_an_unlisted_price_is_refused_without_calling_the_plugin() {
+    let mut cost = plugin::load(&program("misbehave_cost.wasm"))
+        .unwrap()
+        .cost(Limits::default())
+        .unwrap();
+    let unlisted = |err: plugin::PluginError, expect: &str| {
+        assert!(matches!(err.failure, Failure::Unlisted(_)), "{err}");
+        let text = err.to_string();
+        assert!(text.starts_with("plugin 'misbehave_cost.wasm' was not asked for `quote`: "), "{text}");
+        assert!(text.contains(expect), "{expect:?} not in: {text}");
+    };
+    unlisted(
+        cost.quote(&request("trap")).unwrap_err(),
+        "instance 'trap' before any price list: list the offerings first",
+    );
+    cost.offerings().unwrap();
+    unlisted(
+        cost.quote(&request("no-such-instance")).unwrap_err(),
+        "instance 'no-such-instance' is not in its price list (10 offerings listed last)",
+    );
+    unlisted(
+        cost.quote(&on_demand("trap", "test-2")).unwrap_err(),
+        "no on-demand price for instance 'trap' in region 'test-2'",
+    );
+    let spot = QuoteRequest { option: PurchaseOption::Spot, ..request("trap") };
+    unlisted(cost.quote(&spot).unwrap_err(), "no spot price for instance 'trap' in region 'test-1'");
+    // Listed, it is called (and traps).
+    assert!(matches!(cost.quote(&request("trap")).unwrap_err().failure, Failure::Trap { .. }));
 }
 
 #[test]

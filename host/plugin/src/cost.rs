@@ -1,6 +1,7 @@
 //! Cost-model plugins seen from the host: validated offerings and itemised quotes. A quote
-//! is checked against the offerings the same instance listed last: money that is finite,
-//! above zero, adds up, and is not below the list price of what was asked for.
+//! is asked only for a price the same instance listed last (anything else is refused
+//! before the plugin is called), and checked against it: money that is finite, above zero,
+//! adds up, and is not below the list price of what was asked for.
 
 use crate::bindings::v3::cost::exports::runner::plugin::cost_model as wit;
 use crate::bindings::{v1, v2, v3};
@@ -34,8 +35,9 @@ enum Instance {
 pub struct CostModel {
     pub info: PluginInfo,
     instance: Instance,
-    /// The offerings of the last `offerings` call: quotes are checked against them.
-    listed: Vec<Offering>,
+    /// The offerings of the last valid `offerings` call (None before the first): quotes
+    /// are asked only for a price they list, and checked against it.
+    listed: Option<Vec<Offering>>,
 }
 
 impl Plugin {
@@ -52,7 +54,7 @@ impl Plugin {
         Ok(CostModel {
             info: self.info.clone(),
             instance,
-            listed: Vec::new(),
+            listed: None,
         })
     }
 }
@@ -97,13 +99,19 @@ impl CostModel {
                 .collect(),
         );
         validate_offerings(&offerings).map_err(|m| self.invalid("offerings", m))?;
-        self.listed.clone_from(&offerings);
+        self.listed = Some(offerings.clone());
         Ok(offerings)
     }
 
-    /// An itemised quote, validated against the offerings listed last (call
-    /// [`CostModel::offerings`] first, or the list-price floor is not checked).
+    /// An itemised quote of a price the offerings listed last hold, validated against it.
+    ///
+    /// # Errors
+    /// [`Failure::Unlisted`], without calling the plugin, before the first
+    /// [`CostModel::offerings`] or for an instance, region or option it did not list (a
+    /// quote with no list price would have no floor: a hostile plugin could quote 1e-300
+    /// USD); else the plugin's own failure, or the contract rule its quote breaks.
     pub fn quote(&mut self, request: &QuoteRequest) -> Result<Quote, PluginError> {
+        listed_price(request, self.listed.as_deref()).map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Unlisted(m)))?;
         let result = alike!(&mut self.instance, [V3, V2] |s| s.call("quote", |s, p| {
                 p.runner_plugin_cost_model().call_quote(s, request)
             })?,
@@ -117,13 +125,41 @@ impl CostModel {
         );
         let quote =
             result.map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Refused(m)))?;
-        validate_quote(request, &quote, &self.listed).map_err(|m| self.invalid("quote", m))?;
+        validate_quote(request, &quote, self.listed.as_deref().unwrap_or_default()).map_err(|m| self.invalid("quote", m))?;
         Ok(quote)
     }
 
     fn invalid(&self, call: &str, rule: String) -> PluginError {
         PluginError::new(&self.info.name, call, Failure::Invalid(rule))
     }
+}
+
+/// The price of `listed` (a plugin's last price list; None before it listed one) that
+/// `request` asks for: the host quotes only what a plugin listed, so that every quote has a
+/// list price to be checked against.
+///
+/// # Errors
+/// Why the request names no listed price, and what to ask instead.
+pub fn listed_price<'a>(request: &QuoteRequest, listed: Option<&'a [Offering]>) -> Result<&'a Price, String> {
+    let instance = runner_contract::text::shown(&request.instance);
+    let Some(listed) = listed else {
+        return Err(format!(
+            "a quote of instance {instance} before any price list: list the offerings first (call `offerings` before `quote`)"
+        ));
+    };
+    let Some(offering) = listed.iter().find(|o| o.instance == request.instance) else {
+        return Err(format!(
+            "instance {instance} is not in its price list ({} offerings listed last); quote an instance it lists",
+            listed.len()
+        ));
+    };
+    find_price(offering, &request.region, request.option).ok_or_else(|| {
+        let region = if request.region.is_empty() { "any region".to_string() } else { format!("region {}", runner_contract::text::shown(&request.region)) };
+        format!(
+            "its price list has no {} price for instance {instance} in {region}; quote a region and purchase option it lists",
+            option_name(request.option)
+        )
+    })
 }
 
 /// The contract's price-list and quote rules at their edges, each named by the mutation of
@@ -263,6 +299,43 @@ mod tests {
         refused(&quote(vec![line(LineCategory::Compute, 600.0)], 650.0), "is not the sum of the lines (600)");
         // Half a percent under the list price is under it.
         refused(&quote(vec![line(LineCategory::Compute, 597.0)], 597.0), "is below the list price");
+    }
+
+    /// The host asks a quote only of a price the plugin listed: the instance, then the
+    /// region (or one price for every region; an empty region takes any), then the option.
+    /// Without it a request off the list has no list price, and `validate_quote` lets a
+    /// quote of 1e-300 USD through (asserted last).
+    #[test]
+    fn only_a_listed_instance_region_and_option_is_quoted() {
+        let listed = [offering(
+            "p5",
+            vec![
+                price("us-east-1", PurchaseOption::OnDemand, 100.0, 0.0),
+                price(runner_contract::cost::ANY_REGION, PurchaseOption::Spot, 40.0, 0.0),
+            ],
+        )];
+        let usd = |r: &QuoteRequest| listed_price(r, Some(&listed)).map(|p| p.usd_per_node_hour);
+        let spot = QuoteRequest { region: "us-west-2".into(), option: PurchaseOption::Spot, ..request() };
+        assert_eq!(usd(&request()), Ok(100.0));
+        assert_eq!(usd(&spot), Ok(40.0));
+        assert_eq!(usd(&QuoteRequest { region: String::new(), ..request() }), Ok(100.0));
+
+        #[track_caller]
+        fn refused(r: &QuoteRequest, listed: Option<&[Offering]>, word: &str) {
+            let m = listed_price(r, listed).expect_err("must be refused");
+            assert!(m.contains(word), "{word:?} not in: {m}");
+        }
+        refused(&request(), None, "a quote of instance 'p5' before any price list: list the offerings first");
+        refused(&request(), Some(&[]), "instance 'p5' is not in its price list (0 offerings listed last)");
+        let p4d = QuoteRequest { instance: "p4d".into(), ..request() };
+        refused(&p4d, Some(&listed), "instance 'p4d' is not in its price list (1 offerings listed last)");
+        let west = QuoteRequest { region: "us-west-2".into(), ..request() };
+        refused(&west, Some(&listed), "no on-demand price for instance 'p5' in region 'us-west-2'");
+        let term = QuoteRequest { option: PurchaseOption::OneYearNoUpfront, ..request() };
+        refused(&term, Some(&listed), "no 1y-no-upfront price for instance 'p5' in region 'us-east-1'");
+
+        let crumbs = quote(vec![line(LineCategory::Compute, 1e-300)], 1e-300);
+        assert_eq!(validate_quote(&p4d, &crumbs, &listed), Ok(()), "no list price, no floor");
     }
 
     /// The refusal of a quote below the list price names the request's hours as every

@@ -20,6 +20,10 @@ pub enum Failure {
     Invalid(String),
     /// The plugin returned an error of its own (e.g. an unknown variant); printed escaped.
     Refused(String),
+    /// The host refused to send a request that names nothing the plugin listed (a quote
+    /// before `offerings`, or of an instance, region or purchase option not in its price
+    /// list): the plugin was not called.
+    Unlisted(String),
 }
 
 /// A plugin error: which plugin, which call, what failed.
@@ -93,6 +97,7 @@ impl fmt::Display for PluginError {
                 "plugin '{plugin}' refused `{call}`: {}",
                 runner_contract::text::escape(m, runner_contract::text::MAX_TEXT)
             ),
+            Failure::Unlisted(m) => write!(f, "plugin '{plugin}' was not asked for `{call}`: {m}"),
         }
     }
 }

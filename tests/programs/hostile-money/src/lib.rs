@@ -4,7 +4,8 @@
 //! "usd"), `euro` (a well-formed quote in EUR). `euro-b200`, its only B200 offering, quotes
 //! in EUR too: a cloud that quotes B200 only in EUR. `offerings` lists them all with honest
 //! prices on its first call, then a $0 price, a negative price, and a NaN price on the
-//! next three calls.
+//! next three calls. `hidden`, which it never lists, it quotes at 1e-300 USD; `below-list`
+//! it quotes at half its list price in any region, the one it lists (`r`) or another.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
 
@@ -66,6 +67,7 @@ impl Guest for Hostile {
             "below-list" => quote("USD", vec![line(list / 2.0)], list / 2.0),
             "lowercase" => quote("usd", vec![line(list)], list),
             "euro" | "euro-b200" => quote("EUR", vec![line(list)], list),
+            "hidden" => quote("USD", vec![line(1e-300)], 1e-300),
             other => return Err(format!("unknown instance '{other}'")),
         })
     }
