@@ -264,6 +264,26 @@ fn nonsense_price_lists_are_refused_on_every_call() {
     assert_eq!(c.offerings().unwrap().len(), 1);
 }
 
+/// A policy's name is printed (run reports, `plugins validate`): one that would set the
+/// terminal's title, or fill the screen, is refused on the call that answers it.
+#[test]
+fn a_precision_policy_name_that_is_not_printable_text_is_refused() {
+    let mut p = plugin::load(&program("nonsense_precision.wasm"))
+        .unwrap()
+        .precision(Limits::default())
+        .unwrap();
+    assert_eq!(p.name().unwrap(), "nonsense: a different wrong plan on every call");
+    for expect in [
+        "the policy name '\\u{1b}]0;pwned\\u{7}nonsense' contains the control character U+001B",
+        "the policy name is 5000 bytes long (at most 4096)",
+    ] {
+        let err = p.name().unwrap_err();
+        assert!(matches!(err.failure, Failure::Invalid(_)), "{err}");
+        refused(&err, "name", expect);
+    }
+    assert!(p.name().is_ok());
+}
+
 #[test]
 fn nonsense_precision_plans_and_actions_are_refused_on_every_call() {
     let mut p = plugin::load(&program("nonsense_precision.wasm"))

@@ -5,7 +5,8 @@
 //! 4294967295x4294967295, delayed scaling without an amax history; then sound FP8 plans. Its `on-step`
 //! answers a rollback of zero steps, a re-promotion to BF16, a fallback to int32,
 //! 100,000 actions, a fallback to FP8 and a global one to NVFP4 (formats that need a
-//! scale the fallback cannot give), then nothing.
+//! scale the fallback cannot give), then nothing. Its `name` is honest on the first call,
+//! then sets the terminal's title, then is 5,000 bytes long, then honest again.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
 
@@ -17,6 +18,7 @@ struct Nonsense;
 
 static PLANS: AtomicU32 = AtomicU32::new(0);
 static STEPS: AtomicU32 = AtomicU32::new(0);
+static NAMES: AtomicU32 = AtomicU32::new(0);
 
 fn scaled(format: Dtype, recipe: ScalingRecipe, rows: u32, cols: u32, scale: ScaleFormat) -> OperandPlan {
     OperandPlan {
@@ -41,7 +43,11 @@ fn fp8() -> SitePlan {
 
 impl Guest for Nonsense {
     fn name() -> String {
-        "nonsense: a different wrong plan on every call".into()
+        match NAMES.fetch_add(1, Ordering::Relaxed) {
+            1 => "\u{1b}]0;pwned\u{7}nonsense".into(),
+            2 => "n".repeat(5000),
+            _ => "nonsense: a different wrong plan on every call".into(),
+        }
     }
 
     fn plan(request: PlanRequest) -> Result<PlanResponse, String> {
