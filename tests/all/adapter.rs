@@ -6,8 +6,8 @@
 use runner::plugin::cost::PriceCaveat;
 use runner::plugin::cost::{LineCategory, PurchaseOption, QuoteRequest};
 use runner::plugin::precision::{
-    Action, Dtype, FallbackScope, GemmRole, GemmSite, PlanRequest, ScaleFormat, ScalingRecipe,
-    device_capabilities, healthy_step,
+    Action, Dtype, FallbackScope, GemmRole, GemmSite, Operand, OperandMetrics, PlanRequest,
+    ScaleFormat, ScalingRecipe, SiteMetrics, device_capabilities, healthy_step,
 };
 use runner::plugin::workload::{
     GraphRequest, InferenceShape, Phase, RecomputeGranularity, TrainingPrecision,
@@ -181,7 +181,27 @@ fn a_0_1_precision_policy_plans_per_operand_and_its_actions_gain_targets() {
     assert!(
         matches!(&r.actions[5], Action::Repromote(p) if p.to == Dtype::Fp8E4m3 && p.sites.names == ["*.up"])
     );
-    assert!(matches!(&r.actions[6], Action::Alert(m) if m.starts_with("step 5")));
+    assert!(matches!(&r.actions[6], Action::Alert(m) if m == "step 5 amax None"));
+
+    // A NaN amax of its weight reaches the policy (which alerts the first site's amax):
+    // a 0.1 site's one signal of an overflow.
+    let operand = |operand, amax| OperandMetrics {
+        operand,
+        amax,
+        scale: 1.0,
+        saturation_rate: 0.0,
+        underflow_rate: 0.0,
+        nonfinite: amax.is_nan(),
+    };
+    let overflow = runner::plugin::precision::StepMetrics {
+        sites: vec![SiteMetrics {
+            site: 0,
+            operands: vec![operand(Operand::Activation, 2.0), operand(Operand::Weight, f64::NAN)],
+        }],
+        ..healthy_step(6, plan.sites.clone(), Vec::new())
+    };
+    let r = pp.on_step(&overflow).unwrap();
+    assert!(matches!(&r.actions[6], Action::Alert(m) if m == "step 6 amax Some(NaN)"), "{:?}", r.actions[6]);
 }
 
 #[test]

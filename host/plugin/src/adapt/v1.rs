@@ -283,16 +283,25 @@ pub fn plan_response(r: p1::PlanResponse) -> p3::PlanResponse {
     }
 }
 
+/// The largest of `values` (0 for none), NaN where any is NaN: `f64::max` drops a NaN, and
+/// a folded NaN would read as a small amax.
+fn largest(values: impl Iterator<Item = f64>) -> f64 {
+    values.fold(0.0, |a, b| if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) })
+}
+
+/// A 0.1 site hears one amax for all its operands, and 0.1 has no flag for NaN or Inf: its
+/// only signal of an overflow is an amax that is not finite. So the largest operand amax:
+/// NaN where an operand's amax is NaN, or finite on an operand that saw NaN or Inf
+/// (`nonfinite`; the device's amax skips NaN elements), else Inf where one is Inf.
 pub fn step_metrics(m: &p3::StepMetrics) -> p1::StepMetrics {
     let sites = m
         .sites
         .iter()
         .map(|s| {
-            let max =
-                |f: fn(&p3::OperandMetrics) -> f64| s.operands.iter().map(f).fold(0.0, f64::max);
+            let max = |f: fn(&p3::OperandMetrics) -> f64| largest(s.operands.iter().map(f));
             p1::SiteMetrics {
                 site: s.site,
-                amax: max(|o| o.amax),
+                amax: max(|o| if o.nonfinite && o.amax.is_finite() { f64::NAN } else { o.amax }),
                 scale: s.operands.first().map_or(1.0, |o| o.scale),
                 saturation_rate: max(|o| o.saturation_rate),
                 underflow_rate: max(|o| o.underflow_rate),
@@ -496,6 +505,39 @@ mod tests {
         let none = &old.sites[1];
         assert_eq!((none.site, none.amax, none.scale, none.saturation_rate, none.underflow_rate), (4, 0.0, 1.0, 0.0, 0.0));
         assert_eq!((old.step, old.grads_finite, old.state.as_slice()), (7, false, [1].as_slice()));
+    }
+
+    /// An overflow in any operand reaches a 0.1 site as an amax that is not finite, its
+    /// only signal: NaN in any operand's amax, in any place (a fold through `f64::max`
+    /// kept the other operands' 8), or an operand flagged non-finite whose amax skipped
+    /// its NaN elements; Inf where an operand's amax is Inf and none is NaN.
+    #[test]
+    fn a_0_1_site_hears_a_non_finite_amax_of_any_operand() {
+        let operand = |operand, amax, nonfinite| p3::OperandMetrics {
+            operand,
+            amax,
+            scale: 1.0,
+            saturation_rate: 0.0,
+            underflow_rate: 0.0,
+            nonfinite,
+        };
+        let amax = |operands: Vec<p3::OperandMetrics>| {
+            let metrics = p3::StepMetrics {
+                sites: vec![p3::SiteMetrics { site: 0, operands }],
+                ..crate::precision::healthy_step(1, Vec::new(), Vec::new())
+            };
+            step_metrics(&metrics).sites[0].amax
+        };
+        use p3::Operand::{Activation as A, Gradient as G, Weight as W};
+        for nan_at in 0..3 {
+            let mut operands = vec![operand(A, 8.0, false), operand(W, 1.0, false), operand(G, 2.0, false)];
+            operands[nan_at].amax = f64::NAN;
+            assert!(amax(operands).is_nan(), "NaN in operand {nan_at}");
+        }
+        assert!(amax(vec![operand(A, f64::NAN, true), operand(W, f64::INFINITY, true)]).is_nan());
+        assert!(amax(vec![operand(A, 8.0, false), operand(W, 3.0, true)]).is_nan());
+        assert_eq!(amax(vec![operand(A, 8.0, false), operand(W, f64::INFINITY, true)]), f64::INFINITY);
+        assert_eq!(amax(vec![operand(A, 8.0, false), operand(W, 3.0, false)]), 8.0);
     }
 
     #[test]
