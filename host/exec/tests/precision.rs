@@ -763,3 +763,36 @@ fn every_mlp_activation_casts_for_the_fp8_gemm_it_feeds() {
         assert_eq!(native.2, emulated.2, "{act:?}: numerics");
     }
 }
+
+/// A delayed scale comes from a window of the operand's newest `history` amaxes, in the
+/// operand's own format: the weight's amax set step by step (the weight scaled by 1, 4,
+/// 2, 1, 0.5) under max over a history of 2, and the weight-gradient GEMM's dy (E5M2)
+/// alongside. Kills a history that keeps one entry too many (step 4 took 4, not 2), one
+/// that enters amaxes at the old end (stuck at the first two), and a delayed E5M2 scale
+/// taken at E4M3's maximum.
+#[test]
+fn the_amax_history_is_a_window_of_the_newest_in_the_operands_format() {
+    let g = graph();
+    let mut ex = executor(&g);
+    let delayed = Scaling::Delayed { history: 2, reduction: AmaxReduction::Max, margin: 0 };
+    ex.set_precision(&every_site(&g, hybrid(delayed))).unwrap();
+    let name = "layers.0.mlp.down.weight";
+    let w = ex.weight(name).unwrap();
+    let series = [(GemmRole::Forward, Operand::Weight, Format::E4M3), (GemmRole::WeightGradient, Operand::Gradient, Format::E5M2)];
+    let mut amaxes: Vec<Vec<f32>> = vec![Vec::new(); series.len()];
+    for (step, k) in [1.0f32, 4.0, 2.0, 1.0, 0.5].into_iter().enumerate() {
+        ex.set_weight(name, &w.iter().map(|x| x * k).collect::<Vec<_>>()).unwrap();
+        run(&mut ex, &g, step as u32);
+        let all = ex.precision_numerics();
+        for ((role, operand, format), seen) in series.iter().zip(&mut amaxes) {
+            let n = all.iter().find(|s| s.name == "layers.0.mlp.down" && s.role == *role && s.operand == *operand).unwrap().numerics;
+            let want = match seen.len() {
+                0 => n.amax,
+                l => seen[l.saturating_sub(2)..].iter().copied().fold(0.0, f32::max),
+            };
+            assert_eq!(n.scale, tensor_scale(want, *format, 0), "step {step}, {role:?} {operand:?}: amaxes {seen:?}");
+            seen.push(n.amax);
+        }
+        ex.end_precision_step();
+    }
+}
