@@ -183,6 +183,83 @@ mod tests {
         assert_eq!(w.concat(), t);
         assert_eq!(&w[..6], ["In", " the", " beginning", ",", " God", " 1611"]);
         assert!(w.contains(&" é") && w.contains(&"!") && w.contains(&"\n"));
+        // A space before a space stays alone; the last one leads the next word. A
+        // non-ASCII letter is a letter (bytes >= 0x80 join the run).
+        assert_eq!(w[6..], [" created", "\n", "the", " heaven", " ", " and", " é", "!"]);
+        assert_eq!(words("naïve 42x "), ["naïve", " 42", "x", " "]);
+    }
+
+    /// The merges the incremental learner finds are those of the textbook algorithm
+    /// (count every adjacent pair of every word, merge the most frequent, the smallest
+    /// pair on a tie, stop below two occurrences), and encoding applies them in the
+    /// order learnt. Kills slips in the incremental bookkeeping (stale heap entries,
+    /// counts not moved to the new pairs, ties) that still round-trip.
+    #[test]
+    fn the_incremental_learner_finds_the_textbook_merges() {
+        let text = &KJV[..20_000];
+        let mut counts: std::collections::BTreeMap<&str, i64> = Default::default();
+        for w in words(text) {
+            *counts.entry(w).or_default() += 1;
+        }
+        let mut seqs: Vec<(Vec<u32>, i64)> = counts.iter().map(|(w, &c)| (w.bytes().map(u32::from).collect(), c)).collect();
+        let mut pieces: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        let mut merges: Vec<(u32, u32)> = Vec::new();
+        let merge = |s: &[u32], pair: (u32, u32), id: u32| {
+            let mut out = Vec::new();
+            let mut i = 0;
+            while i < s.len() {
+                if i + 1 < s.len() && (s[i], s[i + 1]) == pair {
+                    out.push(id);
+                    i += 2;
+                } else {
+                    out.push(s[i]);
+                    i += 1;
+                }
+            }
+            out
+        };
+        while pieces.len() < 600 {
+            let mut pairs: std::collections::BTreeMap<(u32, u32), i64> = Default::default();
+            for (s, c) in &seqs {
+                for p in s.windows(2) {
+                    *pairs.entry((p[0], p[1])).or_default() += c;
+                }
+            }
+            // Highest count; among equal counts the smallest pair.
+            let Some((&pair, &c)) = pairs.iter().max_by(|a, b| a.1.cmp(b.1).then(b.0.cmp(a.0))) else { break };
+            if c < 2 {
+                break;
+            }
+            let id = pieces.len() as u32;
+            pieces.push([pieces[pair.0 as usize].clone(), pieces[pair.1 as usize].clone()].concat());
+            merges.push(pair);
+            for (s, _) in &mut seqs {
+                *s = merge(s, pair, id);
+            }
+        }
+        let bpe = Bpe::learn(text, 600);
+        assert_eq!(bpe.pieces, pieces, "the same merges, in the same order");
+        // Encoding: every merge in the order learnt, over each word.
+        let mut want = Vec::new();
+        for w in words(text) {
+            let mut s: Vec<u32> = w.bytes().map(u32::from).collect();
+            for (r, &pair) in merges.iter().enumerate() {
+                s = merge(&s, pair, 256 + r as u32);
+            }
+            want.extend(s);
+        }
+        assert_eq!(bpe.encode(text), want);
+    }
+
+    #[test]
+    fn ties_go_to_the_smallest_pair_and_a_pair_seen_twice_is_merged() {
+        // (a,b), (' ',c) and (c,d) each occur twice: (' ',c) = (32, 99) is the smallest.
+        let bpe = Bpe::learn("ab ab cd cd", 257);
+        assert_eq!(bpe.decode(&[256]), " c");
+        // Twice in one word is twice: merged; then nothing repeats.
+        let bpe = Bpe::learn("abab", 1000);
+        assert_eq!(bpe.vocab(), 257);
+        assert_eq!(bpe.encode("abab"), [256, 256]);
     }
 
     #[test]
