@@ -531,5 +531,125 @@ mod tests {
         let plans = executor_plan(&st.sites, &st.original).unwrap();
         assert_eq!(plans.len(), 12);
         assert!(matches!(plans[3].2.weight.scaling, ex::Scaling::Delayed { history: 16, .. }));
+        // One E5M2 operand of a forward GEMM is fine; a Hadamard on the weight of the
+        // weight-gradient GEMM is not (it reads no weight).
+        let mut ok = st.original.clone();
+        ok[3].activation.format = Dtype::Fp8E5m2;
+        assert!(known_bad(&st.sites, &ok).is_ok());
+        let mut bad = st.original.clone();
+        bad[5].weight.hadamard = 16;
+        assert!(known_bad(&st.sites, &bad).unwrap_err().contains("weight 16"));
+        assert_eq!(plans[4].1, ex::GemmRole::InputGradient);
+        assert_eq!(plans[5].1, ex::GemmRole::WeightGradient);
+        assert_eq!(plans[5].0, "layers.1.mlp.up");
+    }
+
+    /// Each role's GEMM reads two operands: forward activation x weight, input gradient
+    /// gradient x weight, weight gradient gradient x activation.
+    #[test]
+    fn a_gemm_is_low_precision_when_both_its_operands_are() {
+        let site = |role| GemmSite { layer: 1, name: "l".into(), role, m: 1, n: 1, k: 1 };
+        let bf = unscaled_operand(Dtype::Bf16);
+        let roles = [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient];
+        let low = |p: SitePlan| roles.map(|r| low_precision(&site(r), &p));
+        assert_eq!(low(SitePlan { gradient: bf, ..fp8() }), [true, false, false]);
+        assert_eq!(low(SitePlan { weight: bf, ..fp8() }), [false, false, true]);
+        assert_eq!(low(SitePlan { activation: bf, ..fp8() }), [false, true, false]);
+        assert_eq!(low(fp8()), [true, true, true]);
+    }
+
+    /// Coverage weighs sites by their FLOPs, 2 m n k, not by their number.
+    #[test]
+    fn coverage_counts_flops() {
+        let sites = vec![
+            GemmSite { layer: 0, name: "a".into(), role: GemmRole::Forward, m: 2, n: 3, k: 4 },
+            GemmSite { layer: 1, name: "b".into(), role: GemmRole::Forward, m: 4, n: 3, k: 4 },
+        ];
+        assert!((coverage(&sites, &[fp8(), unscaled(Dtype::Bf16)]) - 1.0 / 3.0).abs() < 1e-12);
+        assert!((coverage(&sites, &[unscaled(Dtype::Bf16), fp8()]) - 2.0 / 3.0).abs() < 1e-12);
+        assert_eq!(coverage(&[], &[]), 0.0);
+    }
+
+    /// The cap is inclusive: reaching it exactly is allowed (half the FP8 layers under
+    /// the default 0.5); a forward-only fallback leaves the backward; a global one
+    /// honours its scope too.
+    #[test]
+    fn the_cap_is_reached_not_passed_and_scopes_hold() {
+        let mut st = state(1.0 / 3.0);
+        let mut log = Vec::new();
+        let o = st.apply(&[Action::Fallback(Fallback { sites: layer(1), scope: FallbackScope::ForwardOnly, to: Dtype::Bf16 })], |a, d, ok| {
+            log.push((a.to_string(), d, ok))
+        });
+        assert!(o.changed && log[0].2, "{log:?}");
+        assert!(log[0].1.ends_with("(forward only) to bf16: 1 site(s)"), "{log:?}");
+        let low: Vec<bool> = (3..6).map(|i| low_precision(&st.sites[i], &st.current[i])).collect();
+        assert_eq!(low, [false, true, true]);
+        assert!((st.demoted_share(&st.current) - 1.0 / 3.0).abs() < 1e-12);
+        let mut st = state(1.0);
+        let o = st.apply(&[Action::FallbackGlobal(GlobalFallback { scope: FallbackScope::WeightGradientOnly, to: Dtype::Bf16 })], |_, _, _| {});
+        assert!(o.changed);
+        let low: Vec<bool> = (3..12).map(|i| low_precision(&st.sites[i], &st.current[i])).collect();
+        assert_eq!(low, [true, true, false].repeat(3));
+        // Repromotion counts only the sites it changes back.
+        let mut n = Vec::new();
+        st.apply(&[Action::Repromote(Repromotion { sites: layer(2), to: Dtype::Fp8E4m3 })], |_, d, _| n.push(d));
+        assert_eq!(n, ["layers [2] back to the policy's plan: 1 site(s)"]);
+        assert!(st.current[6..9].iter().zip(&st.original[6..9]).all(|(a, b)| same(a, b)));
+    }
+
+    /// Delayed scaling takes the history asked for, or keeps the operand's (at least 1);
+    /// `same` tells plans apart by margin and history.
+    #[test]
+    fn a_recipe_change_sets_margin_and_history() {
+        let mut st = state(1.0);
+        let delayed = |l, h| Action::ChangeRecipe(RecipeChange { sites: layer(l), recipe: ScalingRecipe::Delayed, margin: 2, amax_history: h });
+        st.apply(&[delayed(1, 0), delayed(2, 4)], |_, _, _| {});
+        assert!(st.current[3..6].iter().all(|p| p.weight.amax_history == 16 && p.weight.margin == 2));
+        assert!(st.current[6..9].iter().all(|p| p.activation.amax_history == 4 && p.gradient.amax_history == 4));
+        assert!(!same(&st.current[3], &st.original[3]) && !same(&st.current[6], &st.original[6]));
+        let mut m = st.original[3];
+        m.weight.amax_history = 1024;
+        assert!(!same(&m, &st.original[3]));
+    }
+
+    /// The contract's block recipes and rounding map one to one onto the executor's.
+    #[test]
+    fn block_scaled_operands_map_onto_the_executor() {
+        let mx = OperandPlan {
+            recipe: ScalingRecipe::Block,
+            block: crate::plugin::precision::BlockShape { rows: 1, cols: 32 },
+            scale_format: ScaleFormat::E8m0,
+            scale_rounding: ScaleRounding::PowerOfTwoUp,
+            value_rounding: ValueRounding::Stochastic,
+            ..unscaled_operand(Dtype::Mxfp8)
+        };
+        let want = ex::OperandPlan {
+            format: DType::MxFp8,
+            scaling: ex::Scaling::Block { rows: 1, cols: 32, scale_format: KScaleFormat::E8M0, scale_rounding: KScaleRounding::Pow2Up, tensor_scale: false },
+            saturate: true,
+            stochastic: true,
+            hadamard: 0,
+        };
+        assert_eq!(operand(&mx).unwrap(), want);
+        let nv = OperandPlan {
+            scale_format: ScaleFormat::E4m3,
+            scale_rounding: ScaleRounding::PowerOfTwoDown,
+            tensor_scale: Some(ScaleFormat::Fp32),
+            value_rounding: ValueRounding::NearestEven,
+            hadamard: 16,
+            saturate: false,
+            ..mx
+        };
+        let ex::OperandPlan { scaling, stochastic, hadamard, saturate, .. } = operand(&nv).unwrap();
+        assert_eq!(
+            scaling,
+            ex::Scaling::Block { rows: 1, cols: 32, scale_format: KScaleFormat::E4M3, scale_rounding: KScaleRounding::Pow2Down, tensor_scale: true }
+        );
+        assert_eq!((stochastic, hadamard, saturate), (false, 16, false));
+        let cur = OperandPlan { recipe: ScalingRecipe::Current, margin: 3, ..unscaled_operand(Dtype::Fp8E4m3) };
+        assert_eq!(operand(&cur).unwrap().scaling, ex::Scaling::Current { margin: 3 });
+        let max = OperandPlan { recipe: ScalingRecipe::Delayed, amax_history: 8, amax_reduction: AmaxReduction::Max, ..cur };
+        assert_eq!(operand(&max).unwrap().scaling, ex::Scaling::Delayed { history: 8, reduction: ex::AmaxReduction::Max, margin: 3 });
+        assert!(operand(&unscaled_operand(Dtype::Int32)).unwrap_err().contains("int32"));
     }
 }
