@@ -189,4 +189,114 @@ mod tests {
         assert_eq!(super::pct(0.0123), "+1.23%");
         assert_eq!(super::pct(f64::NAN), "n/a");
     }
+
+    use super::super::{Decision, Gap, Point, RunResult, TrainReport};
+    use super::*;
+
+    fn pt(step: u64, loss: f64) -> Point {
+        Point { step, tokens: step * 100, loss }
+    }
+
+    fn decision(action: &str, applied: bool) -> Decision {
+        Decision { iteration: 3, step: 2, action: action.into(), detail: format!("{action} detail"), applied }
+    }
+
+    fn result(policy: &str, eval: Vec<Point>, decisions: Vec<Decision>) -> RunResult {
+        RunResult {
+            policy: policy.into(),
+            description: format!("{policy} policy"),
+            plugin: crate::plugin::PluginInfo {
+                name: format!("{policy}.wasm"),
+                kind: crate::plugin::Kind::Precision,
+                contract: "0.3.0".into(),
+                source: crate::plugin::Source::Embedded,
+                sha256: "00".into(),
+                bytes: 1,
+                shadows_embedded: false,
+            },
+            train: (0..5).map(|i| pt(i, 5.0 - i as f64)).collect(),
+            final_eval_loss: eval.last().map_or(f64::NAN, |p| p.loss),
+            eval,
+            final_train_loss: 2.5,
+            steps: 20,
+            iterations: 21,
+            skipped: 1,
+            rollbacks: 0,
+            planned_coverage: 0.625,
+            effective_coverage: 0.5,
+            tokens_per_s: 1234.6,
+            median_step_seconds: 0.081,
+            seconds: 2.0,
+            decisions,
+            aborted: None,
+            native_fp8_gemms: 0,
+            fused_fp8_casts: 0,
+        }
+    }
+
+    fn report() -> TrainReport {
+        let bf16 = result("bf16", vec![pt(0, 9.0), pt(10, 6.0), pt(20, 5.0)], vec![]);
+        let fp8 = result(
+            "fp8",
+            vec![pt(0, 9.0), pt(10, f64::INFINITY)],
+            vec![decision("inject", true), decision("alert", true), decision("skip-step", true), decision("fallback", false)],
+        );
+        TrainReport {
+            model: "llama3".into(),
+            variant: "llama3-tiny".into(),
+            device: "cpu".into(),
+            plan_for: "cpu".into(),
+            text: "t.txt".into(),
+            text_bytes: 1000,
+            vocab: 512,
+            bytes_per_token: 3.5,
+            train_tokens: 900,
+            eval_tokens: 100,
+            tokens_per_step: 100,
+            seed: 7,
+            steps: 300,
+            injections: vec![],
+            gaps: vec![Gap { policy: "fp8".into(), baseline: "bf16".into(), eval_gap: 0.0123, train_gap: 0.0, tokens: 2000 }],
+            runs: vec![bf16, fp8],
+            notes: vec![],
+        }
+    }
+
+    /// One row per policy: the baseline named, the others' gap, coverage, throughput,
+    /// and the decisions that acted (alerts and injections are not policy actions;
+    /// refused ones are counted: the policy asked).
+    #[test]
+    fn the_summary_rows_say_what_each_run_did() {
+        let t = summary(&report());
+        assert_eq!(t.rows[0], ["bf16", "5.0000", "baseline", "2.5000", "62.5%", "50.0%", "1235", "20", "1", "0", "0"]);
+        assert_eq!(t.rows[1][1..3], ["non-finite", "+1.23%"]);
+        assert_eq!(t.rows[1][10], "2");
+        assert!(t.notes[0].contains("relative to bf16 at equal tokens (2000 tokens trained)"), "{:?}", t.notes);
+        assert!(t.title.contains("trained 300 steps x 100 tokens") && t.title.contains("seed 7"), "{}", t.title);
+    }
+
+    /// The held-out table: every evaluated step once, in order, its tokens, a blank where
+    /// a run has no point there; the decision log says which actions were refused.
+    #[test]
+    fn the_curve_and_decision_tables() {
+        let r = report();
+        let c = curves(&r);
+        assert_eq!(c.rows, [["0", "0", "9.0000", "9.0000"], ["10", "1000", "6.0000", "non-finite"], ["20", "2000", "5.0000", ""]]);
+        let d = decisions(&r);
+        assert_eq!(d.rows.len(), 4);
+        assert_eq!(d.rows[3], ["fp8", "3", "2", "fallback", "refused", "fallback detail"]);
+        assert_eq!(d.rows[2][4], "yes");
+        assert!(d.notes.is_empty());
+        let quiet = TrainReport { runs: vec![result("bf16", vec![pt(0, 1.0)], vec![])], ..report() };
+        assert_eq!(decisions(&quiet).notes, ["no policy acted or alerted"]);
+    }
+
+    /// The drawn training curve: the mean of each window, at the window's last tokens.
+    #[test]
+    fn the_training_curve_is_drawn_as_window_means() {
+        let p: Vec<Point> = (1..=5).map(|i| pt(i, i as f64)).collect();
+        assert_eq!(smoothed(&p, 2), [(200.0, 1.5), (400.0, 3.5), (500.0, 5.0)]);
+        assert_eq!(smoothed(&p, 0).len(), 5);
+        assert!(html(&report()).contains("training loss (mean of 5 steps)"));
+    }
 }
