@@ -948,5 +948,180 @@ mod tests {
         assert!(Data::new((0..408).collect(), 16, 4, 1).is_ok());
         assert_eq!(policy_spec("fp8-safe"), "fp8-safe.wasm");
         assert_eq!(policy_spec("x/y.wasm"), "x/y.wasm");
+        assert_eq!(policy_spec("fp8.wasm"), "fp8.wasm");
+        assert_eq!(policy_spec("./policies/mine"), "./policies/mine", "a path is taken as given");
+    }
+
+    /// The split: 1/50 of a long text held out (at least two batches of windows), the rest
+    /// trained on; the training windows are every seq-th start whose targets fit, each read
+    /// once an epoch; held-out batches are consecutive windows, all in range.
+    #[test]
+    fn the_split_the_windows_and_the_epochs() {
+        let tokens: Vec<u32> = (0..10_000).collect();
+        let d = Data::new(tokens.clone(), 8, 4, 3).unwrap();
+        assert_eq!((d.train.len(), d.eval.len()), (9_800, 200));
+        assert_eq!([&d.train[..], &d.eval[..]].concat(), tokens);
+        // 9800 is a multiple of 8: the window at 9792 has no target for its last token.
+        let mut starts = d.order.clone();
+        starts.sort_unstable();
+        assert_eq!(starts, (0..1224).map(|w| w * 8).collect::<Vec<usize>>());
+        // One epoch (306 batches of 4) reads each window once; then it wraps.
+        let mut seen: Vec<u32> = (0..306).flat_map(|b| d.batch(b).0.chunks(8).map(|c| c[0]).collect::<Vec<_>>()).collect();
+        assert_eq!(d.batch(306), d.batch(0));
+        seen.sort_unstable();
+        assert_eq!(seen, (0..1224).map(|w| w * 8).collect::<Vec<u32>>());
+        // A short text holds out two batches of windows: 2 x 17 x 4 of 1000.
+        assert_eq!(Data::new((0..1000).collect(), 16, 4, 0).unwrap().eval.len(), 136);
+        // Held-out batches: consecutive windows, targets one ahead, never out of range.
+        let per = 8 * 4;
+        assert_eq!(d.eval_batch(0).0, d.eval[..per]);
+        assert_eq!(d.eval_batch(1).0, d.eval[per..2 * per]);
+        for b in 0..50 {
+            let (t, y) = d.eval_batch(b);
+            assert_eq!(t.len(), per);
+            assert!(t.iter().zip(&y).all(|(a, b)| *b == a + 1), "batch {b}");
+        }
+    }
+
+    /// Fisher-Yates: over seeds every window reaches every place (a shuffle that leaves
+    /// the last one in place, or Sattolo's, which moves every one, would not).
+    #[test]
+    fn the_window_order_is_a_uniform_shuffle() {
+        // 19 tokens: 6 held out, 13 trained on: 6 windows of 2.
+        let mut hit = [[false; 6]; 6];
+        for seed in 0..300 {
+            let d = Data::new((0..19).collect(), 2, 1, seed).unwrap();
+            assert_eq!(d.order.len(), 6);
+            for (place, w) in d.order.iter().enumerate() {
+                hit[place][w / 2] = true;
+            }
+        }
+        assert!(hit.iter().all(|r| r.iter().all(|&h| h)), "{hit:?}");
+        // SplitMix64's published first output for seed 0.
+        assert_eq!(Rng(0).next(), 0xE220_A839_7B1D_CDAF);
+    }
+
+    #[test]
+    fn the_schedule_warms_up_over_a_tenth_at_most_100_steps_then_decays() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // 100 steps: 10 of warm-up, then the cosine from the peak: half-way (step 55) it
+        // is 0.55, at the end 0.1, and after it stays there.
+        assert!(close(lr_at(1.0, 4, 100), 0.5));
+        assert!(close(lr_at(1.0, 10, 100), 1.0));
+        assert!(close(lr_at(2.0, 55, 100), 1.1));
+        assert!(close(lr_at(1.0, 100, 100), 0.1));
+        assert!(close(lr_at(1.0, 500, 100), 0.1));
+        assert!((10..100).all(|t| lr_at(1.0, t + 1, 100) < lr_at(1.0, t, 100)));
+        // 3000 steps: warm-up capped at 100.
+        assert!(close(lr_at(1.0, 49, 3000), 0.5));
+        assert!(close(lr_at(1.0, 99, 3000), 1.0));
+        assert!(close(lr_at(1.0, 100, 3000), 1.0));
+        // Runs of under 10 steps warm up in one.
+        assert!(close(lr_at(1.0, 0, 5), 1.0));
+        assert!(close(lr_at(1.0, 0, 1), 1.0));
+    }
+
+    #[test]
+    fn every_fault_kind_parses_and_sites_are_for_activation_faults_only() {
+        assert_eq!(Injection::parse("bad-batch@4").unwrap(), Injection { kind: InjectKind::BadBatch, step: 4, site: None });
+        assert_eq!(Injection::parse("grad-spike@0").unwrap(), Injection { kind: InjectKind::GradSpike, step: 0, site: None });
+        assert_eq!(Injection::parse("amax-spike@2:all").unwrap().site.as_deref(), Some("all"));
+        let e = Injection::parse("bad-batch@4:layers.0.mlp.up").unwrap_err();
+        assert!(e.contains("bad-batch takes no site (it hits the whole batch)"), "{e}");
+        let e = Injection::parse("grad-spike@4:x").unwrap_err();
+        assert!(e.contains("(it hits every weight gradient)"), "{e}");
+        assert!(Injection::parse("nan@-1").unwrap_err().contains("'-1' is not a step number"));
+        assert!(Injection::parse("NaN@1").unwrap_err().contains("unknown fault 'NaN'"));
+    }
+
+    /// Each flag's range, at its edges: refused before any plugin loads, or let through
+    /// (to the load of a plugin that does not exist).
+    #[test]
+    fn flags_are_checked_at_their_edges_before_anything_loads() {
+        let base = TrainConfig { steps: 10, ..TrainConfig::new("no-such-model-for-this-test.wasm", vec!["bf16".into()]) };
+        let check = |cfg: TrainConfig, refused: Option<&str>| {
+            let loading = std::cell::Cell::new(false);
+            let e = format!("{:#}", run(&cfg, &|p| loading.set(loading.get() || matches!(p, Progress::Stage(m) if m.starts_with("loading")))).unwrap_err());
+            match refused {
+                Some(want) => assert!(!loading.get() && e.contains(want), "{want}: {e}"),
+                None => assert!(loading.get(), "refused: {e}"),
+            }
+        };
+        let b = || base.clone();
+        check(TrainConfig { policies: vec![], ..b() }, Some("no precision policy"));
+        check(TrainConfig { steps: 0, ..b() }, Some("--steps 0: use 1..=1000000"));
+        check(TrainConfig { steps: 1, ..b() }, None);
+        check(TrainConfig { steps: 1_000_000, ..b() }, None);
+        check(TrainConfig { steps: 1_000_001, ..b() }, Some("--steps 1000001"));
+        check(TrainConfig { seq_len: 0, ..b() }, Some("--seq-len x --micro-batch 0 x 8"));
+        check(TrainConfig { micro_batch: 0, ..b() }, Some("--seq-len x --micro-batch 128 x 0"));
+        check(TrainConfig { seq_len: 1024, micro_batch: 1024, ..b() }, None);
+        check(TrainConfig { seq_len: 1025, micro_batch: 1024, ..b() }, Some("at most 2^20 tokens"));
+        check(TrainConfig { eval_batches: 10_000, ..b() }, None);
+        check(TrainConfig { eval_batches: 1, ..b() }, None);
+        for share in [-0.01, 1.01, f64::NAN] {
+            check(TrainConfig { max_bf16_share: share, ..b() }, Some("a fraction in 0..=1"));
+        }
+        for share in [0.0, 1.0] {
+            check(TrainConfig { max_bf16_share: share, ..b() }, None);
+        }
+        check(TrainConfig { lr: Some(1e-30), ..b() }, None);
+        for lr in [0.0, -1e-3, f64::NAN, f64::INFINITY] {
+            check(TrainConfig { lr: Some(lr), ..b() }, Some("is not a positive learning rate"));
+        }
+        check(TrainConfig { clip_grad: 0.0, ..b() }, None);
+        check(TrainConfig { clip_grad: 1.0, ..b() }, None);
+        for c in [-1.0, f64::NAN, f64::INFINITY] {
+            check(TrainConfig { clip_grad: c, ..b() }, Some("a gradient norm of 0 (off) or more"));
+        }
+        let at = |s: &str| vec![Injection::parse(s).unwrap()];
+        check(TrainConfig { injections: at("nan@9"), ..b() }, None);
+        check(TrainConfig { injections: at("nan@10"), ..b() }, Some("--inject at step 10 would never fire: the run takes steps 0 to 9"));
+    }
+
+    /// The fault's default site is `mlp.down` of the middle low-precision layer (of the
+    /// upper middle where there are two); with none in low precision, the middle layer.
+    /// Each weight belongs to the layer of the first op reading it.
+    #[test]
+    fn faults_default_to_the_middle_low_precision_layer() {
+        use crate::plugin::precision::{Dtype, OperandPlan, ScalingRecipe, SitePlan, unscaled, unscaled_operand};
+        use runner_exec::toy::{ToyConfig, llama};
+        let g = llama(&ToyConfig { layers: 5, ..ToyConfig::tiny() });
+        let sites: Vec<GemmSite> = crate::project::gemm_sites(&g).into_iter().map(|(_, s)| s).collect();
+        let d = |f| OperandPlan { recipe: ScalingRecipe::Delayed, amax_history: 16, ..unscaled_operand(f) };
+        let fp8 = SitePlan { activation: d(Dtype::Fp8E4m3), weight: d(Dtype::Fp8E4m3), gradient: d(Dtype::Fp8E5m2), output: Dtype::Bf16 };
+        let plan = |low: &[i32]| sites.iter().map(|s| if low.contains(&s.layer) { fp8 } else { unscaled(Dtype::Bf16) }).collect::<Vec<_>>();
+        assert_eq!(default_site(&sites, &plan(&[1, 3])).as_deref(), Some("layers.3.mlp.down"));
+        assert_eq!(default_site(&sites, &plan(&[0, 1, 4])).as_deref(), Some("layers.1.mlp.down"));
+        assert_eq!(default_site(&sites, &plan(&[])).as_deref(), Some("layers.2.mlp.down"));
+        for (name, layer) in weight_layers(&g) {
+            if let Some(l) = name.strip_prefix("layers.").and_then(|r| r.split('.').next()) {
+                assert_eq!(layer.to_string(), l, "{name}");
+            }
+        }
+        assert_eq!(
+            [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient].map(xrole),
+            [XRole::Forward, XRole::InputGradient, XRole::WeightGradient]
+        );
+    }
+
+    /// The held-out loss is the mean of the forward losses of the first `batches`
+    /// held-out batches.
+    #[test]
+    fn the_held_out_loss_is_the_mean_over_its_batches() {
+        use runner_exec::toy::{ToyConfig, llama};
+        let c = ToyConfig::tiny();
+        let g = llama(&c);
+        let mut ex = Executor::new(&g, runner_exec::cpu::Cpu::new(), ExecOptions::default()).unwrap();
+        let tokens: Vec<u32> = (0..3000u32).map(|i| (i * 7 + i / 13) % c.vocab as u32).collect();
+        let d = Data::new(tokens, c.seq as usize, c.batch as usize, 0).unwrap();
+        let mut want = 0.0;
+        for b in 0..3 {
+            let (t, y) = d.eval_batch(b);
+            want += f64::from(ex.forward(&[("tokens", Input::U32(&t)), ("targets", Input::U32(&y))]).unwrap());
+        }
+        ex.discard_precision_step();
+        let got = evaluate(&mut ex, &d, 3).unwrap();
+        assert!((got - want / 3.0).abs() < 1e-6, "{got} vs {}", want / 3.0);
     }
 }
