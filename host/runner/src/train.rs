@@ -499,6 +499,13 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     })
 }
 
+/// Transformer layers of the graph trained, as a plan request names them (a policy keeps
+/// the first or last N in BF16 by them): the variant's, or fewer with `--layers`. The
+/// first plan and every replan ask with the same count.
+fn plan_layers(asked: u32, variant: u32) -> u32 {
+    if asked > 0 { variant.min(asked) } else { variant }
+}
+
 fn peak_lr(cfg: &TrainConfig, v: &crate::plugin::workload::Variant) -> f64 {
     cfg.lr.unwrap_or(if v.defaults.learning_rate > 0.0 { v.defaults.learning_rate } else { 1e-3 })
 }
@@ -612,7 +619,7 @@ fn train_one<D: Device + Clone>(
     let device = pp::device_capabilities(&cfg.plan_for);
     let answer = policy.plan(&PlanRequest {
         model: variant.name.clone(),
-        layers: variant.hyper.layers.min(if cfg.layers > 0 { cfg.layers } else { u32::MAX }),
+        layers: plan_layers(cfg.layers, variant.hyper.layers),
         device,
         sites: sites.clone(),
         state: Vec::new(),
@@ -784,7 +791,7 @@ fn train_one<D: Device + Clone>(
         if outcome.replan {
             let again = policy.plan(&PlanRequest {
                 model: variant.name.clone(),
-                layers: variant.hyper.layers,
+                layers: plan_layers(cfg.layers, variant.hyper.layers),
                 device: pp::device_capabilities(&cfg.plan_for),
                 sites: sites.clone(),
                 state: std::mem::take(&mut state),
@@ -1103,6 +1110,16 @@ mod tests {
             [GemmRole::Forward, GemmRole::InputGradient, GemmRole::WeightGradient].map(xrole),
             [XRole::Forward, XRole::InputGradient, XRole::WeightGradient]
         );
+    }
+
+    /// A plan request names the layers of the graph trained: `--layers` when given (a
+    /// replan asked with the variant's count, so a policy keeping the last layer in BF16
+    /// kept one the graph does not have and planned the real last one in FP8).
+    #[test]
+    fn plans_are_asked_for_the_layers_trained() {
+        assert_eq!(plan_layers(0, 16), 16);
+        assert_eq!(plan_layers(2, 16), 2);
+        assert_eq!(plan_layers(32, 16), 16);
     }
 
     /// The held-out loss is the mean of the forward losses of the first `batches`
