@@ -644,6 +644,9 @@ fn train_one<D: Device + Clone>(
 
     let mut decisions: Vec<Decision> = Vec::new();
     let mut train = Vec::new();
+    // The loss of each applied step, in order (`applied` of them): the final training
+    // loss is theirs, not the skipped iterations' (whose loss may be NaN).
+    let mut applied_losses: Vec<f64> = Vec::new();
     let mut eval = Vec::new();
     let (mut applied, mut iteration, mut cursor, mut skipped, mut rollbacks) = (0u64, 0u64, 0u64, 0u64, 0u64);
     let mut coverage_sum = 0.0;
@@ -842,6 +845,7 @@ fn train_one<D: Device + Clone>(
                     applied = c.step;
                     // Steps after the checkpoint are redone with fresh batches.
                     train.retain(|p| p.step <= applied);
+                    applied_losses.truncate(applied as usize);
                     eval.retain(|p| p.step <= applied);
                 }
                 None => {
@@ -864,6 +868,7 @@ fn train_one<D: Device + Clone>(
         }
         ex.optimizer_step(&AdamW { lr: lr as f32, ..ADAMW_DEFAULT })?;
         applied += 1;
+        applied_losses.push(f64::from(loss));
         step_seconds.push(t0.elapsed().as_secs_f64());
         let quiet = response.actions.iter().all(|a| matches!(a, pp::Action::Alert(_)));
         clean_since = if quiet && loss.is_finite() { clean_since + 1 } else { 0 };
@@ -882,8 +887,13 @@ fn train_one<D: Device + Clone>(
             last = format!("{spec}: train loss {loss:.4}");
         }
     }
-    let tail = (train.len() / 10).max(1);
-    let final_train_loss = train.iter().rev().take(tail).map(|p| p.loss).sum::<f64>() / tail as f64;
+    // NaN when no step was applied (it read 0 from an empty curve).
+    let tail = (applied_losses.len() / 10).max(1);
+    let final_train_loss = if applied_losses.is_empty() {
+        f64::NAN
+    } else {
+        applied_losses.iter().rev().take(tail).sum::<f64>() / tail as f64
+    };
     let final_eval_loss = eval.last().map_or(f64::NAN, |p| p.loss);
     step_seconds.sort_by(f64::total_cmp);
     let median = step_seconds.get(step_seconds.len() / 2).copied().unwrap_or(f64::NAN);
