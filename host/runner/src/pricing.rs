@@ -246,11 +246,12 @@ impl QuoteNotes {
             return;
         }
         if self.lines.len() < Self::MAX {
-            self.seen.insert(line.clone());
-            self.lines.push(line);
+            self.lines.push(line.clone());
         } else {
+            // Counted once too: one failure said again for every row is one more, not many.
             self.dropped += 1;
         }
+        self.seen.insert(line);
     }
 
     pub fn finish(mut self) -> Vec<String> {
@@ -780,7 +781,7 @@ pub(crate) mod tests {
         assert_eq!(notes, ["c: stopped after 256 quotes for 8 GPUs"]);
     }
 
-    /// A note is said once, and past 20 the rest are counted.
+    /// A note is said once, and past 20 the rest are counted, each once.
     #[test]
     fn quote_notes_are_said_once_and_at_most_twenty() {
         let mut notes = QuoteNotes::default();
@@ -793,6 +794,15 @@ pub(crate) mod tests {
         }
         let lines = notes.finish();
         assert_eq!((lines.len(), lines[19].as_str(), lines[20].as_str()), (21, "n19", "... and 5 more quote failures"));
+        // Past 20, a note said again (one failure repeated for every row) is counted once.
+        let mut notes = QuoteNotes::default();
+        for i in 0..20 {
+            notes.push(format!("n{i}"));
+        }
+        for line in ["again", "other", "again", "again", "n3"] {
+            notes.push(line.into());
+        }
+        assert_eq!(notes.finish().last().map(String::as_str), Some("... and 2 more quote failures"));
     }
 
     /// The ranges `check` states are inclusive at "at most".
