@@ -817,4 +817,239 @@ pub(crate) mod tests {
         assert!(ok(Assumptions { checkpoints_kept: 1001, ..Assumptions::default() }).is_err());
         assert!(ok(Assumptions { checkpoint_interval_h: 0.0, ..Assumptions::default() }).unwrap_err().contains("above 0"));
     }
+
+    /// Interruptions that take exactly nine tenths of the time are refused, as the doc
+    /// says ("nine tenths of the time or more"): one node at 24 a day, each losing half of
+    /// a 1.8 h interval, loses 0.9 of every hour.
+    #[test]
+    fn spot_losing_exactly_nine_tenths_of_the_time_is_not_quoted() {
+        let a = Assumptions { spot_interruptions_per_node_day: 24.0, checkpoint_interval_h: 1.8, restart_h: 0.0, ..Assumptions::default() };
+        assert_eq!(a.spot_hours(10.0, 1), None);
+        let b = Assumptions { checkpoint_interval_h: 1.6, ..a };
+        assert!((b.spot_hours(10.0, 1).unwrap() - 50.0).abs() < 1e-9);
+    }
+
+    /// Every figure's range, at both ends: "at most" is inclusive, "at least 0" takes 0,
+    /// "above 0" does not, and nothing out of range (nor NaN, nor infinite) passes; the
+    /// error names the field.
+    #[test]
+    fn every_assumption_is_checked_at_both_ends_of_its_range() {
+        type Set = fn(&mut Assumptions, f64);
+        let fields: [(&str, Set, f64, bool); 6] = [
+            ("spot_interruptions_per_node_day", |a, v| a.spot_interruptions_per_node_day = v, 24.0, true),
+            ("checkpoint_interval_h", |a, v| a.checkpoint_interval_h = v, 1e4, false),
+            ("restart_h", |a, v| a.restart_h = v, 1e4, true),
+            ("checkpoint_bytes_per_param", |a, v| a.checkpoint_bytes_per_param = v, 1e3, true),
+            ("data_bytes_per_token", |a, v| a.data_bytes_per_token = v, 1e3, true),
+            ("egress_bytes_per_param", |a, v| a.egress_bytes_per_param = v, 1e3, true),
+        ];
+        let with = |set: Set, v: f64| {
+            let mut a = Assumptions::default();
+            set(&mut a, v);
+            a.check()
+        };
+        for (name, set, hi, zero_ok) in fields {
+            assert_eq!(with(set, hi), Ok(()), "{name} at {hi}");
+            assert_eq!(with(set, hi / 2.0), Ok(()), "{name} at {}", hi / 2.0);
+            assert_eq!(with(set, 0.0).is_ok(), zero_ok, "{name} at 0");
+            for bad in [hi * 1.001, -1.0, f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+                let err = with(set, bad).unwrap_err();
+                assert!(err.starts_with(&format!("{name} is ")), "{name} at {bad}: {err}");
+            }
+        }
+        assert_eq!(Assumptions { checkpoints_kept: 0, ..Assumptions::default() }.check(), Ok(()));
+        assert_eq!(Assumptions::default().check(), Ok(()));
+    }
+
+    /// The line reports print states each assumption's own figure.
+    #[test]
+    fn the_assumptions_line_states_each_figure_in_its_place() {
+        let a = Assumptions {
+            spot_interruptions_per_node_day: 0.125,
+            checkpoint_interval_h: 3.0,
+            restart_h: 0.5,
+            checkpoints_kept: 7,
+            checkpoint_bytes_per_param: 16.0,
+            data_bytes_per_token: 2.0,
+            egress_bytes_per_param: 4.0,
+        };
+        let d = a.describe();
+        for part in [
+            "interrupted 0.125 times per node-day",
+            "half a 3.0 h checkpoint interval plus a 0.50 h restart",
+            "storage for 7 checkpoints of 16 bytes per parameter and the data set at 2 bytes per token",
+            "egress of the trained weights (4 bytes per parameter) once",
+        ] {
+            assert!(d.contains(part), "{part:?} not in {d:?}");
+        }
+    }
+
+    /// Billed hours read the plural units and any case as the singular.
+    #[test]
+    fn billed_hours_read_plural_units_in_any_case() {
+        use crate::plugin::cost::QuoteLine;
+        let line = |quantity, unit: &str| QuoteLine {
+            item: "x".into(),
+            category: LineCategory::Compute,
+            quantity,
+            unit: unit.into(),
+            amount: 1.0,
+            estimate: false,
+            caveats: Vec::new(),
+        };
+        assert_eq!(billed_hours(&[line(40.0, "node-hours")], 4, 32), Some(10.0));
+        assert_eq!(billed_hours(&[line(320.0, "gpu-hours")], 4, 32), Some(10.0));
+        assert_eq!(billed_hours(&[line(40.0, "Node-Hour"), line(64.0, "GPU-Hours")], 4, 32), Some(12.0));
+    }
+
+    /// A quote carries its price row (date, source), the plugin's name and hash, the
+    /// option asked, the currency, and every line of the plugin's answer with its
+    /// category, estimate flag and the quote's warnings; `row` names it, "undated" where
+    /// the source gives no date.
+    #[test]
+    fn a_quote_carries_its_price_row_plugin_lines_and_warnings() {
+        use PurchaseOption::CapacityBlock;
+        let gpu = h100();
+        let mut p = price("r", CapacityBlock, 10.0, &[]);
+        p.effective_date = "2026-10-31".into();
+        let offerings = [offering("blk", "H100", p)];
+        let categories = [
+            (LineCategory::Compute, "compute"),
+            (LineCategory::Upfront, "upfront"),
+            (LineCategory::Storage, "storage"),
+            (LineCategory::Egress, "egress"),
+            (LineCategory::Network, "network"),
+            (LineCategory::Support, "support"),
+            (LineCategory::Discount, "discount"),
+            (LineCategory::Other, "other"),
+        ];
+        let answer = |r: &QuoteRequest| {
+            let lines: Vec<QuoteLine> = categories
+                .iter()
+                .enumerate()
+                .map(|(i, (c, name))| QuoteLine {
+                    item: format!("item {name}"),
+                    category: *c,
+                    quantity: if i == 0 { f64::from(r.gpus) * r.hours } else { i as f64 },
+                    unit: if i == 0 { "gpu-hour".into() } else { format!("u{i}") },
+                    amount: 10.0 * i as f64,
+                    estimate: i % 2 == 1,
+                    caveats: Vec::new(),
+                })
+                .collect();
+            Some(Ok(Quote { currency: "USD".into(), lines, total: 280.0, warnings: vec!["w1".into(), "w2".into()] }))
+        };
+        let (got, _, _) = priced(&offerings, &ask(&gpu, 16, 6.0, "r", CapacityBlock), &Assumptions::default(), answer);
+        let q = got.quote().unwrap();
+        assert_eq!((q.option.as_str(), q.currency.as_str(), q.usd), ("capacity-block", "USD", 280.0));
+        assert_eq!((q.plugin.as_str(), q.plugin_sha256.as_str()), ("c.wasm", "00"));
+        assert_eq!((q.price_date.as_str(), q.price_source.as_str()), ("2026-10-31", "list of 10"));
+        assert_eq!(q.row(), "blk r capacity-block 2026-10-31");
+        assert_eq!(q.billed_hours, Some(6.0), "GPU-hours over the 16 GPUs");
+        let got: Vec<(&str, &str, f64, &str, f64, bool)> =
+            q.lines.iter().map(|l| (l.item.as_str(), l.category.as_str(), l.quantity, l.unit.as_str(), l.amount, l.estimate)).collect();
+        let want: Vec<(String, &str, f64, String, f64, bool)> = categories
+            .iter()
+            .enumerate()
+            .map(|(i, (_, name))| {
+                let (quantity, unit) = if i == 0 { (96.0, "gpu-hour".to_string()) } else { (i as f64, format!("u{i}")) };
+                (format!("item {name}"), *name, quantity, unit, 10.0 * i as f64, i % 2 == 1)
+            })
+            .collect();
+        let want: Vec<(&str, &str, f64, &str, f64, bool)> = want.iter().map(|(a, b, c, d, e, f)| (a.as_str(), *b, *c, d.as_str(), *e, *f)).collect();
+        assert_eq!(got, want);
+        assert_eq!(q.warnings, ["w1", "w2"]);
+        let undated = CloudCost { price_date: String::new(), ..q.clone() };
+        assert_eq!(undated.row(), "blk r capacity-block undated");
+    }
+
+    /// Each caveat keeps its own name on the quote.
+    #[test]
+    fn each_caveat_is_named_on_the_quote() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        for (c, name) in [(PriceCaveat::LowerBound, "lower-bound"), (PriceCaveat::Resale, "resale"), (PriceCaveat::Suspect, "suspect")] {
+            let offerings = [offering("x", "H100", price("r", OnDemand, 1.0, &[c]))];
+            let (got, _, _) = priced(&offerings, &ask(&gpu, 8, 1.0, "r", OnDemand), &Assumptions::default(), |_| None);
+            assert_eq!(got.quote().unwrap().caveats, [name]);
+        }
+    }
+
+    /// Equal quotes: the first offering listed is the one quoted, whatever follows.
+    #[test]
+    fn of_equal_quotes_the_first_listed_is_taken() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        let offerings = [
+            offering("first", "H100", price("r", OnDemand, 10.0, &[])),
+            offering("second", "H100", price("r", OnDemand, 10.0, &[])),
+            offering("third", "H100", price("r", OnDemand, 10.0, &[])),
+        ];
+        let (got, requests, _) = priced(&offerings, &ask(&gpu, 8, 1.0, "r", OnDemand), &Assumptions::default(), |_| None);
+        assert_eq!(requests.len(), 3);
+        assert_eq!(got.quote().map(|q| q.instance.as_str()), Some("first"));
+    }
+
+    /// A GPU's name matches an offering's in any case (and so does an alias).
+    #[test]
+    fn an_offering_matches_the_gpu_by_name_or_alias_in_any_case() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        let offerings = [
+            offering("lower", "h100", price("r", OnDemand, 10.0, &[])),
+            offering("alias", "NVIDIA-H100-80GB", price("r", OnDemand, 20.0, &[])),
+            offering("other", "H200", price("r", OnDemand, 1.0, &[])),
+        ];
+        let (_, requests, _) = priced(&offerings, &ask(&gpu, 8, 1.0, "r", OnDemand), &Assumptions::default(), |_| None);
+        let asked: Vec<&str> = requests.iter().map(|r| r.instance.as_str()).collect();
+        assert_eq!(asked, ["lower", "alias"]);
+        let h200 = runner_project::profile::Profiles::builtin().get("H200").unwrap().clone();
+        assert_eq!(unknown_gpus(&offerings, std::slice::from_ref(&gpu)), [("other", "H200")]);
+        assert!(unknown_gpus(&offerings, &[gpu, h200]).is_empty());
+        // A profile without aliases (a user's --profile GPU) matches by its name alone.
+        let bare = GpuProfile { name: "MI300X".into(), aliases: Vec::new(), ..h100() };
+        let offerings = [offering("amd", "mi300x", price("r", OnDemand, 10.0, &[]))];
+        let (got, _, _) = priced(&offerings, &ask(&bare, 8, 1.0, "r", OnDemand), &Assumptions::default(), |_| None);
+        assert_eq!(got.quote().map(|q| q.instance.as_str()), Some("amd"));
+    }
+
+    /// A cloud whose quotes came back in other currencies and were refused says both: the
+    /// currencies (each once, in order) and the first refusal.
+    #[test]
+    fn foreign_currencies_and_a_refusal_are_both_said() {
+        use PurchaseOption::OnDemand;
+        let gpu = h100();
+        let offerings = [
+            offering("a", "H100", price("r", OnDemand, 10.0, &[])),
+            offering("b", "H100", price("r", OnDemand, 20.0, &[])),
+            offering("c", "H100", price("r", OnDemand, 30.0, &[])),
+            offering("d", "H100", price("r", OnDemand, 40.0, &[])),
+        ];
+        let answer = |r: &QuoteRequest| {
+            let money = |cur: &str| Some(Ok(Quote { currency: cur.into(), lines: Vec::new(), total: 1.0, warnings: Vec::new() }));
+            match r.instance.as_str() {
+                "a" => money("GBP"),
+                "b" => refused("no b"),
+                "c" => money("EUR"),
+                _ => refused("no d"),
+            }
+        };
+        let (got, _, _) = priced(&offerings, &ask(&gpu, 8, 1.0, "r", OnDemand), &Assumptions::default(), answer);
+        let CloudPrice::QuoteFailed { reason } = got else { panic!("{got:?}") };
+        assert!(
+            reason.starts_with(
+                "c: its quotes were in EUR and GBP, and the table compares USD (no exchange rate is applied); another was refused: skipped a quote: "
+            ) && reason.ends_with("no b"),
+            "{reason}"
+        );
+    }
+
+    /// A spot run of no hours keeps the storage asked (no 0/0).
+    #[test]
+    fn a_spot_run_of_no_hours_keeps_the_storage_asked() {
+        let gpu = h100();
+        let offerings = [offering("s", "H100", price("r", PurchaseOption::Spot, 10.0, &[]))];
+        let (_, requests, _) = priced(&offerings, &ask(&gpu, 8, 0.0, "r", PurchaseOption::Spot), &Assumptions::default(), |_| None);
+        assert_eq!((requests[0].hours, requests[0].storage_gb_months), (0.0, 3.0));
+    }
 }
