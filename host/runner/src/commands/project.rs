@@ -1129,7 +1129,7 @@ pub fn holdout(file: &Path, global: &Global) -> Result<()> {
     let held = calibrate::cross_validate(&points, &profiles, &mut resolver);
     if held.iter().all(|h| h.errors.is_empty()) {
         anyhow::bail!(
-            "{}: no model family could be held out: each needs runs of at least one other family on the same GPU to fit              without it ({} runs in the file); add runs of more families, or fit them all with `runner calibrate FILE`",
+            "{}: no model family could be held out: each needs runs of at least one other family on the same GPU to fit without it ({} runs in the file); add runs of more families, or fit them all with `runner calibrate FILE`",
             file.display(),
             points.len()
         );
