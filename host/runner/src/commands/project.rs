@@ -1216,3 +1216,57 @@ pub fn bench_search(model: &str, gpu: &str, gpus: u32, precision: &str, repeats:
     }
     emit(global, &table, &out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--leave-out`: single runs and inclusive ranges, spaces and empty parts ignored,
+    /// sorted and each once; the last run is the file's last, the first past it refused.
+    #[test]
+    fn leave_out_takes_runs_and_inclusive_ranges_sorted_and_once() {
+        assert_eq!(run_numbers(" 7, 3-5 ,,4, 9-9,0", 10), Ok(vec![0, 3, 4, 5, 7, 9]));
+        assert_eq!(run_numbers("2 - 3", 4), Ok(vec![2, 3]));
+        assert_eq!(run_numbers("", 4), Ok(vec![]));
+        assert_eq!(run_numbers("10", 10), Err("run 10 is past the file's last run (9)".into()));
+        assert_eq!(run_numbers("8-10", 10), Err("run 10 is past the file's last run (9)".into()));
+        assert_eq!(run_numbers("4-3", 10), Err("the range 4-3 runs backwards".into()));
+        assert!(run_numbers("1-x", 10).unwrap_err().starts_with("'x' is not a run number"));
+    }
+
+    /// Borrowed parameters are grouped by the GPU that set them, in the order first taken.
+    #[test]
+    fn borrowed_parameters_are_grouped_by_their_donor_in_order() {
+        let b = |n: &str, d: &str| (n.to_string(), d.to_string());
+        let borrowed = [b("a", "H100"), b("b", "B200"), b("c", "H100")];
+        assert_eq!(borrowed_from(&borrowed), "a, c (taken from H100); b (taken from B200)");
+        assert_eq!(borrowed_from(&[]), "");
+    }
+
+    /// Why nothing ran: the first three families as ranked, and a count of the rest.
+    #[test]
+    fn closest_families_shows_three_and_counts_the_rest() {
+        let fam = |i: usize| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: format!("r{i}") } };
+        assert!(closest_families(&[]).starts_with("no layout family applies"));
+        let three: Vec<_> = (0..3).map(fam).collect();
+        assert_eq!(closest_families(&three), "f0: divisibility: r0; f1: divisibility: r1; f2: divisibility: r2");
+        let five: Vec<_> = (0..5).map(fam).collect();
+        assert_eq!(
+            closest_families(&five),
+            "f0: divisibility: r0; f1: divisibility: r1; f2: divisibility: r2; and 2 more families (`runner search` lists each)"
+        );
+    }
+
+    /// A loss under 10 % reads in percent; from 10 % as a factor.
+    #[test]
+    fn a_near_tie_reads_in_percent_and_a_clear_loss_as_a_factor() {
+        let speed = |slower: f64| verdict_text(&Verdict::Speed { layout: "L".into(), step_time_s: 1.0, slower });
+        assert_eq!(speed(1.05), "speed: 5.0 % slower at best (L)");
+        assert_eq!(speed(1.1), "speed: 1.10x slower at best (L)");
+        assert_eq!(speed(2.5), "speed: 2.50x slower at best (L)");
+        let mem = Verdict::Memory { layout: "L".into(), need_gib: 90.4, have_gib: 80.0 };
+        assert_eq!(verdict_text(&mem), "memory: needs at least 90 GiB of 80 (L)");
+        let best = Verdict::Best { layout: "L".into(), step_time_s: 1.234 };
+        assert_eq!(verdict_text(&best), "best (L, 1.23 s)");
+    }
+}
