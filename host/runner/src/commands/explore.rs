@@ -383,3 +383,117 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
         report::render(format, if format == OutputFormat::Table { &terminal } else { &whole }, &value)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn global() -> Global {
+        Global {
+            format: None,
+            output: None,
+            verbose: 0,
+            quiet: true,
+            profile: None,
+            device: Default::default(),
+            history: None,
+            no_history: true,
+        }
+    }
+
+    /// A run file's layout, batch, tokens, goals and GPU counts.
+    fn file_run() -> RunFile {
+        let mut run = RunFile::default();
+        run.model.plugin = "llama3.wasm".into();
+        run.model.tokens = Some(1e12);
+        run.model.seq_len = Some(4096);
+        run.cluster.gbs = Some(64);
+        run.cluster.gpus = vec![16, 32];
+        run.layout.tp = Some(2);
+        run.layout.pp = Some(4);
+        run.layout.cp = Some(2);
+        run.layout.vp = Some(3);
+        run.layout.ep = Some(1);
+        run.layout.mbs = Some(1);
+        run.explore.target_days = Some(30.0);
+        run.explore.max_usd_per_day_saved = Some(500.0);
+        run.measure.repeats = 3;
+        run
+    }
+
+    /// Flags left out keep what the run file says (a flag not given is not a flag that
+    /// clears the file's value), and a goal does not replace GPU counts the file gives.
+    #[test]
+    fn flags_left_out_keep_the_run_files_values() {
+        let mut run = file_run();
+        apply_overrides(&mut run, &QuickRun::default(), &global()).unwrap();
+        let l = &run.layout;
+        assert_eq!((l.tp, l.pp, l.cp, l.vp, l.ep, l.mbs), (Some(2), Some(4), Some(2), Some(3), Some(1), Some(1)));
+        assert_eq!((run.model.tokens, run.model.seq_len, run.cluster.gbs), (Some(1e12), Some(4096), Some(64)));
+        assert_eq!((run.explore.target_days, run.explore.max_usd_per_day_saved), (Some(30.0), Some(500.0)));
+        assert_eq!((run.cluster.gpus.as_slice(), run.measure.repeats), (&[16, 32][..], 3));
+    }
+
+    /// Each layout flag lands in its own field, and the rest of the flags in theirs.
+    #[test]
+    fn each_flag_lands_in_its_own_field() {
+        let mut run = file_run();
+        let quick = QuickRun {
+            tp: Some(8),
+            pp: Some(5),
+            cp: Some(4),
+            vp: Some(6),
+            ep: Some(7),
+            mbs: Some(9),
+            gbs: Some(128),
+            tokens: Some(2e12),
+            seq_len: Some(8192),
+            budget: Some(1e6),
+            max_usd_per_day_saved: Some(42.0),
+            repeats: Some(5),
+            recompute: Some("full".into()),
+            region: Some("us-east-1".into()),
+            option: Some("spot".into()),
+            clouds: vec!["aws".into()],
+            ..QuickRun::default()
+        };
+        run.explore.target_days = None;
+        apply_overrides(&mut run, &quick, &global()).unwrap();
+        let l = &run.layout;
+        assert_eq!((l.tp, l.pp, l.cp, l.vp, l.ep, l.mbs), (Some(8), Some(5), Some(4), Some(6), Some(7), Some(9)));
+        assert_eq!((run.model.tokens, run.model.seq_len, run.cluster.gbs), (Some(2e12), Some(8192), Some(128)));
+        assert_eq!((run.explore.budget_usd, run.explore.max_usd_per_day_saved), (Some(1e6), Some(42.0)));
+        assert_eq!((run.measure.repeats, run.measure.recompute), (5, RecomputePolicy::Full));
+        assert_eq!((run.cost.region.as_str(), run.cost.option.as_str(), run.cost.plugins.as_slice()), ("us-east-1", "spot", &["aws".to_string()][..]));
+        // A goal with the file's own counts keeps them.
+        assert_eq!(run.cluster.gpus, [16, 32]);
+        for (flag, policy) in [("selective", RecomputePolicy::Selective), ("none", RecomputePolicy::None)] {
+            let mut run = file_run();
+            apply_overrides(&mut run, &QuickRun { recompute: Some(flag.into()), ..QuickRun::default() }, &global()).unwrap();
+            assert_eq!(run.measure.recompute, policy, "{flag}");
+        }
+    }
+
+    /// A goal without GPU counts walks the goal's counts; without a goal, or with counts
+    /// given, the counts are the run's.
+    #[test]
+    fn a_goal_without_gpu_counts_walks_the_goal_counts() {
+        let defaults = || {
+            let mut run = RunFile::default();
+            run.model.plugin = "llama3.wasm".into();
+            run
+        };
+        let mut run = defaults();
+        apply_overrides(&mut run, &QuickRun { target_days: Some(10.0), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!(run.cluster.gpus, GOAL_COUNTS);
+        let mut run = defaults();
+        apply_overrides(&mut run, &QuickRun { budget: Some(1e6), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!(run.cluster.gpus, GOAL_COUNTS);
+        let mut run = defaults();
+        apply_overrides(&mut run, &QuickRun::default(), &global()).unwrap();
+        assert_eq!(run.cluster.gpus, runfile::ClusterSection::default().gpus);
+        let mut run = defaults();
+        apply_overrides(&mut run, &QuickRun { budget: Some(1e6), gpus: Some(vec![64]), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!(run.cluster.gpus, [64]);
+    }
+}
