@@ -1503,9 +1503,8 @@ impl Device for Cuda {
     }
 
     fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        s.dims("concat_forward", out.len, Some(a.len), Some(b.len))?;
-        let (shapes, rank, la, lb) = self.concat_meta(s)?;
-        let lo = la + lb;
+        let (la, lb, lo) = s.dims("concat_forward", out.len, Some(a.len), Some(b.len))?;
+        let (shapes, rank) = self.concat_meta(s)?;
         let rows = out.len / lo.max(1);
         self.ew(
             "concat_forward",
@@ -1515,9 +1514,8 @@ impl Device for Cuda {
     }
 
     fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        s.dims("concat_backward", dout.len, da.as_ref().map(|t| t.len), db.as_ref().map(|t| t.len))?;
-        let (shapes, rank, la, lb) = self.concat_meta(s)?;
-        let lo = la + lb;
+        let (la, lb, lo) = s.dims("concat_backward", dout.len, da.as_ref().map(|t| t.len), db.as_ref().map(|t| t.len))?;
+        let (shapes, rank) = self.concat_meta(s)?;
         for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
             if let Some(t) = t {
                 let rows_src = t.len / lx.max(1);
@@ -2103,12 +2101,10 @@ impl Cuda {
     }
 
     /// The concat's leading-axis shapes (out, a, b) on the device (uploaded the first
-    /// time this shape is seen): its address, the rank and the two inputs' last
-    /// dimensions.
-    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(u64, usize, usize, usize), ExecError> {
-        // The shapes were checked against the buffers by ConcatShapes::dims.
+    /// time this shape is seen): its address and the rank. The shapes were checked
+    /// against the buffers by [`ConcatShapes::dims`], which gives the last axes.
+    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(u64, usize), ExecError> {
         let rank = s.out.len().saturating_sub(1);
-        let (la, lb) = (*s.a.last().unwrap_or(&1) as usize, *s.b.last().unwrap_or(&1) as usize);
         let mut host: Vec<u32> = Vec::with_capacity(6 * rank);
         for sh in [s.out, s.a, s.b] {
             for &d in &sh[..rank] {
@@ -2129,7 +2125,7 @@ impl Cuda {
                 e.insert(t)
             }
         };
-        Ok((t.ptr, rank, la, lb))
+        Ok((t.ptr, rank))
     }
 
     fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {
