@@ -112,7 +112,7 @@ fn a_0_1_cost_plugin_prices_per_price_with_its_billing_and_quotes_in_usd() {
     request.option = PurchaseOption::Spot;
     assert!(matches!(
         c.quote(&request).unwrap_err().failure,
-        Failure::Unlisted(m) if m.contains("no spot price for instance 'old.h100x8' in region 'old-1'")
+        Failure::NotAsked(m) if m.contains("no spot price for instance 'old.h100x8' in region 'old-1'")
     ));
 }
 
@@ -387,7 +387,7 @@ fn a_0_2_cost_plugin_is_called_with_0_3_types_and_prices_as_it_says() {
     // It lists no spot price: the host does not ask.
     assert!(matches!(
         c.quote(&spot).unwrap_err().failure,
-        Failure::Unlisted(m) if m.contains("no spot price for instance 'old.h100x8' in region 'old-1'")
+        Failure::NotAsked(m) if m.contains("no spot price for instance 'old.h100x8' in region 'old-1'")
     ));
 }
 

@@ -160,7 +160,7 @@ fn non_finite_zero_negative_and_below_list_money_is_refused() {
 fn a_quote_below_any_list_price_off_the_price_list_is_refused() {
     let mut c = cost("hostile_money.wasm", Limits::default());
     let unlisted = |err: PluginError, expect: &str| {
-        assert!(matches!(err.failure, Failure::Unlisted(_)), "{err}");
+        assert!(matches!(err.failure, Failure::NotAsked(_)), "{err}");
         refused(&err, "quote", expect);
     };
     unlisted(c.quote(&request("hidden")).unwrap_err(), "list the offerings first");
@@ -168,7 +168,7 @@ fn a_quote_below_any_list_price_off_the_price_list_is_refused() {
     c.offerings().unwrap();
     unlisted(
         c.quote(&request("hidden")).unwrap_err(),
-        "instance 'hidden' is not in its price list",
+        "instance 'hidden' is not in the price list",
     );
     unlisted(
         c.quote(&on_demand("below-list", "elsewhere")).unwrap_err(),

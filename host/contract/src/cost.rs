@@ -21,8 +21,8 @@ pub fn billed_seconds(hours: f64, increment_s: u32, minimum_s: u32) -> f64 {
 /// Expand the cost rules in a module that has the generated cost-model types in scope
 /// (`Offering`, `Price`, `PurchaseOption`, `QuoteRequest`, `ItemisedQuote`, `QuoteLine`,
 /// `LineCategory`, `ProviderInfo`). Defines `validate_provider`, `validate_offerings`,
-/// `validate_quote`, `find_price`, `nodes_for`, `list_price_floor`, `option_name` and
-/// `term_hours`.
+/// `validate_quote`, `check_request`, `find_price`, `nodes_for`, `list_price_floor`,
+/// `option_name` and `term_hours`.
 #[macro_export]
 macro_rules! cost_rules {
     () => {
@@ -216,6 +216,71 @@ macro_rules! cost_rules {
                 .filter(matches)
                 .find(|p| p.region == region)
                 .or_else(|| offering.prices.iter().filter(matches).find(|p| p.region == $crate::cost::ANY_REGION))
+        }
+
+        /// The offering and price `request` asks for in `offerings`, if the request is one a
+        /// quote can answer: an instance and a region and purchase option it lists, whole
+        /// nodes enough for the GPUs in the offering's node multiple (never 0: a request for
+        /// no nodes has a list price of 0, so no floor), finite non-negative hours, storage
+        /// and egress, and an ISO start date or none. The host asks only such requests; the
+        /// SDK's standard quote checks them with it too.
+        ///
+        /// # Errors
+        /// The first rule the request breaks, with what exists or what to ask instead.
+        pub fn check_request<'a>(request: &QuoteRequest, offerings: &'a [Offering]) -> Result<(&'a Offering, &'a Price), String> {
+            use $crate::text;
+            // Some names say what to ask for; a hostile list of thousands would flood the line.
+            fn some(names: Vec<String>) -> String {
+                const SHOWN: usize = 24;
+                let n = names.len();
+                let mut shown: Vec<String> = names.into_iter().take(SHOWN).collect();
+                if n > SHOWN {
+                    shown.push(format!("and {} more", n - SHOWN));
+                }
+                if shown.is_empty() { "none".into() } else { shown.join(", ") }
+            }
+            let instance = text::shown(&request.instance);
+            let Some(offering) = offerings.iter().find(|o| o.instance == request.instance) else {
+                return Err(format!(
+                    "instance {instance} is not in the price list (it lists {}); quote an instance it lists",
+                    some(offerings.iter().map(|o| text::shown(&o.instance)).collect())
+                ));
+            };
+            let Some(price) = find_price(offering, &request.region, request.option) else {
+                let region = if request.region.is_empty() { "any region".to_string() } else { format!("region {}", text::shown(&request.region)) };
+                return Err(format!(
+                    "the price list has no {} price for instance {instance} in {region} (it prices {}); \
+                     quote a region and purchase option it lists",
+                    option_name(request.option),
+                    // The option asked for first: its other regions are the likeliest fix.
+                    some(
+                        offering.prices.iter().filter(|p| p.option == request.option)
+                            .chain(offering.prices.iter().filter(|p| p.option != request.option))
+                            .map(|p| format!("{} {}", text::escape(&p.region, 64), option_name(p.option)))
+                            .collect()
+                    )
+                ));
+            };
+            let multiple = offering.node_multiple.max(1);
+            let enough = nodes_for(offering, request.gpus)
+                .ok_or_else(|| format!("{} GPUs is more nodes of {instance} than can be counted", request.gpus))?;
+            if request.nodes == 0 || request.nodes < enough || !request.nodes.is_multiple_of(multiple) {
+                return Err(format!(
+                    "{} node(s) of {instance} for {} GPUs: it has {} GPUs per node and is sold in multiples of {multiple} node(s), \
+                     so ask for {} nodes (or more, in multiples of {multiple})",
+                    request.nodes,
+                    request.gpus,
+                    offering.gpus_per_node,
+                    enough.max(multiple),
+                ));
+            }
+            for (what, value) in [("hours", request.hours), ("storage GB-months", request.storage_gb_months), ("egress GB", request.egress_gb)] {
+                if !(value.is_finite() && value >= 0.0) {
+                    return Err(format!("{what} must be a finite, non-negative number, got {}", text::number(value)));
+                }
+            }
+            text::date("start-date", &request.start_date)?;
+            Ok((offering, price))
         }
 
         /// What `request` costs at the list price of its instance, region and option in

@@ -20,7 +20,7 @@ mod rules {
     runner_contract::cost_rules!();
 }
 pub use rules::{
-    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, nodes_for, option_name,
+    PURCHASE_OPTIONS, check_request, find_price, has_upfront, list_price_floor, nodes_for, option_name,
     parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
@@ -106,12 +106,13 @@ impl CostModel {
     /// An itemised quote of a price the offerings listed last hold, validated against it.
     ///
     /// # Errors
-    /// [`Failure::Unlisted`], without calling the plugin, before the first
-    /// [`CostModel::offerings`] or for an instance, region or option it did not list (a
-    /// quote with no list price would have no floor: a hostile plugin could quote 1e-300
-    /// USD); else the plugin's own failure, or the contract rule its quote breaks.
+    /// [`Failure::NotAsked`], without calling the plugin, before the first
+    /// [`CostModel::offerings`], for an instance, region or option it did not list, or for
+    /// a request the contract rules out, 0 nodes among them (a quote with no list price, or
+    /// a list price of 0, would have no floor: a hostile plugin could quote 1e-300 USD);
+    /// else the plugin's own failure, or the contract rule its quote breaks.
     pub fn quote(&mut self, request: &QuoteRequest) -> Result<Quote, PluginError> {
-        listed_price(request, self.listed.as_deref()).map_err(|m| PluginError::new(&self.info.name, "quote", Failure::Unlisted(m)))?;
+        listed_price(request, self.listed.as_deref()).map_err(|m| PluginError::new(&self.info.name, "quote", Failure::NotAsked(m)))?;
         let result = alike!(&mut self.instance, [V3, V2] |s| s.call("quote", |s, p| {
                 p.runner_plugin_cost_model().call_quote(s, request)
             })?,
@@ -135,31 +136,20 @@ impl CostModel {
 }
 
 /// The price of `listed` (a plugin's last price list; None before it listed one) that
-/// `request` asks for: the host quotes only what a plugin listed, so that every quote has a
-/// list price to be checked against.
+/// `request` asks for, if the request is one the contract lets a quote answer
+/// ([`check_request`]): the host quotes only what a plugin listed, in whole nodes, so that
+/// every quote has a list price above zero to be checked against.
 ///
 /// # Errors
-/// Why the request names no listed price, and what to ask instead.
+/// Why the request is not one to ask, and what to ask instead.
 pub fn listed_price<'a>(request: &QuoteRequest, listed: Option<&'a [Offering]>) -> Result<&'a Price, String> {
-    let instance = runner_contract::text::shown(&request.instance);
     let Some(listed) = listed else {
         return Err(format!(
-            "a quote of instance {instance} before any price list: list the offerings first (call `offerings` before `quote`)"
+            "a quote of instance {} before any price list: list the offerings first (call `offerings` before `quote`)",
+            runner_contract::text::shown(&request.instance)
         ));
     };
-    let Some(offering) = listed.iter().find(|o| o.instance == request.instance) else {
-        return Err(format!(
-            "instance {instance} is not in its price list ({} offerings listed last); quote an instance it lists",
-            listed.len()
-        ));
-    };
-    find_price(offering, &request.region, request.option).ok_or_else(|| {
-        let region = if request.region.is_empty() { "any region".to_string() } else { format!("region {}", runner_contract::text::shown(&request.region)) };
-        format!(
-            "its price list has no {} price for instance {instance} in {region}; quote a region and purchase option it lists",
-            option_name(request.option)
-        )
-    })
+    check_request(request, listed).map(|(_, price)| price)
 }
 
 /// The contract's price-list and quote rules at their edges, each named by the mutation of
@@ -326,16 +316,63 @@ mod tests {
             assert!(m.contains(word), "{word:?} not in: {m}");
         }
         refused(&request(), None, "a quote of instance 'p5' before any price list: list the offerings first");
-        refused(&request(), Some(&[]), "instance 'p5' is not in its price list (0 offerings listed last)");
+        refused(&request(), Some(&[]), "instance 'p5' is not in the price list (it lists none); quote an instance it lists");
         let p4d = QuoteRequest { instance: "p4d".into(), ..request() };
-        refused(&p4d, Some(&listed), "instance 'p4d' is not in its price list (1 offerings listed last)");
+        refused(&p4d, Some(&listed), "instance 'p4d' is not in the price list (it lists 'p5')");
         let west = QuoteRequest { region: "us-west-2".into(), ..request() };
-        refused(&west, Some(&listed), "no on-demand price for instance 'p5' in region 'us-west-2'");
+        refused(
+            &west,
+            Some(&listed),
+            "no on-demand price for instance 'p5' in region 'us-west-2' (it prices us-east-1 on-demand, * spot)",
+        );
         let term = QuoteRequest { option: PurchaseOption::OneYearNoUpfront, ..request() };
         refused(&term, Some(&listed), "no 1y-no-upfront price for instance 'p5' in region 'us-east-1'");
+        // A long price list is named in part.
+        let many: Vec<Offering> = (0..26).map(|i| offering(&format!("i{i}"), Vec::new())).collect();
+        refused(&p4d, Some(&many), "(it lists 'i0', 'i1', 'i2', 'i3', 'i4', 'i5', 'i6', 'i7', 'i8', 'i9', 'i10', 'i11', 'i12', \
+            'i13', 'i14', 'i15', 'i16', 'i17', 'i18', 'i19', 'i20', 'i21', 'i22', 'i23', and 2 more)");
+        // The option asked for first, in every region it is priced.
+        let spot_west = QuoteRequest { region: "eu-west-1".into(), option: PurchaseOption::Spot, ..request() };
+        let two = [offering("p5", vec![listed[0].prices[0].clone(), price("us-west-2", PurchaseOption::Spot, 40.0, 0.0)])];
+        refused(&spot_west, Some(&two), "no spot price for instance 'p5' in region 'eu-west-1' (it prices us-west-2 spot, us-east-1 on-demand)");
 
         let crumbs = quote(vec![line(LineCategory::Compute, 1e-300)], 1e-300);
         assert_eq!(validate_quote(&p4d, &crumbs, &listed), Ok(()), "no list price, no floor");
+    }
+
+    /// The host asks only what the contract lets a quote answer: whole nodes enough for the
+    /// GPUs (never 0: its list price is 0, and a quote of 1e-300 USD passes, asserted
+    /// last), in the offering's node multiple, finite hours, storage and egress, an ISO
+    /// start date. The SDK's standard quote refuses the same requests with the same rule.
+    #[test]
+    fn only_a_request_the_contract_allows_is_quoted() {
+        let listed = [on_demand(100.0)];
+        let ok = |r: &QuoteRequest| listed_price(r, Some(&listed)).map(|p| p.usd_per_node_hour);
+        #[track_caller]
+        fn refused(r: &QuoteRequest, listed: &[Offering], word: &str) {
+            let m = listed_price(r, Some(listed)).expect_err("must be refused");
+            assert!(m.contains(word), "{word:?} not in: {m}");
+        }
+        // 16 GPUs on 8-GPU nodes: 2 nodes, or more.
+        assert_eq!(ok(&QuoteRequest { nodes: 3, ..request() }), Ok(100.0));
+        assert_eq!(ok(&QuoteRequest { hours: 0.0, start_date: "2026-12-05".into(), ..request() }), Ok(100.0));
+        let none = QuoteRequest { nodes: 0, gpus: 0, ..request() };
+        refused(&none, &listed, "0 node(s) of 'p5' for 0 GPUs: it has 8 GPUs per node");
+        refused(&QuoteRequest { nodes: 1, ..request() }, &listed, "so ask for 2 nodes");
+        let racks = [Offering { node_multiple: 18, ..on_demand(100.0) }];
+        refused(&QuoteRequest { nodes: 2, ..request() }, &racks, "sold in multiples of 18 node(s), so ask for 18 nodes");
+        assert_eq!(listed_price(&QuoteRequest { nodes: 36, ..request() }, Some(&racks)).map(|p| p.usd_per_node_hour), Ok(100.0));
+        let single = [Offering { gpus_per_node: 1, ..racks[0].clone() }];
+        refused(&QuoteRequest { gpus: u32::MAX, ..request() }, &single, "4294967295 GPUs is more nodes of 'p5' than can be counted");
+        refused(&QuoteRequest { hours: f64::NAN, ..request() }, &listed, "hours must be a finite, non-negative number, got NaN");
+        refused(&QuoteRequest { hours: -1.0, ..request() }, &listed, "hours must be");
+        refused(&QuoteRequest { storage_gb_months: f64::INFINITY, ..request() }, &listed, "storage GB-months must be");
+        refused(&QuoteRequest { egress_gb: -1.0, ..request() }, &listed, "egress GB must be");
+        refused(&QuoteRequest { start_date: "12/05/2026".into(), ..request() }, &listed, "start-date '12/05/2026' is not an ISO date");
+
+        let crumbs = quote(vec![line(LineCategory::Compute, 1e-300)], 1e-300);
+        assert_eq!(list_price_floor(&none, &listed), Some(0.0));
+        assert_eq!(validate_quote(&none, &crumbs, &listed), Ok(()), "0 nodes: a list price of 0, no floor");
     }
 
     /// The refusal of a quote below the list price names the request's hours as every

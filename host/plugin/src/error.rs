@@ -20,10 +20,10 @@ pub enum Failure {
     Invalid(String),
     /// The plugin returned an error of its own (e.g. an unknown variant); printed escaped.
     Refused(String),
-    /// The host refused to send a request that names nothing the plugin listed (a quote
-    /// before `offerings`, or of an instance, region or purchase option not in its price
-    /// list): the plugin was not called.
-    Unlisted(String),
+    /// The host refused to send a request the contract lets no plugin answer (a quote
+    /// before `offerings`, of an instance, region or purchase option not in its price list,
+    /// or of no or too few nodes: `check_request`): the plugin was not called.
+    NotAsked(String),
 }
 
 /// A plugin error: which plugin, which call, what failed.
@@ -97,7 +97,7 @@ impl fmt::Display for PluginError {
                 "plugin '{plugin}' refused `{call}`: {}",
                 runner_contract::text::escape(m, runner_contract::text::MAX_TEXT)
             ),
-            Failure::Unlisted(m) => write!(f, "plugin '{plugin}' was not asked for `{call}`: {m}"),
+            Failure::NotAsked(m) => write!(f, "plugin '{plugin}' was not asked for `{call}`: {m}"),
         }
     }
 }

@@ -27,7 +27,7 @@ pub mod rules {
     runner_contract::cost_rules!();
 }
 pub use rules::{
-    PURCHASE_OPTIONS, find_price, has_upfront, list_price_floor, nodes_for, option_name,
+    PURCHASE_OPTIONS, check_request, find_price, has_upfront, list_price_floor, nodes_for, option_name,
     parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
@@ -185,58 +185,16 @@ pub fn standard_quote(offerings: &[Offering], request: &QuoteRequest) -> Result<
 /// took effect after the run's start date.
 ///
 /// # Errors
-/// Names the unknown instance, or the region/option without a price, and lists what exists;
-/// rejects too few nodes for the GPUs asked for (or nodes outside the offering's multiple),
-/// negative or non-finite hours, storage and egress, and a start date that is not ISO.
+/// The request's broken rule ([`check_request`], the contract's, which the host applies
+/// before it asks): an unknown instance, or a region/option without a price (naming what
+/// exists); too few nodes for the GPUs asked for, or nodes outside the offering's multiple;
+/// negative or non-finite hours, storage and egress; a start date that is not ISO.
 pub fn standard_quote_with(
     offerings: &[Offering],
     request: &QuoteRequest,
     extras: ExtraRates,
 ) -> Result<Quote, String> {
-    let offering = offerings.iter().find(|o| o.instance == request.instance).ok_or_else(|| {
-        let names: Vec<&str> = offerings.iter().map(|o| o.instance.as_str()).collect();
-        format!("unknown instance '{}'; this cloud offers: {}", request.instance, names.join(", "))
-    })?;
-    let price = find_price(offering, &request.region, request.option).ok_or_else(|| {
-        let have: Vec<String> = offering
-            .prices
-            .iter()
-            .map(|p| format!("{} {}", p.region, option_name(p.option)))
-            .collect();
-        format!(
-            "no {} price for {} in region '{}'; priced: {}",
-            option_name(request.option),
-            offering.instance,
-            request.region,
-            have.join(", ")
-        )
-    })?;
-    let needed = nodes_for(offering, request.gpus)
-        .ok_or_else(|| format!("{} GPUs is more nodes of {} than can be counted", request.gpus, offering.instance))?;
-    let multiple = offering.node_multiple.max(1);
-    if request.nodes == 0 || request.nodes < needed || !request.nodes.is_multiple_of(multiple) {
-        return Err(format!(
-            "{} node(s) of {} for {} GPUs: it has {} GPUs per node and is sold in multiples of {} node(s), \
-             so ask for {} nodes (or more, in multiples of {multiple})",
-            request.nodes,
-            offering.instance,
-            request.gpus,
-            offering.gpus_per_node,
-            multiple,
-            needed.max(multiple),
-        ));
-    }
-    for (what, value) in [
-        ("hours", request.hours),
-        ("storage GB-months", request.storage_gb_months),
-        ("egress GB", request.egress_gb),
-    ] {
-        if !(value.is_finite() && value >= 0.0) {
-            return Err(format!("{what} must be a finite, non-negative number, got {value}"));
-        }
-    }
-    runner_contract::text::date("start-date", &request.start_date)?;
-
+    let (offering, price) = check_request(request, offerings)?;
     let billed_h =
         billed_seconds(request.hours, price.billing_increment_s, price.minimum_charge_s) / 3600.0;
     let region = if price.region == ANY_REGION && !request.region.is_empty() {

@@ -3,7 +3,7 @@
 //! without end, `nan` returns a non-finite total, `wrong-total` returns lines that do
 //! not add up, `leak` leaks 8 MiB per call, `chatty` prints a 230-byte line per
 //! call (the host's capture of stdout fills after some hundreds), `later` quotes honestly three times and then
-//! answers $0. `exotic` is on a GPU no profile describes (H1000). Any other instance is quoted
+//! answers $0, `refuse` refuses every quote (sold out). `exotic` is on a GPU no profile describes (H1000). Any other instance is quoted
 //! normally. The host must survive every one.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
@@ -32,7 +32,7 @@ impl Guest for Misbehave {
 
     fn offerings() -> Vec<Offering> {
         let mut all: Vec<Offering> =
-            ["good", "trap", "spin", "hog", "nan", "wrong-total", "leak", "chatty", "later"].into_iter().map(offering).collect();
+            ["good", "trap", "spin", "hog", "nan", "wrong-total", "leak", "chatty", "later", "refuse"].into_iter().map(offering).collect();
         all.push(Offering { gpu: "H1000".into(), ..offering("exotic") });
         all
     }
@@ -53,6 +53,7 @@ impl Guest for Misbehave {
                     std::hint::black_box(&blocks);
                 }
             }
+            "refuse" => Err("sold out in test-1 until 2027-01-01".into()),
             "nan" => Ok(Quote { currency: "USD".into(), lines: vec![], total: f64::NAN, warnings: vec![] }),
             "wrong-total" => Ok(Quote {
                 currency: "USD".into(),
