@@ -1896,4 +1896,6 @@ pub use overlap::GradBucket;
 pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;
 #[cfg(test)]
+mod audit_tests;
+#[cfg(test)]
 mod tests;
