@@ -138,3 +138,100 @@ fn a_grouped_linears_planned_gradients_are_rounded_to_their_output_format() {
     assert!(dw[N * K..2 * N * K].iter().all(|v| *v == 0.0), "the idle expert's gradient");
     check_rounded_gradients(&grouped_graph(), "grouped linear");
 }
+
+const T: usize = 9;
+const H: usize = 2;
+const HKV: usize = 1;
+const D: usize = 4;
+const SCALE: f64 = 0.6;
+
+/// Attention over q (1, T, H, D), k and v (1, T, Hkv, D), all weights, with `causal` and
+/// `window` (0: none), under a mean cross-entropy over its output's rows.
+fn attention_graph(causal: bool, window: i64) -> Graph {
+    let (tt, h, hkv, d) = (T as u64, H as u64, HKV as u64, D as u64);
+    let attrs = [("causal", Attr::Flag(causal)), ("window", Attr::Int(window)), ("scale", Attr::Float(SCALE))];
+    Graph::new(
+        vec![
+            t("q", &[1, tt, h, d], DType::F32, TensorKind::Weight),
+            t("k", &[1, tt, hkv, d], DType::F32, TensorKind::Weight),
+            t("v", &[1, tt, hkv, d], DType::F32, TensorKind::Weight),
+            t("targets", &[1, tt, h], DType::I32, TensorKind::Input),
+            t("out", &[1, tt, h, d], DType::F32, TensorKind::Activation),
+            t("loss", &[], DType::F32, TensorKind::Activation),
+        ],
+        vec![
+            op("attn", OpKind::Attention, &["q", "k", "v"], &["out"], &attrs),
+            op("loss", OpKind::CrossEntropy, &["out", "targets"], &["loss"], &[]),
+        ],
+        "loss",
+    )
+    .unwrap()
+}
+
+/// q, k and v of order one (scores spread over several units: the softmax is far from
+/// uniform, so every key a window adds or drops moves the output).
+fn attention_weights(ex: &mut Executor<Cpu>) {
+    ex.set_weight("q", &wave(T * H * D, 0.83)).unwrap();
+    ex.set_weight("k", &wave(T * HKV * D, 1.37)).unwrap();
+    ex.set_weight("v", &wave(T * HKV * D, 0.59)).unwrap();
+}
+
+/// Attention written out from its definition, in f64: query i of head h attends to key j
+/// of kv head h / (H / Hkv) when j <= i (causal) and i - j < window, or |i - j| < window
+/// (not causal); every key without a window.
+fn attention_by_definition(q: &[f32], k: &[f32], v: &[f32], causal: bool, window: Option<usize>) -> Vec<f64> {
+    let mut out = vec![0f64; T * H * D];
+    for i in 0..T {
+        for h in 0..H {
+            let kh = h / (H / HKV);
+            let keys: Vec<usize> = (0..T)
+                .filter(|&j| !causal || j <= i)
+                .filter(|&j| window.is_none_or(|w| i.abs_diff(j) < w))
+                .collect();
+            let s: Vec<f64> = keys
+                .iter()
+                .map(|&j| (0..D).map(|c| f64::from(q[(i * H + h) * D + c]) * f64::from(k[(j * HKV + kh) * D + c])).sum::<f64>() * SCALE)
+                .collect();
+            let m = s.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+            for (&j, sj) in keys.iter().zip(&s) {
+                let p = (sj - m).exp() / z;
+                for c in 0..D {
+                    out[(i * H + h) * D + c] += p * f64::from(v[(j * HKV + kh) * D + c]);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn largest_difference(a: &[f32], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| (f64::from(*x) - y).abs()).fold(0.0, f64::max)
+}
+
+/// The `window` attribute reaches the attention kernel as the sliding window itself: the
+/// executor's output is attention masked to the window (causal: the query and the
+/// window - 1 keys before it; not causal: |i - j| < window), and told apart from no
+/// window and from a window one key wider or narrower. The backward uses the same window:
+/// its gradients match finite differences of the f64 interpreter with the window.
+#[test]
+fn attention_runs_its_sliding_window() {
+    for causal in [true, false] {
+        let w = 3;
+        let g = attention_graph(causal, w as i64);
+        let mut ex = executor(&g);
+        attention_weights(&mut ex);
+        let targets: Vec<u32> = (0..(T * H) as u32).map(|i| (i * 3) % D as u32).collect();
+        ex.forward(&[("targets", Input::U32(&targets))]).unwrap();
+        let out = ex.activation("out").unwrap();
+        let (q, k, v) = (ex.weight("q").unwrap(), ex.weight("k").unwrap(), ex.weight("v").unwrap());
+        let want = attention_by_definition(&q, &k, &v, causal, Some(w));
+        let err = largest_difference(&out, &want);
+        assert!(err < 1e-5, "causal {causal}, window {w}: {err:e} from attention masked to the window");
+        for other in [None, Some(w - 1), Some(w + 1)] {
+            let d = largest_difference(&out, &attention_by_definition(&q, &k, &v, causal, other));
+            assert!(d > 1e-2, "causal {causal}: window {w} not told apart from {other:?} ({d:e})");
+        }
+        super::tests::grad_check_with(&g, 4, attention_weights);
+    }
+}

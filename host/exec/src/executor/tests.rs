@@ -31,7 +31,7 @@ fn grad_check(g: &Graph, seed: u64) {
 }
 
 /// [`grad_check`] after `prepare` (e.g. setting weights) on the executor; the gradients.
-fn grad_check_with(
+pub(super) fn grad_check_with(
     g: &Graph,
     seed: u64,
     prepare: impl FnOnce(&mut Executor<Cpu>),
