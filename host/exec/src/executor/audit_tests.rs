@@ -235,3 +235,83 @@ fn attention_runs_its_sliding_window() {
         super::tests::grad_check_with(&g, 4, attention_weights);
     }
 }
+
+/// Tokens, channels, experts and experts per token of the router graphs.
+const RN: usize = 6;
+const RC: usize = 4;
+const RE: usize = 5;
+const RK: usize = 2;
+
+/// Router logits = x Wrᵀ (x (RN, RC) and Wr (RE, RC) weights), routed top-RK by softmax
+/// with `normalize` (`None`: the attribute left out); the loss a mean cross-entropy over
+/// the router's weights (RN rows of RK).
+fn router_graph(normalize: Option<bool>) -> Graph {
+    let mut attrs = vec![("top-k", Attr::Int(RK as i64)), ("score", Attr::Text("softmax".into()))];
+    if let Some(n) = normalize {
+        attrs.push(("normalize", Attr::Flag(n)));
+    }
+    let (n, c, e, k) = (RN as u64, RC as u64, RE as u64, RK as u64);
+    Graph::new(
+        vec![
+            t("x", &[n, c], DType::F32, TensorKind::Weight),
+            t("wr", &[e, c], DType::F32, TensorKind::Weight),
+            t("targets", &[n], DType::I32, TensorKind::Input),
+            t("logits", &[n, e], DType::F32, TensorKind::Activation),
+            t("rw", &[n, k], DType::F32, TensorKind::Activation),
+            t("ri", &[n, k], DType::I32, TensorKind::Activation),
+            t("loss", &[], DType::F32, TensorKind::Activation),
+        ],
+        vec![
+            op("logits", OpKind::Linear, &["x", "wr"], &["logits"], &[]),
+            op("router", OpKind::Router, &["logits"], &["rw", "ri"], &attrs),
+            op("loss", OpKind::CrossEntropy, &["rw", "targets"], &["loss"], &[]),
+        ],
+        "loss",
+    )
+    .unwrap()
+}
+
+fn router_weights(ex: &mut Executor<Cpu>) {
+    ex.set_weight("x", &wave(RN * RC, 0.71)).unwrap();
+    ex.set_weight("wr", &wave(RE * RC, 1.13).iter().map(|v| 2.0 * v).collect::<Vec<_>>()).unwrap();
+}
+
+/// The router's `normalize` attribute has no default: the graph validation refuses a
+/// router without it (naming it), so the executor's fallback when it is absent
+/// (`unwrap_or(true)` in `router_of`) is never read. Given, it is obeyed: with it each
+/// token's RK weights are its top-RK softmax probabilities over the RE experts divided by
+/// their sum; without it the probabilities themselves (they sum to less than one). The
+/// backward reads it too: the gradients match finite differences of the f64 interpreter
+/// either way.
+#[test]
+fn the_routers_normalize_attribute_is_required_and_obeyed() {
+    let e = Executor::new(&router_graph(None), Cpu::new(), ExecOptions::default()).err().expect("a router without 'normalize' ran");
+    assert!(e.to_string().contains("missing attribute 'normalize'"), "{e}");
+    for normalize in [true, false] {
+        let g = router_graph(Some(normalize));
+        let mut ex = executor(&g);
+        router_weights(&mut ex);
+        let targets: Vec<u32> = (0..RN as u32).map(|i| i % RK as u32).collect();
+        ex.forward(&[("targets", Input::U32(&targets))]).unwrap();
+        let rw = ex.activation("rw").unwrap();
+        let (x, wr) = (ex.weight("x").unwrap(), ex.weight("wr").unwrap());
+        for row in 0..RN {
+            let logits: Vec<f64> = (0..RE)
+                .map(|j| (0..RC).map(|c| f64::from(x[row * RC + c]) * f64::from(wr[j * RC + c])).sum())
+                .collect();
+            let m = logits.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let z: f64 = logits.iter().map(|l| (l - m).exp()).sum();
+            let mut p: Vec<f64> = logits.iter().map(|l| (l - m).exp() / z).collect();
+            p.sort_by(|a, b| b.total_cmp(a));
+            p.truncate(RK);
+            let sum: f64 = p.iter().sum();
+            assert!(sum < 0.999, "row {row}: top-{RK} probabilities sum to {sum}: normalising would not show");
+            let want: Vec<f64> = p.iter().map(|v| if normalize { v / sum } else { *v }).collect();
+            let mut got: Vec<f32> = rw[row * RK..(row + 1) * RK].to_vec();
+            got.sort_by(|a, b| b.total_cmp(a));
+            let err = largest_difference(&got, &want);
+            assert!(err < 1e-6, "normalize {normalize}, row {row}: weights {got:?}, want {want:?}");
+        }
+        super::tests::grad_check_with(&g, 6, router_weights);
+    }
+}
