@@ -315,3 +315,60 @@ fn the_routers_normalize_attribute_is_required_and_obeyed() {
         super::tests::grad_check_with(&g, 6, router_weights);
     }
 }
+
+/// Router logits as above, but only the router's indices are read (they pick rows of an
+/// embedding table (RE, RV) under a cross-entropy); its weights output reaches nothing.
+const RV: usize = 3;
+
+fn indices_only_graph() -> Graph {
+    let (n, c, e, k, v) = (RN as u64, RC as u64, RE as u64, RK as u64, RV as u64);
+    let attrs = [("top-k", Attr::Int(RK as i64)), ("score", Attr::Text("softmax".into())), ("normalize", Attr::Flag(true))];
+    Graph::new(
+        vec![
+            t("x", &[n, c], DType::F32, TensorKind::Weight),
+            t("wr", &[e, c], DType::F32, TensorKind::Weight),
+            t("table", &[e, v], DType::F32, TensorKind::Weight),
+            t("targets", &[n, k], DType::I32, TensorKind::Input),
+            t("logits", &[n, e], DType::F32, TensorKind::Activation),
+            t("rw", &[n, k], DType::F32, TensorKind::Activation),
+            t("ri", &[n, k], DType::I32, TensorKind::Activation),
+            t("picked", &[n, k, v], DType::F32, TensorKind::Activation),
+            t("loss", &[], DType::F32, TensorKind::Activation),
+        ],
+        vec![
+            op("logits", OpKind::Linear, &["x", "wr"], &["logits"], &[]),
+            op("router", OpKind::Router, &["logits"], &["rw", "ri"], &attrs),
+            op("picked", OpKind::Embedding, &["ri", "table"], &["picked"], &[]),
+            op("loss", OpKind::CrossEntropy, &["picked", "targets"], &["loss"], &[]),
+        ],
+        "loss",
+    )
+    .unwrap()
+}
+
+/// The router's logits reach the loss only through its integer indices: the router has
+/// no backward step (its weights output carries no gradient), so nothing writes the
+/// logits' gradient, and the linear producing them reads a zero gradient instead (the
+/// zero filled in for an output without one). Its weight and input gradients are exactly
+/// zero, as the loss (piecewise constant in them) says, not what an unfilled buffer
+/// holds (NaN in a debug build's fresh or pooled buffers, stale values in a release
+/// build's pool). Run twice on one executor, so the second backward's buffers come from
+/// the pool.
+#[test]
+fn an_output_without_a_gradient_gives_its_op_a_zero_gradient() {
+    let g = indices_only_graph();
+    let mut ex = executor(&g);
+    router_weights(&mut ex);
+    let targets: Vec<u32> = (0..(RN * RK) as u32).map(|i| i % RV as u32).collect();
+    for pass in 0..2 {
+        ex.forward(&[("targets", Input::U32(&targets))]).unwrap();
+        ex.backward().unwrap();
+        for name in ["x", "wr"] {
+            let gr = ex.grad(name).unwrap().expect("a gradient");
+            assert!(gr.iter().all(|v| *v == 0.0), "pass {pass}: {name}'s gradient {gr:?}");
+        }
+        let table = ex.grad("table").unwrap().unwrap();
+        assert!(table.iter().all(|v| v.is_finite()) && table.iter().any(|v| *v != 0.0), "{table:?}");
+    }
+    super::tests::grad_check_with(&g, 8, router_weights);
+}
