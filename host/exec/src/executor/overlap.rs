@@ -265,3 +265,138 @@ impl<D: Device> Executor<D> {
         (started, one.max(overlapped.iter().map(|k| bytes(k.elems)).sum()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use runner_graph::TensorKind;
+    use runner_graph::shard::{Layout, RankCoord, shard};
+
+    use crate::collective::{Collective, ThreadGroup};
+    use crate::cpu::Cpu;
+    use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input};
+    use crate::toy::{self, ToyConfig};
+
+    /// What one rank of a dp = 2 step reports about its buckets.
+    struct Seen {
+        /// Each bucket in the order it starts: its group, weights, the backward step
+        /// that finishes it (the last that writes one of its weights) and the layers of
+        /// the ops reading its weights.
+        order: Vec<(String, Vec<String>, usize, Vec<i32>)>,
+        reported: Vec<super::GradBucket>,
+        flats: (Vec<(usize, u64)>, u64),
+        /// Elements of the dp and the edp all-reduce's weights.
+        totals: (usize, usize),
+        last_writer: std::collections::HashMap<String, usize>,
+    }
+
+    /// One training step of the two-layer MoE toy at dp = 2 (dense weights over `dp`,
+    /// experts over `edp`), buckets of `cap` elements, overlapped or not.
+    fn dp2_step(overlap: bool, cap: usize) -> Vec<Seen> {
+        let cfg = ToyConfig { layers: 2, hidden: 16, ffn: 32, moe: Some((4, 2, 16)), ..ToyConfig::tiny() };
+        let g = toy::llama(&cfg);
+        let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
+        let layout = Layout { dp: 2, ..Layout::single(b, 2 * b) };
+        let (dp, edp) = (ThreadGroup::new(2), ThreadGroup::new(2));
+        std::thread::scope(|sc| {
+            let hs: Vec<_> = dp
+                .into_iter()
+                .zip(edp)
+                .enumerate()
+                .map(|(r, (hd, he))| {
+                    let (g, layout) = (&g, &layout);
+                    sc.spawn(move || {
+                        let s = shard(g, layout, RankCoord { tp: 0, pp: 0, cp: 0, dp: r as u32 }).unwrap();
+                        let groups: Vec<(String, Box<dyn Collective<Cpu>>)> = vec![("dp".into(), Box::new(hd)), ("edp".into(), Box::new(he))];
+                        let o = ExecOptions { overlap_grad_reduce: overlap, grad_bucket_elems: Some(cap), seed: 5, ..ExecOptions::default() };
+                        let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
+                        let gr = &ex.graph;
+                        let order = ex
+                            .buckets
+                            .list
+                            .iter()
+                            .map(|k| {
+                                let names = k.weights.iter().map(|&id| gr.tensors[id].name.clone()).collect();
+                                let layers = gr.ops.iter().filter(|o| o.inputs.iter().any(|i| k.weights.contains(i))).map(|o| o.layer).collect();
+                                (ex.comm.step[k.sc].group.clone(), names, *k.writers.iter().max().unwrap(), layers)
+                            })
+                            .collect();
+                        let writers = ex.grad_writers();
+                        let last_writer = gr.tensors.iter().enumerate().filter(|(_, t)| t.kind == TensorKind::Weight).map(|(id, t)| (t.name.clone(), *writers[id].iter().max().unwrap())).collect();
+                        let elems = |group: &str| -> usize {
+                            let sc = ex.comm.step.iter().find(|sc| sc.group == group).unwrap();
+                            sc.weights.iter().map(|w| gr.tensors[gr.tensor_id(w).unwrap()].numel() as usize).sum()
+                        };
+                        let totals = (elems("dp"), elems("edp"));
+                        let data = toy::batch_inputs(&s.graph, r as u32);
+                        let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, v)| (n.as_str(), Input::U32(v))).collect();
+                        ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
+                        Seen { order, reported: ex.profile().grad_buckets.clone(), flats: ex.bucket_flats(), totals, last_writer }
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    /// The buckets are all-reduced in the order the backward finishes them, as DDP's
+    /// are: reverse layer order (the head and the last layer first, the embedding last),
+    /// across the dense (`dp`) and expert (`edp`) reductions alike (layer 1's experts
+    /// before layer 0's dense weights); each bucket the moment its last writer ran. The
+    /// memory account's figure (`bucket_flats`): each overlapped bucket at the backward
+    /// step that finishes it with its bytes, and at most every bucket in flight at once;
+    /// without overlap no bucket and the larger of the two reductions' flat copies.
+    #[test]
+    fn buckets_reduce_in_reverse_layer_order_and_the_memory_account_holds_them() {
+        for seen in dp2_step(true, 1) {
+            let n = seen.order.len();
+            assert_eq!(n, seen.last_writer.len(), "one bucket per weight at a cap of one element");
+            assert_eq!(seen.reported.len(), n);
+            for (k, (b, r)) in seen.order.iter().zip(&seen.reported).enumerate() {
+                assert_eq!(b.1.len(), 1);
+                assert_eq!(b.2, seen.last_writer[&b.1[0]], "bucket {k} {:?}", b.1);
+                assert_eq!((&r.group, 4 * r.elems as u64), (&b.0, seen.flats.0[k].1), "bucket {k} {:?}", b.1);
+            }
+            let finish: Vec<usize> = seen.order.iter().map(|b| b.2).collect();
+            assert!(finish.windows(2).all(|w| w[0] <= w[1]), "buckets not in the order the backward finishes them: {finish:?}");
+            let top = |b: &(String, Vec<String>, usize, Vec<i32>)| b.3.iter().copied().max().unwrap_or(-1);
+            // The head and the final norm (layer -1) first, the embedding (-1) last,
+            // the layers' weights in between from the last layer down.
+            let layers: Vec<i32> = seen.order.iter().map(top).collect();
+            let name = |k: usize| seen.order[k].1[0].as_str();
+            assert!(name(0).starts_with("lm_head") || name(0).starts_with("final_norm"), "first {}", name(0));
+            assert_eq!(name(n - 1), "embed.weight");
+            let inner = &layers[2..n - 1];
+            assert!(layers[..2] == [-1, -1] && inner.iter().all(|&l| l >= 0), "{layers:?}");
+            assert!(inner.windows(2).all(|w| w[0] >= w[1]), "not in reverse layer order: {layers:?}");
+            let first_edp = seen.order.iter().position(|b| b.0 == "edp").unwrap();
+            let last_dp_of_1 = seen.order.iter().rposition(|b| b.0 == "dp" && top(b) == 1).unwrap();
+            assert!(first_edp < last_dp_of_1, "the experts of layer 1 wait for the dense weights: {:?}", seen.order);
+            let steps_left: Vec<usize> = seen.reported.iter().map(|r| r.steps_left).collect();
+            assert!(steps_left.windows(2).all(|w| w[0] >= w[1]) && steps_left[0] > 0, "{steps_left:?}");
+            assert_eq!(seen.flats.0.iter().map(|f| f.0).collect::<Vec<_>>(), finish);
+            assert_eq!(seen.flats.1, 4 * (seen.totals.0 + seen.totals.1) as u64, "every bucket in flight at once");
+        }
+        for seen in dp2_step(false, 1) {
+            assert!(seen.reported.is_empty() && seen.flats.0.is_empty());
+            assert_eq!(seen.flats.1, 4 * seen.totals.0.max(seen.totals.1) as u64, "the larger reduction's flat copy");
+        }
+        // Buckets of several weights (a cap of 300 elements): each holds weights the
+        // backward finishes one after the other (none of a later bucket's weights of the
+        // group before one of an earlier bucket's), and starts, in the memory account
+        // too, at the backward step that finishes its last weight.
+        for seen in dp2_step(true, 300) {
+            assert!(seen.order.len() < seen.last_writer.len() && seen.order.iter().any(|b| b.1.len() > 2), "{:?}", seen.order);
+            let span = |b: &(String, Vec<String>, usize, Vec<i32>)| {
+                let w: Vec<usize> = b.1.iter().map(|n| seen.last_writer[n]).collect();
+                (*w.iter().min().unwrap(), *w.iter().max().unwrap())
+            };
+            for (k, b) in seen.order.iter().enumerate() {
+                assert_eq!((b.2, seen.flats.0[k].0), (span(b).1, span(b).1), "bucket {k} {:?}", b.1);
+            }
+            for group in ["dp", "edp"] {
+                let spans: Vec<(usize, usize)> = seen.order.iter().filter(|b| b.0 == group).map(span).collect();
+                assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{group}: buckets mix weights finished apart: {spans:?}");
+            }
+        }
+    }
+}
