@@ -540,7 +540,8 @@ async fn serve(
     let answering = tokio::time::Instant::now();
     let by = start_until.max(answering + HELLO_WITHIN.min(timeout / 4));
     let to = seen.into_iter().enumerate().filter_map(|(r, s)| Some((r, s?)));
-    let (taken, mut untaken) = answer_all(to.chain(second_zero.into_iter().map(|s| (0, s))), text.clone(), by).await;
+    let (taken, untaken) = answer_all(to.chain(second_zero.into_iter().map(|s| (0, s))), text.clone(), by).await;
+    let untaken: Vec<usize> = untaken.into_iter().map(|(r, _)| r).collect();
     if let Some(why) = refuse {
         return Err(DistError::Refused { rank: 0, why });
     }
@@ -557,13 +558,26 @@ async fn serve(
     let then = if untaken.is_empty() { Answer::Begin } else { Answer::Refuse(why(&untaken)) };
     let then = serde_json::to_string(&then).map_err(|e| rv(e.to_string()))? + "\n";
     let (_, late) = answer_all(taken.into_iter(), then, by.max(tokio::time::Instant::now() + Duration::from_secs(1))).await;
-    untaken.extend(late);
-    untaken.sort_unstable();
-    if untaken.is_empty() { Ok((addrs, token, l, mesh, reading)) } else { Err(rv(why(&untaken))) }
+    // A rank that took its welcome but not this line: its connection broke after the
+    // welcome (its process exited, or reset it). The others may have their Begin already;
+    // rank 0 fails naming the rank, and they find its mesh listener gone at once.
+    let mut whys = Vec::new();
+    if !untaken.is_empty() {
+        whys.push(why(&untaken));
+    }
+    if let Some((_, e)) = late.first() {
+        let late: Vec<usize> = late.iter().map(|(r, _)| *r).collect();
+        whys.push(format!(
+            "rank(s) {late:?} took rank 0's answer but not the word to begin that followed it ({e}): their processes \
+             exited, or their connections broke, after the answer (see their errors)"
+        ));
+    }
+    if whys.is_empty() { Ok((addrs, token, l, mesh, reading)) } else { Err(rv(whys.join("; "))) }
 }
 
 /// Write `text` to every `(rank, connection)` of `to` at once, by `by`: the ranks that
-/// took it all then, with their connections, and those that had not, sorted. One after
+/// took it all then, with their connections, and those that had not (with why: the
+/// write's error, or the deadline), sorted by rank. One after
 /// another, a rank that never reads (its process stopped, with the answer more than the
 /// sockets' buffers hold: a world of thousands of addresses) held rank 0, and so every
 /// rank after it, for good.
@@ -571,23 +585,27 @@ async fn answer_all(
     to: impl Iterator<Item = (usize, tokio::net::TcpStream)>,
     text: String,
     by: tokio::time::Instant,
-) -> (Vec<(usize, tokio::net::TcpStream)>, Vec<usize>) {
+) -> (Vec<(usize, tokio::net::TcpStream)>, Vec<(usize, String)>) {
     let text: std::sync::Arc<str> = text.into();
     let mut writing = JoinSet::new();
     for (r, mut s) in to {
         let text = text.clone();
         writing.spawn(async move {
-            let taken = matches!(tokio::time::timeout_at(by, s.write_all(text.as_bytes())).await, Ok(Ok(())));
+            let taken = match tokio::time::timeout_at(by, s.write_all(text.as_bytes())).await {
+                Ok(Ok(())) => Ok(s),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("not taken by the deadline".to_string()),
+            };
             // A write cut by the deadline leaves the rank half an answer: closed here
             // (`s` dropped), it reads a line cut short rather than wait on.
-            (r, taken.then_some(s))
+            (r, taken)
         });
     }
     let (mut taken, mut untaken) = (Vec::new(), Vec::new());
     while let Some(done) = writing.join_next().await {
         match done {
-            Ok((r, Some(s))) => taken.push((r, s)),
-            Ok((r, None)) => untaken.push(r),
+            Ok((r, Ok(s))) => taken.push((r, s)),
+            Ok((r, Err(e))) => untaken.push((r, e)),
             Err(_) => {}
         }
     }
@@ -612,9 +630,9 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
     hello.port = mesh.local_addr().map_err(|e| rv(e.to_string()))?.port();
     let mut s = BufReader::new(s);
     let text = serde_json::to_string(&hello).map_err(|e| rv(e.to_string()))? + "\n";
-    s.get_mut().write_all(text.as_bytes()).await.map_err(|e| rv(format!("hello to rank 0: {e}")))?;
+    s.get_mut().write_all(text.as_bytes()).await.map_err(|e| rv(format!("rank {}: hello to rank 0: {e}", hello.rank)))?;
     let mut line = String::new();
-    let whole = read_line_max(&mut s, &mut line, max_answer(hello.world)).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
+    let whole = read_line_max(&mut s, &mut line, max_answer(hello.world)).await.map_err(|e| rv(format!("rank {}: answer from rank 0: {e}", hello.rank)))?;
     if line.is_empty() {
         return Err(rv(format!("rank {}: rank 0 closed the rendezvous without an answer (it failed: see its error)", hello.rank)));
     }
@@ -630,7 +648,9 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
         Answer::Welcome { addrs, token } if addrs.len() == hello.world => {
             *last.borrow_mut() = Some("rank 0 answered, but did not say that every rank took its answer".into());
             let mut line = String::new();
-            let whole = read_line_max(&mut s, &mut line, MAX_HELLO).await.map_err(|e| rv(format!("answer from rank 0: {e}")))?;
+            let whole = read_line_max(&mut s, &mut line, MAX_HELLO).await.map_err(|e| {
+                rv(format!("rank {}: the line after rank 0's answer: {e} (rank 0 failed, or this rank's connection broke)", hello.rank))
+            })?;
             match serde_json::from_str::<Answer>(&line) {
                 Ok(Answer::Begin) => Ok((addrs, token, mesh)),
                 Ok(Answer::Refuse(why)) => Err(DistError::Refused { rank: hello.rank, why }),
@@ -1256,6 +1276,101 @@ mod tests {
         let (e, took) = two.join().unwrap();
         assert!(e.starts_with("rank 2: rank(s) [1] did not take rank 0's answer") && took < Duration::from_secs(5), "{took:?}: {e}");
         drop(stopped);
+    }
+
+    /// Close `s` with a reset (SO_LINGER 0), as a process killed mid-connection may: the
+    /// peer's next write fails, its next read gets the reset.
+    fn reset(rt: &tokio::runtime::Runtime, s: TcpStream) {
+        s.set_nonblocking(true).unwrap();
+        rt.block_on(async { tokio::net::TcpStream::from_std(s).unwrap().set_zero_linger().unwrap() });
+    }
+
+    /// A rank that took its welcome and then broke its connection (reset) before rank 0's
+    /// second line: that line's write fails, and rank 0 fails at once naming the rank and
+    /// the error, not as a rank that did not take its answer; a real rank (2), which had
+    /// its word to begin, fails at once in the mesh rather than wait out its 20 s. Rank 3
+    /// reads its welcome late (a world of 1000, its buffers shrunk), so that the second
+    /// line goes out after rank 1's reset. (Before: the failed write went into the list of
+    /// ranks that 'did not take rank 0's answer (the 1000 ranks' addresses ...)'; with it
+    /// left out, rank 0 went on to the mesh and failed only at its 6 s timeout, 'rank(s)
+    /// [1, 3, ...] never connected to the mesh'.) A rank whose connection to rank 0 is
+    /// reset after the welcome says so, naming itself.
+    #[test]
+    fn a_rank_that_breaks_its_connection_after_the_welcome_is_named() {
+        let n = 1000;
+        let rt = runtime().unwrap();
+        let held = rt.block_on(async {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_send_buffer_size(4096).unwrap();
+            s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            s.listen(2048).unwrap().into_std().unwrap()
+        });
+        let at = held.local_addr().unwrap();
+        let start = Instant::now();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let r = rendezvous_on(held, &launch(0, n, at.port()), &meta("a"), Duration::from_secs(6)).map(|_| ());
+            drop(tx.send(r.map_err(|e| (e.to_string(), start.elapsed()))));
+        });
+        let mut one = connect_until_up(at.port());
+        std::io::Write::write_all(&mut one, hello_json(1, n).as_bytes()).unwrap();
+        let mut slow = rt.block_on(async {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_recv_buffer_size(2048).unwrap();
+            s.connect(at).await.unwrap().into_std().unwrap()
+        });
+        slow.set_nonblocking(false).unwrap();
+        std::io::Write::write_all(&mut slow, hello_json(3, n).as_bytes()).unwrap();
+        let two = std::thread::spawn(move || {
+            let e = rendezvous(&launch(2, n, at.port()), &meta("a"), Duration::from_secs(20)).map(|_| ()).unwrap_err().to_string();
+            (e, start.elapsed())
+        });
+        let others: Vec<TcpStream> = (4..n)
+            .map(|r| {
+                let mut s = TcpStream::connect(at).unwrap();
+                std::io::Write::write_all(&mut s, hello_json(r, n).as_bytes()).unwrap();
+                s
+            })
+            .collect();
+        // Rank 1 takes its welcome whole, then resets.
+        one.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut welcome = String::new();
+        let mut r1 = std::io::BufReader::new(one.try_clone().unwrap());
+        std::io::BufRead::read_line(&mut r1, &mut welcome).unwrap();
+        assert!(welcome.starts_with("{\"Welcome\"") && welcome.ends_with('\n'), "{welcome:?}");
+        drop(r1);
+        reset(&rt, one);
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(rx.try_recv().is_err(), "rank 0 ended before rank 3 took its welcome");
+        // Rank 3 takes its welcome, and its word to begin: the welcomes all went out.
+        slow.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut r3 = std::io::BufReader::new(slow);
+        let (mut welcome, mut then) = (String::new(), String::new());
+        std::io::BufRead::read_line(&mut r3, &mut welcome).unwrap();
+        std::io::BufRead::read_line(&mut r3, &mut then).unwrap();
+        assert!(welcome.starts_with("{\"Welcome\"") && then == "\"Begin\"\n", "{then:?}");
+        let (e, took) = rx.recv_timeout(Duration::from_secs(10)).expect("rank 0 hung").unwrap_err();
+        assert!(e.contains("rank(s) [1] took rank 0's answer but not the word to begin that followed it ("), "{e}");
+        assert!(!e.contains("did not take rank 0's answer") && took < Duration::from_secs(5), "{took:?}: {e}");
+        let (e, took) = two.join().unwrap();
+        assert!(e.contains("rank 2: ") && took < Duration::from_secs(5), "{took:?}: {e}");
+        drop(others);
+
+        // Rank 1's side: rank 0's connection reset after the welcome.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(s.try_clone().unwrap()), &mut hello).unwrap();
+            std::io::Write::write_all(&mut s, b"{\"Welcome\":{\"addrs\":[\"127.0.0.1:1\",\"127.0.0.1:1\"],\"token\":1}}\n").unwrap();
+            std::thread::sleep(Duration::from_millis(100));
+            s
+        });
+        let one = std::thread::spawn(move || rendezvous(&launch(1, 2, port), &meta("a"), Duration::from_secs(5)).map(|_| ()).unwrap_err().to_string());
+        reset(&rt, fake.join().unwrap());
+        let e = one.join().unwrap();
+        assert!(e.contains("rank 1: the line after rank 0's answer: ") && e.contains("reset"), "{e}");
     }
 
     /// Rank 0 reading hellos by hand: a rank claimed twice is refused as such; a hello
