@@ -374,6 +374,28 @@ mod tests {
         assert_eq!(l.rank, 1);
     }
 
+    /// Which launcher wins where two set their variables: torchrun's, whose workers
+    /// inherit the variables of the launcher that started torchrun (`srun torchrun`,
+    /// `mpirun torchrun`: one outer task per node, describing torchrun, not its workers);
+    /// and MPICH's PMI over an srun step's where the two disagree, in the rank or in the
+    /// size alone (MPICH's mpiexec, whose proxies srun started: its SLURM_ variables are
+    /// the proxies').
+    #[test]
+    fn the_innermost_launcher_wins() {
+        let torch = "torchrun environment (RANK, WORLD_SIZE)";
+        let srun_torchrun = [("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("MASTER_ADDR", "h"), ("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_LOCALID", "0"), ("SLURM_JOB_NODELIST", "n1")];
+        let l = detect_from(&env(&srun_torchrun)).unwrap();
+        assert_eq!((l.source, l.rank, l.world, l.local_rank), (torch, 3, 4, 1));
+        let mpirun_torchrun = [("RANK", "5"), ("WORLD_SIZE", "8"), ("MASTER_ADDR", "h"), ("OMPI_COMM_WORLD_RANK", "1"), ("OMPI_COMM_WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_LOCAL_RANK", "0")];
+        let l = detect_from(&env(&mpirun_torchrun)).unwrap();
+        assert_eq!((l.source, l.rank, l.world), (torch, 5, 8));
+        for (rank, size) in [("1", "8"), ("0", "2")] {
+            let kv = [("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_ID", "0"), ("SLURM_JOB_NODELIST", "n[1-2]"), ("PMI_RANK", rank), ("PMI_SIZE", size), ("MASTER_ADDR", "h")];
+            let l = detect_from(&env(&kv)).unwrap();
+            assert_eq!((l.source, l.rank.to_string(), l.world.to_string()), ("MPICH mpirun (PMI)", rank.to_string(), size.to_string()), "{kv:?}");
+        }
+    }
+
     #[test]
     fn bad_launches_say_what_to_set() {
         let e = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])).unwrap_err();
