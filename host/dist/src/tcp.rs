@@ -1048,6 +1048,47 @@ mod tests {
         assert!(e.contains("the run was aborted: first (reported by rank 1)"), "{e}");
     }
 
+    /// A call's timeout is one deadline for the whole call, not one per peer: rank 1
+    /// arrives late but within it, rank 2 never; rank 0 fails at its timeout (1 s) naming
+    /// rank 2, not a timeout after rank 1 came (1.7 s with a deadline per peer).
+    #[test]
+    fn a_call_has_one_deadline_not_one_per_peer() {
+        let mut worlds = mesh(3, Duration::from_secs(1));
+        let two = worlds.pop().unwrap();
+        let hs: Vec<_> = worlds
+            .into_iter()
+            .map(|w| {
+                std::thread::spawn(move || {
+                    let g = w.everyone().unwrap();
+                    if w.rank() == 1 {
+                        std::thread::sleep(Duration::from_millis(700));
+                    }
+                    let start = Instant::now();
+                    (g.all_reduce(&mut [1.0], ReduceOp::Sum).unwrap_err().to_string(), start.elapsed())
+                })
+            })
+            .collect();
+        let out: Vec<(String, Duration)> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        drop(two);
+        let (e, took) = &out[0];
+        assert!(e.contains("timed out after 1s: rank 2 did not arrive") && *took < Duration::from_millis(1400), "{took:?}: {e}");
+    }
+
+    /// A broadcast's root is a rank of the group, not of the world: in the group of world
+    /// ranks [1, 2], root 1 is world rank 2.
+    #[test]
+    fn a_broadcast_root_is_a_group_rank() {
+        let out = on_ranks(3, |w| {
+            let r = w.rank();
+            if r == 0 {
+                return vec![];
+            }
+            let g = w.group("pair", &[1, 2]).unwrap();
+            g.broadcast(&[10.0 * r as f32], 1).unwrap()
+        });
+        assert_eq!((out[1].clone(), out[2].clone()), (vec![20.0], vec![20.0]));
+    }
+
     #[test]
     fn mismatched_calls_and_lengths_are_errors() {
         let out = on_ranks(2, |w| {
