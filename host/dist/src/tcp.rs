@@ -96,6 +96,9 @@ struct Inbox {
     queues: HashMap<(usize, u64, u8), VecDeque<Frame>>,
     /// Per world rank: why its connection ended.
     dead: Vec<Option<String>>,
+    /// The rank whose connection ended first: the likeliest root cause, where the ranks
+    /// that died after it failed on its death.
+    first_dead: Option<usize>,
     /// A failure another rank reported.
     abort: Option<String>,
 }
@@ -185,6 +188,7 @@ fn reader(shared: Arc<Shared>, peer: usize, mut s: TcpStream) {
     let mut inbox = shared.lock();
     if let Some(d) = inbox.dead.get_mut(peer) {
         d.get_or_insert(why);
+        inbox.first_dead.get_or_insert(peer);
     }
     drop(inbox);
     shared.changed.notify_all();
@@ -306,17 +310,15 @@ impl TcpWorld {
         }
     }
 
-    /// The first failure seen: a dead rank or an abort reported by another rank.
+    /// The first failure seen: an abort reported by another rank, else the rank that died
+    /// first.
     pub fn failure(&self) -> Option<String> {
         let inbox = self.shared.lock();
         if let Some(a) = &inbox.abort {
             return Some(a.clone());
         }
-        inbox
-            .dead
-            .iter()
-            .enumerate()
-            .find_map(|(r, d)| d.as_ref().map(|why| format!("rank {r} {why}")))
+        let r = inbox.first_dead?;
+        inbox.dead[r].as_ref().map(|why| format!("rank {r} {why}"))
     }
 }
 
@@ -1087,6 +1089,27 @@ mod tests {
             g.broadcast(&[10.0 * r as f32], 1).unwrap()
         });
         assert_eq!((out[1].clone(), out[2].clone()), (vec![20.0], vec![20.0]));
+    }
+
+    /// failure() (the NCCL backend's oracle for a hung call) names the rank that died
+    /// first, not the lowest-numbered dead one: rank 2 dies, then rank 1 (as a rank does
+    /// once its own call failed on rank 2's death). (Before: 'rank 1 closed its
+    /// connection' once both were dead.)
+    #[test]
+    fn failure_names_the_rank_that_died_first() {
+        let worlds = mesh(3, Duration::from_secs(5));
+        let until = |done: &dyn Fn() -> bool| {
+            let t = Instant::now();
+            while !done() && t.elapsed() < Duration::from_secs(2) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        worlds[2].close();
+        until(&|| worlds[0].failure().is_some());
+        worlds[1].close();
+        until(&|| worlds[0].shared.lock().dead[1].is_some());
+        assert!(worlds[0].shared.lock().dead[1].is_some(), "rank 1's death not seen");
+        assert_eq!(worlds[0].failure().as_deref(), Some("rank 2 closed its connection: its process exited or was killed"));
     }
 
     #[test]
