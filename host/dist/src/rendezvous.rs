@@ -1158,8 +1158,11 @@ mod tests {
     #[test]
     fn a_missing_rank_is_named_after_the_timeout() {
         let (held, port) = held_port();
-        let e = rank_0_on(held, 2, port, &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
-        assert!(e.contains("rank(s) [1]") && e.contains("never connected") && e.contains("--timeout") && e.contains("300ms"), "{e}");
+        let start = Instant::now();
+        let e = rank_0_on(held, 2, port, &meta("a"), Duration::from_millis(600)).unwrap_err().to_string();
+        // At the timeout, not later (1.2 s where the wait ran from the timeout's end).
+        assert!(start.elapsed() < Duration::from_millis(1000), "{:?}", start.elapsed());
+        assert!(e.contains("rank(s) [1]") && e.contains("never connected") && e.contains("--timeout") && e.contains("600ms"), "{e}");
         let e = rendezvous(&launch(1, 2, free_port()), &meta("a"), Duration::from_millis(300)).unwrap_err().to_string();
         assert!(e.contains("gave up") && e.contains("MASTER_ADDR") && e.contains("--timeout"), "{e}");
         // Why the connection failed: here nothing listens.
@@ -1507,6 +1510,29 @@ mod tests {
         assert!(e.contains("not a runner's rendezvous"), "{e}");
     }
 
+    /// A welcome longer than a hello's limit (1 MiB): 100 000 ranks' addresses, 1.8 MB.
+    /// A rank reads it whole (its limit grows with the world), and goes on to the line
+    /// after it; cut at 1 MiB, it would call rank 0 'not a runner'.
+    #[test]
+    fn a_welcome_longer_than_a_hello_is_read_whole() {
+        let n = 100_000;
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let fake = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut hello = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(s.try_clone().unwrap()), &mut hello).unwrap();
+            let welcome = Answer::Welcome { addrs: vec!["127.0.0.1:65535".into(); n], token: 1 };
+            let text = serde_json::to_string(&welcome).unwrap() + "\n{\"Refuse\":\"read past the welcome\"}\n";
+            assert!(text.len() as u64 > MAX_HELLO, "{}", text.len());
+            std::io::Write::write_all(&mut s, text.as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_millis(500));
+        });
+        let e = rendezvous(&launch(1, n, port), &meta("a"), Duration::from_secs(5)).map(|_| ()).unwrap_err().to_string();
+        fake.join().unwrap();
+        assert_eq!(e, "rank 1: read past the welcome");
+    }
+
     /// After the world met, a silent connection to rank 0's port holds only its own
     /// thread: a rank started twice behind it is still refused at once.
     #[test]
@@ -1699,9 +1725,11 @@ mod tests {
         let silent = TcpListener::bind("127.0.0.1:0").unwrap();
         let mine = mesh_listener(false).unwrap();
         let addrs = vec![silent.local_addr().unwrap().to_string(), format!("127.0.0.1:{}", mine.local_addr().unwrap().port())];
-        let timeout = Duration::from_millis(300);
-        let e = connect_mesh(1, &addrs, token, &mine, Instant::now() + timeout, timeout).map(|_| ()).unwrap_err().to_string();
+        let (start, timeout) = (Instant::now(), Duration::from_millis(300));
+        let e = connect_mesh(1, &addrs, token, &mine, start + timeout, timeout).map(|_| ()).unwrap_err().to_string();
         assert!(e.contains(&format!("rank 1: {}, rank 0's mesh address, did not answer with this run's token within 300ms", addrs[0])), "{e}");
+        // At the deadline, not later.
+        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
     }
 
     /// A connection to a rank's mesh listener that names a rank without this run's token
