@@ -648,7 +648,8 @@ async fn join(host: &str, port: u16, mut hello: Hello, last: &std::cell::RefCell
         Answer::Welcome { addrs, token } if addrs.len() == hello.world => {
             *last.borrow_mut() = Some("rank 0 answered, but did not say that every rank took its answer".into());
             let mut line = String::new();
-            let whole = read_line_max(&mut s, &mut line, MAX_HELLO).await.map_err(|e| {
+            // A refusal may list most of the world's ranks: the welcome's limit.
+            let whole = read_line_max(&mut s, &mut line, max_answer(hello.world)).await.map_err(|e| {
                 rv(format!("rank {}: the line after rank 0's answer: {e} (rank 0 failed, or this rank's connection broke)", hello.rank))
             })?;
             match serde_json::from_str::<Answer>(&line) {
@@ -1510,12 +1511,15 @@ mod tests {
         assert!(e.contains("not a runner's rendezvous"), "{e}");
     }
 
-    /// A welcome longer than a hello's limit (1 MiB): 100 000 ranks' addresses, 1.8 MB.
-    /// A rank reads it whole (its limit grows with the world), and goes on to the line
-    /// after it; cut at 1 MiB, it would call rank 0 'not a runner'.
+    /// A welcome longer than a hello's limit (1 MiB): 150 000 ranks' addresses, 2.7 MB.
+    /// A rank reads it whole (its limit grows with the world), and the line after it, a
+    /// refusal naming 149 999 ranks that did not take theirs (1.09 MB); cut at 1 MiB, either
+    /// would have called rank 0 'not a runner'. (Before: the refusal was read with the
+    /// hello's limit, 'rank 0's answer was followed by something that is not a runner's (a
+    /// line too long, or cut short)'.)
     #[test]
     fn a_welcome_longer_than_a_hello_is_read_whole() {
-        let n = 100_000;
+        let n = 150_000;
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         let fake = std::thread::spawn(move || {
@@ -1523,14 +1527,17 @@ mod tests {
             let mut hello = String::new();
             std::io::BufRead::read_line(&mut std::io::BufReader::new(s.try_clone().unwrap()), &mut hello).unwrap();
             let welcome = Answer::Welcome { addrs: vec!["127.0.0.1:65535".into(); n], token: 1 };
-            let text = serde_json::to_string(&welcome).unwrap() + "\n{\"Refuse\":\"read past the welcome\"}\n";
-            assert!(text.len() as u64 > MAX_HELLO, "{}", text.len());
+            let untaken: Vec<usize> = (2..=n).collect();
+            let refusal = serde_json::to_string(&Answer::Refuse(format!("rank(s) {untaken:?} did not take rank 0's answer"))).unwrap();
+            assert!(refusal.len() as u64 > MAX_HELLO, "{}", refusal.len());
+            let text = serde_json::to_string(&welcome).unwrap() + "\n" + &refusal + "\n";
+            assert!(text.len() as u64 > 2 * MAX_HELLO, "{}", text.len());
             std::io::Write::write_all(&mut s, text.as_bytes()).unwrap();
             std::thread::sleep(Duration::from_millis(500));
         });
         let e = rendezvous(&launch(1, n, port), &meta("a"), Duration::from_secs(5)).map(|_| ()).unwrap_err().to_string();
         fake.join().unwrap();
-        assert_eq!(e, "rank 1: read past the welcome");
+        assert!(e.starts_with("rank 1: rank(s) [2, 3, 4") && e.ends_with(", 150000] did not take rank 0's answer"), "{}", &e[..200.min(e.len())]);
     }
 
     /// After the world met, a silent connection to rank 0's port holds only its own
