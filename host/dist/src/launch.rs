@@ -396,6 +396,17 @@ mod tests {
         }
     }
 
+    /// Values with blanks around them (a Kubernetes value from a file with its newline, a
+    /// wrapper's padding) are read trimmed; Slurm's rank 0 comes from SLURM_NODELIST, the
+    /// older name of the job's node list, where the other two are not set.
+    #[test]
+    fn padded_values_and_the_older_node_list_are_read() {
+        let l = detect_from(&env(&[("RANK", " 1"), ("WORLD_SIZE", "2\n"), ("LOCAL_RANK", "1 "), ("MASTER_ADDR", " h\n"), ("MASTER_PORT", "1234 ")])).unwrap();
+        assert_eq!((l.rank, l.world, l.local_rank, l.master), (1, 2, 1, Some(("h".into(), 1234))));
+        let l = detect_from(&env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_STEP_ID", "0"), ("SLURM_NODELIST", "n[3-4]")])).unwrap();
+        assert_eq!(l.master.unwrap().0, "n3");
+    }
+
     #[test]
     fn bad_launches_say_what_to_set() {
         let e = detect_from(&env(&[("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "2")])).unwrap_err();
