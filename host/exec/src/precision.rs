@@ -249,3 +249,123 @@ pub struct Fault {
     pub operand: Operand,
     pub kind: FaultKind,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(format: DType, scaling: Scaling) -> OperandPlan {
+        OperandPlan { format, scaling, saturate: false, stochastic: false, hadamard: 0 }
+    }
+
+    /// Each GEMM reads its own two operands (forward X and W, input gradient dY and W,
+    /// weight gradient dY and X) and runs in low precision only when both are FP8/FP4:
+    /// every combination of the three operands low or not, for each role. FP8, MXFP8
+    /// and NVFP4 are low precision; the 16/32-bit floats (and int32) are not.
+    #[test]
+    fn a_gemm_is_low_precision_when_both_its_own_operands_are() {
+        use Operand::*;
+        assert_eq!(GemmRole::Forward.operands(), [Activation, Weight]);
+        assert_eq!(GemmRole::InputGradient.operands(), [Gradient, Weight]);
+        assert_eq!(GemmRole::WeightGradient.operands(), [Gradient, Activation]);
+        for f in [DType::Fp8E4M3, DType::Fp8E5M2, DType::MxFp8, DType::NvFp4] {
+            assert!(plan(f, Scaling::None).is_low_precision(), "{f:?}");
+        }
+        for f in [DType::F32, DType::BF16, DType::F16, DType::I32] {
+            assert!(!plan(f, Scaling::None).is_low_precision(), "{f:?}");
+        }
+        let (low, high) = (plan(DType::NvFp4, Scaling::None), OperandPlan::float(DType::BF16));
+        for bits in 0..8u8 {
+            let pick = |b: u8| if bits & b != 0 { low } else { high };
+            let p = SitePlan { activation: pick(1), weight: pick(2), gradient: pick(4), output: DType::BF16 };
+            let (a, w, g) = (bits & 1 != 0, bits & 2 != 0, bits & 4 != 0);
+            assert_eq!(p.low_precision(GemmRole::Forward), a && w, "a {a} w {w} g {g}");
+            assert_eq!(p.low_precision(GemmRole::InputGradient), g && w, "a {a} w {w} g {g}");
+            assert_eq!(p.low_precision(GemmRole::WeightGradient), g && a, "a {a} w {w} g {g}");
+        }
+    }
+
+    /// What an operand plan asks of the kernels: the float it is kept in (no scale), a
+    /// per-tensor FP8 scale (the delayed scale for delayed scaling only; current scaling
+    /// takes its own amax whatever history there is), block scales as planned (rows x
+    /// cols, element format, scale format and rounding, NVFP4's tensor scale), the
+    /// plan's saturation and a stochastic-rounding seed only when it rounds
+    /// stochastically.
+    #[test]
+    fn an_operand_plan_becomes_the_kernels_spec() {
+        use quant::Format;
+        for (d, f) in [(DType::F32, FloatFormat::F32), (DType::BF16, FloatFormat::Bf16), (DType::F16, FloatFormat::F16)] {
+            assert_eq!(OperandPlan::float(d).spec(Some(2.0), 7), Ok(QuantSpec::Float(f)), "{d:?}");
+        }
+        let current = plan(DType::Fp8E4M3, Scaling::Current { margin: 2 });
+        let want = QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 2, saturate: false, stochastic: None };
+        assert_eq!(current.spec(Some(3.0), 7), Ok(want));
+        let delayed = plan(DType::Fp8E5M2, Scaling::Delayed { history: 4, reduction: AmaxReduction::Max, margin: 1 });
+        let want = |scale| QuantSpec::Tensor { format: Format::E5M2, scale, margin: 1, saturate: false, stochastic: None };
+        assert_eq!(delayed.spec(Some(3.0), 7), Ok(want(Some(3.0))));
+        assert_eq!(delayed.spec(None, 7), Ok(want(None)), "an empty history: current scaling this once");
+        let sr = OperandPlan { saturate: true, stochastic: true, ..current };
+        let want = QuantSpec::Tensor { format: Format::E4M3, scale: None, margin: 2, saturate: true, stochastic: Some(7) };
+        assert_eq!(sr.spec(None, 7), Ok(want));
+
+        let block = |rows, cols, scale_format, scale_rounding, tensor_scale| Scaling::Block { rows, cols, scale_format, scale_rounding, tensor_scale };
+        let mx = plan(DType::MxFp8, block(1, 32, ScaleFormat::E8M0, ScaleRounding::Pow2Up, false));
+        let want = BlockSpec {
+            format: Format::E4M3,
+            block: (1, 32),
+            scale_format: ScaleFormat::E8M0,
+            scale_rounding: ScaleRounding::Pow2Up,
+            tensor_scale: false,
+            saturate: false,
+            stochastic: None,
+        };
+        assert_eq!(mx.spec(None, 7), Ok(QuantSpec::Blocks(want)));
+        let nv = OperandPlan { stochastic: true, saturate: true, ..plan(DType::NvFp4, block(16, 1, ScaleFormat::E4M3, ScaleRounding::Exact, true)) };
+        let want = BlockSpec {
+            format: Format::E2M1,
+            block: (16, 1),
+            scale_format: ScaleFormat::E4M3,
+            scale_rounding: ScaleRounding::Exact,
+            tensor_scale: true,
+            saturate: true,
+            stochastic: Some(9),
+        };
+        assert_eq!(nv.spec(None, 9), Ok(QuantSpec::Blocks(want)));
+    }
+
+    /// Plans the kernels cannot run are refused by `spec` (which `set_precision` runs on
+    /// every operand), each saying what is wrong: a scaled 16/32-bit float, an FP8 plan
+    /// without a scaling recipe, per-tensor scaling of a block format, an empty block
+    /// side, int32.
+    #[test]
+    fn plans_the_kernels_cannot_run_are_refused_by_name() {
+        let err = |p: OperandPlan| p.spec(None, 0).unwrap_err();
+        assert!(err(plan(DType::BF16, Scaling::Current { margin: 0 })).contains("bf16 is not scaled"));
+        assert!(err(plan(DType::F16, Scaling::Delayed { history: 1, reduction: AmaxReduction::MostRecent, margin: 0 })).contains("fp16 is not scaled"));
+        assert!(err(plan(DType::Fp8E4M3, Scaling::None)).contains("fp8-e4m3 needs a scaling recipe"));
+        assert!(err(plan(DType::MxFp8, Scaling::Current { margin: 0 })).contains("mxfp8 uses block scales"));
+        assert!(err(plan(DType::NvFp4, Scaling::Delayed { history: 1, reduction: AmaxReduction::Max, margin: 0 })).contains("nvfp4 uses block scales"));
+        for (rows, cols) in [(0, 32), (1, 0)] {
+            let b = Scaling::Block { rows, cols, scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false };
+            assert_eq!(err(plan(DType::MxFp8, b)), format!("block {rows}x{cols}"));
+        }
+        assert!(err(plan(DType::I32, Scaling::None)).contains("int32"));
+    }
+
+    /// A step's numerics of one operand over several quantisations: the largest amax and
+    /// the scale used with it (a smaller amax later keeps it), the counts added, each to
+    /// its own; the rates are of all the elements, and 0 (not NaN) before any.
+    #[test]
+    fn numerics_merge_to_the_largest_amax_and_summed_counts() {
+        let none = OperandNumerics::default();
+        assert_eq!((none.saturation_rate(), none.underflow_rate()), (0.0, 0.0));
+        let report = |amax, scale, saturated, underflowed, nonfinite, elements| quant::QuantReport { amax, scale, saturated, underflowed, nonfinite, elements };
+        let mut n = OperandNumerics::default();
+        n.merge(&report(2.0, 10.0, 1, 2, 0, 100));
+        n.merge(&report(5.0, 4.0, 3, 0, 1, 50));
+        n.merge(&report(1.0, 99.0, 0, 6, 2, 50));
+        let want = OperandNumerics { amax: 5.0, scale: 4.0, saturated: 4, underflowed: 8, nonfinite: 3, elements: 200 };
+        assert_eq!(n, want);
+        assert_eq!((n.saturation_rate(), n.underflow_rate()), (0.02, 0.04));
+    }
+}
