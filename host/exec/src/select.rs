@@ -206,4 +206,36 @@ mod tests {
             None => assert!(matches!(choose(DeviceSpec::Auto), Ok(c) if !c.name().starts_with("cpu"))),
         }
     }
+
+    /// Every request prints as the form that parses back to it (the run records and
+    /// messages show `--device` this way), and an empty request is refused, not read as
+    /// `auto` (an unset variable in a script).
+    #[test]
+    fn every_spec_prints_as_what_parses_back_to_it_and_empty_is_refused() {
+        for spec in [DeviceSpec::Auto, DeviceSpec::Cpu, DeviceSpec::Cuda(0), DeviceSpec::Cuda(7), DeviceSpec::CudaEmulated] {
+            assert_eq!(spec.to_string().parse(), Ok(spec), "{spec}");
+        }
+        assert_eq!((DeviceSpec::Auto.to_string(), DeviceSpec::Cpu.to_string()), ("auto".to_string(), "cpu".to_string()));
+        for bad in ["", "  ", "cuda:", "cuda:-1", "cuda:1.5", "cuda0"] {
+            let e = bad.parse::<DeviceSpec>().unwrap_err();
+            assert!(e.contains("use auto, cpu, cuda, cuda:N"), "{bad:?}: {e}");
+        }
+    }
+
+    /// Only the emulated device is refused by a timed command: `auto` is taken as asked
+    /// (the CPU with its note where no GPU is usable), and a GPU that cannot be had is
+    /// named by its index in the error (here cuda:99, which no machine has).
+    #[test]
+    fn timed_commands_take_auto_and_a_missing_gpu_is_named_by_its_index() {
+        match choose_timed(DeviceSpec::Auto, "bench") {
+            Ok(Chosen::Cpu(_, note)) => assert_eq!(note.is_some(), cuda_unusable(0).is_some(), "{note:?}"),
+            Ok(c) => assert!(cuda_unusable(0).is_none(), "{}", c.name()),
+            Err(e) => panic!("auto refused by a timed command: {e}"),
+        }
+        let e = choose(DeviceSpec::Cuda(99)).err().expect("no machine has a GPU 99").to_string();
+        assert!(e.starts_with("--device cuda:99: "), "{e}");
+        if cuda_unusable(0).is_none() {
+            assert!(e.contains("cuda:99 asked for"), "{e}");
+        }
+    }
 }
