@@ -470,4 +470,89 @@ mod tests {
         assert_eq!(m.timing.losses, t.losses);
         assert_ne!(synthetic_inputs(&g, 0), data);
     }
+
+    /// A graph whose token ids are not named `tokens` (ids 0..16), with a learned
+    /// position table of 128 rows read by a `positions` input, and a float input added to
+    /// the embeddings; batch 4 of 64 tokens, every op outside the layers.
+    fn ids_positions_noise() -> Graph {
+        use runner_graph::{NamedOp, OpKind, Role, Tensor};
+        let t = |n: &str, s: &[u64], dtype, kind| Tensor { name: n.into(), shape: s.to_vec(), dtype, kind };
+        let op = |n: &str, kind, i: &[&str]| NamedOp {
+            name: n.into(),
+            kind,
+            inputs: i.iter().map(|s| s.to_string()).collect(),
+            outputs: vec![n.to_string()],
+            attrs: Default::default(),
+            layer: -1,
+            role: Role::Replicated,
+        };
+        let (b, s, c, v, p) = (4, 64, 8, 16, 128);
+        let act = TensorKind::Activation;
+        Graph::new(
+            vec![
+                t("noise", &[b, s, c], DType::F32, TensorKind::Input),
+                t("ids", &[b, s], DType::I32, TensorKind::Input),
+                t("positions", &[b, s], DType::I32, TensorKind::Input),
+                t("targets", &[b, s], DType::I32, TensorKind::Input),
+                t("embed.weight", &[v, c], DType::F32, TensorKind::Weight),
+                t("pos.weight", &[p, c], DType::F32, TensorKind::Weight),
+                t("head.weight", &[v, c], DType::F32, TensorKind::Weight),
+                t("embed", &[b, s, c], DType::F32, act),
+                t("pos", &[b, s, c], DType::F32, act),
+                t("x", &[b, s, c], DType::F32, act),
+                t("y", &[b, s, c], DType::F32, act),
+                t("head", &[b, s, v], DType::F32, act),
+                t("loss", &[], DType::F32, act),
+            ],
+            vec![
+                op("embed", OpKind::Embedding, &["ids", "embed.weight"]),
+                op("pos", OpKind::Embedding, &["positions", "pos.weight"]),
+                op("x", OpKind::Add, &["embed", "pos"]),
+                op("y", OpKind::Add, &["x", "noise"]),
+                op("head", OpKind::Linear, &["y", "head.weight"]),
+                NamedOp { outputs: vec!["loss".into()], ..op("loss", OpKind::CrossEntropy, &["head", "targets"]) },
+            ],
+            "loss",
+        )
+        .unwrap()
+    }
+
+    /// Synthetic inputs: ids spread over their whole range (every one of 16 ids among
+    /// 256 draws, none past it, from seed 0 too), positions 0..T along each row of the
+    /// batch, floats small normals-like values in [-0.05, 0.05] around 0.
+    #[test]
+    fn synthetic_ids_cover_their_range_and_positions_run_along_each_row() {
+        let g = ids_positions_noise();
+        let data = synthetic_inputs(&g, 0);
+        let get = |n: &str| data.iter().find(|d| d.0 == n).unwrap_or_else(|| panic!("no input {n}"));
+        for name in ["ids", "targets"] {
+            let ids = &get(name).1;
+            assert_eq!(ids.len(), 256);
+            assert!(ids.iter().all(|&i| i < 16), "{name}: {ids:?}");
+            let seen: BTreeSet<u32> = ids.iter().copied().collect();
+            assert_eq!(seen.len(), 16, "{name}: {seen:?}");
+        }
+        assert_eq!(get("positions").1, (0..256).map(|i| i % 64).collect::<Vec<u32>>());
+        let noise = &get("noise").2;
+        assert_eq!(noise.len(), 4 * 64 * 8);
+        assert!(noise.iter().all(|x| x.abs() <= 0.05), "{noise:?}");
+        assert!(noise.iter().any(|&x| x < -0.04) && noise.iter().any(|&x| x > 0.04));
+        let mean = noise.iter().map(|&x| f64::from(x)).sum::<f64>() / noise.len() as f64;
+        assert!(mean.abs() < 0.005, "mean {mean}");
+    }
+
+    /// Without an input named `tokens`, the tokens of a step are the elements of the
+    /// first int input (not of the float input before it); and a measured step in
+    /// graph mode goes to the executor as asked, which refuses it on the CPU rather than
+    /// timing eager steps under the graph-mode label.
+    #[test]
+    fn tokens_are_the_first_int_input_and_graph_mode_reaches_the_executor() {
+        let opts = MeasureOptions { timing: TimingOptions { warmup: 0, repeats: 1 }, ..MeasureOptions::default() };
+        let m = measure_training_step(&ids_positions_noise(), opts).unwrap();
+        assert_eq!(m.tokens_per_step, 256);
+        assert!(m.tokens_per_s > 0.0 && m.layers_present == 0, "{m:?}");
+        let g = llama(&ToyConfig { hidden: 16, ffn: 32, ..ToyConfig::tiny() });
+        let e = measure_training_step(&g, MeasureOptions { cuda_graph: true, ..opts }).unwrap_err().to_string();
+        assert!(e.contains("cannot be recorded"), "{e}");
+    }
 }
