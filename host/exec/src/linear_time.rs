@@ -182,4 +182,20 @@ mod tests {
         let t = time_linear(&dev, &LinearGemms { m: 32, n: 48, k: 16, formats: [Elem::BF16; 3] }, 0).unwrap();
         assert!(t.kernel_s.iter().all(|&s| s > 0.0), "{t:?}");
     }
+
+    /// A role's format is BF16 or E4M3 (an FP8 role's gradient operand is E5M2 by the
+    /// recipe, not by asking): E5M2, F16 or int32 in any role is refused, the error
+    /// naming that role's format, not the first role's.
+    #[test]
+    fn a_format_other_than_bf16_and_e4m3_is_refused_by_name() {
+        let dev = Cpu::new();
+        for bad in [Elem::F8E5M2, Elem::F16, Elem::I32] {
+            for r in 0..3 {
+                let mut formats = [Elem::BF16; 3];
+                formats[r] = bad;
+                let e = time_linear(&dev, &LinearGemms { m: 32, n: 48, k: 16, formats }, 1).unwrap_err().to_string();
+                assert!(e.contains(&format!("linear GEMMs in {}:", bad.name())), "role {r}: {e}");
+            }
+        }
+    }
 }
