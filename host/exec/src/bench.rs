@@ -716,4 +716,75 @@ mod device_tests {
         assert!(rows.iter().all(|r| r.gbps > 0.0), "{rows:?}");
         assert!(rows.iter().any(|r| r.kernel == "vocab-parallel row max + sum of exp (shard 16032 of V 128256)"), "{rows:?}");
     }
+
+    /// A device GEMM's rates count 2·M·N·K FLOPs over the median and the best time (as
+    /// cuBLAS and PyTorch do), and the row names the operand format asked for.
+    #[test]
+    fn device_gemm_rates_count_two_flops_per_multiply_add() {
+        let dev = Cpu::new();
+        let close = |a: f64, b: f64| (a / b - 1.0).abs() < 1e-12;
+        for elem in [Elem::BF16, Elem::F8E4M3] {
+            let rows = device_gemm_bench(&dev, &[32, 48], elem).unwrap();
+            for r in &rows {
+                let flops = 2.0 * (r.m * r.n * r.k) as f64;
+                assert_eq!((r.m, r.n, r.k, r.dtype.as_str()), (r.m, r.m, r.m, elem.name()), "{r:?}");
+                assert!(close(r.tflops, flops / r.time.median / 1e12), "{r:?}");
+                assert!(close(r.best_tflops, flops / r.time.min / 1e12), "{r:?}");
+            }
+        }
+    }
+
+    /// Each memory-bound kernel's bytes are what it must read and write per element
+    /// (f32 4 bytes, bf16 2, fp8 1): a copy reads and writes one array; add and SwiGLU
+    /// read two and write one; RMSNorm reads and writes one (its 4096 weights aside);
+    /// the casts read f32 and write bf16 or fp8; a fused cast writes both the f32 result
+    /// and its FP8 codes; the loss's forward reads the logits once, its backward reads
+    /// them and writes their gradient, the vocab-parallel statistics read them once;
+    /// AdamW reads weight, gradient and both moments and writes weight and moments. The
+    /// arrays are cut to whole rows of 4096, and the loss's vocabulary to the array when
+    /// it is smaller than Llama 3's.
+    #[test]
+    fn device_memory_rows_count_the_bytes_each_kernel_moves() {
+        let dev = Cpu::new();
+        let n = 4 * 4096;
+        // Not a whole number of rows: the last, partial one is left out.
+        let rows = device_memory_bench(&dev, n + 100).unwrap();
+        let per_element: Vec<(String, u64)> = rows.iter().map(|r| (r.kernel.clone(), r.bytes / n as u64)).collect();
+        let want = [
+            ("device copy", 4 + 4),
+            ("add (residual)", 4 + 4 + 4),
+            ("swiglu forward", 4 + 4 + 4),
+            ("rmsnorm forward (C 4096)", 4 + 4),
+            ("cast f32 -> bf16", 4 + 2),
+            ("FP8 cast to codes", 4 + 1),
+            ("swiglu + FP8 cast (fused)", 4 + 4 + 4 + 1),
+            ("rmsnorm + FP8 cast (fused, C 4096)", 4 + 4 + 1),
+            ("cross-entropy forward (V 16384)", 4),
+            ("cross-entropy backward (V 16384)", 4 + 4),
+            ("vocab-parallel row max + sum of exp (shard 2048 of V 16384)", 4),
+            ("adamw", 4 * 4 + 3 * 4),
+        ];
+        assert_eq!(per_element, want.map(|(k, b)| (k.to_string(), b)), "{rows:?}");
+        for r in &rows {
+            assert_eq!(r.bytes % n as u64, 0, "{r:?}");
+            assert!(r.gbps > 0.0 && (r.gbps / (r.bytes as f64 / r.time.median / 1e9) - 1.0).abs() < 1e-12, "{r:?}");
+        }
+    }
+
+    /// The device's samples are per call: one untimed call first, then each sample
+    /// times `calls` calls and divides by them (a call sleeping 5 ms reads about 5 ms,
+    /// not 20, with 4 calls a sample).
+    #[test]
+    fn device_samples_are_per_call_after_one_untimed_call() {
+        let dev = Cpu::new();
+        let mut calls = 0;
+        let t = device_samples(&dev, 2, 4, || {
+            calls += 1;
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!((calls, t.len()), (1 + 2 * 4, 2));
+        assert!(t.iter().all(|&s| (5e-3..12e-3).contains(&s)), "{t:?}");
+    }
 }
