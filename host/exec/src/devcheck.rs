@@ -1115,5 +1115,99 @@ mod tests {
         let steps = compare_steps(Cpu::new());
         assert_eq!(steps.len(), 12);
         assert!(steps.iter().all(|r| r.error == 0.0), "{steps:?}");
+        assert!(rows.iter().chain(&steps).all(|r| r.ok), "an exact row passes, at tolerance 0 too");
+    }
+
+    /// The harness against a device that differs (here a second CPU buffer written
+    /// apart): a tolerance of 0 asks for the same bits (-0.0 against 0.0 fails, although
+    /// relatively it is no error) and passes the same bits; a tolerance passes what is
+    /// within it and fails what is not; `check_rel` is relative to the values alone
+    /// (1 % of 0.01 fails 1e-3 there, where relative to 1 it would pass).
+    #[test]
+    fn the_harness_fails_a_device_that_differs() {
+        let dev = Cpu::new();
+        let mut p = Pair { cpu: Cpu::new(), dev: &dev, rows: Vec::new(), rng: SplitMix(1) };
+        let mut pair = |want: &[f32], got: &[f32]| {
+            let mut x = p.f(want).unwrap();
+            p.dev.write_f32(&mut x.1, got).unwrap();
+            x
+        };
+        let same = pair(&[1.0, -2.0], &[1.0, -2.0]);
+        let zero = pair(&[0.0, 1.0], &[-0.0, 1.0]);
+        let near = pair(&[2.0, 1.0], &[2.0 + 1e-4, 1.0]);
+        let small = pair(&[0.01, 0.0], &[0.0101, 0.0]);
+        p.check("same bits", &same, 0.0).unwrap();
+        p.check("signed zero, bits", &zero, 0.0).unwrap();
+        p.check("signed zero, tolerance", &zero, 1e-9).unwrap();
+        p.check("within", &near, 1e-4).unwrap();
+        p.check("beyond", &near, 1e-5).unwrap();
+        p.check("small, absolute", &small, 1e-3).unwrap();
+        p.check_rel("small, relative", &small, 1e-3).unwrap();
+        // FP8 codes of the same values on grids of other scales (1 and 2: both hold these
+        // values exactly) are not the same result.
+        use runner_kernels::cpu::quant::{Format, QuantSpec};
+        let spec = |scale| QuantSpec::Tensor { format: Format::E4M3, scale: Some(scale), margin: 0, saturate: true, stochastic: None };
+        let src = p.f(&[1.0, -2.0, 0.5]).unwrap();
+        let mut q = p.outs(Elem::F8E4M3, 3).unwrap();
+        p.cpu.quantize_fp8_codes(&mut q.0, &src.0, 0, &spec(1.0)).unwrap();
+        p.dev.quantize_fp8_codes(&mut q.1, &src.1, 0, &spec(2.0)).unwrap();
+        let (a, b) = p.read(&q).unwrap();
+        assert_eq!(a, b, "the values are the same");
+        p.check_codes("codes, other scales", &q, 1.0).unwrap();
+        p.dev.quantize_fp8_codes(&mut q.1, &src.1, 0, &spec(1.0)).unwrap();
+        p.check_codes("codes, same scale", &q, 0.0).unwrap();
+        let ok: Vec<(&str, bool)> = p.rows.iter().map(|r| (r.kernel.as_str(), r.ok)).collect();
+        assert_eq!(
+            ok,
+            [
+                ("same bits", true),
+                ("signed zero, bits", false),
+                ("signed zero, tolerance", true),
+                ("within", true),
+                ("beyond", false),
+                ("small, absolute", true),
+                ("small, relative", false),
+                ("codes, other scales", false),
+                ("codes, same scale", true)
+            ]
+        );
+    }
+
+    /// A step's rows: the loss within 1e-4, and the worst gradient by name within 1e-3;
+    /// a gradient the device lacks is an infinite error, not one left out.
+    #[test]
+    fn step_rows_name_the_worst_gradient_and_a_missing_one_fails() {
+        let want: RankStep = (2.0, vec![("a".into(), vec![1.0, 2.0]), ("b".into(), vec![3.0]), ("c".into(), vec![0.5])]);
+        let grads = |a: f32, b: Option<f32>| -> RankStep {
+            let mut g = vec![("a".to_string(), vec![1.0, a])];
+            g.extend(b.map(|b| ("b".to_string(), vec![b])));
+            g.push(("c".into(), vec![0.5]));
+            (2.0, g)
+        };
+        let rows_of = |got: &RankStep| {
+            let mut rows = Vec::new();
+            step_rows(&mut rows, "s", &want, got);
+            rows.into_iter().map(|r| (r.kernel, r.error, r.ok)).collect::<Vec<_>>()
+        };
+        let r = rows_of(&grads(2.0 + 4e-3, Some(3.0)));
+        assert_eq!((r[0].2, r[1].0.as_str(), r[1].2), (true, "s: worst gradient (a)", false), "{r:?}");
+        assert!((r[1].1 - 2e-3).abs() < 1e-6, "{r:?}");
+        let r = rows_of(&grads(2.0, None));
+        assert_eq!((r[1].0.as_str(), r[1].1, r[1].2), ("s: worst gradient (b)", f64::INFINITY, false), "{r:?}");
+        let r = rows_of(&(2.001, want.1.clone()));
+        assert_eq!((r[0].2, r[1].2), (false, true), "{r:?}");
+    }
+
+    /// Values of zero magnitude: the same is no error, any difference infinite; a
+    /// reference's infinity does not set the scale. E5M2's subnormals share its smallest
+    /// normal's step (2^-16), and FP8 tensors of other lengths are infinitely apart.
+    #[test]
+    fn zeros_infinities_subnormals_and_lengths() {
+        assert_eq!(relative_error_over(&[0.0, 0.0], &[0.0, 0.0], 0.0), 0.0);
+        assert_eq!(relative_error_over(&[0.0, 0.0], &[0.0, 1e-3], 0.0), f64::INFINITY);
+        assert_eq!(relative_error(&[f32::INFINITY, 2.0], &[f32::INFINITY, 2.5]), 0.25);
+        assert_eq!(code_steps(&[0.0], &[2f32.powi(-16)], 1.0, Fp8Format::E5M2), 1.0);
+        assert_eq!(code_steps(&[1.0], &[1.0, 1.0], 1.0, Fp8Format::E4M3), f64::INFINITY);
+        assert_eq!(code_steps(&[1.0, 1.0], &[1.0], 1.0, Fp8Format::E4M3), f64::INFINITY);
     }
 }
