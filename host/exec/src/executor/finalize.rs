@@ -228,3 +228,121 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use runner_graph::{Graph, TensorKind};
+
+    use super::*;
+    use crate::collective::ThreadGroup;
+    use crate::cpu::Cpu;
+    use crate::executor::Input;
+    use crate::toy::{self, ToyConfig};
+
+    type Groups = Vec<(String, Box<dyn Collective<Cpu>>)>;
+
+    fn dp(handle: ThreadGroup) -> Groups {
+        vec![("dp".to_string(), Box::new(handle) as Box<dyn Collective<Cpu>>)]
+    }
+
+    fn all_reduce(group: &str, group_size: u32, mean_over: u32, weights: &[&str]) -> StepCollective {
+        StepCollective {
+            kind: OpKind::AllReduce,
+            group: group.into(),
+            group_size,
+            bytes: 0.0,
+            count: 1,
+            mean_over,
+            what: format!("{group} gradients"),
+            weights: weights.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+
+    /// The toy Llama with its first query projection frozen (no gradient, as LoRA's
+    /// base weights).
+    fn with_a_frozen_weight() -> Graph {
+        let mut g = toy::llama(&ToyConfig::tiny());
+        let id = g.tensor_id("layers.0.attn.q.weight").unwrap();
+        g.tensors[id].kind = TensorKind::Frozen;
+        g
+    }
+
+    /// Step collectives a rank cannot run are refused when set, each naming what is
+    /// wrong: a kind other than all-reduce / reduce-scatter / all-gather, a group whose
+    /// handle has another size, a group of several ranks without a handle, a name that
+    /// is not a weight of the graph; and the reduction needs a backward, once.
+    #[test]
+    fn step_collectives_a_rank_cannot_run_are_refused_by_name() {
+        let g = toy::llama(&ToyConfig::tiny());
+        let w = "lm_head.weight";
+        let mut ex = Executor::with_collectives(&g, Cpu::new(), ExecOptions::default(), dp(ThreadGroup::new(1).remove(0))).unwrap();
+        let refused = |ex: &mut Executor<Cpu>, sc: StepCollective| ex.set_step_collectives(vec![sc]).unwrap_err().to_string();
+        let e = refused(&mut ex, StepCollective { kind: OpKind::AllToAll, ..all_reduce("dp", 1, 1, &[w]) });
+        assert!(e.contains("a step collective is an all-reduce"), "{e}");
+        let e = refused(&mut ex, all_reduce("dp", 2, 2, &[w]));
+        assert!(e.contains("group 'dp' has 1 ranks, the step collective says 2"), "{e}");
+        let e = refused(&mut ex, all_reduce("edp", 2, 2, &[w]));
+        assert!(e.contains("no handle for group 'edp' of 2 ranks"), "{e}");
+        for name in ["tokens", "layers.0.attn.q", "no.such.weight"] {
+            let e = refused(&mut ex, all_reduce("dp", 1, 1, &[w, name]));
+            assert!(e.contains(&format!("'{name}' is not a weight of this rank's graph")), "{e}");
+        }
+        assert!(ex.step_collectives().is_empty(), "a refused list is not kept");
+        ex.set_step_collectives(vec![all_reduce("dp", 1, 1, &[w])]).unwrap();
+        let e = ex.reduce_gradients().unwrap_err().to_string();
+        assert!(e.contains("needs a backward first"), "{e}");
+        let (tokens, targets) = toy::repeating_batch(&g, 1);
+        ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))]).unwrap();
+        ex.backward().unwrap();
+        ex.reduce_gradients().unwrap();
+        let e = ex.reduce_gradients().unwrap_err().to_string();
+        assert!(e.contains("already reduced"), "{e}");
+    }
+
+    /// Two data-parallel ranks on different batches, their step collective listing a
+    /// frozen weight (no gradient: zeros in its place) before trained ones: after the
+    /// reduction each rank holds, for every trained weight, the mean of the two ranks'
+    /// own gradients (summed, divided by `mean_over` = 2), each in its own place.
+    #[test]
+    fn data_parallel_ranks_hold_the_mean_of_their_gradients() {
+        let g = with_a_frozen_weight();
+        let names = ["layers.0.attn.q.weight", "layers.0.attn.k.weight", "lm_head.weight", "layers.1.mlp.down.weight"];
+        let batch = |r: u32| toy::repeating_batch(&g, 5 + r);
+        let own = |r: u32| -> Vec<Vec<f32>> {
+            let mut ex = Executor::new(&g, Cpu::new(), ExecOptions::default()).unwrap();
+            let (tokens, targets) = batch(r);
+            ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))]).unwrap();
+            ex.backward().unwrap();
+            assert_eq!(ex.grad(names[0]).unwrap(), None, "the frozen weight has no gradient");
+            names[1..].iter().map(|n| ex.grad(n).unwrap().unwrap()).collect()
+        };
+        let (a, b) = (own(0), own(1));
+        assert_ne!(a, b);
+        let step = vec![all_reduce("dp", 2, 2, &names)];
+        let got: Vec<Vec<Vec<f32>>> = std::thread::scope(|sc| {
+            let runs: Vec<_> = ThreadGroup::new(2)
+                .into_iter()
+                .zip(0u32..)
+                .map(|(h, r)| {
+                    let (g, step, batch) = (&g, step.clone(), &batch);
+                    sc.spawn(move || {
+                        let mut ex = Executor::with_collectives(g, Cpu::new(), ExecOptions::default(), dp(h)).unwrap();
+                        ex.set_step_collectives(step).unwrap();
+                        let (tokens, targets) = batch(r);
+                        ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))]).unwrap();
+                        ex.backward().unwrap();
+                        ex.reduce_gradients().unwrap();
+                        names[1..].iter().map(|n| ex.grad(n).unwrap().unwrap()).collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            runs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, rank) in got.iter().enumerate() {
+            for (i, g) in rank.iter().enumerate() {
+                let want: Vec<f32> = a[i].iter().zip(&b[i]).map(|(x, y)| (x + y) / 2.0).collect();
+                assert!(crate::devcheck::relative_error(&want, g) < 1e-6, "rank {r}, {}: {:?} vs {:?}", names[i + 1], &g[..4], &want[..4]);
+            }
+        }
+    }
+}
