@@ -772,19 +772,20 @@ mod device_tests {
     }
 
     /// The device's samples are per call: one untimed call first, then each sample
-    /// times `calls` calls and divides by them (a call sleeping 5 ms reads about 5 ms,
-    /// not 20, with 4 calls a sample).
+    /// times `calls` calls and divides by them (a call sleeping 1 ms reads at least 1 ms
+    /// and, with 16 calls a sample, far less than the 16 ms the sample takes: the bound
+    /// of 8 ms leaves each sleep 7 ms of overshoot on a loaded machine).
     #[test]
     fn device_samples_are_per_call_after_one_untimed_call() {
         let dev = Cpu::new();
         let mut calls = 0;
-        let t = device_samples(&dev, 2, 4, || {
+        let t = device_samples(&dev, 2, 16, || {
             calls += 1;
-            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::thread::sleep(std::time::Duration::from_millis(1));
             Ok(())
         })
         .unwrap();
-        assert_eq!((calls, t.len()), (1 + 2 * 4, 2));
-        assert!(t.iter().all(|&s| (5e-3..12e-3).contains(&s)), "{t:?}");
+        assert_eq!((calls, t.len()), (1 + 2 * 16, 2));
+        assert!(t.iter().all(|&s| (1e-3..8e-3).contains(&s)), "{t:?}");
     }
 }
