@@ -215,6 +215,9 @@ mod tests {
                 let before = rec.device.host_transfers();
                 rec.record_step(&mut loss).unwrap();
                 assert_eq!(rec.device.host_transfers(), before, "{recompute:?}: the step touched host memory");
+                // Nothing the step allocated outlives it, and the executor times eagerly again.
+                let kept: Vec<&str> = rec.graph.tensors.iter().enumerate().filter(|(id, t)| t.kind == runner_graph::TensorKind::Activation && rec.vals[*id].is_some()).map(|(_, t)| t.name.as_str()).collect();
+                assert!(kept.is_empty() && !rec.capturing, "{recompute:?}: activations kept after the recorded step: {kept:?}");
                 let got = rec.device.read_f32(&loss).unwrap()[0];
                 assert_eq!(got.to_bits(), want.to_bits(), "{recompute:?} step {step}: loss {got} vs {want}");
             }
