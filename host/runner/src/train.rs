@@ -236,6 +236,8 @@ pub struct Gap {
     /// (final eval loss - baseline's) / baseline's.
     pub eval_gap: f64,
     pub train_gap: f64,
+    /// Tokens at which the two were compared: the planned run's, or where either stopped
+    /// early, those of the last evaluation both reached (`gaps`).
     pub tokens: u64,
 }
 
@@ -430,19 +432,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         };
         runs.push(r.with_context(|| format!("policy {spec}"))?);
     }
-    let base = runs.iter().position(|r| r.policy.starts_with("bf16")).unwrap_or(0);
-    let gaps = runs
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| *i != base)
-        .map(|(_, r)| Gap {
-            policy: r.policy.clone(),
-            baseline: runs[base].policy.clone(),
-            eval_gap: (r.final_eval_loss - runs[base].final_eval_loss) / runs[base].final_eval_loss,
-            train_gap: (r.final_train_loss - runs[base].final_train_loss) / runs[base].final_train_loss,
-            tokens: r.steps * u64::from(cfg.seq_len) * u64::from(cfg.micro_batch),
-        })
-        .collect();
+    let gaps = gaps(&runs, cfg.steps, u64::from(cfg.seq_len) * u64::from(cfg.micro_batch));
     let how = match &chosen {
         Chosen::Cpu(_, why) => format!(
             "the CPU{}: low-precision GEMMs are emulated (operands quantised and dequantised exactly as the format \
@@ -468,7 +458,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             "AdamW (beta2 {}, weight decay {}), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
             ADAMW_DEFAULT.beta2,
             ADAMW_DEFAULT.weight_decay,
-            peak_lr(cfg, &variant),
+            peak_lr(cfg.lr, variant.defaults.learning_rate),
             if cfg.clip_grad > 0.0 { format!("at norm {}", cfg.clip_grad) } else { "off".into() }
         ),
         format!(
@@ -499,6 +489,43 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     })
 }
 
+/// Each run's gap to the baseline (the first BF16 run, else the first) at equal tokens.
+/// Where both ran every step, their final losses. Where one stopped early, the held-out
+/// losses of the last evaluation both reached, and the mean training loss of the tenth of
+/// the steps before it: a run stopped at step 57 of 300 was compared with the baseline's
+/// loss at step 300 (and called equal tokens). Nothing trained by then (step 0): NaN.
+pub(crate) fn gaps(runs: &[RunResult], steps: u64, tokens_per_step: u64) -> Vec<Gap> {
+    let base = runs.iter().position(|r| r.policy.starts_with("bf16")).unwrap_or(0);
+    let Some(b) = runs.get(base) else { return Vec::new() };
+    let rel = |x: f64, of: f64| (x - of) / of;
+    runs.iter()
+        .enumerate()
+        .filter(|(i, _)| *i != base)
+        .map(|(_, r)| {
+            let (eval_gap, train_gap, at) = if r.steps == steps && b.steps == steps {
+                (rel(r.final_eval_loss, b.final_eval_loss), rel(r.final_train_loss, b.final_train_loss), steps)
+            } else {
+                let last = |run: &RunResult| run.eval.last().map_or(0, |p| p.step);
+                let at = last(r).min(last(b));
+                let eval_at = |run: &RunResult| run.eval.iter().find(|p| p.step == at).map_or(f64::NAN, |p| p.loss);
+                let eval_gap = if at == 0 { f64::NAN } else { rel(eval_at(r), eval_at(b)) };
+                (eval_gap, rel(train_loss_to(r, at), train_loss_to(b, at)), at)
+            };
+            Gap { policy: r.policy.clone(), baseline: b.policy.clone(), eval_gap, train_gap, tokens: at * tokens_per_step }
+        })
+        .collect()
+}
+
+/// The mean training loss over the last tenth (at least one) of the steps applied before
+/// step `n`, as [`RunResult::final_train_loss`] is over the whole run: the applied
+/// iteration of each step is the curve's last point at that step (a skipped one, or one
+/// undone by a rollback, came before it). NaN for `n` 0.
+fn train_loss_to(run: &RunResult, n: u64) -> f64 {
+    let tail = (n / 10).max(1);
+    let applied: Vec<f64> = (n.saturating_sub(tail)..n).filter_map(|k| run.train.iter().rev().find(|p| p.step == k).map(|p| p.loss)).collect();
+    if applied.is_empty() { f64::NAN } else { applied.iter().sum::<f64>() / applied.len() as f64 }
+}
+
 /// Transformer layers of the graph trained, as a plan request names them (a policy keeps
 /// the first or last N in BF16 by them): the variant's, or fewer with `--layers`. The
 /// first plan and every replan ask with the same count.
@@ -506,8 +533,9 @@ fn plan_layers(asked: u32, variant: u32) -> u32 {
     if asked > 0 { variant.min(asked) } else { variant }
 }
 
-fn peak_lr(cfg: &TrainConfig, v: &crate::plugin::workload::Variant) -> f64 {
-    cfg.lr.unwrap_or(if v.defaults.learning_rate > 0.0 { v.defaults.learning_rate } else { 1e-3 })
+/// `--lr`, else the variant's default, else (a variant that gives none: 0) 1e-3.
+fn peak_lr(lr: Option<f64>, variant_lr: f64) -> f64 {
+    lr.unwrap_or(if variant_lr > 0.0 { variant_lr } else { 1e-3 })
 }
 
 /// Learning rate at applied step `t` of `n`: linear warm-up over a tenth (at most 100
@@ -550,6 +578,15 @@ fn xrole(r: GemmRole) -> XRole {
         GemmRole::Forward => XRole::Forward,
         GemmRole::InputGradient => XRole::InputGradient,
         GemmRole::WeightGradient => XRole::WeightGradient,
+    }
+}
+
+/// A plan the host refuses (`plan::known_bad`), named by its plugin: the first plan, or
+/// a replan the policy asked for at `step` (which said only the site).
+fn bad_plan(plugin: &str, replan_at: Option<u64>, why: &str) -> anyhow::Error {
+    match replan_at {
+        None => anyhow::anyhow!("{plugin}: {why}"),
+        Some(step) => anyhow::anyhow!("{plugin}, replanning at step {step}: {why}"),
     }
 }
 
@@ -624,7 +661,7 @@ fn train_one<D: Device + Clone>(
         sites: sites.clone(),
         state: Vec::new(),
     })?;
-    plan::known_bad(&sites, &answer.sites).map_err(|m| anyhow::anyhow!("{}: {m}", p.info.name))?;
+    plan::known_bad(&sites, &answer.sites).map_err(|m| bad_plan(&p.info.name, None, &m))?;
     let mut state = answer.state;
     let mut plans = PlanState::new(sites.clone(), answer.sites, cfg.max_bf16_share);
     let planned_coverage = plan::coverage(&sites, &plans.current);
@@ -638,7 +675,7 @@ fn train_one<D: Device + Clone>(
 
     let layers = weight_layers(graph);
     let tokens_per_step = u64::from(cfg.seq_len) * u64::from(cfg.micro_batch);
-    let peak = peak_lr(cfg, variant);
+    let peak = peak_lr(cfg.lr, variant.defaults.learning_rate);
     let eval_every = if cfg.eval_every > 0 { cfg.eval_every } else { (cfg.steps / 10).max(1) };
     let fault_site = default_site(&sites, &plans.current);
 
@@ -799,7 +836,7 @@ fn train_one<D: Device + Clone>(
                 sites: sites.clone(),
                 state: std::mem::take(&mut state),
             })?;
-            plan::known_bad(&sites, &again.sites).map_err(anyhow::Error::msg)?;
+            plan::known_bad(&sites, &again.sites).map_err(|m| bad_plan(&p.info.name, Some(applied), &m))?;
             state = again.state;
             plans.current = again.sites;
         }
@@ -1130,6 +1167,24 @@ mod tests {
         assert_eq!(plan_layers(0, 16), 16);
         assert_eq!(plan_layers(2, 16), 2);
         assert_eq!(plan_layers(32, 16), 16);
+    }
+
+    /// The peak learning rate: --lr, else the variant's, else (a variant that gives 0)
+    /// 1e-3.
+    #[test]
+    fn the_peak_lr_is_the_flags_else_the_variants_else_1e_3() {
+        assert_eq!(peak_lr(Some(0.5), 3e-4), 0.5);
+        assert_eq!(peak_lr(None, 3e-4), 3e-4);
+        assert_eq!(peak_lr(None, 0.0), 1e-3);
+        assert_eq!(peak_lr(Some(0.5), 0.0), 0.5);
+    }
+
+    /// A plan the host refuses is named by its plugin, a replan's by its step too (the
+    /// replan's said only the site).
+    #[test]
+    fn a_refused_plan_names_its_plugin_and_a_replan_its_step() {
+        assert_eq!(bad_plan("p.wasm", None, "site a (forward): why").to_string(), "p.wasm: site a (forward): why");
+        assert_eq!(bad_plan("p.wasm", Some(7), "site a: why").to_string(), "p.wasm, replanning at step 7: site a: why");
     }
 
     /// The held-out loss is the mean of the forward losses of the first `batches`

@@ -60,10 +60,19 @@ pub fn summary(r: &TrainReport) -> Table {
         ]);
     }
     if let Some(g) = r.gaps.first() {
+        // Each gap's tokens: the planned run's, or where a run stopped early, those of the
+        // last evaluation both reached (it read the first gap's count for every policy).
+        let planned = r.steps * r.tokens_per_step;
+        let early: Vec<String> = r.gaps.iter().filter(|g| g.tokens != planned).map(|g| format!("{} at {}", g.policy, g.tokens)).collect();
+        let at = if early.is_empty() {
+            format!("{planned} tokens trained")
+        } else {
+            format!("{planned} tokens planned; where a run stopped early, at the last held-out loss both reached: {}", early.join(", "))
+        };
         t.notes.push(format!(
-            "gap: held-out loss relative to {} at equal tokens ({} tokens trained); coverage: share of GEMM FLOPs \
+            "gap: held-out loss relative to {} at equal tokens ({at}); coverage: share of GEMM FLOPs \
              (forward, input and weight gradients) whose two operands are FP8/FP4",
-            g.baseline, g.tokens
+            g.baseline
         ));
     }
     t.notes.push(format!(
@@ -74,7 +83,14 @@ pub fn summary(r: &TrainReport) -> Table {
     for run in &r.runs {
         t.notes.push(format!("{}: {}; {}", run.policy, run.description, run.plugin.provenance()));
         if let Some(a) = &run.aborted {
-            t.notes.push(format!("{}: stopped early: {a}", run.policy));
+            t.notes.push(format!(
+                "{}: stopped early, at step {} of {} ({} of {} tokens): {a}",
+                run.policy,
+                run.steps,
+                r.steps,
+                run.steps * r.tokens_per_step,
+                r.steps * r.tokens_per_step
+            ));
         }
     }
     t.notes.push(format!(
@@ -256,7 +272,7 @@ mod tests {
             seed: 7,
             steps: 300,
             injections: vec![],
-            gaps: vec![Gap { policy: "fp8".into(), baseline: "bf16".into(), eval_gap: 0.0123, train_gap: 0.0, tokens: 2000 }],
+            gaps: vec![Gap { policy: "fp8".into(), baseline: "bf16".into(), eval_gap: 0.0123, train_gap: 0.0, tokens: 30000 }],
             runs: vec![bf16, fp8],
             notes: vec![],
         }
@@ -271,7 +287,7 @@ mod tests {
         assert_eq!(t.rows[0], ["bf16", "5.0000", "baseline", "2.5000", "62.5%", "50.0%", "1235", "20", "1", "0", "0"]);
         assert_eq!(t.rows[1][1..3], ["non-finite", "+1.23%"]);
         assert_eq!(t.rows[1][10], "2");
-        assert!(t.notes[0].contains("relative to bf16 at equal tokens (2000 tokens trained)"), "{:?}", t.notes);
+        assert!(t.notes[0].contains("relative to bf16 at equal tokens (30000 tokens trained)"), "{:?}", t.notes);
         assert!(t.title.contains("trained 300 steps x 100 tokens") && t.title.contains("seed 7"), "{}", t.title);
     }
 
@@ -298,5 +314,82 @@ mod tests {
         assert_eq!(smoothed(&p, 2), [(200.0, 1.5), (400.0, 3.5), (500.0, 5.0)]);
         assert_eq!(smoothed(&p, 0).len(), 5);
         assert!(html(&report()).contains("training loss (mean of 5 steps)"));
+    }
+
+    /// A run that stopped early says so, at which step of how many and at how many
+    /// tokens of the planned; the gap note gives each gap's tokens where they are not the
+    /// planned run's (it gave the first gap's for all, and a stopped run's read as a
+    /// finished one's).
+    #[test]
+    fn a_run_that_stopped_early_says_where_and_its_gap_at_what_tokens() {
+        let mut r = report();
+        r.runs[1].aborted = Some("diverged: 10 steps in a row".into());
+        r.runs[1].steps = 7;
+        r.runs.push(result("fp8-safe", vec![pt(0, 9.0)], vec![]));
+        r.gaps[0].tokens = 500;
+        r.gaps.push(Gap { policy: "fp8-safe".into(), baseline: "bf16".into(), eval_gap: 0.0, train_gap: 0.0, tokens: 30000 });
+        let t = summary(&r);
+        let early: Vec<&String> = t.notes.iter().filter(|n| n.contains("stopped early")).collect();
+        assert_eq!(
+            early[0],
+            "gap: held-out loss relative to bf16 at equal tokens (30000 tokens planned; where a run stopped early, at the last \
+             held-out loss both reached: fp8 at 500); coverage: share of GEMM FLOPs (forward, input and weight gradients) whose \
+             two operands are FP8/FP4"
+        );
+        assert_eq!(early[1], "fp8: stopped early, at step 7 of 300 (700 of 30000 tokens): diverged: 10 steps in a row");
+        assert_eq!(early.len(), 2, "{early:?}");
+    }
+
+    fn curve(steps: std::ops::Range<u64>, loss: f64) -> Vec<Point> {
+        steps.map(|s| pt(s, loss)).collect()
+    }
+
+    /// Gaps at equal tokens: the final losses where both ran every step; where one
+    /// stopped early, the last evaluation both reached and the training loss of the tenth
+    /// of the steps before it (each step's applied iteration: the last at that step).
+    #[test]
+    fn gaps_compare_equal_tokens_even_when_a_run_stops_early() {
+        use super::super::gaps;
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        // 40 steps planned, evaluated every 20, 100 tokens a step.
+        let mut bf16 = result("bf16", vec![pt(0, 9.0), pt(20, 4.0), pt(40, 3.0)], vec![]);
+        (bf16.steps, bf16.final_train_loss, bf16.train) = (40, 2.0, curve(0..40, 2.0));
+        let mut fp8 = result("fp8", vec![pt(0, 9.0), pt(20, 5.0), pt(40, 3.3)], vec![]);
+        (fp8.steps, fp8.final_train_loss) = (40, 2.5);
+        // Both finished: their final losses, at the planned tokens; the baseline is the
+        // BF16 run wherever it is listed.
+        let g = gaps(&[fp8.clone(), bf16.clone()], 40, 100);
+        assert_eq!((g.len(), g[0].policy.as_str(), g[0].baseline.as_str(), g[0].tokens), (1, "fp8", "bf16", 4000));
+        assert!(close(g[0].eval_gap, 0.1) && close(g[0].train_gap, 0.25), "{g:?}");
+        // Without a BF16 run, the first is the baseline.
+        let mut other = fp8.clone();
+        other.policy = "mxfp8".into();
+        assert_eq!(gaps(&[other.clone(), fp8.clone()], 40, 100)[0].baseline, "mxfp8");
+        // fp8 stopped at step 25: compared at step 20 (its last evaluation) with the
+        // baseline's loss there, not its final; the training loss over steps 18 and 19,
+        // step 19 skipped once (NaN) before it was applied at 3.0.
+        fp8.steps = 25;
+        fp8.eval.pop();
+        fp8.final_eval_loss = 5.0;
+        fp8.train = curve(0..19, 2.0);
+        fp8.train.extend([pt(19, f64::NAN), pt(19, 3.0)]);
+        fp8.train.extend(curve(20..26, 9.0));
+        let g = gaps(&[bf16.clone(), fp8.clone()], 40, 100);
+        assert_eq!(g[0].tokens, 2000);
+        assert!(close(g[0].eval_gap, 0.25) && close(g[0].train_gap, 0.25), "{g:?}");
+        // The baseline stopped early at step 30: both compared at its last evaluation.
+        let (mut short, mut done) = (bf16.clone(), fp8.clone());
+        (short.steps, short.eval) = (30, vec![pt(0, 9.0), pt(20, 4.0)]);
+        short.train.truncate(31);
+        (done.steps, done.eval) = (40, vec![pt(0, 9.0), pt(20, 6.0), pt(40, 3.0)]);
+        let g = gaps(&[short, done], 40, 100);
+        assert_eq!(g[0].tokens, 2000);
+        assert!(close(g[0].eval_gap, 0.5), "{g:?}");
+        // Stopped before its first evaluation past step 0: nothing to compare.
+        fp8.steps = 3;
+        fp8.eval.truncate(1);
+        let g = gaps(&[bf16, fp8], 40, 100);
+        assert_eq!(g[0].tokens, 0);
+        assert!(g[0].eval_gap.is_nan() && g[0].train_gap.is_nan(), "{g:?}");
     }
 }
