@@ -79,7 +79,9 @@ pub struct TrainArgs {
     pub clip_grad: f64,
 }
 
-pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
+/// The run the flags ask for: the policies checked (one each, none empty), the device
+/// known, the faults parsed, and every flag in its own field.
+fn config(a: TrainArgs) -> Result<TrainConfig> {
     let policies = match (&a.precision, &a.compare) {
         (Some(p), None) => vec![p.clone()],
         (None, Some(c)) if !c.is_empty() => c.clone(),
@@ -102,7 +104,7 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         );
     }
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
-    let cfg = TrainConfig {
+    Ok(TrainConfig {
         variant: a.variant,
         steps: a.steps,
         seed: a.seed,
@@ -119,7 +121,11 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         checkpoint_every: a.checkpoint_every,
         clip_grad: a.clip_grad,
         ..TrainConfig::new(&a.plugin, policies)
-    };
+    })
+}
+
+pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
+    let cfg = config(a)?;
     // Each policy's steps through a bar (on a log, the step and, while a long one runs,
     // its seconds so far at least every 15 s); the stages between as progress lines.
     let steps: std::cell::RefCell<Option<Steps>> = std::cell::RefCell::new(None);
@@ -152,4 +158,83 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
     // error, not a panic of `print!`.
     write_output(global, &render)?;
     print_stdout(&render(format))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// `runner train`'s flags alone.
+    #[derive(Parser)]
+    struct Cmd {
+        #[command(flatten)]
+        a: TrainArgs,
+    }
+
+    fn cfg(args: &[&str]) -> Result<TrainConfig> {
+        config(Cmd::try_parse_from([&["train"][..], args].concat())?.a)
+    }
+
+    fn refused(args: &[&str]) -> String {
+        format!("{:#}", cfg(args).unwrap_err())
+    }
+
+    /// Each flag a value of its own: each lands in its own field (two numeric flags of one
+    /// type swapped, or a flag dropped for the default, would pass the CLI tests, which
+    /// only train briefly).
+    #[test]
+    fn each_flag_lands_in_its_own_field() {
+        let c = cfg(&[
+            "--plugin", "m.wasm", "--variant", "v-tiny", "--precision", "fp8", "--steps", "11", "--seed", "12", "--seq-len", "13",
+            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--eval-every", "17", "--eval-batches", "18", "--text",
+            "t.txt", "--plan-for", "H100", "--inject", "nan@3,grad-spike@4", "--max-bf16-share", "0.19", "--checkpoint-every",
+            "20", "--clip-grad", "2.1",
+        ])
+        .unwrap();
+        assert_eq!((c.model.as_str(), c.variant.as_deref(), &c.policies[..]), ("m.wasm", Some("v-tiny"), &["fp8".to_string()][..]));
+        assert_eq!((c.steps, c.seed, c.seq_len, c.micro_batch, c.layers), (11, 12, 13, 14, 15));
+        assert_eq!((c.lr, c.eval_every, c.eval_batches), (Some(0.016), 17, 18));
+        assert_eq!((c.text.as_deref(), c.plan_for.as_str()), (Some(std::path::Path::new("t.txt")), "H100"));
+        assert_eq!(c.injections, [Injection::parse("nan@3").unwrap(), Injection::parse("grad-spike@4").unwrap()]);
+        assert_eq!((c.max_bf16_share, c.checkpoint_every, c.clip_grad), (0.19, 20, 2.1));
+    }
+
+    /// Flags left out: the library's defaults (which the flags' defaults name).
+    #[test]
+    fn flags_left_out_are_the_librarys_defaults() {
+        let c = cfg(&["--precision", "bf16"]).unwrap();
+        let d = TrainConfig::new(defaults::MODEL, vec!["bf16".into()]);
+        assert_eq!(format!("{c:?}"), format!("{d:?}"));
+    }
+
+    /// One policy, or several in their order; the refusals name the flag the user gave.
+    #[test]
+    fn policies_come_from_either_flag_and_odd_lists_are_refused_naming_it() {
+        assert_eq!(cfg(&["--compare", "bf16,fp8,fp8-safe"]).unwrap().policies, ["bf16", "fp8", "fp8-safe"]);
+        assert_eq!(cfg(&["--precision", "fp8"]).unwrap().policies, ["fp8"]);
+        assert!(refused(&[]).contains("name a policy with --precision POLICY or several with --compare"));
+        let e = refused(&["--precision", " "]);
+        assert!(e.starts_with("--precision ' ': an empty policy name"), "{e}");
+        let e = refused(&["--compare", "bf16,,fp8"]);
+        assert!(e.starts_with("--compare 'bf16,,fp8': an empty policy name"), "{e}");
+        let e = refused(&["--compare", "fp8,bf16,fp8"]);
+        assert!(e.starts_with("--compare names fp8 twice"), "{e}");
+        assert!(cfg(&["--precision", "bf16", "--compare", "fp8"]).is_err(), "the two flags conflict");
+    }
+
+    /// The device is checked (in any case), the faults parsed, before the run.
+    #[test]
+    fn an_unknown_device_or_fault_is_refused_before_the_run() {
+        assert!(refused(&["--precision", "bf16", "--plan-for", "H1000"]).starts_with("--plan-for H1000: no such device"));
+        assert_eq!(cfg(&["--precision", "bf16", "--plan-for", "b200"]).unwrap().plan_for, "b200");
+        assert!(refused(&["--precision", "bf16", "--inject", "nan@1,melt@2"]).contains("--inject 'melt@2': unknown fault"));
+    }
+
+    #[test]
+    fn a_checkpoint_interval_is_a_step_count_of_at_least_one() {
+        assert_eq!(checkpoint_interval("1"), Ok(1));
+        assert!(checkpoint_interval("0").unwrap_err().starts_with("0 steps: rollbacks return to a checkpoint"));
+        assert_eq!(checkpoint_interval("x").unwrap_err(), "\"x\" is not a step count (invalid digit found in string)");
+    }
 }

@@ -1305,6 +1305,31 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
     }
 }
 
+/// `train`'s output in each format: the tables by default (and a -o file in its
+/// extension's format), the summary as CSV, the page with the curves as HTML.
+#[test]
+fn train_prints_each_format() {
+    let dir = scratch("trainformats");
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/text/kjv.txt");
+    let text_file = dir.join("t.txt");
+    std::fs::write(&text_file, &std::fs::read(kjv).unwrap()[..200_000]).unwrap();
+    let base = ["--device", "cpu", "train", "--steps", "1", "--seq-len", "16", "--micro-batch", "2", "--precision", "bf16", "-q", "--text"];
+    let run = |extra: &[&str]| {
+        let o = runner(&dir, &[&base[..], &[text_file.to_str().unwrap()], extra].concat());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{extra:?}: {err}");
+        out
+    };
+    let table = run(&["-o", "t.json"]);
+    assert!(table.contains("held-out loss") && table.contains("precision decisions"), "{table}");
+    let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("t.json")).unwrap()).unwrap();
+    assert_eq!(json["runs"][0]["policy"], "bf16", "{json}");
+    let csv = run(&["--format", "csv"]);
+    assert!(csv.starts_with("policy,held-out loss,gap,"), "{csv}");
+    let html = run(&["--format", "html"]);
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"), "{html}");
+}
+
 /// `train` on a log (stderr not a terminal) names each step as it begins, with where the
 /// run stands, so a step of minutes is seen running; it printed a step once it ended,
 /// and nothing at all while the first ran.
