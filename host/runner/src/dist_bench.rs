@@ -167,7 +167,12 @@ fn local_ranks(n: usize) -> Result<(Vec<Launch>, Option<std::net::TcpListener>)>
 /// was read, 48 bits of its FNV-1a hash in three exact 16-bit pieces, and the local rank.
 fn host_words(local_rank: usize) -> [f32; HOST_WORDS] {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok().or_else(|| std::env::var("HOSTNAME").ok());
-    let name = name.as_deref().map(str::trim).filter(|n| !n.is_empty());
+    host_words_of(name.as_deref(), local_rank)
+}
+
+/// [`host_words`] of the host name `name` (none, or blank: not read).
+fn host_words_of(name: Option<&str>, local_rank: usize) -> [f32; HOST_WORDS] {
+    let name = name.map(str::trim).filter(|n| !n.is_empty());
     let hash = name.map_or(0, |n| n.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)));
     let piece = |k: u32| ((hash >> (16 * k)) & 0xffff) as f32;
     [f32::from(u8::from(name.is_some())), piece(0), piece(1), piece(2), local_rank as f32]
@@ -1055,6 +1060,28 @@ mod tests {
         assert_eq!((zero.size(), one.join().unwrap().unwrap()), (2, 2));
     }
 
+    /// The host words: read or not, FNV-1a 64 of the name (trimmed) in three 16-bit
+    /// pieces from the low end, the local rank; a blank name is not read.
+    #[test]
+    fn host_words_are_the_names_fnv_hash_in_pieces() {
+        // FNV-1a 64 of "a" is 0xaf63dc4c8601ec8c.
+        assert_eq!(host_words_of(Some(" a\n"), 2), [1.0, 60556.0, 34305.0, 56396.0, 2.0]);
+        assert_eq!(host_words_of(Some(" "), 1), [0.0, 0.0, 0.0, 0.0, 1.0]);
+        assert_eq!(host_words_of(None, 0), [0.0; HOST_WORDS]);
+        // How a rank on this device talks: NCCL on a GPU, TCP on a CPU.
+        assert_eq!((transport_of(Some(0)), transport_of(None)), ("on GPUs (NCCL)", "on CPUs (TCP)"));
+    }
+
+    /// Which GPU a rank computes on, where no GPU count is read: none for `cpu`, GPU N +
+    /// the local rank for `cuda:N` (N > 0); the emulated device runs no collectives.
+    #[test]
+    fn ranks_of_cuda_n_count_from_n() {
+        assert_eq!(rank_device(DeviceSpec::Cpu, 3, Some(4)).unwrap(), None);
+        assert_eq!(rank_device(DeviceSpec::Cuda(2), 1, Some(2)).unwrap(), Some(3));
+        let e = rank_device(DeviceSpec::CudaEmulated, 0, None).unwrap_err().to_string();
+        assert!(e.starts_with("--device cuda-emulated runs no NCCL"), "{e}");
+    }
+
     /// A one-rank all-reduce sweep from `minbytes` to `maxbytes` by `stepfactor`.
     fn sweep(minbytes: u64, maxbytes: u64, stepfactor: u64) -> CollArgs {
         CollArgs {
@@ -1096,6 +1123,9 @@ mod tests {
         assert_eq!(mesh_groups(4, 1, 1, 2, 2), vec![("tp", vec![0, 1, 2, 3]), ("tp-kv", vec![2, 3])]);
         let g = mesh_groups(1, 2, 1, 2, 1);
         assert_eq!(g, vec![("pp", vec![0, 1]), ("pp-embed", vec![0, 1])]);
+        // Three stages: the tied embedding joins the first and the last, not the middle.
+        assert_eq!(mesh_groups(1, 3, 1, 2, 1), vec![("pp", vec![0, 1, 2])]);
+        assert_eq!(mesh_groups(1, 3, 1, 2, 2), vec![("pp", vec![0, 1, 2]), ("pp-embed", vec![0, 2])]);
         assert!(parse_layout("tp=2,dp=2").is_ok() && parse_layout("xp=2").is_err() && parse_layout("tp=0").is_err());
         assert_eq!(parse_layout("pp=2,vp=2").unwrap(), (1, 2, 1, 2, false));
         assert_eq!(parse_layout("dp=2,fsdp").unwrap(), (1, 1, 2, 1, true));

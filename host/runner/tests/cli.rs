@@ -1274,6 +1274,32 @@ fn collectives_on_one_rank_include_sendrecv_to_itself() {
     assert!(!o.status.success() && text(&o).1.contains("-i 0"), "{}", text(&o).1);
 }
 
+/// The device benches' flags at their edges, refused before anything runs (device_bench.rs):
+/// GEMM sizes in 1..=32768, a layer's --seq in 1..=131072 with a positive --batch (its
+/// --repeats clap keeps in 1..=1000), a collectives sweep whose -e is at least -b and at most 64G, a -d and
+/// --ops it knows.
+#[test]
+fn device_bench_flags_are_refused_at_their_edges() {
+    let dir = scratch("bench-edges");
+    let layer = "--seq (1..=131072), --batch and --repeats must be positive";
+    let sweep = "-e must be at least -b and at most 64G";
+    for (args, want) in [
+        (&["gemm", "--dtype", "bf16", "--sizes", "0"][..], "--sizes: 0 is outside 1..=32768"),
+        (&["gemm", "--dtype", "bf16", "--sizes", "64,32769"], "--sizes: 32769 is outside 1..=32768"),
+        (&["layer", "--seq", "0"], layer),
+        (&["layer", "--seq", "131073"], layer),
+        (&["layer", "--seq", "8", "--batch", "0"], layer),
+        (&["collectives", "-b", "8K", "-e", "4K"], sweep),
+        (&["collectives", "-b", "8K", "-e", "65G"], sweep),
+        (&["collectives", "-d", "int8"], "-d int8: use float, bfloat16 or half"),
+        (&["collectives", "--ops", "all_reduce,gather"], "--ops gather: use all_reduce"),
+    ] {
+        let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
 /// `train` with stdout full: an error, not a panic of `print!`, and the -o file written
 /// (it printed first and panicked "failed printing to stdout" before writing -o). A
 /// policy named twice, or an empty one, is refused before the run.
