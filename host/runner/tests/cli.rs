@@ -1378,6 +1378,50 @@ fn train_on_a_log_names_the_step_it_begins() {
 const HIST_RUN: [&str; 13] =
     ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8,16", "--precision", "bf16", "--repeats", "1", "--cloud", "lambda"];
 
+/// `--device` reaches the measured step through `local_device` (set once by the command
+/// line, read where the step is measured): the emulated device is refused there, so the
+/// run goes on unmeasured and says why; `cpu` measures on the CPU without the note an
+/// `auto` that found no GPU adds. Left at `auto` (the flag not recorded), both read
+/// alike on a machine without a GPU: the CPU, with "no usable GPU".
+#[test]
+fn the_device_flag_reaches_the_measured_step() {
+    let run = |device: &str, variant: &str| {
+        let mut args = vec!["--device", device];
+        args.extend(HIST_RUN);
+        args[6] = variant;
+        args.extend(["--format", "json", "-q"]);
+        let o = runner(&scratch(&format!("measure-{device}-{variant}")), &args);
+        assert!(o.status.success(), "{}", text(&o).1);
+        serde_json::from_str::<serde_json::Value>(&text(&o).0).unwrap()
+    };
+    let notes = |v: &serde_json::Value| v["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str().map(String::from)).collect::<Vec<String>>();
+    let emulated = notes(&run("cuda-emulated", "llama3-tiny"));
+    assert!(
+        emulated.iter().any(|n| n.starts_with("not measured on this device: --device cuda-emulated computes what a GPU would")),
+        "{emulated:#?}"
+    );
+    let cpu = run("cpu", "llama3-tiny");
+    let measured: Vec<String> = notes(&cpu).into_iter().filter(|n| n.starts_with("measured: ")).collect();
+    assert!(measured.len() == 1 && !measured[0].contains("Device: "), "{measured:#?}");
+    // The CPU's size (measure.rs): the variant itself where its two layers fit the 1 GiB
+    // budget, at its sequence (at most 256) and 2048 tokens a step, composed to its depth.
+    let m = &cpu["measurement"];
+    let size = |m: &serde_json::Value| [&m["variant"], &m["layers_run"], &m["full_layers"], &m["seq_len"], &m["micro_batch"]].map(|x| x.to_string());
+    assert_eq!(size(m), ["\"llama3-tiny\"", "2", "4", "256", "8"], "{m}");
+    assert_eq!(m["why_this_size"], "llama3-tiny itself (2 layers fit the 1 GiB budget)");
+    // A variant whose two layers do not fit: the family's smallest that does, said why.
+    let big = run("cpu", "llama3.1-70b");
+    let m = &big["measurement"];
+    assert_eq!(size(m), ["\"llama3-tiny\"", "2", "4", "256", "8"], "{m}");
+    let why = m["why_this_size"].as_str().unwrap();
+    // 2 layers and the 128256 x 8192 embedding and head: 3.81B parameters at 16 bytes.
+    assert_eq!(
+        why,
+        "llama3.1-70b's 2 layers need 56.8 GiB of f32 weights and optimizer state, beyond the CPU budget, so the family's \
+         proxy llama3-tiny was run"
+    );
+}
+
 /// The batch notes follow the rows, GPU counts upward (sorted as text they read 128,
 /// 16, 8).
 #[test]
