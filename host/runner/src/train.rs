@@ -507,7 +507,8 @@ pub(crate) fn gaps(runs: &[RunResult], steps: u64, tokens_per_step: u64) -> Vec<
             } else {
                 let last = |run: &RunResult| run.eval.last().map_or(0, |p| p.step);
                 let at = last(r).min(last(b));
-                let eval_at = |run: &RunResult| run.eval.iter().find(|p| p.step == at).map_or(f64::NAN, |p| p.loss);
+                // The last evaluation at that step: one before a rollback was undone with it.
+                let eval_at = |run: &RunResult| run.eval.iter().rev().find(|p| p.step == at).map_or(f64::NAN, |p| p.loss);
                 let eval_gap = if at == 0 { f64::NAN } else { rel(eval_at(r), eval_at(b)) };
                 (eval_gap, rel(train_loss_to(r, at), train_loss_to(b, at)), at)
             };

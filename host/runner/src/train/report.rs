@@ -377,6 +377,11 @@ mod tests {
         let g = gaps(&[bf16.clone(), fp8.clone()], 40, 100);
         assert_eq!(g[0].tokens, 2000);
         assert!(close(g[0].eval_gap, 0.25) && close(g[0].train_gap, 0.25), "{g:?}");
+        // Rolled back past step 20 and evaluated there again: the later evaluation is the
+        // run's (the first was undone with the rollback).
+        let mut again = fp8.clone();
+        again.eval = vec![pt(0, 9.0), pt(20, 8.0), pt(20, 5.0)];
+        assert!(close(gaps(&[bf16.clone(), again], 40, 100)[0].eval_gap, 0.25));
         // The baseline stopped early at step 30: both compared at its last evaluation.
         let (mut short, mut done) = (bf16.clone(), fp8.clone());
         (short.steps, short.eval) = (30, vec![pt(0, 9.0), pt(20, 4.0)]);
