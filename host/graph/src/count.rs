@@ -581,4 +581,49 @@ mod tests {
         let p = params(&g);
         assert_eq!((p.total, p.active), (192, 192));
     }
+
+    /// Vector (elementwise) work by hand, each backward twice its forward: an add one FLOP
+    /// per output element, the MoE combine two per row it reads (the k rows per token of
+    /// the experts' output, not the token's output row), an all-reduce one per element it
+    /// sums; none of it counts as matrix work.
+    #[test]
+    fn vector_work_by_hand() {
+        let g = graph(0);
+        let combine = op_flops(&g, &g.ops[6]);
+        assert_eq!((combine.fwd_flops, combine.bwd_flops, combine.matrix), (2.0 * 32.0 * 6.0, 4.0 * 32.0 * 6.0, false));
+        let g = Graph::new(
+            vec![t("x", &[2, 4], BF16, Input), t("s", &[2, 4], BF16, Activation), t("r", &[2, 4], BF16, Activation)],
+            vec![
+                op("add", OpKind::Add, &["x", "x"], &["s"], &[], 0),
+                op("ar", OpKind::AllReduce, &["s"], &["r"], &[], 0),
+            ],
+            "r",
+        )
+        .unwrap();
+        let (add, ar) = (op_flops(&g, &g.ops[0]), op_flops(&g, &g.ops[1]));
+        assert_eq!((add.fwd_flops, add.bwd_flops, add.matrix), (8.0, 16.0, false));
+        assert_eq!((ar.fwd_flops, ar.bwd_flops, ar.matrix), (8.0, 16.0, false));
+        assert_eq!(vector_flops(&g), 48.0);
+        assert_eq!(model_flops_per_step(&g, &Convention::FULL), 0.0);
+    }
+
+    /// Active parameters are the nearest integer to the fractional sum: 41 of 160 experts
+    /// of 3 elements each use 480·41/160 = 123 elements, which f64 makes
+    /// 122.99999999999999 (truncated, 122).
+    #[test]
+    fn active_params_round_to_the_nearest() {
+        let g = Graph::new(
+            vec![
+                t("xs", &[41, 1], BF16, Input),
+                t("idx", &[1, 41], I32, Input),
+                t("ew", &[160, 3, 1], BF16, Weight),
+                t("ys", &[41, 3], BF16, Activation),
+            ],
+            vec![op("experts", OpKind::GroupedLinear, &["xs", "ew", "idx"], &["ys"], &[], 0)],
+            "ys",
+        )
+        .unwrap();
+        let p = params(&g);
+        assert_eq!((p.total, p.active), (480, 123));
+    }
 }
