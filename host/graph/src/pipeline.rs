@@ -549,4 +549,31 @@ mod tests {
         assert!(err("E(t(t|)*2)*2L", 0).contains("nested parentheses"));
         assert!(err("E()*3|tL", 1).contains("an empty or oversized repetition"));
     }
+
+    /// The fullest chunk of a split that fits, wherever it is (with the embedding counted
+    /// the first chunk is the emptiest), and the even split's ceil(layers / chunks) for
+    /// one that does not fit or no chunks at all.
+    #[test]
+    fn fullest_chunk_is_the_largest_share() {
+        assert_eq!(PipelineSplit::default().fullest_chunk(10, 4), 3);
+        assert_eq!(PipelineSplit::megatron(true, false).fullest_chunk(7, 4), 2, "chunks [1, 2, 2, 2]");
+        assert_eq!(lens(PipelineSplit::megatron(true, false), 7, 4), vec![1, 2, 2, 2]);
+        assert_eq!(PipelineSplit::megatron(true, true).fullest_chunk(126, 128), 1);
+        // The embedding as 9 layers does not fit the first of 4 chunks of 10 + 9 units.
+        let big = PipelineSplit { embedding: 9, loss: 0 };
+        assert!(big.starts(10, 4).is_err());
+        assert_eq!(big.fullest_chunk(10, 4), 3, "the even split's: ceil(10 / 4)");
+        assert_eq!(PipelineSplit::default().fullest_chunk(10, 0), 10, "no chunks: one");
+    }
+
+    /// Where several of Megatron's flag pairs build a pipeline the even split comes first
+    /// (80 and 82 units both divide by PP2): the search and the published-layout checks
+    /// take the first.
+    #[test]
+    fn megatron_choices_put_the_even_split_first() {
+        assert_eq!(PipelineSplit::megatron_choices(80, 2, 1), vec![PipelineSplit::default(), PipelineSplit::megatron(true, true)]);
+        // Labels read back in either case, as the flag help shows them.
+        assert_eq!(PipelineSplit::parse("e1l0").unwrap(), PipelineSplit::megatron(true, false));
+        assert_eq!(PipelineSplit::parse(" EVEN ").unwrap(), PipelineSplit::default());
+    }
 }
