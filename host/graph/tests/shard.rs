@@ -1107,3 +1107,205 @@ fn inputs_on_different_token_splits_are_gathered_first() {
     assert_eq!(shapes, [vec![1, 4, 2], vec![1, 4, 8]]);
     assert_eq!(s.tensor(cat.outputs[0]).shape, [1, 4, 10]);
 }
+
+/// (name, kind, inputs, outputs, layer) of one op of [`small_graph`].
+type SmallOp<'a> = (&'a str, OpKind, &'a [&'a str], &'a [&'a str], i32);
+
+/// A tiny graph of named ops for the recompute tests: every tensor [1, 2, 4] bf16 unless
+/// listed in `shapes`, `x` and `tgt` inputs, names starting with `w` weights.
+fn small_graph(ops: &[SmallOp], shapes: &[(&str, &[u64])]) -> Graph {
+    use runner_graph::{DType, NamedOp, Role, Tensor};
+    let mut names: Vec<&str> = Vec::new();
+    for (_, _, i, o, _) in ops {
+        for &n in i.iter().chain(o.iter()) {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    let tensors = names
+        .iter()
+        .map(|&n| {
+            let shape = shapes.iter().find(|(s, _)| *s == n).map_or(vec![1, 2, 4], |(_, s)| s.to_vec());
+            let (kind, dtype) = match n {
+                "x" => (TensorKind::Input, DType::BF16),
+                "tgt" => (TensorKind::Input, DType::I32),
+                "loss" => (TensorKind::Activation, DType::F32),
+                _ if n.starts_with('w') => (TensorKind::Weight, DType::BF16),
+                _ => (TensorKind::Activation, DType::BF16),
+            };
+            Tensor { name: n.into(), shape, dtype, kind }
+        })
+        .collect();
+    let ops = ops.iter().map(|&(name, kind, i, o, layer)| NamedOp::of(name, kind, i, o, &[], layer, Role::Replicated)).collect();
+    Graph::new(tensors, ops, "loss").unwrap()
+}
+
+fn names<'g>(g: &'g Graph, ids: &[runner_graph::TensorId]) -> Vec<&'g str> {
+    ids.iter().map(|&t| g.tensor(t).name.as_str()).collect()
+}
+
+/// Full recompute keeps each layer's inputs from outside it and drops what the layer
+/// makes and reads again: in layer 0, `a` (read by the GELU) and `b` (by the second
+/// GEMM) are made inside; `a` is also an input of layer 1, so it is stored, not
+/// recomputed; `c` is layer 1's input; the loss keeps its logits `e`.
+#[test]
+fn full_recompute_keeps_layer_inputs_and_recomputes_the_rest() {
+    let g = small_graph(
+        &[
+            ("lin1", OpKind::Linear, &["x", "w1"], &["a"], 0),
+            ("gelu", OpKind::Gelu, &["a"], &["b"], 0),
+            ("lin2", OpKind::Linear, &["b", "w2"], &["c"], 0),
+            ("lin3", OpKind::Linear, &["a", "w3"], &["d"], 1),
+            ("add", OpKind::Add, &["c", "d"], &["e"], 1),
+            ("ce", OpKind::CrossEntropy, &["e", "tgt"], &["loss"], -1),
+        ],
+        &[("tgt", &[1, 2]), ("loss", &[])],
+    );
+    let full = recompute::saved_for_backward(&g, RecomputePolicy::Full);
+    assert_eq!(names(&g, &full.stored), ["a", "c", "e"]);
+    assert_eq!(names(&g, &full.recomputed), ["b"], "a stored tensor is not also recomputed");
+    let none = recompute::saved_for_backward(&g, RecomputePolicy::None);
+    assert_eq!(names(&g, &none.stored), ["a", "b", "e"]);
+}
+
+/// Per layer (of the first op keeping each tensor), with the embedding, head and loss
+/// under -1: full recompute keeps 2·sbh in every layer, layer 0 included, and the head
+/// side the same as without recompute (it runs its forward once). On the second of three
+/// pipeline stages the layer's input arrives by a receive, which the layer keeps (it is
+/// not made inside the layer), and no re-run segment holds a send or a receive.
+#[test]
+fn full_recompute_by_layer_and_on_a_later_stage() {
+    let (s, b, h) = (32.0, 2.0, 64.0);
+    let g = gpt(64, 4, 3, 32, 2);
+    let none = recompute::layer_bytes(&g, RecomputePolicy::None);
+    let full = recompute::layer_bytes(&g, RecomputePolicy::Full);
+    assert_eq!(none.keys().copied().collect::<Vec<_>>(), [-1, 0, 1, 2]);
+    assert_eq!(full.keys().copied().collect::<Vec<_>>(), [-1, 0, 1, 2]);
+    for l in 0..3 {
+        assert_eq!(full[&l], 2.0 * s * b * h, "layer {l}");
+        assert_eq!(none[&l], 32.0 * s * b * h, "layer {l}");
+    }
+    assert_eq!(full[&-1], none[&-1]);
+    let stage1 = sharded(&g, &layout(1, 3, 1, 1, false, 2), rank(0, 1)).graph;
+    assert_eq!(recompute::layer_bytes(&stage1, RecomputePolicy::Full).get(&1), Some(&(2.0 * s * b * h)));
+    let plan = runner_graph::autodiff::backward_plan(&stage1).unwrap();
+    let sched = recompute::schedule(&stage1, &plan, RecomputePolicy::Full);
+    assert_eq!(sched.segments.len(), 1, "the stage's one layer");
+    for &oi in &sched.segments[0] {
+        assert!(!matches!(stage1.ops[oi].kind, OpKind::Send | OpKind::Recv), "{} in a re-run", stage1.ops[oi].name);
+    }
+}
+
+/// Who keeps what around an MoE layer with no recompute: the router its logits, the
+/// dispatch the indices (not the tokens it permutes), the experts their input rows and
+/// the indices, the combine the weights and indices (not the experts' outputs, whose
+/// routing weights Megatron applies inside the experts); attention reading one tensor
+/// as q, k and v keeps it once, as its first input.
+#[test]
+fn moe_and_attention_keepers_by_op_and_slot() {
+    let g = small_graph(
+        &[
+            ("lin0", OpKind::Linear, &["x", "w0"], &["q"], 0),
+            ("attn", OpKind::Attention, &["q", "q", "q"], &["a"], 0),
+            ("rl", OpKind::Linear, &["a", "wr"], &["logits"], 0),
+            ("router", OpKind::Router, &["logits"], &["gw", "gi"], 0),
+            ("dispatch", OpKind::MoeDispatch, &["a", "gi"], &["xs"], 0),
+            ("experts", OpKind::GroupedLinear, &["xs", "we", "gi"], &["ys"], 0),
+            ("combine", OpKind::MoeCombine, &["ys", "gw", "gi"], &["y"], 0),
+            ("ce", OpKind::CrossEntropy, &["y", "tgt"], &["loss"], -1),
+        ],
+        &[
+            ("q", &[1, 2, 1, 4]),
+            ("a", &[1, 2, 1, 4]),
+            ("gw", &[2, 2]),
+            ("gi", &[2, 2]),
+            ("xs", &[4, 4]),
+            ("we", &[4, 4, 4]),
+            ("ys", &[4, 4]),
+            ("tgt", &[1, 2]),
+            ("loss", &[]),
+        ],
+    );
+    let kept = recompute::kept_by(&g);
+    let got: Vec<(&str, Vec<(usize, usize)>)> = kept.iter().map(|k| (g.tensor(k.tensor).name.as_str(), k.by.clone())).collect();
+    let m = usize::MAX;
+    assert_eq!(
+        got,
+        [
+            ("q", vec![(1, 0)]),
+            ("a", vec![(1, m), (2, 0)]),
+            ("logits", vec![(3, 0)]),
+            ("gi", vec![(4, 1), (5, 2), (6, 2)]),
+            ("xs", vec![(5, 0)]),
+            ("gw", vec![(6, 1)]),
+            ("y", vec![(7, 0)]),
+        ]
+    );
+}
+
+/// The executor's recompute schedule for two layers under full recompute, worked out by
+/// hand. Layer 0 is one add of the inputs (no backward step: its segment is never
+/// re-run); layer 1 makes a, b, h0, c; layer 2 d, e, h1, h2. Steps run ops 10..1
+/// (step = 10 − op); layer 1 re-runs before step 6 (its last op, lin1), layer 2 before
+/// step 2.
+/// - a: read again only by layer 1 (gelu0): dropped, freed after its last forward reader.
+/// - b: saved by layer 2's lin2 (step 5) and read by layer 1's add: kept, freed after step
+///   5, not held until layer 1's re-run (step 6); the re-run's copy is freed after its
+///   last reader there.
+/// - h0: read back only by layer 1 (lin1, step 6) but read by layer 2's add in the
+///   forward, which re-runs first: kept, not dropped; still live when layer 1 re-runs
+///   (freed after step 6), so that re-run leaves it alone.
+/// - c: read by no backward step, but by layer 2's re-run: kept until step 2.
+/// - d dropped; e and h1 read by no step: freed in the forward and in the re-run after
+///   their last reader; h2 saved by the head (step 1), freed again right after the
+///   re-run remakes it; the loss is never freed.
+#[test]
+fn full_recompute_schedule_by_hand() {
+    let g = small_graph(
+        &[
+            ("pre", OpKind::Add, &["x", "x"], &["xx"], 0),
+            ("lin0", OpKind::Linear, &["xx", "w0"], &["a"], 1),
+            ("gelu0", OpKind::Gelu, &["a"], &["b"], 1),
+            ("add0", OpKind::Add, &["a", "b"], &["h0"], 1),
+            ("lin1", OpKind::Linear, &["h0", "w1"], &["c"], 1),
+            ("lin2", OpKind::Linear, &["b", "w2"], &["d"], 2),
+            ("gelu1", OpKind::Gelu, &["d"], &["e"], 2),
+            ("add1", OpKind::Add, &["e", "h0"], &["h1"], 2),
+            ("add2", OpKind::Add, &["h1", "c"], &["h2"], 2),
+            ("head", OpKind::Linear, &["h2", "wh"], &["logits"], -1),
+            ("ce", OpKind::CrossEntropy, &["logits", "tgt"], &["loss"], -1),
+        ],
+        &[("wh", &[8, 4]), ("logits", &[1, 2, 8]), ("tgt", &[1, 2]), ("loss", &[])],
+    );
+    let plan = runner_graph::autodiff::backward_plan(&g).unwrap();
+    assert_eq!(plan.steps.iter().map(|s| s.op).collect::<Vec<_>>(), (1..=10).rev().collect::<Vec<_>>());
+    let s = recompute::schedule(&g, &plan, RecomputePolicy::Full);
+    let each = |lists: &[Vec<runner_graph::TensorId>]| lists.iter().map(|l| names(&g, l)).collect::<Vec<_>>();
+    assert_eq!(s.segments, [vec![1, 2, 3, 4], vec![5, 6, 7, 8]]);
+    let mut rerun = vec![None; 10];
+    (rerun[2], rerun[6]) = (Some(1), Some(0));
+    assert_eq!(s.rerun_before_step, rerun);
+    assert_eq!(names(&g, &s.dropped), ["a", "d"]);
+    let e: Vec<&str> = Vec::new();
+    assert_eq!(each(&s.free_after_forward), [e.clone(), e.clone(), e.clone(), vec!["a"], e.clone(), e.clone(), vec!["d"], vec!["e"], vec!["h1"], e.clone(), e.clone()]);
+    assert_eq!(
+        each(&s.free_saved_after_step),
+        [vec!["logits"], vec!["h2"], vec!["c"], e.clone(), vec!["d"], vec!["b"], vec!["h0"], e.clone(), vec!["a"], vec!["xx"]]
+    );
+    assert_eq!(each(&s.free_after_rerun[0]), [e.clone(), e.clone(), vec!["b"], vec!["c"]]);
+    assert_eq!(each(&s.free_after_rerun[1]), [e.clone(), e.clone(), vec!["e"], vec!["h1", "h2"]]);
+    let mut keep_aux = vec![false; 11];
+    (keep_aux[0], keep_aux[9], keep_aux[10]) = (true, true, true);
+    assert_eq!(s.keep_aux, keep_aux);
+    let mut rerun_keeps = vec![true; 11];
+    rerun_keeps[0] = false;
+    assert_eq!(s.rerun_keeps_aux, rerun_keeps, "the first add has no backward step");
+    // Without recompute the lists are the plan's own; with selective recompute and no
+    // attention core nothing is re-run.
+    let none = recompute::schedule(&g, &plan, RecomputePolicy::None);
+    assert!(none.segments.is_empty() && none.dropped.is_empty());
+    assert_eq!((none.free_after_forward, none.free_saved_after_step), (plan.free_after_forward.clone(), plan.free_saved_after_step.clone()));
+    let sel = recompute::schedule(&g, &plan, RecomputePolicy::Selective);
+    assert!(sel.segments.is_empty() && sel.dropped.is_empty() && sel.keep_aux.iter().all(|&k| k));
+}
