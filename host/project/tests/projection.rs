@@ -1538,3 +1538,86 @@ fn builtin_plans_keep_heads_routers_and_the_nvfp4_tail_in_bf16() {
         assert_eq!(layer_format(p), want, "layer {p} of {n}");
     }
 }
+
+/// The verdicts of a search, in the order the output lists them: the winner's family, then
+/// the slower ones by how much slower (the factor their best layout's step time over the
+/// winner's, never below 1), then memory, then divisibility, each kind by name. A layout
+/// without a pipeline has nothing to split, so none is offered with the embedding or the
+/// loss counted as a layer.
+#[test]
+fn search_verdicts_name_the_factor_in_order() {
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    let f = search::search(&mut pr, 8, 64, &Space::default(), 2000);
+    let w = f.best[0].step_time_s;
+    let rank = |v: &Verdict| match v {
+        Verdict::Best { .. } => 0,
+        Verdict::Speed { .. } => 1,
+        Verdict::HostMemory { .. } => 2,
+        Verdict::Memory { .. } => 3,
+        Verdict::Divisibility { .. } => 4,
+    };
+    let mut speeds = 0;
+    for fam in &f.families {
+        if let Verdict::Speed { step_time_s, slower, .. } = fam.verdict {
+            assert_eq!(slower, step_time_s / w, "{}", fam.name);
+            assert!(slower >= 1.0, "{}: {slower}", fam.name);
+            speeds += 1;
+        }
+    }
+    assert!(speeds >= 2, "{:?}", f.families);
+    assert!(matches!(f.families[0].verdict, Verdict::Best { .. }));
+    assert!(f.best.iter().filter(|p| p.layout.pp == 1).all(|p| p.layout.split.is_even()), "a split without a pipeline");
+    assert!(f.best.iter().any(|p| p.layout.pp == 1));
+    // Llama 3.1 405B on 8 GPUs: memory (least first) and divisibility (tp·cp of 16 on 8 GPUs).
+    let mut pr = projector("llama3.1-405b", 8192, "h100", Recipe::Bf16);
+    let big = search::search(&mut pr, 8, 16, &Space::default(), 5).families;
+    assert!(big.iter().filter(|fam| rank(&fam.verdict) == 3).count() >= 2, "{big:?}");
+    // What comes closest recomputes every layer, named so (no count of layers).
+    for fam in &big {
+        if let Verdict::Memory { layout, .. } = &fam.verdict {
+            assert!(layout.ends_with(" RC-full"), "{}: {layout}", fam.name);
+        }
+    }
+    // Llama 3.1 8B on 6 GPUs at 3 sequences a step: the batch does not divide by dp 6.
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    let odd = search::search(&mut pr, 6, 3, &Space::default(), 5).families;
+    assert!(odd.iter().filter(|fam| rank(&fam.verdict) == 4).count() >= 2, "{odd:?}");
+    for pair in f.families.windows(2).chain(big.windows(2)).chain(odd.windows(2)) {
+        let (a, b) = (&pair[0], &pair[1]);
+        assert!(rank(&a.verdict) <= rank(&b.verdict), "{} before {}", a.name, b.name);
+        match (&a.verdict, &b.verdict) {
+            (Verdict::Speed { slower: x, .. }, Verdict::Speed { slower: y, .. }) => assert!(x <= y, "{} before {}", a.name, b.name),
+            (Verdict::Memory { need_gib: x, .. }, Verdict::Memory { need_gib: y, .. }) => assert!(x <= y, "{} before {}", a.name, b.name),
+            (Verdict::Divisibility { .. }, Verdict::Divisibility { .. }) => assert!(a.name < b.name, "{} before {}", a.name, b.name),
+            _ => {}
+        }
+    }
+}
+
+/// FSDP shards over dp·cp, so it is searched where cp > 1 even without data parallelism
+/// (TP4 CP2 on 8 GPUs), and its family is named FSDP, not also DP, where dp > 1.
+#[test]
+fn the_search_shards_fsdp_over_cp_alone() {
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    let space = Space { tp: Some(4), cp: Some(2), fsdp: Some(true), ..Space::default() };
+    let f = search::search(&mut pr, 8, 16, &Space { pp: Some(1), ..space.clone() }, 3);
+    assert!(!f.best.is_empty() && f.best.iter().all(|p| p.layout.fsdp && p.layout.cp == 2 && p.layout.dp == 1), "{:?}", f.families);
+    let f = search::search(&mut pr, 16, 32, &Space { pp: Some(1), ..space }, 3);
+    assert!(f.best.iter().all(|p| p.layout.dp == 2));
+    let names: Vec<&str> = f.families.iter().map(|fam| fam.name.as_str()).collect();
+    assert_eq!(names, ["TP+CP+FSDP"]);
+}
+
+/// The search's pipelines reach the model's depth (Llama 3.1 8B's 32 layers on PP32, one a
+/// stage) and the interleaving fills every chunk where the embedding and the loss count as
+/// layers (Llama 3.1 405B's 126 + 2 units on PP16 VP8, Megatron-Bridge's recipe).
+#[test]
+fn the_search_reaches_one_layer_per_chunk() {
+    let mut pr = projector("llama3.1-8b", 8192, "h100", Recipe::Bf16);
+    let f = search::search(&mut pr, 32, 64, &Space { tp: Some(1), cp: Some(1), mbs: Some(1), fsdp: Some(false), ..Space::default() }, 2000);
+    assert!(f.best.iter().any(|p| p.layout.pp == 32), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
+    let mut pr = projector("llama3.1-405b", 8192, "h100", Recipe::Bf16);
+    let space = Space { tp: Some(8), pp: Some(16), cp: Some(1), mbs: Some(1), fsdp: Some(false), ..Space::default() };
+    let f = search::search(&mut pr, 256, 512, &space, 2000);
+    assert!(f.best.iter().any(|p| p.layout.vp == 8 && p.layout.split == runner_graph::pipeline::PipelineSplit::megatron(true, true)), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
+}
