@@ -339,6 +339,66 @@ mod tests {
         }
     }
 
+    /// eps goes inside the square root, once: rstd = 1/sqrt(mean + eps). The tests above
+    /// use eps = 1e-5 on rows of mean square ~0.3, where 1/(sqrt(ms) + eps) and no eps at
+    /// all differ from it by ~2e-6 relative, inside their tolerance. Here rows of 1e-3
+    /// (mean square 3e-7, under eps = 1e-6) and a large eps (0.1) tell them apart by
+    /// percents; LayerNorm rows at a mean of 100 also fail a one-pass variance
+    /// E[x²] − mean², which loses ~1% of the variance there in f32.
+    #[test]
+    fn norms_add_eps_inside_the_sqrt() {
+        let mut rng = rng(24);
+        let (n, c) = (5, 48);
+        for (scale, eps) in [(1e-3f32, 1e-6f32), (1.0, 0.1)] {
+            let x: Vec<f32> = randn(&mut rng, n * c).iter().map(|v| v * scale).collect();
+            let w = randn(&mut rng, c);
+            let (mut out, mut rs) = (vec![f32::NAN; n * c], vec![f32::NAN; n]);
+            rmsnorm_forward(&mut out, &mut rs, &x, &w, c, eps).unwrap();
+            let want = r::rmsnorm(&f64s(&x), &f64s(&w), c, eps as f64);
+            assert_close(
+                &format!("rmsnorm x·{scale} eps {eps}"),
+                &out,
+                &want,
+                1e-5,
+                1e-5,
+            );
+            let want_rs: Vec<f64> = x
+                .chunks(c)
+                .map(|r| 1.0 / (dot64(&f64s(r), &f64s(r)) / c as f64 + eps as f64).sqrt())
+                .collect();
+            assert_close(
+                &format!("rmsnorm rstd x·{scale} eps {eps}"),
+                &rs,
+                &want_rs,
+                0.0,
+                1e-5,
+            );
+        }
+        for (scale, offset, eps) in [
+            (1e-3f32, 0.0f32, 1e-6f32),
+            (1.0, 0.0, 0.1),
+            (1.0, 100.0, 1e-5),
+        ] {
+            let x: Vec<f32> = randn(&mut rng, n * c)
+                .iter()
+                .map(|v| v * scale + offset)
+                .collect();
+            let (w, b) = (randn(&mut rng, c), randn(&mut rng, c));
+            let (mut out, mut m, mut rs) =
+                (vec![f32::NAN; n * c], vec![f32::NAN; n], vec![f32::NAN; n]);
+            layernorm_forward(&mut out, &mut m, &mut rs, &x, &w, &b, c, eps).unwrap();
+            let want = r::layernorm(&f64s(&x), &f64s(&w), &f64s(&b), c, eps as f64);
+            // at a mean of 100 the f32 mean is off by ~1e-5 (ulp 8e-6): ~3e-5 on out
+            assert_close(
+                &format!("layernorm x·{scale}+{offset} eps {eps}"),
+                &out,
+                &want,
+                1e-4,
+                1e-4,
+            );
+        }
+    }
+
     #[test]
     fn norms_reject_bad_shapes() {
         let mut out = vec![0.0; 6];
