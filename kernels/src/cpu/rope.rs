@@ -248,6 +248,28 @@ mod tests {
         );
     }
 
+    /// θ must be finite as well as positive: θ = ∞ would pass a `> 0` test and make every
+    /// frequency but the first 0 (those pairs silently unrotated).
+    #[test]
+    fn rope_rejects_a_non_finite_theta() {
+        let ok = Rope {
+            b: 1,
+            t: 2,
+            h: 1,
+            d: 4,
+            rot_dim: 4,
+            theta: 1e4,
+            pos_offset: 0,
+            cp: None,
+        };
+        let mut out = vec![0.0; 8];
+        for theta in [f32::INFINITY, f32::NAN, f32::NEG_INFINITY] {
+            let err = rope_forward(&mut out, &[0.0; 8], Rope { theta, ..ok }).unwrap_err();
+            assert!(format!("{err:?}").contains("theta"), "{err:?}");
+            assert!(rope_backward(&mut out, &[0.0; 8], Rope { theta, ..ok }).is_err());
+        }
+    }
+
     /// Context-parallel ranks: cp sizes 1 to 3, odd chunk lengths, partial rotary and a
     /// position offset.
     fn cp_cases() -> Vec<Rope> {
