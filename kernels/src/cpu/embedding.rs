@@ -210,6 +210,22 @@ mod tests {
         assert!(embedding_forward(&mut out, &[0, 1], &w[..11], 3).is_err());
     }
 
+    /// A row sums its positions' gradients in token order, whole table and shard alike
+    /// (so a tp-sharded table's gradient is the unsharded one bit for bit). Values where
+    /// f32 addition order shows: 1 + 1e8 − 1e8 is 0 left to right, 1 right to left. The
+    /// other tests' random rows of ~3 terms sum alike in either order.
+    #[test]
+    fn embedding_rows_sum_their_gradients_in_token_order() {
+        let tokens = [2u32, 0, 2, 2];
+        let dout = [1.0f32, 5.0, 1e8, -1e8];
+        let mut dw = vec![0.0f32; 3];
+        embedding_backward(&mut dw, &dout, &tokens, 1).unwrap();
+        assert_eq!(dw, [5.0, 0.0, 0.0]);
+        let mut ds = vec![0.0f32; 2];
+        embedding_shard_backward(&mut ds, &dout, &tokens, 1, 1).unwrap();
+        assert_eq!(ds, [0.0, 0.0]);
+    }
+
     #[test]
     fn a_vocab_shard_reads_and_updates_only_its_rows() {
         let mut rng = rng(12);
