@@ -926,6 +926,39 @@ mod tests {
         }
     }
 
+    /// Scores in the hundreds (q 100 times larger than `inputs`' own): exp of an
+    /// unshifted score overflows f32 past 88, so the online softmax must subtract its
+    /// running max. The other tests keep scores under ~15, where a softmax without the
+    /// max subtraction gives the same values. The backward rebuilds P from lse and must
+    /// stay finite too.
+    #[test]
+    fn attention_softmax_survives_scores_in_the_hundreds() {
+        let mut rng = rng(46);
+        for a in [
+            mk(1, 70, 2, 1, 16, 8, true, None), // two key tiles: the max moves across them
+            mk(1, 9, 2, 2, 8, 8, false, None),
+        ] {
+            let (q, k, v) = inputs(&mut rng, &a);
+            let q: Vec<f32> = q.iter().map(|x| 100.0 * x).collect();
+            let mut out = vec![f32::NAN; a.b * a.t * a.h * a.dv];
+            let mut lse = vec![f32::NAN; a.b * a.h * a.t];
+            attention_forward(&mut out, &mut lse, &q, &k, &v, a).unwrap();
+            let (wo, wl) = r::attention(&f64s(&q), &f64s(&k), &f64s(&v), &a);
+            assert!(wl.iter().any(|&l| l > 200.0), "scores not large enough");
+            // f32 scores of ~300 are off by ~3e-5, and P by that relative
+            assert_close(&format!("big-score out {a:?}"), &out, &wo, 2e-4, 2e-4);
+            assert_close(&format!("big-score lse {a:?}"), &lse, &wl, 1e-4, 1e-5);
+            let rr = randn(&mut rng, out.len());
+            let (mut dq, mut dk, mut dv) = (
+                vec![f32::NAN; q.len()],
+                vec![f32::NAN; k.len()],
+                vec![f32::NAN; v.len()],
+            );
+            attention_backward(&mut dq, &mut dk, &mut dv, &rr, &q, &k, &v, &out, &lse, a).unwrap();
+            assert!(dq.iter().chain(&dk).chain(&dv).all(|x| x.is_finite()));
+        }
+    }
+
     #[test]
     fn attention_rejects_bad_shapes() {
         let a = mk(1, 4, 4, 2, 2, 2, true, None);
