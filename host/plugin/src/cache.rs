@@ -240,3 +240,102 @@ mod unix {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("runner-cache-unit-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// An entry cut short anywhere (a full disk, a killed writer) is refused as an entry,
+    /// never read past its end: only its magic, its magic and part of the tag, the magic and
+    /// the whole tag but no code (a tag over no code is not the tag written), or its code
+    /// cut by a byte. (A hand mutation audit found a length check that allowed the magic
+    /// alone passed every test: the short entry then panicked in `split_at`.)
+    #[test]
+    fn a_truncated_entry_is_refused_not_read_past_its_end() {
+        let dir = scratch("short");
+        let cache = Cache::open(&dir).unwrap();
+        let sha = "ab".repeat(32);
+        cache.put(&sha, "e", b"compiled code");
+        let path = cache.path(&sha, "e");
+        let whole = std::fs::read(&path).unwrap();
+        assert_eq!(whole.len(), MAGIC.len() + TAG + 13);
+        for len in [0, MAGIC.len(), MAGIC.len() + 1, MAGIC.len() + TAG - 1, MAGIC.len() + TAG, whole.len() - 1] {
+            std::fs::write(&path, &whole[..len]).unwrap();
+            assert_eq!(cache.get(&sha, "e"), Err(()), "an entry cut to {len} bytes");
+        }
+        std::fs::write(&path, &whole).unwrap();
+        assert_eq!(cache.get(&sha, "e"), Ok(Some(b"compiled code".to_vec())));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Group permissions count as others': a directory its group may write to is refused,
+    /// one its group may only read is tightened to 0700, and a key its group may read is
+    /// refused. Entries and the key are written 0600. (The integration tests used 0777, 0755
+    /// and 0644, which the others' bits alone refuse: checks of only those bits passed them.)
+    #[test]
+    fn group_permissions_count_as_others() {
+        let dir = scratch("group");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770)).unwrap();
+        let err = Cache::open(&dir).err().expect("a group-writable directory is refused");
+        assert!(err.contains("can be written by others (mode 770)"), "{err}");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).unwrap();
+        let cache = Cache::open(&dir).unwrap();
+        assert_eq!(mode(&dir), 0o700, "a group-readable directory is tightened");
+        let key = dir.join(KEY_FILE);
+        assert_eq!(mode(&key), 0o600);
+        cache.put(&"ab".repeat(32), "e", b"code");
+        assert_eq!(mode(&cache.path(&"ab".repeat(32), "e")), 0o600);
+        std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let err = Cache::open(&dir).err().expect("a group-readable key is refused");
+        assert!(err.contains("not a private 32-byte file"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// An entry whose rename fails (here the entry's name is taken by a directory) leaves
+    /// no temporary file behind: each failed store would otherwise leave a whole compiled
+    /// component in the cache, on every run. The directory entry is refused, not read.
+    #[test]
+    fn a_store_that_cannot_be_renamed_leaves_no_temporary_file() {
+        let dir = scratch("rename");
+        let cache = Cache::open(&dir).unwrap();
+        let sha = "cd".repeat(32);
+        std::fs::create_dir_all(cache.path(&sha, "e").join("occupied")).unwrap();
+        cache.put(&sha, "e", b"compiled code");
+        let left: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{left:?}");
+        assert_eq!(cache.get(&sha, "e"), Err(()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Two caches draw two keys: an entry of one, copied into the other, is refused.
+    #[test]
+    fn each_cache_draws_its_own_key() {
+        let (a, b) = (scratch("key-a"), scratch("key-b"));
+        let (ca, cb) = (Cache::open(&a).unwrap(), Cache::open(&b).unwrap());
+        assert_ne!(ca.key, cb.key);
+        assert_ne!(ca.key, [0; 32]);
+        let sha = "ef".repeat(32);
+        ca.put(&sha, "e", b"code");
+        std::fs::copy(ca.path(&sha, "e"), cb.path(&sha, "e")).unwrap();
+        assert_eq!(cb.get(&sha, "e"), Err(()));
+        let _ = std::fs::remove_dir_all(&a);
+        let _ = std::fs::remove_dir_all(&b);
+    }
+}

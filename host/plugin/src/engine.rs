@@ -134,3 +134,37 @@ pub fn compile_with(
         unsafe { Component::deserialize(engine, &compiled) }.map_err(|e| format!("{e:#}"))?;
     Ok((component, outcome))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The hex is two digits a byte (a byte below 0x10 keeps its leading 0): "abc"'s sha256
+    /// has three such bytes.
+    #[test]
+    fn sha256_hex_is_the_standard_digest() {
+        assert_eq!(
+            sha256_hex(b"abc"),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+        );
+    }
+
+    /// An entry whose tag verifies but which this engine cannot deserialise (written by a
+    /// runner whose wasmtime had the same compatibility hash but another format, or cut
+    /// short before it was tagged) costs a recompilation, not the plugin: compiled, the
+    /// entry replaced, and the next compile a hit.
+    #[test]
+    fn a_verified_entry_that_does_not_deserialise_is_recompiled_and_replaced() {
+        let dir = std::env::temp_dir().join(format!("runner-engine-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cache = Cache::open(&dir).unwrap();
+        let bytes = crate::embedded().iter().map(|(_, _, b)| *b).min_by_key(|b| b.len()).unwrap();
+        let sha = sha256_hex(bytes);
+        cache.put(&sha, &engine_key(engine()), b"not a compiled component");
+        let (_, outcome) = compile_with(bytes, &sha, &cache).expect("recompiled");
+        assert_eq!(outcome, CacheOutcome::Miss);
+        let (_, outcome) = compile_with(bytes, &sha, &cache).unwrap();
+        assert_eq!(outcome, CacheOutcome::Hit, "the entry was replaced");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
