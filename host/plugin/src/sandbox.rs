@@ -257,6 +257,13 @@ fn captured_output(bytes: &[u8]) -> String {
     out
 }
 
+/// The epoch deadline of a call of `timeout_ms`, in ticks from now: the whole ticks that
+/// cover the timeout, plus one for the tick under way (it may end at once), so a call runs
+/// at least its timeout and less than two ticks more.
+fn deadline_ticks(timeout_ms: u64) -> u64 {
+    timeout_ms.div_ceil(TICK.as_millis() as u64).max(1) + 1
+}
+
 /// Generated bindings that can be instantiated from a pre-instantiation (built once per
 /// plugin at load).
 pub trait World: Sized {
@@ -331,13 +338,7 @@ impl<W: World> Sandboxed<W> {
             self.live = Some((store, instance));
         }
         let (store, instance) = self.live.as_mut().expect("instance is live");
-        let ticks = self
-            .limits
-            .call_timeout_ms
-            .div_ceil(TICK.as_millis() as u64)
-            .max(1)
-            + 1;
-        store.set_epoch_deadline(ticks);
+        store.set_epoch_deadline(deadline_ticks(self.limits.call_timeout_ms));
         store.data_mut().logged = 0;
         match f(store, instance) {
             Ok(r) => {
@@ -439,5 +440,103 @@ mod tests {
         }
         assert_eq!(logged, MAX_LOG_LINES);
         assert_eq!(admit_log_line(&mut logged, "one too many"), None);
+    }
+
+    /// A call's deadline covers its timeout in whole ticks plus the tick under way: the
+    /// call runs at least its timeout, and less than two ticks more. (A hand mutation audit
+    /// found the timeout read as ticks, 5 times too long, and the tick under way left out,
+    /// up to a tick too short, passed every test: the one timeout test allowed 5 s.)
+    #[test]
+    fn a_call_deadline_covers_its_timeout_in_whole_ticks() {
+        let tick = TICK.as_millis() as u64;
+        for timeout_ms in [1, 4, 5, 6, 200, 10_000, 1 << 40] {
+            let ticks = deadline_ticks(timeout_ms);
+            assert!((ticks - 1) * tick >= timeout_ms, "{timeout_ms} ms: {ticks} ticks end early");
+            assert!((ticks - 2) * tick < timeout_ms, "{timeout_ms} ms: {ticks} ticks run a tick long");
+        }
+    }
+
+    /// The cap is `memory_mib` MiB exactly, saturating rather than wrapping.
+    #[test]
+    fn a_store_caps_memory_at_memory_mib() {
+        let store = new_store("p", Limits { memory_mib: 64, ..Limits::default() }, None);
+        assert_eq!(store.data().limiter.memory_cap, 64 << 20);
+        let store = new_store("p", Limits { memory_mib: u64::MAX, ..Limits::default() }, None);
+        assert_eq!(store.data().limiter.memory_cap, usize::MAX);
+    }
+
+    /// Exactly 4 KiB of output is shown whole; past it the cut falls on character
+    /// boundaries (here inside two-byte characters at both ends, where slicing would panic);
+    /// the note on a full capture starts where a 4 KiB write no longer fits.
+    #[test]
+    fn captured_output_is_cut_past_4_kib_on_character_boundaries() {
+        let exact = "y".repeat(4096);
+        assert_eq!(captured_output(exact.as_bytes()), exact);
+        let text = format!("x{}y", "\u{e9}".repeat(3000));
+        let shown = captured_output(text.as_bytes());
+        assert!(shown.starts_with(&format!("x{}", "\u{e9}".repeat(1023))), "{}", &shown[..16]);
+        assert!(shown.contains(" [1908 bytes left out] "), "{shown}");
+        assert!(shown.ends_with(&format!("{}y", "\u{e9}".repeat(1023))));
+        assert!(!captured_output(&vec![b'z'; PIPE_CAPACITY - 4096]).contains("filled the 64 KiB"));
+        assert!(captured_output(&vec![b'z'; PIPE_CAPACITY - 4095]).contains("filled the 64 KiB"));
+    }
+
+    /// A sandboxed instance of the embedded bf16 precision plugin.
+    fn bf16(limits: Limits) -> Sandboxed<v3::precision::PrecisionPlugin> {
+        let (name, _, bytes) = *crate::embedded().iter().find(|(n, _, _)| *n == "bf16.wasm").unwrap();
+        let plugin = crate::load_bytes(name, crate::Source::Embedded, bytes).unwrap();
+        let crate::Pre::PrecisionV3(pre) = plugin.pre.clone() else { panic!("bf16 is a 0.3 precision plugin") };
+        Sandboxed::new(name, pre, limits)
+    }
+
+    /// The instance's life, driven from the host side of a call: kept at half its cap,
+    /// replaced past it; each call's log budget starts afresh; any failure discards the
+    /// instance and is classified: an interrupt as the timeout, a refused growth as the cap
+    /// (by its type, or by the limiter's record when the error that follows is another),
+    /// anything else as a trap whose message is escaped. (A hand mutation audit found each of
+    /// these could go with every test of this crate passing.)
+    #[test]
+    fn an_instance_is_recycled_past_half_its_cap_and_discarded_after_any_failure() {
+        let limits = Limits { memory_mib: 64, call_timeout_ms: 300 };
+        let cap = 64usize << 20;
+        let mut s = bf16(limits);
+        s.call("x", |st, _| {
+            st.data_mut().limiter.memory = cap / 2;
+            st.data_mut().logged = MAX_LOG_LINES;
+            Ok(())
+        })
+        .unwrap();
+        assert!(s.live.is_some(), "at half its cap an instance is kept");
+        let logged = s.call("x", |st, _| Ok(st.data().logged)).unwrap();
+        assert_eq!(logged, 0, "a call's log budget starts afresh");
+        s.call("x", |st, _| {
+            st.data_mut().limiter.memory = cap / 2 + 1;
+            Ok(())
+        })
+        .unwrap();
+        assert!(s.live.is_none(), "past half its cap it is replaced");
+
+        let fail = |s: &mut Sandboxed<v3::precision::PrecisionPlugin>, e: fn(&mut Store<HostState>) -> wasmtime::Error| {
+            let err = s.call("plan", |st, _| Err::<(), _>(e(st))).unwrap_err();
+            assert!(s.live.is_none(), "the failed instance was discarded: {err}");
+            assert_eq!((err.plugin.as_str(), err.call.as_str()), ("bf16.wasm", "plan"));
+            err.failure
+        };
+        assert_eq!(fail(&mut s, |_| wasmtime::Error::new(Trap::Interrupt)), Failure::Timeout { limit_ms: 300 });
+        let oom = Failure::OutOfMemory { limit_mib: 64 };
+        assert_eq!(fail(&mut s, |_| wasmtime::Error::new(MemoryCapExceeded { requested: (64 << 20) + 1, cap: 64 << 20 })), oom);
+        assert_eq!(
+            fail(&mut s, |st| {
+                let cap = st.data().limiter.memory_cap;
+                let refused = st.data_mut().limiter.memory_growing(0, cap + 1, None).unwrap_err();
+                wasmtime::Error::msg(format!("a trap after: {refused}"))
+            }),
+            oom
+        );
+        let Failure::Trap { message, .. } = fail(&mut s, |_| wasmtime::Error::msg("boom \u{1b}[2J")) else {
+            panic!("a trap")
+        };
+        assert_eq!(message, "boom \\u{1b}[2J");
+        assert!(s.call("x", |_, _| Ok(())).is_ok(), "a fresh instance serves the next call");
     }
 }
