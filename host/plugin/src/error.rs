@@ -132,4 +132,41 @@ mod tests {
         assert!(text.contains("line 4\n    [76 lines left out]\n    line 81"), "{text}");
         assert!(text.contains("line 99\n    boom") && !text.contains("line 5\n"), "{text}");
     }
+
+    /// Every message names the plugin (escaped: a file name can hold a terminal sequence)
+    /// and, for a failure in a call, the call; a plugin's own refusal is escaped too.
+    #[test]
+    fn every_message_names_the_plugin_escaped_and_the_call() {
+        let plugin = "evil\u{1b}[2J.wasm";
+        for failure in [
+            Failure::Load("no such file".into()),
+            Failure::Contract("0.4.0".into()),
+            Failure::Trap { message: "unreachable".into(), stderr: String::new() },
+            Failure::Timeout { limit_ms: 300 },
+            Failure::OutOfMemory { limit_mib: 64 },
+            Failure::Invalid("total is NaN".into()),
+            Failure::Refused("sold out \u{1b}[31m".into()),
+            Failure::NotAsked("no price".into()),
+        ] {
+            let in_call = !matches!(failure, Failure::Load(_) | Failure::Contract(_));
+            let text = PluginError::new(plugin, "graph", failure).to_string();
+            assert!(text.contains("'evil\\u{1b}[2J.wasm'"), "{text}");
+            assert!(!text.contains('\u{1b}'), "{text:?}");
+            assert!(!in_call || text.contains("`graph`"), "{text}");
+        }
+    }
+
+    /// Up to 30 lines of stderr are shown whole; from 31 the first 5 and the last 20.
+    #[test]
+    fn thirty_lines_of_stderr_are_shown_whole_and_thirty_one_cut() {
+        let lines = |n: usize| (0..n).map(|i| format!("line {i}")).collect::<Vec<_>>().join("\n");
+        let shown = |n| {
+            let trap = Failure::Trap { message: "unreachable".into(), stderr: lines(n) };
+            PluginError::new("x.wasm", "graph", trap).to_string()
+        };
+        let thirty = shown(30);
+        assert!(thirty.contains("line 0\n") && thirty.contains("line 29\n") && !thirty.contains("left out"), "{thirty}");
+        let cut = shown(31);
+        assert!(cut.contains("line 4\n    [6 lines left out]\n    line 11\n"), "{cut}");
+    }
 }
