@@ -595,4 +595,17 @@ mod tests {
             assert_eq!(g.ops[0].kind, ir);
         }
     }
+
+    /// A text attribute's value is a name: printable, not empty, bounded. (A hand mutation
+    /// audit found this check could go with every test passing, the property tests too:
+    /// nothing prints a text attribute, so a terminal sequence in one passed silently into
+    /// the IR.)
+    #[test]
+    fn a_text_attribute_is_a_printable_name() {
+        let text = |v: &str| vec![wit::Attribute { key: "score".into(), value: wit::AttrValue::Text(v.into()) }];
+        assert!(graph_to_ir(&linear_graph(vec![4], text("softmax"))).is_ok());
+        graph_refused(&linear_graph(vec![4], text("soft\u{1b}[2Jmax")), "operation 'op': a text attribute 'soft\\u{1b}[2Jmax' contains the control character U+001B");
+        graph_refused(&linear_graph(vec![4], text(" ")), "operation 'op': a text attribute is empty");
+        graph_refused(&linear_graph(vec![4], text(&"x".repeat(5000))), "operation 'op': a text attribute is 5000 bytes long");
+    }
 }
