@@ -332,7 +332,11 @@ impl<W: World> Sandboxed<W> {
     ) -> Result<R, PluginError> {
         if self.live.is_none() {
             let mut store = new_store(&self.name, self.limits, self.input.as_ref());
-            store.set_epoch_deadline(u64::MAX / 2);
+            // Instantiation runs guest code too (a component's start functions), so it has
+            // the call's deadline: a start function that loops must not hang the host.
+            // Rust-built plugins run their constructors inside the first export call
+            // instead, so no test program reaches this; a hand-made component could.
+            store.set_epoch_deadline(deadline_ticks(self.limits.call_timeout_ms));
             let instance = W::instantiate(&self.pre, &mut store)
                 .map_err(|e| self.classify(call, e, &store))?;
             self.live = Some((store, instance));
