@@ -1234,18 +1234,24 @@ mod tests {
     /// good, and no rank after it heard anything; then, with the answers written at once,
     /// rank 2 went on to the mesh and failed only at its own timeout, 8 s here, "cannot
     /// reach rank 1".)
+    /// Rank 0's listener with small send buffers (its connections inherit them), so that
+    /// an answer to a world of 1000 fills them when the other side does not read.
+    fn small_send_buffers(rt: &tokio::runtime::Runtime) -> std::net::TcpListener {
+        rt.block_on(async {
+            let s = tokio::net::TcpSocket::new_v4().unwrap();
+            s.set_send_buffer_size(4096).unwrap();
+            s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+            s.listen(2048).unwrap().into_std().unwrap()
+        })
+    }
+
     #[test]
     fn a_rank_that_does_not_take_its_answer_holds_no_other() {
         let n = 1000;
         let rt = runtime().unwrap();
         // Small send buffers on rank 0's listener (its connections inherit them), a small
         // receive buffer on the rank that does not read: the answer (14 kB) fills both.
-        let held = rt.block_on(async {
-            let s = tokio::net::TcpSocket::new_v4().unwrap();
-            s.set_send_buffer_size(4096).unwrap();
-            s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            s.listen(2048).unwrap().into_std().unwrap()
-        });
+        let held = small_send_buffers(&rt);
         let at = held.local_addr().unwrap();
         let start = Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -1303,12 +1309,7 @@ mod tests {
     fn a_rank_that_breaks_its_connection_after_the_welcome_is_named() {
         let n = 1000;
         let rt = runtime().unwrap();
-        let held = rt.block_on(async {
-            let s = tokio::net::TcpSocket::new_v4().unwrap();
-            s.set_send_buffer_size(4096).unwrap();
-            s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
-            s.listen(2048).unwrap().into_std().unwrap()
-        });
+        let held = small_send_buffers(&rt);
         let at = held.local_addr().unwrap();
         let start = Instant::now();
         let (tx, rx) = std::sync::mpsc::channel();
