@@ -301,7 +301,7 @@ fn plugins_validate_reports_each_call() {
     let o = runner(&dir, &["plugins", "validate", misbehave]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("ok: 10 instances, 1 never quoted, on GPUs no profile describes: exotic (H1000)"), "{out}");
+    assert!(out.contains("ok: 11 instances, 1 never quoted, on GPUs no profile describes: exotic (H1000)"), "{out}");
     assert!(!runner(&dir, &["plugins", "validate", "cloud.wasm"]).stdout.windows(5).any(|w| w == b"never"));
 }
 
