@@ -1271,10 +1271,12 @@ impl Costed {
         let step = breakdown.total();
         // Memory, the most loaded stage.
         let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
+        // The EP overlap's combined 1F1B warms up one chunk forward more (`in_flight`).
+        let extra_warmup = s.ep_overlap && key.ep > 1;
         // Offloaded activations wait in host memory for their backward, for every
         // micro-batch in flight, as they would have on the GPU.
         let host_gib = (0..pp)
-            .map(|st| self.in_flight(st, pp, vp, m) * stages[st].host * (1.0 + self.slack) / GIB)
+            .map(|st| self.in_flight(st, pp, vp, m, extra_warmup) * stages[st].host * (1.0 + self.slack) / GIB)
             .fold(0.0, f64::max);
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
@@ -1308,9 +1310,9 @@ impl Costed {
             } else {
                 w + cast * lw
             };
-            let a = self.in_flight(st, pp, vp, m) * stages[st].acts
+            let a = self.in_flight(st, pp, vp, m, extra_warmup) * stages[st].acts
                 + stages[st].offload
-                + if st == 0 { self.in_flight(0, pp, vp, m) * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
+                + if st == 0 { self.in_flight(0, pp, vp, m, extra_warmup) * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
                 + if st == pp - 1 { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
             let a = a * (1.0 + self.slack);
             let total = (w + g + o + a) / GIB + self.reserved;
@@ -1352,14 +1354,18 @@ impl Costed {
 
     /// Micro-batches' worth of a stage's layer activations held at the 1F1B peak:
     /// pp−s on stage s, or with interleaving Megatron's warm-up count of chunks plus
-    /// one, in stage units (never more than the step has).
-    fn in_flight(&self, s: usize, pp: usize, vp: usize, m: u32) -> f64 {
+    /// one, in stage units (never more than the step has). With the MoE EP overlap
+    /// (`overlap_moe_expert_parallel_comm`) the interleaved warm-up runs one chunk forward
+    /// more, so that each overlapped step pairs a forward and a backward of different
+    /// micro-batches (`num_warmup_microbatches += 1` in
+    /// `get_pp_rank_microbatches`, megatron/core/pipeline_parallel/schedules.py).
+    fn in_flight(&self, s: usize, pp: usize, vp: usize, m: u32, ep_overlap: bool) -> f64 {
         use runner_graph::pipeline::{warmup_chunk_forwards, warmup_forwards};
         let m = m as usize;
         if vp <= 1 {
             return (warmup_forwards(pp, s, m) + 1).min(m) as f64;
         }
-        ((warmup_chunk_forwards(pp, s, vp, m) + 1).min(m * vp)) as f64 / vp as f64
+        ((warmup_chunk_forwards(pp, s, vp, m) + usize::from(ep_overlap) + 1).min(m * vp)) as f64 / vp as f64
     }
 }
 

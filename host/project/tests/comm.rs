@@ -303,3 +303,23 @@ fn tp_overlap_needs_the_tp_group_in_one_nvlink_domain() {
         }
     }
 }
+
+/// With the EP overlap, Megatron's interleaved warm-up runs one chunk forward more
+/// (`num_warmup_microbatches += 1` in megatron/core/pipeline_parallel/schedules.py), so
+/// that each combined step pairs a forward and a backward of different micro-batches: the
+/// first stage holds one chunk's activations more. Mixtral 8x7B at EP8 PP4 VP8, 16
+/// micro-batches: (4 − 0 − 1)·2 + (8 − 1)·4 = 34 warm-up chunk forwards, 35 chunks in
+/// flight, 36 with the overlap; the rest of the memory is the same. Without a virtual
+/// pipeline the overlap does not run, and nothing changes.
+#[test]
+fn the_expert_overlap_holds_one_chunk_more_in_flight() {
+    let mut pr = projector("mixtral-8x7b", 4096, "h100", Recipe::Bf16);
+    let moe = |vp: u32, on: bool| LayoutSpec { ep: 8, ep_overlap: on, ..layout(1, 4, 1, vp, 16, 1, 256) };
+    let (on, off) = (pr.project(&moe(8, true)).unwrap(), pr.project(&moe(8, false)).unwrap());
+    assert!(on.layout.ep_overlap && !off.layout.ep_overlap);
+    assert_eq!(on.micro_batches, 16);
+    close("activations in flight", on.memory.activations / off.memory.activations, 36.0 / 35.0);
+    assert_eq!((on.memory.weights, on.memory.gradients, on.memory.optimizer), (off.memory.weights, off.memory.gradients, off.memory.optimizer));
+    let (on, off) = (pr.project(&moe(1, true)).unwrap(), pr.project(&moe(1, false)).unwrap());
+    assert_eq!(on.memory.activations, off.memory.activations);
+}
