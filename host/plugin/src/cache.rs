@@ -136,12 +136,24 @@ impl Cache {
 }
 
 fn write_private(path: &Path, data: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
     let mut options = std::fs::OpenOptions::new();
     options.write(true).create_new(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
-    options.open(path)?.write_all(data)
+    write_or_remove(path, options.open(path)?, data)
+}
+
+/// Write `data` to `out`, the file just created at `path`; if the write fails (a full
+/// disk), remove the file rather than leave a partial one behind: a partial entry's
+/// temporary file would never be renamed or cleaned up, and a partial key file would make
+/// every later run refuse the cache.
+fn write_or_remove(path: &Path, mut out: impl std::io::Write, data: &[u8]) -> std::io::Result<()> {
+    let written = out.write_all(data).and_then(|()| out.flush());
+    if written.is_err() {
+        drop(out);
+        let _ = std::fs::remove_file(path);
+    }
+    written
 }
 
 #[cfg(unix)]
@@ -321,6 +333,31 @@ mod tests {
             .collect();
         assert!(left.is_empty(), "{left:?}");
         assert_eq!(cache.get(&sha, "e"), Err(()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A write that fails after its file was created (a full disk) removes that file.
+    #[test]
+    fn a_failed_write_leaves_no_file() {
+        struct Full(std::fs::File);
+        impl std::io::Write for Full {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.write(&buf[..buf.len().min(3)])?;
+                Err(std::io::Error::other("no space left on device"))
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let dir = scratch("full");
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(".entry.tmp");
+        let file = std::fs::File::create(&path).unwrap();
+        let err = write_or_remove(&path, Full(file), b"compiled code").unwrap_err();
+        assert!(err.to_string().contains("no space"), "{err}");
+        assert!(!path.exists(), "the partial file was left behind");
+        write_or_remove(&path, std::fs::File::create(&path).unwrap(), b"code").unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"code");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
