@@ -63,7 +63,10 @@ pub fn summary(r: &TrainReport) -> Table {
         // Each gap's tokens: the planned run's, or where a run stopped early, those of the
         // last evaluation both reached (it read the first gap's count for every policy).
         let planned = r.steps * r.tokens_per_step;
-        let early: Vec<String> = r.gaps.iter().filter(|g| g.tokens != planned).map(|g| format!("{} at {}", g.policy, g.tokens)).collect();
+        let early: Vec<String> = r.gaps.iter().filter(|g| g.tokens != planned).map(|g| match g.tokens {
+            0 => format!("{} none (a run stopped before the first held-out evaluation past step 0)", g.policy),
+            t => format!("{} at {t}", g.policy),
+        }).collect();
         let at = if early.is_empty() {
             format!("{planned} tokens trained")
         } else {
@@ -328,12 +331,14 @@ mod tests {
         r.runs.push(result("fp8-safe", vec![pt(0, 9.0)], vec![]));
         r.gaps[0].tokens = 500;
         r.gaps.push(Gap { policy: "fp8-safe".into(), baseline: "bf16".into(), eval_gap: 0.0, train_gap: 0.0, tokens: 30000 });
+        r.gaps.push(Gap { policy: "nvfp4".into(), baseline: "bf16".into(), eval_gap: f64::NAN, train_gap: f64::NAN, tokens: 0 });
         let t = summary(&r);
         let early: Vec<&String> = t.notes.iter().filter(|n| n.contains("stopped early")).collect();
         assert_eq!(
             early[0],
             "gap: held-out loss relative to bf16 at equal tokens (30000 tokens planned; where a run stopped early, at the last \
-             held-out loss both reached: fp8 at 500); coverage: share of GEMM FLOPs (forward, input and weight gradients) whose \
+             held-out loss both reached: fp8 at 500, nvfp4 none (a run stopped before the first held-out evaluation past \
+             step 0)); coverage: share of GEMM FLOPs (forward, input and weight gradients) whose \
              two operands are FP8/FP4"
         );
         assert_eq!(early[1], "fp8: stopped early, at step 7 of 300 (700 of 30000 tokens): diverged: 10 steps in a row");
