@@ -62,6 +62,13 @@ pub fn check(r: &Rope, a: usize, b: usize) -> Result<()> {
     if let Some(cp) = r.cp {
         cp.check("rope", r.t)?;
     }
+    // The last position must fit every backend's position type (the CUDA kernel's i64).
+    if r.pos_offset.checked_add(r.t).is_none_or(|end| end > i64::MAX as usize) {
+        return shape_err(format!(
+            "rope pos_offset {} plus the sequence length {} overflows a position",
+            r.pos_offset, r.t
+        ));
+    }
     let n = numel(&[r.b, r.t, r.h, r.d])?;
     check_len("rope input", a, n)?;
     check_len("rope output", b, n)
@@ -234,6 +241,12 @@ mod tests {
         let cp = |size, rank| Some(CpShard { size, rank });
         assert!(rope_forward(&mut out, &[0.0; 8], Rope { cp: cp(2, 1), ..ok }).is_ok());
         assert!(rope_forward(&mut out, &[0.0; 8], Rope { cp: cp(2, 2), ..ok }).is_err());
+        // The last position must fit: usize::MAX - 1 + 2 rows overflows (it wrapped to
+        // position 0 in release builds and panicked in debug ones).
+        let err = rope_forward(&mut out, &[0.0; 8], Rope { pos_offset: usize::MAX - 1, ..ok }).unwrap_err();
+        assert!(format!("{err:?}").contains("pos_offset"), "{err:?}");
+        assert!(rope_backward(&mut out, &[0.0; 8], Rope { pos_offset: i64::MAX as usize, ..ok }).is_err());
+        assert!(rope_forward(&mut out, &[0.0; 8], Rope { pos_offset: i64::MAX as usize - 2, ..ok }).is_ok());
         let odd = Rope { t: 1, h: 2, ..ok };
         assert!(
             rope_forward(
