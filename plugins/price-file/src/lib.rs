@@ -56,20 +56,23 @@ fn records(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
     let mut open: Option<(usize, String)> = None;
     for (i, line) in text.lines().enumerate() {
-        let record = match open.take() {
+        // An odd count of quotes leaves a quoted cell open ("" inside one counts two), and
+        // a line with an odd count closes it. Counted per line, not over the record so far:
+        // a quote never closed would rescan the rest of the file at each line.
+        let odd = line.matches('"').count() % 2 == 1;
+        match open.take() {
             Some((start, mut r)) => {
                 r.push('\n');
                 r.push_str(line);
-                (start, r)
+                if odd {
+                    out.push((start, r));
+                } else {
+                    open = Some((start, r));
+                }
             }
-            None if line.trim().is_empty() || line.trim_start().starts_with('#') => continue,
-            None => (i + 1, line.to_string()),
-        };
-        // An odd count of quotes leaves a quoted cell open ("" inside one counts two).
-        if record.1.matches('"').count() % 2 == 1 {
-            open = Some(record);
-        } else {
-            out.push(record);
+            None if line.trim().is_empty() || line.trim_start().starts_with('#') => {}
+            None if odd => open = Some((i + 1, line.to_string())),
+            None => out.push((i + 1, line.to_string())),
         }
     }
     out.extend(open);
@@ -170,8 +173,19 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     // second row for one of them is a mistake to name, not a price to drop in silence.
     let mut seen: HashMap<(String, String, String), usize> = HashMap::new();
     let mut price_lines: HashMap<(String, String, &'static str), usize> = HashMap::new();
+    // Where each instance's offering, and each (offering, region, option)'s price, sits:
+    // found by a scan, a file of many instances or regions took quadratic time (40,000
+    // rows: 15 s natively, past the plugin's call deadline in the sandbox).
+    let mut offering_at: HashMap<String, usize> = HashMap::new();
+    let mut price_at: HashMap<(usize, String, &'static str), usize> = HashMap::new();
     let mut rows_read = 0;
     for (line, text) in lines {
+        // A file broken throughout (a wrong file) stops here: reading on would only take
+        // time, and memory for each problem.
+        if problems.len() >= MAX_PROBLEMS {
+            problems.push(format!("stopped reading at line {line} after {MAX_PROBLEMS} problems"));
+            break;
+        }
         rows_read += 1;
         if text.matches('"').count() % 2 == 1 {
             problems.push(format!("line {line}: a quoted cell opens here and is never closed: add the closing \""));
@@ -309,8 +323,9 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
         for p in &prices {
             price_lines.entry((instance.to_string(), region.to_string(), option_name(p.option))).or_insert(line);
         }
-        match offerings.iter_mut().find(|o| o.instance == instance) {
-            Some(o) => {
+        let k = match offering_at.get(instance) {
+            Some(&k) => {
+                let o = &offerings[k];
                 if o.gpu != gpu || o.gpus_per_node != gpus {
                     bad(format!(
                         "instance '{instance}' is {gpus}x {gpu} here but {}x {} on an earlier line",
@@ -318,20 +333,36 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
                     ));
                     continue;
                 }
-                for p in prices {
-                    // Several zones of one region: keep the lowest price per option.
-                    match o.prices.iter_mut().find(|q| q.region == p.region && q.option == p.option) {
-                        Some(q) if p.usd_per_node_hour < q.usd_per_node_hour => *q = p,
-                        Some(_) => {}
-                        None => o.prices.push(p),
-                    }
+                k
+            }
+            None if offerings.len() == runner_contract::limits::OFFERINGS => {
+                bad(format!(
+                    "instance '{instance}' is one more than the {} instances a price list holds: keep the instances you would run on",
+                    runner_contract::limits::OFFERINGS
+                ));
+                break;
+            }
+            None => {
+                offering_at.insert(instance.to_string(), offerings.len());
+                offerings.push(Offering {
+                    scale_up_domain: scale_up,
+                    node_multiple: multiple,
+                    ..Offering::nodes(instance, gpu, gpus, Vec::new())
+                });
+                offerings.len() - 1
+            }
+        };
+        let o = &mut offerings[k];
+        for p in prices {
+            // Several zones of one region: keep the lowest price per option.
+            match price_at.get(&(k, p.region.clone(), option_name(p.option))) {
+                Some(&i) if p.usd_per_node_hour < o.prices[i].usd_per_node_hour => o.prices[i] = p,
+                Some(_) => {}
+                None => {
+                    price_at.insert((k, p.region.clone(), option_name(p.option)), o.prices.len());
+                    o.prices.push(p);
                 }
             }
-            None => offerings.push(Offering {
-                scale_up_domain: scale_up,
-                node_multiple: multiple,
-                ..Offering::nodes(instance, gpu, gpus, prices)
-            }),
         }
     }
     // A spot or committed price above on-demand is a swapped column or a typo, on its line.
@@ -376,6 +407,9 @@ fn runner_gpu(name: &str) -> &str {
     const SKYPILOT: [(&str, &str); 2] = [("H100-MEGA", "H100"), ("A100-80GB-SXM", "A100-80GB")];
     SKYPILOT.iter().find(|(sky, _)| sky.eq_ignore_ascii_case(name)).map_or(name, |(_, ours)| ours)
 }
+
+/// Problems collected before the file is read no further (20 are shown).
+const MAX_PROBLEMS: usize = 1000;
 
 /// The highest price a price list may hold, USD per node-hour (the contract's limit).
 const MAX_PRICE: f64 = 1e9;

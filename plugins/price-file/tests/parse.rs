@@ -70,6 +70,39 @@ fn a_quoted_cell_may_span_lines() {
     let o = parse(&text.replace(",-1,", ",30,")).unwrap();
     assert_eq!(o.len(), 2);
     assert!(o[0].prices[0].source.starts_with("our contract, signed 2026-11"), "{}", o[0].prices[0].source);
+    // Three lines, escaped quotes in the first ("" counts two) and none in the second:
+    // the cell stays open until a line with an odd count of quotes closes it.
+    let text = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Source\n\
+                a,H100,8,24.0,r1,\"the \"\"gold\"\" deal\nrenewed\nyearly\"\n\
+                b,H100,8,-1,r1,x\n";
+    let e = parse(text).unwrap_err();
+    assert!(e.contains("line 5: Price '-1'") && !e.contains("line 2"), "{e}");
+    let o = parse(&text.replace(",-1,", ",30,")).unwrap();
+    assert_eq!(o[0].prices[0].source, "the \"gold\" deal renewed yearly (the user's price file, line 2)");
+}
+
+/// A file past the contract's 4096 instances stops at the first one too many, naming it
+/// and its line; a file broken throughout (a wrong file) stops after 1000 problems. Both
+/// used to read to the end: a price file of 40,000 instances took 15 s natively (past the
+/// plugin's 10 s deadline in the sandbox), its instances found by a scan of those before.
+#[test]
+fn an_oversized_or_wrong_file_stops_where_it_goes_wrong() {
+    const H: &str = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region\n";
+    let rows = |n: usize, price: &str| -> String { (0..n).map(|i| format!("i{i},H100,8,{price},r1\n")).collect() };
+    assert_eq!(parse(&format!("{H}{}", rows(4096, "30"))).unwrap().len(), 4096);
+    let e = parse(&format!("{H}{}", rows(4100, "30"))).unwrap_err();
+    assert_eq!(
+        e,
+        "price file: line 4098: instance 'i4096' is one more than the 4096 instances a price list holds: keep the instances \
+         you would run on"
+    );
+    let e = parse(&format!("{H}{}", rows(1500, "-1"))).unwrap_err();
+    assert!(e.starts_with("price file: line 2: Price '-1' is not above zero"), "{e}");
+    assert!(e.ends_with("; and 981 more"), "20 shown of 1000 and the stop: {e}");
+    // The stop is itself listed last of the 1001 problems; the 20 shown are the first.
+    assert_eq!(e.matches("Price '-1'").count(), 20, "{e}");
+    let all = parse(&format!("{H}{}", rows(999, "-1"))).unwrap_err();
+    assert!(all.ends_with("; and 979 more") && !all.contains("stopped"), "{all}");
 }
 
 /// Each malformed file a provider or a spreadsheet writes names its line and how to write
