@@ -179,7 +179,7 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     let mut offering_at: HashMap<String, usize> = HashMap::new();
     let mut price_at: HashMap<(usize, String, &'static str), usize> = HashMap::new();
     let mut rows_read = 0;
-    for (line, text) in lines {
+    'rows: for (line, text) in lines {
         // A file broken throughout (a wrong file) stops here: reading on would only take
         // time, and memory for each problem.
         if problems.len() >= MAX_PROBLEMS {
@@ -358,6 +358,13 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             match price_at.get(&(k, p.region.clone(), option_name(p.option))) {
                 Some(&i) if p.usd_per_node_hour < o.prices[i].usd_per_node_hour => o.prices[i] = p,
                 Some(_) => {}
+                None if o.prices.len() == runner_contract::limits::PRICES => {
+                    bad(format!(
+                        "instance '{instance}' in {region} is one price more than the {} an instance holds (a region and purchase option each): keep the regions you would run in",
+                        runner_contract::limits::PRICES
+                    ));
+                    break 'rows;
+                }
                 None => {
                     price_at.insert((k, p.region.clone(), option_name(p.option)), o.prices.len());
                     o.prices.push(p);

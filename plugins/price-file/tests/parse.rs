@@ -96,6 +96,10 @@ fn an_oversized_or_wrong_file_stops_where_it_goes_wrong() {
         "price file: line 4098: instance 'i4096' is one more than the 4096 instances a price list holds: keep the instances \
          you would run on"
     );
+    // One instance in 1025 regions: its 1025th price is one too many.
+    let regions: String = (0..1100).map(|i| format!("x,H100,8,30,r{i}\n")).collect();
+    let e = parse(&format!("{H}{regions}")).unwrap_err();
+    assert!(e.starts_with("price file: line 1026: instance 'x' in r1024 is one price more than the 1024"), "{e}");
     let e = parse(&format!("{H}{}", rows(1500, "-1"))).unwrap_err();
     assert!(e.starts_with("price file: line 2: Price '-1' is not above zero"), "{e}");
     assert!(e.ends_with("; and 981 more"), "20 shown of 1000 and the stop: {e}");
