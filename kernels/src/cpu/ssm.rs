@@ -279,9 +279,11 @@ impl Ssm {
     pub fn chunks(&self) -> usize {
         self.t.div_ceil(self.chunk.max(1))
     }
-    /// Elements of the saved chunk states, (B,H,chunks,P,N).
+    /// Elements of the saved chunk states, (B,H,chunks,P,N); 0 for a shape the scan
+    /// rejects ([`Ssm::lens`]: G not dividing H, N or chunk 0, a size that overflows),
+    /// whose kernels then say why.
     pub fn states_len(&self) -> usize {
-        self.b * self.h * self.chunks() * self.p * self.n
+        self.lens().map_or(0, |l| l[4])
     }
 }
 
@@ -489,11 +491,13 @@ pub fn ssm_scan_forward(
         &s,
         &[("ssm y", y.len(), 0), ("ssm states", states.len(), 4)],
     )?;
-    let (p, n, q) = (s.p, s.n, s.chunk);
-    let per_bh = s.chunks() * p * n;
-    if y.is_empty() || per_bh == 0 {
+    if y.is_empty() {
         return Ok(());
     }
+    // B, T, H, P >= 1 here, so the states' checked length bounds chunks·P·N (with an
+    // empty batch, sequence or no heads, P·N alone may overflow).
+    let (p, n, q) = (s.p, s.n, s.chunk);
+    let per_bh = s.chunks() * p * n;
     // Each (b,h) task writes its states and returns its (T,P) outputs.
     let ys: Vec<Vec<f32>> = states
         .par_chunks_mut(per_bh)
@@ -582,15 +586,17 @@ pub fn ssm_scan_backward(
         &s,
         &[("ssm dy", dy.len(), 0), ("ssm states", states.len(), 4)],
     )?;
-    let (p, n, q) = (s.p, s.n, s.chunk);
-    let (pn, chunks) = (p * n, s.chunks());
-    if s.b * s.h * s.t * pn == 0 {
-        // Nothing flows: every overwritten gradient is zero (dB, dC when P = 0).
+    if dy.is_empty() {
+        // B·T·H·P = 0 (N >= 1): nothing flows, every overwritten gradient is zero (dt's,
+        // dB and dC when P = 0). Checked before any size product: with an empty batch,
+        // sequence or no heads, P·N alone may overflow.
         for v in [gr.dx, gr.ddt, gr.dbm, gr.dcm] {
             v.fill(0.0);
         }
         return Ok(());
     }
+    let (p, n, q) = (s.p, s.n, s.chunk);
+    let (pn, chunks) = (p * n, s.chunks());
     let qmax = q.min(s.t);
     let pairs: Vec<PairGrads> = (0..s.b * s.h)
         .into_par_iter()
@@ -1121,5 +1127,39 @@ mod tests {
             ddt_bias: ddb,
         };
         assert!(ssm_scan_backward(gr, &y, inputs(&d), &st, s).is_err());
+    }
+
+    /// The backward of `d` into gradient buffers `g` (the weights' gradients added into).
+    fn backward_into(g: &mut [Vec<f32>; 7], dy: &[f32], d: &[Vec<f32>; 7], states: &[f32], s: Ssm) -> Result<()> {
+        let [dx, ddt, dbm, dcm, da, dd, ddb] = g;
+        let gr = SsmGrads { dx: &mut dx[..], ddt, dbm, dcm, da_log: da, dd, ddt_bias: ddb };
+        ssm_scan_backward(gr, dy, inputs(d), states, s)
+    }
+
+    /// Sizes whose products overflow usize are errors, or nothing to do where a factor is
+    /// zero, never an overflow panic: P·N of 2⁸⁰ with an empty batch or sequence (every
+    /// tensor but the weights empty), and saved states of 2⁸⁰ elements.
+    #[test]
+    fn ssm_scan_sizes_that_overflow_are_not_a_panic() {
+        let big = 1usize << 40;
+        let none: [Vec<f32>; 7] = std::array::from_fn(|_| Vec::new());
+        for s in [
+            Ssm { b: 0, t: 2, h: 1, p: big, g: 1, n: big, chunk: 1 },
+            Ssm { b: 1, t: 0, h: 1, p: big, g: 1, n: big, chunk: 1 },
+        ] {
+            let mut d = none.clone();
+            for w in &mut d[4..] {
+                *w = vec![0.5; s.h];
+            }
+            let mut g = d.clone();
+            assert_eq!(s.states_len(), 0, "{s:?}");
+            ssm_scan_forward(&mut [], &mut [], inputs(&d), s).unwrap();
+            backward_into(&mut g, &[], &d, &[], s).unwrap();
+        }
+        let s = Ssm { b: 1, t: 1, h: 1, p: big, g: 1, n: big, chunk: 1 };
+        assert_eq!(s.states_len(), 0, "an invalid shape has no states");
+        let d: [Vec<f32>; 7] = std::array::from_fn(|k| vec![0.5; if k < 4 { 0 } else { 1 }]);
+        assert!(ssm_scan_forward(&mut [], &mut [], inputs(&d), s).is_err());
+        assert!(backward_into(&mut d.clone(), &[], &d, &[], s).is_err());
     }
 }
