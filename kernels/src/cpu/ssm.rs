@@ -824,8 +824,54 @@ mod tests {
         assert!(causal_conv1d_forward(&mut out, &x, &w, &b, s).is_ok());
         assert!(causal_conv1d_forward(&mut out, &x, &w[..5], &b, s).is_err());
         assert!(causal_conv1d_forward(&mut out, &x, &w, &b, Conv1d { k: 0, ..s }).is_err());
+        // K = 0 with a weight of C·K = 0 elements: an error, not a conv without taps
+        assert!(causal_conv1d_forward(&mut out, &x, &[], &b, Conv1d { k: 0, ..s }).is_err());
+        let (mut dx, mut dw0, mut db2) = (vec![0.0; 8], Vec::new(), vec![0.0; 2]);
+        let k0 = Conv1d { k: 0, ..s };
+        assert!(causal_conv1d_backward(&mut dx, &mut dw0, &mut db2, &x, &x, &[], &b, k0).is_err());
+        // every tensor one element short, forward and backward
+        let (mut dw, mut db) = (vec![0.0; 6], vec![0.0; 2]);
+        assert!(causal_conv1d_backward(&mut out, &mut dw, &mut db, &x, &x, &w, &b, s).is_ok());
+        let short = |v: &[f32]| v[..v.len() - 1].to_vec();
+        assert!(causal_conv1d_forward(&mut short(&out), &x, &w, &b, s).is_err());
+        assert!(causal_conv1d_forward(&mut out, &short(&x), &w, &b, s).is_err());
+        assert!(causal_conv1d_forward(&mut out, &x, &w, &short(&b), s).is_err());
+        let bwd = |k: usize| {
+            let mut t = [out.clone(), dw.clone(), db.clone(), x.clone(), x.clone(), w.clone(), b.clone()];
+            t[k].pop();
+            let [dx, dw, db, dout, x, w, b] = &mut t;
+            causal_conv1d_backward(dx, dw, db, dout, x, w, b, s)
+        };
+        for k in 0..7 {
+            assert!(bwd(k).is_err(), "backward tensor {k} short");
+        }
         let (mut dw, mut db) = (vec![0.0; 6], vec![0.0; 1]);
         assert!(causal_conv1d_backward(&mut out, &mut dw, &mut db, &x, &x, &w, &b, s).is_err());
+    }
+
+    /// Rows split over several rayon tasks in the forward (32 rows of 1000 channels per
+    /// task) and the backward (blocks of 32 rows), the task boundaries inside the
+    /// sequences: every conv test above fits one forward task, where a row index that
+    /// forgets its task's offset goes unseen.
+    #[test]
+    fn causal_conv1d_splits_rows_over_tasks() {
+        let mut rng = rng(59);
+        let s = Conv1d { b: 2, t: 37, c: 1000, k: 4 };
+        assert!(rows_per_task(s.c) < s.t && BLOCK_ROWS < s.t);
+        let [x, w, b, rr] = conv_data(&mut rng, &s);
+        let mut out = vec![f32::NAN; x.len()];
+        causal_conv1d_forward(&mut out, &x, &w, &b, s).unwrap();
+        let (xf, wf, bf) = (f64s(&x), f64s(&w), f64s(&b));
+        assert_close("conv out", &out, &r::causal_conv1d(&xf, &wf, &bf, &s), 5e-7, 5e-7);
+        let (mut dx, mut dw, mut db) = (vec![f32::NAN; x.len()], vec![0.0; w.len()], vec![0.0; b.len()]);
+        causal_conv1d_backward(&mut dx, &mut dw, &mut db, &rr, &x, &w, &b, s).unwrap();
+        let (rx, rw, rb) = r::causal_conv1d_backward(&f64s(&rr), &xf, &wf, &bf, &s);
+        // A wrong row is an error of the values' size (~1); over 74 000 elements the f32
+        // tail reaches 1.3x the small cases' tolerance on dx, so 5x theirs here.
+        let rows = (s.b * s.t) as f64;
+        assert_close("conv dx", &dx, &rx, 1e-6, 1e-5);
+        assert_close("conv dw", &dw, &rw, 1e-6 * rows, 5e-6);
+        assert_close("conv db", &db, &rb, 1e-6 * rows, 5e-6);
     }
 
     fn ssm_cases() -> Vec<Ssm> {
@@ -1136,6 +1182,95 @@ mod tests {
         ssm_scan_backward(gr, dy, inputs(d), states, s)
     }
 
+    /// The per-head weights' gradients add into what their buffers hold (shared weights
+    /// gather from every layer and micro-batch), the others are overwritten: a second
+    /// backward into the first one's gradients doubles exactly the weights' and leaves
+    /// the rest bit-identical. (Every other test starts the weights' gradients at zero,
+    /// where `=` and `+=` agree.)
+    #[test]
+    fn ssm_scan_backward_adds_into_the_weights_and_overwrites_the_rest() {
+        let s = Ssm { b: 2, t: 6, h: 4, p: 2, g: 2, n: 5, chunk: 4 };
+        let (d, rr) = ssm_data(&mut rng(66), &s);
+        let (_, g) = run(&d, &rr, s);
+        assert!(g[4..].iter().flatten().all(|&v| v != 0.0));
+        let mut states = vec![f32::NAN; s.states_len()];
+        let mut y = vec![f32::NAN; d[0].len()];
+        ssm_scan_forward(&mut y, &mut states, inputs(&d), s).unwrap();
+        let mut g2 = g.clone();
+        backward_into(&mut g2, &rr, &d, &states, s).unwrap();
+        for k in 0..7 {
+            let want: Vec<f32> = if k < 4 { g[k].clone() } else { g[k].iter().map(|v| v + v).collect() };
+            assert_eq!(g2[k], want, "d{}", NAMES[k]);
+        }
+    }
+
+    /// Head dim P = 0 (and an empty batch or sequence): nothing flows, dt's, B's and C's
+    /// gradients are zeros (they start as NaN here), the weights' keep their values.
+    #[test]
+    fn ssm_scan_with_nothing_to_scan_zeroes_the_activation_gradients() {
+        for s in [
+            Ssm { b: 2, t: 3, h: 2, p: 0, g: 1, n: 3, chunk: 2 },
+            Ssm { b: 0, t: 3, h: 2, p: 2, g: 1, n: 3, chunk: 2 },
+            Ssm { b: 2, t: 0, h: 2, p: 2, g: 2, n: 3, chunk: 2 },
+        ] {
+            let (d, rr) = ssm_data(&mut rng(67), &s);
+            let mut y = vec![f32::NAN; d[0].len()];
+            let mut states = vec![f32::NAN; s.states_len()];
+            ssm_scan_forward(&mut y, &mut states, inputs(&d), s).unwrap();
+            let w0 = randn(&mut rng(68), s.h);
+            let mut g: [Vec<f32>; 7] =
+                std::array::from_fn(|k| if k < 4 { vec![f32::NAN; d[k].len()] } else { w0.clone() });
+            backward_into(&mut g, &rr, &d, &states, s).unwrap();
+            for k in 0..4 {
+                assert!(g[k].iter().all(|&v| v == 0.0), "d{} {s:?}", NAMES[k]);
+            }
+            for k in 4..7 {
+                assert_eq!(g[k], w0, "d{} {s:?}", NAMES[k]);
+            }
+        }
+    }
+
+    /// Each of the scan's tensors one element short is an error, forward and backward,
+    /// and so are configurations whose lengths all agree: G not dividing H (head 3 of 4
+    /// would read a fourth group of three), N = 0 (y would be left unwritten).
+    #[test]
+    fn ssm_scan_rejects_every_wrong_length_and_config() {
+        let s = Ssm { b: 2, t: 3, h: 4, p: 2, g: 2, n: 3, chunk: 2 };
+        let (d, rr) = ssm_data(&mut rng(69), &s);
+        let (mut y, mut st) = (vec![0.0; d[0].len()], vec![0.0; s.states_len()]);
+        ssm_scan_forward(&mut y, &mut st, inputs(&d), s).unwrap();
+        let g0: [Vec<f32>; 7] = std::array::from_fn(|k| vec![0.0; d[k].len()]);
+        backward_into(&mut g0.clone(), &rr, &d, &st, s).unwrap();
+        let short = |v: &[f32]| v[..v.len() - 1].to_vec();
+        for k in 0..7 {
+            let mut dk = d.clone();
+            dk[k].pop();
+            assert!(ssm_scan_forward(&mut y, &mut st, inputs(&dk), s).is_err(), "{}", NAMES[k]);
+            assert!(backward_into(&mut g0.clone(), &rr, &dk, &st, s).is_err(), "{}", NAMES[k]);
+            let mut gk = g0.clone();
+            gk[k].pop();
+            assert!(backward_into(&mut gk, &rr, &d, &st, s).is_err(), "d{}", NAMES[k]);
+        }
+        assert!(ssm_scan_forward(&mut short(&y), &mut st, inputs(&d), s).is_err());
+        assert!(ssm_scan_forward(&mut y, &mut short(&st), inputs(&d), s).is_err());
+        assert!(backward_into(&mut g0.clone(), &short(&rr), &d, &st, s).is_err());
+        assert!(backward_into(&mut g0.clone(), &rr, &d, &short(&st), s).is_err());
+        // Lengths from the shapes, written out here (not through `Ssm::lens`).
+        for bad in [
+            Ssm { b: 1, t: 2, h: 4, p: 1, g: 3, n: 2, chunk: 1 },
+            Ssm { b: 1, t: 2, h: 2, p: 2, g: 1, n: 0, chunk: 1 },
+        ] {
+            let (bt, ch) = (bad.b * bad.t, bad.t.div_ceil(bad.chunk));
+            let lens = [bt * bad.h * bad.p, bt * bad.h, bt * bad.g * bad.n, bt * bad.g * bad.n, bad.h, bad.h, bad.h];
+            let d: [Vec<f32>; 7] = std::array::from_fn(|k| vec![0.5; lens[k]]);
+            let mut y = vec![0.0; lens[0]];
+            let mut st = vec![0.0; bad.b * bad.h * ch * bad.p * bad.n];
+            assert!(ssm_scan_forward(&mut y, &mut st, inputs(&d), bad).is_err(), "{bad:?}");
+            let mut g: [Vec<f32>; 7] = std::array::from_fn(|k| vec![0.0; lens[k]]);
+            assert!(backward_into(&mut g, &y, &d, &st, bad).is_err(), "{bad:?}");
+        }
+    }
+
     /// Sizes whose products overflow usize are errors, or nothing to do where a factor is
     /// zero, never an overflow panic: P·N of 2⁸⁰ with an empty batch or sequence (every
     /// tensor but the weights empty), and saved states of 2⁸⁰ elements.
@@ -1161,5 +1296,29 @@ mod tests {
         let d: [Vec<f32>; 7] = std::array::from_fn(|k| vec![0.5; if k < 4 { 0 } else { 1 }]);
         assert!(ssm_scan_forward(&mut [], &mut [], inputs(&d), s).is_err());
         assert!(backward_into(&mut d.clone(), &[], &d, &[], s).is_err());
+    }
+
+    /// dt + dt_bias near, past and far past softplus's threshold (20: dt' = dt there),
+    /// up to 1000 (eᵛ overflows f32 from 89) and far below zero (dt' underflows): y and
+    /// every gradient finite and the f64 recurrence's (errors relative to each tensor's
+    /// largest value, which reaches ~10³).
+    #[test]
+    fn ssm_scan_softplus_of_large_and_small_dt() {
+        let s = Ssm { b: 1, t: 8, h: 2, p: 2, g: 1, n: 3, chunk: 3 };
+        let (mut d, rr) = ssm_data(&mut rng(70), &s);
+        d[1] = vec![
+            12.0, 19.5, 20.5, 30.0, 90.0, 1000.0, -30.0, -200.0, 5.0, 15.0, 25.0, 100.0, -90.0, 0.5, 8.0, 3.0,
+        ];
+        d[6] = vec![0.0, 0.25];
+        let (y, g) = run(&d, &rr, s);
+        let df: [Vec<f64>; 7] = std::array::from_fn(|k| f64s(&d[k]));
+        let w = r::ssm_scan_backward(&f64s(&rr), inputs(&df), &s);
+        let want = [r::ssm_scan(inputs(&df), &s), w.dx, w.ddt, w.dbm, w.dcm, w.da_log, w.dd, w.ddt_bias];
+        for (k, (got, want)) in std::iter::once(&y).chain(&g).zip(&want).enumerate() {
+            let top = want.iter().fold(0f64, |m, v| m.max(v.abs()));
+            assert!(top > 0.0 && top.is_finite());
+            // worst measured: 1/12 of the tolerance
+            assert_close(&format!("large dt, output {k}"), got, want, 2e-6 * top, 2e-6);
+        }
     }
 }
