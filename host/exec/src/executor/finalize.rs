@@ -231,6 +231,8 @@ impl<D: Device> Executor<D> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use runner_graph::{Graph, TensorKind};
 
     use super::*;
@@ -343,6 +345,256 @@ mod tests {
                 let want: Vec<f32> = a[i].iter().zip(&b[i]).map(|(x, y)| (x + y) / 2.0).collect();
                 assert!(crate::devcheck::relative_error(&want, g) < 1e-6, "rank {r}, {}: {:?} vs {:?}", names[i + 1], &g[..4], &want[..4]);
             }
+        }
+    }
+
+    /// Data-parallel ranks where one rank's backward leaves a weight without a
+    /// gradient, with and without FSDP: that rank contributes zeros, still takes the
+    /// group's reduced gradient (half of rank 1's) and applies the same AdamW update, so
+    /// the replicas stay equal. Today's backward writes every trained weight's gradient
+    /// (zeros where no token reached it: see the test below), so the missing gradient
+    /// is made by hand (`grad_written` cleared on rank 0 after its backward); this pins
+    /// the reduction's rule for a backward that would skip one. Fails if the reduction
+    /// writes back only into gradients this rank wrote, or does not mark them written
+    /// (rank 0 keeps no gradient and skips the update: the replicas drift), or if a
+    /// gradient the backward did not write is sent (rank 0 sends its stale buffer).
+    #[test]
+    fn a_rank_without_a_gradient_takes_the_groups_reduced_gradient() {
+        use runner_graph::shard::{Layout, RankCoord, shard};
+        let g = toy::with_roles(toy::llama(&ToyConfig::tiny()), false);
+        let w = "layers.1.mlp.down.weight";
+        for fsdp in [false, true] {
+            let layout = Layout { dp: 2, fsdp, ..Layout::single(2, 4) };
+            let out: Vec<_> = std::thread::scope(|sc| {
+                let runs: Vec<_> = ThreadGroup::new(2)
+                    .into_iter()
+                    .zip(0u32..)
+                    .map(|(h, r)| {
+                        let s = shard(&g, &layout, RankCoord { dp: r, ..RankCoord::default() }).unwrap();
+                        let g = &g;
+                        sc.spawn(move || {
+                            let mut ex = Executor::for_rank(&s, Cpu::new(), ExecOptions::default(), dp(h)).unwrap();
+                            assert_eq!(ex.fsdp_sharded(), fsdp);
+                            let (tokens, targets) = toy::repeating_batch(g, 5 + r);
+                            ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))]).unwrap();
+                            ex.backward().unwrap();
+                            let local = ex.grad(w).unwrap().unwrap();
+                            if r == 0 {
+                                let id = ex.id(w).unwrap();
+                                ex.grad_written[id] = false;
+                            }
+                            ex.reduce_gradients().unwrap();
+                            let reduced = ex.gather_grads().unwrap();
+                            ex.optimizer_step(&crate::executor::ADAMW_DEFAULT).unwrap();
+                            (local, reduced, ex.gather_weights().unwrap())
+                        })
+                    })
+                    .collect();
+                runs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            let what = if fsdp { "FSDP" } else { "all-reduce" };
+            assert!(out[0].0.iter().any(|&x| x != 0.0), "{what}: rank 0 had a gradient to withhold");
+            let want: Vec<f32> = out[1].0.iter().map(|x| x / 2.0).collect();
+            for (r, (_, reduced, _)) in out.iter().enumerate() {
+                let got = reduced.get(w).unwrap_or_else(|| panic!("{what}: rank {r} has no gradient of {w}"));
+                assert!(crate::devcheck::relative_error(&want, got) < 1e-6, "{what}, rank {r}: {:?} vs {:?}", &got[..4], &want[..4]);
+            }
+            assert_eq!(out[0].1.len(), out[1].1.len(), "{what}");
+            for (name, v) in &out[0].2 {
+                assert!(out[1].2[name] == *v, "{what}: the replicas' {name} differ after the step");
+            }
+        }
+    }
+
+    /// Experts, top-k and expert width of [`moe_toy`].
+    const MOE: (u64, u64, u64) = (4, 2, 32);
+    /// The expert only [`RARE`] tokens reach in layer 0 (see [`skewed_weights`]).
+    const REACHED: usize = 2;
+    /// The tokens only row 2 of [`full_batch`] holds (the first row of dp rank 1).
+    const RARE: [u32; 2] = [50, 51];
+    const SEQ: usize = 8;
+
+    /// The toy MoE Llama at `batch` sequences (embedding and head replicated).
+    fn moe_toy(batch: u64) -> Graph {
+        toy::with_roles(toy::llama(&ToyConfig { moe: Some(MOE), batch, ..ToyConfig::tiny() }), false)
+    }
+
+    /// Four sequences of [`SEQ`] (tokens, targets): tokens under 40 but the [`RARE`]
+    /// ones at two places of row 2.
+    fn full_batch() -> (Vec<u32>, Vec<u32>) {
+        let mut tokens: Vec<u32> = (0..4 * SEQ as u32).map(|i| (3 + 7 * (i / SEQ as u32) + 5 * (i % SEQ as u32)) % 40).collect();
+        tokens[2 * SEQ + 2] = RARE[0];
+        tokens[2 * SEQ + 5] = RARE[1];
+        let targets = tokens.iter().map(|t| (3 * t + 1) % 64).collect();
+        (tokens, targets)
+    }
+
+    /// Rows `rows` of the full batch.
+    fn rows_of(rows: std::ops::Range<usize>) -> (Vec<u32>, Vec<u32>) {
+        let (t, y) = full_batch();
+        let r = rows.start * SEQ..rows.end * SEQ;
+        (t[r.clone()].to_vec(), y[r].to_vec())
+    }
+
+    /// The seeded weights with layer 0's attention output zero (its MLP norm reads the
+    /// embedded token itself), its router's logits zero but expert [`REACHED`]'s, the
+    /// first element of the normed token (so it wins exactly where that is positive),
+    /// and that element of the embedding positive for the [`RARE`] tokens only: in layer
+    /// 0 only they reach expert [`REACHED`].
+    fn skewed_weights() -> HashMap<String, Vec<f32>> {
+        let ex = Executor::new(&moe_toy(1), Cpu::new(), ExecOptions::default()).unwrap();
+        let mut w: HashMap<String, Vec<f32>> = ex.trainable().into_iter().map(|n| { let v = ex.weight(&n).unwrap(); (n, v) }).collect();
+        w.get_mut("layers.0.attn.out.weight").unwrap().fill(0.0);
+        let router = w.get_mut("layers.0.moe.router_logits.weight").unwrap();
+        let c = router.len() / MOE.0 as usize;
+        router.fill(0.0);
+        router[REACHED * c] = 1.0;
+        let embed = w.get_mut("embed.weight").unwrap();
+        for (tok, row) in embed.chunks_mut(c).enumerate() {
+            row[0] = if RARE.contains(&(tok as u32)) { 0.5 } else { -0.5 };
+        }
+        w
+    }
+
+    fn load(ex: &mut Executor<Cpu>, w: &HashMap<String, Vec<f32>>) {
+        for (n, v) in w {
+            ex.set_weight(n, v).unwrap();
+        }
+    }
+
+    /// Layer 0's expert [`REACHED`] (its three weights) and the embedding rows of the
+    /// [`RARE`] tokens, out of whole weights or gradients `w`.
+    fn reached_parts(w: &HashMap<String, Vec<f32>>) -> Vec<f32> {
+        let mut out = Vec::new();
+        for m in ["gate", "up", "down"] {
+            let v = &w[&format!("layers.0.moe.experts.{m}.weight")];
+            let per = v.len() / MOE.0 as usize;
+            out.extend_from_slice(&v[REACHED * per..(REACHED + 1) * per]);
+        }
+        let e = &w["embed.weight"];
+        let c = e.len() / ToyConfig::tiny().vocab as usize;
+        for t in RARE {
+            out.extend_from_slice(&e[t as usize * c..(t as usize + 1) * c]);
+        }
+        out
+    }
+
+    /// The gradients one rank's backward alone gives rows `rows` at weights `w`.
+    fn local_grads(w: &HashMap<String, Vec<f32>>, rows: std::ops::Range<usize>) -> HashMap<String, Vec<f32>> {
+        let mut ex = Executor::new(&moe_toy(rows.len() as u64), Cpu::new(), ExecOptions::default()).unwrap();
+        load(&mut ex, w);
+        let (tokens, targets) = rows_of(rows);
+        ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))]).unwrap();
+        ex.backward().unwrap();
+        // Every trained weight has a gradient, zeros where no token reached it.
+        ex.trainable().into_iter().map(|n| { let g = ex.grad(&n).unwrap().unwrap(); (n, g) }).collect()
+    }
+
+    /// A data-parallel step where a weight gets no gradient on one rank: with the
+    /// routing of [`skewed_weights`], no token of dp rank 0 (rows 0 and 1) reaches layer
+    /// 0's expert 2 or holds a [`RARE`] token, and of dp rank 1 only row 2 does (row 3
+    /// neither: with two micro-batches, rank 1's expert and rows get a gradient in the
+    /// first and none in the second). The executor's backward writes such a weight's
+    /// gradient whole (zeros; `grads` are allocated for every trained weight when the
+    /// executor is made), and the reduction gives every rank the group's sum: after two
+    /// AdamW steps the two replicas hold the same weights, bit for bit, equal to the
+    /// unsharded model's two steps on the four rows (rank 0's expert 2 and rare rows
+    /// moved as rank 1's did). The same with the all-reduce after the backward, overlapped
+    /// in buckets during it, with FSDP's reduce-scatter (gradients sharded per
+    /// micro-batch or accumulated whole), over one micro-batch and two; and a single rank
+    /// accumulating the four rows as four micro-batches (expert 2 reached in the third,
+    /// not the fourth) takes the same steps. The zero and non-zero local gradients are
+    /// checked first, at both steps' starting weights. Fails if an expert no row reached
+    /// overwrites its gradient (an earlier micro-batch's is lost) or if a weight
+    /// gradient is not zeroed before the step's first backward adds into it (the last
+    /// step's reduced gradient stays in it).
+    #[test]
+    fn a_weight_no_token_of_a_rank_reaches_gets_the_other_ranks_gradient() {
+        use runner_graph::shard::{Layout, RankCoord, shard};
+        let w0 = skewed_weights();
+        let adamw = &crate::executor::ADAMW_DEFAULT;
+        // The unsharded reference: two steps on the four rows.
+        let mut full = Executor::new(&moe_toy(4), Cpu::new(), ExecOptions::default()).unwrap();
+        load(&mut full, &w0);
+        let (tokens, targets) = full_batch();
+        let mut weights_after = Vec::new();
+        for _ in 0..2 {
+            weights_after.push(full.gather_weights().unwrap());
+            full.step(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))], adamw).unwrap();
+        }
+        let want = full.gather_weights().unwrap();
+        // Where each step starts, rank 0's rows and rank 1's second row leave expert 2
+        // and the rare rows a zero gradient, rank 1's first row does not.
+        for (step, w) in weights_after.iter().enumerate() {
+            for (rows, reached) in [(0..2, false), (2..3, true), (3..4, false)] {
+                let g = reached_parts(&local_grads(w, rows.clone()));
+                assert_eq!(g.iter().any(|&x| x != 0.0), reached, "step {step}, rows {rows:?}");
+            }
+        }
+        let moved = |w: &HashMap<String, Vec<f32>>| {
+            reached_parts(w).iter().zip(reached_parts(&w0)).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max)
+        };
+        assert!(moved(&want) > 1e-3, "the reference updates expert 2 and the rare rows");
+        let check = |what: &str, ranks: &[HashMap<String, Vec<f32>>]| {
+            for (r, got) in ranks.iter().enumerate() {
+                assert_eq!(got.len(), want.len(), "{what}");
+                for (name, v) in &want {
+                    let e = got[name].iter().zip(v).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                    assert!(e <= 1e-5, "{what}: {name} on rank {r} is {e:e} from the unsharded steps");
+                }
+                assert!(ranks[0] == *got, "{what}: rank {r}'s weights differ from rank 0's");
+            }
+        };
+        // One rank, the four rows as four micro-batches.
+        let mut one = Executor::new(&moe_toy(1), Cpu::new(), ExecOptions::default()).unwrap();
+        load(&mut one, &w0);
+        let micro: Vec<(Vec<u32>, Vec<u32>)> = (0..4).map(|k| rows_of(k..k + 1)).collect();
+        let batches: Vec<Vec<(&str, Input<'_>)>> = micro.iter().map(|(t, y)| vec![("tokens", Input::U32(t)), ("targets", Input::U32(y))]).collect();
+        for _ in 0..2 {
+            one.step_micro_batches(&batches, adamw).unwrap();
+        }
+        check("one rank, four micro-batches", &[one.gather_weights().unwrap()]);
+        // Two data-parallel ranks.
+        for (fsdp, overlap, sharded, m) in [
+            (false, false, true, 1usize),
+            (false, true, true, 1),
+            (false, false, true, 2),
+            (false, true, true, 2),
+            (true, false, true, 1),
+            (true, true, true, 2),
+            (true, false, false, 2),
+        ] {
+            let what = format!("dp 2, fsdp {fsdp}, overlap {overlap}, sharded gradients {sharded}, {m} micro-batches");
+            let per = 2 / m;
+            let g = moe_toy(per as u64);
+            let layout = Layout { dp: 2, fsdp, ..Layout::single(per as u32, 4) };
+            let o = ExecOptions { overlap_grad_reduce: overlap, grad_bucket_elems: Some(1), fsdp_sharded_grads: sharded, ..ExecOptions::default() };
+            let ranks: Vec<HashMap<String, Vec<f32>>> = std::thread::scope(|sc| {
+                let runs: Vec<_> = ThreadGroup::new(2)
+                    .into_iter()
+                    .zip(ThreadGroup::new(2))
+                    .zip(0u32..)
+                    .map(|((dh, eh), r)| {
+                        let s = shard(&g, &layout, RankCoord { dp: r, ..RankCoord::default() }).unwrap();
+                        let (o, w0) = (o.clone(), &w0);
+                        sc.spawn(move || {
+                            let groups: Groups = vec![("dp".into(), Box::new(dh)), ("edp".into(), Box::new(eh))];
+                            let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
+                            assert_eq!(ex.fsdp_sharded(), fsdp);
+                            load(&mut ex, w0);
+                            let r = r as usize;
+                            let micro: Vec<(Vec<u32>, Vec<u32>)> = (0..m).map(|k| rows_of(2 * r + k * per..2 * r + (k + 1) * per)).collect();
+                            let batches: Vec<Vec<(&str, Input<'_>)>> = micro.iter().map(|(t, y)| vec![("tokens", Input::U32(t)), ("targets", Input::U32(y))]).collect();
+                            for _ in 0..2 {
+                                ex.step_micro_batches(&batches, adamw).unwrap();
+                            }
+                            ex.gather_weights().unwrap()
+                        })
+                    })
+                    .collect();
+                runs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            check(&what, &ranks);
         }
     }
 }
