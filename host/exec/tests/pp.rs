@@ -484,6 +484,57 @@ fn pp2_step_over_two_micro_batches_matches_the_full_batch_step() {
     }
 }
 
+/// An interleaved pipeline step (pp = 2, vp = 2: stage 0 runs chunks 0 and 2, stage 1
+/// chunks 1 and 3) over two micro-batches makes the unsharded full batch's update. Each
+/// chunk's backward is a pass of its own, so a weight of chunk 2 gets its gradient in
+/// that pass and none in chunk 0's that follows: it must keep it (and its mark as
+/// written) to the end of the step, to be divided by the micro-batch count and updated.
+/// No step collective runs here (untied, dp = 1), so nothing else marks it; the
+/// schedule tests compare two schedules that would lose it alike.
+#[test]
+fn interleaved_pp2_step_keeps_each_chunks_gradients_to_the_update() {
+    let cfg = ToyConfig { layers: 4, ..ToyConfig::tiny() };
+    let full_g = toy_graph(cfg.clone());
+    let half_g = toy_graph(ToyConfig { batch: 1, ..cfg });
+    let data = synthetic_inputs(&full_g, 23);
+    let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
+    let w0 = weights(&full);
+    let want = train(&mut full, &data, 1)[0];
+    let w1 = weights(&full);
+    let layout = Layout { pp: 2, vp: 2, ..Layout::single(1, 2) };
+    let micro: Vec<Data> = (0..2).map(|k| half_of(&data, k)).collect();
+    let hs: Vec<_> = mesh(1, 2, 1)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&half_g, &layout, m.coord).unwrap();
+            assert!(s.step.is_empty(), "no step collective");
+            let (g, w0, micro) = (half_g.clone(), w0.clone(), micro.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
+                let micro: Vec<Data> = micro.iter().map(|d| rank_inputs(&g, &s.graph, d, 0, 1)).collect();
+                let batches: Vec<_> = micro.iter().map(inputs).collect();
+                let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
+                let loss = ex.step_micro_batches(&batches, &runner_exec::executor::ADAMW_DEFAULT).unwrap();
+                (m.coord.pp, last, loss, weights(&ex))
+            })
+        })
+        .collect();
+    let mut seen = 0;
+    for (stage, last, loss, w) in hs.into_iter().map(|h| h.join().unwrap()) {
+        if last {
+            assert!((loss - want).abs() <= 1e-5 * want, "{loss} vs {want}");
+        }
+        assert!(w.keys().any(|n| n.starts_with(&format!("layers.{}.", stage + 2))), "stage {stage} holds chunk {}", stage + 2);
+        for (name, x) in &w {
+            let worst = x.iter().zip(&w1[name]).map(|(p, q)| (p - q).abs()).fold(0f32, f32::max);
+            assert!(worst <= 1e-6, "stage {stage}: {name} is {worst:e} from the full-batch step");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, w1.len(), "every weight on one stage");
+}
+
 /// What one rank of [`pipeline_steps`] reports.
 struct StageRun {
     coord: RankCoord,
