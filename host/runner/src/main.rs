@@ -203,7 +203,7 @@ enum Command {
         #[command(flatten)]
         target: commands::project::Target,
         /// GPUs
-        #[arg(long)]
+        #[arg(long, value_parser = gpu_count)]
         gpus: u32,
         #[command(flatten)]
         layout: commands::project::LayoutFlags,
@@ -517,7 +517,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "h100")]
         gpu: String,
         /// GPU count
-        #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+        #[arg(long, default_value_t = 1024, value_parser = gpu_count)]
         gpus: u32,
         /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
         #[arg(long, default_value = "bf16")]
@@ -528,13 +528,17 @@ pub enum BenchCommand {
     },
 }
 
-/// One of the comma-separated GPU counts of --gpus (0 and counts past the contract's
-/// ceiling are refused by the command that takes them: the run file's check for explore).
+/// One of the comma-separated GPU counts of --gpus, under the run file's rule
+/// ([`runner::runfile::gpu_count_in_range`]) for every command that takes them.
 fn gpu_count(s: &str) -> Result<u32, String> {
-    s.trim().parse::<u32>().map_err(|_| {
+    let n = s.trim().parse::<u32>().map_err(|_| {
         let hint = if s.contains('-') || s.contains("..") { " (ranges are not taken: list each count)" } else { "" };
         format!("'{s}' is not a GPU count: give whole numbers, comma-separated, e.g. --gpus 64,512,2048{hint}")
-    })
+    })?;
+    if !runner::runfile::gpu_count_in_range(n) {
+        return Err(format!("{n} GPUs: a GPU count must be in 1..={}", runner_contract::limits::GPUS));
+    }
+    Ok(n)
 }
 
 /// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
@@ -739,5 +743,9 @@ mod tests {
         assert!(gpu_count("8x").unwrap_err().contains("e.g. --gpus 64,512,2048"));
         assert!(gpu_count("8-64").unwrap_err().contains("ranges are not taken"));
         assert!(gpu_count("").unwrap_err().contains("'' is not a GPU count"));
+        // The run file's range, for every command (project and search took any u32).
+        assert_eq!(gpu_count("1048576"), Ok(1048576));
+        assert_eq!(gpu_count("1048577").unwrap_err(), "1048577 GPUs: a GPU count must be in 1..=1048576");
+        assert_eq!(gpu_count("0").unwrap_err(), "0 GPUs: a GPU count must be in 1..=1048576");
     }
 }

@@ -510,7 +510,7 @@ fn check(run: &RunFile) -> Result<(), String> {
         return Err("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]".into());
     }
     use runner_contract::limits::{GPUS, SEQ_LEN, TOKENS};
-    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| g == 0 || g > GPUS) {
+    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| !gpu_count_in_range(g)) {
         return Err(format!(
             "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
         ));
@@ -618,6 +618,12 @@ pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, Stri
             names.join(", ")
         )
     })
+}
+
+/// The rule for a GPU count, in a run file and on every command's `--gpus`: 1 to the
+/// contract's ceiling (0 would run nothing; past it, sizes stop being checked numbers).
+pub fn gpu_count_in_range(n: u32) -> bool {
+    (1..=runner_contract::limits::GPUS).contains(&n)
 }
 
 #[cfg(test)]

@@ -357,9 +357,6 @@ fn closest_families(families: &[search::Family]) -> String {
 }
 
 pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option<&Path>, global: &Global) -> Result<()> {
-    if gpus == 0 {
-        anyhow::bail!("--gpus must be at least 1");
-    }
     let mut s = setup(t, global)?;
     let measured = measured_path.map(|p| read_measured(p, &mut s, &t.model)).transpose()?;
     // Layout flags left out take the measured sharding.
@@ -728,9 +725,6 @@ fn verdict_text(v: &Verdict) -> String {
 }
 
 pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
-    if gpus.is_empty() || gpus.contains(&0) {
-        anyhow::bail!("--gpus takes GPU counts of at least 1, e.g. --gpus 64,512");
-    }
     let mut s = setup(t, global)?;
     let mut flags = flags.clone();
     let split = flags.split(s.projector.model.depth.len())?;
