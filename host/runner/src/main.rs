@@ -529,13 +529,13 @@ pub enum BenchCommand {
 }
 
 /// One of the comma-separated GPU counts of --gpus, under the run file's rule
-/// ([`runner::runfile::gpu_count_in_range`]) for every command that takes them.
+/// ([`runner::runfile::within_gpu_ceiling`]) for every command that takes them.
 fn gpu_count(s: &str) -> Result<u32, String> {
     let n = s.trim().parse::<u32>().map_err(|_| {
         let hint = if s.contains('-') || s.contains("..") { " (ranges are not taken: list each count)" } else { "" };
         format!("'{s}' is not a GPU count: give whole numbers, comma-separated, e.g. --gpus 64,512,2048{hint}")
     })?;
-    if !runner::runfile::gpu_count_in_range(n) {
+    if !runner::runfile::within_gpu_ceiling(n) {
         return Err(format!("{n} GPUs: a GPU count must be in 1..={}", runner_contract::limits::GPUS));
     }
     Ok(n)

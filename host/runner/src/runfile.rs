@@ -510,7 +510,7 @@ fn check(run: &RunFile) -> Result<(), String> {
         return Err("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]".into());
     }
     use runner_contract::limits::{GPUS, SEQ_LEN, TOKENS};
-    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| !gpu_count_in_range(g)) {
+    if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| !within_gpu_ceiling(g)) {
         return Err(format!(
             "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
         ));
@@ -554,7 +554,7 @@ fn check(run: &RunFile) -> Result<(), String> {
         ("mbs", run.layout.mbs),
     ] {
         if let Some(v) = v
-            && !(1..=MAX_WAY).contains(&v)
+            && !within_gpu_ceiling(v)
         {
             return Err(format!("[layout] {name} must be in 1..={MAX_WAY}, got {v}"));
         }
@@ -620,9 +620,10 @@ pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, Stri
     })
 }
 
-/// The rule for a GPU count, in a run file and on every command's `--gpus`: 1 to the
-/// contract's ceiling (0 would run nothing; past it, sizes stop being checked numbers).
-pub fn gpu_count_in_range(n: u32) -> bool {
+/// The rule for a GPU count, a layout degree (tp, pp, cp, vp, ep, etp) and the micro-batch,
+/// in a run file and on every command's flags: 1 to the contract's GPU ceiling (0 would
+/// run nothing; past it, sizes stop being checked numbers).
+pub fn within_gpu_ceiling(n: u32) -> bool {
     (1..=runner_contract::limits::GPUS).contains(&n)
 }
 

@@ -32,29 +32,39 @@ use runner_project::template::{Dispatcher, Kernels};
 use super::{emit, emit_page, progress_line};
 use crate::Global;
 
+/// A layout degree or micro-batch flag, under the run file's rule
+/// ([`runner::runfile::within_gpu_ceiling`]).
+fn layout_way(s: &str) -> Result<u32, String> {
+    let v = s.trim().parse::<u32>().map_err(|_| format!("'{s}' is not a whole number"))?;
+    if !runner::runfile::within_gpu_ceiling(v) {
+        return Err(format!("{v} is not in 1..={}", runner_contract::limits::GPUS));
+    }
+    Ok(v)
+}
+
 /// The layout flags `project` and `search` share; unset ones are chosen.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct LayoutFlags {
     /// Tensor parallel size
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub tp: Option<u32>,
     /// Pipeline parallel size
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub pp: Option<u32>,
     /// Context parallel size
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub cp: Option<u32>,
     /// Virtual pipeline chunks per stage (interleaved 1F1B)
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub vp: Option<u32>,
     /// Expert parallel size
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub ep: Option<u32>,
     /// Expert tensor parallel size
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub etp: Option<u32>,
     /// Micro-batch size (sequences)
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, value_parser = layout_way)]
     pub mbs: Option<u32>,
     /// Shard parameters, gradients and optimizer state (FSDP / ZeRO-3)
     #[arg(long)]
@@ -1214,6 +1224,18 @@ pub fn bench_search(model: &str, gpu: &str, gpus: u32, precision: &str, repeats:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Layout degrees and the micro-batch on the command line follow the run file's rule
+    /// (they took any u32: `--mbs 4000000000` reached the plugin's graph and was reported
+    /// as the plugin's invalid value).
+    #[test]
+    fn layout_flags_take_the_run_files_range() {
+        assert_eq!(layout_way("8"), Ok(8));
+        assert_eq!(layout_way("1048576"), Ok(1048576));
+        assert_eq!(layout_way("1048577").unwrap_err(), "1048577 is not in 1..=1048576");
+        assert_eq!(layout_way("0").unwrap_err(), "0 is not in 1..=1048576");
+        assert_eq!(layout_way("x").unwrap_err(), "'x' is not a whole number");
+    }
 
     /// `--leave-out`: single runs and inclusive ranges, spaces and empty parts ignored,
     /// sorted and each once; the last run is the file's last, the first past it refused.
