@@ -70,14 +70,23 @@ pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) ->
 /// renamed over it, so a run stopped mid-write (Ctrl-C, a full disk) or a reader at the
 /// same moment never sees half a report, and an older report stays as it was until the
 /// new one is complete. A path that is not a regular file (`/dev/stdout`, a FIFO) is
-/// written in place; a symbolic link's target is replaced, not the link.
+/// written in place; a symbolic link's target is replaced (or created), not the link.
 ///
 /// # Errors
 /// The file or its temporary sibling cannot be written or renamed.
 pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
     let target = if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-        std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())
+        // A link to a file not written yet (`latest.json -> reports/today.json`) is
+        // resolved by hand: its target is created, as `>` in a shell would, and the link
+        // stays.
+        std::fs::canonicalize(path).unwrap_or_else(|_| match std::fs::read_link(path) {
+            Ok(to) => match path.parent() {
+                Some(dir) => dir.join(to),
+                None => to,
+            },
+            Err(_) => path.to_path_buf(),
+        })
     } else {
         path.to_path_buf()
     };
@@ -517,21 +526,8 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                 offerings
                     .as_ref()
                     .map(|o| {
-                        let unknown = runner::pricing::unknown_gpus(o, &profiles.gpus);
-                        if unknown.is_empty() {
-                            format!("{} instances", o.len())
-                        } else {
-                            let shown: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
-                            let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
-                            format!(
-                                "{} instances, {} never quoted, on GPUs no profile describes: {}{} (an offering's gpu must be one of {}, or an alias)",
-                                o.len(),
-                                unknown.len(),
-                                shown.join(", "),
-                                if unknown.len() > 8 { ", ..." } else { "" },
-                                known.join(", ")
-                            )
-                        }
+                        let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+                        offerings_outcome(o.len(), &runner::pricing::unknown_gpus(o, &profiles.gpus), &known)
                     })
                     .map_err(Clone::clone),
             );
@@ -613,6 +609,22 @@ fn validate(path: &str, global: &Global) -> Result<()> {
     Ok(())
 }
 
+/// `plugins validate`'s line for a cost plugin's `offerings`: how many instances, and those
+/// on a GPU no profile describes (valid, but never quoted), the first 8 named.
+fn offerings_outcome(instances: usize, unknown: &[(&str, &str)], known: &[&str]) -> String {
+    if unknown.is_empty() {
+        return format!("{instances} instances");
+    }
+    let shown: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
+    format!(
+        "{instances} instances, {} never quoted, on GPUs no profile describes: {}{} (an offering's gpu must be one of {}, or an alias)",
+        unknown.len(),
+        shown.join(", "),
+        if unknown.len() > 8 { ", ..." } else { "" },
+        known.join(", ")
+    )
+}
+
 #[derive(Serialize)]
 struct ModelRow {
     name: String,
@@ -633,6 +645,9 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     let limits = Limits::default();
     let mut rows = Vec::new();
     let mut found = Vec::new();
+    // Every variant's name, for the error when `name` is none of them (`rows` holds only
+    // the one asked for).
+    let mut names: Vec<String> = Vec::new();
     let mut used: Vec<PluginInfo> = Vec::new();
     // A plugin that fails is left out with a note: one broken file must not hide the rest.
     let mut skipped: Vec<String> = Vec::new();
@@ -649,6 +664,7 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             let mut w = plugin::load(&spec)?.workload(limits)?;
             let described = w.describe()?;
             for v in described.variants {
+                names.push(v.name.clone());
                 if name.is_some_and(|n| n != v.name) {
                     continue;
                 }
@@ -680,13 +696,12 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     let provenance: Vec<String> = used.iter().map(|i| format!("plugin: {}", i.provenance())).chain(skipped.iter().cloned()).collect();
     if let Some(n) = name {
         let Some(v) = found.first() else {
-            let all: Vec<String> = rows.iter().map(|r| r.name.clone()).collect();
             anyhow::bail!(
                 "no installed variant is called '{n}'{}; run `runner models` to list them{}",
-                if all.is_empty() {
+                if names.is_empty() {
                     String::new()
                 } else {
-                    format!(" ({})", all.join(", "))
+                    format!(" ({})", names.join(", "))
                 },
                 skipped.iter().map(|s| format!("\n  {s}")).collect::<String>()
             );
@@ -1053,6 +1068,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::write_atomic;
+    use runner::report::OutputFormat;
 
     /// A log kept in memory.
     #[derive(Clone, Default)]
@@ -1113,8 +1129,8 @@ mod tests {
     }
 
     /// The report replaces the old one whole, keeps its permissions, leaves no temporary
-    /// file behind, writes through a symbolic link to its target, and writes a
-    /// non-file (`/dev/null`) in place.
+    /// file behind, writes through a symbolic link to its target (created when it is not
+    /// there yet), and writes a non-file (`/dev/null`) in place.
     #[test]
     fn reports_are_written_whole_through_a_rename() {
         use std::os::unix::fs::PermissionsExt as _;
@@ -1134,8 +1150,97 @@ mod tests {
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "via link");
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
+        // A link to a file not there yet: the file is created, the link kept.
+        let dangling = dir.join("latest.json");
+        std::os::unix::fs::symlink("sub/today.json", &dangling).unwrap();
+        assert!(write_atomic(&dangling, b"x").is_err(), "no sub/: as a shell's > fails");
+        std::fs::create_dir(dir.join("sub")).unwrap();
+        write_atomic(&dangling, b"today").unwrap();
+        assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink(), "the link is kept");
+        assert_eq!(std::fs::read_to_string(dir.join("sub/today.json")).unwrap(), "today");
         write_atomic(std::path::Path::new("/dev/null"), b"x").unwrap();
         assert!(write_atomic(&dir.join("missing/r.json"), b"x").is_err());
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A named pipe (`-o fifo` read by another program) is written in place: a rename would
+    /// put a regular file where the pipe was and leave its reader waiting.
+    #[test]
+    fn a_named_pipe_is_written_in_place() {
+        use std::os::unix::fs::FileTypeExt as _;
+        let dir = std::env::temp_dir().join(format!("runner-fifo-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let fifo = dir.join("out.json");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        let reader = {
+            let fifo = fifo.clone();
+            std::thread::spawn(move || std::fs::read(fifo).unwrap())
+        };
+        write_atomic(&fifo, b"through the pipe").unwrap();
+        // Checked before the join: a rename would leave the reader waiting for ever.
+        assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe was replaced");
+        assert_eq!(reader.join().unwrap(), b"through the pipe");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    fn global(format: Option<OutputFormat>, output: Option<&str>) -> crate::Global {
+        crate::Global {
+            format,
+            output: output.map(std::path::PathBuf::from),
+            verbose: 0,
+            quiet: true,
+            profile: None,
+            device: Default::default(),
+            history: None,
+            no_history: true,
+        }
+    }
+
+    /// -o's format: --format when given, else the extension's (any case; .htm too), else a
+    /// table; none without -o.
+    #[test]
+    fn the_output_format_is_the_flag_else_the_extension() {
+        let f = |format, output| super::output_format(&global(format, output));
+        assert_eq!(f(None, None), None);
+        assert_eq!(f(Some(OutputFormat::Json), None), None);
+        assert_eq!(f(None, Some("r.json")), Some(OutputFormat::Json));
+        assert_eq!(f(None, Some("R.JSON")), Some(OutputFormat::Json));
+        assert_eq!(f(None, Some("r.csv")), Some(OutputFormat::Csv));
+        assert_eq!(f(None, Some("r.Csv")), Some(OutputFormat::Csv));
+        assert_eq!(f(None, Some("r.html")), Some(OutputFormat::Html));
+        assert_eq!(f(None, Some("r.htm")), Some(OutputFormat::Html));
+        assert_eq!(f(None, Some("r.txt")), Some(OutputFormat::Table));
+        assert_eq!(f(None, Some("report")), Some(OutputFormat::Table));
+        assert_eq!(f(Some(OutputFormat::Csv), Some("r.json")), Some(OutputFormat::Csv));
+        assert_eq!(f(Some(OutputFormat::Json), Some("r.html")), Some(OutputFormat::Json));
+    }
+
+    /// `bench plugins`' median, p10 and p90: the samples' 6th, 2nd and 10th of 11.
+    #[test]
+    fn percentiles_are_read_at_their_rank() {
+        let v: Vec<f64> = (0..=10).rev().map(f64::from).collect();
+        assert_eq!(super::percentiles(v), (5.0, 1.0, 9.0));
+        assert_eq!(super::percentiles(vec![7.0]), (7.0, 7.0, 7.0));
+    }
+
+    /// `plugins validate` names the first 8 offerings on GPUs no profile describes, and says
+    /// when there are more.
+    #[test]
+    fn offerings_on_unknown_gpus_are_named_up_to_eight() {
+        let names: Vec<(String, String)> = (1..=9).map(|i| (format!("i{i}"), format!("G{i}"))).collect();
+        let unknown: Vec<(&str, &str)> = names.iter().map(|(i, g)| (i.as_str(), g.as_str())).collect();
+        let known = ["H100", "B200"];
+        assert_eq!(super::offerings_outcome(12, &[], &known), "12 instances");
+        let eight = super::offerings_outcome(12, &unknown[..8], &known);
+        assert_eq!(
+            eight,
+            "12 instances, 8 never quoted, on GPUs no profile describes: i1 (G1), i2 (G2), i3 (G3), i4 (G4), i5 (G5), \
+             i6 (G6), i7 (G7), i8 (G8) (an offering's gpu must be one of H100, B200, or an alias)"
+        );
+        let nine = super::offerings_outcome(12, &unknown, &known);
+        assert!(nine.starts_with("12 instances, 9 never quoted, on GPUs no profile describes: i1 (G1), "), "{nine}");
+        assert!(nine.contains("i8 (G8), ... (an offering's") && !nine.contains("i9"), "{nine}");
     }
 }

@@ -1100,6 +1100,8 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     };
     let o = run(&["measure", "--model", "llama3-tiny", "--gpu", "cpu-box", "--repeats", "2", "-o", "ops.json", "-q"]);
     assert!(o.status.success(), "{}", text(&o).1);
+    // -q: no step of the GEMMs' progress.
+    assert!(!text(&o).1.lines().any(|l| l.starts_with("1/")), "{}", text(&o).1);
     let ops: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("ops.json")).unwrap()).unwrap();
     assert_eq!((ops["format"].as_str(), ops["gpu"].as_str(), ops["shard"]["tp"].as_u64()), (Some("runner-measured-ops"), Some("cpu-box"), Some(1)));
     let kind_of = |name: &str| ops["ops"].as_array().unwrap().iter().find(|o| o["name"] == name).map(|o| o["kind"].clone());
@@ -1763,4 +1765,141 @@ fn empty_or_relative_xdg_directories_fall_back_to_home_not_the_working_directory
     assert!(home.join(".local/share/runner/history.sqlite").is_file(), "an empty XDG_DATA_HOME: the history is under HOME");
     assert!(home.join(".cache/runner/components").is_dir(), "a relative XDG_CACHE_HOME: the cache is under HOME");
     assert!(!dir.join("runner").exists() && !dir.join("rel").exists(), "nothing under the working directory");
+}
+
+fn test_program(name: &str) -> &'static str {
+    runner::plugin::test_programs().iter().find(|(n, _)| *n == name).map(|(_, p)| *p).unwrap_or_else(|| panic!("{name}"))
+}
+
+/// `plugins list` as a table: a shadowed plugin is marked, a file that fails to load is a
+/// row with its error as a note, and the directories searched are named. `plugins
+/// validate` of a plugin whose call fails marks the call, prints the table and exits 1
+/// with the count; a plugin of several variants says how many; an offering on a GPU that
+/// only --profile describes is one it knows.
+#[test]
+fn plugins_list_notes_and_validate_fails_with_the_count() {
+    let dir = scratch("list-notes");
+    std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
+    std::fs::write(dir.join("plugins/dist/aws.wasm"), embedded_wasm("aws.wasm")).unwrap();
+    std::fs::write(dir.join("plugins/dist/broken.wasm"), b"not a component").unwrap();
+    let o = runner(&dir, &["plugins", "list"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.lines().any(|l| l.starts_with("aws.wasm") && l.contains("embedded (shadowed)")), "{out}");
+    assert!(!out.lines().any(|l| l.starts_with("aws.wasm") && l.contains("plugins/dist/aws.wasm (shadowed)")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("broken.wasm") && l.contains(" error")), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("note: ") && l.contains("broken.wasm")), "{out}");
+    assert!(out.contains("note: plugin directories, searched in order before the embedded set: "), "{out}");
+
+    let o = runner(&dir, &["plugins", "validate", test_program("nonsense_workload.wasm")]);
+    let (out, err) = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    assert!(out.lines().any(|l| l.starts_with("describe") && l.contains("FAILED")), "{out}");
+    assert!(err.contains("1 call(s) failed validation"), "{err}");
+    let o = runner(&dir, &["plugins", "validate", "llama3"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.lines().any(|l| l.starts_with("describe") && l.contains("ok: ") && l.contains(" variants of ")), "{out}");
+    // A GPU --profile describes is one an offering may name.
+    std::fs::write(dir.join("h1000.toml"), CPU_PROFILE.replace("cpu-box", "H1000")).unwrap();
+    let o = runner(&dir, &["--profile", "h1000.toml", "plugins", "validate", test_program("misbehave_cost.wasm")]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("ok: 11 instances") && !out.contains("never quoted"), "{out}");
+}
+
+/// `models` with a plugin shadowed (a copy of llama3.wasm in ./plugins/dist): each variant
+/// once, no plugin left out, each plugin in the notes once, FLOPs per token (not per
+/// sequence), a variant's own title and layouts, and an unknown name answered with the
+/// names there are.
+#[test]
+fn models_counts_each_variant_once_and_names_them_when_one_is_missing() {
+    let dir = scratch("models-shadow");
+    std::fs::create_dir_all(dir.join("plugins/dist")).unwrap();
+    std::fs::write(dir.join("plugins/dist/llama3.wasm"), embedded_wasm("llama3.wasm")).unwrap();
+    let o = runner(&dir, &["models", "-o", "models.json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(!out.contains("note: left out"), "{out}");
+    let notes: Vec<&str> = out.lines().filter(|l| l.starts_with("note: plugin: workload plugin ")).collect();
+    let mut plugins: Vec<&str> = notes.iter().map(|l| l.split_whitespace().nth(4).unwrap()).collect();
+    plugins.sort_unstable();
+    let n = plugins.len();
+    plugins.dedup();
+    assert!(n >= 2 && plugins.len() == n, "each workload plugin once: {notes:?}");
+    assert!(notes.iter().any(|l| l.contains("llama3.wasm (contract 0.3.0): ") && l.contains("plugins/dist/llama3.wasm")), "{notes:?}");
+    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("models.json")).unwrap()).unwrap();
+    let rows = rows.as_array().unwrap();
+    assert_eq!(rows.iter().filter(|r| r["name"] == "llama3-tiny").count(), 1, "{rows:?}");
+    let r8 = rows.iter().find(|r| r["name"] == "llama3.1-8b").unwrap();
+    // About 6 per parameter (the embedding's none, the attention's some more): 6.41.
+    let per_param = r8["flops_per_token"].as_f64().unwrap() / r8["params_active"].as_f64().unwrap();
+    assert!((6.0..7.0).contains(&per_param), "{r8}");
+
+    let o = runner(&dir, &["models", "llama3.1-70b"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.starts_with("llama3.1-70b (llama3, llama3.wasm): "), "{out}");
+    assert!(out.contains(" x GPUs") && !out.contains(" x GPUs + 0"), "{out}");
+    let o = runner(&dir, &["models", "llama3.1-7b"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("no installed variant is called 'llama3.1-7b' (") && err.contains("llama3.1-70b") && err.contains("gpt3-175b"), "{err}");
+}
+
+/// The CPU benches' flags at their edges, each refused with the value that is out of
+/// range (the first of a list); -q keeps stderr empty, and without it the wait and the
+/// file written are said.
+#[test]
+fn cpu_bench_flags_are_refused_at_their_edges_and_quiet_is_quiet() {
+    let dir = scratch("cpu-bench");
+    for (args, want) in [
+        (&["gemm", "--sizes", "16385,0"][..], "--sizes: 16385 is outside 1..=16384"),
+        (&["gemm", "--sizes", "0,16385"], "--sizes: 0 is outside 1..=16384"),
+        (&["quantize", "--rows", "0", "--cols", "4"], "--rows x --cols: 0 x 4 is outside 1..=2^28 elements"),
+        (&["quantize", "--rows", "4", "--cols", "0"], "--rows x --cols: 4 x 0 is outside 1..=2^28 elements"),
+        (&["quantize", "--rows", "1", "--cols", "268435457"], "--rows x --cols: 1 x 268435457 is outside"),
+    ] {
+        let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    let o = runner(&dir, &["--device", "cpu", "bench", "quantize", "--rows", "64", "--cols", "64", "-q", "-o", "q.csv"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && err.is_empty(), "{err}");
+    assert!(out.contains("recipe"), "{out}");
+    assert!(std::fs::read_to_string(dir.join("q.csv")).unwrap().starts_with("recipe,"));
+    let o = runner(&dir, &["--device", "cpu", "bench", "quantize", "--rows", "64", "--cols", "64", "-o", "q.json"]);
+    let err = text(&o).1;
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("quantising a 64 x 64 operand under each recipe, 7 passes each...") && err.contains("wrote q.json"), "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("q.json")).unwrap()).unwrap();
+    assert!(!rows.as_array().unwrap().is_empty());
+}
+
+/// `bench plugins` with fewer calls than a batch still times one batch of each.
+#[test]
+fn bench_plugins_times_one_batch_at_least() {
+    let dir = scratch("bench-plugins");
+    let o = runner(&dir, &["bench", "plugins", "--calls", "1", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let rows: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let samples: Vec<u64> = rows.as_array().unwrap().iter().map(|r| r["samples"].as_u64().unwrap()).collect();
+    assert_eq!(samples, [20, 5, 50, 1, 1], "{out}");
+}
+
+/// A collectives sweep on a log (stderr not a terminal): the first progress line at once,
+/// the next not before 15 s (a sweep of seconds shows one); none with -q.
+#[test]
+fn collectives_progress_reaches_a_log_once_per_interval() {
+    let dir = scratch("coll-progress");
+    let args = ["--device", "cpu", "bench", "collectives", "-b", "4K", "-e", "4K", "-n", "1", "-w", "1", "--format", "json"];
+    let o = runner(&dir, &args);
+    let err = text(&o).1;
+    assert!(o.status.success(), "{err}");
+    let progress: Vec<&str> = err.lines().filter(|l| l.contains("/6: ")).collect();
+    assert_eq!(progress.len(), 1, "{err}");
+    assert!(progress[0].starts_with("1/6: all_reduce 4096 B: "), "{err}");
+    let o = runner(&dir, &[&args[..], &["-q"]].concat());
+    assert!(o.status.success() && text(&o).1.is_empty(), "{}", text(&o).1);
 }
