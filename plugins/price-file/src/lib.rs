@@ -21,6 +21,8 @@
 //!
 //! Every bad row is named by its line, with how to write it; the plugin then stops (a trap
 //! whose message the host shows), so a price file never prices with rows silently dropped.
+//! Reading stops early at the first row past the contract's limits (4096 instances, 1024
+//! prices an instance) or after 1000 problems; the parse is linear in the file's size.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
