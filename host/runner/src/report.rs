@@ -417,6 +417,7 @@ mod tests {
         assert_eq!(si(2.5e6), "2.5M");
         assert_eq!(si(1e9), "1.00B");
         assert_eq!(si(2e12), "2.00T");
+        assert_eq!(si(1e12), "1.00T");
         assert_eq!(si(-2e12), "-2.00T");
         assert_eq!(si(-1.5e6), "-1.5M");
     }
@@ -437,5 +438,25 @@ mod tests {
         assert_eq!(usd(994_000.0), "$994.0K");
         assert_eq!([usd(f64::NAN), usd(f64::INFINITY), usd(f64::NEG_INFINITY)], ["n/a"; 3]);
         assert_eq!(si(8.03e9), "8.03B");
+    }
+
+    /// The format asked for is the one written. Kills: CSV written as the text table.
+    #[test]
+    fn render_writes_the_format_asked_for() {
+        let mut t = Table::new("T", &["name", "value"]);
+        t.rows.push(vec!["a".into(), "1".into()]);
+        let value = serde_json::json!({"a": [1, 2]});
+        assert_eq!(render(OutputFormat::Csv, &t, &value), t.csv());
+        assert_eq!(render(OutputFormat::Table, &t, &value), t.render());
+        assert_eq!(render(OutputFormat::Html, &t, &value), t.html());
+        assert_eq!(render(OutputFormat::Json, &t, &value), "{\n  \"a\": [\n    1,\n    2\n  ]\n}\n");
+    }
+
+    /// A header prints its control characters as escapes too. Kills: headers not made visible.
+    #[test]
+    fn headers_print_control_characters_as_escapes() {
+        let t = Table::new("", &["mo\u{1b}[8mdel"]);
+        assert_eq!(t.render(), "mo\\u{1b}[8mdel\n--------------\n");
+        assert_eq!(t.csv(), "mo\\u{1b}[8mdel\n");
     }
 }

@@ -471,4 +471,29 @@ mod tests {
         let a = Axis::new([0.0, 9.3].into_iter(), false).unwrap();
         assert_eq!(a.ticks(), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
     }
+
+    /// A log axis runs from the power of two at or below the smallest value to the one at
+    /// or above the largest; a linear axis under negative values runs from the lowest one,
+    /// which maps to the bottom as the top does to the top. Kills: floor or ceil made round,
+    /// the linear fraction not taken from the low end.
+    #[test]
+    fn axes_hold_every_value() {
+        let log = Axis::new([3.0, 90.0].into_iter(), true).unwrap();
+        assert_eq!((log.lo, log.hi), (2.0, 128.0));
+        let lin = Axis::new([-10.0, 10.0].into_iter(), false).unwrap();
+        assert_eq!((lin.lo, lin.hi), (-10.0, 11.0));
+        assert_eq!((lin.frac(-10.0), lin.frac(11.0), lin.frac(0.5)), (0.0, 1.0, 0.5));
+    }
+
+    /// Each part of the bars its colour in the legend. Kills: every legend entry in the
+    /// first colour.
+    #[test]
+    fn bar_legend_colours_follow_the_parts() {
+        let b = StackedBars { categories: vec!["8".into()], parts: vec![("a".into(), vec![1.0]), ("b".into(), vec![2.0])], ..StackedBars::default() };
+        let svg = b.svg();
+        for (j, name) in ["a", "b"].iter().enumerate() {
+            let legend = format!("width=\"14\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{name}</text>", PALETTE[j], W - RIGHT + 32.0, TOP + 14.0 + 18.0 * j as f64);
+            assert!(svg.contains(&legend), "{legend}: {svg}");
+        }
+    }
 }

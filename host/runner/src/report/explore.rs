@@ -811,4 +811,147 @@ pub(crate) mod tests {
         let joined: String = out.lines().map(|l| l.trim()).collect::<Vec<_>>().join(" ");
         assert!(joined.ends_with("needs a line of its own"), "{joined}");
     }
+
+    /// A projection of `step_s` seconds per step on TP8 MBS1 GBS64, `mfu` of peak, all of
+    /// its step compute but `bubble` seconds of pipeline bubble.
+    fn projected(step_s: f64, mfu: f64, bubble: f64) -> runner_project::step::Projection {
+        use runner_project::step::{Breakdown, Memory};
+        let breakdown = Breakdown { compute: step_s - bubble, bubble, ..Breakdown::default() };
+        serde_json::from_value(serde_json::json!({
+            "layout": {
+                "tp": 8, "pp": 1, "cp": 1, "vp": 1, "ep": 1, "etp": 1, "dp": 1, "mbs": 1, "gbs": 64,
+                "sequence_parallel": true, "fsdp": false, "recompute": "none", "recompute_layers": 0,
+                "distributed_optimizer": true, "tp_overlap": false, "ep_overlap": false, "dp_overlap": false, "grad_fp32": false
+            },
+            "gpus": 8, "step_time_s": step_s, "tokens_per_sec_per_gpu": 1234.4, "model_tflops_per_gpu": 400.0, "mfu": mfu,
+            "memory_per_gpu_gib": 40.2, "fits": true, "memory": serde_json::to_value(Memory::default()).unwrap(),
+            "breakdown": serde_json::to_value(breakdown).unwrap(), "micro_batches": 64
+        }))
+        .unwrap()
+    }
+
+    /// A fitted row's figures: the layout without micro-batch and global batch (the HTML
+    /// page has a GBS column), speedup to two decimals, relative cost to three, MFU in
+    /// per cent; the breakdown chart draws only the parts that take time. Kills: the
+    /// MBS/GBS filter dropped, speedup at one decimal, relative cost at two, MFU not in
+    /// per cent, no GBS column, every breakdown part drawn.
+    #[test]
+    fn a_fitted_row_shows_its_layout_and_figures_in_each_format() {
+        let mut eight = row(8, Some(12.345), vec![priced("a", 10.0, &[], "s")]);
+        eight.projection = Some(projected(2.5, 0.41234, 0.0));
+        (eight.speedup, eight.relative_cost, eight.global_batch) = (Some(1.5), Some(1.25), 64);
+        let o = outcome("bf16", vec![eight], &["a"]);
+        let page = text(&o);
+        let line = page.lines().find(|l| l.starts_with("8 ")).unwrap_or_else(|| panic!("{page}"));
+        assert!(line.contains("TP8") && !line.contains("MBS") && !line.contains("GBS"), "{line}");
+        for cell in ["2.50", "40", "12.3", "1.50x", "1.250", "1234", "41.2%", "$10.00"] {
+            assert!(line.split_whitespace().any(|c| c == cell), "{cell}: {line}");
+        }
+        let html = html(&o);
+        assert!(html.contains("<th>GPUs</th><th>layout</th><th>GBS</th>") && html.contains("<td class=\"n\">64</td>"), "{html}");
+        assert!(html.contains(">compute</text>") && !html.contains(">bubble</text>"), "{html}");
+    }
+
+    /// The clouds are ranked at the sweet spot, not at the first priced row; a cloud whose
+    /// quotes failed shows "failed" in its column; with every priced cloud shown there is
+    /// no "more clouds" line. Kills: the anchor ignoring the sweet spot, a failed cell
+    /// shown as "n/a", the "more clouds" line when none are left out.
+    #[test]
+    fn clouds_rank_at_the_sweet_spot_and_a_failed_one_says_so() {
+        let eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "s"), priced("b", 20.0, &[], "s"), CloudPrice::QuoteFailed { reason: "x".into() }]);
+        let mut sixteen = row(16, Some(5.0), vec![priced("a", 30.0, &[], "s"), priced("b", 15.0, &[], "s"), CloudPrice::QuoteFailed { reason: "x".into() }]);
+        sixteen.sweet = true;
+        let o = outcome("bf16", vec![eight, sixteen], &["a", "b", "c"]);
+        assert_eq!(ranked_clouds(&o.series[0]), vec![1, 0, 2]);
+        let two = outcome("bf16", vec![row(8, Some(10.0), vec![priced("a", 10.0, &[], "s"), CloudPrice::QuoteFailed { reason: "x".into() }])], &["a", "c"]);
+        let page = text(&two);
+        assert!(page.lines().any(|l| l.starts_with("8 ") && l.ends_with("$10.00  failed")), "{page}");
+        assert!(!page.contains("more clouds"), "{page}");
+    }
+
+    /// The terminal page gives a goal's nearest answer when it is not met, the reason
+    /// nothing fits at a GPU count and the outcome's notes. Kills: each of the three left out.
+    #[test]
+    fn the_terminal_page_keeps_the_nearest_answer_the_reasons_and_the_notes() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        o.series[0].rows[1].why_not = Some("no layout holds 405B".into());
+        o.notes.push("plugin: llama3 sha256 00".into());
+        let choice = crate::explore::Choice { gpu: "H100".into(), precision: "bf16".into(), gpus: 8, layout: "TP8".into(), days: 10.0, usd: None, cloud: None, price_row: None };
+        o.goal = Some(GoalAnswer { goal: Goal::TargetDays(5.0), met: false, best: Some(choice), runners_up: Vec::new(), why: "too slow".into() });
+        let page = text(&o);
+        assert!(page.contains("  not met: too slow\n  nearest: 8 x H100 bf16 (TP8): 10.0 days, not priced\n"), "{page}");
+        assert!(page.contains("note: H100 bf16 16 GPUs: no layout holds 405B\n"), "{page}");
+        assert!(page.contains("note: plugin: llama3 sha256 00\n"), "{page}");
+        let csv = csv(&o);
+        assert!(csv.contains("\n# Goal: finish within 5 days at the lowest cost\n#   not met: too slow\n"), "{csv}");
+    }
+
+    /// The CSV keeps each figure as computed: 0.00004 days is not 0.00. Kills: days rounded.
+    #[test]
+    fn csv_figures_are_not_rounded() {
+        let out = csv(&outcome("bf16", vec![row(8, Some(0.00004), vec![priced("a", 10.5, &[], "s")])], &["a"]));
+        let line = out.lines().nth(1).unwrap();
+        let cells: Vec<&str> = line.split(',').collect();
+        assert_eq!((cells[10], cells[16]), ("0.00004", "10.5"), "{line}");
+    }
+
+    /// Two series: each sweet spot's mark names its series, BF16 is dashed against the
+    /// other; a series priced by two clouds has a cost-per-cloud chart; the sweet row is
+    /// highlighted and only the layout cell is not a number. Kills: the mark's label
+    /// without its series, the per-cloud chart only past two clouds, no highlight, the
+    /// GPU count's cell taken for text.
+    #[test]
+    fn the_html_page_marks_each_series_sweet_spot_and_charts_each_cloud() {
+        let mut eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "s"), priced("b", 12.0, &[], "s")]);
+        (eight.sweet, eight.cheapest) = (true, Some(0));
+        let mut o = outcome("bf16", vec![eight, row(16, Some(6.0), vec![priced("a", 11.0, &[], "s"), priced("b", 13.0, &[], "s")])], &["a", "b"]);
+        let mut fp8 = o.series[0].clone();
+        fp8.precision = "fp8".into();
+        o.series.push(fp8);
+        let page = html(&o);
+        assert!(page.contains(">sweet spot H100 bf16</text>") && page.contains(">sweet spot H100 fp8</text>"), "{page}");
+        assert_eq!(page.matches("Cost per cloud, H100").count(), 4, "a chart per series, each titled twice: {page}");
+        assert!(page.contains("<tr class=\"sweet\"><td class=\"n\">8*</td><td>nothing fits</td>"), "{page}");
+        assert!(page.contains("<tr><td class=\"n\">16</td><td>nothing fits</td>"), "{page}");
+    }
+
+    /// The itemised quote at a sweet spot: the hours billed, each line as a list price or
+    /// an estimate, the caveats of its price row, and the cloud's name escaped. Kills: the
+    /// billed hours left out, estimate and list price swapped, the caveat note left out,
+    /// the cloud's name unescaped.
+    #[test]
+    fn the_sweet_spot_quote_is_itemised() {
+        let line = |item: &str, estimate| crate::pricing::Line { item: item.into(), category: "compute".into(), quantity: 8.0, unit: "gpu-hour".into(), amount: 9.5, estimate };
+        let mut q = crate::pricing::tests::quote(19.0, &["resale"]);
+        q.cloud = "<c&d>".into();
+        (q.hours, q.billed_hours) = (1.5, Some(2.0));
+        q.lines = vec![line("gpus", false), line("egress", true)];
+        let mut eight = row(8, Some(10.0), vec![CloudPrice::Quoted(q)]);
+        (eight.sweet, eight.cheapest) = (true, Some(0));
+        let page = html(&outcome("bf16", vec![eight], &["<c&d>"]));
+        let quotes = &page[page.find("<h3>Quotes at the sweet spots").unwrap()..];
+        assert!(quotes.contains("on &lt;c&amp;d&gt; (") && !page.contains("<c&d>"), "{quotes}");
+        assert!(quotes.contains("1.5 h run, 2.0 h billed per node"), "{quotes}");
+        assert!(quotes.contains("<td>gpus</td><td>compute</td><td class=\"n\">8.0</td><td>gpu-hour</td><td class=\"n\">9.50 USD</td><td>list price</td>"), "{quotes}");
+        assert!(quotes.contains("<td>egress</td>") && quotes.contains("<td>estimate</td>"), "{quotes}");
+        assert!(quotes.contains("<li>the price row is marked resale: no clean price was quoted for this GPU</li>"), "{quotes}");
+    }
+
+    /// Why nothing fits at a GPU count reaches the page escaped. Kills: it unescaped.
+    #[test]
+    fn the_html_page_escapes_why_nothing_fits() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        o.series[0].rows[1].why_not = Some("<b>too big</b>".into());
+        let page = html(&o);
+        assert!(page.contains("<li>H100 bf16 16 GPUs: &lt;b&gt;too big&lt;/b&gt;</li>") && !page.contains("<b>"), "{page}");
+    }
+
+    /// The edges of the figures' formats: 0.1 days has two decimals, 0.01 at two decimals
+    /// is 0.01. Kills: `>=` made `>` in `days_cell` and `fixed_or_significant`.
+    #[test]
+    fn figures_at_their_format_edges() {
+        assert_eq!(days_cell(0.1), "0.10");
+        assert_eq!(fixed_or_significant(0.01, 2), "0.01");
+        assert_eq!(fixed_or_significant(-0.01, 2), "-0.01");
+    }
 }

@@ -188,4 +188,35 @@ mod tests {
         }
         assert!(bars.parts.iter().all(|(name, _)| name != "bubble"), "parts no run has are left out");
     }
+
+    /// "Missed by more than 15 %": a run off by exactly 15 % is not. Kills: `>` made `>=`.
+    #[test]
+    fn a_run_off_by_exactly_the_target_is_not_missed() {
+        let (mut at, mut past) = (run(0, "H100", 1.0, 1.15), run(1, "H100", 1.0, 1.16));
+        (at.error, past.error) = (MISSED, -MISSED - 1e-12);
+        assert_eq!(missed(&[at, past]).categories, vec!["#1 -15%".to_string()]);
+    }
+
+    /// A run predicted at 0 s (missed by 100 %) has no shares, not 0/0: every share is a
+    /// number. Attention and Mamba scans are one part. Kills: the division unguarded, the
+    /// scans left out.
+    #[test]
+    fn shares_are_numbers_and_scans_count_with_attention() {
+        let mut scan = run(1, "H100", 1.0, 2.0);
+        scan.breakdown.compute_parts = ComputeParts { gemm: 0.6, attention: 0.2, scan: 0.4 };
+        let bars = missed(&[run(0, "H100", 1.0, 0.0), scan]);
+        assert!(bars.parts.iter().all(|(_, v)| v[0] == 0.0), "{:?}", bars.parts);
+        let attention = bars.parts.iter().find(|(n, _)| n == "attention, scans").unwrap();
+        assert!((attention.1[1] - 30.0).abs() < 1e-9, "(0.2 + 0.4) / 2: {:?}", attention.1);
+    }
+
+    /// The page has both charts. Kills: the breakdown chart left out.
+    #[test]
+    fn the_page_has_the_parity_and_the_breakdown_charts() {
+        let v = Validation { checked: vec![run(0, "H100", 1.0, 2.0)], unsupported: Vec::new(), overall: Default::default(), groups: Default::default() };
+        let page = html(&v, &Table::new("t", &["#"]));
+        assert!(page.contains("<title>Predicted against published step time</title>"), "{page}");
+        assert!(page.contains("<title>Runs missed by more than 15 %: what the prediction is made of</title>"), "{page}");
+        assert_eq!(page.matches("class=\"bar\"").count(), 4, "GEMMs, attention, other compute and exposed comm of run 0: {page}");
+    }
 }
