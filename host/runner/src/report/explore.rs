@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use crate::explore::{Choice, Goal, Outcome, Row, Series};
 use crate::pricing::{CloudCost, CloudPrice, rank_clouds};
 use crate::report::chart::{self, LineChart, Mark, StackedBars};
-use crate::report::{OutputFormat, Table, si, usd};
+use crate::report::{OutputFormat, Table, si, usd, visible};
 
 /// Clouds shown per series in the terminal.
 const TERMINAL_CLOUDS: usize = 2;
@@ -19,8 +19,10 @@ const WIDTH: usize = 100;
 
 /// `text` after `lead`, wrapped at word boundaries to [`WIDTH`] columns, continuation
 /// lines indented by two spaces; a word longer than a line (a catalog path at a commit)
-/// is cut at the margin.
+/// is cut at the margin. Control characters print as [`visible`] escapes, as in a table
+/// (a note carries the price file's path from the user's run file).
 fn wrapped(lead: &str, text: &str) -> String {
+    let text = visible(text);
     let mut out = String::new();
     let mut line = lead.to_string();
     let mut fresh = true;
@@ -251,7 +253,7 @@ fn comparison_table(o: &Outcome) -> Option<Table> {
 /// The terminal page.
 pub fn text(o: &Outcome) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "{}\n", title(o));
+    let _ = writeln!(out, "{}\n", visible(&title(o)));
     for s in &o.series {
         let ranked = ranked_clouds(s);
         let shown: Vec<usize> = ranked.iter().copied().take(TERMINAL_CLOUDS).collect();
@@ -884,6 +886,20 @@ pub(crate) mod tests {
         assert!(page.contains("note: plugin: llama3 sha256 00\n"), "{page}");
         let csv = csv(&o);
         assert!(csv.contains("\n# Goal: finish within 5 days at the lowest cost\n#   not met: too slow\n"), "{csv}");
+    }
+
+    /// Text that reaches the terminal page prints control characters as escapes: a note
+    /// carrying a price file's path from the user's run file, the model's name, a reason.
+    #[test]
+    fn the_terminal_page_prints_control_characters_as_escapes() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        o.model.variant = "tiny\u{1b}]0;x\u{7}".into();
+        o.notes.push("prices of 'ours' read from ours\u{1b}[2J.csv".into());
+        o.series[0].rows[1].why_not = Some("bad\u{202e}txt".into());
+        o.series[0].sweet_spot_why = "why\u{9b}31m".into();
+        let page = text(&o);
+        assert!(!page.chars().any(|c| c != '\n' && runner_contract::text::is_unsafe(c)), "{page:?}");
+        assert!(page.starts_with("tiny\\u{1b}]0;x\\u{7} (") && page.contains("ours\\u{1b}[2J.csv") && page.contains("bad\\u{202e}txt"), "{page}");
     }
 
     /// The CSV keeps each figure as computed: 0.00004 days is not 0.00. Kills: days rounded.
