@@ -110,7 +110,8 @@ impl Axis {
     }
 }
 
-/// A short number for a tick: 1.5K, 2M, 0.25.
+/// A short number for a tick: 1.5K, 2M, 0.25, and two significant digits where two
+/// decimals would show none (a tiny model's days: 0.00024, not 0.00).
 pub fn short(v: f64) -> String {
     let a = v.abs();
     if v.fract() == 0.0 && a < 1e5 {
@@ -125,7 +126,7 @@ pub fn short(v: f64) -> String {
     } else {
         (v, "")
     };
-    let s = if x.fract().abs() < 1e-9 { format!("{x:.0}") } else if x.abs() >= 10.0 { format!("{x:.1}") } else { format!("{x:.2}") };
+    let s = if x.fract().abs() < 1e-9 { format!("{x:.0}") } else if x.abs() >= 10.0 { format!("{x:.1}") } else { crate::report::fixed_or_significant(x, 2) };
     format!("{s}{unit}")
 }
 
@@ -468,6 +469,11 @@ mod tests {
         assert_eq!(short(5e5), "500K");
         assert_eq!(short(1e9), "1B");
         assert_eq!(short(12_500.5), "12.5K");
+        // Below 0.01: two significant digits, not "0.00" on every tick of a tiny model's axis.
+        assert_eq!((short(0.25), short(0.001), short(2f64.powi(-12)), short(-0.004)), ("0.25".into(), "0.0010".into(), "0.00024".into(), "-0.0040".into()));
+        let c = LineChart { log_y: true, series: vec![Series { name: "s".into(), points: vec![(8.0, 0.0003), (64.0, 0.00005)], ..Series::default() }], ..LineChart::default() };
+        let svg = c.svg();
+        assert!(!svg.contains(">0.00<") && svg.contains(">0.00024<") && svg.contains(">0.000031<"), "{svg}");
         let a = Axis::new([0.0, 9.3].into_iter(), false).unwrap();
         assert_eq!(a.ticks(), vec![0.0, 2.0, 4.0, 6.0, 8.0]);
     }
