@@ -136,8 +136,14 @@ impl Table {
             // A spreadsheet runs a cell that starts with = or @, or with + or - and more
             // than a figure, as a formula: a price file's instance name must not. A figure
             // ("-23.1 %", "+4.2", "-$1.5K", "1.48x") keeps its sign; "-2+3+cmd|'/C calc'!A0"
-            // (OWASP's CSV injection), whose sign a digit follows, does not pass for one.
-            let figure = |rest: &str| rest.chars().all(|c| c.is_ascii_digit() || " .,%$~xKMBTeE".contains(c));
+            // (OWASP's CSV injection), whose sign a digit follows, does not pass for one;
+            // nor do "+B1" and "-$E$1", cell references: a figure's letters (a unit, an
+            // exponent, the x of a ratio) come after a digit.
+            let figure = |rest: &str| {
+                let letter = rest.find(|c: char| c.is_ascii_alphabetic());
+                rest.chars().all(|c| c.is_ascii_digit() || " .,%$~xKMBTeE".contains(c))
+                    && letter.is_none_or(|l| rest[..l].contains(|c: char| c.is_ascii_digit()))
+            };
             let formula = match s.chars().next() {
                 Some('=' | '@') => true,
                 Some('+' | '-') => !figure(&s[1..]),
@@ -343,6 +349,18 @@ mod tests {
             t.csv(),
             "instance,error\n\"'=HYPERLINK(\"\"x\"\")\",-23.1 %\n'@SUM(A1),+4.2\n'-cmd,-\n\"#box\",-.5\n'-2+3+cmd|' /C calc'!A0,-$1.5K\n'+A1,- 2.0 %\n\"aws.amazon.com/ec2/pricing/#p5\",1\n"
         );
+    }
+
+    /// A signed cell whose letters come before any digit is a cell reference, not a
+    /// figure: "+B1", "-$E$1" and "-x" are neutralised; "-1.5e3", "+2.0x", "-$1.5K" and
+    /// "-4.2 %" stay figures.
+    #[test]
+    fn csv_cell_references_are_not_figures() {
+        let mut t = Table::new("", &["a"]);
+        for cell in ["+B1", "-$E$1", "+K2%", "-x", "-1.5e3", "+2.0x", "-$1.5K", "-4.2 %"] {
+            t.rows.push(vec![cell.into()]);
+        }
+        assert_eq!(t.csv(), "a\n'+B1\n'-$E$1\n'+K2%\n'-x\n-1.5e3\n+2.0x\n-$1.5K\n-4.2 %\n");
     }
 
     /// Numbers (digits, '$', '-', '~' first) are right-aligned in every column but the
