@@ -254,20 +254,19 @@ pub fn writable(path: &std::path::Path) -> Result<(), String> {
     }
 }
 
-/// Human number with SI suffix: 8.03B, 4.74e14 stays scientific for FLOPs.
+/// Human number with SI suffix: 8.03B, 4.74e14 stays scientific for FLOPs. Rounding that
+/// reaches the next unit reads in it, as [`usd`] does: 999.96M parameters are 1.00B, not
+/// 1000.0M.
 pub fn si(v: f64) -> String {
     let a = v.abs();
-    if a >= 1e12 {
-        format!("{:.2}T", v / 1e12)
-    } else if a >= 1e9 {
-        format!("{:.2}B", v / 1e9)
-    } else if a >= 1e6 {
-        format!("{:.1}M", v / 1e6)
-    } else if a >= 1e3 {
-        format!("{:.1}K", v / 1e3)
-    } else {
-        format!("{v:.0}")
+    let units = [(1e12, "T", 2), (1e9, "B", 2), (1e6, "M", 1), (1e3, "K", 1), (1.0, "", 0)];
+    for (i, &(scale, unit, decimals)) in units.iter().enumerate() {
+        let below = |&(s, _, d): &(f64, &str, usize)| format!("{:.d$}", a / s).parse::<f64>().is_ok_and(|x| x >= 1000.0);
+        if a >= scale || units.get(i + 1).is_some_and(below) {
+            return format!("{:.decimals$}{unit}", v / scale);
+        }
     }
+    format!("{v:.0}")
 }
 
 /// US dollars, rounded to what matters at the scale; "n/a" for a value that is no amount
@@ -438,6 +437,8 @@ mod tests {
         assert_eq!(si(1e12), "1.00T");
         assert_eq!(si(-2e12), "-2.00T");
         assert_eq!(si(-1.5e6), "-1.5M");
+        // Rounding that reaches the next unit reads in it.
+        assert_eq!([si(999_960_000.0), si(999_950.0), si(-999_960.0), si(999.6), si(999_940.0)], ["1.00B", "1.0M", "-1.0M", "1.0K", "999.9K"]);
     }
 
     #[test]
