@@ -970,4 +970,19 @@ pub(crate) mod tests {
         assert_eq!(fixed_or_significant(0.01, 2), "0.01");
         assert_eq!(fixed_or_significant(-0.01, 2), "-0.01");
     }
+
+    /// The page is self-contained: no script, no fetched file or style; the only URLs are
+    /// the SVG namespace (an identifier, never fetched) and a price source's, as text.
+    #[test]
+    fn the_html_page_fetches_nothing() {
+        let mut eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "https://aws.amazon.com/ec2/pricing/"), priced("b", 12.0, &[], "s")]);
+        (eight.sweet, eight.cheapest) = (true, Some(0));
+        eight.projection = Some(projected(2.5, 0.4, 0.5));
+        let page = html(&outcome("bf16", vec![eight], &["a", "b"]));
+        for fetch in ["<script", "src=", "href=", "url(", "@import", "<link", "<img", "<iframe"] {
+            assert!(!page.contains(fetch), "{fetch}: {page}");
+        }
+        let urls = page.matches("http").count();
+        assert_eq!(urls, page.matches("xmlns=\"http://www.w3.org/2000/svg\"").count() + 2, "the price source, in a tooltip and a footnote: {page}");
+    }
 }
