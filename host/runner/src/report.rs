@@ -40,7 +40,7 @@ impl Table {
         }
     }
 
-    /// Aligned text: numbers (cells starting with a digit, '$' or '-') right-aligned.
+    /// Aligned text: numbers (cells starting with a digit, '$', '+', '-' or '~') right-aligned.
     /// Control characters in any text (a model name from a user's file, a run file's path)
     /// print as visible escapes, never as terminal sequences.
     pub fn render(&self) -> String {
@@ -60,8 +60,7 @@ impl Table {
         let line = |cells: &[String], out: &mut String| {
             let mut parts = Vec::with_capacity(cols);
             for (i, cell) in cells.iter().enumerate().take(cols) {
-                let numeric = cell
-                    .starts_with(|c: char| c.is_ascii_digit() || c == '$' || c == '-' || c == '~');
+                let numeric = numeric(cell);
                 let pad = width[i] - cell.chars().count();
                 parts.push(if numeric && i > 0 {
                     format!("{}{cell}", " ".repeat(pad))
@@ -98,9 +97,6 @@ impl Table {
 
     /// The title, the table and the notes as HTML, for a page of several parts.
     pub fn html_fragment(&self) -> String {
-        let numeric = |c: &str| {
-            c.starts_with(|ch: char| ch.is_ascii_digit() || ch == '$' || ch == '-' || ch == '~')
-        };
         let mut out = String::new();
         for line in self.title.lines() {
             let _ = writeln!(out, "<h2>{}</h2>", html_escape(line));
@@ -182,6 +178,12 @@ impl Table {
         }
         out
     }
+}
+
+/// Whether a cell is a figure, right-aligned: it starts with a digit, '$', a sign (an
+/// error of "+12.3%" as much as one of "-25.0%") or '~'.
+fn numeric(cell: &str) -> bool {
+    cell.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '$' | '+' | '-' | '~'))
 }
 
 /// `s` with every character that changes how a terminal shows text (ESC, CR, BEL, the
@@ -360,6 +362,18 @@ mod tests {
             t.rows.push(vec![cell.into()]);
         }
         assert_eq!(t.csv(), "a\n'+B1\n'-$E$1\n'+K2%\n'-x\n-1.5e3\n+2.0x\n-$1.5K\n-4.2 %\n");
+    }
+
+    /// A signed column (the error of `runner validate`, the gap of a training report)
+    /// aligns its positive figures with its negative ones, in the terminal and in HTML.
+    #[test]
+    fn positive_and_negative_figures_align_alike() {
+        let mut t = Table::new("", &["#", "error"]);
+        for (i, e) in ["+2.0%", "-25.0%", "0.0%"].iter().enumerate() {
+            t.rows.push(vec![i.to_string(), e.to_string()]);
+        }
+        assert_eq!(t.render(), "#  error\n-  ------\n0   +2.0%\n1  -25.0%\n2    0.0%\n");
+        assert!(t.html_fragment().contains("<td class=\"n\">+2.0%</td>"), "{}", t.html_fragment());
     }
 
     /// Numbers (digits, '$', '-', '~' first) are right-aligned in every column but the
