@@ -126,11 +126,13 @@ fn ranked_clouds(s: &Series) -> Vec<usize> {
     idx
 }
 
-/// Days to a useful precision: 115.5, 3.57, 0.021, 0.00034.
+/// Days to a useful precision: 115.5, 3.57, 0.021, 0.00034; the precision is chosen on
+/// the figure as rounded, so 9.996 days reads 10.0 as 10 days does, not 10.00.
 pub(crate) fn days_cell(d: f64) -> String {
-    if d >= 10.0 {
+    let reaches = |decimals: usize, at: f64| d >= at || format!("{d:.decimals$}").parse::<f64>().is_ok_and(|x| x >= at);
+    if reaches(2, 10.0) {
         format!("{d:.1}")
-    } else if d >= 0.1 {
+    } else if reaches(3, 0.1) {
         format!("{d:.2}")
     } else {
         fixed_or_significant(d, 3)
@@ -967,6 +969,8 @@ pub(crate) mod tests {
     #[test]
     fn figures_at_their_format_edges() {
         assert_eq!(days_cell(0.1), "0.10");
+        // Chosen on the figure as rounded: 10 days and 9.996 days read alike.
+        assert_eq!([days_cell(9.996), days_cell(9.994), days_cell(0.09996), days_cell(0.0994)], ["10.0", "9.99", "0.10", "0.099"]);
         assert_eq!(fixed_or_significant(0.01, 2), "0.01");
         assert_eq!(fixed_or_significant(-0.01, 2), "-0.01");
     }
