@@ -989,4 +989,53 @@ pub(crate) mod tests {
         let urls = page.matches("http").count();
         assert_eq!(urls, page.matches("xmlns=\"http://www.w3.org/2000/svg\"").count() + 2, "the price source, in a tooltip and a footnote: {page}");
     }
+
+    /// The terminal page states the budget asked in dollars, the sweet-spot rule and what
+    /// rel.cost means, and FP8's coverage in per cent. Kills: the budget unformatted, each
+    /// note left out, the coverage not in per cent.
+    #[test]
+    fn the_terminal_page_states_the_budget_the_rules_and_the_coverage() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        o.goal = Some(GoalAnswer { goal: Goal::Budget(1.5e6), met: false, best: None, runners_up: Vec::new(), why: "x".into() });
+        o.comparisons.push(Comparison { gpu: "H100".into(), precision: "fp8".into(), gpus: 8, days_bf16: 10.0, days: 8.0, speedup: 1.25, usd_bf16: Some(100.0), usd: Some(80.0), coverage: 0.9 });
+        let page = text(&o);
+        assert!(page.contains("Goal: finish soonest for at most $1.50M\n"), "{page}");
+        assert!(page.contains("\nnote: rule\nnote: rel.cost is the cheapest quote"), "{page}");
+        assert!(page.contains(" 20.0%     90.0%\n"), "{page}");
+    }
+
+    /// The CSV names each series' sweet spot in its notes and the workload plugin with its
+    /// sha256 on every line. Kills: the sweet-spot notes left out, the workload columns empty.
+    #[test]
+    fn csv_lines_name_the_workload_plugin_and_notes_the_sweet_spots() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        let source = crate::plugin::Source::Embedded;
+        o.plugins.push(crate::plugin::PluginInfo { name: "llama3".into(), kind: crate::plugin::Kind::Workload, contract: "0.2.0".into(), source, sha256: "ab12".into(), bytes: 1, shadows_embedded: false });
+        let out = csv(&o);
+        let data: Vec<&str> = out.lines().skip(1).filter(|l| !l.starts_with('#')).collect();
+        assert!(!data.is_empty() && data.iter().all(|l| l.ends_with(",llama3,ab12,bf16")), "{out}");
+        assert!(out.contains("\n# H100 bf16: sweet spot why\n"), "{out}");
+    }
+
+    /// The page: the goal in its box, the sweet spot marked on the days chart and the
+    /// cost chart, its reason escaped, the quote's warnings under it, the FP8 comparison.
+    /// Kills: the goal box, either mark, the reason unescaped, the warnings and the
+    /// comparison table each left out.
+    #[test]
+    fn the_html_page_has_the_goal_the_marks_the_warnings_and_the_comparison() {
+        let mut q = crate::pricing::tests::quote(10.0, &[]);
+        q.warnings = vec!["<warn>".into()];
+        let mut eight = row(8, Some(10.0), vec![CloudPrice::Quoted(q)]);
+        (eight.sweet, eight.cheapest) = (true, Some(0));
+        let mut o = outcome("bf16", vec![eight, row(16, Some(6.0), vec![priced("a", 12.0, &[], "s")])], &["a"]);
+        o.series[0].sweet_spot_why = "<why>".into();
+        o.goal = Some(GoalAnswer { goal: Goal::TargetDays(5.0), met: false, best: None, runners_up: Vec::new(), why: "slow".into() });
+        o.comparisons.push(Comparison { gpu: "H100".into(), precision: "fp8".into(), gpus: 8, days_bf16: 10.0, days: 8.0, speedup: 1.25, usd_bf16: Some(100.0), usd: Some(80.0), coverage: 0.9 });
+        let page = html(&o);
+        assert!(page.contains("<div class=\"goal\"><p>Goal: finish within 5 days at the lowest cost</p><p>not met: slow</p></div>"), "{page}");
+        assert_eq!(page.matches("<g class=\"mark\">").count(), 2, "days and cost: {page}");
+        assert!(page.contains("<p class=\"rule\">Sweet spot (highlighted): &lt;why&gt;</p>"), "{page}");
+        assert!(page.contains("<li>&lt;warn&gt;</li>"), "{page}");
+        assert!(page.contains("<h2>Low precision against BF16") && page.contains("<td class=\"n\">90.0%</td>"), "{page}");
+    }
 }
