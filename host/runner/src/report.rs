@@ -223,7 +223,7 @@ pub fn render<T: Serialize>(format: OutputFormat, table: &Table, value: &T) -> S
         OutputFormat::Html => table.html(),
         OutputFormat::Json => {
             serde_json::to_string_pretty(value)
-                .unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+                .unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }).to_string())
                 + "\n"
         }
     }
@@ -483,6 +483,17 @@ mod tests {
         assert_eq!(render(OutputFormat::Table, &t, &value), t.render());
         assert_eq!(render(OutputFormat::Html, &t, &value), t.html());
         assert_eq!(render(OutputFormat::Json, &t, &value), "{\n  \"a\": [\n    1,\n    2\n  ]\n}\n");
+        // A value that cannot be serialised still gives JSON, its error quoted as a string
+        // (the message was pasted between quotes: one holding a quote broke the document).
+        struct Refuses;
+        impl Serialize for Refuses {
+            fn serialize<S: serde::Serializer>(&self, _: S) -> Result<S::Ok, S::Error> {
+                Err(serde::ser::Error::custom("key \"x\" is not a string"))
+            }
+        }
+        let out = render(OutputFormat::Json, &t, &Refuses);
+        let back: serde_json::Value = serde_json::from_str(&out).expect(&out);
+        assert_eq!(back["error"], "key \"x\" is not a string");
     }
 
     /// A header prints its control characters as escapes too. Kills: headers not made visible.
