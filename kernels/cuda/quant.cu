@@ -98,7 +98,9 @@ extern "C" __global__ void quant_blocks(float* x, const float* bamax, const floa
                                         int two_level, int saturate, int sr, u32 seed) {
     QGrid g = qgrid(fmt);
     int emax = fmt == 0 ? 8 : (fmt == 1 ? 15 : 2);
-    float global = two_level ? tamax[0] / (448.0f * g.max) : 1.0f;
+    // cpu/quant.rs tensor_scale_of_blocks: 1 for an amax of 0 or not finite (TE's rule).
+    float ta = tamax[0];
+    float global = two_level && isfinite(ta) && ta > 0.0f ? ta / (448.0f * g.max) : 1.0f;
     i64 n = rows * cols, nbc = (cols + bc - 1) / bc;
     // Whole blocks step together, so every lane of a warp reaches the ballots.
     i64 stride = (i64)blockDim.x * gridDim.x;

@@ -45,7 +45,16 @@ pub enum Format {
 /// NVFP4's second-level, per-tensor scale: amax / (E4M3 max × the element format's max),
 /// so every block scale, stored in E4M3, stays in range (Transformer Engine's
 /// `global_amax / (fp8_max * fp4_max)`). `kernels/cuda/quant.cu` computes the same.
+///
+/// An amax of 0 or not finite gives 1, as TE's encode scale
+/// (`compute_global_encode_scaling_factor_FP4` in
+/// transformer_engine/common/cast/nvfp4/core_nvfp4.cuh: `fp8_max * fp4_max / amax`, 1
+/// where amax is 0 or the quotient is 0): an Inf in the operand made this Inf, every
+/// finite block's E4M3 scale rounded to zero and those blocks came back as zeros.
 pub fn tensor_scale_of_blocks(amax: f32, element: Format) -> f32 {
+    if !amax.is_finite() || amax == 0.0 {
+        return 1.0;
+    }
     amax / (Format::E4M3.max() * element.max())
 }
 
@@ -1249,5 +1258,28 @@ mod tests {
             let n2: f32 = x.iter().map(|v| v * v).sum();
             assert!((n2 - 16.0).abs() < 1e-4, "seed {seed}: {n2}");
         }
+    }
+
+    /// NVFP4 with an Inf in the operand: Transformer Engine's global encode scale
+    /// (`compute_global_encode_scaling_factor_FP4`, transformer_engine/common/cast/nvfp4/
+    /// core_nvfp4.cuh: 448 · 6 / amax, held at FLT_MAX, and 1 where amax is 0 or the
+    /// quotient is 0) is 1 for an infinite amax, so the finite blocks are quantised
+    /// under their own E4M3 scales. `amax / 2688` made the decode scale Inf: every finite
+    /// block's scale rounded to E4M3 zero and the block came back as zeros, with the
+    /// reported scale 1 / Inf = 0.
+    #[test]
+    fn nvfp4_with_an_inf_keeps_the_finite_blocks() {
+        assert_eq!(tensor_scale_of_blocks(f32::INFINITY, Format::E2M1), 1.0);
+        assert_eq!(tensor_scale_of_blocks(0.0, Format::E2M1), 1.0);
+        let mut s = BlockSpec { format: Format::E2M1, block: (1, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: true, saturate: true, stochastic: None };
+        let mut x: Vec<f32> = (0..32).map(|i| i as f32 * 0.25 - 2.0).collect();
+        x[2] = f32::NEG_INFINITY;
+        let mut want = x.clone();
+        let r = qdq_blocks(&mut x, 1, 32, &s).unwrap();
+        s.tensor_scale = false;
+        qdq_blocks(&mut want, 1, 32, &s).unwrap();
+        assert_eq!(x[16..], want[16..]);
+        assert!(x[16..].iter().any(|&v| v != 0.0));
+        assert_eq!((x[2], r.scale), (-6.0, 1.0));
     }
 }

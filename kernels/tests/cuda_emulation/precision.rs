@@ -465,7 +465,7 @@ fn quantize_matches_the_cpu_under_emulation() {
             QuantSpec::Float(_) => 1.0,
             QuantSpec::Tensor { format, scale, margin, .. } => scale.unwrap_or_else(|| quant::tensor_scale(cur, format, margin)),
             QuantSpec::Blocks(b) => {
-                let global = if b.tensor_scale { amax / (448.0 * b.format.max()) } else { 1.0 };
+                let global = if b.tensor_scale { quant::tensor_scale_of_blocks(amax, b.format) } else { 1.0 };
                 match (b.tensor_scale, global > 0.0) {
                     (true, true) => 1.0 / global,
                     (true, false) => 1.0,
