@@ -502,7 +502,8 @@ pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
 /// Quantise-dequantise a (rows, cols) operand in place with block scales: every
 /// `block.0 x block.1` tile (shorter at the edges) shares one scale, derived from its
 /// amax by the spec's scale format and rounding; NVFP4's per-tensor FP32 scale first
-/// when `tensor_scale`.
+/// when `tensor_scale`. A block side longer than the operand's is its whole height or
+/// width (the same tiles, without `block.0 · cols` overflowing).
 ///
 /// # Errors
 /// `ShapeMismatch` unless `x` holds rows x cols elements and both block sides are >= 1.
@@ -515,6 +516,8 @@ pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Res
     if x.is_empty() {
         return Ok(QuantReport::default());
     }
+    let (br, bc) = (br.min(rows), bc.min(cols));
+    let s = &BlockSpec { block: (br, bc), ..*s };
     let g = s.format.grid();
     let global = if s.tensor_scale { tensor_scale_of_blocks(amax(x), s.format) } else { 1.0 };
     let seed = seed32(s.stochastic);
@@ -801,7 +804,8 @@ fn signs(h: usize, seed: u64) -> Vec<f32> {
 /// so `(T a)ᵀ(T b) = aᵀb` for two operands transformed alike: applied to both inputs of
 /// a GEMM along its reduction axis (NVFP4's weight gradient, dW = dYᵀX over tokens), it
 /// spreads outliers over the group before quantisation without changing the product. A
-/// last group shorter than `h` is left as it is (in both operands).
+/// last group shorter than `h` is left as it is (in both operands), and so is an operand
+/// of fewer than `h` rows (checked first, so `h · cols` cannot overflow).
 ///
 /// # Errors
 /// `ShapeMismatch` unless `x` holds rows x cols and `h` is a power of two.
@@ -810,7 +814,7 @@ pub fn hadamard_rows(x: &mut [f32], rows: usize, cols: usize, h: usize, seed: u6
     if !h.is_power_of_two() {
         return shape_err(format!("Hadamard size {h} is not a power of two"));
     }
-    if h == 1 || cols == 0 {
+    if h == 1 || cols == 0 || h > rows {
         return Ok(());
     }
     let sg = signs(h, seed);
@@ -1281,5 +1285,48 @@ mod tests {
         assert_eq!(x[16..], want[16..]);
         assert!(x[16..].iter().any(|&v| v != 0.0));
         assert_eq!((x[2], r.scale), (-6.0, 1.0));
+    }
+
+    /// Invalid shapes and scales are errors, never panics or overflows: an empty block
+    /// side either way round, rows x cols past usize, a scale that is zero, negative or
+    /// not finite handed to `quantize_codes`. A block taller or wider than the operand
+    /// (usize::MAX rows: `block.0 · cols` overflowed usize, a panic in debug builds) is
+    /// the whole operand's height or width; a Hadamard group taller than the operand
+    /// (h · cols overflowed) leaves it as it is, like any partial group.
+    /// Kills: the `bc == 0` check dropped (a division by zero); quantize_codes without
+    /// its scale check.
+    #[test]
+    fn bad_shapes_and_scales_are_errors_and_oversized_blocks_clip() {
+        let x0: Vec<f32> = (0..6).map(|i| i as f32 * 0.7 - 1.5).collect();
+        let s = BlockSpec { format: Format::E4M3, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        let mut x = x0.clone();
+        for block in [(1, 0), (0, 1), (0, 0)] {
+            assert!(qdq_blocks(&mut x, 2, 3, &BlockSpec { block, ..s }).is_err(), "{block:?}");
+        }
+        assert!(qdq_blocks(&mut x, usize::MAX, 2, &s).is_err());
+        assert!(quantize(&mut x, usize::MAX, 2, &QuantSpec::Blocks(s)).is_err());
+        assert!(hadamard_rows(&mut x, usize::MAX, 2, 16, 1).is_err());
+        let mut codes = vec![0u8; 6];
+        for scale in [0.0f32, -1.0, f32::NAN, f32::INFINITY] {
+            let spec = QuantSpec::Tensor { format: Format::E4M3, scale: Some(scale), margin: 0, saturate: true, stochastic: None };
+            assert!(quantize_codes(&mut codes, &x0, &spec).is_err(), "scale {scale}");
+            assert!(quantize(&mut x, 2, 3, &spec).is_err(), "scale {scale}");
+        }
+        for block in [(usize::MAX, 1), (usize::MAX, usize::MAX), (2, usize::MAX), (usize::MAX / 2 + 1, 3), (5, 2)] {
+            let mut want = x0.clone();
+            qdq_blocks(&mut want, 2, 3, &BlockSpec { block: (block.0.min(2), block.1.min(3)), ..s }).unwrap();
+            let mut got = x0.clone();
+            qdq_blocks(&mut got, 2, 3, &BlockSpec { block, ..s }).unwrap();
+            assert_eq!(got, want, "{block:?}");
+        }
+        for (rows, cols) in [(0, 5), (5, 0), (0, 0)] {
+            let r = qdq_blocks(&mut [], rows, cols, &BlockSpec { block: (2, 3), ..s }).unwrap();
+            assert_eq!(r, QuantReport::default(), "{rows}x{cols}");
+        }
+        for h in [4usize, 1 << 40, 1 << (usize::BITS - 1)] {
+            let mut y = x0.clone();
+            hadamard_rows(&mut y, 2, 3, h, 1).unwrap();
+            assert_eq!(y, x0, "h = {h}");
+        }
     }
 }
