@@ -1264,6 +1264,100 @@ mod tests {
         }
     }
 
+    /// RCEIL's ceiling reads every mantissa bit of amax / max: 672 / 448 = 1.5 (only the
+    /// top bit set), 560 / 448 = 1.25, 9 / 6 = 1.5 (E2M1), 1.5 · 57344 (E5M2) and one f32
+    /// ulp above 448 all take the next power of two, so nothing in the block overflows
+    /// (RCEIL `2^ceil(log2(amax / max))`: cuBLAS's and Transformer Engine's MXFP8 rule,
+    /// the rounding that OCP Microscaling Formats v1.0 §6.3 leaves to the
+    /// implementation). 672 / 2 = 336 is an E4M3 tie between 320 and 352: to even, 320.
+    /// Kills: a mantissa test that skips bits (bits & 0x3F_FFFF).
+    #[test]
+    fn rceil_rounds_up_on_any_mantissa_bit() {
+        let up = |format| BlockSpec { format, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        let ulp_above = f32::from_bits(448f32.to_bits() + 1);
+        for (a, f) in [(672.0f32, Format::E4M3), (560.0, Format::E4M3), (ulp_above, Format::E4M3), (9.0, Format::E2M1), (86016.0, Format::E5M2)] {
+            assert_eq!(block_scale(a, &up(f), 1.0), (0.5, 2.0), "amax {a} {f:?}");
+        }
+        let mut b = vec![1.0f32; 32];
+        b[7] = -672.0;
+        let r = qdq_blocks(&mut b, 1, 32, &up(Format::E4M3)).unwrap();
+        assert_eq!((r.saturated, r.scale, b[7]), (0, 0.5, -640.0));
+    }
+
+    /// A NaN is ignored by its block's amax in both layouts (1x32 rows go through
+    /// `max_abs`, 32x1 columns through the `bc == 1` loop; the NaN is the column's last
+    /// element, so a max that lets NaN in keeps it): every other element comes back as it
+    /// does with the NaN replaced by 0. The values are small (|x| <= 0.034, E4M3
+    /// subnormals at scale 1), so a scale other than the block's shows. A block whose amax is Inf keeps the scale 1 (TE's
+    /// `isinf(amax) -> scale 1`): its finite elements round as per tensor at scale 1 and
+    /// the Inf saturates to 448, where the RCEIL rule on Inf would give 2^-126, flushing
+    /// them to zero and sending the Inf to 448 · 2^126 = Inf.
+    /// Kills: a NaN-propagating column max; no special case for an Inf block amax.
+    #[test]
+    fn block_amax_ignores_nan_and_an_inf_block_keeps_scale_one() {
+        let (rows, cols) = (32, 32);
+        let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173 / 256.0).collect();
+        let at = 31 * cols + 3;
+        let mut unit = x.clone();
+        qdq_tensor(&mut unit, Format::E4M3, 1.0, true, None).unwrap();
+        for block in [(1, 32), (32, 1)] {
+            let s = BlockSpec { format: Format::E4M3, block, scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+            let (mut want, mut got) = (x.clone(), x.clone());
+            want[at] = 0.0;
+            got[at] = f32::NAN;
+            qdq_blocks(&mut want, rows, cols, &s).unwrap();
+            let r = qdq_blocks(&mut got, rows, cols, &s).unwrap();
+            assert!(got[at].is_nan());
+            for i in (0..rows * cols).filter(|&i| i != at) {
+                assert_eq!(got[i].to_bits(), want[i].to_bits(), "{block:?} at {i}");
+            }
+            assert_eq!(r.nonfinite, 1);
+            let mut y = x.clone();
+            y[at] = f32::INFINITY;
+            let r = qdq_blocks(&mut y, rows, cols, &s).unwrap();
+            assert_eq!((y[at], r.scale, r.saturated), (448.0, 1.0, 1), "{block:?}");
+            let in_block: Vec<usize> = if block == (1, 32) { (31 * cols..32 * cols).collect() } else { (0..rows).map(|r| r * cols + 3).collect() };
+            for i in in_block.into_iter().filter(|&i| i != at) {
+                assert_eq!(y[i].to_bits(), unit[i].to_bits(), "{block:?} at {i}: {} vs {}", y[i], unit[i]);
+            }
+        }
+    }
+
+    /// Stochastic rounding in blocks draws from the element's index in the whole operand,
+    /// as the per-tensor path does: an E2M1 operand whose every 2x16 block holds a 6
+    /// (E4M3 block scale 6 / 6 = 1, no tensor scale) rounds bit for bit as `qdq_tensor`
+    /// at scale 1 with the same seed, over two rayon tasks (4096 x 16 = 2 ELEM_GRAIN) and
+    /// strips of two rows.
+    /// Kills: a task's base index without its strips-per-task factor; a strip's second row
+    /// drawing with its first row's indices.
+    #[test]
+    fn stochastic_blocks_draw_as_the_tensor_path_does() {
+        let (rows, cols) = (4096, 16);
+        let x: Vec<f32> = (0..rows * cols).map(|i| if i % 32 == 0 { 6.0 } else { (i * 7919 % 1000) as f32 / 1000.0 * 5.5 - 2.75 }).collect();
+        let s = BlockSpec { format: Format::E2M1, block: (2, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: false, saturate: true, stochastic: Some(11) };
+        let (mut got, mut want) = (x.clone(), x.clone());
+        qdq_blocks(&mut got, rows, cols, &s).unwrap();
+        qdq_tensor(&mut want, Format::E2M1, 1.0, true, Some(11)).unwrap();
+        let diff = got.iter().zip(&want).position(|(g, w)| g.to_bits() != w.to_bits());
+        assert_eq!(diff, None, "first difference at {diff:?}");
+    }
+
+    /// FP32 exact block scales of a block whose amax is an f32 subnormal: 448 / 1e-40
+    /// overflows, so the encode multiplier is held at f32::MAX (decode 1 / f32::MAX) and
+    /// the block is still quantised on its own scale: 1e-40 · MAX = 0.034 rounds to the
+    /// E4M3 0.03515625 (9 · 2^-8) and comes back as 0.03515625 / MAX, not 0.
+    /// Kills: an overflowing exact scale replaced by 1 (the block then underflows).
+    #[test]
+    fn exact_scale_of_a_subnormal_block_is_held_at_f32_max() {
+        let s = BlockSpec { format: Format::E4M3, block: (1, 32), scale_format: ScaleFormat::Fp32, scale_rounding: ScaleRounding::Exact, tensor_scale: false, saturate: true, stochastic: None };
+        assert_eq!(block_scale(1e-40, &s, 1.0), (f32::MAX, 1.0 / f32::MAX));
+        let mut x = vec![1e-40f32; 32];
+        x[1] = -1e-40;
+        let r = qdq_blocks(&mut x, 1, 32, &s).unwrap();
+        assert_eq!((x[0], x[1]), (0.03515625 * (1.0 / f32::MAX), -0.03515625 * (1.0 / f32::MAX)));
+        assert_eq!((r.underflowed, r.saturated, r.scale), (0, 0, f32::MAX));
+    }
+
     /// NVFP4 with an Inf in the operand: Transformer Engine's global encode scale
     /// (`compute_global_encode_scaling_factor_FP4`, transformer_engine/common/cast/nvfp4/
     /// core_nvfp4.cuh: 448 · 6 / amax, held at FLT_MAX, and 1 where amax is 0 or the
@@ -1327,6 +1421,26 @@ mod tests {
             let mut y = x0.clone();
             hadamard_rows(&mut y, 2, 3, h, 1).unwrap();
             assert_eq!(y, x0, "h = {h}");
+        }
+    }
+
+    /// A row longer than the inner loop's 4096-element stretch keeps each block's own
+    /// scale past the stretch, and the row's ragged last block (8 of 32) takes the scale
+    /// of its own amax (OCP Microscaling Formats v1.0 §6: a block shares one scale X):
+    /// each 32-element block of a 1 x 8200 operand (binades 2^-10..2^9, MXFP8 RCEIL)
+    /// equals that block quantised alone.
+    /// Kills: the per-element scales read from the row's start in every stretch.
+    #[test]
+    fn long_rows_keep_each_blocks_scale() {
+        let n = 8200;
+        let x: Vec<f32> = (0..n).map(|i| 2f32.powi((i / 32 % 20) as i32 - 10) * (1.0 + (i % 7) as f32 / 8.0) * if i % 3 == 0 { -1.0 } else { 1.0 }).collect();
+        let s = BlockSpec { format: Format::E4M3, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        let mut got = x.clone();
+        qdq_blocks(&mut got, 1, n, &s).unwrap();
+        for (b, (xb, gb)) in x.chunks(32).zip(got.chunks(32)).enumerate() {
+            let mut want = xb.to_vec();
+            qdq_blocks(&mut want, 1, xb.len(), &s).unwrap();
+            assert_eq!(gb, &want[..], "block {b}");
         }
     }
 }
