@@ -206,7 +206,8 @@ pub struct QuantStats {
 /// q[i] = encode(x[i]·scale); returns amax of x and saturation/underflow counts.
 ///
 /// # Errors
-/// `ShapeMismatch` if `out` and `x` differ in length.
+/// `ShapeMismatch` if `out` and `x` differ in length, or the scale is not finite and
+/// positive.
 pub fn fp8_quantize(
     out: &mut [u8],
     x: &[f32],
@@ -221,9 +222,11 @@ pub fn fp8_quantize(
 /// x[i] = decode(q[i]) / scale.
 ///
 /// # Errors
-/// `ShapeMismatch` if `out` and `q` differ in length.
+/// `ShapeMismatch` if `out` and `q` differ in length, or the scale is not finite and
+/// positive (0 gave ±Inf, a negative scale flipped every sign).
 pub fn fp8_dequantize(out: &mut [f32], q: &[u8], scale: f32, f: Fp8Format) -> Result<()> {
     check_len("fp8_dequantize out", out.len(), q.len())?;
+    super::quant::check_scale(scale)?;
     let t = table(f);
     out.par_chunks_mut(ELEM_GRAIN)
         .zip(q.par_chunks(ELEM_GRAIN))
@@ -581,6 +584,13 @@ mod tests {
         );
         assert!(fp8_quantize(&mut qb[..3], &big, 1.0, E4M3, false).is_err());
         assert!(fp8_dequantize(&mut back[..3], &q, 1.0, E4M3).is_err());
+        // A scale that is not finite and positive is refused both ways (0 gave zeros and
+        // ±Inf, a negative one flipped every sign, each reported as that scale).
+        for bad in [0.0, -2.0, f32::NAN, f32::INFINITY] {
+            let e = fp8_quantize(&mut qb, &big, bad, E4M3, true).unwrap_err();
+            assert!(format!("{e:?}").contains("not finite and positive"), "{e:?}");
+            assert!(fp8_dequantize(&mut back, &q, bad, E5M2).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -604,9 +604,12 @@ impl Lanes for BlockTask<'_> {
 /// [`super::precision::fp8_quantize`].
 ///
 /// # Errors
-/// `ShapeMismatch` if `out` and `x` differ in length.
+/// `ShapeMismatch` if `out` and `x` differ in length, or the scale is not finite and
+/// positive (0 gave all zeros, a negative scale flipped every sign, NaN gave NaN codes,
+/// each reported as that scale).
 pub fn fp8_codes(out: &mut [u8], x: &[f32], scale: f32, f: super::precision::Fp8Format, saturate: bool) -> Result<QuantReport> {
     check_len("fp8_codes out", out.len(), x.len())?;
+    check_scale(scale)?;
     let (fmt, bias) = match f {
         super::precision::Fp8Format::E4M3 => (Format::E4M3, 7u32),
         super::precision::Fp8Format::E5M2 => (Format::E5M2, 15),
@@ -762,9 +765,7 @@ pub fn quantize_codes(out: &mut [u8], x: &[f32], spec: &QuantSpec) -> Result<Qua
         Format::E2M1 => return shape_err("quantize_codes: E2M1 has no FP8 codes".to_string()),
     };
     check_len("quantize_codes out", out.len(), x.len())?;
-    let s = scale.unwrap_or_else(|| tensor_scale(amax(x), format, margin));
-    check_scale(s)?;
-    fp8_codes(out, x, s, f, saturate)
+    fp8_codes(out, x, scale.unwrap_or_else(|| tensor_scale(amax(x), format, margin)), f, saturate)
 }
 
 /// Round to a 16/32-bit float with the report: amax, non-finite inputs, finite values
