@@ -1539,6 +1539,29 @@ fn builtin_plans_keep_heads_routers_and_the_nvfp4_tail_in_bf16() {
     }
 }
 
+/// LoRA adapters stay in BF16 under a low-precision built-in plan, as `Plan::builtin`
+/// documents; the frozen base linears of the transformer layers take the recipe's format.
+/// (Under a mutation that put adapters in FP8, every test passed.)
+#[test]
+fn builtin_plans_keep_lora_adapters_in_bf16() {
+    use runner_project::profile::GemmFormat;
+    let (_, inner) = common::Native.resolve("llama3-tiny", 256).unwrap();
+    let mut src = TrainedSource { inner, training: Training::Lora(Lora::default()) };
+    let g = src.graph(1).unwrap();
+    let fp8 = Plan::builtin(Recipe::Fp8, &g);
+    let (mut adapters, mut base) = (0, 0);
+    for o in g.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)) {
+        if runner_graph::peft::is_adapter(o) {
+            adapters += 1;
+            assert_eq!(fp8.formats(&o.name), [GemmFormat::Bf16; 3], "adapter {}", o.name);
+        } else if o.layer >= 0 && o.role != Role::VocabParallel {
+            base += 1;
+            assert_eq!(fp8.formats(&o.name), [GemmFormat::Fp8; 3], "base linear {}", o.name);
+        }
+    }
+    assert!(adapters > 0 && base > 0, "the case the test means: {adapters} adapters, {base} base linears");
+}
+
 /// The verdicts of a search, in the order the output lists them: the winner's family, then
 /// the slower ones by how much slower (the factor their best layout's step time over the
 /// winner's, never below 1), then memory, then divisibility, each kind by name. A layout
