@@ -1562,6 +1562,31 @@ fn builtin_plans_keep_lora_adapters_in_bf16() {
     assert!(adapters > 0 && base > 0, "the case the test means: {adapters} adapters, {base} base linears");
 }
 
+/// A plugin's plan may set each role of a GEMM apart: its coverage counts the three GEMMs
+/// of every linear (forward, input and weight gradient) at their own formats. Every linear
+/// with its forward and input gradient in FP8 and its weight gradient in BF16 is two
+/// thirds FP8; the low-precision share counts the FP8 part alone. (A coverage that read
+/// the forward's format alone, and a share that counted BF16 in, passed every test.)
+#[test]
+fn a_plans_coverage_counts_each_role_at_its_format() {
+    use runner_project::precision::GemmRole;
+    use runner_project::profile::GemmFormat;
+    let (_, mut src) = common::Native.resolve("llama3-tiny", 256).unwrap();
+    let g = src.graph(1).unwrap();
+    let linears: Vec<String> =
+        g.ops.iter().filter(|o| matches!(o.kind, OpKind::Linear | OpKind::GroupedLinear)).map(|o| o.name.clone()).collect();
+    let answers = linears.iter().flat_map(|n| {
+        [(n.clone(), GemmRole::Forward, GemmFormat::Fp8), (n.clone(), GemmRole::InputGradient, GemmFormat::Fp8)]
+    });
+    let plan = Plan::from_sites(Recipe::Fp8, "test", &g, answers);
+    assert_eq!(plan.formats(&linears[0]), [GemmFormat::Fp8, GemmFormat::Fp8, GemmFormat::Bf16]);
+    let share = |f: GemmFormat| plan.coverage.iter().find(|c| c.0 == f).map_or(0.0, |c| c.1);
+    assert!((share(GemmFormat::Fp8) - 2.0 / 3.0).abs() < 1e-12, "{:?}", plan.coverage);
+    assert!((share(GemmFormat::Bf16) - 1.0 / 3.0).abs() < 1e-12, "{:?}", plan.coverage);
+    assert!((plan.low_precision_share() - 2.0 / 3.0).abs() < 1e-12, "{}", plan.low_precision_share());
+    assert_eq!(plan.coverage.len(), 2, "no format listed at a share of 0: {:?}", plan.coverage);
+}
+
 /// The verdicts of a search, in the order the output lists them: the winner's family, then
 /// the slower ones by how much slower (the factor their best layout's step time over the
 /// winner's, never below 1), then memory, then divisibility, each kind by name. A layout
