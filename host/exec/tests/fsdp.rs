@@ -1121,6 +1121,15 @@ fn unpaired_or_repeated_fsdp_collectives_are_refused() {
         .collect();
     let e = ex.set_step_collectives(only_rs).unwrap_err().to_string();
     assert!(e.contains("needs the parameter all-gather"), "{e}");
+    // A pair is the same weights: an all-gather of fewer weights than the reduce-scatter
+    // leaves the others' without a partner.
+    let mut fewer = s.step.clone();
+    let ag = fewer.iter_mut().find(|c| c.kind == OpKind::AllGather).unwrap();
+    assert!(ag.weights.len() > 1);
+    ag.weights.pop();
+    let e = ex.set_step_collectives(fewer).unwrap_err().to_string();
+    assert!(e.contains("needs the parameter all-gather"), "{e}");
+    assert!(!ex.fsdp_sharded(), "refused before sharding anything");
     // Over one rank (no handle needed): shards nothing away, but is set once.
     let mut one = s.step.clone();
     for c in &mut one {
@@ -1284,5 +1293,59 @@ fn fsdp_dp3_units_that_do_not_split_evenly_match_unsharded() {
     for (name, v) in &w3 {
         let held: usize = b.iter().map(|o| o.shards[name].len()).sum();
         assert_eq!(held, v.len(), "{name}: the three pieces hold {held} of {}", v.len());
+    }
+}
+
+/// An FSDP pair over a group of one rank (no handle: `Executor::new`), as a rank whose
+/// FSDP group is itself: a unit's chunk is the whole unit, so it needs no gather or
+/// reduce-scatter call and has no handle to make one on. Two steps of two micro-batches
+/// under every FSDP option give the unsharded executor's weights, and the memory walk
+/// counts one buffer per unit (no gathered copy beside it, no prefetch). Kills: units of
+/// one rank planned for reduce-scatters during the backward, prefetched, or gathered
+/// through the group (each asks for the missing handle: "no handle for FSDP group"), and
+/// the walk counting a flat buffer beside a one-rank unit's chunk or a prefetch of one
+/// (required above the peak).
+#[test]
+fn fsdp_over_a_group_of_one_rank_trains_as_unsharded() {
+    let g = llama(1, false);
+    let layout = Layout { dp: 2, fsdp: true, ..Layout::single(1, 2) };
+    let s = shard(&g, &layout, RankCoord::default()).unwrap();
+    let mut one = s.step.clone();
+    for c in &mut one {
+        c.group_size = 1;
+        c.mean_over = 1;
+    }
+    let data: Vec<Data> = (0..2).map(|k| synthetic_inputs(&s.graph, 41 + k)).collect();
+    let batches: Vec<_> = data.iter().map(inputs).collect();
+    let mut plain = Executor::new(&s.graph, Cpu::new(), options()).unwrap();
+    let w0 = weights(&plain);
+    for _ in 0..2 {
+        plain.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap();
+    }
+    let want = weights(&plain);
+    for prefetch in [true, false] {
+        for overlap in [true, false] {
+            for sharded in [true, false] {
+                let what = format!("prefetch {prefetch}, overlap {overlap}, sharded gradients {sharded}");
+                let o = ExecOptions { fsdp_prefetch: prefetch, overlap_grad_reduce: overlap, fsdp_sharded_grads: sharded, ..options() };
+                let mut ex = Executor::new(&s.graph, Cpu::new(), o).unwrap();
+                for (name, v) in &w0 {
+                    ex.set_weight(name, v).unwrap();
+                }
+                ex.set_step_collectives(one.clone()).unwrap();
+                assert!(ex.fsdp_sharded(), "{what}");
+                for _ in 0..2 {
+                    ex.step_micro_batches(&batches, &ADAMW_DEFAULT).unwrap_or_else(|e| panic!("{what}: {e}"));
+                }
+                let got = ex.gather_weights().unwrap();
+                for (name, v) in &want {
+                    let e = worst(&got[name], v);
+                    assert!(e <= 1e-6, "{what}: {name} is {e:e} from the unsharded executor's");
+                }
+                let m = ex.memory();
+                assert!(m.peak_bytes <= m.required_bytes + CONSTANT_BYTES, "under-counted: {what}: {m:?}");
+                assert!(m.required_bytes <= m.peak_bytes, "over-counted: {what}: {m:?}");
+            }
+        }
     }
 }
