@@ -125,3 +125,72 @@ fn tp2_matches_unsharded() {
 fn tp2_sequence_parallel_matches_unsharded() {
     check_tp2(true);
 }
+
+/// LoRA with FSDP over dp = 2: shard gathers the frozen base with the adapters (one
+/// all-gather of every weight) and reduce-scatters only the adapters' gradients. The
+/// executor refused that pair (it wanted the two collectives to list the same weights:
+/// "an FSDP gradient reduce-scatter over 'dp' needs the parameter all-gather of the same
+/// weights (as shard emits them with fsdp = true)"); now each rank keeps its piece of the
+/// base too (no gradient, no moments), and three steps, over one micro-batch and two,
+/// give the unsharded full batch's losses and weights, the base unchanged bit for bit.
+#[test]
+fn fsdp_dp2_trains_the_adapters_and_shards_the_frozen_base() {
+    let model = |batch: u64| lora(&common::with_roles(toy::llama(&ToyConfig { batch, ..ToyConfig::tiny() }), true), &Lora { rank: 4, ..Lora::default() }).unwrap();
+    let full_g = model(4);
+    let data = synthetic_inputs(&full_g, 13);
+    let mut full = Executor::new(&full_g, Cpu::new(), options()).unwrap();
+    let w0 = params(&full, &full_g);
+    let want = train(&mut full, &data, 3);
+    let w3 = params(&full, &full_g);
+    let rows = |d: usize, parts: usize, data: &Data| -> Data {
+        data.iter().map(|(n, u, f)| (n.clone(), u[d * u.len() / parts..(d + 1) * u.len() / parts].to_vec(), f.clone())).collect()
+    };
+    for micro_batches in [1u32, 2] {
+        let b = 2 / u64::from(micro_batches);
+        let half_g = model(b);
+        let layout = Layout { dp: 2, fsdp: true, ..Layout::single(b as u32, 4) };
+        let hs: Vec<_> = mesh(1, 1, 2)
+            .into_iter()
+            .map(|m| {
+                let s = shard(&half_g, &layout, m.coord).unwrap();
+                let gathered = s.step.iter().find(|c| c.kind == runner_graph::OpKind::AllGather).unwrap().weights.len();
+                let reduced = s.step.iter().find(|c| c.kind == runner_graph::OpKind::ReduceScatter).unwrap().weights.len();
+                assert!(reduced < gathered, "the base is gathered, not reduced: {reduced} of {gathered}");
+                let mine = rows(m.coord.dp as usize, 2, &data);
+                let micro: Vec<Data> = (0..micro_batches as usize).map(|k| rows(k, micro_batches as usize, &mine)).collect();
+                let w0 = w0.clone();
+                std::thread::spawn(move || {
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                    assert!(ex.fsdp_sharded());
+                    for (name, v) in &w0 {
+                        ex.set_weight(name, v).unwrap();
+                    }
+                    let batches: Vec<_> = micro.iter().map(common::inputs).collect();
+                    let losses: Vec<f32> = (0..3).map(|_| ex.step_micro_batches(&batches, &runner_exec::executor::ADAMW_DEFAULT).unwrap()).collect();
+                    let mut grads: Vec<String> = ex.gather_grads().unwrap().into_keys().collect();
+                    grads.sort();
+                    let mut trained = ex.trainable();
+                    trained.sort();
+                    assert_eq!(grads, trained, "gradients of the adapters only");
+                    (losses, ex.gather_weights().unwrap())
+                })
+            })
+            .collect();
+        let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        for (i, want) in want.iter().enumerate() {
+            let mean = (out[0].0[i] + out[1].0[i]) / 2.0;
+            assert!((mean - want).abs() <= 1e-5 * want.abs(), "{micro_batches} micro-batches, step {i}: {mean} vs {want}");
+        }
+        for (d, (_, w)) in out.iter().enumerate() {
+            for (name, v) in &w3 {
+                let t = &full_g.tensors[full_g.tensor_id(name).unwrap()];
+                let e = w[name].iter().zip(v).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+                if t.kind == TensorKind::Frozen {
+                    assert_eq!(&w[name], &w0[name], "frozen '{name}' (dp rank {d}) is unchanged");
+                } else {
+                    assert!(e <= 1e-5, "{micro_batches} micro-batches: '{name}' (dp rank {d}) is {e:e} off");
+                }
+            }
+        }
+    }
+}

@@ -1,7 +1,9 @@
 //! FSDP (ZeRO-3: PyTorch FSDP wrapping each layer, Megatron's distributed optimizer with
 //! parameter sharding) for the weights a pair of FSDP step collectives covers (a
 //! `ReduceScatter` of the fp32 gradients and an `AllGather` of the parameters over the
-//! same group, `dp` or `edp`, from [`runner_graph::shard`] with `fsdp: true`).
+//! same group, `dp` or `edp`, from [`runner_graph::shard`] with `fsdp: true`; the
+//! all-gather also covers the frozen weights, as LoRA's base, whose pieces have no
+//! gradient or moments: see `units_of`).
 //!
 //! - **Layout.** Each pair is cut into units, one per layer (the layer of each weight's
 //!   first reader; a weight outside the layers, as the embedding or the head, is a unit
@@ -473,39 +475,56 @@ pub(super) enum Pass {
     Backward,
 }
 
-/// The FSDP units of `step`: each reduce-scatter with the all-gather of the same group
-/// and weights.
+/// The FSDP units of `step`: each parameter all-gather, with the `mean_over` of the
+/// gradient reduce-scatter of the same group and trained weights (1 without one). The
+/// all-gather also covers the frozen weights (`trains` false: LoRA's base), which have no
+/// gradient to reduce, so its partner lists only the trained ones (as shard emits them
+/// with fsdp = true); an all-gather of frozen weights only has none.
 ///
 /// # Errors
-/// A reduce-scatter or all-gather without its partner, or a weight in two units.
-fn units_of(step: &[StepCollective]) -> Result<Vec<&StepCollective>, String> {
-    let mut out: Vec<&StepCollective> = Vec::new();
+/// A reduce-scatter without the all-gather of its weights, an all-gather of trained
+/// weights without their reduce-scatter, or a weight in two units.
+fn units_of(step: &[StepCollective], trains: impl Fn(&str) -> bool) -> Result<Vec<(&StepCollective, u32)>, String> {
+    let trained = |sc: &StepCollective| -> Vec<String> {
+        sc.weights.iter().filter(|w| trains(w)).cloned().collect()
+    };
+    let mut out: Vec<(&StepCollective, u32)> = Vec::new();
     for sc in step {
-        let partner = |kind: OpKind| {
-            step.iter()
-                .any(|o| o.kind == kind && o.group == sc.group && o.weights == sc.weights)
-        };
         match sc.kind {
-            OpKind::ReduceScatter if !partner(OpKind::AllGather) => {
-                return Err(format!(
-                    "'{}': an FSDP gradient reduce-scatter over '{}' needs the parameter \
-                     all-gather of the same weights (as shard emits them with fsdp = true)",
-                    sc.what, sc.group
-                ));
+            OpKind::ReduceScatter => {
+                let paired = step.iter().any(|o| {
+                    o.kind == OpKind::AllGather && o.group == sc.group && trained(o) == sc.weights
+                });
+                if !paired {
+                    return Err(format!(
+                        "'{}': an FSDP gradient reduce-scatter over '{}' needs the parameter \
+                         all-gather of the same weights (as shard emits them with fsdp = true)",
+                        sc.what, sc.group
+                    ));
+                }
             }
-            OpKind::AllGather if !partner(OpKind::ReduceScatter) => {
-                return Err(format!(
-                    "'{}': an FSDP parameter all-gather over '{}' needs the gradient \
-                     reduce-scatter of the same weights",
-                    sc.what, sc.group
-                ));
+            OpKind::AllGather => {
+                let want = trained(sc);
+                let partner = step
+                    .iter()
+                    .find(|o| o.kind == OpKind::ReduceScatter && o.group == sc.group && o.weights == want);
+                match partner {
+                    Some(rs) => out.push((sc, rs.mean_over)),
+                    None if want.is_empty() => out.push((sc, 1)),
+                    None => {
+                        return Err(format!(
+                            "'{}': an FSDP parameter all-gather over '{}' needs the gradient \
+                             reduce-scatter of the same weights",
+                            sc.what, sc.group
+                        ));
+                    }
+                }
             }
-            OpKind::ReduceScatter => out.push(sc),
             _ => {}
         }
     }
     let mut seen: HashMap<&str, &str> = HashMap::new();
-    for sc in &out {
+    for (sc, _) in &out {
         for w in &sc.weights {
             if let Some(g) = seen.insert(w, &sc.group) {
                 return Err(format!(
@@ -519,6 +538,12 @@ fn units_of(step: &[StepCollective]) -> Result<Vec<&StepCollective>, String> {
 }
 
 impl<D: Device> Executor<D> {
+    /// Whether weight `name` trains (anything but a frozen weight; an unknown name is
+    /// left to the caller's lookup).
+    fn trains(&self, name: &str) -> bool {
+        self.graph.tensor_id(name).is_none_or(|id| self.graph.tensors[id].kind != TensorKind::Frozen)
+    }
+
     /// Check the FSDP pairs of `step` (the all-reduces are checked by the caller).
     pub(super) fn check_fsdp(&self, step: &[StepCollective]) -> Result<(), String> {
         if !self.fsdp.units.is_empty() {
@@ -528,7 +553,7 @@ impl<D: Device> Executor<D> {
                     .into(),
             );
         }
-        units_of(step).map(|_| ())
+        units_of(step, |w| self.trains(w)).map(|_| ())
     }
 
     /// Shard the weights the FSDP pairs of `step` cover: keep this rank's pieces of the
@@ -536,12 +561,12 @@ impl<D: Device> Executor<D> {
     /// tensors. Every rank initialised (or was given) the same whole weights, so this
     /// moves nothing between ranks.
     pub(super) fn shard_fsdp(&mut self, step: &[StepCollective]) -> Result<(), ExecError> {
-        let units = units_of(step).map_err(ExecError::State)?;
+        let units = units_of(step, |w| self.trains(w)).map_err(ExecError::State)?;
         if units.is_empty() {
             return Ok(());
         }
         let mut resting = Resting::new(&self.graph, &self.plan, &self.sched);
-        for sc in units {
+        for (sc, mean_over) in units {
             let (n, rank) = match self.collectives.get(&sc.group) {
                 Some(c) => (c.size(), c.rank()),
                 None => (1, 0),
@@ -624,7 +649,7 @@ impl<D: Device> Executor<D> {
                     group: sc.group.clone(),
                     n,
                     rank,
-                    mean_over: sc.mean_over,
+                    mean_over,
                     ids,
                     offsets,
                     chunk,
