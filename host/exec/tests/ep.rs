@@ -693,3 +693,34 @@ fn ranks_start_from_their_part_of_the_unsharded_weights() {
     }
     assert!(experts >= 8, "{experts} expert weights checked");
 }
+
+/// An ep group the experts do not split over (4 experts, 3 ranks: the rank graph of ep = 2
+/// run on a group of three) is refused by name at the dispatch, on every rank, before any
+/// row moves: with one expert per rank (4 / 3) the exchange would send expert 3's rows
+/// nowhere. (`Executor::for_rank` refuses the group earlier, from the rank's splits.)
+#[test]
+fn experts_that_do_not_split_over_the_ep_ranks_are_refused_by_name() {
+    let mut s = shard(&toy_moe(2), &ep_dp_layout(2, 2), runner_graph::shard::RankCoord::default()).unwrap();
+    // The ep all-to-alls say the group's size (the executor checks it against the handle).
+    for op in s.graph.ops.iter_mut().filter(|o| o.kind == OpKind::AllToAll) {
+        op.attrs.insert("group-size".into(), runner_graph::Attr::Int(3));
+    }
+    let data = synthetic_inputs(&s.graph, 5);
+    let hs: Vec<_> = runner_exec::collective::ThreadGroup::with_timeout(3, std::time::Duration::from_secs(5))
+        .into_iter()
+        .map(|h| {
+            let (s, data) = (s.clone(), data.clone());
+            std::thread::spawn(move || {
+                let groups: Vec<(String, Box<dyn runner_exec::collective::Collective<Cpu>>)> = vec![("ep".into(), Box::new(h))];
+                // Without the rank graph's splits (they name the ep group's size), as a
+                // caller building from the graph alone.
+                let mut ex = Executor::with_collectives(&s.graph, Cpu::new(), options(), groups).map_err(|e| format!("build: {e}"))?;
+                ex.forward(&common::inputs(&data)).map(|_| ()).map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    for h in hs {
+        let e = h.join().unwrap().unwrap_err();
+        assert!(e.contains("4 experts do not split over the 3 ranks of group 'ep'"), "{e}");
+    }
+}

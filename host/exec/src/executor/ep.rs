@@ -485,6 +485,38 @@ mod tests {
         dev.read_f32(&transpose_blocks(&dev, &b, 2, 2, 1, rows, to).unwrap()).unwrap()
     }
 
+    /// The rows an op between the all-to-alls propagates: its input's routed rows, on the
+    /// same leading axis; two inputs of different routed rows, or an output that drops
+    /// the rows' axis, are refused by name (neither occurs in the toy models, whose
+    /// sharded MoE layers only pass the rows on). Kills dropping either check.
+    #[test]
+    fn propagated_rows_refuse_mixed_rows_and_a_dropped_row_axis() {
+        let g = crate::toy::llama(&crate::toy::ToyConfig::tiny());
+        let lead = |t: TensorId| g.tensors[t].shape.first().copied();
+        let mut ep = EpState::default();
+        // An op keeping its input's leading axis, with two activation inputs (a residual
+        // add): the rows pass on; two different row counts are refused.
+        let op = g
+            .ops
+            .iter()
+            .find(|o| o.inputs.len() == 2 && o.inputs.iter().chain(&o.outputs).all(|&t| lead(t) == lead(o.inputs[0]) && !g.tensors[t].kind.is_param()))
+            .unwrap();
+        ep.rows.insert(op.inputs[0], 3);
+        assert_eq!(ep.propagated_rows(&g, op).unwrap(), Some(3));
+        ep.rows.insert(op.inputs[1], 3);
+        assert_eq!(ep.propagated_rows(&g, op).unwrap(), Some(3));
+        ep.rows.insert(op.inputs[1], 5);
+        let e = ep.propagated_rows(&g, op).unwrap_err().to_string();
+        assert!(e.contains("of 3 rows") && e.contains("of 5 rows"), "{e}");
+        // An op whose output does not keep the input's leading axis (the loss).
+        let op = g.ops.iter().find(|o| o.kind == OpKind::CrossEntropy).unwrap();
+        assert_ne!(lead(op.outputs[0]), lead(op.inputs[0]));
+        let mut ep = EpState::default();
+        ep.rows.insert(op.inputs[0], 3);
+        let e = ep.propagated_rows(&g, op).unwrap_err().to_string();
+        assert!(e.contains("does not keep those rows as its leading axis"), "{e}");
+    }
+
     #[test]
     fn blocks_transpose_and_back() {
         // 2 sources × 2 local experts, rows (s, e): (0,0)=1, (0,1)=0, (1,0)=2, (1,1)=1, w=1.
