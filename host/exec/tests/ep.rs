@@ -724,3 +724,33 @@ fn experts_that_do_not_split_over_the_ep_ranks_are_refused_by_name() {
         assert!(e.contains("4 experts do not split over the 3 ranks of group 'ep'"), "{e}");
     }
 }
+
+/// The executor's own refusal of expert tensor parallelism with sequence parallelism
+/// (shard refuses the layout first, so no sharded graph reaches it): the etp = 2 rank
+/// graph with a tp reduce-scatter added (as sequence parallelism places after a row-
+/// parallel linear) is refused as the executor is built, naming sequence
+/// parallelism; the graph as shard emits it builds. Kills the refusal not seeing the tp
+/// reduce-scatter.
+#[test]
+fn expert_tensor_parallelism_with_sequence_parallelism_is_refused_when_built() {
+    let layout = Layout { tp: 2, etp: 2, ..Layout::single(2, 2) };
+    let s = shard(&toy_moe(2), &layout, runner_graph::shard::RankCoord::default()).unwrap();
+    let build = |g: &Graph| {
+        let tp = runner_exec::collective::ThreadGroup::with_timeout(2, std::time::Duration::from_secs(5)).remove(0);
+        let groups: Vec<(String, Box<dyn runner_exec::collective::Collective<Cpu>>)> = vec![("tp".into(), Box::new(tp))];
+        Executor::with_collectives(g, Cpu::new(), options(), groups).err().map(|e| e.to_string())
+    };
+    assert_eq!(build(&s.graph), None);
+    let mut sp = s.graph.clone();
+    let mut op = sp.ops.iter().find(|o| o.kind == OpKind::AllReduce && o.text("group") == Some("tp")).unwrap().clone();
+    let mut out = sp.tensors[op.outputs[0]].clone();
+    out.name = format!("{}.rs_tp", out.name);
+    out.shape[0] /= 2;
+    sp.tensors.push(out);
+    op.kind = OpKind::ReduceScatter;
+    op.name = format!("{}.rs", op.name);
+    op.outputs = vec![sp.tensors.len() - 1];
+    sp.ops.push(op);
+    let e = build(&sp).expect("refused");
+    assert!(e.contains("sequence parallelism"), "{e}");
+}
