@@ -1188,16 +1188,7 @@ mod tests {
     }
 
     fn global(format: Option<OutputFormat>, output: Option<&str>) -> crate::Global {
-        crate::Global {
-            format,
-            output: output.map(std::path::PathBuf::from),
-            verbose: 0,
-            quiet: true,
-            profile: None,
-            device: Default::default(),
-            history: None,
-            no_history: true,
-        }
+        crate::Global { format, output: output.map(std::path::PathBuf::from), quiet: true, no_history: true, ..Default::default() }
     }
 
     /// -o's format: --format when given, else the extension's (any case; .htm too), else a

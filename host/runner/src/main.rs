@@ -41,7 +41,7 @@ struct Cli {
 }
 
 /// Options every command shares.
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Debug, Clone, Default)]
 pub struct Global {
     /// Output format
     #[arg(long, value_enum, global = true)]

@@ -389,16 +389,7 @@ mod tests {
     use super::*;
 
     fn global() -> Global {
-        Global {
-            format: None,
-            output: None,
-            verbose: 0,
-            quiet: true,
-            profile: None,
-            device: Default::default(),
-            history: None,
-            no_history: true,
-        }
+        Global { quiet: true, no_history: true, ..Default::default() }
     }
 
     /// A run file's layout, batch, tokens, goals and GPU counts.
