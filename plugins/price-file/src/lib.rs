@@ -171,15 +171,15 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     }
     let at = |name: &str| cols.iter().position(|c| c == name);
     let mut offerings: Vec<Offering> = Vec::new();
-    // The line each (instance, region, zone) was priced on, and each price's line: a
-    // second row for one of them is a mistake to name, not a price to drop in silence.
+    // The line each (instance, region, zone) was priced on: a second row for one of them
+    // is a mistake to name, not a price to drop in silence.
     let mut seen: HashMap<(String, String, String), usize> = HashMap::new();
-    let mut price_lines: HashMap<(String, String, &'static str), usize> = HashMap::new();
-    // Where each instance's offering, and each (offering, region, option)'s price, sits:
-    // found by a scan, a file of many instances or regions took quadratic time (40,000
-    // rows: 15 s natively, past the plugin's call deadline in the sandbox).
+    // Where each instance's offering sits, and each (offering, region, option)'s price
+    // with the line it was first priced on: found by a scan, a file of many instances or
+    // regions took quadratic time (40,000 rows: 15 s natively, past the plugin's call
+    // deadline in the sandbox).
     let mut offering_at: HashMap<String, usize> = HashMap::new();
-    let mut price_at: HashMap<(usize, String, &'static str), usize> = HashMap::new();
+    let mut price_at: HashMap<(usize, String, &'static str), (usize, usize)> = HashMap::new();
     let mut rows_read = 0;
     'rows: for (line, text) in lines {
         // A file broken throughout (a wrong file) stops here: reading on would only take
@@ -322,9 +322,6 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             ));
             continue;
         }
-        for p in &prices {
-            price_lines.entry((instance.to_string(), region.to_string(), option_name(p.option))).or_insert(line);
-        }
         let k = match offering_at.get(instance) {
             Some(&k) => {
                 let o = &offerings[k];
@@ -358,7 +355,7 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
         for p in prices {
             // Several zones of one region: keep the lowest price per option.
             match price_at.get(&(k, p.region.clone(), option_name(p.option))) {
-                Some(&i) if p.usd_per_node_hour < o.prices[i].usd_per_node_hour => o.prices[i] = p,
+                Some(&(i, _)) if p.usd_per_node_hour < o.prices[i].usd_per_node_hour => o.prices[i] = p,
                 Some(_) => {}
                 None if o.prices.len() == runner_contract::limits::PRICES => {
                     bad(format!(
@@ -368,19 +365,19 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
                     break 'rows;
                 }
                 None => {
-                    price_at.insert((k, p.region.clone(), option_name(p.option)), o.prices.len());
+                    price_at.insert((k, p.region.clone(), option_name(p.option)), (o.prices.len(), line));
                     o.prices.push(p);
                 }
             }
         }
     }
     // A spot or committed price above on-demand is a swapped column or a typo, on its line.
-    for o in &offerings {
+    for (k, o) in offerings.iter().enumerate() {
         for p in o.prices.iter().filter(|p| p.option != PurchaseOption::OnDemand) {
             if let Some(od) = find_price(o, &p.region, PurchaseOption::OnDemand)
                 && p.usd_per_node_hour > od.usd_per_node_hour
             {
-                let line = price_lines.get(&(o.instance.clone(), p.region.clone(), option_name(p.option))).copied().unwrap_or(0);
+                let line = price_at.get(&(k, p.region.clone(), option_name(p.option))).map_or(0, |&(_, line)| line);
                 let column = match p.option {
                     PurchaseOption::Spot => "SpotPrice",
                     PurchaseOption::OneYearNoUpfront => "Reserved1yPrice",
