@@ -661,17 +661,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("runner-store-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir.join("h.sqlite")
+    /// A history path in a fresh directory of its own, its parent not yet made (the store
+    /// makes it, as on a first run); the directory goes when the guard does, also when the
+    /// test fails.
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::Builder::new().prefix(&format!("runner-store-{name}-")).tempdir().unwrap();
+        let path = dir.path().join("history").join("h.sqlite");
+        (dir, path)
     }
 
     /// A damaged file is refused when opened, with the way out, before any run is "kept"
     /// in it; another program's SQLite file is named as such, not with its SQL.
     #[test]
     fn a_damaged_or_foreign_database_is_refused_with_the_fix() {
-        let path = scratch("damaged");
+        let (_dir, path) = scratch("damaged");
         let mut s = Store::open(&path).unwrap();
         for i in 0..40 {
             let (id, _) = s.begin("explore", "runner explore", &json!({ "i": i, "pad": "x".repeat(2000) }), &json!([]), "0.1.0").unwrap();
@@ -685,7 +688,7 @@ mod tests {
         let e = Store::open(&path).err().expect("a damaged file is refused").to_string();
         assert!(e.contains("the file is damaged; move it aside") && e.contains(".recover"), "{e}");
 
-        let path = scratch("foreign");
+        let (_dir, path) = scratch("foreign");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let c = Connection::open(&path).unwrap();
         c.execute_batch("CREATE TABLE runs (name TEXT); INSERT INTO runs VALUES ('not ours');").unwrap();
@@ -694,7 +697,7 @@ mod tests {
         assert!(e.contains("not a runner history's") && !e.contains("CREATE"), "{e}");
 
         // Tables, none of them ours: refused and left untouched (no WAL, no tables added).
-        let path = scratch("other-program");
+        let (_dir, path) = scratch("other-program");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let c = Connection::open(&path).unwrap();
         c.execute_batch("CREATE TABLE notes (text TEXT); CREATE TABLE tags (name TEXT);").unwrap();
@@ -706,7 +709,7 @@ mod tests {
         let mode: String = c.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         assert_eq!((tables, mode.as_str()), (2, "delete"));
 
-        let dir = scratch("a-directory");
+        let (_dir, dir) = scratch("a-directory");
         std::fs::create_dir_all(&dir).unwrap();
         let e = Store::open(&dir).err().expect("a directory is refused").to_string();
         assert!(e.contains("is a directory; point --history (or RUNNER_HISTORY) at a file in it"), "{e}");
@@ -716,7 +719,7 @@ mod tests {
     /// with what to do; it read "database is locked" and no more.
     #[test]
     fn a_history_locked_past_the_timeout_says_by_whom_and_what_to_do() {
-        let path = scratch("locked");
+        let (_dir, path) = scratch("locked");
         Store::open(&path).unwrap();
         let holder = Connection::open(&path).unwrap();
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
@@ -729,7 +732,7 @@ mod tests {
 
     #[test]
     fn a_run_round_trips_and_resumes_with_the_same_inputs() {
-        let path = scratch("roundtrip");
+        let (_dir, path) = scratch("roundtrip");
         let mut s = Store::open(&path).unwrap();
         let inputs = json!({"model": "llama3.1-70b", "gpus": [64, 128]});
         let plugins = json!([{"name": "llama3", "sha256": "ab"}]);
@@ -767,7 +770,7 @@ mod tests {
     /// runs complete with every item, and the file stays sound.
     #[test]
     fn concurrent_writers_do_not_corrupt_the_database() {
-        let path = scratch("concurrent");
+        let (_dir, path) = scratch("concurrent");
         Store::open(&path).unwrap();
         let writers: Vec<_> = (0..2)
             .map(|w| {
@@ -798,7 +801,7 @@ mod tests {
     /// resume. It failed "no such column: owner_pid" on every run.
     #[test]
     fn a_history_from_an_older_schema_is_migrated_on_open() {
-        let path = scratch("oldschema");
+        let (_dir, path) = scratch("oldschema");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let old_schema = SCHEMA.replace(",\n    owner_pid INTEGER NOT NULL DEFAULT 0", "");
         assert!(!old_schema.contains("owner_pid") && old_schema != SCHEMA, "the older schema is the current one less owner_pid");
@@ -833,7 +836,7 @@ mod tests {
     /// resume the run records the plugins of the process that finishes it.
     #[test]
     fn a_run_with_other_plugins_or_another_version_does_not_resume() {
-        let path = scratch("resumekey");
+        let (_dir, path) = scratch("resumekey");
         let mut s = Store::open(&path).unwrap();
         let inputs = json!({"model": "llama3.1-8b"});
         let aws = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "11", "source": "/a/cloud.wasm"}]);
@@ -858,7 +861,7 @@ mod tests {
     /// process is gone reads "interrupted", one whose process runs "running".
     #[test]
     fn a_missing_id_names_the_ids_there_and_a_dead_owner_reads_interrupted() {
-        let path = scratch("ids");
+        let (_dir, path) = scratch("ids");
         let mut s = Store::open(&path).unwrap();
         assert!(s.get(1).unwrap_err().to_string().contains("holds no runs yet"));
         for w in 0..4 {
@@ -909,7 +912,7 @@ mod tests {
         assert_eq!(path_from(None, data()), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
         assert_eq!(path_from(None, None), None);
 
-        let path = scratch("pragmas");
+        let (_dir, path) = scratch("pragmas");
         let s = Store::open(&path).unwrap();
         let mode: String = s.conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
         let sync: i64 = s.conn.query_row("PRAGMA synchronous", [], |r| r.get(0)).unwrap();
@@ -923,14 +926,14 @@ mod tests {
         let finished = s.get(1).unwrap().finished.expect("a finished run has its time");
         assert!(finished.len() == 20 && finished.ends_with('Z'), "{finished}");
 
-        let path = scratch("plain-file");
+        let (_dir, path) = scratch("plain-file");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, "model,gpus\nllama,64\n".repeat(300)).unwrap();
         let e = Store::open(&path).err().expect("a text file is refused").to_string();
         assert!(e.contains("not an SQLite database; point --history (or RUNNER_HISTORY) at a runner history file"), "{e}");
 
         // Another program's database with many tables: five named, then "...".
-        let path = scratch("six-tables");
+        let (_dir, path) = scratch("six-tables");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let c = Connection::open(&path).unwrap();
         c.execute_batch(&(1..=6).map(|i| format!("CREATE TABLE t{i} (x);")).collect::<String>()).unwrap();
@@ -945,7 +948,7 @@ mod tests {
     /// grew is a change.
     #[test]
     fn items_keep_their_order_and_the_newest_unfinished_run_resumes() {
-        let path = scratch("order");
+        let (_dir, path) = scratch("order");
         let mut s = Store::open(&path).unwrap();
         let (id, _) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0").unwrap();
         for k in ["512", "1024", "64"] {
@@ -979,9 +982,8 @@ mod tests {
     /// query and fragment).
     #[test]
     fn a_history_opened_read_only_is_a_current_runner_history_at_its_own_path() {
-        let dir = std::env::temp_dir().join(format!("runner-store-ro?mode=rw#x-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("h.sqlite");
+        let guard = tempfile::Builder::new().prefix("runner-store-ro?mode=rw#x-").tempdir().unwrap();
+        let path = guard.path().join("h.sqlite");
         let mut s = Store::open(&path).unwrap();
         let (id, _) = s.begin("x", "t", &json!({}), &json!([]), "0").unwrap();
         s.finish(id, "done", &json!({"ok": 1})).unwrap();
@@ -989,16 +991,16 @@ mod tests {
         let r = Store::open_read_only(&path).unwrap();
         assert_eq!(r.get(id).unwrap().result, Some(json!({"ok": 1})));
         drop(r);
-        let _ = std::fs::remove_dir_all(&dir);
+        drop(guard);
 
-        let e = Store::open_read_only(&scratch("ro-missing")).err().unwrap().to_string();
+        let e = Store::open_read_only(&scratch("ro-missing").1).err().unwrap().to_string();
         assert!(e.ends_with(": not a file"), "{e}");
-        let path = scratch("ro-foreign");
+        let (_dir, path) = scratch("ro-foreign");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         Connection::open(&path).unwrap().execute_batch("CREATE TABLE notes (text TEXT);").unwrap();
         let e = Store::open_read_only(&path).err().unwrap().to_string();
         assert!(e.contains("not a current runner history"), "{e}");
-        let path = scratch("ro-old");
+        let (_dir, path) = scratch("ro-old");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         Connection::open(&path).unwrap().execute_batch(&SCHEMA.replace(",\n    owner_pid INTEGER NOT NULL DEFAULT 0", "")).unwrap();
         let e = Store::open_read_only(&path).err().unwrap().to_string();
@@ -1010,7 +1012,7 @@ mod tests {
     /// without its busy handler): the opening waits and retries until the lock goes.
     #[test]
     fn opening_a_new_file_locked_by_another_waits_for_it() {
-        let path = scratch("held");
+        let (_dir, path) = scratch("held");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let holder = Connection::open(&path).unwrap();
         holder.execute_batch("CREATE TABLE runs_placeholder (x); DROP TABLE runs_placeholder; BEGIN EXCLUSIVE").unwrap();
@@ -1048,7 +1050,7 @@ mod tests {
     #[test]
     fn runners_creating_a_new_database_at_once_all_open_it() {
         for round in 0..40 {
-            let path = scratch(&format!("race{round}"));
+            let (_dir, path) = scratch(&format!("race{round}"));
             let barrier = std::sync::Arc::new(std::sync::Barrier::new(4));
             let runners: Vec<_> = (0..4)
                 .map(|w| {
