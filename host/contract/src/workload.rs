@@ -1,5 +1,15 @@
 //! The workload contract's rules: what `describe` may say about a model.
 
+/// A size that must be in `1..=max`: the one rule behind every such field of the
+/// workload contract (hyperparameters, training defaults, layout degrees, a measured
+/// run's GPU count), so each message reads the same.
+///
+/// # Errors
+/// Names `field`, the range and the value.
+pub fn size(field: &str, v: u32, max: u32) -> Result<(), String> {
+    if v == 0 || v > max { Err(format!("{field} must be in 1..={max}, got {v}")) } else { Ok(()) }
+}
+
 /// Expand the workload rules in a module that has the generated workload types in scope
 /// (`ModelInfo`, `Variant`, `Hyperparameters`, `ReferenceLayout`, `TrainingPrecision`, ...):
 ///
@@ -49,9 +59,7 @@ macro_rules! workload_rules {
             text::free("citation", &v.citation)?;
             validate_hyperparameters(&v.hyper)?;
             let d = &v.defaults;
-            if d.seq_len == 0 || d.seq_len > $crate::limits::SEQ_LEN {
-                return Err(format!("defaults.seq-len must be in 1..={}, got {}", $crate::limits::SEQ_LEN, d.seq_len));
-            }
+            $crate::workload::size("defaults.seq-len", d.seq_len, $crate::limits::SEQ_LEN)?;
             if !(d.tokens.is_finite() && d.tokens > 0.0 && d.tokens <= $crate::limits::TOKENS) {
                 return Err(format!("defaults.tokens must be finite, > 0 and <= {:e}, got {}", $crate::limits::TOKENS, $crate::text::number(d.tokens)));
             }
@@ -86,13 +94,7 @@ macro_rules! workload_rules {
         pub fn validate_hyperparameters(h: &Hyperparameters) -> Result<(), String> {
             use $crate::limits::{EXPERTS, HEADS, LAYERS, VOCAB, WIDTH};
             use $crate::text;
-            let range = |what: &str, v: u32, max: u32| -> Result<(), String> {
-                if v == 0 || v > max {
-                    Err(format!("{what} must be in 1..={max}, got {v}"))
-                } else {
-                    Ok(())
-                }
-            };
+            let range = $crate::workload::size;
             range("layers", h.layers, LAYERS)?;
             range("hidden", h.hidden, WIDTH)?;
             range("heads", h.heads, HEADS)?;
@@ -198,13 +200,14 @@ macro_rules! workload_rules {
                 range("moe.experts", m.experts, EXPERTS)?;
                 range("moe.expert-ffn", m.expert_ffn, WIDTH)?;
                 range("moe.layer-frequency", m.layer_frequency, LAYERS)?;
-                if m.top_k == 0 || m.top_k > m.experts {
-                    return Err(format!("moe.top-k must be in 1..={}, got {}", m.experts, m.top_k));
+                range("moe.top-k", m.top_k, m.experts)?;
+                if m.shared_experts > EXPERTS {
+                    return Err(format!("moe.shared-experts must be at most {EXPERTS}, got {}", m.shared_experts));
                 }
-                if m.shared_experts > EXPERTS || m.shared_ffn > WIDTH {
+                if m.shared_ffn > WIDTH {
                     return Err(format!(
-                        "moe.shared-experts ({}) or moe.shared-ffn ({}) is out of range",
-                        m.shared_experts, m.shared_ffn
+                        "moe.shared-ffn must be at most {WIDTH} (0: shared experts as wide as moe.expert-ffn), got {}",
+                        m.shared_ffn
                     ));
                 }
                 if m.dense_layers > h.layers {
@@ -259,12 +262,16 @@ macro_rules! workload_rules {
                 ("mbs", l.mbs),
                 ("gpus-min", l.gpus_min),
             ] {
-                if v == 0 || v > $crate::limits::GPUS {
-                    return Err(format!("{what} must be in 1..={}, got {v}", $crate::limits::GPUS));
-                }
+                $crate::workload::size(what, v, $crate::limits::GPUS)?;
             }
-            if l.gpus_min > l.gpus_max || l.gpus_max > $crate::limits::GPUS {
-                return Err(format!("the GPU range {}..={} is empty or too large", l.gpus_min, l.gpus_max));
+            if l.gpus_max > $crate::limits::GPUS {
+                return Err(format!("gpus-max must be at most {}, got {}", $crate::limits::GPUS, l.gpus_max));
+            }
+            if l.gpus_min > l.gpus_max {
+                return Err(format!(
+                    "the GPU range {}..={} is empty: gpus-min must be at most gpus-max",
+                    l.gpus_min, l.gpus_max
+                ));
             }
             // Products of u32 sizes in u64 cannot overflow for three factors.
             let model_parallel = u64::from(l.tp) * u64::from(l.pp) * u64::from(l.cp);
@@ -284,7 +291,10 @@ macro_rules! workload_rules {
                     ));
                 }
                 if l.fsdp > 0 && !gpus.is_multiple_of(u64::from(l.fsdp)) {
-                    return Err(format!("the FSDP group of {} does not divide {gpus} GPUs", l.fsdp));
+                    return Err(format!(
+                        "fsdp {} does not divide {gpus} GPUs: the FSDP group must divide both ends of the GPU range (0: no FSDP)",
+                        l.fsdp
+                    ));
                 }
             }
             if l.vp > 1 && l.pp == 1 {
@@ -311,14 +321,21 @@ macro_rules! workload_rules {
                     return Err(format!("ep {} does not divide the {} experts", l.ep, m.experts));
                 }
                 None if l.ep > 1 || l.etp > 1 => {
-                    return Err(format!("ep {} / etp {} on a model without experts", l.ep, l.etp));
+                    return Err(format!("ep {} / etp {} on a model without experts: set both to 1", l.ep, l.etp));
                 }
                 _ => {}
             }
-            if l.seq_len > $crate::limits::SEQ_LEN || l.recompute_layers > h.layers {
+            if l.seq_len > $crate::limits::SEQ_LEN {
                 return Err(format!(
-                    "seq-len {} or recompute-layers {} is out of range",
-                    l.seq_len, l.recompute_layers
+                    "seq-len must be at most {} (0: the variant's defaults.seq-len), got {}",
+                    $crate::limits::SEQ_LEN,
+                    l.seq_len
+                ));
+            }
+            if l.recompute_layers > h.layers {
+                return Err(format!(
+                    "recompute-layers must be at most layers ({}), got {}",
+                    h.layers, l.recompute_layers
                 ));
             }
             if !(l.gbs_per_gpu.is_finite() && (0.0..=1e6).contains(&l.gbs_per_gpu)) {
@@ -341,9 +358,7 @@ macro_rules! workload_rules {
                         return Err(format!("{what} must be finite and >= 0, got {}", $crate::text::number(x)));
                     }
                 }
-                if m.gpus == 0 || m.gpus > $crate::limits::GPUS {
-                    return Err(format!("measured.gpus must be in 1..={}, got {}", $crate::limits::GPUS, m.gpus));
-                }
+                $crate::workload::size("measured.gpus", m.gpus, $crate::limits::GPUS)?;
             }
             Ok(())
         }

@@ -485,7 +485,7 @@ mod tests {
         l.recompute_layers = 8;
         assert_eq!(validate_layout(&l, &h), Ok(()));
         l.recompute_layers = 9;
-        refused(&l, "recompute-layers 9 is out of range");
+        refused(&l, "recompute-layers must be at most layers (8), got 9");
         let mut l = layout(1);
         let measured = PublishedMeasurement {
             step_time_s: 1.0,

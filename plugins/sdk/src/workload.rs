@@ -25,6 +25,11 @@ pub use rules::{
     validate_model_info, validate_variant,
 };
 
+/// The rules at their edges, over these bindings (the host's tests cover the hybrid ones).
+#[cfg(test)]
+#[path = "workload_rules_tests.rs"]
+mod rules_tests;
+
 // The builder lives at src/builder.rs (beside the other SDK modules), not src/workload/.
 #[path = "builder.rs"]
 pub mod builder;
