@@ -333,6 +333,64 @@ mod tests {
         assert_eq!(ops(&shared, "layers."), ops(&own, "layers."));
     }
 
+    /// What the wiring test above leaves open: each single-mixer block reads its own
+    /// pre-norm (not the raw residual stream), each norm reads the previous layer's
+    /// residual (the first the embedding, the final norm the last layer's), the B
+    /// convolution reads the B projection and out_proj the grouped norm, and the scan, gate
+    /// and grouped norm split by heads like the convolutions. Kills the 9 of 41 hand
+    /// mutations of this file that survived every SDK test: the Mamba, attention or MLP
+    /// block reading `x`, conv_b reading C, out_proj skipping the norm, the scan, gate or
+    /// grouped norm made column-parallel, the Mamba pre-norm named `attn_norm`.
+    #[test]
+    fn each_block_reads_its_pre_norm_and_the_mixer_its_own_projections() {
+        let g = transformer_graph(&small("M*-E"), &req(0)).unwrap();
+        let op = |n: &str| g.operations.iter().find(|o| o.name == n).unwrap_or_else(|| panic!("no op {n}"));
+        let q = "layers.0.mixer";
+        for proj in ["z", "x", "b", "c", "dt"] {
+            assert_eq!(op(&format!("{q}.{proj}")).inputs[0], "layers.0.mixer_norm", "{proj}");
+        }
+        for (conv, proj) in [("conv_x", "x"), ("conv_b", "b"), ("conv_c", "c")] {
+            assert_eq!(op(&format!("{q}.{conv}")).inputs[0], format!("{q}.{proj}"), "{conv}");
+        }
+        assert_eq!(op(&format!("{q}.out")).inputs[0], format!("{q}.norm"));
+        for k in ["scan", "gate", "norm"] {
+            assert_eq!(op(&format!("{q}.{k}")).role, ParallelRole::HeadParallel, "{k}");
+        }
+        assert_eq!(op("layers.1.attn.q").inputs[0], "layers.1.attn_norm");
+        assert_eq!(op("layers.2.mlp.gate").inputs[0], "layers.2.mlp_norm");
+        assert_eq!(op("layers.3.moe.router_logits").inputs[0], "layers.3.mlp_norm");
+        let norms = ["layers.0.mixer_norm", "layers.1.attn_norm", "layers.2.mlp_norm", "layers.3.mlp_norm"];
+        let before = ["embed", "layers.0.residual", "layers.1.residual", "layers.2.residual"];
+        for (norm, x) in norms.iter().zip(before) {
+            assert_eq!(op(norm).inputs[0], x, "{norm}");
+        }
+        assert_eq!(op("final_norm").inputs[0], "layers.3.residual");
+    }
+
+    /// The pattern's first and last characters are its first and last layers, whatever
+    /// they are, and a partial request stops after the layers asked for: "*EM" builds
+    /// attention at layer 0 and the Mamba mixer at layer 2; one layer is the attention
+    /// block alone, and two add the experts.
+    #[test]
+    fn first_and_last_layers_follow_the_pattern_and_partial_requests_stop_in_it() {
+        let h = small("*EM");
+        let g = transformer_graph(&h, &req(0)).unwrap();
+        let has = |g: &Graph, layer: i32, k: OpKind| kinds(g, layer).contains(&format!("{k:?}"));
+        assert!(has(&g, 0, OpKind::Attention) && !has(&g, 0, OpKind::SsmScan) && !has(&g, 0, OpKind::Router));
+        assert!(has(&g, 1, OpKind::Router) && !has(&g, 1, OpKind::Attention));
+        assert!(has(&g, 2, OpKind::SsmScan) && !has(&g, 2, OpKind::Attention) && !has(&g, 2, OpKind::Router));
+        assert_eq!(g.operations.iter().find(|o| o.name == "final_norm").unwrap().inputs[0], "layers.2.residual");
+        for (layers, last) in [(1, "layers.0.residual"), (2, "layers.1.residual")] {
+            let part = transformer_graph(&h, &req(layers)).unwrap();
+            assert!(part.operations.iter().all(|o| o.layer < layers as i32), "{layers} layers");
+            assert_eq!(part.operations.iter().find(|o| o.name == "final_norm").unwrap().inputs[0], last);
+        }
+        // Embedding and head 2 x 6,400, the final norm 64, the attention block 12,352
+        // (norm 64, q and out 64x64, k and v 32x64).
+        let one = transformer_graph(&h, &req(1)).unwrap();
+        assert_eq!(weights(&one), 2 * 6400 + 64 + 12_352);
+    }
+
     /// The mixer's wiring, which parameter and FLOP counts cannot see: the scan reads
     /// x, dt, B, C in that order (B and C have one shape), the gate is silu(z)·y (z first),
     /// the grouped norm has the model's epsilon, the projections to z, x, B, C and dt split
