@@ -344,6 +344,15 @@ macro_rules! workload_rules {
                     text::number(l.gbs_per_gpu)
                 ));
             }
+            // Under one sequence per million GPUs (the GPU ceiling) a per-GPU rule is a slip
+            // or hostile, and reports print the published rule with `{}`: 1e-300 would be
+            // 301 digits on the terminal.
+            if l.gbs_per_gpu > 0.0 && l.gbs_per_gpu < 1e-6 {
+                return Err(format!(
+                    "gbs-per-gpu must be 0 (the batch is gbs-fixed alone) or at least 1e-6 sequences per GPU, got {}",
+                    text::number(l.gbs_per_gpu)
+                ));
+            }
             if l.gbs_per_gpu == 0.0 && l.gbs_fixed == 0 {
                 return Err("the global batch rule gives no batch (gbs-per-gpu 0 and gbs-fixed 0): give either".into());
             }

@@ -251,7 +251,7 @@ fn stages_heads_and_experts_the_layout_splits_must_exist() {
 }
 
 /// Kills: the layout's seq-len ceiling deleted or made `>=`, negative or exactly 1e6
-/// sequences per GPU judged wrongly, the measured step's source, GPU ceiling, and the
+/// sequences per GPU judged wrongly, the 1e-6 floor deleted or made `<=`, the measured step's source, GPU ceiling, and the
 /// layout's gpu name and source going unchecked.
 #[test]
 fn a_layouts_sequence_batch_measurement_and_text_are_checked() {
@@ -263,6 +263,14 @@ fn a_layouts_sequence_batch_measurement_and_text_are_checked() {
     for bad in [-1.0, 1e6 + 1.0, f64::NAN, f64::INFINITY] {
         refused(check(ReferenceLayout { gbs_per_gpu: bad, ..layout() }), &["gbs-per-gpu must be finite, >= 0 and at most 1e6"]);
     }
+    // The smallest per-GPU rule is one sequence per million GPUs; below it, a positive
+    // rule such as 1e-300 (which `{}` prints as 301 digits) is refused, named compactly.
+    assert_eq!(check(ReferenceLayout { gbs_per_gpu: 1e-6, ..layout() }), Ok(()));
+    for tiny in [1e-300, 9e-7, f64::MIN_POSITIVE] {
+        let m = check(ReferenceLayout { gbs_per_gpu: tiny, gbs_fixed: 8, ..layout() }).expect_err("a sliver of a sequence per GPU");
+        assert!(m.contains("gbs-per-gpu must be 0 (the batch is gbs-fixed alone) or at least 1e-6") && m.len() < 200, "{m}");
+    }
+    assert_eq!(check(ReferenceLayout { gbs_per_gpu: 0.0, gbs_fixed: 8, ..layout() }), Ok(()));
     let measured =
         PublishedMeasurement { step_time_s: 1.0, tokens_per_s_per_gpu: 1e4, model_tflops_per_gpu: 400.0, gpus: GPUS, source: "paper".into() };
     assert_eq!(check(ReferenceLayout { measured: Some(measured.clone()), ..layout() }), Ok(()));
