@@ -285,7 +285,8 @@ fn a_layouts_sequence_batch_measurement_and_text_are_checked() {
 /// Kills: the family's name, the empty family, the variant count's ceiling (off by one
 /// either way), a variant's name, family, citation and optimizer unchecked, its
 /// hyperparameters or layouts not validated, the layout count's ceiling (off by one either
-/// way), a zero defaults.seq-len or tokens let through.
+/// way), a zero defaults.seq-len or tokens let through, a learning rate outside 0 or
+/// 1e-8..=10.
 #[test]
 fn a_family_its_variants_and_their_defaults_are_checked() {
     let info = |variants: Vec<Variant>| ModelInfo { family: "f".into(), variants };
@@ -314,6 +315,19 @@ fn a_family_its_variants_and_their_defaults_are_checked() {
     refused(with(|d| d.seq_len = 0), &[&format!("defaults.seq-len must be in 1..={SEQ_LEN}, got 0")]);
     refused(with(|d| d.tokens = 0.0), &["defaults.tokens must be finite, > 0", "got 0"]);
     refused(with(|d| d.optimizer = String::new()), &["defaults.optimizer is empty"]);
+    // A learning rate is 0 (the runner's default) or one a recipe could publish; the
+    // runner prints it raw in its advice when a run diverges.
+    for lr in [0.0, 1e-8, 1.6e-3, 10.0] {
+        assert_eq!(with_lr(&v, lr), Ok(()), "learning rate {lr}");
+    }
+    for lr in [1e-300, 9e-9, 10.5, 1e300] {
+        let m = with_lr(&v, lr).expect_err("a learning rate no recipe publishes");
+        assert!(m.contains("defaults.learning-rate must be 0 (the runner's default) or from 1e-8 to 10") && m.len() < 120, "{m}");
+    }
+}
+
+fn with_lr(v: &Variant, learning_rate: f64) -> Result<(), String> {
+    validate_variant(&Variant { defaults: TrainingDefaults { learning_rate, ..v.defaults.clone() }, ..v.clone() })
 }
 
 /// The names reports print, and the names recipes publish, to one typed precision each.
