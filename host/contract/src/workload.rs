@@ -10,6 +10,11 @@ pub fn size(field: &str, v: u32, max: u32) -> Result<(), String> {
     if v == 0 || v > max { Err(format!("{field} must be in 1..={max}, got {v}")) } else { Ok(()) }
 }
 
+/// The names `training_precision_name` prints, every training precision in the
+/// contract's order: for messages that list what `training_precision` reads. The SDK's
+/// tests check it against both functions.
+pub const TRAINING_PRECISION_NAMES: &str = "BF16, FP16, FP8, FP8-DS, FP8-CS, FP8-BS, MXFP8, NVFP4";
+
 /// Expand the workload rules in a module that has the generated workload types in scope
 /// (`ModelInfo`, `Variant`, `Hyperparameters`, `ReferenceLayout`, `TrainingPrecision`, ...):
 ///

@@ -345,7 +345,7 @@ impl Layout {
     /// its first unit test (any call of `describe`) reports.
     pub fn new(gpu: &str, gpus_min: u32, gpus_max: u32, precision: &str) -> Layout {
         let precision = training_precision(precision).unwrap_or_else(|| {
-            panic!("unknown training precision '{precision}': use BF16, FP16, FP8, FP8-DS, FP8-CS, FP8-BS, MXFP8 or NVFP4")
+            panic!("unknown training precision '{precision}': use one of {}", runner_contract::workload::TRAINING_PRECISION_NAMES)
         });
         Layout(ReferenceLayout {
             gpu: gpu.into(),

@@ -350,6 +350,8 @@ fn precision_names_round_trip_and_aliases_parse() {
         assert_eq!(training_precision_name(p), name);
         assert_eq!(training_precision(name), Some(p), "{name}");
     }
+    // The list messages print (the SDK's `Layout::new`) is these names, in this order.
+    assert_eq!(runner_contract::workload::TRAINING_PRECISION_NAMES, all.map(|(_, name)| name).join(", "));
     for (alias, p) in [
         (" fp8_cs ", P::Fp8Current),
         ("FP8-Current", P::Fp8Current),
@@ -364,4 +366,12 @@ fn precision_names_round_trip_and_aliases_parse() {
     for unknown in ["", "fp4", "fp8 cs", "bf-16"] {
         assert_eq!(training_precision(unknown), None, "{unknown:?}");
     }
+}
+
+/// A typo in a plugin's table names every precision the contract reads, from the
+/// contract's one list.
+#[test]
+#[should_panic(expected = "unknown training precision 'fp9': use one of BF16, FP16, FP8, FP8-DS, FP8-CS, FP8-BS, MXFP8, NVFP4")]
+fn an_unknown_precision_in_a_plugins_table_names_every_known_one() {
+    let _ = Layout::new("H100", 8, 8, "fp9");
 }
