@@ -147,7 +147,12 @@ macro_rules! workload_rules {
                         return Err(format!("{what} must be at most {WIDTH}, got {v}"));
                     }
                 }
+                // Only the query may skip its low-rank latent (q-lora-rank 0, DeepSeek-V2-Lite);
+                // every other width is an axis of the attention's tensors, and a zero axis
+                // would be refused only later, in the graph, naming a tensor and not the field.
                 range("mla.kv-lora-rank", m.kv_lora_rank, WIDTH)?;
+                range("mla.qk-nope-head-dim", m.qk_nope_head_dim, WIDTH)?;
+                range("mla.qk-rope-head-dim", m.qk_rope_head_dim, WIDTH)?;
                 range("mla.v-head-dim", m.v_head_dim, WIDTH)?;
             }
             let pattern = h.layer_pattern.as_str();

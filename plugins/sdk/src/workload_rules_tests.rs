@@ -144,9 +144,10 @@ fn norm_eps_is_finite_and_positions_stop_at_the_sequence_ceiling() {
 }
 
 /// Kills: the MLA ceilings deleted or made `>=`, the kv-lora-rank and v-head-dim ranges
-/// deleted. A q-lora-rank of 0 is a setting (no query compression, DeepSeek-V2-Lite).
+/// deleted. A q-lora-rank of 0 is a setting (no query compression, DeepSeek-V2-Lite); the
+/// query/key head widths (nope, rope) are not: the SDK builds a zero-wide tensor of each.
 #[test]
-fn mla_ranks_are_bounded_and_kv_and_v_ranks_positive() {
+fn mla_widths_are_bounded_and_all_but_q_lora_rank_positive() {
     let mla = MlaConfig { q_lora_rank: 0, kv_lora_rank: 32, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16 };
     let base = Hyperparameters { attention: AttentionKind::Mla, mla: Some(mla), ..dense() };
     assert_eq!(validate_hyperparameters(&base), Ok(()));
@@ -167,11 +168,12 @@ fn mla_ranks_are_bounded_and_kv_and_v_ranks_positive() {
         assert_eq!(with(WIDTH), Ok(()), "{field} at the limit");
         refused(with(WIDTH + 1), &[field, &format!("got {}", WIDTH + 1)]);
     }
-    for field in ["mla.kv-lora-rank", "mla.v-head-dim"] {
+    // Every width but q-lora-rank is an axis of the attention's tensors: 0 is refused
+    // here, by name, not later as a tensor's zero axis.
+    for (field, set) in &fields[1..] {
         let mut h = base.clone();
-        let m = h.mla.as_mut().unwrap();
-        if field == "mla.kv-lora-rank" { m.kv_lora_rank = 0 } else { m.v_head_dim = 0 }
-        refused(validate_hyperparameters(&h), &[field, "got 0"]);
+        set(h.mla.as_mut().unwrap(), 0);
+        refused(validate_hyperparameters(&h), &[field, "must be in 1..=", "got 0"]);
     }
 }
 
