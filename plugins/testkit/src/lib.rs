@@ -48,7 +48,8 @@ pub fn host_graph(graph: GraphFn, variant: &str, seq: u32, mb: u32, layers: u32)
 /// `describe` passes the host's rules, every variant builds at its default sequence length
 /// with micro-batch 1 and validates, and a 1-layer proxy builds too.
 pub fn check_all_variants(info: &wit::ModelInfo, graph: GraphFn) {
-    assert!(!info.variants.is_empty(), "{}: no variants", info.family);
+    // The contract's rules (no variants, GPU ranges, sizes, ...) are the host's own code;
+    // below are only the first-party plugins' stricter habits.
     if let Err(e) = wit::validate_model_info(info) {
         panic!("the host would refuse describe: {e}");
     }
@@ -59,7 +60,6 @@ pub fn check_all_variants(info: &wit::ModelInfo, graph: GraphFn) {
         host_graph(graph, &v.name, v.defaults.seq_len.min(128), 2, 1);
         for l in &v.layouts {
             assert!(!l.source.is_empty(), "{}: layout without source", v.name);
-            assert!(l.gpus_min <= l.gpus_max && l.gpus_min > 0, "{}: bad GPU range", v.name);
         }
     }
     let err = graph(wit::GraphRequest { variant: "no-such-model".into(), seq_len: 8, micro_batch: 1, layers: 0, phase: wit::Phase::Training })
