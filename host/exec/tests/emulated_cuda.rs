@@ -193,3 +193,67 @@ fn concat_buffers_that_disagree_with_their_shapes_are_refused_on_the_emulated_cu
     assert_eq!(dev.read_f32(&out).unwrap(), [1.0; 8]);
     dev.concat_backward(Some(&mut buf(4)), Some(&mut buf(2)), &buf(8), s).unwrap();
 }
+
+/// Sizes past what the CUDA kernels and grids take are refused by name before anything
+/// is allocated or launched, on buffers of a few elements: a block of i32::MAX rows is
+/// taken (as the block of the tensor's 4 rows it amounts to) and one more row refused
+/// (its `as i32` was i32::MIN: the block amaxes were never written and the values came
+/// back scaled by NaN); products that overflow usize (an unchecked product wrapped to
+/// the small buffers' lengths, or panicked) and a class offset past i64 are refused; an
+/// allocation whose byte count overflows is refused instead of wrapping (to a 1-byte
+/// allocation that claimed 2^62 elements).
+#[test]
+fn sizes_past_the_cuda_kernels_limits_are_refused_before_anything_is_allocated_on_the_emulated_cuda_backend() {
+    use runner_exec::device::{Device, Elem};
+    use runner_kernels::cpu::attention::Attn;
+    use runner_kernels::cpu::quant::{BlockSpec, Format, QuantSpec, ScaleFormat, ScaleRounding};
+    if ran_under_sanitizer("sizes_past_the_cuda_kernels_limits_are_refused_before_anything_is_allocated_on_the_emulated_cuda_backend") {
+        return;
+    }
+    let Some(dev) = emulated() else { return };
+    let buf = |data: &[f32]| {
+        let mut b = dev.alloc(Elem::F32, data.len()).unwrap();
+        dev.write_f32(&mut b, data).unwrap();
+        b
+    };
+    let x0: Vec<f32> = (0..16).map(|i| 0.37 * i as f32 - 2.9).collect();
+    let spec = |rows: usize| {
+        QuantSpec::Blocks(BlockSpec { format: Format::E4M3, block: (rows, 4), scale_format: ScaleFormat::Fp32, scale_rounding: ScaleRounding::Exact, tensor_scale: false, saturate: true, stochastic: None })
+    };
+    let (mut a, mut b) = (buf(&x0), buf(&x0));
+    let ra = dev.quantize(&mut a, 4, 4, &spec(i32::MAX as usize)).unwrap();
+    let rb = dev.quantize(&mut b, 4, 4, &spec(4)).unwrap();
+    let qa = dev.read_f32(&a).unwrap();
+    assert_eq!(qa, dev.read_f32(&b).unwrap());
+    assert!(qa.iter().all(|v| v.is_finite()) && qa != x0, "{qa:?}");
+    assert_eq!(dev.read_quant(vec![ra]).unwrap(), dev.read_quant(vec![rb]).unwrap());
+
+    let mut x = buf(&x0);
+    let (s4, mut d4, mut one) = (buf(&[1.0; 4]), buf(&[0.0; 4]), buf(&[0.0]));
+    let mut targets = dev.alloc(Elem::I32, 1).unwrap();
+    dev.write_u32(&mut targets, &[2]).unwrap();
+    let before = dev.memory();
+
+    let e = dev.quantize(&mut x, 4, 4, &spec(i32::MAX as usize + 1)).map(|_| ()).unwrap_err().to_string();
+    assert_eq!(e, "operation 'quantize': shape mismatch: the block's rows 2147483648 is past the CUDA kernels' limit of 2147483647 (an int)");
+    assert_eq!(dev.read_f32(&x).unwrap(), x0, "refused, so untouched");
+
+    // (2^62 + 1)·4 wraps to 4, the buffers' length.
+    let e = dev.transpose_outer(&mut d4, &s4, (1 << 62) + 1, 4, 1).unwrap_err().to_string();
+    assert!(e.contains("operation 'transpose_outer': shape mismatch: the shape [4611686018427387905, 4, 1] holds more elements"), "{e}");
+    let huge = Attn { b: 1, t: (1 << 62) + 1, h: 1, hkv: 1, d: 4, dv: 4, causal: false, window: None, scale: 0.5, cp: None };
+    let e = dev.attention_forward(&mut d4, &mut one, &s4, &s4, &s4, huge).unwrap_err().to_string();
+    assert!(e.contains("operation 'attention_forward': shape mismatch: the shape [1, 4611686018427387905, 1, 4] holds more elements"), "{e}");
+
+    // A class offset past i64 reached the kernel as a negative one.
+    let e = dev.target_logit(&mut one, &s4, &targets, i64::MAX as usize + 1, 4).unwrap_err().to_string();
+    assert!(e.contains("operation 'target_logit': shape mismatch: the shard's first class 9223372036854775808 is past the CUDA kernels' limit of 9223372036854775807 (an i64)"), "{e}");
+    dev.target_logit(&mut one, &s4, &targets, 1, 4).unwrap();
+
+    // 2^62 f32 are 2^64 bytes: unchecked, a 1-byte allocation claiming 2^62 elements.
+    let e = dev.alloc(Elem::F32, 1 << 62).map(|_| ()).unwrap_err().to_string();
+    assert!(e.contains("allocating 4611686018427387904 f32 elements: more bytes than an allocation holds"), "{e}");
+    assert!(dev.alloc(Elem::F32, (isize::MAX as usize) / 4 + 1).is_err(), "past isize::MAX bytes");
+    let after = dev.memory();
+    assert_eq!((after.allocations, after.current_bytes), (before.allocations, before.current_bytes), "nothing allocated by the refused calls");
+}

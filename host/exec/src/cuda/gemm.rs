@@ -162,6 +162,8 @@ impl Lt {
             set(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA, &op(key.ta))?;
             set(desc, sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB, &op(key.tb))?;
         }
+        // The dims are the executor's usize sizes, checked against buffers that hold at
+        // most isize::MAX bytes: a leading dimension is exact as i64.
         let layout = |e: Elem, rows: u64, cols: u64| {
             lt::create_matrix_layout(data_type(e), rows, cols, rows as i64).map_err(|e| err("layout", e))
         };

@@ -98,6 +98,7 @@ pub fn probe(ordinal: usize) -> Result<CudaInfo, ExecError> {
             count - 1
         )));
     }
+    // Below the driver's count, an int: exact.
     let dev = dr::device::get(ordinal as i32).map_err(|e| ExecError::NoCuda(format!("cuDeviceGet: {e}")))?;
     let name = dr::device::get_name(dev).unwrap_or_else(|_| "unknown GPU".into());
     for (lib, present, fix) in [
@@ -321,6 +322,7 @@ pub struct CudaPlan {
 const BLOCK: u32 = 256;
 
 fn ew_cfg(n: usize) -> LaunchConfig {
+    // At most 2^20 blocks (the kernels stride over the rest): the cast is exact.
     let blocks = n.div_ceil(BLOCK as usize).clamp(1, 1 << 20) as u32;
     LaunchConfig {
         grid_dim: (blocks, 1, 1),
@@ -338,13 +340,14 @@ fn default_pool(ctx: &CudaContext) -> Option<cu::CUmemoryPool> {
     (r == cu::CUresult::CUDA_SUCCESS).then_some(pool)
 }
 
-/// One block per row; no rows, no blocks ([`Cuda::run`] then launches nothing).
-fn rows_cfg(rows: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (u32::try_from(rows).unwrap_or(u32::MAX), 1, 1),
+/// One block per row; no rows, no blocks ([`Cuda::run`] then launches nothing). More
+/// rows than a grid holds are `op`'s error: the row kernels do not stride over rows.
+fn rows_cfg(op: &str, rows: usize) -> Result<LaunchConfig, ExecError> {
+    Ok(LaunchConfig {
+        grid_dim: grid(op, rows, 1, 1)?,
         block_dim: (BLOCK, 1, 1),
         shared_mem_bytes: 0,
-    }
+    })
 }
 
 /// A kernel's refusal of its arguments, as the CPU kernel words it.
@@ -367,6 +370,45 @@ fn lens(kernel: &str, checks: &[(&str, usize, usize)]) -> Result<(), ExecError> 
         }
     }
     Ok(())
+}
+
+/// A size or index taken from a shape or an attribute, as a kernel's `int` argument. A
+/// value past `i32::MAX` would reach the kernel wrapped (a negative or small size: wrong
+/// results, or reads and writes out of bounds on the GPU), so it is refused here, naming
+/// the operation, what the value is, the value and the limit. Call it before anything is
+/// allocated or launched.
+///
+/// A launch's `i64` arguments are buffer lengths or counts derived from them, exact as
+/// `as i64`: no allocation holds more than `isize::MAX` bytes ([`Device::alloc`] refuses
+/// more); those that come from a shape or attribute go through [`i64_arg`].
+fn i32_arg(op: &str, what: &str, v: usize) -> Result<i32, ExecError> {
+    i32::try_from(v).map_err(|_| past_limit(op, what, v, "int", i32::MAX as u64))
+}
+
+/// As [`i32_arg`], for a kernel's `i64` argument.
+fn i64_arg(op: &str, what: &str, v: usize) -> Result<i64, ExecError> {
+    i64::try_from(v).map_err(|_| past_limit(op, what, v, "i64", i64::MAX as u64))
+}
+
+fn past_limit(op: &str, what: &str, v: usize, ty: &str, limit: u64) -> ExecError {
+    kerr(op, format!("{what} {v} is past the CUDA kernels' limit of {limit} (an {ty})"))
+}
+
+/// The product of a shape's `dims` (an element count), or the operation's error when it
+/// overflows (unchecked, it would wrap to a small count that a small buffer can match).
+fn numel(op: &str, dims: &[usize]) -> Result<usize, ExecError> {
+    dims.iter()
+        .try_fold(1usize, |acc, &d| acc.checked_mul(d))
+        .ok_or_else(|| kerr(op, format!("the shape {dims:?} holds more elements than a usize counts")))
+}
+
+/// Grid dimension x (at most 2^31 - 1 blocks), y and z (at most 65535 each), or the
+/// operation's error naming the dimension that does not fit.
+fn grid(op: &str, x: usize, y: usize, z: usize) -> Result<(u32, u32, u32), ExecError> {
+    let dim = |v: usize, axis: &str, limit: u32| {
+        u32::try_from(v).ok().filter(|&b| b <= limit).ok_or_else(|| kerr(op, format!("{v} thread blocks along grid {axis} are past the limit of {limit}")))
+    };
+    Ok((dim(x, "x", i32::MAX as u32)?, dim(y, "y", 65_535)?, dim(z, "z", 65_535)?))
 }
 
 /// Expert `e`'s matrix of `per` elements in a grouped GEMM's weights: its buffer and
@@ -668,7 +710,7 @@ impl Cuda {
         }
         if cfg.shared_mem_bytes > 48 << 10 {
             // Past the default 48 KiB the kernel must be allowed more; the driver refuses
-            // what the device lacks.
+            // what the device lacks. (run_shared keeps the size to an int.)
             k.f.set_attribute(cu::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, cfg.shared_mem_bytes as i32)
                 .map_err(|e| self.derr(&format!("{name}: {} bytes of shared memory", cfg.shared_mem_bytes), e))?;
         }
@@ -866,14 +908,16 @@ impl Cuda {
         }
         let chunks = rows.clamp(1, 128);
         let per = rows.div_ceil(chunks);
+        // At most 128 chunks: exact as an int.
         let chunks = rows.div_ceil(per);
-        let partial = self.f32_scratch(chunks * c)?;
+        let ci = i32_arg("column_partials", "the row width", c)?;
+        let cols = grid("column_partials", c.div_ceil(BLOCK as usize), chunks, 1)?;
+        let partial = self.f32_scratch(numel("column_partials", &[chunks, c])?)?;
         let opt = |b: Option<&CudaBuffer>| b.map_or(Arg::P(0), |b| self.p(b));
-        let cols = c.div_ceil(BLOCK as usize) as u32;
         self.run(
             "column_partials",
             LaunchConfig {
-                grid_dim: (cols, chunks as u32, 1),
+                grid_dim: cols,
                 block_dim: (BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -884,7 +928,7 @@ impl Cuda {
                 opt(mean),
                 opt(rstd),
                 Arg::I(rows as i64),
-                Arg::I32(c as i32),
+                Arg::I32(ci),
                 Arg::I(per as i64),
                 Arg::I32(mode),
             ],
@@ -892,30 +936,38 @@ impl Cuda {
         self.run(
             "column_finish",
             LaunchConfig {
-                grid_dim: (cols, 1, 1),
+                grid_dim: (cols.0, 1, 1),
                 block_dim: (BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             },
-            &[self.p(dst), self.p(&partial), Arg::I32(chunks as i32), Arg::I32(c as i32)],
+            &[self.p(dst), self.p(&partial), Arg::I32(chunks as i32), Arg::I32(ci)],
         )
     }
 
-    fn attn_shape(&self, a: &Attn) -> AttnShape {
-        AttnShape {
-            b: a.b as i64,
-            t: a.t as i64,
-            tk: a.kv_len() as i64,
+    /// The kernels' shape of a checked attention ([`Cuda::attn_check`]: h up to 65535,
+    /// hkv dividing it, d and dv up to 256, the cp rank below the cp size, so those casts
+    /// are exact).
+    fn attn_shape(kernel: &str, a: &Attn) -> Result<AttnShape, ExecError> {
+        let tk = a.kv_len();
+        Ok(AttnShape {
+            b: i64_arg(kernel, "the batch", a.b)?,
+            t: i64_arg(kernel, "the sequence length", a.t)?,
+            tk: i64_arg(kernel, "the key length", tk)?,
             h: a.h as i32,
             hkv: a.hkv as i32,
             d: a.d as i32,
             dv: a.dv as i32,
             causal: a.causal as i32,
-            // A window past i32 covers every position there can be: none.
-            window: a.window.map_or(0, |w| i32::try_from(w).unwrap_or(0)),
+            window: match a.window {
+                // A window past i32 that covers every key masks nothing: none.
+                Some(w) if w > i32::MAX as usize && w >= tk => 0,
+                Some(w) => i32_arg(kernel, "the attention window", w)?,
+                None => 0,
+            },
             scale: a.scale,
-            cp: a.cp.map_or(1, |c| c.size as i32),
+            cp: a.cp.map_or(Ok(1), |c| i32_arg(kernel, "the cp group size", c.size))?,
             cp_rank: a.cp.map_or(0, |c| c.rank as i32),
-        }
+        })
     }
 
     fn attn_check(&self, kernel: &str, a: &Attn) -> Result<(), ExecError> {
@@ -941,21 +993,14 @@ impl Cuda {
     /// the default 48 KiB the kernel is allowed more; the driver refuses what the device
     /// lacks).
     fn run_shared(&self, name: &str, grid: (u32, u32, u32), threads: u32, floats: usize, args: &[Arg]) -> Result<(), ExecError> {
-        let bytes = u32::try_from(floats * 4).map_err(|_| kerr(name, format!("{floats} floats of shared memory")))?;
+        // The driver takes the size as an int (cuFuncSetAttribute).
+        let bytes = floats.checked_mul(4).and_then(|b| i32::try_from(b).ok()).ok_or_else(|| kerr(name, format!("{floats} floats of shared memory")))? as u32;
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (threads, 1, 1),
             shared_mem_bytes: bytes,
         };
         self.run(name, cfg, args)
-    }
-
-    /// A grid of `blocks` blocks along x.
-    fn grid_x(kernel: &str, blocks: usize) -> Result<(u32, u32, u32), ExecError> {
-        match u32::try_from(blocks) {
-            Ok(b) if b < i32::MAX as u32 => Ok((b, 1, 1)),
-            _ => Err(kerr(kernel, format!("{blocks} thread blocks are more than a grid holds"))),
-        }
     }
 
     /// The lengths of a scan's inputs, then of other buffers, against its shape: (what,
@@ -968,14 +1013,30 @@ impl Cuda {
     }
 
     /// The chunk length as the kernels take it: a chunk past the sequence is the
-    /// sequence (the same single chunk).
-    fn chunk_arg(s: &Ssm) -> i32 {
-        s.chunk.min(s.t.max(1)).min(i32::MAX as usize) as i32
+    /// sequence (the same single chunk); a sequence past an int is refused.
+    fn chunk_arg(kernel: &str, s: &Ssm) -> Result<i32, ExecError> {
+        i32_arg(kernel, "the scan's chunk", s.chunk.min(s.t.max(1)))
+    }
+
+    /// A causal convolution's shape arguments after the buffers: B, T, C, K.
+    fn conv_dims(kernel: &str, s: &Conv1d) -> Result<[Arg; 4], ExecError> {
+        Ok([
+            Arg::I(i64_arg(kernel, "the batch", s.b)?),
+            Arg::I(i64_arg(kernel, "the sequence length", s.t)?),
+            Arg::I32(i32_arg(kernel, "the channels", s.c)?),
+            Arg::I32(i32_arg(kernel, "the kernel width", s.k)?),
+        ])
     }
 
     /// The scan's shape arguments after the buffers: T, H, P, G, N.
-    fn ssm_dims(s: &Ssm) -> [Arg; 5] {
-        [Arg::I(s.t as i64), Arg::I32(s.h as i32), Arg::I32(s.p as i32), Arg::I32(s.g as i32), Arg::I32(s.n as i32)]
+    fn ssm_dims(kernel: &str, s: &Ssm) -> Result<[Arg; 5], ExecError> {
+        Ok([
+            Arg::I(i64_arg(kernel, "the sequence length", s.t)?),
+            Arg::I32(i32_arg(kernel, "the heads", s.h)?),
+            Arg::I32(i32_arg(kernel, "the head dim", s.p)?),
+            Arg::I32(i32_arg(kernel, "the groups", s.g)?),
+            Arg::I32(i32_arg(kernel, "the state size", s.n)?),
+        ])
     }
 }
 
@@ -996,7 +1057,12 @@ impl Device for Cuda {
     }
 
     fn alloc(&self, elem: Elem, len: usize) -> Result<CudaBuffer, ExecError> {
-        let mem = self.mem(len * elem.bytes())?;
+        // At most isize::MAX bytes, as any allocation: a length's byte count, and every
+        // buffer length as a kernel's i64, are then exact.
+        let bytes = len.checked_mul(elem.bytes()).filter(|&b| isize::try_from(b).is_ok()).ok_or_else(|| {
+            ExecError::Device { device: format!("cuda:{}", self.inner.ordinal), what: format!("allocating {len} {} elements: more bytes than an allocation holds", elem.name()) }
+        })?;
+        let mem = self.mem(bytes)?;
         let meta = if elem.fp8().is_some() {
             // Written at once by init_meta.
             let m = self.mem(16)?;
@@ -1006,7 +1072,7 @@ impl Device for Cuda {
             None
         };
         let t = &self.inner.tracker;
-        let now = t.current.fetch_add((len * elem.bytes()) as u64, Ordering::Relaxed) + (len * elem.bytes()) as u64;
+        let now = t.current.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
         t.peak.fetch_max(now, Ordering::Relaxed);
         t.allocations.fetch_add(1, Ordering::Relaxed);
         let born = t.recording.load(Ordering::Acquire);
@@ -1105,7 +1171,9 @@ impl Device for Cuda {
     }
 
     fn transpose_outer(&self, dst: &mut CudaBuffer, src: &CudaBuffer, a: usize, b: usize, c: usize) -> Result<(), ExecError> {
-        let n = a * b * c;
+        let k = "transpose_outer";
+        let n = numel(k, &[a, b, c])?;
+        let dims = [Arg::I(i64_arg(k, "a", a)?), Arg::I(i64_arg(k, "b", b)?), Arg::I(i64_arg(k, "c", c)?)];
         if dst.elem != src.elem || dst.len != n || src.len != n {
             return Err(ExecError::State(format!(
                 "transpose_outer ({a},{b},{c}) of {} {} into {} {}",
@@ -1120,7 +1188,7 @@ impl Device for Cuda {
             2 => "transpose_outer_u16",
             _ => "transpose_outer_u8",
         };
-        self.ew(k, n, &[self.p(dst), self.p(src), Arg::I(a as i64), Arg::I(b as i64), Arg::I(c as i64)])?;
+        self.ew(k, n, &[&[self.p(dst), self.p(src)][..], &dims].concat())?;
         self.copy_meta(dst, src, "transpose_outer")
     }
 
@@ -1198,8 +1266,8 @@ impl Device for Cuda {
                 let rows = x.len / c.max(1);
                 lens(k, &[("out", out.len, x.len), ("codes", codes.len, x.len), ("rstd", rstd.len, rows), ("w", w.len, c), ("x", rows * c, x.len)])?;
                 if rows > 0 {
-                    let args = [self.p(out), self.p(rstd), q, Arg::P(meta), cp, self.p(x), self.p(w), Arg::I32(c as i32), Arg::F(eps), Arg::I32(fmt), Arg::F(scale), sat];
-                    self.run("rmsnorm_forward_codes", rows_cfg(rows), &args)?;
+                    let args = [self.p(out), self.p(rstd), q, Arg::P(meta), cp, self.p(x), self.p(w), Arg::I32(i32_arg(k, "the row width", c)?), Arg::F(eps), Arg::I32(fmt), Arg::F(scale), sat];
+                    self.run("rmsnorm_forward_codes", rows_cfg(k, rows)?, &args)?;
                 }
                 x.len
             }
@@ -1292,6 +1360,7 @@ impl Device for Cuda {
             }
             DType::MxFp8 => {
                 let rows = runner_kernels::cpu::precision::mx_rows(buf.len, row).map_err(refused("round_to_storage"))?;
+                // rows · row is the buffer's length: the product of whole warps is no more.
                 let warps = rows * row.div_ceil(32);
                 if warps == 0 {
                     return Ok(());
@@ -1299,11 +1368,11 @@ impl Device for Cuda {
                 self.run(
                     "round_mxfp8",
                     LaunchConfig {
-                        grid_dim: (warps.div_ceil(8) as u32, 1, 1),
+                        grid_dim: grid("round_to_storage", warps.div_ceil(8), 1, 1)?,
                         block_dim: (BLOCK, 1, 1),
                         shared_mem_bytes: 0,
                     },
-                    &[self.p(buf), Arg::I(rows as i64), Arg::I32(row as i32)],
+                    &[self.p(buf), Arg::I(rows as i64), Arg::I32(i32_arg("round_to_storage", "the MXFP8 row", row)?)],
                 )
             }
             DType::F32 | DType::NvFp4 | DType::I32 => Ok(()),
@@ -1314,6 +1383,13 @@ impl Device for Cuda {
         need("quantize", x, Elem::F32)?;
         lens("quantize", &[("x", x.len, rows.saturating_mul(cols))])?;
         let n = x.len as i64;
+        // The shape and block as the kernels take them, checked before anything is
+        // allocated (the block may be larger than the tensor).
+        let (r, c) = (i64_arg("quantize", "the rows", rows)?, i64_arg("quantize", "the columns", cols)?);
+        let block = match *spec {
+            QuantSpec::Blocks(b) => (i32_arg("quantize", "the block's rows", b.block.0)?, i32_arg("quantize", "the block's columns", b.block.1)?),
+            _ => (0, 0),
+        };
         let rec = self.stats_record()?;
         let (cp, ap, curp) = (self.ptr(&rec), self.ptr(&rec) + STATS_AMAX, self.ptr(&rec) + STATS_CUR);
         let fmt_of = |f: quant::Format| match f {
@@ -1351,6 +1427,7 @@ impl Device for Cuda {
                     Arg::I32(margin),
                     Arg::I32(i32::from(saturate)),
                     Arg::I32(sr),
+                    // The seed's 32 bits, as the kernel's int.
                     Arg::I32(sd as i32),
                 ];
                 self.ew("quant_tensor", x.len, &args)?;
@@ -1364,6 +1441,7 @@ impl Device for Cuda {
                 if br == 0 || bc == 0 {
                     return Err(ExecError::State(format!("quantize: block {br}x{bc}")));
                 }
+                // No more blocks than the tensor's rows · cols (its checked length).
                 let nb = rows.div_ceil(br) * cols.div_ceil(bc);
                 let bamax = self.f32_scratch(nb.max(1))?;
                 let tamax = self.f32_scratch(1)?;
@@ -1373,8 +1451,7 @@ impl Device for Cuda {
                 if b.tensor_scale {
                     self.ew("amax_f32", x.len, &[self.p(&tamax), self.p(x), Arg::I(n)])?;
                 }
-                let (r, c) = (rows as i64, cols as i64);
-                self.ew("quant_block_amax", nb, &[self.p(&bamax), self.p(x), Arg::I(r), Arg::I(c), Arg::I32(br as i32), Arg::I32(bc as i32)])?;
+                self.ew("quant_block_amax", nb, &[self.p(&bamax), self.p(x), Arg::I(r), Arg::I(c), Arg::I32(block.0), Arg::I32(block.1)])?;
                 let (sr, sd) = seed(b.stochastic);
                 let sf = match b.scale_format {
                     quant::ScaleFormat::Fp32 => 0,
@@ -1394,14 +1471,15 @@ impl Device for Cuda {
                     Arg::P(ap),
                     Arg::I(r),
                     Arg::I(c),
-                    Arg::I32(br as i32),
-                    Arg::I32(bc as i32),
+                    Arg::I32(block.0),
+                    Arg::I32(block.1),
                     Arg::I32(fmt_of(b.format)),
                     Arg::I32(sf),
                     Arg::I32(rnd),
                     Arg::I32(i32::from(b.tensor_scale)),
                     Arg::I32(i32::from(b.saturate)),
                     Arg::I32(sr),
+                    // The seed's 32 bits, as the kernel's int.
                     Arg::I32(sd as i32),
                 ];
                 self.ew("quant_blocks", x.len, &args)?;
@@ -1421,11 +1499,9 @@ impl Device for Cuda {
             return Ok(());
         }
         let s = quant::seed32(Some(seed)).unwrap_or(0);
-        self.ew(
-            "hadamard_rows",
-            (rows / h) * cols,
-            &[self.p(x), Arg::I(rows as i64), Arg::I(cols as i64), Arg::I32(h as i32), Arg::I32(s as i32)],
-        )
+        let k = "hadamard_rows";
+        // h is at most 256 (checked above); the seed's 32 bits pass as the kernel's int.
+        self.ew(k, (rows / h) * cols, &[self.p(x), Arg::I(i64_arg(k, "the rows", rows)?), Arg::I(i64_arg(k, "the columns", cols)?), Arg::I32(h as i32), Arg::I32(s as i32)])
     }
 
     fn add_assign(&self, dst: &mut CudaBuffer, src: &CudaBuffer) -> Result<(), ExecError> {
@@ -1450,7 +1526,7 @@ impl Device for Cuda {
             return Err(kerr("add_bias", format!("{} elements are not rows of {}", out.len, bias.len)));
         }
         let rows = out.len / bias.len;
-        self.ew("add_bias", out.len, &[self.p(out), self.p(bias), Arg::I(rows as i64), Arg::I32(bias.len as i32)])
+        self.ew("add_bias", out.len, &[self.p(out), self.p(bias), Arg::I(rows as i64), Arg::I32(i32_arg("add_bias", "the bias length", bias.len)?)])
     }
 
     fn bias_backward(&self, dbias: &mut CudaBuffer, dout: &CudaBuffer) -> Result<(), ExecError> {
@@ -1503,18 +1579,22 @@ impl Device for Cuda {
     }
 
     fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        let (la, lb, lo) = s.dims("concat_forward", out.len, Some(a.len), Some(b.len))?;
+        let k = "concat_forward";
+        let (la, lb, lo) = s.dims(k, out.len, Some(a.len), Some(b.len))?;
+        let ints = [i32_arg(k, "the rank", s.out.len())?, i32_arg(k, "a's last axis", la)?, i32_arg(k, "b's last axis", lb)?];
         let (shapes, rank) = self.concat_meta(s)?;
         let rows = out.len / lo.max(1);
-        self.ew(
-            "concat_forward",
-            out.len,
-            &[self.p(out), self.p(a), self.p(b), Arg::P(shapes), Arg::I32(rank as i32), Arg::I(rows as i64), Arg::I32(la as i32), Arg::I32(lb as i32)],
-        )
+        // The rank is below the shape's length, checked as an int above.
+        self.ew(k, out.len, &[self.p(out), self.p(a), self.p(b), Arg::P(shapes), Arg::I32(rank as i32), Arg::I(rows as i64), Arg::I32(ints[1]), Arg::I32(ints[2])])
     }
 
     fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
-        let (la, lb, lo) = s.dims("concat_backward", dout.len, da.as_ref().map(|t| t.len), db.as_ref().map(|t| t.len))?;
+        let k = "concat_backward";
+        let (la, lb, lo) = s.dims(k, dout.len, da.as_ref().map(|t| t.len), db.as_ref().map(|t| t.len))?;
+        // The rank (below the shape's length) and each column count (la + lb = lo, so
+        // la, lb and b's first column are no more than lo) fit the kernel's ints.
+        i32_arg(k, "the rank", s.out.len())?;
+        let lo_arg = i32_arg(k, "the last axis", lo)?;
         let (shapes, rank) = self.concat_meta(s)?;
         for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
             if let Some(t) = t {
@@ -1531,7 +1611,7 @@ impl Device for Cuda {
                         Arg::I(rows_src as i64),
                         Arg::I32(lx as i32),
                         Arg::I32(col0 as i32),
-                        Arg::I32(lo as i32),
+                        Arg::I32(lo_arg),
                     ],
                 )?;
             }
@@ -1545,36 +1625,38 @@ impl Device for Cuda {
 
     fn embedding_forward(&self, out: &mut CudaBuffer, tokens: &CudaBuffer, table: &CudaBuffer, c: usize, vocab_start: Option<usize>) -> Result<(), ExecError> {
         need("embedding_forward", tokens, Elem::I32)?;
-        lens("embedding_forward", &[("out", out.len, tokens.len * c)])?;
+        let k = "embedding_forward";
+        lens(k, &[("out", out.len, numel(k, &[tokens.len, c])?)])?;
         let rows = table.len / c.max(1);
         self.ew(
             "embedding_forward",
             out.len,
-            &[self.p(out), self.p(tokens), self.p(table), Arg::I(tokens.len as i64), Arg::I32(c as i32), Arg::I(rows as i64), Arg::I(vocab_start.unwrap_or(0) as i64)],
+            &[self.p(out), self.p(tokens), self.p(table), Arg::I(tokens.len as i64), Arg::I32(i32_arg(k, "the row width", c)?), Arg::I(rows as i64), Arg::I(i64_arg(k, "the vocabulary start", vocab_start.unwrap_or(0))?)],
         )
     }
 
     fn embedding_backward(&self, dtable: &mut CudaBuffer, dout: &CudaBuffer, tokens: &CudaBuffer, c: usize, vocab_start: Option<usize>) -> Result<(), ExecError> {
         need("embedding_backward", tokens, Elem::I32)?;
-        lens("embedding_backward", &[("dout", dout.len, tokens.len * c)])?;
+        let k = "embedding_backward";
+        lens(k, &[("dout", dout.len, numel(k, &[tokens.len, c])?)])?;
         let rows = dtable.len / c.max(1);
         self.ew(
             "embedding_backward",
             dout.len,
-            &[self.p(dtable), self.p(dout), self.p(tokens), Arg::I(tokens.len as i64), Arg::I32(c as i32), Arg::I(rows as i64), Arg::I(vocab_start.unwrap_or(0) as i64)],
+            &[self.p(dtable), self.p(dout), self.p(tokens), Arg::I(tokens.len as i64), Arg::I32(i32_arg(k, "the row width", c)?), Arg::I(rows as i64), Arg::I(i64_arg(k, "the vocabulary start", vocab_start.unwrap_or(0))?)],
         )
     }
 
     fn rmsnorm_forward(&self, out: &mut CudaBuffer, rstd: &mut CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, c: usize, eps: f32) -> Result<(), ExecError> {
         let rows = x.len / c.max(1);
         lens("rmsnorm_forward", &[("out", out.len, x.len), ("rstd", rstd.len, rows), ("w", w.len, c), ("x", rows * c, x.len)])?;
-        self.run("rmsnorm_forward", rows_cfg(rows), &[self.p(out), self.p(rstd), self.p(x), self.p(w), Arg::I32(c as i32), Arg::F(eps)])
+        self.run("rmsnorm_forward", rows_cfg("rmsnorm_forward", rows)?, &[self.p(out), self.p(rstd), self.p(x), self.p(w), Arg::I32(i32_arg("rmsnorm_forward", "the row width", c)?), Arg::F(eps)])
     }
 
     fn rmsnorm_backward(&self, dx: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, rstd: &CudaBuffer, c: usize) -> Result<(), ExecError> {
         let rows = x.len / c.max(1);
         lens("rmsnorm_backward", &[("dx", dx.len, x.len), ("dout", dout.len, x.len), ("dw", dw.len, c), ("w", w.len, c), ("rstd", rstd.len, rows), ("x", rows * c, x.len)])?;
-        self.run("rmsnorm_backward_dx", rows_cfg(rows), &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(rstd), Arg::I32(c as i32)])?;
+        self.run("rmsnorm_backward_dx", rows_cfg("rmsnorm_backward", rows)?, &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(rstd), Arg::I32(i32_arg("rmsnorm_backward", "the row width", c)?)])?;
         self.column_sums(dw, dout, Some(x), None, Some(rstd), rows, c, 1)
     }
 
@@ -1583,8 +1665,8 @@ impl Device for Cuda {
         lens("layernorm_forward", &[("out", out.len, x.len), ("mean", mean.len, rows), ("rstd", rstd.len, rows), ("w", w.len, c), ("b", b.len, c), ("x", rows * c, x.len)])?;
         self.run(
             "layernorm_forward",
-            rows_cfg(rows),
-            &[self.p(out), self.p(mean), self.p(rstd), self.p(x), self.p(w), self.p(b), Arg::I32(c as i32), Arg::F(eps)],
+            rows_cfg("layernorm_forward", rows)?,
+            &[self.p(out), self.p(mean), self.p(rstd), self.p(x), self.p(w), self.p(b), Arg::I32(i32_arg("layernorm_forward", "the row width", c)?), Arg::F(eps)],
         )
     }
 
@@ -1596,8 +1678,8 @@ impl Device for Cuda {
         )?;
         self.run(
             "layernorm_backward_dx",
-            rows_cfg(rows),
-            &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(mean), self.p(rstd), Arg::I32(c as i32)],
+            rows_cfg("layernorm_backward", rows)?,
+            &[self.p(dx), self.p(dout), self.p(x), self.p(w), self.p(mean), self.p(rstd), Arg::I32(i32_arg("layernorm_backward", "the row width", c)?)],
         )?;
         self.column_sums(dw, dout, Some(x), Some(mean), Some(rstd), rows, c, 2)?;
         self.column_sums(db, dout, None, None, None, rows, c, 0)
@@ -1618,17 +1700,17 @@ impl Device for Cuda {
         lens(
             kn,
             &[
-                ("q", q.len, a.b * a.t * a.h * a.d),
-                ("k", k.len, a.b * tk * a.hkv * a.d),
-                ("v", v.len, a.b * tk * a.hkv * a.dv),
-                ("out", out.len, a.b * a.t * a.h * a.dv),
-                ("lse", lse.len, a.b * a.h * a.t),
+                ("q", q.len, numel(kn, &[a.b, a.t, a.h, a.d])?),
+                ("k", k.len, numel(kn, &[a.b, tk, a.hkv, a.d])?),
+                ("v", v.len, numel(kn, &[a.b, tk, a.hkv, a.dv])?),
+                ("out", out.len, numel(kn, &[a.b, a.t, a.h, a.dv])?),
+                ("lse", lse.len, numel(kn, &[a.b, a.h, a.t])?),
             ],
         )?;
-        let s = self.attn_shape(&a);
+        let s = Self::attn_shape(kn, &a)?;
         let floats = ATT_QROWS * (a.d | 1) + ATT_TILE * (a.d | 1) + ATT_TILE * (a.dv | 1);
-        let grid = (a.t.div_ceil(ATT_QROWS) as u32, a.h as u32, a.b as u32);
-        self.run_attn(kn, grid, floats, &[self.p(out), self.p(lse), self.p(q), self.p(k), self.p(v), Arg::Attn(s)])
+        let blocks = grid(kn, a.t.div_ceil(ATT_QROWS), a.h, a.b)?;
+        self.run_attn(kn, blocks, floats, &[self.p(out), self.p(lse), self.p(q), self.p(k), self.p(v), Arg::Attn(s)])
     }
 
     fn attention_backward(&self, dq: &mut CudaBuffer, dk: &mut CudaBuffer, dv: &mut CudaBuffer, dout: &CudaBuffer, q: &CudaBuffer, k: &CudaBuffer, v: &CudaBuffer, out: &CudaBuffer, lse: &CudaBuffer, a: Attn) -> Result<(), ExecError> {
@@ -1642,20 +1724,22 @@ impl Device for Cuda {
                 ("dk", dk.len, k.len),
                 ("dv", dv.len, v.len),
                 ("dout", dout.len, out.len),
-                ("q", q.len, a.b * a.t * a.h * a.d),
-                ("k", k.len, a.b * tk * a.hkv * a.d),
-                ("v", v.len, a.b * tk * a.hkv * a.dv),
-                ("out", out.len, a.b * a.t * a.h * a.dv),
-                ("lse", lse.len, a.b * a.h * a.t),
+                ("q", q.len, numel(kn, &[a.b, a.t, a.h, a.d])?),
+                ("k", k.len, numel(kn, &[a.b, tk, a.hkv, a.d])?),
+                ("v", v.len, numel(kn, &[a.b, tk, a.hkv, a.dv])?),
+                ("out", out.len, numel(kn, &[a.b, a.t, a.h, a.dv])?),
+                ("lse", lse.len, numel(kn, &[a.b, a.h, a.t])?),
             ],
         )?;
-        let s = self.attn_shape(&a);
-        let delta = self.f32_scratch(a.b * a.h * a.t)?;
-        let rows = a.b * a.t * a.h;
+        let s = Self::attn_shape(kn, &a)?;
+        // (b, t, h) rows: lse's length, checked above.
+        let rows = lse.len;
+        let (delta_grid, q_grid, kv_grid) = (grid(kn, rows.div_ceil(4).max(1), 1, 1)?, grid(kn, a.t.div_ceil(ATT_QROWS), a.h, a.b)?, grid(kn, tk.div_ceil(ATT_KROWS), a.hkv, a.b)?);
+        let delta = self.f32_scratch(rows)?;
         self.run(
             "attention_backward_delta",
             LaunchConfig {
-                grid_dim: (rows.div_ceil(4).max(1) as u32, 1, 1),
+                grid_dim: delta_grid,
                 block_dim: (128, 1, 1),
                 shared_mem_bytes: 0,
             },
@@ -1664,14 +1748,14 @@ impl Device for Cuda {
         let fq = ATT_QROWS * (a.d | 1) + ATT_QROWS * (a.dv | 1) + ATT_TILE * (a.d | 1) + ATT_TILE * (a.dv | 1);
         self.run_attn(
             "attention_backward_dq",
-            (a.t.div_ceil(ATT_QROWS) as u32, a.h as u32, a.b as u32),
+            q_grid,
             fq,
             &[self.p(dq), self.p(dout), self.p(q), self.p(k), self.p(v), self.p(lse), self.p(&delta), Arg::Attn(s)],
         )?;
         let fk = ATT_TILE * (a.d | 1) + ATT_TILE * (a.dv | 1) + ATT_KROWS * (a.d | 1) + ATT_KROWS * (a.dv | 1);
         self.run_attn(
             "attention_backward_dkdv",
-            (tk.div_ceil(ATT_KROWS) as u32, a.hkv as u32, a.b as u32),
+            kv_grid,
             fk,
             &[self.p(dk), self.p(dv), self.p(dout), self.p(q), self.p(k), self.p(v), self.p(lse), self.p(&delta), Arg::Attn(s)],
         )
@@ -1680,7 +1764,7 @@ impl Device for Cuda {
     fn causal_conv1d_forward(&self, out: &mut CudaBuffer, x: &CudaBuffer, w: &CudaBuffer, bias: &CudaBuffer, s: Conv1d) -> Result<(), ExecError> {
         let kn = "causal_conv1d_forward";
         s.check_lens(&[("out", out.len), ("x", x.len)], w.len, bias.len).map_err(refused(kn))?;
-        let dims = [Arg::I(s.b as i64), Arg::I(s.t as i64), Arg::I32(s.c as i32), Arg::I32(s.k as i32)];
+        let dims = Self::conv_dims(kn, &s)?;
         self.ew(kn, out.len, &[&[self.p(out), self.p(x), self.p(w), self.p(bias)][..], &dims].concat())
     }
 
@@ -1692,27 +1776,30 @@ impl Device for Cuda {
         if n == 0 {
             return Ok(());
         }
-        let dims = [Arg::I(s.b as i64), Arg::I(s.t as i64), Arg::I32(s.c as i32), Arg::I32(s.k as i32)];
+        let dims = Self::conv_dims(kn, &s)?;
+        // dw in two deterministic stages, as column_sums: per-chunk partials, then the
+        // chunks in order. (B·T rows of C: x's checked length; C·K: w's.)
+        let rows = s.b * s.t;
+        let per = rows.div_ceil(rows.clamp(1, 128));
+        // At most 128 chunks: exact as an int.
+        let chunks = rows.div_ceil(per);
+        let cols = s.c * s.k;
+        let cols_arg = i32_arg(kn, "the weight's C·K", cols)?;
+        let blocks = grid(kn, cols.div_ceil(BLOCK as usize), chunks, 1)?;
+        let partial_len = numel(kn, &[chunks, cols])?;
         let du = self.f32_scratch(n)?;
         self.ew("causal_conv1d_backward_du", n, &[&[self.p(&du), self.p(dout), self.p(x), self.p(w), self.p(bias)][..], &dims].concat())?;
         self.ew("causal_conv1d_backward_dx", n, &[&[self.p(dx), self.p(&du), self.p(w)][..], &dims].concat())?;
-        // dw in two deterministic stages, as column_sums: per-chunk partials, then the
-        // chunks in order.
-        let rows = s.b * s.t;
-        let per = rows.div_ceil(rows.clamp(1, 128));
-        let chunks = rows.div_ceil(per);
-        let cols = s.c * s.k;
-        let partial = self.f32_scratch(chunks * cols)?;
-        let blocks = cols.div_ceil(BLOCK as usize) as u32;
+        let partial = self.f32_scratch(partial_len)?;
         self.run(
             "causal_conv1d_dw_partials",
-            LaunchConfig { grid_dim: (blocks, chunks as u32, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
-            &[self.p(&partial), self.p(&du), self.p(x), Arg::I(rows as i64), Arg::I(s.t as i64), Arg::I32(s.c as i32), Arg::I32(s.k as i32), Arg::I(per as i64)],
+            LaunchConfig { grid_dim: blocks, block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
+            &[&[self.p(&partial), self.p(&du), self.p(x), Arg::I(rows as i64)][..], &dims[1..], &[Arg::I(per as i64)]].concat(),
         )?;
         self.run(
             "column_finish",
-            LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
-            &[self.p(dw), self.p(&partial), Arg::I32(chunks as i32), Arg::I32(cols as i32)],
+            LaunchConfig { grid_dim: (blocks.0, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 },
+            &[self.p(dw), self.p(&partial), Arg::I32(chunks as i32), Arg::I32(cols_arg)],
         )?;
         self.column_sums(dbias, &du, None, None, None, rows, s.c, 0)
     }
@@ -1724,9 +1811,10 @@ impl Device for Cuda {
             return Ok(());
         }
         let p = i.try_map(|b| Ok::<_, ExecError>(self.p(b)))?;
+        // 1 to 8 warps: exact.
         let warps = s.p.clamp(1, 8) as u32;
-        let args = [&[self.p(y), self.p(states), p.x, p.dt, p.bm, p.cm, p.a_log, p.d, p.dt_bias][..], &Self::ssm_dims(&s), &[Arg::I32(Self::chunk_arg(&s))]].concat();
-        self.run_shared(kn, Self::grid_x(kn, s.b * s.h)?, 32 * warps, s.p * s.n, &args)
+        let args = [&[self.p(y), self.p(states), p.x, p.dt, p.bm, p.cm, p.a_log, p.d, p.dt_bias][..], &Self::ssm_dims(kn, &s)?, &[Arg::I32(Self::chunk_arg(kn, &s)?)]].concat();
+        self.run_shared(kn, grid(kn, numel(kn, &[s.b, s.h])?, 1, 1)?, 32 * warps, numel(kn, &[s.p, s.n])?, &args)
     }
 
     fn ssm_scan_backward(&self, g: SsmGrads<&mut CudaBuffer>, dy: &CudaBuffer, i: SsmInputs<&CudaBuffer>, states: &CudaBuffer, s: Ssm) -> Result<(), ExecError> {
@@ -1741,31 +1829,42 @@ impl Device for Cuda {
             return Ok(());
         }
         let p = i.try_map(|b| Ok::<_, ExecError>(self.p(b)))?;
-        let dims = Self::ssm_dims(&s);
+        let dims = Self::ssm_dims(kn, &s)?;
+        let chunk = Arg::I32(Self::chunk_arg(kn, &s)?);
+        // Everything sized and checked before the first allocation.
+        let (bh, pn) = (numel(kn, &[s.b, s.h])?, numel(kn, &[s.p, s.n])?);
+        let (fwd_grid, rev_grid) = (grid(kn, numel(kn, &[bh, s.chunks()])?, 1, 1)?, grid(kn, bh, 1, 1)?);
+        let heads_n = numel(kn, &[s.b, s.t, s.h, s.n])?;
+        // (B,T) rows of the (B,T,G,N) dB and dC: their lengths, checked.
+        let (bt, gn) = (s.b * s.t, s.g * s.n);
+        // H, G, N: checked as ints by ssm_dims.
+        let group = [Arg::I(bt as i64), Arg::I32(s.h as i32), Arg::I32(s.g as i32), Arg::I32(s.n as i32)];
+        let b = i64_arg(kn, "the batch", s.b)?;
         // This head's dC_t and dB_t, (B,T,H,N), before the groups sum them.
-        let (dch, dbh) = (self.f32_scratch(s.b * s.t * s.h * s.n)?, self.f32_scratch(s.b * s.t * s.h * s.n)?);
-        let wpart = self.f32_scratch(s.b * s.h * 3)?;
+        let (dch, dbh) = (self.f32_scratch(heads_n)?, self.f32_scratch(heads_n)?);
+        let wpart = self.f32_scratch(numel(kn, &[bh, 3])?)?;
+        // 32 to 256 threads: exact.
         let threads = (s.n.div_ceil(32) * 32).clamp(32, 256) as u32;
         self.run_shared(
             "ssm_scan_backward_fwd",
-            Self::grid_x(kn, s.b * s.h * s.chunks())?,
+            fwd_grid,
             threads,
-            s.p * s.n,
-            &[&[self.p(&dch), self.p(dy), self.p(states), p.x, p.dt, p.bm, p.a_log, p.dt_bias][..], &dims, &[Arg::I32(Self::chunk_arg(&s))]].concat(),
+            pn,
+            &[&[self.p(&dch), self.p(dy), self.p(states), p.x, p.dt, p.bm, p.a_log, p.dt_bias][..], &dims, &[chunk]].concat(),
         )?;
+        // 1 to 8 warps: exact.
         let warps = s.p.clamp(1, 8);
         self.run_shared(
             "ssm_scan_backward_rev",
-            Self::grid_x(kn, s.b * s.h)?,
+            rev_grid,
             32 * warps as u32,
-            s.p * s.n + warps * s.n + 32,
+            // Saturating: a sum past usize is refused as shared memory.
+            pn.saturating_add(warps.saturating_mul(s.n)).saturating_add(32),
             &[&[self.p(g.dx), self.p(g.ddt), self.p(&dbh), self.p(&wpart), self.p(dy), self.p(&dch), p.x, p.dt, p.bm, p.cm, p.a_log, p.d, p.dt_bias][..], &dims].concat(),
         )?;
-        let (bt, gn) = (s.b * s.t, s.g * s.n);
-        let group = [Arg::I(bt as i64), Arg::I32(s.h as i32), Arg::I32(s.g as i32), Arg::I32(s.n as i32)];
         self.ew("ssm_scan_group_sum", bt * gn, &[&[self.p(g.dbm), self.p(&dbh)][..], &group].concat())?;
         self.ew("ssm_scan_group_sum", bt * gn, &[&[self.p(g.dcm), self.p(&dch)][..], &group].concat())?;
-        self.ew("ssm_scan_weights", s.h, &[self.p(g.da_log), self.p(g.dd), self.p(g.ddt_bias), self.p(&wpart), Arg::I(s.b as i64), Arg::I32(s.h as i32)])
+        self.ew("ssm_scan_weights", s.h, &[self.p(g.da_log), self.p(g.dd), self.p(g.ddt_bias), self.p(&wpart), Arg::I(b), Arg::I32(s.h as i32)])
     }
 
     fn cross_entropy_forward(&self, loss: &mut CudaBuffer, lse: &mut CudaBuffer, logits: &CudaBuffer, targets: &CudaBuffer, v: usize) -> Result<(), ExecError> {
@@ -1774,10 +1873,12 @@ impl Device for Cuda {
         if v == 0 && rows > 0 {
             return Err(kerr("cross_entropy_forward", "a vocabulary of 0 classes".into()));
         }
-        lens("cross_entropy_forward", &[("logits", logits.len, rows * v), ("lse", lse.len, rows), ("loss", loss.len, 1)])?;
+        let k = "cross_entropy_forward";
+        lens(k, &[("logits", logits.len, numel(k, &[rows, v])?), ("lse", lse.len, rows), ("loss", loss.len, 1)])?;
+        let (cfg, vi) = (rows_cfg(k, rows)?, i32_arg(k, "the vocabulary", v)?);
         let losses = self.f32_scratch(rows)?;
-        self.run("cross_entropy_rows", rows_cfg(rows), &[self.p(&losses), self.p(lse), self.p(logits), self.p(targets), Arg::I32(v as i32)])?;
-        self.run("cross_entropy_mean", rows_cfg(1), &[self.p(loss), self.p(&losses), self.p(targets), Arg::I(rows as i64)])
+        self.run("cross_entropy_rows", cfg, &[self.p(&losses), self.p(lse), self.p(logits), self.p(targets), Arg::I32(vi)])?;
+        self.run("cross_entropy_mean", rows_cfg(k, 1)?, &[self.p(loss), self.p(&losses), self.p(targets), Arg::I(rows as i64)])
     }
 
     fn cross_entropy_backward(&self, dlogits: &mut CudaBuffer, logits: &CudaBuffer, lse: &CudaBuffer, targets: &CudaBuffer, v: usize, dloss: Option<&CudaBuffer>) -> Result<(), ExecError> {
@@ -1785,8 +1886,9 @@ impl Device for Cuda {
     }
 
     fn row_max_sumexp(&self, max: &mut CudaBuffer, sumexp: &mut CudaBuffer, x: &CudaBuffer, v: usize) -> Result<(), ExecError> {
-        lens("row_max_sumexp", &[("x", x.len, max.len * v), ("sumexp", sumexp.len, max.len)])?;
-        self.run("row_max_sumexp", rows_cfg(max.len), &[self.p(max), self.p(sumexp), self.p(x), Arg::I32(v as i32)])
+        let k = "row_max_sumexp";
+        lens(k, &[("x", x.len, numel(k, &[max.len, v])?), ("sumexp", sumexp.len, max.len)])?;
+        self.run("row_max_sumexp", rows_cfg(k, max.len)?, &[self.p(max), self.p(sumexp), self.p(x), Arg::I32(i32_arg(k, "the vocabulary", v)?)])
     }
 
     fn sumexp_rescale(&self, sumexp: &mut CudaBuffer, local_max: &CudaBuffer, max: &CudaBuffer) -> Result<(), ExecError> {
@@ -1797,8 +1899,9 @@ impl Device for Cuda {
 
     fn target_logit(&self, out: &mut CudaBuffer, x: &CudaBuffer, targets: &CudaBuffer, start: usize, v: usize) -> Result<(), ExecError> {
         need("target_logit", targets, Elem::I32)?;
-        lens("target_logit", &[("x", x.len, out.len * v), ("targets", targets.len, out.len)])?;
-        self.ew("target_logit", out.len, &[self.p(out), self.p(x), self.p(targets), Arg::I(out.len as i64), Arg::I32(v as i32), Arg::I(start as i64)])
+        let k = "target_logit";
+        lens(k, &[("x", x.len, numel(k, &[out.len, v])?), ("targets", targets.len, out.len)])?;
+        self.ew("target_logit", out.len, &[self.p(out), self.p(x), self.p(targets), Arg::I(out.len as i64), Arg::I32(i32_arg(k, "the vocabulary", v)?), Arg::I(i64_arg(k, "the shard's first class", start)?)])
     }
 
     fn cross_entropy_from_stats(&self, loss: &mut CudaBuffer, lse: &mut CudaBuffer, max: &CudaBuffer, sumexp: &CudaBuffer, target_logit: &CudaBuffer, targets: &CudaBuffer) -> Result<(), ExecError> {
@@ -1810,20 +1913,23 @@ impl Device for Cuda {
             rows,
             &[self.p(&losses), self.p(lse), self.p(max), self.p(sumexp), self.p(target_logit), self.p(targets), Arg::I(rows as i64)],
         )?;
-        self.run("cross_entropy_mean", rows_cfg(1), &[self.p(loss), self.p(&losses), self.p(targets), Arg::I(rows as i64)])
+        self.run("cross_entropy_mean", rows_cfg("cross_entropy_from_stats", 1)?, &[self.p(loss), self.p(&losses), self.p(targets), Arg::I(rows as i64)])
     }
 
     fn cross_entropy_shard_backward(&self, dlogits: &mut CudaBuffer, logits: &CudaBuffer, lse: &CudaBuffer, targets: &CudaBuffer, start: usize, v: usize, dloss: Option<&CudaBuffer>) -> Result<(), ExecError> {
-        need("cross_entropy_backward", targets, Elem::I32)?;
+        let k = "cross_entropy_backward";
+        need(k, targets, Elem::I32)?;
         let rows = targets.len;
-        lens("cross_entropy_backward", &[("logits", logits.len, rows * v), ("dlogits", dlogits.len, rows * v), ("lse", lse.len, rows)])?;
+        let n = numel(k, &[rows, v])?;
+        lens(k, &[("logits", logits.len, n), ("dlogits", dlogits.len, n), ("lse", lse.len, rows)])?;
+        let (cfg, vi, first) = (rows_cfg(k, rows)?, i32_arg(k, "the vocabulary", v)?, i64_arg(k, "the shard's first class", start)?);
         let count = self.f32_scratch(1)?;
-        self.run("count_valid", rows_cfg(1), &[self.p(&count), self.p(targets), Arg::I(rows as i64)])?;
+        self.run("count_valid", rows_cfg(k, 1)?, &[self.p(&count), self.p(targets), Arg::I(rows as i64)])?;
         let dl = dloss.map_or(Arg::P(0), |b| self.p(b));
         self.run(
             "cross_entropy_backward",
-            rows_cfg(rows),
-            &[self.p(dlogits), self.p(logits), self.p(lse), self.p(targets), dl, self.p(&count), Arg::I(rows as i64), Arg::I32(v as i32), Arg::I(start as i64)],
+            cfg,
+            &[self.p(dlogits), self.p(logits), self.p(lse), self.p(targets), dl, self.p(&count), Arg::I(rows as i64), Arg::I32(vi), Arg::I(first)],
         )
     }
 
@@ -1832,7 +1938,9 @@ impl Device for Cuda {
         if r.e == 0 || r.k == 0 || r.k > r.e {
             return Err(kerr("router_forward", format!("need 1 <= k ({}) <= e ({})", r.k, r.e)));
         }
-        lens("router_forward", &[("logits", logits.len, r.n * r.e), ("probs", probs.len, r.n * r.e), ("weights", weights.len, r.n * r.k), ("indices", indices.len, r.n * r.k)])?;
+        let kn = "router_forward";
+        let (ne, nk) = (numel(kn, &[r.n, r.e])?, numel(kn, &[r.n, r.k])?);
+        lens(kn, &[("logits", logits.len, ne), ("probs", probs.len, ne), ("weights", weights.len, nk), ("indices", indices.len, nk)])?;
         self.ew(
             "router_forward",
             r.n,
@@ -1841,9 +1949,9 @@ impl Device for Cuda {
                 self.p(indices),
                 self.p(probs),
                 self.p(logits),
-                Arg::I(r.n as i64),
-                Arg::I32(r.e as i32),
-                Arg::I32(r.k as i32),
+                Arg::I(i64_arg(kn, "the tokens", r.n)?),
+                Arg::I32(i32_arg(kn, "the experts", r.e)?),
+                Arg::I32(i32_arg(kn, "the experts per token", r.k)?),
                 Arg::I32(matches!(r.score, ScoreFn::Sigmoid) as i32),
                 Arg::I32(r.normalize_topk as i32),
             ],
@@ -1852,7 +1960,9 @@ impl Device for Cuda {
 
     fn router_backward(&self, dlogits: &mut CudaBuffer, dweights: &CudaBuffer, probs: &CudaBuffer, indices: &CudaBuffer, r: &Router) -> Result<(), ExecError> {
         need("router_backward", indices, Elem::I32)?;
-        lens("router_backward", &[("dlogits", dlogits.len, r.n * r.e), ("probs", probs.len, r.n * r.e), ("dweights", dweights.len, r.n * r.k), ("indices", indices.len, r.n * r.k)])?;
+        let kn = "router_backward";
+        let (ne, nk) = (numel(kn, &[r.n, r.e])?, numel(kn, &[r.n, r.k])?);
+        lens(kn, &[("dlogits", dlogits.len, ne), ("probs", probs.len, ne), ("dweights", dweights.len, nk), ("indices", indices.len, nk)])?;
         self.ew(
             "router_backward",
             r.n,
@@ -1861,9 +1971,9 @@ impl Device for Cuda {
                 self.p(dweights),
                 self.p(probs),
                 self.p(indices),
-                Arg::I(r.n as i64),
-                Arg::I32(r.e as i32),
-                Arg::I32(r.k as i32),
+                Arg::I(i64_arg(kn, "the tokens", r.n)?),
+                Arg::I32(i32_arg(kn, "the experts", r.e)?),
+                Arg::I32(i32_arg(kn, "the experts per token", r.k)?),
                 Arg::I32(matches!(r.score, ScoreFn::Sigmoid) as i32),
                 Arg::I32(r.normalize_topk as i32),
             ],
@@ -1886,21 +1996,27 @@ impl Device for Cuda {
     }
 
     fn dispatch_forward(&self, x_sorted: &mut CudaBuffer, x: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let k = "dispatch_forward";
         let rows = plan.order.len;
-        lens("dispatch_forward", &[("x_sorted", x_sorted.len, rows * c), ("x", x.len, rows / plan.k.max(1) * c)])?;
-        self.ew("dispatch_forward", rows * c, &[self.p(x_sorted), self.p(x), self.p(&plan.order), Arg::I(rows as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
+        let n = numel(k, &[rows, c])?;
+        lens(k, &[("x_sorted", x_sorted.len, n), ("x", x.len, rows / plan.k.max(1) * c)])?;
+        self.ew(k, n, &[self.p(x_sorted), self.p(x), self.p(&plan.order), Arg::I(rows as i64), Arg::I32(i32_arg(k, "the row width", c)?), Arg::I32(i32_arg(k, "the plan's k", plan.k)?)])
     }
 
     fn dispatch_backward(&self, dx: &mut CudaBuffer, dx_sorted: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let k = "dispatch_backward";
         let tokens = plan.order.len / plan.k.max(1);
-        lens("dispatch_backward", &[("dx", dx.len, tokens * c), ("dx_sorted", dx_sorted.len, plan.order.len * c)])?;
-        self.ew("dispatch_backward", tokens * c, &[self.p(dx), self.p(dx_sorted), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
+        let n = numel(k, &[plan.order.len, c])?;
+        lens(k, &[("dx", dx.len, tokens * c), ("dx_sorted", dx_sorted.len, n)])?;
+        self.ew(k, tokens * c, &[self.p(dx), self.p(dx_sorted), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(i32_arg(k, "the row width", c)?), Arg::I32(i32_arg(k, "the plan's k", plan.k)?)])
     }
 
     fn grouped_matmul_forward(&self, out: &mut CudaBuffer, x_sorted: &CudaBuffer, w: ExpertWeights<'_, CudaBuffer>, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
         let rows = plan.order.len;
         let e = plan.offsets.len() - 1;
-        lens("grouped_matmul_forward", &[("x_sorted", x_sorted.len, rows * k_in), ("w", w.len(), e * n_out * k_in), ("out", out.len, rows * n_out)])?;
+        let k = "grouped_matmul_forward";
+        // Every expert's rows and weights lie inside these checked sizes.
+        lens(k, &[("x_sorted", x_sorted.len, numel(k, &[rows, k_in])?), ("w", w.len(), numel(k, &[e, n_out, k_in])?), ("out", out.len, numel(k, &[rows, n_out])?)])?;
         for ex in 0..e {
             let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
             if r1 == r0 {
@@ -1916,10 +2032,10 @@ impl Device for Cuda {
     fn grouped_matmul_backward(&self, dx_sorted: &mut CudaBuffer, dw: &mut CudaBuffer, dout: &CudaBuffer, dout_w: &CudaBuffer, x_sorted: &CudaBuffer, w: ExpertWeights<'_, CudaBuffer>, plan: &CudaPlan, k_in: usize, n_out: usize) -> Result<(), ExecError> {
         let rows = plan.order.len;
         let e = plan.offsets.len() - 1;
-        lens(
-            "grouped_matmul_backward",
-            &[("x_sorted", x_sorted.len, rows * k_in), ("dx_sorted", dx_sorted.len, rows * k_in), ("w", w.len(), e * n_out * k_in), ("dw", dw.len, w.len()), ("dout", dout.len, rows * n_out), ("dout_w", dout_w.len, rows * n_out)],
-        )?;
+        let k = "grouped_matmul_backward";
+        // Every expert's rows and weights lie inside these checked sizes.
+        let (xs, ws, os) = (numel(k, &[rows, k_in])?, numel(k, &[e, n_out, k_in])?, numel(k, &[rows, n_out])?);
+        lens(k, &[("x_sorted", x_sorted.len, xs), ("dx_sorted", dx_sorted.len, xs), ("w", w.len(), ws), ("dw", dw.len, w.len()), ("dout", dout.len, os), ("dout_w", dout_w.len, os)])?;
         for ex in 0..e {
             let (r0, r1) = (plan.offsets[ex], plan.offsets[ex + 1]);
             if r1 == r0 {
@@ -1937,30 +2053,34 @@ impl Device for Cuda {
     }
 
     fn combine_forward(&self, out: &mut CudaBuffer, y_sorted: &CudaBuffer, weights: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let k = "combine_forward";
         let tokens = plan.order.len / plan.k.max(1);
-        lens("combine_forward", &[("out", out.len, tokens * c), ("y_sorted", y_sorted.len, plan.order.len * c), ("weights", weights.len, plan.order.len)])?;
-        self.ew("combine_forward", tokens * c, &[self.p(out), self.p(y_sorted), self.p(weights), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])
+        let n = numel(k, &[plan.order.len, c])?;
+        lens(k, &[("out", out.len, tokens * c), ("y_sorted", y_sorted.len, n), ("weights", weights.len, plan.order.len)])?;
+        self.ew(k, tokens * c, &[self.p(out), self.p(y_sorted), self.p(weights), self.p(&plan.inv), Arg::I(tokens as i64), Arg::I32(i32_arg(k, "the row width", c)?), Arg::I32(i32_arg(k, "the plan's k", plan.k)?)])
     }
 
     fn combine_backward(&self, dy_sorted: &mut CudaBuffer, dweights: &mut CudaBuffer, dout: &CudaBuffer, y_sorted: &CudaBuffer, weights: &CudaBuffer, plan: &CudaPlan, c: usize) -> Result<(), ExecError> {
+        let k = "combine_backward";
         let rows = plan.order.len;
         let tokens = rows / plan.k.max(1);
-        lens(
-            "combine_backward",
-            &[("dy_sorted", dy_sorted.len, rows * c), ("y_sorted", y_sorted.len, rows * c), ("dweights", dweights.len, rows), ("weights", weights.len, rows), ("dout", dout.len, tokens * c)],
-        )?;
-        self.ew("combine_backward_dy", rows * c, &[self.p(dy_sorted), self.p(dout), self.p(weights), self.p(&plan.order), Arg::I(rows as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)])?;
+        let n = numel(k, &[rows, c])?;
+        lens(k, &[("dy_sorted", dy_sorted.len, n), ("y_sorted", y_sorted.len, n), ("dweights", dweights.len, rows), ("weights", weights.len, rows), ("dout", dout.len, tokens * c)])?;
+        let (ci, ki) = (i32_arg(k, "the row width", c)?, i32_arg(k, "the plan's k", plan.k)?);
+        // One warp per row: 8 rows per block of 256 threads.
+        let dw_grid = grid(k, rows.div_ceil(BLOCK as usize / 32), 1, 1)?;
+        self.ew("combine_backward_dy", n, &[self.p(dy_sorted), self.p(dout), self.p(weights), self.p(&plan.order), Arg::I(rows as i64), Arg::I32(ci), Arg::I32(ki)])?;
         if rows == 0 {
             return Ok(());
         }
         self.run(
             "combine_backward_dw",
             LaunchConfig {
-                grid_dim: ((rows * 32).div_ceil(BLOCK as usize) as u32, 1, 1),
+                grid_dim: dw_grid,
                 block_dim: (BLOCK, 1, 1),
                 shared_mem_bytes: 0,
             },
-            &[self.p(dweights), self.p(dout), self.p(y_sorted), self.p(&plan.inv), Arg::I(rows as i64), Arg::I32(c as i32), Arg::I32(plan.k as i32)],
+            &[self.p(dweights), self.p(dout), self.p(y_sorted), self.p(&plan.inv), Arg::I(rows as i64), Arg::I32(ci), Arg::I32(ki)],
         )
     }
 
@@ -2079,21 +2199,23 @@ impl Cuda {
     fn rope(&self, out: &mut CudaBuffer, x: &CudaBuffer, r: Rope, sign: f32, kernel: &str) -> Result<(), ExecError> {
         // The CPU's rules (rot_dim, theta, the cp shard's rank and even T, lengths).
         runner_kernels::cpu::rope::check(&r, x.len, out.len).map_err(refused(kernel))?;
-        let n = r.b * r.t * r.h * r.d;
+        // check: b·t·h·d is x's length, pos_offset + t fits an i64, rot_dim <= d and the
+        // cp rank is below the cp size (so those casts are exact once d and the size are).
+        let n = x.len;
         self.ew(
             "rope",
             n,
             &[
                 self.p(out),
                 self.p(x),
-                Arg::I(r.b as i64),
-                Arg::I(r.t as i64),
-                Arg::I32(r.h as i32),
-                Arg::I32(r.d as i32),
+                Arg::I(i64_arg(kernel, "the batch", r.b)?),
+                Arg::I(i64_arg(kernel, "the sequence length", r.t)?),
+                Arg::I32(i32_arg(kernel, "the heads", r.h)?),
+                Arg::I32(i32_arg(kernel, "the head dim", r.d)?),
                 Arg::I32(r.rot_dim as i32),
                 Arg::F(r.theta),
                 Arg::I(r.pos_offset as i64),
-                Arg::I32(r.cp.map_or(1, |c| c.size as i32)),
+                Arg::I32(r.cp.map_or(Ok(1), |c| i32_arg(kernel, "the cp group size", c.size))?),
                 Arg::I32(r.cp.map_or(0, |c| c.rank as i32)),
                 Arg::F(sign),
             ],
@@ -2130,6 +2252,10 @@ impl Cuda {
 
     fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {
         let rows = plan.order.len();
+        // The plan's slots are u32 (so are the kernels' row indices): so must its rows be.
+        if u32::try_from(rows).is_err() {
+            return Err(kerr("dispatch_plan", format!("{rows} routed rows are past the limit of {}", u32::MAX)));
+        }
         let mut inv = vec![0u32; rows];
         for (row, &slot) in plan.order.iter().enumerate() {
             if let Some(x) = inv.get_mut(slot as usize) {
@@ -2150,21 +2276,22 @@ impl Cuda {
 
     /// The GEMM of [`Device::matmul`].
     fn gemm(&self, c: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, g: Gemm, accumulate: bool) -> Result<(), ExecError> {
-        lens("matmul", &[("a", a.len, g.m * g.k), ("b", b.len, g.k * g.n), ("c", c.len, g.m * g.n)])?;
+        let k = "matmul";
+        lens(k, &[("a", a.len, numel(k, &[g.m, g.k])?), ("b", b.len, numel(k, &[g.k, g.n])?), ("c", c.len, numel(k, &[g.m, g.n])?)])?;
         self.gemm_at(c, 0, a, 0, b, 0, g, accumulate)
     }
 
     /// FP8 codes at `src` into `dst` as (rows, k_pad): from (rows, k), or from (k, rows)
     /// when `transposed`, the columns past k zero (`pack_u8`: one block per 32 x 32 tile).
     fn pack_u8(&self, dst: &CudaBuffer, src: u64, rows: usize, k: usize, k_pad: usize, transposed: bool) -> Result<(), ExecError> {
-        lens("pack_u8", &[("dst", dst.len, rows * k_pad)])?;
+        lens("pack_u8", &[("dst", dst.len, numel("pack_u8", &[rows, k_pad])?)])?;
+        // No more 32 x 32 tiles than dst's checked rows · k_pad.
         let tiles = rows.div_ceil(32) * k_pad.div_ceil(32);
         if tiles == 0 {
             return Ok(());
         }
-        // A grid's x dimension holds up to 2^31 - 1 blocks.
-        let grid = i32::try_from(tiles).map_err(|_| kerr("pack_u8", format!("{rows} x {k_pad} is more tiles than a grid holds")))? as u32;
-        let cfg = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig { grid_dim: grid("pack_u8", tiles, 1, 1)?, block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
+        // rows and k_pad (k is no more) multiply to dst's length: exact as i64.
         self.run("pack_u8", cfg, &[self.p(dst), Arg::P(src), Arg::I(rows as i64), Arg::I(k as i64), Arg::I(k_pad as i64), Arg::I32(i32::from(transposed))])
     }
 
@@ -2196,7 +2323,7 @@ impl Cuda {
         let k = if fp8 { g.k.next_multiple_of(16) } else { g.k };
         if fp8 && (g.trans_a || k != g.k) {
             // a stored (k, m) (or (m, k) with an odd k): make it (m, k padded).
-            let t = self.alloc(a.elem, g.m * k)?;
+            let t = self.alloc(a.elem, numel("matmul", &[g.m, k])?)?;
             self.pack_u8(&t, a_ptr, g.m, g.k, k, g.trans_a)?;
             a_ptr = self.ptr(&t);
             ta = false;
@@ -2204,7 +2331,7 @@ impl Cuda {
         }
         if fp8 && (!g.trans_b || k != g.k) {
             // b stored (k, n) (or (n, k) with an odd k): make it (n, k padded).
-            let t = self.alloc(b.elem, g.n * k)?;
+            let t = self.alloc(b.elem, numel("matmul", &[g.n, k])?)?;
             self.pack_u8(&t, b_ptr, g.n, g.k, k, !g.trans_b)?;
             b_ptr = self.ptr(&t);
             tb = true;
@@ -2221,6 +2348,7 @@ impl Cuda {
             c: c.elem,
             accumulate,
         };
+        // c holds g.m · g.n (checked by the callers).
         let c_scratch = if c.elem.fp8().is_some() { Some(self.alloc(Elem::BF16, g.m * g.n)?) } else { None };
         let scale_inv = |x: &CudaBuffer| -> Result<u64, ExecError> { if x.elem.fp8().is_some() { Ok(self.meta_ptr(x)? + 4) } else { Ok(0) } };
         let (d_scale, d_amax) = if c.elem.fp8().is_some() {
@@ -2257,5 +2385,69 @@ impl Cuda {
         }
         drop(keep);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The helper every narrowing of a size to a kernel's int goes through: i32::MAX
+    /// passes, one more is the operation's error naming the size and the limit (an
+    /// `as i32` passed it on as i32::MIN). Likewise for i64.
+    #[test]
+    fn a_kernel_int_argument_takes_up_to_i32_max_and_refuses_one_more() {
+        assert_eq!(i32_arg("add_bias", "the bias length", i32::MAX as usize).unwrap(), i32::MAX);
+        assert_eq!(i32_arg("add_bias", "the bias length", 0).unwrap(), 0);
+        let e = i32_arg("add_bias", "the bias length", i32::MAX as usize + 1).unwrap_err().to_string();
+        assert_eq!(e, "operation 'add_bias': shape mismatch: the bias length 2147483648 is past the CUDA kernels' limit of 2147483647 (an int)");
+        assert_eq!(i64_arg("target_logit", "the shard's first class", i64::MAX as usize).unwrap(), i64::MAX);
+        let e = i64_arg("target_logit", "the shard's first class", i64::MAX as usize + 1).unwrap_err().to_string();
+        assert_eq!(e, "operation 'target_logit': shape mismatch: the shard's first class 9223372036854775808 is past the CUDA kernels' limit of 9223372036854775807 (an i64)");
+    }
+
+    /// Size products are checked: one that overflows is the operation's error, where an
+    /// unchecked product wrapped to a count a small buffer could match.
+    #[test]
+    fn a_size_product_that_overflows_is_refused() {
+        assert_eq!(numel("matmul", &[]).unwrap(), 1);
+        assert_eq!(numel("matmul", &[3, 5, 7]).unwrap(), 105);
+        assert_eq!(numel("matmul", &[usize::MAX, 1]).unwrap(), usize::MAX);
+        assert_eq!(numel("matmul", &[1 << 62, 4, 0]).unwrap_err().to_string(), "operation 'matmul': shape mismatch: the shape [4611686018427387904, 4, 0] holds more elements than a usize counts");
+        assert_eq!(numel("matmul", &[0, 1 << 62, 4]).unwrap(), 0, "a zero before the overflow");
+        assert!(numel("matmul", &[(1 << 62) + 1, 4]).is_err(), "wraps to 4 unchecked");
+    }
+
+    /// Grids: x up to 2^31 - 1 blocks, y and z up to 65535; one more on any axis is the
+    /// operation's error (a `div_ceil(..) as u32` wrapped past u32, and the driver's
+    /// refusal of the rest named no operation).
+    #[test]
+    fn grid_dimensions_take_up_to_their_limits_and_refuse_one_more() {
+        let x = i32::MAX as usize;
+        assert_eq!(grid("k", x, 65_535, 65_535).unwrap(), (i32::MAX as u32, 65_535, 65_535));
+        assert_eq!(grid("k", 0, 1, 1).unwrap(), (0, 1, 1));
+        let e = grid("attention_forward", x + 1, 1, 1).unwrap_err().to_string();
+        assert_eq!(e, "operation 'attention_forward': shape mismatch: 2147483648 thread blocks along grid x are past the limit of 2147483647");
+        assert!(grid("k", (1 << 32) + 1, 1, 1).is_err(), "wraps to 1 as u32");
+        assert!(grid("k", 1, 65_536, 1).unwrap_err().to_string().contains("65536 thread blocks along grid y are past the limit of 65535"));
+        assert!(grid("k", 1, 1, 65_536).unwrap_err().to_string().contains("grid z"));
+        assert_eq!(rows_cfg("rmsnorm_forward", x).unwrap().grid_dim, (i32::MAX as u32, 1, 1));
+        assert!(rows_cfg("rmsnorm_forward", x + 1).is_err(), "a row per block: more rows than a grid holds");
+    }
+
+    /// An attention window past an int: none when it covers every key (as before), the
+    /// operation's error when it does not (it used to become "no window" too).
+    #[test]
+    fn an_attention_window_past_an_int_is_none_only_when_it_covers_every_key() {
+        let big = i32::MAX as usize + 1;
+        let a = |window: Option<usize>, t: usize| Attn { b: 1, t, h: 2, hkv: 1, d: 8, dv: 8, causal: true, window, scale: 1.0, cp: None };
+        assert_eq!(Cuda::attn_shape("attention_forward", &a(Some(big), 64)).unwrap().window, 0);
+        assert_eq!(Cuda::attn_shape("attention_forward", &a(Some(i32::MAX as usize), 64)).unwrap().window, i32::MAX);
+        assert_eq!(Cuda::attn_shape("attention_forward", &a(Some(5), 64)).unwrap().window, 5);
+        assert_eq!(Cuda::attn_shape("attention_forward", &a(None, 64)).unwrap().window, 0);
+        let e = Cuda::attn_shape("attention_forward", &a(Some(big), big + 2)).unwrap_err().to_string();
+        assert!(e.contains("the attention window 2147483648 is past the CUDA kernels' limit of 2147483647"), "{e}");
+        let cp = Attn { cp: Some(runner_kernels::cpu::cp::CpShard { size: big, rank: 0 }), ..a(None, 64) };
+        assert!(Cuda::attn_shape("attention_forward", &cp).unwrap_err().to_string().contains("the cp group size 2147483648"));
     }
 }

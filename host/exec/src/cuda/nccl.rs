@@ -160,6 +160,16 @@ fn nerr(what: &str, e: nr::NcclError) -> ExecError {
 }
 
 /// An oracle that knows of no failure.
+/// Rank `r` of a group of `size` as NCCL's int, or an error: a rank past the group (or a
+/// group past an int) is refused here rather than reaching NCCL wrapped, where a rank
+/// of 2^32 + 1 would silently name rank 1.
+fn rank_arg(what: &str, r: usize, size: usize) -> Result<i32, ExecError> {
+    match (i32::try_from(r), i32::try_from(size)) {
+        (Ok(ri), Ok(_)) if r < size => Ok(ri),
+        _ => Err(ExecError::State(format!("collective: {what}: rank {r} is not one of a group of {size} (at most {} ranks)", i32::MAX))),
+    }
+}
+
 fn no_oracle() -> FailureOracle {
     Arc::new(|| None)
 }
@@ -377,6 +387,8 @@ impl NcclGroup {
     /// oracle knows one).
     pub fn new(dev: &Cuda, name: &str, rank: usize, size: usize, id: [u8; 128], timeout: Duration, oracle: FailureOracle) -> Result<NcclGroup, ExecError> {
         nccl_library()?;
+        // Both as NCCL's ints (and the group's every rank then, below size).
+        let (rank_i, size_i) = (rank_arg(&format!("NCCL init of group '{name}'"), rank, size)?, size as i32);
         let gpu = dev.gpu("NCCL")?;
         let (ctx, stream) = (gpu.ctx.clone(), gpu.stream.clone());
         let side = ctx
@@ -388,7 +400,7 @@ impl NcclGroup {
                 let mut comm = std::ptr::null_mut();
                 let uid = ns::ncclUniqueId { internal: id.map(|b| b as std::ffi::c_char) };
                 // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL's.
-                let st = unsafe { ns::ncclCommInitRank(&mut comm, size as i32, uid, rank as i32) };
+                let st = unsafe { ns::ncclCommInitRank(&mut comm, size_i, uid, rank_i) };
                 let joined = match st {
                     ns::ncclResult_t::ncclSuccess => Ok(()),
                     ns::ncclResult_t::ncclInProgress => settle(|| async_state(comm), &no_oracle(), Instant::now() + timeout, || "timed out".into()),
@@ -630,6 +642,7 @@ impl NcclGroup {
                     // SAFETY: offsets stay inside the buffers (the counts sum to their lengths).
                     unsafe {
                         if send[j] > 0 {
+                            // j < size, an int (checked when the group was made).
                             nr::send((src + (so * w) as u64) as *const c_void, send[j], t, j as i32, self.comm.0, self.stream())?;
                         }
                         if recv[j] > 0 {
@@ -826,44 +839,49 @@ impl Collective<Cuda> for NcclGroup {
 
     fn broadcast(&self, _dev: &Cuda, buf: &mut CudaBuffer, root: usize) -> Result<(), ExecError> {
         self.ready("broadcast", buf)?;
+        let root = rank_arg("broadcast", root, self.size)?;
         let p = self.ptr(buf);
         // SAFETY: in place on a live buffer.
         let start = self.began(&self.stream, "broadcast")?;
         let r = {
             let _live = self.enter("broadcast")?;
-            unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root as i32, self.comm.0, self.stream()) }
+            unsafe { nr::broadcast(p, p, buf.len(), nccl_type(buf.elem()), root, self.comm.0, self.stream()) }
         };
         self.done("broadcast", start, r)
     }
 
     fn send(&self, _dev: &Cuda, peer: usize, buf: &CudaBuffer) -> Result<(), ExecError> {
         self.ready("send", buf)?;
+        let peer = rank_arg("send", peer, self.size)?;
         // SAFETY: a live buffer of buf.len() elements.
         let start = self.began(&self.stream, "send")?;
         let r = {
             let _live = self.enter("send")?;
-            unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) }
+            unsafe { nr::send(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer, self.comm.0, self.stream()) }
         };
         self.done("send", start, r)
     }
 
     fn recv(&self, _dev: &Cuda, peer: usize, buf: &mut CudaBuffer) -> Result<(), ExecError> {
         self.ready("recv", buf)?;
+        let peer = rank_arg("recv", peer, self.size)?;
         // SAFETY: a live buffer of buf.len() elements.
         let start = self.began(&self.stream, "recv")?;
         let r = {
             let _live = self.enter("recv")?;
-            unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer as i32, self.comm.0, self.stream()) }
+            unsafe { nr::recv(self.ptr(buf), buf.len(), nccl_type(buf.elem()), peer, self.comm.0, self.stream()) }
         };
         self.done("recv", start, r)
     }
 
     fn batch_send_recv(&self, _dev: &Cuda, sends: &[(usize, &CudaBuffer)], recvs: &mut [(usize, &mut CudaBuffer)]) -> Result<(), ExecError> {
-        for (_, b) in sends {
+        for &(peer, b) in sends {
             self.ready("batched send", b)?;
+            rank_arg("batched send", peer, self.size)?;
         }
-        for (_, b) in recvs.iter() {
+        for (peer, b) in recvs.iter() {
             self.ready("batched recv", b)?;
+            rank_arg("batched recv", *peer, self.size)?;
         }
         let start = self.began(&self.stream, "batched send-recv")?;
         let live = self.enter("batched send-recv")?;
@@ -871,6 +889,7 @@ impl Collective<Cuda> for NcclGroup {
             let mut posted = Ok(());
             for &(peer, b) in sends {
                 // SAFETY: a live buffer of b.len() elements.
+                // Every peer is a rank of the group, an int (checked above).
                 posted = posted.and_then(|_| unsafe { nr::send(self.ptr(b), b.len(), nccl_type(b.elem()), peer as i32, self.comm.0, self.stream()) }.map(|_| ()));
             }
             for (peer, b) in recvs.iter_mut() {
@@ -1035,5 +1054,21 @@ mod tests {
         // Still in progress, but a rank is known dead: fail now, not at the deadline.
         let r = settle(|| ns::ncclResult_t::ncclInProgress, &dead, far, || unreachable!());
         assert_eq!(r, Err("rank 2's process exited".into()));
+    }
+
+    /// A rank reaches NCCL as an int only when it is one of the group's: a peer of
+    /// 2^32 + 1 used to pass as rank 1 (`as i32`), and a group past an int as a negative
+    /// size.
+    #[test]
+    fn a_rank_outside_its_group_or_past_an_int_is_refused() {
+        assert_eq!(rank_arg("send", 0, 2).unwrap(), 0);
+        assert_eq!(rank_arg("send", 1, 2).unwrap(), 1);
+        let last = i32::MAX as usize;
+        assert_eq!(rank_arg("send", last - 1, last).unwrap(), i32::MAX - 1);
+        let e = rank_arg("send", 2, 2).unwrap_err().to_string();
+        assert_eq!(e, "executor state: collective: send: rank 2 is not one of a group of 2 (at most 2147483647 ranks)");
+        assert!(rank_arg("recv", (1 << 32) + 1, 2).is_err(), "2^32 + 1 wraps to rank 1");
+        assert!(rank_arg("init", 0, last + 1).is_err(), "a group past an int");
+        assert!(rank_arg("init", last, last + 1).is_err());
     }
 }
