@@ -230,6 +230,7 @@ fn sizes_past_the_cuda_kernels_limits_are_refused_before_anything_is_allocated_o
 
     let mut x = buf(&x0);
     let (s4, mut d4, mut one) = (buf(&[1.0; 4]), buf(&[0.0; 4]), buf(&[0.0]));
+    let (s8, mut d8) = (buf(&[1.0; 8]), buf(&[0.0; 8]));
     let mut targets = dev.alloc(Elem::I32, 1).unwrap();
     dev.write_u32(&mut targets, &[2]).unwrap();
     let before = dev.memory();
@@ -241,9 +242,11 @@ fn sizes_past_the_cuda_kernels_limits_are_refused_before_anything_is_allocated_o
     // (2^62 + 1)·4 wraps to 4, the buffers' length.
     let e = dev.transpose_outer(&mut d4, &s4, (1 << 62) + 1, 4, 1).unwrap_err().to_string();
     assert!(e.contains("operation 'transpose_outer': shape mismatch: the shape [4611686018427387905, 4, 1] holds more elements"), "{e}");
-    let huge = Attn { b: 1, t: (1 << 62) + 1, h: 1, hkv: 1, d: 4, dv: 4, causal: false, window: None, scale: 0.5, cp: None };
-    let e = dev.attention_forward(&mut d4, &mut one, &s4, &s4, &s4, huge).unwrap_err().to_string();
-    assert!(e.contains("operation 'attention_forward': shape mismatch: the shape [1, 4611686018427387905, 1, 4] holds more elements"), "{e}");
+    // Every size of this attention wraps to its buffer's (q and out 8, k, v and lse 4):
+    // unchecked, the kernel ran over a sequence of 2^62 + 1 rows.
+    let huge = Attn { b: 1, t: (1 << 62) + 1, h: 4, hkv: 2, d: 2, dv: 2, causal: false, window: None, scale: 0.5, cp: None };
+    let e = dev.attention_forward(&mut d8, &mut d4, &s8, &s4, &s4, huge).unwrap_err().to_string();
+    assert!(e.contains("operation 'attention_forward': shape mismatch: the shape [1, 4611686018427387905, 4, 2] holds more elements"), "{e}");
 
     // A class offset past i64 reached the kernel as a negative one.
     let e = dev.target_logit(&mut one, &s4, &targets, i64::MAX as usize + 1, 4).unwrap_err().to_string();
