@@ -323,3 +323,45 @@ fn the_expert_overlap_holds_one_chunk_more_in_flight() {
     let (on, off) = (pr.project(&moe(1, true)).unwrap(), pr.project(&moe(1, false)).unwrap());
     assert_eq!(on.memory.activations, off.memory.activations);
 }
+
+/// Mixtral 8x7B's weights (h 4096, 32 layers, 32 query and 8 kv heads of 128, FFN 14336,
+/// 8 experts, vocabulary 32,000, untied; Jiang et al. 2024): per layer q, k, v, o
+/// (4096·(4096 + 1024 + 1024 + 4096)), the router (4096·8) and two norms, plus the
+/// embedding, the head and the final norm, 1,605,636,096 dense; 32·8·3·4096·14336 =
+/// 45,097,156,608 in the experts (46.7B in all, the model card's figure).
+const MIXTRAL_DENSE: f64 = 1_605_636_096.0;
+const MIXTRAL_EXPERTS: f64 = 45_097_156_608.0;
+
+/// Expert weights belong to the expert-data-parallel group: at EP8 DP16 (TP1, one stage)
+/// each rank holds 1/8 of the experts, and the tp·cp·dp / (ep·etp) = 2 ranks holding the
+/// same experts sit ep·etp = 8 ranks apart in Megatron's rank order, one per 8-GPU H100
+/// node, so across the NICs. The distributed optimizer shards each buffer over its own
+/// group: the dense 12 B over dp = 16, the experts' over 2; its step streams 28 B an
+/// element of the shard and 8 B a parameter of the whole gradient buffer. The expert
+/// gradients' last bucket (Megatron's max(40M, 1M·ranks) elements) is what the step waits
+/// for at DP64: 40M elements reduce-scattered, then gathered, over 8 ranks one per node
+/// (⌈log2 8⌉ latency steps, 7/8 of the bytes on one NIC), slower than the dense group's
+/// last 64M-element bucket over 64 ranks eight to a node (6 steps, 63/64 of the bytes on
+/// eight NICs); the backward and the forward hide everything else.
+#[test]
+fn expert_weights_shard_and_reduce_over_their_own_group() {
+    let mut pr = projector("mixtral-8x7b", 4096, "h100", Recipe::Bf16);
+    let g = pr.gpu.clone();
+    let lay = LayoutSpec { ep: 8, ep_overlap: false, ..layout(1, 1, 1, 1, 16, 1, 16) };
+    let p = pr.project(&lay).unwrap();
+    let (d, e) = (MIXTRAL_DENSE, MIXTRAL_EXPERTS / 8.0);
+    close("optimizer state", p.memory.optimizer * runner_project::profile::GIB, 12.0 * (d / 16.0 + e / 2.0));
+    let hbm = g.hbm_gbs * 1e9 * g.efficiency.memory;
+    close("optimizer step", p.breakdown.optimizer, (28.0 * (d / 16.0 + e / 2.0) + 8.0 * (d + e)) / hbm);
+    let edp = p.comm.groups.iter().find(|x| x.group == GroupName::Edp).copied().unwrap();
+    assert_eq!((edp.ranks, edp.stride, edp.fabric, edp.per_domain), (2, 8, Link::ScaleOut, 1));
+    let p = pr.project(&LayoutSpec { ep: 8, ep_overlap: false, ..layout(1, 1, 1, 1, 64, 1, 64) }).unwrap();
+    let l = links(&g);
+    let expert = 3.0 * l.out_lat + 7.0 / 8.0 * 2.0 * 40e6 / l.up.min(l.out);
+    let dense = 6.0 * l.out_lat + 63.0 / 64.0 * 2.0 * 64e6 / l.up.min(8.0 * l.out);
+    assert!(expert > dense, "the case the test means: {expert} vs {dense}");
+    close("the experts' last buckets", p.breakdown.dp, 2.0 * expert);
+    // Expert ranks that do not divide a stage's ranks are refused.
+    let err = pr.project(&LayoutSpec { ep: 8, ep_overlap: false, ..layout(1, 1, 1, 1, 12, 1, 12) }).unwrap_err();
+    assert!(err.contains("does not divide"), "{err}");
+}

@@ -45,6 +45,12 @@ fn graph_with(n: usize, v: u64, tied: bool) -> impl FnMut(u32) -> Result<Graph, 
 
 /// The toy graph whose first `frozen` layers' weights are frozen (a fine-tune's).
 fn graph_frozen(n: usize, v: u64, tied: bool, frozen: usize) -> impl FnMut(u32) -> Result<Graph, String> {
+    graph_of(n, v, tied, frozen, false, 1)
+}
+
+/// The toy graph in full: `n` layers of `fcs` C x C linears each, the first `frozen`
+/// layers' weights frozen, the embedding's table too where `frozen_table`.
+fn graph_of(n: usize, v: u64, tied: bool, frozen: usize, frozen_table: bool, fcs: usize) -> impl FnMut(u32) -> Result<Graph, String> {
     move |mb: u32| -> Result<Graph, String> {
         let b = u64::from(mb);
         let ten = |name: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: name.into(), shape: s, dtype: d, kind: k };
@@ -52,7 +58,7 @@ fn graph_frozen(n: usize, v: u64, tied: bool, frozen: usize) -> impl FnMut(u32) 
         let mut tensors = vec![
             ten("tokens", vec![b, T], DType::I32, TensorKind::Input),
             ten("targets", vec![b, T], DType::I32, TensorKind::Input),
-            ten("table", vec![v, C], DType::BF16, TensorKind::Weight),
+            ten("table", vec![v, C], DType::BF16, if frozen_table { TensorKind::Frozen } else { TensorKind::Weight }),
             ten("x0", vec![b, T, C], DType::BF16, TensorKind::Activation),
             ten("logits", vec![b, T, v], DType::BF16, TensorKind::Activation),
             ten("loss", vec![], DType::F32, TensorKind::Activation),
@@ -62,11 +68,18 @@ fn graph_frozen(n: usize, v: u64, tied: bool, frozen: usize) -> impl FnMut(u32) 
         }
         let mut ops = vec![op("embed", OpKind::Embedding, &["tokens", "table"], &["x0"], -1, Role::VocabParallel)];
         for i in 0..n {
-            let (w, x, y) = (format!("w{i}"), format!("x{i}"), format!("x{}", i + 1));
+            let (x, y) = (format!("x{i}"), format!("x{}", i + 1));
             let kind = if i < frozen { TensorKind::Frozen } else { TensorKind::Weight };
-            tensors.push(ten(&w, vec![C, C], DType::BF16, kind));
-            tensors.push(ten(&y, vec![b, T, C], DType::BF16, TensorKind::Activation));
-            ops.push(op(&format!("layers.{i}.fc"), OpKind::Linear, &[&x, &w], &[&y], i as i32, Role::ColumnParallel));
+            for j in 0..fcs {
+                // The first linear keeps the toy's names; later ones read the one before.
+                let w = if j == 0 { format!("w{i}") } else { format!("w{i}_{j}") };
+                let input = if j == 0 { x.clone() } else { format!("x{i}_{j}") };
+                let out = if j + 1 == fcs { y.clone() } else { format!("x{i}_{}", j + 1) };
+                let name = if j == 0 { format!("layers.{i}.fc") } else { format!("layers.{i}.fc{j}") };
+                tensors.push(ten(&w, vec![C, C], DType::BF16, kind));
+                tensors.push(ten(&out, vec![b, T, C], DType::BF16, TensorKind::Activation));
+                ops.push(op(&name, OpKind::Linear, &[&input, &w], &[&out], i as i32, Role::ColumnParallel));
+            }
         }
         let last = format!("x{n}");
         let head = if tied { "table" } else { "head" };
@@ -615,4 +628,507 @@ fn measured_times_given_later_replace_the_cached_costing() {
     let after = p.project(&l).unwrap().step_time_s;
     let want = 4.0 * (3.0 - layer_s());
     assert!(((after - before) / want - 1.0).abs() < 1e-9, "{} against {want}", after - before);
+}
+
+/// A tied embedding's gradient all-reduce between the first and the last stage moves the
+/// gradient buffer's elements at its precision: 4 B each with grad_reduce_in_fp32
+/// (Megatron's `_allreduce_word_embedding_grads` reduces the main_grad buffer, fp32 under
+/// grad_reduce_in_fp32), one all-reduce over 2 ranks, 2(n − 1)/n = 1 bus factor
+/// (nccl-tests doc/PERFORMANCE.md).
+#[test]
+fn a_tied_gradient_is_all_reduced_at_the_gradient_buffers_precision() {
+    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let table = (V * C) as f64;
+    let msg = ALPHA + (2 * T * C) as f64 / LINK;
+    let sends = 2.0 * msg * (1.0 - 0.25) + 2.0 * msg;
+    let mut l = plain(2, 1, 1, 1);
+    l.grad_fp32 = true;
+    let p = pr.project(&l).unwrap();
+    close(p.breakdown.pp, sends + ring(true, 2, 4.0 * table, LINK), "fp32: the table's gradient at 4 B");
+    close(p.comm.pp, 2.0 * msg + ring(true, 2, 4.0 * table, LINK), "fp32: all sends and the all-reduce");
+}
+
+/// Gradients reduced in fp32 (grad_reduce_in_fp32) move 4 B per element; the parameters
+/// gathered back stay BF16 (2 B). Distributed optimizer (ZeRO-1), no overlap: a
+/// reduce-scatter of 4N B and an all-gather of 2N B over dp = 2, each (n − 1)/n of its
+/// bytes on the bus. FSDP (ZeRO-3): per micro-batch two BF16 gathers and one fp32
+/// reduce-scatter (Rajbhandari et al. 2020, §5.3), m = 4 micro-batches.
+#[test]
+fn fp32_gradients_double_the_reduce_scatter_alone() {
+    let mut pr = toy(4, 1e12);
+    let n = params(4);
+    let mut l = plain(1, 1, 2, 8);
+    l.grad_fp32 = true;
+    l.distributed_optimizer = true;
+    let p = pr.project(&l).unwrap();
+    close(p.breakdown.dp, ring(false, 2, 4.0 * n, LINK) + ring(false, 2, 2.0 * n, LINK), "fp32 reduce-scatter, BF16 gather");
+    l.distributed_optimizer = false;
+    l.fsdp = true;
+    let p = pr.project(&l).unwrap();
+    close(p.comm.dp, 4.0 * (2.0 * ring(false, 2, 2.0 * n, LINK) + ring(false, 2, 4.0 * n, LINK)), "FSDP: two BF16 gathers, one fp32 reduce-scatter");
+}
+
+/// Context parallelism splits the sequence, not the weights: the distributed optimizer
+/// shards its 12 B of fp32 state per parameter over all dp·cp ranks that hold the same
+/// weights (Megatron's data-parallel-with-cp group), dp = 2, cp = 2: N/4 per rank, and
+/// the optimizer streams that shard (28 B an element) and the whole gradient buffer
+/// (8 B a parameter, zeroed and normed) at the HBM rate.
+#[test]
+fn the_distributed_optimizer_shards_over_dp_and_cp() {
+    let hbm = 1000e9;
+    let mut pr = toy(4, hbm / 1e9);
+    let n = params(4);
+    let mut l = plain(1, 1, 2, 16);
+    l.cp = 2;
+    l.distributed_optimizer = true;
+    let p = pr.project(&l).unwrap();
+    close(p.memory.optimizer * GIB, 12.0 * n / 4.0, "optimizer state over dp·cp = 4");
+    close(p.breakdown.optimizer, (28.0 * n / 4.0 + 8.0 * n) / hbm, "AdamW over dp·cp = 4");
+}
+
+/// Without a pipeline there is no send between stages: nothing in the step's pipeline
+/// part, exposed or not.
+#[test]
+fn one_stage_sends_nothing() {
+    let p = toy(4, 1e12).project(&plain(1, 1, 2, 8)).unwrap();
+    assert_eq!((p.breakdown.pp, p.comm.pp), (0.0, 0.0));
+}
+
+/// Layouts Megatron refuses are refused: the interleaved schedule needs the micro-batches
+/// to be a multiple of pp (Megatron-LM's forward_backward_pipelining_with_interleaving
+/// asserts `num_microbatches % pipeline_parallel_size == 0`). Offloading every layer of
+/// the fullest chunk is allowed (one more is not).
+#[test]
+fn layouts_megatron_refuses_are_refused() {
+    let mut pr = toy(4, 1e12);
+    let e = pr.project(&plain(2, 2, 1, 3)).unwrap_err();
+    assert!(e.contains("multiple of pp = 2"), "{e}");
+    assert!(pr.project(&plain(2, 2, 1, 4)).is_ok());
+    let mut g = gpu(1e12);
+    g.host_link_gbs = Some(64.0);
+    g.host_memory_gib = Some(1000.0);
+    let mut pr = toy_on(8, g);
+    let mut l = plain(2, 1, 1, 4);
+    l.offload_layers = 4;
+    assert!(pr.project(&l).is_ok(), "every layer of a 4-layer chunk");
+    l.offload_layers = 5;
+    assert!(pr.project(&l).is_err(), "past the chunk");
+}
+
+/// The micro-batches in flight never exceed the step's: at pp = 2, vp = 2 and m = 2 the
+/// first stage's warm-up ((p − 1)·2 + (v − 1)·p = 4 chunk forwards) already runs every
+/// chunk forward of the step, so it holds the two micro-batches, as 1F1B does at m = 2.
+/// The EP overlap's extra warm-up chunk (Megatron's `num_warmup_microbatches += 1` under
+/// overlap_moe_expert_parallel_comm) needs an expert-parallel group: without experts
+/// asking for it changes nothing (2.5 micro-batches at m = 4, as without).
+#[test]
+fn micro_batches_in_flight_are_capped_at_the_steps() {
+    let mut pr = toy_v(16, 256, gpu(1e12));
+    // A micro-batch's activations of the first stage's eight layers (T x C BF16 each).
+    let one = (8 * 2 * T * C) as f64;
+    let p = pr.project(&plain(2, 2, 1, 2)).unwrap();
+    assert_eq!(p.memory.stage, 0);
+    close(p.memory.activations * GIB, 2.0 * one, "vp 2, m 2: both micro-batches");
+    close(pr.project(&plain(2, 1, 1, 2)).unwrap().memory.activations * GIB, 2.0 * one, "vp 1, m 2");
+    let mut l = plain(2, 2, 1, 4);
+    l.ep_overlap = true;
+    close(pr.project(&l).unwrap().memory.activations * GIB, 2.5 * one, "no experts: no extra warm-up chunk");
+}
+
+/// Two offloaded layers per chunk: both layers' stored inputs leave the GPU for every
+/// micro-batch in flight but one layer's copy in transit stays (Transformer Engine's
+/// double-buffered handler holds one at a time), and each copy's time beyond its layer's
+/// forward and backward is exposed, every micro-batch.
+#[test]
+fn offloading_two_layers_keeps_one_copy_in_transit() {
+    let mut g = gpu(1e12);
+    g.host_link_gbs = Some(64.0);
+    g.host_memory_gib = Some(1000.0);
+    let mut pr = toy_v(8, 256, g);
+    let bytes = (2 * T * C) as f64;
+    let copy = bytes / (64e9 * 0.8);
+    let (fwd, bwd) = (layer_s() / 3.0, layer_bwd_s());
+    let m = 4u32;
+    let without = pr.project(&plain(2, 1, 1, m)).unwrap();
+    let mut l = plain(2, 1, 1, m);
+    l.offload_layers = 2;
+    let p = pr.project(&l).unwrap();
+    close(p.breakdown.offload, f64::from(m) * 2.0 * ((copy - fwd) + (copy - bwd)), "two exposed copies a micro-batch");
+    assert_eq!(p.memory.stage, 0);
+    close(p.memory.activations * GIB, without.memory.activations * GIB - 2.0 * 2.0 * bytes + bytes, "two layers of two micro-batches leave, one copy stays");
+    close(p.memory.host_offload * GIB, 2.0 * 2.0 * bytes, "the host holds them");
+}
+
+/// FSDP with a pipeline: the first gather a micro-batch waits for is one layer's share of
+/// the critical stage's traffic (its own layers, not the model's). Four layers on two
+/// stages, the last (layers 2-3 and the head, C² + C² + VC elements) the slower; m = 4;
+/// dp = 2 ranks, a fast link so that the traffic exceeds the compute by less than the
+/// whole.
+#[test]
+fn fsdp_waits_for_one_of_the_critical_stages_layers() {
+    let mut fast = gpu(1e12);
+    fast.scale_up_gbs = 1000.0;
+    let link = 1000e9 * 0.5;
+    let mut pr = toy_on(4, fast);
+    let mut l = plain(2, 1, 2, 8);
+    l.fsdp = true;
+    let p = pr.project(&l).unwrap();
+    let bytes = 2.0 * (V * C + 2 * C * C) as f64;
+    let per_mb = 3.0 * ring(false, 2, bytes, link);
+    let t_mb = 2.0 * layer_s() + head_s();
+    let m = 4.0;
+    assert!(per_mb > t_mb && m * (per_mb - t_mb) + per_mb / 2.0 < m * per_mb, "the case the test means");
+    close(p.comm.dp, m * per_mb, "FSDP traffic of the last stage");
+    close(p.breakdown.dp, m * (per_mb - t_mb) + per_mb / 2.0, "FSDP exposed: one of the stage's two layers waits");
+}
+
+/// Under FSDP frozen weights are sharded like trained ones (their BF16 values over dp),
+/// beside the two whole gathered units (the largest layer, C x C, frozen or not).
+#[test]
+fn fsdp_shards_frozen_weights_too() {
+    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let (n, big) = (params(4), (C * C) as f64);
+    let mut l = plain(1, 1, 2, 8);
+    l.fsdp = true;
+    let p = pr.project(&l).unwrap();
+    close(p.memory.weights * GIB, 2.0 * n / 2.0 + 2.0 * 2.0 * big, "every weight sharded over dp 2, two whole units");
+}
+
+/// Muon under Megatron's layer-wise distributed optimizer (`dist_muon`, as step.rs
+/// describes it): each of dp = 2 ranks owns half the parameters; the layers' 2D weights
+/// keep fp32 master and momentum (8 B) and stream 22 B each (master and momentum read and
+/// written, the gradient read, the BF16 weight written), the embedding and the head stay
+/// on AdamW (12 B, 28 B streamed); every rank zeroes and norms the whole gradient buffer
+/// (8 B a parameter). The owned layers' momenta are orthogonalised by 5 quintic
+/// Newton-Schulz steps, each 4·m²·n + 2·m³ FLOPs on an m x n matrix (Jordan et al. 2024,
+/// "Muon"; X·Xᵀ, A², (bA + cA²)·X), at the toy's GEMM peak: C x C weights, 30·C³ per
+/// layer. The gradients are all-reduced and the updated BF16 weights all-gathered after
+/// the step, nothing hiding them.
+#[test]
+fn muon_owns_half_the_layers_and_keeps_the_ends_on_adamw() {
+    use runner_project::step::Optimizer;
+    let hbm = 1000e9;
+    let mut pr = toy(4, hbm / 1e9);
+    let (n, side, layers) = (params(4), (2 * V * C) as f64, (4 * C * C) as f64);
+    let mut l = plain(1, 1, 2, 8);
+    l.optimizer = Optimizer::Muon;
+    let p = pr.project(&l).unwrap();
+    let ns = 4.0 * 5.0 * 6.0 * (C * C * C) as f64;
+    close(p.breakdown.optimizer, (22.0 * layers / 2.0 + 28.0 * side / 2.0 + 8.0 * n) / hbm + ns / 2.0 / PEAK, "Muon's step");
+    close(p.memory.optimizer * GIB, 8.0 * layers / 2.0 + 12.0 * side / 2.0, "Muon's state");
+    close(p.breakdown.dp, ring(true, 2, 2.0 * n, LINK) + ring(false, 2, 2.0 * n, LINK), "gradients all-reduced, weights all-gathered");
+    // A tied table's copy on the last stage stays on AdamW as well: at pp = 2, m = 1 the
+    // last stage (layers 2-3 and the tied copy of the table, with the logits) needs most.
+    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(hbm / 1e9), plan);
+    let mut l = plain(2, 1, 1, 1);
+    l.optimizer = Optimizer::Muon;
+    let p = pr.project(&l).unwrap();
+    assert_eq!(p.memory.stage, 1);
+    close(p.memory.optimizer * GIB, 8.0 * (2 * C * C) as f64 + 12.0 * (V * C) as f64, "the last stage's Muon and AdamW state");
+}
+
+/// A synchronous step waits for its slowest rank: n ranks whose step times spread by σ
+/// (the profile's straggler share of the step) wait σ·E[max of n normals] beyond the
+/// mean, of which the profile's 8-GPU node already waits E[max of 8]. PP4 x DP4 = 16 GPUs,
+/// σ = 2 %: 0.02 x (1.76599 − 1.42360) of the rest of the step (expected largest of 16
+/// and of 8 standard normal draws, Harter 1961's tables).
+#[test]
+fn the_straggler_wait_counts_every_gpu_of_the_step() {
+    let mut g = gpu(1e12);
+    g.efficiency.straggler = 0.02;
+    let p = toy_on(4, g).project(&plain(4, 1, 4, 16)).unwrap();
+    assert_eq!(p.gpus, 16);
+    let b = &p.breakdown;
+    let rest = b.total() - b.straggler;
+    let want = 0.02 * (1.76599 - 1.42360) * rest;
+    assert!((b.straggler / want - 1.0).abs() < 1e-4, "{} vs {want}", b.straggler);
+}
+
+/// The headline figures: on the made-up GPU every GEMM runs at its peak and nothing else
+/// takes time, so without communication (one GPU) a step of m micro-batches is m x the
+/// model's GEMMs (forward 2·T·(4C² + CV), backward twice that) plus the optimizer;
+/// tokens/s/GPU = T·GBS/step/GPUs, model TFLOP/s/GPU = FLOPs per sequence·GBS/step/GPUs,
+/// MFU = that over the peak (NVIDIA's definition for its performance tables). With dp = 2
+/// each GPU runs its own 4 micro-batches of GBS 8.
+#[test]
+fn throughput_and_mfu_follow_the_step() {
+    let mut pr = toy(4, 1e12);
+    let p = pr.project(&plain(1, 1, 2, 8)).unwrap();
+    let (m, gemms) = (4.0, 4.0 * layer_s() + head_s());
+    close(p.breakdown.compute_parts.gemm, m * gemms, "GEMMs of four micro-batches");
+    close(p.breakdown.compute, m * gemms, "all the compute is GEMMs");
+    let step = p.step_time_s;
+    close(p.tokens_per_sec_per_gpu, (T * 8) as f64 / step / 2.0, "tokens/s/GPU");
+    let flops = 3.0 * 2.0 * (T * (4 * C * C + C * V)) as f64;
+    close(p.model_tflops_per_gpu, flops * 8.0 / step / 2.0 / 1e12, "model TFLOP/s/GPU");
+    close(p.mfu, flops * 8.0 / step / 2.0 / PEAK, "MFU");
+}
+
+/// Full recompute of the first k layers of each chunk, with chunks of unequal length: six
+/// layers over pp = 2, vp = 2 split 2, 2, 1, 1 (the first chunks take one more), chunk c
+/// on stage c mod 2, so stage 0 runs layers 0-1 and 4, stage 1 layers 2-3 and 5 and the
+/// head. k = 2 covers every layer of every chunk (a chunk of one layer recomputes its one
+/// layer): the same step as recomputing every layer, stage 1's three layers' forward
+/// repeated per micro-batch, and the bubble (p − 1)/v of the mean stage.
+#[test]
+fn partial_recompute_of_a_short_chunk_stops_at_its_end() {
+    use runner_graph::recompute::RecomputePolicy;
+    let mut pr = toy(6, 1e12);
+    let (l, h, f, m) = (layer_s(), head_s(), layer_s() / 3.0, 4.0);
+    let mut project = |k: u32| {
+        let mut s = plain(2, 2, 1, 4);
+        s.recompute = RecomputePolicy::Full;
+        s.recompute_layers = k;
+        pr.project(&s).unwrap()
+    };
+    let (two, every) = (project(2), project(0));
+    close(two.breakdown.recompute, m * 3.0 * f, "stage 1's three layers");
+    close(two.breakdown.bubble, 0.5 * ((3.0 * l + 3.0 * f) + (3.0 * l + h + 3.0 * f)) / 2.0, "bubble: half the mean stage");
+    close(two.step_time_s, every.step_time_s, "k = 2 covers every chunk");
+}
+
+/// The parameter gather and the gradient reduction of a model larger than a bucket
+/// (Megatron's max(40M, 1M·dp) elements): without a virtual pipeline, the gather hides
+/// behind the first micro-batch's forward but for the first bucket, the reduction behind
+/// the last backward but for the last bucket (the first stage, launched bucket by bucket,
+/// megatron/core/distributed/param_and_grad_buffer.py and schedules.py). A vocabulary of
+/// 65,536: 68.2M parameters, the gather (1.36 ms over dp = 2) far longer than the
+/// forward (70.9 µs, mostly the head's), so exposed: the gather less the whole forward
+/// (the head's included), the reduce-scatter less the whole backward, each more than its
+/// last 40M-element bucket.
+#[test]
+fn a_model_larger_than_a_bucket_hides_what_its_compute_covers() {
+    let v = 65_536u64;
+    let mut pr = toy_v(4, v, gpu(1e12));
+    let n = (2 * v * C + 4 * C * C) as f64;
+    let mut l = plain(1, 1, 2, 4);
+    l.distributed_optimizer = true;
+    l.dp_overlap = true;
+    let p = pr.project(&l).unwrap();
+    let fwd = (4 * 2 * T * C * C + 2 * T * C * v) as f64 / PEAK;
+    let (ag, rs) = (ring(false, 2, 2.0 * n, LINK), ring(false, 2, 2.0 * n, LINK));
+    let bucket = ring(false, 2, 2.0 * 40e6, LINK);
+    assert!(ag - fwd > bucket && rs - 2.0 * fwd > bucket, "the case the test means");
+    close(p.breakdown.dp, (rs - 2.0 * fwd) + (ag - fwd), "each less the compute that hides it");
+    close(p.comm.dp, rs + ag, "all of it");
+    // With HBM at 4 TB/s the memory-bound ops take time too (the embedding's lookup and
+    // its gradient's scatter into the table, the loss): they hide the traffic as the
+    // GEMMs do, so the step waits for all of it less one micro-batch's forward and
+    // backward, half the compute of m = 2 (BF16: no casts).
+    let mut pr = toy_v(4, v, gpu(4000.0));
+    let p = pr.project(&l).unwrap();
+    assert!(p.breakdown.compute > 2.0 * 3.0 * fwd * 1.01, "the case the test means: memory-bound work counts");
+    close(p.breakdown.dp, p.comm.dp - p.breakdown.compute / 2.0, "the traffic less a micro-batch's compute");
+}
+
+/// With a virtual pipeline and align_param_gather (NeMo and Megatron-Bridge, pp > 1,
+/// vp > 1), the first two chunks' gathers go out whole as the step starts and queue on
+/// one communicator; chunk c is needed at its first forward, c groups of pp chunk
+/// forwards in, after the stage's fill (the forwards of the stages before it). The
+/// gradients' reduce-scatter per chunk goes out as the chunk's last backward ends, the
+/// last chunk's hidden only by the drain (the backwards of the stages before it).
+/// Three layers of 4096 with a vocabulary of 256 and the embedding counted as a layer
+/// (account_for_embedding_in_pipeline_split): four chunks of one unit each, the
+/// embedding; layer 0; layer 1; layer 2 and the head: stage 0 holds the table and layer
+/// 1, stage 1 layers 0 and 2 and the head, nearly twice stage 0's weights, so stage 1 is
+/// the one the step waits for. Per stage, a = its gather (reduce-scatter) over vp = 2,
+/// f = its forward over 2, s = the fill over 2:
+/// - gather: chunk 0 needed after s + f: a − f − s exposed; chunk 1 (both queued,
+///   done at 2a) needed one group (2f) later: 2a − 3f − s; stage 0 also waits for its
+///   first bucket, here its whole gather (17.8M elements, one bucket);
+/// - reduce-scatter: the last chunk's a less the drain (stage 0's backward) over 2; the
+///   two queued, 2a, less one group of 2 chunk backwards.
+#[test]
+fn interleaved_gathers_queue_behind_the_fill() {
+    const CW: u64 = 4096;
+    const VS: u64 = 256;
+    // Same toy, wider: C = 4096, V = 256.
+    let mut source: Box<dyn GraphSource> = Box::new(move |mb: u32| -> Result<Graph, String> {
+        let b = u64::from(mb);
+        let ten = |name: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: name.into(), shape: s, dtype: d, kind: k };
+        let op = |name: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(name, k, i, o, &[], layer, role);
+        let mut tensors = vec![
+            ten("tokens", vec![b, T], DType::I32, TensorKind::Input),
+            ten("targets", vec![b, T], DType::I32, TensorKind::Input),
+            ten("table", vec![VS, CW], DType::BF16, TensorKind::Weight),
+            ten("head", vec![VS, CW], DType::BF16, TensorKind::Weight),
+            ten("x0", vec![b, T, CW], DType::BF16, TensorKind::Activation),
+            ten("logits", vec![b, T, VS], DType::BF16, TensorKind::Activation),
+            ten("loss", vec![], DType::F32, TensorKind::Activation),
+        ];
+        let mut ops = vec![op("embed", OpKind::Embedding, &["tokens", "table"], &["x0"], -1, Role::VocabParallel)];
+        for i in 0..3 {
+            let (w, x, y) = (format!("w{i}"), format!("x{i}"), format!("x{}", i + 1));
+            tensors.push(ten(&w, vec![CW, CW], DType::BF16, TensorKind::Weight));
+            tensors.push(ten(&y, vec![b, T, CW], DType::BF16, TensorKind::Activation));
+            ops.push(op(&format!("layers.{i}.fc"), OpKind::Linear, &[&x, &w], &[&y], i, Role::ColumnParallel));
+        }
+        ops.push(op("head", OpKind::Linear, &["x3", "head"], &["logits"], -1, Role::VocabParallel));
+        ops.push(op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], -1, Role::VocabParallel));
+        Graph::new(tensors, ops, "loss").map_err(|e| e.to_string())
+    });
+    let model = Model::new("wide", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut l = plain(2, 2, 2, 8);
+    l.distributed_optimizer = true;
+    l.dp_overlap = true;
+    l.split = runner_graph::pipeline::PipelineSplit { embedding: 1, loss: 0 };
+    let p = pr.project(&l).unwrap();
+    let (layer, table) = ((CW * CW) as f64, (VS * CW) as f64);
+    let gemm_fwd = |elems: f64| 2.0 * T as f64 * elems / PEAK;
+    // Stage 0: the table (the embedding's forward is a lookup, no GEMM) and layer 1.
+    let (p0, fwd0) = (table + layer, gemm_fwd(layer));
+    // Stage 1: layers 0 and 2, the head.
+    let (p1, fwd1) = (2.0 * layer + table, gemm_fwd(2.0 * layer + table));
+    let (bwd0, bwd1) = (2.0 * fwd0, 2.0 * fwd1);
+    assert!(p0 < 40e6, "stage 0 is one bucket");
+    let coll = |elems: f64| ring(false, 2, 2.0 * elems, LINK);
+    let gather = |all: f64, fwd: f64, fill: f64| {
+        let (a, f, s) = (all / 2.0, fwd / 2.0, fill / 2.0);
+        (a - f - s).max(2.0 * a - 3.0 * f - s)
+    };
+    let ag0 = gather(coll(p0), fwd0, 0.0).max(coll(p0));
+    let ag1 = gather(coll(p1), fwd1, fwd0);
+    let reduce = |all: f64, bwd: f64, drain: f64| {
+        let (a, b) = (all / 2.0, bwd / 2.0);
+        (a - drain / 2.0).max(0.0).max(2.0 * a - 2.0 * b)
+    };
+    let (rs0, rs1) = (reduce(coll(p0), bwd0, 0.0), reduce(coll(p1), bwd1, bwd0));
+    assert!(ag1 > ag0 && rs1 > rs0, "the case the test means: stage 1 decides");
+    close(p.breakdown.dp, rs1 + ag1, "stage 1's queued reduce-scatter and gather");
+    close(p.comm.dp, 2.0 * coll(p1), "the larger stage's traffic");
+    // The four-layer toy at pp = 2, vp = 2: stage 0 holds the table and layers 0 and 2,
+    // stage 1 layers 1 and 3 and the head, as many weights (2.6M elements, one bucket).
+    // Stage 0 decides: its gather waits for its first bucket, the whole of it, and of
+    // its reduce-scatter the two queued chunks' (its whole) less one group of two chunk
+    // backwards (layers 0 and 2); stage 1's head hides more of its own.
+    let mut pr = toy(4, 1e12);
+    let p = pr.project(&l_toy()).unwrap();
+    let all = coll((V * C + 2 * C * C) as f64);
+    assert!(all / 2.0 < all - 2.0 * layer_bwd_s(), "the case the test means");
+    close(p.breakdown.dp, (all - 2.0 * layer_bwd_s()) + all, "stage 0: reduce-scatter less two chunk backwards, and its first bucket's gather");
+}
+
+/// pp = 2, vp = 2, dp = 2, m = 4, the distributed optimizer overlapped.
+fn l_toy() -> runner_project::step::LayoutSpec {
+    let mut l = plain(2, 2, 2, 8);
+    l.distributed_optimizer = true;
+    l.dp_overlap = true;
+    l
+}
+
+/// A layout's GPUs are tp·pp·cp·dp (expert parallelism folds into them); a host that holds
+/// exactly the offloaded activations holds them.
+#[test]
+fn gpus_count_every_parallel_degree_and_full_hosts_fit() {
+    use runner_project::step::Memory;
+    assert_eq!(common::layout(2, 3, 5, 1, 7, 1, 7).gpus(), 2 * 3 * 5 * 7);
+    let m = Memory { host_offload: 10.0, host_capacity: 10.0, total: 1.0, capacity: 1.0, ..Memory::default() };
+    assert!(m.host_fits() && m.gpu_fits() && m.fits() && m.shortfall().is_none());
+    // One stage needs no pipeline layout string, whatever the split.
+    let mut one = common::layout(1, 1, 1, 1, 8, 1, 8);
+    one.split = runner_graph::pipeline::PipelineSplit { embedding: 1, loss: 1 };
+    assert_eq!(one.pipeline_layout_needed(32, 0), None);
+    let over = Memory { host_offload: 10.5, ..m };
+    assert!(!over.fits() && over.shortfall().is_some());
+}
+
+/// A tied table's gradient is all-reduced between the first and the last stage, which sit
+/// (pp − 1)·tp·cp·dp ranks apart in Megatron's rank order: at pp = 4, dp = 4 the pair
+/// (ranks 0 and 12) spans two 8-GPU H100 nodes, one NIC each: one scale-out latency step
+/// and the table's BF16 gradient (all-reduce of 2 ranks: bus factor 2(n − 1)/n = 1) at
+/// the slower of NVLink and one NIC; the sends between neighbouring stages (4 ranks
+/// apart) stay on NVLink. m = 1: every send exposed.
+#[test]
+fn the_tied_gradient_goes_from_the_first_to_the_last_stage() {
+    let g = gpu(1e12);
+    let nic = g.scale_out_gbs * 1e9 * g.efficiency.scale_out;
+    let nic_lat = g.efficiency.scale_out_latency_us * 1e-6;
+    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, g, plan);
+    let p = pr.project(&plain(4, 1, 4, 4)).unwrap();
+    assert_eq!(p.micro_batches, 1);
+    let msg = ALPHA + (2 * T * C) as f64 / LINK;
+    let sends = 2.0 * msg * (1.0 - 0.25) + 2.0 * 3.0 * msg;
+    let tied = nic_lat + 2.0 * (V * C) as f64 / LINK.min(nic);
+    close(p.breakdown.pp, sends + tied, "sends on NVLink, the tied all-reduce over the NICs");
+}
+
+/// A frozen tied table (a LoRA fine-tune's): the last stage holds its BF16 copy, with
+/// neither gradient nor optimizer state, and no gradient crosses between the ends.
+#[test]
+fn a_frozen_tied_table_is_held_but_never_reduced() {
+    let mut source: Box<dyn GraphSource> = Box::new(graph_of(4, V, true, 0, true, 1));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let p = pr.project(&plain(2, 1, 1, 1)).unwrap();
+    assert_eq!(p.memory.stage, 1);
+    let (table, layers) = ((V * C) as f64, (2 * C * C) as f64);
+    close(p.memory.weights * GIB, 2.0 * (table + layers), "the table's copy and two layers");
+    close(p.memory.gradients * GIB, 2.0 * layers, "gradients of the two layers");
+    close(p.memory.optimizer * GIB, 12.0 * layers, "optimizer state of the two layers");
+    let msg = ALPHA + (2 * T * C) as f64 / LINK;
+    close(p.breakdown.pp, 2.0 * msg * (1.0 - 0.25) + 2.0 * msg, "the sends alone");
+}
+
+/// Offload under partial full recompute: of two layers of two linears each (C x C), the
+/// first fully recomputed keeps only its input (Korthikanti et al. 2022, §4: full
+/// recompute stores each layer's input alone), the second both linears' inputs; both
+/// offloaded, the host holds 2TC + 2·2TC bytes of the one micro-batch in flight.
+#[test]
+fn offload_moves_what_each_layer_keeps_under_its_own_recompute() {
+    use runner_graph::recompute::RecomputePolicy;
+    let mut g = gpu(1e12);
+    g.host_link_gbs = Some(64.0);
+    g.host_memory_gib = Some(1000.0);
+    let mut source: Box<dyn GraphSource> = Box::new(graph_of(2, 256, false, 0, false, 2));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, g, plan);
+    let mut l = plain(1, 1, 1, 1);
+    l.recompute = RecomputePolicy::Full;
+    l.recompute_layers = 1;
+    l.offload_layers = 2;
+    let p = pr.project(&l).unwrap();
+    let input = (2 * T * C) as f64;
+    close(p.memory.host_offload * GIB, input + 2.0 * input, "one input, then two");
+}
+
+/// NVFP4 runs keep fp8_param_gather off (Megatron-Bridge's NVFP4 precision config): the
+/// distributed optimizer gathers BF16 weights (2 B an element) and the BF16 copy stays
+/// resident beside the casts of the NVFP4 layers, as without the distributed optimizer.
+/// dp = 2, no overlap:
+/// a reduce-scatter and an all-gather of 2N bytes.
+#[test]
+fn nvfp4_keeps_bf16_parameters() {
+    let mut g = gpu(1e12);
+    g.peak_tflops.nvfp4 = Some(4.0 * PEAK / 1e12);
+    g.peak_tflops.fp8 = Some(2.0 * PEAK / 1e12);
+    // Eight layers: the builtin NVFP4 plan keeps the last four in BF16, as NVIDIA's
+    // NVFP4 recipe does, and runs the first four in NVFP4.
+    let mut source: Box<dyn GraphSource> = Box::new(graph(8));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Nvfp4, &model.graph);
+    let mut pr = Projector::new(model, source, g, plan);
+    let n = params(8);
+    let mut l = plain(1, 1, 2, 8);
+    let without = pr.project(&l).unwrap();
+    l.distributed_optimizer = true;
+    let p = pr.project(&l).unwrap();
+    close(p.comm.dp, 2.0 * ring(false, 2, 2.0 * n, LINK), "BF16 reduce-scatter and gather");
+    close(p.memory.weights, without.memory.weights, "the BF16 copy stays");
+    assert!(p.memory.weights * GIB > 2.0 * n, "the casts are there too");
 }
