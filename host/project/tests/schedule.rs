@@ -1132,3 +1132,117 @@ fn nvfp4_keeps_bf16_parameters() {
     close(p.memory.weights, without.memory.weights, "the BF16 copy stays");
     assert!(p.memory.weights * GIB > 2.0 * n, "the casts are there too");
 }
+
+/// Memory-bound ops at the HBM rate, each op's bytes as runner_graph::count counts them:
+/// the embedding's lookup reads the B·T int32 tokens and reads and writes B·T rows of C
+/// BF16 (4T + 2·2TC), the loss reads the BF16 logits (2TV), the int32 targets (4T) and
+/// writes one fp32 scalar (4); each one's backward moves twice its forward's bytes (the
+/// gradient read, the input re-read, the input gradient written), and an op nothing
+/// upstream needs a gradient from runs none. With a frozen table (a fine-tune's), the
+/// embedding runs no backward and the first layer, whose input then needs no gradient,
+/// runs its weight gradient alone (PyTorch's autograd skips the input gradient of a
+/// tensor that does not require one): one micro-batch's compute is 4 layer forwards,
+/// 7 of their backward GEMMs, the head's 3, the embedding's forward and the loss's 3.
+/// HBM at 10 TB/s: every GEMM still compute-bound (the head's 4.3 GFLOP over its 13.6 MB
+/// is 316 FLOP/B, the layers' 205, both above the 100 of 1 PFLOP/s over 10 TB/s).
+#[test]
+fn memory_bound_ops_and_gemms_run_the_backward_their_inputs_need() {
+    let hbm = 10_000e9;
+    let (f, h) = (layer_s() / 3.0, head_s() / 3.0);
+    let embed = (4 * T + 4 * T * C) as f64 / hbm;
+    let loss = (2 * T * V + 4 * T + 4) as f64 / hbm;
+    let compute = |frozen_table: bool| {
+        let mut source: Box<dyn GraphSource> = Box::new(graph_of(4, V, false, 0, frozen_table, 1));
+        let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+        let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+        let mut pr = Projector::new(model, source, gpu(hbm / 1e9), plan);
+        pr.project(&plain(1, 1, 1, 1)).unwrap().breakdown.compute
+    };
+    close(compute(false), 12.0 * f + 3.0 * h + 3.0 * embed + 3.0 * loss, "trained table");
+    close(compute(true), 11.0 * f + 3.0 * h + embed + 3.0 * loss, "frozen table");
+}
+
+/// A measured GEMM's backward is the input and the weight gradient `runner measure`
+/// timed together; a frozen weight's GEMM runs the input gradient alone, taken as half of
+/// it. The toy's first layer frozen, measured at 1 s forward and 2 s backward: its forward
+/// becomes 1 s and its backward 1 s, in place of its roofline forward and input gradient.
+#[test]
+fn a_measured_frozen_gemm_runs_half_its_backward() {
+    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let l = plain(1, 1, 1, 1);
+    let before = pr.project(&l).unwrap().breakdown.compute;
+    let mut m = runner_project::template::Measured::default();
+    m.ops.insert("layers.0.fc".into(), (1.0, 2.0));
+    let mut pr = pr.with_measured(m);
+    let after = pr.project(&l).unwrap().breakdown.compute;
+    let f = layer_s() / 3.0;
+    close(after - before, (1.0 + 1.0) - (f + f), "the frozen layer: 1 s forward, half of 2 s backward");
+}
+
+/// The FP8 recipe's parameter gather (fp8_param_gather) moves the trained weights of FP8
+/// GEMMs at 1 B and every other trained weight at 2 B; frozen weights are neither reduced
+/// nor gathered by the distributed optimizer, FP8 or not. The toy's four layers run FP8
+/// (the head, vocabulary-parallel, BF16), the first frozen: dp = 2, no overlap, a
+/// reduce-scatter of the 2N_trained BF16 gradients and an all-gather of
+/// 2·(N_trained − 3C²) + 3C² bytes.
+#[test]
+fn fp8_parameters_gathered_are_the_trained_ones() {
+    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Fp8, &model.graph);
+    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let trained = params(4) - (C * C) as f64;
+    let fp8 = (3 * C * C) as f64;
+    let mut l = plain(1, 1, 2, 8);
+    l.distributed_optimizer = true;
+    let p = pr.project(&l).unwrap();
+    close(p.comm.dp, ring(false, 2, 2.0 * trained, LINK) + ring(false, 2, 2.0 * (trained - fp8) + fp8, LINK), "BF16 gradients, FP8 trained weights");
+}
+
+/// A grouped GEMM runs one call per local expert, and a GEMM's efficiency grows with the
+/// FLOPs of its call (the profile's x / (x + x½) law, x½ = gemm_half_gflop): one layer of
+/// a 4-expert grouped linear (C x C each, the B·T rows split among them, 2·T·C² FLOPs in
+/// all), at ep = 1 four calls of a quarter each. With x½ set to that quarter the experts'
+/// GEMMs run at half the peak (forward, input and weight gradient alike), the head's
+/// 4.29 GFLOP call at 4.29 / (4.29 + 0.134) of it.
+#[test]
+fn a_grouped_gemms_efficiency_follows_each_experts_call() {
+    let mut source: Box<dyn GraphSource> = Box::new(move |mb: u32| -> Result<Graph, String> {
+        let b = u64::from(mb);
+        let ten = |name: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: name.into(), shape: s, dtype: d, kind: k };
+        let op = |name: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(name, k, i, o, &[], layer, role);
+        let tensors = vec![
+            ten("tokens", vec![b, T], DType::I32, TensorKind::Input),
+            ten("targets", vec![b, T], DType::I32, TensorKind::Input),
+            ten("table", vec![V, C], DType::BF16, TensorKind::Weight),
+            ten("head", vec![V, C], DType::BF16, TensorKind::Weight),
+            ten("experts", vec![4, C, C], DType::BF16, TensorKind::Weight),
+            // Each row's expert (the routing the experts' GEMMs read).
+            ten("idx", vec![b, T], DType::I32, TensorKind::Input),
+            ten("x0", vec![b, T, C], DType::BF16, TensorKind::Activation),
+            ten("x1", vec![b, T, C], DType::BF16, TensorKind::Activation),
+            ten("logits", vec![b, T, V], DType::BF16, TensorKind::Activation),
+            ten("loss", vec![], DType::F32, TensorKind::Activation),
+        ];
+        let ops = vec![
+            op("embed", OpKind::Embedding, &["tokens", "table"], &["x0"], -1, Role::VocabParallel),
+            op("layers.0.experts", OpKind::GroupedLinear, &["x0", "experts", "idx"], &["x1"], 0, Role::Expert),
+            op("head", OpKind::Linear, &["x1", "head"], &["logits"], -1, Role::VocabParallel),
+            op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], -1, Role::VocabParallel),
+        ];
+        Graph::new(tensors, ops, "loss").map_err(|e| e.to_string())
+    });
+    let model = Model::new("moe", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+    let (fwd, head) = ((2 * T * C * C) as f64, (2 * T * C * V) as f64);
+    let mut g = gpu(1e12);
+    g.efficiency.gemm_half_gflop = fwd / 4.0 / 1e9;
+    g.efficiency.grouped_gemm = 1.0;
+    let mut pr = Projector::new(model, source, g, plan);
+    let p = pr.project(&plain(1, 1, 1, 1)).unwrap();
+    let share = head / (head + fwd / 4.0);
+    close(p.breakdown.compute_parts.gemm, 3.0 * fwd / (PEAK * 0.5) + 3.0 * head / (PEAK * share), "experts at half the peak");
+}
