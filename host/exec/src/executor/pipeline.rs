@@ -589,4 +589,112 @@ mod tests {
         );
         assert_eq!(interleaved(4, 0, 2, 6), None, "6 micro-batches over 4 stages");
     }
+
+    /// The interleaved schedule exists exactly when Megatron's does: a positive multiple
+    /// of the stages in micro-batches, some stages and chunks; otherwise `None` (and the
+    /// step runs in order), never a schedule that misses or repeats a pass. One stage
+    /// of several chunks is a valid schedule too, with (vp - 1) warm-up forwards.
+    #[test]
+    fn interleaving_needs_a_positive_multiple_of_the_stages() {
+        for stages in 1..=4 {
+            for chunks in 2..=3 {
+                for m in 0..=3 * stages + 1 {
+                    for s in 0..stages {
+                        let what = format!("stage {s} of {stages}, {chunks} chunks, {m} micro-batches");
+                        let o = interleaved(stages, s, chunks, m);
+                        assert_eq!(o.is_some(), m > 0 && m % stages == 0, "{what}");
+                        if let Some(o) = o {
+                            valid(&o, m, chunks, &what);
+                            let want = ((stages - s - 1) * 2 + (chunks - 1) * stages).min(m * chunks);
+                            assert_eq!(in_flight(&passes(&o)), (want + 1).min(m * chunks), "{what}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!((interleaved(0, 0, 2, 4), interleaved(2, 0, 0, 4), interleaved(2, 1, 0, 2)), (None, None, None));
+        // What the count of forwards held sees of orders no schedule makes: nothing held,
+        // and a backward with nothing held holds nothing less.
+        assert_eq!((in_flight(&[]), in_flight(&[B(0, 0), F(1, 0), F(2, 0), B(1, 0)])), (0, 2));
+    }
+
+    /// A schedule that runs a micro-batch's forward twice, or a backward before its
+    /// forward, is refused before it trains on a wrong step (a schedule generator's bug
+    /// would otherwise pass silently), and the executor's next step is as a fresh one's.
+    #[test]
+    fn run_passes_refuses_a_schedule_out_of_order() {
+        let g = crate::toy::llama(&crate::toy::ToyConfig::tiny());
+        let data = [crate::proxy::synthetic_inputs(&g, 0), crate::proxy::synthetic_inputs(&g, 1)];
+        let batches: Vec<Vec<(&str, Input<'_>)>> = data.iter().map(|d| d.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect()).collect();
+        let fresh = || Executor::new(&g, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default()).unwrap();
+        let mut ex = fresh();
+        for bad in [vec![F(0, 0), F(0, 0), B(0, 0)], vec![B(0, 0), F(0, 0)], vec![F(0, 0), B(1, 0), F(1, 0)], vec![F(0, 0), F(1, 0), B(1, 0), B(1, 0)]] {
+            let mut plan = ex.pass_plan(2);
+            plan.schedule = bad.iter().map(|&p| vec![p]).collect();
+            match ex.run_passes(&plan, &batches) {
+                Err(ExecError::State(e)) if e.starts_with("schedule: ") => {}
+                r => panic!("{bad:?}: {r:?}"),
+            }
+        }
+        let want = fresh().step_micro_batches(&batches, &crate::executor::ADAMW_DEFAULT).unwrap();
+        assert_eq!(ex.step_micro_batches(&batches, &crate::executor::ADAMW_DEFAULT).unwrap(), want);
+    }
+
+    /// Stage `stage` of the 4-layer toy (batch 1) cut pp = 2, vp = 2, with a `pp` group
+    /// of two (`keep` holds the other rank's handle).
+    fn vp2_stage(stage: u32, pp: crate::collective::ThreadGroup) -> Executor<crate::cpu::Cpu> {
+        use runner_graph::shard::{Layout, RankCoord, shard};
+        let g = crate::toy::with_roles(crate::toy::llama(&crate::toy::ToyConfig { layers: 4, batch: 1, ..crate::toy::ToyConfig::tiny() }), false);
+        let layout = Layout { pp: 2, vp: 2, ..Layout::single(1, 4) };
+        let s = shard(&g, &layout, RankCoord { tp: 0, pp: stage, cp: 0, dp: 0 }).unwrap();
+        let groups: Vec<(String, Box<dyn crate::collective::Collective<crate::cpu::Cpu>>)> = vec![("pp".into(), Box::new(pp))];
+        Executor::for_rank(&s, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default(), groups).unwrap()
+    }
+
+    /// What the memory account adds per pass for the mailbox (pp = 2, vp = 2, four
+    /// micro-batches): in a steady-state pair [forward, backward] the forward runs
+    /// beside the backward's gradient, received before the pair, and the backward beside
+    /// the forward's activation, sent after it; a pass alone holds nothing there. Every
+    /// chunk's boundary is one [1, 8, 32] f32 hidden state (1024 bytes), except that the
+    /// last chunk (stage 1's second) sends nothing and gets no gradient back.
+    #[test]
+    fn interleaved_pairs_hold_each_others_traffic_in_the_mailbox() {
+        let h = 4 * 8 * 32;
+        let mut groups = crate::collective::ThreadGroup::new(2).into_iter();
+        let (a, b) = (groups.next().unwrap(), groups.next().unwrap());
+        for (stage, pp, want) in [
+            (0, a, vec![0, 0, 0, 0, h, h, h, h, h, h, h, h, 0, 0, 0, 0]),
+            (1, b, vec![0, 0, 0, 0, 0, 0, h, h, h, h, 0, 0, 0, 0, 0, 0]),
+        ] {
+            let ex = vp2_stage(stage, pp);
+            let plan = ex.pass_plan(4);
+            assert!(plan.driven && plan.chunks.len() == 2, "stage {stage}");
+            assert_eq!(plan.schedule.iter().filter(|it| it.len() == 2).count(), [4, 6][stage as usize], "stage {stage}");
+            assert_eq!(ex.mailbox_bytes(&plan), want, "stage {stage}: {:?}", plan.schedule);
+        }
+    }
+
+    /// A graph whose chunks read each other's activations other than through a send
+    /// and a receive cannot be cut into passes: `Chunks::of` says so (the step then runs
+    /// whole, in order) instead of running a chunk whose input another pass dropped.
+    /// Stage 1 of pp = 2, vp = 2 cuts into its two chunks; with the first op after the
+    /// second chunk's receive reading the first chunk's received hidden state instead, it
+    /// does not.
+    #[test]
+    fn chunks_that_share_an_activation_are_not_cut() {
+        let mut groups = crate::collective::ThreadGroup::new(2).into_iter();
+        let ex = vp2_stage(1, groups.next().unwrap());
+        assert_eq!(Chunks::of(&ex).map(|c| c.len()), Some(2));
+        let mut g = ex.graph.clone();
+        let recvs: Vec<usize> = (0..g.ops.len()).filter(|&oi| g.ops[oi].kind == OpKind::Recv).collect();
+        let (first, second) = (g.ops[recvs[0]].outputs[0], g.ops[*recvs.last().unwrap()].outputs[0]);
+        let reader = (recvs.last().unwrap() + 1..g.ops.len()).find(|&oi| g.ops[oi].inputs.contains(&second)).unwrap();
+        for x in &mut g.ops[reader].inputs {
+            if *x == second {
+                *x = first;
+            }
+        }
+        let ex = Executor::new(&g, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default()).unwrap();
+        assert!(Chunks::of(&ex).is_none());
+    }
 }
