@@ -238,6 +238,32 @@ mod tests {
         assert_eq!((one.median, one.p10, one.p90, one.min, one.max, one.n), (7.0, 7.0, 7.0, 7.0, 7.0, 1));
     }
 
+    /// Percentiles sit at p·(n − 1) between order statistics, interpolated: with 11
+    /// samples p10 and p90 are the 2nd and 10th exactly, with 6 the median is halfway
+    /// between the 3rd and 4th and p10 half the way from the 1st to the 2nd (not the
+    /// nearest rank, nor p·n). Skewed, unsorted values, so no two rules agree by chance.
+    #[test]
+    fn percentiles_interpolate_at_p_times_n_minus_one() {
+        let eleven = [9.0, 0.0, 100.0, 1.0, 4.0, 25.0, 16.0, 36.0, 49.0, 64.0, 81.0];
+        let s = Stat::of(&eleven);
+        assert_eq!((s.p10, s.median, s.p90, s.min, s.max, s.n), (1.0, 25.0, 81.0, 0.0, 100.0, 11), "{s:?}");
+        // Sorted 1 2 4 8 16 64: median at 2.5 (4 + 0.5 × 4 = 6), p10 at 0.5 (1.5), p90 at
+        // 4.5 (16 + 0.5 × 48 = 40).
+        let s = Stat::of(&[64.0, 2.0, 16.0, 1.0, 8.0, 4.0]);
+        assert_eq!((s.p10, s.median, s.p90, s.min, s.max, s.n), (1.5, 6.0, 40.0, 1.0, 64.0, 6), "{s:?}");
+    }
+
+    /// A NaN among the samples does not panic (the sort is a total order, NaN above
+    /// every number): it counts, it shows as the max, and the median of the rest stays.
+    #[test]
+    fn a_nan_sample_sorts_last_and_does_not_panic() {
+        let s = Stat::of(&[3.0, f64::NAN, 1.0, 2.0, 5.0]);
+        assert_eq!((s.median, s.min, s.n), (3.0, 1.0, 5), "{s:?}");
+        assert!(s.max.is_nan() && s.p90.is_nan() && (s.p10 - 1.4).abs() < 1e-12, "{s:?}");
+        let all = Stat::of(&[f64::NAN, f64::NAN]);
+        assert!(all.median.is_nan() && all.n == 2, "{all:?}");
+    }
+
     fn toy_executor() -> (runner_graph::Graph, Executor<crate::cpu::Cpu>) {
         let g = crate::toy::llama(&crate::toy::ToyConfig { hidden: 16, ffn: 32, ..crate::toy::ToyConfig::tiny() });
         let ex = Executor::new(&g, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default()).unwrap();
@@ -265,6 +291,88 @@ mod tests {
         assert!(cold.losses[0] != cold.losses[2], "{:?}", cold.losses);
         assert_eq!(warm.losses[0], cold.losses[2], "{:?} vs {:?}", warm.losses, cold.losses);
         assert!(run(&mut ex, &g, 1, 0).is_err());
+    }
+
+    /// `on_step(step, steps, warmup)` comes once per step before it runs, numbered from
+    /// 1 over the warm-up and timed steps together, the warm-up ones marked. A recorded
+    /// step (CUDA graph) warms up at least two steps whatever was asked: on the CPU,
+    /// which cannot record, the first step fails, announced as the first of 2 + 3.
+    #[test]
+    fn progress_numbers_every_step_and_marks_the_warm_up() {
+        let (g, mut ex) = toy_executor();
+        let data = crate::proxy::synthetic_inputs(&g, 0);
+        let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+        let mut seen = Vec::new();
+        let t = time_steps(&mut ex, &inputs, &crate::executor::ADAMW_DEFAULT, TimingOptions { warmup: 2, repeats: 3 }, &mut |s, n, w| seen.push((s, n, w))).unwrap();
+        assert_eq!(seen, [(1, 5, true), (2, 5, true), (3, 5, false), (4, 5, false), (5, 5, false)]);
+        assert_eq!((t.losses.len(), ex.steps_taken()), (3, 5));
+        let opts = crate::executor::ExecOptions { cuda_graph: true, ..Default::default() };
+        let mut ex = Executor::new(&g, crate::cpu::Cpu::new(), opts).unwrap();
+        let mut seen = Vec::new();
+        let r = time_steps(&mut ex, &inputs, &crate::executor::ADAMW_DEFAULT, TimingOptions { warmup: 0, repeats: 3 }, &mut |s, n, w| seen.push((s, n, w)));
+        assert!(r.is_err());
+        assert_eq!(seen, [(1, 5, true)]);
+    }
+
+    /// Over one timed step each figure is that step's one sample, so each must be what
+    /// the executor's profile holds after it: phase by phase, op by op (forward,
+    /// backward, re-run) and weight by weight. Under full recompute, so no clock the
+    /// harness could read instead is zero; the clocks differ, so a figure read from
+    /// another one (forward from backward, a re-run from a backward, ...) shows. The
+    /// step's own clock encloses its phases. Unsharded, the communication is 0.
+    #[test]
+    fn one_timed_step_reports_that_steps_clocks() {
+        let g = crate::toy::llama(&crate::toy::ToyConfig { hidden: 16, ffn: 32, ..crate::toy::ToyConfig::tiny() });
+        let opts = crate::executor::ExecOptions { recompute: runner_graph::recompute::RecomputePolicy::Full, ..Default::default() };
+        let mut ex = Executor::new(&g, crate::cpu::Cpu::new(), opts).unwrap();
+        let t = run(&mut ex, &g, 1, 1).unwrap();
+        let p = ex.profile().clone();
+        let one = |x: f64| Stat { median: x, p10: x, p90: x, min: x, max: x, n: 1 };
+        assert!(p.forward_s > 0.0 && p.backward_s > 0.0 && p.optimizer_s > 0.0 && p.recompute_s > 0.0, "{p:?}");
+        assert_eq!(
+            (t.forward, t.backward, t.optimizer, t.recompute, t.communication),
+            (one(p.forward_s), one(p.backward_s), one(p.optimizer_s), one(p.recompute_s), one(0.0))
+        );
+        assert!(t.step.n == 1 && t.step.median >= p.forward_s + p.backward_s + p.optimizer_s, "{:?} vs {p:?}", t.step);
+        for (i, o) in t.ops.iter().enumerate() {
+            let want = (one(p.forward_op_s[i]), one(p.backward_op_s[i]), one(p.recompute_op_s[i]));
+            assert_eq!((o.forward, o.backward, o.recompute), want, "op {}", o.name);
+        }
+        assert!(t.ops.iter().any(|o| o.recompute.median > 0.0) && t.ops.iter().any(|o| o.backward.median > 0.0));
+        assert!(!t.optimizer_by_weight.is_empty());
+        for (name, s) in &t.optimizer_by_weight {
+            let id = g.tensor_id(name).unwrap();
+            assert!(*s > 0.0 && *s == p.optimizer_tensor_s[id], "{name}: {s} vs {}", p.optimizer_tensor_s[id]);
+        }
+    }
+
+    /// A sharded rank's communication is its own collective seconds (here dp = 2's
+    /// gradient all-reduce, over two threads): over one timed step, what its profile
+    /// holds after the step, and not 0.
+    #[test]
+    fn a_sharded_ranks_communication_is_its_collective_seconds() {
+        use runner_graph::shard::{Layout, RankCoord, shard};
+        let g = crate::toy::with_roles(crate::toy::llama(&crate::toy::ToyConfig { hidden: 16, ffn: 32, ..crate::toy::ToyConfig::tiny() }), false);
+        let layout = Layout { dp: 2, ..Layout::single(2, 4) };
+        let ranks: Vec<_> = crate::collective::ThreadGroup::new(2)
+            .into_iter()
+            .enumerate()
+            .map(|(r, h)| {
+                let s = shard(&g, &layout, RankCoord { tp: 0, pp: 0, cp: 0, dp: r as u32 }).unwrap();
+                std::thread::spawn(move || {
+                    let groups: Vec<(String, Box<dyn crate::collective::Collective<crate::cpu::Cpu>>)> = vec![("dp".into(), Box::new(h))];
+                    let mut ex = Executor::for_rank(&s, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default(), groups).unwrap();
+                    let data = crate::proxy::synthetic_inputs(&s.graph, r as u64);
+                    let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect();
+                    let t = time_steps(&mut ex, &inputs, &crate::executor::ADAMW_DEFAULT, TimingOptions { warmup: 0, repeats: 1 }, &mut |_, _, _| {}).unwrap();
+                    (t.communication, ex.profile().communication_s)
+                })
+            })
+            .collect();
+        for h in ranks {
+            let (got, s) = h.join().unwrap();
+            assert!(s > 0.0 && got == Stat { median: s, p10: s, p90: s, min: s, max: s, n: 1 }, "{got:?} vs {s}");
+        }
     }
 
     /// Timing turns per-op profiling on for its steps and puts the executor's own setting
