@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 use runner::plugin::cache::Cache;
 use runner::plugin::{CacheOutcome, compile_with, embedded, sha256_hex};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("runner-cache-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
+/// A cache directory not yet made (the cache makes it), inside a scratch directory removed
+/// when the guard goes, also when the test fails.
+fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::Builder::new().prefix(&format!("runner-cache-{name}-")).tempdir().unwrap();
+    let dir = tmp.path().join("cache");
+    (tmp, dir)
 }
 
 /// The two smallest embedded plugins (fast to compile in a debug build).
@@ -36,7 +38,7 @@ fn outcome(bytes: &[u8], sha: &str, cache: &Cache) -> CacheOutcome {
 
 #[test]
 fn a_tampered_or_swapped_entry_is_recompiled_never_run() {
-    let dir = scratch("tamper");
+    let (_dir, dir) = scratch("tamper");
     let cache = Cache::open(&dir).unwrap();
     let mode = std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "created owner-only");
@@ -70,12 +72,11 @@ fn a_tampered_or_swapped_entry_is_recompiled_never_run() {
     std::fs::remove_file(dir.join("key")).unwrap();
     let cache = Cache::open(&dir).unwrap();
     assert_eq!(outcome(a, &sha_a, &cache), CacheOutcome::Rejected);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_cache_directory_others_can_write_to_is_refused() {
-    let dir = scratch("open");
+    let (_dir, dir) = scratch("open");
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
     let err = Cache::open(&dir).err().expect("refused");
@@ -103,7 +104,6 @@ fn a_cache_directory_others_can_write_to_is_refused() {
         let err = Cache::open(&dir).err().expect("refused");
         assert!(err.contains("belongs to uid 65534"), "{err}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// What the entry format and the key file are checked for, each found missing by a hand
@@ -112,7 +112,7 @@ fn a_cache_directory_others_can_write_to_is_refused() {
 /// refused even with a valid tag, and the key must be exactly 32 bytes of this user's.
 #[test]
 fn an_entry_is_bound_to_its_hash_engine_and_format_and_the_key_is_exactly_ours() {
-    let dir = scratch("bind");
+    let (_dir, dir) = scratch("bind");
     let cache = Cache::open(&dir).unwrap();
     let sha = "ab".repeat(32);
     cache.put(&sha, "engine-a", b"compiled code");
@@ -145,20 +145,17 @@ fn an_entry_is_bound_to_its_hash_engine_and_format_and_the_key_is_exactly_ours()
         let err = Cache::open(&dir).err().expect("refused");
         assert!(err.contains("not a private 32-byte file"), "{err}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A symlink where the cache directory should be is refused: whoever can change the link
 /// chooses the code that runs.
 #[test]
 fn a_cache_path_that_is_a_symlink_is_refused() {
-    let dir = scratch("link");
-    let target = scratch("link-target");
+    let (_dir, dir) = scratch("link");
+    let (_target, target) = scratch("link-target");
     std::fs::create_dir_all(&target).unwrap();
     std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700)).unwrap();
     std::os::unix::fs::symlink(&target, &dir).unwrap();
     let err = Cache::open(&dir).err().expect("refused");
     assert!(err.contains("is not a directory (a symlink or a file)"), "{err}");
-    let _ = std::fs::remove_file(&dir);
-    let _ = std::fs::remove_dir_all(&target);
 }

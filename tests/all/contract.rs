@@ -44,8 +44,8 @@ fn a_plugin_of_the_wrong_kind_is_refused_where_another_kind_is_needed() {
 
 #[test]
 fn not_a_component_is_a_load_error() {
-    let dir = std::env::temp_dir().join(format!("runner-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::Builder::new().prefix("runner-test-").tempdir().unwrap();
+    let dir = tmp.path();
     let path = dir.join("junk.wasm");
     std::fs::write(&path, b"this is not wasm").unwrap();
     let err = plugin::load(path.to_str().unwrap())

@@ -182,16 +182,16 @@ fn goals_answer_with_the_cheapest_in_time_the_fastest_in_budget_or_the_nearest()
     assert!(g.met && g.best.as_ref().unwrap().usd.unwrap() <= budget, "{g:?}");
 }
 
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("runner-explore-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A scratch directory removed when the guard goes, also when the test fails.
+fn scratch(name: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::Builder::new().prefix(&format!("runner-explore-{name}-")).tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
+    (tmp, dir)
 }
 
 #[test]
 fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a_clean_one() {
-    let dir = scratch("price-file");
+    let (_dir, dir) = scratch("price-file");
     let file = dir.join("our-contract.csv");
     std::fs::write(
         &file,
@@ -272,7 +272,7 @@ fn a_price_file_is_priced_as_a_cloud_and_caveated_rows_are_chosen_only_without_a
 /// `billed_hours` and the HTML's "h billed" showed the run's hours.
 #[test]
 fn billed_hours_are_the_hours_the_quote_bills() {
-    let dir = scratch("billed");
+    let (_dir, dir) = scratch("billed");
     let file = dir.join("ours.csv");
     std::fs::write(
         &file,

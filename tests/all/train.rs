@@ -9,10 +9,16 @@ use std::path::PathBuf;
 use runner::train::{self, Injection, RunResult, TrainConfig, TrainReport};
 
 /// 300 kB of the King James Bible in a temporary file (the tokenizer learns faster on it).
+/// One file under a fixed name, reused by later runs (it was one per process, never
+/// removed); written to a file of its own and renamed into place, so a reader never sees
+/// it half written.
 fn text() -> PathBuf {
-    let p = std::env::temp_dir().join(format!("runner-train-text-{}.txt", std::process::id()));
-    if !p.exists() {
-        std::fs::write(&p, &train::corpus::KJV[..300_000]).unwrap();
+    let p = std::env::temp_dir().join("runner-train-text-kjv-300000.txt");
+    let wanted = &train::corpus::KJV[..300_000];
+    if std::fs::read(&p).ok().as_deref() != Some(wanted.as_bytes()) {
+        let mut f = tempfile::Builder::new().prefix("runner-train-text-").tempfile().unwrap();
+        std::io::Write::write_all(&mut f, wanted.as_bytes()).unwrap();
+        f.persist(&p).unwrap();
     }
     p
 }

@@ -259,10 +259,12 @@ mod tests {
 
     use super::*;
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("runner-cache-unit-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        dir
+    /// A cache directory not yet made (the cache makes it), inside a scratch directory
+    /// removed when the guard goes, also when the test fails.
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::Builder::new().prefix(&format!("runner-cache-unit-{name}-")).tempdir().unwrap();
+        let dir = tmp.path().join("cache");
+        (tmp, dir)
     }
 
     fn mode(path: &Path) -> u32 {
@@ -276,7 +278,7 @@ mod tests {
     /// alone passed every test: the short entry then panicked in `split_at`.)
     #[test]
     fn a_truncated_entry_is_refused_not_read_past_its_end() {
-        let dir = scratch("short");
+        let (_dir, dir) = scratch("short");
         let cache = Cache::open(&dir).unwrap();
         let sha = "ab".repeat(32);
         cache.put(&sha, "e", b"compiled code");
@@ -289,7 +291,6 @@ mod tests {
         }
         std::fs::write(&path, &whole).unwrap();
         assert_eq!(cache.get(&sha, "e"), Ok(Some(b"compiled code".to_vec())));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Group permissions count as others': a directory its group may write to is refused,
@@ -298,7 +299,7 @@ mod tests {
     /// and 0644, which the others' bits alone refuse: checks of only those bits passed them.)
     #[test]
     fn group_permissions_count_as_others() {
-        let dir = scratch("group");
+        let (_dir, dir) = scratch("group");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o770)).unwrap();
         let err = Cache::open(&dir).err().expect("a group-writable directory is refused");
@@ -313,7 +314,6 @@ mod tests {
         std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o640)).unwrap();
         let err = Cache::open(&dir).err().expect("a group-readable key is refused");
         assert!(err.contains("not a private 32-byte file"), "{err}");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// An entry whose rename fails (here the entry's name is taken by a directory) leaves
@@ -321,7 +321,7 @@ mod tests {
     /// component in the cache, on every run. The directory entry is refused, not read.
     #[test]
     fn a_store_that_cannot_be_renamed_leaves_no_temporary_file() {
-        let dir = scratch("rename");
+        let (_dir, dir) = scratch("rename");
         let cache = Cache::open(&dir).unwrap();
         let sha = "cd".repeat(32);
         std::fs::create_dir_all(cache.path(&sha, "e").join("occupied")).unwrap();
@@ -333,7 +333,6 @@ mod tests {
             .collect();
         assert!(left.is_empty(), "{left:?}");
         assert_eq!(cache.get(&sha, "e"), Err(()));
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A write that fails after its file was created (a full disk) removes that file.
@@ -349,7 +348,7 @@ mod tests {
                 Ok(())
             }
         }
-        let dir = scratch("full");
+        let (_dir, dir) = scratch("full");
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(".entry.tmp");
         let file = std::fs::File::create(&path).unwrap();
@@ -358,13 +357,12 @@ mod tests {
         assert!(!path.exists(), "the partial file was left behind");
         write_or_remove(&path, std::fs::File::create(&path).unwrap(), b"code").unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"code");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// Two caches draw two keys: an entry of one, copied into the other, is refused.
     #[test]
     fn each_cache_draws_its_own_key() {
-        let (a, b) = (scratch("key-a"), scratch("key-b"));
+        let ((_a, a), (_b, b)) = (scratch("key-a"), scratch("key-b"));
         let (ca, cb) = (Cache::open(&a).unwrap(), Cache::open(&b).unwrap());
         assert_ne!(ca.key, cb.key);
         assert_ne!(ca.key, [0; 32]);
@@ -372,7 +370,5 @@ mod tests {
         ca.put(&sha, "e", b"code");
         std::fs::copy(ca.path(&sha, "e"), cb.path(&sha, "e")).unwrap();
         assert_eq!(cb.get(&sha, "e"), Err(()));
-        let _ = std::fs::remove_dir_all(&a);
-        let _ = std::fs::remove_dir_all(&b);
     }
 }

@@ -155,8 +155,8 @@ mod tests {
     /// entry replaced, and the next compile a hit.
     #[test]
     fn a_verified_entry_that_does_not_deserialise_is_recompiled_and_replaced() {
-        let dir = std::env::temp_dir().join(format!("runner-engine-unit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        let tmp = tempfile::Builder::new().prefix("runner-engine-unit-").tempdir().unwrap();
+        let dir = tmp.path().join("cache");
         let cache = Cache::open(&dir).unwrap();
         let bytes = crate::embedded().iter().map(|(_, _, b)| *b).min_by_key(|b| b.len()).unwrap();
         let sha = sha256_hex(bytes);
@@ -165,6 +165,5 @@ mod tests {
         assert_eq!(outcome, CacheOutcome::Miss);
         let (_, outcome) = compile_with(bytes, &sha, &cache).unwrap();
         assert_eq!(outcome, CacheOutcome::Hit, "the entry was replaced");
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -453,9 +453,8 @@ mod tests {
     /// before as shadowed, and refuses a file past the size bound without reading it.
     #[test]
     fn a_file_of_an_embedded_name_shadows_it_and_is_listed_first() {
-        let dir = std::env::temp_dir().join(format!("runner-list-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runner-list-").tempdir().unwrap();
+        let dir = tmp.path();
         let (_, kind, bytes) = *embedded().iter().find(|(n, _, _)| *n == "bf16.wasm").unwrap();
         let (copy, other) = (dir.join("bf16.wasm"), dir.join("mine.wasm"));
         std::fs::write(&copy, bytes).unwrap();
@@ -465,7 +464,6 @@ mod tests {
         std::fs::File::create(&huge).unwrap().set_len(resolve::MAX_PLUGIN_BYTES + 1).unwrap();
 
         let listed = list_of(vec![copy.clone(), other.clone(), huge], &[("bf16.wasm", kind, bytes)]);
-        std::fs::remove_dir_all(&dir).unwrap();
         let shown: Vec<_> = listed
             .iter()
             .map(|(info, shadowed)| (info.as_ref().map(|i| (i.source.clone(), i.shadows_embedded)).map_err(|e| e.to_string()), *shadowed))

@@ -205,27 +205,25 @@ mod tests {
     /// `resolve` reads it for loading.
     #[test]
     fn locate_finds_a_file_it_does_not_read() {
-        let dir = std::env::temp_dir().join(format!("runner-locate-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let (tmp, dir) = scratch("locate");
         let path = dir.join("huge.wasm");
         // Sparse: no disk is written for the hole.
         std::fs::File::create(&path).unwrap().set_len(MAX_PLUGIN_BYTES + 1).unwrap();
         let spec = path.to_str().unwrap();
         let located = locate(spec);
         let resolved = resolve(spec);
-        std::fs::remove_dir_all(&dir).unwrap();
+        drop(tmp);
         assert_eq!(located, Ok(("huge.wasm".to_string(), Source::Path(path))));
         assert!(resolved.unwrap_err().contains("larger than"));
         assert_eq!(locate("bf16"), Ok(("bf16.wasm".to_string(), Source::Embedded)));
         assert_eq!(resolve("bf16").unwrap().2, embedded_bytes("bf16.wasm").unwrap());
     }
 
-    /// A fresh scratch directory.
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("runner-resolve-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+    /// A fresh scratch directory, removed when the guard goes (also when the test fails).
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::Builder::new().prefix(&format!("runner-resolve-{name}-")).tempdir().unwrap();
+        let dir = tmp.path().to_path_buf();
+        (tmp, dir)
     }
 
     /// Zeros without end, refusing to be read past `left` bytes: reading it all would
@@ -275,7 +273,7 @@ mod tests {
     /// with it); a spec that looks like a path is not looked up in the directories.
     #[test]
     fn plugin_directories_are_searched_in_order_before_the_embedded_plugins() {
-        let (a, b) = (scratch("order-a"), scratch("order-b"));
+        let ((_a, a), (_b, b)) = (scratch("order-a"), scratch("order-b"));
         std::fs::write(a.join("mine.wasm"), b"a").unwrap();
         std::fs::write(b.join("mine.wasm"), b"b").unwrap();
         std::fs::create_dir(a.join("bf16.wasm")).unwrap();
@@ -291,21 +289,18 @@ mod tests {
         let spec = spec.to_str().unwrap();
         assert!(locate_in(spec, std::slice::from_ref(&b)).unwrap_err().starts_with("no plugin"), "{spec}");
         let files = wasm_files_in(&[b.clone(), a.join("missing"), a.clone()]);
-        std::fs::remove_dir_all(&a).unwrap();
-        std::fs::remove_dir_all(&b).unwrap();
         assert_eq!(files, [b.join("bf16.wasm"), b.join("mine.wasm"), a.join("mine.wasm")]);
     }
 
     /// Only `.wasm` files are installed plugins, each directory's sorted by name.
     #[test]
     fn installed_files_are_the_wasm_files_sorted() {
-        let d = scratch("files");
+        let (_d, d) = scratch("files");
         for name in ["c.wasm", "a.wasm", "notes.txt", "d.wasm", "b.wasm"] {
             std::fs::write(d.join(name), b"").unwrap();
         }
         std::fs::create_dir(d.join("e.wasm")).unwrap();
         let files = wasm_files_in(std::slice::from_ref(&d));
-        std::fs::remove_dir_all(&d).unwrap();
         assert_eq!(files, ["a.wasm", "b.wasm", "c.wasm", "d.wasm"].map(|n| d.join(n)));
     }
 
@@ -313,11 +308,10 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn a_link_loop_is_named_as_unreadable() {
-        let d = scratch("loop");
+        let (_d, d) = scratch("loop");
         let link = d.join("loop.wasm");
         std::os::unix::fs::symlink(&link, &link).unwrap();
         let m = locate_in(link.to_str().unwrap(), &[]).unwrap_err();
-        std::fs::remove_dir_all(&d).unwrap();
         assert!(m.starts_with("cannot read"), "{m}");
     }
 }

@@ -137,6 +137,8 @@ pub fn output_format(global: &Global) -> Option<OutputFormat> {
 /// A progress line on stderr (never with -q): long commands say what they are doing.
 pub fn progress_line(global: &Global, msg: &str) {
     if !global.quiet {
+        // Plugin names and other text from outside reach these lines: escaped either way.
+        let msg = runner::report::visible(msg);
         if std::io::stderr().is_terminal() {
             let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("\r\x1b[2K{msg}"));
         } else if !msg.is_empty() {
@@ -146,7 +148,7 @@ pub fn progress_line(global: &Global, msg: &str) {
             let mut last = LAST.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             if last.is_none_or(|t| t.elapsed() >= PROGRESS_EVERY) {
                 *last = Some(std::time::Instant::now());
-                elog!("{}", runner::report::visible(msg));
+                elog!("{msg}");
             } else {
                 tracing::info!("{msg}");
             }
@@ -243,7 +245,7 @@ impl Steps {
             if bar.position() > 0 || !bar.message().is_empty() {
                 bar.inc(1);
             }
-            bar.set_message(msg.to_string());
+            bar.set_message(runner::report::visible(msg));
         }
         self.log_begins(None, msg);
     }
@@ -253,7 +255,7 @@ impl Steps {
     pub fn at(&self, pos: usize, msg: &str) {
         if let Some(bar) = &self.bar {
             bar.set_position(pos.saturating_sub(1) as u64);
-            bar.set_message(msg.to_string());
+            bar.set_message(runner::report::visible(msg));
         }
         self.log_begins(Some(pos), msg);
     }
@@ -295,7 +297,7 @@ pub fn busy(global: &Global, msg: &str) -> Option<indicatif::ProgressBar> {
         }
         return None;
     };
-    bar.set_message(msg.to_string());
+    bar.set_message(runner::report::visible(msg));
     Some(bar)
 }
 
@@ -1128,15 +1130,27 @@ mod tests {
         assert_eq!(lines[again], "1/4 again", "{text}");
     }
 
+    /// A terminal's bar shows text from outside (a plugin's model or op name) with its
+    /// control characters escaped, as the log does: an ESC in a name cleared the screen
+    /// or retitled the terminal.
+    #[test]
+    fn a_bar_shows_control_characters_escaped() {
+        let bar = indicatif::ProgressBar::hidden();
+        let steps = super::Steps { bar: Some(bar.clone()), log: None };
+        steps.step("llama\u{1b}[2J");
+        assert_eq!(bar.message(), "llama\\u{1b}[2J");
+        steps.at(2, "op\u{7}\u{202e}");
+        assert_eq!(bar.message(), "op\\u{7}\\u{202e}");
+    }
+
     /// The report replaces the old one whole, keeps its permissions, leaves no temporary
     /// file behind, writes through a symbolic link to its target (created when it is not
     /// there yet), and writes a non-file (`/dev/null`) in place.
     #[test]
     fn reports_are_written_whole_through_a_rename() {
         use std::os::unix::fs::PermissionsExt as _;
-        let dir = std::env::temp_dir().join(format!("runner-atomic-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runner-atomic-").tempdir().unwrap();
+        let dir = tmp.path();
         let f = dir.join("r.json");
         std::fs::write(&f, "old, and longer than the new one").unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o640)).unwrap();
@@ -1148,7 +1162,7 @@ mod tests {
         write_atomic(&link, b"via link").unwrap();
         assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
         assert_eq!(std::fs::read_to_string(&f).unwrap(), "via link");
-        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
         // A link to a file not there yet: the file is created, the link kept.
         let dangling = dir.join("latest.json");
@@ -1159,7 +1173,6 @@ mod tests {
         assert!(std::fs::symlink_metadata(&dangling).unwrap().file_type().is_symlink(), "the link is kept");
         assert_eq!(std::fs::read_to_string(dir.join("sub/today.json")).unwrap(), "today");
         assert!(write_atomic(&dir.join("missing/r.json"), b"x").is_err());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A named pipe (`-o fifo` read by another program) is written in place: a rename would
@@ -1170,9 +1183,8 @@ mod tests {
     #[test]
     fn a_named_pipe_is_written_in_place() {
         use std::os::unix::fs::FileTypeExt as _;
-        let dir = std::env::temp_dir().join(format!("runner-fifo-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runner-fifo-").tempdir().unwrap();
+        let dir = tmp.path();
         let fifo = dir.join("out.json");
         assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
         let reader = {
@@ -1183,8 +1195,7 @@ mod tests {
         // Checked before the join: a rename would leave the reader waiting for ever.
         assert!(std::fs::symlink_metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe was replaced");
         assert_eq!(reader.join().unwrap(), b"through the pipe");
-        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file left");
-        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(std::fs::read_dir(dir).unwrap().count(), 1, "no temporary file left");
     }
 
     fn global(format: Option<OutputFormat>, output: Option<&str>) -> crate::Global {

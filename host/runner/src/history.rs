@@ -200,18 +200,19 @@ mod tests {
     use super::*;
     use crate::report::explore::tests::{outcome, priced, row};
 
-    fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("runner-history-unit-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir.join("h.sqlite")
+    /// A history path in a scratch directory removed when the guard goes, also when the
+    /// test fails.
+    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+        let tmp = tempfile::Builder::new().prefix(&format!("runner-history-unit-{name}-")).tempdir().unwrap();
+        let path = tmp.path().join("h.sqlite");
+        (tmp, path)
     }
 
     /// A run left unfinished is resumed by the next with the same inputs, which recalls
     /// its pieces and closes it; a failed run keeps its error.
     #[test]
     fn an_unfinished_run_is_resumed_with_its_pieces_and_closed() {
-        let path = scratch("resume");
+        let (_tmp, path) = scratch("resume");
         let mut a = StoreJournal::open(&path, "explore", "runner run a.toml").unwrap();
         a.begin(&json!({ "gpus": 8 }), &[]).unwrap();
         assert!(!a.resumed);
@@ -232,14 +233,13 @@ mod tests {
         let run = store.get(c.id().unwrap()).unwrap();
         assert_eq!((run.status.as_str(), run.result), ("failed", Some(json!({ "error": "no plugin" }))));
         assert!(a.lost().is_none() && b.lost().is_none() && c.lost().is_none());
-        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 
     /// A write that fails is kept as the reason the run is lost, never as an error of the
     /// run, and nothing more is written, even once writes would work again.
     #[test]
     fn a_failed_write_loses_the_run_and_writes_nothing_more() {
-        let path = scratch("lost");
+        let (_tmp, path) = scratch("lost");
         let mut j = StoreJournal::open(&path, "explore", "runner run a.toml").unwrap();
         j.begin(&json!({ "gpus": 8 }), &[]).unwrap();
         let id = j.id().unwrap();
@@ -256,7 +256,6 @@ mod tests {
         assert_eq!(run.items, vec![("a".to_string(), json!(1))]);
         assert_eq!(run.status, "running");
         drop(sql);
-        std::fs::remove_dir_all(path.parent().unwrap()).unwrap();
     }
 
     fn stored(inputs: Value, plugins: Value, result: Value) -> Run {

@@ -74,8 +74,8 @@ mod tests {
 
     #[test]
     fn a_file_past_the_limit_is_refused_by_name_and_one_at_it_is_read() {
-        let dir = std::env::temp_dir().join(format!("runner-input-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runner-input-").tempdir().unwrap();
+        let dir = tmp.path();
         let f = dir.join("run.toml");
         std::fs::write(&f, vec![b'#'; 2 << 20]).unwrap();
         assert_eq!(read_text(&f, "run file", 2 << 20).unwrap().len(), 2 << 20);
@@ -84,7 +84,6 @@ mod tests {
         std::fs::write(&f, [b'a', 0xff, b'b']).unwrap();
         let err = read_text(&f, "run file", 1 << 20).unwrap_err();
         assert!(err.contains("not UTF-8") && err.contains("offset 1"), "{err}");
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

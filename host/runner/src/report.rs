@@ -424,19 +424,18 @@ mod tests {
     /// an existing file as it was.
     #[test]
     fn writable_names_what_is_wrong_and_leaves_nothing_behind() {
-        let dir = std::env::temp_dir().join(format!("runner-writable-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runner-writable-").tempdir().unwrap();
+        let dir = tmp.path();
         let e = writable(&dir.join("no/such/out.csv")).unwrap_err();
         assert!(e.contains("the directory") && e.contains("does not exist"), "{e}");
-        let e = writable(&dir).unwrap_err();
+        let e = writable(dir).unwrap_err();
         assert!(e.ends_with("is a directory; name a file in it"), "{e}");
         assert_eq!(writable(&dir.join("new.csv")), Ok(()));
         std::fs::write(dir.join("old.csv"), "kept").unwrap();
         assert_eq!(writable(&dir.join("old.csv")), Ok(()));
-        let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
+        let left: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(left, vec![std::ffi::OsString::from("old.csv")], "no probe left, no new.csv made");
         assert_eq!(std::fs::read_to_string(dir.join("old.csv")).unwrap(), "kept");
-        std::fs::remove_dir_all(&dir).unwrap();
         // A bare name: its directory is the working one (Path::parent gives "").
         assert_eq!(writable(Path::new("runner-writable-bare-name.csv")), Ok(()));
     }

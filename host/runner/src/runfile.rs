@@ -691,8 +691,8 @@ mod tests {
     /// Tokens and budgets as people write them, in the file as on the command line.
     #[test]
     fn tokens_and_budget_take_suffixes() {
-        let dir = std::env::temp_dir().join(format!("runfile-quantity-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runfile-quantity-").tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("run.toml");
         std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\ntokens = \"15T\"\n\n[explore]\nbudget_usd = \"$2M\"\n").unwrap();
         let file = load(&path).unwrap();
@@ -701,7 +701,6 @@ mod tests {
         assert_eq!(load(&path).unwrap().model.tokens, Some(1e6));
         std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\ntokens = \"15 trillion\"\n").unwrap();
         let err = load(&path).unwrap_err();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert!(err.contains("line 3") && err.contains("'15 trillion' is not a number") && err.contains("e.g. 15T"), "{err}");
     }
 
@@ -709,8 +708,8 @@ mod tests {
     /// anything loads; one a flag replaced is not the file's error.
     #[test]
     fn a_missing_plugin_names_its_line() {
-        let dir = std::env::temp_dir().join(format!("runfile-plugins-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runfile-plugins-").tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("run.toml");
         std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\n\n[cost]\nplugins = [\"lambda\", \"acme-cloud\"]\n").unwrap();
         let file = load(&path).unwrap();
@@ -724,7 +723,6 @@ mod tests {
         let file = load(&path).unwrap();
         let err = check_plugins(&path, &file, &file).unwrap_err();
         assert!(err.contains("line 2, column 10\n") && err.contains("[model] plugin: no plugin 'llama9'"), "{err}");
-        std::fs::remove_dir_all(&dir).ok();
     }
 
     #[test]
@@ -890,8 +888,8 @@ mod tests {
     /// stays). Deleting any one of these went unnoticed by the unit tests.
     #[test]
     fn relative_paths_are_taken_from_the_run_files_directory() {
-        let dir = std::env::temp_dir().join(format!("runfile-paths-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::Builder::new().prefix("runfile-paths-").tempdir().unwrap();
+        let dir = tmp.path();
         let path = dir.join("run.toml");
         let absolute = std::env::temp_dir().join("elsewhere.csv").display().to_string();
         std::fs::write(
@@ -909,7 +907,6 @@ mod tests {
         assert_eq!(run.cost.price_file, Some(at("ours.csv")));
         std::fs::write(&path, format!("[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"{absolute}\"\n")).unwrap();
         let run = load(&path).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!(run.cost.price_file, Some(absolute));
     }
 

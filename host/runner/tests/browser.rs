@@ -5,15 +5,14 @@
 //! `.ci/run` installs Debian's chromium and sets RUNNER_REQUIRE_BROWSER=1, so in CI a
 //! missing browser fails the test; elsewhere it says it skipped.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("runner-browser-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> common::Scratch {
+    common::scratch("browser", name)
 }
 
 fn browser() -> Option<PathBuf> {

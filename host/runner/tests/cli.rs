@@ -1,7 +1,9 @@
 //! The command-line surface: the default run, run files, plugin resolution through the
 //! plugin directories, output formats and the error messages a user sees.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Command, Output};
 
 /// The runner binary in `dir`, with the user's plugin path and history out of reach.
@@ -15,11 +17,8 @@ fn runner(dir: &Path, args: &[&str]) -> Output {
     command(dir, args).output().expect("runner starts")
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("runner-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> common::Scratch {
+    common::scratch("cli", name)
 }
 
 fn text(o: &Output) -> (String, String) {

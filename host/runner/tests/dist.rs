@@ -5,18 +5,17 @@
 //! rank fail, naming it, well within the timeout; ranks that run different commands are
 //! refused.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use std::path::Path;
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 // Ports for rank 0's rendezvous (a process of its own binds it).
 use runner_dist::testing::free_port;
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("runner-dist-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+fn scratch(name: &str) -> common::Scratch {
+    common::scratch("dist", name)
 }
 
 /// Start rank `r` of `n` with `args`; stdout and stderr go to files in `dir`.

@@ -2,15 +2,14 @@
 //! resumes where it stopped; two runners writing at once both land; `show` reprints a run
 //! and `compare` names what changed.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("runner-history-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+fn scratch(name: &str) -> common::Scratch {
+    common::scratch("history", name)
 }
 
 fn command(dir: &Path, args: &[&str]) -> Command {
@@ -192,7 +191,7 @@ fn a_history_that_cannot_be_written_is_still_listed_shown_and_compared() {
     }
     assert!(!shared.join("h.sqlite-wal").exists(), "closed cleanly");
     let before = std::fs::read(&path).unwrap();
-    for (p, mode) in [(&dir, 0o755), (&shared, 0o555), (&path, 0o444)] {
+    for (p, mode) in [(&*dir, 0o755), (shared.as_path(), 0o555), (path.as_path(), 0o444)] {
         std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap();
     }
     let root = Command::new("id").arg("-u").output().is_ok_and(|o| o.stdout.starts_with(b"0\n"));

@@ -135,11 +135,12 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     let tty = bar.is_some();
     let last = std::cell::Cell::new(usize::MAX);
     let progress = |msg: &str, done: usize, total: usize| {
+        let msg = runner::report::visible(msg);
         if let Some(b) = &bar {
             if total > 0 {
                 b.set_message(format!("[{done}/{total}] {msg}"));
             } else {
-                b.set_message(msg.to_string());
+                b.set_message(msg);
             }
         } else if !global.quiet && !tty && total > 0 && last.get() != done {
             // Periodic lines when stderr is not a terminal (CI logs, pipes).
