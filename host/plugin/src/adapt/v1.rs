@@ -57,8 +57,9 @@ fn variant(v: w1::Variant) -> Result<w2::Variant, String> {
 fn layout(l: w1::ReferenceLayout) -> Result<w2::ReferenceLayout, String> {
     let precision = crate::workload::training_precision(&l.precision).ok_or_else(|| {
         format!(
-            "layout precision {} is not one the contract knows (BF16, FP16, FP8, FP8-CS, FP8-DS, FP8-BS, MXFP8, NVFP4)",
-            runner_contract::text::shown(&l.precision)
+            "layout precision {} is not one the contract knows ({})",
+            runner_contract::text::shown(&l.precision),
+            runner_contract::workload::TRAINING_PRECISION_NAMES
         )
     })?;
     Ok(w2::ReferenceLayout {
