@@ -115,7 +115,8 @@ extern "C" __global__ void layernorm_backward_dx(float* dx, const float* dout, c
 // grid (ceil(c/256), chunks); column_finish adds the chunks in order into dst.
 extern "C" __global__ void column_partials(float* partial, const float* dout, const float* x, const float* mean,
                                            const float* rstd, i64 rows, int c, i64 rows_per_chunk, int mode) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    // 64-bit: with c near 2^31 the last block's index passes an int.
+    i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= c) return;
     i64 r0 = (i64)blockIdx.y * rows_per_chunk, r1 = r0 + rows_per_chunk;
     if (r1 > rows) r1 = rows;
@@ -130,7 +131,7 @@ extern "C" __global__ void column_partials(float* partial, const float* dout, co
 }
 
 extern "C" __global__ void column_finish(float* dst, const float* partial, int chunks, int c) {
-    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= c) return;
     float acc = 0.0f;
     for (int k = 0; k < chunks; k++) acc += partial[(i64)k * c + j];

@@ -86,7 +86,8 @@ extern "C" __global__ void round_mxfp8(float* x, i64 rows, int row) {
     const i64 blk = ((i64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (blk >= rows * blocks_per_row) return;
     i64 r = blk / blocks_per_row;
-    int c = (int)(blk % blocks_per_row) * 32 + lane;
+    // 64-bit: a row within 31 of 2^31 puts its last block's lanes past an int.
+    i64 c = (blk % blocks_per_row) * 32 + lane;
     bool in = c < row;
     float v = in ? x[r * row + c] : 0.0f;
     float a = fabsf(v);
