@@ -1265,7 +1265,10 @@ mod tests {
             }
             g.all_gather(&[1.0]).unwrap_err().to_string()
         });
-        assert!(t0.elapsed() < Duration::from_secs(1));
+        // Released by the leaving rank, long before the 300 s timeout; the message says
+        // which (a timeout would say "timed out"). The bound is loose: 1 s failed under a
+        // load of 12 on 2 cores.
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
         assert!(out[1].is_err());
         let e = out[0].as_ref().unwrap();
         assert!(e.contains("rank(s) 1 left the group"), "{e}");
