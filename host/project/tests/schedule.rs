@@ -457,6 +457,21 @@ fn a_tied_embedding_is_held_at_both_ends_of_the_pipeline() {
     close(p.breakdown.pp, sends, "untied: the exposed sends only");
 }
 
+/// The offload tests' GPU: a 64 GB/s host link and room on the host for whatever is
+/// offloaded.
+fn offload_gpu() -> GpuProfile {
+    let mut g = gpu(1e12);
+    g.host_link_gbs = Some(64.0);
+    g.host_memory_gib = Some(1000.0);
+    g
+}
+
+/// One layer's stored input (T x C in BF16) over that link at 80 % of its rate (step.rs's
+/// HOST_LINK_EFFICIENCY), in seconds.
+fn offload_copy_s() -> f64 {
+    (2 * T * C) as f64 / (64e9 * 0.8)
+}
+
 /// Seconds of one layer's backward: the input and the weight gradient, 2 x 2·T·C² FLOPs.
 fn layer_bwd_s() -> f64 {
     2.0 * 2.0 * (T * C * C) as f64 / PEAK
@@ -510,12 +525,8 @@ fn interleaved_reductions_queue_behind_the_last_chunk_backwards() {
 /// micro-batch in flight (2 on the first of two stages).
 #[test]
 fn offloaded_activations_cost_what_the_host_link_cannot_hide() {
-    let mut g = gpu(1e12);
-    g.host_link_gbs = Some(64.0);
-    g.host_memory_gib = Some(1000.0);
-    let mut pr = toy_v(8, 256, g);
-    let bytes = (2 * T * C) as f64;
-    let copy = bytes / (64e9 * 0.8);
+    let mut pr = toy_v(8, 256, offload_gpu());
+    let (bytes, copy) = ((2 * T * C) as f64, offload_copy_s());
     let (fwd, bwd) = (layer_s() / 3.0, layer_bwd_s());
     assert!(copy > bwd, "the case the test means");
     let m = 4u32;
@@ -707,10 +718,7 @@ fn layouts_megatron_refuses_are_refused() {
     let e = pr.project(&plain(2, 2, 1, 3)).unwrap_err();
     assert!(e.contains("multiple of pp = 2"), "{e}");
     assert!(pr.project(&plain(2, 2, 1, 4)).is_ok());
-    let mut g = gpu(1e12);
-    g.host_link_gbs = Some(64.0);
-    g.host_memory_gib = Some(1000.0);
-    let mut pr = toy_on(8, g);
+    let mut pr = toy_on(8, offload_gpu());
     let mut l = plain(2, 1, 1, 4);
     l.offload_layers = 4;
     assert!(pr.project(&l).is_ok(), "every layer of a 4-layer chunk");
@@ -744,12 +752,8 @@ fn micro_batches_in_flight_are_capped_at_the_steps() {
 /// forward and backward is exposed, every micro-batch.
 #[test]
 fn offloading_two_layers_keeps_one_copy_in_transit() {
-    let mut g = gpu(1e12);
-    g.host_link_gbs = Some(64.0);
-    g.host_memory_gib = Some(1000.0);
-    let mut pr = toy_v(8, 256, g);
-    let bytes = (2 * T * C) as f64;
-    let copy = bytes / (64e9 * 0.8);
+    let mut pr = toy_v(8, 256, offload_gpu());
+    let (bytes, copy) = ((2 * T * C) as f64, offload_copy_s());
     let (fwd, bwd) = (layer_s() / 3.0, layer_bwd_s());
     let m = 4u32;
     let without = pr.project(&plain(2, 1, 1, m)).unwrap();
@@ -1091,9 +1095,7 @@ fn a_frozen_tied_table_is_held_but_never_reduced() {
 #[test]
 fn offload_moves_what_each_layer_keeps_under_its_own_recompute() {
     use runner_graph::recompute::RecomputePolicy;
-    let mut g = gpu(1e12);
-    g.host_link_gbs = Some(64.0);
-    g.host_memory_gib = Some(1000.0);
+    let g = offload_gpu();
     let mut source: Box<dyn GraphSource> = Box::new(graph_of(2, 256, false, 0, false, 2));
     let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
     let plan = Plan::builtin(Recipe::Bf16, &model.graph);
