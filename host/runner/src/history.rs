@@ -318,3 +318,215 @@ mod tests {
         assert_eq!(s["sweet_spot"], json!(8));
     }
 }
+
+/// What a hand mutation audit of this file let through (16 of 29 mutations survived the
+/// tests above): a failed closing write, a history that cannot begin or be read back, the
+/// run's record of its plugins and version, a run resumed twice, the figures of a fitted
+/// row, and the order and edges of a comparison.
+#[cfg(test)]
+mod journal_tests {
+    use super::*;
+    use crate::plugin::{Kind, Source};
+    use crate::report::explore::tests::{outcome, priced, row};
+
+    /// A fresh directory with a history path in it, removed when dropped (also when the
+    /// test fails).
+    struct Dir(PathBuf);
+
+    impl Dir {
+        fn new(name: &str) -> Dir {
+            let dir = std::env::temp_dir().join(format!("runner-history-journal-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            Dir(dir)
+        }
+
+        fn db(&self) -> PathBuf {
+            self.0.join("h.sqlite")
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn trigger(path: &Path, sql: &str) {
+        rusqlite::Connection::open(path).unwrap().execute_batch(sql).unwrap();
+    }
+
+    /// A run whose closing write fails (finish or fail) is lost with that error and its id
+    /// forgotten; a later error never replaces the first. Kills: finish's and fail's
+    /// failed writes ignored, a later error kept instead of the first.
+    #[test]
+    fn a_failed_closing_write_loses_the_run_and_the_first_error_stays() {
+        let dir = Dir::new("close");
+        let mut done = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        done.begin(&json!({ "gpus": 8 }), &[]).unwrap();
+        let id = done.id().unwrap();
+        let mut failed = StoreJournal::open(&dir.db(), "explore", "b").unwrap();
+        failed.begin(&json!({ "gpus": 16 }), &[]).unwrap();
+        trigger(&dir.db(), "CREATE TRIGGER boom BEFORE UPDATE ON runs BEGIN SELECT RAISE(FAIL, 'closing boom'); END;");
+        done.finish(&json!({ "figures": 1 }));
+        failed.fail("no plugin");
+        for j in [&done, &failed] {
+            assert!(j.lost().is_some_and(|e| e.contains("closing boom")), "{:?}", j.lost());
+            assert_eq!(j.id(), None);
+        }
+        assert_eq!(Store::open(&dir.db()).unwrap().get(id).unwrap().status, "running");
+        done.lose(&"a later error");
+        assert!(done.lost().is_some_and(|e| e.contains("closing boom")), "{:?}", done.lost());
+    }
+
+    /// A history that cannot start the run, or whose unfinished run holds an item that is
+    /// not JSON, loses the run without failing it: `begin` answers Ok, nothing is recalled
+    /// and nothing written. Kills: begin's failed write returned as an error, an unreadable
+    /// item ignored (the run kept on).
+    #[test]
+    fn a_history_that_cannot_begin_or_be_read_back_loses_the_run_not_the_run() {
+        let dir = Dir::new("begin");
+        drop(Store::open(&dir.db()).unwrap());
+        trigger(&dir.db(), "CREATE TRIGGER boom BEFORE INSERT ON runs BEGIN SELECT RAISE(FAIL, 'begin boom'); END;");
+        let mut j = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        assert!(j.begin(&json!({ "gpus": 8 }), &[]).is_ok());
+        assert!(j.lost().is_some_and(|e| e.contains("begin boom")), "{:?}", j.lost());
+        assert_eq!((j.id(), j.recalled(), j.resumed), (None, 0, false));
+        trigger(&dir.db(), "DROP TRIGGER boom;");
+
+        let mut a = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        a.begin(&json!({ "gpus": 16 }), &[]).unwrap();
+        let id = a.id().unwrap();
+        a.record("row 8", &json!(1)).unwrap();
+        trigger(&dir.db(), &format!("UPDATE items SET value = 'not json' WHERE run_id = {id};"));
+        let mut b = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        assert!(b.begin(&json!({ "gpus": 16 }), &[]).is_ok());
+        assert!(b.resumed);
+        assert!(b.lost().is_some_and(|e| e.contains("item row 8")), "{:?}", b.lost());
+        assert_eq!((b.id(), b.recalled()), (None, 0));
+        b.record("row 16", &json!(2)).unwrap();
+        let sql = rusqlite::Connection::open(dir.db()).unwrap();
+        let keys: Vec<String> = sql.prepare("SELECT key FROM items").unwrap().query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
+        assert_eq!(keys, ["row 8"], "nothing more written");
+    }
+
+    /// A run records its kind, command line, runner version and each plugin's name, kind,
+    /// contract, source and sha256; resumed twice (two runs stopped before the third)
+    /// it is the same run, recalling what both wrote. Kills: any plugin field left out,
+    /// the version left out, kind and command swapped.
+    #[test]
+    fn a_run_records_its_plugins_and_version_and_resumes_twice() {
+        let dir = Dir::new("twice");
+        let plugin = |name: &str, kind: Kind, source: Source, sha256: &str| PluginInfo {
+            name: name.into(),
+            kind,
+            contract: "1.2.0".into(),
+            source,
+            sha256: sha256.into(),
+            bytes: 10,
+            shadows_embedded: false,
+        };
+        let plugins = [plugin("llama3", Kind::Workload, Source::Embedded, "aa"), plugin("aws", Kind::Cost, Source::Path("/x/aws.wasm".into()), "bb")];
+        let inputs = json!({ "gpus": [8, 16] });
+        let mut ids = Vec::new();
+        for (n, key) in ["row 8", "row 16", "done"].into_iter().enumerate() {
+            let mut j = StoreJournal::open(&dir.db(), "explore", "runner run a.toml").unwrap();
+            j.begin(&inputs, &plugins).unwrap();
+            assert_eq!((j.resumed, j.recalled()), (n > 0, n));
+            ids.push(j.id().unwrap());
+            if n < 2 {
+                j.record(key, &json!(n)).unwrap();
+            } else {
+                assert_eq!((j.recall("row 8"), j.recall("row 16")), (Some(json!(0)), Some(json!(1))));
+                j.finish(&json!({ "figures": {} }));
+            }
+        }
+        assert_eq!(ids, [ids[0]; 3]);
+        let store = Store::open(&dir.db()).unwrap();
+        assert_eq!(store.list(10).unwrap().len(), 1);
+        let run = store.get(ids[0]).unwrap();
+        assert_eq!((run.kind.as_str(), run.command.as_str(), run.status.as_str()), ("explore", "runner run a.toml", "done"));
+        assert_eq!(run.runner_version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(
+            run.plugins,
+            json!([
+                { "name": "llama3", "kind": "workload", "contract": "1.2.0", "source": "embedded", "sha256": "aa" },
+                { "name": "aws", "kind": "cost", "contract": "1.2.0", "source": "/x/aws.wasm", "sha256": "bb" },
+            ])
+        );
+    }
+
+    /// A fitted row's figures: its layout, tokens per second per GPU and the cheapest
+    /// quote's price row. Kills: each of them left out.
+    #[test]
+    fn a_fitted_row_s_figures_carry_its_layout_speed_and_price_row() {
+        let projection = serde_json::from_value(json!({
+            "layout": {
+                "tp": 8, "pp": 1, "cp": 1, "vp": 1, "ep": 1, "etp": 1, "dp": 1, "mbs": 1, "gbs": 64,
+                "sequence_parallel": true, "fsdp": false, "recompute": "none", "recompute_layers": 0,
+                "distributed_optimizer": true, "tp_overlap": false, "ep_overlap": false, "dp_overlap": false, "grad_fp32": false
+            },
+            "gpus": 8, "step_time_s": 2.5, "tokens_per_sec_per_gpu": 1234.5, "model_tflops_per_gpu": 400.0, "mfu": 0.4,
+            "memory_per_gpu_gib": 40.2, "fits": true,
+            "memory": serde_json::to_value(runner_project::step::Memory::default()).unwrap(),
+            "breakdown": serde_json::to_value(runner_project::step::Breakdown::default()).unwrap(), "micro_batches": 64
+        }))
+        .unwrap();
+        let mut eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "s"), priced("b", 5.0, &[], "s")]);
+        eight.cheapest = Some(1);
+        eight.projection = Some(projection);
+        let layout = eight.projection.as_ref().unwrap().layout.short();
+        let price_row = eight.costs[1].quote().unwrap().row();
+        let f = figures(&outcome("bf16", vec![eight], &["a", "b"]));
+        let r = &f["series"]["H100 bf16"]["8"];
+        assert!(layout.starts_with("TP8"), "{layout}");
+        assert_eq!((&r["layout"], &r["tokens_per_sec_per_gpu"]), (&json!(layout), &json!(1234.5)));
+        assert_eq!(r["price_row"], json!(price_row));
+        assert_eq!(r["price_row"], json!("i r on-demand undated"));
+    }
+
+    fn stored(inputs: Value, plugins: Value, result: Option<Value>) -> Run {
+        Run {
+            id: 1,
+            kind: "explore".into(),
+            command: String::new(),
+            started: String::new(),
+            finished: None,
+            status: if result.is_some() { "done" } else { "running" }.into(),
+            inputs,
+            plugins,
+            result,
+            items: Vec::new(),
+            runner_version: "0".into(),
+            owner_pid: 0,
+        }
+    }
+
+    /// A comparison lists inputs, then plugins, then results, each by path in key order;
+    /// a run against itself has no changes; an unfinished run (no result) has no figures,
+    /// so its whole figures are one change at the root of the results. Kills: the inputs'
+    /// changes out of order.
+    #[test]
+    fn compare_orders_its_changes_and_reads_an_unfinished_run_as_no_figures() {
+        let plugins = json!([{ "name": "aws", "sha256": "bb", "source": "/x/aws.wasm" }]);
+        let done = stored(json!({ "gpus": [8, 16], "model": "a" }), plugins.clone(), Some(json!({ "figures": { "16": 2, "8": 1 } })));
+        assert!(compare(&done, &done.clone()).is_empty(), "a run against itself");
+        let mut other = done.clone();
+        other.inputs = json!({ "model": "b", "gpus": [8, 16, 32] });
+        other.plugins = json!([{ "name": "aws", "sha256": "cc", "source": "/x/aws.wasm" }]);
+        other.result = Some(json!({ "figures": { "8": 3, "16": 4 } }));
+        let change = |what: &str, path: &str, a: Value, b: Value| (what.to_string(), Change { path: path.into(), a, b });
+        assert_eq!(
+            compare(&done, &other),
+            vec![
+                change("inputs", "gpus[2]", Value::Null, json!(32)),
+                change("inputs", "model", json!("a"), json!("b")),
+                change("plugins", "aws.sha256", json!("bb"), json!("cc")),
+                change("results", "16", json!(2), json!(4)),
+                change("results", "8", json!(1), json!(3)),
+            ]
+        );
+        let unfinished = stored(done.inputs.clone(), plugins, None);
+        assert_eq!(compare(&done, &unfinished), vec![change("results", "", json!({ "16": 2, "8": 1 }), Value::Null)]);
+    }
+}
