@@ -456,8 +456,9 @@ mod journal_tests {
         );
     }
 
-    /// A fitted row's figures: its layout, tokens per second per GPU and the cheapest
-    /// quote's price row. Kills: each of them left out.
+    /// A fitted row's figures, under the GPU count it used (6 asked for, rounded up to a
+    /// node of 8): its layout, tokens per second per GPU and the cheapest quote's price
+    /// row. Kills: each of them left out, the row keyed by the count asked for.
     #[test]
     fn a_fitted_row_s_figures_carry_its_layout_speed_and_price_row() {
         let projection = serde_json::from_value(json!({
@@ -473,7 +474,7 @@ mod journal_tests {
         }))
         .unwrap();
         let mut eight = row(8, Some(10.0), vec![priced("a", 10.0, &[], "s"), priced("b", 5.0, &[], "s")]);
-        eight.cheapest = Some(1);
+        (eight.cheapest, eight.requested_gpus) = (Some(1), 6);
         eight.projection = Some(projection);
         let layout = eight.projection.as_ref().unwrap().layout.short();
         let price_row = eight.costs[1].quote().unwrap().row();
