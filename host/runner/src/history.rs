@@ -331,24 +331,15 @@ mod journal_tests {
 
     /// A fresh directory with a history path in it, removed when dropped (also when the
     /// test fails).
-    struct Dir(PathBuf);
+    struct Dir(tempfile::TempDir);
 
     impl Dir {
         fn new(name: &str) -> Dir {
-            let dir = std::env::temp_dir().join(format!("runner-history-journal-{name}-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&dir);
-            std::fs::create_dir_all(&dir).unwrap();
-            Dir(dir)
+            Dir(tempfile::Builder::new().prefix(&format!("runner-history-journal-{name}-")).tempdir().unwrap())
         }
 
         fn db(&self) -> PathBuf {
-            self.0.join("h.sqlite")
-        }
-    }
-
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
+            self.0.path().join("h.sqlite")
         }
     }
 
