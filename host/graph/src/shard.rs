@@ -290,10 +290,25 @@ pub fn divisors(n: u64) -> Vec<u64> {
     low
 }
 
-/// Divisors of `n` up to `max`, as a "try" list.
+/// Divisors of `n` up to `max`, as a "try" list: the pairs (d, n/d) of [`divisors`], but
+/// for d up to 2^20 only (every divisor below n = 2^40). The list is a hint; a graph's
+/// hostile 2^61 − 1 heads took √n = 1.5·10^9 steps, seconds before the refusal.
 fn try_list(n: u64, max: u64) -> String {
-    let d: Vec<String> = divisors(n).into_iter().filter(|&d| d <= max).map(|d| d.to_string()).collect();
-    d.join(", ")
+    let (mut low, mut high) = (Vec::new(), Vec::new());
+    let mut d = 1u64;
+    while d <= 1 << 20 && d.saturating_mul(d) <= n {
+        if n.is_multiple_of(d) {
+            if d <= max {
+                low.push(d);
+            }
+            if d != n / d && n / d <= max {
+                high.push(n / d);
+            }
+        }
+        d += 1;
+    }
+    low.extend(high.into_iter().rev());
+    low.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
 }
 
 impl Layout {
@@ -365,10 +380,14 @@ impl Layout {
         }
         let f = facts(g);
         let (tp, pp, cp, dp) = (u64::from(self.tp), u64::from(self.pp), u64::from(self.cp), u64::from(self.dp));
-        let prod = tp * pp * cp * dp;
-        if prod != u64::from(gpus) {
-            let fix = if gpus > 0 && u64::from(gpus) % (tp * pp * cp) == 0 {
-                format!("set dp = {}", u64::from(gpus) / (tp * pp * cp))
+        // In u128: four u32 degrees multiply to under 2^128, where their u64 product
+        // overflowed (a panic; without overflow checks a wrap, and tp·pp·cp = 2^93 wrapped to a
+        // zero divisor, a panic all the same).
+        let tpc = u128::from(tp) * u128::from(pp) * u128::from(cp);
+        let prod = tpc * u128::from(dp);
+        if prod != u128::from(gpus) {
+            let fix = if gpus > 0 && u128::from(gpus) % tpc == 0 {
+                format!("set dp = {}", u128::from(gpus) / tpc)
             } else {
                 format!("choose tp·pp·cp dividing {gpus}")
             };
@@ -473,13 +492,14 @@ impl Layout {
                 if e % ep != 0 {
                     err.push(format!("ep={ep} does not divide {e} experts; try {}", try_list(e, e)));
                 }
-                let stage = tp * cp * dp;
-                if stage % (ep * etp) != 0 {
+                // In u128 as `prod` (tp·cp·dp of u32 degrees overflowed u64).
+                let stage = u128::from(tp) * u128::from(cp) * u128::from(dp);
+                if stage % u128::from(ep * etp) != 0 {
+                    let among = u64::try_from(stage).map_or_else(|_| "the divisors of a GPU count".into(), |s| try_list(s, s));
                     err.push(format!(
                         "ep·etp = {} does not divide tp·cp·dp = {stage} (experts spread over the ranks of one pipeline \
-                         stage); choose ep·etp among {}",
+                         stage); choose ep·etp among {among}",
                         ep * etp,
-                        try_list(stage, stage)
                     ));
                 }
                 for w in &f.expert_widths {
