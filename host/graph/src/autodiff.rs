@@ -608,4 +608,100 @@ mod tests {
         let embed = p.steps.iter().find(|s| g.ops[s.op].name == "embed").unwrap();
         assert_eq!(embed.saved, [g.tensor_id("tokens").unwrap()]);
     }
+
+    /// Which readers pass a gradient on, on a graph of N 4 rows of C 4 whose tensor `h` has
+    /// three readers: a live linear with a frozen weight, and a two-linear branch that
+    /// never reaches the loss. Derived by hand: the dead branch (d1, d2 and its weights)
+    /// carries no gradient and gets no step, so the frozen linear alone writes d(h),
+    /// overwriting; it keeps only its weight (dx = dy·W; no dW, so not its input). The
+    /// grouped linear reads a plain input (no dx): it keeps the indices and its input,
+    /// not its weight. Only trained weights get gradients. The saved tensors are the
+    /// union over every step; of them only the activation `s` is freed (after the loss's
+    /// step); the unsaved activations go after their last forward reader.
+    #[test]
+    fn dead_readers_and_frozen_weights_pass_no_gradient() {
+        let g = Graph::new(
+            vec![
+                t("x", &[4, 4], F32, Input),
+                t("w1", &[4, 4], F32, Weight),
+                t("h", &[4, 4], F32, Activation),
+                t("wd1", &[4, 4], F32, Weight),
+                t("d1", &[4, 4], F32, Activation),
+                t("wd2", &[4, 4], F32, Weight),
+                t("d2", &[4, 4], F32, Activation),
+                t("wf", &[4, 4], F32, Frozen),
+                t("hf", &[4, 4], F32, Activation),
+                t("xs", &[4, 4], F32, Input),
+                t("idx", &[2, 2], I32, Input),
+                t("ew", &[2, 4, 4], F32, Weight),
+                t("ey", &[4, 4], F32, Activation),
+                t("s", &[4, 4], F32, Activation),
+                t("y", &[4], I32, Input),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("lin1", OpKind::Linear, &["x", "w1"], &["h"], &[]),
+                op("dl1", OpKind::Linear, &["h", "wd1"], &["d1"], &[]),
+                op("dl2", OpKind::Linear, &["d1", "wd2"], &["d2"], &[]),
+                op("linf", OpKind::Linear, &["h", "wf"], &["hf"], &[]),
+                op("gl", OpKind::GroupedLinear, &["xs", "ew", "idx"], &["ey"], &[]),
+                op("sum", OpKind::Add, &["hf", "ey"], &["s"], &[]),
+                op("ce", OpKind::CrossEntropy, &["s", "y"], &["loss"], &[]),
+            ],
+            "loss",
+        )
+        .unwrap();
+        crate::validate::validate(&g).unwrap();
+        let id = |n: &str| g.tensor_id(n).unwrap();
+        let ids = |ns: &[&str]| ns.iter().map(|n| id(n)).collect::<Vec<_>>();
+        let p = backward_plan(&g).unwrap();
+        let grads: Vec<&str> = g.tensors.iter().zip(&p.needs_grad).filter(|(_, n)| **n).map(|(t, _)| t.name.as_str()).collect();
+        assert_eq!(grads, ["w1", "h", "hf", "ew", "ey", "s", "loss"]);
+        let names: Vec<&str> = p.steps.iter().map(|s| g.ops[s.op].name.as_str()).collect();
+        assert_eq!(names, ["ce", "sum", "gl", "linf", "lin1"]);
+        let out = |slot: usize, n: &str| GradOut { slot, tensor: id(n), accumulate: false };
+        let want = [
+            (id("loss"), vec![out(0, "s")], ids(&["s", "y"])),
+            (id("s"), vec![out(0, "hf"), out(1, "ey")], vec![]),
+            (id("ey"), vec![out(1, "ew")], ids(&["idx", "xs"])),
+            (id("hf"), vec![out(0, "h")], ids(&["wf"])),
+            (id("h"), vec![out(1, "w1")], ids(&["x"])),
+        ];
+        for (s, (gin, gout, saved)) in p.steps.iter().zip(want) {
+            assert_eq!((&s.grads_in, &s.grads_out, &s.saved), (&vec![Some(gin)], &gout, &saved), "{}", g.ops[s.op].name);
+        }
+        let mut saved: Vec<TensorId> = p.saved_tensors().into_iter().collect();
+        saved.sort_unstable();
+        assert_eq!(saved, ids(&["x", "wf", "xs", "idx", "s", "y"]));
+        assert_eq!(p.aux_elems(), 4, "one lse per row of the loss, nothing else");
+        assert_eq!(p.free_saved_after_step, [ids(&["s"]), vec![], vec![], vec![], vec![]]);
+        assert_eq!(p.free_after_forward, [vec![], vec![], ids(&["d1", "d2"]), ids(&["h"]), vec![], ids(&["hf", "ey"]), vec![]]);
+        assert_eq!(p.free_grads_after_step, [ids(&["loss"]), ids(&["s"]), ids(&["ey"]), ids(&["hf"]), ids(&["h"])]);
+    }
+
+    /// An integer tensor never carries a gradient, even one held as a weight (indices kept
+    /// with the model): only the float weight of the grouped linear gets one.
+    #[test]
+    fn an_integer_weight_carries_no_gradient() {
+        let g = Graph::new(
+            vec![
+                t("xs", &[4, 4], F32, Input),
+                t("ew", &[2, 4, 4], F32, Weight),
+                t("idx", &[2, 2], I32, Weight),
+                t("ey", &[4, 4], F32, Activation),
+                t("y", &[4], I32, Input),
+                t("loss", &[], F32, Activation),
+            ],
+            vec![
+                op("gl", OpKind::GroupedLinear, &["xs", "ew", "idx"], &["ey"], &[]),
+                op("ce", OpKind::CrossEntropy, &["ey", "y"], &["loss"], &[]),
+            ],
+            "loss",
+        )
+        .unwrap();
+        crate::validate::validate(&g).unwrap();
+        assert_eq!(needs_grad(&g), [false, true, false, true, false, true]);
+        let p = backward_plan(&g).unwrap();
+        assert_eq!(p.steps[1].grads_out, [GradOut { slot: 1, tensor: 1, accumulate: false }]);
+    }
 }

@@ -366,7 +366,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::ir::{Attr, DType, Graph, TensorKind};
+    use crate::ir::{Attr, DType, Graph, NamedOp, Tensor, TensorKind};
     use crate::testing::{op_in, t};
 
     /// A dense layer (norm, q/k/v, attention, out, add; norm, gate/up, SwiGLU, down, add)
@@ -611,5 +611,204 @@ pub(crate) mod tests {
             assert_eq!(module_of(&g, &m, "l1.eact"), Some(Module::MoeAct), "{kind:?}");
             assert_eq!(freed(&g, &m, Module::MoeAct), ["eact"], "{kind:?}");
         }
+    }
+
+    /// `layers()` with each op passed through `f` (the graph's tensors plus `extra`).
+    fn edited(extra: &[Tensor], f: impl Fn(NamedOp) -> Vec<NamedOp>) -> Graph {
+        let g = layers();
+        let mut tensors = g.tensors.clone();
+        tensors.extend(extra.iter().cloned());
+        let ops = g.ops.iter().flat_map(|o| f(g.named(o))).collect();
+        Graph::new(tensors, ops, "s2").unwrap()
+    }
+
+    fn sorted(m: &ModuleMap, g: &Graph, module: Option<Module>) -> Vec<String> {
+        let mut v: Vec<String> = g.ops.iter().zip(&m.op).filter(|(_, x)| **x == module).map(|(o, _)| o.name.clone()).collect();
+        v.sort();
+        v
+    }
+
+    /// MLA as the builder lays it out (DeepSeek-V3): q and k are each the concatenation of
+    /// a no-position part, up-projected from a latent, and a rotary part. `mla_up_proj`
+    /// is the up projections, both rotaries and both concatenations, and drops q, k and
+    /// v; the down projections, the latent norms and the rotary key's projection (it
+    /// reads the layer's input norm, not a latent) stay outside.
+    #[test]
+    fn mla_with_concatenated_rope_parts() {
+        let a = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Activation);
+        let w = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Weight);
+        let rot = [("rot-dim", Attr::Int(4)), ("theta", Attr::Float(1e4))];
+        let ops = vec![
+            op_in("n1", OpKind::RmsNorm, &["x", "n1w"], &["h"], &[], 0),
+            op_in("q_a", OpKind::Linear, &["h", "wqa"], &["qa"], &[], 0),
+            op_in("q_a_norm", OpKind::RmsNorm, &["qa", "qn"], &["qan"], &[], 0),
+            op_in("q_nope", OpKind::Linear, &["qan", "wq"], &["qno"], &[], 0),
+            op_in("q_pe", OpKind::Linear, &["qan", "wqp"], &["qp"], &[], 0),
+            op_in("q_rope", OpKind::Rotary, &["qp"], &["qr"], &rot, 0),
+            op_in("q_cat", OpKind::Concat, &["qno", "qr"], &["q"], &[], 0),
+            op_in("kv_a", OpKind::Linear, &["h", "wkva"], &["kva"], &[], 0),
+            op_in("k_rope_proj", OpKind::Linear, &["h", "wkr"], &["kp"], &[], 0),
+            op_in("k_rope", OpKind::Rotary, &["kp"], &["kr"], &rot, 0),
+            op_in("kv_norm", OpKind::RmsNorm, &["kva", "kvn"], &["kvan"], &[], 0),
+            op_in("k_nope", OpKind::Linear, &["kvan", "wkn"], &["kno"], &[], 0),
+            op_in("v", OpKind::Linear, &["kvan", "wv"], &["v"], &[], 0),
+            op_in("k_cat", OpKind::Concat, &["kno", "kr"], &["k"], &[], 0),
+            op_in("core", OpKind::Attention, &["q", "k", "v"], &["o"], &[("causal", Attr::Flag(true))], 0),
+            op_in("out", OpKind::Linear, &["o", "wo"], &["ao"], &[], 0),
+            op_in("res", OpKind::Add, &["x", "ao"], &["r"], &[], 0),
+        ];
+        let x = &[1u64, 8, 16][..];
+        let tensors = vec![
+            a("x", x),
+            w("n1w", &[16]),
+            a("h", x),
+            w("wqa", &[4, 16]),
+            a("qa", &[1, 8, 4]),
+            w("qn", &[4]),
+            a("qan", &[1, 8, 4]),
+            w("wq", &[16, 4]),
+            a("qno", &[1, 8, 2, 8]),
+            w("wqp", &[8, 4]),
+            a("qp", &[1, 8, 2, 4]),
+            a("qr", &[1, 8, 2, 4]),
+            a("q", &[1, 8, 2, 12]),
+            w("wkva", &[4, 16]),
+            a("kva", &[1, 8, 4]),
+            w("wkr", &[4, 16]),
+            a("kp", &[1, 8, 1, 4]),
+            a("kr", &[1, 8, 1, 4]),
+            w("kvn", &[4]),
+            a("kvan", &[1, 8, 4]),
+            w("wkn", &[16, 4]),
+            a("kno", &[1, 8, 2, 8]),
+            w("wv", &[16, 4]),
+            a("v", &[1, 8, 2, 8]),
+            a("k", &[1, 8, 2, 12]),
+            a("o", &[1, 8, 2, 8]),
+            w("wo", &[16, 16]),
+            a("ao", x),
+            a("r", x),
+        ];
+        let g = Graph::new(tensors, ops, "r").unwrap();
+        let m = modules(&g);
+        assert_eq!(sorted(&m, &g, Some(Module::MlaUpProj)), ["k_cat", "k_nope", "k_rope", "q_cat", "q_nope", "q_pe", "q_rope", "v"]);
+        assert_eq!(sorted(&m, &g, None), ["k_rope_proj", "kv_a", "kv_norm", "out", "q_a", "q_a_norm", "res"]);
+        assert_eq!(sorted(&m, &g, Some(Module::Layernorm)), ["n1"]);
+        assert_eq!(sorted(&m, &g, Some(Module::CoreAttn)), ["core"]);
+        assert_eq!(freed(&g, &m, Module::MlaUpProj), ["k", "q", "v"]);
+        assert_eq!(freed(&g, &m, Module::Layernorm), ["h"]);
+        assert_eq!(m.frees.len(), 4);
+    }
+
+    /// The first layer's input norm reads the embedding (outside the layers, not a residual
+    /// add): it is a residual norm all the same, and the embedding is in no module.
+    #[test]
+    fn the_first_layers_norm_reads_the_embedding() {
+        let extra = [t("tok", &[1, 8], DType::I32, TensorKind::Input), t("table", &[10, 16], DType::BF16, TensorKind::Weight)];
+        let g = edited(&extra, |o| {
+            if o.name == "l0.n1" {
+                vec![op_in("embed", OpKind::Embedding, &["tok", "table"], &["x"], &[], -1), o]
+            } else {
+                vec![o]
+            }
+        });
+        let m = modules(&g);
+        assert_eq!(module_of(&g, &m, "embed"), None);
+        assert_eq!(module_of(&g, &m, "l0.n1"), Some(Module::Layernorm));
+        assert_eq!(freed(&g, &m, Module::Layernorm), ["h1", "h2", "k1", "k2"]);
+        assert_eq!(freed(&g, &m, Module::Mlp), ["act", "d", "g", "u"]);
+    }
+
+    /// Ops outside the transformer layers (layer -1: embedding, final norm, head) belong
+    /// to no module, whatever their kinds: the same two layers moved outside have none.
+    #[test]
+    fn ops_outside_the_layers_are_in_no_module() {
+        let g = edited(&[], |o| vec![NamedOp { layer: -1, ..o }]);
+        let m = modules(&g);
+        assert!(m.op.iter().all(Option::is_none), "{:?}", m.op);
+        assert!(m.frees.is_empty());
+    }
+
+    /// An expert-parallel MoE layer: an all-to-all delivers the dispatched tokens and an
+    /// all-gather sits between the gate experts and the activation. The collectives are
+    /// in no module; what they deliver inside the layer is dropped by `moe`; the
+    /// activation, reading a grouped linear's output through the gather, is `moe_act`.
+    #[test]
+    fn collectives_inside_an_moe_layer() {
+        let a = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Activation);
+        let g = edited(&[a("disp_ep", &[16, 16]), a("eg_g", &[16, 32])], |o| match o.name.as_str() {
+            "l1.dispatch" => vec![o, op_in("l1.a2a", OpKind::AllToAll, &["disp"], &["disp_ep"], &[], 1)],
+            "l1.eg" => vec![
+                NamedOp { inputs: vec!["disp_ep".into(), "eg".into(), "ri".into()], ..o },
+                op_in("l1.eg_ag", OpKind::AllGather, &["eg_o"], &["eg_g"], &[], 1),
+            ],
+            "l1.eu" => vec![NamedOp { inputs: vec!["disp_ep".into(), "eu".into(), "ri".into()], ..o }],
+            "l1.eact" => vec![NamedOp { inputs: vec!["eg_g".into(), "eu_o".into()], ..o }],
+            _ => vec![o],
+        });
+        let m = modules(&g);
+        assert_eq!(module_of(&g, &m, "l1.a2a"), None);
+        assert_eq!(module_of(&g, &m, "l1.eg_ag"), None);
+        assert_eq!(module_of(&g, &m, "l1.eact"), Some(Module::MoeAct));
+        assert_eq!(module_of(&g, &m, "l1.eg"), Some(Module::Moe));
+        assert_eq!(freed(&g, &m, Module::MoeAct), ["eact"]);
+        assert_eq!(freed(&g, &m, Module::Moe), ["comb", "disp", "disp_ep", "ed_o", "eg_g", "eg_o", "eu_o", "logits", "ri", "rw"]);
+        assert_eq!(freed(&g, &m, Module::SharedExperts), ["sact", "sd_o", "sg_o", "su_o"]);
+    }
+
+    /// Two layers with no residual add between them: an MLP layer whose output the next
+    /// (attention) layer's norm reads directly. The walk from a norm stops at its layer's
+    /// end, so layer 0 stays an MLP (its norm is not taken for an attention norm), and
+    /// layer 1's norm, reading another layer's linear, is a residual norm. q, k and v read
+    /// that norm (not a latent's): no `mla_up_proj`.
+    #[test]
+    fn the_walk_stops_at_the_layer() {
+        let a = |n: &str| t(n, &[1, 8, 16], DType::BF16, TensorKind::Activation);
+        let w = |n: &str, s: &[u64]| t(n, s, DType::BF16, TensorKind::Weight);
+        let mut tensors = vec![a("x"), w("n0", &[16]), a("h0"), w("wu", &[16, 16]), a("u"), a("act"), w("wd", &[16, 16]), a("d0")];
+        tensors.extend([w("n1", &[16]), a("h1"), w("wq", &[16, 16]), w("wk", &[16, 16]), w("wv", &[16, 16])]);
+        tensors.extend(["q", "k", "v", "o"].map(|n| t(n, &[1, 8, 2, 8], DType::BF16, TensorKind::Activation)));
+        tensors.extend([w("wo", &[16, 16]), a("ao")]);
+        let ops = vec![
+            op_in("l0.n", OpKind::RmsNorm, &["x", "n0"], &["h0"], &[], 0),
+            op_in("l0.up", OpKind::Linear, &["h0", "wu"], &["u"], &[], 0),
+            op_in("l0.act", OpKind::Gelu, &["u"], &["act"], &[], 0),
+            op_in("l0.down", OpKind::Linear, &["act", "wd"], &["d0"], &[], 0),
+            op_in("l1.n", OpKind::RmsNorm, &["d0", "n1"], &["h1"], &[], 1),
+            op_in("l1.q", OpKind::Linear, &["h1", "wq"], &["q"], &[], 1),
+            op_in("l1.k", OpKind::Linear, &["h1", "wk"], &["k"], &[], 1),
+            op_in("l1.v", OpKind::Linear, &["h1", "wv"], &["v"], &[], 1),
+            op_in("l1.core", OpKind::Attention, &["q", "k", "v"], &["o"], &[("causal", Attr::Flag(true))], 1),
+            op_in("l1.out", OpKind::Linear, &["o", "wo"], &["ao"], &[], 1),
+        ];
+        let g = Graph::new(tensors, ops, "ao").unwrap();
+        let m = modules(&g);
+        assert_eq!(sorted(&m, &g, Some(Module::Mlp)), ["l0.act", "l0.down", "l0.up"]);
+        assert_eq!(sorted(&m, &g, Some(Module::Layernorm)), ["l0.n", "l1.n"]);
+        assert_eq!(sorted(&m, &g, Some(Module::CoreAttn)), ["l1.core"]);
+        assert_eq!(sorted(&m, &g, None), ["l1.k", "l1.out", "l1.q", "l1.v"]);
+        assert_eq!(freed(&g, &m, Module::Mlp), ["act", "d0", "u"]);
+        assert_eq!(freed(&g, &m, Module::Layernorm), ["h0", "h1"]);
+        assert_eq!(m.frees.len(), 5);
+    }
+
+    /// q, k and v projected straight from the embedding (a layer with no input norm): a
+    /// linear is an MLA up projection only when it reads a latent's norm, so nothing here
+    /// is `mla_up_proj` and nothing is dropped.
+    #[test]
+    fn a_projection_of_no_norm_is_no_up_projection() {
+        let extra = [t("tok", &[1, 8], DType::I32, TensorKind::Input), t("table", &[10, 16], DType::BF16, TensorKind::Weight)];
+        let g = edited(&extra, |o| match o.name.as_str() {
+            "l0.n1" => vec![op_in("embed", OpKind::Embedding, &["tok", "table"], &["x"], &[], -1)],
+            "l0.q" | "l0.k" | "l0.v" => vec![NamedOp { inputs: vec!["x".into(), o.inputs[1].clone()], ..o }],
+            _ => vec![o],
+        });
+        let m = modules(&g);
+        for op in ["l0.q", "l0.k", "l0.v"] {
+            assert_eq!(module_of(&g, &m, op), None, "{op}");
+        }
+        assert_eq!(module_of(&g, &m, "l0.core"), Some(Module::CoreAttn));
+        assert!(!m.frees.contains_key(&g.tensor_id("q").unwrap()));
+        assert_eq!(freed(&g, &m, Module::MlaUpProj), ["ku", "qr", "vu"], "layer 1's MLA is unchanged");
     }
 }
