@@ -215,6 +215,11 @@ pub struct Executor<D: Device> {
     plan: BackwardPlan,
     /// When to free activations and which forward segments the backward re-runs.
     sched: RecomputeSchedule,
+    /// Per op: a backward step reads the statistics it saves (`aux`). An op without a
+    /// step (a norm under frozen weights only, as LoRA's first layer's after its frozen
+    /// embedding) keeps none: nothing would free them to the next forward, and the
+    /// memory account ([`walk_live`]) counts a step's statistics only.
+    reads_aux: Vec<bool>,
     device: D,
     options: ExecOptions,
     /// Values by tensor id: weights and inputs always, activations while live.
@@ -560,7 +565,12 @@ impl<D: Device> Executor<D> {
         device.write_f32(&mut one, &[1.0])?;
         let adam_scalars = device.alloc(Elem::F32, runner_kernels::cpu::adamw::Scalars::WORDS)?;
         let native_fp8 = options.native_fp8.unwrap_or_else(|| device.native_fp8());
+        let mut reads_aux = vec![false; nops];
+        for s in &plan.steps {
+            reads_aux[s.op] = true;
+        }
         let ex = Executor {
+            reads_aux,
             plan,
             sched,
             device,
@@ -935,7 +945,7 @@ impl<D: Device> Executor<D> {
         for (&o, b) in op.outputs.iter().zip(outs) {
             self.vals[o] = Some(b);
         }
-        if self.sched.keep_aux[oi] {
+        if self.sched.keep_aux[oi] && self.reads_aux[oi] {
             self.aux[oi] = aux;
         }
         for &t in &self.sched.free_after_forward[oi] {
@@ -966,7 +976,7 @@ impl<D: Device> Executor<D> {
                     self.vals[o] = Some(b);
                 }
             }
-            if self.sched.rerun_keeps_aux[oi] {
+            if self.sched.rerun_keeps_aux[oi] && self.reads_aux[oi] {
                 self.aux[oi] = aux;
             }
             for &t in &self.sched.free_after_rerun[s][pos] {

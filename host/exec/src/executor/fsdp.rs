@@ -1092,10 +1092,16 @@ impl<D: Device> Executor<D> {
 
     /// The reduce-scatter of every unit the backward did not reduce: the whole gradients
     /// of the last backward summed over the group and divided by `mean_over`; this
-    /// rank's chunk goes to its gradient pieces and the whole gradients are freed.
+    /// rank's chunk goes to its gradient pieces and the whole gradients are freed. A
+    /// unit of frozen weights only (a LoRA base's embedding, head, or whole layer) has
+    /// no gradient: shard pairs its all-gather with no reduce-scatter, and none runs (it
+    /// moved the unit's flat buffer of zeros; every rank skips the same units).
     pub(super) fn fsdp_reduce_scatter(&mut self) -> Result<(), ExecError> {
         for u in 0..self.fsdp.units.len() {
             if self.fsdp.scatters.done.get_mut(u).map(std::mem::take).unwrap_or(0) > 0 {
+                continue;
+            }
+            if !self.fsdp.units[u].ids.iter().any(|&id| self.plan.needs_grad[id]) {
                 continue;
             }
             let flat = self.take_unit_grads(u)?;

@@ -640,6 +640,45 @@ mod tests {
         assert_eq!(ex.step_micro_batches(&batches, &crate::executor::ADAMW_DEFAULT).unwrap(), want);
     }
 
+    /// A run of passes that fails after it set the step's pass state (here: a plan
+    /// driven by a pipeline schedule on an executor with no `pp` group, refused at its
+    /// first post) leaves `fsdp.passes` as that run set it, `driven` included. Not a
+    /// bug: every step arms first ([`Executor::arm_buckets`] → `fsdp_arm`, which resets
+    /// the pass state, the prefetch and the reduce-scatters in flight) and a step over
+    /// micro-batches then sets its own; `driven` is only read by the memory walk, for
+    /// receive ops. The next step (over micro-batches, or a plain one) gives a fresh
+    /// executor's loss, weights and memory account, bit for bit.
+    #[test]
+    fn a_failed_driven_run_leaves_nothing_to_the_next_step() {
+        let g = crate::toy::llama(&crate::toy::ToyConfig::tiny());
+        let data = [crate::proxy::synthetic_inputs(&g, 0), crate::proxy::synthetic_inputs(&g, 1)];
+        let batches: Vec<Vec<(&str, Input<'_>)>> = data.iter().map(|d| d.iter().map(|(n, u, _)| (n.as_str(), Input::U32(u))).collect()).collect();
+        let fresh = || Executor::new(&g, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default()).unwrap();
+        let h = &crate::executor::ADAMW_DEFAULT;
+        let weights = |ex: &Executor<crate::cpu::Cpu>| -> Vec<Vec<f32>> { g.tensors.iter().filter(|t| t.kind.is_param()).map(|t| ex.weight(&t.name).unwrap()).collect() };
+        let fail = |ex: &mut Executor<crate::cpu::Cpu>| {
+            let mut plan = ex.pass_plan(2);
+            plan.driven = true;
+            match ex.run_passes(&plan, &batches) {
+                Err(ExecError::State(e)) if e.contains("no collective handle for group 'pp'") => {}
+                r => panic!("{r:?}"),
+            }
+            assert!(ex.fsdp.passes.driven && !ex.fsdp.passes.order.is_empty(), "the failed run set the pass state");
+        };
+        // Over micro-batches.
+        let (mut ex, mut want) = (fresh(), fresh());
+        fail(&mut ex);
+        assert_eq!(ex.step_micro_batches(&batches, h).unwrap().to_bits(), want.step_micro_batches(&batches, h).unwrap().to_bits());
+        assert!(!ex.fsdp.passes.driven);
+        assert_eq!((weights(&ex), format!("{:?}", ex.memory())), (weights(&want), format!("{:?}", want.memory())));
+        // A plain step.
+        let (mut ex, mut want) = (fresh(), fresh());
+        fail(&mut ex);
+        assert_eq!(ex.step(&batches[0], h).unwrap().to_bits(), want.step(&batches[0], h).unwrap().to_bits());
+        assert!(!ex.fsdp.passes.driven && ex.fsdp.passes.order.is_empty());
+        assert_eq!((weights(&ex), format!("{:?}", ex.memory())), (weights(&want), format!("{:?}", want.memory())));
+    }
+
     /// Stage `stage` of the 4-layer toy (batch 1) cut pp = 2, vp = 2, with a `pp` group
     /// of two (`keep` holds the other rank's handle).
     fn vp2_stage(stage: u32, pp: crate::collective::ThreadGroup) -> Executor<crate::cpu::Cpu> {
