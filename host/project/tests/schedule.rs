@@ -118,7 +118,12 @@ fn toy_on(n: usize, gpu: GpuProfile) -> Projector<'static> {
 }
 
 fn toy_v(n: usize, v: u64, gpu: GpuProfile) -> Projector<'static> {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_v(n, v));
+    projector(graph_v(n, v), gpu)
+}
+
+/// A projector of the model `source` builds, on `gpu`, under the built-in BF16 plan.
+fn projector(source: impl GraphSource + 'static, gpu: GpuProfile) -> Projector<'static> {
+    let mut source: Box<dyn GraphSource> = Box::new(source);
     let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
     let plan = Plan::builtin(Recipe::Bf16, &model.graph);
     Projector::new(model, source, gpu, plan)
@@ -431,10 +436,7 @@ fn activations_are_the_tensors_the_backward_reads() {
 /// logits, needs most.
 #[test]
 fn a_tied_embedding_is_held_at_both_ends_of_the_pipeline() {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut pr = projector(graph_with(4, V, true), gpu(1e12));
     let table = (V * C) as f64;
     let p = pr.project(&plain(1, 1, 1, 1)).unwrap();
     close(p.memory.weights * GIB, 2.0 * (table + 4.0 * (C * C) as f64), "one table without a pipeline");
@@ -547,10 +549,7 @@ fn offloaded_activations_cost_what_the_host_link_cannot_hide() {
 /// frozen, dp = 2, m = 4.
 #[test]
 fn frozen_weights_are_gathered_but_never_reduced() {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut pr = projector(graph_frozen(4, V, false, 1), gpu(1e12));
     let frozen = (C * C) as f64;
     let trained = params(4) - frozen;
     let p = pr.project(&plain(1, 1, 2, 8)).unwrap();
@@ -648,10 +647,7 @@ fn measured_times_given_later_replace_the_cached_costing() {
 /// (nccl-tests doc/PERFORMANCE.md).
 #[test]
 fn a_tied_gradient_is_all_reduced_at_the_gradient_buffers_precision() {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut pr = projector(graph_with(4, V, true), gpu(1e12));
     let table = (V * C) as f64;
     let msg = ALPHA + (2 * T * C) as f64 / LINK;
     let sends = 2.0 * msg * (1.0 - 0.25) + 2.0 * msg;
@@ -793,10 +789,7 @@ fn fsdp_waits_for_one_of_the_critical_stages_layers() {
 /// beside the two whole gathered units (the largest layer, C x C, frozen or not).
 #[test]
 fn fsdp_shards_frozen_weights_too() {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut pr = projector(graph_frozen(4, V, false, 1), gpu(1e12));
     let (n, big) = (params(4), (C * C) as f64);
     let mut l = plain(1, 1, 2, 8);
     l.fsdp = true;
@@ -829,10 +822,7 @@ fn muon_owns_half_the_layers_and_keeps_the_ends_on_adamw() {
     close(p.breakdown.dp, ring(true, 2, 2.0 * n, LINK) + ring(false, 2, 2.0 * n, LINK), "gradients all-reduced, weights all-gathered");
     // A tied table's copy on the last stage stays on AdamW as well: at pp = 2, m = 1 the
     // last stage (layers 2-3 and the tied copy of the table, with the logits) needs most.
-    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(hbm / 1e9), plan);
+    let mut pr = projector(graph_with(4, V, true), gpu(hbm / 1e9));
     let mut l = plain(2, 1, 1, 1);
     l.optimizer = Optimizer::Muon;
     let p = pr.project(&l).unwrap();
@@ -1058,10 +1048,7 @@ fn the_tied_gradient_goes_from_the_first_to_the_last_stage() {
     let g = gpu(1e12);
     let nic = g.scale_out_gbs * 1e9 * g.efficiency.scale_out;
     let nic_lat = g.efficiency.scale_out_latency_us * 1e-6;
-    let mut source: Box<dyn GraphSource> = Box::new(graph_with(4, V, true));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, g, plan);
+    let mut pr = projector(graph_with(4, V, true), g);
     let p = pr.project(&plain(4, 1, 4, 4)).unwrap();
     assert_eq!(p.micro_batches, 1);
     let msg = ALPHA + (2 * T * C) as f64 / LINK;
@@ -1074,10 +1061,7 @@ fn the_tied_gradient_goes_from_the_first_to_the_last_stage() {
 /// neither gradient nor optimizer state, and no gradient crosses between the ends.
 #[test]
 fn a_frozen_tied_table_is_held_but_never_reduced() {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_of(4, V, true, 0, true, 1));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut pr = projector(graph_of(4, V, true, 0, true, 1), gpu(1e12));
     let p = pr.project(&plain(2, 1, 1, 1)).unwrap();
     assert_eq!(p.memory.stage, 1);
     let (table, layers) = ((V * C) as f64, (2 * C * C) as f64);
@@ -1096,10 +1080,7 @@ fn a_frozen_tied_table_is_held_but_never_reduced() {
 fn offload_moves_what_each_layer_keeps_under_its_own_recompute() {
     use runner_graph::recompute::RecomputePolicy;
     let g = offload_gpu();
-    let mut source: Box<dyn GraphSource> = Box::new(graph_of(2, 256, false, 0, false, 2));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, g, plan);
+    let mut pr = projector(graph_of(2, 256, false, 0, false, 2), g);
     let mut l = plain(1, 1, 1, 1);
     l.recompute = RecomputePolicy::Full;
     l.recompute_layers = 1;
@@ -1154,10 +1135,7 @@ fn memory_bound_ops_and_gemms_run_the_backward_their_inputs_need() {
     let embed = (4 * T + 4 * T * C) as f64 / hbm;
     let loss = (2 * T * V + 4 * T + 4) as f64 / hbm;
     let compute = |frozen_table: bool| {
-        let mut source: Box<dyn GraphSource> = Box::new(graph_of(4, V, false, 0, frozen_table, 1));
-        let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-        let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-        let mut pr = Projector::new(model, source, gpu(hbm / 1e9), plan);
+        let mut pr = projector(graph_of(4, V, false, 0, frozen_table, 1), gpu(hbm / 1e9));
         pr.project(&plain(1, 1, 1, 1)).unwrap().breakdown.compute
     };
     close(compute(false), 12.0 * f + 3.0 * h + 3.0 * embed + 3.0 * loss, "trained table");
@@ -1170,10 +1148,7 @@ fn memory_bound_ops_and_gemms_run_the_backward_their_inputs_need() {
 /// becomes 1 s and its backward 1 s, in place of its roofline forward and input gradient.
 #[test]
 fn a_measured_frozen_gemm_runs_half_its_backward() {
-    let mut source: Box<dyn GraphSource> = Box::new(graph_frozen(4, V, false, 1));
-    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-    let mut pr = Projector::new(model, source, gpu(1e12), plan);
+    let mut pr = projector(graph_frozen(4, V, false, 1), gpu(1e12));
     let l = plain(1, 1, 1, 1);
     let before = pr.project(&l).unwrap().breakdown.compute;
     let mut m = runner_project::template::Measured::default();
