@@ -13,7 +13,7 @@ use runner_project::model::{GraphSource, Model};
 use runner_project::precision::{Plan, Recipe};
 use runner_project::profile::{GIB, GpuProfile, Profiles};
 use runner_project::project::Projector;
-use runner_project::step::LayoutSpec;
+use runner_project::step::{LayoutSpec, Projection};
 
 use common::layout;
 
@@ -292,18 +292,26 @@ fn a_model_of_one_bucket_hides_none_of_its_reduction() {
 /// data parallelism's 2Ψ, here per micro-batch): m(2·AG + RS) in all. A micro-batch's
 /// compute hides its traffic but what exceeds it, and the first layer's gather waits
 /// (one layer's share of a micro-batch's traffic); never more than the whole.
+/// FSDP over dp = 2, `pp` stages, 8 sequences.
+fn fsdp_dp2(pp: u32) -> LayoutSpec {
+    let mut l = plain(pp, 1, 2, 8);
+    l.fsdp = true;
+    l
+}
+
+/// The 4-layer toy under [`fsdp_dp2`] on a fast link, so that the traffic exceeds the
+/// compute by less than the whole; and the link's bytes per second the ring moves at.
+fn fsdp_on_a_fast_link(pp: u32) -> (Projection, f64) {
+    let mut fast = gpu(1e12);
+    fast.scale_up_gbs = 1000.0;
+    (toy_on(4, fast).project(&fsdp_dp2(pp)).unwrap(), 1000e9 * 0.5)
+}
+
 #[test]
 fn fsdp_moves_three_parameter_volumes_per_micro_batch() {
     let (m, layers) = (4.0, 4.0);
     let bytes = 2.0 * params(4);
-    // A fast link: the traffic exceeds the compute by less than the whole.
-    let mut fast = gpu(1e12);
-    fast.scale_up_gbs = 1000.0;
-    let link = 1000e9 * 0.5;
-    let mut pr = toy_on(4, fast);
-    let mut l = plain(1, 1, 2, 8);
-    l.fsdp = true;
-    let p = pr.project(&l).unwrap();
+    let (p, link) = fsdp_on_a_fast_link(1);
     let per_mb = 2.0 * ring(false, 2, bytes, link) + ring(false, 2, bytes, link);
     let t_mb = 4.0 * layer_s() + head_s();
     assert!(per_mb > t_mb && per_mb / layers < m * t_mb, "the case the test means: {per_mb} vs {t_mb}");
@@ -311,8 +319,7 @@ fn fsdp_moves_three_parameter_volumes_per_micro_batch() {
     close(p.breakdown.dp, m * (per_mb - t_mb) + per_mb / layers, "FSDP exposed");
     // The slow link: what the compute cannot hide plus the first wait would exceed the
     // traffic itself; the whole of it is exposed.
-    let mut pr = toy(4, 1e12);
-    let p = pr.project(&l).unwrap();
+    let p = toy(4, 1e12).project(&fsdp_dp2(1)).unwrap();
     let per_mb = 3.0 * ring(false, 2, bytes, LINK);
     assert!(per_mb / layers > m * t_mb);
     close(p.breakdown.dp, m * per_mb, "FSDP exposed, capped at its traffic");
@@ -557,9 +564,7 @@ fn frozen_weights_are_gathered_but_never_reduced() {
     close(p.memory.gradients * GIB, 2.0 * trained, "gradients");
     close(p.memory.optimizer * GIB, 12.0 * trained, "optimizer state");
     close(p.comm.dp, ring(true, 2, 2.0 * trained, LINK), "the all-reduce of the trained gradients");
-    let mut l = plain(1, 1, 2, 8);
-    l.fsdp = true;
-    let p = pr.project(&l).unwrap();
+    let p = pr.project(&fsdp_dp2(1)).unwrap();
     let gathers = ring(false, 2, 2.0 * trained, LINK) + ring(false, 2, 2.0 * frozen, LINK);
     close(p.comm.dp, 4.0 * (2.0 * gathers + ring(false, 2, 2.0 * trained, LINK)), "FSDP traffic");
 }
@@ -769,13 +774,7 @@ fn offloading_two_layers_keeps_one_copy_in_transit() {
 /// whole.
 #[test]
 fn fsdp_waits_for_one_of_the_critical_stages_layers() {
-    let mut fast = gpu(1e12);
-    fast.scale_up_gbs = 1000.0;
-    let link = 1000e9 * 0.5;
-    let mut pr = toy_on(4, fast);
-    let mut l = plain(2, 1, 2, 8);
-    l.fsdp = true;
-    let p = pr.project(&l).unwrap();
+    let (p, link) = fsdp_on_a_fast_link(2);
     let bytes = 2.0 * (V * C + 2 * C * C) as f64;
     let per_mb = 3.0 * ring(false, 2, bytes, link);
     let t_mb = 2.0 * layer_s() + head_s();
@@ -791,9 +790,7 @@ fn fsdp_waits_for_one_of_the_critical_stages_layers() {
 fn fsdp_shards_frozen_weights_too() {
     let mut pr = projector(graph_frozen(4, V, false, 1), gpu(1e12));
     let (n, big) = (params(4), (C * C) as f64);
-    let mut l = plain(1, 1, 2, 8);
-    l.fsdp = true;
-    let p = pr.project(&l).unwrap();
+    let p = pr.project(&fsdp_dp2(1)).unwrap();
     close(p.memory.weights * GIB, 2.0 * n / 2.0 + 2.0 * 2.0 * big, "every weight sharded over dp 2, two whole units");
 }
 
