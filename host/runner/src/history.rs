@@ -258,17 +258,18 @@ mod tests {
         drop(sql);
     }
 
-    fn stored(inputs: Value, plugins: Value, result: Value) -> Run {
+    /// A stored explore run: done with `result`, or running without one.
+    pub(super) fn stored(inputs: Value, plugins: Value, result: Option<Value>) -> Run {
         Run {
             id: 1,
             kind: "explore".into(),
             command: String::new(),
             started: String::new(),
             finished: None,
-            status: "done".into(),
+            status: if result.is_some() { "done" } else { "running" }.into(),
             inputs,
             plugins,
-            result: Some(result),
+            result,
             items: Vec::new(),
             runner_version: "0".into(),
             owner_pid: 0,
@@ -282,12 +283,12 @@ mod tests {
         let a = stored(
             json!({ "gpus": 8 }),
             json!([{ "name": "llama3", "kind": "workload", "sha256": "aa", "source": "builtin" }, { "name": "aws", "sha256": "bb", "source": "/x/aws.wasm" }]),
-            json!({ "figures": { "x": 1 }, "renderings": { "table": "A" } }),
+            Some(json!({ "figures": { "x": 1 }, "renderings": { "table": "A" } })),
         );
         let b = stored(
             json!({ "gpus": 16 }),
             json!([{ "name": "aws", "sha256": "cc", "source": "/x/aws.wasm" }, { "name": "llama3", "kind": "other", "sha256": "aa", "source": "/y/llama3.wasm" }]),
-            json!({ "figures": { "x": 2 }, "renderings": { "table": "B" } }),
+            Some(json!({ "figures": { "x": 2 }, "renderings": { "table": "B" } })),
         );
         let change = |what: &str, path: &str, a: Value, b: Value| (what.to_string(), Change { path: path.into(), a, b });
         assert_eq!(
@@ -326,6 +327,7 @@ mod tests {
 #[cfg(test)]
 mod journal_tests {
     use super::*;
+    use super::tests::stored;
     use crate::plugin::{Kind, Source};
     use crate::report::explore::tests::{outcome, priced, row};
 
@@ -475,23 +477,6 @@ mod journal_tests {
         assert_eq!((&r["layout"], &r["tokens_per_sec_per_gpu"]), (&json!(layout), &json!(1234.5)));
         assert_eq!(r["price_row"], json!(price_row));
         assert_eq!(r["price_row"], json!("i r on-demand undated"));
-    }
-
-    fn stored(inputs: Value, plugins: Value, result: Option<Value>) -> Run {
-        Run {
-            id: 1,
-            kind: "explore".into(),
-            command: String::new(),
-            started: String::new(),
-            finished: None,
-            status: if result.is_some() { "done" } else { "running" }.into(),
-            inputs,
-            plugins,
-            result,
-            items: Vec::new(),
-            runner_version: "0".into(),
-            owner_pid: 0,
-        }
     }
 
     /// A comparison lists inputs, then plugins, then results, each by path in key order;
