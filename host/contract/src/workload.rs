@@ -73,6 +73,14 @@ macro_rules! workload_rules {
                     return Err(format!("{what} must be finite and >= 0, got {}", $crate::text::number(x)));
                 }
             }
+            // `runner train` decays weights by this factor (decoupled, AdamW's) and prints
+            // it; past 1 no recipe publishes one, and 1e300 would print 301 digits.
+            if d.weight_decay > 1.0 {
+                return Err(format!(
+                    "defaults.weight-decay must be from 0 to 1 (AdamW's decoupled decay; recipes use 0 to 0.1), got {}",
+                    $crate::text::number(d.weight_decay)
+                ));
+            }
             // The runner trains at this rate (0: its own default) and prints it with `{}`
             // when a run diverges: 1e-300 or 1e300 would be 301 digits of advice.
             if d.learning_rate != 0.0 && !(1e-8..=10.0).contains(&d.learning_rate) {
@@ -200,16 +208,23 @@ macro_rules! workload_rules {
                     _ => {}
                 }
             }
-            // Dense MLPs exist where the pattern has `-`; without a pattern, unless every
-            // layer is MoE.
+            // Dense MLPs exist where the pattern has `-`, and in a hybrid model's
+            // multi-token-prediction modules when it has no moe (each is one attention and
+            // one MLP or MoE block); without a pattern, unless every layer is MoE.
             let needs_dense = if pattern.is_empty() {
                 h.moe.as_ref().is_none_or(|m| m.dense_layers > 0 || m.layer_frequency > 1)
             } else {
-                has('-')
+                has('-') || (h.mtp_depth > 0 && h.moe.is_none())
             };
             if needs_dense {
                 range("ffn", h.ffn, WIDTH).map_err(|m| {
-                    if pattern.is_empty() { m } else { format!("{m} (layer-pattern has dense MLP layers, -)") }
+                    if pattern.is_empty() {
+                        m
+                    } else if has('-') {
+                        format!("{m} (layer-pattern has dense MLP layers, -)")
+                    } else {
+                        format!("{m} (the mtp-depth modules have a dense MLP: no moe is given)")
+                    }
                 })?;
             } else if h.ffn > WIDTH {
                 return Err(format!("ffn must be at most {WIDTH}, got {}", h.ffn));
@@ -233,6 +248,21 @@ macro_rules! workload_rules {
                 }
                 if m.latent > WIDTH {
                     return Err(format!("moe.latent must be at most {WIDTH} (0: experts at hidden width), got {}", m.latent));
+                }
+                // Without a pattern, MoE layers are every `layer-frequency`-th from `dense-layers`
+                // on, over the main stack and the multi-token-prediction modules after it: an
+                // moe that places none is the same slip the pattern rule above refuses.
+                if pattern.is_empty() {
+                    let first = u64::from(m.dense_layers) + u64::from(m.layer_frequency) - 1;
+                    let stack = u64::from(h.layers) + u64::from(h.mtp_depth);
+                    if first >= stack {
+                        return Err(format!(
+                            "moe is given but no layer is MoE: the first would be layer {first} (moe.dense-layers {} + \
+                             moe.layer-frequency {} - 1), but there are {stack} (layers + mtp-depth); drop moe or lower \
+                             dense-layers or layer-frequency",
+                            m.dense_layers, m.layer_frequency
+                        ));
+                    }
                 }
             }
             if let Some(m) = &h.mamba {
@@ -318,9 +348,10 @@ macro_rules! workload_rules {
             if l.vp > 1 && l.pp == 1 {
                 return Err(format!("vp {} needs pipeline stages (pp is 1)", l.vp));
             }
-            // Attention heads split over tp only where there are attention layers.
+            // Attention heads split over tp only where there are attention layers: the
+            // pattern's `*`, every layer without one, and each multi-token-prediction module.
             let pattern = h.layer_pattern.as_str();
-            if (pattern.is_empty() || pattern.contains('*')) && !h.heads.is_multiple_of(l.tp) {
+            if (pattern.is_empty() || pattern.contains('*') || h.mtp_depth > 0) && !h.heads.is_multiple_of(l.tp) {
                 return Err(format!("tp {} does not divide the {} attention heads", l.tp, h.heads));
             }
             // Megatron splits a Mamba mixer by whole groups; groups divide heads, so a tp that

@@ -450,8 +450,12 @@ mod tests {
         h.moe.as_mut().unwrap().top_k = 9;
         refused(&h, &["moe.top-k must be in 1..=8, got 9"]);
         let mut h = classic();
+        h.moe.as_mut().unwrap().dense_layers = 7;
+        assert_eq!(validate_hyperparameters(&h), Ok(()), "the last layer MoE");
         h.moe.as_mut().unwrap().dense_layers = 8;
-        assert_eq!(validate_hyperparameters(&h), Ok(()));
+        refused(&h, &["moe is given but no layer is MoE"]);
+        h.mtp_depth = 1;
+        assert_eq!(validate_hyperparameters(&h), Ok(()), "the multi-token-prediction module MoE");
         h.moe.as_mut().unwrap().dense_layers = 9;
         refused(&h, &["moe.dense-layers (9) exceeds layers (8)"]);
     }

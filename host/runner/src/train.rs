@@ -455,9 +455,15 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             params as f64 / 1e6
         ),
         format!(
-            "AdamW (beta2 {}, weight decay {}), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
+            "AdamW{} (beta2 {}, weight decay {}, the plugin's), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
+            // The plugin's optimizer names its recipe's; this trainer has AdamW alone.
+            if variant.defaults.optimizer.eq_ignore_ascii_case("adamw") {
+                String::new()
+            } else {
+                format!(" (the plugin names {}, which `runner train` does not implement)", crate::report::visible(&variant.defaults.optimizer))
+            },
             ADAMW_DEFAULT.beta2,
-            ADAMW_DEFAULT.weight_decay,
+            variant.defaults.weight_decay,
             peak_lr(cfg.lr, variant.defaults.learning_rate),
             if cfg.clip_grad > 0.0 { format!("at norm {}", cfg.clip_grad) } else { "off".into() }
         ),
@@ -537,6 +543,12 @@ fn plan_layers(asked: u32, variant: u32) -> u32 {
 /// `--lr`, else the variant's default, else (a variant that gives none: 0) 1e-3.
 fn peak_lr(lr: Option<f64>, variant_lr: f64) -> f64 {
     lr.unwrap_or(if variant_lr > 0.0 { variant_lr } else { 1e-3 })
+}
+
+/// The optimizer step at learning rate `lr`: AdamW with the plugin's weight decay (its
+/// recipe's, 0.1 for Llama 3) and the runner's betas and epsilon.
+fn adamw(lr: f64, defaults: &crate::plugin::workload::TrainingDefaults) -> AdamW {
+    AdamW { lr: lr as f32, weight_decay: defaults.weight_decay as f32, ..ADAMW_DEFAULT }
 }
 
 /// Learning rate at applied step `t` of `n`: linear warm-up over a tenth (at most 100
@@ -904,7 +916,7 @@ fn train_one<D: Device + Clone>(
         if cfg.clip_grad > 0.0 && total.sqrt() > cfg.clip_grad {
             ex.scale_grads((cfg.clip_grad / total.sqrt()) as f32)?;
         }
-        ex.optimizer_step(&AdamW { lr: lr as f32, ..ADAMW_DEFAULT })?;
+        ex.optimizer_step(&adamw(lr, &variant.defaults))?;
         applied += 1;
         applied_losses.push(f64::from(loss));
         step_seconds.push(t0.elapsed().as_secs_f64());
@@ -974,6 +986,23 @@ mod tests {
         assert!(Injection::parse("grad-spike@x").unwrap_err().contains("not a step number"));
         assert!(Injection::parse("melt@3").unwrap_err().contains("unknown fault"));
         assert!(Injection::parse("nan").unwrap_err().contains("KIND@STEP"));
+    }
+
+    /// The plugin's weight decay is the one applied (it was the runner's 0.1 whatever the
+    /// plugin said), beside the scheduled rate and the runner's betas.
+    #[test]
+    fn the_optimizer_takes_the_plugins_weight_decay() {
+        let d = |weight_decay: f64| crate::plugin::workload::TrainingDefaults {
+            seq_len: 8,
+            tokens: 1e9,
+            optimizer: "adamw".into(),
+            learning_rate: 3e-4,
+            weight_decay,
+        };
+        for wd in [0.0, 0.05, 1.0] {
+            let a = adamw(2e-3, &d(wd));
+            assert_eq!((a.lr, a.weight_decay, a.beta1, a.beta2, a.eps), (2e-3, wd as f32, 0.9, 0.95, 1e-8), "{wd}");
+        }
     }
 
     #[test]

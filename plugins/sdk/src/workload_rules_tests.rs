@@ -88,7 +88,9 @@ fn each_moe_size_is_accepted_at_its_ceiling_and_refused_past_it() {
         ("moe.layer-frequency", LAYERS, |h, v| h.moe.as_mut().unwrap().layer_frequency = v),
     ];
     for (field, max, set) in fields {
-        sized(&with_moe(), field, max, set, validate_hyperparameters);
+        // Every LAYERS-th layer is MoE only in a model of LAYERS layers.
+        let base = Hyperparameters { layers: LAYERS, ..with_moe() };
+        sized(&base, field, max, set, validate_hyperparameters);
     }
     let mut h = with_moe();
     moe_of(&mut h).top_k = 8;
@@ -127,6 +129,47 @@ fn ffn_is_required_exactly_where_a_layer_has_a_dense_mlp() {
     let pattern = Hyperparameters { layer_pattern: "*E*E*E*E".into(), ..all_moe };
     assert_eq!(validate_hyperparameters(&pattern), Ok(()));
     refused(validate_hyperparameters(&Hyperparameters { ffn: WIDTH + 1, ..pattern }), &["ffn must be at most"]);
+}
+
+/// A hybrid model's multi-token-prediction module is one attention and one MLP (or MoE)
+/// block whatever its pattern says (the SDK's builder), and a classic model's MoE layers
+/// reach into its modules: a pattern of Mamba and MoE layers only with mtp-depth 1 still
+/// splits attention heads over tp and, without moe, needs ffn; an moe whose first layer
+/// falls past the main stack and its modules places no expert and is refused, as an moe
+/// a pattern leaves unused is.
+#[test]
+fn the_mtp_modules_count_as_attention_mlp_and_moe_layers() {
+    let m = MambaConfig { heads: 8, head_dim: 16, state: 16, groups: 4, conv_kernel: 4, chunk: 64 };
+    let hybrid = Hyperparameters { mamba: Some(m), layer_pattern: "MEMEMEME".into(), ..with_moe() };
+    let tp4 = ReferenceLayout { tp: 4, ..layout() };
+    // 4 groups split over tp 4; 4 heads too, so raise the heads to 6 over 2 kv heads.
+    let h6 = Hyperparameters { heads: 6, kv_heads: 2, ..hybrid.clone() };
+    assert_eq!(validate_layout(&tp4, &h6), Ok(()), "no attention layer: the heads are not split");
+    let mtp = Hyperparameters { mtp_depth: 1, ..h6 };
+    refused(validate_layout(&tp4, &mtp), &["tp 4 does not divide the 6 attention heads"]);
+
+    let dense_mamba = Hyperparameters { moe: None, layer_pattern: "MMMMMMMM".into(), ffn: 0, ..hybrid };
+    assert_eq!(validate_hyperparameters(&dense_mamba), Ok(()), "Mamba layers only: no MLP");
+    let with_mtp = Hyperparameters { mtp_depth: 1, ..dense_mamba.clone() };
+    refused(validate_hyperparameters(&with_mtp), &["ffn must be in 1..=", "got 0", "the mtp-depth modules have a dense MLP"]);
+    assert_eq!(validate_hyperparameters(&Hyperparameters { ffn: 128, ..with_mtp }), Ok(()));
+    let mut moe_mtp = Hyperparameters { mtp_depth: 1, layer_pattern: "MEMMMMMM".into(), ..dense_mamba };
+    moe_mtp.moe = Some(moe(8, 2, 32));
+    assert_eq!(validate_hyperparameters(&moe_mtp), Ok(()), "the module's block is MoE: no ffn");
+
+    // Without a pattern: 8 layers, MoE every second from layer 6 (6 dense, frequency 2:
+    // layer 7), from 7 (layer 8: past the stack) and, with one module, layer 8 again.
+    let placed = |dense: u32, freq: u32, mtp: u32| {
+        let mut h = Hyperparameters { mtp_depth: mtp, ..with_moe() };
+        (moe_of(&mut h).dense_layers, moe_of(&mut h).layer_frequency) = (dense, freq);
+        validate_hyperparameters(&h)
+    };
+    assert_eq!(placed(6, 2, 0), Ok(()));
+    refused(placed(7, 2, 0), &["moe is given but no layer is MoE: the first would be layer 8", "there are 8 (layers + mtp-depth)"]);
+    assert_eq!(placed(7, 2, 1), Ok(()), "the module is layer 8, MoE");
+    refused(placed(8, 1, 0), &["no layer is MoE", "layer 8"]);
+    assert_eq!(placed(0, 8, 0), Ok(()));
+    refused(placed(0, 9, 0), &["no layer is MoE", "layer 8"]);
 }
 
 /// Kills: `is_finite` dropped from the norm-eps check (an infinite epsilon passed), the
@@ -317,6 +360,15 @@ fn a_family_its_variants_and_their_defaults_are_checked() {
     refused(with(|d| d.seq_len = 0), &[&format!("defaults.seq-len must be in 1..={SEQ_LEN}, got 0")]);
     refused(with(|d| d.tokens = 0.0), &["defaults.tokens must be finite, > 0", "got 0"]);
     refused(with(|d| d.optimizer = String::new()), &["defaults.optimizer is empty"]);
+    // Weight decay is AdamW's decoupled factor: 0 to 1, as `runner train` applies it.
+    for wd in [0.0, 0.1, 1.0] {
+        assert_eq!(with_wd(&v, wd), Ok(()), "weight decay {wd}");
+    }
+    for wd in [1.5, 1e300] {
+        let m = with_wd(&v, wd).expect_err("a weight decay no recipe publishes");
+        assert!(m.contains("defaults.weight-decay must be from 0 to 1") && m.len() < 140, "{m}");
+    }
+    refused(with_wd(&v, -0.1), &["defaults.weight-decay must be finite and >= 0"]);
     // A learning rate is 0 (the runner's default) or one a recipe could publish; the
     // runner prints it raw in its advice when a run diverges.
     for lr in [0.0, 1e-8, 1.6e-3, 10.0] {
@@ -326,6 +378,10 @@ fn a_family_its_variants_and_their_defaults_are_checked() {
         let m = with_lr(&v, lr).expect_err("a learning rate no recipe publishes");
         assert!(m.contains("defaults.learning-rate must be 0 (the runner's default) or from 1e-8 to 10") && m.len() < 120, "{m}");
     }
+}
+
+fn with_wd(v: &Variant, weight_decay: f64) -> Result<(), String> {
+    validate_variant(&Variant { defaults: TrainingDefaults { weight_decay, ..v.defaults.clone() }, ..v.clone() })
 }
 
 fn with_lr(v: &Variant, learning_rate: f64) -> Result<(), String> {
