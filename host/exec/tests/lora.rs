@@ -249,7 +249,7 @@ fn lora_memory_account_matches_the_measured_peak() {
     for (what, g) in [("adapters", lora_model(2)), ("frozen but layer 0", frozen_but_layer_0(2))] {
         let data = synthetic_inputs(&g, 3);
         for layout in [Layout::single(2, 2), Layout { dp: 2, fsdp: true, ..Layout::single(2, 4) }] {
-            for (coord, m) in common::step_memories(&g, &layout, &[data.clone()], &options()) {
+            for (coord, m) in common::step_memories(&g, &layout, std::slice::from_ref(&data), &options()) {
                 let at = format!("{what}, dp {} fsdp {}, rank {coord:?}: {m:?}", layout.dp, layout.fsdp);
                 assert!(m.peak_bytes <= m.required_bytes + runner_exec::executor::CONSTANT_BYTES, "under-counted: {at}");
                 assert!(m.peak_bytes as f64 >= 0.99 * m.required_bytes as f64, "over-counted: {at}");
