@@ -170,8 +170,8 @@ pub fn figures(o: &Outcome) -> Value {
     json!({ "model": o.model.variant, "tokens": o.model.tokens, "series": series })
 }
 
-/// What changed between runs `a` and `b`: inputs, plugins (by name: sha256 and source)
-/// and the figures.
+/// What changed between runs `a` and `b`: inputs, plugins (by name: sha256 and source),
+/// the outcome (status, and a failed run's error) and the figures.
 pub fn compare(a: &Run, b: &Run) -> Vec<(String, Change)> {
     let mut out = Vec::new();
     for c in runner_store::diff(&a.inputs, &b.inputs) {
@@ -187,6 +187,11 @@ pub fn compare(a: &Run, b: &Run) -> Vec<(String, Change)> {
     };
     for c in runner_store::diff(&by_name(&a.plugins), &by_name(&b.plugins)) {
         out.push(("plugins".to_string(), c));
+    }
+    // Two failed runs have no figures: without this, different errors read as no change.
+    let outcome = |r: &Run| json!({ "status": r.status, "error": r.result.as_ref().map_or(Value::Null, |v| v["error"].clone()) });
+    for c in runner_store::diff(&outcome(a), &outcome(b)) {
+        out.push(("outcome".to_string(), c));
     }
     let figures = |r: &Run| r.result.as_ref().map_or(Value::Null, |v| v["figures"].clone());
     for c in runner_store::diff(&figures(a), &figures(b)) {
@@ -479,10 +484,11 @@ mod journal_tests {
         assert_eq!(r["price_row"], json!("i r on-demand undated"));
     }
 
-    /// A comparison lists inputs, then plugins, then results, each by path in key order;
-    /// a run against itself has no changes; an unfinished run (no result) has no figures,
-    /// so its whole figures are one change at the root of the results. Kills: the inputs'
-    /// changes out of order.
+    /// A comparison lists inputs, then plugins, then the outcome, then results, each by
+    /// path in key order; a run against itself has no changes; an unfinished run (no
+    /// result) has no figures, so its whole figures are one change at the root of the
+    /// results, after its status. Two failed runs differ by their errors. Kills: the
+    /// inputs' changes out of order.
     #[test]
     fn compare_orders_its_changes_and_reads_an_unfinished_run_as_no_figures() {
         let plugins = json!([{ "name": "aws", "sha256": "bb", "source": "/x/aws.wasm" }]);
@@ -504,6 +510,22 @@ mod journal_tests {
             ]
         );
         let unfinished = stored(done.inputs.clone(), plugins, None);
-        assert_eq!(compare(&done, &unfinished), vec![change("results", "", json!({ "16": 2, "8": 1 }), Value::Null)]);
+        assert_eq!(
+            compare(&done, &unfinished),
+            vec![
+                change("outcome", "status", json!("done"), json!("running")),
+                change("results", "", json!({ "16": 2, "8": 1 }), Value::Null),
+            ]
+        );
+        let failed = |error: &str| Run { status: "failed".into(), result: Some(json!({ "error": error })), ..unfinished.clone() };
+        assert!(compare(&failed("no plugin"), &failed("no plugin")).is_empty());
+        assert_eq!(
+            compare(&failed("no plugin"), &failed("plugin 'aws' trapped")),
+            vec![change("outcome", "error", json!("no plugin"), json!("plugin 'aws' trapped"))]
+        );
+        assert_eq!(
+            compare(&failed("no plugin"), &done)[..2],
+            [change("outcome", "error", json!("no plugin"), Value::Null), change("outcome", "status", json!("failed"), json!("done"))]
+        );
     }
 }

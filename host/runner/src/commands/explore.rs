@@ -371,7 +371,7 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
             t.rows.push(vec![section.clone(), c.path.clone(), fit(&c.a), fit(&c.b)]);
         }
         if changes.is_empty() {
-            t.notes.push("same inputs, plugins and results".into());
+            t.notes.push("same inputs, plugins, outcome and results".into());
         }
         t.notes.push(format!("run {a}: `{}` ({}, {})", ra.command, ra.started, ra.status));
         t.notes.push(format!("run {b}: `{}` ({}, {})", rb.command, rb.started, rb.status));
