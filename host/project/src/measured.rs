@@ -615,6 +615,10 @@ struct KernelRow {
 /// The most a memory fit may exceed the profile's HBM bandwidth and still be read as 1.
 const MEMORY_OVER_HBM: f64 = 1.25;
 
+/// How far the fitted profile's total over the GEMM kernels may stray from their
+/// measured total before `fit_ops` says so.
+const GEMM_TOTAL_TOLERANCE: f64 = 0.05;
+
 /// Fit `gpu`'s GEMM efficiency of each measured format, its GEMM size at half
 /// efficiency and its HBM efficiency to `file` (measured on that GPU:
 /// [`OpsFile::check_target`]'s GPU rule is the caller's). GEMM kernels the profile
@@ -748,6 +752,23 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
         };
         before.extend(rows.iter().map(|r| law(&before_eff, r)));
         after.extend(rows.iter().map(|r| law(&eff, r)));
+        // The fit weighs every kernel's relative error alike; a step's time is their sum,
+        // which a kernel slower than one rate per format explains (a CPU's lm_head, at
+        // half its small GEMMs' rate) pulls away from the measured one: say by how much.
+        let measured: f64 = rows.iter().map(|r| r.time).sum();
+        let fitted: f64 = rows.iter().map(|r| (law(&eff, r) + 1.0) * r.time).sum();
+        let off = fitted / measured - 1.0;
+        if off.abs() > GEMM_TOTAL_TOLERANCE {
+            notes.push(format!(
+                "the fitted profile gives the {} GEMM kernels {:.3} ms in all against the {:.3} ms measured ({:+.0}%): each kernel's \
+                 relative error weighs alike, and one rate per format does not follow kernels whose rates differ by more than \
+                 their sizes explain",
+                rows.len(),
+                1e3 * fitted,
+                1e3 * measured,
+                100.0 * off
+            ));
+        }
     } else {
         notes.push("no GEMM measured: the GEMM efficiencies keep their values".into());
     }
@@ -864,6 +885,34 @@ mod tests {
         assert!(f.after.max < 5e-3 && f.after.max < f.before.max, "{:?} {:?}", f.before, f.after);
         assert_eq!(f.efficiency.gemm.fp8, gpu.efficiency.gemm.fp8, "a format not measured keeps its value");
         assert_eq!(f.efficiency.attention, gpu.efficiency.attention);
+    }
+
+    /// The fitted profile's total over the GEMM kernels against their measured total: not
+    /// said when the law fits them, said with its figures when one large kernel runs at
+    /// half the others' rate (as a CPU's lm_head), which the per-kernel fit under-predicts.
+    #[test]
+    fn a_fitted_total_off_the_measured_one_is_said() {
+        let gpu = h100();
+        let said = |f: &OpsFit| f.notes.iter().find(|n| n.contains("GEMM kernels")).cloned();
+        assert_eq!(said(&fit_ops(&synthetic(&gpu, 0.62, 7.5, 0.71), &gpu, "ops.json").unwrap()), None);
+        let mut file = synthetic(&gpu, 0.62, 7.5, 0.71);
+        let g = file.ops[2].gemm.as_mut().unwrap();
+        g.kernel_s = g.kernel_s.map(|t| 2.0 * t);
+        let fit = fit_ops(&file, &gpu, "ops.json").unwrap();
+        assert_eq!(fit.gemm_rows, 15);
+        let rates = crate::template::Rates::new(&GpuProfile { efficiency: fit.efficiency.clone(), ..gpu.clone() });
+        let (mut fitted, mut measured) = (0.0, 0.0);
+        for g in file.ops.iter().filter_map(|o| o.gemm.as_ref()) {
+            for t in g.kernel_s {
+                fitted += rates.gemm(g.flops, g.flops / g.calls as f64, 0.0, GemmFormat::Bf16);
+                measured += t;
+            }
+        }
+        let off = fitted / measured - 1.0;
+        assert!(off < -GEMM_TOTAL_TOLERANCE, "the case the test means: {off}");
+        let note = said(&fit).expect("the total is said");
+        let want = format!("15 GEMM kernels {:.3} ms in all against the {:.3} ms measured ({:+.0}%)", 1e3 * fitted, 1e3 * measured, 100.0 * off);
+        assert!(note.contains(&want), "{note}\nwant: {want}");
     }
 
     #[test]
