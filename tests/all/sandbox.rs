@@ -230,3 +230,27 @@ fn both_random_generators_are_seeded_so_two_runs_agree() {
     assert_eq!(secure.len(), 32, "{first}");
     assert!(secure != "0".repeat(32) && secure != insecure, "{first}");
 }
+
+/// A draw from WASI random is capped (1 MiB): a plugin that asks for more in one call
+/// traps, named, instead of making the host allocate it (wasmtime's own cap is 64 MiB);
+/// the next call gets a fresh instance and draws as before.
+#[test]
+fn a_random_draw_past_the_cap_traps_and_the_next_call_works() {
+    use runner::plugin::precision::{PlanRequest, device_capabilities};
+    let mut p = plugin::load(&program("draw_random.wasm")).unwrap().precision(Limits::default()).unwrap();
+    let mut plan = |bytes: u64| {
+        p.plan(&PlanRequest {
+            model: format!("draw {bytes}"),
+            layers: 1,
+            device: device_capabilities("H100"),
+            sites: Vec::new(),
+            state: Vec::new(),
+        })
+    };
+    assert!(plan(1 << 20).is_ok(), "a draw at the cap");
+    let err = plan((1 << 20) + 1).unwrap_err();
+    assert_eq!(err.call, "plan", "{err}");
+    let Failure::Trap { message, .. } = &err.failure else { panic!("{err}") };
+    assert!(message.contains("1048577") || message.contains("1048576"), "the draw or the cap is named: {message}");
+    assert!(plan(16).is_ok(), "a fresh instance after the trap");
+}

@@ -94,6 +94,10 @@ impl StoreJournal {
 impl Journal for StoreJournal {
     /// Never fails: a history that cannot be written is kept in [`StoreJournal::lost`].
     fn begin(&mut self, inputs: &Value, plugins: &[PluginInfo]) -> anyhow::Result<()> {
+        // A journal that lost a write writes nothing more, a new run included.
+        if self.lost.is_some() {
+            return Ok(());
+        }
         let plugins: Vec<Value> = plugins
             .iter()
             .map(|p| json!({ "name": p.name, "kind": p.kind, "contract": p.contract, "source": p.source.to_string(), "sha256": p.sha256 }))
@@ -257,9 +261,12 @@ mod tests {
         sql.execute_batch("DROP TRIGGER boom;").unwrap();
         j.record("c", &json!(3)).unwrap();
         j.finish(&json!({}));
+        j.begin(&json!({ "gpus": 16 }), &[]).unwrap();
+        assert_eq!(j.id(), None, "no new run either");
         let run = Store::open(&path).unwrap().get(id).unwrap();
         assert_eq!(run.items, vec![("a".to_string(), json!(1))]);
         assert_eq!(run.status, "running");
+        assert_eq!(Store::open(&path).unwrap().list(10).unwrap().len(), 1, "one run in the history");
         drop(sql);
     }
 

@@ -1,7 +1,8 @@
 //! Test program: a precision policy whose name is drawn at random, from both WASI random
 //! generators (secure and insecure), the insecure seed, and the iteration order of a std
 //! `HashMap` (whose keys std seeds from WASI random). The host seeds every generator, so two
-//! instances must name themselves alike.
+//! instances must name themselves alike. `plan` of a model named "draw N" draws N random
+//! bytes in one call, for the host's cap on a draw.
 
 #![cfg_attr(not(target_arch = "wasm32"), allow(dead_code, reason = "only the wasm build exports the plugin"))]
 
@@ -41,6 +42,17 @@ impl Guest for Draws {
     }
 
     fn plan(request: PlanRequest) -> Result<PlanResponse, String> {
+        // A model named "draw N" draws N secure random bytes first (past the host's cap of
+        // a draw, the call must trap, not allocate).
+        if let Some(n) = request.model.strip_prefix("draw ").and_then(|n| n.parse::<u64>().ok()) {
+            #[cfg(target_arch = "wasm32")]
+            let got = wasip2::random::random::get_random_bytes(n).len() as u64;
+            #[cfg(not(target_arch = "wasm32"))]
+            let got = n;
+            if got != n {
+                return Err(format!("asked for {n} random bytes, got {got}"));
+            }
+        }
         Ok(PlanResponse { sites: request.sites.iter().map(|_| unscaled(Dtype::Bf16)).collect(), state: request.state })
     }
 
