@@ -70,11 +70,23 @@ fn scratch_dir(what: &str) -> PathBuf {
     dir
 }
 
-/// The launcher, built once per test run (`None`: no compiler, and none required).
+/// The launcher, built once per test run (`None`: no compiler, and none required). Its
+/// directory outlives every test (the process ends with it in use), so a run removes
+/// those that earlier runs, no longer running, left behind.
 fn launcher() -> Option<&'static Path> {
     static BIN: OnceLock<Option<PathBuf>> = OnceLock::new();
     BIN.get_or_init(|| {
         let cxx = compiler()?;
+        let prefix = "runner-cuda-emulation-launcher-";
+        for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let ended = name.strip_prefix(prefix).and_then(|pid| pid.parse::<u32>().ok()).is_some_and(|pid| {
+                pid != std::process::id() && cfg!(target_os = "linux") && !Path::new("/proc").join(pid.to_string()).exists()
+            });
+            if ended {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
         let dir = scratch_dir("launcher");
         emulation::write_launcher(&dir).unwrap();
         Some(compile(&cxx, &dir, "launcher.cpp"))
