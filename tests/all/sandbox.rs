@@ -254,3 +254,98 @@ fn a_random_draw_past_the_cap_traps_and_the_next_call_works() {
     assert!(message.contains("1048577") || message.contains("1048576"), "the draw or the cap is named: {message}");
     assert!(plan(16).is_ok(), "a fresh instance after the trap");
 }
+
+/// A component made by hand: a core module whose start function is `start` (no params, a
+/// local i32), exporting the cost world's instance with its three function names (of the
+/// wrong type, which is only seen after instantiation, by the typed lookups).
+fn component_with_start(start: &wasm_encoder::Function) -> Vec<u8> {
+    use wasm_encoder::{
+        CanonicalFunctionSection, CodeSection, Component, ComponentAliasSection, ComponentExportKind, ComponentExportSection,
+        ComponentInstanceSection, ComponentTypeSection, ComponentValType, ExportKind, ExportSection, Function, FunctionSection,
+        InstanceSection, Instruction, Module, ModuleArg, ModuleSection, StartSection, TypeSection,
+    };
+    let mut module = Module::new();
+    let mut types = TypeSection::new();
+    types.ty().function([], []);
+    module.section(&types);
+    let mut funcs = FunctionSection::new();
+    funcs.function(0).function(0);
+    module.section(&funcs);
+    let mut exports = ExportSection::new();
+    exports.export("nop", ExportKind::Func, 1);
+    module.section(&exports);
+    module.section(&StartSection { function_index: 0 });
+    let mut code = CodeSection::new();
+    let mut nop = Function::new([]);
+    nop.instruction(&Instruction::End);
+    code.function(start).function(&nop);
+    module.section(&code);
+
+    let mut c = Component::new();
+    c.section(&ModuleSection(&module));
+    let mut core = InstanceSection::new();
+    core.instantiate(0, Vec::<(&str, ModuleArg)>::new());
+    c.section(&core);
+    let mut alias = ComponentAliasSection::new();
+    alias.alias(wasm_encoder::Alias::CoreInstanceExport { instance: 0, kind: ExportKind::Func, name: "nop" });
+    c.section(&alias);
+    let mut ty = ComponentTypeSection::new();
+    ty.function().params(Vec::<(&str, ComponentValType)>::new()).result(None);
+    c.section(&ty);
+    let mut canon = CanonicalFunctionSection::new();
+    canon.lift(0, 0, []);
+    c.section(&canon);
+    let mut instance = ComponentInstanceSection::new();
+    instance.export_items(["provider", "offerings", "quote"].map(|n| (n, ComponentExportKind::Func, 0)));
+    c.section(&instance);
+    let mut export = ComponentExportSection::new();
+    export.export("runner:plugin/cost-model@0.3.0", ComponentExportKind::Instance, 0, None);
+    c.section(&export);
+    c.finish()
+}
+
+/// Instantiation runs guest code (a component's start functions), so it runs under the
+/// call's deadline. Rust-built plugins run their constructors inside the first export
+/// call, so only a component made by hand reaches it. A start function that loops
+/// forever times out, named, within the test's bound, and again on the next call (a
+/// fresh instance each time: nothing hangs); one that counts to 2^20 first (about a
+/// millisecond) instantiates, and the call fails on the exports' types instead (with no
+/// deadline set before instantiation, the store's own is already past: that start
+/// function timed out at its first loop).
+#[test]
+fn instantiation_is_under_the_call_deadline() {
+    use wasm_encoder::{BlockType, Function, Instruction, ValType};
+    let load = |start: &Function| {
+        let bytes = component_with_start(start);
+        plugin::load_bytes("spin", plugin::Source::Path("spin.wasm".into()), &bytes).unwrap()
+    };
+    let mut forever = Function::new([]);
+    forever.instruction(&Instruction::Loop(BlockType::Empty)).instruction(&Instruction::Br(0)).instruction(&Instruction::End).instruction(&Instruction::End);
+    let mut cost = load(&forever).cost(Limits { call_timeout_ms: 300, ..Limits::default() }).unwrap();
+    for _ in 0..2 {
+        let t0 = Instant::now();
+        let err = cost.provider().unwrap_err();
+        assert!(matches!(err.failure, Failure::Timeout { limit_ms: 300 }), "{err}");
+        assert_eq!(err.call, "provider", "{err}");
+        assert!(t0.elapsed() < Duration::from_secs(30), "{:?}", t0.elapsed());
+    }
+
+    let mut counts = Function::new([(1, ValType::I32)]);
+    for i in [
+        Instruction::Loop(BlockType::Empty),
+        Instruction::LocalGet(0),
+        Instruction::I32Const(1),
+        Instruction::I32Add,
+        Instruction::LocalTee(0),
+        Instruction::I32Const(1 << 20),
+        Instruction::I32Ne,
+        Instruction::BrIf(0),
+        Instruction::End,
+        Instruction::End,
+    ] {
+        counts.instruction(&i);
+    }
+    let err = load(&counts).cost(Limits::default()).unwrap().provider().unwrap_err();
+    assert!(!matches!(err.failure, Failure::Timeout { .. }), "{err}");
+    assert!(err.to_string().contains("type"), "the exports' types are wrong: {err}");
+}

@@ -335,7 +335,8 @@ impl<W: World> Sandboxed<W> {
             // Instantiation runs guest code too (a component's start functions), so it has
             // the call's deadline: a start function that loops must not hang the host.
             // Rust-built plugins run their constructors inside the first export call
-            // instead, so no test program reaches this; a hand-made component could.
+            // instead; a hand-made component reaches this (tests/all/sandbox.rs,
+            // `instantiation_is_under_the_call_deadline`).
             store.set_epoch_deadline(deadline_ticks(self.limits.call_timeout_ms));
             let instance = W::instantiate(&self.pre, &mut store)
                 .map_err(|e| self.classify(call, e, &store))?;
