@@ -137,6 +137,8 @@ pub struct TrainConfig {
     pub layers: u32,
     /// Peak learning rate (default: the variant's).
     pub lr: Option<f64>,
+    /// AdamW's decoupled weight decay, 0..=1 (default: the variant's).
+    pub weight_decay: Option<f64>,
     /// Evaluate on the held-out text every this many steps (and at the end).
     pub eval_every: u64,
     /// Batches in each held-out loss.
@@ -166,6 +168,7 @@ impl TrainConfig {
             micro_batch: defaults::MICRO_BATCH,
             layers: defaults::LAYERS,
             lr: None,
+            weight_decay: None,
             eval_every: defaults::EVAL_EVERY,
             eval_batches: defaults::EVAL_BATCHES,
             text: None,
@@ -375,6 +378,11 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     {
         bail!("--lr {lr} is not a positive learning rate (leave it out for the variant's)");
     }
+    if let Some(wd) = cfg.weight_decay
+        && !(0.0..=1.0).contains(&wd)
+    {
+        bail!("--weight-decay {wd}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)");
+    }
     if !(cfg.clip_grad.is_finite() && cfg.clip_grad >= 0.0) {
         bail!("--clip-grad {}: a gradient norm of 0 (off) or more", cfg.clip_grad);
     }
@@ -455,7 +463,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             params as f64 / 1e6
         ),
         format!(
-            "AdamW{} (beta2 {}, weight decay {}, the plugin's), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
+            "AdamW{} (beta2 {}, weight decay {}{}), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
             // The plugin's optimizer names its recipe's; this trainer has AdamW alone.
             if variant.defaults.optimizer.eq_ignore_ascii_case("adamw") {
                 String::new()
@@ -463,7 +471,8 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
                 format!(" (the plugin names {}, which `runner train` does not implement)", crate::report::visible(&variant.defaults.optimizer))
             },
             ADAMW_DEFAULT.beta2,
-            variant.defaults.weight_decay,
+            weight_decay(cfg.weight_decay, &variant.defaults),
+            if cfg.weight_decay.is_some() { "" } else { ", the plugin's" },
             peak_lr(cfg.lr, variant.defaults.learning_rate),
             if cfg.clip_grad > 0.0 { format!("at norm {}", cfg.clip_grad) } else { "off".into() }
         ),
@@ -545,10 +554,16 @@ fn peak_lr(lr: Option<f64>, variant_lr: f64) -> f64 {
     lr.unwrap_or(if variant_lr > 0.0 { variant_lr } else { 1e-3 })
 }
 
-/// The optimizer step at learning rate `lr`: AdamW with the plugin's weight decay (its
-/// recipe's, 0.1 for Llama 3) and the runner's betas and epsilon.
-fn adamw(lr: f64, defaults: &crate::plugin::workload::TrainingDefaults) -> AdamW {
-    AdamW { lr: lr as f32, weight_decay: defaults.weight_decay as f32, ..ADAMW_DEFAULT }
+/// The weight decay a run applies: `--weight-decay`, else the plugin's (its recipe's,
+/// 0.1 for Llama 3).
+fn weight_decay(given: Option<f64>, defaults: &crate::plugin::workload::TrainingDefaults) -> f64 {
+    given.unwrap_or(defaults.weight_decay)
+}
+
+/// The optimizer step at learning rate `lr`: AdamW with weight decay `wd` and the
+/// runner's betas and epsilon.
+fn adamw(lr: f64, wd: f64) -> AdamW {
+    AdamW { lr: lr as f32, weight_decay: wd as f32, ..ADAMW_DEFAULT }
 }
 
 /// Learning rate at applied step `t` of `n`: linear warm-up over a tenth (at most 100
@@ -916,7 +931,7 @@ fn train_one<D: Device + Clone>(
         if cfg.clip_grad > 0.0 && total.sqrt() > cfg.clip_grad {
             ex.scale_grads((cfg.clip_grad / total.sqrt()) as f32)?;
         }
-        ex.optimizer_step(&adamw(lr, &variant.defaults))?;
+        ex.optimizer_step(&adamw(lr, weight_decay(cfg.weight_decay, &variant.defaults)))?;
         applied += 1;
         applied_losses.push(f64::from(loss));
         step_seconds.push(t0.elapsed().as_secs_f64());
@@ -989,9 +1004,10 @@ mod tests {
     }
 
     /// The plugin's weight decay is the one applied (it was the runner's 0.1 whatever the
-    /// plugin said), beside the scheduled rate and the runner's betas.
+    /// plugin said) unless `--weight-decay` gives one, beside the scheduled rate and the
+    /// runner's betas.
     #[test]
-    fn the_optimizer_takes_the_plugins_weight_decay() {
+    fn the_optimizer_takes_the_plugins_weight_decay_or_the_flags() {
         let d = |weight_decay: f64| crate::plugin::workload::TrainingDefaults {
             seq_len: 8,
             tokens: 1e9,
@@ -1000,8 +1016,9 @@ mod tests {
             weight_decay,
         };
         for wd in [0.0, 0.05, 1.0] {
-            let a = adamw(2e-3, &d(wd));
+            let a = adamw(2e-3, weight_decay(None, &d(wd)));
             assert_eq!((a.lr, a.weight_decay, a.beta1, a.beta2, a.eps), (2e-3, wd as f32, 0.9, 0.95, 1e-8), "{wd}");
+            assert_eq!(weight_decay(Some(0.3), &d(wd)), 0.3);
         }
     }
 
@@ -1152,6 +1169,12 @@ mod tests {
         check(TrainConfig { lr: Some(1e-30), ..b() }, None);
         for lr in [0.0, -1e-3, f64::NAN, f64::INFINITY] {
             check(TrainConfig { lr: Some(lr), ..b() }, Some("is not a positive learning rate"));
+        }
+        for wd in [0.0, 0.01, 1.0] {
+            check(TrainConfig { weight_decay: Some(wd), ..b() }, None);
+        }
+        for wd in [-0.1, 1.01, f64::NAN, f64::INFINITY] {
+            check(TrainConfig { weight_decay: Some(wd), ..b() }, Some("from 0 to 1 (leave it out for the variant's)"));
         }
         check(TrainConfig { clip_grad: 0.0, ..b() }, None);
         check(TrainConfig { clip_grad: 1.0, ..b() }, None);

@@ -53,6 +53,9 @@ pub struct TrainArgs {
     /// Peak learning rate (default: the variant's)
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
+    /// AdamW's decoupled weight decay, 0 to 1 (default: the variant's)
+    #[arg(long, allow_negative_numbers = true)]
+    pub weight_decay: Option<f64>,
     /// Held-out loss every N steps (default: a tenth of the steps)
     #[arg(long, default_value_t = defaults::EVAL_EVERY)]
     pub eval_every: u64,
@@ -112,6 +115,7 @@ fn config(a: TrainArgs) -> Result<TrainConfig> {
         micro_batch: a.micro_batch,
         layers: a.layers,
         lr: a.lr,
+        weight_decay: a.weight_decay,
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
         text: a.text,
@@ -187,14 +191,14 @@ mod tests {
     fn each_flag_lands_in_its_own_field() {
         let c = cfg(&[
             "--plugin", "m.wasm", "--variant", "v-tiny", "--precision", "fp8", "--steps", "11", "--seed", "12", "--seq-len", "13",
-            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--eval-every", "17", "--eval-batches", "18", "--text",
+            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--weight-decay", "0.021", "--eval-every", "17", "--eval-batches", "18", "--text",
             "t.txt", "--plan-for", "H100", "--inject", "nan@3,grad-spike@4", "--max-bf16-share", "0.19", "--checkpoint-every",
             "20", "--clip-grad", "2.1",
         ])
         .unwrap();
         assert_eq!((c.model.as_str(), c.variant.as_deref(), &c.policies[..]), ("m.wasm", Some("v-tiny"), &["fp8".to_string()][..]));
         assert_eq!((c.steps, c.seed, c.seq_len, c.micro_batch, c.layers), (11, 12, 13, 14, 15));
-        assert_eq!((c.lr, c.eval_every, c.eval_batches), (Some(0.016), 17, 18));
+        assert_eq!((c.lr, c.weight_decay, c.eval_every, c.eval_batches), (Some(0.016), Some(0.021), 17, 18));
         assert_eq!((c.text.as_deref(), c.plan_for.as_str()), (Some(std::path::Path::new("t.txt")), "H100"));
         assert_eq!(c.injections, [Injection::parse("nan@3").unwrap(), Injection::parse("grad-spike@4").unwrap()]);
         assert_eq!((c.max_bf16_share, c.checkpoint_every, c.clip_grad), (0.19, 20, 2.1));
