@@ -1581,21 +1581,19 @@ impl Device for Cuda {
     fn concat_forward(&self, out: &mut CudaBuffer, a: &CudaBuffer, b: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
         let k = "concat_forward";
         let (la, lb, lo) = s.dims(k, out.len, Some(a.len), Some(b.len))?;
-        let ints = [i32_arg(k, "the rank", s.out.len())?, i32_arg(k, "a's last axis", la)?, i32_arg(k, "b's last axis", lb)?];
-        let (shapes, rank) = self.concat_meta(s)?;
+        let (la, lb) = (i32_arg(k, "a's last axis", la)?, i32_arg(k, "b's last axis", lb)?);
+        let (shapes, rank) = self.concat_meta(k, s)?;
         let rows = out.len / lo.max(1);
-        // The rank is below the shape's length, checked as an int above.
-        self.ew(k, out.len, &[self.p(out), self.p(a), self.p(b), Arg::P(shapes), Arg::I32(rank as i32), Arg::I(rows as i64), Arg::I32(ints[1]), Arg::I32(ints[2])])
+        self.ew(k, out.len, &[self.p(out), self.p(a), self.p(b), Arg::P(shapes), Arg::I32(rank), Arg::I(rows as i64), Arg::I32(la), Arg::I32(lb)])
     }
 
     fn concat_backward(&self, da: Option<&mut CudaBuffer>, db: Option<&mut CudaBuffer>, dout: &CudaBuffer, s: ConcatShapes<'_>) -> Result<(), ExecError> {
         let k = "concat_backward";
         let (la, lb, lo) = s.dims(k, dout.len, da.as_ref().map(|t| t.len), db.as_ref().map(|t| t.len))?;
-        // The rank (below the shape's length) and each column count (la + lb = lo, so
-        // la, lb and b's first column are no more than lo) fit the kernel's ints.
-        i32_arg(k, "the rank", s.out.len())?;
+        // Each column count (la + lb = lo, so la, lb and b's first column are no more
+        // than lo) fits the kernel's ints; concat_meta checks the rank.
         let lo_arg = i32_arg(k, "the last axis", lo)?;
-        let (shapes, rank) = self.concat_meta(s)?;
+        let (shapes, rank) = self.concat_meta(k, s)?;
         for (which, t, lx, col0) in [(1, da, la, 0), (2, db, lb, la)] {
             if let Some(t) = t {
                 let rows_src = t.len / lx.max(1);
@@ -1606,7 +1604,7 @@ impl Device for Cuda {
                         self.p(t),
                         self.p(dout),
                         Arg::P(shapes),
-                        Arg::I32(rank as i32),
+                        Arg::I32(rank),
                         Arg::I32(which),
                         Arg::I(rows_src as i64),
                         Arg::I32(lx as i32),
@@ -2223,10 +2221,12 @@ impl Cuda {
     }
 
     /// The concat's leading-axis shapes (out, a, b) on the device (uploaded the first
-    /// time this shape is seen): its address and the rank. The shapes were checked
-    /// against the buffers by [`ConcatShapes::dims`], which gives the last axes.
-    fn concat_meta(&self, s: ConcatShapes<'_>) -> Result<(u64, usize), ExecError> {
+    /// time this shape is seen): its address and the rank, an int as the kernels take
+    /// it. The shapes were checked against the buffers by [`ConcatShapes::dims`], which
+    /// gives the last axes.
+    fn concat_meta(&self, kernel: &str, s: ConcatShapes<'_>) -> Result<(u64, i32), ExecError> {
         let rank = s.out.len().saturating_sub(1);
+        let rank_arg = i32_arg(kernel, "the rank", rank)?;
         let mut host: Vec<u32> = Vec::with_capacity(6 * rank);
         for sh in [s.out, s.a, s.b] {
             for &d in &sh[..rank] {
@@ -2247,7 +2247,7 @@ impl Cuda {
                 e.insert(t)
             }
         };
-        Ok((t.ptr, rank))
+        Ok((t.ptr, rank_arg))
     }
 
     fn upload_plan(&self, plan: runner_kernels::cpu::moe::DispatchPlan) -> Result<CudaPlan, ExecError> {
