@@ -211,7 +211,7 @@ mod tests {
 
     /// A history path in a scratch directory removed when the guard goes, also when the
     /// test fails.
-    fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
+    pub(super) fn scratch(name: &str) -> (tempfile::TempDir, PathBuf) {
         let tmp = tempfile::Builder::new().prefix(&format!("runner-history-unit-{name}-")).tempdir().unwrap();
         let path = tmp.path().join("h.sqlite");
         (tmp, path)
@@ -339,23 +339,9 @@ mod tests {
 #[cfg(test)]
 mod journal_tests {
     use super::*;
-    use super::tests::stored;
+    use super::tests::{scratch, stored};
     use crate::plugin::{Kind, Source};
     use crate::report::explore::tests::{outcome, priced, row};
-
-    /// A fresh directory with a history path in it, removed when dropped (also when the
-    /// test fails).
-    struct Dir(tempfile::TempDir);
-
-    impl Dir {
-        fn new(name: &str) -> Dir {
-            Dir(tempfile::Builder::new().prefix(&format!("runner-history-journal-{name}-")).tempdir().unwrap())
-        }
-
-        fn db(&self) -> PathBuf {
-            self.0.path().join("h.sqlite")
-        }
-    }
 
     fn trigger(path: &Path, sql: &str) {
         rusqlite::Connection::open(path).unwrap().execute_batch(sql).unwrap();
@@ -366,20 +352,20 @@ mod journal_tests {
     /// failed writes ignored, a later error kept instead of the first.
     #[test]
     fn a_failed_closing_write_loses_the_run_and_the_first_error_stays() {
-        let dir = Dir::new("close");
-        let mut done = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        let (_dir, db) = scratch("close");
+        let mut done = StoreJournal::open(&db, "explore", "a").unwrap();
         done.begin(&json!({ "gpus": 8 }), &[]).unwrap();
         let id = done.id().unwrap();
-        let mut failed = StoreJournal::open(&dir.db(), "explore", "b").unwrap();
+        let mut failed = StoreJournal::open(&db, "explore", "b").unwrap();
         failed.begin(&json!({ "gpus": 16 }), &[]).unwrap();
-        trigger(&dir.db(), "CREATE TRIGGER boom BEFORE UPDATE ON runs BEGIN SELECT RAISE(FAIL, 'closing boom'); END;");
+        trigger(&db, "CREATE TRIGGER boom BEFORE UPDATE ON runs BEGIN SELECT RAISE(FAIL, 'closing boom'); END;");
         done.finish(&json!({ "figures": 1 }));
         failed.fail("no plugin");
         for j in [&done, &failed] {
             assert!(j.lost().is_some_and(|e| e.contains("closing boom")), "{:?}", j.lost());
             assert_eq!(j.id(), None);
         }
-        assert_eq!(Store::open(&dir.db()).unwrap().get(id).unwrap().status, "running");
+        assert_eq!(Store::open(&db).unwrap().get(id).unwrap().status, "running");
         done.lose(&"a later error");
         assert!(done.lost().is_some_and(|e| e.contains("closing boom")), "{:?}", done.lost());
     }
@@ -390,27 +376,27 @@ mod journal_tests {
     /// item ignored (the run kept on).
     #[test]
     fn a_history_that_cannot_begin_or_be_read_back_loses_the_run_not_the_run() {
-        let dir = Dir::new("begin");
-        drop(Store::open(&dir.db()).unwrap());
-        trigger(&dir.db(), "CREATE TRIGGER boom BEFORE INSERT ON runs BEGIN SELECT RAISE(FAIL, 'begin boom'); END;");
-        let mut j = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        let (_dir, db) = scratch("begin");
+        drop(Store::open(&db).unwrap());
+        trigger(&db, "CREATE TRIGGER boom BEFORE INSERT ON runs BEGIN SELECT RAISE(FAIL, 'begin boom'); END;");
+        let mut j = StoreJournal::open(&db, "explore", "a").unwrap();
         assert!(j.begin(&json!({ "gpus": 8 }), &[]).is_ok());
         assert!(j.lost().is_some_and(|e| e.contains("begin boom")), "{:?}", j.lost());
         assert_eq!((j.id(), j.recalled(), j.resumed), (None, 0, false));
-        trigger(&dir.db(), "DROP TRIGGER boom;");
+        trigger(&db, "DROP TRIGGER boom;");
 
-        let mut a = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        let mut a = StoreJournal::open(&db, "explore", "a").unwrap();
         a.begin(&json!({ "gpus": 16 }), &[]).unwrap();
         let id = a.id().unwrap();
         a.record("row 8", &json!(1)).unwrap();
-        trigger(&dir.db(), &format!("UPDATE items SET value = 'not json' WHERE run_id = {id};"));
-        let mut b = StoreJournal::open(&dir.db(), "explore", "a").unwrap();
+        trigger(&db, &format!("UPDATE items SET value = 'not json' WHERE run_id = {id};"));
+        let mut b = StoreJournal::open(&db, "explore", "a").unwrap();
         assert!(b.begin(&json!({ "gpus": 16 }), &[]).is_ok());
         assert!(b.resumed);
         assert!(b.lost().is_some_and(|e| e.contains("item row 8")), "{:?}", b.lost());
         assert_eq!((b.id(), b.recalled()), (None, 0));
         b.record("row 16", &json!(2)).unwrap();
-        let sql = rusqlite::Connection::open(dir.db()).unwrap();
+        let sql = rusqlite::Connection::open(&db).unwrap();
         let keys: Vec<String> = sql.prepare("SELECT key FROM items").unwrap().query_map([], |r| r.get(0)).unwrap().map(Result::unwrap).collect();
         assert_eq!(keys, ["row 8"], "nothing more written");
     }
@@ -421,7 +407,7 @@ mod journal_tests {
     /// the version left out, kind and command swapped.
     #[test]
     fn a_run_records_its_plugins_and_version_and_resumes_twice() {
-        let dir = Dir::new("twice");
+        let (_dir, db) = scratch("twice");
         let plugin = |name: &str, kind: Kind, source: Source, sha256: &str| PluginInfo {
             name: name.into(),
             kind,
@@ -435,7 +421,7 @@ mod journal_tests {
         let inputs = json!({ "gpus": [8, 16] });
         let mut ids = Vec::new();
         for (n, key) in ["row 8", "row 16", "done"].into_iter().enumerate() {
-            let mut j = StoreJournal::open(&dir.db(), "explore", "runner run a.toml").unwrap();
+            let mut j = StoreJournal::open(&db, "explore", "runner run a.toml").unwrap();
             j.begin(&inputs, &plugins).unwrap();
             assert_eq!((j.resumed, j.recalled()), (n > 0, n));
             ids.push(j.id().unwrap());
@@ -447,7 +433,7 @@ mod journal_tests {
             }
         }
         assert_eq!(ids, [ids[0]; 3]);
-        let store = Store::open(&dir.db()).unwrap();
+        let store = Store::open(&db).unwrap();
         assert_eq!(store.list(10).unwrap().len(), 1);
         let run = store.get(ids[0]).unwrap();
         assert_eq!((run.kind.as_str(), run.command.as_str(), run.status.as_str()), ("explore", "runner run a.toml", "done"));
