@@ -756,7 +756,8 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
         // which a kernel slower than one rate per format explains (a CPU's lm_head, at
         // half its small GEMMs' rate) pulls away from the measured one: say by how much.
         let measured: f64 = rows.iter().map(|r| r.time).sum();
-        let fitted: f64 = rows.iter().map(|r| (law(&eff, r) + 1.0) * r.time).sum();
+        // `after` holds the GEMM rows' relative errors alone so far (memory rows come later).
+        let fitted: f64 = after.iter().zip(&rows).map(|(e, r)| (e + 1.0) * r.time).sum();
         let off = fitted / measured - 1.0;
         if off.abs() > GEMM_TOTAL_TOLERANCE {
             notes.push(format!(
