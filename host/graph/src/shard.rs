@@ -274,10 +274,16 @@ pub fn partition(g: &Graph) -> (Vec<Place>, Vec<i32>) {
 /// Every divisor of `n`, in order (none for 0). Pairs (d, n/d) up to √n: a degree or a
 /// GPU count of four billion takes 65,536 steps, not four billion.
 pub fn divisors(n: u64) -> Vec<u64> {
+    divisor_pairs(n, u64::MAX)
+}
+
+/// The divisors of `n` that pair (d, n/d) with d ≤ `up_to` (every one, where `up_to` ≥ √n),
+/// in order.
+fn divisor_pairs(n: u64, up_to: u64) -> Vec<u64> {
     let mut low = Vec::new();
     let mut high = Vec::new();
     let mut d = 1u64;
-    while d.saturating_mul(d) <= n {
+    while d <= up_to && d.saturating_mul(d) <= n {
         if n.is_multiple_of(d) {
             low.push(d);
             if d != n / d {
@@ -294,21 +300,7 @@ pub fn divisors(n: u64) -> Vec<u64> {
 /// for d up to 2^20 only (every divisor below n = 2^40). The list is a hint; a graph's
 /// hostile 2^61 − 1 heads took √n = 1.5·10^9 steps, seconds before the refusal.
 fn try_list(n: u64, max: u64) -> String {
-    let (mut low, mut high) = (Vec::new(), Vec::new());
-    let mut d = 1u64;
-    while d <= 1 << 20 && d.saturating_mul(d) <= n {
-        if n.is_multiple_of(d) {
-            if d <= max {
-                low.push(d);
-            }
-            if d != n / d && n / d <= max {
-                high.push(n / d);
-            }
-        }
-        d += 1;
-    }
-    low.extend(high.into_iter().rev());
-    low.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+    divisor_pairs(n, 1 << 20).into_iter().filter(|&d| d <= max).map(|d| d.to_string()).collect::<Vec<_>>().join(", ")
 }
 
 impl Layout {
