@@ -70,7 +70,8 @@ __device__ __forceinline__ void qblock_scale(float a, float max, int emax, int s
         if (g == 0.0f) { *enc = 1.0f; *dec = 1.0f; return; }
         float sb = fp8_decode(fp8_encode(a / max / g, 0, true), 0);
         float d = sb * g;
-        if (d > 0.0f && isfinite(d)) { *enc = 1.0f / d; *dec = d; } else { *enc = 0.0f; *dec = 0.0f; }
+        // Held at FLT_MAX: a decode scale below 2.9e-39 has an infinite reciprocal.
+        if (d > 0.0f && isfinite(d)) { *enc = fminf(1.0f / d, 3.402823466e38f); *dec = d; } else { *enc = 0.0f; *dec = 0.0f; }
         return;
     }
     int e;

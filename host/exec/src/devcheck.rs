@@ -478,6 +478,16 @@ fn formats<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
         p.check_values(&format!("quantize {name} counts"), &counts(&rc), &counts(&rd), 0.0);
         p.check_value(&format!("quantize {name} amax"), rc.amax, rd.amax, 0.0);
     }
+    // NVFP4 of a tensor of tiny values (amax near 1e-39, below 7.9e-36): its encode scales
+    // are held at FLT_MAX on both sides (an Inf one made a block's zeros NaN).
+    let tiny: Vec<f32> = v[..4000].iter().map(|x| if x.is_finite() { x * 1e-40 } else { 0.0 }).collect();
+    let spec = block(Format::E2M1, (1, 16), ScaleFormat::E4M3, ScaleRounding::Exact, true, None);
+    let mut y = p.f(&tiny)?;
+    let rc = p.cpu.quantize(&mut y.0, 40, 100, &spec)?;
+    let rd = p.dev.quantize(&mut y.1, 40, 100, &spec).and_then(|s| p.dev.report(s))?;
+    p.check("quantize nvfp4 1x16 of tiny values", &y, 0.0)?;
+    p.check_values("quantize nvfp4 1x16 of tiny values counts", &counts(&rc), &counts(&rd), 0.0);
+    p.check_value("quantize nvfp4 1x16 of tiny values scale", rc.scale, rd.scale, 0.0);
     // The native route's one-pass cast of an operand to codes (given and current scales,
     // saturating and not): the same codes, scale and counts. Current scaling on finite
     // values (the edge cases' infinity would make its amax infinite and its scale 1).

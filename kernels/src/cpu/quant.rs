@@ -58,6 +58,14 @@ pub fn tensor_scale_of_blocks(amax: f32, element: Format) -> f32 {
     amax / (Format::E4M3.max() * element.max())
 }
 
+/// The per-tensor encode scale a two-level quantisation reports (`q = x·scale`) for its
+/// decode scale `global`: `1 / global`, held at FLT_MAX as TE's
+/// `compute_global_encode_scaling_factor_FP4` holds it (a tensor amax below 7.9e-36
+/// made it Inf), and 1 for a decode scale of 0.
+pub fn encode_scale_of_blocks(global: f32) -> f32 {
+    if global > 0.0 { (1.0 / global).min(f32::MAX) } else { 1.0 }
+}
+
 impl Format {
     /// Largest finite value.
     pub fn max(self) -> f32 {
@@ -479,7 +487,9 @@ pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
         }
         let sb = e4m3_saturating(a / f.max() / g);
         let d = sb * g;
-        return if d > 0.0 && d.is_finite() { (1.0 / d, d) } else { (0.0, 0.0) };
+        // Held at FLT_MAX, as TE's `compute_scaling_coefficient`: a decode scale below
+        // 2.9e-39 has an infinite reciprocal, and a block's zeros became NaN (0 · Inf).
+        return if d > 0.0 && d.is_finite() { ((1.0 / d).min(f32::MAX), d) } else { (0.0, 0.0) };
     }
     let e = match s.scale_rounding {
         ScaleRounding::Exact => {
@@ -529,7 +539,7 @@ pub fn qdq_blocks(x: &mut [f32], rows: usize, cols: usize, s: &BlockSpec) -> Res
         .map(|(t, strips)| simd_lanes(BlockTask { strips, base: t * per_task * strip, cols, s, global, g: &g, seed }))
         .reduce(QuantReport::default, QuantReport::merge);
     if s.tensor_scale {
-        r.scale = if global > 0.0 { 1.0 / global } else { 1.0 };
+        r.scale = encode_scale_of_blocks(global);
     }
     Ok(r)
 }
@@ -1380,6 +1390,29 @@ mod tests {
         assert_eq!(x[16..], want[16..]);
         assert!(x[16..].iter().any(|&v| v != 0.0));
         assert_eq!((x[2], r.scale), (-6.0, 1.0));
+    }
+
+    /// NVFP4 on a tensor of tiny values stays finite and reads back as zeros, as Transformer
+    /// Engine's (`compute_scaling_coefficient` in core_nvfp4.cuh holds a block's encode
+    /// scale at FLT_MAX, and `compute_global_encode_scaling_factor_FP4` the tensor's): at
+    /// an amax of 1e-40 the decode scale `sb · g` was so small its reciprocal was Inf, and
+    /// a block's zeros came back NaN (0 · Inf), its other elements ±6 · d; the reported
+    /// scale `1 / g` was Inf below an amax of 7.9e-36.
+    #[test]
+    fn nvfp4_of_tiny_values_is_finite_zeros() {
+        let s = BlockSpec { format: Format::E2M1, block: (1, 16), scale_format: ScaleFormat::E4M3, scale_rounding: ScaleRounding::Exact, tensor_scale: true, saturate: true, stochastic: None };
+        for amax in [1e-30f32, 1e-36, 1e-38, 1e-40, 3e-42, 1e-44] {
+            let mut x: Vec<f32> = (0..32).map(|i| amax * (i as f32 - 16.0) / 16.0).collect();
+            let r = qdq_blocks(&mut x, 1, 32, &s).unwrap();
+            assert!(x.iter().all(|v| v.is_finite()), "amax {amax}: {x:?}");
+            assert!(r.scale.is_finite() && r.scale > 0.0, "amax {amax}: scale {}", r.scale);
+            // Within one step of the block's own E2M1 grid (amax / 6 · 2), or zero.
+            assert!(x.iter().all(|v| v.abs() <= amax * 1.01), "amax {amax}: {x:?}");
+        }
+        // Where the scales are normal numbers, the values survive as usual.
+        let mut x: Vec<f32> = (0..32).map(|i| 1e-30 * (i as f32 - 16.0) / 16.0).collect();
+        qdq_blocks(&mut x, 1, 32, &s).unwrap();
+        assert!((x[0] + 1e-30).abs() < 1e-36, "{}", x[0]);
     }
 
     /// Invalid shapes and scales are errors, never panics or overflows: an empty block

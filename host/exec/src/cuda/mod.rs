@@ -486,7 +486,7 @@ impl CudaQuantStats {
             ScaleFrom::Blocks(b) => {
                 let global = if b.tensor_scale { quant::tensor_scale_of_blocks(amax, b.format) } else { 1.0 };
                 if b.tensor_scale {
-                    if global > 0.0 { 1.0 / global } else { 1.0 }
+                    quant::encode_scale_of_blocks(global)
                 } else {
                     quant::block_scale(amax, &b, global).0
                 }
