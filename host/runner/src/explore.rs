@@ -257,6 +257,7 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
 pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal) -> anyhow::Result<Outcome> {
     let limits = run.limits;
     let profiles = project::profiles(run.cluster.profile.as_deref().map(std::path::Path::new))?;
+    let run = &by_profile_name(run, &profiles)?;
     let mut notes = Vec::new();
     let mut plugins = Vec::new();
 
@@ -740,6 +741,29 @@ fn plugin_stem(spec: &str) -> &str {
     file.strip_suffix(".wasm").unwrap_or(file)
 }
 
+/// `run` with each GPU named as its profile is: an alias (`h100-sxm`) or another case
+/// (`h100`) names the same GPU as `H100`, so it runs one series, not two, and resumes and
+/// compares as the default does.
+///
+/// # Errors
+/// An unknown GPU, or two names of one GPU.
+fn by_profile_name(run: &RunFile, profiles: &runner_project::profile::Profiles) -> anyhow::Result<RunFile> {
+    let mut out = run.clone();
+    out.cluster.gpu.clear();
+    for name in &run.cluster.gpu {
+        let gpu = profiles.get(name).map_err(anyhow::Error::msg)?;
+        if let Some(i) = out.cluster.gpu.iter().position(|n| n == &gpu.name) {
+            anyhow::bail!(
+                "[cluster] gpu names {} twice: '{}' and '{name}' are the same GPU; list it once",
+                gpu.name,
+                run.cluster.gpu[i]
+            );
+        }
+        out.cluster.gpu.push(gpu.name.clone());
+    }
+    Ok(out)
+}
+
 /// The run's inputs as they decide its results: the resolved run file and the GPU profiles
 /// of the GPUs asked for (a `--profile` file changes results).
 fn inputs(run: &RunFile, profiles: &runner_project::profile::Profiles) -> Value {
@@ -1116,6 +1140,21 @@ mod tests {
             note,
             "acme (acme.wasm) sells only GPUs no profile describes (H1000, MI300X): never priced (an offering's gpu must be one of H100, B200, or an alias)"
         );
+    }
+
+    /// GPUs are named as their profiles are, whatever case or alias the run used; two
+    /// names of one GPU are refused, naming both (they ran the same series twice).
+    #[test]
+    fn gpus_go_by_their_profile_name_and_one_named_twice_is_refused() {
+        let profiles = runner_project::profile::Profiles::builtin();
+        let mut run = RunFile::default();
+        run.cluster.gpu = vec!["h100".into(), "B200".into(), "nvidia-h200-141gb".into()];
+        assert_eq!(by_profile_name(&run, &profiles).unwrap().cluster.gpu, ["H100", "B200", "H200"]);
+        run.cluster.gpu = vec!["h100".into(), "b200".into(), "H100-SXM".into()];
+        let e = by_profile_name(&run, &profiles).unwrap_err().to_string();
+        assert_eq!(e, "[cluster] gpu names H100 twice: 'h100' and 'H100-SXM' are the same GPU; list it once");
+        run.cluster.gpu = vec!["h1000".into()];
+        assert!(by_profile_name(&run, &profiles).unwrap_err().to_string().starts_with("unknown GPU 'h1000'"));
     }
 
     #[test]
