@@ -51,7 +51,7 @@ use crate::template::{Dispatcher, Group, Kernels, Measured, PartTime, Rates, Sha
 
 /// The optimizer a run trains with.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "lowercase", try_from = "String")]
 pub enum Optimizer {
     /// AdamW under Megatron's (element-wise) distributed optimizer or FSDP: fp32 master
     /// weights and two fp32 moments, 12 bytes per parameter, sharded over data parallelism.
@@ -73,6 +73,15 @@ impl Optimizer {
             "muon" | "dist_muon" => Ok(Optimizer::Muon),
             _ => Err(format!("unknown optimizer '{s}': use adamw or muon")),
         }
+    }
+}
+
+/// Read as [`Optimizer::parse`] reads a flag, so a run file takes the same names.
+impl TryFrom<String> for Optimizer {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Optimizer, String> {
+        Optimizer::parse(&name)
     }
 }
 

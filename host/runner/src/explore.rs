@@ -508,7 +508,8 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         + assumptions.data_bytes_per_token * tokens / 1e9;
     let egress_gb = assumptions.egress_bytes_per_param * params.total as f64 / 1e9;
 
-    let space = run.layout.space();
+    let mut space = run.layout.space();
+    space.optimizer = project::optimizer(run.layout.optimizer, variant, &mut notes);
     let fixed = run.layout.describe();
     if !fixed.is_empty() {
         notes.push(format!("layouts searched with {fixed} fixed by the run"));

@@ -137,6 +137,11 @@ pub struct QuickRun {
     /// default: try both
     #[arg(long, value_name = "SPLIT", value_parser = runner_graph::pipeline::PipelineSplit::parse)]
     pub pipeline_split: Option<runner_graph::pipeline::PipelineSplit>,
+    /// The optimizer: adamw (Megatron's distributed optimizer) or muon (Megatron's
+    /// dist_muon, as Kimi-K2 trains); default: the one the workload plugin names, where
+    /// the projection models it, else adamw
+    #[arg(long, value_parser = runner_project::step::Optimizer::parse)]
+    pub optimizer: Option<runner_project::step::Optimizer>,
     /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
     #[arg(long, allow_negative_numbers = true, value_name = "D")]
     pub target_days: Option<f64>,

@@ -13,6 +13,7 @@ use runner_project::model::{GraphSource, Model};
 use runner_project::precision::{GemmRole, Plan, Recipe};
 use runner_project::profile::{GemmFormat, GpuProfile, Profiles};
 use runner_project::published::Resolver;
+use runner_project::step::Optimizer;
 
 use crate::plugin::workload::{GraphRequest, ReferenceLayout, TrainingPrecision, Variant, Workload};
 use crate::plugin::{self, Kind, Limits};
@@ -148,6 +149,31 @@ pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSourc
 pub fn beyond_context(variant: &Variant, seq_len: u32) -> Option<String> {
     let max = variant.hyper.max_position;
     (max > 0 && seq_len > max).then(|| format!("seq-len {seq_len} is past {}'s context of {max} tokens (its max position)", variant.name))
+}
+
+/// The optimizer a projection of `variant` trains with: `given` (a flag or a run file's
+/// `[layout] optimizer`), else the one the workload plugin names where the projection
+/// models it (AdamW or Muon), else AdamW. A note says which, unless it is AdamW by
+/// choice or by the plugin's word: a Muon-trained model projected with AdamW's 12 bytes
+/// of state per parameter and its gradient reduce-scatter would be another run.
+pub fn optimizer(given: Option<Optimizer>, variant: &Variant, notes: &mut Vec<String>) -> Optimizer {
+    let named = &variant.defaults.optimizer;
+    match (given, Optimizer::parse(named)) {
+        (Some(o), _) => o,
+        (None, Ok(Optimizer::AdamW)) => Optimizer::AdamW,
+        (None, Ok(o)) => {
+            notes.push(format!("optimizer: {o:?}, as {} names it (--optimizer adamw projects AdamW)", variant.name));
+            o
+        }
+        (None, Err(_)) => {
+            notes.push(format!(
+                "optimizer: {} names {}, which the projection does not model: projected with AdamW (--optimizer muon for Muon)",
+                variant.name,
+                crate::report::visible(named)
+            ));
+            Optimizer::AdamW
+        }
+    }
 }
 
 /// Resolves calibration-file model names through the installed plugins.
@@ -453,6 +479,32 @@ pub fn model(found: &Found, seq_len: u32, limits: Limits) -> Result<(Model, Plug
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The optimizer given wins; else the plugin's where the projection models it (a note
+    /// unless it is AdamW), else AdamW with a note naming what the plugin said, escaped.
+    #[test]
+    fn the_optimizer_is_the_given_one_else_the_plugins_where_modelled() {
+        let mut variant = find_model("llama3.1-8b", Limits::default()).unwrap().variant;
+        let mut notes = Vec::new();
+        for (named, given, want, note) in [
+            ("adamw", None, Optimizer::AdamW, None),
+            ("AdamW", Some(Optimizer::Muon), Optimizer::Muon, None),
+            ("muon", None, Optimizer::Muon, Some("optimizer: Muon, as llama3.1-8b names it (--optimizer adamw projects AdamW)")),
+            ("muon", Some(Optimizer::AdamW), Optimizer::AdamW, None),
+            ("lion", Some(Optimizer::Muon), Optimizer::Muon, None),
+            (
+                "lion\u{1b}[2J",
+                None,
+                Optimizer::AdamW,
+                Some("optimizer: llama3.1-8b names lion\\u{1b}[2J, which the projection does not model: projected with AdamW (--optimizer muon for Muon)"),
+            ),
+        ] {
+            variant.defaults.optimizer = named.into();
+            notes.clear();
+            assert_eq!(optimizer(given, &variant, &mut notes), want, "{named} {given:?}");
+            assert_eq!(notes.first().map(String::as_str), note, "{named} {given:?}");
+        }
+    }
 
     /// DeepSeek LLM trained its 7B and 67B models on 2T tokens at 2304 and 4608
     /// sequences of 4096 (arXiv:2401.02954, Table 2); its own formula must give those

@@ -114,6 +114,9 @@ pub struct LayoutSection {
     /// The expert token dispatcher, Megatron's `moe_token_dispatcher_type`: `flex`
     /// (DeepEP or HybridEP) or `alltoall`; absent: flex.
     pub dispatcher: Option<Dispatcher>,
+    /// The optimizer: `adamw` or `muon` (Megatron's dist_muon); absent: the one the
+    /// workload plugin names, where the projection models it, else adamw.
+    pub optimizer: Option<runner_project::step::Optimizer>,
 }
 
 impl LayoutSection {
@@ -134,7 +137,7 @@ impl LayoutSection {
             ep_overlap: None,
             split: self.pipeline_split,
             offload_layers: self.offload_layers,
-            optimizer: Default::default(),
+            optimizer: self.optimizer.unwrap_or_default(),
             kernels: runner_project::template::Kernels {
                 fused_grouped_mlp: self.fused_grouped_mlp.unwrap_or(false),
                 dispatcher: self.dispatcher.unwrap_or_default(),
@@ -167,6 +170,9 @@ impl LayoutSection {
         }
         if self.dispatcher == Some(Dispatcher::AllToAll) {
             parts.push("alltoall dispatcher".into());
+        }
+        if let Some(o) = self.optimizer {
+            parts.push(format!("optimizer {o:?}").to_lowercase());
         }
         parts.join(" ")
     }
@@ -775,6 +781,21 @@ mod tests {
         assert!(run.layout.describe().contains("fused grouped MLP"));
         let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
         assert!(!run.layout.space().kernels.fused_grouped_mlp);
+    }
+
+    /// `[layout] optimizer` picks the optimizer every layout trains with, by the names the
+    /// `--optimizer` flag takes; absent, the run leaves it to the plugin (`space()` holds
+    /// AdamW until the explorer asks the plugin). Another name is refused with the two.
+    #[test]
+    fn optimizer_is_read() {
+        use runner_project::step::Optimizer;
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\noptimizer = \"dist_muon\"\n", "t.toml").unwrap();
+        assert_eq!((run.layout.optimizer, run.layout.space().optimizer), (Some(Optimizer::Muon), Optimizer::Muon));
+        assert!(run.layout.describe().contains("optimizer muon"), "{}", run.layout.describe());
+        let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
+        assert_eq!((run.layout.optimizer, run.layout.space().optimizer), (None, Optimizer::AdamW));
+        let e = parse("[model]\nplugin = \"x\"\n[layout]\noptimizer = \"lion\"\n", "t.toml").unwrap_err();
+        assert!(e.contains("unknown optimizer 'lion': use adamw or muon"), "{e}");
     }
 
     /// `[layout] dispatcher` picks the expert token dispatcher (absent: flex); a name

@@ -1748,6 +1748,27 @@ fn goal_and_sweet_spot_flags_reach_the_run() {
     assert_eq!(counts, [8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]);
 }
 
+/// The explorer's `--optimizer` reaches every layout it searches (Muon's layouts say so in
+/// their name; the flag was project's and search's alone), and two names of one GPU are
+/// one GPU: refused, where they ran its series twice.
+#[test]
+fn the_explorers_optimizer_and_gpu_aliases_reach_the_run() {
+    let dir = scratch("optimizer");
+    let base = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--precision", "bf16", "--cloud", "aws", "--gpus", "8", "--no-history", "-q"];
+    let layout = |extra: &[&str]| {
+        let o = runner(&dir, &[&base[..], &["--format", "json"], extra].concat());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["series"][0]["rows"][0]["projection"]["layout"].clone()
+    };
+    assert_eq!(layout(&["--optimizer", "muon"])["optimizer"], "muon");
+    assert_eq!(layout(&[])["optimizer"], "adamw");
+    let o = runner(&dir, &[&base[..], &["--gpu", "h100,H100-SXM5"]].concat());
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("[cluster] gpu names H100 twice: 'h100' and 'H100-SXM5' are the same GPU; list it once"), "{}", text(&o).1);
+}
+
 /// An empty `$XDG_DATA_HOME` or `$XDG_CACHE_HOME` is unset and a relative one is ignored
 /// (the XDG base directory rule): the history and the compiled-plugin cache go under
 /// `$HOME`, never under the working directory, where the empty value put `runner/`.

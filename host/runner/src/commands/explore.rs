@@ -83,6 +83,9 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     if quick.pipeline_split.is_some() {
         run.layout.pipeline_split = quick.pipeline_split;
     }
+    if quick.optimizer.is_some() {
+        run.layout.optimizer = quick.optimizer;
+    }
     if quick.target_days.is_some() {
         run.explore.target_days = quick.target_days;
     }

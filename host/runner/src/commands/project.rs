@@ -91,9 +91,10 @@ pub struct LayoutFlags {
     #[arg(long)]
     pub no_ep_overlap: bool,
     /// The optimizer: adamw (Megatron's distributed optimizer) or muon (Megatron's
-    /// dist_muon under the layer-wise distributed optimizer, as Kimi-K2 trains)
-    #[arg(long, default_value = "adamw", value_parser = Optimizer::parse)]
-    pub optimizer: Optimizer,
+    /// dist_muon under the layer-wise distributed optimizer, as Kimi-K2 trains); default:
+    /// the one the workload plugin names, where the projection models it, else adamw
+    #[arg(long, value_parser = Optimizer::parse)]
+    pub optimizer: Option<Optimizer>,
     /// Run the routed experts' MLP as fused grouped GEMMs with the activation in their
     /// epilogue (Megatron-Bridge's cutedsl_fused_grouped_mlp, NVIDIA's 26.06 MoE presets);
     /// without it, Megatron's default GroupedLinear path
@@ -381,6 +382,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         s.projector = s.projector.with_measured(m.file.measured());
     }
     let split = flags.split(s.projector.model.depth.len())?;
+    flags.optimizer = Some(project::optimizer(flags.optimizer, &s.found.variant, &mut s.notes));
     let flags = &flags;
     let given = u64::from(flags.tp.unwrap_or(1)) * u64::from(flags.pp.unwrap_or(1)) * u64::from(flags.cp.unwrap_or(1));
     if given == 0 || !u64::from(gpus).is_multiple_of(given) {
@@ -450,7 +452,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                 })
                 .unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
-            optimizer: flags.optimizer,
+            optimizer: flags.optimizer.unwrap_or_default(),
             kernels: flags.kernels(),
         };
         Some(layout)
@@ -711,7 +713,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         ep_overlap: f.no_ep_overlap.then_some(false),
         split,
         offload_layers: f.offload_layers,
-        optimizer: f.optimizer,
+        optimizer: f.optimizer.unwrap_or_default(),
         kernels: f.kernels(),
     }
 }
@@ -738,6 +740,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     let mut s = setup(t, global)?;
     let mut flags = flags.clone();
     let split = flags.split(s.projector.model.depth.len())?;
+    flags.optimizer = Some(project::optimizer(flags.optimizer, &s.found.variant, &mut s.notes));
     let flags = &flags;
     let space = space_of(flags, modules_of(flags)?, split);
     let mut notes = std::mem::take(&mut s.notes);
