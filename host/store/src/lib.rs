@@ -621,7 +621,8 @@ pub struct Change {
 }
 
 /// Every leaf that differs between `a` and `b`, by JSON path (objects by key, arrays by
-/// index; a number that differs by less than one part in 10^9 is the same). Changes come
+/// index, a key that holds `.`, `[`, `]` or `"`, or is empty, in brackets as a JSON
+/// string, `["fp8.v2"]`; a number that differs by less than one part in 10^9 is the same). Changes come
 /// in the keys' byte order at each level, depth first; a key or element missing on one
 /// side reads as null there (so a missing key and a null one are the same).
 pub fn diff(a: &Value, b: &Value) -> Vec<Change> {
@@ -637,7 +638,11 @@ fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
             keys.sort();
             keys.dedup();
             for k in keys {
-                let p = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+                let p = match (path.is_empty(), plain_key(k)) {
+                    (_, false) => format!("{path}[{}]", Value::String(k.clone())),
+                    (true, true) => k.clone(),
+                    (false, true) => format!("{path}.{k}"),
+                };
                 walk(&p, x.get(k).unwrap_or(&Value::Null), y.get(k).unwrap_or(&Value::Null), out);
             }
         }
@@ -656,6 +661,11 @@ fn walk(path: &str, a: &Value, b: &Value, out: &mut Vec<Change>) {
         _ if a != b => out.push(Change { path: path.into(), a: a.clone(), b: b.clone() }),
         _ => {}
     }
+}
+
+/// A key a path can show bare: one that cannot be read as more than one step of it.
+fn plain_key(k: &str) -> bool {
+    !k.is_empty() && !k.contains(['.', '[', ']', '"'])
 }
 
 #[cfg(test)]
@@ -1127,6 +1137,13 @@ mod compare_tests {
         assert_eq!(diff(&Value::Null, &json!({"x": 1})), vec![change("", Value::Null, json!({"x": 1}))]);
         // A key missing on one side reads as null there: missing and null are the same.
         assert!(diff(&json!({"a": null}), &json!({})).is_empty());
+        // A key that would read as two steps is bracketed: "a.b" is not {"a": {"b"}}.
+        let d = diff(
+            &json!({"a.b": 1, "a": {"b": 1}, "x[0]": 1, "": 1, "q\"": 1, "H100 fp8": {"8": 1}}),
+            &json!({"a.b": 2, "a": {"b": 2}, "x[0]": 2, "": 2, "q\"": 2, "H100 fp8": {"8": 2}}),
+        );
+        let paths: Vec<&str> = d.iter().map(|c| c.path.as_str()).collect();
+        assert_eq!(paths, [r#"[""]"#, "H100 fp8.8", "a.b", r#"["a.b"]"#, r#"["q\""]"#, r#"["x[0]"]"#]);
     }
 
     /// Two numbers are the same within one part in 10^9 of the larger, however spelled
