@@ -255,14 +255,16 @@ fn a_random_draw_past_the_cap_traps_and_the_next_call_works() {
     assert!(plan(16).is_ok(), "a fresh instance after the trap");
 }
 
-/// A component made by hand: a core module whose start function is `start` (no params, a
-/// local i32), exporting the cost world's instance with its three function names (of the
-/// wrong type, which is only seen after instantiation, by the typed lookups).
+/// A component made by hand: a core module with one empty funcref table whose start
+/// function is `start` (no params, a local i32), exporting the cost world's instance with
+/// its three function names (of the wrong type, which is only seen after instantiation,
+/// by the typed lookups).
 fn component_with_start(start: &wasm_encoder::Function) -> Vec<u8> {
     use wasm_encoder::{
         CanonicalFunctionSection, CodeSection, Component, ComponentAliasSection, ComponentExportKind, ComponentExportSection,
         ComponentInstanceSection, ComponentTypeSection, ComponentValType, ExportKind, ExportSection, Function, FunctionSection,
-        InstanceSection, Instruction, Module, ModuleArg, ModuleSection, StartSection, TypeSection,
+        InstanceSection, Instruction, Module, ModuleArg, ModuleSection, RefType, StartSection, TableSection, TableType,
+        TypeSection,
     };
     let mut module = Module::new();
     let mut types = TypeSection::new();
@@ -271,6 +273,9 @@ fn component_with_start(start: &wasm_encoder::Function) -> Vec<u8> {
     let mut funcs = FunctionSection::new();
     funcs.function(0).function(0);
     module.section(&funcs);
+    let mut tables = TableSection::new();
+    tables.table(TableType { element_type: RefType::FUNCREF, table64: false, minimum: 0, maximum: None, shared: false });
+    module.section(&tables);
     let mut exports = ExportSection::new();
     exports.export("nop", ExportKind::Func, 1);
     module.section(&exports);
@@ -348,4 +353,36 @@ fn instantiation_is_under_the_call_deadline() {
     let err = load(&counts).cost(Limits::default()).unwrap().provider().unwrap_err();
     assert!(!matches!(err.failure, Failure::Timeout { .. }), "{err}");
     assert!(err.to_string().contains("type"), "the exports' types are wrong: {err}");
+}
+
+/// A table grows to at most 2^20 elements (the store's limiter): a start function growing
+/// its table to 2^20 instantiates (the call then fails on the exports' types), one growing
+/// it to 2^20 + 1 is refused (`table.grow` gives -1, and the function traps on it), so a
+/// plugin cannot make the host allocate a table of 2^32 elements (32 GiB of references).
+#[test]
+fn a_table_grows_to_at_most_2_to_the_20_elements() {
+    use wasm_encoder::{BlockType, Function, HeapType, Instruction};
+    let grow_or_trap = |n: i32| {
+        let mut f = Function::new([]);
+        for i in [
+            Instruction::RefNull(HeapType::FUNC),
+            Instruction::I32Const(n),
+            Instruction::TableGrow(0),
+            Instruction::I32Const(-1),
+            Instruction::I32Eq,
+            Instruction::If(BlockType::Empty),
+            Instruction::Unreachable,
+            Instruction::End,
+            Instruction::End,
+        ] {
+            f.instruction(&i);
+        }
+        let bytes = component_with_start(&f);
+        let p = plugin::load_bytes("grow", plugin::Source::Path("grow.wasm".into()), &bytes).unwrap();
+        p.cost(Limits::default()).unwrap().provider().unwrap_err()
+    };
+    let err = grow_or_trap(1 << 20).to_string();
+    assert!(err.contains("type") && !err.contains("unreachable"), "2^20 elements: {err}");
+    let err = grow_or_trap((1 << 20) + 1).to_string();
+    assert!(err.contains("unreachable") && !err.contains("type"), "2^20 + 1 elements: {err}");
 }
