@@ -553,6 +553,24 @@ impl Profiles {
                 );
             }
             let names: Vec<String> = self.gpus.iter().map(|g| g.name.to_lowercase()).collect();
+            // A board named by a known GPU and more ("H100-80GB", SkyPilot's name for
+            // both the SXM and the PCIe H100; "h100-pcie"): say which profile is nearest
+            // and what it describes, since only the user knows whether it is that board.
+            let lower = name.trim().to_lowercase();
+            let nearest = self
+                .gpus
+                .iter()
+                .flat_map(|g| std::iter::once(&g.name).chain(&g.aliases).map(move |n| (g, n.to_lowercase())))
+                .filter(|(_, n)| lower.strip_prefix(n.as_str()).is_some_and(|rest| rest.starts_with(['-', '_', ' '])))
+                .max_by_key(|(_, n)| n.len());
+            if let Some((g, _)) = nearest {
+                return format!(
+                    "unknown GPU '{name}'; the nearest profile is {} ({}): if that is the board, name it {}; if not, add yours with --profile FILE",
+                    g.name,
+                    g.description,
+                    g.name.to_lowercase()
+                );
+            }
             format!("unknown GPU '{name}'; known: {} (or add one with --profile FILE)", names.join(", "))
         })
     }
@@ -699,6 +717,15 @@ bf16 = 500.0
         assert!(e.starts_with("unknown GPU 'H100:x'"), "{e}");
         let e = p.get("X9:8").unwrap_err();
         assert!(e.starts_with("unknown GPU 'X9:8'"), "{e}");
+        // A known GPU's name and more: the nearest profile (by its longest name or alias),
+        // what it describes, and both ways on; without a separator, the known names.
+        let e = p.get("H100-80GB").unwrap_err();
+        assert!(e.starts_with("unknown GPU 'H100-80GB'; the nearest profile is H100 (NVIDIA H100 SXM5 80 GB"), "{e}");
+        assert!(e.ends_with("if that is the board, name it h100; if not, add yours with --profile FILE"), "{e}");
+        assert!(p.get("h100-sxm5-94gb").unwrap_err().contains("the nearest profile is H100 ("));
+        assert!(p.get("gb200-nvl4").unwrap_err().contains("the nearest profile is GB200 ("));
+        let e = p.get("h1000").unwrap_err();
+        assert!(e.starts_with("unknown GPU 'h1000'; known: a100-40gb,"), "{e}");
     }
 
     #[test]
