@@ -1727,6 +1727,32 @@ fn an_unwritable_output_or_an_unknown_cloud_is_refused_before_the_run() {
     assert!(left.iter().all(|n| n == "data"), "{left:?}");
 }
 
+/// A file name that is not UTF-8 (a Latin-1 name, say) is a path like any other: a run
+/// file so named runs and is kept in the history (the history's command line panicked on
+/// it), and a --price-file so named is refused by name (it became another file's name).
+#[cfg(unix)]
+#[test]
+fn a_file_name_that_is_not_utf8_neither_panics_nor_names_another_file() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = scratch("not-utf8");
+    let name = std::ffi::OsStr::from_bytes(b"caf\xe9.toml");
+    std::fs::write(dir.join(name), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n").unwrap();
+    let o = command(&dir, &["run"]).arg(name).arg("-q").output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.contains("llama3-tiny"), "{err}");
+    let o = runner(&dir, &["history", "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(runs[0]["command"].as_str().unwrap().rsplit('/').next().unwrap(), "runner run caf\u{fffd}.toml -q", "{runs}");
+    let prices = std::ffi::OsStr::from_bytes(b"pr\xe9.csv");
+    std::fs::write(dir.join(prices), "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nours,H100,8,eu,10,\n").unwrap();
+    let o = command(&dir, &["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--no-history", "-q", "--price-file"])
+        .arg(prices)
+        .output()
+        .unwrap();
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("--price-file pr\u{fffd}.csv: the file name is not UTF-8"), "{err}");
+}
+
 /// The goal and sweet-spot flags reach the run: --max-usd-per-day-saved is the threshold the
 /// report states, --target-days the goal it answers, and a goal without --gpus walks the
 /// goal's GPU counts (8 to 16,384).

@@ -22,7 +22,7 @@ use crate::{Global, QuickRun};
 /// result as a run file is checked.
 fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Result<()> {
     if let Some(p) = &global.profile {
-        run.cluster.profile = Some(p.display().to_string());
+        run.cluster.profile = Some(utf8_path("--profile", p)?.to_string());
     }
     if let Some(p) = &quick.plugin {
         run.model.plugin = p.clone();
@@ -54,7 +54,7 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
         run.cost.plugins = quick.clouds.clone();
     }
     if let Some(f) = &quick.price_file {
-        run.cost.price_file = Some(f.display().to_string());
+        run.cost.price_file = Some(utf8_path("--price-file", f)?.to_string());
     }
     if let Some(o) = &quick.option {
         run.cost.option = o.clone();
@@ -108,9 +108,24 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     Ok(())
 }
 
-/// The command line as typed, for the history.
+/// A path flag as the run keeps it: a run (a run file, the history's copy) holds paths as
+/// text, so a name that is not UTF-8 is refused by name; shown lossily it named another
+/// file, which the run then could not find.
+fn utf8_path<'a>(flag: &str, path: &'a Path) -> Result<&'a str> {
+    path.to_str().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{flag} {}: the file name is not UTF-8 text, which a run keeps its paths as; rename the file \
+             (or link to it under a UTF-8 name)",
+            path.display()
+        )
+    })
+}
+
+/// The command line as typed, for the history. An argument that is not UTF-8 (a file
+/// name from another system's encoding) is kept lossily: `env::args` panicked on it.
 fn command_line() -> String {
-    std::env::args()
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
         .map(|a| if a.contains([' ', '"', '\'']) { format!("{a:?}") } else { a })
         .collect::<Vec<_>>()
         .join(" ")
