@@ -590,6 +590,14 @@ fn output_is_an_input(output: &std::path::Path, matches: &clap::ArgMatches) -> O
     values.into_iter().find(|p| std::fs::metadata(p).is_ok_and(|m| same_file(&m, &target, p, output)))
 }
 
+/// Whether `a` and `b` name one existing file, compared as [`output_is_an_input`] does.
+pub(crate) fn is_same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) => same_file(&ma, &mb, a, b),
+        _ => false,
+    }
+}
+
 #[cfg(unix)]
 fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata, _: &std::path::Path, _: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -677,6 +685,22 @@ fn main() -> ExitCode {
                 "-o {} is also an input of this command ({}): writing it would destroy it; choose another output file",
                 out.display(),
                 input.display()
+            ))
+        );
+        return ExitCode::FAILURE;
+    }
+    // The history is read and written under a path no argument need name (its default):
+    // a report written over it lost every run kept there.
+    if let Some(out) = &cli.global.output
+        && let Ok(history) = runner::history::path(cli.global.history.as_deref())
+        && is_same_file(out, &history)
+    {
+        elog!(
+            "error: {}",
+            runner::report::visible(&format!(
+                "-o {} is the history database ({}): writing it would destroy the runs kept there; choose another output file",
+                out.display(),
+                history.display()
             ))
         );
         return ExitCode::FAILURE;

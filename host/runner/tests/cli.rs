@@ -1753,6 +1753,37 @@ fn a_file_name_that_is_not_utf8_neither_panics_nor_names_another_file() {
     assert!(!o.status.success() && err.contains("--price-file pr\u{fffd}.csv: the file name is not UTF-8"), "{err}");
 }
 
+/// -o over a file the command reads though no argument names it is refused, the file kept:
+/// the history at its default path (any command's report replaced the database), and a
+/// run file's price file (`runner run r.toml -o ours.csv` replaced the prices with the report).
+#[test]
+fn output_over_the_history_or_a_run_files_price_file_is_refused() {
+    let dir = scratch("output-inputs");
+    let prices = "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nours,H100,8,eu,10,\n";
+    std::fs::write(dir.join("ours.csv"), prices).unwrap();
+    std::fs::write(
+        dir.join("r.toml"),
+        "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\nprice_file = \"ours.csv\"\n",
+    )
+    .unwrap();
+    let o = runner(&dir, &["run", "r.toml", "-q", "-o", "ours.csv"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("-o ours.csv is also an input of this run (ours.csv)"), "{err}");
+    assert_eq!(std::fs::read_to_string(dir.join("ours.csv")).unwrap(), prices);
+    let o = runner(&dir, &["run", "r.toml", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let history = dir.join("data/runner/history.sqlite");
+    let kept = std::fs::read(&history).unwrap();
+    for args in [&["history", "-o", "data/runner/history.sqlite"][..], &["models", "-o", "data/runner/history.sqlite"]] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains("is the history database"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&history).unwrap(), kept);
+    let o = runner(&dir, &["show", "1", "-q"]);
+    assert!(o.status.success() && text(&o).0.contains("llama3-tiny"), "{}", text(&o).1);
+}
+
 /// The goal and sweet-spot flags reach the run: --max-usd-per-day-saved is the threshold the
 /// report states, --target-days the goal it answers, and a goal without --gpus walks the
 /// goal's GPU counts (8 to 16,384).

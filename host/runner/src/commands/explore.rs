@@ -133,6 +133,7 @@ fn command_line() -> String {
 
 /// Run the explorer on `run`, keeping it in the history, and print it.
 fn execute(run: &RunFile, global: &Global) -> Result<()> {
+    refuse_output_over_inputs(run, global)?;
     let mut journal = if global.no_history {
         None
     } else {
@@ -187,6 +188,26 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     // The file first: a stdout that fails (a closed pipe) must not lose it.
     write_output(global, &|f| report::explore::render(&outcome, f))?;
     print_stdout(&report::explore::render(&outcome, global.format.unwrap_or(OutputFormat::Table)))
+}
+
+/// -o naming a file the run reads: the command line's are refused before any command
+/// runs, but a run file names its own (a price file, a profile, plugins as paths), which
+/// the report then replaced (`runner run r.toml -o ours.csv` lost the price file).
+fn refuse_output_over_inputs(run: &RunFile, global: &Global) -> Result<()> {
+    let Some(out) = &global.output else { return Ok(()) };
+    let read = [run.cost.price_file.as_ref(), run.cluster.profile.as_ref(), Some(&run.model.plugin), run.precision.plugin.as_ref()]
+        .into_iter()
+        .flatten()
+        .chain(&run.cost.plugins);
+    for input in read {
+        if crate::is_same_file(out, Path::new(input)) {
+            anyhow::bail!(
+                "-o {} is also an input of this run ({input}): writing it would destroy it; choose another output file",
+                out.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Say once, on stderr, that the history could not be written and the run is not kept.
