@@ -1670,7 +1670,7 @@ fn show_renders_failed_and_odd_runs_in_the_format_asked_for() {
 
 /// `history --limit 0` is refused (it said "no runs yet"); a missing id names the ids
 /// there, gaps included (it said "runs are numbered 1 to N"); a run marked running whose
-/// process is gone reads "interrupted" in `history` and `show` (it read "running").
+/// process is gone reads "interrupted" in `history`, `show` and `compare` (it read "running").
 #[test]
 fn history_wording_limit_missing_ids_and_interrupted_runs() {
     let dir = scratch("histwords");
@@ -1703,6 +1703,10 @@ fn history_wording_limit_missing_ids_and_interrupted_runs() {
     assert!(text(&o).0.lines().any(|l| l.starts_with("5 ") && l.contains("interrupted")), "{}", text(&o).0);
     let o = runner(&dir, &["--history", h, "show", "5"]);
     assert!(text(&o).0.contains("is interrupted"), "{}", text(&o).0);
+    // compare too, in its outcome and its notes (it said running).
+    let o = runner(&dir, &["--history", h, "compare", "5", "7", "--format", "csv"]);
+    let out = text(&o).0;
+    assert!(out.contains("outcome,status,interrupted,running\n") && out.contains("runner explore` (2026-01-01T00:00:00Z, interrupted)"), "{out}");
 }
 
 /// Mistakes a long run would only find at its end are refused at its start: an output in

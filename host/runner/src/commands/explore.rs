@@ -378,7 +378,12 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
 /// `runner compare A B`: what changed between two runs.
 pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     let (store, _) = open_store(global)?;
-    let (ra, rb) = (store.get(a)?, store.get(b)?);
+    let (mut ra, mut rb) = (store.get(a)?, store.get(b)?);
+    // As `history` and `show` say it: a run whose process is gone is interrupted, not
+    // running (its outcome row and note said running).
+    for r in [&mut ra, &mut rb] {
+        r.status = r.state().to_string();
+    }
     let changes = history::compare(&ra, &rb);
     let cell = |v: &serde_json::Value| -> String {
         match v {
