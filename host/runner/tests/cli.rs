@@ -1666,6 +1666,15 @@ fn show_renders_failed_and_odd_runs_in_the_format_asked_for() {
     let o = show(&["4", "-o", "four.json"]);
     assert!(!o.status.success() && text(&o).1.contains("has no outcome"), "{}", text(&o).1);
     assert!(!dir.join("four.json").exists());
+    // A history handed over may carry terminal sequences in its renderings: reprinted
+    // escaped (raw before), the JSON's as \u escapes of the same strings.
+    insert("done", r#"{"renderings": {"table": "t\u001b[2J\n", "json": "{\"a\": \"\u001b[2J\u202e\"}"}}"#);
+    let o = show(&["5"]);
+    assert_eq!(text(&o).0, "t\\u{1b}[2J\n");
+    let o = show(&["5", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap_or_else(|e| panic!("{e}: {:?}", text(&o).0));
+    assert_eq!(v["a"], "\u{1b}[2J\u{202e}");
+    assert!(!text(&o).0.contains(['\u{1b}', '\u{202e}']), "{:?}", text(&o).0);
 }
 
 /// `history --limit 0` is refused (it said "no runs yet"); a missing id names the ids

@@ -362,7 +362,7 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
             OutputFormat::Html => ("html", "HTML"),
         };
         match result.get("renderings").and_then(|r| r.get(field)).and_then(|v| v.as_str()) {
-            Some(text) => Ok(text.to_string()),
+            Some(text) => Ok(defused(f, text)),
             None => anyhow::bail!("run {id}'s stored result has no renderings.{field}: it cannot be shown as {name}"),
         }
     };
@@ -373,6 +373,21 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
         write_output(global, &|_| text.clone())?;
     }
     print_stdout(&shown)
+}
+
+/// A stored rendering as it is reprinted. One the runner kept holds no character that
+/// moves a terminal (its text was escaped as it was rendered), so it comes back byte for
+/// byte; but a history is a file one may be handed (`--history` on a teammate's), and
+/// such characters in it reached the terminal raw. In JSON they become \u escapes, the
+/// same strings.
+fn defused(format: OutputFormat, text: &str) -> String {
+    match format {
+        OutputFormat::Json => text
+            .chars()
+            .map(|c| if c != '\n' && runner_contract::text::is_unsafe(c) { format!("\\u{:04x}", u32::from(c)) } else { c.to_string() })
+            .collect(),
+        _ => report::visible(text),
+    }
 }
 
 /// `runner compare A B`: what changed between two runs.
