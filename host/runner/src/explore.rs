@@ -257,6 +257,14 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
 pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal) -> anyhow::Result<Outcome> {
     let limits = run.limits;
     let profiles = project::profiles(run.cluster.profile.as_deref().map(std::path::Path::new))?;
+    // The run file refuses a name given twice; two aliases of one GPU (h100, h100-sxm)
+    // are that too, and ran its series twice over.
+    for (i, name) in run.cluster.gpu.iter().enumerate() {
+        let gpu = profiles.get(name).map_err(anyhow::Error::msg)?;
+        if let Some(first) = run.cluster.gpu[..i].iter().find(|m| profiles.get(m).is_ok_and(|g| g.name == gpu.name)) {
+            anyhow::bail!("[cluster] gpu names {} twice, as '{first}' and as '{name}': list each GPU type once", gpu.name);
+        }
+    }
     let mut notes = Vec::new();
     let mut plugins = Vec::new();
 
@@ -1103,6 +1111,17 @@ fn price_file_problems(err: &plugin::PluginError) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two names of one GPU type are one type named twice, as two spellings of one name
+    /// are (the series ran twice); the profile's name says which.
+    #[test]
+    fn two_aliases_of_one_gpu_are_refused_as_a_name_given_twice() {
+        let mut r = RunFile::default();
+        r.model.plugin = "llama3.wasm".into();
+        r.cluster.gpu = vec!["b200".into(), "h100".into(), "H100-SXM".into()];
+        let e = run(&r, &|_, _, _| {}).unwrap_err().to_string();
+        assert_eq!(e, "[cluster] gpu names H100 twice, as 'h100' and as 'H100-SXM': list each GPU type once");
+    }
 
     /// A GPU count nothing fits says why: the closest family's memory, or else the rule
     /// that stood in the way.
