@@ -81,7 +81,8 @@ pub struct QuickRun {
     #[arg(long, conflicts_with = "plugin")]
     pub model: Option<String>,
     /// Model variant of --plugin (default: the plugin's first)
-    #[arg(long)]
+    // --model names the variant already: with --variant too, one silently replaced it.
+    #[arg(long, conflicts_with = "model")]
     pub variant: Option<String>,
     /// GPU types, comma-separated: one series of rows each (h100, h200, b200, gb200, ...)
     #[arg(long, value_delimiter = ',')]

@@ -349,6 +349,20 @@ fn run_flags_before_a_subcommand_are_refused() {
     assert!(runner(&dir, &["-q", "models", "llama3-tiny"]).status.success());
 }
 
+/// --model names a variant, so --variant beside it is refused (the second silently won:
+/// `--model llama3.1-8b --variant llama3.1-70b` projected the 70B); --variant over a run
+/// file's plugin still replaces the file's variant.
+#[test]
+fn variant_beside_model_is_refused() {
+    let dir = scratch("model-variant");
+    let o = runner(&dir, &["explore", "--model", "llama3-tiny", "--variant", "llama3.1-70b", "--no-history", "-q"]);
+    let err = text(&o).1;
+    assert!(o.status.code() == Some(2) && err.contains("'--model <MODEL>' cannot be used with '--variant <VARIANT>'"), "{err}");
+    std::fs::write(dir.join("r.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3.1-70b\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n").unwrap();
+    let o = runner(&dir, &["run", "r.toml", "--variant", "llama3-tiny", "--no-history", "-q"]);
+    assert!(o.status.success() && text(&o).0.starts_with("llama3-tiny "), "{}", text(&o).1);
+}
+
 /// The shipped efficiency tables are what the command their header names writes: a change
 /// to the model or the data that moves the fit fails here until the tables are refitted.
 #[test]
