@@ -291,6 +291,18 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         variant: variant.clone(),
     };
     let (model, source) = project::model(&found, seq_len, limits)?;
+    // As project's flags: on a model without routed experts they changed nothing, unsaid
+    // (fused_grouped_mlp labelled its layouts FUSED-MLP).
+    if model.shape.experts == 0 {
+        let key = if run.layout.fused_grouped_mlp == Some(true) {
+            Some("fused_grouped_mlp")
+        } else {
+            run.layout.dispatcher.map(|_| "dispatcher")
+        };
+        if let Some(key) = key {
+            anyhow::bail!("[layout] {key} applies to the routed experts of a mixture-of-experts model; {} has none: leave it out", variant.name);
+        }
+    }
     let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
     let flops_per_token = count::model_flops_per_step(&model.graph, &convention) / f64::from(seq_len);
     // NVIDIA's DGX Cloud benchmark READMEs count attention over all keys: the same run

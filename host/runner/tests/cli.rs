@@ -517,6 +517,26 @@ fn every_subcommand_has_help_with_examples() {
     assert!(seen >= 25, "only {seen} commands walked");
 }
 
+/// On a dense model the expert flags changed nothing, unsaid (--fused-grouped-mlp even
+/// labelled the layout FUSED-MLP): refused, as --etp is, by project, search and run files.
+#[test]
+fn expert_flags_on_a_dense_model_are_refused() {
+    let dir = scratch("dense-moe-flags");
+    for (cmd, flag) in [("project", &["--fused-grouped-mlp"][..]), ("project", &["--dispatcher", "flex"]), ("search", &["--no-ep-overlap"])] {
+        let o = runner(&dir, &[&[cmd, "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "8", "-q"][..], flag].concat());
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(&format!("{} applies to the routed experts of a mixture-of-experts model; llama3.1-8b has none", flag[0])), "{cmd} {flag:?}: {err}");
+    }
+    // And a run file's [layout] keys, which the explorer's layouts showed as FUSED-MLP.
+    for key in ["fused_grouped_mlp = true", "dispatcher = \"alltoall\""] {
+        std::fs::write(dir.join("r.toml"), format!("[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n[layout]\n{key}\n")).unwrap();
+        let o = runner(&dir, &["run", "r.toml", "--no-history", "-q"]);
+        let err = text(&o).1;
+        let name = key.split(' ').next().unwrap();
+        assert!(!o.status.success() && err.contains(&format!("[layout] {name} applies to the routed experts of a mixture-of-experts model; llama3-tiny has none")), "{key}: {err}");
+    }
+}
+
 /// `runner project`'s JSON object carries the fields scripts read, fills omitted layout
 /// flags from the published layout, and refuses what cannot run with the reason.
 #[test]

@@ -101,9 +101,10 @@ pub struct LayoutFlags {
     pub fused_grouped_mlp: bool,
     /// The expert token dispatcher (Megatron's moe_token_dispatcher_type): flex (DeepEP or
     /// HybridEP: a token crosses to another NVLink domain once, whatever number of its experts
-    /// are there) or alltoall (one NCCL all-to-all, a copy per expert)
-    #[arg(long, default_value = "flex", value_parser = Dispatcher::parse)]
-    pub dispatcher: Dispatcher,
+    /// are there) or alltoall (one NCCL all-to-all, a copy per expert); default flex
+    // Not a clap default: a dispatcher named for a model without experts is refused.
+    #[arg(long, value_parser = Dispatcher::parse)]
+    pub dispatcher: Option<Dispatcher>,
     /// With --recompute selective: Megatron's recompute modules, comma-separated
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
@@ -131,7 +132,24 @@ pub struct LayoutFlags {
 impl LayoutFlags {
     /// The kernel choices the flags ask for.
     fn kernels(&self) -> Kernels {
-        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher }
+        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher.unwrap_or_default() }
+    }
+
+    /// The flags that shape routed experts, refused for a model without any: they changed
+    /// nothing there, unsaid (`--fused-grouped-mlp` even labelled a dense layout FUSED-MLP),
+    /// as `--etp` is refused.
+    fn refuse_moe_flags_without_experts(&self, model: &str, experts: u64) -> Result<()> {
+        let given = [
+            ("--fused-grouped-mlp", self.fused_grouped_mlp),
+            ("--dispatcher", self.dispatcher.is_some()),
+            ("--no-ep-overlap", self.no_ep_overlap),
+        ];
+        match given.iter().find(|(_, on)| *on) {
+            Some((flag, _)) if experts == 0 => {
+                anyhow::bail!("{flag} applies to the routed experts of a mixture-of-experts model; {model} has none: leave it out")
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -380,6 +398,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         flags.mbs.get_or_insert(k.mbs);
         s.projector = s.projector.with_measured(m.file.measured());
     }
+    flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
     let split = flags.split(s.projector.model.depth.len())?;
     let flags = &flags;
     let given = u64::from(flags.tp.unwrap_or(1)) * u64::from(flags.pp.unwrap_or(1)) * u64::from(flags.cp.unwrap_or(1));
@@ -737,6 +756,7 @@ fn verdict_text(v: &Verdict) -> String {
 pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
     let mut s = setup(t, global)?;
     let mut flags = flags.clone();
+    flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
     let split = flags.split(s.projector.model.depth.len())?;
     let flags = &flags;
     let space = space_of(flags, modules_of(flags)?, split);
