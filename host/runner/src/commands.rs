@@ -60,7 +60,8 @@ pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) ->
     if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
         write_atomic(path, render(format).as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
-            elog!("wrote {}", path.display());
+            // The name as typed may hold a terminal sequence: shown escaped, as errors are.
+            elog!("wrote {}", report::visible(&path.display().to_string()));
         }
     }
     Ok(())

@@ -1521,6 +1521,24 @@ fn a_history_that_cannot_be_written_warns_once_and_the_run_goes_on() {
     }
 }
 
+/// The paths a user typed reach stderr escaped, as in every error: the -o file's "wrote"
+/// line and the warning of a history that cannot be opened printed a terminal sequence
+/// in the name raw.
+#[test]
+fn typed_paths_reach_stderr_escaped() {
+    let dir = scratch("typed-paths");
+    std::fs::write(dir.join("plain"), "").unwrap();
+    let mut args = with_history("plain/\u{1b}[2Jh.sqlite", &HIST_RUN);
+    args.extend(["-o", "\u{1b}[2Jout.json"]);
+    let o = runner(&dir, &args);
+    let err = text(&o).1;
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("warning: not kept in the history: history database plain/\\u{1b}[2Jh.sqlite"), "{err}");
+    assert!(err.contains("wrote \\u{1b}[2Jout.json"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    assert!(dir.join("\u{1b}[2Jout.json").is_file());
+}
+
 /// A history written before `owner_pid` was recorded (the runs table without it) is
 /// migrated: explore keeps its run there and `history` lists the old runs. It failed
 /// "no such column: owner_pid".

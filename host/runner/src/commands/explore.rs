@@ -142,7 +142,8 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
             Ok(j) => Some(j),
             Err(e) => {
                 // A history that cannot be written must not cost the user the run.
-                elog!("warning: not kept in the history: {e:#} (--history FILE or --no-history)");
+                // Its path may be the user's --history, a terminal sequence and all.
+                elog!("warning: not kept in the history: {} (--history FILE or --no-history)", runner::report::visible(&format!("{e:#}")));
                 None
             }
         }
