@@ -341,7 +341,7 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                                 info.source,
                                 if shadowed { " (shadowed)" } else { "" }
                             ),
-                            info.sha256[..12].to_string(),
+                            info.sha256.clone(),
                         ]);
                         entries.push(ListEntry {
                             info: Some(info),
@@ -374,7 +374,13 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                 "plugin directories, searched in order before the embedded set: {}",
                 dirs.join(", ")
             ));
-            emit(global, &table, &entries)
+            // On a terminal a hash's first 12 digits tell plugins apart; CSV and HTML carry
+            // it whole, as JSON does (they gave the 12 digits under a column named sha256).
+            let mut terminal = table.clone();
+            for row in &mut terminal.rows {
+                row[4].truncate(12);
+            }
+            emit_rendered(global, &|f| report::render(f, if f == OutputFormat::Table { &terminal } else { &table }, &entries))
         }
         PluginsCommand::Inspect { name } => inspect(&name, global),
         PluginsCommand::Validate { path } => validate(&path, global),

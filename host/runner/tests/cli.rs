@@ -1072,8 +1072,13 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
     assert_eq!(entry("llama3.wasm", true)["contract"], "0.3.0");
     assert_eq!(entry("aws.wasm", false)["shadows_embedded"], true);
     assert_eq!(entry("aws.wasm", true)["shadowed"], true);
+    // CSV carries each sha256 whole, as JSON does (it gave 12 digits); the table 12.
+    let sha = entry("llama3.wasm", true)["sha256"].as_str().unwrap().to_string();
+    let (csv, _) = text(&runner(&dir, &["plugins", "list", "--format", "csv"]));
+    assert!(csv.lines().any(|l| l == format!("llama3.wasm,workload,0.3.0,embedded,{sha}")), "{csv}");
     let o = runner(&dir, &["plugins", "list"]);
     let (out, _) = text(&o);
+    assert!(out.lines().any(|l| l.starts_with("llama3.wasm") && l.ends_with(&format!(" {}", &sha[..12]))), "{out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("oldcloud.wasm") && l.contains("0.1.0 (adapted)")),
