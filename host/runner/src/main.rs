@@ -282,7 +282,8 @@ enum Command {
         precision: Option<String>,
         /// Instead of fitting once: for each GPU and model family, fit on the other
         /// families and report the held-out family's errors
-        #[arg(long, requires = "file")]
+        // Every GPU and precision is held out in turn: --gpu and --precision were ignored.
+        #[arg(long, requires = "file", conflicts_with_all = ["gpu", "precision"])]
         holdout: bool,
         /// Per-op times from `runner measure`: fit the GEMM efficiency of each measured
         /// format, the GEMM size at half efficiency and the HBM efficiency
@@ -295,7 +296,9 @@ enum Command {
         collectives: Option<PathBuf>,
         /// The tier of a --collectives run where the layout cannot tell (NVLink domains
         /// spanning nodes): scale-up or scale-out
-        #[arg(long, requires = "collectives")]
+        // Beside FILE, clap let `requires` pass (--collectives conflicts with FILE) and the
+        // tier was ignored.
+        #[arg(long, requires = "collectives", conflicts_with = "file")]
         tier: Option<String>,
         /// Runs of FILE to leave out of the fit, by the numbers `runner validate` gives them
         /// (from 0), comma-separated, ranges allowed: 40,54,104-108

@@ -333,6 +333,22 @@ fn leave_out_names_runs_it_cannot_take() {
     }
 }
 
+/// calibrate's flags that the fit of FILE would drop are refused: --holdout holds every GPU
+/// and precision out in turn (--gpu listed B200 rows too), and --tier is a --collectives
+/// run's (beside FILE it passed and was ignored).
+#[test]
+fn calibrate_refuses_flags_its_fit_would_drop() {
+    let dir = scratch("calibrate-dropped");
+    for (args, want) in [
+        (&["--holdout", "--gpu", "h100"][..], "'--holdout' cannot be used with '--gpu <GPU>'"),
+        (&["--tier", "scale-up"], "'[FILE]' cannot be used with '--tier <TIER>'"),
+    ] {
+        let o = runner(&dir, &[&["calibrate", "runs.toml"][..], args].concat());
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(2) && err.contains(want), "{args:?}: {err}");
+    }
+}
+
 /// The default run's flags before a subcommand are refused, not dropped.
 #[test]
 fn run_flags_before_a_subcommand_are_refused() {
