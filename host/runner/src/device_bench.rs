@@ -495,6 +495,10 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
     if repeats == 0 || repeats > 1000 {
         bail!("--repeats must be in 1..=1000");
     }
+    // The rank graph is one micro-batch's: a global batch was taken and ignored.
+    if let Some(g) = target.gbs {
+        bail!("--gbs {g}: measure times one micro-batch of the rank graph (--mbs); the global batch is project's and search's");
+    }
     let mut s = commands::project::setup(target, global)?;
     let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
     let gpu = s.projector.gpu.clone();

@@ -349,6 +349,16 @@ fn calibrate_refuses_flags_its_fit_would_drop() {
     }
 }
 
+/// `measure --gbs` is refused: the rank graph it times is one micro-batch's, and the global
+/// batch was taken and dropped without a word.
+#[test]
+fn measure_refuses_a_global_batch() {
+    let dir = scratch("measure-gbs");
+    let o = runner(&dir, &["--device", "cpu", "measure", "--model", "llama3-tiny", "--gpu", "h100", "--gbs", "7"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("--gbs 7: measure times one micro-batch of the rank graph (--mbs)"), "{err}");
+}
+
 /// The default run's flags before a subcommand are refused, not dropped.
 #[test]
 fn run_flags_before_a_subcommand_are_refused() {
