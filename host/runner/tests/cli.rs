@@ -359,6 +359,19 @@ fn measure_refuses_a_global_batch() {
     assert!(!o.status.success() && err.contains("--gbs 7: measure times one micro-batch of the rank graph (--mbs)"), "{err}");
 }
 
+/// `search --gpus 8,16,8` searches each count once, in the order first given: a repeated
+/// count was searched again and its layouts and notes printed twice.
+#[test]
+fn search_takes_a_repeated_gpu_count_once() {
+    let dir = scratch("search-repeat");
+    let o = runner(&dir, &["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "--top", "1", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let counts: Vec<u64> = v.as_array().unwrap().iter().map(|c| c["gpus"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [8, 16], "{out}");
+}
+
 /// The default run's flags before a subcommand are refused, not dropped.
 #[test]
 fn run_flags_before_a_subcommand_are_refused() {

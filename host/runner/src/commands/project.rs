@@ -769,7 +769,15 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     if let Some(tp) = space.tp {
         notes.extend(kv_replication_note(tp, &s.projector.model.shape));
     }
+    // A count given twice was searched twice, its layouts and notes printed twice; the
+    // explorer keeps one row per count too.
+    let mut counts: Vec<u32> = Vec::new();
     for &n in gpus {
+        if !counts.contains(&n) {
+            counts.push(n);
+        }
+    }
+    for n in counts {
         let gbs = gbs_for(&s, t, n, &mut notes);
         progress_line(global, &format!("searching {n} GPUs"));
         let started = std::time::Instant::now();
