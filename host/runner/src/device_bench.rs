@@ -160,6 +160,11 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if seq == 0 || batch == 0 || repeats == 0 || seq > 131_072 {
                 bail!("--seq (1..=131072), --batch and --repeats must be positive");
             }
+            // --batch had no ceiling: --batch 4294967295 allocated until the process was
+            // killed or aborted, larger ones wrapped the graph's sizes. As `runner train`.
+            if seq.saturating_mul(batch) > 1 << 20 {
+                bail!("--seq x --batch = {seq} x {batch}: at most 2^20 tokens a step (1048576; e.g. --seq 131072 --batch 8)");
+            }
             let g = llama(&ToyConfig::llama31_8b_layer(seq, batch));
             let opts = MeasureOptions {
                 timing: TimingOptions { warmup: 2, repeats },

@@ -2028,6 +2028,8 @@ fn cpu_bench_flags_are_refused_at_their_edges_and_quiet_is_quiet() {
         (&["quantize", "--rows", "0", "--cols", "4"], "--rows x --cols: 0 x 4 is outside 1..=2^28 elements"),
         (&["quantize", "--rows", "4", "--cols", "0"], "--rows x --cols: 4 x 0 is outside 1..=2^28 elements"),
         (&["quantize", "--rows", "1", "--cols", "268435457"], "--rows x --cols: 1 x 268435457 is outside"),
+        (&["layer", "--seq", "128", "--batch", "8193"], "--seq x --batch = 128 x 8193: at most 2^20 tokens a step"),
+        (&["layer", "--batch", "18446744073709551615"], "--seq x --batch = 2048 x 18446744073709551615: at most 2^20"),
     ] {
         let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
         let err = text(&o).1;
