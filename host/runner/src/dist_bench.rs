@@ -916,11 +916,22 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
     })
 }
 
+/// The most ranks a run in one process takes (`bench collectives -g`'s ceiling).
+pub const MAX_THREAD_RANKS: usize = 4096;
+
 pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) -> Result<()> {
     let (tp, pp, dp) = (run.tp, run.pp, run.dp);
     let n = run.ranks();
     let launch = runner_dist::detect().map_err(|e| anyhow!(e))?;
     let results: Vec<RankResult> = if in_process || (launch.world == 1 && n > 1) {
+        // As `bench collectives -g`: past that, the threads' stacks and groups ran the
+        // process out of memory (an abort) or for minutes unsaid.
+        if n > MAX_THREAD_RANKS {
+            bail!(
+                "--layout tp={tp},pp={pp},dp={dp} is {n} ranks: a run in one process takes at most {MAX_THREAD_RANKS}, \
+                 one thread each; start the ranks under a launcher (srun, torchrun) for more"
+            );
+        }
         // The single-process run of the layout: every rank a thread, ThreadGroup handles
         // whose sends wait for their receive as NCCL's do, so an order of pipeline sends
         // and receives that would hang GPUs fails here too.

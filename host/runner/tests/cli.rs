@@ -2030,6 +2030,7 @@ fn cpu_bench_flags_are_refused_at_their_edges_and_quiet_is_quiet() {
         (&["quantize", "--rows", "1", "--cols", "268435457"], "--rows x --cols: 1 x 268435457 is outside"),
         (&["layer", "--seq", "128", "--batch", "8193"], "--seq x --batch = 128 x 8193: at most 2^20 tokens a step"),
         (&["layer", "--batch", "18446744073709551615"], "--seq x --batch = 2048 x 18446744073709551615: at most 2^20"),
+        (&["step", "--layout", "dp=4097", "--in-process"], "--layout tp=1,pp=1,dp=4097 is 4097 ranks: a run in one process takes at most 4096"),
     ] {
         let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
         let err = text(&o).1;
