@@ -63,7 +63,7 @@ pub struct Global {
     #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
     pub device: runner_exec::select::DeviceSpec,
     /// The history database that explore and run keep their runs in, and history, show and compare read
-    /// (default: $RUNNER_HISTORY, else $XDG_DATA_HOME/runner/history.sqlite, else ~/.local/share/runner/history.sqlite; an empty or relative $XDG_DATA_HOME is ignored)
+    /// (default: $RUNNER_HISTORY, else $XDG_DATA_HOME/runner/history.sqlite, else ~/.local/share/runner/history.sqlite; an empty $RUNNER_HISTORY and an empty or relative $XDG_DATA_HOME are ignored)
     #[arg(long, global = true, value_name = "FILE")]
     pub history: Option<PathBuf>,
     /// Do not keep this run in the history (explore and run; other commands keep none)
