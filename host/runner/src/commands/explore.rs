@@ -83,11 +83,16 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     if quick.pipeline_split.is_some() {
         run.layout.pipeline_split = quick.pipeline_split;
     }
+    // The two goals exclude each other on the command line, so the one given replaces the
+    // file's other: a --budget over a file's target_days was answered with the target and
+    // a note that the budget was ignored.
     if quick.target_days.is_some() {
         run.explore.target_days = quick.target_days;
+        run.explore.budget_usd = None;
     }
     if quick.budget.is_some() {
         run.explore.budget_usd = quick.budget;
+        run.explore.target_days = None;
     }
     if quick.max_usd_per_day_saved.is_some() {
         run.explore.max_usd_per_day_saved = quick.max_usd_per_day_saved;
@@ -521,6 +526,20 @@ mod tests {
             apply_overrides(&mut run, &QuickRun { recompute: Some(flag.into()), ..QuickRun::default() }, &global()).unwrap();
             assert_eq!(run.measure.recompute, policy, "{flag}");
         }
+    }
+
+    /// A goal flag replaces the run file's other goal, as any flag replaces the file's
+    /// value: --budget over target_days is a budget run, --target-days over budget_usd a
+    /// target run (the file's goal won, the flag noted as ignored).
+    #[test]
+    fn a_goal_flag_replaces_the_files_other_goal() {
+        let mut run = file_run();
+        apply_overrides(&mut run, &QuickRun { budget: Some(1e6), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!((run.explore.target_days, run.explore.budget_usd), (None, Some(1e6)));
+        let mut run = file_run();
+        run.explore = runfile::ExploreSection { target_days: None, budget_usd: Some(2e6), max_usd_per_day_saved: None };
+        apply_overrides(&mut run, &QuickRun { target_days: Some(10.0), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!((run.explore.target_days, run.explore.budget_usd), (Some(10.0), None));
     }
 
     /// A goal without GPU counts walks the goal's counts; without a goal, or with counts
