@@ -53,7 +53,8 @@ pub struct Global {
     #[arg(long, short = 'v', action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
     /// Only errors, no progress
-    #[arg(long, short = 'q', global = true)]
+    // With -v too, one of the two was dropped without a word (-q won).
+    #[arg(long, short = 'q', global = true, conflicts_with = "verbose")]
     pub quiet: bool,
     /// GPU profile file merged over the built-in profiles (peaks, links, efficiencies;
     /// `runner calibrate -o FILE.toml` writes one)

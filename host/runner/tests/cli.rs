@@ -372,6 +372,18 @@ fn search_takes_a_repeated_gpu_count_once() {
     assert_eq!(counts, [8, 16], "{out}");
 }
 
+/// -q with -v asks for no logging and more logging at once: refused (-q silently won),
+/// wherever on the line either is given.
+#[test]
+fn quiet_and_verbose_together_are_refused() {
+    let dir = scratch("quiet-verbose");
+    for args in [&["-q", "-v", "models"][..], &["models", "-vv", "--quiet"]] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(2) && err.contains("cannot be used with"), "{args:?}: {err}");
+    }
+}
+
 /// The default run's flags before a subcommand are refused, not dropped.
 #[test]
 fn run_flags_before_a_subcommand_are_refused() {
