@@ -60,7 +60,8 @@ pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) ->
     if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
         write_atomic(path, render(format).as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
         if !global.quiet {
-            elog!("wrote {}", path.display());
+            // The name as typed may hold a terminal sequence: shown escaped, as errors are.
+            elog!("wrote {}", report::visible(&path.display().to_string()));
         }
     }
     Ok(())
@@ -340,7 +341,7 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                                 info.source,
                                 if shadowed { " (shadowed)" } else { "" }
                             ),
-                            info.sha256[..12].to_string(),
+                            info.sha256.clone(),
                         ]);
                         entries.push(ListEntry {
                             info: Some(info),
@@ -373,7 +374,13 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
                 "plugin directories, searched in order before the embedded set: {}",
                 dirs.join(", ")
             ));
-            emit(global, &table, &entries)
+            // On a terminal a hash's first 12 digits tell plugins apart; CSV and HTML carry
+            // it whole, as JSON does (they gave the 12 digits under a column named sha256).
+            let mut terminal = table.clone();
+            for row in &mut terminal.rows {
+                row[4].truncate(12);
+            }
+            emit_rendered(global, &|f| report::render(f, if f == OutputFormat::Table { &terminal } else { &table }, &entries))
         }
         PluginsCommand::Inspect { name } => inspect(&name, global),
         PluginsCommand::Validate { path } => validate(&path, global),

@@ -160,6 +160,11 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if seq == 0 || batch == 0 || repeats == 0 || seq > 131_072 {
                 bail!("--seq (1..=131072), --batch and --repeats must be positive");
             }
+            // --batch had no ceiling: --batch 4294967295 allocated until the process was
+            // killed or aborted, larger ones wrapped the graph's sizes. As `runner train`.
+            if seq.saturating_mul(batch) > 1 << 20 {
+                bail!("--seq x --batch = {seq} x {batch}: at most 2^20 tokens a step (1048576; e.g. --seq 131072 --batch 8)");
+            }
             let g = llama(&ToyConfig::llama31_8b_layer(seq, batch));
             let opts = MeasureOptions {
                 timing: TimingOptions { warmup: 2, repeats },
@@ -494,6 +499,10 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
     }
     if repeats == 0 || repeats > 1000 {
         bail!("--repeats must be in 1..=1000");
+    }
+    // The rank graph is one micro-batch's: a global batch was taken and ignored.
+    if let Some(g) = target.gbs {
+        bail!("--gbs {g}: measure times one micro-batch of the rank graph (--mbs); the global batch is project's and search's");
     }
     let mut s = commands::project::setup(target, global)?;
     let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };

@@ -639,6 +639,7 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
 /// from `tp=2,pp=1,dp=2`, `pp=2,vp=2` or `dp=2,fsdp`.
 pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32, bool)> {
     let (mut tp, mut pp, mut dp, mut vp, mut fsdp) = (1, 1, 1, 1, false);
+    let mut given = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         if part == "fsdp" {
             fsdp = true;
@@ -646,6 +647,11 @@ pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32, bool)> {
         }
         let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N,vp=N[,fsdp]"))?;
         let v: u32 = v.trim().parse().ok().filter(|&v| v > 0).ok_or_else(|| anyhow!("--layout {s}: {k} must be a positive integer"))?;
+        // `tp=2,tp=4` ran the last one without a word.
+        if given.contains(&k.trim()) {
+            bail!("--layout {s}: {} is given twice; give each of tp, pp, dp and vp once", k.trim());
+        }
+        given.push(k.trim());
         match k.trim() {
             "tp" => tp = v,
             "pp" => pp = v,
@@ -653,6 +659,13 @@ pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32, bool)> {
             "vp" => vp = v,
             other => bail!("--layout {s}: '{other}' is not tp, pp, dp, vp or fsdp"),
         }
+    }
+    // The ranks (tp·pp·dp) and the toy's layers (a few per stage) are u32 products: past
+    // a launcher's most ranks they wrapped ("the run has 0 GPUs", "0 layers"), and at
+    // pp=4294967295 the toy grew 4294967294 layers and the run hung building them.
+    let ranks = u64::from(tp) * u64::from(pp) * u64::from(dp);
+    if ranks > runner_dist::launch::MAX_WORLD as u64 {
+        bail!("--layout {s}: tp·pp·dp = {ranks} ranks; at most {} (a launcher's most)", runner_dist::launch::MAX_WORLD);
     }
     Ok((tp, pp, dp, vp, fsdp))
 }
@@ -903,11 +916,22 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
     })
 }
 
+/// The most ranks a run in one process takes (`bench collectives -g`'s ceiling).
+pub const MAX_THREAD_RANKS: usize = 4096;
+
 pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) -> Result<()> {
     let (tp, pp, dp) = (run.tp, run.pp, run.dp);
     let n = run.ranks();
     let launch = runner_dist::detect().map_err(|e| anyhow!(e))?;
     let results: Vec<RankResult> = if in_process || (launch.world == 1 && n > 1) {
+        // As `bench collectives -g`: past that, the threads' stacks and groups ran the
+        // process out of memory (an abort) or for minutes unsaid.
+        if n > MAX_THREAD_RANKS {
+            bail!(
+                "--layout tp={tp},pp={pp},dp={dp} is {n} ranks: a run in one process takes at most {MAX_THREAD_RANKS}, \
+                 one thread each; start the ranks under a launcher (srun, torchrun) for more"
+            );
+        }
         // The single-process run of the layout: every rank a thread, ThreadGroup handles
         // whose sends wait for their receive as NCCL's do, so an order of pipeline sends
         // and receives that would hang GPUs fails here too.
@@ -1179,6 +1203,11 @@ mod tests {
     #[test]
     fn step_runs_read_their_words_and_say_them_back() {
         assert_eq!(parse_layout("tp = 2,, dp= 2").unwrap(), (2, 1, 2, 1, false));
+        // A degree given twice, and ranks past a launcher's most (their u32 products wrapped).
+        assert_eq!(parse_layout("tp=2, tp =4").unwrap_err().to_string(), "--layout tp=2, tp =4: tp is given twice; give each of tp, pp, dp and vp once");
+        assert_eq!(parse_layout("pp=1048576").unwrap(), (1, 1048576, 1, 1, false));
+        assert_eq!(parse_layout("dp=65536,tp=65536").unwrap_err().to_string(), "--layout dp=65536,tp=65536: tp·pp·dp = 4294967296 ranks; at most 1048576 (a launcher's most)");
+        assert!(parse_layout("pp=4294967295").unwrap_err().to_string().contains("4294967295 ranks"));
         for (steps, micro_batches) in [(0, 1), (1, 0)] {
             let e = StepRun::new("dp=2", steps, micro_batches, "1f1b", "tiny").unwrap_err().to_string();
             assert_eq!(e, "--steps and --micro-batches must be positive");

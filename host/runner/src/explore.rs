@@ -284,6 +284,18 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         variant: variant.clone(),
     };
     let (model, source) = project::model(&found, seq_len, limits)?;
+    // As project's flags: on a model without routed experts they changed nothing, unsaid
+    // (fused_grouped_mlp labelled its layouts FUSED-MLP).
+    if model.shape.experts == 0 {
+        let key = if run.layout.fused_grouped_mlp == Some(true) {
+            Some("fused_grouped_mlp")
+        } else {
+            run.layout.dispatcher.map(|_| "dispatcher")
+        };
+        if let Some(key) = key {
+            anyhow::bail!("[layout] {key} applies to the routed experts of a mixture-of-experts model; {} has none: leave it out", variant.name);
+        }
+    }
     let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
     let flops_per_token = count::model_flops_per_step(&model.graph, &convention) / f64::from(seq_len);
     // NVIDIA's DGX Cloud benchmark READMEs count attention over all keys: the same run
@@ -1128,6 +1140,17 @@ fn price_file_problems(err: &plugin::PluginError) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two names of one GPU type are one type named twice, as two spellings of one name
+    /// are (the series ran twice); the profile's name says which.
+    #[test]
+    fn two_aliases_of_one_gpu_are_refused_as_a_name_given_twice() {
+        let mut r = RunFile::default();
+        r.model.plugin = "llama3.wasm".into();
+        r.cluster.gpu = vec!["b200".into(), "h100".into(), "H100-SXM".into()];
+        let e = run(&r, &|_, _, _| {}).unwrap_err().to_string();
+        assert_eq!(e, "[cluster] gpu names H100 twice: 'h100' and 'H100-SXM' are the same GPU; list it once");
+    }
 
     /// A GPU count nothing fits says why: the closest family's memory, or else the rule
     /// that stood in the way.

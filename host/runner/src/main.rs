@@ -53,7 +53,8 @@ pub struct Global {
     #[arg(long, short = 'v', action = clap::ArgAction::Count, global = true)]
     pub verbose: u8,
     /// Only errors, no progress
-    #[arg(long, short = 'q', global = true)]
+    // With -v too, one of the two was dropped without a word (-q won).
+    #[arg(long, short = 'q', global = true, conflicts_with = "verbose")]
     pub quiet: bool,
     /// GPU profile file merged over the built-in profiles (peaks, links, efficiencies;
     /// `runner calibrate -o FILE.toml` writes one)
@@ -63,7 +64,7 @@ pub struct Global {
     #[arg(long, global = true, default_value = "auto", value_name = "DEVICE")]
     pub device: runner_exec::select::DeviceSpec,
     /// The history database that explore and run keep their runs in, and history, show and compare read
-    /// (default: $RUNNER_HISTORY, else $XDG_DATA_HOME/runner/history.sqlite, else ~/.local/share/runner/history.sqlite; an empty or relative $XDG_DATA_HOME is ignored)
+    /// (default: $RUNNER_HISTORY, else $XDG_DATA_HOME/runner/history.sqlite, else ~/.local/share/runner/history.sqlite; an empty $RUNNER_HISTORY and an empty or relative $XDG_DATA_HOME are ignored)
     #[arg(long, global = true, value_name = "FILE")]
     pub history: Option<PathBuf>,
     /// Do not keep this run in the history (explore and run; other commands keep none)
@@ -81,7 +82,8 @@ pub struct QuickRun {
     #[arg(long, conflicts_with = "plugin")]
     pub model: Option<String>,
     /// Model variant of --plugin (default: the plugin's first)
-    #[arg(long)]
+    // --model names the variant already: with --variant too, one silently replaced it.
+    #[arg(long, conflicts_with = "model")]
     pub variant: Option<String>,
     /// GPU types, comma-separated: one series of rows each (h100, h200, b200, gb200, ...)
     #[arg(long, value_delimiter = ',')]
@@ -286,7 +288,8 @@ enum Command {
         precision: Option<String>,
         /// Instead of fitting once: for each GPU and model family, fit on the other
         /// families and report the held-out family's errors
-        #[arg(long, requires = "file")]
+        // Every GPU and precision is held out in turn: --gpu and --precision were ignored.
+        #[arg(long, requires = "file", conflicts_with_all = ["gpu", "precision"])]
         holdout: bool,
         /// Per-op times from `runner measure`: fit the GEMM efficiency of each measured
         /// format, the GEMM size at half efficiency and the HBM efficiency
@@ -299,7 +302,9 @@ enum Command {
         collectives: Option<PathBuf>,
         /// The tier of a --collectives run where the layout cannot tell (NVLink domains
         /// spanning nodes): scale-up or scale-out
-        #[arg(long, requires = "collectives")]
+        // Beside FILE, clap let `requires` pass (--collectives conflicts with FILE) and the
+        // tier was ignored.
+        #[arg(long, requires = "collectives", conflicts_with = "file")]
         tier: Option<String>,
         /// Runs of FILE to leave out of the fit, by the numbers `runner validate` gives them
         /// (from 0), comma-separated, ranges allowed: 40,54,104-108
@@ -595,6 +600,14 @@ fn output_is_an_input(output: &std::path::Path, matches: &clap::ArgMatches) -> O
     values.into_iter().find(|p| std::fs::metadata(p).is_ok_and(|m| same_file(&m, &target, p, output)))
 }
 
+/// Whether `a` and `b` name one existing file, compared as [`output_is_an_input`] does.
+pub(crate) fn is_same_file(a: &std::path::Path, b: &std::path::Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(ma), Ok(mb)) => same_file(&ma, &mb, a, b),
+        _ => false,
+    }
+}
+
 #[cfg(unix)]
 fn same_file(a: &std::fs::Metadata, b: &std::fs::Metadata, _: &std::path::Path, _: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
@@ -682,6 +695,22 @@ fn main() -> ExitCode {
                 "-o {} is also an input of this command ({}): writing it would destroy it; choose another output file",
                 out.display(),
                 input.display()
+            ))
+        );
+        return ExitCode::FAILURE;
+    }
+    // The history is read and written under a path no argument need name (its default):
+    // a report written over it lost every run kept there.
+    if let Some(out) = &cli.global.output
+        && let Ok(history) = runner::history::path(cli.global.history.as_deref())
+        && is_same_file(out, &history)
+    {
+        elog!(
+            "error: {}",
+            runner::report::visible(&format!(
+                "-o {} is the history database ({}): writing it would destroy the runs kept there; choose another output file",
+                out.display(),
+                history.display()
             ))
         );
         return ExitCode::FAILURE;

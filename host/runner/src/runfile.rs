@@ -463,25 +463,40 @@ pub fn load(path: &Path) -> Result<RunFile, String> {
     let text = crate::input::read_text(path, "run file", crate::input::TEXT_LIMIT)?;
     let mut run = parse(&text, &path.display().to_string())?;
     let dir = path.parent().unwrap_or(Path::new(""));
-    let beside = |p: &mut String| {
+    // A run keeps its paths as text: in a directory whose name is not UTF-8, the lossy
+    // name (U+FFFD for the odd bytes) was another file's, which the run could not find.
+    let beside = |p: &mut String| -> Result<(), String> {
         if !p.is_empty() && Path::new(p.as_str()).is_relative() {
-            *p = dir.join(p.as_str()).display().to_string();
+            let joined = dir.join(p.as_str());
+            *p = joined
+                .to_str()
+                .ok_or_else(|| {
+                    format!(
+                        "{}: the name of the run file's directory is not UTF-8 text, so '{p}' beside it cannot be kept as \
+                         text; move the run file and what it names to a directory with a UTF-8 name",
+                        path.display()
+                    )
+                })?
+                .to_string();
         }
+        Ok(())
     };
     let is_path = |spec: &str| spec.contains(['/', '\\']);
     if let Some(p) = run.cost.price_file.as_mut() {
-        beside(p);
+        beside(p)?;
     }
     if let Some(p) = run.cluster.profile.as_mut() {
-        beside(p);
+        beside(p)?;
     }
     if is_path(&run.model.plugin) {
-        beside(&mut run.model.plugin);
+        beside(&mut run.model.plugin)?;
     }
     if let Some(p) = run.precision.plugin.as_mut().filter(|p| is_path(p)) {
-        beside(p);
+        beside(p)?;
     }
-    run.cost.plugins.iter_mut().filter(|p| is_path(p)).for_each(beside);
+    for p in run.cost.plugins.iter_mut().filter(|p| is_path(p)) {
+        beside(p)?;
+    }
     Ok(run)
 }
 
@@ -929,6 +944,23 @@ mod tests {
         std::fs::write(&path, format!("[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"{absolute}\"\n")).unwrap();
         let run = load(&path).unwrap();
         assert_eq!(run.cost.price_file, Some(absolute));
+    }
+
+    /// A run file in a directory whose name is not UTF-8 runs while it names no file
+    /// beside it; one it does name is refused by what to do, not read under a lossy name.
+    #[cfg(unix)]
+    #[test]
+    fn a_path_beside_a_run_file_in_a_directory_not_named_in_utf8_is_refused() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let tmp = tempfile::Builder::new().prefix("runfile-latin1-").tempdir().unwrap();
+        let dir = tmp.path().join(std::ffi::OsStr::from_bytes(b"caf\xe9"));
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("run.toml");
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\n").unwrap();
+        assert!(load(&path).is_ok());
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"ours.csv\"\n").unwrap();
+        let e = load(&path).unwrap_err();
+        assert!(e.contains("the name of the run file's directory is not UTF-8 text, so 'ours.csv' beside it"), "{e}");
     }
 
     #[test]

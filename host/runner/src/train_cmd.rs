@@ -95,8 +95,11 @@ fn config(a: TrainArgs) -> Result<TrainConfig> {
             let flag = if a.compare.is_some() { "--compare" } else { "--precision" };
             anyhow::bail!("{flag} '{}': an empty policy name; name policies separated by single commas (bf16,fp8,fp8-safe)", policies.join(","));
         }
-        if policies[..i].contains(p) {
-            anyhow::bail!("--compare names {p} twice: each policy runs once on the same text, seed and batches; list it once");
+        // bf16 and bf16.wasm name one plugin: it ran twice, in two identical rows.
+        let stem = |s: &str| s.strip_suffix(".wasm").unwrap_or(s).to_string();
+        if let Some(first) = policies[..i].iter().find(|q| stem(q) == stem(p)) {
+            let spelled = if first == p { String::new() } else { format!(" (as {first} and {p})") };
+            anyhow::bail!("--compare names {}{spelled} twice: each policy runs once on the same text, seed and batches; list it once", stem(p));
         }
     }
     // An unknown device would be planned with the high-precision formats alone, silently.
@@ -224,6 +227,8 @@ mod tests {
         assert!(e.starts_with("--compare 'bf16,,fp8': an empty policy name"), "{e}");
         let e = refused(&["--compare", "fp8,bf16,fp8"]);
         assert!(e.starts_with("--compare names fp8 twice"), "{e}");
+        let e = refused(&["--compare", "bf16,fp8,bf16.wasm"]);
+        assert!(e.starts_with("--compare names bf16 (as bf16 and bf16.wasm) twice"), "{e}");
         assert!(cfg(&["--precision", "bf16", "--compare", "fp8"]).is_err(), "the two flags conflict");
     }
 

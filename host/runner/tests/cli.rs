@@ -333,6 +333,57 @@ fn leave_out_names_runs_it_cannot_take() {
     }
 }
 
+/// calibrate's flags that the fit of FILE would drop are refused: --holdout holds every GPU
+/// and precision out in turn (--gpu listed B200 rows too), and --tier is a --collectives
+/// run's (beside FILE it passed and was ignored).
+#[test]
+fn calibrate_refuses_flags_its_fit_would_drop() {
+    let dir = scratch("calibrate-dropped");
+    for (args, want) in [
+        (&["--holdout", "--gpu", "h100"][..], "'--holdout' cannot be used with '--gpu <GPU>'"),
+        (&["--tier", "scale-up"], "'[FILE]' cannot be used with '--tier <TIER>'"),
+    ] {
+        let o = runner(&dir, &[&["calibrate", "runs.toml"][..], args].concat());
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(2) && err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// `measure --gbs` is refused: the rank graph it times is one micro-batch's, and the global
+/// batch was taken and dropped without a word.
+#[test]
+fn measure_refuses_a_global_batch() {
+    let dir = scratch("measure-gbs");
+    let o = runner(&dir, &["--device", "cpu", "measure", "--model", "llama3-tiny", "--gpu", "h100", "--gbs", "7"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("--gbs 7: measure times one micro-batch of the rank graph (--mbs)"), "{err}");
+}
+
+/// `search --gpus 8,16,8` searches each count once, in the order first given: a repeated
+/// count was searched again and its layouts and notes printed twice.
+#[test]
+fn search_takes_a_repeated_gpu_count_once() {
+    let dir = scratch("search-repeat");
+    let o = runner(&dir, &["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "--top", "1", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let counts: Vec<u64> = v.as_array().unwrap().iter().map(|c| c["gpus"].as_u64().unwrap()).collect();
+    assert_eq!(counts, [8, 16], "{out}");
+}
+
+/// -q with -v asks for no logging and more logging at once: refused (-q silently won),
+/// wherever on the line either is given.
+#[test]
+fn quiet_and_verbose_together_are_refused() {
+    let dir = scratch("quiet-verbose");
+    for args in [&["-q", "-v", "models"][..], &["models", "-vv", "--quiet"]] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(2) && err.contains("cannot be used with"), "{args:?}: {err}");
+    }
+}
+
 /// The default run's flags before a subcommand are refused, not dropped.
 #[test]
 fn run_flags_before_a_subcommand_are_refused() {
@@ -347,6 +398,20 @@ fn run_flags_before_a_subcommand_are_refused() {
     }
     // Global flags are not the run's: they go anywhere.
     assert!(runner(&dir, &["-q", "models", "llama3-tiny"]).status.success());
+}
+
+/// --model names a variant, so --variant beside it is refused (the second silently won:
+/// `--model llama3.1-8b --variant llama3.1-70b` projected the 70B); --variant over a run
+/// file's plugin still replaces the file's variant.
+#[test]
+fn variant_beside_model_is_refused() {
+    let dir = scratch("model-variant");
+    let o = runner(&dir, &["explore", "--model", "llama3-tiny", "--variant", "llama3.1-70b", "--no-history", "-q"]);
+    let err = text(&o).1;
+    assert!(o.status.code() == Some(2) && err.contains("'--model <MODEL>' cannot be used with '--variant <VARIANT>'"), "{err}");
+    std::fs::write(dir.join("r.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3.1-70b\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n").unwrap();
+    let o = runner(&dir, &["run", "r.toml", "--variant", "llama3-tiny", "--no-history", "-q"]);
+    assert!(o.status.success() && text(&o).0.starts_with("llama3-tiny "), "{}", text(&o).1);
 }
 
 /// The shipped efficiency tables are what the command their header names writes: a change
@@ -501,6 +566,26 @@ fn every_subcommand_has_help_with_examples() {
         }
     }
     assert!(seen >= 25, "only {seen} commands walked");
+}
+
+/// On a dense model the expert flags changed nothing, unsaid (--fused-grouped-mlp even
+/// labelled the layout FUSED-MLP): refused, as --etp is, by project, search and run files.
+#[test]
+fn expert_flags_on_a_dense_model_are_refused() {
+    let dir = scratch("dense-moe-flags");
+    for (cmd, flag) in [("project", &["--fused-grouped-mlp"][..]), ("project", &["--dispatcher", "flex"]), ("search", &["--no-ep-overlap"])] {
+        let o = runner(&dir, &[&[cmd, "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "8", "-q"][..], flag].concat());
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(&format!("{} applies to the routed experts of a mixture-of-experts model; llama3.1-8b has none", flag[0])), "{cmd} {flag:?}: {err}");
+    }
+    // And a run file's [layout] keys, which the explorer's layouts showed as FUSED-MLP.
+    for key in ["fused_grouped_mlp = true", "dispatcher = \"alltoall\""] {
+        std::fs::write(dir.join("r.toml"), format!("[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n[layout]\n{key}\n")).unwrap();
+        let o = runner(&dir, &["run", "r.toml", "--no-history", "-q"]);
+        let err = text(&o).1;
+        let name = key.split(' ').next().unwrap();
+        assert!(!o.status.success() && err.contains(&format!("[layout] {name} applies to the routed experts of a mixture-of-experts model; llama3-tiny has none")), "{key}: {err}");
+    }
 }
 
 /// `runner project`'s JSON object carries the fields scripts read, fills omitted layout
@@ -1038,8 +1123,13 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
     assert_eq!(entry("llama3.wasm", true)["contract"], "0.3.0");
     assert_eq!(entry("aws.wasm", false)["shadows_embedded"], true);
     assert_eq!(entry("aws.wasm", true)["shadowed"], true);
+    // CSV carries each sha256 whole, as JSON does (it gave 12 digits); the table 12.
+    let sha = entry("llama3.wasm", true)["sha256"].as_str().unwrap().to_string();
+    let (csv, _) = text(&runner(&dir, &["plugins", "list", "--format", "csv"]));
+    assert!(csv.lines().any(|l| l == format!("llama3.wasm,workload,0.3.0,embedded,{sha}")), "{csv}");
     let o = runner(&dir, &["plugins", "list"]);
     let (out, _) = text(&o);
+    assert!(out.lines().any(|l| l.starts_with("llama3.wasm") && l.ends_with(&format!(" {}", &sha[..12]))), "{out}");
     assert!(
         out.lines()
             .any(|l| l.starts_with("oldcloud.wasm") && l.contains("0.1.0 (adapted)")),
@@ -1487,6 +1577,24 @@ fn a_history_that_cannot_be_written_warns_once_and_the_run_goes_on() {
     }
 }
 
+/// The paths a user typed reach stderr escaped, as in every error: the -o file's "wrote"
+/// line and the warning of a history that cannot be opened printed a terminal sequence
+/// in the name raw.
+#[test]
+fn typed_paths_reach_stderr_escaped() {
+    let dir = scratch("typed-paths");
+    std::fs::write(dir.join("plain"), "").unwrap();
+    let mut args = with_history("plain/\u{1b}[2Jh.sqlite", &HIST_RUN);
+    args.extend(["-o", "\u{1b}[2Jout.json"]);
+    let o = runner(&dir, &args);
+    let err = text(&o).1;
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("warning: not kept in the history: history database plain/\\u{1b}[2Jh.sqlite"), "{err}");
+    assert!(err.contains("wrote \\u{1b}[2Jout.json"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+    assert!(dir.join("\u{1b}[2Jout.json").is_file());
+}
+
 /// A history written before `owner_pid` was recorded (the runs table without it) is
 /// migrated: explore keeps its run there and `history` lists the old runs. It failed
 /// "no such column: owner_pid".
@@ -1666,11 +1774,20 @@ fn show_renders_failed_and_odd_runs_in_the_format_asked_for() {
     let o = show(&["4", "-o", "four.json"]);
     assert!(!o.status.success() && text(&o).1.contains("has no outcome"), "{}", text(&o).1);
     assert!(!dir.join("four.json").exists());
+    // A history handed over may carry terminal sequences in its renderings: reprinted
+    // escaped (raw before), the JSON's as \u escapes of the same strings.
+    insert("done", r#"{"renderings": {"table": "t\u001b[2J\n", "json": "{\"a\": \"\u001b[2J\u202e\"}"}}"#);
+    let o = show(&["5"]);
+    assert_eq!(text(&o).0, "t\\u{1b}[2J\n");
+    let o = show(&["5", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap_or_else(|e| panic!("{e}: {:?}", text(&o).0));
+    assert_eq!(v["a"], "\u{1b}[2J\u{202e}");
+    assert!(!text(&o).0.contains(['\u{1b}', '\u{202e}']), "{:?}", text(&o).0);
 }
 
 /// `history --limit 0` is refused (it said "no runs yet"); a missing id names the ids
 /// there, gaps included (it said "runs are numbered 1 to N"); a run marked running whose
-/// process is gone reads "interrupted" in `history` and `show` (it read "running").
+/// process is gone reads "interrupted" in `history`, `show` and `compare` (it read "running").
 #[test]
 fn history_wording_limit_missing_ids_and_interrupted_runs() {
     let dir = scratch("histwords");
@@ -1703,6 +1820,10 @@ fn history_wording_limit_missing_ids_and_interrupted_runs() {
     assert!(text(&o).0.lines().any(|l| l.starts_with("5 ") && l.contains("interrupted")), "{}", text(&o).0);
     let o = runner(&dir, &["--history", h, "show", "5"]);
     assert!(text(&o).0.contains("is interrupted"), "{}", text(&o).0);
+    // compare too, in its outcome and its notes (it said running).
+    let o = runner(&dir, &["--history", h, "compare", "5", "7", "--format", "csv"]);
+    let out = text(&o).0;
+    assert!(out.contains("outcome,status,interrupted,running\n") && out.contains("runner explore` (2026-01-01T00:00:00Z, interrupted)"), "{out}");
 }
 
 /// Mistakes a long run would only find at its end are refused at its start: an output in
@@ -1725,6 +1846,63 @@ fn an_unwritable_output_or_an_unknown_cloud_is_refused_before_the_run() {
     assert!(started.elapsed().as_secs() < 60, "refused before measuring");
     let left: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert!(left.iter().all(|n| n == "data"), "{left:?}");
+}
+
+/// A file name that is not UTF-8 (a Latin-1 name, say) is a path like any other: a run
+/// file so named runs and is kept in the history (the history's command line panicked on
+/// it), and a --price-file so named is refused by name (it became another file's name).
+#[cfg(unix)]
+#[test]
+fn a_file_name_that_is_not_utf8_neither_panics_nor_names_another_file() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = scratch("not-utf8");
+    let name = std::ffi::OsStr::from_bytes(b"caf\xe9.toml");
+    std::fs::write(dir.join(name), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n").unwrap();
+    let o = command(&dir, &["run"]).arg(name).arg("-q").output().unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.contains("llama3-tiny"), "{err}");
+    let o = runner(&dir, &["history", "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(runs[0]["command"].as_str().unwrap().rsplit('/').next().unwrap(), "runner run caf\u{fffd}.toml -q", "{runs}");
+    let prices = std::ffi::OsStr::from_bytes(b"pr\xe9.csv");
+    std::fs::write(dir.join(prices), "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nours,H100,8,eu,10,\n").unwrap();
+    let o = command(&dir, &["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--no-history", "-q", "--price-file"])
+        .arg(prices)
+        .output()
+        .unwrap();
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("--price-file pr\u{fffd}.csv: the file name is not UTF-8"), "{err}");
+}
+
+/// -o over a file the command reads though no argument names it is refused, the file kept:
+/// the history at its default path (any command's report replaced the database), and a
+/// run file's price file (`runner run r.toml -o ours.csv` replaced the prices with the report).
+#[test]
+fn output_over_the_history_or_a_run_files_price_file_is_refused() {
+    let dir = scratch("output-inputs");
+    let prices = "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nours,H100,8,eu,10,\n";
+    std::fs::write(dir.join("ours.csv"), prices).unwrap();
+    std::fs::write(
+        dir.join("r.toml"),
+        "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\nprice_file = \"ours.csv\"\n",
+    )
+    .unwrap();
+    let o = runner(&dir, &["run", "r.toml", "-q", "-o", "ours.csv"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("-o ours.csv is also an input of this run (ours.csv)"), "{err}");
+    assert_eq!(std::fs::read_to_string(dir.join("ours.csv")).unwrap(), prices);
+    let o = runner(&dir, &["run", "r.toml", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let history = dir.join("data/runner/history.sqlite");
+    let kept = std::fs::read(&history).unwrap();
+    for args in [&["history", "-o", "data/runner/history.sqlite"][..], &["models", "-o", "data/runner/history.sqlite"]] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains("is the history database"), "{args:?}: {err}");
+    }
+    assert_eq!(std::fs::read(&history).unwrap(), kept);
+    let o = runner(&dir, &["show", "1", "-q"]);
+    assert!(o.status.success() && text(&o).0.contains("llama3-tiny"), "{}", text(&o).1);
 }
 
 /// The goal and sweet-spot flags reach the run: --max-usd-per-day-saved is the threshold the
@@ -1883,6 +2061,9 @@ fn cpu_bench_flags_are_refused_at_their_edges_and_quiet_is_quiet() {
         (&["quantize", "--rows", "0", "--cols", "4"], "--rows x --cols: 0 x 4 is outside 1..=2^28 elements"),
         (&["quantize", "--rows", "4", "--cols", "0"], "--rows x --cols: 4 x 0 is outside 1..=2^28 elements"),
         (&["quantize", "--rows", "1", "--cols", "268435457"], "--rows x --cols: 1 x 268435457 is outside"),
+        (&["layer", "--seq", "128", "--batch", "8193"], "--seq x --batch = 128 x 8193: at most 2^20 tokens a step"),
+        (&["layer", "--batch", "18446744073709551615"], "--seq x --batch = 2048 x 18446744073709551615: at most 2^20"),
+        (&["step", "--layout", "dp=4097", "--in-process"], "--layout tp=1,pp=1,dp=4097 is 4097 ranks: a run in one process takes at most 4096"),
     ] {
         let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
         let err = text(&o).1;

@@ -223,7 +223,9 @@ fn rfc3339_utc(secs: i64) -> String {
 
 /// The default database: `$RUNNER_HISTORY`, else `runner/history.sqlite` in the user's
 /// data directory (on Linux `$XDG_DATA_HOME`, else `~/.local/share`; an empty or relative
-/// `$XDG_DATA_HOME` is ignored, as the XDG spec says).
+/// `$XDG_DATA_HOME` is ignored, as the XDG spec says). An empty `$RUNNER_HISTORY` is unset
+/// too: SQLite opens the empty name as a temporary database deleted on close, so every
+/// run said "kept as run 1" and was lost.
 pub fn default_path() -> Option<PathBuf> {
     path_from(std::env::var_os("RUNNER_HISTORY"), dirs::data_dir())
 }
@@ -231,8 +233,8 @@ pub fn default_path() -> Option<PathBuf> {
 /// [`default_path`] from `$RUNNER_HISTORY` and the user's data directory.
 fn path_from(history: Option<std::ffi::OsString>, data_dir: Option<PathBuf>) -> Option<PathBuf> {
     match history {
-        Some(p) => Some(PathBuf::from(p)),
-        None => Some(data_dir?.join("runner").join("history.sqlite")),
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => Some(data_dir?.join("runner").join("history.sqlite")),
     }
 }
 
@@ -923,6 +925,8 @@ mod tests {
         assert_eq!(path_from(Some("/h.db".into()), None), Some(PathBuf::from("/h.db")));
         assert_eq!(path_from(None, data()), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
         assert_eq!(path_from(None, None), None);
+        assert_eq!(path_from(Some("".into()), data()), Some(PathBuf::from("/home/a/.local/share/runner/history.sqlite")));
+        assert_eq!(path_from(Some("".into()), None), None);
 
         let (_dir, path) = scratch("pragmas");
         let s = Store::open(&path).unwrap();

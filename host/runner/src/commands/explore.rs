@@ -22,7 +22,7 @@ use crate::{Global, QuickRun};
 /// result as a run file is checked.
 fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Result<()> {
     if let Some(p) = &global.profile {
-        run.cluster.profile = Some(p.display().to_string());
+        run.cluster.profile = Some(utf8_path("--profile", p)?.to_string());
     }
     if let Some(p) = &quick.plugin {
         run.model.plugin = p.clone();
@@ -54,7 +54,7 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
         run.cost.plugins = quick.clouds.clone();
     }
     if let Some(f) = &quick.price_file {
-        run.cost.price_file = Some(f.display().to_string());
+        run.cost.price_file = Some(utf8_path("--price-file", f)?.to_string());
     }
     if let Some(o) = &quick.option {
         run.cost.option = o.clone();
@@ -86,11 +86,16 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     if quick.optimizer.is_some() {
         run.layout.optimizer = quick.optimizer;
     }
+    // The two goals exclude each other on the command line, so the one given replaces the
+    // file's other: a --budget over a file's target_days was answered with the target and
+    // a note that the budget was ignored.
     if quick.target_days.is_some() {
         run.explore.target_days = quick.target_days;
+        run.explore.budget_usd = None;
     }
     if quick.budget.is_some() {
         run.explore.budget_usd = quick.budget;
+        run.explore.target_days = None;
     }
     if quick.max_usd_per_day_saved.is_some() {
         run.explore.max_usd_per_day_saved = quick.max_usd_per_day_saved;
@@ -111,9 +116,24 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     Ok(())
 }
 
-/// The command line as typed, for the history.
+/// A path flag as the run keeps it: a run (a run file, the history's copy) holds paths as
+/// text, so a name that is not UTF-8 is refused by name; shown lossily it named another
+/// file, which the run then could not find.
+fn utf8_path<'a>(flag: &str, path: &'a Path) -> Result<&'a str> {
+    path.to_str().ok_or_else(|| {
+        anyhow::anyhow!(
+            "{flag} {}: the file name is not UTF-8 text, which a run keeps its paths as; rename the file \
+             (or link to it under a UTF-8 name)",
+            path.display()
+        )
+    })
+}
+
+/// The command line as typed, for the history. An argument that is not UTF-8 (a file
+/// name from another system's encoding) is kept lossily: `env::args` panicked on it.
 fn command_line() -> String {
-    std::env::args()
+    std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
         .map(|a| if a.contains([' ', '"', '\'']) { format!("{a:?}") } else { a })
         .collect::<Vec<_>>()
         .join(" ")
@@ -121,6 +141,7 @@ fn command_line() -> String {
 
 /// Run the explorer on `run`, keeping it in the history, and print it.
 fn execute(run: &RunFile, global: &Global) -> Result<()> {
+    refuse_output_over_inputs(run, global)?;
     let mut journal = if global.no_history {
         None
     } else {
@@ -129,7 +150,8 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
             Ok(j) => Some(j),
             Err(e) => {
                 // A history that cannot be written must not cost the user the run.
-                elog!("warning: not kept in the history: {e:#} (--history FILE or --no-history)");
+                // Its path may be the user's --history, a terminal sequence and all.
+                elog!("warning: not kept in the history: {} (--history FILE or --no-history)", runner::report::visible(&format!("{e:#}")));
                 None
             }
         }
@@ -175,6 +197,26 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     // The file first: a stdout that fails (a closed pipe) must not lose it.
     write_output(global, &|f| report::explore::render(&outcome, f))?;
     print_stdout(&report::explore::render(&outcome, global.format.unwrap_or(OutputFormat::Table)))
+}
+
+/// -o naming a file the run reads: the command line's are refused before any command
+/// runs, but a run file names its own (a price file, a profile, plugins as paths), which
+/// the report then replaced (`runner run r.toml -o ours.csv` lost the price file).
+fn refuse_output_over_inputs(run: &RunFile, global: &Global) -> Result<()> {
+    let Some(out) = &global.output else { return Ok(()) };
+    let read = [run.cost.price_file.as_ref(), run.cluster.profile.as_ref(), Some(&run.model.plugin), run.precision.plugin.as_ref()]
+        .into_iter()
+        .flatten()
+        .chain(&run.cost.plugins);
+    for input in read {
+        if crate::is_same_file(out, Path::new(input)) {
+            anyhow::bail!(
+                "-o {} is also an input of this run ({input}): writing it would destroy it; choose another output file",
+                out.display()
+            );
+        }
+    }
+    Ok(())
 }
 
 /// Say once, on stderr, that the history could not be written and the run is not kept.
@@ -329,7 +371,7 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
             OutputFormat::Html => ("html", "HTML"),
         };
         match result.get("renderings").and_then(|r| r.get(field)).and_then(|v| v.as_str()) {
-            Some(text) => Ok(text.to_string()),
+            Some(text) => Ok(defused(f, text)),
             None => anyhow::bail!("run {id}'s stored result has no renderings.{field}: it cannot be shown as {name}"),
         }
     };
@@ -342,10 +384,30 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
     print_stdout(&shown)
 }
 
+/// A stored rendering as it is reprinted. One the runner kept holds no character that
+/// moves a terminal (its text was escaped as it was rendered), so it comes back byte for
+/// byte; but a history is a file one may be handed (`--history` on a teammate's), and
+/// such characters in it reached the terminal raw. In JSON they become \u escapes, the
+/// same strings.
+fn defused(format: OutputFormat, text: &str) -> String {
+    match format {
+        OutputFormat::Json => text
+            .chars()
+            .map(|c| if c != '\n' && runner_contract::text::is_unsafe(c) { format!("\\u{:04x}", u32::from(c)) } else { c.to_string() })
+            .collect(),
+        _ => report::visible(text),
+    }
+}
+
 /// `runner compare A B`: what changed between two runs.
 pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     let (store, _) = open_store(global)?;
-    let (ra, rb) = (store.get(a)?, store.get(b)?);
+    let (mut ra, mut rb) = (store.get(a)?, store.get(b)?);
+    // As `history` and `show` say it: a run whose process is gone is interrupted, not
+    // running (its outcome row and note said running).
+    for r in [&mut ra, &mut rb] {
+        r.status = r.state().to_string();
+    }
     let changes = history::compare(&ra, &rb);
     let cell = |v: &serde_json::Value| -> String {
         match v {
@@ -467,6 +529,20 @@ mod tests {
             apply_overrides(&mut run, &QuickRun { recompute: Some(flag.into()), ..QuickRun::default() }, &global()).unwrap();
             assert_eq!(run.measure.recompute, policy, "{flag}");
         }
+    }
+
+    /// A goal flag replaces the run file's other goal, as any flag replaces the file's
+    /// value: --budget over target_days is a budget run, --target-days over budget_usd a
+    /// target run (the file's goal won, the flag noted as ignored).
+    #[test]
+    fn a_goal_flag_replaces_the_files_other_goal() {
+        let mut run = file_run();
+        apply_overrides(&mut run, &QuickRun { budget: Some(1e6), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!((run.explore.target_days, run.explore.budget_usd), (None, Some(1e6)));
+        let mut run = file_run();
+        run.explore = runfile::ExploreSection { target_days: None, budget_usd: Some(2e6), max_usd_per_day_saved: None };
+        apply_overrides(&mut run, &QuickRun { target_days: Some(10.0), ..QuickRun::default() }, &global()).unwrap();
+        assert_eq!((run.explore.target_days, run.explore.budget_usd), (Some(10.0), None));
     }
 
     /// A goal without GPU counts walks the goal's counts; without a goal, or with counts

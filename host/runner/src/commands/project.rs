@@ -102,9 +102,10 @@ pub struct LayoutFlags {
     pub fused_grouped_mlp: bool,
     /// The expert token dispatcher (Megatron's moe_token_dispatcher_type): flex (DeepEP or
     /// HybridEP: a token crosses to another NVLink domain once, whatever number of its experts
-    /// are there) or alltoall (one NCCL all-to-all, a copy per expert)
-    #[arg(long, default_value = "flex", value_parser = Dispatcher::parse)]
-    pub dispatcher: Dispatcher,
+    /// are there) or alltoall (one NCCL all-to-all, a copy per expert); default flex
+    // Not a clap default: a dispatcher named for a model without experts is refused.
+    #[arg(long, value_parser = Dispatcher::parse)]
+    pub dispatcher: Option<Dispatcher>,
     /// With --recompute selective: Megatron's recompute modules, comma-separated
     /// (core_attn, layernorm, moe_act, mla_up_proj, mlp, shared_experts; default core_attn)
     #[arg(long, value_delimiter = ',')]
@@ -132,7 +133,24 @@ pub struct LayoutFlags {
 impl LayoutFlags {
     /// The kernel choices the flags ask for.
     fn kernels(&self) -> Kernels {
-        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher }
+        Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher.unwrap_or_default() }
+    }
+
+    /// The flags that shape routed experts, refused for a model without any: they changed
+    /// nothing there, unsaid (`--fused-grouped-mlp` even labelled a dense layout FUSED-MLP),
+    /// as `--etp` is refused.
+    fn refuse_moe_flags_without_experts(&self, model: &str, experts: u64) -> Result<()> {
+        let given = [
+            ("--fused-grouped-mlp", self.fused_grouped_mlp),
+            ("--dispatcher", self.dispatcher.is_some()),
+            ("--no-ep-overlap", self.no_ep_overlap),
+        ];
+        match given.iter().find(|(_, on)| *on) {
+            Some((flag, _)) if experts == 0 => {
+                anyhow::bail!("{flag} applies to the routed experts of a mixture-of-experts model; {model} has none: leave it out")
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -381,6 +399,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         flags.mbs.get_or_insert(k.mbs);
         s.projector = s.projector.with_measured(m.file.measured());
     }
+    flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
     let split = flags.split(s.projector.model.depth.len())?;
     flags.optimizer = Some(project::optimizer(flags.optimizer, &s.found.variant, &mut s.notes));
     let flags = &flags;
@@ -739,6 +758,7 @@ fn verdict_text(v: &Verdict) -> String {
 pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
     let mut s = setup(t, global)?;
     let mut flags = flags.clone();
+    flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
     let split = flags.split(s.projector.model.depth.len())?;
     flags.optimizer = Some(project::optimizer(flags.optimizer, &s.found.variant, &mut s.notes));
     let flags = &flags;
@@ -752,7 +772,15 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     if let Some(tp) = space.tp {
         notes.extend(kv_replication_note(tp, &s.projector.model.shape));
     }
+    // A count given twice was searched twice, its layouts and notes printed twice; the
+    // explorer keeps one row per count too.
+    let mut counts: Vec<u32> = Vec::new();
     for &n in gpus {
+        if !counts.contains(&n) {
+            counts.push(n);
+        }
+    }
+    for n in counts {
         let gbs = gbs_for(&s, t, n, &mut notes);
         progress_line(global, &format!("searching {n} GPUs"));
         let started = std::time::Instant::now();

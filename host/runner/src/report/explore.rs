@@ -99,6 +99,9 @@ fn layout_cell(r: &Row) -> String {
             .filter(|t| !t.starts_with("MBS") && !t.starts_with("GBS"))
             .collect::<Vec<_>>()
             .join(" "),
+        // As search's table: a count no layout divides is not one memory rules out (the
+        // notes say which it was).
+        None if r.why_not.as_deref().is_some_and(|w| w.starts_with("no layout divides")) => "no valid layout".into(),
         None => "nothing fits".into(),
     }
 }
@@ -953,6 +956,17 @@ pub(crate) mod tests {
         assert!(quotes.contains("<td>gpus</td><td>compute</td><td class=\"n\">8.0</td><td>gpu-hour</td><td class=\"n\">9.50 USD</td><td>list price</td>"), "{quotes}");
         assert!(quotes.contains("<td>egress</td>") && quotes.contains("<td>estimate</td>"), "{quotes}");
         assert!(quotes.contains("<li>the price row is marked resale: no clean price was quoted for this GPU</li>"), "{quotes}");
+    }
+
+    /// A count no layout divides reads "no valid layout" in the table, one memory rules
+    /// out "nothing fits" (both read "nothing fits", the notes saying no layout divided).
+    #[test]
+    fn a_count_no_layout_divides_is_not_said_to_not_fit() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        o.series[0].rows[1].why_not = Some("no layout divides the model and the batch at this GPU count (TP: x)".into());
+        assert!(text(&o).lines().any(|l| l.starts_with("16 ") && l.contains(" no valid layout ")), "{}", text(&o));
+        o.series[0].rows[1].why_not = Some("nothing fits: the least memory any layout needs is 95 GiB per GPU".into());
+        assert!(text(&o).lines().any(|l| l.starts_with("16 ") && l.contains(" nothing fits ")), "{}", text(&o));
     }
 
     /// Why nothing fits at a GPU count reaches the page escaped. Kills: it unescaped.
