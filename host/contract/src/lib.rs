@@ -88,5 +88,8 @@ pub mod limits {
     pub const SSM_CHUNK: u32 = 4096;
     pub const SEQ_LEN: u32 = 1 << 24;
     pub const TOKENS: f64 = 1e16;
+    /// Learning rates a run trains at (a plugin's default, `runner train --lr`): no
+    /// recipe publishes one outside them, and 1e-300 or 1e300 would print as 301 digits.
+    pub const LEARNING_RATE: std::ops::RangeInclusive<f64> = 1e-8..=10.0;
     pub const GPUS: u32 = 1 << 20;
 }

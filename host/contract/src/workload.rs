@@ -83,7 +83,7 @@ macro_rules! workload_rules {
             }
             // The runner trains at this rate (0: its own default) and prints it with `{}`
             // when a run diverges: 1e-300 or 1e300 would be 301 digits of advice.
-            if d.learning_rate != 0.0 && !(1e-8..=10.0).contains(&d.learning_rate) {
+            if d.learning_rate != 0.0 && !$crate::limits::LEARNING_RATE.contains(&d.learning_rate) {
                 return Err(format!(
                     "defaults.learning-rate must be 0 (the runner's default) or from 1e-8 to 10, got {}",
                     $crate::text::number(d.learning_rate)

@@ -371,6 +371,13 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     for spec in &cost_specs {
         let stem = plugin_stem(spec);
         if stem == PRICE_FILE_PLUGIN || stem == "price-file" {
+            // Given beside the file, the file is priced already: only the listing is wrong.
+            if run.cost.price_file.is_some() {
+                anyhow::bail!(
+                    "{PRICE_FILE_PLUGIN} is not a cloud to list (--cloud or [cost] plugins): the price file given prices \
+                     itself beside the clouds listed; leave {PRICE_FILE_PLUGIN} out of the list"
+                );
+            }
             anyhow::bail!(
                 "{PRICE_FILE_PLUGIN} is the reader of a price file, with no prices of its own: pass the file with \
                  --price-file FILE (or [cost] price_file = \"FILE\" in a run file)"
@@ -592,11 +599,14 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             // less than the one step it takes).
             let step_tokens = f64::from(gbs) * f64::from(seq_len);
             if step_tokens > tokens {
+                // Whole counts in full: 1.048576e6 read worse than 1048576, and SI's 1.0K
+                // made 1000 tokens "fewer than" a step of 1.0K.
+                let count = |v: f64| if v.fract() == 0.0 && v.abs() < 1e15 { format!("{v:.0}") } else { runner_contract::text::number(v) };
                 anyhow::bail!(
                     "{} tokens to train are fewer than one step's {} (GBS {gbs} x sequence {seq_len}): train on more tokens \
                      (--tokens) or take a smaller batch (--gbs)",
-                    runner_contract::text::number(tokens),
-                    runner_contract::text::number(step_tokens)
+                    count(tokens),
+                    count(step_tokens)
                 );
             }
             gbs_note(why);
@@ -1150,6 +1160,22 @@ mod tests {
         r.cluster.gpu = vec!["b200".into(), "h100".into(), "H100-SXM".into()];
         let e = run(&r, &|_, _, _| {}).unwrap_err().to_string();
         assert_eq!(e, "[cluster] gpu names H100 twice: 'h100' and 'H100-SXM' are the same GPU; list it once");
+    }
+
+    /// The price-file reader listed as a cloud is refused, and the fix depends on whether a
+    /// price file was given: with one, leave the reader out (it told the user to pass the
+    /// file they had passed); without, pass the file.
+    #[test]
+    fn the_price_file_reader_listed_as_a_cloud_says_what_to_do() {
+        let mut r = RunFile::default();
+        r.model.plugin = "llama3.wasm".into();
+        r.model.variant = Some("llama3-tiny".into());
+        r.cost.plugins = vec!["price_file".into()];
+        let e = run(&r, &|_, _, _| {}).unwrap_err().to_string();
+        assert!(e.contains("pass the file with --price-file FILE"), "{e}");
+        r.cost.price_file = Some("ours.csv".into());
+        let e = run(&r, &|_, _, _| {}).unwrap_err().to_string();
+        assert!(e.ends_with("leave price_file out of the list"), "{e}");
     }
 
     /// A GPU count nothing fits says why: the closest family's memory, or else the rule

@@ -64,7 +64,7 @@ pub fn quantity(s: &str) -> Result<f64, String> {
     let parsed = t.chars().next_back().and_then(|c| Some((scale(c)?, t[..t.len() - c.len_utf8()].trim().parse::<f64>().ok()?)));
     match parsed {
         Some((k, v)) => Ok(v * k),
-        None => Err(format!("'{s}' is not a number: write it as 1.5e12, or with a suffix K, M, B (or G) or T, e.g. 15T")),
+        None => Err(format!("'{s}' is not a number: write it as 1.5e12, or with a suffix K, M, B (or G) or T, e.g. 15T (tokens) or $2M (a budget)")),
     }
 }
 
@@ -93,7 +93,7 @@ mod tests {
         }
         for s in ["15X", "T", "", "1e12T12", "$", "15€"] {
             let e = quantity(s).unwrap_err();
-            assert!(e.contains("is not a number") && e.contains("15T"), "{s}: {e}");
+            assert!(e.contains("is not a number") && e.contains("e.g. 15T (tokens) or $2M (a budget)"), "{s}: {e}");
         }
     }
 

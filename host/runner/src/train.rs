@@ -374,9 +374,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         bail!("--max-bf16-share {}: a fraction in 0..=1", cfg.max_bf16_share);
     }
     if let Some(lr) = cfg.lr
-        && !(lr.is_finite() && lr > 0.0)
+        && !runner_contract::limits::LEARNING_RATE.contains(&lr)
     {
-        bail!("--lr {lr} is not a positive learning rate (leave it out for the variant's)");
+        bail!("--lr {lr}: a peak learning rate is from 1e-8 to 10 (leave it out for the variant's)");
     }
     if let Some(wd) = cfg.weight_decay
         && !(0.0..=1.0).contains(&wd)
@@ -1166,9 +1166,13 @@ mod tests {
         for share in [0.0, 1.0] {
             check(TrainConfig { max_bf16_share: share, ..b() }, None);
         }
-        check(TrainConfig { lr: Some(1e-30), ..b() }, None);
-        for lr in [0.0, -1e-3, f64::NAN, f64::INFINITY] {
-            check(TrainConfig { lr: Some(lr), ..b() }, Some("is not a positive learning rate"));
+        // The plugin contract's range for a default learning rate, ends included: 1e300
+        // trained to NaN and printed 301 digits of advice.
+        for lr in [1e-8, 10.0] {
+            check(TrainConfig { lr: Some(lr), ..b() }, None);
+        }
+        for lr in [0.0, -1e-3, 1e-30, 9.9e-9, 10.01, 1e300, f64::NAN, f64::INFINITY] {
+            check(TrainConfig { lr: Some(lr), ..b() }, Some("a peak learning rate is from 1e-8 to 10 (leave it out"));
         }
         for wd in [0.0, 0.01, 1.0] {
             check(TrainConfig { weight_decay: Some(wd), ..b() }, None);

@@ -50,7 +50,7 @@ pub struct TrainArgs {
     /// Transformer layers (default: the variant's)
     #[arg(long, default_value_t = defaults::LAYERS)]
     pub layers: u32,
-    /// Peak learning rate (default: the variant's)
+    /// Peak learning rate, 1e-8 to 10 (default: the variant's)
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
     /// AdamW's decoupled weight decay, 0 to 1 (default: the variant's)

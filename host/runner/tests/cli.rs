@@ -156,7 +156,8 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
         (vec!["--cloud", "aws", "--region", "us-east1"], "no cloud sells in region 'us-east1'; the regions are:\n  aws: "),
         (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
         (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
-        (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's"),
+        (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's 1024 (GBS 4 x sequence 256)"),
+        (vec!["--cloud", "lambda", "--tokens", "1e6", "--gbs", "4096"], "1000000 tokens to train are fewer than one step's 1048576 (GBS 4096 x"),
         (vec!["--cloud", "aws", "--tp", "3"], "the layout fixed by the run (TP3) divides none of the GPU counts"),
     ] {
         let mut a = explore.to_vec();
