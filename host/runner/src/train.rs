@@ -57,6 +57,20 @@ pub enum InjectKind {
     BadBatch,
 }
 
+impl InjectKind {
+    const ALL: [InjectKind; 4] = [InjectKind::AmaxSpike, InjectKind::Nan, InjectKind::GradSpike, InjectKind::BadBatch];
+
+    /// As `--inject` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            InjectKind::AmaxSpike => "amax-spike",
+            InjectKind::Nan => "nan",
+            InjectKind::GradSpike => "grad-spike",
+            InjectKind::BadBatch => "bad-batch",
+        }
+    }
+}
+
 /// `--inject KIND@STEP[:SITE]`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Injection {
@@ -76,12 +90,8 @@ impl Injection {
     pub fn parse(s: &str) -> Result<Injection, String> {
         let usage = "use KIND@STEP[:SITE] with KIND amax-spike, nan, grad-spike or bad-batch (e.g. amax-spike@150)";
         let (kind, rest) = s.split_once('@').ok_or_else(|| format!("--inject '{s}': {usage}"))?;
-        let kind = match kind {
-            "amax-spike" => InjectKind::AmaxSpike,
-            "nan" => InjectKind::Nan,
-            "grad-spike" => InjectKind::GradSpike,
-            "bad-batch" => InjectKind::BadBatch,
-            k => return Err(format!("--inject '{s}': unknown fault '{k}'; {usage}")),
+        let Some(kind) = InjectKind::ALL.into_iter().find(|k| k.name() == kind) else {
+            return Err(format!("--inject '{s}': unknown fault '{kind}'; {usage}"));
         };
         let (step, site) = match rest.split_once(':') {
             Some((st, site)) => (st, Some(site.to_string())),
@@ -91,7 +101,7 @@ impl Injection {
         if site.is_some() && matches!(kind, InjectKind::GradSpike | InjectKind::BadBatch) {
             return Err(format!(
                 "--inject '{s}': {} takes no site (it hits {}); sites are for amax-spike and nan",
-                if kind == InjectKind::GradSpike { "grad-spike" } else { "bad-batch" },
+                kind.name(),
                 if kind == InjectKind::GradSpike { "every weight gradient" } else { "the whole batch" }
             ));
         }
@@ -389,6 +399,13 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     // A fault past the last step would never fire, and the run would read as clean.
     if let Some(i) = cfg.injections.iter().find(|i| i.step >= cfg.steps) {
         bail!("--inject at step {} would never fire: the run takes steps 0 to {}; give a step below --steps", i.step, cfg.steps - 1);
+    }
+    // The same fault twice is one fault (it fires once), so the report would list one
+    // more than the run had.
+    for (n, i) in cfg.injections.iter().enumerate() {
+        if cfg.injections[..n].contains(i) {
+            bail!("--inject gives {}@{} twice; give each fault once", i.kind.name(), i.step);
+        }
     }
     progress(Progress::Stage(&format!("loading {}", cfg.model)));
     let wp = plugin::load(&cfg.model)?;
@@ -1188,6 +1205,10 @@ mod tests {
         let at = |s: &str| vec![Injection::parse(s).unwrap()];
         check(TrainConfig { injections: at("nan@9"), ..b() }, None);
         check(TrainConfig { injections: at("nan@10"), ..b() }, Some("--inject at step 10 would never fire: the run takes steps 0 to 9"));
+        let twice = |a: &str, b: &str| vec![Injection::parse(a).unwrap(), Injection::parse(b).unwrap()];
+        check(TrainConfig { injections: twice("bad-batch@3", "bad-batch@3"), ..b() }, Some("--inject gives bad-batch@3 twice; give each fault once"));
+        check(TrainConfig { injections: twice("nan@3", "nan@4"), ..b() }, None);
+        check(TrainConfig { injections: twice("nan@3:layers.0.mlp.up", "nan@3:layers.1.mlp.up"), ..b() }, None);
     }
 
     /// The fault's default site is `mlp.down` of the middle low-precision layer (of the
