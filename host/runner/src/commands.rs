@@ -783,21 +783,24 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             "flops_per_token",
         ],
     );
+    // The CSV's cells are the figures themselves, as JSON's are (a spreadsheet reads
+    // 671026404352, not 671.03B); the table shows them rounded.
+    let mut csv = t.clone();
     for r in &rows {
-        t.rows.push(vec![
-            r.name.clone(),
-            r.family.clone(),
-            r.plugin.clone(),
-            si(r.params_total as f64),
-            si(r.params_active as f64),
-            r.default_seq_len.to_string(),
-            format!("{:.3e}", r.flops_per_token),
-        ]);
+        let cells = |params_total: String, params_active: String, flops: String| {
+            vec![r.name.clone(), r.family.clone(), r.plugin.clone(), params_total, params_active, r.default_seq_len.to_string(), flops]
+        };
+        t.rows.push(cells(si(r.params_total as f64), si(r.params_active as f64), format!("{:.3e}", r.flops_per_token)));
+        csv.rows.push(cells(r.params_total.to_string(), r.params_active.to_string(), r.flops_per_token.to_string()));
     }
     t.notes.push(format!("flops_per_token: model FLOPs of forward and backward per token at the default sequence length, multi-token-prediction modules included; {convention}"));
     t.notes.push("params: the main model, as published counts give it (multi-token-prediction modules left out); active: routed experts counted at top-k of E".into());
     t.notes.extend(provenance);
-    emit(global, &t, &rows)
+    csv.notes = t.notes.clone();
+    emit_rendered(global, &|format| match format {
+        OutputFormat::Csv => report::render(format, &csv, &rows),
+        _ => report::render(format, &t, &rows),
+    })
 }
 
 #[derive(Serialize)]

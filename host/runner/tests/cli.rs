@@ -324,6 +324,26 @@ fn a_broken_model_plugin_hides_no_other_model() {
     assert!(!o.status.success() && err.contains("llama3-tiny") && err.contains("which failed: plugin 'nonsense_workload.wasm'"), "{err}");
 }
 
+/// `models --format csv` carries the figures whole, as JSON does (a spreadsheet cannot
+/// read 671.03B); the table rounds them.
+#[test]
+fn models_csv_carries_the_figures_json_does() {
+    let dir = scratch("models-csv");
+    let o = runner(&dir, &["models", "--format", "json"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let json = v.as_array().unwrap().iter().find(|m| m["name"] == "llama3.1-8b").unwrap().clone();
+    let o = runner(&dir, &["models", "--format", "csv"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let row = csv_cells(out.lines().find(|l| l.starts_with("llama3.1-8b,")).unwrap());
+    assert_eq!(row[3], json["params_total"].to_string(), "{out}");
+    assert_eq!(row[4], json["params_active"].to_string(), "{out}");
+    assert_eq!(row[6].parse::<f64>().unwrap(), json["flops_per_token"].as_f64().unwrap(), "{out}");
+    let o = runner(&dir, &["models"]);
+    assert!(text(&o).0.contains("8.03B"), "{}", text(&o).0);
+}
+
 #[test]
 fn leave_out_names_runs_it_cannot_take() {
     let dir = scratch("leave-out");
