@@ -641,6 +641,12 @@ fn run_flag_before(matches: &clap::ArgMatches) -> Option<String> {
         })
 }
 
+/// Print `message` as the run's error, terminal sequences escaped, and fail.
+fn refuse(message: &str) -> ExitCode {
+    elog!("error: {}", runner::report::visible(message));
+    ExitCode::FAILURE
+}
+
 fn main() -> ExitCode {
     // SAFETY: the first statement of main: no other thread exists yet.
     #[cfg(feature = "cuda")]
@@ -666,8 +672,7 @@ fn main() -> ExitCode {
         } else {
             format!("see `runner {sub} --help` for its options")
         };
-        elog!("error: {}", runner::report::visible(&format!("--{flag} before `{sub}` is an option of the default run, not of `{sub}`: {fix}")));
-        return ExitCode::FAILURE;
+        return refuse(&format!("--{flag} before `{sub}` is an option of the default run, not of `{sub}`: {fix}"));
     }
     runner::local_device::set_requested(cli.global.device);
     // An explicit CUDA device that is not there is refused whatever the command, as a
@@ -675,29 +680,23 @@ fn main() -> ExitCode {
     if let runner_exec::select::DeviceSpec::Cuda(n) = cli.global.device
         && let Some(why) = runner_exec::select::cuda_unusable(n)
     {
-        elog!("error: {}", runner::report::visible(&format!("--device cuda:{n}: {why}")));
-        return ExitCode::FAILURE;
+        return refuse(&format!("--device cuda:{n}: {why}"));
     }
     // A profile named is read by the commands that project; for the others a missing one
     // would pass unnoticed.
     if let Some(p) = &cli.global.profile
         && !p.is_file()
     {
-        elog!("error: {}", runner::report::visible(&format!("--profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display())));
-        return ExitCode::FAILURE;
+        return refuse(&format!("--profile {}: no such file (a GPU profile TOML, as `runner calibrate -o` writes)", p.display()));
     }
     if let Some(out) = &cli.global.output
         && let Some(input) = output_is_an_input(out, &matches)
     {
-        elog!(
-            "error: {}",
-            runner::report::visible(&format!(
-                "-o {} is also an input of this command ({}): writing it would destroy it; choose another output file",
-                out.display(),
-                input.display()
-            ))
-        );
-        return ExitCode::FAILURE;
+        return refuse(&format!(
+            "-o {} is also an input of this command ({}): writing it would destroy it; choose another output file",
+            out.display(),
+            input.display()
+        ));
     }
     // The history is read and written under a path no argument need name (its default):
     // a report written over it lost every run kept there.
@@ -705,23 +704,18 @@ fn main() -> ExitCode {
         && let Ok(history) = runner::history::path(cli.global.history.as_deref())
         && is_same_file(out, &history)
     {
-        elog!(
-            "error: {}",
-            runner::report::visible(&format!(
-                "-o {} is the history database ({}): writing it would destroy the runs kept there; choose another output file",
-                out.display(),
-                history.display()
-            ))
-        );
-        return ExitCode::FAILURE;
+        return refuse(&format!(
+            "-o {} is the history database ({}): writing it would destroy the runs kept there; choose another output file",
+            out.display(),
+            history.display()
+        ));
     }
     // A result that takes minutes to compute is not thrown away for want of a place to
     // write it: the output's directory is checked first.
     if let Some(out) = &cli.global.output
         && let Err(why) = runner::report::writable(out)
     {
-        elog!("error: {}", runner::report::visible(&why));
-        return ExitCode::FAILURE;
+        return refuse(&why);
     }
     let result = match cli.command {
         None => commands::explore::quick_run(&cli.quick, &cli.global),
@@ -758,10 +752,7 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            elog!("error: {}", runner::report::visible(&format!("{e:#}")));
-            ExitCode::FAILURE
-        }
+        Err(e) => refuse(&format!("{e:#}")),
     }
 }
 
