@@ -470,6 +470,19 @@ fn e4m3_saturating(v: f32) -> f32 {
     }
 }
 
+/// NVFP4's (encode, decode) multipliers of a block whose amax is `a`: its decode scale
+/// stored as E4M3 (RNE, saturating) under the FP32 tensor scale `g` (1 without one); (1, 1)
+/// for an amax of 0 or not finite, or a tensor scale of 0. Selects, not branches, so a
+/// loop over a strip's blocks is vector code.
+#[inline(always)]
+fn e4m3_block_scale(a: f32, element_max: f32, g: f32) -> (f32, f32) {
+    let d = e4m3_saturating(a / element_max / g) * g;
+    // Held at FLT_MAX, as TE's `compute_scaling_coefficient`: a decode scale below
+    // 2.9e-39 has an infinite reciprocal, and a block's zeros became NaN (0 · Inf).
+    let (enc, dec) = if d > 0.0 && d.is_finite() { ((1.0 / d).min(f32::MAX), d) } else { (0.0, 0.0) };
+    if !a.is_finite() || a == 0.0 || g == 0.0 { (1.0, 1.0) } else { (enc, dec) }
+}
+
 /// The (encode, decode) multipliers of a block whose amax is `a` (`global`: NVFP4's
 /// per-tensor decode scale).
 #[inline]
@@ -479,17 +492,7 @@ pub fn block_scale(a: f32, s: &BlockSpec, global: f32) -> (f32, f32) {
         return (1.0, 1.0);
     }
     if s.scale_format == ScaleFormat::E4M3 {
-        // NVFP4: the block's decode scale, stored as E4M3 (RNE, saturating), under the
-        // FP32 tensor scale (1 without one).
-        let g = if s.tensor_scale { global } else { 1.0 };
-        if g == 0.0 {
-            return (1.0, 1.0);
-        }
-        let sb = e4m3_saturating(a / f.max() / g);
-        let d = sb * g;
-        // Held at FLT_MAX, as TE's `compute_scaling_coefficient`: a decode scale below
-        // 2.9e-39 has an infinite reciprocal, and a block's zeros became NaN (0 · Inf).
-        return if d > 0.0 && d.is_finite() { ((1.0 / d).min(f32::MAX), d) } else { (0.0, 0.0) };
+        return e4m3_block_scale(a, f.max(), if s.tensor_scale { global } else { 1.0 });
     }
     let e = match s.scale_rounding {
         ScaleRounding::Exact => {
@@ -569,6 +572,7 @@ impl Lanes for BlockTask<'_> {
         let mut out = QuantReport::default();
         let (mut enc, mut dec) = (vec![0f32; cols], vec![0f32; cols]);
         let mut bmax = vec![0f32; cols.div_ceil(bc)];
+        let (mut benc, mut bdec) = (vec![0f32; bmax.len()], vec![0f32; bmax.len()]);
         for (k, st) in strips.chunks_mut(strip).enumerate() {
             bmax.fill(0.0);
             for row in st.chunks(cols) {
@@ -583,9 +587,21 @@ impl Lanes for BlockTask<'_> {
                     }
                 }
             }
+            if s.scale_format == ScaleFormat::E4M3 {
+                // NVFP4's blocks of 16 in one vector loop: block_scale called per block
+                // (with its branches) was a quarter of a 1x16 pass.
+                let (fmax, g) = (s.format.max(), if s.tensor_scale { global } else { 1.0 });
+                for ((e, d), &a) in benc.iter_mut().zip(bdec.iter_mut()).zip(&bmax) {
+                    (*e, *d) = e4m3_block_scale(a, fmax, g);
+                }
+            } else {
+                for ((e, d), &a) in benc.iter_mut().zip(bdec.iter_mut()).zip(&bmax) {
+                    (*e, *d) = block_scale(a, s, global);
+                }
+            }
             let (mut top, mut top_scale) = (-1f32, 1f32);
             for (j, &a) in bmax.iter().enumerate() {
-                let (e, d) = block_scale(a, s, global);
+                let (e, d) = (benc[j], bdec[j]);
                 let end = ((j + 1) * bc).min(cols);
                 enc[j * bc..end].fill(e);
                 dec[j * bc..end].fill(d);
