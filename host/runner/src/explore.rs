@@ -71,7 +71,17 @@ pub struct Row {
     pub sweet: bool,
 }
 
+/// How a row's `why_not` begins when no layout divides the model and the batch at its
+/// count (rather than none fitting): [`nothing_fits`] writes it, [`Row::undivided`] reads it.
+const NO_LAYOUT_DIVIDES: &str = "no layout divides";
+
 impl Row {
+    /// No layout divides the model and the batch at this count: a rule stood in the way,
+    /// not memory.
+    pub fn undivided(&self) -> bool {
+        self.why_not.as_deref().is_some_and(|w| w.starts_with(NO_LAYOUT_DIVIDES))
+    }
+
     /// The cheapest quote, if any cloud priced the row.
     pub fn cheapest_cost(&self) -> Option<&pricing::CloudCost> {
         self.cheapest.and_then(|i| self.costs[i].quote())
@@ -284,18 +294,11 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         variant: variant.clone(),
     };
     let (model, source) = project::model(&found, seq_len, limits)?;
-    // As project's flags: on a model without routed experts they changed nothing, unsaid
-    // (fused_grouped_mlp labelled its layouts FUSED-MLP).
-    if model.shape.experts == 0 {
-        let key = if run.layout.fused_grouped_mlp == Some(true) {
-            Some("fused_grouped_mlp")
-        } else {
-            run.layout.dispatcher.map(|_| "dispatcher")
-        };
-        if let Some(key) = key {
-            anyhow::bail!("[layout] {key} applies to the routed experts of a mixture-of-experts model; {} has none: leave it out", variant.name);
-        }
-    }
+    project::refuse_moe_settings_without_experts(
+        &[("[layout] fused_grouped_mlp", run.layout.fused_grouped_mlp == Some(true)), ("[layout] dispatcher", run.layout.dispatcher.is_some())],
+        &variant.name,
+        model.shape.experts,
+    )?;
     let convention = Convention { attention: AttentionFlops::CausalHalved, recompute: Recompute::None };
     let flops_per_token = count::model_flops_per_step(&model.graph, &convention) / f64::from(seq_len);
     // NVIDIA's DGX Cloud benchmark READMEs count attention over all keys: the same run
@@ -689,7 +692,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     // Layout flags that no count can divide are a mistake to say, not a table of "nothing
     // fits" (--tp 3 on 8-GPU nodes).
     let rows = || series.iter().flat_map(|s| &s.rows);
-    if !fixed.is_empty() && rows().all(|r| r.why_not.as_deref().is_some_and(|w| w.starts_with("no layout divides"))) {
+    if !fixed.is_empty() && rows().all(Row::undivided) {
         let why = rows().next().and_then(|r| r.why_not.clone()).unwrap_or_default();
         anyhow::bail!("the layout fixed by the run ({fixed}) divides none of the GPU counts: {why}");
     }
@@ -1104,7 +1107,7 @@ fn nothing_fits(families: &[search::Family]) -> String {
                 Verdict::Divisibility { reason } => Some(format!(" ({}: {reason})", f.name)),
                 _ => None,
             });
-            format!("no layout divides the model and the batch at this GPU count{}", reason.unwrap_or_default())
+            format!("{NO_LAYOUT_DIVIDES} the model and the batch at this GPU count{}", reason.unwrap_or_default())
         }
     }
 }

@@ -176,6 +176,22 @@ pub fn optimizer(given: Option<Optimizer>, variant: &Variant, notes: &mut Vec<St
     }
 }
 
+/// Refuses the first of `given` (a flag or run-file key, and whether it was given) for a
+/// model without routed experts: they shape the experts' kernels and changed nothing on a
+/// dense model, unsaid (`fused_grouped_mlp` even labelled its layouts FUSED-MLP), as
+/// `--etp` is refused.
+///
+/// # Errors
+/// Names the setting and the model, and says to leave it out.
+pub fn refuse_moe_settings_without_experts(given: &[(&str, bool)], model: &str, experts: u64) -> Result<()> {
+    match given.iter().find(|(_, on)| *on) {
+        Some((name, _)) if experts == 0 => {
+            anyhow::bail!("{name} applies to the routed experts of a mixture-of-experts model; {model} has none: leave it out")
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Resolves calibration-file model names through the installed plugins.
 pub struct PluginResolver {
     pub limits: Limits,

@@ -136,21 +136,15 @@ impl LayoutFlags {
         Kernels { fused_grouped_mlp: self.fused_grouped_mlp, dispatcher: self.dispatcher.unwrap_or_default() }
     }
 
-    /// The flags that shape routed experts, refused for a model without any: they changed
-    /// nothing there, unsaid (`--fused-grouped-mlp` even labelled a dense layout FUSED-MLP),
-    /// as `--etp` is refused.
+    /// The flags that shape routed experts, refused for a model without any
+    /// ([`project::refuse_moe_settings_without_experts`]).
     fn refuse_moe_flags_without_experts(&self, model: &str, experts: u64) -> Result<()> {
         let given = [
             ("--fused-grouped-mlp", self.fused_grouped_mlp),
             ("--dispatcher", self.dispatcher.is_some()),
             ("--no-ep-overlap", self.no_ep_overlap),
         ];
-        match given.iter().find(|(_, on)| *on) {
-            Some((flag, _)) if experts == 0 => {
-                anyhow::bail!("{flag} applies to the routed experts of a mixture-of-experts model; {model} has none: leave it out")
-            }
-            _ => Ok(()),
-        }
+        project::refuse_moe_settings_without_experts(&given, model, experts)
     }
 }
 

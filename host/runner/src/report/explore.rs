@@ -101,7 +101,7 @@ fn layout_cell(r: &Row) -> String {
             .join(" "),
         // As search's table: a count no layout divides is not one memory rules out (the
         // notes say which it was).
-        None if r.why_not.as_deref().is_some_and(|w| w.starts_with("no layout divides")) => "no valid layout".into(),
+        None if r.undivided() => "no valid layout".into(),
         None => "nothing fits".into(),
     }
 }
