@@ -91,5 +91,8 @@ pub mod limits {
     /// Learning rates a run trains at (a plugin's default, `runner train --lr`): no
     /// recipe publishes one outside them, and 1e-300 or 1e300 would print as 301 digits.
     pub const LEARNING_RATE: std::ops::RangeInclusive<f64> = 1e-8..=10.0;
+    /// AdamW's decoupled weight decay (a plugin's default, `runner train --weight-decay`):
+    /// recipes use 0 to 0.1; past 1 none publishes one, and 1e300 would print 301 digits.
+    pub const WEIGHT_DECAY: std::ops::RangeInclusive<f64> = 0.0..=1.0;
     pub const GPUS: u32 = 1 << 20;
 }

@@ -75,7 +75,7 @@ macro_rules! workload_rules {
             }
             // `runner train` decays weights by this factor (decoupled, AdamW's) and prints
             // it; past 1 no recipe publishes one, and 1e300 would print 301 digits.
-            if d.weight_decay > 1.0 {
+            if !$crate::limits::WEIGHT_DECAY.contains(&d.weight_decay) {
                 return Err(format!(
                     "defaults.weight-decay must be from 0 to 1 (AdamW's decoupled decay; recipes use 0 to 0.1), got {}",
                     $crate::text::number(d.weight_decay)

@@ -389,7 +389,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         bail!("--lr {lr}: a peak learning rate is from 1e-8 to 10 (leave it out for the variant's)");
     }
     if let Some(wd) = cfg.weight_decay
-        && !(0.0..=1.0).contains(&wd)
+        && !runner_contract::limits::WEIGHT_DECAY.contains(&wd)
     {
         bail!("--weight-decay {wd}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)");
     }
