@@ -35,7 +35,18 @@ pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: 
 /// Print `render`'s output in the chosen format, after writing --output when given.
 pub fn emit_rendered(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
     write_output(global, render)?;
-    print_stdout(&render(global.format.unwrap_or(OutputFormat::Table)))
+    print_stdout(&render(stdout_format(global)))
+}
+
+/// The format printed on stdout: --format, or the table when -o is given, since the file
+/// then takes --format (`--format html -o r.html` put 85 KB of HTML on the terminal beside
+/// the file that held it). Results go to the terminal as tables, to files as JSON, CSV and
+/// HTML; `--format json` without -o still prints JSON for a pipe.
+pub fn stdout_format(global: &Global) -> OutputFormat {
+    match &global.output {
+        Some(_) => OutputFormat::Table,
+        None => global.format.unwrap_or(OutputFormat::Table),
+    }
 }
 
 /// Print a command's result on stdout. The `-o` file is written first ([`write_output`]),
@@ -1229,6 +1240,18 @@ mod tests {
         assert_eq!(f(None, Some("report")), Some(OutputFormat::Table));
         assert_eq!(f(Some(OutputFormat::Csv), Some("r.json")), Some(OutputFormat::Csv));
         assert_eq!(f(Some(OutputFormat::Json), Some("r.html")), Some(OutputFormat::Json));
+    }
+
+    /// Stdout's format: --format without -o; the table with -o, whatever the file takes.
+    #[test]
+    fn stdout_shows_the_table_when_a_file_takes_the_format() {
+        let f = |format, output| super::stdout_format(&global(format, output));
+        assert_eq!(f(None, None), OutputFormat::Table);
+        assert_eq!(f(Some(OutputFormat::Json), None), OutputFormat::Json);
+        assert_eq!(f(Some(OutputFormat::Html), None), OutputFormat::Html);
+        assert_eq!(f(Some(OutputFormat::Html), Some("r.html")), OutputFormat::Table);
+        assert_eq!(f(Some(OutputFormat::Csv), Some("r")), OutputFormat::Table);
+        assert_eq!(f(None, Some("r.json")), OutputFormat::Table);
     }
 
     /// `bench plugins`' median, p10 and p90: the samples' 6th, 2nd and 10th of 11.

@@ -46,7 +46,7 @@ pub struct Global {
     /// Output format
     #[arg(long, value_enum, global = true)]
     pub format: Option<OutputFormat>,
-    /// Also write the result to FILE (format from --format, else from the extension: .json, .csv, .html)
+    /// Write the result to FILE (format from --format, else from the extension: .json, .csv, .html); the terminal shows the table
     #[arg(long, short = 'o', global = true, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides

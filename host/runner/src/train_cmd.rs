@@ -160,7 +160,7 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
         OutputFormat::Html => train::report::html(&report),
         OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
     };
-    let format = global.format.unwrap_or(OutputFormat::Table);
+    let format = crate::commands::stdout_format(global);
     // The -o file first, so a stdout that fails (`>/dev/full`) loses nothing and is an
     // error, not a panic of `print!`.
     write_output(global, &render)?;

@@ -86,7 +86,9 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
     );
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // --format json governs the file whatever its extension; the terminal shows the table.
+    assert!(out.contains("tok/s/GPU") && !out.contains("\"series\""), "{out}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("run.csv")).unwrap()).unwrap();
     let rows = v["series"][0]["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     assert!(rows[0]["days"].as_f64().unwrap() > rows[1]["days"].as_f64().unwrap());
@@ -106,7 +108,7 @@ fn json_csv_and_html_carry_every_cloud_with_its_plugin_and_price_row() {
             .unwrap()
             .to_string()
     };
-    // --format json also governs the file; without --format the extension decides.
+    // Without --format the extension decides.
     let o = runner(&dir, &["--plugin", "llama3", "--gpus", "16,32", "--precision", "bf16", "--cloud", "aws.wasm,lambda", "-o", "run.csv", "-q"]);
     assert!(o.status.success());
     let csv = std::fs::read_to_string(dir.join("run.csv")).unwrap();
@@ -1471,6 +1473,10 @@ fn train_prints_each_format() {
     assert!(csv.starts_with("policy,held-out loss,gap,"), "{csv}");
     let html = run(&["--format", "html"]);
     assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"), "{html}");
+    // --format beside -o is the file's format; the terminal keeps the tables.
+    let table = run(&["--format", "html", "-o", "t.page"]);
+    assert!(table.contains("held-out loss") && !table.contains("<svg"), "{table}");
+    assert!(std::fs::read_to_string(dir.join("t.page")).unwrap().starts_with("<!DOCTYPE html>"));
 }
 
 /// `train` on a log (stderr not a terminal) names each step as it begins, with where the
@@ -1777,6 +1783,11 @@ fn show_renders_failed_and_odd_runs_in_the_format_asked_for() {
     let html = std::fs::read_to_string(dir.join("x.html")).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>") && html.contains("boom &lt;script&gt;") && !html.contains("<script>"), "{html}");
     assert!(text(&o).0.contains("run 1 failed: boom <script>"), "the terminal still reads a sentence");
+    // --format names the file's format beside -o: the terminal keeps the sentence.
+    let o = show(&["1", "--format", "json", "-o", "x.json"]);
+    assert!(o.status.success() && text(&o).0.starts_with("run 1 failed: boom"), "{}", text(&o).0);
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("x.json")).unwrap()).unwrap();
+    assert_eq!(v["status"], "failed", "{v}");
 
     for (id, format, want) in [
         ("2", "table", "run 2's stored result is not an object"),

@@ -15,7 +15,7 @@ use runner::report::{self, OutputFormat, Table};
 use runner::runfile::{self, RunFile};
 use runner_graph::recompute::RecomputePolicy;
 
-use crate::commands::{output_format, print_stdout, write_output};
+use crate::commands::{output_format, print_stdout, stdout_format, write_output};
 use crate::{Global, QuickRun};
 
 /// Apply the command line's flags over a run (from a file or the defaults) and check the
@@ -196,7 +196,7 @@ fn execute(run: &RunFile, global: &Global) -> Result<()> {
     }
     // The file first: a stdout that fails (a closed pipe) must not lose it.
     write_output(global, &|f| report::explore::render(&outcome, f))?;
-    print_stdout(&report::explore::render(&outcome, global.format.unwrap_or(OutputFormat::Table)))
+    print_stdout(&report::explore::render(&outcome, stdout_format(global)))
 }
 
 /// -o naming a file the run reads: the command line's are refused before any command
@@ -310,7 +310,7 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
     let (store, _) = open_store(global)?;
     let mut run = store.get(id)?;
     run.status = run.state().to_string();
-    let format = global.format.unwrap_or(OutputFormat::Table);
+    let format = stdout_format(global);
     let error = run.result.as_ref().and_then(|r| r.get("error")).map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string));
     if run.result.is_none() || error.is_some() {
         // No outcome to reprint: the run's record, in the format asked for.
