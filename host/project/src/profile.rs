@@ -441,6 +441,15 @@ impl Profiles {
     /// TOML syntax, an unknown field, a new GPU missing fields, or a value out of range;
     /// each message names the GPU and the field.
     pub fn with_overrides(text: &str, origin: &str) -> Result<Profiles, String> {
+        // A file that sets nothing (empty, or comments only) is most likely the wrong one or
+        // one cut short; it ran as the built-in profiles while the notes named it.
+        if let Ok(File { efficiency: None, gpu }) = toml::from_str::<File>(text)
+            && gpu.is_empty()
+        {
+            return Err(format!(
+                "{origin} sets nothing: a GPU profile has an [efficiency] table or [[gpu]] tables (as `runner calibrate -o FILE.toml` writes); leave --profile out for the built-in profiles"
+            ));
+        }
         let base = Profiles::builtin();
         let tables = base.tables();
         let mut out = Profiles::parse_over(tables, base.default_efficiency, text, origin)?;
@@ -679,6 +688,11 @@ bf16 = 500.0
         assert_eq!(h.fabric().scale_out_bps, h.scale_out_gbs * 1e9 * 0.5);
         assert_eq!(h.fabric().scale_out_a2a_bps, h.scale_out_gbs * 1e9 * 0.25);
         assert_eq!(h.peak_tflops.bf16, 989.0, "fields not given stay");
+        for nothing in ["", "# fitted later\n"] {
+            let e = Profiles::with_overrides(nothing, "empty.toml").unwrap_err();
+            assert!(e.starts_with("empty.toml sets nothing: a GPU profile has"), "{e}");
+        }
+        assert!(Profiles::with_overrides("[efficiency]\nmemory = 0.5\n", "eff.toml").is_ok(), "a file-level table alone sets something");
         let bad = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nscale_out_a2a = 0.0\n", "bad.toml");
         assert!(bad.unwrap_err().contains("efficiency.scale_out_a2a must be in [1e-6, 1]"));
         // A slipped unit is refused by name, printed short, not projected to a step of
