@@ -279,6 +279,51 @@ pub fn gemm_sites(graph: &Graph) -> Vec<(usize, plugin::precision::GemmSite)> {
     sites
 }
 
+/// What `gpu` offers a precision plan: the formats its profile gives a peak for, so a GPU
+/// a user's profile adds (or gives an FP8 peak) is planned as it runs, not by its name
+/// (the plugin host's table knows the built-in names alone: a new GPU with an FP8 peak was
+/// refused every FP8 recipe); the compute capability is the table's (0 for a name it does
+/// not know). The built-in GPUs get what the table gives them: their peaks say the same.
+pub fn plan_device(gpu: &GpuProfile) -> plugin::precision::DeviceCapabilities {
+    use plugin::precision::Dtype;
+    let mut device = plugin::precision::device_capabilities(&gpu.name);
+    let mut native = vec![Dtype::Fp32, Dtype::Bf16, Dtype::Fp16];
+    for (format, dtypes) in
+        [(GemmFormat::Fp8, &[Dtype::Fp8E4m3, Dtype::Fp8E5m2][..]), (GemmFormat::Mxfp8, &[Dtype::Mxfp8]), (GemmFormat::Nvfp4, &[Dtype::Nvfp4])]
+    {
+        if gpu.peak_tflops.get(format).is_some() {
+            native.extend_from_slice(dtypes);
+        }
+    }
+    device.name.clone_from(&gpu.name);
+    device.native_formats = native;
+    device.emulated_formats.clear();
+    device
+}
+
+/// The device a training run's precision plan is made for (`runner train --plan-for`):
+/// a GPU of the profiles (built-in, and `--profile`'s) as [`plan_device`] gives it, else
+/// a device the plugin host's table knows (cpu, and GPUs without a profile such as L40S).
+///
+/// # Errors
+/// A name neither knows: it would be planned with the high-precision formats alone.
+pub fn plan_for(name: &str, profiles: &Profiles) -> Result<plugin::precision::DeviceCapabilities> {
+    if !name.eq_ignore_ascii_case("cpu")
+        && let Ok(gpu) = profiles.get(name)
+    {
+        return Ok(plan_device(gpu));
+    }
+    if plugin::precision::known_device(name) {
+        return Ok(plugin::precision::device_capabilities(name));
+    }
+    let gpus: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+    anyhow::bail!(
+        "--plan-for {}: no such device; name a GPU ({}, L40S, ...; or one your --profile adds) or cpu",
+        crate::report::visible(name),
+        gpus.join(", ")
+    )
+}
+
 /// Ask precision plugin `spec` for a plan over every GEMM site of `graph`, for the GPU the
 /// run projects onto.
 ///
@@ -311,7 +356,7 @@ pub fn plan_from_plugin(
     let answer = policy.plan(&PlanRequest {
         model: variant.name.clone(),
         layers: variant.hyper.layers,
-        device: plugin::precision::device_capabilities(&gpu.name),
+        device: plan_device(gpu),
         sites,
         state: Vec::new(),
     })?;
@@ -495,6 +540,30 @@ pub fn model(found: &Found, seq_len: u32, limits: Limits) -> Result<(Model, Plug
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A GPU is planned with the formats its profile gives a peak for: each built-in one as
+    /// the host's table plans it (no projection moves), and a GPU a user's profile adds with
+    /// an FP8 peak gets FP8 (it got none: every FP8 recipe refused it).
+    #[test]
+    fn a_gpu_is_planned_with_the_formats_its_profile_has_peaks_for() {
+        let key = |d: &plugin::precision::DeviceCapabilities| (d.name.clone(), d.compute_capability, format!("{:?} {:?}", d.native_formats, d.emulated_formats));
+        let builtin = Profiles::builtin();
+        for gpu in &builtin.gpus {
+            assert_eq!(key(&plan_device(gpu)), key(&plugin::precision::device_capabilities(&gpu.name)), "{}", gpu.name);
+        }
+        let text = "[[gpu]]\nname = \"X1\"\ndescription = \"new\"\nmemory_gib = 192.0\nhbm_gbs = 5300.0\ngpus_per_node = 8\n\
+                    scale_up_domain = 8\nscale_up_gbs = 448.0\nscale_out_gbs = 50.0\n[gpu.peak_tflops]\nbf16 = 1300.0\nfp8 = 2600.0\n";
+        let mine = Profiles::with_overrides(text, "x1.toml").unwrap();
+        let x1 = plan_for("x1", &mine).unwrap();
+        use plugin::precision::Dtype::*;
+        assert_eq!((x1.name.as_str(), x1.compute_capability), ("X1", 0));
+        assert_eq!(format!("{:?}", x1.native_formats), format!("{:?}", [Fp32, Bf16, Fp16, Fp8E4m3, Fp8E5m2]));
+        let bf16_only = Profiles::with_overrides(&text.replace("fp8 = 2600.0\n", ""), "x1.toml").unwrap();
+        assert_eq!(format!("{:?}", plan_for("X1", &bf16_only).unwrap().native_formats), format!("{:?}", [Fp32, Bf16, Fp16]));
+        let e = plan_for("X1", &builtin).unwrap_err().to_string();
+        assert!(e.starts_with("--plan-for X1: no such device; name a GPU (A100-40GB, ") && e.contains("GB300, L40S"), "{e}");
+        assert_eq!(plan_for("CPU", &mine).unwrap().native_formats.len(), 1, "cpu is the table's, never a profile's");
+    }
 
     /// The optimizer given wins; else the plugin's where the projection models it (a note
     /// unless it is AdamW), else AdamW with a note naming what the plugin said, escaped.

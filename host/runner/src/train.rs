@@ -155,8 +155,9 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     /// A UTF-8 text file instead of the shipped King James Bible.
     pub text: Option<PathBuf>,
-    /// The device the plan is made for (default `cpu`, which emulates every format).
-    pub plan_for: String,
+    /// The device the plan is made for (default `cpu`, which emulates every format;
+    /// [`crate::project::plan_for`] gives a GPU's from its profile).
+    pub plan_for: pp::DeviceCapabilities,
     pub injections: Vec<Injection>,
     pub max_bf16_share: f64,
     pub checkpoint_every: u64,
@@ -182,7 +183,7 @@ impl TrainConfig {
             eval_every: defaults::EVAL_EVERY,
             eval_batches: defaults::EVAL_BATCHES,
             text: None,
-            plan_for: defaults::PLAN_FOR.into(),
+            plan_for: pp::device_capabilities(defaults::PLAN_FOR),
             injections: Vec::new(),
             max_bf16_share: defaults::MAX_BF16_SHARE,
             checkpoint_every: defaults::CHECKPOINT_EVERY,
@@ -504,7 +505,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         model: wp.info.name.clone(),
         variant: variant.name.clone(),
         device: device_name,
-        plan_for: cfg.plan_for.clone(),
+        plan_for: cfg.plan_for.name.clone(),
         text: text_name,
         text_bytes: text.len(),
         vocab: bpe.vocab(),
@@ -698,7 +699,7 @@ fn train_one<D: Device + Clone>(
             );
         }
     }
-    let device = pp::device_capabilities(&cfg.plan_for);
+    let device = cfg.plan_for.clone();
     let answer = policy.plan(&PlanRequest {
         model: variant.name.clone(),
         layers: plan_layers(cfg.layers, variant.hyper.layers),
@@ -877,7 +878,7 @@ fn train_one<D: Device + Clone>(
             let again = policy.plan(&PlanRequest {
                 model: variant.name.clone(),
                 layers: plan_layers(cfg.layers, variant.hyper.layers),
-                device: pp::device_capabilities(&cfg.plan_for),
+                device: cfg.plan_for.clone(),
                 sites: sites.clone(),
                 state: std::mem::take(&mut state),
             })?;

@@ -84,7 +84,7 @@ pub struct TrainArgs {
 
 /// The run the flags ask for: the policies checked (one each, none empty), the device
 /// known, the faults parsed, and every flag in its own field.
-fn config(a: TrainArgs) -> Result<TrainConfig> {
+fn config(a: TrainArgs, profiles: &runner_project::profile::Profiles) -> Result<TrainConfig> {
     let policies = match (&a.precision, &a.compare) {
         (Some(p), None) => vec![p.clone()],
         (None, Some(c)) if !c.is_empty() => c.clone(),
@@ -103,12 +103,7 @@ fn config(a: TrainArgs) -> Result<TrainConfig> {
         }
     }
     // An unknown device would be planned with the high-precision formats alone, silently.
-    if !runner::plugin::precision::known_device(&a.plan_for) {
-        anyhow::bail!(
-            "--plan-for {}: no such device; name a GPU (H100, H200, B200, B300, GB200, GB300, A100-80GB, L40S, ...) or cpu",
-            runner::report::visible(&a.plan_for)
-        );
-    }
+    let plan_for = runner::project::plan_for(&a.plan_for, profiles)?;
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
     Ok(TrainConfig {
         variant: a.variant,
@@ -122,7 +117,7 @@ fn config(a: TrainArgs) -> Result<TrainConfig> {
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
         text: a.text,
-        plan_for: a.plan_for,
+        plan_for,
         injections,
         max_bf16_share: a.max_bf16_share,
         checkpoint_every: a.checkpoint_every,
@@ -132,7 +127,7 @@ fn config(a: TrainArgs) -> Result<TrainConfig> {
 }
 
 pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
-    let cfg = config(a)?;
+    let cfg = config(a, &runner::project::profiles(global.profile.as_deref())?)?;
     // Each policy's steps through a bar (on a log, the step and, while a long one runs,
     // its seconds so far at least every 15 s); the stages between as progress lines.
     let steps: std::cell::RefCell<Option<Steps>> = std::cell::RefCell::new(None);
@@ -180,7 +175,7 @@ mod tests {
     }
 
     fn cfg(args: &[&str]) -> Result<TrainConfig> {
-        config(Cmd::try_parse_from([&["train"][..], args].concat())?.a)
+        config(Cmd::try_parse_from([&["train"][..], args].concat())?.a, &runner_project::profile::Profiles::builtin())
     }
 
     fn refused(args: &[&str]) -> String {
@@ -202,7 +197,7 @@ mod tests {
         assert_eq!((c.model.as_str(), c.variant.as_deref(), &c.policies[..]), ("m.wasm", Some("v-tiny"), &["fp8".to_string()][..]));
         assert_eq!((c.steps, c.seed, c.seq_len, c.micro_batch, c.layers), (11, 12, 13, 14, 15));
         assert_eq!((c.lr, c.weight_decay, c.eval_every, c.eval_batches), (Some(0.016), Some(0.021), 17, 18));
-        assert_eq!((c.text.as_deref(), c.plan_for.as_str()), (Some(std::path::Path::new("t.txt")), "H100"));
+        assert_eq!((c.text.as_deref(), c.plan_for.name.as_str()), (Some(std::path::Path::new("t.txt")), "H100"));
         assert_eq!(c.injections, [Injection::parse("nan@3").unwrap(), Injection::parse("grad-spike@4").unwrap()]);
         assert_eq!((c.max_bf16_share, c.checkpoint_every, c.clip_grad), (0.19, 20, 2.1));
     }
@@ -236,7 +231,13 @@ mod tests {
     #[test]
     fn an_unknown_device_or_fault_is_refused_before_the_run() {
         assert!(refused(&["--precision", "bf16", "--plan-for", "H1000"]).starts_with("--plan-for H1000: no such device"));
-        assert_eq!(cfg(&["--precision", "bf16", "--plan-for", "b200"]).unwrap().plan_for, "b200");
+        // A GPU by its profile's name or alias, planned with its profile's formats; a device
+        // without a profile from the host's table.
+        let b200 = cfg(&["--precision", "bf16", "--plan-for", "dgx-b200"]).unwrap().plan_for;
+        assert_eq!((b200.name.as_str(), b200.compute_capability), ("B200", 100));
+        assert!(b200.native_formats.contains(&runner::plugin::precision::Dtype::Nvfp4), "{b200:?}");
+        assert_eq!(cfg(&["--precision", "bf16", "--plan-for", "l40s"]).unwrap().plan_for.compute_capability, 89);
+        assert_eq!(cfg(&["--precision", "bf16", "--plan-for", "cpu"]).unwrap().plan_for.native_formats, [runner::plugin::precision::Dtype::Fp32]);
         assert!(refused(&["--precision", "bf16", "--inject", "nan@1,melt@2"]).contains("--inject 'melt@2': unknown fault"));
     }
 

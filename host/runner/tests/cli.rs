@@ -1115,6 +1115,16 @@ step_time_s = 3.0
     assert!(!o.status.success() && text(&o).1.contains("bad.toml"), "{}", text(&o).1);
     let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpus", "8", "--profile", "bad.toml"]);
     assert!(!o.status.success() && text(&o).1.contains("bad.toml"), "{}", text(&o).1);
+    // A GPU a profile adds with an FP8 peak projects in FP8 (its formats are its peaks').
+    std::fs::write(
+        dir.join("x1.toml"),
+        "[[gpu]]\nname = \"X1\"\ndescription = \"new\"\nmemory_gib = 192.0\nhbm_gbs = 5300.0\ngpus_per_node = 8\nscale_up_domain = 8\n\
+         scale_up_gbs = 448.0\nscale_out_gbs = 50.0\n[gpu.peak_tflops]\nbf16 = 1300.0\nfp8 = 2600.0\n",
+    )
+    .unwrap();
+    let o = runner(&dir, &["--profile", "x1.toml", "project", "--model", "llama3.1-8b", "--gpu", "X1", "--gpus", "8", "--precision", "fp8", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.starts_with("llama3.1-8b on 8 X1, fp8:"), "{out}{err}");
 }
 
 #[test]
