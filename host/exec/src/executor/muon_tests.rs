@@ -82,7 +82,6 @@ fn sym_eigenvalues(mut a: Vec<f64>, s: usize) -> Vec<f64> {
                 }
                 let theta = (a[q * s + q] - a[p * s + p]) / (2.0 * apq);
                 let t = theta.signum() / (theta.abs() + (theta * theta + 1.0).sqrt());
-                let t = if theta == 0.0 { 1.0 } else { t };
                 let (c, sn) = (1.0 / (t * t + 1.0).sqrt(), t / (t * t + 1.0).sqrt());
                 for k in 0..s {
                     let (akp, akq) = (a[k * s + p], a[k * s + q]);
