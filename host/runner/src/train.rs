@@ -496,7 +496,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             match optimizer {
                 Optimizer::AdamW => "AdamW".to_string(),
                 Optimizer::Muon(m) => format!(
-                    "Muon on the hidden matrices (momentum {}, Nesterov, {} Newton-Schulz steps, update scaled by 0.2 sqrt(max(m, n)) as Moonlight's), \
+                    "Muon on the hidden matrices (momentum {}, Nesterov, {} Newton-Schulz steps, update scaled by 0.2 sqrt(max(m, n)) as Moonlight's; the same lr and weight decay), \
                      AdamW on the embedding, output head, norms and biases",
                     m.momentum, m.ns_steps
                 ),
