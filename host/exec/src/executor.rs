@@ -1,8 +1,9 @@
 //! [`Executor`]: one graph's training state on one [`Device`], and the schedule that
-//! runs forward, backward and AdamW over it.
+//! runs forward, backward and the optimizer over it: AdamW, or Muon on the hidden
+//! matrices and AdamW on the rest (`executor/muon.rs`, [`Executor::set_optimizer`]).
 //!
 //! The executor owns every buffer: weights (initialised from a seed), their gradients
-//! and AdamW moments, the graph inputs, activations, the statistics ops save for their
+//! and optimizer state (AdamW's two moments, or Muon's one momentum), the graph inputs, activations, the statistics ops save for their
 //! backward, and activation gradients. It follows the liveness of the
 //! [`BackwardPlan`]: an activation is freed right after its last forward reader unless a
 //! backward step needs it, a saved one right after the last step that reads it, an
@@ -138,10 +139,11 @@ pub struct MemoryReport {
     /// Bytes the device held at most during the last forward + backward + optimizer.
     pub peak_bytes: u64,
     /// Peak of the sum of the tensors the graph needs live at once, under the plan's
-    /// liveness: parameters, gradients, AdamW moments, inputs, live activations, saved
+    /// liveness: parameters, gradients, optimizer state, inputs, live activations, saved
     /// activations and statistics, live activation gradients (4 bytes per element),
     /// and the flat copies the step's gradient reduction makes (its all-reduces', an
-    /// overlapped bucket's from the backward step that starts it).
+    /// overlapped bucket's from the backward step that starts it); under Muon, at least
+    /// the state at rest, the inputs and the largest matrix's Newton–Schulz scratch.
     /// Tensors whose rows follow the expert routing (expert parallelism) count at their
     /// graph shape, the balanced routing's.
     pub required_bytes: u64,
@@ -150,8 +152,9 @@ pub struct MemoryReport {
     pub param_bytes: u64,
     /// What keeping every activation and gradient to the end would need, for contrast.
     pub keep_everything_bytes: u64,
-    /// Parameters, gradients and AdamW moments held between steps: 4 × `param_bytes`
-    /// when every weight trains and nothing is sharded; on an FSDP rank, this rank's
+    /// Parameters, gradients and optimizer state held between steps: 4 × `param_bytes`
+    /// when every weight trains under AdamW and nothing is sharded (3 × for the
+    /// matrices Muon takes, one momentum instead of two moments); on an FSDP rank, this rank's
     /// pieces of the sharded weights (about 1/n of them) plus the others whole.
     pub state_bytes: u64,
     /// Micro-batches the last step held between their forward and their backward at
@@ -168,7 +171,7 @@ pub struct StepProfile {
     pub forward_op_s: Vec<f64>,
     /// Seconds per backward step, indexed like `Graph::ops` (0 for ops without one).
     pub backward_op_s: Vec<f64>,
-    /// Seconds of each weight's AdamW update, indexed like `Graph::tensors`.
+    /// Seconds of each weight's optimizer update, indexed like `Graph::tensors`.
     pub optimizer_tensor_s: Vec<f64>,
     pub forward_s: f64,
     /// Whole backward, re-runs of recomputed segments included.
@@ -226,8 +229,17 @@ pub struct Executor<D: Device> {
     vals: Vec<Option<D::Buffer>>,
     /// Gradients by tensor id: weights persistently, activations while live.
     grads: Vec<Option<D::Buffer>>,
-    /// AdamW moments of each weight.
+    /// AdamW moments of each weight AdamW updates.
     moments: Vec<Option<(D::Buffer, D::Buffer)>>,
+    /// Muon's momentum of each weight Muon updates (`muon.rs`).
+    momentum: Vec<Option<D::Buffer>>,
+    /// The optimizer the steps run, and per tensor whether Muon updates it (empty
+    /// under AdamW).
+    optimizer: muon::Optimizer,
+    muon: Vec<bool>,
+    /// The learning rate and weight decay of the coming step, which Muon reads on the
+    /// host (AdamW reads `adam_scalars`).
+    step_h: AdamW,
     /// Saved statistics by op index.
     aux: Vec<Vec<D::Buffer>>,
     plans: Plans<D::Plan>,
@@ -578,6 +590,10 @@ impl<D: Device> Executor<D> {
             vals,
             grads,
             moments,
+            momentum: (0..nt).map(|_| None).collect(),
+            optimizer: muon::Optimizer::AdamW,
+            muon: Vec::new(),
+            step_h: ADAMW_DEFAULT,
             aux: (0..nops).map(|_| Vec::new()).collect(),
             plans: Plans::new(),
             grad_written: vec![false; nt],
@@ -1382,6 +1398,7 @@ impl<D: Device> Executor<D> {
             return Err(graph::whole_steps_only("optimizer_step"));
         }
         write_adamw_scalars(&self.device, &mut self.adam_scalars, h, self.adam_step.saturating_add(1))?;
+        self.step_h = *h;
         let t0 = self.device.record()?;
         self.optimizer_ops()?;
         let t1 = self.device.record()?;
@@ -1393,9 +1410,9 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
-    /// AdamW on every weight with a gradient, its scalars read from `adam_scalars`
-    /// (written for this step beforehand); the device work of
-    /// [`Executor::optimizer_step`].
+    /// The optimizer on every weight with a gradient: Muon's matrices from `step_h`,
+    /// AdamW's scalars read from `adam_scalars` (both written for this step beforehand);
+    /// the device work of [`Executor::optimizer_step`].
     fn optimizer_ops(&mut self) -> Result<(), ExecError> {
         if !self.backward_done {
             return Err(ExecError::State(
@@ -1413,6 +1430,13 @@ impl<D: Device> Executor<D> {
                 continue;
             }
             let start = self.mark()?;
+            let h = self.step_h;
+            if self.muon_step(id, &h)? {
+                if let Some(s) = start {
+                    self.pending.optimizer.push((id, s, self.device.record()?));
+                }
+                continue;
+            }
             let (Some(p), Some(gr), Some((m, v))) = (
                 self.vals[id].as_mut(),
                 self.grads[id].as_ref(),
@@ -1503,7 +1527,7 @@ impl<D: Device> Executor<D> {
         // The data-parallel reduction's flat buffers: the overlapped buckets the last
         // micro-batch's backward starts, and what the reduction holds at its most.
         let (started, reduction) = self.bucket_flats();
-        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None, buckets: &started });
+        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None, buckets: &started, muon: &self.muon });
         // A step's passes in the order they ran: each peaks with what it finds around
         // it, besides what each other micro-batch parked holds after its last pass
         // (`pipeline.rs`) and the pipeline's mailbox keeps for the other passes of its
@@ -1527,7 +1551,7 @@ impl<D: Device> Executor<D> {
             let w = match walked.iter().position(|(k, _)| *k == key) {
                 Some(w) => w,
                 None => {
-                    let l = walk(Around { carried: &carried(&key.0.carried), scatters: &key.0.scatters, left: key.0.left, buckets: &key.1 });
+                    let l = walk(Around { carried: &carried(&key.0.carried), scatters: &key.0.scatters, left: key.0.left, buckets: &key.1, muon: &self.muon });
                     walked.push((key.clone(), l));
                     walked.len() - 1
                 }
@@ -1543,10 +1567,15 @@ impl<D: Device> Executor<D> {
         // micro-batch's inputs and row statistics, the loss, and the reduction's flat
         // buffers.
         let reduced = if self.fsdp.resting.is_none() && reduction > 0 { l.state + l.inputs + l.row_stats + 4 + reduction } else { 0 };
+        // Muon's update holds its scratch (one matrix's at a time) beside the state.
+        let muon = match self.muon_scratch_elems() {
+            0 => 0,
+            s => l.state + l.inputs + l.row_stats + 4 + 4 * s as u64,
+        };
         MemoryReport {
             peak_bytes: self.device.memory().peak_bytes,
             // A whole-graph step runs one micro-batch's passes.
-            required_bytes: if walked.is_empty() { l.peak } else { by_pass }.max(reduced),
+            required_bytes: if walked.is_empty() { l.peak } else { by_pass }.max(reduced).max(muon),
             micro_batches_in_flight: self.in_flight.div_ceil(self.chunks.max(1)),
             param_bytes: l.params,
             keep_everything_bytes: l.all,
@@ -1652,6 +1681,9 @@ struct Around<'a> {
     /// backward step after which each starts, and its flat buffer's bytes (held to the
     /// reduction).
     buckets: &'a [(usize, u64)],
+    /// Per tensor: Muon updates it, so it keeps one momentum, not two moments (empty:
+    /// AdamW on every weight).
+    muon: &'a [bool],
 }
 
 /// What [`walk_live`] finds.
@@ -1688,7 +1720,7 @@ fn walk_live(
     passes: &fsdp::StepPasses,
     around: Around<'_>,
 ) -> Live {
-    let Around { carried, scatters, left, buckets } = around;
+    let Around { carried, scatters, left, buckets, muon } = around;
     // The pipeline chunk of op (forward) or step (backward) `at`, and the end of its
     // range.
     let chunk_of = |pass: fsdp::Pass, at: usize| passes.chunks[pass as usize].iter().position(|r| r.contains(&at));
@@ -1707,8 +1739,15 @@ fn walk_live(
                     Some(kept) => kept * 4,
                     None => bytes(id),
                 };
-                // value, gradient and two AdamW moments
-                state += rest * if plan.needs_grad[id] { 4 } else { 1 };
+                // value, gradient and two AdamW moments, or Muon's one momentum
+                let held = if !plan.needs_grad[id] {
+                    1
+                } else if muon.get(id) == Some(&true) {
+                    3
+                } else {
+                    4
+                };
+                state += rest * held;
             }
             TensorKind::Input => inputs += bytes(id),
             TensorKind::Activation => {}
@@ -1897,15 +1936,19 @@ mod ep;
 mod finalize;
 mod fsdp;
 mod graph;
+mod muon;
 mod ops;
 mod overlap;
 mod pipeline;
 mod quant;
 pub use fsdp::Shard;
+pub use muon::{MOONLIGHT_SCALE, MUON_DEFAULT, Muon, NS_COEFFS, NS_EPS, Optimizer, muon_update, muon_weights, newton_schulz, scratch_elems};
 pub use overlap::GradBucket;
 pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;
 #[cfg(test)]
 mod audit_tests;
+#[cfg(test)]
+mod muon_tests;
 #[cfg(test)]
 mod tests;

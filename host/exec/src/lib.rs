@@ -3,7 +3,8 @@
 //!
 //! A workload plugin hands the host a logical forward graph; [`runner_graph::autodiff`]
 //! derives its backward pass as data, and this crate executes forward, backward and an
-//! AdamW step on a [`Device`], timing every op.
+//! optimizer step (AdamW, or Muon on the hidden matrices: `executor/muon.rs`) on a
+//! [`Device`], timing every op.
 //!
 //! # Brief overview
 //!

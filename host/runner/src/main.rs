@@ -174,7 +174,7 @@ enum Command {
     },
     /// Train a small model on real text under precision policies, with their fallback rules acting on the loss
     #[command(
-        after_help = "Examples:\n  runner train --plugin llama3.wasm --variant llama3-tiny --precision fp8-safe.wasm --steps 300\n  runner train --compare bf16,fp8,fp8-safe --steps 300 --seed 1 -o train.html\n  runner train --compare fp8,fp8-safe --inject amax-spike@150 --steps 300\n  runner train --precision nvfp4 --plan-for H100   (refused: H100 has no NVFP4)\n  runner --device cuda train --compare bf16,fp8 --steps 30   (per-tensor FP8 linears on the GPU's FP8 GEMMs)\n\nOn the CPU every low-precision format is emulated (quantised, dequantised, f32 GEMMs); on a GPU (--device auto finds one) per-tensor FP8 linears run on cuBLASLt FP8 GEMMs and block-scaled formats stay emulated."
+        after_help = "Examples:\n  runner train --plugin llama3.wasm --variant llama3-tiny --precision fp8-safe.wasm --steps 300\n  runner train --compare bf16,fp8,fp8-safe --steps 300 --seed 1 -o train.html\n  runner train --compare fp8,fp8-safe --inject amax-spike@150 --steps 300\n  runner train --precision nvfp4 --plan-for H100   (refused: H100 has no NVFP4)\n  runner train --compare bf16,fp8 --optimizer muon --steps 300   (Muon on the hidden matrices, AdamW on the rest)\n  runner --device cuda train --compare bf16,fp8 --steps 30   (per-tensor FP8 linears on the GPU's FP8 GEMMs)\n\nOn the CPU every low-precision format is emulated (quantised, dequantised, f32 GEMMs); on a GPU (--device auto finds one) per-tensor FP8 linears run on cuBLASLt FP8 GEMMs and block-scaled formats stay emulated."
     )]
     Train(train_cmd::TrainArgs),
     /// Run a run file (workloads/*.toml)

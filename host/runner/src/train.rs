@@ -29,6 +29,7 @@ use serde::Serialize;
 use runner_exec::select::{Chosen, choose};
 use runner_exec::executor::ADAMW_DEFAULT;
 use runner_exec::precision::{Fault, FaultKind, GemmRole as XRole, Operand as XOperand};
+use runner_exec::executor::{MUON_DEFAULT, Optimizer};
 use runner_exec::{AdamW, Device, ExecOptions, Executor, Input};
 use runner_graph::{Graph, TensorKind};
 
@@ -147,8 +148,11 @@ pub struct TrainConfig {
     pub layers: u32,
     /// Peak learning rate (default: the variant's).
     pub lr: Option<f64>,
-    /// AdamW's decoupled weight decay, 0..=1 (default: the variant's).
+    /// AdamW's decoupled weight decay, 0..=1 (default: the variant's); Muon's too.
     pub weight_decay: Option<f64>,
+    /// `adamw` or `muon` (default: the plugin's `defaults.optimizer` when it names one of
+    /// them, else AdamW).
+    pub optimizer: Option<String>,
     /// Evaluate on the held-out text every this many steps (and at the end).
     pub eval_every: u64,
     /// Batches in each held-out loss.
@@ -180,6 +184,7 @@ impl TrainConfig {
             layers: defaults::LAYERS,
             lr: None,
             weight_decay: None,
+            optimizer: None,
             eval_every: defaults::EVAL_EVERY,
             eval_batches: defaults::EVAL_BATCHES,
             text: None,
@@ -226,7 +231,7 @@ pub struct RunResult {
     pub effective_coverage: f64,
     /// Tokens of a step over [`RunResult::median_step_seconds`].
     pub tokens_per_s: f64,
-    /// The median optimizer step's wall time (forward, backward, policy, AdamW; the
+    /// The median optimizer step's wall time (forward, backward, policy, optimizer; the
     /// held-out evaluations not included).
     pub median_step_seconds: f64,
     /// The whole run's wall time, evaluations included.
@@ -260,6 +265,9 @@ pub struct Gap {
 pub struct TrainReport {
     pub model: String,
     pub variant: String,
+    /// The optimizer every run trained with (`adamw`, or `muon`: Muon on the hidden
+    /// matrices, AdamW on the rest).
+    pub optimizer: String,
     pub device: String,
     pub plan_for: String,
     pub text: String,
@@ -394,6 +402,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     {
         bail!("--weight-decay {wd}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)");
     }
+    if let Some(o) = &cfg.optimizer {
+        optimizer_named(o).map_err(|why| anyhow::anyhow!("--optimizer {}: {why}", crate::report::visible(o)))?;
+    }
     if !(cfg.clip_grad.is_finite() && cfg.clip_grad >= 0.0) {
         bail!("--clip-grad {}: a gradient norm of 0 (off) or more", cfg.clip_grad);
     }
@@ -431,6 +442,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             params as f64 / 1e9
         );
     }
+    let (optimizer, unknown) = choose_optimizer(cfg.optimizer.as_deref(), &variant.defaults.optimizer)?;
     let vocab = graph.tensor_id("embed.weight").map_or(variant.hyper.vocab as usize, |id| graph.tensors[id].shape[0] as usize);
 
     let (text_name, text) = match &cfg.text {
@@ -452,9 +464,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         progress(Progress::Stage(&format!("training under {spec} on {device_name}")));
         let spec_path = policy_spec(spec);
         let r = match &chosen {
-            Chosen::Cpu(cpu, _) => train_one(cfg, &graph, &variant, &data, &spec_path, cpu, progress),
+            Chosen::Cpu(cpu, _) => train_one(cfg, &graph, &variant, &data, &spec_path, optimizer, cpu, progress),
             #[cfg(feature = "cuda")]
-            Chosen::Cuda(gpu) => train_one(cfg, &graph, &variant, &data, &spec_path, gpu, progress),
+            Chosen::Cuda(gpu) => train_one(cfg, &graph, &variant, &data, &spec_path, optimizer, gpu, progress),
         };
         runs.push(r.with_context(|| format!("policy {spec}"))?);
     }
@@ -481,12 +493,19 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             params as f64 / 1e6
         ),
         format!(
-            "AdamW{} (beta2 {}, weight decay {}{}), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
-            // The plugin's optimizer names its recipe's; this trainer has AdamW alone.
-            if variant.defaults.optimizer.eq_ignore_ascii_case("adamw") {
-                String::new()
-            } else {
-                format!(" (the plugin names {}, which `runner train` does not implement)", crate::report::visible(&variant.defaults.optimizer))
+            "{}{} (beta2 {}, weight decay {}{}), linear warm-up then cosine decay to a tenth, peak lr {}; gradient clipping {}",
+            match optimizer {
+                Optimizer::AdamW => "AdamW".to_string(),
+                Optimizer::Muon(m) => format!(
+                    "Muon on the hidden matrices (momentum {}, Nesterov, {} Newton-Schulz steps, update scaled by 0.2 sqrt(max(m, n)) as Moonlight's; the same lr and weight decay), \
+                     AdamW on the embedding, output head, norms and biases",
+                    m.momentum, m.ns_steps
+                ),
+            },
+            // The plugin's optimizer names its recipe's; this trainer has AdamW and Muon.
+            match unknown {
+                Some(named) => format!(" (the plugin names {}, which `runner train` does not implement)", crate::report::visible(&named)),
+                None => String::new(),
             },
             ADAMW_DEFAULT.beta2,
             weight_decay(cfg.weight_decay, &variant.defaults),
@@ -504,6 +523,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     Ok(TrainReport {
         model: wp.info.name.clone(),
         variant: variant.name.clone(),
+        optimizer: optimizer.name().into(),
         device: device_name,
         plan_for: cfg.plan_for.name.clone(),
         text: text_name,
@@ -578,8 +598,27 @@ fn weight_decay(given: Option<f64>, defaults: &crate::plugin::workload::Training
     given.unwrap_or(defaults.weight_decay)
 }
 
+/// `adamw` or `muon` (any case; Megatron's `dist_muon` is Muon), as `--optimizer` and a
+/// plugin's `defaults.optimizer` name them.
+fn optimizer_named(s: &str) -> Result<Optimizer, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "adamw" => Ok(Optimizer::AdamW),
+        "muon" | "dist_muon" => Ok(Optimizer::Muon(MUON_DEFAULT)),
+        _ => Err("unknown optimizer; use adamw or muon".into()),
+    }
+}
+
+/// The optimizer of a run: `--optimizer`'s, else the plugin's when `runner train` has
+/// it, else AdamW, with the plugin's name it does not implement (for the note).
+fn choose_optimizer(given: Option<&str>, plugin: &str) -> Result<(Optimizer, Option<String>)> {
+    match given {
+        Some(o) => Ok((optimizer_named(o).map_err(|why| anyhow::anyhow!("--optimizer {}: {why}", crate::report::visible(o)))?, None)),
+        None => Ok(optimizer_named(plugin).map_or((Optimizer::AdamW, Some(plugin.to_string())), |o| (o, None))),
+    }
+}
+
 /// The optimizer step at learning rate `lr`: AdamW with weight decay `wd` and the
-/// runner's betas and epsilon.
+/// runner's betas and epsilon (Muon's matrices read the same learning rate and decay).
 fn adamw(lr: f64, wd: f64) -> AdamW {
     AdamW { lr: lr as f32, weight_decay: wd as f32, ..ADAMW_DEFAULT }
 }
@@ -664,12 +703,14 @@ const REJECTED_IN_A_ROW: u64 = 10;
 /// fresh batches, so a transient fault does not bring the run back a third time.
 const ROLLBACKS_TO_ONE_CHECKPOINT: usize = 3;
 
+#[allow(clippy::too_many_arguments)]
 fn train_one<D: Device + Clone>(
     cfg: &TrainConfig,
     graph: &Graph,
     variant: &crate::plugin::workload::Variant,
     data: &Data,
     spec: &str,
+    optimizer: Optimizer,
     dev: &D,
     progress: &dyn Fn(Progress<'_>),
 ) -> Result<RunResult> {
@@ -713,6 +754,7 @@ fn train_one<D: Device + Clone>(
     let planned_coverage = plan::coverage(&sites, &plans.current);
 
     let mut ex = Executor::new(graph, dev.clone(), ExecOptions { seed: cfg.seed, ..ExecOptions::default() })?;
+    ex.set_optimizer(optimizer)?;
     let set = |ex: &mut Executor<D>, plans: &PlanState| -> Result<()> {
         let x = plan::executor_plan(&sites, &plans.current).map_err(anyhow::Error::msg)?;
         ex.set_precision(&x).map_err(anyhow::Error::from)
@@ -1040,6 +1082,20 @@ mod tests {
         }
     }
 
+    /// `--optimizer` wins; left out, the plugin's when it is adamw or muon (Megatron's
+    /// dist_muon too), else AdamW with the plugin's name kept for the note.
+    #[test]
+    fn the_optimizer_is_the_flags_else_the_plugins_else_adamw() {
+        let muon = Optimizer::Muon(MUON_DEFAULT);
+        assert_eq!(choose_optimizer(Some("muon"), "adamw").unwrap(), (muon, None));
+        assert_eq!(choose_optimizer(Some("adamw"), "muon").unwrap(), (Optimizer::AdamW, None));
+        assert_eq!(choose_optimizer(None, "AdamW").unwrap(), (Optimizer::AdamW, None));
+        assert_eq!(choose_optimizer(None, "muon").unwrap(), (muon, None));
+        assert_eq!(choose_optimizer(None, "dist_muon").unwrap(), (muon, None));
+        assert_eq!(choose_optimizer(None, "MuonClip").unwrap(), (Optimizer::AdamW, Some("MuonClip".into())));
+        assert!(format!("{:#}", choose_optimizer(Some("lion"), "adamw").unwrap_err()).contains("--optimizer lion: unknown optimizer"));
+    }
+
     #[test]
     fn the_schedule_warms_up_then_decays_to_a_tenth() {
         assert!((lr_at(1.0, 0, 100) - 0.1).abs() < 1e-12);
@@ -1198,6 +1254,10 @@ mod tests {
         for wd in [-0.1, 1.01, f64::NAN, f64::INFINITY] {
             check(TrainConfig { weight_decay: Some(wd), ..b() }, Some("from 0 to 1 (leave it out for the variant's)"));
         }
+        for o in ["adamw", "muon", "Muon"] {
+            check(TrainConfig { optimizer: Some(o.into()), ..b() }, None);
+        }
+        check(TrainConfig { optimizer: Some("sgd".into()), ..b() }, Some("--optimizer sgd: unknown optimizer; use adamw or muon"));
         check(TrainConfig { clip_grad: 0.0, ..b() }, None);
         check(TrainConfig { clip_grad: 1.0, ..b() }, None);
         for c in [-1.0, f64::NAN, f64::INFINITY] {

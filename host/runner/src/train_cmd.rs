@@ -53,9 +53,12 @@ pub struct TrainArgs {
     /// Peak learning rate, 1e-8 to 10 (default: the variant's)
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
-    /// AdamW's decoupled weight decay, 0 to 1 (default: the variant's)
+    /// AdamW's decoupled weight decay, 0 to 1 (default: the variant's); Muon's too
     #[arg(long, allow_negative_numbers = true)]
     pub weight_decay: Option<f64>,
+    /// adamw, or muon (Muon on the hidden matrices, AdamW on embeddings, head, norms and biases; default: the plugin's when it is one of them, else adamw)
+    #[arg(long, value_parser = ["adamw", "muon"], ignore_case = true)]
+    pub optimizer: Option<String>,
     /// Held-out loss every N steps (default: a tenth of the steps)
     #[arg(long, default_value_t = defaults::EVAL_EVERY)]
     pub eval_every: u64,
@@ -114,6 +117,7 @@ fn config(a: TrainArgs, profiles: &runner_project::profile::Profiles) -> Result<
         layers: a.layers,
         lr: a.lr,
         weight_decay: a.weight_decay,
+        optimizer: a.optimizer,
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
         text: a.text,
@@ -189,7 +193,7 @@ mod tests {
     fn each_flag_lands_in_its_own_field() {
         let c = cfg(&[
             "--plugin", "m.wasm", "--variant", "v-tiny", "--precision", "fp8", "--steps", "11", "--seed", "12", "--seq-len", "13",
-            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--weight-decay", "0.021", "--eval-every", "17", "--eval-batches", "18", "--text",
+            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--weight-decay", "0.021", "--optimizer", "muon", "--eval-every", "17", "--eval-batches", "18", "--text",
             "t.txt", "--plan-for", "H100", "--inject", "nan@3,grad-spike@4", "--max-bf16-share", "0.19", "--checkpoint-every",
             "20", "--clip-grad", "2.1",
         ])
@@ -197,6 +201,7 @@ mod tests {
         assert_eq!((c.model.as_str(), c.variant.as_deref(), &c.policies[..]), ("m.wasm", Some("v-tiny"), &["fp8".to_string()][..]));
         assert_eq!((c.steps, c.seed, c.seq_len, c.micro_batch, c.layers), (11, 12, 13, 14, 15));
         assert_eq!((c.lr, c.weight_decay, c.eval_every, c.eval_batches), (Some(0.016), Some(0.021), 17, 18));
+        assert_eq!(c.optimizer.as_deref(), Some("muon"));
         assert_eq!((c.text.as_deref(), c.plan_for.name.as_str()), (Some(std::path::Path::new("t.txt")), "H100"));
         assert_eq!(c.injections, [Injection::parse("nan@3").unwrap(), Injection::parse("grad-spike@4").unwrap()]);
         assert_eq!((c.max_bf16_share, c.checkpoint_every, c.clip_grad), (0.19, 20, 2.1));
@@ -239,6 +244,15 @@ mod tests {
         assert_eq!(cfg(&["--precision", "bf16", "--plan-for", "l40s"]).unwrap().plan_for.compute_capability, 89);
         assert_eq!(cfg(&["--precision", "bf16", "--plan-for", "cpu"]).unwrap().plan_for.native_formats, [runner::plugin::precision::Dtype::Fp32]);
         assert!(refused(&["--precision", "bf16", "--inject", "nan@1,melt@2"]).contains("--inject 'melt@2': unknown fault"));
+    }
+
+    /// `--optimizer` takes adamw or muon (in any case) and refuses anything else, naming them.
+    #[test]
+    fn the_optimizer_flag_takes_adamw_or_muon() {
+        assert_eq!(cfg(&["--precision", "bf16", "--optimizer", "adamw"]).unwrap().optimizer.as_deref(), Some("adamw"));
+        assert_eq!(cfg(&["--precision", "bf16", "--optimizer", "MUON"]).unwrap().optimizer.map(|o| o.to_ascii_lowercase()).as_deref(), Some("muon"));
+        let e = refused(&["--precision", "bf16", "--optimizer", "sgd"]);
+        assert!(e.contains("sgd") && e.contains("adamw") && e.contains("muon"), "{e}");
     }
 
     #[test]

@@ -1489,6 +1489,33 @@ fn train_prints_each_format() {
     assert!(std::fs::read_to_string(dir.join("t.page")).unwrap().starts_with("<!DOCTYPE html>"));
 }
 
+/// `train --optimizer muon` trains with Muon and says so in the JSON and the notes;
+/// left out, the tiny variant's plugin default (AdamW) as before. Two steps each: the
+/// held-out losses differ, so the flag reached the executor.
+#[test]
+fn train_with_muon_names_it_and_trains_differently() {
+    let dir = scratch("trainmuon");
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/text/kjv.txt");
+    let text_file = dir.join("t.txt");
+    std::fs::write(&text_file, &std::fs::read(kjv).unwrap()[..200_000]).unwrap();
+    let base = ["--device", "cpu", "train", "--steps", "2", "--seq-len", "16", "--micro-batch", "2", "--precision", "bf16", "-q", "--format", "json", "--text", text_file.to_str().unwrap()];
+    let run = |extra: &[&str]| {
+        let o = runner(&dir, &[&base[..], extra].concat());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{extra:?}: {err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let (muon, adamw) = (run(&["--optimizer", "muon"]), run(&[]));
+    assert_eq!((muon["optimizer"].as_str(), adamw["optimizer"].as_str()), (Some("muon"), Some("adamw")));
+    let notes = |v: &serde_json::Value| v["notes"].to_string();
+    assert!(notes(&muon).contains("Muon on the hidden matrices") && !notes(&muon).contains("does not implement"), "{}", notes(&muon));
+    assert!(notes(&adamw).contains("AdamW (beta2"), "{}", notes(&adamw));
+    let eval = |v: &serde_json::Value| v["runs"][0]["final_eval_loss"].as_f64().unwrap();
+    assert!(eval(&muon).is_finite() && eval(&muon) != eval(&adamw), "{} vs {}", eval(&muon), eval(&adamw));
+    let o = runner(&dir, &[&base[..], &["--optimizer", "sgd"]].concat());
+    assert!(!o.status.success() && text(&o).1.contains("sgd") && !text(&o).1.contains("panicked"), "{}", text(&o).1);
+}
+
 /// `train` on a log (stderr not a terminal) names each step as it begins, with where the
 /// run stands, so a step of minutes is seen running; it printed a step once it ended,
 /// and nothing at all while the first ran.

@@ -82,6 +82,9 @@ impl<D: Device> Executor<D> {
         if self.options.profile {
             return Some("per-op profiling records events around every op, and a recording has no clock".into());
         }
+        if matches!(self.optimizer, super::muon::Optimizer::Muon(_)) {
+            return Some("Muon reads each matrix's norm back to the host in its Newton-Schulz step; record an AdamW step".into());
+        }
         if !self.device.records() {
             return Some(no_graphs(&self.device.name()));
         }

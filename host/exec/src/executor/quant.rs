@@ -135,12 +135,16 @@ pub(super) struct Side {
     operand: Operand,
 }
 
-/// The state a rollback restores: weights, AdamW moments and step, and the amax
-/// histories (resuming without them is not deterministic: TE#759).
+/// The state a rollback restores: weights, AdamW moments, Muon's momentum and the
+/// step, and the amax histories (resuming without them is not deterministic: TE#759).
 #[derive(Clone, Debug)]
 pub struct Snapshot {
     weights: Vec<(TensorId, Vec<f32>)>,
     moments: Vec<(TensorId, Vec<f32>, Vec<f32>)>,
+    momentum: Vec<(TensorId, Vec<f32>)>,
+    /// Which optimizer's state it holds (restored into an executor of another, a
+    /// matrix's state would be left as it was).
+    optimizer: &'static str,
     adam_step: u32,
     history: HashMap<Key, VecDeque<f32>>,
 }
@@ -149,7 +153,8 @@ impl Snapshot {
     /// Bytes held (4 per value).
     pub fn bytes(&self) -> usize {
         4 * (self.weights.iter().map(|w| w.1.len()).sum::<usize>()
-            + self.moments.iter().map(|m| m.1.len() + m.2.len()).sum::<usize>())
+            + self.moments.iter().map(|m| m.1.len() + m.2.len()).sum::<usize>()
+            + self.momentum.iter().map(|m| m.1.len()).sum::<usize>())
     }
 }
 
@@ -727,8 +732,8 @@ impl<D: Device> Executor<D> {
         Ok(out)
     }
 
-    /// The training state a rollback returns to: weights, AdamW moments and step count,
-    /// and the amax histories.
+    /// The training state a rollback returns to: weights, AdamW moments, Muon's momentum
+    /// and the step count, and the amax histories.
     ///
     /// # Errors
     /// An FSDP rank (its shards are not snapshotted), or a device error.
@@ -738,6 +743,7 @@ impl<D: Device> Executor<D> {
         }
         let mut weights = Vec::new();
         let mut moments = Vec::new();
+        let mut momentum = Vec::new();
         for (id, t) in self.graph.tensors.iter().enumerate() {
             if !t.kind.is_param() {
                 continue;
@@ -748,15 +754,25 @@ impl<D: Device> Executor<D> {
             if let Some((m, v)) = &self.moments[id] {
                 moments.push((id, self.device.read_f32(m)?, self.device.read_f32(v)?));
             }
+            if let Some(b) = &self.momentum[id] {
+                momentum.push((id, self.device.read_f32(b)?));
+            }
         }
-        Ok(Snapshot { weights, moments, adam_step: self.adam_step, history: self.quant.history.clone() })
+        Ok(Snapshot { weights, moments, momentum, optimizer: self.optimizer.name(), adam_step: self.adam_step, history: self.quant.history.clone() })
     }
 
-    /// Return to `s` (taken from this executor).
+    /// Return to `s` (taken from this executor, or one of the same graph and optimizer).
     ///
     /// # Errors
-    /// A snapshot of another graph, or a device error.
+    /// A snapshot of another graph or optimizer, or a device error.
     pub fn restore(&mut self, s: &Snapshot) -> Result<(), ExecError> {
+        if s.optimizer != self.optimizer.name() {
+            return Err(ExecError::State(format!(
+                "a snapshot of {} training restored into an executor training with {}; choose the same optimizer (Executor::set_optimizer) before restoring",
+                s.optimizer,
+                self.optimizer.name()
+            )));
+        }
         for (id, w) in &s.weights {
             let b = self.vals.get_mut(*id).and_then(Option::as_mut).filter(|b| b.len() == w.len());
             let b = b.ok_or_else(|| ExecError::State("snapshot of another graph".into()))?;
@@ -764,9 +780,14 @@ impl<D: Device> Executor<D> {
         }
         for (id, m, v) in &s.moments {
             let pair = self.moments.get_mut(*id).and_then(Option::as_mut);
-            let (mb, vb) = pair.ok_or_else(|| ExecError::State("snapshot of another graph".into()))?;
+            let (mb, vb) = pair.ok_or_else(|| ExecError::State(format!("snapshot of another graph, or of AdamW restored under {}", self.optimizer.name())))?;
             self.device.write_f32(mb, m)?;
             self.device.write_f32(vb, v)?;
+        }
+        for (id, m) in &s.momentum {
+            let b = self.momentum.get_mut(*id).and_then(Option::as_mut).filter(|b| b.len() == m.len());
+            let b = b.ok_or_else(|| ExecError::State(format!("snapshot of another graph, or of Muon restored under {}", self.optimizer.name())))?;
+            self.device.write_f32(b, m)?;
         }
         self.adam_step = s.adam_step;
         self.quant.history = s.history.clone();

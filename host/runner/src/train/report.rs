@@ -25,8 +25,8 @@ fn loss(v: f64) -> String {
 pub fn summary(r: &TrainReport) -> Table {
     let mut t = Table::new(
         format!(
-            "{} trained {} steps x {} tokens on {} ({}), seed {}",
-            r.variant, r.steps, r.tokens_per_step, r.text, r.device, r.seed
+            "{} trained {} steps x {} tokens with {} on {} ({}), seed {}",
+            r.variant, r.steps, r.tokens_per_step, r.optimizer, r.text, r.device, r.seed
         ),
         &[
             "policy",
@@ -78,8 +78,16 @@ pub fn summary(r: &TrainReport) -> Table {
             g.baseline
         ));
     }
+    // The title is not in the CSV; its notes are, so every output names the optimizer.
     t.notes.push(format!(
-        "tokens/s: {} tokens a step over the median optimizer step's wall time (forward, backward, policy, AdamW; \
+        "optimizer: {}",
+        match r.optimizer.as_str() {
+            "muon" => "muon (Muon on the hidden matrices, AdamW on the embedding, output head, norms and biases)",
+            o => o,
+        }
+    ));
+    t.notes.push(format!(
+        "tokens/s: {} tokens a step over the median optimizer step's wall time (forward, backward, policy, optimizer; \
          the held-out evaluations not included: median_step_seconds in JSON; steps x tokens / its seconds, the whole run's, is lower)",
         r.tokens_per_step
     ));
@@ -263,6 +271,7 @@ mod tests {
         TrainReport {
             model: "llama3".into(),
             variant: "llama3-tiny".into(),
+            optimizer: "muon".into(),
             device: "cpu".into(),
             plan_for: "cpu".into(),
             text: "t.txt".into(),
@@ -292,6 +301,16 @@ mod tests {
         assert_eq!(t.rows[1][10], "2");
         assert!(t.notes[0].contains("relative to bf16 at equal tokens (30000 tokens trained)"), "{:?}", t.notes);
         assert!(t.title.contains("trained 300 steps x 100 tokens") && t.title.contains("seed 7"), "{}", t.title);
+    }
+
+    /// The table's title and the notes (which the CSV keeps) name the optimizer.
+    #[test]
+    fn the_summary_names_the_optimizer() {
+        let t = summary(&report());
+        assert!(t.title.contains("tokens with muon on t.txt"), "{}", t.title);
+        assert!(t.csv().contains("# optimizer: muon (Muon on the hidden matrices"), "{}", t.csv());
+        let t = summary(&TrainReport { optimizer: "adamw".into(), ..report() });
+        assert!(t.title.contains("with adamw") && t.notes.iter().any(|n| n == "optimizer: adamw"), "{t:?}");
     }
 
     /// The held-out table: every evaluated step once, in order, its tokens, a blank where

@@ -1,0 +1,314 @@
+//! Muon: momentum orthogonalised by a Newton–Schulz iteration, for the hidden 2-D
+//! matrices; AdamW for every other trained weight.
+//!
+//! Sources: Keller Jordan, "Muon: An optimizer for hidden layers in neural networks"
+//! (2024, <https://kellerjordan.github.io/posts/muon/>, code at
+//! <https://github.com/KellerJordan/Muon>), and Moonshot AI, "Muon is Scalable for LLM
+//! Training" (arXiv:2502.16982, Moonlight, <https://github.com/MoonshotAI/Moonlight>).
+//!
+//! For a trained matrix W (m × n) with gradient G, one step is
+//!
+//! - momentum B ← μ·B + G, Nesterov U = G + μ·B (μ = 0.95; Keller's current code lerps,
+//!   B ← μ·B + (1 − μ)·G, which scales U by (1 − μ) and so orthogonalises to the same O);
+//! - O = NewtonSchulz5(U): X = U / (‖U‖_F + 1e-7), on the side where rows ≤ cols, then 5
+//!   times A = X·Xᵀ, B' = b·A + c·A·A, X = a·X + B'·X with Keller's quintic
+//!   (a, b, c) = (3.4445, −4.7750, 2.0315), which pushes every singular value into about
+//!   [0.68, 1.13] rather than exactly to 1;
+//! - Moonlight's update, W ← W·(1 − lr·wd) − lr·0.2·√max(m, n)·O: the 0.2·√max(m, n)
+//!   brings the update's RMS to AdamW's typical 0.2 to 0.4, so AdamW's learning rate and
+//!   weight decay carry over (the step's [`AdamW`] gives both).
+//!
+//! Which weights are matrices Muon takes is read off the graph ([`muon_weights`]): a
+//! trained 2-D weight whose every reader is a `Linear` reading it as its weight, and none
+//! of those linears the output head (its output reaches a `CrossEntropy` as the logits,
+//! directly or through collectives). So the embedding table (read by `Embedding`), a tied
+//! embedding (read by both), the output head and the multi-token-prediction heads, norm
+//! gains, biases, convolution and scan parameters, and 3-D expert stacks take AdamW, as
+//! both references do (Keller's `MuonWithAuxAdam` param groups; Moonlight's
+//! `ndim >= 2 and "embed" not in name and "lm_head" not in name`).
+//!
+//! Everything runs as [`Device`] kernels the executor already has (GEMM, scale,
+//! add_assign, copy), so every backend runs it; the Frobenius norm is a 1 × 1 GEMM read
+//! back to the host, one small read per matrix a step, which is also why a recorded CUDA
+//! graph (`--cuda-graph`) cannot hold a Muon step and is refused. Where every rank holds
+//! whole matrices after the gradient reduction (unsharded, data parallel, pipeline
+//! stages, context and expert parallel) each rank runs Muon on the same reduced gradient;
+//! tensor parallelism and FSDP hold pieces of a matrix, which Newton–Schulz cannot
+//! orthogonalise piecewise, and are refused ([`Executor::set_optimizer`]) rather than
+//! gathered as Megatron-Core's distributed Muon does.
+
+use runner_graph::{Graph, OpKind, TensorId, TensorKind};
+use runner_kernels::cpu::adamw::AdamW;
+use runner_kernels::cpu::matmul::Gemm;
+
+use super::Executor;
+use crate::device::{Device, DeviceBuffer, Elem, ExecError};
+
+/// Muon's own settings; the learning rate and weight decay are the step's [`AdamW`]'s.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Muon {
+    /// Momentum μ (Nesterov).
+    pub momentum: f32,
+    /// Newton–Schulz iterations.
+    pub ns_steps: u32,
+}
+
+/// Keller Jordan's and Moonlight's defaults: μ 0.95, 5 iterations.
+pub const MUON_DEFAULT: Muon = Muon { momentum: 0.95, ns_steps: 5 };
+
+/// Keller Jordan's quintic Newton–Schulz coefficients (a, b, c).
+pub const NS_COEFFS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
+
+/// Added to ‖U‖_F before dividing, so a zero update stays zero.
+pub const NS_EPS: f32 = 1e-7;
+
+/// Moonlight's update RMS matching: the orthogonalised update is scaled by this times
+/// √max(m, n).
+pub const MOONLIGHT_SCALE: f32 = 0.2;
+
+/// The optimizer an executor's step runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub enum Optimizer {
+    /// AdamW on every trained weight.
+    #[default]
+    AdamW,
+    /// Muon on the hidden matrices ([`muon_weights`]), AdamW on the rest.
+    Muon(Muon),
+}
+
+impl Optimizer {
+    /// `adamw` or `muon`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Optimizer::AdamW => "adamw",
+            Optimizer::Muon(_) => "muon",
+        }
+    }
+}
+
+/// Per tensor of `g`: whether Muon updates it (see the module's documentation), given
+/// which weights train (`needs_grad`, the backward plan's).
+pub fn muon_weights(g: &Graph, needs_grad: &[bool]) -> Vec<bool> {
+    // Tensors that reach a loss's logits through collectives only (an all-gather of
+    // vocab shards, a send to the last stage's loss does not: the head is on that stage).
+    let mut logits = vec![false; g.tensors.len()];
+    for op in g.ops.iter().rev() {
+        let reaches = match op.kind {
+            OpKind::CrossEntropy => {
+                if let Some(&l) = op.inputs.first() {
+                    logits[l] = true;
+                }
+                continue;
+            }
+            OpKind::AllGather | OpKind::AllReduce | OpKind::ReduceScatter | OpKind::AllToAll => op.outputs.iter().any(|&o| logits[o]),
+            _ => false,
+        };
+        if reaches {
+            for &i in &op.inputs {
+                logits[i] = true;
+            }
+        }
+    }
+    let mut read_as_matrix = vec![false; g.tensors.len()];
+    let mut other_reader = vec![false; g.tensors.len()];
+    for op in &g.ops {
+        let head = op.kind == OpKind::Linear && op.outputs.iter().any(|&o| logits[o]);
+        for (slot, &i) in op.inputs.iter().enumerate() {
+            if op.kind == OpKind::Linear && slot == 1 && !head {
+                read_as_matrix[i] = true;
+            } else {
+                other_reader[i] = true;
+            }
+        }
+    }
+    g.tensors
+        .iter()
+        .enumerate()
+        .map(|(id, t)| t.kind == TensorKind::Weight && needs_grad.get(id) == Some(&true) && t.shape.len() == 2 && read_as_matrix[id] && !other_reader[id])
+        .collect()
+}
+
+/// Elements of the scratch buffers one Muon update of an m × n matrix allocates: U and
+/// the product B'·X (m·n each), A and A·A (min(m, n)² each), and the norm (1).
+pub fn scratch_elems(m: usize, n: usize) -> usize {
+    let s = m.min(n);
+    2 * m * n + 2 * s * s + 1
+}
+
+/// The matrix dimensions (rows, cols) of a weight Muon takes.
+fn dims(g: &Graph, id: TensorId) -> (usize, usize) {
+    let s = &g.tensors[id].shape;
+    (s[0] as usize, s[1] as usize)
+}
+
+/// Orthogonalise `x` (rows × cols, row-major f32) in place: x ← NewtonSchulz(x) with
+/// `steps` iterations of [`NS_COEFFS`], on `dev`'s kernels alone. A tall matrix runs
+/// the iteration of its transpose written untransposed (A = XᵀX, X ← a·X + X·B', B'
+/// symmetric), the same arithmetic without a transposed copy.
+///
+/// # Errors
+/// A length that is not rows × cols, or a device error.
+pub fn newton_schulz<D: Device + ?Sized>(dev: &D, x: &mut D::Buffer, rows: usize, cols: usize, steps: u32) -> Result<(), ExecError> {
+    let len = rows.checked_mul(cols).filter(|&l| l == x.len() && l > 0);
+    let Some(len) = len else {
+        return Err(ExecError::State(format!("newton_schulz: a {rows} x {cols} matrix in a buffer of {} elements", x.len())));
+    };
+    let mut norm = dev.alloc(Elem::F32, 1)?;
+    dev.matmul(&mut norm, x, x, Gemm { m: 1, n: 1, k: len, trans_a: false, trans_b: true }, false)?;
+    let sq = dev.read_f32(&norm)?[0];
+    dev.scale(x, 1.0 / (sq.max(0.0).sqrt() + NS_EPS))?;
+    let (a, b, c) = NS_COEFFS;
+    let wide = rows <= cols;
+    let (s, l) = if wide { (rows, cols) } else { (cols, rows) };
+    let mut gram = dev.alloc(Elem::F32, s * s)?;
+    let mut gram2 = dev.alloc(Elem::F32, s * s)?;
+    let mut prod = dev.alloc(Elem::F32, len)?;
+    for _ in 0..steps {
+        let g = Gemm { m: s, n: s, k: l, trans_a: !wide, trans_b: wide };
+        dev.matmul(&mut gram, x, x, g, false)?;
+        dev.matmul(&mut gram2, &gram, &gram, Gemm { m: s, n: s, k: s, trans_a: false, trans_b: false }, false)?;
+        dev.scale(&mut gram2, c)?;
+        dev.scale(&mut gram, b)?;
+        dev.add_assign(&mut gram, &gram2)?;
+        if wide {
+            dev.matmul(&mut prod, &gram, x, Gemm { m: s, n: l, k: s, trans_a: false, trans_b: false }, false)?;
+        } else {
+            dev.matmul(&mut prod, x, &gram, Gemm { m: l, n: s, k: s, trans_a: false, trans_b: false }, false)?;
+        }
+        dev.scale(x, a)?;
+        dev.add_assign(x, &prod)?;
+    }
+    Ok(())
+}
+
+/// One Muon update of weight `w` (rows × cols) from gradient `grad`, momentum `buf`
+/// (μ, Nesterov), learning rate and weight decay of `h` (see the module's
+/// documentation).
+///
+/// # Errors
+/// Buffers of other lengths, or a device error.
+#[allow(clippy::too_many_arguments)]
+pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buffer, buf: &mut D::Buffer, rows: usize, cols: usize, mu: &Muon, h: &AdamW) -> Result<(), ExecError> {
+    let len = w.len();
+    if grad.len() != len || buf.len() != len || rows.checked_mul(cols) != Some(len) {
+        return Err(ExecError::State(format!(
+            "muon: a {rows} x {cols} weight of {len} elements, gradient of {}, momentum of {}",
+            grad.len(),
+            buf.len()
+        )));
+    }
+    dev.scale(buf, mu.momentum)?;
+    dev.add_assign(buf, grad)?;
+    let mut u = dev.alloc(Elem::F32, len)?;
+    dev.copy(&mut u, 0, buf, 0, len)?;
+    dev.scale(&mut u, mu.momentum)?;
+    dev.add_assign(&mut u, grad)?;
+    newton_schulz(dev, &mut u, rows, cols, mu.ns_steps)?;
+    dev.scale(w, 1.0 - h.lr * h.weight_decay)?;
+    dev.scale(&mut u, -h.lr * MOONLIGHT_SCALE * (rows.max(cols) as f32).sqrt())?;
+    dev.add_assign(w, &u)
+}
+
+impl<D: Device> Executor<D> {
+    /// Choose the optimizer the steps run (AdamW until this is called), before the first
+    /// step: Muon's matrices ([`muon_weights`]) trade AdamW's two moments for one
+    /// momentum buffer, zeroed, and AdamW's moments come back for them under AdamW.
+    ///
+    /// # Errors
+    /// A step already taken; Muon on a rank whose layout splits matrices (tensor
+    /// parallelism, FSDP) or with a recorded CUDA graph; or a device error.
+    pub fn set_optimizer(&mut self, opt: Optimizer) -> Result<(), ExecError> {
+        if self.adam_step != 0 {
+            return Err(ExecError::State(format!(
+                "the optimizer is chosen before the first step ({} taken); make a new executor to train with {}",
+                self.adam_step,
+                opt.name()
+            )));
+        }
+        if let Optimizer::Muon(m) = opt {
+            let refuse = |layout: &str, why: &str| {
+                Err(ExecError::Input(format!(
+                    "Muon orthogonalises whole matrices, and {layout} {why}; use adamw, or a layout without tp/fsdp (data-parallel, pipeline, context and expert parallel layouts hold whole matrices)"
+                )))
+            };
+            if self.fsdp.resting.is_some() {
+                return refuse("this rank's layout is FSDP", "keeps a shard of each covered matrix, which this executor does not gather for the optimizer");
+            }
+            if let Some(tp) = self.collectives.get("tp").map(|c| c.size()).filter(|&n| n > 1) {
+                return refuse(&format!("this rank's layout is tensor parallel (tp {tp})"), "holds a column or row slice of each linear's weight");
+            }
+            if self.options.cuda_graph {
+                return Err(ExecError::Input(
+                    "Muon reads each matrix's norm back to the host, which a recorded CUDA graph cannot; run without --cuda-graph, or use adamw".into(),
+                ));
+            }
+            if !(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100 {
+                return Err(ExecError::Input(format!(
+                    "Muon momentum {} and {} Newton-Schulz steps: use a momentum in [0, 1) and 1..=100 steps (0.95 and 5 are the references')",
+                    m.momentum, m.ns_steps
+                )));
+            }
+        }
+        let takes = match opt {
+            Optimizer::AdamW => vec![false; self.graph.tensors.len()],
+            Optimizer::Muon(_) => muon_weights(&self.graph, &self.plan.needs_grad),
+        };
+        for (id, &muon) in takes.iter().enumerate() {
+            if muon && self.moments[id].is_some() {
+                // The first moment's buffer becomes the momentum; the second is freed.
+                if let Some((mut b, v)) = self.moments[id].take() {
+                    drop(v);
+                    self.device.zero(&mut b)?;
+                    self.momentum[id] = Some(b);
+                }
+            } else if !muon && let Some(mut m) = self.momentum[id].take() {
+                let mut v = self.device.alloc(Elem::F32, m.len())?;
+                self.device.zero(&mut m)?;
+                self.device.zero(&mut v)?;
+                self.moments[id] = Some((m, v));
+            }
+        }
+        self.muon = takes;
+        self.optimizer = opt;
+        Ok(())
+    }
+
+    /// The optimizer the steps run.
+    pub fn optimizer(&self) -> Optimizer {
+        self.optimizer
+    }
+
+    /// Whether Muon updates weight `name` (false under AdamW, or for a weight AdamW
+    /// updates under Muon).
+    pub fn takes_muon(&self, name: &str) -> bool {
+        self.graph.tensor_id(name).is_some_and(|id| self.muon.get(id) == Some(&true))
+    }
+
+    /// Muon's update of weight `id` (it has a momentum buffer), or `Ok(false)` when the
+    /// weight is AdamW's.
+    pub(super) fn muon_step(&mut self, id: TensorId, h: &AdamW) -> Result<bool, ExecError> {
+        let Optimizer::Muon(mu) = self.optimizer else {
+            return Ok(false);
+        };
+        let (Some(p), Some(gr), Some(b)) = (self.vals[id].as_mut(), self.grads[id].as_ref(), self.momentum[id].as_mut()) else {
+            return Ok(false);
+        };
+        let (rows, cols) = dims(&self.graph, id);
+        muon_update(&self.device, p, gr, b, rows, cols, &mu, h)?;
+        Ok(true)
+    }
+
+    /// Elements of the largest Muon update's scratch ([`scratch_elems`]; 0 under AdamW).
+    pub(super) fn muon_scratch_elems(&self) -> usize {
+        self.muon
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| **m)
+            .map(|(id, _)| {
+                let (r, c) = dims(&self.graph, id);
+                scratch_elems(r, c)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
