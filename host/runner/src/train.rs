@@ -598,14 +598,14 @@ fn weight_decay(given: Option<f64>, defaults: &crate::plugin::workload::Training
     given.unwrap_or(defaults.weight_decay)
 }
 
-/// `adamw` or `muon` (any case; Megatron's `dist_muon` is Muon), as `--optimizer` and a
-/// plugin's `defaults.optimizer` name them.
+/// The optimizer `--optimizer` or a plugin's `defaults.optimizer` names, read by the
+/// projection's rule (`adamw`, `muon`, Megatron's `dist_muon`; any case), so the trainer
+/// and the projection take the same names.
 fn optimizer_named(s: &str) -> Result<Optimizer, String> {
-    match s.to_ascii_lowercase().as_str() {
-        "adamw" => Ok(Optimizer::AdamW),
-        "muon" | "dist_muon" => Ok(Optimizer::Muon(MUON_DEFAULT)),
-        _ => Err("unknown optimizer; use adamw or muon".into()),
-    }
+    Ok(match runner_project::step::Optimizer::parse(s)? {
+        runner_project::step::Optimizer::AdamW => Optimizer::AdamW,
+        runner_project::step::Optimizer::Muon => Optimizer::Muon(MUON_DEFAULT),
+    })
 }
 
 /// The optimizer of a run: `--optimizer`'s, else the plugin's when `runner train` has
@@ -1257,7 +1257,7 @@ mod tests {
         for o in ["adamw", "muon", "Muon"] {
             check(TrainConfig { optimizer: Some(o.into()), ..b() }, None);
         }
-        check(TrainConfig { optimizer: Some("sgd".into()), ..b() }, Some("--optimizer sgd: unknown optimizer; use adamw or muon"));
+        check(TrainConfig { optimizer: Some("sgd".into()), ..b() }, Some("--optimizer sgd: unknown optimizer 'sgd': use adamw or muon"));
         check(TrainConfig { clip_grad: 0.0, ..b() }, None);
         check(TrainConfig { clip_grad: 1.0, ..b() }, None);
         for c in [-1.0, f64::NAN, f64::INFINITY] {
