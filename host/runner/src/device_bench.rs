@@ -51,6 +51,21 @@ fn elem_of(dtype: &str) -> Result<Elem> {
     })
 }
 
+/// Refuses a bench's list flag that names one item twice (`gemm --sizes 8,8`,
+/// `collectives --ops all_reduce,allreduce`): the item was measured twice, in two rows.
+/// Refused, not dropped, as `bench step --layout`, `train --compare` and `explore --gpu`
+/// refuse theirs. `items` are (as typed, what it names): two spellings of one item are
+/// one item, and the message gives both.
+fn refuse_repeats<K: PartialEq + std::fmt::Display>(flag: &str, items: &[(String, K)]) -> Result<()> {
+    for (i, (typed, key)) in items.iter().enumerate() {
+        if let Some((first, _)) = items[..i].iter().find(|(_, k)| k == key) {
+            let spelled = if first == typed { String::new() } else { format!(" (as {first} and {typed})") };
+            bail!("{flag} gives {key}{spelled} twice: each is measured once, in one row; list it once");
+        }
+    }
+    Ok(())
+}
+
 /// Whether `spec` lands on the CPU (asked for, or `auto` without a usable GPU).
 fn cpu_only(spec: DeviceSpec) -> bool {
     match spec {
@@ -63,6 +78,7 @@ fn cpu_only(spec: DeviceSpec) -> bool {
 pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
     match cmd {
         BenchCommand::Gemm { sizes, dtype } => {
+            refuse_repeats("--sizes", &sizes.iter().map(|&n| (n.to_string(), n)).collect::<Vec<_>>())?;
             let elem = elem_of(&dtype)?;
             if elem == Elem::F32 && cpu_only(global.device) {
                 return commands::bench(BenchCommand::Gemm { sizes, dtype }, global);
@@ -295,6 +311,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 "half" | "f16" => Elem::F16,
                 other => bail!("-d {other}: use float, bfloat16 or half"),
             };
+            let colls: Vec<(String, crate::dist_bench::Coll)> = ops.iter().map(|o| Ok((o.clone(), crate::dist_bench::Coll::parse(o)?))).collect::<Result<_>>()?;
+            refuse_repeats("--ops", &colls)?;
             let args = crate::dist_bench::CollArgs {
                 minbytes: crate::dist_bench::parse_size(&minbytes)?,
                 maxbytes: crate::dist_bench::parse_size(&maxbytes)?,
@@ -305,7 +323,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 warmup,
                 check,
                 dtype,
-                ops: ops.iter().map(|o| crate::dist_bench::Coll::parse(o)).collect::<Result<_>>()?,
+                ops: colls.into_iter().map(|(_, c)| c).collect(),
                 timeout: std::time::Duration::from_secs(timeout.max(1)),
             };
             if args.stepbytes == Some(0) {

@@ -89,6 +89,12 @@ impl Coll {
     }
 }
 
+impl std::fmt::Display for Coll {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// nccl-tests' flags, as `bench collectives` takes them.
 #[derive(Clone, Debug)]
 pub struct CollArgs {

@@ -1429,6 +1429,24 @@ fn device_bench_flags_are_refused_at_their_edges() {
     }
 }
 
+/// A bench list flag that names one item twice is refused before anything runs, on the
+/// CPU's GEMM bench and the device one (`--dtype bf16`) alike, and for two spellings of
+/// one collective: each was measured twice, in two rows.
+#[test]
+fn bench_lists_refuse_an_item_given_twice() {
+    let dir = scratch("bench-twice");
+    for (args, want) in [
+        (&["gemm", "--sizes", "8,8"][..], "--sizes gives 8 twice: each is measured once, in one row; list it once"),
+        (&["gemm", "--dtype", "bf16", "--sizes", "64,8,64"], "--sizes gives 64 twice"),
+        (&["collectives", "--ops", "all_reduce,all_reduce"], "--ops gives all_reduce twice"),
+        (&["collectives", "--ops", "sendrecv,all_reduce,allreduce"], "--ops gives all_reduce (as all_reduce and allreduce) twice"),
+    ] {
+        let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
+        let (out, err) = text(&o);
+        assert!(!o.status.success() && err.contains(want) && out.is_empty(), "{args:?}: {err}");
+    }
+}
+
 /// `train` with stdout full: an error, not a panic of `print!`, and the -o file written
 /// (it printed first and panicked "failed printing to stdout" before writing -o). A
 /// policy named twice, or an empty one, is refused before the run.
