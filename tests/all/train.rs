@@ -194,10 +194,11 @@ fn a_bad_learning_rate_and_a_fault_past_the_last_step_are_refused() {
 /// Known-bad combinations are refused when the plan loads, naming the device.
 #[test]
 fn nvfp4_is_refused_on_hopper() {
-    let cfg = TrainConfig { plan_for: "H100".into(), ..config(&["nvfp4"], &[]) };
+    let h100 = runner::project::plan_for("H100", &runner_project::profile::Profiles::builtin()).unwrap();
+    let cfg = TrainConfig { plan_for: h100.clone(), ..config(&["nvfp4"], &[]) };
     let e = format!("{:#}", train::run(&cfg, &|_| {}).unwrap_err());
     assert!(e.contains("H100") && e.contains("compute capability 90"), "{e}");
-    let cfg = TrainConfig { plan_for: "H100".into(), steps: 2, ..config(&["fp8"], &[]) };
+    let cfg = TrainConfig { plan_for: h100, steps: 2, ..config(&["fp8"], &[]) };
     assert!(train::run(&cfg, &|_| {}).is_ok(), "FP8 runs on Hopper");
 }
 
