@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Data, Grads, inputs, load_weights, mesh, options, rank_inputs, weights, with_roles};
+use common::{Data, Grads, half_of, inputs, load_weights, mesh, options, rank_inputs, weights, with_roles};
 use runner_exec::cpu::Cpu;
 use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Optimizer};
 use runner_exec::proxy::synthetic_inputs;
@@ -18,16 +18,6 @@ const H: AdamW = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
 
 fn llama(batch: u64, tied: bool) -> Graph {
     with_roles(toy::llama(&ToyConfig { batch, tied, ..ToyConfig::tiny() }), false)
-}
-
-/// Sequence `k` (of 2) of every input.
-fn half_of(data: &Data, k: usize) -> Data {
-    data.iter()
-        .map(|(n, u, f)| {
-            let h = u.len() / 2;
-            (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
-        })
-        .collect()
 }
 
 /// `steps` steps of `opt` on the unsharded full batch: the losses and the weights.

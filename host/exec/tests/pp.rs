@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 
 use common::{
-    Data, Grads, close, gather, grads, inputs, load_weights, mesh, options, rank_inputs, run, split_axis,
+    Data, Grads, close, gather, grads, half_of, inputs, load_weights, mesh, options, rank_inputs, run, split_axis,
     train, weights, with_roles,
 };
 use runner_exec::cpu::Cpu;
@@ -210,16 +210,6 @@ fn half_llama(tied: bool, vocab_parallel: bool) -> Graph {
         }),
         vocab_parallel,
     )
-}
-
-/// Half `k` (0 or 1) of every input of `data`: one of its two sequences.
-fn half_of(data: &Data, k: usize) -> Data {
-    data.iter()
-        .map(|(n, u, f)| {
-            let h = u.len() / 2;
-            (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
-        })
-        .collect()
 }
 
 #[test]

@@ -26,6 +26,17 @@ pub fn with_roles(g: Graph, vocab_parallel: bool) -> Graph {
 pub type Grads = HashMap<String, Vec<f32>>;
 /// Named inputs: (name, u32 data, f32 data).
 pub type Data = Vec<(String, Vec<u32>, Vec<f32>)>;
+
+/// Half `k` (0 or 1) of every input of `data`: one of its two sequences (a data-parallel
+/// rank's share of a batch of two).
+pub fn half_of(data: &Data, k: usize) -> Data {
+    data.iter()
+        .map(|(n, u, f)| {
+            let h = u.len() / 2;
+            (n.clone(), u[k * h..(k + 1) * h].to_vec(), f.clone())
+        })
+        .collect()
+}
 pub type Groups = Vec<(String, Box<dyn Collective>)>;
 
 pub fn options() -> ExecOptions {
