@@ -93,8 +93,8 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
 fn muon_is_refused_under_tensor_parallelism_and_fsdp() {
     let g = llama(2, false);
     let cases = [
-        ("tensor parallel (tp 2)", Layout { tp: 2, ..Layout::single(2, 2) }, mesh(2, 1, 1)),
-        ("FSDP", Layout { dp: 2, fsdp: true, ..Layout::single(1, 2) }, mesh(1, 1, 2)),
+        ("a tensor parallel layout (tp 2)", Layout { tp: 2, ..Layout::single(2, 2) }, mesh(2, 1, 1)),
+        ("an FSDP layout keeps a shard", Layout { dp: 2, fsdp: true, ..Layout::single(1, 2) }, mesh(1, 1, 2)),
     ];
     for (what, layout, ranks) in cases {
         let g = if layout.dp > 1 { llama(1, false) } else { g.clone() };

@@ -334,14 +334,15 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             crate::dist_bench::collectives(args, global)
         }
-        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, timeout } => {
+        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, optimizer, timeout } => {
             let run = crate::dist_bench::StepRun {
                 overlap: overlap_grad_reduce == "on",
                 prefetch: fsdp_prefetch == "on",
                 sharded_grads: fsdp_sharded_grads == "on",
                 bucket: ddp_bucket_size,
                 ..crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?
-            };
+            }
+            .with_optimizer(&optimizer)?;
             crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
         }
         other => commands::bench(other, global),

@@ -22,7 +22,7 @@ use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
-use runner_exec::executor::{ADAMW_DEFAULT, PipelineSchedule};
+use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Optimizer, PipelineSchedule, muon_layout_refusal};
 use runner_exec::select::DeviceSpec;
 use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
 use runner_exec::{ExecError, ExecOptions, Executor, Input, Stat, ThreadGroup};
@@ -730,6 +730,9 @@ pub struct StepRun {
     pub prefetch: bool,
     /// FSDP reduce-scatters each micro-batch ([`ExecOptions::fsdp_sharded_grads`]).
     pub sharded_grads: bool,
+    /// The optimizer every rank's step runs (AdamW; Muon on layouts that hold whole
+    /// matrices, [`StepRun::with_optimizer`]).
+    pub optimizer: Optimizer,
 }
 
 impl StepRun {
@@ -751,13 +754,30 @@ impl StepRun {
         };
         toy.layers = per_stage * pp;
         let (overlap, bucket, prefetch, sharded_grads) = (true, None, true, true);
-        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket, prefetch, sharded_grads };
+        let optimizer = Optimizer::AdamW;
+        let run = StepRun { tp, pp, dp, vp, fsdp, steps, micro_batches, schedule, toy, toy_name, overlap, bucket, prefetch, sharded_grads, optimizer };
         // The sharder's own rules (vp without a pipeline, chunks the layers cannot share,
         // micro-batches the interleaved schedule refuses), before any rank starts.
         run.layout()
             .validate(&run.graph(), tp * pp * dp)
             .map_err(|e| anyhow!("--layout {layout} with the {toy_name} toy ({} layers) and --micro-batches {micro_batches}: {e}", run.toy.layers))?;
         Ok(run)
+    }
+
+    /// The run with `--optimizer NAME` (adamw or muon), refused before any rank starts
+    /// where the layout splits the matrices Muon needs whole (the executor's own rule).
+    pub fn with_optimizer(self, name: &str) -> Result<StepRun> {
+        let optimizer = match name {
+            "adamw" => Optimizer::AdamW,
+            "muon" => Optimizer::Muon(MUON_DEFAULT),
+            o => bail!("--optimizer {o}: use adamw or muon"),
+        };
+        if optimizer != Optimizer::AdamW
+            && let Some(why) = muon_layout_refusal(self.tp as usize, self.fsdp)
+        {
+            bail!("--optimizer muon: {why}");
+        }
+        Ok(StepRun { optimizer, ..self })
     }
 
     /// The toy model, with its tensor-parallel roles.
@@ -794,7 +814,7 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --fsdp-sharded-grads {} --ddp-bucket-size {}",
+            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --fsdp-sharded-grads {} --ddp-bucket-size {} --optimizer {}",
             self.tp,
             self.pp,
             self.dp,
@@ -806,7 +826,8 @@ impl StepRun {
             if self.overlap { "on" } else { "off" },
             if self.prefetch { "on" } else { "off" },
             if self.sharded_grads { "on" } else { "off" },
-            self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string())
+            self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string()),
+            self.optimizer.name()
         )
     }
 }
@@ -884,6 +905,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         ..ExecOptions::default()
     };
     let mut ex = Executor::for_rank(&sharded, dev, options, groups)?;
+    ex.set_optimizer(run.optimizer)?;
     // Each dp rank and micro-batch its own batch; every tp rank and stage of it the same.
     let data: Vec<Vec<(String, Vec<u32>)>> = (0..m as u32).map(|k| batch_inputs(&g, 7 + coord.dp + k * dp)).collect();
     let batches: Vec<Vec<(&str, Input<'_>)>> = data
@@ -1222,10 +1244,29 @@ mod tests {
         assert_eq!(
             a.flags(),
             "--layout tp=1,pp=1,dp=2,vp=1,fsdp --steps 3 --micro-batches 2 --schedule in-order --toy tiny \
-             --overlap-grad-reduce on --fsdp-prefetch on --fsdp-sharded-grads on --ddp-bucket-size megatron"
+             --overlap-grad-reduce on --fsdp-prefetch on --fsdp-sharded-grads on --ddp-bucket-size megatron --optimizer adamw"
         );
         let b = StepRun { bucket: Some(1000), ..StepRun::new("pp=2,vp=2", 1, 4, "1f1b", "tiny").unwrap() };
         assert!(b.flags().starts_with("--layout tp=1,pp=2,dp=1,vp=2 --steps 1 --micro-batches 4 --schedule 1f1b"), "{}", b.flags());
-        assert!(b.flags().ends_with("--ddp-bucket-size 1000"), "{}", b.flags());
+        assert!(b.flags().ends_with("--ddp-bucket-size 1000 --optimizer adamw"), "{}", b.flags());
+        // The optimizer is part of what the ranks compare at the rendezvous.
+        let muon = b.with_optimizer("muon").unwrap();
+        assert_eq!((muon.optimizer, muon.flags().ends_with("--optimizer muon")), (Optimizer::Muon(MUON_DEFAULT), true), "{}", muon.flags());
+    }
+
+    /// `--optimizer muon` on a layout that splits matrices is refused before any rank
+    /// starts, by the executor's rule; AdamW takes every layout.
+    #[test]
+    fn muon_is_refused_where_ranks_hold_pieces_of_matrices() {
+        let run = |layout: &str, opt: &str| StepRun::new(layout, 1, 1, "1f1b", "tiny").unwrap().with_optimizer(opt);
+        for (layout, what) in [("tp=2", "a tensor parallel layout (tp 2)"), ("dp=2,fsdp", "an FSDP layout"), ("tp=2,pp=2,fsdp", "an FSDP layout")] {
+            let e = run(layout, "muon").unwrap_err().to_string();
+            assert!(e.starts_with("--optimizer muon: Muon orthogonalises whole matrices") && e.contains(what), "{layout}: {e}");
+            assert_eq!(run(layout, "adamw").unwrap().optimizer, Optimizer::AdamW);
+        }
+        for layout in ["dp=2", "pp=2,dp=2", "pp=4"] {
+            assert_eq!(run(layout, "muon").unwrap().optimizer, Optimizer::Muon(MUON_DEFAULT), "{layout}");
+        }
+        assert!(run("dp=2", "sgd").unwrap_err().to_string().contains("--optimizer sgd: use adamw or muon"));
     }
 }

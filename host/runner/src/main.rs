@@ -457,7 +457,7 @@ pub enum BenchCommand {
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
     #[command(
-        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  runner bench step --layout pp=2,dp=2 --optimizer muon --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
     )]
     Step {
         /// Parallel layout: tp=N,pp=N,dp=N[,vp=N][,fsdp] (vp: pipeline chunks per stage;
@@ -501,6 +501,10 @@ pub enum BenchCommand {
         /// --ddp-bucket-size; default: its max(40M, 1M x dp))
         #[arg(long, value_parser = count(1 << 40))]
         ddp_bucket_size: Option<usize>,
+        /// The optimizer: adamw, or muon (Muon on the hidden matrices, AdamW on the rest;
+        /// layouts without tp or fsdp, whose ranks hold whole matrices)
+        #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
+        optimizer: String,
         /// Seconds a rank waits for the others before failing
         #[arg(long, default_value_t = 300)]
         timeout: u64,

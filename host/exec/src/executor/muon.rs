@@ -209,6 +209,22 @@ pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buf
     dev.add_assign(w, &u)
 }
 
+/// Why Muon cannot train a rank of `tp` tensor-parallel ranks (1: none) under FSDP or
+/// not, or `None` where the rank holds whole matrices. One rule for the executor and for
+/// the commands that check a layout before any rank starts (`runner bench step`).
+pub fn muon_layout_refusal(tp: usize, fsdp: bool) -> Option<String> {
+    let holds = if fsdp {
+        "a rank of an FSDP layout keeps a shard of each covered matrix, which this executor does not gather for the optimizer".to_string()
+    } else if tp > 1 {
+        format!("a rank of a tensor parallel layout (tp {tp}) holds a column or row slice of each linear's weight")
+    } else {
+        return None;
+    };
+    Some(format!(
+        "Muon orthogonalises whole matrices, and {holds}; use adamw, or a layout without tp/fsdp (data-parallel, pipeline, context and expert parallel layouts hold whole matrices)"
+    ))
+}
+
 impl<D: Device> Executor<D> {
     /// Choose the optimizer the steps run (AdamW until this is called), before the first
     /// step: Muon's matrices ([`muon_weights`]) trade AdamW's two moments for one
@@ -226,16 +242,9 @@ impl<D: Device> Executor<D> {
             )));
         }
         if let Optimizer::Muon(m) = opt {
-            let refuse = |layout: &str, why: &str| {
-                Err(ExecError::Input(format!(
-                    "Muon orthogonalises whole matrices, and {layout} {why}; use adamw, or a layout without tp/fsdp (data-parallel, pipeline, context and expert parallel layouts hold whole matrices)"
-                )))
-            };
-            if self.fsdp.resting.is_some() {
-                return refuse("this rank's layout is FSDP", "keeps a shard of each covered matrix, which this executor does not gather for the optimizer");
-            }
-            if let Some(tp) = self.collectives.get("tp").map(|c| c.size()).filter(|&n| n > 1) {
-                return refuse(&format!("this rank's layout is tensor parallel (tp {tp})"), "holds a column or row slice of each linear's weight");
+            let tp = self.collectives.get("tp").map_or(1, |c| c.size());
+            if let Some(why) = muon_layout_refusal(tp, self.fsdp.resting.is_some()) {
+                return Err(ExecError::Input(why));
             }
             if self.options.cuda_graph {
                 return Err(ExecError::Input(
