@@ -27,7 +27,7 @@ use runner_kernels::cpu::ssm::{Conv1d, Ssm, SsmGrads, SsmInputs};
 
 use crate::cpu::{Cpu, CpuBuffer};
 use crate::device::{CastProducer, ConcatShapes, Device, DeviceBuffer, Elem, ExecError, ExpertWeights, adamw_scalars};
-use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, SplitMix};
+use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, MUON_DEFAULT, Optimizer, SplitMix};
 use crate::toy;
 
 /// One comparison.
@@ -955,7 +955,49 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Vec<CheckRow> {
         })();
         failed_to_run(&mut rows, &format!("{name} FP8 steps"), ran);
     }
+    // Muon: momentum orthogonalised by Newton–Schulz on the toy Llama's hidden matrices,
+    // composed from the device's GEMM, scale, add and copy kernels (no kernel of its own),
+    // its norm read back; three steps against the CPU's: the losses and the worst weight.
+    let ran = (|| {
+        let g = toy::llama(&tiny);
+        let (cpu, device) = (muon_steps(&g, Cpu::new())?, muon_steps(&g, dev.clone())?);
+        let e = relative_error(&cpu.0, &device.0);
+        rows.push(CheckRow { kernel: "toy llama Muon steps: losses of 3 steps".into(), error: e, tolerance: 1e-3, ok: e <= 1e-3 });
+        let (e, w) = worst_named(&cpu.1, &device.1);
+        rows.push(CheckRow { kernel: format!("toy llama Muon steps: worst weight after 3 ({w})"), error: e, tolerance: 1e-3, ok: e <= 1e-3 });
+        Ok(())
+    })();
+    failed_to_run(&mut rows, "toy llama Muon steps", ran);
     rows
+}
+
+/// Three Muon steps of `g` on `dev` (learning rate 1e-2, a fresh batch each): the losses,
+/// and every trained weight after them by name.
+fn muon_steps<D: Device>(g: &runner_graph::Graph, dev: D) -> Result<(Vec<f32>, Vec<(String, Vec<f32>)>), ExecError> {
+    let mut ex = Executor::new(g, dev, ExecOptions::default())?;
+    ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT))?;
+    let h = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
+    let mut losses = Vec::new();
+    for s in 0..3u32 {
+        let (tokens, targets) = toy::repeating_batch(g, s);
+        losses.push(ex.step(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))], &h)?);
+    }
+    let weights = ex.trainable().into_iter().map(|w| ex.weight(&w).map(|x| (w, x))).collect::<Result<_, _>>()?;
+    Ok((losses, weights))
+}
+
+/// The largest [`relative_error`] of a tensor of `got` against `want`'s of the same name,
+/// and that name (one `got` lacks compares as empty, an infinite error).
+fn worst_named(want: &[(String, Vec<f32>)], got: &[(String, Vec<f32>)]) -> (f64, String) {
+    let mut worst = (0f64, String::new());
+    for (w, a) in want {
+        let b = got.iter().find(|(n, _)| n == w).map(|x| x.1.as_slice()).unwrap_or_default();
+        let e = relative_error(a, b);
+        if e >= worst.0 {
+            worst = (e, w.clone());
+        }
+    }
+    worst
 }
 
 /// A failed row for a part of [`compare_kernels`] or [`compare_steps`] that did not run
@@ -983,14 +1025,7 @@ fn step_of<D: Device>(ex: &Executor<D>, loss: f32) -> Result<RankStep, ExecError
 fn step_rows(rows: &mut Vec<CheckRow>, name: &str, want: &RankStep, got: &RankStep) {
     let e = relative_error(&[want.0], &[got.0]);
     rows.push(CheckRow { kernel: format!("{name}: loss"), error: e, tolerance: RED, ok: e <= RED });
-    let mut worst = (0f64, String::new());
-    for (w, ga) in &want.1 {
-        let gb = got.1.iter().find(|(n, _)| n == w).map(|x| x.1.as_slice()).unwrap_or_default();
-        let e = relative_error(ga, gb);
-        if e >= worst.0 {
-            worst = (e, w.clone());
-        }
-    }
+    let worst = worst_named(&want.1, &got.1);
     rows.push(CheckRow { kernel: format!("{name}: worst gradient ({})", worst.1), error: worst.0, tolerance: 1e-3, ok: worst.0 <= 1e-3 });
 }
 
