@@ -973,7 +973,7 @@ pub fn compare_steps<D: Device + Clone + Send>(dev: D) -> Vec<CheckRow> {
 
 /// Three Muon steps of `g` on `dev` (learning rate 1e-2, a fresh batch each): the losses,
 /// and every trained weight after them by name.
-fn muon_steps<D: Device>(g: &runner_graph::Graph, dev: D) -> Result<(Vec<f32>, Vec<(String, Vec<f32>)>), ExecError> {
+fn muon_steps<D: Device>(g: &runner_graph::Graph, dev: D) -> Result<(Vec<f32>, Named), ExecError> {
     let mut ex = Executor::new(g, dev, ExecOptions::default())?;
     ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT))?;
     let h = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
@@ -1009,8 +1009,11 @@ fn failed_to_run(rows: &mut Vec<CheckRow>, part: &str, ran: Result<(), ExecError
     }
 }
 
+/// Tensors by name.
+type Named = Vec<(String, Vec<f32>)>;
+
 /// A step's loss and its weight gradients by name.
-type RankStep = (f32, Vec<(String, Vec<f32>)>);
+type RankStep = (f32, Named);
 
 /// `ex`'s step after a forward (its loss) and backward.
 fn step_of<D: Device>(ex: &Executor<D>, loss: f32) -> Result<RankStep, ExecError> {
