@@ -131,8 +131,9 @@ fn every_kernel_check_passes_on_the_emulated_cuda_backend() {
 
 /// Training steps of the toy Llama, MoE and Mamba models through the executor on the
 /// emulated CUDA backend, and of the toy Llama at tp=2 (vocab-parallel, SP) over two
-/// ranks: losses and gradients as the CPU backend's; and three FP8 steps of the toy Llama
-/// and MoE on the native route (the MoE's expert GEMMs on codes with a scale per expert).
+/// ranks: losses and gradients as the CPU backend's; three FP8 steps of the toy Llama
+/// and MoE on the native route (the MoE's expert GEMMs on codes with a scale per expert);
+/// and three Muon steps of the toy Llama.
 #[test]
 fn training_steps_match_the_cpu_on_the_emulated_cuda_backend() {
     if ran_under_sanitizer("training_steps_match_the_cpu_on_the_emulated_cuda_backend") {
@@ -141,7 +142,7 @@ fn training_steps_match_the_cpu_on_the_emulated_cuda_backend() {
     let Some(dev) = emulated() else { return };
     let rows = devcheck::compare_steps(dev);
     let failed = failures(&rows);
-    assert_eq!(rows.len(), 14, "{rows:?}");
+    assert_eq!(rows.len(), 16, "{rows:?}");
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
