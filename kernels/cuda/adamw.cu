@@ -3,7 +3,8 @@
 // update. The scalar hyper-parameter arithmetic (bias corrections, 1 − lr·wd) is done on
 // the host in f64 and rounded once, as the CPU does, and read from device memory
 // (decay, 1 - beta1, 1 - beta2, beta2, eps, step size, sqrt of the second bias
-// correction), so that a recorded step (a CUDA graph) replays with each step's values.
+// correction, then the learning rate, which muon.cu reads), so that a recorded step (a
+// CUDA graph) replays with each step's values.
 #include "common.cuh"
 
 extern "C" __global__ void adamw(float* param, const float* grad, float* m, float* v, i64 n, const float* s) {

@@ -21,6 +21,7 @@ pub const SOURCES: &[(&str, &str)] = &[
     ("embedding.cu", include_str!("../cuda/embedding.cu")),
     ("loss.cu", include_str!("../cuda/loss.cu")),
     ("moe.cu", include_str!("../cuda/moe.cu")),
+    ("muon.cu", include_str!("../cuda/muon.cu")),
     ("norm.cu", include_str!("../cuda/norm.cu")),
     ("precision.cu", include_str!("../cuda/precision.cu")),
     ("quant.cu", include_str!("../cuda/quant.cu")),

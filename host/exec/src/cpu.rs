@@ -19,6 +19,7 @@ use moe::DispatchPlan;
 use runner_graph::DType;
 use runner_kernels::KernelError;
 use runner_kernels::cpu::adamw::{Scalars, adamw_with};
+use runner_kernels::cpu::muon;
 use runner_kernels::cpu::attention::{Attn, attention_backward, attention_forward};
 use runner_kernels::cpu::matmul::{self, Gemm};
 use runner_kernels::cpu::moe::{self, Router};
@@ -1211,6 +1212,19 @@ impl Device for Cpu {
         let k = "adamw";
         let s = Scalars::from_words(f(scalars, k)?).map_err(kerr("(optimizer)"))?;
         adamw_with(fm(param, k)?, f(grad, k)?, fm(m, k)?, fm(v, k)?, &s).map_err(kerr("(optimizer)"))
+    }
+
+    fn scale_by_inverse_norm(&self, x: &mut CpuBuffer, sumsq: &CpuBuffer, eps: f32) -> Result<(), ExecError> {
+        let k = "scale_by_inverse_norm";
+        let s = *f(sumsq, k)?.first().ok_or_else(|| ExecError::State(format!("{k}: an empty sum-of-squares buffer")))?;
+        muon::scale_by_inverse_norm(fm(x, k)?, s, eps);
+        Ok(())
+    }
+
+    fn muon_apply(&self, w: &mut CpuBuffer, o: &CpuBuffer, scalars: &CpuBuffer, k: f32) -> Result<(), ExecError> {
+        let name = "muon_apply";
+        let s = Scalars::from_words(f(scalars, name)?).map_err(kerr("(optimizer)"))?;
+        muon::muon_apply(fm(w, name)?, f(o, name)?, &s, k).map_err(kerr("(optimizer)"))
     }
 
     fn record(&self) -> Result<Instant, ExecError> {

@@ -359,6 +359,18 @@ fn elementwise<D: Device>(p: &mut Pair<'_, D>) -> Result<(), ExecError> {
     }
     p.check("adamw (param)", &w, EW)?;
     p.check("adamw (second moment)", &v, EW)?;
+    // Muon's kernels: the normalisation by a sum of squares on the device (the buffer's
+    // own), and the update reading lr and decay from the step scalars.
+    let mut x = p.randf(n)?;
+    let own = p.cpu.read_f32(&x.0)?.iter().map(|v| v * v).sum::<f32>();
+    let sq = p.f(&[own])?;
+    p.cpu.scale_by_inverse_norm(&mut x.0, &sq.0, 1e-7)?;
+    p.dev.scale_by_inverse_norm(&mut x.1, &sq.1, 1e-7)?;
+    p.check("scale_by_inverse_norm", &x, EW)?;
+    let s = (adamw_scalars(&p.cpu, &h, 3)?, adamw_scalars(p.dev, &h, 3)?);
+    p.cpu.muon_apply(&mut w.0, &x.0, &s.0, -0.2 * 40f32.sqrt())?;
+    p.dev.muon_apply(&mut w.1, &x.1, &s.1, -0.2 * 40f32.sqrt())?;
+    p.check("muon_apply", &w, EW)?;
     Ok(())
 }
 

@@ -891,6 +891,17 @@ pub trait Device {
         scalars: &Self::Buffer,
     ) -> Result<(), ExecError>;
 
+    /// Newton–Schulz's normalisation, x ← x / (√max(s, 0) + eps) with s the first
+    /// element of `sumsq` (‖x‖²_F from a 1 × 1 GEMM), read on the device: Muon's step
+    /// then needs no host read, and can be recorded
+    /// (`runner_kernels::cpu::muon::scale_by_inverse_norm`).
+    fn scale_by_inverse_norm(&self, x: &mut Self::Buffer, sumsq: &Self::Buffer, eps: f32) -> Result<(), ExecError>;
+
+    /// Muon's update of a weight from its orthogonalised momentum `o`, w ← w·decay +
+    /// (lr·k)·o, with the decay and learning rate read from `scalars` (AdamW's step
+    /// scalars, [`adamw_scalars`]) on the device (`runner_kernels::cpu::muon::muon_apply`).
+    fn muon_apply(&self, w: &mut Self::Buffer, o: &Self::Buffer, scalars: &Self::Buffer, k: f32) -> Result<(), ExecError>;
+
     // ---- recorded steps -------------------------------------------------------------
 
     /// Start recording: until [`Device::end_capture`], the kernels, copies, allocations

@@ -237,9 +237,6 @@ pub struct Executor<D: Device> {
     /// under AdamW).
     optimizer: muon::Optimizer,
     muon: Vec<bool>,
-    /// The learning rate and weight decay of the coming step, which Muon reads on the
-    /// host (AdamW reads `adam_scalars`).
-    step_h: AdamW,
     /// Saved statistics by op index.
     aux: Vec<Vec<D::Buffer>>,
     plans: Plans<D::Plan>,
@@ -593,7 +590,6 @@ impl<D: Device> Executor<D> {
             momentum: (0..nt).map(|_| None).collect(),
             optimizer: muon::Optimizer::AdamW,
             muon: Vec::new(),
-            step_h: ADAMW_DEFAULT,
             aux: (0..nops).map(|_| Vec::new()).collect(),
             plans: Plans::new(),
             grad_written: vec![false; nt],
@@ -1398,7 +1394,6 @@ impl<D: Device> Executor<D> {
             return Err(graph::whole_steps_only("optimizer_step"));
         }
         write_adamw_scalars(&self.device, &mut self.adam_scalars, h, self.adam_step.saturating_add(1))?;
-        self.step_h = *h;
         let t0 = self.device.record()?;
         self.optimizer_ops()?;
         let t1 = self.device.record()?;
@@ -1410,9 +1405,9 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
-    /// The optimizer on every weight with a gradient: Muon's matrices from `step_h`,
-    /// AdamW's scalars read from `adam_scalars` (both written for this step beforehand);
-    /// the device work of [`Executor::optimizer_step`].
+    /// The optimizer on every weight with a gradient, Muon's and AdamW's scalars read
+    /// from `adam_scalars` (written for this step beforehand); the device work of
+    /// [`Executor::optimizer_step`].
     fn optimizer_ops(&mut self) -> Result<(), ExecError> {
         if !self.backward_done {
             return Err(ExecError::State(
@@ -1430,8 +1425,7 @@ impl<D: Device> Executor<D> {
                 continue;
             }
             let start = self.mark()?;
-            let h = self.step_h;
-            if self.muon_step(id, &h)? {
+            if self.muon_step(id)? {
                 if let Some(s) = start {
                     self.pending.optimizer.push((id, s, self.device.record()?));
                 }

@@ -54,15 +54,18 @@ pub struct Scalars {
     pub step_size: f32,
     /// sqrt(1 − β2^step).
     pub bc2_sqrt: f32,
+    /// The learning rate itself: Muon's update scales by it ([`super::muon`]), AdamW's
+    /// reads `step_size`.
+    pub lr: f32,
 }
 
 impl Scalars {
     /// Words in [`Scalars::words`].
-    pub const WORDS: usize = 7;
+    pub const WORDS: usize = 8;
 
     /// The scalars as the f32 words a device buffer holds, in the field order.
     pub fn words(&self) -> [f32; Self::WORDS] {
-        [self.decay, self.w1, self.w2, self.beta2, self.eps, self.step_size, self.bc2_sqrt]
+        [self.decay, self.w1, self.w2, self.beta2, self.eps, self.step_size, self.bc2_sqrt, self.lr]
     }
 
     /// The scalars back from [`Scalars::words`].
@@ -79,6 +82,7 @@ impl Scalars {
             eps: w[4],
             step_size: w[5],
             bc2_sqrt: w[6],
+            lr: w[7],
         })
     }
 }
@@ -101,6 +105,7 @@ pub fn scalars(h: &AdamW, step: u32) -> Result<Scalars> {
         eps: h.eps,
         step_size: (h.lr as f64 / bc1) as f32,
         bc2_sqrt: bc2.sqrt() as f32,
+        lr: h.lr,
     })
 }
 
@@ -135,6 +140,7 @@ pub fn adamw_with(param: &mut [f32], grad: &[f32], m: &mut [f32], v: &mut [f32],
         eps,
         step_size,
         bc2_sqrt,
+        ..
     } = *s;
     param
         .par_chunks_mut(ELEM_GRAIN)

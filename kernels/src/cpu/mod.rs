@@ -23,6 +23,7 @@ pub mod embedding;
 pub mod loss;
 pub mod matmul;
 pub mod moe;
+pub mod muon;
 pub mod norm;
 pub mod precision;
 pub mod quant;

@@ -1,5 +1,5 @@
 //! The loss, embedding, rotary and optimiser kernels (`cuda/loss.cu`, `embedding.cu`,
-//! `rope.cu`, `adamw.cu`) under the emulation, launched as the CUDA backend launches them
+//! `rope.cu`, `adamw.cu`, `muon.cu`) under the emulation, launched as the CUDA backend launches them
 //! (`host/exec/src/cuda/mod.rs`: the same kernels, grids, argument order and scratch
 //! buffers), against the CPU kernels at the tolerances `runner bench kernels` uses
 //! (`host/exec/src/devcheck.rs`: the same bits for lookups, 1e-5 element-wise, 1e-4 where
@@ -17,8 +17,12 @@
 //! - Rotary forward and backward: plain, from a position offset, as cp rank 1 of 2.
 //! - Two AdamW steps, each reading its scalars from a buffer of words as the backend's
 //!   `adamw_scalars` builds it.
+//! - Muon's normalisation by a sum of squares read from device memory (a positive sum,
+//!   zero, a negative and a NaN one) and its update reading the decay and learning rate
+//!   from those words.
 
 use runner_kernels::cpu::adamw::{AdamW, adamw_with, scalars};
+use runner_kernels::cpu::muon::{muon_apply, scale_by_inverse_norm};
 use runner_kernels::cpu::cp::CpShard;
 use runner_kernels::cpu::embedding::{embedding_backward, embedding_forward, embedding_shard_backward, embedding_shard_forward};
 use runner_kernels::cpu::loss::{
@@ -319,4 +323,40 @@ fn adamw_matches_the_cpu_under_emulation() {
     check("adamw: param", &p, &out[ep.0 as usize], EW);
     check("adamw: first moment", &m, &out[em.0 as usize], EW);
     check("adamw: second moment", &v, &out[ev.0 as usize], EW);
+}
+
+/// Muon's two kernels on devcheck's 3000 elements: `scale_by_inverse_norm` with its sum
+/// of squares in a one-element buffer (the matrix's own, 0 with ε keeping it finite, a
+/// negative and a NaN sum that count as 0), and `muon_apply` with each step's scalars
+/// from a buffer of words, two steps of different learning rates.
+#[test]
+fn muon_kernels_match_the_cpu_under_emulation() {
+    let Some(bin) = launcher_or_skip() else { return };
+    let n = 3000;
+    let x = normals(n, 6000);
+    let own: f32 = x.iter().map(|v| v * v).sum();
+    let mut e = Emu::default();
+    let mut want = Vec::new();
+    for (sumsq, eps) in [(own, 1e-7f32), (0.0, 1e-7), (-1e-30, 0.5), (f32::NAN, 0.5)] {
+        let mut w = x.clone();
+        scale_by_inverse_norm(&mut w, sumsq, eps);
+        let (ex, es) = (e.f32s(&x), e.f32s(&[sumsq]));
+        e.ew("scale_by_inverse_norm", n, &[A::P(ex), A::P(es), A::F(eps), A::I(n as i64)]);
+        want.push((format!("scale_by_inverse_norm (sum {sumsq}, eps {eps})"), w, ex));
+    }
+    let (mut w, o) = (normals(n, 6001), normals(n, 6002));
+    let ew = e.f32s(&w);
+    let k = -0.2 * 40f32.sqrt();
+    for step in 1..=2u32 {
+        let h = AdamW { lr: 1e-2 / step as f32, beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1 };
+        let s = scalars(&h, step).unwrap();
+        muon_apply(&mut w, &o, &s, k).unwrap();
+        let (eo, es) = (e.f32s(&o), e.f32s(&s.words()));
+        e.ew("muon_apply", n, &[A::P(ew), A::P(eo), A::P(es), A::F(k), A::I(n as i64)]);
+    }
+    want.push(("muon_apply".into(), w, ew));
+    let out = e.run(bin);
+    for (what, w, buf) in want {
+        check(&what, &w, &out[buf.0 as usize], EW);
+    }
 }

@@ -2082,6 +2082,25 @@ impl Device for Cuda {
         )
     }
 
+    fn scale_by_inverse_norm(&self, x: &mut CudaBuffer, sumsq: &CudaBuffer, eps: f32) -> Result<(), ExecError> {
+        let k = "scale_by_inverse_norm";
+        need(k, x, Elem::F32)?;
+        need(k, sumsq, Elem::F32)?;
+        if sumsq.len == 0 {
+            return Err(kerr(k, "an empty sum-of-squares buffer".into()));
+        }
+        self.ew(k, x.len, &[self.p(x), self.p(sumsq), Arg::F(eps), Arg::I(x.len as i64)])
+    }
+
+    fn muon_apply(&self, w: &mut CudaBuffer, o: &CudaBuffer, scalars: &CudaBuffer, k: f32) -> Result<(), ExecError> {
+        let n = w.len;
+        lens("muon_apply", &[("o", o.len, n), ("scalars", scalars.len, runner_kernels::cpu::adamw::Scalars::WORDS)])?;
+        for b in [&*w, o, scalars] {
+            need("muon_apply", b, Elem::F32)?;
+        }
+        self.ew("muon_apply", n, &[self.p(w), self.p(o), self.p(scalars), Arg::F(k), Arg::I(n as i64)])
+    }
+
     fn adamw(&self, param: &mut CudaBuffer, grad: &CudaBuffer, m: &mut CudaBuffer, v: &mut CudaBuffer, scalars: &CudaBuffer) -> Result<(), ExecError> {
         let n = param.len;
         lens("adamw", &[("grad", grad.len, n), ("m", m.len, n), ("v", v.len, n), ("scalars", scalars.len, runner_kernels::cpu::adamw::Scalars::WORDS)])?;

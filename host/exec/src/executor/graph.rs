@@ -82,9 +82,6 @@ impl<D: Device> Executor<D> {
         if self.options.profile {
             return Some("per-op profiling records events around every op, and a recording has no clock".into());
         }
-        if matches!(self.optimizer, super::muon::Optimizer::Muon(_)) {
-            return Some("Muon reads each matrix's norm back to the host in its Newton-Schulz step; record an AdamW step".into());
-        }
         if !self.device.records() {
             return Some(no_graphs(&self.device.name()));
         }
@@ -188,7 +185,7 @@ mod tests {
     use super::*;
     use crate::collective::ThreadGroup;
     use crate::cpu::Cpu;
-    use crate::executor::{ADAMW_DEFAULT, ExecOptions};
+    use crate::executor::{ADAMW_DEFAULT, ExecOptions, MUON_DEFAULT, Optimizer};
     use crate::precision::{GemmRole, OperandPlan, Scaling, SitePlan};
     use crate::toy::{self, ToyConfig};
 
@@ -200,24 +197,28 @@ mod tests {
     /// three steps of it equal three eager steps bit for bit (AdamW's bias corrections
     /// come from the scalars buffer, the loss gradient from the device constant), and
     /// none of it reads, writes or waits on the host (the CPU counts those), with
-    /// activation recompute and without.
+    /// activation recompute and without, and under Muon (its norms and learning rate
+    /// read on the device), the learning rate changing every step.
     #[test]
     fn the_recorded_step_is_the_eager_step_without_host_transfers() {
         let g = toy::llama(&ToyConfig::tiny());
         let data = toy::batch_inputs(&g, 0);
-        let h = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
-        for recompute in [RecomputePolicy::None, RecomputePolicy::Full] {
+        let muon = Optimizer::Muon(MUON_DEFAULT);
+        for (recompute, opt) in [(RecomputePolicy::None, Optimizer::AdamW), (RecomputePolicy::Full, Optimizer::AdamW), (RecomputePolicy::None, muon)] {
             let opts = ExecOptions { recompute, ..ExecOptions::default() };
             let mut eager = Executor::new(&g, Cpu::new(), opts.clone()).unwrap();
             let mut rec = Executor::new(&g, Cpu::new(), opts).unwrap();
+            eager.set_optimizer(opt).unwrap();
+            rec.set_optimizer(opt).unwrap();
             let mut loss = rec.device.alloc(Elem::F32, 1).unwrap();
             for step in 1..=3u32 {
+                let h = AdamW { lr: 1e-2 / step as f32, ..ADAMW_DEFAULT };
                 let want = eager.step(&inputs(&data), &h).unwrap();
                 rec.begin_step(&inputs(&data)).unwrap();
                 write_adamw_scalars(&rec.device, &mut rec.adam_scalars, &h, step).unwrap();
                 let before = rec.device.host_transfers();
                 rec.record_step(&mut loss).unwrap();
-                assert_eq!(rec.device.host_transfers(), before, "{recompute:?}: the step touched host memory");
+                assert_eq!(rec.device.host_transfers(), before, "{recompute:?} {opt:?}: the step touched host memory");
                 // Nothing the step allocated outlives it, and the executor times eagerly again.
                 let kept: Vec<&str> = rec.graph.tensors.iter().enumerate().filter(|(id, t)| t.kind == runner_graph::TensorKind::Activation && rec.vals[*id].is_some()).map(|(_, t)| t.name.as_str()).collect();
                 assert!(kept.is_empty() && !rec.capturing, "{recompute:?}: activations kept after the recorded step: {kept:?}");
@@ -226,7 +227,7 @@ mod tests {
             }
             assert_eq!(rec.steps_taken(), 3);
             for w in eager.trainable() {
-                assert_eq!(eager.weight(&w).unwrap(), rec.weight(&w).unwrap(), "{recompute:?}: weight {w}");
+                assert_eq!(eager.weight(&w).unwrap(), rec.weight(&w).unwrap(), "{recompute:?} {opt:?}: weight {w}");
             }
             assert!(rec.graph_blocker().is_some_and(|b| b.contains("--device cuda")), "the CPU cannot record");
         }

@@ -16,7 +16,7 @@
 //!   [0.68, 1.13] rather than exactly to 1;
 //! - Moonlight's update, W ← W·(1 − lr·wd) − lr·0.2·√max(m, n)·O: the 0.2·√max(m, n)
 //!   brings the update's RMS to AdamW's typical 0.2 to 0.4, so AdamW's learning rate and
-//!   weight decay carry over (the step's [`AdamW`] gives both).
+//!   weight decay carry over (the step's [`AdamW`](runner_kernels::cpu::adamw::AdamW) gives both).
 //!
 //! Which weights are matrices Muon takes is read off the graph ([`muon_weights`]): a
 //! trained 2-D weight whose every reader is a `Linear` reading it as its weight, and none
@@ -27,10 +27,12 @@
 //! both references do (Keller's `MuonWithAuxAdam` param groups; Moonlight's
 //! `ndim >= 2 and "embed" not in name and "lm_head" not in name`).
 //!
-//! Everything runs as [`Device`] kernels the executor already has (GEMM, scale,
-//! add_assign, copy), so every backend runs it; the Frobenius norm is a 1 × 1 GEMM read
-//! back to the host, one small read per matrix a step, which is also why a recorded CUDA
-//! graph (`--cuda-graph`) cannot hold a Muon step and is refused. Where every rank holds
+//! Everything runs as [`Device`] kernels (GEMM, scale, add_assign, copy, and two of
+//! Muon's own, `kernels/cuda/muon.cu`), so every backend runs it, with no host read: the
+//! Frobenius norm is a 1 × 1 GEMM that [`Device::scale_by_inverse_norm`] reads on the
+//! device, and the update reads the learning rate and decay from AdamW's step scalars
+//! ([`Device::muon_apply`]), so a recorded CUDA graph (`--cuda-graph`) replays a Muon
+//! step with each step's learning rate. Where every rank holds
 //! whole matrices after the gradient reduction (unsharded, data parallel, pipeline
 //! stages, context and expert parallel) each rank runs Muon on the same reduced gradient;
 //! tensor parallelism and FSDP hold pieces of a matrix, which Newton–Schulz cannot
@@ -38,13 +40,12 @@
 //! gathered as Megatron-Core's distributed Muon does.
 
 use runner_graph::{Graph, OpKind, TensorId, TensorKind};
-use runner_kernels::cpu::adamw::AdamW;
 use runner_kernels::cpu::matmul::Gemm;
 
 use super::Executor;
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
-/// Muon's own settings; the learning rate and weight decay are the step's [`AdamW`]'s.
+/// Muon's own settings; the learning rate and weight decay are the step's [`AdamW`](runner_kernels::cpu::adamw::AdamW)'s.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Muon {
     /// Momentum μ (Nesterov).
@@ -155,8 +156,7 @@ pub fn newton_schulz<D: Device + ?Sized>(dev: &D, x: &mut D::Buffer, rows: usize
     };
     let mut norm = dev.alloc(Elem::F32, 1)?;
     dev.matmul(&mut norm, x, x, Gemm { m: 1, n: 1, k: len, trans_a: false, trans_b: true }, false)?;
-    let sq = dev.read_f32(&norm)?[0];
-    dev.scale(x, 1.0 / (sq.max(0.0).sqrt() + NS_EPS))?;
+    dev.scale_by_inverse_norm(x, &norm, NS_EPS)?;
     let (a, b, c) = NS_COEFFS;
     let wide = rows <= cols;
     let (s, l) = if wide { (rows, cols) } else { (cols, rows) };
@@ -182,13 +182,14 @@ pub fn newton_schulz<D: Device + ?Sized>(dev: &D, x: &mut D::Buffer, rows: usize
 }
 
 /// One Muon update of weight `w` (rows × cols) from gradient `grad`, momentum `buf`
-/// (μ, Nesterov), learning rate and weight decay of `h` (see the module's
+/// (μ, Nesterov), learning rate and weight decay read on the device from `scalars`
+/// (AdamW's step scalars, [`crate::device::adamw_scalars`]; see the module's
 /// documentation).
 ///
 /// # Errors
 /// Buffers of other lengths, or a device error.
 #[allow(clippy::too_many_arguments)]
-pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buffer, buf: &mut D::Buffer, rows: usize, cols: usize, mu: &Muon, h: &AdamW) -> Result<(), ExecError> {
+pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buffer, buf: &mut D::Buffer, rows: usize, cols: usize, mu: &Muon, scalars: &D::Buffer) -> Result<(), ExecError> {
     let len = w.len();
     if grad.len() != len || buf.len() != len || rows.checked_mul(cols) != Some(len) {
         return Err(ExecError::State(format!(
@@ -204,9 +205,7 @@ pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buf
     dev.scale(&mut u, mu.momentum)?;
     dev.add_assign(&mut u, grad)?;
     newton_schulz(dev, &mut u, rows, cols, mu.ns_steps)?;
-    dev.scale(w, 1.0 - h.lr * h.weight_decay)?;
-    dev.scale(&mut u, -h.lr * MOONLIGHT_SCALE * (rows.max(cols) as f32).sqrt())?;
-    dev.add_assign(w, &u)
+    dev.muon_apply(w, &u, scalars, -MOONLIGHT_SCALE * (rows.max(cols) as f32).sqrt())
 }
 
 /// Why Muon cannot train a rank of `tp` tensor-parallel ranks (1: none) under FSDP or
@@ -232,7 +231,7 @@ impl<D: Device> Executor<D> {
     ///
     /// # Errors
     /// A step already taken; Muon on a rank whose layout splits matrices (tensor
-    /// parallelism, FSDP) or with a recorded CUDA graph; or a device error.
+    /// parallelism, FSDP); or a device error.
     pub fn set_optimizer(&mut self, opt: Optimizer) -> Result<(), ExecError> {
         if self.adam_step != 0 {
             return Err(ExecError::State(format!(
@@ -245,11 +244,6 @@ impl<D: Device> Executor<D> {
             let tp = self.collectives.get("tp").map_or(1, |c| c.size());
             if let Some(why) = muon_layout_refusal(tp, self.fsdp.resting.is_some()) {
                 return Err(ExecError::Input(why));
-            }
-            if self.options.cuda_graph {
-                return Err(ExecError::Input(
-                    "Muon reads each matrix's norm back to the host, which a recorded CUDA graph cannot; run without --cuda-graph, or use adamw".into(),
-                ));
             }
             if !(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100 {
                 return Err(ExecError::Input(format!(
@@ -295,7 +289,9 @@ impl<D: Device> Executor<D> {
 
     /// Muon's update of weight `id` (it has a momentum buffer), or `Ok(false)` when the
     /// weight is AdamW's.
-    pub(super) fn muon_step(&mut self, id: TensorId, h: &AdamW) -> Result<bool, ExecError> {
+    /// The learning rate and decay are read from `adam_scalars` on the device, written
+    /// for this step beforehand.
+    pub(super) fn muon_step(&mut self, id: TensorId) -> Result<bool, ExecError> {
         let Optimizer::Muon(mu) = self.optimizer else {
             return Ok(false);
         };
@@ -303,7 +299,7 @@ impl<D: Device> Executor<D> {
             return Ok(false);
         };
         let (rows, cols) = dims(&self.graph, id);
-        muon_update(&self.device, p, gr, b, rows, cols, &mu, h)?;
+        muon_update(&self.device, p, gr, b, rows, cols, &mu, &self.adam_scalars)?;
         Ok(true)
     }
 
