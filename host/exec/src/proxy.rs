@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use crate::cpu::Cpu;
 use crate::device::{Device, ExecError};
-use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, MemoryReport, int_bounds_of};
+use crate::executor::{ADAMW_DEFAULT, ExecOptions, Executor, Input, MemoryReport, Optimizer, int_bounds_of};
 use crate::timing::{StepTiming, TimingOptions, time_steps};
 
 /// What to measure.
@@ -43,6 +43,8 @@ pub struct MeasureOptions {
     /// steps are timed, per-op times are not measured, so nothing is composed to the
     /// full depth (`per_layer_s` is 0 and the projected step is the measured one).
     pub cuda_graph: bool,
+    /// The optimizer the measured steps run (AdamW, or Muon on the hidden matrices).
+    pub optimizer: Optimizer,
 }
 
 impl Default for MeasureOptions {
@@ -60,6 +62,7 @@ impl Default for MeasureOptions {
             adamw: ADAMW_DEFAULT,
             recompute: RecomputePolicy::None,
             cuda_graph: false,
+            optimizer: Optimizer::AdamW,
         }
     }
 }
@@ -179,6 +182,7 @@ pub fn measure_training_step_with<D: Device>(
             ..ExecOptions::default()
         },
     )?;
+    ex.set_optimizer(opts.optimizer)?;
     let data = synthetic_inputs(graph, opts.seed);
     let inputs: Vec<(&str, Input<'_>)> = data
         .iter()
@@ -554,5 +558,26 @@ mod tests {
         let g = llama(&ToyConfig { hidden: 16, ffn: 32, ..ToyConfig::tiny() });
         let e = measure_training_step(&g, MeasureOptions { cuda_graph: true, ..opts }).unwrap_err().to_string();
         assert!(e.contains("cannot be recorded"), "{e}");
+    }
+
+    /// The measured step runs the optimizer asked for: under Muon the hidden matrices
+    /// keep one momentum instead of AdamW's two moments, so less state at rest, by
+    /// exactly one f32 per element of those matrices.
+    #[test]
+    fn the_measured_step_runs_the_optimizer_asked_for() {
+        let g = llama(&ToyConfig { hidden: 16, ffn: 32, layers: 1, ..ToyConfig::tiny() });
+        let opts = MeasureOptions { timing: TimingOptions { warmup: 0, repeats: 1 }, ..MeasureOptions::default() };
+        let adamw = measure_training_step(&g, opts).unwrap();
+        let muon = measure_training_step(&g, MeasureOptions { optimizer: Optimizer::Muon(crate::executor::MUON_DEFAULT), ..opts }).unwrap();
+        let plan = runner_graph::autodiff::backward_plan(&g).unwrap();
+        let matrices: u64 = crate::executor::muon_weights(&g, &plan.needs_grad)
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| **m)
+            .map(|(id, _)| g.tensors[id].shape.iter().product::<u64>())
+            .sum();
+        assert!(matrices > 0);
+        assert_eq!(adamw.memory.state_bytes - muon.memory.state_bytes, 4 * matrices);
+        assert!(muon.timing.losses.iter().all(|l| l.is_finite()), "{:?}", muon.timing.losses);
     }
 }

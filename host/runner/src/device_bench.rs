@@ -14,6 +14,7 @@ use runner_exec::Device;
 use runner_exec::bench::{device_gemm_bench, device_memory_bench};
 use runner_exec::device::Elem;
 use runner_exec::devcheck::{CheckRow, compare_kernels, compare_steps};
+use runner_exec::executor::Optimizer;
 use runner_exec::linear_time::{LinearGemms, time_linear};
 use runner_exec::proxy::{MeasureOptions, measure_training_step_on, measure_training_step_with};
 use runner_exec::select::{Chosen, DeviceSpec, choose, choose_timed};
@@ -172,7 +173,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Layer { seq, batch, repeats, cuda_graph } => {
+        BenchCommand::Layer { seq, batch, repeats, cuda_graph, optimizer } => {
             if seq == 0 || batch == 0 || repeats == 0 || seq > 131_072 {
                 bail!("--seq (1..=131072), --batch and --repeats must be positive");
             }
@@ -185,6 +186,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let opts = MeasureOptions {
                 timing: TimingOptions { warmup: 2, repeats },
                 full_layers: Some(32),
+                optimizer: runner::train::optimizer_flag(&optimizer)?,
                 ..MeasureOptions::default()
             };
             let chosen = choose_timed(global.device, "bench layer")?;
@@ -193,20 +195,28 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             // The embedding and the head (128k x 4096 each) come with the layer: gigabytes
             // in f32 and many seconds on a CPU even at seq 1.
-            let on_cpu = if matches!(chosen, Chosen::Cpu(..)) {
+            let on_cpu = match (&chosen, opts.optimizer) {
                 // What a CPU run costs, said before it starts: it measured 57 s and 20 GB
                 // resident at --seq 16 --repeats 1 on two cores, and gave no sign for
                 // minutes at the default --seq 2048.
-                "; on a CPU: minutes, and some 20 GB of memory (weights, gradients and AdamW moments of 1.3B \
-                 parameters with the 128k-token embedding and head); --seq 128 --repeats 1 for a quick look"
-            } else {
-                ""
+                (Chosen::Cpu(..), Optimizer::AdamW) => {
+                    "; on a CPU: minutes, and some 20 GB of memory (weights, gradients and AdamW moments of 1.3B \
+                     parameters with the 128k-token embedding and head); --seq 128 --repeats 1 for a quick look"
+                }
+                // Five Newton-Schulz iterations of the three 4096 x 14336 matrices alone are
+                // some 1.7e13 FLOPs a step, whatever --seq: minutes a step on a CPU.
+                (Chosen::Cpu(..), Optimizer::Muon(_)) => {
+                    "; on a CPU: some 20 GB of memory, and Muon's Newton-Schulz GEMMs (about 2e13 FLOPs a step on the \
+                     4096 x 14336 matrices, whatever --seq) take minutes a step: a GPU's run"
+                }
+                _ => "",
             };
             if !global.quiet {
                 elog!(
                     "{}",
                     runner::report::visible(&format!(
-                        "one Llama 3.1 8B layer step with embedding and head, {} warm-up + {repeats} timed{}{on_cpu}",
+                        "one Llama 3.1 8B layer step with embedding and head, {}, {} warm-up + {repeats} timed{}{on_cpu}",
+                        opts.optimizer.name(),
                         opts.timing.warmup,
                         if cuda_graph { ", eager then as a CUDA graph" } else { "" }
                     ))
@@ -235,7 +245,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let m = m?;
             let graphed = graphed.transpose()?;
             let mut t = Table::new(
-                format!("Llama 3.1 8B layer, seq {seq} x batch {batch}, f32, on {}", m.timing.device),
+                format!("Llama 3.1 8B layer, seq {seq} x batch {batch}, f32, {}, on {}", opts.optimizer.name(), m.timing.device),
                 &["part", "median", "p10", "p90"],
             );
             let ms = |x: f64| format!("{:.2} ms", x * 1e3);
@@ -288,6 +298,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             }
             #[derive(Serialize)]
             struct Out<'a> {
+                optimizer: &'static str,
                 layer_forward_s: f64,
                 layer_backward_s: f64,
                 measured: &'a runner_exec::MeasuredStep,
@@ -298,7 +309,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 #[serde(skip_serializing_if = "Option::is_none")]
                 cuda_graph_losses_bitwise: Option<bool>,
             }
-            emit(global, &t, &Out { layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses, cuda_graph_losses_bitwise: same_bitwise })?;
+            emit(global, &t, &Out { optimizer: opts.optimizer.name(), layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses, cuda_graph_losses_bitwise: same_bitwise })?;
             if same_losses == Some(false) {
                 bail!("the step replayed as a CUDA graph gave other losses than the eager step");
             }

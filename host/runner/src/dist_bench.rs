@@ -22,7 +22,7 @@ use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
-use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Optimizer, PipelineSchedule, muon_layout_refusal};
+use runner_exec::executor::{ADAMW_DEFAULT, Optimizer, PipelineSchedule, muon_layout_refusal};
 use runner_exec::select::DeviceSpec;
 use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
 use runner_exec::{ExecError, ExecOptions, Executor, Input, Stat, ThreadGroup};
@@ -767,11 +767,7 @@ impl StepRun {
     /// The run with `--optimizer NAME` (adamw or muon), refused before any rank starts
     /// where the layout splits the matrices Muon needs whole (the executor's own rule).
     pub fn with_optimizer(self, name: &str) -> Result<StepRun> {
-        let optimizer = match name {
-            "adamw" => Optimizer::AdamW,
-            "muon" => Optimizer::Muon(MUON_DEFAULT),
-            o => bail!("--optimizer {o}: use adamw or muon"),
-        };
+        let optimizer = runner::train::optimizer_flag(name)?;
         if optimizer != Optimizer::AdamW
             && let Some(why) = muon_layout_refusal(self.tp as usize, self.fsdp)
         {
@@ -1077,6 +1073,7 @@ fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use runner_exec::executor::MUON_DEFAULT;
 
     /// Nodes are distinct host names: ranks on one host whose launcher gave no local
     /// ranks (each local 0) are one node, two hosts whose launcher did are two.
@@ -1267,6 +1264,6 @@ mod tests {
         for layout in ["dp=2", "pp=2,dp=2", "pp=4"] {
             assert_eq!(run(layout, "muon").unwrap().optimizer, Optimizer::Muon(MUON_DEFAULT), "{layout}");
         }
-        assert!(run("dp=2", "sgd").unwrap_err().to_string().contains("--optimizer sgd: use adamw or muon"));
+        assert!(run("dp=2", "sgd").unwrap_err().to_string().contains("--optimizer sgd: unknown optimizer 'sgd': use adamw or muon"));
     }
 }

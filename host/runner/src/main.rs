@@ -398,9 +398,9 @@ pub enum BenchCommand {
         after_help = "Examples:\n  runner bench kernels --device cuda\n  runner bench kernels --device cuda --format json -o kernels.json"
     )]
     Kernels,
-    /// Forward + backward + AdamW of one Llama 3.1 8B layer (with embedding, head and loss) on the device
+    /// Forward + backward + optimizer step (AdamW, or Muon) of one Llama 3.1 8B layer (with embedding, head and loss) on the device
     #[command(
-        after_help = "Examples:\n  runner bench layer --device cuda\n  runner bench layer --device cuda --seq 2048 --batch 2\n  runner bench layer --device cuda --seq 128 --cuda-graph   (the step eager and replayed as one CUDA graph)"
+        after_help = "Examples:\n  runner bench layer --device cuda\n  runner bench layer --device cuda --seq 2048 --batch 2\n  runner bench layer --device cuda --seq 128 --cuda-graph   (the step eager and replayed as one CUDA graph)\n  runner bench layer --device cuda --seq 128 --cuda-graph --optimizer muon"
     )]
     Layer {
         /// Sequence length
@@ -415,6 +415,11 @@ pub enum BenchCommand {
         /// Also time the step recorded once as a CUDA graph and replayed (one launch per step), against the eager step; GPU only
         #[arg(long)]
         cuda_graph: bool,
+        /// The optimizer: adamw, or muon (Muon on the layer's seven matrices, AdamW on
+        /// the rest; its Newton-Schulz GEMMs on 4096 x 14336 matrices take minutes a
+        /// step on a CPU)
+        #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
+        optimizer: String,
     },
     /// Collective bandwidth over a size sweep, nccl-tests style (NCCL on GPUs, TCP on CPU ranks); one process per rank under srun, mpirun, torchrun or a Kubernetes indexed Job, or -g N ranks as threads
     #[command(

@@ -403,7 +403,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         bail!("--weight-decay {wd}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)");
     }
     if let Some(o) = &cfg.optimizer {
-        optimizer_named(o).map_err(|why| anyhow::anyhow!("--optimizer {}: {why}", crate::report::visible(o)))?;
+        optimizer_flag(o)?;
     }
     if !(cfg.clip_grad.is_finite() && cfg.clip_grad >= 0.0) {
         bail!("--clip-grad {}: a gradient norm of 0 (off) or more", cfg.clip_grad);
@@ -608,11 +608,17 @@ fn optimizer_named(s: &str) -> Result<Optimizer, String> {
     })
 }
 
+/// The optimizer an `--optimizer NAME` flag names ([`optimizer_named`]), or the error
+/// that names the flag; `runner train`, `bench step` and `bench layer` read it alike.
+pub fn optimizer_flag(name: &str) -> anyhow::Result<Optimizer> {
+    optimizer_named(name).map_err(|why| anyhow::anyhow!("--optimizer {}: {why}", crate::report::visible(name)))
+}
+
 /// The optimizer of a run: `--optimizer`'s, else the plugin's when `runner train` has
 /// it, else AdamW, with the plugin's name it does not implement (for the note).
 fn choose_optimizer(given: Option<&str>, plugin: &str) -> Result<(Optimizer, Option<String>)> {
     match given {
-        Some(o) => Ok((optimizer_named(o).map_err(|why| anyhow::anyhow!("--optimizer {}: {why}", crate::report::visible(o)))?, None)),
+        Some(o) => Ok((optimizer_flag(o)?, None)),
         None => Ok(optimizer_named(plugin).map_or((Optimizer::AdamW, Some(plugin.to_string())), |o| (o, None))),
     }
 }
