@@ -53,17 +53,9 @@ fn elem_of(dtype: &str) -> Result<Elem> {
 
 /// Refuses a bench's list flag that names one item twice (`gemm --sizes 8,8`,
 /// `collectives --ops all_reduce,allreduce`): the item was measured twice, in two rows.
-/// Refused, not dropped, as `bench step --layout`, `train --compare` and `explore --gpu`
-/// refuse theirs. `items` are (as typed, what it names): two spellings of one item are
-/// one item, and the message gives both.
+/// The shared rule, [`runner::input::refuse_repeats`].
 fn refuse_repeats<K: PartialEq + std::fmt::Display>(flag: &str, items: &[(String, K)]) -> Result<()> {
-    for (i, (typed, key)) in items.iter().enumerate() {
-        if let Some((first, _)) = items[..i].iter().find(|(_, k)| k == key) {
-            let spelled = if first == typed { String::new() } else { format!(" (as {first} and {typed})") };
-            bail!("{flag} gives {key}{spelled} twice: each is measured once, in one row; list it once");
-        }
-    }
-    Ok(())
+    runner::input::refuse_repeats(flag, items, "each is measured once, in one row").map_err(anyhow::Error::msg)
 }
 
 /// Whether `spec` lands on the CPU (asked for, or `auto` without a usable GPU).

@@ -536,6 +536,7 @@ fn check(run: &RunFile) -> Result<(), String> {
             "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
         ));
     }
+    crate::input::refuse_repeated_gpu_counts("[cluster] gpus", &run.cluster.gpus)?;
     check_names("[cluster] gpu", &run.cluster.gpu)?;
     if run.cluster.profile.is_none() {
         for gpu in &run.cluster.gpu {
@@ -886,6 +887,9 @@ mod tests {
         assert!(e.contains("[model] plugin is empty"), "{e}");
         accepted("[cluster]\ngpus = [1048576]");
         refused("[cluster]\ngpus = [1048577]", "[cluster] gpus contains 1048577");
+        // A count given twice was one row and a note; refused as --gpus is on every command.
+        accepted("[cluster]\ngpus = [16, 8]");
+        refused("[cluster]\ngpus = [8, 16, 8]", "[cluster] gpus gives 8 twice: each GPU count is one row; list it once");
         refused("[cluster]\ngbs = 0", "[cluster] gbs must be at least 1");
         for key in ["tp", "pp", "cp", "vp", "ep", "etp", "mbs"] {
             accepted(&format!("[layout]\n{key} = 1048576"));

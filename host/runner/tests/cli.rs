@@ -382,17 +382,23 @@ fn measure_refuses_a_global_batch() {
     assert!(!o.status.success() && err.contains("--gbs 7: measure times one micro-batch of the rank graph (--mbs)"), "{err}");
 }
 
-/// `search --gpus 8,16,8` searches each count once, in the order first given: a repeated
-/// count was searched again and its layouts and notes printed twice.
+/// A GPU count given twice is refused, by one rule, on `search`, `explore` and in a run
+/// file, before anything is projected: search searched it once and explore and run files
+/// merged it into one row with a note, where other list flags (--gpu, --precision, bench
+/// --sizes) refuse a repeat.
 #[test]
-fn search_takes_a_repeated_gpu_count_once() {
-    let dir = scratch("search-repeat");
-    let o = runner(&dir, &["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "--top", "1", "--format", "json", "-q"]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let counts: Vec<u64> = v.as_array().unwrap().iter().map(|c| c["gpus"].as_u64().unwrap()).collect();
-    assert_eq!(counts, [8, 16], "{out}");
+fn a_repeated_gpu_count_is_refused_everywhere() {
+    let dir = scratch("gpus-repeat");
+    std::fs::write(dir.join("run.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8, 16, 8]\n").unwrap();
+    for (args, want) in [
+        (&["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "-q"][..], "--gpus gives 8 twice: each GPU count is one row; list it once"),
+        (&["explore", "--model", "llama3-tiny", "--gpus", "8,8", "--no-history", "-q"], "[cluster] gpus gives 8 twice: each GPU count is one row; list it once"),
+        (&["run", "run.toml", "--no-history", "-q"], "[cluster] gpus gives 8 twice"),
+    ] {
+        let o = runner(&dir, args);
+        let (out, err) = text(&o);
+        assert!(o.status.code() == Some(1) && err.contains(want) && out.is_empty(), "{args:?}: {err}");
+    }
 }
 
 /// -q with -v asks for no logging and more logging at once: refused (-q silently won),

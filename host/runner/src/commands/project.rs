@@ -750,6 +750,9 @@ fn verdict_text(v: &Verdict) -> String {
 }
 
 pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
+    // A count given twice was searched twice, its layouts and notes printed twice; it is
+    // refused, as explore and run files refuse it.
+    input::refuse_repeated_gpu_counts("--gpus", gpus).map_err(anyhow::Error::msg)?;
     let mut s = setup(t, global)?;
     let mut flags = flags.clone();
     flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
@@ -766,15 +769,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     if let Some(tp) = space.tp {
         notes.extend(kv_replication_note(tp, &s.projector.model.shape));
     }
-    // A count given twice was searched twice, its layouts and notes printed twice; the
-    // explorer keeps one row per count too.
-    let mut counts: Vec<u32> = Vec::new();
     for &n in gpus {
-        if !counts.contains(&n) {
-            counts.push(n);
-        }
-    }
-    for n in counts {
         let gbs = gbs_for(&s, t, n, &mut notes);
         progress_line(global, &format!("searching {n} GPUs"));
         let started = std::time::Instant::now();
