@@ -645,6 +645,38 @@ fn run_flag_before(matches: &clap::ArgMatches) -> Option<String> {
         })
 }
 
+/// The command line parsed, or clap's error (or help) printed and the process ended.
+fn parse_args(args: Vec<std::ffi::OsString>) -> clap::ArgMatches {
+    match <Cli as clap::CommandFactory>::command().try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => shown_parse_error(e, &args).exit(),
+    }
+}
+
+/// A parse error whose echoed values show terminal sequences (ESC, a bidi override) as
+/// visible escapes, as the run's own errors do ([`runner::report::visible`]): clap echoed
+/// a value as typed, so on a terminal `--gpus $'8\e[31m'` ran the sequence, and elsewhere
+/// the sequence was stripped and the error read "'8' is not a GPU count". The error is
+/// the one the arguments give with each such value escaped; where that one differs (the
+/// escaped value parsed), the original is printed without styling, sequences stripped.
+fn shown_parse_error(e: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
+    let has_sequences = |a: &std::ffi::OsString| a.to_string_lossy().chars().any(runner_contract::text::is_unsafe);
+    if !args.iter().any(has_sequences) {
+        return e;
+    }
+    let escaped: Vec<std::ffi::OsString> = args
+        .iter()
+        .map(|a| a.to_str().map_or_else(|| a.clone(), |s| runner_contract::text::escape(s, usize::MAX).into()))
+        .collect();
+    match <Cli as clap::CommandFactory>::command().try_get_matches_from(escaped) {
+        Err(shown) if shown.kind() == e.kind() => shown,
+        _ => {
+            elog!("{}", e.render());
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
 /// Print `message` as the run's error, terminal sequences escaped, and fail.
 fn refuse(message: &str) -> ExitCode {
     elog!("error: {}", runner::report::visible(message));
@@ -657,7 +689,7 @@ fn main() -> ExitCode {
     unsafe {
         runner_exec::cuda::nccl::eager_connections()
     };
-    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let matches = parse_args(std::env::args_os().collect());
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);

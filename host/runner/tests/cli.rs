@@ -401,6 +401,23 @@ fn a_repeated_gpu_count_is_refused_everywhere() {
     }
 }
 
+/// A value clap refuses is echoed with its terminal sequences escaped, as the run's own
+/// errors echo it: clap printed it as typed (run by a terminal) or, on a pipe, stripped
+/// it, so `show $'1\e[31m'` read as "invalid value '1'".
+#[test]
+fn a_refused_argument_echoes_its_escape_sequences_visibly() {
+    let dir = scratch("clap-escape");
+    for (args, want) in [
+        (&["show", "1\u{1b}[31m"][..], "invalid value '1\\u{1b}[31m' for '<ID>'"),
+        (&["project", "--model", "llama3-tiny", "--gpus", "8\u{1b}[2J"], "'8\\u{1b}[2J' is not a GPU count"),
+        (&["explore", "--tokens", "x\u{9b}31m"], "'x\\u{9b}31m' is not a number"),
+    ] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(2) && err.contains(want) && !err.contains(['\u{1b}', '\u{9b}']), "{args:?}: {err}");
+    }
+}
+
 /// -q with -v asks for no logging and more logging at once: refused (-q silently won),
 /// wherever on the line either is given.
 #[test]
