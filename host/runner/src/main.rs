@@ -210,7 +210,7 @@ enum Command {
         #[command(flatten)]
         target: commands::project::Target,
         /// GPUs
-        #[arg(long, value_parser = gpu_count)]
+        #[arg(long, value_parser = one_gpu_count)]
         gpus: u32,
         #[command(flatten)]
         layout: commands::project::LayoutFlags,
@@ -531,7 +531,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "h100")]
         gpu: String,
         /// GPU count
-        #[arg(long, default_value_t = 1024, value_parser = gpu_count)]
+        #[arg(long, default_value_t = 1024, value_parser = one_gpu_count)]
         gpus: u32,
         /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
         #[arg(long, default_value = "bf16")]
@@ -553,6 +553,18 @@ fn gpu_count(s: &str) -> Result<u32, String> {
         return Err(format!("{n} GPUs: a GPU count must be in 1..={}", runner_contract::limits::GPUS));
     }
     Ok(n)
+}
+
+/// The --gpus of a command that takes one count (`project`, `bench search`), under
+/// [`gpu_count`]'s rule: a list was answered "'8,16' is not a GPU count: give whole
+/// numbers, comma-separated", the very thing given.
+fn one_gpu_count(s: &str) -> Result<u32, String> {
+    if s.contains(',') {
+        return Err(format!(
+            "'{s}' is several GPU counts: this command takes one, e.g. --gpus 64 (`runner search` and `runner explore` take several)"
+        ));
+    }
+    gpu_count(s)
 }
 
 /// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
@@ -794,7 +806,19 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::gpu_count;
+    use super::{gpu_count, one_gpu_count};
+
+    /// A command of one GPU count answers a list by saying it takes one, and where
+    /// several go; one count reads as in every command.
+    #[test]
+    fn a_list_where_one_gpu_count_goes_says_so() {
+        assert_eq!(one_gpu_count("64"), Ok(64));
+        assert_eq!(
+            one_gpu_count("8,16").unwrap_err(),
+            "'8,16' is several GPU counts: this command takes one, e.g. --gpus 64 (`runner search` and `runner explore` take several)"
+        );
+        assert_eq!(one_gpu_count("0"), gpu_count("0"));
+    }
 
     #[test]
     fn a_gpu_count_that_is_not_one_says_how_to_write_them() {
