@@ -306,17 +306,18 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let colls: Vec<(String, crate::dist_bench::Coll)> = ops.iter().map(|o| Ok((o.clone(), crate::dist_bench::Coll::parse(o)?))).collect::<Result<_>>()?;
             refuse_repeats("--ops", &colls)?;
             let args = crate::dist_bench::CollArgs {
-                minbytes: crate::dist_bench::parse_size(&minbytes)?,
-                maxbytes: crate::dist_bench::parse_size(&maxbytes)?,
+                // Each size names its flag: "size '1e3'" did not say which of the three.
+                minbytes: crate::dist_bench::parse_size(&minbytes).context("-b")?,
+                maxbytes: crate::dist_bench::parse_size(&maxbytes).context("-e")?,
                 stepfactor,
-                stepbytes: stepbytes.as_deref().map(crate::dist_bench::parse_size).transpose()?,
+                stepbytes: stepbytes.as_deref().map(crate::dist_bench::parse_size).transpose().context("-i")?,
                 ngpus: ngpus.max(1),
                 iters,
                 warmup,
                 check,
                 dtype,
                 ops: colls.into_iter().map(|(_, c)| c).collect(),
-                timeout: std::time::Duration::from_secs(timeout.max(1)),
+                timeout: std::time::Duration::from_secs(timeout),
             };
             if args.stepbytes == Some(0) {
                 bail!("-i 0: a zero increment never reaches -e; give a positive one (e.g. -i 1M), or drop -i for the -f factor");
@@ -324,6 +325,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if args.maxbytes < args.minbytes || args.maxbytes > 64 << 30 {
                 bail!("-e must be at least -b and at most 64G");
             }
+            // Refused here, before any rank starts, by the sweep's own rule.
+            args.sizes()?;
             crate::dist_bench::collectives(args, global)
         }
         BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, optimizer, timeout } => {
@@ -335,7 +338,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ..crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?
             }
             .with_optimizer(&optimizer)?;
-            crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
+            crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout), global)
         }
         other => commands::bench(other, global),
     }

@@ -114,10 +114,22 @@ pub struct CollArgs {
 impl CollArgs {
     /// The sizes of the sweep: min, ×factor (or +step) up to max, as nccl-tests; it ends
     /// where the next size would pass u64::MAX (`-e 18446744073709551615`).
-    pub fn sizes(&self) -> Vec<u64> {
+    ///
+    /// # Errors
+    /// More than [`MAX_SIZES`] sizes (`-b 1 -e 64G -i 1`: 2^36 of them, which took every
+    /// byte of memory before the first was run).
+    pub fn sizes(&self) -> Result<Vec<u64>> {
         let mut v = Vec::new();
         let mut s = self.minbytes.max(1);
         while s <= self.maxbytes {
+            if v.len() == MAX_SIZES {
+                let step = self.stepbytes.map_or_else(|| format!("-f {}", self.stepfactor), |b| format!("-i {b}"));
+                bail!(
+                    "-b {} to -e {} with {step} is more than {MAX_SIZES} sizes: raise -i (or -b), lower -e, or grow the size by a factor (-f 2)",
+                    self.minbytes,
+                    self.maxbytes
+                );
+            }
             v.push(s);
             let next = match self.stepbytes {
                 Some(b) => s.checked_add(b.max(1)),
@@ -126,9 +138,12 @@ impl CollArgs {
             let Some(next) = next else { break };
             s = next;
         }
-        v
+        Ok(v)
     }
 }
+
+/// The most sizes one `bench collectives` sweep runs (nccl-tests' `-b 8 -e 8G -f 2` is 31).
+pub const MAX_SIZES: usize = 4096;
 
 fn nccl_type_name(e: Elem) -> &'static str {
     match e {
@@ -509,7 +524,7 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
     let nodes = count_nodes(&HostCollective::all_gather(&ctl, &host_words(local_rank))?);
     let esize = a.dtype.bytes() as u64;
     let mut rows = Vec::new();
-    let sizes = a.sizes();
+    let sizes = a.sizes()?;
     let total = a.ops.len() * sizes.len();
     let mut done = 0usize;
     for &op in &a.ops {
@@ -1158,9 +1173,9 @@ mod tests {
         assert_eq!(parse_size("32M").unwrap(), 32 << 20);
         assert!(parse_size("3X").is_err());
         let a = sweep(8, 128, 4);
-        assert_eq!(a.sizes(), [8, 32, 128]);
+        assert_eq!(a.sizes().unwrap(), [8, 32, 128]);
         let a = CollArgs { stepbytes: Some(40), ..a };
-        assert_eq!(a.sizes(), [8, 48, 88, 128]);
+        assert_eq!(a.sizes().unwrap(), [8, 48, 88, 128]);
         assert_eq!(Coll::AllReduce.bus_factor(4), 1.5);
         assert_eq!(Coll::AllGather.bus_factor(4), 0.75);
         assert_eq!(Coll::SendRecv.bus_factor(4), 1.0);
@@ -1196,8 +1211,8 @@ mod tests {
     #[test]
     fn sweeps_always_end_and_sizes_read_as_written() {
         let a = sweep(0, 4, 1);
-        assert_eq!(a.sizes(), [1, 2, 4]);
-        assert_eq!(CollArgs { stepbytes: Some(0), maxbytes: 3, ..a }.sizes(), [1, 2, 3]);
+        assert_eq!(a.sizes().unwrap(), [1, 2, 4]);
+        assert_eq!(CollArgs { stepbytes: Some(0), maxbytes: 3, ..a }.sizes().unwrap(), [1, 2, 3]);
         assert_eq!(parse_size("64k").unwrap(), 65536);
         assert_eq!(parse_size(" 64 K").unwrap(), 65536);
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
@@ -1210,8 +1225,19 @@ mod tests {
     #[test]
     fn a_sweep_to_the_largest_size_ends() {
         let a = sweep(1 << 62, u64::MAX, 2);
-        assert_eq!(a.sizes(), [1 << 62, 1 << 63]);
-        assert_eq!(CollArgs { minbytes: u64::MAX - 1, stepbytes: Some(1 << 20), ..a }.sizes(), [u64::MAX - 1]);
+        assert_eq!(a.sizes().unwrap(), [1 << 62, 1 << 63]);
+        assert_eq!(CollArgs { minbytes: u64::MAX - 1, stepbytes: Some(1 << 20), ..a }.sizes().unwrap(), [u64::MAX - 1]);
+    }
+
+    /// A sweep of more than MAX_SIZES sizes is refused before one is run: `-b 1 -e 64G -i 1`
+    /// built a list of 2^36 sizes and took every byte of memory. The last count that fits runs.
+    #[test]
+    fn a_sweep_of_too_many_sizes_is_refused() {
+        let by = |step: u64, max: u64| CollArgs { stepbytes: Some(step), ..sweep(1, max, 2) }.sizes();
+        assert_eq!(by(1, MAX_SIZES as u64).unwrap().len(), MAX_SIZES);
+        let e = by(1, MAX_SIZES as u64 + 1).unwrap_err().to_string();
+        assert_eq!(e, "-b 1 to -e 4097 with -i 1 is more than 4096 sizes: raise -i (or -b), lower -e, or grow the size by a factor (-f 2)");
+        assert!(by(1, 64 << 30).is_err());
     }
 
     /// Without every host name, the ranks of local rank 0 are the nodes (at least one);

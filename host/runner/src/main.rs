@@ -440,10 +440,10 @@ pub enum BenchCommand {
         #[arg(short = 'n', long = "iters", value_parser = count(1_000_000), default_value_t = 20)]
         iters: usize,
         /// Warm-up iterations per size
-        #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+        #[arg(short = 'w', long = "warmup_iters", value_parser = count_or_none(1_000_000), default_value_t = 5)]
         warmup: usize,
         /// Checked iterations per size (0: no check)
-        #[arg(short = 'c', long = "check", default_value_t = 1)]
+        #[arg(short = 'c', long = "check", value_parser = count_or_none(1_000_000), default_value_t = 1)]
         check: usize,
         /// Data type: float, bfloat16, half
         #[arg(short = 'd', long = "datatype", default_value = "float")]
@@ -452,7 +452,7 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "all_reduce,all_gather,reduce_scatter,alltoall,broadcast,sendrecv")]
         ops: Vec<String>,
         /// Seconds a rank waits for the others before failing
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = wait_seconds)]
         timeout: u64,
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
@@ -506,7 +506,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
         optimizer: String,
         /// Seconds a rank waits for the others before failing
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = wait_seconds)]
         timeout: u64,
     },
     /// Plugin host overhead: warm load, instantiation, per-call cost
@@ -570,6 +570,24 @@ fn one_gpu_count(s: &str) -> Result<u32, String> {
 /// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
 fn count(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max)
+}
+
+/// A count flag that may be 0 (`-w 0`: no warm-up): 0 to `max` (past it, a run that
+/// never ends: `-w 18446744073709551615` warmed up for ever, without a line of output).
+fn count_or_none(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(0..=max)
+}
+
+/// The most seconds a rank waits for the others (`bench collectives`, `bench step`): a day.
+const MAX_WAIT_S: u64 = 86_400;
+
+/// `--timeout` of the benches whose ranks meet: 1 to [`MAX_WAIT_S`] seconds. 0 was taken
+/// as 1 without a word, and 18446744073709551615 panicked adding it to the clock.
+fn wait_seconds(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=MAX_WAIT_S).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a wait in seconds: a rank waits for the others 1 to {MAX_WAIT_S} seconds (a day), e.g. --timeout 300")),
+    }
 }
 
 fn init_logging(global: &Global) {
@@ -806,7 +824,7 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::{gpu_count, one_gpu_count};
+    use super::{gpu_count, one_gpu_count, wait_seconds};
 
     /// A command of one GPU count answers a list by saying it takes one, and where
     /// several go; one count reads as in every command.
@@ -818,6 +836,18 @@ mod tests {
             "'8,16' is several GPU counts: this command takes one, e.g. --gpus 64 (`runner search` and `runner explore` take several)"
         );
         assert_eq!(one_gpu_count("0"), gpu_count("0"));
+    }
+
+    /// A rank's wait is 1 second to a day: 0 was taken as 1 without a word, and a wait
+    /// past the clock's range panicked every rank.
+    #[test]
+    fn a_wait_is_one_second_to_a_day() {
+        assert_eq!(wait_seconds("1"), Ok(1));
+        assert_eq!(wait_seconds("86400"), Ok(86_400));
+        for bad in ["0", "86401", "18446744073709551615", "-1", "5m", ""] {
+            let e = wait_seconds(bad).unwrap_err();
+            assert!(e.contains("a rank waits for the others 1 to 86400 seconds (a day), e.g. --timeout 300"), "{bad}: {e}");
+        }
     }
 
     #[test]

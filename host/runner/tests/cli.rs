@@ -1444,11 +1444,36 @@ fn device_bench_flags_are_refused_at_their_edges() {
         (&["collectives", "-b", "8K", "-e", "4K"], sweep),
         (&["collectives", "-b", "8K", "-e", "65G"], sweep),
         (&["collectives", "-d", "int8"], "-d int8: use float, bfloat16 or half"),
+        (&["collectives", "-b", "1e3"], "-b: size '1e3': a number of bytes"),
+        (&["collectives", "-e", "8X"], "-e: size '8X': a number of bytes"),
+        (&["collectives", "-i", "1.5K"], "-i: size '1.5K': a number of bytes"),
         (&["collectives", "--ops", "all_reduce,gather"], "--ops gather: use all_reduce"),
     ] {
         let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
         let err = text(&o).1;
         assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// The counts of the benches whose ranks meet, refused before a rank starts: a --timeout
+/// past the clock's range panicked every rank (0 was taken as 1), a -w or -c of
+/// 18446744073709551615 ran for ever without a line, and a sweep of 2^36 sizes (-i 1 up
+/// to 64G) took every byte of memory.
+#[test]
+fn rank_bench_counts_that_never_end_are_refused() {
+    let dir = scratch("bench-never-ends");
+    let wait = "a rank waits for the others 1 to 86400 seconds (a day), e.g. --timeout 300";
+    for (args, code, want) in [
+        (&["collectives", "-b", "8", "-e", "8", "--timeout", "18446744073709551615"][..], 2, wait),
+        (&["collectives", "-b", "8", "-e", "8", "--timeout", "0"], 2, wait),
+        (&["step", "--in-process", "--layout", "dp=2", "--timeout", "18446744073709551615"], 2, wait),
+        (&["collectives", "-b", "8", "-e", "8", "-w", "18446744073709551615"], 2, "18446744073709551615 is not in 0..=1000000"),
+        (&["collectives", "-b", "8", "-e", "8", "-c", "1000001"], 2, "1000001 is not in 0..=1000000"),
+        (&["collectives", "-b", "1", "-e", "64G", "-i", "1"], 1, "is more than 4096 sizes: raise -i (or -b)"),
+    ] {
+        let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(code) && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
     }
 }
 
