@@ -356,6 +356,28 @@ fn leave_out_names_runs_it_cannot_take() {
     }
 }
 
+/// A calibration file with no run to fit says where each run's reason is (`runner
+/// validate`), with --gpu and without: it said only "has no supported run to fit". An
+/// unknown --gpu is refused as unknown.
+#[test]
+fn calibrate_with_no_run_to_fit_points_at_validate() {
+    let dir = scratch("calibrate-none");
+    std::fs::write(
+        dir.join("runs.toml"),
+        "[[point]]\nsource = \"s\"\nmodel = \"llama3.1-8b\"\ngpu = \"H100\"\nnum_gpus = 64\nprecision = \"BF16\"\nseq_len = 8192\ngbs = 1024\nmbs = 1\ntp = 1\npp = 1\ncp = 2\nstep_time_s = 0\n",
+    )
+    .unwrap();
+    for (args, want) in [
+        (&[][..], "runs.toml has no supported run to fit; `runner validate runs.toml` gives each run's reason"),
+        (&["--gpu", "b200"], "runs.toml: the file has no supported run on B200; `runner validate runs.toml` gives each run's reason"),
+        (&["--gpu", "h999"], "--gpu: unknown GPU 'h999'"),
+    ] {
+        let o = runner(&dir, &[&["calibrate", "runs.toml", "-q"][..], args].concat());
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(1) && err.contains(want), "{args:?}: {err}");
+    }
+}
+
 /// calibrate's flags that the fit of FILE would drop are refused: --holdout holds every GPU
 /// and precision out in turn (--gpu listed B200 rows too), and --tier is a --collectives
 /// run's (beside FILE it passed and was ignored).

@@ -898,12 +898,17 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         Some(spec) if !left_out.is_empty() => format!("runner calibrate {} --leave-out {spec} on {today}", file.display()),
         _ => format!("runner calibrate {} on {today}", file.display()),
     };
+    // An unknown --gpu is refused as it is; past it, the fit's one refusal is a GPU with
+    // no run to fit, whose reasons `runner validate` gives.
+    if let Some(g) = gpu {
+        profiles.get(g).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?;
+    }
     let fits = calibrate::calibrate(&points, &profiles, &mut resolver, gpu.map(|g| (g, precision)), &label, &|m| {
         progress_line(global, m)
     })
-    .map_err(anyhow::Error::msg)?;
+    .map_err(|e| anyhow::anyhow!("{}: {e}; {}", file.display(), why_no_run(file)))?;
     if fits.is_empty() {
-        anyhow::bail!("{} has no supported run to fit{}", file.display(), gpu.map_or(String::new(), |g| format!(" on {g}")));
+        anyhow::bail!("{} has no supported run to fit{}; {}", file.display(), gpu.map_or(String::new(), |g| format!(" on {g}")), why_no_run(file));
     }
     // A GPU too thinly measured to fit anything of its own would write its priors (or
     // another GPU's fit), which --profile would then put over the shipped fit.
@@ -957,6 +962,12 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         .collect();
     let toml = runner_project::profile::Profiles::efficiency_file(&written);
     emit_profile(global, t, &toml, &fits)
+}
+
+/// Where a calibration file with no run to fit says why: each run's reason is in
+/// `runner validate` (calibrate said only that none was supported).
+fn why_no_run(file: &Path) -> String {
+    format!("`runner validate {}` gives each run's reason (a zero or missing step time, an unknown model or GPU, a layout that does not divide)", file.display())
 }
 
 /// Run numbers (from 0) in `spec`, "40,54,104-108", each below `runs`, sorted.
