@@ -623,12 +623,10 @@ fn check_names(what: &str, names: &[String]) -> Result<(), String> {
     if names.len() > 16 {
         return Err(format!("{what} lists {} names; at most 16", names.len()));
     }
-    for (i, n) in names.iter().enumerate() {
-        if names[..i].iter().any(|m| m.eq_ignore_ascii_case(n)) {
-            return Err(format!("{what} names '{n}' twice"));
-        }
-    }
-    Ok(())
+    // Names are one in any case (h100, H100): the shared rule of list repeats, which says
+    // to list it once (this said only "names 'H100' twice").
+    let keyed: Vec<(String, String)> = names.iter().map(|n| (n.clone(), n.to_ascii_lowercase())).collect();
+    crate::input::refuse_repeats(what, &keyed, "each is one series of rows")
 }
 
 pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, String> {
@@ -857,7 +855,9 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("one format with a plugin"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = [\"h100\", \"H100\"]\n", "t.toml").unwrap_err();
-        assert!(err.contains("twice"), "{err}");
+        assert!(err.ends_with("[cluster] gpu gives h100 (as h100 and H100) twice: each is one series of rows; list it once"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[precision]\nformat = [\"fp8\", \"bf16\", \"fp8\"]\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("[precision] format gives fp8 twice: each is one series of rows; list it once"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[explore]\ntarget_days = -3\n", "t.toml").unwrap_err();
         assert!(err.contains("target_days must be a positive number"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[explore]\nbudget_usd = 1e300\n", "t.toml").unwrap_err();
