@@ -1499,6 +1499,16 @@ fn rank_bench_counts_that_never_end_are_refused() {
     }
 }
 
+/// `bench plugins --calls` is at most 10^7 (a few seconds): near 2^32 it ran for hours
+/// without a line.
+#[test]
+fn bench_plugins_calls_past_what_it_times_are_refused() {
+    let dir = scratch("bench-plugins-calls");
+    let o = runner(&dir, &["bench", "plugins", "--calls", "4294967295", "-q"]);
+    let err = text(&o).1;
+    assert!(o.status.code() == Some(2) && err.contains("4294967295 is not in 1..=10000000"), "{err}");
+}
+
 /// A bench list flag that names one item twice is refused before anything runs, on the
 /// CPU's GEMM bench and the device one (`--dtype bf16`) alike, and for two spellings of
 /// one collective: each was measured twice, in two rows.
