@@ -588,6 +588,10 @@ fn check(run: &RunFile) -> Result<(), String> {
     if run.cost.price_file.as_deref().is_some_and(|f| f.trim().is_empty()) {
         return Err("[cost] price_file is empty; name a CSV file or leave the key out".into());
     }
+    // It read as "cannot read profile file : No such file or directory".
+    if run.cluster.profile.as_deref().is_some_and(|f| f.trim().is_empty()) {
+        return Err("[cluster] profile is empty; name a GPU profile TOML (as `runner calibrate -o` writes) or leave the key out".into());
+    }
     if let Some(t) = run.model.tokens
         && !(t.is_finite() && t > 0.0 && t <= TOKENS)
     {
@@ -901,6 +905,7 @@ mod tests {
         accepted("[explore]\nmax_usd_per_day_saved = 0.01");
         refused("[explore]\nmax_usd_per_day_saved = 0.009", "max_usd_per_day_saved must be a positive number from 0.01");
         refused("[cost]\nprice_file = \" \"", "[cost] price_file is empty");
+        refused("[cluster]\nprofile = \"\"", "[cluster] profile is empty; name a GPU profile TOML");
         accepted("tokens = 1e16");
         for t in ["1.0000001e16", "0", "-1"] {
             refused(&format!("tokens = {t}"), "[model] tokens must be a positive number up to 1e16");
