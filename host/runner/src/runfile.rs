@@ -404,6 +404,13 @@ fn hint(error: &str) -> Option<String> {
         return Some("a run file names its workload plugin first:\n[model]\nplugin = \"llama3.wasm\"\n(workloads/*.toml are examples)".into());
     }
     let unknown = error.split("unknown field `").nth(1)?.split('`').next()?.to_string();
+    if unknown == "point" {
+        return Some(
+            "this is a calibration file of published runs ([[point]] tables): `runner validate FILE` projects them, \
+             `runner calibrate FILE` fits to them; a run file starts with [model]"
+                .into(),
+        );
+    }
     let expected: Vec<&str> = error.split("expected").nth(1)?.split('`').skip(1).step_by(2).collect();
     let distance = |a: &str, b: &str| -> usize {
         let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
@@ -685,6 +692,8 @@ mod tests {
         assert!(err.ends_with("help: `gpus` goes in [cluster]"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[cluster]\nnodes = 4\n", "t.toml").unwrap_err();
         assert!(!err.contains("help:"), "nothing near: {err}");
+        let err = parse("[[point]]\nsource = \"s\"\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("help: this is a calibration file of published runs ([[point]] tables): `runner validate FILE` projects them, `runner calibrate FILE` fits to them; a run file starts with [model]"), "{err}");
         for text in ["", "[cluster]\ngpus = [8]\n", "[model]\nvariant = \"x\"\n"] {
             let err = parse(text, "t.toml").unwrap_err();
             assert!(err.contains("help: a run file names its workload plugin first:\n[model]\nplugin = \"llama3.wasm\""), "{err}");

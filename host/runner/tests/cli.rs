@@ -378,6 +378,22 @@ fn calibrate_with_no_run_to_fit_points_at_validate() {
     }
 }
 
+/// A run file given to validate or calibrate says what they take and where a run file
+/// goes: it said only "missing field `point`".
+#[test]
+fn a_run_file_given_to_validate_says_what_validate_takes() {
+    let dir = scratch("validate-run-file");
+    let run_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/llama3-tiny-cpu.toml");
+    for cmd in ["validate", "calibrate"] {
+        let o = runner(&dir, &[cmd, run_file.to_str().unwrap(), "-q"]);
+        let err = text(&o).1;
+        assert!(
+            o.status.code() == Some(1) && err.contains("missing field `point`\nhelp: a calibration file lists published runs as [[point]] tables") && err.contains("a run file ([model], [cluster]) goes to `runner run`"),
+            "{cmd}: {err}"
+        );
+    }
+}
+
 /// calibrate's flags that the fit of FILE would drop are refused: --holdout holds every GPU
 /// and precision out in turn (--gpu listed B200 rows too), and --tier is a --collectives
 /// run's (beside FILE it passed and was ignored).
