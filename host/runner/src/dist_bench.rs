@@ -662,17 +662,18 @@ pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32, bool)> {
     let (mut tp, mut pp, mut dp, mut vp, mut fsdp) = (1, 1, 1, 1, false);
     let mut given = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        // `tp=2,tp=4` ran the last one without a word; `fsdp,fsdp` passed as one.
+        let key = part.split_once('=').map_or(part, |(k, _)| k.trim());
+        if given.contains(&key) {
+            bail!("--layout {s}: {key} is given twice; give each of tp, pp, dp, vp and fsdp once");
+        }
+        given.push(key);
         if part == "fsdp" {
             fsdp = true;
             continue;
         }
         let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N,vp=N[,fsdp]"))?;
         let v: u32 = v.trim().parse().ok().filter(|&v| v > 0).ok_or_else(|| anyhow!("--layout {s}: {k} must be a positive integer"))?;
-        // `tp=2,tp=4` ran the last one without a word.
-        if given.contains(&k.trim()) {
-            bail!("--layout {s}: {} is given twice; give each of tp, pp, dp and vp once", k.trim());
-        }
-        given.push(k.trim());
         match k.trim() {
             "tp" => tp = v,
             "pp" => pp = v,
@@ -1258,7 +1259,8 @@ mod tests {
     fn step_runs_read_their_words_and_say_them_back() {
         assert_eq!(parse_layout("tp = 2,, dp= 2").unwrap(), (2, 1, 2, 1, false));
         // A degree given twice, and ranks past a launcher's most (their u32 products wrapped).
-        assert_eq!(parse_layout("tp=2, tp =4").unwrap_err().to_string(), "--layout tp=2, tp =4: tp is given twice; give each of tp, pp, dp and vp once");
+        assert_eq!(parse_layout("tp=2, tp =4").unwrap_err().to_string(), "--layout tp=2, tp =4: tp is given twice; give each of tp, pp, dp, vp and fsdp once");
+        assert_eq!(parse_layout("dp=2,fsdp, fsdp").unwrap_err().to_string(), "--layout dp=2,fsdp, fsdp: fsdp is given twice; give each of tp, pp, dp, vp and fsdp once");
         assert_eq!(parse_layout("pp=1048576").unwrap(), (1, 1048576, 1, 1, false));
         assert_eq!(parse_layout("dp=65536,tp=65536").unwrap_err().to_string(), "--layout dp=65536,tp=65536: tp·pp·dp = 4294967296 ranks; at most 1048576 (a launcher's most)");
         assert!(parse_layout("pp=4294967295").unwrap_err().to_string().contains("4294967295 ranks"));
