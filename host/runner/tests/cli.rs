@@ -350,7 +350,12 @@ fn models_csv_carries_the_figures_json_does() {
 fn leave_out_names_runs_it_cannot_take() {
     let dir = scratch("leave-out");
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../host/project/data/calibration.toml");
-    for (spec, want) in [("9999", "run 9999 is past the file's last run (117)"), ("5-3", "the range 5-3 runs backwards"), ("x", "'x' is not a run number")] {
+    for (spec, want) in [
+        ("9999", "run 9999 is past the file's last run (117)"),
+        ("5-3", "the range 5-3 runs backwards"),
+        ("x", "'x' is not a run number"),
+        ("0-117", "--leave-out 0-117 leaves none of the 118 runs of"),
+    ] {
         let o = runner(&dir, &["calibrate", file.to_str().unwrap(), "--leave-out", spec]);
         assert!(!o.status.success() && text(&o).1.contains(want), "{spec}: {}", text(&o).1);
     }

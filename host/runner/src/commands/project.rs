@@ -882,7 +882,12 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         None => Vec::new(),
     };
     if !left_out.is_empty() {
+        let runs = points.len();
         points = points.into_iter().enumerate().filter(|(i, _)| !left_out.contains(i)).map(|(_, p)| p).collect();
+        // Every run left out read as "no supported run to fit", pointing at the runs.
+        if points.is_empty() {
+            anyhow::bail!("--leave-out {} leaves none of the {runs} runs of {} to fit; leave fewer out", leave_out.unwrap_or_default(), file.display());
+        }
     }
     if let Some(p) = precision {
         Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
