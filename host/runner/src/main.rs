@@ -689,7 +689,8 @@ fn parse_args(args: Vec<std::ffi::OsString>) -> clap::ArgMatches {
 /// a value as typed, so on a terminal `--gpus $'8\e[31m'` ran the sequence, and elsewhere
 /// the sequence was stripped and the error read "'8' is not a GPU count". The error is
 /// the one the arguments give with each such value escaped; where that one differs (the
-/// escaped value parsed), the original is printed without styling, sequences stripped.
+/// escaped value parsed), the original is printed without styling, what control
+/// characters are left escaped.
 fn shown_parse_error(e: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
     let has_sequences = |a: &std::ffi::OsString| a.to_string_lossy().chars().any(runner_contract::text::is_unsafe);
     if !args.iter().any(has_sequences) {
@@ -702,7 +703,7 @@ fn shown_parse_error(e: clap::Error, args: &[std::ffi::OsString]) -> clap::Error
     match <Cli as clap::CommandFactory>::command().try_get_matches_from(escaped) {
         Err(shown) if shown.kind() == e.kind() => shown,
         _ => {
-            elog!("{}", e.render());
+            elog!("{}", runner::report::visible(e.render().to_string().trim_end()));
             std::process::exit(e.exit_code());
         }
     }
