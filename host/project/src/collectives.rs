@@ -23,6 +23,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use runner_contract::text::number;
 use runner_graph::OpKind;
 
 use crate::comm::bus_factor;
@@ -117,13 +118,14 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
         }
         let busbw = r.size_bytes as f64 / (r.time_us * 1e-6) / 1e9 * factor;
         if !busbw.is_finite() {
-            return Err(format!("{at}: time_us {} is too small for {} B to be a time: fix the row or sweep again", r.time_us, r.size_bytes));
+            return Err(format!("{at}: time_us {} is too small for {} B to be a time: fix the row or sweep again", number(r.time_us), r.size_bytes));
         }
         if (r.busbw_gbps - busbw).abs() > 0.01 * busbw + 0.005 {
             return Err(format!(
-                "{at}: busbw_gbps {} is not size / time x the bus factor ({busbw:.3}): the row was edited or comes from \
+                "{at}: busbw_gbps {} is not size / time x the bus factor ({}): the row was edited or comes from \
                  another tool; fix the row or sweep again",
-                r.busbw_gbps
+                number(r.busbw_gbps),
+                number((busbw * 1e3).round() / 1e3)
             ));
         }
         for (what, a, b) in [
@@ -487,6 +489,18 @@ mod tests {
             }
         }
         out
+    }
+
+    /// A row's refused figure is echoed short: `{}` of 1e300 (or of 1e-300) is 300 digits.
+    #[test]
+    fn a_refused_row_figure_is_echoed_short() {
+        let mut r = rows(&h100(), 8, 1, &["all_reduce"]);
+        r[0].busbw_gbps = 1e300;
+        let e = parse(&serde_json::to_string(&r).unwrap(), "c.json").unwrap_err();
+        assert!(e.contains("busbw_gbps 1e300 is not size / time x the bus factor (") && e.len() < 300, "{e}");
+        r[0].time_us = 1e-300;
+        let e = parse(&serde_json::to_string(&r).unwrap(), "c.json").unwrap_err();
+        assert!(e.contains("time_us 1e-300 is too small") && e.len() < 300, "{e}");
     }
 
     fn with(gpu: &GpuProfile, f: impl FnOnce(&mut Efficiency)) -> GpuProfile {

@@ -344,7 +344,7 @@ impl GpuProfile {
         }
         for (what, v) in [("efficiency.tp_overlap", e.tp_overlap), ("efficiency.cp_overlap", e.cp_overlap), ("efficiency.ep_overlap", e.ep_overlap), ("efficiency.pp_overlap", e.pp_overlap), ("efficiency.allocator_slack", e.allocator_slack)] {
             if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                return Err(format!("{what} must be in [0, 1], got {v}"));
+                return Err(format!("{what} must be in [0, 1], got {}", shown(v)));
             }
         }
         for (what, v) in [("efficiency.scale_up_latency_us", e.scale_up_latency_us), ("efficiency.scale_out_latency_us", e.scale_out_latency_us), ("efficiency.reserved_gib", e.reserved_gib)] {
@@ -697,7 +697,7 @@ bf16 = 500.0
         assert!(bad.unwrap_err().contains("efficiency.scale_out_a2a must be in [1e-6, 1]"));
         // A slipped unit is refused by name, printed short, not projected to a step of
         // hundreds of digits.
-        for (field, text) in [("attention", "[gpu.efficiency]\nattention = 1e-300"), ("hbm_gbs", "hbm_gbs = 1e-300"), ("memory_gib", "memory_gib = 1e300")] {
+        for (field, text) in [("attention", "[gpu.efficiency]\nattention = 1e-300"), ("hbm_gbs", "hbm_gbs = 1e-300"), ("memory_gib", "memory_gib = 1e300"), ("tp_overlap", "[gpu.efficiency]\ntp_overlap = 1e300")] {
             let e = Profiles::with_overrides(&format!("[[gpu]]\nname = \"h100\"\n{text}\n"), "u.toml").unwrap_err();
             assert!(e.contains(field) && (e.contains("1e-300") || e.contains("1e300")) && e.len() < 200, "{e}");
         }

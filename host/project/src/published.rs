@@ -104,7 +104,19 @@ struct File {
 /// # Errors
 /// TOML syntax or a field of the wrong type, with the position.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
-    let f: File = toml::from_str(text).map_err(|e| format!("{origin}: {e}"))?;
+    let f: File = toml::from_str(text).map_err(|e| {
+        // A run file (or any file without runs) said only "missing field `point`".
+        if e.message().contains("missing field `point`") {
+            format!(
+                "{origin}: {}\nhelp: a calibration file lists published runs as [[point]] tables (source, model, gpu, \
+                 num_gpus, precision, the layout, step_time_s), as host/project/data/calibration.toml does; a run file \
+                 ([model], [cluster]) goes to `runner run`",
+                e.to_string().trim_end()
+            )
+        } else {
+            format!("{origin}: {e}")
+        }
+    })?;
     Ok(f.point)
 }
 

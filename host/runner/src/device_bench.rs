@@ -54,17 +54,9 @@ fn elem_of(dtype: &str) -> Result<Elem> {
 
 /// Refuses a bench's list flag that names one item twice (`gemm --sizes 8,8`,
 /// `collectives --ops all_reduce,allreduce`): the item was measured twice, in two rows.
-/// Refused, not dropped, as `bench step --layout`, `train --compare` and `explore --gpu`
-/// refuse theirs. `items` are (as typed, what it names): two spellings of one item are
-/// one item, and the message gives both.
+/// The shared rule, [`runner::input::refuse_repeats`].
 fn refuse_repeats<K: PartialEq + std::fmt::Display>(flag: &str, items: &[(String, K)]) -> Result<()> {
-    for (i, (typed, key)) in items.iter().enumerate() {
-        if let Some((first, _)) = items[..i].iter().find(|(_, k)| k == key) {
-            let spelled = if first == typed { String::new() } else { format!(" (as {first} and {typed})") };
-            bail!("{flag} gives {key}{spelled} twice: each is measured once, in one row; list it once");
-        }
-    }
-    Ok(())
+    runner::input::refuse_repeats(flag, items, "each is measured once, in one row").map_err(anyhow::Error::msg)
 }
 
 /// Whether `spec` lands on the CPU (asked for, or `auto` without a usable GPU).
@@ -325,17 +317,18 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             let colls: Vec<(String, crate::dist_bench::Coll)> = ops.iter().map(|o| Ok((o.clone(), crate::dist_bench::Coll::parse(o)?))).collect::<Result<_>>()?;
             refuse_repeats("--ops", &colls)?;
             let args = crate::dist_bench::CollArgs {
-                minbytes: crate::dist_bench::parse_size(&minbytes)?,
-                maxbytes: crate::dist_bench::parse_size(&maxbytes)?,
+                // Each size names its flag: "size '1e3'" did not say which of the three.
+                minbytes: crate::dist_bench::parse_size(&minbytes).context("-b")?,
+                maxbytes: crate::dist_bench::parse_size(&maxbytes).context("-e")?,
                 stepfactor,
-                stepbytes: stepbytes.as_deref().map(crate::dist_bench::parse_size).transpose()?,
+                stepbytes: stepbytes.as_deref().map(crate::dist_bench::parse_size).transpose().context("-i")?,
                 ngpus: ngpus.max(1),
                 iters,
                 warmup,
                 check,
                 dtype,
                 ops: colls.into_iter().map(|(_, c)| c).collect(),
-                timeout: std::time::Duration::from_secs(timeout.max(1)),
+                timeout: std::time::Duration::from_secs(timeout),
             };
             if args.stepbytes == Some(0) {
                 bail!("-i 0: a zero increment never reaches -e; give a positive one (e.g. -i 1M), or drop -i for the -f factor");
@@ -343,6 +336,8 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             if args.maxbytes < args.minbytes || args.maxbytes > 64 << 30 {
                 bail!("-e must be at least -b and at most 64G");
             }
+            // Refused here, before any rank starts, by the sweep's own rule.
+            args.sizes()?;
             crate::dist_bench::collectives(args, global)
         }
         BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, optimizer, timeout } => {
@@ -354,7 +349,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ..crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?
             }
             .with_optimizer(&optimizer)?;
-            crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout.max(1)), global)
+            crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout), global)
         }
         other => commands::bench(other, global),
     }

@@ -114,10 +114,22 @@ pub struct CollArgs {
 impl CollArgs {
     /// The sizes of the sweep: min, ×factor (or +step) up to max, as nccl-tests; it ends
     /// where the next size would pass u64::MAX (`-e 18446744073709551615`).
-    pub fn sizes(&self) -> Vec<u64> {
+    ///
+    /// # Errors
+    /// More than [`MAX_SIZES`] sizes (`-b 1 -e 64G -i 1`: 2^36 of them, which took every
+    /// byte of memory before the first was run).
+    pub fn sizes(&self) -> Result<Vec<u64>> {
         let mut v = Vec::new();
         let mut s = self.minbytes.max(1);
         while s <= self.maxbytes {
+            if v.len() == MAX_SIZES {
+                let step = self.stepbytes.map_or_else(|| format!("-f {}", self.stepfactor), |b| format!("-i {b}"));
+                bail!(
+                    "-b {} to -e {} with {step} is more than {MAX_SIZES} sizes: raise -i (or -b), lower -e, or grow the size by a factor (-f 2)",
+                    self.minbytes,
+                    self.maxbytes
+                );
+            }
             v.push(s);
             let next = match self.stepbytes {
                 Some(b) => s.checked_add(b.max(1)),
@@ -126,9 +138,12 @@ impl CollArgs {
             let Some(next) = next else { break };
             s = next;
         }
-        v
+        Ok(v)
     }
 }
+
+/// The most sizes one `bench collectives` sweep runs (nccl-tests' `-b 8 -e 8G -f 2` is 31).
+pub const MAX_SIZES: usize = 4096;
 
 fn nccl_type_name(e: Elem) -> &'static str {
     match e {
@@ -509,7 +524,7 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
     let nodes = count_nodes(&HostCollective::all_gather(&ctl, &host_words(local_rank))?);
     let esize = a.dtype.bytes() as u64;
     let mut rows = Vec::new();
-    let sizes = a.sizes();
+    let sizes = a.sizes()?;
     let total = a.ops.len() * sizes.len();
     let mut done = 0usize;
     for &op in &a.ops {
@@ -647,17 +662,18 @@ pub fn parse_layout(s: &str) -> Result<(u32, u32, u32, u32, bool)> {
     let (mut tp, mut pp, mut dp, mut vp, mut fsdp) = (1, 1, 1, 1, false);
     let mut given = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        // `tp=2,tp=4` ran the last one without a word; `fsdp,fsdp` passed as one.
+        let key = part.split_once('=').map_or(part, |(k, _)| k.trim());
+        if given.contains(&key) {
+            bail!("--layout {s}: {key} is given twice; give each of tp, pp, dp, vp and fsdp once");
+        }
+        given.push(key);
         if part == "fsdp" {
             fsdp = true;
             continue;
         }
         let (k, v) = part.split_once('=').ok_or_else(|| anyhow!("--layout {s}: use tp=N,pp=N,dp=N,vp=N[,fsdp]"))?;
         let v: u32 = v.trim().parse().ok().filter(|&v| v > 0).ok_or_else(|| anyhow!("--layout {s}: {k} must be a positive integer"))?;
-        // `tp=2,tp=4` ran the last one without a word.
-        if given.contains(&k.trim()) {
-            bail!("--layout {s}: {} is given twice; give each of tp, pp, dp and vp once", k.trim());
-        }
-        given.push(k.trim());
         match k.trim() {
             "tp" => tp = v,
             "pp" => pp = v,
@@ -1155,9 +1171,9 @@ mod tests {
         assert_eq!(parse_size("32M").unwrap(), 32 << 20);
         assert!(parse_size("3X").is_err());
         let a = sweep(8, 128, 4);
-        assert_eq!(a.sizes(), [8, 32, 128]);
+        assert_eq!(a.sizes().unwrap(), [8, 32, 128]);
         let a = CollArgs { stepbytes: Some(40), ..a };
-        assert_eq!(a.sizes(), [8, 48, 88, 128]);
+        assert_eq!(a.sizes().unwrap(), [8, 48, 88, 128]);
         assert_eq!(Coll::AllReduce.bus_factor(4), 1.5);
         assert_eq!(Coll::AllGather.bus_factor(4), 0.75);
         assert_eq!(Coll::SendRecv.bus_factor(4), 1.0);
@@ -1193,8 +1209,8 @@ mod tests {
     #[test]
     fn sweeps_always_end_and_sizes_read_as_written() {
         let a = sweep(0, 4, 1);
-        assert_eq!(a.sizes(), [1, 2, 4]);
-        assert_eq!(CollArgs { stepbytes: Some(0), maxbytes: 3, ..a }.sizes(), [1, 2, 3]);
+        assert_eq!(a.sizes().unwrap(), [1, 2, 4]);
+        assert_eq!(CollArgs { stepbytes: Some(0), maxbytes: 3, ..a }.sizes().unwrap(), [1, 2, 3]);
         assert_eq!(parse_size("64k").unwrap(), 65536);
         assert_eq!(parse_size(" 64 K").unwrap(), 65536);
         assert_eq!(parse_size("2G").unwrap(), 2 << 30);
@@ -1207,8 +1223,19 @@ mod tests {
     #[test]
     fn a_sweep_to_the_largest_size_ends() {
         let a = sweep(1 << 62, u64::MAX, 2);
-        assert_eq!(a.sizes(), [1 << 62, 1 << 63]);
-        assert_eq!(CollArgs { minbytes: u64::MAX - 1, stepbytes: Some(1 << 20), ..a }.sizes(), [u64::MAX - 1]);
+        assert_eq!(a.sizes().unwrap(), [1 << 62, 1 << 63]);
+        assert_eq!(CollArgs { minbytes: u64::MAX - 1, stepbytes: Some(1 << 20), ..a }.sizes().unwrap(), [u64::MAX - 1]);
+    }
+
+    /// A sweep of more than MAX_SIZES sizes is refused before one is run: `-b 1 -e 64G -i 1`
+    /// built a list of 2^36 sizes and took every byte of memory. The last count that fits runs.
+    #[test]
+    fn a_sweep_of_too_many_sizes_is_refused() {
+        let by = |step: u64, max: u64| CollArgs { stepbytes: Some(step), ..sweep(1, max, 2) }.sizes();
+        assert_eq!(by(1, MAX_SIZES as u64).unwrap().len(), MAX_SIZES);
+        let e = by(1, MAX_SIZES as u64 + 1).unwrap_err().to_string();
+        assert_eq!(e, "-b 1 to -e 4097 with -i 1 is more than 4096 sizes: raise -i (or -b), lower -e, or grow the size by a factor (-f 2)");
+        assert!(by(1, 64 << 30).is_err());
     }
 
     /// Without every host name, the ranks of local rank 0 are the nodes (at least one);
@@ -1229,7 +1256,8 @@ mod tests {
     fn step_runs_read_their_words_and_say_them_back() {
         assert_eq!(parse_layout("tp = 2,, dp= 2").unwrap(), (2, 1, 2, 1, false));
         // A degree given twice, and ranks past a launcher's most (their u32 products wrapped).
-        assert_eq!(parse_layout("tp=2, tp =4").unwrap_err().to_string(), "--layout tp=2, tp =4: tp is given twice; give each of tp, pp, dp and vp once");
+        assert_eq!(parse_layout("tp=2, tp =4").unwrap_err().to_string(), "--layout tp=2, tp =4: tp is given twice; give each of tp, pp, dp, vp and fsdp once");
+        assert_eq!(parse_layout("dp=2,fsdp, fsdp").unwrap_err().to_string(), "--layout dp=2,fsdp, fsdp: fsdp is given twice; give each of tp, pp, dp, vp and fsdp once");
         assert_eq!(parse_layout("pp=1048576").unwrap(), (1, 1048576, 1, 1, false));
         assert_eq!(parse_layout("dp=65536,tp=65536").unwrap_err().to_string(), "--layout dp=65536,tp=65536: tp·pp·dp = 4294967296 ranks; at most 1048576 (a launcher's most)");
         assert!(parse_layout("pp=4294967295").unwrap_err().to_string().contains("4294967295 ranks"));

@@ -564,11 +564,10 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         for &asked in &counts {
             let n = asked.div_ceil(node).saturating_mul(node);
             // Two asked counts that round to one whole-node count would be two equal rows
-            // (and a sweet spot "no faster" than itself).
+            // (and a sweet spot "no faster" than itself). A count asked twice is refused
+            // by the run file's rule (runner::input::refuse_repeated_gpu_counts).
             if let Some(&(first, _)) = counted.iter().find(|&&(_, m)| m == n) {
-                dup_notes.insert(if first == asked {
-                    format!("{asked} GPUs asked more than once: one row")
-                } else if asked == n {
+                dup_notes.insert(if asked == n {
                     format!("{asked} GPUs are already the row for {first} rounded up to whole nodes of {node} on {}: one row", p.gpu.name)
                 } else {
                     format!("{asked} GPUs round up to {n} (whole nodes of {node} on {}), already the row for {first}: one row", p.gpu.name)

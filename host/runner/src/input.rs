@@ -42,6 +42,34 @@ pub fn read_text(path: &Path, what: &str, limit: u64) -> Result<String, String> 
         .map_err(|e| format!("{what} {} is not UTF-8 text (first bad byte at offset {})", path.display(), e.utf8_error().valid_up_to()))
 }
 
+/// Refuses a list that names one item twice (`bench gemm --sizes 8,8`, `search --gpus
+/// 8,16,8`, a run file's `gpus = [8, 8]`): the item would run twice, in two rows, or be
+/// dropped without a word. The one rule for every list flag and run-file list of counts
+/// and names whose items each make a row. `items` are (as typed, what it names): two
+/// spellings of one item are one item, and the message gives both; `why` says what one
+/// item is ("each is measured once, in one row").
+///
+/// # Errors
+/// Names the list, the item and both spellings, and says to list it once.
+pub fn refuse_repeats<K: PartialEq + std::fmt::Display>(what: &str, items: &[(String, K)], why: &str) -> Result<(), String> {
+    for (i, (typed, key)) in items.iter().enumerate() {
+        if let Some((first, _)) = items[..i].iter().find(|(_, k)| k == key) {
+            let spelled = if first == typed { String::new() } else { format!(" (as {first} and {typed})") };
+            return Err(format!("{what} gives {key}{spelled} twice: {why}; list it once"));
+        }
+    }
+    Ok(())
+}
+
+/// [`refuse_repeats`] for GPU counts (`--gpus`, a run file's `[cluster] gpus`): each count
+/// is one row of every series, so a count given twice is refused, not merged.
+///
+/// # Errors
+/// As [`refuse_repeats`].
+pub fn refuse_repeated_gpu_counts(what: &str, counts: &[u32]) -> Result<(), String> {
+    refuse_repeats(what, &counts.iter().map(|&n| (n.to_string(), n)).collect::<Vec<_>>(), "each GPU count is one row")
+}
+
 /// A number as people write token counts and budgets: 1.5e12, 15T, 300B, 2M, $500K
 /// (K, M, B or G, T: thousand, million, billion, trillion; a leading $ ignored): the
 /// command line's --tokens and --budget and a run file's tokens and budget_usd.
@@ -95,6 +123,16 @@ mod tests {
             let e = quantity(s).unwrap_err();
             assert!(e.contains("is not a number") && e.contains("e.g. 15T (tokens) or $2M (a budget)"), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn a_list_naming_one_item_twice_is_refused_with_both_spellings() {
+        let items = |v: &[(&str, u32)]| v.iter().map(|&(t, k)| (t.to_string(), k)).collect::<Vec<_>>();
+        assert_eq!(refuse_repeats("--sizes", &items(&[("8", 8), ("16", 16)]), "w"), Ok(()));
+        assert_eq!(refuse_repeats("--sizes", &items(&[("8", 8), ("16", 16), ("8", 8)]), "w"), Err("--sizes gives 8 twice: w; list it once".into()));
+        assert_eq!(refuse_repeats("--ops", &items(&[("a", 1), ("A", 1)]), "w"), Err("--ops gives 1 (as a and A) twice: w; list it once".into()));
+        assert_eq!(refuse_repeated_gpu_counts("--gpus", &[8, 16, 8]), Err("--gpus gives 8 twice: each GPU count is one row; list it once".into()));
+        assert_eq!(refuse_repeated_gpu_counts("--gpus", &[16, 8]), Ok(()));
     }
 
     /// A device that never ends is read to the limit and refused, not to the end of memory.

@@ -210,7 +210,7 @@ enum Command {
         #[command(flatten)]
         target: commands::project::Target,
         /// GPUs
-        #[arg(long, value_parser = gpu_count)]
+        #[arg(long, value_parser = one_gpu_count)]
         gpus: u32,
         #[command(flatten)]
         layout: commands::project::LayoutFlags,
@@ -445,10 +445,10 @@ pub enum BenchCommand {
         #[arg(short = 'n', long = "iters", value_parser = count(1_000_000), default_value_t = 20)]
         iters: usize,
         /// Warm-up iterations per size
-        #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+        #[arg(short = 'w', long = "warmup_iters", value_parser = count_or_none(1_000_000), default_value_t = 5)]
         warmup: usize,
         /// Checked iterations per size (0: no check)
-        #[arg(short = 'c', long = "check", default_value_t = 1)]
+        #[arg(short = 'c', long = "check", value_parser = count_or_none(1_000_000), default_value_t = 1)]
         check: usize,
         /// Data type: float, bfloat16, half
         #[arg(short = 'd', long = "datatype", default_value = "float")]
@@ -457,7 +457,7 @@ pub enum BenchCommand {
         #[arg(long, value_delimiter = ',', default_value = "all_reduce,all_gather,reduce_scatter,alltoall,broadcast,sendrecv")]
         ops: Vec<String>,
         /// Seconds a rank waits for the others before failing
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = wait_seconds)]
         timeout: u64,
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
@@ -511,7 +511,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
         optimizer: String,
         /// Seconds a rank waits for the others before failing
-        #[arg(long, default_value_t = 300)]
+        #[arg(long, default_value_t = 300, value_parser = wait_seconds)]
         timeout: u64,
     },
     /// Plugin host overhead: warm load, instantiation, per-call cost
@@ -519,8 +519,9 @@ pub enum BenchCommand {
         after_help = "Examples:\n  runner bench plugins\n  runner bench plugins --calls 100000"
     )]
     Plugins {
-        /// Calls to time
-        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+        /// Calls to time, at most 10000000 (timed in batches of 100, one batch at least;
+        /// quote() a tenth as often): near 2^32 it ran for hours without a line
+        #[arg(long, default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..=10_000_000))]
         calls: u32,
     },
     /// Layout search speed: layouts evaluated per second (cold: sharding and timing the
@@ -536,7 +537,7 @@ pub enum BenchCommand {
         #[arg(long, default_value = "h100")]
         gpu: String,
         /// GPU count
-        #[arg(long, default_value_t = 1024, value_parser = gpu_count)]
+        #[arg(long, default_value_t = 1024, value_parser = one_gpu_count)]
         gpus: u32,
         /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
         #[arg(long, default_value = "bf16")]
@@ -560,9 +561,39 @@ fn gpu_count(s: &str) -> Result<u32, String> {
     Ok(n)
 }
 
+/// The --gpus of a command that takes one count (`project`, `bench search`), under
+/// [`gpu_count`]'s rule: a list was answered "'8,16' is not a GPU count: give whole
+/// numbers, comma-separated", the very thing given.
+fn one_gpu_count(s: &str) -> Result<u32, String> {
+    if s.contains(',') {
+        return Err(format!(
+            "'{s}' is several GPU counts: this command takes one, e.g. --gpus 64 (`runner search` and `runner explore` take several)"
+        ));
+    }
+    gpu_count(s)
+}
+
 /// A count flag's parser: 1 to `max` (0 would run nothing, or loop).
 fn count(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
     clap::builder::RangedU64ValueParser::<usize>::new().range(1..=max)
+}
+
+/// A count flag that may be 0 (`-w 0`: no warm-up): 0 to `max` (past it, a run that
+/// never ends: `-w 18446744073709551615` warmed up for ever, without a line of output).
+fn count_or_none(max: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(0..=max)
+}
+
+/// The most seconds a rank waits for the others (`bench collectives`, `bench step`): a day.
+const MAX_WAIT_S: u64 = 86_400;
+
+/// `--timeout` of the benches whose ranks meet: 1 to [`MAX_WAIT_S`] seconds. 0 was taken
+/// as 1 without a word, and 18446744073709551615 panicked adding it to the clock.
+fn wait_seconds(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<u64>() {
+        Ok(n) if (1..=MAX_WAIT_S).contains(&n) => Ok(n),
+        _ => Err(format!("'{s}' is not a wait in seconds: a rank waits for the others 1 to {MAX_WAIT_S} seconds (a day), e.g. --timeout 300")),
+    }
 }
 
 fn init_logging(global: &Global) {
@@ -650,6 +681,39 @@ fn run_flag_before(matches: &clap::ArgMatches) -> Option<String> {
         })
 }
 
+/// The command line parsed, or clap's error (or help) printed and the process ended.
+fn parse_args(args: Vec<std::ffi::OsString>) -> clap::ArgMatches {
+    match <Cli as clap::CommandFactory>::command().try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => shown_parse_error(e, &args).exit(),
+    }
+}
+
+/// A parse error whose echoed values show terminal sequences (ESC, a bidi override) as
+/// visible escapes, as the run's own errors do ([`runner::report::visible`]): clap echoed
+/// a value as typed, so on a terminal `--gpus $'8\e[31m'` ran the sequence, and elsewhere
+/// the sequence was stripped and the error read "'8' is not a GPU count". The error is
+/// the one the arguments give with each such value escaped; where that one differs (the
+/// escaped value parsed), the original is printed without styling, what control
+/// characters are left escaped.
+fn shown_parse_error(e: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
+    let has_sequences = |a: &std::ffi::OsString| a.to_string_lossy().chars().any(runner_contract::text::is_unsafe);
+    if !args.iter().any(has_sequences) {
+        return e;
+    }
+    let escaped: Vec<std::ffi::OsString> = args
+        .iter()
+        .map(|a| a.to_str().map_or_else(|| a.clone(), |s| runner_contract::text::escape(s, usize::MAX).into()))
+        .collect();
+    match <Cli as clap::CommandFactory>::command().try_get_matches_from(escaped) {
+        Err(shown) if shown.kind() == e.kind() => shown,
+        _ => {
+            elog!("{}", runner::report::visible(e.render().to_string().trim_end()));
+            std::process::exit(e.exit_code());
+        }
+    }
+}
+
 /// Print `message` as the run's error, terminal sequences escaped, and fail.
 fn refuse(message: &str) -> ExitCode {
     elog!("error: {}", runner::report::visible(message));
@@ -662,7 +726,7 @@ fn main() -> ExitCode {
     unsafe {
         runner_exec::cuda::nccl::eager_connections()
     };
-    let matches = <Cli as clap::CommandFactory>::command().get_matches();
+    let matches = parse_args(std::env::args_os().collect());
     let cli = <Cli as clap::FromArgMatches>::from_arg_matches(&matches)
         .unwrap_or_else(|e| e.format(&mut <Cli as clap::CommandFactory>::command()).exit());
     init_logging(&cli.global);
@@ -767,7 +831,31 @@ fn main() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
-    use super::gpu_count;
+    use super::{gpu_count, one_gpu_count, wait_seconds};
+
+    /// A command of one GPU count answers a list by saying it takes one, and where
+    /// several go; one count reads as in every command.
+    #[test]
+    fn a_list_where_one_gpu_count_goes_says_so() {
+        assert_eq!(one_gpu_count("64"), Ok(64));
+        assert_eq!(
+            one_gpu_count("8,16").unwrap_err(),
+            "'8,16' is several GPU counts: this command takes one, e.g. --gpus 64 (`runner search` and `runner explore` take several)"
+        );
+        assert_eq!(one_gpu_count("0"), gpu_count("0"));
+    }
+
+    /// A rank's wait is 1 second to a day: 0 was taken as 1 without a word, and a wait
+    /// past the clock's range panicked every rank.
+    #[test]
+    fn a_wait_is_one_second_to_a_day() {
+        assert_eq!(wait_seconds("1"), Ok(1));
+        assert_eq!(wait_seconds("86400"), Ok(86_400));
+        for bad in ["0", "86401", "18446744073709551615", "-1", "5m", ""] {
+            let e = wait_seconds(bad).unwrap_err();
+            assert!(e.contains("a rank waits for the others 1 to 86400 seconds (a day), e.g. --timeout 300"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn a_gpu_count_that_is_not_one_says_how_to_write_them() {

@@ -135,7 +135,7 @@ impl Assumptions {
             let ok = v.is_finite() && v <= hi && (v > lo || (zero_ok && v == lo));
             if !ok {
                 let low = if zero_ok { "at least" } else { "above" };
-                return Err(format!("{name} is {v}; it must be {low} {lo} and at most {hi}"));
+                return Err(format!("{name} is {}; it must be {low} {lo} and at most {hi}", runner_contract::text::number(v)));
             }
         }
         if self.checkpoints_kept > 1000 {
@@ -816,6 +816,9 @@ pub(crate) mod tests {
         assert_eq!(err, "spot_interruptions_per_node_day is 24.5; it must be at least 0 and at most 24");
         assert!(ok(Assumptions { checkpoints_kept: 1001, ..Assumptions::default() }).is_err());
         assert!(ok(Assumptions { checkpoint_interval_h: 0.0, ..Assumptions::default() }).unwrap_err().contains("above 0"));
+        // A refused figure is echoed short: `{}` of 1e300 is 301 digits.
+        let err = ok(Assumptions { checkpoint_interval_h: 1e300, ..Assumptions::default() }).unwrap_err();
+        assert_eq!(err, "checkpoint_interval_h is 1e300; it must be above 0 and at most 10000");
     }
 
     /// Interruptions that take exactly nine tenths of the time are refused, as the doc

@@ -404,6 +404,13 @@ fn hint(error: &str) -> Option<String> {
         return Some("a run file names its workload plugin first:\n[model]\nplugin = \"llama3.wasm\"\n(workloads/*.toml are examples)".into());
     }
     let unknown = error.split("unknown field `").nth(1)?.split('`').next()?.to_string();
+    if unknown == "point" {
+        return Some(
+            "this is a calibration file of published runs ([[point]] tables): `runner validate FILE` projects them, \
+             `runner calibrate FILE` fits to them; a run file starts with [model]"
+                .into(),
+        );
+    }
     let expected: Vec<&str> = error.split("expected").nth(1)?.split('`').skip(1).step_by(2).collect();
     let distance = |a: &str, b: &str| -> usize {
         let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
@@ -536,6 +543,7 @@ fn check(run: &RunFile) -> Result<(), String> {
             "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
         ));
     }
+    crate::input::refuse_repeated_gpu_counts("[cluster] gpus", &run.cluster.gpus)?;
     check_names("[cluster] gpu", &run.cluster.gpu)?;
     if run.cluster.profile.is_none() {
         for gpu in &run.cluster.gpu {
@@ -587,6 +595,10 @@ fn check(run: &RunFile) -> Result<(), String> {
     if run.cost.price_file.as_deref().is_some_and(|f| f.trim().is_empty()) {
         return Err("[cost] price_file is empty; name a CSV file or leave the key out".into());
     }
+    // It read as "cannot read profile file : No such file or directory".
+    if run.cluster.profile.as_deref().is_some_and(|f| f.trim().is_empty()) {
+        return Err("[cluster] profile is empty; name a GPU profile TOML (as `runner calibrate -o` writes) or leave the key out".into());
+    }
     if let Some(t) = run.model.tokens
         && !(t.is_finite() && t > 0.0 && t <= TOKENS)
     {
@@ -622,12 +634,10 @@ fn check_names(what: &str, names: &[String]) -> Result<(), String> {
     if names.len() > 16 {
         return Err(format!("{what} lists {} names; at most 16", names.len()));
     }
-    for (i, n) in names.iter().enumerate() {
-        if names[..i].iter().any(|m| m.eq_ignore_ascii_case(n)) {
-            return Err(format!("{what} names '{n}' twice"));
-        }
-    }
-    Ok(())
+    // Names are one in any case (h100, H100): the shared rule of list repeats, which says
+    // to list it once (this said only "names 'H100' twice").
+    let keyed: Vec<(String, String)> = names.iter().map(|n| (n.clone(), n.to_ascii_lowercase())).collect();
+    crate::input::refuse_repeats(what, &keyed, "each is one series of rows")
 }
 
 pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, String> {
@@ -682,6 +692,8 @@ mod tests {
         assert!(err.ends_with("help: `gpus` goes in [cluster]"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[cluster]\nnodes = 4\n", "t.toml").unwrap_err();
         assert!(!err.contains("help:"), "nothing near: {err}");
+        let err = parse("[[point]]\nsource = \"s\"\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("help: this is a calibration file of published runs ([[point]] tables): `runner validate FILE` projects them, `runner calibrate FILE` fits to them; a run file starts with [model]"), "{err}");
         for text in ["", "[cluster]\ngpus = [8]\n", "[model]\nvariant = \"x\"\n"] {
             let err = parse(text, "t.toml").unwrap_err();
             assert!(err.contains("help: a run file names its workload plugin first:\n[model]\nplugin = \"llama3.wasm\""), "{err}");
@@ -856,7 +868,9 @@ mod tests {
             .unwrap_err();
         assert!(err.contains("one format with a plugin"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[cluster]\ngpu = [\"h100\", \"H100\"]\n", "t.toml").unwrap_err();
-        assert!(err.contains("twice"), "{err}");
+        assert!(err.ends_with("[cluster] gpu gives h100 (as h100 and H100) twice: each is one series of rows; list it once"), "{err}");
+        let err = parse("[model]\nplugin = \"x\"\n[precision]\nformat = [\"fp8\", \"bf16\", \"fp8\"]\n", "t.toml").unwrap_err();
+        assert!(err.ends_with("[precision] format gives fp8 twice: each is one series of rows; list it once"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[explore]\ntarget_days = -3\n", "t.toml").unwrap_err();
         assert!(err.contains("target_days must be a positive number"), "{err}");
         let err = parse("[model]\nplugin = \"x\"\n[explore]\nbudget_usd = 1e300\n", "t.toml").unwrap_err();
@@ -886,6 +900,9 @@ mod tests {
         assert!(e.contains("[model] plugin is empty"), "{e}");
         accepted("[cluster]\ngpus = [1048576]");
         refused("[cluster]\ngpus = [1048577]", "[cluster] gpus contains 1048577");
+        // A count given twice was one row and a note; refused as --gpus is on every command.
+        accepted("[cluster]\ngpus = [16, 8]");
+        refused("[cluster]\ngpus = [8, 16, 8]", "[cluster] gpus gives 8 twice: each GPU count is one row; list it once");
         refused("[cluster]\ngbs = 0", "[cluster] gbs must be at least 1");
         for key in ["tp", "pp", "cp", "vp", "ep", "etp", "mbs"] {
             accepted(&format!("[layout]\n{key} = 1048576"));
@@ -897,6 +914,7 @@ mod tests {
         accepted("[explore]\nmax_usd_per_day_saved = 0.01");
         refused("[explore]\nmax_usd_per_day_saved = 0.009", "max_usd_per_day_saved must be a positive number from 0.01");
         refused("[cost]\nprice_file = \" \"", "[cost] price_file is empty");
+        refused("[cluster]\nprofile = \"\"", "[cluster] profile is empty; name a GPU profile TOML");
         accepted("tokens = 1e16");
         for t in ["1.0000001e16", "0", "-1"] {
             refused(&format!("tokens = {t}"), "[model] tokens must be a positive number up to 1e16");

@@ -26,6 +26,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use serde::Serialize;
 
+use runner_contract::text::number;
 use runner_exec::select::{Chosen, choose};
 use runner_exec::executor::ADAMW_DEFAULT;
 use runner_exec::precision::{Fault, FaultKind, GemmRole as XRole, Operand as XOperand};
@@ -390,23 +391,23 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         bail!("--eval-batches {}: use 1..=10000", cfg.eval_batches);
     }
     if !(0.0..=1.0).contains(&cfg.max_bf16_share) {
-        bail!("--max-bf16-share {}: a fraction in 0..=1", cfg.max_bf16_share);
+        bail!("--max-bf16-share {}: a fraction in 0..=1", number(cfg.max_bf16_share));
     }
     if let Some(lr) = cfg.lr
         && !runner_contract::limits::LEARNING_RATE.contains(&lr)
     {
-        bail!("--lr {lr}: a peak learning rate is from 1e-8 to 10 (leave it out for the variant's)");
+        bail!("--lr {}: a peak learning rate is from 1e-8 to 10 (leave it out for the variant's)", number(lr));
     }
     if let Some(wd) = cfg.weight_decay
         && !runner_contract::limits::WEIGHT_DECAY.contains(&wd)
     {
-        bail!("--weight-decay {wd}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)");
+        bail!("--weight-decay {}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)", number(wd));
     }
     if let Some(o) = &cfg.optimizer {
         optimizer_flag(o)?;
     }
     if !(cfg.clip_grad.is_finite() && cfg.clip_grad >= 0.0) {
-        bail!("--clip-grad {}: a gradient norm of 0 (off) or more", cfg.clip_grad);
+        bail!("--clip-grad {}: a gradient norm of 0 (off) or more", number(cfg.clip_grad));
     }
     // A fault past the last step would never fire, and the run would read as clean.
     if let Some(i) = cfg.injections.iter().find(|i| i.step >= cfg.steps) {
@@ -1269,6 +1270,11 @@ mod tests {
         for c in [-1.0, f64::NAN, f64::INFINITY] {
             check(TrainConfig { clip_grad: c, ..b() }, Some("a gradient norm of 0 (off) or more"));
         }
+        // A refused value is echoed short: `{}` of 1e300 is 301 digits of error.
+        check(TrainConfig { lr: Some(1e300), ..b() }, Some("--lr 1e300: a peak learning rate"));
+        check(TrainConfig { weight_decay: Some(-1e300), ..b() }, Some("--weight-decay -1e300: AdamW's"));
+        check(TrainConfig { max_bf16_share: 1e300, ..b() }, Some("--max-bf16-share 1e300: a fraction"));
+        check(TrainConfig { clip_grad: -1e300, ..b() }, Some("--clip-grad -1e300: a gradient norm"));
         let at = |s: &str| vec![Injection::parse(s).unwrap()];
         check(TrainConfig { injections: at("nan@9"), ..b() }, None);
         check(TrainConfig { injections: at("nan@10"), ..b() }, Some("--inject at step 10 would never fire: the run takes steps 0 to 9"));

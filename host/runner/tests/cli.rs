@@ -350,9 +350,52 @@ fn models_csv_carries_the_figures_json_does() {
 fn leave_out_names_runs_it_cannot_take() {
     let dir = scratch("leave-out");
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../host/project/data/calibration.toml");
-    for (spec, want) in [("9999", "run 9999 is past the file's last run (117)"), ("5-3", "the range 5-3 runs backwards"), ("x", "'x' is not a run number")] {
+    for (spec, want) in [
+        ("9999", "run 9999 is past the file's last run (117)"),
+        ("5-3", "the range 5-3 runs backwards"),
+        ("x", "'x' is not a run number"),
+        ("0-117", "--leave-out 0-117 leaves none of the 118 runs of"),
+    ] {
         let o = runner(&dir, &["calibrate", file.to_str().unwrap(), "--leave-out", spec]);
         assert!(!o.status.success() && text(&o).1.contains(want), "{spec}: {}", text(&o).1);
+    }
+}
+
+/// A calibration file with no run to fit says where each run's reason is (`runner
+/// validate`), with --gpu and without: it said only "has no supported run to fit". An
+/// unknown --gpu is refused as unknown.
+#[test]
+fn calibrate_with_no_run_to_fit_points_at_validate() {
+    let dir = scratch("calibrate-none");
+    std::fs::write(
+        dir.join("runs.toml"),
+        "[[point]]\nsource = \"s\"\nmodel = \"llama3.1-8b\"\ngpu = \"H100\"\nnum_gpus = 64\nprecision = \"BF16\"\nseq_len = 8192\ngbs = 1024\nmbs = 1\ntp = 1\npp = 1\ncp = 2\nstep_time_s = 0\n",
+    )
+    .unwrap();
+    for (args, want) in [
+        (&[][..], "runs.toml has no supported run to fit; `runner validate runs.toml` gives each run's reason"),
+        (&["--gpu", "b200"], "runs.toml: the file has no supported run on B200; `runner validate runs.toml` gives each run's reason"),
+        (&["--gpu", "h999"], "--gpu: unknown GPU 'h999'"),
+    ] {
+        let o = runner(&dir, &[&["calibrate", "runs.toml", "-q"][..], args].concat());
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(1) && err.contains(want), "{args:?}: {err}");
+    }
+}
+
+/// A run file given to validate or calibrate says what they take and where a run file
+/// goes: it said only "missing field `point`".
+#[test]
+fn a_run_file_given_to_validate_says_what_validate_takes() {
+    let dir = scratch("validate-run-file");
+    let run_file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/llama3-tiny-cpu.toml");
+    for cmd in ["validate", "calibrate"] {
+        let o = runner(&dir, &[cmd, run_file.to_str().unwrap(), "-q"]);
+        let err = text(&o).1;
+        assert!(
+            o.status.code() == Some(1) && err.contains("missing field `point`\nhelp: a calibration file lists published runs as [[point]] tables") && err.contains("a run file ([model], [cluster]) goes to `runner run`"),
+            "{cmd}: {err}"
+        );
     }
 }
 
@@ -382,17 +425,40 @@ fn measure_refuses_a_global_batch() {
     assert!(!o.status.success() && err.contains("--gbs 7: measure times one micro-batch of the rank graph (--mbs)"), "{err}");
 }
 
-/// `search --gpus 8,16,8` searches each count once, in the order first given: a repeated
-/// count was searched again and its layouts and notes printed twice.
+/// A GPU count given twice is refused, by one rule, on `search`, `explore` and in a run
+/// file, before anything is projected: search searched it once and explore and run files
+/// merged it into one row with a note, where other list flags (--gpu, --precision, bench
+/// --sizes) refuse a repeat.
 #[test]
-fn search_takes_a_repeated_gpu_count_once() {
-    let dir = scratch("search-repeat");
-    let o = runner(&dir, &["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "--top", "1", "--format", "json", "-q"]);
-    let (out, err) = text(&o);
-    assert!(o.status.success(), "{err}");
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let counts: Vec<u64> = v.as_array().unwrap().iter().map(|c| c["gpus"].as_u64().unwrap()).collect();
-    assert_eq!(counts, [8, 16], "{out}");
+fn a_repeated_gpu_count_is_refused_everywhere() {
+    let dir = scratch("gpus-repeat");
+    std::fs::write(dir.join("run.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8, 16, 8]\n").unwrap();
+    for (args, want) in [
+        (&["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "-q"][..], "--gpus gives 8 twice: each GPU count is one row; list it once"),
+        (&["explore", "--model", "llama3-tiny", "--gpus", "8,8", "--no-history", "-q"], "[cluster] gpus gives 8 twice: each GPU count is one row; list it once"),
+        (&["run", "run.toml", "--no-history", "-q"], "[cluster] gpus gives 8 twice"),
+    ] {
+        let o = runner(&dir, args);
+        let (out, err) = text(&o);
+        assert!(o.status.code() == Some(1) && err.contains(want) && out.is_empty(), "{args:?}: {err}");
+    }
+}
+
+/// A value clap refuses is echoed with its terminal sequences escaped, as the run's own
+/// errors echo it: clap printed it as typed (run by a terminal) or, on a pipe, stripped
+/// it, so `show $'1\e[31m'` read as "invalid value '1'".
+#[test]
+fn a_refused_argument_echoes_its_escape_sequences_visibly() {
+    let dir = scratch("clap-escape");
+    for (args, want) in [
+        (&["show", "1\u{1b}[31m"][..], "invalid value '1\\u{1b}[31m' for '<ID>'"),
+        (&["project", "--model", "llama3-tiny", "--gpus", "8\u{1b}[2J"], "'8\\u{1b}[2J' is not a GPU count"),
+        (&["explore", "--tokens", "x\u{9b}31m"], "'x\\u{9b}31m' is not a number"),
+    ] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(2) && err.contains(want) && !err.contains(['\u{1b}', '\u{9b}']), "{args:?}: {err}");
+    }
 }
 
 /// -q with -v asks for no logging and more logging at once: refused (-q silently won),
@@ -1421,12 +1487,47 @@ fn device_bench_flags_are_refused_at_their_edges() {
         (&["collectives", "-b", "8K", "-e", "4K"], sweep),
         (&["collectives", "-b", "8K", "-e", "65G"], sweep),
         (&["collectives", "-d", "int8"], "-d int8: use float, bfloat16 or half"),
+        (&["collectives", "-b", "1e3"], "-b: size '1e3': a number of bytes"),
+        (&["collectives", "-e", "8X"], "-e: size '8X': a number of bytes"),
+        (&["collectives", "-i", "1.5K"], "-i: size '1.5K': a number of bytes"),
         (&["collectives", "--ops", "all_reduce,gather"], "--ops gather: use all_reduce"),
     ] {
         let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
         let err = text(&o).1;
         assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+/// The counts of the benches whose ranks meet, refused before a rank starts: a --timeout
+/// past the clock's range panicked every rank (0 was taken as 1), a -w or -c of
+/// 18446744073709551615 ran for ever without a line, and a sweep of 2^36 sizes (-i 1 up
+/// to 64G) took every byte of memory.
+#[test]
+fn rank_bench_counts_that_never_end_are_refused() {
+    let dir = scratch("bench-never-ends");
+    let wait = "a rank waits for the others 1 to 86400 seconds (a day), e.g. --timeout 300";
+    for (args, code, want) in [
+        (&["collectives", "-b", "8", "-e", "8", "--timeout", "18446744073709551615"][..], 2, wait),
+        (&["collectives", "-b", "8", "-e", "8", "--timeout", "0"], 2, wait),
+        (&["step", "--in-process", "--layout", "dp=2", "--timeout", "18446744073709551615"], 2, wait),
+        (&["collectives", "-b", "8", "-e", "8", "-w", "18446744073709551615"], 2, "18446744073709551615 is not in 0..=1000000"),
+        (&["collectives", "-b", "8", "-e", "8", "-c", "1000001"], 2, "1000001 is not in 0..=1000000"),
+        (&["collectives", "-b", "1", "-e", "64G", "-i", "1"], 1, "is more than 4096 sizes: raise -i (or -b)"),
+    ] {
+        let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q"]].concat());
+        let err = text(&o).1;
+        assert!(o.status.code() == Some(code) && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+}
+
+/// `bench plugins --calls` is at most 10^7 (a few seconds): near 2^32 it ran for hours
+/// without a line.
+#[test]
+fn bench_plugins_calls_past_what_it_times_are_refused() {
+    let dir = scratch("bench-plugins-calls");
+    let o = runner(&dir, &["bench", "plugins", "--calls", "4294967295", "-q"]);
+    let err = text(&o).1;
+    assert!(o.status.code() == Some(2) && err.contains("4294967295 is not in 1..=10000000"), "{err}");
 }
 
 /// A bench list flag that names one item twice is refused before anything runs, on the

@@ -190,6 +190,24 @@ fn explain(path: &Path, e: &dyn std::fmt::Display, code: Option<rusqlite::ErrorC
     StoreError(format!("history database {p}: {e}{fix}"))
 }
 
+/// A history path that is there but is no regular file: a directory (the file beside
+/// it is meant), or a device, pipe or socket, which SQLite answered "disk I/O error"
+/// (`--history /dev/null`).
+fn refuse_what_is_not_a_file(path: &Path) -> R<()> {
+    let p = path.display();
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => Err(StoreError(format!(
+            "history database {p}: is a directory; point --history (or RUNNER_HISTORY) at a file in it ({})",
+            path.join("history.sqlite").display()
+        ))),
+        Ok(m) if !m.is_file() => Err(StoreError(format!(
+            "history database {p}: not a regular file (a device, a pipe or a socket); point --history (or \
+             RUNNER_HISTORY) at a runner history file"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 fn sqlite_code(e: &rusqlite::Error) -> Option<rusqlite::ErrorCode> {
     e.sqlite_error_code()
 }
@@ -279,13 +297,7 @@ impl Store {
     pub fn open(path: &Path) -> R<Store> {
         let err = |e: &dyn std::fmt::Display| StoreError(format!("history database {}: {e}", path.display()));
         let db_err = |e: rusqlite::Error| explain(path, &e, sqlite_code(&e));
-        if path.is_dir() {
-            return Err(StoreError(format!(
-                "history database {}: is a directory; point --history (or RUNNER_HISTORY) at a file in it ({})",
-                path.display(),
-                path.join("history.sqlite").display()
-            )));
-        }
+        refuse_what_is_not_a_file(path)?;
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).map_err(|e| err(&e))?;
         }
@@ -370,6 +382,7 @@ impl Store {
             };
             Ok((c, tables))
         };
+        refuse_what_is_not_a_file(path)?;
         if !path.is_file() {
             return Err(StoreError(format!("history database {}: not a file", path.display())));
         }
@@ -727,6 +740,18 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let e = Store::open(&dir).err().expect("a directory is refused").to_string();
         assert!(e.contains("is a directory; point --history (or RUNNER_HISTORY) at a file in it"), "{e}");
+    }
+
+    /// A device as the history is refused as no regular file, opened to write or to read:
+    /// SQLite said "disk I/O error" of /dev/null.
+    #[cfg(unix)]
+    #[test]
+    fn a_device_as_the_history_is_refused_as_no_file() {
+        let want = "history database /dev/null: not a regular file (a device, a pipe or a socket); point --history";
+        let e = Store::open(Path::new("/dev/null")).err().expect("a device is refused").to_string();
+        assert!(e.starts_with(want), "{e}");
+        let e = Store::open_read_only(Path::new("/dev/null")).err().expect("a device is refused").to_string();
+        assert!(e.starts_with(want), "{e}");
     }
 
     /// A history another process keeps locked past the busy timeout is said as such,

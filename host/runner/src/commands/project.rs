@@ -750,6 +750,9 @@ fn verdict_text(v: &Verdict) -> String {
 }
 
 pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
+    // A count given twice was searched twice, its layouts and notes printed twice; it is
+    // refused, as explore and run files refuse it.
+    input::refuse_repeated_gpu_counts("--gpus", gpus).map_err(anyhow::Error::msg)?;
     let mut s = setup(t, global)?;
     let mut flags = flags.clone();
     flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
@@ -766,15 +769,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     if let Some(tp) = space.tp {
         notes.extend(kv_replication_note(tp, &s.projector.model.shape));
     }
-    // A count given twice was searched twice, its layouts and notes printed twice; the
-    // explorer keeps one row per count too.
-    let mut counts: Vec<u32> = Vec::new();
     for &n in gpus {
-        if !counts.contains(&n) {
-            counts.push(n);
-        }
-    }
-    for n in counts {
         let gbs = gbs_for(&s, t, n, &mut notes);
         progress_line(global, &format!("searching {n} GPUs"));
         let started = std::time::Instant::now();
@@ -887,7 +882,12 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         None => Vec::new(),
     };
     if !left_out.is_empty() {
+        let runs = points.len();
         points = points.into_iter().enumerate().filter(|(i, _)| !left_out.contains(i)).map(|(_, p)| p).collect();
+        // Every run left out read as "no supported run to fit", pointing at the runs.
+        if points.is_empty() {
+            anyhow::bail!("--leave-out {} leaves none of the {runs} runs of {} to fit; leave fewer out", leave_out.unwrap_or_default(), file.display());
+        }
     }
     if let Some(p) = precision {
         Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
@@ -903,12 +903,17 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         Some(spec) if !left_out.is_empty() => format!("runner calibrate {} --leave-out {spec} on {today}", file.display()),
         _ => format!("runner calibrate {} on {today}", file.display()),
     };
+    // An unknown --gpu is refused as it is; past it, the fit's one refusal is a GPU with
+    // no run to fit, whose reasons `runner validate` gives.
+    if let Some(g) = gpu {
+        profiles.get(g).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?;
+    }
     let fits = calibrate::calibrate(&points, &profiles, &mut resolver, gpu.map(|g| (g, precision)), &label, &|m| {
         progress_line(global, m)
     })
-    .map_err(anyhow::Error::msg)?;
+    .map_err(|e| anyhow::anyhow!("{}: {e}; {}", file.display(), why_no_run(file)))?;
     if fits.is_empty() {
-        anyhow::bail!("{} has no supported run to fit{}", file.display(), gpu.map_or(String::new(), |g| format!(" on {g}")));
+        anyhow::bail!("{} has no supported run to fit{}; {}", file.display(), gpu.map_or(String::new(), |g| format!(" on {g}")), why_no_run(file));
     }
     // A GPU too thinly measured to fit anything of its own would write its priors (or
     // another GPU's fit), which --profile would then put over the shipped fit.
@@ -962,6 +967,12 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         .collect();
     let toml = runner_project::profile::Profiles::efficiency_file(&written);
     emit_profile(global, t, &toml, &fits)
+}
+
+/// Where a calibration file with no run to fit says why: each run's reason is in
+/// `runner validate` (calibrate said only that none was supported).
+fn why_no_run(file: &Path) -> String {
+    format!("`runner validate {}` gives each run's reason (a zero or missing step time, an unknown model or GPU, a layout that does not divide)", file.display())
 }
 
 /// Run numbers (from 0) in `spec`, "40,54,104-108", each below `runs`, sorted.
