@@ -237,6 +237,12 @@ pub struct Executor<D: Device> {
     /// under AdamW).
     optimizer: muon::Optimizer,
     muon: Vec<bool>,
+    /// Per tensor, how a Muon matrix is split over the tensor-parallel ranks (`None`:
+    /// whole on this rank), set with `muon`.
+    muon_split: Vec<Option<muon::MuonSplit>>,
+    /// Where each split weight's part lies in the unsharded weight (the sharding's,
+    /// [`Executor::for_rank`]; empty otherwise).
+    splits: BTreeMap<String, WeightSplit>,
     /// Saved statistics by op index.
     aux: Vec<Vec<D::Buffer>>,
     plans: Plans<D::Plan>,
@@ -590,6 +596,8 @@ impl<D: Device> Executor<D> {
             momentum: (0..nt).map(|_| None).collect(),
             optimizer: muon::Optimizer::AdamW,
             muon: Vec::new(),
+            muon_split: Vec::new(),
+            splits: splits.clone(),
             aux: (0..nops).map(|_| Vec::new()).collect(),
             plans: Plans::new(),
             grad_written: vec![false; nt],

@@ -1,11 +1,13 @@
 //! Muon under the executor's layouts on the CPU, every rank a thread: where each rank
-//! holds whole matrices after the gradient reduction (data parallel, pipeline stages) it
-//! trains as the unsharded full batch does; tensor parallelism and FSDP, which hold
-//! pieces of the matrices Newton–Schulz needs whole, are refused naming the fix.
+//! holds whole matrices after the gradient reduction (data parallel, pipeline stages),
+//! and where tensor-parallel ranks gather their blocks of each matrix, it trains as the
+//! unsharded full batch does; FSDP, whose flat shards cut across the matrices, is
+//! refused naming the fix.
 
 mod common;
 
-use common::{Data, Grads, half_of, inputs, load_weights, mesh, options, rank_inputs, weights, with_roles};
+use common::{Data, Grads, gather, half_of, inputs, load_weights, mesh, options, rank_inputs, split_axis, weights, with_roles};
+use runner_exec::collective::{Collective, ThreadGroup};
 use runner_exec::cpu::Cpu;
 use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Optimizer};
 use runner_exec::proxy::synthetic_inputs;
@@ -87,32 +89,107 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
     }
 }
 
-/// Tensor parallelism and FSDP hold pieces of each matrix: Muon is refused on every
-/// rank, naming the layout and the fix; AdamW runs there as before.
+/// Three Muon steps at tp 2 and at tp 4 (2 kv heads: each kv projection's block held
+/// by 2 ranks), vocab-parallel embedding and head, track the unsharded run within 1e-5:
+/// each rank gathers the blocks of every hidden matrix (row blocks of the q, k, v, gate
+/// and up projections, column blocks of o and down), runs Newton–Schulz on the whole
+/// and keeps its block. Ranks that share a kv block end equal.
 #[test]
-fn muon_is_refused_under_tensor_parallelism_and_fsdp() {
-    let g = llama(2, false);
-    let cases = [
-        ("a tensor parallel layout (tp 2)", Layout { tp: 2, ..Layout::single(2, 2) }, mesh(2, 1, 1)),
-        ("an FSDP layout keeps a shard", Layout { dp: 2, fsdp: true, ..Layout::single(1, 2) }, mesh(1, 1, 2)),
-    ];
-    for (what, layout, ranks) in cases {
-        let g = if layout.dp > 1 { llama(1, false) } else { g.clone() };
-        let hs: Vec<_> = ranks
+fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
+    let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    let data = synthetic_inputs(&g, 31);
+    let (want, w0, w3) = unsharded(&g, &data, Optimizer::Muon(MUON_DEFAULT), 3);
+    for tp in [2usize, 4] {
+        let layout = Layout { tp: tp as u32, ..Layout::single(2, 2) };
+        let mut groups: Vec<Vec<(String, Box<dyn Collective>)>> =
+            ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
+        if tp == 4 {
+            // The step's tp-kv all-reduce: the ranks sharing a kv head.
+            for pair in [[0usize, 1], [2, 3]] {
+                for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
+                    groups[r].push(("tp-kv".to_string(), Box::new(h)));
+                }
+            }
+        }
+        let hs: Vec<_> = groups
             .into_iter()
-            .map(|m| {
-                let s = shard(&g, &layout, m.coord).unwrap();
+            .enumerate()
+            .map(|(r, groups)| {
+                let coord = runner_graph::shard::RankCoord { tp: r as u32, ..Default::default() };
+                let s = shard(&g, &layout, coord).unwrap();
+                let (g, w0, data) = (g.clone(), w0.clone(), data.clone());
                 std::thread::spawn(move || {
-                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                    let e = ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap_err().to_string();
-                    ex.set_optimizer(Optimizer::AdamW).unwrap();
-                    e
+                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                    ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
+                    load_weights(&mut ex, &g, &s.graph, &w0, r, tp);
+                    let d = rank_inputs(&g, &s.graph, &data, r, tp);
+                    let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&d), &H).unwrap()).collect();
+                    let shapes: std::collections::HashMap<String, Vec<u64>> = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+                    let split = ex.trainable().into_iter().filter(|w| ex.takes_muon(w) && shapes[w] != g.tensors[g.tensor_id(w).unwrap()].shape).count();
+                    (losses, weights(&ex), shapes, split)
                 })
             })
             .collect();
-        for h in hs {
-            let e = h.join().unwrap();
-            assert!(e.contains(what) && e.contains("use adamw, or a layout without tp/fsdp"), "{what}: {e}");
+        let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        for (r, (losses, _, _, split)) in out.iter().enumerate() {
+            assert!(*split >= 14, "tp {tp} rank {r}: {split} split matrices take Muon (7 a layer)");
+            for (i, (a, b)) in losses.iter().zip(&want).enumerate() {
+                assert!((a - b).abs() <= 1e-5 * b.abs(), "tp {tp} rank {r} step {i}: loss {a} vs unsharded {b}");
+            }
+        }
+        for (name, want) in &w3 {
+            let full = &g.tensors[g.tensor_id(name).unwrap()].shape;
+            let local = &out[0].2[name];
+            let got = match split_axis(full, local) {
+                None => out[0].1[name].clone(),
+                Some(ax) => {
+                    let (parts, rep) = ((full[ax] / local[ax]) as usize, tp / (full[ax] / local[ax]) as usize);
+                    for r in 0..tp {
+                        assert_eq!(out[r].1[name], out[r - r % rep].1[name], "tp {tp}: {name} differs between ranks sharing a block");
+                    }
+                    let blocks: Vec<Vec<f32>> = (0..parts).map(|j| out[j * rep].1[name].clone()).collect();
+                    gather(&blocks, full, ax)
+                }
+            };
+            let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            assert!(d < 1e-5, "tp {tp}: {name} drifted from the unsharded Muon run by {d:e}");
         }
     }
+}
+
+/// FSDP's flat shards cut across the matrices: Muon is refused on every rank, naming the
+/// layout and the fix; AdamW runs there as before.
+#[test]
+fn muon_is_refused_under_fsdp() {
+    let g = llama(1, false);
+    let layout = Layout { dp: 2, fsdp: true, ..Layout::single(1, 2) };
+    let hs: Vec<_> = mesh(1, 1, 2)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&g, &layout, m.coord).unwrap();
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                let e = ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap_err().to_string();
+                ex.set_optimizer(Optimizer::AdamW).unwrap();
+                e
+            })
+        })
+        .collect();
+    for h in hs {
+        let e = h.join().unwrap();
+        assert!(e.contains("a rank of an FSDP layout keeps a flat shard") && e.contains("use adamw, or a layout without fsdp"), "{e}");
+    }
+}
+
+/// A tensor-parallel rank made without the sharding's weight splits cannot tell where its
+/// blocks lie: Muon is refused naming Executor::for_rank.
+#[test]
+fn muon_on_a_tp_rank_needs_the_weight_splits() {
+    let g = llama(2, false);
+    let layout = Layout { tp: 2, ..Layout::single(2, 2) };
+    let s = shard(&g, &layout, runner_graph::shard::RankCoord::default()).unwrap();
+    let groups: Vec<(String, Box<dyn Collective>)> = vec![("tp".to_string(), Box::new(ThreadGroup::new(2).remove(0)))];
+    let mut ex = Executor::with_collectives(&s.graph, Cpu::new(), options(), groups).unwrap();
+    let e = ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap_err().to_string();
+    assert!(e.contains("Executor::for_rank"), "{e}");
 }

@@ -785,7 +785,7 @@ impl StepRun {
     pub fn with_optimizer(self, name: &str) -> Result<StepRun> {
         let optimizer = runner::train::optimizer_flag(name)?;
         if optimizer != Optimizer::AdamW
-            && let Some(why) = muon_layout_refusal(self.tp as usize, self.fsdp)
+            && let Some(why) = muon_layout_refusal(self.fsdp)
         {
             bail!("--optimizer muon: {why}");
         }
@@ -1279,17 +1279,18 @@ mod tests {
         assert_eq!((muon.optimizer, muon.flags().ends_with("--optimizer muon")), (Optimizer::Muon(MUON_DEFAULT), true), "{}", muon.flags());
     }
 
-    /// `--optimizer muon` on a layout that splits matrices is refused before any rank
-    /// starts, by the executor's rule; AdamW takes every layout.
+    /// `--optimizer muon` on an FSDP layout (flat shards across matrices) is refused
+    /// before any rank starts, by the executor's rule; AdamW takes every layout, and
+    /// Muon every other one (tensor-parallel ranks gather their blocks).
     #[test]
-    fn muon_is_refused_where_ranks_hold_pieces_of_matrices() {
+    fn muon_is_refused_where_ranks_hold_flat_shards() {
         let run = |layout: &str, opt: &str| StepRun::new(layout, 1, 1, "1f1b", "tiny").unwrap().with_optimizer(opt);
-        for (layout, what) in [("tp=2", "a tensor parallel layout (tp 2)"), ("dp=2,fsdp", "an FSDP layout"), ("tp=2,pp=2,fsdp", "an FSDP layout")] {
+        for layout in ["dp=2,fsdp", "tp=2,pp=2,fsdp"] {
             let e = run(layout, "muon").unwrap_err().to_string();
-            assert!(e.starts_with("--optimizer muon: Muon orthogonalises whole matrices") && e.contains(what), "{layout}: {e}");
+            assert!(e.starts_with("--optimizer muon: Muon orthogonalises whole matrices") && e.contains("a rank of an FSDP layout"), "{layout}: {e}");
             assert_eq!(run(layout, "adamw").unwrap().optimizer, Optimizer::AdamW);
         }
-        for layout in ["dp=2", "pp=2,dp=2", "pp=4"] {
+        for layout in ["dp=2", "pp=2,dp=2", "pp=4", "tp=2", "tp=2,pp=2"] {
             assert_eq!(run(layout, "muon").unwrap().optimizer, Optimizer::Muon(MUON_DEFAULT), "{layout}");
         }
         assert!(run("dp=2", "sgd").unwrap_err().to_string().contains("--optimizer sgd: unknown optimizer 'sgd': use adamw or muon"));

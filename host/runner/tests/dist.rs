@@ -277,17 +277,20 @@ fn tp_beyond_the_kv_heads_trains_as_the_unsharded_model() {
 }
 
 /// `--optimizer muon`: the ranks train with Muon (other weights than AdamW's), the two
-/// data-parallel replicas of each stage bit for bit alike (each runs Newton–Schulz on the
-/// same reduced gradient).
+/// data-parallel replicas of each pipeline stage or tensor-parallel block bit for bit
+/// alike (each runs Newton–Schulz on the same reduced gradient; tp ranks on the same
+/// gathered matrix).
 #[test]
-fn muon_trains_data_parallel_pipeline_ranks_alike() {
-    let run = |opt: &str| in_process(&["--device", "cpu", "bench", "step", "--layout", "pp=2,dp=2", "--steps", "2", "--optimizer", opt, "--format", "json"]);
-    let digests = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|r| r["weights_sha256"].as_str().unwrap().to_string()).collect::<Vec<_>>();
-    let (muon, adamw) = (run("muon"), run("adamw"));
-    let (m, a) = (digests(&muon), digests(&adamw));
-    assert_eq!((m[0] == m[2], m[1] == m[3]), (true, true), "replicas alike: {m:?}");
-    assert!(m.iter().zip(&a).all(|(x, y)| x != y), "Muon's weights are not AdamW's: {m:?} {a:?}");
-    assert_eq!(muon[1]["losses"][0], adamw[1]["losses"][0], "the first loss comes before any update");
+fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
+    for layout in ["pp=2,dp=2", "tp=2,dp=2"] {
+        let run = |opt: &str| in_process(&["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "2", "--optimizer", opt, "--format", "json"]);
+        let digests = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|r| r["weights_sha256"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+        let (muon, adamw) = (run("muon"), run("adamw"));
+        let (m, a) = (digests(&muon), digests(&adamw));
+        assert_eq!((m[0] == m[2], m[1] == m[3], m[0] == m[1]), (true, true, false), "{layout}: replicas alike, stages or blocks not: {m:?}");
+        assert!(m.iter().zip(&a).all(|(x, y)| x != y), "{layout}: Muon's weights are not AdamW's: {m:?} {a:?}");
+        assert_eq!(muon[1]["losses"][0], adamw[1]["losses"][0], "{layout}: the first loss comes before any update");
+    }
 }
 
 /// `--layout dp=2,fsdp`: the ranks keep their shards of the weights (gathered a layer

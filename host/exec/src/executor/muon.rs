@@ -34,15 +34,22 @@
 //! ([`Device::muon_apply`]), so a recorded CUDA graph (`--cuda-graph`) replays a Muon
 //! step with each step's learning rate. Where every rank holds
 //! whole matrices after the gradient reduction (unsharded, data parallel, pipeline
-//! stages, context and expert parallel) each rank runs Muon on the same reduced gradient;
-//! tensor parallelism and FSDP hold pieces of a matrix, which Newton–Schulz cannot
-//! orthogonalise piecewise, and are refused ([`Executor::set_optimizer`]) rather than
-//! gathered as Megatron-Core's distributed Muon does.
+//! stages, context and expert parallel) each rank runs Muon on the same reduced gradient.
+//! A tensor-parallel rank holds a row block (column-parallel linears) or a column block
+//! (row-parallel) of a matrix, which Newton–Schulz cannot orthogonalise piecewise: its
+//! Nesterov update is all-gathered over `tp` into the whole matrix (a column block's
+//! rank-major pieces transposed into place; kv projections replicated over more ranks
+//! than kv heads taken once per part), every tp rank runs the same Newton–Schulz on it
+//! and keeps its own block ([`MuonSplit`]), as Megatron-Core's distributed Muon does
+//! with its tensor-parallel mode "duplicated". FSDP keeps flat shards that cut across
+//! matrices, and is refused ([`Executor::set_optimizer`]).
 
-use runner_graph::{Graph, OpKind, TensorId, TensorKind};
+use runner_graph::shard::WeightSplit;
+use runner_graph::{Graph, OpKind, Role, TensorId, TensorKind};
 use runner_kernels::cpu::matmul::Gemm;
 
 use super::Executor;
+use crate::collective::Collective;
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// Muon's own settings; the learning rate and weight decay are the step's [`AdamW`](runner_kernels::cpu::adamw::AdamW)'s.
@@ -113,7 +120,9 @@ pub fn muon_weights(g: &Graph, needs_grad: &[bool]) -> Vec<bool> {
     let mut read_as_matrix = vec![false; g.tensors.len()];
     let mut other_reader = vec![false; g.tensors.len()];
     for op in &g.ops {
-        let head = op.kind == OpKind::Linear && op.outputs.iter().any(|&o| logits[o]);
+        // A vocab-parallel linear is a head: its logits reach the loss through the
+        // vocab-parallel statistics, not a CrossEntropy.
+        let head = op.kind == OpKind::Linear && (op.role == Role::VocabParallel || op.outputs.iter().any(|&o| logits[o]));
         for (slot, &i) in op.inputs.iter().enumerate() {
             if op.kind == OpKind::Linear && slot == 1 && !head {
                 read_as_matrix[i] = true;
@@ -134,6 +143,43 @@ pub fn muon_weights(g: &Graph, needs_grad: &[bool]) -> Vec<bool> {
 pub fn scratch_elems(m: usize, n: usize) -> usize {
     let s = m.min(n);
     2 * m * n + 2 * s * s + 1
+}
+
+/// How a Muon matrix is split over the tensor-parallel ranks: this rank holds part
+/// `rank / rep` of `parts` equal blocks along `axis` (0: rows, a column-parallel
+/// linear's; 1: columns, a row-parallel one's) of the whole `full` (rows, cols) matrix;
+/// `rep` consecutive ranks hold the same part (kv projections when tp exceeds the kv
+/// heads).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct MuonSplit {
+    axis: usize,
+    parts: usize,
+    rep: usize,
+    full: (usize, usize),
+}
+
+impl MuonSplit {
+    /// The split of weight `name` (this rank's shape `local`) that `split` describes, on
+    /// a tensor-parallel group of `tp` ranks; `None` for a whole matrix.
+    ///
+    /// # Errors
+    /// A split Muon cannot gather: over another group or two axes, a vocabulary's rows,
+    /// or one that does not fit the shape or the group.
+    fn of(name: &str, local: &[u64], split: Option<&WeightSplit>, tp: usize) -> Result<Option<MuonSplit>, String> {
+        let Some(split) = split else { return Ok(None) };
+        let ([a], [r, c], [fr, fc]) = (&split.axes[..], local, &split.full[..]) else {
+            return Err(format!("weight '{name}' {local:?} is split from {:?} along {} axes", split.full, split.axes.len()));
+        };
+        if a.group != "tp" || a.per_rank || a.axis > 1 {
+            return Err(format!("weight '{name}' is split over group '{}' (axis {}), which Muon does not gather", a.group, a.axis));
+        }
+        let (l, f) = if a.axis == 0 { (*r, *fr) } else { (*c, *fc) };
+        let parts = f.checked_div(l).unwrap_or(0) as usize;
+        if parts == 0 || l * parts as u64 != f || !tp.is_multiple_of(parts) || (a.axis == 0 && c != fc) || (a.axis == 1 && r != fr) {
+            return Err(format!("weight '{name}' {local:?} is not a block of {:?} split over {tp} tp ranks", split.full));
+        }
+        Ok(Some(MuonSplit { axis: a.axis, parts, rep: tp / parts, full: (*fr as usize, *fc as usize) }))
+    }
 }
 
 /// The matrix dimensions (rows, cols) of a weight Muon takes.
@@ -190,6 +236,19 @@ pub fn newton_schulz<D: Device + ?Sized>(dev: &D, x: &mut D::Buffer, rows: usize
 /// Buffers of other lengths, or a device error.
 #[allow(clippy::too_many_arguments)]
 pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buffer, buf: &mut D::Buffer, rows: usize, cols: usize, mu: &Muon, scalars: &D::Buffer) -> Result<(), ExecError> {
+    let mut u = nesterov(dev, w, grad, buf, rows, cols, mu)?;
+    newton_schulz(dev, &mut u, rows, cols, mu.ns_steps)?;
+    dev.muon_apply(w, &u, scalars, update_scale(rows, cols))
+}
+
+/// Moonlight's −0.2·√max(m, n) of an m × n matrix: the update's sign and RMS matching.
+fn update_scale(rows: usize, cols: usize) -> f32 {
+    -MOONLIGHT_SCALE * (rows.max(cols) as f32).sqrt()
+}
+
+/// The momentum step, B ← μ·B + G, and the Nesterov update U = G + μ·B it returns, of a
+/// weight like `w` (rows × cols here).
+fn nesterov<D: Device + ?Sized>(dev: &D, w: &D::Buffer, grad: &D::Buffer, buf: &mut D::Buffer, rows: usize, cols: usize, mu: &Muon) -> Result<D::Buffer, ExecError> {
     let len = w.len();
     if grad.len() != len || buf.len() != len || rows.checked_mul(cols) != Some(len) {
         return Err(ExecError::State(format!(
@@ -204,24 +263,67 @@ pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buf
     dev.copy(&mut u, 0, buf, 0, len)?;
     dev.scale(&mut u, mu.momentum)?;
     dev.add_assign(&mut u, grad)?;
-    newton_schulz(dev, &mut u, rows, cols, mu.ns_steps)?;
-    dev.muon_apply(w, &u, scalars, -MOONLIGHT_SCALE * (rows.max(cols) as f32).sqrt())
+    Ok(u)
 }
 
-/// Why Muon cannot train a rank of `tp` tensor-parallel ranks (1: none) under FSDP or
-/// not, or `None` where the rank holds whole matrices. One rule for the executor and for
-/// the commands that check a layout before any rank starts (`runner bench step`).
-pub fn muon_layout_refusal(tp: usize, fsdp: bool) -> Option<String> {
-    let holds = if fsdp {
-        "a rank of an FSDP layout keeps a shard of each covered matrix, which this executor does not gather for the optimizer".to_string()
-    } else if tp > 1 {
-        format!("a rank of a tensor parallel layout (tp {tp}) holds a column or row slice of each linear's weight")
+/// [`muon_update`] of this rank's block (rows × cols) of a matrix split over the
+/// tensor-parallel group `tp` as `sp` says: the blocks' Nesterov updates are gathered
+/// into the whole matrix, orthogonalised whole on every rank alike, and this rank's
+/// block of the result updates its block of the weight.
+#[allow(clippy::too_many_arguments)]
+fn muon_update_split<D: Device>(
+    dev: &D,
+    tp: &dyn Collective<D>,
+    w: &mut D::Buffer,
+    grad: &D::Buffer,
+    buf: &mut D::Buffer,
+    (rows, cols): (usize, usize),
+    sp: MuonSplit,
+    mu: &Muon,
+    scalars: &D::Buffer,
+) -> Result<(), ExecError> {
+    let mut u = nesterov(dev, w, grad, buf, rows, cols, mu)?;
+    let piece = u.len();
+    let mut all = dev.alloc(Elem::F32, piece * tp.size())?;
+    tp.all_gather(dev, &u, &mut all)?;
+    // Ranks that share a part hold the same block: take the first of each.
+    let mut blocks = if sp.rep == 1 {
+        all
     } else {
-        return None;
+        let mut b = dev.alloc(Elem::F32, piece * sp.parts)?;
+        for j in 0..sp.parts {
+            dev.copy(&mut b, j * piece, &all, j * sp.rep * piece, piece)?;
+        }
+        b
     };
-    Some(format!(
-        "Muon orthogonalises whole matrices, and {holds}; use adamw, or a layout without tp/fsdp (data-parallel, pipeline, context and expert parallel layouts hold whole matrices)"
-    ))
+    let (fr, fc) = sp.full;
+    let own = tp.rank() / sp.rep;
+    if sp.axis == 0 {
+        // Row blocks in rank order are the whole matrix, row-major.
+        newton_schulz(dev, &mut blocks, fr, fc, mu.ns_steps)?;
+        dev.copy(&mut u, 0, &blocks, own * piece, piece)?;
+    } else {
+        // Column blocks (parts, rows, cols/parts) → (rows, parts, cols/parts) = whole.
+        let mut whole = dev.alloc(Elem::F32, fr * fc)?;
+        dev.transpose_outer(&mut whole, &blocks, sp.parts, fr, cols)?;
+        newton_schulz(dev, &mut whole, fr, fc, mu.ns_steps)?;
+        dev.transpose_outer(&mut blocks, &whole, fr, sp.parts, cols)?;
+        dev.copy(&mut u, 0, &blocks, own * piece, piece)?;
+    }
+    dev.muon_apply(w, &u, scalars, update_scale(fr, fc))
+}
+
+/// Why Muon cannot train a rank of an FSDP layout (`fsdp`) or not, or `None` where it
+/// can (tensor-parallel ranks gather their blocks, [`MuonSplit`]). One rule for the
+/// executor and for the commands that check a layout before any rank starts
+/// (`runner bench step`).
+pub fn muon_layout_refusal(fsdp: bool) -> Option<String> {
+    fsdp.then(|| {
+        "Muon orthogonalises whole matrices, and a rank of an FSDP layout keeps a flat shard that cuts across \
+         them, which this executor does not gather for the optimizer; use adamw, or a layout without fsdp \
+         (data, tensor, pipeline, context and expert parallel layouts work)"
+            .to_string()
+    })
 }
 
 impl<D: Device> Executor<D> {
@@ -241,8 +343,7 @@ impl<D: Device> Executor<D> {
             )));
         }
         if let Optimizer::Muon(m) = opt {
-            let tp = self.collectives.get("tp").map_or(1, |c| c.size());
-            if let Some(why) = muon_layout_refusal(tp, self.fsdp.resting.is_some()) {
+            if let Some(why) = muon_layout_refusal(self.fsdp.resting.is_some()) {
                 return Err(ExecError::Input(why));
             }
             if !(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100 {
@@ -256,6 +357,21 @@ impl<D: Device> Executor<D> {
             Optimizer::AdamW => vec![false; self.graph.tensors.len()],
             Optimizer::Muon(_) => muon_weights(&self.graph, &self.plan.needs_grad),
         };
+        let tp = self.collectives.get("tp").map_or(1, |c| c.size());
+        let mut split = vec![None; takes.len()];
+        for (id, _) in takes.iter().enumerate().filter(|(_, m)| **m) {
+            let t = &self.graph.tensors[id];
+            let s = MuonSplit::of(&t.name, &t.shape, self.splits.get(&t.name), tp).map_err(|why| {
+                ExecError::Input(format!("Muon orthogonalises whole matrices: {why}; use adamw"))
+            })?;
+            if tp > 1 && self.splits.is_empty() {
+                return Err(ExecError::Input(format!(
+                    "Muon on a tensor parallel rank (tp {tp}) gathers each matrix's blocks, and needs where they lie: \
+                     make the executor with Executor::for_rank, which takes the sharding's weight splits"
+                )));
+            }
+            split[id] = s;
+        }
         for (id, &muon) in takes.iter().enumerate() {
             if muon && self.moments[id].is_some() {
                 // The first moment's buffer becomes the momentum; the second is freed.
@@ -272,6 +388,7 @@ impl<D: Device> Executor<D> {
             }
         }
         self.muon = takes;
+        self.muon_split = split;
         self.optimizer = opt;
         Ok(())
     }
@@ -299,11 +416,18 @@ impl<D: Device> Executor<D> {
             return Ok(false);
         };
         let (rows, cols) = dims(&self.graph, id);
-        muon_update(&self.device, p, gr, b, rows, cols, &mu, &self.adam_scalars)?;
+        match self.muon_split.get(id).copied().flatten() {
+            None => muon_update(&self.device, p, gr, b, rows, cols, &mu, &self.adam_scalars)?,
+            Some(sp) => {
+                let tp = self.collectives.get("tp").ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
+                muon_update_split(&self.device, tp.as_ref(), p, gr, b, (rows, cols), sp, &mu, &self.adam_scalars)?;
+            }
+        }
         Ok(true)
     }
 
-    /// Elements of the largest Muon update's scratch ([`scratch_elems`]; 0 under AdamW).
+    /// Elements of the largest Muon update's scratch ([`scratch_elems`], of the whole matrix
+/// and the gathered blocks for a split one; 0 under AdamW).
     pub(super) fn muon_scratch_elems(&self) -> usize {
         self.muon
             .iter()
@@ -311,7 +435,16 @@ impl<D: Device> Executor<D> {
             .filter(|(_, m)| **m)
             .map(|(id, _)| {
                 let (r, c) = dims(&self.graph, id);
-                scratch_elems(r, c)
+                let Some(sp) = self.muon_split.get(id).copied().flatten() else {
+                    return scratch_elems(r, c);
+                };
+                // A split matrix: the gathered blocks, their first copies (replicated
+                // parts), the transposed whole (column blocks), and the whole's scratch.
+                let (piece, (fr, fc)) = (r * c, sp.full);
+                piece * sp.parts * sp.rep
+                    + if sp.rep > 1 { piece * sp.parts } else { 0 }
+                    + if sp.axis == 1 { fr * fc } else { 0 }
+                    + scratch_elems(fr, fc)
             })
             .max()
             .unwrap_or(0)
