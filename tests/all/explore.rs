@@ -86,17 +86,21 @@ fn counts_past_the_published_runs_say_the_straggler_wait_is_extrapolated() {
 
 /// Counts that round up to one whole-node count are one row, with a note: two equal rows
 /// made a sweet spot "no faster" than itself. Rows walk up the counts in whatever order
-/// they were asked (asked 128 first, the sweet-spot walk stopped at the smaller 60).
+/// they were asked (asked 128 first, the sweet-spot walk stopped at the smaller 60). The
+/// same count written twice is refused (the run file's repeat rule), not merged.
 #[test]
 fn counts_rounding_to_one_node_count_are_one_row() {
     let o = quiet(&parse(
-        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-8b\"\n[cluster]\ngpu = \"H100\"\ngpus = [128, 60, 64, 64]\n\
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-8b\"\n[cluster]\ngpu = \"H100\"\ngpus = [128, 60, 64]\n\
          [precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"aws\"]\n[measure]\nrepeats = 1\n",
     ));
     let counts: Vec<(u32, u32)> = o.series[0].rows.iter().map(|r| (r.requested_gpus, r.gpus)).collect();
     assert_eq!(counts, [(60, 64), (128, 128)]);
     assert!(o.series[0].rows[1].sweet, "the walk reaches 128 GPUs");
     assert!(o.notes.iter().any(|n| n.starts_with("64 GPUs are already the row for 60 rounded up to whole nodes of 8")), "{:#?}", o.notes);
+    let twice = "[model]\nplugin = \"llama3\"\nvariant = \"llama3-8b\"\n[cluster]\ngpu = \"H100\"\ngpus = [64, 64]\n";
+    let e = runfile::parse(twice, "test").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(e.contains("twice"), "a repeated count: {e}");
 }
 
 #[test]
