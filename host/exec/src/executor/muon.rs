@@ -357,13 +357,13 @@ impl<D: Device> Executor<D> {
                 opt.name()
             )));
         }
-        if let Optimizer::Muon(m) = opt {
-            if !(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100 {
-                return Err(ExecError::Input(format!(
-                    "Muon momentum {} and {} Newton-Schulz steps: use a momentum in [0, 1) and 1..=100 steps (0.95 and 5 are the references')",
-                    m.momentum, m.ns_steps
-                )));
-            }
+        if let Optimizer::Muon(m) = opt
+            && (!(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100)
+        {
+            return Err(ExecError::Input(format!(
+                "Muon momentum {} and {} Newton-Schulz steps: use a momentum in [0, 1) and 1..=100 steps (0.95 and 5 are the references')",
+                m.momentum, m.ns_steps
+            )));
         }
         let takes = match opt {
             Optimizer::AdamW => vec![false; self.graph.tensors.len()],
