@@ -1944,7 +1944,7 @@ mod overlap;
 mod pipeline;
 mod quant;
 pub use fsdp::Shard;
-pub use muon::{MOONLIGHT_SCALE, MUON_DEFAULT, Muon, NS_COEFFS, NS_EPS, Optimizer, muon_layout_refusal, muon_update, muon_weights, newton_schulz, scratch_elems};
+pub use muon::{MOONLIGHT_SCALE, MUON_DEFAULT, Muon, NS_COEFFS, NS_EPS, Optimizer, muon_update, muon_weights, newton_schulz, scratch_elems};
 pub use overlap::GradBucket;
 pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;

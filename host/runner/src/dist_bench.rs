@@ -22,7 +22,7 @@ use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
-use runner_exec::executor::{ADAMW_DEFAULT, Optimizer, PipelineSchedule, muon_layout_refusal};
+use runner_exec::executor::{ADAMW_DEFAULT, Optimizer, PipelineSchedule};
 use runner_exec::select::DeviceSpec;
 use runner_exec::toy::{ToyConfig, batch_inputs, llama, with_roles};
 use runner_exec::{ExecError, ExecOptions, Executor, Input, Stat, ThreadGroup};
@@ -780,15 +780,11 @@ impl StepRun {
         Ok(run)
     }
 
-    /// The run with `--optimizer NAME` (adamw or muon), refused before any rank starts
-    /// where the layout splits the matrices Muon needs whole (the executor's own rule).
+    /// The run with `--optimizer NAME` (adamw or muon). Muon runs on every layout: tp
+    /// ranks gather each matrix's blocks, FSDP ranks their flat pieces of it
+    /// (`executor/muon.rs`, `executor/fsdp.rs`).
     pub fn with_optimizer(self, name: &str) -> Result<StepRun> {
         let optimizer = runner::train::optimizer_flag(name)?;
-        if optimizer != Optimizer::AdamW
-            && let Some(why) = muon_layout_refusal(self.fsdp)
-        {
-            bail!("--optimizer muon: {why}");
-        }
         Ok(StepRun { optimizer, ..self })
     }
 
@@ -1279,19 +1275,15 @@ mod tests {
         assert_eq!((muon.optimizer, muon.flags().ends_with("--optimizer muon")), (Optimizer::Muon(MUON_DEFAULT), true), "{}", muon.flags());
     }
 
-    /// `--optimizer muon` on an FSDP layout (flat shards across matrices) is refused
-    /// before any rank starts, by the executor's rule; AdamW takes every layout, and
-    /// Muon every other one (tensor-parallel ranks gather their blocks).
+    /// `--optimizer` takes adamw and muon on every layout (tensor-parallel ranks gather
+    /// their blocks of each matrix, FSDP ranks their flat pieces), and names the two
+    /// for anything else.
     #[test]
-    fn muon_is_refused_where_ranks_hold_flat_shards() {
+    fn muon_is_taken_on_every_layout() {
         let run = |layout: &str, opt: &str| StepRun::new(layout, 1, 1, "1f1b", "tiny").unwrap().with_optimizer(opt);
-        for layout in ["dp=2,fsdp", "tp=2,pp=2,fsdp"] {
-            let e = run(layout, "muon").unwrap_err().to_string();
-            assert!(e.starts_with("--optimizer muon: Muon orthogonalises whole matrices") && e.contains("a rank of an FSDP layout"), "{layout}: {e}");
-            assert_eq!(run(layout, "adamw").unwrap().optimizer, Optimizer::AdamW);
-        }
-        for layout in ["dp=2", "pp=2,dp=2", "pp=4", "tp=2", "tp=2,pp=2"] {
+        for layout in ["dp=2", "pp=2,dp=2", "pp=4", "tp=2", "tp=2,pp=2", "dp=2,fsdp", "tp=2,pp=2,fsdp"] {
             assert_eq!(run(layout, "muon").unwrap().optimizer, Optimizer::Muon(MUON_DEFAULT), "{layout}");
+            assert_eq!(run(layout, "adamw").unwrap().optimizer, Optimizer::AdamW, "{layout}");
         }
         assert!(run("dp=2", "sgd").unwrap_err().to_string().contains("--optimizer sgd: unknown optimizer 'sgd': use adamw or muon"));
     }

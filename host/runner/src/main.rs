@@ -507,7 +507,7 @@ pub enum BenchCommand {
         #[arg(long, value_parser = count(1 << 40))]
         ddp_bucket_size: Option<usize>,
         /// The optimizer: adamw, or muon (Muon on the hidden matrices, AdamW on the rest;
-        /// tp ranks gather each matrix's blocks; not under fsdp)
+        /// tp ranks gather each matrix's blocks, fsdp ranks their pieces of it)
         #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
         optimizer: String,
         /// Seconds a rank waits for the others before failing

@@ -279,7 +279,7 @@ fn tp_beyond_the_kv_heads_trains_as_the_unsharded_model() {
 /// `--optimizer muon`: the ranks train with Muon (other weights than AdamW's), the two
 /// data-parallel replicas of each pipeline stage or tensor-parallel block bit for bit
 /// alike (each runs Newton–Schulz on the same reduced gradient; tp ranks on the same
-/// gathered matrix).
+/// gathered matrix); FSDP ranks train as plain data parallelism does.
 #[test]
 fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
     for layout in ["pp=2,dp=2", "tp=2,dp=2"] {
@@ -290,6 +290,16 @@ fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
         assert_eq!((m[0] == m[2], m[1] == m[3], m[0] == m[1]), (true, true, false), "{layout}: replicas alike, stages or blocks not: {m:?}");
         assert!(m.iter().zip(&a).all(|(x, y)| x != y), "{layout}: Muon's weights are not AdamW's: {m:?} {a:?}");
         assert_eq!(muon[1]["losses"][0], adamw[1]["losses"][0], "{layout}: the first loss comes before any update");
+    }
+    // FSDP ranks gather their pieces of each matrix's update: the same reduced gradients
+    // and the same whole matrices as plain data parallelism, so the same losses and
+    // (gathered) weights bit for bit, and not AdamW's.
+    let run = |layout: &str, opt: &str| in_process(&["--device", "cpu", "bench", "step", "--layout", layout, "--steps", "2", "--optimizer", opt, "--format", "json"]);
+    let (plain, fsdp, adamw) = (run("dp=2", "muon"), run("dp=2,fsdp", "muon"), run("dp=2,fsdp", "adamw"));
+    for ((a, b), c) in plain.as_array().unwrap().iter().zip(fsdp.as_array().unwrap()).zip(adamw.as_array().unwrap()) {
+        assert_eq!(a["losses"], b["losses"], "dp=2,fsdp: Muon's losses are plain dp's");
+        assert_eq!(a["weights_sha256"], b["weights_sha256"], "dp=2,fsdp: Muon's weights are plain dp's");
+        assert_ne!(b["weights_sha256"], c["weights_sha256"], "dp=2,fsdp: Muon's weights are not AdamW's");
     }
 }
 

@@ -50,6 +50,10 @@
 //!     unit outside a step.
 //! - **Optimizer.** AdamW updates the pieces (parameter, gradient, moments). It is
 //!   elementwise, so the result equals the unsharded update of the same elements.
+//!   Muon's matrices keep one momentum piece instead of the two moments; their pieces'
+//!   Nesterov updates are all-gathered over the group in the unit's flat layout, each
+//!   rank orthogonalises every whole matrix and applies its own range
+//!   ([`Executor::fsdp_muon_step`], `muon.rs`).
 //! - **Memory.** At rest about 1/n of the covered state ([`super::MemoryReport`]'s
 //!   `state_bytes`); during a pass, plus the gathered weights not yet past their last
 //!   reader; plus each unit's whole gradients from its backward steps to its
@@ -95,7 +99,10 @@ struct Piece<B> {
     param: B,
     /// The reduced gradient (written by the reduce-scatter), for weights that train.
     grad: Option<B>,
+    /// AdamW's two moments, for weights AdamW updates.
     moments: Option<(B, B)>,
+    /// Muon's momentum, for the matrices Muon updates (`muon.rs`).
+    momentum: Option<B>,
 }
 
 /// One FSDP unit: the weights of one (reduce-scatter, all-gather) pair.
@@ -618,6 +625,10 @@ impl<D: Device> Executor<D> {
                             Some((m, v)) => Some((cut(m, &self.device)?, cut(v, &self.device)?)),
                             None => None,
                         };
+                        let momentum = match &self.momentum[id] {
+                            Some(b) => Some(cut(b, &self.device)?),
+                            None => None,
+                        };
                         let grad = if self.plan.needs_grad[id] {
                             let mut g = self.device.alloc(Elem::F32, range.len())?;
                             self.device.zero(&mut g)?;
@@ -632,6 +643,7 @@ impl<D: Device> Executor<D> {
                             param,
                             grad,
                             moments,
+                            momentum,
                         });
                         Some(pieces.len() - 1)
                     } else {
@@ -642,6 +654,7 @@ impl<D: Device> Executor<D> {
                     self.vals[id] = None;
                     self.grads[id] = None;
                     self.moments[id] = None;
+                    self.momentum[id] = None;
                     self.grad_written[id] = false;
                     self.carry[id] = false;
                 }
@@ -1118,8 +1131,10 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
-    /// AdamW on this rank's pieces (after [`Executor::fsdp_reduce_scatter`]).
+    /// The optimizer on this rank's pieces (after [`Executor::fsdp_reduce_scatter`]):
+    /// Muon's matrices ([`Executor::fsdp_muon_step`]), then AdamW on the rest.
     pub(super) fn fsdp_optimizer_step(&mut self) -> Result<(), ExecError> {
+        self.fsdp_muon_step()?;
         for unit in &mut self.fsdp.units {
             for p in &mut unit.pieces {
                 let (Some(g), Some((m, v))) = (p.grad.as_ref(), p.moments.as_mut()) else {
@@ -1133,6 +1148,117 @@ impl<D: Device> Executor<D> {
             }
         }
         Ok(())
+    }
+
+    /// Muon on the pieces of the matrices it takes, as Megatron-Core's distributed Muon
+    /// does in its "duplicated" mode. Per unit holding one: each rank's momentum step on
+    /// its pieces (elementwise: B ← μ·B + G, U = G + μ·B), the Nesterov updates laid into
+    /// this rank's chunk of the unit's flat layout (zero elsewhere) and all-gathered over
+    /// the unit's group (every rank's chunk is the same length: the padded layout), so
+    /// every rank holds every matrix's whole U; every rank runs the same Newton–Schulz
+    /// on each (a tensor-parallel block gathered further over `tp`,
+    /// [`super::muon::orthogonalise_split`]) and applies its own range of the result to
+    /// its piece, scaled for the whole matrix. Every rank of the group makes the same
+    /// calls (a rank holding none of a matrix still gathers and orthogonalises it). The
+    /// gather moves the unit's whole flat buffer, the AdamW weights' elements as zeros:
+    /// one parameter all-gather's worth per unit holding a matrix, untimed as the
+    /// tensor-parallel gathers are.
+    pub(super) fn fsdp_muon_step(&mut self) -> Result<(), ExecError> {
+        let super::muon::Optimizer::Muon(mu) = self.optimizer else {
+            return Ok(());
+        };
+        let takes = |id: TensorId| self.muon.get(id) == Some(&true);
+        let dev = &self.device;
+        for unit in &mut self.fsdp.units {
+            if !unit.ids.iter().any(|&id| takes(id)) {
+                continue;
+            }
+            let mut mine = dev.alloc(Elem::F32, unit.chunk)?;
+            dev.zero(&mut mine)?;
+            for p in unit.pieces.iter_mut().filter(|p| takes(p.id)) {
+                let (Some(g), Some(b)) = (p.grad.as_ref(), p.momentum.as_mut()) else {
+                    return Err(ExecError::State(format!("Muon: the FSDP piece of '{}' has no gradient or momentum", self.graph.tensors[p.id].name)));
+                };
+                let u = super::muon::nesterov_elems(dev, g, b, &mu)?;
+                dev.copy(&mut mine, p.at, &u, 0, u.len())?;
+            }
+            let all = if unit.n > 1 {
+                let group = self.collectives.get(&unit.group).ok_or_else(|| ExecError::State(format!("no handle for FSDP group '{}'", unit.group)))?;
+                let mut all = dev.alloc(Elem::F32, unit.chunk * unit.n)?;
+                group.all_gather(dev, &mine, &mut all)?;
+                all
+            } else {
+                mine
+            };
+            for (&id, &off) in unit.ids.iter().zip(&unit.offsets) {
+                if !takes(id) {
+                    continue;
+                }
+                let start = if self.options.profile { Some(dev.record()?) } else { None };
+                let (rows, cols) = super::muon::dims(&self.graph, id);
+                let mut whole = dev.alloc(Elem::F32, rows * cols)?;
+                dev.copy(&mut whole, 0, &all, off, rows * cols)?;
+                let full = match self.muon_split.get(id).copied().flatten() {
+                    None => {
+                        super::muon::newton_schulz(dev, &mut whole, rows, cols, mu.ns_steps)?;
+                        (rows, cols)
+                    }
+                    Some(sp) => {
+                        let tp = self.collectives.get("tp").ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
+                        super::muon::orthogonalise_split(dev, tp.as_ref(), &mut whole, cols, sp, mu.ns_steps)?;
+                        sp.full
+                    }
+                };
+                if let Some(p) = unit.pieces.iter_mut().find(|p| p.id == id) {
+                    let mut o = dev.alloc(Elem::F32, p.range.len())?;
+                    dev.copy(&mut o, 0, &whole, p.range.start, p.range.len())?;
+                    dev.muon_apply(&mut p.param, &o, &self.adam_scalars, super::muon::update_scale(full.0, full.1))?;
+                }
+                if let Some(s) = start {
+                    self.pending.optimizer.push((id, s, dev.record()?));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Under Muon (`takes`: per tensor, Muon updates it), this rank's pieces of Muon's
+    /// matrices trade AdamW's two moments for one momentum buffer, zeroed; the others
+    /// get their moments back (zeroed), as [`Executor::set_optimizer`] does for whole
+    /// weights.
+    pub(super) fn fsdp_swap_moments(&mut self, takes: &[bool]) -> Result<(), ExecError> {
+        for unit in &mut self.fsdp.units {
+            for p in &mut unit.pieces {
+                if p.grad.is_none() {
+                    continue;
+                }
+                let muon = takes.get(p.id) == Some(&true);
+                if muon && let Some((mut b, v)) = p.moments.take() {
+                    drop(v);
+                    self.device.zero(&mut b)?;
+                    p.momentum = Some(b);
+                } else if !muon && let Some(mut m) = p.momentum.take() {
+                    let mut v = self.device.alloc(Elem::F32, m.len())?;
+                    self.device.zero(&mut m)?;
+                    self.device.zero(&mut v)?;
+                    p.moments = Some((m, v));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Elements of the scratch [`Executor::fsdp_muon_step`] holds besides a matrix's
+    /// own Newton–Schulz scratch, for covered weight `id` (0 for others): the unit's
+    /// chunk and gathered flat buffer, the matrix's whole copy and this rank's piece of
+    /// the result.
+    pub(super) fn fsdp_muon_extra(&self, id: TensorId) -> usize {
+        let Some(&(u, p)) = self.fsdp.owner.get(&id) else {
+            return 0;
+        };
+        let unit = &self.fsdp.units[u];
+        let piece = p.map_or(0, |p| unit.pieces[p].range.len());
+        unit.chunk * (unit.n + 1) + self.graph.tensors[id].numel() as usize + piece
     }
 
     /// The piece of covered weight `id` on this rank, if any.

@@ -41,8 +41,16 @@
 //! rank-major pieces transposed into place; kv projections replicated over more ranks
 //! than kv heads taken once per part), every tp rank runs the same Newton–Schulz on it
 //! and keeps its own block ([`MuonSplit`]), as Megatron-Core's distributed Muon does
-//! with its tensor-parallel mode "duplicated". FSDP keeps flat shards that cut across
-//! matrices, and is refused ([`Executor::set_optimizer`]).
+//! with its tensor-parallel mode "duplicated". An FSDP rank keeps a flat piece of each
+//! unit (`fsdp.rs`), which cuts across the matrices, and Muon's momentum on the piece:
+//! each rank's piece of a matrix's Nesterov update (elementwise, so the piece's update is
+//! the whole's) goes into its equal-length chunk of the unit's padded flat layout, which
+//! is all-gathered over the unit's group; every rank then holds every whole matrix's
+//! update, runs the same Newton–Schulz on it (a tensor-parallel block gathered further
+//! over `tp`, [`orthogonalise_split`]) and applies its own range, scaled for the whole
+//! matrix (`Executor::fsdp_muon_step`; the same "duplicated" mode). That costs one
+//! all-gather of a unit's flat buffer per step (AdamW's elements travel as zeros), and
+//! every rank orthogonalises every matrix, as the tensor-parallel ranks do.
 
 use runner_graph::shard::WeightSplit;
 use runner_graph::{Graph, OpKind, Role, TensorId, TensorKind};
@@ -155,7 +163,7 @@ pub(super) struct MuonSplit {
     axis: usize,
     parts: usize,
     rep: usize,
-    full: (usize, usize),
+    pub(super) full: (usize, usize),
 }
 
 impl MuonSplit {
@@ -183,7 +191,7 @@ impl MuonSplit {
 }
 
 /// The matrix dimensions (rows, cols) of a weight Muon takes.
-fn dims(g: &Graph, id: TensorId) -> (usize, usize) {
+pub(super) fn dims(g: &Graph, id: TensorId) -> (usize, usize) {
     let s = &g.tensors[id].shape;
     (s[0] as usize, s[1] as usize)
 }
@@ -242,7 +250,7 @@ pub fn muon_update<D: Device + ?Sized>(dev: &D, w: &mut D::Buffer, grad: &D::Buf
 }
 
 /// Moonlight's −0.2·√max(m, n) of an m × n matrix: the update's sign and RMS matching.
-fn update_scale(rows: usize, cols: usize) -> f32 {
+pub(super) fn update_scale(rows: usize, cols: usize) -> f32 {
     -MOONLIGHT_SCALE * (rows.max(cols) as f32).sqrt()
 }
 
@@ -256,6 +264,16 @@ fn nesterov<D: Device + ?Sized>(dev: &D, w: &D::Buffer, grad: &D::Buffer, buf: &
             grad.len(),
             buf.len()
         )));
+    }
+    nesterov_elems(dev, grad, buf, mu)
+}
+
+/// [`nesterov`] on any run of a weight's elements (an FSDP piece): elementwise, so a
+/// piece's update is the same elements of the whole weight's.
+pub(super) fn nesterov_elems<D: Device + ?Sized>(dev: &D, grad: &D::Buffer, buf: &mut D::Buffer, mu: &Muon) -> Result<D::Buffer, ExecError> {
+    let len = grad.len();
+    if buf.len() != len {
+        return Err(ExecError::State(format!("muon: a gradient of {len} elements, momentum of {}", buf.len())));
     }
     dev.scale(buf, mu.momentum)?;
     dev.add_assign(buf, grad)?;
@@ -283,9 +301,19 @@ fn muon_update_split<D: Device>(
     scalars: &D::Buffer,
 ) -> Result<(), ExecError> {
     let mut u = nesterov(dev, w, grad, buf, rows, cols, mu)?;
+    orthogonalise_split(dev, tp, &mut u, cols, sp, mu.ns_steps)?;
+    let (fr, fc) = sp.full;
+    dev.muon_apply(w, &u, scalars, update_scale(fr, fc))
+}
+
+/// Newton–Schulz of the whole matrix whose block (of `cols` columns) this
+/// tensor-parallel rank holds as `u`, split as `sp` says: the blocks are all-gathered
+/// over `tp` into the whole, orthogonalised on every rank alike, and `u` takes this
+/// rank's block of the result. A collective call on `tp`.
+pub(super) fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Buffer, cols: usize, sp: MuonSplit, steps: u32) -> Result<(), ExecError> {
     let piece = u.len();
     let mut all = dev.alloc(Elem::F32, piece * tp.size())?;
-    tp.all_gather(dev, &u, &mut all)?;
+    tp.all_gather(dev, u, &mut all)?;
     // Ranks that share a part hold the same block: take the first of each.
     let mut blocks = if sp.rep == 1 {
         all
@@ -300,30 +328,17 @@ fn muon_update_split<D: Device>(
     let own = tp.rank() / sp.rep;
     if sp.axis == 0 {
         // Row blocks in rank order are the whole matrix, row-major.
-        newton_schulz(dev, &mut blocks, fr, fc, mu.ns_steps)?;
-        dev.copy(&mut u, 0, &blocks, own * piece, piece)?;
+        newton_schulz(dev, &mut blocks, fr, fc, steps)?;
+        dev.copy(u, 0, &blocks, own * piece, piece)?;
     } else {
         // Column blocks (parts, rows, cols/parts) → (rows, parts, cols/parts) = whole.
         let mut whole = dev.alloc(Elem::F32, fr * fc)?;
         dev.transpose_outer(&mut whole, &blocks, sp.parts, fr, cols)?;
-        newton_schulz(dev, &mut whole, fr, fc, mu.ns_steps)?;
+        newton_schulz(dev, &mut whole, fr, fc, steps)?;
         dev.transpose_outer(&mut blocks, &whole, fr, sp.parts, cols)?;
-        dev.copy(&mut u, 0, &blocks, own * piece, piece)?;
+        dev.copy(u, 0, &blocks, own * piece, piece)?;
     }
-    dev.muon_apply(w, &u, scalars, update_scale(fr, fc))
-}
-
-/// Why Muon cannot train a rank of an FSDP layout (`fsdp`) or not, or `None` where it
-/// can (tensor-parallel ranks gather their blocks, [`MuonSplit`]). One rule for the
-/// executor and for the commands that check a layout before any rank starts
-/// (`runner bench step`).
-pub fn muon_layout_refusal(fsdp: bool) -> Option<String> {
-    fsdp.then(|| {
-        "Muon orthogonalises whole matrices, and a rank of an FSDP layout keeps a flat shard that cuts across \
-         them, which this executor does not gather for the optimizer; use adamw, or a layout without fsdp \
-         (data, tensor, pipeline, context and expert parallel layouts work)"
-            .to_string()
-    })
+    Ok(())
 }
 
 impl<D: Device> Executor<D> {
@@ -332,8 +347,8 @@ impl<D: Device> Executor<D> {
     /// momentum buffer, zeroed, and AdamW's moments come back for them under AdamW.
     ///
     /// # Errors
-    /// A step already taken; Muon on a rank whose layout splits matrices (tensor
-    /// parallelism, FSDP); or a device error.
+    /// A step already taken; Muon on a tensor-parallel rank made without the sharding's
+    /// weight splits, or whose split Muon cannot gather; or a device error.
     pub fn set_optimizer(&mut self, opt: Optimizer) -> Result<(), ExecError> {
         if self.adam_step != 0 {
             return Err(ExecError::State(format!(
@@ -342,16 +357,13 @@ impl<D: Device> Executor<D> {
                 opt.name()
             )));
         }
-        if let Optimizer::Muon(m) = opt {
-            if let Some(why) = muon_layout_refusal(self.fsdp.resting.is_some()) {
-                return Err(ExecError::Input(why));
-            }
-            if !(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100 {
-                return Err(ExecError::Input(format!(
-                    "Muon momentum {} and {} Newton-Schulz steps: use a momentum in [0, 1) and 1..=100 steps (0.95 and 5 are the references')",
-                    m.momentum, m.ns_steps
-                )));
-            }
+        if let Optimizer::Muon(m) = opt
+            && (!(m.momentum.is_finite() && (0.0..1.0).contains(&m.momentum)) || m.ns_steps == 0 || m.ns_steps > 100)
+        {
+            return Err(ExecError::Input(format!(
+                "Muon momentum {} and {} Newton-Schulz steps: use a momentum in [0, 1) and 1..=100 steps (0.95 and 5 are the references')",
+                m.momentum, m.ns_steps
+            )));
         }
         let takes = match opt {
             Optimizer::AdamW => vec![false; self.graph.tensors.len()],
@@ -387,6 +399,8 @@ impl<D: Device> Executor<D> {
                 self.moments[id] = Some((m, v));
             }
         }
+        // FSDP's pieces trade their moments the same way (`fsdp.rs`).
+        self.fsdp_swap_moments(&takes)?;
         self.muon = takes;
         self.muon_split = split;
         self.optimizer = opt;
@@ -427,7 +441,8 @@ impl<D: Device> Executor<D> {
     }
 
     /// Elements of the largest Muon update's scratch ([`scratch_elems`], of the whole matrix
-/// and the gathered blocks for a split one; 0 under AdamW).
+    /// and the gathered blocks for a split one, and an FSDP unit's gathered updates for
+    /// a covered one; 0 under AdamW).
     pub(super) fn muon_scratch_elems(&self) -> usize {
         self.muon
             .iter()
@@ -435,13 +450,14 @@ impl<D: Device> Executor<D> {
             .filter(|(_, m)| **m)
             .map(|(id, _)| {
                 let (r, c) = dims(&self.graph, id);
+                let fsdp = self.fsdp_muon_extra(id);
                 let Some(sp) = self.muon_split.get(id).copied().flatten() else {
-                    return scratch_elems(r, c);
+                    return fsdp + scratch_elems(r, c);
                 };
                 // A split matrix: the gathered blocks, their first copies (replicated
                 // parts), the transposed whole (column blocks), and the whole's scratch.
                 let (piece, (fr, fc)) = (r * c, sp.full);
-                piece * sp.parts * sp.rep
+                fsdp + piece * sp.parts * sp.rep
                     + if sp.rep > 1 { piece * sp.parts } else { 0 }
                     + if sp.axis == 1 { fr * fc } else { 0 }
                     + scratch_elems(fr, fc)
