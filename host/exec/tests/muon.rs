@@ -31,6 +31,26 @@ fn unsharded(g: &Graph, data: &Data, opt: Optimizer, steps: usize) -> (Vec<f32>,
     (losses, w0, weights(&ex))
 }
 
+/// A rank graph's tensor shapes by name.
+type Shapes = std::collections::HashMap<String, Vec<u64>>;
+
+/// Weight `name` of `g` whole, from the weights and shapes of tp ranks 0, 1, ... in
+/// order: a replicated weight is rank 0's, a split one its blocks joined; ranks sharing
+/// a block (kv heads replicated over tp) must hold the same values.
+fn whole_weight(g: &Graph, name: &str, ranks: &[(&Grads, &Shapes)]) -> Vec<f32> {
+    let full = &g.tensors[g.tensor_id(name).unwrap()].shape;
+    let Some(ax) = split_axis(full, &ranks[0].1[name]) else {
+        return ranks[0].0[name].clone();
+    };
+    let parts = (full[ax] / ranks[0].1[name][ax]) as usize;
+    let rep = ranks.len() / parts;
+    for (r, (w, _)) in ranks.iter().enumerate() {
+        assert_eq!(w[name], ranks[r - r % rep].0[name], "{name}: tp rank {r} differs from the rank it shares a block with");
+    }
+    let blocks: Vec<Vec<f32>> = (0..parts).map(|j| ranks[j * rep].0[name].clone()).collect();
+    gather(&blocks, full, ax)
+}
+
 /// The largest difference between two runs' weights, and where.
 fn worst(a: &Grads, b: &Grads) -> (f32, String) {
     let mut out = (0f32, String::new());
@@ -124,7 +144,7 @@ fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
                     load_weights(&mut ex, &g, &s.graph, &w0, r, tp);
                     let d = rank_inputs(&g, &s.graph, &data, r, tp);
                     let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&d), &H).unwrap()).collect();
-                    let shapes: std::collections::HashMap<String, Vec<u64>> = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+                    let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
                     let split = ex.trainable().into_iter().filter(|w| ex.takes_muon(w) && shapes[w] != g.tensors[g.tensor_id(w).unwrap()].shape).count();
                     (losses, weights(&ex), shapes, split)
                 })
@@ -137,20 +157,9 @@ fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
                 assert!((a - b).abs() <= 1e-5 * b.abs(), "tp {tp} rank {r} step {i}: loss {a} vs unsharded {b}");
             }
         }
+        let ranks: Vec<(&Grads, &Shapes)> = out.iter().map(|o| (&o.1, &o.2)).collect();
         for (name, want) in &w3 {
-            let full = &g.tensors[g.tensor_id(name).unwrap()].shape;
-            let local = &out[0].2[name];
-            let got = match split_axis(full, local) {
-                None => out[0].1[name].clone(),
-                Some(ax) => {
-                    let (parts, rep) = ((full[ax] / local[ax]) as usize, tp / (full[ax] / local[ax]) as usize);
-                    for r in 0..tp {
-                        assert_eq!(out[r].1[name], out[r - r % rep].1[name], "tp {tp}: {name} differs between ranks sharing a block");
-                    }
-                    let blocks: Vec<Vec<f32>> = (0..parts).map(|j| out[j * rep].1[name].clone()).collect();
-                    gather(&blocks, full, ax)
-                }
-            };
+            let got = whole_weight(&g, name, &ranks);
             let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(d < 1e-5, "tp {tp}: {name} drifted from the unsharded Muon run by {d:e}");
         }
@@ -191,7 +200,7 @@ fn muon_under_fsdp_gathers_pieces_and_tracks_unsharded() {
                     let half = rank_inputs(&g, &s.graph, &half, r, tp as usize);
                     let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
                     let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
-                    let shapes: std::collections::HashMap<String, Vec<u64>> = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+                    let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
                     (m.coord, losses, ex.gather_weights().unwrap(), muon, shapes)
                 })
             })
@@ -208,17 +217,10 @@ fn muon_under_fsdp_gathers_pieces_and_tracks_unsharded() {
             assert!(o.3 >= 14, "tp {tp}: {} matrices take Muon (7 a layer)", o.3);
         }
         // Rank (tp t, dp d) sits at d·tp + t: dp rank 0's tp ranks hold the blocks.
+        let ranks: Vec<(&Grads, &Shapes)> = out[..tp as usize].iter().map(|o| (&o.2, &o.4)).collect();
         for (name, want) in &w3 {
-            let full = &full_g.tensors[full_g.tensor_id(name).unwrap()].shape;
-            let local = &out[0].4[name];
-            let got = match split_axis(full, local) {
-                None => out[0].2[name].clone(),
-                Some(ax) => {
-                    let (parts, rep) = ((full[ax] / local[ax]) as usize, tp as usize / (full[ax] / local[ax]) as usize);
-                    let blocks: Vec<Vec<f32>> = (0..parts).map(|j| out[j * rep].2[name].clone()).collect();
-                    gather(&blocks, full, ax)
-                }
-            };
+            let (full, local) = (&full_g.tensors[full_g.tensor_id(name).unwrap()].shape, &out[0].4[name]);
+            let got = whole_weight(&full_g, name, &ranks);
             let d = got.iter().zip(want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
             assert!(d < 1e-5, "tp {tp}: {name} drifted from the unsharded Muon run by {d:e}");
             for o in &out {
