@@ -1157,7 +1157,7 @@ impl<D: Device> Executor<D> {
     /// the unit's group (every rank's chunk is the same length: the padded layout), so
     /// every rank holds every matrix's whole U; every rank runs the same Newton–Schulz
     /// on each (a tensor-parallel block gathered further over `tp`,
-    /// [`super::muon::orthogonalise_split`]) and applies its own range of the result to
+    /// `super::muon::orthogonalise`) and applies its own range of the result to
     /// its piece, scaled for the whole matrix. Every rank of the group makes the same
     /// calls (a rank holding none of a matrix still gathers and orthogonalises it). The
     /// gather moves the unit's whole flat buffer, the AdamW weights' elements as zeros:
@@ -1198,17 +1198,8 @@ impl<D: Device> Executor<D> {
                 let (rows, cols) = super::muon::dims(&self.graph, id);
                 let mut whole = dev.alloc(Elem::F32, rows * cols)?;
                 dev.copy(&mut whole, 0, &all, off, rows * cols)?;
-                let full = match self.muon_split.get(id).copied().flatten() {
-                    None => {
-                        super::muon::newton_schulz(dev, &mut whole, rows, cols, mu.ns_steps)?;
-                        (rows, cols)
-                    }
-                    Some(sp) => {
-                        let tp = self.collectives.get("tp").ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
-                        super::muon::orthogonalise_split(dev, tp.as_ref(), &mut whole, cols, sp, mu.ns_steps)?;
-                        sp.full
-                    }
-                };
+                let split = self.muon_split.get(id).copied().flatten();
+                let full = super::muon::orthogonalise(dev, &self.collectives, split, &mut whole, (rows, cols), mu.ns_steps)?;
                 if let Some(p) = unit.pieces.iter_mut().find(|p| p.id == id) {
                     let mut o = dev.alloc(Elem::F32, p.range.len())?;
                     dev.copy(&mut o, 0, &whole, p.range.start, p.range.len())?;
@@ -1229,19 +1220,8 @@ impl<D: Device> Executor<D> {
     pub(super) fn fsdp_swap_moments(&mut self, takes: &[bool]) -> Result<(), ExecError> {
         for unit in &mut self.fsdp.units {
             for p in &mut unit.pieces {
-                if p.grad.is_none() {
-                    continue;
-                }
-                let muon = takes.get(p.id) == Some(&true);
-                if muon && let Some((mut b, v)) = p.moments.take() {
-                    drop(v);
-                    self.device.zero(&mut b)?;
-                    p.momentum = Some(b);
-                } else if !muon && let Some(mut m) = p.momentum.take() {
-                    let mut v = self.device.alloc(Elem::F32, m.len())?;
-                    self.device.zero(&mut m)?;
-                    self.device.zero(&mut v)?;
-                    p.moments = Some((m, v));
+                if p.grad.is_some() {
+                    super::muon::swap_state(&self.device, takes.get(p.id) == Some(&true), &mut p.moments, &mut p.momentum)?;
                 }
             }
         }

@@ -52,6 +52,8 @@
 //! all-gather of a unit's flat buffer per step (AdamW's elements travel as zeros), and
 //! every rank orthogonalises every matrix, as the tensor-parallel ranks do.
 
+use std::collections::HashMap;
+
 use runner_graph::shard::WeightSplit;
 use runner_graph::{Graph, OpKind, Role, TensorId, TensorKind};
 use runner_kernels::cpu::matmul::Gemm;
@@ -284,33 +286,51 @@ pub(super) fn nesterov_elems<D: Device + ?Sized>(dev: &D, grad: &D::Buffer, buf:
     Ok(u)
 }
 
-/// [`muon_update`] of this rank's block (rows × cols) of a matrix split over the
-/// tensor-parallel group `tp` as `sp` says: the blocks' Nesterov updates are gathered
-/// into the whole matrix, orthogonalised whole on every rank alike, and this rank's
-/// block of the result updates its block of the weight.
-#[allow(clippy::too_many_arguments)]
-fn muon_update_split<D: Device>(
+/// Newton–Schulz of Muon matrix `u`, this rank's rows × cols of it: in place where the
+/// rank holds it whole (`split` `None`), else gathered over the `tp` group of
+/// `collectives` ([`orthogonalise_split`]). Returns the whole matrix's (rows, cols),
+/// which the update's scale ([`update_scale`]) is of. One rule for whole weights and
+/// FSDP pieces (`fsdp.rs`).
+pub(super) fn orthogonalise<D: Device>(
     dev: &D,
-    tp: &dyn Collective<D>,
-    w: &mut D::Buffer,
-    grad: &D::Buffer,
-    buf: &mut D::Buffer,
+    collectives: &HashMap<String, Box<dyn Collective<D>>>,
+    split: Option<MuonSplit>,
+    u: &mut D::Buffer,
     (rows, cols): (usize, usize),
-    sp: MuonSplit,
-    mu: &Muon,
-    scalars: &D::Buffer,
-) -> Result<(), ExecError> {
-    let mut u = nesterov(dev, w, grad, buf, rows, cols, mu)?;
-    orthogonalise_split(dev, tp, &mut u, cols, sp, mu.ns_steps)?;
-    let (fr, fc) = sp.full;
-    dev.muon_apply(w, &u, scalars, update_scale(fr, fc))
+    steps: u32,
+) -> Result<(usize, usize), ExecError> {
+    let Some(sp) = split else {
+        newton_schulz(dev, u, rows, cols, steps)?;
+        return Ok((rows, cols));
+    };
+    let tp = collectives.get("tp").ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
+    orthogonalise_split(dev, tp.as_ref(), u, cols, sp, steps)?;
+    Ok(sp.full)
+}
+
+/// Trade a weight's optimizer state for the optimizer that updates it (`muon`: Muon):
+/// AdamW's first moment becomes Muon's momentum, zeroed, and the second is freed; under
+/// AdamW a momentum comes back as two zeroed moments. One rule for whole weights and
+/// FSDP pieces (`fsdp.rs`).
+pub(super) fn swap_state<D: Device + ?Sized>(dev: &D, muon: bool, moments: &mut Option<(D::Buffer, D::Buffer)>, momentum: &mut Option<D::Buffer>) -> Result<(), ExecError> {
+    if muon && let Some((mut b, v)) = moments.take() {
+        drop(v);
+        dev.zero(&mut b)?;
+        *momentum = Some(b);
+    } else if !muon && let Some(mut m) = momentum.take() {
+        let mut v = dev.alloc(Elem::F32, m.len())?;
+        dev.zero(&mut m)?;
+        dev.zero(&mut v)?;
+        *moments = Some((m, v));
+    }
+    Ok(())
 }
 
 /// Newton–Schulz of the whole matrix whose block (of `cols` columns) this
 /// tensor-parallel rank holds as `u`, split as `sp` says: the blocks are all-gathered
 /// over `tp` into the whole, orthogonalised on every rank alike, and `u` takes this
 /// rank's block of the result. A collective call on `tp`.
-pub(super) fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Buffer, cols: usize, sp: MuonSplit, steps: u32) -> Result<(), ExecError> {
+fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Buffer, cols: usize, sp: MuonSplit, steps: u32) -> Result<(), ExecError> {
     let piece = u.len();
     let mut all = dev.alloc(Elem::F32, piece * tp.size())?;
     tp.all_gather(dev, u, &mut all)?;
@@ -385,19 +405,7 @@ impl<D: Device> Executor<D> {
             split[id] = s;
         }
         for (id, &muon) in takes.iter().enumerate() {
-            if muon && self.moments[id].is_some() {
-                // The first moment's buffer becomes the momentum; the second is freed.
-                if let Some((mut b, v)) = self.moments[id].take() {
-                    drop(v);
-                    self.device.zero(&mut b)?;
-                    self.momentum[id] = Some(b);
-                }
-            } else if !muon && let Some(mut m) = self.momentum[id].take() {
-                let mut v = self.device.alloc(Elem::F32, m.len())?;
-                self.device.zero(&mut m)?;
-                self.device.zero(&mut v)?;
-                self.moments[id] = Some((m, v));
-            }
+            swap_state(&self.device, muon, &mut self.moments[id], &mut self.momentum[id])?;
         }
         // FSDP's pieces trade their moments the same way (`fsdp.rs`).
         self.fsdp_swap_moments(&takes)?;
@@ -430,13 +438,10 @@ impl<D: Device> Executor<D> {
             return Ok(false);
         };
         let (rows, cols) = dims(&self.graph, id);
-        match self.muon_split.get(id).copied().flatten() {
-            None => muon_update(&self.device, p, gr, b, rows, cols, &mu, &self.adam_scalars)?,
-            Some(sp) => {
-                let tp = self.collectives.get("tp").ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
-                muon_update_split(&self.device, tp.as_ref(), p, gr, b, (rows, cols), sp, &mu, &self.adam_scalars)?;
-            }
-        }
+        let mut u = nesterov(&self.device, p, gr, b, rows, cols, &mu)?;
+        let split = self.muon_split.get(id).copied().flatten();
+        let (fr, fc) = orthogonalise(&self.device, &self.collectives, split, &mut u, (rows, cols), mu.ns_steps)?;
+        self.device.muon_apply(p, &u, &self.adam_scalars, update_scale(fr, fc))?;
         Ok(true)
     }
 
