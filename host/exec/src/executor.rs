@@ -240,6 +240,9 @@ pub struct Executor<D: Device> {
     /// Per tensor, how a Muon matrix is split over the tensor-parallel ranks (`None`:
     /// whole on this rank), set with `muon`.
     muon_split: Vec<Option<muon::MuonSplit>>,
+    /// Per tensor, the data-parallel rank that updates a Muon matrix for its group and
+    /// broadcasts it (`None`: this rank updates it alone), set with `muon`.
+    muon_owner: Vec<Option<muon::Owner>>,
     /// Where each split weight's part lies in the unsharded weight (the sharding's,
     /// [`Executor::for_rank`]; empty otherwise).
     splits: BTreeMap<String, WeightSplit>,
@@ -597,6 +600,7 @@ impl<D: Device> Executor<D> {
             optimizer: muon::Optimizer::AdamW,
             muon: Vec::new(),
             muon_split: Vec::new(),
+            muon_owner: Vec::new(),
             splits: splits.clone(),
             aux: (0..nops).map(|_| Vec::new()).collect(),
             plans: Plans::new(),
@@ -1433,7 +1437,7 @@ impl<D: Device> Executor<D> {
                 continue;
             }
             let start = self.mark()?;
-            if self.muon_step(id)? {
+            if self.muon_shared_step(id)? {
                 if let Some(s) = start {
                     self.pending.optimizer.push((id, s, self.device.record()?));
                 }
@@ -1529,7 +1533,8 @@ impl<D: Device> Executor<D> {
         // The data-parallel reduction's flat buffers: the overlapped buckets the last
         // micro-batch's backward starts, and what the reduction holds at its most.
         let (started, reduction) = self.bucket_flats();
-        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None, buckets: &started, muon: &self.muon });
+        let lent = self.muon_lent();
+        let l = walk(Around { carried: &carried(&every), scatters: &vec![self.fsdp_in_a_step(); every.len()], left: None, buckets: &started, muon: &self.muon, lent: &lent });
         // A step's passes in the order they ran: each peaks with what it finds around
         // it, besides what each other micro-batch parked holds after its last pass
         // (`pipeline.rs`) and the pipeline's mailbox keeps for the other passes of its
@@ -1553,7 +1558,7 @@ impl<D: Device> Executor<D> {
             let w = match walked.iter().position(|(k, _)| *k == key) {
                 Some(w) => w,
                 None => {
-                    let l = walk(Around { carried: &carried(&key.0.carried), scatters: &key.0.scatters, left: key.0.left, buckets: &key.1, muon: &self.muon });
+                    let l = walk(Around { carried: &carried(&key.0.carried), scatters: &key.0.scatters, left: key.0.left, buckets: &key.1, muon: &self.muon, lent: &lent });
                     walked.push((key.clone(), l));
                     walked.len() - 1
                 }
@@ -1686,6 +1691,9 @@ struct Around<'a> {
     /// Per tensor: Muon updates it, so it keeps one momentum, not two moments (empty:
     /// AdamW on every weight).
     muon: &'a [bool],
+    /// Per tensor: a Muon matrix another data-parallel rank updates (no optimizer state
+    /// here; empty: none).
+    lent: &'a [bool],
 }
 
 /// What [`walk_live`] finds.
@@ -1722,7 +1730,7 @@ fn walk_live(
     passes: &fsdp::StepPasses,
     around: Around<'_>,
 ) -> Live {
-    let Around { carried, scatters, left, buckets, muon } = around;
+    let Around { carried, scatters, left, buckets, muon, lent } = around;
     // The pipeline chunk of op (forward) or step (backward) `at`, and the end of its
     // range.
     let chunk_of = |pass: fsdp::Pass, at: usize| passes.chunks[pass as usize].iter().position(|r| r.contains(&at));
@@ -1741,9 +1749,12 @@ fn walk_live(
                     Some(kept) => kept * 4,
                     None => bytes(id),
                 };
-                // value, gradient and two AdamW moments, or Muon's one momentum
+                // value, gradient and two AdamW moments, or Muon's one momentum (none
+                // where another rank updates the matrix)
                 let held = if !plan.needs_grad[id] {
                     1
+                } else if lent.get(id) == Some(&true) {
+                    2
                 } else if muon.get(id) == Some(&true) {
                     3
                 } else {

@@ -1,8 +1,9 @@
 //! Muon under the executor's layouts on the CPU, every rank a thread: where each rank
 //! holds whole matrices after the gradient reduction (data parallel, pipeline stages),
 //! and where tensor-parallel ranks gather their blocks of each matrix, it trains as the
-//! unsharded full batch does; and under FSDP, whose flat pieces cut across the
-//! matrices, the ranks gather their pieces of each matrix's update.
+//! unsharded full batch does; the data-parallel ranks deal the matrices' updates
+//! between them; and under FSDP, whose flat pieces cut across the matrices, the ranks
+//! gather their pieces of each matrix's update.
 
 mod common;
 
@@ -166,14 +167,21 @@ fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
     }
 }
 
-/// Three Muon steps at dp 2 with FSDP, and at tp 2 × dp 2 with FSDP, track the
-/// unsharded full batch within 1e-5, where AdamW's three steps are 1e-3 away: each rank
-/// keeps a flat piece of each unit, so the pieces' Nesterov updates are all-gathered
-/// into the whole matrices (and, at tp 2, the blocks further over tp), orthogonalised
-/// on every rank alike, and each rank applies its own range.
+/// Three Muon steps at dp 2 and at tp 2 × dp 2, with and without FSDP, track the
+/// unsharded full batch within 1e-5, where AdamW's three steps are 1e-3 away.
+///
+/// Without FSDP the data-parallel ranks deal the matrices between them (Megatron's
+/// layer-wise distributed optimizer): each matrix's owner alone keeps its momentum,
+/// runs its Newton–Schulz (at tp 2 with the owner's tp peers, which own the same
+/// matrices) and broadcasts the update, so each rank's optimizer state lacks the
+/// momentum of the matrices the other owns, the two ranks' lacks sum to one momentum
+/// per matrix, and the weights end equal on both. Under FSDP each rank keeps a flat
+/// piece of each unit, so the pieces' Nesterov updates are all-gathered into the whole
+/// matrices (and, at tp 2, the blocks further over tp), orthogonalised on every rank
+/// alike, and each rank applies its own range.
 #[test]
-fn muon_under_fsdp_gathers_pieces_and_tracks_unsharded() {
-    for tp in [1u32, 2] {
+fn muon_data_parallel_deals_matrices_or_fsdp_gathers_pieces_and_tracks_unsharded() {
+    for (tp, fsdp) in [(1u32, true), (2, true), (1, false), (2, false)] {
         let (full_g, half_g) = if tp == 1 {
             (llama(2, false), llama(1, false))
         } else {
@@ -185,7 +193,7 @@ fn muon_under_fsdp_gathers_pieces_and_tracks_unsharded() {
         let adamw = unsharded(&full_g, &data, Optimizer::AdamW, 3).2;
         let (apart, _) = worst(&adamw, &w3);
         assert!(apart > 1e-3, "AdamW and Muon are {apart} apart: the check below would not tell them apart");
-        let layout = Layout { tp, dp: 2, fsdp: true, ..Layout::single(1, 2) };
+        let layout = Layout { tp, dp: 2, fsdp, ..Layout::single(1, 2) };
         let hs: Vec<_> = mesh(tp, 1, 2)
             .into_iter()
             .map(|m| {
@@ -194,14 +202,20 @@ fn muon_under_fsdp_gathers_pieces_and_tracks_unsharded() {
                 let (g, w0, r) = (half_g.clone(), w0.clone(), m.coord.tp as usize);
                 std::thread::spawn(move || {
                     let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                    assert!(ex.fsdp_sharded());
+                    assert_eq!(ex.fsdp_sharded(), fsdp);
                     ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
+                    // What AdamW would hold (value, gradient, two moments) less this
+                    // rank's state: one word per Muon matrix element, two where
+                    // another rank updates it.
+                    let adamw_state: u64 = ex.trainable().iter().map(|w| 16 * s.graph.tensors[s.graph.tensor_id(w).unwrap()].numel()).sum();
+                    let muon_bytes: u64 = ex.trainable().iter().filter(|w| ex.takes_muon(w)).map(|w| 4 * s.graph.tensors[s.graph.tensor_id(w).unwrap()].numel()).sum();
+                    let lent = adamw_state - ex.memory().state_bytes - muon_bytes;
                     load_weights(&mut ex, &g, &s.graph, &w0, r, tp as usize);
                     let half = rank_inputs(&g, &s.graph, &half, r, tp as usize);
                     let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
                     let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
                     let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
-                    (m.coord, losses, ex.gather_weights().unwrap(), muon, shapes)
+                    (m.coord, losses, ex.gather_weights().unwrap(), muon, shapes, (lent, muon_bytes))
                 })
             })
             .collect();
@@ -215,6 +229,17 @@ fn muon_under_fsdp_gathers_pieces_and_tracks_unsharded() {
         }
         for o in &out {
             assert!(o.3 >= 14, "tp {tp}: {} matrices take Muon (7 a layer)", o.3);
+        }
+        if !fsdp {
+            // The dp peers of each tp rank lack one momentum per matrix between them,
+            // dealt about evenly (the toy's largest matrix is well under half).
+            for t in 0..tp {
+                // Rank (tp t, dp d) sits at d·tp + t.
+                let ((lent0, muon), (lent1, muon1)) = (out[t as usize].5, out[(tp + t) as usize].5);
+                assert_eq!(muon, muon1);
+                assert_eq!(lent0 + lent1, muon, "tp rank {t}: the dp ranks lend {lent0} and {lent1} bytes of {muon} Muon bytes");
+                assert!(lent0.min(lent1) * 3 >= muon, "tp rank {t}: {lent0} and {lent1} bytes lent: not dealt evenly");
+            }
         }
         // Rank (tp t, dp d) sits at d·tp + t: dp rank 0's tp ranks hold the blocks.
         let ranks: Vec<(&Grads, &Shapes)> = out[..tp as usize].iter().map(|o| (&o.2, &o.4)).collect();
@@ -245,4 +270,43 @@ fn muon_on_a_tp_rank_needs_the_weight_splits() {
     let mut ex = Executor::with_collectives(&s.graph, Cpu::new(), options(), groups).unwrap();
     let e = ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap_err().to_string();
     assert!(e.contains("Executor::for_rank"), "{e}");
+}
+
+/// A data-parallel rank that chose Muon, then AdamW before its first step, holds
+/// AdamW's two moments again for the matrices it had lent to its peer, and trains as
+/// the unsharded AdamW run does.
+#[test]
+fn adamw_after_muon_on_a_dp_rank_brings_back_the_lent_state() {
+    let (full_g, half_g) = (llama(2, false), llama(1, false));
+    let data = synthetic_inputs(&full_g, 41);
+    let (want, w0, w2) = unsharded(&full_g, &data, Optimizer::AdamW, 2);
+    let layout = Layout { dp: 2, ..Layout::single(1, 2) };
+    let hs: Vec<_> = mesh(1, 1, 2)
+        .into_iter()
+        .map(|m| {
+            let s = shard(&half_g, &layout, m.coord).unwrap();
+            let half = half_of(&data, m.coord.dp as usize);
+            let (g, w0) = (half_g.clone(), w0.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                let adamw_state = ex.memory().state_bytes;
+                ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
+                let muon_state = ex.memory().state_bytes;
+                ex.set_optimizer(Optimizer::AdamW).unwrap();
+                assert_eq!(ex.memory().state_bytes, adamw_state, "under Muon the rank held {muon_state}");
+                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
+                let losses: Vec<f32> = (0..2).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
+                (losses, weights(&ex))
+            })
+        })
+        .collect();
+    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (i, want) in want.iter().enumerate() {
+        let mean = (out[0].0[i] + out[1].0[i]) / 2.0;
+        assert!((mean - want).abs() <= 1e-5 * want, "step {i}: mean over dp {mean} vs unsharded {want}");
+    }
+    for (_, w) in &out {
+        let (d, name) = worst(w, &w2);
+        assert!(d < 1e-5, "{name} drifted from the unsharded AdamW run by {d:e}");
+    }
 }

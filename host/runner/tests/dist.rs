@@ -278,8 +278,9 @@ fn tp_beyond_the_kv_heads_trains_as_the_unsharded_model() {
 
 /// `--optimizer muon`: the ranks train with Muon (other weights than AdamW's), the two
 /// data-parallel replicas of each pipeline stage or tensor-parallel block bit for bit
-/// alike (each runs Newton–Schulz on the same reduced gradient; tp ranks on the same
-/// gathered matrix); FSDP ranks train as plain data parallelism does.
+/// alike (they deal the matrices between them, each owner updating its own from the
+/// same reduced gradient and broadcasting it; tp ranks gather the same matrix); FSDP
+/// ranks train as plain data parallelism does.
 #[test]
 fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
     for layout in ["pp=2,dp=2", "tp=2,dp=2"] {

@@ -34,7 +34,15 @@
 //! ([`Device::muon_apply`]), so a recorded CUDA graph (`--cuda-graph`) replays a Muon
 //! step with each step's learning rate. Where every rank holds
 //! whole matrices after the gradient reduction (unsharded, data parallel, pipeline
-//! stages, context and expert parallel) each rank runs Muon on the same reduced gradient.
+//! stages, context and expert parallel) each rank could run Muon on the same reduced
+//! gradient; instead the ranks of a data-parallel all-reduce (`dp`, `edp`) deal the
+//! matrices between them by their Newton–Schulz work ([`Owner`], Megatron's layer-wise
+//! distributed optimizer, which its `dist_muon` runs under and the projection models):
+//! a matrix's owner alone keeps its momentum, runs its update and broadcasts the new
+//! weight over the group, so each rank orthogonalises about 1/dp of the matrices and
+//! holds their momentum only, for one broadcast of each matrix a step (not counted in
+//! the communication time, like the gathers below). The result is the same bit for
+//! bit: every rank holds the same reduced gradient.
 //! A tensor-parallel rank holds a row block (column-parallel linears) or a column block
 //! (row-parallel) of a matrix, which Newton–Schulz cannot orthogonalise piecewise: its
 //! Nesterov update is all-gathered over `tp` into the whole matrix (a column block's
@@ -190,6 +198,42 @@ impl MuonSplit {
         }
         Ok(Some(MuonSplit { axis: a.axis, parts, rep: tp / parts, full: (*fr as usize, *fc as usize) }))
     }
+}
+
+/// The data-parallel rank that updates a Muon matrix for its whole group (Megatron's
+/// layer-wise distributed optimizer, which `dist_muon` runs under): rank `root` of
+/// group `group` runs the matrix's momentum step and Newton–Schulz, alone of the group
+/// holds its momentum, and broadcasts the updated weight; the others receive it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Owner {
+    group: String,
+    root: usize,
+    /// This rank is `root`.
+    mine: bool,
+}
+
+/// Deal `matrices` (a name, Newton–Schulz work) over `ranks` ranks: the most work first
+/// (ties by name), each to the rank with the least work dealt so far (ties to the lowest
+/// rank). Every rank of a group deals the same list alike, so they agree on the owners
+/// without a word.
+fn deal(mut matrices: Vec<(&str, u128)>, ranks: usize) -> Vec<(&str, usize)> {
+    matrices.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
+    let mut load = vec![0u128; ranks.max(1)];
+    matrices
+        .into_iter()
+        .map(|(name, work)| {
+            let r = (0..load.len()).min_by_key(|&r| (load[r], r)).unwrap_or(0);
+            load[r] += work;
+            (name, r)
+        })
+        .collect()
+}
+
+/// Newton–Schulz work of one step on a rows × cols matrix, in multiply-adds per
+/// iteration: X·Xᵀ and (B'·X) each s·s·l, A·A s³ (s the short side, l the long).
+fn ns_work((rows, cols): (usize, usize)) -> u128 {
+    let (s, l) = (rows.min(cols) as u128, rows.max(cols) as u128);
+    s * s * (2 * l + s)
 }
 
 /// The matrix dimensions (rows, cols) of a weight Muon takes.
@@ -364,7 +408,9 @@ fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Bu
 impl<D: Device> Executor<D> {
     /// Choose the optimizer the steps run (AdamW until this is called), before the first
     /// step: Muon's matrices ([`muon_weights`]) trade AdamW's two moments for one
-    /// momentum buffer, zeroed, and AdamW's moments come back for them under AdamW.
+    /// momentum buffer, zeroed (none for a matrix another rank of a data-parallel
+    /// group updates, [`Owner`]; call this after the step collectives are set, as
+    /// [`Executor::for_rank`] does), and AdamW's moments come back for them under AdamW.
     ///
     /// # Errors
     /// A step already taken; Muon on a tensor-parallel rank made without the sharding's
@@ -404,15 +450,82 @@ impl<D: Device> Executor<D> {
             }
             split[id] = s;
         }
+        let owner = self.deal_muon_owners(&takes, &split);
         for (id, &muon) in takes.iter().enumerate() {
+            // A matrix an earlier call lent to another rank has no state here: make it
+            // a momentum again, for swap_state to trade.
+            if self.muon_owner.get(id).is_some_and(|o| o.as_ref().is_some_and(|o| !o.mine))
+                && let Some(len) = self.vals[id].as_ref().map(DeviceBuffer::len)
+            {
+                let mut b = self.device.alloc(Elem::F32, len)?;
+                self.device.zero(&mut b)?;
+                self.momentum[id] = Some(b);
+            }
             swap_state(&self.device, muon, &mut self.moments[id], &mut self.momentum[id])?;
+            if owner[id].as_ref().is_some_and(|o| !o.mine) {
+                self.momentum[id] = None;
+            }
         }
         // FSDP's pieces trade their moments the same way (`fsdp.rs`).
         self.fsdp_swap_moments(&takes)?;
         self.muon = takes;
         self.muon_split = split;
+        self.muon_owner = owner;
         self.optimizer = opt;
         Ok(())
+    }
+
+    /// The owners of the Muon matrices (`takes`) whose gradients a data-parallel
+    /// all-reduce (`dp`, `edp`) of more than one rank covers: each group's matrices
+    /// dealt over its ranks by their whole matrix's Newton–Schulz work ([`deal`]; a
+    /// tensor-parallel block by the whole's, so the ranks of a tp group, which share a
+    /// data-parallel index, own the same matrices and gather their blocks together).
+    /// FSDP's matrices (reduce-scattered, `fsdp.rs`) and the others stay `None`.
+    fn deal_muon_owners(&self, takes: &[bool], split: &[Option<MuonSplit>]) -> Vec<Option<Owner>> {
+        let mut owner = vec![None; takes.len()];
+        for sc in &self.comm.step {
+            let Some(c) = self.collectives.get(&sc.group) else { continue };
+            if sc.kind != OpKind::AllReduce || !matches!(sc.group.as_str(), "dp" | "edp") || c.size() < 2 {
+                continue;
+            }
+            let matrices = sc
+                .weights
+                .iter()
+                .filter_map(|w| self.graph.tensor_id(w).map(|id| (w, id)))
+                .filter(|&(_, id)| takes[id] && owner[id].is_none())
+                .map(|(w, id)| (w.as_str(), ns_work(split[id].map_or_else(|| dims(&self.graph, id), |sp| sp.full))))
+                .collect();
+            for (w, root) in deal(matrices, c.size()) {
+                if let Some(id) = self.graph.tensor_id(w) {
+                    owner[id] = Some(Owner { group: sc.group.clone(), root, mine: root == c.rank() });
+                }
+            }
+        }
+        owner
+    }
+
+    /// Per tensor: a Muon matrix another data-parallel rank updates ([`Owner`]), so
+    /// this rank holds no optimizer state for it.
+    pub(super) fn muon_lent(&self) -> Vec<bool> {
+        self.muon_owner.iter().map(|o| o.as_ref().is_some_and(|o| !o.mine)).collect()
+    }
+
+    /// Muon's update of weight `id` where a data-parallel group shares the work
+    /// ([`Owner`]): the owner updates it ([`Executor::muon_step`]) and broadcasts it
+    /// over the group, the others receive it; a collective call on that group, in
+    /// the weights' order on every rank. Elsewhere [`Executor::muon_step`] alone.
+    pub(super) fn muon_shared_step(&mut self, id: TensorId) -> Result<bool, ExecError> {
+        let Some(Some(o)) = self.muon_owner.get(id) else {
+            return self.muon_step(id);
+        };
+        let (group, root) = (o.group.clone(), o.root);
+        if o.mine && !self.muon_step(id)? {
+            return Err(ExecError::State(format!("Muon: '{}' is this rank's to update, but has no gradient or momentum", self.graph.tensors[id].name)));
+        }
+        let c = self.collectives.get(&group).ok_or_else(|| ExecError::State(format!("Muon: no handle for group '{group}'")))?;
+        let w = self.vals[id].as_mut().ok_or_else(|| ExecError::State(format!("Muon: '{}' has no value to receive", self.graph.tensors[id].name)))?;
+        c.broadcast(&self.device, w, root)?;
+        Ok(true)
     }
 
     /// The optimizer the steps run.
@@ -449,10 +562,11 @@ impl<D: Device> Executor<D> {
     /// and the gathered blocks for a split one, and an FSDP unit's gathered updates for
     /// a covered one; 0 under AdamW).
     pub(super) fn muon_scratch_elems(&self) -> usize {
+        let lent = self.muon_lent();
         self.muon
             .iter()
             .enumerate()
-            .filter(|(_, m)| **m)
+            .filter(|&(id, m)| *m && lent.get(id) != Some(&true))
             .map(|(id, _)| {
                 let (r, c) = dims(&self.graph, id);
                 let fsdp = self.fsdp_muon_extra(id);
