@@ -310,3 +310,46 @@ fn adamw_after_muon_on_a_dp_rank_brings_back_the_lent_state() {
         assert!(d < 1e-5, "{name} drifted from the unsharded AdamW run by {d:e}");
     }
 }
+
+/// Where Muon's update sets a rank's peak (wide matrices, two tokens a rank), the memory
+/// account's required bytes are the peak the device saw, to its constant scalars: at
+/// tp 2, the rank's block of the update, the gathered blocks and the whole's
+/// Newton–Schulz scratch; under FSDP at dp 2 and at tp 2 × dp 2, besides, the unit's
+/// chunk of the updates and their gathered copy. (At dp 2 without FSDP the reduction's
+/// flat buffer of every gradient outgrows any one matrix's update.)
+#[test]
+fn muon_memory_account_matches_the_peak_where_the_update_sets_it() {
+    for (tp, dp, fsdp) in [(2u32, 1u32, false), (1, 2, true), (2, 2, true)] {
+        let g = with_roles(toy::llama(&ToyConfig { layers: 1, ffn: 2048, seq: 2, batch: 1, ..ToyConfig::tiny() }), tp > 1);
+        let data = synthetic_inputs(&g, 43);
+        let layout = Layout { tp, dp, fsdp, ..Layout::single(1, 2) };
+        let run = |opt: Optimizer| -> Vec<runner_exec::executor::MemoryReport> {
+            let hs: Vec<_> = mesh(tp, 1, dp)
+                .into_iter()
+                .map(|m| {
+                    let s = shard(&g, &layout, m.coord).unwrap();
+                    let (g, data, r) = (g.clone(), data.clone(), m.coord.tp as usize);
+                    std::thread::spawn(move || {
+                        let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                        ex.set_optimizer(opt).unwrap();
+                        let d = rank_inputs(&g, &s.graph, &data, r, tp as usize);
+                        for _ in 0..2 {
+                            ex.step(&inputs(&d), &H).unwrap();
+                        }
+                        ex.memory()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        };
+        let (muon, adamw) = (run(Optimizer::Muon(MUON_DEFAULT)), run(Optimizer::AdamW));
+        for (r, (m, a)) in muon.iter().zip(&adamw).enumerate() {
+            let at = format!("tp {tp}, dp {dp}, fsdp {fsdp}, rank {r}");
+            // The passes hold the same above the state under either optimizer: more
+            // above Muon's is its update's.
+            assert!(m.peak_bytes - m.state_bytes > a.peak_bytes - a.state_bytes, "{at}: the update does not set the peak: {m:?} vs AdamW's {a:?}");
+            assert!(m.peak_bytes <= m.required_bytes + runner_exec::executor::CONSTANT_BYTES, "under-counted: {at}: {m:?}");
+            assert!(m.required_bytes <= m.peak_bytes, "over-counted: {at}: {m:?}");
+        }
+    }
+}

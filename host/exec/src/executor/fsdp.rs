@@ -1229,16 +1229,16 @@ impl<D: Device> Executor<D> {
     }
 
     /// Elements of the scratch [`Executor::fsdp_muon_step`] holds besides a matrix's
-    /// own Newton–Schulz scratch, for covered weight `id` (0 for others): the unit's
-    /// chunk and gathered flat buffer, the matrix's whole copy and this rank's piece of
-    /// the result.
+    /// update U (its whole copy) and Newton–Schulz's scratch, for covered weight `id` (0
+    /// for others): the unit's chunk and, over more than one rank, its gathered flat
+    /// buffer. (This rank's piece of the result comes after Newton–Schulz frees its
+    /// scratch, which is larger.)
     pub(super) fn fsdp_muon_extra(&self, id: TensorId) -> usize {
-        let Some(&(u, p)) = self.fsdp.owner.get(&id) else {
+        let Some(&(u, _)) = self.fsdp.owner.get(&id) else {
             return 0;
         };
         let unit = &self.fsdp.units[u];
-        let piece = p.map_or(0, |p| unit.pieces[p].range.len());
-        unit.chunk * (unit.n + 1) + self.graph.tensors[id].numel() as usize + piece
+        if unit.n > 1 { unit.chunk * (unit.n + 1) } else { unit.chunk }
     }
 
     /// The piece of covered weight `id` on this rank, if any.

@@ -560,7 +560,7 @@ impl<D: Device> Executor<D> {
 
     /// Elements of the largest Muon update's scratch ([`scratch_elems`], of the whole matrix
     /// and the gathered blocks for a split one, and an FSDP unit's gathered updates for
-    /// a covered one; 0 under AdamW).
+    /// a covered one; 0 under AdamW and for the matrices other ranks update).
     pub(super) fn muon_scratch_elems(&self) -> usize {
         let lent = self.muon_lent();
         self.muon
@@ -569,17 +569,23 @@ impl<D: Device> Executor<D> {
             .filter(|&(id, m)| *m && lent.get(id) != Some(&true))
             .map(|(id, _)| {
                 let (r, c) = dims(&self.graph, id);
+                // An FSDP unit's flat chunk and its gathered copy (`fsdp.rs`); its
+                // whole copy of the matrix is the update U.
                 let fsdp = self.fsdp_muon_extra(id);
                 let Some(sp) = self.muon_split.get(id).copied().flatten() else {
                     return fsdp + scratch_elems(r, c);
                 };
-                // A split matrix: the gathered blocks, their first copies (replicated
-                // parts), the transposed whole (column blocks), and the whole's scratch.
+                // A split matrix: this rank's block of U, the gathered blocks, their
+                // first copies (replicated parts), the transposed whole (column
+                // blocks), and Newton–Schulz's own scratch of the whole (the product,
+                // the two Gram matrices and the norm: its U is the gathered whole).
                 let (piece, (fr, fc)) = (r * c, sp.full);
-                fsdp + piece * sp.parts * sp.rep
+                fsdp + piece
+                    + piece * sp.parts * sp.rep
                     + if sp.rep > 1 { piece * sp.parts } else { 0 }
                     + if sp.axis == 1 { fr * fc } else { 0 }
                     + scratch_elems(fr, fc)
+                    - fr * fc
             })
             .max()
             .unwrap_or(0)
