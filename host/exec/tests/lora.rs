@@ -57,6 +57,36 @@ fn starts_at_the_base_model_and_trains_only_the_adapters() {
     assert!(adapters_b(&g).iter().any(|b| ex.weight(b).unwrap().iter().any(|&x| x != 0.0)));
 }
 
+/// Muon trains a LoRA fine-tune's adapters (2-D matrices read by linears, so Muon's)
+/// and leaves the frozen base alone: the loss falls, the base is unchanged, and the
+/// adapters end elsewhere than AdamW's.
+#[test]
+fn muon_trains_the_adapters_and_not_the_base() {
+    use runner_exec::executor::{MUON_DEFAULT, Optimizer};
+    let base = base();
+    let g = lora(&base, &Lora { rank: 4, ..Lora::default() }).unwrap();
+    let data = synthetic_inputs(&base, 7);
+    let w = weights(&Executor::new(&base, Cpu::new(), options()).unwrap());
+    let run = |opt: Optimizer| {
+        let mut ex = Executor::new(&g, Cpu::new(), options()).unwrap();
+        for (name, v) in &w {
+            ex.set_weight(name, v).unwrap();
+        }
+        ex.set_optimizer(opt).unwrap();
+        let losses = train(&mut ex, &data, 4);
+        (losses, ex)
+    };
+    let ((losses, ex), (_, adamw)) = (run(Optimizer::Muon(MUON_DEFAULT)), run(Optimizer::AdamW));
+    let trainable = ex.trainable();
+    assert!(!trainable.is_empty() && trainable.iter().all(|n| n.contains(".lora_") && ex.takes_muon(n)), "{trainable:?}");
+    assert!(g.tensor_id("layers.0.attn.q.weight").is_some() && !ex.takes_muon("layers.0.attn.q.weight"), "a frozen base weight is not Muon's");
+    assert!(losses[3] < losses[0], "the adapters learn under Muon: {losses:?}");
+    for (name, v) in &w {
+        assert_eq!(&ex.weight(name).unwrap(), v, "frozen '{name}' is unchanged by Muon");
+    }
+    assert!(adapters_b(&g).iter().any(|b| ex.weight(b).unwrap() != adamw.weight(b).unwrap()), "Muon's adapters are AdamW's");
+}
+
 /// The adapters' gradients at tp=2 equal the unsharded ones: A replicated and B split on
 /// a column-parallel base, A split and B replicated on a row-parallel one, with SP the
 /// replicated A's partial gradients summed by the step's tp all-reduce.

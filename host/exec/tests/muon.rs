@@ -65,8 +65,9 @@ fn worst(a: &Grads, b: &Grads) -> (f32, String) {
 }
 
 /// Three Muon steps at dp 2 (pp 1 and 2, a tied embedding split over the first and
-/// last stage) track the unsharded full batch within 1e-5, where AdamW's three steps
-/// are 1e-3 away: every rank runs Newton–Schulz on the same reduced gradient.
+/// last stage; and pp 2 with FSDP) track the unsharded full batch within 1e-5, where
+/// AdamW's three steps are 1e-3 away: each matrix's update is one rank's, from the same
+/// reduced gradient (or, under FSDP, every rank's from the gathered pieces).
 #[test]
 fn muon_data_parallel_and_pipeline_track_unsharded() {
     let (full_g, half_g) = (llama(2, true), llama(1, true));
@@ -75,8 +76,8 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
     let adamw = unsharded(&full_g, &data, Optimizer::AdamW, 3).2;
     let (apart, _) = worst(&adamw, &w3);
     assert!(apart > 1e-3, "AdamW and Muon are {apart} apart: the check below would not tell them apart");
-    for pp in [1u32, 2] {
-        let layout = Layout { dp: 2, pp, ..Layout::single(1, 2) };
+    for (pp, fsdp) in [(1u32, false), (2, false), (2, true)] {
+        let layout = Layout { dp: 2, pp, fsdp, ..Layout::single(1, 2) };
         let hs: Vec<_> = mesh(1, pp, 2)
             .into_iter()
             .map(|m| {
@@ -85,13 +86,14 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
                 let (g, w0) = (half_g.clone(), w0.clone());
                 std::thread::spawn(move || {
                     let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
+                    assert_eq!(ex.fsdp_sharded(), fsdp);
                     ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
                     load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
                     let half = rank_inputs(&g, &s.graph, &half, 0, 1);
                     let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
                     let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
                     let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
-                    (last, losses, weights(&ex), muon)
+                    (last, losses, ex.gather_weights().unwrap(), muon)
                 })
             })
             .collect();
@@ -100,12 +102,12 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
         assert_eq!(lasts.len(), 2);
         for i in 0..3 {
             let mean = (lasts[0][i] + lasts[1][i]) / 2.0;
-            assert!((mean - want[i]).abs() <= 1e-5 * want[i], "pp {pp}, step {i}: mean over dp {mean} vs unsharded {}", want[i]);
+            assert!((mean - want[i]).abs() <= 1e-5 * want[i], "pp {pp}, fsdp {fsdp}, step {i}: mean over dp {mean} vs unsharded {}", want[i]);
         }
         for (_, _, w, muon) in &out {
-            assert!(*muon > 0, "pp {pp}: every stage holds hidden matrices");
+            assert!(*muon > 0, "pp {pp}, fsdp {fsdp}: every stage holds hidden matrices");
             let (d, name) = worst(w, &w3);
-            assert!(d < 1e-5, "pp {pp}: {name} drifted from the unsharded Muon run by {d:e}");
+            assert!(d < 1e-5, "pp {pp}, fsdp {fsdp}: {name} drifted from the unsharded Muon run by {d:e}");
         }
     }
 }
