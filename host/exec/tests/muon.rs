@@ -115,8 +115,9 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
 /// Three Muon steps at tp 2 and at tp 4 (2 kv heads: each kv projection's block held
 /// by 2 ranks), vocab-parallel embedding and head, track the unsharded run within 1e-5:
 /// each rank gathers the blocks of every hidden matrix (row blocks of the q, k, v, gate
-/// and up projections, column blocks of o and down), runs Newton–Schulz on the whole
-/// and keeps its block. Ranks that share a kv block end equal.
+/// and up projections, column blocks of o and down); one rank of the tp group runs
+/// Newton–Schulz on the whole (the ranks deal the matrices) and broadcasts it, and each
+/// keeps its block. Ranks that share a kv block end equal.
 #[test]
 fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
     let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
@@ -149,12 +150,23 @@ fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
                     let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&d), &H).unwrap()).collect();
                     let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
                     let split = ex.trainable().into_iter().filter(|w| ex.takes_muon(w) && shapes[w] != g.tensors[g.tensor_id(w).unwrap()].shape).count();
-                    (losses, weights(&ex), shapes, split)
+                    let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+                    (losses, weights(&ex), shapes, split, ns)
                 })
             })
             .collect();
         let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
-        for (r, (losses, _, _, split)) in out.iter().enumerate() {
+        // The tp ranks deal the whole matrices' Newton–Schulz between them: each runs
+        // on one rank, which broadcasts it.
+        let mut runs: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for o in &out {
+            assert!(!o.4.is_empty(), "tp {tp}: a rank orthogonalises nothing: {:?}", out.iter().map(|o| &o.4).collect::<Vec<_>>());
+            for w in &o.4 {
+                *runs.entry(w.as_str()).or_default() += 1;
+            }
+        }
+        assert!(runs.len() >= 14 && runs.values().all(|&n| n == 1), "tp {tp}: {runs:?}");
+        for (r, (losses, _, _, split, _)) in out.iter().enumerate() {
             assert!(*split >= 14, "tp {tp} rank {r}: {split} split matrices take Muon (7 a layer)");
             for (i, (a, b)) in losses.iter().zip(&want).enumerate() {
                 assert!((a - b).abs() <= 1e-5 * b.abs(), "tp {tp} rank {r} step {i}: loss {a} vs unsharded {b}");
@@ -217,7 +229,8 @@ fn muon_data_parallel_deals_matrices_or_fsdp_gathers_pieces_and_tracks_unsharded
                     let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
                     let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
                     let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
-                    (m.coord, losses, ex.gather_weights().unwrap(), muon, shapes, (lent, muon_bytes))
+                    let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+                    (m.coord, losses, ex.gather_weights().unwrap(), muon, shapes, (lent, muon_bytes), ns)
                 })
             })
             .collect();
@@ -232,6 +245,18 @@ fn muon_data_parallel_deals_matrices_or_fsdp_gathers_pieces_and_tracks_unsharded
         for o in &out {
             assert!(o.3 >= 14, "tp {tp}: {} matrices take Muon (7 a layer)", o.3);
         }
+        // Each matrix's Newton–Schulz runs on one rank of the tp × dp mesh, dealt
+        // about evenly; under FSDP on one tp rank of each dp rank.
+        let mut runs: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+        for o in &out {
+            for w in &o.6 {
+                *runs.entry(w.as_str()).or_default() += 1;
+            }
+        }
+        assert_eq!(runs.len(), out[0].3, "tp {tp}, fsdp {fsdp}: some matrix is orthogonalised nowhere: {runs:?}");
+        assert!(runs.values().all(|&n| n == if fsdp { 2 } else { 1 }), "tp {tp}, fsdp {fsdp}: {runs:?}");
+        let per_rank: Vec<usize> = out.iter().map(|o| o.6.len()).collect();
+        assert!(per_rank.iter().all(|&n| 3 * n >= out[0].3 * if fsdp { 2 } else { 1 } / per_rank.len()), "tp {tp}, fsdp {fsdp}: {per_rank:?}");
         if !fsdp {
             // The dp peers of each tp rank lack one momentum per matrix between them,
             // dealt about evenly (the toy's largest matrix is well under half).

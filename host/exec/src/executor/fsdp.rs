@@ -1156,8 +1156,8 @@ impl<D: Device> Executor<D> {
     /// this rank's chunk of the unit's flat layout (zero elsewhere) and all-gathered over
     /// the unit's group (every rank's chunk is the same length: the padded layout), so
     /// every rank holds every matrix's whole U; every rank runs the same Newton–Schulz
-    /// on each (a tensor-parallel block gathered further over `tp`,
-    /// `super::muon::orthogonalise`) and applies its own range of the result to
+    /// on each (a tensor-parallel block gathered further over `tp`, where one tp rank
+    /// runs it and broadcasts it, `super::muon::orthogonalise`) and applies its own range of the result to
     /// its piece, scaled for the whole matrix. Every rank of the group makes the same
     /// calls (a rank holding none of a matrix still gathers and orthogonalises it). The
     /// gather moves the unit's whole flat buffer, the AdamW weights' elements as zeros:

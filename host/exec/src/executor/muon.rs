@@ -47,18 +47,22 @@
 //! (row-parallel) of a matrix, which Newton–Schulz cannot orthogonalise piecewise: its
 //! Nesterov update is all-gathered over `tp` into the whole matrix (a column block's
 //! rank-major pieces transposed into place; kv projections replicated over more ranks
-//! than kv heads taken once per part), every tp rank runs the same Newton–Schulz on it
-//! and keeps its own block ([`MuonSplit`]), as Megatron-Core's distributed Muon does
-//! with its tensor-parallel mode "duplicated". An FSDP rank keeps a flat piece of each
+//! than kv heads taken once per part); the tp ranks deal the matrices between them by
+//! the same rule, and the one a matrix falls to runs Newton–Schulz on the whole and
+//! broadcasts the result, of which each rank keeps its own block ([`MuonSplit`]). So
+//! each matrix is orthogonalised once per data-parallel group, where Megatron-Core's
+//! tensor-parallel mode "duplicated" runs it on every tp rank: one broadcast of the
+//! whole more, 1/tp of the iterations. An FSDP rank keeps a flat piece of each
 //! unit (`fsdp.rs`), which cuts across the matrices, and Muon's momentum on the piece:
 //! each rank's piece of a matrix's Nesterov update (elementwise, so the piece's update is
 //! the whole's) goes into its equal-length chunk of the unit's padded flat layout, which
 //! is all-gathered over the unit's group; every rank then holds every whole matrix's
 //! update, runs the same Newton–Schulz on it (a tensor-parallel block gathered further
-//! over `tp`, [`orthogonalise_split`]) and applies its own range, scaled for the whole
-//! matrix (`Executor::fsdp_muon_step`; the same "duplicated" mode). That costs one
-//! all-gather of a unit's flat buffer per step (AdamW's elements travel as zeros), and
-//! every rank orthogonalises every matrix, as the tensor-parallel ranks do.
+//! over `tp` and dealt there, [`orthogonalise_split`]) and applies its own range, scaled
+//! for the whole matrix (`Executor::fsdp_muon_step`; Megatron's "duplicated" mode over
+//! the FSDP group). That costs one all-gather of a unit's flat buffer per step (AdamW's
+//! elements travel as zeros), and every rank of the FSDP group orthogonalises every
+//! matrix.
 
 use std::collections::HashMap;
 
@@ -167,13 +171,16 @@ pub fn scratch_elems(m: usize, n: usize) -> usize {
 /// `rank / rep` of `parts` equal blocks along `axis` (0: rows, a column-parallel
 /// linear's; 1: columns, a row-parallel one's) of the whole `full` (rows, cols) matrix;
 /// `rep` consecutive ranks hold the same part (kv projections when tp exceeds the kv
-/// heads).
+/// heads). `ns_rank`: the tp rank that runs the whole's Newton–Schulz and broadcasts it
+/// (the tp ranks deal the matrices between them, [`deal`]); `None`: every tp rank runs
+/// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct MuonSplit {
     axis: usize,
     parts: usize,
     rep: usize,
     pub(super) full: (usize, usize),
+    ns_rank: Option<usize>,
 }
 
 impl MuonSplit {
@@ -196,7 +203,7 @@ impl MuonSplit {
         if parts == 0 || l * parts as u64 != f || !tp.is_multiple_of(parts) || (a.axis == 0 && c != fc) || (a.axis == 1 && r != fr) {
             return Err(format!("weight '{name}' {local:?} is not a block of {:?} split over {tp} tp ranks", split.full));
         }
-        Ok(Some(MuonSplit { axis: a.axis, parts, rep: tp / parts, full: (*fr as usize, *fc as usize) }))
+        Ok(Some(MuonSplit { axis: a.axis, parts, rep: tp / parts, full: (*fr as usize, *fc as usize), ns_rank: None }))
     }
 }
 
@@ -372,8 +379,9 @@ pub(super) fn swap_state<D: Device + ?Sized>(dev: &D, muon: bool, moments: &mut 
 
 /// Newton–Schulz of the whole matrix whose block (of `cols` columns) this
 /// tensor-parallel rank holds as `u`, split as `sp` says: the blocks are all-gathered
-/// over `tp` into the whole, orthogonalised on every rank alike, and `u` takes this
-/// rank's block of the result. A collective call on `tp`.
+/// over `tp` into the whole, orthogonalised by `sp.ns_rank`, which broadcasts the
+/// result (or by every rank alike, without one), and `u` takes this rank's block of
+/// the result. A collective call on `tp`.
 fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Buffer, cols: usize, sp: MuonSplit, steps: u32) -> Result<(), ExecError> {
     let piece = u.len();
     let mut all = dev.alloc(Elem::F32, piece * tp.size())?;
@@ -389,19 +397,22 @@ fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Bu
         b
     };
     let (fr, fc) = sp.full;
-    let own = tp.rank() / sp.rep;
-    if sp.axis == 0 {
-        // Row blocks in rank order are the whole matrix, row-major.
-        newton_schulz(dev, &mut blocks, fr, fc, steps)?;
-        dev.copy(u, 0, &blocks, own * piece, piece)?;
-    } else {
-        // Column blocks (parts, rows, cols/parts) → (rows, parts, cols/parts) = whole.
-        let mut whole = dev.alloc(Elem::F32, fr * fc)?;
-        dev.transpose_outer(&mut whole, &blocks, sp.parts, fr, cols)?;
-        newton_schulz(dev, &mut whole, fr, fc, steps)?;
-        dev.transpose_outer(&mut blocks, &whole, fr, sp.parts, cols)?;
-        dev.copy(u, 0, &blocks, own * piece, piece)?;
+    if sp.ns_rank.is_none_or(|r| r == tp.rank()) {
+        if sp.axis == 0 {
+            // Row blocks in rank order are the whole matrix, row-major.
+            newton_schulz(dev, &mut blocks, fr, fc, steps)?;
+        } else {
+            // Column blocks (parts, rows, cols/parts) → (rows, parts, cols/parts) = whole.
+            let mut whole = dev.alloc(Elem::F32, fr * fc)?;
+            dev.transpose_outer(&mut whole, &blocks, sp.parts, fr, cols)?;
+            newton_schulz(dev, &mut whole, fr, fc, steps)?;
+            dev.transpose_outer(&mut blocks, &whole, fr, sp.parts, cols)?;
+        }
     }
+    if let Some(root) = sp.ns_rank {
+        tp.broadcast(dev, &mut blocks, root)?;
+    }
+    dev.copy(u, 0, &blocks, tp.rank() / sp.rep * piece, piece)?;
     Ok(())
 }
 
@@ -451,6 +462,21 @@ impl<D: Device> Executor<D> {
             split[id] = s;
         }
         let owner = self.deal_muon_owners(&takes, &split);
+        // The tp ranks deal the split matrices their data-parallel index updates (all
+        // of them where none is lent): the same list on every rank of the tp group.
+        let mut dealt: Vec<(&str, u128)> = Vec::new();
+        for (id, sp) in split.iter().enumerate() {
+            if let Some(sp) = sp
+                && owner[id].as_ref().is_none_or(|o| o.mine)
+            {
+                dealt.push((self.graph.tensors[id].name.as_str(), ns_work(sp.full)));
+            }
+        }
+        for (name, r) in deal(dealt, tp) {
+            if let Some(sp) = self.graph.tensor_id(name).and_then(|id| split[id].as_mut()) {
+                sp.ns_rank = Some(r);
+            }
+        }
         for (id, &muon) in takes.iter().enumerate() {
             // A matrix an earlier call lent to another rank has no state here: make it
             // a momentum again, for swap_state to trade.
@@ -502,6 +528,20 @@ impl<D: Device> Executor<D> {
             }
         }
         owner
+    }
+
+    /// Whether this rank runs the Newton–Schulz iteration of weight `name`: a matrix
+    /// Muon updates, unless another rank of its data-parallel all-reduce owns it
+    /// ([`Owner`]) or another tensor-parallel rank orthogonalises the whole of its block
+    /// (`MuonSplit`); FSDP's every rank orthogonalises every matrix (dealt over `tp`
+    /// alone). False under AdamW.
+    pub fn orthogonalises(&self, name: &str) -> bool {
+        let Some(id) = self.graph.tensor_id(name).filter(|&id| self.muon.get(id) == Some(&true)) else {
+            return false;
+        };
+        let tp_rank = self.collectives.get("tp").map_or(0, |c| c.rank());
+        self.muon_owner.get(id).is_none_or(|o| o.as_ref().is_none_or(|o| o.mine))
+            && self.muon_split.get(id).is_none_or(|sp| sp.is_none_or(|sp| sp.ns_rank.is_none_or(|r| r == tp_rank)))
     }
 
     /// Per tensor: a Muon matrix another data-parallel rank updates ([`Owner`]), so
@@ -563,6 +603,7 @@ impl<D: Device> Executor<D> {
     /// a covered one; 0 under AdamW and for the matrices other ranks update).
     pub(super) fn muon_scratch_elems(&self) -> usize {
         let lent = self.muon_lent();
+        let tp_rank = self.collectives.get("tp").map_or(0, |c| c.rank());
         self.muon
             .iter()
             .enumerate()
@@ -576,16 +617,17 @@ impl<D: Device> Executor<D> {
                     return fsdp + scratch_elems(r, c);
                 };
                 // A split matrix: this rank's block of U, the gathered blocks, their
-                // first copies (replicated parts), the transposed whole (column
-                // blocks), and Newton–Schulz's own scratch of the whole (the product,
-                // the two Gram matrices and the norm: its U is the gathered whole).
+                // first copies (replicated parts); on the tp rank that runs its
+                // Newton–Schulz, the transposed whole (column blocks) and the
+                // iteration's own scratch of the whole (the product, the two Gram
+                // matrices and the norm: its U is the gathered whole).
+                // Where another tp rank runs it, the blocks only.
                 let (piece, (fr, fc)) = (r * c, sp.full);
-                fsdp + piece
-                    + piece * sp.parts * sp.rep
-                    + if sp.rep > 1 { piece * sp.parts } else { 0 }
-                    + if sp.axis == 1 { fr * fc } else { 0 }
-                    + scratch_elems(fr, fc)
-                    - fr * fc
+                let gathered = fsdp + piece + piece * sp.parts * sp.rep + if sp.rep > 1 { piece * sp.parts } else { 0 };
+                if sp.ns_rank.is_some_and(|r| r != tp_rank) {
+                    return gathered;
+                }
+                gathered + if sp.axis == 1 { fr * fc } else { 0 } + scratch_elems(fr, fc) - fr * fc
             })
             .max()
             .unwrap_or(0)
