@@ -243,6 +243,9 @@ pub struct Executor<D: Device> {
     /// Per tensor, the data-parallel rank that updates a Muon matrix for its group and
     /// broadcasts it (`None`: this rank updates it alone), set with `muon`.
     muon_owner: Vec<Option<muon::Owner>>,
+    /// Per tensor, the rank of an FSDP unit's group that runs a Muon matrix's
+    /// Newton–Schulz and broadcasts it (`fsdp.rs`), set with `muon`.
+    fsdp_muon_owner: Vec<Option<muon::Owner>>,
     /// Where each split weight's part lies in the unsharded weight (the sharding's,
     /// [`Executor::for_rank`]; empty otherwise).
     splits: BTreeMap<String, WeightSplit>,
@@ -601,6 +604,7 @@ impl<D: Device> Executor<D> {
             muon: Vec::new(),
             muon_split: Vec::new(),
             muon_owner: Vec::new(),
+            fsdp_muon_owner: Vec::new(),
             splits: splits.clone(),
             aux: (0..nops).map(|_| Vec::new()).collect(),
             plans: Plans::new(),

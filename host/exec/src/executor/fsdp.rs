@@ -1150,19 +1150,20 @@ impl<D: Device> Executor<D> {
         Ok(())
     }
 
-    /// Muon on the pieces of the matrices it takes, as Megatron-Core's distributed Muon
-    /// does in its "duplicated" mode. Per unit holding one: each rank's momentum step on
-    /// its pieces (elementwise: B ← μ·B + G, U = G + μ·B), the Nesterov updates laid into
-    /// this rank's chunk of the unit's flat layout (zero elsewhere) and all-gathered over
-    /// the unit's group (every rank's chunk is the same length: the padded layout), so
-    /// every rank holds every matrix's whole U; every rank runs the same Newton–Schulz
-    /// on each (a tensor-parallel block gathered further over `tp`, where one tp rank
-    /// runs it and broadcasts it, `super::muon::orthogonalise`) and applies its own range of the result to
-    /// its piece, scaled for the whole matrix. Every rank of the group makes the same
-    /// calls (a rank holding none of a matrix still gathers and orthogonalises it). The
-    /// gather moves the unit's whole flat buffer, the AdamW weights' elements as zeros:
-    /// one parameter all-gather's worth per unit holding a matrix, untimed as the
-    /// tensor-parallel gathers are.
+    /// Muon on the pieces of the matrices it takes. Per unit holding one: each rank's
+    /// momentum step on its pieces (elementwise: B ← μ·B + G, U = G + μ·B), the Nesterov
+    /// updates laid into this rank's chunk of the unit's flat layout (zero elsewhere)
+    /// and all-gathered over the unit's group (every rank's chunk is the same length:
+    /// the padded layout), so every rank holds every matrix's whole U; the rank each
+    /// matrix is dealt to ([`Executor::deal_fsdp_muon`]) runs its Newton–Schulz (a
+    /// tensor-parallel block gathered further over `tp`, where one tp rank runs it and
+    /// broadcasts it, `super::muon::orthogonalise`) and broadcasts the result over the
+    /// group, and every rank applies its own range of it to its piece, scaled for the
+    /// whole matrix. Every rank of the group makes the same calls (a rank holding none
+    /// of a matrix still gathers it and receives its broadcast). The gather moves the
+    /// unit's whole flat buffer, the AdamW weights' elements as zeros: one parameter
+    /// all-gather's worth per unit holding a matrix, untimed as the tensor-parallel
+    /// gathers and the broadcasts are.
     pub(super) fn fsdp_muon_step(&mut self) -> Result<(), ExecError> {
         let super::muon::Optimizer::Muon(mu) = self.optimizer else {
             return Ok(());
@@ -1199,7 +1200,18 @@ impl<D: Device> Executor<D> {
                 let mut whole = dev.alloc(Elem::F32, rows * cols)?;
                 dev.copy(&mut whole, 0, &all, off, rows * cols)?;
                 let split = self.muon_split.get(id).copied().flatten();
-                let full = super::muon::orthogonalise(dev, &self.collectives, split, &mut whole, (rows, cols), mu.ns_steps)?;
+                // One rank of the unit's group orthogonalises it and broadcasts the
+                // result (every rank, without an owner).
+                let owner = self.fsdp_muon_owner.get(id).and_then(Option::as_ref);
+                let full = if owner.is_none_or(|o| o.mine) {
+                    super::muon::orthogonalise(dev, &self.collectives, split, &mut whole, (rows, cols), mu.ns_steps)?
+                } else {
+                    split.map_or((rows, cols), |sp| sp.full)
+                };
+                if let Some(o) = owner {
+                    let group = self.collectives.get(&o.group).ok_or_else(|| ExecError::State(format!("no handle for FSDP group '{}'", o.group)))?;
+                    group.broadcast(dev, &mut whole, o.root)?;
+                }
                 if let Some(p) = unit.pieces.iter_mut().find(|p| p.id == id) {
                     let mut o = dev.alloc(Elem::F32, p.range.len())?;
                     dev.copy(&mut o, 0, &whole, p.range.start, p.range.len())?;
@@ -1239,6 +1251,37 @@ impl<D: Device> Executor<D> {
         };
         let unit = &self.fsdp.units[u];
         if unit.n > 1 { unit.chunk * (unit.n + 1) } else { unit.chunk }
+    }
+
+    /// The owners of the Muon matrices (`takes`) FSDP covers over more than one rank:
+    /// each group's matrices dealt over its ranks by their whole matrix's Newton–Schulz
+    /// work (`muon::deal`, the same on every rank of the group, whose units list the
+    /// same weights), so one rank orthogonalises each and broadcasts it.
+    pub(super) fn deal_fsdp_muon(&self, takes: &[bool], split: &[Option<super::muon::MuonSplit>]) -> Vec<Option<super::muon::Owner>> {
+        let mut owner = vec![None; takes.len()];
+        // Per group: its size, this rank's place in it, and its matrices' work.
+        type Group<'a> = (usize, usize, Vec<(&'a str, u128)>);
+        let mut groups: BTreeMap<&str, Group<'_>> = BTreeMap::new();
+        for unit in self.fsdp.units.iter().filter(|u| u.n > 1) {
+            let g = groups.entry(unit.group.as_str()).or_insert((unit.n, unit.rank, Vec::new()));
+            for &id in unit.ids.iter().filter(|&&id| takes.get(id) == Some(&true)) {
+                let full = split[id].map_or_else(|| super::muon::dims(&self.graph, id), |sp| sp.full);
+                g.2.push((self.graph.tensors[id].name.as_str(), super::muon::ns_work(full)));
+            }
+        }
+        for (group, (n, rank, matrices)) in groups {
+            for (w, root) in super::muon::deal(matrices, n) {
+                if let Some(id) = self.graph.tensor_id(w) {
+                    owner[id] = Some(super::muon::Owner { group: group.to_string(), root, mine: root == rank });
+                }
+            }
+        }
+        owner
+    }
+
+    /// Elements of covered weight `id`'s piece on this rank (0 for none).
+    pub(super) fn fsdp_piece_len(&self, id: TensorId) -> usize {
+        self.piece(id).map_or(0, |p| p.range.len())
     }
 
     /// The piece of covered weight `id` on this rank, if any.

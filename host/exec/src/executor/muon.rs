@@ -57,12 +57,14 @@
 //! each rank's piece of a matrix's Nesterov update (elementwise, so the piece's update is
 //! the whole's) goes into its equal-length chunk of the unit's padded flat layout, which
 //! is all-gathered over the unit's group; every rank then holds every whole matrix's
-//! update, runs the same Newton–Schulz on it (a tensor-parallel block gathered further
-//! over `tp` and dealt there, [`orthogonalise_split`]) and applies its own range, scaled
-//! for the whole matrix (`Executor::fsdp_muon_step`; Megatron's "duplicated" mode over
-//! the FSDP group). That costs one all-gather of a unit's flat buffer per step (AdamW's
-//! elements travel as zeros), and every rank of the FSDP group orthogonalises every
-//! matrix.
+//! update. The group's ranks deal the matrices by the same rule: the one a matrix falls
+//! to runs Newton–Schulz on it (a tensor-parallel block gathered further over `tp` and
+//! dealt there, [`orthogonalise_split`]) and broadcasts it over the group, and each
+//! rank applies its own range, scaled for the whole matrix
+//! (`Executor::fsdp_muon_step`). That costs one all-gather of a unit's flat buffer per
+//! step (AdamW's elements travel as zeros) and one broadcast of each matrix. So under
+//! every layout each matrix is orthogonalised on one rank of its data-parallel ×
+//! tensor-parallel group ([`Executor::orthogonalises`]).
 
 use std::collections::HashMap;
 
@@ -213,17 +215,17 @@ impl MuonSplit {
 /// holds its momentum, and broadcasts the updated weight; the others receive it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Owner {
-    group: String,
-    root: usize,
+    pub(super) group: String,
+    pub(super) root: usize,
     /// This rank is `root`.
-    mine: bool,
+    pub(super) mine: bool,
 }
 
 /// Deal `matrices` (a name, Newton–Schulz work) over `ranks` ranks: the most work first
 /// (ties by name), each to the rank with the least work dealt so far (ties to the lowest
 /// rank). Every rank of a group deals the same list alike, so they agree on the owners
 /// without a word.
-fn deal(mut matrices: Vec<(&str, u128)>, ranks: usize) -> Vec<(&str, usize)> {
+pub(super) fn deal(mut matrices: Vec<(&str, u128)>, ranks: usize) -> Vec<(&str, usize)> {
     matrices.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(b.0)));
     let mut load = vec![0u128; ranks.max(1)];
     matrices
@@ -238,7 +240,7 @@ fn deal(mut matrices: Vec<(&str, u128)>, ranks: usize) -> Vec<(&str, usize)> {
 
 /// Newton–Schulz work of one step on a rows × cols matrix, in multiply-adds per
 /// iteration: X·Xᵀ and (B'·X) each s·s·l, A·A s³ (s the short side, l the long).
-fn ns_work((rows, cols): (usize, usize)) -> u128 {
+pub(super) fn ns_work((rows, cols): (usize, usize)) -> u128 {
     let (s, l) = (rows.min(cols) as u128, rows.max(cols) as u128);
     s * s * (2 * l + s)
 }
@@ -420,7 +422,7 @@ impl<D: Device> Executor<D> {
     /// Choose the optimizer the steps run (AdamW until this is called), before the first
     /// step: Muon's matrices ([`muon_weights`]) trade AdamW's two moments for one
     /// momentum buffer, zeroed (none for a matrix another rank of a data-parallel
-    /// group updates, [`Owner`]; call this after the step collectives are set, as
+    /// group updates, `Owner`; call this after the step collectives are set, as
     /// [`Executor::for_rank`] does), and AdamW's moments come back for them under AdamW.
     ///
     /// # Errors
@@ -462,12 +464,14 @@ impl<D: Device> Executor<D> {
             split[id] = s;
         }
         let owner = self.deal_muon_owners(&takes, &split);
+        let fsdp_owner = self.deal_fsdp_muon(&takes, &split);
         // The tp ranks deal the split matrices their data-parallel index updates (all
         // of them where none is lent): the same list on every rank of the tp group.
         let mut dealt: Vec<(&str, u128)> = Vec::new();
         for (id, sp) in split.iter().enumerate() {
             if let Some(sp) = sp
                 && owner[id].as_ref().is_none_or(|o| o.mine)
+                && fsdp_owner[id].as_ref().is_none_or(|o| o.mine)
             {
                 dealt.push((self.graph.tensors[id].name.as_str(), ns_work(sp.full)));
             }
@@ -497,6 +501,7 @@ impl<D: Device> Executor<D> {
         self.muon = takes;
         self.muon_split = split;
         self.muon_owner = owner;
+        self.fsdp_muon_owner = fsdp_owner;
         self.optimizer = opt;
         Ok(())
     }
@@ -532,15 +537,16 @@ impl<D: Device> Executor<D> {
 
     /// Whether this rank runs the Newton–Schulz iteration of weight `name`: a matrix
     /// Muon updates, unless another rank of its data-parallel all-reduce owns it
-    /// ([`Owner`]) or another tensor-parallel rank orthogonalises the whole of its block
-    /// (`MuonSplit`); FSDP's every rank orthogonalises every matrix (dealt over `tp`
-    /// alone). False under AdamW.
+    /// (`Owner`; under FSDP, of the unit's group), or another tensor-parallel rank
+    /// orthogonalises the whole of its block (`MuonSplit`). False under AdamW.
     pub fn orthogonalises(&self, name: &str) -> bool {
         let Some(id) = self.graph.tensor_id(name).filter(|&id| self.muon.get(id) == Some(&true)) else {
             return false;
         };
         let tp_rank = self.collectives.get("tp").map_or(0, |c| c.rank());
-        self.muon_owner.get(id).is_none_or(|o| o.as_ref().is_none_or(|o| o.mine))
+        let mine = |owners: &[Option<Owner>]| owners.get(id).is_none_or(|o| o.as_ref().is_none_or(|o| o.mine));
+        mine(&self.muon_owner)
+            && mine(&self.fsdp_muon_owner)
             && self.muon_split.get(id).is_none_or(|sp| sp.is_none_or(|sp| sp.ns_rank.is_none_or(|r| r == tp_rank)))
     }
 
@@ -611,8 +617,13 @@ impl<D: Device> Executor<D> {
             .map(|(id, _)| {
                 let (r, c) = dims(&self.graph, id);
                 // An FSDP unit's flat chunk and its gathered copy (`fsdp.rs`); its
-                // whole copy of the matrix is the update U.
+                // whole copy of the matrix is the update U. Where another rank of the
+                // unit's group orthogonalises it, the copy receives the result, and
+                // then this rank's piece of it.
                 let fsdp = self.fsdp_muon_extra(id);
+                if self.fsdp_muon_owner.get(id).is_some_and(|o| o.as_ref().is_some_and(|o| !o.mine)) {
+                    return fsdp + r * c + self.fsdp_piece_len(id);
+                }
                 let Some(sp) = self.muon_split.get(id).copied().flatten() else {
                     return fsdp + scratch_elems(r, c);
                 };
