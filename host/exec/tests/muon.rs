@@ -14,7 +14,7 @@ use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Optimizer};
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::{AdamW, Executor};
-use runner_graph::shard::{Layout, shard};
+use runner_graph::shard::{Layout, RankCoord, Sharded, shard};
 use runner_graph::{Graph, OpKind};
 
 const H: AdamW = AdamW { lr: 1e-2, ..ADAMW_DEFAULT };
@@ -64,6 +64,41 @@ fn worst(a: &Grads, b: &Grads) -> (f32, String) {
     out
 }
 
+/// One rank of a test mesh, as [`on_ranks`] hands it to its body.
+struct Rank {
+    coord: RankCoord,
+    shard: Sharded,
+    ex: Executor<Cpu>,
+    /// This rank's inputs.
+    data: Data,
+}
+
+/// `body` on every rank of `layout` over `g` (the tp × pp × dp mesh), each in its own
+/// thread with an executor of its shard (`w0`'s weights loaded, where given) and its
+/// inputs of `data` (a data-parallel rank's half where `halve`); the results in mesh
+/// order.
+fn on_ranks<T: Send + 'static>(g: &Graph, layout: &Layout, data: &Data, halve: bool, w0: Option<&Grads>, body: impl Fn(Rank) -> T + Send + Sync + 'static) -> Vec<T> {
+    let body = std::sync::Arc::new(body);
+    let tp = layout.tp as usize;
+    let hs: Vec<_> = mesh(layout.tp, layout.pp, layout.dp)
+        .into_iter()
+        .map(|m| {
+            let shard = shard(g, layout, m.coord).unwrap();
+            let data = if halve { half_of(data, m.coord.dp as usize) } else { data.clone() };
+            let (g, w0, body, r) = (g.clone(), w0.cloned(), body.clone(), m.coord.tp as usize);
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&shard, Cpu::new(), options(), m.groups).unwrap();
+                if let Some(w0) = &w0 {
+                    load_weights(&mut ex, &g, &shard.graph, w0, r, tp);
+                }
+                let data = rank_inputs(&g, &shard.graph, &data, r, tp);
+                body(Rank { coord: m.coord, shard, ex, data })
+            })
+        })
+        .collect();
+    hs.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
 /// Three Muon steps at dp 2 (pp 1 and 2, a tied embedding split over the first and
 /// last stage; and pp 2 with FSDP) track the unsharded full batch within 1e-5, where
 /// AdamW's three steps are 1e-3 away: each matrix's update is one rank's, from the same
@@ -78,26 +113,14 @@ fn muon_data_parallel_and_pipeline_track_unsharded() {
     assert!(apart > 1e-3, "AdamW and Muon are {apart} apart: the check below would not tell them apart");
     for (pp, fsdp) in [(1u32, false), (2, false), (2, true)] {
         let layout = Layout { dp: 2, pp, fsdp, ..Layout::single(1, 2) };
-        let hs: Vec<_> = mesh(1, pp, 2)
-            .into_iter()
-            .map(|m| {
-                let s = shard(&half_g, &layout, m.coord).unwrap();
-                let half = half_of(&data, m.coord.dp as usize);
-                let (g, w0) = (half_g.clone(), w0.clone());
-                std::thread::spawn(move || {
-                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                    assert_eq!(ex.fsdp_sharded(), fsdp);
-                    ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
-                    load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
-                    let half = rank_inputs(&g, &s.graph, &half, 0, 1);
-                    let last = s.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
-                    let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
-                    let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
-                    (last, losses, ex.gather_weights().unwrap(), muon)
-                })
-            })
-            .collect();
-        let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let out = on_ranks(&half_g, &layout, &data, true, Some(&w0), move |Rank { shard, mut ex, data, .. }| {
+            assert_eq!(ex.fsdp_sharded(), fsdp);
+            ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
+            let last = shard.graph.ops.iter().any(|o| o.kind == OpKind::CrossEntropy);
+            let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&data), &H).unwrap()).collect();
+            let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
+            (last, losses, ex.gather_weights().unwrap(), muon)
+        });
         let lasts: Vec<&Vec<f32>> = out.iter().filter(|o| o.0).map(|o| &o.1).collect();
         assert_eq!(lasts.len(), 2);
         for i in 0..3 {
@@ -209,33 +232,21 @@ fn muon_data_parallel_deals_matrices_or_fsdp_gathers_pieces_and_tracks_unsharded
         let (apart, _) = worst(&adamw, &w3);
         assert!(apart > 1e-3, "AdamW and Muon are {apart} apart: the check below would not tell them apart");
         let layout = Layout { tp, dp: 2, fsdp, ..Layout::single(1, 2) };
-        let hs: Vec<_> = mesh(tp, 1, 2)
-            .into_iter()
-            .map(|m| {
-                let s = shard(&half_g, &layout, m.coord).unwrap();
-                let half = half_of(&data, m.coord.dp as usize);
-                let (g, w0, r) = (half_g.clone(), w0.clone(), m.coord.tp as usize);
-                std::thread::spawn(move || {
-                    let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                    assert_eq!(ex.fsdp_sharded(), fsdp);
-                    ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
-                    // What AdamW would hold (value, gradient, two moments) less this
-                    // rank's state: one word per Muon matrix element, two where
-                    // another rank updates it.
-                    let adamw_state: u64 = ex.trainable().iter().map(|w| 16 * s.graph.tensors[s.graph.tensor_id(w).unwrap()].numel()).sum();
-                    let muon_bytes: u64 = ex.trainable().iter().filter(|w| ex.takes_muon(w)).map(|w| 4 * s.graph.tensors[s.graph.tensor_id(w).unwrap()].numel()).sum();
-                    let lent = adamw_state - ex.memory().state_bytes - muon_bytes;
-                    load_weights(&mut ex, &g, &s.graph, &w0, r, tp as usize);
-                    let half = rank_inputs(&g, &s.graph, &half, r, tp as usize);
-                    let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
-                    let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
-                    let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
-                    let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
-                    (m.coord, losses, ex.gather_weights().unwrap(), muon, shapes, (lent, muon_bytes), ns)
-                })
-            })
-            .collect();
-        let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+        let out = on_ranks(&half_g, &layout, &data, true, Some(&w0), move |Rank { coord, shard: s, mut ex, data }| {
+            assert_eq!(ex.fsdp_sharded(), fsdp);
+            ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
+            // What AdamW would hold (value, gradient, two moments) less this
+            // rank's state: one word per Muon matrix element, two where
+            // another rank updates it.
+            let adamw_state: u64 = ex.trainable().iter().map(|w| 16 * s.graph.tensors[s.graph.tensor_id(w).unwrap()].numel()).sum();
+            let muon_bytes: u64 = ex.trainable().iter().filter(|w| ex.takes_muon(w)).map(|w| 4 * s.graph.tensors[s.graph.tensor_id(w).unwrap()].numel()).sum();
+            let lent = adamw_state - ex.memory().state_bytes - muon_bytes;
+            let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&data), &H).unwrap()).collect();
+            let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
+            let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+            let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+            (coord, losses, ex.gather_weights().unwrap(), muon, shapes, (lent, muon_bytes), ns)
+        });
         for (i, &want) in want.iter().enumerate() {
             for t in 0..tp {
                 let l: Vec<f32> = out.iter().filter(|o| o.0.tp == t).map(|o| o.1[i]).collect();
@@ -309,26 +320,15 @@ fn adamw_after_muon_on_a_dp_rank_brings_back_the_lent_state() {
     let data = synthetic_inputs(&full_g, 41);
     let (want, w0, w2) = unsharded(&full_g, &data, Optimizer::AdamW, 2);
     let layout = Layout { dp: 2, ..Layout::single(1, 2) };
-    let hs: Vec<_> = mesh(1, 1, 2)
-        .into_iter()
-        .map(|m| {
-            let s = shard(&half_g, &layout, m.coord).unwrap();
-            let half = half_of(&data, m.coord.dp as usize);
-            let (g, w0) = (half_g.clone(), w0.clone());
-            std::thread::spawn(move || {
-                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                let adamw_state = ex.memory().state_bytes;
-                ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
-                let muon_state = ex.memory().state_bytes;
-                ex.set_optimizer(Optimizer::AdamW).unwrap();
-                assert_eq!(ex.memory().state_bytes, adamw_state, "under Muon the rank held {muon_state}");
-                load_weights(&mut ex, &g, &s.graph, &w0, 0, 1);
-                let losses: Vec<f32> = (0..2).map(|_| ex.step(&inputs(&half), &H).unwrap()).collect();
-                (losses, weights(&ex))
-            })
-        })
-        .collect();
-    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    let out = on_ranks(&half_g, &layout, &data, true, Some(&w0), |Rank { mut ex, data, .. }| {
+        let adamw_state = ex.memory().state_bytes;
+        ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
+        let muon_state = ex.memory().state_bytes;
+        ex.set_optimizer(Optimizer::AdamW).unwrap();
+        assert_eq!(ex.memory().state_bytes, adamw_state, "under Muon the rank held {muon_state}");
+        let losses: Vec<f32> = (0..2).map(|_| ex.step(&inputs(&data), &H).unwrap()).collect();
+        (losses, weights(&ex))
+    });
     for (i, want) in want.iter().enumerate() {
         let mean = (out[0].0[i] + out[1].0[i]) / 2.0;
         assert!((mean - want).abs() <= 1e-5 * want, "step {i}: mean over dp {mean} vs unsharded {want}");
@@ -351,24 +351,14 @@ fn muon_memory_account_matches_the_peak_where_the_update_sets_it() {
         let g = with_roles(toy::llama(&ToyConfig { layers: 1, ffn: 2048, seq: 2, batch: 1, ..ToyConfig::tiny() }), tp > 1);
         let data = synthetic_inputs(&g, 43);
         let layout = Layout { tp, dp, fsdp, ..Layout::single(1, 2) };
-        let run = |opt: Optimizer| -> Vec<runner_exec::executor::MemoryReport> {
-            let hs: Vec<_> = mesh(tp, 1, dp)
-                .into_iter()
-                .map(|m| {
-                    let s = shard(&g, &layout, m.coord).unwrap();
-                    let (g, data, r) = (g.clone(), data.clone(), m.coord.tp as usize);
-                    std::thread::spawn(move || {
-                        let mut ex = Executor::for_rank(&s, Cpu::new(), options(), m.groups).unwrap();
-                        ex.set_optimizer(opt).unwrap();
-                        let d = rank_inputs(&g, &s.graph, &data, r, tp as usize);
-                        for _ in 0..2 {
-                            ex.step(&inputs(&d), &H).unwrap();
-                        }
-                        ex.memory()
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        let run = |opt: Optimizer| {
+            on_ranks(&g, &layout, &data, false, None, move |Rank { mut ex, data, .. }| {
+                ex.set_optimizer(opt).unwrap();
+                for _ in 0..2 {
+                    ex.step(&inputs(&data), &H).unwrap();
+                }
+                ex.memory()
+            })
         };
         let (muon, adamw) = (run(Optimizer::Muon(MUON_DEFAULT)), run(Optimizer::AdamW));
         for (r, (m, a)) in muon.iter().zip(&adamw).enumerate() {
