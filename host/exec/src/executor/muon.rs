@@ -232,7 +232,7 @@ pub(super) fn deal(mut matrices: Vec<(&str, u128)>, ranks: usize) -> Vec<(&str, 
         .into_iter()
         .map(|(name, work)| {
             let r = (0..load.len()).min_by_key(|&r| (load[r], r)).unwrap_or(0);
-            load[r] += work;
+            load[r] = load[r].saturating_add(work);
             (name, r)
         })
         .collect()
@@ -242,7 +242,7 @@ pub(super) fn deal(mut matrices: Vec<(&str, u128)>, ranks: usize) -> Vec<(&str, 
 /// iteration: X·Xᵀ and (B'·X) each s·s·l, A·A s³ (s the short side, l the long).
 pub(super) fn ns_work((rows, cols): (usize, usize)) -> u128 {
     let (s, l) = (rows.min(cols) as u128, rows.max(cols) as u128);
-    s * s * (2 * l + s)
+    s.saturating_mul(s).saturating_mul(l.saturating_mul(2).saturating_add(s))
 }
 
 /// The matrix dimensions (rows, cols) of a weight Muon takes.

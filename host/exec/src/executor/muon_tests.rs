@@ -397,3 +397,32 @@ fn the_optimizer_is_set_before_the_first_step_with_sane_settings() {
     graphed.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
     assert!(graphed.graph_blocker().is_some_and(|b| b.contains("--device cuda")), "{:?}", graphed.graph_blocker());
 }
+
+/// The deal of matrices over ranks: largest Newton–Schulz work first, each to the
+/// least-loaded rank (ties to the lowest rank, equal work by name), so every rank of a
+/// group computes the same owners; no rank ends more than the largest matrix's work
+/// above another.
+#[test]
+fn matrices_are_dealt_largest_first_to_the_least_loaded_rank() {
+    use super::muon::{deal, ns_work};
+    let got: HashMap<&str, usize> = deal(vec![("c", 1), ("a", 10), ("d", 1), ("b", 9)], 2).into_iter().collect();
+    // a (10) → 0; b (9) → 1; c (1) → 1 (9 < 10); d (1): 10 = 10, the lower rank → 0.
+    assert_eq!(got, HashMap::from([("a", 0), ("b", 1), ("c", 1), ("d", 0)]));
+    // The order the list comes in does not matter.
+    let again: HashMap<&str, usize> = deal(vec![("b", 9), ("d", 1), ("a", 10), ("c", 1)], 2).into_iter().collect();
+    assert_eq!(got, again);
+    assert!(deal(vec![("x", 5), ("y", 7)], 1).iter().all(|&(_, r)| r == 0));
+    // Work is the iteration's multiply-adds: X·Xᵀ and B'·X s·s·l each, A·A s³.
+    assert_eq!(ns_work((4, 6)), 4 * 4 * (2 * 6 + 4));
+    assert_eq!(ns_work((6, 4)), ns_work((4, 6)));
+    assert_eq!(ns_work((usize::MAX, usize::MAX)), u128::MAX, "saturates, never overflows");
+    // Balance: 40 matrices of assorted shapes over 3 ranks.
+    let names: Vec<String> = (0..40).map(|i| format!("m{i}")).collect();
+    let work: Vec<u128> = (0..40).map(|i| ns_work((16 + 8 * (i % 5), 32 + 16 * (i % 7)))).collect();
+    let mut load = [0u128; 3];
+    for (name, r) in deal(names.iter().map(String::as_str).zip(work.iter().copied()).collect(), 3) {
+        load[r] += work[names.iter().position(|n| n == name).unwrap()];
+    }
+    let (lo, hi) = (load.iter().min().unwrap(), load.iter().max().unwrap());
+    assert!(hi - lo <= *work.iter().max().unwrap(), "{load:?}");
+}
