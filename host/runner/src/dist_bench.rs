@@ -718,6 +718,10 @@ pub struct RankResult {
     pub buckets_in_backward: usize,
     /// sha256 of every weight's bits after the steps, by name order.
     pub weights_sha256: String,
+    /// Under Muon, the matrices whose Newton–Schulz this rank runs each step (the
+    /// ranks deal them, `Executor::orthogonalises`); 0 under AdamW.
+    #[serde(default)]
+    pub orthogonalised: usize,
 }
 
 /// What `bench step` runs: the layout, the steps, the micro-batches of each and their
@@ -949,6 +953,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         buckets: buckets.len(),
         buckets_in_backward: buckets.iter().filter(|b| b.steps_left > 0).count(),
         weights_sha256: weight_digest(&ex)?,
+        orthogonalised: ex.trainable().iter().filter(|w| ex.orthogonalises(w)).count(),
     })
 }
 
@@ -1040,10 +1045,13 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             })
             .collect::<Result<_>>()?
     };
-    let mut t = Table::new(
-        format!("toy Llama ({} layers, width {}), {}", run.toy.layers, run.toy.hidden, run.flags()),
-        &["rank", "(tp, pp, dp)", "losses", "step ms (median)", "comm ms", "buckets (in backward)", "in flight", "peak MiB", "weights sha256"],
-    );
+    let muon = matches!(run.optimizer, runner_exec::executor::Optimizer::Muon(_));
+    let mut head = vec!["rank", "(tp, pp, dp)", "losses", "step ms (median)", "comm ms", "buckets (in backward)", "in flight", "peak MiB"];
+    if muon {
+        head.push("NS matrices");
+    }
+    head.push("weights sha256");
+    let mut t = Table::new(format!("toy Llama ({} layers, width {}), {}", run.toy.layers, run.toy.hidden, run.flags()), &head);
     for r in &results {
         // The first step, alone when there is one, warms up.
         let median = |s: &[f64]| Stat::of(&s[usize::from(s.len() > 1)..]).median * 1e3;
@@ -1056,8 +1064,12 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             format!("{} ({})", r.buckets, r.buckets_in_backward),
             r.micro_batches_in_flight.to_string(),
             format!("{:.1}", r.peak_bytes as f64 / f64::from(1u32 << 20)),
-            r.weights_sha256[..16].to_string(),
         ]);
+        let row = t.rows.last_mut().expect("a row was pushed");
+        if muon {
+            row.push(r.orthogonalised.to_string());
+        }
+        row.push(r.weights_sha256[..16].to_string());
     }
     t.notes.push(format!(
         "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights; \
@@ -1067,6 +1079,13 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
          --ddp-bucket-size sets the all-reduces' size)",
         results.len()
     ));
+    if muon {
+        t.notes.push(
+            "NS matrices: the Muon matrices whose Newton-Schulz iteration the rank runs; the data-parallel, FSDP and \
+             tensor-parallel ranks deal them, each matrix to one rank, which broadcasts it"
+                .into(),
+        );
+    }
     if !in_process && launch.world > 1 {
         t.notes.push(launch_note(&launch));
     }

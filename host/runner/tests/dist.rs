@@ -291,6 +291,12 @@ fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
         assert_eq!((m[0] == m[2], m[1] == m[3], m[0] == m[1]), (true, true, false), "{layout}: replicas alike, stages or blocks not: {m:?}");
         assert!(m.iter().zip(&a).all(|(x, y)| x != y), "{layout}: Muon's weights are not AdamW's: {m:?} {a:?}");
         assert_eq!(muon[1]["losses"][0], adamw[1]["losses"][0], "{layout}: the first loss comes before any update");
+        // The toy's 2 layers a stage hold 7 matrices each; every one is orthogonalised
+        // on one rank.
+        let ns = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|r| r["orthogonalised"].as_u64().unwrap()).collect::<Vec<_>>();
+        let stages = if layout.starts_with("pp=2") { 2 } else { 1 };
+        assert_eq!(ns(&muon).iter().sum::<u64>(), 14 * stages, "{layout}: {:?}", ns(&muon));
+        assert!(ns(&muon).iter().all(|&n| n > 0) && ns(&adamw).iter().all(|&n| n == 0), "{layout}: {:?} {:?}", ns(&muon), ns(&adamw));
     }
     // FSDP ranks gather their pieces of each matrix's update: the same reduced gradients
     // and the same whole matrices as plain data parallelism, so the same losses and
@@ -301,6 +307,7 @@ fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
         assert_eq!(a["losses"], b["losses"], "dp=2,fsdp: Muon's losses are plain dp's");
         assert_eq!(a["weights_sha256"], b["weights_sha256"], "dp=2,fsdp: Muon's weights are plain dp's");
         assert_ne!(b["weights_sha256"], c["weights_sha256"], "dp=2,fsdp: Muon's weights are not AdamW's");
+        assert_eq!(b["orthogonalised"], 7, "dp=2,fsdp: the ranks deal the 14 matrices");
     }
 }
 
