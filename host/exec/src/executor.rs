@@ -184,8 +184,9 @@ pub struct StepProfile {
     pub recompute_op_s: Vec<f64>,
     pub optimizer_s: f64,
     /// Seconds inside collective calls since the forward began: the graph's collective
-    /// ops (included in `forward_s` and `backward_s`) and the step's gradient reduction
-    /// ([`Executor::reduce_gradients`], outside the three phases). 0 unsharded. Of an
+    /// ops (included in `forward_s` and `backward_s`), the step's gradient reduction
+    /// ([`Executor::reduce_gradients`], outside the three phases) and Muon's gathers and
+    /// broadcasts (included in `optimizer_s`). 0 unsharded. Of an
     /// overlapped bucket ([`ExecOptions::overlap_grad_reduce`]), or of an FSDP
     /// prefetched gather or reduce-scatter, it counts the start and the wait for the
     /// end, not the time it ran beside the compute.
@@ -1415,6 +1416,8 @@ impl<D: Device> Executor<D> {
         let t1 = self.device.record()?;
         self.device.synchronize()?;
         self.profile.optimizer_s = self.device.elapsed_s(&t0, &t1)?;
+        // Muon's gathers and broadcasts.
+        self.note_comm()?;
         for (id, s, e) in std::mem::take(&mut self.pending.optimizer) {
             self.profile.optimizer_tensor_s[id] = self.device.elapsed_s(&s, &e)?;
         }

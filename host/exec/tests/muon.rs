@@ -371,3 +371,30 @@ fn muon_memory_account_matches_the_peak_where_the_update_sets_it() {
         }
     }
 }
+
+/// Muon's gathers and broadcasts count in the step's communication time: at tp 2 × dp 2
+/// (and with FSDP) the optimizer adds to what the passes and the gradient reduction
+/// spent in collective calls; AdamW's optimizer calls none, so adds nothing.
+#[test]
+fn muon_collectives_count_in_the_communication_time() {
+    let g = with_roles(toy::llama(&ToyConfig { batch: 1, ..ToyConfig::tiny() }), true);
+    let data = synthetic_inputs(&g, 47);
+    for fsdp in [false, true] {
+        let layout = Layout { tp: 2, dp: 2, fsdp, ..Layout::single(1, 2) };
+        let run = |opt: Optimizer| {
+            on_ranks(&g, &layout, &data, false, None, move |Rank { mut ex, data, .. }| {
+                ex.set_optimizer(opt).unwrap();
+                ex.forward(&inputs(&data)).unwrap();
+                ex.backward().unwrap();
+                ex.reduce_gradients().unwrap();
+                let before = ex.profile().communication_s;
+                ex.optimizer_step(&H).unwrap();
+                (before, ex.profile().communication_s)
+            })
+        };
+        for (r, ((mb, ma), (ab, aa))) in run(Optimizer::Muon(MUON_DEFAULT)).into_iter().zip(run(Optimizer::AdamW)).enumerate() {
+            assert!(mb > 0.0 && ma > mb, "fsdp {fsdp}, rank {r}: Muon's optimizer took {ma} - {mb} s of collectives");
+            assert_eq!(aa, ab, "fsdp {fsdp}, rank {r}: AdamW's optimizer calls no collective");
+        }
+    }
+}

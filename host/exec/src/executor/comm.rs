@@ -110,6 +110,14 @@ impl<B> Default for Mailbox<B> {
     }
 }
 
+impl<D: Device> CommState<D> {
+    /// Handle `c` on `dev`, its calls timed into this rank's communication time (where
+    /// the executor's other fields are borrowed apart, as the optimizer's are).
+    pub(super) fn timed<'a>(&'a self, c: &'a dyn Collective<D>, dev: &'a D) -> Timed<'a, D> {
+        Timed { c, dev, spans: &self.spans }
+    }
+}
+
 impl<D: Device> Default for CommState<D> {
     fn default() -> Self {
         CommState {
@@ -156,6 +164,9 @@ impl<D: Device> Timed<'_, D> {
     }
     pub(super) fn all_gather(&self, input: &D::Buffer, output: &mut D::Buffer) -> Result<(), ExecError> {
         self.time(|c, d| c.all_gather(d, input, output))
+    }
+    pub(super) fn broadcast(&self, buf: &mut D::Buffer, root: usize) -> Result<(), ExecError> {
+        self.time(|c, d| c.broadcast(d, buf, root))
     }
     pub(super) fn all_to_all_v(
         &self,
@@ -332,11 +343,7 @@ impl<D: Device> Executor<D> {
 
     /// The handle of group `name`, timed.
     pub(super) fn timed(&self, name: &str) -> Option<Timed<'_, D>> {
-        self.collectives.get(name).map(|c| Timed {
-            c: c.as_ref(),
-            dev: &self.device,
-            spans: &self.comm.spans,
-        })
+        self.collectives.get(name).map(|c| self.comm.timed(c.as_ref(), &self.device))
     }
 
     /// The handle of `op`'s group, checked against its `group-size`.

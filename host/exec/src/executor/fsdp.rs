@@ -1162,8 +1162,8 @@ impl<D: Device> Executor<D> {
     /// whole matrix. Every rank of the group makes the same calls (a rank holding none
     /// of a matrix still gathers it and receives its broadcast). The gather moves the
     /// unit's whole flat buffer, the AdamW weights' elements as zeros: one parameter
-    /// all-gather's worth per unit holding a matrix, untimed as the tensor-parallel
-    /// gathers and the broadcasts are.
+    /// all-gather's worth per unit holding a matrix; it and the broadcasts count in the
+    /// communication time.
     pub(super) fn fsdp_muon_step(&mut self) -> Result<(), ExecError> {
         let super::muon::Optimizer::Muon(mu) = self.optimizer else {
             return Ok(());
@@ -1186,7 +1186,7 @@ impl<D: Device> Executor<D> {
             let all = if unit.n > 1 {
                 let group = self.collectives.get(&unit.group).ok_or_else(|| ExecError::State(format!("no handle for FSDP group '{}'", unit.group)))?;
                 let mut all = dev.alloc(Elem::F32, unit.chunk * unit.n)?;
-                group.all_gather(dev, &mine, &mut all)?;
+                self.comm.timed(group.as_ref(), dev).all_gather(&mine, &mut all)?;
                 all
             } else {
                 mine
@@ -1204,13 +1204,14 @@ impl<D: Device> Executor<D> {
                 // result (every rank, without an owner).
                 let owner = self.fsdp_muon_owner.get(id).and_then(Option::as_ref);
                 let full = if owner.is_none_or(|o| o.mine) {
-                    super::muon::orthogonalise(dev, &self.collectives, split, &mut whole, (rows, cols), mu.ns_steps)?
+                    let tp = self.collectives.get("tp").map(|c| self.comm.timed(c.as_ref(), dev));
+                    super::muon::orthogonalise(dev, tp.as_ref(), split, &mut whole, (rows, cols), mu.ns_steps)?
                 } else {
                     split.map_or((rows, cols), |sp| sp.full)
                 };
                 if let Some(o) = owner {
                     let group = self.collectives.get(&o.group).ok_or_else(|| ExecError::State(format!("no handle for FSDP group '{}'", o.group)))?;
-                    group.broadcast(dev, &mut whole, o.root)?;
+                    self.comm.timed(group.as_ref(), dev).broadcast(&mut whole, o.root)?;
                 }
                 if let Some(p) = unit.pieces.iter_mut().find(|p| p.id == id) {
                     let mut o = dev.alloc(Elem::F32, p.range.len())?;

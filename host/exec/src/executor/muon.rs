@@ -40,9 +40,8 @@
 //! distributed optimizer, which its `dist_muon` runs under and the projection models):
 //! a matrix's owner alone keeps its momentum, runs its update and broadcasts the new
 //! weight over the group, so each rank orthogonalises about 1/dp of the matrices and
-//! holds their momentum only, for one broadcast of each matrix a step (not counted in
-//! the communication time, like the gathers below). The result is the same bit for
-//! bit: every rank holds the same reduced gradient.
+//! holds their momentum only, for one broadcast of each matrix a step. The result is
+//! the same bit for bit: every rank holds the same reduced gradient.
 //! A tensor-parallel rank holds a row block (column-parallel linears) or a column block
 //! (row-parallel) of a matrix, which Newton–Schulz cannot orthogonalise piecewise: its
 //! Nesterov update is all-gathered over `tp` into the whole matrix (a column block's
@@ -64,16 +63,15 @@
 //! (`Executor::fsdp_muon_step`). That costs one all-gather of a unit's flat buffer per
 //! step (AdamW's elements travel as zeros) and one broadcast of each matrix. So under
 //! every layout each matrix is orthogonalised on one rank of its data-parallel ×
-//! tensor-parallel group ([`Executor::orthogonalises`]).
-
-use std::collections::HashMap;
+//! tensor-parallel group ([`Executor::orthogonalises`]). Every gather and broadcast
+//! counts in the step's communication time (`StepProfile::communication_s`).
 
 use runner_graph::shard::WeightSplit;
 use runner_graph::{Graph, OpKind, Role, TensorId, TensorKind};
 use runner_kernels::cpu::matmul::Gemm;
 
 use super::Executor;
-use crate::collective::Collective;
+use super::comm::Timed;
 use crate::device::{Device, DeviceBuffer, Elem, ExecError};
 
 /// Muon's own settings; the learning rate and weight decay are the step's [`AdamW`](runner_kernels::cpu::adamw::AdamW)'s.
@@ -340,13 +338,13 @@ pub(super) fn nesterov_elems<D: Device + ?Sized>(dev: &D, grad: &D::Buffer, buf:
 }
 
 /// Newton–Schulz of Muon matrix `u`, this rank's rows × cols of it: in place where the
-/// rank holds it whole (`split` `None`), else gathered over the `tp` group of
-/// `collectives` ([`orthogonalise_split`]). Returns the whole matrix's (rows, cols),
-/// which the update's scale ([`update_scale`]) is of. One rule for whole weights and
-/// FSDP pieces (`fsdp.rs`).
+/// rank holds it whole (`split` `None`), else gathered over `tp`, the rank's timed `tp`
+/// handle ([`orthogonalise_split`]). Returns the whole matrix's (rows, cols), which the
+/// update's scale ([`update_scale`]) is of. One rule for whole weights and FSDP pieces
+/// (`fsdp.rs`).
 pub(super) fn orthogonalise<D: Device>(
     dev: &D,
-    collectives: &HashMap<String, Box<dyn Collective<D>>>,
+    tp: Option<&Timed<'_, D>>,
     split: Option<MuonSplit>,
     u: &mut D::Buffer,
     (rows, cols): (usize, usize),
@@ -356,8 +354,8 @@ pub(super) fn orthogonalise<D: Device>(
         newton_schulz(dev, u, rows, cols, steps)?;
         return Ok((rows, cols));
     };
-    let tp = collectives.get("tp").ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
-    orthogonalise_split(dev, tp.as_ref(), u, cols, sp, steps)?;
+    let tp = tp.ok_or_else(|| ExecError::State("Muon: a split matrix without a tp group".into()))?;
+    orthogonalise_split(dev, tp, u, cols, sp, steps)?;
     Ok(sp.full)
 }
 
@@ -384,10 +382,10 @@ pub(super) fn swap_state<D: Device + ?Sized>(dev: &D, muon: bool, moments: &mut 
 /// over `tp` into the whole, orthogonalised by `sp.ns_rank`, which broadcasts the
 /// result (or by every rank alike, without one), and `u` takes this rank's block of
 /// the result. A collective call on `tp`.
-fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Buffer, cols: usize, sp: MuonSplit, steps: u32) -> Result<(), ExecError> {
+fn orthogonalise_split<D: Device>(dev: &D, tp: &Timed<'_, D>, u: &mut D::Buffer, cols: usize, sp: MuonSplit, steps: u32) -> Result<(), ExecError> {
     let piece = u.len();
     let mut all = dev.alloc(Elem::F32, piece * tp.size())?;
-    tp.all_gather(dev, u, &mut all)?;
+    tp.all_gather(u, &mut all)?;
     // Ranks that share a part hold the same block: take the first of each.
     let mut blocks = if sp.rep == 1 {
         all
@@ -412,7 +410,7 @@ fn orthogonalise_split<D: Device>(dev: &D, tp: &dyn Collective<D>, u: &mut D::Bu
         }
     }
     if let Some(root) = sp.ns_rank {
-        tp.broadcast(dev, &mut blocks, root)?;
+        tp.broadcast(&mut blocks, root)?;
     }
     dev.copy(u, 0, &blocks, tp.rank() / sp.rep * piece, piece)?;
     Ok(())
@@ -570,7 +568,7 @@ impl<D: Device> Executor<D> {
         }
         let c = self.collectives.get(&group).ok_or_else(|| ExecError::State(format!("Muon: no handle for group '{group}'")))?;
         let w = self.vals[id].as_mut().ok_or_else(|| ExecError::State(format!("Muon: '{}' has no value to receive", self.graph.tensors[id].name)))?;
-        c.broadcast(&self.device, w, root)?;
+        self.comm.timed(c.as_ref(), &self.device).broadcast(w, root)?;
         Ok(true)
     }
 
@@ -599,7 +597,8 @@ impl<D: Device> Executor<D> {
         let (rows, cols) = dims(&self.graph, id);
         let mut u = nesterov(&self.device, p, gr, b, rows, cols, &mu)?;
         let split = self.muon_split.get(id).copied().flatten();
-        let (fr, fc) = orthogonalise(&self.device, &self.collectives, split, &mut u, (rows, cols), mu.ns_steps)?;
+        let tp = self.collectives.get("tp").map(|c| self.comm.timed(c.as_ref(), &self.device));
+        let (fr, fc) = orthogonalise(&self.device, tp.as_ref(), split, &mut u, (rows, cols), mu.ns_steps)?;
         self.device.muon_apply(p, &u, &self.adam_scalars, update_scale(fr, fc))?;
         Ok(true)
     }
