@@ -62,7 +62,9 @@ pub enum Optimizer {
     /// distributed optimizer, which gives each data-parallel rank whole weights to update
     /// (fp32 master and momentum, 8 bytes per parameter), all-reduces the gradients and
     /// all-gathers the updated weights after the step; the embedding and the output layer
-    /// stay on AdamW.
+    /// stay on AdamW. A tensor-parallel rank orthogonalises its own block of each weight
+    /// (Megatron-Core `OptimizerConfig.muon_tp_mode`'s default, "blockwise"), so the
+    /// iterations are counted on the rank graph's weight shapes.
     Muon,
 }
 
