@@ -5,6 +5,12 @@
 /// OCI's); a request for any region, or for none, finds it.
 pub const ANY_REGION: &str = "*";
 
+/// The least a GPU node's price may come to per hour (an upfront term's payment spread
+/// over the term's hours): a tenth of a cent, some 100 times under the cheapest public
+/// GPU-hour (spot markets' older GPUs sell at about $0.1). Below it is a price in another
+/// unit (per second, per GPU-second) or a placeholder, which would rank cheapest.
+pub const MIN_USD_PER_NODE_HOUR: f64 = 1e-3;
+
 /// Hours in a one- and a three-year term (365-day years, as cloud terms count them).
 pub const ONE_YEAR_H: f64 = 8760.0;
 pub const THREE_YEARS_H: f64 = 3.0 * 8760.0;
@@ -182,6 +188,14 @@ macro_rules! cost_rules {
             money("upfront-usd-per-node", p.upfront_usd_per_node)?;
             if p.usd_per_node_hour + p.upfront_usd_per_node <= 0.0 {
                 return Err("the price is zero; a free node is a missing price".into());
+            }
+            let hourly = p.usd_per_node_hour + term_hours(p.option).map_or(0.0, |h| p.upfront_usd_per_node / h);
+            if hourly < $crate::cost::MIN_USD_PER_NODE_HOUR {
+                return Err(format!(
+                    "{} USD/node-hour is under a tenth of a cent, less than any GPU node sells for: \
+                     give the price per node-hour (not per second or per GPU-second)",
+                    text::number(hourly)
+                ));
             }
             if p.upfront_usd_per_node > 0.0 && !has_upfront(p.option) {
                 return Err("an upfront payment on an option that has none".into());

@@ -208,9 +208,15 @@ mod tests {
         assert_eq!(validate_offerings(&[on_demand(1e9)]), Ok(()));
         refused(&[on_demand(2e9)], "usd-per-node-hour must be finite, >= 0 and at most 1e9 USD, got 2e9");
         refused(&[on_demand(0.0)], "the price is zero");
+        // A tenth of a cent an hour is the floor; a per-second price of a GPU falls under it.
+        assert_eq!(validate_offerings(&[on_demand(1e-3)]), Ok(()));
+        refused(&[on_demand(1e-300)], "1e-300 USD/node-hour is under a tenth of a cent");
+        refused(&[on_demand(2.0 / 3600.0)], "5.555555555555556e-4 USD/node-hour is under a tenth of a cent, less than any GPU node sells for: give the price per node-hour");
 
         let upfront = |usd| offering("p5", vec![price("us-east-1", PurchaseOption::OneYearAllUpfront, 0.0, usd)]);
         assert_eq!(validate_offerings(&[upfront(100_000.0)]), Ok(()));
+        // An upfront term counts its payment over the term's 8760 hours.
+        refused(&[upfront(1.0)], "USD/node-hour is under a tenth of a cent");
         let mut none = upfront(0.0);
         none.prices[0].usd_per_node_hour = 50.0;
         refused(&[none], "an upfront option without an upfront payment");
