@@ -1067,6 +1067,22 @@ mod tests {
         assert!(s.begin("x", "t", &json!({}), &json!([]), "0").is_ok());
     }
 
+    /// Only a run still marked running can read interrupted: a finished run's process is
+    /// gone too (it exits after finishing), and the run reads as it ended, "done" or
+    /// "failed", in `runner show` and in the listing alike.
+    #[test]
+    fn a_finished_run_whose_process_is_gone_reads_as_it_ended() {
+        let (_dir, path) = scratch("ended");
+        let mut s = Store::open(&path).unwrap();
+        for (w, status) in ["done", "failed"].into_iter().enumerate() {
+            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").unwrap();
+            s.finish(id, status, &json!({})).unwrap();
+            s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 4194305 WHERE id = {id}")).unwrap();
+            assert_eq!(s.get(id).unwrap().state(), status);
+            assert_eq!(s.list(1).unwrap()[0].state(), status);
+        }
+    }
+
     /// A listing counts each run's own items: run A wrote 3, run B 1 (a key written
     /// twice is one item), so the newest-first listing reads B 1, A 3, not the 4 items
     /// of the whole file on every line.
