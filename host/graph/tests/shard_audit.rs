@@ -159,6 +159,16 @@ fn sequence_parallel_expert_gradients_divide_by_dp_cp_not_the_group() {
     }
 }
 
+/// Each dispatch is told its ep group's size: ep = 2 with etp = 1 (tp = 2, the two
+/// experts of each rank's half), not the etp degree (the model-sized test had ep = etp).
+#[test]
+fn the_dispatch_names_the_ep_group_not_etp() {
+    let g = built(&Hyperparameters { moe: Some(moe(4, 2, 8)), ..decoder(1, 8, 16, 2, 2, 16) }, 8, 1);
+    let s = shard(&g, &Layout { tp: 2, ep: 2, ..Layout::single(1, 1) }, RankCoord::default()).unwrap();
+    let eps: Vec<_> = s.graph.ops.iter().filter(|o| o.kind == OpKind::MoeDispatch).map(|o| o.int("ep")).collect();
+    assert_eq!(eps, [Some(2)]);
+}
+
 /// Degrees whose product overflows u64 (tp·pp·cp·dp = 2^64, or tp·cp·dp = 2^66 for the
 /// expert rule) are an error naming the GPU count, not an arithmetic-overflow panic, and
 /// the expert rule names the 2^66 "stage" without listing its divisors.
