@@ -503,6 +503,50 @@ mod tests {
         assert!(n_all > adapted.len() + 6, "{n_all}");
     }
 
+    /// MLA-style queries and keys are concatenations (a no-position part beside a rotary
+    /// part, each from its own linear): the qkv targets follow attention's inputs back
+    /// through the concatenation and the rotary embedding to every linear that makes a
+    /// part of q, k or v: here q_nope and q_rope (concatenated into q), k and v, four
+    /// adapters; the output projection after attention is not one of them.
+    #[test]
+    fn qkv_targets_follow_concatenated_queries() {
+        let a = |n: &str, s: &[u64]| t(n, s, BF16, Activation);
+        let w = |n: &str, s: &[u64]| t(n, s, BF16, Weight);
+        let tensors = vec![
+            a("x", &[1, 4, 8]),
+            w("wqn", &[8, 8]),
+            a("qn", &[1, 4, 2, 4]),
+            w("wqr", &[4, 8]),
+            a("qr", &[1, 4, 2, 2]),
+            a("qrr", &[1, 4, 2, 2]),
+            a("q", &[1, 4, 2, 6]),
+            w("wk", &[12, 8]),
+            a("k", &[1, 4, 2, 6]),
+            w("wv", &[8, 8]),
+            a("v", &[1, 4, 2, 4]),
+            a("o", &[1, 4, 2, 4]),
+            w("wo", &[8, 8]),
+            a("y", &[1, 4, 8]),
+        ];
+        let col = |n: &str, i: &[&str], o: &str| role(op_in(n, OpKind::Linear, i, &[o], &[], 0), Role::ColumnParallel);
+        let ops = vec![
+            col("q_nope", &["x", "wqn"], "qn"),
+            col("q_rope", &["x", "wqr"], "qr"),
+            op_in("rope", OpKind::Rotary, &["qr"], &["qrr"], &[("rot-dim", Attr::Int(2)), ("theta", Attr::Float(1e4))], 0),
+            op_in("q_cat", OpKind::Concat, &["qn", "qrr"], &["q"], &[], 0),
+            col("k", &["x", "wk"], "k"),
+            col("v", &["x", "wv"], "v"),
+            op_in("core", OpKind::Attention, &["q", "k", "v"], &["o"], &[("causal", Attr::Flag(true))], 0),
+            role(op_in("out", OpKind::Linear, &["o", "wo"], &["y"], &[], 0), Role::RowParallel),
+        ];
+        let g = Graph::new(tensors, ops, "y").unwrap();
+        let l = lora(&g, &Lora { rank: 2, targets: LoraTargets::Qkv }).unwrap();
+        let mut adapted: Vec<&str> =
+            l.ops.iter().filter(|o| o.attrs.get(LORA_ATTR) == Some(&Attr::Text("b".into()))).map(|o| o.name.as_str()).collect();
+        adapted.sort_unstable();
+        assert_eq!(adapted, ["k.lora_b", "q_nope.lora_b", "q_rope.lora_b", "v.lora_b"]);
+    }
+
     #[test]
     fn target_modules_parse_as_megatron_bridge_names_them() {
         let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();

@@ -141,6 +141,34 @@ fn expert_gradients_divide_by_the_token_copies() {
     }
 }
 
+/// With sequence parallelism every rank of a stage holds distinct tokens, so the expert
+/// gradients summed over the `edp` group count each token once per dp·cp replica of the
+/// batch: divided by dp·cp, whatever the group's size. Hand count, ep = etp = 1 (every
+/// rank holds every expert): the edp group is the tp·cp·dp ranks of the stage,
+/// tp2·dp2 = 4 ranks averaging over dp·cp = 2, and tp2·cp2 = 4 ranks averaging over
+/// dp·cp = 2; without SP the tp ranks' tokens are copies, 4 each. Kills the SP mean
+/// taken as the group size (they agree only where ep·etp = tp, the case above).
+#[test]
+fn sequence_parallel_expert_gradients_divide_by_dp_cp_not_the_group() {
+    let g = built(&Hyperparameters { moe: Some(moe(4, 2, 8)), ..decoder(1, 8, 16, 2, 2, 16) }, 8, 1);
+    for (cp, dp, sp, want) in [(1, 2, true, (4, 2)), (2, 1, true, (4, 2)), (1, 2, false, (4, 4))] {
+        let l = Layout { tp: 2, cp, dp, sequence_parallel: sp, ..Layout::single(1, dp) };
+        let s = shard(&g, &l, RankCoord::default()).unwrap();
+        let e: Vec<_> = s.step.iter().filter(|c| c.group == "edp").map(|c| (c.group_size, c.mean_over)).collect();
+        assert_eq!(e, [want], "cp={cp} dp={dp} sp={sp}: {:?}", s.step);
+    }
+}
+
+/// Each dispatch is told its ep group's size: ep = 2 with etp = 1 (tp = 2, the two
+/// experts of each rank's half), not the etp degree (the model-sized test had ep = etp).
+#[test]
+fn the_dispatch_names_the_ep_group_not_etp() {
+    let g = built(&Hyperparameters { moe: Some(moe(4, 2, 8)), ..decoder(1, 8, 16, 2, 2, 16) }, 8, 1);
+    let s = shard(&g, &Layout { tp: 2, ep: 2, ..Layout::single(1, 1) }, RankCoord::default()).unwrap();
+    let eps: Vec<_> = s.graph.ops.iter().filter(|o| o.kind == OpKind::MoeDispatch).map(|o| o.int("ep")).collect();
+    assert_eq!(eps, [Some(2)]);
+}
+
 /// Degrees whose product overflows u64 (tp·pp·cp·dp = 2^64, or tp·cp·dp = 2^66 for the
 /// expert rule) are an error naming the GPU count, not an arithmetic-overflow panic, and
 /// the expert rule names the 2^66 "stage" without listing its divisors.

@@ -1067,6 +1067,63 @@ mod tests {
         assert!(s.begin("x", "t", &json!({}), &json!([]), "0").is_ok());
     }
 
+    /// Only a run still marked running can read interrupted: a finished run's process is
+    /// gone too (it exits after finishing), and the run reads as it ended, "done" or
+    /// "failed", in `runner show` and in the listing alike.
+    #[test]
+    fn a_finished_run_whose_process_is_gone_reads_as_it_ended() {
+        let (_dir, path) = scratch("ended");
+        let mut s = Store::open(&path).unwrap();
+        for (w, status) in ["done", "failed"].into_iter().enumerate() {
+            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").unwrap();
+            s.finish(id, status, &json!({})).unwrap();
+            s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 4194305 WHERE id = {id}")).unwrap();
+            assert_eq!(s.get(id).unwrap().state(), status);
+            assert_eq!(s.list(1).unwrap()[0].state(), status);
+        }
+    }
+
+    /// A listing counts each run's own items: run A wrote 3, run B 1 (a key written
+    /// twice is one item), so the newest-first listing reads B 1, A 3, not the 4 items
+    /// of the whole file on every line.
+    #[test]
+    fn a_listing_counts_each_runs_own_items() {
+        let (_dir, path) = scratch("counts");
+        let mut s = Store::open(&path).unwrap();
+        let (a, _) = s.begin("explore", "a", &json!({"run": "a"}), &json!([]), "0").unwrap();
+        for k in ["8", "16", "32"] {
+            s.put_item(a, k, &json!(k)).unwrap();
+        }
+        let (b, _) = s.begin("explore", "b", &json!({"run": "b"}), &json!([]), "0").unwrap();
+        s.put_item(b, "8", &json!(1)).unwrap();
+        s.put_item(b, "8", &json!(2)).unwrap();
+        let listed: Vec<(RunId, i64)> = s.list(10).unwrap().into_iter().map(|r| (r.id, r.items)).collect();
+        assert_eq!(listed, [(b, 1), (a, 3)]);
+    }
+
+    /// A live owner whose command name holds ") Z" is alive: /proc/PID/stat wraps the
+    /// name in parentheses, and the state is the first field after the last ')'. Read
+    /// after the first one, this process would read as a zombie, and its running run be
+    /// resumed by a second runner beside it.
+    #[test]
+    fn an_owner_named_with_a_parenthesis_is_alive() {
+        let dir = tempfile::tempdir().unwrap();
+        let sleep = ["/bin/sleep", "/usr/bin/sleep"].into_iter().find(|p| Path::new(p).exists()).expect("a sleep binary");
+        let named = dir.path().join("a) Z b");
+        std::fs::copy(sleep, &named).unwrap();
+        let mut child = std::process::Command::new(&named).arg("30").spawn().unwrap();
+        let comm = format!("/proc/{}/comm", child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::fs::read_to_string(&comm).map_or(true, |c| c.trim_end() != "a) Z b") {
+            assert!(std::time::Instant::now() < deadline, "the child did not start as 'a) Z b'");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let alive = process_alive(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(alive, "a sleeping process named 'a) Z b' is alive");
+    }
+
     /// A process that has exited but is not yet reaped (a zombie) is gone: its run reads
     /// interrupted and resumes.
     #[test]
