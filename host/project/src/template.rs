@@ -925,16 +925,20 @@ mod tests {
     }
 
     /// Where each group sits in Megatron's order: tp innermost, cp over tp, etp innermost
-    /// of the experts, ep over etp.
+    /// of the experts, ep over etp. With etp below tp (etp 1, tp 4: Megatron's expert
+    /// order etp-ep-edp-pp) the ep ranks are etp = 1 apart, not tp: eight of them fill one
+    /// 8-GPU node rather than spanning four.
     #[test]
     fn group_placements() {
         let rates = Rates::new(Profiles::builtin().get("h100").unwrap());
-        let k = key(2, 4, 8, 2);
-        let at = |g| {
+        let at = |k: ShardKey, g| {
             let p = rates.placement(&k, g);
             (p.size, p.stride)
         };
-        assert_eq!([at(Group::Tp), at(Group::Cp), at(Group::Etp), at(Group::Ep)], [(2, 1), (4, 2), (2, 1), (8, 2)]);
+        let k = key(2, 4, 8, 2);
+        assert_eq!([at(k, Group::Tp), at(k, Group::Cp), at(k, Group::Etp), at(k, Group::Ep)], [(2, 1), (4, 2), (2, 1), (8, 2)]);
+        let k = key(4, 2, 8, 1);
+        assert_eq!([at(k, Group::Tp), at(k, Group::Cp), at(k, Group::Etp), at(k, Group::Ep)], [(4, 1), (2, 4), (1, 1), (8, 1)]);
     }
 
     /// Overlapped communication hides up to the compute beside it and at most its

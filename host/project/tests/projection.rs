@@ -572,13 +572,15 @@ fn search_ranks_fitting_layouts_and_explains_the_rest() {
 }
 
 /// TP stays inside one NVLink domain: GPT-3's 96 heads divide by 16 and 32, but on
-/// 8-GPU H100 nodes no layout the search returns spreads TP across nodes.
+/// 8-GPU H100 nodes no layout the search returns spreads TP across nodes; a TP of the
+/// whole domain (8, as Megatron's GPT-3 175B recipes run it) is inside and searched.
 #[test]
 fn the_search_keeps_tp_inside_the_nvlink_domain() {
     let mut pr = projector("gpt3-175b", 2048, "h100", Recipe::Bf16);
     let f = search::search(&mut pr, 64, 128, &Space::default(), 2000);
     let tps: std::collections::BTreeSet<u32> = f.best.iter().map(|p| p.layout.tp).collect();
     assert!(tps.len() > 1 && tps.iter().all(|&t| t <= 8), "{tps:?}");
+    assert!(tps.contains(&8), "{tps:?}");
 }
 
 /// Megatron-Core's attention divides its query groups (kv heads) by tp, so the search
@@ -1687,4 +1689,23 @@ fn the_search_reaches_one_layer_per_chunk() {
     let space = Space { tp: Some(8), pp: Some(16), cp: Some(1), mbs: Some(1), fsdp: Some(false), ..Space::default() };
     let f = search::search(&mut pr, 256, 512, &space, 2000);
     assert!(f.best.iter().any(|p| p.layout.vp == 8 && p.layout.split == runner_graph::pipeline::PipelineSplit::megatron(true, true)), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
+}
+
+/// Selective recompute frees the named modules in the head side's layers too: DeepSeek's
+/// multi-token-prediction module runs a transformer layer of its own (Megatron-Core's
+/// multi_token_prediction.py builds it as a TransformerLayer), whose two norm outputs
+/// (attention and MLP input, s x h in BF16) the `layernorm` module frees as in every
+/// decoder layer. DeepSeek's proxy at s = h = 256, one stage: 4 decoder layers and the
+/// MTP layer, 5 x 2 norm outputs freed.
+#[test]
+fn selective_layernorm_frees_the_multi_token_prediction_layers_norms_too() {
+    let mut pr = projector("deepseek-tiny", 256, "h100", Recipe::Bf16);
+    assert_eq!((pr.model.shape.layers, pr.model.shape.mtp, pr.model.shape.hidden), (4, 1, 256));
+    let none = layout(1, 1, 1, 1, 1, 1, 1);
+    let norms = LayoutSpec { recompute: RecomputePolicy::Selective, recompute_modules: Modules::of(&[Module::Layernorm]), ..none };
+    let (a, b) = (pr.project(&none).unwrap(), pr.project(&norms).unwrap());
+    let slack = 1.0 + pr.gpu.efficiency.allocator_slack;
+    let want = (4.0 + 1.0) * 2.0 * (256.0 * 256.0 * 2.0) * slack / (1u64 << 30) as f64;
+    let got = a.memory.activations - b.memory.activations;
+    assert!((got / want - 1.0).abs() < 1e-9, "{got} vs {want}");
 }

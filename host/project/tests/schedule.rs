@@ -1220,3 +1220,27 @@ fn a_grouped_gemms_efficiency_follows_each_experts_call() {
     let share = head / (head + fwd / 4.0);
     close(p.breakdown.compute_parts.gemm, 3.0 * fwd / (PEAK * 0.5) + 3.0 * head / (PEAK * share), "experts at half the peak");
 }
+
+/// Recomputing to fit takes the fewest layers per chunk whose memory fits, one layer
+/// included (search.rs's binary search over 1..=chunk). Four layers of two C x C linears
+/// each: a layer keeps both linears' BF16 inputs (2 x 2TC bytes), and fully recomputed
+/// only its input (Korthikanti et al. 2022, §4), so each recomputed layer frees 2TC. On a
+/// GPU short of half that, recomputing one layer fits, and one is the answer.
+#[test]
+fn recompute_to_fit_takes_the_fewest_layers_down_to_one() {
+    use runner_graph::recompute::RecomputePolicy;
+    use runner_project::search;
+    let source = || graph_of(4, 256, false, 0, false, 2);
+    let l = plain(1, 1, 1, 1);
+    let none = projector(source(), gpu(1e12)).project(&l).unwrap();
+    let input = (2 * T * C) as f64;
+    let mut g = gpu(1e12);
+    g.memory_gib = none.memory.total - 0.5 * input / GIB;
+    let mut pr = projector(source(), g);
+    assert!(!pr.project(&l).unwrap().fits);
+    let c = pr.costed(l.key(), l.kernels).unwrap();
+    let p = search::recompute_to_fit(c, &l.schedule(), 4, &mut 0).unwrap();
+    assert!(p.fits, "{}", p.layout.short());
+    assert_eq!((p.layout.recompute, p.layout.recompute_layers), (RecomputePolicy::Full, 1), "{}", p.layout.short());
+    close((none.memory.total - p.memory.total) * GIB, input, "one recomputed layer frees one linear's input");
+}
