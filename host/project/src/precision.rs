@@ -81,12 +81,16 @@ impl Recipe {
     /// copies from the high-precision tensor (TE docs), so it reads twice; NVFP4 adds the
     /// random Hadamard transform on the weight-gradient inputs. Zero for BF16.
     pub fn cast_bytes_per_element(self) -> f64 {
+        // The formats' bytes with their block scales (`DType::bytes`: MXFP8 an E8M0 scale
+        // per 32 elements, NVFP4 an E4M3 scale per 16).
+        let (hi, q) = (runner_graph::DType::BF16.bytes(), self.format().element_bytes());
         match self {
             Recipe::Bf16 => 0.0,
-            Recipe::Fp8 => 2.0 + 1.0 + 1.0,
-            Recipe::Fp8Cs => 2.0 + 2.0 + 1.0 + 1.0,
-            Recipe::Mxfp8 => 2.0 * 2.0 + 2.0 * (1.0 + 1.0 / 32.0),
-            Recipe::Nvfp4 => 2.0 * 2.0 + 2.0 * (0.5 + 1.0 / 16.0) + 2.0,
+            Recipe::Fp8 => hi + q + q,
+            Recipe::Fp8Cs => hi + hi + q + q,
+            Recipe::Mxfp8 => 2.0 * hi + 2.0 * q,
+            // The Hadamard transform reads and writes the BF16 input once more.
+            Recipe::Nvfp4 => 2.0 * hi + 2.0 * q + hi,
         }
     }
 }
@@ -239,6 +243,21 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// HBM bytes per element of each recipe's casts, from the formats' layouts: FP8 one
+    /// byte; MXFP8 one byte plus an E8M0 scale per 32-element block (OCP Microscaling
+    /// Formats v1.0); NVFP4 half a byte plus an E4M3 scale per 16 (NVIDIA's NVFP4).
+    /// Reading BF16 (2 B) and writing the row- and column-wise copies: FP8 2 + 1 + 1;
+    /// current scaling reads once more for the amax, + 2; MXFP8 and NVFP4 read twice,
+    /// and NVFP4's Hadamard transform adds a BF16 pass.
+    #[test]
+    fn cast_bytes_follow_each_formats_block_scales() {
+        assert_eq!(Recipe::Bf16.cast_bytes_per_element(), 0.0);
+        assert_eq!(Recipe::Fp8.cast_bytes_per_element(), 4.0);
+        assert_eq!(Recipe::Fp8Cs.cast_bytes_per_element(), 6.0);
+        assert_eq!(Recipe::Mxfp8.cast_bytes_per_element(), 4.0 + 2.0 * (1.0 + 1.0 / 32.0));
+        assert_eq!(Recipe::Nvfp4.cast_bytes_per_element(), 4.0 + 2.0 * (0.5 + 1.0 / 16.0) + 2.0);
+    }
 
     #[test]
     fn parse_accepts_the_calibration_spellings() {
