@@ -1055,7 +1055,7 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
     for r in &results {
         // The first step, alone when there is one, warms up.
         let median = |s: &[f64]| Stat::of(&s[usize::from(s.len() > 1)..]).median * 1e3;
-        t.rows.push(vec![
+        let mut row = vec![
             r.rank.to_string(),
             format!("{:?}", r.coord),
             r.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>().join(" "),
@@ -1064,12 +1064,12 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             format!("{} ({})", r.buckets, r.buckets_in_backward),
             r.micro_batches_in_flight.to_string(),
             format!("{:.1}", r.peak_bytes as f64 / f64::from(1u32 << 20)),
-        ]);
-        let row = t.rows.last_mut().expect("a row was pushed");
+        ];
         if muon {
             row.push(r.orthogonalised.to_string());
         }
         row.push(r.weights_sha256[..16].to_string());
+        t.rows.push(row);
     }
     t.notes.push(format!(
         "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights; \

@@ -1260,21 +1260,15 @@ impl<D: Device> Executor<D> {
     /// same weights), so one rank orthogonalises each and broadcasts it.
     pub(super) fn deal_fsdp_muon(&self, takes: &[bool], split: &[Option<super::muon::MuonSplit>]) -> Vec<Option<super::muon::Owner>> {
         let mut owner = vec![None; takes.len()];
-        // Per group: its size, this rank's place in it, and its matrices' work.
-        type Group<'a> = (usize, usize, Vec<(&'a str, u128)>);
-        let mut groups: BTreeMap<&str, Group<'_>> = BTreeMap::new();
+        // Per group: its size, this rank's place in it, and its matrices.
+        let mut groups: BTreeMap<&str, (usize, usize, Vec<TensorId>)> = BTreeMap::new();
         for unit in self.fsdp.units.iter().filter(|u| u.n > 1) {
             let g = groups.entry(unit.group.as_str()).or_insert((unit.n, unit.rank, Vec::new()));
-            for &id in unit.ids.iter().filter(|&&id| takes.get(id) == Some(&true)) {
-                let full = split[id].map_or_else(|| super::muon::dims(&self.graph, id), |sp| sp.full);
-                g.2.push((self.graph.tensors[id].name.as_str(), super::muon::ns_work(full)));
-            }
+            g.2.extend(unit.ids.iter().filter(|&&id| takes.get(id) == Some(&true)));
         }
-        for (group, (n, rank, matrices)) in groups {
-            for (w, root) in super::muon::deal(matrices, n) {
-                if let Some(id) = self.graph.tensor_id(w) {
-                    owner[id] = Some(super::muon::Owner { group: group.to_string(), root, mine: root == rank });
-                }
+        for (group, (n, rank, ids)) in groups {
+            for (id, root) in self.deal_matrices(ids, split, n) {
+                owner[id] = Some(super::muon::Owner { group: group.to_string(), root, mine: root == rank });
             }
         }
         owner

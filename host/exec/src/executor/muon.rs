@@ -465,17 +465,11 @@ impl<D: Device> Executor<D> {
         let fsdp_owner = self.deal_fsdp_muon(&takes, &split);
         // The tp ranks deal the split matrices their data-parallel index updates (all
         // of them where none is lent): the same list on every rank of the tp group.
-        let mut dealt: Vec<(&str, u128)> = Vec::new();
-        for (id, sp) in split.iter().enumerate() {
-            if let Some(sp) = sp
-                && owner[id].as_ref().is_none_or(|o| o.mine)
-                && fsdp_owner[id].as_ref().is_none_or(|o| o.mine)
-            {
-                dealt.push((self.graph.tensors[id].name.as_str(), ns_work(sp.full)));
-            }
-        }
-        for (name, r) in deal(dealt, tp) {
-            if let Some(sp) = self.graph.tensor_id(name).and_then(|id| split[id].as_mut()) {
+        let ours = (0..split.len()).filter(|&id| {
+            split[id].is_some() && owner[id].as_ref().is_none_or(|o| o.mine) && fsdp_owner[id].as_ref().is_none_or(|o| o.mine)
+        });
+        for (id, r) in self.deal_matrices(ours, &split, tp) {
+            if let Some(sp) = split[id].as_mut() {
                 sp.ns_rank = Some(r);
             }
         }
@@ -517,20 +511,23 @@ impl<D: Device> Executor<D> {
             if sc.kind != OpKind::AllReduce || !matches!(sc.group.as_str(), "dp" | "edp") || c.size() < 2 {
                 continue;
             }
-            let matrices = sc
-                .weights
-                .iter()
-                .filter_map(|w| self.graph.tensor_id(w).map(|id| (w, id)))
-                .filter(|&(_, id)| takes[id] && owner[id].is_none())
-                .map(|(w, id)| (w.as_str(), ns_work(split[id].map_or_else(|| dims(&self.graph, id), |sp| sp.full))))
-                .collect();
-            for (w, root) in deal(matrices, c.size()) {
-                if let Some(id) = self.graph.tensor_id(w) {
-                    owner[id] = Some(Owner { group: sc.group.clone(), root, mine: root == c.rank() });
-                }
+            let ids: Vec<TensorId> = sc.weights.iter().filter_map(|w| self.graph.tensor_id(w)).filter(|&id| takes[id] && owner[id].is_none()).collect();
+            for (id, root) in self.deal_matrices(ids, split, c.size()) {
+                owner[id] = Some(Owner { group: sc.group.clone(), root, mine: root == c.rank() });
             }
         }
         owner
+    }
+
+    /// Deal Muon matrices `ids` over a group of `ranks` ranks by their whole matrix's
+    /// Newton–Schulz work ([`deal`]; a split matrix's whole is `split`'s): each with the
+    /// rank it falls to. One rule for the data-parallel, FSDP and tensor-parallel deals.
+    pub(super) fn deal_matrices(&self, ids: impl IntoIterator<Item = TensorId>, split: &[Option<MuonSplit>], ranks: usize) -> Vec<(TensorId, usize)> {
+        let matrices = ids
+            .into_iter()
+            .map(|id| (self.graph.tensors[id].name.as_str(), ns_work(split[id].map_or_else(|| dims(&self.graph, id), |sp| sp.full))))
+            .collect();
+        deal(matrices, ranks).into_iter().filter_map(|(name, r)| self.graph.tensor_id(name).map(|id| (id, r))).collect()
     }
 
     /// Whether this rank runs the Newton–Schulz iteration of weight `name`: a matrix
