@@ -488,12 +488,12 @@ fn ep2_with_full_recompute_matches_unsharded() {
     check_grads(&g, &out, &want);
 }
 
-/// Expert tensor parallelism: etp = 2 over tp = 2 without sequence parallelism, alone
-/// (ep = 1) and with ep = 2 over dp = 2. Each etp rank holds half of every expert's
-/// width; the input gradients of the linears split in width are all-reduced over etp.
-/// With sequence parallelism the etp ranks hold different tokens, which is refused.
-#[test]
-fn etp2_over_tp2_matches_unsharded_and_refuses_sequence_parallelism() {
+/// Expert tensor parallelism: etp = 2 over tp = 2, alone (ep = 1) and with ep = 2 over
+/// dp = 2. Each etp rank holds half of every expert's width. Without sequence
+/// parallelism the etp ranks hold the same tokens and the input gradients of the
+/// linears split in width are all-reduced over etp; with it each rank's received rows
+/// are gathered over etp before the experts and the outputs reduce-scattered after.
+fn check_etp2_over_tp2(sequence_parallel: bool) {
     for (ep, dp) in [(1u32, 1u32), (2, 2)] {
         let (g, gfull) = (toy_moe(2), toy_moe(2 * u64::from(dp)));
         let data = synthetic_inputs(&gfull, 13);
@@ -504,8 +504,18 @@ fn etp2_over_tp2_matches_unsharded_and_refuses_sequence_parallelism() {
             etp: 2,
             ep,
             dp,
+            sequence_parallel,
             ..Layout::single(2, 2 * dp)
         };
+        let s = shard(&g, &layout, runner_graph::shard::RankCoord::default()).unwrap();
+        let etp_ops: Vec<OpKind> = s.graph.ops.iter().filter(|o| o.text("group") == Some("etp")).map(|o| o.kind).collect();
+        let per_layer = if sequence_parallel {
+            // The rows and the routing indices gathered, the output reduce-scattered.
+            vec![OpKind::AllGather, OpKind::AllGather, OpKind::ReduceScatter]
+        } else {
+            vec![OpKind::AllReduce]
+        };
+        assert_eq!(etp_ops, [per_layer.clone(), per_layer].concat(), "sequence parallel {sequence_parallel}, ep={ep}");
         let out = on_ranks(&g, &gfull, &layout, &w0, &data, Drive::Gradients);
         for (i, o) in out.iter().enumerate() {
             let want_loss = if dp == 1 { loss } else { halves[i / 2] };
@@ -516,17 +526,32 @@ fn etp2_over_tp2_matches_unsharded_and_refuses_sequence_parallelism() {
             );
         }
         check_grads(&g, &out, &want);
+        if sequence_parallel {
+            // Recomputing the layers runs the gather again, with the counts of its step.
+            let opts = ExecOptions { recompute: RecomputePolicy::Full, ..options() };
+            check_grads(&g, &on_ranks_with(&g, &gfull, &layout, &w0, &data, Drive::Gradients, &opts), &want);
+        }
     }
+}
+
+#[test]
+fn etp2_over_tp2_matches_unsharded() {
+    check_etp2_over_tp2(false);
+}
+
+#[test]
+fn etp2_over_tp2_sequence_parallel_matches_unsharded() {
+    check_etp2_over_tp2(true);
+}
+
+/// Sequence parallelism with an etp group inside the tp group is refused by the layout
+/// check (so a projection cannot price it either), naming the etp that works.
+#[test]
+fn etp_within_a_sequence_parallel_tp_group_is_refused() {
     let g = toy_moe(2);
-    let layout = Layout {
-        tp: 2,
-        etp: 2,
-        sequence_parallel: true,
-        ..Layout::single(2, 2)
-    };
-    // Refused by the layout check, so a projection cannot price it either.
+    let layout = Layout { tp: 4, etp: 2, sequence_parallel: true, ..Layout::single(4, 4) };
     let err = shard(&g, &layout, runner_graph::shard::RankCoord::default()).expect_err("refused");
-    assert!(err.contains("without sequence parallelism (on)"), "{err}");
+    assert!(err.contains("use etp = 1 or etp = 4"), "{err}");
 }
 
 /// ep = 2 carved out of tp = 2 (etp = 1, dp = 1): the ep group is the tp group. With
@@ -725,12 +750,12 @@ fn experts_that_do_not_split_over_the_ep_ranks_are_refused_by_name() {
     }
 }
 
-/// The executor's own refusal of expert tensor parallelism with sequence parallelism
-/// (shard refuses the layout first, so no sharded graph reaches it): the etp = 2 rank
-/// graph with a tp reduce-scatter added (as sequence parallelism places after a row-
-/// parallel linear) is refused as the executor is built, naming sequence
-/// parallelism; the graph as shard emits it builds. Kills the refusal not seeing the tp
-/// reduce-scatter.
+/// The executor's own refusal of an etp all-reduce under sequence parallelism (shard
+/// gathers over etp instead, so no sharded graph has it): the etp = 2 rank graph
+/// without sequence parallelism, with a tp reduce-scatter added (as sequence
+/// parallelism places after a row-parallel linear), is refused as the executor is
+/// built, naming sequence parallelism; the graph as shard emits it builds. Kills the
+/// refusal not seeing the tp reduce-scatter.
 #[test]
 fn expert_tensor_parallelism_with_sequence_parallelism_is_refused_when_built() {
     let layout = Layout { tp: 2, etp: 2, ..Layout::single(2, 2) };

@@ -509,24 +509,32 @@ impl Layout {
 }
 
 /// Expert tensor parallelism as the sharded graph runs it: each etp rank applies its
-/// share of every expert's width to its own rows and the partial outputs are summed over
-/// etp, which is right only where the etp ranks hold the same tokens: etp dividing tp,
-/// without sequence parallelism. Megatron all-gathers the tokens over etp before the
-/// experts (and reduce-scatters after), which the sharded graph does not do; elsewhere
-/// each rank would do 1/etp of its experts' work, and a projection would be etp times too
-/// fast. One rule for the layout check and the executor.
+/// share of every expert's width to the same rows, which needs the etp ranks to see the
+/// same tokens. Without sequence parallelism they hold copies (etp dividing tp), and the
+/// partial outputs are summed with an etp all-reduce. With it each tp rank holds its own
+/// sequence shard, and the rows each rank received are all-gathered over etp before the
+/// experts and the outputs reduce-scattered after (Megatron's alltoall dispatcher), for
+/// etp = tp, whose gathered rows are the tp group's tokens; an etp group within or across
+/// the tp group would need a token split the pass does not have, and is refused (else a
+/// rank would do 1/etp of its experts' work, and a projection would be etp times too
+/// fast). One rule for the layout check and the executor.
 ///
 /// # Errors
 /// The layout, with the fix.
 pub fn expert_tensor_parallel_tokens(tp: u64, etp: u64, sequence_parallel: bool) -> Result<(), String> {
-    if etp <= 1 || (!sequence_parallel && tp.is_multiple_of(etp)) {
+    if etp <= 1 || (!sequence_parallel && tp.is_multiple_of(etp)) || (sequence_parallel && etp == tp) {
         return Ok(());
     }
+    if sequence_parallel {
+        return Err(format!(
+            "etp={etp} with sequence parallelism: the sharded graph gathers the routed tokens over etp = tp \
+             (Megatron's default expert_tensor_parallel_size); an etp group within the tp group (here {tp}) or \
+             across it is not modelled: use etp = 1 or etp = {tp}"
+        ));
+    }
     Err(format!(
-        "etp={etp} needs its ranks to hold the same tokens: etp must divide tp (here {tp}) without sequence \
-         parallelism{}; Megatron all-gathers the tokens over etp first, which the sharded graph does not model: \
-         use etp = 1",
-        if sequence_parallel { " (on)" } else { "" }
+        "etp={etp} needs its ranks to hold the same tokens: without sequence parallelism etp must divide tp \
+         (here {tp}): use etp = 1 or a divisor of {tp}"
     ))
 }
 
@@ -1138,7 +1146,7 @@ impl<'a> Pass<'a> {
                 attrs.insert("ep".into(), Attr::Int(ep as i64));
                 let out = op.outputs[0];
                 let o = self.output(out, x.tok, 1)?;
-                self.emit(&name, op.kind, vec![x.name, idx.name], vec![o.clone()], attrs, layer, role);
+                self.emit(&name, op.kind, vec![x.name, idx.name.clone()], vec![o.clone()], attrs, layer, role);
                 if ep > 1 {
                     // Declared for balanced routing (each rank receives as many rows as it
                     // sends): the size the volume is priced at. The rows really received
@@ -1148,11 +1156,33 @@ impl<'a> Pass<'a> {
                     let a = self.collective(OpKind::AllToAll, "ep", ep, &o, "a2a_ep", s, t.dtype, &t.name, &[], layer);
                     self.local.insert(out, Local { name: a, tok: x.tok, split: 1 });
                 }
+                let etp = u64::from(self.l.etp);
+                if etp > 1 && x.tok == Tok::Seq {
+                    // Sequence parallelism with etp = tp (Megatron's default): the etp ranks
+                    // hold different tokens, so the rows each received are all-gathered over
+                    // etp before the experts (Megatron's alltoall dispatcher gathers them over
+                    // the expert tensor-parallel group), and the routing indices with them,
+                    // which the grouped linears between here and the reduce-scatter read.
+                    let rows = self.local[&out].clone();
+                    let t = self.logical(out);
+                    let s = self.shape_of(&t.name, &t.shape, Tok::Full, 1)?;
+                    let ax = Attr::Int(self.tok_axis(&t.shape) as i64);
+                    let a = self.collective(OpKind::AllGather, "etp", etp, &rows.name, "ag_etp", s, t.dtype, &t.name, &[("axis", ax)], layer);
+                    self.local.insert(out, Local { name: a, tok: Tok::Full, split: 1 });
+                    let it = self.logical(op.inputs[1]);
+                    let si = self.shape_of(&it.name, &it.shape, Tok::Full, 1)?;
+                    let ax = Attr::Int(self.tok_axis(&it.shape) as i64);
+                    let gi = self.collective(OpKind::AllGather, "etp", etp, &idx.name, "ag_etp", si, it.dtype, &it.name, &[("axis", ax)], layer);
+                    self.gathered.insert((op.inputs[1], "etp"), Local { name: gi, tok: Tok::Full, split: 1 });
+                }
             }
             OpKind::GroupedLinear => {
                 let (xi, wi, ii, out) = (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]);
                 let x = self.get(xi, resid)?;
-                let idx = self.get(ii, x.tok)?;
+                let idx = match self.gathered.get(&(ii, "etp")) {
+                    Some(g) => g.clone(),
+                    None => self.get(ii, x.tok)?,
+                };
                 let w = self.logical(wi).shape.clone();
                 let (ep, etp) = (u64::from(self.l.ep), u64::from(self.l.etp));
                 if w.len() != 3 || !w[0].is_multiple_of(ep) {
@@ -1166,9 +1196,29 @@ impl<'a> Pass<'a> {
                     let wn = self.weight(wi, vec![w[0] / ep, w[1], w[2] / etp])?;
                     let partial = self.output(out, x.tok, 1)?;
                     self.emit(&name, op.kind, vec![x.name, wn, idx.name], vec![partial.clone()], attrs, layer, role);
-                    if etp > 1 {
-                        // Megatron gathers the tokens over etp and reduce-scatters the
-                        // output; an all-reduce of the replicated rows moves the same bytes.
+                    if etp > 1 && x.tok == Tok::Full && self.gathered.contains_key(&(ii, "etp")) {
+                        // The rows gathered over etp at the dispatch go back to the ranks
+                        // they came from, summed over the etp ranks' partial outputs.
+                        let t = self.logical(out);
+                        let s = self.shape_of(&t.name, &t.shape, Tok::Seq, 1)?;
+                        let ax = Attr::Int(self.tok_axis(&t.shape) as i64);
+                        let r = self.collective(
+                            OpKind::ReduceScatter,
+                            "etp",
+                            etp,
+                            &partial,
+                            "rs_etp",
+                            s,
+                            t.dtype,
+                            &t.name,
+                            &[("axis", ax)],
+                            layer,
+                        );
+                        self.local.insert(out, Local { name: r, tok: Tok::Seq, split: 1 });
+                    } else if etp > 1 {
+                        // The etp ranks hold the same tokens: the partial outputs are
+                        // summed with an all-reduce (the same bytes as Megatron's gather of
+                        // the tokens and reduce-scatter of the output).
                         let t = self.logical(out);
                         let s = self.shape_of(&t.name, &t.shape, x.tok, 1)?;
                         let r = self.collective(
@@ -1651,9 +1701,10 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
 
 /// Whether all-gather `op`'s backward sums the ranks' gradients (a reduce-scatter): when
 /// every reader leaves a per-rank partial gradient of the gathered tensor, as a
-/// column- or vocab-parallel linear reading it as its input (sequence parallelism) or
+/// column- or vocab-parallel linear reading it as its input (sequence parallelism),
 /// attention reading it as keys or values (context parallelism: only this rank's queries
-/// reach them) does. Otherwise the readers are replicated, every rank holds the whole
+/// reach them) or a grouped linear reading the rows gathered over etp (each etp rank
+/// applies its part of the experts' width) does. Otherwise the readers are replicated, every rank holds the whole
 /// gradient, and the backward keeps this rank's part without communicating (Megatron's
 /// `tensor_parallel_output_grad=False`).
 pub fn all_gather_backward_reduces(g: &Graph, op: &Op) -> bool {
@@ -1667,5 +1718,6 @@ pub fn all_gather_backward_reduces(g: &Graph, op: &Op) -> bool {
         o.kind == OpKind::Linear && o.inputs[0] == out && matches!(o.role, Role::ColumnParallel | Role::VocabParallel)
     };
     let kv = |o: &&Op| o.kind == OpKind::Attention && o.inputs[0] != out;
-    readers.iter().all(split_linear) || readers.iter().all(kv)
+    let experts = |o: &&Op| o.kind == OpKind::GroupedLinear && o.inputs[0] == out;
+    readers.iter().all(split_linear) || readers.iter().all(kv) || readers.iter().all(experts)
 }

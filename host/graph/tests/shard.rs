@@ -730,8 +730,12 @@ fn layouts_that_only_half_a_rule_admits_are_refused() {
     use runner_graph::shard::expert_tensor_parallel_tokens as etp_ok;
     assert!(etp_ok(2, 2, false).is_ok());
     assert!(etp_ok(4, 1, true).is_ok());
-    assert!(etp_ok(2, 2, true).unwrap_err().contains("(on)"));
-    assert!(etp_ok(2, 4, false).is_err());
+    assert!(etp_ok(4, 2, false).is_ok());
+    // With sequence parallelism the rows are gathered over etp = tp, not a part of tp.
+    assert!(etp_ok(2, 2, true).is_ok());
+    assert!(etp_ok(4, 2, true).unwrap_err().contains("use etp = 1 or etp = 4"));
+    assert!(etp_ok(2, 4, true).unwrap_err().contains("use etp = 1 or etp = 2"));
+    assert!(etp_ok(2, 4, false).unwrap_err().contains("a divisor of 2"));
 }
 
 /// Expert tensor parallelism (Mixtral, tp = dp = ep = etp = 2): each expert's width
@@ -762,6 +766,49 @@ fn expert_tensor_parallelism_splits_widths_and_reduces_over_etp() {
     assert_eq!(s.splits["layers.1.moe.experts.down.weight"].axes, [ax(0, "ep"), ax(2, "etp")]);
     // Each dispatch is told the ep group it feeds.
     assert!(sg.ops.iter().filter(|o| o.kind == OpKind::MoeDispatch).all(|o| o.int("ep") == Some(2)));
+}
+
+/// Expert tensor parallelism under sequence parallelism (Mixtral, tp = dp = ep = etp =
+/// 2, Megatron's default etp = tp): each rank routes its 32-token sequence shard (64
+/// rows of top-2 copies), the rows are gathered over etp to the tp group's 128 before
+/// the experts, with the routing indices, and the down projection's partial output is
+/// reduce-scattered back to 64; the expert gradients are the same as without etp
+/// gathering (each etp rank's half width saw every row of the etp group): mean over
+/// dp·cp = 2.
+#[test]
+fn expert_tensor_parallelism_with_sequence_parallelism_gathers_rows_over_etp() {
+    let g = kit::host_graph(Mixtral::graph, "mixtral-8x7b", 64, 1, 2);
+    let l = Layout { ep: 2, etp: 2, ..layout(2, 1, 1, 2, true, 1) };
+    let s = sharded(&g, &l, rank(1, 0));
+    let sg = &s.graph;
+    let etp: Vec<_> = sg.ops.iter().filter(|o| o.text("group") == Some("etp")).collect();
+    let kinds: Vec<OpKind> = etp.iter().map(|o| o.kind).collect();
+    let layer = [OpKind::AllGather, OpKind::AllGather, OpKind::ReduceScatter];
+    assert_eq!(kinds, [layer, layer].concat());
+    let shape = |id| sg.tensor(id).shape.clone();
+    for o in &etp {
+        let (i, out) = (shape(o.inputs[0]), shape(o.outputs[0]));
+        match (o.kind, i.last()) {
+            (OpKind::AllGather, Some(4096)) => assert_eq!((i, out), (vec![64, 4096], vec![128, 4096])),
+            (OpKind::AllGather, _) => assert_eq!(i[0] * 2, out[0], "the routing indices, gathered"),
+            _ => assert_eq!((i, out), (vec![128, 4096], vec![64, 4096])),
+        }
+    }
+    // The rows' gather sums the etp ranks' partial input gradients in the backward; the
+    // indices' gather has none.
+    for o in etp.iter().filter(|o| o.kind == OpKind::AllGather) {
+        let rows = shape(o.inputs[0]).last() == Some(&4096);
+        assert_eq!(runner_graph::shard::all_gather_backward_reduces(sg, o), rows, "{}", o.name);
+    }
+    // Every grouped linear runs on the gathered rows, its half of each expert's width.
+    for o in sg.ops.iter().filter(|o| o.kind == OpKind::GroupedLinear) {
+        assert_eq!(shape(o.inputs[0])[0], 128, "{}", o.name);
+        let gathered = etp.iter().any(|e| e.kind == OpKind::AllGather && e.outputs[0] == o.inputs[2]);
+        assert!(gathered, "{} reads the gathered routing indices", o.name);
+    }
+    assert_eq!(shape(sg.tensor_id("layers.0.moe.experts.gate.weight").unwrap()), [4, 7168, 4096]);
+    let edp = s.step.iter().find(|c| c.group == "edp").unwrap();
+    assert_eq!((edp.group_size, edp.mean_over), (1, 2));
 }
 
 /// A rank outside the layout is refused, the last valid one sharded.

@@ -566,6 +566,10 @@ impl<D: Device> Executor<D> {
             self.ep_forward(oi, &mut outs[0])?;
             return Ok(true);
         }
+        if self.is_etp_exchange(&self.graph.ops[oi]) {
+            self.etp_forward(oi, &mut outs[0])?;
+            return Ok(true);
+        }
         self.comm_forward_op(oi, outs, aux)
     }
 
@@ -714,6 +718,7 @@ impl<D: Device> Executor<D> {
                 dev.copy(&mut d, 0, g.get(), 0, g.get().len())?;
                 d
             }
+            OpKind::AllGather | OpKind::ReduceScatter if self.is_etp_exchange(op) => self.etp_backward(op, dout()?.get())?,
             OpKind::AllGather => {
                 let c = self.group(op)?;
                 let axis = op.int("axis").unwrap_or(0).max(0) as usize;

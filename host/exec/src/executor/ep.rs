@@ -22,13 +22,20 @@
 //!   executor records the actual rows of the received tensor and of every tensor
 //!   computed from it ([`EpState::rows`]) and sizes their values and gradients by them.
 //!   [`super::Executor::memory`]'s required bytes keep the balanced sizes.
-//! - Expert tensor parallelism (etp > 1): the grouped linears that split an expert's
+//! - Expert tensor parallelism (etp > 1), without sequence parallelism: the etp ranks
+//!   hold the same tokens (etp divides tp). The grouped linears that split an expert's
 //!   width (their output is not summed by an `etp` all-reduce) leave a per-rank partial
 //!   input gradient, all-reduced over `etp` (Megatron's `f`); the sharded graph sums the
-//!   other linears' partial outputs with an `etp` all-reduce. That needs the etp ranks to
-//!   hold the same tokens: etp must divide tp, without sequence parallelism (Megatron
-//!   all-gathers the tokens over etp first, which the sharded graph does not); other
-//!   layouts are refused when the executor is built.
+//!   other linears' partial outputs with an `etp` all-reduce.
+//! - With sequence parallelism (etp = tp) each etp rank holds its own tokens, as
+//!   Megatron's alltoall dispatcher has them: the rows each rank has for its experts
+//!   (what the ep all-to-all received, or without one what it routed) are all-gathered
+//!   over etp, arranged expert-major (local expert, then etp rank) with a plan over
+//!   them, and after the experts the partial outputs are reduce-scattered back, each
+//!   rank's rows summed over the etp ranks ([`Executor::etp_forward`]). The counts per
+//!   expert differ between the ranks, so the gather first all-gathers them; the
+//!   backward of each is the other's arithmetic on the gradients. Other layouts are
+//!   refused when the executor is built.
 
 use std::collections::HashMap;
 
@@ -97,12 +104,17 @@ pub(super) struct EpState {
     pub(super) rows: HashMap<TensorId, usize>,
     /// The exchange of each MoE layer, by its router-indices tensor.
     routes: HashMap<TensorId, Route>,
+    /// Under expert tensor parallelism with sequence parallelism: rows per local expert
+    /// of every etp rank (`[m][e]`), by the gathered router-indices tensor the layer's
+    /// grouped linears read.
+    etp_rows: HashMap<TensorId, Vec<Vec<usize>>>,
 }
 
 impl EpState {
     pub(super) fn clear(&mut self) {
         self.rows.clear();
         self.routes.clear();
+        self.etp_rows.clear();
     }
 
     /// Rows of op `op`'s outputs when it reads a tensor of data-dependent rows (an op
@@ -113,7 +125,7 @@ impl EpState {
     /// Inputs of different data-dependent rows, or an output whose leading axis is not
     /// those rows.
     pub(super) fn propagated_rows(&self, g: &Graph, op: &Op) -> Result<Option<usize>, ExecError> {
-        if op.kind == OpKind::AllToAll || self.rows.is_empty() {
+        if op.kind == OpKind::AllToAll || etp_side(op).is_some() || self.rows.is_empty() {
             return Ok(None);
         }
         let mut found: Option<(usize, TensorId)> = None;
@@ -202,8 +214,63 @@ fn transpose_blocks<D: Device>(
     Ok(out)
 }
 
+/// Which side of the experts an etp collective of the sequence-parallel scheme is: the
+/// all-gather of the rows before them (`true`) or the reduce-scatter after (`false`).
+/// The gather of the routing indices beside the first is a plain all-gather.
+fn etp_side(op: &Op) -> Option<bool> {
+    match op.kind {
+        OpKind::AllGather | OpKind::ReduceScatter if op.text("group") == Some("etp") => Some(op.kind == OpKind::AllGather),
+        _ => None,
+    }
+}
+
 fn state(op: &Op, what: String) -> ExecError {
     ExecError::State(format!("operation '{}': {what}", op.name))
+}
+
+/// Every etp rank's rows (`x`, this rank's, expert-major by `rows[me]`) gathered over
+/// `c`, expert-major over the ranks: local expert, then rank.
+fn gather_rows<D: Device>(dev: &D, c: &Timed<'_, D>, op: &Op, x: &D::Buffer, rows: &[Vec<usize>], w: usize) -> Result<D::Buffer, ExecError> {
+    let (n, me) = (c.size(), c.rank());
+    let total = |m: usize| rows[m].iter().sum::<usize>() * w;
+    if x.len() != total(me) {
+        return Err(state(op, format!("{} elements to gather, the routing says {} rows of {w}", x.len(), total(me) / w.max(1))));
+    }
+    // An all-gather of unequal parts: this rank's rows sent to every rank.
+    let mut send = dev.alloc(x.elem(), x.len() * n)?;
+    for j in 0..n {
+        dev.copy(&mut send, j * x.len(), x, 0, x.len())?;
+    }
+    let recv: Vec<usize> = (0..n).map(total).collect();
+    let mut got = dev.alloc(x.elem(), recv.iter().sum())?;
+    c.all_to_all_v(&send, &vec![x.len(); n], &mut got, &recv)?;
+    let local = rows[me].len();
+    transpose_blocks(dev, &got, n, local, w, |m, e| rows[m][e], true)
+}
+
+/// Inverse of [`gather_rows`]: rows expert-major over the etp ranks → each rank's own
+/// rows (expert-major), summed over the ranks' values of them.
+fn scatter_rows<D: Device>(dev: &D, c: &Timed<'_, D>, op: &Op, y: &D::Buffer, rows: &[Vec<usize>], w: usize) -> Result<D::Buffer, ExecError> {
+    let (n, me) = (c.size(), c.rank());
+    let total = |m: usize| rows[m].iter().sum::<usize>() * w;
+    if y.len() != (0..n).map(total).sum::<usize>() {
+        return Err(state(op, format!("{} elements to reduce-scatter, the etp ranks gathered {}", y.len(), (0..n).map(total).sum::<usize>())));
+    }
+    let local = rows[me].len();
+    let by_rank = transpose_blocks(dev, y, n, local, w, |m, e| rows[m][e], false)?;
+    let mine = total(me);
+    let mut got = dev.alloc(y.elem(), mine * n)?;
+    c.all_to_all_v(&by_rank, &(0..n).map(total).collect::<Vec<_>>(), &mut got, &vec![mine; n])?;
+    let mut out = dev.alloc(y.elem(), mine)?;
+    dev.copy(&mut out, 0, &got, 0, mine)?;
+    if mine > 0 {
+        for j in 1..n {
+            let mut part = dev.alloc(y.elem(), mine)?;
+            dev.copy(&mut part, 0, &got, j * mine, mine)?;
+            dev.add_assign(&mut out, &part)?;
+        }
+    }
+    Ok(out)
 }
 
 impl<D: Device> Executor<D> {
@@ -397,6 +464,111 @@ impl<D: Device> Executor<D> {
         }
     }
 
+    /// For an etp collective around the experts: whether it gathers (else reduce-
+    /// scatters) and the gathered router-indices tensor its grouped linears read. `None`
+    /// for every other op, the gather of the indices included (a plain all-gather).
+    fn etp_link(&self, op: &Op) -> Option<(bool, TensorId)> {
+        let gather = etp_side(op)?;
+        let g = &self.graph;
+        let linear = if gather {
+            let x = *op.outputs.first()?;
+            g.ops.iter().find(|o| o.kind == OpKind::GroupedLinear && o.inputs.first() == Some(&x))?
+        } else {
+            let x = *op.inputs.first()?;
+            g.ops.iter().find(|o| o.kind == OpKind::GroupedLinear && o.outputs.first() == Some(&x))?
+        };
+        Some((gather, *linear.inputs.get(2)?))
+    }
+
+    /// Whether op `op` is an etp gather or reduce-scatter of expert rows this module runs.
+    pub(super) fn is_etp_exchange(&self, op: &Op) -> bool {
+        self.etp_link(op).is_some()
+    }
+
+    /// This rank's rows per local expert ahead of the etp gather reading `x`: what the
+    /// ep all-to-all received (expert-major), or without one what the dispatch routed.
+    fn rows_per_local_expert(&self, op: &Op, x: TensorId, gathered_idx: TensorId) -> Result<Vec<usize>, ExecError> {
+        let g = &self.graph;
+        let idx = g
+            .ops
+            .iter()
+            .find(|o| o.kind == OpKind::AllGather && o.outputs.first() == Some(&gathered_idx))
+            .and_then(|o| o.inputs.first().copied())
+            .ok_or_else(|| state(op, "no gather of the routing indices beside it".into()))?;
+        let from_a2a = g.ops.iter().any(|o| o.kind == OpKind::AllToAll && o.outputs.first() == Some(&x));
+        if from_a2a {
+            return Ok(self.route(op, idx)?.local_counts());
+        }
+        let plan = self.plans.routed.get(&idx).ok_or_else(|| state(op, "no routing plan (the dispatch runs first)".into()))?;
+        self.device.plan_counts(plan)
+    }
+
+    /// Forward of etp exchange `oi`. The gather: every etp rank's rows (each rank's
+    /// expert-major), arranged expert-major over the ranks (local expert, then etp rank),
+    /// with the plan the grouped linears run on; the reduce-scatter: the inverse, each
+    /// rank's rows back to it, summed over the etp ranks' partial outputs.
+    pub(super) fn etp_forward(&mut self, oi: usize, out: &mut D::Buffer) -> Result<(), ExecError> {
+        let op = self.graph.ops[oi].clone();
+        let Some((gather, gidx)) = self.etp_link(&op) else {
+            return Err(state(&op, "not an etp exchange of expert rows".into()));
+        };
+        let w = self.row_width(&op);
+        let x = op.inputs[0];
+        if !gather {
+            let rows = self.etp_rows(&op, gidx)?;
+            let c = self.group(&op)?;
+            *out = scatter_rows(&self.device, &c, &op, self.val(x, &op)?, rows, w)?;
+            // The rows go back to the ranks that had them: data-dependent where an
+            // all-to-all received them.
+            let mine = rows.get(c.rank()).map_or(0, |r| r.iter().sum());
+            if self.ep.rows.contains_key(&x) {
+                self.ep.rows.insert(op.outputs[0], mine);
+            }
+            return Ok(());
+        }
+        let mine = self.rows_per_local_expert(&op, x, gidx)?;
+        let mine32: Vec<u32> = mine
+            .iter()
+            .map(|&v| u32::try_from(v))
+            .collect::<Result<_, _>>()
+            .map_err(|_| state(&op, "more rows for one expert than an int32 count holds".into()))?;
+        let dev = &self.device;
+        let (y, rows) = {
+            let c = self.group(&op)?;
+            let (n, e) = (c.size(), mine.len());
+            let mut counts = dev.alloc(Elem::I32, e)?;
+            dev.write_u32(&mut counts, &mine32)?;
+            let mut all = dev.alloc(Elem::I32, e * n)?;
+            c.all_gather(&counts, &mut all)?;
+            let rows: Vec<Vec<usize>> = dev.read_u32(&all)?.chunks(e).map(|r| r.iter().map(|&v| v as usize).collect()).collect();
+            (gather_rows(dev, &c, &op, self.val(x, &op)?, &rows, w)?, rows)
+        };
+        let per_expert: Vec<usize> = (0..mine.len()).map(|j| rows.iter().map(|r| r[j]).sum()).collect();
+        let plan = dev.presorted_plan(&per_expert)?;
+        self.plans.received.insert(gidx, plan);
+        if self.ep.rows.contains_key(&x) {
+            self.ep.rows.insert(op.outputs[0], per_expert.iter().sum());
+        }
+        self.ep.etp_rows.insert(gidx, rows);
+        *out = y;
+        Ok(())
+    }
+
+    /// Backward of etp exchange `op`: the other side's arithmetic on the gradients.
+    pub(super) fn etp_backward(&self, op: &Op, dout: &D::Buffer) -> Result<D::Buffer, ExecError> {
+        let Some((gather, gidx)) = self.etp_link(op) else {
+            return Err(state(op, "not an etp exchange of expert rows".into()));
+        };
+        let w = self.row_width(op);
+        let c = self.group(op)?;
+        let rows = self.etp_rows(op, gidx)?;
+        if gather { scatter_rows(&self.device, &c, op, dout, rows, w) } else { gather_rows(&self.device, &c, op, dout, rows, w) }
+    }
+
+    fn etp_rows(&self, op: &Op, gidx: TensorId) -> Result<&Vec<Vec<usize>>, ExecError> {
+        self.ep.etp_rows.get(&gidx).ok_or_else(|| state(op, "no etp gather recorded for its layer (the gather runs first)".into()))
+    }
+
     /// The etp group, when there is one of more than one rank.
     fn etp_group(&self) -> Option<Timed<'_, D>> {
         self.timed("etp").filter(|c| c.size() > 1)
@@ -408,6 +580,8 @@ impl<D: Device> Executor<D> {
     pub(super) fn expert_input_partial(&self, op: &Op) -> bool {
         op.kind == OpKind::GroupedLinear
             && self.etp_group().is_some()
+            // Under sequence parallelism the etp gather's backward sums them.
+            && !self.graph.ops.iter().any(|o| etp_side(o) == Some(true))
             && !self.graph.ops.iter().any(|o| {
                 o.kind == OpKind::AllReduce
                     && o.text("group") == Some("etp")
@@ -415,8 +589,9 @@ impl<D: Device> Executor<D> {
             })
     }
 
-    /// Refuse expert tensor parallelism whose etp ranks hold different tokens: with
-    /// sequence parallelism, or an etp group that does not divide the tp group.
+    /// Refuse an etp all-reduce of partial expert outputs whose etp ranks hold different
+    /// tokens: with sequence parallelism (whose etp scheme is a gather and a
+    /// reduce-scatter), or an etp group that does not divide the tp group.
     pub(super) fn check_expert_tensor_parallel(&self) -> Result<(), ExecError> {
         let Some(op) = self.graph.ops.iter().find(|o| {
             o.kind == OpKind::AllReduce
@@ -432,7 +607,17 @@ impl<D: Device> Executor<D> {
             .iter()
             .any(|o| o.kind == OpKind::ReduceScatter && o.text("group") == Some("tp"));
         let tp = self.collectives.get("tp").map_or(1, |c| c.size());
-        if let Err(why) = runner_graph::shard::expert_tensor_parallel_tokens(tp as u64, etp as u64, sp) {
+        let why = if sp {
+            // Sequence parallelism's etp scheme gathers and reduce-scatters; an etp
+            // all-reduce would sum partial outputs of different tokens.
+            Err("with sequence parallelism the etp ranks hold different tokens: their rows are gathered over etp \
+                 before the experts and reduce-scattered after, not summed with an all-reduce (shard the graph \
+                 with runner_graph::shard)"
+                .to_string())
+        } else {
+            runner_graph::shard::expert_tensor_parallel_tokens(tp as u64, etp as u64, sp)
+        };
+        if let Err(why) = why {
             return Err(ExecError::Unsupported {
                 op: op.name.clone(),
                 kind: format!("{:?}", op.kind),
