@@ -60,7 +60,8 @@ pub struct LayoutFlags {
     /// Expert parallel size
     #[arg(long, value_parser = layout_way)]
     pub ep: Option<u32>,
-    /// Expert tensor parallel size
+    /// Expert tensor parallel size: 1, or tp (Megatron's default; the rows are gathered over
+    /// etp before the experts under sequence parallelism); without it the search chooses
     #[arg(long, value_parser = layout_way)]
     pub etp: Option<u32>,
     /// Micro-batch size (sequences)
