@@ -569,14 +569,34 @@ fn etp2_over_tp2_sequence_parallel_matches_unsharded() {
     check_etp2_over_tp2(true);
 }
 
-/// Sequence parallelism with an etp group inside the tp group is refused by the layout
-/// check (so a projection cannot price it either), naming the etp that works.
+/// An etp group inside a sequence-parallel tp group: etp = 2 within tp = 4, alone and
+/// with ep = 2 carved out of the tp ranks. Each pair of tp ranks gathers its two
+/// sequence shards before the experts, so the rows an etp rank runs are half the tp
+/// group's; the gradients are the unsharded run's.
 #[test]
-fn etp_within_a_sequence_parallel_tp_group_is_refused() {
-    let g = toy_moe(2);
-    let layout = Layout { tp: 4, etp: 2, sequence_parallel: true, ..Layout::single(4, 4) };
-    let err = shard(&g, &layout, runner_graph::shard::RankCoord::default()).expect_err("refused");
-    assert!(err.contains("use etp = 1 or etp = 4"), "{err}");
+fn etp2_within_a_sequence_parallel_tp4_group_matches_unsharded() {
+    // Four kv heads, one per tp rank (the mesh makes no tp-kv groups).
+    let g = with_roles(toy::llama(&ToyConfig { moe: Some(MOE), batch: 2, kv_heads: 4, ..ToyConfig::tiny() }), true);
+    let data = synthetic_inputs(&g, 17);
+    let w0 = weights(&Executor::new(&g, Cpu::new(), options()).unwrap());
+    let (loss, want, _) = unsharded(&g, &g, &w0, &data, 1);
+    for ep in [1u32, 2] {
+        let layout = Layout { tp: 4, etp: 2, ep, sequence_parallel: true, ..Layout::single(2, 2) };
+        let s = shard(&g, &layout, runner_graph::shard::RankCoord::default()).unwrap();
+        let ag = s.graph.ops.iter().find(|o| o.kind == OpKind::AllGather && o.text("group") == Some("etp")).unwrap();
+        let (i, o) = (&s.graph.tensors[ag.inputs[0]].shape, &s.graph.tensors[ag.outputs[0]].shape);
+        assert_eq!(o[0], 2 * i[0], "ep={ep}: two sequence shards' rows");
+        let out = on_ranks(&g, &g, &layout, &w0, &data, Drive::Gradients);
+        for o in &out {
+            assert!((o.losses[0] - loss).abs() <= 1e-5 * loss.abs(), "ep={ep}: {} vs {loss}", o.losses[0]);
+        }
+        check_grads(&g, &out, &want);
+    }
+    // An etp group across tp groups is refused by the layout check (so a projection
+    // cannot price it either), naming the etp that works.
+    let layout = Layout { tp: 2, etp: 4, dp: 2, sequence_parallel: true, ..Layout::single(2, 4) };
+    let err = shard(&toy_moe(2), &layout, runner_graph::shard::RankCoord::default()).expect_err("refused");
+    assert!(err.contains("use etp = 1 or a divisor of 2"), "{err}");
 }
 
 /// ep = 2 carved out of tp = 2 (etp = 1, dp = 1): the ep group is the tp group. With

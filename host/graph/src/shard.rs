@@ -510,31 +510,31 @@ impl Layout {
 
 /// Expert tensor parallelism as the sharded graph runs it: each etp rank applies its
 /// share of every expert's width to the same rows, which needs the etp ranks to see the
-/// same tokens. Without sequence parallelism they hold copies (etp dividing tp), and the
-/// partial outputs are summed with an etp all-reduce. With it each tp rank holds its own
-/// sequence shard, and the rows each rank received are all-gathered over etp before the
-/// experts and the outputs reduce-scattered after (Megatron's alltoall dispatcher), for
-/// etp = tp, whose gathered rows are the tp group's tokens; an etp group within or across
-/// the tp group would need a token split the pass does not have, and is refused (else a
-/// rank would do 1/etp of its experts' work, and a projection would be etp times too
-/// fast). One rule for the layout check and the executor.
+/// same tokens. The etp group is consecutive ranks of one tp group (etp divides tp).
+/// Without sequence parallelism they hold copies, and the partial outputs are summed
+/// with an etp all-reduce. With it each tp rank holds its own sequence shard, and the
+/// rows each rank has for its experts are all-gathered over etp before the experts and
+/// the outputs reduce-scattered after (Megatron's alltoall dispatcher). An etp group
+/// across tp groups would hold other sequences' tokens, which the pass's token splits
+/// do not have, and is refused (an earlier graph without the gather let each rank do
+/// 1/etp of its experts' work, and a projection was etp times too fast). One rule for
+/// the layout check and the executor.
 ///
 /// # Errors
 /// The layout, with the fix.
 pub fn expert_tensor_parallel_tokens(tp: u64, etp: u64, sequence_parallel: bool) -> Result<(), String> {
-    if etp <= 1 || (!sequence_parallel && tp.is_multiple_of(etp)) || (sequence_parallel && etp == tp) {
+    if etp <= 1 || tp.is_multiple_of(etp) {
         return Ok(());
     }
-    if sequence_parallel {
-        return Err(format!(
-            "etp={etp} with sequence parallelism: the sharded graph gathers the routed tokens over etp = tp \
-             (Megatron's default expert_tensor_parallel_size); an etp group within the tp group (here {tp}) or \
-             across it is not modelled: use etp = 1 or etp = {tp}"
-        ));
-    }
+    let why = if sequence_parallel {
+        "the sharded graph gathers the etp ranks' sequence shards, which lie in one tp group"
+    } else {
+        "its ranks must hold the same tokens, copies within one tp group"
+    };
     Err(format!(
-        "etp={etp} needs its ranks to hold the same tokens: without sequence parallelism etp must divide tp \
-         (here {tp}): use etp = 1 or a divisor of {tp}"
+        "etp={etp} does not divide tp={tp}: {why}; an etp group across tp groups (Megatron's MoE parallel \
+         folding) is not modelled: use etp = 1 or a divisor of {tp}{}",
+        if sequence_parallel { " (with sequence parallelism on)" } else { "" }
     ))
 }
 
@@ -543,11 +543,13 @@ pub fn expert_tensor_parallel_tokens(tp: u64, etp: u64, sequence_parallel: bool)
 // ------------------------------------------------------------------------------------
 
 /// Token split of an activation: `Full` holds the cp rank's T/cp tokens, `Seq` the
-/// sequence-parallel shard T/(cp·tp).
+/// sequence-parallel shard T/(cp·tp), `Experts` the sequence-parallel shards of an etp
+/// group, gathered before the experts: T·etp/(cp·tp) (the cp rank's tokens at etp = tp).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum Tok {
     Full,
     Seq,
+    Experts,
 }
 
 /// The local version of a logical tensor: its name in the sharded graph, token split and
@@ -590,7 +592,12 @@ impl<'a> Pass<'a> {
     }
 
     fn tok_div(&self, tok: Tok) -> u64 {
-        u64::from(self.l.cp) * if tok == Tok::Seq { self.tp() } else { 1 }
+        u64::from(self.l.cp)
+            * match tok {
+                Tok::Full => 1,
+                Tok::Seq => self.tp(),
+                Tok::Experts => self.tp() / u64::from(self.l.etp).max(1),
+            }
     }
 
     /// The token axis of a logical shape: 1 for (B,T,..), else 0 for (N,..) and (N·k,..).
@@ -842,15 +849,15 @@ impl<'a> Pass<'a> {
         self.tensors.iter().rev().find(|t| t.name == name).map_or(0, |t| t.numel())
     }
 
-    /// Names of the local tensors that hold a sequence-parallel shard (Tok::Seq). Every
-    /// such tensor an op reads is a current local or gathered version: the only
-    /// versions later replaced in `local` are the inputs of a collective, which reads no
-    /// weight.
     /// Names of the local tensors split over tp along their features (heads or columns).
     fn split_names(&self) -> HashSet<&str> {
         self.local.values().chain(self.gathered.values()).filter(|l| l.split > 1).map(|l| l.name.as_str()).collect()
     }
 
+    /// Names of the local tensors that hold a sequence-parallel shard (Tok::Seq). Every
+    /// such tensor an op reads is a current local or gathered version: the only
+    /// versions later replaced in `local` are the inputs of a collective, which reads no
+    /// weight.
     fn seq_names(&self) -> HashSet<&str> {
         self.local
             .values()
@@ -1158,22 +1165,23 @@ impl<'a> Pass<'a> {
                 }
                 let etp = u64::from(self.l.etp);
                 if etp > 1 && x.tok == Tok::Seq {
-                    // Sequence parallelism with etp = tp (Megatron's default): the etp ranks
-                    // hold different tokens, so the rows each received are all-gathered over
-                    // etp before the experts (Megatron's alltoall dispatcher gathers them over
-                    // the expert tensor-parallel group), and the routing indices with them,
-                    // which the grouped linears between here and the reduce-scatter read.
+                    // Sequence parallelism: the etp ranks (consecutive tp ranks) hold
+                    // different tokens, so the rows each has for its experts are
+                    // all-gathered over etp before the experts (Megatron's alltoall
+                    // dispatcher gathers them over the expert tensor-parallel group), and
+                    // the routing indices with them, which the grouped linears between
+                    // here and the reduce-scatter read.
                     let rows = self.local[&out].clone();
                     let t = self.logical(out);
-                    let s = self.shape_of(&t.name, &t.shape, Tok::Full, 1)?;
+                    let s = self.shape_of(&t.name, &t.shape, Tok::Experts, 1)?;
                     let ax = Attr::Int(self.tok_axis(&t.shape) as i64);
                     let a = self.collective(OpKind::AllGather, "etp", etp, &rows.name, "ag_etp", s, t.dtype, &t.name, &[("axis", ax)], layer);
-                    self.local.insert(out, Local { name: a, tok: Tok::Full, split: 1 });
+                    self.local.insert(out, Local { name: a, tok: Tok::Experts, split: 1 });
                     let it = self.logical(op.inputs[1]);
-                    let si = self.shape_of(&it.name, &it.shape, Tok::Full, 1)?;
+                    let si = self.shape_of(&it.name, &it.shape, Tok::Experts, 1)?;
                     let ax = Attr::Int(self.tok_axis(&it.shape) as i64);
                     let gi = self.collective(OpKind::AllGather, "etp", etp, &idx.name, "ag_etp", si, it.dtype, &it.name, &[("axis", ax)], layer);
-                    self.gathered.insert((op.inputs[1], "etp"), Local { name: gi, tok: Tok::Full, split: 1 });
+                    self.gathered.insert((op.inputs[1], "etp"), Local { name: gi, tok: Tok::Experts, split: 1 });
                 }
             }
             OpKind::GroupedLinear => {
@@ -1196,7 +1204,7 @@ impl<'a> Pass<'a> {
                     let wn = self.weight(wi, vec![w[0] / ep, w[1], w[2] / etp])?;
                     let partial = self.output(out, x.tok, 1)?;
                     self.emit(&name, op.kind, vec![x.name, wn, idx.name], vec![partial.clone()], attrs, layer, role);
-                    if etp > 1 && x.tok == Tok::Full && self.gathered.contains_key(&(ii, "etp")) {
+                    if etp > 1 && x.tok == Tok::Experts {
                         // The rows gathered over etp at the dispatch go back to the ranks
                         // they came from, summed over the etp ranks' partial outputs.
                         let t = self.logical(out);

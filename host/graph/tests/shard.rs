@@ -731,11 +731,11 @@ fn layouts_that_only_half_a_rule_admits_are_refused() {
     assert!(etp_ok(2, 2, false).is_ok());
     assert!(etp_ok(4, 1, true).is_ok());
     assert!(etp_ok(4, 2, false).is_ok());
-    // With sequence parallelism the rows are gathered over etp = tp, not a part of tp.
+    // With sequence parallelism the rows are gathered over etp, within one tp group.
     assert!(etp_ok(2, 2, true).is_ok());
-    assert!(etp_ok(4, 2, true).unwrap_err().contains("use etp = 1 or etp = 4"));
-    assert!(etp_ok(2, 4, true).unwrap_err().contains("use etp = 1 or etp = 2"));
-    assert!(etp_ok(2, 4, false).unwrap_err().contains("a divisor of 2"));
+    assert!(etp_ok(4, 2, true).is_ok());
+    assert!(etp_ok(2, 4, true).unwrap_err().contains("use etp = 1 or a divisor of 2 (with sequence parallelism on)"));
+    assert!(etp_ok(4, 3, false).unwrap_err().contains("etp=3 does not divide tp=4"));
 }
 
 /// Expert tensor parallelism (Mixtral, tp = dp = ep = etp = 2): each expert's width

@@ -528,9 +528,13 @@ fn moe_layouts_never_beat_the_gpus_gemm_rate() {
         assert!((g8 / g1 - 1.0).abs() < 0.02, "{model}: expert GEMMs {g8} s at etp 8, {g1} s at etp 1");
         assert!(etp.comm.ep > one.comm.ep, "{model}: the etp gather and reduce-scatter move rows");
         assert!(etp.memory.weights < one.memory.weights, "{model}: each rank holds 1/8 of its experts' width");
-        let inside = LayoutSpec { ep: 8, etp: 2, ..layout(8, 1, 1, 1, 8, 1, 512) };
-        let err = pr.project(&inside).unwrap_err();
-        assert!(err.contains("use etp = 1 or etp = 8"), "{model}: {err}");
+        // An etp group inside the tp group: the same expert GEMM seconds.
+        let inside = pr.project(&LayoutSpec { ep: 8, etp: 2, ..layout(8, 1, 1, 1, 8, 1, 512) }).unwrap();
+        let g2 = inside.breakdown.compute_parts.gemm;
+        assert!((g2 / g1 - 1.0).abs() < 0.02, "{model}: expert GEMMs {g2} s at etp 2, {g1} s at etp 1");
+        let across = LayoutSpec { ep: 4, etp: 16, ..layout(8, 1, 1, 1, 8, 1, 512) };
+        let err = pr.project(&across).unwrap_err();
+        assert!(err.contains("etp=16 does not divide tp=8"), "{model}: {err}");
     }
 }
 

@@ -22,12 +22,12 @@
 //!   executor records the actual rows of the received tensor and of every tensor
 //!   computed from it ([`EpState::rows`]) and sizes their values and gradients by them.
 //!   [`super::Executor::memory`]'s required bytes keep the balanced sizes.
-//! - Expert tensor parallelism (etp > 1), without sequence parallelism: the etp ranks
-//!   hold the same tokens (etp divides tp). The grouped linears that split an expert's
+//! - Expert tensor parallelism (etp > 1; etp consecutive ranks of one tp group), without
+//!   sequence parallelism: the etp ranks hold the same tokens. The grouped linears that split an expert's
 //!   width (their output is not summed by an `etp` all-reduce) leave a per-rank partial
 //!   input gradient, all-reduced over `etp` (Megatron's `f`); the sharded graph sums the
 //!   other linears' partial outputs with an `etp` all-reduce.
-//! - With sequence parallelism (etp = tp) each etp rank holds its own tokens, as
+//! - With sequence parallelism each etp rank holds its own tokens, as
 //!   Megatron's alltoall dispatcher has them: the rows each rank has for its experts
 //!   (what the ep all-to-all received, or without one what it routed) are all-gathered
 //!   over etp, arranged expert-major (local expert, then etp rank) with a plan over

@@ -60,8 +60,9 @@ pub struct LayoutFlags {
     /// Expert parallel size
     #[arg(long, value_parser = layout_way)]
     pub ep: Option<u32>,
-    /// Expert tensor parallel size: 1, or tp (Megatron's default; the rows are gathered over
-    /// etp before the experts under sequence parallelism); without it the search chooses
+    /// Expert tensor parallel size: a divisor of tp, 1 or tp (Megatron's default) most often;
+    /// under sequence parallelism the rows are gathered over etp before the experts;
+    /// without it the search tries 1 and tp
     #[arg(long, value_parser = layout_way)]
     pub etp: Option<u32>,
     /// Micro-batch size (sequences)
