@@ -239,7 +239,8 @@ pub struct Executor<D: Device> {
     optimizer: muon::Optimizer,
     muon: Vec<bool>,
     /// Per tensor, how a Muon matrix is split over the tensor-parallel ranks (`None`:
-    /// whole on this rank), set with `muon`.
+    /// whole on this rank, or orthogonalised as this rank's block alone under
+    /// `MuonTpMode::Blockwise`), set with `muon`.
     muon_split: Vec<Option<muon::MuonSplit>>,
     /// Per tensor, the data-parallel rank that updates a Muon matrix for its group and
     /// broadcasts it (`None`: this rank updates it alone), set with `muon`.
@@ -1962,7 +1963,7 @@ mod overlap;
 mod pipeline;
 mod quant;
 pub use fsdp::Shard;
-pub use muon::{MOONLIGHT_SCALE, MUON_DEFAULT, Muon, NS_COEFFS, NS_EPS, Optimizer, muon_update, muon_weights, newton_schulz, scratch_elems};
+pub use muon::{MOONLIGHT_SCALE, MUON_DEFAULT, Muon, MuonTpMode, NS_COEFFS, NS_EPS, Optimizer, muon_update, muon_weights, newton_schulz, scratch_elems};
 pub use overlap::GradBucket;
 pub use pipeline::{Pass, PipelineSchedule, Schedule, in_flight, in_order, interleaved, one_f_one_b, passes};
 pub use quant::Snapshot;

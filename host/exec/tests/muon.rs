@@ -7,10 +7,14 @@
 
 mod common;
 
-use common::{Data, Grads, gather, half_of, inputs, load_weights, mesh, options, rank_inputs, split_axis, weights, with_roles};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use common::{Data, Grads, Groups, counted, gather, grads, half_of, inputs, load_weights, mesh, options, rank_inputs, split_axis, weights, with_roles};
 use runner_exec::collective::{Collective, ThreadGroup};
 use runner_exec::cpu::Cpu;
-use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Optimizer};
+use runner_exec::device::{Device, Elem};
+use runner_exec::executor::{ADAMW_DEFAULT, MUON_DEFAULT, Muon, MuonTpMode, Optimizer, newton_schulz};
 use runner_exec::proxy::synthetic_inputs;
 use runner_exec::toy::{self, ToyConfig};
 use runner_exec::{AdamW, Executor};
@@ -71,6 +75,8 @@ struct Rank {
     ex: Executor<Cpu>,
     /// This rank's inputs.
     data: Data,
+    /// Elements its `tp` handle has moved so far (nccl-tests' S convention, `counted`).
+    tp_elems: Arc<AtomicUsize>,
 }
 
 /// `body` on every rank of `layout` over `g` (the tp × pp × dp mesh), each in its own
@@ -87,12 +93,16 @@ fn on_ranks<T: Send + 'static>(g: &Graph, layout: &Layout, data: &Data, halve: b
             let data = if halve { half_of(data, m.coord.dp as usize) } else { data.clone() };
             let (g, w0, body, r) = (g.clone(), w0.cloned(), body.clone(), m.coord.tp as usize);
             std::thread::spawn(move || {
-                let mut ex = Executor::for_rank(&shard, Cpu::new(), options(), m.groups).unwrap();
+                // The tp handle counted, so a test can tell what Muon moves over it.
+                let (tp_group, mut groups): (Groups, Groups) = m.groups.into_iter().partition(|(n, _)| n == "tp");
+                let tp_elems = Arc::new(AtomicUsize::new(0));
+                groups.extend(counted(tp_group, &Arc::new(AtomicUsize::new(0)), &tp_elems));
+                let mut ex = Executor::for_rank(&shard, Cpu::new(), options(), groups).unwrap();
                 if let Some(w0) = &w0 {
                     load_weights(&mut ex, &g, &shard.graph, w0, r, tp);
                 }
                 let data = rank_inputs(&g, &shard.graph, &data, r, tp);
-                body(Rank { coord: m.coord, shard, ex, data })
+                body(Rank { coord: m.coord, shard, ex, data, tp_elems })
             })
         })
         .collect();
@@ -232,7 +242,7 @@ fn muon_data_parallel_deals_matrices_or_fsdp_gathers_pieces_and_tracks_unsharded
         let (apart, _) = worst(&adamw, &w3);
         assert!(apart > 1e-3, "AdamW and Muon are {apart} apart: the check below would not tell them apart");
         let layout = Layout { tp, dp: 2, fsdp, ..Layout::single(1, 2) };
-        let out = on_ranks(&half_g, &layout, &data, true, Some(&w0), move |Rank { coord, shard: s, mut ex, data }| {
+        let out = on_ranks(&half_g, &layout, &data, true, Some(&w0), move |Rank { coord, shard: s, mut ex, data, .. }| {
             assert_eq!(ex.fsdp_sharded(), fsdp);
             ex.set_optimizer(Optimizer::Muon(MUON_DEFAULT)).unwrap();
             // What AdamW would hold (value, gradient, two moments) less this
@@ -345,12 +355,18 @@ fn adamw_after_muon_on_a_dp_rank_brings_back_the_lent_state() {
 /// Newton–Schulz scratch; under FSDP at dp 2 and at tp 2 × dp 2, besides, the unit's
 /// chunk of the updates and their gathered copy. (At dp 2 without FSDP the reduction's
 /// flat buffer of every gradient outgrows any one matrix's update.)
+///
+/// Under blockwise (tp 2, and tp 2 × dp 2 with FSDP) each rank's update is its block's
+/// alone, no gathered blocks: the account is its block's Newton–Schulz scratch, and
+/// still the peak.
 #[test]
 fn muon_memory_account_matches_the_peak_where_the_update_sets_it() {
-    for (tp, dp, fsdp) in [(2u32, 1u32, false), (1, 2, true), (2, 2, true)] {
+    use MuonTpMode::{Blockwise, Exact};
+    for (tp, dp, fsdp, tp_mode) in [(2u32, 1u32, false, Exact), (1, 2, true, Exact), (2, 2, true, Exact), (2, 1, false, Blockwise), (2, 2, true, Blockwise)] {
         let g = with_roles(toy::llama(&ToyConfig { layers: 1, ffn: 2048, seq: 2, batch: 1, ..ToyConfig::tiny() }), tp > 1);
         let data = synthetic_inputs(&g, 43);
         let layout = Layout { tp, dp, fsdp, ..Layout::single(1, 2) };
+        let muon = Optimizer::Muon(Muon { tp_mode, ..MUON_DEFAULT });
         let run = |opt: Optimizer| {
             on_ranks(&g, &layout, &data, false, None, move |Rank { mut ex, data, .. }| {
                 ex.set_optimizer(opt).unwrap();
@@ -360,9 +376,9 @@ fn muon_memory_account_matches_the_peak_where_the_update_sets_it() {
                 ex.memory()
             })
         };
-        let (muon, adamw) = (run(Optimizer::Muon(MUON_DEFAULT)), run(Optimizer::AdamW));
+        let (muon, adamw) = (run(muon), run(Optimizer::AdamW));
         for (r, (m, a)) in muon.iter().zip(&adamw).enumerate() {
-            let at = format!("tp {tp}, dp {dp}, fsdp {fsdp}, rank {r}");
+            let at = format!("tp {tp}, dp {dp}, fsdp {fsdp}, {tp_mode:?}, rank {r}");
             // The passes hold the same above the state under either optimizer: more
             // above Muon's is its update's.
             assert!(m.peak_bytes - m.state_bytes > a.peak_bytes - a.state_bytes, "{at}: the update does not set the peak: {m:?} vs AdamW's {a:?}");
@@ -396,5 +412,219 @@ fn muon_collectives_count_in_the_communication_time() {
             assert!(mb > 0.0 && ma > mb, "fsdp {fsdp}, rank {r}: Muon's optimizer took {ma} - {mb} s of collectives");
             assert_eq!(aa, ab, "fsdp {fsdp}, rank {r}: AdamW's optimizer calls no collective");
         }
+    }
+}
+
+/// Muon with blockwise tensor-parallel mode.
+fn blockwise() -> Optimizer {
+    Optimizer::Muon(Muon { tp_mode: MuonTpMode::Blockwise, ..MUON_DEFAULT })
+}
+
+/// Without tensor parallelism every matrix is whole, so the blockwise mode is the exact
+/// one bit for bit: unsharded, at dp 2 (the matrices dealt) and at dp 2 with FSDP.
+#[test]
+fn muon_blockwise_without_tensor_parallelism_is_exact_bit_for_bit() {
+    let (full_g, half_g) = (llama(2, false), llama(1, false));
+    let data = synthetic_inputs(&full_g, 51);
+    let (exact, w0, we) = unsharded(&full_g, &data, Optimizer::Muon(MUON_DEFAULT), 3);
+    let (block, _, wb) = unsharded(&full_g, &data, blockwise(), 3);
+    assert_eq!(exact, block);
+    assert_eq!(we, wb);
+    for fsdp in [false, true] {
+        let layout = Layout { dp: 2, fsdp, ..Layout::single(1, 2) };
+        let run = |opt: Optimizer| {
+            on_ranks(&half_g, &layout, &data, true, Some(&w0), move |Rank { mut ex, data, .. }| {
+                ex.set_optimizer(opt).unwrap();
+                let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&data), &H).unwrap()).collect();
+                let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+                (losses, ex.gather_weights().unwrap(), ns)
+            })
+        };
+        let (e, b) = (run(Optimizer::Muon(MUON_DEFAULT)), run(blockwise()));
+        for (r, (e, b)) in e.iter().zip(&b).enumerate() {
+            assert_eq!(e.0, b.0, "fsdp {fsdp}, rank {r}: losses");
+            assert!(e.1 == b.1, "fsdp {fsdp}, rank {r}: the weights differ");
+            assert_eq!(e.2, b.2, "fsdp {fsdp}, rank {r}: the deal differs");
+        }
+    }
+}
+
+/// One blockwise step at tp 2 from the same weights: each rank's Muon matrices move by
+/// the update of its own block alone, computed here from the rank's reduced gradient
+/// (momentum zero, so U = G + μ·G) through `newton_schulz` on the block and the block's
+/// 0.2·√max(m, n) scale (Megatron-Core's blockwise); the gate, up and down blocks,
+/// whose long side the split halves, would be off by √2 with the whole's scale. Both tp
+/// ranks orthogonalise every matrix and the optimizer moves nothing over `tp`, where
+/// the exact mode gathers the blocks, orthogonalises each matrix on one rank, and ends
+/// elsewhere.
+#[test]
+fn muon_blockwise_at_tp_2_updates_each_block_from_its_own_newton_schulz() {
+    let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    let data = synthetic_inputs(&g, 53);
+    let (_, w0, _) = unsharded(&g, &data, Optimizer::AdamW, 0);
+    let layout = Layout { tp: 2, ..Layout::single(2, 2) };
+    let run = |opt: Optimizer| {
+        on_ranks(&g, &layout, &data, false, Some(&w0), move |Rank { shard, mut ex, data, tp_elems, .. }| {
+            ex.set_optimizer(opt).unwrap();
+            let before = weights(&ex);
+            ex.forward(&inputs(&data)).unwrap();
+            ex.backward().unwrap();
+            ex.reduce_gradients().unwrap();
+            let grad = grads(&ex);
+            let passes = tp_elems.load(Ordering::SeqCst);
+            ex.optimizer_step(&H).unwrap();
+            let moved = tp_elems.load(Ordering::SeqCst) - passes;
+            let shapes: Shapes = shard.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+            let muon: Vec<String> = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).collect();
+            let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+            (before, grad, weights(&ex), shapes, muon, ns, moved)
+        })
+    };
+    let (block, exact) = (run(blockwise()), run(Optimizer::Muon(MUON_DEFAULT)));
+    let dev = Cpu::new();
+    let (mu, lr) = (MUON_DEFAULT.momentum, H.lr);
+    let decay = 1.0 - H.lr * H.weight_decay;
+    let mut rescaled = 0;
+    for (r, (before, grad, after, shapes, muon, ns, moved)) in block.iter().enumerate() {
+        assert!(muon.len() >= 14, "rank {r}: {muon:?}");
+        assert_eq!(ns, muon, "rank {r}: blockwise, every tp rank orthogonalises each of its blocks");
+        assert_eq!(*moved, 0, "rank {r}: blockwise Muon moved {moved} elements over tp");
+        for name in muon {
+            let (rows, cols) = (shapes[name][0] as usize, shapes[name][1] as usize);
+            let full = &g.tensors[g.tensor_id(name).unwrap()].shape;
+            let u: Vec<f32> = grad[name].iter().map(|&x| x * mu + x).collect();
+            let mut o = dev.alloc(Elem::F32, u.len()).unwrap();
+            dev.write_f32(&mut o, &u).unwrap();
+            newton_schulz(&dev, &mut o, rows, cols, MUON_DEFAULT.ns_steps).unwrap();
+            let o = dev.read_f32(&o).unwrap();
+            let want = |long: u64| -> Vec<f32> {
+                let step = -lr * 0.2 * (long as f32).sqrt();
+                before[name].iter().zip(&o).map(|(&w, &o)| w * decay + step * o).collect()
+            };
+            // The change against the change wanted: f32 rounding apart.
+            let off = |want: &[f32]| {
+                let dw = want.iter().zip(&before[name]).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+                after[name].iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs())) / dw
+            };
+            let e = off(&want(rows.max(cols) as u64));
+            assert!(e < 1e-4, "rank {r}: {name} {rows} x {cols} is {e} off its block's update");
+            if rows.max(cols) as u64 != full[0].max(full[1]) {
+                rescaled += 1;
+                let whole = off(&want(full[0].max(full[1])));
+                assert!(whole > 0.1, "rank {r}: {name}: the whole's scale is only {whole} off");
+            }
+        }
+    }
+    assert!(rescaled >= 2 * 6, "{rescaled} blocks whose scale the split changes (gate, up and down a layer, each rank)");
+    // The exact mode gathers over tp, deals the Newton–Schulz and ends elsewhere.
+    let mut runs: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (r, ((_, _, we, shapes, _, ns, moved), (_, _, wb, _, _, _, _))) in exact.iter().zip(&block).enumerate() {
+        assert!(*moved > 0, "rank {r}: exact Muon moved nothing over tp");
+        for w in ns {
+            *runs.entry(w.as_str()).or_default() += 1;
+        }
+        let split = we.keys().filter(|n| shapes[n.as_str()] != g.tensors[g.tensor_id(n).unwrap()].shape).count();
+        let (d, name) = worst(we, wb);
+        assert!(split >= 14 && d > 1e-4, "rank {r}: blockwise and exact are {d} apart at most ({name})");
+    }
+    assert!(runs.values().all(|&n| n == 1), "exact: {runs:?}");
+}
+
+/// Blockwise at tp 2 × dp 2, with and without FSDP, trains as blockwise at tp 2 alone on
+/// the full batch does (the dp ranks' halves reduce to the same gradient, and each
+/// block's update is the same), within 1e-5 over three steps, and lowers the loss: the
+/// data-parallel owner (or FSDP unit group) deal still holds, each tp rank's block
+/// orthogonalised on one dp rank, with no tp gather.
+#[test]
+fn muon_blockwise_at_tp_2_by_dp_2_with_and_without_fsdp_tracks_tp_2_alone() {
+    let gb = |batch| with_roles(toy::llama(&ToyConfig { batch, ..ToyConfig::tiny() }), true);
+    let (full_g, half_g) = (gb(2), gb(1));
+    let data = synthetic_inputs(&full_g, 59);
+    let (_, w0, _) = unsharded(&full_g, &data, Optimizer::AdamW, 0);
+    let steps = |opt: Optimizer| {
+        move |Rank { mut ex, data, coord, .. }: Rank| {
+            ex.set_optimizer(opt).unwrap();
+            let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&data), &H).unwrap()).collect();
+            let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+            let muon = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).count();
+            (coord, losses, ex.gather_weights().unwrap(), ns, muon)
+        }
+    };
+    let tp_only = Layout { tp: 2, ..Layout::single(2, 2) };
+    let want = on_ranks(&full_g, &tp_only, &data, false, Some(&w0), steps(blockwise()));
+    let exact = on_ranks(&full_g, &tp_only, &data, false, Some(&w0), steps(Optimizer::Muon(MUON_DEFAULT)));
+    for (w, e) in want.iter().zip(&exact) {
+        assert!(w.1[2] < w.1[0], "tp rank {}: blockwise losses {:?} do not fall", w.0.tp, w.1);
+        assert!(worst(&w.2, &e.2).0 > 1e-4, "tp rank {}: blockwise ends where exact does", w.0.tp);
+    }
+    for fsdp in [false, true] {
+        let layout = Layout { tp: 2, dp: 2, fsdp, ..Layout::single(1, 2) };
+        let out = on_ranks(&half_g, &layout, &data, true, Some(&w0), steps(blockwise()));
+        for t in 0..2u32 {
+            let ranks: Vec<_> = out.iter().filter(|o| o.0.tp == t).collect();
+            let reference = &want[t as usize];
+            for i in 0..3 {
+                let mean = (ranks[0].1[i] + ranks[1].1[i]) / 2.0;
+                assert!((mean - reference.1[i]).abs() <= 1e-5 * reference.1[i], "fsdp {fsdp}, tp rank {t}, step {i}: mean over dp {mean} vs tp 2 alone {}", reference.1[i]);
+            }
+            let mut runs: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+            for o in &ranks {
+                let (d, name) = worst(&o.2, &reference.2);
+                assert!(d < 1e-5, "fsdp {fsdp}, {:?}: {name} drifted from tp 2 alone by {d:e}", o.0);
+                for w in &o.3 {
+                    *runs.entry(w.as_str()).or_default() += 1;
+                }
+            }
+            // Each block orthogonalised by one dp rank, both holding some.
+            assert_eq!(runs.len(), ranks[0].4, "fsdp {fsdp}, tp rank {t}: {runs:?}");
+            assert!(runs.values().all(|&n| n == 1) && ranks.iter().all(|o| !o.3.is_empty()), "fsdp {fsdp}, tp rank {t}: {runs:?}");
+        }
+    }
+}
+
+/// Blockwise at tp 4 with 2 kv heads: the two ranks that hold each kv projection's block
+/// reduce the same gradient (`tp-kv`) and orthogonalise it alike, so they end equal
+/// (`whole_weight` checks it); every rank orthogonalises each of its blocks, and the
+/// loss falls.
+#[test]
+fn muon_blockwise_ranks_sharing_a_kv_block_end_equal() {
+    let g = with_roles(toy::llama(&ToyConfig::tiny()), true);
+    let data = synthetic_inputs(&g, 61);
+    let (_, w0, _) = unsharded(&g, &data, Optimizer::AdamW, 0);
+    let tp = 4usize;
+    let layout = Layout { tp: tp as u32, ..Layout::single(2, 2) };
+    let mut groups: Vec<Groups> = ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
+    for pair in [[0usize, 1], [2, 3]] {
+        for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
+            groups[r].push(("tp-kv".to_string(), Box::new(h)));
+        }
+    }
+    let hs: Vec<_> = groups
+        .into_iter()
+        .enumerate()
+        .map(|(r, groups)| {
+            let s = shard(&g, &layout, RankCoord { tp: r as u32, ..Default::default() }).unwrap();
+            let (g, w0, data) = (g.clone(), w0.clone(), data.clone());
+            std::thread::spawn(move || {
+                let mut ex = Executor::for_rank(&s, Cpu::new(), options(), groups).unwrap();
+                ex.set_optimizer(blockwise()).unwrap();
+                load_weights(&mut ex, &g, &s.graph, &w0, r, tp);
+                let d = rank_inputs(&g, &s.graph, &data, r, tp);
+                let losses: Vec<f32> = (0..3).map(|_| ex.step(&inputs(&d), &H).unwrap()).collect();
+                let shapes: Shapes = s.graph.tensors.iter().map(|t| (t.name.clone(), t.shape.clone())).collect();
+                let muon: Vec<String> = ex.trainable().into_iter().filter(|w| ex.takes_muon(w)).collect();
+                let ns: Vec<String> = ex.trainable().into_iter().filter(|w| ex.orthogonalises(w)).collect();
+                (losses, weights(&ex), shapes, muon == ns && ns.len() >= 14)
+            })
+        })
+        .collect();
+    let out: Vec<_> = hs.into_iter().map(|h| h.join().unwrap()).collect();
+    for (r, (losses, _, _, all)) in out.iter().enumerate() {
+        assert!(*all, "rank {r}: blockwise, each rank orthogonalises every block it holds");
+        assert!(losses[2] < losses[0], "rank {r}: {losses:?}");
+    }
+    let ranks: Vec<(&Grads, &Shapes)> = out.iter().map(|o| (&o.1, &o.2)).collect();
+    for name in out[0].1.keys() {
+        whole_weight(&g, name, &ranks);
     }
 }

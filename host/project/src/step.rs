@@ -64,7 +64,9 @@ pub enum Optimizer {
     /// all-gathers the updated weights after the step; the embedding and the output layer
     /// stay on AdamW. A tensor-parallel rank orthogonalises its own block of each weight
     /// (Megatron-Core `OptimizerConfig.muon_tp_mode`'s default, "blockwise"), so the
-    /// iterations are counted on the rank graph's weight shapes.
+    /// iterations are counted on the rank graph's weight shapes. The executor trains
+    /// either mode (`runner_exec::executor::MuonTpMode`, `--muon-tp-mode` on `runner
+    /// bench step`), exact by default, to measure what blockwise does to the loss.
     Muon,
 }
 

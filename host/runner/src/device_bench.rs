@@ -340,7 +340,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             args.sizes()?;
             crate::dist_bench::collectives(args, global)
         }
-        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, optimizer, timeout } => {
+        BenchCommand::Step { layout, steps, micro_batches, schedule, toy, in_process, overlap_grad_reduce, fsdp_prefetch, fsdp_sharded_grads, ddp_bucket_size, optimizer, muon_tp_mode, timeout } => {
             let run = crate::dist_bench::StepRun {
                 overlap: overlap_grad_reduce == "on",
                 prefetch: fsdp_prefetch == "on",
@@ -348,7 +348,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 bucket: ddp_bucket_size,
                 ..crate::dist_bench::StepRun::new(&layout, steps, micro_batches, &schedule, &toy)?
             }
-            .with_optimizer(&optimizer)?;
+            .with_optimizer(&optimizer, muon_tp_mode.as_deref())?;
             crate::dist_bench::step(run, in_process, std::time::Duration::from_secs(timeout), global)
         }
         other => commands::bench(other, global),

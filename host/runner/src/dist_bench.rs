@@ -722,6 +722,9 @@ pub struct RankResult {
     /// ranks deal them, `Executor::orthogonalises`); 0 under AdamW.
     #[serde(default)]
     pub orthogonalised: usize,
+    /// Under Muon, its tensor-parallel mode (`exact` or `blockwise`); absent under AdamW.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub muon_tp_mode: Option<String>,
 }
 
 /// What `bench step` runs: the layout, the steps, the micro-batches of each and their
@@ -784,11 +787,13 @@ impl StepRun {
         Ok(run)
     }
 
-    /// The run with `--optimizer NAME` (adamw or muon). Muon runs on every layout: tp
-    /// ranks gather each matrix's blocks, FSDP ranks their flat pieces of it
-    /// (`executor/muon.rs`, `executor/fsdp.rs`).
-    pub fn with_optimizer(self, name: &str) -> Result<StepRun> {
-        let optimizer = runner::train::optimizer_flag(name)?;
+    /// The run with `--optimizer NAME` (adamw or muon) and `--muon-tp-mode MODE` where
+    /// given (exact or blockwise; refused beside adamw). Muon runs on every layout: tp
+    /// ranks gather each matrix's blocks (exact) or orthogonalise each their own
+    /// (blockwise), FSDP ranks gather their flat pieces of it (`executor/muon.rs`,
+    /// `executor/fsdp.rs`).
+    pub fn with_optimizer(self, name: &str, muon_tp_mode: Option<&str>) -> Result<StepRun> {
+        let optimizer = runner::train::with_muon_tp_mode(runner::train::optimizer_flag(name)?, muon_tp_mode)?;
         Ok(StepRun { optimizer, ..self })
     }
 
@@ -826,7 +831,7 @@ impl StepRun {
             PipelineSchedule::InOrder => "in-order",
         };
         format!(
-            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --fsdp-sharded-grads {} --ddp-bucket-size {} --optimizer {}",
+            "--layout tp={},pp={},dp={},vp={}{} --steps {} --micro-batches {} --schedule {s} --toy {} --overlap-grad-reduce {} --fsdp-prefetch {} --fsdp-sharded-grads {} --ddp-bucket-size {} --optimizer {}{}",
             self.tp,
             self.pp,
             self.dp,
@@ -839,7 +844,11 @@ impl StepRun {
             if self.prefetch { "on" } else { "off" },
             if self.sharded_grads { "on" } else { "off" },
             self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string()),
-            self.optimizer.name()
+            self.optimizer.name(),
+            match self.optimizer {
+                Optimizer::Muon(m) => format!(" --muon-tp-mode {}", m.tp_mode.name()),
+                Optimizer::AdamW => String::new(),
+            }
         )
     }
 }
@@ -954,6 +963,10 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         buckets_in_backward: buckets.iter().filter(|b| b.steps_left > 0).count(),
         weights_sha256: weight_digest(&ex)?,
         orthogonalised: ex.trainable().iter().filter(|w| ex.orthogonalises(w)).count(),
+        muon_tp_mode: match run.optimizer {
+            Optimizer::Muon(m) => Some(m.tp_mode.name().to_string()),
+            Optimizer::AdamW => None,
+        },
     })
 }
 
@@ -1045,7 +1058,8 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             })
             .collect::<Result<_>>()?
     };
-    let muon = matches!(run.optimizer, runner_exec::executor::Optimizer::Muon(_));
+    let muon = matches!(run.optimizer, Optimizer::Muon(_));
+    let blockwise = matches!(run.optimizer, Optimizer::Muon(m) if m.tp_mode == runner_exec::executor::MuonTpMode::Blockwise);
     let mut head = vec!["rank", "(tp, pp, dp)", "losses", "step ms (median)", "comm ms", "buckets (in backward)", "in flight", "peak MiB"];
     if muon {
         head.push("NS matrices");
@@ -1079,10 +1093,19 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
          --ddp-bucket-size sets the all-reduces' size)",
         results.len()
     ));
-    if muon {
+    if blockwise {
+        t.notes.push(
+            "NS matrices: the Muon matrices whose Newton-Schulz iteration the rank runs; --muon-tp-mode blockwise: each \
+             tensor-parallel rank orthogonalises its own block of a split matrix alone, scaled by the block's shape \
+             (Megatron-Core's muon_tp_mode default, an approximation: no tp gather or broadcast); the data-parallel and \
+             FSDP ranks deal the matrices, each to one rank of the group, which broadcasts it"
+                .into(),
+        );
+    } else if muon {
         t.notes.push(
             "NS matrices: the Muon matrices whose Newton-Schulz iteration the rank runs; the data-parallel, FSDP and \
-             tensor-parallel ranks deal them, each matrix to one rank, which broadcasts it"
+             tensor-parallel ranks deal them, each matrix to one rank, which broadcasts it (--muon-tp-mode exact: \
+             a split matrix's blocks gathered and orthogonalised whole)"
                 .into(),
         );
     }
@@ -1104,7 +1127,7 @@ fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeo
 #[cfg(test)]
 mod tests {
     use super::*;
-    use runner_exec::executor::MUON_DEFAULT;
+    use runner_exec::executor::{MUON_DEFAULT, Muon, MuonTpMode};
 
     /// Nodes are distinct host names: ranks on one host whose launcher gave no local
     /// ranks (each local 0) are one node, two hosts whose launcher did are two.
@@ -1290,8 +1313,12 @@ mod tests {
         assert!(b.flags().starts_with("--layout tp=1,pp=2,dp=1,vp=2 --steps 1 --micro-batches 4 --schedule 1f1b"), "{}", b.flags());
         assert!(b.flags().ends_with("--ddp-bucket-size 1000 --optimizer adamw"), "{}", b.flags());
         // The optimizer is part of what the ranks compare at the rendezvous.
-        let muon = b.with_optimizer("muon").unwrap();
-        assert_eq!((muon.optimizer, muon.flags().ends_with("--optimizer muon")), (Optimizer::Muon(MUON_DEFAULT), true), "{}", muon.flags());
+        let muon = b.clone().with_optimizer("muon", None).unwrap();
+        assert_eq!((muon.optimizer, muon.flags().ends_with("--optimizer muon --muon-tp-mode exact")), (Optimizer::Muon(MUON_DEFAULT), true), "{}", muon.flags());
+        // So is Muon's tensor-parallel mode.
+        let blockwise = b.with_optimizer("muon", Some("blockwise")).unwrap();
+        assert_eq!(blockwise.optimizer, Optimizer::Muon(Muon { tp_mode: MuonTpMode::Blockwise, ..MUON_DEFAULT }));
+        assert!(blockwise.flags().ends_with("--optimizer muon --muon-tp-mode blockwise"), "{}", blockwise.flags());
     }
 
     /// `--optimizer` takes adamw and muon on every layout (tensor-parallel ranks gather
@@ -1299,11 +1326,19 @@ mod tests {
     /// for anything else.
     #[test]
     fn muon_is_taken_on_every_layout() {
-        let run = |layout: &str, opt: &str| StepRun::new(layout, 1, 1, "1f1b", "tiny").unwrap().with_optimizer(opt);
+        let run = |layout: &str, opt: &str| StepRun::new(layout, 1, 1, "1f1b", "tiny").unwrap().with_optimizer(opt, None);
         for layout in ["dp=2", "pp=2,dp=2", "pp=4", "tp=2", "tp=2,pp=2", "dp=2,fsdp", "tp=2,pp=2,fsdp"] {
             assert_eq!(run(layout, "muon").unwrap().optimizer, Optimizer::Muon(MUON_DEFAULT), "{layout}");
             assert_eq!(run(layout, "adamw").unwrap().optimizer, Optimizer::AdamW, "{layout}");
         }
         assert!(run("dp=2", "sgd").unwrap_err().to_string().contains("--optimizer sgd: unknown optimizer 'sgd': use adamw or muon"));
+        // Muon's tensor-parallel mode, on every layout; beside adamw, refused.
+        let run = |layout: &str, opt: &str, mode: &str| StepRun::new(layout, 1, 1, "1f1b", "tiny").unwrap().with_optimizer(opt, Some(mode));
+        for layout in ["tp=2", "tp=2,dp=2", "tp=2,pp=2,fsdp", "dp=2"] {
+            assert_eq!(run(layout, "muon", "blockwise").unwrap().optimizer, Optimizer::Muon(Muon { tp_mode: MuonTpMode::Blockwise, ..MUON_DEFAULT }), "{layout}");
+            assert_eq!(run(layout, "muon", "exact").unwrap().optimizer, Optimizer::Muon(MUON_DEFAULT), "{layout}");
+            let e = run(layout, "adamw", "blockwise").unwrap_err().to_string();
+            assert!(e.contains("--muon-tp-mode blockwise") && e.contains("give --optimizer muon"), "{layout}: {e}");
+        }
     }
 }

@@ -462,7 +462,7 @@ pub enum BenchCommand {
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
     #[command(
-        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  runner bench step --layout pp=2,dp=2 --optimizer muon --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  runner bench step --layout pp=2,dp=2 --optimizer muon --in-process\n  runner bench step --layout tp=2,dp=2 --optimizer muon --muon-tp-mode blockwise --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
     )]
     Step {
         /// Parallel layout: tp=N,pp=N,dp=N[,vp=N][,fsdp] (vp: pipeline chunks per stage;
@@ -510,6 +510,12 @@ pub enum BenchCommand {
         /// tp ranks gather each matrix's blocks, fsdp ranks their pieces of it)
         #[arg(long, default_value = "adamw", value_parser = ["adamw", "muon"])]
         optimizer: String,
+        /// With --optimizer muon, how a tp rank's block of a matrix is orthogonalised:
+        /// exact (the blocks gathered, the whole orthogonalised on one tp rank; the
+        /// default) or blockwise (Megatron-Core's muon_tp_mode default: each tp rank
+        /// its own block alone, no tp communication; an approximation)
+        #[arg(long, value_parser = ["exact", "blockwise"])]
+        muon_tp_mode: Option<String>,
         /// Seconds a rank waits for the others before failing
         #[arg(long, default_value_t = 300, value_parser = wait_seconds)]
         timeout: u64,

@@ -30,7 +30,7 @@ use runner_contract::text::number;
 use runner_exec::select::{Chosen, choose};
 use runner_exec::executor::ADAMW_DEFAULT;
 use runner_exec::precision::{Fault, FaultKind, GemmRole as XRole, Operand as XOperand};
-use runner_exec::executor::{MUON_DEFAULT, Optimizer};
+use runner_exec::executor::{MUON_DEFAULT, Muon, MuonTpMode, Optimizer};
 use runner_exec::{AdamW, Device, ExecOptions, Executor, Input};
 use runner_graph::{Graph, TensorKind};
 
@@ -154,6 +154,10 @@ pub struct TrainConfig {
     /// `adamw` or `muon` (default: the plugin's `defaults.optimizer` when it names one of
     /// them, else AdamW).
     pub optimizer: Option<String>,
+    /// Muon's tensor-parallel mode, `exact` or `blockwise` (`--muon-tp-mode`; default
+    /// exact); refused unless the run trains with Muon. `runner train` runs on one
+    /// device, where every matrix is whole and the two give the same update.
+    pub muon_tp_mode: Option<String>,
     /// Evaluate on the held-out text every this many steps (and at the end).
     pub eval_every: u64,
     /// Batches in each held-out loss.
@@ -186,6 +190,7 @@ impl TrainConfig {
             lr: None,
             weight_decay: None,
             optimizer: None,
+            muon_tp_mode: None,
             eval_every: defaults::EVAL_EVERY,
             eval_batches: defaults::EVAL_BATCHES,
             text: None,
@@ -269,6 +274,9 @@ pub struct TrainReport {
     /// The optimizer every run trained with (`adamw`, or `muon`: Muon on the hidden
     /// matrices, AdamW on the rest).
     pub optimizer: String,
+    /// Under Muon, its tensor-parallel mode (`exact` or `blockwise`); absent under AdamW.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub muon_tp_mode: Option<String>,
     pub device: String,
     pub plan_for: String,
     pub text: String,
@@ -403,9 +411,10 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     {
         bail!("--weight-decay {}: AdamW's decoupled weight decay is from 0 to 1 (leave it out for the variant's)", number(wd));
     }
-    if let Some(o) = &cfg.optimizer {
-        optimizer_flag(o)?;
-    }
+    // --muon-tp-mode's name, and beside an --optimizer other than muon, refused before
+    // the plugin loads (the plugin's optimizer, where none is given, once it is read).
+    let given = cfg.optimizer.as_deref().map(optimizer_flag).transpose()?;
+    with_muon_tp_mode(given.unwrap_or(Optimizer::Muon(MUON_DEFAULT)), cfg.muon_tp_mode.as_deref())?;
     if !(cfg.clip_grad.is_finite() && cfg.clip_grad >= 0.0) {
         bail!("--clip-grad {}: a gradient norm of 0 (off) or more", number(cfg.clip_grad));
     }
@@ -444,6 +453,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         );
     }
     let (optimizer, unknown) = choose_optimizer(cfg.optimizer.as_deref(), &variant.defaults.optimizer)?;
+    let optimizer = with_muon_tp_mode(optimizer, cfg.muon_tp_mode.as_deref())?;
     let vocab = graph.tensor_id("embed.weight").map_or(variant.hyper.vocab as usize, |id| graph.tensors[id].shape[0] as usize);
 
     let (text_name, text) = match &cfg.text {
@@ -498,9 +508,12 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
             match optimizer {
                 Optimizer::AdamW => "AdamW".to_string(),
                 Optimizer::Muon(m) => format!(
-                    "Muon on the hidden matrices (momentum {}, Nesterov, {} Newton-Schulz steps, update scaled by 0.2 sqrt(max(m, n)) as Moonlight's; the same lr and weight decay), \
+                    "Muon on the hidden matrices (momentum {}, Nesterov, {} Newton-Schulz steps, update scaled by 0.2 sqrt(max(m, n)) as Moonlight's; the same lr and weight decay; \
+                     tensor-parallel mode {}, the same update here: one device holds every matrix whole), \
                      AdamW on the embedding, output head, norms and biases",
-                    m.momentum, m.ns_steps
+                    m.momentum,
+                    m.ns_steps,
+                    m.tp_mode.name()
                 ),
             },
             // The plugin's optimizer names its recipe's; this trainer has AdamW and Muon.
@@ -525,6 +538,10 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         model: wp.info.name.clone(),
         variant: variant.name.clone(),
         optimizer: optimizer.name().into(),
+        muon_tp_mode: match optimizer {
+            Optimizer::Muon(m) => Some(m.tp_mode.name().into()),
+            Optimizer::AdamW => None,
+        },
         device: device_name,
         plan_for: cfg.plan_for.name.clone(),
         text: text_name,
@@ -613,6 +630,21 @@ fn optimizer_named(s: &str) -> Result<Optimizer, String> {
 /// that names the flag; `runner train`, `bench step` and `bench layer` read it alike.
 pub fn optimizer_flag(name: &str) -> anyhow::Result<Optimizer> {
     optimizer_named(name).map_err(|why| anyhow::anyhow!("--optimizer {}: {why}", crate::report::visible(name)))
+}
+
+/// `optimizer` with `--muon-tp-mode MODE` (`exact` or `blockwise`, any case) where one is
+/// given: Muon's tensor-parallel mode, so refused unless `optimizer` is Muon.
+/// `runner train` and `bench step` read it alike.
+pub fn with_muon_tp_mode(optimizer: Optimizer, mode: Option<&str>) -> anyhow::Result<Optimizer> {
+    let Some(mode) = mode else { return Ok(optimizer) };
+    let tp_mode = MuonTpMode::parse(mode).map_err(|why| anyhow::anyhow!("--muon-tp-mode {}: {why}", crate::report::visible(mode)))?;
+    match optimizer {
+        Optimizer::Muon(m) => Ok(Optimizer::Muon(Muon { tp_mode, ..m })),
+        Optimizer::AdamW => anyhow::bail!(
+            "--muon-tp-mode {}: it sets how Muon orthogonalises tensor-parallel blocks, and this run's optimizer is adamw; give --optimizer muon with it, or leave it out",
+            tp_mode.name()
+        ),
+    }
 }
 
 /// The optimizer of a run: `--optimizer`'s, else the plugin's when `runner train` has
@@ -1103,6 +1135,22 @@ mod tests {
         assert!(format!("{:#}", choose_optimizer(Some("lion"), "adamw").unwrap_err()).contains("--optimizer lion: unknown optimizer"));
     }
 
+    /// `--muon-tp-mode` sets Muon's tensor-parallel mode (any case), leaves the
+    /// optimizer alone where it is not given, and is refused beside AdamW.
+    #[test]
+    fn the_muon_tp_mode_sets_muons_and_refuses_adamw() {
+        let muon = Optimizer::Muon(MUON_DEFAULT);
+        assert_eq!(MUON_DEFAULT.tp_mode, MuonTpMode::Exact);
+        assert_eq!(with_muon_tp_mode(muon, None).unwrap(), muon);
+        assert_eq!(with_muon_tp_mode(Optimizer::AdamW, None).unwrap(), Optimizer::AdamW);
+        assert_eq!(with_muon_tp_mode(muon, Some("BLOCKWISE")).unwrap(), Optimizer::Muon(Muon { tp_mode: MuonTpMode::Blockwise, ..MUON_DEFAULT }));
+        assert_eq!(with_muon_tp_mode(muon, Some("exact")).unwrap(), muon);
+        let e = format!("{:#}", with_muon_tp_mode(Optimizer::AdamW, Some("exact")).unwrap_err());
+        assert!(e.contains("--muon-tp-mode exact") && e.contains("--optimizer muon"), "{e}");
+        let e = format!("{:#}", with_muon_tp_mode(muon, Some("duplicated")).unwrap_err());
+        assert!(e.contains("use exact or blockwise"), "{e}");
+    }
+
     #[test]
     fn the_schedule_warms_up_then_decays_to_a_tenth() {
         assert!((lr_at(1.0, 0, 100) - 0.1).abs() < 1e-12);
@@ -1265,6 +1313,14 @@ mod tests {
             check(TrainConfig { optimizer: Some(o.into()), ..b() }, None);
         }
         check(TrainConfig { optimizer: Some("sgd".into()), ..b() }, Some("--optimizer sgd: unknown optimizer 'sgd': use adamw or muon"));
+        // Muon's tensor-parallel mode: with Muon, or left to the plugin's optimizer
+        // (checked once it loads); beside --optimizer adamw, or misnamed, refused.
+        for m in ["exact", "blockwise", "Blockwise"] {
+            check(TrainConfig { optimizer: Some("muon".into()), muon_tp_mode: Some(m.into()), ..b() }, None);
+            check(TrainConfig { muon_tp_mode: Some(m.into()), ..b() }, None);
+        }
+        check(TrainConfig { optimizer: Some("adamw".into()), muon_tp_mode: Some("blockwise".into()), ..b() }, Some("--muon-tp-mode blockwise: it sets how Muon"));
+        check(TrainConfig { optimizer: Some("muon".into()), muon_tp_mode: Some("rowwise".into()), ..b() }, Some("--muon-tp-mode rowwise: unknown Muon tensor-parallel mode"));
         check(TrainConfig { clip_grad: 0.0, ..b() }, None);
         check(TrainConfig { clip_grad: 1.0, ..b() }, None);
         for c in [-1.0, f64::NAN, f64::INFINITY] {

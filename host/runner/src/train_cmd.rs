@@ -59,6 +59,12 @@ pub struct TrainArgs {
     /// adamw, or muon (Muon on the hidden matrices, AdamW on embeddings, head, norms and biases; default: the plugin's when it is one of them, else adamw)
     #[arg(long, value_parser = ["adamw", "muon"], ignore_case = true)]
     pub optimizer: Option<String>,
+    /// With Muon: exact (each matrix orthogonalised whole, the default) or blockwise
+    /// (Megatron-Core's muon_tp_mode default: each tensor-parallel block alone). One
+    /// device holds every matrix whole, so here both give the same update; refused
+    /// unless the run trains with Muon
+    #[arg(long, value_parser = ["exact", "blockwise"], ignore_case = true)]
+    pub muon_tp_mode: Option<String>,
     /// Held-out loss every N steps (default: a tenth of the steps)
     #[arg(long, default_value_t = defaults::EVAL_EVERY)]
     pub eval_every: u64,
@@ -118,6 +124,7 @@ fn config(a: TrainArgs, profiles: &runner_project::profile::Profiles) -> Result<
         lr: a.lr,
         weight_decay: a.weight_decay,
         optimizer: a.optimizer,
+        muon_tp_mode: a.muon_tp_mode,
         eval_every: a.eval_every,
         eval_batches: a.eval_batches,
         text: a.text,
@@ -193,7 +200,7 @@ mod tests {
     fn each_flag_lands_in_its_own_field() {
         let c = cfg(&[
             "--plugin", "m.wasm", "--variant", "v-tiny", "--precision", "fp8", "--steps", "11", "--seed", "12", "--seq-len", "13",
-            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--weight-decay", "0.021", "--optimizer", "muon", "--eval-every", "17", "--eval-batches", "18", "--text",
+            "--micro-batch", "14", "--layers", "15", "--lr", "0.016", "--weight-decay", "0.021", "--optimizer", "muon", "--muon-tp-mode", "blockwise", "--eval-every", "17", "--eval-batches", "18", "--text",
             "t.txt", "--plan-for", "H100", "--inject", "nan@3,grad-spike@4", "--max-bf16-share", "0.19", "--checkpoint-every",
             "20", "--clip-grad", "2.1",
         ])
@@ -201,7 +208,7 @@ mod tests {
         assert_eq!((c.model.as_str(), c.variant.as_deref(), &c.policies[..]), ("m.wasm", Some("v-tiny"), &["fp8".to_string()][..]));
         assert_eq!((c.steps, c.seed, c.seq_len, c.micro_batch, c.layers), (11, 12, 13, 14, 15));
         assert_eq!((c.lr, c.weight_decay, c.eval_every, c.eval_batches), (Some(0.016), Some(0.021), 17, 18));
-        assert_eq!(c.optimizer.as_deref(), Some("muon"));
+        assert_eq!((c.optimizer.as_deref(), c.muon_tp_mode.as_deref()), (Some("muon"), Some("blockwise")));
         assert_eq!((c.text.as_deref(), c.plan_for.name.as_str()), (Some(std::path::Path::new("t.txt")), "H100"));
         assert_eq!(c.injections, [Injection::parse("nan@3").unwrap(), Injection::parse("grad-spike@4").unwrap()]);
         assert_eq!((c.max_bf16_share, c.checkpoint_every, c.clip_grad), (0.19, 20, 2.1));

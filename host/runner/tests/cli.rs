@@ -1635,6 +1635,45 @@ fn train_with_muon_names_it_and_trains_differently() {
     assert!(!o.status.success() && text(&o).1.contains("sgd") && !text(&o).1.contains("panicked"), "{}", text(&o).1);
 }
 
+/// `--muon-tp-mode` beside `--optimizer muon`: `train` names the mode in its JSON and
+/// notes (one device: the same update either way), `bench step` in its table's flags and
+/// each rank's JSON; beside AdamW (given, or `bench step`'s default), or misspelt, it is
+/// refused before anything runs, naming `--optimizer muon`.
+#[test]
+fn the_muon_tp_mode_flag_is_shown_with_muon_and_refused_without_it() {
+    let dir = scratch("muontpmode");
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/text/kjv.txt");
+    let text_file = dir.join("t.txt");
+    std::fs::write(&text_file, &std::fs::read(kjv).unwrap()[..200_000]).unwrap();
+    let base = ["--device", "cpu", "train", "--steps", "2", "--seq-len", "16", "--micro-batch", "2", "--precision", "bf16", "-q", "--format", "json", "--text", text_file.to_str().unwrap()];
+    let o = runner(&dir, &[&base[..], &["--optimizer", "muon", "--muon-tp-mode", "blockwise"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((v["optimizer"].as_str(), v["muon_tp_mode"].as_str()), (Some("muon"), Some("blockwise")), "{out}");
+    assert!(v["notes"].to_string().contains("tensor-parallel mode blockwise"), "{}", v["notes"]);
+    // AdamW's JSON has no mode.
+    let o = runner(&dir, &[&base[..], &["--optimizer", "adamw"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert!(v.get("muon_tp_mode").is_none(), "{v}");
+    for (args, want) in [
+        (vec!["--optimizer", "adamw", "--muon-tp-mode", "blockwise"], "--muon-tp-mode blockwise: it sets how Muon orthogonalises tensor-parallel blocks"),
+        (vec!["--optimizer", "muon", "--muon-tp-mode", "rowwise"], "invalid value 'rowwise'"),
+    ] {
+        let o = runner(&dir, &[&base[..], &args[..]].concat());
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(want) && !err.contains("panicked"), "{args:?}: {err}");
+    }
+    // bench step: the mode in the flags its table's title shows.
+    let step = ["--device", "cpu", "bench", "step", "--layout", "tp=2", "--steps", "1", "--in-process"];
+    let o = runner(&dir, &[&step[..], &["--optimizer", "muon", "--muon-tp-mode", "blockwise"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success() && out.contains("--optimizer muon --muon-tp-mode blockwise") && out.contains("orthogonalises its own block"), "{out}\n{err}");
+    let o = runner(&dir, &[&step[..], &["--muon-tp-mode", "blockwise"]].concat());
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("this run's optimizer is adamw; give --optimizer muon with it"), "{err}");
+}
+
 /// `train` on a log (stderr not a terminal) names each step as it begins, with where the
 /// run stands, so a step of minutes is seen running; it printed a step once it ended,
 /// and nothing at all while the first ran.

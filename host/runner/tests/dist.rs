@@ -311,6 +311,25 @@ fn muon_trains_data_parallel_pipeline_and_tensor_parallel_ranks_alike() {
     }
 }
 
+/// `--muon-tp-mode blockwise` at tp=2,dp=2: each tp rank orthogonalises its own block,
+/// so other weights than exact's (the first loss the same, before any update), the dp
+/// replicas alike, and each tp rank's 14 blocks dealt over its dp pair (28 in all, where
+/// exact orthogonalises each of the 14 matrices once); each rank's JSON names the mode.
+#[test]
+fn muon_blockwise_bench_step_orthogonalises_each_block_on_its_own_tp_rank() {
+    let run = |mode: &str| in_process(&["--device", "cpu", "bench", "step", "--layout", "tp=2,dp=2", "--steps", "2", "--optimizer", "muon", "--muon-tp-mode", mode, "--format", "json"]);
+    let (block, exact) = (run("blockwise"), run("exact"));
+    let digests = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|r| r["weights_sha256"].as_str().unwrap().to_string()).collect::<Vec<_>>();
+    let (b, e) = (digests(&block), digests(&exact));
+    assert_eq!((b[0] == b[2], b[1] == b[3], b[0] == b[1]), (true, true, false), "replicas alike, blocks not: {b:?}");
+    assert!(b.iter().zip(&e).all(|(x, y)| x != y), "blockwise ends where exact does: {b:?}");
+    assert_eq!(block[0]["losses"][0], exact[0]["losses"][0]);
+    let ns = |v: &serde_json::Value| v.as_array().unwrap().iter().map(|r| r["orthogonalised"].as_u64().unwrap()).collect::<Vec<_>>();
+    assert_eq!((ns(&block).iter().sum::<u64>(), ns(&exact).iter().sum::<u64>()), (28, 14), "{:?} {:?}", ns(&block), ns(&exact));
+    assert!(block.as_array().unwrap().iter().all(|r| r["muon_tp_mode"] == "blockwise"), "{block}");
+    assert!(exact.as_array().unwrap().iter().all(|r| r["muon_tp_mode"] == "exact"), "{exact}");
+}
+
 /// `--layout dp=2,fsdp`: the ranks keep their shards of the weights (gathered a layer
 /// at a time) and train exactly as plain data parallelism: the same losses and weights
 /// bit for bit, at a lower peak.

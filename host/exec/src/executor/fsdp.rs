@@ -1157,9 +1157,10 @@ impl<D: Device> Executor<D> {
     /// the padded layout), so every rank holds every matrix's whole U; the rank each
     /// matrix is dealt to ([`Executor::deal_fsdp_muon`]) runs its Newton–Schulz (a
     /// tensor-parallel block gathered further over `tp`, where one tp rank runs it and
-    /// broadcasts it, `super::muon::orthogonalise`) and broadcasts the result over the
-    /// group, and every rank applies its own range of it to its piece, scaled for the
-    /// whole matrix. Every rank of the group makes the same calls (a rank holding none
+    /// broadcasts it, `super::muon::orthogonalise`; under `MuonTpMode::Blockwise` the
+    /// block alone, no tp call) and broadcasts the result over the group, and every
+    /// rank applies its own range of it to its piece, scaled for the whole matrix (the
+    /// block, under blockwise). Every rank of the group makes the same calls (a rank holding none
     /// of a matrix still gathers it and receives its broadcast). The gather moves the
     /// unit's whole flat buffer, the AdamW weights' elements as zeros: one parameter
     /// all-gather's worth per unit holding a matrix; it and the broadcasts count in the

@@ -51,7 +51,12 @@
 //! broadcasts the result, of which each rank keeps its own block ([`MuonSplit`]). So
 //! each matrix is orthogonalised once per data-parallel group, where Megatron-Core's
 //! tensor-parallel mode "duplicated" runs it on every tp rank: one broadcast of the
-//! whole more, 1/tp of the iterations. An FSDP rank keeps a flat piece of each
+//! whole more, 1/tp of the iterations. That is [`MuonTpMode::Exact`], the default;
+//! [`MuonTpMode::Blockwise`] is Megatron-Core's default `muon_tp_mode`: each tp rank
+//! runs Newton–Schulz on its own block alone and scales the update by the block's
+//! shape, with no tp communication (ranks holding the same kv block compute the same
+//! update), an approximation whose effect on the loss the two modes measure. The
+//! data-parallel and FSDP deals below hold under either. An FSDP rank keeps a flat piece of each
 //! unit (`fsdp.rs`), which cuts across the matrices, and Muon's momentum on the piece:
 //! each rank's piece of a matrix's Nesterov update (elementwise, so the piece's update is
 //! the whole's) goes into its equal-length chunk of the unit's padded flat layout, which
@@ -61,9 +66,11 @@
 //! dealt there, [`orthogonalise_split`]) and broadcasts it over the group, and each
 //! rank applies its own range, scaled for the whole matrix
 //! (`Executor::fsdp_muon_step`). That costs one all-gather of a unit's flat buffer per
-//! step (AdamW's elements travel as zeros) and one broadcast of each matrix. So under
-//! every layout each matrix is orthogonalised on one rank of its data-parallel ×
-//! tensor-parallel group ([`Executor::orthogonalises`]). Every gather and broadcast
+//! step (AdamW's elements travel as zeros) and one broadcast of each matrix (under
+//! blockwise, its tp block orthogonalised by the owner alone, with no tp gather). So
+//! under every layout each matrix is orthogonalised on one rank of its data-parallel ×
+//! tensor-parallel group, or under blockwise each tp block on one rank of its
+//! data-parallel group ([`Executor::orthogonalises`]). Every gather and broadcast
 //! counts in the step's communication time (`StepProfile::communication_s`).
 
 use runner_graph::shard::WeightSplit;
@@ -81,10 +88,61 @@ pub struct Muon {
     pub momentum: f32,
     /// Newton–Schulz iterations.
     pub ns_steps: u32,
+    /// How a tensor-parallel rank's block of a matrix is orthogonalised.
+    pub tp_mode: MuonTpMode,
 }
 
-/// Keller Jordan's and Moonlight's defaults: μ 0.95, 5 iterations.
-pub const MUON_DEFAULT: Muon = Muon { momentum: 0.95, ns_steps: 5 };
+/// Keller Jordan's and Moonlight's defaults: μ 0.95, 5 iterations; tensor-parallel
+/// blocks orthogonalised exactly ([`MuonTpMode::Exact`]).
+pub const MUON_DEFAULT: Muon = Muon { momentum: 0.95, ns_steps: 5, tp_mode: MuonTpMode::Exact };
+
+/// How Muon orthogonalises a matrix split over the tensor-parallel ranks (a row block
+/// of a column-parallel linear, a column block of a row-parallel one). Without tensor
+/// parallelism (or for a matrix every tp rank holds whole) both are the same update,
+/// bit for bit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MuonTpMode {
+    /// The whole matrix's Newton–Schulz: the blocks all-gathered over `tp`, one tp rank
+    /// orthogonalises the whole and broadcasts it, each keeps its block, and the update
+    /// is scaled by the whole's 0.2·√max(m, n) (the same update as without tensor
+    /// parallelism; [`orthogonalise_split`]).
+    #[default]
+    Exact,
+    /// Megatron-Core's `muon_tp_mode = "blockwise"` (its `OptimizerConfig` default):
+    /// each tp rank runs Newton–Schulz on its own block alone, with no tp
+    /// communication, and scales the update by its block's 0.2·√max(m_b, n_b). An
+    /// approximation of the whole's orthogonalisation, each tp rank iterating on its
+    /// block rather than one on the whole. Megatron-LM `megatron/core/optimizer/muon.py`
+    /// (`TensorParallelMuon.orthogonalize`, @ 025c931ad09f6235cd531a795e58b5661797df10)
+    /// passes `partition_dim = None` under "blockwise", so `newton_schulz_tp` falls
+    /// back to NVIDIA Emerging-Optimizers' local `newton_schulz` on the block, and
+    /// `scale_factor_fn_tp(grad.size(0), grad.size(1), None)` takes the spectral scale
+    /// √max of the block's own shape (only a `partition_dim` multiplies the split
+    /// side by the tp size).
+    Blockwise,
+}
+
+impl MuonTpMode {
+    /// `exact` or `blockwise`.
+    pub fn name(self) -> &'static str {
+        match self {
+            MuonTpMode::Exact => "exact",
+            MuonTpMode::Blockwise => "blockwise",
+        }
+    }
+
+    /// `exact` or `blockwise`, in any case.
+    ///
+    /// # Errors
+    /// Any other name, with the two.
+    pub fn parse(s: &str) -> Result<MuonTpMode, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "exact" => Ok(MuonTpMode::Exact),
+            "blockwise" => Ok(MuonTpMode::Blockwise),
+            _ => Err(format!("unknown Muon tensor-parallel mode '{s}': use exact or blockwise")),
+        }
+    }
+}
 
 /// Keller Jordan's quintic Newton–Schulz coefficients (a, b, c).
 pub const NS_COEFFS: (f32, f32, f32) = (3.4445, -4.7750, 2.0315);
@@ -422,10 +480,12 @@ impl<D: Device> Executor<D> {
     /// momentum buffer, zeroed (none for a matrix another rank of a data-parallel
     /// group updates, `Owner`; call this after the step collectives are set, as
     /// [`Executor::for_rank`] does), and AdamW's moments come back for them under AdamW.
+    /// Under [`MuonTpMode::Blockwise`] a tensor-parallel rank's block of a matrix is
+    /// the matrix it orthogonalises: no weight splits are needed or read.
     ///
     /// # Errors
-    /// A step already taken; Muon on a tensor-parallel rank made without the sharding's
-    /// weight splits, or whose split Muon cannot gather; or a device error.
+    /// A step already taken; exact Muon on a tensor-parallel rank made without the
+    /// sharding's weight splits, or whose split Muon cannot gather; or a device error.
     pub fn set_optimizer(&mut self, opt: Optimizer) -> Result<(), ExecError> {
         if self.adam_step != 0 {
             return Err(ExecError::State(format!(
@@ -447,16 +507,20 @@ impl<D: Device> Executor<D> {
             Optimizer::Muon(_) => muon_weights(&self.graph, &self.plan.needs_grad),
         };
         let tp = self.collectives.get("tp").map_or(1, |c| c.size());
+        // Under blockwise each rank's block is its matrix: no split to gather, no tp
+        // deal, and its own shape's Newton–Schulz scratch and update scale.
+        let exact = !matches!(opt, Optimizer::Muon(Muon { tp_mode: MuonTpMode::Blockwise, .. }));
         let mut split = vec![None; takes.len()];
-        for (id, _) in takes.iter().enumerate().filter(|(_, m)| **m) {
+        for (id, _) in takes.iter().enumerate().filter(|(_, m)| **m && exact) {
             let t = &self.graph.tensors[id];
             let s = MuonSplit::of(&t.name, &t.shape, self.splits.get(&t.name), tp).map_err(|why| {
-                ExecError::Input(format!("Muon orthogonalises whole matrices: {why}; use adamw"))
+                ExecError::Input(format!("Muon orthogonalises whole matrices: {why}; use adamw, or Muon's blockwise tp mode (each block alone)"))
             })?;
             if tp > 1 && self.splits.is_empty() {
                 return Err(ExecError::Input(format!(
                     "Muon on a tensor parallel rank (tp {tp}) gathers each matrix's blocks, and needs where they lie: \
-                     make the executor with Executor::for_rank, which takes the sharding's weight splits"
+                     make the executor with Executor::for_rank, which takes the sharding's weight splits \
+                     (or use Muon's blockwise tp mode, which orthogonalises each block alone)"
                 )));
             }
             split[id] = s;
@@ -502,7 +566,9 @@ impl<D: Device> Executor<D> {
     /// all-reduce (`dp`, `edp`) of more than one rank covers: each group's matrices
     /// dealt over its ranks by their whole matrix's Newton–Schulz work ([`deal`]; a
     /// tensor-parallel block by the whole's, so the ranks of a tp group, which share a
-    /// data-parallel index, own the same matrices and gather their blocks together).
+    /// data-parallel index, own the same matrices and gather their blocks together;
+    /// under blockwise, which records no split, a block by its own work, the same on
+    /// the ranks of a dp group, which hold the same tp rank's blocks).
     /// FSDP's matrices (reduce-scattered, `fsdp.rs`) and the others stay `None`.
     fn deal_muon_owners(&self, takes: &[bool], split: &[Option<MuonSplit>]) -> Vec<Option<Owner>> {
         let mut owner = vec![None; takes.len()];
@@ -532,8 +598,10 @@ impl<D: Device> Executor<D> {
 
     /// Whether this rank runs the Newton–Schulz iteration of weight `name`: a matrix
     /// Muon updates, unless another rank of its data-parallel all-reduce owns it
-    /// (`Owner`; under FSDP, of the unit's group), or another tensor-parallel rank
-    /// orthogonalises the whole of its block (`MuonSplit`). False under AdamW.
+    /// (`Owner`; under FSDP, of the unit's group), or, under [`MuonTpMode::Exact`],
+    /// another tensor-parallel rank orthogonalises the whole of its block
+    /// (`MuonSplit`). Under [`MuonTpMode::Blockwise`] every tp rank of the owning
+    /// data-parallel index orthogonalises its own block. False under AdamW.
     pub fn orthogonalises(&self, name: &str) -> bool {
         let Some(id) = self.graph.tensor_id(name).filter(|&id| self.muon.get(id) == Some(&true)) else {
             return false;
@@ -601,7 +669,7 @@ impl<D: Device> Executor<D> {
     }
 
     /// Elements of the largest Muon update's scratch ([`scratch_elems`], of the whole matrix
-    /// and the gathered blocks for a split one, and an FSDP unit's gathered updates for
+    /// and the gathered blocks for a split one (a blockwise block's own, unsplit), and an FSDP unit's gathered updates for
     /// a covered one; 0 under AdamW and for the matrices other ranks update).
     pub(super) fn muon_scratch_elems(&self) -> usize {
         let lent = self.muon_lent();

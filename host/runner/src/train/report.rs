@@ -82,8 +82,11 @@ pub fn summary(r: &TrainReport) -> Table {
     t.notes.push(format!(
         "optimizer: {}",
         match r.optimizer.as_str() {
-            "muon" => "muon (Muon on the hidden matrices, AdamW on the embedding, output head, norms and biases)",
-            o => o,
+            "muon" => format!(
+                "muon (Muon on the hidden matrices, AdamW on the embedding, output head, norms and biases{})",
+                r.muon_tp_mode.as_ref().map(|m| format!("; tensor-parallel mode {m}")).unwrap_or_default()
+            ),
+            o => o.to_string(),
         }
     ));
     t.notes.push(format!(
@@ -272,6 +275,7 @@ mod tests {
             model: "llama3".into(),
             variant: "llama3-tiny".into(),
             optimizer: "muon".into(),
+            muon_tp_mode: Some("blockwise".into()),
             device: "cpu".into(),
             plan_for: "cpu".into(),
             text: "t.txt".into(),
@@ -309,7 +313,8 @@ mod tests {
         let t = summary(&report());
         assert!(t.title.contains("tokens with muon on t.txt"), "{}", t.title);
         assert!(t.csv().contains("# optimizer: muon (Muon on the hidden matrices"), "{}", t.csv());
-        let t = summary(&TrainReport { optimizer: "adamw".into(), ..report() });
+        assert!(t.csv().contains("; tensor-parallel mode blockwise)"), "{}", t.csv());
+        let t = summary(&TrainReport { optimizer: "adamw".into(), muon_tp_mode: None, ..report() });
         assert!(t.title.contains("with adamw") && t.notes.iter().any(|n| n == "optimizer: adamw"), "{t:?}");
     }
 
