@@ -551,3 +551,102 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         _ => full,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{GraphSource, Model};
+    use crate::precision::{Plan, Recipe};
+    use crate::profile::Profiles;
+    use runner_graph::{DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
+
+    /// A projection of a one-layer toy model (an embedding, one GEMM, the head) on an H100.
+    fn projection() -> Projection {
+        let (t, c, v) = (256u64, 128u64, 1024u64);
+        let graph = move |mb: u32| -> Result<Graph, String> {
+            let b = u64::from(mb);
+            let ten = |n: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: n.into(), shape: s, dtype: d, kind: k };
+            let op = |n: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(n, k, i, o, &[], layer, role);
+            Graph::new(
+                vec![
+                    ten("tokens", vec![b, t], DType::I32, TensorKind::Input),
+                    ten("targets", vec![b, t], DType::I32, TensorKind::Input),
+                    ten("table", vec![v, c], DType::BF16, TensorKind::Weight),
+                    ten("x", vec![b, t, c], DType::BF16, TensorKind::Activation),
+                    ten("w", vec![c, c], DType::BF16, TensorKind::Weight),
+                    ten("y", vec![b, t, c], DType::BF16, TensorKind::Activation),
+                    ten("head", vec![v, c], DType::BF16, TensorKind::Weight),
+                    ten("logits", vec![b, t, v], DType::BF16, TensorKind::Activation),
+                    ten("loss", vec![], DType::F32, TensorKind::Activation),
+                ],
+                vec![
+                    op("embed", OpKind::Embedding, &["tokens", "table"], &["x"], -1, Role::VocabParallel),
+                    op("layers.0.fc", OpKind::Linear, &["x", "w"], &["y"], 0, Role::ColumnParallel),
+                    op("head", OpKind::Linear, &["y", "head"], &["logits"], -1, Role::VocabParallel),
+                    op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], -1, Role::VocabParallel),
+                ],
+                "loss",
+            )
+            .map_err(|e| e.to_string())
+        };
+        let mut source: Box<dyn GraphSource> = Box::new(graph);
+        let model = Model::new("toy", t as u32, source.as_mut()).unwrap();
+        let plan = Plan::builtin(Recipe::Bf16, &model.graph);
+        let mut pr = Projector::new(model, source, Profiles::builtin().get("h100").unwrap().clone(), plan);
+        let space = Space { tp: Some(1), pp: Some(1), cp: Some(1), mbs: Some(1), fsdp: Some(false), ..Space::default() };
+        search(&mut pr, 1, 4, &space, 1).best.remove(0)
+    }
+
+    /// `p` as a layout of `mbs` taking `s` seconds a step.
+    fn at(p: &Projection, mbs: u32, s: f64) -> Projection {
+        let mut q = p.clone();
+        q.layout.mbs = mbs;
+        q.step_time_s = s;
+        q
+    }
+
+    /// The top keeps the fastest, fastest first; of equal step times the one offered first
+    /// ranks first (and stays when the top is full); a layout offered twice is kept once;
+    /// a top of none keeps one.
+    #[test]
+    fn the_top_keeps_the_fastest_distinct_layouts_first_offered_first() {
+        let p = projection();
+        let mbs = |top: &Top| top.kept.iter().map(|q| q.layout.mbs).collect::<Vec<_>>();
+        let mut top = Top::new(3);
+        for (m, s) in [(1, 2.0), (2, 1.0), (3, 2.0), (4, 3.0), (5, 1.0)] {
+            top.offer(at(&p, m, s));
+        }
+        assert_eq!(mbs(&top), [2, 5, 1]);
+        // An equal one offered later does not displace the last kept.
+        top.offer(at(&p, 6, 2.0));
+        assert_eq!(mbs(&top), [2, 5, 1]);
+        // The same layout again (a recompute variant that coincides), even faster: kept once.
+        top.offer(at(&p, 2, 0.5));
+        assert_eq!(mbs(&top), [2, 5, 1]);
+        let mut none = Top::new(0);
+        none.offer(at(&p, 7, 4.0));
+        none.offer(at(&p, 8, 5.0));
+        assert_eq!(mbs(&none), [7]);
+    }
+
+    /// Families are listed winner first, then the slower ones by how much slower, then
+    /// those short of host memory, then those short of GPU memory, then those that do not
+    /// divide, whatever the figures.
+    #[test]
+    fn verdicts_are_ordered_speed_then_host_memory_then_memory_then_divisibility() {
+        let layout = String::new;
+        let verdicts = [
+            Verdict::Best { layout: layout(), step_time_s: 9.0 },
+            Verdict::Speed { layout: layout(), step_time_s: 1.0, slower: 1.5 },
+            Verdict::Speed { layout: layout(), step_time_s: 1.0, slower: 1e5 },
+            Verdict::HostMemory { layout: layout(), need_gib: 1.0, have_gib: 0.5 },
+            Verdict::HostMemory { layout: layout(), need_gib: 1e5, have_gib: 0.5 },
+            Verdict::Memory { layout: layout(), need_gib: 0.1, have_gib: 0.05 },
+            Verdict::Memory { layout: layout(), need_gib: 1e5, have_gib: 80.0 },
+            Verdict::Divisibility { reason: String::new() },
+        ];
+        for w in verdicts.windows(2) {
+            assert!(order(&w[0]) < order(&w[1]), "{:?} before {:?}", w[0], w[1]);
+        }
+    }
+}

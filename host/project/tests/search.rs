@@ -1,0 +1,110 @@
+//! The layout search on proxy models small enough that every layout fits: which degrees
+//! it tries (every one its doc names, up to their stated bounds) and which it refuses; and
+//! the verdict on a layout only offloading could fit.
+
+mod common;
+
+use std::collections::BTreeSet;
+
+use runner_project::precision::Recipe;
+use runner_project::search::{self, Family, Found, Space, Verdict};
+
+use common::projector;
+
+/// Every layout that fits, with `space` (a top far past the layouts there are).
+fn all(model: &str, seq: u32, gpus: u32, gbs: u32, space: &Space) -> Found {
+    let mut pr = projector(model, seq, "h100", Recipe::Bf16);
+    search::search(&mut pr, gpus, gbs, space, 1_000_000)
+}
+
+/// Llama 3 tiny (4 layers, 8 heads, 2 kv heads, sequence 256) on 16 GPUs: the search tries
+/// cp up to 16 (the sequence splits into 2·cp chunks), mbs up to 8, pp up to the layers,
+/// vp up to the layers plus the embedding and the loss over pp, FSDP beside the
+/// distributed optimizer (also where cp alone shards it), tp up to the kv heads; every
+/// layout is on the 16 GPUs.
+#[test]
+fn the_search_tries_every_degree_up_to_its_bounds() {
+    let f = all("llama3-tiny", 256, 16, 64, &Space::default());
+    assert!(!f.best.is_empty());
+    let set = |g: &dyn Fn(&runner_project::step::LayoutSpec) -> u32| f.best.iter().map(|p| g(&p.layout)).collect::<BTreeSet<u32>>();
+    assert_eq!(set(&|l| l.tp), BTreeSet::from([1, 2]), "tp divides the 2 kv heads");
+    assert_eq!(set(&|l| l.cp), BTreeSet::from([1, 2, 4, 8, 16]));
+    assert_eq!(set(&|l| l.mbs), BTreeSet::from([1, 2, 4, 8]));
+    assert_eq!(set(&|l| l.pp), BTreeSet::from([1, 2, 4]), "pp up to the 4 layers");
+    let pvs: BTreeSet<(u32, u32)> = f.best.iter().map(|p| (p.layout.pp, p.layout.vp)).collect();
+    // 4 layers, the embedding and the loss: 6 units, so PP2 runs up to 3 chunks a stage.
+    assert_eq!(pvs, BTreeSet::from([(1, 1), (2, 1), (2, 2), (2, 3), (4, 1)]));
+    assert!(f.best.iter().any(|p| p.layout.fsdp) && f.best.iter().any(|p| !p.layout.fsdp));
+    // FSDP shards over dp·cp: one data-parallel rank with cp is sharded, one rank of neither is not.
+    assert!(f.best.iter().any(|p| p.layout.fsdp && p.layout.dp == 1 && p.layout.cp > 1));
+    assert!(!f.best.iter().any(|p| p.layout.fsdp && p.layout.dp * p.layout.cp == 1));
+    assert!(f.best.iter().all(|p| p.layout.gpus() == 16 && p.fits));
+}
+
+/// An MoE model's ep divides its experts up to the GPUs, the GPUs included: Mixtral tiny's
+/// 8 experts on 8 GPUs take ep 1, 2, 4 and 8.
+#[test]
+fn the_search_tries_ep_up_to_the_gpus() {
+    let f = all("mixtral-tiny", 256, 8, 64, &Space { tp: Some(1), cp: Some(1), pp: Some(1), mbs: Some(1), fsdp: Some(false), ..Space::default() });
+    let eps: BTreeSet<u32> = f.best.iter().map(|p| p.layout.ep).collect();
+    assert_eq!(eps, BTreeSet::from([1, 2, 4, 8]));
+}
+
+/// A pp fixed on the command line that does not divide the GPUs tp·cp leave is refused
+/// by name, not priced on fewer GPUs; families of one standing are listed by name.
+#[test]
+fn a_fixed_pp_that_does_not_divide_the_gpus_is_refused() {
+    let f = all("llama3-tiny", 256, 8, 64, &Space { pp: Some(3), ..Space::default() });
+    assert!(f.best.is_empty(), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
+    assert!(
+        f.families.iter().any(|fam| matches!(&fam.verdict, Verdict::Divisibility { reason } if reason.starts_with("pp=3 does not divide the 8 GPUs"))),
+        "{:?}",
+        f.families
+    );
+    assert!(f.families.iter().all(|fam| matches!(fam.verdict, Verdict::Divisibility { .. })));
+    // Found in the order tp, cp (PP, PP+CP, CP: cp 16 does not divide 8, TP+PP, ...).
+    let names: Vec<&str> = f.families.iter().map(|fam| fam.name.as_str()).collect();
+    let mut sorted = names.clone();
+    sorted.sort_unstable();
+    assert_eq!(names, sorted);
+    assert!(names.contains(&"CP") && names.contains(&"PP+CP"), "{names:?}");
+}
+
+/// With pp fixed and vp free, a vp whose split Megatron-Core's flags cannot build is
+/// refused rather than priced with a layout string: Llama 3.1 8B's 32 layers on PP4
+/// build VP 1, 2, 4 and 8 but not 3; on PP2, vp reaches 16 chunks a stage (one layer each).
+#[test]
+fn a_fixed_pp_with_vp_free_prices_only_the_splits_megatron_builds_up_to_16_chunks() {
+    let vps = |pp: u32| {
+        let space = Space { tp: Some(1), cp: Some(1), pp: Some(pp), mbs: Some(1), fsdp: Some(false), ..Space::default() };
+        let f = all("llama3.1-8b", 8192, 8, 64, &space);
+        for p in &f.best {
+            assert_eq!(p.pipeline_model_parallel_layout, None, "{}", p.layout.short());
+        }
+        f.best.iter().map(|p| p.layout.vp).collect::<BTreeSet<u32>>()
+    };
+    assert_eq!(vps(4), BTreeSet::from([1, 2, 4, 8]));
+    assert_eq!(vps(2), BTreeSet::from([1, 2, 4, 8, 16]));
+}
+
+/// A layout that fits the GPU neither as it is nor with every layer recomputed, but would
+/// by offloading activations to a host too small for them, is reported short of host
+/// memory (the closer miss, and what stands in the way), not of GPU memory: Llama 3.1 8B
+/// at 4 sequences a micro-batch on one GB200 held to 137.8 GiB (every layer recomputed
+/// needs 139.8, every layer offloaded 135.9) with 50 GiB of host memory.
+#[test]
+fn a_layout_only_offload_could_fit_is_reported_short_of_host_memory() {
+    let mut pr = projector("llama3.1-8b", 8192, "gb200", Recipe::Bf16);
+    pr.gpu.memory_gib = 137.8;
+    pr.gpu.host_memory_gib = Some(50.0);
+    let space = Space { tp: Some(1), pp: Some(1), cp: Some(1), mbs: Some(4), fsdp: Some(false), ..Space::default() };
+    let f = search::search(&mut pr, 1, 4, &space, 1);
+    assert!(f.best.is_empty());
+    match &f.families[..] {
+        [Family { verdict: Verdict::HostMemory { layout, need_gib, have_gib }, .. }] => {
+            assert!(*need_gib > *have_gib && *have_gib == 50.0, "{need_gib} GiB on a host of {have_gib}");
+            assert!(layout.contains("OFFLOAD:"), "{layout}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
