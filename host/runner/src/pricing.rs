@@ -299,11 +299,6 @@ fn category(c: LineCategory) -> &'static str {
 }
 
 impl Cloud {
-    /// Whether any offering of this cloud is `gpu`.
-    pub fn sells(&self, gpu: &GpuProfile) -> bool {
-        self.offerings.iter().any(|o| matches_gpu(o, gpu))
-    }
-
     /// The cheapest quote for `ask`: among clean prices first; among caveated ones (the
     /// quote then carries the caveats) only when there is no clean one.
     pub fn cheapest(&mut self, ask: &Ask<'_>, assumptions: &Assumptions, notes: &mut QuoteNotes) -> CloudPrice {
