@@ -287,6 +287,8 @@ mod tests {
         /// Elements of the dp and the edp all-reduce's weights.
         totals: (usize, usize),
         last_writer: std::collections::HashMap<String, usize>,
+        /// Backward steps of the rank graph.
+        steps: usize,
     }
 
     /// One training step of the two-layer MoE toy at dp = 2 (dense weights over `dp`,
@@ -330,7 +332,8 @@ mod tests {
                         let data = toy::batch_inputs(&s.graph, r as u32);
                         let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, v)| (n.as_str(), Input::U32(v))).collect();
                         ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
-                        Seen { order, reported: ex.profile().grad_buckets.clone(), flats: ex.bucket_flats(), totals, last_writer }
+                        let steps = ex.plan.steps.len();
+                        Seen { order, reported: ex.profile().grad_buckets.clone(), flats: ex.bucket_flats(), totals, last_writer, steps }
                     })
                 })
                 .collect();
@@ -355,6 +358,8 @@ mod tests {
                 assert_eq!(b.1.len(), 1);
                 assert_eq!(b.2, seen.last_writer[&b.1[0]], "bucket {k} {:?}", b.1);
                 assert_eq!((&r.group, 4 * r.elems as u64), (&b.0, seen.flats.0[k].1), "bucket {k} {:?}", b.1);
+                // One micro-batch, steps run 0, 1, ...: started right after step b.2.
+                assert_eq!(r.steps_left, seen.steps - b.2 - 1, "bucket {k} {:?}: steps left when it started", b.1);
             }
             let finish: Vec<usize> = seen.order.iter().map(|b| b.2).collect();
             assert!(finish.windows(2).all(|w| w[0] <= w[1]), "buckets not in the order the backward finishes them: {finish:?}");
@@ -392,6 +397,7 @@ mod tests {
             };
             for (k, b) in seen.order.iter().enumerate() {
                 assert_eq!((b.2, seen.flats.0[k].0), (span(b).1, span(b).1), "bucket {k} {:?}", b.1);
+                assert_eq!(seen.reported[k].steps_left, seen.steps - b.2 - 1, "bucket {k} {:?}: steps left when it started", b.1);
             }
             for group in ["dp", "edp"] {
                 let spans: Vec<(usize, usize)> = seen.order.iter().filter(|b| b.0 == group).map(span).collect();
@@ -399,4 +405,5 @@ mod tests {
             }
         }
     }
+
 }
