@@ -406,4 +406,44 @@ mod tests {
         }
     }
 
+    /// A reduction run by hand (forward, backward, `reduce_gradients`: no step armed the
+    /// buckets) after an overlapped step runs after the backward: the memory account
+    /// (`bucket_flats`) holds no bucket started in the backward, only the reduction's
+    /// flat copy, and the profile reports no bucket. Fails if the last step's overlap is
+    /// taken for this reduction's (`overlapped` set from `overlapping` alone).
+    #[test]
+    fn a_reduction_by_hand_after_an_overlapped_step_holds_no_overlapped_bucket() {
+        let g = toy::llama(&ToyConfig::tiny());
+        let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
+        let layout = Layout { dp: 2, ..Layout::single(b, 2 * b) };
+        let out: Vec<_> = std::thread::scope(|sc| {
+            let hs: Vec<_> = ThreadGroup::new(2)
+                .into_iter()
+                .enumerate()
+                .map(|(r, h)| {
+                    let (g, layout) = (&g, &layout);
+                    sc.spawn(move || {
+                        let s = shard(g, layout, RankCoord { dp: r as u32, ..RankCoord::default() }).unwrap();
+                        let groups: Vec<(String, Box<dyn Collective<Cpu>>)> = vec![("dp".into(), Box::new(h))];
+                        let o = ExecOptions { overlap_grad_reduce: true, grad_bucket_elems: Some(1), ..ExecOptions::default() };
+                        let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
+                        let data = toy::batch_inputs(&s.graph, r as u32);
+                        let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, v)| (n.as_str(), Input::U32(v))).collect();
+                        ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
+                        let stepped = (ex.bucket_flats().0.len(), ex.profile().grad_buckets.len());
+                        ex.forward(&inputs).unwrap();
+                        ex.backward().unwrap();
+                        ex.reduce_gradients().unwrap();
+                        (stepped, ex.bucket_flats(), ex.profile().grad_buckets.len())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, (stepped, flats, reported)) in out.iter().enumerate() {
+            assert!(stepped.0 > 0 && stepped.0 == stepped.1, "rank {r}: the step overlapped its buckets: {stepped:?}");
+            assert!(flats.0.is_empty() && flats.1 > 0, "rank {r}: the reduction by hand started no bucket in the backward: {flats:?}");
+            assert_eq!(*reported, 0, "rank {r}");
+        }
+    }
 }
