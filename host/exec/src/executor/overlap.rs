@@ -287,6 +287,8 @@ mod tests {
         /// Elements of the dp and the edp all-reduce's weights.
         totals: (usize, usize),
         last_writer: std::collections::HashMap<String, usize>,
+        /// Backward steps of the rank graph.
+        steps: usize,
     }
 
     /// One training step of the two-layer MoE toy at dp = 2 (dense weights over `dp`,
@@ -330,7 +332,8 @@ mod tests {
                         let data = toy::batch_inputs(&s.graph, r as u32);
                         let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, v)| (n.as_str(), Input::U32(v))).collect();
                         ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
-                        Seen { order, reported: ex.profile().grad_buckets.clone(), flats: ex.bucket_flats(), totals, last_writer }
+                        let steps = ex.plan.steps.len();
+                        Seen { order, reported: ex.profile().grad_buckets.clone(), flats: ex.bucket_flats(), totals, last_writer, steps }
                     })
                 })
                 .collect();
@@ -355,6 +358,8 @@ mod tests {
                 assert_eq!(b.1.len(), 1);
                 assert_eq!(b.2, seen.last_writer[&b.1[0]], "bucket {k} {:?}", b.1);
                 assert_eq!((&r.group, 4 * r.elems as u64), (&b.0, seen.flats.0[k].1), "bucket {k} {:?}", b.1);
+                // One micro-batch, steps run 0, 1, ...: started right after step b.2.
+                assert_eq!(r.steps_left, seen.steps - b.2 - 1, "bucket {k} {:?}: steps left when it started", b.1);
             }
             let finish: Vec<usize> = seen.order.iter().map(|b| b.2).collect();
             assert!(finish.windows(2).all(|w| w[0] <= w[1]), "buckets not in the order the backward finishes them: {finish:?}");
@@ -392,11 +397,53 @@ mod tests {
             };
             for (k, b) in seen.order.iter().enumerate() {
                 assert_eq!((b.2, seen.flats.0[k].0), (span(b).1, span(b).1), "bucket {k} {:?}", b.1);
+                assert_eq!(seen.reported[k].steps_left, seen.steps - b.2 - 1, "bucket {k} {:?}: steps left when it started", b.1);
             }
             for group in ["dp", "edp"] {
                 let spans: Vec<(usize, usize)> = seen.order.iter().filter(|b| b.0 == group).map(span).collect();
                 assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "{group}: buckets mix weights finished apart: {spans:?}");
             }
+        }
+    }
+
+    /// A reduction run by hand (forward, backward, `reduce_gradients`: no step armed the
+    /// buckets) after an overlapped step runs after the backward: the memory account
+    /// (`bucket_flats`) holds no bucket started in the backward, only the reduction's
+    /// flat copy, and the profile reports no bucket. Fails if the last step's overlap is
+    /// taken for this reduction's (`overlapped` set from `overlapping` alone).
+    #[test]
+    fn a_reduction_by_hand_after_an_overlapped_step_holds_no_overlapped_bucket() {
+        let g = toy::llama(&ToyConfig::tiny());
+        let b = g.tensors[g.tensor_id("tokens").unwrap()].shape[0] as u32;
+        let layout = Layout { dp: 2, ..Layout::single(b, 2 * b) };
+        let out: Vec<_> = std::thread::scope(|sc| {
+            let hs: Vec<_> = ThreadGroup::new(2)
+                .into_iter()
+                .enumerate()
+                .map(|(r, h)| {
+                    let (g, layout) = (&g, &layout);
+                    sc.spawn(move || {
+                        let s = shard(g, layout, RankCoord { dp: r as u32, ..RankCoord::default() }).unwrap();
+                        let groups: Vec<(String, Box<dyn Collective<Cpu>>)> = vec![("dp".into(), Box::new(h))];
+                        let o = ExecOptions { overlap_grad_reduce: true, grad_bucket_elems: Some(1), ..ExecOptions::default() };
+                        let mut ex = Executor::for_rank(&s, Cpu::new(), o, groups).unwrap();
+                        let data = toy::batch_inputs(&s.graph, r as u32);
+                        let inputs: Vec<(&str, Input<'_>)> = data.iter().map(|(n, v)| (n.as_str(), Input::U32(v))).collect();
+                        ex.step(&inputs, &ADAMW_DEFAULT).unwrap();
+                        let stepped = (ex.bucket_flats().0.len(), ex.profile().grad_buckets.len());
+                        ex.forward(&inputs).unwrap();
+                        ex.backward().unwrap();
+                        ex.reduce_gradients().unwrap();
+                        (stepped, ex.bucket_flats(), ex.profile().grad_buckets.len())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (r, (stepped, flats, reported)) in out.iter().enumerate() {
+            assert!(stepped.0 > 0 && stepped.0 == stepped.1, "rank {r}: the step overlapped its buckets: {stepped:?}");
+            assert!(flats.0.is_empty() && flats.1 > 0, "rank {r}: the reduction by hand started no bucket in the backward: {flats:?}");
+            assert_eq!(*reported, 0, "rank {r}");
         }
     }
 }

@@ -682,12 +682,52 @@ mod tests {
     /// Stage `stage` of the 4-layer toy (batch 1) cut pp = 2, vp = 2, with a `pp` group
     /// of two (`keep` holds the other rank's handle).
     fn vp2_stage(stage: u32, pp: crate::collective::ThreadGroup) -> Executor<crate::cpu::Cpu> {
+        vp2_stage_with(stage, pp, crate::executor::ExecOptions::default())
+    }
+
+    fn vp2_stage_with(stage: u32, pp: crate::collective::ThreadGroup, options: crate::executor::ExecOptions) -> Executor<crate::cpu::Cpu> {
         use runner_graph::shard::{Layout, RankCoord, shard};
         let g = crate::toy::with_roles(crate::toy::llama(&crate::toy::ToyConfig { layers: 4, batch: 1, ..crate::toy::ToyConfig::tiny() }), false);
         let layout = Layout { pp: 2, vp: 2, ..Layout::single(1, 4) };
         let s = shard(&g, &layout, RankCoord { tp: 0, pp: stage, cp: 0, dp: 0 }).unwrap();
         let groups: Vec<(String, Box<dyn crate::collective::Collective<crate::cpu::Cpu>>)> = vec![("pp".into(), Box::new(pp))];
-        Executor::for_rank(&s, crate::cpu::Cpu::new(), crate::executor::ExecOptions::default(), groups).unwrap()
+        Executor::for_rank(&s, crate::cpu::Cpu::new(), options, groups).unwrap()
+    }
+
+    /// Under the interleaved schedule (pp = 2, vp = 2, four micro-batches) with full
+    /// recompute, the profile's record of the last backward (`recomputed_ops`) covers
+    /// the last micro-batch's backward over both of the stage's chunks: a chunk's
+    /// backward begins the micro-batch's backward (clearing the record, seeding the
+    /// loss gradient) only at the rank's last chunk. Fails if every chunk's backward is
+    /// taken for the beginning of one (the record then holds chunk 0's re-runs alone).
+    #[test]
+    fn the_recompute_record_covers_every_chunk_of_the_last_micro_batch() {
+        let mut groups = crate::collective::ThreadGroup::new(2).into_iter();
+        let (a, b) = (groups.next().unwrap(), groups.next().unwrap());
+        let o = crate::executor::ExecOptions { recompute: runner_graph::recompute::RecomputePolicy::Full, ..crate::executor::ExecOptions::default() };
+        let out: Vec<(Vec<Range<usize>>, Vec<usize>)> = std::thread::scope(|sc| {
+            let hs: Vec<_> = [(0, a), (1, b)]
+                .into_iter()
+                .map(|(stage, pp)| {
+                    let o = o.clone();
+                    sc.spawn(move || {
+                        let mut ex = vp2_stage_with(stage, pp, o);
+                        let ops = ex.pass_plan(4).chunks.ops;
+                        let data: Vec<_> = (0..4).map(|k| crate::toy::batch_inputs(&ex.graph, k)).collect();
+                        let batches: Vec<Vec<(&str, Input<'_>)>> = data.iter().map(|d| d.iter().map(|(n, v)| (n.as_str(), Input::U32(v))).collect()).collect();
+                        ex.step_micro_batches(&batches, &crate::executor::ADAMW_DEFAULT).unwrap();
+                        (ops, ex.profile().recomputed_ops.clone())
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (stage, (ops, re)) in out.iter().enumerate() {
+            assert_eq!(ops.len(), 2, "stage {stage} runs two chunks");
+            for (c, r) in ops.iter().enumerate() {
+                assert!(re.iter().any(|oi| r.contains(oi)), "stage {stage}: no re-run of chunk {c}'s ops {r:?} in {re:?}");
+            }
+        }
     }
 
     /// What the memory account adds per pass for the mailbox (pp = 2, vp = 2, four
