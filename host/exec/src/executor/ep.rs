@@ -228,6 +228,25 @@ fn state(op: &Op, what: String) -> ExecError {
     ExecError::State(format!("operation '{}': {what}", op.name))
 }
 
+/// Every rank's rows per expert (`[rank][expert]`) from this rank's `mine`, all-gathered
+/// over `c` as int32 counts: what an exchange of routed rows sizes its parts by.
+fn all_gather_counts<D: Device>(dev: &D, c: &Timed<'_, D>, op: &Op, mine: &[usize]) -> Result<Vec<Vec<usize>>, ExecError> {
+    let mine: Vec<u32> = mine
+        .iter()
+        .map(|&v| u32::try_from(v))
+        .collect::<Result<_, _>>()
+        .map_err(|_| state(op, "more rows for one expert than an int32 count holds".into()))?;
+    let e = mine.len();
+    if e == 0 {
+        return Err(state(op, "no experts to count rows for".into()));
+    }
+    let mut counts = dev.alloc(Elem::I32, mine.len())?;
+    dev.write_u32(&mut counts, &mine)?;
+    let mut all = dev.alloc(Elem::I32, mine.len() * c.size())?;
+    c.all_gather(&counts, &mut all)?;
+    Ok(dev.read_u32(&all)?.chunks(e).map(|r| r.iter().map(|&v| v as usize).collect()).collect())
+}
+
 /// Every etp rank's rows (`x`, this rank's, expert-major by `rows[me]`) gathered over
 /// `c`, expert-major over the ranks: local expert, then rank.
 fn gather_rows<D: Device>(dev: &D, c: &Timed<'_, D>, op: &Op, x: &D::Buffer, rows: &[Vec<usize>], w: usize) -> Result<D::Buffer, ExecError> {
@@ -327,22 +346,8 @@ impl<D: Device> Executor<D> {
                 format!("{e} experts do not split over the {n} ranks of group 'ep'"),
             ));
         }
-        let mine: Vec<u32> = mine
-            .iter()
-            .map(|&v| u32::try_from(v))
-            .collect::<Result<_, _>>()
-            .map_err(|_| state(op, "more rows for one expert than an int32 count holds".into()))?;
-        let dev = &self.device;
-        let mut counts = dev.alloc(Elem::I32, e)?;
-        dev.write_u32(&mut counts, &mine)?;
-        let mut all = dev.alloc(Elem::I32, e * n)?;
-        c.all_gather(&counts, &mut all)?;
-        let all = dev.read_u32(&all)?;
         Ok(Route {
-            counts: all
-                .chunks(e)
-                .map(|r| r.iter().map(|&v| v as usize).collect())
-                .collect(),
+            counts: all_gather_counts(&self.device, c, op, &mine)?,
             me: c.rank(),
             local: e / n,
         })
@@ -527,20 +532,10 @@ impl<D: Device> Executor<D> {
             return Ok(());
         }
         let mine = self.rows_per_local_expert(&op, x, gidx)?;
-        let mine32: Vec<u32> = mine
-            .iter()
-            .map(|&v| u32::try_from(v))
-            .collect::<Result<_, _>>()
-            .map_err(|_| state(&op, "more rows for one expert than an int32 count holds".into()))?;
         let dev = &self.device;
         let (y, rows) = {
             let c = self.group(&op)?;
-            let (n, e) = (c.size(), mine.len());
-            let mut counts = dev.alloc(Elem::I32, e)?;
-            dev.write_u32(&mut counts, &mine32)?;
-            let mut all = dev.alloc(Elem::I32, e * n)?;
-            c.all_gather(&counts, &mut all)?;
-            let rows: Vec<Vec<usize>> = dev.read_u32(&all)?.chunks(e).map(|r| r.iter().map(|&v| v as usize).collect()).collect();
+            let rows = all_gather_counts(dev, &c, &op, &mine)?;
             (gather_rows(dev, &c, &op, self.val(x, &op)?, &rows, w)?, rows)
         };
         let per_expert: Vec<usize> = (0..mine.len()).map(|j| rows.iter().map(|r| r[j]).sum()).collect();
