@@ -39,6 +39,21 @@ fn unsharded(g: &Graph, data: &Data, opt: Optimizer, steps: usize) -> (Vec<f32>,
 /// A rank graph's tensor shapes by name.
 type Shapes = std::collections::HashMap<String, Vec<u64>>;
 
+/// Each rank's handles on a tensor-parallel group of `tp` ranks of the tiny toy (two kv
+/// heads): `tp`, and at tp 4 the step's `tp-kv` all-reduce over the ranks sharing a kv
+/// head.
+fn tp_groups(tp: usize) -> Vec<Groups> {
+    let mut groups: Vec<Groups> = ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
+    if tp == 4 {
+        for pair in [[0usize, 1], [2, 3]] {
+            for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
+                groups[r].push(("tp-kv".to_string(), Box::new(h)));
+            }
+        }
+    }
+    groups
+}
+
 /// Weight `name` of `g` whole, from the weights and shapes of tp ranks 0, 1, ... in
 /// order: a replicated weight is rank 0's, a split one its blocks joined; ranks sharing
 /// a block (kv heads replicated over tp) must hold the same values.
@@ -158,17 +173,7 @@ fn muon_tensor_parallel_gathers_blocks_and_tracks_unsharded() {
     let (want, w0, w3) = unsharded(&g, &data, Optimizer::Muon(MUON_DEFAULT), 3);
     for tp in [2usize, 4] {
         let layout = Layout { tp: tp as u32, ..Layout::single(2, 2) };
-        let mut groups: Vec<Vec<(String, Box<dyn Collective>)>> =
-            ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
-        if tp == 4 {
-            // The step's tp-kv all-reduce: the ranks sharing a kv head.
-            for pair in [[0usize, 1], [2, 3]] {
-                for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
-                    groups[r].push(("tp-kv".to_string(), Box::new(h)));
-                }
-            }
-        }
-        let hs: Vec<_> = groups
+        let hs: Vec<_> = tp_groups(tp)
             .into_iter()
             .enumerate()
             .map(|(r, groups)| {
@@ -593,13 +598,7 @@ fn muon_blockwise_ranks_sharing_a_kv_block_end_equal() {
     let (_, w0, _) = unsharded(&g, &data, Optimizer::AdamW, 0);
     let tp = 4usize;
     let layout = Layout { tp: tp as u32, ..Layout::single(2, 2) };
-    let mut groups: Vec<Groups> = ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
-    for pair in [[0usize, 1], [2, 3]] {
-        for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
-            groups[r].push(("tp-kv".to_string(), Box::new(h)));
-        }
-    }
-    let hs: Vec<_> = groups
+    let hs: Vec<_> = tp_groups(tp)
         .into_iter()
         .enumerate()
         .map(|(r, groups)| {
