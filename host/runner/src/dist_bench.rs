@@ -845,10 +845,7 @@ impl StepRun {
             if self.sharded_grads { "on" } else { "off" },
             self.bucket.map_or_else(|| "megatron".to_string(), |b| b.to_string()),
             self.optimizer.name(),
-            match self.optimizer {
-                Optimizer::Muon(m) => format!(" --muon-tp-mode {}", m.tp_mode.name()),
-                Optimizer::AdamW => String::new(),
-            }
+            self.optimizer.muon_tp_mode().map_or_else(String::new, |m| format!(" --muon-tp-mode {}", m.name()))
         )
     }
 }
@@ -963,10 +960,7 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         buckets_in_backward: buckets.iter().filter(|b| b.steps_left > 0).count(),
         weights_sha256: weight_digest(&ex)?,
         orthogonalised: ex.trainable().iter().filter(|w| ex.orthogonalises(w)).count(),
-        muon_tp_mode: match run.optimizer {
-            Optimizer::Muon(m) => Some(m.tp_mode.name().to_string()),
-            Optimizer::AdamW => None,
-        },
+        muon_tp_mode: run.optimizer.muon_tp_mode().map(|m| m.name().to_string()),
     })
 }
 
@@ -1059,7 +1053,7 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             .collect::<Result<_>>()?
     };
     let muon = matches!(run.optimizer, Optimizer::Muon(_));
-    let blockwise = matches!(run.optimizer, Optimizer::Muon(m) if m.tp_mode == runner_exec::executor::MuonTpMode::Blockwise);
+    let blockwise = run.optimizer.muon_tp_mode() == Some(runner_exec::executor::MuonTpMode::Blockwise);
     let mut head = vec!["rank", "(tp, pp, dp)", "losses", "step ms (median)", "comm ms", "buckets (in backward)", "in flight", "peak MiB"];
     if muon {
         head.push("NS matrices");

@@ -538,10 +538,7 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
         model: wp.info.name.clone(),
         variant: variant.name.clone(),
         optimizer: optimizer.name().into(),
-        muon_tp_mode: match optimizer {
-            Optimizer::Muon(m) => Some(m.tp_mode.name().into()),
-            Optimizer::AdamW => None,
-        },
+        muon_tp_mode: optimizer.muon_tp_mode().map(|m| m.name().into()),
         device: device_name,
         plan_for: cfg.plan_for.name.clone(),
         text: text_name,

@@ -172,6 +172,14 @@ impl Optimizer {
             Optimizer::Muon(_) => "muon",
         }
     }
+
+    /// Muon's tensor-parallel mode; `None` under AdamW.
+    pub fn muon_tp_mode(self) -> Option<MuonTpMode> {
+        match self {
+            Optimizer::Muon(m) => Some(m.tp_mode),
+            Optimizer::AdamW => None,
+        }
+    }
 }
 
 /// Per tensor of `g`: whether Muon updates it (see the module's documentation), given
