@@ -444,6 +444,10 @@ impl<D: Device> Executor<D> {
 
     /// Move the active micro-batch's state out of the tensor store (between its passes).
     fn park(&mut self) -> Parked<D> {
+        // A pass ends with its fused cast consumed and its partial input gradients
+        // reduced; neither is parked, so a leftover would leak into the next micro-batch.
+        debug_assert!(self.cast.is_none(), "a fused cast outlived its pass");
+        debug_assert!(self.pending_partials.is_empty(), "partial gradients outlived their pass");
         let mut p = Parked {
             vals: Vec::new(),
             grads: Vec::new(),
