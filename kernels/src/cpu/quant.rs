@@ -4,7 +4,7 @@
 //! GEMM with f32 accumulation computes what the tensor core computes, up to summation
 //! order).
 //!
-//! Recipes (Transformer Engine's, `shared` facts in docs/ARCHITECTURE.md):
+//! Recipes (Transformer Engine's; docs/ARCHITECTURE.md, "Precision in the executor"):
 //! - per tensor, one FP32 scale: `q = cast(x·scale)`, `x̂ = q / scale`; delayed scaling
 //!   passes the scale from its amax history, current scaling takes it from this tensor
 //!   ([`qdq_tensor`], [`amax`]);
