@@ -850,12 +850,13 @@ impl Costed {
         let d = &model.depth;
         let mut by_rep: Vec<Option<LayerCost>> = vec![None; template.layers.len()];
         let mut layers = Vec::with_capacity(d.len());
-        for p in 0..d.len() {
+        assert_eq!(fresh.len(), d.len(), "Costed::fresh_layers of another model");
+        for (p, &afresh) in fresh.iter().enumerate() {
             let rep = model.rep(p);
             let names = &d.gemm_names[p];
             // Layers of one class usually share their formats: reuse the costing.
             let cost = match by_rep[rep] {
-                Some(c) if !fresh[p] => c,
+                Some(c) if !afresh => c,
                 _ => {
                     let part = &template.layers[rep];
                     let t = template.time_part(part, names, plan, &rates, measured, kernels);
