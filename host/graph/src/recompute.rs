@@ -227,6 +227,34 @@ pub struct Kept {
 pub fn kept_by(g: &Graph) -> Vec<Kept> {
     let need = input_needs(g);
     let (stored, _) = kept_given(g, RecomputePolicy::None, &need);
+    kept_by_given(g, &need, stored)
+}
+
+/// [`kept_by`] and [`layer_bytes`] under none, selective and full recompute (in that
+/// order), float for float, with what they share worked out once: which inputs carry a
+/// gradient, and the list kept with no recompute. The projection's templates read all
+/// four for every sharding the search tries; called one by one they worked each out
+/// three or four times.
+pub fn kept_and_layer_bytes(g: &Graph) -> (Vec<Kept>, [BTreeMap<i32, f64>; 3]) {
+    let need = input_needs(g);
+    let (stored, _) = kept_given(g, RecomputePolicy::None, &need);
+    let by_layer = |stored: &[(TensorId, i32)]| {
+        let mut out = BTreeMap::new();
+        for &(t, layer) in stored {
+            *out.entry(layer).or_insert(0.0) += bytes(g, t);
+        }
+        out
+    };
+    let none = by_layer(&stored);
+    // `kept_given` tells the policies apart only for full recompute: selective keeps
+    // exactly what none keeps (see `saved_for_backward`).
+    let selective = none.clone();
+    let full = by_layer(&kept_given(g, RecomputePolicy::Full, &need).0);
+    (kept_by_given(g, &need, stored), [none, selective, full])
+}
+
+/// [`kept_by`] from `need` and the list `stored` with no recompute, already worked out.
+fn kept_by_given(g: &Graph, need: &[Vec<bool>], stored: Vec<(TensorId, i32)>) -> Vec<Kept> {
     let at: HashMap<TensorId, usize> = stored.iter().enumerate().map(|(i, (t, _))| (*t, i)).collect();
     let mut out: Vec<Kept> = stored.into_iter().map(|(tensor, layer)| Kept { tensor, layer, by: Vec::new() }).collect();
     let producer = producers(g);

@@ -67,6 +67,12 @@ fn sharded(g: &Graph, l: &Layout, r: RankCoord) -> Sharded {
     // The projection's templates take the graph without the step collectives: the same graph.
     let alone = shard_graph(g, l, r).unwrap();
     assert_eq!(serde_json::to_string(&alone).unwrap(), serde_json::to_string(&s.graph).unwrap(), "{l:?} rank {r:?}");
+    // The templates read what is kept and its bytes per policy in one call: the same as
+    // the calls one by one, float for float.
+    let policies = [RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full];
+    let (kept, bytes) = recompute::kept_and_layer_bytes(&s.graph);
+    assert_eq!(kept, recompute::kept_by(&s.graph), "{l:?} rank {r:?}");
+    assert_eq!(bytes.to_vec(), policies.map(|p| recompute::layer_bytes(&s.graph, p)).to_vec(), "{l:?} rank {r:?}");
     s
 }
 

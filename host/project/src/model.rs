@@ -215,6 +215,11 @@ impl Model {
         self.templates.extend(built);
     }
 
+    /// The template for `key` if it has been built (or refused), without building it.
+    pub fn built(&self, key: ShardKey) -> Option<Result<&Template, &String>> {
+        self.templates.get(&key).map(Result::as_ref)
+    }
+
     /// Rank 0's sharded graph for `key` (what the template for `key` reads).
     ///
     /// # Errors

@@ -50,20 +50,48 @@ impl<'s> Projector<'s> {
     /// The sharding does not fit the model, or the plan needs a format the GPU lacks.
     pub fn costed(&mut self, key: ShardKey, kernels: Kernels) -> Result<&Costed, String> {
         if !self.costed.contains_key(&(key, kernels)) {
-            let c = self
-                .model
-                .template(key, self.source.as_mut())
-                .cloned()
-                .and_then(|t| Costed::new(&self.model, &t, &self.plan, &self.gpu, &self.measured, kernels));
+            // Built (and cached) first, then read back by shared reference: timing it needs
+            // the model too, and cloning the template (a `String` per op) to get around
+            // that cost a third as much again as the timing.
+            let c = match self.model.template(key, self.source.as_mut()).map(|_| ()) {
+                Err(e) => Err(e),
+                Ok(()) => match self.model.built(key) {
+                    Some(Ok(t)) => Costed::new(&self.model, t, &self.plan, &self.gpu, &self.measured, kernels),
+                    Some(Err(e)) => Err(e.clone()),
+                    None => unreachable!("Model::template caches what it builds"),
+                },
+            };
             self.costed.insert((key, kernels), c);
         }
         self.costed[&(key, kernels)].as_ref().map_err(Clone::clone)
     }
 
-    /// Build the templates of `keys` that are not cached yet, on every core (see
-    /// [`Model::prebuild`]); [`Projector::costed`] then finds them.
-    pub fn prebuild(&mut self, keys: &[ShardKey]) {
+    /// Build the templates of `keys` that are not cached yet, and time them with
+    /// `kernels`, on every core (see [`Model::prebuild`]); [`Projector::costed`] then
+    /// finds them. Timing a template is a pure function of it, the model, the GPU, the
+    /// plan and the measured times, so the cache ends as [`Projector::costed`] one key
+    /// at a time would leave it. Run one after another on the caller's thread, the
+    /// timings were about a quarter of a cold DeepSeek search's wall time. A key whose micro-batch graph
+    /// could not be read is left to [`Projector::costed`] to report.
+    pub fn prebuild(&mut self, keys: &[ShardKey], kernels: Kernels) {
+        use rayon::prelude::*;
         self.model.prebuild(keys, self.source.as_mut());
+        let mut todo: Vec<ShardKey> = keys.iter().copied().filter(|&k| !self.costed.contains_key(&(k, kernels))).collect();
+        todo.sort();
+        todo.dedup();
+        let (model, plan, gpu, measured) = (&self.model, &self.plan, &self.gpu, &self.measured);
+        let fresh = Costed::fresh_layers(model, plan);
+        let timed: Vec<((ShardKey, Kernels), Result<Costed, String>)> = todo
+            .into_par_iter()
+            .filter_map(|k| {
+                let c = match model.built(k)? {
+                    Ok(t) => Costed::new_with(model, t, plan, gpu, measured, kernels, &fresh),
+                    Err(e) => Err(e.clone()),
+                };
+                Some(((k, kernels), c))
+            })
+            .collect();
+        self.costed.extend(timed);
     }
 
     /// Rank 0's sharded graph for `key`: the ops a measurement for `key` must name.

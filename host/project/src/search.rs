@@ -262,8 +262,11 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
         }
     }
     // Their templates (sharding and timing the layers: most of a cold search) are built
-    // on every core first; the walk below finds them cached.
-    pr.prebuild(&shardings.iter().filter_map(|s| match s { Sharding::Tried { key, .. } => Some(*key), Sharding::Refused { .. } => None }).collect::<Vec<_>>());
+    // and timed on every core first; the walk below finds them cached.
+    pr.prebuild(
+        &shardings.iter().filter_map(|s| match s { Sharding::Tried { key, .. } => Some(*key), Sharding::Refused { .. } => None }).collect::<Vec<_>>(),
+        space.kernels,
+    );
     for sharding in shardings {
         let (key, rest) = match sharding {
             Sharding::Refused { key, stage } => {

@@ -803,6 +803,44 @@ impl Costed {
         measured: &Measured,
         kernels: Kernels,
     ) -> Result<Costed, String> {
+        Costed::new_with(model, template, plan, gpu, measured, kernels, &Costed::fresh_layers(model, plan))
+    }
+
+    /// Per model layer, whether [`Costed::new`] times it afresh (`true`) or takes the
+    /// costing of the last layer of its class timed before it, whose GEMMs the plan
+    /// gives the same formats. It depends on the model and the plan alone, not on the
+    /// template: worked out once for every sharding a search times (a format lookup
+    /// hashes a GEMM's name, which the plugin chose, with SipHash: two per GEMM per
+    /// layer, for every sharding, were a third of the timing).
+    pub fn fresh_layers(model: &Model, plan: &Plan) -> Vec<bool> {
+        let d = &model.depth;
+        // Per representative layer position, the GEMM names of the layer last timed afresh.
+        let mut last: Vec<Option<&[String]>> = vec![None; d.reps.iter().max().map_or(0, |&r| r + 1)];
+        (0..d.len())
+            .map(|p| {
+                let rep = model.rep(p);
+                let names = d.gemm_names[p].as_slice();
+                match last[rep] {
+                    Some(n) if plan_formats_equal(plan, n, names) => false,
+                    _ => {
+                        last[rep] = Some(names);
+                        true
+                    }
+                }
+            })
+            .collect()
+    }
+
+    /// [`Costed::new`] with [`Costed::fresh_layers`] of the same model and plan given.
+    pub fn new_with(
+        model: &Model,
+        template: &Template,
+        plan: &Plan,
+        gpu: &GpuProfile,
+        measured: &Measured,
+        kernels: Kernels,
+        fresh: &[bool],
+    ) -> Result<Costed, String> {
         for (f, share) in &plan.coverage {
             if *share > 0.0 {
                 gpu.peak_flops(*f)?;
@@ -810,19 +848,20 @@ impl Costed {
         }
         let rates = Rates::new(gpu);
         let d = &model.depth;
-        let mut by_rep: Vec<Option<(Vec<String>, LayerCost)>> = vec![None; template.layers.len()];
+        let mut by_rep: Vec<Option<LayerCost>> = vec![None; template.layers.len()];
         let mut layers = Vec::with_capacity(d.len());
-        for p in 0..d.len() {
+        assert_eq!(fresh.len(), d.len(), "Costed::fresh_layers of another model");
+        for (p, &afresh) in fresh.iter().enumerate() {
             let rep = model.rep(p);
             let names = &d.gemm_names[p];
             // Layers of one class usually share their formats: reuse the costing.
-            let cost = match &by_rep[rep] {
-                Some((n, c)) if plan_formats_equal(plan, n, names) => *c,
+            let cost = match by_rep[rep] {
+                Some(c) if !afresh => c,
                 _ => {
                     let part = &template.layers[rep];
                     let t = template.time_part(part, names, plan, &rates, measured, kernels);
                     let c = LayerCost::new(&t, part, &Template::stored(part, names, plan), &rates);
-                    by_rep[rep] = Some((names.clone(), c));
+                    by_rep[rep] = Some(c);
                     c
                 }
             };

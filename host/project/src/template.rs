@@ -18,7 +18,7 @@
 //! casts move bytes at the achieved HBM bandwidth. Times measured on the device replace
 //! the roofline op by op where a [`Measured`] table has them.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use runner_graph::autodiff::needs_grad;
 use runner_graph::count::{self, AttentionFlops};
 use runner_graph::modules::{Module, modules};
-use runner_graph::recompute::{RecomputePolicy, kept_by, layer_bytes};
+use runner_graph::recompute::{RecomputePolicy, kept_and_layer_bytes};
 use runner_graph::shard::{Layout, Place, RankCoord, partition, shard_graph};
 use runner_graph::{Graph, OpKind, TensorKind};
 
@@ -467,7 +467,8 @@ impl Template {
             let backward = c.backward.filter(|_| g.ops.get(i).is_some_and(&has_backward));
             parts[at].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward, routing });
         }
-        for k in kept_by(g) {
+        let (kept, activations) = kept_and_layer_bytes(g);
+        for k in kept {
             let p = if k.layer >= 0 && main.contains(&k.layer) { 1 + pos[&k.layer] } else { post };
             let t = &g.tensors[k.tensor];
             let mut gemms = Vec::new();
@@ -486,8 +487,7 @@ impl Template {
                 module: mods.frees.get(&k.tensor).copied(),
             });
         }
-        for policy in [RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full] {
-            let by: BTreeMap<i32, f64> = layer_bytes(g, policy);
+        for (policy, by) in [RecomputePolicy::None, RecomputePolicy::Selective, RecomputePolicy::Full].into_iter().zip(activations) {
             for (layer, bytes) in by {
                 let p = if layer >= 0 && main.contains(&layer) { 1 + pos[&layer] } else { post };
                 parts[p].activations[policy_index(policy)] += bytes;

@@ -896,9 +896,9 @@ fn blackwell_fp8_recipes_share_one_gemm_efficiency() {
     assert!(!ssm(&h100[0]), "{:?}", h100[0].params);
 }
 
-/// The search builds its templates on every core before it walks them; a template
-/// built that way projects exactly as one built on first use, and a sharding the graph
-/// refuses is refused the same way.
+/// The search builds and times its templates on every core before it walks them; a
+/// template built and timed that way projects exactly as one built on first use, and a
+/// sharding the graph refuses is refused the same way.
 #[test]
 fn prebuilt_templates_project_as_built_on_demand() {
     let mut lazy = projector("mixtral-tiny", 256, "h100", Recipe::Bf16);
@@ -907,7 +907,7 @@ fn prebuilt_templates_project_as_built_on_demand() {
         .into_iter()
         .map(|(tp, ep, mbs)| LayoutSpec { ep, ..layout(tp, 1, 1, 1, 4, mbs, 16) })
         .collect();
-    eager.prebuild(&layouts.iter().map(|l| l.key()).collect::<Vec<_>>());
+    eager.prebuild(&layouts.iter().map(|l| l.key()).collect::<Vec<_>>(), layouts[0].kernels);
     for (i, l) in layouts.iter().enumerate() {
         let (a, b) = (lazy.project(l), eager.project(l));
         assert_eq!(a, b, "{}", l.short());
