@@ -342,6 +342,9 @@ impl Default for CostSection {
 /// # Errors
 /// The TOML error (with line and column) or the rule the file breaks, and how to fix it.
 pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
+    if let Some(m) = section_as_list(text) {
+        return Err(format!("{origin}: {}{m}", snippet(text, &m)));
+    }
     let run: RunFile = toml::from_str(text).map_err(|e| match hint(e.message()) {
         Some(h) => format!("{origin}: {}\nhelp: {h}", e.to_string().trim_end()),
         None => format!("{origin}: {e}"),
@@ -436,6 +439,19 @@ fn hint(error: &str) -> Option<String> {
     Some(format!("`{unknown}` goes in [{}]", home.0))
 }
 
+/// A section written as a list (`[[cluster]]`, `measure = [3]`), refused: serde reads a
+/// list as the section's fields in order, so `measure = [3]` ran with repeats = 3 without
+/// a word, and `[[cluster]]` was answered "expected a name or a list of names", about a
+/// key the file never wrote.
+fn section_as_list(text: &str) -> Option<String> {
+    let doc = toml::de::DeTable::parse(text).ok()?;
+    let (name, _) = doc
+        .get_ref()
+        .iter()
+        .find(|(k, v)| SECTIONS.iter().any(|(s, _)| k.get_ref() == *s) && matches!(v.get_ref(), toml::de::DeValue::Array(_)))?;
+    Some(format!("[{0}] is one table, not a list: write [{0}] with its keys under it (not [[{0}]] or {0} = [...])", name.get_ref()))
+}
+
 /// A section's keys.
 type Keys = fn() -> Vec<String>;
 
@@ -528,6 +544,9 @@ pub fn check_plugins(path: &Path, file: &RunFile, run: &RunFile) -> Result<(), S
     Ok(())
 }
 
+/// The most GPU counts one run lists (the goal searches' own list is 12).
+pub const MAX_GPU_COUNTS: usize = 64;
+
 fn check(run: &RunFile) -> Result<(), String> {
     if run.model.plugin.trim().is_empty() {
         return Err(
@@ -538,6 +557,14 @@ fn check(run: &RunFile) -> Result<(), String> {
         return Err("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]".into());
     }
     use runner_contract::limits::{GPUS, SEQ_LEN, TOKENS};
+    // Each count is a row of every series, searched in turn: 100 000 counts ran for
+    // minutes in the repeat check alone before the first row, with no word.
+    if run.cluster.gpus.len() > MAX_GPU_COUNTS {
+        return Err(format!(
+            "[cluster] gpus lists {} GPU counts; at most {MAX_GPU_COUNTS} (each is one row of every series)",
+            run.cluster.gpus.len()
+        ));
+    }
     if let Some(&bad) = run.cluster.gpus.iter().find(|&&g| !within_gpu_ceiling(g)) {
         return Err(format!(
             "[cluster] gpus contains {bad}; every GPU count must be in 1..={GPUS}"
@@ -979,6 +1006,78 @@ mod tests {
         std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"ours.csv\"\n").unwrap();
         let e = load(&path).unwrap_err();
         assert!(e.contains("the name of the run file's directory is not UTF-8 text, so 'ours.csv' beside it"), "{e}");
+    }
+
+    /// Survivors of a hand mutation audit: each of these rules or defaults could be
+    /// dropped or moved with every other test passing.
+    #[test]
+    fn rules_and_defaults_the_edge_tests_missed() {
+        let run = |body: &str| parse(&format!("[model]\nplugin = \"x\"\n{body}\n"), "t.toml");
+        let e = run("[cluster]\ngpus = []").unwrap_err();
+        assert!(e.ends_with("[cluster] gpus is empty; list GPU counts, e.g. gpus = [64, 128, 256]"), "{e}");
+        // The top of each goal's range is in it.
+        for body in ["[explore]\nbudget_usd = 1e12", "[explore]\ntarget_days = 1e5", "[explore]\nmax_usd_per_day_saved = 1e12"] {
+            assert!(run(body).is_ok(), "{body}: {:?}", run(body));
+        }
+        assert!(run("[explore]\ntarget_days = 100001").unwrap_err().contains("from 0.001 to 100000, got 100001"));
+        assert_eq!(run("[measure]\nrepeats = 1").unwrap().measure.repeats, 1);
+        let defaults = run("").unwrap();
+        assert_eq!((defaults.measure.repeats, defaults.cost.option.as_str()), (3, "on-demand"));
+        assert_eq!(defaults.cluster.gpus, [8, 16, 32, 64, 128, 256, 512, 1024, 2048]);
+        assert_eq!(run("[layout]\netp = 2").unwrap().layout.space().etp, Some(2));
+    }
+
+    /// A list of GPU counts long enough to take minutes before the first row is refused
+    /// at once, naming the cap.
+    #[test]
+    fn a_list_of_too_many_gpu_counts_is_refused_at_once() {
+        let counts = |n: u32| (1..=n).map(|i| (i * 8).to_string()).collect::<Vec<_>>().join(", ");
+        let run = |n: u32| parse(&format!("[model]\nplugin = \"x\"\n[cluster]\ngpus = [{}]\n", counts(n)), "t.toml");
+        assert!(run(MAX_GPU_COUNTS as u32).is_ok());
+        let e = run(MAX_GPU_COUNTS as u32 + 1).unwrap_err();
+        assert!(e.ends_with("[cluster] gpus lists 65 GPU counts; at most 64 (each is one row of every series)"), "{e}");
+        let started = std::time::Instant::now();
+        assert!(run(100_000).unwrap_err().contains("[cluster] gpus lists 100000 GPU counts"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "{:?}", started.elapsed());
+    }
+
+    /// The line a refused value is on is shown with its bidi overrides escaped (TOML takes
+    /// them raw in a string), so the snippet cannot reorder what the terminal shows; the
+    /// rest of the message is escaped where it is printed.
+    #[test]
+    fn a_refused_line_shows_bidi_controls_escaped() {
+        let e = parse("[model]\nplugin = \"x\"\n[cost]\noption = \"\u{202e}spot\"\n", "t.toml").unwrap_err();
+        let shown = e.lines().find(|l| l.starts_with("4 | ")).unwrap_or_default();
+        assert_eq!(shown, "4 | option = \"\\u{202e}spot\"", "{e}");
+    }
+
+    /// A plugin the file names is checked while the run keeps it: the file's precision
+    /// plugin when missing, and not the file's model plugin once a flag replaced it.
+    #[test]
+    fn check_plugins_answers_for_the_plugins_the_run_keeps() {
+        let tmp = tempfile::Builder::new().prefix("runfile-kept-").tempdir().unwrap();
+        let path = tmp.path().join("run.toml");
+        std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\n[precision]\nformat = \"fp8\"\nplugin = \"nofp8\"\n").unwrap();
+        let file = load(&path).unwrap();
+        let e = check_plugins(&path, &file, &file).unwrap_err();
+        assert!(e.contains("line 5, column 10\n") && e.contains("[precision] plugin: no plugin 'nofp8'"), "{e}");
+        std::fs::write(&path, "[model]\nplugin = \"llama9\"\n").unwrap();
+        let file = load(&path).unwrap();
+        let mut flags = file.clone();
+        flags.model.plugin = "llama3.wasm".into();
+        assert_eq!(check_plugins(&path, &file, &flags), Ok(()));
+    }
+
+    /// A section written as a list is refused at its line: `measure = [3]` ran as
+    /// repeats = 3 (serde reads a list as the fields in order), and `[[cluster]]` was
+    /// answered about a key the file never wrote.
+    #[test]
+    fn a_section_written_as_a_list_is_refused() {
+        let e = parse("measure = [3]\n[model]\nplugin = \"x\"\n", "t.toml").unwrap_err();
+        assert!(e.starts_with("t.toml: line 1, column 1\n") && e.ends_with("[measure] is one table, not a list: write [measure] with its keys under it (not [[measure]] or measure = [...])"), "{e}");
+        let e = parse("[model]\nplugin = \"x\"\n[[cluster]]\ngpus = [8]\n", "t.toml").unwrap_err();
+        assert!(e.starts_with("t.toml: line 3, column 3\n") && e.contains("[cluster] is one table, not a list"), "{e}");
+        assert!(parse("[model]\nplugin = \"x\"\n[limits]\nmemory_mib = 64\n", "t.toml").is_ok());
     }
 
     #[test]
