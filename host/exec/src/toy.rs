@@ -1,6 +1,7 @@
 //! Small decoder graphs built by hand, for tests and benches that must not depend on a
 //! plugin: the same op conventions and names as the SDK's `transformer_graph`
-//! (`embed`, `layers.{i}.attn_norm`, `.attn.{q,k,v,q_rope,k_rope,core,out}`,
+//! (`embed`, `layers.{i}.attn_norm`, `.attn.{q,k,v,q_rope,k_rope,core,out}` (and
+//! `.attn.{q_norm,k_norm}` with [`ToyConfig::qk_norm`]),
 //! `.residual1`, `.mlp_norm`, `.mlp.{gate,up,act,down}` or `.moe.*`, `.residual2`,
 //! `final_norm`, `lm_head`, `loss`), plus optional tied embeddings and
 //! multi-token-prediction modules (`mtp.{j}.*`, DeepSeek-V3 style) so that gradient
@@ -35,6 +36,9 @@ pub struct ToyConfig {
     pub mtp: u32,
     /// RoPE frequency base θ (10000 Llama 2, 500000 Llama 3).
     pub rope_theta: f64,
+    /// Qwen3's per-head query/key RMSNorms (`.attn.q_norm`, `.attn.k_norm`, weight (D))
+    /// between the projections and RoPE, as the SDK builder's `GraphOptions::qk_norm`.
+    pub qk_norm: bool,
 }
 
 impl ToyConfig {
@@ -53,6 +57,7 @@ impl ToyConfig {
             tied: false,
             mtp: 0,
             rope_theta: 10_000.0,
+            qk_norm: false,
         }
     }
 
@@ -73,6 +78,7 @@ impl ToyConfig {
             tied: false,
             mtp: 0,
             rope_theta: 500_000.0,
+            qk_norm: false,
         }
     }
 }
@@ -96,6 +102,7 @@ impl ToyConfig {
             tied: false,
             mtp: 0,
             rope_theta: 500_000.0,
+            qk_norm: false,
         }
     }
 }
@@ -184,8 +191,8 @@ fn block(g: &mut Builder, c: &ToyConfig, p: &str, layer: i32, x: &str) -> String
     let (b, t, h, hkv, cc) = (c.batch, c.seq, c.heads, c.kv_heads, c.hidden);
     let d = cc / h;
     let n1 = g.norm(&format!("{p}.attn_norm"), x, cc, &[b, t, cc], layer);
-    let q = g.linear(&format!("{p}.attn.q"), &n1, cc, h * d, &[b, t, h, d], layer);
-    let k = g.linear(
+    let mut q = g.linear(&format!("{p}.attn.q"), &n1, cc, h * d, &[b, t, h, d], layer);
+    let mut k = g.linear(
         &format!("{p}.attn.k"),
         &n1,
         cc,
@@ -201,6 +208,10 @@ fn block(g: &mut Builder, c: &ToyConfig, p: &str, layer: i32, x: &str) -> String
         &[b, t, hkv, d],
         layer,
     );
+    if c.qk_norm {
+        q = g.norm(&format!("{p}.attn.q_norm"), &q, d, &[b, t, h, d], layer);
+        k = g.norm(&format!("{p}.attn.k_norm"), &k, d, &[b, t, hkv, d], layer);
+    }
     let rope = |d: u64| {
         vec![
             ("theta", Attr::Float(c.rope_theta)),
@@ -664,7 +675,7 @@ pub fn with_roles(mut g: Graph, vocab_parallel: bool) -> Graph {
             ".mlp.act",
         ]) {
             Role::ColumnParallel
-        } else if ends(&[".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
+        } else if ends(&[".attn.q_norm", ".attn.k_norm", ".attn.q_rope", ".attn.k_rope", ".attn.core"]) {
             Role::HeadParallel
         } else if ends(&[".attn.out", ".mlp.down"]) {
             Role::RowParallel

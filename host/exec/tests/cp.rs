@@ -181,6 +181,18 @@ fn tiny16() -> Graph {
     )
 }
 
+/// [`tiny16`] with Qwen3's per-head q/k RMSNorms before RoPE.
+fn tiny16_qk_norm() -> Graph {
+    with_roles(
+        toy::llama(&ToyConfig {
+            seq: 16,
+            qk_norm: true,
+            ..ToyConfig::tiny()
+        }),
+        true,
+    )
+}
+
 /// [`tiny16`] with a causal sliding window of `w` tokens on every attention op.
 fn tiny16_window(w: i64) -> Graph {
     let mut g = tiny16();
@@ -266,6 +278,17 @@ fn cp2_matches_unsharded() {
 #[test]
 fn cp2_sliding_window_matches_unsharded() {
     check_loss_and_grads_of(tiny16_window(5), layout(1, 2, false));
+}
+
+/// Qwen3's per-head q/k norms under cp: each cp rank normalises the heads of its own
+/// tokens (q and k come out of the projections per token, before the K/V all-gather),
+/// and the gains' partial gradients join the dense weights' dp·cp reduction; with tp 2
+/// and sequence parallelism the tp ranks' parts are summed first. cp 2, and cp 2 × tp 2
+/// with SP.
+#[test]
+fn cp2_qk_norm_matches_unsharded() {
+    check_loss_and_grads_of(tiny16_qk_norm(), layout(1, 2, false));
+    check_loss_and_grads_of(tiny16_qk_norm(), layout(2, 2, true));
 }
 
 #[test]

@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use common::{Data, Grads, Groups, counted, gather, grads, half_of, inputs, load_weights, mesh, options, rank_inputs, split_axis, weights, with_roles};
+use common::{Data, Grads, Groups, counted, gather, grads, half_of, inputs, load_weights, mesh, options, rank_inputs, split_axis, tp_groups, weights, with_roles};
 use runner_exec::collective::{Collective, ThreadGroup};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
@@ -38,21 +38,6 @@ fn unsharded(g: &Graph, data: &Data, opt: Optimizer, steps: usize) -> (Vec<f32>,
 
 /// A rank graph's tensor shapes by name.
 type Shapes = std::collections::HashMap<String, Vec<u64>>;
-
-/// Each rank's handles on a tensor-parallel group of `tp` ranks of the tiny toy (two kv
-/// heads): `tp`, and at tp 4 the step's `tp-kv` all-reduce over the ranks sharing a kv
-/// head.
-fn tp_groups(tp: usize) -> Vec<Groups> {
-    let mut groups: Vec<Groups> = ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
-    if tp == 4 {
-        for pair in [[0usize, 1], [2, 3]] {
-            for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
-                groups[r].push(("tp-kv".to_string(), Box::new(h)));
-            }
-        }
-    }
-    groups
-}
 
 /// Weight `name` of `g` whole, from the weights and shapes of tp ranks 0, 1, ... in
 /// order: a replicated weight is rank 0's, a split one its blocks joined; ranks sharing

@@ -469,82 +469,47 @@ fn tp2_row_parallel_bias_counts_once() {
     check_ranks(&g, &out, loss, &want);
 }
 
-/// A head-parallel RMSNorm on the query heads (Qwen3's q-norm) has a replicated gain that
-/// each tp rank applies to its own heads only: the step's tp all-reduce sums its parts.
+/// Qwen3's per-head q/k RMSNorms (the toy's `qk_norm`, head-parallel as the SDK builds
+/// them) under tp: each rank normalises the query heads and the kv heads its projections
+/// left it (at tp 4 each of the 2 kv heads on 2 ranks) with the whole (D) gain, so each
+/// gain's gradient is partial per rank until the step's tp all-reduce sums it. At tp 2
+/// with and without sequence parallelism and at tp 4 with it, the norms add no collective
+/// to the graph (q and k come out of the column-parallel projections whole in tokens and
+/// split in heads, as the norms want them), and the loss and every gradient match the
+/// unsharded run.
 #[test]
-fn tp2_head_parallel_norm_gain_is_summed_over_tp() {
-    use runner_graph::{Attr, DType, NamedOp, Role, Tensor, TensorKind};
-    let g0 = with_roles(toy::llama(&ToyConfig::tiny()), true);
-    let mut tensors = g0.tensors.clone();
-    let q = g0.tensor_id("layers.0.attn.q").unwrap();
-    let d = *g0.tensors[q].shape.last().unwrap();
-    tensors.push(Tensor {
-        name: "layers.0.attn.q_norm.weight".into(),
-        shape: vec![d],
-        dtype: DType::BF16,
-        kind: TensorKind::Weight,
-    });
-    tensors.push(Tensor {
-        name: "layers.0.attn.q_norm".into(),
-        ..g0.tensors[q].clone()
-    });
-    let mut ops: Vec<NamedOp> = Vec::new();
-    for op in &g0.ops {
-        let mut n = NamedOp {
-            name: op.name.clone(),
-            kind: op.kind,
-            inputs: op
-                .inputs
-                .iter()
-                .map(|&i| g0.tensors[i].name.clone())
-                .collect(),
-            outputs: op
-                .outputs
-                .iter()
-                .map(|&o| g0.tensors[o].name.clone())
-                .collect(),
-            attrs: op.attrs.clone(),
-            layer: op.layer,
-            role: op.role,
-        };
-        if op.name == "layers.0.attn.q_rope" {
-            ops.push(NamedOp {
-                name: "layers.0.attn.q_norm".into(),
-                kind: OpKind::RmsNorm,
-                inputs: vec![
-                    "layers.0.attn.q".into(),
-                    "layers.0.attn.q_norm.weight".into(),
-                ],
-                outputs: vec!["layers.0.attn.q_norm".into()],
-                attrs: [("eps".to_string(), Attr::Float(1e-6))].into(),
-                layer: 0,
-                role: Role::HeadParallel,
-            });
-            n.inputs[0] = "layers.0.attn.q_norm".into();
-        }
-        ops.push(n);
-    }
-    let g = Graph::new(tensors, ops, &g0.tensors[g0.loss].name).unwrap();
+fn tp_qk_norm_gains_are_summed_over_tp_and_match_unsharded() {
+    let toy_qk = |qk_norm| with_roles(toy::llama(&ToyConfig { qk_norm, ..ToyConfig::tiny() }), true);
+    let g = toy_qk(true);
+    let gains: Vec<String> = (0..2)
+        .flat_map(|i| ["q", "k"].map(|x| format!("layers.{i}.attn.{x}_norm.weight")))
+        .collect();
     let data = synthetic_inputs(&g, 14);
     let mut full = Executor::new(&g, Cpu::new(), options()).unwrap();
     let w0 = weights(&full);
     let (loss, want) = run(&mut full, &data);
-    let layout = Layout {
-        tp: 2,
-        ..Layout::single(2, 2)
+    let collectives = |g: &Graph| -> Vec<(OpKind, Option<String>, Option<String>)> {
+        g.ops
+            .iter()
+            .filter(|o| o.text("group").is_some())
+            .map(|o| (o.kind, o.text("group").map(str::to_string), o.text("tensor").map(str::to_string)))
+            .collect()
     };
-    let step = shard(&g, &layout, RankCoord::default()).unwrap().step;
-    assert!(
-        step.iter()
-            .any(|c| c.group == "tp" && c.weights == ["layers.0.attn.q_norm.weight"]),
-        "{step:?}"
-    );
-    let groups: Vec<common::Groups> = ThreadGroup::new(2)
-        .into_iter()
-        .map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)])
-        .collect();
-    let out = run_ranks_with(&g, &layout, groups, &data, &w0);
-    check_ranks(&g, &out, loss, &want);
+    for (tp, sequence_parallel) in [(2u32, false), (2, true), (4, true)] {
+        let layout = Layout {
+            tp,
+            sequence_parallel,
+            ..Layout::single(2, 2)
+        };
+        let what = format!("tp={tp} sp={sequence_parallel}");
+        let s = shard(&g, &layout, RankCoord::default()).unwrap();
+        let plain = shard(&toy_qk(false), &layout, RankCoord::default()).unwrap().graph;
+        assert_eq!(collectives(&s.graph), collectives(&plain), "{what}");
+        let sum = s.step.iter().find(|c| c.group == "tp").unwrap_or_else(|| panic!("{what}: {:?}", s.step));
+        assert!(gains.iter().all(|w| sum.weights.contains(w)), "{what}: {:?}", sum.weights);
+        let out = run_ranks_with(&g, &layout, common::tp_groups(tp as usize), &data, &w0);
+        check_ranks(&g, &out, loss, &want);
+    }
 }
 
 /// Counting and running agree on communication: the elements a rank's forward and

@@ -111,10 +111,12 @@ impl LoraTargets {
     }
 }
 
-/// The linears whose outputs reach an attention core's inputs through position encodings
-/// and concatenations only: Megatron's `linear_qkv` (q, k and v here). Under multi-latent
-/// attention these are the up-projections (Megatron's `linear_q_up_proj` and
-/// `linear_kv_up_proj`); the latent down-projections stay without adapters.
+/// The linears whose outputs reach an attention core's inputs through position encodings,
+/// concatenations and per-head norms only: Megatron's `linear_qkv` (q, k and v here;
+/// Qwen3's q/k norms over each head's (B,T,H,D) sit after `linear_qkv`, Megatron's
+/// `q_layernorm`/`k_layernorm`). Under multi-latent attention these are the
+/// up-projections (Megatron's `linear_q_up_proj` and `linear_kv_up_proj`); the latents'
+/// norms are not per head, so the latent down-projections stay without adapters.
 fn qkv_linears(g: &Graph) -> HashSet<usize> {
     let producer = g.producers();
     let mut found = HashSet::new();
@@ -131,6 +133,12 @@ fn qkv_linears(g: &Graph) -> HashSet<usize> {
                 found.insert(i);
             }
             OpKind::Rotary | OpKind::Concat => stack.extend(g.ops[i].inputs.iter().copied()),
+            OpKind::RmsNorm | OpKind::LayerNorm => {
+                let x = g.ops[i].inputs[0];
+                if g.tensors[x].shape.len() == 4 {
+                    stack.push(x);
+                }
+            }
             _ => {}
         }
     }
@@ -545,6 +553,53 @@ mod tests {
             l.ops.iter().filter(|o| o.attrs.get(LORA_ATTR) == Some(&Attr::Text("b".into()))).map(|o| o.name.as_str()).collect();
         adapted.sort_unstable();
         assert_eq!(adapted, ["k.lora_b", "q_nope.lora_b", "q_rope.lora_b", "v.lora_b"]);
+    }
+
+    /// Qwen3's per-head q/k norms sit between the q and k linears and RoPE: the qkv
+    /// targets follow attention's inputs back through them (and the rotary embeddings) to
+    /// q, k and v, three adapters; the residual norm before the projections stops the walk.
+    #[test]
+    fn qkv_targets_follow_per_head_query_and_key_norms() {
+        let a = |n: &str, s: &[u64]| t(n, s, BF16, Activation);
+        let w = |n: &str, s: &[u64]| t(n, s, BF16, Weight);
+        let tensors = vec![
+            a("h", &[1, 4, 8]),
+            w("n", &[8]),
+            a("x", &[1, 4, 8]),
+            w("wq", &[8, 8]),
+            a("q", &[1, 4, 2, 4]),
+            w("qn", &[4]),
+            a("qnorm", &[1, 4, 2, 4]),
+            a("qr", &[1, 4, 2, 4]),
+            w("wk", &[8, 8]),
+            a("k", &[1, 4, 2, 4]),
+            w("kn", &[4]),
+            a("knorm", &[1, 4, 2, 4]),
+            a("kr", &[1, 4, 2, 4]),
+            w("wv", &[8, 8]),
+            a("v", &[1, 4, 2, 4]),
+            a("o", &[1, 4, 2, 4]),
+        ];
+        let col = |n: &str, i: &[&str], o: &str| role(op_in(n, OpKind::Linear, i, &[o], &[], 0), Role::ColumnParallel);
+        let eps = [("eps", Attr::Float(1e-6))];
+        let rope = [("rot-dim", Attr::Int(4)), ("theta", Attr::Float(1e6))];
+        let ops = vec![
+            op_in("norm", OpKind::RmsNorm, &["h", "n"], &["x"], &eps, 0),
+            col("q", &["x", "wq"], "q"),
+            role(op_in("q_norm", OpKind::RmsNorm, &["q", "qn"], &["qnorm"], &eps, 0), Role::HeadParallel),
+            op_in("q_rope", OpKind::Rotary, &["qnorm"], &["qr"], &rope, 0),
+            col("k", &["x", "wk"], "k"),
+            role(op_in("k_norm", OpKind::RmsNorm, &["k", "kn"], &["knorm"], &eps, 0), Role::HeadParallel),
+            op_in("k_rope", OpKind::Rotary, &["knorm"], &["kr"], &rope, 0),
+            col("v", &["x", "wv"], "v"),
+            op_in("core", OpKind::Attention, &["qr", "kr", "v"], &["o"], &[("causal", Attr::Flag(true))], 0),
+        ];
+        let g = Graph::new(tensors, ops, "o").unwrap();
+        let l = lora(&g, &Lora { rank: 2, targets: LoraTargets::Qkv }).unwrap();
+        let mut adapted: Vec<&str> =
+            l.ops.iter().filter(|o| o.attrs.get(LORA_ATTR) == Some(&Attr::Text("b".into()))).map(|o| o.name.as_str()).collect();
+        adapted.sort_unstable();
+        assert_eq!(adapted, ["k.lora_b", "q.lora_b", "v.lora_b"]);
     }
 
     #[test]

@@ -1362,3 +1362,73 @@ fn full_recompute_schedule_by_hand() {
     let sel = recompute::schedule(&g, &plan, RecomputePolicy::Selective);
     assert!(sel.segments.is_empty() && sel.dropped.is_empty() && sel.keep_aux.iter().all(|&k| k));
 }
+
+/// Qwen3's per-head q/k RMSNorms (the SDK builder's `GraphOptions::qk_norm`) on a
+/// Qwen3-shaped graph (GQA, heads wider than hidden / heads, routed experts): q and k
+/// leave the column-parallel projections with the cp rank's tokens whole and the heads
+/// split, which is what a head-parallel norm reads, so under tp (with sequence
+/// parallelism, and at tp 4 over 2 kv heads), cp and ep the norms add no collective to
+/// the graph; each rank normalises its (B, T/cp, heads/tp, D) part with the whole (D)
+/// gain; the gains join the tp sum of replicated weights' gradients (each rank holds
+/// only its heads' part) and the dp·cp reduction, and nothing else in the step
+/// changes. Neither norm is a residual norm of Megatron's `layernorm` recompute module.
+#[test]
+fn qk_norms_stay_head_parallel_and_add_only_their_gradient_sums() {
+    use runner_graph::modules::modules;
+    use runner_plugin_sdk::workload::builder::{GraphOptions, transformer_graph_with};
+    let h = Hyperparameters { head_dim: 32, moe: Some(moe(8, 2, 64)), ..decoder(2, 128, 0, 8, 2, 256) };
+    let req = GraphRequest { variant: "t".into(), seq_len: 32, micro_batch: 2, layers: 0, phase: Phase::Training };
+    let build = |qk_norm| {
+        let g = kit::to_host(&transformer_graph_with(&h, &req, GraphOptions { qk_norm, ..GraphOptions::default() }).unwrap());
+        validate(&g).unwrap();
+        g
+    };
+    let (g, plain) = (build(true), build(false));
+    let gains: BTreeSet<String> = (0..2).flat_map(|i| ["q", "k"].map(|x| format!("layers.{i}.attn.{x}_norm.weight"))).collect();
+    let collectives = |g: &Graph| -> Vec<(OpKind, Option<String>, Option<String>)> {
+        g.ops.iter().filter(|o| o.text("group").is_some()).map(|o| (o.kind, o.text("group").map(str::to_string), o.text("tensor").map(str::to_string))).collect()
+    };
+    let m = modules(&g);
+    for (i, o) in g.ops.iter().enumerate().filter(|(_, o)| o.name.ends_with("_norm") && o.name.contains(".attn.")) {
+        assert_eq!(m.op[i], None, "{}", o.name);
+    }
+    for (tp, cp, ep, sp) in [(2u32, 1u32, 1u32, true), (2, 1, 1, false), (4, 1, 1, true), (1, 2, 1, false), (2, 2, 1, true), (2, 1, 2, true)] {
+        let l = Layout { ep, ..layout(tp, 1, cp, 1, sp, 2) };
+        let r = RankCoord { tp: tp - 1, cp: cp - 1, ..RankCoord::default() };
+        let (s, p) = (sharded(&g, &l, r), sharded(&plain, &l, r));
+        let what = format!("tp={tp} cp={cp} ep={ep} sp={sp}");
+        assert_eq!(collectives(&s.graph), collectives(&p.graph), "{what}");
+        for i in 0..2 {
+            for (x, heads) in [("q", 8u64), ("k", 2)] {
+                let n = op_named(&s.graph, &format!("layers.{i}.attn.{x}_norm"));
+                let local = vec![2, 32 / u64::from(cp), (heads / u64::from(tp)).max(1), 32];
+                assert_eq!(s.graph.tensor(n.inputs[0]).shape, local, "{what}: {x}");
+                assert_eq!(s.graph.tensor(n.inputs[1]).shape, [32], "{what}: {x}");
+                assert_eq!(s.graph.tensor(n.outputs[0]).shape, local, "{what}: {x}");
+            }
+        }
+        // Four gains of 32 fp32 gradients each.
+        let gain_bytes = 4.0 * 32.0 * 4.0;
+        let tp_sum = |s: &Sharded| s.step.iter().find(|c| c.group == "tp").map(|c| (c.weights.iter().cloned().collect::<BTreeSet<_>>(), c.bytes));
+        match (tp_sum(&s), tp_sum(&p)) {
+            (None, None) => assert_eq!(tp, 1, "{what}"),
+            (Some((w, bytes)), plain_sum) => {
+                let (pw, pbytes) = plain_sum.unwrap_or_default();
+                assert_eq!(w, pw.union(&gains).cloned().collect(), "{what}");
+                assert_eq!(bytes - pbytes, gain_bytes, "{what}");
+            }
+            (None, Some(_)) => panic!("{what}: the plain graph has a tp sum, the qk-norm graph none"),
+        }
+        let others = |s: &Sharded| s.step.iter().filter(|c| c.group != "tp").cloned().collect::<Vec<_>>();
+        let (a, b) = (others(&s), others(&p));
+        assert_eq!(a.len(), b.len(), "{what}: {a:?}");
+        for (a, b) in a.iter().zip(&b) {
+            assert_eq!((a.kind, &a.group, a.group_size, a.mean_over), (b.kind, &b.group, b.group_size, b.mean_over), "{what}");
+            let added: BTreeSet<String> = a.weights.iter().filter(|w| !b.weights.contains(w)).cloned().collect();
+            let dense = a.group == "dp";
+            assert_eq!(added, if dense { gains.clone() } else { BTreeSet::new() }, "{what}: {}", a.group);
+            assert_eq!(a.weights.len(), b.weights.len() + added.len(), "{what}: {}", a.group);
+            assert_eq!(a.bytes - b.bytes, if dense { gain_bytes } else { 0.0 }, "{what}: {}", a.group);
+        }
+    }
+}

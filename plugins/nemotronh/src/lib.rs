@@ -47,7 +47,7 @@
 //! trains with 128, so its per-sequence FLOPs differ from the graph's by that term.
 
 use runner_plugin_sdk::workload::builder::{
-    MtpWeights, decoder, defaults, graph_for_with, moe, variant, Layout,
+    GraphOptions, MtpWeights, decoder, defaults, graph_for_with, moe, variant, Layout,
 };
 use runner_plugin_sdk::workload::*;
 
@@ -222,7 +222,7 @@ impl Guest for NemotronH {
     /// Nemotron 3 Super's two MTP depths apply one module (`MtpWeights::Repeated`); the
     /// other variants have no MTP.
     fn graph(request: GraphRequest) -> Result<Graph, String> {
-        graph_for_with(&Self::describe(), &request, MtpWeights::Repeated)
+        graph_for_with(&Self::describe(), &request, GraphOptions { mtp_weights: MtpWeights::Repeated, ..GraphOptions::default() })
     }
 }
 

@@ -14,7 +14,9 @@
 //!   (`hybrid.rs`).
 //! - [`variant`], [`Layout`], [`defaults`], [`decoder`]: shorthands for a plugin's table.
 //! - [`find_variant`], [`graph_for`]: resolve and validate a [`GraphRequest`];
-//!   [`graph_for_with`] for a family whose MTP modules share one set of weights.
+//!   [`graph_for_with`] for a family whose graph needs a [`GraphOptions`] choice the
+//!   contract's hyperparameters do not carry (MTP modules sharing one set of weights,
+//!   per-head query/key norms).
 //!
 //! Shape notation: B = micro-batch, T = sequence, C = hidden, H = query heads, Hkv = key/
 //! value heads, D = head dim, F = MLP width, E = routed experts, k = top-k, N = B*T tokens,
@@ -231,8 +233,20 @@ impl GraphBuilder {
     }
 
     /// Normalisation `name` over the last axis of `x` (weight `name.weight`, plus
-    /// `name.bias` for LayerNorm).
+    /// `name.bias` for LayerNorm), on the residual stream (sequence-parallel).
     pub fn norm(&mut self, name: &str, x: &str, kind: NormKind, eps: f64, layer: i32) -> String {
+        self.norm_as(name, x, kind, eps, layer, ParallelRole::Sequence)
+    }
+
+    /// RMSNorm `name` over the head dim of a per-head (B,T,H,D) tensor `x`, one (D) weight
+    /// `name.weight` shared by every head (Qwen3's and Gemma 3's query/key norms). It is
+    /// head-parallel: each tensor-parallel rank normalises the heads its column-parallel
+    /// projection left it, with the whole weight, whose gradient the host sums over tp.
+    pub fn head_norm(&mut self, name: &str, x: &str, eps: f64, layer: i32) -> String {
+        self.norm_as(name, x, NormKind::RmsNorm, eps, layer, ParallelRole::HeadParallel)
+    }
+
+    fn norm_as(&mut self, name: &str, x: &str, kind: NormKind, eps: f64, layer: i32, role: ParallelRole) -> String {
         let shape = self.shape(x).unwrap_or(&[]).to_vec();
         let c = shape.last().copied().unwrap_or(0);
         let w = self.weight(&format!("{name}.weight"), &[c]);
@@ -244,7 +258,7 @@ impl GraphBuilder {
             }
         };
         let refs: Vec<&str> = inputs.iter().map(String::as_str).collect();
-        self.unary(name, op, &refs, &shape, vec![float("eps", eps)], layer, ParallelRole::Sequence)
+        self.unary(name, op, &refs, &shape, vec![float("eps", eps)], layer, role)
     }
 
     /// Residual (or any elementwise) sum of two same-shaped tensors.
@@ -488,17 +502,39 @@ pub fn find_variant<'a>(info: &'a ModelInfo, name: &str) -> Result<&'a Variant, 
 /// # Errors
 /// Unknown variant, or a request the variant cannot satisfy (see [`transformer_graph`]).
 pub fn graph_for(info: &ModelInfo, request: &GraphRequest) -> Result<Graph, String> {
-    graph_for_with(info, request, MtpWeights::PerModule)
+    graph_for_with(info, request, GraphOptions::default())
 }
 
-/// [`graph_for`] for a family whose multi-token-prediction modules hold their weights as
-/// `mtp` says.
+/// [`graph_for`] with the family's [`GraphOptions`].
 ///
 /// # Errors
-/// As [`graph_for`].
-pub fn graph_for_with(info: &ModelInfo, request: &GraphRequest, mtp: MtpWeights) -> Result<Graph, String> {
+/// As [`transformer_graph_with`].
+pub fn graph_for_with(info: &ModelInfo, request: &GraphRequest, options: GraphOptions) -> Result<Graph, String> {
     let v = find_variant(info, &request.variant)?;
-    transformer_graph_with(&v.hyper, request, mtp).map_err(|e| format!("{}: {e}", v.name))
+    transformer_graph_with(&v.hyper, request, options).map_err(|e| format!("{}: {e}", v.name))
+}
+
+/// Architecture choices a family's plugin knows and the contract's `hyperparameters`
+/// record does not carry (a field there would change the WIT contract and bump its
+/// version). The default builds the graph the hyperparameters alone describe; a plugin
+/// passes its family's choices to [`graph_for_with`] for every variant it lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GraphOptions {
+    /// How the multi-token-prediction modules hold their weights.
+    pub mtp_weights: MtpWeights,
+    /// An RMSNorm over each query and key head (its own (D) weight for q and for k, shared
+    /// by the heads) after the projections and before RoPE: `{p}.attn.q_norm` and
+    /// `{p}.attn.k_norm`, with the model's `norm-eps`. Qwen3 (Hugging Face
+    /// `Qwen3Attention.q_norm`/`k_norm`, `Qwen3RMSNorm(head_dim)`) and Gemma 3 have them.
+    /// MHA/GQA attention only: MLA normalises its latents instead, and is refused.
+    pub qk_norm: bool,
+}
+
+impl Default for GraphOptions {
+    /// Per-module MTP weights, no query/key norms.
+    fn default() -> Self {
+        GraphOptions { mtp_weights: MtpWeights::PerModule, qk_norm: false }
+    }
 }
 
 /// How the `mtp-depth` multi-token-prediction modules hold their weights. The contract
@@ -555,16 +591,18 @@ pub fn is_window_layer(hyper: &Hyperparameters, i: u32) -> bool {
 /// sequence longer than a learned position table, a layer pattern the builder cannot
 /// build, or inconsistent hyperparameters.
 pub fn transformer_graph(hyper: &Hyperparameters, request: &GraphRequest) -> Result<Graph, String> {
-    transformer_graph_with(hyper, request, MtpWeights::PerModule)
+    transformer_graph_with(hyper, request, GraphOptions::default())
 }
 
-/// [`transformer_graph`] with the multi-token-prediction modules' weights held as `mtp`
-/// says.
+/// [`transformer_graph`] with the family's [`GraphOptions`].
 ///
 /// # Errors
-/// As [`transformer_graph`].
-pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, mtp_weights: MtpWeights) -> Result<Graph, String> {
+/// As [`transformer_graph`], and query/key norms asked of MLA attention.
+pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, options: GraphOptions) -> Result<Graph, String> {
     validate_hyperparameters(hyper)?;
+    if options.qk_norm && hyper.attention == AttentionKind::Mla {
+        return Err("qk-norm normalises MHA/GQA query and key heads; MLA attention normalises its latents instead".into());
+    }
     if !matches!(request.phase, Phase::Training) {
         return Err("only training graphs are built so far (the inference phases are reserved)".into());
     }
@@ -585,7 +623,7 @@ pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, m
     }
     let stack = hybrid::stack(hyper)?;
     let layers = if request.layers == 0 { hyper.layers } else { request.layers };
-    let d = Dims { b: u64::from(request.micro_batch), t: u64::from(request.seq_len), c: u64::from(hyper.hidden) };
+    let d = Dims { b: u64::from(request.micro_batch), t: u64::from(request.seq_len), c: u64::from(hyper.hidden), qk_norm: options.qk_norm };
     let mut g = GraphBuilder::new();
     let tokens = g.input("tokens", &[d.b, d.t], Dtype::Int32);
     let targets = g.input("targets", &[d.b, d.t], Dtype::Int32);
@@ -635,7 +673,7 @@ pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, m
     for j in 0..mtp {
         let p = format!("mtp.{j}");
         let layer = (layers + j) as i32;
-        if mtp_weights == MtpWeights::Repeated && j > 0 {
+        if options.mtp_weights == MtpWeights::Repeated && j > 0 {
             g.reuse_weights(&format!("{p}."), "mtp.0.");
         }
         let tok = g.input(&format!("{p}.tokens"), &[d.b, d.t], Dtype::Int32);
@@ -690,11 +728,14 @@ pub fn transformer_graph_with(hyper: &Hyperparameters, request: &GraphRequest, m
     g.finish(&loss)
 }
 
-/// Batch dimensions shared by every op of one graph.
+/// Batch dimensions shared by every op of one graph, and the [`GraphOptions`] the layers'
+/// builders read.
 struct Dims {
     b: u64,
     t: u64,
     c: u64,
+    /// [`GraphOptions::qk_norm`].
+    qk_norm: bool,
 }
 
 /// The lm-head weight: the embedding table when tied, else its own (V,C) matrix.
@@ -740,7 +781,8 @@ fn core_attrs(h: &Hyperparameters, i: u32, qk_dim: u32) -> Vec<Attribute> {
     ]
 }
 
-/// MHA/GQA attention: q/k/v projections declared per head, RoPE, core, output projection.
+/// MHA/GQA attention: q/k/v projections declared per head, the optional per-head q/k
+/// norms, RoPE, core, output projection.
 fn attention(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u32, x: &str) -> String {
     let layer = i as i32;
     let (hq, hkv, hd) = (u64::from(h.heads), u64::from(h.kv_heads), u64::from(h.head_dim));
@@ -748,6 +790,12 @@ fn attention(g: &mut GraphBuilder, h: &Hyperparameters, d: &Dims, p: &str, i: u3
     let mut q = g.linear(&format!("{p}.attn.q"), x, hq * hd, &[d.b, d.t, hq, hd], h.bias, layer, col);
     let mut k = g.linear(&format!("{p}.attn.k"), x, hkv * hd, &[d.b, d.t, hkv, hd], h.bias, layer, col);
     let v = g.linear(&format!("{p}.attn.v"), x, hkv * hd, &[d.b, d.t, hkv, hd], h.bias, layer, col);
+    if d.qk_norm {
+        // Hugging Face Qwen3Attention.forward: q_norm(q_proj(x).view(.., head_dim)), the
+        // same for k, then RoPE; v is not normalised.
+        q = g.head_norm(&format!("{p}.attn.q_norm"), &q, h.norm_eps, layer);
+        k = g.head_norm(&format!("{p}.attn.k_norm"), &k, h.norm_eps, layer);
+    }
     if h.position == PositionScheme::Rope {
         q = rotary(g, h, &format!("{p}.attn.q_rope"), &q, h.head_dim, layer);
         k = rotary(g, h, &format!("{p}.attn.k_rope"), &k, h.head_dim, layer);
@@ -1185,13 +1233,47 @@ mod tests {
         r.variant = "b".into();
         let own = graph_for(&info, &r).unwrap();
         assert!(own.tensors.iter().any(|t| t.name == "mtp.1.attn.q.weight"));
-        let shared = graph_for_with(&info, &r, MtpWeights::Repeated).unwrap();
+        let shared = graph_for_with(&info, &r, GraphOptions { mtp_weights: MtpWeights::Repeated, ..GraphOptions::default() }).unwrap();
         assert!(!shared.tensors.iter().any(|t| t.name == "mtp.1.attn.q.weight"));
         assert!(weights(&shared) < weights(&own));
         r.seq_len = 0;
         assert_eq!(graph_for(&info, &r).unwrap_err(), "b: seq-len must be positive");
         r.variant = "zz".into();
         assert_eq!(graph_for(&info, &r).unwrap_err(), "unknown fam variant 'zz'; known variants: a, b");
+    }
+
+    /// `qk_norm` adds, in every layer (MTP modules included), one RMSNorm over the head dim
+    /// of q and one of k: weight (head_dim), head-parallel, the model's eps, between the
+    /// projection and RoPE (v untouched); the weights grow by 2 x head_dim a layer and
+    /// nothing else changes. MLA attention refuses it.
+    #[test]
+    fn qk_norm_normalises_each_query_and_key_head() {
+        let h = Hyperparameters { head_dim: 32, norm_eps: 1e-6, mtp_depth: 1, ..decoder(3, 64, 160, 4, 2, 100) };
+        let on = GraphOptions { qk_norm: true, ..GraphOptions::default() };
+        let plain = transformer_graph(&h, &req(8, 2, 0)).unwrap();
+        let g = transformer_graph_with(&h, &req(8, 2, 0), on).unwrap();
+        let shape = |n: &str| g.tensors.iter().find(|t| t.name == n).map(|t| t.shape.clone());
+        let op = |n: &str| g.operations.iter().find(|o| o.name == n).unwrap_or_else(|| panic!("no op {n}"));
+        let norms: Vec<&Operation> = g.operations.iter().filter(|o| o.name.ends_with("q_norm") || o.name.ends_with("k_norm")).collect();
+        assert_eq!(norms.len(), 2 * 4, "two per layer, three layers and one MTP module");
+        for p in ["layers.0", "layers.2", "mtp.0"] {
+            for (x, heads) in [("q", 4), ("k", 2)] {
+                let n = op(&format!("{p}.attn.{x}_norm"));
+                let w = format!("{p}.attn.{x}_norm.weight");
+                assert_eq!((n.kind, n.role), (OpKind::RmsNorm, ParallelRole::HeadParallel));
+                assert_eq!(n.inputs, [format!("{p}.attn.{x}"), w.clone()]);
+                assert!(matches!(n.attrs.as_slice(), [a] if a.key == "eps" && matches!(a.value, AttrValue::Float(e) if e == 1e-6)));
+                assert_eq!(shape(&w), Some(vec![32]));
+                assert_eq!(shape(&n.outputs[0]), Some(vec![2, 8, heads, 32]));
+                assert_eq!(op(&format!("{p}.attn.{x}_rope")).inputs, [n.outputs[0].clone()]);
+            }
+            assert_eq!(op(&format!("{p}.attn.core")).inputs[2], format!("{p}.attn.v"));
+        }
+        assert_eq!(weights(&g), weights(&plain) + 4 * 2 * 32);
+        assert_eq!((g.operations.len(), g.tensors.len()), (plain.operations.len() + 8, plain.tensors.len() + 16));
+        let mla = MlaConfig { q_lora_rank: 0, kv_lora_rank: 16, qk_nope_head_dim: 16, qk_rope_head_dim: 8, v_head_dim: 16 };
+        let mla = Hyperparameters { attention: AttentionKind::Mla, mla: Some(mla), ..decoder(1, 64, 160, 4, 4, 100) };
+        assert!(transformer_graph_with(&mla, &req(8, 1, 0), on).unwrap_err().contains("MLA"));
     }
 
     /// Requests the builder refuses: an inference phase, and a sequence longer than a

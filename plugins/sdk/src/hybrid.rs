@@ -162,8 +162,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::super::{
-        ActivationKind, AttrValue, Graph, GraphRequest, MoeConfig, MtpWeights, OpKind, Phase, TensorKind, decoder, is_moe_layer,
-        moe, transformer_graph, transformer_graph_with,
+        ActivationKind, AttrValue, Graph, GraphOptions, GraphRequest, MoeConfig, MtpWeights, OpKind, Phase, TensorKind, decoder,
+        is_moe_layer, moe, transformer_graph, transformer_graph_with,
     };
     use super::*;
 
@@ -318,7 +318,7 @@ mod tests {
     fn repeated_mtp_shares_one_module() {
         let h = Hyperparameters { mtp_depth: 2, ..small("MEM*E") };
         let own = transformer_graph(&h, &req(0)).unwrap();
-        let shared = transformer_graph_with(&h, &req(0), MtpWeights::Repeated).unwrap();
+        let shared = transformer_graph_with(&h, &req(0), GraphOptions { mtp_weights: MtpWeights::Repeated, ..GraphOptions::default() }).unwrap();
         let ops = |g: &Graph, p: &str| g.operations.iter().filter(|o| o.name.starts_with(p)).count();
         assert_eq!(ops(&shared, "mtp.1."), ops(&shared, "mtp.0."));
         assert_eq!(ops(&shared, "mtp.1."), ops(&own, "mtp.1."));

@@ -131,6 +131,16 @@ fn gradients_match_finite_differences_llama() {
     grad_check(&toy::llama(&small()), 1);
 }
 
+/// Qwen3's per-head q/k RMSNorms: each gain (D) normalises every head of every token
+/// (rows = B·T·H of a (B,T,H,D) tensor), so its gradient sums over the heads, and the
+/// projections' gradients pass back through the norm and RoPE.
+#[test]
+fn gradients_match_finite_differences_qk_norm() {
+    let g = toy::llama(&ToyConfig { qk_norm: true, ..small() });
+    assert!(g.tensor_id("layers.1.attn.k_norm.weight").is_some());
+    grad_check(&g, 6);
+}
+
 #[test]
 fn gradients_accumulate_through_tied_embeddings_and_mtp() {
     // Tied head + one MTP module: embed.weight collects gradients from two embeddings

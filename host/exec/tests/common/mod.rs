@@ -182,6 +182,21 @@ pub fn rank_inputs(g: &Graph, s: &Graph, data: &Data, r: usize, tp: usize) -> Da
         .collect()
 }
 
+/// Each rank's handles on a tensor-parallel group of `tp` ranks of the tiny toy (two kv
+/// heads): `tp`, and at tp 4 the step's `tp-kv` all-reduce over the ranks sharing a kv
+/// head.
+pub fn tp_groups(tp: usize) -> Vec<Groups> {
+    let mut groups: Vec<Groups> = ThreadGroup::new(tp).into_iter().map(|h| vec![("tp".to_string(), Box::new(h) as Box<dyn Collective>)]).collect();
+    if tp == 4 {
+        for pair in [[0usize, 1], [2, 3]] {
+            for (&r, h) in pair.iter().zip(ThreadGroup::new(2)) {
+                groups[r].push(("tp-kv".to_string(), Box::new(h)));
+            }
+        }
+    }
+    groups
+}
+
 /// One rank of a tp × pp × dp mesh: its coordinates and its handle on each group of more
 /// than one rank it belongs to: `tp` (same stage and dp rank), `pp` (same tp and dp
 /// rank), `pp-embed` (first and last stage), `dp` (same tp rank and stage).
