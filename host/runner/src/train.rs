@@ -595,6 +595,14 @@ fn train_loss_to(run: &RunResult, n: u64) -> f64 {
     if applied.is_empty() { f64::NAN } else { applied.iter().sum::<f64>() / applied.len() as f64 }
 }
 
+/// [`RunResult::final_train_loss`]: the mean loss of the last tenth (at least one) of the
+/// applied steps, in the order applied; NaN when no step was applied (it read 0 from an
+/// empty curve).
+fn final_train_loss(applied: &[f64]) -> f64 {
+    let tail = (applied.len() / 10).max(1);
+    if applied.is_empty() { f64::NAN } else { applied.iter().rev().take(tail).sum::<f64>() / tail as f64 }
+}
+
 /// Transformer layers of the graph trained, as a plan request names them (a policy keeps
 /// the first or last N in BF16 by them): the variant's, or fewer with `--layers`. The
 /// first plan and every replan ask with the same count.
@@ -1048,13 +1056,7 @@ fn train_one<D: Device + Clone>(
             last = format!("{spec}: train loss {loss:.4}");
         }
     }
-    // NaN when no step was applied (it read 0 from an empty curve).
-    let tail = (applied_losses.len() / 10).max(1);
-    let final_train_loss = if applied_losses.is_empty() {
-        f64::NAN
-    } else {
-        applied_losses.iter().rev().take(tail).sum::<f64>() / tail as f64
-    };
+    let final_train_loss = final_train_loss(&applied_losses);
     let final_eval_loss = eval.last().map_or(f64::NAN, |p| p.loss);
     step_seconds.sort_by(f64::total_cmp);
     let median = step_seconds.get(step_seconds.len() / 2).copied().unwrap_or(f64::NAN);
@@ -1389,6 +1391,80 @@ mod tests {
     fn a_refused_plan_names_its_plugin_and_a_replan_its_step() {
         assert_eq!(bad_plan("p.wasm", None, "site a (forward): why").to_string(), "p.wasm: site a (forward): why");
         assert_eq!(bad_plan("p.wasm", Some(7), "site a: why").to_string(), "p.wasm, replanning at step 7: site a: why");
+    }
+
+    /// A tiny run of the real loop (three layers, 8 x 2 tokens a step, 10 steps): a NaN
+    /// at step 1 that fp8-safe skips, then a gradient spike at step 3. Faults fire at the
+    /// applied step, not the iteration (the skip makes them differ); the report counts
+    /// the applied steps and the skips; each point's tokens are its step's; with no
+    /// --eval-every the held-out loss is taken every tenth of the steps. Kills: faults
+    /// keyed on the iteration, `steps` reporting iterations, skips not counted, points'
+    /// tokens off by a step or not scaled, a default evaluation interval of a fifth, the
+    /// effective coverage averaged over the planned steps rather than the iterations, a
+    /// NaN fault injected into the weight-gradient GEMM instead of the forward.
+    #[test]
+    fn a_tiny_run_fires_faults_at_applied_steps_and_records_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("t.txt");
+        std::fs::write(&text, &corpus::KJV[..20_000]).unwrap();
+        let cfg = TrainConfig {
+            steps: 10,
+            seq_len: 8,
+            micro_batch: 2,
+            layers: 3,
+            eval_batches: 1,
+            text: Some(text),
+            injections: vec![Injection::parse("nan@1").unwrap(), Injection::parse("grad-spike@3").unwrap()],
+            ..TrainConfig::new("llama3.wasm", vec!["fp8-safe".into()])
+        };
+        let r = run(&cfg, &|_| {}).unwrap();
+        let run = &r.runs[0];
+        let injected: Vec<u64> = run.decisions.iter().filter(|d| d.action == "inject").map(|d| d.step).collect();
+        assert_eq!(injected, [1, 3], "{:?}", run.decisions);
+        // The NaN is in the forward's input: the skipped iteration's loss is NaN, the
+        // redone step's is not.
+        let at1: Vec<f64> = run.train.iter().filter(|p| p.step == 1).map(|p| p.loss).collect();
+        assert!(at1.len() == 2 && at1[0].is_nan() && at1[1].is_finite(), "{at1:?}");
+        let skips = run.decisions.iter().filter(|d| d.action == "skip-step" && d.applied).count() as u64;
+        assert!(skips >= 1, "{:?}", run.decisions);
+        assert_eq!((run.steps, run.skipped, run.rollbacks, run.iterations), (10, skips, 0, 10 + skips));
+        assert!(run.train.iter().chain(&run.eval).all(|p| p.tokens == p.step * 16), "{:?} {:?}", run.train, run.eval);
+        assert_eq!(run.eval.iter().map(|p| p.step).collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
+        // One FP8 layer of three, which the cap keeps in FP8: the plan never changed, so
+        // the coverage averaged over the iterations (the skipped one too) is the planned.
+        assert!((run.effective_coverage - run.planned_coverage).abs() < 1e-12, "{} vs {}", run.effective_coverage, run.planned_coverage);
+    }
+
+    /// The seed sets the initial weights as well as the batch order (the held-out loss
+    /// before any step differs between seeds: the held-out batches do not depend on it),
+    /// and a run replays: the same seed gives the same curves to the bit. Kills the
+    /// executor's seed left at its default.
+    #[test]
+    fn the_seed_sets_the_initial_weights_and_runs_replay() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("t.txt");
+        std::fs::write(&text, &corpus::KJV[..20_000]).unwrap();
+        let cfg = |seed| TrainConfig { steps: 2, seed, seq_len: 8, micro_batch: 2, layers: 1, eval_batches: 1, text: Some(text.clone()), ..TrainConfig::new("llama3.wasm", vec!["bf16".into()]) };
+        let curves = |seed| {
+            let r = run(&cfg(seed), &|_| {}).unwrap();
+            (r.runs[0].train.clone(), r.runs[0].eval.clone())
+        };
+        let (a, b) = (curves(3), curves(3));
+        assert_eq!(a, b);
+        let c = curves(4);
+        assert_ne!(a.1[0].loss, c.1[0].loss, "the initial weights ignore the seed");
+    }
+
+    /// The final training loss is the mean of the last tenth of the applied steps (at
+    /// least one), NaN with none. Kills: averaging the first tenth (the curve's start, not
+    /// its end), and a tail one longer than a tenth.
+    #[test]
+    fn the_final_training_loss_is_the_mean_of_the_last_tenth_applied() {
+        let losses: Vec<f64> = (1..=25).map(f64::from).collect();
+        assert_eq!(final_train_loss(&losses), 24.5);
+        assert_eq!(final_train_loss(&losses[..5]), 5.0);
+        assert_eq!(final_train_loss(&[3.0]), 3.0);
+        assert!(final_train_loss(&[]).is_nan());
     }
 
     /// The held-out loss is the mean of the forward losses of the first `batches`

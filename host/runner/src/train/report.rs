@@ -369,6 +369,19 @@ mod tests {
         assert_eq!(early.len(), 2, "{early:?}");
     }
 
+    /// The training loss to step n is over the last tenth of the steps before it, at
+    /// least one: before step 5 that is step 4 alone (kills a tail of `n / 10` without
+    /// the floor, which read no step and gave NaN for every gap taken before step 10).
+    #[test]
+    fn the_training_loss_before_a_step_early_on_is_the_last_steps() {
+        use super::super::train_loss_to;
+        let mut r = result("fp8", vec![pt(0, 9.0)], vec![]);
+        r.train = (0..8).map(|i| pt(i, 10.0 + i as f64)).collect();
+        assert_eq!(train_loss_to(&r, 5), 14.0);
+        assert_eq!(train_loss_to(&r, 1), 10.0);
+        assert!(train_loss_to(&r, 0).is_nan());
+    }
+
     fn curve(steps: std::ops::Range<u64>, loss: f64) -> Vec<Point> {
         steps.map(|s| pt(s, loss)).collect()
     }
