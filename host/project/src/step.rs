@@ -832,6 +832,9 @@ impl Costed {
     }
 
     /// [`Costed::new`] with [`Costed::fresh_layers`] of the same model and plan given.
+    ///
+    /// # Errors
+    /// As [`Costed::new`], and `fresh` not one flag per layer of `model`.
     pub fn new_with(
         model: &Model,
         template: &Template,
@@ -850,7 +853,9 @@ impl Costed {
         let d = &model.depth;
         let mut by_rep: Vec<Option<LayerCost>> = vec![None; template.layers.len()];
         let mut layers = Vec::with_capacity(d.len());
-        assert_eq!(fresh.len(), d.len(), "Costed::fresh_layers of another model");
+        if fresh.len() != d.len() {
+            return Err(format!("Costed::fresh_layers of another model: {} layers for {}", fresh.len(), d.len()));
+        }
         for (p, &afresh) in fresh.iter().enumerate() {
             let rep = model.rep(p);
             let names = &d.gemm_names[p];
