@@ -131,6 +131,10 @@ pub struct QuickRun {
     /// Layout search: keep expert parallel at N
     #[arg(long, value_name = "N")]
     pub ep: Option<u32>,
+    /// Layout search: keep expert tensor parallel at N (Megatron's
+    /// expert_tensor_parallel_size; default: try 1 and tp)
+    #[arg(long, value_name = "N")]
+    pub etp: Option<u32>,
     /// Layout search: keep the micro-batch at N sequences
     #[arg(long, value_name = "N")]
     pub mbs: Option<u32>,

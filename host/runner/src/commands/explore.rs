@@ -74,6 +74,7 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
         (&mut run.layout.cp, quick.cp),
         (&mut run.layout.vp, quick.vp),
         (&mut run.layout.ep, quick.ep),
+        (&mut run.layout.etp, quick.etp),
         (&mut run.layout.mbs, quick.mbs),
     ] {
         if v.is_some() {
@@ -501,6 +502,7 @@ mod tests {
             cp: Some(4),
             vp: Some(6),
             ep: Some(7),
+            etp: Some(2),
             mbs: Some(9),
             gbs: Some(128),
             tokens: Some(2e12),
@@ -517,7 +519,7 @@ mod tests {
         run.explore.target_days = None;
         apply_overrides(&mut run, &quick, &global()).unwrap();
         let l = &run.layout;
-        assert_eq!((l.tp, l.pp, l.cp, l.vp, l.ep, l.mbs), (Some(8), Some(5), Some(4), Some(6), Some(7), Some(9)));
+        assert_eq!((l.tp, l.pp, l.cp, l.vp, l.ep, l.etp, l.mbs), (Some(8), Some(5), Some(4), Some(6), Some(7), Some(2), Some(9)));
         assert_eq!((run.model.tokens, run.model.seq_len, run.cluster.gbs), (Some(2e12), Some(8192), Some(128)));
         assert_eq!((run.explore.budget_usd, run.explore.max_usd_per_day_saved), (Some(1e6), Some(42.0)));
         assert_eq!((run.measure.repeats, run.measure.recompute), (5, RecomputePolicy::Full));
