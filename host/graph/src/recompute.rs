@@ -238,18 +238,11 @@ pub fn kept_by(g: &Graph) -> Vec<Kept> {
 pub fn kept_and_layer_bytes(g: &Graph) -> (Vec<Kept>, [BTreeMap<i32, f64>; 3]) {
     let need = input_needs(g);
     let (stored, _) = kept_given(g, RecomputePolicy::None, &need);
-    let by_layer = |stored: &[(TensorId, i32)]| {
-        let mut out = BTreeMap::new();
-        for &(t, layer) in stored {
-            *out.entry(layer).or_insert(0.0) += bytes(g, t);
-        }
-        out
-    };
-    let none = by_layer(&stored);
+    let none = bytes_by_layer(g, &stored);
     // `kept_given` tells the policies apart only for full recompute: selective keeps
     // exactly what none keeps (see `saved_for_backward`).
     let selective = none.clone();
-    let full = by_layer(&kept_given(g, RecomputePolicy::Full, &need).0);
+    let full = bytes_by_layer(g, &kept_given(g, RecomputePolicy::Full, &need).0);
     (kept_by_given(g, &need, stored), [none, selective, full])
 }
 
@@ -282,8 +275,13 @@ pub fn stored_bytes(g: &Graph, policy: RecomputePolicy) -> f64 {
 /// [`stored_bytes`] by layer (of the first op that keeps each tensor; -1: embedding,
 /// head and loss).
 pub fn layer_bytes(g: &Graph, policy: RecomputePolicy) -> BTreeMap<i32, f64> {
+    bytes_by_layer(g, &kept(g, policy).0)
+}
+
+/// The bytes of the tensors `stored` keeps, summed per layer in the list's order.
+fn bytes_by_layer(g: &Graph, stored: &[(TensorId, i32)]) -> BTreeMap<i32, f64> {
     let mut out = BTreeMap::new();
-    for (t, layer) in kept(g, policy).0 {
+    for &(t, layer) in stored {
         *out.entry(layer).or_insert(0.0) += bytes(g, t);
     }
     out

@@ -455,7 +455,7 @@ fn section_as_list(text: &str) -> Option<String> {
 /// A section's keys.
 type Keys = fn() -> Vec<String>;
 
-/// Each section and its keys, for [`hint`].
+/// Each section and its keys, for [`hint`] and [`section_as_list`].
 const SECTIONS: &[(&str, Keys)] = &[
     ("model", keys::<ModelSection>),
     ("cluster", keys::<ClusterSection>),
