@@ -649,9 +649,10 @@ mod tests {
     #[test]
     fn builtin_parses_and_every_gpu_has_sources() {
         let p = Profiles::builtin();
-        for name in ["a100-40gb", "a100-80gb", "h100", "h200", "b200", "gb200", "b300", "gb300"] {
-            let g = p.get(name).unwrap();
-            assert!(!g.sources.is_empty(), "{name} has no source");
+        let names: Vec<&str> = p.gpus.iter().map(|g| g.name.as_str()).collect();
+        assert_eq!(names, ["A100-40GB", "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300"]);
+        for g in &p.gpus {
+            assert!(!g.sources.is_empty(), "{} has no source", g.name);
             assert!(g.sources.iter().all(|s| !s.cite.is_empty() && !s.date.is_empty()));
         }
         assert!(p.get("H100").unwrap().peak_flops(GemmFormat::Nvfp4).unwrap_err().contains("no nvfp4"));
@@ -740,6 +741,22 @@ bf16 = 500.0
         assert!(p.get("gb200-nvl4").unwrap_err().contains("the nearest profile is GB200 ("));
         let e = p.get("h1000").unwrap_err();
         assert!(e.starts_with("unknown GPU 'h1000'; known: a100-40gb,"), "{e}");
+    }
+
+    /// H800 is H100's die with NVLink cut from 450 to 200 GB/s a direction: everything
+    /// else, the efficiencies included, is H100's.
+    #[test]
+    fn h800_is_h100_with_a_narrower_nvlink() {
+        let p = Profiles::builtin();
+        let (h100, h800) = (p.get("h100").unwrap(), p.get("nvidia-h800-80gb").unwrap());
+        assert_eq!((h800.name.as_str(), h800.scale_up_gbs, h100.scale_up_gbs), ("H800", 200.0, 450.0));
+        let rest = |g: &GpuProfile| {
+            (g.memory_gib, g.hbm_gbs, g.gpus_per_node, g.scale_up_domain, g.scale_out_gbs, g.peak_flops(GemmFormat::Bf16), g.peak_flops(GemmFormat::Fp8))
+        };
+        assert_eq!(rest(h800), rest(h100));
+        assert_eq!(h800.efficiency.gemm, h100.efficiency.gemm);
+        assert_eq!(h800.efficiency.scale_out, h100.efficiency.scale_out);
+        assert!(h800.efficiency.fitted.starts_with("H100's"), "{}", h800.efficiency.fitted);
     }
 
     #[test]

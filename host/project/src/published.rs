@@ -23,7 +23,7 @@ use crate::project::Projector;
 use crate::search;
 use runner_graph::pipeline::PipelineSplit;
 
-use crate::step::{LayoutSpec, Optimizer, Projection};
+use crate::step::{LayoutSpec, Optimizer, PipelineKind, Projection};
 use crate::template::{Dispatcher, Kernels};
 
 /// One published run. Absent fields were not stated by the source.
@@ -89,6 +89,10 @@ pub struct Point {
     /// with DeepEP or HybridEP, or `alltoall`); absent: `flex`, what NVIDIA's MoE presets
     /// run.
     pub ep_dispatcher: Option<Dispatcher>,
+    /// The pipeline schedule where the run used another than Megatron's 1F1B
+    /// (`dualpipe`: DeepSeek's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pipeline_schedule: Option<PipelineKind>,
     pub step_time_s: Option<f64>,
     pub tokens_per_sec_per_gpu: Option<f64>,
     pub tokens_per_sec_total: Option<f64>,
@@ -263,6 +267,7 @@ impl Point {
                 fused_grouped_mlp: self.cutedsl_fused_grouped_mlp.unwrap_or(false),
                 dispatcher: self.ep_dispatcher.unwrap_or_default(),
             },
+            pipeline: self.pipeline_schedule.unwrap_or_default(),
         })
     }
 
@@ -737,6 +742,7 @@ mod tests {
             offload_layers: 3,
             optimizer: Optimizer::Muon,
             kernels: Kernels { fused_grouped_mlp: true, dispatcher: Dispatcher::AllToAll },
+            pipeline: PipelineKind::OneFOneB,
         };
         assert_eq!(moe.layout().unwrap(), want);
         let dense = Point {
@@ -772,6 +778,7 @@ mod tests {
             offload_layers: 0,
             optimizer: Optimizer::AdamW,
             kernels: Kernels::default(),
+            pipeline: PipelineKind::OneFOneB,
         };
         assert_eq!(dense.layout().unwrap(), want);
         // FSDP alone is a parallel layout (its group over the 16 GPUs); nothing is none.

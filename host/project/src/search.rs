@@ -34,7 +34,7 @@ use runner_graph::recompute::RecomputePolicy;
 use runner_graph::shard;
 
 use crate::project::Projector;
-use crate::step::{Costed, Optimizer, Projection, Reject, Schedule};
+use crate::step::{Costed, Optimizer, PipelineKind, Projection, Reject, Schedule};
 use crate::template::{Kernels, ShardKey};
 
 /// Degrees and choices the caller fixes; `None` lets the search choose.
@@ -68,6 +68,9 @@ pub struct Space {
     pub optimizer: Optimizer,
     /// The kernel choices every layout runs with.
     pub kernels: Kernels,
+    /// The pipeline schedule every layout runs (Megatron's 1F1B by default).
+    #[serde(skip_serializing_if = "PipelineKind::is_1f1b")]
+    pub pipeline: PipelineKind,
 }
 
 /// Why a family of layouts did not win.
@@ -337,6 +340,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                         split,
                         offload_layers: space.offload_layers.unwrap_or(0),
                         optimizer: space.optimizer,
+                        pipeline: space.pipeline,
                     };
                     let choose = Choose { recompute: space.recompute.is_none(), offload: space.offload_layers.is_none() };
                     let r = fitting(costed, sched, layers, choose, &mut evaluated);

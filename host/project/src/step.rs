@@ -34,6 +34,9 @@
 //!   with FSDP), cast weight copies of low-precision GEMMs, and activations of the
 //!   micro-batches in flight (1F1B: pp−s on stage s; interleaved: Megatron's warm-up
 //!   count of chunks), plus allocator slack; the stage needing most decides.
+//! - DeepSeek's DualPipe ([`PipelineKind::DualPipe`]) instead: each pipeline rank runs
+//!   two mirrored stages, half the micro-batches each, with the bubble, activations in
+//!   flight and overlaps of its reference implementation.
 
 use serde::{Deserialize, Serialize};
 
@@ -89,6 +92,61 @@ impl TryFrom<String> for Optimizer {
     }
 }
 
+/// The pipeline schedule the micro-batches run in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum PipelineKind {
+    /// Megatron's one-forward-one-backward (interleaved with a virtual pipeline).
+    #[default]
+    OneFOneB,
+    /// DeepSeek's DualPipe (DeepSeek-V3 Technical Report, arXiv:2412.19437, section
+    /// 3.2.1; github:deepseek-ai/DualPipe): micro-batches fed from both ends, so pipeline
+    /// rank r holds stage r for one direction and stage pp-1-r for the other (two stages'
+    /// weights and gradients), and each forward chunk runs beside another micro-batch's
+    /// backward chunk with their all-to-all and pipeline sends hidden behind each other's
+    /// compute. Its bubble is (pp/2 - 1)(F&B + B - 3W) where 1F1B's is (pp - 1)(F + B),
+    /// and each rank keeps pp + 1 micro-batches' activations. It needs an even pp, no
+    /// virtual pipeline, and an even number of micro-batches, at least 2·pp (the
+    /// reference implementation's assertions, `dualpipe/dualpipe.py` at bb214e8).
+    DualPipe,
+}
+
+impl PipelineKind {
+    pub fn parse(s: &str) -> Result<PipelineKind, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "1f1b" | "interleaved" => Ok(PipelineKind::OneFOneB),
+            "dualpipe" => Ok(PipelineKind::DualPipe),
+            _ => Err(format!("unknown pipeline schedule '{s}': use 1f1b (Megatron's, interleaved with --vp) or dualpipe (DeepSeek's)")),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PipelineKind::OneFOneB => "1f1b",
+            PipelineKind::DualPipe => "dualpipe",
+        }
+    }
+
+    /// Megatron's schedule: what a layout's JSON leaves out.
+    pub fn is_1f1b(&self) -> bool {
+        *self == PipelineKind::OneFOneB
+    }
+}
+
+impl TryFrom<String> for PipelineKind {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<PipelineKind, String> {
+        PipelineKind::parse(&name)
+    }
+}
+
+impl From<PipelineKind> for String {
+    fn from(k: PipelineKind) -> String {
+        k.name().to_string()
+    }
+}
+
 /// What a layout decides beyond the shapes of a rank's layers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 pub struct Schedule {
@@ -125,6 +183,9 @@ pub struct Schedule {
     pub optimizer: Optimizer,
     /// The kernels its ops are timed with.
     pub kernels: Kernels,
+    /// The pipeline schedule (Megatron's 1F1B unless a layout asks for DualPipe).
+    #[serde(skip_serializing_if = "PipelineKind::is_1f1b")]
+    pub pipeline: PipelineKind,
 }
 
 /// A complete layout: the sharding and the schedule.
@@ -166,6 +227,9 @@ pub struct LayoutSpec {
     /// (`fused_grouped_mlp`, `dispatcher`).
     #[serde(flatten)]
     pub kernels: Kernels,
+    /// The pipeline schedule; absent (Megatron's 1F1B) unless DualPipe.
+    #[serde(default, skip_serializing_if = "PipelineKind::is_1f1b")]
+    pub pipeline: PipelineKind,
 }
 
 impl LayoutSpec {
@@ -194,6 +258,7 @@ impl LayoutSpec {
             offload_layers: s.offload_layers,
             optimizer: s.optimizer,
             kernels: s.kernels,
+            pipeline: s.pipeline,
         }
     }
 
@@ -220,6 +285,7 @@ impl LayoutSpec {
             offload_layers: self.offload_layers,
             optimizer: self.optimizer,
             kernels: self.kernels,
+            pipeline: self.pipeline,
         }
     }
 
@@ -275,6 +341,9 @@ impl LayoutSpec {
         }
         if self.kernels.fused_grouped_mlp {
             s += " FUSED-MLP";
+        }
+        if self.pipeline == PipelineKind::DualPipe {
+            s += " DualPipe";
         }
         if self.ep > 1 && self.kernels.dispatcher == Dispatcher::AllToAll {
             s += " A2A-DISPATCH";
@@ -655,6 +724,36 @@ struct Stage {
     layers: usize,
 }
 
+impl Stage {
+    /// A DualPipe rank holding stage `self` and stage `other`, each for half the
+    /// micro-batches: times, breakdown and per-micro-batch activations averaged, weights
+    /// summed.
+    fn mirrored(&self, other: &Stage) -> Stage {
+        let mean = |a: f64, b: f64| (a + b) / 2.0;
+        let (p, q) = (&self.params, &other.params);
+        Stage {
+            t: mean(self.t, other.t),
+            acts: mean(self.acts, other.acts),
+            params: StageParams {
+                dense: p.dense + q.dense,
+                expert: p.expert + q.expert,
+                frozen: p.frozen + q.frozen,
+                low: p.low + q.low,
+                low_trained: [p.low_trained[0] + q.low_trained[0], p.low_trained[1] + q.low_trained[1]],
+                ns_dense: p.ns_dense + q.ns_dense,
+                ns_expert: p.ns_expert + q.ns_expert,
+                side: p.side + q.side,
+            },
+            comp: std::array::from_fn(|i| mean(self.comp[i], other.comp[i])),
+            offload: self.offload.max(other.offload),
+            host: mean(self.host, other.host),
+            fwd: mean(self.fwd, other.fwd),
+            bwd: mean(self.bwd, other.bwd),
+            layers: self.layers + other.layers,
+        }
+    }
+}
+
 /// One layer's figures as [`Costed::evaluate`] adds them up, in the layout the `ROW_*`
 /// offsets name: compute, GEMMs, attention, weight casts, dense, expert, frozen and
 /// low-precision weight elements, Newton-Schulz FLOPs dense and expert, forward, backward,
@@ -976,11 +1075,32 @@ impl Costed {
                 "the interleaved schedule needs the {m} micro-batches to be a multiple of pp = {pp}"
             )));
         }
+        let dual = s.pipeline == PipelineKind::DualPipe;
+        if dual {
+            if pp < 2 || !pp.is_multiple_of(2) || vp > 1 {
+                return Err(Reject::Divisibility(format!(
+                    "DualPipe needs an even pp (each rank holds stage r and stage pp-1-r) and no virtual pipeline: pp = {pp}, vp = {vp}"
+                )));
+            }
+            if !m.is_multiple_of(2) || (m as usize) < 2 * pp {
+                return Err(Reject::Divisibility(format!(
+                    "DualPipe needs an even number of micro-batches, at least 2·pp = {}: GBS/(MBS·DP) = {m}",
+                    2 * pp
+                )));
+            }
+            if s.fsdp {
+                return Err(Reject::Unsupported(
+                    "DualPipe under FSDP is not modelled (DeepSeek-V3 ran it under ZeRO-1, the distributed optimizer): leave out --fsdp".into(),
+                ));
+            }
+        }
         // Megatron overlaps the expert all-to-all with another micro-batch's compute only
         // in its combined 1F1B schedule, which needs a virtual pipeline when pp > 1 and
         // no full recompute (TransformerConfig asserts both), and a second micro-batch to
         // overlap with; elsewhere the all-to-all is exposed, and the layout says so.
-        let overlap_runs = (pp == 1 || vp > 1) && s.recompute != RecomputePolicy::Full && m > 1;
+        // DualPipe runs each forward chunk beside another micro-batch's backward chunk, the
+        // same pairing.
+        let overlap_runs = (pp == 1 || vp > 1 || dual) && s.recompute != RecomputePolicy::Full && m > 1;
         // TP communication overlap runs on Transformer Engine's userbuffers, which map the
         // tensor-parallel ranks' buffers into each other's memory through CUDA IPC or, on
         // multi-node NVLink, fabric handles: one NVLink domain per TP group
@@ -1092,19 +1212,37 @@ impl Costed {
                 }
             }
         }
+        // DualPipe: pipeline rank r runs stage r for the half of the micro-batches fed from
+        // the first rank and stage pp-1-r for the half fed from the last, and holds both
+        // stages' weights; from here on `stages` are the ranks.
+        if dual {
+            stages = (0..pp).map(|r| stages[r].mirrored(&stages[pp - 1 - r])).collect();
+        }
         let pol = base;
         let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
         let t_max = stages[crit].t;
         let t_mean = stages.iter().map(|x| x.t).sum::<f64>() / pp as f64;
         let mf = f64::from(m);
-        let bubble = (pp as f64 - 1.0) / vp as f64 * t_mean;
+        let bubble = if dual {
+            // (pp/2 - 1)(F&B + B - 3W): F&B a forward and a backward chunk run together (a
+            // rank's time per micro-batch), B a whole backward, W its weight-gradient part,
+            // taken as half of it (the weight-gradient GEMMs are as many FLOPs as the
+            // input-gradient ones; attention has none, so this errs toward a smaller bubble).
+            let b_mean = stages.iter().map(|x| x.bwd).sum::<f64>() / pp as f64;
+            (pp as f64 / 2.0 - 1.0) * (t_mean - 0.5 * b_mean).max(0.0)
+        } else {
+            (pp as f64 - 1.0) / vp as f64 * t_mean
+        };
         let fabric = &self.rates.fabric;
         // Pipeline sends: 2 per chunk per micro-batch (activation forward, gradient back).
         let ppg = Placement { size: 2, stride: saturate(stage_gpus) };
         let (pp_total, pp_exposed) = if pp > 1 {
             let msg = fabric.time(OpKind::Send, self.stage_message_bytes, ppg);
             let sends = mf * 2.0 * vp as f64 * msg;
-            (sends, sends * (1.0 - self.rates.pp_overlap) + 2.0 * (pp as f64 - 1.0) * msg)
+            // DualPipe sends a chunk's output while the paired chunk computes: only the fill
+            // and the drain wait for theirs.
+            let hidden = if dual { 1.0 } else { self.rates.pp_overlap };
+            (sends, sends * (1.0 - hidden) + 2.0 * (pp as f64 - 1.0) * msg)
         } else {
             (0.0, 0.0)
         };
@@ -1261,7 +1399,10 @@ impl Costed {
         // orthogonalises their momentum (Newton-Schulz in BF16 GEMMs,
         // `muon_fp32_matmul_prec = "medium"`); the embedding and the output layer take
         // AdamW's 28 B.
-        let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer || muon { n / f64::from(g.max(1)) } else { n };
+        // Under DualPipe each stage's weights sit on two ranks of every data-parallel
+        // replica, so a sharded optimizer spreads them over twice the holders.
+        let holders = if dual { 2.0 } else { 1.0 };
+        let shard = |n: f64, g: u32| if s.fsdp || s.distributed_optimizer || muon { n / f64::from(g.max(1)) / holders } else { n };
         let local = shard(dense, dp * key.cp) + shard(expert, edp);
         let optimizer = if muon {
             let ns = shard(ns_dense, dp * key.cp) + shard(ns_expert, edp);
@@ -1332,9 +1473,9 @@ impl Costed {
         let extra_warmup = s.ep_overlap && key.ep > 1;
         // Offloaded activations wait in host memory for their backward, for every
         // micro-batch in flight, as they would have on the GPU.
-        let host_gib = (0..pp)
-            .map(|st| self.in_flight(st, pp, vp, m, extra_warmup) * stages[st].host * (1.0 + self.slack) / GIB)
-            .fold(0.0, f64::max);
+        // DualPipe keeps pp + 1 chunks' activations on every rank.
+        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, pp, vp, m, extra_warmup) };
+        let host_gib = (0..pp).map(|st| in_flight(st) * stages[st].host * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
             let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
@@ -1350,7 +1491,7 @@ impl Costed {
                 // momentum, 8 B, for AdamW's 12, which the embedding and the output layer
                 // keep.
                 let o = if muon { 8.0 * ((d - side) / n_dense + e / n_exp) + 12.0 * side / n_dense } else { 12.0 * (d / n_dense + e / n_exp) };
-                (2.0 * (d + e + f), gb * (d + e), o)
+                (2.0 * (d + e + f), gb * (d + e), o / holders)
             } else {
                 (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
             };
@@ -1367,10 +1508,14 @@ impl Costed {
             } else {
                 w + cast * lw
             };
-            let a = self.in_flight(st, pp, vp, m, extra_warmup) * stages[st].acts
+            // The embedding's activations for every micro-batch in flight through the first
+            // stage, the head's for one; under DualPipe both end ranks hold both ends, each
+            // for half the micro-batches.
+            let (first, last) = if dual { (st == 0 || st == pp - 1, st == 0 || st == pp - 1) } else { (st == 0, st == pp - 1) };
+            let a = in_flight(st) * stages[st].acts
                 + stages[st].offload
-                + if st == 0 { self.in_flight(0, pp, vp, m, extra_warmup) * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
-                + if st == pp - 1 { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
+                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
+                + if last { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
             let a = a * (1.0 + self.slack);
             let total = (w + g + o + a) / GIB + self.reserved;
             if total > worst.total {

@@ -13,7 +13,7 @@ use runner_project::model::{GraphSource, Model};
 use runner_project::precision::{Plan, Recipe};
 use runner_project::profile::{GIB, GpuProfile, Profiles};
 use runner_project::project::Projector;
-use runner_project::step::{LayoutSpec, Projection};
+use runner_project::step::{LayoutSpec, PipelineKind, Projection};
 
 use common::layout;
 
@@ -169,6 +169,59 @@ fn the_bubble_is_the_mean_stage_over_the_virtual_chunks() {
     let p = pr.project(&plain(4, 1, 1, 4)).unwrap();
     close(p.breakdown.bubble, 3.0 * (4.0 * l + h) / 4.0, "bubble at pp 4");
     close(p.breakdown.compute, m * (l + h), "compute at pp 4");
+}
+
+/// DualPipe (DeepSeek-V3 Technical Report, arXiv:2412.19437, §3.2.1, Table 2; the table
+/// of github:deepseek-ai/DualPipe's README): pipeline rank r runs stage r for half the
+/// micro-batches and stage p − 1 − r for the other half, so with one layer a stage and
+/// the head on the last, ranks 0 and 3 take (L + (L + H))/2 per micro-batch and the step's
+/// compute is m(L + H/2) where 1F1B's is m(L + H). The bubble is (p/2 − 1)(F&B + B − 3W):
+/// F&B a rank's micro-batch time (its mean over the ranks is 1F1B's mean stage, S =
+/// (4L + H)/4), B the backward, two thirds of it, W half the backward: (2 − 1)(S − S/3).
+/// Only the fill's and the drain's sends wait. Ranks 0 and 3 hold two layers, the
+/// embedding and the head: weights and gradients of both stages, and, without the
+/// distributed optimizer, the state of both; with it, each stage's state is spread over
+/// the 2·dp ranks that hold the stage.
+#[test]
+fn dualpipe_pairs_mirrored_stages_and_shrinks_the_bubble() {
+    let mut pr = toy(4, 1e12);
+    let (l, h, m) = (layer_s(), head_s(), 8.0);
+    let dual = |mut x: LayoutSpec| {
+        x.pipeline = PipelineKind::DualPipe;
+        x
+    };
+    let one = pr.project(&plain(4, 1, 1, 8)).unwrap();
+    close(one.breakdown.compute, m * (l + h), "1F1B compute");
+    let p = pr.project(&dual(plain(4, 1, 1, 8))).unwrap();
+    assert!(p.layout.short().contains(" DualPipe"), "{}", p.layout.short());
+    close(p.breakdown.compute, m * (l + h / 2.0), "DualPipe compute: the mirrored stages' mean");
+    let s = (4.0 * l + h) / 4.0;
+    close(p.breakdown.bubble, (4.0 / 2.0 - 1.0) * (s - s / 3.0), "DualPipe bubble");
+    let msg = ALPHA + (2 * T * C) as f64 / LINK;
+    close(p.comm.pp, m * 2.0 * msg, "DualPipe: all sends");
+    close(p.breakdown.pp, 2.0 * 3.0 * msg, "DualPipe: the fill's and the drain's sends");
+    let n = params(2);
+    close(p.memory.weights * GIB, 2.0 * n, "weights of both stages");
+    close(p.memory.gradients * GIB, 2.0 * n, "gradients of both stages");
+    close(p.memory.optimizer * GIB, 12.0 * n, "optimizer state of both stages");
+    let mut l2 = dual(plain(4, 1, 2, 16));
+    l2.distributed_optimizer = true;
+    let p = pr.project(&l2).unwrap();
+    close(p.memory.optimizer * GIB, 12.0 * n / 2.0 / 2.0, "distributed optimizer: over dp 2 and the two holders");
+    // Two stages: pp/2 − 1 = 0, no bubble at all.
+    let p = pr.project(&dual(plain(2, 1, 1, 4))).unwrap();
+    assert_eq!(p.breakdown.bubble, 0.0);
+    // What the reference implementation asserts, and no FSDP.
+    let mut refused = |x: LayoutSpec| pr.project(&x).unwrap_err();
+    assert!(refused(dual(plain(4, 1, 1, 6))).contains("at least 2·pp = 8: GBS/(MBS·DP) = 6"));
+    assert!(refused(dual(plain(2, 1, 1, 5))).contains("an even number of micro-batches"));
+    assert!(refused(dual(plain(1, 1, 1, 4))).contains("DualPipe needs an even pp"));
+    assert!(refused(dual(plain(2, 2, 1, 8))).contains("no virtual pipeline: pp = 2, vp = 2"));
+    let mut f = dual(plain(2, 1, 2, 8));
+    f.fsdp = true;
+    assert!(refused(f).contains("leave out --fsdp"));
+    assert_eq!(PipelineKind::parse("DualPipe"), Ok(PipelineKind::DualPipe));
+    assert!(PipelineKind::parse("gpipe").unwrap_err().contains("use 1f1b"));
 }
 
 /// Pipeline sends: the residual stream of one micro-batch (T x C BF16) goes forward and

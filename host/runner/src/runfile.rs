@@ -142,6 +142,7 @@ impl LayoutSection {
                 fused_grouped_mlp: self.fused_grouped_mlp.unwrap_or(false),
                 dispatcher: self.dispatcher.unwrap_or_default(),
             },
+            pipeline: runner_project::step::PipelineKind::default(),
         }
     }
 

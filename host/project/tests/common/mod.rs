@@ -61,6 +61,12 @@ pub fn calibration() -> Vec<runner_project::published::Point> {
     runner_project::published::parse(&text, "data/calibration.toml").unwrap()
 }
 
+/// The published runs of other frameworks than Megatron and NeMo, never fitted.
+pub fn other_frameworks() -> Vec<runner_project::published::Point> {
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/data/other-frameworks.toml")).unwrap();
+    runner_project::published::parse(&text, "data/other-frameworks.toml").unwrap()
+}
+
 /// The published runs but the hybrid Mamba models' (Nemotron-H, Nemotron 3), which the
 /// shipped fit keeps out of sample.
 pub fn calibration_without_hybrids() -> Vec<runner_project::published::Point> {
@@ -103,5 +109,6 @@ pub fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -
         offload_layers: 0,
         optimizer: Default::default(),
         kernels: Default::default(),
+        pipeline: Default::default(),
     }
 }

@@ -26,7 +26,7 @@ use runner_project::profile::{Efficiency, GpuProfile};
 use runner_project::project::Projector;
 use runner_project::published::{self, Validation};
 use runner_project::search::{self, Found, Space, Verdict};
-use runner_project::step::{GroupName, LayoutSpec, Link, Optimizer, Projection};
+use runner_project::step::{GroupName, LayoutSpec, Link, Optimizer, PipelineKind, Projection};
 use runner_project::template::{Dispatcher, Kernels};
 
 use super::{emit, emit_page, progress_line};
@@ -97,6 +97,12 @@ pub struct LayoutFlags {
     /// the one the workload plugin names, where the projection models it, else adamw
     #[arg(long, value_parser = Optimizer::parse)]
     pub optimizer: Option<Optimizer>,
+    /// The pipeline schedule: 1f1b (Megatron's; interleaved with --vp) or dualpipe
+    /// (DeepSeek's bidirectional schedule, DeepSeek-V3's: an even pp, no --vp, each rank
+    /// holding two stages' weights, the all-to-all and pipeline sends hidden behind the
+    /// paired chunk's compute); default 1f1b
+    #[arg(long, value_parser = PipelineKind::parse)]
+    pub pipeline_schedule: Option<PipelineKind>,
     /// Run the routed experts' MLP as fused grouped GEMMs with the activation in their
     /// epilogue (Megatron-Bridge's cutedsl_fused_grouped_mlp, NVIDIA's 26.06 MoE presets);
     /// without it, Megatron's default GroupedLinear path
@@ -184,7 +190,7 @@ pub struct Target {
     /// Model variant, as `runner models` lists it (e.g. llama3.1-70b)
     #[arg(long)]
     pub model: String,
-    /// GPU type: a100-40gb, a100-80gb, h100, h200, b200, gb200, b300, gb300 (or one a --profile file adds)
+    /// GPU type: a100-40gb, a100-80gb, h100, h200, h800, b200, gb200, b300, gb300 (or one a --profile file adds)
     #[arg(long, default_value = "h100")]
     pub gpu: String,
     /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
@@ -469,6 +475,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             offload_layers: flags.offload_layers.unwrap_or(0),
             optimizer: flags.optimizer.unwrap_or_default(),
             kernels: flags.kernels(),
+            pipeline: flags.pipeline_schedule.unwrap_or_default(),
         };
         Some(layout)
     });
@@ -730,6 +737,7 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         offload_layers: f.offload_layers,
         optimizer: f.optimizer.unwrap_or_default(),
         kernels: f.kernels(),
+        pipeline: f.pipeline_schedule.unwrap_or_default(),
     }
 }
 
