@@ -212,6 +212,11 @@ pub struct Point {
     /// Tokens trained (applied steps x tokens per step).
     pub tokens: u64,
     pub loss: f64,
+    /// A training point's learning rate: the schedule's at its applied step, the one the
+    /// update took (a skipped or rolled-back iteration's, the one it would have taken; JSON
+    /// `learning_rate`). Absent on held-out points.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub learning_rate: Option<f64>,
 }
 
 /// One policy's run.
@@ -747,6 +752,53 @@ const REJECTED_IN_A_ROW: u64 = 10;
 /// fresh batches, so a transient fault does not bring the run back a third time.
 const ROLLBACKS_TO_ONE_CHECKPOINT: usize = 3;
 
+/// Steps rejected in a row after one more step: one more when it was skipped or rolled
+/// back (`rejected`), else none.
+fn rejected_after(in_a_row: u64, rejected: bool) -> u64 {
+    if rejected { in_a_row + 1 } else { 0 }
+}
+
+/// A rollback of `back` steps that skips `skip` batches, asked at applied step `applied`
+/// with batch `cursor` next: the checkpoint it returns to, as an index into `kept` (the
+/// kept checkpoints' steps, oldest first), the newest at least `back - 1` steps old (none
+/// where every one is newer); and the batch read next, `skip` past the cursor.
+fn rollback_to(kept: &[u64], applied: u64, back: u32, skip: u32, cursor: u64) -> (Option<usize>, u64) {
+    let target = applied.saturating_sub(u64::from(back).saturating_sub(1));
+    (kept.iter().rposition(|&s| s <= target), cursor + u64::from(skip))
+}
+
+/// Clean steps in a row after an applied step: one more when the policy only alerted (or
+/// said nothing) and the loss was finite, else none.
+fn clean_after(clean_since: u64, actions: &[pp::Action], loss_finite: bool) -> u64 {
+    let quiet = actions.iter().all(|a| matches!(a, pp::Action::Alert(_)));
+    if quiet && loss_finite { clean_since + 1 } else { 0 }
+}
+
+/// Whether a checkpoint is taken after applied step `applied`: asked for
+/// (`checkpoint-now`) or on the `every`-step interval, and known-good: after
+/// `clean_since` clean steps, at least a fifth of the interval (at least one; the steps
+/// applied, where fewer).
+fn checkpoint_due(asked: bool, applied: u64, every: u64, clean_since: u64) -> bool {
+    (asked || applied.is_multiple_of(every.max(1))) && clean_since >= (every / 5).max(1).min(applied)
+}
+
+/// `--clip-grad`: the factor the gradients are scaled by before the update, from their
+/// sum of squares `sum_sq`: `clip` over the global norm where clipping is on (`clip` > 0)
+/// and the norm exceeds it; `None` (left alone) otherwise.
+fn clip_factor(sum_sq: f64, clip: f64) -> Option<f32> {
+    let norm = sum_sq.sqrt();
+    (clip > 0.0 && norm > clip).then(|| (clip / norm) as f32)
+}
+
+/// `bad-batch`: a batch's tokens and targets replaced by tokens drawn uniformly from
+/// `vocab` with SplitMix64 from `seed`.
+fn corrupt(tokens: &mut [u32], targets: &mut [u32], seed: u64, vocab: u64) {
+    let mut rng = Rng(seed);
+    for t in tokens.iter_mut().chain(targets.iter_mut()) {
+        *t = (rng.next() % vocab) as u32;
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn train_one<D: Device + Clone>(
     cfg: &TrainConfig,
@@ -827,7 +879,7 @@ fn train_one<D: Device + Clone>(
     let mut rolled_back_to: Vec<u64> = Vec::new();
     let started = Instant::now();
     let mut step_seconds = Vec::new();
-    eval.push(Point { step: 0, tokens: 0, loss: evaluate(&mut ex, data, cfg.eval_batches)? });
+    eval.push(Point { step: 0, tokens: 0, loss: evaluate(&mut ex, data, cfg.eval_batches)?, learning_rate: None });
     let mut last = format!("{spec}: held-out loss {:.4}", eval[0].loss);
 
     while applied < cfg.steps {
@@ -884,11 +936,8 @@ fn train_one<D: Device + Clone>(
         let (mut tokens, mut targets) = data.batch(cursor);
         cursor += 1;
         if bad_batch {
-            let mut rng = Rng(cfg.seed ^ cursor);
             let vocab = graph.tensor_id("embed.weight").map_or(256, |id| graph.tensors[id].shape[0]);
-            for t in tokens.iter_mut().chain(targets.iter_mut()) {
-                *t = (rng.next() % vocab) as u32;
-            }
+            corrupt(&mut tokens, &mut targets, cfg.seed ^ cursor, vocab);
         }
         let loss = ex.forward(&[("tokens", Input::U32(&tokens)), ("targets", Input::U32(&targets))])?;
         ex.backward()?;
@@ -975,30 +1024,26 @@ fn train_one<D: Device + Clone>(
         if outcome.changed || outcome.replan {
             set(&mut ex, &plans)?;
         }
-        train.push(Point { step: applied, tokens: applied * tokens_per_step, loss: f64::from(loss) });
+        train.push(Point { step: applied, tokens: applied * tokens_per_step, loss: f64::from(loss), learning_rate: Some(lr) });
         iteration += 1;
         if let Some(m) = outcome.abort {
             aborted = Some(m);
             break;
         }
-        if outcome.rollback.is_some() || outcome.skip {
-            rejected_in_a_row += 1;
-            if rejected_in_a_row >= REJECTED_IN_A_ROW {
-                aborted = Some(format!(
-                    "diverged: {rejected_in_a_row} steps in a row were skipped or rolled back (the last: loss {loss}, gradients {}); \
-                     lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
-                    if grads_finite { "finite" } else { "not finite" }
-                ));
-                break;
-            }
-        } else {
-            rejected_in_a_row = 0;
+        rejected_in_a_row = rejected_after(rejected_in_a_row, outcome.rollback.is_some() || outcome.skip);
+        if rejected_in_a_row >= REJECTED_IN_A_ROW {
+            aborted = Some(format!(
+                "diverged: {rejected_in_a_row} steps in a row were skipped or rolled back (the last: loss {loss}, gradients {}); \
+                 lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
+                if grads_finite { "finite" } else { "not finite" }
+            ));
+            break;
         }
         if let Some((back, skip)) = outcome.rollback {
             rollbacks += 1;
-            let target = applied.saturating_sub(u64::from(back).saturating_sub(1));
-            let ck = checkpoints.iter().rev().find(|c| c.step <= target);
-            match ck {
+            let kept: Vec<u64> = checkpoints.iter().map(|c| c.step).collect();
+            let (ck, next) = rollback_to(&kept, applied, back, skip, cursor);
+            match ck.map(|i| &checkpoints[i]) {
                 Some(c) => {
                     rolled_back_to.push(c.step);
                     let times = rolled_back_to.iter().filter(|&&s| s == c.step).count();
@@ -1023,7 +1068,7 @@ fn train_one<D: Device + Clone>(
                     }
                 }
             }
-            cursor += u64::from(skip);
+            cursor = next;
             clean_since = 0;
             continue;
         }
@@ -1032,17 +1077,16 @@ fn train_one<D: Device + Clone>(
             clean_since = 0;
             continue;
         }
-        if cfg.clip_grad > 0.0 && total.sqrt() > cfg.clip_grad {
-            ex.scale_grads((cfg.clip_grad / total.sqrt()) as f32)?;
+        if let Some(f) = clip_factor(total, cfg.clip_grad) {
+            ex.scale_grads(f)?;
         }
         ex.optimizer_step(&adamw(lr, weight_decay(cfg.weight_decay, &variant.defaults)))?;
         applied += 1;
         applied_losses.push(f64::from(loss));
         step_seconds.push(t0.elapsed().as_secs_f64());
-        let quiet = response.actions.iter().all(|a| matches!(a, pp::Action::Alert(_)));
-        clean_since = if quiet && loss.is_finite() { clean_since + 1 } else { 0 };
+        clean_since = clean_after(clean_since, &response.actions, loss.is_finite());
         // A checkpoint is known-good when it follows a stretch of clean steps.
-        if (outcome.checkpoint || applied % cfg.checkpoint_every.max(1) == 0) && clean_since >= (cfg.checkpoint_every / 5).max(1).min(applied) {
+        if checkpoint_due(outcome.checkpoint, applied, cfg.checkpoint_every, clean_since) {
             checkpoints.push(Checkpoint { step: applied, snapshot: ex.snapshot()? });
             if checkpoints.len() > KEEP {
                 checkpoints.remove(0);
@@ -1050,7 +1094,7 @@ fn train_one<D: Device + Clone>(
         }
         if applied % eval_every == 0 || applied == cfg.steps {
             let l = evaluate(&mut ex, data, cfg.eval_batches)?;
-            eval.push(Point { step: applied, tokens: applied * tokens_per_step, loss: l });
+            eval.push(Point { step: applied, tokens: applied * tokens_per_step, loss: l, learning_rate: None });
             last = format!("{spec}: train loss {loss:.4} held-out {l:.4}");
         } else {
             last = format!("{spec}: train loss {loss:.4}");
@@ -1401,7 +1445,9 @@ mod tests {
     /// keyed on the iteration, `steps` reporting iterations, skips not counted, points'
     /// tokens off by a step or not scaled, a default evaluation interval of a fifth, the
     /// effective coverage averaged over the planned steps rather than the iterations, a
-    /// NaN fault injected into the weight-gradient GEMM instead of the forward.
+    /// NaN fault injected into the weight-gradient GEMM instead of the forward; each
+    /// training point's learning rate is the schedule's at its applied step (kills the
+    /// schedule read at the iteration, which the skip puts one ahead, or not at all).
     #[test]
     fn a_tiny_run_fires_faults_at_applied_steps_and_records_them() {
         let dir = tempfile::tempdir().unwrap();
@@ -1430,6 +1476,14 @@ mod tests {
         assert_eq!((run.steps, run.skipped, run.rollbacks, run.iterations), (10, skips, 0, 10 + skips));
         assert!(run.train.iter().chain(&run.eval).all(|p| p.tokens == p.step * 16), "{:?} {:?}", run.train, run.eval);
         assert_eq!(run.eval.iter().map(|p| p.step).collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
+        // Ten steps warm up in one: step 0 takes the peak, then the cosine decays.
+        let peak = run.train[0].learning_rate.unwrap();
+        assert!(peak > 0.0 && run.eval.iter().all(|p| p.learning_rate.is_none()));
+        for p in &run.train {
+            let want = lr_at(peak, p.step, 10);
+            assert!((p.learning_rate.unwrap() - want).abs() <= 1e-12 * peak, "step {}: {:?} vs {want}", p.step, p.learning_rate);
+        }
+        assert!(run.train.last().unwrap().learning_rate.unwrap() < 0.2 * peak, "{:?}", run.train);
         // One FP8 layer of three, which the cap keeps in FP8: the plan never changed, so
         // the coverage averaged over the iterations (the skipped one too) is the planned.
         assert!((run.effective_coverage - run.planned_coverage).abs() < 1e-12, "{} vs {}", run.effective_coverage, run.planned_coverage);
@@ -1485,5 +1539,152 @@ mod tests {
         ex.discard_precision_step();
         let got = evaluate(&mut ex, &d, 3).unwrap();
         assert!((got - want / 3.0).abs() < 1e-6, "{got} vs {}", want / 3.0);
+    }
+
+    /// The learning rate and `--clip-grad` reach the optimizer: two steps at a peak of
+    /// 1e-2 move the held-out loss; at 1e-8, or with the gradients clipped to a norm of
+    /// 1e-12 (each element far below AdamW's epsilon), it moves a hundredth as far or
+    /// less. Kills the optimizer given a constant learning rate, and the clipping left
+    /// out.
+    #[test]
+    fn the_learning_rate_and_clipping_reach_the_optimizer() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("t.txt");
+        std::fs::write(&text, &corpus::KJV[..20_000]).unwrap();
+        let moved = |lr: f64, clip_grad: f64| {
+            let cfg = TrainConfig {
+                steps: 2,
+                seq_len: 8,
+                micro_batch: 2,
+                layers: 1,
+                eval_batches: 1,
+                lr: Some(lr),
+                clip_grad,
+                text: Some(text.clone()),
+                ..TrainConfig::new("llama3.wasm", vec!["bf16".into()])
+            };
+            let r = run(&cfg, &|_| {}).unwrap();
+            let run = &r.runs[0];
+            assert_eq!(run.train.iter().map(|p| p.learning_rate).collect::<Vec<_>>(), [Some(lr), Some(lr)], "two steps warm up in one");
+            (run.eval.last().unwrap().loss - run.eval[0].loss).abs()
+        };
+        let normal = moved(1e-2, 0.0);
+        let tiny = moved(1e-8, 0.0);
+        let clipped = moved(1e-2, 1e-12);
+        // 0.16, 2.6e-4 and 8e-5 when written (the BF16 weights' rounding moves a little).
+        assert!(normal > 0.02, "{normal}");
+        assert!(tiny < 0.01 * normal, "{tiny} vs {normal}");
+        assert!(clipped < 0.01 * normal, "{clipped} vs {normal}");
+    }
+
+    /// The clip factor is the limit over the norm, the square root of the sum of squares,
+    /// and only where the norm exceeds a limit that is on. Kills the square root left out
+    /// (of the test or of the factor), the test inverted, and clipping at 0.
+    #[test]
+    fn gradients_are_clipped_to_the_norm() {
+        assert_eq!(clip_factor(16.0, 2.0), Some(0.5));
+        assert_eq!(clip_factor(100.0, 1.0), Some(0.1));
+        // Norm 3 under a limit of 4 (the sum of squares, 9, is over it).
+        assert_eq!(clip_factor(9.0, 4.0), None);
+        assert_eq!(clip_factor(16.0, 4.0), None);
+        assert_eq!(clip_factor(16.0, 0.0), None);
+        assert_eq!(clip_factor(f64::NAN, 1.0), None);
+        assert_eq!(clip_factor(f64::INFINITY, 1.0), Some(0.0));
+    }
+
+    /// A rollback returns to the newest kept checkpoint at least `back - 1` steps old, and
+    /// the data moves `skip` batches on. Kills: the oldest checkpoint taken, the target
+    /// `back` steps back (or not back at all), the skipped batches not skipped.
+    #[test]
+    fn a_rollback_returns_to_the_newest_checkpoint_old_enough_and_skips_batches() {
+        let kept = [0, 25, 50];
+        // One step back at step 60: the newest, 50; the batches move on past two.
+        assert_eq!(rollback_to(&kept, 60, 1, 2, 70), (Some(2), 72));
+        // At step 50 itself, one step back: 50 (the update is discarded).
+        assert_eq!(rollback_to(&kept, 50, 1, 0, 9), (Some(2), 9));
+        // Two back from 51: at most step 50; two back from 50: at most 49, so 25.
+        assert_eq!(rollback_to(&kept, 51, 2, 1, 9).0, Some(2));
+        assert_eq!(rollback_to(&kept, 50, 2, 1, 9).0, Some(1));
+        assert_eq!(rollback_to(&kept, 60, 20, 1, 9).0, Some(1));
+        assert_eq!(rollback_to(&kept, 60, 0, 1, 9).0, Some(2));
+        // Further back than any kept: none (the update is discarded instead).
+        assert_eq!(rollback_to(&[25, 50], 30, 10, 3, 40), (None, 43));
+        assert_eq!(rollback_to(&[0], 3, 100, 1, 4), (Some(0), 5));
+    }
+
+    /// A checkpoint is taken on the interval or when asked, and only after a fifth of the
+    /// interval (at least one step, at most the steps applied) of clean steps; a step is
+    /// clean when the policy only alerted and the loss was finite; a step neither skipped
+    /// nor rolled back ends a run of rejected ones. Kills: each bound of the clean-steps
+    /// condition, the interval or the request ignored, a clean step counted from an
+    /// action or a NaN, the rejected-in-a-row count not reset.
+    #[test]
+    fn checkpoints_follow_clean_steps_and_rejections_count_in_a_row() {
+        // Every 25: due at 25 and 50 after 5 clean steps, not after 4, not at 26.
+        assert!(checkpoint_due(false, 25, 25, 5));
+        assert!(checkpoint_due(false, 50, 25, 7));
+        assert!(!checkpoint_due(false, 25, 25, 4));
+        assert!(!checkpoint_due(false, 26, 25, 26));
+        // Asked for (checkpoint-now): off the interval too, still after clean steps; early
+        // in a run, after every step so far.
+        assert!(checkpoint_due(true, 26, 25, 5));
+        assert!(!checkpoint_due(true, 26, 25, 4));
+        assert!(checkpoint_due(true, 3, 25, 3));
+        assert!(!checkpoint_due(true, 3, 25, 2));
+        // An interval under 5: one clean step; 0 taken as every step.
+        assert!(checkpoint_due(false, 3, 3, 1));
+        assert!(!checkpoint_due(false, 3, 3, 0));
+        assert!(checkpoint_due(false, 7, 0, 1));
+        assert!(!checkpoint_due(false, 7, 0, 0));
+        let alert = pp::Action::Alert("a".into());
+        assert_eq!(clean_after(4, &[], true), 5);
+        assert_eq!(clean_after(4, std::slice::from_ref(&alert), true), 5);
+        assert_eq!(clean_after(4, &[alert.clone(), pp::Action::CheckpointNow], true), 0);
+        assert_eq!(clean_after(4, &[], false), 0);
+        assert_eq!(rejected_after(3, true), 4);
+        assert_eq!(rejected_after(0, true), 1);
+        assert_eq!(rejected_after(9, false), 0);
+    }
+
+    /// `bad-batch` replaces the targets as well as the tokens, with tokens of the
+    /// vocabulary, the same for a seed. Kills the targets left as they were.
+    #[test]
+    fn a_bad_batch_replaces_tokens_and_targets() {
+        let corrupted = |seed| {
+            let (mut tokens, mut targets) = (vec![7u32; 64], vec![7u32; 64]);
+            corrupt(&mut tokens, &mut targets, seed, 50);
+            (tokens, targets)
+        };
+        let (tokens, targets) = corrupted(3);
+        assert!(tokens.iter().chain(&targets).all(|&t| t < 50));
+        assert!(targets.iter().filter(|&&t| t != 7).count() > 50, "{targets:?}");
+        assert!(tokens.iter().filter(|&&t| t != 7).count() > 50, "{tokens:?}");
+        assert_ne!(tokens, targets);
+        assert_eq!(corrupted(3), (tokens.clone(), targets.clone()));
+        assert_ne!(corrupted(4).1, targets);
+    }
+
+    /// An evaluation leaves no numerics behind: the next training step's (what the policy
+    /// sees, what enters the amax histories) are its own. Kills the discard left out of
+    /// `evaluate`.
+    #[test]
+    fn an_evaluation_leaves_no_numerics_behind() {
+        use crate::plugin::precision::{Dtype, OperandPlan, ScalingRecipe, SitePlan, unscaled_operand};
+        use runner_exec::toy::{ToyConfig, llama};
+        let c = ToyConfig::tiny();
+        let g = llama(&c);
+        let sites: Vec<GemmSite> = crate::project::gemm_sites(&g).into_iter().map(|(_, s)| s).collect();
+        let d = |f| OperandPlan { recipe: ScalingRecipe::Delayed, amax_history: 16, ..unscaled_operand(f) };
+        let fp8 = SitePlan { activation: d(Dtype::Fp8E4m3), weight: d(Dtype::Fp8E4m3), gradient: d(Dtype::Fp8E5m2), output: Dtype::Bf16 };
+        let mut ex = Executor::new(&g, runner_exec::cpu::Cpu::new(), ExecOptions::default()).unwrap();
+        ex.set_precision(&plan::executor_plan(&sites, &vec![fp8; sites.len()]).unwrap()).unwrap();
+        let tokens: Vec<u32> = (0..3000u32).map(|i| (i * 7 + i / 13) % c.vocab as u32).collect();
+        let data = Data::new(tokens, c.seq as usize, c.batch as usize, 0).unwrap();
+        let (t, y) = data.eval_batch(0);
+        ex.forward(&[("tokens", Input::U32(&t)), ("targets", Input::U32(&y))]).unwrap();
+        assert!(!ex.precision_numerics().is_empty(), "an FP8 forward gathers numerics");
+        ex.discard_precision_step();
+        assert!(evaluate(&mut ex, &data, 2).unwrap().is_finite());
+        assert!(ex.precision_numerics().is_empty());
     }
 }

@@ -1580,7 +1580,8 @@ fn train_with_a_full_stdout_writes_its_file_and_refuses_odd_policy_lists() {
 }
 
 /// `train`'s output in each format: the tables by default (and a -o file in its
-/// extension's format), the summary as CSV, the page with the curves as HTML.
+/// extension's format; its JSON's training points with their learning rates), the
+/// summary as CSV, the page with the curves as HTML.
 #[test]
 fn train_prints_each_format() {
     let dir = scratch("trainformats");
@@ -1598,6 +1599,11 @@ fn train_prints_each_format() {
     assert!(table.contains("held-out loss") && table.contains("precision decisions"), "{table}");
     let json: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("t.json")).unwrap()).unwrap();
     assert_eq!(json["runs"][0]["policy"], "bf16", "{json}");
+    // Each training point carries its step's learning rate (one step: the peak); a
+    // held-out point has none.
+    let point = |curve: &str| json["runs"][0][curve][0].as_object().unwrap().clone();
+    assert!(point("train")["learning_rate"].as_f64().is_some_and(|lr| lr > 0.0), "{json}");
+    assert!(!point("eval").contains_key("learning_rate"), "{json}");
     let csv = run(&["--format", "csv"]);
     assert!(csv.starts_with("policy,held-out loss,gap,"), "{csv}");
     let html = run(&["--format", "html"]);

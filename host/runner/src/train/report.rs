@@ -224,7 +224,7 @@ mod tests {
     use super::*;
 
     fn pt(step: u64, loss: f64) -> Point {
-        Point { step, tokens: step * 100, loss }
+        Point { step, tokens: step * 100, loss, learning_rate: None }
     }
 
     fn decision(action: &str, applied: bool) -> Decision {
