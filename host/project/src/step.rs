@@ -1070,11 +1070,6 @@ impl Costed {
             )));
         }
         let m = (u64::from(s.global_batch) / per_step) as u32;
-        if vp > 1 && !(m as usize).is_multiple_of(pp) {
-            return Err(Reject::Divisibility(format!(
-                "the interleaved schedule needs the {m} micro-batches to be a multiple of pp = {pp}"
-            )));
-        }
         let dual = s.pipeline == PipelineKind::DualPipe;
         if dual {
             if pp < 2 || !pp.is_multiple_of(2) || vp > 1 {
@@ -1093,6 +1088,11 @@ impl Costed {
                     "DualPipe under FSDP is not modelled (DeepSeek-V3 ran it under ZeRO-1, the distributed optimizer): leave out --fsdp".into(),
                 ));
             }
+        }
+        if vp > 1 && !(m as usize).is_multiple_of(pp) {
+            return Err(Reject::Divisibility(format!(
+                "the interleaved schedule needs the {m} micro-batches to be a multiple of pp = {pp}"
+            )));
         }
         // Megatron overlaps the expert all-to-all with another micro-batch's compute only
         // in its combined 1F1B schedule, which needs a virtual pipeline when pp > 1 and

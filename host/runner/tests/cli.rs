@@ -957,6 +957,34 @@ fn project_takes_megatrons_pipeline_split() {
     assert!(!o.status.success() && text(&o).1.contains("use even or E<n>L<m>"), "{}", text(&o).1);
 }
 
+/// `--pipeline-schedule dualpipe` reaches the projection and the search: DeepSeek-V3's
+/// own layout on H800 runs under DualPipe (said in the layout and the JSON), a virtual
+/// pipeline is refused by name, and the search keeps the schedule in every layout it ranks.
+#[test]
+fn project_and_search_take_the_dualpipe_schedule() {
+    let dir = scratch("dualpipe");
+    let base = ["project", "--model", "deepseek-v3-671b", "--gpu", "h800", "--gpus", "2048", "--precision", "fp8", "--tp", "1", "--pp", "16", "--cp", "1", "--ep", "64", "--mbs", "1", "--gbs", "15360", "--seq-len", "4096", "--fused-grouped-mlp", "--no-fsdp", "-q"];
+    let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "dualpipe", "--format", "json"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["layout"]["pipeline"], "dualpipe", "{out}");
+    let o = runner(&dir, &[&base[..], &["--format", "json"]].concat());
+    let one: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert!(one["layout"].get("pipeline").is_none(), "1F1B is the default, left out");
+    let (dual, megatron) = (v["step_time_s"].as_f64().unwrap(), one["step_time_s"].as_f64().unwrap());
+    assert!(dual < 0.75 * megatron, "DualPipe {dual} s, 1F1B {megatron} s");
+    let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "DualPipe", "--vp", "2"]].concat());
+    assert!(!o.status.success() && text(&o).1.contains("no virtual pipeline: pp = 16, vp = 2"), "{}", text(&o).1);
+    let o = runner(&dir, &[&base[..1], &["--model", "deepseek-v3-671b", "--pipeline-schedule", "zb-v"]].concat());
+    assert!(!o.status.success() && text(&o).1.contains("use 1f1b"), "{}", text(&o).1);
+    let o = runner(&dir, &["search", "--model", "deepseek-v3-671b", "--gpu", "h800", "--gpus", "2048", "--precision", "fp8", "--pipeline-schedule", "dualpipe", "--top", "3", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with("2048")).collect();
+    assert!(!rows.is_empty() && rows.iter().all(|l| l.contains("DualPipe")), "{out}");
+}
+
 /// Degrees and GPU counts at the top of u32 get an answer or an error naming the flag,
 /// never an overflow panic (these tests run unoptimised, with overflow checks) nor a
 /// loop counting to four billion: the divisor lists took 51 s per search in a release
