@@ -63,23 +63,128 @@ use crate::pricing::Assumptions;
 #[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct RunFile {
+    #[serde(deserialize_with = "section")]
     pub model: ModelSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub cluster: ClusterSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub precision: PrecisionSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub cost: CostSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub limits: Limits,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub measure: MeasureSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub layout: LayoutSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub explore: ExploreSection,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "section")]
     pub assumptions: Assumptions,
+}
+
+/// A section of the run file, by the name the file gives it.
+trait Section {
+    const NAME: &'static str;
+}
+
+impl Section for ModelSection {
+    const NAME: &'static str = "model";
+}
+impl Section for ClusterSection {
+    const NAME: &'static str = "cluster";
+}
+impl Section for PrecisionSection {
+    const NAME: &'static str = "precision";
+}
+impl Section for CostSection {
+    const NAME: &'static str = "cost";
+}
+impl Section for Limits {
+    const NAME: &'static str = "limits";
+}
+impl Section for MeasureSection {
+    const NAME: &'static str = "measure";
+}
+impl Section for LayoutSection {
+    const NAME: &'static str = "layout";
+}
+impl Section for ExploreSection {
+    const NAME: &'static str = "explore";
+}
+impl Section for Assumptions {
+    const NAME: &'static str = "assumptions";
+}
+
+/// A section, read from a table and from nothing else. Serde reads a list as a struct's
+/// fields in order, so `measure = [3]` ran with repeats = 3 without a word, and
+/// `[[cluster]]` was answered about a key the file never wrote; any other value was
+/// answered "expected struct ModelSection", a name the file never wrote. (The file was
+/// parsed a second time, as a document, to catch the lists before serde read them.)
+fn section<'de, D: serde::Deserializer<'de>, T: Section + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    use serde::de::{DeserializeSeed, Error, MapAccess, SeqAccess, Visitor};
+    struct Table<T>(std::marker::PhantomData<T>);
+    /// The error for a section written as `what` (a value, shown short), with the fix.
+    fn not_a_table<T: Section, E: Error>(what: &str) -> E {
+        E::custom(format!("[{0}] must be a table, not {what}: write [{0}] with its keys under it, or {0} = {{ key = value, ... }}", T::NAME))
+    }
+    impl<'de, T: Section + Deserialize<'de>> Visitor<'de> for Table<T> {
+        type Value = T;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "the [{}] table", T::NAME)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(Keys(map, std::marker::PhantomData::<T>)))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<T, A::Error> {
+            Err(A::Error::custom(format!(
+                "[{0}] is one table, not a list: write [{0}] with its keys under it (not [[{0}]] or {0} = [...])",
+                T::NAME
+            )))
+        }
+        fn visit_bool<E: Error>(self, v: bool) -> Result<T, E> {
+            Err(not_a_table::<T, _>(&format!("{v}")))
+        }
+        fn visit_i64<E: Error>(self, v: i64) -> Result<T, E> {
+            Err(not_a_table::<T, _>(&format!("the number {v}")))
+        }
+        fn visit_u64<E: Error>(self, v: u64) -> Result<T, E> {
+            Err(not_a_table::<T, _>(&format!("the number {v}")))
+        }
+        fn visit_f64<E: Error>(self, v: f64) -> Result<T, E> {
+            Err(not_a_table::<T, _>(&format!("the number {}", number(v))))
+        }
+        fn visit_str<E: Error>(self, v: &str) -> Result<T, E> {
+            Err(not_a_table::<T, _>(&format!("the string {}", runner_contract::text::shown(v))))
+        }
+    }
+    /// A section's map, its keys checked for the one TOML hands a date-time over with (a
+    /// map of one private key, which the section refused as an unknown key of that name).
+    struct Keys<A, T>(A, std::marker::PhantomData<T>);
+    struct Key<K, T>(K, std::marker::PhantomData<T>);
+    impl<'de, A: MapAccess<'de>, T: Section> MapAccess<'de> for Keys<A, T> {
+        type Error = A::Error;
+        fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+            self.0.next_key_seed(Key(seed, std::marker::PhantomData::<T>))
+        }
+        fn next_value_seed<V: DeserializeSeed<'de>>(&mut self, seed: V) -> Result<V::Value, A::Error> {
+            self.0.next_value_seed(seed)
+        }
+        fn size_hint(&self) -> Option<usize> {
+            self.0.size_hint()
+        }
+    }
+    impl<'de, K: DeserializeSeed<'de>, T: Section> DeserializeSeed<'de> for Key<K, T> {
+        type Value = K::Value;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<K::Value, D::Error> {
+            let key = String::deserialize(d)?;
+            if key == "$__toml_private_datetime" {
+                return Err(not_a_table::<T, _>("a date-time"));
+            }
+            self.0.deserialize(serde::de::IntoDeserializer::<D::Error>::into_deserializer(key))
+        }
+    }
+    d.deserialize_map(Table(std::marker::PhantomData))
 }
 
 /// Parallel dimensions the layout search must keep (a published layout to reproduce, or
@@ -209,17 +314,17 @@ fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D:
 }
 
 /// A number, or a string with a suffix as [`crate::input::quantity`] reads it ("15T").
+/// An integer is a number here: serde's f64 takes every integer TOML has (i64), so an
+/// `Int(i64)` variant after `Float` was never reached.
 fn quantity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
     #[derive(Deserialize)]
     #[serde(untagged)]
     enum Quantity {
         Float(f64),
-        Int(i64),
         Text(String),
     }
     match Quantity::deserialize(d) {
         Ok(Quantity::Float(v)) => Ok(Some(v)),
-        Ok(Quantity::Int(v)) => Ok(Some(v as f64)),
         Ok(Quantity::Text(s)) => crate::input::quantity(&s).map(Some).map_err(serde::de::Error::custom),
         Err(_) => Err(serde::de::Error::custom("expected a number, e.g. 1.5e12, or a string with a suffix, e.g. \"15T\"")),
     }
@@ -343,14 +448,16 @@ impl Default for CostSection {
 /// # Errors
 /// The TOML error (with line and column) or the rule the file breaks, and how to fix it.
 pub fn parse(text: &str, origin: &str) -> Result<RunFile, String> {
-    if let Some(m) = section_as_list(text) {
-        return Err(format!("{origin}: {}{m}", snippet(text, &m)));
-    }
-    let run: RunFile = toml::from_str(text).map_err(|e| match hint(e.message()) {
-        Some(h) => format!("{origin}: {}\nhelp: {h}", e.to_string().trim_end()),
-        None => format!("{origin}: {e}"),
+    let run: RunFile = toml::from_str(text).map_err(|e| {
+        // Quoted here rather than by the error's own rendering, which shows the line raw
+        // and whole (its carets then land early after an escape a terminal needs, and a
+        // 600 KB line is quoted in full).
+        let at = e.span().map_or_else(String::new, |span| quote(text, span.clone()));
+        let value = e.span().and_then(|span| text.get(span)).unwrap_or_default();
+        let help = hint(e.message()).map_or_else(String::new, |h| format!("\nhelp: {h}"));
+        format!("{origin}: {at}{}{help}", short(&plain(e.message(), value)))
     })?;
-    check(&run).map_err(|m| format!("{origin}: {}{m}", snippet(text, &m)))?;
+    check(&run).map_err(|m| format!("{origin}: {}{}", snippet(text, &m), short(&m)))?;
     Ok(run)
 }
 
@@ -382,20 +489,78 @@ fn snippet(text: &str, message: &str) -> String {
         toml::de::DeValue::Table(t) => t.iter().find(|(k, _)| k.get_ref() == key.as_str()).map_or(name.span(), |(_, v)| v.span()),
         _ => name.span(),
     };
-    let start = span.start.min(text.len());
+    quote(text, span)
+}
+
+/// The most columns of a line [`quote`] shows: a refused line of 600 KB (one long list)
+/// was quoted whole.
+const QUOTE_WIDTH: usize = 120;
+
+/// Where `span` (byte offsets in `text`) sits, as TOML's own errors show it: "line L,
+/// column C" (C counts the file's characters, as an editor does), the line, and carets
+/// under the span. The line is shown as a terminal must print it, each control or bidi
+/// character as a visible escape (`\u{1b}`), and the carets are counted in that rendering
+/// (counted in the file's characters, they landed early after an escape). A line wider
+/// than [`QUOTE_WIDTH`] is cut to a window around the span, with "..." where it is cut.
+fn quote(text: &str, span: std::ops::Range<usize>) -> String {
+    let boundary = |i: usize| (0..=i.min(text.len())).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+    let start = boundary(span.start);
     let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
     let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
     let line = text[line_start..line_end].trim_end_matches('\r');
     let number = text[..start].matches('\n').count() + 1;
     let column = text[line_start..start].chars().count();
-    let width = text[start..span.end.clamp(start, line_end)].chars().count().max(1);
+    // The span within the shown line: a span on the line's trailing CR, or past it, sits
+    // just after the line.
+    let (from, to) = (start - line_start, boundary(span.end).saturating_sub(line_start));
+    // Each character as shown, and the columns it takes.
+    let shown = |c: char| if runner_contract::text::is_unsafe(c) { runner_contract::text::escape(c.encode_utf8(&mut [0; 4]), usize::MAX) } else { c.to_string() };
+    let width = |c: char| if runner_contract::text::is_unsafe(c) { shown(c).len() } else { 1 };
+    // An empty span (TOML's, at a character it refuses) underlines that one character.
+    let (mut caret, mut caret_end, mut total, mut first_width) = (None, None, 0, 1);
+    for (i, c) in line.char_indices() {
+        if caret.is_none() && i >= from {
+            caret = Some(total);
+            first_width = width(c);
+        }
+        if caret_end.is_none() && i >= to {
+            caret_end = Some(total);
+        }
+        total += width(c);
+    }
+    let caret = caret.unwrap_or(total);
+    let caret_end = caret_end.unwrap_or(total).max(caret + first_width);
+    // The window of columns shown: the whole line when it fits, else QUOTE_WIDTH columns
+    // around the span (from its start when it is wider).
+    let (lo, hi) = if total <= QUOTE_WIDTH {
+        (0, total)
+    } else {
+        let room = (QUOTE_WIDTH.saturating_sub(caret_end - caret) / 2).max(QUOTE_WIDTH / 8);
+        let lo = caret.saturating_sub(room).min(total - QUOTE_WIDTH);
+        (lo, lo + QUOTE_WIDTH)
+    };
+    // The characters wholly in the window (an escape is never cut).
+    let (mut body, mut first, mut last, mut at) = (String::new(), None, 0, 0);
+    for c in line.chars() {
+        let w = width(c);
+        if at >= lo && at + w <= hi {
+            first.get_or_insert(at);
+            last = at + w;
+            body.push_str(&shown(c));
+        }
+        at += w;
+    }
+    let first = first.unwrap_or(lo.min(total));
+    let last = last.max(first);
+    let (left, right) = (if first > 0 { "..." } else { "" }, if last < total { "..." } else { "" });
+    let under_from = caret.clamp(first, last);
+    let under_to = caret_end.clamp(first, last.max(first + 1)).max(under_from + 1);
     let gutter = " ".repeat(number.to_string().len());
     format!(
-        "line {number}, column {}\n{gutter} |\n{number} | {}\n{gutter} | {}{}\n",
+        "line {number}, column {}\n{gutter} |\n{number} | {left}{body}{right}\n{gutter} | {}{}\n",
         column + 1,
-        crate::report::visible(line),
-        " ".repeat(column),
-        "^".repeat(width)
+        " ".repeat(left.len() + under_from - first),
+        "^".repeat(under_to - under_from)
     )
 }
 
@@ -440,23 +605,69 @@ fn hint(error: &str) -> Option<String> {
     Some(format!("`{unknown}` goes in [{}]", home.0))
 }
 
-/// A section written as a list (`[[cluster]]`, `measure = [3]`), refused: serde reads a
-/// list as the section's fields in order, so `measure = [3]` ran with repeats = 3 without
-/// a word, and `[[cluster]]` was answered "expected a name or a list of names", about a
-/// key the file never wrote.
-fn section_as_list(text: &str) -> Option<String> {
-    let doc = toml::de::DeTable::parse(text).ok()?;
-    let (name, _) = doc
-        .get_ref()
-        .iter()
-        .find(|(k, v)| SECTIONS.iter().any(|(s, _)| k.get_ref() == *s) && matches!(v.get_ref(), toml::de::DeValue::Array(_)))?;
-    Some(format!("[{0}] is one table, not a list: write [{0}] with its keys under it (not [[{0}]] or {0} = [...])", name.get_ref()))
+/// A deserializer's message in the file's words: the Rust types serde names ("expected
+/// u32", "expected usize", "expected struct PipelineSplit") said as what to write, serde's
+/// "map" and "sequence" as the table, date-time or list `value` (the refused text) is, and
+/// toml's words for a name given as another type ("wanted string or table").
+fn plain(message: &str, value: &str) -> String {
+    // A date-time is handed over as a map of one private key (see `section`).
+    if message.contains("`$__toml_private_datetime`") {
+        return "invalid type: date-time, expected a table".into();
+    }
+    if message.starts_with("wanted ") {
+        return "expected one of its names, in quotes (e.g. recompute = \"full\")".into();
+    }
+    let Some((head, wanted)) = message.rsplit_once(", expected ") else {
+        return message.to_string();
+    };
+    let found = if value.starts_with(|c: char| c.is_ascii_digit()) { "date-time" } else { "table" };
+    let head = match head.strip_prefix("invalid type: ") {
+        Some("map") => format!("invalid type: {found}"),
+        Some("sequence") => "invalid type: list".to_string(),
+        _ => head.to_string(),
+    };
+    let whole = |max: u64| format!("a whole number from 0 to {max}");
+    let wanted = match wanted {
+        "u8" => whole(u8::MAX.into()),
+        "u16" => whole(u16::MAX.into()),
+        "u32" => whole(u32::MAX.into()),
+        "u64" | "usize" => whole(u64::MAX),
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
+        "f32" | "f64" => "a number".into(),
+        "a sequence" => "a list, e.g. [1, 2]".into(),
+        "struct PipelineSplit" => "a table, e.g. { embedding = 1, loss = 1 }".into(),
+        w if w.starts_with("struct ") => "a table".into(),
+        w if w.starts_with("enum ") => "one of its names, in quotes".into(),
+        w => w.into(),
+    };
+    format!("{head}, expected {wanted}")
+}
+
+/// `message` with every word of over 80 characters cut to its first 64 and "...", its
+/// closing quote or punctuation kept: a message quotes what it refuses (`tp = "<600 KB>"`
+/// was "invalid type: string \"<600 KB>\"", an unknown key of 600 KB "unknown field").
+fn short(message: &str) -> String {
+    if !message.split(' ').any(|w| w.chars().count() > 80) {
+        return message.to_string();
+    }
+    let words: Vec<String> = message
+        .split(' ')
+        .map(|w| {
+            if w.chars().count() <= 80 {
+                return w.to_string();
+            }
+            let kept: String = w.chars().take(64).collect();
+            let tail = w.trim_end_matches(['"', '\'', '`', ',', ';', ':', ')']);
+            format!("{kept}...{}", &w[tail.len()..])
+        })
+        .collect();
+    words.join(" ")
 }
 
 /// A section's keys.
 type Keys = fn() -> Vec<String>;
 
-/// Each section and its keys, for [`hint`] and [`section_as_list`].
+/// Each section and its keys, for [`hint`].
 const SECTIONS: &[(&str, Keys)] = &[
     ("model", keys::<ModelSection>),
     ("cluster", keys::<ClusterSection>),
@@ -673,7 +884,8 @@ pub fn parse_option(s: &str) -> Result<crate::plugin::cost::PurchaseOption, Stri
     crate::plugin::cost::parse_option(s).ok_or_else(|| {
         let names: Vec<&str> = PURCHASE_OPTIONS.iter().map(|&o| option_name(o)).collect();
         format!(
-            "[cost] option '{s}' is not one of {} (reserved-1y and reserved-3y also name the no-upfront terms)",
+            "[cost] option {} is not one of {} (reserved-1y and reserved-3y also name the no-upfront terms)",
+            runner_contract::text::shown(s),
             names.join(", ")
         )
     })
@@ -763,6 +975,21 @@ mod tests {
         std::fs::write(&path, "[model]\nplugin = \"llama3.wasm\"\ntokens = \"15 trillion\"\n").unwrap();
         let err = load(&path).unwrap_err();
         assert!(err.contains("line 3") && err.contains("'15 trillion' is not a number") && err.contains("e.g. 15T"), "{err}");
+    }
+
+    /// A TOML integer is a quantity as a float is: serde's untagged `Float(f64)` takes
+    /// every integer TOML has (i64), so `quantity` needs no integer branch (the one it
+    /// had was never reached: with `unreachable!()` in it, every test passed).
+    #[test]
+    fn integers_are_quantities() {
+        let run = |body: &str| parse(&format!("[model]\nplugin = \"x\"\n{body}\n"), "t.toml");
+        assert_eq!(run("tokens = 1000000").unwrap().model.tokens, Some(1e6));
+        assert_eq!(run("tokens = 0x10").unwrap().model.tokens, Some(16.0));
+        assert_eq!(run("[explore]\nbudget_usd = 2_000_000").unwrap().explore.budget_usd, Some(2e6));
+        let e = run("tokens = 9223372036854775807").unwrap_err();
+        assert!(e.ends_with("[model] tokens must be a positive number up to 1e16, got 9.223372036854776e18"), "{e}");
+        let e = run("[explore]\nbudget_usd = -9223372036854775808").unwrap_err();
+        assert!(e.ends_with("budget_usd must be a positive number from 1 to 1e12, got -9.223372036854776e18"), "{e}");
     }
 
     /// A plugin the file names that is not installed is refused at its line before
@@ -1069,16 +1296,160 @@ mod tests {
         assert_eq!(check_plugins(&path, &file, &flags), Ok(()));
     }
 
-    /// A section written as a list is refused at its line: `measure = [3]` ran as
-    /// repeats = 3 (serde reads a list as the fields in order), and `[[cluster]]` was
-    /// answered about a key the file never wrote.
+    /// A section written as a list is refused at its line, the list underlined:
+    /// `measure = [3]` ran as repeats = 3 (serde reads a list as the fields in order), and
+    /// `[[cluster]]` was answered about a key the file never wrote.
     #[test]
     fn a_section_written_as_a_list_is_refused() {
         let e = parse("measure = [3]\n[model]\nplugin = \"x\"\n", "t.toml").unwrap_err();
-        assert!(e.starts_with("t.toml: line 1, column 1\n") && e.ends_with("[measure] is one table, not a list: write [measure] with its keys under it (not [[measure]] or measure = [...])"), "{e}");
+        assert_eq!(under(&e), "[3]", "{e}");
+        assert!(e.starts_with("t.toml: line 1, column 11\n") && e.ends_with("[measure] is one table, not a list: write [measure] with its keys under it (not [[measure]] or measure = [...])"), "{e}");
         let e = parse("[model]\nplugin = \"x\"\n[[cluster]]\ngpus = [8]\n", "t.toml").unwrap_err();
-        assert!(e.starts_with("t.toml: line 3, column 3\n") && e.contains("[cluster] is one table, not a list"), "{e}");
+        assert!(e.starts_with("t.toml: line 3, column 1\n") && e.contains("[cluster] is one table, not a list"), "{e}");
+        assert_eq!(under(&e), "[[cluster]]", "{e}");
         assert!(parse("[model]\nplugin = \"x\"\n[limits]\nmemory_mib = 64\n", "t.toml").is_ok());
+    }
+
+    /// The sections refuse a list themselves, as they are deserialized (the file was
+    /// parsed a second time, as a document, to catch one first): any reader of a run
+    /// file, the command line's included, gets the refusal, once.
+    #[test]
+    fn a_run_files_sections_refuse_a_list_as_they_are_read() {
+        for (text, section) in [
+            ("measure = [3]\n[model]\nplugin = \"x\"\n", "measure"),
+            ("layout = [4, 4]\n[model]\nplugin = \"x\"\n", "layout"),
+            ("model = [\"x\"]\n", "model"),
+            ("[model]\nplugin = \"x\"\n[[assumptions]]\nrestart_h = 1.0\n", "assumptions"),
+        ] {
+            let message = format!("[{section}] is one table, not a list");
+            let e = toml::from_str::<RunFile>(text).map(|_| ()).unwrap_err();
+            assert!(e.message().starts_with(&message), "{text}: {e}");
+            let e = parse_flags(text).unwrap_err();
+            assert!(e.contains(&message), "{text}: {e}");
+        }
+    }
+
+    /// The quoted line and the columns its carets cover, as a terminal shows an error
+    /// (escaped where it is printed, as `main` does).
+    fn underlined(e: &str) -> (String, std::ops::Range<usize>) {
+        let shown = crate::report::visible(e);
+        let lines: Vec<&str> = shown.lines().collect();
+        let at = lines.iter().position(|l| l.split_once(" | ").is_some_and(|(n, _)| n.parse::<usize>().is_ok())).unwrap_or_else(|| panic!("no quoted line: {e}"));
+        let (number, quoted) = lines[at].split_once(" | ").unwrap();
+        let carets = lines.get(at + 1).and_then(|l| l.get(number.len() + 3..)).unwrap_or_else(|| panic!("no carets: {e}"));
+        let (from, to) = (carets.find('^').expect(e), carets.rfind('^').expect(e) + 1);
+        assert!(carets[..from].chars().all(|c| c == ' ') && carets[from..to].chars().all(|c| c == '^'), "{e}");
+        (quoted.to_string(), from..to)
+    }
+
+    /// What the carets sit under in the quoted line.
+    fn under(e: &str) -> String {
+        let (quoted, span) = underlined(e);
+        quoted.chars().skip(span.start).take(span.len()).collect()
+    }
+
+    /// The carets sit under the refused span of the line as it is shown, where a control
+    /// or bidi character before it shows as an escape wider than the character: they were
+    /// counted in the file's characters and landed early, by 7 columns after a U+202E and
+    /// by one after each tab, in a rule's error and in TOML's own.
+    #[test]
+    fn the_carets_sit_under_the_span_in_the_escaped_line() {
+        let e = parse("cost = { region = \"\u{202e}x\", option = \"spotty\" }\n[model]\nplugin = \"x\"\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "\"spotty\"", "{e}");
+        assert!(e.starts_with("t.toml: line 1, column 34\n"), "the column counts the file's characters: {e}");
+        let e = parse("[model]\nplugin = \"x\"\n[measure]\nrepeats =\t\t0\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "0", "{e}");
+        let e = parse("[model]\nplugin = \"x\"\t\tzzz\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "z", "{e}");
+        let e = parse("[model]\nplugin = \"\u{202e}\u{202e}x\" zzz\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "z", "{e}");
+        // A character TOML refuses is underlined whole, as its escape shows.
+        let e = parse("[model]\nplugin = \"x\"\t# \u{1b}[31m\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "\\u{1b}", "{e}");
+        // A span that starts with an escape is underlined whole.
+        let e = parse("[model]\nplugin = \"x\"\n[cost]\noption = \"\u{202e}spot\"\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "\"\\u{202e}spot\"", "{e}");
+    }
+
+    /// A refused line is quoted as a window of about [`QUOTE_WIDTH`] columns around the
+    /// span, with "..." where it is cut and the carets still under the span: a 600 KB
+    /// line was quoted whole.
+    #[test]
+    fn a_long_refused_line_is_cut_around_the_span() {
+        let long = "a".repeat(600_000);
+        let quoted = |e: &str| underlined(e).0;
+        // The span at the end of the line, in the middle, at the start; a rule's error
+        // and TOML's own.
+        let e = parse(&format!("cost = {{ region = \"{long}\", option = \"spotty\" }}\n[model]\nplugin = \"x\"\n"), "t.toml").unwrap_err();
+        assert!(e.len() < 1000 && quoted(&e).starts_with("...aaa") && quoted(&e).ends_with("option = \"spotty\" }"), "{e}");
+        assert_eq!(under(&e), "\"spotty\"", "{e}");
+        let e = parse(&format!("[model]\nplugin = \"x\"\n[cost]\nregion = \"{long}\" zzz \"{long}\"\n"), "t.toml").unwrap_err();
+        let line = quoted(&e);
+        assert!(e.len() < 1000 && line.starts_with("...aaa") && line.ends_with("aaa...") && line.contains("\" zzz \""), "{e}");
+        assert!(line.chars().count() <= QUOTE_WIDTH + 6, "{line}");
+        assert_eq!(under(&e), "z", "{e}");
+        let e = parse(&format!("[model]\nplugin = \"x\"\n[cost]\noption = \"spotty\" # {long}\n"), "t.toml").unwrap_err();
+        assert!(e.len() < 1000 && quoted(&e).starts_with("option = \"spotty\" # aaa") && quoted(&e).ends_with("aaa..."), "{e}");
+        assert_eq!(under(&e), "\"spotty\"", "{e}");
+        // Escapes in a long line are never cut in half, and still counted.
+        let escaped = "\u{202e}".repeat(100_000);
+        let e = parse(&format!("[model]\nplugin = \"x\"\n[cost]\nregion = \"{escaped}\" zzz\n"), "t.toml").unwrap_err();
+        let line = quoted(&e);
+        assert!(e.len() < 1000 && line.starts_with("...\\u{202e}") && line.ends_with("\" zzz"), "{e}");
+        assert_eq!(under(&e), "z", "{e}");
+        // What a message quotes of a long value or key is cut too.
+        for body in [format!("[layout]\ntp = \"{long}\""), format!("{long} = 1"), format!("[precision]\nformat = \"{long}\""), format!("tokens = \"{long}\"")] {
+            let e = parse(&format!("[model]\nplugin = \"x\"\n{body}\n"), "t.toml").unwrap_err();
+            assert!(e.len() < 1000 && e.contains("aaa..."), "{}", &e[..e.len().min(2000)]);
+        }
+        // A value wider than the window is underlined from its start to the cut.
+        let e = parse(&format!("[model]\nplugin = \"x\"\n[cost]\noption = \"{long}\"\n"), "t.toml").unwrap_err();
+        let (line, span) = underlined(&e);
+        assert!(e.len() < 1000 && line.starts_with("option = \"aaa") && line.ends_with("aaa...") && under(&e).starts_with("\"aaa"), "{e}");
+        assert!(span.end >= QUOTE_WIDTH - 10, "{e}");
+    }
+
+    /// Every error a value of the wrong type gets names what to write in the file's
+    /// words: a section as the table it must be, a key by what it takes. Serde named Rust
+    /// types ("expected struct ModelSection", "expected usize", "expected struct
+    /// PipelineSplit") and toml a private key (`$__toml_private_datetime`).
+    #[test]
+    fn a_value_of_the_wrong_type_is_named_in_the_files_words() {
+        for (text, words) in [
+            ("model = 3\n", "[model] must be a table, not the number 3: write [model] with its keys under it, or model = { key = value, ... }"),
+            ("layout = \"x\"\n[model]\nplugin = \"x\"\n", "[layout] must be a table, not the string 'x'"),
+            ("cluster = true\n[model]\nplugin = \"x\"\n", "[cluster] must be a table, not true"),
+            ("measure = 1.5\n[model]\nplugin = \"x\"\n", "[measure] must be a table, not the number 1.5"),
+            ("explore = 1979-05-27\n[model]\nplugin = \"x\"\n", "[explore] must be a table, not a date-time"),
+            ("limits = 170141183460469231731687303715884105727\n[model]\nplugin = \"x\"\n", "limits"),
+            ("[model]\nplugin = \"x\"\n[layout]\ntp = \"4\"\n", "expected a whole number from 0 to 4294967295"),
+            ("[model]\nplugin = \"x\"\n[layout]\ntp = -4\n", "expected a whole number from 0 to 4294967295"),
+            ("[model]\nplugin = \"x\"\nseq_len = 4096.5\n", "expected a whole number from 0 to 4294967295"),
+            ("[model]\nplugin = \"x\"\n[measure]\nrepeats = -1\n", "expected a whole number from 0 to 18446744073709551615"),
+            ("[model]\nplugin = \"x\"\n[limits]\nmemory_mib = 1.5\n", "expected a whole number from 0 to 18446744073709551615"),
+            ("[model]\nplugin = \"x\"\n[assumptions]\nrestart_h = \"1h\"\n", "expected a number"),
+            ("[model]\nplugin = \"x\"\n[explore]\ntarget_days = \"30\"\n", "expected a number"),
+            ("[model]\nplugin = \"x\"\n[layout]\npipeline_split = 1\n", "expected a table, e.g. { embedding = 1, loss = 1 }"),
+            ("[model]\nplugin = \"x\"\n[layout]\npipeline_split = 1979-05-27\n", "invalid type: date-time, expected a table"),
+            ("[model]\nplugin = \"x\"\n[layout]\nrecompute = 1\n", "expected one of its names, in quotes"),
+            ("[model]\nplugin = \"x\"\n[measure]\nrecompute = true\n", "expected one of its names, in quotes"),
+            ("[model]\nplugin = \"x\"\n[cluster]\ngpus = 8\n", "expected a list, e.g. [1, 2]"),
+            ("[model]\nplugin = \"x\"\n[cost]\nplugins = \"aws\"\n", "expected a list"),
+            ("[model]\nplugin = \"x\"\n[layout]\nfsdp = 1\n", "expected a boolean"),
+            ("[model]\nplugin = 3\n", "expected a string"),
+            ("[model]\nplugin = { a = 1 }\n", "invalid type: table, expected a string"),
+            ("[model]\nplugin = 1979-05-27T07:32:00Z\n", "invalid type: date-time, expected a string"),
+            ("[model]\nplugin = [\"x\"]\n", "invalid type: list, expected a string"),
+            ("[model]\nplugin = \"x\"\n[measure]\nrecompute = {}\n", "expected one of its names, in quotes"),
+            ("[model]\nplugin = \"x\"\n[layout]\ndispatcher = 1\n", "expected a string"),
+        ] {
+            let e = parse(text, "t.toml").unwrap_err();
+            assert!(e.contains(words), "{text}: {words:?} not in: {e}");
+            for rust in ["struct", "enum", "Section", "PipelineSplit", "Recompute", "u32", "u64", "usize", "f64", "i64", "private", "sequence", "map", "wanted"] {
+                assert!(!e.contains(rust), "{text}: {rust:?} in: {e}");
+            }
+            assert!(e.contains("line "), "{text}: no line: {e}");
+        }
     }
 
     #[test]
@@ -1185,6 +1556,22 @@ mod tests {
                         prop_assert!(e.starts_with("p.toml: ") && e.len() > "p.toml: ".len() + 10, "{}", e);
                     }
                 }
+            }
+
+            /// Any span of any text is quoted without a panic, in the window, with at
+            /// least one caret and none past the shown line's end but one.
+            #[test]
+            fn any_span_is_quoted_in_the_window(text in "[a \u{1b}\t\u{202e}\u{e9}\r\n]{0,600}", a in 0usize..700, b in 0usize..700) {
+                let quoted = super::super::quote(&text, a.min(b)..a.max(b));
+                let lines: Vec<&str> = quoted.lines().collect();
+                prop_assert_eq!(lines.len(), 4, "{}", quoted);
+                let (gutter, line) = lines[2].split_once(" | ").unwrap();
+                let carets = &lines[3][gutter.len() + 3..];
+                let width = line.chars().count();
+                prop_assert!(width <= super::super::QUOTE_WIDTH + 6, "{}", quoted);
+                let (from, to) = (carets.find('^'), carets.rfind('^'));
+                prop_assert!(from.is_some() && to.unwrap() <= width, "{}", quoted);
+                prop_assert!(line.chars().all(|c| !runner_contract::text::is_unsafe(c)), "{}", quoted);
             }
 
             #[test]
