@@ -148,6 +148,10 @@ pub struct QuickRun {
     /// the projection models it, else adamw
     #[arg(long, value_parser = runner_project::step::Optimizer::parse)]
     pub optimizer: Option<runner_project::step::Optimizer>,
+    /// Layout search: the pipeline schedule, 1f1b (Megatron's) or dualpipe (DeepSeek's:
+    /// even pp, no virtual pipeline); default 1f1b
+    #[arg(long, value_parser = runner_project::step::PipelineKind::parse)]
+    pub pipeline_schedule: Option<runner_project::step::PipelineKind>,
     /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
     #[arg(long, allow_negative_numbers = true, value_name = "D")]
     pub target_days: Option<f64>,

@@ -222,6 +222,9 @@ pub struct LayoutSection {
     /// The optimizer: `adamw` or `muon` (Megatron's dist_muon); absent: the one the
     /// workload plugin names, where the projection models it, else adamw.
     pub optimizer: Option<runner_project::step::Optimizer>,
+    /// The pipeline schedule: `1f1b` (Megatron's) or `dualpipe` (DeepSeek's); absent:
+    /// 1f1b.
+    pub pipeline_schedule: Option<runner_project::step::PipelineKind>,
 }
 
 impl LayoutSection {
@@ -247,7 +250,7 @@ impl LayoutSection {
                 fused_grouped_mlp: self.fused_grouped_mlp.unwrap_or(false),
                 dispatcher: self.dispatcher.unwrap_or_default(),
             },
-            pipeline: runner_project::step::PipelineKind::default(),
+            pipeline: self.pipeline_schedule.unwrap_or_default(),
         }
     }
 
@@ -279,6 +282,9 @@ impl LayoutSection {
         }
         if let Some(o) = self.optimizer {
             parts.push(format!("optimizer {o:?}").to_lowercase());
+        }
+        if self.pipeline_schedule == Some(runner_project::step::PipelineKind::DualPipe) {
+            parts.push("DualPipe".into());
         }
         parts.join(" ")
     }
@@ -1078,6 +1084,20 @@ mod tests {
         assert_eq!((run.layout.optimizer, run.layout.space().optimizer), (None, Optimizer::AdamW));
         let e = parse("[model]\nplugin = \"x\"\n[layout]\noptimizer = \"lion\"\n", "t.toml").unwrap_err();
         assert!(e.contains("unknown optimizer 'lion': use adamw or muon"), "{e}");
+    }
+
+    /// `[layout] pipeline_schedule` picks DeepSeek's DualPipe for every layout (absent:
+    /// Megatron's 1F1B); another name is refused with the two.
+    #[test]
+    fn pipeline_schedule_is_read() {
+        use runner_project::step::PipelineKind;
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_schedule = \"DualPipe\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().pipeline, PipelineKind::DualPipe);
+        assert!(run.layout.describe().contains("DualPipe"), "{}", run.layout.describe());
+        let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().pipeline, PipelineKind::OneFOneB);
+        let e = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_schedule = \"gpipe\"\n", "t.toml").unwrap_err();
+        assert!(e.contains("unknown pipeline schedule 'gpipe': use 1f1b"), "{e}");
     }
 
     /// `[layout] dispatcher` picks the expert token dispatcher (absent: flex); a name

@@ -87,6 +87,9 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     if quick.optimizer.is_some() {
         run.layout.optimizer = quick.optimizer;
     }
+    if quick.pipeline_schedule.is_some() {
+        run.layout.pipeline_schedule = quick.pipeline_schedule;
+    }
     // The two goals exclude each other on the command line, so the one given replaces the
     // file's other: a --budget over a file's target_days was answered with the target and
     // a note that the budget was ignored.
