@@ -88,32 +88,24 @@ trait Section {
     const NAME: &'static str;
 }
 
-impl Section for ModelSection {
-    const NAME: &'static str = "model";
+/// Each section type with the name the file gives it.
+macro_rules! sections {
+    ($($ty:ty => $name:literal),* $(,)?) => {
+        $(impl Section for $ty {
+            const NAME: &'static str = $name;
+        })*
+    };
 }
-impl Section for ClusterSection {
-    const NAME: &'static str = "cluster";
-}
-impl Section for PrecisionSection {
-    const NAME: &'static str = "precision";
-}
-impl Section for CostSection {
-    const NAME: &'static str = "cost";
-}
-impl Section for Limits {
-    const NAME: &'static str = "limits";
-}
-impl Section for MeasureSection {
-    const NAME: &'static str = "measure";
-}
-impl Section for LayoutSection {
-    const NAME: &'static str = "layout";
-}
-impl Section for ExploreSection {
-    const NAME: &'static str = "explore";
-}
-impl Section for Assumptions {
-    const NAME: &'static str = "assumptions";
+sections! {
+    ModelSection => "model",
+    ClusterSection => "cluster",
+    PrecisionSection => "precision",
+    CostSection => "cost",
+    Limits => "limits",
+    MeasureSection => "measure",
+    LayoutSection => "layout",
+    ExploreSection => "explore",
+    Assumptions => "assumptions",
 }
 
 /// A section, read from a table and from nothing else. Serde reads a list as a struct's
