@@ -255,6 +255,15 @@ impl Graph {
         Ok(Graph { tensors, ops: resolved, loss, index })
     }
 
+    /// A graph whose ops already refer to tensors by id, with `index` mapping each
+    /// tensor's name to its id: the sharding pass makes both as it goes, where resolving
+    /// its names again through [`Graph::new`] copied and hashed every name a second time.
+    pub(crate) fn from_resolved(tensors: Vec<Tensor>, ops: Vec<Op>, loss: TensorId, index: HashMap<String, TensorId>) -> Graph {
+        debug_assert!(index.len() == tensors.len() && tensors.iter().enumerate().all(|(i, t)| index.get(&t.name) == Some(&i)));
+        debug_assert!(loss < tensors.len() && ops.iter().all(|o| o.inputs.iter().chain(&o.outputs).all(|&t| t < tensors.len())));
+        Graph { tensors, ops, loss, index }
+    }
+
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
         self.index.get(name).copied()
     }

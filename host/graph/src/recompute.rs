@@ -73,41 +73,44 @@ pub struct Saved {
 /// which of its inputs carry a gradient (`need`, per input slot): nothing when none
 /// does (the op has no backward, as the ops before a LoRA fine-tune's first adapter),
 /// and a linear's input only when its weight is trained (the input is for the weight
-/// gradient).
-fn reads(op: &Op, need: &[bool]) -> Vec<TensorId> {
-    if !need.iter().any(|&n| n) {
-        return Vec::new();
-    }
-    let i = |k: usize| op.inputs.get(k).copied();
-    let trained = |k: usize| need.get(k).copied().unwrap_or(false);
-    let picked: Vec<Option<TensorId>> = match op.kind {
-        OpKind::Linear => vec![i(0).filter(|_| trained(1))],
-        OpKind::RmsNorm | OpKind::LayerNorm | OpKind::Gelu | OpKind::SquaredRelu => vec![i(0)],
-        OpKind::CrossEntropy | OpKind::Router => vec![i(0)],
-        OpKind::SwiGlu | OpKind::GeGlu => vec![i(0), i(1)],
-        OpKind::GroupedLinear => vec![i(0).filter(|_| trained(1)), i(2)],
-        OpKind::MoeDispatch => vec![i(1)],
-        // Megatron-Core applies the routing weights inside the experts, to the
-        // activation's output (TEGroupedMLP's bias_act_func,
-        // megatron/core/transformer/moe/experts.py), and the unpermute only sums: the
-        // weights' gradient comes from the activation's input, which the activation
-        // keeps, so nothing keeps the experts' outputs for the combine.
-        OpKind::MoeCombine => vec![i(1), i(2)],
-        OpKind::Attention => vec![i(0), i(1), i(2), op.outputs.first().copied()],
-        OpKind::CausalConv1d => vec![i(0)],
-        OpKind::SsmScan => vec![i(0), i(1), i(2), i(3)],
-        OpKind::Embedding
-        | OpKind::Rotary
-        | OpKind::Add
-        | OpKind::Concat
-        | OpKind::AllReduce
-        | OpKind::AllGather
-        | OpKind::ReduceScatter
-        | OpKind::AllToAll
-        | OpKind::Send
-        | OpKind::Recv => vec![],
+/// gradient). In a fixed array, not a vector: the templates call this for every op of
+/// every sharding, three times.
+fn reads(op: &Op, need: &[bool]) -> impl Iterator<Item = TensorId> {
+    const NONE: [Option<TensorId>; 4] = [None; 4];
+    let picked: [Option<TensorId>; 4] = if !need.iter().any(|&n| n) {
+        NONE
+    } else {
+        let i = |k: usize| op.inputs.get(k).copied();
+        let trained = |k: usize| need.get(k).copied().unwrap_or(false);
+        match op.kind {
+            OpKind::Linear => [i(0).filter(|_| trained(1)), None, None, None],
+            OpKind::RmsNorm | OpKind::LayerNorm | OpKind::Gelu | OpKind::SquaredRelu => [i(0), None, None, None],
+            OpKind::CrossEntropy | OpKind::Router => [i(0), None, None, None],
+            OpKind::SwiGlu | OpKind::GeGlu => [i(0), i(1), None, None],
+            OpKind::GroupedLinear => [i(0).filter(|_| trained(1)), i(2), None, None],
+            OpKind::MoeDispatch => [i(1), None, None, None],
+            // Megatron-Core applies the routing weights inside the experts, to the
+            // activation's output (TEGroupedMLP's bias_act_func,
+            // megatron/core/transformer/moe/experts.py), and the unpermute only sums: the
+            // weights' gradient comes from the activation's input, which the activation
+            // keeps, so nothing keeps the experts' outputs for the combine.
+            OpKind::MoeCombine => [i(1), i(2), None, None],
+            OpKind::Attention => [i(0), i(1), i(2), op.outputs.first().copied()],
+            OpKind::CausalConv1d => [i(0), None, None, None],
+            OpKind::SsmScan => [i(0), i(1), i(2), i(3)],
+            OpKind::Embedding
+            | OpKind::Rotary
+            | OpKind::Add
+            | OpKind::Concat
+            | OpKind::AllReduce
+            | OpKind::AllGather
+            | OpKind::ReduceScatter
+            | OpKind::AllToAll
+            | OpKind::Send
+            | OpKind::Recv => NONE,
+        }
     };
-    picked.into_iter().flatten().collect()
+    picked.into_iter().flatten()
 }
 
 /// Per op, which of its inputs carry a gradient.
@@ -116,20 +119,22 @@ fn input_needs(g: &Graph) -> Vec<Vec<bool>> {
     g.ops.iter().map(|op| op.inputs.iter().map(|&i| needs.get(i).copied().unwrap_or(false)).collect()).collect()
 }
 
-/// Per kept tensor, the layer of the first op that keeps it, in op order.
-fn producers(g: &Graph) -> HashMap<TensorId, &Op> {
-    let mut producer: HashMap<TensorId, &Op> = HashMap::default();
+/// The op that writes each tensor, by tensor id (the last if several do).
+fn producers(g: &Graph) -> Vec<Option<&Op>> {
+    let mut producer: Vec<Option<&Op>> = vec![None; g.tensors.len()];
     for op in &g.ops {
         for &o in &op.outputs {
-            producer.insert(o, op);
+            if let Some(p) = producer.get_mut(o) {
+                *p = Some(op);
+            }
         }
     }
     producer
 }
 
 /// A gathered tensor is kept as the shard it was gathered from.
-fn gather_source(producer: &HashMap<TensorId, &Op>, mut id: TensorId) -> TensorId {
-    while let Some(p) = producer.get(&id).filter(|p| p.kind == OpKind::AllGather) {
+fn gather_source(producer: &[Option<&Op>], mut id: TensorId) -> TensorId {
+    while let Some(p) = producer.get(id).copied().flatten().filter(|p| p.kind == OpKind::AllGather) {
         match p.inputs.first() {
             Some(&x) => id = x,
             None => break,
@@ -157,17 +162,17 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(T
         }
     };
     for (oi, op) in g.ops.iter().enumerate() {
-        let needed: Vec<TensorId> = reads(op, &need[oi]).into_iter().map(source).filter(|&t| is_act(t)).collect();
+        let needed = reads(op, &need[oi]).map(source).filter(|&t| is_act(t));
         if policy == RecomputePolicy::Full && op.layer >= 0 {
             // Only the layer's inputs survive; everything made inside it is recomputed.
             for &x in &op.inputs {
-                let inside = producer.get(&x).is_some_and(|p| p.layer == op.layer && p.kind != OpKind::Recv);
+                let inside = producer.get(x).copied().flatten().is_some_and(|p| p.layer == op.layer && p.kind != OpKind::Recv);
                 if is_act(x) && !inside {
                     keep(x, op.layer, &mut stored);
                 }
             }
             for t in needed {
-                let inside = producer.get(&t).is_some_and(|p| p.layer == op.layer && p.kind != OpKind::Recv);
+                let inside = producer.get(t).copied().flatten().is_some_and(|p| p.layer == op.layer && p.kind != OpKind::Recv);
                 if inside && seen_dropped.insert(t) {
                     dropped.push(t);
                 }

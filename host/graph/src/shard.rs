@@ -44,13 +44,13 @@
 
 // Maps keyed by tensor ids (indices this crate assigns) hash with FxHash; names and
 // layer numbers, which a plugin chooses, keep std's keyed SipHash (no crafted collisions).
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::Serialize;
 
-use crate::ir::{Attr, DType, Graph, NamedOp, Op, OpKind, Role, Tensor, TensorId, TensorKind};
+use crate::ir::{Attr, DType, Graph, GraphError, Op, OpKind, Role, Tensor, TensorId, TensorKind};
 pub use crate::pipeline::PipelineSplit;
 
 /// A parallel layout: degrees, schedule and batch. GPUs = tp·pp·cp·dp; ep and etp carve
@@ -552,11 +552,11 @@ enum Tok {
     Experts,
 }
 
-/// The local version of a logical tensor: its name in the sharded graph, token split and
+/// The local version of a logical tensor: its id in the sharded graph, token split and
 /// feature divisor (1: whole feature axis; else split over tp, or etp for expert tensors).
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct Local {
-    name: String,
+    id: TensorId,
     tok: Tok,
     split: u64,
 }
@@ -569,12 +569,20 @@ struct Pass<'a> {
     b: u64,
     t: u64,
     tensors: Vec<Tensor>,
-    names: HashSet<String>,
-    ops: Vec<NamedOp>,
+    /// Each local tensor's name → its id: what makes names unique as they are made, and
+    /// the finished graph's index. Ops refer to tensors by id from the start, so the
+    /// graph is not resolved again by name (a copy and a hash of every name, per sharding).
+    names: HashMap<String, TensorId>,
+    /// The first weight whose name an earlier local tensor already had (weights keep
+    /// their logical names): the graph [`Graph::new`] would have refused.
+    duplicate: Option<String>,
+    ops: Vec<Op>,
     /// Logical activation or input → its current local version.
     local: FxHashMap<TensorId, Local>,
     /// Logical weight → local shape (a weight read twice must shard the same way).
     weights: FxHashMap<TensorId, Vec<u64>>,
+    /// Logical weight → its local tensor.
+    weight_ids: FxHashMap<TensorId, TensorId>,
     /// Gathered versions already made: (logical id, "tokens" | "features" | "cp").
     gathered: FxHashMap<(TensorId, &'static str), Local>,
 }
@@ -635,54 +643,56 @@ impl<'a> Pass<'a> {
         Ok(s)
     }
 
-    fn fresh(&mut self, base: &str) -> String {
-        let mut name = base.to_string();
-        let mut i = 1;
-        while self.names.contains(&name) {
-            name = format!("{base}.{i}");
-            i += 1;
-        }
-        name
+    /// The name of local tensor `id`.
+    fn name(&self, id: TensorId) -> &str {
+        &self.tensors[id].name
     }
 
-    fn add_tensor(&mut self, name: &str, shape: Vec<u64>, dtype: DType, kind: TensorKind) -> String {
-        let name = self.fresh(name);
-        self.names.insert(name.clone());
-        self.tensors.push(Tensor { name: name.clone(), shape, dtype, kind });
-        name
+    /// Add a local tensor named `base`, or `base.1`, `base.2`, ... if that is taken.
+    fn add_tensor(&mut self, base: String, shape: Vec<u64>, dtype: DType, kind: TensorKind) -> TensorId {
+        let name = if self.names.contains_key(&base) {
+            (1..).map(|i| format!("{base}.{i}")).find(|n| !self.names.contains_key(n)).unwrap_or_default()
+        } else {
+            base
+        };
+        let id = self.tensors.len();
+        self.names.insert(name.clone(), id);
+        self.tensors.push(Tensor { name, shape, dtype, kind });
+        id
     }
 
     #[allow(clippy::too_many_arguments, reason = "an op record field by field")]
     fn emit(
         &mut self,
-        name: &str,
+        name: String,
         kind: OpKind,
-        inputs: Vec<String>,
-        outputs: Vec<String>,
+        inputs: Vec<TensorId>,
+        outputs: Vec<TensorId>,
         attrs: BTreeMap<String, Attr>,
         layer: i32,
         role: Role,
     ) {
-        self.ops.push(NamedOp { name: name.to_string(), kind, inputs, outputs, attrs, layer, role });
+        self.ops.push(Op { name, kind, inputs, outputs, attrs, layer, role });
     }
 
     /// Insert collective `kind` over `group` of `n` ranks, reading `src` and writing a new
-    /// tensor of `shape`; returns the output name. Group size 1 is never emitted.
+    /// tensor of `shape` named after it; returns the output. Group size 1 is never emitted.
     #[allow(clippy::too_many_arguments, reason = "a collective has exactly these choices")]
     fn collective(
         &mut self,
         kind: OpKind,
         group: &str,
         n: u64,
-        src: &str,
+        src: TensorId,
         tag: &str,
         shape: Vec<u64>,
         dtype: DType,
         logical: &str,
         extra: &[(&str, Attr)],
         layer: i32,
-    ) -> String {
-        let out = self.add_tensor(&format!("{src}.{tag}"), shape, dtype, TensorKind::Activation);
+    ) -> TensorId {
+        let base = format!("{}.{tag}", self.name(src));
+        let out = self.add_tensor(base, shape, dtype, TensorKind::Activation);
         let mut attrs: BTreeMap<String, Attr> = BTreeMap::new();
         attrs.insert("group".into(), attr_text(group));
         attrs.insert("group-size".into(), Attr::Int(n as i64));
@@ -690,7 +700,7 @@ impl<'a> Pass<'a> {
         for (k, v) in extra {
             attrs.insert((*k).to_string(), v.clone());
         }
-        self.emit(&out.clone(), kind, vec![src.to_string()], vec![out.clone()], attrs, layer, Role::Replicated);
+        self.emit(self.name(out).to_string(), kind, vec![src], vec![out], attrs, layer, Role::Replicated);
         out
     }
 
@@ -701,35 +711,39 @@ impl<'a> Pass<'a> {
     /// The local version of activation or input `id` (inputs are created on first use with
     /// token split `tok`).
     fn get(&mut self, id: TensorId, tok: Tok) -> R<Local> {
-        if let Some(l) = self.local.get(&id) {
-            return Ok(l.clone());
+        if let Some(&l) = self.local.get(&id) {
+            return Ok(l);
         }
         let t = self.logical(id);
         match t.kind {
             TensorKind::Input => {
                 let shape = self.shape_of(&t.name, &t.shape, tok, 1)?;
-                let name = self.add_tensor(&t.name, shape, t.dtype, TensorKind::Input);
-                let l = Local { name, tok, split: 1 };
-                self.local.insert(id, l.clone());
+                let l = Local { id: self.add_tensor(t.name.clone(), shape, t.dtype, TensorKind::Input), tok, split: 1 };
+                self.local.insert(id, l);
                 Ok(l)
             }
             _ => Err(format!("activation '{}' is read on this rank before it is produced", t.name)),
         }
     }
 
-    /// The weight `id` at local shape `shape` (created on first use).
-    fn weight(&mut self, id: TensorId, shape: Vec<u64>) -> R<String> {
+    /// The weight `id` at local shape `shape` (created on first use, under its logical
+    /// name).
+    fn weight(&mut self, id: TensorId, shape: Vec<u64>) -> R<TensorId> {
         let t = self.logical(id);
         if let Some(s) = self.weights.get(&id) {
             if *s != shape {
                 return Err(format!("weight '{}' is read sharded both as {s:?} and {shape:?}", t.name));
             }
-            return Ok(t.name.clone());
+            return Ok(self.weight_ids[&id]);
         }
         self.weights.insert(id, shape.clone());
-        self.names.insert(t.name.clone());
+        let local = self.tensors.len();
+        if self.names.insert(t.name.clone(), local).is_some() && self.duplicate.is_none() {
+            self.duplicate = Some(t.name.clone());
+        }
         self.tensors.push(Tensor { name: t.name.clone(), shape, dtype: t.dtype, kind: t.kind });
-        Ok(t.name.clone())
+        self.weight_ids.insert(id, local);
+        Ok(local)
     }
 
     /// `id` with all of this cp rank's tokens (all-gather over tp of the SP shard).
@@ -737,8 +751,8 @@ impl<'a> Pass<'a> {
         if l.tok == Tok::Full {
             return Ok(l);
         }
-        if let Some(g) = self.gathered.get(&(id, "tokens")) {
-            return Ok(g.clone());
+        if let Some(&g) = self.gathered.get(&(id, "tokens")) {
+            return Ok(g);
         }
         let t = self.logical(id);
         let shape = self.shape_of(&t.name, &t.shape, Tok::Full, l.split)?;
@@ -747,7 +761,7 @@ impl<'a> Pass<'a> {
             OpKind::AllGather,
             "tp",
             self.tp(),
-            &l.name,
+            l.id,
             "ag_tp",
             shape,
             t.dtype,
@@ -755,8 +769,8 @@ impl<'a> Pass<'a> {
             &[("axis", Attr::Int(ax))],
             layer,
         );
-        let g = Local { name, tok: Tok::Full, split: l.split };
-        self.gathered.insert((id, "tokens"), g.clone());
+        let g = Local { id: name, tok: Tok::Full, split: l.split };
+        self.gathered.insert((id, "tokens"), g);
         Ok(g)
     }
 
@@ -767,8 +781,8 @@ impl<'a> Pass<'a> {
         if l.split == 1 {
             return Ok(l);
         }
-        if let Some(g) = self.gathered.get(&(id, "features")) {
-            return Ok(g.clone());
+        if let Some(&g) = self.gathered.get(&(id, "features")) {
+            return Ok(g);
         }
         let t = self.logical(id);
         let (kind, tok, tag) = if self.l.sp() && l.tok == Tok::Full {
@@ -782,7 +796,7 @@ impl<'a> Pass<'a> {
             kind,
             "tp",
             l.split,
-            &l.name,
+            l.id,
             tag,
             shape,
             t.dtype,
@@ -790,17 +804,17 @@ impl<'a> Pass<'a> {
             &[("axis", Attr::Int(ax))],
             layer,
         );
-        let g = Local { name, tok, split: 1 };
-        self.gathered.insert((id, "features"), g.clone());
+        let g = Local { id: name, tok, split: 1 };
+        self.gathered.insert((id, "features"), g);
         Ok(g)
     }
 
     /// Reduce the partial sums of a tp-split contraction: reduce-scatter onto the
     /// sequence shard with SP, else all-reduce.
-    fn reduce_tp(&mut self, id: TensorId, partial: &str, layer: i32) -> R<Local> {
+    fn reduce_tp(&mut self, id: TensorId, partial: TensorId, layer: i32) -> R<Local> {
         let t = self.logical(id);
         if self.tp() == 1 {
-            return Ok(Local { name: partial.to_string(), tok: Tok::Full, split: 1 });
+            return Ok(Local { id: partial, tok: Tok::Full, split: 1 });
         }
         if self.l.sp() {
             let shape = self.shape_of(&t.name, &t.shape, Tok::Seq, 1)?;
@@ -817,7 +831,7 @@ impl<'a> Pass<'a> {
                 &[("axis", Attr::Int(ax))],
                 layer,
             );
-            Ok(Local { name, tok: Tok::Seq, split: 1 })
+            Ok(Local { id: name, tok: Tok::Seq, split: 1 })
         } else {
             let shape = self.shape_of(&t.name, &t.shape, Tok::Full, 1)?;
             let name = self.collective(
@@ -832,39 +846,33 @@ impl<'a> Pass<'a> {
                 &[],
                 layer,
             );
-            Ok(Local { name, tok: Tok::Full, split: 1 })
+            Ok(Local { id: name, tok: Tok::Full, split: 1 })
         }
     }
 
     /// Declare the local output of logical `id` and record it.
-    fn output(&mut self, id: TensorId, tok: Tok, split: u64) -> R<String> {
+    fn output(&mut self, id: TensorId, tok: Tok, split: u64) -> R<TensorId> {
         let t = self.logical(id);
         let shape = self.shape_of(&t.name, &t.shape, tok, split)?;
-        let name = self.add_tensor(&t.name, shape, t.dtype, TensorKind::Activation);
-        self.local.insert(id, Local { name: name.clone(), tok, split });
-        Ok(name)
+        let local = self.add_tensor(t.name.clone(), shape, t.dtype, TensorKind::Activation);
+        self.local.insert(id, Local { id: local, tok, split });
+        Ok(local)
     }
 
-    fn local_numel(&self, name: &str) -> u64 {
-        self.tensors.iter().rev().find(|t| t.name == name).map_or(0, |t| t.numel())
+    fn local_numel(&self, id: TensorId) -> u64 {
+        self.tensors[id].numel()
     }
 
-    /// Names of the local tensors split over tp along their features (heads or columns).
-    fn split_names(&self) -> HashSet<&str> {
-        self.local.values().chain(self.gathered.values()).filter(|l| l.split > 1).map(|l| l.name.as_str()).collect()
+    /// The local tensors split over tp along their features (heads or columns).
+    fn split_ids(&self) -> FxHashSet<TensorId> {
+        self.local.values().chain(self.gathered.values()).filter(|l| l.split > 1).map(|l| l.id).collect()
     }
 
-    /// Names of the local tensors that hold a sequence-parallel shard (Tok::Seq). Every
-    /// such tensor an op reads is a current local or gathered version: the only
-    /// versions later replaced in `local` are the inputs of a collective, which reads no
-    /// weight.
-    fn seq_names(&self) -> HashSet<&str> {
-        self.local
-            .values()
-            .chain(self.gathered.values())
-            .filter(|l| l.tok == Tok::Seq)
-            .map(|l| l.name.as_str())
-            .collect()
+    /// The local tensors that hold a sequence-parallel shard (Tok::Seq). Every such
+    /// tensor an op reads is a current local or gathered version: the only versions
+    /// later replaced in `local` are the inputs of a collective, which reads no weight.
+    fn seq_ids(&self) -> FxHashSet<TensorId> {
+        self.local.values().chain(self.gathered.values()).filter(|l| l.tok == Tok::Seq).map(|l| l.id).collect()
     }
 
     fn cp_attrs(&self, attrs: &mut BTreeMap<String, Attr>) {
@@ -895,15 +903,15 @@ impl<'a> Pass<'a> {
                     let wn = self.weight(table, vec![rows, c])?;
                     attrs.insert("vocab-start".into(), Attr::Int((rows * u64::from(self.rank.tp)) as i64));
                     let partial = self.output(out, Tok::Full, 1)?;
-                    self.emit(&name, op.kind, vec![x.name, wn], vec![partial.clone()], attrs, layer, role);
-                    let r = self.reduce_tp(out, &partial, layer)?;
+                    self.emit(name, op.kind, vec![x.id, wn], vec![partial], attrs, layer, role);
+                    let r = self.reduce_tp(out, partial, layer)?;
                     self.local.insert(out, r);
                 } else {
                     let tok = if role == Role::VocabParallel { Tok::Full } else { resid };
                     let x = self.get(idx, tok)?;
                     let wn = self.weight(table, w.shape.clone())?;
                     let o = self.output(out, x.tok, 1)?;
-                    self.emit(&name, op.kind, vec![x.name, wn], vec![o], attrs, layer, role);
+                    self.emit(name, op.kind, vec![x.id, wn], vec![o], attrs, layer, role);
                 }
             }
             OpKind::Linear => {
@@ -923,20 +931,20 @@ impl<'a> Pass<'a> {
                             if let Some(last) = s.last_mut() {
                                 *last = v;
                             }
-                            let o = self.add_tensor(&t.name, s, t.dtype, TensorKind::Activation);
-                            self.local.insert(out, Local { name: o.clone(), tok: Tok::Full, split: tp });
+                            let o = self.add_tensor(t.name.clone(), s, t.dtype, TensorKind::Activation);
+                            self.local.insert(out, Local { id: o, tok: Tok::Full, split: tp });
                             attrs.insert("vocab-start".into(), Attr::Int((v * u64::from(self.rank.tp)) as i64));
                             (o, v)
                         } else {
                             let o = self.output(out, Tok::Full, tp)?;
-                            let rows = self.local_numel(&x.name) / k.max(1);
-                            (o.clone(), self.local_numel(&o) / rows.max(1))
+                            let rows = self.local_numel(x.id) / k.max(1);
+                            (o, self.local_numel(o) / rows.max(1))
                         };
-                        let mut ins = vec![x.name, self.weight(wi, vec![n_local, k])?];
+                        let mut ins = vec![x.id, self.weight(wi, vec![n_local, k])?];
                         if let Some(b) = bias {
                             ins.push(self.weight(b, vec![n_local])?);
                         }
-                        self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+                        self.emit(name, op.kind, ins, vec![o], attrs, layer, role);
                     }
                     Role::RowParallel => {
                         if x.split != tp {
@@ -946,25 +954,25 @@ impl<'a> Pass<'a> {
                             ));
                         }
                         let rows = self.b * self.t / self.tok_div(x.tok);
-                        let k_local = self.local_numel(&x.name) / rows.max(1);
-                        let mut ins = vec![x.name, self.weight(wi, vec![n, k_local])?];
+                        let k_local = self.local_numel(x.id) / rows.max(1);
+                        let mut ins = vec![x.id, self.weight(wi, vec![n, k_local])?];
                         if let Some(b) = bias {
                             // Megatron adds the row-parallel bias once, after the reduction.
                             ins.push(self.weight(b, vec![n])?);
                         }
                         let partial = self.output(out, Tok::Full, 1)?;
-                        self.emit(&name, op.kind, ins, vec![partial.clone()], attrs, layer, role);
-                        let r = self.reduce_tp(out, &partial, layer)?;
+                        self.emit(name, op.kind, ins, vec![partial], attrs, layer, role);
+                        let r = self.reduce_tp(out, partial, layer)?;
                         self.local.insert(out, r);
                     }
                     _ => {
                         let x = self.full_features(xi, x, layer)?;
-                        let mut ins = vec![x.name, self.weight(wi, w.clone())?];
+                        let mut ins = vec![x.id, self.weight(wi, w.clone())?];
                         if let Some(b) = bias {
                             ins.push(self.weight(b, vec![n])?);
                         }
                         let o = self.output(out, x.tok, 1)?;
-                        self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+                        self.emit(name, op.kind, ins, vec![o], attrs, layer, role);
                     }
                 }
             }
@@ -994,25 +1002,24 @@ impl<'a> Pass<'a> {
                 // Inputs must agree on the token split; gather the sequence shards if not.
                 if ins.iter().any(|(_, l)| l.tok != ins[0].1.tok) {
                     for (id, l) in ins.iter_mut() {
-                        *l = self.full_tokens(*id, l.clone(), layer)?;
+                        *l = self.full_tokens(*id, *l, layer)?;
                     }
                 }
                 let tok = ins.first().map_or(resid, |(_, l)| l.tok);
                 let split = ins.iter().map(|(_, l)| l.split).max().unwrap_or(1);
                 let out = op.outputs[0];
                 let o = if op.kind == OpKind::Concat {
-                    let a = self.tensors.iter().rev().find(|t| t.name == ins[0].1.name).map(|t| t.shape.clone());
-                    let b = self.tensors.iter().rev().find(|t| t.name == ins[1].1.name).map(|t| t.shape.clone());
-                    let (Some(a), Some(b)) = (a, b) else { return bad("concat inputs missing".into()) };
+                    let (Some(a), Some(b)) = (ins.first(), ins.get(1)) else { return bad("concat inputs missing".into()) };
+                    let (a, b) = (&self.tensors[a.1.id].shape, &self.tensors[b.1.id].shape);
                     if a.len() != b.len() || a.is_empty() {
                         return bad(format!("concat of {a:?} and {b:?}"));
                     }
-                    let mut s: Vec<u64> = a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect();
+                    let mut s: Vec<u64> = a.iter().zip(b).map(|(x, y)| *x.max(y)).collect();
                     let r = s.len() - 1;
                     s[r] = a[r] + b[r];
                     let t = self.logical(out);
-                    let o = self.add_tensor(&t.name, s, t.dtype, TensorKind::Activation);
-                    self.local.insert(out, Local { name: o.clone(), tok, split });
+                    let o = self.add_tensor(t.name.clone(), s, t.dtype, TensorKind::Activation);
+                    self.local.insert(out, Local { id: o, tok, split });
                     o
                 } else {
                     self.output(out, tok, split)?
@@ -1020,25 +1027,25 @@ impl<'a> Pass<'a> {
                 if op.kind == OpKind::Rotary {
                     self.cp_attrs(&mut attrs);
                 }
-                let mut names: Vec<String> = Vec::new();
+                let mut names: Vec<TensorId> = Vec::with_capacity(op.inputs.len());
                 for &id in &op.inputs {
                     if self.logical(id).kind.is_param() {
                         names.push(self.weight(id, self.logical(id).shape.clone())?);
                     } else {
                         let pos = ins.iter().position(|(j, _)| *j == id).unwrap_or(0);
-                        names.push(ins[pos].1.name.clone());
+                        names.push(ins[pos].1.id);
                     }
                 }
-                self.emit(&name, op.kind, names, vec![o], attrs, layer, role);
+                self.emit(name, op.kind, names, vec![o], attrs, layer, role);
             }
             OpKind::Attention => {
-                let mut ins = Vec::new();
+                let mut ins = Vec::with_capacity(op.inputs.len());
                 for (slot, &id) in op.inputs.iter().enumerate() {
                     let l = self.get(id, resid)?;
                     let mut l = self.full_tokens(id, l, layer)?;
                     if slot > 0 && self.l.cp > 1 {
                         l = match self.gathered.get(&(id, "cp")) {
-                            Some(g) => g.clone(),
+                            Some(&g) => g,
                             None => {
                                 let t = self.logical(id);
                                 let mut s = self.shape_of(&t.name, &t.shape, Tok::Full, l.split)?;
@@ -1047,7 +1054,7 @@ impl<'a> Pass<'a> {
                                     OpKind::AllGather,
                                     "cp",
                                     u64::from(self.l.cp),
-                                    &l.name,
+                                    l.id,
                                     "ag_cp",
                                     s,
                                     t.dtype,
@@ -1055,17 +1062,17 @@ impl<'a> Pass<'a> {
                                     &[("axis", Attr::Int(1))],
                                     layer,
                                 );
-                                let g = Local { name: n, ..l };
-                                self.gathered.insert((id, "cp"), g.clone());
+                                let g = Local { id: n, ..l };
+                                self.gathered.insert((id, "cp"), g);
                                 g
                             }
                         };
                     }
-                    ins.push(l.name);
+                    ins.push(l.id);
                 }
                 let o = self.output(op.outputs[0], Tok::Full, tp)?;
                 self.cp_attrs(&mut attrs);
-                self.emit(&name, op.kind, ins, vec![o], attrs, layer, role);
+                self.emit(name, op.kind, ins, vec![o], attrs, layer, role);
             }
             // Mamba's mixer: per channel (the conv) and per head and group (the scan), on
             // the heads the column-parallel projections left this rank; its weights are
@@ -1084,7 +1091,7 @@ impl<'a> Pass<'a> {
                 if acts.iter().any(|l| l.split != split) || (split != 1 && split != tp) {
                     return bad(format!("its inputs must all be split by tp={tp} (from column-parallel projections) or none"));
                 }
-                let mut names: Vec<String> = Vec::new();
+                let mut names: Vec<TensorId> = Vec::with_capacity(op.inputs.len());
                 let mut a = acts.into_iter();
                 for &id in &op.inputs {
                     let t = self.logical(id);
@@ -1098,11 +1105,11 @@ impl<'a> Pass<'a> {
                         }
                         names.push(self.weight(id, shape)?);
                     } else if let Some(l) = a.next() {
-                        names.push(l.name);
+                        names.push(l.id);
                     }
                 }
                 let o = self.output(op.outputs[0], Tok::Full, split)?;
-                self.emit(&name, op.kind, names, vec![o], attrs, layer, role);
+                self.emit(name, op.kind, names, vec![o], attrs, layer, role);
             }
             OpKind::CrossEntropy => {
                 let logits = self.get(op.inputs[0], Tok::Full)?;
@@ -1120,7 +1127,7 @@ impl<'a> Pass<'a> {
                             OpKind::AllReduce,
                             "tp",
                             tp,
-                            &logits.name,
+                            logits.id,
                             &format!("{stat}_tp"),
                             shape,
                             DType::F32,
@@ -1133,14 +1140,14 @@ impl<'a> Pass<'a> {
                     return bad("cross-entropy over tp-split logits needs the vocab-parallel role".into());
                 }
                 let o = self.output(op.outputs[0], Tok::Full, 1)?;
-                self.emit(&name, op.kind, vec![logits.name, targets.name], vec![o], attrs, layer, role);
+                self.emit(name, op.kind, vec![logits.id, targets.id], vec![o], attrs, layer, role);
             }
             OpKind::Router => {
                 let x = self.get(op.inputs[0], resid)?;
                 let x = self.full_features(op.inputs[0], x, layer)?;
                 let w = self.output(op.outputs[0], x.tok, 1)?;
                 let idx = self.output(op.outputs[1], x.tok, 1)?;
-                self.emit(&name, op.kind, vec![x.name], vec![w, idx], attrs, layer, role);
+                self.emit(name, op.kind, vec![x.id], vec![w, idx], attrs, layer, role);
             }
             OpKind::MoeDispatch => {
                 let x = self.get(op.inputs[0], resid)?;
@@ -1153,15 +1160,15 @@ impl<'a> Pass<'a> {
                 attrs.insert("ep".into(), Attr::Int(ep as i64));
                 let out = op.outputs[0];
                 let o = self.output(out, x.tok, 1)?;
-                self.emit(&name, op.kind, vec![x.name, idx.name.clone()], vec![o.clone()], attrs, layer, role);
+                self.emit(name, op.kind, vec![x.id, idx.id], vec![o], attrs, layer, role);
                 if ep > 1 {
                     // Declared for balanced routing (each rank receives as many rows as it
                     // sends): the size the volume is priced at. The rows really received
                     // depend on the routing; the executor sizes them at run time.
                     let t = self.logical(out);
                     let s = self.shape_of(&t.name, &t.shape, x.tok, 1)?;
-                    let a = self.collective(OpKind::AllToAll, "ep", ep, &o, "a2a_ep", s, t.dtype, &t.name, &[], layer);
-                    self.local.insert(out, Local { name: a, tok: x.tok, split: 1 });
+                    let a = self.collective(OpKind::AllToAll, "ep", ep, o, "a2a_ep", s, t.dtype, &t.name, &[], layer);
+                    self.local.insert(out, Local { id: a, tok: x.tok, split: 1 });
                 }
                 let etp = u64::from(self.l.etp);
                 if etp > 1 && x.tok == Tok::Seq {
@@ -1171,24 +1178,24 @@ impl<'a> Pass<'a> {
                     // dispatcher gathers them over the expert tensor-parallel group), and
                     // the routing indices with them, which the grouped linears between
                     // here and the reduce-scatter read.
-                    let rows = self.local[&out].clone();
+                    let rows = self.local[&out];
                     let t = self.logical(out);
                     let s = self.shape_of(&t.name, &t.shape, Tok::Experts, 1)?;
                     let ax = Attr::Int(self.tok_axis(&t.shape) as i64);
-                    let a = self.collective(OpKind::AllGather, "etp", etp, &rows.name, "ag_etp", s, t.dtype, &t.name, &[("axis", ax)], layer);
-                    self.local.insert(out, Local { name: a, tok: Tok::Experts, split: 1 });
+                    let a = self.collective(OpKind::AllGather, "etp", etp, rows.id, "ag_etp", s, t.dtype, &t.name, &[("axis", ax)], layer);
+                    self.local.insert(out, Local { id: a, tok: Tok::Experts, split: 1 });
                     let it = self.logical(op.inputs[1]);
                     let si = self.shape_of(&it.name, &it.shape, Tok::Experts, 1)?;
                     let ax = Attr::Int(self.tok_axis(&it.shape) as i64);
-                    let gi = self.collective(OpKind::AllGather, "etp", etp, &idx.name, "ag_etp", si, it.dtype, &it.name, &[("axis", ax)], layer);
-                    self.gathered.insert((op.inputs[1], "etp"), Local { name: gi, tok: Tok::Experts, split: 1 });
+                    let gi = self.collective(OpKind::AllGather, "etp", etp, idx.id, "ag_etp", si, it.dtype, &it.name, &[("axis", ax)], layer);
+                    self.gathered.insert((op.inputs[1], "etp"), Local { id: gi, tok: Tok::Experts, split: 1 });
                 }
             }
             OpKind::GroupedLinear => {
                 let (xi, wi, ii, out) = (op.inputs[0], op.inputs[1], op.inputs[2], op.outputs[0]);
                 let x = self.get(xi, resid)?;
                 let idx = match self.gathered.get(&(ii, "etp")) {
-                    Some(g) => g.clone(),
+                    Some(&g) => g,
                     None => self.get(ii, x.tok)?,
                 };
                 let w = self.logical(wi).shape.clone();
@@ -1199,11 +1206,11 @@ impl<'a> Pass<'a> {
                 if x.split == 1 {
                     let wn = self.weight(wi, vec![w[0] / ep, w[1] / etp, w[2]])?;
                     let o = self.output(out, x.tok, etp)?;
-                    self.emit(&name, op.kind, vec![x.name, wn, idx.name], vec![o], attrs, layer, role);
+                    self.emit(name, op.kind, vec![x.id, wn, idx.id], vec![o], attrs, layer, role);
                 } else {
                     let wn = self.weight(wi, vec![w[0] / ep, w[1], w[2] / etp])?;
                     let partial = self.output(out, x.tok, 1)?;
-                    self.emit(&name, op.kind, vec![x.name, wn, idx.name], vec![partial.clone()], attrs, layer, role);
+                    self.emit(name, op.kind, vec![x.id, wn, idx.id], vec![partial], attrs, layer, role);
                     if etp > 1 && x.tok == Tok::Experts {
                         // The rows gathered over etp at the dispatch go back to the ranks
                         // they came from, summed over the etp ranks' partial outputs.
@@ -1214,7 +1221,7 @@ impl<'a> Pass<'a> {
                             OpKind::ReduceScatter,
                             "etp",
                             etp,
-                            &partial,
+                            partial,
                             "rs_etp",
                             s,
                             t.dtype,
@@ -1222,7 +1229,7 @@ impl<'a> Pass<'a> {
                             &[("axis", ax)],
                             layer,
                         );
-                        self.local.insert(out, Local { name: r, tok: Tok::Seq, split: 1 });
+                        self.local.insert(out, Local { id: r, tok: Tok::Seq, split: 1 });
                     } else if etp > 1 {
                         // The etp ranks hold the same tokens: the partial outputs are
                         // summed with an all-reduce (the same bytes as Megatron's gather of
@@ -1233,7 +1240,7 @@ impl<'a> Pass<'a> {
                             OpKind::AllReduce,
                             "etp",
                             etp,
-                            &partial,
+                            partial,
                             "ar_etp",
                             s,
                             t.dtype,
@@ -1241,7 +1248,7 @@ impl<'a> Pass<'a> {
                             &[],
                             layer,
                         );
-                        self.local.insert(out, Local { name: r, tok: x.tok, split: 1 });
+                        self.local.insert(out, Local { id: r, tok: x.tok, split: 1 });
                     }
                 }
             }
@@ -1253,13 +1260,13 @@ impl<'a> Pass<'a> {
                     let t = self.logical(yi);
                     let s = self.shape_of(&t.name, &t.shape, y.tok, 1)?;
                     let a =
-                        self.collective(OpKind::AllToAll, "ep", ep, &y.name, "a2a_ep", s, t.dtype, &t.name, &[], layer);
-                    y = Local { name: a, ..y };
+                        self.collective(OpKind::AllToAll, "ep", ep, y.id, "a2a_ep", s, t.dtype, &t.name, &[], layer);
+                    y = Local { id: a, ..y };
                 }
                 let w = self.get(wi, y.tok)?;
                 let idx = self.get(ii, y.tok)?;
                 let o = self.output(op.outputs[0], idx.tok, 1)?;
-                self.emit(&name, op.kind, vec![y.name, w.name, idx.name], vec![o], attrs, layer, role);
+                self.emit(name, op.kind, vec![y.id, w.id, idx.id], vec![o], attrs, layer, role);
             }
             OpKind::AllReduce
             | OpKind::AllGather
@@ -1325,15 +1332,18 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         })
         .collect();
     let owned = |c: usize| c % layout.pp as usize == rank.pp as usize;
-    // Producer chunk of each activation, and the chunks that read it.
-    let mut producer: FxHashMap<TensorId, usize> = FxHashMap::default();
-    let mut readers: FxHashMap<TensorId, BTreeSet<usize>> = FxHashMap::default();
+    // Producer chunk of each activation (the last writer's), and the lowest and highest
+    // chunk that reads it: all a send needs to know is whether another chunk reads it,
+    // and a set of chunks per tensor was an allocation per tensor per sharding.
+    let mut producer: Vec<Option<usize>> = vec![None; g.tensors.len()];
+    let mut readers: Vec<Option<(usize, usize)>> = vec![None; g.tensors.len()];
     for (i, op) in g.ops.iter().enumerate() {
         for &o in &op.outputs {
-            producer.insert(o, chunk[i]);
+            producer[o] = Some(chunk[i]);
         }
         for &x in &op.inputs {
-            readers.entry(x).or_default().insert(chunk[i]);
+            let c = chunk[i];
+            readers[x] = Some(readers[x].map_or((c, c), |(lo, hi)| (lo.min(c), hi.max(c))));
         }
     }
     let mut p = Pass {
@@ -1342,11 +1352,14 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         rank,
         b: f.b,
         t: f.t,
-        tensors: Vec::new(),
-        names: HashSet::default(),
-        ops: Vec::new(),
+        // A rank holds at most the logical graph's tensors and ops plus the collectives.
+        tensors: Vec::with_capacity(g.tensors.len()),
+        names: HashMap::with_capacity(g.tensors.len()),
+        duplicate: None,
+        ops: Vec::with_capacity(g.ops.len()),
         local: FxHashMap::default(),
         weights: FxHashMap::default(),
+        weight_ids: FxHashMap::default(),
         gathered: FxHashMap::default(),
     };
     let pp = i64::from(layout.pp);
@@ -1354,7 +1367,7 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
     // weight before it frozen, as the embedding of a LoRA fine-tune) sends nothing back,
     // as its sender's send, which sees the frozen weights, receives nothing.
     let carries = crate::autodiff::needs_grad(g);
-    let mut sent: Vec<String> = Vec::new();
+    let mut sent: Vec<TensorId> = Vec::new();
     let mut i = 0;
     while i < g.ops.len() {
         let c = chunk[i];
@@ -1368,14 +1381,14 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         let mut received: BTreeSet<TensorId> = BTreeSet::new();
         for op in &g.ops[i..end] {
             for &x in &op.inputs {
-                if let Some(&pc) = producer.get(&x)
+                if let Some(pc) = producer[x]
                     && pc != c
                     && !p.local.contains_key(&x)
                     && received.insert(x)
                 {
                     let t = &g.tensors[x];
                     let tok = if layout.sp() { Tok::Seq } else { Tok::Full };
-                    let name = p.output(x, tok, 1)?;
+                    let local = p.output(x, tok, 1)?;
                     let mut a = BTreeMap::new();
                     a.insert("group".into(), attr_text("pp"));
                     a.insert("group-size".into(), Attr::Int(pp));
@@ -1385,10 +1398,10 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
                         a.insert("no-grad".into(), Attr::Flag(true));
                     }
                     p.emit(
-                        &format!("{name}.recv"),
+                        format!("{}.recv", p.name(local)),
                         OpKind::Recv,
                         vec![],
-                        vec![name.clone()],
+                        vec![local],
                         a,
                         op.layer,
                         Role::Replicated,
@@ -1403,14 +1416,14 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         let mut outs: BTreeSet<TensorId> = BTreeSet::new();
         for op in &g.ops[i..end] {
             for &o in &op.outputs {
-                if readers.get(&o).is_some_and(|r| r.iter().any(|&rc| rc != c)) {
+                if readers[o].is_some_and(|(lo, hi)| lo != c || hi != c) {
                     outs.insert(o);
                 }
             }
         }
         for o in outs {
-            let l = p.local.get(&o).cloned().ok_or_else(|| format!("'{}' was not produced", g.tensors[o].name))?;
-            let token = p.add_tensor(&format!("{}.sent", l.name), vec![], DType::F32, TensorKind::Activation);
+            let l = p.local.get(&o).copied().ok_or_else(|| format!("'{}' was not produced", g.tensors[o].name))?;
+            let token = p.add_tensor(format!("{}.sent", p.name(l.id)), vec![], DType::F32, TensorKind::Activation);
             let mut a = BTreeMap::new();
             a.insert("group".into(), attr_text("pp"));
             a.insert("group-size".into(), Attr::Int(pp));
@@ -1418,10 +1431,10 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
             a.insert("peer".into(), Attr::Int(((c + 1) % layout.pp as usize) as i64));
             let layer = g.ops[end - 1].layer;
             p.emit(
-                &format!("{}.send", l.name),
+                format!("{}.send", p.name(l.id)),
                 OpKind::Send,
-                vec![l.name.clone()],
-                vec![token.clone()],
+                vec![l.id],
+                vec![token],
                 a,
                 layer,
                 Role::Replicated,
@@ -1431,19 +1444,19 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         i = end;
     }
     // The objective: the loss on the last stage, plus every send token.
-    let mut parts: Vec<String> = Vec::new();
+    let mut parts: Vec<TensorId> = Vec::new();
     if owned(chunks - 1) {
-        parts.push(p.local.get(&g.loss).map(|l| l.name.clone()).ok_or("the loss was not produced on the last stage")?);
+        parts.push(p.local.get(&g.loss).map(|l| l.id).ok_or("the loss was not produced on the last stage")?);
     }
     parts.extend(sent);
-    let mut loss = parts.first().cloned().ok_or("this rank runs no operation")?;
-    for (k, part) in parts.iter().enumerate().skip(1) {
-        let sum = p.add_tensor(&format!("pipeline.objective.{k}"), vec![], DType::F32, TensorKind::Activation);
+    let mut loss = parts.first().copied().ok_or("this rank runs no operation")?;
+    for (k, &part) in parts.iter().enumerate().skip(1) {
+        let sum = p.add_tensor(format!("pipeline.objective.{k}"), vec![], DType::F32, TensorKind::Activation);
         p.emit(
-            &sum.clone(),
+            p.name(sum).to_string(),
             OpKind::Add,
-            vec![loss, part.clone()],
-            vec![sum.clone()],
+            vec![loss, part],
+            vec![sum],
             BTreeMap::new(),
             -1,
             Role::Replicated,
@@ -1452,7 +1465,10 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
     }
     let step = if with_step { step_collectives(g, layout, &p, owned(0), owned(chunks - 1)) } else { Vec::new() };
     let splits = if with_step { weight_splits(g, &p.weights) } else { BTreeMap::new() };
-    let graph = Graph::new(p.tensors, p.ops, &loss).map_err(|e| e.to_string())?;
+    if let Some(name) = p.duplicate {
+        return Err(GraphError::DuplicateTensor(name).to_string());
+    }
+    let graph = Graph::from_resolved(p.tensors, p.ops, loss, p.names);
     Ok(Sharded { graph, step, splits })
 }
 
@@ -1629,21 +1645,23 @@ fn step_collectives(g: &Graph, l: &Layout, p: &Pass, first: bool, last: bool) ->
     // finalize_model_grads). Linears on feature-split data are row-parallel: their
     // weight is split, and their bias is added once, after the reduction.
     if l.tp > 1 {
-        let seq = if l.sp() { p.seq_names() } else { HashSet::default() };
-        let split = p.split_names();
+        let seq = if l.sp() { p.seq_ids() } else { FxHashSet::default() };
+        let split = p.split_ids();
+        // Local weight tensor → its logical weight.
+        let logical: FxHashMap<TensorId, TensorId> = p.weight_ids.iter().map(|(&w, &local)| (local, w)).collect();
         let mut names: BTreeSet<String> = BTreeSet::new();
         for op in &p.ops {
-            let on_seq = op.inputs.iter().any(|i| seq.contains(i.as_str()));
-            let on_heads = op.kind != OpKind::Linear && op.inputs.iter().any(|i| split.contains(i.as_str()));
+            let on_seq = op.inputs.iter().any(|i| seq.contains(i));
+            let on_heads = op.kind != OpKind::Linear && op.inputs.iter().any(|i| split.contains(i));
             if !on_seq && !on_heads {
                 continue;
             }
             for i in &op.inputs {
-                let Some((&id, shape)) = p.weights.iter().find(|(id, _)| g.tensors[**id].name == *i) else {
+                let Some(&id) = logical.get(i) else {
                     continue;
                 };
-                if !expert.contains(&id) && *shape == g.tensors[id].shape && g.tensors[id].kind == TensorKind::Weight {
-                    names.insert(i.clone());
+                if !expert.contains(&id) && p.weights[&id] == g.tensors[id].shape && g.tensors[id].kind == TensorKind::Weight {
+                    names.insert(g.tensors[id].name.clone());
                 }
             }
         }

@@ -322,30 +322,35 @@ impl Template {
         let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
         let mut parts: Vec<Part> = vec![Part::default(); layers.len() + 2];
         let post = layers.len() + 1;
-        let part_of = |i: usize| -> usize {
-            match places[i] {
+        // Each op's part, looked up once (the loops below ask for it several times per op).
+        let part: Vec<usize> = places
+            .iter()
+            .map(|p| match *p {
                 Place::Pre => 0,
                 Place::Layer(l) if main.contains(&l) => 1 + pos[&l],
                 _ => post,
-            }
-        };
-        // Weights: the part of their first reader; expert weights are grouped-linear's.
-        let mut first_reader: FxHashMap<usize, usize> = FxHashMap::default();
+            })
+            .collect();
+        let part_of = |i: usize| -> usize { part[i] };
+        // Weights: the part of their first reader, and whether the head side reads them
+        // too; expert weights are grouped-linear's. By tensor id: the parameter sums
+        // below add whole numbers (under 2^53), exact in any order.
+        let mut first_reader: Vec<Option<usize>> = vec![None; g.tensors.len()];
+        let mut read_by_post = vec![false; g.tensors.len()];
         let mut expert: FxHashSet<usize> = FxHashSet::default();
-        let mut read_by: FxHashMap<usize, FxHashSet<usize>> = FxHashMap::default();
         for (i, op) in g.ops.iter().enumerate() {
             for (j, &x) in op.inputs.iter().enumerate() {
                 if !g.tensors[x].kind.is_param() {
                     continue;
                 }
-                first_reader.entry(x).or_insert(part_of(i));
-                read_by.entry(x).or_default().insert(part_of(i));
+                first_reader[x].get_or_insert(part_of(i));
+                read_by_post[x] |= part_of(i) == post;
                 if op.kind == OpKind::GroupedLinear && j == 1 {
                     expert.insert(x);
                 }
             }
         }
-        for (&w, &p) in &first_reader {
+        for (w, p) in first_reader.iter().enumerate().filter_map(|(w, p)| Some((w, (*p)?))) {
             let n = g.tensors[w].numel() as f64;
             if g.tensors[w].kind == TensorKind::Frozen {
                 parts[p].frozen_params += n;
@@ -354,7 +359,7 @@ impl Template {
             } else {
                 parts[p].dense_params += n;
             }
-            if p == 0 && read_by[&w].contains(&post) {
+            if p == 0 && read_by_post[w] {
                 if g.tensors[w].kind == TensorKind::Frozen {
                     parts[post].tied_frozen_params += n;
                 } else {
@@ -450,6 +455,12 @@ impl Template {
                 _ => {}
             }
         }
+        // The first op of each name, where a collective is looked up by its name (a scan of
+        // the ops per collective was quadratic in the rank graph's size).
+        let mut op_named: HashMap<&str, usize> = HashMap::with_capacity(g.ops.len());
+        for (i, op) in g.ops.iter().enumerate() {
+            op_named.entry(op.name.as_str()).or_insert(i);
+        }
         for c in comm_volume(g) {
             let group = match c.group.as_str() {
                 "tp" => Group::Tp,
@@ -458,7 +469,7 @@ impl Template {
                 "etp" => Group::Etp,
                 other => return Err(format!("a collective over group '{other}' in a single-stage rank graph")),
             };
-            let i = g.ops.iter().position(|o| o.name == c.op).unwrap_or(0);
+            let i = op_named.get(c.op.as_str()).copied().unwrap_or(0);
             let at = part_of(i);
             let routing = match (group, c.kind) {
                 (Group::Ep, OpKind::AllToAll) => top_k.get(&at).copied().zip(experts.get(&at).copied()),
