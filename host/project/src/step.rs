@@ -1225,11 +1225,12 @@ impl Costed {
         let mf = f64::from(m);
         let bubble = if dual {
             // (pp/2 - 1)(F&B + B - 3W): F&B a forward and a backward chunk run together (a
-            // rank's time per micro-batch), B a whole backward, W its weight-gradient part,
-            // taken as half of it (the weight-gradient GEMMs are as many FLOPs as the
-            // input-gradient ones; attention has none, so this errs toward a smaller bubble).
-            let b_mean = stages.iter().map(|x| x.bwd).sum::<f64>() / pp as f64;
-            (pp as f64 / 2.0 - 1.0) * (t_mean - 0.5 * b_mean).max(0.0)
+            // rank's time per micro-batch), B a whole backward, W its weight-gradient part:
+            // a third of the GEMMs' time (forward, input and weight gradients are the same
+            // FLOPs); attention and memory-bound work have none.
+            let mean = |f: &dyn Fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
+            let (b_mean, w_mean) = (mean(&|x| x.bwd), mean(&|x| x.comp[6] / 3.0));
+            (pp as f64 / 2.0 - 1.0) * (t_mean + b_mean - 3.0 * w_mean).max(0.0)
         } else {
             (pp as f64 - 1.0) / vp as f64 * t_mean
         };

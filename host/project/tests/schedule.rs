@@ -177,7 +177,8 @@ fn the_bubble_is_the_mean_stage_over_the_virtual_chunks() {
 /// the head on the last, ranks 0 and 3 take (L + (L + H))/2 per micro-batch and the step's
 /// compute is m(L + H/2) where 1F1B's is m(L + H). The bubble is (p/2 − 1)(F&B + B − 3W):
 /// F&B a rank's micro-batch time (its mean over the ranks is 1F1B's mean stage, S =
-/// (4L + H)/4), B the backward, two thirds of it, W half the backward: (2 − 1)(S − S/3).
+/// (4L + H)/4), B the backward, two thirds of it, W the weight-gradient GEMMs, a third of
+/// the GEMMs (here all of it): (2 − 1)(S + 2S/3 − 3·S/3).
 /// Only the fill's and the drain's sends wait. Ranks 0 and 3 hold two layers, the
 /// embedding and the head: weights and gradients of both stages, and, without the
 /// distributed optimizer, the state of both; with it, each stage's state is spread over
