@@ -94,10 +94,11 @@ impl TryFrom<String> for Optimizer {
 
 /// The pipeline schedule the micro-batches run in.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
+#[serde(try_from = "String")]
 pub enum PipelineKind {
     /// Megatron's one-forward-one-backward (interleaved with a virtual pipeline).
     #[default]
+    #[serde(rename = "1f1b")]
     OneFOneB,
     /// DeepSeek's DualPipe (DeepSeek-V3 Technical Report, arXiv:2412.19437, section
     /// 3.2.1; github:deepseek-ai/DualPipe): micro-batches fed from both ends, so pipeline
@@ -108,6 +109,7 @@ pub enum PipelineKind {
     /// and each rank keeps pp + 1 micro-batches' activations. It needs an even pp, no
     /// virtual pipeline, and an even number of micro-batches, at least 2·pp (the
     /// reference implementation's assertions, `dualpipe/dualpipe.py` at bb214e8).
+    #[serde(rename = "dualpipe")]
     DualPipe,
 }
 
@@ -117,13 +119,6 @@ impl PipelineKind {
             "1f1b" | "interleaved" => Ok(PipelineKind::OneFOneB),
             "dualpipe" => Ok(PipelineKind::DualPipe),
             _ => Err(format!("unknown pipeline schedule '{s}': use 1f1b (Megatron's, interleaved with --vp) or dualpipe (DeepSeek's)")),
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            PipelineKind::OneFOneB => "1f1b",
-            PipelineKind::DualPipe => "dualpipe",
         }
     }
 
@@ -138,12 +133,6 @@ impl TryFrom<String> for PipelineKind {
 
     fn try_from(name: String) -> Result<PipelineKind, String> {
         PipelineKind::parse(&name)
-    }
-}
-
-impl From<PipelineKind> for String {
-    fn from(k: PipelineKind) -> String {
-        k.name().to_string()
     }
 }
 
@@ -1221,15 +1210,15 @@ impl Costed {
         let pol = base;
         let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
         let t_max = stages[crit].t;
-        let t_mean = stages.iter().map(|x| x.t).sum::<f64>() / pp as f64;
+        let mean = |f: fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
+        let t_mean = mean(|x| x.t);
         let mf = f64::from(m);
         let bubble = if dual {
             // (pp/2 - 1)(F&B + B - 3W): F&B a forward and a backward chunk run together (a
             // rank's time per micro-batch), B a whole backward, W its weight-gradient part:
             // a third of the GEMMs' time (forward, input and weight gradients are the same
             // FLOPs); attention and memory-bound work have none.
-            let mean = |f: &dyn Fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
-            let (b_mean, w_mean) = (mean(&|x| x.bwd), mean(&|x| x.comp[6] / 3.0));
+            let (b_mean, w_mean) = (mean(|x| x.bwd), mean(|x| x.comp[6] / 3.0));
             (pp as f64 / 2.0 - 1.0) * (t_mean + b_mean - 3.0 * w_mean).max(0.0)
         } else {
             (pp as f64 - 1.0) / vp as f64 * t_mean
@@ -1512,7 +1501,8 @@ impl Costed {
             // The embedding's activations for every micro-batch in flight through the first
             // stage, the head's for one; under DualPipe both end ranks hold both ends, each
             // for half the micro-batches.
-            let (first, last) = if dual { (st == 0 || st == pp - 1, st == 0 || st == pp - 1) } else { (st == 0, st == pp - 1) };
+            let end = st == 0 || st == pp - 1;
+            let (first, last) = if dual { (end, end) } else { (st == 0, st == pp - 1) };
             let a = in_flight(st) * stages[st].acts
                 + stages[st].offload
                 + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }

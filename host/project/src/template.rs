@@ -331,7 +331,6 @@ impl Template {
                 _ => post,
             })
             .collect();
-        let part_of = |i: usize| -> usize { part[i] };
         // Weights: the part of their first reader, and whether the head side reads them
         // too; expert weights are grouped-linear's. By tensor id: the parameter sums
         // below add whole numbers (under 2^53), exact in any order.
@@ -343,8 +342,8 @@ impl Template {
                 if !g.tensors[x].kind.is_param() {
                     continue;
                 }
-                first_reader[x].get_or_insert(part_of(i));
-                read_by_post[x] |= part_of(i) == post;
+                first_reader[x].get_or_insert(part[i]);
+                read_by_post[x] |= part[i] == post;
                 if op.kind == OpKind::GroupedLinear && j == 1 {
                     expert.insert(x);
                 }
@@ -379,7 +378,7 @@ impl Template {
             op.inputs.get(1).and_then(|&w| g.tensors[w].shape.first().copied()).unwrap_or(1).max(1) as f64
         };
         for (i, op) in g.ops.iter().enumerate() {
-            let at = part_of(i);
+            let at = part[i];
             let p = &mut parts[at];
             let c = count::op_cost(g, op, AttentionFlops::CausalHalved);
             match op.kind {
@@ -444,12 +443,12 @@ impl Template {
             match op.kind {
                 OpKind::Router => {
                     if let Some(k) = v("top-k") {
-                        top_k.insert(part_of(i), k);
+                        top_k.insert(part[i], k);
                     }
                 }
                 OpKind::MoeDispatch => {
                     if let Some(e) = v("experts") {
-                        experts.insert(part_of(i), e);
+                        experts.insert(part[i], e);
                     }
                 }
                 _ => {}
@@ -470,7 +469,7 @@ impl Template {
                 other => return Err(format!("a collective over group '{other}' in a single-stage rank graph")),
             };
             let i = op_named.get(c.op.as_str()).copied().unwrap_or(0);
-            let at = part_of(i);
+            let at = part[i];
             let routing = match (group, c.kind) {
                 (Group::Ep, OpKind::AllToAll) => top_k.get(&at).copied().zip(experts.get(&at).copied()),
                 _ => None,
