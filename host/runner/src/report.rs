@@ -47,10 +47,10 @@ impl Table {
         let cols = self.headers.len();
         let headers: Vec<String> = self.headers.iter().map(|h| visible(h)).collect();
         let rows: Vec<Vec<String>> = self.rows.iter().map(|r| r.iter().map(|c| visible(c)).collect()).collect();
-        let mut width: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+        let mut width: Vec<usize> = headers.iter().map(|h| columns(h)).collect();
         for row in &rows {
             for (i, cell) in row.iter().enumerate().take(cols) {
-                width[i] = width[i].max(cell.chars().count());
+                width[i] = width[i].max(columns(cell));
             }
         }
         let mut out = String::new();
@@ -61,7 +61,7 @@ impl Table {
             let mut parts = Vec::with_capacity(cols);
             for (i, cell) in cells.iter().enumerate().take(cols) {
                 let numeric = numeric(cell);
-                let pad = width[i] - cell.chars().count();
+                let pad = width[i] - columns(cell);
                 parts.push(if numeric && i > 0 {
                     format!("{}{cell}", " ".repeat(pad))
                 } else {
@@ -184,6 +184,38 @@ impl Table {
 /// error of "+12.3%" as much as one of "-25.0%") or '~'.
 fn numeric(cell: &str) -> bool {
     cell.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '$' | '+' | '-' | '~'))
+}
+
+/// The terminal columns `s` takes: two for a wide character (CJK, most emoji), none for a
+/// combining mark. Counting characters instead misaligned a table whose cells held a
+/// plugin's CJK instance names.
+pub fn columns(s: &str) -> usize {
+    unicode_width::UnicodeWidthStr::width(s)
+}
+
+/// The longest start of `s` that fits in `cols` terminal columns (a wide character that
+/// would straddle the edge is left out).
+pub fn fit(s: &str, cols: usize) -> &str {
+    let mut used = 0;
+    for (i, c) in s.char_indices() {
+        used += unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used > cols {
+            return &s[..i];
+        }
+    }
+    s
+}
+
+/// The longest end of `s` that fits in `cols` terminal columns.
+pub fn fit_end(s: &str, cols: usize) -> &str {
+    let mut used = 0;
+    for (i, c) in s.char_indices().rev() {
+        used += unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        if used > cols {
+            return &s[i + c.len_utf8()..];
+        }
+    }
+    s
 }
 
 /// `s` with every character that changes how a terminal shows text (ESC, CR, BEL, the
@@ -317,6 +349,20 @@ mod tests {
         );
         t.notes.push("<script>".into());
         assert!(t.html().contains("&lt;script&gt;"), "notes are escaped");
+    }
+
+    /// A cell of wide characters (a plugin's CJK instance name) pads by the columns it
+    /// takes on a terminal, so the next column still lines up; `fit` and `fit_end` never
+    /// split a wide character across the edge.
+    #[test]
+    fn wide_characters_align_by_terminal_columns() {
+        let mut t = Table::new("", &["instance", "usd"]);
+        t.rows.push(vec!["東京-8x".into(), "1".into()]);
+        t.rows.push(vec!["plain-name".into(), "22".into()]);
+        let text = t.render();
+        let ends: Vec<usize> = text.lines().filter(|l| l.ends_with('1') || l.ends_with("22")).map(columns).collect();
+        assert_eq!(ends, vec![15, 15], "{text}");
+        assert_eq!((fit("東京x", 3), fit("東京x", 4), fit_end("x東京", 3), fit_end("x東京", 5)), ("東", "東京", "京", "x東京"));
     }
 
     /// A model name or path from a user's file carries no terminal sequence to the

@@ -513,7 +513,8 @@ fn quote(text: &str, span: std::ops::Range<usize>) -> String {
     let (from, to) = (start - line_start, boundary(span.end).saturating_sub(line_start));
     // Each character as shown, and the columns it takes.
     let shown = |c: char| if runner_contract::text::is_unsafe(c) { runner_contract::text::escape(c.encode_utf8(&mut [0; 4]), usize::MAX) } else { c.to_string() };
-    let width = |c: char| if runner_contract::text::is_unsafe(c) { shown(c).len() } else { 1 };
+    // A wide character (CJK, most emoji) takes two columns, a combining mark none.
+    let width = |c: char| if runner_contract::text::is_unsafe(c) { shown(c).len() } else { unicode_width::UnicodeWidthChar::width(c).unwrap_or(0) };
     // An empty span (TOML's, at a character it refuses) underlines that one character.
     let (mut caret, mut caret_end, mut total, mut first_width) = (None, None, 0, 1);
     for (i, c) in line.char_indices() {
@@ -1354,10 +1355,30 @@ mod tests {
         (quoted.to_string(), from..to)
     }
 
-    /// What the carets sit under in the quoted line.
+    /// What the carets sit under in the quoted line, in terminal columns (a wide
+    /// character takes two).
     fn under(e: &str) -> String {
         let (quoted, span) = underlined(e);
-        quoted.chars().skip(span.start).take(span.len()).collect()
+        let mut at = 0;
+        let mut out = String::new();
+        for c in quoted.chars() {
+            if span.contains(&at) {
+                out.push(c);
+            }
+            at += crate::report::columns(c.encode_utf8(&mut [0; 4]));
+        }
+        out
+    }
+
+    /// A wide character (CJK, emoji) before the span takes two terminal columns: counted
+    /// as one, the carets landed a column early for each.
+    #[test]
+    fn the_carets_count_wide_characters_as_two_columns() {
+        let e = parse("cost = { region = \"東京\", option = \"spotty\" }\n[model]\nplugin = \"x\"\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "\"spotty\"", "{e}");
+        assert!(e.starts_with("t.toml: line 1, column 34\n"), "the column counts the file's characters: {e}");
+        let e = parse("[model]\nplugin = \"🦙🦙\" zzz\n", "t.toml").unwrap_err();
+        assert_eq!(under(&e), "z", "{e}");
     }
 
     /// The carets sit under the refused span of the line as it is shown, where a control

@@ -424,10 +424,9 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     // On a terminal a long value keeps its two ends (two plugin paths differ at the end,
     // two hashes at either); CSV and HTML carry it whole.
     let short = |s: String| -> String {
-        let n = s.chars().count();
-        if n > 48 {
-            let head: String = s.chars().take(22).collect();
-            let tail: String = s.chars().skip(n - 23).collect();
+        if report::columns(&s) > 48 {
+            let head = report::fit(&s, 22);
+            let tail = report::fit_end(&s, 23);
             format!("{head}...{tail}")
         } else {
             s

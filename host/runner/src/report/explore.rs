@@ -9,13 +9,21 @@ use std::fmt::Write as _;
 use crate::explore::{Choice, Goal, Outcome, Row, Series};
 use crate::pricing::{CloudCost, CloudPrice, rank_clouds};
 use crate::report::chart::{self, LineChart, Mark, StackedBars};
-use crate::report::{OutputFormat, Table, si, usd, visible};
+use crate::report::{OutputFormat, Table, columns, fit, si, usd, visible};
 
 /// Clouds shown per series in the terminal.
 const TERMINAL_CLOUDS: usize = 2;
 
 /// The terminal page's width: notes are wrapped to it.
 const WIDTH: usize = 100;
+
+/// `word` cut after `room` terminal columns, at least one character kept (a wide
+/// character at the margin goes whole to the next line).
+fn cut(word: &str, room: usize) -> (&str, &str) {
+    let head = fit(word, room);
+    let at = if head.is_empty() { word.chars().next().map_or(0, char::len_utf8) } else { head.len() };
+    word.split_at(at)
+}
 
 /// `text` after `lead`, wrapped at word boundaries to [`WIDTH`] columns, continuation
 /// lines indented by two spaces; a word longer than a line (a catalog path at a commit)
@@ -28,15 +36,16 @@ fn wrapped(lead: &str, text: &str) -> String {
     let mut fresh = true;
     let mut words: Vec<String> = text.split_whitespace().rev().map(str::to_string).collect();
     while let Some(word) = words.pop() {
-        let len = line.chars().count();
-        let wlen = word.chars().count();
+        let len = columns(&line);
+        let wlen = columns(&word);
         if !fresh && len + 1 + wlen > WIDTH {
             if wlen > WIDTH - 2 && len + 2 < WIDTH {
                 // Too long for any line: fill this one and carry the rest.
                 let room = WIDTH - len - 1;
                 line.push(' ');
-                line.extend(word.chars().take(room));
-                words.push(word.chars().skip(room).collect());
+                let (head, rest) = cut(&word, room);
+                line.push_str(head);
+                words.push(rest.to_string());
             } else {
                 words.push(word);
             }
@@ -51,8 +60,9 @@ fn wrapped(lead: &str, text: &str) -> String {
         }
         if len + wlen > WIDTH && fresh {
             let room = WIDTH.saturating_sub(len).max(1);
-            line.extend(word.chars().take(room));
-            words.push(word.chars().skip(room).collect());
+            let (head, rest) = cut(&word, room);
+            line.push_str(head);
+            words.push(rest.to_string());
             out.push_str(line.trim_end());
             out.push('\n');
             line = "  ".to_string();
@@ -159,12 +169,10 @@ const CLOUD_HEADER: usize = 16;
 /// A cloud's terminal column header: its name, or one cut short with a visible "~" so a
 /// cut name does not pass for another cloud's (the notes and the other formats give it whole).
 fn cloud_header(name: &str) -> String {
-    if name.chars().count() <= CLOUD_HEADER {
+    if columns(name) <= CLOUD_HEADER {
         return name.to_string();
     }
-    let mut cut: String = name.chars().take(CLOUD_HEADER - 1).collect();
-    cut.push('~');
-    cut
+    format!("{}~", fit(name, CLOUD_HEADER - 1))
 }
 
 /// One series as a table: `clouds` are the columns priced (indices into the row costs).
@@ -804,6 +812,20 @@ pub(crate) mod tests {
         assert_eq!(cloud_header("hyperstack"), "hyperstack");
         assert_eq!(cloud_header("our-contract.csv"), "our-contract.csv");
         assert_eq!(cloud_header("negotiated-2027-contract"), "negotiated-2027~");
+        // Wide characters take two columns: eight of them fill the sixteen.
+        assert_eq!(cloud_header("東京クラウド計算"), "東京クラウド計算");
+        assert_eq!(cloud_header("東京クラウド計算所"), "東京クラウド計~");
+    }
+
+    /// Wide characters (CJK, emoji) take two terminal columns: a note of them wraps
+    /// within the margin, and a long run of them is cut without losing one.
+    #[test]
+    fn notes_of_wide_characters_wrap_by_terminal_columns() {
+        let long = "東".repeat(120);
+        let out = wrapped("note: ", &format!("価格 {long} 終わり"));
+        assert!(out.lines().all(|l| columns(l) <= WIDTH), "{out}");
+        assert!(out.lines().any(|l| columns(l) >= WIDTH - 1), "lines are filled: {out}");
+        assert_eq!(out.matches('東').count(), 120, "nothing lost: {out}");
     }
 
     #[test]
@@ -811,7 +833,7 @@ pub(crate) mod tests {
         let long = "x".repeat(250);
         let text = format!("a short start {long} and an end that goes on for a while so that it needs a line of its own");
         let out = wrapped("note: ", &text);
-        assert!(out.lines().all(|l| l.chars().count() <= WIDTH), "{out}");
+        assert!(out.lines().all(|l| columns(l) <= WIDTH), "{out}");
         assert_eq!(out.matches('x').count(), 250, "nothing lost: {out}");
         assert!(out.starts_with("note: a short start x"), "{out}");
         assert!(out.lines().skip(1).all(|l| l.starts_with("  ")), "{out}");
