@@ -181,11 +181,22 @@ pub fn compare(a: &Run, b: &Run) -> Vec<(String, Change)> {
     for c in runner_store::diff(&a.inputs, &b.inputs) {
         out.push(("inputs".to_string(), c));
     }
+    // Keyed by name; a name two plugins of a run share (a workload and a price file both
+    // called "ours") gets its kind, and then its place, so neither hides the other's change.
     let by_name = |v: &Value| -> Value {
+        let list: Vec<&Value> = v.as_array().into_iter().flatten().collect();
+        let name = |p: &Value| p["name"].as_str().unwrap_or("?").to_string();
         let mut m = serde_json::Map::new();
-        for p in v.as_array().into_iter().flatten() {
-            let name = p["name"].as_str().unwrap_or("?").to_string();
-            m.insert(name, json!({ "sha256": p["sha256"], "source": p["source"] }));
+        for (i, p) in list.iter().enumerate() {
+            let mut key = name(p);
+            let same_kind = |q: &&&Value| name(q) == name(p) && q["kind"] == p["kind"];
+            if list.iter().filter(|q| name(q) == key).count() > 1 {
+                key = format!("{key} ({})", p["kind"].as_str().unwrap_or("?"));
+                if list.iter().filter(same_kind).count() > 1 {
+                    key = format!("{key} #{}", list[..=i].iter().filter(same_kind).count());
+                }
+            }
+            m.insert(key, json!({ "sha256": p["sha256"], "source": p["source"] }));
         }
         Value::Object(m)
     };
@@ -475,6 +486,24 @@ mod journal_tests {
         assert_eq!((&r["layout"], &r["tokens_per_sec_per_gpu"]), (&json!(layout), &json!(1234.5)));
         assert_eq!(r["price_row"], json!(price_row));
         assert_eq!(r["price_row"], json!("i r on-demand undated"));
+    }
+
+    /// Two plugins of a run with one name (a workload and a price file both called
+    /// "ours", or two price files) are told apart by kind and then by place: keyed by name
+    /// alone, the second hid the first's change.
+    #[test]
+    fn compare_keeps_plugins_that_share_a_name_apart() {
+        let p = |kind: &str, sha: &str| json!({ "name": "ours", "kind": kind, "sha256": sha, "source": "/x" });
+        let a = stored(json!({}), json!([p("workload", "aa"), p("cost", "bb"), p("cost", "cc")]), None);
+        let b = stored(json!({}), json!([p("workload", "a2"), p("cost", "bb"), p("cost", "c2")]), None);
+        let change = |what: &str, path: &str, a: Value, b: Value| (what.to_string(), Change { path: path.into(), a, b });
+        assert_eq!(
+            compare(&a, &b),
+            vec![
+                change("plugins", "ours (cost) #2.sha256", json!("cc"), json!("c2")),
+                change("plugins", "ours (workload).sha256", json!("aa"), json!("a2")),
+            ]
+        );
     }
 
     /// A comparison lists inputs, then plugins, then the outcome, then results, each by
