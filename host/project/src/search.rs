@@ -413,7 +413,19 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
         return Ok(vec![PipelineSplit::default()]);
     }
     let (l, p, v) = (layers as usize, pp as usize, vp as usize);
-    let ok = PipelineSplit::megatron_choices(l, p, v);
+    let mut ok = PipelineSplit::megatron_choices(l, p, v);
+    // Under DualPipe rank r holds stage r and stage pp-1-r: a split and its mirror (the
+    // embedding's and the loss's counts swapped) put the same layers on every rank and
+    // project alike, and were listed as two layouts of one figure. Price the first.
+    if space.pipeline == PipelineKind::DualPipe {
+        let mut kept: Vec<PipelineSplit> = Vec::with_capacity(ok.len());
+        for s in ok {
+            if !kept.contains(&PipelineSplit { embedding: s.loss, loss: s.embedding }) {
+                kept.push(s);
+            }
+        }
+        ok = kept;
+    }
     if !ok.is_empty() {
         return Ok(ok);
     }

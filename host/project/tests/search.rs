@@ -87,6 +87,33 @@ fn a_fixed_pp_with_vp_free_prices_only_the_splits_megatron_builds_up_to_16_chunk
     assert_eq!(vps(2), BTreeSet::from([1, 2, 4, 8, 16]));
 }
 
+/// Under DualPipe rank r holds stage r and stage pp-1-r, so a split and its mirror (the
+/// embedding counted as a layer and not the loss, or the loss and not the embedding) put
+/// the same layers on every rank and project alike: the search prices one of them, where
+/// it listed both as two layouts of one figure. Under 1F1B both stay (DeepSeek-V3's 61
+/// layers at PP2: 62 units either way).
+#[test]
+fn dualpipe_prices_one_of_two_mirrored_splits() {
+    use runner_graph::pipeline::PipelineSplit;
+    use runner_project::step::PipelineKind;
+    let mut pr = projector("deepseek-v3-671b", 4096, "h800", Recipe::Fp8);
+    let (e1l0, e0l1) = (PipelineSplit::megatron(true, false), PipelineSplit::megatron(false, true));
+    let splits = |pr: &mut runner_project::project::Projector, pipeline: PipelineKind| {
+        let space = Space { tp: Some(4), cp: Some(1), pp: Some(2), ep: Some(64), mbs: Some(1), fsdp: Some(false), pipeline, ..Space::default() };
+        let f = search::search(pr, 2048, 15360, &space, 1_000_000);
+        assert!(!f.best.is_empty(), "{:?}", f.families.iter().map(|x| format!("{:?}", x.verdict)).collect::<Vec<_>>());
+        f.best.iter().map(|p| (p.layout.split.embedding, p.layout.split.loss)).collect::<BTreeSet<_>>()
+    };
+    assert_eq!(splits(&mut pr, PipelineKind::OneFOneB), BTreeSet::from([(1, 0), (0, 1)]));
+    assert_eq!(splits(&mut pr, PipelineKind::DualPipe), BTreeSet::from([(1, 0)]));
+    let mut l = common::layout(4, 2, 1, 1, 256, 1, 15360);
+    l.ep = 64;
+    l.pipeline = PipelineKind::DualPipe;
+    l.recompute = runner_graph::recompute::RecomputePolicy::Full;
+    let (a, b) = (pr.project(&runner_project::step::LayoutSpec { split: e1l0, ..l }).unwrap(), pr.project(&runner_project::step::LayoutSpec { split: e0l1, ..l }).unwrap());
+    assert_eq!((a.step_time_s, a.memory.total), (b.step_time_s, b.memory.total), "mirrored splits under DualPipe");
+}
+
 /// A layout that fits the GPU neither as it is nor with every layer recomputed, but would
 /// by offloading activations to a host too small for them, is reported short of host
 /// memory (the closer miss, and what stands in the way), not of GPU memory: Llama 3.1 8B
