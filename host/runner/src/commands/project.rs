@@ -759,6 +759,23 @@ fn verdict_text(v: &Verdict) -> String {
     }
 }
 
+/// Why each family but the best lost, in the search's order; families that lost for the
+/// same reason share one note (a DualPipe search at 2,048 GPUs printed twelve notes that
+/// a family without a pipeline "lost on divisibility: DualPipe needs an even pp").
+fn lost_notes(gpus: u32, families: &[search::Family]) -> Vec<String> {
+    let mut lost: Vec<(Vec<&str>, String)> = Vec::new();
+    for fam in families {
+        if !matches!(fam.verdict, Verdict::Best { .. }) {
+            let why = verdict_text(&fam.verdict);
+            match lost.iter_mut().find(|(_, w)| *w == why) {
+                Some((names, _)) => names.push(&fam.name),
+                None => lost.push((vec![&fam.name], why)),
+            }
+        }
+    }
+    lost.into_iter().map(|(names, why)| format!("{gpus} GPUs, {} lost on {why}", names.join(", "))).collect()
+}
+
 pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global: &Global) -> Result<()> {
     // A count given twice was searched twice, its layouts and notes printed twice; it is
     // refused, as explore and run files refuse it.
@@ -806,11 +823,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
                 sig(p.memory_per_gpu_gib, 1),
             ]);
         }
-        for fam in &f.families {
-            if !matches!(fam.verdict, Verdict::Best { .. }) {
-                notes.push(format!("{n} GPUs, {} lost on {}", fam.name, verdict_text(&fam.verdict)));
-            }
-        }
+        notes.extend(lost_notes(n, &f.families));
         notes.extend(f.not_tried.iter().map(|w| format!("{n} GPUs: {w}")));
         notes.push(format!("{n} GPUs: {} layouts evaluated in {:.0} ms (GBS {gbs})", f.evaluated, took * 1e3));
         all.push(f);
@@ -1294,6 +1307,29 @@ mod tests {
         assert_eq!(run_numbers("8-10", 10), Err("run 10 is past the file's last run (9)".into()));
         assert_eq!(run_numbers("4-3", 10), Err("the range 4-3 runs backwards".into()));
         assert!(run_numbers("1-x", 10).unwrap_err().starts_with("'x' is not a run number"));
+    }
+
+    /// Families that lost for one reason share a note, in the order the search lists them;
+    /// the best family has none, and a family that lost otherwise keeps its own.
+    #[test]
+    fn families_that_lost_for_one_reason_share_a_note() {
+        let fam = |name: &str, verdict: Verdict| search::Family { name: name.into(), verdict };
+        let odd = || Verdict::Divisibility { reason: "pp odd".into() };
+        let families = [
+            fam("TP+PP", Verdict::Best { layout: "a".into(), step_time_s: 1.0 }),
+            fam("DP", odd()),
+            fam("TP+DP", Verdict::Speed { layout: "b".into(), step_time_s: 2.0, slower: 2.0 }),
+            fam("CP+DP", odd()),
+            fam("EP+DP", Verdict::Divisibility { reason: "gbs".into() }),
+        ];
+        assert_eq!(
+            lost_notes(8, &families),
+            vec![
+                "8 GPUs, DP, CP+DP lost on divisibility: pp odd",
+                "8 GPUs, TP+DP lost on speed: 2.00x slower at best (b)",
+                "8 GPUs, EP+DP lost on divisibility: gbs",
+            ]
+        );
     }
 
     /// Borrowed parameters are grouped by the GPU that set them, in the order first taken.
