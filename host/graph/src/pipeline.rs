@@ -176,6 +176,25 @@ impl PipelineSplit {
         Ok(())
     }
 
+    /// Where Megatron-Core's flags build no split: the splits a
+    /// `pipeline_model_parallel_layout` builds with every chunk holding the same units,
+    /// the embedding counted as 0 or 1 layer and the head side (loss, MTP) as 0 to 3, as
+    /// Megatron-Bridge's DeepSeek-V3 presets write them (`Et*4|(t*4|)*14tmL`: 61 layers,
+    /// the head with its MTP layer as three, 64 units over 16 chunks; NeMo's PP16 script
+    /// counts the embedding as one and the head as two). Fewest counted units first.
+    pub fn layout_choices(layers: usize, pp: usize, vp: usize) -> Vec<PipelineSplit> {
+        let chunks = pp * vp;
+        if pp <= 1 || chunks == 0 {
+            return Vec::new();
+        }
+        let mut out: Vec<PipelineSplit> = (0..=4u32)
+            .flat_map(|units| (0..=1u32).filter(move |&e| e <= units && units - e <= 3).map(move |e| PipelineSplit { embedding: e, loss: units - e }))
+            .filter(|s| (layers + (s.embedding + s.loss) as usize).is_multiple_of(chunks) && s.starts(layers, chunks).is_ok())
+            .collect();
+        out.dedup();
+        out
+    }
+
     /// The splits Megatron-Core's flags build for `layers` on pp and vp, the even one
     /// first: each of the embedding and the loss counted as a layer or not, kept where
     /// [`PipelineSplit::megatron_flags`] allows it. Empty where none does (80 layers on
@@ -569,6 +588,20 @@ mod tests {
     /// Where several of Megatron's flag pairs build a pipeline the even split comes first
     /// (80 and 82 units both divide by PP2): the search and the published-layout checks
     /// take the first.
+    #[test]
+    fn layout_choices_divide_the_units_evenly_as_megatron_bridge_presets_do() {
+        // DeepSeek-V3's 61 layers over 16 chunks: the head as three (Megatron-Bridge's
+        // layout_map) or the embedding as one and the head as two (NeMo's PP16 script).
+        assert_eq!(PipelineSplit::layout_choices(61, 4, 4), vec![PipelineSplit { embedding: 0, loss: 3 }, PipelineSplit { embedding: 1, loss: 2 }]);
+        assert_eq!(PipelineSplit::layout_choices(61, 16, 1), PipelineSplit::layout_choices(61, 8, 2));
+        assert_eq!(PipelineSplit { embedding: 0, loss: 3 }.megatron_layout(61, 16, 1).unwrap(), "Et*4|(t*4|)*14tmL");
+        // 80 layers over PP4 VP3: only the embedding as one and the head as three make 84.
+        assert_eq!(PipelineSplit::layout_choices(80, 4, 3), vec![PipelineSplit { embedding: 1, loss: 3 }]);
+        // None of 80-84 units divides by 13 chunks; one stage has nothing to lay out.
+        assert_eq!(PipelineSplit::layout_choices(80, 13, 1), vec![]);
+        assert_eq!(PipelineSplit::layout_choices(80, 1, 1), vec![]);
+    }
+
     #[test]
     fn megatron_choices_put_the_even_split_first() {
         assert_eq!(PipelineSplit::megatron_choices(80, 2, 1), vec![PipelineSplit::default(), PipelineSplit::megatron(true, true)]);

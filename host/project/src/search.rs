@@ -299,7 +299,9 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
             // FSDP, looked up when a layout of it is first projected.
             let mut fams: [Option<usize>; 2] = [None, None];
             // A split given on the command line may count absurdly many units.
-            let units = space.split.map_or(layers.saturating_add(2), |s| layers.saturating_add(s.embedding).saturating_add(s.loss));
+            // Up to 4 counted units: the embedding as one and the head as three
+            // (PipelineSplit::layout_choices).
+            let units = space.split.map_or(layers.saturating_add(4), |s| layers.saturating_add(s.embedding).saturating_add(s.loss));
             let vps = pick(
                 space.vp,
                 if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
@@ -399,9 +401,11 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
 /// The splits of `layers` over pp·vp chunks the search prices: the one given on the
 /// command line, else those Megatron-Core builds from its flags (the embedding and the
 /// loss counted as a layer or not, [`PipelineSplit::megatron_flags`]), so that what it
-/// recommends runs as NeMo and Megatron-Bridge configure it. Where none does and the
-/// user fixed the pipeline (`--pp`, and `--vp` or no interleaving), the even split, which
-/// Megatron runs only from the `pipeline_model_parallel_layout` the output then names.
+/// recommends runs as NeMo and Megatron-Bridge configure it. Where none does, the splits
+/// a `pipeline_model_parallel_layout` builds with every chunk holding the same units
+/// ([`PipelineSplit::layout_choices`], Megatron-Bridge's DeepSeek-V3 presets), and where
+/// the user fixed the pipeline (`--pp`, and `--vp` or no interleaving) the even split
+/// too; the output names the layout string Megatron then needs.
 ///
 /// # Errors
 /// No split builds at this pp and vp, with Megatron's reason.
@@ -414,6 +418,17 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
     }
     let (l, p, v) = (layers as usize, pp as usize, vp as usize);
     let mut ok = PipelineSplit::megatron_choices(l, p, v);
+    if ok.is_empty() {
+        // A split a pipeline_model_parallel_layout builds, as Megatron-Bridge's DeepSeek-V3
+        // presets use them: without it the search never reached PP4 VP4 or PP8 VP2 for 61
+        // layers, and called the pipelined families 1.4x slower than layouts 1 % slower.
+        // The first (fewest units counted, the head before the embedding, as the presets
+        // count it): pricing every one took DeepSeek-V3's cold search from 0.7 to 1.1 s.
+        ok = PipelineSplit::layout_choices(l, p, v).into_iter().take(1).collect();
+        if space.pp.is_some() && (space.vp.is_some() || vp == 1) && !ok.contains(&PipelineSplit::default()) {
+            ok.push(PipelineSplit::default());
+        }
+    }
     // Under DualPipe rank r holds stage r and stage pp-1-r: a split and its mirror (the
     // embedding's and the loss's counts swapped) put the same layers on every rank and
     // project alike, and were listed as two layouts of one figure. Price the first.
@@ -429,13 +444,11 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
     if !ok.is_empty() {
         return Ok(ok);
     }
-    if space.pp.is_some() && (space.vp.is_some() || vp == 1) {
-        return Ok(vec![PipelineSplit::default()]);
-    }
     let why = PipelineSplit::default().megatron_flags(l, p, v).err().unwrap_or_default();
     Err(format!(
-        "Megatron-Core's flags build no split at pp={pp} vp={vp}: {why}, nor with the embedding or the loss counted as a layer \
-         (give --pp and --vp to price it with a pipeline_model_parallel_layout)"
+        "Megatron-Core's flags build no split at pp={pp} vp={vp}: {why}, nor with the embedding or the loss counted as a layer, \
+         nor does a pipeline_model_parallel_layout with the embedding as 0-1 layers and the head as 0-3 divide them evenly \
+         (give --pp and --vp to price the even split)"
     ))
 }
 

@@ -78,13 +78,25 @@ fn a_fixed_pp_with_vp_free_prices_only_the_splits_megatron_builds_up_to_16_chunk
     let vps = |pp: u32| {
         let space = Space { tp: Some(1), cp: Some(1), pp: Some(pp), mbs: Some(1), fsdp: Some(false), ..Space::default() };
         let f = all("llama3.1-8b", 8192, 8, 64, &space);
+        let (mut flags, mut laid) = (BTreeSet::new(), BTreeSet::new());
         for p in &f.best {
-            assert_eq!(p.pipeline_model_parallel_layout, None, "{}", p.layout.short());
+            // The flags' splits need no layout string; the others count the embedding as
+            // one layer and the head as three: 36 units.
+            match &p.pipeline_model_parallel_layout {
+                None => flags.insert(p.layout.vp),
+                Some(text) => {
+                    assert_eq!((p.layout.split.embedding, p.layout.split.loss), (1, 3), "{}: {text}", p.layout.short());
+                    laid.insert(p.layout.vp)
+                }
+            };
         }
-        f.best.iter().map(|p| p.layout.vp).collect::<BTreeSet<u32>>()
+        (flags, laid)
     };
-    assert_eq!(vps(4), BTreeSet::from([1, 2, 4, 8]));
-    assert_eq!(vps(2), BTreeSet::from([1, 2, 4, 8, 16]));
+    // 32 layers: the flags build VP1, 2, 4 and 8 at PP4; 36 units (the embedding as one,
+    // the head as three) split evenly into 12 chunks of 3 at VP3, and at VP9 into 36 of
+    // one, too few for the head's three: refused. At PP2, 6 and 12 chunks (VP3, VP6).
+    assert_eq!(vps(4), (BTreeSet::from([1, 2, 4, 8]), BTreeSet::from([3])));
+    assert_eq!(vps(2), (BTreeSet::from([1, 2, 4, 8, 16]), BTreeSet::from([3, 6])));
 }
 
 /// Under DualPipe rank r holds stage r and stage pp-1-r, so a split and its mirror (the
@@ -99,7 +111,7 @@ fn dualpipe_prices_one_of_two_mirrored_splits() {
     let mut pr = projector("deepseek-v3-671b", 4096, "h800", Recipe::Fp8);
     let (e1l0, e0l1) = (PipelineSplit::megatron(true, false), PipelineSplit::megatron(false, true));
     let splits = |pr: &mut runner_project::project::Projector, pipeline: PipelineKind| {
-        let space = Space { tp: Some(4), cp: Some(1), pp: Some(2), ep: Some(64), mbs: Some(1), fsdp: Some(false), pipeline, ..Space::default() };
+        let space = Space { tp: Some(4), cp: Some(1), pp: Some(2), vp: Some(1), ep: Some(64), mbs: Some(1), fsdp: Some(false), pipeline, ..Space::default() };
         let f = search::search(pr, 2048, 15360, &space, 1_000_000);
         assert!(!f.best.is_empty(), "{:?}", f.families.iter().map(|x| format!("{:?}", x.verdict)).collect::<Vec<_>>());
         f.best.iter().map(|p| (p.layout.split.embedding, p.layout.split.loss)).collect::<BTreeSet<_>>()

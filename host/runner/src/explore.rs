@@ -702,6 +702,16 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     notes.extend(dup_notes);
     notes.extend(quote_notes.finish());
     notes.extend(price_provenance(&series, &cloud_names));
+    // A split Megatron's flags cannot build (E1L3) runs only from the layout string.
+    for s in &series {
+        for r in &s.rows {
+            if let Some(p) = &r.projection
+                && let Some(text) = &p.pipeline_model_parallel_layout
+            {
+                notes.push(format!("{}, {} GPUs, {}", s.label(), r.gpus, crate::project::layout_string_note(&p.layout, text)));
+            }
+        }
+    }
     if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
         notes.push("GPU counts rounded up to whole nodes, as they are billed".into());
     }

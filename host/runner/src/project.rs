@@ -146,6 +146,18 @@ pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSourc
 /// learned positions refuses it in its plugin; a RoPE model still builds the graph (the
 /// rotation extends), so a projection there is a context-extension run's, and a published
 /// row there is a typo.
+/// Where Megatron-Core's pp/vp flags cannot build a layout's split: the
+/// `pipeline_model_parallel_layout` string that does, for a note.
+pub fn layout_string_note(layout: &runner_project::step::LayoutSpec, text: &str) -> String {
+    format!(
+        "{}: Megatron-Core builds this split of the layers over pp·vp = {} chunks only from \
+         pipeline_model_parallel_layout = \"{text}\" (its flags need the layers, with the embedding and loss \
+         counted or not, to divide by pp and each stage's share by vp)",
+        layout.short(),
+        layout.pp * layout.vp.max(1)
+    )
+}
+
 pub fn beyond_context(variant: &Variant, seq_len: u32) -> Option<String> {
     let max = variant.hyper.max_position;
     (max > 0 && seq_len > max).then(|| format!("seq-len {seq_len} is past {}'s context of {max} tokens (its max position)", variant.name))

@@ -600,7 +600,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     let shape = &s.projector.model.shape;
     projection.pipeline_model_parallel_layout = projection.layout.pipeline_layout_needed(shape.layers, shape.mtp);
     if let Some(text) = &projection.pipeline_model_parallel_layout {
-        notes.push(layout_string_note(&projection.layout, text));
+        notes.push(project::layout_string_note(&projection.layout, text));
     }
     notes.extend(kv_replication_note(projection.layout.tp, shape));
     let out = ProjectOut {
@@ -635,15 +635,6 @@ fn kv_replication_note(tp: u32, shape: &Shape) -> Option<String> {
 }
 
 /// What to tell Megatron for a split its pp/vp flags cannot build.
-fn layout_string_note(layout: &LayoutSpec, text: &str) -> String {
-    format!(
-        "{}: Megatron-Core builds this uneven split of the layers over pp·vp = {} chunks only from \
-         pipeline_model_parallel_layout = \"{text}\" (its flags need the layers, with the embedding and loss \
-         counted or not, to divide by pp and each stage's share by vp)",
-        layout.short(),
-        layout.pp * layout.vp.max(1)
-    )
-}
 
 fn project_table(o: &ProjectOut) -> Table {
     let p = &o.projection;
@@ -811,7 +802,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
         }
         for (i, p) in f.best.iter().enumerate() {
             if let Some(text) = &p.pipeline_model_parallel_layout {
-                notes.push(format!("{n} GPUs, rank {}: {}", i + 1, layout_string_note(&p.layout, text)));
+                notes.push(format!("{n} GPUs, rank {}: {}", i + 1, project::layout_string_note(&p.layout, text)));
             }
             table.rows.push(vec![
                 n.to_string(),
