@@ -799,6 +799,26 @@ fn corrupt(tokens: &mut [u32], targets: &mut [u32], seed: u64, vocab: u64) {
     }
 }
 
+/// What the training loop asks of a precision policy: the plugin's three calls (a test
+/// drives the loop with a scripted policy of its own through [`train_under`]).
+trait Policy {
+    fn name(&mut self) -> Result<String>;
+    fn plan(&mut self, request: &PlanRequest) -> Result<pp::PlanResponse>;
+    fn on_step(&mut self, metrics: &StepMetrics) -> Result<pp::StepResponse>;
+}
+
+impl Policy for pp::PrecisionPolicy {
+    fn name(&mut self) -> Result<String> {
+        Ok(pp::PrecisionPolicy::name(self)?)
+    }
+    fn plan(&mut self, request: &PlanRequest) -> Result<pp::PlanResponse> {
+        Ok(pp::PrecisionPolicy::plan(self, request)?)
+    }
+    fn on_step(&mut self, metrics: &StepMetrics) -> Result<pp::StepResponse> {
+        Ok(pp::PrecisionPolicy::on_step(self, metrics)?)
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn train_one<D: Device + Clone>(
     cfg: &TrainConfig,
@@ -815,6 +835,23 @@ fn train_one<D: Device + Clone>(
         bail!("{} is a {} plugin, not a precision policy", p.info.name, p.info.kind.name());
     }
     let mut policy = p.precision(cfg.limits)?;
+    train_under(cfg, graph, variant, data, spec, &p.info, &mut policy, optimizer, dev, progress)
+}
+
+/// One run of the training loop under `policy` (the plugin `info` names).
+#[allow(clippy::too_many_arguments)]
+fn train_under<D: Device + Clone>(
+    cfg: &TrainConfig,
+    graph: &Graph,
+    variant: &crate::plugin::workload::Variant,
+    data: &Data,
+    spec: &str,
+    info: &PluginInfo,
+    policy: &mut dyn Policy,
+    optimizer: Optimizer,
+    dev: &D,
+    progress: &dyn Fn(Progress<'_>),
+) -> Result<RunResult> {
     let description = policy.name()?;
     let indexed = crate::project::gemm_sites(graph);
     let ops: Vec<usize> = indexed.iter().map(|(o, _)| *o).collect();
@@ -844,7 +881,7 @@ fn train_one<D: Device + Clone>(
         sites: sites.clone(),
         state: Vec::new(),
     })?;
-    plan::known_bad(&sites, &answer.sites).map_err(|m| bad_plan(&p.info.name, None, &m))?;
+    plan::known_bad(&sites, &answer.sites).map_err(|m| bad_plan(&info.name, None, &m))?;
     let mut state = answer.state;
     let mut plans = PlanState::new(sites.clone(), answer.sites, cfg.max_bf16_share);
     let planned_coverage = plan::coverage(&sites, &plans.current);
@@ -1017,7 +1054,7 @@ fn train_one<D: Device + Clone>(
                 sites: sites.clone(),
                 state: std::mem::take(&mut state),
             })?;
-            plan::known_bad(&sites, &again.sites).map_err(|m| bad_plan(&p.info.name, Some(applied), &m))?;
+            plan::known_bad(&sites, &again.sites).map_err(|m| bad_plan(&info.name, Some(applied), &m))?;
             state = again.state;
             plans.current = again.sites;
         }
@@ -1043,8 +1080,9 @@ fn train_one<D: Device + Clone>(
             rollbacks += 1;
             let kept: Vec<u64> = checkpoints.iter().map(|c| c.step).collect();
             let (ck, next) = rollback_to(&kept, applied, back, skip, cursor);
-            match ck.map(|i| &checkpoints[i]) {
-                Some(c) => {
+            match ck {
+                Some(i) => {
+                    let c = &checkpoints[i];
                     rolled_back_to.push(c.step);
                     let times = rolled_back_to.iter().filter(|&&s| s == c.step).count();
                     if times >= ROLLBACKS_TO_ONE_CHECKPOINT {
@@ -1057,6 +1095,9 @@ fn train_one<D: Device + Clone>(
                     }
                     ex.restore(&c.snapshot)?;
                     applied = c.step;
+                    // Newer checkpoints hold the steps undone: a later rollback must not
+                    // find them (one of the abandoned steps' weights would come back).
+                    checkpoints.truncate(i + 1);
                     // Steps after the checkpoint are redone with fresh batches.
                     train.retain(|p| p.step <= applied);
                     applied_losses.truncate(applied as usize);
@@ -1107,7 +1148,7 @@ fn train_one<D: Device + Clone>(
     Ok(RunResult {
         policy: spec.trim_end_matches(".wasm").rsplit('/').next().unwrap_or(spec).to_string(),
         description,
-        plugin: p.info.clone(),
+        plugin: info.clone(),
         train,
         eval,
         final_train_loss,
@@ -1686,5 +1727,190 @@ mod tests {
         ex.discard_precision_step();
         assert!(evaluate(&mut ex, &data, 2).unwrap().is_finite());
         assert!(ex.precision_numerics().is_empty());
+    }
+
+    /// A policy of the test's own, through the real loop: every GEMM in BF16, and at each
+    /// step the actions `script` gives for the iteration and the applied step. Its plans
+    /// and actions pass the contract's checks, as a plugin's do.
+    struct Scripted<F>(F);
+
+    impl<F: FnMut(u64, u64) -> Vec<pp::Action>> Policy for Scripted<F> {
+        fn name(&mut self) -> Result<String> {
+            Ok("scripted: BF16, actions at set steps".into())
+        }
+        fn plan(&mut self, request: &PlanRequest) -> Result<pp::PlanResponse> {
+            let r = pp::PlanResponse { sites: request.sites.iter().map(|_| pp::unscaled(pp::Dtype::Bf16)).collect(), state: Vec::new() };
+            pp::validate_plan(request, &r).map_err(anyhow::Error::msg)?;
+            Ok(r)
+        }
+        fn on_step(&mut self, m: &StepMetrics) -> Result<pp::StepResponse> {
+            let r = pp::StepResponse { actions: (self.0)(m.step, m.tokens / TINY_TOKENS), state: Vec::new() };
+            pp::validate_step(&r).map_err(anyhow::Error::msg)?;
+            Ok(r)
+        }
+    }
+
+    /// Tokens a step of [`scripted`]'s runs: 2 x 8.
+    const TINY_TOKENS: u64 = 16;
+
+    /// What [`run`] sets up, once for the scripted runs: llama3-tiny cut to one layer,
+    /// batches of 2 x 8 tokens, a BPE learned on 20,000 bytes of the Bible.
+    struct Tiny {
+        graph: Graph,
+        variant: crate::plugin::workload::Variant,
+        data: Data,
+    }
+
+    fn tiny() -> &'static Tiny {
+        static TINY: std::sync::OnceLock<Tiny> = std::sync::OnceLock::new();
+        TINY.get_or_init(|| {
+            let wp = plugin::load("llama3.wasm").unwrap();
+            let mut workload = wp.workload(Limits::default()).unwrap();
+            let variant = workload.describe().unwrap().variants.into_iter().find(|v| v.name.ends_with("-tiny")).unwrap();
+            let graph = workload.graph(&GraphRequest::training(&variant.name, 8, 2, 1)).unwrap();
+            let vocab = graph.tensor_id("embed.weight").map_or(variant.hyper.vocab as usize, |id| graph.tensors[id].shape[0] as usize);
+            let text = &corpus::KJV[..20_000];
+            let data = Data::new(Bpe::learn(text, vocab).encode(text), 8, 2, 0).unwrap();
+            Tiny { graph, variant, data }
+        })
+    }
+
+    /// `steps` steps of the real loop under a [`Scripted`] policy: a checkpoint every two
+    /// steps (after one clean step), the held-out loss (one batch) after every step.
+    fn scripted(steps: u64, script: impl FnMut(u64, u64) -> Vec<pp::Action>) -> RunResult {
+        let t = tiny();
+        let cfg = TrainConfig {
+            steps,
+            seq_len: 8,
+            micro_batch: 2,
+            layers: 1,
+            eval_every: 1,
+            eval_batches: 1,
+            checkpoint_every: 2,
+            ..TrainConfig::new("llama3.wasm", vec!["scripted".into()])
+        };
+        let info = PluginInfo {
+            name: "scripted".into(),
+            kind: Kind::Precision,
+            contract: plugin::CONTRACT_VERSION.into(),
+            source: plugin::Source::Embedded,
+            sha256: String::new(),
+            bytes: 0,
+            shadows_embedded: false,
+        };
+        let cpu = runner_exec::cpu::Cpu::new();
+        train_under(&cfg, &t.graph, &t.variant, &t.data, "scripted", &info, &mut Scripted(script), Optimizer::AdamW, &cpu, &|_| {}).unwrap()
+    }
+
+    fn rollback(steps: u32, skip_batches: u32) -> Vec<pp::Action> {
+        vec![pp::Action::Rollback(pp::Rollback { steps, skip_batches })]
+    }
+
+    fn curve_steps(r: &RunResult) -> Vec<u64> {
+        r.train.iter().map(|p| p.step).collect()
+    }
+
+    /// A rollback in the real loop returns to the checkpoint's weights and optimizer state
+    /// and skips the batches it was asked to: at step 5 (checkpoints at 0, 2 and 4) three
+    /// steps back, with two batches skipped, lands on step 2's checkpoint, and the run then
+    /// replays to the bit a run that applied steps 0 and 1, skipped the six batches 2 to 7
+    /// (read by the undone steps 2 to 4, the rejected step 5 and the two skipped) and went
+    /// on from batch 8: the same training losses from there, the same held-out losses at
+    /// every step. The undone steps' points are gone (the first attempt at step 2, the
+    /// checkpoint's own step, stays before its replay). Kills: the snapshot not restored,
+    /// the optimizer's state or step count not restored with it, the oldest checkpoint
+    /// taken, the skipped batches not skipped, the undone points or evaluations kept.
+    #[test]
+    fn a_rollback_restores_the_checkpoint_and_replays_from_it() {
+        let a = scripted(8, |iteration, _| if iteration == 5 { rollback(3, 2) } else { Vec::new() });
+        let b = scripted(8, |iteration, _| if (2..8).contains(&iteration) { vec![pp::Action::SkipStep] } else { Vec::new() });
+        // 8 applied, 3 undone (steps 2 to 4) and the rejected iteration 5.
+        assert_eq!((a.steps, a.iterations, a.rollbacks, a.skipped, a.aborted.as_deref()), (8, 12, 1, 0, None));
+        assert_eq!((b.steps, b.iterations, b.rollbacks, b.skipped, b.aborted.as_deref()), (8, 14, 0, 6, None));
+        let rb: Vec<(u64, u64, bool)> = a.decisions.iter().filter(|d| d.action == "rollback").map(|d| (d.iteration, d.step, d.applied)).collect();
+        assert_eq!(rb, [(5, 5, true)], "{:?}", a.decisions);
+        assert!(!a.decisions.iter().any(|d| d.detail.contains("no known-good checkpoint")), "{:?}", a.decisions);
+        assert_eq!(curve_steps(&a), [0, 1, 2, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(curve_steps(&b), [0, 1, 2, 2, 2, 2, 2, 2, 2, 3, 4, 5, 6, 7]);
+        // Steps 0 and 1, and the first attempt at step 2 on batch 2: the same in both.
+        assert_eq!(a.train[..3], b.train[..3]);
+        // After the rollback: step 2 on batch 8, from step 2's weights and moments.
+        assert_eq!(a.train[3..], b.train[8..]);
+        assert_eq!(a.eval, b.eval);
+        assert_eq!(a.eval.iter().map(|p| p.step).collect::<Vec<_>>(), (0..=8).collect::<Vec<_>>());
+        assert_eq!(a.final_train_loss, b.final_train_loss);
+        // The replay of step 2 starts from the weights of its first attempt, on another
+        // batch (8, not 2).
+        assert_ne!(a.train[2].loss, a.train[3].loss);
+    }
+
+    /// KEEP (3) checkpoints are kept, no more, no fewer: at step 9 of a run checkpointing
+    /// every two steps they are those of steps 4, 6 and 8. Six steps back (to at most step 4)
+    /// lands on the oldest, 4; seven back (to at most 3) reaches past it and finds none,
+    /// so that update is discarded and the run stays at step 9. Kills KEEP 2 (step 4's
+    /// gone: the second rollback finds none either) and KEEP 4 or more, or the newest
+    /// dropped instead of the oldest (step 2's kept: the first lands on it).
+    #[test]
+    fn rollbacks_reach_the_oldest_of_keep_checkpoints_and_no_further() {
+        let r = scripted(10, |iteration, _| match iteration {
+            9 => rollback(7, 0),
+            10 => rollback(6, 0),
+            _ => Vec::new(),
+        });
+        let rb: Vec<(u64, u64, bool)> = r.decisions.iter().filter(|d| d.action == "rollback").map(|d| (d.iteration, d.step, d.detail.contains("no known-good checkpoint yet"))).collect();
+        assert_eq!(rb, [(9, 9, true), (10, 9, false)], "{:?}", r.decisions);
+        // Steps 0 to 9, the rejected 9 undone with 5 to 9, then 4 to 9 replayed.
+        assert_eq!(curve_steps(&r), [0, 1, 2, 3, 4, 4, 5, 6, 7, 8, 9]);
+        assert_eq!((r.steps, r.iterations, r.rollbacks, r.skipped, r.aborted.as_deref()), (10, 17, 2, 0, None));
+        assert_eq!(r.eval.iter().map(|p| p.step).collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
+    }
+
+    /// The third rollback to one checkpoint (ROLLBACKS_TO_ONE_CHECKPOINT) stops the run,
+    /// naming it, before restoring it; two do not, nor a third rollback to another checkpoint. Kills: a limit of two
+    /// (or of four: `>` for `>=`), rollbacks counted over all checkpoints.
+    #[test]
+    fn the_third_rollback_to_one_checkpoint_aborts_the_run_and_the_second_does_not() {
+        // Every time the run reaches step 5, one step back: to step 4's checkpoint.
+        let r = scripted(10, |_, applied| if applied == 5 { rollback(1, 0) } else { Vec::new() });
+        let e = r.aborted.as_deref().expect("aborted");
+        assert!(e.starts_with("diverged: rolled back to the checkpoint of step 4 3 times") && e.contains("at step 5)"), "{e}");
+        // Steps 0 to 4, then three times step 5 rolled back (twice after redoing step 4).
+        assert_eq!((r.steps, r.iterations, r.rollbacks), (5, 10, 3));
+        assert_eq!(curve_steps(&r), [0, 1, 2, 3, 4, 4, 4, 5]);
+        // Twice to step 4's, then once to step 8's: three rollbacks, the run completes.
+        let mut at = [0u32; 10];
+        let r = scripted(10, move |_, applied| {
+            at[applied as usize] += 1;
+            if (applied == 5 && at[5] <= 2) || (applied == 9 && at[9] == 1) { rollback(1, 0) } else { Vec::new() }
+        });
+        assert_eq!((r.steps, r.rollbacks, r.aborted.as_deref()), (10, 3, None));
+        assert_eq!(r.iterations, 10 + 3 + 3, "10 applied, 3 rejected, step 4 redone twice and step 8 once");
+        assert_eq!(curve_steps(&r), [0, 1, 2, 3, 4, 4, 4, 5, 6, 7, 8, 8, 9]);
+    }
+
+    /// A rollback forgets the checkpoints newer than the one it returns to: they hold the
+    /// steps it undoes. At step 9 (checkpoints 4, 6 and 8 kept) six steps back lands on
+    /// step 4's; in the replay step 5 is not clean (the policy acts on it), so none is
+    /// taken at 6; one step back at step 7 then returns to step 4's again, not to the
+    /// undone step 6's, whose weights were trained on the steps the first rollback threw
+    /// away (they were kept and found first). Kills the newer checkpoints kept.
+    #[test]
+    fn a_rollback_forgets_the_checkpoints_of_the_steps_it_undoes() {
+        let mut second = false;
+        let r = scripted(10, move |iteration, applied| match (iteration, applied) {
+            (9, 9) => rollback(6, 0),
+            (10.., 5) => vec![pp::Action::CheckpointNow],
+            (10.., 7) if !second => {
+                second = true;
+                rollback(1, 0)
+            }
+            _ => Vec::new(),
+        });
+        let rb: Vec<(u64, u64)> = r.decisions.iter().filter(|d| d.action == "rollback").map(|d| (d.iteration, d.step)).collect();
+        assert_eq!(rb, [(9, 9), (13, 7)], "{:?}", r.decisions);
+        // 0 to 9; back to 4; 4 to 7 replayed; back to 4 again; 4 to 9.
+        assert_eq!(curve_steps(&r), [0, 1, 2, 3, 4, 4, 4, 5, 6, 7, 8, 9]);
+        assert_eq!((r.steps, r.iterations, r.rollbacks, r.aborted.as_deref()), (10, 20, 2, None));
+        assert_eq!(r.eval.iter().map(|p| p.step).collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
     }
 }
