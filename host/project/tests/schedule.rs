@@ -1298,3 +1298,69 @@ fn recompute_to_fit_takes_the_fewest_layers_down_to_one() {
     assert_eq!((p.layout.recompute, p.layout.recompute_layers), (RecomputePolicy::Full, 1), "{}", p.layout.short());
     close((none.memory.total - p.memory.total) * GIB, input, "one recomputed layer frees one linear's input");
 }
+
+/// DualPipe's optimizer step streams the shard its state is spread over (DeepSeek-V3
+/// Technical Report, arXiv:2412.19437, §3.2.1: DualPipe keeps two copies of the
+/// parameters, pipeline ranks r and pp − 1 − r holding the same stages): with the
+/// distributed optimizer (ZeRO-1, Rajbhandari et al. 2020) each stage's state lies over
+/// the 2·dp ranks that hold it, so the step reads and writes 28 B an element of that
+/// quarter (dp = 2, two holders) and zeroes and norms the rank's whole gradient buffer,
+/// 8 B a parameter of both its stages. Four one-layer stages: ranks 0 and 3 hold the
+/// embedding, layer 0, layer 3 and the head, N = 2VC + 2C² parameters. (A hand mutation
+/// audit let the optimizer's time divide by dp alone, the memory by both, with every other
+/// test passing.)
+#[test]
+fn dualpipe_streams_the_optimizer_shard_of_both_holders() {
+    let hbm = 1000e9;
+    let mut pr = toy(4, hbm / 1e9);
+    let mut l = plain(4, 1, 2, 16);
+    l.pipeline = PipelineKind::DualPipe;
+    l.distributed_optimizer = true;
+    let p = pr.project(&l).unwrap();
+    let n = params(2);
+    close(p.memory.optimizer * GIB, 12.0 * n / 4.0, "state over dp 2 and the two holders");
+    close(p.breakdown.optimizer, (28.0 * n / 4.0 + 8.0 * n) / hbm, "the step over the same shard");
+}
+
+/// DualPipe keeps pp + 1 micro-batches' activations on each rank (the table of
+/// github:deepseek-ai/DualPipe's README: "Activation: PP+1", against 1F1B's PP on its first
+/// stage), never more than the step has. pp = 4, m = 8: rank 0 runs stage 0 (layer 0) and
+/// stage 3 (layer 3 and the head) for half the micro-batches each, a one-layer stage's
+/// stored input (2TC, activations_are_the_tensors_the_backward_reads) for each of the
+/// 5 micro-batches in flight, plus the head's input and the logits (2TC + 2TV) once, as
+/// the last stage of 1F1B holds them; the embedding keeps no floating-point tensor. At
+/// m = 4 (pp = 2) the 3 in flight are under the step's 4. (A hand mutation audit held pp
+/// of them, with every other test passing.)
+#[test]
+fn dualpipe_holds_pp_plus_one_micro_batches_in_flight() {
+    let mut pr = toy(4, 1e12);
+    let dual = |pp: u32, gbs: u32| LayoutSpec { pipeline: PipelineKind::DualPipe, ..plain(pp, 1, 1, gbs) };
+    let p = pr.project(&dual(4, 8)).unwrap();
+    let (input, head) = ((2 * T * C) as f64, (2 * T * C + 2 * T * V) as f64);
+    assert_eq!(p.memory.stage, 0, "an end rank needs most");
+    close(p.memory.activations * GIB, 5.0 * input + head, "pp + 1 = 5 micro-batches of a one-layer stage, and the head's");
+    // Two stages of two layers: 3 micro-batches of two layers' inputs, and the head's.
+    let p = pr.project(&dual(2, 4)).unwrap();
+    close(p.memory.activations * GIB, 3.0 * 2.0 * input + head, "pp + 1 = 3 micro-batches of a two-layer stage");
+}
+
+/// MFU is against the dense peak of the plan's low-precision format (an FP8 run against the
+/// FP8 peak, as NVIDIA's performance tables report it; step.rs's `Projection::mfu`), not
+/// the BF16 peak: the toy in FP8 on a GPU whose FP8 peak is twice its BF16 one,
+/// model FLOPs per sequence 3·2·T·(4C² + CV), GBS 8 on dp = 2. (A hand mutation audit took
+/// the BF16 peak for every run, with every other test passing.)
+#[test]
+fn an_fp8_runs_mfu_is_against_the_fp8_peak() {
+    let mut g = gpu(1e12);
+    g.peak_tflops.fp8 = Some(2.0 * PEAK / 1e12);
+    g.efficiency.gemm.fp8 = 1.0;
+    let mut source: Box<dyn GraphSource> = Box::new(graph(4));
+    let model = Model::new("toy", T as u32, source.as_mut()).unwrap();
+    let plan = Plan::builtin(Recipe::Fp8, &model.graph);
+    let mut pr = Projector::new(model, source, g, plan);
+    let p = pr.project(&plain(1, 1, 2, 8)).unwrap();
+    let flops = 3.0 * 2.0 * (T * (4 * C * C + C * V)) as f64;
+    let achieved = flops * 8.0 / p.step_time_s / 2.0;
+    close(p.model_tflops_per_gpu, achieved / 1e12, "model TFLOP/s/GPU");
+    close(p.mfu, achieved / (2.0 * PEAK), "MFU against the FP8 peak");
+}

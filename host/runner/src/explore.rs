@@ -526,9 +526,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     }
 
     let assumptions = run.assumptions;
-    let storage_gb = assumptions.checkpoint_bytes_per_param * params.total as f64 * f64::from(assumptions.checkpoints_kept) / 1e9
-        + assumptions.data_bytes_per_token * tokens / 1e9;
-    let egress_gb = assumptions.egress_bytes_per_param * params.total as f64 / 1e9;
+    let (storage_gb, egress_gb) = storage_and_egress_gb(&assumptions, &params, tokens);
 
     let mut space = run.layout.space();
     space.optimizer = project::optimizer(run.layout.optimizer, variant, &mut notes);
@@ -562,7 +560,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         let mut rows = Vec::new();
         let mut counted: Vec<(u32, u32)> = Vec::new();
         for &asked in &counts {
-            let n = asked.div_ceil(node).saturating_mul(node);
+            let n = whole_nodes(asked, node);
             // Two asked counts that round to one whole-node count would be two equal rows
             // (and a sweet spot "no faster" than itself). A count asked twice is refused
             // by the run file's rule (runner::input::refuse_repeated_gpu_counts).
@@ -623,7 +621,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             let found = search::search(&mut projector, n, gbs, &space, 1);
             let best = found.best.into_iter().next();
             let why_not = best.is_none().then(|| nothing_fits(&found.families));
-            let days = best.as_ref().map(|b| tokens / (b.tokens_per_sec_per_gpu * f64::from(n)) / 86_400.0);
+            let days = best.as_ref().map(|b| days_to_train(tokens, b.tokens_per_sec_per_gpu, n));
             let mut costs = Vec::with_capacity(clouds.len());
             for cloud in clouds.iter_mut() {
                 costs.push(match days {
@@ -635,7 +633,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                             hours: d * 24.0,
                             region: &run.cost.region,
                             option,
-                            storage_gb_months: storage_gb * d / (365.25 / 12.0),
+                            storage_gb_months: gb_months(storage_gb, d),
                             egress_gb,
                         };
                         cloud.cheapest(&ask, &assumptions, &mut quote_notes)
@@ -768,6 +766,31 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         plugins,
         notes,
     })
+}
+
+/// The GPUs a row of `asked` GPUs uses: whole nodes of `node` GPUs, as they are billed.
+fn whole_nodes(asked: u32, node: u32) -> u32 {
+    asked.div_ceil(node).saturating_mul(node)
+}
+
+/// Days to train on `tokens` tokens at `tokens_per_sec_per_gpu` on each of `gpus` GPUs.
+fn days_to_train(tokens: f64, tokens_per_sec_per_gpu: f64, gpus: u32) -> f64 {
+    tokens / (tokens_per_sec_per_gpu * f64::from(gpus)) / 86_400.0
+}
+
+/// What a run asks of a cloud beside GPU time, under `a`: the storage it keeps for as long
+/// as it runs (GB: `checkpoints_kept` checkpoints of every parameter, and the tokenised data
+/// set), and the egress of the trained weights once (GB).
+fn storage_and_egress_gb(a: &Assumptions, params: &count::ParamCount, tokens: f64) -> (f64, f64) {
+    let storage_gb = a.checkpoint_bytes_per_param * params.total as f64 * f64::from(a.checkpoints_kept) / 1e9
+        + a.data_bytes_per_token * tokens / 1e9;
+    let egress_gb = a.egress_bytes_per_param * params.total as f64 / 1e9;
+    (storage_gb, egress_gb)
+}
+
+/// GB-months of `storage_gb` kept for `days` (a month: a twelfth of a 365.25-day year).
+fn gb_months(storage_gb: f64, days: f64) -> f64 {
+    storage_gb * days / (365.25 / 12.0)
 }
 
 /// "aws" from "aws.wasm", "/x/y/aws.wasm" or "aws".
@@ -1521,5 +1544,33 @@ mod tests {
                 "b prices from b.wasm sha256 00: H100 x8 r on-demand undated: s [resale: no clean price for this GPU]"
             ]
         );
+    }
+
+    /// What a row asks of a cloud, worked by hand (a hand mutation audit of the explorer's
+    /// arithmetic found each of these could change with every test passing):
+    /// - GPUs round up to whole nodes, as they are billed: 20 on 8-GPU nodes are 24, 16
+    ///   stay 16, 1 is a node of 8; 73 on 72-GPU racks are two racks.
+    /// - days = tokens / (tokens/s/GPU x GPUs) / 86,400 s: 8.64T tokens at 1,000 tokens/s
+    ///   on each of 1,000 GPUs take 8.64M s, 100 days.
+    /// - storage: the checkpoints kept, each of every parameter (14 B: BF16 weights, fp32
+    ///   master weights and two AdamW moments), and the tokenised data (4 B a token id);
+    ///   egress: the BF16 weights once. A mixture of experts checkpoints all its experts,
+    ///   not the share a token uses: DeepSeek-V3's 671B parameters (37B active) on 14.8T
+    ///   tokens keep 2 x 14 x 671e9 B = 18,788 GB of checkpoints and 59,200 GB of data, and
+    ///   send 1,342 GB out.
+    /// - GB-months: a month is a twelfth of a 365.25-day year, 30.4375 days, and storage is
+    ///   paid for as long as the run lasts: 77,988 GB for two such months is 155,976.
+    #[test]
+    fn a_rows_nodes_days_storage_and_egress_by_hand() {
+        assert_eq!([whole_nodes(20, 8), whole_nodes(16, 8), whole_nodes(1, 8), whole_nodes(73, 72)], [24, 16, 8, 144]);
+        let days = days_to_train(8.64e12, 1000.0, 1000);
+        assert!((days - 100.0).abs() < 1e-9, "{days}");
+        let params = count::ParamCount { total: 671_000_000_000, active: 37_000_000_000, embedding: 0, trainable: 671_000_000_000 };
+        let (storage, egress) = storage_and_egress_gb(&Assumptions::default(), &params, 14.8e12);
+        assert!((storage - (18_788.0 + 59_200.0)).abs() < 1e-6, "{storage}");
+        assert!((egress - 1_342.0).abs() < 1e-9, "{egress}");
+        let none_kept = Assumptions { checkpoints_kept: 0, ..Assumptions::default() };
+        assert!((storage_and_egress_gb(&none_kept, &params, 14.8e12).0 - 59_200.0).abs() < 1e-6);
+        assert!((gb_months(77_988.0, 2.0 * 30.4375) - 155_976.0).abs() < 1e-6);
     }
 }
