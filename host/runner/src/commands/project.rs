@@ -634,8 +634,6 @@ fn kv_replication_note(tp: u32, shape: &Shape) -> Option<String> {
     ))
 }
 
-/// What to tell Megatron for a split its pp/vp flags cannot build.
-
 fn project_table(o: &ProjectOut) -> Table {
     let p = &o.projection;
     let b = &p.breakdown;
