@@ -114,9 +114,31 @@ fn reads(op: &Op, need: &[bool]) -> impl Iterator<Item = TensorId> {
 }
 
 /// Per op, which of its inputs carry a gradient.
-fn input_needs(g: &Graph) -> Vec<Vec<bool>> {
+fn input_needs(g: &Graph) -> InputNeeds {
     let needs = needs_grad(g);
-    g.ops.iter().map(|op| op.inputs.iter().map(|&i| needs.get(i).copied().unwrap_or(false)).collect()).collect()
+    let mut start = Vec::with_capacity(g.ops.len() + 1);
+    let mut flags = Vec::with_capacity(g.ops.iter().map(|op| op.inputs.len()).sum());
+    start.push(0);
+    for op in &g.ops {
+        flags.extend(op.inputs.iter().map(|&i| needs.get(i).copied().unwrap_or(false)));
+        start.push(flags.len());
+    }
+    InputNeeds { flags, start }
+}
+
+/// Per op, which of its inputs carry a gradient: op i's are `flags[start[i]..start[i + 1]]`
+/// (one list for the graph, where a vector per op was an allocation each).
+struct InputNeeds {
+    flags: Vec<bool>,
+    start: Vec<usize>,
+}
+
+impl std::ops::Index<usize> for InputNeeds {
+    type Output = [bool];
+
+    fn index(&self, op: usize) -> &[bool] {
+        &self.flags[self.start[op]..self.start[op + 1]]
+    }
 }
 
 /// The op that writes each tensor, by tensor id (the last if several do).
@@ -148,7 +170,7 @@ fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<Tensor
 }
 
 /// [`kept`] with `need` (per op, which inputs carry a gradient) already worked out.
-fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
+fn kept_given(g: &Graph, policy: RecomputePolicy, need: &InputNeeds) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
     let producer = producers(g);
     let source = |id: TensorId| gather_source(&producer, id);
     let is_act = |id: TensorId| g.tensors.get(id).is_some_and(|t| t.kind == TensorKind::Activation);
@@ -252,7 +274,7 @@ pub fn kept_and_layer_bytes(g: &Graph) -> (Vec<Kept>, [BTreeMap<i32, f64>; 3]) {
 }
 
 /// [`kept_by`] from `need` and the list `stored` with no recompute, already worked out.
-fn kept_by_given(g: &Graph, need: &[Vec<bool>], stored: Vec<(TensorId, i32)>) -> Vec<Kept> {
+fn kept_by_given(g: &Graph, need: &InputNeeds, stored: Vec<(TensorId, i32)>) -> Vec<Kept> {
     let at: HashMap<TensorId, usize> = stored.iter().enumerate().map(|(i, (t, _))| (*t, i)).collect();
     let mut out: Vec<Kept> = stored.into_iter().map(|(tensor, layer)| Kept { tensor, layer, by: Vec::new() }).collect();
     let producer = producers(g);
