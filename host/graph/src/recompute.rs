@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 // Tensor ids hash with FxHash; layer numbers, which a plugin chooses, with std's SipHash.
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::count::{self, AttentionFlops, Convention, Recompute};
 use crate::autodiff::{BackwardPlan, needs_grad};
@@ -176,10 +176,12 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &InputNeeds) -> (Vec<(Te
     let is_act = |id: TensorId| g.tensors.get(id).is_some_and(|t| t.kind == TensorKind::Activation);
     let mut stored: Vec<(TensorId, i32)> = Vec::new();
     let mut dropped: Vec<TensorId> = Vec::new();
-    let mut seen: HashSet<TensorId> = HashSet::default();
-    let mut seen_dropped: HashSet<TensorId> = HashSet::default();
+    // By tensor id (every id kept or dropped is an activation of `g`): which are stored,
+    // and which dropped so far.
+    let mut seen = vec![false; g.tensors.len()];
+    let mut seen_dropped = vec![false; g.tensors.len()];
     let mut keep = |id: TensorId, layer: i32, stored: &mut Vec<(TensorId, i32)>| {
-        if seen.insert(id) {
+        if !std::mem::replace(&mut seen[id], true) {
             stored.push((id, layer));
         }
     };
@@ -195,7 +197,7 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &InputNeeds) -> (Vec<(Te
             }
             for t in needed {
                 let inside = producer.get(t).copied().flatten().is_some_and(|p| p.layer == op.layer && p.kind != OpKind::Recv);
-                if inside && seen_dropped.insert(t) {
+                if inside && !std::mem::replace(&mut seen_dropped[t], true) {
                     dropped.push(t);
                 }
             }
@@ -205,8 +207,7 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &InputNeeds) -> (Vec<(Te
             }
         }
     }
-    let stored_set: HashSet<TensorId> = stored.iter().map(|(t, _)| *t).collect();
-    dropped.retain(|t| !stored_set.contains(t));
+    dropped.retain(|&t| !seen[t]);
     (stored, dropped)
 }
 

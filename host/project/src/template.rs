@@ -322,13 +322,23 @@ impl Template {
         let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
         let mut parts: Vec<Part> = vec![Part::default(); layers.len() + 2];
         let post = layers.len() + 1;
-        // Each op's part, looked up once (the loops below ask for it several times per op).
+        // Each op's part, looked up once (the loops below ask for it several times per op);
+        // a layer's ops come one after another, so the last layer's part is kept at hand
+        // rather than hashed again for each op.
+        let mut last: Option<(i32, usize)> = None;
         let part: Vec<usize> = places
             .iter()
             .map(|p| match *p {
                 Place::Pre => 0,
-                Place::Layer(l) if main.contains(&l) => 1 + pos[&l],
-                _ => post,
+                Place::Layer(l) => match last {
+                    Some((k, at)) if k == l => at,
+                    _ => {
+                        let at = if main.contains(&l) { 1 + pos[&l] } else { post };
+                        last = Some((l, at));
+                        at
+                    }
+                },
+                Place::Post => post,
             })
             .collect();
         // Weights: the part of their first reader, and whether the head side reads them
