@@ -2,6 +2,7 @@
 //! tensor references resolved from names to indices.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::OnceLock;
 
 use serde::Serialize;
 
@@ -187,8 +188,11 @@ pub struct Graph {
     pub tensors: Vec<Tensor>,
     pub ops: Vec<Op>,
     pub loss: TensorId,
+    /// Each tensor's name → its id, made on first use where the graph came from the
+    /// sharding pass (whose callers, the projection's templates, never look a name up:
+    /// a copy of every name per sharding for nothing).
     #[serde(skip)]
-    index: HashMap<String, TensorId>,
+    index: OnceLock<HashMap<String, TensorId>>,
 }
 
 /// What is wrong with a graph, named precisely enough to fix the plugin.
@@ -252,20 +256,27 @@ impl Graph {
             op: "(loss)".into(),
             tensor: loss.to_string(),
         })?;
-        Ok(Graph { tensors, ops: resolved, loss, index })
+        Ok(Graph { tensors, ops: resolved, loss, index: OnceLock::from(index) })
     }
 
-    /// A graph whose ops already refer to tensors by id, with `index` mapping each
-    /// tensor's name to its id: the sharding pass makes both as it goes, where resolving
-    /// its names again through [`Graph::new`] copied and hashed every name a second time.
-    pub(crate) fn from_resolved(tensors: Vec<Tensor>, ops: Vec<Op>, loss: TensorId, index: HashMap<String, TensorId>) -> Graph {
-        debug_assert!(index.len() == tensors.len() && tensors.iter().enumerate().all(|(i, t)| index.get(&t.name) == Some(&i)));
+    /// A graph whose ops already refer to tensors by id, with distinct tensor names (the
+    /// sharding pass makes both as it goes, where resolving its names again through
+    /// [`Graph::new`] copied and hashed every name a second time). The name index is
+    /// made on first use.
+    pub(crate) fn from_resolved(tensors: Vec<Tensor>, ops: Vec<Op>, loss: TensorId) -> Graph {
         debug_assert!(loss < tensors.len() && ops.iter().all(|o| o.inputs.iter().chain(&o.outputs).all(|&t| t < tensors.len())));
-        Graph { tensors, ops, loss, index }
+        let g = Graph { tensors, ops, loss, index: OnceLock::new() };
+        debug_assert!(g.index().len() == g.tensors.len(), "tensor names are distinct");
+        g
+    }
+
+    /// The name index, made on first use (the last id of a name, were one repeated).
+    fn index(&self) -> &HashMap<String, TensorId> {
+        self.index.get_or_init(|| self.tensors.iter().enumerate().map(|(i, t)| (t.name.clone(), i)).collect())
     }
 
     pub fn tensor_id(&self, name: &str) -> Option<TensorId> {
-        self.index.get(name).copied()
+        self.index().get(name).copied()
     }
 
     pub fn tensor(&self, id: TensorId) -> &Tensor {
@@ -289,11 +300,13 @@ impl Graph {
 
     /// Add a tensor (used by graph transforms); returns its id.
     pub fn add_tensor(&mut self, t: Tensor) -> Result<TensorId, GraphError> {
-        if self.index.contains_key(&t.name) {
+        self.index();
+        let index = self.index.get_mut().expect("made just above");
+        if index.contains_key(&t.name) {
             return Err(GraphError::DuplicateTensor(t.name));
         }
         let id = self.tensors.len();
-        self.index.insert(t.name.clone(), id);
+        index.insert(t.name.clone(), id);
         self.tensors.push(t);
         Ok(id)
     }

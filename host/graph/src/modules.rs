@@ -198,12 +198,26 @@ fn is_activation_fn(k: OpKind) -> bool {
 pub fn modules(g: &Graph) -> ModuleMap {
     let producer = g.producers();
     let made_by = |t: TensorId| producer.get(t).copied().flatten();
-    let mut consumers: HashMap<TensorId, Vec<usize>> = HashMap::default();
-    for (i, op) in g.ops.iter().enumerate() {
+    // The ops reading each tensor, in op order: tensor t's are `reader[start[t]..start[t + 1]]`
+    // (one list for the graph, where a vector per tensor was an allocation each).
+    let mut start = vec![0usize; g.tensors.len() + 1];
+    for op in &g.ops {
         for &x in &op.inputs {
-            consumers.entry(x).or_default().push(i);
+            start[x + 1] += 1;
         }
     }
+    for t in 0..g.tensors.len() {
+        start[t + 1] += start[t];
+    }
+    let mut reader = vec![0usize; start[g.tensors.len()]];
+    let mut fill = start.clone();
+    for (i, op) in g.ops.iter().enumerate() {
+        for &x in &op.inputs {
+            reader[fill[x]] = i;
+            fill[x] += 1;
+        }
+    }
+    let consumers = |t: TensorId| start.get(t..t + 2).map_or(&[][..], |s| &reader[s[0]..s[1]]);
     // The op that made `t`, looking through collectives.
     let origin = |mut t: TensorId| -> Option<usize> {
         loop {
@@ -235,7 +249,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
         let mut stack: Vec<usize> = g.ops[from].outputs.clone();
         let mut found = Vec::new();
         while let Some(t) = stack.pop() {
-            for &c in consumers.get(&t).map_or(&[][..], Vec::as_slice) {
+            for &c in consumers(t) {
                 let op = &g.ops[c];
                 if op.layer != layer || op.kind == OpKind::Add || stop(c) || !seen.insert(c) {
                     continue;
@@ -273,7 +287,7 @@ pub fn modules(g: &Graph) -> ModuleMap {
         let routed = |i: usize| {
             let op = &g.ops[i];
             matches!(op.kind, OpKind::Router | OpKind::MoeDispatch | OpKind::MoeCombine | OpKind::GroupedLinear | OpKind::AllToAll)
-                || op.outputs.iter().any(|o| consumers.get(o).is_some_and(|c| c.iter().any(|&j| g.ops[j].kind == OpKind::Router)))
+                || op.outputs.iter().any(|&o| consumers(o).iter().any(|&j| g.ops[j].kind == OpKind::Router))
         };
         let module = if moe { Module::SharedExperts } else { Module::Mlp };
         for i in reach(n, &routed) {

@@ -27,7 +27,7 @@
 
 use std::collections::BTreeMap;
 // Tensor ids hash with FxHash; layer numbers, which a plugin chooses, with std's SipHash.
-use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::count::{self, AttentionFlops, Convention, Recompute};
 use crate::autodiff::{BackwardPlan, needs_grad};
@@ -114,9 +114,31 @@ fn reads(op: &Op, need: &[bool]) -> impl Iterator<Item = TensorId> {
 }
 
 /// Per op, which of its inputs carry a gradient.
-fn input_needs(g: &Graph) -> Vec<Vec<bool>> {
+fn input_needs(g: &Graph) -> InputNeeds {
     let needs = needs_grad(g);
-    g.ops.iter().map(|op| op.inputs.iter().map(|&i| needs.get(i).copied().unwrap_or(false)).collect()).collect()
+    let mut start = Vec::with_capacity(g.ops.len() + 1);
+    let mut flags = Vec::with_capacity(g.ops.iter().map(|op| op.inputs.len()).sum());
+    start.push(0);
+    for op in &g.ops {
+        flags.extend(op.inputs.iter().map(|&i| needs.get(i).copied().unwrap_or(false)));
+        start.push(flags.len());
+    }
+    InputNeeds { flags, start }
+}
+
+/// Per op, which of its inputs carry a gradient: op i's are `flags[start[i]..start[i + 1]]`
+/// (one list for the graph, where a vector per op was an allocation each).
+struct InputNeeds {
+    flags: Vec<bool>,
+    start: Vec<usize>,
+}
+
+impl std::ops::Index<usize> for InputNeeds {
+    type Output = [bool];
+
+    fn index(&self, op: usize) -> &[bool] {
+        &self.flags[self.start[op]..self.start[op + 1]]
+    }
 }
 
 /// The op that writes each tensor, by tensor id (the last if several do).
@@ -148,16 +170,18 @@ fn kept(g: &Graph, policy: RecomputePolicy) -> (Vec<(TensorId, i32)>, Vec<Tensor
 }
 
 /// [`kept`] with `need` (per op, which inputs carry a gradient) already worked out.
-fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
+fn kept_given(g: &Graph, policy: RecomputePolicy, need: &InputNeeds) -> (Vec<(TensorId, i32)>, Vec<TensorId>) {
     let producer = producers(g);
     let source = |id: TensorId| gather_source(&producer, id);
     let is_act = |id: TensorId| g.tensors.get(id).is_some_and(|t| t.kind == TensorKind::Activation);
     let mut stored: Vec<(TensorId, i32)> = Vec::new();
     let mut dropped: Vec<TensorId> = Vec::new();
-    let mut seen: HashSet<TensorId> = HashSet::default();
-    let mut seen_dropped: HashSet<TensorId> = HashSet::default();
+    // By tensor id (every id kept or dropped is an activation of `g`): which are stored,
+    // and which dropped so far.
+    let mut seen = vec![false; g.tensors.len()];
+    let mut seen_dropped = vec![false; g.tensors.len()];
     let mut keep = |id: TensorId, layer: i32, stored: &mut Vec<(TensorId, i32)>| {
-        if seen.insert(id) {
+        if !std::mem::replace(&mut seen[id], true) {
             stored.push((id, layer));
         }
     };
@@ -173,7 +197,7 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(T
             }
             for t in needed {
                 let inside = producer.get(t).copied().flatten().is_some_and(|p| p.layer == op.layer && p.kind != OpKind::Recv);
-                if inside && seen_dropped.insert(t) {
+                if inside && !std::mem::replace(&mut seen_dropped[t], true) {
                     dropped.push(t);
                 }
             }
@@ -183,8 +207,7 @@ fn kept_given(g: &Graph, policy: RecomputePolicy, need: &[Vec<bool>]) -> (Vec<(T
             }
         }
     }
-    let stored_set: HashSet<TensorId> = stored.iter().map(|(t, _)| *t).collect();
-    dropped.retain(|t| !stored_set.contains(t));
+    dropped.retain(|&t| !seen[t]);
     (stored, dropped)
 }
 
@@ -252,7 +275,7 @@ pub fn kept_and_layer_bytes(g: &Graph) -> (Vec<Kept>, [BTreeMap<i32, f64>; 3]) {
 }
 
 /// [`kept_by`] from `need` and the list `stored` with no recompute, already worked out.
-fn kept_by_given(g: &Graph, need: &[Vec<bool>], stored: Vec<(TensorId, i32)>) -> Vec<Kept> {
+fn kept_by_given(g: &Graph, need: &InputNeeds, stored: Vec<(TensorId, i32)>) -> Vec<Kept> {
     let at: HashMap<TensorId, usize> = stored.iter().enumerate().map(|(i, (t, _))| (*t, i)).collect();
     let mut out: Vec<Kept> = stored.into_iter().map(|(tensor, layer)| Kept { tensor, layer, by: Vec::new() }).collect();
     let producer = producers(g);

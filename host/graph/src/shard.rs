@@ -182,6 +182,12 @@ struct Facts {
 }
 
 fn facts(g: &Graph) -> Facts {
+    facts_and_places(g).0
+}
+
+/// [`facts`] and each op's [`Place`] (the first half of [`partition`], which reads the
+/// layers).
+fn facts_and_places(g: &Graph) -> (Facts, Vec<Place>) {
     let mut f = Facts::default();
     let shape = |id: TensorId| g.tensors.get(id).map_or(&[][..], |t| t.shape.as_slice());
     for op in &g.ops {
@@ -225,8 +231,9 @@ fn facts(g: &Graph) -> Facts {
             _ => {}
         }
     }
-    f.layers = partition(g).1;
-    f
+    let (places, layers) = partition(g);
+    f.layers = layers;
+    (f, places)
 }
 
 /// Where each op runs: `Pre` (embedding: first chunk), a transformer layer, or `Post`
@@ -354,6 +361,12 @@ impl Layout {
     /// experts; a micro-batch different from the graph's; a global batch that is not a
     /// multiple of micro-batch·dp. A vocabulary tp does not divide is padded, not refused.
     pub fn validate(&self, g: &Graph, gpus: u32) -> Result<(), String> {
+        self.check(&facts(g), gpus)
+    }
+
+    /// [`Layout::validate`] on the facts of the graph, already read (the pass reads them
+    /// once for the check and its own work).
+    fn check(&self, f: &Facts, gpus: u32) -> Result<(), String> {
         let mut err: Vec<String> = Vec::new();
         let degrees = [
             ("tp", self.tp),
@@ -370,7 +383,6 @@ impl Layout {
         if !zero.is_empty() {
             return Err(format!("{} must be at least 1", zero.join(", ")));
         }
-        let f = facts(g);
         let (tp, pp, cp, dp) = (u64::from(self.tp), u64::from(self.pp), u64::from(self.cp), u64::from(self.dp));
         // In u128: four u32 degrees multiply to under 2^128, where their u64 product
         // overflowed (a panic; without overflow checks a wrap, and tp·pp·cp = 2^93 wrapped to a
@@ -569,10 +581,10 @@ struct Pass<'a> {
     b: u64,
     t: u64,
     tensors: Vec<Tensor>,
-    /// Each local tensor's name → its id: what makes names unique as they are made, and
-    /// the finished graph's index. Ops refer to tensors by id from the start, so the
-    /// graph is not resolved again by name (a copy and a hash of every name, per sharding).
-    names: HashMap<String, TensorId>,
+    /// The local tensors' names, as what makes names unique as they are made. Ops refer
+    /// to tensors by id from the start, so the graph is not resolved again by name (a
+    /// copy and a hash of every name, per sharding).
+    names: Names,
     /// The first weight whose name an earlier local tensor already had (weights keep
     /// their logical names): the graph [`Graph::new`] would have refused.
     duplicate: Option<String>,
@@ -585,6 +597,45 @@ struct Pass<'a> {
     weight_ids: FxHashMap<TensorId, TensorId>,
     /// Gathered versions already made: (logical id, "tokens" | "features" | "cp").
     gathered: FxHashMap<(TensorId, &'static str), Local>,
+}
+
+/// The names of a rank's tensors, held as their keyed (SipHash) hashes with the first
+/// tensor of each: asking whether a name is taken hashes it once and compares it with
+/// the tensors it may be, where a map of names held a copy of every name.
+struct Names {
+    keys: std::collections::hash_map::RandomState,
+    /// Hash → the first tensor of that hash; `more` holds the others (a second tensor of
+    /// one hash is a 64-bit collision of distinct names, or a repeated weight name).
+    first: FxHashMap<u64, TensorId>,
+    more: Vec<(u64, TensorId)>,
+}
+
+impl Names {
+    fn with_capacity(n: usize) -> Names {
+        Names { keys: Default::default(), first: FxHashMap::with_capacity_and_hasher(n, Default::default()), more: Vec::new() }
+    }
+
+    fn hash(&self, name: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.keys.hash_one(name)
+    }
+
+    /// Whether a tensor of `tensors` named `name` is listed.
+    fn contains(&self, tensors: &[Tensor], name: &str) -> bool {
+        let h = self.hash(name);
+        let Some(&id) = self.first.get(&h) else { return false };
+        tensors[id].name == name || self.more.iter().any(|&(k, j)| k == h && tensors[j].name == name)
+    }
+
+    fn insert(&mut self, name: &str, id: TensorId) {
+        let h = self.hash(name);
+        match self.first.entry(h) {
+            std::collections::hash_map::Entry::Occupied(_) => self.more.push((h, id)),
+            std::collections::hash_map::Entry::Vacant(v) => {
+                v.insert(id);
+            }
+        }
+    }
 }
 
 fn attr_text(s: &str) -> Attr {
@@ -650,13 +701,13 @@ impl<'a> Pass<'a> {
 
     /// Add a local tensor named `base`, or `base.1`, `base.2`, ... if that is taken.
     fn add_tensor(&mut self, base: String, shape: Vec<u64>, dtype: DType, kind: TensorKind) -> TensorId {
-        let name = if self.names.contains_key(&base) {
-            (1..).map(|i| format!("{base}.{i}")).find(|n| !self.names.contains_key(n)).unwrap_or_default()
+        let name = if self.names.contains(&self.tensors, &base) {
+            (1..).map(|i| format!("{base}.{i}")).find(|n| !self.names.contains(&self.tensors, n)).unwrap_or_default()
         } else {
             base
         };
         let id = self.tensors.len();
-        self.names.insert(name.clone(), id);
+        self.names.insert(&name, id);
         self.tensors.push(Tensor { name, shape, dtype, kind });
         id
     }
@@ -738,9 +789,10 @@ impl<'a> Pass<'a> {
         }
         self.weights.insert(id, shape.clone());
         let local = self.tensors.len();
-        if self.names.insert(t.name.clone(), local).is_some() && self.duplicate.is_none() {
+        if self.names.contains(&self.tensors, &t.name) && self.duplicate.is_none() {
             self.duplicate = Some(t.name.clone());
         }
+        self.names.insert(&t.name, local);
         self.tensors.push(Tensor { name: t.name.clone(), shape, dtype: t.dtype, kind: t.kind });
         self.weight_ids.insert(id, local);
         Ok(local)
@@ -916,7 +968,7 @@ impl<'a> Pass<'a> {
             }
             OpKind::Linear => {
                 let (xi, wi, out) = (op.inputs[0], op.inputs[1], op.outputs[0]);
-                let w = self.logical(wi).shape.clone();
+                let w = &self.logical(wi).shape;
                 let (n, k) = (w[0], w[1]);
                 let bias = op.inputs.get(2).copied();
                 let x = self.get(xi, resid)?;
@@ -1198,7 +1250,7 @@ impl<'a> Pass<'a> {
                     Some(&g) => g,
                     None => self.get(ii, x.tok)?,
                 };
-                let w = self.logical(wi).shape.clone();
+                let w = &self.logical(wi).shape;
                 let (ep, etp) = (u64::from(self.l.ep), u64::from(self.l.etp));
                 if w.len() != 3 || !w[0].is_multiple_of(ep) {
                     return bad(format!("expert weight {w:?} does not split by ep={ep}"));
@@ -1304,7 +1356,8 @@ pub fn shard_graph(g: &Graph, layout: &Layout, rank: RankCoord) -> Result<Graph,
 }
 
 fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> Result<Sharded, String> {
-    layout.validate(g, layout.gpus())?;
+    let (f, places) = facts_and_places(g);
+    layout.check(&f, layout.gpus())?;
     for (what, r, n) in
         [("tp", rank.tp, layout.tp), ("pp", rank.pp, layout.pp), ("cp", rank.cp, layout.cp), ("dp", rank.dp, layout.dp)]
     {
@@ -1312,8 +1365,7 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
             return Err(format!("rank {what}={r} is outside the layout's {what}={n}"));
         }
     }
-    let f = facts(g);
-    let (places, layers) = partition(g);
+    let layers = &f.layers;
     let chunks = (layout.pp * layout.vp) as usize;
     let starts = layout.split.starts(layers.len(), chunks)?;
     // Layer position → chunk.
@@ -1354,7 +1406,7 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
         t: f.t,
         // A rank holds at most the logical graph's tensors and ops plus the collectives.
         tensors: Vec::with_capacity(g.tensors.len()),
-        names: HashMap::with_capacity(g.tensors.len()),
+        names: Names::with_capacity(g.tensors.len()),
         duplicate: None,
         ops: Vec::with_capacity(g.ops.len()),
         local: FxHashMap::default(),
@@ -1468,7 +1520,7 @@ fn shard_with(g: &Graph, layout: &Layout, rank: RankCoord, with_step: bool) -> R
     if let Some(name) = p.duplicate {
         return Err(GraphError::DuplicateTensor(name).to_string());
     }
-    let graph = Graph::from_resolved(p.tensors, p.ops, loss, p.names);
+    let graph = Graph::from_resolved(p.tensors, p.ops, loss);
     Ok(Sharded { graph, step, splits })
 }
 

@@ -67,37 +67,50 @@ pub fn bus_factor(kind: OpKind, n: u32) -> f64 {
 
 /// Every collective of a sharded graph, in execution order, sized per rank.
 pub fn comm_volume(g: &Graph) -> Vec<CommOp> {
-    let bytes =
-        |id: Option<&TensorId>| id.and_then(|&i| g.tensors.get(i)).map_or(0.0, |t| t.numel() as f64 * t.dtype.bytes());
     g.ops
         .iter()
         .filter_map(|op| {
-            let n = op.int("group-size").unwrap_or(1).max(1) as u32;
-            let stats = op.flag("row-stats").unwrap_or(false);
-            let (s, back) = match op.kind {
-                OpKind::AllReduce if stats => (bytes(op.outputs.first()), None),
-                OpKind::AllReduce => (bytes(op.inputs.first()), Some(OpKind::AllReduce)),
-                OpKind::AllGather => {
-                    (bytes(op.outputs.first()), all_gather_backward_reduces(g, op).then_some(OpKind::ReduceScatter))
-                }
-                OpKind::ReduceScatter => (bytes(op.inputs.first()), Some(OpKind::AllGather)),
-                OpKind::AllToAll => (bytes(op.inputs.first()), Some(OpKind::AllToAll)),
-                OpKind::Send => (bytes(op.inputs.first()), Some(OpKind::Recv)),
-                OpKind::Recv => (bytes(op.outputs.first()), Some(OpKind::Send)),
-                _ => return None,
-            };
+            let c = collective(g, op)?;
             Some(CommOp {
                 op: op.name.clone(),
                 kind: op.kind,
-                group: op.text("group").unwrap_or("?").to_string(),
-                group_size: n,
-                bytes: s,
-                bus_factor: bus_factor(op.kind, n),
-                backward: back,
+                group: c.group.to_string(),
+                group_size: c.group_size,
+                bytes: c.bytes,
+                bus_factor: bus_factor(op.kind, c.group_size),
+                backward: c.backward,
                 layer: op.layer,
             })
         })
         .collect()
+}
+
+/// What [`comm_volume`] lists for one op, borrowed from it (none for an op that is no
+/// collective): its group, the group's size, the bytes S of one call and its backward
+/// twin.
+pub(crate) struct Collective<'g> {
+    pub group: &'g str,
+    pub group_size: u32,
+    pub bytes: f64,
+    pub backward: Option<OpKind>,
+}
+
+pub(crate) fn collective<'g>(g: &Graph, op: &'g runner_graph::Op) -> Option<Collective<'g>> {
+    let bytes =
+        |id: Option<&TensorId>| id.and_then(|&i| g.tensors.get(i)).map_or(0.0, |t| t.numel() as f64 * t.dtype.bytes());
+    let n = op.int("group-size").unwrap_or(1).max(1) as u32;
+    let stats = op.flag("row-stats").unwrap_or(false);
+    let (s, back) = match op.kind {
+        OpKind::AllReduce if stats => (bytes(op.outputs.first()), None),
+        OpKind::AllReduce => (bytes(op.inputs.first()), Some(OpKind::AllReduce)),
+        OpKind::AllGather => (bytes(op.outputs.first()), all_gather_backward_reduces(g, op).then_some(OpKind::ReduceScatter)),
+        OpKind::ReduceScatter => (bytes(op.inputs.first()), Some(OpKind::AllGather)),
+        OpKind::AllToAll => (bytes(op.inputs.first()), Some(OpKind::AllToAll)),
+        OpKind::Send => (bytes(op.inputs.first()), Some(OpKind::Recv)),
+        OpKind::Recv => (bytes(op.outputs.first()), Some(OpKind::Send)),
+        _ => return None,
+    };
+    Some(Collective { group: op.text("group").unwrap_or("?"), group_size: n, bytes: s, backward: back })
 }
 
 /// Where a group's ranks sit: `size` ranks, `stride` global ranks apart (Megatron's

@@ -31,7 +31,7 @@ use runner_graph::recompute::{RecomputePolicy, kept_and_layer_bytes};
 use runner_graph::shard::{Layout, Place, RankCoord, partition, shard_graph};
 use runner_graph::{Graph, OpKind, TensorKind};
 
-use crate::comm::{Fabric, Placement, comm_volume};
+use crate::comm::{Fabric, Placement, collective};
 use crate::precision::{GemmRole, Plan, SiteFormats};
 use crate::profile::{GemmFormat, GpuProfile};
 
@@ -322,13 +322,23 @@ impl Template {
         let pos: HashMap<i32, usize> = layers.iter().enumerate().map(|(p, &l)| (l, p)).collect();
         let mut parts: Vec<Part> = vec![Part::default(); layers.len() + 2];
         let post = layers.len() + 1;
-        // Each op's part, looked up once (the loops below ask for it several times per op).
+        // Each op's part, looked up once (the loops below ask for it several times per op);
+        // a layer's ops come one after another, so the last layer's part is kept at hand
+        // rather than hashed again for each op.
+        let mut last: Option<(i32, usize)> = None;
         let part: Vec<usize> = places
             .iter()
             .map(|p| match *p {
                 Place::Pre => 0,
-                Place::Layer(l) if main.contains(&l) => 1 + pos[&l],
-                _ => post,
+                Place::Layer(l) => match last {
+                    Some((k, at)) if k == l => at,
+                    _ => {
+                        let at = if main.contains(&l) { 1 + pos[&l] } else { post };
+                        last = Some((l, at));
+                        at
+                    }
+                },
+                Place::Post => post,
             })
             .collect();
         // Weights: the part of their first reader, and whether the head side reads them
@@ -454,28 +464,26 @@ impl Template {
                 _ => {}
             }
         }
-        // The first op of each name, where a collective is looked up by its name (a scan of
-        // the ops per collective was quadratic in the rank graph's size).
-        let mut op_named: HashMap<&str, usize> = HashMap::with_capacity(g.ops.len());
+        // Each collective (what `comm_volume` lists, in op order) in the part of its own op:
+        // the sharding pass names a collective op after the tensor it writes, which no
+        // other op's name repeats (a map from names to the first op of each, made per
+        // sharding, found the same op).
         for (i, op) in g.ops.iter().enumerate() {
-            op_named.entry(op.name.as_str()).or_insert(i);
-        }
-        for c in comm_volume(g) {
-            let group = match c.group.as_str() {
+            let Some(c) = collective(g, op) else { continue };
+            let group = match c.group {
                 "tp" => Group::Tp,
                 "cp" => Group::Cp,
                 "ep" => Group::Ep,
                 "etp" => Group::Etp,
                 other => return Err(format!("a collective over group '{other}' in a single-stage rank graph")),
             };
-            let i = op_named.get(c.op.as_str()).copied().unwrap_or(0);
             let at = part[i];
-            let routing = match (group, c.kind) {
+            let routing = match (group, op.kind) {
                 (Group::Ep, OpKind::AllToAll) => top_k.get(&at).copied().zip(experts.get(&at).copied()),
                 _ => None,
             };
-            let backward = c.backward.filter(|_| g.ops.get(i).is_some_and(&has_backward));
-            parts[at].comm.push(Comm { group, kind: c.kind, bytes: c.bytes, backward, routing });
+            let backward = c.backward.filter(|_| has_backward(op));
+            parts[at].comm.push(Comm { group, kind: op.kind, bytes: c.bytes, backward, routing });
         }
         let (kept, activations) = kept_and_layer_bytes(g);
         for k in kept {
