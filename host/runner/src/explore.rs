@@ -700,16 +700,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     notes.extend(dup_notes);
     notes.extend(quote_notes.finish());
     notes.extend(price_provenance(&series, &cloud_names));
-    // A split Megatron's flags cannot build (E1L3) runs only from the layout string.
-    for s in &series {
-        for r in &s.rows {
-            if let Some(p) = &r.projection
-                && let Some(text) = &p.pipeline_model_parallel_layout
-            {
-                notes.push(format!("{}, {} GPUs, {}", s.label(), r.gpus, crate::project::layout_string_note(&p.layout, text)));
-            }
-        }
-    }
+    notes.extend(layout_string_notes(&series));
     if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
         notes.push("GPU counts rounded up to whole nodes, as they are billed".into());
     }
@@ -766,6 +757,22 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         plugins,
         notes,
     })
+}
+
+/// A note for each row whose split Megatron's flags cannot build (E1L3): the layout
+/// string it runs from.
+fn layout_string_notes(series: &[Series]) -> Vec<String> {
+    let mut notes = Vec::new();
+    for s in series {
+        for r in &s.rows {
+            if let Some(p) = &r.projection
+                && let Some(text) = &p.pipeline_model_parallel_layout
+            {
+                notes.push(format!("{}, {} GPUs, {}", s.label(), r.gpus, crate::project::layout_string_note(&p.layout, text)));
+            }
+        }
+    }
+    notes
 }
 
 /// The GPUs a row of `asked` GPUs uses: whole nodes of `node` GPUs, as they are billed.
@@ -1411,6 +1418,23 @@ mod tests {
         let a = answer(Goal::TargetDays(1000.0), &[s], &clouds, &counts);
         assert_eq!(a.best.as_ref().unwrap().gpus, 256);
         assert_eq!(a.runners_up.iter().map(|c| c.gpus).collect::<Vec<_>>(), [128, 64, 32, 16]);
+    }
+
+    /// A row whose split only a layout string builds gets a note with that string; a
+    /// row without one, or without a layout, gets none.
+    #[test]
+    fn a_split_only_a_layout_string_builds_is_noted_with_it() {
+        let mut p = crate::report::explore::tests::projected(9.44, 0.39, 0.0);
+        p.layout.pp = 4;
+        p.layout.vp = 7;
+        p.layout.split = runner_graph::pipeline::PipelineSplit { embedding: 1, loss: 3 };
+        p.pipeline_model_parallel_layout = Some("Et*2|(t*3|)*26L".into());
+        let even = crate::report::explore::tests::projected(9.7, 0.38, 0.0);
+        let rows = vec![Row { projection: Some(p), ..row(64, 104.2, 1.0) }, Row { projection: Some(even), ..row(128, 52.0, 1.0) }, unfit(256)];
+        let notes = layout_string_notes(&[labelled("H100", "fp8", 0.98, rows)]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("H100 fp8, 64 GPUs, TP8 PP4 VP7 DP1 E1L3 MBS1"), "{}", notes[0]);
+        assert!(notes[0].contains("pp·vp = 28 chunks only from pipeline_model_parallel_layout = \"Et*2|(t*3|)*26L\""), "{}", notes[0]);
     }
 
     fn unpriced(mut r: Row) -> Row {

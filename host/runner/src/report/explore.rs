@@ -843,7 +843,7 @@ pub(crate) mod tests {
 
     /// A projection of `step_s` seconds per step on TP8 MBS1 GBS64, `mfu` of peak, all of
     /// its step compute but `bubble` seconds of pipeline bubble.
-    fn projected(step_s: f64, mfu: f64, bubble: f64) -> runner_project::step::Projection {
+    pub(crate) fn projected(step_s: f64, mfu: f64, bubble: f64) -> runner_project::step::Projection {
         use runner_project::step::{Breakdown, Memory};
         let breakdown = Breakdown { compute: step_s - bubble, bubble, ..Breakdown::default() };
         serde_json::from_value(serde_json::json!({
