@@ -33,6 +33,12 @@ pub struct PipelineSplit {
     pub loss: u32,
 }
 
+/// The most layers the embedding, and the head side (loss, MTP), count as in the splits
+/// [`PipelineSplit::layout_choices`] offers (Megatron-Bridge's DeepSeek-V3 presets count
+/// the head with its MTP layer as three).
+pub const LAYOUT_EMBEDDING_MAX: u32 = 1;
+pub const LAYOUT_HEAD_MAX: u32 = 3;
+
 /// A parsed `pipeline_model_parallel_layout`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MegatronLayout {
@@ -187,12 +193,11 @@ impl PipelineSplit {
         if pp <= 1 || chunks == 0 {
             return Vec::new();
         }
-        let mut out: Vec<PipelineSplit> = (0..=4u32)
-            .flat_map(|units| (0..=1u32).filter(move |&e| e <= units && units - e <= 3).map(move |e| PipelineSplit { embedding: e, loss: units - e }))
+        (0..=LAYOUT_EMBEDDING_MAX + LAYOUT_HEAD_MAX)
+            .flat_map(|units| (0..=LAYOUT_EMBEDDING_MAX.min(units)).map(move |e| PipelineSplit { embedding: e, loss: units - e }))
+            .filter(|s| s.loss <= LAYOUT_HEAD_MAX)
             .filter(|s| (layers + (s.embedding + s.loss) as usize).is_multiple_of(chunks) && s.starts(layers, chunks).is_ok())
-            .collect();
-        out.dedup();
-        out
+            .collect()
     }
 
     /// The splits Megatron-Core's flags build for `layers` on pp and vp, the even one

@@ -29,7 +29,7 @@ use rustc_hash::FxHashMap as HashMap;
 use serde::Serialize;
 
 use runner_graph::modules::{Module, Modules};
-use runner_graph::pipeline::PipelineSplit;
+use runner_graph::pipeline::{LAYOUT_EMBEDDING_MAX, LAYOUT_HEAD_MAX, PipelineSplit};
 use runner_graph::recompute::RecomputePolicy;
 use runner_graph::shard;
 
@@ -299,9 +299,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
             // FSDP, looked up when a layout of it is first projected.
             let mut fams: [Option<usize>; 2] = [None, None];
             // A split given on the command line may count absurdly many units.
-            // Up to 4 counted units: the embedding as one and the head as three
-            // (PipelineSplit::layout_choices).
-            let units = space.split.map_or(layers.saturating_add(4), |s| layers.saturating_add(s.embedding).saturating_add(s.loss));
+            // Up to the most units PipelineSplit::layout_choices counts.
+            let units = space.split.map_or(layers.saturating_add(LAYOUT_EMBEDDING_MAX + LAYOUT_HEAD_MAX), |s| {
+                layers.saturating_add(s.embedding).saturating_add(s.loss)
+            });
             let vps = pick(
                 space.vp,
                 if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
@@ -447,8 +448,8 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
     let why = PipelineSplit::default().megatron_flags(l, p, v).err().unwrap_or_default();
     Err(format!(
         "Megatron-Core's flags build no split at pp={pp} vp={vp}: {why}, nor with the embedding or the loss counted as a layer, \
-         nor does a pipeline_model_parallel_layout with the embedding as 0-1 layers and the head as 0-3 divide them evenly \
-         (give --pp and --vp to price the even split)"
+         nor does a pipeline_model_parallel_layout with the embedding as 0-{LAYOUT_EMBEDDING_MAX} layers and the head as \
+         0-{LAYOUT_HEAD_MAX} divide them evenly (give --pp and --vp to price the even split)"
     ))
 }
 

@@ -142,10 +142,6 @@ pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSourc
     Ok(PluginSource { workload, variant: found.variant.name.clone(), seq_len })
 }
 
-/// Why `seq_len` is past the variant's context (its max position), if it is. A model with
-/// learned positions refuses it in its plugin; a RoPE model still builds the graph (the
-/// rotation extends), so a projection there is a context-extension run's, and a published
-/// row there is a typo.
 /// Where Megatron-Core's pp/vp flags cannot build a layout's split: the
 /// `pipeline_model_parallel_layout` string that does, for a note.
 pub fn layout_string_note(layout: &runner_project::step::LayoutSpec, text: &str) -> String {
@@ -158,6 +154,10 @@ pub fn layout_string_note(layout: &runner_project::step::LayoutSpec, text: &str)
     )
 }
 
+/// Why `seq_len` is past the variant's context (its max position), if it is. A model with
+/// learned positions refuses it in its plugin; a RoPE model still builds the graph (the
+/// rotation extends), so a projection there is a context-extension run's, and a published
+/// row there is a typo.
 pub fn beyond_context(variant: &Variant, seq_len: u32) -> Option<String> {
     let max = variant.hyper.max_position;
     (max > 0 && seq_len > max).then(|| format!("seq-len {seq_len} is past {}'s context of {max} tokens (its max position)", variant.name))

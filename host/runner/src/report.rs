@@ -193,12 +193,18 @@ pub fn columns(s: &str) -> usize {
     unicode_width::UnicodeWidthStr::width(s)
 }
 
+/// The terminal columns one character takes (a control character, which [`visible`]
+/// escapes before anything is printed, counts none).
+pub fn char_columns(c: char) -> usize {
+    unicode_width::UnicodeWidthChar::width(c).unwrap_or(0)
+}
+
 /// The longest start of `s` that fits in `cols` terminal columns (a wide character that
 /// would straddle the edge is left out).
 pub fn fit(s: &str, cols: usize) -> &str {
     let mut used = 0;
     for (i, c) in s.char_indices() {
-        used += unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        used += char_columns(c);
         if used > cols {
             return &s[..i];
         }
@@ -210,7 +216,7 @@ pub fn fit(s: &str, cols: usize) -> &str {
 pub fn fit_end(s: &str, cols: usize) -> &str {
     let mut used = 0;
     for (i, c) in s.char_indices().rev() {
-        used += unicode_width::UnicodeWidthChar::width(c).unwrap_or(0);
+        used += char_columns(c);
         if used > cols {
             return &s[i + c.len_utf8()..];
         }

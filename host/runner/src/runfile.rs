@@ -514,7 +514,7 @@ fn quote(text: &str, span: std::ops::Range<usize>) -> String {
     // Each character as shown, and the columns it takes.
     let shown = |c: char| if runner_contract::text::is_unsafe(c) { runner_contract::text::escape(c.encode_utf8(&mut [0; 4]), usize::MAX) } else { c.to_string() };
     // A wide character (CJK, most emoji) takes two columns, a combining mark none.
-    let width = |c: char| if runner_contract::text::is_unsafe(c) { shown(c).len() } else { unicode_width::UnicodeWidthChar::width(c).unwrap_or(0) };
+    let width = |c: char| if runner_contract::text::is_unsafe(c) { shown(c).len() } else { crate::report::char_columns(c) };
     // An empty span (TOML's, at a character it refuses) underlines that one character.
     let (mut caret, mut caret_end, mut total, mut first_width) = (None, None, 0, 1);
     for (i, c) in line.char_indices() {
@@ -1365,7 +1365,7 @@ mod tests {
             if span.contains(&at) {
                 out.push(c);
             }
-            at += crate::report::columns(c.encode_utf8(&mut [0; 4]));
+            at += crate::report::char_columns(c);
         }
         out
     }
