@@ -90,7 +90,7 @@ pub struct Point {
     /// run.
     pub ep_dispatcher: Option<Dispatcher>,
     /// The pipeline schedule where the run used another than Megatron's 1F1B
-    /// (`dualpipe`: DeepSeek's).
+    /// (`dualpipe`: DeepSeek's; `dualpipev`: DualPipe cut in half).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pipeline_schedule: Option<PipelineKind>,
     pub step_time_s: Option<f64>,

@@ -303,9 +303,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
             let units = space.split.map_or(layers.saturating_add(LAYOUT_EMBEDDING_MAX + LAYOUT_HEAD_MAX), |s| {
                 layers.saturating_add(s.embedding).saturating_add(s.loss)
             });
+            // DualPipeV has no virtual pipeline: its two stages a rank are the V's.
             let vps = pick(
                 space.vp,
-                if pp > 1 { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
+                if pp > 1 && space.pipeline != PipelineKind::DualPipeV { (1..=16).filter(|v| pp * v <= units).collect() } else { vec![1] },
             );
             for &vp in &vps {
                 // The splits depend on pp and vp alone: worked out (and a
@@ -417,6 +418,10 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
     if pp <= 1 {
         return Ok(vec![PipelineSplit::default()]);
     }
+    // DualPipeV's 2·pp stages split as two chunks a stage do (the chunk order differs,
+    // not the counts).
+    let dualpipev = space.pipeline == PipelineKind::DualPipeV;
+    let vp = if dualpipev { 2 } else { vp };
     let (l, p, v) = (layers as usize, pp as usize, vp as usize);
     let mut ok = PipelineSplit::megatron_choices(l, p, v);
     if ok.is_empty() {
@@ -426,13 +431,15 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
         // The first (fewest units counted, the head before the embedding, as the presets
         // count it): pricing every one took DeepSeek-V3's cold search from 0.7 to 1.1 s.
         ok = PipelineSplit::layout_choices(l, p, v).into_iter().take(1).collect();
-        if space.pp.is_some() && (space.vp.is_some() || vp == 1) && !ok.contains(&PipelineSplit::default()) {
+        if space.pp.is_some() && (space.vp.is_some() || vp == 1 || dualpipev) && !ok.contains(&PipelineSplit::default()) {
             ok.push(PipelineSplit::default());
         }
     }
     // Under DualPipe rank r holds stage r and stage pp-1-r: a split and its mirror (the
     // embedding's and the loss's counts swapped) put the same layers on every rank and
-    // project alike, and were listed as two layouts of one figure. Price the first.
+    // project alike, and were listed as two layouts of one figure. Price the first. Not
+    // under DualPipeV: rank 0 holds both ends there too, but its first stage keeps 2·pp
+    // micro-batches' activations and its last one, so the mirror changes its memory.
     if space.pipeline == PipelineKind::DualPipe {
         let mut kept: Vec<PipelineSplit> = Vec::with_capacity(ok.len());
         for s in ok {
@@ -446,10 +453,12 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
         return Ok(ok);
     }
     let why = PipelineSplit::default().megatron_flags(l, p, v).err().unwrap_or_default();
+    let at = if dualpipev { format!("pp={pp} (DualPipeV's 2·pp stages)") } else { format!("pp={pp} vp={vp}") };
     Err(format!(
-        "Megatron-Core's flags build no split at pp={pp} vp={vp}: {why}, nor with the embedding or the loss counted as a layer, \
+        "Megatron-Core's flags build no split at {at}: {why}, nor with the embedding or the loss counted as a layer, \
          nor does a pipeline_model_parallel_layout with the embedding as 0-{LAYOUT_EMBEDDING_MAX} layers and the head as \
-         0-{LAYOUT_HEAD_MAX} divide them evenly (give --pp and --vp to price the even split)"
+         0-{LAYOUT_HEAD_MAX} divide them evenly (give --pp{} to price the even split)",
+        if dualpipev { "" } else { " and --vp" }
     ))
 }
 
@@ -501,7 +510,7 @@ fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut
 /// The schedule does not divide ([`Reject::Divisibility`]), or the GPU's profile gives no
 /// host link or host memory.
 pub fn offload_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Result<Projection, Projection>, Reject> {
-    let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
+    let chunk = s.split.fullest_chunk(layers, s.pipeline.chunks(s.pp, s.vp));
     let at = |n: u32| {
         *evaluated += 1;
         c.evaluate(&Schedule { offload_layers: n, ..*s })
@@ -569,7 +578,7 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         }
     }
     // Recompute counts run per chunk; the fullest chunk bounds them.
-    let chunk = s.split.fullest_chunk(layers, s.pp * s.vp);
+    let chunk = s.split.fullest_chunk(layers, s.pipeline.chunks(s.pp, s.vp));
     let at = |n: u32| {
         *evaluated += 1;
         let r = RecomputePolicy::Full;

@@ -37,6 +37,10 @@
 //! - DeepSeek's DualPipe ([`PipelineKind::DualPipe`]) instead: each pipeline rank runs
 //!   two mirrored stages, half the micro-batches each, with the bubble, activations in
 //!   flight and overlaps of its reference implementation.
+//! - DualPipeV ([`PipelineKind::DualPipeV`]), DualPipe cut in half: the layers split over
+//!   2·pp stages, rank r running stage r and stage 2·pp−1−r for every micro-batch (a V:
+//!   rank 0 holds the embedding and the head), each stage's weights held once, with
+//!   DualPipe's pairing of chunks and its bubble counted over the 2·pp stages.
 
 use serde::{Deserialize, Serialize};
 
@@ -111,6 +115,19 @@ pub enum PipelineKind {
     /// reference implementation's assertions, `dualpipe/dualpipe.py` at bb214e8).
     #[serde(rename = "dualpipe")]
     DualPipe,
+    /// DualPipeV, "a concise V-shape schedule derived from DualPipe using a 'cut-in-half'
+    /// procedure, introduced by Sea AI Lab" (github:deepseek-ai/DualPipe README,
+    /// "DualPipeV"; Huawei's MindSpeed runs it under Megatron as `--schedules-method
+    /// dualpipev`). The layers split over 2·pp stages; pipeline rank r holds stage r and
+    /// stage 2·pp-1-r and runs both for every micro-batch, down the V and back up, so each
+    /// stage sits on one rank (DualPipe's weights per rank on half its devices, no stage
+    /// held twice). Over PP = 2·pp stages the README gives it DualPipe's bubble, (PP/2 -
+    /// 1)(F&B + B - 3W) in chunks of one stage, and PP + 1 stages' activations per rank.
+    /// It needs pp ≥ 2, no virtual pipeline, at least 2·pp layers, 2·pp - 1 micro-batches
+    /// and no FSDP (MindSpeed's checks, `mindspeed/features_manager/pipeline_parallel/
+    /// dualpipev_feature.py` at 2c8c7d5).
+    #[serde(rename = "dualpipev")]
+    DualPipeV,
 }
 
 impl PipelineKind {
@@ -118,8 +135,17 @@ impl PipelineKind {
         match s.to_ascii_lowercase().as_str() {
             "1f1b" | "interleaved" => Ok(PipelineKind::OneFOneB),
             "dualpipe" => Ok(PipelineKind::DualPipe),
-            _ => Err(format!("unknown pipeline schedule '{s}': use 1f1b (Megatron's, interleaved with --vp) or dualpipe (DeepSeek's)")),
+            "dualpipev" => Ok(PipelineKind::DualPipeV),
+            _ => Err(format!(
+                "unknown pipeline schedule '{s}': use 1f1b (Megatron's, interleaved with --vp), dualpipe (DeepSeek's) or dualpipev (DualPipe cut in half)"
+            )),
         }
+    }
+
+    /// The chunks a pipeline of `pp` stages and `vp` virtual chunks splits the layers
+    /// into: pp·vp, or DualPipeV's 2·pp stages (two on each rank).
+    pub fn chunks(&self, pp: u32, vp: u32) -> u32 {
+        if *self == PipelineKind::DualPipeV { 2 * pp } else { pp * vp }
     }
 
     /// Megatron's schedule: what a layout's JSON leaves out.
@@ -290,6 +316,9 @@ impl LayoutSpec {
             return None;
         }
         let (l, pp, vp) = (layers as usize, self.pp as usize, self.vp.max(1) as usize);
+        // DualPipeV's 2·pp stages divide as a pipeline of two chunks a stage does; the
+        // layout's chunks are its stages in order.
+        let vp = if self.pipeline == PipelineKind::DualPipeV { 2 } else { vp };
         self.split.megatron_flags(l, pp, vp).err()?;
         self.split.megatron_layout(l, pp * vp, mtp as usize).ok()
     }
@@ -331,8 +360,10 @@ impl LayoutSpec {
         if self.kernels.fused_grouped_mlp {
             s += " FUSED-MLP";
         }
-        if self.pipeline == PipelineKind::DualPipe {
-            s += " DualPipe";
+        match self.pipeline {
+            PipelineKind::OneFOneB => {}
+            PipelineKind::DualPipe => s += " DualPipe",
+            PipelineKind::DualPipeV => s += " DualPipeV",
         }
         if self.ep > 1 && self.kernels.dispatcher == Dispatcher::AllToAll {
             s += " A2A-DISPATCH";
@@ -714,15 +745,15 @@ struct Stage {
 }
 
 impl Stage {
-    /// A DualPipe rank holding stage `self` and stage `other`, each for half the
-    /// micro-batches: times, breakdown and per-micro-batch activations averaged, weights
-    /// summed.
-    fn mirrored(&self, other: &Stage) -> Stage {
-        let mean = |a: f64, b: f64| (a + b) / 2.0;
+    /// A rank holding stage `self` and stage `other`, each for `share` of the
+    /// micro-batches (DualPipe: a half, so times, breakdown and per-micro-batch
+    /// activations are the two stages' mean; DualPipeV: all, so their sum), weights summed.
+    fn paired(&self, other: &Stage, share: f64) -> Stage {
+        let per = |a: f64, b: f64| (a + b) * share;
         let (p, q) = (&self.params, &other.params);
         Stage {
-            t: mean(self.t, other.t),
-            acts: mean(self.acts, other.acts),
+            t: per(self.t, other.t),
+            acts: per(self.acts, other.acts),
             params: StageParams {
                 dense: p.dense + q.dense,
                 expert: p.expert + q.expert,
@@ -733,11 +764,11 @@ impl Stage {
                 ns_expert: p.ns_expert + q.ns_expert,
                 side: p.side + q.side,
             },
-            comp: std::array::from_fn(|i| mean(self.comp[i], other.comp[i])),
+            comp: std::array::from_fn(|i| per(self.comp[i], other.comp[i])),
             offload: self.offload.max(other.offload),
-            host: mean(self.host, other.host),
-            fwd: mean(self.fwd, other.fwd),
-            bwd: mean(self.bwd, other.bwd),
+            host: per(self.host, other.host),
+            fwd: per(self.fwd, other.fwd),
+            bwd: per(self.bwd, other.bwd),
             layers: self.layers + other.layers,
         }
     }
@@ -1030,9 +1061,35 @@ impl Costed {
         }
         let layers = self.layers.len();
         let (pp, vp, dp) = (s.pp.max(1) as usize, s.vp.max(1) as usize, s.dp.max(1));
-        let chunks = pp * vp;
+        let dual = s.pipeline == PipelineKind::DualPipe;
+        let v = s.pipeline == PipelineKind::DualPipeV;
+        // The pipeline's stages: pp, or DualPipeV's 2·pp (rank r holds stage r and stage
+        // 2·pp-1-r); chunk c runs on stage c mod stages.
+        let n_stages = if v { 2 * pp } else { pp };
+        let chunks = s.pipeline.chunks(pp as u32, vp as u32) as usize;
         if vp > 1 && pp == 1 {
             return Err(Reject::Divisibility("vp > 1 needs pp > 1".into()));
+        }
+        if v {
+            // Unlike DualPipe, an odd pp is fine: each rank holds a stage of the way down
+            // and one of the way back up, and no rank is paired with another.
+            if pp < 2 || vp > 1 {
+                return Err(Reject::Divisibility(format!(
+                    "DualPipeV needs pp ≥ 2 (rank r holds stage r and stage 2·pp-1-r of the 2·pp stages) and no virtual pipeline (its two stages a rank are the V's): pp = {pp}, vp = {vp}"
+                )));
+            }
+            if layers < 2 * pp {
+                return Err(Reject::Divisibility(format!(
+                    "DualPipeV splits the {layers} transformer layers over 2·pp = {} stages and needs one a stage at least: use pp ≤ {}",
+                    2 * pp,
+                    layers / 2
+                )));
+            }
+            if s.fsdp {
+                return Err(Reject::Unsupported(
+                    "DualPipeV under FSDP is not modelled (MindSpeed, which runs it under Megatron, refuses FSDP with it): leave out --fsdp".into(),
+                ));
+            }
         }
         let starts = s.split.starts(layers, chunks).map_err(Reject::Divisibility)?;
         // Offload and full recompute count layers per chunk; past the fullest chunk they
@@ -1059,7 +1116,14 @@ impl Costed {
             )));
         }
         let m = (u64::from(s.global_batch) / per_step) as u32;
-        let dual = s.pipeline == PipelineKind::DualPipe;
+        // Rank 0 runs its steady phase m - 2·pp + 1 times (m - 2·pp + r + 1 on rank r, the
+        // schedule's step 4): MindSpeed's least, where DeepSeek's reference asks for 2·pp.
+        if v && (m as usize) < 2 * pp - 1 {
+            return Err(Reject::Divisibility(format!(
+                "DualPipeV needs at least 2·pp - 1 = {} micro-batches: GBS/(MBS·DP) = {m}",
+                2 * pp - 1
+            )));
+        }
         if dual {
             if pp < 2 || !pp.is_multiple_of(2) || vp > 1 {
                 return Err(Reject::Divisibility(format!(
@@ -1087,9 +1151,9 @@ impl Costed {
         // in its combined 1F1B schedule, which needs a virtual pipeline when pp > 1 and
         // no full recompute (TransformerConfig asserts both), and a second micro-batch to
         // overlap with; elsewhere the all-to-all is exposed, and the layout says so.
-        // DualPipe runs each forward chunk beside another micro-batch's backward chunk, the
-        // same pairing.
-        let overlap_runs = (pp == 1 || vp > 1 || dual) && s.recompute != RecomputePolicy::Full && m > 1;
+        // DualPipe and DualPipeV run each forward chunk beside another micro-batch's backward
+        // chunk, the same pairing.
+        let overlap_runs = (pp == 1 || vp > 1 || dual || v) && s.recompute != RecomputePolicy::Full && m > 1;
         // TP communication overlap runs on Transformer Engine's userbuffers, which map the
         // tensor-parallel ranks' buffers into each other's memory through CUDA IPC or, on
         // multi-node NVLink, fabric handles: one NVLink domain per TP group
@@ -1133,10 +1197,10 @@ impl Costed {
         // the rest; n = 0 means every layer.
         let partial = s.recompute == RecomputePolicy::Full && s.recompute_layers > 0;
         let rest = if partial { 0 } else { base };
-        let mut stages = vec![Stage::default(); pp];
+        let mut stages = vec![Stage::default(); n_stages];
         let mut b = starts.start(0);
         for c in 0..chunks {
-            let stage = &mut stages[c % pp];
+            let stage = &mut stages[c % n_stages];
             let a = b;
             b = starts.start(c + 1);
             let m_ = if partial { (a + s.recompute_layers as usize).min(b) } else { b };
@@ -1186,7 +1250,7 @@ impl Costed {
                 stage.fwd += self.pre_row[FWD];
                 stage.bwd += self.pre_row[BWD];
             }
-            if st == pp - 1 {
+            if st == n_stages - 1 {
                 let rc = self.post.selective(&selective).0;
                 add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], edge, ov);
                 stage.params.side += self.post.dense;
@@ -1194,7 +1258,9 @@ impl Costed {
                 stage.t += self.post_row[TIME + 4 * edge + ov] + rc;
                 stage.fwd += self.post_row[FWD];
                 stage.bwd += self.post_row[BWD];
-                if pp > 1 {
+                // Under DualPipeV the head's stage is on the embedding's rank: a tied table
+                // is one weight there, as with no pipeline.
+                if pp > 1 && !v {
                     stage.params.dense += self.tied;
                     stage.params.side += self.tied;
                     stage.params.frozen += self.tied_frozen;
@@ -1203,9 +1269,14 @@ impl Costed {
         }
         // DualPipe: pipeline rank r runs stage r for the half of the micro-batches fed from
         // the first rank and stage pp-1-r for the half fed from the last, and holds both
-        // stages' weights; from here on `stages` are the ranks.
-        if dual {
-            stages = (0..pp).map(|r| stages[r].mirrored(&stages[pp - 1 - r])).collect();
+        // stages' weights. DualPipeV: rank r runs stage r and stage 2·pp-1-r for every
+        // micro-batch, so its time is both stages'. From here on `stages` are the ranks;
+        // DualPipeV keeps its stages as `legs` (what each holds in flight and when each
+        // finishes differ).
+        let legs = if v { stages.clone() } else { Vec::new() };
+        if dual || v {
+            let share = if dual { 0.5 } else { 1.0 };
+            stages = (0..pp).map(|r| stages[r].paired(&stages[n_stages - 1 - r], share)).collect();
         }
         let pol = base;
         let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
@@ -1213,13 +1284,16 @@ impl Costed {
         let mean = |f: fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
         let t_mean = mean(|x| x.t);
         let mf = f64::from(m);
-        let bubble = if dual {
-            // (pp/2 - 1)(F&B + B - 3W): F&B a forward and a backward chunk run together (a
-            // rank's time per micro-batch), B a whole backward, W its weight-gradient part:
-            // a third of the GEMMs' time (forward, input and weight gradients are the same
-            // FLOPs); attention and memory-bound work have none.
+        let bubble = if dual || v {
+            // (PP/2 - 1)(F&B + B - 3W) over PP stages: F&B a forward and a backward chunk
+            // run together (a stage's time per micro-batch), B a whole backward, W its
+            // weight-gradient part: a third of the GEMMs' time (forward, input and weight
+            // gradients are the same FLOPs); attention and memory-bound work have none. A
+            // DualPipe rank's figures are a stage's (its two stages' mean); a DualPipeV
+            // rank's are two stages' (their sum), half of them a chunk's.
+            let chunk = if v { 0.5 } else { 1.0 };
             let (b_mean, w_mean) = (mean(|x| x.bwd), mean(|x| x.comp[6] / 3.0));
-            (pp as f64 / 2.0 - 1.0) * (t_mean + b_mean - 3.0 * w_mean).max(0.0)
+            (n_stages as f64 / 2.0 - 1.0) * (chunk * (t_mean + b_mean - 3.0 * w_mean)).max(0.0)
         } else {
             (pp as f64 - 1.0) / vp as f64 * t_mean
         };
@@ -1228,11 +1302,19 @@ impl Costed {
         let ppg = Placement { size: 2, stride: saturate(stage_gpus) };
         let (pp_total, pp_exposed) = if pp > 1 {
             let msg = fabric.time(OpKind::Send, self.stage_message_bytes, ppg);
-            let sends = mf * 2.0 * vp as f64 * msg;
-            // DualPipe sends a chunk's output while the paired chunk computes: only the fill
-            // and the drain wait for theirs.
-            let hidden = if dual { 1.0 } else { self.rates.pp_overlap };
-            (sends, sends * (1.0 - hidden) + 2.0 * (pp as f64 - 1.0) * msg)
+            // A DualPipeV rank sends for both its stages, but the V turns on rank pp-1
+            // (stage pp-1 to pp, no send) and the ends have no outer neighbour: ranks 0 and
+            // pp-1 send 2 a micro-batch, those between 4. A micro-batch crosses 2·pp-2 links.
+            let (per_micro_batch, hops) = match (v, pp) {
+                (true, 2) => (2.0, n_stages - 2),
+                (true, _) => (4.0, n_stages - 2),
+                (false, _) => (2.0 * vp as f64, pp - 1),
+            };
+            let sends = mf * per_micro_batch * msg;
+            // DualPipe (and DualPipeV) sends a chunk's output while the paired chunk
+            // computes: only the fill and the drain wait for theirs.
+            let hidden = if dual || v { 1.0 } else { self.rates.pp_overlap };
+            (sends, sends * (1.0 - hidden) + 2.0 * hops as f64 * msg)
         } else {
             (0.0, 0.0)
         };
@@ -1258,7 +1340,7 @@ impl Costed {
         // before the optimizer step, so nothing hides it (github:NVIDIA/Megatron-LM
         // megatron/core/distributed/finalize_model_grads.py `_allreduce_word_embedding_grads`,
         // the whole gradient, at the gradient buffer's precision).
-        let tied_sync = if pp > 1 && self.tied > 0.0 {
+        let tied_sync = if pp > 1 && !v && self.tied > 0.0 {
             let ends = Placement { size: 2, stride: saturate(stage_gpus.saturating_mul(pp as u64 - 1)) };
             fabric.time(OpKind::AllReduce, gb * self.tied, ends)
         } else {
@@ -1318,7 +1400,9 @@ impl Costed {
                     };
                     worst = worst.max(exposed);
                     largest = largest.max(all);
-                    drain += st.bwd;
+                    // A DualPipeV rank's last backward is its stage on the way down's: the
+                    // ranks before it run only theirs after it.
+                    drain += if v { legs[i].bwd } else { st.bwd };
                 }
                 (worst, largest)
             };
@@ -1463,9 +1547,21 @@ impl Costed {
         let extra_warmup = s.ep_overlap && key.ep > 1;
         // Offloaded activations wait in host memory for their backward, for every
         // micro-batch in flight, as they would have on the GPU.
-        // DualPipe keeps pp + 1 chunks' activations on every rank.
-        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, pp, vp, m, extra_warmup) };
-        let host_gib = (0..pp).map(|st| in_flight(st) * stages[st].host * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
+        // DualPipe keeps pp + 1 chunks' activations on every rank. DualPipeV holds what 1F1B
+        // over its 2·pp stages would: 2·pp - s micro-batches on stage s (its schedule's
+        // forwards ahead of the first backward, plus the one its steady phase pairs), so
+        // rank r's two stages hold 2·pp + 1 together, the README's PP + 1.
+        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, n_stages, vp, m, extra_warmup) };
+        // Bytes of `f` (a stage's per micro-batch) a rank holds at its peak.
+        let held = |st: usize, f: fn(&Stage) -> f64| {
+            if v {
+                let back = n_stages - 1 - st;
+                in_flight(st) * f(&legs[st]) + in_flight(back) * f(&legs[back])
+            } else {
+                in_flight(st) * f(&stages[st])
+            }
+        };
+        let host_gib = (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
             let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
@@ -1500,10 +1596,10 @@ impl Costed {
             };
             // The embedding's activations for every micro-batch in flight through the first
             // stage, the head's for one; under DualPipe both end ranks hold both ends, each
-            // for half the micro-batches.
+            // for half the micro-batches; under DualPipeV rank 0 holds both.
             let end = st == 0 || st == pp - 1;
-            let (first, last) = if dual { (end, end) } else { (st == 0, st == pp - 1) };
-            let a = in_flight(st) * stages[st].acts
+            let (first, last) = if dual { (end, end) } else if v { (st == 0, st == 0) } else { (st == 0, st == pp - 1) };
+            let a = held(st, |x| x.acts)
                 + stages[st].offload
                 + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
                 + if last { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };

@@ -225,6 +225,128 @@ fn dualpipe_pairs_mirrored_stages_and_shrinks_the_bubble() {
     assert!(PipelineKind::parse("gpipe").unwrap_err().contains("use 1f1b"));
 }
 
+/// DualPipeV (github:deepseek-ai/DualPipe README, "DualPipeV": DualPipe cut in half):
+/// the layers split over PP = 2·pp stages and rank r runs stage r and stage 2·pp − 1 − r
+/// for every micro-batch. Eight layers at pp = 2: four stages of two layers, rank 0 the
+/// first and the last (the embedding, free here, and the head), rank 1 the middle two;
+/// rank 0 takes 4L + H a micro-batch, both its stages' time, where DualPipe's rank 0
+/// takes the mean of its two stages. The bubble is the README's (PP/2 − 1)(F&B + B − 3W)
+/// with a chunk's (one stage's) figures, the mean stage S = (8L + H)/4: (4/2 − 1)(S +
+/// 2S/3 − S). Weights, gradients and optimizer state are rank 0's two stages, each held
+/// once (the distributed optimizer shards them over dp alone, not over DualPipe's two
+/// holders). Activations: stage s keeps 2·pp − s micro-batches (1F1B's count over the
+/// four stages), so rank 0 holds 4 of stage 0's two layer inputs and 1 of stage 3's, and
+/// the head's input and logits once. A micro-batch crosses two links (the V turns on
+/// rank 1, stage 1 to stage 2, without a send), each end rank sending 2 a micro-batch,
+/// all hidden but the fill's and the drain's.
+#[test]
+fn dualpipev_runs_both_stages_of_the_v_on_each_rank() {
+    let mut pr = toy(8, 1e12);
+    let (l, h, m) = (layer_s(), head_s(), 8.0);
+    let v = |mut x: LayoutSpec| {
+        x.pipeline = PipelineKind::DualPipeV;
+        x
+    };
+    let p = pr.project(&v(plain(2, 1, 1, 8))).unwrap();
+    assert!(p.layout.short().ends_with(" DualPipeV"), "{}", p.layout.short());
+    assert_eq!(serde_json::to_value(p.layout).unwrap()["pipeline"], "dualpipev");
+    close(p.breakdown.compute, m * (4.0 * l + h), "DualPipeV compute: both stages of rank 0");
+    let s = (8.0 * l + h) / 4.0;
+    close(p.breakdown.bubble, (4.0 / 2.0 - 1.0) * (s + 2.0 * s / 3.0 - 3.0 * s / 3.0), "DualPipeV bubble");
+    let msg = ALPHA + (2 * T * C) as f64 / LINK;
+    close(p.comm.pp, m * 2.0 * msg, "DualPipeV at pp 2: two sends a micro-batch");
+    close(p.breakdown.pp, 2.0 * 2.0 * msg, "DualPipeV: the fill's and the drain's two links");
+    assert_eq!(p.memory.stage, 0);
+    let n = params(4);
+    close(p.memory.weights * GIB, 2.0 * n, "rank 0's weights: four layers, the embedding and the head");
+    close(p.memory.gradients * GIB, 2.0 * n, "rank 0's gradients");
+    close(p.memory.optimizer * GIB, 12.0 * n, "rank 0's optimizer state");
+    let input = (2 * T * C) as f64;
+    close(p.memory.activations * GIB, (4.0 * 2.0 + 1.0 * 2.0 + 1.0) * input + (2 * T * V) as f64, "rank 0's activations");
+    // Data parallelism over rank 0's weights, as under 1F1B.
+    let p2 = pr.project(&v(plain(2, 1, 2, 16))).unwrap();
+    close(p2.comm.dp, ring(true, 2, 2.0 * n, LINK), "the gradients' all-reduce over dp 2");
+    let mut l2 = v(plain(2, 1, 2, 16));
+    l2.distributed_optimizer = true;
+    close(pr.project(&l2).unwrap().memory.optimizer * GIB, 12.0 * n / 2.0, "distributed optimizer: over dp 2 alone");
+    // An odd pp: 12 layers over 6 stages on 3 ranks, 5 micro-batches (2·pp − 1; DualPipe
+    // takes neither). Rank 1, in the middle, sends 4 a micro-batch; a micro-batch
+    // crosses 4 links; PP/2 − 1 = 2; rank 0 keeps 5 (not 6) of stage 0's.
+    let mut pr = toy(12, 1e12);
+    let p = pr.project(&v(plain(3, 1, 1, 5))).unwrap();
+    let m = 5.0;
+    close(p.breakdown.compute, m * (4.0 * l + h), "pp 3 compute");
+    let s = (12.0 * l + h) / 6.0;
+    close(p.breakdown.bubble, (6.0 / 2.0 - 1.0) * (s + 2.0 * s / 3.0 - 3.0 * s / 3.0), "pp 3 bubble");
+    close(p.comm.pp, m * 4.0 * msg, "pp 3: four sends a micro-batch on the middle rank");
+    close(p.breakdown.pp, 2.0 * 4.0 * msg, "pp 3: the fill's and the drain's four links");
+    assert_eq!(p.memory.stage, 0);
+    close(p.memory.activations * GIB, (5.0 * 2.0 + 1.0 * 2.0 + 1.0) * input + (2 * T * V) as f64, "pp 3, m 5: rank 0's activations");
+    // A tied table is one weight on rank 0, which holds both ends: no copy, no sync.
+    let mut pr = projector(graph_with(8, V, true), gpu(1e12));
+    let p = pr.project(&v(plain(2, 1, 1, 8))).unwrap();
+    close(p.memory.weights * GIB, 2.0 * ((V * C) as f64 + 4.0 * (C * C) as f64), "tied: one table on rank 0");
+    close(p.breakdown.pp, 2.0 * 2.0 * msg, "tied: the exposed sends only");
+    // MindSpeed's checks, and no FSDP.
+    let mut pr = toy(8, 1e12);
+    let mut refused = |x: LayoutSpec| pr.project(&x).unwrap_err();
+    assert!(refused(v(plain(3, 1, 1, 4))).contains("at least 2·pp - 1 = 5 micro-batches: GBS/(MBS·DP) = 4"));
+    assert!(refused(v(plain(1, 1, 1, 4))).contains("DualPipeV needs pp ≥ 2"));
+    assert!(refused(v(plain(2, 2, 1, 8))).contains("no virtual pipeline (its two stages a rank are the V's): pp = 2, vp = 2"));
+    assert!(refused(v(plain(8, 1, 1, 16))).contains("the 8 transformer layers over 2·pp = 16 stages and needs one a stage at least: use pp ≤ 4"));
+    let mut f = v(plain(2, 1, 2, 8));
+    f.fsdp = true;
+    assert!(refused(f).contains("DualPipeV under FSDP"));
+    assert_eq!(PipelineKind::parse("DualPipeV"), Ok(PipelineKind::DualPipeV));
+    assert!(PipelineKind::parse("gpipe").unwrap_err().contains("or dualpipev"));
+}
+
+/// DualPipeV against DualPipe on the same pp ranks of the same model (16 layers, pp 4, a
+/// small vocabulary so the layers dominate): each rank holds about half DualPipe's
+/// weights (DualPipe puts two stages of pp on a rank, DualPipeV two of 2·pp), and the
+/// bubble, (PP/2 − 1) chunks over PP stages, is (pp − 1) chunks of half DualPipe's
+/// against its pp/2 − 1 = 1: (pp − 1)/2 / (pp/2 − 1) = 1.5 times DualPipe's, both
+/// taken over the mean stage, however the head weighs on the last one.
+#[test]
+fn dualpipev_holds_half_of_dualpipes_weights_on_the_same_ranks() {
+    let mut pr = toy_v(16, 256, gpu(1e12));
+    let with = |k: PipelineKind| LayoutSpec { pipeline: k, ..plain(4, 1, 1, 8) };
+    let (d, v) = (pr.project(&with(PipelineKind::DualPipe)).unwrap(), pr.project(&with(PipelineKind::DualPipeV)).unwrap());
+    let ratio = v.memory.weights / d.memory.weights;
+    assert!((0.5..0.6).contains(&ratio), "DualPipeV weights / DualPipe's: {ratio}");
+    assert!(v.memory.total < d.memory.total, "DualPipeV {} GiB, DualPipe {} GiB", v.memory.total, d.memory.total);
+    let (l, h) = (layer_s(), 3.0 * 2.0 * (T * C * 256) as f64 / PEAK);
+    // The mean stage of each: DualPipe's 4 stages, DualPipeV's 8; the bubble's factor
+    // (F&B + B − 3W) is 2/3 of a stage here.
+    let (sd, sv) = ((16.0 * l + h) / 4.0, (16.0 * l + h) / 8.0);
+    close(d.breakdown.bubble, 1.0 * 2.0 * sd / 3.0, "DualPipe bubble");
+    close(v.breakdown.bubble, 3.0 * 2.0 * sv / 3.0, "DualPipeV bubble");
+    close(v.breakdown.bubble / d.breakdown.bubble, 1.5, "(pp − 1)/2 over pp/2 − 1");
+}
+
+/// Under DualPipe a split and its mirror (E1L0 and E0L1) project alike, and the search
+/// prices one; under DualPipeV rank 0 also holds both ends, but its first stage keeps
+/// 2·pp micro-batches' activations and its last one, so the mirror differs: seven
+/// layers at pp 2 over four stages of two units, E1L0 gives stage 0 one layer and stage
+/// 3 two, E0L1 the reverse; the same time, (4·1 + 2) or (4·2 + 1) layer inputs held.
+#[test]
+fn dualpipev_mirrored_splits_differ_in_rank_0s_activations() {
+    use runner_graph::pipeline::PipelineSplit;
+    let mut pr = toy(7, 1e12);
+    let at = |pr: &mut Projector, k: PipelineKind, e: bool| {
+        pr.project(&LayoutSpec { pipeline: k, split: PipelineSplit::megatron(e, !e), ..plain(2, 1, 1, 8) }).unwrap()
+    };
+    let (a, b) = (at(&mut pr, PipelineKind::DualPipe, true), at(&mut pr, PipelineKind::DualPipe, false));
+    close(a.step_time_s, b.step_time_s, "DualPipe: mirrors alike in time");
+    close(a.memory.total, b.memory.total, "DualPipe: mirrors alike in memory");
+    let (a, b) = (at(&mut pr, PipelineKind::DualPipeV, true), at(&mut pr, PipelineKind::DualPipeV, false));
+    close(a.step_time_s, b.step_time_s, "DualPipeV: the same time");
+    assert_eq!((a.memory.stage, b.memory.stage), (0, 0));
+    let (input, logits) = ((2 * T * C) as f64, (2 * T * V) as f64);
+    close(a.memory.activations * GIB, (4.0 * 1.0 + 2.0 + 1.0) * input + logits, "E1L0");
+    close(b.memory.activations * GIB, (4.0 * 2.0 + 1.0 + 1.0) * input + logits, "E0L1");
+}
+
 /// Pipeline sends: the residual stream of one micro-batch (T x C BF16) goes forward and
 /// its gradient back once per chunk per micro-batch; `pp_overlap` of them hide, but the
 /// fill's and the drain's 2(p − 1) are on the critical path. Each is one send between two

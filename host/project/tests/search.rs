@@ -126,6 +126,27 @@ fn dualpipe_prices_one_of_two_mirrored_splits() {
     assert_eq!((a.step_time_s, a.memory.total), (b.step_time_s, b.memory.total), "mirrored splits under DualPipe");
 }
 
+/// `--pipeline-schedule dualpipev` searches pp ≥ 2 with no virtual pipeline, an odd pp
+/// included (unlike DualPipe's): Llama 3.1 8B's 32 layers on 24 GPUs split over 2·pp
+/// stages, pp 3 as 36 units (the embedding as one, the head as three, a layout string)
+/// over 6 stages; pp 1, and pp 24 (no split of 32 layers over 48 stages), are refused
+/// by name.
+#[test]
+fn dualpipev_searches_every_pp_from_two_without_a_virtual_pipeline() {
+    use runner_project::step::PipelineKind;
+    let space = Space { tp: Some(1), cp: Some(1), mbs: Some(1), fsdp: Some(false), pipeline: PipelineKind::DualPipeV, ..Space::default() };
+    let f = all("llama3.1-8b", 8192, 24, 48, &space);
+    assert!(f.best.iter().all(|p| p.layout.pipeline == PipelineKind::DualPipeV && p.layout.vp == 1), "a virtual pipeline or another schedule");
+    let pps: BTreeSet<u32> = f.best.iter().map(|p| p.layout.pp).collect();
+    assert!(pps.contains(&3) && !pps.contains(&1), "{pps:?}");
+    let three = f.best.iter().find(|p| p.layout.pp == 3).unwrap();
+    assert_eq!((three.layout.split.embedding, three.layout.split.loss), (1, 3), "{}", three.layout.short());
+    assert_eq!(three.pipeline_model_parallel_layout.as_deref(), Some("Et*5|(t*6|)*4t*3L"));
+    let reasons: Vec<&str> = f.families.iter().filter_map(|fam| match &fam.verdict { Verdict::Divisibility { reason } => Some(reason.as_str()), _ => None }).collect();
+    assert!(reasons.iter().any(|r| r.contains("DualPipeV needs pp ≥ 2")), "{reasons:?}");
+    assert!(reasons.iter().any(|r| r.contains("no split at pp=24 (DualPipeV's 2·pp stages)")), "{reasons:?}");
+}
+
 /// A layout that fits the GPU neither as it is nor with every layer recomputed, but would
 /// by offloading activations to a host too small for them, is reported short of host
 /// memory (the closer miss, and what stands in the way), not of GPU memory: Llama 3.1 8B

@@ -148,8 +148,9 @@ pub struct QuickRun {
     /// the projection models it, else adamw
     #[arg(long, value_parser = runner_project::step::Optimizer::parse)]
     pub optimizer: Option<runner_project::step::Optimizer>,
-    /// Layout search: the pipeline schedule, 1f1b (Megatron's) or dualpipe (DeepSeek's:
-    /// even pp, no virtual pipeline); default 1f1b
+    /// Layout search: the pipeline schedule, 1f1b (Megatron's), dualpipe (DeepSeek's:
+    /// even pp, no virtual pipeline) or dualpipev (DualPipe cut in half: 2·pp stages, two
+    /// a rank in a V, any pp ≥ 2, no virtual pipeline); default 1f1b
     #[arg(long, value_parser = runner_project::step::PipelineKind::parse)]
     pub pipeline_schedule: Option<runner_project::step::PipelineKind>,
     /// Goal: the cheapest GPU type, count, layout, precision and cloud that finishes within D days
@@ -276,7 +277,7 @@ enum Command {
         after_help = "Examples:\n  runner validate host/project/data/calibration.toml\n  runner validate runs.toml --format csv -o validation.csv\n  runner validate runs.toml --profile fitted.toml"
     )]
     Validate {
-        /// A TOML file of [[point]] tables (source (required: where the run was published), model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, ep_overlap, ep_dispatcher, recompute_modules, account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split, pipeline_layout, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, lora_target_modules, pipeline_schedule ("dualpipe"; default Megatron's 1F1B), workload ("pretrain", "finetune_sft" or "finetune_lora"), step_time_s or tokens_per_sec_per_gpu)
+        /// A TOML file of [[point]] tables (source (required: where the run was published), model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, ep_overlap, ep_dispatcher, recompute_modules, account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split, pipeline_layout, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, lora_target_modules, pipeline_schedule ("dualpipe" or "dualpipev"; default Megatron's 1F1B), workload ("pretrain", "finetune_sft" or "finetune_lora"), step_time_s or tokens_per_sec_per_gpu)
         file: PathBuf,
     },
     /// Fit a GPU type's efficiency parameters to published runs, or to local measurements

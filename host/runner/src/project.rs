@@ -145,12 +145,13 @@ pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSourc
 /// Where Megatron-Core's pp/vp flags cannot build a layout's split: the
 /// `pipeline_model_parallel_layout` string that does, for a note.
 pub fn layout_string_note(layout: &runner_project::step::LayoutSpec, text: &str) -> String {
+    let chunks = if layout.pipeline == runner_project::step::PipelineKind::DualPipeV { "2·pp" } else { "pp·vp" };
     format!(
-        "{}: Megatron-Core builds this split of the layers over pp·vp = {} chunks only from \
+        "{}: Megatron-Core builds this split of the layers over {chunks} = {} chunks only from \
          pipeline_model_parallel_layout = \"{text}\" (its flags need the layers, with the embedding and loss \
          counted or not, to divide by pp and each stage's share by vp)",
         layout.short(),
-        layout.pp * layout.vp.max(1)
+        layout.pipeline.chunks(layout.pp, layout.vp.max(1))
     )
 }
 

@@ -214,8 +214,8 @@ pub struct LayoutSection {
     /// The optimizer: `adamw` or `muon` (Megatron's dist_muon); absent: the one the
     /// workload plugin names, where the projection models it, else adamw.
     pub optimizer: Option<runner_project::step::Optimizer>,
-    /// The pipeline schedule: `1f1b` (Megatron's) or `dualpipe` (DeepSeek's); absent:
-    /// 1f1b.
+    /// The pipeline schedule: `1f1b` (Megatron's), `dualpipe` (DeepSeek's) or
+    /// `dualpipev` (DualPipe cut in half); absent: 1f1b.
     pub pipeline_schedule: Option<runner_project::step::PipelineKind>,
 }
 
@@ -275,8 +275,10 @@ impl LayoutSection {
         if let Some(o) = self.optimizer {
             parts.push(format!("optimizer {o:?}").to_lowercase());
         }
-        if self.pipeline_schedule == Some(runner_project::step::PipelineKind::DualPipe) {
-            parts.push("DualPipe".into());
+        match self.pipeline_schedule {
+            Some(runner_project::step::PipelineKind::DualPipe) => parts.push("DualPipe".into()),
+            Some(runner_project::step::PipelineKind::DualPipeV) => parts.push("DualPipeV".into()),
+            _ => {}
         }
         parts.join(" ")
     }
@@ -1079,18 +1081,21 @@ mod tests {
         assert!(e.contains("unknown optimizer 'lion': use adamw or muon"), "{e}");
     }
 
-    /// `[layout] pipeline_schedule` picks DeepSeek's DualPipe for every layout (absent:
-    /// Megatron's 1F1B); another name is refused with the two.
+    /// `[layout] pipeline_schedule` picks DeepSeek's DualPipe, or DualPipeV, for every
+    /// layout (absent: Megatron's 1F1B); another name is refused with the three.
     #[test]
     fn pipeline_schedule_is_read() {
         use runner_project::step::PipelineKind;
         let run = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_schedule = \"DualPipe\"\n", "t.toml").unwrap();
         assert_eq!(run.layout.space().pipeline, PipelineKind::DualPipe);
         assert!(run.layout.describe().contains("DualPipe"), "{}", run.layout.describe());
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_schedule = \"dualpipev\"\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().pipeline, PipelineKind::DualPipeV);
+        assert!(run.layout.describe().ends_with("DualPipeV"), "{}", run.layout.describe());
         let run = parse("[model]\nplugin = \"x\"\n", "t.toml").unwrap();
         assert_eq!(run.layout.space().pipeline, PipelineKind::OneFOneB);
         let e = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_schedule = \"gpipe\"\n", "t.toml").unwrap_err();
-        assert!(e.contains("unknown pipeline schedule 'gpipe': use 1f1b"), "{e}");
+        assert!(e.contains("unknown pipeline schedule 'gpipe': use 1f1b") && e.contains("dualpipev"), "{e}");
     }
 
     /// `[layout] dispatcher` picks the expert token dispatcher (absent: flex); a name

@@ -985,6 +985,37 @@ fn project_and_search_take_the_dualpipe_schedule() {
     assert!(!rows.is_empty() && rows.iter().all(|l| l.contains("DualPipe")), "{out}");
 }
 
+/// `--pipeline-schedule dualpipev` reaches the projection and the search: DeepSeek-V3
+/// on 2,048 H800 at PP8 runs DualPipe's 16 stages as a V over 8 ranks (said in the
+/// layout and the JSON), each rank holding about half DualPipe's PP8 weights; a virtual
+/// pipeline is refused by name; a search keeps the schedule in every layout it ranks.
+#[test]
+fn project_and_search_take_the_dualpipev_schedule() {
+    let dir = scratch("dualpipev");
+    let base = ["project", "--model", "deepseek-v3-671b", "--gpu", "h800", "--gpus", "2048", "--precision", "fp8", "--tp", "1", "--pp", "8", "--cp", "1", "--ep", "64", "--mbs", "1", "--gbs", "15360", "--seq-len", "4096", "--fused-grouped-mlp", "--no-fsdp", "-q"];
+    let json = |schedule: &str| {
+        let o = runner(&dir, &[&base[..], &["--pipeline-schedule", schedule, "--format", "json"]].concat());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let (v, d) = (json("dualpipev"), json("dualpipe"));
+    assert_eq!(v["layout"]["pipeline"], "dualpipev", "{v}");
+    let (wv, wd) = (v["memory"]["weights"].as_f64().unwrap(), d["memory"]["weights"].as_f64().unwrap());
+    assert!(wv < 0.6 * wd, "weights per GPU: DualPipeV {wv} GiB, DualPipe {wd} GiB");
+    let o = runner(&dir, &base);
+    assert!(o.status.success() && text(&o).0.contains("TP1 PP8") && !text(&o).0.contains("DualPipeV"), "{}", text(&o).0);
+    let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "dualpipev"]].concat());
+    assert!(o.status.success() && text(&o).0.contains("DualPipeV"), "{}", text(&o).0);
+    let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "DualPipeV", "--vp", "2"]].concat());
+    assert!(!o.status.success() && text(&o).1.contains("no virtual pipeline (its two stages a rank are the V's): pp = 8, vp = 2"), "{}", text(&o).1);
+    let o = runner(&dir, &["search", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "24", "--tp", "1", "--cp", "1", "--pipeline-schedule", "dualpipev", "--top", "3", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with("24")).collect();
+    assert!(!rows.is_empty() && rows.iter().all(|l| l.contains("DualPipeV")), "{out}");
+}
+
 /// Degrees and GPU counts at the top of u32 get an answer or an error naming the flag,
 /// never an overflow panic (these tests run unoptimised, with overflow checks) nor a
 /// loop counting to four billion: the divisor lists took 51 s per search in a release

@@ -97,10 +97,12 @@ pub struct LayoutFlags {
     /// the one the workload plugin names, where the projection models it, else adamw
     #[arg(long, value_parser = Optimizer::parse)]
     pub optimizer: Option<Optimizer>,
-    /// The pipeline schedule: 1f1b (Megatron's; interleaved with --vp) or dualpipe
+    /// The pipeline schedule: 1f1b (Megatron's; interleaved with --vp), dualpipe
     /// (DeepSeek's bidirectional schedule, DeepSeek-V3's: an even pp, no --vp, each rank
     /// holding two stages' weights, the all-to-all and pipeline sends hidden behind the
-    /// paired chunk's compute); default 1f1b
+    /// paired chunk's compute) or dualpipev (DualPipe cut in half, as MindSpeed runs it:
+    /// the layers over 2·pp stages, rank r holding stage r and stage 2·pp-1-r, each stage
+    /// once; pp ≥ 2, no --vp, at least 2·pp-1 micro-batches); default 1f1b
     #[arg(long, value_parser = PipelineKind::parse)]
     pub pipeline_schedule: Option<PipelineKind>,
     /// Run the routed experts' MLP as fused grouped GEMMs with the activation in their
@@ -171,6 +173,11 @@ impl LayoutFlags {
         let pp = self.pp.ok_or_else(|| {
             anyhow::anyhow!("--pipeline-layout lists {} chunks; give --pp (the chunks are pp·vp)", m.chunks)
         })? as usize;
+        if self.pipeline_schedule == Some(PipelineKind::DualPipeV) {
+            // DualPipeV's chunks are its 2·pp stages, with no virtual pipeline.
+            m.check(layers, 2 * pp).map_err(|e| anyhow::anyhow!("--pipeline-layout under DualPipeV (2·pp stages): {e}"))?;
+            return Ok(Some(m.split));
+        }
         if pp == 0 || !m.chunks.is_multiple_of(pp) {
             anyhow::bail!("--pipeline-layout lists {} chunks, not a multiple of --pp {pp}", m.chunks);
         }
@@ -469,7 +476,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             split: split
                 .or_else(|| {
                     let layers = s.projector.model.shape.layers as usize;
-                    PipelineSplit::megatron_choices(layers, pp as usize, vp as usize).first().copied()
+                    // DualPipeV's 2·pp stages split as two chunks a stage do.
+                    let chunks = if flags.pipeline_schedule == Some(PipelineKind::DualPipeV) { 2 } else { vp };
+                    PipelineSplit::megatron_choices(layers, pp as usize, chunks as usize).first().copied()
                 })
                 .unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
