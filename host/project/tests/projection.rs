@@ -79,7 +79,8 @@ fn deepseek_v3_on_h800_is_projected_within_fifteen_percent_with_dualpipe() {
 
 /// DualPipe runs each forward chunk beside another micro-batch's backward chunk, so the
 /// expert all-to-all hides at pp > 1 without a virtual pipeline, where Megatron's combined
-/// 1F1B cannot overlap it (Qwen3-30B-A3B, EP16 over two H100 nodes, PP2).
+/// 1F1B cannot overlap it (Qwen3-30B-A3B, EP16 over two H100 nodes, PP2); so does
+/// DualPipeV, the same pairing.
 #[test]
 fn dualpipe_hides_the_expert_all_to_all_without_a_virtual_pipeline() {
     let mut pr = projector("qwen3-30b-a3b", 4096, "h100", Recipe::Bf16);
@@ -89,6 +90,8 @@ fn dualpipe_hides_the_expert_all_to_all_without_a_virtual_pipeline() {
     assert!(a.breakdown.ep > 0.0);
     assert!(b.breakdown.ep < 0.5 * a.breakdown.ep, "exposed EP: DualPipe {} s, 1F1B {} s", b.breakdown.ep, a.breakdown.ep);
     assert!(b.breakdown.bubble < a.breakdown.bubble);
+    let v = pr.project(&LayoutSpec { pipeline: PipelineKind::DualPipeV, ..one }).unwrap();
+    assert!(v.breakdown.ep < 0.5 * a.breakdown.ep, "exposed EP: DualPipeV {} s, 1F1B {} s", v.breakdown.ep, a.breakdown.ep);
 }
 
 /// The Performance Explorer's reference scenario (DGXC v25.02 table): Llama 3.1 70B,

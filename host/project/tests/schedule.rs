@@ -684,6 +684,27 @@ fn a_later_stage_hides_its_reduction_in_the_drain() {
     close(p.comm.dp, ring(true, 2, last, LINK), "the largest stage's reduction");
 }
 
+/// Under DualPipeV a rank's last backward is its first stage's (stage r), after which
+/// only stages r − 1 .. 0 run theirs: rank 1's drain is stage 0's backward, not rank 0's
+/// two stages'. Six layers over four stages with the embedding and the loss counted as a
+/// layer each, a vocabulary of 256: rank 0 holds one layer in stage 0 and one in stage 3
+/// with the two small tables (3C²), rank 1 stages 1 and 2 (4C²), and is the one the
+/// step waits for: its reduction less one layer's backward.
+#[test]
+fn a_dualpipev_rank_hides_its_reduction_behind_the_stages_before_it() {
+    let mut pr = toy_v(6, 256, gpu(1e12));
+    let mut l = plain(2, 1, 2, 8);
+    l.pipeline = PipelineKind::DualPipeV;
+    l.dp_overlap = true;
+    l.split = runner_graph::pipeline::PipelineSplit { embedding: 1, loss: 1 };
+    let p = pr.project(&l).unwrap();
+    let rank1 = 2.0 * (4 * C * C) as f64;
+    let want = ring(true, 2, rank1, LINK) - layer_bwd_s();
+    assert!(want > ring(true, 2, 2.0 * (3 * C * C) as f64, LINK), "the case the test means");
+    close(p.breakdown.dp, want, "rank 1's reduction less stage 0's backward");
+    close(p.comm.dp, ring(true, 2, rank1, LINK), "the largest rank's reduction");
+}
+
 /// With a virtual pipeline each chunk's reduction launches whole once the chunk's last
 /// backward is done; the reductions queue on one communicator. Two stages of two
 /// one-layer chunks: on stage 0 the first chunk to finish still has one group of pp = 2
