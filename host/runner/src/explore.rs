@@ -1435,6 +1435,14 @@ mod tests {
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].starts_with("H100 fp8, 64 GPUs, TP8 PP4 VP7 DP1 E1L3 MBS1"), "{}", notes[0]);
         assert!(notes[0].contains("pp·vp = 28 chunks only from pipeline_model_parallel_layout = \"Et*2|(t*3|)*26L\""), "{}", notes[0]);
+        // Under DualPipeV the string writes the V's 2·pp stages, and the note says the
+        // flags do not build it rather than that Megatron-Core builds it from the string.
+        let mut v = crate::report::explore::tests::projected(9.44, 0.39, 0.0);
+        v.layout.pp = 4;
+        v.layout.pipeline = runner_project::step::PipelineKind::DualPipeV;
+        let note = crate::project::layout_string_note(&v.layout, "Et|(t*2|)*6L");
+        assert!(note.contains("over 2·pp = 8 stages, in a pipeline_model_parallel_layout's notation: \"Et|(t*2|)*6L\""), "{note}");
+        assert!(!note.contains("Megatron-Core builds"), "{note}");
     }
 
     fn unpriced(mut r: Row) -> Row {

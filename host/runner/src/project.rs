@@ -145,9 +145,19 @@ pub fn source(found: &Found, seq_len: u32, limits: Limits) -> Result<PluginSourc
 /// Where Megatron-Core's pp/vp flags cannot build a layout's split: the
 /// `pipeline_model_parallel_layout` string that does, for a note.
 pub fn layout_string_note(layout: &runner_project::step::LayoutSpec, text: &str) -> String {
-    let chunks = if layout.pipeline == runner_project::step::PipelineKind::DualPipeV { "2·pp" } else { "pp·vp" };
+    if layout.pipeline == runner_project::step::PipelineKind::DualPipeV {
+        // The V's stages in order, written as a layout string writes chunks; MindSpeed's
+        // DualPipeV takes its split from its own flags, so the string is the split's
+        // notation, not a flag known to configure it.
+        return format!(
+            "{}: the split of the layers over 2·pp = {} stages, in a pipeline_model_parallel_layout's notation: \
+             \"{text}\" (stages in order down the V and back up; Megatron-Core's flags do not build it)",
+            layout.short(),
+            layout.pipeline.chunks(layout.pp, 1)
+        );
+    }
     format!(
-        "{}: Megatron-Core builds this split of the layers over {chunks} = {} chunks only from \
+        "{}: Megatron-Core builds this split of the layers over pp·vp = {} chunks only from \
          pipeline_model_parallel_layout = \"{text}\" (its flags need the layers, with the embedding and loss \
          counted or not, to divide by pp and each stage's share by vp)",
         layout.short(),

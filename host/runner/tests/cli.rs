@@ -1006,7 +1006,11 @@ fn project_and_search_take_the_dualpipev_schedule() {
     let o = runner(&dir, &base);
     assert!(o.status.success() && text(&o).0.contains("TP1 PP8") && !text(&o).0.contains("DualPipeV"), "{}", text(&o).0);
     let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "dualpipev"]].concat());
-    assert!(o.status.success() && text(&o).0.contains("DualPipeV"), "{}", text(&o).0);
+    let out = text(&o).0;
+    assert!(o.status.success() && out.contains("DualPipeV"), "{out}");
+    // The breakdown counts the V's ranks and stages apart, and names a rank's two stages.
+    let names_its_stages = (0..8).any(|r| out.contains(&format!("(rank {r}: stages {r} and {})", 15 - r)));
+    assert!(out.contains("PP (8 ranks, 16 stages)") && names_its_stages, "{out}");
     let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "DualPipeV", "--vp", "2"]].concat());
     assert!(!o.status.success() && text(&o).1.contains("no virtual pipeline (its two stages a rank are the V's): pp = 8, vp = 2"), "{}", text(&o).1);
     let o = runner(&dir, &["search", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "24", "--tp", "1", "--cp", "1", "--pipeline-schedule", "dualpipev", "--top", "3", "-q"]);

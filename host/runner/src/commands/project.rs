@@ -655,7 +655,7 @@ fn project_table(o: &ProjectOut) -> Table {
     kv("MFU", format!("{:.1} %", 100.0 * p.mfu));
     kv("memory/GPU", format!("{} of {:.0} GiB ({})", sig(m.total, 1), m.capacity, if p.fits { "fits" } else { "does not fit" }));
     kv("  weights / grads / optimizer", format!("{} / {} / {} GiB", sig(m.weights, 1), sig(m.gradients, 1), sig(m.optimizer, 1)));
-    kv("  activations / reserved", format!("{} / {} GiB (stage {})", sig(m.activations, 1), sig(m.reserved, 1), m.stage));
+    kv("  activations / reserved", format!("{} / {} GiB ({})", sig(m.activations, 1), sig(m.reserved, 1), pipeline_rank(&p.layout, m.stage)));
     if m.host_offload > 0.0 {
         kv("  offloaded to host", format!("{} of {:.0} GiB host memory per GPU", sig(m.host_offload, 1), m.host_capacity));
     }
@@ -709,12 +709,26 @@ fn project_table(o: &ProjectOut) -> Table {
             (None, GroupName::Etp) => "in EP's".into(),
             (None, _) => "in DP's".into(),
         };
-        let ranks = if g.group == GroupName::Pp { format!("{} stages", g.ranks) } else { format!("{} GPUs", g.ranks) };
+        let ranks = match (g.group, p.layout.pipeline) {
+            (GroupName::Pp, PipelineKind::DualPipeV) => format!("{} ranks, {} stages", g.ranks, 2 * g.ranks),
+            (GroupName::Pp, _) => format!("{} stages", g.ranks),
+            _ => format!("{} GPUs", g.ranks),
+        };
         kv(&format!("  {name} ({ranks})"), format!("{time}, {link}"));
     }
     t.notes = o.notes.clone();
     t.notes.insert(0, format!("layout from {}", o.layout_from));
     t
+}
+
+/// Pipeline rank `r` as the memory line names it: a stage under 1F1B; under DualPipe and
+/// DualPipeV a rank holds two stages, and the line says which.
+fn pipeline_rank(l: &LayoutSpec, r: u32) -> String {
+    let stages = l.pipeline.chunks(l.pp, 1);
+    match l.pipeline {
+        PipelineKind::OneFOneB => format!("stage {r}"),
+        _ => format!("rank {r}: stages {r} and {}", stages.saturating_sub(r.saturating_add(1))),
+    }
 }
 
 fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<PipelineSplit>) -> Space {
