@@ -686,11 +686,10 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     for s in &mut series {
         derive(s, &rule);
         // A GPU no cloud here sells (GH200 and H20 are in no shipped price list) is
-        // projected but priced nowhere: said under its table and in the notes, with the
-        // way to price it, not left as a column of n/a.
+        // projected but priced nowhere: said where its sweet spot would be (under its
+        // table, in every format), with the way to price it.
         if let Some(why) = sold_nowhere(s, &cloud_names) {
-            s.sweet_spot_why = format!("no sweet spot: {why}");
-            notes.push(why);
+            s.sweet_spot_why = format!("none: {why}");
         }
     }
     // Layout flags that no count can divide are a mistake to say, not a table of "nothing

@@ -2381,7 +2381,7 @@ fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
     let o = runner(&dir, &explore);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("no sweet spot: no cloud here sells GH200 ("), "{out}");
+    assert!(out.contains("sweet spot (*): none: no cloud here sells GH200 ("), "{out}");
     assert!(out.contains("--price-file FILE"), "{out}");
     assert!(out.contains("GPU counts rounded up to whole nodes"), "{out}");
     let mut json = explore.to_vec();
