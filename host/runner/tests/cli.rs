@@ -2371,13 +2371,13 @@ fn collectives_progress_reaches_a_log_once_per_interval() {
     assert!(o.status.success() && text(&o).1.is_empty(), "{}", text(&o).1);
 }
 
-/// GH200, which no shipped cloud sells, is projected in whole quad nodes (6 GPUs are two
-/// nodes, 8) and its table says that no cloud here sells it and how to price it; a price
+/// GH200, which no shipped cloud sells, is projected in whole quad nodes (10 GPUs are
+/// three nodes, 12; 8-GPU nodes would make them 16) and its table says that no cloud here sells it and how to price it; a price
 /// file in SkyPilot's catalog shape (docs/EXPLORER.md) with a GH200 row prices it.
 #[test]
 fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
     let dir = scratch("gh200-prices");
-    let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpu", "gh200", "--gpus", "6", "--precision", "bf16", "--no-history", "-q"];
+    let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpu", "gh200", "--gpus", "10", "--precision", "bf16", "--no-history", "-q"];
     let o = runner(&dir, &explore);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
@@ -2388,7 +2388,7 @@ fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
     json.extend(["--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &json)).0).unwrap();
     let row = &v["series"][0]["rows"][0];
-    assert_eq!((row["requested_gpus"].as_u64(), row["gpus"].as_u64()), (Some(6), Some(8)), "{row}");
+    assert_eq!((row["requested_gpus"].as_u64(), row["gpus"].as_u64()), (Some(10), Some(12)), "{row}");
     assert!(row["costs"].as_array().unwrap().iter().all(|c| c["status"] == "not-sold"), "{row}");
     std::fs::write(
         dir.join("alps.csv"),
@@ -2403,6 +2403,6 @@ fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
     let quoted: Vec<&serde_json::Value> =
         v["series"][0]["rows"][0]["costs"].as_array().unwrap().iter().filter(|c| c["status"] == "quoted").collect();
     assert_eq!(quoted.len(), 1, "{out}");
-    assert_eq!((quoted[0]["cloud"].as_str(), quoted[0]["instance"].as_str(), quoted[0]["nodes"].as_u64()), (Some("alps"), Some("quad-gh200"), Some(2)), "{out}");
+    assert_eq!((quoted[0]["cloud"].as_str(), quoted[0]["instance"].as_str(), quoted[0]["nodes"].as_u64()), (Some("alps"), Some("quad-gh200"), Some(3)), "{out}");
     assert!(!out.contains("no cloud here sells"), "{out}");
 }
