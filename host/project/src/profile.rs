@@ -650,7 +650,7 @@ mod tests {
     fn builtin_parses_and_every_gpu_has_sources() {
         let p = Profiles::builtin();
         let names: Vec<&str> = p.gpus.iter().map(|g| g.name.as_str()).collect();
-        assert_eq!(names, ["A100-40GB", "A100-80GB", "H100", "H200", "H800", "B200", "B300", "GB200", "GB300"]);
+        assert_eq!(names, ["A100-40GB", "A100-80GB", "H100", "H200", "H800", "H20", "GH200", "B200", "B300", "GB200", "GB300"]);
         for g in &p.gpus {
             assert!(!g.sources.is_empty(), "{} has no source", g.name);
             assert!(g.sources.iter().all(|s| !s.cite.is_empty() && !s.date.is_empty()));
@@ -757,6 +757,42 @@ bf16 = 500.0
         assert_eq!(h800.efficiency.gemm, h100.efficiency.gemm);
         assert_eq!(h800.efficiency.scale_out, h100.efficiency.scale_out);
         assert!(h800.efficiency.fitted.starts_with("H100's"), "{}", h800.efficiency.fitted);
+    }
+
+    /// H20 and GH200 are H100's die: H20 at about 15 % of its tensor-core rate with more
+    /// and faster HBM in the same 8-GPU NVLink board; GH200 at its full rate with 96 GB
+    /// of HBM3, in quad nodes whose four GPUs are linked all-to-all (150 GB/s a pair a
+    /// direction, 450 in all) and each has its own 200 Gb/s NIC and NVLink-C2C to its
+    /// Grace CPU. Both take H100's fitted efficiencies and say so.
+    #[test]
+    fn h20_and_gh200_are_h100s_die_in_their_own_nodes() {
+        let p = Profiles::builtin();
+        let h100 = p.get("h100").unwrap();
+        let figures = |g: &GpuProfile| {
+            (g.memory_gib, g.hbm_gbs, g.gpus_per_node, g.scale_up_domain, g.scale_up_gbs, g.scale_out_gbs, g.host_link_gbs, g.host_memory_gib)
+        };
+        let h20 = p.get("nvidia-h20").unwrap();
+        assert_eq!(h20.name, "H20");
+        assert_eq!(figures(h20), (96.0, 4000.0, 8, 8, 450.0, 50.0, Some(63.0), Some(256.0)));
+        assert_eq!((h20.peak_tflops.bf16, h20.peak_tflops.fp8, h20.peak_tflops.mxfp8), (148.0, Some(296.0), None));
+        let gh200 = p.get("gh200-120gb").unwrap();
+        assert_eq!(gh200.name, "GH200");
+        assert_eq!(figures(gh200), (96.0, 4000.0, 4, 4, 450.0, 25.0, Some(450.0), Some(111.0)));
+        assert_eq!((gh200.peak_tflops.bf16, gh200.peak_tflops.fp8), (h100.peak_tflops.bf16, h100.peak_tflops.fp8));
+        for g in [h20, gh200] {
+            assert_eq!(g.efficiency_from.as_deref(), Some("H100"), "{}", g.name);
+            assert_eq!(g.siblings, ["H100"], "{}", g.name);
+            assert_eq!(g.efficiency, Efficiency { fitted: g.efficiency.fitted.clone(), ..h100.efficiency.clone() }, "{}", g.name);
+            assert!(g.efficiency.fitted.starts_with("H100's"), "{}: {}", g.name, g.efficiency.fitted);
+            assert!(g.description.contains("efficiency taken from H100"), "{}", g.description);
+            assert!(g.sources.len() >= 4, "{}", g.name);
+        }
+        // The H20 with HBM3e and the GH200 with 144 GB are other boards: not aliases, and
+        // named by the nearest profile.
+        assert!(p.get("h20-3e").unwrap_err().contains("the nearest profile is H20 ("));
+        assert!(p.get("gh200-144gb").unwrap_err().contains("the nearest profile is GH200 ("));
+        // H200 is not H20.
+        assert_eq!(p.get("h200").unwrap().name, "H200");
     }
 
     #[test]

@@ -365,3 +365,33 @@ fn expert_weights_shard_and_reduce_over_their_own_group() {
     let err = pr.project(&LayoutSpec { ep: 8, ep_overlap: false, ..layout(1, 1, 1, 1, 12, 1, 12) }).unwrap_err();
     assert!(err.contains("does not divide"), "{err}");
 }
+
+/// GH200's quad node is its NVLink domain: a TP4 group sits in one node and rides
+/// NVLink (four members per domain, at the mesh's 450 GB/s a direction with H100's
+/// efficiency), a TP8 group spans two nodes and its traffic crosses the 200 Gb/s NICs
+/// (four members a domain), where on an 8-GPU H100 board TP8 still stays on NVLink; so
+/// TP8's communication on GH200 costs several times TP4's per byte.
+#[test]
+fn gh200_keeps_tp4_in_its_quad_node_and_sends_tp8_across_it() {
+    let place = |p: &runner_project::step::Projection, g: GroupName| p.comm.groups.iter().find(|x| x.group == g).copied();
+    let mut gh = projector("llama3.1-70b", 8192, "gh200", Recipe::Bf16);
+    let full = |l: LayoutSpec| LayoutSpec { recompute: RecomputePolicy::Full, ..l };
+    let four = gh.project(&full(layout(4, 4, 1, 1, 4, 1, 64))).unwrap();
+    let tp = place(&four, GroupName::Tp).unwrap();
+    assert_eq!((tp.ranks, tp.fabric, tp.per_domain), (4, Link::ScaleUp, 4));
+    let eight = gh.project(&full(layout(8, 4, 1, 1, 2, 1, 64))).unwrap();
+    let tp = place(&eight, GroupName::Tp).unwrap();
+    assert_eq!((tp.ranks, tp.fabric, tp.per_domain), (8, Link::ScaleOut, 4));
+    // A micro-batch's TP traffic: TP8 moves 7/8 of each tensor where TP4 moves 3/4 (a
+    // ring's (n-1)/n, the same tensors a rank), over the NICs (4 x 25 GB/s a node at H100's
+    // NIC efficiency) instead of the mesh (450 GB/s at its NVLink efficiency): about 4.7x.
+    let l = links(&gh.gpu);
+    assert!((l.up / 1e9 - 450.0 * gh.gpu.efficiency.scale_up).abs() < 1e-9);
+    let per_micro_batch = |p: &runner_project::step::Projection| p.comm.tp / f64::from(p.micro_batches);
+    let ratio = per_micro_batch(&eight) / per_micro_batch(&four);
+    let want = (7.0 / 8.0) / (3.0 / 4.0) * l.up / (4.0 * l.out);
+    assert!((ratio / want - 1.0).abs() < 0.1, "TP8 {ratio:.2}x TP4 per micro-batch, links alone {want:.2}x");
+    let mut h100 = projector("llama3.1-70b", 8192, "h100", Recipe::Bf16);
+    let p = h100.project(&full(layout(8, 4, 1, 1, 2, 1, 64))).unwrap();
+    assert_eq!(place(&p, GroupName::Tp).unwrap().fabric, Link::ScaleUp, "an HGX H100 board holds TP8");
+}

@@ -1764,3 +1764,26 @@ fn selective_layernorm_frees_the_multi_token_prediction_layers_norms_too() {
     let got = a.memory.activations - b.memory.activations;
     assert!((got / want - 1.0).abs() < 1e-9, "{got} vs {want}");
 }
+
+/// H20 is H100's die at 148 of 989 dense BF16 TFLOP/s with 4.0 TB/s of HBM against
+/// 3.35, and takes H100's efficiencies: on one layout (Llama 3.1 70B, BF16, TP8 PP4,
+/// 32 GPUs) its GEMMs and attention take about the peak ratio (6.7x) longer, while its
+/// memory-bound kernels (norms, activations, casts) run faster, by about the HBM ratio.
+#[test]
+fn h20_is_slower_than_h100_by_the_peak_ratio_on_gemms_only() {
+    let lay = LayoutSpec { recompute: RecomputePolicy::Full, ..layout(8, 4, 1, 1, 1, 1, 32) };
+    let on = |gpu: &str| projector("llama3.1-70b", 8192, gpu, Recipe::Bf16).project(&lay).unwrap();
+    let (h100, h20) = (on("h100"), on("h20"));
+    let peak_ratio = 989.0 / 148.0;
+    let (a, b) = (h100.breakdown.compute_parts, h20.breakdown.compute_parts);
+    let gemm = b.gemm / a.gemm;
+    assert!(gemm > 0.95 * peak_ratio && gemm <= peak_ratio * (1.0 + 1e-9), "GEMMs {gemm:.2}x slower, peaks {peak_ratio:.2}x");
+    let attention = b.attention / a.attention;
+    assert!((attention / peak_ratio - 1.0).abs() < 0.05, "attention {attention:.2}x slower");
+    let rest = |p: &Projection| p.breakdown.compute - p.breakdown.compute_parts.gemm - p.breakdown.compute_parts.attention;
+    let memory = rest(&h20) / rest(&h100);
+    assert!(memory < 1.0 && (memory / (3350.0 / 4000.0) - 1.0).abs() < 0.05, "memory-bound work {memory:.3}x");
+    // The step as a whole lands between: GEMM-bound, so several times slower.
+    let step = h20.step_time_s / h100.step_time_s;
+    assert!(step > 4.0 && step < peak_ratio, "step {step:.2}x");
+}

@@ -685,6 +685,12 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let rule = SweetSpotRule { max_usd_per_day_saved: run.explore.max_usd_per_day_saved };
     for s in &mut series {
         derive(s, &rule);
+        // A GPU no cloud here sells (GH200 and H20 are in no shipped price list) is
+        // projected but priced nowhere: said where its sweet spot would be (under its
+        // table, in every format), with the way to price it.
+        if let Some(why) = sold_nowhere(s, &cloud_names) {
+            s.sweet_spot_why = format!("none: {why}");
+        }
     }
     // Layout flags that no count can divide are a mistake to say, not a table of "nothing
     // fits" (--tp 3 on 8-GPU nodes).
@@ -773,6 +779,28 @@ fn layout_string_notes(series: &[Series]) -> Vec<String> {
         }
     }
     notes
+}
+
+/// Why a series has no price, where no cloud here sells its GPU (every row's every cloud
+/// `NotSold`) though some row was projected: the clouds asked, and how to price the GPU
+/// (a price file, or a cost plugin that sells it). `None` where anything was quoted or a
+/// quote failed (the failure has its own note), or nothing fits.
+fn sold_nowhere(s: &Series, clouds: &[String]) -> Option<String> {
+    let projected = s.rows.iter().any(|r| r.days.is_some());
+    let unsold = s.rows.iter().all(|r| r.costs.iter().all(|c| matches!(c, CloudPrice::NotSold)));
+    if !projected || !unsold {
+        return None;
+    }
+    let gpu = &s.gpu.name;
+    let asked = if clouds.is_empty() {
+        format!("no cloud prices {gpu} (none was loaded)")
+    } else {
+        format!("no cloud here sells {gpu} ({} asked: {})", clouds.len(), clouds.join(", "))
+    };
+    Some(format!(
+        "{asked}; its rows are projected, not priced: give your own prices with --price-file FILE (a CSV in SkyPilot's \
+         catalog shape with AcceleratorName {gpu}, docs/EXPLORER.md) or a cost plugin that sells it with --cloud FILE.wasm"
+    ))
 }
 
 /// The GPUs a row of `asked` GPUs uses: whole nodes of `node` GPUs, as they are billed.
@@ -1457,6 +1485,22 @@ mod tests {
     fn labelled(gpu: &str, precision: &str, share: f64, rows: Vec<Row>) -> Series {
         let profiles = runner_project::profile::Profiles::builtin();
         Series { gpu: profiles.get(gpu).unwrap().clone(), precision: precision.into(), low_precision_share: share, ..series(rows) }
+    }
+
+    /// A GPU no cloud here sells is said with the way to price it (a price file, or a
+    /// plugin that sells it), once something was projected; a series with a quote, a
+    /// failed quote (its own note says why) or nothing that fits gets no such line.
+    #[test]
+    fn a_gpu_no_cloud_sells_points_at_the_price_file() {
+        let gh200 = |rows: Vec<Row>| labelled("gh200", "fp8", 0.9, rows);
+        let why = sold_nowhere(&gh200(vec![unfit(4), unpriced(row(8, 10.0, 0.0))]), &["aws".into(), "gcp".into()]).unwrap();
+        assert!(why.starts_with("no cloud here sells GH200 (2 asked: aws, gcp); its rows are projected, not priced"), "{why}");
+        assert!(why.contains("--price-file FILE") && why.contains("AcceleratorName GH200") && why.contains("--cloud FILE.wasm"), "{why}");
+        assert!(sold_nowhere(&gh200(vec![unpriced(row(8, 10.0, 0.0))]), &[]).unwrap().starts_with("no cloud prices GH200 (none was loaded)"));
+        assert_eq!(sold_nowhere(&gh200(vec![unpriced(row(8, 10.0, 0.0)), row(16, 5.0, 1e6)]), &["aws".into()]), None);
+        let failed = Row { costs: vec![CloudPrice::QuoteFailed { reason: "x".into() }], ..row(8, 10.0, 0.0) };
+        assert_eq!(sold_nowhere(&gh200(vec![failed]), &["aws".into()]), None);
+        assert_eq!(sold_nowhere(&gh200(vec![unfit(4)]), &["aws".into()]), None);
     }
 
     /// Speedup is against the series' first row that fits, relative cost against its first

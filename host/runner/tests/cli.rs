@@ -2405,3 +2405,39 @@ fn collectives_progress_reaches_a_log_once_per_interval() {
     let o = runner(&dir, &[&args[..], &["-q"]].concat());
     assert!(o.status.success() && text(&o).1.is_empty(), "{}", text(&o).1);
 }
+
+/// GH200, which no shipped cloud sells, is projected in whole quad nodes (10 GPUs are
+/// three nodes, 12; 8-GPU nodes would make them 16) and its table says that no cloud here sells it and how to price it; a price
+/// file in SkyPilot's catalog shape (docs/EXPLORER.md) with a GH200 row prices it.
+#[test]
+fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
+    let dir = scratch("gh200-prices");
+    let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpu", "gh200", "--gpus", "10", "--precision", "bf16", "--no-history", "-q"];
+    let o = runner(&dir, &explore);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("sweet spot (*): none: no cloud here sells GH200 ("), "{out}");
+    assert!(out.contains("--price-file FILE"), "{out}");
+    assert!(out.contains("GPU counts rounded up to whole nodes"), "{out}");
+    let mut json = explore.to_vec();
+    json.extend(["--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &json)).0).unwrap();
+    let row = &v["series"][0]["rows"][0];
+    assert_eq!((row["requested_gpus"].as_u64(), row["gpus"].as_u64()), (Some(10), Some(12)), "{row}");
+    assert!(row["costs"].as_array().unwrap().iter().all(|c| c["status"] == "not-sold"), "{row}");
+    std::fs::write(
+        dir.join("alps.csv"),
+        "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice,EffectiveDate,Source\nquad-gh200,GH200,4,ch-1,20.00,,2026-12-01,a test's made-up rate\n",
+    )
+    .unwrap();
+    json.extend(["--price-file", "alps.csv"]);
+    let o = runner(&dir, &json);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let quoted: Vec<&serde_json::Value> =
+        v["series"][0]["rows"][0]["costs"].as_array().unwrap().iter().filter(|c| c["status"] == "quoted").collect();
+    assert_eq!(quoted.len(), 1, "{out}");
+    assert_eq!((quoted[0]["cloud"].as_str(), quoted[0]["instance"].as_str(), quoted[0]["nodes"].as_u64()), (Some("alps"), Some("quad-gh200"), Some(3)), "{out}");
+    assert!(!out.contains("no cloud here sells"), "{out}");
+}
