@@ -694,6 +694,29 @@ struct Host {
     capacity: f64,
 }
 
+/// A schedule checked against a sharding and its stages added up ([`Costed::evaluate`]'s
+/// first part), from which both its memory and its step time are worked out.
+struct Staged {
+    /// The schedule with the overlaps it runs (EP and TP overlap where they can).
+    s: Schedule,
+    /// Per pipeline stage, or under DualPipe per rank.
+    stages: Vec<Stage>,
+    /// Indices of the selectively recomputed modules.
+    selective: Vec<usize>,
+    pp: usize,
+    vp: usize,
+    dp: u32,
+    /// Micro-batches per step.
+    m: u32,
+    dual: bool,
+    /// Recompute policy index of the chunks' layers (of the first ones under partial
+    /// full recompute).
+    base: usize,
+    stage_gpus: u64,
+    expert_ranks: u64,
+    muon: bool,
+}
+
 /// One pipeline stage's sums in [`Costed::evaluate`]: time per micro-batch, stored
 /// activations, parameters, the breakdown's parts, and the offloaded activations' buffer
 /// (one layer's stays on the GPU as the copy in flight).
@@ -1024,6 +1047,37 @@ impl Costed {
     /// The schedule's degrees do not divide what they split ([`Reject::Divisibility`]).
     /// A layout that does not fit in memory is still projected, with `fits: false`.
     pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
+        let x = self.staged(s)?;
+        let memory = self.memory(&x);
+        Ok(self.project(&x, memory))
+    }
+
+    /// [`Costed::evaluate`] that stops at the memory where `wanted(memory)` is false: the
+    /// search throws away the step time of a layout that does not fit when it will
+    /// recompute, and its binary searches ask only whether a count fits, so they skip the
+    /// data-parallel timing and the projection's assembly. A projection it returns is
+    /// [`Costed::evaluate`]'s, bit for bit.
+    ///
+    /// # Errors
+    /// As [`Costed::evaluate`].
+    pub fn evaluate_where(&self, s: &Schedule, wanted: impl FnOnce(&Memory) -> bool) -> Result<Result<Projection, Memory>, Reject> {
+        let x = self.staged(s)?;
+        let memory = self.memory(&x);
+        Ok(if wanted(&memory) { Ok(self.project(&x, memory)) } else { Err(memory) })
+    }
+
+    /// The memory of the most loaded GPU under schedule `s`, without its step time: what a
+    /// search probing how much to recompute or offload asks of a count.
+    ///
+    /// # Errors
+    /// As [`Costed::evaluate`].
+    pub fn memory_of(&self, s: &Schedule) -> Result<Memory, Reject> {
+        Ok(self.memory(&self.staged(s)?))
+    }
+
+    /// Check schedule `s` against this sharding and add up its stages (the first part of
+    /// [`Costed::evaluate`]).
+    fn staged(&self, s: &Schedule) -> Result<Staged, Reject> {
         let key = self.key;
         if s.kernels != self.kernels {
             return Err(Reject::Unsupported("a schedule evaluated on ops timed for other kernels".into()));
@@ -1102,7 +1156,6 @@ impl Costed {
         // In u64: degrees given on a command line may multiply past u32.
         let stage_gpus = u64::from(key.tp) * u64::from(key.cp) * u64::from(dp);
         let expert_ranks = u64::from(key.ep) * u64::from(key.etp);
-        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         if !stage_gpus.is_multiple_of(expert_ranks) {
             return Err(Reject::Divisibility(format!("ep·etp = {expert_ranks} does not divide tp·cp·dp = {stage_gpus}")));
         }
@@ -1207,7 +1260,97 @@ impl Costed {
         if dual {
             stages = (0..pp).map(|r| stages[r].mirrored(&stages[pp - 1 - r])).collect();
         }
+        let s = *s;
+        Ok(Staged { s, stages, selective, pp, vp, dp, m, dual, base, stage_gpus, expert_ranks, muon })
+    }
+
+    /// Memory of the most loaded GPU under a staged schedule (its host offload included).
+    fn memory(&self, x: &Staged) -> Memory {
+        let Staged { ref s, ref stages, ref selective, pp, vp, dp, m, dual, base, stage_gpus, expert_ranks, muon, .. } = *x;
+        let key = self.key;
+        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let pol = base;
+        let mf = f64::from(m);
+        let edp = saturate(stage_gpus / expert_ranks);
+        let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
+        let holders = if dual { 2.0 } else { 1.0 };
+        // Memory, the most loaded stage.
+        let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
+        // The EP overlap's combined 1F1B warms up one chunk forward more (`in_flight`).
+        let extra_warmup = s.ep_overlap && key.ep > 1;
+        // Offloaded activations wait in host memory for their backward, for every
+        // micro-batch in flight, as they would have on the GPU.
+        // DualPipe keeps pp + 1 chunks' activations on every rank.
+        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, pp, vp, m, extra_warmup) };
+        let host_gib = (0..pp).map(|st| in_flight(st) * stages[st].host * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
+        for (st, stage) in stages.iter().enumerate() {
+            let p = &stage.params;
+            let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
+            let n_dense = f64::from(dp * key.cp);
+            let n_exp = f64::from(edp);
+            // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
+            let (w, g, o) = if s.fsdp {
+                let [big, big_trained, _] = self.largest;
+                let shard = d / n_dense + e / n_exp;
+                (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
+            } else if s.distributed_optimizer || muon {
+                // Muon's layer-wise optimizer owns whole weights per rank: fp32 master and
+                // momentum, 8 B, for AdamW's 12, which the embedding and the output layer
+                // keep.
+                let o = if muon { 8.0 * ((d - side) / n_dense + e / n_exp) + 12.0 * side / n_dense } else { 12.0 * (d / n_dense + e / n_exp) };
+                (2.0 * (d + e + f), gb * (d + e), o / holders)
+            } else {
+                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
+            };
+            // The casts of each low-precision GEMM weight (row-wise and transposed) stay
+            // resident; under FSDP weights exist whole only per gathered unit (the one
+            // in use and the one prefetched), and so do their casts.
+            let cast = self.cast_bytes;
+            let w = if s.fsdp {
+                w + 2.0 * cast * self.largest[2]
+            } else if s.distributed_optimizer && !muon && self.fp8_params {
+                // FP8 parameters: the low-precision copy and its transpose replace the
+                // BF16 one.
+                w - 2.0 * lw + cast * lw
+            } else {
+                w + cast * lw
+            };
+            // The embedding's activations for every micro-batch in flight through the first
+            // stage, the head's for one; under DualPipe both end ranks hold both ends, each
+            // for half the micro-batches.
+            let end = st == 0 || st == pp - 1;
+            let (first, last) = if dual { (end, end) } else { (st == 0, st == pp - 1) };
+            let a = in_flight(st) * stages[st].acts
+                + stages[st].offload
+                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
+                + if last { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
+            let a = a * (1.0 + self.slack);
+            let total = (w + g + o + a) / GIB + self.reserved;
+            if total > worst.total {
+                worst = Memory {
+                    weights: w / GIB,
+                    gradients: g / GIB,
+                    optimizer: o / GIB,
+                    activations: a / GIB,
+                    reserved: self.reserved,
+                    total,
+                    capacity: self.capacity,
+                    stage: st as u32,
+                    ..Memory::default()
+                };
+            }
+        }
+        worst.host_offload = host_gib;
+        worst.host_capacity = self.host.map_or(0.0, |h| h.capacity);
+        worst
+    }
+
+    /// The step time, its breakdown and communication of a staged schedule, with its
+    /// `worst` memory ([`Costed::memory`]): the rest of [`Costed::evaluate`].
+    fn project(&self, x: &Staged, worst: Memory) -> Projection {
+        let Staged { ref s, ref stages, pp, vp, dp, m, dual, stage_gpus, expert_ranks, muon, .. } = *x;
+        let key = self.key;
+        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
         let t_max = stages[crit].t;
         let mean = |f: fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
@@ -1457,78 +1600,10 @@ impl Costed {
         let gpus = stage_gpus * pp as u64;
         breakdown.straggler = self.straggler * straggler_excess(gpus) * breakdown.total();
         let step = breakdown.total();
-        // Memory, the most loaded stage.
-        let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
-        // The EP overlap's combined 1F1B warms up one chunk forward more (`in_flight`).
-        let extra_warmup = s.ep_overlap && key.ep > 1;
-        // Offloaded activations wait in host memory for their backward, for every
-        // micro-batch in flight, as they would have on the GPU.
-        // DualPipe keeps pp + 1 chunks' activations on every rank.
-        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, pp, vp, m, extra_warmup) };
-        let host_gib = (0..pp).map(|st| in_flight(st) * stages[st].host * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
-        for (st, stage) in stages.iter().enumerate() {
-            let p = &stage.params;
-            let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
-            let n_dense = f64::from(dp * key.cp);
-            let n_exp = f64::from(edp);
-            // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
-            let (w, g, o) = if s.fsdp {
-                let [big, big_trained, _] = self.largest;
-                let shard = d / n_dense + e / n_exp;
-                (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
-            } else if s.distributed_optimizer || muon {
-                // Muon's layer-wise optimizer owns whole weights per rank: fp32 master and
-                // momentum, 8 B, for AdamW's 12, which the embedding and the output layer
-                // keep.
-                let o = if muon { 8.0 * ((d - side) / n_dense + e / n_exp) + 12.0 * side / n_dense } else { 12.0 * (d / n_dense + e / n_exp) };
-                (2.0 * (d + e + f), gb * (d + e), o / holders)
-            } else {
-                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
-            };
-            // The casts of each low-precision GEMM weight (row-wise and transposed) stay
-            // resident; under FSDP weights exist whole only per gathered unit (the one
-            // in use and the one prefetched), and so do their casts.
-            let cast = self.cast_bytes;
-            let w = if s.fsdp {
-                w + 2.0 * cast * self.largest[2]
-            } else if s.distributed_optimizer && !muon && self.fp8_params {
-                // FP8 parameters: the low-precision copy and its transpose replace the
-                // BF16 one.
-                w - 2.0 * lw + cast * lw
-            } else {
-                w + cast * lw
-            };
-            // The embedding's activations for every micro-batch in flight through the first
-            // stage, the head's for one; under DualPipe both end ranks hold both ends, each
-            // for half the micro-batches.
-            let end = st == 0 || st == pp - 1;
-            let (first, last) = if dual { (end, end) } else { (st == 0, st == pp - 1) };
-            let a = in_flight(st) * stages[st].acts
-                + stages[st].offload
-                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
-                + if last { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
-            let a = a * (1.0 + self.slack);
-            let total = (w + g + o + a) / GIB + self.reserved;
-            if total > worst.total {
-                worst = Memory {
-                    weights: w / GIB,
-                    gradients: g / GIB,
-                    optimizer: o / GIB,
-                    activations: a / GIB,
-                    reserved: self.reserved,
-                    total,
-                    capacity: self.capacity,
-                    stage: st as u32,
-                    ..Memory::default()
-                };
-            }
-        }
-        worst.host_offload = host_gib;
-        worst.host_capacity = self.host.map_or(0.0, |h| h.capacity);
         let sequences = f64::from(s.global_batch);
         let n = gpus as f64;
         let tflops = self.flops_per_sequence * sequences / step / n / 1e12;
-        Ok(Projection {
+        Projection {
             layout: LayoutSpec::new(key, *s),
             gpus,
             step_time_s: step,
@@ -1542,7 +1617,7 @@ impl Costed {
             comm,
             micro_batches: m,
             pipeline_model_parallel_layout: None,
-        })
+        }
     }
 
     /// Micro-batches' worth of a stage's layer activations held at the 1F1B peak:
