@@ -627,9 +627,9 @@ impl LayerCost {
         self.compute + self.recompute[ov][policy] + self.exposed[ov].iter().sum::<f64>()
     }
 
-    /// Forward repeated and bytes freed by selective recompute of `modules` (indices).
-    fn selective(&self, modules: &[usize]) -> (f64, f64) {
-        modules.iter().fold((0.0, 0.0), |(t, b), &m| (t + self.module_rc[m], b + self.module_freed[m]))
+    /// Forward repeated and bytes freed by selective recompute of `modules`.
+    fn selective(&self, modules: Modules) -> (f64, f64) {
+        modules.iter().map(Module::index).fold((0.0, 0.0), |(t, b), m| (t + self.module_rc[m], b + self.module_freed[m]))
     }
 }
 
@@ -701,8 +701,8 @@ struct Staged {
     s: Schedule,
     /// Per pipeline stage, or under DualPipe per rank.
     stages: Vec<Stage>,
-    /// Indices of the selectively recomputed modules.
-    selective: Vec<usize>,
+    /// The selectively recomputed modules (expanded; none without selective recompute).
+    selective: Modules,
     pp: usize,
     vp: usize,
     dp: u32,
@@ -846,6 +846,7 @@ impl Sums {
     }
 
     /// Sum of field `i` over layers `a..b`.
+    #[inline]
     fn range(&self, i: usize, a: usize, b: usize) -> f64 {
         self.rows[b][i] - self.rows[a][i]
     }
@@ -857,6 +858,7 @@ impl Sums {
 
     /// Add layers `a..b` under `pol` and `ov` to a stage's breakdown and parameters
     /// ([`add_row`]).
+    #[inline]
     fn add(&self, comp: &mut [f64; COMP], params: &mut StageParams, a: usize, b: usize, pol: usize, ov: usize) {
         if a < b {
             let (lo, hi) = (&self.rows[a], &self.rows[b]);
@@ -1176,9 +1178,9 @@ impl Costed {
         };
         // Selective recompute: the layers as with none, plus the listed modules' forward
         // repeated and their activations dropped, in every layer.
-        let selective: Vec<usize> = match s.recompute {
-            RecomputePolicy::Selective => s.recompute_modules.expanded().iter().map(Module::index).collect(),
-            _ => Vec::new(),
+        let selective = match s.recompute {
+            RecomputePolicy::Selective => s.recompute_modules.expanded(),
+            _ => Modules::EMPTY,
         };
         let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
         let ov = overlap_index(s);
@@ -1199,7 +1201,7 @@ impl Costed {
             // the copy takes beyond that layer's compute is exposed.
             for (j, l) in self.layers[a..(a + s.offload_layers as usize).min(b)].iter().enumerate() {
                 let pol = if a + j < m_ { base } else { rest };
-                let bytes = l.activations[pol] - l.selective(&selective).1;
+                let bytes = l.activations[pol] - l.selective(selective).1;
                 let copy = bytes / host_bps;
                 let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
                 stage.t += exposed;
@@ -1214,7 +1216,7 @@ impl Costed {
             stage.layers += b - a;
             stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
             stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
-            for &mi in &selective {
+            for mi in selective.iter().map(Module::index) {
                 let rc = sums.range(MODULE_RC + mi, a, b);
                 stage.t += rc;
                 stage.comp[1] += rc;
@@ -1231,7 +1233,7 @@ impl Costed {
         let edge = policy_index(RecomputePolicy::None);
         for (st, stage) in stages.iter_mut().enumerate() {
             if st == 0 {
-                let rc = self.pre.selective(&selective).0;
+                let rc = self.pre.selective(selective).0;
                 add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], edge, ov);
                 stage.params.side += self.pre.dense;
                 stage.comp[1] += rc;
@@ -1240,7 +1242,7 @@ impl Costed {
                 stage.bwd += self.pre_row[BWD];
             }
             if st == pp - 1 {
-                let rc = self.post.selective(&selective).0;
+                let rc = self.post.selective(selective).0;
                 add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], edge, ov);
                 stage.params.side += self.post.dense;
                 stage.comp[1] += rc;
@@ -1266,7 +1268,7 @@ impl Costed {
 
     /// Memory of the most loaded GPU under a staged schedule (its host offload included).
     fn memory(&self, x: &Staged) -> Memory {
-        let Staged { ref s, ref stages, ref selective, pp, vp, dp, m, dual, base, stage_gpus, expert_ranks, muon, .. } = *x;
+        let Staged { ref s, ref stages, selective, pp, vp, dp, m, dual, base, stage_gpus, expert_ranks, muon, .. } = *x;
         let key = self.key;
         let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let pol = base;
@@ -1322,8 +1324,8 @@ impl Costed {
             let (first, last) = if dual { (end, end) } else { (st == 0, st == pp - 1) };
             let a = in_flight(st) * stages[st].acts
                 + stages[st].offload
-                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
-                + if last { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
+                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(selective).1) } else { 0.0 }
+                + if last { self.post.activations[pol] - self.post.selective(selective).1 } else { 0.0 };
             let a = a * (1.0 + self.slack);
             let total = (w + g + o + a) / GIB + self.reserved;
             if total > worst.total {
@@ -1651,6 +1653,7 @@ const COMM_SLOTS: usize = 10;
 /// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown and
 /// parameter sums under recompute policy `pol` and overlap setting `ov`; the selective
 /// modules' forward is the caller's to add.
+#[inline]
 fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -> f64, pol: usize, ov: usize) {
     comp[0] += d(0);
     comp[6] += d(1);
