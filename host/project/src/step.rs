@@ -865,6 +865,15 @@ impl Sums {
             add_row(comp, params, |i| hi[i] - lo[i], pol, ov);
         }
     }
+
+    /// Add the parameters of layers `a..b` to a stage's ([`add_params`]).
+    #[inline]
+    fn add_params(&self, params: &mut StageParams, a: usize, b: usize) {
+        if a < b {
+            let (lo, hi) = (&self.rows[a], &self.rows[b]);
+            add_params(params, |i| hi[i] - lo[i]);
+        }
+    }
 }
 
 /// Index of an overlap setting: bit 0 TP overlap, bit 1 EP overlap.
@@ -1049,7 +1058,7 @@ impl Costed {
     /// The schedule's degrees do not divide what they split ([`Reject::Divisibility`]).
     /// A layout that does not fit in memory is still projected, with `fits: false`.
     pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
-        let x = self.staged(s)?;
+        let x = self.staged(s, true)?;
         let memory = self.memory(&x);
         Ok(self.project(&x, memory))
     }
@@ -1063,9 +1072,13 @@ impl Costed {
     /// # Errors
     /// As [`Costed::evaluate`].
     pub fn evaluate_where(&self, s: &Schedule, wanted: impl FnOnce(&Memory) -> bool) -> Result<Result<Projection, Memory>, Reject> {
-        let x = self.staged(s)?;
-        let memory = self.memory(&x);
-        Ok(if wanted(&memory) { Ok(self.project(&x, memory)) } else { Err(memory) })
+        let memory = self.memory(&self.staged(s, false)?);
+        if !wanted(&memory) {
+            return Ok(Err(memory));
+        }
+        // Staged again with the times: the memory is the same, added up alike.
+        let x = self.staged(s, true)?;
+        Ok(Ok(self.project(&x, memory)))
     }
 
     /// The memory of the most loaded GPU under schedule `s`, without its step time: what a
@@ -1074,12 +1087,14 @@ impl Costed {
     /// # Errors
     /// As [`Costed::evaluate`].
     pub fn memory_of(&self, s: &Schedule) -> Result<Memory, Reject> {
-        Ok(self.memory(&self.staged(s)?))
+        Ok(self.memory(&self.staged(s, false)?))
     }
 
     /// Check schedule `s` against this sharding and add up its stages (the first part of
-    /// [`Costed::evaluate`]).
-    fn staged(&self, s: &Schedule) -> Result<Staged, Reject> {
+    /// [`Costed::evaluate`]); without `time`, only what their memory needs ([`Costed::memory`]:
+    /// parameters, stored and offloaded activations), the bulk of a layer row's fields
+    /// skipped, for a search asking only whether a layout fits.
+    fn staged(&self, s: &Schedule, time: bool) -> Result<Staged, Reject> {
         let key = self.key;
         if s.kernels != self.kernels {
             return Err(Reject::Unsupported("a schedule evaluated on ops timed for other kernels".into()));
@@ -1211,19 +1226,28 @@ impl Costed {
                 stage.offload = stage.offload.max(bytes);
             }
             let sums = &self.sums;
-            stage.fwd += sums.range(FWD, a, b);
-            stage.bwd += sums.range(BWD, a, b);
+            if time {
+                stage.fwd += sums.range(FWD, a, b);
+                stage.bwd += sums.range(BWD, a, b);
+                stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
+            }
             stage.layers += b - a;
-            stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
             stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
             for mi in selective.iter().map(Module::index) {
-                let rc = sums.range(MODULE_RC + mi, a, b);
-                stage.t += rc;
-                stage.comp[1] += rc;
+                if time {
+                    let rc = sums.range(MODULE_RC + mi, a, b);
+                    stage.t += rc;
+                    stage.comp[1] += rc;
+                }
                 stage.acts -= sums.range(MODULE_FREED + mi, a, b);
             }
-            self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
-            self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
+            if time {
+                self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
+                self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
+            } else {
+                self.sums.add_params(&mut stage.params, a, m_);
+                self.sums.add_params(&mut stage.params, m_, b);
+            }
         }
         // The embedding and the output layer with the loss sit outside the layers full
         // recompute checkpoints (Megatron-Core's TransformerBlock checkpoints its layers;
@@ -1665,6 +1689,12 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
         comp[COMM_SLOTS + i] += d(COMM + i);
     }
     comp[5] += d(3);
+    add_params(params, d);
+}
+
+/// The parameter fields of [`add_row`] alone: all that a stage's memory needs of a row.
+#[inline]
+fn add_params(params: &mut StageParams, d: impl Fn(usize) -> f64) {
     params.dense += d(4);
     params.expert += d(5);
     params.frozen += d(6);
