@@ -119,8 +119,9 @@ impl PipelineSplit {
         }
         let (e, l) = (self.embedding as usize, self.loss as usize);
         let units = layers.saturating_add(e).saturating_add(l);
-        let counted = if self.is_even() { String::new() } else { format!(" (with the embedding as {e} and the loss as {l})") };
         if units < chunks {
+            // Worded only when refused: the search splits every layout it prices.
+            let counted = if self.is_even() { String::new() } else { format!(" (with the embedding as {e} and the loss as {l})") };
             return Err(format!(
                 "pp·vp = {chunks} pipeline chunks but the {layers} layers{counted} fill only {units}; use pp·vp ≤ {units}"
             ));

@@ -34,7 +34,7 @@ use runner_graph::recompute::RecomputePolicy;
 use runner_graph::shard;
 
 use crate::project::Projector;
-use crate::step::{Costed, Optimizer, PipelineKind, Projection, Reject, Schedule};
+use crate::step::{Costed, Memory, Optimizer, PipelineKind, Projection, Reject, Schedule};
 use crate::template::{Kernels, ShardKey};
 
 /// Degrees and choices the caller fixes; `None` lets the search choose.
@@ -484,8 +484,9 @@ struct Choose {
 /// that do ([`offload_to_fit`]) where offload is the search's to choose too and faster.
 fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut u64) -> Result<Projection, Reject> {
     *evaluated += 1;
-    let first = c.evaluate(&s)?;
-    if first.fits || !choose.recompute {
+    // A layout that does not fit, where the search will recompute, is only a starting
+    // point: its step time is not worked out.
+    if let Ok(first) = c.evaluate_where(&s, |m| m.fits() || !choose.recompute)? {
         return Ok(first);
     }
     let rc = recompute_to_fit(c, &s, layers, evaluated)?;
@@ -511,28 +512,40 @@ fn fitting(c: &Costed, s: Schedule, layers: u32, choose: Choose, evaluated: &mut
 /// host link or host memory.
 pub fn offload_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u64) -> Result<Result<Projection, Projection>, Reject> {
     let chunk = s.split.fullest_chunk(layers, s.pipeline.chunks(s.pp, s.vp));
-    let at = |n: u32| {
-        *evaluated += 1;
-        c.evaluate(&Schedule { offload_layers: n, ..*s })
-    };
-    fewest_that_fit(chunk, at)
+    fewest_that_fit(c, chunk, |n| Schedule { offload_layers: n, ..*s }, evaluated)
 }
 
 /// The projection at the fewest n in 1..=`chunk` whose GPU memory fits, where GPU memory
 /// falls with n (a binary search); `Err` with the projection at `chunk` when not even that
 /// fits the GPU, or with the one found when it does not fit the host (offloaded
 /// activations grow with n, so no larger n fits the host either).
-fn fewest_that_fit(chunk: u32, mut at: impl FnMut(u32) -> Result<Projection, Reject>) -> Result<Result<Projection, Projection>, Reject> {
-    let all = at(chunk)?;
+///
+/// `at(n)` is the schedule at n; each projection and each probe counts as evaluated. A
+/// probe (`mid`) asks only whether n fits, so it is priced for its memory alone
+/// ([`Costed::memory_of`]).
+fn fewest_that_fit(
+    c: &Costed,
+    chunk: u32,
+    at: impl Fn(u32) -> Schedule,
+    evaluated: &mut u64,
+) -> Result<Result<Projection, Projection>, Reject> {
+    *evaluated += 1;
+    let all = c.evaluate(&at(chunk))?;
     if !all.memory.gpu_fits() {
         return Ok(Err(all));
     }
     let (mut lo, mut hi) = (0u32, chunk);
     while hi - lo > 1 {
         let mid = (lo + hi) / 2;
-        if at(mid)?.memory.gpu_fits() { hi = mid } else { lo = mid }
+        *evaluated += 1;
+        if c.memory_of(&at(mid))?.gpu_fits() { hi = mid } else { lo = mid }
     }
-    let fewest = if hi == chunk { all } else { at(hi)? };
+    let fewest = if hi == chunk {
+        all
+    } else {
+        *evaluated += 1;
+        c.evaluate(&at(hi))?
+    };
     Ok(if fewest.fits { Ok(fewest) } else { Err(fewest) })
 }
 
@@ -572,19 +585,24 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
         }
         tried.push(modules);
         *evaluated += 1;
-        let p = c.evaluate(&Schedule { recompute: RecomputePolicy::Selective, recompute_layers: 0, recompute_modules: modules, ..*s })?;
-        if p.fits && best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s) {
+        // Only a list that fits is a candidate: the step time of one that does not is not
+        // worked out.
+        let sel = Schedule { recompute: RecomputePolicy::Selective, recompute_layers: 0, recompute_modules: modules, ..*s };
+        if let Ok(p) = c.evaluate_where(&sel, Memory::fits)?
+            && best.as_ref().is_none_or(|b| p.step_time_s < b.step_time_s)
+        {
             best = Some(p);
         }
     }
     // Recompute counts run per chunk; the fullest chunk bounds them.
     let chunk = s.split.fullest_chunk(layers, s.pipeline.chunks(s.pp, s.vp));
-    let at = |n: u32| {
-        *evaluated += 1;
-        let r = RecomputePolicy::Full;
-        c.evaluate(&Schedule { recompute: r, recompute_layers: if n >= chunk { 0 } else { n }, recompute_modules: Modules::default(), ..*s })
+    let at = |n: u32| Schedule {
+        recompute: RecomputePolicy::Full,
+        recompute_layers: if n >= chunk { 0 } else { n },
+        recompute_modules: Modules::default(),
+        ..*s
     };
-    let full = match fewest_that_fit(chunk, at)? {
+    let full = match fewest_that_fit(c, chunk, at, evaluated)? {
         Ok(full) => full,
         Err(all) => return Ok(best.unwrap_or(all)),
     };

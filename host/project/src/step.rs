@@ -658,9 +658,9 @@ impl LayerCost {
         self.compute + self.recompute[ov][policy] + self.exposed[ov].iter().sum::<f64>()
     }
 
-    /// Forward repeated and bytes freed by selective recompute of `modules` (indices).
-    fn selective(&self, modules: &[usize]) -> (f64, f64) {
-        modules.iter().fold((0.0, 0.0), |(t, b), &m| (t + self.module_rc[m], b + self.module_freed[m]))
+    /// Forward repeated and bytes freed by selective recompute of `modules`.
+    fn selective(&self, modules: Modules) -> (f64, f64) {
+        modules.iter().map(Module::index).fold((0.0, 0.0), |(t, b), m| (t + self.module_rc[m], b + self.module_freed[m]))
     }
 }
 
@@ -723,6 +723,36 @@ struct Host {
     bps: f64,
     /// Host memory per GPU, GiB.
     capacity: f64,
+}
+
+/// A schedule checked against a sharding and its stages added up ([`Costed::evaluate`]'s
+/// first part), from which both its memory and its step time are worked out.
+struct Staged {
+    /// The schedule with the overlaps it runs (EP and TP overlap where they can).
+    s: Schedule,
+    /// Per pipeline stage, or under DualPipe and DualPipeV per rank.
+    stages: Vec<Stage>,
+    /// DualPipeV's 2·pp stages before they are paired into ranks (empty otherwise): what
+    /// each holds in flight and when each finishes differ.
+    legs: Vec<Stage>,
+    /// The pipeline's stages: pp, or DualPipeV's 2·pp.
+    n_stages: usize,
+    /// The selectively recomputed modules (expanded; none without selective recompute).
+    selective: Modules,
+    pp: usize,
+    vp: usize,
+    dp: u32,
+    /// Micro-batches per step.
+    m: u32,
+    dual: bool,
+    /// DualPipeV.
+    v: bool,
+    /// Recompute policy index of the chunks' layers (of the first ones under partial
+    /// full recompute).
+    base: usize,
+    stage_gpus: u64,
+    expert_ranks: u64,
+    muon: bool,
 }
 
 /// One pipeline stage's sums in [`Costed::evaluate`]: time per micro-batch, stored
@@ -854,6 +884,7 @@ impl Sums {
     }
 
     /// Sum of field `i` over layers `a..b`.
+    #[inline]
     fn range(&self, i: usize, a: usize, b: usize) -> f64 {
         self.rows[b][i] - self.rows[a][i]
     }
@@ -865,10 +896,20 @@ impl Sums {
 
     /// Add layers `a..b` under `pol` and `ov` to a stage's breakdown and parameters
     /// ([`add_row`]).
+    #[inline]
     fn add(&self, comp: &mut [f64; COMP], params: &mut StageParams, a: usize, b: usize, pol: usize, ov: usize) {
         if a < b {
             let (lo, hi) = (&self.rows[a], &self.rows[b]);
             add_row(comp, params, |i| hi[i] - lo[i], pol, ov);
+        }
+    }
+
+    /// Add the parameters of layers `a..b` to a stage's ([`add_params`]).
+    #[inline]
+    fn add_params(&self, params: &mut StageParams, a: usize, b: usize) {
+        if a < b {
+            let (lo, hi) = (&self.rows[a], &self.rows[b]);
+            add_params(params, |i| hi[i] - lo[i]);
         }
     }
 }
@@ -1055,6 +1096,43 @@ impl Costed {
     /// The schedule's degrees do not divide what they split ([`Reject::Divisibility`]).
     /// A layout that does not fit in memory is still projected, with `fits: false`.
     pub fn evaluate(&self, s: &Schedule) -> Result<Projection, Reject> {
+        let x = self.staged(s, true)?;
+        let memory = self.memory(&x);
+        Ok(self.project(&x, memory))
+    }
+
+    /// [`Costed::evaluate`] that stops at the memory where `wanted(memory)` is false: the
+    /// search throws away the step time of a layout that does not fit when it will
+    /// recompute, and its binary searches ask only whether a count fits, so they skip the
+    /// data-parallel timing and the projection's assembly. A projection it returns is
+    /// [`Costed::evaluate`]'s, bit for bit.
+    ///
+    /// # Errors
+    /// As [`Costed::evaluate`].
+    pub fn evaluate_where(&self, s: &Schedule, wanted: impl FnOnce(&Memory) -> bool) -> Result<Result<Projection, Memory>, Reject> {
+        let memory = self.memory(&self.staged(s, false)?);
+        if !wanted(&memory) {
+            return Ok(Err(memory));
+        }
+        // Staged again with the times: the memory is the same, added up alike.
+        let x = self.staged(s, true)?;
+        Ok(Ok(self.project(&x, memory)))
+    }
+
+    /// The memory of the most loaded GPU under schedule `s`, without its step time: what a
+    /// search probing how much to recompute or offload asks of a count.
+    ///
+    /// # Errors
+    /// As [`Costed::evaluate`].
+    pub fn memory_of(&self, s: &Schedule) -> Result<Memory, Reject> {
+        Ok(self.memory(&self.staged(s, false)?))
+    }
+
+    /// Check schedule `s` against this sharding and add up its stages (the first part of
+    /// [`Costed::evaluate`]); without `time`, only what their memory needs ([`Costed::memory`]:
+    /// parameters, stored and offloaded activations), the bulk of a layer row's fields
+    /// skipped, for a search asking only whether a layout fits.
+    fn staged(&self, s: &Schedule, time: bool) -> Result<Staged, Reject> {
         let key = self.key;
         if s.kernels != self.kernels {
             return Err(Reject::Unsupported("a schedule evaluated on ops timed for other kernels".into()));
@@ -1166,7 +1244,6 @@ impl Costed {
         // In u64: degrees given on a command line may multiply past u32.
         let stage_gpus = u64::from(key.tp) * u64::from(key.cp) * u64::from(dp);
         let expert_ranks = u64::from(key.ep) * u64::from(key.etp);
-        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         if !stage_gpus.is_multiple_of(expert_ranks) {
             return Err(Reject::Divisibility(format!("ep·etp = {expert_ranks} does not divide tp·cp·dp = {stage_gpus}")));
         }
@@ -1187,9 +1264,9 @@ impl Costed {
         };
         // Selective recompute: the layers as with none, plus the listed modules' forward
         // repeated and their activations dropped, in every layer.
-        let selective: Vec<usize> = match s.recompute {
-            RecomputePolicy::Selective => s.recompute_modules.expanded().iter().map(Module::index).collect(),
-            _ => Vec::new(),
+        let selective = match s.recompute {
+            RecomputePolicy::Selective => s.recompute_modules.expanded(),
+            _ => Modules::EMPTY,
         };
         let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
         let ov = overlap_index(s);
@@ -1210,7 +1287,7 @@ impl Costed {
             // the copy takes beyond that layer's compute is exposed.
             for (j, l) in self.layers[a..(a + s.offload_layers as usize).min(b)].iter().enumerate() {
                 let pol = if a + j < m_ { base } else { rest };
-                let bytes = l.activations[pol] - l.selective(&selective).1;
+                let bytes = l.activations[pol] - l.selective(selective).1;
                 let copy = bytes / host_bps;
                 let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
                 stage.t += exposed;
@@ -1220,19 +1297,28 @@ impl Costed {
                 stage.offload = stage.offload.max(bytes);
             }
             let sums = &self.sums;
-            stage.fwd += sums.range(FWD, a, b);
-            stage.bwd += sums.range(BWD, a, b);
+            if time {
+                stage.fwd += sums.range(FWD, a, b);
+                stage.bwd += sums.range(BWD, a, b);
+                stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
+            }
             stage.layers += b - a;
-            stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
             stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
-            for &mi in &selective {
-                let rc = sums.range(MODULE_RC + mi, a, b);
-                stage.t += rc;
-                stage.comp[1] += rc;
+            for mi in selective.iter().map(Module::index) {
+                if time {
+                    let rc = sums.range(MODULE_RC + mi, a, b);
+                    stage.t += rc;
+                    stage.comp[1] += rc;
+                }
                 stage.acts -= sums.range(MODULE_FREED + mi, a, b);
             }
-            self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
-            self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
+            if time {
+                self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
+                self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
+            } else {
+                self.sums.add_params(&mut stage.params, a, m_);
+                self.sums.add_params(&mut stage.params, m_, b);
+            }
         }
         // The embedding and the output layer with the loss sit outside the layers full
         // recompute checkpoints (Megatron-Core's TransformerBlock checkpoints its layers;
@@ -1242,7 +1328,7 @@ impl Costed {
         let edge = policy_index(RecomputePolicy::None);
         for (st, stage) in stages.iter_mut().enumerate() {
             if st == 0 {
-                let rc = self.pre.selective(&selective).0;
+                let rc = self.pre.selective(selective).0;
                 add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], edge, ov);
                 stage.params.side += self.pre.dense;
                 stage.comp[1] += rc;
@@ -1251,7 +1337,7 @@ impl Costed {
                 stage.bwd += self.pre_row[BWD];
             }
             if st == n_stages - 1 {
-                let rc = self.post.selective(&selective).0;
+                let rc = self.post.selective(selective).0;
                 add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], edge, ov);
                 stage.params.side += self.post.dense;
                 stage.comp[1] += rc;
@@ -1278,7 +1364,109 @@ impl Costed {
             let share = if dual { 0.5 } else { 1.0 };
             stages = (0..pp).map(|r| stages[r].paired(&stages[n_stages - 1 - r], share)).collect();
         }
+        let s = *s;
+        Ok(Staged { s, stages, legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon })
+    }
+
+    /// Memory of the most loaded GPU under a staged schedule (its host offload included).
+    fn memory(&self, x: &Staged) -> Memory {
+        let Staged { ref s, ref stages, ref legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon, .. } = *x;
+        let key = self.key;
+        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let pol = base;
+        let mf = f64::from(m);
+        let edp = saturate(stage_gpus / expert_ranks);
+        let gb = if s.grad_fp32 { 4.0 } else { 2.0 };
+        let holders = if dual { 2.0 } else { 1.0 };
+        // Memory, the most loaded stage.
+        let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
+        // The EP overlap's combined 1F1B warms up one chunk forward more (`in_flight`).
+        let extra_warmup = s.ep_overlap && key.ep > 1;
+        // Offloaded activations wait in host memory for their backward, for every
+        // micro-batch in flight, as they would have on the GPU.
+        // DualPipe keeps pp + 1 chunks' activations on every rank. DualPipeV holds what 1F1B
+        // over its 2·pp stages would: 2·pp - s micro-batches on stage s (its schedule's
+        // forwards ahead of the first backward, plus the one its steady phase pairs), so
+        // rank r's two stages hold 2·pp + 1 together, the README's PP + 1.
+        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, n_stages, vp, m, extra_warmup) };
+        // Bytes of `f` (a stage's per micro-batch) a rank holds at its peak.
+        let held = |st: usize, f: fn(&Stage) -> f64| {
+            if v {
+                let back = n_stages - 1 - st;
+                in_flight(st) * f(&legs[st]) + in_flight(back) * f(&legs[back])
+            } else {
+                in_flight(st) * f(&stages[st])
+            }
+        };
+        let host_gib = (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
+        for (st, stage) in stages.iter().enumerate() {
+            let p = &stage.params;
+            let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
+            let n_dense = f64::from(dp * key.cp);
+            let n_exp = f64::from(edp);
+            // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
+            let (w, g, o) = if s.fsdp {
+                let [big, big_trained, _] = self.largest;
+                let shard = d / n_dense + e / n_exp;
+                (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
+            } else if s.distributed_optimizer || muon {
+                // Muon's layer-wise optimizer owns whole weights per rank: fp32 master and
+                // momentum, 8 B, for AdamW's 12, which the embedding and the output layer
+                // keep.
+                let o = if muon { 8.0 * ((d - side) / n_dense + e / n_exp) + 12.0 * side / n_dense } else { 12.0 * (d / n_dense + e / n_exp) };
+                (2.0 * (d + e + f), gb * (d + e), o / holders)
+            } else {
+                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
+            };
+            // The casts of each low-precision GEMM weight (row-wise and transposed) stay
+            // resident; under FSDP weights exist whole only per gathered unit (the one
+            // in use and the one prefetched), and so do their casts.
+            let cast = self.cast_bytes;
+            let w = if s.fsdp {
+                w + 2.0 * cast * self.largest[2]
+            } else if s.distributed_optimizer && !muon && self.fp8_params {
+                // FP8 parameters: the low-precision copy and its transpose replace the
+                // BF16 one.
+                w - 2.0 * lw + cast * lw
+            } else {
+                w + cast * lw
+            };
+            // The embedding's activations for every micro-batch in flight through the first
+            // stage, the head's for one; under DualPipe both end ranks hold both ends, each
+            // for half the micro-batches; under DualPipeV rank 0 holds both.
+            let end = st == 0 || st == pp - 1;
+            let (first, last) = if dual { (end, end) } else if v { (st == 0, st == 0) } else { (st == 0, st == pp - 1) };
+            let a = held(st, |x| x.acts)
+                + stages[st].offload
+                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(selective).1) } else { 0.0 }
+                + if last { self.post.activations[pol] - self.post.selective(selective).1 } else { 0.0 };
+            let a = a * (1.0 + self.slack);
+            let total = (w + g + o + a) / GIB + self.reserved;
+            if total > worst.total {
+                worst = Memory {
+                    weights: w / GIB,
+                    gradients: g / GIB,
+                    optimizer: o / GIB,
+                    activations: a / GIB,
+                    reserved: self.reserved,
+                    total,
+                    capacity: self.capacity,
+                    stage: st as u32,
+                    ..Memory::default()
+                };
+            }
+        }
+        worst.host_offload = host_gib;
+        worst.host_capacity = self.host.map_or(0.0, |h| h.capacity);
+        worst
+    }
+
+    /// The step time, its breakdown and communication of a staged schedule, with its
+    /// `worst` memory ([`Costed::memory`]): the rest of [`Costed::evaluate`].
+    fn project(&self, x: &Staged, worst: Memory) -> Projection {
+        let Staged { ref s, ref stages, ref legs, n_stages, pp, vp, dp, m, dual, v, stage_gpus, expert_ranks, muon, .. } = *x;
+        let key = self.key;
+        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
         let t_max = stages[crit].t;
         let mean = |f: fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
@@ -1541,90 +1729,10 @@ impl Costed {
         let gpus = stage_gpus * pp as u64;
         breakdown.straggler = self.straggler * straggler_excess(gpus) * breakdown.total();
         let step = breakdown.total();
-        // Memory, the most loaded stage.
-        let mut worst = Memory { capacity: self.capacity, reserved: self.reserved, ..Memory::default() };
-        // The EP overlap's combined 1F1B warms up one chunk forward more (`in_flight`).
-        let extra_warmup = s.ep_overlap && key.ep > 1;
-        // Offloaded activations wait in host memory for their backward, for every
-        // micro-batch in flight, as they would have on the GPU.
-        // DualPipe keeps pp + 1 chunks' activations on every rank. DualPipeV holds what 1F1B
-        // over its 2·pp stages would: 2·pp - s micro-batches on stage s (its schedule's
-        // forwards ahead of the first backward, plus the one its steady phase pairs), so
-        // rank r's two stages hold 2·pp + 1 together, the README's PP + 1.
-        let in_flight = |st: usize| if dual { (pp as f64 + 1.0).min(mf) } else { self.in_flight(st, n_stages, vp, m, extra_warmup) };
-        // Bytes of `f` (a stage's per micro-batch) a rank holds at its peak.
-        let held = |st: usize, f: fn(&Stage) -> f64| {
-            if v {
-                let back = n_stages - 1 - st;
-                in_flight(st) * f(&legs[st]) + in_flight(back) * f(&legs[back])
-            } else {
-                in_flight(st) * f(&stages[st])
-            }
-        };
-        let host_gib = (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
-        for (st, stage) in stages.iter().enumerate() {
-            let p = &stage.params;
-            let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
-            let n_dense = f64::from(dp * key.cp);
-            let n_exp = f64::from(edp);
-            // Frozen weights: BF16 values only, sharded like dense ones under FSDP.
-            let (w, g, o) = if s.fsdp {
-                let [big, big_trained, _] = self.largest;
-                let shard = d / n_dense + e / n_exp;
-                (2.0 * (shard + f / n_dense) + 2.0 * 2.0 * big, gb * shard + gb * big_trained, 12.0 * shard)
-            } else if s.distributed_optimizer || muon {
-                // Muon's layer-wise optimizer owns whole weights per rank: fp32 master and
-                // momentum, 8 B, for AdamW's 12, which the embedding and the output layer
-                // keep.
-                let o = if muon { 8.0 * ((d - side) / n_dense + e / n_exp) + 12.0 * side / n_dense } else { 12.0 * (d / n_dense + e / n_exp) };
-                (2.0 * (d + e + f), gb * (d + e), o / holders)
-            } else {
-                (2.0 * (d + e + f), gb * (d + e), 12.0 * (d + e))
-            };
-            // The casts of each low-precision GEMM weight (row-wise and transposed) stay
-            // resident; under FSDP weights exist whole only per gathered unit (the one
-            // in use and the one prefetched), and so do their casts.
-            let cast = self.cast_bytes;
-            let w = if s.fsdp {
-                w + 2.0 * cast * self.largest[2]
-            } else if s.distributed_optimizer && !muon && self.fp8_params {
-                // FP8 parameters: the low-precision copy and its transpose replace the
-                // BF16 one.
-                w - 2.0 * lw + cast * lw
-            } else {
-                w + cast * lw
-            };
-            // The embedding's activations for every micro-batch in flight through the first
-            // stage, the head's for one; under DualPipe both end ranks hold both ends, each
-            // for half the micro-batches; under DualPipeV rank 0 holds both.
-            let end = st == 0 || st == pp - 1;
-            let (first, last) = if dual { (end, end) } else if v { (st == 0, st == 0) } else { (st == 0, st == pp - 1) };
-            let a = held(st, |x| x.acts)
-                + stages[st].offload
-                + if first { in_flight(0) / holders * (self.pre.activations[pol] - self.pre.selective(&selective).1) } else { 0.0 }
-                + if last { self.post.activations[pol] - self.post.selective(&selective).1 } else { 0.0 };
-            let a = a * (1.0 + self.slack);
-            let total = (w + g + o + a) / GIB + self.reserved;
-            if total > worst.total {
-                worst = Memory {
-                    weights: w / GIB,
-                    gradients: g / GIB,
-                    optimizer: o / GIB,
-                    activations: a / GIB,
-                    reserved: self.reserved,
-                    total,
-                    capacity: self.capacity,
-                    stage: st as u32,
-                    ..Memory::default()
-                };
-            }
-        }
-        worst.host_offload = host_gib;
-        worst.host_capacity = self.host.map_or(0.0, |h| h.capacity);
         let sequences = f64::from(s.global_batch);
         let n = gpus as f64;
         let tflops = self.flops_per_sequence * sequences / step / n / 1e12;
-        Ok(Projection {
+        Projection {
             layout: LayoutSpec::new(key, *s),
             gpus,
             step_time_s: step,
@@ -1638,7 +1746,7 @@ impl Costed {
             comm,
             micro_batches: m,
             pipeline_model_parallel_layout: None,
-        })
+        }
     }
 
     /// Micro-batches' worth of a stage's layer activations held at the 1F1B peak:
@@ -1672,6 +1780,7 @@ const COMM_SLOTS: usize = 10;
 /// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown and
 /// parameter sums under recompute policy `pol` and overlap setting `ov`; the selective
 /// modules' forward is the caller's to add.
+#[inline]
 fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -> f64, pol: usize, ov: usize) {
     comp[0] += d(0);
     comp[6] += d(1);
@@ -1683,6 +1792,12 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
         comp[COMM_SLOTS + i] += d(COMM + i);
     }
     comp[5] += d(3);
+    add_params(params, d);
+}
+
+/// The parameter fields of [`add_row`] alone: all that a stage's memory needs of a row.
+#[inline]
+fn add_params(params: &mut StageParams, d: impl Fn(usize) -> f64) {
     params.dense += d(4);
     params.expert += d(5);
     params.frozen += d(6);
