@@ -405,9 +405,10 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
 /// loss counted as a layer or not, [`PipelineSplit::megatron_flags`]), so that what it
 /// recommends runs as NeMo and Megatron-Bridge configure it. Where none does, the splits
 /// a `pipeline_model_parallel_layout` builds with every chunk holding the same units
-/// ([`PipelineSplit::layout_choices`], Megatron-Bridge's DeepSeek-V3 presets), and where
-/// the user fixed the pipeline (`--pp`, and `--vp` or no interleaving) the even split
-/// too; the output names the layout string Megatron then needs.
+/// ([`PipelineSplit::layout_choices`], Megatron-Bridge's DeepSeek-V3 presets): the first
+/// of them, or every one where the user fixed pp, and then (with `--vp` or no
+/// interleaving) the even split too; the output names the layout string Megatron then
+/// needs.
 ///
 /// # Errors
 /// No split builds at this pp and vp, with Megatron's reason.
@@ -430,7 +431,11 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
         // layers, and called the pipelined families 1.4x slower than layouts 1 % slower.
         // The first (fewest units counted, the head before the embedding, as the presets
         // count it): pricing every one took DeepSeek-V3's cold search from 0.7 to 1.1 s.
-        ok = PipelineSplit::layout_choices(l, p, v).into_iter().take(1).collect();
+        // Where the user fixed pp the search is small, and every one is priced: NeMo's
+        // DeepSeek-V3 PP16 script counts the embedding as one layer and the head as two
+        // (E1L2) where the first choice is E0L3, and which is faster depends on the model.
+        let choices = PipelineSplit::layout_choices(l, p, v);
+        ok = if space.pp.is_some() { choices } else { choices.into_iter().take(1).collect() };
         if space.pp.is_some() && (space.vp.is_some() || vp == 1 || dualpipev) && !ok.contains(&PipelineSplit::default()) {
             ok.push(PipelineSplit::default());
         }

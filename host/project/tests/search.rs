@@ -99,6 +99,23 @@ fn a_fixed_pp_with_vp_free_prices_only_the_splits_megatron_builds_up_to_16_chunk
     assert_eq!(vps(2), (BTreeSet::from([1, 2, 4, 8, 16]), BTreeSet::from([3, 6])));
 }
 
+/// Where the user fixed pp, every split a layout string builds is priced, not only the
+/// first: DeepSeek-V3's 61 layers on PP16 make 64 units with the embedding as none and the
+/// head as three (E0L3, the search's first choice) or the embedding as one and the head
+/// as two (E1L2, NeMo's PP16 script), and the even split is priced beside them. With pp
+/// free, only E0L3 is.
+#[test]
+fn a_fixed_pp_prices_every_split_a_layout_string_builds() {
+    let mut pr = projector("deepseek-v3-671b", 4096, "h800", Recipe::Fp8);
+    let mut splits = |pp: Option<u32>| {
+        let space = Space { tp: Some(1), cp: Some(1), pp, vp: Some(1), ep: Some(64), mbs: Some(1), fsdp: Some(false), ..Space::default() };
+        let f = search::search(&mut pr, 2048, 15360, &space, 1_000_000);
+        f.best.iter().filter(|p| p.layout.pp == 16).map(|p| (p.layout.split.embedding, p.layout.split.loss)).collect::<BTreeSet<_>>()
+    };
+    assert_eq!(splits(Some(16)), BTreeSet::from([(0, 0), (0, 3), (1, 2)]));
+    assert_eq!(splits(None), BTreeSet::from([(0, 3)]));
+}
+
 /// Under DualPipe rank r holds stage r and stage pp-1-r, so a split and its mirror (the
 /// embedding counted as a layer and not the loss, or the loss and not the embedding) put
 /// the same layers on every rank and project alike: the search prices one of them, where
