@@ -1011,6 +1011,13 @@ fn project_and_search_take_the_dualpipev_schedule() {
     // The breakdown counts the V's ranks and stages apart, and names a rank's two stages.
     let names_its_stages = (0..8).any(|r| out.contains(&format!("(rank {r}: stages {r} and {})", 15 - r)));
     assert!(out.contains("PP (8 ranks, 16 stages)") && names_its_stages, "{out}");
+    // A layout string under DualPipeV writes its 2·pp stages: 16 chunks at PP8 build E0L3,
+    // 8 (a PP8 1F1B string) are refused naming the V's count.
+    let laid = |text: &str| runner(&dir, &[&base[..], &["--pipeline-schedule", "dualpipev", "--pipeline-layout", text]].concat());
+    let o = laid("Et*4|(t*4|)*14tmL");
+    assert!(o.status.success() && text(&o).0.contains("TP1 PP8 EP64 DP256 E0L3"), "{}{}", text(&o).0, text(&o).1);
+    let o = laid("Et*7|(t*8|)*6t*6mL");
+    assert!(!o.status.success() && text(&o).1.contains("under DualPipeV (2·pp stages): the pipeline layout has 8 chunks"), "{}", text(&o).1);
     let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "DualPipeV", "--vp", "2"]].concat());
     assert!(!o.status.success() && text(&o).1.contains("no virtual pipeline (its two stages a rank are the V's): pp = 8, vp = 2"), "{}", text(&o).1);
     let o = runner(&dir, &["search", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "24", "--tp", "1", "--cp", "1", "--pipeline-schedule", "dualpipev", "--top", "3", "-q"]);
