@@ -1017,7 +1017,7 @@ fn project_and_search_take_the_dualpipev_schedule() {
     let o = laid("Et*4|(t*4|)*14tmL");
     assert!(o.status.success() && text(&o).0.contains("TP1 PP8 EP64 DP256 E0L3"), "{}{}", text(&o).0, text(&o).1);
     let o = laid("Et*7|(t*8|)*6t*6mL");
-    assert!(!o.status.success() && text(&o).1.contains("under DualPipeV (2·pp stages): the pipeline layout has 8 chunks"), "{}", text(&o).1);
+    assert!(!o.status.success() && text(&o).1.contains("under DualPipeV lists 8 chunks; with --pp 8 the V has 2·pp = 16 stages, one chunk each"), "{}", text(&o).1);
     let o = runner(&dir, &[&base[..], &["--pipeline-schedule", "DualPipeV", "--vp", "2"]].concat());
     assert!(!o.status.success() && text(&o).1.contains("no virtual pipeline (its two stages a rank are the V's): pp = 8, vp = 2"), "{}", text(&o).1);
     let o = runner(&dir, &["search", "--model", "llama3.1-8b", "--gpu", "h100", "--gpus", "24", "--tp", "1", "--cp", "1", "--pipeline-schedule", "dualpipev", "--top", "3", "-q"]);

@@ -171,10 +171,14 @@ impl LayoutFlags {
         };
         let m = PipelineSplit::from_megatron_layout(&text).map_err(|e| anyhow::anyhow!("--pipeline-layout: {e}"))?;
         let pp = self.pp.ok_or_else(|| {
-            anyhow::anyhow!("--pipeline-layout lists {} chunks; give --pp (the chunks are pp·vp)", m.chunks)
+            let are = if self.pipeline_schedule == Some(PipelineKind::DualPipeV) { "2·pp under DualPipeV" } else { "pp·vp" };
+            anyhow::anyhow!("--pipeline-layout lists {} chunks; give --pp (the chunks are {are})", m.chunks)
         })? as usize;
         if self.pipeline_schedule == Some(PipelineKind::DualPipeV) {
             // DualPipeV's chunks are its 2·pp stages, with no virtual pipeline.
+            if m.chunks != 2 * pp {
+                anyhow::bail!("--pipeline-layout under DualPipeV lists {} chunks; with --pp {pp} the V has 2·pp = {} stages, one chunk each", m.chunks, 2 * pp);
+            }
             m.check(layers, 2 * pp).map_err(|e| anyhow::anyhow!("--pipeline-layout under DualPipeV (2·pp stages): {e}"))?;
             return Ok(Some(m.split));
         }
