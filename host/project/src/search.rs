@@ -419,10 +419,8 @@ fn megatron_splits(space: &Space, layers: u32, pp: u32, vp: u32) -> Result<Vec<P
     if pp <= 1 {
         return Ok(vec![PipelineSplit::default()]);
     }
-    // DualPipeV's 2·pp stages split as two chunks a stage do (the chunk order differs,
-    // not the counts).
     let dualpipev = space.pipeline == PipelineKind::DualPipeV;
-    let vp = if dualpipev { 2 } else { vp };
+    let vp = space.pipeline.split_vp(vp);
     let (l, p, v) = (layers as usize, pp as usize, vp as usize);
     let mut ok = PipelineSplit::megatron_choices(l, p, v);
     if ok.is_empty() {

@@ -142,10 +142,17 @@ impl PipelineKind {
         }
     }
 
-    /// The chunks a pipeline of `pp` stages and `vp` virtual chunks splits the layers
+    /// The chunks a rank's share of the layers splits into, as the split rules (Megatron's
+    /// flags, layout strings) count them: vp, or DualPipeV's 2 (its 2·pp stages, two a
+    /// rank, divide as pp ranks of two virtual chunks do; only their order differs).
+    pub fn split_vp(&self, vp: u32) -> u32 {
+        if *self == PipelineKind::DualPipeV { 2 } else { vp }
+    }
+
+    /// The chunks a pipeline of `pp` ranks and `vp` virtual chunks splits the layers
     /// into: pp·vp, or DualPipeV's 2·pp stages (two on each rank).
     pub fn chunks(&self, pp: u32, vp: u32) -> u32 {
-        if *self == PipelineKind::DualPipeV { 2 * pp } else { pp * vp }
+        pp * self.split_vp(vp)
     }
 
     /// Megatron's schedule: what a layout's JSON leaves out.
@@ -315,10 +322,8 @@ impl LayoutSpec {
         if self.pp <= 1 {
             return None;
         }
-        let (l, pp, vp) = (layers as usize, self.pp as usize, self.vp.max(1) as usize);
-        // DualPipeV's 2·pp stages divide as a pipeline of two chunks a stage does; the
-        // layout's chunks are its stages in order.
-        let vp = if self.pipeline == PipelineKind::DualPipeV { 2 } else { vp };
+        // Under DualPipeV the layout's chunks are its 2·pp stages in order.
+        let (l, pp, vp) = (layers as usize, self.pp as usize, self.pipeline.split_vp(self.vp.max(1)) as usize);
         self.split.megatron_flags(l, pp, vp).err()?;
         self.split.megatron_layout(l, pp * vp, mtp as usize).ok()
     }

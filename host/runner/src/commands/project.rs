@@ -480,9 +480,8 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             split: split
                 .or_else(|| {
                     let layers = s.projector.model.shape.layers as usize;
-                    // DualPipeV's 2·pp stages split as two chunks a stage do.
-                    let chunks = if flags.pipeline_schedule == Some(PipelineKind::DualPipeV) { 2 } else { vp };
-                    PipelineSplit::megatron_choices(layers, pp as usize, chunks as usize).first().copied()
+                    let vp = flags.pipeline_schedule.unwrap_or_default().split_vp(vp);
+                    PipelineSplit::megatron_choices(layers, pp as usize, vp as usize).first().copied()
                 })
                 .unwrap_or_default(),
             offload_layers: flags.offload_layers.unwrap_or(0),
