@@ -566,14 +566,16 @@ pub enum BenchCommand {
 /// One of the comma-separated GPU counts of --gpus, under the run file's rule
 /// ([`runner::runfile::within_gpu_ceiling`]) for every command that takes them.
 fn gpu_count(s: &str) -> Result<u32, String> {
-    let n = s.trim().parse::<u32>().map_err(|_| {
-        let hint = if s.contains('-') || s.contains("..") { " (ranges are not taken: list each count)" } else { "" };
-        format!("'{s}' is not a GPU count: give whole numbers, comma-separated, e.g. --gpus 64,512,2048{hint}")
-    })?;
-    if !runner::runfile::within_gpu_ceiling(n) {
-        return Err(format!("{n} GPUs: a GPU count must be in 1..={}", runner_contract::limits::GPUS));
-    }
-    Ok(n)
+    use runner::runfile::{CeilingError, parse_within_gpu_ceiling};
+    parse_within_gpu_ceiling(s).map_err(|e| match e {
+        CeilingError::OutOfRange => {
+            format!("{} GPUs: a GPU count must be in 1..={}", s.trim(), runner_contract::limits::GPUS)
+        }
+        CeilingError::NotWhole => {
+            let hint = if s.contains('-') || s.contains("..") { " (ranges are not taken: list each count)" } else { "" };
+            format!("'{s}' is not a GPU count: give whole numbers, comma-separated, e.g. --gpus 64,512,2048{hint}")
+        }
+    })
 }
 
 /// The --gpus of a command that takes one count (`project`, `bench search`), under
@@ -883,6 +885,7 @@ mod tests {
         // The run file's range, for every command (project and search took any u32).
         assert_eq!(gpu_count("1048576"), Ok(1048576));
         assert_eq!(gpu_count("1048577").unwrap_err(), "1048577 GPUs: a GPU count must be in 1..=1048576");
+        assert_eq!(gpu_count("99999999999").unwrap_err(), "99999999999 GPUs: a GPU count must be in 1..=1048576");
         assert_eq!(gpu_count("0").unwrap_err(), "0 GPUs: a GPU count must be in 1..=1048576");
     }
 }

@@ -899,9 +899,46 @@ pub fn within_gpu_ceiling(n: u32) -> bool {
     (1..=runner_contract::limits::GPUS).contains(&n)
 }
 
+/// Why a flag's text is not a number under [`within_gpu_ceiling`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CeilingError {
+    /// Not a whole number at all (`x`, `-3`, `1.5`, empty).
+    NotWhole,
+    /// A whole number outside 1 to the ceiling: 0, or past it (past u32 too, which a
+    /// plain `parse::<u32>` reported as "not a whole number").
+    OutOfRange,
+}
+
+/// A flag's text as a number under [`within_gpu_ceiling`], surrounding spaces ignored.
+pub fn parse_within_gpu_ceiling(s: &str) -> Result<u32, CeilingError> {
+    let t = s.trim();
+    let digits = t.strip_prefix('+').unwrap_or(t);
+    match t.parse::<u32>() {
+        Ok(n) if within_gpu_ceiling(n) => Ok(n),
+        Ok(_) => Err(CeilingError::OutOfRange),
+        Err(_) if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => Err(CeilingError::OutOfRange),
+        Err(_) => Err(CeilingError::NotWhole),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A whole number too big for u32 is out of range, not "not a whole number".
+    #[test]
+    fn ceiling_numbers_tell_out_of_range_from_not_whole() {
+        let max = runner_contract::limits::GPUS;
+        assert_eq!(parse_within_gpu_ceiling(" 8 "), Ok(8));
+        assert_eq!(parse_within_gpu_ceiling("+8"), Ok(8));
+        assert_eq!(parse_within_gpu_ceiling(&max.to_string()), Ok(max));
+        for out in ["0", "1048577", "4294967296", "99999999999999999999999"] {
+            assert_eq!(parse_within_gpu_ceiling(out), Err(CeilingError::OutOfRange), "{out}");
+        }
+        for bad in ["", "x", "-3", "1.5", "8,16", "+", "8\u{1b}[2J"] {
+            assert_eq!(parse_within_gpu_ceiling(bad), Err(CeilingError::NotWhole), "{bad}");
+        }
+    }
 
     #[test]
     fn minimal_file_gets_defaults() {

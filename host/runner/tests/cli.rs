@@ -1025,6 +1025,11 @@ fn project_and_search_take_the_dualpipev_schedule() {
     assert!(o.status.success(), "{err}");
     let rows: Vec<&str> = out.lines().filter(|l| l.trim_start().starts_with("24")).collect();
     assert!(!rows.is_empty() && rows.iter().all(|l| l.contains("DualPipeV")), "{out}");
+    // At pp 1 every family breaks the rule the published layout breaks: said once.
+    let o = runner(&dir, &["project", "--model", "llama3.1-8b", "--gpus", "64", "--pipeline-schedule", "dualpipev", "--pp", "1", "-q"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.matches("DualPipeV needs pp ≥ 2").count() == 1, "{err}");
+    assert!(err.contains("the search's 9 layout families are refused for the same reason"), "{err}");
 }
 
 /// Degrees and GPU counts at the top of u32 get an answer or an error naming the flag,

@@ -35,11 +35,11 @@ use crate::Global;
 /// A layout degree or micro-batch flag, under the run file's rule
 /// ([`runner::runfile::within_gpu_ceiling`]).
 fn layout_way(s: &str) -> Result<u32, String> {
-    let v = s.trim().parse::<u32>().map_err(|_| format!("'{s}' is not a whole number"))?;
-    if !runner::runfile::within_gpu_ceiling(v) {
-        return Err(format!("{v} is not in 1..={}", runner_contract::limits::GPUS));
-    }
-    Ok(v)
+    use runner::runfile::{CeilingError, parse_within_gpu_ceiling};
+    parse_within_gpu_ceiling(s).map_err(|e| match e {
+        CeilingError::OutOfRange => format!("{} is not in 1..={}", s.trim(), runner_contract::limits::GPUS),
+        CeilingError::NotWhole => format!("'{s}' is not a whole number"),
+    })
 }
 
 /// The layout flags `project` and `search` share; unset ones are chosen.
@@ -386,14 +386,32 @@ fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile
 
 /// Why the search found nothing, from its closest families (as it ranks them) and a count
 /// of the rest: the full list (40 families for an MoE model) is `runner search`'s.
+/// Families refused for the same reason share it (a flag every family breaks, such as
+/// DualPipeV at pp 1, gave the one reason three times over).
 fn closest_families(families: &[search::Family]) -> String {
     const SHOWN: usize = 3;
     if families.is_empty() {
         return "no layout family applies to the flags given at this GPU count (FSDP, for one, needs dp·cp > 1)".into();
     }
-    let mut text = families.iter().take(SHOWN).map(|f| format!("{}: {}", f.name, verdict_text(&f.verdict))).collect::<Vec<_>>().join("; ");
-    if families.len() > SHOWN {
-        text += &format!("; and {} more families (`runner search` lists each)", families.len() - SHOWN);
+    // (names, reason), in the order of each reason's closest family.
+    let mut groups: Vec<(Vec<&str>, String)> = Vec::new();
+    for f in families {
+        let why = verdict_text(&f.verdict);
+        match groups.iter_mut().find(|g| g.1 == why) {
+            Some(g) => g.0.push(&f.name),
+            None => groups.push((vec![&f.name], why)),
+        }
+    }
+    let names = |n: &[&str]| match n {
+        [one] => one.to_string(),
+        _ if n.len() <= SHOWN => n.join(", "),
+        _ => format!("{} and {} more", n[..SHOWN].join(", "), n.len() - SHOWN),
+    };
+    let shown = &groups[..groups.len().min(SHOWN)];
+    let mut text = shown.iter().map(|(n, why)| format!("{}: {why}", names(n))).collect::<Vec<_>>().join("; ");
+    let rest: usize = groups[shown.len()..].iter().map(|g| g.0.len()).sum();
+    if rest > 0 {
+        text += &format!("; and {rest} more {} (`runner search` lists each)", if rest == 1 { "family" } else { "families" });
     }
     text
 }
@@ -497,7 +515,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     // apply (an EP degree the data-parallel ranks cannot hold, a batch the DP degree does
     // not divide), the search, keeping the flags given, and a note saying why.
     // One that does not fit gives way to the search too, and is shown only if nothing fits.
-    let mut refused = None;
+    let (mut refused, mut refused_for) = (None, None::<String>);
     let mut unfit = None;
     // What the refusal names: the user's own flags are not the published layout.
     // Any flag that changes the layout built (compared, not listed, so a new flag counts),
@@ -541,6 +559,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                     None
                 }
                 Err(e) => {
+                    refused_for = Some(e.to_string());
                     refused = Some(format!(
                         "{named} (TP{} PP{} CP{} EP{} MBS{} at DP{}) does not apply: {e}",
                         l.tp, l.pp, l.cp, l.ep, l.mbs, l.dp
@@ -569,13 +588,28 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                         notes.push(format!("no layout the search tried fits either: {}", closest_families(&f.families)));
                         u
                     }
-                    None => anyhow::bail!(
-                        "{} does not run on {gpus} {} at GBS {gbs}: {}{}",
-                        t.model,
-                        s.projector.gpu.name,
-                        refused.map_or(String::new(), |why| format!("{why}; and the search: ")),
-                        closest_families(&f.families)
-                    ),
+                    None => {
+                        // A flag that breaks the published layout often breaks every family
+                        // for the same reason: said once.
+                        let same = |why: &str| {
+                            !f.families.is_empty()
+                                && f.families.iter().all(|x| matches!(&x.verdict, Verdict::Divisibility { reason } if reason == why))
+                        };
+                        let search = match (&refused, &refused_for) {
+                            (Some(_), Some(why)) if same(why) => match f.families.len() {
+                                1 => "; the search's one layout family is refused for the same reason".to_string(),
+                                n => format!("; the search's {n} layout families are refused for the same reason"),
+                            },
+                            (Some(_), _) => format!("; and the search: {}", closest_families(&f.families)),
+                            (None, _) => closest_families(&f.families),
+                        };
+                        anyhow::bail!(
+                            "{} does not run on {gpus} {} at GBS {gbs}: {}{search}",
+                            t.model,
+                            s.projector.gpu.name,
+                            refused.unwrap_or_default(),
+                        )
+                    }
                 },
             }
         }
@@ -1309,6 +1343,7 @@ mod tests {
         assert_eq!(layout_way("1048577").unwrap_err(), "1048577 is not in 1..=1048576");
         assert_eq!(layout_way("0").unwrap_err(), "0 is not in 1..=1048576");
         assert_eq!(layout_way("x").unwrap_err(), "'x' is not a whole number");
+        assert_eq!(layout_way("4294967297").unwrap_err(), "4294967297 is not in 1..=1048576");
     }
 
     /// `--leave-out`: single runs and inclusive ranges, spaces and empty parts ignored,
@@ -1367,6 +1402,18 @@ mod tests {
         assert_eq!(
             closest_families(&five),
             "f0: divisibility: r0; f1: divisibility: r1; f2: divisibility: r2; and 2 more families (`runner search` lists each)"
+        );
+        // One reason for every family is given once, with the families' names.
+        let same = |i: usize| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: "r".into() } };
+        assert_eq!(closest_families(&[same(0), same(1)]), "f0, f1: divisibility: r");
+        assert!(closest_families(&(0..4).map(fam).collect::<Vec<_>>()).ends_with("; and 1 more family (`runner search` lists each)"));
+        let nine: Vec<_> = (0..9).map(same).collect();
+        assert_eq!(closest_families(&nine), "f0, f1, f2 and 6 more: divisibility: r");
+        // Shared reasons group wherever their families rank; groups past three are counted.
+        let mixed: Vec<_> = [0, 1, 0, 2, 3, 4, 3].into_iter().enumerate().map(|(i, r)| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: format!("r{r}") } }).collect();
+        assert_eq!(
+            closest_families(&mixed),
+            "f0, f2: divisibility: r0; f1: divisibility: r1; f3: divisibility: r2; and 3 more families (`runner search` lists each)"
         );
     }
 
