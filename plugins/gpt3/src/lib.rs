@@ -10,6 +10,15 @@
 //! input embedding. Learning rates for 5B/20B follow the paper's 6.7B/13B rows.
 //! Layouts: DGXC Benchmarking (github:NVIDIA/dgxc-benchmarking/nemo_megatron/README_175b.md)
 //! and NeMo 24.07's performance summary (github:NVIDIA/NeMo docs/source/performance/performance_summary.md@r2.1.1).
+//!
+//! Megatron-LM's A100 benchmark models (Korthikanti et al., "Reducing Activation
+//! Recomputation in Large Transformer Models", arXiv 2205.05198, Table 3: heads, hidden,
+//! layers, the TP/PP/GPU/batch layout on 80 GB A100s; section 6: sequence 2048, vocabulary
+//! 51,200): 22B (48x6144, 64 heads), 530B (MT-NLG: 105x20480, 128 heads) and 1T
+//! (128x25600, 160 heads), the GPT-3 architecture at other sizes. MT-NLG's learning rate
+//! and tokens are its paper's (Smith et al., arXiv 2201.11990: 5e-5, 270B); 22B and 1T
+//! were benchmarks, never trained, and take the GPT-3 paper's rows nearest in size
+//! (13B: 1.0e-4; 175B: 0.6e-4).
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
 use runner_plugin_sdk::workload::*;
@@ -17,6 +26,7 @@ use runner_plugin_sdk::workload::*;
 const FAMILY: &str = "gpt3";
 const DGXC_V2502: &str = "github:NVIDIA/dgxc-benchmarking/nemo_megatron/README_175b.md@8f5cbb3 (v25.02, NeMo 24.12)";
 const NEMO_2407: &str = "github:NVIDIA/NeMo/docs/source/performance/performance_summary.md@9c4726d (NeMo 24.07)";
+const MEGATRON_SR: &str = "Korthikanti et al. 2022, arXiv 2205.05198, Table 3 (Megatron-LM, A100 80GB, no data parallelism)";
 
 fn gpt3(layers: u32, hidden: u32, heads: u32, vocab: u32) -> Hyperparameters {
     Hyperparameters {
@@ -37,6 +47,10 @@ impl Guest for Gpt3 {
     fn describe() -> ModelInfo {
         let cite = "Brown et al. 2020, arXiv 2005.14165; NeMo GPT-3 training configs";
         let v = |name: &str, hyper, lr, layouts: Vec<Layout>| variant(name, FAMILY, cite, hyper, defaults(2048, 300e9, lr), layouts);
+        // Megatron-LM's benchmark sizes: never trained, so the GPT-3 paper's token budget.
+        let benchmark = |name: &str, hyper, lr, layout: Layout| {
+            variant(name, FAMILY, "Korthikanti et al. 2022, arXiv 2205.05198 Table 3", hyper, defaults(2048, 300e9, lr), [layout])
+        };
         ModelInfo {
             family: FAMILY.into(),
             variants: vec![
@@ -46,7 +60,22 @@ impl Guest for Gpt3 {
                     Layout::new("H100", 128, 2048, "BF16").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 2048, "FP8").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 128, "FP8").tp(4).pp(8).vp(6).gbs_fixed(256).source(NEMO_2407),
+                    Layout::new("A100-80GB", 64, 64, "BF16").tp(8).pp(8).vp(3).sp().gbs_fixed(64).source(MEGATRON_SR),
                 ]),
+                benchmark("megatron-gpt-22b", gpt3(48, 6144, 64, 51_200), 1.0e-4,
+                    Layout::new("A100-80GB", 8, 8, "BF16").tp(8).sp().mbs(4).gbs_fixed(4).source(MEGATRON_SR),
+                ),
+                variant(
+                    "mt-nlg-530b",
+                    FAMILY,
+                    "Smith et al. 2022, arXiv 2201.11990 (MT-NLG); Korthikanti et al. 2022, arXiv 2205.05198 Table 3",
+                    gpt3(105, 20_480, 128, 51_200),
+                    defaults(2048, 270e9, 5.0e-5),
+                    [Layout::new("A100-80GB", 280, 280, "BF16").tp(8).pp(35).vp(3).sp().gbs_fixed(280).source(MEGATRON_SR)],
+                ),
+                benchmark("megatron-gpt-1t", gpt3(128, 25_600, 160, 51_200), 0.6e-4,
+                    Layout::new("A100-80GB", 512, 512, "BF16").tp(8).pp(64).sp().gbs_fixed(512).source(MEGATRON_SR),
+                ),
                 // CPU proxy: the GPT-3 architecture (MHA, learned 2048 positions, LayerNorm,
                 // GeLU MLP of 4h, biases, tied embedding) at 4 layers x 256, 8 heads of 32.
                 variant(
@@ -85,6 +114,12 @@ mod tests {
     fn parameters_match_published() {
         let p = kit::params(Gpt3::graph, "gpt3-175b", 0);
         kit::assert_close("gpt3-175b params", p.total as f64, 175e9, 0.005);
+        // Megatron's sizes: 22B and 530B by name, 1T as Narayanan et al. 2021 (arXiv
+        // 2104.04473) Table 1 counts the same shape, 1,008.0B.
+        for (name, want) in [("megatron-gpt-22b", 22e9), ("mt-nlg-530b", 530e9), ("megatron-gpt-1t", 1008.0e9)] {
+            let p = kit::params(Gpt3::graph, name, 0);
+            kit::assert_close(&format!("{name} params"), p.total as f64, want, 0.01);
+        }
     }
 
     /// DGXC: F = s(24Lh² + 12Lhs + 48Lh² + 6Vh), non-causal attention; Google's table
