@@ -1504,7 +1504,10 @@ impl Costed {
                 in_flight(st) * f(&stages[st])
             }
         };
-        let host_gib = (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
+        // Without offload every stage's host bytes are 0, and so is the most of them
+        // (the micro-batches in flight are finite): not worked out per stage.
+        let host_gib =
+            if s.offload_layers == 0 { 0.0 } else { (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max) };
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
             let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
