@@ -87,8 +87,24 @@ impl ChunkStarts {
         self.start(c + 1) - self.start(c)
     }
 
-    /// Layers of the fullest chunk.
+    /// Layers of the fullest chunk, in constant time (the search asks it of every
+    /// layout it stages, over up to pp·vp chunks). [`PipelineSplit::starts`] refuses a
+    /// first chunk with fewer units than the embedding counts and a last one with fewer
+    /// than the loss, so no start between the ends is clamped: a middle chunk holds its
+    /// units, `per` or (before `extra`) one more, and only the two ends lose what the
+    /// embedding and the loss count ([`ChunkStarts::max_len_by_scan`] reads every chunk).
     pub fn max_len(&self) -> usize {
+        let n = self.chunks;
+        if n <= 2 {
+            return self.max_len_by_scan();
+        }
+        // Chunks 1..n-1: `per`, plus one for chunk 1 when `extra` reaches past it.
+        let middle = self.per + usize::from(self.extra > 1);
+        self.len(0).max(self.len(n - 1)).max(middle)
+    }
+
+    /// [`ChunkStarts::max_len`] by reading every chunk's length.
+    pub fn max_len_by_scan(&self) -> usize {
         (0..self.chunks).map(|c| self.len(c)).max().unwrap_or(0)
     }
 }
@@ -589,6 +605,26 @@ mod tests {
         assert!(big.starts(10, 4).is_err());
         assert_eq!(big.fullest_chunk(10, 4), 3, "the even split's: ceil(10 / 4)");
         assert_eq!(PipelineSplit::default().fullest_chunk(10, 0), 10, "no chunks: one");
+    }
+
+    /// The constant-time fullest chunk is the scan's for every split that fits: few and
+    /// many layers, one to many chunks, the embedding and the loss counted as 0 to 4.
+    #[test]
+    fn max_len_is_the_scans() {
+        let mut checked = 0;
+        for layers in 1..=70 {
+            for chunks in 1..=40 {
+                for embedding in 0..=4 {
+                    for loss in 0..=4 {
+                        if let Ok(st) = (PipelineSplit { embedding, loss }).starts(layers, chunks) {
+                            assert_eq!(st.max_len(), st.max_len_by_scan(), "{layers} layers, {chunks} chunks, E{embedding} L{loss}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 30_000, "{checked}");
     }
 
     /// Where several of Megatron's flag pairs build a pipeline the even split comes first

@@ -157,6 +157,25 @@ impl Fabric {
         self.time_with(kind, bytes, p, None)
     }
 
+    /// [`Fabric::time`] of `kind` over `p` as a function of the bytes alone, its
+    /// placement's tier, latency and bus factor worked out once: the data-parallel
+    /// exposure times one placement for every pipeline stage.
+    pub fn rate(&self, kind: OpKind, p: Placement) -> Rate<'_> {
+        let n = p.size.max(1);
+        let (local, inside) = self.members_per_domain(p);
+        // Nothing to time for a group of one; the all-to-all across domains splits its
+        // bytes by peer and is timed in full.
+        let fixed = if n <= 1 || (kind == OpKind::AllToAll && !inside) {
+            None
+        } else {
+            let steps = f64::from(n).log2().ceil().max(1.0);
+            let latency = if inside { steps * self.scale_up_latency_s } else { steps * self.scale_out_latency_s };
+            let bps = if inside { self.scale_up_bps } else { self.scale_up_bps.min(f64::from(local) * self.scale_out_bps) };
+            Some((latency, bus_factor(kind, n), bps))
+        };
+        Rate { fabric: self, kind, p, fixed }
+    }
+
     /// Seconds of the expert-parallel all-to-all of a routed layer (`top_k` of `experts`
     /// experts per token, balanced routing), as DeepEP's and Megatron's flex dispatchers
     /// move it: a token bound for several experts in one remote scale-up domain crosses
@@ -199,6 +218,29 @@ impl Fabric {
             _ => bus / self.scale_up_bps.min(f64::from(local) * self.scale_out_bps),
         };
         latency + transfer
+    }
+}
+
+/// One collective over one placement, timed for any bytes as [`Fabric::time`] times it,
+/// bit for bit ([`Fabric::rate`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Rate<'f> {
+    fabric: &'f Fabric,
+    kind: OpKind,
+    p: Placement,
+    /// Latency, bus factor and bytes/s where the time is `latency + bytes · factor / bps`.
+    fixed: Option<(f64, f64, f64)>,
+}
+
+impl Rate<'_> {
+    /// Seconds one call of `bytes` takes: [`Fabric::time`]'s.
+    #[inline]
+    pub fn time(&self, bytes: f64) -> f64 {
+        match self.fixed {
+            Some(_) if bytes <= 0.0 => 0.0,
+            Some((latency, factor, bps)) => latency + bytes * factor / bps,
+            None => self.fabric.time(self.kind, bytes, self.p),
+        }
     }
 }
 
@@ -357,6 +399,34 @@ mod tests {
             }
             assert_eq!(f.time_routed(OpKind::AllToAll, 1e9, one, 8, 256), 0.0);
         }
+    }
+
+    /// A rate times every collective, placement and size as `time` does, bit for bit:
+    /// inside a domain and across, a group of one, the all-to-all, empty buffers.
+    #[test]
+    fn a_rate_is_time_bit_for_bit() {
+        let fabrics = [
+            h100(),
+            Fabric { scale_out_bps: 100e9, scale_up_latency_s: 2e-6, scale_out_latency_s: 7e-6, ..h100() },
+            Fabric { domain: 72, scale_up_bps: 900e9, scale_out_a2a_bps: 30e9, scale_up_latency_s: 3e-6, scale_out_latency_s: 1e-5, ..h100() },
+        ];
+        let kinds = [OpKind::AllReduce, OpKind::AllGather, OpKind::ReduceScatter, OpKind::AllToAll, OpKind::Send];
+        let mut checked = 0;
+        for f in &fabrics {
+            for kind in kinds {
+                for size in [0, 1, 2, 3, 7, 8, 12, 16, 64, 100, 1024] {
+                    for stride in [1, 2, 3, 4, 8, 16, 72, 144] {
+                        let p = Placement { size, stride };
+                        let rate = f.rate(kind, p);
+                        for bytes in [0.0, -1.0, 1.0, 3.7e3, 1.23456789e9, 6.02e11] {
+                            assert_eq!(rate.time(bytes).to_bits(), f.time(kind, bytes, p).to_bits(), "{kind:?} {p:?} {bytes}");
+                            checked += 1;
+                        }
+                    }
+                }
+            }
+        }
+        assert!(checked > 5000);
     }
 
     /// An expert-parallel group that fills one 8-GPU node and half the next (12 ranks):

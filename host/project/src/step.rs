@@ -48,7 +48,7 @@ use runner_graph::OpKind;
 use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
 
-use runner_graph::pipeline::PipelineSplit;
+use runner_graph::pipeline::{ChunkStarts, PipelineSplit};
 
 use crate::comm::Placement;
 use crate::model::Model;
@@ -758,6 +758,44 @@ struct Staged {
     stage_gpus: u64,
     expert_ranks: u64,
     muon: bool,
+    /// The chunks' first layers, and the host link's bytes/s (0 without offload).
+    starts: ChunkStarts,
+    host_bps: f64,
+    /// Whether the stages hold their times and breakdown (else their memory alone).
+    time: bool,
+}
+
+impl Drop for Staged {
+    /// Its stages go back to the thread's spare ([`pooled_stages`]).
+    fn drop(&mut self) {
+        let stages = std::mem::take(&mut self.stages);
+        SPARE_STAGES.with(|spare| {
+            let kept = spare.take();
+            spare.set(if kept.capacity() >= stages.capacity() { kept } else { stages });
+        });
+    }
+}
+
+thread_local! {
+    /// A stages vector a dropped [`Staged`] left, for the next to take: the search stages
+    /// hundreds of thousands of schedules, and a vector allocated, filled and freed for
+    /// each was about 5 % of a warm search (a profile of llama3.1-405b's, 2026-12-07).
+    static SPARE_STAGES: std::cell::Cell<Vec<Stage>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// `n` empty stages, in the thread's spare vector when there is one.
+fn pooled_stages(n: usize) -> Vec<Stage> {
+    let mut stages = SPARE_STAGES.with(std::cell::Cell::take);
+    stages.clear();
+    stages.resize(n, Stage::default());
+    stages
+}
+
+/// Which parts of a stage [`Costed::add_up`] adds up.
+#[derive(Clone, Copy)]
+struct Pass {
+    memory: bool,
+    time: bool,
 }
 
 /// One pipeline stage's sums in [`Costed::evaluate`]: time per micro-batch, stored
@@ -899,13 +937,12 @@ impl Sums {
         self.rows.last().map_or(0.0, |r| r[i])
     }
 
-    /// Add layers `a..b` under `pol` and `ov` to a stage's breakdown and parameters
-    /// ([`add_row`]).
+    /// Add layers `a..b` under `pol` and `ov` to a stage's breakdown ([`add_comp`]).
     #[inline]
-    fn add(&self, comp: &mut [f64; COMP], params: &mut StageParams, a: usize, b: usize, pol: usize, ov: usize) {
+    fn add_comp(&self, comp: &mut [f64; COMP], a: usize, b: usize, pol: usize, ov: usize) {
         if a < b {
             let (lo, hi) = (&self.rows[a], &self.rows[b]);
-            add_row(comp, params, |i| hi[i] - lo[i], pol, ov);
+            add_comp(comp, |i| hi[i] - lo[i], pol, ov);
         }
     }
 
@@ -1115,12 +1152,13 @@ impl Costed {
     /// # Errors
     /// As [`Costed::evaluate`].
     pub fn evaluate_where(&self, s: &Schedule, wanted: impl FnOnce(&Memory) -> bool) -> Result<Result<Projection, Memory>, Reject> {
-        let memory = self.memory(&self.staged(s, false)?);
+        let x = self.staged(s, false)?;
+        let memory = self.memory(&x);
         if !wanted(&memory) {
             return Ok(Err(memory));
         }
-        // Staged again with the times: the memory is the same, added up alike.
-        let x = self.staged(s, true)?;
+        // The times added to the same stages: the memory is what it was.
+        let x = self.add_times(s, x)?;
         Ok(Ok(self.project(&x, memory)))
     }
 
@@ -1274,12 +1312,70 @@ impl Costed {
             _ => Modules::EMPTY,
         };
         let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
+        let mut stages = pooled_stages(n_stages);
+        self.add_up(&mut stages, s, &starts, host_bps, Pass { memory: true, time });
+        // DualPipe: pipeline rank r runs stage r for the half of the micro-batches fed from
+        // the first rank and stage pp-1-r for the half fed from the last, and holds both
+        // stages' weights. DualPipeV: rank r runs stage r and stage 2·pp-1-r for every
+        // micro-batch, so its time is both stages'. From here on `stages` are the ranks;
+        // DualPipeV keeps its stages as `legs` (what each holds in flight and when each
+        // finishes differ).
+        let legs = if v { stages.clone() } else { Vec::new() };
+        if dual || v {
+            let share = if dual { 0.5 } else { 1.0 };
+            stages = (0..pp).map(|r| stages[r].paired(&stages[n_stages - 1 - r], share)).collect();
+        }
+        let s = *s;
+        Ok(Staged { s, stages, legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon, starts, host_bps, time })
+    }
+
+    /// Add the times and the breakdown to `x`, staged for its memory alone: what
+    /// [`Costed::staged`] with them gives, bit for bit ([`Costed::add_up`]). DualPipe's and
+    /// DualPipeV's stages are paired into ranks once added up, and are staged again.
+    ///
+    /// # Errors
+    /// As [`Costed::staged`] of `s`, the schedule `x` was staged from (only when staged
+    /// again).
+    fn add_times(&self, s: &Schedule, x: Staged) -> Result<Staged, Reject> {
+        if x.time {
+            return Ok(x);
+        }
+        if x.dual || x.v {
+            return self.staged(s, true);
+        }
+        let mut x = x;
+        let (s, starts, host_bps) = (x.s, x.starts, x.host_bps);
+        self.add_up(&mut x.stages, &s, &starts, host_bps, Pass { memory: false, time: true });
+        x.time = true;
+        Ok(x)
+    }
+
+    /// Add up the chunks of a checked schedule `s` (as [`Costed::staged`] adjusted it)
+    /// into `stages` (pp, or DualPipeV's 2·pp, before any pairing), and the embedding and
+    /// head sides into the first and last: with `pass.memory` what a stage's memory needs
+    /// (parameters, stored and offloaded activations, layers), with `pass.time` its times
+    /// and breakdown. Each field adds up in the same order whichever parts run, so a
+    /// memory pass followed by a time pass over the same stages leaves them as one pass
+    /// of both, bit for bit.
+    fn add_up(&self, stages: &mut [Stage], s: &Schedule, starts: &ChunkStarts, host_bps: f64, pass: Pass) {
+        let Pass { memory: mem, time } = pass;
+        let n_stages = stages.len();
+        let v = s.pipeline == PipelineKind::DualPipeV;
+        let pp = if v { n_stages / 2 } else { n_stages };
+        let chunks = s.pipeline.chunks(s.pp.max(1), s.vp.max(1)) as usize;
+        // Selective recompute: the layers as with none, plus the listed modules' forward
+        // repeated and their activations dropped, in every layer.
+        let selective = match s.recompute {
+            RecomputePolicy::Selective => s.recompute_modules.expanded(),
+            _ => Modules::EMPTY,
+        };
+        let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
         let ov = overlap_index(s);
         // Full recompute of the first n layers of each chunk (block method), none for
         // the rest; n = 0 means every layer.
         let partial = s.recompute == RecomputePolicy::Full && s.recompute_layers > 0;
         let rest = if partial { 0 } else { base };
-        let mut stages = vec![Stage::default(); n_stages];
+        let sums = &self.sums;
         let mut b = starts.start(0);
         for c in 0..chunks {
             let stage = &mut stages[c % n_stages];
@@ -1293,36 +1389,44 @@ impl Costed {
             for (j, l) in self.layers[a..(a + s.offload_layers as usize).min(b)].iter().enumerate() {
                 let pol = if a + j < m_ { base } else { rest };
                 let bytes = l.activations[pol] - l.selective(selective).1;
-                let copy = bytes / host_bps;
-                let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
-                stage.t += exposed;
-                stage.comp[OFFLOAD] += exposed;
-                stage.acts -= bytes;
-                stage.host += bytes;
-                stage.offload = stage.offload.max(bytes);
+                if time {
+                    let copy = bytes / host_bps;
+                    let exposed = (copy - l.fwd).max(0.0) + (copy - l.bwd).max(0.0);
+                    stage.t += exposed;
+                    stage.comp[OFFLOAD] += exposed;
+                }
+                if mem {
+                    stage.acts -= bytes;
+                    stage.host += bytes;
+                    stage.offload = stage.offload.max(bytes);
+                }
             }
-            let sums = &self.sums;
             if time {
                 stage.fwd += sums.range(FWD, a, b);
                 stage.bwd += sums.range(BWD, a, b);
                 stage.t += sums.range(TIME + 4 * base + ov, a, m_) + sums.range(TIME + 4 * rest + ov, m_, b);
             }
-            stage.layers += b - a;
-            stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
+            if mem {
+                stage.layers += b - a;
+                stage.acts += sums.range(ACTS + base, a, m_) + sums.range(ACTS + rest, m_, b);
+            }
             for mi in selective.iter().map(Module::index) {
                 if time {
                     let rc = sums.range(MODULE_RC + mi, a, b);
                     stage.t += rc;
                     stage.comp[1] += rc;
                 }
-                stage.acts -= sums.range(MODULE_FREED + mi, a, b);
+                if mem {
+                    stage.acts -= sums.range(MODULE_FREED + mi, a, b);
+                }
             }
             if time {
-                self.sums.add(&mut stage.comp, &mut stage.params, a, m_, base, ov);
-                self.sums.add(&mut stage.comp, &mut stage.params, m_, b, rest, ov);
-            } else {
-                self.sums.add_params(&mut stage.params, a, m_);
-                self.sums.add_params(&mut stage.params, m_, b);
+                sums.add_comp(&mut stage.comp, a, m_, base, ov);
+                sums.add_comp(&mut stage.comp, m_, b, rest, ov);
+            }
+            if mem {
+                sums.add_params(&mut stage.params, a, m_);
+                sums.add_params(&mut stage.params, m_, b);
             }
         }
         // The embedding and the output layer with the loss sit outside the layers full
@@ -1333,44 +1437,41 @@ impl Costed {
         let edge = policy_index(RecomputePolicy::None);
         for (st, stage) in stages.iter_mut().enumerate() {
             if st == 0 {
-                let rc = self.pre.selective(selective).0;
-                add_row(&mut stage.comp, &mut stage.params, |i| self.pre_row[i], edge, ov);
-                stage.params.side += self.pre.dense;
-                stage.comp[1] += rc;
-                stage.t += self.pre_row[TIME + 4 * edge + ov] + rc;
-                stage.fwd += self.pre_row[FWD];
-                stage.bwd += self.pre_row[BWD];
+                if time {
+                    let rc = self.pre.selective(selective).0;
+                    add_comp(&mut stage.comp, |i| self.pre_row[i], edge, ov);
+                    stage.comp[1] += rc;
+                    stage.t += self.pre_row[TIME + 4 * edge + ov] + rc;
+                    stage.fwd += self.pre_row[FWD];
+                    stage.bwd += self.pre_row[BWD];
+                }
+                if mem {
+                    add_params(&mut stage.params, |i| self.pre_row[i]);
+                    stage.params.side += self.pre.dense;
+                }
             }
             if st == n_stages - 1 {
-                let rc = self.post.selective(selective).0;
-                add_row(&mut stage.comp, &mut stage.params, |i| self.post_row[i], edge, ov);
-                stage.params.side += self.post.dense;
-                stage.comp[1] += rc;
-                stage.t += self.post_row[TIME + 4 * edge + ov] + rc;
-                stage.fwd += self.post_row[FWD];
-                stage.bwd += self.post_row[BWD];
-                // Under DualPipeV the head's stage is on the embedding's rank: a tied table
-                // is one weight there, as with no pipeline.
-                if pp > 1 && !v {
-                    stage.params.dense += self.tied;
-                    stage.params.side += self.tied;
-                    stage.params.frozen += self.tied_frozen;
+                if time {
+                    let rc = self.post.selective(selective).0;
+                    add_comp(&mut stage.comp, |i| self.post_row[i], edge, ov);
+                    stage.comp[1] += rc;
+                    stage.t += self.post_row[TIME + 4 * edge + ov] + rc;
+                    stage.fwd += self.post_row[FWD];
+                    stage.bwd += self.post_row[BWD];
+                }
+                if mem {
+                    add_params(&mut stage.params, |i| self.post_row[i]);
+                    stage.params.side += self.post.dense;
+                    // Under DualPipeV the head's stage is on the embedding's rank: a tied
+                    // table is one weight there, as with no pipeline.
+                    if pp > 1 && !v {
+                        stage.params.dense += self.tied;
+                        stage.params.side += self.tied;
+                        stage.params.frozen += self.tied_frozen;
+                    }
                 }
             }
         }
-        // DualPipe: pipeline rank r runs stage r for the half of the micro-batches fed from
-        // the first rank and stage pp-1-r for the half fed from the last, and holds both
-        // stages' weights. DualPipeV: rank r runs stage r and stage 2·pp-1-r for every
-        // micro-batch, so its time is both stages'. From here on `stages` are the ranks;
-        // DualPipeV keeps its stages as `legs` (what each holds in flight and when each
-        // finishes differ).
-        let legs = if v { stages.clone() } else { Vec::new() };
-        if dual || v {
-            let share = if dual { 0.5 } else { 1.0 };
-            stages = (0..pp).map(|r| stages[r].paired(&stages[n_stages - 1 - r], share)).collect();
-        }
-        let s = *s;
-        Ok(Staged { s, stages, legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon })
     }
 
     /// Memory of the most loaded GPU under a staged schedule (its host offload included).
@@ -1403,7 +1504,10 @@ impl Costed {
                 in_flight(st) * f(&stages[st])
             }
         };
-        let host_gib = (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max);
+        // Without offload every stage's host bytes are 0, and so is the most of them
+        // (the micro-batches in flight are finite): not worked out per stage.
+        let host_gib =
+            if s.offload_layers == 0 { 0.0 } else { (0..pp).map(|st| held(st, |x| x.host) * (1.0 + self.slack) / GIB).fold(0.0, f64::max) };
         for (st, stage) in stages.iter().enumerate() {
             let p = &stage.params;
             let StageParams { dense: d, expert: e, frozen: f, low: lw, side, .. } = *p;
@@ -1580,9 +1684,10 @@ impl Costed {
             let exposed_reduction = |kind: OpKind, bytes: (f64, f64)| {
                 let mut drain = 0.0;
                 let (mut worst, mut largest) = (0.0f64, 0.0f64);
+                let (on_dense, on_expert) = (fabric.rate(kind, dpg), fabric.rate(kind, edpg));
                 for (i, st) in stages.iter().enumerate() {
                     let (d, e) = (st.params.dense, st.params.expert);
-                    let all = fabric.time(kind, bytes.0 * d, dpg) + fabric.time(kind, bytes.1 * e, edpg);
+                    let all = on_dense.time(bytes.0 * d) + on_expert.time(bytes.1 * e);
                     let exposed = if vp > 1 {
                         let (a, b) = (all / vp as f64, st.bwd / vp as f64);
                         (1..vp).map(|c| (c + 1) as f64 * a - (c * pp) as f64 * b).fold((a - drain / vp as f64).max(0.0), f64::max)
@@ -1615,10 +1720,11 @@ impl Costed {
                     return ((ag_crit() - stage_fwd).max(tail(OpKind::AllGather, params)), ag_crit());
                 }
                 let (mut fill, mut worst, mut largest) = (0.0, 0.0f64, 0.0f64);
+                let (on_dense, on_expert) = (fabric.rate(OpKind::AllGather, dpg), fabric.rate(OpKind::AllGather, edpg));
                 for (i, st) in stages.iter().enumerate() {
                     let (d, e, low) = (st.params.dense, st.params.expert, st.params.low_trained);
                     let bytes = if self.fp8_params { (gathered(d, low[0]), gathered(e, low[1])) } else { (2.0, 2.0) };
-                    let all = fabric.time(OpKind::AllGather, bytes.0 * d, dpg) + fabric.time(OpKind::AllGather, bytes.1 * e, edpg);
+                    let all = on_dense.time(bytes.0 * d) + on_expert.time(bytes.1 * e);
                     let (a, f, start) = (all / vp as f64, st.fwd / vp as f64, fill / vp as f64);
                     let group = pp as f64 * f;
                     let first = if i == 0 { tail_of(OpKind::AllGather, bytes, d, e) } else { 0.0 };
@@ -1782,11 +1888,11 @@ const COMP: usize = 13;
 const OFFLOAD: usize = 9;
 const COMM_SLOTS: usize = 10;
 
-/// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown and
-/// parameter sums under recompute policy `pol` and overlap setting `ov`; the selective
-/// modules' forward is the caller's to add.
+/// Add [`Row`] fields (`d(i)`: one layer's, or a range's sum) to a stage's breakdown sums
+/// under recompute policy `pol` and overlap setting `ov` (what a stage's times need of a
+/// row); the selective modules' forward is the caller's to add.
 #[inline]
-fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -> f64, pol: usize, ov: usize) {
+fn add_comp(comp: &mut [f64; COMP], d: impl Fn(usize) -> f64, pol: usize, ov: usize) {
     comp[0] += d(0);
     comp[6] += d(1);
     comp[7] += d(2);
@@ -1797,10 +1903,9 @@ fn add_row(comp: &mut [f64; COMP], params: &mut StageParams, d: impl Fn(usize) -
         comp[COMM_SLOTS + i] += d(COMM + i);
     }
     comp[5] += d(3);
-    add_params(params, d);
 }
 
-/// The parameter fields of [`add_row`] alone: all that a stage's memory needs of a row.
+/// A row's parameter fields: all that a stage's memory needs of it.
 #[inline]
 fn add_params(params: &mut StageParams, d: impl Fn(usize) -> f64) {
     params.dense += d(4);

@@ -185,3 +185,82 @@ fn a_layout_only_offload_could_fit_is_reported_short_of_host_memory() {
         other => panic!("{other:?}"),
     }
 }
+
+/// The search's shortcuts in projecting one schedule give what projecting it whole gives,
+/// bit for bit (compared as JSON, shortest round-trip floats): a layout staged for its
+/// memory first and its times added to the same stages (`evaluate_where` that wants it),
+/// a memory alone (`memory_of`), and stages taken from the vector the schedule before
+/// left (pipelines of 16, 2 and 4 stages in turn, each projected again after the others).
+/// Schedules: 1F1B with and without a virtual pipeline and an uneven split, selective
+/// recompute of several module lists, full recompute of some layers of a chunk and of
+/// all, offload with and without recompute, FSDP, Muon, DualPipe and DualPipeV.
+#[test]
+fn a_layout_projected_in_parts_is_the_layout_projected_whole() {
+    use runner_graph::modules::{Module, Modules};
+    use runner_graph::pipeline::PipelineSplit;
+    use runner_graph::recompute::RecomputePolicy;
+    use runner_project::step::{Optimizer, PipelineKind, Schedule};
+    use runner_project::template::ShardKey;
+
+    let mut pr = projector("deepseek-v3-671b", 4096, "gb200", Recipe::Fp8);
+    let key = ShardKey { tp: 2, cp: 1, ep: 8, etp: 1, sp: true, mbs: 1 };
+    let kernels = Default::default();
+    let c = pr.costed(key, kernels).unwrap();
+    let plain = Schedule {
+        pp: 4,
+        vp: 1,
+        dp: 8,
+        global_batch: 1024,
+        recompute: RecomputePolicy::None,
+        recompute_layers: 0,
+        recompute_modules: Modules::EMPTY,
+        distributed_optimizer: true,
+        fsdp: false,
+        tp_overlap: true,
+        ep_overlap: true,
+        dp_overlap: true,
+        grad_fp32: false,
+        kernels,
+        split: PipelineSplit::default(),
+        offload_layers: 0,
+        optimizer: Optimizer::default(),
+        pipeline: PipelineKind::default(),
+    };
+    let selective = |m: &[Module]| Schedule { recompute: RecomputePolicy::Selective, recompute_modules: Modules::of(m), ..plain };
+    let schedules = [
+        Schedule { pp: 16, dp: 4, ..plain },
+        Schedule { pp: 2, dp: 16, ..plain },
+        plain,
+        Schedule { vp: 2, split: PipelineSplit::megatron(true, true), ..plain },
+        Schedule { pp: 4, vp: 4, split: PipelineSplit { embedding: 0, loss: 3 }, ..plain },
+        selective(&[Module::Layernorm, Module::MoeAct]),
+        selective(&[Module::MlaUpProj, Module::Mlp, Module::SharedExperts]),
+        Schedule { recompute: RecomputePolicy::Full, recompute_layers: 3, ..plain },
+        Schedule { recompute: RecomputePolicy::Full, ..plain },
+        Schedule { offload_layers: 5, ..plain },
+        Schedule { offload_layers: 2, recompute: RecomputePolicy::Full, recompute_layers: 4, vp: 2, ..plain },
+        Schedule { offload_layers: 3, ..selective(&[Module::MlaUpProj]) },
+        Schedule { fsdp: true, distributed_optimizer: false, ..plain },
+        Schedule { optimizer: Optimizer::Muon, ..plain },
+        Schedule { pipeline: PipelineKind::DualPipe, ..plain },
+        Schedule { pipeline: PipelineKind::DualPipeV, recompute: RecomputePolicy::Full, recompute_layers: 2, ..plain },
+        Schedule { pipeline: PipelineKind::DualPipeV, offload_layers: 1, ..plain },
+    ];
+    let json = |p: &runner_project::step::Projection| serde_json::to_string(p).unwrap();
+    let whole: Vec<String> = schedules.iter().map(|s| json(&c.evaluate(s).unwrap())).collect();
+    for round in 0..2 {
+        for (s, want) in schedules.iter().zip(&whole) {
+            let staged = c.evaluate_where(s, |_| true).unwrap().unwrap();
+            assert_eq!(&json(&staged), want, "round {round}: {s:?}");
+            let memory = c.memory_of(s).unwrap();
+            assert_eq!(serde_json::to_string(&memory).unwrap(), serde_json::to_string(&c.evaluate(s).unwrap().memory).unwrap(), "{s:?}");
+            assert_eq!(&json(&c.evaluate(s).unwrap()), want, "round {round}, projected again: {s:?}");
+            // Not wanted: the memory alone, the same.
+            let refused = c.evaluate_where(s, |_| false).unwrap().unwrap_err();
+            assert_eq!(serde_json::to_string(&refused).unwrap(), serde_json::to_string(&memory).unwrap());
+        }
+    }
+    // The first schedule, projected first in this thread, projected again after all the
+    // others (a stage vector left by a longer pipeline is emptied, not added to).
+    assert_eq!(json(&c.evaluate(&schedules[0]).unwrap()), whole[0]);
+}
