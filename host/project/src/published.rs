@@ -60,6 +60,11 @@ pub struct Point {
     /// recompute of those modules); absent: none, unless the layout needs recompute to
     /// fit ([`project_fitting`]).
     pub recompute_modules: Option<Vec<String>>,
+    /// Full recompute of this many layers per pipeline chunk (Megatron's
+    /// `recompute_granularity = "full"` with `recompute_num_layers`; a PyTorch run that
+    /// checkpoints every layer gives them all, one that checkpoints every other layer
+    /// half); absent: none. Not with `recompute_modules`.
+    pub recompute_num_layers: Option<u32>,
     /// Megatron's `account_for_embedding_in_pipeline_split` and
     /// `account_for_loss_in_pipeline_split` where the run's recipe sets them (the
     /// embedding and the loss each count as a layer in the pipeline split).
@@ -228,6 +233,13 @@ impl Point {
             modules = modules.with(Module::parse(m).map_err(|e| format!("recompute_modules: {e}"))?);
         }
         let selective = modules != Modules::EMPTY;
+        let full = match self.recompute_num_layers {
+            Some(_) if selective => {
+                return Err("recompute_modules (selective) and recompute_num_layers (full) are both given: a run recomputes one way; keep the one its recipe sets".into());
+            }
+            Some(0) => return Err("recompute_num_layers = 0: give the layers per chunk recomputed in full (at least 1), or leave it out".into()),
+            n => n,
+        };
         let vp = self.vp.unwrap_or(1).max(1);
         let split = match &self.pipeline_layout {
             // Its chunk and layer counts are checked with the model ([`prepare`]).
@@ -249,8 +261,12 @@ impl Point {
             gbs,
             sequence_parallel: tp > 1,
             fsdp,
-            recompute: if selective { RecomputePolicy::Selective } else { RecomputePolicy::None },
-            recompute_layers: 0,
+            recompute: match (selective, full) {
+                (true, _) => RecomputePolicy::Selective,
+                (false, Some(_)) => RecomputePolicy::Full,
+                (false, None) => RecomputePolicy::None,
+            },
+            recompute_layers: full.unwrap_or(0),
             recompute_modules: if selective { modules } else { Modules::default() },
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
@@ -602,6 +618,20 @@ pub fn validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `recompute_num_layers` is full recompute of that many layers per chunk; it is
+    /// refused beside `recompute_modules` (one run recomputes one way) and at 0.
+    #[test]
+    fn recompute_num_layers_is_full_recompute_of_that_many_layers() {
+        let p = Point { num_gpus: Some(64), seq_len: Some(4096), gbs: Some(128), fsdp: Some(64), recompute_num_layers: Some(20), ..Point::default() };
+        let l = p.layout().unwrap();
+        assert_eq!((l.recompute, l.recompute_layers), (RecomputePolicy::Full, 20));
+        let none = Point { recompute_num_layers: None, ..p.clone() }.layout().unwrap();
+        assert_eq!((none.recompute, none.recompute_layers), (RecomputePolicy::None, 0));
+        let both = Point { recompute_modules: Some(vec!["core_attn".into()]), ..p.clone() };
+        assert!(both.layout().unwrap_err().contains("both given"));
+        assert!(Point { recompute_num_layers: Some(0), ..p }.layout().unwrap_err().contains("recompute_num_layers = 0"));
+    }
 
     #[test]
     fn stats_by_hand() {

@@ -77,16 +77,17 @@ fn deepseek_v3_on_h800_is_projected_within_fifteen_percent_with_dualpipe() {
     assert!(w.checked[0].error > 0.5, "under 1F1B: {:+.1} %", 100.0 * w.checked[0].error);
 }
 
-/// Megatron-LM's 2022 A100 runs (never fitted; the A100 profiles take H100's fitted
-/// table) each come out within 25 %, at a median under 10 %; with the priors every one
-/// came out optimistic, by a median of 19 %: the table A100 takes is the better guess.
+/// The A100 runs of other stacks (never fitted; the A100 profiles take H100's fitted
+/// table): Megatron-LM's of 2022 and torchtitan's FSDP2 runs each come out within 25 %,
+/// at a median under 10 %; with the priors every one came out optimistic, by a median of
+/// over 15 %: the table A100 takes is the better guess.
 #[test]
-fn megatron_a100_runs_are_projected_within_a_quarter_with_h100s_table() {
+fn a100_runs_of_other_stacks_are_projected_within_a_quarter_with_h100s_table() {
     let points: Vec<_> = common::other_frameworks().into_iter().filter(|p| p.gpu == "A100-80GB").collect();
-    assert_eq!(points.len(), 5);
+    assert_eq!(points.len(), 10);
     let errors = |profiles: &Profiles| {
         let v = published::validate(&points, profiles, &mut common::Native, &|_| {});
-        assert_eq!((v.checked.len(), v.unsupported.len()), (5, 0), "{:?}", v.unsupported);
+        assert_eq!((v.checked.len(), v.unsupported.len()), (10, 0), "{:?}", v.unsupported);
         let mut e: Vec<f64> = v.checked.iter().map(|c| c.error).collect();
         e.sort_by(f64::total_cmp);
         e
@@ -95,13 +96,13 @@ fn megatron_a100_runs_are_projected_within_a_quarter_with_h100s_table() {
     assert!(taken.iter().all(|e| e.abs() <= 0.25), "{taken:?}");
     let mut abs: Vec<f64> = taken.iter().map(|e| e.abs()).collect();
     abs.sort_by(f64::total_cmp);
-    assert!(abs[2] < 0.10, "median {:.1} %", 100.0 * abs[2]);
+    assert!(abs[5] < 0.10, "median {:.1} %", 100.0 * abs[5]);
     let built = Profiles::builtin();
     let (a100, h100) = (built.get("a100").unwrap(), built.get("h100").unwrap());
     assert_eq!(a100.efficiency.gemm.bf16, h100.efficiency.gemm.bf16, "A100 takes H100's table");
     // The priors the profile carried before (what `Profiles::priors` still gives it).
     let e = errors(&Profiles::priors());
-    assert!(e.iter().all(|&x| x < 0.0) && e[2] < -0.15, "priors: {e:?}");
+    assert!(e.iter().all(|&x| x < 0.0) && e[5] < -0.15, "priors: {e:?}");
 }
 
 /// DualPipe runs each forward chunk beside another micro-batch's backward chunk, so the
