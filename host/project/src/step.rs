@@ -961,6 +961,22 @@ fn overlap_index(s: &Schedule) -> usize {
     usize::from(s.tp_overlap) | (usize::from(s.ep_overlap) << 1)
 }
 
+/// The selectively recomputed modules (expanded; none without selective recompute) and
+/// the recompute policy index of a schedule's layers (of the first ones under partial full
+/// recompute). Selective recompute: the layers as with none, plus the listed modules'
+/// forward repeated and their activations dropped, in every layer.
+fn recompute_rows(s: &Schedule) -> (Modules, usize) {
+    match s.recompute {
+        RecomputePolicy::Selective => (s.recompute_modules.expanded(), 0),
+        p => (Modules::EMPTY, policy_index(p)),
+    }
+}
+
+/// `v` as a u32, at most u32::MAX (degrees given on a command line may multiply past it).
+fn saturate(v: u64) -> u32 {
+    u32::try_from(v).unwrap_or(u32::MAX)
+}
+
 fn policy_index(p: RecomputePolicy) -> usize {
     match p {
         RecomputePolicy::None => 0,
@@ -1305,13 +1321,7 @@ impl Costed {
                 ));
             }
         };
-        // Selective recompute: the layers as with none, plus the listed modules' forward
-        // repeated and their activations dropped, in every layer.
-        let selective = match s.recompute {
-            RecomputePolicy::Selective => s.recompute_modules.expanded(),
-            _ => Modules::EMPTY,
-        };
-        let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
+        let (selective, base) = recompute_rows(s);
         let mut stages = pooled_stages(n_stages);
         self.add_up(&mut stages, s, &starts, host_bps, Pass { memory: true, time });
         // DualPipe: pipeline rank r runs stage r for the half of the micro-batches fed from
@@ -1363,13 +1373,7 @@ impl Costed {
         let v = s.pipeline == PipelineKind::DualPipeV;
         let pp = if v { n_stages / 2 } else { n_stages };
         let chunks = s.pipeline.chunks(s.pp.max(1), s.vp.max(1)) as usize;
-        // Selective recompute: the layers as with none, plus the listed modules' forward
-        // repeated and their activations dropped, in every layer.
-        let selective = match s.recompute {
-            RecomputePolicy::Selective => s.recompute_modules.expanded(),
-            _ => Modules::EMPTY,
-        };
-        let base = if s.recompute == RecomputePolicy::Selective { 0 } else { policy_index(s.recompute) };
+        let (selective, base) = recompute_rows(s);
         let ov = overlap_index(s);
         // Full recompute of the first n layers of each chunk (block method), none for
         // the rest; n = 0 means every layer.
@@ -1434,43 +1438,32 @@ impl Costed {
         // the GPTModel's embedding and output_layer run once): their forward is never
         // repeated, and their stored activations are counted so (`runner_graph::recompute`
         // keeps what no layer owns). Selective recompute's modules are added apart.
+        // Each side once, its selective modules' forward added apart, in the fields' order
+        // of a layer chunk (so a memory pass then a time pass is one pass of both).
         let edge = policy_index(RecomputePolicy::None);
-        for (st, stage) in stages.iter_mut().enumerate() {
-            if st == 0 {
-                if time {
-                    let rc = self.pre.selective(selective).0;
-                    add_comp(&mut stage.comp, |i| self.pre_row[i], edge, ov);
-                    stage.comp[1] += rc;
-                    stage.t += self.pre_row[TIME + 4 * edge + ov] + rc;
-                    stage.fwd += self.pre_row[FWD];
-                    stage.bwd += self.pre_row[BWD];
-                }
-                if mem {
-                    add_params(&mut stage.params, |i| self.pre_row[i]);
-                    stage.params.side += self.pre.dense;
-                }
+        let add_side = |stage: &mut Stage, cost: &LayerCost, row: &Row| {
+            if time {
+                let rc = cost.selective(selective).0;
+                add_comp(&mut stage.comp, |i| row[i], edge, ov);
+                stage.comp[1] += rc;
+                stage.t += row[TIME + 4 * edge + ov] + rc;
+                stage.fwd += row[FWD];
+                stage.bwd += row[BWD];
             }
-            if st == n_stages - 1 {
-                if time {
-                    let rc = self.post.selective(selective).0;
-                    add_comp(&mut stage.comp, |i| self.post_row[i], edge, ov);
-                    stage.comp[1] += rc;
-                    stage.t += self.post_row[TIME + 4 * edge + ov] + rc;
-                    stage.fwd += self.post_row[FWD];
-                    stage.bwd += self.post_row[BWD];
-                }
-                if mem {
-                    add_params(&mut stage.params, |i| self.post_row[i]);
-                    stage.params.side += self.post.dense;
-                    // Under DualPipeV the head's stage is on the embedding's rank: a tied
-                    // table is one weight there, as with no pipeline.
-                    if pp > 1 && !v {
-                        stage.params.dense += self.tied;
-                        stage.params.side += self.tied;
-                        stage.params.frozen += self.tied_frozen;
-                    }
-                }
+            if mem {
+                add_params(&mut stage.params, |i| row[i]);
+                stage.params.side += cost.dense;
             }
+        };
+        add_side(&mut stages[0], &self.pre, &self.pre_row);
+        let last = &mut stages[n_stages - 1];
+        add_side(last, &self.post, &self.post_row);
+        // Under DualPipeV the head's stage is on the embedding's rank: a tied table is one
+        // weight there, as with no pipeline.
+        if mem && pp > 1 && !v {
+            last.params.dense += self.tied;
+            last.params.side += self.tied;
+            last.params.frozen += self.tied_frozen;
         }
     }
 
@@ -1478,7 +1471,6 @@ impl Costed {
     fn memory(&self, x: &Staged) -> Memory {
         let Staged { ref s, ref stages, ref legs, n_stages, selective, pp, vp, dp, m, dual, v, base, stage_gpus, expert_ranks, muon, .. } = *x;
         let key = self.key;
-        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let pol = base;
         let mf = f64::from(m);
         let edp = saturate(stage_gpus / expert_ranks);
@@ -1575,7 +1567,6 @@ impl Costed {
     fn project(&self, x: &Staged, worst: Memory) -> Projection {
         let Staged { ref s, ref stages, ref legs, n_stages, pp, vp, dp, m, dual, v, stage_gpus, expert_ranks, muon, .. } = *x;
         let key = self.key;
-        let saturate = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
         let crit = (0..pp).max_by(|&a, &b| stages[a].t.total_cmp(&stages[b].t)).unwrap_or(0);
         let t_max = stages[crit].t;
         let mean = |f: fn(&Stage) -> f64| stages.iter().map(f).sum::<f64>() / pp as f64;
