@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
+use runner_graph::recompute::RecomputePolicy;
 use runner_graph::{Graph, OpKind};
 use runner_project::model::{GraphSource, Model};
 use runner_project::precision::{GemmRole, Plan, Recipe};
@@ -15,7 +16,7 @@ use runner_project::profile::{GemmFormat, GpuProfile, Profiles};
 use runner_project::published::Resolver;
 use runner_project::step::Optimizer;
 
-use crate::plugin::workload::{GraphRequest, ReferenceLayout, TrainingPrecision, Variant, Workload};
+use crate::plugin::workload::{GraphRequest, RecomputeGranularity, ReferenceLayout, TrainingPrecision, Variant, Workload};
 use crate::plugin::{self, Kind, Limits};
 
 /// A workload plugin's graphs of one variant at one sequence length.
@@ -437,6 +438,18 @@ pub fn reference<'a>(variant: &'a Variant, gpu: &GpuProfile, recipe: Recipe, gpu
         .or_else(|| on_gpu().find(|l| same_precision(l)))
         .or_else(|| on_gpu().find(|l| same_format(l)))
         .or_else(|| on_gpu().find(|l| in_range(l)))
+}
+
+/// The activation recompute a reference layout publishes: the policy and, for full
+/// recompute, the layers per pipeline chunk (0: all). Selective recompute is of
+/// Megatron's default module list (`core_attn`), the one `--recompute-granularity
+/// selective` alone gives.
+pub fn reference_recompute(l: &ReferenceLayout) -> (RecomputePolicy, u32) {
+    match l.recompute {
+        RecomputeGranularity::None => (RecomputePolicy::None, 0),
+        RecomputeGranularity::Selective => (RecomputePolicy::Selective, 0),
+        RecomputeGranularity::Full => (RecomputePolicy::Full, l.recompute_layers),
+    }
 }
 
 /// The global batch a reference layout's rule gives at `gpus` GPUs.

@@ -750,6 +750,14 @@ fn project_prints_one_object_and_refuses_what_cannot_run() {
     let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
     assert_eq!(v["layout"]["recompute_modules"], serde_json::json!(["layernorm", "mlp"]));
     assert!(v["breakdown"]["recompute"].as_f64().unwrap() > 0.0, "{v}");
+    // A published layout's own recompute is projected (the 2022 Megatron runs' selective
+    // recompute of the attention core); `--recompute none` drops it.
+    let a100 = ["project", "--model", "megatron-gpt-22b", "--gpu", "a100-80gb", "--gpus", "8", "--format", "json", "-q"];
+    let v: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &a100)).0).unwrap();
+    assert_eq!((v["layout"]["recompute"].as_str(), &v["layout"]["recompute_modules"]), (Some("selective"), &serde_json::json!(["core_attn"])), "{v}");
+    assert!(v["breakdown"]["recompute"].as_f64().unwrap() > 0.0, "{v}");
+    let v: serde_json::Value = serde_json::from_str(&text(&runner(&dir, &[&a100[..], &["--recompute", "none"]].concat())).0).unwrap();
+    assert_eq!((v["layout"]["recompute"].as_str(), v["breakdown"]["recompute"].as_f64()), (Some("none"), Some(0.0)), "{v}");
     // A LoRA fine-tune of the same layout: faster, no optimizer state for the frozen
     // base, and said so.
     let base = ["project", "--model", "llama3.1-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--gbs", "64", "--format", "json", "-q"];

@@ -18,7 +18,9 @@
 //! (128x25600, 160 heads), the GPT-3 architecture at other sizes. MT-NLG's learning rate
 //! and tokens are its paper's (Smith et al., arXiv 2201.11990: 5e-5, 270B); 22B and 1T
 //! were benchmarks, never trained, and take the GPT-3 paper's rows nearest in size
-//! (13B: 1.0e-4; 175B: 0.6e-4).
+//! (13B: 1.0e-4; 175B: 0.6e-4). Their layouts carry the paper's sequence parallelism and
+//! selective recompute of the attention core ("present work", Table 5), Megatron's
+//! default `core_attn`.
 
 use runner_plugin_sdk::workload::builder::{decoder, defaults, graph_for, variant, Layout};
 use runner_plugin_sdk::workload::*;
@@ -60,10 +62,10 @@ impl Guest for Gpt3 {
                     Layout::new("H100", 128, 2048, "BF16").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 2048, "FP8").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 128, "FP8").tp(4).pp(8).vp(6).gbs_fixed(256).source(NEMO_2407),
-                    Layout::new("A100-80GB", 64, 64, "BF16").tp(8).pp(8).vp(3).sp().gbs_fixed(64).source(MEGATRON_SR),
+                    Layout::new("A100-80GB", 64, 64, "BF16").tp(8).pp(8).vp(3).sp().recompute(RecomputeGranularity::Selective, 0).gbs_fixed(64).source(MEGATRON_SR),
                 ]),
                 benchmark("megatron-gpt-22b", gpt3(48, 6144, 64, 51_200), 1.0e-4,
-                    Layout::new("A100-80GB", 8, 8, "BF16").tp(8).sp().mbs(4).gbs_fixed(4).source(MEGATRON_SR),
+                    Layout::new("A100-80GB", 8, 8, "BF16").tp(8).sp().recompute(RecomputeGranularity::Selective, 0).mbs(4).gbs_fixed(4).source(MEGATRON_SR),
                 ),
                 variant(
                     "mt-nlg-530b",
@@ -71,10 +73,10 @@ impl Guest for Gpt3 {
                     "Smith et al. 2022, arXiv 2201.11990 (MT-NLG); Korthikanti et al. 2022, arXiv 2205.05198 Table 3",
                     gpt3(105, 20_480, 128, 51_200),
                     defaults(2048, 270e9, 5.0e-5),
-                    [Layout::new("A100-80GB", 280, 280, "BF16").tp(8).pp(35).vp(3).sp().gbs_fixed(280).source(MEGATRON_SR)],
+                    [Layout::new("A100-80GB", 280, 280, "BF16").tp(8).pp(35).vp(3).sp().recompute(RecomputeGranularity::Selective, 0).gbs_fixed(280).source(MEGATRON_SR)],
                 ),
                 benchmark("megatron-gpt-1t", gpt3(128, 25_600, 160, 51_200), 0.6e-4,
-                    Layout::new("A100-80GB", 512, 512, "BF16").tp(8).pp(64).sp().gbs_fixed(512).source(MEGATRON_SR),
+                    Layout::new("A100-80GB", 512, 512, "BF16").tp(8).pp(64).sp().recompute(RecomputeGranularity::Selective, 0).gbs_fixed(512).source(MEGATRON_SR),
                 ),
                 // CPU proxy: the GPT-3 architecture (MHA, learned 2048 positions, LayerNorm,
                 // GeLU MLP of 4h, biases, tied embedding) at 4 layers x 256, 8 heads of 32.

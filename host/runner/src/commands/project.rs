@@ -474,6 +474,11 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         let fsdp = flags.fsdp || (r.fsdp > 0 && !flags.no_fsdp);
         // The published interleaving belongs to its pipeline depth.
         let vp = if flags.pp.is_some_and(|p| p != r.pp.max(1)) { flags.vp.unwrap_or(1) } else { pick(flags.vp, r.vp) };
+        // The published recompute unless --recompute says otherwise.
+        let (recompute, recompute_layers) = match policy(flags.recompute.as_deref()) {
+            Some(p) => (p, flags.recompute_layers.unwrap_or(0)),
+            None => project::reference_recompute(r),
+        };
         let layout = LayoutSpec {
             tp,
             pp,
@@ -486,8 +491,8 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             gbs,
             sequence_parallel: tp > 1,
             fsdp,
-            recompute: policy(flags.recompute.as_deref()).unwrap_or(RecomputePolicy::None),
-            recompute_layers: flags.recompute_layers.unwrap_or(0),
+            recompute,
+            recompute_layers,
             recompute_modules: modules.unwrap_or_default(),
             distributed_optimizer: !fsdp,
             tp_overlap: tp > 1,
