@@ -117,26 +117,26 @@ pub struct QuickRun {
     #[arg(long)]
     pub seq_len: Option<u32>,
     /// Layout search: keep tensor parallel at N (with --pp, --cp, --vp, --ep, --mbs: reproduce a published layout)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub tp: Option<u32>,
     /// Layout search: keep pipeline parallel at N
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub pp: Option<u32>,
     /// Layout search: keep context parallel at N
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub cp: Option<u32>,
     /// Layout search: keep N virtual pipeline chunks per stage
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub vp: Option<u32>,
     /// Layout search: keep expert parallel at N
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub ep: Option<u32>,
     /// Layout search: keep expert tensor parallel at N (Megatron's
     /// expert_tensor_parallel_size; default: try 1 and tp)
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub etp: Option<u32>,
     /// Layout search: keep the micro-batch at N sequences
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = commands::project::layout_way)]
     pub mbs: Option<u32>,
     /// Layout search: keep the pipeline split, `even` or E<n>L<m> (E1L1: the embedding
     /// and the loss count as a layer each, Megatron's account_for_*_in_pipeline_split);

@@ -435,7 +435,7 @@ fn a_repeated_gpu_count_is_refused_everywhere() {
     std::fs::write(dir.join("run.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8, 16, 8]\n").unwrap();
     for (args, want) in [
         (&["search", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8,16,8", "-q"][..], "--gpus gives 8 twice: each GPU count is one row; list it once"),
-        (&["explore", "--model", "llama3-tiny", "--gpus", "8,8", "--no-history", "-q"], "[cluster] gpus gives 8 twice: each GPU count is one row; list it once"),
+        (&["explore", "--model", "llama3-tiny", "--gpus", "8,8", "--no-history", "-q"], "error: --gpus gives 8 twice: each GPU count is one row; list it once"),
         (&["run", "run.toml", "--no-history", "-q"], "[cluster] gpus gives 8 twice"),
     ] {
         let o = runner(&dir, args);

@@ -21,6 +21,7 @@ use crate::{Global, QuickRun};
 /// Apply the command line's flags over a run (from a file or the defaults) and check the
 /// result as a run file is checked.
 fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Result<()> {
+    let before = toml::Value::try_from(&*run).context("serialising the run")?;
     if let Some(p) = &global.profile {
         run.cluster.profile = Some(utf8_path("--profile", p)?.to_string());
     }
@@ -116,8 +117,36 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     }
     // Re-check the merged run exactly as a run file would be checked.
     let text = toml::to_string(run).context("serialising the run")?;
-    *run = runfile::parse_flags(&text).map_err(anyhow::Error::msg)?;
+    let after = toml::Value::try_from(&*run).context("serialising the run")?;
+    *run = runfile::parse_flags(&text).map_err(|e| anyhow::Error::msg(name_the_flag(&e, &before, &after)))?;
     Ok(())
+}
+
+/// A run-file check's message as the command line's: `[model] seq_len must be ...`
+/// becomes `--seq-len must be ...` where a flag set that key (its value differs from the
+/// file's or the default's), since that is what the user typed; a key the flags left
+/// alone keeps its run-file name.
+fn name_the_flag(message: &str, before: &toml::Value, after: &toml::Value) -> String {
+    // Keys whose flag is not the key with dashes.
+    const FLAGS: &[(&str, &str, &str)] = &[
+        ("explore", "budget_usd", "--budget"),
+        ("precision", "format", "--precision"),
+        ("cost", "plugins", "--cloud"),
+        ("model", "variant", "--model or --variant"),
+    ];
+    let Some((section, rest)) = message.strip_prefix("command line: [").and_then(|m| m.split_once("] ")) else {
+        return message.to_string();
+    };
+    let key: String = rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+    let value = |v: &toml::Value| v.get(section).and_then(|t| t.get(&key)).cloned();
+    if key.is_empty() || value(before) == value(after) {
+        return message.to_string();
+    }
+    let flag = FLAGS
+        .iter()
+        .find(|(s, k, _)| *s == section && *k == key)
+        .map_or_else(|| format!("--{}", key.replace('_', "-")), |(_, _, f)| (*f).to_string());
+    format!("{flag}{}", &rest[key.len()..])
 }
 
 /// A path flag as the run keeps it: a run (a run file, the history's copy) holds paths as
@@ -492,6 +521,26 @@ mod tests {
         assert_eq!((run.model.tokens, run.model.seq_len, run.cluster.gbs), (Some(1e12), Some(4096), Some(64)));
         assert_eq!((run.explore.target_days, run.explore.max_usd_per_day_saved), (Some(30.0), Some(500.0)));
         assert_eq!((run.cluster.gpus.as_slice(), run.measure.repeats), (&[16, 32][..], 3));
+    }
+
+    /// A refused flag is named as typed (`--seq-len`, not `[model] seq_len`); a key no
+    /// flag changed keeps its run-file name.
+    #[test]
+    fn a_refused_flag_is_named_as_typed() {
+        let cases = [
+            (QuickRun { seq_len: Some(0), ..QuickRun::default() }, "--seq-len must be"),
+            (QuickRun { budget: Some(-5.0), ..QuickRun::default() }, "--budget must be"),
+            (QuickRun { tokens: Some(0.0), ..QuickRun::default() }, "--tokens must be"),
+            (QuickRun { repeats: Some(0), ..QuickRun::default() }, "--repeats must be"),
+            (QuickRun { max_usd_per_day_saved: Some(-1.0), ..QuickRun::default() }, "--max-usd-per-day-saved must be"),
+        ];
+        for (quick, named) in cases {
+            let e = apply_overrides(&mut file_run(), &quick, &global()).unwrap_err().to_string();
+            assert!(e.starts_with(named), "{e}");
+        }
+        let before: toml::Value = toml::from_str("[model]\nseq_len = 0\n").unwrap();
+        let kept = "command line: [model] seq_len must be in 1..=16777216, got 0";
+        assert_eq!(name_the_flag(kept, &before, &before), kept);
     }
 
     /// Each layout flag lands in its own field, and the rest of the flags in theirs.

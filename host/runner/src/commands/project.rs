@@ -34,7 +34,7 @@ use crate::Global;
 
 /// A layout degree or micro-batch flag, under the run file's rule
 /// ([`runner::runfile::within_gpu_ceiling`]).
-fn layout_way(s: &str) -> Result<u32, String> {
+pub(crate) fn layout_way(s: &str) -> Result<u32, String> {
     use runner::runfile::{CeilingError, parse_within_gpu_ceiling};
     parse_within_gpu_ceiling(s).map_err(|e| match e {
         CeilingError::OutOfRange => format!("{} is not in 1..={}", s.trim(), runner_contract::limits::GPUS),
