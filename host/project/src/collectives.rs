@@ -82,25 +82,73 @@ pub fn bus_factor_of(op: &str, n: usize) -> Result<f64, String> {
     Ok(kind_of(op)?.map_or(1.0, |k| bus_factor(k, u32::try_from(n).unwrap_or(u32::MAX))))
 }
 
-/// Read a `bench collectives` JSON file; `origin` names it in messages.
+/// Read a `bench collectives` JSON file, or nccl-tests' own output (one test's log or
+/// several in one file, [`crate::nccl_tests`]); `origin` names it in messages.
 ///
 /// # Errors
-/// JSON syntax (line and column), a missing or unknown field, a row with wrong values,
-/// a busbw that does not follow from size, time and the bus factor, or rows of
-/// different runs; each names the row and the fix.
+/// JSON syntax (line and column), a missing or unknown field, an nccl-tests log the
+/// reader cannot place, a row with wrong values, a busbw that does not follow from size,
+/// time and the bus factor, or rows of different runs; each names the row and the fix.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
-    let rows: Vec<CollRow> = serde_json::from_str(text).map_err(|e| {
+    let rows = if crate::nccl_tests::looks_like(text) { crate::nccl_tests::rows(text, origin)? } else { from_json(text, origin)? };
+    check(&rows, origin)?;
+    Ok(rows)
+}
+
+/// Several files' rows (each read by [`parse`]) as one sweep: nccl-tests writes one
+/// log per test binary.
+///
+/// # Errors
+/// Files of different runs (ranks, nodes, device, transport), or one op and size in two
+/// files.
+pub fn join(files: Vec<(String, Vec<CollRow>)>) -> Result<Vec<CollRow>, String> {
+    let mut out: Vec<CollRow> = Vec::new();
+    let mut from: Vec<(&str, String, u64)> = Vec::new();
+    for (origin, rows) in &files {
+        for r in rows {
+            if let Some((first, f)) = out.first().zip(from.first()) {
+                for (what, a, b) in [
+                    ("ranks", r.ranks.to_string(), first.ranks.to_string()),
+                    ("nodes", r.nodes.to_string(), first.nodes.to_string()),
+                    ("device", r.device.clone(), first.device.clone()),
+                    ("transport", r.transport.clone(), first.transport.clone()),
+                ] {
+                    if a != b {
+                        return Err(format!("{origin}: {what} is {a} but {}'s is {b}: the files are of different runs; fit one run at a time", f.0));
+                    }
+                }
+            }
+            if let Some((other, ..)) = from.iter().find(|(o, op, size)| o != origin && *op == r.op && *size == r.size_bytes) {
+                return Err(format!(
+                    "{origin}: {} of {} B is in {other} too: the files measure it twice; give each test's log once",
+                    r.op, r.size_bytes
+                ));
+            }
+            from.push((origin, r.op.clone(), r.size_bytes));
+            out.push(r.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// A `bench collectives` JSON file's rows, unchecked.
+fn from_json(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
+    serde_json::from_str(text).map_err(|e| {
         let hint = if text.contains(crate::measured::FORMAT) {
             " (a `runner measure` file: use it with --ops)"
         } else {
             crate::measured::not_a_number_hint(text, e.line(), e.column())
         };
         format!(
-            "{origin}: line {} column {}: {e}{hint}; write the file with `runner bench collectives ... -o FILE.json` (this version)",
+            "{origin}: line {} column {}: {e}{hint}; write the file with `runner bench collectives ... -o FILE.json` (this version), or give nccl-tests' own output",
             e.line(),
             e.column()
         )
-    })?;
+    })
+}
+
+/// The rows' values and that they are one run's.
+fn check(rows: &[CollRow], origin: &str) -> Result<(), String> {
     let Some(first) = rows.first() else {
         return Err(format!("{origin}: no rows: sweep at least two sizes with `runner bench collectives -b 1M -e 1G -f 4`"));
     };
@@ -139,7 +187,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
             }
         }
     }
-    Ok(rows)
+    Ok(())
 }
 
 /// A network tier of the profile.
@@ -489,6 +537,62 @@ mod tests {
             }
         }
         out
+    }
+
+    /// `rows` as nccl-tests prints them, one test per op with ranks on `hosts` (one per
+    /// rank); the column `bench collectives` measures (in place for all_reduce, out of
+    /// place for the others) holds the rows' figures, the other 1.5x slower.
+    fn as_nccl_tests(rows: &[CollRow], hosts: &[&str]) -> String {
+        let mut ops: Vec<&str> = rows.iter().map(|r| r.op.as_str()).collect();
+        ops.dedup();
+        let mut s = String::from("[node-a:01234] launcher noise\n");
+        for op in ops {
+            s += "# nccl-tests version 2.18.3 nccl-headers=22703 nccl-library=22703\n";
+            s += &format!("# Collective test starting: {op}_perf\n");
+            s += "# nThread 1 nGpus 1 minBytes 65536 maxBytes 1073741824 step: 16(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n";
+            for (r, h) in hosts.iter().enumerate() {
+                s += &format!("#  Rank {r:2} Group  0 Pid {:6} on {h:>8} device {:2} [0000:{:02x}:00] NVIDIA H100 80GB HBM3\n", 4000 + r, r % 8, 16 * (r % 8));
+            }
+            s += "NCCL version 2.27.3+cuda12.9\n#\n#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n";
+            s += "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)\n";
+            for r in rows.iter().filter(|r| r.op == op) {
+                let measured = format!("{:8.2} {:7.2} {:7.2} {:6}", r.time_us, r.algbw_gbps, r.busbw_gbps, 0);
+                let other = format!("{:8.2} {:7.2} {:7.2} {:6}", r.time_us * 1.5, r.algbw_gbps / 1.5, r.busbw_gbps / 1.5, "N/A");
+                let (out, inp) = if op == "all_reduce" { (other, measured) } else { (measured, other) };
+                s += &format!("{:12} {:13} {:>9} {:>7} {:7} {out} {inp}\n", r.size_bytes, r.count, r.dtype, r.redop, r.root);
+            }
+            s += "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 123.4\n#\n";
+            s += &format!("# Collective test concluded: {op}_perf\n#\n");
+        }
+        s
+    }
+
+    /// nccl-tests' own output fits as `bench collectives` JSON of the same sweep does:
+    /// ranks and nodes from its rank lines, the measured column per op. Within the
+    /// rounding of its two-decimal times, on one node and over two.
+    #[test]
+    fn nccl_tests_output_fits_as_the_same_sweep_in_json() {
+        let truth = with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+            e.scale_out = 0.61;
+            e.scale_out_a2a = 0.55;
+            e.scale_out_latency_us = 11.0;
+        });
+        let ops = ["all_reduce", "all_gather", "reduce_scatter", "alltoall"];
+        for hosts in [vec!["node-a"; 8], [vec!["node-a"; 8], vec!["node-b"; 8]].concat()] {
+            let json = rows(&truth, hosts.len(), if hosts.len() > 8 { 2 } else { 1 }, &ops);
+            let text = as_nccl_tests(&json, &hosts);
+            let read = parse(&text, "sweep.log").unwrap();
+            assert_eq!(read.len(), json.len());
+            assert!(read.iter().all(|r| r.ranks == hosts.len() && r.nodes == hosts.len() / 8 && r.device == "NVIDIA H100 80GB HBM3"));
+            let a = fit_collectives(&json, &h100(), None, "coll.json").unwrap();
+            let b = fit_collectives(&read, &h100(), None, "sweep.log").unwrap();
+            assert_eq!((a.tier, a.ranks, a.nodes, a.local), (b.tier, b.ranks, b.nodes, b.local));
+            for ((name, _, x), (_, _, y)) in a.params.iter().zip(&b.params) {
+                assert!((x / y - 1.0).abs() < 2e-3, "{name}: {x} from JSON, {y} from nccl-tests' text");
+            }
+        }
     }
 
     /// A row's refused figure is echoed short: `{}` of 1e300 (or of 1e-300) is 300 digits.

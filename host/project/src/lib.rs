@@ -26,7 +26,8 @@
 //! [`step::Projection`], [`search::search`], [`calibrate`] (fit efficiencies to
 //! published runs), [`published`] (the published runs' file), [`measured`] (per-op
 //! times measured on a device: the file, where it holds, the GEMM and memory fit) and
-//! [`collectives`] (a `bench collectives` sweep and the network-tier fit).
+//! [`collectives`] (a `bench collectives` sweep, or nccl-tests' own output, and the
+//! network-tier fit).
 
 pub mod calibrate;
 pub mod collectives;
@@ -34,6 +35,7 @@ pub mod comm;
 pub mod depth;
 pub mod measured;
 pub mod model;
+mod nccl_tests;
 pub mod precision;
 pub mod profile;
 pub mod project;

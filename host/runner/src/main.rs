@@ -304,11 +304,12 @@ enum Command {
         /// format, the GEMM size at half efficiency and the HBM efficiency
         #[arg(long, value_name = "FILE")]
         ops: Option<PathBuf>,
-        /// A `runner bench collectives -o FILE.json` sweep: fit the bandwidth efficiency
-        /// and per-step latency of the tier its ranks spanned (one node: NVLink; several:
-        /// the NICs)
-        #[arg(long, value_name = "FILE")]
-        collectives: Option<PathBuf>,
+        /// A collective sweep: `runner bench collectives -o FILE.json`, or nccl-tests'
+        /// own output (its logs, comma-separated, or several tests in one file); fit the
+        /// bandwidth efficiency and per-step latency of the tier its ranks spanned (one
+        /// node: NVLink; several: the NICs)
+        #[arg(long, value_name = "FILE", value_delimiter = ',')]
+        collectives: Vec<PathBuf>,
         /// The tier of a --collectives run where the layout cannot tell (NVLink domains
         /// spanning nodes): scale-up or scale-out
         // Beside FILE, clap let `requires` pass (--collectives conflicts with FILE) and the
@@ -834,7 +835,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Calibrate { file: None, gpu, ops, collectives, tier, .. }) => commands::project::calibrate_local(
             ops.as_deref(),
-            collectives.as_deref(),
+            &collectives,
             gpu.as_deref(),
             tier.as_deref(),
             &cli.global,

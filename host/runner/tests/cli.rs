@@ -1517,6 +1517,45 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     assert!(!o.status.success() && text(&o).1.contains("ops.json stands for GPU 'cpu-box'") && text(&o).1.contains("pass the --profile FILE"), "{}", text(&o).1);
 }
 
+/// nccl-tests' own logs, one per test binary, fit the profile as `bench collectives`
+/// JSON does: a cluster team's existing sweep of 8 H100s at 360 GB/s bus bandwidth and
+/// 12 us per step gives NVLink's efficiency 360/450 and that latency.
+#[test]
+fn nccl_tests_logs_fit_the_nvlink_tier() {
+    let dir = scratch("nccl-tests");
+    let log = |op: &str, factor: f64, nodes: usize| {
+        let mut s = format!("# nccl-tests version 2.18.3 nccl-headers=22703 nccl-library=22703\n# Collective test starting: {op}_perf\n");
+        s += "# nThread 1 nGpus 1 minBytes 1048576 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n";
+        for r in 0..8 {
+            s += &format!("#  Rank {r:2} Group  0 Pid {:6} on node-{} device {r:2} [0000:1b:00] NVIDIA H100 80GB HBM3\n", 100 + r, r % nodes);
+        }
+        s += "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n";
+        for k in 0..6 {
+            let size = 1u64 << (20 + 2 * k);
+            // ring steps: log2(8) = 3 latencies; the bus bytes at 360 GB/s.
+            let t = 3.0 * 12.0 + size as f64 * factor / 360e3;
+            let algbw = size as f64 / t / 1e3;
+            let row = format!("{t:8.2} {algbw:7.2} {:7.2} {:6}", algbw * factor, 0);
+            s += &format!("{size:12} {:13} {:>9} {:>7} {:7} {row} {row}\n", size / 4, "float", "sum", -1);
+        }
+        s + "# Avg bus bandwidth    : 300.0\n"
+    };
+    std::fs::write(dir.join("all_reduce_perf.log"), log("all_reduce", 1.75, 1)).unwrap();
+    std::fs::write(dir.join("all_gather_perf.log"), log("all_gather", 0.875, 1)).unwrap();
+    std::fs::write(dir.join("all_gather_2n.log"), log("all_gather", 0.875, 2)).unwrap();
+    let o = runner(&dir, &["calibrate", "--collectives", "all_reduce_perf.log,all_gather_perf.log", "--gpu", "h100", "-o", "net.toml", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("scale-up tier from 8 rank(s) on 1 node(s)"), "{out}");
+    let net: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("net.toml")).unwrap()).unwrap();
+    let e = &net["gpu"][0]["efficiency"];
+    let (eff, lat) = (e["scale_up"].as_float().unwrap(), e["scale_up_latency_us"].as_float().unwrap());
+    assert!((eff - 0.8).abs() < 0.002 && (lat - 12.0).abs() < 0.1, "scale_up {eff}, latency {lat} us");
+    // Logs of two runs (one node, two nodes) are not one sweep.
+    let o = runner(&dir, &["calibrate", "--collectives", "all_reduce_perf.log,all_gather_2n.log", "--gpu", "h100"]);
+    assert!(!o.status.success() && text(&o).1.contains("all_gather_2n.log: nodes is 2 but all_reduce_perf.log's is 1"), "{}", text(&o).1);
+}
+
 /// One rank alone (a single-GPU check machine) runs every collective, send/recv to
 /// itself as nccl-tests does on one GPU, with every value checked.
 #[test]

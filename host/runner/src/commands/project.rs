@@ -1125,7 +1125,7 @@ struct LocalFit {
 /// (GEMM efficiency of each measured format, GEMM size at half efficiency, HBM
 /// efficiency) and a `bench collectives` sweep (the network tier its ranks spanned).
 /// Starts from the profile as `--profile` leaves it and changes only what was fitted.
-pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str>, tier: Option<&str>, global: &Global) -> Result<()> {
+pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Option<&str>, tier: Option<&str>, global: &Global) -> Result<()> {
     let profiles = project::profiles(global.profile.as_deref())?;
     let builtin = |g: &GpuProfile| runner_project::profile::Profiles::builtin().get(&g.name).is_ok();
     let tier = tier.map(Tier::parse).transpose().map_err(|e| anyhow::anyhow!("--tier: {e}"))?;
@@ -1173,15 +1173,20 @@ pub fn calibrate_local(ops: Option<&Path>, coll: Option<&Path>, gpu: Option<&str
         current = Some(g);
         out_ops = Some(fit);
     }
-    if let Some(path) = coll {
-        let origin = path.display().to_string();
+    if !coll.is_empty() {
+        let origin = coll.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ");
         let g = match (&current, gpu) {
             (Some(g), _) => g.clone(),
             (None, Some(name)) => profiles.get(name).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?.clone(),
             (None, None) => anyhow::bail!("--collectives {origin}: name the GPU type the sweep ran on with --gpu NAME"),
         };
-        let text = input::read_text(path, "--collectives file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
-        let rows = collectives::parse(&text, &origin).map_err(anyhow::Error::msg)?;
+        let mut files = Vec::new();
+        for path in coll {
+            let origin = path.display().to_string();
+            let text = input::read_text(path, "--collectives file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
+            files.push((origin.clone(), collectives::parse(&text, &origin).map_err(anyhow::Error::msg)?));
+        }
+        let rows = collectives::join(files).map_err(anyhow::Error::msg)?;
         let device = rows.first().map_or("", |r| r.device.as_str());
         measured::stands_for(device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
         let fit = fit_collectives(&rows, &g, tier, &origin).map_err(anyhow::Error::msg)?;

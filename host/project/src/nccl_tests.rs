@@ -1,0 +1,279 @@
+//! nccl-tests' own output read as collective rows ([`CollRow`]), so a sweep a cluster
+//! team already ran (`all_reduce_perf -b 8 -e 8G -f 2 -g 8 > ar.log`, one test or several
+//! tests' logs in one file, launcher and NCCL lines around them) fits a profile as
+//! `runner bench collectives` output does.
+//!
+//! Per test: the op from its `# Collective test starting: all_reduce_perf` line (older
+//! nccl-tests print none; then from the file's name), the ranks from its `#  Rank N ...
+//! on HOST device D [bus] NAME` lines, the nodes as their distinct hosts, rank 0's device
+//! name, and one row per size. The column read is the one `bench collectives` measures:
+//! in place for all_reduce and broadcast, out of place for the others (nccl-tests 2.10
+//! and later: size, count, type, redop, root, then time, algbw, busbw, #wrong out of
+//! place and, where printed, in place). `#wrong` "N/A" (not checked) counts as none;
+//! a size-0 row carries no bandwidth and is skipped.
+
+use std::collections::BTreeSet;
+
+use crate::collectives::CollRow;
+
+/// Whether `text` is nccl-tests output rather than a JSON file (whose lines never start
+/// with `#`; an nccl-tests log may start with `[`, as mpirun's `[host:pid]` lines do).
+pub(crate) fn looks_like(text: &str) -> bool {
+    text.lines().any(|l| header(l).is_some_and(|h| h.starts_with("nThread") || h.starts_with("Collective test starting:")))
+}
+
+/// A `#` line's text past the `#` and spaces.
+fn header(line: &str) -> Option<&str> {
+    line.trim().strip_prefix('#').map(str::trim)
+}
+
+/// One test's lines.
+struct Test {
+    /// From its "starting" line; `None` for an nccl-tests that prints none.
+    op: Option<String>,
+    /// 1-based line of its first header line.
+    line: usize,
+    /// Whether its `# nThread` line was read (an older nccl-tests opens a test with it).
+    opened: bool,
+    /// (rank, host, device name)
+    ranks: Vec<(usize, String, String)>,
+    /// (line, the row's columns)
+    rows: Vec<(usize, Vec<String>)>,
+}
+
+impl Test {
+    fn new(op: Option<String>, line: usize) -> Test {
+        Test { op, line, opened: false, ranks: Vec::new(), rows: Vec::new() }
+    }
+}
+
+/// The test a file's name names (`all_reduce_perf.log`, `ar-alltoall_perf-16n.txt`),
+/// for an nccl-tests that does not print it.
+fn op_in_name(origin: &str) -> Option<&'static str> {
+    let file = origin.rsplit(['/', '\\']).next().unwrap_or(origin);
+    ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"]
+        .into_iter()
+        .find(|op| file.contains(&format!("{op}_perf")))
+}
+
+/// `#  Rank  3 Group  0 Pid 1234 on node07 device  3 [0000:1b:00] NVIDIA H100 80GB HBM3`
+/// as (3, "node07", "NVIDIA H100 80GB HBM3"); older versions print no Group.
+fn rank_line(h: &str) -> Option<(usize, String, String)> {
+    let words: Vec<&str> = h.split_whitespace().collect();
+    if words.first() != Some(&"Rank") {
+        return None;
+    }
+    let rank = words.get(1)?.parse().ok()?;
+    let on = words.iter().position(|w| *w == "on")?;
+    let host = words.get(on + 1)?.to_string();
+    let device = words.iter().position(|w| *w == "device")?;
+    let name = h.split_once(']').map_or("", |(_, n)| n.trim());
+    let name = if name.is_empty() { words.get(device + 2..).map(|w| w.join(" ")).unwrap_or_default() } else { name.to_string() };
+    Some((rank, host, name))
+}
+
+/// Read nccl-tests output; `origin` names the file in messages (and, for an nccl-tests
+/// that prints no test name, gives the op).
+///
+/// # Errors
+/// A test with no name, no rank lines or no rows, a rank listed twice (nccl-tests built
+/// without MPI, each process its own one-GPU test), a row of the wrong shape or with a
+/// value that is not a number, or one op and size measured twice; each names the line
+/// and the fix.
+pub(crate) fn rows(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
+    let mut tests: Vec<Test> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let at = i + 1;
+        if let Some(h) = header(line) {
+            if let Some(name) = h.strip_prefix("Collective test starting:") {
+                let name = name.trim();
+                tests.push(Test::new(Some(name.strip_suffix("_perf").unwrap_or(name).to_string()), at));
+            } else if h.starts_with("nThread") {
+                if tests.last().is_none_or(|t| t.opened) {
+                    tests.push(Test::new(None, at));
+                }
+                if let Some(t) = tests.last_mut() {
+                    t.opened = true;
+                }
+            } else if let Some(r) = rank_line(h) {
+                let Some(t) = tests.last_mut() else {
+                    return Err(format!("{origin}: line {at}: a rank line before any test's header: keep nccl-tests' whole output"));
+                };
+                t.ranks.push(r);
+            }
+            continue;
+        }
+        let cols: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+        // A row starts with two whole numbers (size, count); launcher and NCCL lines do not.
+        if cols.len() < 2 || cols[0].parse::<u64>().is_err() || cols[1].parse::<u64>().is_err() {
+            continue;
+        }
+        let Some(t) = tests.last_mut() else {
+            return Err(format!("{origin}: line {at}: a row before any test's header: keep nccl-tests' whole output"));
+        };
+        t.rows.push((at, cols));
+    }
+    if tests.is_empty() {
+        return Err(format!("{origin}: no nccl-tests header (`# nThread ...`): not an nccl-tests log"));
+    }
+    let mut out = Vec::new();
+    let mut seen = BTreeSet::new();
+    for t in tests {
+        out.extend(test_rows(t, origin, &mut seen)?);
+    }
+    Ok(out)
+}
+
+/// One test's rows; `seen` holds the (op, size) pairs of the tests before it.
+fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> Result<Vec<CollRow>, String> {
+    let from = format!("{origin}: the test at line {}", t.line);
+    let op = match t.op.take().or_else(|| op_in_name(origin).map(str::to_string)) {
+        Some(op) => op,
+        None => {
+            return Err(format!(
+                "{from} does not say which collective it ran (this nccl-tests prints no `# Collective test starting:` \
+                 line): name the file after the test binary, e.g. all_reduce_perf.log"
+            ));
+        }
+    };
+    if t.ranks.is_empty() {
+        return Err(format!("{from} ({op}) has no `#  Rank N ... on HOST device ...` lines: keep nccl-tests' whole header"));
+    }
+    t.ranks.sort_by_key(|r| r.0);
+    for (k, r) in t.ranks.iter().enumerate() {
+        if r.0 != k {
+            let why = if t.ranks.iter().filter(|x| x.0 == r.0).count() > 1 {
+                format!(
+                    "rank {} is listed twice: nccl-tests built without MPI runs each process as its own one-GPU test; \
+                     rebuild it with MPI=1",
+                    r.0
+                )
+            } else {
+                format!("rank {k} is missing: keep every rank line")
+            };
+            return Err(format!("{from} ({op}): {why}"));
+        }
+    }
+    if t.rows.is_empty() {
+        return Err(format!("{from} ({op}) has no rows: the test failed or was stopped; run it again"));
+    }
+    let ranks = t.ranks.len();
+    let nodes = t.ranks.iter().map(|r| r.1.as_str()).collect::<BTreeSet<_>>().len();
+    let device = t.ranks[0].2.clone();
+    let in_place = matches!(op.as_str(), "all_reduce" | "broadcast");
+    let mut out = Vec::new();
+    for (at, cols) in &t.rows {
+        let line = format!("{origin}: line {at} ({op})");
+        if cols.len() != 9 && cols.len() != 13 {
+            return Err(format!(
+                "{line}: {} columns where nccl-tests 2.10 and later print 9 (out of place) or 13 (and in place): size, count, \
+                 type, redop, root, time, algbw, busbw, #wrong; an older nccl-tests' log cannot be read, run a newer one",
+                cols.len()
+            ));
+        }
+        let pick = if in_place && cols.len() == 13 { 9 } else { 5 };
+        let num = |k: usize, what: &str| -> Result<f64, String> {
+            cols[k].parse::<f64>().map_err(|_| format!("{line}: {what} '{}' is not a number", cols[k]))
+        };
+        let size_bytes: u64 = cols[0].parse().map_err(|_| format!("{line}: size '{}' is not a whole number", cols[0]))?;
+        if size_bytes == 0 {
+            continue;
+        }
+        if !seen.insert((op.clone(), size_bytes)) {
+            return Err(format!(
+                "{line}: {op} of {size_bytes} B is measured twice in the sweep (a log of several runs of one test): keep one \
+                 run per test, or fit each run on its own"
+            ));
+        }
+        let wrong = match cols[pick + 3].as_str() {
+            "N/A" => 0,
+            w => w.parse::<u64>().map_err(|_| format!("{line}: #wrong '{w}' is not a whole number or N/A"))?,
+        };
+        out.push(CollRow {
+            op: op.clone(),
+            size_bytes,
+            count: cols[1].parse().map_err(|_| format!("{line}: count '{}' is not a whole number", cols[1]))?,
+            dtype: cols[2].clone(),
+            redop: cols[3].clone(),
+            root: cols[4].parse().map_err(|_| format!("{line}: root '{}' is not a whole number", cols[4]))?,
+            time_us: num(pick, "time")?,
+            algbw_gbps: num(pick + 1, "algbw")?,
+            busbw_gbps: num(pick + 2, "busbw")?,
+            wrong,
+            ranks,
+            nodes,
+            transport: "nccl".into(),
+            device: device.clone(),
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::collectives::parse;
+
+    /// One all_gather test on `ranks` (rank, host) pairs, as an nccl-tests that prints
+    /// no "starting" line writes it (`starting` adds one), with `rows` after the header.
+    fn log(starting: bool, ranks: &[(usize, &str)], rows: &str) -> String {
+        let mut s = String::new();
+        if starting {
+            s += "# Collective test starting: all_gather_perf\n";
+        }
+        s += "# nThread 1 nGpus 1 minBytes 0 maxBytes 2097152 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n";
+        for (r, h) in ranks {
+            s += &format!("#  Rank {r:2} Group  0 Pid  1{r:03} on {h} device  {} [0000:1b:00] NVIDIA H100 80GB HBM3\n", r % 8);
+        }
+        s + "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n" + rows
+    }
+
+    /// Two all_gather rows on 2 ranks (bus factor 1/2): 1 MiB in 20 us, 2 MiB in 30 us.
+    const ROWS: &str = "           0             0     float    none      -1     5.10    0.00    0.00      0     5.00    0.00    0.00    N/A\n\
+                        \x20    1048576        131072     float    none      -1    20.00   52.43   26.21      0    21.00   49.93   24.97    N/A\n\
+                        \x20    2097152        262144     float    none      -1    30.00   69.91   34.95    N/A    31.00   67.65   33.83    N/A\n";
+
+    #[test]
+    fn a_log_gives_its_ranks_nodes_device_and_rows() {
+        let two = [(0, "node-a"), (1, "node-b")];
+        let r = parse(&log(true, &two, ROWS), "sweep.txt").unwrap();
+        // The size-0 row is skipped; N/A counts as no wrong values.
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].op.as_str(), r[0].ranks, r[0].nodes, r[0].device.as_str()), ("all_gather", 2, 2, "NVIDIA H100 80GB HBM3"));
+        assert_eq!((r[1].size_bytes, r[1].count, r[1].time_us, r[1].busbw_gbps, r[1].wrong), (2_097_152, 262_144, 30.0, 34.95, 0));
+        let one = [(1, "node-a"), (0, "node-a")];
+        assert_eq!(parse(&log(true, &one, ROWS), "sweep.txt").unwrap()[0].nodes, 1);
+    }
+
+    #[test]
+    fn a_test_without_a_name_takes_the_files() {
+        let two = [(0, "n"), (1, "n")];
+        assert_eq!(parse(&log(false, &two, ROWS), "logs/all_gather_perf-2x1.log").unwrap()[0].op, "all_gather");
+        let e = parse(&log(false, &two, ROWS), "logs/sweep.log").unwrap_err();
+        assert!(e.contains("logs/sweep.log: the test at line 1 does not say which collective") && e.contains("all_reduce_perf.log"), "{e}");
+    }
+
+    /// Each log nccl-tests writes that cannot be one run's sweep is refused with the fix.
+    #[test]
+    fn logs_that_are_not_one_sweep_are_refused() {
+        let two = [(0, "n"), (1, "n")];
+        let bad = |text: &str, want: &str| {
+            let e = parse(text, "s.log").unwrap_err();
+            assert!(e.starts_with("s.log: ") && e.contains(want), "want '{want}': {e}");
+        };
+        // nccl-tests built without MPI: every process its own test of rank 0.
+        bad(&log(true, &[(0, "n"), (0, "n")], ROWS), "rank 0 is listed twice");
+        bad(&log(true, &[(0, "n"), (2, "n")], ROWS), "rank 1 is missing");
+        bad(&log(true, &[], ROWS), "has no `#  Rank N");
+        bad(&log(true, &two, ""), "has no rows");
+        // The same test twice (two runs under other NCCL settings in one log).
+        bad(&(log(true, &two, ROWS) + &log(true, &two, ROWS)), "all_gather of 1048576 B is measured twice");
+        bad(&log(true, &two, "     1048576        131072     float    none    20.00   52.43   26.21  0e+00\n"), "8 columns");
+        bad(&log(true, &two, &ROWS.replace("20.00   52.43", "fast   52.43")), "time 'fast' is not a number");
+        bad(&log(true, &two, &ROWS.replacen("26.21      0", "26.21      3", 1)), "3 wrong values");
+        bad(&log(true, &two, &ROWS.replace("26.21", "40.00")), "busbw_gbps 40 is not size / time x the bus factor");
+        bad(&log(true, &[(0, "n"), (1, "n")], ROWS).replace("all_gather", "hypercube"), "op 'hypercube' is not one of");
+        // Not nccl-tests and not JSON: the JSON reader's error, which names both.
+        let e = parse("hello", "s.log").unwrap_err();
+        assert!(e.contains("or give nccl-tests' own output"), "{e}");
+    }
+}
