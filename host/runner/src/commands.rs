@@ -895,6 +895,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                         .into(),
                 );
             }
+            t.notes.extend(boost_note(&peak, &rows));
             let over: Vec<String> = rows
                 .iter()
                 .filter(|r| r.paired_fraction_of_peak.is_some_and(|f| f > 1.0) || r.window_peak_gflops.is_some_and(|p| r.best_gflops > p))
@@ -1088,9 +1089,64 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
     }
 }
 
+/// Where a GEMM or FMA-loop run beat the "theoretical" peak: a clock read as the current
+/// one (no cpufreq in many VMs) is a floor, cores boost past it, and such a run is that,
+/// not a GEMM past the chip's peak. Says which clock would give the fastest run.
+fn boost_note(peak: &runner_exec::bench::PeakEstimate, rows: &[runner_exec::bench::GemmRow]) -> Option<String> {
+    let fastest = rows
+        .iter()
+        .flat_map(|r| [Some(r.best_gflops), r.window_peak_gflops])
+        .chain([peak.measured_fma_gflops])
+        .flatten()
+        .fold(0.0_f64, f64::max);
+    (peak.theoretical_gflops > 0.0 && fastest > 1.01 * peak.theoretical_gflops).then(|| {
+        format!(
+            "runs reached {fastest:.1} GFLOP/s, above the theoretical {:.1}: the cores ran faster than the {:.2} GHz read from {} \
+             ({:.2} GHz would give it), so \"% of theoretical\" overstates; the paired columns compare with the measured FMA loop",
+            peak.theoretical_gflops,
+            peak.ghz,
+            peak.clock_source,
+            peak.ghz * fastest / peak.theoretical_gflops
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::write_atomic;
+
+    /// A run past the theoretical peak of a clock read as the current one is explained
+    /// with the clock that would give it; runs under it get no note.
+    #[test]
+    fn runs_past_the_theoretical_peak_name_the_clock_that_gives_them() {
+        use runner_exec::bench::{GemmRow, PeakEstimate};
+        let peak = PeakEstimate {
+            model: "AMD EPYC".into(),
+            isa: "avx512".into(),
+            lanes: 16,
+            fma_units: 2,
+            cpus: 2,
+            ghz: 2.6,
+            clock_source: "/proc/cpuinfo cpu MHz (current clock; no cpufreq)".into(),
+            theoretical_gflops: 332.8,
+            measured_fma_gflops: Some(300.0),
+            measured_method: String::new(),
+        };
+        let row = |best: f64, window: f64| GemmRow {
+            m: 1024,
+            n: 1024,
+            k: 1024,
+            threads: 2,
+            time: runner_exec::timing::Stat::of(&[0.01]),
+            gflops: best * 0.9,
+            best_gflops: best,
+            window_peak_gflops: Some(window),
+            paired_fraction_of_peak: Some(0.9),
+        };
+        assert_eq!(super::boost_note(&peak, &[row(250.0, 320.0)]), None);
+        let note = super::boost_note(&peak, &[row(250.0, 320.0), row(359.4, 534.0)]).unwrap();
+        assert!(note.starts_with("runs reached 534.0 GFLOP/s, above the theoretical 332.8") && note.contains("(4.17 GHz would give it)"), "{note}");
+    }
     use runner::report::OutputFormat;
 
     /// A log kept in memory.
