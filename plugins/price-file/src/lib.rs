@@ -314,6 +314,17 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
             bad(format!("instance '{instance}' in {region} has no price (every price column is empty or NaN)"));
             continue;
         }
+        // The contract's rules for one offering and one price (names, the price floor, the
+        // scale-up domain), row by row, so a row they refuse is named by its line; what
+        // spans rows or prices is checked below and for the whole list at the end.
+        let refused = prices.iter().find_map(|p| {
+            let one = Offering { scale_up_domain: scale_up, node_multiple: multiple, ..Offering::nodes(instance, gpu, gpus, vec![p.clone()]) };
+            validate_offerings(&[one]).err()
+        });
+        if let Some(e) = refused {
+            bad(e);
+            continue;
+        }
         let zone = cell("AvailabilityZone").to_string();
         if let Some(first) = seen.insert((instance.to_string(), region.to_string(), zone.clone()), line) {
             let zone = if zone.is_empty() { String::new() } else { format!(", zone {zone}") };

@@ -45,6 +45,16 @@ fn every_bad_row_is_named_by_its_line() {
     assert!(parse("").unwrap_err().contains("header"));
 }
 
+/// The contract's own rules (a price under a tenth of a cent, a control character in a
+/// name) name the row's line too, not only the instance.
+#[test]
+fn rows_the_contract_refuses_are_named_by_their_line() {
+    let e = parse("InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nok,H100,8,r1,30\nmy-8xh100,H100,8,eu-1,1e-9\n").unwrap_err();
+    assert!(e.contains("line 3: instance 'my-8xh100' in 'eu-1' (on-demand): 1e-9 USD/node-hour is under a tenth of a cent"), "{e}");
+    let e = parse("InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nmy-\u{1b}[31mred,H100,8,r1,30\n").unwrap_err();
+    assert!(e.contains("line 2: instance 'my-\\u{1b}[31mred' contains the control character U+001B"), "{e}");
+}
+
 #[test]
 fn caveats_are_read_and_unknown_ones_named() {
     let csv = "InstanceType,AcceleratorName,AcceleratorCount,Price,Region,Caveats\n\
