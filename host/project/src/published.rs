@@ -56,6 +56,10 @@ pub struct Point {
     /// `moe_a2a_overlap`). Read from the run's recipe config where it is found; absent:
     /// overlapped, as a performance recipe would run it.
     pub ep_overlap: Option<bool>,
+    /// Whether the run overlapped its tensor-parallel communication with GEMMs
+    /// (Megatron's `tp_comm_overlap`, Transformer Engine's userbuffers); absent: where
+    /// tp > 1, as today's recipes run. Megatron-LM of 2022 had no such overlap.
+    pub tp_comm_overlap: Option<bool>,
     /// Megatron's `recompute_modules` where the run's recipe sets them (selective
     /// recompute of those modules); absent: none, unless the layout needs recompute to
     /// fit ([`project_fitting`]).
@@ -269,7 +273,7 @@ impl Point {
             recompute_layers: full.unwrap_or(0),
             recompute_modules: if selective { modules } else { Modules::default() },
             distributed_optimizer: !fsdp,
-            tp_overlap: tp > 1,
+            tp_overlap: tp > 1 && self.tp_comm_overlap.unwrap_or(true),
             ep_overlap: self.ep.unwrap_or(1) > 1 && self.ep_overlap.unwrap_or(true),
             dp_overlap: true,
             grad_fp32: false,
@@ -631,6 +635,16 @@ mod tests {
         let both = Point { recompute_modules: Some(vec!["core_attn".into()]), ..p.clone() };
         assert!(both.layout().unwrap_err().contains("both given"));
         assert!(Point { recompute_num_layers: Some(0), ..p }.layout().unwrap_err().contains("recompute_num_layers = 0"));
+    }
+
+    /// A tensor-parallel run overlaps its TP communication unless the row says it did not
+    /// (`tp_comm_overlap = false`, Megatron-LM of 2022); without TP there is none.
+    #[test]
+    fn tp_comm_overlap_is_on_with_tp_unless_the_row_says_not() {
+        let p = Point { num_gpus: Some(8), seq_len: Some(2048), gbs: Some(4), mbs: Some(4), tp: Some(8), ..Point::default() };
+        assert!(p.layout().unwrap().tp_overlap);
+        assert!(!Point { tp_comm_overlap: Some(false), ..p.clone() }.layout().unwrap().tp_overlap);
+        assert!(!Point { tp: Some(1), tp_comm_overlap: Some(true), ..p }.layout().unwrap().tp_overlap);
     }
 
     #[test]

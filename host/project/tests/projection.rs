@@ -96,13 +96,15 @@ fn a100_runs_of_other_stacks_are_projected_within_a_quarter_with_h100s_table() {
     assert!(taken.iter().all(|e| e.abs() <= 0.25), "{taken:?}");
     let mut abs: Vec<f64> = taken.iter().map(|e| e.abs()).collect();
     abs.sort_by(f64::total_cmp);
-    assert!(abs[5] < 0.10, "median {:.1} %", 100.0 * abs[5]);
+    // Ten runs: the median is the mean of the middle two.
+    let median = |v: &[f64]| 0.5 * (v[4] + v[5]);
+    assert!(median(&abs) < 0.10, "median {:.1} %", 100.0 * median(&abs));
     let built = Profiles::builtin();
     let (a100, h100) = (built.get("a100").unwrap(), built.get("h100").unwrap());
     assert_eq!(a100.efficiency.gemm.bf16, h100.efficiency.gemm.bf16, "A100 takes H100's table");
     // The priors the profile carried before (what `Profiles::priors` still gives it).
     let e = errors(&Profiles::priors());
-    assert!(e.iter().all(|&x| x < 0.0) && e[5] < -0.15, "priors: {e:?}");
+    assert!(e.iter().all(|&x| x < 0.0) && median(&e) < -0.15, "priors: {e:?}");
 }
 
 /// DualPipe runs each forward chunk beside another micro-batch's backward chunk, so the

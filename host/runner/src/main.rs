@@ -277,7 +277,7 @@ enum Command {
         after_help = "Examples:\n  runner validate host/project/data/calibration.toml\n  runner validate runs.toml --format csv -o validation.csv\n  runner validate runs.toml --profile fitted.toml"
     )]
     Validate {
-        /// A TOML file of [[point]] tables (source (required: where the run was published), model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, ep_overlap, ep_dispatcher, recompute_modules, account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split, pipeline_layout, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, lora_target_modules, pipeline_schedule ("dualpipe" or "dualpipev"; default Megatron's 1F1B), workload ("pretrain", "finetune_sft" or "finetune_lora"), step_time_s or tokens_per_sec_per_gpu)
+        /// A TOML file of [[point]] tables (source (required: where the run was published), model, gpu, num_gpus, precision, seq_len, gbs, mbs, tp, pp, cp, vp, ep, etp, fsdp, ep_overlap, tp_comm_overlap, ep_dispatcher, recompute_modules, recompute_num_layers, account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split, pipeline_layout, num_layers_at_start_in_bf16, num_layers_at_end_in_bf16, lora_target_modules, pipeline_schedule ("dualpipe" or "dualpipev"; default Megatron's 1F1B), workload ("pretrain", "finetune_sft" or "finetune_lora"), step_time_s or tokens_per_sec_per_gpu)
         file: PathBuf,
     },
     /// Fit a GPU type's efficiency parameters to published runs, or to local measurements
