@@ -539,6 +539,18 @@ mod tests {
         out
     }
 
+    /// H100 with known network efficiencies and latencies (the all-to-all's NIC share
+    /// `a2a`), for a fit to find again.
+    fn known(a2a: f64) -> GpuProfile {
+        with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+            e.scale_out = 0.61;
+            e.scale_out_a2a = a2a;
+            e.scale_out_latency_us = 11.0;
+        })
+    }
+
     /// `rows` as nccl-tests prints them, one test per op with ranks on `hosts` (one per
     /// rank); the column `bench collectives` measures (in place for all_reduce, out of
     /// place for the others) holds the rows' figures, the other 1.5x slower.
@@ -572,13 +584,7 @@ mod tests {
     /// rounding of its two-decimal times, on one node and over two.
     #[test]
     fn nccl_tests_output_fits_as_the_same_sweep_in_json() {
-        let truth = with(&h100(), |e| {
-            e.scale_up = 0.73;
-            e.scale_up_latency_us = 4.2;
-            e.scale_out = 0.61;
-            e.scale_out_a2a = 0.55;
-            e.scale_out_latency_us = 11.0;
-        });
+        let truth = known(0.55);
         let ops = ["all_reduce", "all_gather", "reduce_scatter", "alltoall"];
         for hosts in [vec!["node-a"; 8], [vec!["node-a"; 8], vec!["node-b"; 8]].concat()] {
             let json = rows(&truth, hosts.len(), if hosts.len() > 8 { 2 } else { 1 }, &ops);
@@ -692,13 +698,7 @@ mod tests {
     /// 0.3 % and 0.6 % on one node, 0.5 % and 0.7 % over two).
     #[test]
     fn a_noisy_sweep_is_fitted_within_the_stated_tolerance() {
-        let truth = with(&h100(), |e| {
-            e.scale_up = 0.73;
-            e.scale_up_latency_us = 4.2;
-            e.scale_out = 0.61;
-            e.scale_out_a2a = 0.61;
-            e.scale_out_latency_us = 11.0;
-        });
+        let truth = known(0.61);
         for (ranks, nodes) in [(8, 1), (16, 2)] {
             let mut r = rows(&truth, ranks, nodes, &["all_reduce", "all_gather", "reduce_scatter", "alltoall"]);
             for (i, row) in r.iter_mut().enumerate() {
