@@ -103,32 +103,39 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
 /// files.
 pub fn join(files: Vec<(String, Vec<CollRow>)>) -> Result<Vec<CollRow>, String> {
     let mut out: Vec<CollRow> = Vec::new();
-    let mut from: Vec<(&str, String, u64)> = Vec::new();
+    // Which file measured each (op, size): looked up, not scanned (a file may hold many rows).
+    let mut from: std::collections::HashMap<(String, u64), &str> = std::collections::HashMap::new();
+    let first_origin = files.first().map_or("", |f| f.0.as_str());
     for (origin, rows) in &files {
         for r in rows {
-            if let Some((first, f)) = out.first().zip(from.first()) {
-                for (what, a, b) in [
-                    ("ranks", r.ranks.to_string(), first.ranks.to_string()),
-                    ("nodes", r.nodes.to_string(), first.nodes.to_string()),
-                    ("device", r.device.clone(), first.device.clone()),
-                    ("transport", r.transport.clone(), first.transport.clone()),
-                ] {
-                    if a != b {
-                        return Err(format!("{origin}: {what} is {a} but {}'s is {b}: the files are of different runs; fit one run at a time", f.0));
-                    }
+            if let Some((what, a, b)) = out.first().and_then(|first| other_run(r, first)) {
+                return Err(format!("{origin}: {what} is {a} but {first_origin}'s is {b}: the files are of different runs; fit one run at a time"));
+            }
+            match from.insert((r.op.clone(), r.size_bytes), origin) {
+                Some(other) if other != origin => {
+                    return Err(format!(
+                        "{origin}: {} of {} B is in {other} too: the files measure it twice; give each test's log once",
+                        r.op, r.size_bytes
+                    ));
                 }
+                _ => {}
             }
-            if let Some((other, ..)) = from.iter().find(|(o, op, size)| o != origin && *op == r.op && *size == r.size_bytes) {
-                return Err(format!(
-                    "{origin}: {} of {} B is in {other} too: the files measure it twice; give each test's log once",
-                    r.op, r.size_bytes
-                ));
-            }
-            from.push((origin, r.op.clone(), r.size_bytes));
             out.push(r.clone());
         }
     }
     Ok(out)
+}
+
+/// What makes `r` another run's than `first`: the field, `r`'s value and `first`'s.
+fn other_run(r: &CollRow, first: &CollRow) -> Option<(&'static str, String, String)> {
+    [
+        ("ranks", r.ranks.to_string(), first.ranks.to_string()),
+        ("nodes", r.nodes.to_string(), first.nodes.to_string()),
+        ("device", r.device.clone(), first.device.clone()),
+        ("transport", r.transport.clone(), first.transport.clone()),
+    ]
+    .into_iter()
+    .find(|(_, a, b)| a != b)
 }
 
 /// A `bench collectives` JSON file's rows, unchecked.
@@ -176,15 +183,8 @@ fn check(rows: &[CollRow], origin: &str) -> Result<(), String> {
                 number((busbw * 1e3).round() / 1e3)
             ));
         }
-        for (what, a, b) in [
-            ("ranks", r.ranks.to_string(), first.ranks.to_string()),
-            ("nodes", r.nodes.to_string(), first.nodes.to_string()),
-            ("device", r.device.clone(), first.device.clone()),
-            ("transport", r.transport.clone(), first.transport.clone()),
-        ] {
-            if a != b {
-                return Err(format!("{at}: {what} is {a} but row 0's is {b}: the file mixes runs; fit one run at a time"));
-            }
+        if let Some((what, a, b)) = other_run(r, first) {
+            return Err(format!("{at}: {what} is {a} but row 0's is {b}: the file mixes runs; fit one run at a time"));
         }
     }
     Ok(())
@@ -599,6 +599,19 @@ mod tests {
                 assert!((x / y - 1.0).abs() < 2e-3, "{name}: {x} from JSON, {y} from nccl-tests' text");
             }
         }
+    }
+
+    /// Several files join into one sweep when they are one run's, each op and size once.
+    #[test]
+    fn files_join_when_they_are_one_runs_sweep() {
+        let ar = rows(&h100(), 8, 1, &["all_reduce"]);
+        let ag = rows(&h100(), 8, 1, &["all_gather"]);
+        let both = join(vec![("ar.log".into(), ar.clone()), ("ag.log".into(), ag.clone())]).unwrap();
+        assert_eq!(both.len(), ar.len() + ag.len());
+        let e = join(vec![("ar.log".into(), ar.clone()), ("again.log".into(), ar.clone())]).unwrap_err();
+        assert!(e.starts_with("again.log: all_reduce of 65536 B is in ar.log too"), "{e}");
+        let e = join(vec![("ar.log".into(), ar), ("ag16.log".into(), rows(&h100(), 16, 2, &["all_gather"]))]).unwrap_err();
+        assert!(e.starts_with("ag16.log: ranks is 16 but ar.log's is 8"), "{e}");
     }
 
     /// A row's refused figure is echoed short: `{}` of 1e300 (or of 1e-300) is 300 digits.
