@@ -246,6 +246,12 @@ pub struct GpuProfile {
     /// same chip in another package).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub efficiency_from: Option<String>,
+    /// With `efficiency_from`: the GEMM efficiencies taken, scaled by this ratio (capped
+    /// at 1), where one measurement method on both chips says their GEMMs reach different
+    /// shares of peak (A100 against H100: the best matmul each reaches, 86.9 % and
+    /// 80.3 %). Everything else is taken as it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_from_ratio: Option<f64>,
     /// The GPUs nearest this one, nearest first (the same die in another package, then
     /// the same architecture): where this GPU's runs cannot fit a parameter, `runner
     /// calibrate` takes it from the first of them whose runs fitted it, and only then from
@@ -295,6 +301,14 @@ impl GpuProfile {
         // The name titles every table and is what --gpu finds the profile by.
         if self.name.trim().is_empty() || self.name.chars().any(char::is_control) {
             return Err("name must be a visible GPU name, e.g. name = \"H100\"".into());
+        }
+        if let Some(r) = self.gemm_from_ratio {
+            if self.efficiency_from.is_none() {
+                return Err("gemm_from_ratio scales the GEMM efficiencies efficiency_from takes: give efficiency_from too".into());
+            }
+            if !(r.is_finite() && (0.25..=4.0).contains(&r)) {
+                return Err(format!("gemm_from_ratio must be between 0.25 and 4, got {}", shown(r)));
+            }
         }
         let e = &self.efficiency;
         // Ranges wide enough for any chip, narrow enough that a slipped unit (1e-300, 1e300)
@@ -526,8 +540,20 @@ impl Profiles {
                 .and_then(|e| e.as_table())
                 .ok_or_else(|| format!("{origin}: GPU '{name}': efficiency_from names '{from}', which is not a known GPU"))?;
             let mut e = src.clone();
+            let ratio = t.get("gemm_from_ratio").and_then(toml::Value::as_float);
+            if let (Some(r), Some(toml::Value::Table(gemm))) = (ratio, e.get_mut("gemm")) {
+                for (_, v) in gemm.iter_mut() {
+                    if let Some(x) = v.as_float() {
+                        *v = toml::Value::Float((x * r).min(1.0));
+                    }
+                }
+            }
             let fitted = e.get("fitted").and_then(|f| f.as_str()).unwrap_or("prior").to_string();
-            let label = if fitted.starts_with(&format!("{from}'s")) { fitted } else { format!("{from}'s: {fitted}") };
+            let label = match ratio {
+                Some(r) => format!("{from}'s, GEMMs x{r}: {fitted}"),
+                None if fitted.starts_with(&format!("{from}'s")) => fitted,
+                None => format!("{from}'s: {fitted}"),
+            };
             e.insert("fitted".into(), toml::Value::String(label));
             t.insert("efficiency".into(), toml::Value::Table(e));
         }
@@ -817,11 +843,25 @@ bf16 = 500.0
         let h200 = p.get("h200").unwrap();
         assert_eq!(h200.efficiency.gemm, h100.efficiency.gemm);
         assert!(h200.efficiency.fitted.starts_with("H100's"), "{}", h200.efficiency.fitted);
-        // The A100s take H100's too (docs/VALIDATION.md, Megatron's 2022 A100 runs).
+        // The A100s take H100's too (docs/VALIDATION.md, the A100 runs of other stacks),
+        // their GEMMs scaled by gemm_from_ratio (capped at 1), the rest as it is.
         for a100 in ["a100", "a100-40gb"] {
-            assert_eq!(p.get(a100).unwrap().efficiency.gemm, h100.efficiency.gemm, "{a100}");
-            assert!(p.get(a100).unwrap().efficiency.fitted.starts_with("H100's"), "{a100}");
+            let g = p.get(a100).unwrap();
+            let r = g.gemm_from_ratio.unwrap();
+            assert!((r - 0.869 / 0.803).abs() < 1e-3, "{a100}: {r}");
+            assert_eq!(g.efficiency.gemm.bf16, (h100.efficiency.gemm.bf16 * r).min(1.0), "{a100}");
+            assert_eq!(g.efficiency.gemm.fp8, (h100.efficiency.gemm.fp8 * r).min(1.0), "{a100}");
+            let rest = |e: &Efficiency| Efficiency { gemm: h100.efficiency.gemm.clone(), fitted: String::new(), ..e.clone() };
+            assert_eq!(rest(&g.efficiency), rest(&h100.efficiency), "{a100}");
+            assert!(g.efficiency.fitted.starts_with(&format!("H100's, GEMMs x{r}: runner calibrate")), "{a100}: {}", g.efficiency.fitted);
         }
+        // The ratio scales only a table taken, within sane bounds.
+        let bad = |toml: &str, want: &str| {
+            let e = Profiles::with_overrides(toml, "u.toml").unwrap_err();
+            assert!(e.contains(want), "want '{want}': {e}");
+        };
+        bad("[[gpu]]\nname = \"h100\"\ngemm_from_ratio = 1.1\n", "give efficiency_from too");
+        bad("[[gpu]]\nname = \"a100\"\ngemm_from_ratio = 40.0\n", "between 0.25 and 4");
         // A user's own table for H200 wins over efficiency_from.
         let q = Profiles::with_overrides("[[gpu]]\nname = \"h200\"\n[gpu.efficiency]\nmemory = 0.5\n", "u.toml").unwrap();
         assert_eq!(q.get("h200").unwrap().efficiency.memory, 0.5);

@@ -78,9 +78,10 @@ fn deepseek_v3_on_h800_is_projected_within_fifteen_percent_with_dualpipe() {
 }
 
 /// The A100 runs of other stacks (never fitted; the A100 profiles take H100's fitted
-/// table): Megatron-LM's of 2022 and torchtitan's FSDP2 runs each come out within 25 %,
-/// at a median under 10 %; with the priors every one came out optimistic, by a median of
-/// over 15 %: the table A100 takes is the better guess.
+/// table, its GEMMs scaled by the two chips' measured best-matmul shares): Megatron-LM's
+/// of 2022 and torchtitan's FSDP2 runs each come out within 25 %, at a median under 6 %
+/// (9.4 % with H100's GEMM efficiency unscaled); with the priors every one came out
+/// optimistic, by a median of over 15 %.
 #[test]
 fn a100_runs_of_other_stacks_are_projected_within_a_quarter_with_h100s_table() {
     let points: Vec<_> = common::other_frameworks().into_iter().filter(|p| p.gpu == "A100-80GB").collect();
@@ -98,10 +99,10 @@ fn a100_runs_of_other_stacks_are_projected_within_a_quarter_with_h100s_table() {
     abs.sort_by(f64::total_cmp);
     // Ten runs: the median is the mean of the middle two.
     let median = |v: &[f64]| 0.5 * (v[4] + v[5]);
-    assert!(median(&abs) < 0.10, "median {:.1} %", 100.0 * median(&abs));
+    assert!(median(&abs) < 0.06, "median {:.1} %", 100.0 * median(&abs));
     let built = Profiles::builtin();
     let (a100, h100) = (built.get("a100").unwrap(), built.get("h100").unwrap());
-    assert_eq!(a100.efficiency.gemm.bf16, h100.efficiency.gemm.bf16, "A100 takes H100's table");
+    assert!(a100.efficiency.gemm.bf16 > h100.efficiency.gemm.bf16, "A100 takes H100's table, its GEMMs scaled up");
     // The priors the profile carried before (what `Profiles::priors` still gives it).
     let e = errors(&Profiles::priors());
     assert!(e.iter().all(|&x| x < 0.0) && median(&e) < -0.15, "priors: {e:?}");
