@@ -30,20 +30,23 @@ macro_rules! graph_to_ir {
         ///
         /// # Errors
         /// The first broken rule, naming the tensor or operation.
-        pub fn graph_to_ir(g: &ModelGraph) -> Result<::runner_graph::Graph, String> {
+        pub fn graph_to_ir(g: ModelGraph) -> Result<::runner_graph::Graph, String> {
             use ::runner_graph::{Attr, NamedOp, OpKind as K, Role, Tensor, TensorKind as TK};
             use $crate::limits;
             use $crate::text;
             text::at_most("tensors", g.tensors.len(), limits::GRAPH_TENSORS)?;
             text::at_most("operations", g.operations.len(), limits::GRAPH_OPS)?;
+            // The graph is taken by value so that its names, shapes and attributes move
+            // into the IR rather than being copied, and names are escaped for a message
+            // only when there is one: both were most of a conversion's allocations.
             let mut total: u64 = 0;
             let mut tensors = Vec::with_capacity(g.tensors.len());
-            for t in &g.tensors {
+            for t in g.tensors {
                 text::name("a tensor's name", &t.name)?;
-                let name = text::shown(&t.name);
                 if t.shape.len() > limits::RANK {
                     return Err(format!(
-                        "tensor {name} has {} axes (at most {})",
+                        "tensor {} has {} axes (at most {})",
+                        text::shown(&t.name),
                         t.shape.len(),
                         limits::RANK
                     ));
@@ -55,7 +58,8 @@ macro_rules! graph_to_ir {
                     .filter(|&n| n <= limits::TENSOR_ELEMENTS)
                     .ok_or_else(|| {
                         format!(
-                            "tensor {name}: shape {:?} has more than 2^50 elements",
+                            "tensor {}: shape {:?} has more than 2^50 elements",
+                            text::shown(&t.name),
                             t.shape
                         )
                     })?;
@@ -66,8 +70,8 @@ macro_rules! graph_to_ir {
                         "the graph's tensors hold more than 2^56 elements together".to_string()
                     })?;
                 tensors.push(Tensor {
-                    name: t.name.clone(),
-                    shape: t.shape.clone(),
+                    name: t.name,
+                    shape: t.shape,
                     dtype: dtype_to_ir(t.dtype),
                     kind: match t.kind {
                         TensorKind::Weight => TK::Weight,
@@ -77,48 +81,53 @@ macro_rules! graph_to_ir {
                 });
             }
             text::name("the loss tensor's name", &g.loss)?;
-            let mut op_names = std::collections::HashSet::with_capacity(g.operations.len());
-            let mut ops = Vec::with_capacity(g.operations.len());
-            for op in &g.operations {
-                text::name("an operation's name", &op.name)?;
-                let name = text::shown(&op.name);
-                if !op_names.insert(op.name.as_str()) {
-                    return Err(format!("operation name {name} appears twice"));
-                }
-                let ctx = |m: String| format!("operation {name}: {m}");
-                text::at_most("inputs", op.inputs.len(), limits::OP_INPUTS).map_err(ctx)?;
-                text::at_most("outputs", op.outputs.len(), limits::OP_OUTPUTS).map_err(ctx)?;
-                text::at_most("attributes", op.attrs.len(), limits::OP_ATTRS).map_err(ctx)?;
-                for t in op.inputs.iter().chain(&op.outputs) {
-                    text::name("a tensor it names", t).map_err(ctx)?;
-                }
-                let mut attrs = std::collections::BTreeMap::new();
-                for a in &op.attrs {
-                    text::name("an attribute key", &a.key).map_err(ctx)?;
-                    let value = match &a.value {
-                        AttrValue::Int(v) => Attr::Int(*v),
-                        AttrValue::Float(v) if v.is_finite() => Attr::Float(*v),
-                        AttrValue::Float(v) => {
-                            return Err(ctx(format!(
-                                "attribute {} is not finite ({v})",
-                                text::shown(&a.key)
-                            )));
+            // Every operation is checked, in order, before any is taken apart: the set of
+            // names seen borrows them.
+            {
+                let mut op_names = std::collections::HashSet::with_capacity(g.operations.len());
+                // An operation's keys so far, sorted: a repeat is found in O(log n).
+                let mut keys: Vec<&str> = Vec::new();
+                for op in &g.operations {
+                    text::name("an operation's name", &op.name)?;
+                    let ctx = |m: String| format!("operation {}: {m}", text::shown(&op.name));
+                    if !op_names.insert(op.name.as_str()) {
+                        return Err(format!("operation name {} appears twice", text::shown(&op.name)));
+                    }
+                    text::at_most("inputs", op.inputs.len(), limits::OP_INPUTS).map_err(ctx)?;
+                    text::at_most("outputs", op.outputs.len(), limits::OP_OUTPUTS).map_err(ctx)?;
+                    text::at_most("attributes", op.attrs.len(), limits::OP_ATTRS).map_err(ctx)?;
+                    for t in op.inputs.iter().chain(&op.outputs) {
+                        text::name("a tensor it names", t).map_err(ctx)?;
+                    }
+                    keys.clear();
+                    for a in &op.attrs {
+                        text::name("an attribute key", &a.key).map_err(ctx)?;
+                        match &a.value {
+                            AttrValue::Float(v) if !v.is_finite() => {
+                                return Err(ctx(format!(
+                                    "attribute {} is not finite ({v})",
+                                    text::shown(&a.key)
+                                )));
+                            }
+                            AttrValue::Text(v) => text::name("a text attribute", v).map_err(ctx)?,
+                            _ => {}
                         }
-                        AttrValue::Flag(v) => Attr::Flag(*v),
-                        AttrValue::Text(v) => {
-                            text::name("a text attribute", v).map_err(ctx)?;
-                            Attr::Text(v.clone())
+                        match keys.binary_search(&a.key.as_str()) {
+                            Ok(_) => {
+                                return Err(ctx(format!(
+                                    "attribute {} given twice",
+                                    text::shown(&a.key)
+                                )));
+                            }
+                            Err(at) => keys.insert(at, &a.key),
                         }
-                    };
-                    if attrs.insert(a.key.clone(), value).is_some() {
-                        return Err(ctx(format!(
-                            "attribute {} given twice",
-                            text::shown(&a.key)
-                        )));
                     }
                 }
+            }
+            let mut ops = Vec::with_capacity(g.operations.len());
+            for op in g.operations {
                 ops.push(NamedOp {
-                    name: op.name.clone(),
+                    name: op.name,
                     kind: match op.kind {
                         OpKind::Linear => K::Linear,
                         OpKind::Embedding => K::Embedding,
@@ -140,9 +149,22 @@ macro_rules! graph_to_ir {
                         OpKind::CausalConv1d => K::CausalConv1d,
                         OpKind::SsmScan => K::SsmScan,
                     },
-                    inputs: op.inputs.clone(),
-                    outputs: op.outputs.clone(),
-                    attrs,
+                    inputs: op.inputs,
+                    outputs: op.outputs,
+                    // Keys are distinct (checked above), so collecting keeps every one.
+                    attrs: op
+                        .attrs
+                        .into_iter()
+                        .map(|a| {
+                            let value = match a.value {
+                                AttrValue::Int(v) => Attr::Int(v),
+                                AttrValue::Float(v) => Attr::Float(v),
+                                AttrValue::Flag(v) => Attr::Flag(v),
+                                AttrValue::Text(v) => Attr::Text(v),
+                            };
+                            (a.key, value)
+                        })
+                        .collect(),
                     layer: op.layer,
                     role: match op.role {
                         ParallelRole::Replicated => Role::Replicated,

@@ -188,9 +188,9 @@ pub struct Graph {
     pub tensors: Vec<Tensor>,
     pub ops: Vec<Op>,
     pub loss: TensorId,
-    /// Each tensor's name → its id, made on first use where the graph came from the
-    /// sharding pass (whose callers, the projection's templates, never look a name up:
-    /// a copy of every name per sharding for nothing).
+    /// Each tensor's name → its id, made on first use (the projection's graphs, read,
+    /// reduced and sharded per layout, never look a name up: a copy of every name per
+    /// graph for nothing).
     #[serde(skip)]
     index: OnceLock<HashMap<String, TensorId>>,
 }
@@ -223,9 +223,12 @@ impl Graph {
 
     /// Build a graph, resolving tensor names. Operations reference tensors by name.
     pub fn new(tensors: Vec<Tensor>, ops: Vec<NamedOp>, loss: &str) -> Result<Graph, GraphError> {
-        let mut index = HashMap::with_capacity(tensors.len());
+        // Names are resolved through borrowed keys; the graph's own index is made only if
+        // a name is looked up later, which the layout search, reading a plugin's graph per
+        // micro-batch size and reducing each, never does.
+        let mut index: HashMap<&str, TensorId> = HashMap::with_capacity(tensors.len());
         for (i, t) in tensors.iter().enumerate() {
-            if index.insert(t.name.clone(), i).is_some() {
+            if index.insert(&t.name, i).is_some() {
                 return Err(GraphError::DuplicateTensor(t.name.clone()));
             }
         }
@@ -233,7 +236,7 @@ impl Graph {
             names
                 .iter()
                 .map(|n| {
-                    index.get(n).copied().ok_or_else(|| GraphError::UnknownTensor {
+                    index.get(n.as_str()).copied().ok_or_else(|| GraphError::UnknownTensor {
                         op: op.to_string(),
                         tensor: n.clone(),
                     })
@@ -256,7 +259,7 @@ impl Graph {
             op: "(loss)".into(),
             tensor: loss.to_string(),
         })?;
-        Ok(Graph { tensors, ops: resolved, loss, index: OnceLock::from(index) })
+        Ok(Graph { tensors, ops: resolved, loss, index: OnceLock::new() })
     }
 
     /// A graph whose ops already refer to tensors by id, with distinct tensor names (the

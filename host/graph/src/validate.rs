@@ -8,8 +8,6 @@
 //! (a (B,T,H,D) tensor may feed a linear with K = H*D), never by exact rank except where
 //! the op needs the axes themselves (attention, rotary).
 
-use rustc_hash::FxHashMap as HashMap;
-
 use crate::ir::{Attr, DType, Graph, GraphError, Op, OpKind, Tensor, TensorId, TensorKind};
 
 /// Check `g` against the graph conventions.
@@ -29,12 +27,13 @@ pub fn validate(g: &Graph) -> Result<(), GraphError> {
             return Err(GraphError::BadTensor(t.name.clone(), format!("shape {:?} overflows u64", t.shape)));
         }
     }
-    let mut producer: HashMap<TensorId, usize> = HashMap::default();
+    // Each tensor's producing op, by id (ids are checked in range before they index it).
+    let mut producer: Vec<Option<usize>> = vec![None; g.tensors.len()];
     for (i, op) in g.ops.iter().enumerate() {
         let v = Check { g, op };
         for &id in &op.inputs {
             let t = v.tensor(id)?;
-            if t.kind == TensorKind::Activation && !producer.contains_key(&id) {
+            if t.kind == TensorKind::Activation && producer[id].is_none() {
                 return v.fail(format!("reads activation '{}' before any operation produces it", t.name));
             }
         }
@@ -43,17 +42,17 @@ pub fn validate(g: &Graph) -> Result<(), GraphError> {
             if t.kind != TensorKind::Activation {
                 return v.fail(format!("writes '{}', which is a graph {:?} and never produced", t.name, t.kind));
             }
-            if let Some(&prev) = producer.get(&id) {
+            if let Some(prev) = producer[id] {
                 return v.fail(format!("writes '{}', already produced by '{}'", t.name, g.ops[prev].name));
             }
-            producer.insert(id, i);
+            producer[id] = Some(i);
         }
         v.op()?;
     }
     check_loss(g, &producer)
 }
 
-fn check_loss(g: &Graph, producer: &HashMap<TensorId, usize>) -> Result<(), GraphError> {
+fn check_loss(g: &Graph, producer: &[Option<usize>]) -> Result<(), GraphError> {
     let bad = |problem: String| Err(GraphError::Invalid { op: "(loss)".into(), problem });
     let Some(t) = g.tensors.get(g.loss) else {
         return bad(format!("loss id {} is not a tensor of the graph", g.loss));
@@ -75,7 +74,7 @@ fn check_loss(g: &Graph, producer: &HashMap<TensorId, usize>) -> Result<(), Grap
             *s = true;
         }
         let name = g.tensors.get(id).map_or("?", |t| t.name.as_str());
-        let Some(&p) = producer.get(&id) else {
+        let Some(p) = producer.get(id).copied().flatten() else {
             return bad(format!("loss '{name}' is not produced by any operation"));
         };
         let op = &g.ops[p];

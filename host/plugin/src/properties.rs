@@ -532,7 +532,7 @@ proptest! {
         g in prop_oneof![graph(), consistent_graph()],
     ) {
         use runner_graph::count::{self, Convention};
-        match crate::workload::graph_to_ir(&g) {
+        match crate::workload::graph_to_ir(g) {
             Err(m) => clear(&m)?,
             Ok(ir) => match runner_graph::validate::validate(&ir) {
                 Err(e) => clear(&e.to_string())?,

@@ -121,7 +121,7 @@ impl Workload {
         };
         let graph =
             result.map_err(|m| PluginError::new(&self.info.name, "graph", Failure::Refused(m)))?;
-        let graph = graph_to_ir(&graph).map_err(|m| self.invalid("graph", m))?;
+        let graph = graph_to_ir(graph).map_err(|m| self.invalid("graph", m))?;
         runner_graph::validate::validate(&graph)
             .map_err(|e| self.invalid("graph", e.to_string()))?;
         Ok(graph)
@@ -530,7 +530,7 @@ mod tests {
     }
 
     #[track_caller]
-    fn graph_refused(g: &wit::ModelGraph, word: &str) {
+    fn graph_refused(g: wit::ModelGraph, word: &str) {
         let m = graph_to_ir(g).expect_err("must be refused");
         assert!(m.contains(word), "{word:?} not in: {m}");
     }
@@ -542,31 +542,34 @@ mod tests {
     #[test]
     fn graphs_are_refused_at_each_conversion_rule() {
         let attr = |key: &str, value| wit::Attribute { key: key.into(), value };
-        assert!(graph_to_ir(&linear_graph(vec![4, 4], vec![attr("scale", wit::AttrValue::Float(0.5))])).is_ok());
+        assert!(graph_to_ir(linear_graph(vec![4, 4], vec![attr("scale", wit::AttrValue::Float(0.5))])).is_ok());
         for v in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN] {
-            graph_refused(&linear_graph(vec![4], vec![attr("scale", wit::AttrValue::Float(v))]), "attribute 'scale' is not finite");
+            graph_refused(linear_graph(vec![4], vec![attr("scale", wit::AttrValue::Float(v))]), "attribute 'scale' is not finite");
         }
         let twice = vec![attr("k", wit::AttrValue::Int(1)), attr("k", wit::AttrValue::Int(2))];
-        graph_refused(&linear_graph(vec![4], twice), "operation 'op': attribute 'k' given twice");
+        graph_refused(linear_graph(vec![4], twice), "operation 'op': attribute 'k' given twice");
+        // A repeat is found wherever it falls among the keys, not only next to its first.
+        let apart = ["m", "a", "z", "b", "m"].map(|k| attr(k, wit::AttrValue::Flag(true))).to_vec();
+        graph_refused(linear_graph(vec![4], apart), "operation 'op': attribute 'm' given twice");
         let mut g = linear_graph(vec![4], Vec::new());
         g.operations.push(g.operations[0].clone());
-        graph_refused(&g, "operation name 'op' appears twice");
+        graph_refused(g, "operation name 'op' appears twice");
 
-        assert!(graph_to_ir(&linear_graph(vec![1; 8], Vec::new())).is_ok());
-        graph_refused(&linear_graph(vec![1; 9], Vec::new()), "tensor 'x' has 9 axes (at most 8)");
+        assert!(graph_to_ir(linear_graph(vec![1; 8], Vec::new())).is_ok());
+        graph_refused(linear_graph(vec![1; 9], Vec::new()), "tensor 'x' has 9 axes (at most 8)");
 
         // 2^50 elements in one tensor (two of them: 2^51 in all) pass the bounds; one more does not.
-        assert!(graph_to_ir(&linear_graph(vec![1 << 25, 1 << 25], Vec::new())).is_ok());
-        graph_refused(&linear_graph(vec![1 << 25, (1 << 25) + 1], Vec::new()), "tensor 'x': shape");
+        assert!(graph_to_ir(linear_graph(vec![1 << 25, 1 << 25], Vec::new())).is_ok());
+        graph_refused(linear_graph(vec![1 << 25, (1 << 25) + 1], Vec::new()), "tensor 'x': shape");
         // 64 tensors of 2^50 make 2^56; a 65th is past the graph's bound.
         let mut g = linear_graph(vec![1 << 25, 1 << 25], Vec::new());
         let first = g.tensors[0].clone();
         let extra = |i| wit::Tensor { name: format!("w{i}"), kind: wit::TensorKind::Weight, ..first.clone() };
         let extras: Vec<_> = (0..62).map(extra).collect();
         g.tensors.extend(extras);
-        assert!(graph_to_ir(&g).is_ok(), "64 tensors of 2^50 elements");
+        assert!(graph_to_ir(g.clone()).is_ok(), "64 tensors of 2^50 elements");
         g.tensors.push(extra(62));
-        graph_refused(&g, "the graph's tensors hold more than 2^56 elements together");
+        graph_refused(g, "the graph's tensors hold more than 2^56 elements together");
     }
 
     #[test]
@@ -595,7 +598,7 @@ mod tests {
                 operations: vec![op(kind)],
                 loss: "y".into(),
             };
-            let g = graph_to_ir(&g).unwrap();
+            let g = graph_to_ir(g).unwrap();
             assert_eq!(g.ops[0].kind, ir);
         }
     }
@@ -607,9 +610,9 @@ mod tests {
     #[test]
     fn a_text_attribute_is_a_printable_name() {
         let text = |v: &str| vec![wit::Attribute { key: "score".into(), value: wit::AttrValue::Text(v.into()) }];
-        assert!(graph_to_ir(&linear_graph(vec![4], text("softmax"))).is_ok());
-        graph_refused(&linear_graph(vec![4], text("soft\u{1b}[2Jmax")), "operation 'op': a text attribute 'soft\\u{1b}[2Jmax' contains the control character U+001B");
-        graph_refused(&linear_graph(vec![4], text(" ")), "operation 'op': a text attribute is empty");
-        graph_refused(&linear_graph(vec![4], text(&"x".repeat(5000))), "operation 'op': a text attribute is 5000 bytes long");
+        assert!(graph_to_ir(linear_graph(vec![4], text("softmax"))).is_ok());
+        graph_refused(linear_graph(vec![4], text("soft\u{1b}[2Jmax")), "operation 'op': a text attribute 'soft\\u{1b}[2Jmax' contains the control character U+001B");
+        graph_refused(linear_graph(vec![4], text(" ")), "operation 'op': a text attribute is empty");
+        graph_refused(linear_graph(vec![4], text(&"x".repeat(5000))), "operation 'op': a text attribute is 5000 bytes long");
     }
 }

@@ -23,7 +23,7 @@
 //! V = vocabulary. Views are implicit: (B,T,H,D) is the same memory as (B,T,H*D) and (N,C)
 //! the same as (B,T,C), so every tensor is declared with the shape its consumer wants.
 
-use std::collections::{BTreeMap, BTreeSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{
     ActivationKind, AttentionKind, AttrValue, Attribute, Dtype, Graph, GraphRequest,
@@ -64,9 +64,12 @@ pub fn text(key: &str, value: &str) -> Attribute {
 pub struct GraphBuilder {
     tensors: Vec<Tensor>,
     ops: Vec<Operation>,
-    /// Tensor name -> index in `tensors`.
-    tensor_names: BTreeMap<String, usize>,
-    op_names: BTreeSet<String>,
+    /// Tensor name -> index in `tensors`. Hashed, not ordered: names share long prefixes
+    /// (`layers.95.attn...`), which an ordered map compares again at every level, and a
+    /// plugin's graph reads them thousands of times. Fx, not SipHash: the names are the
+    /// plugin's own, with no one to defend against.
+    tensor_names: FxHashMap<String, usize>,
+    op_names: FxHashSet<String>,
     error: Option<String>,
     /// While set, (from, to): a weight declared as `from...` is the existing `to...`.
     reuse: Option<(String, String)>,
@@ -998,6 +1001,8 @@ fn moe_mlp(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
     use super::*;
 
     fn req(seq: u32, mb: u32, layers: u32) -> GraphRequest {

@@ -24,7 +24,7 @@ mod convert {
 /// # Panics
 /// With the host's message, where the host would refuse the graph.
 pub fn to_host(g: &wit::Graph) -> runner_graph::Graph {
-    convert::graph_to_ir(g).unwrap_or_else(|e| panic!("the host would refuse this graph: {e}"))
+    convert::graph_to_ir(g.clone()).unwrap_or_else(|e| panic!("the host would refuse this graph: {e}"))
 }
 
 /// A plugin's `graph` export.
