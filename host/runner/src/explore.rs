@@ -86,6 +86,13 @@ impl Row {
     pub fn cheapest_cost(&self) -> Option<&pricing::CloudCost> {
         self.cheapest.and_then(|i| self.costs[i].quote())
     }
+
+    /// The wall-clock days at the cheapest quote ([`pricing::CloudCost::days`]: on spot,
+    /// interruptions included); the projection's days where nothing is priced.
+    pub fn quoted_days(&self) -> Option<f64> {
+        let days = self.days?;
+        Some(self.cheapest_cost().map_or(days, |c| c.days(days)))
+    }
 }
 
 /// Every row of one GPU type under one precision.
@@ -134,21 +141,36 @@ pub struct Choice {
     pub precision: String,
     pub gpus: u32,
     pub layout: String,
+    /// Wall-clock days as the quote assumes them (spot: interruptions included): the days
+    /// a goal compares.
     pub days: f64,
+    /// The projection's days, where the quote's differ (spot).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub days_without_interruptions: Option<f64>,
     pub usd: Option<f64>,
     pub cloud: Option<String>,
     /// The price row: instance, region, option, date.
     pub price_row: Option<String>,
+    /// The quote prices no storage (the cloud lists none), so the run costs more than `usd`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub storage_not_costed: bool,
 }
 
 impl Choice {
     pub fn describe(&self) -> String {
         let money = match (&self.usd, &self.cloud, &self.price_row) {
+            (Some(u), Some(c), Some(r)) if self.storage_not_costed => {
+                format!("{} on {c} ({r}; storage not costed)", crate::report::usd(*u))
+            }
             (Some(u), Some(c), Some(r)) => format!("{} on {c} ({r})", crate::report::usd(*u)),
             _ => "not priced".into(),
         };
-        let days = crate::report::explore::days_cell(self.days);
-        format!("{} x {} {} ({}): {days} days, {money}", self.gpus, self.gpu, self.precision, self.layout)
+        let days = crate::report::explore::days_said(&crate::report::explore::days_cell(self.days));
+        let days = match self.days_without_interruptions {
+            Some(d) => format!("{days} wall clock with spot interruptions ({} without)", crate::report::explore::days_cell(d)),
+            None => days,
+        };
+        format!("{} x {} {} ({}): {days}, {money}", self.gpus, self.gpu, self.precision, self.layout)
     }
 }
 
@@ -462,6 +484,20 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let region = run.cost.region.as_str();
     if !region.is_empty() && !clouds.is_empty() {
         let (selling, not): (Vec<&pricing::Cloud>, Vec<&pricing::Cloud>) = clouds.iter().partition(|c| c.sells_in(region));
+        let named: std::collections::BTreeSet<&str> =
+            clouds.iter().flat_map(|c| c.regions()).filter(|&r| r != pricing::ANY_REGION).collect();
+        let unnamed = !named.iter().any(|n| n.eq_ignore_ascii_case(region));
+        // A region no cloud names but close to one that is, is a typo even where the
+        // every-region prices would answer it: pricing only those, silently, would
+        // surprise more than a refusal. A name far from all is taken as meant.
+        if let Some(near) = unnamed.then(|| near_regions(region, &named)).flatten() {
+            anyhow::bail!(
+                "no cloud names region '{}'; did you mean {}? (a region no cloud names is priced only by every-region \
+                 prices, and only when no named region is this close to it)",
+                crate::report::visible(region),
+                near.join(" or ")
+            );
+        }
         if selling.is_empty() {
             let listed: Vec<String> = clouds
                 .iter()
@@ -474,9 +510,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             anyhow::bail!("no cloud sells in region '{}'; the regions are:\n  {}", crate::report::visible(region), listed.join("\n  "));
         }
         // A region only the every-region prices answer may be a typo: say which named ones exist.
-        let named: std::collections::BTreeSet<&str> =
-            clouds.iter().flat_map(|c| c.regions()).filter(|&r| r != pricing::ANY_REGION).collect();
-        if !named.is_empty() && !named.contains(region) {
+        if !named.is_empty() && unnamed {
             let shown: Vec<&str> = named.iter().take(8).copied().collect();
             let more = if named.len() > 8 { format!(", ... ({} in all)", named.len()) } else { String::new() };
             notes.push(format!(
@@ -911,8 +945,9 @@ fn price_provenance(series: &[Series], clouds: &[String]) -> Vec<String> {
     out
 }
 
-/// The sweet-spot rule: walking up the GPU counts, the largest count reached while each
-/// step's extra cost per day saved stays under a threshold.
+/// The sweet-spot rule: of the counts no other beats on both days and cost (a count a
+/// larger one beats is never worth its money), walking from the cheapest to faster ones,
+/// the fastest reached while each step's extra cost per day saved stays under a threshold.
 pub struct SweetSpotRule {
     /// USD per day saved; `None`: 1 % of the series' cheapest run.
     pub max_usd_per_day_saved: Option<f64>,
@@ -927,8 +962,9 @@ impl SweetSpotRule {
             None => format!("{:.0} % of the series' cheapest run", 100.0 * Self::DEFAULT_SHARE),
         };
         format!(
-            "sweet spot: walking up the GPU counts, the largest count reached while each step's extra cost per day \
-             saved (cheapest quote) stays under {threshold} per day (--max-usd-per-day-saved)"
+            "sweet spot: of the GPU counts no other beats on both time and cost (cheapest quote; on spot, days with \
+             its interruptions), walking from the cheapest to faster ones, the fastest reached while each step's extra \
+             cost per day saved stays under {threshold} per day (--max-usd-per-day-saved)"
         )
     }
 }
@@ -951,53 +987,82 @@ fn derive(s: &mut Series, rule: &SweetSpotRule) {
         };
         r.sweet = false;
     }
-    let priced: Vec<(usize, f64, f64)> = s
+    // Days as quoted: a spot run is weighed on the days it is billed for.
+    let priced: Vec<Priced> = s
         .rows
         .iter()
         .enumerate()
-        .filter_map(|(i, r)| Some((i, r.days?, r.cheapest_cost()?.usd)))
+        .filter_map(|(i, r)| Some((i, r.quoted_days()?, r.cheapest_cost()?.usd)))
         .collect();
-    let Some(&(first, _, _)) = priced.first() else {
+    if priced.is_empty() {
         s.sweet_spot = None;
         s.sweet_spot_why = "no row is priced, so no sweet spot".into();
         return;
-    };
+    }
     let cheapest_run = priced.iter().map(|p| p.2).fold(f64::INFINITY, f64::min);
     let threshold = rule.max_usd_per_day_saved.unwrap_or(SweetSpotRule::DEFAULT_SHARE * cheapest_run);
-    let mut at = first;
-    let mut why = format!("{} GPUs: the smallest count priced", s.rows[first].gpus);
-    for w in priced.windows(2) {
-        let ((_, d0, u0), (i, d1, u1)) = (w[0], w[1]);
-        let saved = d0 - d1;
-        if saved <= 0.0 {
-            why = format!(
-                "{} GPUs: {} GPUs are no faster ({d1:.2} against {d0:.2} days)",
-                s.rows[at].gpus, s.rows[i].gpus
-            );
-            break;
-        }
-        let marginal = (u1 - u0) / saved;
-        if marginal > threshold {
-            why = format!(
-                "{} GPUs: going to {} saves {saved:.2} days for {} more, {} per day saved, over the {} threshold",
-                s.rows[at].gpus,
-                s.rows[i].gpus,
+    let gpus = |i: usize| s.rows[i].gpus;
+    let (frontier, beaten) = frontier(&priced);
+    let at = walk(&frontier, threshold);
+    let (i0, _, _) = frontier[at];
+    let mut why = match frontier.get(at + 1) {
+        Some(&(i1, d1, u1)) => {
+            let (_, d0, u0) = frontier[at];
+            format!(
+                "{} GPUs: going to {} saves {} for {} more, {} per day saved, over the {} threshold",
+                gpus(i0),
+                gpus(i1),
+                crate::report::explore::days_said(&crate::report::explore::days_cell(d0 - d1)),
                 crate::report::usd(u1 - u0),
-                crate::report::usd(marginal),
+                crate::report::usd((u1 - u0) / (d0 - d1)),
                 crate::report::usd(threshold)
-            );
-            break;
+            )
         }
-        at = i;
-        why = format!(
-            "{} GPUs: every step up to it costs at most {} per day saved; none larger was asked for",
-            s.rows[at].gpus,
-            crate::report::usd(threshold)
-        );
+        None if priced.len() == 1 => format!("{} GPUs: the smallest count priced", gpus(i0)),
+        None if frontier.len() == 1 => format!("{} GPUs: no other count priced is faster or cheaper", gpus(i0)),
+        None => format!(
+            "{} GPUs: every step up to it costs at most {} per day saved; none {} was asked for",
+            gpus(i0),
+            crate::report::usd(threshold),
+            if Some(i0) == priced.last().map(|p| p.0) { "larger" } else { "faster" }
+        ),
+    };
+    if !beaten.is_empty() {
+        let skipped: Vec<String> = beaten.iter().map(|&(i, by)| format!("{} (by {})", gpus(i), gpus(by))).collect();
+        why.push_str(&format!("; passed over as beaten on both time and cost: {}", skipped.join(", ")));
     }
+    let at = i0;
     s.rows[at].sweet = true;
     s.sweet_spot = Some(s.rows[at].gpus);
     s.sweet_spot_why = why;
+}
+
+/// A priced row: its index in the series, its days as quoted and its cheapest cost.
+type Priced = (usize, f64, f64);
+
+/// The rows (index, days, cost) no other row beats on both: none is as fast and as cheap
+/// with one of the two strictly better; of identical rows the first (fewest GPUs) stays.
+/// Returned slowest (so cheapest) first, with each beaten row and one row that beats it.
+fn frontier(priced: &[Priced]) -> (Vec<Priced>, Vec<(usize, usize)>) {
+    let beats = |a: &Priced, b: &Priced| {
+        a.1 <= b.1 && a.2 <= b.2 && (a.1 < b.1 || a.2 < b.2 || a.0 < b.0)
+    };
+    let mut kept = Vec::new();
+    let mut beaten = Vec::new();
+    for p in priced {
+        match priced.iter().find(|q| q.0 != p.0 && beats(q, p)) {
+            Some(q) => beaten.push((p.0, q.0)),
+            None => kept.push(*p),
+        }
+    }
+    kept.sort_by(|a, b| b.1.total_cmp(&a.1));
+    (kept, beaten)
+}
+
+/// Along a frontier (slowest first: each step faster and dearer), the index of the last
+/// point reached while each step's extra cost per day saved is at most `threshold`.
+fn walk(frontier: &[Priced], threshold: f64) -> usize {
+    frontier.windows(2).take_while(|w| (w[1].2 - w[0].2) / (w[0].1 - w[1].1) <= threshold).count()
 }
 
 /// The cheapest quote among clean prices, else among caveated ones.
@@ -1045,7 +1110,7 @@ fn choices(series: &[Series], clouds: &[String]) -> Vec<Choice> {
     let mut out = Vec::new();
     for s in series {
         for r in &s.rows {
-            let Some(days) = r.days else { continue };
+            let (Some(run_days), Some(days)) = (r.days, r.quoted_days()) else { continue };
             let c = r.cheapest_cost();
             out.push(Choice {
                 gpu: s.gpu.name.clone(),
@@ -1053,9 +1118,11 @@ fn choices(series: &[Series], clouds: &[String]) -> Vec<Choice> {
                 gpus: r.gpus,
                 layout: r.projection.as_ref().map_or_else(|| "-".into(), |p| p.layout.compact()),
                 days,
+                days_without_interruptions: (days != run_days).then_some(run_days),
                 usd: c.map(|c| c.usd),
                 cloud: r.cheapest.map(|i| clouds[i].clone()),
                 price_row: c.map(pricing::CloudCost::row),
+                storage_not_costed: c.is_some_and(|c| c.storage_not_costed),
             });
         }
     }
@@ -1091,7 +1158,9 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
             best: Some((*best).clone()),
             runners_up: meeting.iter().skip(1).take(4).map(|c| (*c).clone()).collect(),
             why: match goal {
-                Goal::TargetDays(d) => format!("the cheapest run that finishes within {d} days"),
+                Goal::TargetDays(d) => {
+                    format!("the cheapest run that finishes within {}", crate::report::explore::days_said(&d.to_string()))
+                }
                 Goal::Budget(b) => format!("the fastest run that costs at most {}", crate::report::usd(b)),
             },
         },
@@ -1102,9 +1171,10 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
             runners_up: Vec::new(),
             why: match nearest {
                 Some(n) => format!(
-                    "no priced run finishes within {d} days; the fastest takes {:.1} days. The largest count asked was {largest}: \
+                    "no priced run finishes within {}; the fastest takes {}. The largest count asked was {largest}: \
                      try more GPUs (--gpus), a faster GPU or precision, or a later date",
-                    n.days
+                    crate::report::explore::days_said(&d.to_string()),
+                    crate::report::explore::days_said(&crate::report::explore::days_cell(n.days))
                 ),
                 None => "no row fits and is priced, so the target cannot be answered".into(),
             },
@@ -1124,6 +1194,13 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
             },
         },
     }
+}
+
+/// The named regions within a typo of `region` (edit distance at most 2, case ignored),
+/// nearest first; `None` when none is.
+fn near_regions<'a>(region: &str, named: &std::collections::BTreeSet<&'a str>) -> Option<Vec<&'a str>> {
+    let best = named.iter().map(|n| crate::runfile::edit_distance(region, n)).min().filter(|&d| d <= 2)?;
+    Some(named.iter().copied().filter(|n| crate::runfile::edit_distance(region, n) == best).collect())
 }
 
 /// A note for a cloud (`name`, from `plugin`) whose every one of its `offered` instances is
@@ -1346,12 +1423,110 @@ mod tests {
         assert!((s.rows[3].speedup.unwrap() - 8.0).abs() < 1e-12);
     }
 
+    /// A count a later one beats on both time and cost is passed over, and the walk goes on
+    /// past it: 128 (as slow as 64, dearer) and 64 (slower than 256 at the same cost) are
+    /// beaten, so 256 is the sweet spot, the sentence saying why. Kills: the walk stopping
+    /// at the first count that is no faster (the old rule chose 64).
     #[test]
-    fn a_count_that_is_no_faster_ends_the_walk() {
-        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 100.0, 1.0e6), row(256, 20.0, 1.0e6)]);
+    fn a_count_beaten_on_time_and_cost_is_never_the_sweet_spot() {
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 100.0, 1.1e6), row(256, 20.0, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(256), "{}", s.sweet_spot_why);
+        assert_eq!(
+            s.sweet_spot_why,
+            "256 GPUs: no other count priced is faster or cheaper; passed over as beaten on both time and cost: 64 (by 256), \
+             128 (by 64)"
+        );
+        // The audit's case (llama3.1-70b, 1e12 tokens, fp8, $10 per day saved): 64 GPUs at
+        // $384.2K in 104.2 days, 512 at $372.5K in 13.2, 2048 at $379.4K in 3.22. 64 is
+        // beaten by 512; 512 -> 2048 costs $6.9K for 9.98 days, $690 a day, over $10.
+        let mut s = series(vec![row(64, 104.2, 384.2e3), row(512, 13.2, 372.5e3), row(2048, 3.22, 379.4e3)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(10.0) });
+        assert_eq!(s.sweet_spot, Some(512), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.starts_with("512 GPUs: going to 2048 saves 9.98 days for $6.9K more"), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.ends_with("; passed over as beaten on both time and cost: 64 (by 512)"), "{}", s.sweet_spot_why);
+        // Identical rows: the fewer GPUs stay, and no count is a sweet spot twice.
+        let mut s = series(vec![row(64, 50.0, 1.0e6), row(128, 50.0, 1.0e6)]);
         derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
         assert_eq!(s.sweet_spot, Some(64), "{}", s.sweet_spot_why);
-        assert!(s.sweet_spot_why.contains("no faster"));
+    }
+
+    /// The frontier is walked slowest first, whatever the order of the counts: a larger
+    /// count that is slower and cheaper starts the walk. Kills: walking in count order.
+    #[test]
+    fn the_frontier_is_walked_from_the_cheapest_run() {
+        let mut s = series(vec![row(64, 50.0, 1.2e6), row(128, 100.0, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(1000.0) });
+        assert_eq!(s.sweet_spot, Some(128), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.starts_with("128 GPUs: going to 64 saves 50.0 days for $200.0K more"), "{}", s.sweet_spot_why);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(4000.0) });
+        assert_eq!(s.sweet_spot, Some(64), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.ends_with("none faster was asked for"), "{}", s.sweet_spot_why);
+    }
+
+    /// A spot row priced for `hours` of wall clock (the projection said `days`).
+    fn spot(gpus: u32, days: f64, hours: f64, usd: f64) -> Row {
+        let mut r = row(gpus, days, usd);
+        let q = pricing::tests::quote(usd, &[]);
+        r.costs = vec![CloudPrice::Quoted(pricing::CloudCost { option: "spot".into(), hours, ..q })];
+        r
+    }
+
+    /// On spot the sweet spot and the goals weigh the days the quote bills (interruptions
+    /// included), and the answer says both. The audit's case: 4096 GPUs projected at 4.57
+    /// days but billed 235 hours (9.79 days) does not finish within 5 days. Kills: goals or
+    /// the sweet spot reading the projection's days.
+    #[test]
+    fn on_spot_goals_and_the_sweet_spot_weigh_the_days_the_quote_bills() {
+        let clouds = ["c".to_string()];
+        let mut s = series(vec![spot(2048, 8.84, 8.84 * 24.0 * 1.1, 742.3e3), spot(4096, 4.5686, 235.0, 1.2e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert!((s.rows[1].quoted_days().unwrap() - 235.0 / 24.0).abs() < 1e-12);
+        // 9.724 -> 9.792 days: 4096 is slower and dearer, so 2048 beats it.
+        assert_eq!(s.sweet_spot, Some(2048), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.contains("4096 (by 2048)"), "{}", s.sweet_spot_why);
+        let s = [s];
+        let a = answer(Goal::TargetDays(5.0), &s, &clouds, &[2048, 4096]);
+        assert!(!a.met, "{a:?}");
+        assert!(a.why.starts_with("no priced run finishes within 5 days; the fastest takes 9.72 days"), "{}", a.why);
+        let a = answer(Goal::TargetDays(10.0), &s, &clouds, &[2048, 4096]);
+        let best = a.best.unwrap();
+        assert_eq!((best.gpus, best.days_without_interruptions), (2048, Some(8.84)));
+        assert_eq!(
+            best.describe(),
+            "2048 x H100 bf16 (-): 9.72 days wall clock with spot interruptions (8.84 without), $742.3K on c (i r spot undated)"
+        );
+        // On demand the projection's days stand, and nothing more is said.
+        let mut on_demand = series(vec![row(64, 4.0, 1.0e6)]);
+        derive(&mut on_demand, &SweetSpotRule { max_usd_per_day_saved: None });
+        let a = answer(Goal::TargetDays(1.0), &[on_demand], &clouds, &[64]);
+        assert!(a.why.starts_with("no priced run finishes within 1 day; the fastest takes 4.00 days"), "{}", a.why);
+        let best = a.best.unwrap();
+        assert_eq!(best.days_without_interruptions, None);
+        assert_eq!(best.describe(), "64 x H100 bf16 (-): 4.00 days, $1.00M on c (i r on-demand undated)");
+    }
+
+    /// A quote that leaves storage out says so in the goal's answer. Kills: the flag dropped
+    /// from the choice.
+    #[test]
+    fn an_answer_whose_quote_leaves_storage_out_says_so() {
+        let mut r = row(64, 4.0, 1.0e6);
+        r.costs = vec![CloudPrice::Quoted(pricing::CloudCost { storage_not_costed: true, ..pricing::tests::quote(1.0e6, &[]) })];
+        let mut s = series(vec![r]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let a = answer(Goal::Budget(2e6), &[s], &["c".to_string()], &[64]);
+        assert_eq!(a.best.unwrap().describe(), "64 x H100 bf16 (-): 4.00 days, $1.00M on c (i r on-demand undated; storage not costed)");
+    }
+
+    /// A typed region within two edits of a named one (case ignored) is a typo; one far
+    /// from all is not. Kills: the distance bound loosened or case counted.
+    #[test]
+    fn a_region_near_a_named_one_is_taken_for_a_typo() {
+        let named: BTreeSet<&str> = ["us-east-1", "us-east-2", "us-west-2", "eu-north1"].into_iter().collect();
+        assert_eq!(near_regions("us-east1", &named), Some(vec!["us-east-1"]));
+        assert_eq!(near_regions("EU-NORTH-1", &named), Some(vec!["eu-north1"]));
+        assert_eq!(near_regions("us-wst", &named), None, "three edits");
+        assert_eq!(near_regions("antarctica", &named), None);
     }
 
     #[test]
@@ -1514,7 +1689,7 @@ mod tests {
         assert_eq!(s.rows.iter().map(|r| r.relative_cost).collect::<Vec<_>>(), [None, None, Some(1.0), Some(1.5)]);
         // 128 -> 256 saves 25 days for $0.5M: $20K per day, over 1 % of $1.0M.
         assert_eq!(s.sweet_spot, Some(128), "{}", s.sweet_spot_why);
-        assert!(s.sweet_spot_why.starts_with("128 GPUs: going to 256 saves 25.00 days"), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.starts_with("128 GPUs: going to 256 saves 25.0 days"), "{}", s.sweet_spot_why);
         let mut s = series(vec![unfit(32), unpriced(row(64, 100.0, 0.0)), row(128, 50.0, 1.0e6)]);
         derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
         assert_eq!(s.sweet_spot_why, "128 GPUs: the smallest count priced");
@@ -1548,7 +1723,11 @@ mod tests {
         let mut s = series(vec![row(64, 100.0, 1.2e6), row(128, 50.0, 1.0e6), row(256, 25.0, 1.275e6)]);
         derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
         assert_eq!(s.sweet_spot, Some(128), "{}", s.sweet_spot_why);
-        assert!(s.sweet_spot_why.ends_with("$11.0K per day saved, over the $10.0K threshold"), "{}", s.sweet_spot_why);
+        assert!(
+            s.sweet_spot_why.ends_with("$11.0K per day saved, over the $10.0K threshold; passed over as beaten on both time and cost: 64 (by 128)"),
+            "{}",
+            s.sweet_spot_why
+        );
     }
 
     /// FP8 against BF16 on the same GPU type, count by count where both fit: BF16 days

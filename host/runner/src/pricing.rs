@@ -51,6 +51,10 @@ pub struct CloudCost {
     /// commitment. None where the lines do not say (a unit other than node- or GPU-hours).
     #[serde(default)]
     pub billed_hours: Option<f64>,
+    /// Storage was asked for but the cloud prices none (no list price known): the quote
+    /// leaves out a cost other quotes include, so it reads cheaper than the run is.
+    #[serde(default)]
+    pub storage_not_costed: bool,
     pub lines: Vec<Line>,
     pub warnings: Vec<String>,
 }
@@ -60,6 +64,16 @@ impl CloudCost {
     pub fn row(&self) -> String {
         let date = if self.price_date.is_empty() { "undated" } else { &self.price_date };
         format!("{} {} {} {date}", self.instance, self.region, self.option)
+    }
+
+    /// The wall-clock days the run takes as this quote bills it: the projection's
+    /// `run_days`, or on spot the hours the quote assumes, interruptions included. Goals,
+    /// the sweet spot and the tables all read a quote's days here, so a spot run is never
+    /// compared on days it does not take while billed for the longer ones.
+    pub fn days(&self, run_days: f64) -> f64 {
+        // Only spot stretches `hours`; elsewhere the projection's figure is kept as is
+        // (hours / 24 may differ from it in the last bit).
+        if self.option == crate::plugin::cost::option_name(PurchaseOption::Spot) { self.hours / 24.0 } else { run_days }
     }
 }
 
@@ -185,8 +199,9 @@ pub struct Cloud {
 pub const ANY_REGION: &str = "*";
 
 /// Whether a price in `priced` applies to a run asked in `asked` (empty: any region).
+/// Case is ignored: clouds spell regions in lower case, users may not.
 fn in_region(priced: &str, asked: &str) -> bool {
-    asked.is_empty() || priced == asked || priced == ANY_REGION
+    asked.is_empty() || priced.eq_ignore_ascii_case(asked) || priced == ANY_REGION
 }
 
 impl Cloud {
@@ -387,6 +402,8 @@ fn cheapest_of(
                             usd: q.total,
                             hours,
                             billed_hours: billed_hours(&q.lines, nodes, ask.gpus),
+                            storage_not_costed: storage_gb_months > 0.0
+                                && !q.lines.iter().any(|l| l.category == LineCategory::Storage && l.amount > 0.0),
                             lines: q
                                 .lines
                                 .iter()
@@ -527,6 +544,7 @@ pub(crate) mod tests {
             usd,
             hours: 1.0,
             billed_hours: Some(1.0),
+            storage_not_costed: false,
             lines: Vec::new(),
             warnings: Vec::new(),
         }
@@ -646,6 +664,42 @@ pub(crate) mod tests {
             })
         });
         (got, requests, notes.finish())
+    }
+
+    /// A quote whose storage lines cost nothing while storage was asked for leaves it out;
+    /// one that prices it, or one asked for no storage, does not. A spot quote's days are its
+    /// stretched hours, an on-demand one's the run's. Regions match in any case. Kills: the
+    /// flag from the line's presence rather than its amount, or set with nothing asked;
+    /// `days` ignoring spot; a case-sensitive region.
+    #[test]
+    fn a_quote_says_whether_it_costs_storage_and_how_many_days_it_bills() {
+        let gpu = h100();
+        let offerings = [offering("s", "H100", price("r", PurchaseOption::Spot, 10.0, &[]))];
+        let a = Assumptions { spot_interruptions_per_node_day: 2.4, checkpoint_interval_h: 2.0, restart_h: 0.5, ..Assumptions::default() };
+        let (got, _, _) = priced(&offerings, &ask(&gpu, 40, 10.0, "R", PurchaseOption::Spot), &a, |_| None);
+        let q = got.quote().unwrap();
+        assert!(!q.storage_not_costed, "{q:?}");
+        assert!((q.days(10.0 / 24.0) - 40.0 / 24.0).abs() < 1e-12);
+        let on_demand = CloudCost { option: "on-demand".into(), ..q.clone() };
+        assert_eq!(on_demand.days(0.5), 0.5);
+        let unpriced = |r: &QuoteRequest| {
+            let line = |category, amount: f64| QuoteLine {
+                item: "x".into(),
+                category,
+                quantity: 1.0,
+                unit: "u".into(),
+                amount,
+                estimate: true,
+                caveats: Vec::new(),
+            };
+            let lines = vec![line(LineCategory::Compute, 100.0 * r.hours), line(LineCategory::Storage, 0.0)];
+            Some(Ok(Quote { currency: "USD".into(), total: 100.0 * r.hours, lines, warnings: Vec::new() }))
+        };
+        let (got, _, _) = priced(&offerings, &ask(&gpu, 40, 10.0, "r", PurchaseOption::Spot), &a, unpriced);
+        assert!(got.quote().unwrap().storage_not_costed);
+        let nothing = Ask { storage_gb_months: 0.0, ..ask(&gpu, 40, 10.0, "r", PurchaseOption::Spot) };
+        let (got, _, _) = priced(&offerings, &nothing, &a, unpriced);
+        assert!(!got.quote().unwrap().storage_not_costed, "no storage asked, none left out");
     }
 
     fn refused(message: &str) -> Option<Result<Quote, plugin::PluginError>> {

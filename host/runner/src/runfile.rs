@@ -582,20 +582,7 @@ fn hint(error: &str) -> Option<String> {
         );
     }
     let expected: Vec<&str> = error.split("expected").nth(1)?.split('`').skip(1).step_by(2).collect();
-    let distance = |a: &str, b: &str| -> usize {
-        let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for i in 1..=a.len() {
-            let mut diagonal = row[0];
-            row[0] = i;
-            for j in 1..=b.len() {
-                let next = (row[j] + 1).min(row[j - 1] + 1).min(diagonal + usize::from(a[i - 1] != b[j - 1]));
-                diagonal = row[j];
-                row[j] = next;
-            }
-        }
-        row[b.len()]
-    };
+    let distance = edit_distance;
     let best = expected.iter().map(|k| distance(&unknown, k)).min()?;
     if best <= 2.max(unknown.chars().count() / 3) {
         let near: Vec<String> = expected.iter().filter(|k| distance(&unknown, k) == best).map(|k| format!("`{k}`")).collect();
@@ -604,6 +591,23 @@ fn hint(error: &str) -> Option<String> {
     // A key of another section: where it goes.
     let home = SECTIONS.iter().find(|(_, keys)| keys().contains(&unknown))?;
     Some(format!("`{unknown}` goes in [{}]", home.0))
+}
+
+/// Levenshtein distance between `a` and `b`, ignoring case: how far a typed name is from
+/// a known one, for "did you mean".
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut diagonal = row[0];
+        row[0] = i;
+        for j in 1..=b.len() {
+            let next = (row[j] + 1).min(row[j - 1] + 1).min(diagonal + usize::from(a[i - 1] != b[j - 1]));
+            diagonal = row[j];
+            row[j] = next;
+        }
+    }
+    row[b.len()]
 }
 
 /// A deserializer's message in the file's words: the Rust types serde names ("expected

@@ -155,7 +155,10 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
     let dir = scratch("clouds");
     let explore = ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--no-history", "-q"];
     for (extra, want) in [
-        (vec!["--cloud", "aws", "--region", "us-east1"], "no cloud sells in region 'us-east1'; the regions are:\n  aws: "),
+        (vec!["--cloud", "aws", "--region", "us-east1"], "no cloud names region 'us-east1'; did you mean us-east-1?"),
+        (vec!["--cloud", "aws", "--region", "antarctica"], "no cloud sells in region 'antarctica'; the regions are:\n  aws: "),
+        // With every-region prices installed too (the default clouds), a typo is still one.
+        (vec!["--region", "us-east1"], "no cloud names region 'us-east1'; did you mean us-east-1 or us-east4 or us-east5?"),
         (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
         (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
         (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's 1024 (GBS 4 x sequence 256)"),
@@ -167,9 +170,10 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
         let o = runner(&dir, &a);
         assert!(!o.status.success() && text(&o).1.contains(want), "{a:?}: {}", text(&o).1);
     }
-    // Lambda's one price holds in every region (`*`): a region AWS names prices both.
+    // Lambda's one price holds in every region (`*`): a region AWS names prices both, in
+    // any case.
     let mut a = explore.to_vec();
-    a.extend(["--cloud", "lambda,aws", "--region", "us-east-1", "--format", "json"]);
+    a.extend(["--cloud", "lambda,aws", "--region", "US-East-1", "--format", "json"]);
     let o = runner(&dir, &a);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
@@ -177,14 +181,16 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
     let costs = v["series"][0]["rows"][0]["costs"].as_array().unwrap();
     assert_eq!(costs.len(), 2, "{out}");
     assert!(costs.iter().all(|c| c.get("Quoted").is_some() || c["usd"].is_number()), "{costs:?}");
+    assert!(costs.iter().any(|c| c["region"] == "us-east-1"), "{costs:?}");
     assert!(!out.contains("no cloud names it"), "{out}");
-    // A region only the every-region price answers is priced, and said so: it may be a typo.
+    // A region far from every named one, which only the every-region price answers, is
+    // taken as meant: priced, and said so.
     let mut a = explore.to_vec();
-    a.extend(["--cloud", "lambda,aws", "--region", "us-eest-1", "--format", "json"]);
+    a.extend(["--cloud", "lambda,aws", "--region", "antarctica", "--format", "json"]);
     let o = runner(&dir, &a);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("region us-eest-1: no cloud names it, so only the every-region prices of lambda apply; the named regions are "), "{out}");
+    assert!(out.contains("region antarctica: no cloud names it, so only the every-region prices of lambda apply; the named regions are "), "{out}");
     std::fs::create_dir_all(dir.join("sub")).unwrap();
     std::fs::write(dir.join("sub/run.toml"), "[model]\nplugin = \"llama3.wasm\"\n[cost]\nprice_file = \"ours.csv\"\n").unwrap();
     let o = runner(&dir, &["run", "sub/run.toml", "--no-history", "-q"]);

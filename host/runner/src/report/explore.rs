@@ -116,11 +116,15 @@ fn layout_cell(r: &Row) -> String {
     }
 }
 
-/// A cost cell: the amount, '!' when the price is caveated (lower bound, resale, suspect).
+/// A cost cell: the amount, '+' when it leaves storage out (the run costs more), '!' when
+/// the price is caveated (lower bound, resale, suspect).
 fn cost_cell(c: &CloudPrice) -> String {
     match c {
-        CloudPrice::Quoted(q) if q.caveats.is_empty() => usd(q.usd),
-        CloudPrice::Quoted(q) => format!("{}!", usd(q.usd)),
+        CloudPrice::Quoted(q) => {
+            let storage = if q.storage_not_costed { "+" } else { "" };
+            let caveat = if q.caveats.is_empty() { "" } else { "!" };
+            format!("{}{storage}{caveat}", usd(q.usd))
+        }
         CloudPrice::NotSold => "n/a".into(),
         CloudPrice::QuoteFailed { .. } => "failed".into(),
     }
@@ -152,6 +156,11 @@ pub(crate) fn days_cell(d: f64) -> String {
     }
 }
 
+/// "4.57 days", "1 day": a figure as printed and its unit, singular only for exactly 1.
+pub(crate) fn days_said(figure: &str) -> String {
+    if figure == "1" { "1 day".into() } else { format!("{figure} days") }
+}
+
 /// `x` with `decimals` decimals, or two significant digits where those would show none
 /// (a CPU proxy's 0.0042 s step printed as 0.00).
 pub fn fixed_or_significant(x: f64, decimals: usize) -> String {
@@ -175,12 +184,24 @@ fn cloud_header(name: &str) -> String {
     format!("{}~", fit(name, CLOUD_HEADER - 1))
 }
 
+/// The column of a series whose cheapest quotes are on spot: the days they bill.
+const SPOT_DAYS: &str = "spot days";
+
+/// Whether a row's cheapest quote takes other days than the projection (spot).
+fn interrupted(s: &Series) -> bool {
+    s.rows.iter().any(|r| r.quoted_days() != r.days)
+}
+
 /// One series as a table: `clouds` are the columns priced (indices into the row costs).
 fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table {
     let mut headers: Vec<String> =
         ["GPUs", "layout", "step s", "GiB", "days", "speedup", "rel.cost", "tok/s/GPU", "MFU"].iter().map(|h| h.to_string()).collect();
     if wide {
         headers.insert(2, "GBS".to_string());
+    }
+    let spot = interrupted(s);
+    if spot {
+        headers.insert(if wide { 6 } else { 5 }, SPOT_DAYS.to_string());
     }
     headers.extend(clouds.iter().map(|&i| if wide { o.clouds[i].clone() } else { cloud_header(&o.clouds[i]) }));
     let mut t = Table { title: format!("{} - {}", s.label(), s.plan), headers, ..Table::default() };
@@ -193,14 +214,13 @@ fn series_table(o: &Outcome, s: &Series, clouds: &[usize], wide: bool) -> Table 
         row.push(r.projection.as_ref().map_or("-".into(), |p| fixed_or_significant(p.step_time_s, 2)));
         row.push(r.projection.as_ref().map_or("-".into(), |p| fixed_or_significant(p.memory_per_gpu_gib, 0)));
         match (&r.projection, r.days) {
-            (Some(p), Some(days)) => row.extend([
-                days_cell(days),
+            (Some(p), Some(days)) => row.extend([days_cell(days)].into_iter().chain(spot.then(|| r.quoted_days().map_or("-".into(), days_cell))).chain([
                 r.speedup.map_or("-".into(), |x| format!("{x:.2}x")),
                 r.relative_cost.map_or("-".into(), |x| format!("{x:.3}")),
                 format!("{:.0}", p.tokens_per_sec_per_gpu),
                 format!("{:.1}%", 100.0 * p.mfu),
-            ]),
-            _ => row.extend(std::iter::repeat_n("-".to_string(), 5)),
+            ])),
+            _ => row.extend(std::iter::repeat_n("-".to_string(), 5 + usize::from(spot))),
         }
         row.extend(clouds.iter().map(|&i| cost_cell(&r.costs[i])));
         t.rows.push(row);
@@ -215,7 +235,7 @@ fn choice_line(c: &Choice) -> String {
 fn goal_lines(o: &Outcome) -> Vec<String> {
     let Some(g) = &o.goal else { return Vec::new() };
     let asked = match g.goal {
-        Goal::TargetDays(d) => format!("finish within {d} days at the lowest cost"),
+        Goal::TargetDays(d) => format!("finish within {} at the lowest cost", days_said(&d.to_string())),
         Goal::Budget(b) => format!("finish soonest for at most {}", usd(b)),
     };
     let mut out = vec![format!("Goal: {asked}")];
@@ -231,6 +251,12 @@ fn goal_lines(o: &Outcome) -> Vec<String> {
         out.push(format!("  runner-up {}: {}", i + 1, choice_line(r)));
     }
     out
+}
+
+/// '+' where the cheapest quote of a series' row leaves storage out, as its price cell says.
+fn storage_mark(o: &Outcome, gpu: &str, precision: &str, gpus: u32) -> &'static str {
+    let rows = o.series.iter().filter(|s| s.gpu.name == gpu && s.precision == precision).flat_map(|s| &s.rows);
+    if rows.filter(|r| r.gpus == gpus).any(|r| r.cheapest_cost().is_some_and(|q| q.storage_not_costed)) { "+" } else { "" }
 }
 
 /// FP8 (and other low-precision) series against BF16, one table for all.
@@ -254,13 +280,27 @@ fn comparison_table(o: &Outcome) -> Option<Table> {
             days_cell(c.days_bf16),
             days_cell(c.days),
             format!("{:.2}x", c.speedup),
-            c.usd_bf16.map_or("-".into(), usd),
-            c.usd.map_or("-".into(), usd),
+            c.usd_bf16.map_or("-".into(), |u| usd(u) + storage_mark(o, &c.gpu, "bf16", c.gpus)),
+            c.usd.map_or("-".into(), |u| usd(u) + storage_mark(o, &c.gpu, &c.precision, c.gpus)),
             saving,
             format!("{:.1}%", 100.0 * c.coverage),
         ]);
     }
     Some(t)
+}
+
+/// What '+' after a price means, wherever one is shown.
+const STORAGE_LEGEND: &str = "'+' after a price: the cloud lists no storage price, so the quote leaves out the checkpoints and \
+     data set other quotes include; the run costs more than shown, and clouds are still ranked on the figures shown";
+
+/// What the spot-days column is, where one is shown.
+const SPOT_LEGEND: &str = "days: the projection's, without interruptions; spot days: the wall-clock days the cheapest quote \
+     bills, spot interruptions included (the days the sweet spot and goals weigh)";
+
+/// The legends of the marks and columns a page shows only where they occur.
+fn legends(o: &Outcome) -> Vec<&'static str> {
+    let unstored = o.series.iter().flat_map(|s| &s.rows).flat_map(|r| &r.costs).filter_map(CloudPrice::quote).any(|q| q.storage_not_costed);
+    [(unstored, STORAGE_LEGEND), (o.series.iter().any(interrupted), SPOT_LEGEND)].into_iter().filter(|l| l.0).map(|l| l.1).collect()
 }
 
 /// The terminal page.
@@ -298,6 +338,9 @@ pub fn text(o: &Outcome) -> String {
          included); '!' marks a price its source calls a lower bound, resale or suspect; n/a: the cloud does not sell \
          the GPU; failed: its quotes were refused (see the notes)",
     ));
+    for l in legends(o) {
+        out.push_str(&wrapped("note: ", l));
+    }
     for r in o.series.iter().flat_map(|s| s.rows.iter().filter_map(move |r| r.why_not.as_ref().map(|w| (s, r, w)))) {
         out.push_str(&wrapped("note: ", &format!("{} {} GPUs: {}", r.0.label(), r.1.gpus, r.2)));
     }
@@ -317,7 +360,7 @@ pub fn csv(o: &Outcome) -> String {
             "gpu", "precision", "gpus", "requested_gpus", "layout", "global_batch", "step_s", "tokens_per_s_per_gpu",
             "mfu", "memory_gib", "days", "speedup", "relative_cost", "sweet_spot", "cloud", "cheapest", "usd",
             "currency", "instance", "region", "option", "nodes", "run_hours", "billed_hours", "price_date", "price_source",
-            "caveats", "cost_plugin", "cost_plugin_sha256", "workload_plugin", "workload_sha256", "plan",
+            "caveats", "storage_not_costed", "cost_plugin", "cost_plugin_sha256", "workload_plugin", "workload_sha256", "plan",
         ],
     );
     let workload = o.plugins.first();
@@ -365,6 +408,7 @@ pub fn csv(o: &Outcome) -> String {
                         q.price_date.clone(),
                         q.price_source.clone(),
                         q.caveats.join(";"),
+                        q.storage_not_costed.to_string(),
                         q.plugin.clone(),
                         q.plugin_sha256.clone(),
                     ]),
@@ -372,11 +416,11 @@ pub fn csv(o: &Outcome) -> String {
                         if r.days.is_none() {
                             continue;
                         }
-                        line.extend(["not-sold".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 12)));
+                        line.extend(["not-sold".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 13)));
                     }
                     CloudPrice::QuoteFailed { reason } => {
                         line.extend(["failed".to_string()].into_iter().chain(std::iter::repeat_n(String::new(), 8)));
-                        line.extend([String::new(), reason.clone(), String::new(), String::new()]);
+                        line.extend([String::new(), reason.clone(), String::new(), String::new(), String::new()]);
                     }
                 }
                 line.extend(tail.iter().cloned());
@@ -385,13 +429,14 @@ pub fn csv(o: &Outcome) -> String {
             }
             if !any {
                 let mut line = base;
-                line.extend(std::iter::repeat_n(String::new(), 15));
+                line.extend(std::iter::repeat_n(String::new(), 16));
                 line.extend(tail.iter().cloned());
                 t.rows.push(line);
             }
         }
     }
     t.notes.push(o.sweet_spot_rule.clone());
+    t.notes.extend(legends(o).into_iter().map(String::from));
     for s in &o.series {
         t.notes.push(format!("{}: sweet spot {}", s.label(), s.sweet_spot_why));
     }
@@ -422,7 +467,8 @@ fn charts(o: &Outcome) -> Vec<String> {
         dashed: s.precision == "bf16" && many,
         ..chart::Series::default()
     };
-    let days = |r: &Row| r.days;
+    // As quoted: a spot run is charted on the days it is billed for, as its sweet spot is chosen.
+    let days = |r: &Row| r.quoted_days();
     let cost = |r: &Row| r.cheapest_cost().map(|c| c.usd);
     out.push(
         LineChart {
@@ -537,7 +583,7 @@ fn series_html(o: &Outcome, s: &Series, footnotes: &mut Vec<String>) -> String {
                         hours_text(q),
                         q.price_source,
                         if q.caveats.is_empty() { String::new() } else { format!("; caveats: {}", q.caveats.join(", ")) }
-                    );
+                    ) + if q.storage_not_costed { "; storage not costed" } else { "" };
                     let n = match footnotes.iter().position(|f| *f == source) {
                         Some(n) => n + 1,
                         None => {
@@ -656,6 +702,9 @@ pub fn html(o: &Outcome) -> String {
     }
     out.push_str("</ol>\n<h3>Notes</h3>\n<ul>\n");
     let _ = writeln!(out, "<li>{}</li>", esc(&o.sweet_spot_rule));
+    for l in legends(o) {
+        let _ = writeln!(out, "<li>{}</li>", esc(l));
+    }
     for r in o.series.iter().flat_map(|s| s.rows.iter().filter_map(move |r| r.why_not.as_ref().map(|w| (s, r, w)))) {
         let _ = writeln!(out, "<li>{} {} GPUs: {}</li>", esc(&r.0.label()), r.1.gpus, esc(r.2));
     }
@@ -729,7 +778,7 @@ pub(crate) mod tests {
     #[test]
     fn the_terminal_page_shows_two_clouds_and_counts_the_rest() {
         let mut o = three_clouds(&["zürich-cloud-ünï", "b-cloud", "c-cloud"]);
-        let choice = |gpus: u32| crate::explore::Choice { gpu: "H100".into(), precision: "bf16".into(), gpus, layout: "TP8".into(), days: 10.0, usd: None, cloud: None, price_row: None };
+        let choice = |gpus: u32| crate::explore::Choice { gpu: "H100".into(), precision: "bf16".into(), gpus, layout: "TP8".into(), days: 10.0, days_without_interruptions: None, usd: None, cloud: None, price_row: None, storage_not_costed: false };
         o.goal = Some(GoalAnswer { goal: Goal::Budget(1e6), met: true, best: Some(choice(8)), runners_up: vec![choice(16)], why: String::new() });
         o.comparisons.push(Comparison { gpu: "H100".into(), precision: "fp8".into(), gpus: 8, days_bf16: 10.0, days: 8.0, speedup: 1.25, usd_bf16: Some(100.0), usd: Some(80.0), coverage: 0.9 });
         let page = text(&o);
@@ -741,19 +790,68 @@ pub(crate) mod tests {
         assert!(page.contains("$80.00   20.0%"), "{page}");
     }
 
-    /// Every CSV line has the header's 32 fields; a row nothing fits that no cloud sells
+    /// Every CSV line has the header's 33 fields; a row nothing fits that no cloud sells
     /// is one line; the cheapest cloud is flagged; caveats are joined by ';'.
     #[test]
     fn csv_lines_keep_their_columns() {
         let out = csv(&three_clouds(&["a", "b", "c"]));
         let lines: Vec<Vec<&str>> = out.lines().filter(|l| !l.starts_with('#')).map(|l| l.split(',').collect()).collect();
-        assert!(lines.iter().all(|l| l.len() == 32), "{out}");
+        assert!(lines.iter().all(|l| l.len() == 33), "{out}");
         let field = |gpus: &str, cloud: &str, col: usize| lines.iter().find(|l| l[2] == gpus && l[14] == cloud).map(|l| l[col].to_string());
         assert_eq!(lines.len(), 1 + 3 + 1, "{out}");
         assert_eq!(field("16", "", 16).as_deref(), Some(""), "{out}");
         assert_eq!((field("8", "a", 15), field("8", "b", 15), field("8", "c", 15)), (Some("true".into()), Some("false".into()), Some("false".into())));
         assert_eq!(field("8", "b", 26).as_deref(), Some("resale;suspect"));
         assert_eq!((field("8", "c", 16), field("8", "c", 26)), (Some("failed".into()), Some("refused".into())));
+        assert_eq!((field("8", "a", 27), field("8", "c", 27)), (Some("false".into()), Some(String::new())));
+    }
+
+    /// A quote that leaves storage out is marked '+' after its price (before a caveat's
+    /// '!'), in the CSV as `storage_not_costed` and in the HTML's cell and provenance, with
+    /// the legend once; a page with no such quote has neither. Kills: the mark, the
+    /// column or the legend dropped.
+    #[test]
+    fn a_quote_without_storage_is_marked_in_every_format() {
+        let plain = three_clouds(&["a", "b", "c"]);
+        assert!(!text(&plain).contains("'+' after a price") && !csv(&plain).contains("'+' after a price"));
+        let mut o = plain;
+        for c in &mut o.series[0].rows[0].costs {
+            if let CloudPrice::Quoted(q) = c {
+                q.storage_not_costed = true;
+            }
+        }
+        o.comparisons.push(Comparison { gpu: "H100".into(), precision: "fp8".into(), gpus: 8, days_bf16: 10.0, days: 8.0, speedup: 1.25, usd_bf16: Some(10.0), usd: Some(8.0), coverage: 0.9 });
+        let page = text(&o);
+        assert!(page.contains("$10.00+") && page.contains("$5.00+!"), "{page}");
+        // The comparison's BF16 cost is that quote; its FP8 one (no such series here) is not.
+        assert!(page.contains("  $10.00+  $8.00   20.0%"), "{page}");
+        assert_eq!(page.matches("note: '+' after a price: the cloud lists no storage price").count(), 1, "{page}");
+        let out = csv(&o);
+        let a = out.lines().find(|l| l.starts_with("H100,bf16,8,") && l.contains(",a,")).unwrap();
+        assert_eq!(a.split(',').nth(27), Some("true"), "{out}");
+        assert!(out.contains("\n# '+' after a price"), "{out}");
+        let page = html(&o);
+        assert!(page.contains(">$10.00+<sup>") && page.contains("; storage not costed\""), "{page}");
+        assert!(page.contains("<li>&#39;+&#39; after a price") || page.contains("<li>'+' after a price"), "{page}");
+    }
+
+    /// A series priced on spot shows the days each row's cheapest quote bills beside the
+    /// projection's, with the legend; one on demand has no such column. Kills: the column
+    /// showing the projection's days, or shown on demand.
+    #[test]
+    fn a_spot_series_shows_the_days_its_quotes_bill() {
+        let mut o = three_clouds(&["a", "b", "c"]);
+        assert!(!text(&o).contains("spot days"));
+        if let CloudPrice::Quoted(q) = &mut o.series[0].rows[0].costs[0] {
+            (q.option, q.hours) = ("spot".into(), 264.0);
+        }
+        o.series[0].rows[0].projection = Some(projected(1.0, 0.4, 0.0));
+        let page = text(&o);
+        let head = page.lines().find(|l| l.starts_with("GPUs")).unwrap();
+        assert!(head.contains(" days  spot days  speedup "), "{page}");
+        let eight = page.lines().find(|l| l.starts_with("8*")).unwrap();
+        assert!(eight.contains(" 10.0       11.0 "), "{page}");
+        assert!(page.contains("note: days: the projection's, without interruptions; spot days:"), "{page}");
     }
 
     /// Plugin-supplied text (a price source, a refusal, a note, the model's name, a goal's
@@ -905,7 +1003,7 @@ pub(crate) mod tests {
         let mut o = three_clouds(&["a", "b", "c"]);
         o.series[0].rows[1].why_not = Some("no layout holds 405B".into());
         o.notes.push("plugin: llama3 sha256 00".into());
-        let choice = crate::explore::Choice { gpu: "H100".into(), precision: "bf16".into(), gpus: 8, layout: "TP8".into(), days: 10.0, usd: None, cloud: None, price_row: None };
+        let choice = crate::explore::Choice { gpu: "H100".into(), precision: "bf16".into(), gpus: 8, layout: "TP8".into(), days: 10.0, days_without_interruptions: None, usd: None, cloud: None, price_row: None, storage_not_costed: false };
         o.goal = Some(GoalAnswer { goal: Goal::TargetDays(5.0), met: false, best: Some(choice), runners_up: Vec::new(), why: "too slow".into() });
         let page = text(&o);
         assert!(page.contains("  not met: too slow\n  nearest: 8 x H100 bf16 (TP8): 10.0 days, not priced\n"), "{page}");
