@@ -495,7 +495,10 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
                 "no cloud names region '{}'; did you mean {}? (a region no cloud names is priced only by every-region \
                  prices, and only when no named region is this close to it)",
                 crate::report::visible(region),
-                near.join(" or ")
+                match near.split_last() {
+                    Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+                    _ => near.join(""),
+                }
             );
         }
         if selling.is_empty() {

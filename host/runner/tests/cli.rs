@@ -158,7 +158,7 @@ fn clouds_and_regions_asked_for_by_mistake_are_refused() {
         (vec!["--cloud", "aws", "--region", "us-east1"], "no cloud names region 'us-east1'; did you mean us-east-1?"),
         (vec!["--cloud", "aws", "--region", "antarctica"], "no cloud sells in region 'antarctica'; the regions are:\n  aws: "),
         // With every-region prices installed too (the default clouds), a typo is still one.
-        (vec!["--region", "us-east1"], "no cloud names region 'us-east1'; did you mean us-east-1 or us-east4 or us-east5?"),
+        (vec!["--region", "us-east1"], "no cloud names region 'us-east1'; did you mean us-east-1, us-east4 or us-east5?"),
         (vec!["--cloud", "price_file"], "pass the file with --price-file FILE"),
         (vec!["--cloud", "lambda,aws,lambda.wasm"], "the cloud lambda is named twice"),
         (vec!["--cloud", "lambda", "--tokens", "1000"], "1000 tokens to train are fewer than one step's 1024 (GBS 4 x sequence 256)"),
