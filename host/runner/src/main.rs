@@ -889,4 +889,24 @@ mod tests {
         assert_eq!(gpu_count("99999999999").unwrap_err(), "99999999999 GPUs: a GPU count must be in 1..=1048576");
         assert_eq!(gpu_count("0").unwrap_err(), "0 GPUs: a GPU count must be in 1..=1048576");
     }
+
+    /// A flag whose help says its default in words ("default: the variant's") shows no
+    /// clap default beside it: `train --layers` read "(default: the variant's) [default: 0]".
+    #[test]
+    fn no_flag_gives_two_defaults() {
+        fn walk(cmd: &clap::Command, path: &str, bad: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let help = a.get_long_help().or(a.get_help()).map(ToString::to_string).unwrap_or_default();
+                if help.contains("(default") && !a.get_default_values().is_empty() && !a.is_hide_default_value_set() {
+                    bad.push(format!("{path} --{}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), bad);
+            }
+        }
+        let mut bad = Vec::new();
+        walk(&<super::Cli as clap::CommandFactory>::command(), "runner", &mut bad);
+        assert!(bad.is_empty(), "{bad:?}");
+    }
 }
