@@ -2564,3 +2564,15 @@ fn project_and_search_csv_carry_the_jsons_figures() {
         }
     }
 }
+
+/// A layout flag no count divides is refused with the reason every count shares: `--ep 8`
+/// on a dense model said 8 GPUs' "tp·cp = 16 does not divide 8 GPUs" and hid "no routed
+/// experts", which 64 GPUs gave.
+#[test]
+fn explore_names_the_reason_every_count_shares() {
+    let dir = scratch("explore-dense-ep");
+    let o = runner(&dir, &["explore", "--model", "llama3.1-8b", "--gpus", "8,64", "--ep", "8", "--cloud", "aws", "--no-history", "-q"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("divides none of the GPU counts") && err.contains("the graph has no routed experts; set ep = etp = 1"), "{err}");
+    assert!(!err.contains("does not divide 8 GPUs"), "{err}");
+}
