@@ -622,23 +622,8 @@ fn hint(error: &str) -> Option<String> {
         );
     }
     let expected: Vec<&str> = error.split("expected").nth(1)?.split('`').skip(1).step_by(2).collect();
-    let distance = |a: &str, b: &str| -> usize {
-        let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
-        let mut row: Vec<usize> = (0..=b.len()).collect();
-        for i in 1..=a.len() {
-            let mut diagonal = row[0];
-            row[0] = i;
-            for j in 1..=b.len() {
-                let next = (row[j] + 1).min(row[j - 1] + 1).min(diagonal + usize::from(a[i - 1] != b[j - 1]));
-                diagonal = row[j];
-                row[j] = next;
-            }
-        }
-        row[b.len()]
-    };
-    let best = expected.iter().map(|k| distance(&unknown, k)).min()?;
-    if best <= 2.max(unknown.chars().count() / 3) {
-        let near: Vec<String> = expected.iter().filter(|k| distance(&unknown, k) == best).map(|k| format!("`{k}`")).collect();
+    let near: Vec<String> = crate::input::nearest(&unknown, &expected).iter().map(|k| format!("`{k}`")).collect();
+    if !near.is_empty() {
         return Some(format!("did you mean {}?", near.join(" or ")));
     }
     // A key of another section: where it goes.

@@ -2576,3 +2576,25 @@ fn explore_names_the_reason_every_count_shares() {
     assert!(!o.status.success() && err.contains("divides none of the GPU counts") && err.contains("the graph has no routed experts; set ep = etp = 1"), "{err}");
     assert!(!err.contains("does not divide 8 GPUs"), "{err}");
 }
+
+/// Model names are one in any case, as GPU and precision names are, and reported as the
+/// plugin spells them; a miss suggests the near names before the list, and shows a name's
+/// invisible characters escaped (it looked like the known name it is not).
+#[test]
+fn model_names_are_found_in_any_case_and_a_miss_suggests() {
+    let dir = scratch("model-names");
+    let o = runner(&dir, &["project", "--model", "LLAMA3.1-8B", "--gpus", "8", "--format", "json", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["model"], "llama3.1-8b");
+    for (model, want) in [
+        ("llama3.1-8x", "provides 'llama3.1-8x' (did you mean llama3.1-8b?); installed models: "),
+        ("Llama3.1", "provides 'Llama3.1' (did you mean llama3.1-8b or llama3.1-70b or llama3.1-405b?); installed models: "),
+        ("llama3.1-8b\u{200b}", "provides 'llama3.1-8b\\u{200b}' (did you mean llama3.1-8b?); installed models: "),
+        ("zzzz", "provides 'zzzz'; installed models: "),
+    ] {
+        let o = runner(&dir, &["search", "--model", model, "--gpus", "8", "-q"]);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(want) && err.contains("llama3.1-405b, llama3-tiny"), "{model:?}: {err}");
+    }
+}

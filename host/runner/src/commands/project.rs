@@ -278,6 +278,14 @@ pub(crate) struct Setup {
     notes: Vec<String>,
 }
 
+impl Setup {
+    /// `t` with the model as its plugin spells it: found in any case (`LLAMA3.1-8B`), it
+    /// is reported, and written to files, under the one name.
+    pub(crate) fn named(&self, t: &Target) -> Target {
+        Target { model: self.found.variant.name.clone(), ..t.clone() }
+    }
+}
+
 pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     let limits = Limits::default();
     let recipe = Recipe::parse(&t.precision).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
@@ -419,6 +427,7 @@ fn closest_families(families: &[search::Family]) -> String {
 
 pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option<&Path>, global: &Global) -> Result<()> {
     let mut s = setup(t, global)?;
+    let t = &s.named(t);
     let measured = measured_path.map(|p| read_measured(p, &mut s, &t.model)).transpose()?;
     // Layout flags left out take the measured sharding.
     let mut flags = flags.clone();
@@ -867,6 +876,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     // refused, as explore and run files refuse it.
     input::refuse_repeated_gpu_counts("--gpus", gpus).map_err(anyhow::Error::msg)?;
     let mut s = setup(t, global)?;
+    let t = &s.named(t);
     let mut flags = flags.clone();
     flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
     let split = flags.split(s.projector.model.depth.len())?;
