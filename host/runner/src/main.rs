@@ -823,7 +823,10 @@ fn main() -> ExitCode {
             commands::project::project(&target, gpus, &layout, measured.as_deref(), &cli.global)
         }
         Some(Command::Measure { target, tp, cp, ep, etp, mbs, repeats }) => {
-            device_bench::measure(&target, [tp, cp, ep, etp, mbs], repeats, &cli.global)
+            let gpu_given = matches
+                .subcommand_matches("measure")
+                .is_some_and(|m| m.value_source("gpu") == Some(clap::parser::ValueSource::CommandLine));
+            device_bench::measure(&target, gpu_given, [tp, cp, ep, etp, mbs], repeats, &cli.global)
         }
         Some(Command::Search { target, gpus, top, layout }) => {
             commands::project::search(&target, &gpus, usize::from(top), &layout, &cli.global)

@@ -2598,3 +2598,17 @@ fn model_names_are_found_in_any_case_and_a_miss_suggests() {
         assert!(!o.status.success() && err.contains(want) && err.contains("llama3.1-405b, llama3-tiny"), "{model:?}: {err}");
     }
 }
+
+/// `measure` without --gpu names its default as one: "--gpu h100" quoted a flag the user
+/// never typed.
+#[test]
+fn measure_names_a_defaulted_gpu_as_the_default() {
+    let dir = scratch("measure-default-gpu");
+    let o = runner(&dir, &["--device", "cpu", "measure", "--model", "llama3-tiny"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("error: the default --gpu h100 (no --gpu was given): a run on the CPU"), "{err}");
+    assert!(err.contains("name it with --gpu"), "{err}");
+    let o = runner(&dir, &["--device", "cpu", "measure", "--model", "llama3-tiny", "--gpu", "h100"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("error: --gpu h100: a run on the CPU"), "{err}");
+}
