@@ -2612,3 +2612,15 @@ fn measure_names_a_defaulted_gpu_as_the_default() {
     let err = text(&o).1;
     assert!(!o.status.success() && err.contains("error: --gpu h100: a run on the CPU"), "{err}");
 }
+
+/// A bare `a100` is the 80 GB part (a price file's bare A100 is refused as ambiguous):
+/// project and search say which it was taken as, and how to name the other.
+#[test]
+fn a_bare_a100_is_said_as_a_choice() {
+    let dir = scratch("bare-a100");
+    for cmd in ["project", "search"] {
+        let o = runner(&dir, &[cmd, "--model", "llama3.1-8b", "--gpu", "a100", "--gpus", "8"]);
+        let out = text(&o).0;
+        assert!(o.status.success() && out.contains("--gpu a100 taken as A100-80GB; --gpu a100-40gb for the A100-40GB"), "{cmd}: {out}");
+    }
+}

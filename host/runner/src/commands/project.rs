@@ -302,6 +302,7 @@ pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     let model = Model::new(&found.variant.name, seq, &mut source).map_err(anyhow::Error::msg)?;
     let (plan, policy) = project::plan(recipe, &found.variant, &gpu, &model.graph, limits)?;
     let mut notes = vec![format!("plugin: {}", found.info.provenance())];
+    notes.extend(profiles.taken_as(&t.gpu));
     if let Some(why) = project::beyond_context(&found.variant, seq) {
         notes.push(format!("{why}: projected as a context-extension run would train it"));
     }
