@@ -583,6 +583,26 @@ impl Profiles {
         Ok(Profiles { gpus, origin: vec![origin.to_string()], default_efficiency: default_eff })
     }
 
+    /// Where `name` is an alias that begins another profile's name (`a100`, A100-80GB's
+    /// alias, begins A100-40GB): which profile it was taken as, and the names of the others,
+    /// for a note. A price file's bare `A100` is refused for the same doubt (SkyPilot's
+    /// catalogs mean the 40 GB part by it); `--gpu a100` keeps working, said aloud.
+    pub fn taken_as(&self, name: &str) -> Option<String> {
+        let given = name.trim().to_lowercase();
+        let taken = self.get(&given).ok()?;
+        if taken.name.eq_ignore_ascii_case(&given) {
+            return None;
+        }
+        let others: Vec<String> = self
+            .gpus
+            .iter()
+            .filter(|g| g.name != taken.name)
+            .filter(|g| std::iter::once(&g.name).chain(&g.aliases).any(|n| n.to_lowercase().starts_with(&format!("{given}-"))))
+            .map(|g| format!("--gpu {} for the {}", g.name.to_lowercase(), g.name))
+            .collect();
+        (!others.is_empty()).then(|| format!("--gpu {given} taken as {}; {}", taken.name, others.join(", ")))
+    }
+
     /// A profile by name or alias, case-insensitively.
     ///
     /// # Errors
@@ -833,6 +853,20 @@ bf16 = 500.0
         assert!(p.get("gh200-144gb").unwrap_err().contains("the nearest profile is GH200 ("));
         // H200 is not H20.
         assert_eq!(p.get("h200").unwrap().name, "H200");
+    }
+
+    /// An alias that begins another GPU's name is said as a choice; one that does not
+    /// (`nvidia-h20`, beside H200's `nvidia-h200-141gb`, is no prefix up to a dash), or a
+    /// full name, is not.
+    #[test]
+    fn an_alias_shared_by_two_boards_is_said_as_a_choice() {
+        let p = Profiles::builtin();
+        for a100 in ["a100", " A100 "] {
+            assert_eq!(p.taken_as(a100).as_deref(), Some("--gpu a100 taken as A100-80GB; --gpu a100-40gb for the A100-40GB"), "{a100:?}");
+        }
+        for plain in ["h100", "h20", "nvidia-h20", "a100-80gb", "A100-40GB", "gh200", "nvidia-tesla-a100", "nonsense"] {
+            assert_eq!(p.taken_as(plain), None, "{plain}");
+        }
     }
 
     #[test]

@@ -130,6 +130,15 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
             format!("{origin}: {e}")
         }
     })?;
+    // A blank source parses, but a point that names no publication cannot be checked
+    // against it: refused like a missing one.
+    if let Some((i, p)) = f.point.iter().enumerate().find(|(_, p)| p.source.trim().is_empty()) {
+        return Err(format!(
+            "{origin}: point #{i} ({}): source is empty; name where the run was published (a paper, a benchmark \
+             README's URL)",
+            p.label()
+        ));
+    }
     Ok(f.point)
 }
 
@@ -622,6 +631,24 @@ pub fn validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolv
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `source` is required, and a blank one is refused as a missing one is, naming the
+    /// point; the other points of a file do not excuse it.
+    #[test]
+    fn a_blank_source_is_refused() {
+        let point = |source: &str| format!("[[point]]\nsource = \"{source}\"\nmodel = \"m\"\ngpu = \"H100\"\nnum_gpus = 8\nprecision = \"BF16\"\n");
+        assert_eq!(parse(&point("paper"), "f.toml").unwrap().len(), 1);
+        for blank in ["", " \\t "] {
+            let text = point("paper") + &point(blank);
+            let e = parse(&text, "f.toml").unwrap_err();
+            assert_eq!(
+                e,
+                "f.toml: point #1 (m H100 x8 BF16): source is empty; name where the run was published (a paper, a \
+                 benchmark README's URL)"
+            );
+        }
+        assert!(parse(&point("").replace("source = \"\"\n", ""), "f.toml").unwrap_err().contains("missing field `source`"));
+    }
 
     /// `recompute_num_layers` is full recompute of that many layers per chunk; it is
     /// refused beside `recompute_modules` (one run recomputes one way) and at 0.

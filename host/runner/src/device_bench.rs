@@ -517,7 +517,9 @@ fn measure_rank<D: Device>(g: &Graph, dev: D, plan: &Plan, repeats: usize, globa
 
 /// `runner measure`: the per-op times of the rank graph the projection builds for
 /// `target` at sharding `[tp, cp, ep, etp, mbs]`, on the `--device` device.
-pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global) -> Result<()> {
+/// `gpu_given`: whether `--gpu` was typed; its default (h100) is named as the default, so
+/// a refusal does not quote back a flag the user never gave.
+pub fn measure(target: &Target, gpu_given: bool, shard: [u32; 5], repeats: usize, global: &Global) -> Result<()> {
     let [tp, cp, ep, etp, mbs] = shard;
     if shard.contains(&0) {
         bail!("--tp, --cp, --ep, --etp and --mbs must be at least 1");
@@ -530,11 +532,15 @@ pub fn measure(target: &Target, shard: [u32; 5], repeats: usize, global: &Global
         bail!("--gbs {g}: measure times one micro-batch of the rank graph (--mbs); the global batch is project's and search's");
     }
     let mut s = commands::project::setup(target, global)?;
+    let target = &s.named(target);
     let key = ShardKey { tp, cp, ep, etp, sp: tp > 1, mbs };
     let gpu = s.projector.gpu.clone();
     let chosen = choose_timed(global.device, "measure")?;
     let device = chosen.name();
-    measured::stands_for(&device, &gpu, Profiles::builtin().get(&gpu.name).is_ok()).map_err(|e| anyhow!("--gpu {}: {e}", target.gpu))?;
+    measured::stands_for(&device, &gpu, Profiles::builtin().get(&gpu.name).is_ok()).map_err(|e| {
+        let flag = if gpu_given { format!("--gpu {}", target.gpu) } else { format!("the default --gpu {} (no --gpu was given)", target.gpu) };
+        anyhow!("{flag}: {e}")
+    })?;
     let rank = s
         .projector
         .rank_graph(key)

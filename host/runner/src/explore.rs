@@ -1202,8 +1202,8 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
 /// The named regions within a typo of `region` (edit distance at most 2, case ignored),
 /// nearest first; `None` when none is.
 fn near_regions<'a>(region: &str, named: &std::collections::BTreeSet<&'a str>) -> Option<Vec<&'a str>> {
-    let best = named.iter().map(|n| crate::runfile::edit_distance(region, n)).min().filter(|&d| d <= 2)?;
-    Some(named.iter().copied().filter(|n| crate::runfile::edit_distance(region, n) == best).collect())
+    let best = named.iter().map(|n| crate::input::edit_distance(region, n)).min().filter(|&d| d <= 2)?;
+    Some(named.iter().copied().filter(|n| crate::input::edit_distance(region, n) == best).collect())
 }
 
 /// A note for a cloud (`name`, from `plugin`) whose every one of its `offered` instances is
@@ -1248,12 +1248,23 @@ fn nothing_fits(families: &[search::Family]) -> String {
             "nothing fits: the least memory any layout needs is {need:.0} GiB per GPU ({fam}: {layout}) of {have:.0} GiB"
         ),
         None => {
-            // Say what stood in the way: the first family's reason (with degrees fixed on
-            // the command line every family fails the same way).
-            let reason = families.iter().find_map(|f| match &f.verdict {
-                Verdict::Divisibility { reason } => Some(format!(" ({}: {reason})", f.name)),
-                _ => None,
-            });
+            // Say what stood in the way: the reason most families give, the first on a tie.
+            // One no GPU count changes (--ep on a dense model) is every family's that gets
+            // that far, and was hidden behind the first family's count-bound one ("tp·cp =
+            // 16 does not divide 8 GPUs").
+            let reasons: Vec<(&str, &str)> = families
+                .iter()
+                .filter_map(|f| match &f.verdict {
+                    Verdict::Divisibility { reason } => Some((f.name.as_str(), reason.as_str())),
+                    _ => None,
+                })
+                .collect();
+            let given = |r: &str| reasons.iter().filter(|(_, q)| *q == r).count();
+            let reason = reasons
+                .iter()
+                .enumerate()
+                .max_by_key(|&(i, &(_, r))| (given(r), std::cmp::Reverse(i)))
+                .map(|(_, (name, r))| format!(" ({name}: {r})"));
             format!("{NO_LAYOUT_DIVIDES} the model and the batch at this GPU count{}", reason.unwrap_or_default())
         }
     }
@@ -1363,6 +1374,10 @@ mod tests {
         let divides = |name: &str, reason: &str| Family { name: name.into(), verdict: Verdict::Divisibility { reason: reason.into() } };
         let why = nothing_fits(&[divides("TP", "tp·cp = 65536 does not divide 64 GPUs"), divides("PP", "pp too large")]);
         assert_eq!(why, "no layout divides the model and the batch at this GPU count (TP: tp·cp = 65536 does not divide 64 GPUs)");
+        // The reason most families share comes first, not the first family's.
+        let dense = "ep=8, etp=1 but the graph has no routed experts; set ep = etp = 1";
+        let why = nothing_fits(&[divides("CP", "tp·cp = 16 does not divide 8 GPUs"), divides("CP+EP", dense), divides("EP+DP", dense)]);
+        assert_eq!(why, format!("no layout divides the model and the batch at this GPU count (CP+EP: {dense})"));
         let memory = Family { name: "TP+PP".into(), verdict: Verdict::Memory { layout: "TP8 PP2".into(), need_gib: 95.0, have_gib: 80.0 } };
         let why = nothing_fits(&[divides("TP", "x"), memory.clone()]);
         assert!(why.starts_with("nothing fits: the least memory any layout needs is 95 GiB per GPU (TP+PP: TP8 PP2)"), "{why}");

@@ -70,6 +70,36 @@ pub fn refuse_repeated_gpu_counts(what: &str, counts: &[u32]) -> Result<(), Stri
     refuse_repeats(what, &counts.iter().map(|&n| (n.to_string(), n)).collect::<Vec<_>>(), "each GPU count is one row")
 }
 
+/// The names of `known` nearest `unknown`, letters in any case, where near enough to be a
+/// slip of the keyboard (Levenshtein's distance of at most 2, or a third of its length):
+/// all those at the least distance, in `known`'s order; none past it.
+pub fn nearest<'k>(unknown: &str, known: &[&'k str]) -> Vec<&'k str> {
+    let Some(best) = known.iter().map(|k| edit_distance(unknown, k)).min() else {
+        return Vec::new();
+    };
+    if best > 2.max(unknown.chars().count() / 3) {
+        return Vec::new();
+    }
+    known.iter().copied().filter(|k| edit_distance(unknown, k) == best).collect()
+}
+
+/// Levenshtein distance between `a` and `b`, ignoring case: how far a typed name is from
+/// a known one, for "did you mean".
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for i in 1..=a.len() {
+        let mut diagonal = row[0];
+        row[0] = i;
+        for j in 1..=b.len() {
+            let next = (row[j] + 1).min(row[j - 1] + 1).min(diagonal + usize::from(a[i - 1] != b[j - 1]));
+            diagonal = row[j];
+            row[j] = next;
+        }
+    }
+    row[b.len()]
+}
+
 /// A number as people write token counts and budgets: 1.5e12, 15T, 300B, 2M, $500K
 /// (K, M, B or G, T: thousand, million, billion, trillion; a leading $ ignored): the
 /// command line's --tokens and --budget and a run file's tokens and budget_usd.
@@ -99,6 +129,20 @@ pub fn quantity(s: &str) -> Result<f64, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The names at the least distance, when it is a slip's (at most 2, or a third of the
+    /// name), in any case; none when the nearest is farther.
+    #[test]
+    fn nearest_names_are_a_slip_away() {
+        let known = ["gpu", "gpus", "gbs", "llama3.1-8b", "llama3.1-70b"];
+        assert_eq!(nearest("gpuz", &known), ["gpu", "gpus"]);
+        assert_eq!(nearest("LLAMA3.1-8X", &known), ["llama3.1-8b"]);
+        // A long name takes a third of its length: three slips in thirteen characters.
+        assert_eq!(nearest("llama3.1-8xyz", &known), ["llama3.1-8b"]);
+        assert_eq!(nearest("llama3.1-8b\u{200b}", &known), ["llama3.1-8b"]);
+        assert!(nearest("zzzz", &known).is_empty());
+        assert!(nearest("x", &[]).is_empty());
+    }
 
     #[test]
     fn a_file_past_the_limit_is_refused_by_name_and_one_at_it_is_read() {

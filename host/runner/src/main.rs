@@ -823,7 +823,10 @@ fn main() -> ExitCode {
             commands::project::project(&target, gpus, &layout, measured.as_deref(), &cli.global)
         }
         Some(Command::Measure { target, tp, cp, ep, etp, mbs, repeats }) => {
-            device_bench::measure(&target, [tp, cp, ep, etp, mbs], repeats, &cli.global)
+            let gpu_given = matches
+                .subcommand_matches("measure")
+                .is_some_and(|m| m.value_source("gpu") == Some(clap::parser::ValueSource::CommandLine));
+            device_bench::measure(&target, gpu_given, [tp, cp, ep, etp, mbs], repeats, &cli.global)
         }
         Some(Command::Search { target, gpus, top, layout }) => {
             commands::project::search(&target, &gpus, usize::from(top), &layout, &cli.global)
@@ -888,5 +891,25 @@ mod tests {
         assert_eq!(gpu_count("1048577").unwrap_err(), "1048577 GPUs: a GPU count must be in 1..=1048576");
         assert_eq!(gpu_count("99999999999").unwrap_err(), "99999999999 GPUs: a GPU count must be in 1..=1048576");
         assert_eq!(gpu_count("0").unwrap_err(), "0 GPUs: a GPU count must be in 1..=1048576");
+    }
+
+    /// A flag whose help says its default in words ("default: the variant's") shows no
+    /// clap default beside it: `train --layers` read "(default: the variant's) [default: 0]".
+    #[test]
+    fn no_flag_gives_two_defaults() {
+        fn walk(cmd: &clap::Command, path: &str, bad: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let help = a.get_long_help().or(a.get_help()).map(ToString::to_string).unwrap_or_default();
+                if help.contains("(default") && !a.get_default_values().is_empty() && !a.is_hide_default_value_set() {
+                    bad.push(format!("{path} --{}", a.get_id()));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), bad);
+            }
+        }
+        let mut bad = Vec::new();
+        walk(&<super::Cli as clap::CommandFactory>::command(), "runner", &mut bad);
+        assert!(bad.is_empty(), "{bad:?}");
     }
 }

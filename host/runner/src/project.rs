@@ -67,7 +67,13 @@ pub fn installed_specs(kind: Kind) -> Vec<String> {
 /// plugin failed to describe itself.
 pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
     lookup(name, limits).map_err(|m| {
-        anyhow::anyhow!("no installed workload plugin provides '{name}'; installed models: {}{}", m.known.join(", "), m.failures())
+        anyhow::anyhow!(
+            "no installed workload plugin provides {}{}; installed models: {}{}",
+            runner_contract::text::shown(name),
+            m.suggestion(name),
+            m.known.join(", "),
+            m.failures()
+        )
     })
 }
 
@@ -96,6 +102,21 @@ struct Missing {
 }
 
 impl Missing {
+    /// The installed names a mistyped `name` likely meant, as " (did you mean ...?)": those
+    /// it begins (`llama3.1`: its sizes), else the nearest by spelling; empty when none is
+    /// near, or when it begins too many to be a guess.
+    fn suggestion(&self, name: &str) -> String {
+        const MAX: usize = 5;
+        let known: Vec<&str> = self.known.iter().map(String::as_str).collect();
+        let lower = name.trim().to_lowercase();
+        let begun: Vec<&str> = known.iter().copied().filter(|k| !lower.is_empty() && k.to_lowercase().starts_with(&lower)).collect();
+        let near = if begun.is_empty() { crate::input::nearest(name.trim(), &known) } else { begun };
+        if near.is_empty() || near.len() > MAX {
+            return String::new();
+        }
+        format!(" (did you mean {}?)", near.join(" or "))
+    }
+
     /// The plugins that failed (to load, or to describe their models) as a sentence to
     /// add to a "not found"; empty when none did.
     fn failures(&self) -> String {
@@ -108,10 +129,12 @@ impl Missing {
 }
 
 /// The plugin that provides variant `name`, or what is there instead (one broken plugin
-/// must not hide the others' models).
+/// must not hide the others' models). Names are one in any case, as GPU and precision
+/// names are (`LLAMA3.1-8B`); a variant of exactly that spelling comes first.
 fn lookup(name: &str, limits: Limits) -> std::result::Result<Found, Missing> {
     let mut known = Vec::new();
     let mut failed = Vec::new();
+    let mut other_case = None;
     for spec in installed_specs(Kind::Workload) {
         let described = plugin::load(&spec).and_then(|p| {
             let info = p.workload(limits)?.describe()?;
@@ -128,10 +151,13 @@ fn lookup(name: &str, limits: Limits) -> std::result::Result<Found, Missing> {
             if v.name == name {
                 return Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v });
             }
+            if other_case.is_none() && v.name.to_lowercase() == name.to_lowercase() {
+                other_case = Some(Found { info: p.info.clone(), spec: spec.clone(), family: info.family.clone(), variant: v.clone() });
+            }
             known.push(v.name);
         }
     }
-    Err(Missing { known, failed })
+    other_case.ok_or(Missing { known, failed })
 }
 
 /// A graph source for a found variant.
@@ -226,7 +252,12 @@ impl Resolver for PluginResolver {
         // Many points of one file may name the same missing model: each says so in a
         // line, and `runner models` lists what is installed.
         let found = lookup(model, self.limits).map_err(|m| {
-            format!("no installed workload plugin provides '{model}' (`runner models` lists the installed ones){}", m.failures())
+            format!(
+                "no installed workload plugin provides {}{} (`runner models` lists the installed ones){}",
+                runner_contract::text::shown(model),
+                m.suggestion(model),
+                m.failures()
+            )
         })?;
         if let Some(why) = beyond_context(&found.variant, seq_len) {
             return Err(format!("{why}: no published run trains past it; check the row's seq_len or its model"));

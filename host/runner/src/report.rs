@@ -224,13 +224,35 @@ pub fn fit_end(s: &str, cols: usize) -> &str {
     s
 }
 
+/// Characters that show as nothing (zero-width spaces and joiners, the bidirectional
+/// marks, the word joiner, a BOM inside text, the soft hyphen). Harmless to a terminal,
+/// but a name holding one reads as another: `--model` "llama3.1-8b" with a zero-width
+/// space in it was refused as unknown beside the same-looking known name.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
+}
+
 /// `s` with every character that changes how a terminal shows text (ESC, CR, BEL, the
-/// bidirectional overrides, ...) written as a visible escape (`\u{1b}`); line breaks kept.
+/// bidirectional overrides, ...) or shows as nothing ([`is_invisible`]) written as a
+/// visible escape (`\u{1b}`, `\u{200b}`); line breaks kept.
 pub fn visible(s: &str) -> String {
-    if !s.chars().any(|c| c != '\n' && runner_contract::text::is_unsafe(c)) {
+    if !s.chars().any(|c| c != '\n' && (runner_contract::text::is_unsafe(c) || is_invisible(c))) {
         return s.to_string();
     }
-    s.split('\n').map(|line| runner_contract::text::escape(line, usize::MAX)).collect::<Vec<_>>().join("\n")
+    // The contract's escape (which plugins share) leaves the invisible ones; escaped here,
+    // in its notation.
+    let line = |line: &str| {
+        let mut out = String::new();
+        for c in runner_contract::text::escape(line, usize::MAX).chars() {
+            if is_invisible(c) {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    s.split('\n').map(line).collect::<Vec<_>>().join("\n")
 }
 
 /// Text escaped for HTML, in an element or an attribute of either quote; control
@@ -387,6 +409,10 @@ mod tests {
         assert_eq!(visible("plain\ntext"), "plain\ntext");
         assert!(!t.html().contains('\u{1b}'), "HTML too");
         assert_eq!(html_escape("it's \"x\""), "it&#39;s &quot;x&quot;");
+        // Characters that show as nothing, in the contract's notation, beside its escapes.
+        assert_eq!(visible("llama3.1-8b\u{200b}\u{feff}\u{1b}\nx\u{2060}"), "llama3.1-8b\\u{200b}\\u{feff}\\u{1b}\nx\\u{2060}");
+        assert_eq!(visible("naïve – 80 GiB"), "naïve – 80 GiB");
+        assert_eq!(visible("llama3.1-8b\u{200b}"), "llama3.1-8b\\u{200b}");
     }
 
     /// A CSV cell a spreadsheet would run as a formula is neutralised; numbers, negative

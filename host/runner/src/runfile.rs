@@ -184,14 +184,21 @@ fn section<'de, D: serde::Deserializer<'de>, T: Section + Deserialize<'de>>(d: D
 #[derive(Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct LayoutSection {
+    #[serde(deserialize_with = "degree")]
     pub tp: Option<u32>,
+    #[serde(deserialize_with = "degree")]
     pub pp: Option<u32>,
+    #[serde(deserialize_with = "degree")]
     pub cp: Option<u32>,
     /// Virtual pipeline chunks per stage (interleaved 1F1B).
+    #[serde(deserialize_with = "degree")]
     pub vp: Option<u32>,
+    #[serde(deserialize_with = "degree")]
     pub ep: Option<u32>,
+    #[serde(deserialize_with = "degree")]
     pub etp: Option<u32>,
     /// Micro-batch, sequences.
+    #[serde(deserialize_with = "degree")]
     pub mbs: Option<u32>,
     /// Shard parameters, gradients and optimizer state (FSDP / ZeRO-3): true or false.
     pub fsdp: Option<bool>,
@@ -330,6 +337,38 @@ fn quantity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Er
     }
 }
 
+/// A GPU count or a layout degree ([`within_gpu_ceiling`]): a value no u32 holds (`-8`, `"8"`,
+/// `8.5`) is refused with the range the check gives, not u32's "0 to 4294967295"; one that
+/// fits is left to [`check`], which says the same range.
+struct Count(u32);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = Count;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                write!(f, "a whole number from 1 to {}", runner_contract::limits::GPUS)
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
+                u32::try_from(v).map(Count).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
+                u32::try_from(v).map(Count).map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+            }
+        }
+        d.deserialize_u32(Visitor)
+    }
+}
+
+fn gpu_counts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
+    Ok(Vec::<Count>::deserialize(d)?.into_iter().map(|c| c.0).collect())
+}
+
+fn degree<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<Count>::deserialize(d)?.map(|c| c.0))
+}
+
 /// How long to spend measuring on the local device.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
@@ -373,6 +412,7 @@ pub struct ClusterSection {
     #[serde(deserialize_with = "one_or_many")]
     pub gpu: Vec<String>,
     /// GPU counts; each is rounded up to whole nodes of the GPU's node size.
+    #[serde(deserialize_with = "gpu_counts")]
     pub gpus: Vec<u32>,
     /// Global batch in sequences; default: the variant's published rule, off its GPU range scaled per GPU up to the job's compute-optimal batch.
     pub gbs: Option<u32>,
@@ -582,32 +622,13 @@ fn hint(error: &str) -> Option<String> {
         );
     }
     let expected: Vec<&str> = error.split("expected").nth(1)?.split('`').skip(1).step_by(2).collect();
-    let distance = edit_distance;
-    let best = expected.iter().map(|k| distance(&unknown, k)).min()?;
-    if best <= 2.max(unknown.chars().count() / 3) {
-        let near: Vec<String> = expected.iter().filter(|k| distance(&unknown, k) == best).map(|k| format!("`{k}`")).collect();
+    let near: Vec<String> = crate::input::nearest(&unknown, &expected).iter().map(|k| format!("`{k}`")).collect();
+    if !near.is_empty() {
         return Some(format!("did you mean {}?", near.join(" or ")));
     }
     // A key of another section: where it goes.
     let home = SECTIONS.iter().find(|(_, keys)| keys().contains(&unknown))?;
     Some(format!("`{unknown}` goes in [{}]", home.0))
-}
-
-/// Levenshtein distance between `a` and `b`, ignoring case: how far a typed name is from
-/// a known one, for "did you mean".
-pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
-    let (a, b): (Vec<char>, Vec<char>) = (a.to_lowercase().chars().collect(), b.to_lowercase().chars().collect());
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for i in 1..=a.len() {
-        let mut diagonal = row[0];
-        row[0] = i;
-        for j in 1..=b.len() {
-            let next = (row[j] + 1).min(row[j - 1] + 1).min(diagonal + usize::from(a[i - 1] != b[j - 1]));
-            diagonal = row[j];
-            row[j] = next;
-        }
-    }
-    row[b.len()]
 }
 
 /// A deserializer's message in the file's words: the Rust types serde names ("expected
@@ -1501,8 +1522,11 @@ mod tests {
             ("measure = 1.5\n[model]\nplugin = \"x\"\n", "[measure] must be a table, not the number 1.5"),
             ("explore = 1979-05-27\n[model]\nplugin = \"x\"\n", "[explore] must be a table, not a date-time"),
             ("limits = 170141183460469231731687303715884105727\n[model]\nplugin = \"x\"\n", "limits"),
-            ("[model]\nplugin = \"x\"\n[layout]\ntp = \"4\"\n", "expected a whole number from 0 to 4294967295"),
-            ("[model]\nplugin = \"x\"\n[layout]\ntp = -4\n", "expected a whole number from 0 to 4294967295"),
+            ("[model]\nplugin = \"x\"\n[layout]\ntp = \"4\"\n", "expected a whole number from 1 to 1048576"),
+            ("[model]\nplugin = \"x\"\n[layout]\ntp = -4\n", "invalid value: integer `-4`, expected a whole number from 1 to 1048576"),
+            ("[model]\nplugin = \"x\"\n[layout]\nmbs = 4294967296\n", "expected a whole number from 1 to 1048576"),
+            ("[model]\nplugin = \"x\"\n[cluster]\ngpus = [8, -8]\n", "invalid value: integer `-8`, expected a whole number from 1 to 1048576"),
+            ("[model]\nplugin = \"x\"\n[cluster]\ngpus = [8.5]\n", "invalid type: floating point `8.5`, expected a whole number from 1 to 1048576"),
             ("[model]\nplugin = \"x\"\nseq_len = 4096.5\n", "expected a whole number from 0 to 4294967295"),
             ("[model]\nplugin = \"x\"\n[measure]\nrepeats = -1\n", "expected a whole number from 0 to 18446744073709551615"),
             ("[model]\nplugin = \"x\"\n[limits]\nmemory_mib = 1.5\n", "expected a whole number from 0 to 18446744073709551615"),

@@ -48,8 +48,8 @@ pub struct TrainArgs {
     #[arg(long, default_value_t = defaults::MICRO_BATCH)]
     pub micro_batch: u32,
     /// Transformer layers (default: the variant's)
-    #[arg(long, default_value_t = defaults::LAYERS)]
-    pub layers: u32,
+    #[arg(long)]
+    pub layers: Option<u32>,
     /// Peak learning rate, 1e-8 to 10 (default: the variant's)
     #[arg(long, allow_negative_numbers = true)]
     pub lr: Option<f64>,
@@ -66,8 +66,8 @@ pub struct TrainArgs {
     #[arg(long, value_parser = ["exact", "blockwise"], ignore_case = true)]
     pub muon_tp_mode: Option<String>,
     /// Held-out loss every N steps (default: a tenth of the steps)
-    #[arg(long, default_value_t = defaults::EVAL_EVERY)]
-    pub eval_every: u64,
+    #[arg(long)]
+    pub eval_every: Option<u64>,
     /// Batches (each --micro-batch x --seq-len tokens) in each held-out loss
     #[arg(long, default_value_t = defaults::EVAL_BATCHES)]
     pub eval_batches: usize,
@@ -120,12 +120,12 @@ fn config(a: TrainArgs, profiles: &runner_project::profile::Profiles) -> Result<
         seed: a.seed,
         seq_len: a.seq_len,
         micro_batch: a.micro_batch,
-        layers: a.layers,
+        layers: a.layers.unwrap_or(defaults::LAYERS),
         lr: a.lr,
         weight_decay: a.weight_decay,
         optimizer: a.optimizer,
         muon_tp_mode: a.muon_tp_mode,
-        eval_every: a.eval_every,
+        eval_every: a.eval_every.unwrap_or(defaults::EVAL_EVERY),
         eval_batches: a.eval_batches,
         text: a.text,
         plan_for,

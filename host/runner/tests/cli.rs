@@ -2506,3 +2506,127 @@ fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
     assert_eq!((quoted[0]["cloud"].as_str(), quoted[0]["instance"].as_str(), quoted[0]["nodes"].as_u64()), (Some("alps"), Some("quad-gh200"), Some(3)), "{out}");
     assert!(!out.contains("no cloud here sells"), "{out}");
 }
+
+/// `project --format csv` is a `field,value` row per value of the JSON, under its path
+/// there, and `search --format csv` a row per layout under the JSON's names: one header
+/// row of names, the figures as the JSON writes them (no "12.7 s", no "53.7 %", no
+/// indented labels); the notes stay `#` lines.
+#[test]
+fn project_and_search_csv_carry_the_jsons_figures() {
+    let dir = scratch("project-csv");
+    // serde_json reads a float to within an ulp (it has no float_roundtrip here): the cell
+    // is held to that, and to being a number at all.
+    let same = |cell: &str, n: &serde_json::Number| {
+        let j = n.as_f64().unwrap();
+        cell.parse::<f64>().is_ok_and(|c| (c - j).abs() <= 1e-15 * j.abs().max(1.0))
+    };
+    let out = |args: &[&str]| {
+        let o = runner(&dir, args);
+        assert!(o.status.success(), "{args:?}: {}", text(&o).1);
+        text(&o).0
+    };
+    let project = ["project", "--model", "llama3.1-8b", "--gpus", "16", "-q", "--format"];
+    let json: serde_json::Value = serde_json::from_str(&out(&[&project[..], &["json"]].concat())).unwrap();
+    let csv = out(&[&project[..], &["csv"]].concat());
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
+    assert_eq!(lines.next(), Some("field,value"), "{csv}");
+    let mut numbers = 0;
+    for line in lines {
+        let cells = csv_cells(line);
+        assert_eq!(cells.len(), 2, "{line}");
+        let at = json.pointer(&format!("/{}", cells[0].replace('.', "/"))).unwrap_or_else(|| panic!("{line}: not in the JSON"));
+        match at {
+            serde_json::Value::Number(n) => {
+                assert!(same(&cells[1], n), "{line}: {n}");
+                numbers += 1;
+            }
+            serde_json::Value::String(s) => assert_eq!(&cells[1], s, "{line}"),
+            v => assert_eq!(cells[1], v.to_string(), "{line}"),
+        }
+    }
+    assert!(numbers > 40 && csv.contains("\nstep_time_s,") && csv.contains("\nmemory.weights,"), "{csv}");
+    assert!(csv.lines().any(|l| l.starts_with("# plugin: workload plugin llama3.wasm")), "{csv}");
+
+    let search = ["search", "--model", "llama3.1-8b", "--gpus", "8,16", "--top", "2", "-q", "--format"];
+    let json: serde_json::Value = serde_json::from_str(&out(&[&search[..], &["json"]].concat())).unwrap();
+    let csv = out(&[&search[..], &["csv"]].concat());
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
+    let header = csv_cells(lines.next().unwrap());
+    assert_eq!(
+        header,
+        ["gpus", "global_batch", "rank", "layout", "step_time_s", "tokens_per_sec_per_gpu", "model_tflops_per_gpu", "mfu", "memory_per_gpu_gib", "fits"]
+    );
+    let rows: Vec<Vec<String>> = lines.map(csv_cells).collect();
+    assert_eq!(rows.len(), 4, "{csv}");
+    for row in &rows {
+        let count = json.as_array().unwrap().iter().find(|f| f["gpus"].as_u64() == row[0].parse().ok()).unwrap();
+        let best = &count["best"][row[2].parse::<usize>().unwrap() - 1];
+        assert_eq!(row[1], count["global_batch"].to_string(), "{row:?}");
+        for (name, cell) in header.iter().zip(row).skip(4) {
+            match &best[name.as_str()] {
+                serde_json::Value::Number(n) => assert!(same(cell, n), "{name}: {row:?}: {n}"),
+                v => assert_eq!(cell, &v.to_string(), "{name}: {row:?}"),
+            }
+        }
+    }
+}
+
+/// A layout flag no count divides is refused with the reason every count shares: `--ep 8`
+/// on a dense model said 8 GPUs' "tp·cp = 16 does not divide 8 GPUs" and hid "no routed
+/// experts", which 64 GPUs gave.
+#[test]
+fn explore_names_the_reason_every_count_shares() {
+    let dir = scratch("explore-dense-ep");
+    let o = runner(&dir, &["explore", "--model", "llama3.1-8b", "--gpus", "8,64", "--ep", "8", "--cloud", "aws", "--no-history", "-q"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("divides none of the GPU counts") && err.contains("the graph has no routed experts; set ep = etp = 1"), "{err}");
+    assert!(!err.contains("does not divide 8 GPUs"), "{err}");
+}
+
+/// Model names are one in any case, as GPU and precision names are, and reported as the
+/// plugin spells them; a miss suggests the near names before the list, and shows a name's
+/// invisible characters escaped (it looked like the known name it is not).
+#[test]
+fn model_names_are_found_in_any_case_and_a_miss_suggests() {
+    let dir = scratch("model-names");
+    let o = runner(&dir, &["project", "--model", "LLAMA3.1-8B", "--gpus", "8", "--format", "json", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v["model"], "llama3.1-8b");
+    for (model, want) in [
+        ("llama3.1-8x", "provides 'llama3.1-8x' (did you mean llama3.1-8b?); installed models: "),
+        ("Llama3.1", "provides 'Llama3.1' (did you mean llama3.1-8b or llama3.1-70b or llama3.1-405b?); installed models: "),
+        ("llama3.1-8b\u{200b}", "provides 'llama3.1-8b\\u{200b}' (did you mean llama3.1-8b?); installed models: "),
+        ("zzzz", "provides 'zzzz'; installed models: "),
+    ] {
+        let o = runner(&dir, &["search", "--model", model, "--gpus", "8", "-q"]);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(want) && err.contains("llama3.1-405b, llama3-tiny"), "{model:?}: {err}");
+    }
+}
+
+/// `measure` without --gpu names its default as one: "--gpu h100" quoted a flag the user
+/// never typed.
+#[test]
+fn measure_names_a_defaulted_gpu_as_the_default() {
+    let dir = scratch("measure-default-gpu");
+    let o = runner(&dir, &["--device", "cpu", "measure", "--model", "llama3-tiny"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("error: the default --gpu h100 (no --gpu was given): a run on the CPU"), "{err}");
+    assert!(err.contains("name it with --gpu"), "{err}");
+    let o = runner(&dir, &["--device", "cpu", "measure", "--model", "llama3-tiny", "--gpu", "h100"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("error: --gpu h100: a run on the CPU"), "{err}");
+}
+
+/// A bare `a100` is the 80 GB part (a price file's bare A100 is refused as ambiguous):
+/// project and search say which it was taken as, and how to name the other.
+#[test]
+fn a_bare_a100_is_said_as_a_choice() {
+    let dir = scratch("bare-a100");
+    for cmd in ["project", "search"] {
+        let o = runner(&dir, &[cmd, "--model", "llama3.1-8b", "--gpu", "a100", "--gpus", "8"]);
+        let out = text(&o).0;
+        assert!(o.status.success() && out.contains("--gpu a100 taken as A100-80GB; --gpu a100-40gb for the A100-40GB"), "{cmd}: {out}");
+    }
+}

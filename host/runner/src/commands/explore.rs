@@ -31,7 +31,8 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     if let Some(name) = &quick.model {
         let found = runner::project::find_model(name, Limits::default())?;
         run.model.plugin = found.spec;
-        run.model.variant = Some(name.clone());
+        // As the plugin spells it: --model finds a variant in any case.
+        run.model.variant = Some(found.variant.name);
     }
     if let Some(v) = &quick.variant {
         run.model.variant = Some(v.clone());

@@ -29,7 +29,8 @@ use runner_project::search::{self, Found, Space, Verdict};
 use runner_project::step::{GroupName, LayoutSpec, Link, Optimizer, PipelineKind, Projection};
 use runner_project::template::{Dispatcher, Kernels};
 
-use super::{emit, emit_page, progress_line};
+use super::{emit, emit_page, emit_rendered, progress_line};
+use runner::report::OutputFormat;
 use crate::Global;
 
 /// A layout degree or micro-batch flag, under the run file's rule
@@ -277,6 +278,14 @@ pub(crate) struct Setup {
     notes: Vec<String>,
 }
 
+impl Setup {
+    /// `t` with the model as its plugin spells it: found in any case (`LLAMA3.1-8B`), it
+    /// is reported, and written to files, under the one name.
+    pub(crate) fn named(&self, t: &Target) -> Target {
+        Target { model: self.found.variant.name.clone(), ..t.clone() }
+    }
+}
+
 pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     let limits = Limits::default();
     let recipe = Recipe::parse(&t.precision).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
@@ -293,6 +302,7 @@ pub(crate) fn setup(t: &Target, global: &Global) -> Result<Setup> {
     let model = Model::new(&found.variant.name, seq, &mut source).map_err(anyhow::Error::msg)?;
     let (plan, policy) = project::plan(recipe, &found.variant, &gpu, &model.graph, limits)?;
     let mut notes = vec![format!("plugin: {}", found.info.provenance())];
+    notes.extend(profiles.taken_as(&t.gpu));
     if let Some(why) = project::beyond_context(&found.variant, seq) {
         notes.push(format!("{why}: projected as a context-extension run would train it"));
     }
@@ -418,6 +428,7 @@ fn closest_families(families: &[search::Family]) -> String {
 
 pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option<&Path>, global: &Global) -> Result<()> {
     let mut s = setup(t, global)?;
+    let t = &s.named(t);
     let measured = measured_path.map(|p| read_measured(p, &mut s, &t.model)).transpose()?;
     // Layout flags left out take the measured sharding.
     let mut flags = flags.clone();
@@ -669,7 +680,38 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         }),
         notes,
     };
-    emit(global, &project_table(&out), &out)
+    let table = project_table(&out);
+    emit_rendered(global, &|f| match f {
+        OutputFormat::Csv => project_csv(&out, &table.notes).csv(),
+        f => runner::report::render(f, &table, &out),
+    })
+}
+
+/// The projection as CSV: a `field,value` row per value of its JSON, named by its path
+/// there (`memory.weights`, `comm.groups.0.ranks`) and written as the JSON writes it, so a
+/// script reads the same numbers either way; the table's cells carried units ("12.7 s",
+/// "53.7 %") and indented labels. The notes stay `#` lines, as in every CSV.
+fn project_csv(o: &ProjectOut, notes: &[String]) -> Table {
+    let mut t = Table::new("", &["field", "value"]);
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(o) {
+        for (k, v) in fields.iter().filter(|(k, _)| k.as_str() != "notes") {
+            json_rows(k, v, &mut t.rows);
+        }
+    }
+    t.notes = notes.to_vec();
+    t
+}
+
+/// `(path, value)` rows for every scalar under `v`, list items by their index.
+fn json_rows(path: &str, v: &serde_json::Value, rows: &mut Vec<Vec<String>>) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) => m.iter().for_each(|(k, v)| json_rows(&format!("{path}.{k}"), v, rows)),
+        Value::Array(a) => a.iter().enumerate().for_each(|(i, v)| json_rows(&format!("{path}.{i}"), v, rows)),
+        Value::String(s) => rows.push(vec![path.into(), s.clone()]),
+        Value::Null => rows.push(vec![path.into(), String::new()]),
+        scalar => rows.push(vec![path.into(), scalar.to_string()]),
+    }
 }
 
 /// What to tell a user who asked for a tp past the kv heads: the search never offers it
@@ -835,6 +877,7 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     // refused, as explore and run files refuse it.
     input::refuse_repeated_gpu_counts("--gpus", gpus).map_err(anyhow::Error::msg)?;
     let mut s = setup(t, global)?;
+    let t = &s.named(t);
     let mut flags = flags.clone();
     flags.refuse_moe_flags_without_experts(&t.model, s.projector.model.shape.experts)?;
     let split = flags.split(s.projector.model.depth.len())?;
@@ -884,7 +927,28 @@ pub fn search(t: &Target, gpus: &[u32], top: usize, flags: &LayoutFlags, global:
     }
     notes.dedup();
     table.notes = notes;
-    emit(global, &table, &all)
+    emit_rendered(global, &|f| match f {
+        OutputFormat::Csv => search_csv(&all, &table.notes).csv(),
+        f => runner::report::render(f, &table, &all),
+    })
+}
+
+/// The search as CSV: a row per layout found, its figures as the JSON writes them under
+/// the JSON's names (the table's were "12.7" seconds and "53.7%"). A count where no layout
+/// fits has no row; the notes (`#` lines) say why.
+fn search_csv(all: &[Found], notes: &[String]) -> Table {
+    const FIGURES: [&str; 6] = ["step_time_s", "tokens_per_sec_per_gpu", "model_tflops_per_gpu", "mfu", "memory_per_gpu_gib", "fits"];
+    let mut t = Table::new("", &[&["gpus", "global_batch", "rank", "layout"][..], &FIGURES[..]].concat());
+    for f in all {
+        for (i, p) in f.best.iter().enumerate() {
+            let json = serde_json::to_value(p).unwrap_or_default();
+            let mut row = vec![f.gpus.to_string(), f.global_batch.to_string(), (i + 1).to_string(), p.layout.short()];
+            row.extend(FIGURES.iter().map(|k| json.get(k).map(ToString::to_string).unwrap_or_default()));
+            t.rows.push(row);
+        }
+    }
+    t.notes = notes.to_vec();
+    t
 }
 
 pub fn validate(file: &Path, global: &Global) -> Result<()> {
