@@ -289,8 +289,10 @@ pub fn run(run: &RunFile, progress: Progress<'_>) -> anyhow::Result<Outcome> {
 pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal) -> anyhow::Result<Outcome> {
     let limits = run.limits;
     let profiles = project::profiles(run.cluster.profile.as_deref().map(std::path::Path::new))?;
+    // A name two boards share (a100) is said as the choice it was, before names are
+    // replaced by the profiles' own.
+    let mut notes: Vec<String> = run.cluster.gpu.iter().filter_map(|g| profiles.taken_as(g)).collect();
     let run = &by_profile_name(run, &profiles)?;
-    let mut notes = Vec::new();
     let mut plugins = Vec::new();
 
     progress(&format!("loading {}", run.model.plugin), 0, 0);
@@ -299,7 +301,8 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let mut workload = plugin.workload(limits)?;
     let info = workload.describe()?;
     let variant: &Variant = match &run.model.variant {
-        Some(name) => info.variants.iter().find(|v| &v.name == name).ok_or_else(|| {
+        // The exact spelling first, then any case, as --model finds it.
+        Some(name) => info.variants.iter().find(|v| &v.name == name).or_else(|| info.variants.iter().find(|v| v.name.eq_ignore_ascii_case(name))).ok_or_else(|| {
             let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
             anyhow::anyhow!("{} has no variant '{name}'; it provides: {}", plugin.info.name, names.join(", "))
         })?,

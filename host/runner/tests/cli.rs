@@ -1562,6 +1562,21 @@ fn nccl_tests_logs_fit_the_nvlink_tier() {
     assert!(!o.status.success() && text(&o).1.contains("all_gather_2n.log: nodes is 2 but all_reduce_perf.log's is 1"), "{}", text(&o).1);
 }
 
+/// A run file finds its variant in any case, as --model does, and a GPU name two boards
+/// share is said as the choice it was.
+#[test]
+fn a_run_file_finds_its_variant_in_any_case_and_says_a_bare_a100() {
+    let dir = scratch("runfile-case");
+    std::fs::write(dir.join("run.toml"), "[model]\nplugin = \"llama3.wasm\"\nvariant = \"LLAMA3-TINY\"\n[cluster]\ngpu = [\"a100\"]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n[cost]\nplugins = [\"lambda\"]\n").unwrap();
+    let o = runner(&dir, &["run", "run.toml", "--no-history", "-q", "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let notes: Vec<&str> = v["notes"].as_array().unwrap().iter().filter_map(|n| n.as_str()).collect();
+    assert!(notes.contains(&"--gpu a100 taken as A100-80GB; --gpu a100-40gb for the A100-40GB"), "{notes:?}");
+    assert_eq!(v["series"][0]["gpu"]["name"].as_str(), Some("A100-80GB"), "{out}");
+}
+
 /// One rank alone (a single-GPU check machine) runs every collective, send/recv to
 /// itself as nccl-tests does on one GPU, with every value checked.
 #[test]
