@@ -301,8 +301,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     let mut workload = plugin.workload(limits)?;
     let info = workload.describe()?;
     let variant: &Variant = match &run.model.variant {
-        // The exact spelling first, then any case, as --model finds it.
-        Some(name) => info.variants.iter().find(|v| &v.name == name).or_else(|| info.variants.iter().find(|v| v.name.eq_ignore_ascii_case(name))).ok_or_else(|| {
+        Some(name) => project::variant_named(&info.variants, name).ok_or_else(|| {
             let names: Vec<&str> = info.variants.iter().map(|v| v.name.as_str()).collect();
             anyhow::anyhow!("{} has no variant '{name}'; it provides: {}", plugin.info.name, names.join(", "))
         })?,

@@ -151,13 +151,24 @@ fn lookup(name: &str, limits: Limits) -> std::result::Result<Found, Missing> {
             if v.name == name {
                 return Ok(Found { info: p.info.clone(), spec, family: info.family.clone(), variant: v });
             }
-            if other_case.is_none() && v.name.to_lowercase() == name.to_lowercase() {
+            if other_case.is_none() && same_model_name(&v.name, name) {
                 other_case = Some(Found { info: p.info.clone(), spec: spec.clone(), family: info.family.clone(), variant: v.clone() });
             }
             known.push(v.name);
         }
     }
     other_case.ok_or(Missing { known, failed })
+}
+
+/// Whether two spellings name one model: in any case, as GPU and precision names are.
+fn same_model_name(a: &str, b: &str) -> bool {
+    a.to_lowercase() == b.to_lowercase()
+}
+
+/// The variant of one plugin's `variants` that `name` names: exactly that spelling first,
+/// then in any case ([`find_model`]'s rule, for a run file's `variant`).
+pub fn variant_named<'v>(variants: &'v [Variant], name: &str) -> Option<&'v Variant> {
+    variants.iter().find(|v| v.name == name).or_else(|| variants.iter().find(|v| same_model_name(&v.name, name)))
 }
 
 /// A graph source for a found variant.

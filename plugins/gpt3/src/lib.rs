@@ -42,6 +42,12 @@ fn gpt3(layers: u32, hidden: u32, heads: u32, vocab: u32) -> Hyperparameters {
     }
 }
 
+/// A layout of the paper's Table 3 on `gpus` A100 80GB: TP8 with sequence parallelism and
+/// selective recompute of the attention core, as every one of its "present work" runs.
+fn megatron_2022(gpus: u32) -> Layout {
+    Layout::new("A100-80GB", gpus, gpus, "BF16").tp(8).sp().recompute(RecomputeGranularity::Selective, 0).source(MEGATRON_SR)
+}
+
 /// The plugin; tests call its `Guest` functions natively.
 pub struct Gpt3;
 
@@ -62,10 +68,10 @@ impl Guest for Gpt3 {
                     Layout::new("H100", 128, 2048, "BF16").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 2048, "FP8").tp(4).pp(8).vp(12).gbs_per_gpu(2.0).source(DGXC_V2502),
                     Layout::new("H100", 128, 128, "FP8").tp(4).pp(8).vp(6).gbs_fixed(256).source(NEMO_2407),
-                    Layout::new("A100-80GB", 64, 64, "BF16").tp(8).pp(8).vp(3).sp().recompute(RecomputeGranularity::Selective, 0).gbs_fixed(64).source(MEGATRON_SR),
+                    megatron_2022(64).pp(8).vp(3).gbs_fixed(64),
                 ]),
                 benchmark("megatron-gpt-22b", gpt3(48, 6144, 64, 51_200), 1.0e-4,
-                    Layout::new("A100-80GB", 8, 8, "BF16").tp(8).sp().recompute(RecomputeGranularity::Selective, 0).mbs(4).gbs_fixed(4).source(MEGATRON_SR),
+                    megatron_2022(8).mbs(4).gbs_fixed(4),
                 ),
                 variant(
                     "mt-nlg-530b",
@@ -73,10 +79,10 @@ impl Guest for Gpt3 {
                     "Smith et al. 2022, arXiv 2201.11990 (MT-NLG); Korthikanti et al. 2022, arXiv 2205.05198 Table 3",
                     gpt3(105, 20_480, 128, 51_200),
                     defaults(2048, 270e9, 5.0e-5),
-                    [Layout::new("A100-80GB", 280, 280, "BF16").tp(8).pp(35).vp(3).sp().recompute(RecomputeGranularity::Selective, 0).gbs_fixed(280).source(MEGATRON_SR)],
+                    [megatron_2022(280).pp(35).vp(3).gbs_fixed(280)],
                 ),
                 benchmark("megatron-gpt-1t", gpt3(128, 25_600, 160, 51_200), 0.6e-4,
-                    Layout::new("A100-80GB", 512, 512, "BF16").tp(8).pp(64).sp().recompute(RecomputeGranularity::Selective, 0).gbs_fixed(512).source(MEGATRON_SR),
+                    megatron_2022(512).pp(64).gbs_fixed(512),
                 ),
                 // CPU proxy: the GPT-3 architecture (MHA, learned 2048 positions, LayerNorm,
                 // GeLU MLP of 4h, biases, tied embedding) at 4 layers x 256, 8 heads of 32.

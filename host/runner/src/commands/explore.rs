@@ -118,9 +118,16 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     }
     // Re-check the merged run exactly as a run file would be checked.
     let text = toml::to_string(run).context("serialising the run")?;
-    let after = toml::Value::try_from(&*run).context("serialising the run")?;
-    *run = runfile::parse_flags(&text).map_err(|e| anyhow::Error::msg(name_the_flag(&e, &before, &after)))?;
-    Ok(())
+    match runfile::parse_flags(&text) {
+        Ok(checked) => {
+            *run = checked;
+            Ok(())
+        }
+        Err(e) => {
+            let after = toml::Value::try_from(&*run).context("serialising the run")?;
+            Err(anyhow::Error::msg(name_the_flag(&e, &before, &after)))
+        }
+    }
 }
 
 /// A run-file check's message as the command line's: `[model] seq_len must be ...`
