@@ -1110,25 +1110,41 @@ fn compare(series: &[Series]) -> Vec<Comparison> {
     out
 }
 
-/// Every row that fits, as a choice at its cheapest quote.
+/// Every row that fits, as a choice at each quote a row may be taken at: every cloud's
+/// (clean prices only, where any cloud has one, as [`cheapest`] chooses). A spot quote's
+/// days depend on its node count (each node is interrupted on its own), so the cheapest
+/// quote need not be the fastest: a goal weighs them all. An unpriced row is one choice
+/// without a quote.
 fn choices(series: &[Series], clouds: &[String]) -> Vec<Choice> {
     let mut out = Vec::new();
     for s in series {
         for r in &s.rows {
-            let (Some(run_days), Some(days)) = (r.days, r.quoted_days()) else { continue };
-            let c = r.cheapest_cost();
-            out.push(Choice {
-                gpu: s.gpu.name.clone(),
-                precision: s.precision.clone(),
-                gpus: r.gpus,
-                layout: r.projection.as_ref().map_or_else(|| "-".into(), |p| p.layout.compact()),
-                days,
-                days_without_interruptions: (days != run_days).then_some(run_days),
-                usd: c.map(|c| c.usd),
-                cloud: r.cheapest.map(|i| clouds[i].clone()),
-                price_row: c.map(pricing::CloudCost::row),
-                storage_not_costed: c.is_some_and(|c| c.storage_not_costed),
-            });
+            let Some(run_days) = r.days else { continue };
+            let layout = r.projection.as_ref().map_or_else(|| "-".into(), |p| p.layout.compact());
+            let choice = |cloud: Option<usize>| {
+                let c = cloud.and_then(|i| r.costs[i].quote());
+                let days = c.map_or(run_days, |c| c.days(run_days));
+                Choice {
+                    gpu: s.gpu.name.clone(),
+                    precision: s.precision.clone(),
+                    gpus: r.gpus,
+                    layout: layout.clone(),
+                    days,
+                    days_without_interruptions: (days != run_days).then_some(run_days),
+                    usd: c.map(|c| c.usd),
+                    cloud: cloud.map(|i| clouds[i].clone()),
+                    price_row: c.map(pricing::CloudCost::row),
+                    storage_not_costed: c.is_some_and(|c| c.storage_not_costed),
+                }
+            };
+            let clean = r.costs.iter().any(|c| c.quote().is_some_and(|q| q.caveats.is_empty()));
+            let quoted: Vec<usize> = (0..r.costs.len())
+                .filter(|&i| r.costs[i].quote().is_some_and(|q| q.caveats.is_empty() == clean))
+                .collect();
+            if quoted.is_empty() {
+                out.push(choice(None));
+            }
+            out.extend(quoted.into_iter().map(|i| choice(Some(i))));
         }
     }
     out
@@ -1143,13 +1159,13 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
         Goal::TargetDays(d) => {
             let mut m: Vec<&Choice> = priced.iter().copied().filter(|c| c.days <= d).collect();
             m.sort_by(|a, b| usd(a).total_cmp(&usd(b)).then(a.days.total_cmp(&b.days)));
-            let fastest = priced.iter().copied().min_by(|a, b| a.days.total_cmp(&b.days));
+            let fastest = priced.iter().copied().min_by(|a, b| a.days.total_cmp(&b.days).then(usd(a).total_cmp(&usd(b))));
             (m, fastest)
         }
         Goal::Budget(b) => {
             let mut m: Vec<&Choice> = priced.iter().copied().filter(|c| usd(c) <= b).collect();
             m.sort_by(|a, b| a.days.total_cmp(&b.days).then(usd(a).total_cmp(&usd(b))));
-            let cheapest = priced.iter().copied().min_by(|a, b| usd(a).total_cmp(&usd(b)));
+            let cheapest = priced.iter().copied().min_by(|a, b| usd(a).total_cmp(&usd(b)).then(a.days.total_cmp(&b.days)));
             (m, cheapest)
         }
     };
@@ -1524,6 +1540,44 @@ mod tests {
         let best = a.best.unwrap();
         assert_eq!(best.days_without_interruptions, None);
         assert_eq!(best.describe(), "64 x H100 bf16 (-): 4.00 days, $1.00M on c (i r on-demand undated)");
+    }
+
+    /// On spot a dearer cloud can finish sooner (fewer, larger nodes are interrupted less
+    /// often), so a goal weighs every cloud's quote, not only each row's cheapest: the
+    /// cheapest cloud here bills 6.25 days, the other 4.79. A caveated quote is still
+    /// passed over while a clean one exists. Kills: goals reading only the cheapest quote
+    /// (then 5 days is not met and the budget answer is the slower run).
+    #[test]
+    fn on_spot_a_goal_weighs_every_clouds_quote() {
+        let clouds = ["small-nodes".to_string(), "big-nodes".to_string(), "resale".to_string()];
+        let at = |usd: f64, hours: f64, caveats: &[&str]| {
+            CloudPrice::Quoted(pricing::CloudCost { option: "spot".into(), hours, ..pricing::tests::quote(usd, caveats) })
+        };
+        let mut r = row(512, 4.5, 1.0e6);
+        r.costs = vec![at(1.0e6, 150.0, &[]), at(1.1e6, 115.0, &[]), at(0.5e6, 110.0, &["resale"])];
+        let mut s = series(vec![r]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.rows[0].cheapest, Some(0));
+        let s = [s];
+        let a = answer(Goal::TargetDays(5.0), &s, &clouds, &[512]);
+        assert!(a.met, "{a:?}");
+        let best = a.best.unwrap();
+        assert_eq!((best.cloud.as_deref(), best.usd), (Some("big-nodes"), Some(1.1e6)));
+        assert!((best.days - 115.0 / 24.0).abs() < 1e-12 && best.days_without_interruptions == Some(4.5));
+        // Within 7 days both clouds finish: the cheaper one, and the answer lists one run
+        // per configuration (no runner-up repeats the count on the other cloud).
+        let a = answer(Goal::TargetDays(7.0), &s, &clouds, &[512]);
+        assert_eq!(a.best.unwrap().cloud.as_deref(), Some("small-nodes"));
+        assert!(a.runners_up.is_empty(), "{:?}", a.runners_up);
+        // The fastest within $1.2M is the dearer cloud; within $1.05M only the cheaper one.
+        let a = answer(Goal::Budget(1.2e6), &s, &clouds, &[512]);
+        assert_eq!(a.best.unwrap().cloud.as_deref(), Some("big-nodes"));
+        let a = answer(Goal::Budget(1.05e6), &s, &clouds, &[512]);
+        assert_eq!(a.best.unwrap().cloud.as_deref(), Some("small-nodes"));
+        // Nothing within 4 days: the nearest is the fastest clean quote, not the resale one.
+        let a = answer(Goal::TargetDays(4.0), &s, &clouds, &[512]);
+        assert!(!a.met);
+        assert_eq!(a.best.unwrap().cloud.as_deref(), Some("big-nodes"));
     }
 
     /// A quote that leaves storage out says so in the goal's answer. Kills: the flag dropped
