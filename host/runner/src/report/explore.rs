@@ -295,7 +295,7 @@ const STORAGE_LEGEND: &str = "'+' after a price: the cloud lists no storage pric
 
 /// What the spot-days column is, where one is shown.
 const SPOT_LEGEND: &str = "days: the projection's, without interruptions; spot days: the wall-clock days the cheapest quote \
-     bills, spot interruptions included (the days the sweet spot and goals weigh)";
+     bills, spot interruptions included (the days the sweet spot weighs; a goal weighs each cloud's own)";
 
 /// The legends of the marks and columns a page shows only where they occur.
 fn legends(o: &Outcome) -> Vec<&'static str> {
