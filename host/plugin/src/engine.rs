@@ -16,6 +16,20 @@ use crate::sandbox::HostState;
 /// How often the epoch advances. Deadlines are whole ticks, so this is their resolution.
 pub const TICK: Duration = Duration::from_millis(5);
 
+/// Under an address-space limit: the room a memory may grow into before it is moved, and
+/// its guard region (wasmtime's defaults are 2 GiB and 32 MiB).
+const SMALL_GROWTH_RESERVATION: u64 = 16 << 20;
+const SMALL_GUARD: u64 = 64 << 10;
+
+/// The process's virtual address-space limit (`ulimit -v`, RLIMIT_AS) in bytes; `None`
+/// where there is none.
+pub fn address_space_limit() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit only writes the struct it is given.
+    let read = unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } == 0;
+    (read && limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
 /// The process-wide engine. Created once; its ticker thread lives as long as the process.
 pub fn engine() -> &'static Engine {
     static ENGINE: OnceLock<Engine> = OnceLock::new();
@@ -23,6 +37,17 @@ pub fn engine() -> &'static Engine {
         let mut config = Config::new();
         config.epoch_interruption(true);
         config.wasm_component_model(true);
+        if address_space_limit().is_some() {
+            // By default each linear memory reserves 4 GiB of address space (plus guard
+            // pages) so that compiled code needs no bounds checks. Under `ulimit -v`, as
+            // on many HPC login nodes, a handful of plugin instances would exhaust the
+            // limit and the first `mmap` fail: reserve only what a memory needs and grow
+            // by copying, at the cost of explicit bounds checks. (The compiled-component
+            // cache keys on the engine's settings, so the two kinds never mix.)
+            config.memory_reservation(0);
+            config.memory_reservation_for_growth(SMALL_GROWTH_RESERVATION);
+            config.memory_guard_size(SMALL_GUARD);
+        }
         let engine = Engine::new(&config).expect("the fixed wasmtime configuration is valid");
         let weak = engine.weak();
         std::thread::Builder::new()

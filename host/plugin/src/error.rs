@@ -16,6 +16,9 @@ pub enum Failure {
     Timeout { limit_ms: u64 },
     /// The plugin tried to grow its memory past the cap.
     OutOfMemory { limit_mib: u64 },
+    /// The host could not map memory for the plugin's sandbox (the process's address-space
+    /// limit, or the machine's memory): not the plugin's fault.
+    HostMemory(String),
     /// The plugin returned a value that breaks a rule of the contract.
     Invalid(String),
     /// The plugin returned an error of its own (e.g. an unknown variant); printed escaped.
@@ -86,6 +89,18 @@ impl fmt::Display for PluginError {
                 "plugin '{plugin}' tried to use more than its memory cap of {limit_mib} MiB in `{call}` and was stopped \
                  (raise `memory_mib` under [limits] in the run file if the plugin really needs more)"
             ),
+            Failure::HostMemory(m) => {
+                write!(f, "the host could not map memory for plugin '{plugin}' in `{call}`: {m}")?;
+                match crate::engine::address_space_limit() {
+                    Some(limit) => write!(
+                        f,
+                        "\n  this process may use at most {} MiB of address space (`ulimit -v`): raise or lift that limit \
+                         (`ulimit -v unlimited`) and run again",
+                        limit >> 20
+                    ),
+                    None => write!(f, "\n  the machine is short of memory: free some (or run fewer processes) and run again"),
+                }
+            }
             Failure::Invalid(rule) => {
                 write!(
                     f,
@@ -131,6 +146,18 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains("line 4\n    [76 lines left out]\n    line 81"), "{text}");
         assert!(text.contains("line 99\n    boom") && !text.contains("line 5\n"), "{text}");
+    }
+
+    /// A memory the host could not map says so, not "fix the plugin", and names the fix:
+    /// the address-space limit where there is one. Kills: the failure shown as a trap.
+    #[test]
+    fn host_memory_is_not_blamed_on_the_plugin() {
+        let e = PluginError::new("bf16.wasm", "plan", Failure::HostMemory("mmap failed".into()));
+        let text = e.to_string();
+        assert!(text.starts_with("the host could not map memory for plugin 'bf16.wasm' in `plan`: mmap failed\n  "), "{text}");
+        assert!(!text.contains("fix the plugin"), "{text}");
+        let fix = if crate::engine::address_space_limit().is_some() { "ulimit -v unlimited" } else { "short of memory" };
+        assert!(text.contains(fix), "{text}");
     }
 
     /// Every message names the plugin (escaped: a file name can hold a terminal sequence)

@@ -388,6 +388,11 @@ impl<W: World> Sandboxed<W> {
                     message: trap.to_string(),
                     stderr: output,
                 },
+                // An mmap the host could not make (the sandbox's memory under `ulimit -v`)
+                // is no trap of the plugin's.
+                None if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOMEM))) => {
+                    Failure::HostMemory(runner_contract::text::escape(&format!("{e:#}"), 4096))
+                }
                 None => Failure::Trap {
                     message: runner_contract::text::escape(&format!("{e:#}"), 4096),
                     stderr: output,
@@ -542,6 +547,12 @@ mod tests {
             panic!("a trap")
         };
         assert_eq!(message, "boom \\u{1b}[2J");
+        // An mmap the host could not make (as wasmtime reports one under `ulimit -v`) is
+        // the host's, not a trap of the plugin's.
+        let enomem = fail(&mut s, |_| {
+            wasmtime::Error::new(std::io::Error::from_raw_os_error(libc::ENOMEM)).context("mmap failed to reserve 0x104000000 bytes")
+        });
+        assert_eq!(enomem, Failure::HostMemory("mmap failed to reserve 0x104000000 bytes: Cannot allocate memory (os error 12)".into()));
         assert!(s.call("x", |_, _| Ok(())).is_ok(), "a fresh instance serves the next call");
     }
 }

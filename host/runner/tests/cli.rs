@@ -55,6 +55,28 @@ fn embedded_wasm(name: &str) -> Vec<u8> {
         .unwrap()
 }
 
+/// Under an address-space limit (`ulimit -v`, as on many HPC login nodes) plugins still
+/// run: each sandbox reserves what its memory needs, not wasmtime's default 4 GiB. Kills:
+/// the default reservation kept (the first plugin call failed to mmap 4 GiB).
+#[test]
+fn plugins_run_under_an_address_space_limit() {
+    let dir = scratch("ulimit");
+    let o = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -v 3000000 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_runner"))
+        .args(["project", "--model", "llama3-tiny", "--gpu", "h100", "--gpus", "8", "--format", "json"])
+        .current_dir(&*dir)
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env_remove("RUNNER_PLUGIN_PATH")
+        .output()
+        .expect("sh starts");
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["step_time_s"].as_f64().is_some_and(|s| s > 0.0), "{out}");
+}
+
 #[test]
 fn default_run_prints_the_time_and_cost_table_in_100_columns() {
     let dir = scratch("default");
