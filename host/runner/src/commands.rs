@@ -15,6 +15,7 @@ use runner::report::{self, OutputFormat, Table, si};
 use crate::{BenchCommand, Global, PluginsCommand};
 
 pub mod explore;
+pub mod prices;
 pub mod project;
 
 /// Print in the chosen format; also write to --output when given.

@@ -385,155 +385,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
 
     // Clouds: the named ones or every installed cloud, and the user's price file.
     let option = parse_option(&run.cost.option).map_err(anyhow::Error::msg)?;
-    let mut clouds: Vec<pricing::Cloud> = Vec::new();
-    let cost_specs: Vec<String> = if run.cost.plugins.is_empty() {
-        project::installed_specs(Kind::Cost)
-            .into_iter()
-            .filter(|s| plugin_stem(s) != PRICE_FILE_PLUGIN)
-            .collect()
-    } else {
-        run.cost.plugins.clone()
-    };
-    let mut stems = BTreeSet::new();
-    for spec in &cost_specs {
-        let stem = plugin_stem(spec);
-        if stem == PRICE_FILE_PLUGIN || stem == "price-file" {
-            // Given beside the file, the file is priced already: only the listing is wrong.
-            if run.cost.price_file.is_some() {
-                anyhow::bail!(
-                    "{PRICE_FILE_PLUGIN} is not a cloud to list (--cloud or [cost] plugins): the price file given prices \
-                     itself beside the clouds listed; leave {PRICE_FILE_PLUGIN} out of the list"
-                );
-            }
-            anyhow::bail!(
-                "{PRICE_FILE_PLUGIN} is the reader of a price file, with no prices of its own: pass the file with \
-                 --price-file FILE (or [cost] price_file = \"FILE\" in a run file)"
-            );
-        }
-        if !stems.insert(stem) {
-            anyhow::bail!("the cloud {stem} is named twice (--cloud or [cost] plugins): name each cloud once");
-        }
-    }
-    for spec in &cost_specs {
-        progress(&format!("loading prices from {spec}"), 0, 0);
-        match pricing::load(spec, None, limits) {
-            // Two files under one provider name would show as two columns of one cloud (a
-            // plugin passing itself off as another): the file named after the provider keeps
-            // it (a user's aws.wasm shadows the embedded one), else the first loaded.
-            Ok(cloud) if let Some(at) = clouds.iter().position(|c| c.name == cloud.name) => {
-                let owns = |c: &pricing::Cloud| plugin_stem(&c.info.name) == c.name;
-                let (kept, dropped) = if owns(&cloud) && !owns(&clouds[at]) {
-                    let dropped = std::mem::replace(&mut clouds[at], cloud);
-                    (&clouds[at], dropped)
-                } else {
-                    (&clouds[at], cloud)
-                };
-                let why = format!(
-                    "the cost plugins {} and {} both call themselves '{}': {} prices it, and {} is left out \
-                     (a cloud is priced by one plugin: to replace a cloud's prices, give your file its plugin's name)",
-                    kept.info.name,
-                    dropped.info.name,
-                    crate::report::visible(&kept.name),
-                    kept.info.name,
-                    dropped.info.name
-                );
-                if run.cost.plugins.is_empty() {
-                    notes.push(format!("skipped a cloud: {why}"));
-                } else {
-                    anyhow::bail!("{why}");
-                }
-            }
-            Ok(cloud) => {
-                // An offering on a GPU with no profile is never quoted: a cloud that sells
-                // only such GPUs would vanish from the table without a word.
-                let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
-                notes.extend(never_priced(&cloud.name, &cloud.info.name, &cloud.unknown_gpus(&profiles.gpus), cloud.offering_count(), &known));
-                record_plugin(&mut plugins, &mut notes, &cloud.info);
-                clouds.push(cloud);
-            }
-            // A cloud asked for by name that cannot be used stops the run (a typo must not
-            // leave a table without prices); one of the installed set is skipped.
-            Err(e) if !run.cost.plugins.is_empty() => anyhow::bail!("the cloud {spec} cannot be used: {e}"),
-            Err(e) => notes.push(format!("skipped a cloud: {e}")),
-        }
-    }
-    if let Some(file) = &run.cost.price_file {
-        let path = std::path::Path::new(file);
-        let bytes = crate::input::read_bytes(path, "price file", crate::input::PRICE_LIMIT).map_err(anyhow::Error::msg)?;
-        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits).map_err(|e| match price_file_problems(&e) {
-            Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
-            None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),
-        })?;
-        let taken: Vec<&str> = clouds.iter().map(|c| c.name.as_str()).collect();
-        cloud.name = price_file_cloud_name(path, &taken);
-        notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
-        // Its rows are the user's own: one that can never be priced is said, not dropped.
-        let unknown = cloud.unknown_gpus(&profiles.gpus);
-        if !unknown.is_empty() {
-            let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
-            let rows: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
-            let more = if unknown.len() > 8 { format!(" and {} more", unknown.len() - 8) } else { String::new() };
-            notes.push(format!(
-                "price file {file}: {}{more} match no GPU type and are never priced (AcceleratorName must be one of {}, or an alias)",
-                rows.join(", "),
-                known.join(", ")
-            ));
-        }
-        record_plugin(&mut plugins, &mut notes, &cloud.info);
-        clouds.push(cloud);
-    }
-    // A region no cloud sells in prices nothing: a typo, refused with the regions there are.
-    let region = run.cost.region.as_str();
-    if !region.is_empty() && !clouds.is_empty() {
-        let (selling, not): (Vec<&pricing::Cloud>, Vec<&pricing::Cloud>) = clouds.iter().partition(|c| c.sells_in(region));
-        let named: std::collections::BTreeSet<&str> =
-            clouds.iter().flat_map(|c| c.regions()).filter(|&r| r != pricing::ANY_REGION).collect();
-        let unnamed = !named.iter().any(|n| n.eq_ignore_ascii_case(region));
-        // A region no cloud names but close to one that is, is a typo even where the
-        // every-region prices would answer it: pricing only those, silently, would
-        // surprise more than a refusal. A name far from all is taken as meant.
-        if let Some(near) = unnamed.then(|| near_regions(region, &named)).flatten() {
-            anyhow::bail!(
-                "no cloud names region '{}'; did you mean {}? (a region no cloud names is priced only by every-region \
-                 prices, and only when no named region is this close to it)",
-                crate::report::visible(region),
-                match near.split_last() {
-                    Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-                    _ => near.join(""),
-                }
-            );
-        }
-        if selling.is_empty() {
-            let listed: Vec<String> = clouds
-                .iter()
-                .map(|c| {
-                    let r: Vec<&str> = c.regions().into_iter().map(|r| if r == pricing::ANY_REGION { "* (every region)" } else { r }).collect();
-                    let more = if r.len() > 8 { format!(", ... ({} in all)", r.len()) } else { String::new() };
-                    format!("{}: {}{more}", c.name, r[..r.len().min(8)].join(", "))
-                })
-                .collect();
-            anyhow::bail!("no cloud sells in region '{}'; the regions are:\n  {}", crate::report::visible(region), listed.join("\n  "));
-        }
-        // A region only the every-region prices answer may be a typo: say which named ones exist.
-        if !named.is_empty() && unnamed {
-            let shown: Vec<&str> = named.iter().take(8).copied().collect();
-            let more = if named.len() > 8 { format!(", ... ({} in all)", named.len()) } else { String::new() };
-            notes.push(format!(
-                "region {}: no cloud names it, so only the every-region prices of {} apply; the named regions are {}{more}",
-                crate::report::visible(region),
-                selling.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
-                shown.join(", ")
-            ));
-        }
-        if !not.is_empty() {
-            notes.push(format!(
-                "region {}: {} sell{} nothing there",
-                crate::report::visible(region),
-                not.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
-                if not.len() == 1 { "s" } else { "" }
-            ));
-        }
-    }
+    let mut clouds = load_clouds(&run.cost, &profiles, limits, progress, &mut plugins, &mut notes)?;
 
     journal.begin(&inputs(run, &profiles), &plugins)?;
 
@@ -1215,6 +1067,174 @@ fn answer(goal: Goal, series: &[Series], clouds: &[String], counts: &[u32]) -> G
             },
         },
     }
+}
+
+/// The clouds a run prices with: those `cost` names (a name that cannot be used stops the
+/// run) or every installed one (one that cannot be used is skipped with a note), and the
+/// user's price file; a region no cloud sells in (or a near miss of a named one) refused.
+/// Each cloud's plugin is recorded in `plugins` and `notes`.
+///
+/// # Errors
+/// A cloud named twice or unusable, the price-file reader named as a cloud, a price file
+/// that cannot be used, or a region no cloud sells in.
+pub fn load_clouds(
+    cost: &crate::runfile::CostSection,
+    profiles: &runner_project::profile::Profiles,
+    limits: crate::plugin::Limits,
+    progress: Progress<'_>,
+    plugins: &mut Vec<PluginInfo>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<Vec<pricing::Cloud>> {
+    let mut clouds: Vec<pricing::Cloud> = Vec::new();
+    let cost_specs: Vec<String> = if cost.plugins.is_empty() {
+        project::installed_specs(Kind::Cost)
+            .into_iter()
+            .filter(|s| plugin_stem(s) != PRICE_FILE_PLUGIN)
+            .collect()
+    } else {
+        cost.plugins.clone()
+    };
+    let mut stems = BTreeSet::new();
+    for spec in &cost_specs {
+        let stem = plugin_stem(spec);
+        if stem == PRICE_FILE_PLUGIN || stem == "price-file" {
+            // Given beside the file, the file is priced already: only the listing is wrong.
+            if cost.price_file.is_some() {
+                anyhow::bail!(
+                    "{PRICE_FILE_PLUGIN} is not a cloud to list (--cloud or [cost] plugins): the price file given prices \
+                     itself beside the clouds listed; leave {PRICE_FILE_PLUGIN} out of the list"
+                );
+            }
+            anyhow::bail!(
+                "{PRICE_FILE_PLUGIN} is the reader of a price file, with no prices of its own: pass the file with \
+                 --price-file FILE (or [cost] price_file = \"FILE\" in a run file)"
+            );
+        }
+        if !stems.insert(stem) {
+            anyhow::bail!("the cloud {stem} is named twice (--cloud or [cost] plugins): name each cloud once");
+        }
+    }
+    for spec in &cost_specs {
+        progress(&format!("loading prices from {spec}"), 0, 0);
+        match pricing::load(spec, None, limits) {
+            // Two files under one provider name would show as two columns of one cloud (a
+            // plugin passing itself off as another): the file named after the provider keeps
+            // it (a user's aws.wasm shadows the embedded one), else the first loaded.
+            Ok(cloud) if let Some(at) = clouds.iter().position(|c| c.name == cloud.name) => {
+                let owns = |c: &pricing::Cloud| plugin_stem(&c.info.name) == c.name;
+                let (kept, dropped) = if owns(&cloud) && !owns(&clouds[at]) {
+                    let dropped = std::mem::replace(&mut clouds[at], cloud);
+                    (&clouds[at], dropped)
+                } else {
+                    (&clouds[at], cloud)
+                };
+                let why = format!(
+                    "the cost plugins {} and {} both call themselves '{}': {} prices it, and {} is left out \
+                     (a cloud is priced by one plugin: to replace a cloud's prices, give your file its plugin's name)",
+                    kept.info.name,
+                    dropped.info.name,
+                    crate::report::visible(&kept.name),
+                    kept.info.name,
+                    dropped.info.name
+                );
+                if cost.plugins.is_empty() {
+                    notes.push(format!("skipped a cloud: {why}"));
+                } else {
+                    anyhow::bail!("{why}");
+                }
+            }
+            Ok(cloud) => {
+                // An offering on a GPU with no profile is never quoted: a cloud that sells
+                // only such GPUs would vanish from the table without a word.
+                let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+                notes.extend(never_priced(&cloud.name, &cloud.info.name, &cloud.unknown_gpus(&profiles.gpus), cloud.offering_count(), &known));
+                record_plugin(plugins, notes, &cloud.info);
+                clouds.push(cloud);
+            }
+            // A cloud asked for by name that cannot be used stops the run (a typo must not
+            // leave a table without prices); one of the installed set is skipped.
+            Err(e) if !cost.plugins.is_empty() => anyhow::bail!("the cloud {spec} cannot be used: {e}"),
+            Err(e) => notes.push(format!("skipped a cloud: {e}")),
+        }
+    }
+    if let Some(file) = &cost.price_file {
+        let path = std::path::Path::new(file);
+        let bytes = crate::input::read_bytes(path, "price file", crate::input::PRICE_LIMIT).map_err(anyhow::Error::msg)?;
+        let mut cloud = pricing::load(&format!("{PRICE_FILE_PLUGIN}.wasm"), Some(bytes), limits).map_err(|e| match price_file_problems(&e) {
+            Some(lines) => anyhow::anyhow!("the price file {file} cannot be used:\n  {}", lines.join("\n  ")),
+            None => anyhow::anyhow!("the price file {file} cannot be used: {e}"),
+        })?;
+        let taken: Vec<&str> = clouds.iter().map(|c| c.name.as_str()).collect();
+        cloud.name = price_file_cloud_name(path, &taken);
+        notes.push(format!("prices of '{}' read from {file} by the {} plugin", cloud.name, cloud.info.name));
+        // Its rows are the user's own: one that can never be priced is said, not dropped.
+        let unknown = cloud.unknown_gpus(&profiles.gpus);
+        if !unknown.is_empty() {
+            let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
+            let rows: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
+            let more = if unknown.len() > 8 { format!(" and {} more", unknown.len() - 8) } else { String::new() };
+            notes.push(format!(
+                "price file {file}: {}{more} match no GPU type and are never priced (AcceleratorName must be one of {}, or an alias)",
+                rows.join(", "),
+                known.join(", ")
+            ));
+        }
+        record_plugin(plugins, notes, &cloud.info);
+        clouds.push(cloud);
+    }
+    // A region no cloud sells in prices nothing: a typo, refused with the regions there are.
+    let region = cost.region.as_str();
+    if !region.is_empty() && !clouds.is_empty() {
+        let (selling, not): (Vec<&pricing::Cloud>, Vec<&pricing::Cloud>) = clouds.iter().partition(|c| c.sells_in(region));
+        let named: std::collections::BTreeSet<&str> =
+            clouds.iter().flat_map(|c| c.regions()).filter(|&r| r != pricing::ANY_REGION).collect();
+        let unnamed = !named.iter().any(|n| n.eq_ignore_ascii_case(region));
+        // A region no cloud names but close to one that is, is a typo even where the
+        // every-region prices would answer it: pricing only those, silently, would
+        // surprise more than a refusal. A name far from all is taken as meant.
+        if let Some(near) = unnamed.then(|| near_regions(region, &named)).flatten() {
+            anyhow::bail!(
+                "no cloud names region '{}'; did you mean {}? (a region no cloud names is priced only by every-region \
+                 prices, and only when no named region is this close to it)",
+                crate::report::visible(region),
+                match near.split_last() {
+                    Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
+                    _ => near.join(""),
+                }
+            );
+        }
+        if selling.is_empty() {
+            let listed: Vec<String> = clouds
+                .iter()
+                .map(|c| {
+                    let r: Vec<&str> = c.regions().into_iter().map(|r| if r == pricing::ANY_REGION { "* (every region)" } else { r }).collect();
+                    let more = if r.len() > 8 { format!(", ... ({} in all)", r.len()) } else { String::new() };
+                    format!("{}: {}{more}", c.name, r[..r.len().min(8)].join(", "))
+                })
+                .collect();
+            anyhow::bail!("no cloud sells in region '{}'; the regions are:\n  {}", crate::report::visible(region), listed.join("\n  "));
+        }
+        // A region only the every-region prices answer may be a typo: say which named ones exist.
+        if !named.is_empty() && unnamed {
+            let shown: Vec<&str> = named.iter().take(8).copied().collect();
+            let more = if named.len() > 8 { format!(", ... ({} in all)", named.len()) } else { String::new() };
+            notes.push(format!(
+                "region {}: no cloud names it, so only the every-region prices of {} apply; the named regions are {}{more}",
+                crate::report::visible(region),
+                selling.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                shown.join(", ")
+            ));
+        }
+        if !not.is_empty() {
+            notes.push(format!(
+                "region {}: {} sell{} nothing there",
+                crate::report::visible(region),
+                not.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                if not.len() == 1 { "s" } else { "" }
+            ));
+        }
+    }
+    Ok(clouds)
 }
 
 /// The named regions within a typo of `region` (edit distance at most 2, case ignored),

@@ -15,6 +15,7 @@
 //! - [`local_device`]: the `--device` the local measurement runs on.
 //! - [`explore`]: one run, end to end: series of rows, sweet spots, comparisons, goals.
 //! - [`pricing`]: a cloud's cheapest quote for a row, with where every number came from.
+//! - [`prices`]: the list prices themselves, per GPU-hour across the clouds (`runner prices`).
 //! - [`report`]: tables, JSON, CSV and HTML with charts.
 //! - [`history`]: runs kept in SQLite; resume, show, compare.
 //! - [`train`]: a small model trained on real text under precision policies.
@@ -26,6 +27,7 @@ pub mod input;
 pub mod measure;
 pub use runner_plugin_host as plugin;
 pub mod pricing;
+pub mod prices;
 pub mod project;
 pub mod report;
 pub mod runfile;

@@ -203,6 +203,12 @@ enum Command {
         after_help = "Examples:\n  runner plugins list\n  runner plugins inspect aws\n  runner plugins validate my.wasm"
     )]
     Plugins(PluginsCommand),
+    /// List prices per GPU-hour on every installed cloud, cheapest first, each with its
+    /// instance, region, billing, date and source
+    #[command(
+        after_help = "Examples:\n  runner prices\n  runner prices --gpu h100,h200\n  runner prices --gpu b200 --option all --format csv -o b200.csv\n  runner prices --gpu h100 --region us-east-1 --cloud aws,gcp\n  runner prices --gpu h100 --price-file workloads/our-contract.csv\n\nA list price is a price row, not a quote: `runner explore` prices a run (whole nodes, billing increments, storage, egress, spot interruptions)."
+    )]
+    Prices(commands::prices::PricesArgs),
     /// List model variants of every installed workload plugin, or show one
     #[command(
         after_help = "Examples:\n  runner models\n  runner models llama3.1-70b\n  runner models --format json"
@@ -818,6 +824,7 @@ fn main() -> ExitCode {
         Some(Command::Train(args)) => train_cmd::train(args, &cli.global),
         Some(Command::Plugins(cmd)) => commands::plugins(cmd, &cli.global),
         Some(Command::Models { name }) => commands::models(name.as_deref(), &cli.global),
+        Some(Command::Prices(args)) => commands::prices::prices(&args, &cli.global),
         Some(Command::Bench(cmd)) => device_bench::bench(cmd, &cli.global),
         Some(Command::Project { target, gpus, layout, measured }) => {
             commands::project::project(&target, gpus, &layout, measured.as_deref(), &cli.global)

@@ -200,7 +200,7 @@ pub const ANY_REGION: &str = "*";
 
 /// Whether a price in `priced` applies to a run asked in `asked` (empty: any region).
 /// Case is ignored: clouds spell regions in lower case, users may not.
-fn in_region(priced: &str, asked: &str) -> bool {
+pub(crate) fn in_region(priced: &str, asked: &str) -> bool {
     asked.is_empty() || priced.eq_ignore_ascii_case(asked) || priced == ANY_REGION
 }
 
@@ -219,6 +219,11 @@ impl Cloud {
     /// How many instances it offers.
     pub fn offering_count(&self) -> usize {
         self.offerings.len()
+    }
+
+    /// What it sells, at which prices.
+    pub fn offerings(&self) -> &[Offering] {
+        &self.offerings
     }
 
     /// Whether it sells in `region`.
@@ -292,7 +297,7 @@ pub struct Ask<'a> {
     pub egress_gb: f64,
 }
 
-fn caveat_name(c: PriceCaveat) -> &'static str {
+pub(crate) fn caveat_name(c: PriceCaveat) -> &'static str {
     match c {
         PriceCaveat::LowerBound => "lower-bound",
         PriceCaveat::Resale => "resale",
@@ -487,7 +492,7 @@ pub fn unknown_gpus<'a>(offerings: &'a [Offering], gpus: &[GpuProfile]) -> Vec<(
     offerings.iter().filter(|o| !gpus.iter().any(|g| matches_gpu(o, g))).map(|o| (o.instance.as_str(), o.gpu.as_str())).collect()
 }
 
-fn matches_gpu(o: &Offering, gpu: &GpuProfile) -> bool {
+pub(crate) fn matches_gpu(o: &Offering, gpu: &GpuProfile) -> bool {
     o.gpu.eq_ignore_ascii_case(&gpu.name) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&o.gpu))
 }
 

@@ -55,6 +55,85 @@ fn embedded_wasm(name: &str) -> Vec<u8> {
         .unwrap()
 }
 
+/// `runner prices --gpu h100`: every cloud's H100 row per instance and option, clean
+/// prices before caveated ones and each cheapest first, per GPU-hour = per node-hour over
+/// the node's GPUs (AWS's p5.48xlarge: $55.04 a node-hour, $6.88 a GPU-hour, as its
+/// source lists it); a price file's rows beside them, its resale row after every clean
+/// one; the CSV's figures the JSON's, unrounded. Kills: sorting on price alone, the
+/// per-GPU division dropped or taken twice, a CSV cell rounded.
+#[test]
+fn prices_list_every_clouds_rows_per_gpu_hour_cheapest_first() {
+    let dir = scratch("prices");
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/our-contract.csv");
+    let args = ["prices", "--gpu", "h100", "--price-file", file.to_str().unwrap()];
+    let o = runner(&dir, &[&args[..], &["--format", "json"]].concat());
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["prices"].as_array().unwrap();
+    assert!(rows.len() >= 10 && rows.iter().all(|r| r["gpu"] == "H100"), "{out}");
+    let key = |r: &serde_json::Value| (!r["caveats"].as_array().unwrap().is_empty(), r["usd_per_gpu_hour"].as_f64().unwrap());
+    assert!(rows.windows(2).all(|w| key(&w[0]) <= key(&w[1])), "clean first, each cheapest first: {out}");
+    for r in rows {
+        let (node, gpus) = (r["usd_per_node_hour"].as_f64().unwrap(), r["gpus_per_node"].as_f64().unwrap());
+        assert!(r["upfront_usd_per_node"] != 0.0 || (r["usd_per_gpu_hour"].as_f64().unwrap() - node / gpus).abs() < 1e-12, "{r}");
+    }
+    let p5 = rows.iter().find(|r| r["instance"] == "p5.48xlarge").unwrap();
+    assert_eq!((p5["cloud"].as_str(), p5["region"].as_str(), p5["usd_per_gpu_hour"].as_f64()), (Some("aws"), Some("us-east-1"), Some(6.88)));
+    let ours: Vec<_> = rows.iter().filter(|r| r["cloud"] == "our-contract").collect();
+    assert_eq!(ours.len(), 2, "{out}");
+    assert_eq!(ours[0]["usd_per_gpu_hour"].as_f64(), Some(2.3), "18.40 a node of 8");
+    let resale = rows.iter().position(|r| r["instance"] == "broker-8xh100").unwrap();
+    assert!(rows[..resale].iter().all(|r| r["caveats"].as_array().unwrap().is_empty()), "{out}");
+    assert!(rows[resale]["usd_per_gpu_hour"].as_f64() == Some(1.9), "15.20 / 8");
+    // The CSV: the JSON's names and unrounded figures, one row per price.
+    let o = runner(&dir, &[&args[..], &["--format", "csv"]].concat());
+    let csv = text(&o).0;
+    let lines: Vec<Vec<String>> = csv.lines().filter(|l| !l.starts_with('#')).map(csv_cells).collect();
+    let col = |name: &str| lines[0].iter().position(|h| h == name).unwrap();
+    assert_eq!(lines.len(), rows.len() + 1, "{csv}");
+    for (cells, r) in lines[1..].iter().zip(rows) {
+        assert_eq!(cells.len(), lines[0].len());
+        assert_eq!(cells[col("usd_per_gpu_hour")].parse::<f64>().ok(), r["usd_per_gpu_hour"].as_f64(), "{csv}");
+        assert_eq!(cells[col("instance")], r["instance"].as_str().unwrap());
+    }
+}
+
+/// `runner prices` without --gpu: per GPU type the clouds selling it and its cheapest
+/// clean price, which is the first row of that GPU's listing; errors name the fix.
+/// Kills: the summary's cheapest taken from a caveated row or another GPU's rows.
+#[test]
+fn prices_summarise_each_gpu_and_refuse_what_they_cannot_list() {
+    let dir = scratch("prices-summary");
+    let o = runner(&dir, &["prices", "--format", "json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows = v["prices"].as_array().unwrap();
+    let summary = v["summary"].as_array().unwrap();
+    assert!(summary.iter().any(|s| s["gpu"] == "H100") && summary.iter().any(|s| s["gpu"] == "B200"), "{out}");
+    for s in summary {
+        let mine: Vec<_> = rows.iter().filter(|r| r["gpu"] == s["gpu"]).collect();
+        let clean: Vec<f64> = mine.iter().filter(|r| r["caveats"].as_array().unwrap().is_empty()).map(|r| r["usd_per_gpu_hour"].as_f64().unwrap()).collect();
+        let least = clean.iter().copied().fold(f64::INFINITY, f64::min);
+        assert_eq!(s["cheapest"]["usd_per_gpu_hour"].as_f64(), Some(least), "{s}");
+        let clouds: std::collections::BTreeSet<&str> = mine.iter().map(|r| r["cloud"].as_str().unwrap()).collect();
+        assert_eq!(s["clouds"].as_u64(), Some(clouds.len() as u64), "{s}");
+    }
+    for (args, want) in [
+        (&["prices", "--gpu", "h100", "--region", "us-eest-1"][..], "did you mean us-east-1?"),
+        (&["prices", "--gpu", "h100,H100"][..], "--gpu names H100 twice"),
+        (&["prices", "--option", "weekly"][..], "--option 'weekly' is not one of on-demand"),
+    ] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(want), "{args:?}: {err}");
+    }
+    let o = runner(&dir, &["prices", "--gpu", "h800"]);
+    let out = text(&o).0;
+    assert!(o.status.success() && out.contains("no cloud here lists H800 on-demand: a price file of your own (--price-file) can"), "{out}");
+}
+
 /// Under an address-space limit (`ulimit -v`, as on many HPC login nodes) plugins still
 /// run: each sandbox reserves what its memory needs, not wasmtime's default 4 GiB. Kills:
 /// the default reservation kept (the first plugin call failed to mmap 4 GiB).

@@ -160,7 +160,7 @@ fn name_the_flag(message: &str, before: &toml::Value, after: &toml::Value) -> St
 /// A path flag as the run keeps it: a run (a run file, the history's copy) holds paths as
 /// text, so a name that is not UTF-8 is refused by name; shown lossily it named another
 /// file, which the run then could not find.
-fn utf8_path<'a>(flag: &str, path: &'a Path) -> Result<&'a str> {
+pub(crate) fn utf8_path<'a>(flag: &str, path: &'a Path) -> Result<&'a str> {
     path.to_str().ok_or_else(|| {
         anyhow::anyhow!(
             "{flag} {}: the file name is not UTF-8 text, which a run keeps its paths as; rename the file \
