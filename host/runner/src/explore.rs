@@ -1953,6 +1953,38 @@ mod tests {
         assert_eq!((kept.len(), beaten.as_slice()), (1, [(1, 0)].as_slice()));
     }
 
+    /// A row no cloud prices cleanly is still an answer, at its caveated quotes (the
+    /// cheapest of them, as `cheapest` takes it): one row quoted only at resale ($0.5M)
+    /// and at a lower bound ($0.4M) meets a $1M budget at the $0.4M quote. Kills: a row
+    /// with any quote taken to have a clean one, which left no choice priced ("no row fits
+    /// and is priced").
+    #[test]
+    fn a_row_quoted_only_at_caveated_prices_answers_a_goal() {
+        let mut r = row(64, 10.0, 0.5e6);
+        r.costs = vec![quote(0.5e6, &["resale"]), quote(0.4e6, &["lower-bound"])];
+        let mut s = series(vec![r]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.rows[0].cheapest, Some(1));
+        let a = answer(Goal::Budget(1e6), &[s], &["a".to_string(), "b".to_string()], &[64]);
+        assert!(a.met, "{a:?}");
+        let best = a.best.unwrap();
+        assert_eq!((best.cloud.as_deref(), best.usd, best.days), (Some("b"), Some(0.4e6), 10.0));
+    }
+
+    /// The sweet spot weighs each row at its cheapest quote, whichever column it is in:
+    /// 64 GPUs for 100 days cost $1.0M on cloud a and $0.8M on b, 128 GPUs for 50 days
+    /// $1.05M on a and $1.2M on b. Cheapest to cheapest, 64 -> 128 saves 50 days for
+    /// $0.25M, $5,000 per day saved, over a $2,000 threshold: 64. Kills: the walk reading
+    /// the first column's quotes ($50K for 50 days, $1,000 a day: 128).
+    #[test]
+    fn the_sweet_spot_weighs_each_rows_cheapest_quote() {
+        let two = |gpus: u32, days: f64, a: f64, b: f64| Row { costs: vec![quote(a, &[]), quote(b, &[])], ..row(gpus, days, a) };
+        let mut s = series(vec![two(64, 100.0, 1.0e6, 0.8e6), two(128, 50.0, 1.05e6, 1.2e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(2000.0) });
+        assert_eq!(s.sweet_spot, Some(64), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.starts_with("64 GPUs: going to 128 saves 50.0 days for $250.0K more, $5.0K per day saved"), "{}", s.sweet_spot_why);
+    }
+
     /// What `run` asks each cloud for, end to end (llama3-tiny on H100, priced from a price
     /// file of one 8-GPU node at $80 an hour, billed by the second, on 1e12 tokens): the row's days x 24
     /// hours; storage for the run's length, (2 checkpoints x 14 B x every parameter + 4 B
