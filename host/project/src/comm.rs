@@ -447,4 +447,44 @@ mod tests {
         let routed = f.time_routed(OpKind::AllToAll, s, p, 8, 256);
         assert!(routed > near + 1e6 / 50e9 && routed < plain, "{routed} vs NVLink alone {near}, a copy per peer {plain}");
     }
+
+    /// What `comm_volume` lists for all-gathers over tp (2 ranks) of a (1, 4, 8) BF16 shard
+    /// into (1, 8, 8): S is the gathered output, 8 x 8 x 2 B = 128 B, at (n-1)/n = 1/2. The
+    /// backward reduce-scatters only where every reader leaves a partial gradient (a
+    /// column-parallel linear, as under sequence parallelism); a gather a replicated op also
+    /// reads (as the etp gather of the routing indices is) keeps its part and moves nothing.
+    /// Kills: every all-gather given a backward reduce-scatter, which priced a reduce-scatter
+    /// for the replicated readers' gathers with every projection test passing.
+    #[test]
+    fn an_all_gathers_backward_reduces_only_under_partial_readers() {
+        use runner_graph::{Attr, DType, NamedOp, Role, Tensor, TensorKind};
+        let t = |name: &str, shape: &[u64], kind| Tensor { name: name.into(), shape: shape.to_vec(), dtype: DType::BF16, kind };
+        let a = TensorKind::Activation;
+        let ag = [("group", Attr::Text("tp".into())), ("group-size", Attr::Int(2))];
+        let g = Graph::new(
+            vec![
+                t("x", &[1, 4, 8], TensorKind::Input),
+                t("y", &[1, 8, 8], a),
+                t("w", &[4, 8], TensorKind::Weight),
+                t("z", &[1, 8, 4], a),
+                t("u", &[1, 8, 8], a),
+                t("v", &[1, 8, 8], a),
+                t("s", &[1, 8, 8], a),
+            ],
+            vec![
+                // Read by a column-parallel linear only: its backward sums the ranks' parts.
+                NamedOp::of("ag-sp", OpKind::AllGather, &["x"], &["y"], &ag, 0, Role::Replicated),
+                NamedOp::of("lin", OpKind::Linear, &["y", "w"], &["z"], &[], 0, Role::ColumnParallel),
+                // Read by the linear and a replicated add: every rank holds the whole gradient.
+                NamedOp::of("ag-rep", OpKind::AllGather, &["x"], &["u"], &ag, 0, Role::Replicated),
+                NamedOp::of("lin2", OpKind::Linear, &["u", "w"], &["v"], &[], 0, Role::ColumnParallel),
+                NamedOp::of("add", OpKind::Add, &["u", "u"], &["s"], &[], 0, Role::Replicated),
+            ],
+            "s",
+        )
+        .unwrap();
+        let ops = comm_volume(&g);
+        let got: Vec<(&str, f64, f64, Option<OpKind>)> = ops.iter().map(|c| (c.op.as_str(), c.bytes, c.bus_bytes(), c.backward)).collect();
+        assert_eq!(got, [("ag-sp", 128.0, 64.0, Some(OpKind::ReduceScatter)), ("ag-rep", 128.0, 64.0, None)]);
+    }
 }

@@ -1922,4 +1922,134 @@ mod tests {
         assert!((storage_and_egress_gb(&none_kept, &params, 14.8e12).0 - 59_200.0).abs() < 1e-6);
         assert!((gb_months(77_988.0, 2.0 * 30.4375) - 155_976.0).abs() < 1e-6);
     }
+
+    /// A target no run meets answers with the fastest run, and of runs equally fast the
+    /// cheaper, whichever column its cloud is in: one row quoted on demand by two clouds
+    /// takes the projection's 10 days on both, and the second cloud's $1.0M is nearer than
+    /// the first's $1.2M. Kills: the nearest run to a target chosen by days alone (the first
+    /// column's dearer quote).
+    #[test]
+    fn the_nearest_run_to_a_target_is_the_cheapest_of_the_fastest() {
+        let two = Row { costs: vec![quote(1.2e6, &[]), quote(1.0e6, &[])], ..row(64, 10.0, 1.2e6) };
+        let mut s = series(vec![two]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let a = answer(Goal::TargetDays(5.0), &[s], &["a".to_string(), "b".to_string()], &[64]);
+        assert!(!a.met, "{a:?}");
+        let best = a.best.unwrap();
+        assert_eq!((best.cloud.as_deref(), best.usd, best.days), (Some("b"), Some(1.0e6), 10.0));
+        assert!(a.why.starts_with("no priced run finishes within 5 days; the fastest takes 10.0 days"), "{}", a.why);
+    }
+
+    /// A budget no run meets answers with the cheapest run, and of runs equally cheap the
+    /// faster: 64 GPUs for 100 days and 128 for 50 days both cost $1.0M, so over a $0.5M
+    /// budget the nearest is 128. Kills: the nearest run to a budget chosen by cost alone
+    /// (the slower 64, listed first).
+    #[test]
+    fn the_nearest_run_to_a_budget_is_the_fastest_of_the_cheapest() {
+        let mut s = series(vec![row(64, 100.0, 1.0e6), row(128, 50.0, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        let a = answer(Goal::Budget(5e5), &[s], &["c".to_string()], &[64, 128]);
+        assert!(!a.met, "{a:?}");
+        let best = a.best.unwrap();
+        assert_eq!((best.gpus, best.days, best.usd), (128, 50.0, Some(1.0e6)));
+        assert!(a.why.ends_with("the cheapest costs $1.00M"), "{}", a.why);
+    }
+
+    /// Of two counts with identical days and cost the fewer GPUs stay on the frontier and
+    /// the other is passed over, so the reason names no step between them (a step that
+    /// saves 0 days for $0 more is 0/0 per day saved). Kills: the tie-break on the row's
+    /// index dropped from `frontier`'s `beats` (both rows kept; the sweet spot is still 64,
+    /// but the reason read "going to 128 saves 0 days ... NaN per day saved").
+    #[test]
+    fn identical_counts_keep_the_fewer_gpus_and_name_no_step_between_them() {
+        let mut s = series(vec![row(64, 50.0, 1.0e6), row(128, 50.0, 1.0e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.sweet_spot, Some(64));
+        assert_eq!(
+            s.sweet_spot_why,
+            "64 GPUs: no other count priced is faster or cheaper; passed over as beaten on both time and cost: 128 (by 64)"
+        );
+        let (kept, beaten) = frontier(&[(0, 50.0, 1.0e6), (1, 50.0, 1.0e6)]);
+        assert_eq!((kept.len(), beaten.as_slice()), (1, [(1, 0)].as_slice()));
+    }
+
+    /// A row no cloud prices cleanly is still an answer, at its caveated quotes (the
+    /// cheapest of them, as `cheapest` takes it): one row quoted only at resale ($0.5M)
+    /// and at a lower bound ($0.4M) meets a $1M budget at the $0.4M quote. Kills: a row
+    /// with any quote taken to have a clean one, which left no choice priced ("no row fits
+    /// and is priced").
+    #[test]
+    fn a_row_quoted_only_at_caveated_prices_answers_a_goal() {
+        let mut r = row(64, 10.0, 0.5e6);
+        r.costs = vec![quote(0.5e6, &["resale"]), quote(0.4e6, &["lower-bound"])];
+        let mut s = series(vec![r]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: None });
+        assert_eq!(s.rows[0].cheapest, Some(1));
+        let a = answer(Goal::Budget(1e6), &[s], &["a".to_string(), "b".to_string()], &[64]);
+        assert!(a.met, "{a:?}");
+        let best = a.best.unwrap();
+        assert_eq!((best.cloud.as_deref(), best.usd, best.days), (Some("b"), Some(0.4e6), 10.0));
+    }
+
+    /// The sweet spot weighs each row at its cheapest quote, whichever column it is in:
+    /// 64 GPUs for 100 days cost $1.0M on cloud a and $0.8M on b, 128 GPUs for 50 days
+    /// $1.05M on a and $1.2M on b. Cheapest to cheapest, 64 -> 128 saves 50 days for
+    /// $0.25M, $5,000 per day saved, over a $2,000 threshold: 64. Kills: the walk reading
+    /// the first column's quotes ($50K for 50 days, $1,000 a day: 128).
+    #[test]
+    fn the_sweet_spot_weighs_each_rows_cheapest_quote() {
+        let two = |gpus: u32, days: f64, a: f64, b: f64| Row { costs: vec![quote(a, &[]), quote(b, &[])], ..row(gpus, days, a) };
+        let mut s = series(vec![two(64, 100.0, 1.0e6, 0.8e6), two(128, 50.0, 1.05e6, 1.2e6)]);
+        derive(&mut s, &SweetSpotRule { max_usd_per_day_saved: Some(2000.0) });
+        assert_eq!(s.sweet_spot, Some(64), "{}", s.sweet_spot_why);
+        assert!(s.sweet_spot_why.starts_with("64 GPUs: going to 128 saves 50.0 days for $250.0K more, $5.0K per day saved"), "{}", s.sweet_spot_why);
+    }
+
+    /// What `run` asks each cloud for, end to end (llama3-tiny on H100, priced from a price
+    /// file of one 8-GPU node at $80 an hour, billed by the second, on 1e12 tokens): the row's days x 24
+    /// hours; storage for the run's length, (2 checkpoints x 14 B x every parameter + 4 B
+    /// a token) x days / 30.4375 GB-months (a twelfth of a 365.25-day year); egress of the
+    /// BF16 weights once, 2 B x every parameter; one node's node-hours billed. 4 and 8 GPUs
+    /// round up to one whole-node count, 8: one row, said so. Kills: the run's days passed
+    /// as hours, storage asked as GB rather than GB-months, egress left out of the ask, two
+    /// asked counts that round to one kept as two rows.
+    #[test]
+    fn a_run_asks_each_cloud_for_its_hours_storage_and_egress() {
+        let dir = tempfile::tempdir().unwrap();
+        let csv = dir.path().join("ours.csv");
+        std::fs::write(
+            &csv,
+            "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice,EffectiveDate,Source\n\
+             h8,H100,8,r-1,80.00,,2026-12-01,a test's made-up rate\n",
+        )
+        .unwrap();
+        let mut r = RunFile::default();
+        r.model.plugin = "llama3.wasm".into();
+        r.model.variant = Some("llama3-tiny".into());
+        // Enough tokens that the run is billed well past the price file's 60 s minimum.
+        r.model.tokens = Some(1e12);
+        r.cluster.gpus = vec![4, 8];
+        r.precision.format = vec!["bf16".into()];
+        r.cost.plugins = vec!["lambda".into()];
+        r.cost.price_file = Some(csv.to_string_lossy().into_owned());
+        r.measure.repeats = 1;
+        let o = run(&r, &|_, _, _| {}).unwrap();
+        let rows = &o.series[0].rows;
+        assert_eq!(rows.iter().map(|r| (r.requested_gpus, r.gpus)).collect::<Vec<_>>(), [(4, 8)]);
+        assert!(o.notes.iter().any(|n| n == "8 GPUs are already the row for 4 rounded up to whole nodes of 8 on H100: one row"), "{:#?}", o.notes);
+        let days = rows[0].days.unwrap();
+        let at = o.clouds.iter().position(|c| c == "ours").unwrap();
+        let q = rows[0].costs[at].quote().unwrap();
+        assert_eq!((q.instance.as_str(), q.nodes, q.option.as_str()), ("h8", 1, "on-demand"));
+        assert!((q.hours - days * 24.0).abs() <= 1e-12 * q.hours, "{} h for {days} days", q.hours);
+        let (params, tokens) = (o.model.params_total as f64, o.model.tokens);
+        let line = |category: &str| q.lines.iter().find(|l| l.category == category).unwrap_or_else(|| panic!("no {category} line: {q:?}"));
+        let storage_gb = (2.0 * 14.0 * params + 4.0 * tokens) / 1e9;
+        let want = storage_gb * days / 30.4375;
+        assert!((line("storage").quantity - want).abs() <= 1e-9 * want, "{} GB-months, want {want}", line("storage").quantity);
+        let egress = 2.0 * params / 1e9;
+        assert!((line("egress").quantity - egress).abs() <= 1e-9 * egress, "{} GB, want {egress}", line("egress").quantity);
+        let compute = line("compute");
+        assert!(compute.unit == "node-hour" && compute.quantity >= q.hours && compute.quantity - q.hours < 1.0 / 3600.0, "{compute:?}");
+    }
 }
