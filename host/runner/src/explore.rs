@@ -562,9 +562,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     }
     progress("comparing", total, total);
 
-    // Clouds in the tables' order (pricing::rank_clouds: clean prices first, each cheapest
-    // first), each by its quote of the first row it prices; clouds that price nothing last.
-    let order = pricing::rank_clouds(0..clouds.len(), |i| series.iter().flat_map(|s| &s.rows).find_map(|r| r.costs[i].quote()));
+    let order = cloud_order(&series, clouds.len());
     for s in &mut series {
         for row in &mut s.rows {
             let mut costs = std::mem::take(&mut row.costs);
@@ -1237,6 +1235,13 @@ pub fn load_clouds(
     Ok(clouds)
 }
 
+/// Clouds in the tables' order ([`pricing::rank_clouds`]: clean prices first, each
+/// cheapest first), each by its quote of the first row it prices (the smallest count of
+/// the first series: the row relative cost starts from); clouds that price nothing last.
+fn cloud_order(series: &[Series], clouds: usize) -> Vec<usize> {
+    pricing::rank_clouds(0..clouds, |i| series.iter().flat_map(|s| &s.rows).find_map(|r| r.costs[i].quote()))
+}
+
 /// The named regions within a typo of `region` (edit distance at most 2, case ignored),
 /// nearest first; `None` when none is.
 fn near_regions<'a>(region: &str, named: &std::collections::BTreeSet<&'a str>) -> Option<Vec<&'a str>> {
@@ -1598,6 +1603,22 @@ mod tests {
         let a = answer(Goal::TargetDays(4.0), &s, &clouds, &[512]);
         assert!(!a.met);
         assert_eq!(a.best.unwrap().cloud.as_deref(), Some("big-nodes"));
+    }
+
+    /// Clouds are ordered by their quote of the first row they price, not a later one:
+    /// cloud 1 is cheaper at 64 GPUs and dearer at 128 (a minimum charge that only the
+    /// small run pays more for, say), and a cloud that prices nothing comes last. Kills:
+    /// ranking by the last priced row (the order flips), unpriced clouds ranked first.
+    #[test]
+    fn clouds_are_ordered_by_their_first_priced_row() {
+        let priced = |gpus: u32, a: f64, b: f64| Row { costs: vec![quote(a, &[]), quote(b, &[]), CloudPrice::NotSold], ..row(gpus, 10.0, a) };
+        let s = series(vec![priced(64, 2.0e6, 1.0e6), priced(128, 1.0e6, 3.0e6)]);
+        assert_eq!(cloud_order(&[s], 3), [1, 0, 2]);
+        // Unpriced at the first row, cloud 0 is ranked by the first row it prices.
+        let mut first = priced(64, 0.0, 1.0e6);
+        first.costs[0] = CloudPrice::NotSold;
+        let s = series(vec![first, priced(128, 0.5e6, 3.0e6)]);
+        assert_eq!(cloud_order(&[s], 3), [0, 1, 2]);
     }
 
     /// A quote that leaves storage out says so in the goal's answer. Kills: the flag dropped
