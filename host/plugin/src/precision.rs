@@ -152,6 +152,13 @@ pub fn device_capabilities(name: &str) -> DeviceCapabilities {
             [high.as_slice(), &[Fp8E4m3, Fp8E5m2, Mxfp8, Nvfp4]].concat(),
             Vec::new(),
         ),
+        // AMD's CDNA 3 and 4 boards run FP8 (E4M3/E5M2) on their matrix cores; they have
+        // no CUDA compute capability (0), as the runner's profiles plan them.
+        "MI300X" | "MI355X" => (
+            0,
+            [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(),
+            Vec::new(),
+        ),
         "L40S" | "L4" => (
             89,
             [high.as_slice(), &[Fp8E4m3, Fp8E5m2]].concat(),

@@ -2623,6 +2623,40 @@ fn gh200_explore_says_no_cloud_sells_it_and_a_price_file_prices_it() {
     assert!(!out.contains("no cloud here sells"), "{out}");
 }
 
+/// The AMD boards OCI sells (BM.GPU.MI300X.8, BM.GPU.MI355X.8: `MI300X` and `MI355X` in
+/// its price list) have profiles, so explore projects them and prices them at OCI, by a
+/// profile's name in any case; Crusoe's page lists MI300X without a node size, so Crusoe's
+/// list has no MI300X row and does not price it. The GPU profiles note says whose table
+/// they take.
+#[test]
+fn amd_boards_are_projected_and_priced_at_oci() {
+    let dir = scratch("amd-oci");
+    for (gpu, instance) in [("mi300x", "BM.GPU.MI300X.8"), ("MI355X", "BM.GPU.MI355X.8")] {
+        let o = runner(&dir, &["explore", "--gpu", gpu, "--model", "llama3.1-8b", "--gpus", "8,64", "--no-history", "--format", "json", "-q"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{gpu}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let series = v["series"].as_array().unwrap();
+        assert!(!series.is_empty(), "{out}");
+        for s in series {
+            let rows = s["rows"].as_array().unwrap();
+            assert_eq!(rows.iter().map(|r| r["gpus"].as_u64().unwrap()).collect::<Vec<_>>(), [8, 64], "{gpu}: {s}");
+            for row in rows {
+                let costs = row["costs"].as_array().unwrap();
+                let oci: Vec<&serde_json::Value> = costs.iter().filter(|c| c["cloud"] == "oci" && c["status"] == "quoted").collect();
+                assert_eq!(oci.len(), 1, "{gpu}: {row}");
+                assert_eq!(oci[0]["instance"].as_str(), Some(instance), "{gpu}: {row}");
+                assert!(!costs.iter().any(|c| c["cloud"] == "crusoe" && c["status"] == "quoted"), "{gpu}: {row}");
+            }
+        }
+        assert!(!out.contains("no cloud here sells"), "{gpu}: {out}");
+        let o = runner(&dir, &["explore", "--gpu", gpu, "--model", "llama3.1-8b", "--gpus", "8", "--no-history"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{gpu}: {err}");
+        assert!(out.contains("H100's, GEMMs x0."), "{gpu}: {out}");
+    }
+}
+
 /// `project --format csv` is a `field,value` row per value of the JSON, under its path
 /// there, and `search --format csv` a row per layout under the JSON's names: one header
 /// row of names, the figures as the JSON writes them (no "12.7 s", no "53.7 %", no

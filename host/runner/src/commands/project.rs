@@ -202,7 +202,7 @@ pub struct Target {
     /// Model variant, as `runner models` lists it (e.g. llama3.1-70b)
     #[arg(long)]
     pub model: String,
-    /// GPU type: a100-40gb, a100-80gb, h100, h200, h800, h20, gh200, b200, gb200, b300, gb300 (or one a --profile file adds)
+    /// GPU type: a100-40gb, a100-80gb, h100, h200, h800, h20, gh200, b200, gb200, b300, gb300, mi300x, mi355x (or one a --profile file adds)
     #[arg(long, default_value = "h100")]
     pub gpu: String,
     /// bf16, fp8, fp8-cs, mxfp8 or nvfp4
