@@ -639,7 +639,7 @@ mod tests {
         let bf16_only = Profiles::with_overrides(&text.replace("fp8 = 2600.0\n", ""), "x1.toml").unwrap();
         assert_eq!(format!("{:?}", plan_for("X1", &bf16_only).unwrap().native_formats), format!("{:?}", [Fp32, Bf16, Fp16]));
         let e = plan_for("X1", &builtin).unwrap_err().to_string();
-        assert!(e.starts_with("--plan-for X1: no such device; name a GPU (A100-40GB, ") && e.contains("GB300, L40S"), "{e}");
+        assert!(e.starts_with("--plan-for X1: no such device; name a GPU (A100-40GB, ") && e.contains("GB300, MI300X, MI355X, L40S"), "{e}");
         assert_eq!(plan_for("CPU", &mine).unwrap().native_formats.len(), 1, "cpu is the table's, never a profile's");
     }
 
