@@ -245,19 +245,23 @@ pub fn fields<T: Serialize + ?Sized>(value: &T) -> Record {
             d.deserialize_any(V)
         }
     }
-    fn flatten(path: &str, v: Ordered, out: &mut Record) {
-        match v {
+    // The order from the text, each value from `to_value` (serde_json reads a float back
+    // from its text a bit off at times: 9.034399032592773 came back ...772).
+    fn flatten(path: &str, order: Ordered, exact: &Value, out: &mut Record) {
+        match order {
             Ordered::Map(m) => {
                 for (k, v) in m {
-                    flatten(&if path.is_empty() { k } else { format!("{path}.{k}") }, v, out);
+                    let value = exact.get(&k).unwrap_or(&Value::Null);
+                    flatten(&if path.is_empty() { k } else { format!("{path}.{k}") }, v, value, out);
                 }
             }
-            Ordered::Leaf(v) => out.push((if path.is_empty() { "value".into() } else { path.into() }, v)),
+            Ordered::Leaf(_) => out.push((if path.is_empty() { "value".into() } else { path.into() }, exact.clone())),
         }
     }
     let mut out = Vec::new();
-    if let Some(v) = serde_json::to_string(value).ok().and_then(|text| serde_json::from_str::<Ordered>(&text).ok()) {
-        flatten("", v, &mut out);
+    let order = serde_json::to_string(value).ok().and_then(|text| serde_json::from_str::<Ordered>(&text).ok());
+    if let (Some(order), Ok(exact)) = (order, serde_json::to_value(value)) {
+        flatten("", order, &exact, &mut out);
     }
     out
 }

@@ -341,8 +341,11 @@ pub fn list(limit: usize, global: &Global) -> Result<()> {
     if runs.is_empty() {
         t.notes.push("no runs yet".into());
     }
-    // The CSV: each run's fields under the JSON's names.
+    // The CSV: each run's fields under the JSON's names (named without a run too).
     let mut csv = report::records(&runs);
+    if runs.is_empty() {
+        csv.headers = ["id", "kind", "command", "started", "status", "items"].map(String::from).to_vec();
+    }
     csv.notes = t.notes.clone();
     crate::commands::emit_csv(global, &t, &runs, &csv)
 }

@@ -396,7 +396,8 @@ mod tests {
         assert_eq!(d.rows.len(), 4);
         assert_eq!(d.rows[3], ["fp8", "3", "2", "fallback", "refused", "fallback detail"]);
         assert_eq!(d.rows[2][4], "yes");
-        assert!(d.notes.is_empty());
+        // One note, saying which count a policy's "step N" is.
+        assert!(d.notes.len() == 1 && d.notes[0].starts_with("iteration: every attempt"), "{:?}", d.notes);
         let quiet = TrainReport { runs: vec![result("bf16", vec![pt(0, 1.0)], vec![])], ..report() };
         assert_eq!(decisions(&quiet).notes, ["no policy acted or alerted"]);
     }
