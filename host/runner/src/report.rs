@@ -199,7 +199,7 @@ pub fn fields<T: Serialize + ?Sized>(value: &T) -> Record {
     use serde_json::Value;
     enum Ordered {
         Map(Vec<(String, Ordered)>),
-        Leaf(Value),
+        Leaf,
     }
     struct V;
     impl<'de> Visitor<'de> for V {
@@ -207,30 +207,27 @@ pub fn fields<T: Serialize + ?Sized>(value: &T) -> Record {
         fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             f.write_str("JSON")
         }
-        fn visit_bool<E: serde::de::Error>(self, v: bool) -> Result<Ordered, E> {
-            Ok(Ordered::Leaf(Value::Bool(v)))
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
         }
-        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Ordered, E> {
-            Ok(Ordered::Leaf(v.into()))
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
         }
-        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Ordered, E> {
-            Ok(Ordered::Leaf(v.into()))
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
         }
-        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<Ordered, E> {
-            Ok(Ordered::Leaf(v.into()))
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
         }
-        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Ordered, E> {
-            Ok(Ordered::Leaf(Value::String(v.into())))
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
         }
         fn visit_unit<E: serde::de::Error>(self) -> Result<Ordered, E> {
-            Ok(Ordered::Leaf(Value::Null))
+            Ok(Ordered::Leaf)
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Ordered, A::Error> {
-            let mut items = Vec::new();
-            while let Some(v) = seq.next_element::<Value>()? {
-                items.push(v);
-            }
-            Ok(Ordered::Leaf(Value::Array(items)))
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(Ordered::Leaf)
         }
         fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
             let mut out = Vec::new();
@@ -255,7 +252,7 @@ pub fn fields<T: Serialize + ?Sized>(value: &T) -> Record {
                     flatten(&if path.is_empty() { k } else { format!("{path}.{k}") }, v, value, out);
                 }
             }
-            Ordered::Leaf(_) => out.push((if path.is_empty() { "value".into() } else { path.into() }, exact.clone())),
+            Ordered::Leaf => out.push((if path.is_empty() { "value".into() } else { path.into() }, exact.clone())),
         }
     }
     let mut out = Vec::new();
@@ -296,6 +293,9 @@ pub fn records_of(rows: &[Record]) -> Table {
     Table { headers, rows, ..Table::default() }
 }
 
+/// A CSV read back: its header, its rows, its notes.
+pub type ParsedCsv = (Vec<String>, Vec<Vec<String>>, Vec<String>);
+
 /// A CSV as [`Table::csv`] writes it, read back: the header, the rows, the notes (the
 /// `# ` lines). RFC 4180 quoting, a quoted field may hold line breaks. A row whose cells
 /// are not as many as the header's is an error, naming the row. What the tests read the
@@ -303,7 +303,7 @@ pub fn records_of(rows: &[Record]) -> Table {
 ///
 /// # Errors
 /// No header, a row of another width, a quote left open.
-pub fn parse_csv(text: &str) -> Result<(Vec<String>, Vec<Vec<String>>, Vec<String>), String> {
+pub fn parse_csv(text: &str) -> Result<ParsedCsv, String> {
     let (mut records, mut notes) = (Vec::new(), Vec::new());
     let (mut record, mut cell, mut quoted, mut start) = (Vec::new(), String::new(), false, true);
     let mut chars = text.chars().peekable();
