@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use serde_json::json;
 
 use runner::plugin::{self, Kind, Limits, PluginInfo};
 use runner::report::{self, OutputFormat, Table, si};
@@ -31,6 +32,17 @@ pub fn emit_page<T: Serialize>(global: &Global, table: &Table, value: &T, page: 
         _ => report::render(format, table, value),
     };
     emit_rendered(global, &render)
+}
+
+/// [`emit`], with `csv` for the CSV instead of the table: the table's cells are rounded
+/// and carry units for people, a CSV is for scripts (raw figures under the JSON's names,
+/// [`report::records`]). The table's notes follow as `#` lines when `csv` has none.
+pub fn emit_csv<T: Serialize>(global: &Global, table: &Table, value: &T, csv: &Table) -> Result<()> {
+    emit_rendered(global, &|f| match f {
+        OutputFormat::Csv if csv.notes.is_empty() => Table { notes: table.notes.clone(), ..csv.clone() }.csv(),
+        OutputFormat::Csv => csv.csv(),
+        f => report::render(f, table, value),
+    })
 }
 
 /// Print `render`'s output in the chosen format, after writing --output when given.
@@ -392,7 +404,21 @@ pub fn plugins(cmd: PluginsCommand, global: &Global) -> Result<()> {
             for row in &mut terminal.rows {
                 row[4].truncate(12);
             }
-            emit_rendered(global, &|f| report::render(f, if f == OutputFormat::Table { &terminal } else { &table }, &entries))
+            // The CSV: each plugin's fields under the JSON's names, the contract and the
+            // source bare (the table's "0.2.0 (adapted)" and "(shadowed)" are columns).
+            let rows: Vec<report::Record> = entries
+                .iter()
+                .map(|e| match &e.info {
+                    Some(i) => report::record([("name", json!(i.name)), ("kind", json!(i.kind.name())), ("contract", json!(i.contract)), ("source", json!(i.source.to_string())), ("sha256", json!(i.sha256)), ("bytes", json!(i.bytes)), ("shadows_embedded", json!(i.shadows_embedded)), ("shadowed", json!(e.shadowed)), ("error", json!(e.error))]),
+                    None => report::record([("shadowed", json!(e.shadowed)), ("error", json!(e.error))]),
+                })
+                .collect();
+            let mut csv = report::records_of(&rows);
+            csv.notes = table.notes.clone();
+            emit_rendered(global, &|f| match f {
+                OutputFormat::Csv => csv.csv(),
+                f => report::render(f, if f == OutputFormat::Table { &terminal } else { &table }, &entries),
+            })
         }
         PluginsCommand::Inspect { name } => inspect(&name, global),
         PluginsCommand::Validate { path } => validate(&path, global),
@@ -436,7 +462,17 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     v.layouts.len().to_string(),
                 ]);
             }
-            emit(global, &t, &info)
+            // The CSV: a row per variant, its figures under the JSON's names (the table's
+            // "8e top-2" as moe_experts and moe_top_k, layouts counted).
+            let rows: Vec<report::Record> = info
+                .variants
+                .iter()
+                .map(|v| {
+                    let h = &v.hyper;
+                    report::record([("name", json!(v.name)), ("layers", json!(h.layers)), ("hidden", json!(h.hidden)), ("heads", json!(h.heads)), ("kv_heads", json!(h.kv_heads)), ("vocab", json!(h.vocab)), ("moe_experts", json!(h.moe.as_ref().map(|m| m.experts))), ("moe_top_k", json!(h.moe.as_ref().map(|m| m.top_k))), ("seq_len", json!(v.defaults.seq_len)), ("layouts", json!(v.layouts.len()))])
+                })
+                .collect();
+            emit_csv(global, &t, &info, &report::records_of(&rows))
         }
         Kind::Cost => {
             let mut c = p.cost(limits)?;
@@ -469,7 +505,16 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                         .map_or(String::new(), |p| p.effective_date.clone()),
                 ]);
             }
-            emit(global, &t, &offerings)
+            // The CSV: a row per offering under the JSON's names, the first price's billing
+            // as its two numbers (the table's "60 s, min 60 s").
+            let rows: Vec<report::Record> = offerings
+                .iter()
+                .map(|o| {
+                    let p = o.prices.first();
+                    report::record([("instance", json!(o.instance)), ("gpu", json!(o.gpu)), ("gpus_per_node", json!(o.gpus_per_node)), ("interconnect_gbps", json!(o.interconnect_gbps)), ("prices", json!(o.prices.len())), ("billing_increment_s", json!(p.map(|p| p.billing_increment_s))), ("minimum_charge_s", json!(p.map(|p| p.minimum_charge_s))), ("effective_date", json!(p.map(|p| p.effective_date.clone())))])
+                })
+                .collect();
+            emit_csv(global, &t, &offerings, &report::records_of(&rows))
         }
         Kind::Precision => {
             let name = p.precision(limits)?.name()?;
@@ -777,10 +822,16 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
             r.default_seq_len
         ));
         t.notes.extend(provenance);
-        return emit(
+        // The CSV: a row per layout under the JSON's names (`variant.layouts`), gbs as its
+        // two numbers (the table's "2 x GPUs"); the title, which the table's first header
+        // carried ("layout: gpu"), is left to the JSON.
+        let mut csv = report::records(&v.layouts);
+        csv.notes = t.notes.clone();
+        return emit_csv(
             global,
             &t,
             &serde_json::json!({ "variant": v, "params_total": r.params_total, "params_active": r.params_active, "flops_per_token": r.flops_per_token }),
+            &csv,
         );
     }
     let mut t = Table::new(
@@ -910,10 +961,24 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     over.join(", ")
                 ));
             }
-            emit(
+            // The CSV: a row per size under the JSON's names (`time.*` in seconds), with the
+            // theoretical peak it was compared with (the table's "71%" is gflops over it).
+            let csv_rows: Vec<report::Record> = rows
+                .iter()
+                .map(|r| {
+                    let mut fields = report::fields(r);
+                    fields.push(("theoretical_gflops".into(), serde_json::json!(peak.theoretical_gflops)));
+                    fields
+                })
+                .collect();
+            let mut csv = report::records_of(&csv_rows);
+            csv.notes = t.notes.clone();
+            csv.notes.push("time.*: seconds per GEMM".into());
+            emit_csv(
                 global,
                 &t,
                 &serde_json::json!({ "peak": peak, "gemm": rows }),
+                &csv,
             )
         }
         BenchCommand::Quantize { rows, cols } => {
@@ -943,7 +1008,10 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                  row writes FP8 codes"
                     .into(),
             );
-            emit(global, &t, &rows_out)
+            let mut csv = report::records(&rows_out);
+            csv.notes = t.notes.clone();
+            csv.notes.push("time.*: seconds per pass".into());
+            emit_csv(global, &t, &rows_out, &csv)
         }
         BenchCommand::Memory => {
             let rows = runner_exec::bench::memory_bench();
@@ -963,7 +1031,10 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 ]);
             }
             t.notes.push("STREAM convention: bytes = reads + writes per pass, no write-allocate traffic counted".into());
-            emit(global, &t, &rows)
+            let mut csv = report::records(&rows);
+            csv.notes = t.notes.clone();
+            csv.notes.push("time.*: seconds per pass".into());
+            emit_csv(global, &t, &rows, &csv)
         }
         BenchCommand::Search { model, gpu, gpus, precision, repeats } => {
             project::bench_search(&model, &gpu, gpus, &precision, repeats, global)
@@ -1084,7 +1155,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                     .map(|d| d.display().to_string())
                     .unwrap_or_else(|| "disabled".into())
             ));
-            emit(global, &t, &rows)
+            emit_csv(global, &t, &rows, &report::records(&rows))
         }
         other => anyhow::bail!("bench {other:?} runs on a device (device_bench.rs)"),
     }

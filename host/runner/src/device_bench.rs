@@ -8,6 +8,7 @@ use std::collections::HashMap;
 
 use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
+use serde_json::json;
 
 use runner::report::{Table, si};
 use runner_exec::Device;
@@ -28,7 +29,7 @@ use runner_project::profile::{GemmFormat, Profiles};
 use runner_project::template::ShardKey;
 
 use crate::commands::project::Target;
-use crate::commands::{self, emit};
+use crate::commands::{self, emit_csv};
 use crate::{BenchCommand, Global};
 
 /// Run `$body` with `$dev` bound to the chosen device, whatever its type.
@@ -101,7 +102,10 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                  events"
                     .into(),
             );
-            emit(global, &t, &rows)
+            let mut csv = runner::report::records(&rows);
+            csv.notes = t.notes.clone();
+            csv.notes.push("time.*: seconds per GEMM".into());
+            emit_csv(global, &t, &rows, &csv)
         }
         BenchCommand::Memory if !cpu_only(global.device) => {
             let chosen = choose_timed(global.device, "bench memory")?;
@@ -128,7 +132,10 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                  reads the records once per pass)"
                     .into(),
             );
-            emit(global, &t, &rows)
+            let mut csv = runner::report::records(&rows);
+            csv.notes = t.notes.clone();
+            csv.notes.push("time.*: seconds per call".into());
+            emit_csv(global, &t, &rows, &csv)
         }
         BenchCommand::Kernels => {
             let chosen = choose(global.device)?;
@@ -159,7 +166,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 rows.len(),
                 if name.starts_with("cpu") { "; on the CPU this compares the CPU backend with itself" } else { "" }
             ));
-            emit(global, &t, &rows)?;
+            emit_csv(global, &t, &rows, &runner::report::records(&rows))?;
             if failed > 0 {
                 bail!("{failed} kernel check(s) failed on {name}");
             }
@@ -301,7 +308,19 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
                 #[serde(skip_serializing_if = "Option::is_none")]
                 cuda_graph_losses_bitwise: Option<bool>,
             }
-            emit(global, &t, &Out { optimizer: opts.optimizer.name(), layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses, cuda_graph_losses_bitwise: same_bitwise })?;
+            // The CSV: a row per part with its timing's figures in seconds, unrounded (the
+            // JSON's `measured.timing.step` and the rest; the table's were "12.34 ms").
+            let mut parts = vec![("step", m.timing.step), ("forward", m.timing.forward), ("backward", m.timing.backward), ("optimizer", m.timing.optimizer)];
+            if let Some(gm) = &graphed {
+                parts.push(("cuda_graph_step", gm.timing.step));
+            }
+            let mut csv_rows: Vec<runner::report::Record> = parts.iter().map(|(part, s)| runner::report::record([("part", json!(part)), ("median_s", json!(s.median)), ("p10_s", json!(s.p10)), ("p90_s", json!(s.p90)), ("min_s", json!(s.min)), ("max_s", json!(s.max)), ("n", json!(s.n))])).collect();
+            csv_rows.push(runner::report::record([("part", json!("layer_forward")), ("median_s", json!(layer_f))]));
+            csv_rows.push(runner::report::record([("part", json!("layer_backward")), ("median_s", json!(layer_b))]));
+            let mut csv = runner::report::records_of(&csv_rows);
+            csv.notes = t.notes.clone();
+            csv.notes.push(format!("achieved_tflops {}; peak_bytes {}", m.achieved_tflops, m.memory.peak_bytes));
+            emit_csv(global, &t, &Out { optimizer: opts.optimizer.name(), layer_forward_s: layer_f, layer_backward_s: layer_b, measured: &m, cuda_graph: graphed.as_ref(), cuda_graph_losses_equal: same_losses, cuda_graph_losses_bitwise: same_bitwise }, &csv)?;
             if same_losses == Some(false) {
                 bail!("the step replayed as a CUDA graph gave other losses than the eager step");
             }
@@ -593,7 +612,11 @@ pub fn measure(target: &Target, gpu_given: bool, shard: [u32; 5], repeats: usize
     t.notes = file.notes.clone();
     t.notes.push(format!("{repeats} timed samples per op, medians; GEMM rate over its three kernels, memory rate of the f32 forward"));
     t.notes.push("use it with: runner project ... --measured FILE.json, or runner calibrate --ops FILE.json -o fitted.toml".into());
-    emit(global, &t, &file)
+    // The CSV: a row per op under the JSON's names (`ops`; seconds, bytes and FLOPs
+    // unrounded, lists as JSON), not the table's ms and GFLOP/s.
+    let mut csv = runner::report::records(&file.ops);
+    csv.notes = t.notes.clone();
+    emit_csv(global, &t, &file, &csv)
 }
 
 #[cfg(test)]

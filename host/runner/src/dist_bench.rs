@@ -30,7 +30,7 @@ use runner_graph::shard::{Layout, RankCoord, shard};
 use runner_project::collectives::CollRow;
 
 use crate::Global;
-use crate::commands::emit;
+use crate::commands::emit_csv;
 
 /// nccl-tests' size syntax: bytes, or a number with K, M or G (powers of 1024).
 pub fn parse_size(s: &str) -> Result<u64> {
@@ -467,7 +467,9 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     }
     t.notes.push(launched);
     t.notes.push("fit the projection's network tier to it: -o FILE.json, then runner calibrate --collectives FILE.json --gpu NAME".into());
-    emit(global, &t, &rows)?;
+    // The CSV: a row per (op, size) under the JSON's names (`size_bytes`, `time_us`,
+    // `algbw_gbps`, `busbw_gbps`: nccl-tests' columns, unrounded), the notes as `#` lines.
+    emit_csv(global, &t, &rows, &runner::report::records(&rows))?;
     if wrong > 0 {
         bail!("{wrong} wrong values in the collectives' results");
     }
@@ -1106,7 +1108,9 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
     if !in_process && launch.world > 1 {
         t.notes.push(launch_note(&launch));
     }
-    emit(global, &t, &results)
+    // The CSV: each rank's figures as the JSON has them (its losses and step times as
+    // lists of seconds, the whole digest), not the table's medians in ms.
+    emit_csv(global, &t, &results, &runner::report::records(&results))
 }
 
 fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeout: Duration) -> Result<RankResult> {

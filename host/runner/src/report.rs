@@ -135,10 +135,13 @@ impl Table {
             // (OWASP's CSV injection), whose sign a digit follows, does not pass for one;
             // nor do "+B1" and "-$E$1", cell references: a figure's letters (a unit, an
             // exponent, the x of a ratio) come after a digit.
+            // A number as Rust or JSON writes it ("-1.5e-7", whose exponent has a sign) is
+            // a figure too: a script's CSV of raw values keeps its negative small numbers.
             let figure = |rest: &str| {
                 let letter = rest.find(|c: char| c.is_ascii_alphabetic());
-                rest.chars().all(|c| c.is_ascii_digit() || " .,%$~xKMBTeE".contains(c))
-                    && letter.is_none_or(|l| rest[..l].contains(|c: char| c.is_ascii_digit()))
+                (rest.chars().all(|c| c.is_ascii_digit() || " .,%$~xKMBTeE".contains(c))
+                    && letter.is_none_or(|l| rest[..l].contains(|c: char| c.is_ascii_digit())))
+                    || (rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') && rest.parse::<f64>().is_ok())
             };
             let formula = match s.chars().next() {
                 Some('=' | '@') => true,
@@ -178,6 +181,169 @@ impl Table {
         }
         out
     }
+}
+
+/// One CSV row: (column, value) pairs, in order.
+pub type Record = Vec<(String, serde_json::Value)>;
+
+/// A [`Record`] of named values, in the order given (`json!` objects sort their keys).
+pub fn record<'a>(pairs: impl IntoIterator<Item = (&'a str, serde_json::Value)>) -> Record {
+    pairs.into_iter().map(|(k, v)| (k.to_string(), v)).collect()
+}
+
+/// `value`'s scalar fields as its JSON has them, in the order its type writes them
+/// (serde_json's maps sort their keys: read back from the JSON text instead), a nested
+/// object's fields named by their path (`time.median`); a list is one field.
+pub fn fields<T: Serialize + ?Sized>(value: &T) -> Record {
+    use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+    use serde_json::Value;
+    enum Ordered {
+        Map(Vec<(String, Ordered)>),
+        Leaf,
+    }
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Ordered;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Ordered, E> {
+            Ok(Ordered::Leaf)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Ordered, A::Error> {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+            Ok(Ordered::Leaf)
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Ordered, A::Error> {
+            let mut out = Vec::new();
+            while let Some((k, v)) = map.next_entry::<String, Ordered>()? {
+                out.push((k, v));
+            }
+            Ok(Ordered::Map(out))
+        }
+    }
+    impl<'de> Deserialize<'de> for Ordered {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Ordered, D::Error> {
+            d.deserialize_any(V)
+        }
+    }
+    // The order from the text, each value from `to_value` (serde_json reads a float back
+    // from its text a bit off at times: 9.034399032592773 came back ...772).
+    fn flatten(path: &str, order: Ordered, exact: &Value, out: &mut Record) {
+        match order {
+            Ordered::Map(m) => {
+                for (k, v) in m {
+                    let value = exact.get(&k).unwrap_or(&Value::Null);
+                    flatten(&if path.is_empty() { k } else { format!("{path}.{k}") }, v, value, out);
+                }
+            }
+            Ordered::Leaf => out.push((if path.is_empty() { "value".into() } else { path.into() }, exact.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    let order = serde_json::to_string(value).ok().and_then(|text| serde_json::from_str::<Ordered>(&text).ok());
+    if let (Some(order), Ok(exact)) = (order, serde_json::to_value(value)) {
+        flatten("", order, &exact, &mut out);
+    }
+    out
+}
+
+/// A table for CSV of `rows` as their JSON writes them, for scripts: a column per scalar
+/// field ([`fields`]: named by its path in the JSON, in the order written), the columns
+/// in the order first met; a cell is the JSON's value (a number as JSON writes it, full
+/// precision and no unit; a string bare; null, or a field a row lacks, empty; a list as
+/// its compact JSON, in one cell). Tables for people round and add units; this is the
+/// CSV's source where the table's cells do.
+pub fn records<T: Serialize>(rows: &[T]) -> Table {
+    records_of(&rows.iter().map(|r| fields(r)).collect::<Vec<_>>())
+}
+
+/// [`records`] of rows built field by field ([`record`], [`fields`]).
+pub fn records_of(rows: &[Record]) -> Table {
+    let mut headers: Vec<String> = Vec::new();
+    for (k, _) in rows.iter().flatten() {
+        if !headers.contains(k) {
+            headers.push(k.clone());
+        }
+    }
+    let cell = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Null => String::new(),
+        other => other.to_string(),
+    };
+    let rows = rows
+        .iter()
+        .map(|r| headers.iter().map(|h| r.iter().find(|(k, _)| k == h).map(|(_, v)| cell(v)).unwrap_or_default()).collect())
+        .collect();
+    Table { headers, rows, ..Table::default() }
+}
+
+/// A CSV read back: its header, its rows, its notes.
+pub type ParsedCsv = (Vec<String>, Vec<Vec<String>>, Vec<String>);
+
+/// A CSV as [`Table::csv`] writes it, read back: the header, the rows, the notes (the
+/// `# ` lines). RFC 4180 quoting, a quoted field may hold line breaks. A row whose cells
+/// are not as many as the header's is an error, naming the row. What the tests read the
+/// commands' CSVs with, as a script would.
+///
+/// # Errors
+/// No header, a row of another width, a quote left open.
+pub fn parse_csv(text: &str) -> Result<ParsedCsv, String> {
+    let (mut records, mut notes) = (Vec::new(), Vec::new());
+    let (mut record, mut cell, mut quoted, mut start) = (Vec::new(), String::new(), false, true);
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if start && !quoted && c == '#' {
+            let note: String = std::iter::from_fn(|| chars.next_if(|&c| c != '\n')).collect();
+            chars.next();
+            notes.push(note.strip_prefix(' ').unwrap_or(&note).to_string());
+            continue;
+        }
+        start = false;
+        match c {
+            '"' if quoted && chars.peek() == Some(&'"') => {
+                cell.push('"');
+                chars.next();
+            }
+            '"' => quoted = !quoted,
+            ',' if !quoted => record.push(std::mem::take(&mut cell)),
+            '\n' if !quoted => {
+                record.push(std::mem::take(&mut cell));
+                records.push(std::mem::take(&mut record));
+                start = true;
+            }
+            c => cell.push(c),
+        }
+    }
+    if quoted {
+        return Err("a quoted field is not closed".into());
+    }
+    if !start {
+        record.push(cell);
+        records.push(record);
+    }
+    let mut records = records.into_iter();
+    let header = records.next().ok_or("no header row")?;
+    let rows: Vec<Vec<String>> = records.collect();
+    if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| r.len() != header.len()) {
+        return Err(format!("row {} has {} cells, the header {}: {r:?}", i + 1, r.len(), header.len()));
+    }
+    Ok((header, rows, notes))
 }
 
 /// Whether a cell is a figure, right-aligned: it starts with a digit, '$', a sign (an
@@ -571,6 +737,53 @@ mod tests {
         let out = render(OutputFormat::Json, &t, &Refuses);
         let back: serde_json::Value = serde_json::from_str(&out).expect(&out);
         assert_eq!(back["error"], "key \"x\" is not a string");
+    }
+
+    /// `records` writes each row's JSON fields as columns, named by their path, each cell
+    /// the JSON's value whole; the CSV reads back to the same numbers, a negative small
+    /// one ("-1.5e-7") included, not taken for a formula. Kills: a rounded cell, a unit
+    /// in a cell, a nested field left out, a missing field shifting the row.
+    #[test]
+    fn records_are_the_json_values_whole_and_read_back() {
+        #[derive(Serialize)]
+        struct Stat {
+            median: f64,
+            n: usize,
+        }
+        #[derive(Serialize)]
+        struct Row {
+            kernel: &'static str,
+            bytes: u64,
+            gbps: f64,
+            time: Stat,
+            peak: Option<f64>,
+        }
+        let rows = [
+            Row { kernel: "copy, fast", bytes: 536_870_912, gbps: 12.345_678_901_234_5, time: Stat { median: 0.043_210_987_654_321, n: 7 }, peak: None },
+            Row { kernel: "triad \"x\"", bytes: 805_306_368, gbps: -1.5e-7, time: Stat { median: 1e-3, n: 7 }, peak: Some(71.0) },
+        ];
+        let mut t = records(&rows);
+        t.notes.push("time.*: seconds".into());
+        let text = t.csv();
+        let (header, cells, notes) = parse_csv(&text).unwrap();
+        assert_eq!(header, ["kernel", "bytes", "gbps", "time.median", "time.n", "peak"], "{text}");
+        assert_eq!(notes, ["time.*: seconds"]);
+        let json = serde_json::to_value(&rows).unwrap();
+        for (row, want) in cells.iter().zip(json.as_array().unwrap()) {
+            assert_eq!(row[0], want["kernel"].as_str().unwrap());
+            for (i, path) in [(1, "/bytes"), (2, "/gbps"), (3, "/time/median"), (4, "/time/n")] {
+                let got: f64 = row[i].parse().unwrap_or_else(|e| panic!("{:?}: {e}: {text}", row[i]));
+                assert_eq!(got, want.pointer(path).unwrap().as_f64().unwrap(), "{path}: {text}");
+            }
+        }
+        assert_eq!((cells[0][5].as_str(), cells[1][5].as_str()), ("", "71.0"), "null is empty; {text}");
+        assert!(text.contains(",-1.5e-7,"), "a negative figure with a signed exponent stays a figure: {text}");
+        // Rows of other shapes: a field one lacks is an empty cell, in its column; fields
+        // keep the order given (json! would sort them).
+        let t = records_of(&[record([("z", serde_json::json!(1)), ("list", serde_json::json!([1, 2]))]), record([("b", serde_json::json!("x"))])]);
+        assert_eq!(t.csv(), "z,list,b\n1,\"[1,2]\",\n,,x\n");
+        assert!(parse_csv("a,b\n1\n").unwrap_err().starts_with("row 1 has 1 cells, the header 2"));
+        assert_eq!(parse_csv("a\n\"x\ny\"\n# n\n").unwrap(), (vec!["a".to_string()], vec![vec!["x\ny".to_string()]], vec!["n".to_string()]));
     }
 
     /// A header prints its control characters as escapes too. Kills: headers not made visible.

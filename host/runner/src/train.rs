@@ -1530,6 +1530,83 @@ mod tests {
         assert!((run.effective_coverage - run.planned_coverage).abs() < 1e-12, "{} vs {}", run.effective_coverage, run.planned_coverage);
     }
 
+    /// A policy's text names its step by the iteration (the contract's
+    /// `step-metrics.step`, as the host passes it and as the fp8-safe rules' cooldowns
+    /// count it: a number that never goes back), and the decision log's column it agrees
+    /// with says so: after a skipped step the two numbers differ, and each alert's "step
+    /// N" is its row's iteration. The CSV carries the report in long form: its summary
+    /// and curve rows hold the JSON's figures unrounded. Kills: the host passing the
+    /// applied step (the alert after the skip would say 3 beside iteration 4), the
+    /// column named plain "step", the CSV's losses rounded or its gap in percent.
+    #[test]
+    fn an_alert_names_the_step_of_its_iteration_column_and_the_csv_is_the_json() {
+        let dir = tempfile::tempdir().unwrap();
+        let text = dir.path().join("t.txt");
+        std::fs::write(&text, &corpus::KJV[..20_000]).unwrap();
+        let cfg = TrainConfig {
+            steps: 6,
+            seq_len: 8,
+            micro_batch: 2,
+            layers: 3,
+            eval_batches: 1,
+            text: Some(text),
+            injections: vec![Injection::parse("nan@1").unwrap(), Injection::parse("nan@3").unwrap()],
+            ..TrainConfig::new("llama3.wasm", vec!["bf16".into(), "fp8-safe".into()])
+        };
+        let r = run(&cfg, &|_| {}).unwrap();
+        let alerts: Vec<&Decision> = r.runs.iter().flat_map(|run| &run.decisions).filter(|d| d.action == "alert").collect();
+        let named = |d: &Decision| -> u64 {
+            let at = d.detail.find("step ").unwrap_or_else(|| panic!("{d:?}")) + 5;
+            d.detail[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+        };
+        assert!(alerts.iter().any(|d| d.iteration != d.step), "a skip must come before an alert: {alerts:?}");
+        for d in &alerts {
+            assert_eq!(named(d), d.iteration, "{d:?}");
+        }
+        let t = report::decisions(&r);
+        assert_eq!(t.headers[1..3], ["iteration (policy's step)", "steps applied"]);
+        let row = t.rows.iter().find(|row| row[3] == "alert" && row[1] != row[2]).unwrap();
+        assert!(row[5].starts_with(&format!("step {}:", row[1])) || row[5].contains(&format!("at step {} ", row[1])), "{row:?}");
+        // The summary's count of actions is named as such, and says what it leaves out.
+        let summary = report::summary(&r);
+        assert_eq!(summary.headers.last().map(String::as_str), Some("actions"));
+        assert!(summary.notes.iter().any(|n| n.starts_with("actions: ")), "{:?}", summary.notes);
+
+        let csv = report::csv(&r).csv();
+        let (header, rows, notes) = crate::report::parse_csv(&csv).unwrap();
+        assert_eq!(header[..2], ["kind", "policy"], "{csv}");
+        assert!(notes.iter().any(|n| n.starts_with("kind: ")), "{notes:?}");
+        let col = |name: &str| header.iter().position(|h| h == name).unwrap_or_else(|| panic!("{name}: {header:?}"));
+        let json = serde_json::to_value(&r).unwrap();
+        let figure = |cell: &str| -> f64 { cell.parse().unwrap_or_else(|e| panic!("{cell:?}: {e}")) };
+        for (i, run) in json["runs"].as_array().unwrap().iter().enumerate() {
+            let policy = run["policy"].as_str().unwrap();
+            let mine = |kind: &str| rows.iter().filter(|row| row[0] == kind && row[1] == policy).collect::<Vec<_>>();
+            let summary = mine("summary");
+            assert_eq!(summary.len(), 1, "{csv}");
+            for name in ["final_eval_loss", "final_train_loss", "planned_coverage", "effective_coverage", "steps", "skipped"] {
+                assert_eq!(figure(&summary[0][col(name)]), run[name].as_f64().unwrap(), "{name}: {csv}");
+            }
+            if i > 0 {
+                assert_eq!(figure(&summary[0][col("eval_gap")]), json["gaps"][i - 1]["eval_gap"].as_f64().unwrap(), "{csv}");
+            }
+            for kind in ["train", "eval"] {
+                let points = mine(kind);
+                let want = run[kind].as_array().unwrap();
+                assert_eq!(points.len(), want.len(), "{kind}: {csv}");
+                for (row, p) in points.iter().zip(want) {
+                    assert_eq!(figure(&row[col("step")]), p["step"].as_f64().unwrap());
+                    // A NaN loss (the injected fault's iteration) is null in JSON, empty here.
+                    match p["loss"].as_f64() {
+                        Some(l) => assert_eq!(figure(&row[col("loss")]), l, "{csv}"),
+                        None => assert_eq!(row[col("loss")], "", "{csv}"),
+                    }
+                }
+            }
+            assert_eq!(mine("decision").len(), run["decisions"].as_array().unwrap().len(), "{csv}");
+        }
+    }
+
     /// The seed sets the initial weights as well as the batch order (the held-out loss
     /// before any step differs between seeds: the held-out batches do not depend on it),
     /// and a run replays: the same seed gives the same curves to the bit. Kills the

@@ -162,7 +162,7 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
     let report = report?;
     let render = |f: OutputFormat| match f {
         OutputFormat::Table => train::report::text(&report),
-        OutputFormat::Csv => train::report::summary(&report).csv(),
+        OutputFormat::Csv => train::report::csv(&report).csv(),
         OutputFormat::Html => train::report::html(&report),
         OutputFormat::Json => serde_json::to_string_pretty(&report).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}")) + "\n",
     };

@@ -47,6 +47,25 @@ fn csv_cells(line: &str) -> Vec<String> {
     out
 }
 
+/// A command's CSV read as a script reads it: one header row, every other row as many
+/// cells (RFC 4180), the `#` notes left out.
+fn csv_of(text: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let (header, rows, _) = runner::report::parse_csv(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    (header, rows)
+}
+
+/// The cell under `name` as a figure: a unit, a % or an SI suffix fails to parse.
+fn figure(header: &[String], row: &[String], name: &str) -> f64 {
+    let i = header.iter().position(|h| h == name).unwrap_or_else(|| panic!("no column {name}: {header:?}"));
+    row[i].parse().unwrap_or_else(|e| panic!("{name} = {:?}: {e}", row[i]))
+}
+
+/// Whether `a` and `b` agree to the last bits (a figure rounded for people does not;
+/// serde_json reads a float back from JSON text up to an ulp off).
+fn same(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-12 * a.abs().max(b.abs())
+}
+
 fn embedded_wasm(name: &str) -> Vec<u8> {
     runner::plugin::embedded()
         .iter()
@@ -1415,7 +1434,14 @@ fn plugins_list_shows_contract_versions_and_shadowing_is_announced() {
     // CSV carries each sha256 whole, as JSON does (it gave 12 digits); the table 12.
     let sha = entry("llama3.wasm", true)["sha256"].as_str().unwrap().to_string();
     let (csv, _) = text(&runner(&dir, &["plugins", "list", "--format", "csv"]));
-    assert!(csv.lines().any(|l| l == format!("llama3.wasm,workload,0.3.0,embedded,{sha}")), "{csv}");
+    assert!(csv.starts_with("name,kind,contract,source,sha256,bytes,shadows_embedded,shadowed,error\n"), "{csv}");
+    assert!(csv.lines().any(|l| l.starts_with(&format!("llama3.wasm,workload,0.3.0,embedded,{sha},"))), "{csv}");
+    // The contract and the source are bare ("0.1.0 (adapted)" and "(shadowed)" were
+    // in the cells), whether shadowed a column of its own.
+    let (header, rows) = csv_of(&csv);
+    let old = rows.iter().find(|r| r[0] == "oldcloud.wasm").unwrap();
+    assert_eq!(old[header.iter().position(|h| h == "contract").unwrap()], "0.1.0", "{csv}");
+    assert!(rows.iter().any(|r| r[0] == "aws.wasm" && r[3] == "embedded" && r[7] == "true"), "{csv}");
     let o = runner(&dir, &["plugins", "list"]);
     let (out, _) = text(&o);
     assert!(out.lines().any(|l| l.starts_with("llama3.wasm") && l.ends_with(&format!(" {}", &sha[..12]))), "{out}");
@@ -1848,8 +1874,22 @@ fn train_prints_each_format() {
     let point = |curve: &str| json["runs"][0][curve][0].as_object().unwrap().clone();
     assert!(point("train")["learning_rate"].as_f64().is_some_and(|lr| lr > 0.0), "{json}");
     assert!(!point("eval").contains_key("learning_rate"), "{json}");
+    // The CSV is the report in long form for scripts, one header: a summary row per
+    // policy and a row per point of each curve, the JSON's figures unrounded.
     let csv = run(&["--format", "csv"]);
-    assert!(csv.starts_with("policy,held-out loss,gap,"), "{csv}");
+    let (header, rows) = csv_of(&csv);
+    assert_eq!(header[..2], ["kind", "policy"], "{csv}");
+    let col = |name: &str| header.iter().position(|h| h == name).unwrap_or_else(|| panic!("{name}: {csv}"));
+    let summary = rows.iter().find(|r| r[0] == "summary").unwrap();
+    // Seeded: the same losses as the JSON's run.
+    // (serde_json reads a float back from its text up to an ulp off: equal to 1e-12.)
+    assert!(same(summary[col("final_eval_loss")].parse().unwrap(), json["runs"][0]["final_eval_loss"].as_f64().unwrap()), "{csv}");
+    assert!(same(summary[col("planned_coverage")].parse().unwrap(), json["runs"][0]["planned_coverage"].as_f64().unwrap()), "{csv}");
+    let eval: Vec<f64> = rows.iter().filter(|r| r[0] == "eval").map(|r| r[col("loss")].parse().unwrap()).collect();
+    let want: Vec<f64> = json["runs"][0]["eval"].as_array().unwrap().iter().map(|p| p["loss"].as_f64().unwrap()).collect();
+    assert!(eval.len() == want.len() && eval.iter().zip(&want).all(|(a, b)| same(*a, *b)), "{csv}");
+    assert_eq!(rows.iter().filter(|r| r[0] == "train").count(), json["runs"][0]["train"].as_array().unwrap().len(), "{csv}");
+    assert!(!csv.lines().filter(|l| !l.starts_with('#')).any(|l| l.contains('%')), "{csv}");
     let html = run(&["--format", "html"]);
     assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"), "{html}");
     // --format beside -o is the file's format; the terminal keeps the tables.
@@ -2778,5 +2818,144 @@ fn a_bare_a100_is_said_as_a_choice() {
         let o = runner(&dir, &[cmd, "--model", "llama3.1-8b", "--gpu", "a100", "--gpus", "8"]);
         let out = text(&o).0;
         assert!(o.status.success() && out.contains("--gpu a100 taken as A100-80GB; --gpu a100-40gb for the A100-40GB"), "{cmd}: {out}");
+    }
+}
+
+/// The benchmarks' CSVs carry the figures unrounded under the JSON's names, the units
+/// in the names (`time.*` in seconds, a note says): each rate is its bytes or FLOPs over
+/// its median time to the last bits, which "0.02 ms", "71%" or "536.9M" are not.
+#[test]
+fn bench_csvs_are_the_json_figures_unrounded() {
+    let dir = scratch("bench-csv");
+    let csv = |args: &[&str]| {
+        let o = runner(&dir, &[&["--device", "cpu", "bench"][..], args, &["-q", "--format", "csv"]].concat());
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}: {err}");
+        assert!(out.lines().any(|l| l.starts_with("# time.*: seconds")), "{out}");
+        out
+    };
+    let out = csv(&["quantize", "--rows", "64", "--cols", "64"]);
+    let (header, rows) = csv_of(&out);
+    assert_eq!(header[..4], ["recipe", "elements", "threads", "time.median"], "{out}");
+    for r in &rows {
+        assert_eq!(figure(&header, r, "elements"), 4096.0);
+        assert!(same(figure(&header, r, "gbps"), 4.0 * 4096.0 / figure(&header, r, "time.median") / 1e9), "{out}");
+    }
+    let out = csv(&["gemm", "--sizes", "32,48"]);
+    let (header, rows) = csv_of(&out);
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        let m = figure(&header, r, "m");
+        assert!(same(figure(&header, r, "gflops"), 2.0 * m * m * m / figure(&header, r, "time.median") / 1e9), "{out}");
+        assert!(figure(&header, r, "theoretical_gflops") > 0.0, "{out}");
+    }
+    let out = csv(&["memory"]);
+    let (header, rows) = csv_of(&out);
+    assert_eq!(header[..2], ["kernel", "bytes"], "{out}");
+    for r in &rows {
+        let bytes = figure(&header, r, "bytes");
+        assert!(bytes >= 2.0 * 4.0 * f64::from(1u32 << 26) && bytes.fract() == 0.0, "{out}");
+        assert!(same(figure(&header, r, "gbps"), bytes / figure(&header, r, "time.median") / 1e9), "{out}");
+    }
+}
+
+/// `bench collectives --format csv`: nccl-tests' columns under the JSON's names
+/// (`size_bytes`, `time_us`, `algbw_gbps`, `busbw_gbps`), unrounded: algbw is the size
+/// over the time to the last bits (the table's two decimals are not).
+#[test]
+fn collectives_csv_is_the_json_figures_unrounded() {
+    let dir = scratch("coll-csv");
+    let o = runner(&dir, &["--device", "cpu", "bench", "collectives", "-b", "1K", "-e", "4K", "-f", "4", "--ops", "all_reduce", "-n", "2", "-w", "1", "-q", "--format", "csv"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let (header, rows) = csv_of(&out);
+    for name in ["op", "size_bytes", "time_us", "algbw_gbps", "busbw_gbps", "wrong"] {
+        assert!(header.iter().any(|h| h == name), "{name}: {out}");
+    }
+    assert_eq!(rows.len(), 2, "{out}");
+    for r in &rows {
+        let (size, time) = (figure(&header, r, "size_bytes"), figure(&header, r, "time_us"));
+        assert!(same(figure(&header, r, "algbw_gbps"), size / time / 1e3), "{out}");
+    }
+    assert!(out.lines().any(|l| l.starts_with("# Out of bounds values")), "{out}");
+}
+
+/// `models NAME --format csv`: a row per layout under the JSON's names, the global batch
+/// as its two numbers; the title stays out of the header (it read "layout: gpu").
+#[test]
+fn a_models_layouts_csv_is_the_json_layouts() {
+    let dir = scratch("model-layouts-csv");
+    let o = runner(&dir, &["models", "llama3.1-70b", "--format", "json"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let layouts = v["variant"]["layouts"].as_array().unwrap();
+    let o = runner(&dir, &["models", "llama3.1-70b", "--format", "csv"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let (header, rows) = csv_of(&out);
+    assert_eq!(header[0], "gpu", "{out}");
+    assert_eq!(rows.len(), layouts.len(), "{out}");
+    for (r, l) in rows.iter().zip(layouts) {
+        assert_eq!(r[0], l["gpu"].as_str().unwrap());
+        for name in ["gbs_per_gpu", "gbs_fixed", "tp", "pp", "mbs"] {
+            assert!(same(figure(&header, r, name), l[name].as_f64().unwrap()), "{name}: {out}");
+        }
+    }
+}
+
+/// `plugins inspect --format csv`: a workload's variants and a cost plugin's offerings
+/// under the JSON's names, figures bare (the table's "8e top-2", "60 s, min 60 s").
+#[test]
+fn plugins_inspect_csv_is_the_json_figures() {
+    let dir = scratch("inspect-csv");
+    let both = |name: &str| {
+        let o = runner(&dir, &["plugins", "inspect", name, "--format", "json"]);
+        assert!(o.status.success(), "{}", text(&o).1);
+        let json: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+        let o = runner(&dir, &["plugins", "inspect", name, "--format", "csv"]);
+        assert!(o.status.success(), "{}", text(&o).1);
+        (json, text(&o).0)
+    };
+    let (json, out) = both("deepseek");
+    let (header, rows) = csv_of(&out);
+    for (r, v) in rows.iter().zip(json["variants"].as_array().unwrap()) {
+        assert_eq!(r[0], v["name"].as_str().unwrap());
+        assert!(same(figure(&header, r, "hidden"), v["hyper"]["hidden"].as_f64().unwrap()), "{out}");
+        assert!(same(figure(&header, r, "moe_experts"), v["hyper"]["moe"]["experts"].as_f64().unwrap()), "{out}");
+        assert!(same(figure(&header, r, "seq_len"), v["defaults"]["seq_len"].as_f64().unwrap()), "{out}");
+    }
+    let (json, out) = both("aws");
+    let (header, rows) = csv_of(&out);
+    let offerings = json.as_array().unwrap();
+    assert_eq!(rows.len(), offerings.len(), "{out}");
+    for (r, o) in rows.iter().zip(offerings) {
+        assert!(same(figure(&header, r, "interconnect_gbps"), o["interconnect_gbps"].as_f64().unwrap()), "{out}");
+        assert!(same(figure(&header, r, "minimum_charge_s"), o["prices"][0]["minimum_charge_s"].as_f64().unwrap()), "{out}");
+    }
+}
+
+/// `validate --format csv`: a row per projected point under the JSON's names (`checked`),
+/// the error a fraction as JSON has it, not "+2.0%".
+#[test]
+fn validate_csv_is_the_json_points() {
+    let dir = scratch("validate-csv");
+    // The shipped file's first two points (the whole file takes minutes on two cores).
+    let whole = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../host/project/data/calibration.toml")).unwrap();
+    let third = whole.match_indices("[[point]]").nth(2).unwrap().0;
+    std::fs::write(dir.join("two.toml"), &whole[..third]).unwrap();
+    let file = "two.toml";
+    let o = runner(&dir, &["validate", file, "--format", "json", "--no-history", "-q"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let json: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    let o = runner(&dir, &["validate", file, "--format", "csv", "--no-history", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let (header, rows) = csv_of(&out);
+    let checked = json["checked"].as_array().unwrap();
+    assert_eq!((rows.len(), checked.len()), (2, 2), "{out}");
+    for (r, c) in rows.iter().zip(checked) {
+        for name in ["published_step_s", "predicted_step_s", "error"] {
+            assert!(same(figure(&header, r, name), c[name].as_f64().unwrap()), "{name}: {out}");
+        }
     }
 }

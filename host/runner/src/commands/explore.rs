@@ -341,7 +341,13 @@ pub fn list(limit: usize, global: &Global) -> Result<()> {
     if runs.is_empty() {
         t.notes.push("no runs yet".into());
     }
-    crate::commands::emit(global, &t, &runs)
+    // The CSV: each run's fields under the JSON's names (named without a run too).
+    let mut csv = report::records(&runs);
+    if runs.is_empty() {
+        csv.headers = ["id", "kind", "command", "started", "status", "items"].map(String::from).to_vec();
+    }
+    csv.notes = t.notes.clone();
+    crate::commands::emit_csv(global, &t, &runs, &csv)
 }
 
 /// `runner show ID`: a stored run reprinted in any format. A run without a result (still
@@ -485,8 +491,14 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     let value: Vec<serde_json::Value> =
         changes.iter().map(|(s, c)| json!({"what": s, "where": c.path, "a": c.a, "b": c.b})).collect();
     let (terminal, whole) = (table(true), table(false));
-    crate::commands::emit_rendered(global, &|format| {
-        report::render(format, if format == OutputFormat::Table { &terminal } else { &whole }, &value)
+    // The CSV: the JSON's rows (`what`, `where`, `a`, `b`), each value as JSON has it
+    // (the table's figures rounded to 1e-4, "-" for none).
+    let rows: Vec<report::Record> = changes.iter().map(|(s, c)| report::record([("what", json!(s)), ("where", json!(c.path)), ("a", c.a.clone()), ("b", c.b.clone())])).collect();
+    let mut csv = report::records_of(&rows);
+    csv.notes = whole.notes.clone();
+    crate::commands::emit_rendered(global, &|format| match format {
+        OutputFormat::Csv => csv.csv(),
+        format => report::render(format, if format == OutputFormat::Table { &terminal } else { &whole }, &value),
     })
 }
 

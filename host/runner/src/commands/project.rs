@@ -8,6 +8,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use serde_json::json;
 
 use runner::input;
 use runner::plugin::Limits;
@@ -29,7 +30,7 @@ use runner_project::search::{self, Found, Space, Verdict};
 use runner_project::step::{GroupName, LayoutSpec, Link, Optimizer, PipelineKind, Projection};
 use runner_project::template::{Dispatcher, Kernels};
 
-use super::{emit, emit_page, emit_rendered, progress_line};
+use super::{emit_csv, emit_rendered, progress_line};
 use runner::report::OutputFormat;
 use crate::Global;
 
@@ -958,7 +959,15 @@ pub fn validate(file: &Path, global: &Global) -> Result<()> {
     let mut resolver = PluginResolver { limits: Limits::default() };
     let v = published::validate(&points, &profiles, &mut resolver, &|m| progress_line(global, m));
     let table = validation_table(&v, &file.display().to_string());
-    emit_page(global, &table, &v, Some(&|| runner::report::validation::html(&v, &table)))?;
+    // The CSV: a row per projected point under the JSON's names (`checked`: seconds,
+    // tokens/s and the error as a fraction, unrounded); the table's "+2.0%" is for people.
+    let mut csv = runner::report::records(&v.checked);
+    csv.notes = table.notes.clone();
+    emit_rendered(global, &|f| match f {
+        OutputFormat::Csv => csv.csv(),
+        OutputFormat::Html => runner::report::validation::html(&v, &table),
+        f => runner::report::render(f, &table, &v),
+    })?;
     // Printed with every point's reason; the exit status tells a script nothing was checked.
     if v.checked.is_empty() {
         anyhow::bail!("no point of {} could be projected (the reasons are above)", file.display());
@@ -1073,6 +1082,8 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         );
     }
     let mut t = Table::new(format!("efficiencies fitted to {}", file.display()), &["GPU", "runs", "parameter", "prior", "fitted"]);
+    // The CSV: a row per fitted parameter, each naming its GPU, the figures unrounded.
+    let mut csv_rows = Vec::new();
     for f in fits.iter().filter(|f| f.params.is_empty()) {
         t.notes.push(format!("{}: its runs fit nothing of its own, and a written profile leaves it out: {why_none}", f.gpu));
     }
@@ -1085,6 +1096,7 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
                 format!("{prior:.3}"),
                 format!("{fitted:.3}"),
             ]);
+            csv_rows.push(runner::report::record([("gpu", json!(f.gpu)), ("runs", json!(f.points)), ("parameter", json!(name)), ("prior", json!(prior)), ("fitted", json!(fitted))]));
         }
         t.notes.push(format!(
             "{}: absolute step-time error median {} -> {}, p90 {} -> {}",
@@ -1107,7 +1119,7 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         .map(|f| (f.gpu.as_str(), runner_project::profile::Profiles::efficiency_only(&f.efficiency, &f.from_data)))
         .collect();
     let toml = runner_project::profile::Profiles::efficiency_file(&written);
-    emit_profile(global, t, &toml, &fits)
+    emit_profile(global, t, runner::report::records_of(&csv_rows), &toml, &fits)
 }
 
 /// Where a calibration file with no run to fit says why: each run's reason is in
@@ -1159,17 +1171,20 @@ fn borrowed_from(borrowed: &[(String, String)]) -> String {
 
 /// Print a fit; with `-o FILE.toml` write the fitted profile there (any other `-o` gets
 /// the fit itself in that format).
-fn emit_profile<T: Serialize>(global: &Global, mut t: Table, toml: &str, value: &T) -> Result<()> {
+/// `csv` is the fit for scripts (raw figures), given the table's notes.
+fn emit_profile<T: Serialize>(global: &Global, mut t: Table, mut csv: Table, toml: &str, value: &T) -> Result<()> {
     match &global.output {
         Some(path) if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("toml")) => {
             crate::commands::write_atomic(path, toml.as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
             t.notes.push(format!("wrote {}: use it with --profile {}", path.display(), path.display()));
+            csv.notes = t.notes.clone();
             let g = Global { output: None, ..global.clone() };
-            emit(&g, &t, value)
+            emit_csv(&g, &t, value, &csv)
         }
         _ => {
             t.notes.push("write the fitted profile with -o FILE.toml and use it with --profile FILE.toml".into());
-            emit(global, &t, value)
+            csv.notes = t.notes.clone();
+            emit_csv(global, &t, value, &csv)
         }
     }
 }
@@ -1198,9 +1213,12 @@ pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Opt
     let mut current: Option<GpuProfile> = None;
     let mut out_ops = None;
     let mut out_coll = None;
-    let row = |t: &mut Table, from: &str, params: &[(String, f64, f64)]| {
+    // The CSV: a row per parameter, each naming its source, the figures unrounded.
+    let mut csv_rows = Vec::new();
+    let row = |t: &mut Table, csv_rows: &mut Vec<runner::report::Record>, from: &str, params: &[(String, f64, f64)]| {
         for (i, (name, before, after)) in params.iter().enumerate() {
             t.rows.push(vec![if i == 0 { from.to_string() } else { String::new() }, name.clone(), format!("{before:.4}"), format!("{after:.4}")]);
+            csv_rows.push(runner::report::record([("from", json!(from)), ("parameter", json!(name)), ("before", json!(before)), ("fitted", json!(after))]));
         }
     };
     if let Some(path) = ops {
@@ -1219,7 +1237,7 @@ pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Opt
         file.check_gpu(&origin, &g).map_err(anyhow::Error::msg)?;
         measured::stands_for(&file.device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
         let fit = fit_ops(&file, &g, &origin).map_err(anyhow::Error::msg)?;
-        row(&mut t, &origin, &fit.params);
+        row(&mut t, &mut csv_rows, &origin, &fit.params);
         t.notes.push(format!(
             "{origin}: {} GEMM kernel and {} memory-bound rows on {}; relative time error median {} -> {}, max {} -> {}",
             fit.gemm_rows,
@@ -1254,7 +1272,7 @@ pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Opt
         let device = rows.first().map_or("", |r| r.device.as_str());
         measured::stands_for(device, &g, builtin(&g)).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
         let fit = fit_collectives(&rows, &g, tier, &origin).map_err(anyhow::Error::msg)?;
-        row(&mut t, &origin, &fit.params);
+        row(&mut t, &mut csv_rows, &origin, &fit.params);
         t.notes.push(format!(
             "{origin}: {} tier from {} rank(s) on {} node(s) ({} per domain), {}: {:.2} GB/s per {}, {:.2} us per step; largest row error {}",
             fit.tier.name(),
@@ -1294,7 +1312,7 @@ pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Opt
         toml::to_string(&Whole { gpu: [&g] }).context("the fitted profile as TOML")?
     };
     let out = LocalFit { gpu: g.name.clone(), ops: out_ops, collectives: out_coll, efficiency: g.efficiency.clone() };
-    emit_profile(global, t, &toml, &out)
+    emit_profile(global, t, runner::report::records_of(&csv_rows), &toml, &out)
 }
 
 /// Today's date (UTC) as YYYY-MM-DD, for the calibration label.
@@ -1325,14 +1343,19 @@ pub fn holdout(file: &Path, global: &Global) -> Result<()> {
         &["GPU", "family held out", "runs", "median", "max"],
     );
     let mut all = Vec::new();
+    // The CSV: the table's figures unrounded, the errors as fractions (the table's "3.1%").
+    let mut csv_rows = Vec::new();
     for h in &held {
         let s = published::Stats::of(h.errors.iter().copied());
         all.extend(h.errors.iter().copied());
         t.rows.push(vec![h.gpu.clone(), h.family.clone(), s.points.to_string(), pct(s.median), pct(s.max)]);
+        csv_rows.push(runner::report::record([("gpu", json!(h.gpu)), ("family", json!(h.family)), ("runs", json!(s.points)), ("median_error", json!(s.median)), ("max_error", json!(s.max))]));
     }
     let s = published::Stats::of(all.into_iter());
     t.notes.push(format!("all held-out runs: {} points, median {}, p90 {}, max {}", s.points, pct(s.median), pct(s.p90), pct(s.max)));
-    emit(global, &t, &held)
+    let mut csv = runner::report::records_of(&csv_rows);
+    csv.notes = t.notes.clone();
+    emit_csv(global, &t, &held, &csv)
 }
 
 #[derive(Serialize)]
@@ -1400,7 +1423,7 @@ pub fn bench_search(model: &str, gpu: &str, gpus: u32, precision: &str, repeats:
     if let Some(best) = first.best.first() {
         table.notes.push(format!("best: {} at {:.3} s per step", best.layout.short(), best.step_time_s));
     }
-    emit(global, &table, &out)
+    emit_csv(global, &table, &out, &runner::report::records(&[&out]))
 }
 
 #[cfg(test)]

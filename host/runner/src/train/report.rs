@@ -39,7 +39,7 @@ pub fn summary(r: &TrainReport) -> Table {
             "steps",
             "skipped",
             "rollbacks",
-            "decisions",
+            "actions",
         ],
     );
     for run in &r.runs {
@@ -77,6 +77,13 @@ pub fn summary(r: &TrainReport) -> Table {
              (forward, input and weight gradients) whose two operands are FP8/FP4",
             g.baseline
         ));
+    }
+    if r.runs.iter().any(|run| !run.decisions.is_empty()) {
+        t.notes.push(
+            "actions: the policy's actions, taken or refused (fallbacks, skips, rollbacks, ...); the decision log lists \
+             its alerts and the injected faults too, one row each"
+                .into(),
+        );
     }
     // The title is not in the CSV; its notes are, so every output names the optimizer.
     t.notes.push(format!(
@@ -136,9 +143,12 @@ pub fn curves(r: &TrainReport) -> Table {
     t
 }
 
-/// Every decision of every run.
+/// Every decision of every run. A policy numbers its step by the iteration (the
+/// contract's `step-metrics.step`, which the host passes as every attempt, skipped and
+/// rolled-back ones included), so its alerts' "step N" is the iteration column's N; the
+/// steps applied before it (the count faults and curves use) are another column, named so.
 pub fn decisions(r: &TrainReport) -> Table {
-    let mut t = Table::new("precision decisions", &["policy", "iteration", "step", "action", "applied", "detail"]);
+    let mut t = Table::new("precision decisions", &["policy", "iteration (policy's step)", "steps applied", "action", "applied", "detail"]);
     for run in &r.runs {
         for d in &run.decisions {
             t.rows.push(vec![
@@ -153,7 +163,64 @@ pub fn decisions(r: &TrainReport) -> Table {
     }
     if t.rows.is_empty() {
         t.notes.push("no policy acted or alerted".into());
+    } else {
+        t.notes.push(
+            "iteration: every attempt, skipped and rolled-back ones included, the step a policy's text names (\"step N: ...\"); \
+             steps applied: optimizer steps applied before it, the step of --inject KIND@STEP and of the curves"
+                .into(),
+        );
     }
+    t
+}
+
+/// The CSV, for scripts: one table in long form, a `kind` column saying what a row is:
+/// `summary` (a policy's figures, under the JSON's `runs[]` names, with its `gaps[]`
+/// entry's `eval_gap` and `train_gap` as fractions), `train` and `eval` (a loss curve's
+/// point: `step`, `tokens`, `loss`, `learning_rate` as in `runs[].train` and
+/// `runs[].eval`), and `decision` (`runs[].decisions`). Every figure as JSON writes it,
+/// unrounded and without a unit; a non-finite loss (null in JSON) is empty. One header
+/// row, as every CSV of the runner has: `df[df.kind == "eval"]` picks the held-out
+/// curves, and a second table after the first would break readers. The summary's notes
+/// are the `#` lines.
+pub fn csv(r: &TrainReport) -> Table {
+    use crate::report::{Record, fields, record};
+    use serde_json::json;
+    let mut rows: Vec<Record> = Vec::new();
+    for run in &r.runs {
+        let gap = r.gaps.iter().find(|g| g.policy == run.policy);
+        let mut summary = record([
+            ("kind", json!("summary")),
+            ("policy", json!(run.policy)),
+            ("eval_gap", json!(gap.map(|g| g.eval_gap))),
+            ("train_gap", json!(gap.map(|g| g.train_gap))),
+        ]);
+        // The curves and the decisions are rows of their own; the plugin and the
+        // description are in the notes.
+        summary.extend(fields(run).into_iter().filter(|(k, _)| {
+            !(matches!(k.as_str(), "policy" | "description" | "train" | "eval" | "decisions") || k.starts_with("plugin."))
+        }));
+        rows.push(summary);
+        for (kind, points) in [("train", &run.train), ("eval", &run.eval)] {
+            for p in points {
+                let mut row = record([("kind", json!(kind)), ("policy", json!(run.policy))]);
+                row.extend(fields(p));
+                rows.push(row);
+            }
+        }
+        for d in &run.decisions {
+            let mut row = record([("kind", json!("decision")), ("policy", json!(run.policy))]);
+            row.extend(fields(d));
+            rows.push(row);
+        }
+    }
+    let mut t = crate::report::records_of(&rows);
+    t.notes = summary(r).notes;
+    t.notes.push(
+        "kind: summary (a policy's figures; eval_gap and train_gap fractions of the baseline's loss; coverage a fraction; \
+         seconds), train and eval (a loss curve's point: step = optimizer steps applied before it), decision (iteration = \
+         the policy's step, every attempt counted)"
+            .into(),
+    );
     t
 }
 
@@ -329,7 +396,8 @@ mod tests {
         assert_eq!(d.rows.len(), 4);
         assert_eq!(d.rows[3], ["fp8", "3", "2", "fallback", "refused", "fallback detail"]);
         assert_eq!(d.rows[2][4], "yes");
-        assert!(d.notes.is_empty());
+        // One note, saying which count a policy's "step N" is.
+        assert!(d.notes.len() == 1 && d.notes[0].starts_with("iteration: every attempt"), "{:?}", d.notes);
         let quiet = TrainReport { runs: vec![result("bf16", vec![pt(0, 1.0)], vec![])], ..report() };
         assert_eq!(decisions(&quiet).notes, ["no policy acted or alerted"]);
     }
