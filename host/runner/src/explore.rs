@@ -675,7 +675,15 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             let best = found.best.into_iter().next();
             let why_not = best.is_none().then(|| nothing_fits(&found.families));
             if best.is_none() && series.is_empty() && rows.is_empty() {
-                first_refused = Some(project::closest_families(&found.families));
+                // A tp·cp the search chose itself that does not divide the count is no
+                // reason the user can act on where tp and cp were left free (`--ep 8` on a
+                // dense model hid "no routed experts" behind it): left out where others remain.
+                let own = |f: &&search::Family| {
+                    matches!(&f.verdict, search::Verdict::Divisibility { reason } if reason.starts_with("tp·cp = ") && reason.contains(" does not divide "))
+                };
+                let free = run.layout.tp.is_none() && run.layout.cp.is_none();
+                let kept: Vec<search::Family> = found.families.iter().filter(|f| !(free && own(f))).cloned().collect();
+                first_refused = Some(project::closest_families(if kept.is_empty() { &found.families } else { &kept }));
             }
             let days = best.as_ref().map(|b| days_to_train(tokens, b.tokens_per_sec_per_gpu, n));
             let mut costs = Vec::with_capacity(clouds.len());
