@@ -398,6 +398,14 @@ pub fn list() -> Vec<(Result<PluginInfo, PluginError>, bool)> {
     list_of(installed_files(), embedded())
 }
 
+/// [`list`] with the file each entry was read from (`None` for an embedded plugin): a
+/// file that fails to load has no info to say where it is.
+pub fn list_with_files() -> Vec<(Option<std::path::PathBuf>, Result<PluginInfo, PluginError>, bool)> {
+    let files = installed_files();
+    let paths: Vec<Option<std::path::PathBuf>> = files.iter().cloned().map(Some).chain(embedded().iter().map(|_| None)).collect();
+    paths.into_iter().zip(list_of(files, embedded())).map(|(path, (info, shadowed))| (path, info, shadowed)).collect()
+}
+
 /// [`list`] of the plugin files `files` and the embedded plugins `embedded`. A file is
 /// read as `resolve` reads it: a file past [`resolve::MAX_PLUGIN_BYTES`] is refused
 /// unread, not read whole into memory.

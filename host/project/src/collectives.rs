@@ -147,9 +147,10 @@ fn from_json(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
             crate::measured::not_a_number_hint(text, e.line(), e.column())
         };
         format!(
-            "{origin}: line {} column {}: {e}{hint}; write the file with `runner bench collectives ... -o FILE.json` (this version), or give nccl-tests' own output",
+            "{origin}: line {} column {}: {}{hint}; write the file with `runner bench collectives ... -o FILE.json` (this version), or give nccl-tests' own output",
             e.line(),
-            e.column()
+            e.column(),
+            crate::measured::json_message(&e)
         )
     })
 }

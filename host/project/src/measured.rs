@@ -206,6 +206,14 @@ pub fn key_text(k: &ShardKey) -> String {
     format!("tp={} cp={} ep={} etp={} sp={} mbs={}", k.tp, k.cp, k.ep, k.etp, if k.sp { "on" } else { "off" }, k.mbs)
 }
 
+/// A JSON error's message without the " at line L column C" serde_json ends it with,
+/// for a message that names the location first (it was said twice).
+pub(crate) fn json_message(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let at = format!(" at line {} column {}", e.line(), e.column());
+    text.strip_suffix(&at).map_or_else(|| text.clone(), str::to_string)
+}
+
 impl OpsFile {
     /// Read a measurement file; `origin` names it in messages.
     ///
@@ -219,7 +227,7 @@ impl OpsFile {
             } else {
                 not_a_number_hint(text, e.line(), e.column())
             };
-            format!("{origin}: line {} column {}: {e}{hint}; write the file with `runner measure ... -o FILE.json`", e.line(), e.column())
+            format!("{origin}: line {} column {}: {}{hint}; write the file with `runner measure ... -o FILE.json`", e.line(), e.column(), json_message(&e))
         })?;
         if f.format != FORMAT {
             return Err(format!("{origin}: format is '{}', not '{FORMAT}': write the file with `runner measure ... -o FILE.json`", f.format));

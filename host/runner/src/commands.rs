@@ -717,11 +717,19 @@ pub fn models(name: Option<&str>, global: &Global) -> Result<()> {
     let mut used: Vec<PluginInfo> = Vec::new();
     // A plugin that fails is left out with a note: one broken file must not hide the rest.
     let mut skipped: Vec<String> = Vec::new();
-    for (info, shadowed) in plugin::list() {
-        let Ok(info) = info else { continue };
-        if shadowed || info.kind != Kind::Workload {
+    for (path, info, shadowed) in plugin::list_with_files() {
+        if shadowed {
             continue;
         }
+        let info = match info {
+            Ok(info) if info.kind == Kind::Workload => info,
+            Ok(_) => continue,
+            // A file that fails to load may be a model plugin: left out with its fix.
+            Err(e) => {
+                skipped.extend(runner::project::Broken::of(path, &e, Kind::Workload).map(|b| format!("left out {}", b.text())));
+                continue;
+            }
+        };
         let spec = match &info.source {
             plugin::Source::Path(p) => p.display().to_string(),
             plugin::Source::Embedded => info.name.clone(),

@@ -373,7 +373,17 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         if seen_plans.insert(p.plan.summary()) {
             notes.push(format!("precision plan: {}", p.plan.summary()));
         }
-        if p.plan.source == "built-in" && p.recipe != Recipe::Bf16 && seen_plans.insert(format!("builtin {}", p.recipe)) {
+        if p.plan.source != "built-in" || !seen_plans.insert(format!("builtin {}", p.recipe)) {
+            continue;
+        }
+        // A file of the recipe's name that is there but cannot be used is said, with
+        // the fix: "not installed" would send the user looking for the wrong thing.
+        if let Some(why) = project::unusable(&format!("{}.wasm", p.recipe.name()), Kind::Precision) {
+            notes.push(format!(
+                "the {r} precision plugin cannot be used, so the built-in {r} plan is used instead: {why}",
+                r = p.recipe
+            ));
+        } else if p.recipe != Recipe::Bf16 {
             notes.push(format!(
                 "no {r}.wasm precision plugin is installed: the built-in {r} plan is used (linears of the \
                  transformer layers in {}, embedding, head and routers in BF16)",
@@ -442,6 +452,9 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     // relative cost and the sweet spot all read a series from its smallest count.
     let mut counts = run.cluster.gpus.clone();
     counts.sort_unstable();
+    // Why the search found nothing at the first row, every family's reason as `project`
+    // words it: said if the fixed layout divides no count.
+    let mut first_refused: Option<String> = None;
     let total = plans.len() * counts.len();
     let mut done = 0;
     for p in &plans {
@@ -512,6 +525,17 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             let found = search::search(&mut projector, n, gbs, &space, 1);
             let best = found.best.into_iter().next();
             let why_not = best.is_none().then(|| nothing_fits(&found.families));
+            if best.is_none() && series.is_empty() && rows.is_empty() {
+                // A tp·cp the search chose itself that does not divide the count is no
+                // reason the user can act on where tp and cp were left free (`--ep 8` on a
+                // dense model hid "no routed experts" behind it): left out where others remain.
+                let own = |f: &&search::Family| {
+                    matches!(&f.verdict, search::Verdict::Divisibility { reason } if reason.starts_with("tp·cp = ") && reason.contains(" does not divide "))
+                };
+                let free = run.layout.tp.is_none() && run.layout.cp.is_none();
+                let kept: Vec<search::Family> = found.families.iter().filter(|f| !(free && own(f))).cloned().collect();
+                first_refused = Some(project::closest_families(if kept.is_empty() { &found.families } else { &kept }));
+            }
             let days = best.as_ref().map(|b| days_to_train(tokens, b.tokens_per_sec_per_gpu, n));
             let mut costs = Vec::with_capacity(clouds.len());
             for cloud in clouds.iter_mut() {
@@ -584,8 +608,17 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     // Layout flags that no count can divide are a mistake to say, not a table of "nothing
     // fits" (--tp 3 on 8-GPU nodes).
     let rows = || series.iter().flat_map(|s| &s.rows);
+    // Said as `project` says it: the fixed degrees' product first, else every family's
+    // reason at the first count (one family's, the most given, named a flag the run left
+    // free: "CP: tp·cp = 16 does not divide 8 GPUs" for a fixed pp of 64).
     if !fixed.is_empty() && rows().all(Row::undivided) {
-        let why = rows().next().and_then(|r| r.why_not.clone()).unwrap_or_default();
+        let first = rows().next();
+        let l = &run.layout;
+        let why = first
+            .and_then(|r| project::fixed_degrees_refusal([l.tp, l.pp, l.cp], r.gpus, "fixed by the run"))
+            .or(first_refused)
+            .or_else(|| first.and_then(|r| r.why_not.clone()))
+            .unwrap_or_default();
         anyhow::bail!("the layout fixed by the run ({fixed}) divides none of the GPU counts: {why}");
     }
     let comparisons = compare(&series);
@@ -1085,10 +1118,11 @@ pub fn load_clouds(
 ) -> anyhow::Result<Vec<pricing::Cloud>> {
     let mut clouds: Vec<pricing::Cloud> = Vec::new();
     let cost_specs: Vec<String> = if cost.plugins.is_empty() {
-        project::installed_specs(Kind::Cost)
-            .into_iter()
-            .filter(|s| plugin_stem(s) != PRICE_FILE_PLUGIN)
-            .collect()
+        // A file that fails to load may be a cloud (its kind is in the bytes that could
+        // not be read): skipped with a note, as an installed cloud that fails later is.
+        let installed = project::installed(Kind::Cost);
+        notes.extend(installed.broken.iter().map(|b| format!("skipped a cloud: {}", b.text())));
+        installed.specs.into_iter().filter(|s| plugin_stem(s) != PRICE_FILE_PLUGIN).collect()
     } else {
         cost.plugins.clone()
     };

@@ -162,11 +162,13 @@ pub struct QuickRun {
     /// Sweet spot: the largest count whose extra cost per day saved stays under USD (default: 1 % of the cheapest run)
     #[arg(long, allow_negative_numbers = true, value_name = "USD")]
     pub max_usd_per_day_saved: Option<f64>,
-    /// Timed CPU training steps after one warm-up (more: tighter figures, longer run)
+    /// Timed CPU training steps of the local measurement (a note), after one warm-up: more
+    /// gives a tighter measured step time and a longer run; the projections do not use it
     #[arg(long)]
     pub repeats: Option<usize>,
-    /// Activation recompute of the measured step: none, selective (attention cores) or
-    /// full (each layer's forward re-run in the backward)
+    /// Activation recompute of the locally measured step (a note): none, selective
+    /// (attention cores) or full (each layer's forward re-run in the backward). The
+    /// layouts projected keep choosing their own; `[layout] recompute` in a run file fixes it
     #[arg(long, value_parser = ["none", "selective", "full"])]
     pub recompute: Option<String>,
 }

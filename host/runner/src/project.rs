@@ -46,18 +46,148 @@ pub struct Found {
 /// Every installed plugin of `kind`, one per name, as a spec `plugin::load` takes
 /// (plugin directories first, then embedded).
 pub fn installed_specs(kind: Kind) -> Vec<String> {
+    installed(kind).specs
+}
+
+/// The installed plugins of one kind ([`installed_specs`]) and the plugin files that
+/// failed to load and may be of that kind ([`Broken::of`]): a consumer of the installed
+/// set names each of those, not only the plugins that load.
+pub struct Installed {
+    pub specs: Vec<String>,
+    pub broken: Vec<Broken>,
+}
+
+/// Every installed plugin of `kind` and every file that failed to load that may be one.
+pub fn installed(kind: Kind) -> Installed {
     let mut specs = Vec::new();
-    for (info, shadowed) in plugin::list() {
-        if let (Ok(info), false) = (info, shadowed)
-            && info.kind == kind
-        {
-            specs.push(match &info.source {
+    let mut broken = Vec::new();
+    for (path, info, shadowed) in plugin::list_with_files() {
+        if shadowed {
+            continue;
+        }
+        match info {
+            Ok(info) if info.kind == kind => specs.push(match &info.source {
                 plugin::Source::Path(p) => p.display().to_string(),
                 plugin::Source::Embedded => info.name.clone(),
-            });
+            }),
+            Ok(_) => {}
+            Err(e) => broken.extend(Broken::of(path, &e, kind)),
         }
     }
-    specs
+    Installed { specs, broken }
+}
+
+/// An installed plugin that failed to load: its file (`None` for an embedded one) and
+/// the load error. Its kind is in the bytes that could not be read, so it may be a
+/// plugin of any kind; one named after an embedded plugin hides that one, and is of its
+/// kind.
+pub struct Broken {
+    pub path: Option<std::path::PathBuf>,
+    pub name: String,
+    pub error: String,
+    /// Whether it hides the embedded plugin of its name.
+    pub hides_embedded: bool,
+}
+
+impl Broken {
+    /// The plugin that failed to load, as one that a consumer of `kind` would have used:
+    /// `None` where it hides an embedded plugin of another kind.
+    pub fn of(path: Option<std::path::PathBuf>, e: &plugin::PluginError, kind: Kind) -> Option<Broken> {
+        let embedded = path.as_ref().and_then(|_| plugin::embedded().iter().find(|(n, _, _)| *n == e.plugin));
+        if embedded.is_some_and(|(_, k, _)| *k != kind.name()) {
+            return None;
+        }
+        Some(Broken { path, name: e.plugin.clone(), error: e.to_string(), hides_embedded: embedded.is_some() })
+    }
+
+    /// What failed and the fix, for a note: "FILE, a plugin file that cannot be loaded:
+    /// ERROR; fix or remove FILE".
+    pub fn text(&self) -> String {
+        let Some(path) = &self.path else {
+            return format!("{}, an embedded plugin that cannot be loaded: {}", self.name, self.error);
+        };
+        let path = path.display();
+        let hides = if self.hides_embedded { format!(" (it hides the embedded {})", self.name) } else { String::new() };
+        format!("{path}, a plugin file that cannot be loaded{hides}: {}; fix or remove {path}", self.error)
+    }
+}
+
+/// Why the plugin `spec` (of `kind`) that resolves cannot be used in place of a built-in
+/// fallback: it fails to load, or it is of another kind. `None` where no plugin of that
+/// name is installed, or it loads as one of `kind`.
+pub fn unusable(spec: &str, kind: Kind) -> Option<String> {
+    let (_, source) = plugin::locate(spec).ok()?;
+    let (what, fix) = match &source {
+        plugin::Source::Path(p) => (format!("the plugin file {}", p.display()), format!("; fix or remove {}", p.display())),
+        plugin::Source::Embedded => (format!("the embedded plugin {spec}"), String::new()),
+    };
+    match plugin::load(spec) {
+        Ok(p) if p.info.kind == kind => None,
+        Ok(p) => Some(format!("{what} is a {} plugin, not a {} plugin{fix}", p.info.kind.name(), kind.name())),
+        Err(e) => Some(format!("{what} cannot be loaded: {e}{fix}")),
+    }
+}
+
+/// Why the tensor, pipeline and context degrees a user fixed (`[tp, pp, cp]`, `where_`
+/// saying where they were given) lay out no run of `gpus` GPUs: their product does not
+/// divide the count. `None` where it does. The reason `project` gives before any search,
+/// and `explore` where its fixed layout divides none of the counts.
+pub fn fixed_degrees_refusal(degrees: [Option<u32>; 3], gpus: u32, where_: &str) -> Option<String> {
+    let given: u64 = degrees.iter().map(|d| u64::from(d.unwrap_or(1))).product();
+    (given == 0 || !u64::from(gpus).is_multiple_of(given))
+        .then(|| format!("tp·pp·cp = {given} ({where_}) does not divide the {gpus} GPUs; choose degrees whose product divides {gpus}"))
+}
+
+/// Why the search found nothing, from its closest families (as it ranks them) and a count
+/// of the rest: the full list (40 families for an MoE model) is `runner search`'s.
+/// Families refused for the same reason share it (a flag every family breaks, such as
+/// DualPipeV at pp 1, gave the one reason three times over).
+pub fn closest_families(families: &[runner_project::search::Family]) -> String {
+    const SHOWN: usize = 3;
+    if families.is_empty() {
+        return "no layout family applies to the flags given at this GPU count (FSDP, for one, needs dp·cp > 1)".into();
+    }
+    // (names, reason), in the order of each reason's closest family.
+    let mut groups: Vec<(Vec<&str>, String)> = Vec::new();
+    for f in families {
+        let why = verdict_text(&f.verdict);
+        match groups.iter_mut().find(|g| g.1 == why) {
+            Some(g) => g.0.push(&f.name),
+            None => groups.push((vec![&f.name], why)),
+        }
+    }
+    let names = |n: &[&str]| match n {
+        [one] => one.to_string(),
+        _ if n.len() <= SHOWN => n.join(", "),
+        _ => format!("{} and {} more", n[..SHOWN].join(", "), n.len() - SHOWN),
+    };
+    let shown = &groups[..groups.len().min(SHOWN)];
+    let mut text = shown.iter().map(|(n, why)| format!("{}: {why}", names(n))).collect::<Vec<_>>().join("; ");
+    let rest: usize = groups[shown.len()..].iter().map(|g| g.0.len()).sum();
+    if rest > 0 {
+        text += &format!("; and {rest} more {} (`runner search` lists each)", if rest == 1 { "family" } else { "families" });
+    }
+    text
+}
+
+/// A family's verdict in words: "divisibility: REASON", "memory: needs at least ...".
+pub fn verdict_text(v: &runner_project::search::Verdict) -> String {
+    use runner_project::search::Verdict;
+    match v {
+        Verdict::Best { layout, step_time_s } => format!("best ({layout}, {step_time_s:.2} s)"),
+        // A near tie in percent: "1.00x slower" reads as no loss.
+        Verdict::Speed { layout, slower, .. } if *slower < 1.1 => {
+            format!("speed: {} % slower at best ({layout})", crate::report::fixed_or_significant(100.0 * (slower - 1.0), 1))
+        }
+        Verdict::Speed { layout, slower, .. } => format!("speed: {slower:.2}x slower at best ({layout})"),
+        Verdict::Memory { layout, need_gib, have_gib } => {
+            format!("memory: needs at least {need_gib:.0} GiB of {have_gib:.0} ({layout})")
+        }
+        Verdict::HostMemory { layout, need_gib, have_gib } => {
+            format!("host memory: fits the GPU only by offloading {need_gib:.0} GiB of activations per GPU to {have_gib:.0} GiB of host memory ({layout})")
+        }
+        Verdict::Divisibility { reason } => format!("divisibility: {reason}"),
+    }
 }
 
 /// Find the plugin that provides variant `name`.
@@ -582,7 +712,7 @@ pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u3
             };
             let per_gpu = published * ratio;
             let of = if at == job.seq_len { String::new() } else { format!(" of {at} tokens, as sequences of {}", job.seq_len) };
-            (per_gpu, format!("{published} sequences per GPU{of} as published for {} GPUs ({})", l.gpus_min, l.source))
+            (per_gpu, format!("{published} sequences per GPU{of} as published for {} ({})", crate::report::plural(l.gpus_min, "GPU"), l.source))
         }
         None => (2.0, format!("2 per GPU (nothing published for {})", variant.name)),
     };

@@ -347,9 +347,19 @@ pub fn parse_csv(text: &str) -> Result<ParsedCsv, String> {
 }
 
 /// Whether a cell is a figure, right-aligned: it starts with a digit, '$', a sign (an
-/// error of "+12.3%" as much as one of "-25.0%") or '~'.
+/// error of "+12.3%" as much as one of "-25.0%") or '~', and is one word, or one and a
+/// short unit ("12.3 s"). A sentence that begins with a count ("1 step(s) back to the
+/// last known-good checkpoint") is text, left-aligned.
 fn numeric(cell: &str) -> bool {
-    cell.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '$' | '+' | '-' | '~'))
+    let mut words = cell.split_whitespace();
+    let figure = words.next().is_some_and(|w| w.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '$' | '+' | '-' | '~')));
+    figure && words.next().is_none_or(|unit| unit.chars().count() <= 5) && words.next().is_none()
+}
+
+/// "1 GPU", "8 GPUs": a count and its noun, plural unless the count is 1.
+pub fn plural(n: impl std::fmt::Display, noun: &str) -> String {
+    let n = n.to_string();
+    format!("{n} {noun}{}", if n == "1" { "" } else { "s" })
 }
 
 /// The terminal columns `s` takes: two for a wide character (CJK, most emoji), none for a
@@ -543,6 +553,23 @@ mod tests {
         );
         t.notes.push("<script>".into());
         assert!(t.html().contains("&lt;script&gt;"), "notes are escaped");
+    }
+
+    /// A figure is right-aligned, bare or with a short unit; a sentence that begins with a
+    /// count (a training alert's "1 step(s) back to ...") is text, left-aligned.
+    #[test]
+    fn only_figures_are_numeric() {
+        for figure in ["13.46", "$547.7K+", "55.3%", "1.00x", "2048*", "-", "~3", "1e12", "8-16", "+12.3%", "12.3 s"] {
+            assert!(numeric(figure), "{figure}");
+        }
+        for text in ["1 step(s) back to the last known-good checkpoint, 0 batch(es) skipped", "3 layers fall back to BF16", "TP8 PP2", "n/a", ""] {
+            assert!(!numeric(text), "{text:?}");
+        }
+        let mut t = Table::new("", &["step", "event", "detail"]);
+        t.rows.push(vec!["7".into(), "rollback".into(), "1 step(s) back to the last known-good checkpoint".into()]);
+        t.rows.push(vec!["12".into(), "fallback".into(), "a much longer detail than the rollback's, to pad the column".into()]);
+        let text = t.render();
+        assert!(text.lines().any(|l| l.ends_with("rollback  1 step(s) back to the last known-good checkpoint")), "{text}");
     }
 
     /// A cell of wide characters (a plugin's CJK instance name) pads by the columns it

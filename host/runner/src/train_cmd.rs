@@ -114,6 +114,14 @@ fn config(a: TrainArgs, profiles: &runner_project::profile::Profiles) -> Result<
     // An unknown device would be planned with the high-precision formats alone, silently.
     let plan_for = runner::project::plan_for(&a.plan_for, profiles)?;
     let injections = a.inject.iter().map(|s| Injection::parse(s)).collect::<Result<Vec<_>, _>>().map_err(anyhow::Error::msg)?;
+    // 0 is the config's "not given" (the variant's layers, a tenth of the steps): typed,
+    // it would silently mean that, where --steps 0 and --eval-batches 0 are refused.
+    if a.layers == Some(0) {
+        anyhow::bail!("--layers 0: a model needs at least one transformer layer; leave --layers out for the variant's");
+    }
+    if a.eval_every == Some(0) {
+        anyhow::bail!("--eval-every 0: the held-out loss is taken every N steps, N at least 1; leave it out for N = a tenth of the steps");
+    }
     Ok(TrainConfig {
         variant: a.variant,
         steps: a.steps,

@@ -2959,3 +2959,103 @@ fn validate_csv_is_the_json_points() {
         }
     }
 }
+
+/// A plugin file that fails to load (a truncated download, a text file named .wasm) is
+/// named wherever the installed set is used, with its path, its error and the fix:
+/// explore's installed clouds (one named after an embedded cloud hides it), the precision
+/// plan it would have given (not "no fp8.wasm is installed"), and `models`. One that hides
+/// an embedded plugin of another kind is left to that kind's users; named explicitly, a
+/// broken plugin stays an error.
+#[test]
+fn a_plugin_file_that_fails_to_load_is_named_wherever_it_would_be_used() {
+    let dir = scratch("broken-installed");
+    let dist = dir.join("plugins/dist");
+    std::fs::create_dir_all(&dist).unwrap();
+    let truncated = |name: &str| embedded_wasm(name)[..3000].to_vec();
+    std::fs::write(dist.join("mycloud.wasm"), truncated("aws.wasm")).unwrap();
+    std::fs::write(dist.join("lambda.wasm"), b"not a component").unwrap();
+    std::fs::write(dist.join("fp8.wasm"), truncated("fp8.wasm")).unwrap();
+    std::fs::write(dist.join("llama2.wasm"), truncated("llama2.wasm")).unwrap();
+    let explore = ["explore", "--model", "llama3-tiny", "--gpus", "8", "--precision", "fp8", "--no-history", "-q", "--format", "json"];
+    let o = runner(&dir, &explore);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for said in [
+        "skipped a cloud: plugins/dist/mycloud.wasm, a plugin file that cannot be loaded: plugin 'mycloud.wasm' could not be loaded: ",
+        "; fix or remove plugins/dist/mycloud.wasm",
+        "skipped a cloud: plugins/dist/lambda.wasm, a plugin file that cannot be loaded (it hides the embedded lambda.wasm): plugin 'lambda.wasm' could not be loaded: not a WebAssembly file",
+        "the fp8 precision plugin cannot be used, so the built-in fp8 plan is used instead: the plugin file plugins/dist/fp8.wasm cannot be loaded: ",
+        "; fix or remove plugins/dist/fp8.wasm",
+    ] {
+        assert!(out.contains(said), "{said:?} not in {out}");
+    }
+    assert!(!out.contains("no fp8.wasm precision plugin is installed") && !out.contains("llama2.wasm"), "{out}");
+
+    let o = runner(&dir, &["models"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("left out plugins/dist/llama2.wasm, a plugin file that cannot be loaded (it hides the embedded llama2.wasm): "), "{out}");
+    assert!(out.contains("left out plugins/dist/mycloud.wasm, a plugin file that cannot be loaded: "), "{out}");
+    assert!(!out.contains("fp8.wasm") && !out.contains("lambda.wasm"), "{out}");
+
+    // Asked for by name, a broken plugin is an error, as before.
+    let o = runner(&dir, &["explore", "--model", "llama3-tiny", "--gpus", "8", "--precision", "bf16", "--cloud", "lambda", "--no-history", "-q"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("the cloud lambda cannot be used: plugin 'lambda.wasm' could not be loaded"), "{err}");
+    let o = runner(&dir, &["explore", "--plugin", "plugins/dist/llama2.wasm", "--gpus", "8", "--no-history", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("plugin 'llama2.wasm' could not be loaded"), "{}", text(&o).1);
+}
+
+/// A fixed layout that divides none of the GPU counts is refused for what the user fixed,
+/// as `project` refuses it: the fixed degrees' product, else every family's reason (the
+/// one reason most families gave named CP, which the user left free).
+#[test]
+fn a_fixed_layout_that_divides_no_count_is_refused_for_what_was_fixed() {
+    let dir = scratch("fixed-undivided");
+    let o = runner(&dir, &["explore", "--model", "llama3.1-8b", "--gpus", "8", "--precision", "bf16", "--pp", "64", "--cloud", "aws", "--no-history", "-q"]);
+    let (_, err) = text(&o);
+    assert!(
+        !o.status.success()
+            && err.contains("the layout fixed by the run (PP64) divides none of the GPU counts: tp·pp·cp = 64 (fixed by the run) does not divide the 8 GPUs")
+            && !err.contains("tp·cp = 16"),
+        "{err}"
+    );
+    std::fs::write(
+        dir.join("offload.toml"),
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3.1-8b\"\n[cluster]\ngpu = [\"H100\"]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n\
+         [cost]\nplugins = [\"aws\"]\n[layout]\noffload_layers = 1000\n",
+    )
+    .unwrap();
+    let o = runner(&dir, &["run", "offload.toml", "--no-history", "-q"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("(1000 layers' activations offloaded per chunk) divides none of the GPU counts: "), "{err}");
+    // Every family's reason is the offload's, each family's at its own pipeline.
+    assert!(err.contains("PP: divisibility: offload of 1000 layers per chunk is more than") && !err.contains("tp·cp"), "{err}");
+}
+
+/// 0 layers or a held-out loss every 0 steps is refused, as 0 steps is: it silently meant
+/// the variant's layers and a tenth of the steps.
+#[test]
+fn train_refuses_zero_layers_and_zero_eval_interval() {
+    let dir = scratch("train-zeros");
+    for (flag, said) in [("--layers", "--layers 0: a model needs at least one transformer layer"), ("--eval-every", "--eval-every 0: the held-out loss is taken every N steps, N at least 1")] {
+        let o = runner(&dir, &["train", "--precision", "bf16", flag, "0"]);
+        let (_, err) = text(&o);
+        assert!(!o.status.success() && err.contains(said), "{flag}: {err}");
+    }
+}
+
+/// A JSON input's error names its line and column once ("line 1 column 2: missing field
+/// `format` at line 1 column 2" said it twice).
+#[test]
+fn a_json_input_error_names_its_location_once() {
+    let dir = scratch("json-location");
+    std::fs::write(dir.join("m.json"), "{}").unwrap();
+    let o = runner(&dir, &["project", "--model", "llama3-tiny", "--gpus", "8", "--measured", "m.json"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("m.json: line 1 column 2: missing field `format`; write the file"), "{err}");
+    std::fs::write(dir.join("c.json"), "[{}]").unwrap();
+    let o = runner(&dir, &["calibrate", "--collectives", "c.json", "--gpu", "h100"]);
+    let (_, err) = text(&o);
+    assert!(!o.status.success() && err.contains("c.json: line 1 column 3: missing field `op`; write the file"), "{err}");
+}

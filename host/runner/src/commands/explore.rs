@@ -382,11 +382,11 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
         let sentence = match &error {
             Some(e) => format!("run {} failed: {e}\n", run.id),
             None => format!(
-                "run {} ({}) is {}: {} pieces kept; started {} by `{}`\n",
+                "run {} ({}) is {}: {} kept; started {} by `{}`\n",
                 run.id,
                 run.kind,
                 run.status,
-                run.items.len(),
+                runner::report::plural(run.items.len(), "piece"),
                 run.started,
                 run.command
             ),

@@ -13,6 +13,7 @@ use serde_json::json;
 use runner::input;
 use runner::plugin::Limits;
 use runner::project::{self, PluginResolver};
+use runner::project::{closest_families, verdict_text};
 use runner::report::{Table, fixed_or_significant as sig};
 use runner_graph::modules::{Module, Modules};
 use runner_graph::pipeline::PipelineSplit;
@@ -395,38 +396,6 @@ fn read_measured(path: &Path, s: &mut Setup, model: &str) -> Result<MeasuredFile
     Ok(MeasuredFile { file, origin, unmeasured })
 }
 
-/// Why the search found nothing, from its closest families (as it ranks them) and a count
-/// of the rest: the full list (40 families for an MoE model) is `runner search`'s.
-/// Families refused for the same reason share it (a flag every family breaks, such as
-/// DualPipeV at pp 1, gave the one reason three times over).
-fn closest_families(families: &[search::Family]) -> String {
-    const SHOWN: usize = 3;
-    if families.is_empty() {
-        return "no layout family applies to the flags given at this GPU count (FSDP, for one, needs dp·cp > 1)".into();
-    }
-    // (names, reason), in the order of each reason's closest family.
-    let mut groups: Vec<(Vec<&str>, String)> = Vec::new();
-    for f in families {
-        let why = verdict_text(&f.verdict);
-        match groups.iter_mut().find(|g| g.1 == why) {
-            Some(g) => g.0.push(&f.name),
-            None => groups.push((vec![&f.name], why)),
-        }
-    }
-    let names = |n: &[&str]| match n {
-        [one] => one.to_string(),
-        _ if n.len() <= SHOWN => n.join(", "),
-        _ => format!("{} and {} more", n[..SHOWN].join(", "), n.len() - SHOWN),
-    };
-    let shown = &groups[..groups.len().min(SHOWN)];
-    let mut text = shown.iter().map(|(n, why)| format!("{}: {why}", names(n))).collect::<Vec<_>>().join("; ");
-    let rest: usize = groups[shown.len()..].iter().map(|g| g.0.len()).sum();
-    if rest > 0 {
-        text += &format!("; and {rest} more {} (`runner search` lists each)", if rest == 1 { "family" } else { "families" });
-    }
-    text
-}
-
 pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option<&Path>, global: &Global) -> Result<()> {
     let mut s = setup(t, global)?;
     let t = &s.named(t);
@@ -446,11 +415,8 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     let split = flags.split(s.projector.model.depth.len())?;
     flags.optimizer = Some(project::optimizer(flags.optimizer, &s.found.variant, &mut s.notes));
     let flags = &flags;
-    let given = u64::from(flags.tp.unwrap_or(1)) * u64::from(flags.pp.unwrap_or(1)) * u64::from(flags.cp.unwrap_or(1));
-    if given == 0 || !u64::from(gpus).is_multiple_of(given) {
-        anyhow::bail!(
-            "tp·pp·cp = {given} (from --tp/--pp/--cp) does not divide the {gpus} GPUs; choose degrees whose product divides {gpus}"
-        );
+    if let Some(why) = project::fixed_degrees_refusal([flags.tp, flags.pp, flags.cp], gpus, "from --tp/--pp/--cp") {
+        anyhow::bail!("{why}");
     }
     let modules = modules_of(flags)?;
     let mut notes = std::mem::take(&mut s.notes);
@@ -795,9 +761,9 @@ fn project_table(o: &ProjectOut) -> Table {
             (None, _) => "in DP's".into(),
         };
         let ranks = match (g.group, p.layout.pipeline) {
-            (GroupName::Pp, PipelineKind::DualPipeV) => format!("{} ranks, {} stages", g.ranks, 2 * g.ranks),
-            (GroupName::Pp, _) => format!("{} stages", g.ranks),
-            _ => format!("{} GPUs", g.ranks),
+            (GroupName::Pp, PipelineKind::DualPipeV) => format!("{}, {}", runner::report::plural(g.ranks, "rank"), runner::report::plural(2 * g.ranks, "stage")),
+            (GroupName::Pp, _) => runner::report::plural(g.ranks, "stage"),
+            _ => runner::report::plural(g.ranks, "GPU"),
         };
         kv(&format!("  {name} ({ranks})"), format!("{time}, {link}"));
     }
@@ -835,24 +801,6 @@ fn space_of(f: &LayoutFlags, recompute_modules: Option<Modules>, split: Option<P
         optimizer: f.optimizer.unwrap_or_default(),
         kernels: f.kernels(),
         pipeline: f.pipeline_schedule.unwrap_or_default(),
-    }
-}
-
-fn verdict_text(v: &Verdict) -> String {
-    match v {
-        Verdict::Best { layout, step_time_s } => format!("best ({layout}, {step_time_s:.2} s)"),
-        // A near tie in percent: "1.00x slower" reads as no loss.
-        Verdict::Speed { layout, slower, .. } if *slower < 1.1 => {
-            format!("speed: {} % slower at best ({layout})", sig(100.0 * (slower - 1.0), 1))
-        }
-        Verdict::Speed { layout, slower, .. } => format!("speed: {slower:.2}x slower at best ({layout})"),
-        Verdict::Memory { layout, need_gib, have_gib } => {
-            format!("memory: needs at least {need_gib:.0} GiB of {have_gib:.0} ({layout})")
-        }
-        Verdict::HostMemory { layout, need_gib, have_gib } => {
-            format!("host memory: fits the GPU only by offloading {need_gib:.0} GiB of activations per GPU to {have_gib:.0} GiB of host memory ({layout})")
-        }
-        Verdict::Divisibility { reason } => format!("divisibility: {reason}"),
     }
 }
 
@@ -1005,15 +953,15 @@ pub fn validation_table(v: &Validation, origin: &str) -> Table {
         t.notes.push("no point could be projected: each one's reason is below".into());
     } else {
         t.notes.push(format!(
-            "absolute step-time error over {} points: median {}, p90 {}, max {}",
-            v.overall.points,
+            "absolute step-time error over {}: median {}, p90 {}, max {}",
+            runner::report::plural(v.overall.points, "point"),
             pct(v.overall.median),
             pct(v.overall.p90),
             pct(v.overall.max)
         ));
     }
     for (k, s) in &v.groups {
-        t.notes.push(format!("{k}: {} points, median {}, p90 {}, max {}", s.points, pct(s.median), pct(s.p90), pct(s.max)));
+        t.notes.push(format!("{k}: {}, median {}, p90 {}, max {}", runner::report::plural(s.points, "point"), pct(s.median), pct(s.p90), pct(s.max)));
     }
     for c in v.checked.iter().filter(|c| !c.note.is_empty()) {
         t.notes.push(format!("#{} {}: {}", c.index, c.model, c.note));
@@ -1352,7 +1300,7 @@ pub fn holdout(file: &Path, global: &Global) -> Result<()> {
         csv_rows.push(runner::report::record([("gpu", json!(h.gpu)), ("family", json!(h.family)), ("runs", json!(s.points)), ("median_error", json!(s.median)), ("max_error", json!(s.max))]));
     }
     let s = published::Stats::of(all.into_iter());
-    t.notes.push(format!("all held-out runs: {} points, median {}, p90 {}, max {}", s.points, pct(s.median), pct(s.p90), pct(s.max)));
+    t.notes.push(format!("all held-out runs: {}, median {}, p90 {}, max {}", runner::report::plural(s.points, "point"), pct(s.median), pct(s.p90), pct(s.max)));
     let mut csv = runner::report::records_of(&csv_rows);
     csv.notes = t.notes.clone();
     emit_csv(global, &t, &held, &csv)
