@@ -698,7 +698,7 @@ mod tests {
     #[test]
     fn launcher_tagged_logs_read_as_untagged() {
         let json = rows(&known(0.55), 8, 1, &["all_reduce", "all_gather"]);
-        let plain = as_nccl_tests(&json, &vec!["node-a"; 8]);
+        let plain = as_nccl_tests(&json, &["node-a"; 8]);
         assert!(plain.starts_with("[node-a:01234]"));
         let want = parse(&plain, "sweep.log").unwrap();
         let tag = |f: &dyn Fn(usize) -> String| {
