@@ -46,7 +46,10 @@ pub struct CollRow {
     pub time_us: f64,
     pub algbw_gbps: f64,
     pub busbw_gbps: f64,
-    pub wrong: u64,
+    /// Wrong values of the check; `None` where nothing was checked (nccl-tests' `N/A`,
+    /// `-c 0`). Written as `null`, and required: a file without it is not this format.
+    #[serde(deserialize_with = "Option::deserialize")]
+    pub wrong: Option<u64>,
     pub ranks: usize,
     /// Nodes the ranks ran on: the ranks whose launcher-given local rank is 0.
     pub nodes: usize,
@@ -83,13 +86,17 @@ pub fn bus_factor_of(op: &str, n: usize) -> Result<f64, String> {
 }
 
 /// Read a `bench collectives` JSON file, or nccl-tests' own output (one test's log or
-/// several in one file, [`crate::nccl_tests`]); `origin` names it in messages.
+/// several in one file, each line tagged by the launcher or not, [`crate::nccl_tests`]);
+/// `origin` names it in messages.
 ///
 /// # Errors
 /// JSON syntax (line and column), a missing or unknown field, an nccl-tests log the
 /// reader cannot place, a row with wrong values, a busbw that does not follow from size,
 /// time and the bus factor, or rows of different runs; each names the row and the fix.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
+    // A log run under `srun -l` or `mpirun --tag-output`: each line tagged with its rank.
+    let untagged = crate::nccl_tests::untagged(text).filter(|t| crate::nccl_tests::looks_like(t));
+    let text = untagged.as_deref().unwrap_or(text);
     let rows = if crate::nccl_tests::looks_like(text) { crate::nccl_tests::rows(text, origin)? } else { from_json(text, origin)? };
     check(&rows, origin)?;
     Ok(rows)
@@ -169,8 +176,8 @@ fn check(rows: &[CollRow], origin: &str) -> Result<(), String> {
         if r.ranks == 0 || r.nodes == 0 || r.nodes > r.ranks {
             return Err(format!("{at}: ranks ({}) and nodes ({}) must be at least 1, nodes at most ranks", r.ranks, r.nodes));
         }
-        if r.wrong > 0 {
-            return Err(format!("{at}: {} wrong values: a run with wrong results is broken, not slow; fix it and sweep again", r.wrong));
+        if let Some(wrong) = r.wrong.filter(|w| *w > 0) {
+            return Err(format!("{at}: {wrong} wrong values: a run with wrong results is broken, not slow; fix it and sweep again"));
         }
         let busbw = r.size_bytes as f64 / (r.time_us * 1e-6) / 1e9 * factor;
         if !busbw.is_finite() {
@@ -244,9 +251,23 @@ pub fn tier_of(ranks: usize, nodes: usize, gpu: &GpuProfile, forced: Option<Tier
     // node: the projection prices such a group on the scale-out tier, so it is fitted
     // there.
     let across_in_node = nodes == 1 && n > gpu.scale_up_domain && n <= gpu.gpus_per_node;
+    // More ranks on one node than the profile's node has GPUs (its NVLink domain smaller
+    // than the run): the node is not the profile's, and the ranks crossed domains only
+    // in the profile's terms. Either tier is a guess: the caller says which. One rule
+    // for both the default and a forced tier: these ranks sat in more than one domain.
+    let beyond_node = nodes == 1 && n > gpu.scale_up_domain && n > gpu.gpus_per_node;
     let tier = match forced {
         Some(t) => t,
         None if across_in_node => Tier::ScaleOut,
+        None if beyond_node => {
+            return Err(format!(
+                "{ranks} ranks ran on one node, where {}'s node has {} GPU(s) (gpus_per_node) and its NVLink domain {} \
+                 (scale_up_domain): the run's node is not the profile's; pass --tier scale-out to fit what joined the \
+                 ranks as the network between domains, or fix the profile's gpus_per_node and scale_up_domain to the \
+                 machine the run was on",
+                gpu.name, gpu.gpus_per_node, gpu.scale_up_domain
+            ));
+        }
         None if nodes == 1 => Tier::ScaleUp,
         None if spans_nodes => {
             return Err(format!(
@@ -259,7 +280,8 @@ pub fn tier_of(ranks: usize, nodes: usize, gpu: &GpuProfile, forced: Option<Tier
     };
     match tier {
         Tier::ScaleUp if n > gpu.scale_up_domain => Err(format!(
-            "{ranks} ranks cannot sit in one NVLink domain of {} ({} GPUs): the run crossed the network; fit it as scale-out",
+            "{ranks} ranks cannot sit in one NVLink domain of {} ({} GPUs, scale_up_domain): the run crossed the network; \
+             fit it as scale-out (--tier scale-out)",
             gpu.name, gpu.scale_up_domain
         )),
         Tier::ScaleUp if nodes > 1 && !spans_nodes => Err(format!(
@@ -267,7 +289,7 @@ pub fn tier_of(ranks: usize, nodes: usize, gpu: &GpuProfile, forced: Option<Tier
             gpu.name
         )),
         Tier::ScaleUp => Ok((Tier::ScaleUp, n)),
-        Tier::ScaleOut if nodes == 1 && !across_in_node => Err(
+        Tier::ScaleOut if nodes == 1 && !across_in_node && !beyond_node => Err(
             "every rank ran on one node: the run never left NVLink; sweep across nodes (one or more ranks per node) to fit the network"
                 .into(),
         ),
@@ -389,6 +411,39 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
     }
     if !skipped.is_empty() {
         notes.push(format!("{} shown by the bench but not fitted: the projection does not use them", skipped.join(", ")));
+    }
+    // NVLink SHARP (NVLS: NCCL 2.17 and later on NVSwitch systems, on by default) reduces
+    // inside the switch, so an all-reduce's busbw passes the link's rate (about 480 GB/s
+    // on 8 H100s, whose NVLink carries 450), which no ring or tree over the links
+    // reaches. The model's all-reduce is one, so such rows measure the switch, not the
+    // links: left out where other ops remain, refused where none do. (NVLS all-gather and
+    // reduce-scatter send more per GPU than a ring does and NCCL keeps the ring for them:
+    // they stay below the link's rate and are fitted.) The switch still carries each
+    // GPU's buffer at most at the link's rate (algbw = busbw / 2(n-1)/n): a busbw above
+    // that is no NVLS but another GPU or a wrong profile, refused below as such.
+    if tier == Tier::ScaleUp {
+        let ar: Vec<&Modelled> = modelled.iter().filter(|m| m.kind == OpKind::AllReduce).collect();
+        let busbw = ar.iter().map(|m| m.x / m.t / 1e9).fold(0.0, f64::max);
+        let over = line("all_reduce", &ar).map_or(busbw, |l| busbw.max(l.gbs));
+        let algbw = over / bus_factor(OpKind::AllReduce, n);
+        if !ar.is_empty() && over > gpu.scale_up_gbs && algbw <= gpu.scale_up_gbs {
+            let why = format!(
+                "all_reduce carried {over:.1} GB/s of bus bandwidth where {}'s NVLink per GPU (scale_up_gbs) is {} GB/s: \
+                 NVLink SHARP (NVLS, on by default from NCCL 2.17 on NVSwitch systems) reduced in the switch, which the \
+                 model's all-reduce (a ring or tree over the links) does not describe",
+                gpu.name, gpu.scale_up_gbs
+            );
+            if modelled.iter().all(|m| m.kind == OpKind::AllReduce) {
+                return Err(format!(
+                    "{origin}: {why}; rerun all_reduce_perf with NCCL_NVLS_ENABLE=0, or fit from the other ops' logs \
+                     (all_gather_perf, reduce_scatter_perf, alltoall_perf)"
+                ));
+            }
+            notes.push(format!(
+                "all_reduce rows left out: {why}; fitted from the other ops (rerun all_reduce_perf with NCCL_NVLS_ENABLE=0 to fit it too)"
+            ));
+            modelled.retain(|m| m.kind != OpKind::AllReduce);
+        }
     }
     if modelled.is_empty() {
         return Err(format!("{origin}: no all_reduce, all_gather, reduce_scatter or alltoall rows to fit"));
@@ -529,7 +584,7 @@ mod tests {
                     time_us: t * 1e6,
                     algbw_gbps: algbw,
                     busbw_gbps: algbw * bus_factor_of(op, ranks).unwrap(),
-                    wrong: 0,
+                    wrong: Some(0),
                     ranks,
                     nodes,
                     transport: "nccl".into(),
@@ -600,6 +655,84 @@ mod tests {
                 assert!((x / y - 1.0).abs() < 2e-3, "{name}: {x} from JSON, {y} from nccl-tests' text");
             }
         }
+    }
+
+    /// An all-reduce under NVLink SHARP (NVLS) on 8 H100s of one node: busbw 480 GB/s
+    /// (the switch reduces), above the 450 GB/s NVLink, which the model's ring cannot
+    /// carry. Alone, it is refused naming NVLS and NCCL_NVLS_ENABLE=0, not a wrong
+    /// scale_up_gbs; beside other ops, left out with a note and the rest fitted. A busbw
+    /// above even NVLS's bound (algbw above the link) is still another GPU's.
+    #[test]
+    fn an_nvls_all_reduce_is_named_and_left_out() {
+        let nvls = with(&h100(), |e| {
+            e.scale_up = 480.0 / 450.0 / 0.99;
+            e.scale_up_latency_us = 6.0;
+        });
+        let ring = known(0.55);
+        let hosts = vec!["node-a"; 8];
+        let ar = rows(&nvls, 8, 1, &["all_reduce"]);
+        assert!(ar.iter().any(|r| r.busbw_gbps > 470.0), "{ar:?}");
+        let alone = parse(&as_nccl_tests(&ar, &hosts), "all_reduce_perf.log").unwrap();
+        let e = fit_collectives(&alone, &h100(), None, "all_reduce_perf.log").unwrap_err();
+        assert!(e.starts_with("all_reduce_perf.log: all_reduce carried 4"), "{e}");
+        assert!(e.contains("NVLink SHARP (NVLS") && e.contains("NCCL_NVLS_ENABLE=0") && !e.contains("the run was not on this cluster"), "{e}");
+        let mut both = ar.clone();
+        both.extend(rows(&ring, 8, 1, &["all_gather", "reduce_scatter"]));
+        let read = parse(&as_nccl_tests(&both, &hosts), "sweep.log").unwrap();
+        let f = fit_collectives(&read, &h100(), None, "sweep.log").unwrap();
+        assert!((f.efficiency.scale_up - 0.73).abs() < 2e-3, "{:?}", f.params);
+        assert!(f.notes.iter().any(|n| n.starts_with("all_reduce rows left out: all_reduce carried") && n.contains("NVLS")), "{:?}", f.notes);
+        assert_eq!(f.pooled.rows, 10);
+        // Below the link's rate an all-reduce is fitted as before; far above it (algbw
+        // over the link), the profile is wrong, whatever NCCL did.
+        let f = fit_collectives(&rows(&ring, 8, 1, &["all_reduce", "all_gather"]), &h100(), None, "c.json").unwrap();
+        assert!(f.notes.is_empty() && f.pooled.rows == 10, "{:?}", f.notes);
+        let mut slow = h100();
+        slow.scale_up_gbs = 200.0;
+        let e = fit_collectives(&alone, &slow, None, "c.json").unwrap_err();
+        assert!(e.contains("the run was not on this cluster") && !e.contains("NVLS"), "{e}");
+    }
+
+    /// A log run under `srun -l` (each line `0: `, wide ranks ` 3: `) or `mpirun
+    /// --tag-output` (`[1,0]<stdout>:`) reads as the same log untagged; mpirun's own
+    /// `[host:pid]` lines and a few untagged lines do not stop it.
+    #[test]
+    fn launcher_tagged_logs_read_as_untagged() {
+        let json = rows(&known(0.55), 8, 1, &["all_reduce", "all_gather"]);
+        let plain = as_nccl_tests(&json, &["node-a"; 8]);
+        assert!(plain.starts_with("[node-a:01234]"));
+        let want = parse(&plain, "sweep.log").unwrap();
+        let tag = |f: &dyn Fn(usize) -> String| {
+            let mut s = String::from("+ srun all_reduce_perf\n");
+            for (i, l) in plain.lines().enumerate() {
+                s += &format!("{}{l}\n", f(i));
+            }
+            s
+        };
+        for (style, text) in [
+            ("srun -l", tag(&|_| "0: ".into())),
+            ("srun -l, 16 ranks", tag(&|i| if i % 7 == 3 { format!("{:2}: ", 10 + i % 6) } else { " 0: ".into() })),
+            ("mpirun --tag-output", tag(&|i| format!("[1,{}]<std{}>:", i % 3, if i % 5 == 0 { "err" } else { "out" }))),
+        ] {
+            let read = parse(&text, "sweep.log").unwrap_or_else(|e| panic!("{style}: {e}"));
+            assert_eq!(read, want, "{style}");
+        }
+        // JSON is JSON, and a line of a row is no tag.
+        assert_eq!(crate::nccl_tests::untagged(&serde_json::to_string_pretty(&json).unwrap()), None);
+        assert_eq!(crate::nccl_tests::untagged("     1048576        262144     float\n"), None);
+    }
+
+    /// `bench collectives -c 0` writes `"wrong": null` (nothing checked), which reads
+    /// as none; a row without the field is still refused.
+    #[test]
+    fn an_unchecked_row_reads_and_a_missing_check_does_not() {
+        let mut r = rows(&h100(), 8, 1, &["all_reduce"]);
+        r[1].wrong = None;
+        let text = serde_json::to_string(&r).unwrap();
+        assert!(text.contains("\"wrong\":null"), "{text}");
+        assert_eq!(parse(&text, "coll.json").unwrap()[1].wrong, None);
+        let e = parse(&text.replacen(",\"wrong\":null", "", 1), "coll.json").unwrap_err();
+        assert!(e.contains("missing field `wrong`"), "{e}");
     }
 
     /// Several files join into one sweep when they are one run's, each op and size once.
@@ -852,7 +985,7 @@ mod tests {
         );
         refused(&|r| r.nodes = 16, "nodes at most ranks");
         refused(&|r| r.nodes = 0, "must be at least 1");
-        refused(&|r| r.wrong = 1, "1 wrong values");
+        refused(&|r| r.wrong = Some(1), "1 wrong values");
         refused(&|r| r.busbw_gbps *= 0.97, "busbw_gbps");
         refused(&|r| r.nodes = 2, "nodes is 2 but row 0's is 1");
         refused(&|r| r.transport = "tcp".into(), "transport is tcp but row 0's is nccl");
@@ -863,6 +996,23 @@ mod tests {
             },
             "ranks is 4 but row 0's is 8",
         );
+    }
+
+    /// A node of one GPU and no NVLink (gpus_per_node = scale_up_domain = 1): 2 ranks run
+    /// on one machine fit neither tier by themselves, and the message names the profile's
+    /// fields and --tier; --tier scale-out is then taken, and --tier scale-up points back to
+    /// it. (It said "fit it as scale-out", then, with --tier scale-out, "never left NVLink".)
+    #[test]
+    fn a_run_on_a_node_larger_than_the_profiles_gets_one_answer() {
+        let mut one = h100();
+        one.gpus_per_node = 1;
+        one.scale_up_domain = 1;
+        let e = tier_of(2, 1, &one, None).unwrap_err();
+        assert!(e.contains("1 GPU(s) (gpus_per_node)") && e.contains("NVLink domain 1 (scale_up_domain)") && e.contains("--tier scale-out"), "{e}");
+        assert_eq!(tier_of(2, 1, &one, Some(Tier::ScaleOut)).unwrap(), (Tier::ScaleOut, 1));
+        assert!(tier_of(2, 1, &one, Some(Tier::ScaleUp)).unwrap_err().contains("(--tier scale-out)"));
+        // Across nodes it is the network, as before.
+        assert_eq!(tier_of(2, 2, &one, None).unwrap(), (Tier::ScaleOut, 1));
     }
 
     /// A run over nodes forced into an NVLink domain of one node is refused; across

@@ -22,6 +22,49 @@ pub(crate) fn looks_like(text: &str) -> bool {
     text.lines().any(|l| header(l).is_some_and(|h| h.starts_with("nThread") || h.starts_with("Collective test starting:")))
 }
 
+/// `text` with the launcher's tag taken off each line that carries one, where half or
+/// more of its lines carry one of one style: `srun -l`'s rank (`0: `, padded as ` 0: `
+/// for wide ranks) or `mpirun --tag-output`'s `[1,0]<stdout>:`; `None` where they do
+/// not. Lines keep their numbers. mpirun's own `[host:pid]` lines are no tag.
+pub(crate) fn untagged(text: &str) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let written = lines.iter().filter(|l| !l.trim().is_empty()).count();
+    [srun_tag as fn(&str) -> Option<usize>, mpirun_tag].into_iter().find_map(|tag| {
+        let tagged = lines.iter().filter(|l| tag(l).is_some()).count();
+        (tagged > 0 && 2 * tagged >= written)
+            .then(|| lines.iter().map(|l| tag(l).map_or(*l, |n| &l[n..])).collect::<Vec<_>>().join("\n"))
+    })
+}
+
+/// The length of `srun -l`'s tag on `line`: spaces, a rank, `:` and a space (or the
+/// line's end). An nccl-tests row (spaces, a size, spaces) has no colon after its number.
+fn srun_tag(line: &str) -> Option<usize> {
+    let lead = line.len() - line.trim_start_matches(' ').len();
+    let digits = line[lead..].bytes().take_while(u8::is_ascii_digit).count();
+    let rest = &line[lead + digits..];
+    if digits == 0 {
+        None
+    } else if rest.starts_with(": ") {
+        Some(lead + digits + 2)
+    } else {
+        (rest == ":").then_some(lead + digits + 1)
+    }
+}
+
+/// The length of `mpirun --tag-output`'s tag on `line` (Open MPI): `[job,rank]<stdout>:`
+/// or `<stderr>:`.
+fn mpirun_tag(line: &str) -> Option<usize> {
+    let rest = line.strip_prefix('[')?;
+    let (inside, after) = rest.split_once(']')?;
+    let (job, rank) = inside.split_once(',')?;
+    let number = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    if !(number(job) && number(rank)) {
+        return None;
+    }
+    let past = after.strip_prefix("<stdout>:").or_else(|| after.strip_prefix("<stderr>:"))?;
+    Some(line.len() - past.len())
+}
+
 /// A `#` line's text past the `#` and spaces.
 fn header(line: &str) -> Option<&str> {
     line.trim().strip_prefix('#').map(str::trim)
@@ -47,13 +90,27 @@ impl Test {
     }
 }
 
-/// The test a file's name names (`all_reduce_perf.log`, `ar-alltoall_perf-16n.txt`),
-/// for an nccl-tests that does not print it.
-fn op_in_name(origin: &str) -> Option<&'static str> {
+/// The ops `runner calibrate --collectives` reads: the first four fitted, the last two
+/// shown ([`crate::collectives::kind_of`]).
+const READ: [&str; 6] = ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"];
+
+/// nccl-tests' other test binaries (its Makefile's list, less [`READ`]).
+const OTHERS: [&str; 4] = ["reduce", "gather", "scatter", "hypercube"];
+
+/// The test a file's name names (`all_reduce_perf.log`, `ar-alltoall_perf-16n.txt`,
+/// `reduce_perf.log`), for an nccl-tests that does not print it: the word before
+/// `_perf`, as one of nccl-tests' test names where it ends with one (`my_all_gather_perf`
+/// is all_gather; `reduce_perf` is reduce, which the fit does not read).
+fn op_in_name(origin: &str) -> Option<String> {
     let file = origin.rsplit(['/', '\\']).next().unwrap_or(origin);
-    ["all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"]
-        .into_iter()
-        .find(|op| file.contains(&format!("{op}_perf")))
+    file.match_indices("_perf").find_map(|(at, _)| {
+        let before = &file[..at];
+        let start = before.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
+        let word = &before[start..];
+        let ends = |op: &str| word == op || word.ends_with(&format!("_{op}"));
+        let named = READ.into_iter().chain(OTHERS).find(|op| ends(op)).unwrap_or(word);
+        (!named.is_empty()).then(|| named.to_string())
+    })
 }
 
 /// `#  Rank  3 Group  0 Pid 1234 on node07 device  3 [0000:1b:00] NVIDIA H100 80GB HBM3`
@@ -127,7 +184,7 @@ pub(crate) fn rows(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
 /// One test's rows; `seen` holds the (op, size) pairs of the tests before it.
 fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> Result<Vec<CollRow>, String> {
     let from = format!("{origin}: the test at line {}", t.line);
-    let op = match t.op.take().or_else(|| op_in_name(origin).map(str::to_string)) {
+    let op = match t.op.take().or_else(|| op_in_name(origin)) {
         Some(op) => op,
         None => {
             return Err(format!(
@@ -136,6 +193,12 @@ fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> R
             ));
         }
     };
+    if !READ.contains(&op.as_str()) {
+        return Err(format!(
+            "{from}: {op}_perf is not an op the network fit reads: it fits all_reduce, all_gather, reduce_scatter and \
+             alltoall and shows broadcast and sendrecv (the *_perf binaries of those names); leave {op}_perf's log out"
+        ));
+    }
     if t.ranks.is_empty() {
         return Err(format!("{from} ({op}) has no `#  Rank N ... on HOST device ...` lines: keep nccl-tests' whole header"));
     }
@@ -186,8 +249,8 @@ fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> R
             ));
         }
         let wrong = match cols[pick + 3].as_str() {
-            "N/A" => 0,
-            w => w.parse::<u64>().map_err(|_| format!("{line}: #wrong '{w}' is not a whole number or N/A"))?,
+            "N/A" => None,
+            w => Some(w.parse::<u64>().map_err(|_| format!("{line}: #wrong '{w}' is not a whole number or N/A"))?),
         };
         out.push(CollRow {
             op: op.clone(),
@@ -239,7 +302,8 @@ mod tests {
         // The size-0 row is skipped; N/A counts as no wrong values.
         assert_eq!(r.len(), 2);
         assert_eq!((r[0].op.as_str(), r[0].ranks, r[0].nodes, r[0].device.as_str()), ("all_gather", 2, 2, "NVIDIA H100 80GB HBM3"));
-        assert_eq!((r[1].size_bytes, r[1].count, r[1].time_us, r[1].busbw_gbps, r[1].wrong), (2_097_152, 262_144, 30.0, 34.95, 0));
+        assert_eq!((r[1].size_bytes, r[1].count, r[1].time_us, r[1].busbw_gbps, r[1].wrong), (2_097_152, 262_144, 30.0, 34.95, None));
+        assert_eq!(r[0].wrong, Some(0));
         let one = [(1, "node-a"), (0, "node-a")];
         assert_eq!(parse(&log(true, &one, ROWS), "sweep.txt").unwrap()[0].nodes, 1);
     }
@@ -250,6 +314,26 @@ mod tests {
         assert_eq!(parse(&log(false, &two, ROWS), "logs/all_gather_perf-2x1.log").unwrap()[0].op, "all_gather");
         let e = parse(&log(false, &two, ROWS), "logs/sweep.log").unwrap_err();
         assert!(e.contains("logs/sweep.log: the test at line 1 does not say which collective") && e.contains("all_reduce_perf.log"), "{e}");
+        // The binary's name, whole: all_reduce_perf is no reduce_perf, my_all_gather_perf an all_gather.
+        assert_eq!(super::op_in_name("logs/all_reduce_perf.log").as_deref(), Some("all_reduce"));
+        for (file, op) in [("x/my_all_gather_perf-8g.txt", "all_gather"), ("ar-alltoall_perf-16n.txt", "alltoall"), ("reduce_scatter_perf.log", "reduce_scatter")] {
+            assert_eq!(parse(&log(false, &two, ROWS), file).unwrap()[0].op, op, "{file}");
+        }
+    }
+
+    /// A log of an nccl-tests binary the fit does not read (reduce_perf, gather_perf ...),
+    /// by its file's name or its "starting" line, is said to be one, not to be named
+    /// after a binary it is already named after.
+    #[test]
+    fn a_test_the_fit_does_not_read_is_named_so() {
+        let two = [(0, "n"), (1, "n")];
+        for (file, bin) in [("logs/reduce_perf.log", "reduce_perf"), ("gather_perf-2g.txt", "gather_perf"), ("run3_scatter_perf.out", "scatter_perf"), ("hypercube_perf.log", "hypercube_perf")] {
+            let e = parse(&log(false, &two, ROWS), file).unwrap_err();
+            assert!(e.starts_with(&format!("{file}: the test at line 1: {bin} is not an op the network fit reads")), "{e}");
+            assert!(e.contains("all_reduce, all_gather, reduce_scatter and alltoall") && !e.contains("name the file after"), "{e}");
+        }
+        let e = parse(&log(true, &two, ROWS).replace("all_gather_perf", "reduce_perf"), "sweep.log").unwrap_err();
+        assert!(e.contains("reduce_perf is not an op the network fit reads"), "{e}");
     }
 
     /// Each log nccl-tests writes that cannot be one run's sweep is refused with the fix.
@@ -271,7 +355,7 @@ mod tests {
         bad(&log(true, &two, &ROWS.replace("20.00   52.43", "fast   52.43")), "time 'fast' is not a number");
         bad(&log(true, &two, &ROWS.replacen("26.21      0", "26.21      3", 1)), "3 wrong values");
         bad(&log(true, &two, &ROWS.replace("26.21", "40.00")), "busbw_gbps 40 is not size / time x the bus factor");
-        bad(&log(true, &[(0, "n"), (1, "n")], ROWS).replace("all_gather", "hypercube"), "op 'hypercube' is not one of");
+        bad(&log(true, &[(0, "n"), (1, "n")], ROWS).replace("all_gather", "hypercube"), "hypercube_perf is not an op the network fit reads");
         // Not nccl-tests and not JSON: the JSON reader's error, which names both.
         let e = parse("hello", "s.log").unwrap_err();
         assert!(e.contains("or give nccl-tests' own output"), "{e}");

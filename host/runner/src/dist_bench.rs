@@ -439,11 +439,18 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
             format!("{:.2}", r.time_us),
             format!("{:.2}", r.algbw_gbps),
             format!("{:.2}", r.busbw_gbps),
-            r.wrong.to_string(),
+            // nccl-tests' N/A where nothing was checked (-c 0).
+            r.wrong.map_or_else(|| "N/A".to_string(), |w| w.to_string()),
         ]);
     }
-    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
-    t.notes.push(format!("Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" }));
+    let wrong: u64 = rows.iter().filter_map(|r| r.wrong).sum();
+    // nccl-tests prints "0 OK" here with -c 0 too (its count of errors stays 0 when it
+    // checks nothing): this line says that nothing was checked instead.
+    t.notes.push(if rows.iter().any(|r| r.wrong.is_none()) {
+        "Out of bounds values : N/A, not checked (-c 0)".to_string()
+    } else {
+        format!("Out of bounds values : {wrong} {}", if wrong == 0 { "OK" } else { "FAILED" })
+    });
     // nccl-tests runs one collective per binary and averages its sizes: one line per op.
     let mut ops: Vec<&str> = Vec::new();
     for r in &rows {
@@ -640,7 +647,8 @@ fn coll_rank<D: Groups>(dev: &D, world: &TcpWorld, local_rank: usize, a: &CollAr
                 time_us: time * 1e6,
                 algbw_gbps: algbw,
                 busbw_gbps: algbw * op.bus_factor(n),
-                wrong: w[0] as u64,
+                // None with -c 0: nothing was checked (JSON null, the table's N/A).
+                wrong: (a.check > 0).then_some(w[0] as u64),
                 ranks: n,
                 nodes,
                 transport: D::transport().into(),
