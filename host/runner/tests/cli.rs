@@ -151,6 +151,9 @@ fn prices_summarise_each_gpu_and_refuse_what_they_cannot_list() {
     let o = runner(&dir, &["prices", "--gpu", "h800"]);
     let out = text(&o).0;
     assert!(o.status.success() && out.contains("no cloud here lists H800 on-demand: a price file of your own (--price-file) can"), "{out}");
+    // With nothing listed the CSV still names its columns, as a listing with rows does.
+    let header = |args: &[&str]| text(&runner(&dir, args)).0.lines().next().unwrap_or_default().to_string();
+    assert_eq!(header(&["prices", "--gpu", "h800", "--format", "csv"]), header(&["prices", "--gpu", "h100", "--format", "csv"]));
 }
 
 /// Under an address-space limit (`ulimit -v`, as on many HPC login nodes) plugins still

@@ -8,11 +8,11 @@ use clap::Args;
 use serde::Serialize;
 
 use runner::prices::{self, GpuSummary, ListedPrice, Seller};
-use runner::report::{self, OutputFormat, Table};
+use runner::report::{self, Table};
 use runner::runfile::CostSection;
 
 use crate::Global;
-use crate::commands::emit_rendered;
+use crate::commands::emit_csv;
 use crate::commands::explore::utf8_path;
 
 /// What `runner prices` lists.
@@ -115,12 +115,35 @@ pub fn prices(args: &PricesArgs, global: &Global) -> Result<()> {
         prices: &listed,
         notes: &notes,
     };
-    let render = |format: OutputFormat| match format {
-        OutputFormat::Json => report::render(format, &table, &value),
-        OutputFormat::Csv => csv(&listed, &notes).csv(),
-        _ => report::render(format, &table, &value),
-    };
-    emit_rendered(global, &render)
+    // The CSV: a row per listed price under the JSON's names (named with none listed too).
+    let mut csv = report::records(&listed);
+    if listed.is_empty() {
+        csv.headers = [
+            "gpu",
+            "cloud",
+            "plugin",
+            "plugin_sha256",
+            "instance",
+            "gpus_per_node",
+            "scale_up_domain",
+            "node_multiple",
+            "option",
+            "region",
+            "regions",
+            "usd_per_node_hour",
+            "upfront_usd_per_node",
+            "usd_per_gpu_hour",
+            "billing_increment_s",
+            "minimum_charge_s",
+            "effective_date",
+            "source",
+            "caveats",
+        ]
+        .map(String::from)
+        .to_vec();
+    }
+    csv.notes = notes.clone();
+    emit_csv(global, &table, &value, &csv)
 }
 
 fn summary_row<'a>(listed: &'a [ListedPrice], s: &'a GpuSummary) -> SummaryRow<'a> {
@@ -201,59 +224,6 @@ fn detail_table(listed: &[ListedPrice], option: &str, notes: &[String]) -> Table
     }
     for p in listed {
         t.notes.push(format!("source of {} {} {} {}: {}", p.cloud, p.instance, p.option, p.region, p.source));
-    }
-    t.notes.extend(notes.iter().cloned());
-    t
-}
-
-/// One row per listed price, raw figures under the JSON's names.
-fn csv(listed: &[ListedPrice], notes: &[String]) -> Table {
-    let mut t = Table::new(
-        "",
-        &[
-            "gpu",
-            "cloud",
-            "plugin",
-            "plugin_sha256",
-            "instance",
-            "gpus_per_node",
-            "scale_up_domain",
-            "node_multiple",
-            "option",
-            "region",
-            "regions",
-            "usd_per_node_hour",
-            "upfront_usd_per_node",
-            "usd_per_gpu_hour",
-            "billing_increment_s",
-            "minimum_charge_s",
-            "effective_date",
-            "caveats",
-            "source",
-        ],
-    );
-    for p in listed {
-        t.rows.push(vec![
-            p.gpu.clone(),
-            p.cloud.clone(),
-            p.plugin.clone(),
-            p.plugin_sha256.clone(),
-            p.instance.clone(),
-            p.gpus_per_node.to_string(),
-            p.scale_up_domain.to_string(),
-            p.node_multiple.to_string(),
-            p.option.clone(),
-            p.region.clone(),
-            p.regions.to_string(),
-            p.usd_per_node_hour.to_string(),
-            p.upfront_usd_per_node.to_string(),
-            p.usd_per_gpu_hour.to_string(),
-            p.billing_increment_s.to_string(),
-            p.minimum_charge_s.to_string(),
-            p.effective_date.clone(),
-            p.caveats.join(" "),
-            p.source.clone(),
-        ]);
     }
     t.notes.extend(notes.iter().cloned());
     t
