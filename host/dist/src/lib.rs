@@ -18,5 +18,5 @@ pub mod tcp;
 pub mod testing;
 
 pub use launch::{Launch, detect};
-pub use rendezvous::{DistError, RunMeta, rendezvous, rendezvous_on};
+pub use rendezvous::{DistError, RunMeta, host_port, rendezvous, rendezvous_on};
 pub use tcp::{TcpGroup, TcpWorld};

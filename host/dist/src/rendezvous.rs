@@ -310,7 +310,7 @@ fn mesh_listener(v6: bool) -> Result<TcpListener, DistError> {
 }
 
 /// `host:port`, an IPv6 literal in brackets.
-fn host_port(host: &str, port: u16) -> String {
+pub fn host_port(host: &str, port: u16) -> String {
     if host.contains(':') { format!("[{host}]:{port}") } else { format!("{host}:{port}") }
 }
 

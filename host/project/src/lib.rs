@@ -41,5 +41,6 @@ pub mod profile;
 pub mod project;
 pub mod published;
 pub mod search;
+pub mod spelling;
 pub mod step;
 pub mod template;

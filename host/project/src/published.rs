@@ -139,7 +139,149 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
             p.label()
         ));
     }
+    check_keys(text, origin, &f.point)?;
+    refuse_repeated_points(&f.point, origin)?;
     Ok(f.point)
+}
+
+/// Keys a point may carry only to document its run: the source's own figures and
+/// wording (MFU, TFLOP/s per GPU, days to train, the model's shape as the source states
+/// it, notes), kept beside the figures the projection reads so a reader can check them
+/// against the publication; any key ending in `_source` names where a field came from.
+/// `dp` and `ga` are read only to check them ([`check_counts`]).
+const DOCUMENTING: &[&str] = &[
+    "aggregate_pflops",
+    "container",
+    "days_to_train_1t_tokens",
+    "derived",
+    "dp",
+    "est_days_10t_tokens_1k_gpus",
+    "ga",
+    "hidden_size",
+    "mfu",
+    "mlperf_round",
+    "model_flops_per_sample_used_by_source",
+    "model_raw",
+    "model_tflops_per_gpu",
+    "notes",
+    "num_attention_heads",
+    "num_layers",
+    "source_kind",
+    "time_to_train_min",
+    "vocab_size",
+];
+
+/// Refuses a key a point neither reads nor documents: a misspelt layout key (`tp_size`
+/// for `tp`, `micro_batch` for `mbs`) would otherwise leave the layout at its default
+/// and check the projection against a run that never happened, without a word. Run
+/// files and profiles deny unknown keys the same way.
+fn check_keys(text: &str, origin: &str, typed: &[Point]) -> Result<(), String> {
+    let Ok(table) = toml::from_str::<toml::Table>(text) else {
+        return Ok(()); // The typed parse has already accepted it; nothing to add.
+    };
+    let fields = point_fields();
+    let points = table.get("point").and_then(toml::Value::as_array).map(Vec::as_slice).unwrap_or_default();
+    for (i, (point, p)) in points.iter().zip(typed).enumerate() {
+        let Some(keys) = point.as_table() else { continue };
+        check_counts(p, keys).map_err(|e| format!("{origin}: point #{i} ({}): {e}", p.label()))?;
+        for key in keys.keys() {
+            if fields.contains(&key.as_str()) || DOCUMENTING.contains(&key.as_str()) || key.ends_with("_source") {
+                continue;
+            }
+            let mut near = crate::spelling::nearest(key, fields);
+            if near.is_empty() {
+                // Megatron's spelling of a field (`tp_size`, `pp_size`) begins with ours.
+                near = fields.iter().copied().filter(|f| key.strip_prefix(f).is_some_and(|rest| rest.starts_with('_'))).collect();
+            }
+            let hint = if near.is_empty() {
+                format!(
+                    "a point reads {}; keys that only document the run are {} or end in `_source`",
+                    fields.join(", "),
+                    DOCUMENTING.join(", ")
+                )
+            } else {
+                format!("did you mean {}?", near.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(" or "))
+            };
+            return Err(format!("{origin}: point #{i} ({}): unknown key `{key}`\nhelp: {hint}", p.label()));
+        }
+    }
+    Ok(())
+}
+
+/// The keys [`Point`] reads, as its deserializer asks for them, so the list never drifts
+/// from the struct.
+fn point_fields() -> &'static [&'static str] {
+    use serde::de::{self, Visitor};
+    /// A deserializer that only records the field names a struct asks for.
+    struct Fields(&'static [&'static str]);
+    impl<'de> de::Deserializer<'de> for &mut Fields {
+        type Error = de::value::Error;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Self::Error> {
+            Err(de::Error::custom("field names only"))
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Self::Error> {
+            self.0 = fields;
+            Err(de::Error::custom("field names only"))
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf option unit
+            unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut fields = Fields(&[]);
+    let _ = Point::deserialize(&mut fields);
+    fields.0
+}
+
+/// Refuses a point given twice (the same run, layout and figures, whatever its
+/// source): it would count twice in the statistics and weigh twice in a fit.
+fn refuse_repeated_points(points: &[Point], origin: &str) -> Result<(), String> {
+    let same = |a: &Point, b: &Point| Point { source: String::new(), ..a.clone() } == Point { source: String::new(), ..b.clone() };
+    for (j, p) in points.iter().enumerate() {
+        if let Some(i) = points[..j].iter().position(|q| same(q, p)) {
+            return Err(format!(
+                "{origin}: point #{j} ({}) repeats point #{i}: the same run would count twice in the errors and weigh twice in a \
+                 fit; remove one (two publications of one run are one point, its source naming both)",
+                p.label()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a point's documenting `dp` and `ga` against the figures it reads: a `dp` other
+/// than num_gpus / (tp·pp·cp), or a `ga` other than gbs / (mbs·dp), says one of them is
+/// mistyped.
+fn check_counts(p: &Point, raw: &toml::Table) -> Result<(), String> {
+    let count = |key: &str| raw.get(key).and_then(toml::Value::as_integer);
+    let Some(n) = p.num_gpus else { return Ok(()) };
+    let per = u64::from(p.tp.unwrap_or(1)) * u64::from(p.pp.unwrap_or(1)) * u64::from(p.cp.unwrap_or(1));
+    if per == 0 || !u64::from(n).is_multiple_of(per) {
+        return Ok(()); // The layout's own check names this.
+    }
+    let dp = u64::from(n) / per;
+    if let Some(given) = count("dp")
+        && u64::try_from(given).ok() != Some(dp)
+    {
+        return Err(format!(
+            "dp = {given}, but num_gpus / (tp·pp·cp) = {n} / {per} = {dp}: correct whichever figure is mistyped"
+        ));
+    }
+    if let (Some(given), Some(gbs), Some(mbs)) = (count("ga"), p.gbs, p.mbs) {
+        let micro = u64::from(mbs) * dp;
+        if micro > 0 && (u64::try_from(given).ok().map(|ga| ga * micro) != Some(u64::from(gbs))) {
+            return Err(format!(
+                "ga = {given}, but gbs / (mbs·dp) = {gbs} / ({mbs}·{dp}) = {}: correct whichever figure is mistyped",
+                f64::from(gbs) / micro as f64
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl Point {
@@ -648,6 +790,50 @@ mod tests {
             );
         }
         assert!(parse(&point("").replace("source = \"\"\n", ""), "f.toml").unwrap_err().contains("missing field `source`"));
+    }
+
+    const ONE: &str = "[[point]]\nsource = \"paper\"\nmodel = \"m\"\ngpu = \"H100\"\nnum_gpus = 16\nprecision = \"BF16\"\n\
+                       seq_len = 4096\ngbs = 64\nmbs = 1\ntp = 2\npp = 2\n";
+
+    /// A misspelt layout key would leave the layout at its default without a word: it is
+    /// refused with the key it likely meant; keys that document the run (the shipped
+    /// files' `notes`, `mfu`, `*_source`, ...) pass.
+    #[test]
+    fn an_unknown_key_is_refused_with_the_key_it_likely_meant() {
+        let e = parse(&format!("{ONE}tp_size = 4\n"), "f.toml").unwrap_err();
+        assert_eq!(e, "f.toml: point #0 (m H100 x16 BF16): unknown key `tp_size`\nhelp: did you mean `tp`?");
+        let e = parse(&format!("{ONE}{ONE}frobnicate = 4\n").replace("gbs = 64\nmbs = 1\ntp = 2\npp = 2\n[[point]]", "gbs = 32\nmbs = 1\ntp = 2\npp = 2\n[[point]]"), "f.toml").unwrap_err();
+        assert!(e.starts_with("f.toml: point #1 (m H100 x16 BF16): unknown key `frobnicate`\nhelp: a point reads source, model,"), "{e}");
+        assert!(e.contains("or end in `_source`"), "{e}");
+        let documented = format!("{ONE}notes = \"x\"\nmfu = 0.4\nlayout_source = \"README\"\ndp = 4\nga = 16\n");
+        assert_eq!(parse(&documented, "f.toml").unwrap().len(), 1);
+        // The shipped files use only keys a point reads or documents.
+        for file in [include_str!("../data/calibration.toml"), include_str!("../data/other-frameworks.toml")] {
+            parse(file, "shipped").unwrap();
+        }
+    }
+
+    /// A point given twice would count twice in the statistics and weigh twice in a fit:
+    /// refused, whatever the source says; the same layout with another figure is another
+    /// run and passes.
+    #[test]
+    fn a_repeated_point_is_refused() {
+        let twice = format!("{ONE}step_time_s = 2.0\n{}", format!("{ONE}step_time_s = 2.0\n").replace("paper", "blog"));
+        let e = parse(&twice, "f.toml").unwrap_err();
+        assert!(e.starts_with("f.toml: point #1 (m H100 x16 BF16) repeats point #0:"), "{e}");
+        let other = format!("{ONE}step_time_s = 2.0\n{ONE}step_time_s = 2.1\n");
+        assert_eq!(parse(&other, "f.toml").unwrap().len(), 2);
+    }
+
+    /// `dp` and `ga` are only documented, but checked: one that disagrees with num_gpus,
+    /// tp, pp, cp, gbs and mbs says a figure the projection reads is mistyped.
+    #[test]
+    fn a_documented_dp_or_ga_must_agree_with_the_layout() {
+        assert_eq!(parse(&format!("{ONE}dp = 4\nga = 16\n"), "f.toml").unwrap().len(), 1);
+        let e = parse(&format!("{ONE}dp = 8\n"), "f.toml").unwrap_err();
+        assert_eq!(e, "f.toml: point #0 (m H100 x16 BF16): dp = 8, but num_gpus / (tp·pp·cp) = 16 / 4 = 4: correct whichever figure is mistyped");
+        let e = parse(&format!("{ONE}ga = 8\n"), "f.toml").unwrap_err();
+        assert_eq!(e, "f.toml: point #0 (m H100 x16 BF16): ga = 8, but gbs / (mbs·dp) = 64 / (1·4) = 16: correct whichever figure is mistyped");
     }
 
     /// `recompute_num_layers` is full recompute of that many layers per chunk; it is

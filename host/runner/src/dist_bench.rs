@@ -18,7 +18,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use runner::report::Table;
-use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
+use runner_dist::{Launch, RunMeta, TcpWorld, host_port, rendezvous, rendezvous_on};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
@@ -182,6 +182,25 @@ fn local_ranks(n: usize) -> Result<(Vec<Launch>, Option<std::net::TcpListener>)>
         })
         .collect();
     Ok((ranks, Some(held)))
+}
+
+/// What a launched rank says before it waits at the rendezvous: where, for whom and for
+/// how long. A rank whose peers never start otherwise sat silent until `--timeout` (300 s
+/// by default) ran out; `None` for a single process.
+fn waiting_note(launch: &Launch, timeout: Duration) -> Option<String> {
+    let (host, port) = launch.master.as_ref().filter(|_| launch.world > 1)?;
+    let whom = if launch.rank == 0 {
+        format!("waiting at {} for the other {}", host_port(host, *port), runner::report::plural(launch.world - 1, "rank"))
+    } else {
+        format!("meeting rank 0 at {}", host_port(host, *port))
+    };
+    Some(format!(
+        "rank {} of {} ({}): {whom}; gives up after {} s (--timeout)",
+        launch.rank,
+        launch.world,
+        launch.source,
+        timeout.as_secs()
+    ))
 }
 
 /// This rank's host, as `HOST_WORDS` floats for an all-gather: whether the host name
@@ -385,6 +404,13 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
         nccl_type_name(args.dtype),
         args.ops
     );
+    // Threads of one process meet at once; a launched process says where it waits.
+    if let [launch] = ranks.as_slice()
+        && !global.quiet
+        && let Some(note) = waiting_note(launch, args.timeout)
+    {
+        eprintln!("{}", runner::report::visible(&note));
+    }
     let g = global.clone();
     let results = on_ranks(ranks, global.device, move |launch, gpu| {
         let meta = meta(format!("{run} {}", transport_of(gpu)));
@@ -1027,6 +1053,11 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
             return r;
         }
         let device = rank_device(global.device, launch.local_rank, launch.local_world)?;
+        if !global.quiet
+            && let Some(note) = waiting_note(&launch, timeout)
+        {
+            eprintln!("{}", runner::report::visible(&note));
+        }
         let world = rendezvous(&launch, &meta(format!("bench step {} {}", run.flags(), transport_of(device))), timeout)?;
         let r = launch.rank;
         let mine = match device {
@@ -1134,6 +1165,32 @@ fn dist_step<D: Groups>(dev: D, world: &TcpWorld, run: &StepRun, r: usize, timeo
 mod tests {
     use super::*;
     use runner_exec::executor::{MUON_DEFAULT, Muon, MuonTpMode};
+
+    /// A launched rank says where it waits and for how long, rank 0 for how many; a single
+    /// process (or one without a rendezvous address) says nothing.
+    #[test]
+    fn a_launched_rank_says_where_it_waits() {
+        let at = |rank, world, host: &str| Launch {
+            rank,
+            world,
+            local_rank: rank,
+            local_world: None,
+            master: Some((host.into(), 29657)),
+            source: "torchrun environment",
+        };
+        let t = Duration::from_secs(300);
+        assert_eq!(
+            waiting_note(&at(0, 3, "127.0.0.1"), t).unwrap(),
+            "rank 0 of 3 (torchrun environment): waiting at 127.0.0.1:29657 for the other 2 ranks; gives up after 300 s (--timeout)"
+        );
+        assert_eq!(
+            waiting_note(&at(1, 2, "::1"), t).unwrap(),
+            "rank 1 of 2 (torchrun environment): meeting rank 0 at [::1]:29657; gives up after 300 s (--timeout)"
+        );
+        assert_eq!(waiting_note(&at(0, 2, "h"), t).unwrap().split(';').next().unwrap(), "rank 0 of 2 (torchrun environment): waiting at h:29657 for the other 1 rank");
+        assert_eq!(waiting_note(&at(0, 1, "h"), t), None);
+        assert_eq!(waiting_note(&Launch { master: None, ..at(0, 2, "h") }, t), None);
+    }
 
     /// Nodes are distinct host names: ranks on one host whose launcher gave no local
     /// ranks (each local 0) are one node, two hosts whose launcher did are two.

@@ -638,8 +638,16 @@ fn init_logging(global: &Global) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(colour(std::io::IsTerminal::is_terminal(&std::io::stderr()), std::env::var_os("NO_COLOR")))
         .without_time()
         .try_init();
+}
+
+/// Whether log lines carry colour: only on a terminal (a file or a pipe would keep the
+/// raw escape codes), and never where `NO_COLOR` is set to anything but empty
+/// (no-color.org's convention).
+fn colour(terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// The file `-o` names when another argument of the command line names it too (a run
@@ -862,6 +870,15 @@ fn main() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::{gpu_count, one_gpu_count, wait_seconds};
+
+    /// Colour only on a terminal, and `NO_COLOR` (set, not empty) turns it off there.
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(super::colour(true, None));
+        assert!(super::colour(true, Some("".into())));
+        assert!(!super::colour(true, Some("1".into())));
+        assert!(!super::colour(false, None));
+    }
 
     /// A command of one GPU count answers a list by saying it takes one, and where
     /// several go; one count reads as in every command.

@@ -692,12 +692,14 @@ pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u3
         if at == job.seq_len {
             return (rule, format!("GBS {rule} at {gpus} GPUs: the published rule ({})", l.source));
         }
-        let gbs = ((f64::from(rule) * ratio).round().min(f64::from(u32::MAX)) as u32).max(1);
+        let (gbs, by) = divisible_batch(f64::from(rule) * ratio, gpus);
         return (
             gbs,
             format!(
-                "GBS {gbs} at {gpus} GPUs: the published rule's {rule} sequences of {at} tokens ({}), as sequences of {}",
-                l.source, job.seq_len
+                "GBS {gbs} at {gpus} GPUs: the published rule's {rule} sequences of {at} tokens ({}), as sequences of {}{}",
+                l.source,
+                job.seq_len,
+                rounded_note(by)
             ),
         );
     }
@@ -716,7 +718,7 @@ pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u3
         }
         None => (2.0, format!("2 per GPU (nothing published for {})", variant.name)),
     };
-    let scaled = ((per_gpu * f64::from(gpus)).round().min(f64::from(u32::MAX)) as u32).max(1);
+    let (scaled, by) = divisible_batch(per_gpu * f64::from(gpus), gpus);
     let cap = batch_cap(job, gpus);
     if scaled > cap {
         let tokens = optimal_batch_tokens(job.flops);
@@ -732,7 +734,52 @@ pub fn default_gbs(variant: &Variant, gpu: &GpuProfile, recipe: Recipe, gpus: u3
             ),
         );
     }
-    (scaled, format!("GBS {scaled} at {gpus} GPUs: {why}"))
+    (scaled, format!("GBS {scaled} at {gpus} GPUs: {why}{}", rounded_note(by)))
+}
+
+/// How far a batch may move to let data-parallel groups divide it: 5 % of its tokens
+/// per step changes the step time by as much, where an indivisible batch can cost far
+/// more (1365 sequences on 512 GPUs forced data parallelism to 1 and lost a fifth of
+/// the throughput).
+const BATCH_ROUNDING: f64 = 0.05;
+
+/// A batch of about `seqs` sequences that large data-parallel groups of `gpus` GPUs
+/// divide, and the divisor it was moved to a multiple of (1: not moved).
+///
+/// A batch scaled from a published one (another sequence length, another GPU count)
+/// lands on any whole number, often an odd one, and data parallelism must divide the
+/// batch: 1365 sequences on 512 GPUs leave DP = 1. The candidates are the GPU count's
+/// own divisors `gpus / 2^j` (the data-parallel sizes that layouts of power-of-two
+/// tp, pp and cp leave), largest first; the first whose nearest multiple lies within
+/// [`BATCH_ROUNDING`] of `seqs` wins (1365 on 512 GPUs: 1408, a multiple of 128).
+fn divisible_batch(seqs: f64, gpus: u32) -> (u32, u32) {
+    let whole = |x: f64| (x.round().clamp(1.0, f64::from(u32::MAX))) as u32;
+    if !seqs.is_finite() || seqs <= 1.0 {
+        return (whole(if seqs.is_finite() { seqs } else { 1.0 }), 1);
+    }
+    // The cap of batch_cap: past it no multiple can pass u32 and break divisibility.
+    let seqs = seqs.min(f64::from(1u32 << 30));
+    let mut d = gpus.max(1);
+    loop {
+        let multiple = (seqs / f64::from(d)).round() * f64::from(d);
+        if multiple >= 1.0 && (multiple - seqs).abs() <= BATCH_ROUNDING * seqs {
+            let moved = whole(multiple) != whole(seqs);
+            return (whole(multiple), if moved { d } else { 1 });
+        }
+        if d % 2 == 1 {
+            return (whole(seqs), 1);
+        }
+        d /= 2;
+    }
+}
+
+/// The words a default batch's note gains when [`divisible_batch`] moved it.
+fn rounded_note(by: u32) -> String {
+    if by > 1 {
+        format!(", rounded to a multiple of {by} so data-parallel groups divide it")
+    } else {
+        String::new()
+    }
 }
 
 /// Read the model a command names.
@@ -809,6 +856,27 @@ mod tests {
             let want = seqs * 4096.0;
             let got = optimal_batch_tokens(6.0 * params * 2e12);
             assert!((got / want - 1.0).abs() < 0.10, "{params:e} params: {got:.3e} tokens against {want:.3e}");
+        }
+    }
+
+    /// The audit's cases: a batch rescaled to another sequence length lands on odd
+    /// counts (171, 1365, 1049) that force DP = 1; rounded, it lets DP grow, moving at
+    /// most 5 %, and a batch already divisible or too small to round stays as it is.
+    #[test]
+    fn a_scaled_batch_is_rounded_so_data_parallel_groups_divide_it() {
+        assert_eq!(divisible_batch(1365.33, 512), (1408, 128));
+        assert_eq!(divisible_batch(170.67, 64), (176, 16));
+        assert_eq!(divisible_batch(1048.58, 8), (1048, 8));
+        assert_eq!(divisible_batch(256.0, 64), (256, 1));
+        assert_eq!(divisible_batch(255.6, 64), (256, 1));
+        // 24 GPUs: 24, 12, 6, then the odd part 3.
+        assert_eq!(divisible_batch(100.0, 24), (96, 24));
+        assert_eq!(divisible_batch(7.0, 24), (7, 1));
+        assert_eq!(divisible_batch(3.0, 24), (3, 1));
+        assert_eq!(divisible_batch(50.0, 24), (48, 24));
+        for (seqs, gpus) in [(0.0, 8), (-5.0, 8), (f64::NAN, 8), (f64::INFINITY, 8), (1e30, 8), (5.0, 0), (2.5, u32::MAX)] {
+            let (gbs, by) = divisible_batch(seqs, gpus);
+            assert!(gbs >= 1 && by >= 1 && gbs % by == 0 && gbs <= 1 << 30, "{seqs} on {gpus}: {gbs}, {by}");
         }
     }
 

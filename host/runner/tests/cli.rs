@@ -3120,3 +3120,14 @@ fn a_json_input_error_names_its_location_once() {
     let (_, err) = text(&o);
     assert!(!o.status.success() && err.contains("c.json: line 1 column 3: missing field `op`; write the file"), "{err}");
 }
+
+/// Log lines written to a file or a pipe carry no colour codes (they were kept raw in a
+/// redirected stderr: `^[[33m WARN^[[0m`).
+#[test]
+fn logs_to_a_pipe_carry_no_colour_codes() {
+    let dir = scratch("log-colour");
+    let o = command(&dir, &["models"]).env("RUST_LOG", "debug").output().expect("runner starts");
+    let (_, err) = text(&o);
+    assert!(o.status.success() && err.contains("DEBUG"), "{err}");
+    assert!(!err.contains('\u{1b}'), "{err:?}");
+}
