@@ -46,6 +46,8 @@ fn main() {
         println!("cargo:rerun-if-changed={}", dir.display());
         crates.extend(discover(&dir, test_program));
     }
+    // The contract's rules build into every plugin (through the SDK), outside plugins/.
+    println!("cargo:rerun-if-changed={}", root.join("host/contract").display());
     // Source the test programs share (`include!`d, not a crate of its own).
     println!("cargo:rerun-if-changed={}", root.join("tests/programs/shared").display());
 

@@ -28,7 +28,7 @@ pub fn billed_seconds(hours: f64, increment_s: u32, minimum_s: u32) -> f64 {
 /// (`Offering`, `Price`, `PurchaseOption`, `QuoteRequest`, `ItemisedQuote`, `QuoteLine`,
 /// `LineCategory`, `ProviderInfo`). Defines `validate_provider`, `validate_offerings`,
 /// `validate_quote`, `check_request`, `find_price`, `nodes_for`, `list_price_floor`,
-/// `option_name` and `term_hours`.
+/// `option_name`, `term_hours` and `hourly_per_node`.
 #[macro_export]
 macro_rules! cost_rules {
     () => {
@@ -81,6 +81,14 @@ macro_rules! cost_rules {
                 | PurchaseOption::ThreeYearAllUpfront => Some($crate::cost::THREE_YEARS_H),
                 _ => None,
             }
+        }
+
+        /// What a price comes to per node-hour: its hourly part plus a committed term's
+        /// upfront payment spread over the term's hours (an option with no term has no
+        /// upfront payment). The price-list checks hold it to the floor and to on-demand,
+        /// and `runner prices` ranks by it.
+        pub fn hourly_per_node(p: &Price) -> f64 {
+            p.usd_per_node_hour + term_hours(p.option).map_or(0.0, |h| p.upfront_usd_per_node / h)
         }
 
         /// Whether the option charges part or all of a term up front.
@@ -155,7 +163,7 @@ macro_rules! cost_rules {
                         .get(&(p.region.as_str(), "on-demand"))
                         .or_else(|| priced.get(&($crate::cost::ANY_REGION, "on-demand")));
                     if let Some(od) = on_demand {
-                        let hourly = p.usd_per_node_hour + term_hours(p.option).map_or(0.0, |h| p.upfront_usd_per_node / h);
+                        let hourly = hourly_per_node(p);
                         if hourly > od.usd_per_node_hour * (1.0 + 1e-9) {
                             return Err(format!(
                                 "instance {name} in {}: {} costs {} USD/node-hour, more than on-demand ({})",
@@ -189,7 +197,7 @@ macro_rules! cost_rules {
             if p.usd_per_node_hour + p.upfront_usd_per_node <= 0.0 {
                 return Err("the price is zero; a free node is a missing price".into());
             }
-            let hourly = p.usd_per_node_hour + term_hours(p.option).map_or(0.0, |h| p.upfront_usd_per_node / h);
+            let hourly = hourly_per_node(p);
             if hourly < $crate::cost::MIN_USD_PER_NODE_HOUR {
                 return Err(format!(
                     "{} USD/node-hour is under a tenth of a cent, less than any GPU node sells for: \

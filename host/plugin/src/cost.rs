@@ -20,8 +20,8 @@ mod rules {
     runner_contract::cost_rules!();
 }
 pub use rules::{
-    PURCHASE_OPTIONS, check_request, find_price, has_upfront, list_price_floor, nodes_for, option_name,
-    parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
+    PURCHASE_OPTIONS, check_request, find_price, has_upfront, hourly_per_node, list_price_floor, nodes_for,
+    option_name, parse_option, term_hours, validate_offerings, validate_provider, validate_quote,
 };
 
 enum Instance {
@@ -237,6 +237,34 @@ mod tests {
         };
         assert_eq!(validate_offerings(&[list(40.0)]), Ok(()));
         refused(&[list(90.0)], "spot costs 90 USD/node-hour, more than on-demand (80)");
+    }
+
+    /// A term's price per node-hour is its hourly part plus its upfront payment spread over
+    /// the term's hours, the one reading the checks against on-demand and the floor and
+    /// `runner prices`' ranking share; an option with no term adds nothing. Kills: the
+    /// upfront part left out, multiplied by the term, or spread over a 1-year term on a
+    /// 3-year option; the on-demand check comparing the hourly part alone.
+    #[test]
+    fn a_terms_hourly_price_spreads_its_upfront_payment_over_the_term() {
+        let term = |option, usd, upfront| price("us-east-1", option, usd, upfront);
+        let one_year = runner_contract::cost::ONE_YEAR_H;
+        assert_eq!(hourly_per_node(&term(PurchaseOption::OneYearPartialUpfront, 5.0, 4.0 * one_year)), 9.0);
+        assert_eq!(hourly_per_node(&term(PurchaseOption::ThreeYearAllUpfront, 0.0, 6.0 * 3.0 * one_year)), 6.0);
+        assert_eq!(hourly_per_node(&term(PurchaseOption::Spot, 3.0, 0.0)), 3.0);
+        assert_eq!(hourly_per_node(&term(PurchaseOption::OneYearNoUpfront, 7.0, 0.0)), 7.0);
+
+        // 5 an hour plus 4 an hour paid up front is dearer than on-demand at 8; plus 2, not.
+        let list = |upfront| {
+            offering(
+                "p5",
+                vec![
+                    price("us-east-1", PurchaseOption::OnDemand, 8.0, 0.0),
+                    term(PurchaseOption::OneYearPartialUpfront, 5.0, upfront * one_year),
+                ],
+            )
+        };
+        assert_eq!(validate_offerings(&[list(2.0)]), Ok(()));
+        refused(&[list(4.0)], "1y-partial-upfront costs 9 USD/node-hour, more than on-demand (8)");
     }
 
     fn line(category: LineCategory, amount: f64) -> QuoteLine {

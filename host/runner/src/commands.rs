@@ -498,7 +498,7 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     format!("{}", o.interconnect_gbps),
                     o.prices.len().to_string(),
                     o.prices.first().map_or(String::new(), |p| {
-                        format!("{} s, min {} s", p.billing_increment_s, p.minimum_charge_s)
+                        runner::prices::billing(p.billing_increment_s, p.minimum_charge_s)
                     }),
                     o.prices
                         .first()
@@ -506,7 +506,7 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                 ]);
             }
             // The CSV: a row per offering under the JSON's names, the first price's billing
-            // as its two numbers (the table's "60 s, min 60 s").
+            // as its two numbers (the table's "1 s, min 1 min").
             let rows: Vec<report::Record> = offerings
                 .iter()
                 .map(|o| {

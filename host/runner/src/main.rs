@@ -97,19 +97,8 @@ pub struct QuickRun {
     /// Global batch in sequences (default: the variant's published rule; outside its GPU range, scaled per GPU up to the job's compute-optimal batch)
     #[arg(long)]
     pub gbs: Option<u32>,
-    /// Cost plugins to price with, comma-separated or repeated (default: every installed cloud)
-    #[arg(long = "cloud", value_delimiter = ',')]
-    pub clouds: Vec<String>,
-    /// Your own prices: a CSV in SkyPilot's catalog shape (InstanceType, AcceleratorName,
-    /// AcceleratorCount, Region, Price, SpotPrice; EffectiveDate, Source, ... optional)
-    #[arg(long, value_name = "FILE")]
-    pub price_file: Option<PathBuf>,
-    /// Purchase option: on-demand, spot, reserved-1y, reserved-3y, capacity-block, ...
-    #[arg(long)]
-    pub option: Option<String>,
-    /// Only this region (default: each cloud's cheapest)
-    #[arg(long)]
-    pub region: Option<String>,
+    #[command(flatten)]
+    pub cloud: CloudArgs,
     /// Tokens to train, e.g. 15T, 300B or 1.5e12 (default: the variant's)
     #[arg(long, allow_negative_numbers = true, value_parser = runner::input::quantity)]
     pub tokens: Option<f64>,
@@ -171,6 +160,50 @@ pub struct QuickRun {
     /// layouts projected keep choosing their own; `[layout] recompute` in a run file fixes it
     #[arg(long, value_parser = ["none", "selective", "full"])]
     pub recompute: Option<String>,
+}
+
+/// Where the prices come from, as explore, run and prices take it: the cost plugins, a price
+/// file of the user's own, the purchase option and the region. Nothing here has a default
+/// of its own: each command reads the flags over its own (explore and run over the run
+/// file's `[cost]`, prices over on-demand in every region), so `--help` says each one's.
+#[derive(Args, Debug, Clone, Default)]
+pub struct CloudArgs {
+    /// Cost plugins to price with, comma-separated or repeated (default: every installed cloud)
+    #[arg(long = "cloud", value_delimiter = ',')]
+    pub clouds: Vec<String>,
+    /// Your own prices, beside the clouds': a CSV in SkyPilot's catalog shape (InstanceType,
+    /// AcceleratorName, AcceleratorCount, Region, Price, SpotPrice; EffectiveDate, Source,
+    /// ... optional)
+    #[arg(long, value_name = "FILE")]
+    pub price_file: Option<PathBuf>,
+    /// Purchase option: on-demand, spot, reserved-1y, reserved-3y, capacity-block, ...
+    #[arg(long)]
+    pub option: Option<String>,
+    /// Only this region (default: each cloud's cheapest)
+    #[arg(long)]
+    pub region: Option<String>,
+}
+
+impl CloudArgs {
+    /// The flags given, over `cost` (what the command reads when a flag is not given).
+    ///
+    /// # Errors
+    /// A price file whose path is not UTF-8.
+    pub fn apply(&self, cost: &mut runner::runfile::CostSection) -> anyhow::Result<()> {
+        if !self.clouds.is_empty() {
+            cost.plugins = self.clouds.clone();
+        }
+        if let Some(f) = &self.price_file {
+            cost.price_file = Some(commands::explore::utf8_path("--price-file", f)?.to_string());
+        }
+        if let Some(o) = &self.option {
+            cost.option = o.clone();
+        }
+        if let Some(r) = &self.region {
+            cost.region = r.clone();
+        }
+        Ok(())
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -917,6 +950,49 @@ mod tests {
         assert_eq!(gpu_count("1048577").unwrap_err(), "1048577 GPUs: a GPU count must be in 1..=1048576");
         assert_eq!(gpu_count("99999999999").unwrap_err(), "99999999999 GPUs: a GPU count must be in 1..=1048576");
         assert_eq!(gpu_count("0").unwrap_err(), "0 GPUs: a GPU count must be in 1..=1048576");
+    }
+
+    /// explore, run and prices declare the cloud flags once and read them alike, each over
+    /// its own default: a run file's `[cost]` stays where a flag is not given, and prices
+    /// starts from on-demand; each command's `--help` says its own option (only prices
+    /// takes `all`). Kills: a clap default on the shared `--option` (it would override a
+    /// run file's), a flag left out of `apply`, the prices help override dropped.
+    #[test]
+    fn the_cloud_flags_are_one_declaration_read_over_each_commands_default() {
+        use super::{CloudArgs, Command};
+        use clap::Parser;
+        let cloud = |args: &[&str]| -> CloudArgs {
+            match super::Cli::try_parse_from(args).unwrap().command {
+                Some(Command::Explore { run } | Command::Run { run, .. }) => run.cloud,
+                Some(Command::Prices(p)) => p.cloud,
+                _ => unreachable!("{args:?}"),
+            }
+        };
+        let flags = ["--cloud", "aws,gcp", "--price-file", "ours.csv", "--option", "spot", "--region", "us-east-1"];
+        let mut file = runner::runfile::CostSection { option: "1y-no-upfront".into(), region: "eu-west-1".into(), ..Default::default() };
+        cloud(&["runner", "run", "f.toml"]).apply(&mut file).unwrap();
+        assert_eq!((file.option.as_str(), file.region.as_str(), file.plugins.len(), file.price_file.as_deref()), ("1y-no-upfront", "eu-west-1", 0, None));
+        for command in [&["runner", "explore"][..], &["runner", "run", "f.toml"], &["runner", "prices"]] {
+            let given = cloud(&[command, &flags[..]].concat());
+            let mut cost = runner::runfile::CostSection::default();
+            given.apply(&mut cost).unwrap();
+            assert_eq!(
+                (cost.plugins.join(","), cost.price_file.as_deref(), cost.option.as_str(), cost.region.as_str()),
+                ("aws,gcp".to_string(), Some("ours.csv"), "spot", "us-east-1"),
+                "{command:?}"
+            );
+        }
+        let mut listing = runner::runfile::CostSection::default();
+        cloud(&["runner", "prices"]).apply(&mut listing).unwrap();
+        assert_eq!((listing.option.as_str(), listing.region.as_str()), ("on-demand", ""));
+
+        let help = |sub: &str| {
+            let cmd = <super::Cli as clap::CommandFactory>::command();
+            let sub = cmd.find_subcommand(sub).unwrap().clone();
+            sub.get_arguments().find(|a| a.get_id() == "option").and_then(|a| a.get_help()).map(ToString::to_string).unwrap()
+        };
+        assert!(help("prices").ends_with("..., or all") && help("prices").contains("on-demand (the default)"), "{}", help("prices"));
+        assert!(!help("explore").contains("all"), "{}", help("explore"));
     }
 
     /// A flag whose help says its default in words ("default: the variant's") shows no

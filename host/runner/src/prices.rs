@@ -9,7 +9,7 @@
 use serde::Serialize;
 
 use crate::plugin::PluginInfo;
-use crate::plugin::cost::{Offering, Price, PurchaseOption};
+use crate::plugin::cost::{Offering, Price, PurchaseOption, hourly_per_node};
 use crate::pricing;
 use runner_project::profile::GpuProfile;
 
@@ -68,12 +68,6 @@ pub struct GpuSummary {
     /// Indexes into the listing (clean prices first, as the quotes choose them).
     pub cheapest: usize,
     pub dearest: usize,
-}
-
-/// Per node-hour, a committed term's upfront payment spread over the term (the contract's
-/// own reading of a term's hourly price, `term_hours`, as its offering checks use it).
-fn hourly_per_node(p: &Price) -> f64 {
-    p.usd_per_node_hour + crate::plugin::cost::term_hours(p.option).map_or(0.0, |h| p.upfront_usd_per_node / h)
 }
 
 /// The prices of `gpus` on `clouds` for `option` (`None`: every option) in `region`
@@ -161,7 +155,8 @@ pub fn summarise(listed: &[ListedPrice]) -> Vec<GpuSummary> {
     out
 }
 
-/// A billing rule in words: "1 s", "1 h, min 1 h", "whole terms of 8760 h".
+/// A billing rule in words, as `runner prices` and `runner plugins inspect` print it: "1 s",
+/// "1 s, min 1 min", "1 h, min 24 h", "8760 h" (a term billed whole).
 pub fn billing(increment_s: u32, minimum_s: u32) -> String {
     let span = |s: u32| match s {
         s if s >= 3600 && s % 3600 == 0 => format!("{} h", s / 3600),
@@ -274,6 +269,7 @@ mod tests {
     fn billing_rules_read_in_their_units() {
         assert_eq!(billing(1, 0), "1 s");
         assert_eq!(billing(60, 60), "1 min");
+        assert_eq!(billing(1, 60), "1 s, min 1 min");
         assert_eq!(billing(3600, 86400), "1 h, min 24 h");
         assert_eq!(billing(8760 * 3600, 8760 * 3600), "8760 h");
     }

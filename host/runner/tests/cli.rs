@@ -2965,7 +2965,7 @@ fn a_models_layouts_csv_is_the_json_layouts() {
 }
 
 /// `plugins inspect --format csv`: a workload's variants and a cost plugin's offerings
-/// under the JSON's names, figures bare (the table's "8e top-2", "60 s, min 60 s").
+/// under the JSON's names, figures bare (the table's "8e top-2", "1 s, min 1 min").
 #[test]
 fn plugins_inspect_csv_is_the_json_figures() {
     let dir = scratch("inspect-csv");
@@ -2993,6 +2993,19 @@ fn plugins_inspect_csv_is_the_json_figures() {
         assert!(same(figure(&header, r, "interconnect_gbps"), o["interconnect_gbps"].as_f64().unwrap()), "{out}");
         assert!(same(figure(&header, r, "minimum_charge_s"), o["prices"][0]["minimum_charge_s"].as_f64().unwrap()), "{out}");
     }
+    // The table words each offering's billing as `runner prices` does (AWS: per second, a
+    // minute's minimum), not as its two raw numbers.
+    let o = runner(&dir, &["plugins", "inspect", "aws"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let table = text(&o).0;
+    for o in offerings {
+        let p = &o["prices"][0];
+        let words = runner::prices::billing(p["billing_increment_s"].as_u64().unwrap() as u32, p["minimum_charge_s"].as_u64().unwrap() as u32);
+        let row = table.lines().find(|l| l.starts_with(&format!("{} ", o["instance"].as_str().unwrap()))).unwrap_or_else(|| panic!("{o}: {table}"));
+        // The last column (the date) may be empty, and the table trims what trails.
+        assert!(format!("{row}  ").contains(&format!("  {words}  ")), "{words:?} not in {row:?}");
+    }
+    assert!(table.lines().any(|l| l.starts_with("p5.48xlarge ") && l.contains("  1 s, min 1 min  ")), "{table}");
 }
 
 /// `validate --format csv`: a row per projected point under the JSON's names (`checked`),

@@ -52,18 +52,7 @@ fn apply_overrides(run: &mut RunFile, quick: &QuickRun, global: &Global) -> Resu
     if quick.gbs.is_some() {
         run.cluster.gbs = quick.gbs;
     }
-    if !quick.clouds.is_empty() {
-        run.cost.plugins = quick.clouds.clone();
-    }
-    if let Some(f) = &quick.price_file {
-        run.cost.price_file = Some(utf8_path("--price-file", f)?.to_string());
-    }
-    if let Some(o) = &quick.option {
-        run.cost.option = o.clone();
-    }
-    if let Some(r) = &quick.region {
-        run.cost.region = r.clone();
-    }
+    quick.cloud.apply(&mut run.cost)?;
     if quick.tokens.is_some() {
         run.model.tokens = quick.tokens;
     }
@@ -505,6 +494,7 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::CloudArgs;
 
     fn global() -> Global {
         Global { quiet: true, no_history: true, ..Default::default() }
@@ -582,9 +572,7 @@ mod tests {
             max_usd_per_day_saved: Some(42.0),
             repeats: Some(5),
             recompute: Some("full".into()),
-            region: Some("us-east-1".into()),
-            option: Some("spot".into()),
-            clouds: vec!["aws".into()],
+            cloud: CloudArgs { region: Some("us-east-1".into()), option: Some("spot".into()), clouds: vec!["aws".into()], price_file: None },
             ..QuickRun::default()
         };
         run.explore.target_days = None;

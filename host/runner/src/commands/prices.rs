@@ -1,8 +1,6 @@
 //! `runner prices`: the list prices behind every quote, per GPU-hour across the clouds,
 //! cheapest first (SkyPilot's `sky show-gpus`, with each price's source and date).
 
-use std::path::PathBuf;
-
 use anyhow::Result;
 use clap::Args;
 use serde::Serialize;
@@ -11,29 +9,21 @@ use runner::prices::{self, GpuSummary, ListedPrice, Seller};
 use runner::report::{self, Table};
 use runner::runfile::CostSection;
 
-use crate::Global;
 use crate::commands::emit_csv;
-use crate::commands::explore::utf8_path;
+use crate::{CloudArgs, Global};
 
 /// What `runner prices` lists.
+// The option's default is on-demand here and the run file's in explore, and only a listing
+// takes `all`: its help is its own, the default applied in `prices` (not by clap).
 #[derive(Args, Debug, Clone)]
+#[command(mut_arg("option", |a| a.help("Purchase option: on-demand (the default), spot, capacity-block, 1y-no-upfront, ..., or all")))]
 pub struct PricesArgs {
     /// GPU types, comma-separated: every price of each, cheapest first (default: a
     /// summary of every GPU type a cloud sells)
     #[arg(long, value_delimiter = ',')]
     pub gpu: Vec<String>,
-    /// Purchase option: on-demand, spot, capacity-block, 1y-no-upfront, ..., or all
-    #[arg(long, default_value = "on-demand")]
-    pub option: String,
-    /// Only this region
-    #[arg(long)]
-    pub region: Option<String>,
-    /// Cost plugins, comma-separated or repeated (default: every installed cloud)
-    #[arg(long = "cloud", value_delimiter = ',')]
-    pub clouds: Vec<String>,
-    /// Your own prices: a CSV in SkyPilot's catalog shape, listed beside the clouds
-    #[arg(long, value_name = "FILE")]
-    pub price_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub cloud: CloudArgs,
 }
 
 #[derive(Serialize)]
@@ -61,15 +51,12 @@ struct SummaryRow<'a> {
 /// cannot be used, or a region no cloud sells in.
 pub fn prices(args: &PricesArgs, global: &Global) -> Result<()> {
     let profiles = runner::project::profiles(global.profile.as_deref())?;
-    let option = match args.option.as_str() {
+    // On-demand in every region unless the flags say otherwise.
+    let mut cost = CostSection::default();
+    args.cloud.apply(&mut cost)?;
+    let option = match cost.option.as_str() {
         "all" => None,
         o => Some(runner::runfile::parse_option(o).map_err(|e| anyhow::anyhow!("{}, or all", e.replacen("[cost] option", "--option", 1)))?),
-    };
-    let cost = CostSection {
-        plugins: args.clouds.clone(),
-        region: args.region.clone().unwrap_or_default(),
-        option: args.option.clone(),
-        price_file: args.price_file.as_deref().map(|p| utf8_path("--price-file", p).map(str::to_string)).transpose()?,
     };
     let mut notes = Vec::new();
     // Loading takes well under a second from the compile cache: no progress to show.
@@ -95,7 +82,7 @@ pub fn prices(args: &PricesArgs, global: &Global) -> Result<()> {
         notes.push(format!(
             "no cloud here lists {} {}{}: a price file of your own (--price-file) can",
             unsold.join(", "),
-            if option.is_some() { args.option.as_str() } else { "at any option" },
+            if option.is_some() { cost.option.as_str() } else { "at any option" },
             if cost.region.is_empty() { String::new() } else { format!(" in {}", cost.region) }
         ));
     }
@@ -107,9 +94,9 @@ pub fn prices(args: &PricesArgs, global: &Global) -> Result<()> {
     );
     let summary = prices::summarise(&listed);
     let detailed = !args.gpu.is_empty();
-    let table = if detailed { detail_table(&listed, &args.option, &notes) } else { summary_table(&listed, &summary, &args.option, &notes) };
+    let table = if detailed { detail_table(&listed, &cost.option, &notes) } else { summary_table(&listed, &summary, &cost.option, &notes) };
     let value = Listing {
-        option: &args.option,
+        option: &cost.option,
         region: &cost.region,
         summary: summary.iter().map(|s| summary_row(&listed, s)).collect(),
         prices: &listed,
