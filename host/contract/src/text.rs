@@ -24,9 +24,8 @@ pub fn is_unsafe(c: char) -> bool {
 /// Harmless to a terminal, but text holding one reads as other text: a name as a known
 /// name, a log line hiding what it says (the marks also move neutral characters; Boucher
 /// and Anderson, "Trojan Source: Invisible Vulnerabilities", arXiv:2111.00169,
-/// CVE-2021-42574). Not
-/// [`is_unsafe`]: a ZWJ joins emoji and a ZWNJ spells Persian, so text holding one is not
-/// refused; it is shown escaped.
+/// CVE-2021-42574). Not [`is_unsafe`]: a ZWJ joins emoji and a ZWNJ spells Persian, so
+/// text holding one is not refused; it is shown escaped.
 pub fn is_invisible(c: char) -> bool {
     matches!(c, '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
 }
