@@ -50,6 +50,9 @@ fn main() {
     println!("cargo:rerun-if-changed={}", root.join("host/contract").display());
     // Source the test programs share (`include!`d, not a crate of its own).
     println!("cargo:rerun-if-changed={}", root.join("tests/programs/shared").display());
+    // The SDK links the contract's rules (its escape among them) into every plugin: a
+    // change there alone left the embedded plugins built from the old rules.
+    println!("cargo:rerun-if-changed={}", root.join("host/contract/src").display());
 
     let target_dir = out_dir.join("wasm-target");
     let mut kinds: Vec<(String, bool)> = crates

@@ -5,6 +5,8 @@
 //!
 //! "Printable" excludes every Unicode control character (ESC starts terminal sequences, CR
 //! and LF forge lines) and the bidirectional overrides that reorder what a reader sees.
+//! [`escape`] also writes the characters that show as nothing ([`is_invisible`]), which
+//! names and free text may hold.
 
 /// Longest name, and longest free text, in bytes.
 pub const MAX_NAME: usize = 256;
@@ -15,8 +17,27 @@ pub fn is_unsafe(c: char) -> bool {
     c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-/// `s` with every unsafe character written as a visible escape (`\n`, `\u{1b}`) and cut to
-/// `max` bytes (on a character boundary) with the number of bytes left out.
+/// Characters that show as nothing: the zero-width space, non-joiner and joiner
+/// (U+200B..U+200D), the bidirectional marks (LRM and RLM U+200E..U+200F, the Arabic letter
+/// mark U+061C), the word joiner and invisible operators (U+2060..U+2064), a BOM inside
+/// text (U+FEFF), the soft hyphen (U+00AD) and the Mongolian vowel separator (U+180E).
+/// Harmless to a terminal, but text holding one reads as other text: a name as a known
+/// name, a log line hiding what it says (the marks also move neutral characters; Boucher
+/// and Anderson, "Trojan Source: Invisible Vulnerabilities", arXiv:2111.00169,
+/// CVE-2021-42574). Not [`is_unsafe`]: a ZWJ joins emoji and a ZWNJ spells Persian, so
+/// text holding one is not refused; it is shown escaped.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c, '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
+}
+
+/// Whether [`escape`] writes `c` as an escape: [`is_unsafe`] or [`is_invisible`].
+pub fn is_escaped(c: char) -> bool {
+    is_unsafe(c) || is_invisible(c)
+}
+
+/// `s` with every unsafe or invisible character ([`is_escaped`]) written as a visible
+/// escape (`\n`, `\u{1b}`, `\u{200b}`) and cut to `max` bytes (on a character boundary)
+/// with the number of bytes left out.
 pub fn escape(s: &str, max: usize) -> String {
     let mut out = String::with_capacity(s.len().min(max) + 16);
     for (i, c) in s.char_indices() {
@@ -28,7 +49,7 @@ pub fn escape(s: &str, max: usize) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if is_unsafe(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c if is_escaped(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
             c => out.push(c),
         }
     }
@@ -229,6 +250,25 @@ mod tests {
         }
         assert_eq!(escape("a\u{2067}b", 100), "a\\u{2067}b");
         assert!(!is_unsafe('\u{2065}') && !is_unsafe('\u{202f}'));
+    }
+
+    /// Each class of character that shows as nothing is escaped, at both ends of its range
+    /// (zero-width space and joiners, the bidi marks, the word joiner and invisible
+    /// operators, the BOM, the soft hyphen and the Mongolian vowel separator), beside the
+    /// control characters and bidi overrides, in the same notation; its neighbours are not;
+    /// names and free text holding one still pass (a ZWJ joins emoji).
+    #[test]
+    fn invisible_characters_are_escaped_not_refused() {
+        for c in ['\u{200b}', '\u{200c}', '\u{200d}', '\u{200e}', '\u{200f}', '\u{61c}', '\u{2060}', '\u{2064}', '\u{feff}', '\u{ad}', '\u{180e}'] {
+            assert!(is_invisible(c) && is_escaped(c) && !is_unsafe(c), "{c:?}");
+            assert_eq!(escape(&format!("a{c}b"), 100), format!("a\\u{{{:x}}}b", c as u32), "{c:?}");
+            assert!(name("region", &format!("us{c}east")).is_ok(), "{c:?}");
+        }
+        assert_eq!(escape("ab\u{200b}\u{202e}\u{1b}c", 100), "ab\\u{200b}\\u{202e}\\u{1b}c");
+        for c in ['\u{200a}', '\u{2010}', '\u{2065}', '\u{fefe}', '\u{fe0f}', 'é'] {
+            assert!(!is_escaped(c), "{c:?}");
+            assert_eq!(escape(&format!("a{c}b"), 100), format!("a{c}b"), "{c:?}");
+        }
     }
 }
 

@@ -438,11 +438,14 @@ mod tests {
     }
 
     /// A plugin's log lines are escaped, cut, and counted: the first MAX_LOG_LINES of a call
-    /// are kept, the rest dropped (no test looked at what reaches the log before).
+    /// are kept, the rest dropped (no test looked at what reaches the log before). What
+    /// shows as nothing is escaped too: a zero-width space, an RLM and a BOM reached the log
+    /// raw.
     #[test]
     fn log_lines_are_escaped_cut_and_capped_per_call() {
         let mut logged = 0;
         assert_eq!(admit_log_line(&mut logged, "a\u{1b}[2J\nforged").as_deref(), Some("a\\u{1b}[2J\\nforged"));
+        assert_eq!(admit_log_line(&mut 0, "ok\u{200b}\u{200f}\u{feff}").as_deref(), Some("ok\\u{200b}\\u{200f}\\u{feff}"));
         let long = admit_log_line(&mut logged, &"x".repeat(MAX_LOG_LINE + 10)).unwrap();
         assert!(long.starts_with(&"x".repeat(MAX_LOG_LINE)) && long.ends_with(" [10 more bytes]"), "{}", &long[MAX_LOG_LINE..]);
         for _ in 2..MAX_LOG_LINES {

@@ -764,7 +764,7 @@ fn parse_args(args: Vec<std::ffi::OsString>) -> clap::ArgMatches {
 /// escaped value parsed), the original is printed without styling, what control
 /// characters are left escaped.
 fn shown_parse_error(e: clap::Error, args: &[std::ffi::OsString]) -> clap::Error {
-    let has_sequences = |a: &std::ffi::OsString| a.to_string_lossy().chars().any(runner_contract::text::is_unsafe);
+    let has_sequences = |a: &std::ffi::OsString| a.to_string_lossy().chars().any(runner_contract::text::is_escaped);
     if !args.iter().any(has_sequences) {
         return e;
     }

@@ -400,35 +400,19 @@ pub fn fit_end(s: &str, cols: usize) -> &str {
     s
 }
 
-/// Characters that show as nothing (zero-width spaces and joiners, the bidirectional
-/// marks, the word joiner, a BOM inside text, the soft hyphen). Harmless to a terminal,
-/// but a name holding one reads as another: `--model` "llama3.1-8b" with a zero-width
-/// space in it was refused as unknown beside the same-looking known name.
-pub fn is_invisible(c: char) -> bool {
-    matches!(c, '\u{ad}' | '\u{61c}' | '\u{180e}' | '\u{200b}'..='\u{200f}' | '\u{2060}'..='\u{2064}' | '\u{feff}')
-}
-
 /// `s` with every character that changes how a terminal shows text (ESC, CR, BEL, the
-/// bidirectional overrides, ...) or shows as nothing ([`is_invisible`]) written as a
-/// visible escape (`\u{1b}`, `\u{200b}`); line breaks kept.
+/// bidirectional overrides, ...) or shows as nothing (a zero-width space, a BOM: the
+/// contract's `is_invisible`; `--model` "llama3.1-8b" with a zero-width space in it was
+/// refused as unknown beside the same-looking known name) written as a visible escape
+/// (`\u{1b}`, `\u{200b}`); line breaks kept. The contract's [`escape`] is the one rule, so
+/// what a plugin logs reads as this does.
+///
+/// [`escape`]: runner_contract::text::escape
 pub fn visible(s: &str) -> String {
-    if !s.chars().any(|c| c != '\n' && (runner_contract::text::is_unsafe(c) || is_invisible(c))) {
+    if !s.chars().any(|c| c != '\n' && runner_contract::text::is_escaped(c)) {
         return s.to_string();
     }
-    // The contract's escape (which plugins share) leaves the invisible ones; escaped here,
-    // in its notation.
-    let line = |line: &str| {
-        let mut out = String::new();
-        for c in runner_contract::text::escape(line, usize::MAX).chars() {
-            if is_invisible(c) {
-                let _ = write!(out, "\\u{{{:x}}}", c as u32);
-            } else {
-                out.push(c);
-            }
-        }
-        out
-    };
-    s.split('\n').map(line).collect::<Vec<_>>().join("\n")
+    s.split('\n').map(|line| runner_contract::text::escape(line, usize::MAX)).collect::<Vec<_>>().join("\n")
 }
 
 /// Text escaped for HTML, in an element or an attribute of either quote; control

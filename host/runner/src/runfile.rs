@@ -554,9 +554,9 @@ fn quote(text: &str, span: std::ops::Range<usize>) -> String {
     // just after the line.
     let (from, to) = (start - line_start, boundary(span.end).saturating_sub(line_start));
     // Each character as shown, and the columns it takes.
-    let shown = |c: char| if runner_contract::text::is_unsafe(c) { runner_contract::text::escape(c.encode_utf8(&mut [0; 4]), usize::MAX) } else { c.to_string() };
+    let shown = |c: char| if runner_contract::text::is_escaped(c) { runner_contract::text::escape(c.encode_utf8(&mut [0; 4]), usize::MAX) } else { c.to_string() };
     // A wide character (CJK, most emoji) takes two columns, a combining mark none.
-    let width = |c: char| if runner_contract::text::is_unsafe(c) { shown(c).len() } else { crate::report::char_columns(c) };
+    let width = |c: char| if runner_contract::text::is_escaped(c) { shown(c).len() } else { crate::report::char_columns(c) };
     // An empty span (TOML's, at a character it refuses) underlines that one character.
     let (mut caret, mut caret_end, mut total, mut first_width) = (None, None, 0, 1);
     for (i, c) in line.char_indices() {
@@ -1351,12 +1351,18 @@ mod tests {
 
     /// The line a refused value is on is shown with its bidi overrides escaped (TOML takes
     /// them raw in a string), so the snippet cannot reorder what the terminal shows; the
-    /// rest of the message is escaped where it is printed.
+    /// rest of the message is escaped where it is printed. A zero-width space is escaped
+    /// in the snippet too, the carets under the escape (it was left raw, and escaped only
+    /// where printed, eight columns the carets did not count).
     #[test]
     fn a_refused_line_shows_bidi_controls_escaped() {
         let e = parse("[model]\nplugin = \"x\"\n[cost]\noption = \"\u{202e}spot\"\n", "t.toml").unwrap_err();
         let shown = e.lines().find(|l| l.starts_with("4 | ")).unwrap_or_default();
         assert_eq!(shown, "4 | option = \"\\u{202e}spot\"", "{e}");
+        let e = parse("[model]\nplugin = \"x\"\n[cost]\noption = \"\u{200b}spot\"\n", "t.toml").unwrap_err();
+        let mut lines = e.lines().skip_while(|l| !l.starts_with("4 | "));
+        assert_eq!(lines.next(), Some("4 | option = \"\\u{200b}spot\""), "{e}");
+        assert_eq!(lines.next(), Some("  |          ^^^^^^^^^^^^^^"), "{e}");
     }
 
     /// A plugin the file names is checked while the run keeps it: the file's precision

@@ -575,7 +575,8 @@ fn a_repeated_gpu_count_is_refused_everywhere() {
 
 /// A value clap refuses is echoed with its terminal sequences escaped, as the run's own
 /// errors echo it: clap printed it as typed (run by a terminal) or, on a pipe, stripped
-/// it, so `show $'1\e[31m'` read as "invalid value '1'".
+/// it, so `show $'1\e[31m'` read as "invalid value '1'". A zero-width space or a bidi mark
+/// alone is echoed escaped too (it was left as typed, the value reading as a valid one).
 #[test]
 fn a_refused_argument_echoes_its_escape_sequences_visibly() {
     let dir = scratch("clap-escape");
@@ -583,10 +584,15 @@ fn a_refused_argument_echoes_its_escape_sequences_visibly() {
         (&["show", "1\u{1b}[31m"][..], "invalid value '1\\u{1b}[31m' for '<ID>'"),
         (&["project", "--model", "llama3-tiny", "--gpus", "8\u{1b}[2J"], "'8\\u{1b}[2J' is not a GPU count"),
         (&["explore", "--tokens", "x\u{9b}31m"], "'x\\u{9b}31m' is not a number"),
+        (&["project", "--model", "llama3-tiny", "--gpus", "8\u{200b}"], "'8\\u{200b}' is not a GPU count"),
+        (&["explore", "--tokens", "1e9\u{200f}"], "'1e9\\u{200f}' is not a number"),
     ] {
         let o = runner(&dir, args);
         let err = text(&o).1;
-        assert!(o.status.code() == Some(2) && err.contains(want) && !err.contains(['\u{1b}', '\u{9b}']), "{args:?}: {err}");
+        assert!(
+            o.status.code() == Some(2) && err.contains(want) && !err.contains(['\u{1b}', '\u{9b}', '\u{200b}', '\u{200f}']),
+            "{args:?}: {err}"
+        );
     }
 }
 
@@ -2353,14 +2359,15 @@ fn show_renders_failed_and_odd_runs_in_the_format_asked_for() {
     assert!(!o.status.success() && text(&o).1.contains("has no outcome"), "{}", text(&o).1);
     assert!(!dir.join("four.json").exists());
     // A history handed over may carry terminal sequences in its renderings: reprinted
-    // escaped (raw before), the JSON's as \u escapes of the same strings.
-    insert("done", r#"{"renderings": {"table": "t\u001b[2J\n", "json": "{\"a\": \"\u001b[2J\u202e\"}"}}"#);
+    // escaped (raw before), the JSON's as \u escapes of the same strings, a zero-width
+    // space's too.
+    insert("done", r#"{"renderings": {"table": "t\u001b[2J\n", "json": "{\"a\": \"\u001b[2J\u202e\u200b\"}"}}"#);
     let o = show(&["5"]);
     assert_eq!(text(&o).0, "t\\u{1b}[2J\n");
     let o = show(&["5", "--format", "json"]);
     let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap_or_else(|e| panic!("{e}: {:?}", text(&o).0));
-    assert_eq!(v["a"], "\u{1b}[2J\u{202e}");
-    assert!(!text(&o).0.contains(['\u{1b}', '\u{202e}']), "{:?}", text(&o).0);
+    assert_eq!(v["a"], "\u{1b}[2J\u{202e}\u{200b}");
+    assert!(!text(&o).0.contains(['\u{1b}', '\u{202e}', '\u{200b}']), "{:?}", text(&o).0);
 }
 
 /// `history --limit 0` is refused (it said "no runs yet"); a missing id names the ids

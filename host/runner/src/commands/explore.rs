@@ -423,13 +423,14 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
 /// A stored rendering as it is reprinted. One the runner kept holds no character that
 /// moves a terminal (its text was escaped as it was rendered), so it comes back byte for
 /// byte; but a history is a file one may be handed (`--history` on a teammate's), and
-/// such characters in it reached the terminal raw. In JSON they become \u escapes, the
-/// same strings.
+/// such characters in it reached the terminal raw. In JSON they, and those that show as
+/// nothing (the contract's `is_escaped`, the rule every escape follows), become \u
+/// escapes, the same strings.
 fn defused(format: OutputFormat, text: &str) -> String {
     match format {
         OutputFormat::Json => text
             .chars()
-            .map(|c| if c != '\n' && runner_contract::text::is_unsafe(c) { format!("\\u{:04x}", u32::from(c)) } else { c.to_string() })
+            .map(|c| if c != '\n' && runner_contract::text::is_escaped(c) { format!("\\u{:04x}", u32::from(c)) } else { c.to_string() })
             .collect(),
         _ => report::visible(text),
     }

@@ -278,6 +278,28 @@ fn plan_role(i: usize, sites: &[(i32, u8)]) -> &'static str {
     }
 }
 
+/// A layer as an alert names it. Layer -1 holds what lies outside the transformer layers
+/// (wit/workload.wit: "-1 for embedding, head and loss"; `runner train` puts there the
+/// embedding, the final norm and the head, as GEMM site and gradient norm): an alert
+/// said "layers [-1, 0, ...]", which reads as a bug, so it is named in words.
+fn layer_name(l: i32) -> String {
+    if l < 0 { "the embedding/head".to_string() } else { format!("layer {l}") }
+}
+
+/// Layers as an alert lists them: "layers [0, 2]", "the embedding/head", or "the
+/// embedding/head and layers [0, 2]" ([`layer_name`]).
+fn layers_named(layers: &[i32]) -> String {
+    let inside: Vec<i32> = layers.iter().copied().filter(|l| *l >= 0).collect();
+    let outside = (layers.len() > inside.len()).then(|| layer_name(-1));
+    let inside = (!inside.is_empty()).then(|| format!("layers {inside:?}"));
+    match (outside, inside) {
+        (Some(o), Some(i)) => format!("{o} and {i}"),
+        (Some(o), None) => o,
+        (None, Some(i)) => i,
+        (None, None) => String::new(),
+    }
+}
+
 fn layer_selector(layers: Vec<i32>) -> SiteSelector {
     SiteSelector { layers, names: Vec::new(), roles: Vec::new() }
 }
@@ -315,8 +337,9 @@ impl Step<'_> {
         if l.scope == 0 && demoted + 1 > budget {
             self.skip = true;
             self.alert(format!(
-                "step {step}: layer {layer} ({why}) stays in low precision: {demoted} of {} low-precision layers are \
+                "step {step}: {} ({why}) stays in low precision: {demoted} of {} low-precision layers are \
                  in BF16 already, the most this policy allows ({:.0}%); step skipped instead",
+                layer_name(layer),
                 self.mem.layers.len(),
                 100.0 * self.rules.max_bf16_share
             ));
@@ -338,7 +361,7 @@ impl Step<'_> {
             FallbackScope::BackwardOnly => "backward only",
             FallbackScope::WeightGradientOnly => "weight gradient only",
         };
-        self.alert(format!("step {step}: layer {layer} falls back to BF16 ({scope}): {why}; {after}"));
+        self.alert(format!("step {step}: {} falls back to BF16 ({scope}): {why}; {after}", layer_name(layer)));
     }
 }
 
@@ -388,7 +411,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
         {
             s.demote(l, FallbackScope::AllGemms, "non-finite values start in its GEMM operands");
         }
-        let where_ = if bad_layers.is_empty() { String::new() } else { format!(" (layers {bad_layers:?})") };
+        let where_ = if bad_layers.is_empty() { String::new() } else { format!(" ({})", layers_named(&bad_layers)) };
         s.alert(format!("step {step}: non-finite loss or gradients{where_}; step skipped"));
         let mut actions = std::mem::take(&mut s.actions);
         actions.insert(0, Action::SkipStep);
@@ -450,7 +473,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
             s.demote(l, FallbackScope::AllGemms, &format!("a second amax jump (x{ratio:.0})"));
         } else {
             s.actions.push(Action::ResetAmax(layer_selector(vec![l])));
-            s.alert(format!("step {step}: amax jump x{ratio:.0} in layer {l} ({what}); step skipped, its amax history reset"));
+            s.alert(format!("step {step}: amax jump x{ratio:.0} in {} ({what}); step skipped, its amax history reset", layer_name(l)));
         }
     }
     saturated.sort_by_key(|x| x.0);
@@ -475,8 +498,10 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
                 amax_history: 0,
             }));
             s.alert(format!(
-                "step {step}: saturation above {} in layer {l} for {} steps; delayed -> current scaling, margin 1",
-                rules.saturation_rate, rules.saturation_steps
+                "step {step}: saturation above {} in {} for {} steps; delayed -> current scaling, margin 1",
+                rules.saturation_rate,
+                layer_name(l),
+                rules.saturation_steps
             ));
         } else {
             s.demote(l, FallbackScope::AllGemms, "saturation under current scaling");
@@ -562,7 +587,7 @@ pub fn on_step(rules: &Rules, metrics: &StepMetrics) -> Result<StepResponse, Str
     }
     if !promote.is_empty() {
         s.actions.push(Action::Repromote(Repromotion { sites: layer_selector(promote.clone()), to: Dtype::Fp8E4m3 }));
-        s.alert(format!("step {step}: layers {promote:?} re-promoted to low precision after clean steps"));
+        s.alert(format!("step {step}: {} re-promoted to low precision after clean steps", layers_named(&promote)));
     }
     if s.mem.global_since != NONE && step.saturating_sub(s.mem.global_since) >= rules.promote_after {
         s.mem.global_since = NONE;

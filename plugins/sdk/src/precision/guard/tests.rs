@@ -360,7 +360,7 @@ fn skipped(r: &StepResponse) -> bool {
 /// flag down), the gradients flag, one operand's flag, and a layer's flag; the origin
 /// skips the BF16 head (layer -1), a NaN in the input-gradient GEMM's weight counts as
 /// backward (the last such layer is blamed), a layer flag alone blames the first flagged,
-/// and the alert lists the layers.
+/// and the alert lists the layers, the head as words.
 #[test]
 fn each_non_finite_signal_skips_and_blames_its_origin() {
     let rules = Rules::default();
@@ -375,7 +375,7 @@ fn each_non_finite_signal_skips_and_blames_its_origin() {
     let r = on_step(&rules, &metrics(3, 3.0, 1.0, state.clone(), |l, o, m| m.nonfinite = (l == -1 || l == 2) && o == Operand::Activation)).unwrap();
     assert!(skipped(&r));
     assert!(has_fallback(&r.actions, 2, FallbackScope::AllGemms), "{:?}", r.actions);
-    assert!(r.actions.iter().any(|a| matches!(a, Action::Alert(m) if m.contains("(layers [-1, 2])"))), "{:?}", r.actions);
+    assert!(r.actions.iter().any(|a| matches!(a, Action::Alert(m) if m.contains("(the embedding/head and layers [2])"))), "{:?}", r.actions);
     // The weight operand of the input-gradient GEMMs (site role 1) of layers 1 and 2.
     let mut m = metrics(3, 3.0, 1.0, state.clone(), |l, o, m| m.nonfinite = (l == 1 || l == 2) && o == Operand::Weight);
     for (i, s) in m.sites.iter_mut().enumerate() {
@@ -393,6 +393,38 @@ fn each_non_finite_signal_skips_and_blames_its_origin() {
     let r = on_step(&rules, &m).unwrap();
     assert!(skipped(&r));
     assert!(has_fallback(&r.actions, 1, FallbackScope::AllGemms), "{:?}", r.actions);
+}
+
+/// Layer -1 (the embedding, final norm and head) is named in words, never "-1", alone,
+/// beside layers, and in the alerts naming one layer (a policy that plans the head in FP8
+/// gets those too).
+#[test]
+fn alerts_name_the_layer_outside_the_transformer_in_words() {
+    assert_eq!(layers_named(&[-1]), "the embedding/head");
+    assert_eq!(layers_named(&[0, 2]), "layers [0, 2]");
+    assert_eq!(layers_named(&[-1, 0, 2]), "the embedding/head and layers [0, 2]");
+    assert_eq!((layer_name(-1).as_str(), layer_name(3).as_str()), ("the embedding/head", "layer 3"));
+    let rules = Rules::default();
+    let alerts = |r: &StepResponse| r.actions.iter().filter_map(|a| if let Action::Alert(m) = a { Some(m.clone()) } else { None }).collect::<Vec<_>>();
+    let state = healthy(&rules, fresh(), 0, 3);
+    let r = on_step(&rules, &metrics(3, 3.0, 1.0, state, |l, o, m| m.nonfinite = l == -1 && o == Operand::Activation)).unwrap();
+    assert_eq!(alerts(&r), ["step 3: non-finite loss or gradients (the embedding/head); step skipped"]);
+    // The head planned in FP8: its gradients' underflow demotes it, in words.
+    let (sites, mut plans) = setup();
+    for (s, p) in sites.iter().zip(plans.iter_mut()) {
+        if s.layer < 0 {
+            *p = hybrid(s, delayed);
+        }
+    }
+    let mut m = metrics(3, 3.0, 1.0, Memory::for_plan(&sites, &plans).encode(), |l, o, m| {
+        if l == -1 && o == Operand::Gradient {
+            m.underflow_rate = 0.9;
+        }
+    });
+    m.plan = plans;
+    let got = alerts(&on_step(&rules, &m).unwrap());
+    assert!(got.iter().any(|a| a.starts_with("step 3: the embedding/head falls back to BF16 (backward only)")), "{got:?}");
+    assert!(!got.iter().any(|a| a.contains("-1")), "{got:?}");
 }
 
 /// The amax-jump rule's edges: it counts from the step the warm-up ends (seen ==
