@@ -575,4 +575,28 @@ mod tests {
         assert!(first_host("n[]").is_err());
         assert!(first_host("n[-3]").is_err());
     }
+
+    /// A step whose task environment names its step by SLURM_STEPID alone (the older of
+    /// srun's two names for it) takes that step's port, as with SLURM_STEP_ID: two steps
+    /// of one job running at once must not meet on one port.
+    #[test]
+    fn the_older_step_id_alone_picks_the_step_s_port() {
+        let port = |step: &str| {
+            let kv = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_NODELIST", "n1"), ("SLURM_JOB_ID", "12345"), ("SLURM_STEPID", step)];
+            let l = detect_from(&env(&kv)).unwrap();
+            assert_eq!(l.source, "Slurm srun");
+            l.master.unwrap().1
+        };
+        assert_eq!((port("0"), port("1"), port("3")), (29845, 28845, 26845));
+    }
+
+    /// A launch built with an IPv6 host already in brackets (as a caller may hand it) is
+    /// written with one pair of them, not `[[::1]]:29500`, which no resolver reads.
+    #[test]
+    fn a_bracketed_ipv6_host_is_written_with_one_pair_of_brackets() {
+        let l = |h: &str| Launch { master: Some((h.into(), 29500)), world: 2, ..Launch::single() };
+        assert_eq!(l("[::1]").rendezvous().as_deref(), Some("[::1]:29500"));
+        assert_eq!(l("::1").rendezvous().as_deref(), Some("[::1]:29500"));
+        assert_eq!(l("n1").rendezvous().as_deref(), Some("n1:29500"));
+    }
 }

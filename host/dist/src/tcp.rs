@@ -1128,4 +1128,17 @@ mod tests {
         assert!(out[0].0.contains("passed"), "{}", out[0].0);
         assert!(out[0].1.contains("made broadcast"), "{}", out[0].1);
     }
+
+    /// A receive from this rank itself is refused at once, naming the call: no frame ever
+    /// comes from oneself, so without the check it waited out the whole timeout (a minute
+    /// by default) and then blamed this rank for not arriving.
+    #[test]
+    fn a_recv_from_oneself_is_refused_at_once() {
+        let worlds = mesh(2, Duration::from_secs(30));
+        let g = worlds[1].everyone().unwrap();
+        let started = Instant::now();
+        let e = g.recv(1).unwrap_err().to_string();
+        assert!(e.contains("recv from rank 1 of a group of 2 on rank 1"), "{e}");
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    }
 }

@@ -1272,3 +1272,32 @@ mod compare_tests {
         fresh(&mut s, "explore", &inputs, &plugins);
     }
 }
+
+/// A survivor of the second mutation audit (the `wt-mutants` branch's report): the list
+/// of a foreign database's tables at its cut.
+#[cfg(test)]
+mod open_tests {
+    use super::*;
+    use rusqlite::Connection;
+
+    fn foreign_with(tables: usize) -> String {
+        let dir = tempfile::Builder::new().prefix("runner-store-foreign-").tempdir().unwrap();
+        let path = dir.path().join("h.sqlite");
+        let c = Connection::open(&path).unwrap();
+        for t in 0..tables {
+            c.execute_batch(&format!("CREATE TABLE t{t} (x);")).unwrap();
+        }
+        drop(c);
+        Store::open(&path).err().expect("another program's database is refused").to_string()
+    }
+
+    /// Another program's database names its tables, five at most, with "..." only where
+    /// there are more. Kills: the ellipsis from five tables on (`>= 5`).
+    #[test]
+    fn a_foreign_database_names_five_tables_and_says_where_there_are_more() {
+        let five = foreign_with(5);
+        assert!(five.contains("(tables t0, t1, t2, t3, t4), not a runner history"), "{five}");
+        let six = foreign_with(6);
+        assert!(six.contains("(tables t0, t1, t2, t3, t4, ...), not a runner history"), "{six}");
+    }
+}

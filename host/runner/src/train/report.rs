@@ -507,4 +507,15 @@ mod tests {
         assert_eq!(g[0].tokens, 0);
         assert!(g[0].eval_gap.is_nan() && g[0].train_gap.is_nan(), "{g:?}");
     }
+
+    /// The CSV's decisions are rows of their own (kind `decision`), never columns of a
+    /// policy's summary row as well: its header names no `decisions` field. Kills (a
+    /// mutation audit's survivor): `decisions` left out of the summary's excluded fields.
+    #[test]
+    fn the_csv_summary_rows_carry_no_decisions() {
+        let t = csv(&report());
+        assert!(!t.headers.iter().any(|h| h.starts_with("decisions")), "{:?}", t.headers);
+        let kind = t.headers.iter().position(|h| h == "kind").unwrap();
+        assert_eq!(t.rows.iter().filter(|r| r[kind] == "decision").count(), 4);
+    }
 }
