@@ -1337,9 +1337,13 @@ step_time_s = 3.0
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let held: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let rows: Vec<(&str, usize)> =
-        held.as_array().unwrap().iter().map(|h| (h["gpu"].as_str().unwrap(), h["errors"].as_array().unwrap().len())).collect();
-    assert!(rows.len() == 3 && rows.iter().all(|&r| r == ("H100", 1)), "{out}");
+    let rows: Vec<(&str, &str, usize)> = held
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["gpu"].as_str().unwrap(), h["family"].as_str().unwrap(), h["errors"].as_array().unwrap().len()))
+        .collect();
+    assert_eq!(rows, [("H100", "llama3", 2), ("H100", "nemotron4", 1)], "{out}");
     let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "gb200", "-q"]);
     assert!(!o.status.success() && text(&o).1.contains("no model family of GB200's runs could be held out"), "{}", text(&o).1);
     let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "b200", "-q"]);
