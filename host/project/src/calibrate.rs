@@ -639,17 +639,37 @@ pub struct HeldOut {
     pub errors: Vec<f64>,
 }
 
-/// Leave-one-family-out: for each GPU type and model family with runs on it, fit on the
-/// other families' runs and predict the held-out family.
-pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver) -> Vec<HeldOut> {
+/// Leave-one-family-out: for each GPU type (or just `only`'s, optionally its runs of one
+/// precision, as [`calibrate`] fits them) and model family with runs on it, fit on the
+/// other families' runs and predict the held-out family. Each GPU is fitted on its own
+/// runs alone, so one GPU's rows are the same held out alone or beside the others.
+///
+/// # Errors
+/// `only` names a GPU no profile describes, or one (or a precision of it) the file has
+/// no supported run on.
+pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn Resolver, only: Option<(&str, Option<&str>)>) -> Result<Vec<HeldOut>, String> {
+    let only = only.map(|(g, p)| profiles.get(g).map(|g| (g.name.clone(), p))).transpose()?;
     let mut prep = prepare(points, profiles, resolver, &|_| {});
     let mut out = Vec::new();
-    let mut keys: Vec<(String, String)> =
-        prep.runs.iter().map(|(_, at, _, fam, _)| (prep.projectors[*at].gpu.name.clone(), fam.clone())).collect();
+    let precision = only.as_ref().and_then(|o| o.1);
+    let mut keys: Vec<(String, String)> = prep
+        .runs
+        .iter()
+        .filter(|(_, at, ..)| {
+            let pr = &prep.projectors[*at];
+            only.as_ref().is_none_or(|(g, _)| pr.gpu.name == *g) && precision.is_none_or(|p| pr.plan.recipe.name().eq_ignore_ascii_case(p))
+        })
+        .map(|(_, at, _, fam, _)| (prep.projectors[*at].gpu.name.clone(), fam.clone()))
+        .collect();
+    if let Some((gpu, precision)) = &only
+        && keys.is_empty()
+    {
+        return Err(format!("the file has no supported {}run on {gpu}", precision.map_or(String::new(), |p| format!("{} ", p.to_uppercase()))));
+    }
     keys.sort();
     keys.dedup();
     for (gpu, family) in keys {
-        let runs_all: Vec<Run> = runs_on(&mut prep, points, &gpu, None);
+        let runs_all: Vec<Run> = runs_on(&mut prep, points, &gpu, precision);
         let train: Vec<Run> = runs_all.iter().filter(|r| r.family != family).cloned().collect();
         let test: Vec<Run> = runs_all.iter().filter(|r| r.family == family).cloned().collect();
         if train.is_empty() || test.is_empty() {
@@ -662,7 +682,7 @@ pub fn cross_validate(points: &[Point], profiles: &Profiles, resolver: &mut dyn 
         let mut r = Runs { prep: &mut prep, runs: test };
         out.push(HeldOut { gpu, family, errors: r.errors(&g).iter().map(|e| e.exp() - 1.0).collect() });
     }
-    out
+    Ok(out)
 }
 
 #[cfg(test)]

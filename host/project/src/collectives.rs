@@ -421,27 +421,52 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
     // they stay below the link's rate and are fitted.) The switch still carries each
     // GPU's buffer at most at the link's rate (algbw = busbw / 2(n-1)/n): a busbw above
     // that is no NVLS but another GPU or a wrong profile, refused below as such.
-    if tier == Tier::ScaleUp {
+    //
+    // Across nodes the network can reduce too: NVLS between nodes (NVLink SHARP in each
+    // node joined by IB SHARP or a tree, NCCL's NVLS and NVLSTREE algorithms from 2.18.1:
+    // docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-18-1.html) and InfiniBand
+    // SHARP through the CollNet plugin (NCCL_COLLNET_ENABLE=1: NVIDIA HPC-X 2.26,
+    // "NCCL-RDMA-SHARP Plugins", docs.nvidia.com/networking/display/hpcxv226) send each
+    // NIC's share of the buffer once rather than 2(n-1)/n times, so the all-reduce's NIC
+    // share passes the NIC's rate, at most by that factor, as inside a node. The same
+    // rule holds there, naming both switches off (NCCL's environment variables,
+    // docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html; all read 2026-12-07).
+    // A scale-out tier of one node (NVLink pairs or PCIe) has no network to reduce in:
+    // there, a rate past the NIC's stays a wrong profile.
+    let in_network = match tier {
+        Tier::ScaleUp => Some((gpu.scale_up_gbs, "NVLink per GPU (scale_up_gbs)")),
+        Tier::ScaleOut if nodes > 1 => Some((gpu.scale_out_gbs, "NIC per GPU (scale_out_gbs)")),
+        Tier::ScaleOut => None,
+    };
+    if let Some((rate, link)) = in_network {
         let ar: Vec<&Modelled> = modelled.iter().filter(|m| m.kind == OpKind::AllReduce).collect();
         let busbw = ar.iter().map(|m| m.x / m.t / 1e9).fold(0.0, f64::max);
         let over = line("all_reduce", &ar).map_or(busbw, |l| busbw.max(l.gbs));
         let algbw = over / bus_factor(OpKind::AllReduce, n);
-        if !ar.is_empty() && over > gpu.scale_up_gbs && algbw <= gpu.scale_up_gbs {
-            let why = format!(
-                "all_reduce carried {over:.1} GB/s of bus bandwidth where {}'s NVLink per GPU (scale_up_gbs) is {} GB/s: \
-                 NVLink SHARP (NVLS, on by default from NCCL 2.17 on NVSwitch systems) reduced in the switch, which the \
-                 model's all-reduce (a ring or tree over the links) does not describe",
-                gpu.name, gpu.scale_up_gbs
-            );
+        if !ar.is_empty() && over > rate && algbw <= rate {
+            let (carried, how, fix) = match tier {
+                Tier::ScaleUp => (
+                    "of bus bandwidth",
+                    "NVLink SHARP (NVLS, on by default from NCCL 2.17 on NVSwitch systems) reduced in the switch, which the \
+                     model's all-reduce (a ring or tree over the links) does not describe",
+                    "NCCL_NVLS_ENABLE=0",
+                ),
+                Tier::ScaleOut => (
+                    "per NIC (bus bandwidth over the ranks per node)",
+                    "the network reduced it (NVLink SHARP across nodes, NCCL's NVLS and NVLSTREE from 2.18 on NVSwitch \
+                     systems, or InfiniBand SHARP through the CollNet plugin), which the model's all-reduce (a ring or \
+                     tree over the NICs) does not describe",
+                    "NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0",
+                ),
+            };
+            let why = format!("all_reduce carried {over:.1} GB/s {carried} where {}'s {link} is {rate} GB/s: {how}", gpu.name);
             if modelled.iter().all(|m| m.kind == OpKind::AllReduce) {
                 return Err(format!(
-                    "{origin}: {why}; rerun all_reduce_perf with NCCL_NVLS_ENABLE=0, or fit from the other ops' logs \
+                    "{origin}: {why}; rerun all_reduce_perf with {fix}, or fit from the other ops' logs \
                      (all_gather_perf, reduce_scatter_perf, alltoall_perf)"
                 ));
             }
-            notes.push(format!(
-                "all_reduce rows left out: {why}; fitted from the other ops (rerun all_reduce_perf with NCCL_NVLS_ENABLE=0 to fit it too)"
-            ));
+            notes.push(format!("all_reduce rows left out: {why}; fitted from the other ops (rerun all_reduce_perf with {fix} to fit it too)"));
             modelled.retain(|m| m.kind != OpKind::AllReduce);
         }
     }
@@ -691,6 +716,50 @@ mod tests {
         slow.scale_up_gbs = 200.0;
         let e = fit_collectives(&alone, &slow, None, "c.json").unwrap_err();
         assert!(e.contains("the run was not on this cluster") && !e.contains("NVLS"), "{e}");
+    }
+
+    /// An all-reduce the network reduced, over two nodes of 8 H100s (NVLink SHARP across
+    /// nodes, or IB SHARP through CollNet): its NIC share passes the 50 GB/s NIC, which no
+    /// ring or tree over the NICs carries. Alone, it is refused naming both NCCL switches,
+    /// not a wrong scale_out_gbs; beside other ops, left out with a note and the rest
+    /// fitted. Past even in-network reduction's bound (algbw above the NIC), the profile is
+    /// still wrong.
+    #[test]
+    fn an_in_network_all_reduce_across_nodes_is_named_and_left_out() {
+        let ring = known(0.55);
+        let hosts = [vec!["node-a"; 8], vec!["node-b"; 8]].concat();
+        // The projection's own all-reduce over nodes is bound by NVLink past a NIC share
+        // of about 42 GB/s, so the in-network one is the ring's (30.5 GB/s a NIC) 2.2x
+        // faster: 67 GB/s, under 2(n-1)/n = 1.875 times the NIC.
+        let ar: Vec<CollRow> = rows(&ring, 16, 2, &["all_reduce"])
+            .into_iter()
+            .map(|r| CollRow { time_us: r.time_us / 2.2, algbw_gbps: r.algbw_gbps * 2.2, busbw_gbps: r.busbw_gbps * 2.2, ..r })
+            .collect();
+        let alone = parse(&as_nccl_tests(&ar, &hosts), "all_reduce_perf.log").unwrap();
+        assert!(alone.iter().all(|r| r.nodes == 2 && r.ranks == 16), "{alone:?}");
+        let e = fit_collectives(&alone, &h100(), None, "all_reduce_perf.log").unwrap_err();
+        assert!(e.starts_with("all_reduce_perf.log: all_reduce carried 6") && e.contains("H100's NIC per GPU (scale_out_gbs) is 50 GB/s"), "{e}");
+        assert!(e.contains("InfiniBand SHARP") && e.contains("NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0"), "{e}");
+        assert!(!e.contains("the run was not on this cluster") && !e.contains("not bound by the NICs"), "{e}");
+        let mut both = ar.clone();
+        both.extend(rows(&ring, 16, 2, &["all_gather", "reduce_scatter"]));
+        let read = parse(&as_nccl_tests(&both, &hosts), "sweep.log").unwrap();
+        let f = fit_collectives(&read, &h100(), None, "sweep.log").unwrap();
+        assert_eq!(f.tier, Tier::ScaleOut);
+        assert!((f.efficiency.scale_out - 0.61).abs() < 2e-3, "{:?}", f.params);
+        assert!(
+            f.notes.iter().any(|n| n.starts_with("all_reduce rows left out: all_reduce carried") && n.contains("NCCL_COLLNET_ENABLE=0 to fit it too")),
+            "{:?}",
+            f.notes
+        );
+        assert_eq!(f.pooled.rows, 10);
+        // Below the NIC's rate an all-reduce over nodes is fitted as before.
+        let f = fit_collectives(&rows(&ring, 16, 2, &["all_reduce", "all_gather"]), &h100(), None, "c.json").unwrap();
+        assert!(f.notes.iter().all(|n| !n.contains("left out")) && f.pooled.rows == 10, "{:?}", f.notes);
+        let mut slow = h100();
+        slow.scale_out_gbs = 20.0;
+        let e = fit_collectives(&alone, &slow, None, "c.json").unwrap_err();
+        assert!(!e.contains("SHARP"), "{e}");
     }
 
     /// A log run under `srun -l` (each line `0: `, wide ranks ` 3: `) or `mpirun

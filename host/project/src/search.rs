@@ -87,7 +87,25 @@ pub enum Verdict {
     /// holds (GiB per GPU).
     HostMemory { layout: String, need_gib: f64, have_gib: f64 },
     /// No layout of the family divides the model and the batch.
-    Divisibility { reason: String },
+    Divisibility {
+        reason: String,
+        /// What was refused, for callers that treat one kind apart without reading the
+        /// words (not in the JSON: `reason` says it).
+        #[serde(skip)]
+        kind: Refusal,
+    },
+}
+
+/// The kind of a [`Verdict::Divisibility`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Refusal {
+    /// tp·cp does not divide the GPU count: no pipeline or data-parallel degree can
+    /// follow. Where the search chose tp and cp itself, this is no reason a user can act
+    /// on.
+    StageCount,
+    /// Anything else: the model, the batch, the pipeline split, a flag given.
+    #[default]
+    Other,
 }
 
 /// A family of layouts: which parallel dimensions it uses.
@@ -139,7 +157,7 @@ struct Track {
     best: Option<Projection>,
     /// The layout needing the least memory, when none fits.
     least: Option<Projection>,
-    reason: Option<String>,
+    reason: Option<(String, Refusal)>,
 }
 
 /// Every family's track, by name (looked up once per pipeline degree, not per layout).
@@ -206,7 +224,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     let mut found = Top::new(top);
     let mut evaluated = 0u64;
     let note = |tracks: &mut Tracks, fam: &str, why: String| {
-        tracks.get(fam).reason.get_or_insert(why);
+        tracks.get(fam).reason.get_or_insert((why, Refusal::Other));
     };
     let pick = |fixed: Option<u32>, all: Vec<u32>| -> Vec<u32> {
         match fixed {
@@ -273,7 +291,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
     for sharding in shardings {
         let (key, rest) = match sharding {
             Sharding::Refused { key, stage } => {
-                note(&mut tracks, &family(&key, 1, 1, false), format!("tp·cp = {stage} does not divide {gpus} GPUs"));
+                tracks.get(&family(&key, 1, 1, false)).reason.get_or_insert((format!("tp·cp = {stage} does not divide {gpus} GPUs"), Refusal::StageCount));
                 continue;
             }
             Sharding::Tried { key, rest } => (key, rest),
@@ -352,7 +370,7 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                     let t = &mut tracks.all[i].1;
                     match r {
                         Err(Reject::Divisibility(why) | Reject::Unsupported(why)) => {
-                            t.reason.get_or_insert(why);
+                            t.reason.get_or_insert((why, Refusal::Other));
                         }
                         Err(Reject::Memory { .. }) => {}
                         Ok(p) if p.fits => {
@@ -391,7 +409,11 @@ pub fn search(pr: &mut Projector<'_>, gpus: u32, gbs: u32, space: &Space, top: u
                     Verdict::HostMemory { layout: l.layout.short(), need_gib: l.memory.host_offload, have_gib: l.memory.host_capacity }
                 }
                 (None, Some(l), _) => Verdict::Memory { layout: l.layout.short(), need_gib: l.memory.total, have_gib: l.memory.capacity },
-                _ => Verdict::Divisibility { reason: t.reason.unwrap_or_else(|| "no layout of this family divides the model and batch".into()) },
+                _ => {
+                    let (reason, kind) =
+                        t.reason.unwrap_or_else(|| ("no layout of this family divides the model and batch".into(), Refusal::Other));
+                    Verdict::Divisibility { reason, kind }
+                }
             };
             Family { name, verdict }
         })
@@ -706,7 +728,7 @@ mod tests {
             Verdict::HostMemory { layout: layout(), need_gib: 1e5, have_gib: 0.5 },
             Verdict::Memory { layout: layout(), need_gib: 0.1, have_gib: 0.05 },
             Verdict::Memory { layout: layout(), need_gib: 1e5, have_gib: 80.0 },
-            Verdict::Divisibility { reason: String::new() },
+            Verdict::Divisibility { reason: String::new(), kind: Refusal::Other },
         ];
         for w in verdicts.windows(2) {
             assert!(order(&w[0]) < order(&w[1]), "{:?} before {:?}", w[0], w[1]);

@@ -241,11 +241,40 @@ fn a_held_out_family_is_predicted_from_the_others_alone() {
     points.extend([run("llama3-tiny", "A100-80GB", 8, 1, 64), run("llama3-tiny", "A100-80GB", 8, 2, 64)]);
     let points = measured(&points, &truth, |i| if (4..8).contains(&i) { 1.3 } else { 1.0 });
     assert_eq!(points[4].model, "gpt3-tiny");
-    let held = calibrate::cross_validate(&points, &Profiles::priors(), &mut common::Native);
+    let held = calibrate::cross_validate(&points, &Profiles::priors(), &mut common::Native, None).unwrap();
     let keys: Vec<(&str, &str)> = held.iter().map(|h| (h.gpu.as_str(), h.family.as_str())).collect();
     assert_eq!(keys, [("H100", "gpt3"), ("H100", "llama3"), ("H100", "nemotron4")]);
     let gpt = held.iter().find(|h| h.family == "gpt3").unwrap();
     assert!(gpt.errors.len() == 4 && gpt.errors.iter().all(|e| (e - (1.0 / 1.3 - 1.0)).abs() < 0.01), "{:?}", gpt.errors);
+}
+
+/// Held out on one GPU (`--holdout --gpu`), the rows are that GPU's alone and the same
+/// as beside the others (each GPU fits on its own runs); with a precision, only its runs;
+/// a GPU, or a precision of it, the file has no run on is refused by name.
+#[test]
+fn a_holdout_of_one_gpu_holds_out_its_families_alone() {
+    let truth = truth();
+    let mut points = twelve("H100");
+    points.extend(twelve("A100-80GB"));
+    points.extend([("llama3-tiny", 8), ("gpt3-tiny", 8)].map(|(m, n)| run_at(m, "H100", "FP8", n, 1, 256)));
+    let points = measured(&points, &truth, |i| if (4..8).contains(&i) { 1.3 } else { 1.0 });
+    let cv = |only| calibrate::cross_validate(&points, &Profiles::priors(), &mut common::Native, only);
+    let all = cv(None).unwrap();
+    let keys = |h: &[calibrate::HeldOut]| h.iter().map(|h| format!("{} {} {}", h.gpu, h.family, h.errors.len())).collect::<Vec<_>>();
+    assert_eq!(keys(&all), ["A100-80GB gpt3 4", "A100-80GB llama3 4", "A100-80GB nemotron4 4", "H100 gpt3 5", "H100 llama3 5", "H100 nemotron4 4"]);
+    let a100 = cv(Some(("a100-80gb", None))).unwrap();
+    assert_eq!(keys(&a100), ["A100-80GB gpt3 4", "A100-80GB llama3 4", "A100-80GB nemotron4 4"]);
+    for h in &a100 {
+        let same = all.iter().find(|a| a.gpu == h.gpu && a.family == h.family).unwrap();
+        assert_eq!(h.errors, same.errors, "{} {}", h.gpu, h.family);
+    }
+    // FP8 alone: two families of one run each, each fitted on the other.
+    let fp8 = cv(Some(("h100", Some("fp8")))).unwrap();
+    assert_eq!(keys(&fp8), ["H100 gpt3 1", "H100 llama3 1"]);
+    let e = cv(Some(("b200", None))).unwrap_err();
+    assert_eq!(e, "the file has no supported run on B200");
+    let e = cv(Some(("a100-80gb", Some("fp8")))).unwrap_err();
+    assert_eq!(e, "the file has no supported FP8 run on A100-80GB");
 }
 
 /// `--gpu` and `--precision` fit one GPU's runs of one precision; a GPU the file has no

@@ -757,7 +757,7 @@ fn the_search_recommends_pipeline_splits_megatron_builds() {
     let free = search::search(&mut pr, 64, 128, &Space { tp: Some(4), vp: Some(12), ..Space::default() }, 3);
     assert!(free.best.iter().all(|p| p.layout.pp != 2), "{:?}", free.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
     let why = free.families.iter().find_map(|f| match &f.verdict {
-        Verdict::Divisibility { reason } if reason.contains("pp=2 vp=12") => Some(reason.clone()),
+        Verdict::Divisibility { reason, .. } if reason.contains("pp=2 vp=12") => Some(reason.clone()),
         _ => None,
     });
     assert!(why.as_deref().is_some_and(|w| w.contains("40 layers")), "{:?}", free.families);
@@ -787,7 +787,7 @@ fn the_search_keeps_a_fixed_full_recompute_layer_count() {
     let f = search::search(&mut pr, 64, 128, &deep, 1);
     assert!(f.best.is_empty(), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
     assert!(
-        f.families.iter().any(|fam| matches!(&fam.verdict, Verdict::Divisibility { reason } if reason.contains("full recompute of 5 layers per chunk"))),
+        f.families.iter().any(|fam| matches!(&fam.verdict, Verdict::Divisibility { reason, .. } if reason.contains("full recompute of 5 layers per chunk"))),
         "{:?}",
         f.families
     );

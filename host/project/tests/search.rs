@@ -41,6 +41,30 @@ fn the_search_tries_every_degree_up_to_its_bounds() {
     assert!(f.best.iter().all(|p| p.layout.gpus() == 16 && p.fits));
 }
 
+/// A tp·cp that does not divide the GPUs is a refusal of its own kind
+/// ([`search::Refusal::StageCount`]), which `explore` sets apart by kind, not by its
+/// words; every other refusal (here a pp that does not divide) is of another.
+#[test]
+fn a_stage_that_does_not_divide_the_gpus_is_refused_as_its_own_kind() {
+    let f = all("llama3-tiny", 256, 8, 64, &Space { pp: Some(3), ..Space::default() });
+    let refused: Vec<(&str, search::Refusal)> = f
+        .families
+        .iter()
+        .filter_map(|fam| match &fam.verdict {
+            Verdict::Divisibility { reason, kind } => Some((reason.as_str(), *kind)),
+            _ => None,
+        })
+        .collect();
+    assert!(refused.contains(&("tp·cp = 16 does not divide 8 GPUs", search::Refusal::StageCount)), "{refused:?}");
+    assert!(refused.iter().any(|&(r, k)| r.starts_with("pp=3 does not divide") && k == search::Refusal::Other), "{refused:?}");
+    for (reason, kind) in refused {
+        assert_eq!(kind == search::Refusal::StageCount, reason.starts_with("tp·cp = "), "{reason}");
+    }
+    // The kind is not in the JSON: `reason` says it.
+    let json = serde_json::to_value(&f.families).unwrap();
+    assert!(json.as_array().unwrap().iter().all(|fam| fam.get("kind").is_none()), "{json}");
+}
+
 /// An MoE model's ep divides its experts up to the GPUs, the GPUs included: Mixtral tiny's
 /// 8 experts on 8 GPUs take ep 1, 2, 4 and 8.
 #[test]
@@ -57,7 +81,7 @@ fn a_fixed_pp_that_does_not_divide_the_gpus_is_refused() {
     let f = all("llama3-tiny", 256, 8, 64, &Space { pp: Some(3), ..Space::default() });
     assert!(f.best.is_empty(), "{:?}", f.best.iter().map(|p| p.layout.short()).collect::<Vec<_>>());
     assert!(
-        f.families.iter().any(|fam| matches!(&fam.verdict, Verdict::Divisibility { reason } if reason.starts_with("pp=3 does not divide the 8 GPUs"))),
+        f.families.iter().any(|fam| matches!(&fam.verdict, Verdict::Divisibility { reason, .. } if reason.starts_with("pp=3 does not divide the 8 GPUs"))),
         "{:?}",
         f.families
     );
@@ -159,7 +183,7 @@ fn dualpipev_searches_every_pp_from_two_without_a_virtual_pipeline() {
     let three = f.best.iter().find(|p| p.layout.pp == 3).unwrap();
     assert_eq!((three.layout.split.embedding, three.layout.split.loss), (1, 3), "{}", three.layout.short());
     assert_eq!(three.pipeline_model_parallel_layout.as_deref(), Some("Et*5|(t*6|)*4t*3L"));
-    let reasons: Vec<&str> = f.families.iter().filter_map(|fam| match &fam.verdict { Verdict::Divisibility { reason } => Some(reason.as_str()), _ => None }).collect();
+    let reasons: Vec<&str> = f.families.iter().filter_map(|fam| match &fam.verdict { Verdict::Divisibility { reason, .. } => Some(reason.as_str()), _ => None }).collect();
     assert!(reasons.iter().any(|r| r.contains("DualPipeV needs pp ≥ 2")), "{reasons:?}");
     assert!(reasons.iter().any(|r| r.contains("no split at pp=24 (DualPipeV's 2·pp stages)")), "{reasons:?}");
 }

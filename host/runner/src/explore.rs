@@ -526,15 +526,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             let best = found.best.into_iter().next();
             let why_not = best.is_none().then(|| nothing_fits(&found.families));
             if best.is_none() && series.is_empty() && rows.is_empty() {
-                // A tp·cp the search chose itself that does not divide the count is no
-                // reason the user can act on where tp and cp were left free (`--ep 8` on a
-                // dense model hid "no routed experts" behind it): left out where others remain.
-                let own = |f: &&search::Family| {
-                    matches!(&f.verdict, search::Verdict::Divisibility { reason } if reason.starts_with("tp·cp = ") && reason.contains(" does not divide "))
-                };
-                let free = run.layout.tp.is_none() && run.layout.cp.is_none();
-                let kept: Vec<search::Family> = found.families.iter().filter(|f| !(free && own(f))).cloned().collect();
-                first_refused = Some(project::closest_families(if kept.is_empty() { &found.families } else { &kept }));
+                first_refused = Some(fixed_layout_refusal(&found.families, run.layout.tp.is_none() && run.layout.cp.is_none()));
             }
             let days = best.as_ref().map(|b| days_to_train(tokens, b.tokens_per_sec_per_gpu, n));
             let mut costs = Vec::with_capacity(clouds.len());
@@ -1332,7 +1324,7 @@ fn nothing_fits(families: &[search::Family]) -> String {
             let reasons: Vec<(&str, &str)> = families
                 .iter()
                 .filter_map(|f| match &f.verdict {
-                    Verdict::Divisibility { reason } => Some((f.name.as_str(), reason.as_str())),
+                    Verdict::Divisibility { reason, .. } => Some((f.name.as_str(), reason.as_str())),
                     _ => None,
                 })
                 .collect();
@@ -1345,6 +1337,17 @@ fn nothing_fits(families: &[search::Family]) -> String {
             format!("{NO_LAYOUT_DIVIDES} the model and the batch at this GPU count{}", reason.unwrap_or_default())
         }
     }
+}
+
+/// Why a fixed layout is refused at a count, as `project` words it: the search's closest
+/// families, less those refused because a tp·cp the search chose itself does not divide
+/// the count ([`search::Refusal::StageCount`]) where the user left tp and cp free: no
+/// reason they can act on (`--ep 8` on a dense model hid "no routed experts" behind it).
+/// All of them where nothing else remains.
+fn fixed_layout_refusal(families: &[search::Family], tp_cp_free: bool) -> String {
+    let stage = |f: &&search::Family| matches!(f.verdict, search::Verdict::Divisibility { kind: search::Refusal::StageCount, .. });
+    let kept: Vec<search::Family> = families.iter().filter(|f| !(tp_cp_free && stage(f))).cloned().collect();
+    project::closest_families(if kept.is_empty() { families } else { &kept })
 }
 
 /// Parameters of the main model: a graph asked for with all its layers carries no
@@ -1448,7 +1451,8 @@ mod tests {
     #[test]
     fn nothing_fits_names_the_reason() {
         use search::{Family, Verdict};
-        let divides = |name: &str, reason: &str| Family { name: name.into(), verdict: Verdict::Divisibility { reason: reason.into() } };
+        let divides =
+            |name: &str, reason: &str| Family { name: name.into(), verdict: Verdict::Divisibility { reason: reason.into(), kind: search::Refusal::Other } };
         let why = nothing_fits(&[divides("TP", "tp·cp = 65536 does not divide 64 GPUs"), divides("PP", "pp too large")]);
         assert_eq!(why, "no layout divides the model and the batch at this GPU count (TP: tp·cp = 65536 does not divide 64 GPUs)");
         // The reason most families share comes first, not the first family's.
@@ -1461,6 +1465,29 @@ mod tests {
         let host = Family { name: "TP".into(), verdict: Verdict::HostMemory { layout: "TP1 OFFLOAD:32".into(), need_gib: 580.0, have_gib: 256.0 } };
         let why = nothing_fits(&[memory, host]);
         assert!(why.contains("least host memory that takes is 580 GiB per GPU (TP: TP1 OFFLOAD:32) of 256 GiB"), "{why}");
+    }
+
+    /// A fixed layout's refusal leaves out the families whose tp·cp, chosen by the search,
+    /// does not divide the count, by their kind and not their words: where tp and cp were
+    /// free, and only while another family remains.
+    #[test]
+    fn a_fixed_layout_refusal_leaves_out_stage_count_families_by_kind() {
+        use search::{Family, Refusal, Verdict};
+        let refused = |name: &str, reason: &str, kind: Refusal| Family { name: name.into(), verdict: Verdict::Divisibility { reason: reason.into(), kind } };
+        let dense = "ep=8, etp=1 but the graph has no routed experts; set ep = etp = 1";
+        let stage = refused("CP", "tp·cp = 16 does not divide 8 GPUs", Refusal::StageCount);
+        let families = [stage.clone(), refused("CP+EP", dense, Refusal::Other), refused("EP+DP", dense, Refusal::Other)];
+        assert_eq!(fixed_layout_refusal(&families, true), format!("CP+EP, EP+DP: divisibility: {dense}"));
+        // tp or cp fixed: the user's own product, kept.
+        assert_eq!(
+            fixed_layout_refusal(&families, false),
+            format!("CP: divisibility: tp·cp = 16 does not divide 8 GPUs; CP+EP, EP+DP: divisibility: {dense}")
+        );
+        // Nothing else left: said rather than nothing.
+        assert_eq!(fixed_layout_refusal(std::slice::from_ref(&stage), true), "CP: divisibility: tp·cp = 16 does not divide 8 GPUs");
+        // The words alone do not make the kind: a reason worded alike but of another kind stays.
+        let alike = refused("TP", "tp·cp = 3 does not divide 8 GPUs", Refusal::Other);
+        assert_eq!(fixed_layout_refusal(&[alike, families[1].clone()], true), format!("TP: divisibility: tp·cp = 3 does not divide 8 GPUs; CP+EP: divisibility: {dense}"));
     }
 
     fn quote(usd: f64, caveats: &[&str]) -> CloudPrice {

@@ -323,23 +323,24 @@ enum Command {
     },
     /// Fit a GPU type's efficiency parameters to published runs, or to local measurements
     #[command(
-        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate host/project/data/calibration.toml --holdout\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner calibrate --ops ops.json -o fitted.toml\n  runner calibrate --collectives coll.json --gpu h100 -o fitted.toml\n  runner calibrate --ops ops.json --collectives coll.json --gpu h100 -o fitted.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
+        after_help = "Examples:\n  runner calibrate host/project/data/calibration.toml -o fitted.toml\n  runner calibrate host/project/data/calibration.toml --holdout\n  runner calibrate host/project/data/calibration.toml --holdout --gpu h100\n  runner calibrate my-runs.toml --gpu h100 --precision fp8 -o h100-fp8.toml\n  runner calibrate --ops ops.json -o fitted.toml\n  runner calibrate --collectives coll.json --gpu h100 -o fitted.toml\n  runner calibrate --ops ops.json --collectives coll.json --gpu h100 -o fitted.toml\n  runner --plugin llama3.wasm --profile fitted.toml"
     )]
     Calibrate {
         /// A TOML file of [[point]] tables, as for `runner validate`
         #[arg(required_unless_present_any = ["ops", "collectives"], conflicts_with_all = ["ops", "collectives"])]
         file: Option<PathBuf>,
-        /// Fit only this GPU type (with --ops/--collectives: the GPU they ran on)
+        /// Fit only this GPU type (with --ops/--collectives: the GPU they ran on; with
+        /// --holdout: hold out the families of this GPU's runs only)
         #[arg(long)]
         gpu: Option<String>,
         /// Fit only runs of this precision (with --gpu: a precision's GEMM efficiency is
-        /// fitted per GPU type)
+        /// fitted per GPU type; with --holdout: fit and hold out only these runs)
         #[arg(long, requires = "gpu")]
         precision: Option<String>,
         /// Instead of fitting once: for each GPU and model family, fit on the other
-        /// families and report the held-out family's errors
-        // Every GPU and precision is held out in turn: --gpu and --precision were ignored.
-        #[arg(long, requires = "file", conflicts_with_all = ["gpu", "precision"])]
+        /// families and report the held-out family's errors (each GPU is fitted on its own
+        /// runs, so --gpu gives its rows alone)
+        #[arg(long, requires = "file")]
         holdout: bool,
         /// Per-op times from `runner measure`: fit the GEMM efficiency of each measured
         /// format, the GEMM size at half efficiency and the HBM efficiency
@@ -882,7 +883,9 @@ fn main() -> ExitCode {
             commands::project::search(&target, &gpus, usize::from(top), &layout, &cli.global)
         }
         Some(Command::Validate { file }) => commands::project::validate(&file, &cli.global),
-        Some(Command::Calibrate { file: Some(file), holdout: true, .. }) => commands::project::holdout(&file, &cli.global),
+        Some(Command::Calibrate { file: Some(file), holdout: true, gpu, precision, .. }) => {
+            commands::project::holdout(&file, gpu.as_deref(), precision.as_deref(), &cli.global)
+        }
         Some(Command::Calibrate { file: Some(file), gpu, precision, leave_out, .. }) => {
             commands::project::calibrate(&file, gpu.as_deref(), precision.as_deref(), leave_out.as_deref(), &cli.global)
         }

@@ -186,7 +186,7 @@ pub fn verdict_text(v: &runner_project::search::Verdict) -> String {
         Verdict::HostMemory { layout, need_gib, have_gib } => {
             format!("host memory: fits the GPU only by offloading {need_gib:.0} GiB of activations per GPU to {have_gib:.0} GiB of host memory ({layout})")
         }
-        Verdict::Divisibility { reason } => format!("divisibility: {reason}"),
+        Verdict::Divisibility { reason, .. } => format!("divisibility: {reason}"),
     }
 }
 

@@ -528,15 +528,16 @@ fn a_run_file_given_to_validate_says_what_validate_takes() {
     }
 }
 
-/// calibrate's flags that the fit of FILE would drop are refused: --holdout holds every GPU
-/// and precision out in turn (--gpu listed B200 rows too), and --tier is a --collectives
-/// run's (beside FILE it passed and was ignored).
+/// calibrate's flags that the fit of FILE would drop are refused: --tier is a
+/// --collectives run's (beside FILE it passed and was ignored), --leave-out a single
+/// fit's (--holdout leaves out whole families).
 #[test]
 fn calibrate_refuses_flags_its_fit_would_drop() {
     let dir = scratch("calibrate-dropped");
     for (args, want) in [
-        (&["--holdout", "--gpu", "h100"][..], "'--holdout' cannot be used with '--gpu <GPU>'"),
-        (&["--tier", "scale-up"], "'[FILE]' cannot be used with '--tier <TIER>'"),
+        (&["--tier", "scale-up"][..], "'[FILE]' cannot be used with '--tier <TIER>'"),
+        (&["--holdout", "--leave-out", "1"], "'--holdout' cannot be used with '--leave-out <RUNS>'"),
+        (&["--holdout", "--precision", "fp8"], "the following required arguments were not provided:\n  --gpu <GPU>"),
     ] {
         let o = runner(&dir, &[&["calibrate", "runs.toml"][..], args].concat());
         let err = text(&o).1;
@@ -1336,6 +1337,27 @@ step_time_s = 3.0
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     assert!(out.contains("GB200: its runs fit nothing of its own"), "{out}");
+    // Held out on one GPU (--holdout --gpu): that GPU's families alone, each fitted on the
+    // others of its runs; a GPU with one family, or none, in the file is refused by name.
+    let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "h100", "--format", "json", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let held: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let rows: Vec<(&str, &str, usize)> = held
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| (h["gpu"].as_str().unwrap(), h["family"].as_str().unwrap(), h["errors"].as_array().unwrap().len()))
+        .collect();
+    assert_eq!(rows, [("H100", "llama3", 2), ("H100", "nemotron4", 1)], "{out}");
+    let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "gb200", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("no model family of GB200's runs could be held out"), "{}", text(&o).1);
+    let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "b200", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("fit.toml: the file has no supported run on B200 to hold out; `runner validate fit.toml`"), "{}", text(&o).1);
+    let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "h100", "--precision", "fp8", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("no supported FP8 run on H100 to hold out"), "{}", text(&o).1);
+    let o = runner(&dir, &["calibrate", "fit.toml", "--holdout", "--gpu", "h1000", "-q"]);
+    assert!(!o.status.success() && text(&o).1.contains("--gpu: unknown GPU 'h1000'"), "{}", text(&o).1);
     let fitted = std::fs::read_to_string(dir.join("fitted.toml")).unwrap();
     assert!(fitted.contains("name = \"H100\"") && fitted.contains("[gpu.efficiency.gemm]\nbf16 = "), "{fitted}");
     assert!(!fitted.contains("GB200") && !fitted.contains("fp8") && !fitted.contains("attention"), "{fitted}");
@@ -1701,6 +1723,23 @@ fn nccl_tests_logs_fit_the_nvlink_tier() {
     let net: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("nvls.toml")).unwrap()).unwrap();
     let eff = net["gpu"][0]["efficiency"]["scale_up"].as_float().unwrap();
     assert!((eff - 0.8).abs() < 0.002, "scale_up {eff} from all_gather alone");
+    // Over two nodes the network can reduce (NVLink SHARP across nodes, IB SHARP through
+    // CollNet): an all-reduce whose NIC share (busbw 240 GB/s over 4 ranks a node: 60)
+    // passes H100's 50 GB/s NIC is refused alone naming both switches, not a wrong
+    // scale_out_gbs; beside all_gather (30 GB/s a NIC) it is left out.
+    std::fs::write(dir.join("nvls/all_reduce_2n.log"), log("all_reduce", 1.75, 2, 240e3)).unwrap();
+    std::fs::write(dir.join("nvls/all_gather_2n.log"), log("all_gather", 0.875, 2, 120e3)).unwrap();
+    let o = runner(&dir, &["calibrate", "--collectives", "nvls/all_reduce_2n.log", "--gpu", "h100"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("InfiniBand SHARP") && err.contains("rerun all_reduce_perf with NCCL_NVLS_ENABLE=0 NCCL_COLLNET_ENABLE=0"), "{err}");
+    assert!(!err.contains("scale_out_gbs is wrong"), "{err}");
+    let o = runner(&dir, &["calibrate", "--collectives", "nvls/all_reduce_2n.log,nvls/all_gather_2n.log", "--gpu", "h100", "-o", "sharp.toml", "-q"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    assert!(out.contains("scale-out tier from 8 rank(s) on 2 node(s)") && out.contains("all_reduce rows left out"), "{out}");
+    let net: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("sharp.toml")).unwrap()).unwrap();
+    let eff = net["gpu"][0]["efficiency"]["scale_out"].as_float().unwrap();
+    assert!((eff - 0.6).abs() < 0.002, "scale_out {eff} from all_gather alone");
     let o = runner(&dir, &["calibrate", "--collectives", "all_reduce_perf.log,all_gather_perf.log", "--gpu", "h100", "-o", "net.toml", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");

@@ -576,7 +576,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
                         // for the same reason: said once.
                         let same = |why: &str| {
                             !f.families.is_empty()
-                                && f.families.iter().all(|x| matches!(&x.verdict, Verdict::Divisibility { reason } if reason == why))
+                                && f.families.iter().all(|x| matches!(&x.verdict, Verdict::Divisibility { reason, .. } if reason == why))
                         };
                         let search = match (&refused, &refused_for) {
                             (Some(_), Some(why)) if same(why) => match f.families.len() {
@@ -1268,26 +1268,41 @@ fn today() -> String {
     runner_store::now().chars().take(10).collect()
 }
 
-/// Leave-one-family-out: the error a model family the fit never saw gets.
-pub fn holdout(file: &Path, global: &Global) -> Result<()> {
+/// Leave-one-family-out: the error a model family the fit never saw gets; with `gpu`
+/// (and `precision`), of that GPU's runs (of that precision) alone.
+pub fn holdout(file: &Path, gpu: Option<&str>, precision: Option<&str>, global: &Global) -> Result<()> {
     let text = input::read_text(file, "calibration file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
     let points = published::parse(&text, &file.display().to_string()).map_err(anyhow::Error::msg)?;
+    if let Some(p) = precision {
+        Recipe::parse(p).map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+    }
     let profiles = match global.profile.as_deref() {
         Some(_) => project::profiles(global.profile.as_deref())?,
         None => runner_project::profile::Profiles::priors(),
     };
+    // An unknown --gpu is refused as calibrate refuses it, before anything is projected.
+    if let Some(g) = gpu {
+        profiles.get(g).map_err(|e| anyhow::anyhow!("--gpu: {e}"))?;
+    }
     let mut resolver = PluginResolver { limits: Limits::default() };
     progress_line(global, "fitting with each family held out");
-    let held = calibrate::cross_validate(&points, &profiles, &mut resolver);
+    let held = calibrate::cross_validate(&points, &profiles, &mut resolver, gpu.map(|g| (g, precision)))
+        .map_err(|e| anyhow::anyhow!("{}: {e} to hold out; {}", file.display(), why_no_run(file)))?;
+    // Which runs were held out, for the messages and the title: "H100's FP8 runs".
+    let of = match (gpu.and_then(|g| profiles.get(g).ok()), precision) {
+        (Some(g), Some(p)) => format!(" of {}'s {} runs", g.name, p.to_uppercase()),
+        (Some(g), None) => format!(" of {}'s runs", g.name),
+        _ => String::new(),
+    };
     if held.iter().all(|h| h.errors.is_empty()) {
         anyhow::bail!(
-            "{}: no model family could be held out: each needs runs of at least one other family on the same GPU to fit without it ({} runs in the file); add runs of more families, or fit them all with `runner calibrate FILE`",
+            "{}: no model family{of} could be held out: each needs runs of at least one other family on the same GPU to fit without it ({} runs in the file); add runs of more families, or fit them all with `runner calibrate FILE`",
             file.display(),
             points.len()
         );
     }
     let mut t = Table::new(
-        format!("held-out error per model family ({}): fit on the other families of the same GPU", file.display()),
+        format!("held-out error per model family{of} ({}): fit on the other families of the same GPU", file.display()),
         &["GPU", "family held out", "runs", "median", "max"],
     );
     let mut all = Vec::new();
@@ -1409,13 +1424,13 @@ mod tests {
     #[test]
     fn families_that_lost_for_one_reason_share_a_note() {
         let fam = |name: &str, verdict: Verdict| search::Family { name: name.into(), verdict };
-        let odd = || Verdict::Divisibility { reason: "pp odd".into() };
+        let odd = || Verdict::Divisibility { reason: "pp odd".into(), kind: search::Refusal::Other };
         let families = [
             fam("TP+PP", Verdict::Best { layout: "a".into(), step_time_s: 1.0 }),
             fam("DP", odd()),
             fam("TP+DP", Verdict::Speed { layout: "b".into(), step_time_s: 2.0, slower: 2.0 }),
             fam("CP+DP", odd()),
-            fam("EP+DP", Verdict::Divisibility { reason: "gbs".into() }),
+            fam("EP+DP", Verdict::Divisibility { reason: "gbs".into(), kind: search::Refusal::Other }),
         ];
         assert_eq!(
             lost_notes(8, &families),
@@ -1439,7 +1454,7 @@ mod tests {
     /// Why nothing ran: the first three families as ranked, and a count of the rest.
     #[test]
     fn closest_families_shows_three_and_counts_the_rest() {
-        let fam = |i: usize| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: format!("r{i}") } };
+        let fam = |i: usize| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: format!("r{i}"), kind: search::Refusal::Other } };
         assert!(closest_families(&[]).starts_with("no layout family applies"));
         let three: Vec<_> = (0..3).map(fam).collect();
         assert_eq!(closest_families(&three), "f0: divisibility: r0; f1: divisibility: r1; f2: divisibility: r2");
@@ -1449,13 +1464,13 @@ mod tests {
             "f0: divisibility: r0; f1: divisibility: r1; f2: divisibility: r2; and 2 more families (`runner search` lists each)"
         );
         // One reason for every family is given once, with the families' names.
-        let same = |i: usize| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: "r".into() } };
+        let same = |i: usize| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: "r".into(), kind: search::Refusal::Other } };
         assert_eq!(closest_families(&[same(0), same(1)]), "f0, f1: divisibility: r");
         assert!(closest_families(&(0..4).map(fam).collect::<Vec<_>>()).ends_with("; and 1 more family (`runner search` lists each)"));
         let nine: Vec<_> = (0..9).map(same).collect();
         assert_eq!(closest_families(&nine), "f0, f1, f2 and 6 more: divisibility: r");
         // Shared reasons group wherever their families rank; groups past three are counted.
-        let mixed: Vec<_> = [0, 1, 0, 2, 3, 4, 3].into_iter().enumerate().map(|(i, r)| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: format!("r{r}") } }).collect();
+        let mixed: Vec<_> = [0, 1, 0, 2, 3, 4, 3].into_iter().enumerate().map(|(i, r)| search::Family { name: format!("f{i}"), verdict: Verdict::Divisibility { reason: format!("r{r}"), kind: search::Refusal::Other } }).collect();
         assert_eq!(
             closest_families(&mixed),
             "f0, f2: divisibility: r0; f1: divisibility: r1; f3: divisibility: r2; and 3 more families (`runner search` lists each)"
