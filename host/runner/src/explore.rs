@@ -629,9 +629,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     notes.extend(quote_notes.finish());
     notes.extend(price_provenance(&series, &cloud_names));
     notes.extend(layout_string_notes(&series));
-    if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
-        notes.push("GPU counts rounded up to whole nodes, as they are billed".into());
-    }
+    notes.extend(rounding_note(&series));
     // The straggler wait is fitted to runs of at most this many GPUs; past it, say so.
     let widest = series
         .iter()
@@ -723,6 +721,37 @@ fn sold_nowhere(s: &Series, clouds: &[String]) -> Option<String> {
         "{asked}; its rows are projected, not priced: give your own prices with --price-file FILE (a CSV in SkyPilot's \
          catalog shape with AcceleratorName {gpu}, docs/EXPLORER.md) or a cost plugin that sells it with --cloud FILE.wasm"
     ))
+}
+
+/// Which asked GPU count became which row, per GPU type ("12 -> 16, 3 -> 8 GPUs on H100
+/// (whole nodes of 8)"): the rows showed 16 and 8 with no word of the 12 and 3 asked.
+fn rounding_note(series: &[Series]) -> Option<String> {
+    let mut per_gpu: Vec<(String, u32, Vec<(u32, u32)>)> = Vec::new();
+    for s in series {
+        let node = s.gpu.gpus_per_node.max(1);
+        let at = match per_gpu.iter().position(|(g, _, _)| *g == s.gpu.name) {
+            Some(i) => i,
+            None => {
+                per_gpu.push((s.gpu.name.clone(), node, Vec::new()));
+                per_gpu.len() - 1
+            }
+        };
+        for r in s.rows.iter().filter(|r| r.gpus != r.requested_gpus) {
+            let pair = (r.requested_gpus, r.gpus);
+            if !per_gpu[at].2.contains(&pair) {
+                per_gpu[at].2.push(pair);
+            }
+        }
+    }
+    let parts: Vec<String> = per_gpu
+        .iter()
+        .filter(|(_, _, pairs)| !pairs.is_empty())
+        .map(|(gpu, node, pairs)| {
+            let moved: Vec<String> = pairs.iter().map(|(a, n)| format!("{a} -> {n}")).collect();
+            format!("{} GPUs on {gpu} (whole nodes of {node})", moved.join(", "))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| format!("GPU counts rounded up to whole nodes, as they are billed: {}", parts.join("; ")))
 }
 
 /// The GPUs a row of `asked` GPUs uses: whole nodes of `node` GPUs, as they are billed.
