@@ -1418,6 +1418,25 @@ fn price_file_problems(err: &plugin::PluginError) -> Option<Vec<String>> {
 mod tests {
     use super::*;
 
+    /// The note names which asked count became which row (`--gpus 12,3` showed rows 16
+    /// and 8 without a word of 12 and 3), once per pair, and nothing when none moved.
+    /// Kills: the pairs left out, a count that did not move listed.
+    #[test]
+    fn the_rounding_note_says_which_count_became_which() {
+        use crate::report::explore::tests::{outcome, row};
+        let moved = |asked: u32, gpus: u32| Row { requested_gpus: asked, ..row(gpus, Some(1.0), Vec::new()) };
+        let mut o = outcome("bf16", vec![moved(3, 8), moved(12, 16), row(32, Some(1.0), Vec::new())], &[]);
+        assert_eq!(rounding_note(&o.series[..0]), None);
+        let fp8 = Series { precision: "fp8".into(), ..o.series[0].clone() };
+        o.series.push(fp8);
+        assert_eq!(
+            rounding_note(&o.series).as_deref(),
+            Some("GPU counts rounded up to whole nodes, as they are billed: 3 -> 8, 12 -> 16 GPUs on H100 (whole nodes of 8)")
+        );
+        o.series.iter_mut().for_each(|s| s.rows.retain(|r| r.gpus == r.requested_gpus));
+        assert_eq!(rounding_note(&o.series), None);
+    }
+
     /// Two names of one GPU type are one type named twice, as two spellings of one name
     /// are (the series ran twice); the profile's name says which.
     #[test]
