@@ -726,7 +726,9 @@ fn sold_nowhere(s: &Series, clouds: &[String]) -> Option<String> {
 /// Which asked GPU count became which row, per GPU type ("12 -> 16, 3 -> 8 GPUs on H100
 /// (whole nodes of 8)"): the rows showed 16 and 8 with no word of the 12 and 3 asked.
 fn rounding_note(series: &[Series]) -> Option<String> {
-    let mut per_gpu: Vec<(String, u32, Vec<(u32, u32)>)> = Vec::new();
+    // Per GPU type: its name, its node size, and each (asked, used) pair.
+    type Moved = (String, u32, Vec<(u32, u32)>);
+    let mut per_gpu: Vec<Moved> = Vec::new();
     for s in series {
         let node = s.gpu.gpus_per_node.max(1);
         let at = match per_gpu.iter().position(|(g, _, _)| *g == s.gpu.name) {
