@@ -79,7 +79,8 @@ pub fn print_stdout(text: &str) -> Result<()> {
 }
 
 /// Write `render`'s output to --output when given, in --format or else the format the
-/// file's extension names (.json, .csv, .html, in any case; a table otherwise).
+/// file's extension names (.json, .csv, .html, in any case; a table for .txt or none;
+/// another is refused before the command runs, [`unknown_output_extension`]).
 pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
     if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
         write_atomic(path, render(format).as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;

@@ -1539,7 +1539,7 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     trimmed["ops"].as_array_mut().unwrap().retain(|o| o["name"] != "layers.0.mlp.gate");
     std::fs::write(dir.join("ops-trimmed.json"), serde_json::to_string(&trimmed).unwrap()).unwrap();
     let notes = step(&["--measured", "ops-trimmed.json"])["notes"].to_string();
-    assert!(notes.contains("ops-trimmed.json lacks 1 op(s) of the rank graph that `runner measure` times: layers.0.mlp.gate;"), "{notes}");
+    assert!(notes.contains("ops-trimmed.json lacks 1 op of the rank graph that `runner measure` times: layers.0.mlp.gate;"), "{notes}");
     let names: Vec<&str> = measured["measured"]["ops"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
     assert_eq!(names.len(), ops["ops"].as_array().unwrap().len());
     assert!(names.contains(&"layers.0.mlp.gate") && !names.contains(&"layers.0.attn.core"), "{names:?}");
@@ -2576,7 +2576,7 @@ fn plugins_list_notes_and_validate_fails_with_the_count() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(out.lines().any(|l| l.starts_with("describe") && l.contains("FAILED")), "{out}");
-    assert!(err.contains("1 call(s) failed validation"), "{err}");
+    assert!(err.contains("1 call failed validation"), "{err}");
     let o = runner(&dir, &["plugins", "validate", "llama3"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");

@@ -712,7 +712,7 @@ fn partial_node_note(gpus: u32, node: u32, gpu: &str) -> Option<String> {
     let node = node.max(1);
     (!gpus.is_multiple_of(node)).then(|| {
         format!(
-            "{} (not whole nodes of {node} on {gpu}): projected as asked (`runner explore` rounds up to {}, as nodes are billed)",
+            "{} on {gpu}, whose nodes hold {node}: projected as asked (`runner explore` rounds up to {}, as nodes are billed)",
             runner::report::plural(gpus, "GPU"),
             gpus.div_ceil(node).saturating_mul(node)
         )
@@ -1502,9 +1502,9 @@ mod tests {
         assert_eq!(partial_node_note(16, 8, "H100"), None);
         assert_eq!(
             partial_node_note(12, 8, "H100").as_deref(),
-            Some("12 GPUs (not whole nodes of 8 on H100): projected as asked (`runner explore` rounds up to 16, as nodes are billed)")
+            Some("12 GPUs on H100, whose nodes hold 8: projected as asked (`runner explore` rounds up to 16, as nodes are billed)")
         );
-        assert!(partial_node_note(1, 8, "H100").unwrap().starts_with("1 GPU (not"));
+        assert!(partial_node_note(1, 8, "H100").unwrap().starts_with("1 GPU on H100,"));
     }
 
     /// Layout degrees and the micro-batch on the command line follow the run file's rule
