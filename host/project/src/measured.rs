@@ -36,6 +36,12 @@ use runner_graph::{Graph, OpKind};
 
 use runner_contract::text::number as shown;
 
+/// `v` at four significant digits, for [`shown`]: a computed share or peak without the
+/// float's last digits (104.97..., 0.19999...).
+fn four_digits(v: f64) -> f64 {
+    format!("{v:.3e}").parse().unwrap_or(v)
+}
+
 use crate::profile::{Efficiency, GemmFormat, GpuProfile};
 use crate::precision::Plan;
 use crate::published::Stats;
@@ -726,23 +732,34 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
             let peak = gpu.peak_flops(f).map_err(|e| format!("{origin}: {e}"))?;
             let e = 1.0 / (a * peak);
             if !(e.is_finite() && (crate::profile::MIN_EFFICIENCY..=1.0).contains(&e)) {
-                let why = if one_size && e > 1.0 {
+                // The peak in the profile's own unit, short: `{:.0}` showed a CPU's 0.2 TFLOP/s as 0.
+                let peak_text = format!("{}'s {f} peak ({} TFLOP/s)", gpu.name, shown(four_digits(peak / 1e12)));
+                let share = four_digits(100.0 * e);
+                return Err(if one_size && e > 1.0 {
+                    // Not the device outrunning its peak: the profile's size at half
+                    // efficiency is far from this device's, and one size cannot fit it.
                     format!(
-                        "at the profile's GEMM size at half efficiency ({} GFLOP), which GEMMs of one size ({} FLOP per call) \
-                         cannot fit: measure GEMMs of several sizes (`runner measure` times every GEMM of the rank graph), or set \
-                         gemm_half_gflop in the profile",
+                        "{origin}: the measured {f} GEMMs, all of one size ({} FLOP per call), fitted at the profile's GEMM size \
+                         at half efficiency ({} GFLOP) would run at {}% of {peak_text}, which no device does: one size cannot \
+                         tell that size from the efficiency; measure GEMMs of several sizes (`runner measure` times every GEMM \
+                         of the rank graph), or set gemm_half_gflop in the profile",
+                        shown(sizes(f)[0]),
                         shown(h0 / 1e9),
-                        shown(sizes(f)[0])
+                        shown(share)
+                    )
+                } else if e > 1.0 {
+                    format!(
+                        "{origin}: the measured {f} GEMMs run at {}% of {peak_text}, faster than the peak allows: the run was \
+                         not on this GPU, or the profile's peak_tflops.{f} is too low",
+                        shown(share)
                     )
                 } else {
-                    format!("the run was not on this GPU, or the profile's peak_tflops.{f} is wrong")
-                };
-                return Err(format!(
-                    "{origin}: the measured {f} GEMMs reach {:.0}% of {}'s {f} peak ({:.0} TFLOP/s): {why}",
-                    100.0 * e,
-                    gpu.name,
-                    peak / 1e12
-                ));
+                    format!(
+                        "{origin}: the measured {f} GEMMs reach only {}% of {peak_text}: the run was not on this GPU, or the \
+                         profile's peak_tflops.{f} is too high",
+                        shown(share)
+                    )
+                });
             }
             params.push((format!("gemm.{f}"), before_eff.gemm.get(f), e));
             eff.gemm.set(f, e);
@@ -798,11 +815,11 @@ pub fn fit_ops(file: &OpsFile, gpu: &GpuProfile, origin: &str) -> Result<OpsFit,
         }
         if !(e.is_finite() && (crate::profile::MIN_EFFICIENCY..=1.0).contains(&e)) {
             return Err(format!(
-                "{origin}: the memory-bound ops move {:.0}% of {}'s HBM bandwidth ({:.0} GB/s): the run was not on this GPU, or \
+                "{origin}: the memory-bound ops move {}% of {}'s HBM bandwidth ({} GB/s): the run was not on this GPU, or \
                  the profile's hbm_gbs is wrong",
-                100.0 * e,
+                shown(four_digits(100.0 * e)),
                 gpu.name,
-                gpu.hbm_gbs
+                shown(gpu.hbm_gbs)
             ));
         }
         before.extend(mem_rows.iter().map(|&(b, t)| b / (hbm * before_eff.memory) / t - 1.0));
@@ -938,6 +955,16 @@ mod tests {
         assert!(e.contains("HBM bandwidth"), "{e}");
     }
 
+    /// A small peak (a CPU's 0.2 TFLOP/s) is printed as given, not rounded to 0, and a
+    /// share over 100 % is said to be past the peak.
+    #[test]
+    fn a_small_peak_is_printed_as_given() {
+        let mut cpu = h100();
+        cpu.peak_tflops.bf16 = 0.2;
+        let e = fit_ops(&synthetic(&cpu, 1.6, 7.5, 0.7), &cpu, "ops.json").unwrap_err();
+        assert!(e.contains("bf16 peak (0.2 TFLOP/s)") && e.contains("faster than the peak allows"), "{e}");
+    }
+
     /// GEMMs of one size cannot separate the size at half efficiency from the
     /// efficiency: the size keeps its value, and where the efficiency it leaves is past
     /// the peak the error says so (it blamed the GPU or its peaks: a CPU's 256x256x256
@@ -952,6 +979,7 @@ mod tests {
         let fast = GpuProfile { hbm_gbs: 1e5, ..gpu.clone() };
         let e = fit_ops(&keep(&synthetic(&fast, 0.6, 0.01, 0.7), "g1"), &fast, "ops.json").unwrap_err();
         assert!(e.contains("ops.json") && e.contains("one size") && e.contains("several sizes") && !e.contains("not on this GPU"), "{e}");
+        assert!(e.contains("which no device does"), "a share past the peak is said to be impossible: {e}");
         // Large GEMMs of one size: the efficiency is fitted at the kept size, which the
         // table does not list as fitted.
         let f = fit_ops(&keep(&synthetic(&gpu, 0.62, 7.5, 0.7), "g2"), &gpu, "ops.json").unwrap();

@@ -79,7 +79,8 @@ pub fn print_stdout(text: &str) -> Result<()> {
 }
 
 /// Write `render`'s output to --output when given, in --format or else the format the
-/// file's extension names (.json, .csv, .html, in any case; a table otherwise).
+/// file's extension names (.json, .csv, .html, in any case; a table for .txt or none;
+/// another is refused before the command runs, [`unknown_output_extension`]).
 pub fn write_output(global: &Global, render: &dyn Fn(OutputFormat) -> String) -> Result<()> {
     if let (Some(path), Some(format)) = (&global.output, output_format(global)) {
         write_atomic(path, render(format).as_bytes()).with_context(|| format!("cannot write {}", path.display()))?;
@@ -157,6 +158,28 @@ pub fn output_format(global: &Global) -> Option<OutputFormat> {
         Some("html" | "htm") => OutputFormat::Html,
         _ => OutputFormat::Table,
     }))
+}
+
+/// Why --output cannot be written as asked: an extension that names no format (`-o
+/// out.xyz` was written as a table without a word), unless --format names one. A name
+/// without an extension is a table. `toml`: the command writes a fitted profile to a
+/// .toml name (`runner calibrate`).
+pub fn unknown_output_extension(global: &Global, toml: bool) -> Option<String> {
+    if global.format.is_some() {
+        return None;
+    }
+    let path = global.output.as_ref()?;
+    let ext = path.extension()?.to_string_lossy().to_ascii_lowercase();
+    match ext.as_str() {
+        "json" | "csv" | "html" | "htm" | "txt" => None,
+        "toml" if toml => None,
+        _ => Some(format!(
+            "-o {}: unknown extension .{}: use .json, .csv, .html or .txt{} (or --format)",
+            report::visible(&path.display().to_string()),
+            report::visible(&path.extension()?.to_string_lossy()),
+            if toml { ", or .toml for the fitted profile" } else { "" }
+        )),
+    }
 }
 
 /// A progress line on stderr (never with -q): long commands say what they are doing.
@@ -613,7 +636,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
                     egress_gb: 0.0,
                 };
                 check(
-                    &format!("quote ({nodes} node(s), 1 hour)"),
+                    &format!("quote ({}, 1 hour)", report::plural(nodes, "node")),
                     c.quote(&req)
                         .map(|q| format!("{:.2} {}", q.total, q.currency)),
                 );
@@ -670,7 +693,7 @@ fn validate(path: &str, global: &Global) -> Result<()> {
         &serde_json::json!({ "plugin": p.info, "failures": failures }),
     )?;
     if failures > 0 {
-        anyhow::bail!("{failures} call(s) failed validation");
+        anyhow::bail!("{} failed validation", report::plural(failures, "call"));
     }
     Ok(())
 }
@@ -679,11 +702,12 @@ fn validate(path: &str, global: &Global) -> Result<()> {
 /// on a GPU no profile describes (valid, but never quoted), the first 8 named.
 fn offerings_outcome(instances: usize, unknown: &[(&str, &str)], known: &[&str]) -> String {
     if unknown.is_empty() {
-        return format!("{instances} instances");
+        return report::plural(instances, "instance");
     }
     let shown: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
     format!(
-        "{instances} instances, {} never quoted, on GPUs no profile describes: {}{} (an offering's gpu must be one of {}, or an alias)",
+        "{}, {} never quoted, on GPUs no profile describes: {}{} (an offering's gpu must be one of {}, or an alias)",
+        report::plural(instances, "instance"),
         unknown.len(),
         shown.join(", "),
         if unknown.len() > 8 { ", ..." } else { "" },
@@ -1376,6 +1400,24 @@ mod tests {
         assert_eq!(f(None, Some("report")), Some(OutputFormat::Table));
         assert_eq!(f(Some(OutputFormat::Csv), Some("r.json")), Some(OutputFormat::Csv));
         assert_eq!(f(Some(OutputFormat::Json), Some("r.html")), Some(OutputFormat::Json));
+    }
+
+    /// -o with an extension that names no format is refused (it was written as a table
+    /// without a word), unless --format names one; .toml only where a profile is written.
+    #[test]
+    fn an_unknown_output_extension_is_refused() {
+        let why = |format, output, toml| super::unknown_output_extension(&global(format, output), toml);
+        for ok in ["r.json", "R.CSV", "r.html", "r.htm", "r.txt", "report"] {
+            assert_eq!(why(None, Some(ok), false), None, "{ok}");
+        }
+        assert_eq!(why(None, None, false), None);
+        assert_eq!(
+            why(None, Some("out.xyz"), false).as_deref(),
+            Some("-o out.xyz: unknown extension .xyz: use .json, .csv, .html or .txt (or --format)")
+        );
+        assert_eq!(why(Some(OutputFormat::Csv), Some("out.xyz"), false), None);
+        assert!(why(None, Some("fit.toml"), false).is_some());
+        assert_eq!(why(None, Some("fit.toml"), true), None);
     }
 
     /// Stdout's format: --format without -o; the table with -o, whatever the file takes.

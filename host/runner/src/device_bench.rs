@@ -168,7 +168,7 @@ pub fn bench(cmd: BenchCommand, global: &Global) -> Result<()> {
             ));
             emit_csv(global, &t, &rows, &runner::report::records(&rows))?;
             if failed > 0 {
-                bail!("{failed} kernel check(s) failed on {name}");
+                bail!("{} failed on {name}", runner::report::plural(failed, "kernel check"));
             }
             Ok(())
         }
@@ -610,7 +610,10 @@ pub fn measure(target: &Target, gpu_given: bool, shard: [u32; 5], repeats: usize
         t.rows.push(vec![o.name.clone(), format!("{:?}", o.kind).to_lowercase(), shape, formats, format!("{:.4}", o.fwd_s * 1e3), format!("{:.4}", o.bwd_s * 1e3), rate]);
     }
     t.notes = file.notes.clone();
-    t.notes.push(format!("{repeats} timed samples per op, medians; GEMM rate over its three kernels, memory rate of the f32 forward"));
+    t.notes.push(format!(
+        "{} per op, medians; GEMM rate over its three kernels, memory rate of the f32 forward",
+        runner::report::plural(repeats, "timed sample")
+    ));
     t.notes.push("use it with: runner project ... --measured FILE.json, or runner calibrate --ops FILE.json -o fitted.toml".into());
     // The CSV: a row per op under the JSON's names (`ops`; seconds, bytes and FLOPs
     // unrounded, lists as JSON), not the table's ms and GFLOP/s.

@@ -17,8 +17,13 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+<<<<<<< HEAD
 use runner::report::Table;
 use runner_dist::{Launch, RunMeta, TcpWorld, host_port, rendezvous, rendezvous_on};
+=======
+use runner::report::{Table, plural};
+use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
+>>>>>>> wt-polish
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
@@ -451,7 +456,7 @@ pub fn collectives(args: CollArgs, global: &Global) -> Result<()> {
     let nodes = rows.first().map_or(1, |r| r.nodes);
     let transport = rows.first().map_or("tcp", |r| r.transport.as_str());
     let mut t = Table::new(
-        format!("collectives over {n} rank(s) on {nodes} node(s), {transport}"),
+        format!("collectives over {} on {}, {transport}", plural(n, "rank"), plural(nodes, "node")),
         &["op", "size (B)", "count (elements)", "type", "redop", "root", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "#wrong"],
     );
     for r in &rows {
@@ -736,8 +741,9 @@ type RankGroups<D> = Vec<(String, Box<dyn Collective<D>>)>;
 pub struct RankResult {
     pub rank: usize,
     pub coord: (u32, u32, u32),
-    /// Loss of each step (0 on pipeline stages without the loss).
-    pub losses: Vec<f32>,
+    /// Loss of each step; `None` (JSON null) on a pipeline stage without the loss, which
+    /// has none to report (it printed as 0.000000, a loss no model reaches).
+    pub losses: Vec<Option<f32>>,
     /// Wall seconds of each step on this rank.
     pub step_s: Vec<f64>,
     /// Micro-batches this rank held between their forward and backward at once (a 1F1B
@@ -932,12 +938,17 @@ fn weight_digest<D: Device>(ex: &Executor<D>) -> Result<String> {
     Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// One rank's training steps.
+/// A step's loss as the table and the progress lines show it: "-" on a stage without it.
+fn loss_text(loss: Option<f32>) -> String {
+    loss.map_or_else(|| "-".into(), |l| format!("{l:.6}"))
+}
+
 /// The toy Llama's kv heads, which decide the `tp-kv` groups of its mesh.
 fn toy_kv_heads() -> u32 {
     u32::try_from(ToyConfig::tiny().kv_heads).unwrap_or(u32::MAX)
 }
 
+/// One rank's training steps.
 fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usize) -> Result<RankResult> {
     let (tp, pp, dp, m) = (run.tp, run.pp, run.dp, run.micro_batches);
     let g = run.graph();
@@ -972,12 +983,15 @@ fn step_rank<D: Device>(dev: D, groups: RankGroups<D>, run: &StepRun, rank: usiz
         })
         .collect();
     let (mut losses, mut step_s, mut comm_s) = (Vec::new(), Vec::new(), Vec::new());
+    // Both schedules (1F1B, in order) end the model on the last stage.
+    let has_loss = coord.pp + 1 == pp;
     for k in 0..run.steps {
         let t0 = std::time::Instant::now();
         let loss = ex.step_micro_batches(&batches, &ADAMW_DEFAULT).with_context(|| format!("rank {rank}, step {k}"))?;
         ex.device().synchronize()?;
         let dt = t0.elapsed().as_secs_f64();
-        elog!("rank {rank}: step {k} loss {loss:.6} ({:.1} ms)", dt * 1e3);
+        let loss = has_loss.then_some(loss);
+        elog!("rank {rank}: step {k} loss {} ({:.1} ms)", loss_text(loss), dt * 1e3);
         losses.push(loss);
         step_s.push(dt);
         comm_s.push(ex.profile().communication_s);
@@ -1107,7 +1121,7 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
         let mut row = vec![
             r.rank.to_string(),
             format!("{:?}", r.coord),
-            r.losses.iter().map(|l| format!("{l:.6}")).collect::<Vec<_>>().join(" "),
+            r.losses.iter().map(|&l| loss_text(l)).collect::<Vec<_>>().join(" "),
             format!("{:.1}", median(&r.step_s)),
             format!("{:.1}", median(&r.comm_s)),
             format!("{} ({})", r.buckets, r.buckets_in_backward),
@@ -1121,12 +1135,12 @@ pub fn step(run: StepRun, in_process: bool, timeout: Duration, global: &Global) 
         t.rows.push(row);
     }
     t.notes.push(format!(
-        "{} rank(s); a stage without the loss reports 0; the same digests from two runs mean bit-identical weights; \
+        "{}; a stage without the loss shows \"-\" (null in JSON); the same digests from two runs mean bit-identical weights; \
          step times are each rank's wall time, the median of the steps after the first (the first, alone, when there is one); \
          comm ms: time inside collective calls, the overlapped gradient buckets' start and wait only (buckets: the data-parallel \
          all-reduces, or under FSDP the layers' reduce-scatters, started during the backward where in backward; \
          --ddp-bucket-size sets the all-reduces' size)",
-        results.len()
+        plural(results.len(), "rank")
     ));
     if blockwise {
         t.notes.push(

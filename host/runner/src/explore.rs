@@ -621,9 +621,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
     notes.extend(quote_notes.finish());
     notes.extend(price_provenance(&series, &cloud_names));
     notes.extend(layout_string_notes(&series));
-    if series.iter().flat_map(|s| &s.rows).any(|r| r.gpus != r.requested_gpus) {
-        notes.push("GPU counts rounded up to whole nodes, as they are billed".into());
-    }
+    notes.extend(rounding_note(&series));
     // The straggler wait is fitted to runs of at most this many GPUs; past it, say so.
     let widest = series
         .iter()
@@ -715,6 +713,39 @@ fn sold_nowhere(s: &Series, clouds: &[String]) -> Option<String> {
         "{asked}; its rows are projected, not priced: give your own prices with --price-file FILE (a CSV in SkyPilot's \
          catalog shape with AcceleratorName {gpu}, docs/EXPLORER.md) or a cost plugin that sells it with --cloud FILE.wasm"
     ))
+}
+
+/// Which asked GPU count became which row, per GPU type ("12 -> 16, 3 -> 8 GPUs on H100
+/// (whole nodes of 8)"): the rows showed 16 and 8 with no word of the 12 and 3 asked.
+fn rounding_note(series: &[Series]) -> Option<String> {
+    // Per GPU type: its name, its node size, and each (asked, used) pair.
+    type Moved = (String, u32, Vec<(u32, u32)>);
+    let mut per_gpu: Vec<Moved> = Vec::new();
+    for s in series {
+        let node = s.gpu.gpus_per_node.max(1);
+        let at = match per_gpu.iter().position(|(g, _, _)| *g == s.gpu.name) {
+            Some(i) => i,
+            None => {
+                per_gpu.push((s.gpu.name.clone(), node, Vec::new()));
+                per_gpu.len() - 1
+            }
+        };
+        for r in s.rows.iter().filter(|r| r.gpus != r.requested_gpus) {
+            let pair = (r.requested_gpus, r.gpus);
+            if !per_gpu[at].2.contains(&pair) {
+                per_gpu[at].2.push(pair);
+            }
+        }
+    }
+    let parts: Vec<String> = per_gpu
+        .iter()
+        .filter(|(_, _, pairs)| !pairs.is_empty())
+        .map(|(gpu, node, pairs)| {
+            let moved: Vec<String> = pairs.iter().map(|(a, n)| format!("{a} -> {n}")).collect();
+            format!("{} GPUs on {gpu} (whole nodes of {node})", moved.join(", "))
+        })
+        .collect();
+    (!parts.is_empty()).then(|| format!("GPU counts rounded up to whole nodes, as they are billed: {}", parts.join("; ")))
 }
 
 /// The GPUs a row of `asked` GPUs uses: whole nodes of `node` GPUs, as they are billed.
@@ -1391,6 +1422,25 @@ fn price_file_problems(err: &plugin::PluginError) -> Option<Vec<String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The note names which asked count became which row (`--gpus 12,3` showed rows 16
+    /// and 8 without a word of 12 and 3), once per pair, and nothing when none moved.
+    /// Kills: the pairs left out, a count that did not move listed.
+    #[test]
+    fn the_rounding_note_says_which_count_became_which() {
+        use crate::report::explore::tests::{outcome, row};
+        let moved = |asked: u32, gpus: u32| Row { requested_gpus: asked, ..row(gpus, Some(1.0), Vec::new()) };
+        let mut o = outcome("bf16", vec![moved(3, 8), moved(12, 16), row(32, Some(1.0), Vec::new())], &[]);
+        assert_eq!(rounding_note(&o.series[..0]), None);
+        let fp8 = Series { precision: "fp8".into(), ..o.series[0].clone() };
+        o.series.push(fp8);
+        assert_eq!(
+            rounding_note(&o.series).as_deref(),
+            Some("GPU counts rounded up to whole nodes, as they are billed: 3 -> 8, 12 -> 16 GPUs on H100 (whole nodes of 8)")
+        );
+        o.series.iter_mut().for_each(|s| s.rows.retain(|r| r.gpus == r.requested_gpus));
+        assert_eq!(rounding_note(&o.series), None);
+    }
 
     /// Two names of one GPU type are one type named twice, as two spellings of one name
     /// are (the series ran twice); the profile's name says which.

@@ -46,7 +46,7 @@ pub struct Global {
     /// Output format
     #[arg(long, value_enum, global = true)]
     pub format: Option<OutputFormat>,
-    /// Write the result to FILE (format from --format, else from the extension: .json, .csv, .html); the terminal shows the table
+    /// Write the result to FILE (format from --format, else from the extension: .json, .csv, .html, .txt or none for a table; another is refused); the terminal shows the table
     #[arg(long, short = 'o', global = true, value_name = "FILE")]
     pub output: Option<PathBuf>,
     /// More logging (-v info, -vv debug, -vvv trace); RUST_LOG overrides
@@ -850,6 +850,11 @@ fn main() -> ExitCode {
             out.display(),
             history.display()
         ));
+    }
+    // Refused before the work, as the places below are: a table written to out.xyz
+    // unasked helps no one.
+    if let Some(why) = commands::unknown_output_extension(&cli.global, matches!(cli.command, Some(Command::Calibrate { .. }))) {
+        return refuse(&why);
     }
     // A result that takes minutes to compute is not thrown away for want of a place to
     // write it: the output's directory is checked first.

@@ -356,6 +356,16 @@ fn numeric(cell: &str) -> bool {
     figure && words.next().is_none_or(|unit| unit.chars().count() <= 5) && words.next().is_none()
 }
 
+/// `x` with its sign and `decimals` places ("+12.3", "-4.0"), and one that rounds to
+/// nothing unsigned ("0.0"): `{:+.1}` printed a small negative error as "-0.0".
+pub fn signed(x: f64, decimals: usize) -> String {
+    let shown = format!("{x:+.decimals$}");
+    match shown.strip_prefix(['-', '+']) {
+        Some(digits) if digits.bytes().all(|b| b == b'0' || b == b'.') => digits.to_string(),
+        _ => shown,
+    }
+}
+
 /// "1 GPU", "8 GPUs": a count and its noun, plural unless the count is 1.
 pub fn plural(n: impl std::fmt::Display, noun: &str) -> String {
     let n = n.to_string();
@@ -517,6 +527,20 @@ pub fn usd(v: f64) -> String {
 mod tests {
     use super::*;
     use std::path::Path;
+
+    /// A signed figure that rounds to nothing has no sign ("-0.0" was printed for a
+    /// validation error of -0.04 %); others keep theirs.
+    #[test]
+    fn a_signed_figure_rounding_to_zero_is_unsigned() {
+        assert_eq!(signed(-0.04, 1), "0.0");
+        assert_eq!(signed(0.04, 1), "0.0");
+        assert_eq!(signed(-0.0, 2), "0.00");
+        assert_eq!(signed(-0.4, 0), "0");
+        assert_eq!(signed(-0.05001, 1), "-0.1");
+        assert_eq!(signed(12.34, 1), "+12.3");
+        assert_eq!(signed(-25.0, 0), "-25");
+        assert_eq!(signed(f64::NAN, 1), "NaN");
+    }
 
     #[test]
     fn table_aligns_and_csv_escapes() {

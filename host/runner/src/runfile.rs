@@ -44,8 +44,8 @@
 //! recompute = "none"   # activation recompute of the measured step: none | selective | full
 //!
 //! [limits]
-//! memory_mib = 256
-//! call_timeout_ms = 10000
+//! memory_mib = 256         # linear memory per plugin instance, 1 to 4096 MiB (wasm32's 4 GiB)
+//! call_timeout_ms = 10000  # deadline of one plugin call, 1 ms to a day
 //! ```
 
 use std::path::Path;
@@ -71,7 +71,7 @@ pub struct RunFile {
     pub precision: PrecisionSection,
     #[serde(default, deserialize_with = "section")]
     pub cost: CostSection,
-    #[serde(default, deserialize_with = "section")]
+    #[serde(default, deserialize_with = "limits")]
     pub limits: Limits,
     #[serde(default, deserialize_with = "section")]
     pub measure: MeasureSection,
@@ -211,6 +211,7 @@ pub struct LayoutSection {
     pub pipeline_split: Option<PipelineSplit>,
     /// Layers per pipeline chunk whose activations go to host memory between forward and
     /// backward (Megatron's `cpu_offloading_num_layers`); absent: none.
+    #[serde(deserialize_with = "offload_layers")]
     pub offload_layers: Option<u32>,
     /// The routed experts' MLP as fused grouped GEMMs (Megatron-Bridge's
     /// `cutedsl_fused_grouped_mlp`); absent: false, Megatron's default.
@@ -337,29 +338,36 @@ fn quantity<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Er
     }
 }
 
-/// A GPU count or a layout degree ([`within_gpu_ceiling`]): a value no u32 holds (`-8`, `"8"`,
-/// `8.5`) is refused with the range the check gives, not u32's "0 to 4294967295"; one that
-/// fits is left to [`check`], which says the same range.
-struct Count(u32);
+/// A whole number of a key whose range is `LO..=HI`: a value its type does not hold (`-1`,
+/// `"8"`, `8.5`, 2^40 for a u32) is refused with that range, not the type's ("0 to
+/// 4294967295" for `seq_len = -1`); one the type holds is left to [`check`], which says
+/// the same range with the key's name.
+struct Whole<T, const LO: u64, const HI: u64>(T);
 
-impl<'de> Deserialize<'de> for Count {
+impl<'de, T: TryFrom<u64>, const LO: u64, const HI: u64> Deserialize<'de> for Whole<T, LO, HI> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visitor;
-        impl serde::de::Visitor<'_> for Visitor {
-            type Value = Count;
+        struct Visitor<T, const LO: u64, const HI: u64>(std::marker::PhantomData<T>);
+        impl<T: TryFrom<u64>, const LO: u64, const HI: u64> serde::de::Visitor<'_> for Visitor<T, LO, HI> {
+            type Value = Whole<T, LO, HI>;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                write!(f, "a whole number from 1 to {}", runner_contract::limits::GPUS)
+                write!(f, "a whole number from {LO} to {HI}")
             }
-            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Count, E> {
-                u32::try_from(v).map(Count).map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                match u64::try_from(v) {
+                    Ok(v) => self.visit_u64(v),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(v), &self)),
+                }
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Count, E> {
-                u32::try_from(v).map(Count).map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                T::try_from(v).map(Whole).map_err(|_| E::invalid_value(serde::de::Unexpected::Unsigned(v), &self))
             }
         }
-        d.deserialize_u32(Visitor)
+        d.deserialize_u64(Visitor(std::marker::PhantomData))
     }
 }
+
+/// A GPU count or a layout degree ([`within_gpu_ceiling`]).
+type Count = Whole<u32, 1, { runner_contract::limits::GPUS as u64 }>;
 
 fn gpu_counts<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<u32>, D::Error> {
     Ok(Vec::<Count>::deserialize(d)?.into_iter().map(|c| c.0).collect())
@@ -369,11 +377,72 @@ fn degree<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Erro
     Ok(Option::<Count>::deserialize(d)?.map(|c| c.0))
 }
 
+fn seq_len<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<Whole<u32, 1, { runner_contract::limits::SEQ_LEN as u64 }>>::deserialize(d)?.map(|c| c.0))
+}
+
+fn gbs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<Whole<u32, 1, { u32::MAX as u64 }>>::deserialize(d)?.map(|c| c.0))
+}
+
+fn offload_layers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    Ok(Option::<Whole<u32, 0, { runner_contract::limits::LAYERS as u64 }>>::deserialize(d)?.map(|c| c.0))
+}
+
+/// Most timed steps `[measure] repeats` takes: past a thousand the figures are no tighter.
+const MAX_REPEATS: usize = 1000;
+
+fn repeats<'de, D: serde::Deserializer<'de>>(d: D) -> Result<usize, D::Error> {
+    Ok(Whole::<usize, 1, { MAX_REPEATS as u64 }>::deserialize(d)?.0)
+}
+
+/// The most linear memory a plugin instance may be given, MiB: a wasm32 instance
+/// addresses 4 GiB at most (65 536 pages of 64 KiB), so a larger cap would not be one.
+pub const MAX_PLUGIN_MEMORY_MIB: u64 = 4096;
+/// The longest deadline of one plugin call, milliseconds: a day (no plugin call is
+/// meant to take more than seconds).
+pub const MAX_CALL_TIMEOUT_MS: u64 = 86_400_000;
+
+/// `[limits]` as the run file writes it: [`Limits`] with its keys' ranges said.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, default)]
+struct LimitsKeys {
+    #[serde(deserialize_with = "memory_mib")]
+    memory_mib: u64,
+    #[serde(deserialize_with = "call_timeout_ms")]
+    call_timeout_ms: u64,
+}
+
+impl Default for LimitsKeys {
+    fn default() -> Self {
+        let l = Limits::default();
+        LimitsKeys { memory_mib: l.memory_mib, call_timeout_ms: l.call_timeout_ms }
+    }
+}
+
+impl Section for LimitsKeys {
+    const NAME: &'static str = "limits";
+}
+
+fn memory_mib<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(Whole::<u64, 1, MAX_PLUGIN_MEMORY_MIB>::deserialize(d)?.0)
+}
+
+fn call_timeout_ms<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+    Ok(Whole::<u64, 1, MAX_CALL_TIMEOUT_MS>::deserialize(d)?.0)
+}
+
+fn limits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Limits, D::Error> {
+    let k: LimitsKeys = section(d)?;
+    Ok(Limits { memory_mib: k.memory_mib, call_timeout_ms: k.call_timeout_ms })
+}
+
 /// How long to spend measuring on the local device.
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct MeasureSection {
     /// Timed training steps after one warm-up; more gives tighter figures.
+    #[serde(deserialize_with = "repeats")]
     pub repeats: usize,
     /// Activation recomputation of the measured step (Megatron's
     /// `--recompute-granularity`): `none`, `selective` (attention cores) or `full`
@@ -398,6 +467,7 @@ pub struct ModelSection {
     /// Variant name; default: the plugin's first variant.
     pub variant: Option<String>,
     /// Sequence length; default: the variant's training default.
+    #[serde(default, deserialize_with = "seq_len")]
     pub seq_len: Option<u32>,
     /// Tokens to train (a number, or a string such as "15T"); default: the variant's
     /// training default.
@@ -415,6 +485,7 @@ pub struct ClusterSection {
     #[serde(deserialize_with = "gpu_counts")]
     pub gpus: Vec<u32>,
     /// Global batch in sequences; default: the variant's published rule, off its GPU range scaled per GPU up to the job's compute-optimal batch.
+    #[serde(deserialize_with = "gbs")]
     pub gbs: Option<u32>,
     /// A GPU profile file merged over the built-in profiles.
     pub profile: Option<String>,
@@ -878,14 +949,31 @@ fn check(run: &RunFile) -> Result<(), String> {
         return Err(format!("[model] seq_len must be in 1..={SEQ_LEN}, got {s}"));
     }
     parse_option(&run.cost.option)?;
-    if run.measure.repeats < 1 || run.measure.repeats > 1000 {
+    if !(1..=MAX_REPEATS).contains(&run.measure.repeats) {
         return Err(format!(
-            "[measure] repeats must be in 1..=1000, got {}",
+            "[measure] repeats must be in 1..={MAX_REPEATS}, got {}",
             run.measure.repeats
         ));
     }
     if run.limits.memory_mib < 1 || run.limits.call_timeout_ms < 1 {
         return Err("[limits] memory_mib and call_timeout_ms must be at least 1".into());
+    }
+    if run.limits.memory_mib > MAX_PLUGIN_MEMORY_MIB {
+        return Err(format!(
+            "[limits] memory_mib must be in 1..={MAX_PLUGIN_MEMORY_MIB} (a wasm32 plugin addresses 4 GiB at most), got {}",
+            run.limits.memory_mib
+        ));
+    }
+    if run.limits.call_timeout_ms > MAX_CALL_TIMEOUT_MS {
+        return Err(format!(
+            "[limits] call_timeout_ms must be in 1..={MAX_CALL_TIMEOUT_MS} (a day), got {}",
+            run.limits.call_timeout_ms
+        ));
+    }
+    if let Some(n) = run.layout.offload_layers
+        && n > runner_contract::limits::LAYERS
+    {
+        return Err(format!("[layout] offload_layers must be in 0..={}, got {n}", runner_contract::limits::LAYERS));
     }
     Ok(())
 }
@@ -1239,6 +1327,15 @@ mod tests {
         accepted("[cluster]\ngpus = [16, 8]");
         refused("[cluster]\ngpus = [8, 16, 8]", "[cluster] gpus gives 8 twice: each GPU count is one row; list it once");
         refused("[cluster]\ngbs = 0", "[cluster] gbs must be at least 1");
+        // A plugin's linear memory past wasm32's 4 GiB, a deadline past a day, an offload
+        // past the layer ceiling: refused, not taken silently.
+        accepted("[limits]\nmemory_mib = 4096");
+        refused("[limits]\nmemory_mib = 4097", "[limits] memory_mib must be in 1..=4096 (a wasm32 plugin addresses 4 GiB at most), got 4097");
+        refused("[limits]\nmemory_mib = 100000000000", "[limits] memory_mib must be in 1..=4096");
+        accepted("[limits]\ncall_timeout_ms = 86400000");
+        refused("[limits]\ncall_timeout_ms = 86400001", "[limits] call_timeout_ms must be in 1..=86400000 (a day), got 86400001");
+        accepted("[layout]\noffload_layers = 10000");
+        refused("[layout]\noffload_layers = 10001", "[layout] offload_layers must be in 0..=10000, got 10001");
         for key in ["tp", "pp", "cp", "vp", "ep", "etp", "mbs"] {
             accepted(&format!("[layout]\n{key} = 1048576"));
             refused(&format!("[layout]\n{key} = 1048577"), &format!("[layout] {key} must be in 1..=1048576, got 1048577"));
@@ -1533,9 +1630,15 @@ mod tests {
             ("[model]\nplugin = \"x\"\n[layout]\nmbs = 4294967296\n", "expected a whole number from 1 to 1048576"),
             ("[model]\nplugin = \"x\"\n[cluster]\ngpus = [8, -8]\n", "invalid value: integer `-8`, expected a whole number from 1 to 1048576"),
             ("[model]\nplugin = \"x\"\n[cluster]\ngpus = [8.5]\n", "invalid type: floating point `8.5`, expected a whole number from 1 to 1048576"),
-            ("[model]\nplugin = \"x\"\nseq_len = 4096.5\n", "expected a whole number from 0 to 4294967295"),
-            ("[model]\nplugin = \"x\"\n[measure]\nrepeats = -1\n", "expected a whole number from 0 to 18446744073709551615"),
-            ("[model]\nplugin = \"x\"\n[limits]\nmemory_mib = 1.5\n", "expected a whole number from 0 to 18446744073709551615"),
+            // Each bounded key's own range, not its type's ("0 to 4294967295" for seq_len).
+            ("[model]\nplugin = \"x\"\nseq_len = 4096.5\n", "expected a whole number from 1 to 16777216"),
+            ("[model]\nplugin = \"x\"\nseq_len = -1\n", "invalid value: integer `-1`, expected a whole number from 1 to 16777216"),
+            ("[model]\nplugin = \"x\"\nseq_len = 4294967296\n", "expected a whole number from 1 to 16777216"),
+            ("[model]\nplugin = \"x\"\n[measure]\nrepeats = -5\n", "invalid value: integer `-5`, expected a whole number from 1 to 1000"),
+            ("[model]\nplugin = \"x\"\n[limits]\nmemory_mib = 1.5\n", "expected a whole number from 1 to 4096"),
+            ("[model]\nplugin = \"x\"\n[limits]\ncall_timeout_ms = -1\n", "expected a whole number from 1 to 86400000"),
+            ("[model]\nplugin = \"x\"\n[cluster]\ngbs = -1\n", "expected a whole number from 1 to 4294967295"),
+            ("[model]\nplugin = \"x\"\n[layout]\noffload_layers = -1\n", "expected a whole number from 0 to 10000"),
             ("[model]\nplugin = \"x\"\n[assumptions]\nrestart_h = \"1h\"\n", "expected a number"),
             ("[model]\nplugin = \"x\"\n[explore]\ntarget_days = \"30\"\n", "expected a number"),
             ("[model]\nplugin = \"x\"\n[layout]\npipeline_split = 1\n", "expected a table, e.g. { embedding = 1, loss = 1 }"),

@@ -71,6 +71,16 @@ impl InjectKind {
             InjectKind::BadBatch => "bad-batch",
         }
     }
+
+    /// In words, for the report's notes (`{:?}` printed "Nan").
+    pub fn label(self) -> &'static str {
+        match self {
+            InjectKind::AmaxSpike => "amax spike",
+            InjectKind::Nan => "NaN",
+            InjectKind::GradSpike => "gradient spike",
+            InjectKind::BadBatch => "bad batch",
+        }
+    }
 }
 
 /// `--inject KIND@STEP[:SITE]`.
@@ -503,9 +513,9 @@ pub fn run(cfg: &TrainConfig, progress: &dyn Fn(Progress<'_>)) -> Result<TrainRe
     };
     let notes = vec![
         format!(
-            "the {} graph ({} layers, {:.1}M parameters) trained on {how}",
+            "the {} graph ({}, {:.1}M parameters) trained on {how}",
             variant.name,
-            graph.ops.iter().map(|o| o.layer).max().unwrap_or(-1) + 1,
+            crate::report::plural(graph.ops.iter().map(|o| o.layer).max().unwrap_or(-1) + 1, "layer"),
             params as f64 / 1e6
         ),
         format!(

@@ -1567,7 +1567,7 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     trimmed["ops"].as_array_mut().unwrap().retain(|o| o["name"] != "layers.0.mlp.gate");
     std::fs::write(dir.join("ops-trimmed.json"), serde_json::to_string(&trimmed).unwrap()).unwrap();
     let notes = step(&["--measured", "ops-trimmed.json"])["notes"].to_string();
-    assert!(notes.contains("ops-trimmed.json lacks 1 op(s) of the rank graph that `runner measure` times: layers.0.mlp.gate;"), "{notes}");
+    assert!(notes.contains("ops-trimmed.json lacks 1 op of the rank graph that `runner measure` times: layers.0.mlp.gate;"), "{notes}");
     let names: Vec<&str> = measured["measured"]["ops"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
     assert_eq!(names.len(), ops["ops"].as_array().unwrap().len());
     assert!(names.contains(&"layers.0.mlp.gate") && !names.contains(&"layers.0.attn.core"), "{names:?}");
@@ -1648,7 +1648,7 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     let o = run(&["calibrate", "--collectives", "coll.json", "--gpu", "cpu-box", "-o", "net.toml", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("scale_up") && out.contains("scale-up tier from 4 rank(s) on 1 node(s)"), "{out}");
+    assert!(out.contains("scale_up") && out.contains("scale-up tier from 4 ranks on 1 node"), "{out}");
     let net = std::fs::read_to_string(dir.join("net.toml")).unwrap();
     assert!(net.contains("scale_up_latency_us") && net.contains("--collectives coll.json"), "{net}");
     // The fitted tier is what the projection reads: a TP=2 layout's exposed TP
@@ -1743,7 +1743,7 @@ fn nccl_tests_logs_fit_the_nvlink_tier() {
     let o = runner(&dir, &["calibrate", "--collectives", "all_reduce_perf.log,all_gather_perf.log", "--gpu", "h100", "-o", "net.toml", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("scale-up tier from 8 rank(s) on 1 node(s)"), "{out}");
+    assert!(out.contains("scale-up tier from 8 ranks on 1 node"), "{out}");
     let net: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("net.toml")).unwrap()).unwrap();
     let e = &net["gpu"][0]["efficiency"];
     let (eff, lat) = (e["scale_up"].as_float().unwrap(), e["scale_up_latency_us"].as_float().unwrap());
@@ -1792,7 +1792,7 @@ fn unchecked_collectives_and_a_one_gpu_node_profile() {
     let o = calibrate(&["--tier", "scale-out"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "the -c 0 file is read and fitted: {err}");
-    assert!(out.contains("scale-out tier from 2 rank(s) on 1 node(s)"), "{out}");
+    assert!(out.contains("scale-out tier from 2 ranks on 1 node"), "{out}");
 }
 
 /// A run file finds its variant in any case, as --model does, and a GPU name two boards
@@ -2622,7 +2622,7 @@ fn plugins_list_notes_and_validate_fails_with_the_count() {
     let (out, err) = text(&o);
     assert_eq!(o.status.code(), Some(1), "{out}{err}");
     assert!(out.lines().any(|l| l.starts_with("describe") && l.contains("FAILED")), "{out}");
-    assert!(err.contains("1 call(s) failed validation"), "{err}");
+    assert!(err.contains("1 call failed validation"), "{err}");
     let o = runner(&dir, &["plugins", "validate", "llama3"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
@@ -3189,4 +3189,82 @@ fn logs_to_a_pipe_carry_no_colour_codes() {
     let (_, err) = text(&o);
     assert!(o.status.success() && err.contains("DEBUG"), "{err}");
     assert!(!err.contains('\u{1b}'), "{err:?}");
+}
+
+/// `compare`: its CSV names its header with nothing changed (it began with an empty
+/// line), and its table shows an object's first whole fields and how many more, not JSON
+/// text cut mid-field; `history`'s table names its column as the JSON does (`items`, not
+/// `pieces`); an -o extension that names no format is refused before the work (`models
+/// -o out.xyz` wrote a table without a word).
+#[test]
+fn compare_history_and_output_extensions_read_plainly() {
+    let dir = scratch("compare-plain");
+    let history = dir.join("h.sqlite");
+    let h = history.to_str().unwrap();
+    let quote = r#"{"cloud": "aws", "region": "us-east-1", "days": 12.3456789, "usd": 2869701.3375347964, "gpus": 16}"#;
+    for figures in [format!(r#"{{"x": {quote}}}"#), "{}".to_string()] {
+        sql(
+            &history,
+            &format!(
+                "INSERT INTO runs (kind, command, inputs, inputs_sha256, plugins, started, finished, status, result, runner_version)
+                 VALUES ('explore', 'runner explore', '{{}}', 'k', '[]', '2026-01-01T00:00:00Z', '2026-01-01T00:01:00Z', 'done', '{{\"figures\": {figures}}}', '0')"
+            ),
+        );
+    }
+    let o = runner(&dir, &["--history", h, "compare", "1", "1", "--format", "csv"]);
+    let out = text(&o).0;
+    assert!(o.status.success() && out.starts_with("what,where,a,b\n"), "{out:?}");
+    let o = runner(&dir, &["--history", h, "compare", "1", "2"]);
+    let out = text(&o).0;
+    let row = out.lines().find(|l| l.starts_with("results")).unwrap_or_else(|| panic!("{out}"));
+    assert!(row.contains("{cloud: aws, days: 12.3457, gpus: 16, +2 more}") && !row.contains('"'), "{row}");
+    // The CSV and JSON keep the whole value.
+    let o = runner(&dir, &["--history", h, "compare", "1", "2", "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(v[0]["a"]["usd"], 2869701.3375347964, "{v}");
+    let o = runner(&dir, &["--history", h, "history"]);
+    let out = text(&o).0;
+    let header = out.lines().find(|l| l.starts_with("id")).unwrap_or_else(|| panic!("{out}"));
+    assert!(header.contains("items") && !header.contains("pieces"), "{header}");
+
+    let o = runner(&dir, &["models", "-o", "out.xyz"]);
+    let err = text(&o).1;
+    assert!(!o.status.success() && err.contains("-o out.xyz: unknown extension .xyz: use .json, .csv, .html or .txt (or --format)"), "{err}");
+    assert!(!dir.join("out.xyz").exists());
+    let o = runner(&dir, &["models", "-o", "out.xyz", "--format", "csv", "-q"]);
+    assert!(o.status.success() && std::fs::read_to_string(dir.join("out.xyz")).unwrap().starts_with("name,"), "{}", text(&o).1);
+}
+
+/// `bench step`: a pipeline stage without the loss shows "-" and JSON null (it showed a
+/// loss of 0.000000); the last stage its losses.
+#[test]
+fn a_stage_without_the_loss_reports_none() {
+    let dir = scratch("step-noloss");
+    let args = ["--device", "cpu", "bench", "step", "--layout", "pp=2", "--micro-batches", "2", "--steps", "2", "--in-process", "--no-history"];
+    let o = runner(&dir, &[&args[..], &["--format", "json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap_or_else(|e| panic!("{e}: {}", text(&o).1));
+    assert_eq!(v[0]["losses"], serde_json::json!([null, null]), "{v}");
+    assert!(v[1]["losses"].as_array().unwrap().iter().all(|l| l.as_f64().is_some_and(|l| l > 0.0)), "{v}");
+    let o = runner(&dir, &args);
+    let out = text(&o).0;
+    let rank0 = out.lines().find(|l| l.starts_with("0 ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(rank0.contains(" - - ") && !rank0.contains("0.000000"), "{rank0}");
+    assert!(out.contains("2 ranks; a stage without the loss shows \"-\""), "{out}");
+}
+
+/// `train --inject nan@1` names the fault as the flag spells it and in words ("Nan" was
+/// Rust's name of the variant).
+#[test]
+fn an_injected_fault_is_named_plainly() {
+    let dir = scratch("inject-name");
+    let kjv = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../workloads/text/kjv.txt");
+    let text_file = dir.join("t.txt");
+    std::fs::write(&text_file, &std::fs::read(kjv).unwrap()[..200_000]).unwrap();
+    let o = runner(
+        &dir,
+        &["--device", "cpu", "train", "--steps", "2", "--seq-len", "16", "--micro-batch", "2", "--precision", "bf16", "--layers", "1", "--inject", "nan@1", "--no-history", "--text", text_file.to_str().unwrap()],
+    );
+    let (out, err) = text(&o);
+    assert!(out.contains("fault injected: NaN at step 1 (--inject nan@1)"), "{out}\n{err}");
+    assert!(out.contains("graph (1 layer, "), "{out}");
 }

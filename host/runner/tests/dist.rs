@@ -251,7 +251,7 @@ fn the_report_names_the_launch() {
     }
     let out = read(&dir, "out0");
     // The ranks set no LOCAL_RANK here: both are local rank 0, yet on one host.
-    assert!(out.contains("collectives over 2 rank(s) on 1 node(s), tcp"), "{out}");
+    assert!(out.contains("collectives over 2 ranks on 1 node, tcp"), "{out}");
     assert!(out.contains(&format!("launch: torchrun environment (RANK, WORLD_SIZE), rendezvous at 127.0.0.1:{port}")), "{out}");
     assert_eq!(read(&dir, "out1"), "", "only rank 0 prints");
 }

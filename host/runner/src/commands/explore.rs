@@ -323,7 +323,7 @@ pub fn list(limit: usize, global: &Global) -> Result<()> {
     for r in &mut runs {
         r.status = r.state().to_string();
     }
-    let mut t = Table::new(format!("history: {}", path.display()), &["id", "kind", "started", "status", "pieces", "command"]);
+    let mut t = Table::new(format!("history: {}", path.display()), &["id", "kind", "started", "status", "items", "command"]);
     for r in &runs {
         t.rows.push(vec![r.id.to_string(), r.kind.clone(), r.started.clone(), r.status.clone(), r.items.to_string(), r.command.clone()]);
     }
@@ -350,7 +350,7 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
     let error = run.result.as_ref().and_then(|r| r.get("error")).map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string));
     if run.result.is_none() || error.is_some() {
         // No outcome to reprint: the run's record, in the format asked for.
-        let mut t = Table::new(format!("run {} ({})", run.id, run.kind), &["id", "kind", "status", "started", "finished", "pieces", "error", "command"]);
+        let mut t = Table::new(format!("run {} ({})", run.id, run.kind), &["id", "kind", "status", "started", "finished", "items", "error", "command"]);
         t.rows.push(vec![
             run.id.to_string(),
             run.kind.clone(),
@@ -375,7 +375,7 @@ pub fn show(id: i64, global: &Global) -> Result<()> {
                 run.id,
                 run.kind,
                 run.status,
-                runner::report::plural(run.items.len(), "piece"),
+                runner::report::plural(run.items.len(), "item"),
                 run.started,
                 run.command
             ),
@@ -436,6 +436,57 @@ fn defused(format: OutputFormat, text: &str) -> String {
     }
 }
 
+/// Columns a compared value takes on a terminal; CSV, JSON and HTML carry it whole.
+const COMPARE_CELL: usize = 48;
+
+/// A figure as `compare`'s table shows it: to 1e-4.
+fn compare_number(n: &serde_json::Number) -> String {
+    n.as_f64().map_or(n.to_string(), |x| format!("{}", (x * 1e4).round() / 1e4))
+}
+
+/// A compared value on a terminal, at most [`COMPARE_CELL`] columns: a long text keeps
+/// its two ends (two plugin paths differ at the end, two hashes at either); an object or
+/// list (a series one run has and the other not) its first whole fields and how many
+/// more, never a cut through the middle of a field as the JSON text cut short was.
+fn terminal_cell(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    let scalar = |v: &Value| match v {
+        Value::String(s) => s.clone(),
+        Value::Number(n) => compare_number(n),
+        Value::Null => "-".into(),
+        Value::Bool(b) => b.to_string(),
+        Value::Array(a) => report::plural(a.len(), "item"),
+        Value::Object(o) => report::plural(o.len(), "field"),
+    };
+    let (items, open, close): (Vec<String>, &str, &str) = match v {
+        Value::Object(o) => (o.iter().map(|(k, x)| format!("{k}: {}", scalar(x))).collect(), "{", "}"),
+        Value::Array(a) => (a.iter().map(scalar).collect(), "[", "]"),
+        other => {
+            let s = scalar(other);
+            return if report::columns(&s) > COMPARE_CELL {
+                let half = (COMPARE_CELL - 3) / 2;
+                format!("{}...{}", report::fit(&s, half), report::fit_end(&s, COMPARE_CELL - 3 - half))
+            } else {
+                s
+            };
+        }
+    };
+    let mut shown = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let left = items.len() - i - 1;
+        let more = if left > 0 { format!(", +{left} more") } else { String::new() };
+        let next = format!("{open}{}{more}{close}", shown.iter().chain([item]).cloned().collect::<Vec<_>>().join(", "));
+        if report::columns(&next) > COMPARE_CELL && !shown.is_empty() {
+            break;
+        }
+        shown.push(item.clone());
+    }
+    let left = items.len() - shown.len();
+    let body = shown.iter().map(|s| if report::columns(s) > COMPARE_CELL { format!("{}...", report::fit(s, COMPARE_CELL - 5)) } else { s.clone() });
+    let body = body.collect::<Vec<_>>().join(", ");
+    if left > 0 { format!("{open}{body}, +{left} more{close}") } else { format!("{open}{body}{close}") }
+}
+
 /// `runner compare A B`: what changed between two runs.
 pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     let (store, _) = open_store(global)?;
@@ -449,24 +500,13 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     let cell = |v: &serde_json::Value| -> String {
         match v {
             serde_json::Value::String(s) => s.clone(),
-            serde_json::Value::Number(n) => n.as_f64().map_or(n.to_string(), |x| format!("{}", (x * 1e4).round() / 1e4)),
+            serde_json::Value::Number(n) => compare_number(n),
             serde_json::Value::Null => "-".into(),
             other => other.to_string(),
         }
     };
-    // On a terminal a long value keeps its two ends (two plugin paths differ at the end,
-    // two hashes at either); CSV and HTML carry it whole.
-    let short = |s: String| -> String {
-        if report::columns(&s) > 48 {
-            let head = report::fit(&s, 22);
-            let tail = report::fit_end(&s, 23);
-            format!("{head}...{tail}")
-        } else {
-            s
-        }
-    };
     let table = |shorten: bool| {
-        let fit = |v: &serde_json::Value| if shorten { short(cell(v)) } else { cell(v) };
+        let fit = |v: &serde_json::Value| if shorten { terminal_cell(v) } else { cell(v) };
         let mut t = Table::new(format!("run {a} against run {b}"), &["what", "where", &format!("run {a}"), &format!("run {b}")]);
         for (section, c) in &changes {
             t.rows.push(vec![section.clone(), c.path.clone(), fit(&c.a), fit(&c.b)]);
@@ -485,6 +525,8 @@ pub fn compare(a: i64, b: i64, global: &Global) -> Result<()> {
     // (the table's figures rounded to 1e-4, "-" for none).
     let rows: Vec<report::Record> = changes.iter().map(|(s, c)| report::record([("what", json!(s)), ("where", json!(c.path)), ("a", c.a.clone()), ("b", c.b.clone())])).collect();
     let mut csv = report::records_of(&rows);
+    // Named without a change too (a header, not an empty line).
+    csv.headers = ["what", "where", "a", "b"].map(String::from).to_vec();
     csv.notes = whole.notes.clone();
     crate::commands::emit_rendered(global, &|format| match format {
         OutputFormat::Csv => csv.csv(),

@@ -420,6 +420,7 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     }
     let modules = modules_of(flags)?;
     let mut notes = std::mem::take(&mut s.notes);
+    notes.extend(partial_node_note(gpus, s.projector.gpu.gpus_per_node, &s.projector.gpu.name));
     let gbs = gbs_for(&s, t, gpus, &mut notes);
     // A published layout holds at its own sequence length: at another one its memory and
     // its batch rule are another run's (seq 131072 took seq 8192's layout and 1024 sequences).
@@ -492,8 +493,25 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         };
         Some(layout)
     });
-    let from_reference = with_flags(flags, split, modules).zip(reference.as_ref())
-        .map(|(l, r)| (l, format!("the published layout ({}), flags given on the command line kept", r.source)));
+    // Every degree and the micro-batch on the command line, and nothing else the published
+    // layout sets (interleaving, FSDP, recompute) left to it: the layout is the user's own.
+    let own = reference.as_ref().is_some_and(|r| {
+        let unset = |f: Option<u32>, v: u32| f.is_some() || v <= 1;
+        [flags.tp, flags.pp, flags.cp, flags.mbs].iter().all(Option::is_some)
+            && unset(flags.ep, r.ep)
+            && unset(flags.etp, r.etp)
+            && (flags.vp.is_some() || flags.pp.is_some_and(|p| p != r.pp.max(1)) || r.vp <= 1)
+            && (flags.fsdp || flags.no_fsdp || r.fsdp == 0)
+            && (flags.recompute.is_some() || project::reference_recompute(r).0 == RecomputePolicy::None)
+    });
+    let from_reference = with_flags(flags, split, modules).zip(reference.as_ref()).map(|(l, r)| {
+        let from = if own {
+            "the command line (every dimension given; the published layout not used)".to_string()
+        } else {
+            format!("the published layout ({}), flags given on the command line kept", r.source)
+        };
+        (l, from)
+    });
     // The published layout of this GPU count, with the flags given; where it does not
     // apply (an EP degree the data-parallel ranks cannot hold, a batch the DP degree does
     // not divide), the search, keeping the flags given, and a note saying why.
@@ -503,7 +521,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
     // What the refusal names: the user's own flags are not the published layout.
     // Any flag that changes the layout built (compared, not listed, so a new flag counts),
     // or a --recompute, which also stops recompute being added to make it fit.
-    let named = if from_reference.as_ref().map(|(l, _)| *l) != with_flags(&LayoutFlags::default(), None, None) || flags.recompute.is_some() {
+    let named = if own {
+        "the layout given"
+    } else if from_reference.as_ref().map(|(l, _)| *l) != with_flags(&LayoutFlags::default(), None, None) || flags.recompute.is_some() {
         "the published layout with the flags given"
     } else {
         "the published layout"
@@ -612,10 +632,10 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
             const SHOWN: usize = 5;
             let more = m.unmeasured.len().saturating_sub(SHOWN);
             notes.push(format!(
-                "{} lacks {} op(s) of the rank graph that `runner measure` times: {}{}; they keep the roofline, so the step mixes \
+                "{} lacks {} of the rank graph that `runner measure` times: {}{}; they keep the roofline, so the step mixes \
                  measured and modelled times: measure again to time them all",
                 m.origin,
-                m.unmeasured.len(),
+                runner::report::plural(m.unmeasured.len(), "op"),
                 m.unmeasured[..m.unmeasured.len().min(SHOWN)].join(", "),
                 if more > 0 { format!(" and {more} more") } else { String::new() }
             ));
@@ -623,7 +643,9 @@ pub fn project(t: &Target, gpus: u32, flags: &LayoutFlags, measured_path: Option
         notes.extend(m.file.notes.iter().map(|n| format!("{}: {n}", m.origin)));
     }
     if let Some(short) = projection.memory.shortfall() {
-        notes.push(format!("does not fit: {short} (try --recompute full, more pp or tp, or --fsdp)"));
+        let host = s.projector.gpu.host_memory_gib.is_some() && s.projector.gpu.host_link_gbs.is_some();
+        let layers = s.projector.model.shape.layers;
+        notes.push(format!("does not fit: {short} ({})", fit_advice(&projection.layout, projection.memory.gpu_fits(), host, layers)));
     }
     let mut projection = projection;
     let shape = &s.projector.model.shape;
@@ -683,6 +705,53 @@ fn json_rows(path: &str, v: &serde_json::Value, rows: &mut Vec<Vec<String>>) {
 
 /// What to tell a user who asked for a tp past the kv heads: the search never offers it
 /// (search.rs), and Megatron cannot build it; priced as the runner's executor runs it.
+/// A projection of GPUs that fill no whole number of nodes: it is projected as asked
+/// (its step time does not depend on billing), where `explore` rounds up to whole nodes
+/// as they are billed; said, so the two commands' counts are not read as one rule.
+fn partial_node_note(gpus: u32, node: u32, gpu: &str) -> Option<String> {
+    let node = node.max(1);
+    (!gpus.is_multiple_of(node)).then(|| {
+        format!(
+            "{} on {gpu}, whose nodes hold {node}: projected as asked (`runner explore` rounds up to {}, as nodes are billed)",
+            runner::report::plural(gpus, "GPU"),
+            gpus.div_ceil(node).saturating_mul(node)
+        )
+    })
+}
+
+/// What would make a layout that does not fit fit, naming only what it does not
+/// already use: the user who gave `--recompute full --fsdp` is not told to add them.
+/// `gpu_fits` false: GPU memory is short; true: host memory (offloaded activations) is.
+/// `host`: whether the GPU's profile has the host memory that offloading needs.
+fn fit_advice(l: &LayoutSpec, gpu_fits: bool, host: bool, layers: u32) -> String {
+    if gpu_fits {
+        // Only the offloaded activations miss: fewer of them, or more GPUs to spread them.
+        return "try fewer --offload-layers, or more GPUs".into();
+    }
+    let mut tries = Vec::new();
+    if l.recompute != RecomputePolicy::Full {
+        tries.push("--recompute full".to_string());
+    }
+    // FSDP shards the weights over the data-parallel ranks: nothing to shard over at DP 1.
+    if !l.fsdp && l.dp > 1 {
+        tries.push("--fsdp".into());
+    }
+    // More model parallelism at this GPU count takes it from the data-parallel ranks.
+    if l.dp > 1 {
+        tries.push("more --tp or --pp".into());
+    }
+    let chunk = layers.div_ceil(l.pp.max(1) * l.vp.max(1));
+    if host && l.offload_layers < chunk {
+        tries.push(if l.offload_layers == 0 { "--offload-layers".into() } else { "more --offload-layers".into() });
+    }
+    // At DP 1 nothing more can be split at this GPU count.
+    if l.dp == 1 || tries.is_empty() {
+        tries.push("more GPUs".into());
+    }
+    let last = tries.pop().unwrap_or_default();
+    if tries.is_empty() { format!("try {last}") } else { format!("try {}, or {last}", tries.join(", ")) }
+}
+
 fn kv_replication_note(tp: u32, shape: &Shape) -> Option<String> {
     let kv = shape.kv_replicated(tp)?;
     let tp = u64::from(tp);
@@ -944,7 +1013,7 @@ pub fn validation_table(v: &Validation, origin: &str) -> Table {
             c.layout.clone(),
             format!("{:.3}", c.published_step_s),
             format!("{:.3}", c.predicted_step_s),
-            format!("{:+.1}%", 100.0 * c.error),
+            format!("{}%", runner::report::signed(100.0 * c.error, 1)),
             format!("{:.0}", c.published_tokens_per_sec_per_gpu),
             format!("{:.0}", c.predicted_tokens_per_sec_per_gpu),
         ]);
@@ -1222,10 +1291,10 @@ pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Opt
         let fit = fit_collectives(&rows, &g, tier, &origin).map_err(anyhow::Error::msg)?;
         row(&mut t, &mut csv_rows, &origin, &fit.params);
         t.notes.push(format!(
-            "{origin}: {} tier from {} rank(s) on {} node(s) ({} per domain), {}: {:.2} GB/s per {}, {:.2} us per step; largest row error {}",
+            "{origin}: {} tier from {} on {} ({} per domain), {}: {:.2} GB/s per {}, {:.2} us per step; largest row error {}",
             fit.tier.name(),
-            fit.ranks,
-            fit.nodes,
+            runner::report::plural(fit.ranks, "rank"),
+            runner::report::plural(fit.nodes, "node"),
             fit.local,
             fit.transport,
             fit.pooled.gbs,
@@ -1392,6 +1461,66 @@ pub fn bench_search(model: &str, gpu: &str, gpus: u32, precision: &str, repeats:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A dense layout on `dp` data-parallel ranks, nothing set that saves memory.
+    fn plain(dp: u32) -> LayoutSpec {
+        LayoutSpec {
+            tp: 1,
+            pp: 1,
+            cp: 1,
+            vp: 1,
+            ep: 1,
+            etp: 1,
+            dp,
+            mbs: 1,
+            gbs: 64,
+            sequence_parallel: false,
+            fsdp: false,
+            recompute: RecomputePolicy::None,
+            recompute_layers: 0,
+            recompute_modules: Default::default(),
+            distributed_optimizer: true,
+            tp_overlap: false,
+            ep_overlap: false,
+            dp_overlap: true,
+            grad_fp32: false,
+            split: Default::default(),
+            offload_layers: 0,
+            optimizer: Default::default(),
+            kernels: Default::default(),
+            pipeline: Default::default(),
+        }
+    }
+
+    /// "Does not fit" names only what the layout does not already use: `--recompute full
+    /// --fsdp` was told to try `--recompute full` and `--fsdp`. Kills: either check of
+    /// what is set dropped, more GPUs never or always offered, offload offered without
+    /// host memory.
+    #[test]
+    fn the_fit_advice_names_only_what_is_not_in_use() {
+        assert_eq!(fit_advice(&plain(8), false, false, 80), "try --recompute full, --fsdp, or more --tp or --pp");
+        let set = LayoutSpec { recompute: RecomputePolicy::Full, fsdp: true, ..plain(8) };
+        assert_eq!(fit_advice(&set, false, true, 80), "try more --tp or --pp, or --offload-layers");
+        assert_eq!(fit_advice(&set, false, false, 80), "try more --tp or --pp");
+        // Nothing left to split at DP 1: more GPUs, whatever else is named.
+        let one = LayoutSpec { recompute: RecomputePolicy::Selective, ..plain(1) };
+        assert_eq!(fit_advice(&one, false, false, 80), "try --recompute full, or more GPUs");
+        let maxed = LayoutSpec { recompute: RecomputePolicy::Full, offload_layers: 80, ..plain(1) };
+        assert_eq!(fit_advice(&maxed, false, true, 80), "try more GPUs");
+        assert_eq!(fit_advice(&LayoutSpec { offload_layers: 10, ..maxed }, false, true, 80), "try more --offload-layers, or more GPUs");
+        assert_eq!(fit_advice(&maxed, true, true, 80), "try fewer --offload-layers, or more GPUs");
+    }
+
+    /// A projection of GPUs that fill no whole node says it is projected as asked.
+    #[test]
+    fn a_partial_node_is_said() {
+        assert_eq!(partial_node_note(16, 8, "H100"), None);
+        assert_eq!(
+            partial_node_note(12, 8, "H100").as_deref(),
+            Some("12 GPUs on H100, whose nodes hold 8: projected as asked (`runner explore` rounds up to 16, as nodes are billed)")
+        );
+        assert!(partial_node_note(1, 8, "H100").unwrap().starts_with("1 GPU on H100,"));
+    }
 
     /// Layout degrees and the micro-batch on the command line follow the run file's rule
     /// (they took any u32: `--mbs 4000000000` reached the plugin's graph and was reported

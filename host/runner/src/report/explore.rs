@@ -575,11 +575,11 @@ fn series_html(o: &Outcome, s: &Series, footnotes: &mut Vec<String>) -> String {
             match &r.costs[i] {
                 CloudPrice::Quoted(q) => {
                     let source = format!(
-                        "{} sha256 {}; {}; {} node(s), {}; source: {}{}",
+                        "{} sha256 {}; {}; {}, {}; source: {}{}",
                         q.plugin,
                         q.plugin_sha256,
                         q.row(),
-                        q.nodes,
+                        super::plural(q.nodes, "node"),
                         hours_text(q),
                         q.price_source,
                         if q.caveats.is_empty() { String::new() } else { format!("; caveats: {}", q.caveats.join(", ")) }
@@ -629,13 +629,13 @@ fn quotes_html(o: &Outcome) -> String {
         let Some((r, q)) = s.rows.iter().find(|r| r.sweet).and_then(|r| Some((r, r.cheapest_cost()?))) else { continue };
         let _ = writeln!(
             out,
-            "<h4>{} at {} GPUs: {} on {} ({}; {} node(s); {}; {})</h4>",
+            "<h4>{} at {} GPUs: {} on {} ({}; {}; {}; {})</h4>",
             esc(&s.label()),
             r.gpus,
             esc(&usd(q.usd)),
             esc(&q.cloud),
             esc(&q.row()),
-            q.nodes,
+            super::plural(q.nodes, "node"),
             esc(&hours_text(q)),
             esc(&q.currency)
         );

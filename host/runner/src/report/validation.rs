@@ -34,7 +34,7 @@ fn parity(checked: &[Checked]) -> LineChart {
     for c in checked {
         let s = by_gpu.entry(c.gpu.as_str()).or_insert_with(|| Series { name: c.gpu.clone(), scatter: true, ..Series::default() });
         s.points.push((c.published_step_s, c.predicted_step_s));
-        s.labels.push(format!("#{} {} on {} {}, {}: {:+.1} %", c.index, c.model, c.gpus, c.gpu, c.precision, 100.0 * c.error));
+        s.labels.push(format!("#{} {} on {} {}, {}: {} %", c.index, c.model, c.gpus, c.gpu, c.precision, super::signed(100.0 * c.error, 1)));
     }
     let finite = |x: f64| x.is_finite() && x > 0.0;
     let all = checked.iter().flat_map(|c| [c.published_step_s, c.predicted_step_s]).filter(|x| finite(*x));
@@ -79,7 +79,7 @@ fn missed(checked: &[Checked]) -> StackedBars {
     StackedBars {
         title: format!("Runs missed by more than {:.0} %: what the prediction is made of", 100.0 * MISSED),
         y_label: "% of the predicted step".into(),
-        categories: worst.iter().map(|c| format!("#{} {:+.0}%", c.index, 100.0 * c.error)).collect(),
+        categories: worst.iter().map(|c| format!("#{} {}%", c.index, super::signed(100.0 * c.error, 0))).collect(),
         parts,
     }
 }

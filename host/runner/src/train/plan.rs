@@ -9,6 +9,8 @@
 
 use serde::Serialize;
 
+use crate::report::plural;
+
 use runner_exec::precision as ex;
 use runner_graph::DType;
 use runner_kernels::cpu::quant::{ScaleFormat as KScaleFormat, ScaleRounding as KScaleRounding};
@@ -46,6 +48,12 @@ pub struct Outcome {
     pub checkpoint: bool,
     /// The plan changed: hand it to the executor.
     pub changed: bool,
+}
+
+/// "1 batch", "3 batches": [`plural`]'s "es" case.
+fn batches(n: impl std::fmt::Display) -> String {
+    let n = n.to_string();
+    if n == "1" { "1 batch".into() } else { format!("{n} batches") }
 }
 
 /// A GEMM format as the IR's: the contract's one map (`dtype_to_ir`), int32 refused.
@@ -257,7 +265,7 @@ impl PlanState {
                 }
                 Action::Rollback(r) => {
                     out.rollback = Some((r.steps, r.skip_batches));
-                    log("rollback", format!("{} step(s) back to the last known-good checkpoint, {} batch(es) skipped", r.steps, r.skip_batches), true);
+                    log("rollback", format!("{} back to the last known-good checkpoint, {} skipped", plural(r.steps, "step"), batches(r.skip_batches)), true);
                 }
                 Action::Abort(m) => {
                     out.abort = Some(m.clone());
@@ -275,7 +283,7 @@ impl PlanState {
                     let hit: Vec<usize> = (0..self.sites.len()).filter(|&i| selects(sel, &self.sites[i])).collect();
                     // Selector first, as the other actions' details: a detail that starts with
                     // a digit is right-aligned by the table.
-                    log("reset-amax", format!("{}: {} site(s)", describe(sel), hit.len()), !hit.is_empty());
+                    log("reset-amax", format!("{}: {}", describe(sel), plural(hit.len(), "site")), !hit.is_empty());
                     out.reset.extend(hit);
                 }
                 Action::Fallback(f) => {
@@ -289,7 +297,7 @@ impl PlanState {
                         }
                     }
                     let share = self.demoted_share(&next);
-                    let what = format!("{} ({}) to {}: {n} site(s)", describe(&f.sites), scope_name(f.scope), dtype_name(f.to));
+                    let what = format!("{} ({}) to {}: {}", describe(&f.sites), scope_name(f.scope), dtype_name(f.to), plural(n, "site"));
                     if share > self.max_bf16_share + 1e-9 {
                         log(
                             "fallback",
@@ -317,7 +325,7 @@ impl PlanState {
                         }
                     }
                     out.changed |= n > 0;
-                    log("fallback-global", format!("every GEMM ({}) to {}: {n} site(s)", scope_name(f.scope), dtype_name(f.to)), n > 0);
+                    log("fallback-global", format!("every GEMM ({}) to {}: {}", scope_name(f.scope), dtype_name(f.to), plural(n, "site")), n > 0);
                 }
                 Action::ChangeRecipe(c) => {
                     let mut n = 0;
@@ -345,9 +353,9 @@ impl PlanState {
                         }
                     }
                     out.changed |= n > 0;
-                    let mut d = format!("{}: {} scaling, margin {}: {n} operand(s)", describe(&c.sites), recipe_name(c.recipe), c.margin);
+                    let mut d = format!("{}: {} scaling, margin {}: {}", describe(&c.sites), recipe_name(c.recipe), c.margin, plural(n, "operand"));
                     if refused > 0 {
-                        d += &format!("; {refused} operand(s) left alone (a per-tensor recipe switches only to another per-tensor one)");
+                        d += &format!("; {} left alone (a per-tensor recipe switches only to another per-tensor one)", plural(refused, "operand"));
                     }
                     log("change-recipe", d, n > 0);
                 }
@@ -360,7 +368,7 @@ impl PlanState {
                         }
                     }
                     out.changed |= n > 0;
-                    log("repromote", format!("{} back to the policy's plan: {n} site(s)", describe(&r.sites)), n > 0);
+                    log("repromote", format!("{} back to the policy's plan: {}", describe(&r.sites), plural(n, "site")), n > 0);
                 }
             }
         }
@@ -511,7 +519,7 @@ mod tests {
         assert_eq!(o.reset, [3, 4, 5]);
         let mut details = Vec::new();
         st.apply(&[Action::ResetAmax(layer(2))], |_, d, _| details.push(d));
-        assert_eq!(details, ["layers [2]: 3 site(s)"], "left-aligned in the decisions table, like the other details");
+        assert_eq!(details, ["layers [2]: 3 sites"], "left-aligned in the decisions table, like the other details");
         assert_eq!(o.abort.as_deref(), Some("stop"));
     }
 
@@ -581,7 +589,7 @@ mod tests {
             log.push((a.to_string(), d, ok))
         });
         assert!(o.changed && log[0].2, "{log:?}");
-        assert!(log[0].1.ends_with("(forward only) to bf16: 1 site(s)"), "{log:?}");
+        assert!(log[0].1.ends_with("(forward only) to bf16: 1 site"), "{log:?}");
         let low: Vec<bool> = (3..6).map(|i| low_precision(&st.sites[i], &st.current[i])).collect();
         assert_eq!(low, [false, true, true]);
         assert!((st.demoted_share(&st.current) - 1.0 / 3.0).abs() < 1e-12);
@@ -593,7 +601,7 @@ mod tests {
         // Repromotion counts only the sites it changes back.
         let mut n = Vec::new();
         st.apply(&[Action::Repromote(Repromotion { sites: layer(2), to: Dtype::Fp8E4m3 })], |_, d, _| n.push(d));
-        assert_eq!(n, ["layers [2] back to the policy's plan: 1 site(s)"]);
+        assert_eq!(n, ["layers [2] back to the policy's plan: 1 site"]);
         assert!(st.current[6..9].iter().zip(&st.original[6..9]).all(|(a, b)| same(a, b)));
     }
 

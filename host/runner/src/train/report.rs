@@ -12,9 +12,7 @@ fn pct(v: f64) -> String {
     if !v.is_finite() {
         return "n/a".into();
     }
-    let shown = format!("{:+.2}%", 100.0 * v);
-    // A gap that rounds to nothing has no sign.
-    if shown == "-0.00%" || shown == "+0.00%" { "0.00%".into() } else { shown }
+    format!("{}%", crate::report::signed(100.0 * v, 2))
 }
 
 fn loss(v: f64) -> String {
@@ -119,7 +117,9 @@ pub fn summary(r: &TrainReport) -> Table {
         r.vocab, r.bytes_per_token, r.train_tokens, r.eval_tokens
     ));
     for i in &r.injections {
-        t.notes.push(format!("fault injected: {:?} at step {}{}", i.kind, i.step, i.site.as_ref().map_or(String::new(), |s| format!(" into {s}"))));
+        let site = i.site.as_ref().map_or(String::new(), |s| format!(" into {s}"));
+        let flag = format!("{}@{}{}", i.kind.name(), i.step, i.site.as_ref().map_or(String::new(), |s| format!(":{s}")));
+        t.notes.push(format!("fault injected: {} at step {}{site} (--inject {flag})", i.kind.label(), i.step));
     }
     t.notes.extend(r.notes.iter().cloned());
     t
