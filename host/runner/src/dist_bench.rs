@@ -17,13 +17,8 @@ use anyhow::{Context, Result, anyhow, bail};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-<<<<<<< HEAD
-use runner::report::Table;
-use runner_dist::{Launch, RunMeta, TcpWorld, host_port, rendezvous, rendezvous_on};
-=======
 use runner::report::{Table, plural};
-use runner_dist::{Launch, RunMeta, TcpWorld, rendezvous, rendezvous_on};
->>>>>>> wt-polish
+use runner_dist::{Launch, RunMeta, TcpWorld, host_port, rendezvous, rendezvous_on};
 use runner_exec::collective::{Collective, HostCollective, ReduceOp, Started};
 use runner_exec::cpu::Cpu;
 use runner_exec::device::{Device, Elem};
@@ -195,7 +190,7 @@ fn local_ranks(n: usize) -> Result<(Vec<Launch>, Option<std::net::TcpListener>)>
 fn waiting_note(launch: &Launch, timeout: Duration) -> Option<String> {
     let (host, port) = launch.master.as_ref().filter(|_| launch.world > 1)?;
     let whom = if launch.rank == 0 {
-        format!("waiting at {} for the other {}", host_port(host, *port), runner::report::plural(launch.world - 1, "rank"))
+        format!("waiting at {} for the other {}", host_port(host, *port), plural(launch.world - 1, "rank"))
     } else {
         format!("meeting rank 0 at {}", host_port(host, *port))
     };
