@@ -1736,7 +1736,7 @@ fn nccl_tests_logs_fit_the_nvlink_tier() {
     let o = runner(&dir, &["calibrate", "--collectives", "nvls/all_reduce_2n.log,nvls/all_gather_2n.log", "--gpu", "h100", "-o", "sharp.toml", "-q"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("scale-out tier from 8 rank(s) on 2 node(s)") && out.contains("all_reduce rows left out"), "{out}");
+    assert!(out.contains("scale-out tier from 8 ranks on 2 nodes") && out.contains("all_reduce rows left out"), "{out}");
     let net: toml::Value = toml::from_str(&std::fs::read_to_string(dir.join("sharp.toml")).unwrap()).unwrap();
     let eff = net["gpu"][0]["efficiency"]["scale_out"].as_float().unwrap();
     assert!((eff - 0.6).abs() < 0.002, "scale_out {eff} from all_gather alone");
