@@ -390,7 +390,7 @@ impl<W: World> Sandboxed<W> {
                 },
                 // An mmap the host could not make (the sandbox's memory under `ulimit -v`)
                 // is no trap of the plugin's.
-                None if e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOMEM))) => {
+                None if e.chain().any(is_enomem) => {
                     Failure::HostMemory(runner_contract::text::escape(&format!("{e:#}"), 4096))
                 }
                 None => Failure::Trap {
@@ -401,6 +401,13 @@ impl<W: World> Sandboxed<W> {
         };
         PluginError::new(&self.name, call, failure)
     }
+}
+
+/// An error of the host's own memory: an mmap refused with ENOMEM, as std reports it or as
+/// wasmtime does (rustix's errno, for the sandbox's reservations under `ulimit -v`).
+fn is_enomem(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::ENOMEM))
+        || e.downcast_ref::<rustix::io::Errno>().is_some_and(|&errno| errno == rustix::io::Errno::NOMEM)
 }
 
 #[cfg(test)]
@@ -556,6 +563,9 @@ mod tests {
             wasmtime::Error::new(std::io::Error::from_raw_os_error(libc::ENOMEM)).context("mmap failed to reserve 0x104000000 bytes")
         });
         assert_eq!(enomem, Failure::HostMemory("mmap failed to reserve 0x104000000 bytes: Cannot allocate memory (os error 12)".into()));
+        // wasmtime's own mmaps report rustix's errno.
+        let enomem = fail(&mut s, |_| wasmtime::Error::new(rustix::io::Errno::NOMEM).context("mmap failed to reserve 0x1130000 bytes"));
+        assert!(matches!(&enomem, Failure::HostMemory(m) if m.starts_with("mmap failed to reserve 0x1130000 bytes: ")), "{enomem:?}");
         assert!(s.call("x", |_, _| Ok(())).is_ok(), "a fresh instance serves the next call");
     }
 }

@@ -196,15 +196,7 @@ pub fn verdict_text(v: &runner_project::search::Verdict) -> String {
 /// No installed plugin provides it (the message lists the names that exist), or a
 /// plugin failed to describe itself.
 pub fn find_model(name: &str, limits: Limits) -> Result<Found> {
-    lookup(name, limits).map_err(|m| {
-        anyhow::anyhow!(
-            "no installed workload plugin provides {}{}; installed models: {}{}",
-            runner_contract::text::shown(name),
-            m.suggestion(name),
-            m.known.join(", "),
-            m.failures()
-        )
-    })
+    lookup(name, limits).map_err(|m| anyhow::anyhow!(m.message(name)))
 }
 
 /// The plugin files that failed to load, each hiding any plugin of its name after it in
@@ -229,6 +221,8 @@ fn broken_plugins() -> String {
 struct Missing {
     known: Vec<String>,
     failed: Vec<String>,
+    /// The host could not map a plugin's memory (`ulimit -v`): no plugin can be asked.
+    host: Option<String>,
 }
 
 impl Missing {
@@ -245,6 +239,21 @@ impl Missing {
             return String::new();
         }
         format!(" (did you mean {}?)", near.join(" or "))
+    }
+
+    /// The "not found" of `name`: what is installed, what was likely meant, what failed;
+    /// or only the host's own failure, where it could ask no plugin.
+    fn message(&self, name: &str) -> String {
+        let shown = runner_contract::text::shown(name);
+        match &self.host {
+            Some(host) => format!("cannot look for {shown}: {host}"),
+            None => format!(
+                "no installed workload plugin provides {shown}{}; installed models: {}{}",
+                self.suggestion(name),
+                self.known.join(", "),
+                self.failures()
+            ),
+        }
     }
 
     /// The plugins that failed (to load, or to describe their models) as a sentence to
@@ -272,6 +281,10 @@ fn lookup(name: &str, limits: Limits) -> std::result::Result<Found, Missing> {
         });
         let (p, info) = match described {
             Ok(d) => d,
+            // Memory the host itself could not map fails every plugin alike: said once.
+            Err(e) if matches!(e.failure, plugin::Failure::HostMemory(_)) => {
+                return Err(Missing { known: Vec::new(), failed: Vec::new(), host: Some(e.to_string()) });
+            }
             Err(e) => {
                 failed.push(e.to_string());
                 continue;
@@ -287,7 +300,7 @@ fn lookup(name: &str, limits: Limits) -> std::result::Result<Found, Missing> {
             known.push(v.name);
         }
     }
-    other_case.ok_or(Missing { known, failed })
+    other_case.ok_or(Missing { known, failed, host: None })
 }
 
 /// Whether two spellings name one model: in any case, as GPU and precision names are.
@@ -795,6 +808,22 @@ pub fn model(found: &Found, seq_len: u32, limits: Limits) -> Result<(Model, Plug
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A model not found lists what is there; where the host could not map a plugin's
+    /// memory (`ulimit -v`), the host's failure is all it says, once, not as every
+    /// plugin's fault.
+    #[test]
+    fn a_model_not_found_says_the_hosts_memory_failure_once() {
+        let m = Missing { known: vec!["llama3.1-8b".into(), "llama3.1-70b".into()], failed: vec!["plugin 'x.wasm' trapped".into()], host: None };
+        assert_eq!(
+            m.message("llama3.1-7b"),
+            "no installed workload plugin provides 'llama3.1-7b' (did you mean llama3.1-8b or llama3.1-70b?); installed models: \
+             llama3.1-8b, llama3.1-70b; and none of what these plugins would list, which failed: plugin 'x.wasm' trapped"
+        );
+        let host = plugin::PluginError::new("a.wasm", "describe", plugin::Failure::HostMemory("mmap failed".into())).to_string();
+        let m = Missing { known: Vec::new(), failed: Vec::new(), host: Some(host.clone()) };
+        assert_eq!(m.message("m"), format!("cannot look for 'm': {host}"));
+    }
 
     /// A GPU is planned with the formats its profile gives a peak for: each built-in one as
     /// the host's table plans it (no projection moves), and a GPU a user's profile adds with
