@@ -1571,4 +1571,89 @@ mod tests {
             assert_eq!(gb, &want[..], "block {b}");
         }
     }
+
+    /// MXFP4 (E2M1 elements, E8M0 scales) under OCP MX v1.0's FLOOR rule, `X = 2^(floor(log2
+    /// amax) - emax_elem)`, with emax_elem = 2 for E2M1 (OCP Microscaling Formats v1.0,
+    /// §5.3, Table 1: FP4 E2M1 emax 2): a block whose amax is 7 takes X = 2^(2 - 2) = 1, so
+    /// 7 rounds past 6 and clips (FLOOR can overflow) while 0.5, the smallest E2M1
+    /// subnormal, survives. With emax 1 the scale was 2 and 0.5 / 2 = 0.25, a tie between 0
+    /// and 0.5, went to zero.
+    /// Kills: E2M1's emax taken as 1.
+    #[test]
+    fn mxfp4_floor_scale_takes_e2m1_emax_two() {
+        let s = BlockSpec { format: Format::E2M1, block: (1, 32), scale_format: ScaleFormat::E8M0, scale_rounding: ScaleRounding::Pow2Down, tensor_scale: false, saturate: true, stochastic: None };
+        assert_eq!(block_scale(7.0, &s, 1.0), (1.0, 1.0));
+        assert_eq!(block_scale(0.75, &s, 1.0), (8.0, 0.125), "floor(log2 0.75) - 2 = -3");
+        let mut x = vec![0.0f32; 32];
+        x[..4].copy_from_slice(&[7.0, 0.5, -1.5, 3.0]);
+        let r = qdq_blocks(&mut x, 1, 32, &s).unwrap();
+        assert_eq!(x[..4], [6.0, 0.5, -1.5, 3.0]);
+        assert_eq!((r.saturated, r.underflowed, r.scale), (1, 0, 1.0));
+    }
+
+    /// 128x128 blocks (DeepSeek-V3's weight tiles) on an operand whose strip of 128 rows
+    /// (128 x 384 = 49152 elements) is longer than one rayon task's ELEM_GRAIN (32768):
+    /// each strip is still a task of its own, and every block equals that block quantised
+    /// alone. Kills: the tasks' strip count without its floor of one (a chunk size of 0,
+    /// a panic on any weight wider than 256 columns).
+    #[test]
+    fn block_strips_longer_than_a_task_are_quantised() {
+        let (rows, cols, b) = (256, 384, 128);
+        assert!(b * cols > ELEM_GRAIN);
+        let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 7919 % 1013) as f32 - 506.0) / 97.0 * 2f32.powi(((i / cols) / b * 3 + (i % cols) / b) as i32 - 3)).collect();
+        let s = BlockSpec { format: Format::E4M3, block: (b, b), scale_format: ScaleFormat::Fp32, scale_rounding: ScaleRounding::Pow2Up, tensor_scale: false, saturate: true, stochastic: None };
+        let mut got = x.clone();
+        let r = qdq_blocks(&mut got, rows, cols, &s).unwrap();
+        assert_eq!(r.elements, (rows * cols) as u64);
+        for r0 in (0..rows).step_by(b) {
+            for c0 in (0..cols).step_by(b) {
+                let at = |r: usize, c: usize| (r0 + r) * cols + c0 + c;
+                let mut want: Vec<f32> = (0..b * b).map(|i| x[at(i / b, i % b)]).collect();
+                qdq_blocks(&mut want, b, b, &s).unwrap();
+                for (i, w) in want.iter().enumerate() {
+                    assert_eq!(got[at(i / b, i % b)].to_bits(), w.to_bits(), "block ({r0}, {c0}) element {i}");
+                }
+            }
+        }
+    }
+
+    /// Rounding to a 16-bit float reports each count on its own: in f16, 1e-9 (below half
+    /// the smallest subnormal, 2^-25) underflows, 1e6 and -7e4 (past 65520, the midpoint
+    /// above 65504) become ±Inf, and ±Inf and NaN are the non-finite inputs (3, not the
+    /// NaN alone); in bf16, f32::MAX rounds to Inf and 1e-45 to zero.
+    /// Kills: the underflow and saturation counts swapped; Inf not counted as non-finite.
+    #[test]
+    fn float_rounding_counts_underflow_saturation_and_nonfinite_apart() {
+        let mut x = vec![1e-9f32, 1e6, -7e4, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, 2.0];
+        let r = quantize(&mut x, 1, 8, &QuantSpec::Float(FloatFormat::F16)).unwrap();
+        assert_eq!((r.underflowed, r.saturated, r.nonfinite, r.elements), (1, 2, 3, 8));
+        assert_eq!((x[0], x[1], x[2], x[7]), (0.0, f32::INFINITY, f32::NEG_INFINITY, 2.0));
+        let mut y = vec![f32::MAX, 1e-45, f32::INFINITY, f32::NAN, -0.0, 2.0];
+        let r = quantize(&mut y, 2, 3, &QuantSpec::Float(FloatFormat::Bf16)).unwrap();
+        assert_eq!((r.underflowed, r.saturated, r.nonfinite), (1, 1, 2));
+    }
+
+    /// A group of h rows becomes `H·diag(s)·group / sqrt(h)` with H the Sylvester Hadamard
+    /// matrix (`H[i][j] = (-1)^popcount(i & j)`), also when the operand is exactly one
+    /// group (rows == h): the transform of the identity has column j equal to
+    /// `s_j · H[:, j] / sqrt(h)`, one sign per column (checked against f64).
+    /// Kills: an operand of exactly h rows left untransformed; the butterfly's difference
+    /// taken the other way round (an orthogonal matrix, but not H).
+    #[test]
+    fn hadamard_of_one_group_is_the_sylvester_matrix_with_signs() {
+        for h in [2usize, 8, 16] {
+            let mut x: Vec<f32> = (0..h * h).map(|i| f32::from(u8::from(i / h == i % h))).collect();
+            hadamard_rows(&mut x, h, h, h, 3).unwrap();
+            let root = (h as f64).sqrt();
+            for j in 0..h {
+                let sign = f64::from(x[j]) * root;
+                assert!((sign.abs() - 1.0).abs() < 1e-6, "h {h} column {j}: {}", x[j]);
+                for i in 0..h {
+                    let hij = if (i & j).count_ones() % 2 == 0 { 1.0 } else { -1.0 };
+                    let want = sign.signum() * hij / root;
+                    assert!((f64::from(x[i * h + j]) - want).abs() < 1e-6, "h {h} ({i}, {j}): {} vs {want}", x[i * h + j]);
+                }
+            }
+        }
+    }
 }
