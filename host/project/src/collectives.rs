@@ -633,8 +633,9 @@ mod tests {
     }
 
     /// `rows` as nccl-tests prints them, one test per op with ranks on `hosts` (one per
-    /// rank); the column `bench collectives` measures (in place for all_reduce, out of
-    /// place for the others) holds the rows' figures, the other 1.5x slower.
+    /// rank); the column `bench collectives` measures (in place for all_reduce and
+    /// broadcast, out of place for the others) holds the rows' figures, the other 1.5x
+    /// slower.
     fn as_nccl_tests(rows: &[CollRow], hosts: &[&str]) -> String {
         let mut ops: Vec<&str> = rows.iter().map(|r| r.op.as_str()).collect();
         ops.dedup();
@@ -651,7 +652,7 @@ mod tests {
             for r in rows.iter().filter(|r| r.op == op) {
                 let measured = format!("{:8.2} {:7.2} {:7.2} {:6}", r.time_us, r.algbw_gbps, r.busbw_gbps, 0);
                 let other = format!("{:8.2} {:7.2} {:7.2} {:6}", r.time_us * 1.5, r.algbw_gbps / 1.5, r.busbw_gbps / 1.5, "N/A");
-                let (out, inp) = if op == "all_reduce" { (other, measured) } else { (measured, other) };
+                let (out, inp) = if matches!(op, "all_reduce" | "broadcast") { (other, measured) } else { (measured, other) };
                 s += &format!("{:12} {:13} {:>9} {:>7} {:7} {out} {inp}\n", r.size_bytes, r.count, r.dtype, r.redop, r.root);
             }
             s += "# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 123.4\n#\n";
@@ -827,6 +828,75 @@ mod tests {
         r[0].time_us = 1e-300;
         let e = parse(&serde_json::to_string(&r).unwrap(), "c.json").unwrap_err();
         assert!(e.contains("time_us 1e-300 is too small") && e.len() < 300, "{e}");
+    }
+
+    /// Each figure of an nccl-tests log is read from its own column: broadcast's in place
+    /// (as all_reduce's), algbw from algbw (nothing checks it against the size and time,
+    /// so only its place keeps it right), and the device from rank 0 wherever its line
+    /// sits.
+    #[test]
+    fn each_figure_of_a_log_is_read_from_its_own_column() {
+        let json = rows(&known(0.55), 8, 1, &["broadcast", "all_gather"]);
+        let text = as_nccl_tests(&json, &["node-a"; 8]);
+        // Rank 7 on another board: the device named is still rank 0's.
+        let text: String = text
+            .lines()
+            .map(|l| if l.starts_with("#  Rank  7") { l.replace("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe") + "\n" } else { format!("{l}\n") })
+            .collect();
+        assert!(text.contains("NVIDIA H100 PCIe"), "the case the test means");
+        let read = parse(&text, "sweep.log").unwrap();
+        assert_eq!(read.len(), json.len());
+        for (r, j) in read.iter().zip(&json) {
+            assert_eq!((r.op.as_str(), r.size_bytes, r.device.as_str()), (j.op.as_str(), j.size_bytes, "NVIDIA H100 80GB HBM3"));
+            // Two decimals in the log.
+            assert!((r.time_us - j.time_us).abs() <= 0.005 + 1e-9 * j.time_us, "{r:?}\n{j:?}");
+            assert!((r.algbw_gbps - j.algbw_gbps).abs() <= 0.005 + 1e-9 * j.algbw_gbps, "{r:?}\n{j:?}");
+            assert!((r.busbw_gbps - j.busbw_gbps).abs() <= 0.005 + 1e-9 * j.busbw_gbps, "{r:?}\n{j:?}");
+        }
+    }
+
+    /// On one node of several NVLink domains (joined over the scale-out tier in the
+    /// projection's terms) no network reduces: an all-reduce past the NIC's rate there is
+    /// a wrong profile, never NVLink or InfiniBand SHARP.
+    #[test]
+    fn a_one_node_all_reduce_past_the_nic_is_a_wrong_profile() {
+        let mut pairs = h100();
+        pairs.scale_up_domain = 4;
+        let truth = with(&pairs, |e| {
+            e.scale_out = 0.61;
+            e.scale_out_latency_us = 11.0;
+        });
+        // 30.5 GB/s a NIC against 20: past the NIC, though its algbw (/ 1.75) is not.
+        let mut slow = pairs.clone();
+        slow.scale_out_gbs = 20.0;
+        let e = fit_collectives(&rows(&truth, 8, 1, &["all_reduce"]), &slow, None, "c.json").unwrap_err();
+        assert!(e.starts_with("c.json: the run carried 30.5 GB/s") && e.contains("scale_out_gbs is wrong") && !e.contains("SHARP"), "{e}");
+    }
+
+    /// A fitted efficiency over 1 is refused however little over (here 1.2: the profile's
+    /// NVLink rate below what the run carried).
+    #[test]
+    fn an_efficiency_a_little_over_one_is_refused() {
+        let truth = known(0.55);
+        let mut low = h100();
+        low.scale_up_gbs = truth.scale_up_gbs * 0.73 / 1.2;
+        let e = fit_collectives(&rows(&truth, 8, 1, &["all_gather"]), &low, None, "c.json").unwrap_err();
+        assert!(e.contains("(120%)") && e.contains("scale_up_gbs is wrong"), "{e}");
+    }
+
+    /// Across nodes an all-to-all row quicker than its NVLink share alone leaves nothing
+    /// for the NICs: it is left out by name, and the rest fit.
+    #[test]
+    fn an_all_to_all_row_quicker_than_its_nvlink_share_is_left_out() {
+        let truth = known(0.55);
+        let mut rs = rows(&truth, 16, 2, &["all_gather", "alltoall"]);
+        let quick = rs.iter_mut().find(|r| r.op == "alltoall" && r.size_bytes == 1 << 16).unwrap();
+        // Its NVLink share: 65536 / 16 B to each of 7 peers at 0.73 of 450 GB/s, 0.087 us.
+        quick.time_us = 0.05;
+        let f = fit_collectives(&rs, &h100(), None, "c.json").unwrap();
+        assert!(f.notes.iter().any(|n| n == "alltoall of 65536 B left out: its NVLink share alone takes longer than it did"), "{:?}", f.notes);
+        assert_eq!(f.per_op.iter().find(|l| l.op == "alltoall").map(|l| l.rows), Some(4));
+        assert!((f.efficiency.scale_out_a2a - 0.55).abs() < 5e-3, "{:?}", f.params);
     }
 
     fn with(gpu: &GpuProfile, f: impl FnOnce(&mut Efficiency)) -> GpuProfile {

@@ -1176,6 +1176,70 @@ mod tests {
         assert!(e.contains("measured at tp=1 cp=1 ep=1 etp=1 sp=off mbs=1, the layout is tp=2 cp=1 ep=1 etp=1 sp=on mbs=1"), "{e}");
     }
 
+    /// The margins of the rate and scale rules: a GEMM kernel twice past its format's
+    /// peak is a unit slip (1.5x leaves room for a conservative clock), 1.4x is not; a
+    /// memory op's backward a thousandth off its bytes' share disagrees with the file's
+    /// own figures (JSON keeps far more digits), one a rounding error off does not.
+    #[test]
+    fn the_rate_and_scale_rules_hold_at_their_margins() {
+        let gpu = h100();
+        let good = synthetic(&gpu, 0.6, 5.0, 0.7);
+        let peak = gpu.peak_flops(GemmFormat::Bf16).unwrap();
+        let at = |by: f64| {
+            let mut f = good.clone();
+            let g = f.ops[0].gemm.as_mut().unwrap();
+            let t = g.flops / (by * peak);
+            g.kernel_s = [t; 3];
+            (f.ops[0].fwd_s, f.ops[0].bwd_s) = (t, 2.0 * t);
+            f.check_gpu("ops.json", &gpu)
+        };
+        let e = at(2.0).unwrap_err();
+        assert!(e.starts_with("ops.json: ops[0] ('g0'): the forward GEMM's") && e.contains("past H100's bf16 peak of 989"), "{e}");
+        at(1.4).unwrap();
+        let parse = |f: &OpsFile| OpsFile::parse(&serde_json::to_string(f).unwrap(), "ops.json");
+        let mut f = good.clone();
+        f.ops[5].bwd_s *= 1.001;
+        assert!(parse(&f).unwrap_err().contains("ops[5] ('v0'): fwd_s and bwd_s must be run_fwd_s and run_bwd_s scaled"));
+        f.ops[5].bwd_s = good.ops[5].bwd_s * (1.0 + 1e-9);
+        parse(&f).unwrap();
+        // A GEMM that reads and writes nothing the file counts (bytes 0) is a GEMM still.
+        let mut f = good.clone();
+        f.ops[1].gemm.as_mut().unwrap().bytes = 0.0;
+        parse(&f).unwrap();
+    }
+
+    /// The NaN hint reads past a sign, wherever the error's column points: at the value or
+    /// at its minus.
+    #[test]
+    fn the_not_a_number_hint_reads_past_a_sign() {
+        let text = "{\"repeats\": -Infinity}";
+        for column in [13, 14] {
+            assert!(not_a_number_hint(text, 1, column).contains("NaN and Infinity are not JSON numbers"), "column {column}");
+        }
+        assert_eq!(not_a_number_hint(text, 1, 2), "");
+    }
+
+    /// The size a GEMM's efficiency follows is its call's: a grouped GEMM of four calls
+    /// the size of another GEMM's one is the same size, so the file has one size and
+    /// gemm_half_gflop keeps its value.
+    #[test]
+    fn a_grouped_gemm_is_sized_by_its_call() {
+        let gpu = h100();
+        let mut f = synthetic(&gpu, 0.62, 7.5, 0.7);
+        let mut four = f.ops[0].clone();
+        four.name = "g9".into();
+        let g = four.gemm.as_mut().unwrap();
+        (g.flops, g.calls, g.bytes) = (4.0 * g.flops, 4, 4.0 * g.bytes);
+        g.kernel_s = g.kernel_s.map(|t| 4.0 * t);
+        (four.fwd_s, four.bwd_s) = (4.0 * four.fwd_s, 4.0 * four.bwd_s);
+        f.ops.retain(|o| o.name == "g0" || o.memory.is_some());
+        f.ops.push(four);
+        let fit = fit_ops(&f, &gpu, "ops.json").unwrap();
+        assert!(fit.notes.iter().any(|n| n.contains("one size per format")), "{:?}", fit.notes);
+        assert!(fit.params.iter().all(|p| p.0 != "gemm_half_gflop"), "{:?}", fit.params);
+        assert_eq!(fit.efficiency.gemm_half_gflop, gpu.efficiency.gemm_half_gflop);
+    }
+
     /// A Tesla V100 is no A100 though the A100's GCP alias starts with "nvidia-tesla".
     #[test]
     fn the_vendor_words_of_an_alias_name_no_gpu() {

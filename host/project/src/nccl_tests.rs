@@ -295,6 +295,15 @@ mod tests {
                         \x20    1048576        131072     float    none      -1    20.00   52.43   26.21      0    21.00   49.93   24.97    N/A\n\
                         \x20    2097152        262144     float    none      -1    30.00   69.91   34.95    N/A    31.00   67.65   33.83    N/A\n";
 
+    /// A launcher's tags are taken off where half the written lines or more carry one:
+    /// exactly half is enough, fewer is not (blank lines do not count).
+    #[test]
+    fn tags_on_half_the_lines_are_taken_off() {
+        assert_eq!(super::untagged("0: a\nb").as_deref(), Some("a\nb"));
+        assert_eq!(super::untagged("0: a\n\nb\n").as_deref(), Some("a\n\nb"));
+        assert_eq!(super::untagged("0: a\nb\nc"), None);
+    }
+
     #[test]
     fn a_log_gives_its_ranks_nodes_device_and_rows() {
         let two = [(0, "node-a"), (1, "node-b")];

@@ -1082,6 +1082,45 @@ bf16 = 500.0
         assert!(g.check().unwrap_err().contains("visible GPU name"));
     }
 
+    /// The lower bound of the memory range, with no reserve to refuse it first; and the
+    /// `unrated` table's three rules: a format's name, no rate given beside it, a reason.
+    #[test]
+    fn a_tiny_memory_and_bad_unrated_entries_are_refused_by_name() {
+        let mut h = test_h100();
+        h.efficiency.reserved_gib = 0.0;
+        h.memory_gib = 0.05;
+        let e = h.check().unwrap_err();
+        assert!(e.starts_with("memory_gib must be between 0.1"), "{e}");
+        h.memory_gib = 0.1;
+        assert_eq!(h.check(), Ok(()));
+        h.peak_tflops.nvfp4 = None;
+        let unrated = |f: &str, why: &str| {
+            let mut g = h.clone();
+            g.unrated.insert(f.into(), why.into());
+            g.check()
+        };
+        assert_eq!(unrated("nvfp4", "no public figure"), Ok(()));
+        assert_eq!(unrated("bf16", "no public figure"), Err("unrated.bf16: peak_tflops.bf16 gives its rate; drop one of the two".into()));
+        assert_eq!(unrated("nvfp4", "  "), Err("unrated.nvfp4: say why the rate is left out".into()));
+        assert!(unrated("fp4", "x").unwrap_err().contains("not a GEMM format"));
+        // A NIC of 2 PB/s is a unit slip.
+        let mut g = test_h100();
+        g.scale_out_gbs = 2e6;
+        assert!(g.check().unwrap_err().starts_with("scale_out_gbs must be between 0.001 and 1e6"));
+    }
+
+    /// A GPU that takes another's table with its GEMMs scaled keeps them at most 1 (the
+    /// ratio's largest, 4, over H100's); and a label that already names the GPU taken
+    /// from is not named twice.
+    #[test]
+    fn a_taken_table_is_capped_at_1_and_labelled_once() {
+        let p = Profiles::with_overrides("[[gpu]]\nname = \"a100-80gb\"\ngemm_from_ratio = 4.0\n", "f.toml").unwrap();
+        let g = &p.get("a100-80gb").unwrap().efficiency.gemm;
+        assert_eq!((g.bf16, g.fp8, g.mxfp8, g.nvfp4), (1.0, 1.0, 1.0, 1.0));
+        let p = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nfitted = \"H100's own re-fit\"\n", "f.toml").unwrap();
+        assert_eq!(p.get("h200").unwrap().efficiency.fitted, "H100's own re-fit");
+    }
+
     #[test]
     fn bad_files_name_the_field() {
         let e = Profiles::with_overrides("[[gpu]]\nname = \"h100\"\n[gpu.efficiency]\nmemory = 1.5\n", "f.toml").unwrap_err();

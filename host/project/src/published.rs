@@ -939,6 +939,14 @@ mod tests {
     }
 
     #[test]
+    fn a_vp_of_0_is_no_interleaving_and_figures_print_short() {
+        let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(4), pp: Some(2), vp: Some(0), ..Point::default() };
+        assert_eq!(p.layout().map(|l| (l.pp, l.vp)), Ok((2, 1)));
+        // Plain below a million, scientific from it (and below a thousandth).
+        assert_eq!((num(123_456.0), num(1e6), num(2.5e-4), num(0.0)), ("123456".into(), "1.0000e6".into(), "2.5000e-4".into(), "0".into()));
+    }
+
+    #[test]
     fn a_zero_count_is_refused_by_name() {
         let p = Point { num_gpus: Some(64), seq_len: Some(8192), gbs: Some(128), tp: Some(4), ..Point::default() };
         assert!(p.layout().is_ok());
