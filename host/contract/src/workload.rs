@@ -17,14 +17,16 @@ pub const TRAINING_PRECISION_NAMES: &str = "BF16, FP16, FP8, FP8-DS, FP8-CS, FP8
 
 /// Expand, in a module that has the generated `ReferenceLayout`, `TrainingPrecision` and
 /// `RecomputeGranularity` in scope, `reference_layout(gpu, gpus_min, gpus_max, precision)`
-/// (private, or of the visibility given: `reference_layout!(pub(crate))`): a layout with every parallel degree 1, micro-batch 1 and one sequence of
-/// the global batch per GPU, every option off, no measurement and no source. It is the
-/// one place the record's defaults are written: the SDK's `Layout::new` starts from it
-/// and the host's tests build on it, each over its own bindings.
+/// (private, or of the visibility given: `reference_layout!(pub(crate))`): a layout with
+/// every parallel degree 1, micro-batch 1 and one sequence of the global batch per GPU,
+/// every option off, no measurement and no source. It is the one place the record's
+/// defaults are written: the SDK's `Layout::new` starts from it and the host's tests
+/// build on it, each over its own bindings.
 #[macro_export]
 macro_rules! reference_layout {
-    ($vis:vis) => {
-        $vis fn reference_layout(gpu: &str, gpus_min: u32, gpus_max: u32, precision: TrainingPrecision) -> ReferenceLayout {
+    // The visibility as tokens: a `vis` fragment cannot match an empty invocation.
+    ($($vis:tt)*) => {
+        $($vis)* fn reference_layout(gpu: &str, gpus_min: u32, gpus_max: u32, precision: TrainingPrecision) -> ReferenceLayout {
             ReferenceLayout {
                 gpu: gpu.into(),
                 gpus_min,
