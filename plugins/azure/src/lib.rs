@@ -38,7 +38,7 @@ impl PriceListCloud for Azure {
         )),
     };
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "azure".into(), display_name: "Microsoft Azure".into() }
     }
 

@@ -39,7 +39,7 @@ impl PriceListCloud for CoreWeave {
         )),
     };
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "coreweave".into(), display_name: "CoreWeave".into() }
     }
 

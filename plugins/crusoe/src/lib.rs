@@ -27,7 +27,7 @@ impl PriceListCloud for Crusoe {
         egress: None,
     };
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "crusoe".into(), display_name: "Crusoe Cloud".into() }
     }
 

@@ -40,7 +40,7 @@ impl PriceListCloud for Gcp {
         )),
     };
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "gcp".into(), display_name: "Google Cloud (Compute Engine)".into() }
     }
 

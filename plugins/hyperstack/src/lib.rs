@@ -16,7 +16,7 @@ impl PriceListCloud for Hyperstack {
     // No Hyperstack storage or egress prices were found.
     const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "hyperstack".into(), display_name: "Hyperstack".into() }
     }
 

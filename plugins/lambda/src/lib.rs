@@ -34,7 +34,7 @@ impl PriceListCloud for Lambda {
         )),
     };
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "lambda".into(), display_name: "Lambda".into() }
     }
 

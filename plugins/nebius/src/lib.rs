@@ -43,7 +43,7 @@ impl PriceListCloud for Nebius {
         )),
     };
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "nebius".into(), display_name: "Nebius AI Cloud".into() }
     }
 

@@ -24,7 +24,7 @@ impl PriceListCloud for Oci {
     // No OCI storage or egress prices were found.
     const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "oci".into(), display_name: "Oracle Cloud Infrastructure".into() }
     }
 

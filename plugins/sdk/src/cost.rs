@@ -374,7 +374,7 @@ impl PriceList {
 ///
 /// impl PriceListCloud for MyCloud {
 ///     const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
-///     fn provider() -> Provider {
+///     fn cloud() -> Provider {
 ///         Provider { name: "mycloud".into(), display_name: "My Cloud".into() }
 ///     }
 ///     fn list() -> &'static PriceList {
@@ -387,15 +387,16 @@ impl PriceList {
 pub trait PriceListCloud {
     /// Storage and egress rates ([`UNKNOWN_EXTRAS`] where none were found).
     const EXTRAS: ExtraRates;
-    /// Who the cloud is.
-    fn provider() -> Provider;
+    /// Who the cloud is: [`Guest::provider`]'s answer (named apart, so a plugin's tests
+    /// can call `provider` with both traits in scope).
+    fn cloud() -> Provider;
     /// The price list, kept in a `static` so it is parsed once.
     fn list() -> &'static PriceList;
 }
 
 impl<T: PriceListCloud> Guest for T {
     fn provider() -> Provider {
-        T::provider()
+        T::cloud()
     }
 
     /// The list's offerings. `offerings` cannot return an error: a list that does not

@@ -20,7 +20,7 @@ impl PriceListCloud for Verda {
     // No Verda storage or egress prices were found.
     const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
 
-    fn provider() -> Provider {
+    fn cloud() -> Provider {
         Provider { name: "verda".into(), display_name: "Verda (formerly DataCrunch)".into() }
     }
 
