@@ -8,6 +8,7 @@
 //! sides expand it against their own types:
 //!
 //! - [`workload_rules!`]: hyperparameters, variants, reference layouts;
+//! - [`reference_layout!`]: a reference layout's defaults (every degree 1, options off);
 //! - [`cost_rules!`]: offerings, quotes (money, currency, the list-price floor);
 //! - [`precision_rules!`]: plans (formats, blocks, scales against the device) and actions;
 //! - [`graph_to_ir!`]: a plugin's graph into the host's `runner_graph` IR, with the size

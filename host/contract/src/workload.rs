@@ -15,6 +15,48 @@ pub fn size(field: &str, v: u32, max: u32) -> Result<(), String> {
 /// tests check it against both functions.
 pub const TRAINING_PRECISION_NAMES: &str = "BF16, FP16, FP8, FP8-DS, FP8-CS, FP8-BS, MXFP8, NVFP4";
 
+/// Expand, in a module that has the generated `ReferenceLayout`, `TrainingPrecision` and
+/// `RecomputeGranularity` in scope, `reference_layout(gpu, gpus_min, gpus_max, precision)`
+/// (private, or of the visibility given: `reference_layout!(pub(crate))`): a layout with
+/// every parallel degree 1, micro-batch 1 and one sequence of the global batch per GPU,
+/// every option off, no measurement and no source. It is the one place the record's
+/// defaults are written: the SDK's `Layout::new` starts from it and the host's tests
+/// build on it, each over its own bindings.
+#[macro_export]
+macro_rules! reference_layout {
+    // The visibility as tokens: a `vis` fragment cannot match an empty invocation.
+    ($($vis:tt)*) => {
+        $($vis)* fn reference_layout(gpu: &str, gpus_min: u32, gpus_max: u32, precision: TrainingPrecision) -> ReferenceLayout {
+            ReferenceLayout {
+                gpu: gpu.into(),
+                gpus_min,
+                gpus_max,
+                precision,
+                tp: 1,
+                pp: 1,
+                cp: 1,
+                vp: 1,
+                ep: 1,
+                etp: 1,
+                fsdp: 0,
+                sequence_parallel: false,
+                recompute: RecomputeGranularity::None,
+                recompute_layers: 0,
+                distributed_optimizer: false,
+                overlap_grad_reduce: false,
+                overlap_param_gather: false,
+                tp_comm_overlap: false,
+                seq_len: 0,
+                mbs: 1,
+                gbs_per_gpu: 1.0,
+                gbs_fixed: 0,
+                measured: None,
+                source: String::new(),
+            }
+        }
+    };
+}
+
 /// Expand the workload rules in a module that has the generated workload types in scope
 /// (`ModelInfo`, `Variant`, `Hyperparameters`, `ReferenceLayout`, `TrainingPrecision`, ...):
 ///

@@ -152,25 +152,31 @@ pub fn listed_price<'a>(request: &QuoteRequest, listed: Option<&'a [Offering]>) 
     check_request(request, listed).map(|(_, price)| price)
 }
 
+/// A clean, dated list price in `region` billed by the second with a one-minute minimum:
+/// the one fixture behind this crate's tests and the runner's (`prices.rs`), so a field
+/// the contract adds to `price` is filled in once.
+#[doc(hidden)]
+pub fn test_price(region: &str, option: PurchaseOption, usd_per_node_hour: f64, upfront_usd_per_node: f64) -> Price {
+    Price {
+        region: region.into(),
+        option,
+        usd_per_node_hour,
+        upfront_usd_per_node,
+        billing_increment_s: 1,
+        minimum_charge_s: 60,
+        effective_date: "2026-11-01".into(),
+        source: "test".into(),
+        caveats: Vec::new(),
+    }
+}
+
 /// The contract's price-list and quote rules at their edges, each named by the mutation of
 /// a hand audit that the other tests let through (the rule deleted or its bound moved).
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn price(region: &str, option: PurchaseOption, usd: f64, upfront: f64) -> Price {
-        Price {
-            region: region.into(),
-            option,
-            usd_per_node_hour: usd,
-            upfront_usd_per_node: upfront,
-            billing_increment_s: 1,
-            minimum_charge_s: 60,
-            effective_date: "2026-11-01".into(),
-            source: "test".into(),
-            caveats: Vec::new(),
-        }
-    }
+    use super::test_price as price;
 
     fn offering(instance: &str, prices: Vec<Price>) -> Offering {
         Offering {

@@ -333,6 +333,12 @@ fn layer_pattern() -> impl Strategy<Value = String> {
     ]
 }
 
+/// The contract's layout defaults, over the 0.3 bindings.
+mod layouts {
+    use super::w::*;
+    runner_contract::reference_layout!(pub(super));
+}
+
 fn layout() -> impl Strategy<Value = w::ReferenceLayout> {
     (
         (count(), count(), count(), count(), count()),
@@ -341,32 +347,8 @@ fn layout() -> impl Strategy<Value = w::ReferenceLayout> {
     )
         .prop_map(
             |((gpus_min, gpus_max, tp, pp, cp), (vp, ep, etp, fsdp), (gbs_per_gpu, mbs, gpu))| {
-                w::ReferenceLayout {
-                    gpu,
-                    gpus_min,
-                    gpus_max,
-                    precision: w::TrainingPrecision::Fp8,
-                    tp,
-                    pp,
-                    cp,
-                    vp,
-                    ep,
-                    etp,
-                    fsdp,
-                    sequence_parallel: false,
-                    recompute: w::RecomputeGranularity::None,
-                    recompute_layers: 0,
-                    distributed_optimizer: false,
-                    overlap_grad_reduce: false,
-                    overlap_param_gather: false,
-                    tp_comm_overlap: false,
-                    seq_len: 0,
-                    mbs,
-                    gbs_per_gpu,
-                    gbs_fixed: 0,
-                    measured: None,
-                    source: String::new(),
-                }
+                let defaults = layouts::reference_layout(&gpu, gpus_min, gpus_max, w::TrainingPrecision::Fp8);
+                w::ReferenceLayout { tp, pp, cp, vp, ep, etp, fsdp, mbs, gbs_per_gpu, ..defaults }
             },
         )
 }

@@ -185,33 +185,10 @@ mod tests {
         }
     }
 
+    runner_contract::reference_layout!();
+
     fn layout(tp: u32) -> ReferenceLayout {
-        ReferenceLayout {
-            gpu: "H100".into(),
-            gpus_min: 8,
-            gpus_max: 8,
-            precision: TrainingPrecision::Bf16,
-            tp,
-            pp: 1,
-            cp: 1,
-            vp: 1,
-            ep: 1,
-            etp: 1,
-            fsdp: 0,
-            sequence_parallel: false,
-            recompute: RecomputeGranularity::None,
-            recompute_layers: 0,
-            distributed_optimizer: false,
-            overlap_grad_reduce: false,
-            overlap_param_gather: false,
-            tp_comm_overlap: false,
-            seq_len: 0,
-            mbs: 1,
-            gbs_per_gpu: 1.0,
-            gbs_fixed: 0,
-            measured: None,
-            source: "test".into(),
-        }
+        ReferenceLayout { tp, source: "test".into(), ..reference_layout("H100", 8, 8, TrainingPrecision::Bf16) }
     }
 
     /// The rules refuse `h`, with a message that holds every one of `words`.

@@ -44,3 +44,5 @@ pub mod search;
 pub mod spelling;
 pub mod step;
 pub mod template;
+#[doc(hidden)]
+pub mod toy;

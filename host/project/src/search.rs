@@ -640,44 +640,11 @@ pub fn recompute_to_fit(c: &Costed, s: &Schedule, layers: u32, evaluated: &mut u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{GraphSource, Model};
-    use crate::precision::{Plan, Recipe};
     use crate::profile::Profiles;
-    use runner_graph::{DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
 
     /// A projection of a one-layer toy model (an embedding, one GEMM, the head) on an H100.
     fn projection() -> Projection {
-        let (t, c, v) = (256u64, 128u64, 1024u64);
-        let graph = move |mb: u32| -> Result<Graph, String> {
-            let b = u64::from(mb);
-            let ten = |n: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: n.into(), shape: s, dtype: d, kind: k };
-            let op = |n: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(n, k, i, o, &[], layer, role);
-            Graph::new(
-                vec![
-                    ten("tokens", vec![b, t], DType::I32, TensorKind::Input),
-                    ten("targets", vec![b, t], DType::I32, TensorKind::Input),
-                    ten("table", vec![v, c], DType::BF16, TensorKind::Weight),
-                    ten("x", vec![b, t, c], DType::BF16, TensorKind::Activation),
-                    ten("w", vec![c, c], DType::BF16, TensorKind::Weight),
-                    ten("y", vec![b, t, c], DType::BF16, TensorKind::Activation),
-                    ten("head", vec![v, c], DType::BF16, TensorKind::Weight),
-                    ten("logits", vec![b, t, v], DType::BF16, TensorKind::Activation),
-                    ten("loss", vec![], DType::F32, TensorKind::Activation),
-                ],
-                vec![
-                    op("embed", OpKind::Embedding, &["tokens", "table"], &["x"], -1, Role::VocabParallel),
-                    op("layers.0.fc", OpKind::Linear, &["x", "w"], &["y"], 0, Role::ColumnParallel),
-                    op("head", OpKind::Linear, &["y", "head"], &["logits"], -1, Role::VocabParallel),
-                    op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], -1, Role::VocabParallel),
-                ],
-                "loss",
-            )
-            .map_err(|e| e.to_string())
-        };
-        let mut source: Box<dyn GraphSource> = Box::new(graph);
-        let model = Model::new("toy", t as u32, source.as_mut()).unwrap();
-        let plan = Plan::builtin(Recipe::Bf16, &model.graph);
-        let mut pr = Projector::new(model, source, Profiles::builtin().get("h100").unwrap().clone(), plan);
+        let mut pr = crate::toy::projector(256, 128, 1024, Profiles::builtin().get("h100").unwrap().clone());
         let space = Space { tp: Some(1), pp: Some(1), cp: Some(1), mbs: Some(1), fsdp: Some(false), ..Space::default() };
         search(&mut pr, 1, 4, &space, 1).best.remove(0)
     }

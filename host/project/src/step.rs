@@ -255,6 +255,40 @@ pub struct LayoutSpec {
 }
 
 impl LayoutSpec {
+    /// A layout without EP, recompute, FSDP or offload, Megatron's usual options otherwise:
+    /// sequence parallelism and TP communication overlap where `tp > 1`, the distributed
+    /// optimizer, the data-parallel reduction overlapped, 1F1B, the default split,
+    /// optimizer and kernels.
+    #[must_use]
+    pub fn dense(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -> LayoutSpec {
+        LayoutSpec {
+            tp,
+            pp,
+            cp,
+            vp,
+            ep: 1,
+            etp: 1,
+            dp,
+            mbs,
+            gbs,
+            sequence_parallel: tp > 1,
+            fsdp: false,
+            recompute: RecomputePolicy::None,
+            recompute_layers: 0,
+            recompute_modules: Modules::default(),
+            distributed_optimizer: true,
+            tp_overlap: tp > 1,
+            ep_overlap: false,
+            dp_overlap: true,
+            grad_fp32: false,
+            split: PipelineSplit::default(),
+            offload_layers: 0,
+            optimizer: Optimizer::default(),
+            kernels: Kernels::default(),
+            pipeline: PipelineKind::default(),
+        }
+    }
+
     pub fn new(key: ShardKey, s: Schedule) -> LayoutSpec {
         LayoutSpec {
             tp: key.tp,

@@ -9,32 +9,11 @@ use runner_project::calibrate::{self, Fit};
 use runner_project::profile::Profiles;
 use runner_project::published::{self, Point};
 
-fn run(model: &str, gpu: &str, n: u32, tp: u32, gbs: u32) -> Point {
-    Point {
-        source: "synthetic".into(),
-        model: model.into(),
-        gpu: gpu.into(),
-        num_gpus: Some(n),
-        precision: "BF16".into(),
-        seq_len: Some(2048),
-        gbs: Some(gbs),
-        mbs: Some(1),
-        tp: Some(tp),
-        pp: Some(1),
-        step_time_s: Some(1.0),
-        ..Point::default()
-    }
-}
+use common::run;
 
 /// `points` with each step time what the priors project for it, times `slow`.
 fn measured(points: &[Point], slow: f64) -> Vec<Point> {
-    let v = published::validate(points, &Profiles::priors(), &mut common::Native, &|_| {});
-    assert!(v.unsupported.is_empty(), "{:?}", v.unsupported);
-    let mut out = points.to_vec();
-    for c in &v.checked {
-        out[c.index].step_time_s = Some(c.predicted_step_s * slow);
-    }
-    out
+    common::measured(points, &Profiles::priors(), |_| slow)
 }
 
 fn fit(points: &[Point]) -> Vec<Fit> {

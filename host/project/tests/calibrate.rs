@@ -6,30 +6,9 @@ mod common;
 
 use runner_project::calibrate::{self, Fit};
 use runner_project::profile::{Efficiency, Profiles};
-use runner_project::published::{self, Point};
+use runner_project::published::Point;
 
-/// A run of `model` on `gpu` under `precision`: `n` GPUs at tensor parallelism `tp`,
-/// `gbs` sequences of 2,048 tokens, micro-batch 1.
-fn run_at(model: &str, gpu: &str, precision: &str, n: u32, tp: u32, gbs: u32) -> Point {
-    Point {
-        source: "synthetic".into(),
-        model: model.into(),
-        gpu: gpu.into(),
-        num_gpus: Some(n),
-        precision: precision.into(),
-        seq_len: Some(2048),
-        gbs: Some(gbs),
-        mbs: Some(1),
-        tp: Some(tp),
-        pp: Some(1),
-        step_time_s: Some(1.0),
-        ..Point::default()
-    }
-}
-
-fn run(model: &str, gpu: &str, n: u32, tp: u32, gbs: u32) -> Point {
-    run_at(model, gpu, "BF16", n, tp, gbs)
-}
+use common::{measured, run, run_at};
 
 const DENSE: [&str; 3] = ["llama3-tiny", "gpt3-tiny", "nemotron4-tiny"];
 
@@ -45,17 +24,6 @@ fn truth() -> Profiles {
     let mut p = Profiles::priors();
     p.gpus.iter_mut().find(|g| g.name == "H100").unwrap().efficiency.gemm.bf16 *= 0.8;
     p
-}
-
-/// `points` with each step time what `truth` projects for it, times `slow` of its index.
-fn measured(points: &[Point], truth: &Profiles, slow: impl Fn(usize) -> f64) -> Vec<Point> {
-    let v = published::validate(points, truth, &mut common::Native, &|_| {});
-    assert!(v.unsupported.is_empty(), "{:?}", v.unsupported);
-    let mut out = points.to_vec();
-    for c in &v.checked {
-        out[c.index].step_time_s = Some(c.predicted_step_s * slow(c.index));
-    }
-    out
 }
 
 fn fit(points: &[Point], only: Option<(&str, Option<&str>)>) -> Vec<Fit> {

@@ -8,7 +8,7 @@ mod common;
 
 use runner_graph::modules::{Module, Modules};
 use runner_graph::recompute::RecomputePolicy;
-use runner_graph::{DType, Graph, NamedOp, OpKind, Role, Tensor, TensorKind};
+use runner_graph::{Graph, OpKind, Role, TensorKind};
 use runner_project::calibrate;
 use runner_project::depth;
 use runner_graph::peft::{Lora, LoraTargets};
@@ -190,35 +190,6 @@ fn reference_scenario_days_within_ten_percent() {
 #[test]
 fn hand_computed_step_and_all_reduce() {
     let (t, c, v) = (1024u64, 512u64, 4096u64);
-    let graph = move |mb: u32| -> Result<Graph, String> {
-        let b = u64::from(mb);
-        let ten = |n: &str, s: Vec<u64>, d: DType, k: TensorKind| Tensor { name: n.into(), shape: s, dtype: d, kind: k };
-        let op = |n: &str, k: OpKind, i: &[&str], o: &[&str], layer: i32, role: Role| NamedOp::of(n, k, i, o, &[], layer, role);
-        Graph::new(
-            vec![
-                ten("tokens", vec![b, t], DType::I32, TensorKind::Input),
-                ten("targets", vec![b, t], DType::I32, TensorKind::Input),
-                ten("table", vec![v, c], DType::BF16, TensorKind::Weight),
-                ten("x", vec![b, t, c], DType::BF16, TensorKind::Activation),
-                ten("w", vec![c, c], DType::BF16, TensorKind::Weight),
-                ten("y", vec![b, t, c], DType::BF16, TensorKind::Activation),
-                ten("head", vec![v, c], DType::BF16, TensorKind::Weight),
-                ten("logits", vec![b, t, v], DType::BF16, TensorKind::Activation),
-                ten("loss", vec![], DType::F32, TensorKind::Activation),
-            ],
-            vec![
-                op("embed", OpKind::Embedding, &["tokens", "table"], &["x"], -1, Role::VocabParallel),
-                op("layers.0.fc", OpKind::Linear, &["x", "w"], &["y"], 0, Role::ColumnParallel),
-                op("head", OpKind::Linear, &["y", "head"], &["logits"], -1, Role::VocabParallel),
-                op("loss", OpKind::CrossEntropy, &["logits", "targets"], &["loss"], -1, Role::VocabParallel),
-            ],
-            "loss",
-        )
-        .map_err(|e| e.to_string())
-    };
-    let mut source: Box<dyn GraphSource> = Box::new(graph);
-    let model = Model::new("toy", t as u32, source.as_mut()).unwrap();
-    let plan = Plan::builtin(Recipe::Bf16, &model.graph);
     let mut gpu: GpuProfile = Profiles::builtin().get("h100").unwrap().clone();
     gpu.peak_tflops.bf16 = 1000.0;
     gpu.hbm_gbs = 1e12; // memory-bound work takes no time
@@ -229,7 +200,7 @@ fn hand_computed_step_and_all_reduce() {
     e.memory = 1.0;
     e.scale_up = 0.5;
     e.scale_up_latency_us = 7.0;
-    let mut pr = Projector::new(model, source, gpu, plan);
+    let mut pr = runner_project::toy::projector(t, c, v, gpu);
     let mut l = layout(1, 1, 1, 1, 2, 1, 8);
     l.dp_overlap = false;
     l.distributed_optimizer = false;

@@ -182,19 +182,7 @@ mod tests {
         }
     }
 
-    fn price(region: &str, option: PurchaseOption, usd: f64, upfront: f64) -> Price {
-        Price {
-            region: region.into(),
-            option,
-            usd_per_node_hour: usd,
-            upfront_usd_per_node: upfront,
-            billing_increment_s: 1,
-            minimum_charge_s: 0,
-            effective_date: String::new(),
-            source: "s".into(),
-            caveats: Vec::new(),
-        }
-    }
+    use crate::plugin::cost::test_price as price;
 
     /// Per GPU-hour is per node-hour over the node's GPUs, a term's upfront part spread
     /// over the term's hours (1 year: 8760 h); per instance and option the cheapest

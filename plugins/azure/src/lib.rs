@@ -24,30 +24,26 @@ const BILLING: Billing = Billing {
     per_option: &[],
 };
 
-// No Azure Blob or Managed Lustre price was found, so storage is not costed.
-const EXTRAS: ExtraRates = ExtraRates {
-    storage: None,
-    egress: Some(ExtraRate::estimate(
-        0.087,
-        "internet egress at the first tier, 0.087 USD/GB up to 10 TB (cloudtoolstack and \
-         dev.to, secondary)",
-    )),
-};
-
 /// The Azure cost model.
 pub struct Azure;
 
-impl Guest for Azure {
-    fn provider() -> Provider {
+impl PriceListCloud for Azure {
+    // No Azure Blob or Managed Lustre price was found, so storage is not costed.
+    const EXTRAS: ExtraRates = ExtraRates {
+        storage: None,
+        egress: Some(ExtraRate::estimate(
+            0.087,
+            "internet egress at the first tier, 0.087 USD/GB up to 10 TB (cloudtoolstack and \
+             dev.to, secondary)",
+        )),
+    };
+
+    fn cloud() -> Provider {
         Provider { name: "azure".into(), display_name: "Microsoft Azure".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

@@ -22,33 +22,29 @@ const BILLING: Billing = Billing {
     per_option: &[],
 };
 
-// Distributed File Storage is where training data and checkpoints live. Both are list prices.
-const EXTRAS: ExtraRates = ExtraRates {
-    storage: Some(ExtraRate::list(
-        0.07,
-        "Distributed File Storage at 0.070 USD/GB-month (coreweave.com/pricing via \
-         api-evangelist/coreweave@27bcc25e, read 2026-09-20)",
-    )),
-    egress: Some(ExtraRate::list(
-        0.0,
-        "free ('Egress and IOPS: Free', coreweave.com/pricing, read 2026-09-20)",
-    )),
-};
-
 /// The CoreWeave cost model.
 pub struct CoreWeave;
 
-impl Guest for CoreWeave {
-    fn provider() -> Provider {
+impl PriceListCloud for CoreWeave {
+    // Distributed File Storage is where training data and checkpoints live. Both are list prices.
+    const EXTRAS: ExtraRates = ExtraRates {
+        storage: Some(ExtraRate::list(
+            0.07,
+            "Distributed File Storage at 0.070 USD/GB-month (coreweave.com/pricing via \
+             api-evangelist/coreweave@27bcc25e, read 2026-09-20)",
+        )),
+        egress: Some(ExtraRate::list(
+            0.0,
+            "free ('Egress and IOPS: Free', coreweave.com/pricing, read 2026-09-20)",
+        )),
+    };
+
+    fn cloud() -> Provider {
         Provider { name: "coreweave".into(), display_name: "CoreWeave".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

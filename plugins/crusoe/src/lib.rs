@@ -11,40 +11,28 @@ use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
 /// Parsed once per instance: every quote reads it.
-static LIST: PriceList = PriceList::new(PRICES, BILLING);
-
-const BILLING: Billing = Billing {
-    increment_s: 1,
-    minimum_s: 0,
-    note: "billing: increment and minimum unknown (not found); \
-           quoted pro rata per second, no minimum",
-    per_option: &[],
-};
-
-// No egress price was found, so egress is not costed.
-const EXTRAS: ExtraRates = ExtraRates {
-    storage: Some(ExtraRate::list(
-        0.07 / GB_PER_GIB,
-        "shared disks at 0.07 USD/GiB-month (crusoe.ai/cloud/pricing via api-evangelist/crusoe@39cd780e, \
-         read 2026-09-20)",
-    )),
-    egress: None,
-};
+static LIST: PriceList = PriceList::new(PRICES, UNKNOWN_BILLING);
 
 /// The Crusoe cost model.
 pub struct Crusoe;
 
-impl Guest for Crusoe {
-    fn provider() -> Provider {
+impl PriceListCloud for Crusoe {
+    // No egress price was found, so egress is not costed.
+    const EXTRAS: ExtraRates = ExtraRates {
+        storage: Some(ExtraRate::list(
+            0.07 / GB_PER_GIB,
+            "shared disks at 0.07 USD/GiB-month (crusoe.ai/cloud/pricing via api-evangelist/crusoe@39cd780e, \
+             read 2026-09-20)",
+        )),
+        egress: None,
+    };
+
+    fn cloud() -> Provider {
         Provider { name: "crusoe".into(), display_name: "Crusoe Cloud".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

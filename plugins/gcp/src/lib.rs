@@ -26,30 +26,26 @@ const BILLING: Billing = Billing {
     per_option: &[],
 };
 
-// No GCS, Filestore or Managed Lustre price was found, so storage is not costed.
-const EXTRAS: ExtraRates = ExtraRates {
-    storage: None,
-    egress: Some(ExtraRate::estimate(
-        0.12 / GB_PER_GIB,
-        "Premium-tier internet egress at the first tier, 0.12 USD/GiB (dev.to and \
-         cloudtoolstack, secondary; they disagree on where the tier ends)",
-    )),
-};
-
 /// The Google Cloud cost model.
 pub struct Gcp;
 
-impl Guest for Gcp {
-    fn provider() -> Provider {
+impl PriceListCloud for Gcp {
+    // No GCS, Filestore or Managed Lustre price was found, so storage is not costed.
+    const EXTRAS: ExtraRates = ExtraRates {
+        storage: None,
+        egress: Some(ExtraRate::estimate(
+            0.12 / GB_PER_GIB,
+            "Premium-tier internet egress at the first tier, 0.12 USD/GiB (dev.to and \
+             cloudtoolstack, secondary; they disagree on where the tier ends)",
+        )),
+    };
+
+    fn cloud() -> Provider {
         Provider { name: "gcp".into(), display_name: "Google Cloud (Compute Engine)".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

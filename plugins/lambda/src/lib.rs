@@ -20,30 +20,26 @@ const BILLING: Billing = Billing {
     per_option: &[],
 };
 
-// No filesystem price was found, so storage is not costed.
-const EXTRAS: ExtraRates = ExtraRates {
-    storage: None,
-    egress: Some(ExtraRate::list(
-        0.0,
-        "free ('no egress fees', lambda.ai/instances via api-evangelist/lambda-labs@1929382e, \
-         read 2026-09-20)",
-    )),
-};
-
 /// The Lambda cost model.
 pub struct Lambda;
 
-impl Guest for Lambda {
-    fn provider() -> Provider {
+impl PriceListCloud for Lambda {
+    // No filesystem price was found, so storage is not costed.
+    const EXTRAS: ExtraRates = ExtraRates {
+        storage: None,
+        egress: Some(ExtraRate::list(
+            0.0,
+            "free ('no egress fees', lambda.ai/instances via api-evangelist/lambda-labs@1929382e, \
+             read 2026-09-20)",
+        )),
+    };
+
+    fn cloud() -> Provider {
         Provider { name: "lambda".into(), display_name: "Lambda".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

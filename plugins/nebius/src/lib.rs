@@ -26,33 +26,29 @@ const BILLING: Billing = Billing {
     per_option: &[],
 };
 
-// Object-storage egress ($0.015/GiB) is not what a training run's egress pays.
-const EXTRAS: ExtraRates = ExtraRates {
-    storage: Some(ExtraRate::list(
-        0.08 / GB_PER_GIB,
-        "Shared Filesystem at 0.08 USD/GiB-month (nebius.com/prices via api-evangelist/nebius@37bdedf3, \
-         read 2026-10-07)",
-    )),
-    egress: Some(ExtraRate::list(
-        0.0,
-        "free ('Networking: Egress/Ingress traffic: Free', nebius.com/prices, read 2026-10-07)",
-    )),
-};
-
 /// The Nebius cost model.
 pub struct Nebius;
 
-impl Guest for Nebius {
-    fn provider() -> Provider {
+impl PriceListCloud for Nebius {
+    // Object-storage egress ($0.015/GiB) is not what a training run's egress pays.
+    const EXTRAS: ExtraRates = ExtraRates {
+        storage: Some(ExtraRate::list(
+            0.08 / GB_PER_GIB,
+            "Shared Filesystem at 0.08 USD/GiB-month (nebius.com/prices via api-evangelist/nebius@37bdedf3, \
+             read 2026-10-07)",
+        )),
+        egress: Some(ExtraRate::list(
+            0.0,
+            "free ('Networking: Egress/Ingress traffic: Free', nebius.com/prices, read 2026-10-07)",
+        )),
+    };
+
+    fn cloud() -> Provider {
         Provider { name: "nebius".into(), display_name: "Nebius AI Cloud".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        standard_quote_with(LIST.offerings()?, &request, EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

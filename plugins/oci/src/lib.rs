@@ -12,34 +12,24 @@
 use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
-/// Parsed once per instance: every quote reads it.
-static LIST: PriceList = PriceList::new(PRICES, BILLING);
-
-// No source for OCI's billing granularity was found; pro rata per second adds nothing the
-// price list does not say, and the note keeps the gap visible in every report.
-const BILLING: Billing = Billing {
-    increment_s: 1,
-    minimum_s: 0,
-    note: "billing: increment and minimum unknown (not found); \
-           quoted pro rata per second, no minimum",
-    per_option: &[],
-};
+/// Parsed once per instance: every quote reads it. No source for OCI's billing granularity
+/// was found; pro rata per second adds nothing the price list does not say, and the note
+/// of `UNKNOWN_BILLING` keeps the gap visible in every report.
+static LIST: PriceList = PriceList::new(PRICES, UNKNOWN_BILLING);
 
 /// The Oracle Cloud cost model.
 pub struct Oci;
 
-impl Guest for Oci {
-    fn provider() -> Provider {
+impl PriceListCloud for Oci {
+    // No OCI storage or egress prices were found.
+    const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
+
+    fn cloud() -> Provider {
         Provider { name: "oci".into(), display_name: "Oracle Cloud Infrastructure".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        // No OCI storage or egress prices were found.
-        standard_quote_with(LIST.offerings()?, &request, UNKNOWN_EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

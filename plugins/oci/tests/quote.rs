@@ -4,18 +4,9 @@
 use oci::Oci;
 use runner_plugin_sdk::cost::*;
 
+/// Two 8-GPU nodes.
 fn request(instance: &str, region: &str, option: PurchaseOption, hours: f64) -> QuoteRequest {
-    QuoteRequest {
-        instance: instance.into(),
-        gpus: 8 * 2,
-        nodes: 2,
-        hours,
-        region: region.into(),
-        option,
-        start_date: String::new(),
-        storage_gb_months: 0.0,
-        egress_gb: 0.0,
-    }
+    QuoteRequest::new(instance, region, option, 8 * 2, 2, hours)
 }
 
 fn close(a: f64, b: f64) -> bool {

@@ -82,25 +82,11 @@ fn records(text: &str) -> Vec<(usize, String)> {
 }
 
 /// Split one CSV record (double quotes may hold commas and line breaks; a line break in
-/// a cell reads as a space).
+/// a cell reads as a space). A quote left open runs to the record's end: [`records`]
+/// closes a record only where its quotes balance, so only the file's last one can be open.
 fn cells(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut chars = line.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' if quoted && chars.peek() == Some(&'"') => {
-                cur.push('"');
-                chars.next();
-            }
-            '"' => quoted = !quoted,
-            ',' if !quoted => out.push(std::mem::take(&mut cur)),
-            c => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out.into_iter().map(|c| c.replace(['\r', '\n'], " ").trim().to_string()).collect()
+    let (cells, _open) = csv_record_cells(line);
+    cells.into_iter().map(|c| c.replace(['\r', '\n'], " ").trim().to_string()).collect()
 }
 
 const KNOWN: [&str; 21] = [

@@ -29,11 +29,14 @@ use super::{
     ActivationKind, AttentionKind, AttrValue, Attribute, Dtype, Graph, GraphRequest,
     Hyperparameters, MambaConfig, MlaConfig, ModelInfo, MoeConfig, NormKind, OpKind, Operation,
     ParallelRole, Phase, PositionScheme, RecomputeGranularity, ReferenceLayout, RouterScore,
-    Tensor, TensorKind, TrainingDefaults, Variant, training_precision, validate_hyperparameters,
+    Tensor, TensorKind, TrainingDefaults, TrainingPrecision, Variant, training_precision,
+    validate_hyperparameters,
 };
 
 #[path = "hybrid.rs"]
 mod hybrid;
+
+runner_contract::reference_layout!();
 
 /// Layer index of operations outside the transformer stack (embedding, head, loss).
 pub const OUTSIDE: i32 = -1;
@@ -364,32 +367,7 @@ impl Layout {
         let precision = training_precision(precision).unwrap_or_else(|| {
             panic!("unknown training precision '{precision}': use one of {}", runner_contract::workload::TRAINING_PRECISION_NAMES)
         });
-        Layout(ReferenceLayout {
-            gpu: gpu.into(),
-            gpus_min,
-            gpus_max,
-            precision,
-            tp: 1,
-            pp: 1,
-            cp: 1,
-            vp: 1,
-            ep: 1,
-            etp: 1,
-            fsdp: 0,
-            sequence_parallel: false,
-            recompute: RecomputeGranularity::None,
-            recompute_layers: 0,
-            distributed_optimizer: false,
-            overlap_grad_reduce: false,
-            overlap_param_gather: false,
-            tp_comm_overlap: false,
-            seq_len: 0,
-            mbs: 1,
-            gbs_per_gpu: 1.0,
-            gbs_fixed: 0,
-            measured: None,
-            source: String::new(),
-        })
+        Layout(reference_layout(gpu, gpus_min, gpus_max, precision))
     }
     /// Megatron sequence parallelism over the tp group.
     pub fn sp(mut self) -> Self {

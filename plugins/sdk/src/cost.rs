@@ -45,6 +45,25 @@ macro_rules! export_cost {
     };
 }
 
+impl QuoteRequest {
+    /// `nodes` nodes for `gpus` GPUs of `instance` for `hours` in `region` under `option`,
+    /// with no start date, storage or egress: the request a plugin's tests ask; set what
+    /// differs with struct-update syntax.
+    pub fn new(instance: &str, region: &str, option: PurchaseOption, gpus: u32, nodes: u32, hours: f64) -> QuoteRequest {
+        QuoteRequest {
+            instance: instance.into(),
+            gpus,
+            nodes,
+            hours,
+            region: region.into(),
+            option,
+            start_date: String::new(),
+            storage_gb_months: 0.0,
+            egress_gb: 0.0,
+        }
+    }
+}
+
 impl Offering {
     /// Whole nodes of `gpus_per_node` GPUs, one NVLink domain each, sold one at a time,
     /// interconnect unknown: set what differs with struct-update syntax.
@@ -123,6 +142,15 @@ pub const NO_EXTRAS: ExtraRates = ExtraRates {
 
 /// No known storage or egress prices (for clouds that publish none we could find).
 pub const UNKNOWN_EXTRAS: ExtraRates = ExtraRates { storage: None, egress: None };
+
+/// Billing for a cloud whose increment and minimum charge no source states: pro rata per
+/// second, no minimum, and a note that keeps the gap visible in every report.
+pub const UNKNOWN_BILLING: Billing = Billing {
+    increment_s: 1,
+    minimum_s: 0,
+    note: "billing: increment and minimum unknown (not found); quoted pro rata per second, no minimum",
+    per_option: &[],
+};
 
 /// Bytes per GiB over bytes per GB: divide a $/GiB list price by this for $/GB.
 pub const GB_PER_GIB: f64 = 1.073_741_824;
@@ -334,6 +362,54 @@ impl PriceList {
     }
 }
 
+/// A cloud whose cost model is its price list and the standard quote ([`standard_quote_with`]
+/// with its storage and egress rates): it says who it is, where its list is and what its
+/// extras cost, and [`Guest`] follows, so the plugin is its data. A cloud that bills
+/// otherwise implements [`Guest`] itself (`plugins/aws`).
+///
+/// ```ignore
+/// static LIST: PriceList = PriceList::new(include_str!("prices.csv"), UNKNOWN_BILLING);
+///
+/// pub struct MyCloud;
+///
+/// impl PriceListCloud for MyCloud {
+///     const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
+///     fn cloud() -> Provider {
+///         Provider { name: "mycloud".into(), display_name: "My Cloud".into() }
+///     }
+///     fn list() -> &'static PriceList {
+///         &LIST
+///     }
+/// }
+///
+/// runner_plugin_sdk::export_cost!(MyCloud);
+/// ```
+pub trait PriceListCloud {
+    /// Storage and egress rates ([`UNKNOWN_EXTRAS`] where none were found).
+    const EXTRAS: ExtraRates;
+    /// Who the cloud is: [`Guest::provider`]'s answer (named apart, so a plugin's tests
+    /// can call `provider` with both traits in scope).
+    fn cloud() -> Provider;
+    /// The price list, kept in a `static` so it is parsed once.
+    fn list() -> &'static PriceList;
+}
+
+impl<T: PriceListCloud> Guest for T {
+    fn provider() -> Provider {
+        T::cloud()
+    }
+
+    /// The list's offerings. `offerings` cannot return an error: a list that does not
+    /// parse stops the plugin with the parser's message (the plugin's tests parse it first).
+    fn offerings() -> Vec<Offering> {
+        T::list().offerings().expect("prices.csv parses (checked by the tests)").to_vec()
+    }
+
+    fn quote(request: QuoteRequest) -> Result<Quote, String> {
+        standard_quote_with(T::list().offerings()?, &request, T::EXTRAS)
+    }
+}
+
 /// Parse a price list: one row per instance and region (or per instance, region and set of
 /// options, where options differ in date or source), grouped into one offering per instance
 /// (in first-seen order). Each price carries its row's date, source and caveats, and the
@@ -535,11 +611,14 @@ pub fn audit_price_list(offerings: &[Offering]) -> Result<(), String> {
     Ok(())
 }
 
-/// Split one CSV line into trimmed cells; double quotes protect commas, `""` is a quote.
-fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
+/// One CSV record's cells, as written (untrimmed), and whether a quote is left open at its
+/// end: double quotes protect commas (and line breaks), `""` inside them is a quote
+/// (RFC 4180). The one splitter of the SDK's price lists and the price-file plugin's
+/// SkyPilot catalogs; each decides what an open quote means.
+pub fn csv_record_cells(record: &str) -> (Vec<String>, bool) {
     let mut cells = vec![String::new()];
     let mut quoted = false;
-    let mut chars = line.chars().peekable();
+    let mut chars = record.chars().peekable();
     while let Some(c) = chars.next() {
         let cell = cells.last_mut().expect("cells starts non-empty");
         match (c, quoted) {
@@ -552,7 +631,13 @@ fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
             _ => cell.push(c),
         }
     }
-    if quoted {
+    (cells, quoted)
+}
+
+/// Split one CSV line into trimmed cells; double quotes protect commas, `""` is a quote.
+fn split_csv_line(line: &str) -> Result<Vec<String>, String> {
+    let (cells, open) = csv_record_cells(line);
+    if open {
         return Err("unterminated quote".into());
     }
     Ok(cells.into_iter().map(|c| c.trim().to_string()).collect())
@@ -584,17 +669,7 @@ rack,GB200,4,72,18,*,40,,,,2026-01-01,rack seller (racks only),
 
     /// 2 nodes, 8 GPUs (whole nodes of 8 or of 4 GPUs), on demand.
     fn request(instance: &str, region: &str, hours: f64) -> QuoteRequest {
-        QuoteRequest {
-            instance: instance.into(),
-            gpus: 8,
-            nodes: 2,
-            hours,
-            region: region.into(),
-            option: PurchaseOption::OnDemand,
-            start_date: String::new(),
-            storage_gb_months: 0.0,
-            egress_gb: 0.0,
-        }
+        QuoteRequest::new(instance, region, PurchaseOption::OnDemand, 8, 2, hours)
     }
 
     fn offerings() -> Vec<Offering> {

@@ -11,31 +11,21 @@ use runner_plugin_sdk::cost::*;
 
 const PRICES: &str = include_str!("prices.csv");
 /// Parsed once per instance: every quote reads it.
-static LIST: PriceList = PriceList::new(PRICES, BILLING);
-
-const BILLING: Billing = Billing {
-    increment_s: 1,
-    minimum_s: 0,
-    note: "billing: increment and minimum unknown (not found); \
-           quoted pro rata per second, no minimum",
-    per_option: &[],
-};
+static LIST: PriceList = PriceList::new(PRICES, UNKNOWN_BILLING);
 
 /// The Verda cost model.
 pub struct Verda;
 
-impl Guest for Verda {
-    fn provider() -> Provider {
+impl PriceListCloud for Verda {
+    // No Verda storage or egress prices were found.
+    const EXTRAS: ExtraRates = UNKNOWN_EXTRAS;
+
+    fn cloud() -> Provider {
         Provider { name: "verda".into(), display_name: "Verda (formerly DataCrunch)".into() }
     }
 
-    fn offerings() -> Vec<Offering> {
-        LIST.offerings().expect("prices.csv parses (checked by the tests)").to_vec()
-    }
-
-    fn quote(request: QuoteRequest) -> Result<Quote, String> {
-        // No Verda storage or egress prices were found.
-        standard_quote_with(LIST.offerings()?, &request, UNKNOWN_EXTRAS)
+    fn list() -> &'static PriceList {
+        &LIST
     }
 }
 

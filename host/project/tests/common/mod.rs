@@ -6,12 +6,11 @@
 
 use runner_plugin_sdk::workload::{GraphRequest, Guest, ModelInfo, Phase};
 use runner_plugin_testkit as kit;
-use runner_graph::recompute::RecomputePolicy;
 use runner_project::model::{GraphSource, Model};
 use runner_project::precision::{Plan, Recipe};
 use runner_project::profile::Profiles;
 use runner_project::project::Projector;
-use runner_project::published::Resolver;
+use runner_project::published::{self, Point, Resolver};
 use runner_project::step::LayoutSpec;
 
 type Describe = fn() -> ModelInfo;
@@ -85,30 +84,41 @@ pub fn projector(model: &str, seq: u32, gpu: &str, recipe: Recipe) -> Projector<
 
 /// A layout without EP, recompute or FSDP; SP and TP overlap where tp > 1.
 pub fn layout(tp: u32, pp: u32, cp: u32, vp: u32, dp: u32, mbs: u32, gbs: u32) -> LayoutSpec {
-    LayoutSpec {
-        tp,
-        pp,
-        cp,
-        vp,
-        ep: 1,
-        etp: 1,
-        dp,
-        mbs,
-        gbs,
-        sequence_parallel: tp > 1,
-        fsdp: false,
-        recompute: RecomputePolicy::None,
-        recompute_layers: 0,
-        recompute_modules: Default::default(),
-        distributed_optimizer: true,
-        tp_overlap: tp > 1,
-        ep_overlap: false,
-        dp_overlap: true,
-        grad_fp32: false,
-        split: Default::default(),
-        offload_layers: 0,
-        optimizer: Default::default(),
-        kernels: Default::default(),
-        pipeline: Default::default(),
+    LayoutSpec::dense(tp, pp, cp, vp, dp, mbs, gbs)
+}
+
+/// A run of `model` on `gpu` under `precision`: `n` GPUs at tensor parallelism `tp`,
+/// `gbs` sequences of 2,048 tokens, micro-batch 1.
+pub fn run_at(model: &str, gpu: &str, precision: &str, n: u32, tp: u32, gbs: u32) -> Point {
+    Point {
+        source: "synthetic".into(),
+        model: model.into(),
+        gpu: gpu.into(),
+        num_gpus: Some(n),
+        precision: precision.into(),
+        seq_len: Some(2048),
+        gbs: Some(gbs),
+        mbs: Some(1),
+        tp: Some(tp),
+        pp: Some(1),
+        step_time_s: Some(1.0),
+        ..Point::default()
     }
+}
+
+/// The same in BF16.
+pub fn run(model: &str, gpu: &str, n: u32, tp: u32, gbs: u32) -> Point {
+    run_at(model, gpu, "BF16", n, tp, gbs)
+}
+
+/// `points` with each step time what `truth` projects for it, times `slow` of its index:
+/// runs with a known right answer for the calibration fit.
+pub fn measured(points: &[Point], truth: &Profiles, slow: impl Fn(usize) -> f64) -> Vec<Point> {
+    let v = published::validate(points, truth, &mut Native, &|_| {});
+    assert!(v.unsupported.is_empty(), "{:?}", v.unsupported);
+    let mut out = points.to_vec();
+    for c in &v.checked {
+        out[c.index].step_time_s = Some(c.predicted_step_s * slow(c.index));
+    }
+    out
 }

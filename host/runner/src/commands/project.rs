@@ -1464,32 +1464,7 @@ mod tests {
 
     /// A dense layout on `dp` data-parallel ranks, nothing set that saves memory.
     fn plain(dp: u32) -> LayoutSpec {
-        LayoutSpec {
-            tp: 1,
-            pp: 1,
-            cp: 1,
-            vp: 1,
-            ep: 1,
-            etp: 1,
-            dp,
-            mbs: 1,
-            gbs: 64,
-            sequence_parallel: false,
-            fsdp: false,
-            recompute: RecomputePolicy::None,
-            recompute_layers: 0,
-            recompute_modules: Default::default(),
-            distributed_optimizer: true,
-            tp_overlap: false,
-            ep_overlap: false,
-            dp_overlap: true,
-            grad_fp32: false,
-            split: Default::default(),
-            offload_layers: 0,
-            optimizer: Default::default(),
-            kernels: Default::default(),
-            pipeline: Default::default(),
-        }
+        LayoutSpec::dense(1, 1, 1, 1, dp, 1, 64)
     }
 
     /// "Does not fit" names only what the layout does not already use: `--recompute full
