@@ -452,7 +452,9 @@ fn ssm_check(s: &Ssm, what: &[(&str, usize, usize)]) -> Result<()> {
 /// the exact ones are. Mamba-2 starts a_log at ln of U(1, 16) (state-spaces/mamba at
 /// 8ffd905c, `mamba_ssm/modules/mamba2.py`, `A_init_range`), the executor at N(0, 0.02²):
 /// only a diverged or hand-set weight reaches the clamp. The CUDA twin (`ssm.cu`,
-/// `SSM_A_LOG_MAX`) and the f64 reference clamp alike.
+/// `SSM_A_LOG_MAX`) and the f64 reference clamp alike; the CUDA backward's log-decay
+/// route still multiplies a finite cumulative sum by a ≈ −1.65e38 there, so its ddt of a
+/// clamped head overflows where this one is 0 (open: not yet in the emulation test).
 pub const A_LOG_MAX: f32 = 88.0;
 
 /// A head's decay rate a = −exp(a_log), a_log clamped to [`A_LOG_MAX`]; a NaN a_log stays
