@@ -29,6 +29,11 @@ __device__ __forceinline__ float sigm(float v) { return 1.0f / (1.0f + expf(-v))
 
 // ln(1 + e^v), v itself above 20 (as the CPU and PyTorch's F.softplus).
 __device__ __forceinline__ float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+// a = −exp(a_log), a_log clamped below expf's overflow (ln(FLT_MAX) ≈ 88.72): past it a is
+// −∞ and the backward's 0·∞ is NaN. As the CPU kernels' A_LOG_MAX (cpu/ssm.rs says why);
+// a NaN a_log stays NaN (fminf would hide it).
+#define SSM_A_LOG_MAX 88.0f
+__device__ __forceinline__ float decay_rate(float v) { return -expf(v > SSM_A_LOG_MAX ? SSM_A_LOG_MAX : v); }
 
 // ---- causal conv1d ------------------------------------------------------------------
 
@@ -117,7 +122,7 @@ extern "C" __global__ void ssm_scan_forward(float* y, float* states, const float
     int hh = (int)(bh % h);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     i64 chunks = (t_len + chunk - 1) / chunk;
-    float a = -expf(a_log[hh]), dh = d[hh], bias = dt_bias[hh];
+    float a = decay_rate(a_log[hh]), dh = d[hh], bias = dt_bias[hh];
     for (int pi = warp; pi < p; pi += warps)
         for (int ni = lane; ni < n; ni += 32) st[(i64)pi * n + ni] = 0.0f;
     for (i64 t = 0; t < t_len; t++) {
@@ -151,7 +156,7 @@ extern "C" __global__ void ssm_scan_backward_fwd(float* dch, const float* dy, co
     i64 chunks = (t_len + chunk - 1) / chunk;
     i64 bh = blockIdx.x / chunks, ci = blockIdx.x % chunks;
     int hh = (int)(bh % h);
-    float a = -expf(a_log[hh]), bias = dt_bias[hh];
+    float a = decay_rate(a_log[hh]), bias = dt_bias[hh];
     const float* saved = states + (bh * chunks + ci) * p * n;
     for (int ni = threadIdx.x; ni < n; ni += blockDim.x)
         for (int pi = 0; pi < p; pi++) st[(i64)pi * n + ni] = saved[(i64)pi * n + ni];
@@ -187,7 +192,7 @@ extern "C" __global__ void ssm_scan_backward_rev(float* dx, float* ddt, float* d
     float* scratch = part + warps * n;
     i64 bh = blockIdx.x;
     int hh = (int)(bh % h);
-    float a = -expf(a_log[hh]), dh = d[hh], bias = dt_bias[hh];
+    float a = decay_rate(a_log[hh]), dh = d[hh], bias = dt_bias[hh];
     for (i64 e = threadIdx.x; e < (i64)p * n; e += blockDim.x) ds[e] = 0.0f;
     for (int e = threadIdx.x; e < warps * n; e += blockDim.x) part[e] = 0.0f;
     __syncthreads();

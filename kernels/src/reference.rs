@@ -265,6 +265,14 @@ fn softplus(v: f64) -> f64 {
     v.max(0.0) + (-v.abs()).exp().ln_1p()
 }
 
+/// a = −exp(a_log), a_log clamped to the kernels' [`crate::cpu::ssm::A_LOG_MAX`] as they
+/// clamp it (in f64 exp does not overflow there, but the reference computes what the
+/// kernels define).
+fn decay_rate(a_log: f64) -> f64 {
+    let max = f64::from(crate::cpu::ssm::A_LOG_MAX);
+    -(if a_log > max { max } else { a_log }).exp()
+}
+
 /// Mamba-2's SSD scan step by step (the definition on `runner_kernels::cpu::ssm`):
 /// returns y (B,T,H,P).
 pub fn ssm_scan(i: SsmInputs<&[f64]>, s: &Ssm) -> Vec<f64> {
@@ -272,7 +280,7 @@ pub fn ssm_scan(i: SsmInputs<&[f64]>, s: &Ssm) -> Vec<f64> {
     let mut y = vec![0.0; s.b * s.t * s.h * p];
     for b in 0..s.b {
         for h in 0..s.h {
-            let a = -i.a_log[h].exp();
+            let a = decay_rate(i.a_log[h]);
             let mut st = vec![0.0; p * n];
             for t in 0..s.t {
                 let row = (b * s.t + t) * s.h + h;
@@ -314,7 +322,7 @@ pub fn ssm_scan_backward(dy: &[f64], i: SsmInputs<&[f64]>, s: &Ssm) -> SsmGrads<
     };
     for b in 0..s.b {
         for h in 0..s.h {
-            let a = -i.a_log[h].exp();
+            let a = decay_rate(i.a_log[h]);
             // Step t: its (b,t,h) and (b,t,g) rows, dt', x_t, b_t, c_t.
             let step = |t: usize| {
                 let (row, grow) = ((b * s.t + t) * s.h + h, (b * s.t + t) * s.g + h / hpg);

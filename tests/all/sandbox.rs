@@ -95,7 +95,7 @@ fn plugin_errors_are_passed_on_as_refusals() {
     // applies before it asks (the SDK's standard quote applies the same one).
     let err = cost.quote(&QuoteRequest { gpus: 17, ..request("good") }).unwrap_err();
     assert!(matches!(err.failure, Failure::NotAsked(_)), "{err}");
-    assert!(err.to_string().contains("was not asked for `quote`: 2 node(s) of 'good' for 17 GPUs"), "{err}");
+    assert!(err.to_string().contains("was not asked for `quote`: 2 nodes of 'good' for 17 GPUs: it has 8 GPUs per node"), "{err}");
     let err = cost.quote(&QuoteRequest { nodes: 0, gpus: 0, ..request("trap") }).unwrap_err();
     assert!(matches!(err.failure, Failure::NotAsked(_)), "0 nodes never reach the plugin (it would trap): {err}");
 }

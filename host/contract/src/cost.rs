@@ -288,12 +288,13 @@ macro_rules! cost_rules {
                 .ok_or_else(|| format!("{} GPUs is more nodes of {instance} than can be counted", request.gpus))?;
             if request.nodes == 0 || request.nodes < enough || !request.nodes.is_multiple_of(multiple) {
                 return Err(format!(
-                    "{} node(s) of {instance} for {} GPUs: it has {} GPUs per node and is sold in multiples of {multiple} node(s), \
-                     so ask for {} nodes (or more, in multiples of {multiple})",
-                    request.nodes,
-                    request.gpus,
-                    offering.gpus_per_node,
-                    enough.max(multiple),
+                    "{} of {instance} for {}: it has {} per node and is sold in multiples of {}, \
+                     so ask for {} (or more, in multiples of {multiple})",
+                    text::count(request.nodes, "node"),
+                    text::count(request.gpus, "GPU"),
+                    text::count(offering.gpus_per_node, "GPU"),
+                    text::count(multiple, "node"),
+                    text::count(enough.max(multiple), "node"),
                 ));
             }
             for (what, value) in [("hours", request.hours), ("storage GB-months", request.storage_gb_months), ("egress GB", request.egress_gb)] {

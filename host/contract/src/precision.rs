@@ -1,5 +1,29 @@
-//! The precision contract's rules: what a plan and a step's actions may say, and the one
-//! map from the contract's number formats to their names.
+//! The precision contract's rules: what a plan and a step's actions may say, the one
+//! map from the contract's number formats to their names, and the one way a layer is
+//! named in words ([`layer_name`], [`layers_named`]), which policies' alerts and the
+//! host's decisions table share.
+
+/// A layer as alerts and the decisions table name it. Layer -1 holds what lies outside the
+/// transformer layers (wit/workload.wit: "-1 for embedding, head and loss"; `runner train`
+/// puts there the embedding, the final norm and the head, as GEMM site and gradient
+/// norm): "layers [-1, 0, ...]" read as a bug, so it is named in words.
+pub fn layer_name(l: i32) -> String {
+    if l < 0 { "the embedding/head".to_string() } else { format!("layer {l}") }
+}
+
+/// Layers in words: "layers [0, 2]", "the embedding/head", or "the embedding/head and
+/// layers [0, 2]" ([`layer_name`]); empty for none.
+pub fn layers_named(layers: &[i32]) -> String {
+    let inside: Vec<i32> = layers.iter().copied().filter(|l| *l >= 0).collect();
+    let outside = (layers.len() > inside.len()).then(|| layer_name(-1));
+    let inside = (!inside.is_empty()).then(|| format!("layers {inside:?}"));
+    match (outside, inside) {
+        (Some(o), Some(i)) => format!("{o} and {i}"),
+        (Some(o), None) => o,
+        (None, Some(i)) => i,
+        (None, None) => String::new(),
+    }
+}
 
 /// Expand the precision rules in a module that has the generated precision-policy types
 /// and `Dtype` in scope. Defines `dtype_name`, `is_low_precision`, `validate_plan`,

@@ -67,6 +67,13 @@ pub fn number(v: f64) -> String {
     if v != 0.0 && v.is_finite() && !(1e-3..1e6).contains(&v.abs()) { format!("{v:e}") } else { format!("{v}") }
 }
 
+/// "1 node", "2 nodes": a count and its noun, plural unless the count is 1 (the
+/// runner's `report::plural`; the contract cannot link the runner).
+pub fn count(n: impl std::fmt::Display, noun: &str) -> String {
+    let n = n.to_string();
+    format!("{n} {noun}{}", if n == "1" { "" } else { "s" })
+}
+
 /// A name: non-empty, at most [`MAX_NAME`] bytes, printable.
 ///
 /// # Errors
@@ -220,6 +227,15 @@ mod tests {
             assert!(date("d", bad).is_err(), "{bad}");
         }
         assert!(currency("USD").is_ok() && currency("usd").is_err() && currency("US$").is_err());
+    }
+
+    /// A count reads "1 node", else "N nodes" (the contract's quote refusal said
+    /// "node(s)"). Kills: the singular for every count, or for none.
+    #[test]
+    fn counts_are_singular_only_for_one() {
+        assert_eq!(count(1, "node"), "1 node");
+        assert_eq!(count(0, "node"), "0 nodes");
+        assert_eq!(count(18, "GPU"), "18 GPUs");
     }
 
     /// The bounds themselves (a mutation audit found each could move unnoticed): a name of

@@ -397,10 +397,11 @@ mod tests {
         assert_eq!(ok(&QuoteRequest { nodes: 3, ..request() }), Ok(100.0));
         assert_eq!(ok(&QuoteRequest { hours: 0.0, start_date: "2026-12-05".into(), ..request() }), Ok(100.0));
         let none = QuoteRequest { nodes: 0, gpus: 0, ..request() };
-        refused(&none, &listed, "0 node(s) of 'p5' for 0 GPUs: it has 8 GPUs per node");
+        refused(&none, &listed, "0 nodes of 'p5' for 0 GPUs: it has 8 GPUs per node and is sold in multiples of 1 node");
+        refused(&QuoteRequest { nodes: 1, ..request() }, &listed, "1 node of 'p5' for 16 GPUs: it has 8 GPUs per node");
         refused(&QuoteRequest { nodes: 1, ..request() }, &listed, "so ask for 2 nodes");
         let racks = [Offering { node_multiple: 18, ..on_demand(100.0) }];
-        refused(&QuoteRequest { nodes: 2, ..request() }, &racks, "sold in multiples of 18 node(s), so ask for 18 nodes");
+        refused(&QuoteRequest { nodes: 2, ..request() }, &racks, "sold in multiples of 18 nodes, so ask for 18 nodes");
         assert_eq!(listed_price(&QuoteRequest { nodes: 36, ..request() }, Some(&racks)).map(|p| p.usd_per_node_hour), Ok(100.0));
         let single = [Offering { gpus_per_node: 1, ..racks[0].clone() }];
         refused(&QuoteRequest { gpus: u32::MAX, ..request() }, &single, "4294967295 GPUs is more nodes of 'p5' than can be counted");

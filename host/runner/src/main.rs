@@ -176,7 +176,7 @@ pub struct CloudArgs {
     /// ... optional)
     #[arg(long, value_name = "FILE")]
     pub price_file: Option<PathBuf>,
-    /// Purchase option: on-demand, spot, reserved-1y, reserved-3y, capacity-block, ...
+    /// Purchase option: on-demand (the default), spot, reserved-1y, reserved-3y, capacity-block, ...
     #[arg(long)]
     pub option: Option<String>,
     /// Only this region (default: each cloud's cheapest)
@@ -223,6 +223,8 @@ enum Command {
     Train(train_cmd::TrainArgs),
     /// Run a run file (workloads/*.toml)
     #[command(
+        mut_arg("option", |a| a.help("Purchase option: on-demand, spot, reserved-1y, reserved-3y, capacity-block, ... (default: the run file's [cost] option, else on-demand)")),
+        mut_arg("region", |a| a.help("Only this region (default: the run file's [cost] region, else each cloud's cheapest)")),
         after_help = "Examples:\n  runner run workloads/llama3.1-8b-h100-bf16.toml\n  runner run my.toml --format csv -o out.csv"
     )]
     Run {
@@ -1001,6 +1003,19 @@ mod tests {
         };
         assert!(help("prices").ends_with("..., or all") && help("prices").contains("on-demand (the default)"), "{}", help("prices"));
         assert!(!help("explore").contains("all"), "{}", help("explore"));
+        assert!(help("run").contains("default: the run file's [cost] option, else on-demand"), "{}", help("run"));
+
+        // Prices lists every region unless told; explore takes each cloud's cheapest; run
+        // reads its file's first. Kills: the prices or run override dropped (the shared
+        // text names each cloud's cheapest).
+        let region = |sub: &str| {
+            let cmd = <super::Cli as clap::CommandFactory>::command();
+            let sub = cmd.find_subcommand(sub).unwrap().clone();
+            sub.get_arguments().find(|a| a.get_id() == "region").and_then(|a| a.get_help()).map(ToString::to_string).unwrap()
+        };
+        assert_eq!(region("prices"), "Only this region (default: every region)");
+        assert_eq!(region("explore"), "Only this region (default: each cloud's cheapest)");
+        assert_eq!(region("run"), "Only this region (default: the run file's [cost] region, else each cloud's cheapest)");
     }
 
     /// A flag whose help says its default in words ("default: the variant's") shows no

@@ -207,7 +207,8 @@ pub struct LayoutSection {
     /// How the layers split over pipeline chunks: `{ embedding = 1, loss = 1 }` counts
     /// the embedding and the loss as a layer each (Megatron's
     /// `account_for_*_in_pipeline_split`), `{ embedding = 0, loss = 0 }` splits evenly;
-    /// absent, the search tries both.
+    /// absent, the search tries both. Each key counts 0 to the contract's layer ceiling.
+    #[serde(deserialize_with = "pipeline_split")]
     pub pipeline_split: Option<PipelineSplit>,
     /// Layers per pipeline chunk whose activations go to host memory between forward and
     /// backward (Megatron's `cpu_offloading_num_layers`); absent: none.
@@ -387,6 +388,27 @@ fn gbs<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> 
 
 fn offload_layers<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     Ok(Option::<Whole<u32, 0, { runner_contract::limits::LAYERS as u64 }>>::deserialize(d)?.map(|c| c.0))
+}
+
+/// Layers the embedding or the loss may count as in `[layout] pipeline_split`: no more
+/// than a model may have layers ([`runner_contract::limits::LAYERS`]).
+type SplitUnits = Whole<u32, 0, { runner_contract::limits::LAYERS as u64 }>;
+
+/// `[layout] pipeline_split` as the file writes it: each key ranged like
+/// `offload_layers` (a value u32 does not hold was refused as "0 to 4294967295"); a value
+/// that is no table is told the table's example, as [`plain`] tells it for the graph's type.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a table, e.g. { embedding = 1, loss = 1 }")]
+struct SplitKeys {
+    #[serde(default)]
+    embedding: Option<SplitUnits>,
+    #[serde(default)]
+    loss: Option<SplitUnits>,
+}
+
+fn pipeline_split<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<PipelineSplit>, D::Error> {
+    let split = |k: SplitKeys| PipelineSplit { embedding: k.embedding.map_or(0, |u| u.0), loss: k.loss.map_or(0, |u| u.0) };
+    Ok(Option::<SplitKeys>::deserialize(d)?.map(split))
 }
 
 /// Most timed steps `[measure] repeats` takes: past a thousand the figures are no tighter.
@@ -975,6 +997,16 @@ fn check(run: &RunFile) -> Result<(), String> {
     {
         return Err(format!("[layout] offload_layers must be in 0..={}, got {n}", runner_contract::limits::LAYERS));
     }
+    if let Some(s) = run.layout.pipeline_split {
+        for (key, n) in [("embedding", s.embedding), ("loss", s.loss)] {
+            if n > runner_contract::limits::LAYERS {
+                return Err(format!(
+                    "[layout] pipeline_split {key} must be in 0..={} (the layers the {key} counts as), got {n}",
+                    runner_contract::limits::LAYERS
+                ));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -1192,6 +1224,18 @@ mod tests {
         assert!(run.layout.describe().contains("pipeline split E1L1"));
         let err = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { embedding = 1, los = 1 }\n", "t.toml").unwrap_err();
         assert!(err.contains("los"), "{err}");
+        // A key left out counts as 0.
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { loss = 3 }\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().split, Some(PipelineSplit { embedding: 0, loss: 3 }));
+        // Each key's range, the key named and the line shown. Kills: the `check` rule
+        // deleted, or one key left out of it.
+        for (key, split) in [("embedding", "{ embedding = 10001, loss = 1 }"), ("loss", "{ embedding = 1, loss = 10001 }")] {
+            let err = parse(&format!("[model]\nplugin = \"x\"\n[layout]\npipeline_split = {split}\n"), "t.toml").unwrap_err();
+            assert!(err.contains(&format!("[layout] pipeline_split {key} must be in 0..=10000 (the layers the {key} counts as), got 10001")), "{err}");
+            assert!(err.contains("line 4"), "{err}");
+        }
+        let run = parse("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { embedding = 10000, loss = 10000 }\n", "t.toml").unwrap();
+        assert_eq!(run.layout.space().split, Some(PipelineSplit { embedding: 10000, loss: 10000 }));
     }
 
     /// `[layout] offload_layers` fixes the offload for the search (absent: the search may
@@ -1639,6 +1683,8 @@ mod tests {
             ("[model]\nplugin = \"x\"\n[limits]\ncall_timeout_ms = -1\n", "expected a whole number from 1 to 86400000"),
             ("[model]\nplugin = \"x\"\n[cluster]\ngbs = -1\n", "expected a whole number from 1 to 4294967295"),
             ("[model]\nplugin = \"x\"\n[layout]\noffload_layers = -1\n", "expected a whole number from 0 to 10000"),
+            ("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { embedding = -1 }\n", "invalid value: integer `-1`, expected a whole number from 0 to 10000"),
+            ("[model]\nplugin = \"x\"\n[layout]\npipeline_split = { loss = 1.5 }\n", "invalid type: floating point `1.5`, expected a whole number from 0 to 10000"),
             ("[model]\nplugin = \"x\"\n[assumptions]\nrestart_h = \"1h\"\n", "expected a number"),
             ("[model]\nplugin = \"x\"\n[explore]\ntarget_days = \"30\"\n", "expected a number"),
             ("[model]\nplugin = \"x\"\n[layout]\npipeline_split = 1\n", "expected a table, e.g. { embedding = 1, loss = 1 }"),

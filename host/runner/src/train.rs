@@ -974,7 +974,7 @@ fn train_under<D: Device + Clone>(
                         hit.push(s.name.clone());
                     }
                     hit.dedup();
-                    let which = if all { "every low-precision layer".to_string() } else { format!("layer {layer}") };
+                    let which = if all { "every low-precision layer".to_string() } else { runner_contract::precision::layer_name(layer) };
                     detail = format!("{which}: the largest input element of {} x 2^16 (forward and weight gradient)", hit.join(", "));
                 }
             }

@@ -22,6 +22,9 @@
 //! `kernels/cuda/ssm.cu`, takes another route to the decay's gradient that needs no
 //! state going backwards; `reference::ssm_scan_backward` follows it.)
 //!
+//! a_log is clamped to [`A_LOG_MAX`] ([`decay_rate`]): past ln(f32::MAX) ≈ 88.72,
+//! exp(a_log) is +∞ in f32 and the backward's 0·∞ turned every gradient of the head NaN.
+//!
 //! Reductions that cross tasks (the groups' dB and dC over their heads, the per-head
 //! weights over the batch, the conv's dw and db over rows) are per-task partials added
 //! in a fixed order, so results do not depend on the thread count.
@@ -440,6 +443,27 @@ fn ssm_check(s: &Ssm, what: &[(&str, usize, usize)]) -> Result<()> {
     Ok(())
 }
 
+/// The largest a_log the scan reads as itself. Past ln(f32::MAX) ≈ 88.72, a = −exp(a_log)
+/// is −∞ in f32: the forward's decay exp(dt'·a) is still 0, but the backward's
+/// da_log = da·a and d(dt') ∋ ⟨dS, S⟩·a·exp(dt'·a) are 0·∞ = NaN, and a NaN in one head's
+/// a_log gradient spreads through the optimizer to the whole model. Clamped a little below
+/// the overflow (exp(88) ≈ 1.65e38, so dt'·a stays finite for dt' ≤ 1), the decay is 0 as
+/// the exact value's (a head whose state forgets every step) and the gradients are 0 where
+/// the exact ones are. Mamba-2 starts a_log at ln of U(1, 16) (state-spaces/mamba at
+/// 8ffd905c, `mamba_ssm/modules/mamba2.py`, `A_init_range`), the executor at N(0, 0.02²):
+/// only a diverged or hand-set weight reaches the clamp. The CUDA twin (`ssm.cu`,
+/// `SSM_A_LOG_MAX`) and the f64 reference clamp alike; the CUDA backward's log-decay
+/// route still multiplies a finite cumulative sum by a ≈ −1.65e38 there, so its ddt of a
+/// clamped head overflows where this one is 0 (open: not yet in the emulation test).
+pub const A_LOG_MAX: f32 = 88.0;
+
+/// A head's decay rate a = −exp(a_log), a_log clamped to [`A_LOG_MAX`]; a NaN a_log stays
+/// NaN (`f32::min` would hide it as the clamp), so a corrupted weight still shows.
+#[inline(always)]
+pub fn decay_rate(a_log: f32) -> f32 {
+    -(if a_log > A_LOG_MAX { A_LOG_MAX } else { a_log }).exp()
+}
+
 /// ln(1 + eᵛ), taken as v above 20 (PyTorch's `F.softplus` threshold, where they agree
 /// in f32).
 #[inline(always)]
@@ -507,7 +531,7 @@ pub fn ssm_scan_forward(
                 #[inline(always)]
                 || {
                     let h = bh % s.h;
-                    let a = -i.a_log[h].exp();
+                    let a = decay_rate(i.a_log[h]);
                     let mut st = vec![0f32; p * n];
                     let mut yh = vec![0f32; s.t * p];
                     for t in 0..s.t {
@@ -605,7 +629,7 @@ pub fn ssm_scan_backward(
                 #[inline(always)]
                 || {
                     let h = bh % s.h;
-                    let a = -i.a_log[h].exp();
+                    let a = decay_rate(i.a_log[h]);
                     let saved = &states[bh * chunks * pn..][..chunks * pn];
                     let mut o = PairGrads {
                         dx: vec![0f32; s.t * p],
@@ -1043,6 +1067,31 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// An a_log past f32's exp overflow (88.72) reads as [`A_LOG_MAX`]: outputs and
+    /// gradients finite and equal to those at the limit, against the f64 reference, which
+    /// clamps alike; a NaN a_log stays NaN. Kills: the clamp removed (a = −∞ and the
+    /// backward's 0·∞ makes da_log and ddt NaN), or written with `f32::min` (NaN hidden).
+    #[test]
+    fn ssm_scan_clamps_a_log_past_the_exp_overflow() {
+        let mut rng = rng(66);
+        let s = Ssm { b: 2, t: 7, h: 3, p: 2, g: 1, n: 3, chunk: 4 };
+        let (mut d, rr) = ssm_data(&mut rng, &s);
+        d[4] = vec![1000.0, 89.0, 0.5];
+        let (y, g) = run(&d, &rr, s);
+        assert!(y.iter().chain(g.iter().flatten()).all(|v| v.is_finite()), "{y:?} {g:?}");
+        let mut at_limit = d.clone();
+        at_limit[4] = vec![A_LOG_MAX, A_LOG_MAX, 0.5];
+        let (y_limit, g_limit) = run(&at_limit, &rr, s);
+        assert_eq!((&y, &g), (&y_limit, &g_limit));
+        let df: [Vec<f64>; 7] = std::array::from_fn(|k| f64s(&d[k]));
+        assert_close("clamped ssm y", &y, &r::ssm_scan(inputs(&df), &s), 5e-7, 1e-6);
+        assert!(decay_rate(f32::NAN).is_nan());
+        assert_eq!(decay_rate(A_LOG_MAX + 1.0), decay_rate(A_LOG_MAX));
+        assert!(decay_rate(A_LOG_MAX).is_finite() && decay_rate(1.0) == -(1f32.exp()));
+        // The CUDA twin clamps at the same value.
+        assert!(crate::cuda::SOURCES.iter().any(|(f, src)| *f == "ssm.cu" && src.contains(&format!("#define SSM_A_LOG_MAX {A_LOG_MAX:.1}f"))));
     }
 
     /// The chunk length decides only which states the forward keeps: every output is

@@ -17,6 +17,7 @@ use crate::{CloudArgs, Global};
 // takes `all`: its help is its own, the default applied in `prices` (not by clap).
 #[derive(Args, Debug, Clone)]
 #[command(mut_arg("option", |a| a.help("Purchase option: on-demand (the default), spot, capacity-block, 1y-no-upfront, ..., or all")))]
+#[command(mut_arg("region", |a| a.help("Only this region (default: every region)")))]
 pub struct PricesArgs {
     /// GPU types, comma-separated: every price of each, cheapest first (default: a
     /// summary of every GPU type a cloud sells)

@@ -387,7 +387,8 @@ fn same(a: &SitePlan, b: &SitePlan) -> bool {
 fn describe(s: &crate::plugin::precision::SiteSelector) -> String {
     let mut parts = Vec::new();
     if !s.layers.is_empty() {
-        parts.push(format!("layers {:?}", s.layers));
+        // The policies' alerts' words: layer -1 is the embedding/head, never "[-1, ...]".
+        parts.push(runner_contract::precision::layers_named(&s.layers));
     }
     if !s.names.is_empty() {
         parts.push(format!("names {:?}", s.names));
@@ -521,6 +522,18 @@ mod tests {
         st.apply(&[Action::ResetAmax(layer(2))], |_, d, _| details.push(d));
         assert_eq!(details, ["layers [2]: 3 sites"], "left-aligned in the decisions table, like the other details");
         assert_eq!(o.abort.as_deref(), Some("stop"));
+    }
+
+    /// The decisions table names layer -1 as the policies' alerts do (the contract's
+    /// `layers_named`), never "layers [-1, 0, ...]". Kills: `describe` back to `{:?}` of
+    /// the layers.
+    #[test]
+    fn the_embedding_head_is_named_in_words() {
+        let mut st = state(1.0);
+        let mut details = Vec::new();
+        let sel = SiteSelector { layers: vec![-1, 1, 2], names: vec![], roles: vec![] };
+        st.apply(&[Action::ResetAmax(sel), Action::ResetAmax(layer(-1))], |_, d, _| details.push(d));
+        assert_eq!(details, ["the embedding/head and layers [1, 2]: 6 sites", "the embedding/head: 0 sites"]);
     }
 
     #[test]

@@ -20,6 +20,8 @@
 //! instead and an alert says so. A global fallback returns after `promote_after` steps.
 
 use super::*;
+// One rule for naming layers, shared with the host's decisions table.
+use runner_contract::precision::{layer_name, layers_named};
 
 /// Thresholds and schedules of the rules.
 #[derive(Clone, Debug, PartialEq)]
@@ -275,28 +277,6 @@ fn plan_role(i: usize, sites: &[(i32, u8)]) -> &'static str {
         Some(0) => "forward",
         Some(1) => "input-gradient",
         _ => "weight-gradient",
-    }
-}
-
-/// A layer as an alert names it. Layer -1 holds what lies outside the transformer layers
-/// (wit/workload.wit: "-1 for embedding, head and loss"; `runner train` puts there the
-/// embedding, the final norm and the head, as GEMM site and gradient norm): an alert
-/// said "layers [-1, 0, ...]", which reads as a bug, so it is named in words.
-fn layer_name(l: i32) -> String {
-    if l < 0 { "the embedding/head".to_string() } else { format!("layer {l}") }
-}
-
-/// Layers as an alert lists them: "layers [0, 2]", "the embedding/head", or "the
-/// embedding/head and layers [0, 2]" ([`layer_name`]).
-fn layers_named(layers: &[i32]) -> String {
-    let inside: Vec<i32> = layers.iter().copied().filter(|l| *l >= 0).collect();
-    let outside = (layers.len() > inside.len()).then(|| layer_name(-1));
-    let inside = (!inside.is_empty()).then(|| format!("layers {inside:?}"));
-    match (outside, inside) {
-        (Some(o), Some(i)) => format!("{o} and {i}"),
-        (Some(o), None) => o,
-        (None, Some(i)) => i,
-        (None, None) => String::new(),
     }
 }
 
