@@ -676,6 +676,7 @@ mod tests {
         );
         let html = t.html_fragment();
         assert!(html.contains("<td class=\"n\">~3</td>") && html.contains("<td class=\"n\">-123</td>") && html.contains("<td>x</td>"), "{html}");
+        assert!(html.contains("<td>8H100.80S.176V</td>") && html.contains("<td class=\"n\">1.5e6</td>"), "{html}");
     }
 
     /// Every piece of text that reaches an HTML page is escaped: title, headers, cells,
