@@ -1206,12 +1206,12 @@ pub fn load_clouds(
                 record_plugin(plugins, notes, &cloud.info);
                 clouds.push(cloud);
             }
-            // A cloud asked for by name that cannot be used stops the run (a typo must not
-            // leave a table without prices); one of the installed set is skipped.
             // The price file's own name (its column's, `our-contract` or `our-contract.csv`)
             // where no plugin has it: the file is priced whatever --cloud lists, so its name
             // alone lists it alone.
             Err(_) if cost.price_file.as_deref().is_some_and(|f| names_price_file(spec, f)) => {}
+            // A cloud asked for by name that cannot be used stops the run (a typo must not
+            // leave a table without prices); one of the installed set is skipped.
             Err(e) if !cost.plugins.is_empty() => anyhow::bail!("the cloud {spec} cannot be used: {e}"),
             Err(e) => notes.push(format!("skipped a cloud: {e}")),
         }
