@@ -374,6 +374,57 @@ fn line(op: &str, rows: &[&Modelled]) -> Result<LineFit, String> {
 /// As [`tier_of`]; fewer than two sizes; times that do not grow with size; a fitted
 /// efficiency outside (0, 1] (wrong GPU, or the profile's bandwidth too low); a
 /// multi-node run bound by NVLink rather than the NICs.
+/// Each op's rows of one data type and reduction op: nccl-tests' `-d all` and `-o all`
+/// measure every size once per type (and op), and the bytes of a size take about the same
+/// time whatever their type, so fitting them all would count each size several times.
+/// Kept: bfloat16 (the gradients' type in the projection), else half, else float, else
+/// the first type; the sum, else the first op. A note says which, when there was a choice.
+fn one_type_per_op<'a>(rows: &'a [CollRow], notes: &mut Vec<String>) -> Vec<&'a CollRow> {
+    let rank = |r: &CollRow| {
+        let t = ["bfloat16", "bf16", "half", "fp16", "float", "fp32"].iter().position(|t| *t == r.dtype).map_or(3, |i| i / 2);
+        (t, usize::from(r.redop != "sum"))
+    };
+    let mut ops: Vec<&str> = Vec::new();
+    for r in rows {
+        if !ops.contains(&r.op.as_str()) {
+            ops.push(&r.op);
+        }
+    }
+    let mut kept = Vec::new();
+    for op in ops {
+        let mine: Vec<&CollRow> = rows.iter().filter(|r| r.op == op).collect();
+        // The first row of the best rank: min_by_key keeps the first of equals.
+        let Some(best) = mine.iter().copied().min_by_key(|r| rank(r)) else { continue };
+        let same = |r: &CollRow| r.dtype == best.dtype && r.redop == best.redop;
+        let mut types: Vec<&str> = Vec::new();
+        let mut redops: Vec<&str> = Vec::new();
+        for r in &mine {
+            if !types.contains(&r.dtype.as_str()) {
+                types.push(&r.dtype);
+            }
+            if !redops.contains(&r.redop.as_str()) {
+                redops.push(&r.redop);
+            }
+        }
+        if types.len() > 1 || redops.len() > 1 {
+            let what = match (types.len() > 1, redops.len() > 1) {
+                (true, true) => format!("{} data types and {} reduction ops (nccl-tests -d all -o all)", types.len(), redops.len()),
+                (true, false) => format!("{} data types (nccl-tests -d all)", types.len()),
+                _ => format!("{} reduction ops (nccl-tests -o all)", redops.len()),
+            };
+            notes.push(format!(
+                "{op} measured in {what}: fitted its {} {} rows only (bfloat16, the projection's gradient type, where \
+                 the log has it, else half, else float; {} more left out)",
+                best.dtype,
+                best.redop,
+                mine.iter().filter(|r| !same(r)).count()
+            ));
+        }
+        kept.extend(mine.into_iter().filter(|r| same(r)));
+    }
+    kept
+}
+
 pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>, origin: &str) -> Result<CollFit, String> {
     let first = rows.first().ok_or_else(|| format!("{origin}: no rows"))?;
     let (ranks, nodes) = (first.ranks, first.nodes);
@@ -384,6 +435,7 @@ pub fn fit_collectives(rows: &[CollRow], gpu: &GpuProfile, forced: Option<Tier>,
     let mut notes = Vec::new();
     let mut modelled = Vec::new();
     let mut skipped: Vec<&str> = Vec::new();
+    let rows = one_type_per_op(rows, &mut notes);
     for r in rows {
         let Some(kind) = kind_of(&r.op)? else {
             if !skipped.contains(&r.op.as_str()) {
@@ -927,6 +979,37 @@ mod tests {
         by_size.sort_by_key(|r| r.size_bytes);
         let f = fit_collectives(&by_size, &h100(), None, "coll.json").unwrap();
         assert_eq!(f.per_op.iter().map(|l| l.op.as_str()).collect::<Vec<_>>(), ["all_reduce", "all_gather", "reduce_scatter", "alltoall"]);
+    }
+
+    /// nccl-tests `-d all` / `-o all`: every size once per data type (and reduction op).
+    /// Only the bfloat16 sum rows are fitted, with a note; the others, here twice as slow,
+    /// would pull the fit off them.
+    #[test]
+    fn rows_of_several_data_types_fit_the_bfloat16_ones() {
+        let truth = with(&h100(), |e| {
+            e.scale_up = 0.73;
+            e.scale_up_latency_us = 4.2;
+        });
+        let bf16: Vec<CollRow> = rows(&truth, 8, 1, &["all_reduce"]).into_iter().map(|r| CollRow { dtype: "bfloat16".into(), ..r }).collect();
+        let slow = |dtype: &str, redop: &str| -> Vec<CollRow> {
+            bf16.iter()
+                .map(|r| CollRow { dtype: dtype.into(), redop: redop.into(), time_us: r.time_us * 2.0, algbw_gbps: r.algbw_gbps / 2.0, busbw_gbps: r.busbw_gbps / 2.0, ..r.clone() })
+                .collect()
+        };
+        let mixed: Vec<CollRow> = slow("float", "sum").into_iter().chain(bf16.clone()).chain(slow("bfloat16", "max")).chain(slow("half", "sum")).collect();
+        let f = fit_collectives(&mixed, &h100(), None, "ar.log").unwrap();
+        assert!((f.efficiency.scale_up - 0.73).abs() < 1e-9, "{:?}", f.params);
+        assert_eq!(f.pooled.rows, bf16.len());
+        assert_eq!(
+            f.notes,
+            ["all_reduce measured in 3 data types and 2 reduction ops (nccl-tests -d all -o all): fitted its bfloat16 sum rows \
+              only (bfloat16, the projection's gradient type, where the log has it, else half, else float; 15 more left out)"]
+        );
+        // No bfloat16: half before float.
+        let f = fit_collectives(&[slow("float", "sum"), bf16.iter().map(|r| CollRow { dtype: "half".into(), ..r.clone() }).collect()].concat(), &h100(), None, "ar.log").unwrap();
+        assert!((f.efficiency.scale_up - 0.73).abs() < 1e-9 && f.notes[0].contains("fitted its half sum rows"), "{:?}", f.notes);
+        // One type: no note.
+        assert!(fit_collectives(&bf16, &h100(), None, "ar.log").unwrap().notes.is_empty());
     }
 
     /// Across nodes: 8 ranks per node share the rails (all-reduce and friends), an

@@ -228,6 +228,9 @@ impl OpsFile {
     /// version, or a value out of range; each names the op and the field.
     pub fn parse(text: &str, origin: &str) -> Result<OpsFile, String> {
         let f: OpsFile = serde_json::from_str(text).map_err(|e| {
+            if crate::nccl_tests::is_log(text) {
+                return crate::nccl_tests::misplaced(origin, "a `runner measure` file");
+            }
             let hint = if text.trim_start().starts_with('[') {
                 " (an array: is it a `bench collectives` file? use it with --collectives)"
             } else {
@@ -565,11 +568,18 @@ pub fn stands_for(device: &str, gpu: &GpuProfile, builtin: bool) -> Result<(), S
         let mut parts = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|t| !t.is_empty());
         parts.find(|t| !matches!(*t, "nvidia" | "tesla")).unwrap_or_default().to_string()
     };
-    let names: Vec<String> = std::iter::once(&gpu.name).chain(&gpu.aliases).map(|n| model_of(n)).collect();
+    let mut names: Vec<String> = Vec::new();
+    for n in std::iter::once(&gpu.name).chain(&gpu.aliases).map(|n| model_of(n)) {
+        if !names.contains(&n) {
+            names.push(n);
+        }
+    }
     if names.iter().any(|n| tokens.contains(n.as_str())) {
         Ok(())
     } else {
-        Err(format!("the run was on {device}, which is not a {} ({}): pass the --gpu it ran on", gpu.name, names.join(", ")))
+        // "an H100", "an A100", "a B200": the article goes by the first letter's sound.
+        let article = if gpu.name.starts_with(|c: char| "AEFHILMNORSXaefhilmnorsx".contains(c)) { "an" } else { "a" };
+        Err(format!("the run was on {device}, which is not {article} {} ({}): pass the --gpu it ran on", gpu.name, names.join(", ")))
     }
 }
 
@@ -1246,7 +1256,12 @@ mod tests {
         let p = Profiles::builtin();
         let a100 = p.get("nvidia-tesla-a100").unwrap();
         let e = stands_for("cuda:0 (Tesla V100-SXM2-16GB, sm_70)", a100, true).unwrap_err();
-        assert!(e.contains("not a A100-40GB") && e.contains("--gpu"), "{e}");
+        assert!(e.contains("not an A100-40GB") && e.contains("--gpu"), "{e}");
+        // Each alias's model once, however many aliases share it.
+        let e = stands_for("cuda:0 (NVIDIA L40S, sm_89)", p.get("h100").unwrap(), true).unwrap_err();
+        assert!(e.starts_with("the run was on cuda:0 (NVIDIA L40S, sm_89), which is not an H100 (h100): pass"), "{e}");
+        let e = stands_for("cuda:0 (NVIDIA L40S, sm_89)", p.get("b200").unwrap(), true).unwrap_err();
+        assert!(e.contains("which is not a B200 (b200, "), "{e}");
     }
 
     /// A GEMM whose bytes take more than half its time at the achieved HBM rate is left

@@ -22,6 +22,17 @@ pub(crate) fn looks_like(text: &str) -> bool {
     text.lines().any(|l| header(l).is_some_and(|h| h.starts_with("nThread") || h.starts_with("Collective test starting:")))
 }
 
+/// Whether `text` is nccl-tests output, tagged by a launcher or not: for a file given
+/// where another format goes, whose parse error would not say what it is.
+pub(crate) fn is_log(text: &str) -> bool {
+    looks_like(text) || untagged(text).is_some_and(|t| looks_like(&t))
+}
+
+/// The message for an nccl-tests log given as `what` (its parse failed).
+pub(crate) fn misplaced(origin: &str, what: &str) -> String {
+    format!("{origin}: this is nccl-tests output, not {what}: pass it with `runner calibrate --collectives {origin} --gpu NAME`")
+}
+
 /// `text` with the launcher's tag taken off each line that carries one, where half or
 /// more of its lines carry one of one style: `srun -l`'s rank (`0: `, padded as ` 0: `
 /// for wide ranks) or `mpirun --tag-output`'s `[1,0]<stdout>:`; `None` where they do
@@ -173,16 +184,20 @@ pub(crate) fn rows(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
     if tests.is_empty() {
         return Err(format!("{origin}: no nccl-tests header (`# nThread ...`): not an nccl-tests log"));
     }
+    // A killed run's log ends mid-row: its last line is the one to blame, not the version.
+    let last = text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()).last().map_or(0, |(i, _)| i + 1);
     let mut out = Vec::new();
     let mut seen = BTreeSet::new();
     for t in tests {
-        out.extend(test_rows(t, origin, &mut seen)?);
+        out.extend(test_rows(t, origin, last, &mut seen)?);
     }
     Ok(out)
 }
 
-/// One test's rows; `seen` holds the (op, size) pairs of the tests before it.
-fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> Result<Vec<CollRow>, String> {
+/// One test's rows; `seen` holds the (op, size, type, reduction) of the tests before it
+/// (`-d all` and `-o all` measure each size once per data type and reduction op), and
+/// `last` is the file's last written line.
+fn test_rows(mut t: Test, origin: &str, last: usize, seen: &mut BTreeSet<(String, u64, String, String)>) -> Result<Vec<CollRow>, String> {
     let from = format!("{origin}: the test at line {}", t.line);
     let op = match t.op.take().or_else(|| op_in_name(origin)) {
         Some(op) => op,
@@ -228,6 +243,13 @@ fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> R
     for (at, cols) in &t.rows {
         let line = format!("{origin}: line {at} ({op})");
         if cols.len() != 9 && cols.len() != 13 {
+            if *at == last && cols.len() < 13 {
+                return Err(format!(
+                    "{line}: the log ends in the middle of this row ({} columns of 9 or 13): was the run killed? Delete \
+                     the line to fit the complete rows, or run the sweep again",
+                    cols.len()
+                ));
+            }
             return Err(format!(
                 "{line}: {} columns where nccl-tests 2.10 and later print 9 (out of place) or 13 (and in place): size, count, \
                  type, redop, root, time, algbw, busbw, #wrong; an older nccl-tests' log cannot be read, run a newer one",
@@ -242,7 +264,7 @@ fn test_rows(mut t: Test, origin: &str, seen: &mut BTreeSet<(String, u64)>) -> R
         if size_bytes == 0 {
             continue;
         }
-        if !seen.insert((op.clone(), size_bytes)) {
+        if !seen.insert((op.clone(), size_bytes, cols[2].clone(), cols[3].clone())) {
             return Err(format!(
                 "{line}: {op} of {size_bytes} B is measured twice in the sweep (a log of several runs of one test): keep one \
                  run per test, or fit each run on its own"
@@ -302,6 +324,30 @@ mod tests {
         assert_eq!(super::untagged("0: a\nb").as_deref(), Some("a\nb"));
         assert_eq!(super::untagged("0: a\n\nb\n").as_deref(), Some("a\n\nb"));
         assert_eq!(super::untagged("0: a\nb\nc"), None);
+    }
+
+    /// `-d all`: each size once per data type, one run (not "measured twice"); the same
+    /// type twice still is.
+    #[test]
+    fn rows_of_several_data_types_are_one_run() {
+        let two = [(0, "n"), (1, "n")];
+        let rows: String = ROWS.lines().flat_map(|l| [l.to_string(), l.replace("float", "bfloat16")]).map(|l| l + "\n").collect();
+        let r = parse(&log(true, &two, &rows), "ag.log").unwrap();
+        assert_eq!(r.iter().map(|r| r.dtype.as_str()).collect::<Vec<_>>(), ["float", "bfloat16", "float", "bfloat16"]);
+        assert!(parse(&log(true, &two, &(rows.clone() + &rows)), "ag.log").unwrap_err().contains("measured twice"));
+    }
+
+    /// A log given where a calibration file or a `runner measure` file goes is named as
+    /// nccl-tests output, with the flag it goes to (not a TOML or JSON syntax error).
+    #[test]
+    fn a_log_given_as_another_file_says_where_it_goes() {
+        let text = log(true, &[(0, "n"), (1, "n")], ROWS);
+        let want = "ar.log: this is nccl-tests output, not a calibration file: pass it with `runner calibrate --collectives ar.log --gpu NAME`";
+        assert_eq!(crate::published::parse(&text, "ar.log").unwrap_err(), want);
+        let tagged: String = text.lines().map(|l| format!("0: {l}\n")).collect();
+        assert_eq!(crate::published::parse(&tagged, "ar.log").unwrap_err(), want);
+        let e = crate::measured::OpsFile::parse(&text, "ar.log").map(|_| ()).unwrap_err();
+        assert!(e.starts_with("ar.log: this is nccl-tests output, not a `runner measure` file: pass it with `runner calibrate --collectives ar.log"), "{e}");
     }
 
     #[test]
@@ -365,6 +411,12 @@ mod tests {
         bad(&log(true, &two, &ROWS.replacen("26.21      0", "26.21      3", 1)), "3 wrong values");
         bad(&log(true, &two, &ROWS.replace("26.21", "40.00")), "busbw_gbps 40 is not size / time x the bus factor");
         bad(&log(true, &[(0, "n"), (1, "n")], ROWS).replace("all_gather", "hypercube"), "hypercube_perf is not an op the network fit reads");
+        // A run killed mid-row: the cut line is named, not the nccl-tests version.
+        let cut = log(true, &two, &(ROWS.to_string() + "     4194304        524288     fl\n\n"));
+        bad(&cut, "line 11 (all_gather): the log ends in the middle of this row (3 columns of 9 or 13): was the run killed?");
+        bad(&log(true, &two, &(ROWS.to_string() + "     4194304        524288     float    none      -1    40.00  104.86   52.43      0    41.00\n")), "10 columns of 9 or 13");
+        // A short row that is not the last is a format this reader does not know.
+        bad(&log(true, &two, &format!("     4194304        524288     fl\n{ROWS}")), "an older nccl-tests' log cannot be read");
         // Not nccl-tests and not JSON: the JSON reader's error, which names both.
         let e = parse("hello", "s.log").unwrap_err();
         assert!(e.contains("or give nccl-tests' own output"), "{e}");

@@ -118,6 +118,9 @@ struct File {
 /// TOML syntax or a field of the wrong type, with the position.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
     let f: File = toml::from_str(text).map_err(|e| {
+        if crate::nccl_tests::is_log(text) {
+            return crate::nccl_tests::misplaced(origin, "a calibration file");
+        }
         // A run file (or any file without runs) said only "missing field `point`".
         if e.message().contains("missing field `point`") {
             format!(
@@ -658,7 +661,8 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
         let at = match by_key.get(&key) {
             Some(&at) => at,
             None => {
-                progress(&format!("reading {} at seq {seq}", p.model));
+                // Said once the model is found: "reading" a model that does not exist
+                // came before the line that says so.
                 let (family, mut source) = match resolver.resolve(&p.model, seq) {
                     Ok((family, inner)) => (family, Box::new(TrainedSource { inner, training }) as Box<dyn GraphSource>),
                     Err(e) => {
@@ -666,6 +670,7 @@ pub fn prepare<'s>(points: &[Point], profiles: &Profiles, resolver: &mut dyn Res
                         continue;
                     }
                 };
+                progress(&format!("reading {} at seq {seq}", p.model));
                 let model = match Model::new(&p.model, seq, source.as_mut()) {
                     Ok(m) => m,
                     Err(e) => {
@@ -814,6 +819,22 @@ mod tests {
             );
         }
         assert!(parse(&point("").replace("source = \"\"\n", ""), "f.toml").unwrap_err().contains("missing field `source`"));
+    }
+
+    /// A model no plugin provides is refused before any progress line says it is read.
+    #[test]
+    fn a_missing_model_is_not_said_to_be_read() {
+        struct Missing;
+        impl Resolver for Missing {
+            fn resolve(&mut self, model: &str, _: u32) -> Result<(String, Box<dyn GraphSource>), String> {
+                Err(format!("no installed workload plugin provides '{model}'"))
+            }
+        }
+        let points = parse(&format!("{ONE}step_time_s = 2.0\n"), "f.toml").unwrap();
+        let said = std::cell::RefCell::new(Vec::new());
+        let prep = prepare(&points, &Profiles::builtin(), &mut Missing, &|m| said.borrow_mut().push(m.to_string()));
+        assert_eq!(prep.unsupported.len(), 1);
+        assert!(said.borrow().iter().all(|m| !m.starts_with("reading")), "{:?}", said.borrow());
     }
 
     const ONE: &str = "[[point]]\nsource = \"paper\"\nmodel = \"m\"\ngpu = \"H100\"\nnum_gpus = 16\nprecision = \"BF16\"\n\

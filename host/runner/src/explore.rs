@@ -1206,6 +1206,10 @@ pub fn load_clouds(
                 record_plugin(plugins, notes, &cloud.info);
                 clouds.push(cloud);
             }
+            // The price file's own name (its column's, `our-contract` or `our-contract.csv`)
+            // where no plugin has it: the file is priced whatever --cloud lists, so its name
+            // alone lists it alone.
+            Err(_) if cost.price_file.as_deref().is_some_and(|f| names_price_file(spec, f)) => {}
             // A cloud asked for by name that cannot be used stops the run (a typo must not
             // leave a table without prices); one of the installed set is skipped.
             Err(e) if !cost.plugins.is_empty() => anyhow::bail!("the cloud {spec} cannot be used: {e}"),
@@ -1390,6 +1394,13 @@ pub fn main_model_params(
 ) -> anyhow::Result<count::ParamCount> {
     let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
     Ok(count::params(&g))
+}
+
+/// Whether `spec` (a `--cloud` name) is the price file `file`'s name, with its extension
+/// or without, as [`price_file_cloud_name`] shows it.
+fn names_price_file(spec: &str, file: &str) -> bool {
+    let path = std::path::Path::new(file);
+    [path.file_stem(), path.file_name()].into_iter().flatten().any(|n| n.to_str() == Some(spec))
 }
 
 /// The cloud name a price file is priced under: its file stem ("our-contract"), or, where a

@@ -29,7 +29,7 @@ use runner::report::OutputFormat;
     long_about = "Measures a model's training step on the local device, projects it onto a GPU \
 cluster, and prices the run on every installed cloud. Models, precision policies and \
 price lists are sandboxed WASM plugins.",
-    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file workloads/our-contract.csv -o report.html\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024\n  runner --device cuda measure --model llama3.1-8b --gpu h100 -o ops.json"
+    after_help = "Examples:\n  runner --plugin llama3.wasm\n  runner explore --model llama3.1-70b --gpu h100,b200 --precision bf16,fp8 --gpus 64,512,2048\n  runner explore --model llama3.1-70b --tokens 1e12 --target-days 30\n  runner explore --model llama3.1-70b --budget 2e6 --price-file workloads/our-contract.csv\n  runner history\n  runner show 3 --format html -o run3.html\n  runner compare 3 4\n  runner run workloads/llama3.1-70b-h100-fp8.toml --format json --output run.json\n  runner run workloads/llama3.1-70b-h100-fp8.toml -o report.html\n  runner plugins list\n  runner models\n  runner project --model llama3.1-70b --gpu h100 --gpus 64 --precision fp8\n  runner search --model gpt3-175b --gpus 1024\n  runner --device cuda measure --model llama3.1-8b --gpu h100 -o ops.json"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -168,7 +168,8 @@ pub struct QuickRun {
 /// file's `[cost]`, prices over on-demand in every region), so `--help` says each one's.
 #[derive(Args, Debug, Clone, Default)]
 pub struct CloudArgs {
-    /// Cost plugins to price with, comma-separated or repeated (default: every installed cloud)
+    /// Cost plugins to price with, comma-separated or repeated (default: every installed cloud;
+    /// the --price-file's own name, e.g. our-contract, lists it alone)
     #[arg(long = "cloud", value_delimiter = ',')]
     pub clouds: Vec<String>,
     /// Your own prices, beside the clouds': a CSV in SkyPilot's catalog shape (InstanceType,
@@ -210,7 +211,7 @@ impl CloudArgs {
 enum Command {
     /// Time and cost to train against GPU count, GPU type, precision and cloud (the default command)
     #[command(
-        after_help = "Examples:\n  runner explore --model llama3.1-70b --tokens 1e12 --gpus 64,128,256,512,1024,2048 --precision fp8\n  runner explore --model llama3.1-70b --gpu h100,h200,b200 --precision bf16,fp8\n  runner explore --model llama3.1-405b --target-days 30\n  runner explore --model llama3.1-8b --budget 50000 --option spot\n  runner explore --model llama3.1-70b --price-file workloads/our-contract.csv --format html -o report.html"
+        after_help = "Examples:\n  runner explore --model llama3.1-70b --tokens 1e12 --gpus 64,128,256,512,1024,2048 --precision fp8\n  runner explore --model llama3.1-70b --gpu h100,h200,b200 --precision bf16,fp8\n  runner explore --model llama3.1-405b --target-days 30\n  runner explore --model llama3.1-8b --budget 50000 --option spot\n  runner explore --model llama3.1-70b --price-file workloads/our-contract.csv -o report.html"
     )]
     Explore {
         #[command(flatten)]
@@ -275,7 +276,7 @@ enum Command {
     /// Time the ops of the projection's own rank graph on the local device: per-op
     /// forward and backward seconds for `project --measured` and `calibrate --ops`
     #[command(
-        after_help = "GEMMs run at the precision plan's formats (BF16, or FP8 E4M3/E5M2 with their casts); memory-bound ops inside a real training step (unsharded ranks only); attention and collectives keep the model.\n\nExamples:\n  runner --device cuda measure --model llama3.1-8b --gpu h100 --precision bf16 -o ops.json\n  runner --device cuda measure --model llama3.1-70b --gpu h100 --precision fp8 --tp 4 --seq-len 8192 -o ops-tp4.json\n  runner project --model llama3.1-8b --gpu h100 --gpus 64 --measured ops.json\n  runner calibrate --ops ops.json -o fitted.toml\n  runner --device cpu --profile my-box.toml measure --model llama3-tiny --gpu my-box -o ops.json"
+        after_help = "GEMMs run at the precision plan's formats (BF16, or FP8 E4M3/E5M2 with their casts); memory-bound ops inside a real training step (unsharded ranks only); attention and collectives keep the model.\n\nExamples:\n  runner --device cuda measure --model llama3.1-8b --gpu h100 --precision bf16 -o ops.json\n  runner --device cuda measure --model llama3.1-70b --gpu h100 --precision fp8 --tp 4 -o tp4.json\n  runner project --model llama3.1-8b --gpu h100 --gpus 64 --measured ops.json\n  runner calibrate --ops ops.json -o fitted.toml\n  runner --device cpu --profile my-box.toml measure --model llama3-tiny --gpu my-box -o ops.json\n  runner calibrate --collectives all_reduce_perf.log --gpu h100   (nccl-tests' logs: fitted there, not measured)"
     )]
     Measure {
         #[command(flatten)]
@@ -516,7 +517,7 @@ pub enum BenchCommand {
     },
     /// Training steps of a toy Llama sharded over tp x pp x dp ranks (one process per rank under a launcher, or threads with --in-process); rank 0 prints every rank's losses, step times and weight digest
     #[command(
-        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  runner bench step --layout pp=2,dp=2 --optimizer muon --in-process\n  runner bench step --layout tp=2,dp=2 --optimizer muon --muon-tp-mode blockwise --in-process\n  torchrun-style: RANK=r WORLD_SIZE=4 MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 runner bench step --layout tp=2,dp=2"
+        after_help = "Examples:\n  runner bench step --layout tp=2,dp=2 --in-process\n  runner bench step --layout pp=2 --micro-batches 8 --toy bench --in-process\n  runner bench step --layout pp=2,vp=2 --micro-batches 8 --toy bench --schedule in-order\n  runner bench step --layout dp=2 --toy bench --ddp-bucket-size 1000000 --in-process\n  runner bench step --layout dp=2,fsdp --toy bench --fsdp-prefetch off\n  runner bench step --layout pp=2,dp=2 --optimizer muon --in-process\n  runner bench step --layout tp=2,dp=2 --optimizer muon --muon-tp-mode blockwise --in-process\n  RANK=r WORLD_SIZE=4 MASTER_ADDR=host MASTER_PORT=29500 runner bench step --layout tp=2,dp=2   (torchrun-style)"
     )]
     Step {
         /// Parallel layout: tp=N,pp=N,dp=N[,vp=N][,fsdp] (vp: pipeline chunks per stage;

@@ -349,10 +349,13 @@ pub fn parse_csv(text: &str) -> Result<ParsedCsv, String> {
 /// Whether a cell is a figure, right-aligned: it starts with a digit, '$', a sign (an
 /// error of "+12.3%" as much as one of "-25.0%") or '~', and is one word, or one and a
 /// short unit ("12.3 s"). A sentence that begins with a count ("1 step(s) back to the
-/// last known-good checkpoint") is text, left-aligned.
+/// last known-good checkpoint") is text, left-aligned. So is a name that starts with a
+/// digit (Verda's instance "8H100.80S.176V"): a digit after a letter other than an
+/// exponent's `e` is no figure's ("1.5e6", "$1.8K", "12.3x" are).
 fn numeric(cell: &str) -> bool {
     let mut words = cell.split_whitespace();
-    let figure = words.next().is_some_and(|w| w.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '$' | '+' | '-' | '~')));
+    let name = |w: &str| w.as_bytes().windows(2).any(|p| p[0].is_ascii_alphabetic() && !matches!(p[0], b'e' | b'E') && p[1].is_ascii_digit());
+    let figure = words.next().is_some_and(|w| w.starts_with(|c: char| c.is_ascii_digit() || matches!(c, '$' | '+' | '-' | '~')) && !name(w));
     figure && words.next().is_none_or(|unit| unit.chars().count() <= 5) && words.next().is_none()
 }
 
@@ -663,13 +666,17 @@ mod tests {
         t.rows.push(vec!["é".into(), "-5".into(), "~3".into(), "x".into()]);
         t.rows.push(vec!["Zürich".into(), "-123".into(), "~100".into(), "".into()]);
         t.rows.push(vec!["-1".into(), "1".into(), "".into(), "".into()]);
-        // Widths: name 6 ("Zürich" is 6 characters, 7 bytes), delta 5, approx 6, note 4.
+        // A name that starts with a digit is text (Verda's instance sat right-aligned in
+        // its column, as if indented); an exponent or a unit keeps a figure one.
+        t.rows.push(vec!["x".into(), "8H100.80S.176V".into(), "1.5e6".into(), "$1.8K".into()]);
+        // Widths: name 6 ("Zürich" is 6 characters, 7 bytes), delta 14, approx 6, note 5.
         assert_eq!(
             t.render(),
-            "name    delta  approx  note\n------  -----  ------  ----\né          -5      ~3  x\nZürich   -123    ~100\n-1          1\n"
+            "name    delta           approx  note\n------  --------------  ------  -----\né                   -5      ~3  x\nZürich            -123    ~100\n-1                   1\nx       8H100.80S.176V   1.5e6  $1.8K\n"
         );
         let html = t.html_fragment();
         assert!(html.contains("<td class=\"n\">~3</td>") && html.contains("<td class=\"n\">-123</td>") && html.contains("<td>x</td>"), "{html}");
+        assert!(html.contains("<td>8H100.80S.176V</td>") && html.contains("<td class=\"n\">1.5e6</td>"), "{html}");
     }
 
     /// Every piece of text that reaches an HTML page is escaped: title, headers, cells,

@@ -777,6 +777,17 @@ fn every_subcommand_has_help_with_examples() {
         let (out, err) = text(&o);
         assert!(o.status.success(), "{args:?}: {err}");
         assert!(out.contains("Examples:"), "{args:?} has no examples");
+        // Each example on one line of clap's help (100 columns at most), to be copied
+        // whole: one cut there (`... -o` / `  report.html`, indented like an example)
+        // copied as `-o` with no value. Every example runs the runner; only a note after
+        // a command ("   (...)") may wrap.
+        let examples = out[out.find("Examples:").unwrap()..].lines().skip(1).take_while(|l| !l.trim().is_empty());
+        let mut prev = "";
+        for line in examples {
+            let note = line.trim_start().starts_with('(') || prev.contains("   (");
+            assert!(line.contains("runner") || note, "{args:?}: an example wraps after '{prev}': '{line}'");
+            prev = line;
+        }
         seen += 1;
         let Some(start) = out.find("\nCommands:\n") else { continue };
         for line in out[start + 11..].lines().take_while(|l| !l.trim().is_empty()) {
@@ -1320,6 +1331,8 @@ step_time_s = 3.0
     // (with --profile it would have put them over the shipped fit).
     let o = runner(&dir, &["calibrate", "runs.toml", "--gpu", "h100", "-o", "fitted.toml", "-q"]);
     assert!(!o.status.success() && text(&o).1.contains("too few runs to fit any parameter"), "{}", text(&o).1);
+    // The count beside the file's own: "H100 2" read as "2 found" in a file of 3.
+    assert!(text(&o).1.contains("per GPU type: H100: 0 of its 3 runs)"), "{}", text(&o).1);
     assert!(!dir.join("fitted.toml").exists());
     // Held out, one family leaves nothing to fit the rest on: refused, not "0 points,
     // median 0.0 %".
@@ -2732,6 +2745,71 @@ fn collectives_progress_reaches_a_log_once_per_interval() {
     assert!(progress[0].starts_with("1/6: all_reduce 4096 B: "), "{err}");
     let o = runner(&dir, &[&args[..], &["-q"]].concat());
     assert!(o.status.success() && text(&o).1.is_empty(), "{}", text(&o).1);
+}
+
+/// nccl-tests logs where they go and where they do not: given as a calibration file or a
+/// measure file, a log is named as one with the flag it goes to (not a TOML or JSON parse
+/// error); the same log twice is refused (it counted each size twice); a `-d all` log (a
+/// row per size and data type) fits its half rows, as the same log of one type does.
+/// Kills: the nccl-tests check in published::parse or OpsFile::parse dropped, the
+/// canonical-path check dropped, the (op, size, type) key back to (op, size).
+#[test]
+fn nccl_tests_logs_are_recognised_and_read_once() {
+    let dir = scratch("nccl-logs");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data");
+    for f in ["all_reduce_perf.log", "all_reduce_dall.log"] {
+        std::fs::copy(data.join(f), dir.join(f)).unwrap();
+    }
+    for args in [
+        &["calibrate", "all_reduce_perf.log", "--gpu", "h100", "-q"][..],
+        &["validate", "all_reduce_perf.log", "--no-history", "-q"][..],
+        &["calibrate", "--ops", "all_reduce_perf.log", "--gpu", "h100", "-q"][..],
+    ] {
+        let o = runner(&dir, args);
+        let err = text(&o).1;
+        assert!(!o.status.success(), "{args:?}");
+        assert!(err.contains("all_reduce_perf.log: this is nccl-tests output, not a"), "{args:?}: {err}");
+        assert!(err.contains("pass it with `runner calibrate --collectives all_reduce_perf.log --gpu NAME`") && !err.contains("parse error"), "{args:?}: {err}");
+    }
+    for (twice, named) in [("all_reduce_perf.log,all_reduce_perf.log", "all_reduce_perf.log twice"), ("all_reduce_perf.log,./all_reduce_perf.log", "one file twice (all_reduce_perf.log and ./all_reduce_perf.log)")] {
+        let o = runner(&dir, &["calibrate", "--collectives", twice, "--gpu", "h100", "-q"]);
+        let err = text(&o).1;
+        assert!(!o.status.success() && err.contains(&format!("--collectives names {named}: give each test's log once")), "{err}");
+    }
+    let fit = |file: &str| {
+        let o = runner(&dir, &["calibrate", "--collectives", file, "--gpu", "h100", "-q"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{file}: {err}");
+        out.replace(file, "LOG")
+    };
+    // Names of one length: the table's column is as wide as the file's name.
+    let (one, all) = (fit("all_reduce_perf.log"), fit("all_reduce_dall.log"));
+    let note = "LOG: all_reduce measured in 2 data types (nccl-tests -d all): fitted its half sum rows only (bfloat16, the projection's gradient type, where the log has it, else half";
+    assert!(all.contains(note), "{all}");
+    let without: String = all.lines().filter(|l| !l.contains("measured in 2 data types")).map(|l| format!("{l}\n")).collect();
+    assert_eq!(without.trim_end(), one.trim_end(), "the half rows fit as the one-type log does");
+}
+
+/// A price file's own name (its column's) in --cloud lists it alone: it was "no plugin
+/// 'quoted'", with no way to see only the file's prices. Kills: names_price_file false.
+#[test]
+fn the_price_files_name_in_cloud_lists_it_alone() {
+    let dir = scratch("price-file-name");
+    std::fs::write(dir.join("quoted.csv"), "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nmy-8xh100,H100,8,eu-1,18.40\n").unwrap();
+    for name in ["quoted", "quoted.csv"] {
+        let o = runner(&dir, &["prices", "--gpu", "h100", "--cloud", name, "--price-file", "quoted.csv", "--format", "json"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{name}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let clouds: Vec<&str> = v["prices"].as_array().unwrap().iter().map(|r| r["cloud"].as_str().unwrap()).collect();
+        assert_eq!(clouds, ["quoted"], "{out}");
+    }
+    // Beside a cloud, both; a name that is neither still stops the run.
+    let o = runner(&dir, &["prices", "--gpu", "h100", "--cloud", "quoted,lambda", "--price-file", "quoted.csv", "--format", "json"]);
+    let out = text(&o).0;
+    assert!(o.status.success() && out.contains("\"lambda\"") && out.contains("\"quoted\""), "{out}");
+    let o = runner(&dir, &["prices", "--gpu", "h100", "--cloud", "quote", "--price-file", "quoted.csv"]);
+    assert!(!o.status.success() && text(&o).1.contains("the cloud quote cannot be used"), "{}", text(&o).1);
 }
 
 /// GH200, which no shipped cloud sells, is projected in whole quad nodes (10 GPUs are

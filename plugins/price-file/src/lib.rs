@@ -4,7 +4,7 @@
 //! sees no file: the bytes arrive on stdin and the plugin is a pure function of them.
 //!
 //! Columns are found by name in the header, in any order (SkyPilot's clouds order them
-//! differently): `InstanceType`, `AcceleratorName` (the GPU: H100, A100-80GB, GB200...),
+//! differently; a name given twice is refused): `InstanceType`, `AcceleratorName` (the GPU: H100, A100-80GB, GB200...),
 //! `AcceleratorCount` (GPUs per node) and `Region` are required; `Price` (on-demand USD
 //! per node-hour) and `SpotPrice` are SkyPilot's; `AvailabilityZone`, `vCPUs`,
 //! `MemoryGiB`, `GpuInfo`, `Arch`, `Generation` are read and ignored. Extensions a
@@ -144,6 +144,14 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     if unknown {
         problems.push(format!("the known columns are {}", KNOWN.join(", ")));
     }
+    // Cells are found by the column's name: a repeated name would read the first column
+    // and drop the other's values without a word.
+    for (i, c) in cols.iter().enumerate() {
+        // Named at its second appearance only, however many there are.
+        if !c.is_empty() && cols[..i].iter().filter(|d| *d == c).count() == 1 && let Some(j) = cols.iter().position(|d| d == c) {
+            problems.push(format!("line {hl}: column '{c}' appears twice (columns {} and {}): keep one", j + 1, i + 1));
+        }
+    }
     for required in ["InstanceType", "AcceleratorName", "AcceleratorCount", "Region"] {
         if !cols.iter().any(|c| c == required) {
             problems.push(format!("line {hl}: the header has no '{required}' column"));
@@ -246,9 +254,11 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
                 continue;
             }
         };
-        let date = cell("EffectiveDate");
+        let mut date = cell("EffectiveDate");
         if runner_contract::text::date("EffectiveDate", date).is_err() {
             bad(format!("EffectiveDate '{date}' is not a date written YYYY-MM-DD (e.g. 2026-11-15)"));
+            // Said once: the contract's check below would refuse the same cell again.
+            date = "";
         }
         let increment = whole("BillingIncrementS", 1, &mut bad);
         let minimum = match cell("MinimumChargeS") {
@@ -419,6 +429,12 @@ const MAX_PRICE: f64 = 1e9;
 
 /// How to write a price cell that is not a number ("$3.50", "3,50", "24 USD").
 fn money_fix(s: &str) -> String {
+    // A letter other than a currency code's ("0x10", "1e3k") leaves no plain number to
+    // suggest: dropping it would change the value.
+    let letters = s.to_ascii_uppercase().replace("USD", "");
+    if letters.chars().any(|c| c.is_ascii_alphabetic()) {
+        return "is not a number: write the price of one node for one hour in USD, e.g. 24.50".to_string();
+    }
     let digits: String = s.chars().filter(|c| c.is_ascii_digit() || matches!(c, '.' | ',')).collect();
     let plain = match (digits.matches(',').count(), digits.contains('.')) {
         // "3,50": a decimal comma.

@@ -132,6 +132,9 @@ fn malformed_files_name_the_line_and_the_fix() {
     assert!(err("x,H100,8,r1,\"3,50\",,2026-01-01,src\n").contains("Price '3,50' is not a plain number: write 3.50"));
     assert!(err("x,H100,8,r1,\"1,234.50\",,2026-01-01,src\n").contains("write 1234.50"));
     assert!(err("x,H100,8,r1,24 USD,,2026-01-01,src\n").contains("write 24 "));
+    // A hex or letter-bearing cell has no plain number to suggest ("0x10" is not 010).
+    let e = err("x,H100,8,r1,0x10,,2026-01-01,src\n");
+    assert!(e.contains("line 2: Price '0x10' is not a number: write the price") && !e.contains("write 010"), "{e}");
     assert!(err("x,H100,8,r1,0,,2026-01-01,src\n").contains("line 2: Price '0' is not above zero"));
     assert!(err("x,H100,8,r1,inf,,2026-01-01,src\n").contains("Price 'inf' is not a finite number"));
     assert!(err("x,H100,8,r1,1e300,,2026-01-01,src\n").contains("line 2: Price '1e300' is above 1e9 USD per node-hour"));
@@ -141,6 +144,14 @@ fn malformed_files_name_the_line_and_the_fix() {
     assert!(err("x,H100,8,r1,20,,2026-01-01,src,more\n").contains("must be in double quotes"));
     // Dates that are not dates, on their line.
     assert!(err("x,H100,8,r1,20,,2026-02-30,src\n").contains("line 2: EffectiveDate '2026-02-30' is not a date written YYYY-MM-DD"));
+    // One message per bad cell: the contract's own date check does not repeat it.
+    let e = err("d,H100,8,eu-1,20,,2026/11/15,src\n");
+    assert_eq!(e, "price file: line 2: EffectiveDate '2026/11/15' is not a date written YYYY-MM-DD (e.g. 2026-11-15)");
+    // A column named twice: which one holds the price is the user's to say.
+    let e = parse("InstanceType,AcceleratorName,AcceleratorCount,Region,Price,Price\nx,H100,8,eu-1,18.40,1.00\n").unwrap_err();
+    assert_eq!(e, "price file: line 1: column 'Price' appears twice (columns 5 and 6): keep one");
+    let e = parse("Region,InstanceType,AcceleratorName,AcceleratorCount,Region,Price,Region\nr,x,H100,8,r,18.40,r\n").unwrap_err();
+    assert_eq!(e.matches("appears twice").count(), 1, "one message per repeated name: {e}");
     // A quote never closed swallows the rest of the file: refused, not read as one cell.
     let e = err("x,H100,8,r1,20,,2026-01-01,\"our contract\ny,H100,8,r2,30,,2026-01-01,src\n");
     assert!(e.contains("line 2: a quoted cell opens here and is never closed"), "{e}");

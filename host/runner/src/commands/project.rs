@@ -1091,7 +1091,14 @@ pub fn calibrate(file: &Path, gpu: Option<&str>, precision: Option<&str>, leave_
         calibrate::SHARED_MIN_RUNS
     );
     if fits.iter().all(|f| f.params.is_empty()) {
-        let runs: Vec<String> = fits.iter().map(|f| format!("{} {}", f.gpu, f.points)).collect();
+        // "H200 0" read as "no H200 run found" in a file of three: the file's own count too.
+        let runs: Vec<String> = fits
+            .iter()
+            .map(|f| {
+                let all = points.iter().filter(|p| profiles.get(&p.gpu).is_ok_and(|g| g.name == f.gpu)).count();
+                format!("{}: {} of its {}", f.gpu, f.points, runner::report::plural(all, "run"))
+            })
+            .collect();
         anyhow::bail!(
             "{} has too few runs to fit any parameter (runs that can inform a fit, per GPU type: {}): {why_none}",
             file.display(),
@@ -1280,8 +1287,17 @@ pub fn calibrate_local(ops: Option<&Path>, coll: &[std::path::PathBuf], gpu: Opt
             (None, None) => anyhow::bail!("--collectives {origin}: name the GPU type the sweep ran on with --gpu NAME"),
         };
         let mut files = Vec::new();
+        // One file named twice would pass the check that two files measure no size twice
+        // (a file's rows never clash with its own) and count every size twice.
+        let mut named: Vec<(std::path::PathBuf, String)> = Vec::new();
         for path in coll {
             let origin = path.display().to_string();
+            let canonical = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
+            if let Some((_, first)) = named.iter().find(|(c, _)| *c == canonical) {
+                let names = if *first == origin { format!("{origin} twice") } else { format!("one file twice ({first} and {origin})") };
+                anyhow::bail!("--collectives names {names}: give each test's log once");
+            }
+            named.push((canonical, origin.clone()));
             let text = input::read_text(path, "--collectives file", input::TEXT_LIMIT).map_err(anyhow::Error::msg)?;
             files.push((origin.clone(), collectives::parse(&text, &origin).map_err(anyhow::Error::msg)?));
         }
