@@ -1172,7 +1172,7 @@ pub(crate) mod tests {
         let others: Vec<&str> = other_nodes(&all, std::slice::from_ref(&gpu)).iter().map(|(o, _)| o.instance.as_str()).collect();
         assert_eq!(others, ["one", "narrow"]);
         assert_eq!(sold_as(&all, &gpu, ""), (vec![OnDemand], true));
-        assert_eq!(sold_as(&[one.clone()], &gpu, ""), (vec![], true));
+        assert_eq!(sold_as(std::slice::from_ref(&one), &gpu, ""), (vec![], true));
         assert_eq!(sold_as(&[one], &gpu, "elsewhere"), (vec![], false));
         let spot = offering("s", "H100", price("r", Spot, 5.0, &[]));
         assert_eq!(sold_as(&[spot, full], &gpu, "r"), (vec![OnDemand, Spot], false));
