@@ -593,7 +593,14 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
         // A GPU no cloud here sells (GH200 and H20 are in no shipped price list) is
         // projected but priced nowhere: said where its sweet spot would be (under its
         // table, in every format), with the way to price it.
-        if let Some(why) = sold_nowhere(s, &cloud_names) {
+        let sales: Vec<Sale> = order
+            .iter()
+            .map(|&i| {
+                let (options, other_node) = pricing::sold_as(clouds[i].offerings(), &s.gpu, &run.cost.region);
+                Sale { cloud: clouds[i].name.clone(), options, other_node }
+            })
+            .collect();
+        if let Some(why) = sold_nowhere(s, &sales, option) {
             s.sweet_spot_why = format!("none: {why}");
         }
     }
@@ -693,21 +700,70 @@ fn layout_string_notes(series: &[Series]) -> Vec<String> {
     notes
 }
 
-/// Why a series has no price, where no cloud here sells its GPU (every row's every cloud
-/// `NotSold`) though some row was projected: the clouds asked, and how to price the GPU
-/// (a price file, or a cost plugin that sells it). `None` where anything was quoted or a
-/// quote failed (the failure has its own note), or nothing fits.
-fn sold_nowhere(s: &Series, clouds: &[String]) -> Option<String> {
+/// How one cloud sells a series' GPU in the region asked: the purchase options it prices
+/// it under on the profile's node, and whether it sells it on another node only
+/// ([`pricing::sold_as`]).
+struct Sale {
+    cloud: String,
+    options: Vec<crate::plugin::cost::PurchaseOption>,
+    other_node: bool,
+}
+
+/// Why a series has no price, where no cloud here quotes its GPU (every row's every cloud
+/// `NotSold`) though some row was projected: the clouds asked (`sales`, in the table's
+/// order), and how to price the GPU. Where a cloud sells it under other purchase options
+/// than `option`, those (the fix is another --option, not a price file); where only on
+/// another node than the profile's, that (a note names the offerings and the --profile
+/// that prices them); else a price file or a cost plugin that sells it. `None` where
+/// anything was quoted or a quote failed (the failure has its own note), or nothing fits.
+fn sold_nowhere(s: &Series, sales: &[Sale], option: crate::plugin::cost::PurchaseOption) -> Option<String> {
+    use crate::plugin::cost::{PURCHASE_OPTIONS, option_name};
     let projected = s.rows.iter().any(|r| r.days.is_some());
     let unsold = s.rows.iter().all(|r| r.costs.iter().all(|c| matches!(c, CloudPrice::NotSold)));
     if !projected || !unsold {
         return None;
     }
     let gpu = &s.gpu.name;
-    let asked = if clouds.is_empty() {
+    let names: Vec<&str> = sales.iter().map(|c| c.cloud.as_str()).collect();
+    let listed = format!("{} asked: {}", names.len(), names.join(", "));
+    let asked_option = option_name(option);
+    // The option asked is left out: a cloud that prices it but could not quote (a node
+    // count its multiples cannot make) is not one to send back to the same option.
+    let other_options = |c: &Sale| -> Vec<&'static str> { c.options.iter().filter(|&&o| o != option).map(|&o| option_name(o)).collect() };
+    let sellers: Vec<String> = sales
+        .iter()
+        .filter(|c| !other_options(c).is_empty())
+        .map(|c| format!("{} sells it {}", c.cloud, other_options(c).join(" or ")))
+        .collect();
+    if !sellers.is_empty() {
+        let all: Vec<&str> = PURCHASE_OPTIONS
+            .iter()
+            .filter(|&&o| o != option && sales.iter().any(|c| c.options.contains(&o)))
+            .map(|&o| option_name(o))
+            .collect();
+        return Some(format!(
+            "no cloud here sells {gpu} as {asked_option} ({listed}), but {}; its rows are projected, not priced: try \
+             --option {} (or give your own {asked_option} prices with --price-file FILE, docs/EXPLORER.md)",
+            sellers.join("; "),
+            all.join(" or --option ")
+        ));
+    }
+    let elsewhere: Vec<&str> = sales.iter().filter(|c| c.other_node).map(|c| c.cloud.as_str()).collect();
+    if !elsewhere.is_empty() {
+        return Some(format!(
+            "no cloud here sells {gpu} on its profile's node ({} per node, scale-up domain {}) ({listed}): {} sell{} it on \
+             other nodes only, never quoted against this node's projection; its rows are projected, not priced: a note \
+             names those offerings and the --profile FILE that projects their node",
+            crate::report::plural(s.gpu.gpus_per_node, "GPU"),
+            s.gpu.scale_up_domain,
+            elsewhere.join(", "),
+            if elsewhere.len() == 1 { "s" } else { "" }
+        ));
+    }
+    let asked = if sales.is_empty() {
         format!("no cloud prices {gpu} (none was loaded)")
     } else {
-        format!("no cloud here sells {gpu} ({} asked: {})", clouds.len(), clouds.join(", "))
+        format!("no cloud here sells {gpu} ({listed})")
     };
     Some(format!(
         "{asked}; its rows are projected, not priced: give your own prices with --price-file FILE (a CSV in SkyPilot's \
@@ -1203,6 +1259,7 @@ pub fn load_clouds(
                 // only such GPUs would vanish from the table without a word.
                 let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
                 notes.extend(never_priced(&cloud.name, &cloud.info.name, &cloud.unknown_gpus(&profiles.gpus), cloud.offering_count(), &known));
+                notes.extend(other_node_notes(&cloud, &profiles.gpus));
                 record_plugin(plugins, notes, &cloud.info);
                 clouds.push(cloud);
             }
@@ -1237,6 +1294,12 @@ pub fn load_clouds(
                 rows.join(", "),
                 known.join(", ")
             ));
+        }
+        notes.extend(other_node_notes(&cloud, &profiles.gpus));
+        // A row with no price for the option asked is never quoted: said, as a row of an
+        // unknown GPU is (the row has prices, only under other options).
+        if let Some(option) = crate::plugin::cost::parse_option(&cost.option) {
+            notes.extend(unpriced_option_note(file, &cloud, &profiles.gpus, option));
         }
         record_plugin(plugins, notes, &cloud.info);
         clouds.push(cloud);
@@ -1308,6 +1371,75 @@ fn cloud_order(series: &[Series], clouds: usize) -> Vec<usize> {
 fn near_regions<'a>(region: &str, named: &std::collections::BTreeSet<&'a str>) -> Option<Vec<&'a str>> {
     let best = named.iter().map(|n| crate::input::edit_distance(region, n)).min().filter(|&d| d <= 2)?;
     Some(named.iter().copied().filter(|n| crate::input::edit_distance(region, n) == best).collect())
+}
+
+/// Notes for a cloud's offerings on another node than their GPU's profile, one per GPU:
+/// never quoted (a projection's step time is the profile's node's, [`pricing::same_node`]).
+/// Each names the instances and their nodes, the profile's node, and the fix: a --profile
+/// whose GPU has that node, so that the projection is of the machine billed.
+fn other_node_notes(cloud: &pricing::Cloud, gpus: &[GpuProfile]) -> Vec<String> {
+    use crate::report::plural;
+    let found = cloud.other_nodes(gpus);
+    let mut seen: Vec<&str> = Vec::new();
+    for (_, g) in &found {
+        if !seen.contains(&g.name.as_str()) {
+            seen.push(g.name.as_str());
+        }
+    }
+    let node = |per: u32, domain: u32| format!("{} per node, scale-up domain {domain}", plural(per, "GPU"));
+    seen.into_iter()
+        .filter_map(|name| {
+            let these: Vec<_> = found.iter().filter(|(_, g)| g.name == name).map(|&(o, _)| o).collect();
+            let (first, gpu) = (these.first()?, found.iter().find(|(_, g)| g.name == name)?.1);
+            let shown: Vec<String> =
+                these.iter().take(8).map(|o| format!("{} ({})", o.instance, node(o.gpus_per_node, o.scale_up_domain))).collect();
+            let more = if these.len() > 8 { format!(" and {} more", these.len() - 8) } else { String::new() };
+            let one = these.len() == 1;
+            Some(format!(
+                "{}: {}{more} sell{} {name} on another node than its profile's ({}): explore and run never quote {} against \
+                 a projection of the profile's node; to price {}, project that node with --profile FILE holding [[gpu]] \
+                 name = \"{name}\", gpus_per_node = {}, scale_up_domain = {} (docs/EXPLORER.md)",
+                cloud.name,
+                shown.join(", "),
+                if one { "s" } else { "" },
+                node(gpu.gpus_per_node, gpu.scale_up_domain),
+                if one { "it" } else { "them" },
+                if one { "it" } else { "one" },
+                first.gpus_per_node,
+                first.scale_up_domain
+            ))
+        })
+        .collect()
+}
+
+/// A note for a price file's rows (of known GPUs) with no price under `option`: never
+/// quoted under it, each named with the options it does price, so that a spot-only row
+/// does not vanish from an on-demand run without a word.
+fn unpriced_option_note(file: &str, cloud: &pricing::Cloud, gpus: &[GpuProfile], option: crate::plugin::cost::PurchaseOption) -> Option<String> {
+    use crate::plugin::cost::{PURCHASE_OPTIONS, option_name};
+    let rows: Vec<String> = cloud
+        .offerings()
+        .iter()
+        .filter(|o| gpus.iter().any(|g| pricing::matches_gpu(o, g)) && !o.prices.iter().any(|p| p.option == option))
+        .map(|o| {
+            let has: Vec<&str> =
+                PURCHASE_OPTIONS.iter().filter(|&&x| o.prices.iter().any(|p| p.option == x)).map(|&x| option_name(x)).collect();
+            format!("{} ({})", o.instance, has.join(", "))
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let more = if rows.len() > 8 { format!(" and {} more", rows.len() - 8) } else { String::new() };
+    let asked = option_name(option);
+    Some(format!(
+        "price file {file}: {}{more} {} no {asked} price and {} never quoted under --option {asked}; the options in \
+         brackets price {}",
+        rows[..rows.len().min(8)].join(", "),
+        if rows.len() == 1 { "has" } else { "have" },
+        if rows.len() == 1 { "is" } else { "are" },
+        if rows.len() == 1 { "it" } else { "them" }
+    ))
 }
 
 /// A note for a cloud (`name`, from `plugin`) whose every one of its `offered` instances is
@@ -1904,15 +2036,46 @@ mod tests {
     /// failed quote (its own note says why) or nothing that fits gets no such line.
     #[test]
     fn a_gpu_no_cloud_sells_points_at_the_price_file() {
+        use crate::plugin::cost::PurchaseOption::OnDemand;
         let gh200 = |rows: Vec<Row>| labelled("gh200", "fp8", 0.9, rows);
-        let why = sold_nowhere(&gh200(vec![unfit(4), unpriced(row(8, 10.0, 0.0))]), &["aws".into(), "gcp".into()]).unwrap();
+        let none = |cloud: &str| Sale { cloud: cloud.into(), options: Vec::new(), other_node: false };
+        let why = sold_nowhere(&gh200(vec![unfit(4), unpriced(row(8, 10.0, 0.0))]), &[none("aws"), none("gcp")], OnDemand).unwrap();
         assert!(why.starts_with("no cloud here sells GH200 (2 asked: aws, gcp); its rows are projected, not priced"), "{why}");
         assert!(why.contains("--price-file FILE") && why.contains("AcceleratorName GH200") && why.contains("--cloud FILE.wasm"), "{why}");
-        assert!(sold_nowhere(&gh200(vec![unpriced(row(8, 10.0, 0.0))]), &[]).unwrap().starts_with("no cloud prices GH200 (none was loaded)"));
-        assert_eq!(sold_nowhere(&gh200(vec![unpriced(row(8, 10.0, 0.0)), row(16, 5.0, 1e6)]), &["aws".into()]), None);
+        assert!(sold_nowhere(&gh200(vec![unpriced(row(8, 10.0, 0.0))]), &[], OnDemand).unwrap().starts_with("no cloud prices GH200 (none was loaded)"));
+        assert_eq!(sold_nowhere(&gh200(vec![unpriced(row(8, 10.0, 0.0)), row(16, 5.0, 1e6)]), &[none("aws")], OnDemand), None);
         let failed = Row { costs: vec![CloudPrice::QuoteFailed { reason: "x".into() }], ..row(8, 10.0, 0.0) };
-        assert_eq!(sold_nowhere(&gh200(vec![failed]), &["aws".into()]), None);
-        assert_eq!(sold_nowhere(&gh200(vec![unfit(4)]), &["aws".into()]), None);
+        assert_eq!(sold_nowhere(&gh200(vec![failed]), &[none("aws")], OnDemand), None);
+        assert_eq!(sold_nowhere(&gh200(vec![unfit(4)]), &[none("aws")], OnDemand), None);
+    }
+
+    /// Clouds that sell the GPU, only not under the option asked, are not "no cloud here
+    /// sells it": the options they do sell it under are named, and --option is the fix.
+    /// Clouds that sell it only on other nodes than the profile's say that instead.
+    #[test]
+    fn a_gpu_sold_under_other_options_or_nodes_says_so() {
+        use crate::plugin::cost::PurchaseOption::{CapacityBlock, OnDemand, Spot, ThreeYearAllUpfront};
+        let h100 = labelled("h100", "bf16", 0.0, vec![unpriced(row(8, 10.0, 0.0))]);
+        let sale = |cloud: &str, options: Vec<_>, other_node| Sale { cloud: cloud.into(), options, other_node };
+        let sales = [sale("aws", vec![OnDemand, Spot, CapacityBlock], false), sale("lambda", vec![OnDemand], false)];
+        let why = sold_nowhere(&h100, &sales, ThreeYearAllUpfront).unwrap();
+        assert_eq!(
+            why,
+            "no cloud here sells H100 as 3y-all-upfront (2 asked: aws, lambda), but aws sells it on-demand or spot or \
+             capacity-block; lambda sells it on-demand; its rows are projected, not priced: try --option on-demand or \
+             --option spot or --option capacity-block (or give your own 3y-all-upfront prices with --price-file FILE, \
+             docs/EXPLORER.md)"
+        );
+        let why = sold_nowhere(&h100, &[sale("lambda", vec![OnDemand], false)], Spot).unwrap();
+        assert!(why.starts_with("no cloud here sells H100 as spot (1 asked: lambda), but lambda sells it on-demand;"), "{why}");
+        let why = sold_nowhere(&h100, &[sale("lambda", vec![], false), sale("mine", vec![], true)], OnDemand).unwrap();
+        assert!(
+            why.starts_with(
+                "no cloud here sells H100 on its profile's node (8 GPUs per node, scale-up domain 8) (2 asked: lambda, mine): \
+                 mine sells it on other nodes only"
+            ),
+            "{why}"
+        );
     }
 
     /// Speedup is against the series' first row that fits, relative cost against its first

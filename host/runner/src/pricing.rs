@@ -216,6 +216,12 @@ impl Cloud {
         unknown_gpus(&self.offerings, gpus)
     }
 
+    /// Its offerings of a GPU in `gpus` on another node than that GPU's profile: never
+    /// quoted.
+    pub fn other_nodes<'a>(&'a self, gpus: &'a [GpuProfile]) -> Vec<(&'a Offering, &'a GpuProfile)> {
+        other_nodes(&self.offerings, gpus)
+    }
+
     /// How many instances it offers.
     pub fn offering_count(&self) -> usize {
         self.offerings.len()
@@ -345,7 +351,7 @@ fn cheapest_of(
     // Currencies other than USD that quotes came back in: a cloud that quotes only in
     // them is not one whose quotes failed for no reason.
     let mut currencies = std::collections::BTreeSet::new();
-    'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu)) {
+    'offerings: for o in offerings.iter().filter(|o| matches_gpu(o, ask.gpu) && same_node(o, ask.gpu)) {
         let Some(nodes) = crate::plugin::cost::nodes_for(o, ask.gpus) else {
             continue;
         };
@@ -494,6 +500,41 @@ pub fn unknown_gpus<'a>(offerings: &'a [Offering], gpus: &[GpuProfile]) -> Vec<(
 
 pub(crate) fn matches_gpu(o: &Offering, gpu: &GpuProfile) -> bool {
     o.gpu.eq_ignore_ascii_case(&gpu.name) || gpu.aliases.iter().any(|a| a.eq_ignore_ascii_case(&o.gpu))
+}
+
+/// Whether `o` sells its GPU on the node `gpu`'s profile describes: as many GPUs per node,
+/// in as large a scale-up (NVLink) domain. A projection's step time is that node's (whole
+/// nodes of `gpus_per_node`, collectives inside `scale_up_domain` at NVLink rates), so an
+/// offering on another node (a 1-GPU PCIe H100, GB200 sold as 8-GPU nodes of domain 8)
+/// quoted against it would bill one machine at another's speed: it is never quoted.
+pub(crate) fn same_node(o: &Offering, gpu: &GpuProfile) -> bool {
+    o.gpus_per_node == gpu.gpus_per_node && o.scale_up_domain == gpu.scale_up_domain
+}
+
+/// The offerings of a GPU in `gpus` (by name or alias) on another node than its profile's,
+/// each with that profile: never quoted (see [`same_node`]).
+pub fn other_nodes<'a>(offerings: &'a [Offering], gpus: &'a [GpuProfile]) -> Vec<(&'a Offering, &'a GpuProfile)> {
+    offerings
+        .iter()
+        .filter_map(|o| gpus.iter().find(|g| matches_gpu(o, g)).filter(|g| !same_node(o, g)).map(|g| (o, g)))
+        .collect()
+}
+
+/// How a cloud sells `gpu` in `region` (empty: any), for saying why it has no quote: the
+/// purchase options it prices the GPU under on the profile's node (in
+/// [`PURCHASE_OPTIONS`](crate::plugin::cost::PURCHASE_OPTIONS) order), and whether it sells
+/// the GPU on another node only.
+pub fn sold_as(offerings: &[Offering], gpu: &GpuProfile, region: &str) -> (Vec<PurchaseOption>, bool) {
+    let mine = || offerings.iter().filter(|o| matches_gpu(o, gpu));
+    let options = crate::plugin::cost::PURCHASE_OPTIONS
+        .iter()
+        .copied()
+        .filter(|&option| {
+            mine().filter(|o| same_node(o, gpu)).flat_map(|o| &o.prices).any(|p| p.option == option && in_region(&p.region, region))
+        })
+        .collect();
+    let other_node = mine().any(|o| !same_node(o, gpu) && o.prices.iter().any(|p| in_region(&p.region, region)));
+    (options, other_node)
 }
 
 #[cfg(test)]
@@ -1108,5 +1149,32 @@ pub(crate) mod tests {
         let offerings = [offering("s", "H100", price("r", PurchaseOption::Spot, 10.0, &[]))];
         let (_, requests, _) = priced(&offerings, &ask(&gpu, 8, 0.0, "r", PurchaseOption::Spot), &Assumptions::default(), |_| None);
         assert_eq!((requests[0].hours, requests[0].storage_gb_months), (0.0, 3.0));
+    }
+
+    /// An offering on another node than the profile's (1 GPU, or 8 GPUs in a domain of 3)
+    /// is never quoted against the profile's projection, however cheap; how a cloud sells
+    /// a GPU says which options it prices on the profile's node and whether it sells it
+    /// elsewhere only.
+    #[test]
+    fn an_offering_on_another_node_than_the_profile_is_never_quoted() {
+        use PurchaseOption::{OnDemand, Spot};
+        let gpu = h100();
+        let one = Offering { gpus_per_node: 1, scale_up_domain: 1, ..offering("one", "H100", price("r", OnDemand, 1.0, &[])) };
+        let narrow = Offering { scale_up_domain: 4, ..offering("narrow", "H100", price("r", OnDemand, 2.0, &[])) };
+        let full = offering("full", "H100", price("r", OnDemand, 20.0, &[]));
+        let on = ask(&gpu, 8, 1.0, "r", OnDemand);
+        let (got, requests, _) = priced(&[one.clone(), narrow.clone(), full.clone()], &on, &Assumptions::default(), |_| None);
+        assert_eq!(got.quote().map(|q| q.instance.as_str()), Some("full"));
+        assert!(requests.iter().all(|r| r.instance == "full"), "{requests:?}");
+        let (got, requests, _) = priced(&[one.clone(), narrow.clone()], &on, &Assumptions::default(), |_| None);
+        assert!(matches!(got, CloudPrice::NotSold) && requests.is_empty(), "{got:?}");
+        let all = [one.clone(), narrow.clone(), full.clone()];
+        let others: Vec<&str> = other_nodes(&all, std::slice::from_ref(&gpu)).iter().map(|(o, _)| o.instance.as_str()).collect();
+        assert_eq!(others, ["one", "narrow"]);
+        assert_eq!(sold_as(&all, &gpu, ""), (vec![OnDemand], true));
+        assert_eq!(sold_as(std::slice::from_ref(&one), &gpu, ""), (vec![], true));
+        assert_eq!(sold_as(&[one], &gpu, "elsewhere"), (vec![], false));
+        let spot = offering("s", "H100", price("r", Spot, 5.0, &[]));
+        assert_eq!(sold_as(&[spot, full], &gpu, "r"), (vec![OnDemand, Spot], false));
     }
 }

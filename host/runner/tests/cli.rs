@@ -2812,6 +2812,93 @@ fn the_price_files_name_in_cloud_lists_it_alone() {
     assert!(!o.status.success() && text(&o).1.contains("the cloud quote cannot be used"), "{}", text(&o).1);
 }
 
+/// An offering on another node than its GPU's profile (a 1-GPU or 3-GPU H100 node, GB200
+/// sold as 8-GPU nodes of domain 8) is never quoted against the profile's projection (8
+/// H100 on NVLink; NVL72 trays of 4): a note names it, its node, the profile's and the
+/// --profile that projects its node; with that profile the 1-GPU node is quoted, on as many
+/// nodes as GPUs, and the 8-GPU cloud's node is the one left out.
+#[test]
+fn an_offering_on_another_node_than_the_profile_is_not_quoted_against_it() {
+    let dir = scratch("other-node");
+    std::fs::write(
+        dir.join("mine.csv"),
+        "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\ngpu_1x_h100_pcie,H100,1,us-1,0.10\n\
+         three,H100,3,us-1,0.30\ngb8,GB200,8,us-1,1.00\n",
+    )
+    .unwrap();
+    let explore =
+        ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpu", "h100", "--gpus", "8", "--precision", "bf16", "--cloud", "lambda", "--price-file", "mine.csv", "--no-history", "-q", "--format", "json"];
+    let o = runner(&dir, &explore);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let costs = v["series"][0]["rows"][0]["costs"].as_array().unwrap();
+    let quoted: Vec<&str> = costs.iter().filter(|c| c["status"] == "quoted").map(|c| c["cloud"].as_str().unwrap()).collect();
+    assert_eq!(quoted, ["lambda"], "{out}");
+    let notes: Vec<&str> = v["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let h100 = notes.iter().find(|n| n.starts_with("mine: gpu_1x_h100_pcie")).unwrap_or_else(|| panic!("{notes:?}"));
+    assert!(
+        h100.starts_with(
+            "mine: gpu_1x_h100_pcie (1 GPU per node, scale-up domain 1), three (3 GPUs per node, scale-up domain 3) sell \
+             H100 on another node than its profile's (8 GPUs per node, scale-up domain 8)"
+        ) && h100.contains("--profile FILE holding [[gpu]] name = \"H100\", gpus_per_node = 1, scale_up_domain = 1"),
+        "{h100}"
+    );
+    assert!(notes.iter().any(|n| n.starts_with("mine: gb8 (8 GPUs per node, scale-up domain 8) sells GB200 on another node than its profile's (4 GPUs per node, scale-up domain 72)")), "{notes:?}");
+    // The fix the note names: a profile of that node prices it, and the 8-GPU nodes are
+    // now the ones on another node.
+    std::fs::write(dir.join("pcie.toml"), "[[gpu]]\nname = \"H100\"\ngpus_per_node = 1\nscale_up_domain = 1\n").unwrap();
+    let mut fixed = explore.to_vec();
+    fixed.extend(["--profile", "pcie.toml"]);
+    let o = runner(&dir, &fixed);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let costs = v["series"][0]["rows"][0]["costs"].as_array().unwrap();
+    let quoted: Vec<(&str, &str, u64)> = costs
+        .iter()
+        .filter(|c| c["status"] == "quoted")
+        .map(|c| (c["cloud"].as_str().unwrap(), c["instance"].as_str().unwrap(), c["nodes"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(quoted, [("mine", "gpu_1x_h100_pcie", 8)], "{out}");
+    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("lambda: ")), "{out}");
+}
+
+/// A GPU the clouds sell, only not under the --option asked, is not "sold by no cloud":
+/// the table says which options they sell it under and that --option is the fix; a
+/// price-file row with no price for the option asked is named in a note, not dropped.
+#[test]
+fn a_gpu_sold_under_other_options_names_them_and_a_row_without_the_option_is_noted() {
+    let dir = scratch("other-option");
+    let explore =
+        ["explore", "--plugin", "llama3", "--variant", "llama3-tiny", "--gpu", "h100", "--gpus", "8", "--precision", "bf16", "--cloud", "lambda", "--no-history", "-q", "--format", "json"];
+    let mut spot = explore.to_vec();
+    spot.extend(["--option", "spot"]);
+    let o = runner(&dir, &spot);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let why = v["series"][0]["sweet_spot_why"].as_str().unwrap();
+    assert!(why.starts_with("none: no cloud here sells H100 as spot (1 asked: lambda), but lambda sells it on-demand;"), "{why}");
+    assert!(why.contains("try --option on-demand"), "{why}");
+    std::fs::write(
+        dir.join("spotonly.csv"),
+        "InstanceType,AcceleratorName,AcceleratorCount,Region,Price,SpotPrice\nx,H100,8,eu-1,,7.20\n",
+    )
+    .unwrap();
+    let mut file = explore.to_vec();
+    file.extend(["--price-file", "spotonly.csv"]);
+    let o = runner(&dir, &file);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let notes: Vec<&str> = v["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    assert!(
+        notes.iter().any(|n| n.starts_with("price file spotonly.csv: x (spot) has no on-demand price and is never quoted under --option on-demand")),
+        "{notes:?}"
+    );
+}
+
 /// GH200, which no shipped cloud sells, is projected in whole quad nodes (10 GPUs are
 /// three nodes, 12; 8-GPU nodes would make them 16) and its table says that no cloud here sells it and how to price it; a price
 /// file in SkyPilot's catalog shape (docs/EXPLORER.md) with a GH200 row prices it.
