@@ -561,12 +561,13 @@ pub fn stands_for(device: &str, gpu: &GpuProfile, builtin: bool) -> Result<(), S
         ));
     }
     let tokens: HashSet<&str> = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|t| !t.is_empty()).collect();
-    // "a100-80gb" is an A100: the model is the name's first part, past the vendor and
-    // family words of GCP's names ("nvidia-tesla-a100"), which every NVIDIA device shares.
+    // "a100-80gb" is an A100: the model is the name's first part, past the vendor, family
+    // and system words ("nvidia-tesla-a100", "hgx-b200", "amd-instinct-mi300x"), which
+    // other models' devices share: "AMD Instinct MI355X" is no MI300X.
     let model_of = |n: &str| {
         let lower = n.to_ascii_lowercase();
         let mut parts = lower.split(|c: char| !c.is_ascii_alphanumeric()).filter(|t| !t.is_empty());
-        parts.find(|t| !matches!(*t, "nvidia" | "tesla")).unwrap_or_default().to_string()
+        parts.find(|t| !matches!(*t, "nvidia" | "tesla" | "hgx" | "dgx" | "amd" | "instinct")).unwrap_or_default().to_string()
     };
     let mut names: Vec<String> = Vec::new();
     for n in std::iter::once(&gpu.name).chain(&gpu.aliases).map(|n| model_of(n)) {
@@ -1261,7 +1262,12 @@ mod tests {
         let e = stands_for("cuda:0 (NVIDIA L40S, sm_89)", p.get("h100").unwrap(), true).unwrap_err();
         assert!(e.starts_with("the run was on cuda:0 (NVIDIA L40S, sm_89), which is not an H100 (h100): pass"), "{e}");
         let e = stands_for("cuda:0 (NVIDIA L40S, sm_89)", p.get("b200").unwrap(), true).unwrap_err();
-        assert!(e.contains("which is not a B200 (b200, "), "{e}");
+        assert!(e.starts_with("the run was on cuda:0 (NVIDIA L40S, sm_89), which is not a B200 (b200): pass"), "{e}");
+        // System and family words name no model: an MI355X is no MI300X, an HGX H100 no B200.
+        let e = stands_for("rocm:0 (AMD Instinct MI355X)", p.get("mi300x").unwrap(), true).unwrap_err();
+        assert!(e.contains("which is not an MI300X (mi300x)"), "{e}");
+        assert!(stands_for("cuda:0 (NVIDIA HGX H100 80GB)", p.get("b200").unwrap(), true).is_err());
+        assert!(stands_for("rocm:0 (AMD Instinct MI300X)", p.get("mi300x").unwrap(), true).is_ok());
     }
 
     /// A GEMM whose bytes take more than half its time at the achieved HBM rate is left
