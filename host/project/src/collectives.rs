@@ -384,28 +384,24 @@ fn one_type_per_op<'a>(rows: &'a [CollRow], notes: &mut Vec<String>) -> Vec<&'a 
         let t = ["bfloat16", "bf16", "half", "fp16", "float", "fp32"].iter().position(|t| *t == r.dtype).map_or(3, |i| i / 2);
         (t, usize::from(r.redop != "sum"))
     };
-    let mut ops: Vec<&str> = Vec::new();
-    for r in rows {
-        if !ops.contains(&r.op.as_str()) {
-            ops.push(&r.op);
+    // Each value once, in the log's order.
+    let distinct = |values: &mut dyn Iterator<Item = &'a str>| {
+        let mut seen: Vec<&'a str> = Vec::new();
+        for v in values {
+            if !seen.contains(&v) {
+                seen.push(v);
+            }
         }
-    }
+        seen
+    };
     let mut kept = Vec::new();
-    for op in ops {
+    for op in distinct(&mut rows.iter().map(|r| r.op.as_str())) {
         let mine: Vec<&CollRow> = rows.iter().filter(|r| r.op == op).collect();
         // The first row of the best rank: min_by_key keeps the first of equals.
         let Some(best) = mine.iter().copied().min_by_key(|r| rank(r)) else { continue };
         let same = |r: &CollRow| r.dtype == best.dtype && r.redop == best.redop;
-        let mut types: Vec<&str> = Vec::new();
-        let mut redops: Vec<&str> = Vec::new();
-        for r in &mine {
-            if !types.contains(&r.dtype.as_str()) {
-                types.push(&r.dtype);
-            }
-            if !redops.contains(&r.redop.as_str()) {
-                redops.push(&r.redop);
-            }
-        }
+        let types = distinct(&mut mine.iter().map(|r| r.dtype.as_str()));
+        let redops = distinct(&mut mine.iter().map(|r| r.redop.as_str()));
         if types.len() > 1 || redops.len() > 1 {
             let what = match (types.len() > 1, redops.len() > 1) {
                 (true, true) => format!("{} data types and {} reduction ops (nccl-tests -d all -o all)", types.len(), redops.len()),

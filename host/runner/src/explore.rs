@@ -729,11 +729,12 @@ fn sold_nowhere(s: &Series, sales: &[Sale], option: crate::plugin::cost::Purchas
     let asked_option = option_name(option);
     // The option asked is left out: a cloud that prices it but could not quote (a node
     // count its multiples cannot make) is not one to send back to the same option.
-    let other_options = |c: &Sale| -> Vec<&'static str> { c.options.iter().filter(|&&o| o != option).map(|&o| option_name(o)).collect() };
     let sellers: Vec<String> = sales
         .iter()
-        .filter(|c| !other_options(c).is_empty())
-        .map(|c| format!("{} sells it {}", c.cloud, other_options(c).join(" or ")))
+        .filter_map(|c| {
+            let others: Vec<&str> = c.options.iter().filter(|&&o| o != option).map(|&o| option_name(o)).collect();
+            (!others.is_empty()).then(|| format!("{} sells it {}", c.cloud, others.join(" or ")))
+        })
         .collect();
     if !sellers.is_empty() {
         let all: Vec<&str> = PURCHASE_OPTIONS
@@ -1287,11 +1288,10 @@ pub fn load_clouds(
         let unknown = cloud.unknown_gpus(&profiles.gpus);
         if !unknown.is_empty() {
             let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
-            let rows: Vec<String> = unknown.iter().take(8).map(|(i, g)| format!("{i} ({g})")).collect();
-            let more = if unknown.len() > 8 { format!(" and {} more", unknown.len() - 8) } else { String::new() };
+            let rows: Vec<String> = unknown.iter().map(|(i, g)| format!("{i} ({g})")).collect();
             notes.push(format!(
-                "price file {file}: {}{more} match no GPU type and are never priced (AcceleratorName must be one of {}, or an alias)",
-                rows.join(", "),
+                "price file {file}: {} match no GPU type and are never priced (AcceleratorName must be one of {}, or an alias)",
+                first_eight(&rows),
                 known.join(", ")
             ));
         }
@@ -1379,35 +1379,35 @@ fn near_regions<'a>(region: &str, named: &std::collections::BTreeSet<&'a str>) -
 /// whose GPU has that node, so that the projection is of the machine billed.
 fn other_node_notes(cloud: &pricing::Cloud, gpus: &[GpuProfile]) -> Vec<String> {
     use crate::report::plural;
-    let found = cloud.other_nodes(gpus);
-    let mut seen: Vec<&str> = Vec::new();
-    for (_, g) in &found {
-        if !seen.contains(&g.name.as_str()) {
-            seen.push(g.name.as_str());
+    // The offerings by GPU, in the order the cloud lists them.
+    let mut by_gpu: Vec<(&GpuProfile, Vec<&crate::plugin::cost::Offering>)> = Vec::new();
+    for (o, g) in cloud.other_nodes(gpus) {
+        match by_gpu.iter_mut().find(|(h, _)| h.name == g.name) {
+            Some((_, these)) => these.push(o),
+            None => by_gpu.push((g, vec![o])),
         }
     }
     let node = |per: u32, domain: u32| format!("{} per node, scale-up domain {domain}", plural(per, "GPU"));
-    seen.into_iter()
-        .filter_map(|name| {
-            let these: Vec<_> = found.iter().filter(|(_, g)| g.name == name).map(|&(o, _)| o).collect();
-            let (first, gpu) = (these.first()?, found.iter().find(|(_, g)| g.name == name)?.1);
-            let shown: Vec<String> =
-                these.iter().take(8).map(|o| format!("{} ({})", o.instance, node(o.gpus_per_node, o.scale_up_domain))).collect();
-            let more = if these.len() > 8 { format!(" and {} more", these.len() - 8) } else { String::new() };
+    by_gpu
+        .into_iter()
+        .map(|(gpu, these)| {
+            let name = &gpu.name;
+            let first = these[0];
+            let shown: Vec<String> = these.iter().map(|o| format!("{} ({})", o.instance, node(o.gpus_per_node, o.scale_up_domain))).collect();
             let one = these.len() == 1;
-            Some(format!(
-                "{}: {}{more} sell{} {name} on another node than its profile's ({}): explore and run never quote {} against \
+            format!(
+                "{}: {} sell{} {name} on another node than its profile's ({}): explore and run never quote {} against \
                  a projection of the profile's node; to price {}, project that node with --profile FILE holding [[gpu]] \
                  name = \"{name}\", gpus_per_node = {}, scale_up_domain = {} (docs/EXPLORER.md)",
                 cloud.name,
-                shown.join(", "),
+                first_eight(&shown),
                 if one { "s" } else { "" },
                 node(gpu.gpus_per_node, gpu.scale_up_domain),
                 if one { "it" } else { "them" },
                 if one { "it" } else { "one" },
                 first.gpus_per_node,
                 first.scale_up_domain
-            ))
+            )
         })
         .collect()
 }
@@ -1430,12 +1430,11 @@ fn unpriced_option_note(file: &str, cloud: &pricing::Cloud, gpus: &[GpuProfile],
     if rows.is_empty() {
         return None;
     }
-    let more = if rows.len() > 8 { format!(" and {} more", rows.len() - 8) } else { String::new() };
     let asked = option_name(option);
     Some(format!(
-        "price file {file}: {}{more} {} no {asked} price and {} never quoted under --option {asked}; the options in \
+        "price file {file}: {} {} no {asked} price and {} never quoted under --option {asked}; the options in \
          brackets price {}",
-        rows[..rows.len().min(8)].join(", "),
+        first_eight(&rows),
         if rows.len() == 1 { "has" } else { "have" },
         if rows.len() == 1 { "is" } else { "are" },
         if rows.len() == 1 { "it" } else { "them" }
@@ -1526,6 +1525,13 @@ pub fn main_model_params(
 ) -> anyhow::Result<count::ParamCount> {
     let g = workload.graph(&GraphRequest::training(&variant.name, 1, 1, variant.hyper.layers))?;
     Ok(count::params(&g))
+}
+
+/// A note's list: its first eight items, and how many more there are.
+fn first_eight(items: &[String]) -> String {
+    const SHOWN: usize = 8;
+    let more = if items.len() > SHOWN { format!(" and {} more", items.len() - SHOWN) } else { String::new() };
+    format!("{}{more}", items[..items.len().min(SHOWN)].join(", "))
 }
 
 /// Whether `spec` (a `--cloud` name) is the price file `file`'s name, with its extension

@@ -146,10 +146,14 @@ pub fn parse(text: &str) -> Result<Vec<Offering>, String> {
     }
     // Cells are found by the column's name: a repeated name would read the first column
     // and drop the other's values without a word.
-    for (i, c) in cols.iter().enumerate() {
+    // One pass (a header may be long): each name's first column and how often it came.
+    let mut seen: HashMap<&str, (usize, usize)> = HashMap::new();
+    for (i, c) in cols.iter().enumerate().filter(|(_, c)| !c.is_empty()) {
+        let (first, times) = seen.entry(c.as_str()).or_insert((i, 0));
+        *times += 1;
         // Named at its second appearance only, however many there are.
-        if !c.is_empty() && cols[..i].iter().filter(|d| *d == c).count() == 1 && let Some(j) = cols.iter().position(|d| d == c) {
-            problems.push(format!("line {hl}: column '{c}' appears twice (columns {} and {}): keep one", j + 1, i + 1));
+        if *times == 2 {
+            problems.push(format!("line {hl}: column '{c}' appears twice (columns {} and {}): keep one", *first + 1, i + 1));
         }
     }
     for required in ["InstanceType", "AcceleratorName", "AcceleratorCount", "Region"] {
