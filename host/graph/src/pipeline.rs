@@ -65,6 +65,23 @@ impl MegatronLayout {
     }
 }
 
+/// How `layers` plus the embedding's `e` and the loss's `l` units share `chunks` (at
+/// least 2): the units, each chunk's share `per`, the `extra` chunks with one more, and
+/// the first chunk's share.
+fn shares(layers: usize, chunks: usize, e: usize, l: usize) -> (usize, usize, usize, usize) {
+    let units = layers.saturating_add(e).saturating_add(l);
+    let (per, extra) = (units / chunks, units % chunks);
+    (units, per, extra, per + usize::from(extra > 0))
+}
+
+/// Whether [`PipelineSplit::starts`] accepts the embedding counted as `e` and the loss as
+/// `l` (`chunks` at least 2): no empty chunk, a first chunk of at least `e` units and a
+/// last of at least `l`.
+fn fits(layers: usize, chunks: usize, e: usize, l: usize) -> bool {
+    let (units, per, _, first) = shares(layers, chunks, e, l);
+    units >= chunks && first >= e && per >= l
+}
+
 /// Where each chunk's layers start, for one split, layer count and chunk count.
 #[derive(Clone, Copy, Debug)]
 pub struct ChunkStarts {
@@ -134,7 +151,7 @@ impl PipelineSplit {
             return Ok(ChunkStarts { layers, chunks, per: layers, extra: 0, embedding: 0 });
         }
         let (e, l) = (self.embedding as usize, self.loss as usize);
-        let units = layers.saturating_add(e).saturating_add(l);
+        let (units, per, extra, first) = shares(layers, chunks, e, l);
         if units < chunks {
             // Worded only when refused: the search splits every layout it prices.
             let counted = if self.is_even() { String::new() } else { format!(" (with the embedding as {e} and the loss as {l})") };
@@ -142,22 +159,29 @@ impl PipelineSplit {
                 "pp·vp = {chunks} pipeline chunks but the {layers} layers{counted} fill only {units}; use pp·vp ≤ {units}"
             ));
         }
-        let (per, extra) = (units / chunks, units % chunks);
-        let first = per + usize::from(extra > 0);
         // What counting more shifts grows the units too: the first chunk holds
         // ceil((layers + e + l) / chunks) ≥ e exactly while e·(chunks - 1) ≤ layers + l +
         // chunks - 1, and the last floor(...) ≥ l while l·(chunks - 1) ≤ layers + e.
+        // Lowering the count that failed lowers the units, which the other two checks
+        // need: when the bound above fails them, so does every smaller count, and only
+        // fewer chunks help.
         if first < e {
             let most = (layers + l + chunks - 1) / (chunks - 1);
-            return Err(format!(
-                "the embedding counts as {e} layers but the first of {chunks} chunks holds only {first}; count it as at most {most}"
-            ));
+            let advice = if fits(layers, chunks, most, l) {
+                format!("count it as at most {most}")
+            } else {
+                format!("no count of it fits {chunks} chunks with the loss counted as {l}: use fewer pipeline chunks (pp·vp)")
+            };
+            return Err(format!("the embedding counts as {e} layers but the first of {chunks} chunks holds only {first}; {advice}"));
         }
         if per < l {
             let most = (layers + e) / (chunks - 1);
-            return Err(format!(
-                "the loss counts as {l} layers but the last of {chunks} chunks holds only {per}; count it as at most {most}"
-            ));
+            let advice = if fits(layers, chunks, e, most) {
+                format!("count it as at most {most}")
+            } else {
+                format!("no count of it fits {chunks} chunks with the embedding counted as {e}: use fewer pipeline chunks (pp·vp)")
+            };
+            return Err(format!("the loss counts as {l} layers but the last of {chunks} chunks holds only {per}; {advice}"));
         }
         Ok(ChunkStarts { layers, chunks, per, extra, embedding: e })
     }
@@ -446,6 +470,43 @@ mod tests {
     fn lens(s: PipelineSplit, layers: usize, chunks: usize) -> Vec<usize> {
         let st = s.starts(layers, chunks).unwrap();
         (0..chunks).map(|c| st.len(c)).collect()
+    }
+
+    /// The advice's count passes every check, and is the largest that does. The old
+    /// bound (the first or last chunk's share alone) told 2 layers over 4 chunks with the
+    /// loss as 3 to count the embedding as 2, which leaves the last chunk 1 unit for the
+    /// loss's 3; and 1 layer over 3 chunks with the embedding as 4 to count the loss as
+    /// 2, which leaves the first chunk 3 units for the embedding's 4. No count fits either.
+    #[test]
+    fn the_advised_count_is_the_largest_that_fits() {
+        let split = |embedding, loss| PipelineSplit { embedding, loss };
+        let e = split(10, 3).starts(2, 4).unwrap_err();
+        assert!(e.ends_with("no count of it fits 4 chunks with the loss counted as 3: use fewer pipeline chunks (pp·vp)"), "{e}");
+        let l = split(4, 6).starts(1, 3).unwrap_err();
+        assert!(l.ends_with("no count of it fits 3 chunks with the embedding counted as 4: use fewer pipeline chunks (pp·vp)"), "{l}");
+        assert!(split(0, 5).starts(4, 3).unwrap_err().ends_with("count it as at most 2"));
+        // Every small case: the count advised fits and one more does not; where none is,
+        // no smaller count fits either.
+        let most = |err: &str| err.rsplit_once("count it as at most ").map(|(_, n)| n.parse::<u32>().unwrap());
+        for layers in 0..10 {
+            for chunks in 2..6 {
+                for (e, l) in (0..12).flat_map(|e| (0..12).map(move |l| (e, l))) {
+                    let Err(err) = split(e, l).starts(layers, chunks) else { continue };
+                    let embedding = err.starts_with("the embedding");
+                    let with = |n: u32| if embedding { split(n, l) } else { split(e, n) };
+                    if !embedding && !err.starts_with("the loss") {
+                        continue;
+                    }
+                    match most(&err) {
+                        Some(n) => {
+                            assert!(with(n).starts(layers, chunks).is_ok(), "{layers} layers, {chunks} chunks, {e}/{l}: {err}");
+                            assert!(with(n + 1).starts(layers, chunks).is_err(), "{layers} layers, {chunks} chunks, {e}/{l}: {err}");
+                        }
+                        None => assert!((0..=e.max(l)).all(|n| with(n).starts(layers, chunks).is_err()), "{layers}, {chunks}, {e}/{l}: {err}"),
+                    }
+                }
+            }
+        }
     }
 
     #[test]
