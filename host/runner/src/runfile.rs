@@ -396,7 +396,8 @@ type SplitUnits = Whole<u32, 0, { runner_contract::limits::LAYERS as u64 }>;
 
 /// `[layout] pipeline_split` as the file writes it: each key ranged like
 /// `offload_layers` (a value u32 does not hold was refused as "0 to 4294967295"); a value
-/// that is no table is told the table's example, as [`plain`] tells it for the graph's type.
+/// that is no table is told the table's example by `expecting` (serde never names
+/// `PipelineSplit` to [`plain`]: the file is read as these keys).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, expecting = "a table, e.g. { embedding = 1, loss = 1 }")]
 struct SplitKeys {
@@ -725,7 +726,7 @@ fn hint(error: &str) -> Option<String> {
 }
 
 /// A deserializer's message in the file's words: the Rust types serde names ("expected
-/// u32", "expected usize", "expected struct PipelineSplit") said as what to write, serde's
+/// u32", "expected usize", "expected struct ...") said as what to write, serde's
 /// "map" and "sequence" as the table, date-time or list `value` (the refused text) is, and
 /// toml's words for a name given as another type ("wanted string or table").
 fn plain(message: &str, value: &str) -> String {
@@ -754,7 +755,6 @@ fn plain(message: &str, value: &str) -> String {
         "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number".into(),
         "f32" | "f64" => "a number".into(),
         "a sequence" => "a list, e.g. [1, 2]".into(),
-        "struct PipelineSplit" => "a table, e.g. { embedding = 1, loss = 1 }".into(),
         w if w.starts_with("struct ") => "a table".into(),
         w if w.starts_with("enum ") => "one of its names, in quotes".into(),
         w => w.into(),
