@@ -879,9 +879,9 @@ mod tests {
     }
 
     /// Each figure of an nccl-tests log is read from its own column: broadcast's in place
-    /// (as all_reduce's), algbw from algbw (nothing checks it against the size and time,
-    /// so only its place keeps it right), and the device from rank 0 wherever its line
-    /// sits.
+    /// (as all_reduce's), algbw from algbw (the log reader checks the printed figures
+    /// against each other, not which column the fit takes), and the device from rank 0
+    /// wherever its line sits.
     #[test]
     fn each_figure_of_a_log_is_read_from_its_own_column() {
         let json = rows(&known(0.55), 8, 1, &["broadcast", "all_gather"]);

@@ -10,7 +10,9 @@
 //! in place for all_reduce and broadcast, out of place for the others (nccl-tests 2.10
 //! and later: size, count, type, redop, root, then time, algbw, busbw, #wrong out of
 //! place and, where printed, in place). `#wrong` "N/A" (not checked) counts as none;
-//! a size-0 row carries no bandwidth and is skipped.
+//! a size-0 row carries no bandwidth and is skipped. Each row's printed algbw must be
+//! its size / time and its busbw algbw x the op's bus factor, within what printing
+//! rounded (`printed_figures_agree`): a figure that is neither is an edited or corrupt log.
 
 use std::collections::BTreeSet;
 
@@ -239,6 +241,7 @@ fn test_rows(mut t: Test, origin: &str, last: usize, seen: &mut BTreeSet<(String
     let nodes = t.ranks.iter().map(|r| r.1.as_str()).collect::<BTreeSet<_>>().len();
     let device = t.ranks[0].2.clone();
     let in_place = matches!(op.as_str(), "all_reduce" | "broadcast");
+    let factor = crate::collectives::bus_factor_of(&op, ranks).map_err(|e| format!("{from} ({op}): {e}"))?;
     let mut out = Vec::new();
     for (at, cols) in &t.rows {
         let line = format!("{origin}: line {at} ({op})");
@@ -270,6 +273,11 @@ fn test_rows(mut t: Test, origin: &str, last: usize, seen: &mut BTreeSet<(String
                  run per test, or fit each run on its own"
             ));
         }
+        // Both the out-of-place and the in-place figures, where printed: one edited
+        // column is as much a corrupt log as the other.
+        for at in [5, 9].into_iter().filter(|&k| k + 2 < cols.len()) {
+            printed_figures_agree(&cols[at..at + 3], size_bytes, factor).map_err(|e| format!("{line}: {e}"))?;
+        }
         let wrong = match cols[pick + 3].as_str() {
             "N/A" => None,
             w => Some(w.parse::<u64>().map_err(|_| format!("{line}: #wrong '{w}' is not a whole number or N/A"))?),
@@ -292,6 +300,51 @@ fn test_rows(mut t: Test, origin: &str, last: usize, seen: &mut BTreeSet<(String
         });
     }
     Ok(out)
+}
+
+/// Half the last printed digit of `figure` (nccl-tests prints time with 2 decimals below
+/// 100 us, 1 below 10 ms and none above, bandwidths with 2): what rounding may have moved it.
+fn half_unit(figure: &str) -> f64 {
+    let (mantissa, exponent) = figure.split_once(['e', 'E']).map_or((figure, 0), |(m, e)| (m, e.parse::<i32>().unwrap_or(0)));
+    let decimals = mantissa.split_once('.').map_or(0, |(_, d)| d.len());
+    0.5 * 10f64.powi(exponent.saturating_sub(i32::try_from(decimals).unwrap_or(i32::MAX)))
+}
+
+/// A row's printed time, algbw and busbw (`figures`, as printed) agree as nccl-tests
+/// computes them: algbw = size / time (bytes / us / 1e3 = GB/s) and busbw = algbw x the
+/// op's bus `factor`, each within what printing rounded. The printed time is rounded
+/// too, so size / time may miss the true algbw by its relative rounding: at a tiny size
+/// (time 10.00 us, algbw 0.00) that is a few thousandths of almost nothing, and at 2
+/// decimals below 100 us never more than 0.05 %.
+fn printed_figures_agree(figures: &[String], size_bytes: u64, factor: f64) -> Result<(), String> {
+    let [time, algbw, busbw] = figures else { return Ok(()) };
+    let read = |f: &String| f.parse::<f64>().ok();
+    let (Some(t), Some(a), Some(b)) = (read(time), read(algbw), read(busbw)) else {
+        // A figure that is not a number: named where its column is read.
+        return Ok(());
+    };
+    // A time rounded to nothing bounds no bandwidth; the row check refuses a time of 0.
+    // A figure of "nan" or "inf" parses, and agrees with nothing.
+    let slack = half_unit(time) / t;
+    if t.is_finite() && (0.0..1.0).contains(&slack) {
+        let computed = size_bytes as f64 / t / 1e3;
+        if !a.is_finite() || (a - computed).abs() > half_unit(algbw) + computed * slack / (1.0 - slack) + 1e-9 * computed {
+            return Err(format!(
+                "algbw {algbw} GB/s is not size / time ({size_bytes} B in {time} us is {} GB/s): the log was edited or is \
+                 corrupt; fix the row or run the sweep again",
+                runner_contract::text::number((computed * 1e3).round() / 1e3)
+            ));
+        }
+    }
+    if !b.is_finite() || (b - a * factor).abs() > half_unit(busbw) + half_unit(algbw) * factor + 1e-9 * b.abs() {
+        return Err(format!(
+            "busbw {busbw} GB/s is not algbw x the bus factor ({algbw} x {} is {} GB/s): the log was edited or is corrupt; \
+             fix the row or run the sweep again",
+            runner_contract::text::number(factor),
+            runner_contract::text::number((a * factor * 1e3).round() / 1e3)
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -391,6 +444,63 @@ mod tests {
         assert!(e.contains("reduce_perf is not an op the network fit reads"), "{e}");
     }
 
+    /// A row's algbw is size / time and its busbw algbw x the bus factor, within what
+    /// printing rounded: time to 2, 1 or 0 decimals as nccl-tests prints it, at tiny
+    /// sizes too; an edited figure is refused, naming the line and both figures, also
+    /// one (busbw 26.30 for 26.21) the 1 % the row check allows would let through.
+    #[test]
+    fn printed_figures_are_checked_within_their_rounding() {
+        let two = [(0, "n"), (1, "n")];
+        let row = |size: u64, time: &str, algbw: &str, busbw: &str| {
+            format!("{size:>12} {:>13}     float    none      -1 {time:>8} {algbw:>7} {busbw:>7}      0 {time:>8} {algbw:>7} {busbw:>7}    N/A\n", size / 8)
+        };
+        // 8 B in 10.00 us; 16 MiB in 101.56 us printed as 101.6 (algbw 165.20 from the
+        // time nccl-tests measured, 165.13 from the printed one); 2 GiB in 10000.4 us
+        // printed as 10000 (214.74 against 214.75).
+        let fine = [row(8, "10.00", "0.00", "0.00"), row(16_777_216, "101.6", "165.20", "82.60"), row(2_147_483_648, "10000", "214.74", "107.37")];
+        let r = parse(&log(true, &two, &fine.concat()), "ag.log").unwrap();
+        assert_eq!(r.iter().map(|r| r.algbw_gbps).collect::<Vec<_>>(), [0.0, 165.2, 214.74]);
+        let bad = |rows: &str, want: &str| {
+            let e = parse(&log(true, &two, rows), "ag.log").unwrap_err();
+            assert!(e.contains(want), "want '{want}': {e}");
+        };
+        bad(&ROWS.replace("52.43", "60.00"), "ag.log: line 9 (all_gather): algbw 60.00 GB/s is not size / time (1048576 B in 20.00 us is 52.429 GB/s)");
+        bad(&ROWS.replace("49.93", "50.93"), "line 9 (all_gather): algbw 50.93 GB/s is not size / time (1048576 B in 21.00 us is 49.932 GB/s)");
+        bad(&ROWS.replace("26.21", "26.30"), "line 9 (all_gather): busbw 26.30 GB/s is not algbw x the bus factor (52.43 x 0.5 is 26.215 GB/s)");
+        bad(&row(8, "10.00", "0.01", "0.00"), "algbw 0.01 GB/s is not size / time (8 B in 10.00 us is 0.001 GB/s)");
+        bad(&row(16_777_216, "101.6", "165.40", "82.70"), "algbw 165.40 GB/s is not size / time");
+        bad(&row(8, "10.00", "nan", "0.00"), "algbw nan GB/s is not size / time");
+        for (figure, half) in [("20.00", 0.005), ("101.6", 0.05), ("10000", 0.5), ("1.5e+01", 0.5), ("1e-2147483648", 0.0)] {
+            assert!((super::half_unit(figure) - half).abs() < 1e-12, "{figure}");
+        }
+    }
+
+    /// Rows of a real log pass, as nccl-tests printed them: all_reduce_perf -b 8 -e 8G
+    /// on 16 H100s over 2 nodes (lessizzmore/create-a3mega-ztan-fork at 02dd8f455c43,
+    /// ztan-NCCL-test-result), time to 1 decimal from 100 us and none from 10 ms, and at
+    /// 512 B an algbw of 0.00 beside a busbw of 0.01 (0.0040 x 1.875 = 0.0076).
+    #[test]
+    fn a_real_logs_rows_pass() {
+        let mut s = String::from(
+            "# nThread 1 nGpus 1 minBytes 8 maxBytes 8589934592 step: 2(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0\n#\n# Using devices\n",
+        );
+        for r in 0..16 {
+            s += &format!("#  Rank {r:2} Group  0 Pid   {} on {} device  {} [0000:04:00] NVIDIA H100 80GB HBM3\n", 6000 + r, ["ztan-mig-235z", "ztan-mig-gq73"][r / 8], r % 8);
+        }
+        s += "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n\
+              \x20          8             2     float     sum      -1    135.8    0.00    0.00      0    123.5    0.00    0.00      0\n\
+              \x20        512           128     float     sum      -1    126.6    0.00    0.01      0    123.4    0.00    0.01      0\n\
+              \x20       1024           256     float     sum      -1    147.1    0.01    0.01      0    123.1    0.01    0.02      0\n\
+              \x20    1048576        262144     float     sum      -1    203.2    5.16    9.68      0    207.2    5.06    9.49      0\n\
+              \x20 2147483648     536870912     float     sum      -1    12646  169.81  318.40      0    12641  169.88  318.52      0\n\
+              \x20 8589934592    2147483648     float     sum      -1    47535  180.71  338.82      0    47743  179.92  337.35      0\n";
+        let r = parse(&s, "all_reduce_perf.log").unwrap();
+        assert_eq!((r.len(), r[0].ranks, r[0].nodes), (6, 16, 2));
+        // One figure off by a hundredth past its rounding is not.
+        let e = parse(&s.replace("169.81  318.40", "169.83  318.40"), "all_reduce_perf.log").unwrap_err();
+        assert!(e.contains("algbw 169.83 GB/s is not size / time (2147483648 B in 12646 us is 169.815 GB/s)"), "{e}");
+    }
+
     /// Each log nccl-tests writes that cannot be one run's sweep is refused with the fix.
     #[test]
     fn logs_that_are_not_one_sweep_are_refused() {
@@ -409,7 +519,7 @@ mod tests {
         bad(&log(true, &two, "     1048576        131072     float    none    20.00   52.43   26.21  0e+00\n"), "8 columns");
         bad(&log(true, &two, &ROWS.replace("20.00   52.43", "fast   52.43")), "time 'fast' is not a number");
         bad(&log(true, &two, &ROWS.replacen("26.21      0", "26.21      3", 1)), "3 wrong values");
-        bad(&log(true, &two, &ROWS.replace("26.21", "40.00")), "busbw_gbps 40 is not size / time x the bus factor");
+        bad(&log(true, &two, &ROWS.replace("26.21", "40.00")), "line 9 (all_gather): busbw 40.00 GB/s is not algbw x the bus factor (52.43 x 0.5 is 26.215 GB/s)");
         bad(&log(true, &[(0, "n"), (1, "n")], ROWS).replace("all_gather", "hypercube"), "hypercube_perf is not an op the network fit reads");
         // A run killed mid-row: the cut line is named, not the nccl-tests version.
         let cut = log(true, &two, &(ROWS.to_string() + "     4194304        524288     fl\n\n"));
