@@ -513,6 +513,10 @@ fn inspect(name: &str, global: &Global) -> Result<()> {
                     "effective",
                 ],
             );
+            // An offering on another node than its GPU's profile is never quoted: said per
+            // offering, by the rule explore and prices apply.
+            let profiles = runner::project::profiles(global.profile.as_deref())?;
+            t.notes.extend(runner::explore::other_node_offering_notes(&offerings, &profiles.gpus));
             for o in &offerings {
                 t.rows.push(vec![
                     o.instance.clone(),

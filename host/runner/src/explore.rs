@@ -24,6 +24,7 @@ use runner_project::search;
 use runner_project::step::Projection;
 
 use crate::measure::{self, LocalMeasurement};
+use crate::plugin::cost::Offering;
 use crate::plugin::workload::{GraphRequest, Variant};
 use crate::plugin::{self, Kind, PluginInfo};
 use crate::pricing::{self, Ask, Assumptions, CloudPrice, QuoteNotes};
@@ -1260,7 +1261,7 @@ pub fn load_clouds(
                 // only such GPUs would vanish from the table without a word.
                 let known: Vec<&str> = profiles.gpus.iter().map(|g| g.name.as_str()).collect();
                 notes.extend(never_priced(&cloud.name, &cloud.info.name, &cloud.unknown_gpus(&profiles.gpus), cloud.offering_count(), &known));
-                notes.extend(other_node_notes(&cloud, &profiles.gpus));
+                notes.extend(other_node_notes(&cloud.name, cloud.offerings(), &profiles.gpus));
                 record_plugin(plugins, notes, &cloud.info);
                 clouds.push(cloud);
             }
@@ -1295,11 +1296,11 @@ pub fn load_clouds(
                 known.join(", ")
             ));
         }
-        notes.extend(other_node_notes(&cloud, &profiles.gpus));
+        notes.extend(other_node_notes(&cloud.name, cloud.offerings(), &profiles.gpus));
         // A row with no price for the option asked is never quoted: said, as a row of an
         // unknown GPU is (the row has prices, only under other options).
         if let Some(option) = crate::plugin::cost::parse_option(&cost.option) {
-            notes.extend(unpriced_option_note(file, &cloud, &profiles.gpus, option));
+            notes.extend(unpriced_option_note(file, cloud.offerings(), &profiles.gpus, option));
         }
         record_plugin(plugins, notes, &cloud.info);
         clouds.push(cloud);
@@ -1375,69 +1376,126 @@ fn near_regions<'a>(region: &str, named: &std::collections::BTreeSet<&'a str>) -
 
 /// Notes for a cloud's offerings on another node than their GPU's profile, one per GPU:
 /// never quoted (a projection's step time is the profile's node's, [`pricing::same_node`]).
-/// Each names the instances and their nodes, the profile's node, and the fix: a --profile
-/// whose GPU has that node, so that the projection is of the machine billed.
-fn other_node_notes(cloud: &pricing::Cloud, gpus: &[GpuProfile]) -> Vec<String> {
-    use crate::report::plural;
+/// Each names the instances and their nodes, the profile's node, and the fix
+/// ([`other_node_fix`]), so that the projection is of the machine billed.
+fn other_node_notes(cloud: &str, offerings: &[Offering], gpus: &[GpuProfile]) -> Vec<String> {
+    let others = pricing::other_nodes(offerings, gpus);
+    if others.is_empty() {
+        return Vec::new();
+    }
+    let shipped = runner_project::profile::Profiles::builtin();
     // The offerings by GPU, in the order the cloud lists them.
-    let mut by_gpu: Vec<(&GpuProfile, Vec<&crate::plugin::cost::Offering>)> = Vec::new();
-    for (o, g) in cloud.other_nodes(gpus) {
+    let mut by_gpu: Vec<(&GpuProfile, Vec<&Offering>)> = Vec::new();
+    for (o, g) in others {
         match by_gpu.iter_mut().find(|(h, _)| h.name == g.name) {
             Some((_, these)) => these.push(o),
             None => by_gpu.push((g, vec![o])),
         }
     }
-    let node = |per: u32, domain: u32| format!("{} per node, scale-up domain {domain}", plural(per, "GPU"));
     by_gpu
         .into_iter()
         .map(|(gpu, these)| {
-            let name = &gpu.name;
-            let first = these[0];
             let shown: Vec<String> = these.iter().map(|o| format!("{} ({})", o.instance, node(o.gpus_per_node, o.scale_up_domain))).collect();
             let one = these.len() == 1;
             format!(
-                "{}: {} sell{} {name} on another node than its profile's ({}): explore and run never quote {} against \
-                 a projection of the profile's node; to price {}, project that node with --profile FILE holding [[gpu]] \
-                 name = \"{name}\", gpus_per_node = {}, scale_up_domain = {} (docs/EXPLORER.md)",
-                cloud.name,
+                "{cloud}: {} sell{} {} on another node than its profile's ({}): explore and run never quote {} against \
+                 a projection of the profile's node; to price {}, {}",
                 first_eight(&shown),
                 if one { "s" } else { "" },
+                gpu.name,
                 node(gpu.gpus_per_node, gpu.scale_up_domain),
                 if one { "it" } else { "them" },
                 if one { "it" } else { "one" },
-                first.gpus_per_node,
-                first.scale_up_domain
+                other_node_fix(these[0], gpu, &shipped.gpus)
             )
         })
         .collect()
 }
 
-/// A note for a price file's rows (of known GPUs) with no price under `option`: never
-/// quoted under it, each named with the options it does price, so that a spot-only row
-/// does not vanish from an on-demand run without a word.
-fn unpriced_option_note(file: &str, cloud: &pricing::Cloud, gpus: &[GpuProfile], option: crate::plugin::cost::PurchaseOption) -> Option<String> {
+/// A node in words: "8 GPUs per node, scale-up domain 8".
+fn node(per: u32, domain: u32) -> String {
+    format!("{} per node, scale-up domain {domain}", crate::report::plural(per, "GPU"))
+}
+
+/// How to price `o`, an offering of `gpu` on another node than `gpu`'s profile: where
+/// the shipped profile of that GPU (in `shipped`) has the offering's node (a --profile
+/// changed it), leave --profile out; otherwise project that node with a --profile.
+fn other_node_fix(o: &Offering, gpu: &GpuProfile, shipped: &[GpuProfile]) -> String {
+    let (per, domain) = (o.gpus_per_node, o.scale_up_domain);
+    let name = &gpu.name;
+    if shipped.iter().any(|g| g.name == *name && pricing::same_node(o, g)) {
+        format!(
+            "leave --profile out: the built-in {name} profile has that node (or set gpus_per_node = {per}, \
+             scale_up_domain = {domain} for {name} in your profile file)"
+        )
+    } else {
+        format!(
+            "project that node with --profile FILE holding [[gpu]] name = \"{name}\", gpus_per_node = {per}, \
+             scale_up_domain = {domain} (docs/EXPLORER.md)"
+        )
+    }
+}
+
+/// A note per offering of `offerings` on another node than its GPU's profile in `gpus`
+/// ([`pricing::other_nodes`]): `runner plugins inspect` says which of a cost plugin's
+/// offerings explore and prices never quote, and how to price each.
+pub fn other_node_offering_notes(offerings: &[Offering], gpus: &[GpuProfile]) -> Vec<String> {
+    let others = pricing::other_nodes(offerings, gpus);
+    if others.is_empty() {
+        return Vec::new();
+    }
+    let shipped = runner_project::profile::Profiles::builtin();
+    others
+        .into_iter()
+        .map(|(o, gpu)| {
+            format!(
+                "{}: {} on another node ({}) than its profile's ({}): explore and prices never quote it; to price it, {}",
+                o.instance,
+                gpu.name,
+                node(o.gpus_per_node, o.scale_up_domain),
+                node(gpu.gpus_per_node, gpu.scale_up_domain),
+                other_node_fix(o, gpu, &shipped.gpus)
+            )
+        })
+        .collect()
+}
+
+/// A note for a price file's rows (of known GPUs in `offerings`) with no price under
+/// `option`: never quoted under it, each named with the options it does price and those
+/// options offered instead, so that a spot-only row does not vanish from an on-demand
+/// run without a word. One sentence: "price file F: x (on-demand, reserved-1y) has no
+/// spot price, so --option spot never quotes it; try --option on-demand or reserved-1y".
+fn unpriced_option_note(file: &str, offerings: &[Offering], gpus: &[GpuProfile], option: crate::plugin::cost::PurchaseOption) -> Option<String> {
     use crate::plugin::cost::{PURCHASE_OPTIONS, option_name};
-    let rows: Vec<String> = cloud
-        .offerings()
+    let unpriced: Vec<&Offering> = offerings
         .iter()
         .filter(|o| gpus.iter().any(|g| pricing::matches_gpu(o, g)) && !o.prices.iter().any(|p| p.option == option))
+        .collect();
+    if unpriced.is_empty() {
+        return None;
+    }
+    let priced = |o: &Offering, x| o.prices.iter().any(|p| p.option == x);
+    let rows: Vec<String> = unpriced
+        .iter()
         .map(|o| {
-            let has: Vec<&str> =
-                PURCHASE_OPTIONS.iter().filter(|&&x| o.prices.iter().any(|p| p.option == x)).map(|&x| option_name(x)).collect();
+            let has: Vec<&str> = PURCHASE_OPTIONS.iter().filter(|&&x| priced(o, x)).map(|&x| option_name(x)).collect();
             format!("{} ({})", o.instance, has.join(", "))
         })
         .collect();
-    if rows.is_empty() {
-        return None;
-    }
+    let instead: Vec<&str> =
+        PURCHASE_OPTIONS.iter().filter(|&&x| unpriced.iter().any(|o| priced(o, x))).map(|&x| option_name(x)).collect();
     let asked = option_name(option);
+    let one = rows.len() == 1;
+    let try_instead = match instead.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("; try --option {} or {last}", rest.join(", ")),
+        Some((last, _)) => format!("; try --option {last}"),
+        None => String::new(),
+    };
     Some(format!(
-        "price file {file}: {} {} no {asked} price and {} never quoted under --option {asked}; the options in \
-         brackets price {}",
+        "price file {file}: {} {} no {asked} price, so --option {asked} never quotes {}{try_instead}",
         first_eight(&rows),
-        if rows.len() == 1 { "has" } else { "have" },
-        if rows.len() == 1 { "is" } else { "are" },
-        if rows.len() == 1 { "it" } else { "them" }
+        if one { "has" } else { "have" },
+        if one { "it" } else { "them" },
     ))
 }
 
@@ -1630,6 +1688,87 @@ mod tests {
             note,
             "acme (acme.wasm) sells only GPUs no profile describes (H1000, MI300X): never priced (an offering's gpu must be one of H100, B200, or an alias)"
         );
+    }
+
+    /// An offering on another node than its GPU's profile is noted, by cloud and GPU for
+    /// explore and one by one for `plugins inspect`, with the fix: a --profile of its
+    /// node, or, where a --profile moved the GPU off the shipped profile's node and the
+    /// offering is on that node, leaving --profile out.
+    #[test]
+    fn other_node_offerings_are_noted_with_the_fix() {
+        use crate::plugin::cost::{Offering, PurchaseOption::OnDemand};
+        use crate::pricing::tests::{offering, price};
+        let shipped = runner_project::profile::Profiles::builtin();
+        let h100 = shipped.get("H100").unwrap().clone();
+        let full = offering("p5.48xlarge", "H100", price("r", OnDemand, 20.0, &[]));
+        let one = Offering { gpus_per_node: 1, scale_up_domain: 1, ..offering("one", "h100", price("r", OnDemand, 2.0, &[])) };
+        let both = [full.clone(), one.clone()];
+        let pcie = "project that node with --profile FILE holding [[gpu]] name = \"H100\", gpus_per_node = 1, scale_up_domain = 1 (docs/EXPLORER.md)";
+        assert_eq!(
+            other_node_offering_notes(&both, std::slice::from_ref(&h100)),
+            [format!(
+                "one: H100 on another node (1 GPU per node, scale-up domain 1) than its profile's (8 GPUs per node, scale-up \
+                 domain 8): explore and prices never quote it; to price it, {pcie}"
+            )]
+        );
+        assert_eq!(
+            other_node_notes("acme", &both, std::slice::from_ref(&h100)),
+            [format!(
+                "acme: one (1 GPU per node, scale-up domain 1) sells H100 on another node than its profile's (8 GPUs per \
+                 node, scale-up domain 8): explore and run never quote it against a projection of the profile's node; to \
+                 price it, {pcie}"
+            )]
+        );
+        // A --profile of 4-GPU H100 nodes: the shipped 8/8 offering is the built-in
+        // profile's node, so leaving --profile out prices it.
+        let quad = GpuProfile { gpus_per_node: 4, scale_up_domain: 4, ..h100.clone() };
+        let out = "leave --profile out: the built-in H100 profile has that node (or set gpus_per_node = 8, scale_up_domain = 8 \
+                   for H100 in your profile file)";
+        assert_eq!(
+            other_node_offering_notes(&both, std::slice::from_ref(&quad)),
+            [
+                format!(
+                    "p5.48xlarge: H100 on another node (8 GPUs per node, scale-up domain 8) than its profile's (4 GPUs per \
+                     node, scale-up domain 4): explore and prices never quote it; to price it, {out}"
+                ),
+                format!(
+                    "one: H100 on another node (1 GPU per node, scale-up domain 1) than its profile's (4 GPUs per node, \
+                     scale-up domain 4): explore and prices never quote it; to price it, {pcie}"
+                ),
+            ]
+        );
+        let notes = other_node_notes("aws", &[full], std::slice::from_ref(&quad));
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].ends_with(&format!("to price it, {out}")), "{notes:?}");
+        assert!(other_node_offering_notes(&[one], &[]).is_empty(), "a GPU no profile describes is another note's");
+    }
+
+    /// A price file's rows without the option asked: one plain sentence per file, each row
+    /// with the options it prices and those options to try.
+    #[test]
+    fn rows_without_the_option_asked_are_one_sentence() {
+        use crate::plugin::cost::PurchaseOption::{OnDemand, OneYearNoUpfront, Spot};
+        use crate::pricing::tests::{offering, price};
+        let gpus = [runner_project::profile::Profiles::builtin().get("H100").unwrap().clone()];
+        let mut two = offering("x", "H100", price("r", OnDemand, 20.0, &[]));
+        two.prices.push(price("r", OneYearNoUpfront, 12.0, &[]));
+        let spot = offering("s", "H100", price("r", Spot, 5.0, &[]));
+        let unknown = offering("u", "H1000", price("r", OnDemand, 5.0, &[]));
+        assert_eq!(
+            unpriced_option_note("f.csv", &[two.clone(), spot.clone(), unknown.clone()], &gpus, Spot).as_deref(),
+            Some("price file f.csv: x (on-demand, 1y-no-upfront) has no spot price, so --option spot never quotes it; try --option on-demand or 1y-no-upfront")
+        );
+        assert_eq!(
+            unpriced_option_note("f.csv", &[two, spot, unknown], &gpus, OneYearNoUpfront).as_deref(),
+            Some("price file f.csv: s (spot) has no 1y-no-upfront price, so --option 1y-no-upfront never quotes it; try --option spot")
+        );
+        let spot2 = offering("t", "H100", price("r", Spot, 6.0, &[]));
+        let other = offering("o", "H100", price("r", OneYearNoUpfront, 6.0, &[]));
+        assert_eq!(
+            unpriced_option_note("f.csv", &[offering("s", "H100", price("r", Spot, 5.0, &[])), spot2, other], &gpus, OnDemand).as_deref(),
+            Some("price file f.csv: s (spot), t (spot), o (1y-no-upfront) have no on-demand price, so --option on-demand never quotes them; try --option spot or 1y-no-upfront")
+        );
+        assert_eq!(unpriced_option_note("f.csv", &[offering("s", "H100", price("r", Spot, 5.0, &[]))], &gpus, Spot), None);
     }
 
     /// GPUs are named as their profiles are, whatever case or alias the run used; two

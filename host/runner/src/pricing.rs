@@ -635,7 +635,7 @@ pub(crate) mod tests {
         runner_project::profile::Profiles::builtin().get("H100").unwrap().clone()
     }
 
-    fn price(region: &str, option: PurchaseOption, usd_per_node_hour: f64, caveats: &[PriceCaveat]) -> Price {
+    pub(crate) fn price(region: &str, option: PurchaseOption, usd_per_node_hour: f64, caveats: &[PriceCaveat]) -> Price {
         Price {
             region: region.into(),
             option,
@@ -650,7 +650,7 @@ pub(crate) mod tests {
     }
 
     /// An 8-GPU node of `gpu` sold at one price.
-    fn offering(instance: &str, gpu: &str, price: Price) -> Offering {
+    pub(crate) fn offering(instance: &str, gpu: &str, price: Price) -> Offering {
         Offering {
             instance: instance.into(),
             gpu: gpu.into(),

@@ -2861,7 +2861,23 @@ fn an_offering_on_another_node_than_the_profile_is_not_quoted_against_it() {
         .map(|c| (c["cloud"].as_str().unwrap(), c["instance"].as_str().unwrap(), c["nodes"].as_u64().unwrap()))
         .collect();
     assert_eq!(quoted, [("mine", "gpu_1x_h100_pcie", 8)], "{out}");
-    assert!(v["notes"].as_array().unwrap().iter().any(|n| n.as_str().unwrap().starts_with("lambda: ")), "{out}");
+    // Lambda's 8-GPU nodes are the built-in H100 profile's: leaving --profile out prices
+    // them (a profile of their node would be the built-in one again).
+    let notes: Vec<&str> = v["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
+    let lambda = notes.iter().find(|n| n.starts_with("lambda: ")).unwrap_or_else(|| panic!("{out}"));
+    assert!(lambda.ends_with("leave --profile out: the built-in H100 profile has that node (or set gpus_per_node = 8, scale_up_domain = 8 for H100 in your profile file)"), "{lambda}");
+    assert!(notes.iter().any(|n| n.starts_with("mine: gb8 ") && n.contains("project that node with --profile FILE")), "{notes:?}");
+    // `plugins inspect` says it of each such offering, under the same --profile, and of
+    // none without it.
+    let words = |o: &std::process::Output| text(o).0.split_whitespace().collect::<Vec<_>>().join(" ");
+    let o = runner(&dir, &["plugins", "inspect", "lambda", "--profile", "pcie.toml"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let table = words(&o);
+    let said = "H100 on another node (8 GPUs per node, scale-up domain 8) than its profile's (1 GPU per node, scale-up domain 1): \
+                explore and prices never quote it; to price it, leave --profile out";
+    assert!(table.contains(&format!("gpu_8x_h100_sxm5: {said}")), "{table}");
+    let o = runner(&dir, &["plugins", "inspect", "lambda"]);
+    assert!(o.status.success() && !words(&o).contains("on another node"), "{}", words(&o));
 }
 
 /// A GPU the clouds sell, only not under the --option asked, is not "sold by no cloud":
@@ -2894,7 +2910,7 @@ fn a_gpu_sold_under_other_options_names_them_and_a_row_without_the_option_is_not
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let notes: Vec<&str> = v["notes"].as_array().unwrap().iter().map(|n| n.as_str().unwrap()).collect();
     assert!(
-        notes.iter().any(|n| n.starts_with("price file spotonly.csv: x (spot) has no on-demand price and is never quoted under --option on-demand")),
+        notes.iter().any(|n| *n == "price file spotonly.csv: x (spot) has no on-demand price, so --option on-demand never quotes it; try --option spot"),
         "{notes:?}"
     );
 }
