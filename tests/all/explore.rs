@@ -332,6 +332,42 @@ impl Journal for Memory {
     }
 }
 
+/// A kept row whose quote is of an offering on another node than the GPU's profile (as
+/// a runner older than that rule kept it: the price file's 1-GPU H100 row) is computed
+/// again, not shown beside this runner's quotes.
+#[test]
+fn a_kept_row_quoted_on_another_node_is_computed_again() {
+    let (_dir, dir) = scratch("resume-node");
+    let file = dir.join("ours.csv");
+    std::fs::write(
+        &file,
+        "InstanceType,AcceleratorName,AcceleratorCount,Region,Price\nours-8xh100,H100,8,eu-1,16.00\nours-1xh100,H100,1,eu-1,1.00\n",
+    )
+    .unwrap();
+    let run = parse(&format!(
+        "[model]\nplugin = \"llama3\"\nvariant = \"llama3-tiny\"\n[cluster]\ngpus = [8]\n[precision]\nformat = \"bf16\"\n\
+         [cost]\nplugins = [\"aws\"]\nprice_file = {:?}\n[measure]\nrepeats = 1\n",
+        file.display().to_string()
+    ));
+    let mut j = Memory::default();
+    let first = explore::run_with(&run, &|_, _, _| {}, &mut j).unwrap();
+    let ours = first.clouds.iter().position(|c| c == "ours").unwrap();
+    let quote = |o: &Outcome| o.series[0].rows[0].costs[ours].quote().map(|q| q.instance.clone());
+    assert_eq!(quote(&first).as_deref(), Some("ours-8xh100"));
+    let key = "row/H100/bf16/8";
+    // The same row kept as it was: recalled as is (its days doctored, to see it is used).
+    j.kept.get_mut(key).unwrap()["days"] = Value::from(12345.0);
+    let again = explore::run_with(&run, &|_, _, _| {}, &mut j).unwrap();
+    assert_eq!(again.series[0].rows[0].days, Some(12345.0));
+    // Its quote moved to the 1-GPU row: computed again.
+    let kept = &mut j.kept.get_mut(key).unwrap()["costs"][ours];
+    assert_eq!(kept["instance"], "ours-8xh100", "{kept}");
+    kept["instance"] = Value::from("ours-1xh100");
+    let again = explore::run_with(&run, &|_, _, _| {}, &mut j).unwrap();
+    assert_eq!(again.series[0].rows[0].days, first.series[0].rows[0].days);
+    assert_eq!(quote(&again).as_deref(), Some("ours-8xh100"));
+}
+
 #[test]
 fn a_resumed_run_takes_the_rows_it_kept_and_computes_the_rest() {
     let run = parse(

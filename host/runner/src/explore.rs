@@ -517,6 +517,7 @@ pub fn run_with(run: &RunFile, progress: Progress<'_>, journal: &mut dyn Journal
             gbs_note(why);
             if let Some(row) = journal.recall(&key).and_then(|v| serde_json::from_value::<Row>(v).ok())
                 && row.costs.len() == clouds.len()
+                && quoted_on_profile_node(&row, &clouds, &p.gpu)
             {
                 rows.push(row);
                 done += 1;
@@ -1358,6 +1359,19 @@ pub fn load_clouds(
         }
     }
     Ok(clouds)
+}
+
+/// Whether every quote of a row recalled from a journal is of an offering the cloud in
+/// its place sells on `gpu`'s profile's node ([`pricing::same_node`]): a row an older
+/// runner kept may hold a quote on another node, made before that rule, and is then
+/// computed again rather than shown beside this runner's.
+fn quoted_on_profile_node(row: &Row, clouds: &[pricing::Cloud], gpu: &GpuProfile) -> bool {
+    row.costs.iter().zip(clouds).all(|(cost, cloud)| {
+        cost.quote().is_none_or(|q| {
+            q.cloud == cloud.name
+                && cloud.offerings().iter().any(|o| o.instance == q.instance && pricing::matches_gpu(o, gpu) && pricing::same_node(o, gpu))
+        })
+    })
 }
 
 /// Clouds in the tables' order ([`pricing::rank_clouds`]: clean prices first, each

@@ -91,6 +91,14 @@ impl StoreJournal {
     }
 }
 
+/// The rules this runner's journalled pieces were computed by, part of what a run is
+/// resumed by ([`Store::begin`]): the version number has stayed 0.1.0 while the pieces
+/// changed, so a run an older build left unfinished (its rows quoting offerings on another
+/// node than the GPU's profile, before that rule) was resumed by a newer one and its rows
+/// shown beside the newer rows. Change it whenever what a kept row, measurement or other
+/// piece holds, or how it is computed, changes.
+const PIECES: &str = "2 (quotes on the profile's node only)";
+
 impl Journal for StoreJournal {
     /// Never fails: a history that cannot be written is kept in [`StoreJournal::lost`].
     fn begin(&mut self, inputs: &Value, plugins: &[PluginInfo]) -> anyhow::Result<()> {
@@ -102,7 +110,7 @@ impl Journal for StoreJournal {
             .iter()
             .map(|p| json!({ "name": p.name, "kind": p.kind, "contract": p.contract, "source": p.source.to_string(), "sha256": p.sha256 }))
             .collect();
-        match self.store.begin(&self.kind, &self.command, inputs, &Value::Array(plugins), env!("CARGO_PKG_VERSION")) {
+        match self.store.begin(&self.kind, &self.command, inputs, &Value::Array(plugins), env!("CARGO_PKG_VERSION"), PIECES) {
             Ok((id, resumed)) => {
                 self.run = Some(id);
                 self.resumed = resumed;
@@ -253,6 +261,20 @@ mod tests {
         let run = store.get(c.id().unwrap()).unwrap();
         assert_eq!((run.status.as_str(), run.result), ("failed", Some(json!({ "error": "no plugin" }))));
         assert!(a.lost().is_none() && b.lost().is_none() && c.lost().is_none());
+    }
+
+    /// A run an older build of this version left unfinished (begun without [`PIECES`],
+    /// as every build before them was) is not resumed: its pieces may follow older rules.
+    #[test]
+    fn a_run_of_an_older_build_is_not_resumed() {
+        let (_tmp, path) = scratch("older");
+        let inputs = json!({ "gpus": 8 });
+        let mut store = Store::open(&path).unwrap();
+        let (old, _) = store.begin("explore", "runner run a.toml", &inputs, &json!([]), env!("CARGO_PKG_VERSION"), "").unwrap();
+        store.put_item(old, "row 8", &json!({ "days": 3 })).unwrap();
+        let mut j = StoreJournal::open(&path, "explore", "runner run a.toml").unwrap();
+        j.begin(&inputs, &[]).unwrap();
+        assert!(!j.resumed && j.id() != Some(old) && j.recall("row 8").is_none());
     }
 
     /// A write that fails is kept as the reason the run is lost, never as an error of the

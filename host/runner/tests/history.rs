@@ -184,7 +184,7 @@ fn a_history_that_cannot_be_written_is_still_listed_shown_and_compared() {
     {
         let mut s = runner_store::Store::open(&path).unwrap();
         for gpus in [8, 16] {
-            let (id, _) = s.begin("explore", "runner explore", &serde_json::json!({ "gpus": gpus }), &serde_json::json!([]), "0").unwrap();
+            let (id, _) = s.begin("explore", "runner explore", &serde_json::json!({ "gpus": gpus }), &serde_json::json!([]), "0", "").unwrap();
             let table = format!("the table of run {id}\n");
             s.finish(id, "done", &serde_json::json!({ "renderings": { "table": table }, "figures": { "gpus": gpus } })).unwrap();
         }

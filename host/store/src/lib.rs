@@ -271,14 +271,19 @@ fn uri_path(path: &Path) -> String {
 }
 
 /// What an unfinished run is found by (the `inputs_sha256` column): the sha256 of its
-/// inputs, the name and sha256 of every plugin it used, and the runner's version. Two runs
-/// with equal keys compute equal pieces, so one may resume the other.
-fn resume_key(inputs: &Value, plugins: &Value, version: &str) -> String {
+/// inputs, the name and sha256 of every plugin it used, the runner's version and the
+/// rules its pieces were computed by. Two runs with equal keys compute equal pieces, so
+/// one may resume the other. Empty `pieces` leave the key as it was before they were part
+/// of it.
+fn resume_key(inputs: &Value, plugins: &Value, version: &str, pieces: &str) -> String {
     let plugins: Vec<Value> = plugins
         .as_array()
         .map(|ps| ps.iter().map(|p| serde_json::json!([p.get("name"), p.get("sha256")])).collect())
         .unwrap_or_else(|| vec![plugins.clone()]);
-    hash(&serde_json::json!({ "inputs": inputs, "plugins": plugins, "runner_version": version }))
+    if pieces.is_empty() {
+        return hash(&serde_json::json!({ "inputs": inputs, "plugins": plugins, "runner_version": version }));
+    }
+    hash(&serde_json::json!({ "inputs": inputs, "pieces": pieces, "plugins": plugins, "runner_version": version }))
 }
 
 /// The sha256 of a JSON value's canonical text (serde_json sorts object keys when
@@ -416,14 +421,16 @@ impl Store {
     }
 
     /// Start a run, or resume the newest unfinished one with the same kind, inputs, plugins
-    /// (by name and sha256) and runner version (its items are then already there; pieces
+    /// (by name and sha256), runner version and `pieces` (what its items mean: the caller's
+    /// word for the rules that computed them, which a runner of the same version number
+    /// but other rules gives otherwise; the items are then already there, and pieces
     /// computed by another plugin or another runner are never reused). Returns the id and
     /// whether it resumed.
     ///
     /// # Errors
     /// A database error.
-    pub fn begin(&mut self, kind: &str, command: &str, inputs: &Value, plugins: &Value, version: &str) -> R<(RunId, bool)> {
-        let digest = resume_key(inputs, plugins, version);
+    pub fn begin(&mut self, kind: &str, command: &str, inputs: &Value, plugins: &Value, version: &str, pieces: &str) -> R<(RunId, bool)> {
+        let digest = resume_key(inputs, plugins, version, pieces);
         let path = self.path.clone();
         let err = |e: rusqlite::Error| explain(&path, &e, sqlite_code(&e));
         // IMMEDIATE: take the write lock before reading, or two runners that both read
@@ -704,7 +711,7 @@ mod tests {
         let (_dir, path) = scratch("damaged");
         let mut s = Store::open(&path).unwrap();
         for i in 0..40 {
-            let (id, _) = s.begin("explore", "runner explore", &json!({ "i": i, "pad": "x".repeat(2000) }), &json!([]), "0.1.0").unwrap();
+            let (id, _) = s.begin("explore", "runner explore", &json!({ "i": i, "pad": "x".repeat(2000) }), &json!([]), "0.1.0", "").unwrap();
             s.finish(id, "done", &json!({ "rows": i })).unwrap();
         }
         drop(s);
@@ -775,30 +782,30 @@ mod tests {
         let mut s = Store::open(&path).unwrap();
         let inputs = json!({"model": "llama3.1-70b", "gpus": [64, 128]});
         let plugins = json!([{"name": "llama3", "sha256": "ab"}]);
-        let (id, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        let (id, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0", "").unwrap();
         assert!(!resumed);
         s.put_item(id, "64", &json!({"days": 115.9})).unwrap();
         drop(s);
         // Reopened with the same inputs: the unfinished run and its item are found.
         let mut s = Store::open(&path).unwrap();
-        let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0", "").unwrap();
         assert_eq!((again, resumed), (id, true));
         assert_eq!(s.items(id).unwrap(), vec![("64".to_string(), json!({"days": 115.9}))]);
         // A run whose process still runs elsewhere (pid 1 here) is not resumed; once that
         // process is gone (a pid that cannot exist) it is.
         s.conn.execute("UPDATE runs SET owner_pid = 1 WHERE id = ?1", params![id]).unwrap();
-        let (other, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        let (other, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0", "").unwrap();
         assert!(!resumed && other != id);
         s.finish(other, "done", &json!({})).unwrap();
         s.conn.execute("UPDATE runs SET owner_pid = 4194305 WHERE id = ?1", params![id]).unwrap();
-        let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        let (again, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0", "").unwrap();
         assert_eq!((again, resumed), (id, true));
         s.put_item(id, "128", &json!({"days": 58.0})).unwrap();
         s.finish(id, "done", &json!({"rows": 2})).unwrap();
         let r = s.get(id).unwrap();
         assert_eq!((r.status.as_str(), r.items.len(), r.result), ("done", 2, Some(json!({"rows": 2}))));
         // Finished runs are not resumed; other inputs start a new run.
-        let (next, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0").unwrap();
+        let (next, resumed) = s.begin("explore", "runner explore", &inputs, &plugins, "0.1.0", "").unwrap();
         assert!(!resumed && next != id);
         assert_eq!(s.list(10).unwrap()[0].id, next);
         assert!(s.get(999).unwrap_err().to_string().contains("no run 999"));
@@ -816,7 +823,7 @@ mod tests {
                 let path = path.clone();
                 std::thread::spawn(move || {
                     let mut s = Store::open(&path).unwrap();
-                    let (id, _) = s.begin("sweep", "test", &json!({"writer": w}), &json!([]), "0").unwrap();
+                    let (id, _) = s.begin("sweep", "test", &json!({"writer": w}), &json!([]), "0", "").unwrap();
                     for i in 0..150 {
                         s.put_item(id, &i.to_string(), &json!({"writer": w, "i": i})).unwrap();
                     }
@@ -859,7 +866,7 @@ mod tests {
         assert_eq!((old.owner_pid, old.state()), (0, "interrupted"), "an old unfinished run has no live owner");
         assert_eq!(s.list(10).unwrap().len(), 1);
         let inputs = json!({"gpus": [8]});
-        let (id, resumed) = s.begin("explore", "runner explore", &inputs, &json!([]), "0.1.0").unwrap();
+        let (id, resumed) = s.begin("explore", "runner explore", &inputs, &json!([]), "0.1.0", "").unwrap();
         assert!(!resumed && id == 2);
         s.put_item(id, "8", &json!(1)).unwrap();
         s.finish(id, "done", &json!({})).unwrap();
@@ -881,19 +888,29 @@ mod tests {
         let aws = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "11", "source": "/a/cloud.wasm"}]);
         let lambda = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "22", "source": "/a/cloud.wasm"}]);
         let interrupt = |s: &Store, id: RunId| s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 0 WHERE id = {id}")).unwrap();
-        let (first, _) = s.begin("explore", "c", &inputs, &aws, "0.1.0").unwrap();
+        let (first, _) = s.begin("explore", "c", &inputs, &aws, "0.1.0", "").unwrap();
         interrupt(&s, first);
-        let (other, resumed) = s.begin("explore", "c", &inputs, &lambda, "0.1.0").unwrap();
+        let (other, resumed) = s.begin("explore", "c", &inputs, &lambda, "0.1.0", "").unwrap();
         assert!(!resumed && other != first, "another cost plugin: a fresh run");
         interrupt(&s, other);
-        let (newer, resumed) = s.begin("explore", "c", &inputs, &aws, "0.2.0").unwrap();
+        let (newer, resumed) = s.begin("explore", "c", &inputs, &aws, "0.2.0", "").unwrap();
         assert!(!resumed && newer != first && newer != other, "another runner version: a fresh run");
         interrupt(&s, newer);
         // The same plugins loaded from elsewhere resume, and the run records where.
         let moved = json!([{"name": "llama3", "sha256": "aa"}, {"name": "cloud", "sha256": "11", "source": "/b/cloud.wasm"}]);
-        let (again, resumed) = s.begin("explore", "c", &inputs, &moved, "0.1.0").unwrap();
+        let (again, resumed) = s.begin("explore", "c", &inputs, &moved, "0.1.0", "").unwrap();
         assert_eq!((again, resumed), (first, true));
         assert_eq!(s.get(first).unwrap().plugins, moved);
+        interrupt(&s, first);
+        // A runner of the same version whose pieces follow other rules (an older build of
+        // 0.1.0 that quoted offerings on another node) does not resume them, and its run
+        // is not resumed by one of the older rules either.
+        let (rules, resumed) = s.begin("explore", "c", &inputs, &aws, "0.1.0", "rows 2").unwrap();
+        assert!(!resumed && rules != first, "other rules: a fresh run");
+        interrupt(&s, rules);
+        assert_eq!(s.begin("explore", "c", &inputs, &aws, "0.1.0", "rows 2").unwrap(), (rules, true));
+        interrupt(&s, rules);
+        assert_eq!(s.begin("explore", "c", &inputs, &aws, "0.1.0", "").unwrap(), (first, true));
     }
 
     /// A missing id is answered with the ids the file holds, gaps included; a run whose
@@ -904,7 +921,7 @@ mod tests {
         let mut s = Store::open(&path).unwrap();
         assert!(s.get(1).unwrap_err().to_string().contains("holds no runs yet"));
         for w in 0..4 {
-            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").unwrap();
+            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0", "").unwrap();
             s.finish(id, "done", &json!({})).unwrap();
         }
         let e = s.get(9).unwrap_err().to_string();
@@ -915,7 +932,7 @@ mod tests {
         s.conn.execute_batch("DELETE FROM runs WHERE id = 2").unwrap();
         assert!(s.get(1).unwrap_err().to_string().contains("holds run 4 only"));
 
-        let (live, _) = s.begin("x", "t", &json!({"live": 1}), &json!([]), "0").unwrap();
+        let (live, _) = s.begin("x", "t", &json!({"live": 1}), &json!([]), "0", "").unwrap();
         assert_eq!(s.get(live).unwrap().state(), "running", "this process owns it");
         s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 4194305 WHERE id = {live}")).unwrap();
         assert_eq!(s.get(live).unwrap().state(), "interrupted");
@@ -960,7 +977,7 @@ mod tests {
         assert_eq!((mode.as_str(), sync), ("wal", 2), "WAL, FULL (2) sync");
         let mut s = s;
         for w in 0..3 {
-            let (id, _) = s.begin("x", "t", &json!({ "w": w }), &json!([]), "0").unwrap();
+            let (id, _) = s.begin("x", "t", &json!({ "w": w }), &json!([]), "0", "").unwrap();
             s.finish(id, "done", &json!({})).unwrap();
         }
         assert_eq!(s.list(2).unwrap().iter().map(|r| r.id).collect::<Vec<_>>(), [3, 2]);
@@ -991,7 +1008,7 @@ mod tests {
     fn items_keep_their_order_and_the_newest_unfinished_run_resumes() {
         let (_dir, path) = scratch("order");
         let mut s = Store::open(&path).unwrap();
-        let (id, _) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0").unwrap();
+        let (id, _) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0", "").unwrap();
         for k in ["512", "1024", "64"] {
             s.put_item(id, k, &json!(k)).unwrap();
         }
@@ -1008,7 +1025,7 @@ mod tests {
                  SELECT kind, command, inputs, inputs_sha256, plugins, started, status, runner_version, 0 FROM runs WHERE id = {id};"
             ))
             .unwrap();
-        let (again, resumed) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0").unwrap();
+        let (again, resumed) = s.begin("x", "t", &json!({"k": 1}), &json!([]), "0", "").unwrap();
         assert_eq!((again, resumed), (id + 1, true));
         assert_eq!(s.get(again).unwrap().owner_pid, std::process::id());
 
@@ -1026,7 +1043,7 @@ mod tests {
         let guard = tempfile::Builder::new().prefix("runner-store-ro?mode=rw#x-").tempdir().unwrap();
         let path = guard.path().join("h.sqlite");
         let mut s = Store::open(&path).unwrap();
-        let (id, _) = s.begin("x", "t", &json!({}), &json!([]), "0").unwrap();
+        let (id, _) = s.begin("x", "t", &json!({}), &json!([]), "0", "").unwrap();
         s.finish(id, "done", &json!({"ok": 1})).unwrap();
         drop(s);
         let r = Store::open_read_only(&path).unwrap();
@@ -1064,7 +1081,7 @@ mod tests {
         let opened = Store::open(&path);
         release.join().unwrap();
         let mut s = opened.unwrap();
-        assert!(s.begin("x", "t", &json!({}), &json!([]), "0").is_ok());
+        assert!(s.begin("x", "t", &json!({}), &json!([]), "0", "").is_ok());
     }
 
     /// Only a run still marked running can read interrupted: a finished run's process is
@@ -1075,7 +1092,7 @@ mod tests {
         let (_dir, path) = scratch("ended");
         let mut s = Store::open(&path).unwrap();
         for (w, status) in ["done", "failed"].into_iter().enumerate() {
-            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").unwrap();
+            let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0", "").unwrap();
             s.finish(id, status, &json!({})).unwrap();
             s.conn.execute_batch(&format!("UPDATE runs SET owner_pid = 4194305 WHERE id = {id}")).unwrap();
             assert_eq!(s.get(id).unwrap().state(), status);
@@ -1090,11 +1107,11 @@ mod tests {
     fn a_listing_counts_each_runs_own_items() {
         let (_dir, path) = scratch("counts");
         let mut s = Store::open(&path).unwrap();
-        let (a, _) = s.begin("explore", "a", &json!({"run": "a"}), &json!([]), "0").unwrap();
+        let (a, _) = s.begin("explore", "a", &json!({"run": "a"}), &json!([]), "0", "").unwrap();
         for k in ["8", "16", "32"] {
             s.put_item(a, k, &json!(k)).unwrap();
         }
-        let (b, _) = s.begin("explore", "b", &json!({"run": "b"}), &json!([]), "0").unwrap();
+        let (b, _) = s.begin("explore", "b", &json!({"run": "b"}), &json!([]), "0", "").unwrap();
         s.put_item(b, "8", &json!(1)).unwrap();
         s.put_item(b, "8", &json!(2)).unwrap();
         let listed: Vec<(RunId, i64)> = s.list(10).unwrap().into_iter().map(|r| (r.id, r.items)).collect();
@@ -1156,7 +1173,7 @@ mod tests {
                     std::thread::spawn(move || {
                         barrier.wait();
                         let mut s = Store::open(&path).map_err(|e| format!("open: {e}"))?;
-                        let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0").map_err(|e| format!("begin: {e}"))?;
+                        let (id, _) = s.begin("x", "t", &json!({"w": w}), &json!([]), "0", "").map_err(|e| format!("begin: {e}"))?;
                         s.put_item(id, "a", &json!(1)).map_err(|e| format!("put: {e}"))?;
                         s.finish(id, "done", &json!({})).map_err(|e| format!("finish: {e}"))
                     })
@@ -1255,13 +1272,13 @@ mod compare_tests {
         let mut s = Store::open(&dir.path().join("h.sqlite")).unwrap();
         let plugins = json!([{"name": "aws", "sha256": "11"}]);
         let inputs: Value = serde_json::from_str(r#"{"gpus": [8, 16], "model": "llama3", "cloud": {"b": 1, "a": 2}}"#).unwrap();
-        let (first, resumed) = s.begin("explore", "c", &inputs, &plugins, "0.1.0").unwrap();
+        let (first, resumed) = s.begin("explore", "c", &inputs, &plugins, "0.1.0", "").unwrap();
         assert!(!resumed);
         let reordered: Value = serde_json::from_str(r#"{"cloud": {"a": 2, "b": 1}, "model": "llama3", "gpus": [8, 16]}"#).unwrap();
-        assert_eq!(s.begin("explore", "other command", &reordered, &plugins, "0.1.0").unwrap(), (first, true), "keys in another order");
+        assert_eq!(s.begin("explore", "other command", &reordered, &plugins, "0.1.0", "").unwrap(), (first, true), "keys in another order");
         assert_eq!(hash(&inputs), hash(&reordered));
         let fresh = |s: &mut Store, kind: &str, inputs: &Value, plugins: &Value| {
-            let (id, resumed) = s.begin(kind, "c", inputs, plugins, "0.1.0").unwrap();
+            let (id, resumed) = s.begin(kind, "c", inputs, plugins, "0.1.0", "").unwrap();
             assert!(!resumed && id != first, "{kind} {inputs} {plugins}: a fresh run");
             s.finish(id, "done", &json!({})).unwrap();
         };
