@@ -228,8 +228,8 @@ impl OpsFile {
     /// version, or a value out of range; each names the op and the field.
     pub fn parse(text: &str, origin: &str) -> Result<OpsFile, String> {
         let f: OpsFile = serde_json::from_str(text).map_err(|e| {
-            if crate::nccl_tests::is_log(text) {
-                return crate::nccl_tests::misplaced(origin, "a `runner measure` file");
+            if let Some(m) = crate::file_kind::misplaced(text, origin, crate::file_kind::Reader::Measurement) {
+                return m;
             }
             let hint = if text.trim_start().starts_with('[') {
                 " (an array: is it a `bench collectives` file? use it with --collectives)"
