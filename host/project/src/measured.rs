@@ -658,7 +658,7 @@ fn gemm_total_check(kernels: &[(&str, f64, f64)], origin: &str) -> Result<Option
     let fitted: f64 = kernels.iter().map(|k| k.1).sum();
     let measured: f64 = kernels.iter().map(|k| k.2).sum();
     let off = fitted / measured - 1.0;
-    if !(off.abs() > GEMM_TOTAL_TOLERANCE) {
+    if off.is_nan() || off.abs() <= GEMM_TOTAL_TOLERANCE {
         return Ok(None);
     }
     let worst = kernels.iter().max_by(|a, b| (a.1 - a.2).abs().total_cmp(&(b.1 - b.2).abs())).map_or(String::new(), |k| {
