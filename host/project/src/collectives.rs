@@ -148,6 +148,9 @@ fn other_run(r: &CollRow, first: &CollRow) -> Option<(&'static str, String, Stri
 /// A `bench collectives` JSON file's rows, unchecked.
 fn from_json(text: &str, origin: &str) -> Result<Vec<CollRow>, String> {
     serde_json::from_str(text).map_err(|e| {
+        if let Some(m) = crate::file_kind::misplaced(text, origin, crate::file_kind::Reader::Collectives) {
+            return m;
+        }
         let hint = if text.contains(crate::measured::FORMAT) {
             " (a `runner measure` file: use it with --ops)"
         } else {

@@ -33,6 +33,7 @@ pub mod calibrate;
 pub mod collectives;
 pub mod comm;
 pub mod depth;
+mod file_kind;
 pub mod measured;
 pub mod model;
 mod nccl_tests;

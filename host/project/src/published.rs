@@ -118,8 +118,8 @@ struct File {
 /// TOML syntax or a field of the wrong type, with the position.
 pub fn parse(text: &str, origin: &str) -> Result<Vec<Point>, String> {
     let f: File = toml::from_str(text).map_err(|e| {
-        if crate::nccl_tests::is_log(text) {
-            return crate::nccl_tests::misplaced(origin, "a calibration file");
+        if let Some(m) = crate::file_kind::misplaced(text, origin, crate::file_kind::Reader::Calibration) {
+            return m;
         }
         // A run file (or any file without runs) said only "missing field `point`".
         if e.message().contains("missing field `point`") {

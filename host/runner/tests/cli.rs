@@ -1679,8 +1679,13 @@ fn measured_ops_and_collectives_feed_the_projection_and_the_profile() {
     std::fs::write(dir.join("bad.json"), "{\"format\": \"runner-measured-ops\",\n \"version\": 1,\n \"ops\": [}").unwrap();
     for (args, want) in [
         (vec!["calibrate", "--ops", "bad.json"], "bad.json: line 3"),
-        (vec!["calibrate", "--collectives", "ops.json", "--gpu", "cpu-box"], "use it with --ops"),
-        (vec!["calibrate", "--ops", "coll.json"], "use it with --collectives"),
+        (vec!["calibrate", "--collectives", "ops.json", "--gpu", "cpu-box"], "fit a profile to it with `runner calibrate --ops ops.json"),
+        (vec!["calibrate", "--ops", "coll.json"], "`runner calibrate --collectives coll.json --gpu NAME`"),
+        // One command's output given to another reader names the command that reads it
+        // (a raw TOML parse error, and "a bench collectives file?" for a profile, before).
+        (vec!["validate", "ops.json"], "ops.json: this is a `runner measure` file, not a calibration file"),
+        (vec!["calibrate", "ops.json"], "ops.json: this is a `runner measure` file, not a calibration file"),
+        (vec!["calibrate", "--ops", "net.toml", "--gpu", "cpu-box"], "net.toml: this is a GPU profile ([[gpu]] tables"),
         (vec!["calibrate", "--collectives", "coll.json"], "--gpu NAME"),
         (vec!["calibrate", "--collectives", "coll.json", "--gpu", "cpu-box", "--tier", "scale-out"], "never left NVLink"),
         (vec!["calibrate", "--collectives", "coll.json", "--gpu", "h100"], "cannot stand for the built-in H100"),

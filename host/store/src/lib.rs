@@ -8,7 +8,11 @@
 //! ([`Store::put_item`]); started again with the same inputs it finds the unfinished run
 //! and its items ([`Store::begin`]), so it resumes where it stopped.
 //!
-//! Key items: [`Store`] (open, begin, put_item, finish, list, get), [`Run`], [`diff`].
+//! The file grows with every run (a large explore keeps a few MB of renderings, so that
+//! `runner show` reprints it byte for byte); [`Store::prune`] deletes old runs with their
+//! items in one transaction and gives the space back (VACUUM).
+//!
+//! Key items: [`Store`] (open, begin, put_item, finish, list, get, prune), [`Run`], [`diff`].
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -608,6 +612,50 @@ impl Store {
         })
     }
 
+    /// Delete the runs older than the newest `keep` (where given) or started before
+    /// `before` (an RFC 3339 UTC time as [`now`] writes it, compared as text: where
+    /// given), with their items, in one transaction; then VACUUM, so the file shrinks. A
+    /// run whose process still runs is never deleted (it is writing). Returns the runs
+    /// and items deleted.
+    ///
+    /// # Errors
+    /// A database error (nothing is deleted then), or a failed VACUUM (the runs are gone,
+    /// the file not yet smaller: the message says so).
+    pub fn prune(&mut self, keep: Option<usize>, before: Option<&str>) -> R<(usize, usize)> {
+        let path = self.path.clone();
+        let err = |e: rusqlite::Error| explain(&path, &e, sqlite_code(&e));
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).map_err(err)?;
+        let runs: Vec<(RunId, String, String, u32)> = {
+            let mut st = tx.prepare("SELECT id, started, status, owner_pid FROM runs ORDER BY id DESC").map_err(err)?;
+            let rows = st.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))).map_err(err)?;
+            rows.collect::<Result<_, _>>().map_err(err)?
+        };
+        let doomed: Vec<RunId> = runs
+            .iter()
+            .enumerate()
+            .filter(|(i, (_, started, _, _))| keep.is_some_and(|k| *i >= k) || before.is_some_and(|b| started.as_str() < b))
+            .filter(|(_, (_, _, status, pid))| state(status, *pid) != "running")
+            .map(|(_, r)| r.0)
+            .collect();
+        let mut items = 0;
+        for id in &doomed {
+            items += tx.execute("DELETE FROM items WHERE run_id = ?1", params![id]).map_err(err)?;
+            tx.execute("DELETE FROM runs WHERE id = ?1", params![id]).map_err(err)?;
+        }
+        tx.commit().map_err(err)?;
+        if !doomed.is_empty() {
+            self.conn.execute_batch("VACUUM").map_err(|e| {
+                StoreError(format!(
+                    "{}: {} runs deleted, but the file could not be compacted (VACUUM: {e}); run `runner history` with the same \
+                     flags again once no other runner writes it",
+                    self.path.display(),
+                    doomed.len()
+                ))
+            })?;
+        }
+        Ok((doomed.len(), items))
+    }
+
     /// SQLite's own consistency check: "ok" when the file is sound.
     ///
     /// # Errors
@@ -702,6 +750,44 @@ mod tests {
         let dir = tempfile::Builder::new().prefix(&format!("runner-store-{name}-")).tempdir().unwrap();
         let path = dir.path().join("history").join("h.sqlite");
         (dir, path)
+    }
+
+    /// Pruning deletes the runs past the newest N, or started before a date, with their
+    /// items, keeps a run whose process still runs (this one's, unfinished), and the file
+    /// shrinks (VACUUM). Kills: the items left behind, the keep count off by one, the date
+    /// compared the other way, a running run deleted, no VACUUM.
+    #[test]
+    fn prune_deletes_old_runs_with_their_items_keeps_a_running_one_and_shrinks_the_file() {
+        let (_guard, path) = scratch("prune");
+        let mut s = Store::open(&path).unwrap();
+        let big = json!("x".repeat(200_000));
+        for i in 1..=5 {
+            let (id, _) = s.begin("explore", "c", &json!({ "i": i }), &json!([]), "v").unwrap();
+            s.put_item(id, "row", &big).unwrap();
+            s.put_item(id, "row2", &big).unwrap();
+            if i < 5 {
+                s.finish(id, "done", &json!({})).unwrap();
+            }
+            s.conn.execute("UPDATE runs SET started = ?2 WHERE id = ?1", params![id, format!("2026-12-0{i}T10:00:00Z")]).unwrap();
+        }
+        // Run 5 is unfinished and its process (this one) lives: never deleted.
+        s.conn.execute("UPDATE runs SET started = '2026-11-01T00:00:00Z' WHERE id = 5", []).unwrap();
+        let size = |p: &Path| std::fs::metadata(p).unwrap().len() + std::fs::metadata(p.with_extension("sqlite-wal")).map_or(0, |m| m.len());
+        let before = size(&path);
+        assert_eq!(s.prune(None, Some("2026-12-02T10:00:00Z")).unwrap(), (1, 2), "run 1 only: run 2 started at the time itself");
+        let ids = |s: &Store| s.list(10).unwrap().iter().map(|r| r.id).collect::<Vec<_>>();
+        assert_eq!(ids(&s), [5, 4, 3, 2]);
+        assert_eq!(s.prune(Some(2), None).unwrap(), (2, 4), "runs 3 and 2, past the newest two (5 and 4)");
+        assert_eq!(ids(&s), [5, 4]);
+        let orphans: i64 = s.conn.query_row("SELECT COUNT(*) FROM items WHERE run_id NOT IN (SELECT id FROM runs)", [], |r| r.get(0)).unwrap();
+        assert_eq!(orphans, 0);
+        assert_eq!(s.prune(Some(1), Some("2027-01-01")).unwrap(), (1, 2), "4 goes; the running 5 stays");
+        assert_eq!(ids(&s), [5]);
+        assert_eq!(s.get(5).unwrap().items.len(), 2);
+        s.conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)").unwrap();
+        let after = size(&path);
+        assert!(after * 3 < before, "{before} bytes before, {after} after");
+        assert_eq!(s.prune(Some(1), None).unwrap(), (0, 0));
     }
 
     /// A damaged file is refused when opened, with the way out, before any run is "kept"
