@@ -11,7 +11,11 @@
 //!   recompiled and overwritten, never executed.
 //!
 //! Entries are keyed by the wasm's sha256 and wasmtime's compatibility hash, so a warm
-//! start pays no compilation. Not unix: no cache.
+//! start pays no compilation. An entry of another engine (an older runner's, unreadable by
+//! this one) is deleted when an entry is stored and it is more than [`STALE_AFTER`] old:
+//! only regular files of this user whose names are entry names. Not at once: one binary
+//! runs two engines (under `ulimit -v` its code is bounds-checked, another hash), and each
+//! must not delete the other's live entries on every store. Not unix: no cache.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -22,6 +26,17 @@ use sha2::Sha256;
 const MAGIC: &[u8; 8] = b"rcwasm01";
 const TAG: usize = 32;
 const KEY_FILE: &str = "key";
+
+/// How old an entry of another engine must be before a store deletes it: a week, so a
+/// binary whose engine changes (see the module's note) recompiles at most once a week.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+
+/// The engine key of a file named as an entry is (`{64 hex}-{16 hex}.cwasm`), else `None`.
+fn entry_engine(name: &str) -> Option<&str> {
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let (sha, engine) = name.strip_suffix(".cwasm")?.split_once('-')?;
+    (hex(sha, 64) && hex(engine, 16)).then_some(engine)
+}
 
 /// What happened to the cache on one compile (for `plugins list`, benches and tests).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,11 +141,43 @@ impl Cache {
         data.extend_from_slice(MAGIC);
         data.extend_from_slice(&self.tag(sha, engine, compiled).finalize().into_bytes());
         data.extend_from_slice(compiled);
-        if write_private(&tmp, &data).is_ok()
-            && let Err(e) = std::fs::rename(&tmp, self.path(sha, engine))
-        {
-            tracing::debug!("cannot store a compiled component: {e}");
-            let _ = std::fs::remove_file(&tmp);
+        if write_private(&tmp, &data).is_ok() {
+            match std::fs::rename(&tmp, self.path(sha, engine)) {
+                Ok(()) => self.prune(engine),
+                Err(e) => {
+                    tracing::debug!("cannot store a compiled component: {e}");
+                    let _ = std::fs::remove_file(&tmp);
+                }
+            }
+        }
+    }
+
+    /// Delete (best effort) the entries of engines other than `engine` older than
+    /// [`STALE_AFTER`]: regular files (not links: `symlink_metadata`) this user owns, named
+    /// as entries. Nothing else in the directory is touched.
+    fn prune(&self, engine: &str) {
+        let Ok(listing) = std::fs::read_dir(&self.dir) else { return };
+        let now = std::time::SystemTime::now();
+        for entry in listing.flatten() {
+            let name = entry.file_name();
+            let Some(other) = name.to_str().and_then(entry_engine) else { continue };
+            if other == engine {
+                continue;
+            }
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else { continue };
+            let old = meta.modified().ok().and_then(|m| now.duration_since(m).ok()).is_some_and(|age| age > STALE_AFTER);
+            #[cfg(unix)]
+            let ours = std::os::unix::fs::MetadataExt::uid(&meta) == unix::euid();
+            #[cfg(not(unix))]
+            let ours = false;
+            if meta.file_type().is_file()
+                && ours
+                && old
+                && let Err(e) = std::fs::remove_file(&path)
+            {
+                tracing::debug!("cannot delete the stale cache entry {}: {e}", path.display());
+            }
         }
     }
 }
@@ -162,7 +209,7 @@ mod unix {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _, PermissionsExt as _};
     use std::path::Path;
 
-    fn euid() -> u32 {
+    pub(super) fn euid() -> u32 {
         // SAFETY: geteuid has no preconditions and cannot fail.
         unsafe { libc::geteuid() }
     }
@@ -269,6 +316,47 @@ mod tests {
 
     fn mode(path: &Path) -> u32 {
         std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    /// A store deletes the entries of other engines a week old, and nothing else: not a
+    /// newer one (the other engine of this binary may be using it), not this engine's,
+    /// not a file that is not named as an entry, not a link named as one (nor what it
+    /// points to), not the key. Kills: the age, engine, name or file-type check dropped,
+    /// the link's target's metadata read instead of the link's.
+    #[test]
+    fn a_store_deletes_other_engines_stale_entries_and_nothing_else() {
+        let (tmp, dir) = scratch("prune");
+        let cache = Cache::open(&dir).unwrap();
+        let (this, other) = ("1111111111111111", "2222222222222222");
+        let week_old = std::time::SystemTime::now() - STALE_AFTER - std::time::Duration::from_secs(3600);
+        let make = |name: &str, old: bool| {
+            let p = dir.join(name);
+            std::fs::write(&p, b"x").unwrap();
+            if old {
+                std::fs::File::options().write(true).open(&p).unwrap().set_modified(week_old).unwrap();
+            }
+            p
+        };
+        let sha = |c: char| c.to_string().repeat(64);
+        let stale = make(&format!("{}-{other}.cwasm", sha('a')), true);
+        let fresh = make(&format!("{}-{other}.cwasm", sha('b')), false);
+        let mine = make(&format!("{}-{this}.cwasm", sha('c')), true);
+        let odd = make(&format!("{}-{other}.cwasm.bak", sha('d')), true);
+        let upper = make(&format!("{}-{}.cwasm", sha('E'), other.to_uppercase()), true);
+        let target = tmp.path().join("target");
+        std::fs::write(&target, b"not ours to delete").unwrap();
+        std::fs::File::options().write(true).open(&target).unwrap().set_modified(week_old).unwrap();
+        let link = dir.join(format!("{}-{other}.cwasm", sha('f')));
+        std::os::unix::fs::symlink(&target, &link).unwrap();
+        cache.put(&sha('9'), this, b"code");
+        assert!(!stale.exists(), "the week-old entry of another engine is deleted");
+        for kept in [&fresh, &mine, &odd, &upper, &target, &dir.join(KEY_FILE)] {
+            assert!(kept.exists(), "{} kept", kept.display());
+        }
+        assert!(std::fs::symlink_metadata(&link).is_ok(), "the link is kept");
+        assert_eq!(cache.get(&sha('9'), this), Ok(Some(b"code".to_vec())));
+        assert_eq!(entry_engine(&format!("{}-{this}.cwasm", sha('0'))), Some(this));
+        assert_eq!(entry_engine("key"), None);
     }
 
     /// An entry cut short anywhere (a full disk, a killed writer) is refused as an entry,

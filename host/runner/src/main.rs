@@ -366,12 +366,22 @@ enum Command {
         #[arg(long, value_name = "RUNS", requires = "file", conflicts_with = "holdout")]
         leave_out: Option<String>,
     },
-    /// Runs kept in the history, newest first
-    #[command(after_help = "Examples:\n  runner history\n  runner history --limit 100 --format json")]
+    /// Runs kept in the history, newest first; --keep and --prune-before delete old ones
+    #[command(
+        after_help = "Examples:\n  runner history\n  runner history --limit 100 --format json\n  runner history --keep 50\n  runner history --prune-before 2026-11-01"
+    )]
     History {
         /// Runs to list
         #[arg(long, default_value_t = 20)]
         limit: usize,
+        /// Delete every run but the newest N, with their rows, then compact the file (a
+        /// run still running is kept)
+        #[arg(long, value_name = "N")]
+        keep: Option<usize>,
+        /// Delete the runs started before DATE (UTC: 2026-11-01 or 2026-11-01T12:00:00Z),
+        /// with their rows, then compact the file (a run still running is kept)
+        #[arg(long, value_name = "DATE")]
+        prune_before: Option<String>,
     },
     /// Reprint a run from the history, in any format
     #[command(after_help = "Examples:\n  runner show 3\n  runner show 3 --format csv\n  runner show 3 -o run3.html")]
@@ -870,7 +880,9 @@ fn main() -> ExitCode {
         None => commands::explore::quick_run(&cli.quick, &cli.global),
         Some(Command::Explore { run }) => commands::explore::quick_run(&run, &cli.global),
         Some(Command::Run { file, run }) => commands::explore::run_file(&file, &run, &cli.global),
-        Some(Command::History { limit }) => commands::explore::list(limit, &cli.global),
+        Some(Command::History { limit, keep, prune_before }) => {
+            commands::explore::list(limit, keep, prune_before.as_deref(), &cli.global)
+        }
         Some(Command::Show { id }) => commands::explore::show(id, &cli.global),
         Some(Command::Compare { a, b }) => commands::explore::compare(a, b, &cli.global),
         Some(Command::Train(args)) => train_cmd::train(args, &cli.global),

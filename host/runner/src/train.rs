@@ -762,6 +762,28 @@ const REJECTED_IN_A_ROW: u64 = 10;
 /// fresh batches, so a transient fault does not bring the run back a third time.
 const ROLLBACKS_TO_ONE_CHECKPOINT: usize = 3;
 
+/// Why a run stopped when its precision policy (plugin `plugin`) rejected too many steps:
+/// `what` it asked for, `diverged` the message that blames the learning rate, `finite`
+/// whether every rejected step's loss and gradients were finite, `never_applied` whether
+/// no update was ever applied. With finite numbers and the initial weights untouched the
+/// learning rate cannot be the cause: the policy is named instead. With finite numbers
+/// after some updates a spike (which a policy rightly rejects) and a rule that misfires
+/// look alike, so both are said.
+fn rejected_stop(plugin: &str, what: &str, diverged: String, finite: bool, never_applied: bool) -> String {
+    let plugin = crate::report::visible(plugin);
+    match (finite, never_applied) {
+        (true, true) => format!(
+            "the precision policy {plugin} {what} although their loss and gradients were finite and no update had been applied \
+             (the learning rate is not the cause): its on-step rules fire on every step: fix the policy"
+        ),
+        (true, false) => format!(
+            "{diverged}; the precision policy {plugin} {what} with finite loss and gradients: where the loss or gradient norm \
+             did not spike, its on-step rules misfire: check them"
+        ),
+        _ => diverged,
+    }
+}
+
 /// Steps rejected in a row after one more step: one more when it was skipped or rolled
 /// back (`rejected`), else none.
 fn rejected_after(in_a_row: u64, rejected: bool) -> u64 {
@@ -923,7 +945,15 @@ fn train_under<D: Device + Clone>(
     let mut fired: Vec<usize> = Vec::new();
     let mut aborted = None;
     let mut rejected_in_a_row = 0u64;
-    let mut rolled_back_to: Vec<u64> = Vec::new();
+    // Whether every step of the current rejected streak had a finite loss and finite
+    // gradients, and which actions rejected them: a streak the numbers do not explain is
+    // the policy's doing, not divergence.
+    let mut streak_finite = true;
+    let mut streak_actions = (false, false);
+    // Applied steps over the whole run (`applied` goes back with a rollback).
+    let mut applied_ever = 0u64;
+    // Each rollback's checkpoint, and whether its step's loss and gradients were finite.
+    let mut rolled_back_to: Vec<(u64, bool)> = Vec::new();
     let started = Instant::now();
     let mut step_seconds = Vec::new();
     eval.push(Point { step: 0, tokens: 0, loss: evaluate(&mut ex, data, cfg.eval_batches)?, learning_rate: None });
@@ -1077,12 +1107,31 @@ fn train_under<D: Device + Clone>(
             aborted = Some(m);
             break;
         }
-        rejected_in_a_row = rejected_after(rejected_in_a_row, outcome.rollback.is_some() || outcome.skip);
+        let rejected = outcome.rollback.is_some() || outcome.skip;
+        let finite = loss.is_finite() && grads_finite;
+        if rejected {
+            let first = rejected_in_a_row == 0;
+            streak_finite = finite && (first || streak_finite);
+            let (skip, back) = if first { (false, false) } else { streak_actions };
+            streak_actions = (skip || outcome.skip, back || outcome.rollback.is_some());
+        }
+        rejected_in_a_row = rejected_after(rejected_in_a_row, rejected);
         if rejected_in_a_row >= REJECTED_IN_A_ROW {
-            aborted = Some(format!(
-                "diverged: {rejected_in_a_row} steps in a row were skipped or rolled back (the last: loss {loss}, gradients {}); \
-                 lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
-                if grads_finite { "finite" } else { "not finite" }
+            let action = match streak_actions {
+                (true, true) => "skip-step or rollback",
+                (true, false) => "skip-step",
+                _ => "rollback",
+            };
+            aborted = Some(rejected_stop(
+                &info.name,
+                &format!("asked for {action} on {rejected_in_a_row} steps in a row (the last: loss {loss})"),
+                format!(
+                    "diverged: {rejected_in_a_row} steps in a row were skipped or rolled back (the last: loss {loss}, gradients {}); \
+                     lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
+                    if grads_finite { "finite" } else { "not finite" }
+                ),
+                streak_finite,
+                applied_ever == 0,
             ));
             break;
         }
@@ -1093,13 +1142,20 @@ fn train_under<D: Device + Clone>(
             match ck {
                 Some(i) => {
                     let c = &checkpoints[i];
-                    rolled_back_to.push(c.step);
-                    let times = rolled_back_to.iter().filter(|&&s| s == c.step).count();
+                    rolled_back_to.push((c.step, finite));
+                    let to_this = || rolled_back_to.iter().filter(|r| r.0 == c.step);
+                    let times = to_this().count();
                     if times >= ROLLBACKS_TO_ONE_CHECKPOINT {
-                        aborted = Some(format!(
-                            "diverged: rolled back to the checkpoint of step {} {times} times, and each time the run failed again after it \
-                             (the last: loss {loss} at step {applied}); lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
-                            c.step
+                        aborted = Some(rejected_stop(
+                            &info.name,
+                            &format!("asked for rollback to the checkpoint of step {} {times} times (the last: loss {loss} at step {applied})", c.step),
+                            format!(
+                                "diverged: rolled back to the checkpoint of step {} {times} times, and each time the run failed again after it \
+                                 (the last: loss {loss} at step {applied}); lower the learning rate (--lr, peak {peak}) or clip gradients (--clip-grad)",
+                                c.step
+                            ),
+                            to_this().all(|r| r.1),
+                            applied_ever == 0,
                         ));
                         break;
                     }
@@ -1133,6 +1189,7 @@ fn train_under<D: Device + Clone>(
         }
         ex.optimizer_step(&adamw(lr, weight_decay(cfg.weight_decay, &variant.defaults)))?;
         applied += 1;
+        applied_ever += 1;
         applied_losses.push(f64::from(loss));
         step_seconds.push(t0.elapsed().as_secs_f64());
         clean_since = clean_after(clean_since, &response.actions, loss.is_finite());
@@ -1973,6 +2030,30 @@ mod tests {
         assert_eq!((r.steps, r.rollbacks, r.aborted.as_deref()), (10, 3, None));
         assert_eq!(r.iterations, 10 + 3 + 3, "10 applied, 3 rejected, step 4 redone twice and step 8 once");
         assert_eq!(curve_steps(&r), [0, 1, 2, 3, 4, 4, 4, 5, 6, 7, 8, 8, 9]);
+    }
+
+    /// A policy that rejects every step from the first (skip-step, or rollback to step 0's
+    /// checkpoint) with finite loss and gradients is named as the cause, with the action:
+    /// no update was applied, so the learning rate is not blamed (it was: "diverged ...
+    /// lower the learning rate"). Rejections after applied steps still say diverged, and
+    /// that the policy's rules may misfire. Kills: the finite flag ignored (or taken from
+    /// the last step only), the never-applied flag ignored, the action misnamed.
+    #[test]
+    fn a_policy_that_rejects_every_healthy_step_is_blamed_not_the_learning_rate() {
+        let skip = scripted(30, |_, _| vec![pp::Action::SkipStep]);
+        let e = skip.aborted.as_deref().expect("stopped");
+        assert!(e.starts_with("the precision policy scripted asked for skip-step on 10 steps in a row (the last: loss "), "{e}");
+        assert!(e.ends_with("no update had been applied (the learning rate is not the cause): its on-step rules fire on every step: fix the policy"), "{e}");
+        assert_eq!((skip.steps, skip.iterations), (0, 10));
+        let back = scripted(30, |_, _| rollback(1, 0));
+        let e = back.aborted.as_deref().expect("stopped");
+        assert!(e.starts_with("the precision policy scripted asked for rollback to the checkpoint of step 0 3 times (the last: loss "), "{e}");
+        assert!(e.contains("fix the policy") && !e.contains("--lr"), "{e}");
+        let later = scripted(30, |_, applied| if applied >= 3 { vec![pp::Action::SkipStep] } else { Vec::new() });
+        let e = later.aborted.as_deref().expect("stopped");
+        assert!(e.starts_with("diverged: 10 steps in a row were skipped or rolled back") && e.contains("--lr"), "{e}");
+        assert!(e.ends_with("with finite loss and gradients: where the loss or gradient norm did not spike, its on-step rules misfire: check them"), "{e}");
+        assert_eq!(later.steps, 3);
     }
 
     /// A rollback forgets the checkpoints newer than the one it returns to: they hold the

@@ -178,7 +178,11 @@ pub fn train(a: TrainArgs, global: &Global) -> Result<()> {
     // The -o file first, so a stdout that fails (`>/dev/full`) loses nothing and is an
     // error, not a panic of `print!`.
     write_output(global, &render)?;
-    print_stdout(&render(format))
+    print_stdout(&render(format))?;
+    match train::report::nothing_applied(&report) {
+        Some(e) => anyhow::bail!(e),
+        None => Ok(()),
+    }
 }
 
 #[cfg(test)]

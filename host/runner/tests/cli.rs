@@ -2466,6 +2466,17 @@ fn history_wording_limit_missing_ids_and_interrupted_runs() {
     let o = runner(&dir, &["--history", h, "compare", "5", "7", "--format", "csv"]);
     let out = text(&o).0;
     assert!(out.contains("outcome,status,interrupted,running\n") && out.contains("runner explore` (2026-01-01T00:00:00Z, interrupted)"), "{out}");
+
+    // Pruning: --keep 0 is refused; --keep 1 deletes 3 and the interrupted 5 but not the
+    // newest, and --prune-before never deletes 7, whose process (this test) still runs.
+    let o = runner(&dir, &["--history", h, "history", "--keep", "0"]);
+    assert!(!o.status.success() && text(&o).1.contains("--keep 0 would delete every run"), "{}", text(&o).1);
+    let o = runner(&dir, &["--history", h, "history", "--keep", "1"]);
+    let out = text(&o).0;
+    assert!(o.status.success() && out.contains("pruned: 2 run(s) past the newest 1 deleted with their 0 row(s)"), "{out}{}", text(&o).1);
+    let o = runner(&dir, &["--history", h, "history", "--prune-before", "2027-01-01", "--format", "json"]);
+    let runs: serde_json::Value = serde_json::from_str(&text(&o).0).unwrap();
+    assert_eq!(runs.as_array().unwrap().iter().map(|r| r["id"].as_i64().unwrap()).collect::<Vec<_>>(), [7], "{runs}");
 }
 
 /// Mistakes a long run would only find at its end are refused at its start: an output in

@@ -311,12 +311,47 @@ fn open_store(global: &Global) -> Result<(runner_store::Store, PathBuf)> {
     Ok((store, path))
 }
 
-/// `runner history`: the newest runs first.
-pub fn list(limit: usize, global: &Global) -> Result<()> {
+/// `--prune-before DATE`: a UTC date (`2026-11-01`, midnight) or time as the history
+/// writes it (`2026-11-01T12:00:00Z`), as that RFC 3339 text (which sorts as time does).
+fn prune_date(s: &str) -> Result<String> {
+    let full = if s.len() == 10 { format!("{s}T00:00:00Z") } else { s.to_string() };
+    let shape = full.len() == 20
+        && full.bytes().enumerate().all(|(i, c)| match i {
+            4 | 7 => c == b'-',
+            10 => c == b'T',
+            13 | 16 => c == b':',
+            19 => c == b'Z',
+            _ => c.is_ascii_digit(),
+        });
+    // All ASCII once the shape holds, so the slices are on character boundaries.
+    let num = |r: std::ops::Range<usize>| full[r].parse::<u32>().unwrap_or(99);
+    if !(shape && (1..=12).contains(&num(5..7)) && (1..=31).contains(&num(8..10)) && num(11..13) < 24 && num(14..16) < 60 && num(17..19) < 60) {
+        anyhow::bail!(
+            "--prune-before '{}': not a UTC date: give YYYY-MM-DD (2026-11-01, from midnight) or the time as `runner history` \
+             shows it (2026-11-01T12:00:00Z)",
+            runner::report::visible(s)
+        );
+    }
+    Ok(full)
+}
+
+/// `runner history`: the newest runs first; with `keep` or `prune_before`, old runs
+/// deleted first (`Store::prune`) and the listing says how many.
+pub fn list(limit: usize, keep: Option<usize>, prune_before: Option<&str>, global: &Global) -> Result<()> {
     if limit == 0 {
         anyhow::bail!("--limit 0 lists no runs: give 1 or more (the newest runs first; 20 when not given)");
     }
-    let (store, path) = open_store(global)?;
+    if keep == Some(0) {
+        anyhow::bail!(
+            "--keep 0 would delete every run: give 1 or more (the newest runs kept); to drop the whole history, delete its file"
+        );
+    }
+    let before = prune_before.map(prune_date).transpose()?;
+    let (mut store, path) = open_store(global)?;
+    let mut pruned = None;
+    if keep.is_some() || before.is_some() {
+        pruned = Some(store.prune(keep, before.as_deref())?);
+    }
     let mut runs = store.list(limit)?;
     // A run still marked running whose process is gone was interrupted (it resumes when
     // started again with the same inputs).
@@ -326,6 +361,13 @@ pub fn list(limit: usize, global: &Global) -> Result<()> {
     let mut t = Table::new(format!("history: {}", path.display()), &["id", "kind", "started", "status", "items", "command"]);
     for r in &runs {
         t.rows.push(vec![r.id.to_string(), r.kind.clone(), r.started.clone(), r.status.clone(), r.items.to_string(), r.command.clone()]);
+    }
+    if let Some((n, items)) = pruned {
+        let why = [keep.map(|k| format!("past the newest {k}")), before.map(|b| format!("started before {b}"))];
+        t.notes.push(format!(
+            "pruned: {n} run(s) {} deleted with their {items} row(s), and the file compacted (a run still running is kept)",
+            why.into_iter().flatten().collect::<Vec<_>>().join(" or ")
+        ));
     }
     if runs.is_empty() {
         t.notes.push("no runs yet".into());
@@ -541,6 +583,20 @@ mod tests {
 
     fn global() -> Global {
         Global { quiet: true, no_history: true, ..Default::default() }
+    }
+
+    /// `--prune-before` takes a date (from its midnight) or the history's own time, and
+    /// refuses anything else naming both forms: a time compared as text must have the
+    /// history's shape, or "2026-1-5" would sort after every December run. Kills a shape,
+    /// month or hour check dropped, or the date not padded to midnight.
+    #[test]
+    fn prune_before_takes_a_date_or_the_historys_time_and_nothing_else() {
+        assert_eq!(prune_date("2026-11-01").unwrap(), "2026-11-01T00:00:00Z");
+        assert_eq!(prune_date("2026-11-01T12:30:00Z").unwrap(), "2026-11-01T12:30:00Z");
+        for bad in ["2026-1-5", "2026-13-01", "2026-11-32", "2026-11-01T24:00:00Z", "2026-11-01 12:00:00", "yesterday", "", "2026-11-01T12:00:00+01:00", "２０２６-11-01"] {
+            let e = format!("{:#}", prune_date(bad).unwrap_err());
+            assert!(e.contains("not a UTC date: give YYYY-MM-DD (2026-11-01, from midnight)"), "{bad}: {e}");
+        }
     }
 
     /// A run file's layout, batch, tokens, goals and GPU counts.

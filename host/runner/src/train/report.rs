@@ -19,6 +19,26 @@ fn loss(v: f64) -> String {
     if v.is_finite() { format!("{v:.4}") } else { "non-finite".into() }
 }
 
+/// The error `runner train` exits with after writing its report when a policy's run
+/// applied no step of those planned (its policy rejected every one, or it stopped first):
+/// the report is written, but a run that trained nothing is not a success.
+pub fn nothing_applied(r: &TrainReport) -> Option<String> {
+    let idle: Vec<String> = r
+        .runs
+        .iter()
+        .filter(|run| run.steps == 0 && r.steps > 0)
+        .map(|run| format!("{}: {}", run.policy, run.aborted.as_deref().unwrap_or("stopped before its first step")))
+        .collect();
+    (!idle.is_empty()).then(|| {
+        format!(
+            "no step of the {} planned was applied by {} ({}); the report above has each run's decision log",
+            r.steps,
+            if idle.len() == 1 { "one run" } else { "some runs" },
+            idle.join("; ")
+        )
+    })
+}
+
 /// The summary: one row per policy.
 pub fn summary(r: &TrainReport) -> Table {
     let mut t = Table::new(
@@ -47,10 +67,11 @@ pub fn summary(r: &TrainReport) -> Table {
             run.policy.clone(),
             loss(run.final_eval_loss),
             gap,
-            loss(run.final_train_loss),
+            // No step applied: no training loss nor step time to show (not a non-finite one).
+            if run.steps == 0 { "n/a".into() } else { loss(run.final_train_loss) },
             format!("{:.1}%", 100.0 * run.planned_coverage),
             format!("{:.1}%", 100.0 * run.effective_coverage),
-            format!("{:.0}", run.tokens_per_s),
+            if run.tokens_per_s.is_finite() { format!("{:.0}", run.tokens_per_s) } else { "n/a".into() },
             run.steps.to_string(),
             run.skipped.to_string(),
             run.rollbacks.to_string(),
@@ -372,6 +393,35 @@ mod tests {
         assert_eq!(t.rows[1][10], "2");
         assert!(t.notes[0].contains("relative to bf16 at equal tokens (30000 tokens trained)"), "{:?}", t.notes);
         assert!(t.title.contains("trained 300 steps x 100 tokens") && t.title.contains("seed 7"), "{}", t.title);
+    }
+
+    /// A run that applied no step (its policy rejected every one) has no training loss
+    /// nor step time: "n/a", not "non-finite" (its loss was finite) nor a raw NaN; a run
+    /// whose applied steps' loss was not finite still says so. Kills either column
+    /// printed from the NaN as before.
+    #[test]
+    fn a_run_that_applied_no_step_shows_n_a_not_nan_or_non_finite() {
+        let mut r = report();
+        r.runs[1].steps = 0;
+        r.runs[1].final_train_loss = f64::NAN;
+        r.runs[1].tokens_per_s = f64::NAN;
+        let t = summary(&r);
+        assert_eq!((t.rows[1][3].as_str(), t.rows[1][6].as_str(), t.rows[1][7].as_str()), ("n/a", "n/a", "0"), "{:?}", t.rows[1]);
+        r.runs[1].steps = 5;
+        assert_eq!(summary(&r).rows[1][3], "non-finite");
+    }
+
+    /// `runner train` fails after its report when a run applied none of its steps, naming
+    /// the run and why it stopped; a run that applied some does not. Kills the check
+    /// dropped (None always) or made to look at the total of all runs.
+    #[test]
+    fn a_run_that_applied_no_step_makes_the_command_fail() {
+        let mut r = report();
+        assert_eq!(nothing_applied(&r), None);
+        r.runs[1].steps = 0;
+        r.runs[1].aborted = Some("the precision policy fp8 asked for skip-step".into());
+        let e = nothing_applied(&r).expect("an error");
+        assert!(e.starts_with("no step of the 300 planned was applied by one run (fp8: the precision policy fp8 asked for skip-step)"), "{e}");
     }
 
     /// The table's title and the notes (which the CSV keeps) name the optimizer.
